@@ -1,0 +1,39 @@
+# The two commands of the README: `make run` and `make test`. Both set up everything themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+DIR    ?=
+
+.PHONY: run test install java lint bench clean
+
+install: $(STAMP)
+
+# Editable install: the cffi extension is compiled in place at install, and again whenever
+# the C sources or the packaging change.
+$(STAMP): pyproject.toml setup.py client/native.c client/native.h client/_native_build.py
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,bench,spark]'
+	@touch $(STAMP)
+
+# Spark needs a JVM (17+); install Debian's when none is on the machine.
+java:
+	@scripts/ensure-java
+
+run: install
+	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
+
+test: install java
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/python -m bench.ipc_throughput
+	$(BIN)/python -m bench.ipc_latency
+
+clean:
+	rm -rf $(VENV) build *.egg-info client/_native*.so client/_native.c

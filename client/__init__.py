@@ -1,0 +1,61 @@
+"""slipstream.client: the application API, the log buffer, codecs and counters.
+
+>>> from slipstream.client import Client
+>>> with Client.connect() as client:
+...     pub = client.add_publication("aeron:ipc", 1001)
+...     sub = client.add_subscription("aeron:ipc", 1001)
+"""
+
+from slipstream.client.client import Client, default_directory
+from slipstream.client.errors import (
+    ChannelError,
+    ClosedError,
+    ConfigurationError,
+    DriverAlreadyRunningError,
+    DriverError,
+    DriverNotRunningError,
+    DriverTimeoutError,
+    MessageTooLongError,
+    RegistrationError,
+    SlipstreamError,
+    UsageError,
+)
+from slipstream.client.publication import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    CLOSED,
+    MAX_POSITION_EXCEEDED,
+    NOT_CONNECTED,
+    BufferClaim,
+    Publication,
+    result_name,
+)
+from slipstream.client.subscription import Header, Image, MessageBatch, Subscription
+
+__all__ = [
+    "ADMIN_ACTION",
+    "BACK_PRESSURED",
+    "CLOSED",
+    "MAX_POSITION_EXCEEDED",
+    "NOT_CONNECTED",
+    "BufferClaim",
+    "ChannelError",
+    "Client",
+    "ClosedError",
+    "ConfigurationError",
+    "DriverAlreadyRunningError",
+    "DriverError",
+    "DriverNotRunningError",
+    "DriverTimeoutError",
+    "Header",
+    "Image",
+    "MessageBatch",
+    "MessageTooLongError",
+    "Publication",
+    "RegistrationError",
+    "SlipstreamError",
+    "Subscription",
+    "UsageError",
+    "default_directory",
+    "result_name",
+]

@@ -1,0 +1,656 @@
+"""Channel URIs (PROTOCOL.md §6): ``aeron:ipc[?k=v|...]``, ``aeron:udp?k=v|...``, ``aeron-spy:``.
+
+:func:`parse_channel` turns a URI into one immutable, typed :class:`Channel`, or raises
+:class:`~slipstream.client.errors.ChannelError` naming the offending part.  Parsing does no I/O:
+host names are only resolved when :meth:`Channel.endpoint_address` (or ``is_multicast`` /
+``control_group``, which use it) is called.
+
+Field names follow the URI keys with ``-`` turned into ``_`` (``term-length`` →
+``term_length``); durations are in ns and end in ``_ns`` (``linger`` → ``linger_ns``); sizes are
+in bytes.  ``None`` means "not in the URI: use the driver's default".  Two exceptions: ``tags``
+fills ``channel_tag``/``entity_tag``, and ``session-id=tag:N`` fills ``session_id_tag``.
+
+Decisions that differ from Aeron, on purpose:
+
+* Unknown keys raise (Aeron ignores them): a typo such as ``lingr=0`` silently ignored costs a
+  user far more than an error.  Known Aeron keys slipstream does not implement (``ats``, the
+  timestamp offsets, ``response-endpoint``) raise too, saying so.  Keys that only mean something
+  to the network (``endpoint``, ``fc``, ``rcv-wnd``, ...) raise on ``aeron:ipc``.
+* Duplicate keys, keys without ``=value`` and empty values raise (Aeron keeps one silently).
+* ``mtu`` must be above 32 (Java's rule; C accepts 32, which leaves no room for payload).
+* Booleans are exactly ``true`` or ``false``; integers are decimal.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+import socket
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from slipstream.client.errors import ChannelError
+from slipstream.client.units import parse_duration_ns, parse_size
+
+MAX_URI_LENGTH: Final = 4095
+SPY_PREFIX: Final = "aeron-spy:"
+SCHEME: Final = "aeron:"
+
+TERM_MIN_LENGTH: Final = 64 * 1024
+TERM_MAX_LENGTH: Final = 1024 * 1024 * 1024
+FRAME_ALIGNMENT: Final = 32
+MAX_UDP_PAYLOAD_LENGTH: Final = 65504
+MAX_MESSAGE_LENGTH: Final = 16 * 1024 * 1024
+
+CONTROL_MODES: Final = ("manual", "dynamic", "response")
+CONGESTION_CONTROLS: Final = ("static", "cubic")
+FLOW_CONTROLS: Final = ("max", "min", "tagged", "unicast")
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_INTEGER = re.compile(r"[+-]?[0-9]+\Z")
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\Z")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class _Bad(ValueError):
+    """A value is invalid; ``parse_channel`` turns it into a ChannelError naming the key."""
+
+
+# -- value types -----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class HostPort:
+    """``host[:port][/prefix_length]``.
+
+    ``host`` is a name (lowercased) or an IP literal in its normal form, IPv6 without brackets.
+    ``port`` 0 means an ephemeral port; whether that makes sense (a subscription may bind to
+    port 0, a publication cannot send to it) is for the conductor to decide.
+    ``prefix_length`` is only used by ``interface``.
+    """
+
+    host: str
+    port: int | None = None
+    prefix_length: int | None = None
+
+    @property
+    def ip(self) -> IPAddress | None:
+        """The host as an address when it is an IP literal, else None (a name)."""
+        try:
+            return ipaddress.ip_address(self.host)
+        except ValueError:
+            return None
+
+    def __str__(self) -> str:
+        text = f"[{self.host}]" if ":" in self.host else self.host
+        if self.port is not None:
+            text += f":{self.port}"
+        if self.prefix_length is not None:
+            text += f"/{self.prefix_length}"
+        return text
+
+
+@attrs.frozen
+class FlowControlSpec:
+    """The ``fc`` parameter: ``max``, ``unicast``, ``min[,g:/N][,t:T]`` or
+    ``tagged[,g:TAG[/N]][,t:T]``.
+
+    ``group_tag`` (int64) and ``group_min_size`` (receivers required before the sender moves)
+    are None when not given; so is ``receiver_timeout_ns`` (how long a silent receiver still
+    counts).  A tagged spec without a tag uses the driver's default group tag.
+    """
+
+    name: str
+    group_tag: int | None = None
+    group_min_size: int | None = None
+    receiver_timeout_ns: int | None = None
+
+    def __str__(self) -> str:
+        parts = [self.name]
+        if self.group_tag is not None or self.group_min_size is not None:
+            tag = "" if self.group_tag is None else str(self.group_tag)
+            size = "" if self.group_min_size is None else f"/{self.group_min_size}"
+            parts.append(f"g:{tag}{size}")
+        if self.receiver_timeout_ns is not None:
+            parts.append(f"t:{_format_ns(self.receiver_timeout_ns)}")
+        return ",".join(parts)
+
+
+# -- the channel -----------------------------------------------------------------------------
+
+
+@attrs.frozen(repr=False)
+class Channel:
+    """A parsed channel URI.  Build it with :func:`parse_channel`, which validates it.
+
+    Equality and hashing cover the parsed values, not the spelling: ``term-length=64k`` and
+    ``term-length=65536`` give equal channels.  ``str()`` is the URI as given, :meth:`canonical`
+    a normalised one.
+    """
+
+    media: str  # "udp" or "ipc"
+    spy: bool = False
+    endpoint: HostPort | None = None
+    control: HostPort | None = None
+    interface: HostPort | None = None
+    control_mode: str | None = None
+    ttl: int | None = None
+    term_length: int | None = None  # bytes
+    mtu: int | None = None  # bytes
+    rcv_wnd: int | None = None  # bytes
+    pub_wnd: int | None = None  # bytes
+    so_sndbuf: int | None = None  # bytes
+    so_rcvbuf: int | None = None  # bytes
+    nak_delay_ns: int | None = None
+    linger_ns: int | None = None
+    untethered_window_limit_timeout_ns: int | None = None
+    untethered_resting_timeout_ns: int | None = None
+    eos: bool | None = None
+    reliable: bool | None = None
+    sparse: bool | None = None
+    tether: bool | None = None
+    rejoin: bool | None = None
+    group: bool | None = None
+    ssc: bool | None = None  # spies simulate connection
+    session_id: int | None = None
+    session_id_tag: int | None = None  # session-id=tag:N
+    fc: FlowControlSpec | None = None
+    gtag: int | None = None
+    cc: str | None = None
+    max_resend: int | None = None
+    init_term_id: int | None = None
+    term_id: int | None = None
+    term_offset: int | None = None  # bytes
+    alias: str | None = None
+    channel_tag: int | None = None  # tags=CHANNEL[,ENTITY]
+    entity_tag: int | None = None
+    stream_id: int | None = None
+    response_correlation_id: int | None = None
+    uri: str = attrs.field(default="", eq=False)  # as given to parse_channel
+
+    @property
+    def is_ipc(self) -> bool:
+        return self.media == "ipc"
+
+    @property
+    def is_udp(self) -> bool:
+        return self.media == "udp"
+
+    @property
+    def is_spy(self) -> bool:
+        return self.spy
+
+    def endpoint_address(self) -> IPAddress | None:
+        """The endpoint's IP address, or None without an endpoint.
+
+        A literal is returned as is; a name is resolved with ``socket.getaddrinfo`` on every
+        call (blocking DNS), and ``ChannelError`` names ``endpoint`` when that fails.
+        """
+        if self.endpoint is None:
+            return None
+        address = self.endpoint.ip
+        if address is not None:
+            return address
+        try:
+            infos = socket.getaddrinfo(self.endpoint.host, None, type=socket.SOCK_DGRAM)
+        except OSError as e:
+            raise ChannelError(str(self), "endpoint",
+                               f"cannot resolve {self.endpoint.host!r}: {e}") from None
+        return ipaddress.ip_address(infos[0][4][0])
+
+    @property
+    def is_multicast(self) -> bool:
+        """The endpoint is in 224.0.0.0/4 or ff00::/8 (may resolve a name: see endpoint_address)."""
+        address = self.endpoint_address()
+        return address is not None and address.is_multicast
+
+    @property
+    def control_group(self) -> HostPort | None:
+        """For multicast, the control group: the data group with its last byte + 1, same port.
+
+        None for other channels.  Raises ``ChannelError`` (``endpoint``) when the data group's
+        last byte is even, which parse_channel already catches for literal addresses.
+        """
+        address = self.endpoint_address()
+        if address is None or not address.is_multicast:
+            return None
+        assert self.endpoint is not None
+        return HostPort(_control_group_of(str(self), address), self.endpoint.port)
+
+    def canonical(self) -> str:
+        """A normalised URI: keys sorted, one spelling per value (sizes in bytes, durations in
+        their largest exact unit of s, ms, us and ns, hosts normalised), still valid for Aeron.
+        Equal channels have equal canonical forms, so it serves as a dict key for "same
+        channel"; ``parse_channel(c.canonical()) == c``.
+        """
+        params = []
+        for key, param in sorted(_PARAMS.items()):
+            text = param.text(self)
+            if text is not None:
+                params.append(f"{key}={text}")
+        prefix = (SPY_PREFIX if self.spy else "") + SCHEME + self.media
+        return f"{prefix}?{'|'.join(params)}" if params else prefix
+
+    def __str__(self) -> str:
+        return self.uri or self.canonical()
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.canonical()}>"
+
+
+def _control_group_of(uri: str, address: IPAddress) -> str:
+    packed = bytearray(address.packed)
+    if not packed[-1] & 1:
+        raise ChannelError(uri, "endpoint",
+                           f"multicast data group {address} must have an odd last byte (the "
+                           f"control group is the data group + 1)")
+    packed[-1] = (packed[-1] + 1) & 0xFF  # wraps within the byte, as Aeron's C driver does
+    return str(ipaddress.ip_address(bytes(packed)))
+
+
+# -- value parsers (raise _Bad with the problem; the caller adds the key) ----------------------
+
+
+def _int(text: str, low: int, high: int) -> int:
+    if not _INTEGER.match(text):
+        raise _Bad(f"{text!r} is not an integer")
+    value = int(text)
+    if not low <= value <= high:
+        raise _Bad(f"{value} is out of range {low}..{high}")
+    return value
+
+
+def _int32(text: str) -> int:
+    return _int(text, *_INT32)
+
+
+def _int64(text: str) -> int:
+    return _int(text, *_INT64)
+
+
+def _bool(text: str) -> bool:
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    raise _Bad(f"{text!r} is not true or false")
+
+
+def _size(text: str, low: int = 1, high: int = _INT32[1]) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as e:
+        raise _Bad(str(e)) from None
+    if not low <= value <= high:
+        raise _Bad(f"{value} is out of range {low}..{high} bytes")
+    return value
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration_ns(text)
+    except ValueError as e:
+        raise _Bad(str(e)) from None
+
+
+def _term_length(text: str) -> int:
+    value = _size(text, 0, 1 << 62)
+    if not (TERM_MIN_LENGTH <= value <= TERM_MAX_LENGTH and value & (value - 1) == 0):
+        raise _Bad(f"{value} is not a power of two between 64k and 1g")
+    return value
+
+
+def _mtu(text: str) -> int:
+    value = _size(text, 0, 1 << 62)
+    if not (FRAME_ALIGNMENT < value <= MAX_UDP_PAYLOAD_LENGTH and value % FRAME_ALIGNMENT == 0):
+        raise _Bad(f"{value} is not a multiple of 32 between 64 and {MAX_UDP_PAYLOAD_LENGTH}")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise _Bad(f"{text!r} is not {' or '.join(choices)}")
+        return text
+    return parse
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _port(text: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise _Bad(f"port {text!r} is not a number")
+    port = int(text)
+    if port > 65535:
+        raise _Bad(f"port {port} is out of range 0..65535")
+    return port
+
+
+def _host(text: str) -> str:
+    """A name or an IPv4 literal (no brackets), normalised."""
+    if not text:
+        raise _Bad("the host is empty")
+    if ":" in text:
+        raise _Bad(f"{text!r}: write IPv6 addresses in brackets, e.g. [::1]:40123")
+    if not _HOSTNAME.match(text) or len(text) > 253:
+        raise _Bad(f"{text!r} is not a host name or IPv4 address")
+    try:
+        return str(ipaddress.IPv4Address(text))
+    except ValueError:
+        pass
+    if all(label.isdigit() for label in text.split(".")):
+        raise _Bad(f"{text!r} is not a valid IPv4 address")
+    return text.lower()
+
+
+def _host_port(text: str, *, port_required: bool, prefix_allowed: bool) -> HostPort:
+    prefix_length = None
+    if prefix_allowed and "/" in text:
+        text, _, prefix_text = text.rpartition("/")
+        if not prefix_text.isascii() or not prefix_text.isdigit():
+            raise _Bad(f"prefix length {prefix_text!r} is not a number")
+        prefix_length = int(prefix_text)
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise _Bad(f"{text!r}: missing ']' after the IPv6 address")
+        try:
+            address: IPAddress = ipaddress.IPv6Address(text[1:close])
+        except ValueError:
+            raise _Bad(f"{text[1:close]!r} is not an IPv6 address") from None
+        host, rest = str(address), text[close + 1:]
+        if rest and not rest.startswith(":"):
+            raise _Bad(f"{text!r}: expected ':port' after ']'")
+        port_text = rest[1:] if rest else None
+    else:
+        host_text, colon, port_text_or_empty = text.rpartition(":")
+        if not colon:
+            host_text, port_text_or_empty = text, ""
+        host = _host(host_text)
+        port_text = port_text_or_empty if colon else None
+    port = None if port_text is None else _port(port_text)
+    if port is None and port_required:
+        raise _Bad(f"{text!r} has no port; write host:port")
+    if prefix_length is not None:
+        bits = 128 if ":" in host else 32
+        if prefix_length > bits:
+            raise _Bad(f"prefix length {prefix_length} is out of range 0..{bits}")
+    return HostPort(host, port, prefix_length)
+
+
+def _address(text: str) -> HostPort:
+    return _host_port(text, port_required=True, prefix_allowed=False)
+
+
+def _interface(text: str) -> HostPort:
+    return _host_port(text, port_required=False, prefix_allowed=True)
+
+
+def _flow_control(text: str) -> FlowControlSpec:
+    name, *options = text.split(",")
+    if name not in FLOW_CONTROLS:
+        raise _Bad(f"{name!r} is not {', '.join(FLOW_CONTROLS[:-1])} or {FLOW_CONTROLS[-1]}")
+    if options and name in ("max", "unicast"):
+        raise _Bad(f"{name} takes no options")
+    tag = size = timeout = None
+    seen = set()
+    for option in options:
+        kind, colon, value = option.partition(":")
+        if not colon or kind not in ("g", "t") or not value:
+            raise _Bad(f"option {option!r} is not g:<tag>[/<min group size>] or t:<timeout>")
+        if kind in seen:
+            raise _Bad(f"option {kind}: given twice")
+        seen.add(kind)
+        if kind == "t":
+            timeout = _duration(value)
+            continue
+        tag_text, slash, size_text = value.partition("/")
+        if tag_text:
+            if name == "min":
+                raise _Bad("min takes a group size only (g:/N); use tagged for a group tag")
+            tag = _int64(tag_text)
+        if slash:
+            size = _int(size_text, 0, _INT32[1])
+        elif name == "min":
+            raise _Bad("min takes a group size only (g:/N)")
+    return FlowControlSpec(name, tag, size, timeout)
+
+
+def _tags(text: str) -> tuple[int, int | None]:
+    channel_text, comma, entity_text = text.partition(",")
+    channel_tag = _int(channel_text, 0, _INT64[1])
+    return channel_tag, (_int(entity_text, 0, _INT64[1]) if comma else None)
+
+
+def _session_id(text: str) -> tuple[int | None, int | None]:
+    if text.startswith("tag:"):
+        return None, _int(text[4:], 0, _INT64[1])
+    return _int32(text), None
+
+
+# -- the parameter table ----------------------------------------------------------------------
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)  # ints (sizes in bytes), strings, HostPort, FlowControlSpec
+
+
+def _format_ns(ns: int) -> str:
+    """The largest exact unit among s, ms, us and ns: the ones Aeron's duration parser takes."""
+    for unit, scale in (("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)):
+        if ns and ns % scale == 0:
+            return f"{ns // scale}{unit}"
+    return f"{ns}ns"
+
+
+def _format_tags(channel: Channel) -> str | None:
+    if channel.channel_tag is None:
+        return None
+    if channel.entity_tag is None:
+        return str(channel.channel_tag)
+    return f"{channel.channel_tag},{channel.entity_tag}"
+
+
+def _format_session_id(channel: Channel) -> str | None:
+    if channel.session_id_tag is not None:
+        return f"tag:{channel.session_id_tag}"
+    return None if channel.session_id is None else str(channel.session_id)
+
+
+@attrs.frozen
+class _Param:
+    """How one URI key parses into Channel fields and prints back in canonical()."""
+
+    fields: tuple[str, ...]  # the Channel fields it fills
+    parse: Callable[[str], Any]  # the value, or a tuple with one value per field
+    udp_only: bool = False
+    formatter: Callable[[Channel], str | None] | None = None  # default: the one field's value
+
+    def text(self, channel: Channel) -> str | None:
+        if self.formatter is not None:
+            return self.formatter(channel)
+        value = getattr(channel, self.fields[0])
+        if value is None:
+            return None
+        return _format_ns(value) if self.fields[0].endswith("_ns") else _format_value(value)
+
+
+def _param(field: str, parse: Callable[[str], Any], udp_only: bool = False) -> _Param:
+    return _Param((field,), parse, udp_only)
+
+
+# Every key slipstream understands (Aeron's names).  ``udp_only`` keys are rejected on IPC.
+_PARAMS: Final[dict[str, _Param]] = {
+    "endpoint": _param("endpoint", _address, udp_only=True),
+    "control": _param("control", _address, udp_only=True),
+    "interface": _param("interface", _interface, udp_only=True),
+    "ttl": _param("ttl", lambda t: _int(t, 0, 255), udp_only=True),
+    "control-mode": _param("control_mode", _choice(*CONTROL_MODES)),
+    "term-length": _param("term_length", _term_length),
+    "mtu": _param("mtu", _mtu),
+    "rcv-wnd": _param("rcv_wnd", _size, udp_only=True),
+    "pub-wnd": _param("pub_wnd", _size),
+    "so-sndbuf": _param("so_sndbuf", _size, udp_only=True),
+    "so-rcvbuf": _param("so_rcvbuf", _size, udp_only=True),
+    "nak-delay": _param("nak_delay_ns", _duration, udp_only=True),
+    "linger": _param("linger_ns", _duration),
+    "untethered-window-limit-timeout": _param("untethered_window_limit_timeout_ns", _duration),
+    "untethered-resting-timeout": _param("untethered_resting_timeout_ns", _duration),
+    "eos": _param("eos", _bool),
+    "reliable": _param("reliable", _bool),
+    "sparse": _param("sparse", _bool),
+    "tether": _param("tether", _bool),
+    "rejoin": _param("rejoin", _bool),
+    "group": _param("group", _bool),
+    "ssc": _param("ssc", _bool),
+    "session-id": _Param(("session_id", "session_id_tag"), _session_id,
+                         formatter=_format_session_id),
+    "fc": _param("fc", _flow_control, udp_only=True),
+    "gtag": _param("gtag", _int64, udp_only=True),
+    "cc": _param("cc", _choice(*CONGESTION_CONTROLS), udp_only=True),
+    "max-resend": _param("max_resend", lambda t: _int(t, 1, 256), udp_only=True),
+    "init-term-id": _param("init_term_id", _int32),
+    "term-id": _param("term_id", _int32),
+    "term-offset": _param("term_offset", lambda t: _int(t, 0, TERM_MAX_LENGTH)),
+    "alias": _param("alias", _text),
+    "tags": _Param(("channel_tag", "entity_tag"), _tags, formatter=_format_tags),
+    "stream-id": _param("stream_id", _int32),
+    "response-correlation-id": _param("response_correlation_id", _int64),
+}
+
+# Other spellings accepted for a key; canonical() prints the key.
+_ALIASES: Final = {"spies-simulate-connection": "ssc"}
+
+# Aeron keys slipstream does not implement: an error says so rather than "unknown".
+_UNSUPPORTED: Final = frozenset({
+    "ats", "media-rcv-ts-offset", "channel-rcv-ts-offset", "channel-snd-ts-offset",
+    "response-endpoint",
+})
+
+
+# -- parse_channel ----------------------------------------------------------------------------
+
+
+def _split_params(uri: str, query: str) -> dict[str, str]:
+    raw: dict[str, str] = {}
+    items = query.split("|")
+    if len(items) > 1 and items[-1] == "":
+        items.pop()  # a trailing '|' is harmless, and Aeron accepts it
+    for item in items:
+        if not item:
+            if query:
+                raise ChannelError(uri, "params", "empty parameter ('||' or a leading '|')")
+            continue
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ChannelError(uri, key, "has no '=value'")
+        if not key:
+            raise ChannelError(uri, "params", f"empty key in {item!r}")
+        if not value:
+            raise ChannelError(uri, key, "empty value")
+        if key in raw:
+            raise ChannelError(uri, key, "given twice")
+        raw[key] = value
+    return raw
+
+
+def parse_channel(uri: str) -> Channel:
+    """Parse and validate a channel URI; raises ``ChannelError`` naming the bad part.
+
+    No I/O: host names stay unresolved (see :meth:`Channel.endpoint_address`).
+    """
+    if not isinstance(uri, str):
+        raise ChannelError(repr(uri), "uri", f"must be a str, not {type(uri).__name__}")
+    if len(uri) > MAX_URI_LENGTH:
+        raise ChannelError(uri[:64] + "...", "uri",
+                           f"{len(uri)} characters exceed the maximum of {MAX_URI_LENGTH}")
+    rest = uri
+    spy = rest.startswith(SPY_PREFIX)
+    if spy:
+        rest = rest[len(SPY_PREFIX):]
+    if not rest.startswith(SCHEME):
+        raise ChannelError(uri, "scheme", "a channel starts with 'aeron:' or 'aeron-spy:aeron:'")
+    media, question, query = rest[len(SCHEME):].partition("?")
+    if media not in ("udp", "ipc"):
+        raise ChannelError(uri, "media", f"{media!r} is not udp or ipc")
+    if media == "udp" and not question:
+        raise ChannelError(uri, "media", "aeron:udp needs '?' and parameters, e.g. "
+                                         "aeron:udp?endpoint=localhost:40123")
+    if spy and media != "udp":
+        raise ChannelError(uri, "media", "a spy attaches to a UDP publication: "
+                                         "aeron-spy:aeron:udp?...")
+
+    values: dict[str, Any] = {}
+    for key, text in _split_params(uri, query).items():
+        param = _PARAMS.get(_ALIASES.get(key, key))
+        if param is None:
+            if key in _UNSUPPORTED:
+                raise ChannelError(uri, key, "is an Aeron parameter slipstream does not support")
+            close = difflib.get_close_matches(key, [*_PARAMS, *_ALIASES], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ChannelError(uri, key, f"unknown parameter{hint}")
+        if param.udp_only and media == "ipc":
+            raise ChannelError(uri, key, "applies to aeron:udp only, not aeron:ipc")
+        if param.fields[0] in values:  # ssc and spies-simulate-connection together
+            raise ChannelError(uri, key, f"given twice (as {_ALIASES.get(key, key)} too)")
+        try:
+            parsed = param.parse(text)
+        except _Bad as e:
+            raise ChannelError(uri, key, str(e)) from None
+        if len(param.fields) == 1:
+            values[param.fields[0]] = parsed
+        else:
+            values.update(zip(param.fields, parsed, strict=True))
+
+    channel = Channel(media=media, spy=spy, uri=uri, **values)
+    _validate(uri, channel)
+    return channel
+
+
+def _validate(uri: str, c: Channel) -> None:
+    """The rules that involve several parameters."""
+    if c.control_mode == "dynamic" and c.control is None:
+        raise ChannelError(uri, "control-mode", "dynamic needs a control address (control=)")
+    if c.is_udp and c.endpoint is None and c.control is None and c.channel_tag is None \
+            and c.control_mode not in ("manual", "response"):
+        raise ChannelError(uri, "endpoint", "aeron:udp needs endpoint, control, tags or "
+                                            "control-mode=manual|response")
+    if c.is_ipc and c.control_mode not in (None, "response"):
+        raise ChannelError(uri, "control-mode", f"{c.control_mode!r} applies to aeron:udp only; "
+                                                f"aeron:ipc takes response only")
+    if c.endpoint is not None:
+        address = c.endpoint.ip
+        if address is not None and address.is_multicast:
+            _control_group_of(uri, address)  # raises for an even last byte
+
+    given = [c.init_term_id is not None, c.term_id is not None, c.term_offset is not None]
+    if any(given) and not all(given):
+        missing = next(key for key, present in zip(("init-term-id", "term-id", "term-offset"),
+                                                   given, strict=True) if not present)
+        raise ChannelError(uri, missing, "init-term-id, term-id and term-offset go together")
+    if c.term_offset is not None:
+        assert c.init_term_id is not None and c.term_id is not None
+        if c.term_offset % FRAME_ALIGNMENT:
+            raise ChannelError(uri, "term-offset", f"{c.term_offset} is not a multiple of 32")
+        if c.term_length is not None and c.term_offset > c.term_length:
+            raise ChannelError(uri, "term-offset",
+                               f"{c.term_offset} is beyond term-length {c.term_length}")
+        # Positions are term_count << bits: term-id may not lie before init-term-id (int32 wrap).
+        if (c.term_id - c.init_term_id) & 0xFFFFFFFF >= 1 << 31:
+            raise ChannelError(uri, "term-id",
+                               f"{c.term_id} is before init-term-id {c.init_term_id}")
+    if c.mtu is not None and c.term_length is not None:
+        max_message = min(c.term_length // 8, MAX_MESSAGE_LENGTH)
+        if c.mtu > max_message:
+            raise ChannelError(uri, "mtu", f"{c.mtu} exceeds the maximum message length "
+                                           f"{max_message} of term-length {c.term_length}")

@@ -1,0 +1,283 @@
+"""Counters: positions and statistics as typed 64-bit values in a shared file (DESIGN.md §3).
+
+Position counters are the protocol state between processes: the driver publishes the
+publication limit, each subscriber publishes its position, and the driver reads those back.
+The same file is what ``slipstream stat`` and the Prometheus exporter read.
+
+Layout of ``counters.dat`` (all little-endian)::
+
+    [header 4096 B][metadata: capacity x 256 B][values: capacity x 128 B]
+
+Header: magic, version, capacity, driver pid, start time, the driver heartbeat (epoch ns of
+its last duty cycle, which clients use to tell a live driver from a dead one) and the driver's
+eventcount (signal + waiters) that a back-pressured publisher uses to wake a parked driver.
+Metadata per counter: state, type id, registration id, session id, stream id, owner client id
+and a label.  Each value sits alone on its own 128-byte slot so that writers in different
+processes never share a cache line (nor the adjacent line the prefetcher pairs with it).
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+
+from slipstream.client._native import ffi, lib
+
+MAGIC = 0x53504C53  # "SLPS"
+VERSION = 1
+HEADER_LENGTH = 4096
+METADATA_LENGTH = 256
+VALUE_LENGTH = 128
+LABEL_MAX_LENGTH = 200
+
+# Header fields.
+_MAGIC_OFFSET = 0
+_VERSION_OFFSET = 4
+_CAPACITY_OFFSET = 8
+_PID_OFFSET = 16
+_START_TIME_OFFSET = 24
+HEARTBEAT_OFFSET = 128
+DRIVER_SIGNAL_OFFSET = 256
+DRIVER_WAITERS_OFFSET = 384
+
+# Metadata fields.
+_STATE_FREE = 0
+_STATE_ALLOCATED = 1
+_META = struct.Struct("<iiqiiqi")  # state, type, registration, session, stream, owner, label len
+_LABEL_OFFSET = _META.size
+
+
+class CounterType(enum.IntEnum):
+    """What a counter measures (ids follow Aeron's where Aeron has one)."""
+
+    SYSTEM = 0
+    PUBLISHER_LIMIT = 1
+    SENDER_POSITION = 2
+    RECEIVER_HWM = 3
+    SUBSCRIBER_POSITION = 4
+    RECEIVER_POSITION = 5
+    SENDER_LIMIT = 9
+    CLIENT_HEARTBEAT = 11
+    PUBLISHER_POSITION = 12
+
+
+class SystemCounter(enum.IntEnum):
+    """Driver-wide counters, allocated first so that their ids are fixed."""
+
+    BYTES_SENT = 0
+    BYTES_RECEIVED = 1
+    ERRORS = 2
+    CLIENT_TIMEOUTS = 3
+    BACK_PRESSURE_EVENTS = 4
+    UNBLOCKED_PUBLICATIONS = 5
+    INVALID_PACKETS = 6
+    NAK_MESSAGES_SENT = 7
+    NAK_MESSAGES_RECEIVED = 8
+    STATUS_MESSAGES_SENT = 9
+    STATUS_MESSAGES_RECEIVED = 10
+    HEARTBEATS_SENT = 11
+    HEARTBEATS_RECEIVED = 12
+    RETRANSMITS_SENT = 13
+    RETRANSMIT_OVERFLOW = 14
+    FLOW_CONTROL_UNDER_RUNS = 15
+    FLOW_CONTROL_OVER_RUNS = 16
+    LOSS_GAP_FILLS = 17
+    CONDUCTOR_CYCLES = 18
+    CONDUCTOR_MAX_CYCLE_TIME_NS = 19
+    BYTES_PUBLISHED_IPC = 20
+    DATA_LOSS_SKIPS = 21
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", " ")
+
+
+@attrs.frozen
+class CounterInfo:
+    """A snapshot of one allocated counter, for tools."""
+
+    counter_id: int
+    type_id: int
+    registration_id: int
+    session_id: int
+    stream_id: int
+    owner_id: int
+    label: str
+    value: int
+
+
+class CountersFile:
+    """A mapped ``counters.dat``.  The driver creates it; clients and tools map it."""
+
+    def __init__(self, path: str | os.PathLike[str], *, writable: bool = True) -> None:
+        self.path = Path(path)
+        fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_LENGTH:
+                raise ValueError(f"{self.path} is not a counters file ({size} bytes)")
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        finally:
+            os.close(fd)
+        magic, version, capacity = struct.unpack_from("<iii", self._map, 0)
+        if magic != MAGIC or version != VERSION:
+            self._map.close()
+            raise ValueError(f"{self.path} is not a slipstream counters file (v{VERSION})")
+        self.capacity = capacity
+        self._cdata = ffi.from_buffer("uint8_t[]", self._map, require_writable=writable)
+        self._base = ffi.cast("uint8_t *", self._cdata)
+        self._values_offset = HEADER_LENGTH + capacity * METADATA_LENGTH
+        self._next_free_hint = 0
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], capacity: int) -> CountersFile:
+        """Create the file (driver only) with the system counters allocated."""
+        size = HEADER_LENGTH + capacity * (METADATA_LENGTH + VALUE_LENGTH)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            header = struct.pack("<iii4xqq", MAGIC, VERSION, capacity, os.getpid(),
+                                 time.time_ns())
+            os.pwrite(fd, header, 0)
+        finally:
+            os.close(fd)
+        counters = cls(path)
+        for counter in SystemCounter:
+            counter_id = counters.allocate(CounterType.SYSTEM, counter.label)
+            assert counter_id == counter.value
+        return counters
+
+    # -- header ------------------------------------------------------------------------------
+    @property
+    def driver_pid(self) -> int:
+        return struct.unpack_from("<q", self._map, _PID_OFFSET)[0]
+
+    @property
+    def start_time_ns(self) -> int:
+        return struct.unpack_from("<q", self._map, _START_TIME_OFFSET)[0]
+
+    def _header_i64(self, offset: int):  # -> cffi int64_t *
+        return ffi.cast("int64_t *", self._base + offset)
+
+    def _header_i32(self, offset: int):  # -> cffi int32_t *
+        return ffi.cast("int32_t *", self._base + offset)
+
+    @property
+    def driver_heartbeat_ns(self) -> int:
+        """Wall-clock ns of the driver's last duty cycle (0 before the first)."""
+        return lib.ss_load_acquire_i64(self._header_i64(HEARTBEAT_OFFSET))
+
+    def beat(self, epoch_ns: int) -> None:
+        """Record that the driver is alive at ``epoch_ns`` (driver only)."""
+        lib.ss_store_release_i64(self._header_i64(HEARTBEAT_OFFSET), epoch_ns)
+
+    @property
+    def driver_signal(self):  # -> cffi int32_t *
+        return self._header_i32(DRIVER_SIGNAL_OFFSET)
+
+    @property
+    def driver_waiters(self):  # -> cffi int32_t *
+        return self._header_i32(DRIVER_WAITERS_OFFSET)
+
+    def wake_driver(self) -> None:
+        """Wake the driver if it is parked (clients call this when they need it to act)."""
+        lib.ss_signal(self.driver_signal, self.driver_waiters)
+
+    # -- counters ----------------------------------------------------------------------------
+    def _meta_offset(self, counter_id: int) -> int:
+        return HEADER_LENGTH + counter_id * METADATA_LENGTH
+
+    def value_offset(self, counter_id: int) -> int:
+        """Byte offset of a counter's value in the file."""
+        return self._values_offset + counter_id * VALUE_LENGTH
+
+    def address(self, counter_id: int):  # -> cffi int64_t *
+        """cffi pointer to the counter's value, for C hot paths and atomics."""
+        if not 0 <= counter_id < self.capacity:
+            raise IndexError(f"counter id {counter_id} outside 0..{self.capacity - 1}")
+        return ffi.cast("int64_t *", self._base + self.value_offset(counter_id))
+
+    def allocate(
+        self,
+        type_id: int,
+        label: str,
+        *,
+        registration_id: int = -1,
+        session_id: int = 0,
+        stream_id: int = 0,
+        owner_id: int = -1,
+        initial_value: int = 0,
+    ) -> int:
+        """Allocate a counter (driver only, single-threaded) and return its id."""
+        for i in range(self.capacity):
+            counter_id = (self._next_free_hint + i) % self.capacity
+            offset = self._meta_offset(counter_id)
+            if struct.unpack_from("<i", self._map, offset)[0] != _STATE_FREE:
+                continue
+            encoded = label.encode("utf-8", "replace")[:LABEL_MAX_LENGTH]
+            lib.ss_store_release_i64(self.address(counter_id), initial_value)
+            struct.pack_into(_META.format, self._map, offset, _STATE_FREE, type_id,
+                             registration_id, session_id, stream_id, owner_id, len(encoded))
+            self._map[offset + _LABEL_OFFSET:offset + _LABEL_OFFSET + len(encoded)] = encoded
+            # Publish the slot last so readers never see a half-written record.
+            lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_ALLOCATED)
+            self._next_free_hint = counter_id + 1
+            return counter_id
+        raise RuntimeError(f"all {self.capacity} counters are in use (raise counters_capacity)")
+
+    def free(self, counter_id: int) -> None:
+        """Release a counter (driver only)."""
+        offset = self._meta_offset(counter_id)
+        lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_FREE)
+
+    def get(self, counter_id: int) -> int:
+        """Acquire-load of a counter's value."""
+        return lib.ss_load_acquire_i64(self.address(counter_id))
+
+    def set(self, counter_id: int, value: int) -> None:
+        """Release-store of a counter's value."""
+        lib.ss_store_release_i64(self.address(counter_id), value)
+
+    def add(self, counter_id: int, delta: int = 1) -> int:
+        """Atomic add (any process); returns the previous value."""
+        return lib.ss_get_and_add_i64(self.address(counter_id), delta)
+
+    def is_allocated(self, counter_id: int) -> bool:
+        offset = self._meta_offset(counter_id)
+        return struct.unpack_from("<i", self._map, offset)[0] == _STATE_ALLOCATED
+
+    def info(self, counter_id: int) -> CounterInfo | None:
+        """Snapshot of one counter, or None when the slot is free."""
+        offset = self._meta_offset(counter_id)
+        state, type_id, registration, session, stream, owner, label_length = _META.unpack_from(
+            self._map, offset)
+        if state != _STATE_ALLOCATED:
+            return None
+        label = bytes(self._map[offset + _LABEL_OFFSET:offset + _LABEL_OFFSET + label_length])
+        return CounterInfo(counter_id, type_id, registration, session, stream, owner,
+                           label.decode("utf-8", "replace"), self.get(counter_id))
+
+    def __iter__(self) -> Iterator[CounterInfo]:
+        """Every allocated counter, in id order."""
+        for counter_id in range(self.capacity):
+            info = self.info(counter_id)
+            if info is not None:
+                yield info
+
+    def close(self) -> None:
+        if self._map is None:
+            return
+        ffi.release(self._cdata)
+        try:
+            self._map.close()
+        except BufferError:
+            pass
+        self._map = None  # type: ignore[assignment]

@@ -1,0 +1,85 @@
+"""The one exception hierarchy of slipstream.
+
+Every error a user can meet is a :class:`SlipstreamError`, and every message says what to do.
+As in h11, errors split by who is at fault: the local side misusing the API or configuration
+(:class:`UsageError` and its children) versus the driver or the remote side (the rest).  Any
+other exception escaping slipstream is a bug.
+"""
+
+from __future__ import annotations
+
+
+class SlipstreamError(Exception):
+    """Base of every error raised by slipstream."""
+
+
+class UsageError(SlipstreamError):
+    """The caller asked for something invalid; fix the call or the configuration."""
+
+
+class ChannelError(UsageError):
+    """A channel URI is malformed; ``part`` names the offending part (e.g. ``endpoint``)."""
+
+    def __init__(self, uri: str, part: str, problem: str) -> None:
+        self.uri = uri
+        self.part = part
+        self.problem = problem
+        super().__init__(f"bad channel URI {uri!r}: {part}: {problem}")
+
+
+class ConfigurationError(UsageError):
+    """A configuration value is invalid; ``key`` names it and the message gives the range."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(f"configuration key {key!r}: {problem}")
+
+
+class MessageTooLongError(UsageError):
+    """A message exceeds the publication's maximum message length (``limit`` bytes)."""
+
+    def __init__(self, length: int, limit: int) -> None:
+        self.length = length
+        self.limit = limit
+        super().__init__(
+            f"message of {length} bytes exceeds the maximum message length of {limit} bytes "
+            f"(min(term length / 8, 16 MiB)); use a longer term-length in the channel URI or "
+            f"split the message"
+        )
+
+
+class ClosedError(UsageError):
+    """The client, publication or subscription was already closed."""
+
+
+class DriverError(SlipstreamError):
+    """The media driver refused a request or could not be reached."""
+
+
+class DriverNotRunningError(DriverError):
+    """No live driver holds the directory the client tried to use."""
+
+    def __init__(self, directory: str, detail: str = "") -> None:
+        self.directory = directory
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"no slipstream driver is running in {directory}{extra}: start one with "
+            f"`slipstream driver --dir {directory}` or point SLIPSTREAM_DIR at a running driver"
+        )
+
+
+class DriverTimeoutError(DriverError):
+    """The driver stopped answering (it died or is stalled)."""
+
+
+class RegistrationError(DriverError):
+    """The driver rejected a request (add publication, add subscription, ...)."""
+
+    def __init__(self, message: str, code: str = "generic") -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class DriverAlreadyRunningError(DriverError):
+    """Another live driver holds the directory."""

@@ -1,0 +1,634 @@
+"""Codecs for Aeron's UDP frames (PROTOCOL.md §1): one frozen class per frame type, no I/O.
+
+Wire facts: little-endian, C ``#pragma pack(4)`` layouts with no padding (so SM's 8-byte
+``receiver_id`` sits unaligned at offset 28), every frame starts with the 8-byte header
+``frame_length:i32 version:u8 flags:u8 type:u16``.  All lengths and offsets are in bytes.
+
+Decoding (the receive path, once per datagram):
+
+* :func:`decode` reads the frame at an offset, :func:`decode_datagram` every frame of a
+  datagram.  Malformed input never raises: both return :class:`Rejected` with a reason, which
+  the caller counts (Aeron's ``invalid_frames``) and drops.  An exception out of either is a bug.
+* :class:`Data` keeps its payload as a ``memoryview`` slice of the datagram (zero copy).  The
+  view is only valid while the caller does not reuse that buffer (e.g. ``recv_into`` the same
+  ``bytearray``); copy it with ``bytes(frame.payload)`` to keep it longer.
+* Control frames (SETUP, SM, NAK, RTTM, ERR, RSP_SETUP) need ``fixed size <= frame_length <=
+  datagram bytes``; bytes past the fixed layout are ignored, as in Aeron.  The C driver checks
+  ``frame_length`` only for SM and ERR; checking it for all costs nothing and no real sender
+  writes it wrong.
+* RES (0x07), ATS (0x08-0x0A) and EXT (0xFFFF) are known types slipstream does not speak:
+  they decode to ``Rejected("unsupported frame type ...")``, like unknown types.
+
+Encoding: every frame class has ``encode() -> bytes`` (exactly what goes on the wire) and
+``encode_into(buffer, offset) -> int`` (writes the same bytes, returns how many).  Field values
+out of their wire range raise ``struct.error``: that is a caller bug, not a remote error.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import ClassVar, Final, TypeAlias
+
+import attrs
+
+# -- constants (C AERON_HDR_TYPE_*, AERON_*_FLAG) ---------------------------------------------
+
+HDR_TYPE_PAD: Final = 0x00
+HDR_TYPE_DATA: Final = 0x01
+HDR_TYPE_NAK: Final = 0x02
+HDR_TYPE_SM: Final = 0x03
+HDR_TYPE_ERR: Final = 0x04
+HDR_TYPE_SETUP: Final = 0x05
+HDR_TYPE_RTTM: Final = 0x06
+HDR_TYPE_RES: Final = 0x07
+HDR_TYPE_ATS_DATA: Final = 0x08
+HDR_TYPE_ATS_SETUP: Final = 0x09  # C numbering; Java swaps 0x09 and 0x0A (unused either way)
+HDR_TYPE_ATS_SM: Final = 0x0A
+HDR_TYPE_RSP_SETUP: Final = 0x0B
+HDR_TYPE_EXT: Final = 0xFFFF  # int16 -1 read as unsigned
+
+CURRENT_VERSION: Final = 0
+FRAME_HEADER_LENGTH: Final = 8  # the common header
+HEADER_LENGTH: Final = 32  # DATA/PAD header, DataHeaderFlyweight.HEADER_LENGTH
+FRAME_ALIGNMENT: Final = 32
+
+# DATA / PAD flags
+BEGIN_FLAG: Final = 0x80
+END_FLAG: Final = 0x40
+EOS_FLAG: Final = 0x20
+UNFRAGMENTED: Final = BEGIN_FLAG | END_FLAG
+# SETUP flags
+SETUP_SEND_RESPONSE_FLAG: Final = 0x80
+SETUP_GROUP_FLAG: Final = 0x40
+# SM flags
+SM_SEND_SETUP_FLAG: Final = 0x80
+SM_EOS_FLAG: Final = 0x40
+# RTTM flags
+RTTM_REPLY_FLAG: Final = 0x80
+# ERR flags
+ERR_HAS_GROUP_TAG_FLAG: Final = 0x08
+
+SETUP_LENGTH: Final = 40
+SM_LENGTH: Final = 36
+SM_GROUP_TAG_LENGTH: Final = 8
+NAK_LENGTH: Final = 28
+RTTM_LENGTH: Final = 40
+ERR_HEADER_LENGTH: Final = 40
+ERR_MAX_TEXT_LENGTH: Final = 1023
+RSP_SETUP_LENGTH: Final = 20
+
+# Full-frame layouts, header included; "<" = little-endian with no padding, as pack(4) gives.
+_HEADER = struct.Struct("<iBBH")
+_DATA = struct.Struct("<iBBHiiiiq")  # + term_offset session stream term_id reserved_value
+_SETUP = struct.Struct("<iBBHiiiiiiii")  # + term_offset session stream initial active len mtu ttl
+_SM = struct.Struct("<iBBHiiiiiq")  # + session stream term_id term_offset window receiver_id
+_SM_TAGGED = struct.Struct("<iBBHiiiiiqq")  # ... + group_tag
+_NAK = struct.Struct("<iBBHiiiii")  # + session stream term_id term_offset length
+_RTTM = struct.Struct("<iBBHiiqqq")  # + session stream echo_timestamp reception_delta receiver_id
+_ERR = struct.Struct("<iBBHiiqqii")  # + session stream receiver_id group_tag code text_length
+_RSP_SETUP = struct.Struct("<iBBHiii")  # + session stream response_session_id
+
+# Bodies (everything after the common header), used by the decoders.
+_DATA_BODY = struct.Struct("<iiiiq")
+_SETUP_BODY = struct.Struct("<iiiiiiii")
+_SM_BODY = struct.Struct("<iiiiiq")
+_I64 = struct.Struct("<q")
+_NAK_BODY = struct.Struct("<iiiii")
+_RTTM_BODY = struct.Struct("<iiqqq")
+_ERR_BODY = struct.Struct("<iiqqii")
+_RSP_SETUP_BODY = struct.Struct("<iii")
+
+assert (_DATA.size, _SETUP.size, _SM.size, _SM_TAGGED.size, _NAK.size, _RTTM.size, _ERR.size,
+        _RSP_SETUP.size) == (32, 40, 36, 44, 28, 40, 40, 20)
+
+_ZEROS = bytes(FRAME_ALIGNMENT)
+
+
+def align(length: int, alignment: int = FRAME_ALIGNMENT) -> int:
+    """``length`` rounded up to a multiple of ``alignment`` (a power of two)."""
+    return (length + alignment - 1) & -alignment
+
+
+# -- frames ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Rejected:
+    """A datagram or frame that is not valid Aeron; ``reason`` says why, for counters and logs."""
+
+    reason: str
+
+
+@attrs.frozen
+class Data:
+    """A DATA frame carrying ``payload`` (frame_length = 32 + len(payload)).
+
+    ``term_offset`` is the frame's offset in its term (bytes, a multiple of 32).  Decoded frames
+    hold ``payload`` as a memoryview into the datagram (see the module docstring); ``payload``
+    takes no part in hashing because a view of a writable buffer is unhashable.
+    """
+
+    term_offset: int
+    session_id: int
+    stream_id: int
+    term_id: int
+    payload: bytes | memoryview = attrs.field(default=b"", hash=False)
+    flags: int = UNFRAGMENTED
+    reserved_value: int = 0
+
+    @property
+    def frame_length(self) -> int:
+        return HEADER_LENGTH + len(self.payload)
+
+    def encode(self) -> bytes:
+        """Header, payload and zero padding up to a multiple of 32 bytes, as the sender sends."""
+        length = HEADER_LENGTH + len(self.payload)
+        header = _DATA.pack(length, CURRENT_VERSION, self.flags, HDR_TYPE_DATA, self.term_offset,
+                            self.session_id, self.stream_id, self.term_id, self.reserved_value)
+        return b"".join((header, self.payload, _ZEROS[: -length & (FRAME_ALIGNMENT - 1)]))
+
+    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
+        """Write :meth:`encode`'s bytes at ``offset``; returns align(frame_length, 32)."""
+        n = len(self.payload)
+        length = HEADER_LENGTH + n
+        _DATA.pack_into(buffer, offset, length, CURRENT_VERSION, self.flags, HDR_TYPE_DATA,
+                        self.term_offset, self.session_id, self.stream_id, self.term_id,
+                        self.reserved_value)
+        end = offset + length
+        buffer[offset + HEADER_LENGTH : end] = self.payload
+        aligned = align(length)
+        buffer[end : offset + aligned] = _ZEROS[: aligned - length]
+        return aligned
+
+
+@attrs.frozen
+class Heartbeat:
+    """A DATA frame with frame_length 0, sent alone in a 32-byte datagram at the sender's position.
+
+    With the EOS flag (flags 0xE0) it signals end of stream.
+    """
+
+    term_offset: int
+    session_id: int
+    stream_id: int
+    term_id: int
+    flags: int = UNFRAGMENTED
+    reserved_value: int = 0
+
+    frame_length: ClassVar[int] = 0
+
+    @property
+    def is_eos(self) -> bool:
+        return bool(self.flags & EOS_FLAG)
+
+    def encode(self) -> bytes:
+        return _DATA.pack(0, CURRENT_VERSION, self.flags, HDR_TYPE_DATA, self.term_offset,
+                          self.session_id, self.stream_id, self.term_id, self.reserved_value)
+
+    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
+        _DATA.pack_into(buffer, offset, 0, CURRENT_VERSION, self.flags, HDR_TYPE_DATA,
+                        self.term_offset, self.session_id, self.stream_id, self.term_id,
+                        self.reserved_value)
+        return HEADER_LENGTH
+
+
+@attrs.frozen
+class Pad:
+    """A PAD frame: ``frame_length`` bytes of padding in the term (to its end), a multiple of 32.
+
+    Only the 32-byte header goes on the wire, so ``frame_length`` usually exceeds the datagram.
+    """
+
+    term_offset: int
+    session_id: int
+    stream_id: int
+    term_id: int
+    frame_length: int
+    flags: int = UNFRAGMENTED
+    reserved_value: int = 0
+
+    def encode(self) -> bytes:
+        return _DATA.pack(self.frame_length, CURRENT_VERSION, self.flags, HDR_TYPE_PAD,
+                          self.term_offset, self.session_id, self.stream_id, self.term_id,
+                          self.reserved_value)
+
+    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
+        _DATA.pack_into(buffer, offset, self.frame_length, CURRENT_VERSION, self.flags,
+                        HDR_TYPE_PAD, self.term_offset, self.session_id, self.stream_id,
+                        self.term_id, self.reserved_value)
+        return HEADER_LENGTH
+
+
+@attrs.frozen
+class Setup:
+    """SETUP (40 bytes): the sender announces a stream; ``term_length`` and ``mtu`` in bytes."""
+
+    term_offset: int
+    session_id: int
+    stream_id: int
+    initial_term_id: int
+    active_term_id: int
+    term_length: int
+    mtu: int
+    ttl: int = 0
+    flags: int = 0
+
+    frame_length: ClassVar[int] = SETUP_LENGTH
+
+    @property
+    def is_group(self) -> bool:
+        return bool(self.flags & SETUP_GROUP_FLAG)
+
+    @property
+    def wants_response(self) -> bool:
+        return bool(self.flags & SETUP_SEND_RESPONSE_FLAG)
+
+    def encode(self) -> bytes:
+        return _SETUP.pack(SETUP_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_SETUP,
+                           self.term_offset, self.session_id, self.stream_id,
+                           self.initial_term_id, self.active_term_id, self.term_length,
+                           self.mtu, self.ttl)
+
+    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
+        _SETUP.pack_into(buffer, offset, SETUP_LENGTH, CURRENT_VERSION, self.flags,
+                         HDR_TYPE_SETUP, self.term_offset, self.session_id, self.stream_id,
+                         self.initial_term_id, self.active_term_id, self.term_length, self.mtu,
+                         self.ttl)
+        return SETUP_LENGTH
+
+
+@attrs.frozen
+class StatusMessage:
+    """SM: the receiver's consumption position and window (bytes); 36 bytes, 44 with a group tag."""
+
+    session_id: int
+    stream_id: int
+    consumption_term_id: int
+    consumption_term_offset: int
+    receiver_window: int
+    receiver_id: int
+    flags: int = 0
+    group_tag: int | None = None
+
+    @property
+    def frame_length(self) -> int:
+        return SM_LENGTH if self.group_tag is None else SM_LENGTH + SM_GROUP_TAG_LENGTH
+
+    @property
+    def is_setup_request(self) -> bool:
+        return bool(self.flags & SM_SEND_SETUP_FLAG)
+
+    @property
+    def is_eos(self) -> bool:
+        return bool(self.flags & SM_EOS_FLAG)
+
+    def encode(self) -> bytes:
+        if self.group_tag is None:
+            return _SM.pack(SM_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_SM, self.session_id,
+                            self.stream_id, self.consumption_term_id,
+                            self.consumption_term_offset, self.receiver_window,
+                            self.receiver_id)
+        return _SM_TAGGED.pack(SM_LENGTH + SM_GROUP_TAG_LENGTH, CURRENT_VERSION, self.flags,
+                               HDR_TYPE_SM, self.session_id, self.stream_id,
+                               self.consumption_term_id, self.consumption_term_offset,
+                               self.receiver_window, self.receiver_id, self.group_tag)
+
+    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
+        data = self.encode()
+        buffer[offset : offset + len(data)] = data
+        return len(data)
+
+
+@attrs.frozen
+class Nak:
+    """NAK (28 bytes): the receiver asks for ``length`` bytes from ``term_offset`` again."""
+
+    session_id: int
+    stream_id: int
+    term_id: int
+    term_offset: int
+    length: int
+    flags: int = 0
+
+    frame_length: ClassVar[int] = NAK_LENGTH
+
+    def encode(self) -> bytes:
+        return _NAK.pack(NAK_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_NAK, self.session_id,
+                         self.stream_id, self.term_id, self.term_offset, self.length)
+
+    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
+        _NAK.pack_into(buffer, offset, NAK_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_NAK,
+                       self.session_id, self.stream_id, self.term_id, self.term_offset,
+                       self.length)
+        return NAK_LENGTH
+
+
+@attrs.frozen
+class Rttm:
+    """RTTM (40 bytes): RTT measurement; timestamps in ns of the originator's clock."""
+
+    session_id: int
+    stream_id: int
+    echo_timestamp: int
+    reception_delta: int
+    receiver_id: int
+    flags: int = 0
+
+    frame_length: ClassVar[int] = RTTM_LENGTH
+
+    @property
+    def is_reply(self) -> bool:
+        """True when the peer must echo this RTTM back (the REPLY flag)."""
+        return bool(self.flags & RTTM_REPLY_FLAG)
+
+    def encode(self) -> bytes:
+        return _RTTM.pack(RTTM_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_RTTM,
+                          self.session_id, self.stream_id, self.echo_timestamp,
+                          self.reception_delta, self.receiver_id)
+
+    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
+        _RTTM.pack_into(buffer, offset, RTTM_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_RTTM,
+                        self.session_id, self.stream_id, self.echo_timestamp,
+                        self.reception_delta, self.receiver_id)
+        return RTTM_LENGTH
+
+
+@attrs.frozen
+class ErrorFrame:
+    """ERR (40 bytes + text): the receiver rejected the image; ``message`` is at most 1023 bytes
+    as UTF-8.
+
+    The HAS_GROUP_TAG flag is derived from ``group_tag is not None``; other flag bits are not
+    defined and are dropped on decode.  Invalid UTF-8 decodes with U+FFFD replacements.
+    """
+
+    session_id: int
+    stream_id: int
+    receiver_id: int
+    error_code: int
+    message: str
+    group_tag: int | None = None
+
+    @property
+    def flags(self) -> int:
+        return 0 if self.group_tag is None else ERR_HAS_GROUP_TAG_FLAG
+
+    @property
+    def frame_length(self) -> int:
+        return ERR_HEADER_LENGTH + len(self.message.encode())
+
+    def encode(self) -> bytes:
+        """Raises ``ValueError`` when the message is longer than 1023 bytes as UTF-8."""
+        text = self.message.encode()
+        if len(text) > ERR_MAX_TEXT_LENGTH:
+            raise ValueError(f"ERR message is {len(text)} bytes; the limit is "
+                             f"{ERR_MAX_TEXT_LENGTH}")
+        header = _ERR.pack(ERR_HEADER_LENGTH + len(text), CURRENT_VERSION, self.flags,
+                           HDR_TYPE_ERR, self.session_id, self.stream_id, self.receiver_id,
+                           0 if self.group_tag is None else self.group_tag, self.error_code,
+                           len(text))
+        return header + text
+
+    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
+        data = self.encode()
+        buffer[offset : offset + len(data)] = data
+        return len(data)
+
+
+@attrs.frozen
+class ResponseSetup:
+    """RSP_SETUP (20 bytes): the receiver tells a response publication which session to answer."""
+
+    session_id: int
+    stream_id: int
+    response_session_id: int
+    flags: int = 0
+
+    frame_length: ClassVar[int] = RSP_SETUP_LENGTH
+
+    def encode(self) -> bytes:
+        return _RSP_SETUP.pack(RSP_SETUP_LENGTH, CURRENT_VERSION, self.flags,
+                               HDR_TYPE_RSP_SETUP, self.session_id, self.stream_id,
+                               self.response_session_id)
+
+    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
+        _RSP_SETUP.pack_into(buffer, offset, RSP_SETUP_LENGTH, CURRENT_VERSION, self.flags,
+                             HDR_TYPE_RSP_SETUP, self.session_id, self.stream_id,
+                             self.response_session_id)
+        return RSP_SETUP_LENGTH
+
+
+Frame: TypeAlias = (Data | Heartbeat | Pad | Setup | StatusMessage | Nak | Rttm | ErrorFrame
+                    | ResponseSetup)
+
+
+def heartbeat(session_id: int, stream_id: int, term_id: int, term_offset: int,
+              eos: bool = False) -> bytes:
+    """The 32-byte heartbeat datagram for the sender's position; ``eos`` sets flags 0xE0."""
+    flags = UNFRAGMENTED | EOS_FLAG if eos else UNFRAGMENTED
+    return _DATA.pack(0, CURRENT_VERSION, flags, HDR_TYPE_DATA, term_offset, session_id,
+                      stream_id, term_id, 0)
+
+
+# -- decoding --------------------------------------------------------------------------------
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+
+_TYPE_NAMES: Final = {
+    HDR_TYPE_PAD: "PAD", HDR_TYPE_DATA: "DATA", HDR_TYPE_NAK: "NAK", HDR_TYPE_SM: "SM",
+    HDR_TYPE_ERR: "ERR", HDR_TYPE_SETUP: "SETUP", HDR_TYPE_RTTM: "RTTM", HDR_TYPE_RES: "RES",
+    HDR_TYPE_ATS_DATA: "ATS_DATA", HDR_TYPE_ATS_SETUP: "ATS_SETUP", HDR_TYPE_ATS_SM: "ATS_SM",
+    HDR_TYPE_RSP_SETUP: "RSP_SETUP", HDR_TYPE_EXT: "EXT",
+}
+
+
+def _decode_data_or_pad(data: Buffer, offset: int, remaining: int, frame_length: int,
+                        flags: int, is_pad: bool) -> Frame | Rejected:
+    name = "PAD" if is_pad else "DATA"
+    if remaining < HEADER_LENGTH:
+        return Rejected(f"short {name} frame: {remaining} bytes < {HEADER_LENGTH}")
+    term_offset, session_id, stream_id, term_id, reserved = _DATA_BODY.unpack_from(
+        data, offset + FRAME_HEADER_LENGTH)
+    # The receiver copies frames into the term at term_offset: a misaligned or negative offset
+    # can only come from a broken sender and would corrupt the term.
+    if term_offset & 0x8000001F:
+        return Rejected(f"{name} term_offset {term_offset} is not a non-negative multiple of 32")
+    if is_pad:
+        if frame_length < HEADER_LENGTH or frame_length & (FRAME_ALIGNMENT - 1):
+            return Rejected(f"PAD frame_length {frame_length} is not a multiple of 32 >= 32")
+        return Pad(term_offset, session_id, stream_id, term_id, frame_length, flags, reserved)
+    if frame_length == 0:
+        if remaining != HEADER_LENGTH:
+            return Rejected(f"DATA frame_length 0 with {remaining} bytes: a heartbeat is a "
+                            f"datagram of exactly {HEADER_LENGTH} bytes")
+        return Heartbeat(term_offset, session_id, stream_id, term_id, flags, reserved)
+    if frame_length < HEADER_LENGTH:
+        return Rejected(f"DATA frame_length {frame_length} is less than the {HEADER_LENGTH}-byte "
+                        f"header")
+    if frame_length > remaining:
+        if offset == 0:
+            return Rejected(f"frame_length {frame_length} exceeds datagram length {remaining}")
+        return Rejected(f"frame_length {frame_length} exceeds the {remaining} bytes left at "
+                        f"offset {offset}")
+    payload = memoryview(data)[offset + HEADER_LENGTH : offset + frame_length]
+    return Data(term_offset, session_id, stream_id, term_id, payload, flags, reserved)
+
+
+def _decode_data(data: Buffer, offset: int, remaining: int, frame_length: int,
+                 flags: int) -> Frame | Rejected:
+    return _decode_data_or_pad(data, offset, remaining, frame_length, flags, False)
+
+
+def _decode_pad(data: Buffer, offset: int, remaining: int, frame_length: int,
+                flags: int) -> Frame | Rejected:
+    return _decode_data_or_pad(data, offset, remaining, frame_length, flags, True)
+
+
+def _check_control(name: str, size: int, remaining: int, frame_length: int) -> Rejected | None:
+    if remaining < size:
+        return Rejected(f"short {name}: {remaining} bytes < {size}")
+    if frame_length < size:
+        return Rejected(f"{name} frame_length {frame_length} is less than {size}")
+    if frame_length > remaining:
+        return Rejected(f"{name} frame_length {frame_length} exceeds datagram length {remaining}")
+    return None
+
+
+def _decode_setup(data: Buffer, offset: int, remaining: int, frame_length: int,
+                  flags: int) -> Frame | Rejected:
+    bad = _check_control("SETUP", SETUP_LENGTH, remaining, frame_length)
+    if bad is not None:
+        return bad
+    return Setup(*_SETUP_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags)
+
+
+def _decode_sm(data: Buffer, offset: int, remaining: int, frame_length: int,
+               flags: int) -> Frame | Rejected:
+    bad = _check_control("SM", SM_LENGTH, remaining, frame_length)
+    if bad is not None:
+        return bad
+    fields = _SM_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH)
+    extra = frame_length - SM_LENGTH
+    if extra == 0:
+        return StatusMessage(*fields, flags)
+    if extra == SM_GROUP_TAG_LENGTH:
+        (group_tag,) = _I64.unpack_from(data, offset + SM_LENGTH)
+        return StatusMessage(*fields, flags, group_tag)
+    return Rejected(f"SM group tag length {extra} is not 0 or 8")
+
+
+def _decode_nak(data: Buffer, offset: int, remaining: int, frame_length: int,
+                flags: int) -> Frame | Rejected:
+    bad = _check_control("NAK", NAK_LENGTH, remaining, frame_length)
+    if bad is not None:
+        return bad
+    return Nak(*_NAK_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags)
+
+
+def _decode_rttm(data: Buffer, offset: int, remaining: int, frame_length: int,
+                 flags: int) -> Frame | Rejected:
+    bad = _check_control("RTTM", RTTM_LENGTH, remaining, frame_length)
+    if bad is not None:
+        return bad
+    return Rttm(*_RTTM_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags)
+
+
+def _decode_err(data: Buffer, offset: int, remaining: int, frame_length: int,
+                flags: int) -> Frame | Rejected:
+    bad = _check_control("ERR", ERR_HEADER_LENGTH, remaining, frame_length)
+    if bad is not None:
+        return bad
+    session_id, stream_id, receiver_id, group_tag, code, text_length = _ERR_BODY.unpack_from(
+        data, offset + FRAME_HEADER_LENGTH)
+    if not 0 <= text_length <= min(ERR_MAX_TEXT_LENGTH, frame_length - ERR_HEADER_LENGTH):
+        return Rejected(f"ERR error_length {text_length} does not fit frame_length "
+                        f"{frame_length} (at most {ERR_MAX_TEXT_LENGTH})")
+    start = offset + ERR_HEADER_LENGTH
+    text = bytes(data[start : start + text_length]).decode("utf-8", "replace")
+    tag = group_tag if flags & ERR_HAS_GROUP_TAG_FLAG else None
+    return ErrorFrame(session_id, stream_id, receiver_id, code, text, tag)
+
+
+def _decode_rsp_setup(data: Buffer, offset: int, remaining: int, frame_length: int,
+                      flags: int) -> Frame | Rejected:
+    bad = _check_control("RSP_SETUP", RSP_SETUP_LENGTH, remaining, frame_length)
+    if bad is not None:
+        return bad
+    return ResponseSetup(*_RSP_SETUP_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags)
+
+
+# The dispatch table: a type missing here is rejected.
+_DECODERS: Final = {
+    HDR_TYPE_PAD: _decode_pad,
+    HDR_TYPE_DATA: _decode_data,
+    HDR_TYPE_NAK: _decode_nak,
+    HDR_TYPE_SM: _decode_sm,
+    HDR_TYPE_ERR: _decode_err,
+    HDR_TYPE_SETUP: _decode_setup,
+    HDR_TYPE_RTTM: _decode_rttm,
+    HDR_TYPE_RSP_SETUP: _decode_rsp_setup,
+}
+
+
+def decode(data: Buffer, offset: int = 0) -> Frame | Rejected:
+    """Decode the frame at ``offset``; ``data[offset:]`` is taken as the rest of the datagram.
+
+    Never raises on malformed input; returns :class:`Rejected` instead.  A DATA frame with
+    frame_length 0 is a :class:`Heartbeat` only when exactly 32 bytes remain.
+    """
+    remaining = len(data) - offset
+    if offset < 0 or remaining < FRAME_HEADER_LENGTH:
+        return Rejected(f"short datagram: {max(remaining, 0)} bytes at offset {offset} < "
+                        f"{FRAME_HEADER_LENGTH}-byte frame header")
+    frame_length, version, flags, frame_type = _HEADER.unpack_from(data, offset)
+    if version != CURRENT_VERSION:
+        return Rejected(f"unsupported version {version}")
+    decoder = _DECODERS.get(frame_type)
+    if decoder is None:
+        name = _TYPE_NAMES.get(frame_type)
+        if name is None:
+            return Rejected(f"unknown frame type 0x{frame_type:04x}")
+        return Rejected(f"unsupported frame type 0x{frame_type:04x} ({name})")
+    return decoder(data, offset, remaining, frame_length, flags)
+
+
+def decode_datagram(data: Buffer) -> list[Frame] | Rejected:
+    """Decode a whole datagram: a list of one control frame or heartbeat, or of DATA/PAD frames.
+
+    A DATA datagram holds consecutive frames, each at the previous one's offset plus
+    align(frame_length, 32).  They must share session, stream and term id and their
+    term_offsets must advance with their offsets in the datagram, because the receiver copies
+    the datagram into the term as one block at the first frame's term_offset.  A PAD, whose
+    header alone is sent, must end the datagram.  Any bad frame rejects the whole datagram.
+    """
+    first = decode(data, 0)
+    if not isinstance(first, (Data, Pad)):
+        return first if isinstance(first, Rejected) else [first]
+    frames: list[Frame] = [first]
+    total = len(data)
+    frame: Data | Pad = first
+    position = 0
+    while True:
+        if isinstance(frame, Pad):
+            if position + HEADER_LENGTH < total:
+                return Rejected(f"PAD frame at offset {position} is followed by "
+                                f"{total - position - HEADER_LENGTH} more bytes")
+            return frames
+        position += align(frame.frame_length)
+        if position >= total:
+            return frames
+        following = decode(data, position)
+        if isinstance(following, Rejected):
+            return Rejected(f"frame at offset {position}: {following.reason}")
+        if not isinstance(following, (Data, Pad)):
+            kind = "heartbeat" if isinstance(following, Heartbeat) else type(following).__name__
+            return Rejected(f"{kind} frame at offset {position} of a DATA datagram")
+        if (following.session_id != first.session_id or following.stream_id != first.stream_id
+                or following.term_id != first.term_id):
+            return Rejected(f"frame at offset {position} has another session, stream or term id "
+                            f"than the first frame")
+        if following.term_offset != first.term_offset + position:
+            return Rejected(f"frame at offset {position} has term_offset "
+                            f"{following.term_offset}, expected {first.term_offset + position}")
+        frames.append(following)
+        frame = following

@@ -1,0 +1,452 @@
+"""The log buffer: three terms and a metadata page in one mapped file (PROTOCOL.md §2).
+
+``[term 0][term 1][term 2][metadata 4096 B]``, file length ``align(3 * term_length + 4096,
+page_size)``.  The driver creates log files; publishers append to them and subscribers read
+them in place.  The hot paths (append, scan, rebuild) are in C (``native.c``); this module holds
+the layout, the position arithmetic and the Python view that the driver, tests and tools use.
+
+Positions are byte offsets in the stream: ``position = term_count << bits | term_offset`` with
+``term_count = term_id - initial_term_id`` (32-bit wrap-around) and ``bits = log2(term_length)``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+
+from slipstream.client._native import ffi, lib
+
+PARTITION_COUNT = 3
+FRAME_ALIGNMENT = 32
+HEADER_LENGTH = 32
+LOG_META_DATA_LENGTH = 4096
+TERM_MIN_LENGTH = 64 * 1024
+TERM_MAX_LENGTH = 1024 * 1024 * 1024
+PAGE_MIN_SIZE = 4096
+MAX_UDP_PAYLOAD_LENGTH = 65504
+FRAME_MAX_MESSAGE_LENGTH = 16 * 1024 * 1024
+
+# Metadata offsets (aeron_logbuffer_metadata_t).
+TERM_TAIL_COUNTERS_OFFSET = 0
+ACTIVE_TERM_COUNT_OFFSET = 24
+END_OF_STREAM_POSITION_OFFSET = 128
+IS_CONNECTED_OFFSET = 136
+ACTIVE_TRANSPORT_COUNT_OFFSET = 140
+CORRELATION_ID_OFFSET = 256
+INITIAL_TERM_ID_OFFSET = 264
+DEFAULT_FRAME_HEADER_LENGTH_OFFSET = 268
+MTU_LENGTH_OFFSET = 272
+TERM_LENGTH_OFFSET = 276
+PAGE_SIZE_OFFSET = 280
+PUBLICATION_WINDOW_LENGTH_OFFSET = 284
+RECEIVER_WINDOW_LENGTH_OFFSET = 288
+MAX_RESEND_OFFSET = 316
+DEFAULT_FRAME_HEADER_OFFSET = 320
+LINGER_TIMEOUT_NS_OFFSET = 464
+FLAGS_OFFSET = 488  # group, is_response, rejoin, reliable, sparse, signal_eos, ssc, tether
+# slipstream-local: the eventcount parked readers wait on (see native.h).
+READER_SIGNAL_OFFSET = lib.SS_META_READER_SIGNAL
+READER_WAITERS_OFFSET = lib.SS_META_READER_WAITERS
+
+# Frame header fields (DATA/PAD, PROTOCOL.md §1.2).
+FRAME_LENGTH_FIELD = 0
+VERSION_FIELD = 4
+FLAGS_FIELD = 5
+TYPE_FIELD = 6
+TERM_OFFSET_FIELD = 8
+SESSION_ID_FIELD = 12
+STREAM_ID_FIELD = 16
+TERM_ID_FIELD = 20
+RESERVED_VALUE_FIELD = 24
+
+HDR_TYPE_PAD = 0x00
+HDR_TYPE_DATA = 0x01
+BEGIN_FLAG = 0x80
+END_FLAG = 0x40
+EOS_FLAG = 0x20
+UNFRAGMENTED = BEGIN_FLAG | END_FLAG
+
+INT64_MAX = (1 << 63) - 1
+
+_DATA_HEADER = struct.Struct("<iBBHiiiiq")
+
+
+def align(value: int, alignment: int) -> int:
+    """Round ``value`` up to a multiple of ``alignment`` (a power of two)."""
+    return (value + alignment - 1) & ~(alignment - 1)
+
+
+def check_term_length(term_length: int) -> None:
+    """Raise ``ValueError`` unless 64 KiB ≤ term_length ≤ 1 GiB and a power of two."""
+    if not (TERM_MIN_LENGTH <= term_length <= TERM_MAX_LENGTH) or term_length & (term_length - 1):
+        raise ValueError(
+            f"term length {term_length} is not a power of two between 64 KiB and 1 GiB"
+        )
+
+
+def check_page_size(page_size: int) -> None:
+    """Raise ``ValueError`` unless 4 KiB ≤ page_size ≤ 1 GiB and a power of two."""
+    if not (PAGE_MIN_SIZE <= page_size <= TERM_MAX_LENGTH) or page_size & (page_size - 1):
+        raise ValueError(f"page size {page_size} is not a power of two between 4 KiB and 1 GiB")
+
+
+def check_mtu(mtu: int) -> None:
+    """Raise ``ValueError`` unless the MTU is a multiple of 32 in 64..65504 bytes."""
+    if not (2 * HEADER_LENGTH <= mtu <= MAX_UDP_PAYLOAD_LENGTH) or mtu % FRAME_ALIGNMENT:
+        raise ValueError(f"mtu {mtu} is not a multiple of 32 between 64 and 65504")
+
+
+def compute_log_length(term_length: int, page_size: int = PAGE_MIN_SIZE) -> int:
+    """File length of a log with three terms of ``term_length`` bytes."""
+    return align(PARTITION_COUNT * term_length + LOG_META_DATA_LENGTH, page_size)
+
+
+def position_bits_to_shift(term_length: int) -> int:
+    """log2(term_length)."""
+    return term_length.bit_length() - 1
+
+
+def max_message_length(term_length: int) -> int:
+    """Largest message a publication with this term length accepts: min(term/8, 16 MiB)."""
+    return min(term_length // 8, FRAME_MAX_MESSAGE_LENGTH)
+
+
+def max_possible_position(term_length: int) -> int:
+    """Positions stop at term_length * 2^31; offers beyond return MAX_POSITION_EXCEEDED."""
+    return term_length << 31
+
+
+def _i32(value: int) -> int:
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def compute_position(term_id: int, term_offset: int, bits: int, initial_term_id: int) -> int:
+    """Stream position of ``term_offset`` in ``term_id``."""
+    return (_i32(term_id - initial_term_id) << bits) + term_offset
+
+
+def compute_term_id(position: int, bits: int, initial_term_id: int) -> int:
+    """Term id holding ``position``."""
+    return _i32((position >> bits) + initial_term_id)
+
+
+def compute_term_offset(position: int, term_length: int) -> int:
+    """Offset of ``position`` within its term."""
+    return position & (term_length - 1)
+
+
+def index_by_position(position: int, bits: int) -> int:
+    """Partition index (0..2) of the term holding ``position``."""
+    return (position >> bits) % PARTITION_COUNT
+
+
+def index_by_term_count(term_count: int) -> int:
+    """Partition index (0..2) of the term_count-th term."""
+    return term_count % PARTITION_COUNT
+
+
+def pack_tail(term_id: int, term_offset: int) -> int:
+    """The raw tail value: term id in the high 32 bits, the offset in the low 32."""
+    raw = ((term_id & 0xFFFFFFFF) << 32) | (term_offset & 0xFFFFFFFF)
+    return raw - (1 << 64) if raw & (1 << 63) else raw
+
+
+def tail_term_id(raw_tail: int) -> int:
+    """Term id from a raw tail."""
+    return _i32(raw_tail >> 32)
+
+
+def tail_term_offset(raw_tail: int, term_length: int) -> int:
+    """Offset from a raw tail, capped at the term length (writers may overshoot)."""
+    return min(raw_tail & 0xFFFFFFFF, term_length)
+
+
+class LogBuffer:
+    """A mapped log file: term views, metadata access and atomic operations on it.
+
+    The mapping stays valid until :meth:`close`; ``address`` is a cffi ``uint8_t *`` to the
+    start of term 0 that the C hot paths use.  Closing fails softly while views are exported
+    (a handler that kept a message view); the mapping is then released with the last view.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, writable: bool = True) -> None:
+        self.path = Path(path)
+        fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            length = os.fstat(fd).st_size
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            self._map = mmap.mmap(fd, length, mmap.MAP_SHARED, prot)
+        finally:
+            os.close(fd)
+        self.length = length
+        self._cdata = ffi.from_buffer("uint8_t[]", self._map, require_writable=writable)
+        self.address = ffi.cast("uint8_t *", self._cdata)
+        self.view = memoryview(self._map)
+        # length = align(3T + 4096, page) with page <= T, so T is the power of two below (L-4096)/3.
+        term_length = 1 << (((length - LOG_META_DATA_LENGTH) // PARTITION_COUNT).bit_length() - 1)
+        recorded = struct.unpack_from("<i", self._map, PARTITION_COUNT * term_length
+                                      + TERM_LENGTH_OFFSET)[0]
+        if recorded != term_length:
+            raise ValueError(f"{self.path} is not an initialised log buffer "
+                             f"(term length {recorded}, file length {length})")
+        self.term_length = term_length
+        self.meta_offset = PARTITION_COUNT * self.term_length
+        self.meta = self.address + self.meta_offset
+        self.initial_term_id = self._get_i32(INITIAL_TERM_ID_OFFSET)
+        self.mtu = self._get_i32(MTU_LENGTH_OFFSET)
+        self.position_bits = position_bits_to_shift(self.term_length)
+        self.max_message_length = max_message_length(self.term_length)
+        self.max_payload = self.mtu - HEADER_LENGTH
+        self.session_id = self.default_header_field("<i", SESSION_ID_FIELD)
+        self.stream_id = self.default_header_field("<i", STREAM_ID_FIELD)
+
+    # -- creation -------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        term_length: int,
+        initial_term_id: int,
+        session_id: int,
+        stream_id: int,
+        mtu: int,
+        correlation_id: int,
+        page_size: int = PAGE_MIN_SIZE,
+        term_window_length: int = 0,
+        receiver_window_length: int = 0,
+        initial_term_count: int = 0,
+        initial_term_offset: int = 0,
+        linger_timeout_ns: int = 0,
+        group: bool = False,
+        reliable: bool = True,
+        signal_eos: bool = True,
+        tether: bool = True,
+        sparse: bool = True,
+    ) -> LogBuffer:
+        """Create and initialise a log file (the driver's job) and map it.
+
+        ``initial_term_count``/``initial_term_offset`` start the stream at a non-zero position
+        (URI ``init-term-id``/``term-id``/``term-offset``, or a receiver's join position).
+        """
+        check_term_length(term_length)
+        check_page_size(page_size)
+        check_mtu(mtu)
+        path = Path(path)
+        length = compute_log_length(term_length, page_size)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, length)
+            if not sparse:
+                os.posix_fallocate(fd, 0, length)
+        finally:
+            os.close(fd)
+        meta = bytearray(LOG_META_DATA_LENGTH)
+        active_term_id = _i32(initial_term_id + initial_term_count)
+        active_index = index_by_term_count(initial_term_count)
+        for i in range(PARTITION_COUNT):
+            # The active partition holds the active term; the others hold the terms that the
+            # rotation expects to find there (term_id - 3 .. so the next CAS succeeds).
+            if i == active_index:
+                tail = pack_tail(active_term_id, initial_term_offset)
+            else:
+                delta = (i - active_index) % PARTITION_COUNT
+                tail = pack_tail(active_term_id + delta - PARTITION_COUNT, 0)
+            struct.pack_into("<q", meta, TERM_TAIL_COUNTERS_OFFSET + 8 * i, tail)
+        struct.pack_into("<i", meta, ACTIVE_TERM_COUNT_OFFSET, initial_term_count)
+        struct.pack_into("<q", meta, END_OF_STREAM_POSITION_OFFSET, INT64_MAX)
+        struct.pack_into("<q", meta, CORRELATION_ID_OFFSET, correlation_id)
+        struct.pack_into("<iiiiiii", meta, INITIAL_TERM_ID_OFFSET, initial_term_id, HEADER_LENGTH,
+                         mtu, term_length, page_size, term_window_length, receiver_window_length)
+        _DATA_HEADER.pack_into(meta, DEFAULT_FRAME_HEADER_OFFSET, 0, 0, UNFRAGMENTED,
+                               HDR_TYPE_DATA, 0, session_id, stream_id, initial_term_id, 0)
+        struct.pack_into("<q", meta, LINGER_TIMEOUT_NS_OFFSET, linger_timeout_ns)
+        struct.pack_into("8B", meta, FLAGS_OFFSET, group, False, True, reliable, sparse,
+                         signal_eos, False, tether)
+        with open(path, "r+b") as f:
+            f.seek(PARTITION_COUNT * term_length)
+            f.write(meta)
+        return cls(path)
+
+    # -- metadata --------------------------------------------------------------------------
+    def _get_i32(self, field: int) -> int:
+        return struct.unpack_from("<i", self._map, self.meta_offset + field)[0]
+
+    def default_header_field(self, fmt: str, field: int) -> int:
+        """A field of the default frame header in the metadata."""
+        return struct.unpack_from(fmt, self._map, self.meta_offset + DEFAULT_FRAME_HEADER_OFFSET
+                                  + field)[0]
+
+    def meta_i32(self, field: int) -> int:
+        """Acquire-load of a 32-bit metadata field."""
+        return lib.ss_load_acquire_i32(ffi.cast("int32_t *", self.meta + field))
+
+    def meta_i64(self, field: int) -> int:
+        """Acquire-load of a 64-bit metadata field."""
+        return lib.ss_load_acquire_i64(ffi.cast("int64_t *", self.meta + field))
+
+    def set_meta_i32(self, field: int, value: int) -> None:
+        """Release-store of a 32-bit metadata field."""
+        lib.ss_store_release_i32(ffi.cast("int32_t *", self.meta + field), value)
+
+    def set_meta_i64(self, field: int, value: int) -> None:
+        """Release-store of a 64-bit metadata field."""
+        lib.ss_store_release_i64(ffi.cast("int64_t *", self.meta + field), value)
+
+    def raw_tail(self, index: int) -> int:
+        """The raw tail counter of partition ``index``."""
+        return self.meta_i64(TERM_TAIL_COUNTERS_OFFSET + 8 * index)
+
+    @property
+    def active_term_count(self) -> int:
+        return self.meta_i32(ACTIVE_TERM_COUNT_OFFSET)
+
+    @property
+    def is_connected(self) -> bool:
+        return self.meta_i32(IS_CONNECTED_OFFSET) == 1
+
+    @is_connected.setter
+    def is_connected(self, value: bool) -> None:
+        self.set_meta_i32(IS_CONNECTED_OFFSET, 1 if value else 0)
+
+    @property
+    def end_of_stream_position(self) -> int:
+        return self.meta_i64(END_OF_STREAM_POSITION_OFFSET)
+
+    @end_of_stream_position.setter
+    def end_of_stream_position(self, position: int) -> None:
+        self.set_meta_i64(END_OF_STREAM_POSITION_OFFSET, position)
+
+    @property
+    def reliable(self) -> bool:
+        return bool(self._map[self.meta_offset + FLAGS_OFFSET + 3])
+
+    def producer_position(self) -> int:
+        """Position of the next byte a publisher would append (from the active tail)."""
+        term_count = self.active_term_count
+        raw = self.raw_tail(index_by_term_count(term_count))
+        offset = tail_term_offset(raw, self.term_length)
+        return (term_count << self.position_bits) + offset
+
+    # -- terms and frames -------------------------------------------------------------------
+    def term_address(self, index: int):  # -> cffi uint8_t *
+        """cffi pointer to the start of partition ``index``."""
+        return self.address + index * self.term_length
+
+    def term_view(self, index: int) -> memoryview:
+        """A writable view of partition ``index``."""
+        start = index * self.term_length
+        return self.view[start:start + self.term_length]
+
+    def frame_length_volatile(self, index: int, term_offset: int) -> int:
+        """Acquire-load of the frame_length at ``term_offset`` in partition ``index``."""
+        ptr = self.address + index * self.term_length + term_offset
+        return lib.ss_load_acquire_i32(ffi.cast("int32_t *", ptr))
+
+    def frame_header(self, index: int, term_offset: int) -> tuple[int, ...]:
+        """(frame_length, version, flags, type, term_offset, session, stream, term_id, reserved)."""
+        return _DATA_HEADER.unpack_from(self._map, index * self.term_length + term_offset)
+
+    def reader_signal(self):  # -> cffi int32_t *
+        """The eventcount word parked readers wait on."""
+        return ffi.cast("int32_t *", self.meta + READER_SIGNAL_OFFSET)
+
+    def reader_waiters(self):  # -> cffi int32_t *
+        """The count of parked readers (writers signal only when it is non-zero)."""
+        return ffi.cast("int32_t *", self.meta + READER_WAITERS_OFFSET)
+
+    def signal_readers(self) -> None:
+        """Wake readers parked on this log (after the driver changed something they wait for)."""
+        lib.ss_signal(self.reader_signal(), self.reader_waiters())
+
+    def clean(self, position: int, length: int) -> None:
+        """Zero ``length`` bytes of the term holding ``position`` from its offset (one term max)."""
+        index = index_by_position(position, self.position_bits)
+        offset = compute_term_offset(position, self.term_length)
+        length = min(length, self.term_length - offset)
+        lib.ss_clean(self.address + index * self.term_length + offset, length)
+
+    def close(self) -> None:
+        """Unmap (softly: if a view is still exported the map goes with the last view)."""
+        if self._map is None:
+            return
+        self.view.release()
+        ffi.release(self._cdata)
+        try:
+            self._map.close()
+        except BufferError:
+            pass
+        self._map = None  # type: ignore[assignment]
+
+    @property
+    def closed(self) -> bool:
+        return self._map is None
+
+
+
+def new_appender(log: LogBuffer, publication_limit):  # -> cffi ss_appender_t *
+    """The C appender for ``log``, checking offers against the int64 at ``publication_limit``."""
+    appender = ffi.new("ss_appender_t *")
+    appender.log = log.address
+    appender.meta = log.meta
+    appender.publication_limit = publication_limit
+    appender.term_length = log.term_length
+    appender.position_bits = log.position_bits
+    appender.initial_term_id = log.initial_term_id
+    appender.session_id = log.session_id
+    appender.stream_id = log.stream_id
+    appender.max_payload = log.max_payload
+    appender.max_message_length = log.max_message_length
+    appender.max_position = max_possible_position(log.term_length)
+    return appender
+
+
+def write_padding(log: LogBuffer, position: int, length: int) -> None:
+    """Turn ``length`` bytes at ``position`` into one PAD frame of that term.
+
+    The header fields go first and the frame length last (release), so a reader sees either
+    nothing or a complete PAD frame.
+    """
+    index = index_by_position(position, log.position_bits)
+    term_offset = compute_term_offset(position, log.term_length)
+    term_id = compute_term_id(position, log.position_bits, log.initial_term_id)
+    base = index * log.term_length + term_offset
+    struct.pack_into("<BBHiiii", log.view, base + VERSION_FIELD, 0, UNFRAGMENTED, HDR_TYPE_PAD,
+                     term_offset, log.session_id, log.stream_id, term_id)
+    lib.ss_store_release_i32(ffi.cast("int32_t *", log.address + base), length)
+
+
+def unblock(log: LogBuffer, blocked_position: int, producer_position: int) -> bool:
+    """Pad over a frame that a dead publisher claimed but never committed (TermUnblocker).
+
+    ``blocked_position`` is where consumers are stuck.  A negative frame length there is a
+    claimed frame: it becomes padding of its own length.  A zero length means the claimer died
+    before writing the header: the hole up to the next written frame (or the end of the term)
+    becomes padding.  Returns True when something was unblocked.
+    """
+    if producer_position <= blocked_position:
+        return False
+    index = index_by_position(blocked_position, log.position_bits)
+    offset = compute_term_offset(blocked_position, log.term_length)
+    frame_length = log.frame_length_volatile(index, offset)
+    if frame_length < 0:
+        write_padding(log, blocked_position, -frame_length)
+        return True
+    if frame_length > 0:
+        return False
+    term_start = blocked_position - offset
+    limit = min(log.term_length, producer_position - term_start)
+    current = offset + FRAME_ALIGNMENT
+    while current < limit:
+        if log.frame_length_volatile(index, current) != 0:
+            write_padding(log, blocked_position, current - offset)
+            return True
+        current += FRAME_ALIGNMENT
+    if producer_position - term_start >= log.term_length:
+        # The hole runs to the end of the term: pad it so consumers step into the next term.
+        write_padding(log, blocked_position, log.term_length - offset)
+        return True
+    return False

@@ -1,0 +1,426 @@
+/* slipstream native hot paths; see native.h for the contracts. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "native.h"
+
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+
+#define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+static inline int32_t align32(int32_t v) { return (v + (SS_FRAME_ALIGNMENT - 1)) & ~(SS_FRAME_ALIGNMENT - 1); }
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+static inline int64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- atomics */
+int64_t ss_load_acquire_i64(const int64_t *addr) { return LOAD_ACQ(addr); }
+void ss_store_release_i64(int64_t *addr, int64_t value) { STORE_REL(addr, value); }
+int64_t ss_get_and_add_i64(int64_t *addr, int64_t delta) { return __atomic_fetch_add(addr, delta, __ATOMIC_SEQ_CST); }
+int ss_cas_i64(int64_t *addr, int64_t expected, int64_t desired) {
+    return __atomic_compare_exchange_n(addr, &expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+int32_t ss_load_acquire_i32(const int32_t *addr) { return LOAD_ACQ(addr); }
+void ss_store_release_i32(int32_t *addr, int32_t value) { STORE_REL(addr, value); }
+int32_t ss_get_and_add_i32(int32_t *addr, int32_t delta) { return __atomic_fetch_add(addr, delta, __ATOMIC_SEQ_CST); }
+void ss_propose_max_i64(int64_t *addr, int64_t value) {
+    int64_t current = LOAD_ACQ(addr);
+    while (value > current) {
+        if (__atomic_compare_exchange_n(addr, &current, value, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) break;
+    }
+}
+
+/* ---------------------------------------------------------------- futex */
+int ss_futex_wait(int32_t *addr, int32_t expected, int64_t timeout_ns) {
+    struct timespec ts, *tsp = NULL;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = timeout_ns / 1000000000LL;
+        ts.tv_nsec = timeout_ns % 1000000000LL;
+        tsp = &ts;
+    }
+    long rc = syscall(SYS_futex, addr, FUTEX_WAIT, expected, tsp, NULL, 0);
+    return rc == 0 ? 0 : errno;
+}
+
+int ss_futex_wake(int32_t *addr, int32_t count) {
+    return (int)syscall(SYS_futex, addr, FUTEX_WAKE, count, NULL, NULL, 0);
+}
+
+void ss_signal(int32_t *signal, const int32_t *waiters) {
+    /* seq_cst pairs with the waiter's increment of *waiters before it re-checks for data, so
+     * either the waiter sees our frame or we see its registration (Dekker). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(waiters, __ATOMIC_RELAXED) > 0) {
+        __atomic_fetch_add(signal, 1, __ATOMIC_SEQ_CST);
+        ss_futex_wake(signal, INT_MAX);
+    }
+}
+
+struct ss_futex_waitv {
+    uint64_t val;
+    uint64_t uaddr;
+    uint32_t flags;
+    uint32_t reserved;
+};
+#define SS_FUTEX2_SIZE_U32 0x02
+
+static int park_many(int32_t *const *signals, const int32_t *seen, int32_t count, int64_t deadline_ns) {
+    struct ss_futex_waitv waiters[16];
+    struct timespec ts, *tsp = NULL;
+    if (count > 16) count = 16;
+    for (int32_t i = 0; i < count; i++) {
+        waiters[i].val = (uint32_t)seen[i];
+        waiters[i].uaddr = (uint64_t)(uintptr_t)signals[i];
+        waiters[i].flags = SS_FUTEX2_SIZE_U32; /* shared: no FUTEX2_PRIVATE */
+        waiters[i].reserved = 0;
+    }
+    if (deadline_ns >= 0) {
+        ts.tv_sec = deadline_ns / 1000000000LL;
+        ts.tv_nsec = deadline_ns % 1000000000LL;
+        tsp = &ts;
+    }
+    long rc = syscall(SYS_futex_waitv, waiters, count, 0, tsp, CLOCK_MONOTONIC);
+    if (rc < 0 && errno == ENOSYS && count > 0) {
+        /* Older kernels: park on the first image with a short timeout and let the caller re-poll. */
+        int64_t rel = deadline_ns < 0 ? 1000000 : deadline_ns - monotonic_ns();
+        if (rel > 1000000) rel = 1000000;
+        if (rel < 0) rel = 0;
+        return ss_futex_wait(signals[0], seen[0], rel);
+    }
+    return rc < 0 ? errno : 0;
+}
+
+static inline int any_committed(uint8_t *const *frames, int32_t count) {
+    for (int32_t i = 0; i < count; i++) {
+        if (LOAD_ACQ((const int32_t *)frames[i]) != 0) return 1;
+    }
+    return 0;
+}
+
+int ss_await_frames(uint8_t *const *frames, int32_t *const *signals, int32_t *const *waiters,
+                    int32_t count, int64_t spin_ns, int64_t timeout_ns) {
+    int64_t start = monotonic_ns();
+    int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
+    int32_t seen[16];
+    if (count > 16) count = 16;
+    if (count <= 0) {
+        /* Nothing to wait on: sleep out the timeout (bounded) so callers do not spin. */
+        struct timespec ts = {0, 1000000};
+        if (timeout_ns >= 0 && timeout_ns < 1000000) ts.tv_nsec = timeout_ns;
+        nanosleep(&ts, NULL);
+        return 0;
+    }
+    /* Spin phase: cheap while traffic flows, it is what keeps latency low. */
+    for (uint32_t n = 0;; n++) {
+        if (any_committed(frames, count)) return 1;
+        if ((n & 63) == 63) {
+            int64_t now = monotonic_ns();
+            if (now - start >= spin_ns) break;
+            if (deadline >= 0 && now >= deadline) return 0;
+        }
+        cpu_relax();
+    }
+    /* Park phase: register as a waiter, re-check (the writer may have committed in between),
+     * then sleep until the writer bumps the signal word. */
+    for (int32_t i = 0; i < count; i++) __atomic_fetch_add(waiters[i], 1, __ATOMIC_SEQ_CST);
+    int result = 0;
+    for (;;) {
+        for (int32_t i = 0; i < count; i++) seen[i] = __atomic_load_n(signals[i], __ATOMIC_SEQ_CST);
+        if (any_committed(frames, count)) { result = 1; break; }
+        if (deadline >= 0 && monotonic_ns() >= deadline) break;
+        int rc = park_many(signals, seen, count, deadline);
+        if (rc == ETIMEDOUT) { result = any_committed(frames, count); break; }
+        if (rc == 0 || rc == EAGAIN) { if (any_committed(frames, count)) { result = 1; break; } }
+        /* EINTR: return so Python can deliver signals (KeyboardInterrupt). */
+        if (rc == EINTR) { result = any_committed(frames, count); break; }
+    }
+    for (int32_t i = 0; i < count; i++) __atomic_fetch_sub(waiters[i], 1, __ATOMIC_SEQ_CST);
+    return result;
+}
+
+/* ---------------------------------------------------------------- appender */
+static inline int64_t *tail_counter(uint8_t *meta, int32_t index) {
+    return (int64_t *)(meta + SS_META_TAIL_COUNTERS + 8 * index);
+}
+
+static inline int32_t *active_term_count_ptr(uint8_t *meta) {
+    return (int32_t *)(meta + SS_META_ACTIVE_TERM_COUNT);
+}
+
+static inline int64_t compute_position(int32_t term_id, int32_t term_offset, int32_t bits, int32_t initial_term_id) {
+    int64_t term_count = (int64_t)(int32_t)((uint32_t)term_id - (uint32_t)initial_term_id);
+    return (term_count << bits) + term_offset;
+}
+
+/* The header goes in as length (negative: "being written") + version/flags/type in one
+ * 8-byte release store, then the rest; the commit is a release store of the positive length. */
+static inline void write_header(uint8_t *frame, int32_t frame_length, uint8_t flags, uint16_t type,
+                                int32_t term_offset, int32_t session_id, int32_t stream_id, int32_t term_id) {
+    uint64_t first = (uint32_t)(-frame_length) | ((uint64_t)flags << 40) | ((uint64_t)type << 48);
+    STORE_REL((uint64_t *)frame, first);
+    *(int32_t *)(frame + 8) = term_offset;
+    *(int32_t *)(frame + 12) = session_id;
+    *(int32_t *)(frame + 16) = stream_id;
+    *(int32_t *)(frame + 20) = term_id;
+}
+
+int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_term_id) {
+    int32_t next_term_id = current_term_id + 1;
+    int32_t next_term_count = current_term_count + 1;
+    int32_t next_index = next_term_count % SS_PARTITION_COUNT;
+    int32_t expected_term_id = next_term_id - SS_PARTITION_COUNT;
+    int64_t *tail = tail_counter(meta, next_index);
+    for (;;) {
+        int64_t raw = LOAD_ACQ(tail);
+        if ((int32_t)(raw >> 32) != expected_term_id) break; /* already rotated by another writer */
+        if (ss_cas_i64(tail, raw, (int64_t)((uint64_t)(uint32_t)next_term_id << 32))) break;
+    }
+    int32_t expected = current_term_count;
+    return __atomic_compare_exchange_n(active_term_count_ptr(meta), &expected, next_term_count, 0,
+                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+static inline void signal_readers(uint8_t *meta) {
+    ss_signal((int32_t *)(meta + SS_META_READER_SIGNAL), (const int32_t *)(meta + SS_META_READER_WAITERS));
+}
+
+/* The claim ran past the end of the term: pad the rest (if this writer crossed the end) and
+ * rotate.  Returns ADMIN_ACTION, or MAX_POSITION_EXCEEDED when the next term is beyond reach. */
+static int64_t end_of_term(const ss_appender_t *a, uint8_t *term, int32_t term_offset, int32_t term_id,
+                           int32_t term_count) {
+    if (term_offset < a->term_length) {
+        int32_t padding = a->term_length - term_offset;
+        uint8_t *frame = term + term_offset;
+        write_header(frame, padding, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_PAD, term_offset, a->session_id,
+                     a->stream_id, term_id);
+        STORE_REL((int32_t *)frame, padding);
+    }
+    int64_t next_term_position = ((int64_t)(term_count + 1)) << a->position_bits;
+    if (next_term_position >= a->max_position || term_count + 1 < 0) return SS_MAX_POSITION_EXCEEDED;
+    ss_rotate_log(a->meta, term_count, term_id);
+    return SS_ADMIN_ACTION;
+}
+
+static inline int32_t fragmented_length(const ss_appender_t *a, int32_t length) {
+    int32_t full = length / a->max_payload;
+    int32_t rem = length % a->max_payload;
+    int32_t last = rem > 0 ? align32(rem + SS_HEADER_LENGTH) : 0;
+    return full * (a->max_payload + SS_HEADER_LENGTH) + last;
+}
+
+/* One append attempt: returns the new position, or a negative code. */
+static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length, int64_t reserved_value) {
+    uint8_t *meta = a->meta;
+    int32_t term_count = LOAD_ACQ(active_term_count_ptr(meta));
+    int32_t index = term_count % SS_PARTITION_COUNT;
+    int64_t *tail = tail_counter(meta, index);
+    int64_t raw = __atomic_load_n(tail, __ATOMIC_ACQUIRE);
+    int32_t term_id = (int32_t)(raw >> 32);
+    int64_t raw_offset = raw & 0xFFFFFFFFLL;
+    int32_t term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
+    if (term_count != (int32_t)((uint32_t)term_id - (uint32_t)a->initial_term_id)) return SS_ADMIN_ACTION;
+
+    int64_t position = ((int64_t)term_count << a->position_bits) + term_offset;
+    if (position >= LOAD_ACQ(a->publication_limit)) return SS_BACK_PRESSURED;
+
+    int32_t claim = length <= a->max_payload ? align32(length + SS_HEADER_LENGTH) : fragmented_length(a, length);
+    raw = __atomic_fetch_add(tail, (int64_t)claim, __ATOMIC_SEQ_CST);
+    term_id = (int32_t)(raw >> 32);
+    raw_offset = raw & 0xFFFFFFFFLL;
+    term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
+    uint8_t *term = a->log + (int64_t)index * a->term_length;
+    if ((int64_t)term_offset + claim > a->term_length) return end_of_term(a, term, term_offset, term_id, term_count);
+
+    if (length <= a->max_payload) {
+        uint8_t *frame = term + term_offset;
+        int32_t frame_length = length + SS_HEADER_LENGTH;
+        write_header(frame, frame_length, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_DATA, term_offset, a->session_id,
+                     a->stream_id, term_id);
+        *(int64_t *)(frame + 24) = reserved_value;
+        memcpy(frame + SS_HEADER_LENGTH, msg, (size_t)length);
+        STORE_REL((int32_t *)frame, frame_length);
+    } else {
+        int32_t remaining = length, offset = term_offset, consumed = 0;
+        uint8_t flags = SS_FLAG_BEGIN;
+        while (remaining > 0) {
+            int32_t chunk = remaining < a->max_payload ? remaining : a->max_payload;
+            int32_t frame_length = chunk + SS_HEADER_LENGTH;
+            if (chunk == remaining) flags |= SS_FLAG_END;
+            uint8_t *frame = term + offset;
+            write_header(frame, frame_length, flags, SS_HDR_TYPE_DATA, offset, a->session_id, a->stream_id, term_id);
+            *(int64_t *)(frame + 24) = reserved_value;
+            memcpy(frame + SS_HEADER_LENGTH, msg + consumed, (size_t)chunk);
+            STORE_REL((int32_t *)frame, frame_length);
+            consumed += chunk;
+            remaining -= chunk;
+            offset += align32(frame_length);
+            flags = 0;
+        }
+    }
+    return position + claim;
+}
+
+int64_t ss_offer(const ss_appender_t *a, const char *msg, int32_t length, int64_t reserved_value) {
+    if (length < 0 || length > a->max_message_length) return SS_INVALID_LENGTH;
+    int64_t result = append(a, (const uint8_t *)msg, length, reserved_value);
+    if (result > 0) signal_readers(a->meta);
+    return result;
+}
+
+int32_t ss_offer_batch(const ss_appender_t *a, const char *data, const int32_t *lengths, int32_t count,
+                       int64_t *result) {
+    int32_t done = 0;
+    int64_t last = 0;
+    const uint8_t *cursor = (const uint8_t *)data;
+    while (done < count) {
+        int32_t length = lengths[done];
+        if (length < 0 || length > a->max_message_length) { last = SS_INVALID_LENGTH; break; }
+        int64_t rc = append(a, cursor, length, 0);
+        if (rc == SS_ADMIN_ACTION) {
+            rc = append(a, cursor, length, 0); /* the rotation is done; one retry lands in the new term */
+            if (rc == SS_ADMIN_ACTION) continue;
+        }
+        if (rc < 0) { if (done == 0) last = rc; break; }
+        last = rc;
+        cursor += length;
+        done++;
+    }
+    if (done > 0) signal_readers(a->meta);
+    *result = last;
+    return done;
+}
+
+int64_t ss_try_claim(const ss_appender_t *a, int32_t length, int64_t *frame_offset) {
+    if (length < 0 || length > a->max_payload) return SS_INVALID_LENGTH;
+    uint8_t *meta = a->meta;
+    int32_t term_count = LOAD_ACQ(active_term_count_ptr(meta));
+    int32_t index = term_count % SS_PARTITION_COUNT;
+    int64_t *tail = tail_counter(meta, index);
+    int64_t raw = __atomic_load_n(tail, __ATOMIC_ACQUIRE);
+    int32_t term_id = (int32_t)(raw >> 32);
+    int64_t raw_offset = raw & 0xFFFFFFFFLL;
+    int32_t term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
+    if (term_count != (int32_t)((uint32_t)term_id - (uint32_t)a->initial_term_id)) return SS_ADMIN_ACTION;
+    int64_t position = ((int64_t)term_count << a->position_bits) + term_offset;
+    if (position >= LOAD_ACQ(a->publication_limit)) return SS_BACK_PRESSURED;
+
+    int32_t frame_length = length + SS_HEADER_LENGTH;
+    int32_t claim = align32(frame_length);
+    raw = __atomic_fetch_add(tail, (int64_t)claim, __ATOMIC_SEQ_CST);
+    term_id = (int32_t)(raw >> 32);
+    raw_offset = raw & 0xFFFFFFFFLL;
+    term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
+    uint8_t *term = a->log + (int64_t)index * a->term_length;
+    if ((int64_t)term_offset + claim > a->term_length) return end_of_term(a, term, term_offset, term_id, term_count);
+    write_header(term + term_offset, frame_length, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_DATA, term_offset,
+                 a->session_id, a->stream_id, term_id);
+    *(int64_t *)(term + term_offset + 24) = 0;
+    *frame_offset = (int64_t)index * a->term_length + term_offset;
+    return position + claim;
+}
+
+void ss_commit(uint8_t *frame) {
+    int32_t frame_length = -*(volatile int32_t *)frame;
+    STORE_REL((int32_t *)frame, frame_length);
+}
+
+void ss_abort(uint8_t *frame) {
+    int32_t frame_length = -*(volatile int32_t *)frame;
+    *(uint16_t *)(frame + 6) = SS_HDR_TYPE_PAD;
+    STORE_REL((int32_t *)frame, frame_length);
+}
+
+/* ---------------------------------------------------------------- reader */
+int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t term_length, int32_t max_frames,
+                     int32_t stop_at_fragment, int32_t *out, int32_t *next_offset) {
+    int32_t count = 0;
+    while (count < max_frames && offset < term_length) {
+        int32_t frame_length = LOAD_ACQ((const int32_t *)(term + offset));
+        if (frame_length <= 0) break;
+        uint16_t type = *(const uint16_t *)(term + offset + 6);
+        if (type != SS_HDR_TYPE_PAD) {
+            uint8_t flags = term[offset + 5];
+            if (stop_at_fragment && flags != SS_FLAG_UNFRAGMENTED) break;
+            out[3 * count] = offset;
+            out[3 * count + 1] = frame_length;
+            out[3 * count + 2] = flags;
+            count++;
+        }
+        offset += align32(frame_length);
+    }
+    *next_offset = offset;
+    return count;
+}
+
+/* ---------------------------------------------------------------- sender scan */
+int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t max_length, int32_t term_length,
+                                 int32_t *padding) {
+    int32_t available = 0;
+    int32_t limit = term_length - offset;
+    if (max_length < limit) limit = max_length;
+    *padding = 0;
+    while (available < limit) {
+        const uint8_t *frame = term + offset + available;
+        int32_t frame_length = LOAD_ACQ((const int32_t *)frame);
+        if (frame_length <= 0) break;
+        int32_t aligned = align32(frame_length);
+        if (*(const uint16_t *)(frame + 6) == SS_HDR_TYPE_PAD) {
+            /* Padding ends a datagram: it goes out as its header alone, after the data before it. */
+            if (available == 0) { *padding = aligned - SS_HEADER_LENGTH; available = SS_HEADER_LENGTH; }
+            break;
+        }
+        if (available + aligned > limit) break;
+        available += aligned;
+    }
+    return available;
+}
+
+/* ---------------------------------------------------------------- receiver */
+void ss_rebuild_insert(uint8_t *term, int32_t offset, const uint8_t *packet, int32_t length) {
+    uint8_t *dst = term + offset;
+    if (LOAD_ACQ((const int32_t *)dst) != 0) return; /* already there (a duplicate) */
+    if (length > 8) memcpy(dst + 8, packet + 8, (size_t)(length - 8));
+    STORE_REL((uint64_t *)dst, *(const uint64_t *)packet);
+}
+
+int32_t ss_scan_gap(const uint8_t *term, int32_t rebuild_offset, int32_t limit_offset, int32_t *gap_length) {
+    int32_t offset = rebuild_offset;
+    while (offset < limit_offset) {
+        int32_t frame_length = LOAD_ACQ((const int32_t *)(term + offset));
+        if (frame_length <= 0) break;
+        offset += align32(frame_length);
+    }
+    if (offset >= limit_offset) { *gap_length = 0; return limit_offset; }
+    int32_t gap_begin = offset;
+    offset += SS_FRAME_ALIGNMENT;
+    while (offset < limit_offset && LOAD_ACQ((const int32_t *)(term + offset)) == 0) offset += SS_FRAME_ALIGNMENT;
+    *gap_length = offset - gap_begin;
+    return gap_begin;
+}
+
+void ss_clean(uint8_t *base, int64_t length) {
+    if (length <= 0) return;
+    if (length > 8) memset(base + 8, 0, (size_t)(length - 8));
+    STORE_REL((uint64_t *)base, (uint64_t)0);
+}

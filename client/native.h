@@ -1,0 +1,120 @@
+/*
+ * slipstream native hot paths: atomics, futex park/wake, the concurrent term appender,
+ * term scans and the receiver's rebuild/gap scans.  Layouts follow PROTOCOL.md section 2.
+ *
+ * Everything here works on raw pointers into mapped log buffers and counters; Python owns the
+ * mappings and their lifetimes.  All multi-byte fields are little-endian (x86-64 native).
+ */
+#include <stdint.h>
+
+/* ---- log buffer descriptor (PROTOCOL.md 2.1, 2.2) ---- */
+#define SS_PARTITION_COUNT 3
+#define SS_FRAME_ALIGNMENT 32
+#define SS_HEADER_LENGTH 32
+#define SS_LOG_META_DATA_LENGTH 4096
+#define SS_META_TAIL_COUNTERS 0
+#define SS_META_ACTIVE_TERM_COUNT 24
+#define SS_META_END_OF_STREAM_POSITION 128
+#define SS_META_IS_CONNECTED 136
+/* slipstream-local fields in the unused tail of the metadata page (not part of Aeron's wire
+ * contract, which is only about frames): the eventcount that parked readers wait on. */
+#define SS_META_READER_SIGNAL 1024
+#define SS_META_READER_WAITERS 1088
+
+#define SS_FLAG_BEGIN 0x80
+#define SS_FLAG_END 0x40
+#define SS_FLAG_UNFRAGMENTED 0xC0
+#define SS_HDR_TYPE_PAD 0x00
+#define SS_HDR_TYPE_DATA 0x01
+
+/* offer() results, as Aeron */
+#define SS_NOT_CONNECTED (-1)
+#define SS_BACK_PRESSURED (-2)
+#define SS_ADMIN_ACTION (-3)
+#define SS_CLOSED (-4)
+#define SS_MAX_POSITION_EXCEEDED (-5)
+/* internal: a length outside [0, max] reached C; Python turns it into MessageTooLongError */
+#define SS_INVALID_LENGTH (-100)
+
+/* Everything an appender needs, filled once by Python when a publication is created. */
+typedef struct {
+    uint8_t *log;               /* start of term 0 */
+    uint8_t *meta;              /* log + 3 * term_length */
+    int64_t *publication_limit; /* the driver's pub-lmt counter */
+    int32_t term_length;
+    int32_t position_bits;      /* log2(term_length) */
+    int32_t initial_term_id;
+    int32_t session_id;
+    int32_t stream_id;
+    int32_t max_payload;        /* mtu - 32 */
+    int32_t max_message_length; /* min(term_length / 8, 16 MiB) */
+    int64_t max_position;       /* term_length << 31 */
+} ss_appender_t;
+
+/* ---- atomics on shared memory ---- */
+int64_t ss_load_acquire_i64(const int64_t *addr);
+void ss_store_release_i64(int64_t *addr, int64_t value);
+int64_t ss_get_and_add_i64(int64_t *addr, int64_t delta);
+int ss_cas_i64(int64_t *addr, int64_t expected, int64_t desired);
+int32_t ss_load_acquire_i32(const int32_t *addr);
+void ss_store_release_i32(int32_t *addr, int32_t value);
+int32_t ss_get_and_add_i32(int32_t *addr, int32_t delta);
+/* Raise *addr to value if it is larger (a monotonic position counter). */
+void ss_propose_max_i64(int64_t *addr, int64_t value);
+
+/* ---- futex (shared, not PRIVATE: waiters and wakers are different processes) ---- */
+int ss_futex_wait(int32_t *addr, int32_t expected, int64_t timeout_ns);
+int ss_futex_wake(int32_t *addr, int32_t count);
+/* Eventcount signal: bump *signal and wake everyone parked on it, only if *waiters > 0. */
+void ss_signal(int32_t *signal, const int32_t *waiters);
+
+/* ---- appender ---- */
+int64_t ss_offer(const ss_appender_t *a, const char *msg, int32_t length, int64_t reserved_value);
+/* Append `count` messages packed back to back in `data` with their lengths in `lengths`.
+ * Stops early at the publication limit; rotates terms itself.  Returns how many were appended
+ * and stores the last position (or the failing code when none was appended) in *result. */
+int32_t ss_offer_batch(const ss_appender_t *a, const char *data, const int32_t *lengths,
+                       int32_t count, int64_t *result);
+/* Claim a single unfragmented frame of `length` payload bytes; on success *frame_offset is the
+ * frame's offset from the start of the log (header included) and the new position is returned. */
+int64_t ss_try_claim(const ss_appender_t *a, int32_t length, int64_t *frame_offset);
+void ss_commit(uint8_t *frame);
+void ss_abort(uint8_t *frame);
+/* Rotate from term_count to term_count + 1 (idempotent, safe under races). */
+int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_term_id);
+
+/* ---- reader: term scan for the subscriber (TermReader) ----
+ * Scans committed frames from `offset` in one term.  For each DATA frame writes (offset, length,
+ * flags) into out[3*i..3*i+2]; PAD frames are stepped over silently.  Stops after max_frames
+ * DATA frames, at the first uncommitted frame, at the end of the term, or after a frame that is
+ * at a frame that is not unfragmented when stop_at_fragment is set (that frame is not consumed,
+ * so batch callers get whole messages only).
+ * Returns the count; *next_offset is where scanning stopped. */
+int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t term_length, int32_t max_frames,
+                     int32_t stop_at_fragment, int32_t *out, int32_t *next_offset);
+
+/* Spin for up to spin_ns, then park, until a frame is committed at one of `count` reader
+ * positions.  frames[i] points at the frame each image's reader would read next; signals and
+ * waiters at each image's eventcount.  Returns 1 if data is (probably) there, 0 on timeout. */
+int ss_await_frames(uint8_t *const *frames, int32_t *const *signals, int32_t *const *waiters,
+                    int32_t count, int64_t spin_ns, int64_t timeout_ns);
+
+/* ---- sender: scan for availability (TermScanner) ----
+ * Bytes of committed frames from `offset`, whole aligned frames only, at most max_length.
+ * *padding is set to the aligned length of a PAD frame that ends the scan (sent as a header
+ * only), else 0.  Returns the available byte count. */
+int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t max_length,
+                                 int32_t term_length, int32_t *padding);
+
+/* ---- receiver: rebuild and gap scan (TermRebuilder, TermGapScanner) ---- */
+/* Copy a datagram of frames into the term at offset, only where the first frame is not yet
+ * there; the body goes first and the first 8 header bytes last with a release store. */
+void ss_rebuild_insert(uint8_t *term, int32_t offset, const uint8_t *packet, int32_t length);
+/* From rebuild_offset, step over committed frames up to limit_offset.  Returns the offset of
+ * the first gap (or limit_offset when none); *gap_length gets its length (0 when none). */
+int32_t ss_scan_gap(const uint8_t *term, int32_t rebuild_offset, int32_t limit_offset,
+                    int32_t *gap_length);
+
+/* Zero [offset, offset+length) with the first 8 bytes last (release), so readers never see a
+ * half-cleaned header. */
+void ss_clean(uint8_t *base, int64_t length);

@@ -1,0 +1,233 @@
+"""Publication: appends messages to a stream's log buffer in shared memory.
+
+``offer()`` is one C call (claim by atomic add, header, copy, release-store commit) and returns
+the new stream position, or one of Aeron's negative codes:
+
+* ``NOT_CONNECTED`` (-1): no subscriber yet; nothing was written.
+* ``BACK_PRESSURED`` (-2): the slowest subscriber is a window behind; retry later.
+* ``ADMIN_ACTION`` (-3): this offer rotated the term; retry at once.
+* ``CLOSED`` (-4): the publication (or its client, or the driver) is gone.
+* ``MAX_POSITION_EXCEEDED`` (-5): the stream reached term_length * 2^31 bytes.
+
+Several publishers (threads or processes) may offer to the same stream concurrently.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from slipstream.client._native import ffi, lib
+from slipstream.client.counters import SystemCounter
+from slipstream.client.errors import MessageTooLongError
+from slipstream.client.logbuffer import LogBuffer, new_appender
+
+if TYPE_CHECKING:
+    from slipstream.client.client import Client
+
+Buffer = bytes | bytearray | memoryview
+"""Anything exposing the buffer protocol (numpy arrays too); ``collections.abc.Buffer`` is 3.12+."""
+
+NOT_CONNECTED = -1
+BACK_PRESSURED = -2
+ADMIN_ACTION = -3
+CLOSED = -4
+MAX_POSITION_EXCEEDED = -5
+
+_RESULT_NAMES = {
+    NOT_CONNECTED: "NOT_CONNECTED",
+    BACK_PRESSURED: "BACK_PRESSURED",
+    ADMIN_ACTION: "ADMIN_ACTION",
+    CLOSED: "CLOSED",
+    MAX_POSITION_EXCEEDED: "MAX_POSITION_EXCEEDED",
+}
+
+
+def result_name(result: int) -> str:
+    """``"BACK_PRESSURED"`` for -2, ``"position 4096"`` for a position."""
+    return _RESULT_NAMES.get(result, f"position {result}")
+
+
+def _offer_closed(*_: object) -> int:
+    return CLOSED
+
+
+class BufferClaim:
+    """A claimed frame to fill in place, then :meth:`commit` (or :meth:`abort`).
+
+    Reusable: pass the same object to every ``try_claim``.  ``buffer`` is a writable view of
+    exactly the claimed payload, valid until commit or abort.
+    """
+
+    __slots__ = ("_frame", "buffer")
+
+    def __init__(self) -> None:
+        self._frame = ffi.NULL
+        self.buffer: memoryview | None = None
+
+    def commit(self) -> None:
+        """Make the frame visible to subscribers."""
+        if self._frame == ffi.NULL:
+            raise RuntimeError("nothing claimed (or already committed)")
+        lib.ss_commit(self._frame)
+        self._release()
+
+    def abort(self) -> None:
+        """Give the frame up: it becomes padding that subscribers skip."""
+        if self._frame == ffi.NULL:
+            raise RuntimeError("nothing claimed (or already committed)")
+        lib.ss_abort(self._frame)
+        self._release()
+
+    def _release(self) -> None:
+        self._frame = ffi.NULL
+        if self.buffer is not None:
+            self.buffer.release()
+            self.buffer = None
+
+    def __enter__(self) -> BufferClaim:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if self._frame != ffi.NULL:
+            self.abort() if exc_type is not None else self.commit()
+
+
+class Publication:
+    """A handle on a stream for offering messages.  Create with ``Client.add_publication``."""
+
+    def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
+                 log: LogBuffer, limit_counter_id: int) -> None:
+        self.channel = channel
+        self.stream_id = stream_id
+        self.registration_id = registration_id
+        self.session_id = log.session_id
+        self.max_message_length = log.max_message_length
+        self.max_payload_length = log.max_payload
+        self.term_length = log.term_length
+        self._client = client
+        self._log = log
+        self._limit_counter_id = limit_counter_id
+        self._limit = client.counters.address(limit_counter_id)
+        self._appender = new_appender(log, self._limit)
+        self._offer_c = lib.ss_offer
+        self._closed = False
+        self._last_limit_hit = -1
+
+    # -- publishing ----------------------------------------------------------------------------
+    def offer(self, message: Buffer, reserved_value: int = 0) -> int:
+        """Append one message; returns the new position (> 0) or a negative code (module doc).
+
+        Raises :class:`MessageTooLongError` beyond ``max_message_length``.
+        """
+        try:
+            result = self._offer_c(self._appender, message, len(message), reserved_value)
+        except TypeError:  # not bytes: bytearray, memoryview, numpy ...
+            with ffi.from_buffer(message) as view:
+                result = self._offer_c(self._appender, view, len(view), reserved_value)
+        if result > 0:
+            return result
+        return self._refine_failure(result, len(message))
+
+    def offer_batch(self, data: Buffer, lengths: Sequence[int] | array) -> int:
+        """Append many messages in one call: ``data`` holds them back to back, ``lengths`` their
+        sizes (an ``array('i')`` or int32 numpy array avoids a conversion).
+
+        Returns how many messages were appended (a prefix of the batch: offer the rest again),
+        or a negative code when none was.
+        """
+        if self._closed:
+            return CLOSED
+        if not (isinstance(lengths, array) and lengths.typecode == "i"):
+            lengths = array("i", lengths)
+        count = len(lengths)
+        if count == 0:
+            return 0
+        result = ffi.new("int64_t *")
+        with ffi.from_buffer(data) as source, ffi.from_buffer("int32_t[]", lengths) as sizes:
+            if len(source) < sum(lengths):
+                raise ValueError(f"data holds {len(source)} bytes but lengths add up to "
+                                 f"{sum(lengths)}")
+            done = lib.ss_offer_batch(self._appender, source, sizes, count, result)
+        if done > 0:
+            return done
+        return self._refine_failure(result[0], max(lengths))
+
+    def try_claim(self, length: int, claim: BufferClaim) -> int:
+        """Claim ``length`` bytes (≤ ``max_payload_length``) to fill in place; returns the new
+        position and sets up ``claim``, or a negative code.  Commit or abort promptly: readers
+        wait behind an open claim."""
+        if self._closed:
+            return CLOSED
+        frame_offset = ffi.new("int64_t *")
+        result = lib.ss_try_claim(self._appender, length, frame_offset)
+        if result > 0:
+            offset = frame_offset[0]
+            claim._frame = self._log.address + offset
+            claim.buffer = self._log.view[offset + 32:offset + 32 + length]
+            return result
+        if result == lib.SS_INVALID_LENGTH:
+            raise MessageTooLongError(length, self.max_payload_length)
+        return self._refine_failure(result, length)
+
+    def _refine_failure(self, result: int, length: int) -> int:
+        """The cold path: tell NOT_CONNECTED and CLOSED apart from BACK_PRESSURED."""
+        if result == lib.SS_INVALID_LENGTH:
+            raise MessageTooLongError(length, self.max_message_length)
+        if result != BACK_PRESSURED:
+            return result
+        if self._closed or self._client.is_closed:
+            return CLOSED
+        if not self._log.is_connected:
+            return NOT_CONNECTED
+        limit = lib.ss_load_acquire_i64(self._limit)
+        if limit != self._last_limit_hit:
+            # One back-pressure event per limit value reached, and one nudge to a parked
+            # driver: it raises the limit as soon as the subscriber has moved.
+            self._last_limit_hit = limit
+            self._client.counters.add(SystemCounter.BACK_PRESSURE_EVENTS)
+        self._client.counters.wake_driver()
+        return BACK_PRESSURED
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        """The stream position the next message will be appended at."""
+        return self._log.producer_position()
+
+    @property
+    def publication_limit(self) -> int:
+        """Position beyond which offers are back-pressured."""
+        return lib.ss_load_acquire_i64(self._limit)
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether at least one subscriber is connected (offers can succeed)."""
+        return not self._closed and self._log.is_connected
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release the publication; further offers return CLOSED."""
+        if self._closed:
+            return
+        self._closed = True
+        # offer() stays one C call while open; once closed it never touches the unmapped log.
+        self._offer_c = _offer_closed
+        self._client._release_publication(self)
+
+    def _unmap(self) -> None:
+        self._log.close()
+
+    def __enter__(self) -> Publication:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Publication(channel={self.channel!r}, stream_id={self.stream_id}, "
+                f"session_id={self.session_id}, position={self.position})")

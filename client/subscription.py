@@ -1,0 +1,449 @@
+"""Subscription and Image: reading streams in place from shared memory.
+
+A subscription has one :class:`Image` per publication session it receives (for IPC, the shared
+log of the stream).  ``poll(handler, limit)`` makes one C scan per image and one handler call
+per whole message; fragments are assembled first, so handlers only ever see whole messages.
+The subscriber's position counter advances after each scan, which is what returns credit to
+the publishers (the publication limit follows the slowest subscriber).
+
+The ``data`` view and ``header`` passed to a handler are valid only during the call (as in
+Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next poll.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from slipstream.client._native import ffi, lib
+from slipstream.client.logbuffer import (
+    BEGIN_FLAG,
+    END_FLAG,
+    HEADER_LENGTH,
+    PARTITION_COUNT,
+    UNFRAGMENTED,
+    LogBuffer,
+)
+
+if TYPE_CHECKING:
+    from slipstream.client.client import Client
+
+_HEADER_FIELDS = struct.Struct("<iBBHiiiiq")
+_MAX_SCAN = 4096  # frames per C scan; a poll's fragment limit is split into scans this big
+_PARK_SLICE_NS = 100_000_000  # re-check images (they may come and go) at least this often
+
+
+class Header:
+    """The header of the message being delivered (a flyweight: valid during the call only)."""
+
+    __slots__ = ("_image", "_offset", "_term", "_term_base")
+
+    def __init__(self, image: Image) -> None:
+        self._image = image
+        self._term: memoryview = memoryview(b"")
+        self._term_base = 0
+        self._offset = 0
+
+    def _fields(self) -> tuple[int, ...]:
+        return _HEADER_FIELDS.unpack_from(self._term, self._offset)
+
+    @property
+    def frame_length(self) -> int:
+        return self._fields()[0]
+
+    @property
+    def flags(self) -> int:
+        return self._fields()[2]
+
+    @property
+    def term_offset(self) -> int:
+        return self._offset
+
+    @property
+    def term_id(self) -> int:
+        return self._fields()[7]
+
+    @property
+    def session_id(self) -> int:
+        return self._image.session_id
+
+    @property
+    def stream_id(self) -> int:
+        return self._image.stream_id
+
+    @property
+    def reserved_value(self) -> int:
+        return self._fields()[8]
+
+    @property
+    def position(self) -> int:
+        """Stream position just after this message (aligned), as Aeron's Header.position()."""
+        length = self._fields()[0]
+        return self._term_base + self._offset + ((length + 31) & ~31)
+
+    def __repr__(self) -> str:
+        return (f"Header(session_id={self.session_id}, stream_id={self.stream_id}, "
+                f"term_id={self.term_id}, term_offset={self.term_offset}, "
+                f"position={self.position})")
+
+
+FragmentHandler = Callable[[memoryview, Header], object]
+
+
+class MessageBatch:
+    """Whole messages from one poll_batch, in place: ``buffer[offsets[i]:offsets[i]+lengths[i]]``.
+
+    ``offsets`` and ``lengths`` are lists of ints (payload offsets into ``buffer``).  Valid until
+    the next poll of the same subscription.
+    """
+
+    __slots__ = ("buffer", "lengths", "offsets", "position", "session_id")
+
+    def __init__(self, buffer: memoryview, offsets: list[int], lengths: list[int],
+                 session_id: int, position: int) -> None:
+        self.buffer = buffer
+        self.offsets = offsets
+        self.lengths = lengths
+        self.session_id = session_id
+        self.position = position
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __iter__(self) -> Iterator[memoryview]:
+        buffer = self.buffer
+        for offset, length in zip(self.offsets, self.lengths, strict=True):
+            yield buffer[offset:offset + length]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.lengths)
+
+
+class Image:
+    """One publication session as seen by one subscription."""
+
+    def __init__(self, log: LogBuffer, position_counter, *, join_position: int,
+                 correlation_id: int = 0, source_identity: str = "",
+                 subscription: Subscription | None = None) -> None:
+        """``position_counter`` is a cffi ``int64_t *``: this subscriber's position counter."""
+        self.subscription = subscription
+        self.session_id = log.session_id
+        self.stream_id = log.stream_id
+        self.correlation_id = correlation_id
+        self.join_position = join_position
+        self.source_identity = source_identity
+        self.term_length = log.term_length
+        self._log = log
+        self._position_bits = log.position_bits
+        self._term_mask = log.term_length - 1
+        self._position_ptr = position_counter
+        self._position = join_position
+        self._terms = [log.term_view(i) for i in range(PARTITION_COUNT)]
+        self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
+        self._scan_out = ffi.new("int32_t[]", 3 * _MAX_SCAN)
+        self._next_offset = ffi.new("int32_t *")
+        self._header = Header(self)
+        self._assembly = bytearray()
+        self._assembling = False
+        self._closed = False
+        self.signal = log.reader_signal()
+        self.waiters = log.reader_waiters()
+
+    @property
+    def position(self) -> int:
+        """This subscriber's position in the stream (bytes consumed)."""
+        return self._position
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def is_end_of_stream(self) -> bool:
+        """The publisher is gone and everything it wrote has been consumed."""
+        return self._position >= self._log.end_of_stream_position
+
+    def frame_address(self):  # -> cffi uint8_t *
+        """Address of the frame this reader would read next (what a parked reader watches)."""
+        position = self._position
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        return self._term_ptrs[index] + (position & self._term_mask)
+
+    def _advance(self, position: int) -> None:
+        self._position = position
+        lib.ss_store_release_i64(self._position_ptr, position)
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
+        """Deliver up to ``fragment_limit`` fragments; returns how many messages were handled."""
+        position = self._position
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        offset = position & self._term_mask
+        out = self._scan_out
+        count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
+                                 min(fragment_limit, _MAX_SCAN), 0, out, self._next_offset)
+        next_offset = self._next_offset[0]
+        if next_offset == offset:
+            return 0
+        if count == 0:  # padding only: step over it into the next term
+            self._advance(position + next_offset - offset)
+            return 0
+        term = self._terms[index]
+        header = self._header
+        header._term = term
+        header._term_base = position - offset
+        frames = ffi.unpack(out, 3 * count)
+        delivered = 0
+        frame_offset = offset
+        try:
+            i = 0
+            for i in range(0, 3 * count, 3):
+                frame_offset = frames[i]
+                if frames[i + 2] == UNFRAGMENTED:
+                    header._offset = frame_offset
+                    handler(term[frame_offset + HEADER_LENGTH:frame_offset + frames[i + 1]],
+                            header)
+                    delivered += 1
+                elif self._assemble(term, frame_offset, frames[i + 1], frames[i + 2], header,
+                                    handler):
+                    delivered += 1
+        except BaseException:
+            # The failing message counts as consumed, as in Aeron: never redeliver it forever.
+            length = frames[i + 1]
+            self._advance(position - offset + frame_offset + ((length + 31) & ~31))
+            raise
+        self._advance(position + next_offset - offset)
+        return delivered
+
+    def _assemble(self, term: memoryview, offset: int, length: int, flags: int, header: Header,
+                  handler: FragmentHandler) -> bool:
+        payload = term[offset + HEADER_LENGTH:offset + length]
+        if flags & BEGIN_FLAG:
+            self._assembly = bytearray(payload)
+            self._assembling = True
+        elif self._assembling:
+            self._assembly += payload
+        else:
+            return False  # a middle fragment after a join or a loss: drop until the next BEGIN
+        if flags & END_FLAG:
+            self._assembling = False
+            header._offset = offset
+            message = memoryview(self._assembly)
+            try:
+                handler(message, header)
+            finally:
+                message.release()
+            return True
+        return False
+
+    def poll_batch(self, max_messages: int) -> MessageBatch | None:
+        """Up to ``max_messages`` whole messages in place, or None when nothing is there."""
+        position = self._position
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        offset = position & self._term_mask
+        out = self._scan_out
+        count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
+                                 min(max_messages, _MAX_SCAN), 1, out, self._next_offset)
+        next_offset = self._next_offset[0]
+        if count == 0:
+            if next_offset != offset:  # padding
+                self._advance(position + next_offset - offset)
+                return None
+            return self._assemble_batch(max_messages)
+        frames = ffi.unpack(out, 3 * count)
+        offsets = [o + HEADER_LENGTH for o in frames[0::3]]
+        lengths = [n - HEADER_LENGTH for n in frames[1::3]]
+        self._advance(position + next_offset - offset)
+        return MessageBatch(self._terms[index], offsets, lengths, self.session_id,
+                            self._position)
+
+    def _assemble_batch(self, max_messages: int) -> MessageBatch | None:
+        """The next message is fragmented: assemble it (if complete) as a batch of one."""
+        collected: list[bytes] = []
+
+        def keep(data: memoryview, header: Header) -> None:
+            collected.append(bytes(data))
+
+        before = self._position
+        self.poll(keep, 1)
+        while not collected and self._assembling and self._position != before:
+            before = self._position
+            self.poll(keep, 1)
+        if not collected:
+            return None
+        message = collected[0]
+        return MessageBatch(memoryview(message), [0], [len(message)], self.session_id,
+                            self._position)
+
+    def _close(self) -> None:
+        self._closed = True
+        self._terms = []
+        self._header._term = memoryview(b"")
+        self._log.close()
+
+    def __repr__(self) -> str:
+        return (f"Image(session_id={self.session_id}, stream_id={self.stream_id}, "
+                f"position={self._position}, source={self.source_identity!r})")
+
+
+class Subscription:
+    """Receives a stream: ``poll`` (non-blocking), ``receive`` (waits), ``poll_batch``."""
+
+    def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
+                 on_available_image: Callable[[Image], object] | None = None,
+                 on_unavailable_image: Callable[[Image], object] | None = None) -> None:
+        self.channel = channel
+        self.stream_id = stream_id
+        self.registration_id = registration_id
+        self.on_available_image = on_available_image
+        self.on_unavailable_image = on_unavailable_image
+        self._client = client
+        self._images: tuple[Image, ...] = ()
+        self._retired: list[Image] = []
+        self._round_robin = 0
+        self._closed = False
+        self._images_changed = threading.Condition()
+        self._spin_ns = client.idle_spin_ns
+
+    def _new_image(self, log: LogBuffer, position_counter_id: int, join_position: int,
+                   correlation_id: int, source_identity: str) -> Image:
+        return Image(log, self._client.counters.address(position_counter_id),
+                     join_position=join_position, correlation_id=correlation_id,
+                     source_identity=source_identity, subscription=self)
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        """The images currently available (an immutable snapshot)."""
+        return self._images
+
+    @property
+    def is_connected(self) -> bool:
+        return bool(self._images)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
+        """Deliver up to ``fragment_limit`` fragments across images without blocking; returns
+        the number of whole messages handed to ``handler(data, header)``."""
+        if self._retired:
+            self._release_retired()
+        images = self._images
+        if not images:
+            return 0
+        if len(images) == 1:
+            return images[0].poll(handler, fragment_limit)
+        count = 0
+        start = self._round_robin = (self._round_robin + 1) % len(images)
+        for i in range(len(images)):
+            count += images[(start + i) % len(images)].poll(handler, fragment_limit - count)
+            if count >= fragment_limit:
+                break
+        return count
+
+    def poll_batch(self, max_messages: int = 4096) -> MessageBatch | None:
+        """Many whole messages in one call, in place (see :class:`MessageBatch`), from one
+        image; None when no image has anything."""
+        if self._retired:
+            self._release_retired()
+        images = self._images
+        for _ in range(len(images)):
+            self._round_robin = (self._round_robin + 1) % len(images)
+            batch = images[self._round_robin].poll_batch(max_messages)
+            if batch is not None:
+                return batch
+        return None
+
+    def receive(self, handler: FragmentHandler, fragment_limit: int = 10,
+                timeout: float | None = None) -> int:
+        """Like :meth:`poll`, but wait up to ``timeout`` seconds (None: forever) for a message.
+
+        Waiting spins briefly (``Client.connect(idle_spin_ns=...)``), which keeps latency low
+        while traffic flows, then parks on a futex in the log, which costs no CPU.  Returns the
+        number of messages handled, 0 on timeout.
+        """
+        count = self.poll(handler, fragment_limit)
+        if count:
+            return count
+        deadline = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
+        while not self._closed:
+            remaining = _PARK_SLICE_NS if deadline is None else deadline - time.monotonic_ns()
+            if remaining <= 0:
+                return 0
+            self.wait_for_data(min(remaining, _PARK_SLICE_NS))
+            count = self.poll(handler, fragment_limit)
+            if count:
+                return count
+        return 0
+
+    def wait_for_data(self, timeout_ns: int) -> bool:
+        """Block until a frame is committed at some image's position, or ``timeout_ns``."""
+        images = self._images
+        if not images:
+            with self._images_changed:
+                if not self._images:
+                    self._images_changed.wait(timeout_ns / 1e9)
+            return bool(self._images)
+        count = min(len(images), 16)
+        frames = ffi.new("uint8_t *[]", [image.frame_address() for image in images[:count]])
+        signals = ffi.new("int32_t *[]", [image.signal for image in images[:count]])
+        waiters = ffi.new("int32_t *[]", [image.waiters for image in images[:count]])
+        return bool(lib.ss_await_frames(frames, signals, waiters, count, self._spin_ns,
+                                        timeout_ns))
+
+    # -- image life cycle (called from the client conductor thread) ---------------------------
+    def _add_image(self, image: Image) -> None:
+        with self._images_changed:
+            self._images = (*self._images, image)
+            self._images_changed.notify_all()
+        if self.on_available_image is not None:
+            self.on_available_image(image)
+
+    def _remove_image(self, correlation_id: int) -> Image | None:
+        with self._images_changed:
+            for image in self._images:
+                if image.correlation_id == correlation_id:
+                    self._images = tuple(i for i in self._images if i is not image)
+                    # Unmapped later from the polling thread, never under a running poll.
+                    self._retired.append(image)
+                    break
+            else:
+                return None
+        # Wake a receiver parked on this image so it notices.
+        lib.ss_signal(image.signal, image.waiters)
+        if self.on_unavailable_image is not None:
+            self.on_unavailable_image(image)
+        return image
+
+    def _release_retired(self) -> None:
+        retired, self._retired = self._retired, []
+        for image in retired:
+            image._close()
+
+    def close(self) -> None:
+        """Stop receiving: the driver drops this subscriber's position (it no longer holds
+        publishers back)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._images_changed:
+            images, self._images = self._images, ()
+            self._images_changed.notify_all()
+        self._retired.extend(images)
+        self._client._release_subscription(self)
+        self._release_retired()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Subscription(channel={self.channel!r}, stream_id={self.stream_id}, "
+                f"images={len(self._images)})")
+

@@ -1,0 +1,80 @@
+"""Parsing of sizes and durations as written in channel URIs, TOML and the environment.
+
+One place for both so that ``term-length=64k`` in a URI and ``term_buffer_length = "64k"`` in
+driver.toml mean the same thing.  Durations are returned in nanoseconds, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
+_DURATION_SCALE = {
+    None: 1,
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+_SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgG](?:i?[bB])?|[bB])?\s*$")
+_SIZE_SCALE = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_duration_ns(text: str | int | float) -> int:
+    """``"100us"``, ``"5s"``, ``"200ms"`` or a bare number of nanoseconds → nanoseconds.
+
+    Raises ``ValueError`` with the accepted forms when the text is not a duration.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a duration")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"{text} is negative; a duration is >= 0")
+        return text
+    if isinstance(text, float):
+        if text < 0:
+            raise ValueError(f"{text} is negative; a duration is >= 0")
+        return int(text)
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration (a number with ns, us, ms, s, m or h)")
+    value, unit = match.groups()
+    return int(float(value) * _DURATION_SCALE[unit])
+
+
+def parse_size(text: str | int) -> int:
+    """``"64k"``, ``"16m"``, ``"1g"``, ``"128KiB"`` or a bare number of bytes → bytes.
+
+    Units are powers of 1024.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a size")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"{text} is negative; a size is >= 0")
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size (bytes, or a number with k, m or g)")
+    value, unit = match.groups()
+    return int(value) * _SIZE_SCALE[(unit or "")[:1].lower()]
+
+
+def format_duration_ns(ns: int) -> str:
+    """The shortest exact spelling of a duration, for --print-config and error messages."""
+    for unit, scale in (("h", 3_600_000_000_000), ("m", 60_000_000_000), ("s", 1_000_000_000),
+                        ("ms", 1_000_000), ("us", 1_000)):
+        if ns and ns % scale == 0:
+            return f"{ns // scale}{unit}"
+    return f"{ns}ns"
+
+
+def format_size(n: int) -> str:
+    """The shortest exact spelling of a size (``65536`` → ``"64k"``)."""
+    for unit, scale in (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+        if n and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)

@@ -1,0 +1,105 @@
+"""The ``slipstream`` command: ``driver``, ``stat``, ``demo`` and ``sim``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from slipstream.client.errors import SlipstreamError
+
+
+def _driver(args: argparse.Namespace) -> int:
+    from slipstream.daemon.config import format_settings, load_settings_from_args
+    from slipstream.daemon.driver import run_driver
+
+    settings = load_settings_from_args(args)
+    if args.print_config:
+        print(format_settings(settings))
+        return 0
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_driver(settings)
+    return 0
+
+
+def _stat(args: argparse.Namespace) -> int:
+    from slipstream.daemon.stat import run_stat
+
+    return run_stat(args.dir, interval=args.interval, once=args.once, match=args.match)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from slipstream.daemon.demo import run_demo
+
+    return run_demo(directory=args.dir, rate=args.rate, size=args.size, duration=args.duration)
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from slipstream.sim.cli import run as run_sim
+
+    return run_sim(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slipstream",
+        description="Aeron-style media driver: reliable UDP and shared-memory streams.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from slipstream.daemon.config import add_arguments
+
+    driver = commands.add_parser(
+        "driver", help="run the media driver in the foreground",
+        description="Run the media driver in the foreground until SIGINT/SIGTERM. Settings: "
+                    "config file < SLIPSTREAM_* environment < command line.")
+    add_arguments(driver)
+    driver.set_defaults(func=_driver)
+
+    stat = commands.add_parser("stat", help="show the driver's counters as a live table")
+    stat.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
+                                    "/dev/shm/slipstream-<user>)")
+    stat.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
+    stat.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    stat.add_argument("--match", default="", help="only counters whose label contains this")
+    stat.set_defaults(func=_stat)
+
+    demo = commands.add_parser(
+        "demo", help="a driver, a publisher and a subscriber with live rates (Ctrl-C stops)")
+    demo.add_argument("--dir", help="driver directory (default: a fresh one in /dev/shm)")
+    demo.add_argument("--rate", type=int, default=100_000, help="messages per second "
+                                                                "(0: as fast as possible)")
+    demo.add_argument("--size", type=int, default=64, help="message size in bytes")
+    demo.add_argument("--duration", type=float, default=0.0, help="stop after this many "
+                                                                  "seconds (0: run until Ctrl-C)")
+    demo.set_defaults(func=_demo)
+
+    try:
+        from slipstream.sim.cli import add_arguments as add_sim_arguments
+    except ImportError:
+        add_sim_arguments = None
+    if add_sim_arguments is not None:
+        sim = commands.add_parser(
+            "sim", help="run the protocol in the deterministic network simulator",
+            description="One publisher to N-1 subscribers over a virtual network with faults "
+                        "(unicast when N is 2, multicast above), faster than real time.")
+        add_sim_arguments(sim)
+        sim.set_defaults(func=_sim)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SlipstreamError as e:
+        print(f"slipstream {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""The driver conductor: client commands, resources and timers, with no I/O of its own.
+
+``on_command(client_key, message, now_ns)`` and ``do_work(now_ns)`` return the messages to
+send as ``(client_key, message)`` pairs; the trio shell (``driver.py``) moves them over zmq and
+calls ``do_work`` on its duty cycle.  Time is always an argument (monotonic ns), so the same
+object runs under tests with a fake clock.
+
+Resources per client (as Aeron's DriverConductor): publications (registrations on a shared IPC
+log), subscriptions (with one position counter per image).  A client that stops sending
+keepalives for ``client_liveness_timeout`` is timed out and its resources are reclaimed, so a
+killed subscriber stops holding back its publishers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from slipstream.client import control
+from slipstream.client.channel import Channel, parse_channel
+from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.errors import ChannelError
+from slipstream.client.logbuffer import check_mtu, check_term_length
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.ipc_publication import IpcPublication, PublicationState
+
+log = logging.getLogger("slipstream.driver")
+
+Outgoing = list[tuple[bytes, dict[str, Any]]]
+
+
+@attrs.define(eq=False)
+class ClientSession:
+    """A connected client process."""
+
+    client_id: int
+    key: bytes
+    pid: int
+    time_of_last_keepalive_ns: int
+    publications: dict[int, int] = attrs.Factory(dict)  # registration id -> publication id
+    subscriptions: dict[int, Subscription] = attrs.Factory(dict)
+
+
+@attrs.define(eq=False)
+class Subscription:
+    """A client's subscription: the channel and stream it wants."""
+
+    registration_id: int
+    client_id: int
+    channel: Channel
+    stream_id: int
+
+
+class DriverConductor:
+    """Owns every resource of the driver.  Single-threaded: call it from one task only."""
+
+    def __init__(self, settings: DriverSettings, directory: Path, counters: CountersFile,
+                 *, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.directory = directory
+        self.counters = counters
+        self._rng = rng or random.SystemRandom()
+        self._next_id = self._rng.randrange(1, 1 << 40)
+        self.clients: dict[int, ClientSession] = {}
+        self._clients_by_key: dict[bytes, ClientSession] = {}
+        self.ipc_publications: dict[int, IpcPublication] = {}  # by registration id
+        self._ipc_by_stream: dict[int, IpcPublication] = {}
+        self._next_timer_ns = 0
+
+    # -- ids ---------------------------------------------------------------------------------
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _new_session_id(self) -> int:
+        low = self.settings.publication_reserved_session_id_low
+        high = self.settings.publication_reserved_session_id_high
+        used = {p.session_id for p in self.ipc_publications.values()}
+        while True:
+            session_id = self._rng.randrange(-(1 << 31), 1 << 31)
+            if not (low <= session_id <= high) and session_id not in used:
+                return session_id
+
+    # -- commands ----------------------------------------------------------------------------
+    def on_command(self, key: bytes, message: dict[str, Any], now_ns: int) -> Outgoing:
+        """Handle one client command; returns the answers and events to send."""
+        kind = message["type"]
+        correlation_id = message.get("correlation_id", 0)
+        try:
+            if kind == control.CONNECT:
+                return self._on_connect(key, message, now_ns)
+            client = self._clients_by_key.get(key)
+            if client is None:
+                return [(key, _error(correlation_id, control.ERR_UNKNOWN_CLIENT,
+                                     "unknown client: connect first (or it timed out)"))]
+            client.time_of_last_keepalive_ns = now_ns
+            if kind == control.KEEPALIVE:
+                return []
+            if kind == control.ADD_PUBLICATION:
+                return self._on_add_publication(client, message, now_ns)
+            if kind == control.REMOVE_PUBLICATION:
+                return self._on_remove_publication(client, message, now_ns)
+            if kind == control.ADD_SUBSCRIPTION:
+                return self._on_add_subscription(client, message)
+            if kind == control.REMOVE_SUBSCRIPTION:
+                return self._on_remove_subscription(client, message)
+            if kind == control.CLOSE_CLIENT:
+                self._remove_client(client, now_ns)
+                return [(key, {"type": control.OPERATION_SUCCESS,
+                               "correlation_id": correlation_id})]
+            return [(key, _error(correlation_id, control.ERR_UNSUPPORTED,
+                                 f"unknown command {kind!r}"))]
+        except ChannelError as e:
+            return [(key, _error(correlation_id, control.ERR_INVALID_CHANNEL, str(e)))]
+        except (KeyError, TypeError, ValueError) as e:
+            self.counters.add(SystemCounter.ERRORS)
+            return [(key, _error(correlation_id, control.ERR_GENERIC,
+                                 f"malformed {kind} command: {e!r}"))]
+
+    def _on_connect(self, key: bytes, message: dict[str, Any], now_ns: int) -> Outgoing:
+        if message.get("version") != control.PROTOCOL_VERSION:
+            return [(key, _error(message.get("correlation_id", 0), control.ERR_UNSUPPORTED,
+                                 f"client protocol version {message.get('version')} is not "
+                                 f"{control.PROTOCOL_VERSION}: upgrade the client or driver"))]
+        client = ClientSession(self._new_id(), key, int(message.get("pid", 0)), now_ns)
+        self.clients[client.client_id] = client
+        self._clients_by_key[key] = client
+        return [(key, {
+            "type": control.CONNECTED,
+            "correlation_id": message.get("correlation_id", 0),
+            "client_id": client.client_id,
+            "counters_file": str(self.directory / control.COUNTERS_FILE),
+            "client_liveness_timeout_ns": self.settings.client_liveness_timeout,
+            "keepalive_interval_ns": self.settings.client_keepalive_interval,
+            "driver_timeout_ns": self.settings.driver_timeout,
+            "driver_pid": os.getpid(),
+        })]
+
+    def _on_add_publication(self, client: ClientSession, message: dict[str, Any],
+                            now_ns: int) -> Outgoing:
+        correlation_id = message["correlation_id"]
+        channel = parse_channel(message["channel"])
+        stream_id = int(message["stream_id"])
+        if not channel.is_ipc:
+            return [(client.key, _error(
+                correlation_id, control.ERR_UNSUPPORTED,
+                f"{channel}: this driver carries aeron:ipc streams only so far; UDP channels "
+                f"run in the simulator (slipstream sim) until the network agents land"))]
+        publication = self._ipc_by_stream.get(stream_id)
+        out: Outgoing = []
+        if publication is None or publication.state is not PublicationState.ACTIVE:
+            publication = self._create_ipc_publication(channel, stream_id, now_ns)
+            out.extend(self._link_subscriptions(publication))
+        publication.publisher_refs += 1
+        registration_id = self._new_id()
+        client.publications[registration_id] = publication.registration_id
+        out.insert(0, (client.key, {
+            "type": control.PUBLICATION_READY,
+            "correlation_id": correlation_id,
+            "registration_id": registration_id,
+            "original_registration_id": publication.registration_id,
+            "log_file": str(publication.log.path),
+            "session_id": publication.session_id,
+            "stream_id": stream_id,
+            "publication_limit_counter_id": publication.publisher_limit_id,
+        }))
+        return out
+
+    def _create_ipc_publication(self, channel: Channel, stream_id: int,
+                                now_ns: int) -> IpcPublication:
+        settings = self.settings
+        term_length = channel.term_length or settings.ipc_term_buffer_length
+        mtu = channel.mtu or settings.ipc_mtu_length
+        try:
+            check_term_length(term_length)
+            check_mtu(mtu)
+        except ValueError as e:
+            raise ChannelError(str(channel), "term-length" if "term" in str(e) else "mtu",
+                               str(e)) from None
+        registration_id = self._new_id()
+        session_id = (channel.session_id if channel.session_id is not None
+                      else self._new_session_id())
+        initial_term_id = (channel.init_term_id if channel.init_term_id is not None
+                           else self._rng.randrange(-(1 << 31), 1 << 31))
+        term_count = 0
+        term_offset = 0
+        if channel.init_term_id is not None:
+            term_count = (channel.term_id - channel.init_term_id) & 0xFFFFFFFF
+            term_offset = channel.term_offset
+        publication = IpcPublication.create(
+            path=str(self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"),
+            registration_id=registration_id, stream_id=stream_id, session_id=session_id,
+            initial_term_id=initial_term_id, channel="aeron:ipc", counters=self.counters,
+            term_length=term_length, mtu=mtu,
+            term_window_length=(channel.pub_wnd or settings.ipc_publication_term_window_length),
+            unblock_timeout_ns=settings.publication_unblock_timeout,
+            linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
+                               else settings.publication_linger_timeout),
+            now_ns=now_ns, initial_term_count=term_count, initial_term_offset=term_offset)
+        self.ipc_publications[registration_id] = publication
+        self._ipc_by_stream[stream_id] = publication
+        log.info("created IPC publication %d stream=%d session=%d term_length=%d",
+                 registration_id, stream_id, session_id, term_length)
+        return publication
+
+    def _on_remove_publication(self, client: ClientSession, message: dict[str, Any],
+                               now_ns: int) -> Outgoing:
+        correlation_id = message["correlation_id"]
+        registration_id = int(message["registration_id"])
+        publication_id = client.publications.pop(registration_id, None)
+        if publication_id is None:
+            return [(client.key, _error(correlation_id, control.ERR_UNKNOWN_PUBLICATION,
+                                        f"unknown publication {registration_id}"))]
+        self._release_publication(publication_id, now_ns)
+        return [(client.key, {"type": control.OPERATION_SUCCESS,
+                              "correlation_id": correlation_id})]
+
+    def _release_publication(self, publication_id: int, now_ns: int) -> None:
+        publication = self.ipc_publications.get(publication_id)
+        if publication is None:
+            return
+        publication.publisher_refs -= 1
+        if publication.publisher_refs <= 0 and publication.state is PublicationState.ACTIVE:
+            publication.start_draining(now_ns)
+            if self._ipc_by_stream.get(publication.stream_id) is publication:
+                del self._ipc_by_stream[publication.stream_id]
+
+    def _on_add_subscription(self, client: ClientSession, message: dict[str, Any]) -> Outgoing:
+        correlation_id = message["correlation_id"]
+        channel = parse_channel(message["channel"])
+        stream_id = int(message["stream_id"])
+        if not channel.is_ipc:
+            return [(client.key, _error(
+                correlation_id, control.ERR_UNSUPPORTED,
+                f"{channel}: this driver carries aeron:ipc streams only so far; UDP channels "
+                f"run in the simulator (slipstream sim) until the network agents land"))]
+        subscription = Subscription(self._new_id(), client.client_id, channel, stream_id)
+        client.subscriptions[subscription.registration_id] = subscription
+        out: Outgoing = [(client.key, {
+            "type": control.SUBSCRIPTION_READY,
+            "correlation_id": correlation_id,
+            "registration_id": subscription.registration_id,
+        })]
+        publication = self._ipc_by_stream.get(stream_id)
+        if publication is not None and _session_matches(channel, publication.session_id):
+            out.append(self._attach(publication, subscription, client))
+        return out
+
+    def _link_subscriptions(self, publication: IpcPublication) -> Outgoing:
+        """A new publication: every matching subscription gets an image of it."""
+        out: Outgoing = []
+        for client in self.clients.values():
+            for subscription in client.subscriptions.values():
+                if (subscription.stream_id == publication.stream_id
+                        and _session_matches(subscription.channel, publication.session_id)):
+                    out.append(self._attach(publication, subscription, client))
+        return out
+
+    def _attach(self, publication: IpcPublication, subscription: Subscription,
+                client: ClientSession) -> tuple[bytes, dict[str, Any]]:
+        subscriber = publication.add_subscriber(
+            subscription.registration_id, client.client_id,
+            f"aeron:ipc stream={publication.stream_id} session={publication.session_id} "
+            f"sub={subscription.registration_id}")
+        return (client.key, {
+            "type": control.AVAILABLE_IMAGE,
+            "correlation_id": publication.registration_id,
+            "subscription_registration_id": subscription.registration_id,
+            "session_id": publication.session_id,
+            "stream_id": publication.stream_id,
+            "log_file": str(publication.log.path),
+            "subscriber_position_counter_id": subscriber.position_counter_id,
+            "join_position": self.counters.get(subscriber.position_counter_id),
+            "source_identity": "aeron:ipc",
+        })
+
+    def _on_remove_subscription(self, client: ClientSession, message: dict[str, Any]) -> Outgoing:
+        correlation_id = message["correlation_id"]
+        registration_id = int(message["registration_id"])
+        subscription = client.subscriptions.pop(registration_id, None)
+        if subscription is None:
+            return [(client.key, _error(correlation_id, control.ERR_UNKNOWN_SUBSCRIPTION,
+                                        f"unknown subscription {registration_id}"))]
+        self._detach(subscription)
+        return [(client.key, {"type": control.OPERATION_SUCCESS,
+                              "correlation_id": correlation_id})]
+
+    def _detach(self, subscription: Subscription) -> None:
+        for publication in self.ipc_publications.values():
+            publication.remove_subscriber(subscription.registration_id)
+
+    def _remove_client(self, client: ClientSession, now_ns: int) -> None:
+        for publication_id in client.publications.values():
+            self._release_publication(publication_id, now_ns)
+        client.publications.clear()
+        for subscription in client.subscriptions.values():
+            self._detach(subscription)
+        client.subscriptions.clear()
+        self.clients.pop(client.client_id, None)
+        self._clients_by_key.pop(client.key, None)
+
+    # -- duty cycle --------------------------------------------------------------------------
+    def do_work(self, now_ns: int) -> tuple[int, Outgoing]:
+        """One duty cycle: limits, cleaning, unblocking and (every timer interval) liveness."""
+        work = 0
+        out: Outgoing = []
+        for publication in list(self.ipc_publications.values()):
+            work += publication.update_limits(now_ns)
+            if publication.is_drained(now_ns):
+                out.extend(self._close_publication(publication))
+                work += 1
+        if now_ns >= self._next_timer_ns:
+            self._next_timer_ns = now_ns + min(self.settings.timer_interval,
+                                               self.settings.client_liveness_timeout // 4 or 1)
+            out.extend(self._check_client_liveness(now_ns))
+        return work, out
+
+    def _close_publication(self, publication: IpcPublication) -> Iterable[tuple[bytes, dict]]:
+        out = []
+        for subscriber in publication.subscribers:
+            client = self.clients.get(subscriber.client_id)
+            if client is not None:
+                out.append((client.key, {
+                    "type": control.UNAVAILABLE_IMAGE,
+                    "correlation_id": publication.registration_id,
+                    "subscription_registration_id": subscriber.subscription_id,
+                    "stream_id": publication.stream_id,
+                }))
+        del self.ipc_publications[publication.registration_id]
+        if self._ipc_by_stream.get(publication.stream_id) is publication:
+            del self._ipc_by_stream[publication.stream_id]
+        publication.close()
+        return out
+
+    def _check_client_liveness(self, now_ns: int) -> Outgoing:
+        out: Outgoing = []
+        timeout = self.settings.client_liveness_timeout
+        for client in list(self.clients.values()):
+            if now_ns - client.time_of_last_keepalive_ns > timeout:
+                log.warning("client %d (pid %d) timed out; reclaiming its resources",
+                            client.client_id, client.pid)
+                self.counters.add(SystemCounter.CLIENT_TIMEOUTS)
+                out.append((client.key, {"type": control.CLIENT_TIMEOUT,
+                                         "client_id": client.client_id}))
+                self._remove_client(client, now_ns)
+        return out
+
+    def next_deadline_ns(self) -> int:
+        """When the conductor next needs a cycle even if nothing happens."""
+        return self._next_timer_ns
+
+    def has_active_streams(self) -> bool:
+        """Whether any publication has subscribers (positions may move without telling us)."""
+        return any(p.subscribers for p in self.ipc_publications.values())
+
+    def close(self, now_ns: int) -> None:
+        """Release everything (driver shutdown)."""
+        for client in list(self.clients.values()):
+            self._remove_client(client, now_ns)
+        for publication in list(self.ipc_publications.values()):
+            publication.close()
+        self.ipc_publications.clear()
+        self._ipc_by_stream.clear()
+
+
+def _session_matches(channel: Channel, session_id: int) -> bool:
+    return channel.session_id is None or channel.session_id == session_id
+
+
+def _error(correlation_id: int, code: str, text: str) -> dict[str, Any]:
+    return {"type": control.ERROR, "correlation_id": correlation_id, "code": code,
+            "message": text}

@@ -1,0 +1,110 @@
+"""``slipstream demo`` (what ``make run`` starts): a driver with the default configuration, a
+publisher and a subscriber in their own processes over ``aeron:ipc``, and live rates."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from slipstream.client import BACK_PRESSURED, NOT_CONNECTED, Client
+from slipstream.client.counters import CounterType
+from slipstream.daemon.driver import MediaDriver
+
+CHANNEL = "aeron:ipc"
+STREAM_ID = 1001
+
+
+def _publisher(directory: str, rate: int, size: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    with Client.connect(directory) as client:
+        publication = client.add_publication(CHANNEL, STREAM_ID)
+        message = bytearray(size)
+        sequence = 0
+        start = time.monotonic()
+        while True:
+            if rate:
+                # Pace in bursts: sleep until the schedule says the next message is due.
+                due = start + sequence / rate
+                delay = due - time.monotonic()
+                if delay > 0.001:
+                    time.sleep(delay)
+            message[:8] = sequence.to_bytes(8, "little")
+            result = publication.offer(bytes(message))
+            if result > 0:
+                sequence += 1
+            elif result in (BACK_PRESSURED, NOT_CONNECTED):
+                time.sleep(0.0001)
+
+
+def _subscriber(directory: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    expected = [None]
+
+    def handler(data: memoryview, header: object) -> None:
+        sequence = int.from_bytes(data[:8], "little")
+        if expected[0] is not None and sequence != expected[0]:
+            print(f"subscriber: expected message {expected[0]}, got {sequence}", flush=True)
+        expected[0] = sequence + 1
+
+    with Client.connect(directory) as client:
+        subscription = client.add_subscription(CHANNEL, STREAM_ID)
+        while True:
+            subscription.receive(handler, 256, timeout=1.0)
+
+
+def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
+             duration: float = 0.0) -> int:
+    """Run the demo until Ctrl-C (or ``duration`` s); everything stops cleanly."""
+    size = max(size, 8)
+    path = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="slipstream-demo-",
+                                                                   dir="/dev/shm"))
+    context = multiprocessing.get_context("spawn")
+    print(f"slipstream demo: driver in {path}; {size} B messages at "
+          f"{'full speed' if not rate else f'{rate:,}/s'}; Ctrl-C stops", flush=True)
+    with MediaDriver.launch(directory=path) as driver:
+        subscriber = context.Process(target=_subscriber, args=(str(path),), daemon=True)
+        publisher = context.Process(target=_publisher, args=(str(path), rate, size), daemon=True)
+        subscriber.start()
+        time.sleep(0.5)
+        publisher.start()
+        try:
+            _report(driver, duration)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for process in (publisher, subscriber):
+                process.terminate()
+                process.join(5)
+        print("slipstream demo: stopped", flush=True)
+    if directory is None:
+        os.rmdir(path) if path.exists() else None
+    return 0
+
+
+def _report(driver: MediaDriver, duration: float) -> None:
+    from slipstream.client.counters import CountersFile
+
+    counters = CountersFile(driver.directory / "counters.dat", writable=False)
+    start = last_time = time.monotonic()
+    last: dict[str, int] = {}
+    try:
+        while not duration or time.monotonic() - start < duration:
+            time.sleep(1.0)
+            now = time.monotonic()
+            values = {"published": 0, "received": 0}
+            for info in counters:
+                if info.type_id == CounterType.PUBLISHER_POSITION:
+                    values["published"] += info.value
+                elif info.type_id == CounterType.SUBSCRIBER_POSITION:
+                    values["received"] += info.value
+            rates = {k: (v - last.get(k, v)) / (now - last_time) for k, v in values.items()}
+            print(f"[{now - start:6.1f} s] published {values['published']:>14,} B "
+                  f"({rates['published'] / 1e6:7.2f} MB/s)   received {values['received']:>14,} B "
+                  f"({rates['received'] / 1e6:7.2f} MB/s)", flush=True)
+            last, last_time = values, now
+    finally:
+        counters.close()

@@ -1,0 +1,347 @@
+"""The media driver process: a thin trio shell around the conductor.
+
+Tasks: the command loop (zmq ROUTER → conductor → replies), the duty cycle (limits, cleaning,
+liveness), a signal watcher (SIGINT/SIGTERM stop it cleanly) and a futex watcher thread that
+turns a client's wake-up into a trio wake-up.
+
+Idling: while positions move the duty cycle runs every millisecond; with nothing to do it backs
+off to ``IDLE_PARK_MAX_S`` (bounded by the next timer) and parks, registered as a waiter on the
+driver eventcount in the counters file.  A publisher that meets its limit signals that eventcount, so a parked driver
+still raises limits within a wake-up (~50-100 µs) and an idle driver costs ~0 % CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+import zmq
+
+from slipstream.client import control
+from slipstream.client._native import lib
+from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.errors import DriverAlreadyRunningError, DriverError
+from slipstream.daemon.conductor import DriverConductor, Outgoing
+from slipstream.daemon.config import DriverSettings, load_settings
+
+log = logging.getLogger("slipstream.driver")
+
+ACTIVE_CYCLE_S = 0.001
+IDLE_PARK_MAX_S = 1.0
+COMMAND_POLL_S = 1.0  # a safety net only: commands normally wake the loop through zmq's FD
+
+
+class DriverDirectory:
+    """The driver directory: one driver per directory, held by an flock on ``driver.lock``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    def acquire(self) -> None:
+        """Create (mode 0700) and lock the directory; clean what a dead driver left behind."""
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.path, 0o700)
+        fd = os.open(self.path / control.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            pid = (self.path / control.LOCK_FILE).read_text().strip() or "?"
+            raise DriverAlreadyRunningError(
+                f"a slipstream driver (pid {pid}) is already running in {self.path}; stop it "
+                f"first or give this one another directory with --dir") from None
+        self._lock_fd = fd
+        self._remove_contents()  # a stale driver's files: it died without cleaning up
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        (self.path / control.PUBLICATIONS_DIR).mkdir(mode=0o700)
+        (self.path / control.IMAGES_DIR).mkdir(mode=0o700)
+
+    def _remove_contents(self) -> None:
+        for entry in self.path.iterdir():
+            if entry.name == control.LOCK_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        """Remove every file of the driver and the directory itself, then unlock."""
+        if self._lock_fd is None:
+            return
+        self._remove_contents()
+        (self.path / control.LOCK_FILE).unlink(missing_ok=True)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+class _DriverShell:
+    """Runs the conductor under trio; see the module docstring."""
+
+    def __init__(self, settings: DriverSettings) -> None:
+        self.settings = settings
+        self.directory = DriverDirectory(settings.directory)
+        self._wake = trio.Event()
+        self._stopping = False
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self.directory.acquire()
+        context = zmq.Context()
+        sock = context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        counters = CountersFile.create(self.directory.path / control.COUNTERS_FILE,
+                                       self.settings.counters_capacity)
+        conductor = DriverConductor(self.settings, self.directory.path, counters)
+        self.counters = counters
+        self.conductor = conductor
+        self.sock = sock
+        watcher: threading.Thread | None = None
+        try:
+            sock.bind(control.conductor_endpoint(self.directory.path))
+            counters.beat(time.time_ns())
+            token = trio.lowlevel.current_trio_token()
+            watcher = threading.Thread(target=self._watch_futex, args=(token,),
+                                       name="slipstream-driver-futex", daemon=True)
+            watcher.start()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_signals, nursery.cancel_scope)
+                nursery.start_soon(self._command_loop)
+                nursery.start_soon(self._duty_cycle)
+                log.info("slipstream driver %d running in %s", os.getpid(), self.directory.path)
+                _notify_systemd("READY=1")
+                task_status.started()
+        finally:
+            self._stopping = True
+            counters.wake_driver()
+            lib.ss_futex_wake(counters.driver_signal, 1 << 30)
+            if watcher is not None:
+                # The watcher waits with a bounded timeout; bump the word so it returns now.
+                lib.ss_get_and_add_i32(counters.driver_signal, 1)
+                lib.ss_futex_wake(counters.driver_signal, 1 << 30)
+                watcher.join(timeout=2)
+            _notify_systemd("STOPPING=1")
+            conductor.close(time.monotonic_ns())
+            sock.close(0)
+            context.term()
+            counters.close()
+            self.directory.release()
+            log.info("slipstream driver stopped")
+
+    async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s: stopping", signal.Signals(signum).name)
+                cancel_scope.cancel()
+                return
+
+    def _watch_futex(self, token: trio.lowlevel.TrioToken) -> None:
+        """Thread: block on the driver eventcount and wake trio when a client signals it."""
+        signal_word = self.counters.driver_signal
+        seen = lib.ss_load_acquire_i32(signal_word)
+        while not self._stopping:
+            lib.ss_futex_wait(signal_word, seen, 1_000_000_000)
+            current = lib.ss_load_acquire_i32(signal_word)
+            if current != seen and not self._stopping:
+                seen = current
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(self._wake.set)
+
+    def _send(self, out: Outgoing) -> None:
+        for key, message in out:
+            try:
+                self.sock.send_multipart([key, control.encode(message)], zmq.NOBLOCK)
+            except zmq.ZMQError as e:  # the client is gone; its liveness timeout cleans up
+                log.debug("dropping %s for a vanished client: %s", message.get("type"), e)
+
+    def _process_commands(self) -> None:
+        """Handle every waiting command.  zmq's FD is edge-triggered and any send can consume
+        the edge of a command that arrived meanwhile, so this runs after every send too."""
+        sock = self.sock
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+            if len(frames) != 2:
+                self.counters.add(SystemCounter.ERRORS)
+                continue
+            key, frame = frames
+            try:
+                message = control.decode(frame)
+            except ValueError:
+                self.counters.add(SystemCounter.ERRORS)
+                log.warning("dropped a malformed control message from a client")
+                continue
+            self._send(self.conductor.on_command(key, message, time.monotonic_ns()))
+            self._wake.set()  # resources changed: let the duty cycle look at once
+
+    async def _command_loop(self) -> None:
+        fd = self.sock.getsockopt(zmq.FD)
+        while True:
+            self._process_commands()
+            with trio.move_on_after(COMMAND_POLL_S):
+                await trio.lowlevel.wait_readable(fd)
+
+    async def _duty_cycle(self) -> None:
+        idle_cycles = 0
+        counters = self.counters
+        while True:
+            started = time.monotonic_ns()
+            work, out = self.conductor.do_work(started)
+            if out:
+                self._send(out)
+                self._process_commands()
+            counters.beat(time.time_ns())
+            cycle_ns = time.monotonic_ns() - started
+            counters.add(SystemCounter.CONDUCTOR_CYCLES)
+            max_id = SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS
+            if cycle_ns > counters.get(max_id):
+                counters.set(max_id, cycle_ns)
+            if work:
+                idle_cycles = 0
+                delay = ACTIVE_CYCLE_S
+            else:
+                idle_cycles += 1
+                delay = min(ACTIVE_CYCLE_S * (1 << min(idle_cycles, 10)), IDLE_PARK_MAX_S)
+            deadline = self.conductor.next_deadline_ns()
+            delay = max(0.0, min(delay, (deadline - time.monotonic_ns()) / 1e9))
+            self._wake = trio.Event()
+            parked = delay > ACTIVE_CYCLE_S
+            if parked:
+                lib.ss_get_and_add_i32(counters.driver_waiters, 1)
+            try:
+                with trio.move_on_after(delay):
+                    await self._wake.wait()
+            finally:
+                if parked:
+                    lib.ss_get_and_add_i32(counters.driver_waiters, -1)
+
+
+def _notify_systemd(state: str) -> None:
+    """sd_notify without libsystemd: one datagram to $NOTIFY_SOCKET (Type=notify units)."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(address)
+        s.sendall(state.encode())
+
+
+def run_driver(settings: DriverSettings) -> None:
+    """Run a driver in the foreground until SIGINT/SIGTERM."""
+    trio.run(_DriverShell(settings).run)
+
+
+class MediaDriver:
+    """A driver in a child process, for tests, demos and Spark executors.
+
+    >>> with MediaDriver.launch(directory="/dev/shm/my-test") as driver:
+    ...     with Client.connect(driver.directory) as client: ...
+
+    Settings are :class:`DriverSettings` field names with native values (ns, bytes) or strings
+    with units (``client_liveness_timeout="2s"``).
+    """
+
+    def __init__(self, directory: Path, process: subprocess.Popen[bytes]) -> None:
+        self.directory = directory
+        self.process = process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @classmethod
+    @contextlib.contextmanager
+    def launch(cls, directory: str | os.PathLike[str] | None = None, *,
+               startup_timeout: float = 20.0, **settings: Any) -> Iterator[MediaDriver]:
+        overrides: dict[str, Any] = dict(settings)
+        if directory is not None:
+            overrides["dir"] = str(directory)
+        resolved = load_settings(env={}, overrides=overrides)  # validate here, fail fast
+        driver = cls.start(resolved.directory, overrides, startup_timeout=startup_timeout)
+        try:
+            yield driver
+        finally:
+            driver.stop()
+
+    @classmethod
+    def start(cls, directory: Path, overrides: Mapping[str, Any], *,
+              startup_timeout: float = 20.0) -> MediaDriver:
+        """Start the child and wait until it accepts clients."""
+        args = [sys.executable, "-m", "slipstream.daemon.cli", "driver", "--dir", str(directory)]
+        for key, value in overrides.items():
+            if key == "dir":
+                continue
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            args += ["--set", f"{key}={value}"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")}
+        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, env=env)
+        driver = cls(Path(directory), process)
+        deadline = time.monotonic() + startup_timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                err = process.stderr.read().decode(errors="replace") if process.stderr else ""
+                raise DriverError(f"the driver exited with {process.returncode}: {err.strip()}")
+            if driver._ready():
+                threading.Thread(target=driver._drain_stderr, daemon=True).start()
+                return driver
+            time.sleep(0.01)
+        driver.kill()
+        raise DriverError(f"the driver did not start within {startup_timeout} s in {directory}")
+
+    def _ready(self) -> bool:
+        counters_path = self.directory / control.COUNTERS_FILE
+        if not (self.directory / control.CONDUCTOR_SOCKET).exists() or not counters_path.exists():
+            return False
+        try:
+            counters = CountersFile(counters_path, writable=False)
+        except (OSError, ValueError):
+            return False
+        try:
+            return counters.driver_pid == self.process.pid and counters.driver_heartbeat_ns > 0
+        finally:
+            counters.close()
+
+    def _drain_stderr(self) -> None:
+        # Keep the pipe from filling; pass the driver's log through to ours.
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            sys.stderr.write(f"[driver {self.process.pid}] {line.decode(errors='replace')}")
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait, SIGKILL if it does not stop; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, leaving its files behind for the next driver to clean."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,213 @@
+"""An IPC publication: one log shared by every publisher of a stream and read in place by
+every subscriber on the host (``aeron:ipc``).
+
+The driver never touches the data.  It owns the limits: ``pub-lmt = min(subscriber positions)
++ term window`` while anyone subscribes (NOT_CONNECTED otherwise), it cleans the term behind
+the slowest subscriber so the partition can be reused, and it unblocks the log when a publisher
+died between claim and commit.  States, as in Aeron's IpcPublication::
+
+    ACTIVE --last publisher gone--> DRAINING --consumed or linger--> DONE
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+import attrs
+
+from slipstream.client.counters import CountersFile, CounterType, SystemCounter
+from slipstream.client.logbuffer import LogBuffer, unblock
+
+
+class PublicationState(enum.Enum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    DONE = "done"
+
+
+@attrs.define
+class IpcSubscriber:
+    """One subscription's view of the publication: its position counter."""
+
+    subscription_id: int
+    client_id: int
+    position_counter_id: int
+
+
+@attrs.define(eq=False)
+class IpcPublication:
+    """Driver-side state of one IPC log.  All times are monotonic ns."""
+
+    registration_id: int
+    stream_id: int
+    session_id: int
+    channel: str
+    log: LogBuffer
+    counters: CountersFile
+    term_window_length: int
+    unblock_timeout_ns: int
+    linger_timeout_ns: int
+    publisher_limit_id: int
+    publisher_position_id: int
+    publisher_refs: int = 0
+    state: PublicationState = PublicationState.ACTIVE
+    subscribers: list[IpcSubscriber] = attrs.Factory(list)
+    clean_position: int = 0
+    _last_consumer_position: int = 0
+    _time_of_last_consumer_change_ns: int = 0
+    _draining_since_ns: int = 0
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        path: str,
+        registration_id: int,
+        stream_id: int,
+        session_id: int,
+        initial_term_id: int,
+        channel: str,
+        counters: CountersFile,
+        term_length: int,
+        mtu: int,
+        term_window_length: int,
+        unblock_timeout_ns: int,
+        linger_timeout_ns: int,
+        now_ns: int,
+        initial_term_count: int = 0,
+        initial_term_offset: int = 0,
+    ) -> IpcPublication:
+        window = min(term_window_length or term_length // 2, term_length // 2)
+        log = LogBuffer.create(
+            path, term_length=term_length, initial_term_id=initial_term_id,
+            session_id=session_id, stream_id=stream_id, mtu=mtu,
+            correlation_id=registration_id, term_window_length=window,
+            initial_term_count=initial_term_count, initial_term_offset=initial_term_offset,
+            linger_timeout_ns=linger_timeout_ns,
+        )
+        label = f"{channel} stream={stream_id} session={session_id}"
+        start = log.producer_position()
+        limit_id = counters.allocate(CounterType.PUBLISHER_LIMIT, f"pub-lmt: {label}",
+                                     registration_id=registration_id, session_id=session_id,
+                                     stream_id=stream_id, initial_value=start)
+        position_id = counters.allocate(CounterType.PUBLISHER_POSITION, f"pub-pos: {label}",
+                                        registration_id=registration_id, session_id=session_id,
+                                        stream_id=stream_id, initial_value=start)
+        return cls(registration_id=registration_id, stream_id=stream_id, session_id=session_id,
+                   channel=channel, log=log, counters=counters, term_window_length=window,
+                   unblock_timeout_ns=unblock_timeout_ns, linger_timeout_ns=linger_timeout_ns,
+                   publisher_limit_id=limit_id, publisher_position_id=position_id,
+                   clean_position=start, last_consumer_position=start,
+                   time_of_last_consumer_change_ns=now_ns)
+
+    # -- subscribers -------------------------------------------------------------------------
+    def join_position(self) -> int:
+        """Where a new subscriber starts: the current producer position."""
+        return self.log.producer_position()
+
+    def add_subscriber(self, subscription_id: int, client_id: int, label: str) -> IpcSubscriber:
+        """Give a subscription a position counter at the join position."""
+        position = self.join_position()
+        counter_id = self.counters.allocate(
+            CounterType.SUBSCRIBER_POSITION, f"sub-pos: {label}", registration_id=subscription_id,
+            session_id=self.session_id, stream_id=self.stream_id, owner_id=client_id,
+            initial_value=position)
+        subscriber = IpcSubscriber(subscription_id, client_id, counter_id)
+        self.subscribers.append(subscriber)
+        return subscriber
+
+    def remove_subscriber(self, subscription_id: int) -> IpcSubscriber | None:
+        for subscriber in self.subscribers:
+            if subscriber.subscription_id == subscription_id:
+                self.subscribers.remove(subscriber)
+                self.counters.free(subscriber.position_counter_id)
+                return subscriber
+        return None
+
+    def consumer_position(self) -> int | None:
+        """The slowest subscriber's position, None without subscribers."""
+        if not self.subscribers:
+            return None
+        return min(self.counters.get(s.position_counter_id) for s in self.subscribers)
+
+    # -- duty cycle --------------------------------------------------------------------------
+    def update_limits(self, now_ns: int) -> int:
+        """Recompute pub-lmt, clean behind the slowest subscriber, unblock; returns work done."""
+        work = 0
+        producer = self.log.producer_position()
+        if self.counters.get(self.publisher_position_id) != producer:
+            self.counters.set(self.publisher_position_id, producer)
+            work += 1
+        consumer = self.consumer_position()
+        if consumer is None:
+            if self.log.is_connected:
+                self.log.is_connected = False
+                work += 1
+            # Nobody reads: offers must fail with NOT_CONNECTED rather than fill the log.
+            if self.counters.get(self.publisher_limit_id) != producer:
+                self.counters.set(self.publisher_limit_id, producer)
+            self._time_of_last_consumer_change_ns = now_ns
+            return work
+        if not self.log.is_connected:
+            self.log.is_connected = True
+            work += 1
+        limit = consumer + self.term_window_length
+        if limit != self.counters.get(self.publisher_limit_id):
+            self.counters.set(self.publisher_limit_id, limit)
+            work += 1
+        work += self._clean(consumer)
+        if consumer != self._last_consumer_position:
+            self._last_consumer_position = consumer
+            self._time_of_last_consumer_change_ns = now_ns
+        elif (producer > consumer
+              and now_ns - self._time_of_last_consumer_change_ns > self.unblock_timeout_ns):
+            if unblock(self.log, consumer, producer):
+                self.counters.add(SystemCounter.UNBLOCKED_PUBLICATIONS)
+                self.log.signal_readers()
+                work += 1
+            self._time_of_last_consumer_change_ns = now_ns
+        return work
+
+    def _clean(self, consumer: int) -> int:
+        """Zero the term one full term behind the consumer so the partition can be reused."""
+        target = consumer - self.log.term_length
+        if target <= self.clean_position:
+            return 0
+        # At most to the end of the term being cleaned per call, so one cycle stays short.
+        term_end = (self.clean_position | (self.log.term_length - 1)) + 1
+        length = min(target, term_end) - self.clean_position
+        self.log.clean(self.clean_position, length)
+        self.clean_position += length
+        return 1
+
+    # -- life cycle --------------------------------------------------------------------------
+    def start_draining(self, now_ns: int) -> None:
+        """The last publisher left: subscribers may read what is there, then the log goes."""
+        self.state = PublicationState.DRAINING
+        self._draining_since_ns = now_ns
+        self.log.end_of_stream_position = self.log.producer_position()
+        self.log.signal_readers()
+
+    def is_drained(self, now_ns: int) -> bool:
+        """DRAINING and every subscriber consumed it all, or the linger timeout passed."""
+        if self.state is not PublicationState.DRAINING:
+            return False
+        consumer = self.consumer_position()
+        return (consumer is None or consumer >= self.log.producer_position()
+                or now_ns - self._draining_since_ns >= self.linger_timeout_ns)
+
+    def close(self) -> None:
+        """Free the counters and delete the log file (mapped readers keep their pages)."""
+        self.state = PublicationState.DONE
+        for subscriber in self.subscribers:
+            self.counters.free(subscriber.position_counter_id)
+        self.subscribers.clear()
+        self.counters.free(self.publisher_limit_id)
+        self.counters.free(self.publisher_position_id)
+        path = self.log.path
+        self.log.close()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,45 @@
+"""Shared fixtures: real driver processes in private directories under /dev/shm."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Short timers so liveness, unblocking and linger show within a test's patience.
+FAST_DRIVER_SETTINGS = {
+    "client_liveness_timeout": "1s",
+    "client_keepalive_interval": "100ms",
+    "publication_unblock_timeout": "1500ms",
+    "publication_linger_timeout": "500ms",
+    "timer_interval": "100ms",
+    "ipc_term_buffer_length": "64k",
+}
+
+
+@pytest.fixture
+def driver_dir() -> Iterator[Path]:
+    """A fresh driver directory path (not created), removed afterwards whatever happened."""
+    path = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def driver(driver_dir: Path):  # -> Iterator[MediaDriver]
+    """A real driver process with fast timers."""
+    from slipstream.daemon.driver import MediaDriver
+
+    with MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as media_driver:
+        yield media_driver
+
+
+@pytest.fixture
+def client(driver):  # -> Iterator[Client]
+    from slipstream.client import Client
+
+    with Client.connect(driver.directory) as connected:
+        yield connected

@@ -1,0 +1,187 @@
+"""The driver process: one per directory, clean start and stop, clear errors, idle cost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slipstream.client import (
+    ChannelError,
+    Client,
+    ConfigurationError,
+    DriverAlreadyRunningError,
+    DriverError,
+    DriverNotRunningError,
+    MessageTooLongError,
+    RegistrationError,
+    SlipstreamError,
+)
+from slipstream.daemon.driver import MediaDriver
+
+SLIPSTREAM = [sys.executable, "-m", "slipstream.daemon.cli"]
+
+
+def test_the_driver_directory_is_private_and_holds_its_files(driver) -> None:
+    mode = stat.S_IMODE(os.stat(driver.directory).st_mode)
+    assert mode == 0o700
+    names = {p.name for p in Path(driver.directory).iterdir()}
+    assert {"driver.lock", "counters.dat", "conductor.sock", "publications", "images"} <= names
+
+
+def test_a_second_driver_on_the_same_directory_is_refused(driver) -> None:
+    result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(driver.directory)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert f"already running in {driver.directory}" in result.stderr
+    assert str(driver.pid) in result.stderr
+    with pytest.raises(DriverAlreadyRunningError):
+        from slipstream.daemon.driver import DriverDirectory
+
+        DriverDirectory(driver.directory).acquire()
+
+
+def test_sigterm_stops_the_driver_and_removes_its_files(driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir) as driver:
+        with Client.connect(driver_dir) as client:
+            client.add_publication("aeron:ipc", 7)
+        assert driver.stop() == 0
+    assert not driver_dir.exists()
+
+
+def test_sigint_stops_the_driver_too(driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir) as driver:
+        driver.process.send_signal(signal.SIGINT)
+        assert driver.process.wait(10) == 0
+    assert not driver_dir.exists()
+
+
+def test_a_crashed_drivers_directory_is_cleaned_by_the_next_driver(driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir) as crashed:
+        with Client.connect(driver_dir) as client:
+            client.add_publication("aeron:ipc", 8)
+            client.add_subscription("aeron:ipc", 8)
+            crashed.kill()
+    leftovers = list((driver_dir / "publications").iterdir())
+    assert leftovers  # a crash leaves its logs behind
+    with pytest.raises(DriverNotRunningError, match=str(driver_dir)):
+        Client.connect(driver_dir)
+    with MediaDriver.launch(directory=driver_dir):
+        assert list((driver_dir / "publications").iterdir()) == []
+        with Client.connect(driver_dir) as client:
+            assert client.add_publication("aeron:ipc", 8).offer(b"x") < 0
+
+
+def test_no_driver_is_a_clear_error_naming_the_directory(driver_dir: Path) -> None:
+    with pytest.raises(DriverNotRunningError) as error:
+        Client.connect(driver_dir)
+    assert str(driver_dir) in str(error.value)
+    assert "slipstream driver --dir" in str(error.value)
+    assert isinstance(error.value, SlipstreamError)
+
+
+def test_a_bad_channel_uri_names_the_bad_part(client: Client) -> None:
+    with pytest.raises(ChannelError) as error:
+        client.add_publication("aeron:ipc?term-length=1000", 1)
+    assert "term-length" in str(error.value)
+    with pytest.raises(ChannelError) as error:
+        client.add_subscription("aeron:tcp?endpoint=x:1", 1)
+    assert "media" in str(error.value) or "tcp" in str(error.value)
+
+
+def test_udp_channels_are_refused_by_name_until_the_network_agents_exist(client: Client) -> None:
+    with pytest.raises(RegistrationError, match="aeron:ipc streams only"):
+        client.add_publication("aeron:udp?endpoint=127.0.0.1:40123", 1)
+
+
+def test_a_message_too_long_gives_the_limit(client: Client) -> None:
+    publication = client.add_publication("aeron:ipc", 9)
+    client.add_subscription("aeron:ipc", 9)
+    limit = publication.max_message_length
+    assert limit == 64 * 1024 // 8  # 64 KiB terms in the test driver
+    with pytest.raises(MessageTooLongError) as error:
+        publication.offer(bytes(limit + 1))
+    assert str(limit) in str(error.value)
+
+
+def test_a_bad_configuration_value_names_the_key(driver_dir: Path) -> None:
+    with pytest.raises(ConfigurationError) as error, \
+            MediaDriver.launch(directory=driver_dir, mtu_length=1000):
+        pass
+    assert "mtu_length" in str(error.value)
+    result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(driver_dir),
+                             "--set", "ipc_term_buffer_length=3m"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "ipc_term_buffer_length" in result.stderr
+    assert not driver_dir.exists()
+
+
+def test_print_config_shows_the_resolved_values(driver_dir: Path) -> None:
+    env = {**os.environ, "SLIPSTREAM_MTU_LENGTH": "4096"}
+    result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(driver_dir), "--print-config",
+                             "--set", "client_liveness_timeout=3s"],
+                            capture_output=True, text=True, timeout=30, env=env)
+    assert result.returncode == 0, result.stderr
+    assert 'mtu_length = "4k"  # env' in result.stdout
+    assert 'client_liveness_timeout = "3s"' in result.stdout
+    assert not driver_dir.exists()  # printing the configuration starts nothing
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_driver_uses_under_two_percent_of_a_core(driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir) as driver, Client.connect(driver_dir) as client:
+        publication = client.add_publication("aeron:ipc", 10)
+        client.add_subscription("aeron:ipc", 10)
+        while not publication.is_connected:
+            time.sleep(0.01)
+        time.sleep(1.0)  # let it settle into its idle back-off
+        before, started = _cpu_seconds(driver.pid), time.monotonic()
+        time.sleep(3.0)
+        used = (_cpu_seconds(driver.pid) - before) / (time.monotonic() - started)
+    assert used < 0.02, f"an idle driver used {used:.1%} of a core"
+
+
+def test_stat_prints_the_counters(driver) -> None:
+    with Client.connect(driver.directory) as client:
+        client.add_publication("aeron:ipc", 11)
+        client.add_subscription("aeron:ipc", 11)
+        result = subprocess.run([*SLIPSTREAM, "stat", "--dir", str(driver.directory), "--once"],
+                                capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    for label in ("bytes sent", "client timeouts", "back pressure events", "pub-lmt: aeron:ipc",
+                  "sub-pos: aeron:ipc"):
+        assert label in result.stdout
+
+
+def test_stat_without_a_driver_says_so(driver_dir: Path) -> None:
+    result = subprocess.run([*SLIPSTREAM, "stat", "--dir", str(driver_dir), "--once"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert f"no slipstream driver is running in {driver_dir}" in result.stderr
+
+
+def test_a_client_notices_when_its_driver_dies(driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir, driver_timeout="500ms",
+                            client_keepalive_interval="100ms") as driver:
+        client = Client.connect(driver_dir)
+        publication = client.add_publication("aeron:ipc", 12)
+        driver.kill()
+        deadline = time.monotonic() + 5
+        while not client.is_closed:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert publication.offer(b"x") == -4  # CLOSED
+        with pytest.raises(DriverError):
+            client.add_publication("aeron:ipc", 13)
+        client.close()

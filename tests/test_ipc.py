@@ -1,0 +1,313 @@
+"""IPC streams through a real driver process: offer/poll, limits, batches, claims, waiting."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from slipstream.client import (
+    BACK_PRESSURED,
+    CLOSED,
+    NOT_CONNECTED,
+    BufferClaim,
+    Client,
+    MessageBatch,
+)
+from slipstream.client.counters import CountersFile, CounterType
+
+CHANNEL = "aeron:ipc"
+WINDOW = 32 * 1024  # 64 KiB IPC terms in the test driver: the window is half a term
+
+
+def offer_until(publication, message: bytes, timeout: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = publication.offer(message)
+        if result > 0:
+            return result
+        time.sleep(0.0005)
+    raise AssertionError(f"offer did not succeed within {timeout} s (last result {result})")
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def test_offer_without_a_subscriber_is_not_connected(client: Client) -> None:
+    publication = client.add_publication(CHANNEL, 1001)
+    assert not publication.is_connected
+    assert publication.offer(b"nobody listens") == NOT_CONNECTED
+
+
+def test_messages_arrive_whole_and_in_order_including_fragmented_ones(client: Client) -> None:
+    subscription = client.add_subscription(CHANNEL, 1002)
+    publication = client.add_publication(CHANNEL, 1002)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    sent = [bytes([i % 251]) * (i * 97 % 5000) for i in range(300)]  # > mtu: fragmented
+    received: list[bytes] = []
+    headers: list[tuple[int, int]] = []
+
+    def handler(data: memoryview, header) -> None:
+        received.append(bytes(data))
+        headers.append((header.session_id, header.stream_id))
+
+    for message in sent:
+        offer_until(publication, message)
+        subscription.poll(handler, 10)
+    while len(received) < len(sent):
+        assert subscription.receive(handler, 100, timeout=5.0) > 0
+    assert received == sent
+    assert set(headers) == {(publication.session_id, 1002)}
+
+
+def test_a_subscriber_that_does_not_poll_back_pressures_after_one_window(client: Client) -> None:
+    subscription = client.add_subscription(CHANNEL, 1003)
+    publication = client.add_publication(CHANNEL, 1003)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    message = b"w" * 992  # 1 KiB frames
+    accepted = 0
+    while publication.offer(message) > 0:
+        accepted += 1
+    assert publication.offer(message) == BACK_PRESSURED
+    assert accepted == WINDOW // 1024
+    assert publication.publication_limit == subscription.images[0].position + WINDOW
+    counters = client.counters
+    assert counters.get(4) >= 1  # back-pressure events (SystemCounter.BACK_PRESSURE_EVENTS)
+    # Consuming returns credit: the driver raises the limit and offers succeed again.
+    assert subscription.poll(lambda d, h: None, 1000) == accepted
+    offer_until(publication, message, timeout=2.0)
+
+
+def test_publishers_of_one_stream_share_a_log_and_a_session(client: Client) -> None:
+    first = client.add_publication(CHANNEL, 1004)
+    second = client.add_publication(CHANNEL, 1004)
+    assert first.session_id == second.session_id
+    subscription = client.add_subscription(CHANNEL, 1004)
+    wait_for(lambda: first.is_connected)
+    offer_until(first, b"one")
+    offer_until(second, b"two")
+    received: list[bytes] = []
+    subscription.receive(lambda d, h: received.append(bytes(d)), 10, timeout=2.0)
+    assert received == [b"one", b"two"]
+
+
+def test_a_late_subscriber_joins_at_the_current_position(client: Client) -> None:
+    early = client.add_subscription(CHANNEL, 1005)
+    publication = client.add_publication(CHANNEL, 1005)
+    wait_for(lambda: publication.is_connected)
+    for i in range(10):
+        offer_until(publication, f"before-{i}".encode())
+    late = client.add_subscription(CHANNEL, 1005)
+    wait_for(lambda: bool(late.images))
+    assert late.images[0].join_position == publication.position
+    offer_until(publication, b"after")
+    got: list[bytes] = []
+    late.receive(lambda d, h: got.append(bytes(d)), 10, timeout=2.0)
+    assert got == [b"after"]
+    assert early.poll(lambda d, h: None, 100) == 11
+
+
+def test_try_claim_fills_in_place_and_abort_leaves_padding(client: Client) -> None:
+    subscription = client.add_subscription(CHANNEL, 1006)
+    publication = client.add_publication(CHANNEL, 1006)
+    wait_for(lambda: publication.is_connected)
+    claim = BufferClaim()
+    assert publication.try_claim(5, claim) > 0
+    claim.buffer[:] = b"hello"
+    claim.commit()
+    assert publication.try_claim(7, claim) > 0
+    claim.abort()
+    with pytest.raises(ValueError, match="boom"):
+        assert publication.try_claim(3, claim) > 0
+        with claim:
+            raise ValueError("boom")  # the claim is aborted, never half-published
+    got: list[bytes] = []
+    subscription.receive(lambda d, h: got.append(bytes(d)), 10, timeout=2.0)
+    assert got == [b"hello"]
+
+
+def test_batches_move_many_messages_per_call_each_way(client: Client) -> None:
+    subscription = client.add_subscription(CHANNEL, 1007)
+    publication = client.add_publication(CHANNEL, 1007)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    messages = [i.to_bytes(4, "little") * 8 for i in range(64)]
+    assert publication.offer_batch(b"".join(messages), [32] * 64) == 64
+    batch = subscription.poll_batch(1000)
+    assert isinstance(batch, MessageBatch)
+    assert [bytes(m) for m in batch] == messages
+    assert batch.lengths == [32] * 64
+    assert subscription.poll_batch(1000) is None
+    # A batch larger than the window stops at the limit and says how far it got.
+    big = [b"b" * 992] * 64
+    room = (publication.publication_limit - publication.position) // 1024
+    done = publication.offer_batch(b"".join(big), [992] * 64)
+    assert 0 < done == room < 64
+
+
+def test_receive_waits_for_data_and_times_out(client: Client) -> None:
+    subscription = client.add_subscription(CHANNEL, 1008)
+    publication = client.add_publication(CHANNEL, 1008)
+    wait_for(lambda: publication.is_connected)
+    started = time.monotonic()
+    assert subscription.receive(lambda d, h: None, 10, timeout=0.2) == 0
+    assert 0.19 <= time.monotonic() - started < 1.0
+    offer_until(publication, b"wake up")
+    assert subscription.receive(lambda d, h: None, 10, timeout=2.0) == 1
+
+
+def _idle_receiver(directory: str, ready, cpu) -> None:
+    with Client.connect(directory) as client:
+        subscription = client.add_subscription(CHANNEL, 1009)
+        while not subscription.images:
+            time.sleep(0.01)
+        subscription.receive(lambda d, h: None, 10, timeout=0.2)  # settle
+        ready.set()
+        start = os.times()
+        subscription.receive(lambda d, h: None, 10, timeout=2.0)
+        end = os.times()
+        cpu.value = (end.user + end.system) - (start.user + start.system)
+
+
+def test_a_waiting_subscriber_uses_almost_no_cpu(driver) -> None:
+    context = multiprocessing.get_context("spawn")
+    ready, cpu = context.Event(), context.Value("d", -1.0)
+    with Client.connect(driver.directory) as client:
+        client.add_publication(CHANNEL, 1009)
+        process = context.Process(target=_idle_receiver, args=(str(driver.directory), ready, cpu))
+        process.start()
+        assert ready.wait(30)
+        process.join(30)
+    assert process.exitcode == 0
+    assert 0 <= cpu.value < 0.1, f"waiting 2 s cost {cpu.value:.3f} s of CPU"
+
+
+def test_closed_publication_returns_closed(client: Client) -> None:
+    publication = client.add_publication(CHANNEL, 1010)
+    publication.close()
+    assert publication.offer(b"late") == CLOSED
+    assert publication.is_closed
+
+
+def test_the_image_goes_when_the_last_publisher_leaves(client: Client) -> None:
+    gone: list[int] = []
+    subscription = client.add_subscription(CHANNEL, 1011,
+                                           on_unavailable_image=lambda i: gone.append(i.session_id))
+    publication = client.add_publication(CHANNEL, 1011)
+    wait_for(lambda: publication.is_connected)
+    offer_until(publication, b"last words")
+    session_id = publication.session_id
+    publication.close()
+    got: list[bytes] = []
+    subscription.receive(lambda d, h: got.append(bytes(d)), 10, timeout=2.0)
+    assert got == [b"last words"]  # drained before the image went away
+    wait_for(lambda: gone == [session_id])
+    assert subscription.images == ()
+
+
+def _subscribe_and_hang(directory: str, stream_id: int, ready) -> None:
+    client = Client.connect(directory)
+    subscription = client.add_subscription(CHANNEL, stream_id)
+    while not subscription.images:
+        time.sleep(0.01)
+    ready.set()
+    time.sleep(3600)  # never polls; killed by the test
+
+
+def test_a_killed_subscriber_stops_holding_back_the_publisher(driver) -> None:
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    with Client.connect(driver.directory) as client:
+        publication = client.add_publication(CHANNEL, 1012)
+        live = client.add_subscription(CHANNEL, 1012)
+        victim = context.Process(target=_subscribe_and_hang,
+                                 args=(str(driver.directory), 1012, ready))
+        victim.start()
+        assert ready.wait(30)
+        message = b"k" * 992
+        while publication.offer(message) > 0:
+            live.poll(lambda d, h: None, 100)
+        assert publication.offer(message) == BACK_PRESSURED  # the silent subscriber holds it
+        victim.kill()
+        victim.join()
+        # After the client liveness timeout (1 s here) its position no longer counts.
+        deadline = time.monotonic() + 5
+        while publication.offer(message) < 0:
+            live.poll(lambda d, h: None, 100)
+            assert time.monotonic() < deadline, "the dead subscriber still holds the publisher"
+            time.sleep(0.01)
+        counters = CountersFile(driver.directory / "counters.dat", writable=False)
+        positions = [c for c in counters if c.type_id == CounterType.SUBSCRIBER_POSITION]
+        assert len(positions) == 1  # only the live subscriber's counter is left
+        assert counters.get(3) == 1  # client timeouts
+        counters.close()
+
+
+def _claim_and_die(directory: str, stream_id: int, ready) -> None:
+    client = Client.connect(directory)
+    publication = client.add_publication(CHANNEL, stream_id)
+    while not publication.is_connected:
+        time.sleep(0.01)
+    claim = BufferClaim()
+    assert publication.try_claim(100, claim) > 0
+    ready.set()
+    time.sleep(3600)  # killed between claim and commit
+
+
+def test_a_publisher_killed_between_claim_and_commit_is_unblocked(driver) -> None:
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(CHANNEL, 1013)
+        publication = client.add_publication(CHANNEL, 1013)
+        victim = context.Process(target=_claim_and_die, args=(str(driver.directory), 1013, ready))
+        victim.start()
+        assert ready.wait(30)
+        offer_until(publication, b"behind the claim")
+        victim.kill()
+        victim.join()
+        got: list[bytes] = []
+        assert subscription.poll(lambda d, h: got.append(bytes(d)), 10) == 0  # blocked
+        # The unblock timeout is 1.5 s in the test driver.
+        subscription.receive(lambda d, h: got.append(bytes(d)), 10, timeout=5.0)
+        assert got == [b"behind the claim"]
+        counters = CountersFile(Path(driver.directory) / "counters.dat", writable=False)
+        assert counters.get(5) == 1  # unblocked publications
+        counters.close()
+
+
+def _publish_sequence(directory: str, stream_id: int, count: int) -> None:
+    with Client.connect(directory) as client:
+        publication = client.add_publication(CHANNEL, stream_id)
+        for i in range(count):
+            message = i.to_bytes(8, "little") * 4
+            while publication.offer(message) < 0:
+                pass
+
+
+def test_a_stream_between_two_processes_loses_and_reorders_nothing(driver) -> None:
+    count = 200_000
+    context = multiprocessing.get_context("spawn")
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(CHANNEL, 1014)
+        publisher = context.Process(target=_publish_sequence,
+                                    args=(str(driver.directory), 1014, count))
+        publisher.start()
+        expected = [0]
+
+        def handler(data: memoryview, header) -> None:
+            assert int.from_bytes(data[:8], "little") == expected[0]
+            expected[0] += 1
+
+        deadline = time.monotonic() + 60
+        while expected[0] < count and time.monotonic() < deadline:
+            subscription.receive(handler, 1000, timeout=1.0)
+        publisher.join(30)
+        assert expected[0] == count

@@ -1,0 +1,267 @@
+"""The log buffer: append, fragmentation, padding, rotation, reading, cleaning (PROTOCOL.md §2)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import struct
+import uuid
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slipstream.client._native import ffi, lib
+from slipstream.client.logbuffer import (
+    ACTIVE_TERM_COUNT_OFFSET,
+    HDR_TYPE_PAD,
+    TERM_MIN_LENGTH,
+    LogBuffer,
+    compute_log_length,
+    compute_position,
+    compute_term_id,
+    compute_term_offset,
+    index_by_position,
+    max_message_length,
+    max_possible_position,
+    new_appender,
+    unblock,
+)
+from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, MAX_POSITION_EXCEEDED
+from slipstream.client.subscription import Image
+
+UNLIMITED = 1 << 62
+
+
+@pytest.fixture
+def shm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    yield path
+    for child in path.iterdir():
+        child.unlink()
+    path.rmdir()
+
+
+def make_log(directory: Path, term_length: int = TERM_MIN_LENGTH, mtu: int = 1408,
+             initial_term_id: int = 7, **kwargs: int) -> LogBuffer:
+    return LogBuffer.create(directory / f"{uuid.uuid4().hex}.logbuffer", term_length=term_length,
+                            initial_term_id=initial_term_id, session_id=42, stream_id=1001,
+                            mtu=mtu, correlation_id=1, **kwargs)
+
+
+def offer(appender, message: bytes) -> int:
+    """Offer as a publisher does: retry after the term rotation."""
+    while True:
+        result = lib.ss_offer(appender, message, len(message), 0)
+        if result != ADMIN_ACTION:
+            return result
+
+
+def read_all(log: LogBuffer, start: int = 0) -> list[bytes]:
+    image = Image(log, ffi.new("int64_t *", start), join_position=start)
+    messages: list[bytes] = []
+    while image.poll(lambda data, header: messages.append(bytes(data)), 1000) or \
+            image.position < log.producer_position():
+        pass
+    return messages
+
+
+def test_layout_matches_the_aeron_descriptor(shm: Path) -> None:
+    log = make_log(shm, term_length=1 << 16, initial_term_id=-5)
+    assert log.length == compute_log_length(1 << 16) == 3 * (1 << 16) + 4096
+    assert log.initial_term_id == -5 and log.mtu == 1408 and log.term_length == 1 << 16
+    # Initial tails: the active partition holds the initial term, the others term_id - 3 + i.
+    assert log.raw_tail(0) >> 32 == -5
+    assert log.raw_tail(1) >> 32 == -5 + 1 - 3
+    assert log.raw_tail(2) >> 32 == -5 + 2 - 3
+    assert log.meta_i32(ACTIVE_TERM_COUNT_OFFSET) == 0
+    assert log.end_of_stream_position == (1 << 63) - 1
+    assert max_message_length(1 << 16) == 8192
+    assert max_message_length(1 << 30) == 16 * 1024 * 1024
+    log.close()
+
+
+@given(term_id=st.integers(-(2**31), 2**31 - 1), initial=st.integers(-(2**31), 2**31 - 1),
+       offset=st.integers(0, (1 << 16) - 1).map(lambda v: v & ~31))
+def test_position_arithmetic_round_trips(term_id: int, initial: int, offset: int) -> None:
+    bits = 16
+    position = compute_position(term_id, offset, bits, initial)
+    if position < 0:  # term ids before the initial one are not positions
+        return
+    assert compute_term_id(position, bits, initial) == term_id
+    assert compute_term_offset(position, 1 << bits) == offset
+    assert index_by_position(position, bits) == ((term_id - initial) & 0xFFFFFFFF) % 3
+
+
+def test_a_message_is_header_plus_payload_aligned_to_32(shm: Path) -> None:
+    log = make_log(shm)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    assert offer(appender, b"x" * 14) == 64  # 46 bytes of frame in a 64-byte slot, as on the wire
+    header = log.frame_header(0, 0)
+    assert header[:8] == (46, 0, 0xC0, 1, 0, 42, 1001, 7)
+    assert offer(appender, b"") == 96
+    log.close()
+
+
+FIXTURE_OK = [HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(sizes=st.lists(st.integers(0, 8192), min_size=1, max_size=300),
+       mtu=st.sampled_from([64, 256, 1408, 4096]))
+def test_any_sequence_of_messages_reads_back_whole_and_in_order(
+        shm: Path, sizes: list[int], mtu: int) -> None:
+    log = make_log(shm, mtu=mtu)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    sent = [os.urandom(4) * (size // 4) + bytes(size % 4) for size in sizes]
+    last = 0
+    for message in sent:
+        position = offer(appender, message)
+        assert position > last
+        last = position
+    assert read_all(log) == sent
+    log.close()
+
+
+def test_fragments_carry_begin_and_end_flags_and_fill_the_mtu(shm: Path) -> None:
+    log = make_log(shm, mtu=128)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    offer(appender, bytes(range(250)))  # max payload 96: 96 + 96 + 58
+    flags = [log.frame_header(0, off)[2] for off in (0, 128, 256)]
+    lengths = [log.frame_header(0, off)[0] for off in (0, 128, 256)]
+    assert flags == [0x80, 0x00, 0x40]
+    assert lengths == [128, 128, 90]
+    log.close()
+
+
+def test_the_writer_that_crosses_the_term_end_pads_and_rotates(shm: Path) -> None:
+    log = make_log(shm)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    message = b"m" * 1000  # 1056 aligned: 62 fit in 65536 with 64 bytes left
+    for _ in range(62):
+        assert lib.ss_offer(appender, message, 1000, 0) > 0
+    assert lib.ss_offer(appender, message, 1000, 0) == ADMIN_ACTION
+    pad = log.frame_header(0, 62 * 1056)
+    assert pad[0] == 65536 - 62 * 1056 and pad[3] == HDR_TYPE_PAD and pad[7] == 7
+    assert log.active_term_count == 1
+    assert log.raw_tail(1) >> 32 == 8
+    assert lib.ss_offer(appender, message, 1000, 0) == 65536 + 1056
+    assert len(read_all(log)) == 63
+    log.close()
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(size=st.integers(4, 3000))
+def test_many_term_rotations_with_cleaning_behind_the_reader(shm: Path, size: int) -> None:
+    log = make_log(shm)
+    limit = ffi.new("int64_t *", 0)
+    appender = new_appender(log, limit)
+    image = Image(log, ffi.new("int64_t *", 0), join_position=0)
+    received: list[int] = []
+
+    def record(data: memoryview, header: object) -> None:
+        received.append(int.from_bytes(data[:4], "little"))
+
+    sent = 0
+    clean_position = 0
+    while log.active_term_count < 25:  # many rotations of a 64 KiB term
+        limit[0] = image.position + log.term_length // 2
+        result = lib.ss_offer(appender, sent.to_bytes(4, "little") * (size // 4 + 1), size, 0)
+        assert result in (BACK_PRESSURED, ADMIN_ACTION) or result > 0
+        if result > 0:
+            sent += 1
+        elif result == BACK_PRESSURED:
+            image.poll(record, 100)
+            # Clean as the driver does: the term behind the reader.
+            target = image.position - log.term_length
+            while clean_position < target:
+                step = min(target, (clean_position | (log.term_length - 1)) + 1) - clean_position
+                log.clean(clean_position, step)
+                clean_position += step
+    while image.poll(record, 100):
+        pass
+    assert received == list(range(sent))
+    log.close()
+
+
+def test_max_position_exceeded_at_the_last_term(shm: Path) -> None:
+    # Start in the last term a 64 KiB log can reach: term count 2^31 - 1.
+    log = make_log(shm, initial_term_count=(1 << 31) - 1)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    assert log.producer_position() == max_possible_position(log.term_length) - log.term_length
+    message = b"z" * 4000
+    results = [lib.ss_offer(appender, message, len(message), 0) for _ in range(20)]
+    assert MAX_POSITION_EXCEEDED in results
+    assert all(r > 0 for r in results[:results.index(MAX_POSITION_EXCEEDED)])
+    log.close()
+
+
+def test_a_dead_claimer_is_unblocked_with_padding(shm: Path) -> None:
+    log = make_log(shm)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    offset = ffi.new("int64_t *")
+    assert lib.ss_try_claim(appender, 100, offset) > 0  # claimed, never committed
+    assert offer(appender, b"after") > 0
+    assert read_all_available(log) == []  # readers wait behind the open claim
+    assert unblock(log, 0, log.producer_position())
+    assert read_all(log) == [b"after"]
+    log.close()
+
+
+def test_a_claimer_that_died_before_writing_its_header_is_unblocked(shm: Path) -> None:
+    log = make_log(shm)
+    tail = ffi.cast("int64_t *", log.meta)
+    lib.ss_get_and_add_i64(tail, 96)  # claimed 96 bytes and died at once
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    assert offer(appender, b"next") > 0
+    assert unblock(log, 0, log.producer_position())
+    assert read_all(log) == [b"next"]
+    log.close()
+
+
+def read_all_available(log: LogBuffer) -> list[bytes]:
+    image = Image(log, ffi.new("int64_t *", 0), join_position=0)
+    out: list[bytes] = []
+    image.poll(lambda data, header: out.append(bytes(data)), 1000)
+    return out
+
+
+def _append_from_process(path: str, writer: int, count: int) -> None:
+    log = LogBuffer(path)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    for sequence in range(count):
+        size = 8 + (sequence * 37 + writer * 101) % 3000  # some fragment at mtu 1408
+        body = struct.pack("<ii", writer, sequence) + bytes([writer]) * (size - 12)
+        message = body + struct.pack("<I", zlib.crc32(body))
+        while True:
+            result = lib.ss_offer(appender, message, len(message), 0)
+            if result > 0:
+                break
+            assert result == ADMIN_ACTION
+    log.close()
+
+
+def test_concurrent_appends_from_several_processes_never_corrupt_or_lose_a_frame(shm: Path) -> None:
+    writers, per_writer = 4, 3000
+    log = make_log(shm, term_length=16 << 20)  # ~18 MB in all: no wrap without a reader
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=_append_from_process, args=(str(log.path), w, per_writer))
+                 for w in range(writers)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(60)
+        assert p.exitcode == 0
+    messages = read_all(log)
+    assert len(messages) == writers * per_writer
+    next_sequence = [0] * writers
+    for message in messages:
+        body, crc = message[:-4], struct.unpack("<I", message[-4:])[0]
+        assert zlib.crc32(body) == crc, "a frame was corrupted"
+        writer, sequence = struct.unpack_from("<ii", body)
+        assert sequence == next_sequence[writer], "a writer's messages were lost or reordered"
+        next_sequence[writer] += 1
+    log.close()
