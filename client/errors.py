@@ -53,6 +53,17 @@ class ClosedError(UsageError):
     """The client, publication or subscription was already closed."""
 
 
+class DataLossError(SlipstreamError):
+    """Data a reader asked for is no longer in the log (the publisher moved past it)."""
+
+    def __init__(self, position: int, producer_position: int) -> None:
+        self.position = position
+        self.producer_position = producer_position
+        super().__init__(
+            f"data at stream position {position} is no longer in the log (the publisher is at "
+            f"{producer_position}, and a log holds about two terms behind it)")
+
+
 class DriverError(SlipstreamError):
     """The media driver refused a request or could not be reached."""
 

@@ -19,13 +19,16 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from slipstream.client._native import ffi, lib
+from slipstream.client.errors import DataLossError
 from slipstream.client.logbuffer import (
     BEGIN_FLAG,
     END_FLAG,
+    FRAME_ALIGNMENT,
     HEADER_LENGTH,
     PARTITION_COUNT,
     UNFRAGMENTED,
     LogBuffer,
+    compute_term_id,
 )
 
 if TYPE_CHECKING:
@@ -154,11 +157,6 @@ class Image:
         self.waiters = log.reader_waiters()
 
     @property
-    def position(self) -> int:
-        """This subscriber's position in the stream (bytes consumed)."""
-        return self._position
-
-    @property
     def is_closed(self) -> bool:
         return self._closed
 
@@ -179,11 +177,15 @@ class Image:
 
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
         """Deliver up to ``fragment_limit`` fragments; returns how many messages were handled."""
+        return self._read(handler, fragment_limit, self.term_length)
+
+    def _read(self, handler: FragmentHandler, fragment_limit: int, scan_end: int) -> int:
+        """poll(), scanning the current term no further than offset ``scan_end``."""
         position = self._position
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
         out = self._scan_out
-        count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
+        count = lib.ss_term_read(self._term_ptrs[index], offset, scan_end,
                                  min(fragment_limit, _MAX_SCAN), 0, out, self._next_offset)
         next_offset = self._next_offset[0]
         if next_offset == offset:
@@ -277,6 +279,88 @@ class Image:
         message = collected[0]
         return MessageBatch(memoryview(message), [0], [len(message)], self.session_id,
                             self._position)
+
+    # -- reading without consuming (credit held until commit) ---------------------------------
+    @classmethod
+    def detached(cls, log_path: str, position: int) -> Image:
+        """An image of the log at ``log_path`` with a private position, for readers that are not
+        the subscriber (e.g. Spark executors reading a range the subscriber will commit)."""
+        return cls(LogBuffer(log_path), ffi.new("int64_t *", position), join_position=position)
+
+    @property
+    def log_path(self) -> str:
+        """The log file, for :meth:`detached` readers in other processes."""
+        return str(self._log.path)
+
+    def available_position(self) -> int:
+        """How far committed frames reach from this reader's position (not consuming them):
+        the position after the last whole message that is ready."""
+        position = self._position
+        out = self._scan_out
+        while True:
+            index = (position >> self._position_bits) % PARTITION_COUNT
+            offset = position & self._term_mask
+            count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
+                                     _MAX_SCAN, 0, out, self._next_offset)
+            next_offset = self._next_offset[0]
+            if next_offset == offset:
+                return position
+            if count and out[3 * (count - 1) + 2] & END_FLAG == 0:
+                # Stop before a message whose last fragment is not committed yet.
+                for i in range(count - 1, -1, -1):
+                    if out[3 * i + 2] & BEGIN_FLAG:
+                        return position + out[3 * i] - offset
+            position += next_offset - offset
+
+    def peek(self, position: int, handler: FragmentHandler, limit_position: int) -> int:
+        """Deliver the whole messages in [position, limit_position) without moving this
+        subscriber's position; returns the position after the last one delivered.
+
+        Both positions must be message boundaries (from :meth:`available_position` or an
+        earlier peek).  ``position`` may lie behind this subscriber (data it already consumed)
+        as long as the log still holds it; :class:`DataLossError` says when it does not.
+        """
+        self._check_retained(position)
+        reader = Image(self._log, ffi.new("int64_t *", position), join_position=position)
+        while reader._position < limit_position:
+            offset = reader._position & self._term_mask
+            scan_end = min(self.term_length, offset + limit_position - reader._position)
+            before = reader._position
+            reader._read(handler, _MAX_SCAN, scan_end)
+            if reader._position == before:
+                break
+        self._check_retained(position)  # a writer may have lapped the reader meanwhile
+        return reader._position
+
+    def _check_retained(self, position: int) -> None:
+        """Raise DataLossError unless the log still holds the frame at ``position``."""
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        offset = position & self._term_mask
+        fields = _HEADER_FIELDS.unpack_from(self._terms[index], offset)
+        frame_length, frame_term_id = fields[0], fields[7]
+        expected_term_id = compute_term_id(position, self._position_bits,
+                                           self._log.initial_term_id)
+        producer = self._log.producer_position()
+        # A different term id: the partition was reused.  Nothing there while the producer is a
+        # whole term ahead: it was cleaned (a live writer's open claim is never that old).
+        if (frame_length != 0 and frame_term_id != expected_term_id) or \
+                (frame_length == 0 and producer - position >= self.term_length) or \
+                position > producer:
+            raise DataLossError(position, producer)
+
+    @property
+    def position(self) -> int:
+        """This subscriber's position in the stream (bytes consumed)."""
+        return self._position
+
+    @position.setter
+    def position(self, new_position: int) -> None:
+        """Move this subscriber's position forward to a message boundary (a commit after
+        :meth:`peek`), returning credit to the publishers."""
+        if new_position < self._position or new_position & (FRAME_ALIGNMENT - 1):
+            raise ValueError(f"position {new_position} is behind {self._position} or not a "
+                             f"multiple of {FRAME_ALIGNMENT}")
+        self._advance(new_position)
 
     def _close(self) -> None:
         self._closed = True

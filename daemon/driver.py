@@ -6,8 +6,9 @@ turns a client's wake-up into a trio wake-up.
 
 Idling: while positions move the duty cycle runs every millisecond; with nothing to do it backs
 off to ``IDLE_PARK_MAX_S`` (bounded by the next timer) and parks, registered as a waiter on the
-driver eventcount in the counters file.  A publisher that meets its limit signals that eventcount, so a parked driver
-still raises limits within a wake-up (~50-100 µs) and an idle driver costs ~0 % CPU.
+driver eventcount in the counters file.  A publisher that meets its limit signals that
+eventcount, so a parked driver still raises limits within a wake-up (~50-100 µs) and an idle
+driver costs ~0 % CPU.
 """
 
 from __future__ import annotations

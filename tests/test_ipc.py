@@ -311,3 +311,57 @@ def test_a_stream_between_two_processes_loses_and_reorders_nothing(driver) -> No
             subscription.receive(handler, 1000, timeout=1.0)
         publisher.join(30)
         assert expected[0] == count
+
+
+def _read_range(log_path: str, start: int, end: int, out) -> None:
+    from slipstream.client import Image
+
+    reader = Image.detached(log_path, start)
+    got: list[bytes] = []
+    reader.peek(start, lambda d, h: got.append(bytes(d)), end)
+    out.put(got)
+
+
+def test_peek_holds_credit_until_the_position_is_committed(client: Client) -> None:
+    subscription = client.add_subscription(CHANNEL, 1015)
+    publication = client.add_publication(CHANNEL, 1015)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    image = subscription.images[0]
+    start = image.position
+    message = b"c" * 992
+    sent = 0
+    while publication.offer(message) > 0:
+        sent += 1
+    end = image.available_position()
+    assert end == start + sent * 1024
+    # Another process reads the range through its own mapping, consuming nothing.
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    reader = context.Process(target=_read_range, args=(image.log_path, start, end, queue))
+    reader.start()
+    assert queue.get(timeout=30) == [message] * sent
+    reader.join(10)
+    assert image.position == start
+    assert publication.offer(message) == BACK_PRESSURED  # credit still held
+    image.position = end  # commit
+    offer_until(publication, message, timeout=2.0)
+    with pytest.raises(ValueError):
+        image.position = start  # never backwards
+
+
+def test_peek_at_overwritten_data_is_data_loss(client: Client) -> None:
+    from slipstream.client import DataLossError
+
+    subscription = client.add_subscription(CHANNEL, 1016)
+    publication = client.add_publication(CHANNEL, 1016)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    image = subscription.images[0]
+    start = image.position
+    for _ in range(400):  # ~6 terms of 64 KiB: the start was reused long ago
+        offer_until(publication, b"d" * 992)
+        subscription.poll(lambda d, h: None, 10)
+    while subscription.poll(lambda d, h: None, 100):
+        pass
+    with pytest.raises(DataLossError) as error:
+        image.peek(start, lambda d, h: None, image.position)
+    assert str(start) in str(error.value)
