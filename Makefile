@@ -11,10 +11,10 @@ install: $(STAMP)
 
 # Editable install: the cffi extension is compiled in place at install, and again whenever
 # the C sources or the packaging change.
-$(STAMP): pyproject.toml setup.py client/native.c client/native.h client/_native_build.py
+$(STAMP): pyproject.toml setup.py client/native.c client/native.h client/fastpath.c client/_native_build.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench,spark]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,sim,spark]'
 	@touch $(STAMP)
 
 # Spark needs a JVM (17+); install Debian's when none is on the machine.

@@ -209,6 +209,8 @@ class Client:
         if self._driver_lost is None:
             log.error("%s", reason)
             self._driver_lost = reason
+            for publication in list(self._publications.values()):
+                publication._mark_closed()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -230,7 +230,7 @@ static inline int32_t fragmented_length(const ss_appender_t *a, int32_t length) 
 }
 
 /* One append attempt: returns the new position, or a negative code. */
-static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length, int64_t reserved_value) {
+static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length) {
     uint8_t *meta = a->meta;
     int32_t term_count = LOAD_ACQ(active_term_count_ptr(meta));
     int32_t index = term_count % SS_PARTITION_COUNT;
@@ -257,7 +257,7 @@ static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length
         int32_t frame_length = length + SS_HEADER_LENGTH;
         write_header(frame, frame_length, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_DATA, term_offset, a->session_id,
                      a->stream_id, term_id);
-        *(int64_t *)(frame + 24) = reserved_value;
+        *(int64_t *)(frame + 24) = 0;
         memcpy(frame + SS_HEADER_LENGTH, msg, (size_t)length);
         STORE_REL((int32_t *)frame, frame_length);
     } else {
@@ -269,7 +269,7 @@ static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length
             if (chunk == remaining) flags |= SS_FLAG_END;
             uint8_t *frame = term + offset;
             write_header(frame, frame_length, flags, SS_HDR_TYPE_DATA, offset, a->session_id, a->stream_id, term_id);
-            *(int64_t *)(frame + 24) = reserved_value;
+            *(int64_t *)(frame + 24) = 0;
             memcpy(frame + SS_HEADER_LENGTH, msg + consumed, (size_t)chunk);
             STORE_REL((int32_t *)frame, frame_length);
             consumed += chunk;
@@ -281,27 +281,45 @@ static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length
     return position + claim;
 }
 
-int64_t ss_offer(const ss_appender_t *a, const char *msg, int32_t length, int64_t reserved_value) {
-    if (length < 0 || length > a->max_message_length) return SS_INVALID_LENGTH;
-    int64_t result = append(a, (const uint8_t *)msg, length, reserved_value);
-    if (result > 0) signal_readers(a->meta);
-    return result;
+int64_t ss_refine(ss_appender_t *a, int64_t result) {
+    if (a->closed) return SS_CLOSED;
+    if (result != SS_BACK_PRESSURED) return result;
+    if (LOAD_ACQ((const int32_t *)(a->meta + SS_META_IS_CONNECTED)) != 1) return SS_NOT_CONNECTED;
+    int64_t limit = LOAD_ACQ(a->publication_limit);
+    if (limit != a->last_limit_hit) {
+        a->last_limit_hit = limit;
+        if (a->back_pressure_events) __atomic_fetch_add(a->back_pressure_events, 1, __ATOMIC_SEQ_CST);
+    }
+    if (a->driver_signal) ss_signal(a->driver_signal, a->driver_waiters);
+    return SS_BACK_PRESSURED;
 }
 
-int32_t ss_offer_batch(const ss_appender_t *a, const char *data, const int32_t *lengths, int32_t count,
+int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length) {
+    if (a->closed) return SS_CLOSED; /* before touching a log that may be unmapped */
+    if (length < 0 || length > a->max_message_length) return SS_INVALID_LENGTH;
+    int64_t result = append(a, (const uint8_t *)msg, length);
+    if (result > 0) {
+        signal_readers(a->meta);
+        return result;
+    }
+    return ss_refine(a, result);
+}
+
+int32_t ss_offer_batch(ss_appender_t *a, const char *data, const int32_t *lengths, int32_t count,
                        int64_t *result) {
+    if (a->closed) { *result = SS_CLOSED; return 0; }
     int32_t done = 0;
     int64_t last = 0;
     const uint8_t *cursor = (const uint8_t *)data;
     while (done < count) {
         int32_t length = lengths[done];
         if (length < 0 || length > a->max_message_length) { last = SS_INVALID_LENGTH; break; }
-        int64_t rc = append(a, cursor, length, 0);
+        int64_t rc = append(a, cursor, length);
         if (rc == SS_ADMIN_ACTION) {
-            rc = append(a, cursor, length, 0); /* the rotation is done; one retry lands in the new term */
+            rc = append(a, cursor, length); /* the rotation is done; one retry lands in the new term */
             if (rc == SS_ADMIN_ACTION) continue;
         }
-        if (rc < 0) { if (done == 0) last = rc; break; }
+        if (rc < 0) { if (done == 0) last = ss_refine(a, rc); break; }
         last = rc;
         cursor += length;
         done++;
@@ -311,7 +329,8 @@ int32_t ss_offer_batch(const ss_appender_t *a, const char *data, const int32_t *
     return done;
 }
 
-int64_t ss_try_claim(const ss_appender_t *a, int32_t length, int64_t *frame_offset) {
+int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset) {
+    if (a->closed) return SS_CLOSED;
     if (length < 0 || length > a->max_payload) return SS_INVALID_LENGTH;
     uint8_t *meta = a->meta;
     int32_t term_count = LOAD_ACQ(active_term_count_ptr(meta));
@@ -323,7 +342,7 @@ int64_t ss_try_claim(const ss_appender_t *a, int32_t length, int64_t *frame_offs
     int32_t term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
     if (term_count != (int32_t)((uint32_t)term_id - (uint32_t)a->initial_term_id)) return SS_ADMIN_ACTION;
     int64_t position = ((int64_t)term_count << a->position_bits) + term_offset;
-    if (position >= LOAD_ACQ(a->publication_limit)) return SS_BACK_PRESSURED;
+    if (position >= LOAD_ACQ(a->publication_limit)) return ss_refine(a, SS_BACK_PRESSURED);
 
     int32_t frame_length = length + SS_HEADER_LENGTH;
     int32_t claim = align32(frame_length);
@@ -352,19 +371,16 @@ void ss_abort(uint8_t *frame) {
 }
 
 /* ---------------------------------------------------------------- reader */
-int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t term_length, int32_t max_frames,
-                     int32_t stop_at_fragment, int32_t *out, int32_t *next_offset) {
+int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int32_t max_frames,
+                     int32_t *starts, int32_t *ends, int32_t *next_offset) {
     int32_t count = 0;
-    while (count < max_frames && offset < term_length) {
+    while (count < max_frames && offset < scan_end) {
         int32_t frame_length = LOAD_ACQ((const int32_t *)(term + offset));
         if (frame_length <= 0) break;
-        uint16_t type = *(const uint16_t *)(term + offset + 6);
-        if (type != SS_HDR_TYPE_PAD) {
-            uint8_t flags = term[offset + 5];
-            if (stop_at_fragment && flags != SS_FLAG_UNFRAGMENTED) break;
-            out[3 * count] = offset;
-            out[3 * count + 1] = frame_length;
-            out[3 * count + 2] = flags;
+        if (*(const uint16_t *)(term + offset + 6) != SS_HDR_TYPE_PAD) {
+            if (term[offset + 5] != SS_FLAG_UNFRAGMENTED) break;
+            starts[count] = offset + SS_HEADER_LENGTH;
+            ends[count] = offset + frame_length;
             count++;
         }
         offset += align32(frame_length);

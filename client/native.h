@@ -49,6 +49,12 @@ typedef struct {
     int32_t max_payload;        /* mtu - 32 */
     int32_t max_message_length; /* min(term_length / 8, 16 MiB) */
     int64_t max_position;       /* term_length << 31 */
+    /* For telling failures apart (ss_refine): */
+    int32_t closed;             /* set when the publication, its client or the driver is gone */
+    int64_t *back_pressure_events; /* system counter, counted once per limit value reached */
+    int32_t *driver_signal;     /* the driver's eventcount, to wake a parked driver */
+    int32_t *driver_waiters;
+    int64_t last_limit_hit;
 } ss_appender_t;
 
 /* ---- atomics on shared memory ---- */
@@ -69,29 +75,35 @@ int ss_futex_wake(int32_t *addr, int32_t count);
 void ss_signal(int32_t *signal, const int32_t *waiters);
 
 /* ---- appender ---- */
-int64_t ss_offer(const ss_appender_t *a, const char *msg, int32_t length, int64_t reserved_value);
+/* Append one message (reserved value 0); returns the new position or a negative code,
+ * refined by ss_refine. */
+int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length);
+/* Turn a raw append failure into the caller's code: CLOSED when closed, NOT_CONNECTED when no
+ * subscriber, else BACK_PRESSURED (counting one back-pressure event per limit value reached and
+ * waking the driver if it is parked, so it raises the limit as soon as subscribers move). */
+int64_t ss_refine(ss_appender_t *a, int64_t result);
 /* Append `count` messages packed back to back in `data` with their lengths in `lengths`.
  * Stops early at the publication limit; rotates terms itself.  Returns how many were appended
  * and stores the last position (or the failing code when none was appended) in *result. */
-int32_t ss_offer_batch(const ss_appender_t *a, const char *data, const int32_t *lengths,
+int32_t ss_offer_batch(ss_appender_t *a, const char *data, const int32_t *lengths,
                        int32_t count, int64_t *result);
 /* Claim a single unfragmented frame of `length` payload bytes; on success *frame_offset is the
  * frame's offset from the start of the log (header included) and the new position is returned. */
-int64_t ss_try_claim(const ss_appender_t *a, int32_t length, int64_t *frame_offset);
+int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset);
 void ss_commit(uint8_t *frame);
 void ss_abort(uint8_t *frame);
 /* Rotate from term_count to term_count + 1 (idempotent, safe under races). */
 int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_term_id);
 
 /* ---- reader: term scan for the subscriber (TermReader) ----
- * Scans committed frames from `offset` in one term.  For each DATA frame writes (offset, length,
- * flags) into out[3*i..3*i+2]; PAD frames are stepped over silently.  Stops after max_frames
- * DATA frames, at the first uncommitted frame, at the end of the term, or after a frame that is
- * at a frame that is not unfragmented when stop_at_fragment is set (that frame is not consumed,
- * so batch callers get whole messages only).
- * Returns the count; *next_offset is where scanning stopped. */
-int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t term_length, int32_t max_frames,
-                     int32_t stop_at_fragment, int32_t *out, int32_t *next_offset);
+ * Scans committed unfragmented DATA frames from `offset` in one term, stepping over PAD frames.
+ * For each frame writes the payload's start and end offsets (start = frame offset + 32, end =
+ * frame offset + frame_length) into starts[i] and ends[i].  Stops after max_frames frames, at
+ * the first uncommitted frame, at scan_end (a term offset, at most the term length), or before
+ * a fragment (BEGIN/END not both set: the caller assembles those).  Returns the count;
+ * *next_offset is where scanning stopped. */
+int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int32_t max_frames,
+                     int32_t *starts, int32_t *ends, int32_t *next_offset);
 
 /* Spin for up to spin_ns, then park, until a frame is committed at one of `count` reader
  * positions.  frames[i] points at the frame each image's reader would read next; signals and

@@ -18,6 +18,7 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from slipstream.client import _fastpath
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import MessageTooLongError
@@ -25,6 +26,8 @@ from slipstream.client.logbuffer import LogBuffer, new_appender
 
 if TYPE_CHECKING:
     from slipstream.client.client import Client
+
+_fastpath.set_errors(MessageTooLongError)
 
 Buffer = bytes | bytearray | memoryview
 """Anything exposing the buffer protocol (numpy arrays too); ``collections.abc.Buffer`` is 3.12+."""
@@ -47,10 +50,6 @@ _RESULT_NAMES = {
 def result_name(result: int) -> str:
     """``"BACK_PRESSURED"`` for -2, ``"position 4096"`` for a position."""
     return _RESULT_NAMES.get(result, f"position {result}")
-
-
-def _offer_closed(*_: object) -> int:
-    return CLOSED
 
 
 class BufferClaim:
@@ -108,27 +107,27 @@ class Publication:
         self.term_length = log.term_length
         self._client = client
         self._log = log
-        self._limit_counter_id = limit_counter_id
         self._limit = client.counters.address(limit_counter_id)
-        self._appender = new_appender(log, self._limit)
-        self._offer_c = lib.ss_offer
-        self._closed = False
-        self._last_limit_hit = -1
+        appender = new_appender(log, self._limit)
+        appender.back_pressure_events = client.counters.address(
+            SystemCounter.BACK_PRESSURE_EVENTS)
+        appender.driver_signal = client.counters.driver_signal
+        appender.driver_waiters = client.counters.driver_waiters
+        appender.last_limit_hit = -1
+        self._appender = appender
+        self._batch_result = ffi.new("int64_t *")
+        self._claim_offset = ffi.new("int64_t *")
+        # offer() is this C callable on every instance: the method below only documents it.
+        self.offer = _fastpath.Offerer(int(ffi.cast("uintptr_t", appender)), appender)
 
     # -- publishing ----------------------------------------------------------------------------
-    def offer(self, message: Buffer, reserved_value: int = 0) -> int:
+    def offer(self, message: Buffer) -> int:  # type: ignore[no-redef]
         """Append one message; returns the new position (> 0) or a negative code (module doc).
 
-        Raises :class:`MessageTooLongError` beyond ``max_message_length``.
+        Raises :class:`MessageTooLongError` beyond ``max_message_length``.  (Implemented in C
+        and bound per instance; one call costs about one C call.)
         """
-        try:
-            result = self._offer_c(self._appender, message, len(message), reserved_value)
-        except TypeError:  # not bytes: bytearray, memoryview, numpy ...
-            with ffi.from_buffer(message) as view:
-                result = self._offer_c(self._appender, view, len(view), reserved_value)
-        if result > 0:
-            return result
-        return self._refine_failure(result, len(message))
+        return self.offer(message)
 
     def offer_batch(self, data: Buffer, lengths: Sequence[int] | array) -> int:
         """Append many messages in one call: ``data`` holds them back to back, ``lengths`` their
@@ -137,14 +136,12 @@ class Publication:
         Returns how many messages were appended (a prefix of the batch: offer the rest again),
         or a negative code when none was.
         """
-        if self._closed:
-            return CLOSED
         if not (isinstance(lengths, array) and lengths.typecode == "i"):
             lengths = array("i", lengths)
         count = len(lengths)
         if count == 0:
             return 0
-        result = ffi.new("int64_t *")
+        result = self._batch_result
         with ffi.from_buffer(data) as source, ffi.from_buffer("int32_t[]", lengths) as sizes:
             if len(source) < sum(lengths):
                 raise ValueError(f"data holds {len(source)} bytes but lengths add up to "
@@ -152,15 +149,15 @@ class Publication:
             done = lib.ss_offer_batch(self._appender, source, sizes, count, result)
         if done > 0:
             return done
-        return self._refine_failure(result[0], max(lengths))
+        if result[0] == lib.SS_INVALID_LENGTH:
+            raise MessageTooLongError(max(lengths), self.max_message_length)
+        return result[0]
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         """Claim ``length`` bytes (≤ ``max_payload_length``) to fill in place; returns the new
         position and sets up ``claim``, or a negative code.  Commit or abort promptly: readers
         wait behind an open claim."""
-        if self._closed:
-            return CLOSED
-        frame_offset = ffi.new("int64_t *")
+        frame_offset = self._claim_offset
         result = lib.ss_try_claim(self._appender, length, frame_offset)
         if result > 0:
             offset = frame_offset[0]
@@ -169,26 +166,7 @@ class Publication:
             return result
         if result == lib.SS_INVALID_LENGTH:
             raise MessageTooLongError(length, self.max_payload_length)
-        return self._refine_failure(result, length)
-
-    def _refine_failure(self, result: int, length: int) -> int:
-        """The cold path: tell NOT_CONNECTED and CLOSED apart from BACK_PRESSURED."""
-        if result == lib.SS_INVALID_LENGTH:
-            raise MessageTooLongError(length, self.max_message_length)
-        if result != BACK_PRESSURED:
-            return result
-        if self._closed or self._client.is_closed:
-            return CLOSED
-        if not self._log.is_connected:
-            return NOT_CONNECTED
-        limit = lib.ss_load_acquire_i64(self._limit)
-        if limit != self._last_limit_hit:
-            # One back-pressure event per limit value reached, and one nudge to a parked
-            # driver: it raises the limit as soon as the subscriber has moved.
-            self._last_limit_hit = limit
-            self._client.counters.add(SystemCounter.BACK_PRESSURE_EVENTS)
-        self._client.counters.wake_driver()
-        return BACK_PRESSURED
+        return result
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -204,19 +182,21 @@ class Publication:
     @property
     def is_connected(self) -> bool:
         """Whether at least one subscriber is connected (offers can succeed)."""
-        return not self._closed and self._log.is_connected
+        return not self.is_closed and self._log.is_connected
 
     @property
     def is_closed(self) -> bool:
-        return self._closed
+        return bool(self._appender.closed)
+
+    def _mark_closed(self) -> None:
+        """Every further offer returns CLOSED, without touching the log (which may go)."""
+        self._appender.closed = 1
 
     def close(self) -> None:
         """Release the publication; further offers return CLOSED."""
-        if self._closed:
+        if self.is_closed:
             return
-        self._closed = True
-        # offer() stays one C call while open; once closed it never touches the unmapped log.
-        self._offer_c = _offer_closed
+        self._mark_closed()
         self._client._release_publication(self)
 
     def _unmap(self) -> None:

@@ -15,15 +15,18 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from slipstream.client import _fastpath
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import DataLossError
 from slipstream.client.logbuffer import (
     BEGIN_FLAG,
     END_FLAG,
     FRAME_ALIGNMENT,
+    HDR_TYPE_PAD,
     HEADER_LENGTH,
     PARTITION_COUNT,
     UNFRAGMENTED,
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from slipstream.client.client import Client
 
 _HEADER_FIELDS = struct.Struct("<iBBHiiiiq")
+_dispatch = _fastpath.dispatch
 _MAX_SCAN = 4096  # frames per C scan; a poll's fragment limit is split into scans this big
 _PARK_SLICE_NS = 100_000_000  # re-check images (they may come and go) at least this often
 
@@ -42,16 +46,16 @@ _PARK_SLICE_NS = 100_000_000  # re-check images (they may come and go) at least 
 class Header:
     """The header of the message being delivered (a flyweight: valid during the call only)."""
 
-    __slots__ = ("_image", "_offset", "_term", "_term_base")
+    __slots__ = ("_image", "_payload", "_term", "_term_base")
 
     def __init__(self, image: Image) -> None:
         self._image = image
         self._term: memoryview = memoryview(b"")
         self._term_base = 0
-        self._offset = 0
+        self._payload = HEADER_LENGTH  # offset of the payload in the term
 
     def _fields(self) -> tuple[int, ...]:
-        return _HEADER_FIELDS.unpack_from(self._term, self._offset)
+        return _HEADER_FIELDS.unpack_from(self._term, self._payload - HEADER_LENGTH)
 
     @property
     def frame_length(self) -> int:
@@ -63,7 +67,7 @@ class Header:
 
     @property
     def term_offset(self) -> int:
-        return self._offset
+        return self._payload - HEADER_LENGTH
 
     @property
     def term_id(self) -> int:
@@ -85,7 +89,7 @@ class Header:
     def position(self) -> int:
         """Stream position just after this message (aligned), as Aeron's Header.position()."""
         length = self._fields()[0]
-        return self._term_base + self._offset + ((length + 31) & ~31)
+        return self._term_base + self._payload - HEADER_LENGTH + ((length + 31) & ~31)
 
     def __repr__(self) -> str:
         return (f"Header(session_id={self.session_id}, stream_id={self.stream_id}, "
@@ -97,33 +101,38 @@ FragmentHandler = Callable[[memoryview, Header], object]
 
 
 class MessageBatch:
-    """Whole messages from one poll_batch, in place: ``buffer[offsets[i]:offsets[i]+lengths[i]]``.
+    """Whole messages from one poll_batch, in place: message i is ``buffer[starts[i]:ends[i]]``.
 
-    ``offsets`` and ``lengths`` are lists of ints (payload offsets into ``buffer``).  Valid until
-    the next poll of the same subscription.
+    ``starts`` and ``ends`` are int32 memoryviews (``numpy.frombuffer(batch.starts, "i4")``
+    works), so a batch costs no Python work per message.  Valid until the next poll of the
+    same subscription.
     """
 
-    __slots__ = ("buffer", "lengths", "offsets", "position", "session_id")
+    __slots__ = ("buffer", "ends", "position", "session_id", "starts")
 
-    def __init__(self, buffer: memoryview, offsets: list[int], lengths: list[int],
+    def __init__(self, buffer: memoryview, starts: memoryview, ends: memoryview,
                  session_id: int, position: int) -> None:
         self.buffer = buffer
-        self.offsets = offsets
-        self.lengths = lengths
+        self.starts = starts
+        self.ends = ends
         self.session_id = session_id
         self.position = position
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.starts)
 
     def __iter__(self) -> Iterator[memoryview]:
         buffer = self.buffer
-        for offset, length in zip(self.offsets, self.lengths, strict=True):
-            yield buffer[offset:offset + length]
+        for start, end in zip(self.starts, self.ends, strict=True):
+            yield buffer[start:end]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [end - start for start, end in zip(self.starts, self.ends, strict=True)]
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.lengths)
+        return sum(self.ends) - sum(self.starts)
 
 
 class Image:
@@ -147,7 +156,12 @@ class Image:
         self._position = join_position
         self._terms = [log.term_view(i) for i in range(PARTITION_COUNT)]
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
-        self._scan_out = ffi.new("int32_t[]", 3 * _MAX_SCAN)
+        self._starts = ffi.new("int32_t[]", _MAX_SCAN)
+        self._ends = ffi.new("int32_t[]", _MAX_SCAN)
+        self._starts_view = memoryview(ffi.buffer(self._starts)).cast("B").cast("i")
+        self._ends_view = memoryview(ffi.buffer(self._ends)).cast("B").cast("i")
+        self._starts_address = int(ffi.cast("uintptr_t", self._starts))
+        self._ends_address = int(ffi.cast("uintptr_t", self._ends))
         self._next_offset = ffi.new("int32_t *")
         self._header = Header(self)
         self._assembly = bytearray()
@@ -184,55 +198,70 @@ class Image:
         position = self._position
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
-        out = self._scan_out
         count = lib.ss_term_read(self._term_ptrs[index], offset, scan_end,
-                                 min(fragment_limit, _MAX_SCAN), 0, out, self._next_offset)
+                                 min(fragment_limit, _MAX_SCAN), self._starts, self._ends,
+                                 self._next_offset)
         next_offset = self._next_offset[0]
         if next_offset == offset:
+            # Nothing whole and unfragmented here: maybe a fragment, else nothing new.
+            if count == 0 and offset < scan_end and \
+                    self._log.frame_length_volatile(index, offset) > 0:
+                return self._read_fragments(handler, fragment_limit, scan_end)
             return 0
-        if count == 0:  # padding only: step over it into the next term
-            self._advance(position + next_offset - offset)
-            return 0
-        term = self._terms[index]
-        header = self._header
-        header._term = term
-        header._term_base = position - offset
-        frames = ffi.unpack(out, 3 * count)
-        delivered = 0
-        frame_offset = offset
-        try:
-            i = 0
-            for i in range(0, 3 * count, 3):
-                frame_offset = frames[i]
-                if frames[i + 2] == UNFRAGMENTED:
-                    header._offset = frame_offset
-                    handler(term[frame_offset + HEADER_LENGTH:frame_offset + frames[i + 1]],
-                            header)
-                    delivered += 1
-                elif self._assemble(term, frame_offset, frames[i + 1], frames[i + 2], header,
-                                    handler):
-                    delivered += 1
-        except BaseException:
-            # The failing message counts as consumed, as in Aeron: never redeliver it forever.
-            length = frames[i + 1]
-            self._advance(position - offset + frame_offset + ((length + 31) & ~31))
-            raise
+        if count:
+            term = self._terms[index]
+            header = self._header
+            header._term = term
+            header._term_base = position - offset
+            try:
+                # The hot loop, in C: one slice and one handler call per message.
+                _dispatch(handler, header, term, self._starts_address, self._ends_address, count)
+            except BaseException:
+                # The failing message counts as consumed, as in Aeron: never redeliver forever.
+                failed = self._starts[_fastpath.failed_index()] - HEADER_LENGTH
+                length = _HEADER_FIELDS.unpack_from(term, failed)[0]
+                self._advance(position - offset + failed + ((length + 31) & ~31))
+                raise
         self._advance(position + next_offset - offset)
+        return count
+
+    def _read_fragments(self, handler: FragmentHandler, fragment_limit: int,
+                        scan_end: int) -> int:
+        """The cold path: frames of fragmented messages, assembled into whole messages."""
+        delivered = 0
+        header = self._header
+        for _ in range(fragment_limit):
+            position = self._position
+            index = (position >> self._position_bits) % PARTITION_COUNT
+            offset = position & self._term_mask
+            if offset >= scan_end or self._log.frame_length_volatile(index, offset) <= 0:
+                break
+            term = self._terms[index]
+            frame_length, _, flags, frame_type = _HEADER_FIELDS.unpack_from(term, offset)[:4]
+            if frame_type != HDR_TYPE_PAD and flags == UNFRAGMENTED:
+                break  # back to the fast path
+            self._advance(position + ((frame_length + 31) & ~31))
+            if frame_type == HDR_TYPE_PAD:
+                continue
+            header._term = term
+            header._term_base = position - offset
+            header._payload = offset + HEADER_LENGTH
+            if self._assemble(term[offset + HEADER_LENGTH:offset + frame_length], flags,
+                              header, handler):
+                delivered += 1
         return delivered
 
-    def _assemble(self, term: memoryview, offset: int, length: int, flags: int, header: Header,
+    def _assemble(self, payload: memoryview, flags: int, header: Header,
                   handler: FragmentHandler) -> bool:
-        payload = term[offset + HEADER_LENGTH:offset + length]
         if flags & BEGIN_FLAG:
             self._assembly = bytearray(payload)
             self._assembling = True
         elif self._assembling:
             self._assembly += payload
         else:
-            return False  # a middle fragment after a join or a loss: drop until the next BEGIN
+            return False  # a middle fragment after a join: drop until the next BEGIN
         if flags & END_FLAG:
             self._assembling = False
-            header._offset = offset
             message = memoryview(self._assembly)
             try:
                 handler(message, header)
@@ -246,38 +275,29 @@ class Image:
         position = self._position
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
-        out = self._scan_out
         count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
-                                 min(max_messages, _MAX_SCAN), 1, out, self._next_offset)
+                                 min(max_messages, _MAX_SCAN), self._starts, self._ends,
+                                 self._next_offset)
         next_offset = self._next_offset[0]
-        if count == 0:
-            if next_offset != offset:  # padding
-                self._advance(position + next_offset - offset)
-                return None
-            return self._assemble_batch(max_messages)
-        frames = ffi.unpack(out, 3 * count)
-        offsets = [o + HEADER_LENGTH for o in frames[0::3]]
-        lengths = [n - HEADER_LENGTH for n in frames[1::3]]
-        self._advance(position + next_offset - offset)
-        return MessageBatch(self._terms[index], offsets, lengths, self.session_id,
-                            self._position)
+        if next_offset != offset:
+            self._advance(position + next_offset - offset)
+        if count:
+            return MessageBatch(self._terms[index], self._starts_view[:count],
+                                self._ends_view[:count], self.session_id, self._position)
+        if next_offset == offset and self._log.frame_length_volatile(index, offset) > 0:
+            return self._assemble_batch()
+        return None
 
-    def _assemble_batch(self, max_messages: int) -> MessageBatch | None:
+    def _assemble_batch(self) -> MessageBatch | None:
         """The next message is fragmented: assemble it (if complete) as a batch of one."""
         collected: list[bytes] = []
-
-        def keep(data: memoryview, header: Header) -> None:
-            collected.append(bytes(data))
-
-        before = self._position
-        self.poll(keep, 1)
-        while not collected and self._assembling and self._position != before:
-            before = self._position
-            self.poll(keep, 1)
+        self._read_fragments(lambda data, header: collected.append(bytes(data)), 1 << 30,
+                             self.term_length)
         if not collected:
             return None
         message = collected[0]
-        return MessageBatch(memoryview(message), [0], [len(message)], self.session_id,
+        bounds = memoryview(array("i", [0, len(message)]))
+        return MessageBatch(memoryview(message), bounds[:1], bounds[1:], self.session_id,
                             self._position)
 
     # -- reading without consuming (credit held until commit) ---------------------------------
@@ -295,22 +315,16 @@ class Image:
     def available_position(self) -> int:
         """How far committed frames reach from this reader's position (not consuming them):
         the position after the last whole message that is ready."""
-        position = self._position
-        out = self._scan_out
+        probe = Image(self._log, ffi.new("int64_t *", self._position),
+                      join_position=self._position)
+        boundary = probe._position
         while True:
-            index = (position >> self._position_bits) % PARTITION_COUNT
-            offset = position & self._term_mask
-            count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
-                                     _MAX_SCAN, 0, out, self._next_offset)
-            next_offset = self._next_offset[0]
-            if next_offset == offset:
-                return position
-            if count and out[3 * (count - 1) + 2] & END_FLAG == 0:
-                # Stop before a message whose last fragment is not committed yet.
-                for i in range(count - 1, -1, -1):
-                    if out[3 * i + 2] & BEGIN_FLAG:
-                        return position + out[3 * i] - offset
-            position += next_offset - offset
+            before = probe._position
+            probe.poll_batch(_MAX_SCAN)
+            if not probe._assembling:  # mid-message positions are not boundaries
+                boundary = probe._position
+            if probe._position == before:
+                return boundary
 
     def peek(self, position: int, handler: FragmentHandler, limit_position: int) -> int:
         """Deliver the whole messages in [position, limit_position) without moving this

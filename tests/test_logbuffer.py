@@ -47,15 +47,17 @@ def shm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def make_log(directory: Path, term_length: int = TERM_MIN_LENGTH, mtu: int = 1408,
              initial_term_id: int = 7, **kwargs: int) -> LogBuffer:
-    return LogBuffer.create(directory / f"{uuid.uuid4().hex}.logbuffer", term_length=term_length,
-                            initial_term_id=initial_term_id, session_id=42, stream_id=1001,
-                            mtu=mtu, correlation_id=1, **kwargs)
+    log = LogBuffer.create(directory / f"{uuid.uuid4().hex}.logbuffer", term_length=term_length,
+                           initial_term_id=initial_term_id, session_id=42, stream_id=1001,
+                           mtu=mtu, correlation_id=1, **kwargs)
+    log.is_connected = True  # as a driver marks it once a subscriber exists
+    return log
 
 
 def offer(appender, message: bytes) -> int:
     """Offer as a publisher does: retry after the term rotation."""
     while True:
-        result = lib.ss_offer(appender, message, len(message), 0)
+        result = lib.ss_offer(appender, message, len(message))
         if result != ADMIN_ACTION:
             return result
 
@@ -142,13 +144,13 @@ def test_the_writer_that_crosses_the_term_end_pads_and_rotates(shm: Path) -> Non
     appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
     message = b"m" * 1000  # 1056 aligned: 62 fit in 65536 with 64 bytes left
     for _ in range(62):
-        assert lib.ss_offer(appender, message, 1000, 0) > 0
-    assert lib.ss_offer(appender, message, 1000, 0) == ADMIN_ACTION
+        assert lib.ss_offer(appender, message, 1000) > 0
+    assert lib.ss_offer(appender, message, 1000) == ADMIN_ACTION
     pad = log.frame_header(0, 62 * 1056)
     assert pad[0] == 65536 - 62 * 1056 and pad[3] == HDR_TYPE_PAD and pad[7] == 7
     assert log.active_term_count == 1
     assert log.raw_tail(1) >> 32 == 8
-    assert lib.ss_offer(appender, message, 1000, 0) == 65536 + 1056
+    assert lib.ss_offer(appender, message, 1000) == 65536 + 1056
     assert len(read_all(log)) == 63
     log.close()
 
@@ -169,7 +171,7 @@ def test_many_term_rotations_with_cleaning_behind_the_reader(shm: Path, size: in
     clean_position = 0
     while log.active_term_count < 25:  # many rotations of a 64 KiB term
         limit[0] = image.position + log.term_length // 2
-        result = lib.ss_offer(appender, sent.to_bytes(4, "little") * (size // 4 + 1), size, 0)
+        result = lib.ss_offer(appender, sent.to_bytes(4, "little") * (size // 4 + 1), size)
         assert result in (BACK_PRESSURED, ADMIN_ACTION) or result > 0
         if result > 0:
             sent += 1
@@ -193,7 +195,7 @@ def test_max_position_exceeded_at_the_last_term(shm: Path) -> None:
     appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
     assert log.producer_position() == max_possible_position(log.term_length) - log.term_length
     message = b"z" * 4000
-    results = [lib.ss_offer(appender, message, len(message), 0) for _ in range(20)]
+    results = [lib.ss_offer(appender, message, len(message)) for _ in range(20)]
     assert MAX_POSITION_EXCEEDED in results
     assert all(r > 0 for r in results[:results.index(MAX_POSITION_EXCEEDED)])
     log.close()
@@ -237,7 +239,7 @@ def _append_from_process(path: str, writer: int, count: int) -> None:
         body = struct.pack("<ii", writer, sequence) + bytes([writer]) * (size - 12)
         message = body + struct.pack("<I", zlib.crc32(body))
         while True:
-            result = lib.ss_offer(appender, message, len(message), 0)
+            result = lib.ss_offer(appender, message, len(message))
             if result > 0:
                 break
             assert result == ADMIN_ACTION

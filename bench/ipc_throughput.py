@@ -1,0 +1,211 @@
+"""IPC throughput between two processes: slipstream (per-message and batch API) vs pyzmq
+PUB/SUB over ipc://, measured in the same run.  Prints messages/s and the ratios.
+
+    .venv/bin/python -m bench.ipc_throughput [--messages N] [--sizes 32,1024] [--repeat R]
+
+Each figure is the subscriber's receive rate: messages received divided by the time from the
+first to the last, with publisher and subscriber in separate processes.  The best of R runs is
+reported for every contender, so background noise penalises none of them in particular.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+BATCH = 256  # messages per offer_batch call
+
+
+# -- slipstream ------------------------------------------------------------------------------
+def _ss_publisher(directory: str, stream_id: int, size: int, count: int, batch: bool,
+                  start) -> None:
+    from slipstream.client import Client
+
+    with Client.connect(directory) as client:
+        publication = client.add_publication("aeron:ipc", stream_id)
+        while not publication.is_connected:
+            time.sleep(0.001)
+        start.wait()
+        message = bytes(size)
+        offer = publication.offer
+        if batch:
+            data = message * BATCH
+            lengths = array("i", [size] * BATCH)
+            sent = 0
+            while sent < count:
+                n = publication.offer_batch(data, lengths)
+                if n > 0:
+                    sent += n
+        else:
+            sent = 0
+            while sent < count:
+                if offer(message) > 0:
+                    sent += 1
+
+
+def _ss_subscriber(directory: str, stream_id: int, count: int, batch: bool, ready,
+                   result) -> None:
+    from slipstream.client import Client
+
+    with Client.connect(directory) as client:
+        subscription = client.add_subscription("aeron:ipc", stream_id)
+        ready.set()  # the publisher creates the stream; its image arrives then
+        received = 0
+        first = 0.0
+        if batch:
+            poll_batch = subscription.poll_batch
+            while received < count:
+                got = poll_batch(4096)
+                if got is not None:
+                    if not first:
+                        first = time.perf_counter()
+                    received += len(got)
+        else:
+            counter = [0]
+
+            def handler(data: memoryview, header: object) -> None:
+                counter[0] += 1
+
+            poll = subscription.poll
+            while counter[0] < count:
+                if poll(handler, 4096) and not first:
+                    first = time.perf_counter()
+            received = counter[0]
+        result.value = received / (time.perf_counter() - first)
+
+
+def run_slipstream(directory: Path, size: int, count: int, batch: bool, stream_id: int) -> float:
+    context = multiprocessing.get_context("spawn")
+    ready, start, result = context.Event(), context.Event(), context.Value("d", 0.0)
+    subscriber = context.Process(target=_ss_subscriber,
+                                 args=(str(directory), stream_id, count, batch, ready, result))
+    publisher = context.Process(target=_ss_publisher,
+                                args=(str(directory), stream_id, size, count, batch, start))
+    subscriber.start()
+    assert ready.wait(60), "subscriber did not start"
+    publisher.start()
+    time.sleep(0.2)
+    start.set()
+    publisher.join(300)
+    subscriber.join(300)
+    if publisher.exitcode or subscriber.exitcode:
+        raise RuntimeError(f"benchmark processes failed: {publisher.exitcode}, "
+                           f"{subscriber.exitcode}")
+    return result.value
+
+
+# -- pyzmq -----------------------------------------------------------------------------------
+def _zmq_publisher(endpoint: str, size: int, count: int, start) -> None:
+    import zmq
+
+    context = zmq.Context()
+    socket = context.socket(zmq.PUB)
+    socket.setsockopt(zmq.SNDHWM, 0)  # never drop: the fair comparison to a reliable stream
+    socket.bind(endpoint)
+    start.wait()
+    message = bytes(size)
+    send = socket.send
+    for _ in range(count):
+        send(message)
+    time.sleep(1.0)
+    socket.close(linger=-1)
+    context.term()
+
+
+def _zmq_subscriber(endpoint: str, count: int, ready, result) -> None:
+    import zmq
+
+    context = zmq.Context()
+    socket = context.socket(zmq.SUB)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.connect(endpoint)
+    time.sleep(0.3)  # PUB/SUB joins are asynchronous
+    ready.set()
+    recv = socket.recv
+    recv()
+    first = time.perf_counter()
+    for _ in range(count - 1):
+        recv()
+    result.value = (count - 1) / (time.perf_counter() - first)
+    socket.close(0)
+    context.term()
+
+
+def run_zmq(directory: Path, size: int, count: int) -> float:
+    endpoint = f"ipc://{directory}/bench-{size}.sock"
+    context = multiprocessing.get_context("spawn")
+    ready, start, result = context.Event(), context.Event(), context.Value("d", 0.0)
+    publisher = context.Process(target=_zmq_publisher, args=(endpoint, size, count, start))
+    publisher.start()
+    time.sleep(0.2)
+    subscriber = context.Process(target=_zmq_subscriber, args=(endpoint, count, ready, result))
+    subscriber.start()
+    assert ready.wait(60)
+    start.set()
+    subscriber.join(300)
+    publisher.join(300)
+    return result.value
+
+
+def machine() -> str:
+    cpu = "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()} vCPU {cpu}, Linux {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=2_000_000,
+                        help="messages per run for 32 B (1 KiB runs use a quarter)")
+    parser.add_argument("--sizes", default="32,1024", help="message sizes in bytes")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per contender; best kept")
+    args = parser.parse_args()
+
+    from slipstream.daemon.driver import MediaDriver
+
+    print(f"# IPC throughput, {machine()}")
+    command = ["python", "-m", "bench.ipc_throughput", *sys.argv[1:]]
+    print(f"# command: {' '.join(command)}")
+    directory = Path(tempfile.mkdtemp(prefix="slipstream-bench-", dir="/dev/shm"))
+    with MediaDriver.launch(directory=directory / "driver") as driver:
+        stream_id = 1000
+        for size in (int(s) for s in args.sizes.split(",")):
+            count = args.messages if size <= 64 else args.messages // 4
+            best = {"zmq": 0.0, "offer/poll": 0.0, "batch": 0.0}
+            for _ in range(args.repeat):
+                best["zmq"] = max(best["zmq"], run_zmq(directory, size, count))
+                stream_id += 1
+                best["offer/poll"] = max(best["offer/poll"], run_slipstream(
+                    driver.directory, size, count, False, stream_id))
+                stream_id += 1
+                best["batch"] = max(best["batch"], run_slipstream(
+                    driver.directory, size, count, True, stream_id))
+            print(f"{size:>6} B  pyzmq PUB/SUB {best['zmq'] / 1e6:7.2f} M msg/s   "
+                  f"slipstream offer/poll {best['offer/poll'] / 1e6:7.2f} M msg/s "
+                  f"({best['offer/poll'] / best['zmq']:5.1f}x)   "
+                  f"batch {best['batch'] / 1e6:7.2f} M msg/s ({best['batch'] / best['zmq']:5.1f}x)",
+                  flush=True)
+    for leftover in directory.iterdir():
+        leftover.unlink()
+    directory.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

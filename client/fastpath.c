@@ -1,0 +1,183 @@
+/*
+ * slipstream._fastpath: the two per-message calls as plain CPython functions (METH_FASTCALL).
+ *
+ * cffi is the binding for everything else, but on these machines each cffi argument
+ * conversion costs ~40-50 ns, which is most of a 32-byte offer.  These two functions take
+ * their arguments as raw objects instead:
+ *   Offerer(appender_address, owner)(message) -> position or negative code (ss_offer)
+ *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
+ * The appender and the scan arrays are the cffi-owned structures of native.h, passed by
+ * address; Python keeps them alive.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+
+#include "native.h"
+
+static PyObject *payload_name; /* interned "_payload": the Header flyweight's slot */
+static PyObject *failed_index; /* set by dispatch when the handler raised */
+
+static PyObject *message_too_long; /* slipstream.client.errors.MessageTooLongError */
+
+/* An offer() bound to one publication's appender: calling it is the whole per-message cost. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    ss_appender_t *appender;
+    PyObject *owner; /* keeps the appender's memory (a cffi object) alive */
+} Offerer;
+
+static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames) {
+    Offerer *offerer = (Offerer *)self;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "offer(message) takes one positional argument");
+        return NULL;
+    }
+    PyObject *message = args[0];
+    int64_t result;
+    Py_ssize_t length;
+    if (PyBytes_CheckExact(message)) {
+        length = PyBytes_GET_SIZE(message);
+        result = length > INT32_MAX ? SS_INVALID_LENGTH
+                                    : ss_offer(offerer->appender, PyBytes_AS_STRING(message),
+                                               (int32_t)length);
+    } else {
+        Py_buffer view;
+        if (PyObject_GetBuffer(message, &view, PyBUF_SIMPLE) < 0) return NULL;
+        length = view.len;
+        result = length > INT32_MAX ? SS_INVALID_LENGTH
+                                    : ss_offer(offerer->appender, (const char *)view.buf,
+                                               (int32_t)length);
+        PyBuffer_Release(&view);
+    }
+    if (result == SS_INVALID_LENGTH) {
+        PyObject *error = PyObject_CallFunction(message_too_long, "ni", length,
+                                                offerer->appender->max_message_length);
+        if (error != NULL) {
+            PyErr_SetObject(message_too_long, error);
+            Py_DECREF(error);
+        }
+        return NULL;
+    }
+    return PyLong_FromLongLong(result);
+}
+
+static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *address, *owner;
+    static char *keywords[] = {"appender_address", "owner", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO", keywords, &address, &owner)) return NULL;
+    if (message_too_long == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "call set_errors() first");
+        return NULL;
+    }
+    void *appender = PyLong_AsVoidPtr(address);
+    if (appender == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "null appender");
+        return NULL;
+    }
+    Offerer *self = (Offerer *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = offerer_call;
+    self->appender = appender;
+    self->owner = Py_NewRef(owner);
+    return (PyObject *)self;
+}
+
+static void offerer_dealloc(Offerer *self) {
+    Py_XDECREF(self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject OffererType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "slipstream.client._fastpath.Offerer",
+    .tp_doc = "Offerer(appender_address, owner): offer(message) -> position or negative code",
+    .tp_basicsize = sizeof(Offerer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = offerer_new,
+    .tp_dealloc = (destructor)offerer_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Offerer, vectorcall),
+};
+
+static PyObject *fast_set_errors(PyObject *module, PyObject *cls) {
+    (void)module;
+    Py_XSETREF(message_too_long, Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+static PyObject *fast_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dispatch(handler, header, term, starts_address, ends_address, count)");
+        return NULL;
+    }
+    PyObject *handler = args[0], *header = args[1], *term = args[2];
+    const int32_t *starts = (const int32_t *)PyLong_AsVoidPtr(args[3]);
+    const int32_t *ends = (const int32_t *)PyLong_AsVoidPtr(args[4]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *call_args[2];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        /* A slice of the term's memoryview: it pins the mapping for as long as anyone holds it,
+         * so a handler that keeps a view by mistake reads stale data, never freed memory. */
+        PyObject *data = PySequence_GetSlice(term, starts[i], ends[i]);
+        if (data == NULL) goto failed;
+        PyObject *payload = PyLong_FromLong(starts[i]);
+        if (payload == NULL || PyObject_SetAttr(header, payload_name, payload) < 0) {
+            Py_XDECREF(payload);
+            Py_DECREF(data);
+            goto failed;
+        }
+        Py_DECREF(payload);
+        call_args[0] = data;
+        call_args[1] = header;
+        PyObject *result = PyObject_Vectorcall(handler, call_args, 2, NULL);
+        Py_DECREF(data);
+        if (result == NULL) goto failed;
+        Py_DECREF(result);
+        continue;
+    failed:
+        /* The caller reads the index of the message that failed (it counts as consumed). */
+        Py_XSETREF(failed_index, PyLong_FromSsize_t(i));
+        return NULL;
+    }
+    return PyLong_FromSsize_t(count);
+}
+
+static PyObject *fast_failed_index(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+    return Py_NewRef(failed_index);
+}
+
+static PyMethodDef methods[] = {
+    {"set_errors", fast_set_errors, METH_O,
+     "set_errors(MessageTooLongError): the exception an oversized offer raises"},
+    {"dispatch", (PyCFunction)(void (*)(void))fast_dispatch, METH_FASTCALL,
+     "dispatch(handler, header, term, starts_address, ends_address, count) -> count"},
+    {"failed_index", fast_failed_index, METH_NOARGS,
+     "index of the message whose handler raised in the last failed dispatch"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_fastpath",
+                                        "Per-message hot calls of slipstream.client.", -1,
+                                        methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+    payload_name = PyUnicode_InternFromString("_payload");
+    failed_index = PyLong_FromLong(-1);
+    if (payload_name == NULL || failed_index == NULL) return NULL;
+    if (PyType_Ready(&OffererType) < 0) return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) return NULL;
+    if (PyModule_AddObjectRef(module, "Offerer", (PyObject *)&OffererType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -1,0 +1,172 @@
+"""Loss detection and NAK timing on the receiver (PROTOCOL.md §3.3; aeron_loss_detector.c).
+
+The image calls :meth:`LossDetector.scan` on each rebuild pass with its rebuild position and
+high-water mark.  The C gap scanner (``ss_scan_gap``) finds the *first* gap between them; the
+detector keeps one active gap at a time:
+
+* a scanned gap that differs from the active one becomes active and its timer is set to
+  ``now + delay`` (first delay);
+* when the timer expires the gap is NAKed (``on_loss``) and re-armed with the retry delay, so
+  the same gap is re-NAKed until it is filled.
+
+Delay generators (one small class each, chosen by the image):
+
+* :class:`StaticDelayGenerator` for unicast: ``nak_unicast_delay`` (100 µs) first, then
+  ``delay * nak_unicast_retry_delay_ratio`` (10 ms) between retries.
+* :class:`OptimalMulticastDelayGenerator` for multicast/group images: a random truncated
+  exponential backoff in ``[0, max_backoff)`` for first and retry alike, so one receiver's NAK
+  (and the retransmit everyone sees) suppresses the others'.
+
+All times in ns, offsets and lengths in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+from slipstream.client._native import ffi, lib
+from slipstream.daemon.protocol_types import NO_DEADLINE
+
+
+class StaticDelayGenerator:
+    """Fixed delays (aeron_loss_detector static generator): first ``delay_ns``, retries
+    ``retry_delay_ns``."""
+
+    __slots__ = ("delay_ns", "retry_delay_ns")
+
+    def __init__(self, delay_ns: int, retry_delay_ns: int) -> None:
+        self.delay_ns = delay_ns
+        self.retry_delay_ns = retry_delay_ns
+
+    def first_delay(self) -> int:
+        return self.delay_ns
+
+    def retry_delay(self) -> int:
+        return self.retry_delay_ns
+
+    def __repr__(self) -> str:
+        return f"StaticDelayGenerator({self.delay_ns}, {self.retry_delay_ns})"
+
+
+class OptimalMulticastDelayGenerator:
+    """Optimal multicast feedback delay (Nonnenmacher & Biersack), as Aeron's
+    ``aeron_optimal_multicast_delay_generator``.
+
+    With ``T = max_backoff_ns`` and ``N = group_size``, ``λ = ln(N) + 1``:
+    ``x = U[0,1)·λ/T + λ/(T(e^λ−1))`` and ``delay = (T/λ)·ln(x·(e^λ−1)·T/λ)`` in ``[0, T)``.
+    ``rng`` is injected so simulations are reproducible.
+    """
+
+    __slots__ = (
+        "_factor",
+        "_lambda",
+        "_offset",
+        "_scale",
+        "group_size",
+        "max_backoff_ns",
+        "rng",
+    )
+
+    def __init__(self, max_backoff_ns: int, group_size: int, rng: random.Random) -> None:
+        self.max_backoff_ns = max_backoff_ns
+        self.group_size = group_size
+        self.rng = rng
+        t = float(max_backoff_ns)
+        lam = math.log(group_size) + 1.0
+        self._lambda = lam
+        self._factor = (math.exp(lam) - 1.0) * (t / lam)  # (e^λ − 1)·T/λ
+        self._offset = lam / (t * (math.exp(lam) - 1.0))  # λ/(T(e^λ−1))
+        self._scale = t / lam
+
+    def _generate(self) -> int:
+        t = float(self.max_backoff_ns)
+        x = self.rng.random() * self._lambda / t + self._offset
+        delay = int(self._scale * math.log(x * self._factor))
+        return min(max(delay, 0), self.max_backoff_ns - 1) if self.max_backoff_ns > 0 else 0
+
+    def first_delay(self) -> int:
+        return self._generate()
+
+    def retry_delay(self) -> int:
+        return self._generate()
+
+    def __repr__(self) -> str:
+        return f"OptimalMulticastDelayGenerator({self.max_backoff_ns}, {self.group_size})"
+
+
+DelayGenerator = StaticDelayGenerator | OptimalMulticastDelayGenerator
+
+#: on_loss(term_id, term_offset, length)
+LossHandler = Callable[[int, int, int], None]
+
+
+class LossDetector:
+    """One active gap and its NAK timer (aeron_loss_detector_t)."""
+
+    __slots__ = (
+        "_gap_length",
+        "active_length",
+        "active_term_id",
+        "active_term_offset",
+        "delay_generator",
+        "expiry_ns",
+        "on_loss",
+    )
+
+    def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler) -> None:
+        self.delay_generator = delay_generator
+        self.on_loss = on_loss
+        self.active_term_id = 0
+        self.active_term_offset = -1  # -1: no active gap
+        self.active_length = 0
+        self.expiry_ns = NO_DEADLINE
+        self._gap_length = ffi.new("int32_t *")
+
+    @property
+    def has_active_gap(self) -> bool:
+        return self.active_term_offset >= 0
+
+    def scan(self, term, rebuild_position: int, hwm_position: int, now_ns: int,
+             term_length: int, position_bits: int, initial_term_id: int) -> tuple[int, bool]:
+        """Scan ``term`` (cffi ``uint8_t *`` of the partition holding ``rebuild_position``).
+
+        Returns ``(rebuild_offset, loss_found)``: the offset in the rebuild term up to which
+        everything is present (the term length when the term is complete), and whether a gap
+        lies before the high-water mark.  May call ``on_loss`` when the gap's timer expired.
+        """
+        rebuild_offset = rebuild_position & (term_length - 1)
+        if rebuild_position >= hwm_position:
+            self.active_term_offset = -1
+            self.expiry_ns = NO_DEADLINE
+            return rebuild_offset, False
+        rebuild_term_count = rebuild_position >> position_bits
+        limit_offset = (hwm_position & (term_length - 1)
+                        if rebuild_term_count == hwm_position >> position_bits else term_length)
+        gap_length = self._gap_length
+        offset = lib.ss_scan_gap(term, rebuild_offset, limit_offset, gap_length)
+        if offset >= limit_offset:
+            # Everything up to the limit is there; nothing to NAK (a gap beyond the limit, in
+            # a later term, shows up on the next pass from the new rebuild position).
+            self.active_term_offset = -1
+            self.expiry_ns = NO_DEADLINE
+            return offset, False
+        term_id = (initial_term_id + rebuild_term_count + 0x80000000) % (1 << 32) - 0x80000000
+        if offset != self.active_term_offset or term_id != self.active_term_id:
+            self.active_term_id = term_id
+            self.active_term_offset = offset
+            self.expiry_ns = now_ns + self.delay_generator.first_delay()
+        self.active_length = gap_length[0]
+        if now_ns >= self.expiry_ns:
+            self.on_loss(term_id, offset, self.active_length)
+            self.expiry_ns = now_ns + self.delay_generator.retry_delay()
+        return offset, True
+
+    def next_deadline_ns(self) -> int:
+        """When the active gap's NAK (re)fires; NO_DEADLINE without a gap."""
+        return self.expiry_ns if self.active_term_offset >= 0 else NO_DEADLINE
+
+    def __repr__(self) -> str:
+        return (f"<LossDetector gap={self.active_term_id}:{self.active_term_offset}"
+                f"+{self.active_length} expiry={self.expiry_ns}>")

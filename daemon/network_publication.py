@@ -1,0 +1,526 @@
+"""The sender side of one network stream: a sans-I/O state machine (aeron_network_publication.c).
+
+:class:`NetworkPublication` reads committed frames straight from the publication's log buffer
+and turns them into datagrams; it takes SMs, NAKs, RTTMs and ERRs addressed to it, and owns
+the sender position, the sender limit (flow control) and the publisher limit (``pub-lmt``,
+the cell the client's appender checks).  It never reads a clock: every call takes ``now_ns``
+and :meth:`NetworkPublication.next_deadline_ns` says when to call again.
+
+What goes out (:meth:`NetworkPublication.datagrams_to_send`), in Aeron's order:
+
+1. SETUP every 100 ms until the first SM, and again while a receiver elicits it (S-flag SM)
+   until it has live receivers (``aeron_network_publication_setup_message_check``);
+2. DATA: contiguous committed frames from ``snd-pos`` up to ``snd-lmt``, at most one MTU per
+   datagram, at most ``max_datagrams`` datagrams per call (default
+   ``network_publication_max_messages_per_send``); a PAD frame goes out as its 32-byte header
+   and the sender position jumps over the padding;
+3. when no data went out: a heartbeat if 100 ms passed since the last data or heartbeat
+   (only after the first SM), flags 0xE0 (EOS) once the closed publication has sent all;
+4. retransmits (from NAKs, through :class:`RetransmitHandler`) and RTTM replies.
+
+States (the only place they change is :meth:`_transition`; h11 style)::
+
+    ACTIVE --close()--> DRAINING --all sent, or no receivers--> LINGER
+    LINGER --linger timeout, or EOS-flagged SM (unicast)--> DONE
+
+Connection (PROTOCOL.md §3.1, §4): a receiver is live while its SMs arrive within
+``publication_connection_timeout`` (5 s).  The publication is *connected* while it has live
+receivers that flow control accepts; then ``pub-lmt = snd-pos + term window`` and the log is
+cleaned one term behind ``snd-pos``.  Not connected: ``log.is_connected = False`` and
+``pub-lmt = snd-pos`` (the publisher gets NOT_CONNECTED / BACK_PRESSURED).
+
+:class:`SendChannel` routes control datagrams arriving at a send endpoint to publications.
+
+Units: times in ns (monotonic), positions/offsets/lengths in bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterable
+
+from slipstream.client._native import ffi, lib
+from slipstream.client.channel import Channel
+from slipstream.client.counters import SystemCounter
+from slipstream.client.frames import (
+    SETUP_GROUP_FLAG,
+    ErrorFrame,
+    Nak,
+    Rejected,
+    Rttm,
+    Setup,
+    StatusMessage,
+    decode,
+    heartbeat,
+)
+from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, max_message_length
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow_control import FlowControl, has_group_semantics
+from slipstream.daemon.protocol_types import (
+    NO_DEADLINE,
+    Address,
+    Datagram,
+    ProtocolCounters,
+)
+from slipstream.daemon.retransmit import RetransmitHandler
+
+#: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
+SETUP_TIMEOUT_NS = 100_000_000
+HEARTBEAT_TIMEOUT_NS = 100_000_000
+
+
+class PublicationState(enum.Enum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    LINGER = "linger"
+    DONE = "done"
+
+
+class LocalProtocolError(RuntimeError):
+    """The caller misused the state machine (e.g. an event not allowed in this state)."""
+
+
+# (state, event) -> next state.  Anything missing is a LocalProtocolError.
+_TRANSITIONS: dict[tuple[PublicationState, str], PublicationState] = {
+    (PublicationState.ACTIVE, "close"): PublicationState.DRAINING,
+    (PublicationState.DRAINING, "drained"): PublicationState.LINGER,
+    (PublicationState.LINGER, "linger_expired"): PublicationState.DONE,
+    (PublicationState.LINGER, "unicast_eos"): PublicationState.DONE,
+}
+
+_I64 = struct.Struct("<q")
+
+
+class NetworkPublication:
+    """Sender state of one (session, stream) on a UDP channel.  See the module docstring."""
+
+    def __init__(self, *, log: LogBuffer, channel: Channel, settings: DriverSettings,
+                 publisher_limit, flow_control: FlowControl, counters: ProtocolCounters,
+                 now_ns: int, destination: Address) -> None:
+        """``publisher_limit`` is the cffi ``int64_t *`` pub-lmt cell the publisher's appender
+        reads; ``destination`` is the endpoint (unicast) or the data group (multicast)."""
+        self.log = log
+        self.channel = channel
+        self.settings = settings
+        self.flow_control = flow_control
+        self.counters = counters
+        self.destination = destination
+        self.publisher_limit = publisher_limit
+        self.session_id = log.session_id
+        self.stream_id = log.stream_id
+        self.initial_term_id = log.initial_term_id
+        self.term_length = log.term_length
+        self.position_bits = log.position_bits
+        self._mask = log.term_length - 1
+        self.mtu = log.mtu
+        window = settings.term_window_length(log.term_length)
+        if channel.pub_wnd:
+            window = min(channel.pub_wnd, log.term_length // 2)
+        self.term_window_length = window
+        self._trip_gain = window // 8
+        self.max_messages_per_send = settings.network_publication_max_messages_per_send
+        self.linger_timeout_ns = (channel.linger_ns if channel.linger_ns is not None
+                                  else settings.publication_linger_timeout)
+        self.connection_timeout_ns = settings.publication_connection_timeout
+        self.signal_eos = channel.eos if channel.eos is not None else True
+        self.is_group = has_group_semantics(channel)
+        self.is_unicast = not self.is_group
+        self.retransmit_handler = RetransmitHandler(
+            counters=counters, delay_ns=settings.retransmit_unicast_delay,
+            linger_ns=settings.retransmit_unicast_linger, has_group_semantics=self.is_group,
+            max_resend=channel.max_resend or settings.max_resend)
+        self._setup_flags = SETUP_GROUP_FLAG if self.is_group else 0
+        self._ttl = channel.ttl or 0
+        self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
+        self._term_views = [log.term_view(i) for i in range(PARTITION_COUNT)]
+        self._padding = ffi.new("int32_t *")
+
+        self.state = PublicationState.ACTIVE
+        join = log.producer_position()
+        self.sender_position = join  # snd-pos
+        self.sender_limit = join  # snd-lmt
+        self._clean_position = join
+        self._last_publisher_limit = join
+        lib.ss_store_release_i64(publisher_limit, join)
+        self.has_initial_connection = False
+        self.is_setup_elicited = False
+        self.is_end_of_stream = False
+        self.has_received_unicast_eos = False
+        self._connected = False
+        log.is_connected = False
+        self._receivers: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
+        self._status_message_deadline_ns = NO_DEADLINE
+        self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
+        self._time_of_last_data_or_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
+        self._linger_start_ns = 0
+        self._outbox: list[Datagram] = []  # retransmits and RTTM replies made in on_frame
+        self._now_ns = now_ns
+
+    # -- state machine --------------------------------------------------------------------
+    def _transition(self, event: str, now_ns: int) -> None:
+        try:
+            self.state = _TRANSITIONS[self.state, event]
+        except KeyError:
+            raise LocalProtocolError(
+                f"{event!r} is not allowed in state {self.state.name}") from None
+        if self.state is PublicationState.LINGER:
+            self._linger_start_ns = now_ns
+            self.is_end_of_stream = True  # heartbeats now carry EOS (0xE0)
+
+    def close(self, now_ns: int) -> None:
+        """The last publisher went away: send what is in the log, then EOS, then linger."""
+        if self.state is PublicationState.ACTIVE:
+            self._transition("close", now_ns)
+            self._conductor_duties(now_ns)
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def is_connected(self) -> bool:
+        """A live receiver sent an SM within the connection timeout (and flow control has the
+        receivers it requires)."""
+        return self._connected
+
+    @property
+    def has_receivers(self) -> bool:
+        return bool(self._receivers)
+
+    @property
+    def is_done(self) -> bool:
+        return self.state is PublicationState.DONE
+
+    @property
+    def term_offset(self) -> int:
+        return self.sender_position & self._mask
+
+    @property
+    def active_term_id(self) -> int:
+        return self._term_id(self.sender_position)
+
+    def _term_id(self, position: int) -> int:
+        term_id = self.initial_term_id + (position >> self.position_bits)
+        return (term_id + 0x80000000) % (1 << 32) - 0x80000000
+
+    def _position(self, term_id: int, term_offset: int) -> int:
+        count = (term_id - self.initial_term_id + 0x80000000) % (1 << 32) - 0x80000000
+        return (count << self.position_bits) + term_offset
+
+    # -- input ----------------------------------------------------------------------------
+    def on_frame(self, frame: object, source: Address, now_ns: int) -> None:
+        """A decoded SM, NAK, RTTM or ERR frame for this publication from ``source``."""
+        self._now_ns = now_ns
+        if isinstance(frame, StatusMessage):
+            self.counters.add(SystemCounter.STATUS_MESSAGES_RECEIVED)
+            if frame.is_setup_request:
+                self._on_trigger_send_setup(frame, source, now_ns)
+            else:
+                self._on_status_message(frame, source, now_ns)
+        elif isinstance(frame, Nak):
+            self.counters.add(SystemCounter.NAK_MESSAGES_RECEIVED)
+            if self.state is not PublicationState.DONE:
+                # Expire finished actions first: the caller need not have run the timers
+                # exactly at their deadline (a sans-I/O caller may be late).
+                self.retransmit_handler.process_timeouts(now_ns, self._resend)
+                self.retransmit_handler.on_nak(
+                    frame.term_id, frame.term_offset, frame.length, self.term_length, self.mtu,
+                    self.flow_control, now_ns, self._resend)
+        elif isinstance(frame, Rttm):
+            if frame.is_reply:
+                # Echo it (aeron_network_publication_on_rttm): same echo timestamp and id.
+                reply = Rttm(self.session_id, self.stream_id, frame.echo_timestamp, 0,
+                             frame.receiver_id, 0)
+                self._outbox.append(Datagram(reply.encode(), source))
+        elif isinstance(frame, ErrorFrame):
+            self.flow_control.on_error(frame, now_ns)
+            self._receivers.pop(frame.receiver_id, None)
+            self._update_connected(now_ns)
+
+    def _on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
+        # aeron_network_publication_trigger_send_setup_frame: not once EOS is signalled.
+        if not self.is_end_of_stream:
+            self.is_setup_elicited = True
+            self.flow_control.on_trigger_send_setup(sm, source, now_ns)
+
+    def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
+        self._status_message_deadline_ns = now_ns + self.connection_timeout_ns
+        if sm.is_eos:
+            self._receivers.pop(sm.receiver_id, None)
+            if self.is_unicast:
+                self.has_received_unicast_eos = True
+        else:
+            self._receivers[sm.receiver_id] = now_ns
+        self.has_initial_connection = True
+        self.sender_limit = self.flow_control.on_status_message(
+            sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
+        self._update_connected(now_ns)
+
+    # -- output ---------------------------------------------------------------------------
+    def datagrams_to_send(self, now_ns: int, max_datagrams: int | None = None) -> list[Datagram]:
+        """Everything due at ``now_ns``.  ``max_datagrams`` bounds the DATA datagrams of this
+        call (default ``network_publication_max_messages_per_send``, Aeron's sendmmsg batch);
+        when more data is ready, :meth:`next_deadline_ns` returns a time ``<= now``."""
+        self._now_ns = now_ns
+        out = self._outbox
+        self._outbox = []
+        if self.state is PublicationState.DONE:
+            return out
+        if not self.has_initial_connection or self.is_setup_elicited:
+            self._setup_message_check(now_ns, out)
+        sent = self._send_data(now_ns, out, max_datagrams or self.max_messages_per_send)
+        if not sent:
+            self._heartbeat_check(now_ns, out)
+            self.sender_limit = self.flow_control.on_idle(
+                now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
+            self._update_has_receivers(now_ns)
+        self.retransmit_handler.process_timeouts(now_ns, self._resend)
+        if self._outbox:  # retransmits fired by the timeouts above
+            out.extend(self._outbox)
+            self._outbox = []
+        self._conductor_duties(now_ns)
+        return out
+
+    def _setup_message_check(self, now_ns: int, out: list[Datagram]) -> None:
+        if now_ns - self._time_of_last_setup_ns < SETUP_TIMEOUT_NS:
+            return
+        position = self.sender_position
+        setup = Setup(position & self._mask, self.session_id, self.stream_id,
+                      self.initial_term_id, self._term_id(position), self.term_length, self.mtu,
+                      self._ttl, self._setup_flags)
+        out.append(Datagram(setup.encode(), self.destination))
+        self._time_of_last_setup_ns = now_ns
+        self.flow_control.on_setup(now_ns, self.sender_limit)
+        if self._receivers:
+            self.is_setup_elicited = False
+
+    def _send_data(self, now_ns: int, out: list[Datagram], budget: int) -> int:
+        """Scan committed frames from snd-pos within snd-lmt; returns bytes sent."""
+        position = self.sender_position
+        window = self.sender_limit - position
+        if window <= 0:
+            return 0
+        mask = self._mask
+        bits = self.position_bits
+        mtu = self.mtu
+        term_length = self.term_length
+        padding = self._padding
+        scan = lib.ss_scan_for_availability
+        destination = self.destination
+        sent = 0
+        while budget > 0 and window > 0:
+            index = (position >> bits) % PARTITION_COUNT
+            offset = position & mask
+            available = scan(self._term_ptrs[index], offset, window if window < mtu else mtu,
+                             term_length, padding)
+            if available <= 0:
+                break
+            out.append(Datagram(bytes(self._term_views[index][offset:offset + available]),
+                                destination))
+            total = available + padding[0]
+            position += total
+            window -= total
+            sent += available
+            budget -= 1
+        if sent:
+            self.sender_position = position
+            self._time_of_last_data_or_heartbeat_ns = now_ns
+            self.counters.add(SystemCounter.BYTES_SENT, sent)
+        return sent
+
+    def _has_data_to_send(self) -> bool:
+        """A committed frame at snd-pos fits in the window (what _send_data would send)."""
+        position = self.sender_position
+        window = self.sender_limit - position
+        if window <= 0:
+            return False
+        return lib.ss_scan_for_availability(
+            self._term_ptrs[(position >> self.position_bits) % PARTITION_COUNT],
+            position & self._mask, min(window, self.mtu), self.term_length, self._padding) > 0
+
+    def _heartbeat_check(self, now_ns: int, out: list[Datagram]) -> None:
+        if (self.has_initial_connection
+                and now_ns - self._time_of_last_data_or_heartbeat_ns >= HEARTBEAT_TIMEOUT_NS):
+            position = self.sender_position
+            out.append(Datagram(heartbeat(self.session_id, self.stream_id,
+                                          self._term_id(position), position & self._mask,
+                                          self.signal_eos and self.is_end_of_stream),
+                                self.destination))
+            self.counters.add(SystemCounter.HEARTBEATS_SENT)
+            self._time_of_last_data_or_heartbeat_ns = now_ns
+
+    def _resend(self, term_id: int, term_offset: int, length: int) -> None:
+        """Queue MTU-sized scans of ``length`` bytes at the NAKed range, if it is still in the
+        resend window ``[snd_pos - term/2 - max_message_length, snd_pos)``
+        (aeron_network_publication_resend)."""
+        resend_position = self._position(term_id, term_offset)
+        sender_position = self.sender_position
+        bottom = (sender_position - (self.term_length >> 1)
+                  - max_message_length(self.term_length))
+        if not bottom <= resend_position < sender_position:
+            return
+        index = (resend_position >> self.position_bits) % PARTITION_COUNT
+        term = self._term_ptrs[index]
+        view = self._term_views[index]
+        padding = self._padding
+        remaining = min(length, sender_position - resend_position)
+        offset = term_offset
+        total = 0
+        while remaining > 0:
+            available = lib.ss_scan_for_availability(term, offset, min(remaining, self.mtu),
+                                                     self.term_length, padding)
+            if available <= 0:
+                break
+            self._outbox.append(Datagram(bytes(view[offset:offset + available]),
+                                         self.destination))
+            step = available + padding[0]
+            total += available
+            offset += step
+            remaining -= step
+        if total:
+            self.counters.add(SystemCounter.RETRANSMITS_SENT)
+            self.counters.add(SystemCounter.BYTES_SENT, total)
+
+    # -- liveness, limits and state (the conductor's duties in Aeron) -----------------------
+    def _update_has_receivers(self, now_ns: int) -> None:
+        timeout = self.connection_timeout_ns
+        receivers = self._receivers
+        if receivers:
+            expired = [rid for rid, t in receivers.items() if now_ns - t > timeout]
+            for rid in expired:
+                del receivers[rid]
+
+    def _update_connected(self, now_ns: int) -> None:
+        connected = (bool(self._receivers) and self.flow_control.has_required_receivers()
+                     and now_ns <= self._status_message_deadline_ns)
+        if connected != self._connected:
+            self._connected = connected
+            self.log.is_connected = connected
+            if connected:
+                self._update_publisher_limit()
+            else:
+                # aeron_network_publication_update_pub_pos_and_lmt: no credit beyond snd-pos.
+                self._last_publisher_limit = self.sender_position
+                lib.ss_store_release_i64(self.publisher_limit, self.sender_position)
+
+    def _update_publisher_limit(self) -> None:
+        """pub-lmt = snd-pos + term window, moved in steps of window/8 (Aeron's trip gain);
+        the log is cleaned one term behind snd-pos first."""
+        limit = self.sender_position + self.term_window_length
+        if limit >= self._last_publisher_limit + self._trip_gain:
+            self._clean_to(self.sender_position - self.term_length)
+            self._last_publisher_limit = limit
+            lib.ss_store_release_i64(self.publisher_limit, limit)
+
+    def _conductor_duties(self, now_ns: int) -> None:
+        if self._connected and (now_ns > self._status_message_deadline_ns
+                                or not self._receivers):
+            self._update_has_receivers(now_ns)
+            self._update_connected(now_ns)
+        state = self.state
+        if state is PublicationState.ACTIVE:
+            if self._connected:
+                self._update_publisher_limit()
+        elif state is PublicationState.DRAINING:
+            if (self.log.producer_position() <= self.sender_position
+                    or not self._receivers):
+                self._transition("drained", now_ns)
+        elif state is PublicationState.LINGER:
+            if self.has_received_unicast_eos:
+                self._transition("unicast_eos", now_ns)
+            elif now_ns - self._linger_start_ns >= self.linger_timeout_ns:
+                self._transition("linger_expired", now_ns)
+
+    def _clean_to(self, position: int) -> None:
+        """Zero the log from the clean position up to ``position`` (one term behind snd-pos,
+        so the publisher finds clean terms; aeron_network_publication_clean_buffer)."""
+        while position > self._clean_position:
+            length = min(position - self._clean_position,
+                         self.term_length - (self._clean_position & self._mask))
+            self.log.clean(self._clean_position, length)
+            self._clean_position += length
+
+    # -- timers ---------------------------------------------------------------------------
+    def next_deadline_ns(self) -> int:
+        """The earliest time :meth:`datagrams_to_send` has something to do; a value ``<=``
+        the last ``now`` means "now" (queued retransmits, or data ready within the window).
+        NO_DEADLINE once DONE.  New data appended by the publisher is not an event: call
+        :meth:`datagrams_to_send` after offers (the driver does on every duty cycle)."""
+        if self.state is PublicationState.DONE:
+            return NO_DEADLINE
+        now = self._now_ns
+        if self._outbox:
+            return now
+        if self._has_data_to_send():
+            return now
+        deadline = self.retransmit_handler.next_deadline_ns()
+        if not self.has_initial_connection or self.is_setup_elicited:
+            deadline = min(deadline, self._time_of_last_setup_ns + SETUP_TIMEOUT_NS)
+        if self.has_initial_connection:
+            deadline = min(deadline,
+                           self._time_of_last_data_or_heartbeat_ns + HEARTBEAT_TIMEOUT_NS)
+        deadline = min(deadline, self.flow_control.next_deadline_ns())
+        if self._connected:
+            deadline = min(deadline, self._status_message_deadline_ns + 1)
+        if self._receivers:
+            deadline = min(deadline, min(self._receivers.values())
+                           + self.connection_timeout_ns + 1)
+        if self.state is PublicationState.DRAINING:
+            if self.log.producer_position() <= self.sender_position or not self._receivers:
+                deadline = min(deadline, now)  # drained: move to LINGER
+        elif self.state is PublicationState.LINGER:
+            deadline = min(deadline, now if self.has_received_unicast_eos
+                           else self._linger_start_ns + self.linger_timeout_ns)
+        return deadline
+
+    def __repr__(self) -> str:
+        return (f"<NetworkPublication session={self.session_id} stream={self.stream_id} "
+                f"{self.state.name} snd-pos={self.sender_position} snd-lmt={self.sender_limit}"
+                f" connected={self._connected}>")
+
+
+class SendChannel:
+    """A send endpoint's dispatcher: routes SM/NAK/RTTM/ERR datagrams to publications by
+    (session_id, stream_id); malformed ones count ``INVALID_PACKETS``.  An S-flagged SM with
+    session = stream = 0 (MDC) elicits SETUP from every publication."""
+
+    def __init__(self, *, counters: ProtocolCounters) -> None:
+        self.counters = counters
+        self.publications: dict[tuple[int, int], NetworkPublication] = {}
+
+    def add_publication(self, publication: NetworkPublication) -> None:
+        self.publications[publication.session_id, publication.stream_id] = publication
+
+    def remove_publication(self, publication: NetworkPublication) -> None:
+        self.publications.pop((publication.session_id, publication.stream_id), None)
+
+    def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
+                    now_ns: int) -> None:
+        frame = decode(data)
+        if isinstance(frame, Rejected):
+            self.counters.add(SystemCounter.INVALID_PACKETS)
+            return
+        if not isinstance(frame, (StatusMessage, Nak, Rttm, ErrorFrame)):
+            return  # not for a sender (e.g. our own multicast data looped back)
+        self.counters.add(SystemCounter.BYTES_RECEIVED, len(data))
+        publication = self.publications.get((frame.session_id, frame.stream_id))
+        if publication is not None:
+            publication.on_frame(frame, source, now_ns)
+        elif (isinstance(frame, StatusMessage) and frame.is_setup_request
+              and frame.session_id == 0 and frame.stream_id == 0):
+            for each in self.publications.values():
+                each.on_frame(frame, source, now_ns)
+
+    def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
+        """Everything due from every publication; DONE publications are removed."""
+        out: list[Datagram] = []
+        for key, publication in list(self.publications.items()):
+            out.extend(publication.datagrams_to_send(now_ns))
+            if publication.is_done:
+                del self.publications[key]
+        return out
+
+    def next_deadline_ns(self) -> int:
+        return min((p.next_deadline_ns() for p in self.publications.values()),
+                   default=NO_DEADLINE)
+
+    def __iter__(self) -> Iterable[NetworkPublication]:
+        return iter(self.publications.values())

@@ -1,0 +1,386 @@
+"""The receiver side of one network stream: a sans-I/O state machine (aeron_publication_image.c).
+
+A :class:`PublicationImage` is created by the :class:`~slipstream.daemon.receiver.ReceiveChannel`
+from a SETUP.  It copies DATA datagrams straight into its own log buffer at their term offset
+(``ss_rebuild_insert``: body first, header last with a release store), raises the receiver
+high-water mark ``rcv_hwm``, finds the first gap between the rebuild position and the hwm
+(:class:`LossDetector`) and NAKs it, and tells the sender where its subscribers are with
+status messages.  Subscribers read the log in place (``client.subscription.Image``) and
+publish their positions in int64 cells that this object reads.
+
+Receiving (PROTOCOL.md §3.2, ``aeron_publication_image_insert_packet``):
+
+* frames of terms before the initial term are dropped;
+* over-run: ``position + length > last SM position + term_length/2`` → dropped
+  (FLOW_CONTROL_OVER_RUNS);
+* a heartbeat at ``position >= max(0, last SM position - term_length)`` raises the hwm and
+  may carry EOS (flags 0xE0);
+* under-run: DATA below the last SM position (already consumed) → dropped
+  (FLOW_CONTROL_UNDER_RUNS);
+* a PAD datagram (header only) raises the hwm to the end of its term.
+
+Rebuild pass (``aeron_publication_image_track_rebuild``, run by :meth:`datagrams_to_send`
+after new data or when a timer is due): scan from ``rebuild = max(rcv_pos, max subscriber
+position)`` to the hwm, advance ``rcv_pos`` over complete frames, NAK the first gap after the
+NAK delay (static 100 µs for unicast; optimal multicast backoff for group images), or pad it
+for ``reliable=false`` (LOSS_GAP_FILLS).  Then schedule an SM when the minimum subscriber
+position moved past ``last scheduled + window/4`` (the 25 % rule) or the window changed; a
+scheduled SM goes at once, and the last one is repeated every ``status_message_timeout``
+(200 ms).  Window (static congestion control) = ``min(rcv-wnd or 128 KiB, term_length/2)``.
+
+States (changed only in :meth:`_transition`)::
+
+    INIT --first subscriber--> ACTIVE
+    INIT/ACTIVE --no packet for image_liveness_timeout, EOS rebuilt, or last subscriber
+                  removed--> DRAINING          (SMs now carry EOS 0x40)
+    DRAINING --subscribers consumed everything and 5 SM timeouts passed--> LINGER
+    LINGER --no subscribers, or image_liveness_timeout--> DONE
+
+Units: times in ns, positions/offsets/lengths in bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+
+from slipstream.client._native import ffi, lib
+from slipstream.client.channel import Channel
+from slipstream.client.counters import SystemCounter
+from slipstream.client.frames import (
+    EOS_FLAG,
+    RTTM_REPLY_FLAG,
+    SM_EOS_FLAG,
+    Nak,
+    Rttm,
+    Setup,
+    StatusMessage,
+)
+from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, write_padding
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.loss_detector import (
+    LossDetector,
+    OptimalMulticastDelayGenerator,
+    StaticDelayGenerator,
+)
+from slipstream.daemon.protocol_types import NO_DEADLINE, Address, Datagram, ProtocolCounters
+
+HDR_TYPE_PAD = 0x00
+HDR_TYPE_DATA = 0x01
+
+
+class ImageState(enum.Enum):
+    INIT = "init"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    LINGER = "linger"
+    DONE = "done"
+
+
+class LocalProtocolError(RuntimeError):
+    """The caller misused the image's state machine."""
+
+
+_S = ImageState
+# (state, event) -> next state; anything missing is a LocalProtocolError.
+_TRANSITIONS: dict[tuple[ImageState, str], ImageState] = {
+    (_S.INIT, "subscriber_added"): _S.ACTIVE,
+    (_S.INIT, "liveness_timeout"): _S.DRAINING,
+    (_S.INIT, "end_of_stream"): _S.DRAINING,
+    (_S.ACTIVE, "liveness_timeout"): _S.DRAINING,
+    (_S.ACTIVE, "end_of_stream"): _S.DRAINING,
+    (_S.ACTIVE, "no_subscribers"): _S.DRAINING,
+    (_S.DRAINING, "drained"): _S.LINGER,
+    (_S.LINGER, "done"): _S.DONE,
+}
+
+
+class PublicationImage:
+    """Receiver state of one (session, stream) from one sender.  See the module docstring."""
+
+    def __init__(self, *, log: LogBuffer, setup: Setup, channel: Channel,
+                 settings: DriverSettings, receiver_id: int, counters: ProtocolCounters,
+                 control_address: Address, source: Address, now_ns: int,
+                 rng: random.Random) -> None:
+        """``log`` was created for ``setup`` (its term length, initial term id, join term and
+        offset); SMs, NAKs and RTTM replies go to ``control_address`` (the SETUP's source for
+        unicast, the control group for multicast)."""
+        self.log = log
+        self.channel = channel
+        self.counters = counters
+        self.receiver_id = receiver_id
+        self.control_address = control_address
+        self.source = source
+        self.session_id = setup.session_id
+        self.stream_id = setup.stream_id
+        self.initial_term_id = setup.initial_term_id
+        self.term_length = term_length = setup.term_length
+        self.position_bits = term_length.bit_length() - 1
+        self._mask = term_length - 1
+        self.sender_mtu = setup.mtu
+        self.join_position = self._position(setup.active_term_id, setup.term_offset)
+        self.rcv_hwm = self.join_position
+        self.rcv_pos = self.join_position
+        self.reliable = (channel.reliable if channel.reliable is not None
+                         else settings.reliable_stream)
+        self.is_group = (setup.is_group or bool(channel.group) or channel.is_multicast)
+        self.group_tag = channel.gtag if channel.gtag is not None else settings.receiver_group_tag
+        window = channel.rcv_wnd or settings.rcv_initial_window_length
+        self.window = min(window, term_length // 2)
+        self.status_message_timeout_ns = settings.status_message_timeout
+        self.liveness_timeout_ns = settings.image_liveness_timeout
+        if self.is_group:
+            generator: StaticDelayGenerator | OptimalMulticastDelayGenerator = (
+                OptimalMulticastDelayGenerator(settings.nak_multicast_max_backoff,
+                                               settings.nak_multicast_group_size, rng))
+        else:
+            delay = (channel.nak_delay_ns if channel.nak_delay_ns is not None
+                     else settings.nak_unicast_delay)
+            generator = StaticDelayGenerator(delay,
+                                             delay * settings.nak_unicast_retry_delay_ratio)
+        self.loss_detector = LossDetector(generator, self._on_loss)
+        self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
+        self._reader_signal = log.reader_signal()
+        self._reader_waiters = log.reader_waiters()
+        self._subscriber_positions: list = []  # cffi int64_t * cells
+        self.state = ImageState.INIT
+        # SM state: the scheduled values and when to (re)send them; the first SM goes at once.
+        self._sm_position = self.join_position
+        self._sm_window = self.window
+        self._sm_deadline_ns = now_ns
+        self.last_sm_position = self.join_position  # last SM *sent*: over/under-run checks
+        self._overrun_threshold = self.join_position + term_length // 2
+        self._time_of_last_packet_ns = now_ns
+        self._time_of_last_state_change_ns = now_ns
+        self._clean_position = self.join_position - term_length
+        self._dirty = False  # data arrived since the last rebuild pass
+        self._eos_position: int | None = None
+        self.is_end_of_stream = False  # EOS seen and everything up to it rebuilt
+        self._outbox: list[Datagram] = []
+        self._now_ns = now_ns
+        log.is_connected = True
+
+    # -- positions ------------------------------------------------------------------------
+    def _position(self, term_id: int, term_offset: int) -> int:
+        count = (term_id - self.initial_term_id + 0x80000000) % (1 << 32) - 0x80000000
+        return (count << self.position_bits) + term_offset
+
+    def _term_id(self, position: int) -> int:
+        term_id = self.initial_term_id + (position >> self.position_bits)
+        return (term_id + 0x80000000) % (1 << 32) - 0x80000000
+
+    # -- subscribers ----------------------------------------------------------------------
+    def add_subscriber_position(self, cell) -> None:
+        """Track a subscriber's position (cffi ``int64_t *``); it should start at
+        :attr:`join_position`."""
+        self._subscriber_positions.append(cell)
+        if self.state is ImageState.INIT:
+            self._transition("subscriber_added", self._now_ns)
+
+    def remove_subscriber_position(self, cell) -> None:
+        self._subscriber_positions = [c for c in self._subscriber_positions if c != cell]
+        if not self._subscriber_positions and self.state is ImageState.ACTIVE:
+            self._transition("no_subscribers", self._now_ns)
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscriber_positions)
+
+    def _min_max_subscriber_position(self) -> tuple[int, int]:
+        cells = self._subscriber_positions
+        if not cells:
+            return self.rcv_pos, self.rcv_pos
+        load = lib.ss_load_acquire_i64
+        if len(cells) == 1:
+            p = load(cells[0])
+            return p, p
+        values = [load(c) for c in cells]
+        return min(values), max(values)
+
+    # -- state machine --------------------------------------------------------------------
+    def _transition(self, event: str, now_ns: int) -> None:
+        try:
+            self.state = _TRANSITIONS[self.state, event]
+        except KeyError:
+            raise LocalProtocolError(
+                f"{event!r} is not allowed in state {self.state.name}") from None
+        self._time_of_last_state_change_ns = now_ns
+        if self.state is ImageState.DRAINING:
+            self._sm_deadline_ns = now_ns  # tell the sender at once (EOS-flagged SM)
+        elif self.state is ImageState.LINGER:
+            self.log.is_connected = False
+            self.log.signal_readers()
+
+    @property
+    def is_done(self) -> bool:
+        return self.state is ImageState.DONE
+
+    # -- input (hot path) -----------------------------------------------------------------
+    def insert_packet(self, data, length: int, frame_length: int, flags: int, frame_type: int,
+                      term_id: int, term_offset: int, now_ns: int) -> None:
+        """A DATA/PAD/heartbeat datagram of ``length`` bytes for this image; the header fields
+        were unpacked (and sanity-checked) by the ReceiveChannel."""
+        count = (term_id - self.initial_term_id + 0x80000000) % (1 << 32) - 0x80000000
+        if count < 0:
+            return  # a term before the initial term
+        position = (count << self.position_bits) + term_offset
+        if frame_length == 0 and frame_type == HDR_TYPE_DATA:  # heartbeat
+            if position >= max(0, self.last_sm_position - self.term_length):
+                self.counters.add(SystemCounter.HEARTBEATS_RECEIVED)
+                self._time_of_last_packet_ns = now_ns
+                if position > self.rcv_hwm:
+                    self.rcv_hwm = position
+                    self._dirty = True
+                if flags & EOS_FLAG and self._eos_position is None:
+                    self._eos_position = position
+                    self._dirty = True
+            return
+        if position + length > self._overrun_threshold:
+            self.counters.add(SystemCounter.FLOW_CONTROL_OVER_RUNS)
+            return
+        if position < self.last_sm_position:
+            self.counters.add(SystemCounter.FLOW_CONTROL_UNDER_RUNS)
+            return
+        self._time_of_last_packet_ns = now_ns
+        lib.ss_rebuild_insert(self._term_ptrs[(position >> self.position_bits) % 3],
+                              term_offset, ffi.from_buffer(data), length)
+        lib.ss_signal(self._reader_signal, self._reader_waiters)
+        # A PAD header stands for the rest of its term (the gap scan clamps at the hwm).
+        proposed = position + (frame_length if frame_type == HDR_TYPE_PAD else length)
+        if proposed > self.rcv_hwm:
+            self.rcv_hwm = proposed
+        self._dirty = True
+
+    def on_rttm(self, rttm: Rttm, now_ns: int) -> None:
+        """Echo a REPLY-flagged RTTM from the sender (aeron_publication_image_on_rttm)."""
+        if rttm.receiver_id not in (0, self.receiver_id):
+            return
+        if rttm.flags & RTTM_REPLY_FLAG:
+            reply = Rttm(self.session_id, self.stream_id, rttm.echo_timestamp, 0,
+                         self.receiver_id, 0)
+            self._outbox.append(Datagram(reply.encode(), self.control_address))
+
+    # -- loss -----------------------------------------------------------------------------
+    def _on_loss(self, term_id: int, term_offset: int, length: int) -> None:
+        if self.reliable:
+            nak = Nak(self.session_id, self.stream_id, term_id, term_offset, length)
+            self._outbox.append(Datagram(nak.encode(), self.control_address))
+            self.counters.add(SystemCounter.NAK_MESSAGES_SENT)
+        else:
+            # Unreliable: skip the gap with a PAD frame (aeron_term_gap_filler).
+            position = self._position(term_id, term_offset)
+            write_padding(self.log, position, length)
+            self.log.signal_readers()
+            self.counters.add(SystemCounter.LOSS_GAP_FILLS)
+            self._dirty = True
+
+    # -- output ---------------------------------------------------------------------------
+    def datagrams_to_send(self, now_ns: int, out: list[Datagram]) -> None:
+        """Run the rebuild pass and timers; append SMs, NAKs and RTTM replies to ``out``."""
+        self._now_ns = now_ns
+        state = self.state
+        if state is ImageState.DONE:
+            return
+        if state is ImageState.INIT or state is ImageState.ACTIVE or state is ImageState.DRAINING:
+            self._track_rebuild(now_ns)
+        if self._outbox:
+            out.extend(self._outbox)
+            self._outbox = []
+        self._check_state(now_ns)
+        if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING) and (
+                now_ns >= self._sm_deadline_ns):
+            self._send_status_message(now_ns, out)
+
+    def _track_rebuild(self, now_ns: int) -> None:
+        min_sub, max_sub = self._min_max_subscriber_position()
+        for _ in range(PARTITION_COUNT):
+            rebuild = max(self.rcv_pos, max_sub)
+            offset, loss_found = self.loss_detector.scan(
+                self._term_ptrs[(rebuild >> self.position_bits) % 3], rebuild, self.rcv_hwm,
+                now_ns, self.term_length, self.position_bits, self.initial_term_id)
+            new_rebuild = rebuild - (rebuild & self._mask) + offset
+            if new_rebuild > self.rcv_pos:
+                self.rcv_pos = new_rebuild
+            if loss_found or offset < self.term_length or self.rcv_pos >= self.rcv_hwm:
+                break
+        self._dirty = False
+        eos = self._eos_position
+        if eos is not None and not self.is_end_of_stream and self.rcv_pos >= eos:
+            self.is_end_of_stream = True
+            self.log.end_of_stream_position = eos
+            self.log.signal_readers()
+        # SM scheduling: the 25 % rule (static congestion control never forces an SM).
+        window = self.window
+        if min_sub > self._sm_position + (window >> 2) or window != self._sm_window:
+            self._sm_position = min_sub
+            self._sm_window = window
+            self._sm_deadline_ns = now_ns
+            self._clean_to(min_sub - self.term_length)
+
+    def _clean_to(self, position: int) -> None:
+        """Zero the term one full term behind the slowest subscriber, so the partition is
+        clean when the stream comes round to it again."""
+        while position > self._clean_position:
+            start = max(self._clean_position, 0)
+            if start >= position:
+                self._clean_position = position
+                break
+            length = min(position - start, self.term_length - (start & self._mask))
+            self.log.clean(start, length)
+            self._clean_position = start + length
+
+    def _send_status_message(self, now_ns: int, out: list[Datagram]) -> None:
+        position = self._sm_position
+        flags = SM_EOS_FLAG if self.state is ImageState.DRAINING else 0
+        sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
+                           position & self._mask, self._sm_window, self.receiver_id, flags,
+                           self.group_tag)
+        out.append(Datagram(sm.encode(), self.control_address))
+        self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
+        self.last_sm_position = position
+        self._overrun_threshold = position + (self.term_length >> 1)
+        self._sm_deadline_ns = now_ns + self.status_message_timeout_ns
+
+    def _check_state(self, now_ns: int) -> None:
+        state = self.state
+        if state is ImageState.INIT or state is ImageState.ACTIVE:
+            if now_ns - self._time_of_last_packet_ns >= self.liveness_timeout_ns:
+                self._transition("liveness_timeout", now_ns)
+            elif self.is_end_of_stream:
+                self._transition("end_of_stream", now_ns)
+        elif state is ImageState.DRAINING:
+            min_sub, _ = self._min_max_subscriber_position()
+            drained = min_sub >= self.rcv_pos or not self._subscriber_positions
+            if drained and (now_ns - self._time_of_last_state_change_ns
+                            >= 5 * self.status_message_timeout_ns):
+                self._transition("drained", now_ns)
+        elif state is ImageState.LINGER:
+            if (not self._subscriber_positions
+                    or now_ns - self._time_of_last_state_change_ns >= self.liveness_timeout_ns):
+                self._transition("done", now_ns)
+
+    def next_deadline_ns(self) -> int:
+        """Earliest time :meth:`datagrams_to_send` has work: ``<=`` the last ``now`` after new
+        data (a rebuild pass is due) or queued output; then the SM, NAK, liveness and state
+        timers.  Subscriber progress is not an event: call datagrams_to_send after polls (the
+        driver does on each duty cycle) so the 25 % rule can fire."""
+        state = self.state
+        if state is ImageState.DONE:
+            return NO_DEADLINE
+        if self._dirty or self._outbox:
+            return self._now_ns
+        if state is ImageState.LINGER:
+            if not self._subscriber_positions:
+                return self._now_ns
+            return self._time_of_last_state_change_ns + self.liveness_timeout_ns
+        deadline = min(self._sm_deadline_ns, self.loss_detector.next_deadline_ns())
+        if state is ImageState.DRAINING:
+            return min(deadline, self._time_of_last_state_change_ns
+                       + 5 * self.status_message_timeout_ns)
+        return min(deadline, self._time_of_last_packet_ns + self.liveness_timeout_ns)
+
+    def __repr__(self) -> str:
+        return (f"<PublicationImage session={self.session_id} stream={self.stream_id} "
+                f"{self.state.name} rcv-pos={self.rcv_pos} hwm={self.rcv_hwm}>")
+
+

@@ -1,0 +1,110 @@
+"""FlowControlTest: each strategy's limit rules (PROTOCOL.md §4)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slipstream.client.channel import parse_channel
+from slipstream.client.frames import ErrorFrame, StatusMessage
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow_control import (
+    MaxMulticastFlowControl,
+    MinMulticastFlowControl,
+    TaggedMulticastFlowControl,
+    UnicastFlowControl,
+    flow_control_for,
+)
+
+INITIAL = 5
+BITS = 16  # 64 KiB terms
+SRC = ("10.0.0.9", 1)
+S = 1_000_000_000
+
+
+def sm(offset: int, window: int = 1000, receiver_id: int = 1, term_id: int = INITIAL,
+       flags: int = 0, tag: int | None = None) -> StatusMessage:
+    return StatusMessage(1, 2, term_id, offset, window, receiver_id, flags, tag)
+
+
+def test_unicast_limit_is_position_plus_window_and_never_goes_back() -> None:
+    fc = UnicastFlowControl()
+    assert fc.on_status_message(sm(100), SRC, 0, INITIAL, BITS, 0) == 1100
+    assert fc.on_status_message(sm(50), SRC, 1100, INITIAL, BITS, 0) == 1100
+    assert fc.on_status_message(sm(0, term_id=INITIAL + 1), SRC, 1100, INITIAL, BITS, 0) == (
+        65536 + 1000)
+    assert fc.on_idle(10 * S, 5000, 0, False) == 5000
+    assert fc.has_required_receivers()
+
+
+@given(st.lists(st.tuples(st.integers(0, 65535), st.integers(0, 1 << 20)), max_size=30))
+def test_max_is_monotonic_max_of_position_plus_window(sms: list[tuple[int, int]]) -> None:
+    fc = MaxMulticastFlowControl()
+    limit = 0
+    for offset, window in sms:
+        new = fc.on_status_message(sm(offset, window), SRC, limit, INITIAL, BITS, 0)
+        assert new == max(limit, offset + window)
+        limit = new
+
+
+def test_retransmission_length_is_capped_by_window_multiple_and_term_end() -> None:
+    fc = UnicastFlowControl()
+    fc.on_status_message(sm(0, window=1024), SRC, 0, INITIAL, BITS, 0)
+    assert fc.max_retransmission_length(0, 1 << 20, 65536, 1408) == 16 * 1024
+    assert fc.max_retransmission_length(65536 - 64, 1000, 65536, 1408) == 64
+    mx = MaxMulticastFlowControl()
+    mx.on_status_message(sm(0, window=1024), SRC, 0, INITIAL, BITS, 0)
+    assert mx.max_retransmission_length(0, 1 << 20, 65536, 1408) == 4 * 1024
+
+
+def test_min_follows_the_slowest_and_times_out_receivers() -> None:
+    fc = MinMulticastFlowControl(receiver_timeout_ns=5 * S)
+    assert fc.on_status_message(sm(1000, receiver_id=1), SRC, 0, INITIAL, BITS, 0) == 2000
+    assert fc.on_status_message(sm(500, receiver_id=2), SRC, 2000, INITIAL, BITS, S) == 2000
+    assert fc.on_status_message(sm(3000, receiver_id=1), SRC, 2000, INITIAL, BITS, S) == 2000
+    assert fc.on_status_message(sm(900, receiver_id=2), SRC, 2000, INITIAL, BITS, 2 * S) == 2000
+    assert fc.on_status_message(sm(1500, receiver_id=2), SRC, 2000, INITIAL, BITS, 2 * S) == 2500
+    assert fc.next_deadline_ns() == S + 5 * S + 1
+    # Receiver 1 (last SM at 1 s) times out; receiver 2 remains.
+    assert fc.on_idle(6 * S + 1, 2500, 0, False) == 2500
+    assert set(fc.receivers) == {2}
+    # EOS removes it.
+    fc.on_status_message(sm(1500, receiver_id=2, flags=0x40), SRC, 2500, INITIAL, BITS, 3 * S)
+    assert not fc.receivers
+
+
+def test_min_group_size_holds_the_limit_and_connection() -> None:
+    fc = MinMulticastFlowControl(receiver_timeout_ns=5 * S, group_min_size=2)
+    assert fc.on_status_message(sm(1000, receiver_id=1), SRC, 0, INITIAL, BITS, 0) == 0
+    assert not fc.has_required_receivers()
+    assert fc.on_status_message(sm(1000, receiver_id=2), SRC, 0, INITIAL, BITS, 0) == 2000
+    assert fc.has_required_receivers()
+    fc.on_error(ErrorFrame(1, 2, 1, 13, "rejected"), 0)
+    assert not fc.has_required_receivers()
+
+
+def test_tagged_ignores_other_tags() -> None:
+    fc = TaggedMulticastFlowControl(group_tag=7, receiver_timeout_ns=5 * S)
+    assert fc.on_status_message(sm(100, receiver_id=1), SRC, 0, INITIAL, BITS, 0) == 0
+    assert fc.on_status_message(sm(100, receiver_id=2, tag=8), SRC, 0, INITIAL, BITS, 0) == 0
+    assert fc.on_status_message(sm(100, receiver_id=3, tag=7), SRC, 0, INITIAL, BITS, 0) == 1100
+    assert set(fc.receivers) == {3}
+
+
+def test_flow_control_for_chooses_by_uri_and_settings() -> None:
+    settings = DriverSettings()
+    assert type(flow_control_for(parse_channel("aeron:udp?endpoint=10.0.0.1:1"), settings)) is (
+        UnicastFlowControl)
+    assert type(flow_control_for(parse_channel("aeron:udp?endpoint=224.0.1.1:1"), settings)) is (
+        MaxMulticastFlowControl)
+    fc = flow_control_for(parse_channel("aeron:udp?endpoint=224.0.1.1:1|fc=min,g:/3,t:2s"),
+                          settings)
+    assert isinstance(fc, MinMulticastFlowControl)
+    assert (fc.group_min_size, fc.receiver_timeout_ns) == (3, 2 * S)
+    fc = flow_control_for(parse_channel("aeron:udp?endpoint=224.0.1.1:1|fc=tagged,g:99/2"),
+                          settings)
+    assert isinstance(fc, TaggedMulticastFlowControl)
+    assert (fc.group_tag, fc.group_min_size) == (99, 2)
+    settings = DriverSettings(multicast_flow_control="min")
+    assert isinstance(flow_control_for(parse_channel("aeron:udp?endpoint=224.0.1.1:1"),
+                                       settings), MinMulticastFlowControl)

@@ -1,0 +1,99 @@
+"""LossDetectorTest: gap scanning on a real term, NAK timing, delay generators."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+from slipstream.client._native import ffi
+from slipstream.daemon.loss_detector import (
+    LossDetector,
+    OptimalMulticastDelayGenerator,
+    StaticDelayGenerator,
+)
+from slipstream.daemon.protocol_types import NO_DEADLINE
+
+TERM = 64 * 1024
+BITS = 16
+INITIAL = 7
+US = 1000
+MS = 1_000_000
+
+
+def make_term():
+    buf = ffi.new("uint8_t[]", TERM)
+    return buf
+
+
+def put_frame(term, offset: int, length: int = 64) -> None:
+    ffi.memmove(term + offset, struct.pack("<iBBH", length, 0, 0xC0, 1), 8)
+
+
+def detector():
+    losses: list[tuple[int, int, int]] = []
+    d = LossDetector(StaticDelayGenerator(100 * US, 10 * MS),
+                     lambda *a: losses.append(a))
+    return d, losses
+
+
+def test_no_gap_advances_to_hwm() -> None:
+    term = make_term()
+    for off in range(0, 640, 64):
+        put_frame(term, off)
+    d, losses = detector()
+    assert d.scan(term, 0, 640, 0, TERM, BITS, INITIAL) == (640, False)
+    assert not losses and d.next_deadline_ns() == NO_DEADLINE
+
+
+def test_gap_naked_after_delay_then_retried() -> None:
+    term = make_term()
+    put_frame(term, 0)
+    put_frame(term, 192)
+    d, losses = detector()
+    assert d.scan(term, 0, 256, 0, TERM, BITS, INITIAL) == (64, True)
+    assert not losses
+    assert d.next_deadline_ns() == 100 * US
+    d.scan(term, 0, 256, 100 * US - 1, TERM, BITS, INITIAL)
+    assert not losses
+    d.scan(term, 0, 256, 100 * US, TERM, BITS, INITIAL)
+    assert losses == [(INITIAL, 64, 128)]
+    assert d.next_deadline_ns() == 100 * US + 10 * MS
+    d.scan(term, 0, 256, 100 * US + 10 * MS, TERM, BITS, INITIAL)
+    assert len(losses) == 2
+    # Filled: no more NAKs, timer off.
+    put_frame(term, 64, 128)
+    assert d.scan(term, 0, 256, 20 * MS, TERM, BITS, INITIAL) == (256, False)
+    assert d.next_deadline_ns() == NO_DEADLINE
+
+
+def test_new_gap_restarts_timer() -> None:
+    term = make_term()
+    put_frame(term, 0)
+    put_frame(term, 128)
+    put_frame(term, 256)
+    d, _losses = detector()
+    d.scan(term, 0, 320, 0, TERM, BITS, INITIAL)
+    put_frame(term, 64)
+    assert d.scan(term, 0, 320, 50 * US, TERM, BITS, INITIAL) == (192, True)
+    assert d.next_deadline_ns() == 150 * US
+
+
+def test_gap_in_term_beyond_hwm_term_scans_to_term_end() -> None:
+    term = make_term()
+    put_frame(term, 0)
+    d, losses = detector()
+    offset, found = d.scan(term, 0, TERM + 64, 0, TERM, BITS, INITIAL)
+    assert (offset, found) == (64, True)
+    d.scan(term, 0, TERM + 64, 100 * US, TERM, BITS, INITIAL)
+    assert losses == [(INITIAL, 64, TERM - 64)]
+
+
+def test_optimal_multicast_delay_in_range_and_reproducible() -> None:
+    g1 = OptimalMulticastDelayGenerator(10 * MS, 10, random.Random(5))
+    g2 = OptimalMulticastDelayGenerator(10 * MS, 10, random.Random(5))
+    values = [g1.first_delay() for _ in range(2000)]
+    assert values == [g2.first_delay() for _ in range(2000)]
+    assert all(0 <= v < 10 * MS for v in values)
+    # Truncated exponential skewed late: most receivers wait, a few answer early.
+    assert sum(values) / len(values) > 5 * MS
+    assert min(values) < 1 * MS

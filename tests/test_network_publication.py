@@ -1,0 +1,211 @@
+"""NetworkPublication on its own: frames in, datagrams out, limits and states."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slipstream.client._native import ffi, lib
+from slipstream.client.channel import parse_channel
+from slipstream.client.counters import SystemCounter
+from slipstream.client.frames import (
+    SETUP_GROUP_FLAG,
+    Data,
+    Heartbeat,
+    Nak,
+    Pad,
+    Rttm,
+    Setup,
+    StatusMessage,
+    decode,
+    decode_datagram,
+)
+from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow_control import flow_control_for
+from slipstream.daemon.network_publication import (
+    LocalProtocolError,
+    NetworkPublication,
+    PublicationState,
+    SendChannel,
+)
+from slipstream.daemon.protocol_types import LocalCounters
+
+MS = 1_000_000
+TERM = 64 * 1024
+DEST = ("10.0.0.2", 40123)
+RCV = ("10.0.0.2", 40123)
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    path = Path("/dev/shm") / f"slipstream-np-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def make(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", **settings):
+    log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=TERM,
+                           initial_term_id=10, session_id=5, stream_id=6, mtu=1408,
+                           correlation_id=1)
+    limit = ffi.new("int64_t *")
+    channel = parse_channel(uri)
+    s = DriverSettings(**settings)
+    counters = LocalCounters()
+    pub = NetworkPublication(log=log, channel=channel, settings=s, publisher_limit=limit,
+                             flow_control=flow_control_for(channel, s), counters=counters,
+                             now_ns=0, destination=DEST)
+    return pub, log, limit, new_appender(log, limit), counters
+
+
+def sm(offset: int = 0, window: int = 32 * 1024, flags: int = 0, term_id: int = 10):
+    return StatusMessage(5, 6, term_id, offset, window, 99, flags)
+
+
+def frames(datagrams):
+    return [decode(d.data) for d in datagrams]
+
+
+def test_setup_until_first_sm(shm: Path) -> None:
+    pub, log, limit, _, _ = make(shm)
+    out = frames(pub.datagrams_to_send(0))
+    assert out == [Setup(0, 5, 6, 10, 10, TERM, 1408, 0, 0)]
+    assert pub.next_deadline_ns() == 100 * MS
+    assert pub.datagrams_to_send(99 * MS) == []
+    assert isinstance(frames(pub.datagrams_to_send(100 * MS))[0], Setup)
+    assert limit[0] == 0 and not pub.is_connected
+    pub.on_frame(sm(), DEST, 150 * MS)
+    assert pub.is_connected and log.is_connected
+    assert limit[0] == TERM // 2
+    out = frames(pub.datagrams_to_send(150 * MS))
+    assert out == [Heartbeat(0, 5, 6, 10)]
+    assert pub.next_deadline_ns() == 250 * MS
+
+
+def test_multicast_setup_has_group_flag(shm: Path) -> None:
+    pub, *_ = make(shm, "aeron:udp?endpoint=224.0.1.1:40456|ttl=4")
+    setup = frames(pub.datagrams_to_send(0))[0]
+    assert setup.flags == SETUP_GROUP_FLAG and setup.ttl == 4
+
+
+def test_data_batched_to_mtu_and_budget(shm: Path) -> None:
+    pub, _log, _limit, appender, counters = make(shm)
+    pub.on_frame(sm(window=TERM // 2), DEST, 0)
+    pub.datagrams_to_send(0)
+    for _ in range(40):
+        assert lib.ss_offer(appender, b"m" * 100, 100) > 0  # 160 B frames
+    assert pub.next_deadline_ns() == 0  # data ready: now
+    out = pub.datagrams_to_send(1, max_datagrams=2)
+    assert [len(d.data) for d in out] == [1280, 1280]  # 8 frames of 160 per 1408 MTU
+    assert pub.sender_position == 2560
+    out = pub.datagrams_to_send(2, max_datagrams=100)
+    assert sum(len(d.data) for d in out) == 40 * 160 - 2560
+    decoded = decode_datagram(out[0].data)
+    assert all(isinstance(f, Data) for f in decoded)
+    assert counters[SystemCounter.BYTES_SENT] == 6400
+
+
+def test_sender_stops_at_limit(shm: Path) -> None:
+    pub, _log, _limit, appender, _ = make(shm)
+    pub.on_frame(sm(window=1000), DEST, 0)
+    for _ in range(20):
+        lib.ss_offer(appender, b"m" * 100, 100)
+    pub.datagrams_to_send(0, max_datagrams=100)
+    assert pub.sender_position == 960  # 6 frames: the 7th would pass 1000
+    pub.on_frame(sm(offset=960, window=1000), DEST, 1)
+    pub.datagrams_to_send(1, max_datagrams=100)
+    assert pub.sender_position == 1920
+
+
+def test_pad_sent_as_header_and_position_jumps(shm: Path) -> None:
+    pub, _log, _limit, appender, _ = make(shm)
+    pub.on_frame(sm(window=TERM // 2), DEST, 0)
+    sent = 0
+    t = 0
+    while pub.sender_position < TERM + 1024:
+        if lib.ss_offer(appender, b"p" * 1000, 1000) > 0:
+            sent += 1
+        t += 1
+        for f in pub.datagrams_to_send(t, max_datagrams=64):
+            if isinstance(decode(f.data), Pad):
+                assert len(f.data) == 32
+        pub.on_frame(sm(offset=pub.sender_position % TERM,
+                        term_id=10 + pub.sender_position // TERM, window=TERM // 2), DEST, t)
+    assert pub.active_term_id == 11
+
+
+def test_nak_resend_and_rttm_reply(shm: Path) -> None:
+    pub, _log, _limit, appender, counters = make(shm)
+    pub.on_frame(sm(), DEST, 0)
+    lib.ss_offer(appender, b"a" * 100, 100)
+    pub.datagrams_to_send(0)
+    pub.on_frame(Nak(5, 6, 10, 0, 160), DEST, 1)
+    assert pub.next_deadline_ns() == 1
+    out = pub.datagrams_to_send(1)
+    assert isinstance(frames(out)[0], Data)
+    pub.on_frame(Nak(5, 6, 10, 320, 160), DEST, 2)  # beyond snd-pos: nothing
+    assert [f for f in frames(pub.datagrams_to_send(2)) if isinstance(f, Data)] == []
+    pub.on_frame(Rttm(5, 6, 12345, 0, 99, 0x80), DEST, 3)
+    reply = frames(pub.datagrams_to_send(3))[0]
+    assert reply == Rttm(5, 6, 12345, 0, 99, 0)
+    assert counters[SystemCounter.RETRANSMITS_SENT] == 1
+
+
+def test_connection_timeout_makes_not_connected(shm: Path) -> None:
+    pub, log, limit, appender, _ = make(shm)
+    pub.on_frame(sm(), DEST, 0)
+    lib.ss_offer(appender, b"a" * 100, 100)
+    pub.datagrams_to_send(0)
+    assert limit[0] == TERM // 2
+    deadline = pub.next_deadline_ns()
+    assert deadline <= 5000 * MS + 1
+    for t in range(100 * MS, 5200 * MS, 100 * MS):
+        pub.datagrams_to_send(t)
+    assert not pub.is_connected and not log.is_connected
+    assert limit[0] == pub.sender_position == 160
+
+
+def test_close_drain_eos_linger_done(shm: Path) -> None:
+    pub, _log, _limit, appender, _ = make(shm, publication_linger_timeout="1s")
+    pub.on_frame(sm(), DEST, 0)
+    assert lib.ss_offer(appender, b"a" * 100, 100) > 0
+    pub.close(0)
+    assert pub.state is PublicationState.DRAINING
+    pub.datagrams_to_send(0)
+    assert pub.state is PublicationState.LINGER
+    out = frames(pub.datagrams_to_send(100 * MS))
+    assert out == [Heartbeat(160, 5, 6, 10, 0xE0)]
+    pub.datagrams_to_send(1000 * MS)
+    assert pub.state is PublicationState.DONE
+    with pytest.raises(LocalProtocolError):
+        pub._transition("close", 0)
+
+
+def test_unicast_eos_sm_ends_linger(shm: Path) -> None:
+    pub, *_ = make(shm)
+    pub.on_frame(sm(), DEST, 0)
+    pub.close(0)
+    pub.datagrams_to_send(0)
+    assert pub.state is PublicationState.LINGER
+    pub.on_frame(sm(flags=0x40), DEST, 1)
+    pub.datagrams_to_send(1)
+    assert pub.state is PublicationState.DONE
+
+
+def test_send_channel_routes_and_counts_malformed(shm: Path) -> None:
+    pub, *_ = make(shm)
+    counters = LocalCounters()
+    channel = SendChannel(counters=counters)
+    channel.add_publication(pub)
+    channel.on_datagram(sm().encode(), RCV, 0)
+    assert pub.has_initial_connection
+    channel.on_datagram(b"\x00" * 5, RCV, 0)
+    channel.on_datagram(b"\x24\x00\x00\x00\x00\x00\x03\x00" + b"\x00" * 10, RCV, 0)
+    assert counters[SystemCounter.INVALID_PACKETS] == 2
+    channel.on_datagram(StatusMessage(5, 6, 0, 0, 0, 1, 0x80).encode(), RCV, 1)
+    assert pub.is_setup_elicited

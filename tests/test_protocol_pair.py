@@ -1,0 +1,527 @@
+"""A sender host and a receiver host joined by an in-memory link (h11 tests/helpers.py style).
+
+The test owns the clock and the link: it can drop, delay or reorder any datagram.  Logs are
+real log buffers under /dev/shm, written with the real C appender and read with the real
+subscriber ``Image``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slipstream.client._native import ffi, lib
+from slipstream.client.channel import parse_channel
+from slipstream.client.counters import SystemCounter
+from slipstream.client.frames import (
+    Data,
+    Heartbeat,
+    Nak,
+    Pad,
+    Setup,
+    StatusMessage,
+    decode,
+    decode_datagram,
+)
+from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.client.subscription import Image
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow_control import flow_control_for
+from slipstream.daemon.network_publication import (
+    NetworkPublication,
+    PublicationState,
+    SendChannel,
+)
+from slipstream.daemon.protocol_types import (
+    NO_DEADLINE,
+    Datagram,
+    ImageAvailable,
+    ImageUnavailable,
+    LocalCounters,
+)
+from slipstream.daemon.publication_image import ImageState
+from slipstream.daemon.receiver import ReceiveChannel
+
+MS = 1_000_000
+US = 1_000
+SENDER = ("10.0.0.1", 40001)
+RECEIVER = ("10.0.0.2", 40123)
+URI = "aeron:udp?endpoint=10.0.0.2:40123"
+SESSION = 77
+STREAM = 1001
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    path = Path("/dev/shm") / f"slipstream-pair-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Pair:
+    """Publisher host + receiver host + a link the test controls.
+
+    ``sent`` records every datagram as (t_ns, direction, frame(s)); ``drop`` is a predicate
+    on (direction, datagram) deciding loss; ``delay_ns`` is the one-way latency.
+    """
+
+    def __init__(self, directory: Path, *, uri: str = URI, term_length: int = 64 * 1024,
+                 settings_: DriverSettings | None = None, initial_term_id: int = 1000,
+                 receiver_uri: str | None = None) -> None:
+        self.dir = directory
+        self.now = 0
+        self.settings = settings_ or DriverSettings()
+        self.channel = parse_channel(uri)
+        self.pub_counters = LocalCounters()
+        self.rcv_counters = LocalCounters()
+        self.log = LogBuffer.create(directory / "pub.log", term_length=term_length,
+                                    initial_term_id=initial_term_id, session_id=SESSION,
+                                    stream_id=STREAM, mtu=self.channel.mtu or 1408,
+                                    correlation_id=1)
+        self.pub_limit = ffi.new("int64_t *", 0)
+        self.appender = new_appender(self.log, self.pub_limit)
+        self.publication = NetworkPublication(
+            log=self.log, channel=self.channel, settings=self.settings,
+            publisher_limit=self.pub_limit,
+            flow_control=flow_control_for(self.channel, self.settings),
+            counters=self.pub_counters, now_ns=0, destination=RECEIVER)
+        self.send_channel = SendChannel(counters=self.pub_counters)
+        self.send_channel.add_publication(self.publication)
+        self.receive = ReceiveChannel(
+            channel=parse_channel(receiver_uri or uri), settings=self.settings,
+            receiver_id=4242, counters=self.rcv_counters, log_factory=self._image_log,
+            now_ns=0, rng=random.Random(7))
+        self.receive.add_subscription(STREAM)
+        self.sub_position = ffi.new("int64_t *", 0)
+        self.subscriber: Image | None = None
+        self.received: list[bytes] = []
+        self.in_flight: list[tuple[int, int, str, Datagram]] = []  # (arrival, seq, dir, dg)
+        self._seq = 0
+        self.sent: list[tuple[int, str, object]] = []
+        self.drop: Callable[[str, Datagram], bool] = lambda direction, dg: False
+        self.delay_ns = 0
+        self.auto_poll = True
+
+    def _image_log(self, setup: Setup) -> LogBuffer:
+        return LogBuffer.create(
+            self.dir / f"image-{setup.session_id}.log", term_length=setup.term_length,
+            initial_term_id=setup.initial_term_id, session_id=setup.session_id,
+            stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=2,
+            initial_term_count=setup.active_term_id - setup.initial_term_id,
+            initial_term_offset=setup.term_offset)
+
+    # -- the publisher and subscriber apps ------------------------------------------------
+    def offer(self, payload: bytes) -> int:
+        for _ in range(10):
+            result = lib.ss_offer(self.appender, payload, len(payload))
+            if result != -3:  # ADMIN_ACTION: the term rotated, retry
+                return result
+        return result
+
+    def poll(self) -> int:
+        for event in self.receive.poll_events():
+            if isinstance(event, ImageAvailable):
+                image = event.image
+                self.sub_position[0] = image.join_position
+                self.subscriber = Image(image.log, self.sub_position,
+                                        join_position=image.join_position)
+                image.add_subscriber_position(self.sub_position)
+            elif isinstance(event, ImageUnavailable):
+                self.unavailable = event.image
+        if self.subscriber is None:
+            return 0
+        return self.subscriber.poll(lambda data, header: self.received.append(bytes(data)), 100)
+
+    # -- the network ----------------------------------------------------------------------
+    def _emit(self, direction: str, datagrams: list[Datagram]) -> None:
+        for dg in datagrams:
+            frames = decode_datagram(dg.data)
+            self.sent.append((self.now, direction, frames))
+            if self.drop(direction, dg):
+                continue
+            self._seq += 1
+            self.in_flight.append((self.now + self.delay_ns, self._seq, direction, dg))
+
+    def step(self) -> None:
+        """Deliver everything due, then let both sides send; repeat until quiet at now."""
+        for _ in range(10_000):
+            self.in_flight.sort()
+            due = [f for f in self.in_flight if f[0] <= self.now]
+            self.in_flight = [f for f in self.in_flight if f[0] > self.now]
+            for _, _, direction, dg in due:
+                if direction == "p2r":
+                    self.receive.on_datagram(dg.data, SENDER, self.now)
+                else:
+                    self.send_channel.on_datagram(dg.data, RECEIVER, self.now)
+            if self.auto_poll:
+                self.poll()
+            out_p = self.send_channel.datagrams_to_send(self.now)
+            out_r = self.receive.datagrams_to_send(self.now)
+            if self.auto_poll:
+                self.poll()
+            self._emit("p2r", out_p)
+            self._emit("r2p", out_r)
+            if (not due and not out_p and not out_r
+                    and self.next_event() > self.now):
+                return
+        raise AssertionError("livelock")
+
+    def next_event(self) -> int:
+        candidates = [self.send_channel.next_deadline_ns(), self.receive.next_deadline_ns()]
+        candidates += [f[0] for f in self.in_flight]
+        return min(candidates)
+
+    def run_until(self, t_ns: int) -> None:
+        """Advance the clock event by event (exact deadlines, no polling) up to ``t_ns``."""
+        self.step()
+        while True:
+            nxt = max(self.next_event(), self.now)
+            if nxt > t_ns or nxt == NO_DEADLINE:
+                self.now = t_ns
+                self.step()
+                return
+            self.now = nxt
+            self.step()
+
+    def frames(self, direction: str, kind: type) -> list[tuple[int, object]]:
+        out = []
+        for t, d, frames in self.sent:
+            if d == direction and isinstance(frames, list):
+                out.extend((t, f) for f in frames if type(f) is kind)
+        return out
+
+    @property
+    def image(self):
+        return next(iter(self.receive.images.values()))
+
+
+@pytest.fixture
+def pair(shm: Path) -> Pair:
+    return Pair(shm)
+
+
+def test_handshake_timing_matches_aeron(pair: Pair) -> None:
+    # No SM yet: SETUP at t=0 and every 100 ms (capture: SETUP t=0, SM 92 ms later).
+    pair.receive.remove_subscription(STREAM)
+    pair.run_until(350 * MS)
+    setups = [t for t, _ in pair.frames("p2r", Setup)]
+    assert setups == [0, 100 * MS, 200 * MS, 300 * MS]
+    assert not pair.frames("p2r", Heartbeat)
+    assert not pair.publication.is_connected
+    # The receiver subscribes: the next SETUP creates the image, which SMs at once.
+    pair.receive.add_subscription(STREAM)
+    pair.run_until(1000 * MS)
+    sms = [t for t, _ in pair.frames("r2p", StatusMessage)]
+    assert sms[0] == 400 * MS  # first SM at once
+    assert [b - a for a, b in itertools.pairwise(sms)] == [200 * MS] * (len(sms) - 1)
+    # Heartbeat right after the first SM, then every 100 ms while idle; SETUP stops.
+    hbs = [t for t, _ in pair.frames("p2r", Heartbeat)]
+    assert hbs[0] == 400 * MS
+    assert [b - a for a, b in itertools.pairwise(hbs)] == [100 * MS] * (len(hbs) - 1)
+    assert [t for t, _ in pair.frames("p2r", Setup)][-1] == 400 * MS
+    assert pair.publication.is_connected and pair.publication.has_initial_connection
+    assert pair.pub_limit[0] == 32 * 1024  # snd_pos 0 + term_length/2
+    sm = pair.frames("r2p", StatusMessage)[0][1]
+    assert (sm.receiver_window, sm.consumption_term_id, sm.consumption_term_offset) == (
+        32 * 1024, 1000, 0)
+
+
+def connect(pair: Pair) -> None:
+    pair.run_until(1 * MS)
+    assert pair.publication.is_connected
+
+
+def test_messages_flow_and_are_read(pair: Pair) -> None:
+    connect(pair)
+    payloads = [bytes([i]) * (100 + i) for i in range(50)]
+    for p in payloads:
+        assert pair.offer(p) > 0
+    pair.run_until(2 * MS)
+    assert pair.received == payloads
+    # Batched up to an MTU per datagram.
+    datas = [f for t, d, f in pair.sent if d == "p2r" and isinstance(f, list)
+             and isinstance(f[0], Data)]
+    assert len(datas) < 50 and any(len(f) > 1 for f in datas)
+
+
+def test_dropped_frame_nak_after_100us_and_retransmit_at_once(pair: Pair) -> None:
+    connect(pair)
+    dropped = []
+
+    def drop(direction: str, dg: Datagram) -> bool:
+        frame = decode(dg.data)
+        if direction == "p2r" and isinstance(frame, Data) and frame.term_offset == 0 \
+                and not dropped:
+            dropped.append(pair.now)
+            return True
+        return False
+
+    pair.drop = drop
+    pair.delay_ns = 10 * US
+    assert pair.offer(b"a" * 1300) > 0  # one frame per datagram
+    pair.run_until(2 * MS)
+    assert pair.offer(b"b" * 1300) > 0
+    pair.run_until(4 * MS)
+    naks = pair.frames("r2p", Nak)
+    assert len(naks) == 1
+    t_nak, nak = naks[0]
+    gap_seen = 2 * MS + 10 * US  # the second frame arrives and exposes the gap
+    assert t_nak == gap_seen + 100 * US
+    assert (nak.term_offset, nak.length) == (0, 1344)
+    retransmits = [t for t, f in pair.frames("p2r", Data) if f.term_offset == 0]
+    assert retransmits == [dropped[0], t_nak + 10 * US]
+    assert pair.received == [b"a" * 1300, b"b" * 1300]
+    assert pair.pub_counters[SystemCounter.RETRANSMITS_SENT] == 1
+    assert pair.rcv_counters[SystemCounter.NAK_MESSAGES_SENT] == 1
+
+
+def test_duplicate_naks_within_linger_are_ignored(pair: Pair) -> None:
+    connect(pair)
+    pair.offer(b"x" * 500)
+    pair.run_until(2 * MS)
+    nak = Nak(SESSION, STREAM, 1000, 0, 544).encode()
+    before = len(pair.frames("p2r", Data))
+    for i in range(5):
+        pair.send_channel.on_datagram(nak, RECEIVER, pair.now + i * MS)
+    out = pair.publication.datagrams_to_send(pair.now + 5 * MS)
+    assert len([d for d in out if isinstance(decode(d.data), Data)]) == 1
+    assert before == 1
+    # After the 10 ms linger the same NAK is served again.
+    pair.send_channel.on_datagram(nak, RECEIVER, pair.now + 11 * MS)
+    out = pair.publication.datagrams_to_send(pair.now + 11 * MS)
+    assert len([d for d in out if isinstance(decode(d.data), Data)]) == 1
+
+
+def test_large_gap_recovered_with_a_single_nak(pair: Pair) -> None:
+    connect(pair)
+    lost = set(range(5, 25))
+    counter = {"n": 0}
+
+    def drop(direction: str, dg: Datagram) -> bool:
+        frame = decode(dg.data)
+        if direction == "p2r" and isinstance(frame, Data):
+            counter["n"] += 1
+            return counter["n"] - 1 in lost
+        return False
+
+    pair.drop = drop
+    payloads = [bytes([i]) * 1000 for i in range(30)]  # 1056 B frames: 1 per datagram
+    for p in payloads:
+        pair.offer(p)
+    pair.run_until(5 * MS)
+    naks = pair.frames("r2p", Nak)
+    assert len(naks) == 1
+    assert naks[0][1].length == 20 * 1056
+    assert pair.received == payloads
+
+
+def test_tail_gap_found_via_heartbeat(pair: Pair) -> None:
+    connect(pair)
+
+    def drop(direction: str, dg: Datagram) -> bool:
+        frame = decode(dg.data)
+        return direction == "p2r" and isinstance(frame, Data) and frame.term_offset == 1056
+
+    pair.drop = drop
+    pair.offer(b"1" * 1000)
+    pair.offer(b"2" * 1000)
+    pair.run_until(50 * MS)
+    assert pair.received == [b"1" * 1000]
+    assert not pair.frames("r2p", Nak)
+    pair.drop = lambda direction, dg: False
+    pair.run_until(200 * MS)
+    hb_times = [t for t, f in pair.frames("p2r", Heartbeat) if f.term_offset == 2112]
+    naks = pair.frames("r2p", Nak)
+    assert naks[0][0] == hb_times[0] + 100 * US
+    assert pair.received == [b"1" * 1000, b"2" * 1000]
+
+
+def test_many_term_rotations_with_loss(pair: Pair) -> None:
+    connect(pair)
+    rng = random.Random(3)
+    pair.drop = lambda direction, dg: rng.random() < 0.05
+    pair.delay_ns = 50 * US
+    payloads = [i.to_bytes(4, "little") * 100 for i in range(2000)]  # 400 B, ~850 KB
+    sent = 0
+    t = pair.now
+    while len(pair.received) < len(payloads) and t < 20_000 * MS:
+        while sent < len(payloads) and pair.offer(payloads[sent]) > 0:
+            sent += 1
+        t += 1 * MS
+        pair.run_until(t)
+    assert pair.received == payloads
+    assert pair.publication.sender_position > 10 * 64 * 1024  # > 10 term rotations
+    assert pair.rcv_counters[SystemCounter.NAK_MESSAGES_SENT] > 0
+
+
+def test_flow_control_sender_stops_at_window_and_25_percent_rule(pair: Pair) -> None:
+    connect(pair)
+    pair.auto_poll = False
+    pair.poll()  # attach the subscriber, then stop consuming
+    window = 32 * 1024
+    n = 0
+    while pair.offer(b"z" * 992) > 0:  # 1024 B frames
+        n += 1
+    assert n == 32  # pub-lmt = term/2 = 32 KiB
+    pair.run_until(10 * MS)
+    assert pair.publication.sender_position == window  # sm position 0 + window
+    assert pair.publication.sender_limit == window
+    sms_before = len(pair.frames("r2p", StatusMessage))
+    # Consume 8 KiB: exactly 25 %, not more: no new SM.
+    pair.subscriber.poll(lambda d, h: None, 8)
+    pair.run_until(11 * MS)
+    assert len(pair.frames("r2p", StatusMessage)) == sms_before
+    pair.subscriber.poll(lambda d, h: None, 1)  # 9 KiB > 25 %: SM at once
+    pair.run_until(12 * MS)
+    sms = pair.frames("r2p", StatusMessage)
+    assert len(sms) == sms_before + 1
+    assert sms[-1][1].consumption_term_offset == 9 * 1024
+    assert pair.publication.sender_limit == 9 * 1024 + window
+
+
+def test_unreliable_stream_fills_gap_with_padding(shm: Path) -> None:
+    pair = Pair(shm, receiver_uri=URI + "|reliable=false")
+    connect(pair)
+
+    def drop(direction: str, dg: Datagram) -> bool:
+        frame = decode(dg.data)
+        return direction == "p2r" and isinstance(frame, Data) and frame.term_offset == 1056
+
+    pair.drop = drop
+    for i in range(3):
+        pair.offer(bytes([i]) * 1000)
+    pair.run_until(5 * MS)
+    assert not pair.frames("r2p", Nak)
+    assert pair.rcv_counters[SystemCounter.LOSS_GAP_FILLS] == 1
+    assert pair.received == [bytes([0]) * 1000, bytes([2]) * 1000]
+
+
+def test_eos_on_close_and_linger(pair: Pair) -> None:
+    connect(pair)
+    pair.offer(b"last")
+    pair.publication.close(pair.now)
+    assert pair.publication.state is PublicationState.DRAINING
+    pair.run_until(300 * MS)
+    assert pair.received == [b"last"]
+    eos = [t for t, f in pair.frames("p2r", Heartbeat) if f.is_eos]
+    assert eos and all(b - a == 100 * MS for a, b in itertools.pairwise(eos))
+    image = pair.image
+    assert image.is_end_of_stream
+    assert pair.subscriber.is_end_of_stream
+    # The image drains: SMs with EOS; the unicast sender stops lingering on it.
+    pair.run_until(2000 * MS)
+    assert any(f.is_eos for _, f in pair.frames("r2p", StatusMessage))
+    assert pair.publication.state is PublicationState.DONE
+    assert isinstance(getattr(pair, "unavailable", None), type(image))
+
+
+def test_linger_timeout_without_eos_sm(pair: Pair) -> None:
+    connect(pair)
+    pair.drop = lambda direction, dg: direction == "r2p"  # the receiver can't answer now
+    pair.publication.close(pair.now)
+    pair.run_until(100 * MS)
+    assert pair.publication.state is PublicationState.LINGER
+    pair.run_until(5200 * MS)
+    assert pair.publication.state is PublicationState.DONE
+    assert pair.publication.next_deadline_ns() == NO_DEADLINE
+
+
+def test_publication_not_connected_after_connection_timeout(pair: Pair) -> None:
+    connect(pair)
+    pair.offer(b"x" * 100)
+    pair.run_until(10 * MS)
+    assert pair.log.is_connected
+    pair.drop = lambda direction, dg: direction == "r2p"
+    pair.run_until(5100 * MS)
+    assert not pair.publication.is_connected
+    assert not pair.log.is_connected
+    assert pair.pub_limit[0] == pair.publication.sender_position
+    assert pair.offer(b"y") == -2 or pair.offer(b"y") == -1
+
+
+def test_image_drains_after_liveness_timeout(pair: Pair) -> None:
+    connect(pair)
+    pair.drop = lambda direction, dg: direction == "p2r"
+    pair.run_until(9000 * MS)
+    assert pair.image.state is ImageState.ACTIVE
+    pair.run_until(10_200 * MS)
+    assert pair.image.state is ImageState.DRAINING
+    last_sm = pair.frames("r2p", StatusMessage)[-1][1]
+    assert last_sm.is_eos
+
+
+def test_elicited_setup_for_late_receiver(pair: Pair) -> None:
+    connect(pair)
+    # A second receiver that knows nothing of the stream sees a heartbeat.
+    receive2 = ReceiveChannel(channel=parse_channel(URI), settings=pair.settings,
+                              receiver_id=99, counters=LocalCounters(),
+                              log_factory=lambda s: pair._image_log.__func__(pair, s),
+                              now_ns=pair.now, rng=random.Random(1))
+    receive2.add_subscription(STREAM)
+    hb = Heartbeat(0, SESSION, STREAM, 1000).encode()
+    receive2.on_datagram(hb, SENDER, pair.now)
+    out = receive2.datagrams_to_send(pair.now)
+    sm = decode(out[0].data)
+    assert isinstance(sm, StatusMessage) and sm.is_setup_request and out[0].address == SENDER
+    receive2.on_datagram(hb, SENDER, pair.now + 1)
+    assert receive2.datagrams_to_send(pair.now + 1) == []  # pending setup: 1 s
+    pair.send_channel.on_datagram(out[0].data, RECEIVER, pair.now)
+    assert pair.publication.is_setup_elicited
+    setups = [d for d in pair.publication.datagrams_to_send(pair.now + 100 * MS)
+              if isinstance(decode(d.data), Setup)]
+    assert setups
+
+
+def test_pad_at_term_end_is_sent_as_header(pair: Pair) -> None:
+    connect(pair)
+    n = 0
+    while n < 70:
+        assert pair.offer(b"q" * 1000) > 0 or True
+        n += 1
+        pair.run_until(pair.now + 1 * MS)
+    pads = pair.frames("p2r", Pad)
+    assert pads and all(isinstance(p, Pad) for _, p in pads)
+    assert len(pair.received) == 70
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=0, max_size=120))
+def test_random_bytes_never_raise(shm_static: Path, data: bytes) -> None:
+    receive, send = shm_static
+    receive.on_datagram(data, SENDER, 0)
+    receive.datagrams_to_send(0)
+    send.on_datagram(data, RECEIVER, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(-2**31, 2**31 - 1), st.binary(max_size=64),
+       st.sampled_from([0, 1]), st.integers(0, 255))
+def test_data_header_fuzz_into_live_image(shm_static: Path, offset: int, frame_length: int,
+                                          body: bytes, kind: int, flags: int) -> None:
+    import struct
+    receive, _send = shm_static
+    header = struct.pack("<iBBHiiiiq", frame_length, 0, flags, kind, offset, SESSION, STREAM,
+                         1000, 0)
+    receive.on_datagram(header + body, SENDER, 0)
+    receive.datagrams_to_send(0)
+
+
+@pytest.fixture(scope="module")
+def shm_static() -> Iterator[tuple[ReceiveChannel, SendChannel]]:
+    path = Path("/dev/shm") / f"slipstream-fuzz-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    try:
+        pair = Pair(path)
+        pair.run_until(1 * MS)
+        yield pair.receive, pair.send_channel
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,226 @@
+"""PublicationImage and ReceiveChannel on their own: raw datagrams in, SMs/NAKs out."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slipstream.client._native import ffi
+from slipstream.client.channel import parse_channel
+from slipstream.client.counters import SystemCounter
+from slipstream.client.frames import (
+    Data,
+    Heartbeat,
+    Nak,
+    Pad,
+    Rttm,
+    Setup,
+    StatusMessage,
+    decode,
+)
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.loss_detector import OptimalMulticastDelayGenerator, StaticDelayGenerator
+from slipstream.daemon.protocol_types import ImageAvailable, ImageUnavailable, LocalCounters
+from slipstream.daemon.publication_image import ImageState
+from slipstream.daemon.receiver import ReceiveChannel
+
+MS = 1_000_000
+US = 1_000
+TERM = 64 * 1024
+SRC = ("10.0.0.1", 5555)
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    path = Path("/dev/shm") / f"slipstream-img-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def receive_channel(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", **settings):
+    counters = LocalCounters()
+
+    def factory(setup: Setup) -> LogBuffer:
+        return LogBuffer.create(
+            shm / f"{uuid.uuid4().hex}.log", term_length=setup.term_length,
+            initial_term_id=setup.initial_term_id, session_id=setup.session_id,
+            stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=1,
+            initial_term_count=setup.active_term_id - setup.initial_term_id,
+            initial_term_offset=setup.term_offset)
+
+    rc = ReceiveChannel(channel=parse_channel(uri), settings=DriverSettings(**settings),
+                        receiver_id=7, counters=counters, log_factory=factory, now_ns=0,
+                        rng=random.Random(1))
+    rc.add_subscription(2)
+    return rc, counters
+
+
+def setup(active: int = 100, offset: int = 0, flags: int = 0) -> bytes:
+    return Setup(offset, 1, 2, 100, active, TERM, 1408, 0, flags).encode()
+
+
+def data(offset: int, payload: bytes = b"x" * 32, term_id: int = 100) -> bytes:
+    return Data(offset, 1, 2, term_id, payload).encode()
+
+
+def attach(rc: ReceiveChannel):
+    [event] = rc.poll_events()
+    assert isinstance(event, ImageAvailable)
+    image = event.image
+    cell = ffi.new("int64_t *", image.join_position)
+    image.add_subscriber_position(cell)
+    return image, cell
+
+
+def test_setup_creates_image_and_first_sm_at_once(shm: Path) -> None:
+    rc, _counters = receive_channel(shm)
+    rc.on_datagram(setup(active=101, offset=1024), SRC, 5)
+    image, _ = attach(rc)
+    assert image.state is ImageState.ACTIVE
+    assert image.join_position == TERM + 1024
+    assert rc.next_deadline_ns() == 5
+    [dg] = rc.datagrams_to_send(5)
+    assert dg.address == SRC
+    assert decode(dg.data) == StatusMessage(1, 2, 101, 1024, TERM // 2, 7, 0)
+    assert rc.next_deadline_ns() == 5 + 200 * MS
+    rc.on_datagram(setup(), SRC, 6)  # a known session: ignored
+    assert rc.poll_events() == []
+
+
+def test_window_is_rcv_wnd_capped_at_half_term(shm: Path) -> None:
+    rc, _ = receive_channel(shm, "aeron:udp?endpoint=10.0.0.2:40123|rcv-wnd=4096")
+    rc.on_datagram(setup(), SRC, 0)
+    attach(rc)
+    assert decode(rc.datagrams_to_send(0)[0].data).receiver_window == 4096
+
+
+def test_overrun_and_underrun_dropped(shm: Path) -> None:
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, cell = attach(rc)
+    rc.datagrams_to_send(0)
+    rc.on_datagram(data(TERM // 2), SRC, 1)  # position + length > last SM + term/2
+    assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 1
+    rc.on_datagram(data(0), SRC, 2)
+    assert image.rcv_hwm == 64
+    # Consume and SM past 64: a retransmit of 0 is now an under-run.
+    for off in range(64, 20000, 64):
+        rc.on_datagram(data(off), SRC, 3)
+    cell[0] = 19968
+    rc.datagrams_to_send(3)
+    assert image.last_sm_position == 19968
+    rc.on_datagram(data(0), SRC, 4)
+    assert counters[SystemCounter.FLOW_CONTROL_UNDER_RUNS] == 1
+
+
+def test_unicast_and_group_nak_delays(shm: Path) -> None:
+    rc, _ = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, _ = attach(rc)
+    assert isinstance(image.loss_detector.delay_generator, StaticDelayGenerator)
+    rc.datagrams_to_send(0)
+    rc.on_datagram(data(64), SRC, 1 * MS)
+    rc.datagrams_to_send(1 * MS)
+    assert rc.next_deadline_ns() == 1 * MS + 100 * US
+    [nak] = [decode(d.data) for d in rc.datagrams_to_send(1 * MS + 100 * US)]
+    assert nak == Nak(1, 2, 100, 0, 64)
+    assert rc.next_deadline_ns() == 1 * MS + 100 * US + 10 * MS
+    rc2, _ = receive_channel(shm)
+    rc2.on_datagram(setup(flags=0x40), SRC, 0)
+    image2, _ = attach(rc2)
+    assert isinstance(image2.loss_detector.delay_generator, OptimalMulticastDelayGenerator)
+
+
+def test_multicast_control_goes_to_control_group(shm: Path) -> None:
+    rc, _ = receive_channel(shm, "aeron:udp?endpoint=224.0.1.1:40456")
+    rc.on_datagram(setup(flags=0x40), SRC, 0)
+    attach(rc)
+    assert rc.datagrams_to_send(0)[0].address == ("224.0.1.2", 40456)
+
+
+def test_heartbeat_eos_then_draining_with_eos_sm_then_unavailable(shm: Path) -> None:
+    rc, _ = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, cell = attach(rc)
+    rc.on_datagram(data(0), SRC, 0)
+    rc.on_datagram(Heartbeat(64, 1, 2, 100, 0xE0).encode(), SRC, 1)
+    sms = [decode(d.data) for d in rc.datagrams_to_send(1)]
+    assert image.is_end_of_stream and image.log.end_of_stream_position == 64
+    assert image.state is ImageState.DRAINING
+    assert sms and sms[-1].is_eos
+    cell[0] = 64
+    t = 1
+    while image.state is ImageState.DRAINING:
+        t = rc.next_deadline_ns()
+        rc.datagrams_to_send(t)
+    assert t == 1 + 5 * 200 * MS
+    assert isinstance(rc.poll_events()[0], ImageUnavailable)
+    image.remove_subscriber_position(cell)
+    rc.datagrams_to_send(t + 1)
+    assert image.state is ImageState.DONE and not rc.images
+    rc.on_datagram(setup(), SRC, t + 2)  # cooling down
+    assert rc.poll_events() == []
+
+
+def test_elicit_setup_for_unknown_session_and_session_filter(shm: Path) -> None:
+    rc, _ = receive_channel(shm)
+    rc.on_datagram(data(0), SRC, 0)
+    [sm] = [decode(d.data) for d in rc.datagrams_to_send(0)]
+    assert sm == StatusMessage(1, 2, 0, 0, 0, 7, 0x80)
+    rc.on_datagram(Heartbeat(0, 1, 2, 100, 0xE0).encode(), SRC, 2 * 10**9)  # EOS: no elicit
+    assert rc.datagrams_to_send(2 * 10**9) == []
+    rc2, _ = receive_channel(shm)
+    rc2.remove_subscription(2)
+    rc2.add_subscription(2, session_id=9)
+    rc2.on_datagram(setup(), SRC, 0)
+    assert rc2.poll_events() == []
+
+
+def test_rttm_reply_echoed(shm: Path) -> None:
+    rc, _ = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    attach(rc)
+    rc.datagrams_to_send(0)
+    rc.on_datagram(Rttm(1, 2, 555, 0, 0, 0x80).encode(), SRC, 1)
+    out = [decode(d.data) for d in rc.datagrams_to_send(1)]
+    assert Rttm(1, 2, 555, 0, 7, 0) in out
+
+
+@pytest.mark.parametrize("bad", [
+    b"",
+    b"\x00" * 7,
+    Data(16, 1, 2, 100, b"x").encode(),  # misaligned offset
+    Data(TERM - 32, 1, 2, 100, b"x" * 64).encode(),  # past the term end
+    Heartbeat(0, 1, 2, 100).encode() + b"\x00" * 32,  # heartbeat longer than 32
+    Pad(0, 1, 2, 100, 48).encode(),  # pad length not aligned
+    b"\x20\x00\x00\x00\x01\xc0\x01\x00" + b"\x00" * 24,  # version 1
+    b"\x28\x00\x00\x00\x00\x00\x05\x00" + b"\x00" * 8,  # short SETUP
+    b"\x10\x00\x00\x00\x00\x00\x99\x00" + b"\x00" * 24,  # unknown type
+])
+def test_malformed_datagrams_counted(shm: Path, bad: bytes) -> None:
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    attach(rc)
+    rc.on_datagram(bad, SRC, 1)
+    rc.datagrams_to_send(1)
+    assert counters[SystemCounter.INVALID_PACKETS] == 1
+
+
+def test_large_pad_is_not_an_overrun_and_completes_the_term(shm: Path) -> None:
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, _ = attach(rc)
+    rc.datagrams_to_send(0)
+    rc.on_datagram(data(0), SRC, 1)
+    rc.on_datagram(Pad(64, 1, 2, 100, TERM - 64).encode(), SRC, 1)
+    rc.datagrams_to_send(1)
+    assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 0
+    assert image.rcv_hwm == image.rcv_pos == TERM
+    assert image.loss_detector.next_deadline_ns() > 1 * 10**18  # no gap
