@@ -196,8 +196,10 @@ class Client:
                     self._check_driver()
                     with contextlib.suppress(zmq.ZMQError):
                         self._socket.send(control.encode({"type": control.KEEPALIVE}), zmq.NOBLOCK)
+            # Events make the socket's FD readable; otherwise wake only for the next keepalive
+            # (each wake-up can preempt a spinning reader on a small machine).
             with contextlib.suppress(OSError, ValueError):
-                select.select([self._fd], [], [], min(self._keepalive_interval, 0.1))
+                select.select([self._fd], [], [], max(0.0, next_keepalive - time.monotonic()))
 
     def _check_driver(self) -> None:
         heartbeat = self.counters.driver_heartbeat_ns

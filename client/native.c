@@ -85,13 +85,13 @@ struct ss_futex_waitv {
 };
 #define SS_FUTEX2_SIZE_U32 0x02
 
-static int park_many(int32_t *const *signals, const int32_t *seen, int32_t count, int64_t deadline_ns) {
+static int park_many(const ss_reader_t *readers, const int32_t *seen, int32_t count,
+                     int64_t deadline_ns) {
     struct ss_futex_waitv waiters[16];
     struct timespec ts, *tsp = NULL;
-    if (count > 16) count = 16;
     for (int32_t i = 0; i < count; i++) {
         waiters[i].val = (uint32_t)seen[i];
-        waiters[i].uaddr = (uint64_t)(uintptr_t)signals[i];
+        waiters[i].uaddr = (uint64_t)(uintptr_t)readers[i].signal;
         waiters[i].flags = SS_FUTEX2_SIZE_U32; /* shared: no FUTEX2_PRIVATE */
         waiters[i].reserved = 0;
     }
@@ -101,39 +101,37 @@ static int park_many(int32_t *const *signals, const int32_t *seen, int32_t count
         tsp = &ts;
     }
     long rc = syscall(SYS_futex_waitv, waiters, count, 0, tsp, CLOCK_MONOTONIC);
-    if (rc < 0 && errno == ENOSYS && count > 0) {
-        /* Older kernels: park on the first image with a short timeout and let the caller re-poll. */
+    if (rc < 0 && errno == ENOSYS) {
+        /* Older kernels: park on the first image with a short timeout; the caller re-checks. */
         int64_t rel = deadline_ns < 0 ? 1000000 : deadline_ns - monotonic_ns();
         if (rel > 1000000) rel = 1000000;
         if (rel < 0) rel = 0;
-        return ss_futex_wait(signals[0], seen[0], rel);
+        return ss_futex_wait(readers[0].signal, seen[0], rel);
     }
     return rc < 0 ? errno : 0;
 }
 
-static inline int any_committed(uint8_t *const *frames, int32_t count) {
+static inline int any_committed(const ss_reader_t *readers, int32_t count) {
     for (int32_t i = 0; i < count; i++) {
-        if (LOAD_ACQ((const int32_t *)frames[i]) != 0) return 1;
+        const ss_reader_t *r = &readers[i];
+        int64_t position = LOAD_ACQ(r->position);
+        int32_t index = (int32_t)((position >> r->position_bits) % SS_PARTITION_COUNT);
+        const uint8_t *frame = r->log + (int64_t)index * r->term_length +
+                               (position & (r->term_length - 1));
+        if (LOAD_ACQ((const int32_t *)frame) != 0) return 1;
     }
     return 0;
 }
 
-int ss_await_frames(uint8_t *const *frames, int32_t *const *signals, int32_t *const *waiters,
-                    int32_t count, int64_t spin_ns, int64_t timeout_ns) {
+int ss_await_frames(const ss_reader_t *readers, int32_t count, int64_t spin_ns, int64_t timeout_ns) {
     int64_t start = monotonic_ns();
     int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
     int32_t seen[16];
     if (count > 16) count = 16;
-    if (count <= 0) {
-        /* Nothing to wait on: sleep out the timeout (bounded) so callers do not spin. */
-        struct timespec ts = {0, 1000000};
-        if (timeout_ns >= 0 && timeout_ns < 1000000) ts.tv_nsec = timeout_ns;
-        nanosleep(&ts, NULL);
-        return 0;
-    }
+    if (count <= 0) return 0;
     /* Spin phase: cheap while traffic flows, it is what keeps latency low. */
     for (uint32_t n = 0;; n++) {
-        if (any_committed(frames, count)) return 1;
+        if (any_committed(readers, count)) return 1;
         if ((n & 63) == 63) {
             int64_t now = monotonic_ns();
             if (now - start >= spin_ns) break;
@@ -142,20 +140,21 @@ int ss_await_frames(uint8_t *const *frames, int32_t *const *signals, int32_t *co
         cpu_relax();
     }
     /* Park phase: register as a waiter, re-check (the writer may have committed in between),
-     * then sleep until the writer bumps the signal word. */
-    for (int32_t i = 0; i < count; i++) __atomic_fetch_add(waiters[i], 1, __ATOMIC_SEQ_CST);
+     * then sleep until a writer bumps a signal word. */
+    for (int32_t i = 0; i < count; i++) __atomic_fetch_add(readers[i].waiters, 1, __ATOMIC_SEQ_CST);
     int result = 0;
     for (;;) {
-        for (int32_t i = 0; i < count; i++) seen[i] = __atomic_load_n(signals[i], __ATOMIC_SEQ_CST);
-        if (any_committed(frames, count)) { result = 1; break; }
+        for (int32_t i = 0; i < count; i++) seen[i] = __atomic_load_n(readers[i].signal, __ATOMIC_SEQ_CST);
+        if (any_committed(readers, count)) { result = 1; break; }
         if (deadline >= 0 && monotonic_ns() >= deadline) break;
-        int rc = park_many(signals, seen, count, deadline);
-        if (rc == ETIMEDOUT) { result = any_committed(frames, count); break; }
-        if (rc == 0 || rc == EAGAIN) { if (any_committed(frames, count)) { result = 1; break; } }
-        /* EINTR: return so Python can deliver signals (KeyboardInterrupt). */
-        if (rc == EINTR) { result = any_committed(frames, count); break; }
+        int rc = park_many(readers, seen, count, deadline);
+        if (rc == EAGAIN) continue; /* the word moved before we slept: look again */
+        /* Woken (data, or an image change the caller must see), timed out, or interrupted
+         * (EINTR: Python delivers signals such as KeyboardInterrupt): return either way. */
+        result = any_committed(readers, count);
+        break;
     }
-    for (int32_t i = 0; i < count; i++) __atomic_fetch_sub(waiters[i], 1, __ATOMIC_SEQ_CST);
+    for (int32_t i = 0; i < count; i++) __atomic_fetch_sub(readers[i].waiters, 1, __ATOMIC_SEQ_CST);
     return result;
 }
 

@@ -105,11 +105,20 @@ int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_ter
 int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int32_t max_frames,
                      int32_t *starts, int32_t *ends, int32_t *next_offset);
 
-/* Spin for up to spin_ns, then park, until a frame is committed at one of `count` reader
- * positions.  frames[i] points at the frame each image's reader would read next; signals and
- * waiters at each image's eventcount.  Returns 1 if data is (probably) there, 0 on timeout. */
-int ss_await_frames(uint8_t *const *frames, int32_t *const *signals, int32_t *const *waiters,
-                    int32_t count, int64_t spin_ns, int64_t timeout_ns);
+/* What a parked reader watches for one image: the frame at its subscriber position. */
+typedef struct {
+    const uint8_t *log;      /* start of term 0 */
+    const int64_t *position; /* the subscriber's position counter */
+    int32_t *signal;         /* the log's eventcount */
+    int32_t *waiters;
+    int32_t term_length;
+    int32_t position_bits;
+} ss_reader_t;
+
+/* Spin for up to spin_ns, then park, until a frame is committed at one of `count` readers'
+ * positions (at most 16) or timeout_ns passes (-1: no timeout).  Returns 1 if data is
+ * (probably) there, 0 on timeout. */
+int ss_await_frames(const ss_reader_t *readers, int32_t count, int64_t spin_ns, int64_t timeout_ns);
 
 /* ---- sender: scan for availability (TermScanner) ----
  * Bytes of committed frames from `offset`, whole aligned frames only, at most max_length.

@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 _HEADER_FIELDS = struct.Struct("<iBBHiiiiq")
 _dispatch = _fastpath.dispatch
 _MAX_SCAN = 4096  # frames per C scan; a poll's fragment limit is split into scans this big
-_PARK_SLICE_NS = 100_000_000  # re-check images (they may come and go) at least this often
+# A parked receive re-checks its images at least this often.  Image changes wake it at once
+# (through the eventcounts), so this is a safety net; each wake-up of an idle vCPU costs
+# hundreds of µs of CPU here, so it is rare.
+_PARK_SLICE_NS = 1_000_000_000
 
 
 class Header:
@@ -179,11 +182,14 @@ class Image:
         """The publisher is gone and everything it wrote has been consumed."""
         return self._position >= self._log.end_of_stream_position
 
-    def frame_address(self):  # -> cffi uint8_t *
-        """Address of the frame this reader would read next (what a parked reader watches)."""
-        position = self._position
-        index = (position >> self._position_bits) % PARTITION_COUNT
-        return self._term_ptrs[index] + (position & self._term_mask)
+    def _describe(self, reader) -> None:  # reader: cffi ss_reader_t
+        """Fill in what a parked reader watches for this image."""
+        reader.log = self._log.address
+        reader.position = self._position_ptr
+        reader.signal = self.signal
+        reader.waiters = self.waiters
+        reader.term_length = self.term_length
+        reader.position_bits = self._position_bits
 
     def _advance(self, position: int) -> None:
         self._position = position
@@ -405,6 +411,8 @@ class Subscription:
         self._closed = False
         self._images_changed = threading.Condition()
         self._spin_ns = client.idle_spin_ns
+        self._readers = None
+        self._readers_for: tuple[Image, ...] | None = None
 
     def _new_image(self, log: LogBuffer, position_counter_id: int, join_position: int,
                    correlation_id: int, source_identity: str) -> Image:
@@ -468,36 +476,44 @@ class Subscription:
         if count:
             return count
         deadline = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
+        spin_ns = self._spin_ns  # spin once per wait; later slices only park
         while not self._closed:
             remaining = _PARK_SLICE_NS if deadline is None else deadline - time.monotonic_ns()
             if remaining <= 0:
                 return 0
-            self.wait_for_data(min(remaining, _PARK_SLICE_NS))
+            self.wait_for_data(min(remaining, _PARK_SLICE_NS), spin_ns)
+            spin_ns = 0
             count = self.poll(handler, fragment_limit)
             if count:
                 return count
         return 0
 
-    def wait_for_data(self, timeout_ns: int) -> bool:
-        """Block until a frame is committed at some image's position, or ``timeout_ns``."""
+    def wait_for_data(self, timeout_ns: int, spin_ns: int | None = None) -> bool:
+        """Block until a frame is committed at some image's position, or ``timeout_ns``;
+        spin for ``spin_ns`` first (default: the client's ``idle_spin_ns``)."""
         images = self._images
         if not images:
             with self._images_changed:
                 if not self._images:
                     self._images_changed.wait(timeout_ns / 1e9)
             return bool(self._images)
-        count = min(len(images), 16)
-        frames = ffi.new("uint8_t *[]", [image.frame_address() for image in images[:count]])
-        signals = ffi.new("int32_t *[]", [image.signal for image in images[:count]])
-        waiters = ffi.new("int32_t *[]", [image.waiters for image in images[:count]])
-        return bool(lib.ss_await_frames(frames, signals, waiters, count, self._spin_ns,
+        if self._readers_for is not images:
+            # What C watches, built once per set of images: waiting allocates nothing.
+            self._readers = readers = ffi.new("ss_reader_t[]", min(len(images), 16))
+            for reader, image in zip(readers, images, strict=False):
+                image._describe(reader)
+            self._readers_for = images
+        return bool(lib.ss_await_frames(self._readers, len(self._readers),
+                                        self._spin_ns if spin_ns is None else spin_ns,
                                         timeout_ns))
 
     # -- image life cycle (called from the client conductor thread) ---------------------------
     def _add_image(self, image: Image) -> None:
         with self._images_changed:
-            self._images = (*self._images, image)
+            previous, self._images = self._images, (*self._images, image)
             self._images_changed.notify_all()
+        for parked_on in previous:  # a receive parked on the old images must wait on all now
+            lib.ss_signal(parked_on.signal, parked_on.waiters)
         if self.on_available_image is not None:
             self.on_available_image(image)
 

@@ -133,12 +133,12 @@ class IpcPublication:
 
     # -- duty cycle --------------------------------------------------------------------------
     def update_limits(self, now_ns: int) -> int:
-        """Recompute pub-lmt, clean behind the slowest subscriber, unblock; returns work done."""
+        """Recompute pub-lmt, clean behind the slowest subscriber, unblock.  Returns the work
+        that wants the next cycle soon (state changes, a publisher near its limit)."""
         work = 0
         producer = self.log.producer_position()
         if self.counters.get(self.publisher_position_id) != producer:
             self.counters.set(self.publisher_position_id, producer)
-            work += 1
         consumer = self.consumer_position()
         if consumer is None:
             if self.log.is_connected:
@@ -152,11 +152,15 @@ class IpcPublication:
         if not self.log.is_connected:
             self.log.is_connected = True
             work += 1
+        # Clean first: the raised limit may let the publisher into the partition just cleaned.
+        work += self._clean(consumer)
         limit = consumer + self.term_window_length
         if limit != self.counters.get(self.publisher_limit_id):
             self.counters.set(self.publisher_limit_id, limit)
+        if limit - producer < self.term_window_length // 2:
+            # Little headroom left: keep the duty cycle brisk.  With plenty the driver may back
+            # off; a publisher that does reach the limit wakes it through the eventcount.
             work += 1
-        work += self._clean(consumer)
         if consumer != self._last_consumer_position:
             self._last_consumer_position = consumer
             self._time_of_last_consumer_change_ns = now_ns

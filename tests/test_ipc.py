@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
+import resource
 import time
 from pathlib import Path
 
@@ -170,10 +170,10 @@ def _idle_receiver(directory: str, ready, cpu) -> None:
             time.sleep(0.01)
         subscription.receive(lambda d, h: None, 10, timeout=0.2)  # settle
         ready.set()
-        start = os.times()
+        start = resource.getrusage(resource.RUSAGE_SELF)
         subscription.receive(lambda d, h: None, 10, timeout=2.0)
-        end = os.times()
-        cpu.value = (end.user + end.system) - (start.user + start.system)
+        end = resource.getrusage(resource.RUSAGE_SELF)
+        cpu.value = (end.ru_utime + end.ru_stime) - (start.ru_utime + start.ru_stime)
 
 
 def test_a_waiting_subscriber_uses_almost_no_cpu(driver) -> None:
@@ -186,7 +186,7 @@ def test_a_waiting_subscriber_uses_almost_no_cpu(driver) -> None:
         assert ready.wait(30)
         process.join(30)
     assert process.exitcode == 0
-    assert 0 <= cpu.value < 0.1, f"waiting 2 s cost {cpu.value:.3f} s of CPU"
+    assert 0 <= cpu.value < 0.04, f"waiting 2 s cost {cpu.value:.3f} s of CPU (over 2 %)"
 
 
 def test_closed_publication_returns_closed(client: Client) -> None:
