@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gc
 import multiprocessing
-import os
 import resource
 import sys
 import tempfile
@@ -22,16 +21,10 @@ from pathlib import Path
 
 from hdrh.histogram import HdrHistogram
 
-from bench.ipc_throughput import machine
+from bench.ipc_throughput import machine, pin
 
 PING_STREAM, PONG_STREAM = 2001, 2002
 WARMUP = 2000
-
-
-def _pin(cpu: int) -> None:
-    """Keep each side on its own core (both contenders alike), as latency tests do."""
-    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
-        os.sched_setaffinity(0, {cpu % (os.cpu_count() or 1)})
 
 
 def _pace(next_send: float) -> None:
@@ -70,7 +63,7 @@ def _ss_ponger(directory: str, rounds: int, idle_cpu, ready) -> None:
 def _ss_pinger(directory: str, rounds: int, rate: int, ready, out) -> None:
     from slipstream.client import Client
 
-    _pin(0)
+    pin(0)
     histogram = HdrHistogram(1, 1_000_000_000, 3)
     with Client.connect(directory) as client:
         pings = client.add_publication("aeron:ipc", PING_STREAM)
@@ -103,7 +96,7 @@ def _ss_pinger(directory: str, rounds: int, rate: int, ready, out) -> None:
 def _zmq_ponger(endpoint: str, rounds: int, ready) -> None:
     import zmq
 
-    _pin(1)
+    pin(1)
     context = zmq.Context()
     socket = context.socket(zmq.PAIR)
     socket.bind(endpoint)
@@ -118,7 +111,7 @@ def _zmq_ponger(endpoint: str, rounds: int, ready) -> None:
 def _zmq_pinger(endpoint: str, rounds: int, rate: int, ready, out) -> None:
     import zmq
 
-    _pin(0)
+    pin(0)
     histogram = HdrHistogram(1, 1_000_000_000, 3)
     ready.wait()
     context = zmq.Context()

@@ -23,11 +23,18 @@ from pathlib import Path
 BATCH = 256  # messages per offer_batch call
 
 
+def pin(cpu: int) -> None:
+    """Publisher on one core, subscriber on the other (every contender alike)."""
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {cpu % (os.cpu_count() or 1)})
+
+
 # -- slipstream ------------------------------------------------------------------------------
 def _ss_publisher(directory: str, stream_id: int, size: int, count: int, batch: bool,
                   start) -> None:
     from slipstream.client import Client
 
+    pin(0)
     with Client.connect(directory) as client:
         publication = client.add_publication("aeron:ipc", stream_id)
         while not publication.is_connected:
@@ -54,6 +61,7 @@ def _ss_subscriber(directory: str, stream_id: int, count: int, batch: bool, read
                    result) -> None:
     from slipstream.client import Client
 
+    pin(1)
     with Client.connect(directory) as client:
         subscription = client.add_subscription("aeron:ipc", stream_id)
         ready.set()  # the publisher creates the stream; its image arrives then
@@ -105,6 +113,7 @@ def run_slipstream(directory: Path, size: int, count: int, batch: bool, stream_i
 def _zmq_publisher(endpoint: str, size: int, count: int, start) -> None:
     import zmq
 
+    pin(0)
     context = zmq.Context()
     socket = context.socket(zmq.PUB)
     socket.setsockopt(zmq.SNDHWM, 0)  # never drop: the fair comparison to a reliable stream
@@ -122,6 +131,7 @@ def _zmq_publisher(endpoint: str, size: int, count: int, start) -> None:
 def _zmq_subscriber(endpoint: str, count: int, ready, result) -> None:
     import zmq
 
+    pin(1)
     context = zmq.Context()
     socket = context.socket(zmq.SUB)
     socket.setsockopt(zmq.RCVHWM, 0)

@@ -304,20 +304,83 @@ int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length) {
     return ss_refine(a, result);
 }
 
-int32_t ss_offer_batch(ss_appender_t *a, const char *data, const int32_t *lengths, int32_t count,
-                       int64_t *result) {
+/* Claim a run of unfragmented messages with one atomic add and write them; returns how many
+ * were written (0: nothing fits here, the caller falls back to single appends). */
+static int32_t append_run(ss_appender_t *a, const uint8_t *data, const int32_t *lengths,
+                          int32_t count, int64_t *position_out) {
+    uint8_t *meta = a->meta;
+    int32_t term_count = LOAD_ACQ(active_term_count_ptr(meta));
+    int32_t index = term_count % SS_PARTITION_COUNT;
+    int64_t *tail = tail_counter(meta, index);
+    int64_t raw = __atomic_load_n(tail, __ATOMIC_ACQUIRE);
+    int32_t term_id = (int32_t)(raw >> 32);
+    int64_t raw_offset = raw & 0xFFFFFFFFLL;
+    if (raw_offset >= a->term_length) return 0;
+    if (term_count != (int32_t)((uint32_t)term_id - (uint32_t)a->initial_term_id)) return 0;
+    int64_t position = ((int64_t)term_count << a->position_bits) + raw_offset;
+    int64_t room = LOAD_ACQ(a->publication_limit) - position;
+    if (a->term_length - raw_offset < room) room = a->term_length - raw_offset;
+    int32_t run = 0;
+    int64_t total = 0;
+    while (run < count && lengths[run] <= a->max_payload) {
+        int32_t aligned = align32(lengths[run] + SS_HEADER_LENGTH);
+        if (total + aligned > room) break;
+        total += aligned;
+        run++;
+    }
+    if (run == 0) return 0;
+    raw = __atomic_fetch_add(tail, total, __ATOMIC_SEQ_CST);
+    term_id = (int32_t)(raw >> 32);
+    raw_offset = raw & 0xFFFFFFFFLL;
+    int32_t term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
+    uint8_t *term = a->log + (int64_t)index * a->term_length;
+    if ((int64_t)term_offset + total > a->term_length) {
+        /* Another writer moved the tail meanwhile and the run no longer fits: this claim
+         * crossed the end of the term, so pad and rotate exactly as a single append would. */
+        end_of_term(a, term, term_offset, term_id, term_count);
+        return 0;
+    }
+    int32_t offset = term_offset;
+    for (int32_t i = 0; i < run; i++) {
+        int32_t frame_length = lengths[i] + SS_HEADER_LENGTH;
+        uint8_t *frame = term + offset;
+        write_header(frame, frame_length, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_DATA, offset, a->session_id,
+                     a->stream_id, term_id);
+        *(int64_t *)(frame + 24) = 0;
+        memcpy(frame + SS_HEADER_LENGTH, data, (size_t)lengths[i]);
+        STORE_REL((int32_t *)frame, frame_length);
+        data += lengths[i];
+        offset += align32(frame_length);
+    }
+    *position_out = ((int64_t)term_count << a->position_bits) + offset;
+    return run;
+}
+
+int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
+                       const int32_t *lengths, int32_t count, int64_t *result) {
     if (a->closed) { *result = SS_CLOSED; return 0; }
+    int64_t needed = 0;
+    for (int32_t i = 0; i < count; i++) {
+        if (lengths[i] < 0 || lengths[i] > a->max_message_length) { *result = SS_INVALID_LENGTH; return 0; }
+        needed += lengths[i];
+    }
+    if (needed > data_length) { *result = SS_INVALID_BATCH; return 0; }
     int32_t done = 0;
     int64_t last = 0;
     const uint8_t *cursor = (const uint8_t *)data;
     while (done < count) {
-        int32_t length = lengths[done];
-        if (length < 0 || length > a->max_message_length) { last = SS_INVALID_LENGTH; break; }
-        int64_t rc = append(a, cursor, length);
-        if (rc == SS_ADMIN_ACTION) {
-            rc = append(a, cursor, length); /* the rotation is done; one retry lands in the new term */
-            if (rc == SS_ADMIN_ACTION) continue;
+        int64_t run_position = 0;
+        int32_t run = append_run(a, cursor, lengths + done, count - done, &run_position);
+        if (run > 0) {
+            for (int32_t i = 0; i < run; i++) cursor += lengths[done + i];
+            done += run;
+            last = run_position;
+            continue;
         }
+        /* A fragmented message, the end of the term or the limit: one at a time. */
+        int32_t length = lengths[done];
+        int64_t rc = append(a, cursor, length);
+        if (rc == SS_ADMIN_ACTION) continue; /* the rotation is done: retry in the new term */
         if (rc < 0) { if (done == 0) last = ss_refine(a, rc); break; }
         last = rc;
         cursor += length;

@@ -35,6 +35,7 @@
 #define SS_MAX_POSITION_EXCEEDED (-5)
 /* internal: a length outside [0, max] reached C; Python turns it into MessageTooLongError */
 #define SS_INVALID_LENGTH (-100)
+#define SS_INVALID_BATCH (-101)
 
 /* Everything an appender needs, filled once by Python when a publication is created. */
 typedef struct {
@@ -82,11 +83,14 @@ int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length);
  * subscriber, else BACK_PRESSURED (counting one back-pressure event per limit value reached and
  * waking the driver if it is parked, so it raises the limit as soon as subscribers move). */
 int64_t ss_refine(ss_appender_t *a, int64_t result);
-/* Append `count` messages packed back to back in `data` with their lengths in `lengths`.
- * Stops early at the publication limit; rotates terms itself.  Returns how many were appended
- * and stores the last position (or the failing code when none was appended) in *result. */
-int32_t ss_offer_batch(ss_appender_t *a, const char *data, const int32_t *lengths,
-                       int32_t count, int64_t *result);
+/* Append `count` messages packed back to back in `data` (data_length bytes) with their lengths
+ * in `lengths`.  Runs of unfragmented messages are claimed with one atomic add.  Stops early at
+ * the publication limit; rotates terms itself.  Returns how many were appended and stores the
+ * last position (or, when none was appended, the refined failure code) in *result.
+ * SS_INVALID_LENGTH: a length is out of range; SS_INVALID_BATCH: lengths exceed data_length. */
+int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
+                       const int32_t *lengths, int32_t count, int64_t *result);
+
 /* Claim a single unfragmented frame of `length` payload bytes; on success *frame_offset is the
  * frame's offset from the start of the log (header included) and the new position is returned. */
 int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset);

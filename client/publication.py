@@ -142,15 +142,20 @@ class Publication:
         if count == 0:
             return 0
         result = self._batch_result
-        with ffi.from_buffer(data) as source, ffi.from_buffer("int32_t[]", lengths) as sizes:
-            if len(source) < sum(lengths):
-                raise ValueError(f"data holds {len(source)} bytes but lengths add up to "
-                                 f"{sum(lengths)}")
-            done = lib.ss_offer_batch(self._appender, source, sizes, count, result)
+        with ffi.from_buffer("int32_t[]", lengths) as sizes:
+            if isinstance(data, bytes):
+                done = lib.ss_offer_batch(self._appender, data, len(data), sizes, count, result)
+            else:
+                with ffi.from_buffer(data) as source:
+                    done = lib.ss_offer_batch(self._appender, source, len(source), sizes, count,
+                                              result)
         if done > 0:
             return done
         if result[0] == lib.SS_INVALID_LENGTH:
             raise MessageTooLongError(max(lengths), self.max_message_length)
+        if result[0] == lib.SS_INVALID_BATCH:
+            raise ValueError(f"the lengths add up to {sum(lengths)} bytes but data holds "
+                             f"{len(memoryview(data))}")
         return result[0]
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:

@@ -225,6 +225,9 @@ class _DriverShell:
             deadline = self.conductor.next_deadline_ns()
             delay = max(0.0, min(delay, (deadline - time.monotonic_ns()) / 1e9))
             self._wake = trio.Event()
+            # Registered as a waiter only for a real park: while active the cycle comes within a
+            # millisecond anyway, and a wake-up per back-pressured offer would cost more CPU on
+            # a small machine than it saves.
             parked = delay > ACTIVE_CYCLE_S
             if parked:
                 lib.ss_get_and_add_i32(counters.driver_waiters, 1)

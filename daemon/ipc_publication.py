@@ -17,7 +17,9 @@ import os
 import attrs
 
 from slipstream.client.counters import CountersFile, CounterType, SystemCounter
-from slipstream.client.logbuffer import LogBuffer, unblock
+from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, unblock
+
+CLEAN_CHUNK = 2 * 1024 * 1024  # bytes zeroed per duty cycle (~0.2 ms)
 
 
 class PublicationState(enum.Enum):
@@ -154,7 +156,11 @@ class IpcPublication:
             work += 1
         # Clean first: the raised limit may let the publisher into the partition just cleaned.
         work += self._clean(consumer)
-        limit = consumer + self.term_window_length
+        # Position X reuses the memory of X - 3 terms: never let a publisher past what has been
+        # cleaned, or readers would take the old frames there for new ones.  In steady state
+        # (cleaning one term behind the consumer) this never binds; it does while cleaning lags.
+        limit = min(consumer + self.term_window_length,
+                    self.clean_position + PARTITION_COUNT * self.log.term_length)
         if limit != self.counters.get(self.publisher_limit_id):
             self.counters.set(self.publisher_limit_id, limit)
         if limit - producer < self.term_window_length // 2:
@@ -178,9 +184,11 @@ class IpcPublication:
         target = consumer - self.log.term_length
         if target <= self.clean_position:
             return 0
-        # At most to the end of the term being cleaned per call, so one cycle stays short.
+        # A bounded chunk per cycle (and never past the term's end): a 64 MiB memset would hold
+        # every publication's limit still for tens of ms.  More to do counts as work, so the
+        # next cycle comes soon.
         term_end = (self.clean_position | (self.log.term_length - 1)) + 1
-        length = min(target, term_end) - self.clean_position
+        length = min(target, term_end, self.clean_position + CLEAN_CHUNK) - self.clean_position
         self.log.clean(self.clean_position, length)
         self.clean_position += length
         return 1

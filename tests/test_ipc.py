@@ -365,3 +365,33 @@ def test_peek_at_overwritten_data_is_data_loss(client: Client) -> None:
     with pytest.raises(DataLossError) as error:
         image.peek(start, lambda d, h: None, image.position)
     assert str(start) in str(error.value)
+
+
+def test_a_batch_whose_lengths_exceed_its_data_is_refused(client: Client) -> None:
+    publication = client.add_publication(CHANNEL, 1017)
+    client.add_subscription(CHANNEL, 1017)
+    with pytest.raises(ValueError, match="add up to 96 bytes"):
+        publication.offer_batch(b"x" * 64, [32, 32, 32])
+
+
+def test_batches_across_many_term_rotations_keep_every_message(client: Client) -> None:
+    subscription = client.add_subscription(CHANNEL, 1018)
+    publication = client.add_publication(CHANNEL, 1018)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    sizes = [(i * 53) % 1500 for i in range(97)]  # some fragment at mtu 1408
+    data = b"".join(bytes([i % 256]) * size for i, size in enumerate(sizes))
+    received: list[bytes] = []
+    sent = 0
+    deadline = time.monotonic() + 20
+    while sent < 20 * len(sizes):  # ~10 rotations of a 64 KiB term
+        assert time.monotonic() < deadline
+        start = sent % len(sizes)
+        chunk = data[sum(sizes[:start]):]
+        done = publication.offer_batch(chunk, sizes[start:])
+        if done > 0:
+            sent += done
+        subscription.poll(lambda d, h: received.append(bytes(d)), 1000)
+    while len(received) < sent:
+        assert subscription.receive(lambda d, h: received.append(bytes(d)), 1000, timeout=5) > 0
+    expected = [bytes([i % 256]) * size for i, size in enumerate(sizes)] * 20
+    assert received == expected
