@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import getpass
 import itertools
 import logging
 import os
@@ -47,9 +46,7 @@ and a quiet subscriber still drops to ~0 % CPU within a millisecond."""
 def default_directory() -> Path:
     """``$SLIPSTREAM_DIR``, else ``/dev/shm/slipstream-<user>``."""
     env = os.environ.get("SLIPSTREAM_DIR")
-    if env:
-        return Path(env)
-    return Path(f"/dev/shm/slipstream-{getpass.getuser()}")
+    return Path(env) if env else control.default_driver_directory()
 
 
 def _driver_holds_lock(directory: Path) -> bool:

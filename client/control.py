@@ -13,6 +13,7 @@ OPERATION_SUCCESS, ERROR, AVAILABLE_IMAGE, UNAVAILABLE_IMAGE, CLIENT_TIMEOUT.
 
 from __future__ import annotations
 
+import getpass
 import json
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,12 @@ ERR_UNKNOWN_SUBSCRIPTION = "unknown_subscription"
 ERR_UNKNOWN_CLIENT = "unknown_client"
 ERR_RESOURCE = "resource"
 ERR_UNSUPPORTED = "unsupported"
+
+
+def default_driver_directory() -> Path:
+    """``/dev/shm/slipstream-<user>``: tmpfs, so mapped log buffers never touch a disk.  The
+    driver's default ``dir`` and the client's fallback when ``$SLIPSTREAM_DIR`` is unset."""
+    return Path("/dev/shm") / f"slipstream-{getpass.getuser()}"
 
 
 def conductor_endpoint(directory: str | Path) -> str:

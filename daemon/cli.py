@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo", help="a driver, a publisher and a subscriber with live rates (Ctrl-C stops)")
-    demo.add_argument("--dir", help="driver directory (default: a fresh one in /dev/shm)")
+    demo.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
+                                    "/dev/shm/slipstream-<user>)")
     demo.add_argument("--rate", type=int, default=100_000, help="messages per second "
                                                                 "(0: as fast as possible)")
     demo.add_argument("--size", type=int, default=64, help="message size in bytes")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import enum
-import getpass
 import importlib.resources
 import operator
 import os
@@ -36,6 +35,7 @@ from typing import Any
 
 import attrs
 
+from slipstream.client.control import default_driver_directory
 from slipstream.client.errors import ConfigurationError
 from slipstream.client.units import format_duration_ns, format_size, parse_duration_ns, parse_size
 
@@ -278,7 +278,7 @@ def default_directory() -> str:
     The same path the client falls back to when ``$SLIPSTREAM_DIR`` is unset, so a driver and
     its clients meet without any configuration.
     """
-    return f"/dev/shm/slipstream-{getpass.getuser()}"
+    return str(default_driver_directory())
 
 
 @attrs.frozen(kw_only=True)

@@ -185,3 +185,13 @@ def test_a_client_notices_when_its_driver_dies(driver_dir: Path) -> None:
         with pytest.raises(DriverError):
             client.add_publication("aeron:ipc", 13)
         client.close()
+
+
+def test_the_demo_streams_and_stops_cleanly(driver_dir: Path) -> None:
+    result = subprocess.run([*SLIPSTREAM, "demo", "--dir", str(driver_dir), "--duration", "3",
+                             "--rate", "20000"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rates = [line for line in result.stdout.splitlines() if "received" in line]
+    assert rates and "(         0/s)" not in rates[-1]
+    assert "slipstream demo: stopped" in result.stdout
+    assert not driver_dir.exists()
