@@ -1,0 +1,126 @@
+"""The outcome of a simulation run: counts per subscriber, protocol counters, timings, plots."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import attrs
+
+#: The keys of ``slipstream sim --json``, in order.
+JSON_KEYS: Final = ("sent", "delivered", "duplicates", "out_of_order", "missing", "naks",
+                    "retransmits", "virtual_seconds", "wall_seconds", "goodput")
+
+
+@attrs.define
+class Report:
+    """What happened.  Lists have one entry per subscriber (hosts 2..N in order).
+
+    * ``sent``: messages the publisher(s) appended to their logs;
+    * ``delivered``: distinct messages each subscriber's handler received;
+    * ``duplicates``: messages received again (must be 0: the log dedups retransmits);
+    * ``out_of_order``: messages received after a higher sequence number of the same publisher;
+    * ``missing``: messages not received of those appended since the subscriber's host first
+      came up (a late joiner does not miss what was published before it started; one that
+      joins the stream later than that, e.g. after a lost SETUP, or that crashed, does);
+    * ``naks``: NAKs sent by all receivers; ``retransmits``: retransmissions sent;
+    * ``virtual_seconds``: simulated time until everything was delivered (or the limit);
+    * ``wall_seconds``: real time the run took;
+    * ``goodput``: delivered payload bytes per virtual second, mean over subscribers (B/s).
+    """
+
+    sent: int
+    delivered: list[int]
+    duplicates: list[int]
+    out_of_order: list[int]
+    missing: list[int]
+    naks: int
+    retransmits: int
+    virtual_seconds: float
+    wall_seconds: float
+    goodput: float
+    # -- beyond the JSON -------------------------------------------------------------------
+    completed: bool = False
+    subscribers: list[str] = attrs.field(factory=list)
+    corrupt: list[int] = attrs.field(factory=list)
+    images_lost: list[int] = attrs.field(factory=list)
+    network: dict[str, int] = attrs.field(factory=dict)  # trace events by kind
+    counters: dict[str, dict[str, int]] = attrs.field(factory=dict)  # per host
+    trace_digest: str = ""
+    events: int = 0  # event-loop actions executed
+    #: ``(t_ns, sender position, [subscriber position or None, ...])``, bytes.
+    samples: list[tuple[int, int | None, list[int | None]]] = attrs.field(factory=list)
+    #: ``(t_ns, stream position)`` of DATA datagrams from the publisher that were dropped.
+    drops: list[tuple[int, int]] = attrs.field(factory=list)
+
+    @property
+    def exactly_once_in_order(self) -> bool:
+        """Every subscriber got every message once, in order, intact."""
+        return (self.completed and not any(self.missing) and not any(self.duplicates)
+                and not any(self.out_of_order) and not any(self.corrupt)
+                and all(d == self.sent for d in self.delivered))
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The ``--json`` object (snake_case keys, :data:`JSON_KEYS`)."""
+        return {key: getattr(self, key) for key in JSON_KEYS}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict())
+
+    def format_text(self) -> str:
+        """A human-readable summary."""
+        lines = [
+            f"sent          {self.sent} messages",
+            "subscriber    delivered  duplicates  out_of_order  missing",
+        ]
+        for i, ip in enumerate(self.subscribers):
+            lines.append(f"{ip:<13} {self.delivered[i]:>9}  {self.duplicates[i]:>10}  "
+                         f"{self.out_of_order[i]:>12}  {self.missing[i]:>7}")
+        dropped = {k: v for k, v in self.network.items() if k.startswith("drop")}
+        if any(self.corrupt):
+            lines.append(f"corrupt       {self.corrupt} (payload did not match its header)")
+        lines += [
+            f"naks          {self.naks}",
+            f"retransmits   {self.retransmits}",
+            f"datagrams     {self.network.get('deliver', 0)} delivered, "
+            + (", ".join(f"{v} {k[5:]}" for k, v in sorted(dropped.items())) or "none dropped"),
+            f"virtual time  {self.virtual_seconds:.3f} s"
+            + ("" if self.completed else "  (limit reached before everything was delivered)"),
+            f"wall time     {self.wall_seconds:.2f} s",
+            f"goodput       {self.goodput / 1e6:.2f} MB/s per subscriber "
+            f"(delivered payload bytes per virtual second)",
+            f"trace sha256  {self.trace_digest}",
+        ]
+        return "\n".join(lines)
+
+
+def plot_report(report: Report, path: str) -> None:
+    """Draw stream positions over virtual time and the dropped DATA datagrams to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=100)
+    mib = 1024 * 1024
+    times = [t / 1e9 for t, _, _ in report.samples]
+    sender = [None if p is None else p / mib for _, p, _ in report.samples]
+    ax.plot(times, [float("nan") if p is None else p for p in sender],
+            label="publisher sender position", color="black", linewidth=1.5)
+    for i, ip in enumerate(report.subscribers):
+        values = [float("nan") if subs[i] is None else subs[i] / mib
+                  for _, _, subs in report.samples]
+        ax.plot(times, values, label=f"subscriber {ip} position", linewidth=1, alpha=0.85)
+    if report.drops:
+        ax.scatter([t / 1e9 for t, _ in report.drops], [p / mib for _, p in report.drops],
+                   marker="x", s=12, color="red", linewidths=0.8, alpha=0.6,
+                   label=f"dropped DATA datagram ({len(report.drops)})")
+    ax.set_xlabel("virtual time (s)")
+    ax.set_ylabel("stream position (MiB)")
+    ax.set_title(f"slipstream sim: {report.sent} messages, {report.naks} NAKs, "
+                 f"{report.retransmits} retransmits")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)

@@ -1,0 +1,257 @@
+"""Run a :class:`~slipstream.sim.scenario.Scenario`: build the virtual network and hosts, play
+the timed events, stop when every live subscriber has everything, and report.
+
+``run_scenario(scenario)`` is the whole thing; :class:`Simulation` exposes the parts (loop,
+network, hosts) for tests that want to poke at them mid-run::
+
+    with Simulation(scenario) as sim:
+        sim.run_until(500 * MS)            # virtual ns
+        sim.network.set_up("10.0.0.3", False)
+        report = sim.run()
+
+The only real clock read is ``time.perf_counter()`` for ``wall_seconds``.  Log buffers live in
+a temporary directory under /dev/shm (else the system temp dir), removed by :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from slipstream.client.channel import parse_channel
+from slipstream.client.counters import SystemCounter
+from slipstream.client.errors import ChannelError
+from slipstream.client.frames import HDR_TYPE_DATA
+from slipstream.client.logbuffer import max_message_length
+from slipstream.daemon.config import DriverSettings
+from slipstream.sim.events import EventLoop
+from slipstream.sim.host import PublisherHost, SimHost, SubscriberHost
+from slipstream.sim.network import Address, Network, Partition
+from slipstream.sim.report import Report
+from slipstream.sim.scenario import Event, Scenario, ScenarioError, host_ip, make_faults
+
+_DATA_HEADER = struct.Struct("<iBBHiiii")
+#: Check for completion every this many event-loop actions (the check is cheap).
+_CHECK_EVERY = 1
+
+
+class Simulation:
+    """One run of a scenario.  Use as a context manager (logs are files)."""
+
+    def __init__(self, scenario: Scenario, *, keep_trace: bool = False,
+                 sample_interval_ns: int | None = None, record_drops: bool = False,
+                 directory: str | Path | None = None) -> None:
+        """``sample_interval_ns`` samples positions for plots (None: no samples);
+        ``record_drops`` keeps the stream position of every dropped DATA datagram."""
+        self.scenario = scenario
+        self.seed = scenario.seed
+        self.settings = DriverSettings.from_mapping(dict(scenario.settings))
+        try:
+            channel = parse_channel(scenario.channel_uri(1))
+        except ChannelError as e:
+            raise ScenarioError(f"channel: {e}") from None
+        term_length = channel.term_length or self.settings.term_buffer_length
+        if scenario.size > max_message_length(term_length):
+            raise ScenarioError(f"size: {scenario.size} bytes exceeds the maximum message "
+                                f"length {max_message_length(term_length)} of term length "
+                                f"{term_length} (term/8)")
+        self.loop = EventLoop()
+        self.network = Network(self.loop, random.Random(f"{scenario.seed}/network"),
+                               default_faults=scenario.faults, keep_trace=keep_trace)
+        base = directory or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
+        self.directory = Path(tempfile.mkdtemp(prefix="slipstream-sim-", dir=base))
+        self.hosts: list[SimHost] = []
+        self._pending_events = 0
+        self._sample_interval_ns = sample_interval_ns
+        self.samples: list[tuple[int, int | None, list[int | None]]] = []
+        self.drops: list[tuple[int, int]] = []
+        self.completed = False
+        self.wall_seconds = 0.0
+        for index in range(1, scenario.hosts + 1):
+            self.network.add_host(host_ip(index))
+        for link in scenario.links:
+            self.network.set_faults(host_ip(link.src), host_ip(link.dst), link.faults)
+        self.publisher = PublisherHost(self, 1)
+        self.subscribers = [SubscriberHost(self, i) for i in range(2, scenario.hosts + 1)]
+        self.hosts = [self.publisher, *self.subscribers]
+        for host in self.hosts:
+            self.network.set_up(host.ip, False)
+        for event in scenario.events:
+            self._schedule(event)
+        if record_drops:
+            self.network.observers.append(self._on_network_event)
+        if sample_interval_ns:
+            self.loop.call_at(0, self._sample)
+        for host in self.hosts:
+            if host.index not in scenario.initially_down:
+                self.loop.call_at(0, host.start)
+
+    # -- context ---------------------------------------------------------------------------
+    def __enter__(self) -> Simulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Unmap and delete every log."""
+        for host in self.hosts:
+            host.close_logs()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    @staticmethod
+    def host_ip(index: int) -> str:
+        return host_ip(index)
+
+    def host(self, index: int) -> SimHost:
+        return self.hosts[index - 1]
+
+    # -- events ----------------------------------------------------------------------------
+    def _schedule(self, event: Event) -> None:
+        self._pending_events += 1
+        if event.action == "partition":
+            assert event.end_ns is not None
+            side = frozenset(host_ip(i) for i in event.hosts)
+            self.network.add_partition(Partition(event.at_ns, event.end_ns, side))
+            self.loop.call_at(event.end_ns, self._event_done)
+            return
+        self.loop.call_at(event.at_ns, lambda: self._fire(event))
+
+    def _event_done(self) -> None:
+        self._pending_events -= 1
+
+    def _fire(self, event: Event) -> None:
+        self._pending_events -= 1
+        if event.action == "crash":
+            for index in event.hosts:
+                self.host(index).crash()
+        elif event.action == "restart":
+            for index in event.hosts:
+                self.host(index).start()
+        elif event.action == "faults":
+            sources = [event.src] if event.src is not None else range(1, self.scenario.hosts + 1)
+            targets = [event.dst] if event.dst is not None else range(1, self.scenario.hosts + 1)
+            if event.src is None and event.dst is None:
+                self.network.default_faults = make_faults(
+                    f"event {event.action}", event.faults, self.network.default_faults)
+            for s in sources:
+                for d in targets:
+                    if s != d:
+                        link = self.network.link(host_ip(s), host_ip(d))
+                        self.network.set_faults(link.src, link.dst, make_faults(
+                            f"event {event.action}", event.faults, link.faults))
+
+    # -- observation -------------------------------------------------------------------------
+    def _sample(self) -> None:
+        pub = self.publisher.publication
+        sender = pub.sender_position if pub is not None and self.publisher.up else None
+        session = pub.session_id if pub is not None else None
+        subs: list[int | None] = []
+        for sub in self.subscribers:
+            subs.append(sub.position_of(session) if session is not None and sub.up else None)
+        self.samples.append((self.loop.now_ns, sender, subs))
+        assert self._sample_interval_ns
+        self.loop.call_later(self._sample_interval_ns, self._sample)
+
+    def _on_network_event(self, now_ns: int, event: str, source: Address,
+                          destination: Address, data: bytes) -> None:
+        if not event.startswith("drop") or source != self.publisher.source or len(data) < 32:
+            return
+        (_length, _version, _flags, kind, term_offset, _session, _stream,
+         term_id) = _DATA_HEADER.unpack_from(data)
+        log = self.publisher.log
+        if kind != HDR_TYPE_DATA or log is None:
+            return
+        count = (term_id - log.initial_term_id) & 0xFFFFFFFF
+        self.drops.append((now_ns, (count << log.position_bits) + term_offset))
+
+    # -- running -----------------------------------------------------------------------------
+    def is_complete(self) -> bool:
+        """Every scheduled event happened and every live subscriber has everything that the
+        live publisher appended (or, with the publisher down for good, no subscriber holds an
+        image any more)."""
+        pub = self.publisher
+        if self._pending_events or not pub.incarnation:
+            return False
+        if pub.up and pub.publication is not None and pub.log is not None:
+            if not pub.finished:
+                return False
+            final = pub.log.producer_position()
+            session = pub.publication.session_id
+            for sub in self.subscribers:
+                if sub.up:
+                    position = sub.position_of(session)
+                    if position is None or position < final:
+                        return False
+            return True
+        return all(not sub.up or not sub.readers for sub in self.subscribers)
+
+    def run_until(self, until_ns: int, *, stop_when_complete: bool = True) -> bool:
+        """Advance virtual time to ``until_ns`` (ns), or until complete when
+        ``stop_when_complete``; True when complete."""
+        started = time.perf_counter()
+        try:
+            if stop_when_complete:
+                self.completed = self.loop.run(until_ns, self.is_complete, _CHECK_EVERY)
+            else:
+                self.loop.run(until_ns)
+                self.completed = self.is_complete()
+        finally:
+            self.wall_seconds += time.perf_counter() - started
+        return self.completed
+
+    def run(self) -> Report:
+        """Run to completion or to the scenario's virtual-time limit; the report."""
+        if not self.completed:
+            self.run_until(self.scenario.max_virtual_ns)
+        return self.report()
+
+    def report(self) -> Report:
+        pub = self.publisher
+        ranges = [(pid, first, end) for pid, first, end in pub.ranges]
+        sent = sum(end - first for _, first, end in ranges)
+        virtual = self.loop.now_ns / 1e9
+        stats = [sub.stats for sub in self.subscribers]
+        mean_bytes = sum(s.delivered_bytes for s in stats) / max(1, len(stats))
+        counters = {host.ip: host.counters.snapshot() for host in self.hosts}
+        return Report(
+            sent=sent,
+            delivered=[s.delivered for s in stats],
+            duplicates=[s.duplicates for s in stats],
+            out_of_order=[s.out_of_order for s in stats],
+            missing=[s.missing(ranges) for s in stats],
+            naks=sum(h.counters.values.get(SystemCounter.NAK_MESSAGES_SENT, 0)
+                     for h in self.subscribers),
+            retransmits=pub.counters.values.get(SystemCounter.RETRANSMITS_SENT, 0),
+            virtual_seconds=virtual,
+            wall_seconds=self.wall_seconds,
+            goodput=mean_bytes / virtual if virtual > 0 else 0.0,
+            completed=self.completed,
+            subscribers=[sub.ip for sub in self.subscribers],
+            corrupt=[s.corrupt for s in stats],
+            images_lost=[sub.images_lost for sub in self.subscribers],
+            network=dict(sorted(self.network.counts.items())),
+            counters=counters,
+            trace_digest=self.network.trace_digest(),
+            events=self.loop.executed,
+            samples=self.samples,
+            drops=self.drops,
+        )
+
+
+def run_scenario(scenario: Scenario, *, keep_trace: bool = False,
+                 sample_interval_ns: int | None = None, record_drops: bool = False,
+                 **changes: Any) -> Report:
+    """Run ``scenario`` (with ``changes`` applied, e.g. ``messages=100``) and report."""
+    if changes:
+        scenario = attrs.evolve(scenario, **changes)
+    with Simulation(scenario, keep_trace=keep_trace, sample_interval_ns=sample_interval_ns,
+                    record_drops=record_drops) as sim:
+        return sim.run()

@@ -1,0 +1,326 @@
+"""Scenarios: what to simulate (hosts, traffic, link faults, timed events), from code or TOML.
+
+A scenario is plain data (:class:`Scenario`); :func:`load_scenario` reads one from a TOML file
+and reports a bad value as :class:`ScenarioError` naming the key.  The file format::
+
+    [scenario]
+    hosts = 3              # host 1 (10.0.0.1) publishes, hosts 2..N (10.0.0.N) subscribe;
+                           # unicast when hosts = 2, multicast (224.0.1.1:40456) above
+    messages = 20000       # messages to publish
+    size = 1024            # bytes per message (>= 16: publisher id and sequence number)
+    seed = 7               # every random choice derives from it
+    channel = "term-length=64k|fc=min"   # extra channel URI parameters ("" = none)
+    publish_rate = 0       # messages per virtual second; 0 = as fast as flow control allows
+    max_virtual_s = 120    # give up after this much virtual time (s)
+    initially_down = [3]   # hosts that start crashed (bring them up with a restart event)
+
+    [faults]               # every direction of every link (LinkFaults fields)
+    loss = 0.02            # probability per datagram
+    burst = [0.01, 0.3]    # Gilbert-Elliott p = P(good->bad), r = P(bad->good)
+    delay_ms = 1.0
+    jitter_ms = 0.2
+    reorder = 0.01         # probability of an extra delay up to reorder_delay_ms
+    reorder_delay_ms = 5.0
+    duplicate = 0.01       # probability
+    rate_mbit = 100        # bandwidth, Mbit/s (0 = unlimited)
+    queue_bytes = 1048576  # bytes waiting for the wire before tail drop
+
+    [[link]]               # overrides for one direction; any LinkFaults field
+    from = 1
+    to = 3
+    loss = 0.2
+
+    [settings]             # DriverSettings overrides (values as in config/*.toml)
+    image_liveness_timeout = "2s"
+
+    [[event]]              # timed events, at_ms in virtual milliseconds
+    at_ms = 200
+    action = "partition"   # partition | crash | restart | faults
+    hosts = [3]            # partition: this side is cut off from the rest ...
+    end_ms = 700           # ... until end_ms (heals)
+
+    [[event]]
+    at_ms = 1000
+    action = "faults"      # change faults from now on
+    from = 1               # optional: one direction (default: all links)
+    to = 2
+    loss = 0.0
+
+Hosts are named by number (1..N) or by address ("10.0.0.3").
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from slipstream.sim.network import LinkFaults
+
+#: Where subscribers listen (unicast) and the multicast data group.
+UNICAST_PORT: Final = 40123
+MULTICAST_GROUP: Final = ("224.0.1.1", 40456)
+ACTIONS: Final = ("partition", "crash", "restart", "faults")
+MIN_MESSAGE_SIZE: Final = 16
+
+
+class ScenarioError(ValueError):
+    """A scenario value is out of range; the message names the key."""
+
+
+def host_ip(index: int) -> str:
+    """The address of host ``index`` (1-based): 10.0.0.N."""
+    return f"10.0.0.{index}"
+
+
+@attrs.frozen
+class Event:
+    """A timed event.  ``at_ns`` virtual time; ``params`` depend on the action."""
+
+    at_ns: int
+    action: str
+    hosts: tuple[int, ...] = ()
+    end_ns: int | None = None
+    src: int | None = None
+    dst: int | None = None
+    faults: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class LinkOverride:
+    """Faults for the direction ``src → dst`` (host numbers), replacing the defaults."""
+
+    src: int
+    dst: int
+    faults: LinkFaults
+
+
+@attrs.frozen
+class Scenario:
+    """Everything a run needs.  Sizes in bytes, times in ns unless the name says otherwise."""
+
+    hosts: int = 2
+    messages: int = 10_000
+    size: int = 1024
+    seed: int = 1
+    channel_params: str = ""
+    publish_rate: float = 0.0  # messages per virtual second; 0 = as fast as allowed
+    max_virtual_ns: int = 300 * 1_000_000_000
+    initially_down: tuple[int, ...] = ()
+    faults: LinkFaults = attrs.field(factory=LinkFaults)
+    links: tuple[LinkOverride, ...] = ()
+    events: tuple[Event, ...] = ()
+    settings: Mapping[str, Any] = attrs.field(factory=dict)
+    stream_id: int = 1001
+
+    def __attrs_post_init__(self) -> None:
+        if self.hosts < 2:
+            raise ScenarioError(f"hosts: need at least 2 (a publisher and a subscriber), "
+                                f"not {self.hosts}")
+        if self.hosts > 254:
+            raise ScenarioError(f"hosts: at most 254, not {self.hosts}")
+        if self.messages < 0:
+            raise ScenarioError(f"messages: must be >= 0, not {self.messages}")
+        if self.size < MIN_MESSAGE_SIZE:
+            raise ScenarioError(f"size: must be >= {MIN_MESSAGE_SIZE} bytes (the publisher id "
+                                f"and sequence number), not {self.size}")
+        if self.publish_rate < 0:
+            raise ScenarioError(f"publish_rate: must be >= 0, not {self.publish_rate}")
+        if self.max_virtual_ns <= 0:
+            raise ScenarioError("max_virtual_s: must be > 0")
+        for index in self.initially_down:
+            self.check_host("initially_down", index)
+        if 1 in self.initially_down:
+            raise ScenarioError("initially_down: the publisher (host 1) must start up")
+        for link in self.links:
+            self.check_host("link.from", link.src)
+            self.check_host("link.to", link.dst)
+        for event in self.events:
+            for index in (*event.hosts, event.src, event.dst):
+                if index is not None:
+                    self.check_host(f"event.{event.action}", index)
+
+    def check_host(self, key: str, index: int) -> None:
+        if not 1 <= index <= self.hosts:
+            raise ScenarioError(f"{key}: host {index} is not one of 1..{self.hosts}")
+
+    @property
+    def is_multicast(self) -> bool:
+        return self.hosts > 2
+
+    def channel_uri(self, index: int) -> str:
+        """The channel URI as host ``index`` uses it (its own interface for multicast)."""
+        if self.is_multicast:
+            uri = (f"aeron:udp?endpoint={MULTICAST_GROUP[0]}:{MULTICAST_GROUP[1]}"
+                   f"|interface={host_ip(index)}")
+        else:
+            uri = f"aeron:udp?endpoint={host_ip(2)}:{UNICAST_PORT}"
+        return f"{uri}|{self.channel_params}" if self.channel_params else uri
+
+
+# -- TOML --------------------------------------------------------------------------------------
+
+_FAULT_KEYS: Final = {f.name for f in attrs.fields(LinkFaults)}
+_SCENARIO_KEYS: Final = {"hosts", "messages", "size", "seed", "channel", "publish_rate",
+                         "max_virtual_s", "initially_down", "stream_id"}
+
+
+def _host_index(key: str, value: Any, hosts: int) -> int:
+    if isinstance(value, str):
+        prefix = "10.0.0."
+        if not value.startswith(prefix) or not value[len(prefix):].isdigit():
+            raise ScenarioError(f"{key}: {value!r} is not a host number or 10.0.0.N")
+        value = int(value[len(prefix):])
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{key}: {value!r} is not a host number")
+    if not 1 <= value <= hosts:
+        raise ScenarioError(f"{key}: host {value} is not one of 1..{hosts}")
+    return value
+
+
+def _fault_values(section: str, table: Mapping[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in _FAULT_KEYS:
+            raise ScenarioError(f"{section}.{key}: unknown fault (known: "
+                                f"{', '.join(sorted(_FAULT_KEYS))})")
+        if key == "burst":
+            if (not isinstance(value, list) or len(value) != 2
+                    or not all(isinstance(x, int | float) for x in value)):
+                raise ScenarioError(f"{section}.burst: expected [p, r], not {value!r}")
+            value = (float(value[0]), float(value[1]))
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise ScenarioError(f"{section}.{key}: expected a number, not {value!r}")
+        values[key] = value
+    return values
+
+
+def make_faults(section: str, values: Mapping[str, Any],
+                base: LinkFaults | None = None) -> LinkFaults:
+    """``base`` (default: no faults) with ``values`` replaced; errors name ``section.key``."""
+    try:
+        return attrs.evolve(base or LinkFaults(), **values)
+    except (ValueError, TypeError) as e:
+        raise ScenarioError(f"{section}: {e}") from None
+
+
+def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") -> Scenario:
+    """Build a :class:`Scenario` from parsed TOML (see the module docstring)."""
+    known = {"scenario", "faults", "link", "settings", "event"}
+    for key in data:
+        if key not in known:
+            raise ScenarioError(f"{source}: unknown table [{key}] (known: "
+                                f"{', '.join(sorted(known))})")
+    head = dict(data.get("scenario", {}))
+    for key in head:
+        if key not in _SCENARIO_KEYS:
+            raise ScenarioError(f"scenario.{key}: unknown key (known: "
+                                f"{', '.join(sorted(_SCENARIO_KEYS))})")
+
+    def number(key: str, kind: type, default: Any) -> Any:
+        value = head.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                kind is int and not isinstance(value, int)):
+            raise ScenarioError(f"scenario.{key}: expected {kind.__name__}, not {value!r}")
+        return value
+
+    hosts = number("hosts", int, 2)
+    if hosts < 2:
+        raise ScenarioError(f"scenario.hosts: need at least 2, not {hosts}")
+    channel = head.get("channel", "")
+    if not isinstance(channel, str):
+        raise ScenarioError(f"scenario.channel: expected a string, not {channel!r}")
+    faults = make_faults("faults", _fault_values("faults", data.get("faults", {})))
+    links = []
+    for i, table in enumerate(data.get("link", [])):
+        table = dict(table)
+        try:
+            src = _host_index(f"link[{i}].from", table.pop("from"), hosts)
+            dst = _host_index(f"link[{i}].to", table.pop("to"), hosts)
+        except KeyError as e:
+            raise ScenarioError(f"link[{i}]: needs from and to ({e.args[0]} missing)") from None
+        links.append(LinkOverride(src, dst, make_faults(
+            f"link[{i}]", _fault_values(f"link[{i}]", table), faults)))
+    events = []
+    for i, table in enumerate(data.get("event", [])):
+        table = dict(table)
+        name = f"event[{i}]"
+        action = table.pop("action", None)
+        if action not in ACTIONS:
+            raise ScenarioError(f"{name}.action: {action!r} is not one of {', '.join(ACTIONS)}")
+        at_ms = table.pop("at_ms", None)
+        if isinstance(at_ms, bool) or not isinstance(at_ms, int | float) or at_ms < 0:
+            raise ScenarioError(f"{name}.at_ms: expected a time >= 0 in ms, not {at_ms!r}")
+        at_ns = int(at_ms * 1_000_000)
+        kwargs: dict[str, Any] = {}
+        if action in ("crash", "restart"):
+            if "host" in table:
+                table["hosts"] = [table.pop("host")]
+        if action in ("partition", "crash", "restart"):
+            hosts_value = table.pop("hosts", None)
+            if not isinstance(hosts_value, list) or not hosts_value:
+                raise ScenarioError(f"{name}.hosts: expected a non-empty list of hosts")
+            kwargs["hosts"] = tuple(_host_index(f"{name}.hosts", h, hosts) for h in hosts_value)
+        if action == "partition":
+            end_ms = table.pop("end_ms", None)
+            if isinstance(end_ms, bool) or not isinstance(end_ms, int | float) or end_ms < at_ms:
+                raise ScenarioError(f"{name}.end_ms: expected a time >= at_ms in ms, "
+                                    f"not {end_ms!r}")
+            kwargs["end_ns"] = int(end_ms * 1_000_000)
+        if action == "faults":
+            if "from" in table:
+                kwargs["src"] = _host_index(f"{name}.from", table.pop("from"), hosts)
+            if "to" in table:
+                kwargs["dst"] = _host_index(f"{name}.to", table.pop("to"), hosts)
+            kwargs["faults"] = _fault_values(name, table)
+            make_faults(name, kwargs["faults"])  # validate now, not mid-run
+            table = {}
+        if table:
+            raise ScenarioError(f"{name}.{next(iter(table))}: unknown key for {action}")
+        events.append(Event(at_ns, action, **kwargs))
+    settings = dict(data.get("settings", {}))
+    _check_settings(settings)
+    down = head.get("initially_down", [])
+    if not isinstance(down, list):
+        raise ScenarioError("scenario.initially_down: expected a list of hosts")
+    return Scenario(
+        hosts=hosts,
+        messages=number("messages", int, 10_000),
+        size=number("size", int, 1024),
+        seed=number("seed", int, 1),
+        channel_params=channel,
+        publish_rate=float(number("publish_rate", float, 0.0)),
+        max_virtual_ns=int(number("max_virtual_s", float, 300) * 1_000_000_000),
+        initially_down=tuple(_host_index("scenario.initially_down", h, hosts) for h in down),
+        stream_id=number("stream_id", int, 1001),
+        faults=faults,
+        links=tuple(links),
+        events=tuple(events),
+        settings=settings,
+    )
+
+
+def _check_settings(settings: Mapping[str, Any]) -> None:
+    from slipstream.client.errors import SlipstreamError
+    from slipstream.daemon.config import DriverSettings
+
+    try:
+        DriverSettings.from_mapping(settings)
+    except (SlipstreamError, ValueError, TypeError) as e:
+        raise ScenarioError(f"settings: {e}") from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read a scenario TOML file; raises :class:`ScenarioError` naming the bad key."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ScenarioError(f"--scenario: cannot read {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"--scenario: {path} is not valid TOML: {e}") from None
+    return scenario_from_mapping(data, source=str(path))

@@ -1,0 +1,165 @@
+"""``slipstream sim``: options, JSON output, plots, scenario files and their errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slipstream.daemon.cli import main
+from slipstream.sim.report import JSON_KEYS
+from slipstream.sim.runner import run_scenario
+from slipstream.sim.scenario import ScenarioError, load_scenario, scenario_from_mapping
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
+OPTIONS = ["--hosts", "--loss", "--burst-loss", "--delay", "--jitter", "--reorder",
+           "--duplicate", "--rate", "--partition", "--channel", "--messages", "--size",
+           "--seed", "--json", "--plot", "--scenario"]
+
+
+def sim(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        status = main(["sim", *argv])
+    except SystemExit as e:  # argparse errors and --help
+        status = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_help_documents_every_option_with_units_and_defaults(capsys):
+    status, out, _ = sim(capsys, "--help")
+    assert status == 0
+    for option in OPTIONS:
+        assert option in out
+    for unit in ("milliseconds", "Mbit/s", "bytes", "probability", "default"):
+        assert unit in out
+
+
+def test_json_prints_exactly_one_object_with_the_documented_keys(capsys):
+    status, out, _ = sim(capsys, "--json", "--hosts", "3", "--messages", "300", "--loss",
+                         "0.05", "--seed", "4")
+    assert status == 0
+    report = json.loads(out)  # exactly one JSON document, nothing else on stdout
+    assert tuple(report) == JSON_KEYS
+    assert report["sent"] == 300
+    for key in ("delivered", "duplicates", "out_of_order", "missing"):
+        assert isinstance(report[key], list) and len(report[key]) == 2
+    assert report["delivered"] == [300, 300]
+    assert report["duplicates"] == report["out_of_order"] == report["missing"] == [0, 0]
+    assert report["naks"] > 0 and report["retransmits"] > 0
+    assert report["virtual_seconds"] > 0 and report["wall_seconds"] > 0
+    assert report["goodput"] > 0
+
+
+def test_every_fault_option_is_accepted(capsys):
+    status, out, _ = sim(capsys, "--json", "--messages", "200", "--burst-loss", "0.02,0.5",
+                         "--delay", "2", "--jitter", "0.5", "--reorder", "0.05",
+                         "--duplicate", "0.05", "--rate", "50", "--partition", "10:300",
+                         "--partition", "400:450", "--size", "3000")
+    assert status == 0
+    assert json.loads(out)["delivered"] == [200]
+
+
+def test_same_seed_gives_the_same_output(capsys):
+    args = ("--messages", "200", "--loss", "0.1", "--jitter", "1", "--seed", "9")
+    _, first, _ = sim(capsys, *args)
+    _, second, _ = sim(capsys, *args)
+    strip = lambda text: [line for line in text.splitlines() if "wall" not in line]  # noqa: E731
+    assert strip(first) == strip(second) and "trace sha256" in first
+
+
+def test_plot_writes_a_png(capsys, tmp_path):
+    path = tmp_path / "positions.png"
+    status, out, _ = sim(capsys, "--hosts", "3", "--messages", "300", "--loss", "0.05",
+                         "--plot", str(path))
+    assert status == 0 and str(path) in out
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--loss", "1.5"], "--loss"),
+    (["--loss", "lots"], "--loss"),
+    (["--burst-loss", "0.1"], "--burst-loss"),
+    (["--burst-loss", "0.1,0"], "--burst-loss"),
+    (["--partition", "500:100"], "--partition"),
+    (["--partition", "500"], "--partition"),
+    (["--hosts", "1"], "--hosts"),
+    (["--size", "4"], "--size"),
+    (["--delay", "-1"], "--delay"),
+    (["--rate", "fast"], "--rate"),
+    (["--channel", "term-length=3"], "term-length"),
+])
+def test_bad_arguments_name_the_option(capsys, argv, named):
+    status, out, err = sim(capsys, *argv)
+    assert status == 2 and out == ""
+    assert named in err
+
+
+def test_bad_plot_and_scenario_paths(capsys, tmp_path):
+    status, _, err = sim(capsys, "--plot", str(tmp_path / "x.svg"), "--messages", "1")
+    assert status == 2 and "--plot" in err
+    status, _, err = sim(capsys, "--scenario", str(tmp_path / "missing.toml"))
+    assert status == 2 and "--scenario" in err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[faults]\nlos = 0.1\n")
+    status, _, err = sim(capsys, "--scenario", str(bad))
+    assert status == 2 and "faults.los" in err
+
+
+def test_size_beyond_the_term_limit_is_an_error(capsys):
+    status, _, err = sim(capsys, "--size", "20000", "--messages", "1", "--scenario",
+                         str(EXAMPLES / "bursty_wan.toml"))
+    assert status == 2 and "size" in err
+
+
+# -- scenario files ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_example_scenarios_load_and_run(path):
+    scenario = load_scenario(path)
+    report = run_scenario(scenario, messages=min(scenario.messages, 1500))
+    assert report.completed
+    assert not any(report.duplicates) and not any(report.out_of_order)
+
+
+def test_cli_options_override_the_scenario_file(capsys):
+    status, out, _ = sim(capsys, "--json", "--scenario", str(EXAMPLES / "partition_heal.toml"),
+                         "--messages", "100", "--loss", "0")
+    assert status == 0
+    report = json.loads(out)
+    assert report["sent"] == 100 and len(report["delivered"]) == 2
+
+
+@pytest.mark.parametrize(("data", "named"), [
+    ({"scenario": {"hosts": 1}}, "scenario.hosts"),
+    ({"scenario": {"hostz": 3}}, "scenario.hostz"),
+    ({"scenario": {"size": "big"}}, "scenario.size"),
+    ({"faults": {"loss": 2.0}}, "faults"),
+    ({"faults": {"burst": [0.1]}}, "faults.burst"),
+    ({"link": [{"from": 1, "to": 9}]}, "link[0].to"),
+    ({"link": [{"to": 2}]}, "link[0]"),
+    ({"event": [{"at_ms": 10, "action": "explode"}]}, "event[0].action"),
+    ({"event": [{"at_ms": 10, "action": "partition", "hosts": [2]}]}, "event[0].end_ms"),
+    ({"event": [{"at_ms": 10, "action": "crash"}]}, "event[0].hosts"),
+    ({"event": [{"at_ms": -1, "action": "crash", "host": 2}]}, "event[0].at_ms"),
+    ({"event": [{"at_ms": 1, "action": "faults", "loss": 3}]}, "event[0]"),
+    ({"settings": {"mtu_length": 7}}, "mtu_length"),
+    ({"other": {}}, "[other]"),
+])
+def test_scenario_errors_name_the_key(data, named):
+    with pytest.raises(ScenarioError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        scenario_from_mapping(data)
+
+
+def test_scenario_hosts_by_number_or_address():
+    scenario = scenario_from_mapping({
+        "scenario": {"hosts": 3, "initially_down": ["10.0.0.3"]},
+        "link": [{"from": "10.0.0.1", "to": 3, "loss": 0.5}],
+        "event": [{"at_ms": 5, "action": "restart", "host": "10.0.0.3"}],
+    })
+    assert scenario.initially_down == (3,)
+    assert (scenario.links[0].src, scenario.links[0].dst) == (1, 3)
+    assert scenario.links[0].faults.loss == 0.5
+    assert scenario.events[0].hosts == (3,)
