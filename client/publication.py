@@ -115,6 +115,7 @@ class Publication:
         appender.driver_waiters = client.counters.driver_waiters
         appender.last_limit_hit = -1
         self._appender = appender
+        self._last_position = 0
         self._batch_result = ffi.new("int64_t *")
         self._claim_offset = ffi.new("int64_t *")
         # offer() is this C callable on every instance: the method below only documents it.
@@ -176,13 +177,16 @@ class Publication:
     # -- state ---------------------------------------------------------------------------------
     @property
     def position(self) -> int:
-        """The stream position the next message will be appended at."""
-        return self._log.producer_position()
+        """The stream position the next message will be appended at (the last one known once
+        closed: the log is unmapped then)."""
+        if not self.is_closed:
+            self._last_position = self._log.producer_position()
+        return self._last_position
 
     @property
     def publication_limit(self) -> int:
-        """Position beyond which offers are back-pressured."""
-        return lib.ss_load_acquire_i64(self._limit)
+        """Position beyond which offers are back-pressured (0 once closed)."""
+        return 0 if self.is_closed else lib.ss_load_acquire_i64(self._limit)
 
     @property
     def is_connected(self) -> bool:
@@ -195,6 +199,8 @@ class Publication:
 
     def _mark_closed(self) -> None:
         """Every further offer returns CLOSED, without touching the log (which may go)."""
+        if not self.is_closed:
+            self._last_position = self._log.producer_position()
         self._appender.closed = 1
 
     def close(self) -> None:

@@ -1,1 +1,143 @@
-"""slipstream."""
+"""slipstream.spark_bridge: the ``slipstream`` PySpark data source (Spark 4.x).
+
+Executors publish and subscribe through their host's media driver in shared memory: no broker,
+no socket on the data path.
+
+>>> from slipstream.spark_bridge import session
+>>> spark = session()                                  # local[2], data source registered
+>>> (spark.readStream.format("slipstream").option("streamId", "1001").load()
+...     .writeStream.format("slipstream").option("streamId", "1002")
+...     .option("checkpointLocation", "/tmp/cp").start())
+
+``register(spark)`` registers the source on an existing session.  Options, guarantees and
+limits: docs/SPARK.md.  Reading: :mod:`slipstream.spark_bridge.reader`; writing:
+:mod:`slipstream.spark_bridge.writer`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSource
+
+from slipstream.spark_bridge.options import OptionError, SourceOptions, parse_options
+from slipstream.spark_bridge.reader import (
+    SCHEMA,
+    SlipstreamDataLossError,
+    SlipstreamPartition,
+    SlipstreamStreamReader,
+)
+from slipstream.spark_bridge.writer import (
+    OfferTimeoutError,
+    SlipstreamStreamWriter,
+    SlipstreamWriter,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = [
+    "SCHEMA",
+    "OfferTimeoutError",
+    "OptionError",
+    "SlipstreamDataLossError",
+    "SlipstreamDataSource",
+    "SlipstreamPartition",
+    "SlipstreamStreamReader",
+    "SlipstreamStreamWriter",
+    "SlipstreamWriter",
+    "SourceOptions",
+    "configure_environment",
+    "register",
+    "session",
+]
+
+
+class SlipstreamDataSource(DataSource):
+    """The ``slipstream`` format.  Options are validated as soon as Spark creates the source
+    (``load()``, ``start()``, ``save()``): an unknown option or a bad value raises
+    :class:`OptionError` naming it."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        super().__init__(options)  # type: ignore[arg-type]
+        self.parsed = parse_options(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return "slipstream"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> SlipstreamStreamReader:
+        self.parsed.check_direction("read")
+        return SlipstreamStreamReader(self.parsed)
+
+    def reader(self, schema: StructType) -> None:  # type: ignore[override]
+        raise OptionError("format", "slipstream is read as a stream only: use "
+                                    "spark.readStream.format('slipstream')")
+
+    def writer(self, schema: StructType, overwrite: bool) -> SlipstreamWriter:
+        self.parsed.check_direction("write")
+        return SlipstreamWriter(self.parsed)
+
+    def streamWriter(self, schema: StructType, overwrite: bool
+                     ) -> SlipstreamStreamWriter:
+        self.parsed.check_direction("write")
+        return SlipstreamStreamWriter(self.parsed)
+
+
+def configure_environment(*, local: bool = True) -> None:
+    """Point Spark's Python workers at this interpreter (``PYSPARK_PYTHON`` and
+    ``PYSPARK_DRIVER_PYTHON``, when unset), and for local sessions bind to the loopback
+    (``SPARK_LOCAL_IP=127.0.0.1``, when unset).  Call before the SparkContext starts."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``slipstream`` format on ``spark``.
+
+    When ``PYSPARK_PYTHON`` was not set, the session's workers would start ``python3`` from the
+    PATH, which may lack slipstream: the context is pointed at this interpreter instead (on a
+    cluster, set ``PYSPARK_PYTHON`` to the executors' interpreter yourself).
+    """
+    context = spark.sparkContext
+    if "PYSPARK_PYTHON" not in os.environ and context.pythonExec == "python3":
+        context.pythonExec = sys.executable
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark.dataSource.register(SlipstreamDataSource)
+
+
+def session(master: str = "local[2]", app_name: str = "slipstream",
+            config: Mapping[str, str] | None = None, log_level: str = "WARN") -> SparkSession:
+    """A SparkSession set up for slipstream, with the data source registered.
+
+    Sets the worker interpreter (:func:`configure_environment`), keeps the UI off and the
+    shuffle partitions at the core count for ``local[N]`` masters; ``config`` overrides any
+    of these (``{"spark.ui.enabled": "true"}``).
+    """
+    from pyspark.sql import SparkSession
+
+    local = master.startswith("local")
+    configure_environment(local=local)
+    settings = {"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
+    if local:
+        cores = master[len("local["):-1] if master.startswith("local[") else "1"
+        settings["spark.sql.shuffle.partitions"] = "4" if cores == "*" else cores
+        settings["spark.driver.host"] = "127.0.0.1"
+        settings["spark.driver.bindAddress"] = "127.0.0.1"
+    settings.update(config or {})
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    register(spark)
+    return spark

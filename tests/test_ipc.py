@@ -189,11 +189,19 @@ def test_a_waiting_subscriber_uses_almost_no_cpu(driver) -> None:
     assert 0 <= cpu.value < 0.04, f"waiting 2 s cost {cpu.value:.3f} s of CPU (over 2 %)"
 
 
-def test_closed_publication_returns_closed(client: Client) -> None:
+def test_closed_publication_returns_closed_and_never_touches_its_log(client: Client) -> None:
     publication = client.add_publication(CHANNEL, 1010)
+    client.add_subscription(CHANNEL, 1010)
+    wait_for(lambda: publication.is_connected)
+    offer_until(publication, b"one")
+    position = publication.position
     publication.close()
     assert publication.offer(b"late") == CLOSED
-    assert publication.is_closed
+    assert publication.offer_batch(b"xx", [1, 1]) == CLOSED
+    assert publication.try_claim(1, BufferClaim()) == CLOSED
+    assert publication.is_closed and not publication.is_connected
+    assert publication.position == position  # the log is unmapped: no read of it
+    assert "position=" in repr(publication)
 
 
 def test_the_image_goes_when_the_last_publisher_leaves(client: Client) -> None:

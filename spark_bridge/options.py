@@ -1,0 +1,161 @@
+"""Options of the ``slipstream`` data source: parsed once, validated completely.
+
+Spark hands options over as strings in a case-insensitive map (keys arrive lower-cased).  Every
+key must be one this source knows, for the direction it is used in; a bad value is an
+:class:`OptionError` naming the option and the accepted values.  Parsed options are plain
+frozen values, so they pickle to the executors with the reader and writer objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from slipstream.client.channel import parse_channel
+from slipstream.client.errors import ChannelError, UsageError
+from slipstream.client.units import parse_size
+
+__all__ = ["READ_OPTIONS", "WRITE_OPTIONS", "OptionError", "SourceOptions", "parse_options"]
+
+
+class OptionError(UsageError, ValueError):
+    """An option of the ``slipstream`` data source is unknown, misplaced or has a bad value.
+
+    ``option`` is the option's documented (camelCase) name.
+    """
+
+    def __init__(self, option: str, problem: str) -> None:
+        self.option = option
+        super().__init__(f"slipstream data source: option {option!r}: {problem}")
+
+
+COMMON_OPTIONS = ("channel", "streamId", "directory")
+READ_OPTIONS = ("startingPosition", "maxMessagesPerTrigger", "maxBytesPerTrigger",
+                "failOnDataLoss")
+WRITE_OPTIONS = ("offerTimeoutMs",)
+# Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
+_SPARK_OPTIONS = ("checkpointLocation", "queryName")
+_CANONICAL = {name.lower(): name
+              for name in (*COMMON_OPTIONS, *READ_OPTIONS, *WRITE_OPTIONS, *_SPARK_OPTIONS)}
+
+DEFAULT_CHANNEL = "aeron:ipc"
+DEFAULT_OFFER_TIMEOUT_MS = 30_000
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOptions:
+    """The validated options (the defaults are the documented ones)."""
+
+    stream_id: int
+    channel: str = DEFAULT_CHANNEL
+    directory: str | None = None
+    starting_position: str = "latest"
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    offer_timeout_ms: int = DEFAULT_OFFER_TIMEOUT_MS
+    given: frozenset[str] = frozenset()  # canonical names of the options the user set
+
+    def check_direction(self, direction: str) -> None:
+        """Raise :class:`OptionError` for an option of the other direction (``"read"`` or
+        ``"write"``): ``offerTimeoutMs`` on a reader is a mistake worth reporting."""
+        foreign = WRITE_OPTIONS if direction == "read" else READ_OPTIONS
+        for name in foreign:
+            if name in self.given:
+                other = "writing" if direction == "read" else "reading"
+                raise OptionError(name, f"applies to {other} only; remove it from this "
+                                        f"{'reader' if direction == 'read' else 'writer'}")
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise OptionError(name, f"{text!r} is not an integer (accepted: a whole number "
+                                f">= 1)") from None
+    if value < 1:
+        raise OptionError(name, f"{value} is not >= 1 (accepted: a whole number >= 1)")
+    return value
+
+
+def parse_options(options: Mapping[str, str]) -> SourceOptions:
+    """Validate Spark's option map; raises :class:`OptionError` naming the first bad option.
+
+    ``streamId`` is required; ``channel`` defaults to ``aeron:ipc``; ``directory`` to the
+    client's default driver directory ($SLIPSTREAM_DIR, else /dev/shm/slipstream-<user>).
+    """
+    given: dict[str, str] = {}
+    for key, value in options.items():
+        canonical = _CANONICAL.get(key.lower())
+        if canonical is None:
+            known = ", ".join(sorted((*COMMON_OPTIONS, *READ_OPTIONS, *WRITE_OPTIONS),
+                                     key=str.lower))
+            raise OptionError(key, f"unknown option (known: {known})")
+        given[canonical] = "" if value is None else str(value)
+
+    if "streamId" not in given:
+        raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
+    text = given["streamId"]
+    try:
+        stream_id = int(text.strip())
+    except ValueError:
+        raise OptionError("streamId", f"{text!r} is not an integer (accepted: "
+                                      f"{_INT32_MIN}..{_INT32_MAX})") from None
+    if not _INT32_MIN <= stream_id <= _INT32_MAX:
+        raise OptionError("streamId", f"{stream_id} is out of range (accepted: "
+                                      f"{_INT32_MIN}..{_INT32_MAX})")
+
+    channel = given.get("channel", DEFAULT_CHANNEL).strip()
+    try:
+        parse_channel(channel)
+    except ChannelError as e:
+        raise OptionError("channel", f"{e} (accepted: a channel URI such as aeron:ipc)") from None
+
+    directory = given.get("directory")
+    if directory is not None and not directory.strip():
+        raise OptionError("directory", "is empty (accepted: the driver directory, a path)")
+
+    starting = given.get("startingPosition", "latest").strip().lower()
+    if starting not in ("latest", "earliest"):
+        raise OptionError("startingPosition",
+                          f"{given['startingPosition']!r} is not accepted (accepted: latest, "
+                          f"earliest)")
+
+    max_messages = None
+    if "maxMessagesPerTrigger" in given:
+        max_messages = _positive_int("maxMessagesPerTrigger", given["maxMessagesPerTrigger"])
+    max_bytes = None
+    if "maxBytesPerTrigger" in given:
+        text = given["maxBytesPerTrigger"]
+        try:
+            max_bytes = parse_size(text)
+        except ValueError:
+            raise OptionError("maxBytesPerTrigger", f"{text!r} is not a size (accepted: bytes "
+                                                    f"or a number with k, m or g, >= 1)") from None
+        if max_bytes < 1:
+            raise OptionError("maxBytesPerTrigger", f"{text!r} is not >= 1 byte")
+
+    fail_text = given.get("failOnDataLoss", "true").strip().lower()
+    if fail_text not in ("true", "false"):
+        raise OptionError("failOnDataLoss",
+                          f"{given['failOnDataLoss']!r} is not accepted (accepted: true, false)")
+
+    offer_timeout_ms = DEFAULT_OFFER_TIMEOUT_MS
+    if "offerTimeoutMs" in given:
+        text = given["offerTimeoutMs"]
+        try:
+            offer_timeout_ms = int(text.strip())
+        except ValueError:
+            raise OptionError("offerTimeoutMs", f"{text!r} is not an integer (accepted: "
+                                                f"milliseconds >= 0)") from None
+        if offer_timeout_ms < 0:
+            raise OptionError("offerTimeoutMs", f"{offer_timeout_ms} is negative (accepted: "
+                                                f"milliseconds >= 0)")
+
+    return SourceOptions(
+        stream_id=stream_id, channel=channel,
+        directory=directory.strip() if directory else None,
+        starting_position=starting, max_messages_per_trigger=max_messages,
+        max_bytes_per_trigger=max_bytes, fail_on_data_loss=fail_text == "true",
+        offer_timeout_ms=offer_timeout_ms, given=frozenset(given))

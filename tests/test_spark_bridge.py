@@ -1,0 +1,338 @@
+"""The ``slipstream`` Spark data source with a real SparkSession (local[2]) and real drivers.
+
+One session for the module (it costs 5-15 s to start); every test runs its own driver in a
+private directory under /dev/shm, with terms as small as the test needs.  Java 17+ must be
+installed (``scripts/ensure-java``): without it the session fixture fails, on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slipstream.client import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED, Client
+from slipstream.client.counters import SystemCounter
+from slipstream.daemon.driver import MediaDriver
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+
+FAST = {"client_liveness_timeout": "2s", "client_keepalive_interval": "100ms",
+        "timer_interval": "100ms", "publication_linger_timeout": "500ms"}
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from slipstream.spark_bridge import session
+
+    spark = session(master="local[2]", app_name="slipstream-tests")
+    yield spark
+    spark.stop()
+
+
+@contextlib.contextmanager
+def running_driver(term: str) -> Iterator[tuple[Path, Client]]:
+    """A driver with IPC terms of ``term`` bytes and a client of it."""
+    directory = Path("/dev/shm") / f"slipstream-spark-{uuid.uuid4().hex[:10]}"
+    try:
+        with MediaDriver.launch(directory=directory, ipc_term_buffer_length=term, **FAST), \
+                Client.connect(directory) as client:
+            yield directory, client
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> str:
+    return str(tmp_path / "checkpoint")
+
+
+def offer(pub, message: bytes, timeout: float = 20.0) -> int:
+    """Offer until accepted; returns how many times it was back-pressured."""
+    pressured = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        result = pub.offer(message)
+        if result > 0:
+            return pressured
+        assert result in (BACK_PRESSURED, NOT_CONNECTED, ADMIN_ACTION), result
+        pressured += result == BACK_PRESSURED
+        assert time.monotonic() < deadline, "offer did not succeed in time"
+        time.sleep(0.0005)
+
+
+def drain(subscription, expected: int, timeout: float = 30.0) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < expected and time.monotonic() < deadline:
+        subscription.receive(lambda data, header: got.append(bytes(data)), 1000, timeout=0.1)
+    return got
+
+
+class Drainer(threading.Thread):
+    """Reads a subscription in the background (a live consumer) until stopped."""
+
+    def __init__(self, subscription) -> None:
+        super().__init__(daemon=True)
+        self.subscription = subscription
+        self.got: list[bytes] = []
+        self.running = True
+        self.start()
+
+    def run(self) -> None:
+        while self.running:
+            self.subscription.receive(lambda data, header: self.got.append(bytes(data)), 1000,
+                                      timeout=0.05)
+
+    def wait_for(self, count: int, timeout: float = 30.0) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        while len(self.got) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.running = False
+        self.join()
+        return self.got
+
+
+def wait_connected(publication, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not publication.is_connected:
+        assert time.monotonic() < deadline, "the query never subscribed"
+        time.sleep(0.02)
+
+
+class Collector:
+    """An idempotent foreachBatch sink: a replayed batch id replaces its rows."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.batches: dict[int, list] = {}
+        self.delay = delay
+
+    def __call__(self, frame, batch_id: int) -> None:
+        self.batches[batch_id] = frame.collect()
+        time.sleep(self.delay)
+
+    def wait_for(self, count: int, timeout: float = 90.0) -> None:
+        """Until ``count`` rows arrived (processAllAvailable alone races with a trigger that
+        looked for data just before it was published)."""
+        deadline = time.monotonic() + timeout
+        while len(self.rows()) < count:
+            assert time.monotonic() < deadline, f"{len(self.rows())} of {count} rows arrived"
+            time.sleep(0.05)
+
+    def rows(self) -> list:
+        return [row for batch_id in sorted(self.batches) for row in self.batches[batch_id]]
+
+    def values(self) -> list[bytes]:
+        return [bytes(row.value) for row in self.rows()]
+
+
+def read_query(spark, directory: Path, stream_id: int, collector: Collector, checkpoint: str,
+               **options: str):
+    reader = (spark.readStream.format("slipstream").option("directory", str(directory))
+              .option("streamId", str(stream_id)))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return (reader.load().writeStream.foreachBatch(collector)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="100 milliseconds").start())
+
+
+# -- writing --------------------------------------------------------------------------------
+def test_rows_written_by_spark_are_read_by_a_client(spark) -> None:
+    """Batch write: every row's value (string here) is one message, none lost or doubled."""
+    with running_driver("1m") as (directory, client):
+        consumer = Drainer(client.add_subscription("aeron:ipc", 1001))
+        frame = spark.range(20_000, numPartitions=2).selectExpr(
+            "concat('row-', cast(id as string)) as value")
+        (frame.write.format("slipstream").option("directory", str(directory))
+         .option("streamId", "1001").mode("append").save())
+        got = consumer.wait_for(20_000)
+        assert sorted(got) == sorted(f"row-{i}".encode() for i in range(20_000))
+
+
+def test_writer_under_back_pressure_fails_after_offer_timeout(spark) -> None:
+    """A subscriber that never reads holds the writer back; the task fails with a clear error
+    after offerTimeoutMs instead of dropping messages."""
+    with running_driver("64k") as (directory, client):
+        client.add_subscription("aeron:ipc", 1002)  # never polled
+        frame = spark.range(5_000, numPartitions=1).selectExpr(
+            "cast(repeat('x', 100) as binary) as value")
+        started = time.monotonic()
+        with pytest.raises(Exception, match="offerTimeoutMs=500") as info:
+            (frame.write.format("slipstream").option("directory", str(directory))
+             .option("streamId", "1002").option("offerTimeoutMs", "500").mode("append").save())
+        assert "back pressured" in str(info.value)
+        assert time.monotonic() - started < 60
+
+
+# -- reading --------------------------------------------------------------------------------
+def test_stream_read_then_streaming_write_end_to_end(spark, checkpoint: str) -> None:
+    """Messages published by a client are read by a streaming query (columns as documented)
+    and written by its streaming sink to another stream, where a client reads them all."""
+    with running_driver("1m") as (directory, client):
+        publication = client.add_publication("aeron:ipc", 2001)
+        output = Drainer(client.add_subscription("aeron:ipc", 2002))
+        query = (spark.readStream.format("slipstream").option("directory", str(directory))
+                 .option("streamId", "2001").load()
+                 .selectExpr("concat(cast(value as string), ':', cast(position as string)) "
+                             "as value")
+                 .writeStream.format("slipstream").option("directory", str(directory))
+                 .option("streamId", "2002").option("checkpointLocation", checkpoint)
+                 .trigger(processingTime="100 milliseconds").start())
+        try:
+            wait_connected(publication)
+            positions = []
+            for i in range(3_000):
+                offer(publication, f"m{i}".encode())
+                positions.append(publication.position)
+            query.processAllAvailable()
+            got = output.wait_for(3_000)
+        finally:
+            query.stop()
+        assert got == [f"m{i}:{positions[i]}".encode() for i in range(3_000)]
+
+
+def test_exactly_once_across_a_restart_from_checkpoint(spark, checkpoint: str) -> None:
+    """Stop the query, publish while it is down (another consumer keeps the stream going),
+    restart from the checkpoint: every message exactly once, in order."""
+    with running_driver("1m") as (directory, client):
+        publication = client.add_publication("aeron:ipc", 3001)
+        sent = [f"e{i}".encode() for i in range(3_000)]
+        collector = Collector()
+
+        def publish(messages: list[bytes]) -> None:
+            for message in messages:
+                offer(publication, message)
+            assert len(drain(bystander, len(messages))) == len(messages)
+
+        query = read_query(spark, directory, 3001, collector, checkpoint)
+        try:
+            wait_connected(publication)  # the query's subscription
+            bystander = client.add_subscription("aeron:ipc", 3001)  # another consumer
+            publish(sent[:1_000])
+            collector.wait_for(1_000)
+        finally:
+            query.stop()
+        publish(sent[1_000:2_000])  # the query is down
+        query = read_query(spark, directory, 3001, collector, checkpoint)
+        try:
+            collector.wait_for(2_000)
+            publish(sent[2_000:])
+            collector.wait_for(3_000)
+        finally:
+            query.stop()
+        rows = collector.rows()
+        assert [bytes(row.value) for row in rows] == sent
+        assert len({row.position for row in rows}) == len(rows)
+        assert {row.stream_id for row in rows} == {3001}
+
+
+def test_slow_query_back_pressures_the_publisher_and_loses_nothing(spark,
+                                                                   checkpoint: str) -> None:
+    """A 64 KiB term holds 2 terms (~800 messages of 100 B); 4000 are published while the
+    query takes 0.3 s per batch: the publisher is held back (credit returned only at commit)
+    and every message arrives."""
+    with running_driver("64k") as (directory, client):
+        publication = client.add_publication("aeron:ipc", 4001)
+        collector = Collector(delay=0.3)
+        query = read_query(spark, directory, 4001, collector, checkpoint,
+                           maxMessagesPerTrigger="150")
+        sent = [f"{i:06d}".encode().ljust(100, b".") for i in range(4_000)]
+        pressured = 0
+        try:
+            wait_connected(publication)
+            for message in sent:
+                pressured += offer(publication, message, timeout=120)
+            collector.wait_for(len(sent))
+        finally:
+            query.stop()
+        assert pressured > 0
+        assert collector.values() == sent
+        sizes = [len(rows) for rows in collector.batches.values()]
+        assert max(sizes) <= 150
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_fail_on_data_loss(spark, checkpoint: str, fail_on_data_loss: bool) -> None:
+    """The query is down while the stream runs three terms ahead: its checkpointed position
+    is overwritten.  true: the restart fails naming the positions; false: it skips ahead,
+    counts the skip and goes on without duplicates."""
+    with running_driver("64k") as (directory, client):
+        publication = client.add_publication("aeron:ipc", 5001)
+        collector = Collector()
+        query = read_query(spark, directory, 5001, collector, checkpoint)
+        try:
+            wait_connected(publication)  # the query's subscription
+            bystander = client.add_subscription("aeron:ipc", 5001)  # another consumer
+            for i in range(100):
+                offer(publication, f"before-{i}".encode())
+            collector.wait_for(100)
+        finally:
+            query.stop()
+        assert len(drain(bystander, 100)) == 100
+        lost = [f"{i:06d}".encode().ljust(100, b"-") for i in range(2_000)]  # 320 KB > 3 terms
+        for message in lost:
+            offer(publication, message)
+            bystander.poll(lambda data, header: None, 100)
+        query = read_query(spark, directory, 5001, collector, checkpoint,
+                           failOnDataLoss=str(fail_on_data_loss).lower())
+        try:
+            if fail_on_data_loss:
+                with pytest.raises(Exception, match=r"positions \[\d+, \d+\) are no longer in"):
+                    query.awaitTermination(90)
+                return
+            time.sleep(1.0)
+            for i in range(50):
+                offer(publication, f"after-{i}".encode())
+                bystander.poll(lambda data, header: None, 100)
+            deadline = time.monotonic() + 90
+            while b"after-49" not in collector.values():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            query.stop()
+        values = collector.values()
+        assert values[:100] == [f"before-{i}".encode() for i in range(100)]
+        assert values[-50:] == [f"after-{i}".encode() for i in range(50)]
+        assert len(values) < 100 + 2_000 + 50  # some were lost ...
+        assert len(set(values)) == len(values)  # ... and nothing came twice
+        assert client.counters.get(SystemCounter.DATA_LOSS_SKIPS) >= 1
+
+
+# -- options --------------------------------------------------------------------------------
+@pytest.mark.parametrize(("options", "named"), [
+    ({"streamId": "1", "colour": "red"}, "colour"),
+    ({"streamId": "one"}, "streamId"),
+    ({}, "streamId"),
+    ({"streamId": "1", "startingPosition": "oldest"}, "startingPosition"),
+    ({"streamId": "1", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+    ({"streamId": "1", "maxMessagesPerTrigger": "0"}, "maxMessagesPerTrigger"),
+    ({"streamId": "1", "channel": "aeron:tcp"}, "channel"),
+])
+def test_bad_read_options_are_errors_naming_the_option(spark, options: dict[str, str],
+                                                        named: str) -> None:
+    reader = spark.readStream.format("slipstream")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    with pytest.raises(Exception, match=f"option '{named}'"):
+        reader.load()
+
+
+def test_writer_option_on_a_reader_is_an_error_at_start(spark) -> None:
+    frame = (spark.readStream.format("slipstream").option("streamId", "1")
+             .option("offerTimeoutMs", "10").load())
+    with pytest.raises(Exception, match="option 'offerTimeoutMs': applies to writing only"):
+        frame.writeStream.format("noop").start().awaitTermination(60)
+
+
+def test_bad_write_option_is_an_error_naming_the_option(spark) -> None:
+    frame = spark.range(1).selectExpr("cast(id as string) as value")
+    with pytest.raises(Exception, match="option 'offerTimeoutMs'"):
+        (frame.write.format("slipstream").option("streamId", "1")
+         .option("offerTimeoutMs", "-5").mode("append").save())
