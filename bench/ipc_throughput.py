@@ -101,11 +101,26 @@ def run_slipstream(directory: Path, size: int, count: int, batch: bool, stream_i
     publisher.start()
     time.sleep(0.2)
     start.set()
-    publisher.join(300)
-    subscriber.join(300)
-    if publisher.exitcode or subscriber.exitcode:
-        raise RuntimeError(f"benchmark processes failed: {publisher.exitcode}, "
-                           f"{subscriber.exitcode}")
+    return _finish(publisher, subscriber, result)
+
+
+RUN_TIMEOUT_S = 120.0
+
+
+def _finish(publisher, subscriber, result) -> float:
+    """Join both sides within RUN_TIMEOUT_S; a run that does not finish is reported as 0 and
+    its processes stopped, so the benchmark never hangs."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    for process in (publisher, subscriber):
+        process.join(max(0.0, deadline - time.monotonic()))
+    stuck = [p for p in (publisher, subscriber) if p.is_alive()]
+    for process in stuck:
+        process.terminate()
+        process.join(5)
+    if stuck or publisher.exitcode or subscriber.exitcode:
+        print(f"# run did not finish: publisher exit {publisher.exitcode}, subscriber exit "
+              f"{subscriber.exitcode}", flush=True)
+        return 0.0
     return result.value
 
 
@@ -160,9 +175,7 @@ def run_zmq(directory: Path, size: int, count: int) -> float:
     subscriber.start()
     assert ready.wait(60)
     start.set()
-    subscriber.join(300)
-    publisher.join(300)
-    return result.value
+    return _finish(publisher, subscriber, result)
 
 
 def machine() -> str:
