@@ -19,8 +19,6 @@ import attrs
 from slipstream.client.counters import CountersFile, CounterType, SystemCounter
 from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, unblock
 
-CLEAN_CHUNK = 2 * 1024 * 1024  # bytes zeroed per duty cycle (~0.2 ms)
-
 
 class PublicationState(enum.Enum):
     ACTIVE = "active"
@@ -184,11 +182,9 @@ class IpcPublication:
         target = consumer - self.log.term_length
         if target <= self.clean_position:
             return 0
-        # A bounded chunk per cycle (and never past the term's end): a 64 MiB memset would hold
-        # every publication's limit still for tens of ms.  More to do counts as work, so the
-        # next cycle comes soon.
+        # Up to the end of the term being cleaned per call.
         term_end = (self.clean_position | (self.log.term_length - 1)) + 1
-        length = min(target, term_end, self.clean_position + CLEAN_CHUNK) - self.clean_position
+        length = min(target, term_end) - self.clean_position
         self.log.clean(self.clean_position, length)
         self.clean_position += length
         return 1
