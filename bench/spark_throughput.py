@@ -17,8 +17,6 @@ A run takes about two minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -27,24 +25,12 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.ipc_throughput import machine
 from slipstream.client import ADMIN_ACTION, Client
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge import session
 
 PAYLOAD = 100
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-            f"{platform.system()} {platform.release()}")
 
 
 class Drain(threading.Thread):

@@ -228,8 +228,19 @@ static inline int32_t fragmented_length(const ss_appender_t *a, int32_t length) 
     return full * (a->max_payload + SS_HEADER_LENGTH) + last;
 }
 
-/* One append attempt: returns the new position, or a negative code. */
-static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length) {
+/* Where a claim landed. */
+typedef struct {
+    uint8_t *term;
+    int32_t term_offset;
+    int32_t term_id;
+    int32_t term_count;
+    int32_t index;
+} claim_t;
+
+/* Claim `length` aligned bytes in the active term: 0 on success (*out filled), or ADMIN_ACTION
+ * (rotation in progress, or this claim crossed the term's end and rotated), BACK_PRESSURED,
+ * MAX_POSITION_EXCEEDED.  The limit is checked before the atomic add, as Aeron does. */
+static inline int64_t claim(const ss_appender_t *a, int32_t length, claim_t *out) {
     uint8_t *meta = a->meta;
     int32_t term_count = LOAD_ACQ(active_term_count_ptr(meta));
     int32_t index = term_count % SS_PARTITION_COUNT;
@@ -239,17 +250,31 @@ static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length
     int64_t raw_offset = raw & 0xFFFFFFFFLL;
     int32_t term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
     if (term_count != (int32_t)((uint32_t)term_id - (uint32_t)a->initial_term_id)) return SS_ADMIN_ACTION;
-
     int64_t position = ((int64_t)term_count << a->position_bits) + term_offset;
     if (position >= LOAD_ACQ(a->publication_limit)) return SS_BACK_PRESSURED;
 
-    int32_t claim = length <= a->max_payload ? align32(length + SS_HEADER_LENGTH) : fragmented_length(a, length);
-    raw = __atomic_fetch_add(tail, (int64_t)claim, __ATOMIC_SEQ_CST);
+    raw = __atomic_fetch_add(tail, (int64_t)length, __ATOMIC_SEQ_CST);
     term_id = (int32_t)(raw >> 32);
     raw_offset = raw & 0xFFFFFFFFLL;
     term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
     uint8_t *term = a->log + (int64_t)index * a->term_length;
-    if ((int64_t)term_offset + claim > a->term_length) return end_of_term(a, term, term_offset, term_id, term_count);
+    if ((int64_t)term_offset + length > a->term_length) return end_of_term(a, term, term_offset, term_id, term_count);
+    out->term = term;
+    out->term_offset = term_offset;
+    out->term_id = term_id;
+    out->term_count = term_count;
+    out->index = index;
+    return 0;
+}
+
+/* One append attempt: returns the new position, or a negative code. */
+static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length) {
+    int32_t total = length <= a->max_payload ? align32(length + SS_HEADER_LENGTH) : fragmented_length(a, length);
+    claim_t at;
+    int64_t rc = claim(a, total, &at);
+    if (rc != 0) return rc;
+    uint8_t *term = at.term;
+    int32_t term_offset = at.term_offset, term_id = at.term_id;
 
     if (length <= a->max_payload) {
         uint8_t *frame = term + term_offset;
@@ -277,7 +302,8 @@ static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length
             flags = 0;
         }
     }
-    return position + claim;
+    /* The position after this message, from where the claim actually landed. */
+    return ((int64_t)at.term_count << a->position_bits) + term_offset + total;
 }
 
 int64_t ss_refine(ss_appender_t *a, int64_t result) {
@@ -394,31 +420,17 @@ int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
 int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset) {
     if (a->closed) return SS_CLOSED;
     if (length < 0 || length > a->max_payload) return SS_INVALID_LENGTH;
-    uint8_t *meta = a->meta;
-    int32_t term_count = LOAD_ACQ(active_term_count_ptr(meta));
-    int32_t index = term_count % SS_PARTITION_COUNT;
-    int64_t *tail = tail_counter(meta, index);
-    int64_t raw = __atomic_load_n(tail, __ATOMIC_ACQUIRE);
-    int32_t term_id = (int32_t)(raw >> 32);
-    int64_t raw_offset = raw & 0xFFFFFFFFLL;
-    int32_t term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
-    if (term_count != (int32_t)((uint32_t)term_id - (uint32_t)a->initial_term_id)) return SS_ADMIN_ACTION;
-    int64_t position = ((int64_t)term_count << a->position_bits) + term_offset;
-    if (position >= LOAD_ACQ(a->publication_limit)) return ss_refine(a, SS_BACK_PRESSURED);
-
     int32_t frame_length = length + SS_HEADER_LENGTH;
-    int32_t claim = align32(frame_length);
-    raw = __atomic_fetch_add(tail, (int64_t)claim, __ATOMIC_SEQ_CST);
-    term_id = (int32_t)(raw >> 32);
-    raw_offset = raw & 0xFFFFFFFFLL;
-    term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
-    uint8_t *term = a->log + (int64_t)index * a->term_length;
-    if ((int64_t)term_offset + claim > a->term_length) return end_of_term(a, term, term_offset, term_id, term_count);
-    write_header(term + term_offset, frame_length, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_DATA, term_offset,
-                 a->session_id, a->stream_id, term_id);
-    *(int64_t *)(term + term_offset + 24) = 0;
-    *frame_offset = (int64_t)index * a->term_length + term_offset;
-    return position + claim;
+    int32_t total = align32(frame_length);
+    claim_t at;
+    int64_t rc = claim(a, total, &at);
+    if (rc != 0) return ss_refine(a, rc);
+    uint8_t *frame = at.term + at.term_offset;
+    write_header(frame, frame_length, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_DATA, at.term_offset,
+                 a->session_id, a->stream_id, at.term_id);
+    *(int64_t *)(frame + 24) = 0;
+    *frame_offset = (int64_t)at.index * a->term_length + at.term_offset;
+    return ((int64_t)at.term_count << a->position_bits) + at.term_offset + total;
 }
 
 void ss_commit(uint8_t *frame) {

@@ -148,10 +148,7 @@ class DriverConductor:
         channel = parse_channel(message["channel"])
         stream_id = int(message["stream_id"])
         if not channel.is_ipc:
-            return [(client.key, _error(
-                correlation_id, control.ERR_UNSUPPORTED,
-                f"{channel}: this driver carries aeron:ipc streams only so far; UDP channels "
-                f"run in the simulator (slipstream sim) until the network agents land"))]
+            return [(client.key, _udp_not_carried_yet(correlation_id, channel))]
         publication = self._ipc_by_stream.get(stream_id)
         out: Outgoing = []
         if publication is None or publication.state is not PublicationState.ACTIVE:
@@ -236,10 +233,7 @@ class DriverConductor:
         channel = parse_channel(message["channel"])
         stream_id = int(message["stream_id"])
         if not channel.is_ipc:
-            return [(client.key, _error(
-                correlation_id, control.ERR_UNSUPPORTED,
-                f"{channel}: this driver carries aeron:ipc streams only so far; UDP channels "
-                f"run in the simulator (slipstream sim) until the network agents land"))]
+            return [(client.key, _udp_not_carried_yet(correlation_id, channel))]
         subscription = Subscription(self._new_id(), client.client_id, channel, stream_id)
         client.subscriptions[subscription.registration_id] = subscription
         out: Outgoing = [(client.key, {
@@ -371,6 +365,12 @@ class DriverConductor:
 
 def _session_matches(channel: Channel, session_id: int) -> bool:
     return channel.session_id is None or channel.session_id == session_id
+
+
+def _udp_not_carried_yet(correlation_id: int, channel: Channel) -> dict[str, Any]:
+    return _error(correlation_id, control.ERR_UNSUPPORTED,
+                  f"{channel}: this driver carries aeron:ipc streams only so far; UDP channels "
+                  f"run in the simulator (slipstream sim) until the network agents land")
 
 
 def _error(correlation_id: int, code: str, text: str) -> dict[str, Any]:

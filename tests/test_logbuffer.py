@@ -231,8 +231,9 @@ def read_all_available(log: LogBuffer) -> list[bytes]:
     return out
 
 
-def _append_from_process(path: str, writer: int, count: int) -> None:
+def _append_from_process(path: str, writer: int, count: int, positions_path: str) -> None:
     log = LogBuffer(path)
+    positions = []
     appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
     for sequence in range(count):
         size = 8 + (sequence * 37 + writer * 101) % 3000  # some fragment at mtu 1408
@@ -241,8 +242,10 @@ def _append_from_process(path: str, writer: int, count: int) -> None:
         while True:
             result = lib.ss_offer(appender, message, len(message))
             if result > 0:
+                positions.append(result)
                 break
             assert result == ADMIN_ACTION
+    Path(positions_path).write_text(" ".join(map(str, positions)))
     log.close()
 
 
@@ -250,7 +253,9 @@ def test_concurrent_appends_from_several_processes_never_corrupt_or_lose_a_frame
     writers, per_writer = 4, 3000
     log = make_log(shm, term_length=16 << 20)  # ~18 MB in all: no wrap without a reader
     context = multiprocessing.get_context("fork")
-    processes = [context.Process(target=_append_from_process, args=(str(log.path), w, per_writer))
+    position_files = [str(shm / f"positions-{w}") for w in range(writers)]
+    processes = [context.Process(target=_append_from_process,
+                                 args=(str(log.path), w, per_writer, position_files[w]))
                  for w in range(writers)]
     for p in processes:
         p.start()
@@ -259,6 +264,13 @@ def test_concurrent_appends_from_several_processes_never_corrupt_or_lose_a_frame
         assert p.exitcode == 0
     messages = read_all(log)
     assert len(messages) == writers * per_writer
+    # Each offer returned the position just after its own frame: all distinct, all frame ends.
+    returned = [int(p) for f in position_files for p in Path(f).read_text().split()]
+    frame_ends: list[int] = []
+    image = Image(log, ffi.new("int64_t *", 0), join_position=0)
+    while image.poll(lambda data, header: frame_ends.append(header.position), 1000):
+        pass
+    assert sorted(returned) == frame_ends
     next_sequence = [0] * writers
     for message in messages:
         body, crc = message[:-4], struct.unpack("<I", message[-4:])[0]
