@@ -195,7 +195,8 @@ class DriverConductor:
             registration_id=registration_id, stream_id=stream_id, session_id=session_id,
             initial_term_id=initial_term_id, channel="aeron:ipc", counters=self.counters,
             term_length=term_length, mtu=mtu,
-            term_window_length=(channel.pub_wnd or settings.ipc_publication_term_window_length),
+            term_window_length=(min(channel.pub_wnd, term_length // 2) if channel.pub_wnd
+                                else settings.term_window_length(term_length, ipc=True)),
             unblock_timeout_ns=settings.publication_unblock_timeout,
             linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
                                else settings.publication_linger_timeout),

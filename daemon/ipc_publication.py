@@ -71,18 +71,17 @@ class IpcPublication:
         counters: CountersFile,
         term_length: int,
         mtu: int,
-        term_window_length: int,
+        term_window_length: int,  # bytes, resolved (at most term_length / 2)
         unblock_timeout_ns: int,
         linger_timeout_ns: int,
         now_ns: int,
         initial_term_count: int = 0,
         initial_term_offset: int = 0,
     ) -> IpcPublication:
-        window = min(term_window_length or term_length // 2, term_length // 2)
         log = LogBuffer.create(
             path, term_length=term_length, initial_term_id=initial_term_id,
             session_id=session_id, stream_id=stream_id, mtu=mtu,
-            correlation_id=registration_id, term_window_length=window,
+            correlation_id=registration_id, term_window_length=term_window_length,
             initial_term_count=initial_term_count, initial_term_offset=initial_term_offset,
             linger_timeout_ns=linger_timeout_ns,
         )
@@ -95,7 +94,8 @@ class IpcPublication:
                                         registration_id=registration_id, session_id=session_id,
                                         stream_id=stream_id, initial_value=start)
         return cls(registration_id=registration_id, stream_id=stream_id, session_id=session_id,
-                   channel=channel, log=log, counters=counters, term_window_length=window,
+                   channel=channel, log=log, counters=counters,
+                   term_window_length=term_window_length,
                    unblock_timeout_ns=unblock_timeout_ns, linger_timeout_ns=linger_timeout_ns,
                    publisher_limit_id=limit_id, publisher_position_id=position_id,
                    clean_position=start, last_consumer_position=start,
