@@ -31,7 +31,7 @@ def pin(cpu: int) -> None:
 
 # -- slipstream ------------------------------------------------------------------------------
 def _ss_publisher(directory: str, stream_id: int, size: int, count: int, batch: bool,
-                  start) -> None:
+                  start, positions) -> None:
     from slipstream.client import Client
 
     pin(0)
@@ -47,6 +47,8 @@ def _ss_publisher(directory: str, stream_id: int, size: int, count: int, batch: 
             lengths = array("i", [size] * BATCH)
             sent = 0
             while sent < count:
+                if count - sent < BATCH:  # the last batch: exactly count messages in all
+                    data, lengths = data[:(count - sent) * size], lengths[:count - sent]
                 n = publication.offer_batch(data, lengths)
                 if n > 0:
                     sent += n
@@ -55,10 +57,11 @@ def _ss_publisher(directory: str, stream_id: int, size: int, count: int, batch: 
             while sent < count:
                 if offer(message) > 0:
                     sent += 1
+        positions[0] = publication.position
 
 
 def _ss_subscriber(directory: str, stream_id: int, count: int, batch: bool, ready,
-                   result) -> None:
+                   result, positions) -> None:
     from slipstream.client import Client
 
     pin(1)
@@ -87,21 +90,31 @@ def _ss_subscriber(directory: str, stream_id: int, count: int, batch: bool, read
                     first = time.perf_counter()
             received = counter[0]
         result.value = received / (time.perf_counter() - first)
+        positions[1] = subscription.images[0].position
+        positions[2] = received
 
 
 def run_slipstream(directory: Path, size: int, count: int, batch: bool, stream_id: int) -> float:
     context = multiprocessing.get_context("spawn")
     ready, start, result = context.Event(), context.Event(), context.Value("d", 0.0)
-    subscriber = context.Process(target=_ss_subscriber,
-                                 args=(str(directory), stream_id, count, batch, ready, result))
-    publisher = context.Process(target=_ss_publisher,
-                                args=(str(directory), stream_id, size, count, batch, start))
+    positions = context.Array("q", 3)  # publisher's end, subscriber's end, messages received
+    subscriber = context.Process(target=_ss_subscriber, args=(
+        str(directory), stream_id, count, batch, ready, result, positions))
+    publisher = context.Process(target=_ss_publisher, args=(
+        str(directory), stream_id, size, count, batch, start, positions))
     subscriber.start()
     assert ready.wait(60), "subscriber did not start"
     publisher.start()
     time.sleep(0.2)
     start.set()
-    return _finish(publisher, subscriber, result)
+    rate = _finish(publisher, subscriber, result)
+    published_to, received_to, received = positions[:]
+    if rate and (received != count or received_to != published_to):
+        # A rate only counts when the stream arrived whole: same count, same end position.
+        print(f"# stream corrupted: {received} of {count} messages received, subscriber at "
+              f"{received_to}, publisher at {published_to}", flush=True)
+        return 0.0
+    return rate
 
 
 RUN_TIMEOUT_S = 120.0

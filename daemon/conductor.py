@@ -72,6 +72,7 @@ class DriverConductor:
         self.ipc_publications: dict[int, IpcPublication] = {}  # by registration id
         self._ipc_by_stream: dict[int, IpcPublication] = {}
         self._next_timer_ns = 0
+        self._last_cycle_ns = 0
 
     # -- ids ---------------------------------------------------------------------------------
     def _new_id(self) -> int:
@@ -305,6 +306,7 @@ class DriverConductor:
         """One duty cycle: limits, cleaning, unblocking and (every timer interval) liveness."""
         work = 0
         out: Outgoing = []
+        self._last_cycle_ns = now_ns
         for publication in list(self.ipc_publications.values()):
             work += publication.update_limits(now_ns)
             if publication.is_drained(now_ns):
@@ -348,6 +350,8 @@ class DriverConductor:
 
     def next_deadline_ns(self) -> int:
         """When the conductor next needs a cycle even if nothing happens."""
+        if any(p.is_cleaning_behind for p in self.ipc_publications.values()):
+            return self._last_cycle_ns  # overdue: clean the next chunk after one yield
         return self._next_timer_ns
 
     def has_active_streams(self) -> bool:

@@ -19,6 +19,11 @@ import attrs
 from slipstream.client.counters import CountersFile, CounterType, SystemCounter
 from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, unblock
 
+# Bytes zeroed per duty cycle: a whole 64 MiB term at once holds the conductor for tens of
+# milliseconds, while 1 MiB takes well under one.  The limit rule in _reusable_limit makes any
+# chunk size safe; a lagging cleaner only slows the publisher.
+CLEAN_CHUNK_LENGTH = 1 << 20
+
 
 class PublicationState(enum.Enum):
     ACTIVE = "active"
@@ -53,8 +58,10 @@ class IpcPublication:
     publisher_refs: int = 0
     state: PublicationState = PublicationState.ACTIVE
     subscribers: list[IpcSubscriber] = attrs.Factory(list)
+    clean_chunk_length: int = CLEAN_CHUNK_LENGTH
     clean_position: int = 0
     _last_consumer_position: int = 0
+    _clean_target: int = 0
     _time_of_last_consumer_change_ns: int = 0
     _draining_since_ns: int = 0
 
@@ -77,6 +84,7 @@ class IpcPublication:
         now_ns: int,
         initial_term_count: int = 0,
         initial_term_offset: int = 0,
+        clean_chunk_length: int = CLEAN_CHUNK_LENGTH,  # bytes zeroed per duty cycle at most
     ) -> IpcPublication:
         log = LogBuffer.create(
             path, term_length=term_length, initial_term_id=initial_term_id,
@@ -95,7 +103,7 @@ class IpcPublication:
                                         stream_id=stream_id, initial_value=start)
         return cls(registration_id=registration_id, stream_id=stream_id, session_id=session_id,
                    channel=channel, log=log, counters=counters,
-                   term_window_length=term_window_length,
+                   term_window_length=term_window_length, clean_chunk_length=clean_chunk_length,
                    unblock_timeout_ns=unblock_timeout_ns, linger_timeout_ns=linger_timeout_ns,
                    publisher_limit_id=limit_id, publisher_position_id=position_id,
                    clean_position=start, last_consumer_position=start,
@@ -154,11 +162,7 @@ class IpcPublication:
             work += 1
         # Clean first: the raised limit may let the publisher into the partition just cleaned.
         work += self._clean(consumer)
-        # Position X reuses the memory of X - 3 terms: never let a publisher past what has been
-        # cleaned, or readers would take the old frames there for new ones.  In steady state
-        # (cleaning one term behind the consumer) this never binds; it does while cleaning lags.
-        limit = min(consumer + self.term_window_length,
-                    self.clean_position + PARTITION_COUNT * self.log.term_length)
+        limit = min(consumer + self.term_window_length, self._reusable_limit())
         if limit != self.counters.get(self.publisher_limit_id):
             self.counters.set(self.publisher_limit_id, limit)
         if limit - producer < self.term_window_length // 2:
@@ -177,14 +181,37 @@ class IpcPublication:
             self._time_of_last_consumer_change_ns = now_ns
         return work
 
+    @property
+    def is_cleaning_behind(self) -> bool:
+        """The last cycle left cleanable bytes for the next (a chunk at most per cycle)."""
+        return self.clean_position < self._clean_target
+
+    def _reusable_limit(self) -> int:
+        """The highest pub-lmt that partition reuse allows: the cleaned position rounded up to
+        a term boundary, plus two terms.
+
+        Term n reuses the partition of term n - 3.  A publisher below the limit may claim up to
+        the end of the limit's term and rotate into the next (one claim, or one batch run per
+        publisher, crosses the limit), and a reader scans on until it finds a zero frame
+        length, at the start of that next term too.  So every partition a publisher can reach
+        must already be clean, not only the bytes below the limit, or a reader would take the
+        old frames behind the tail for new ones.  In steady state (cleaning one term behind the
+        slowest subscriber) this never binds; it does while cleaning lags.
+        """
+        term_length = self.log.term_length
+        cleaned_terms_end = (self.clean_position + term_length - 1) & ~(term_length - 1)
+        return cleaned_terms_end + (PARTITION_COUNT - 1) * term_length
+
     def _clean(self, consumer: int) -> int:
-        """Zero the term one full term behind the consumer so the partition can be reused."""
+        """Zero up to one chunk toward one term behind the consumer, so the partition can be
+        reused; the next cycle continues where this one stopped."""
         target = consumer - self.log.term_length
+        self._clean_target = target
         if target <= self.clean_position:
             return 0
-        # Up to the end of the term being cleaned per call.
         term_end = (self.clean_position | (self.log.term_length - 1)) + 1
-        length = min(target, term_end) - self.clean_position
+        length = min(target, term_end, self.clean_position + self.clean_chunk_length)
+        length -= self.clean_position
         self.log.clean(self.clean_position, length)
         self.clean_position += length
         return 1
