@@ -11,6 +11,7 @@ Positions are byte offsets in the stream: ``position = term_count << bits | term
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -45,6 +46,10 @@ RECEIVER_WINDOW_LENGTH_OFFSET = 288
 MAX_RESEND_OFFSET = 316
 DEFAULT_FRAME_HEADER_OFFSET = 320
 LINGER_TIMEOUT_NS_OFFSET = 464
+# madvise(2) advice values (Linux 5.14) that Python's mmap module does not name yet.
+_MADV_POPULATE_READ = 22
+_MADV_POPULATE_WRITE = 23
+
 FLAGS_OFFSET = 488  # group, is_response, rejoin, reliable, sparse, signal_eos, ssc, tether
 # slipstream-local: the eventcount parked readers wait on (see native.h).
 READER_SIGNAL_OFFSET = lib.SS_META_READER_SIGNAL
@@ -172,7 +177,10 @@ class LogBuffer:
     (a handler that kept a message view); the mapping is then released with the last view.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, writable: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, writable: bool = True,
+                 populate: bool | None = None) -> None:
+        """Map the log at ``path``.  ``populate`` maps every page in place up front (default:
+        when the log is not sparse), so the hot paths never take a page fault."""
         self.path = Path(path)
         fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
@@ -202,6 +210,8 @@ class LogBuffer:
         self.max_payload = self.mtu - HEADER_LENGTH
         self.session_id = self.default_header_field("<i", SESSION_ID_FIELD)
         self.stream_id = self.default_header_field("<i", STREAM_ID_FIELD)
+        if populate if populate is not None else not self.is_sparse:
+            self._populate(writable)
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
@@ -271,7 +281,18 @@ class LogBuffer:
             f.write(meta)
         return cls(path)
 
+    def _populate(self, writable: bool) -> None:
+        """Fault every page of the mapping in now (Linux >= 5.14); older kernels fault lazily."""
+        advice = _MADV_POPULATE_WRITE if writable else _MADV_POPULATE_READ
+        with contextlib.suppress(OSError):
+            self._map.madvise(advice)
+
     # -- metadata --------------------------------------------------------------------------
+    @property
+    def is_sparse(self) -> bool:
+        """Whether the log's pages are allocated on first touch (else up front)."""
+        return bool(self._map[self.meta_offset + FLAGS_OFFSET + 4])
+
     def _get_i32(self, field: int) -> int:
         return struct.unpack_from("<i", self._map, self.meta_offset + field)[0]
 

@@ -311,7 +311,9 @@ class Image:
     def detached(cls, log_path: str, position: int) -> Image:
         """An image of the log at ``log_path`` with a private position, for readers that are not
         the subscriber (e.g. Spark executors reading a range the subscriber will commit)."""
-        return cls(LogBuffer(log_path), ffi.new("int64_t *", position), join_position=position)
+        # Not populated: a short-lived reader touches only the range it reads.
+        log = LogBuffer(log_path, populate=False)
+        return cls(log, ffi.new("int64_t *", position), join_position=position)
 
     @property
     def log_path(self) -> str:

@@ -201,7 +201,9 @@ class DriverConductor:
             unblock_timeout_ns=settings.publication_unblock_timeout,
             linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
                                else settings.publication_linger_timeout),
-            now_ns=now_ns, initial_term_count=term_count, initial_term_offset=term_offset)
+            now_ns=now_ns, initial_term_count=term_count, initial_term_offset=term_offset,
+            sparse=(channel.sparse if channel.sparse is not None
+                    else settings.term_buffer_sparse_file))
         self.ipc_publications[registration_id] = publication
         self._ipc_by_stream[stream_id] = publication
         log.info("created IPC publication %d stream=%d session=%d term_length=%d",

@@ -85,13 +85,14 @@ class IpcPublication:
         initial_term_count: int = 0,
         initial_term_offset: int = 0,
         clean_chunk_length: int = CLEAN_CHUNK_LENGTH,  # bytes zeroed per duty cycle at most
+        sparse: bool = True,
     ) -> IpcPublication:
         log = LogBuffer.create(
             path, term_length=term_length, initial_term_id=initial_term_id,
             session_id=session_id, stream_id=stream_id, mtu=mtu,
             correlation_id=registration_id, term_window_length=term_window_length,
             initial_term_count=initial_term_count, initial_term_offset=initial_term_offset,
-            linger_timeout_ns=linger_timeout_ns,
+            linger_timeout_ns=linger_timeout_ns, sparse=sparse,
         )
         label = f"{channel} stream={stream_id} session={session_id}"
         start = log.producer_position()

@@ -136,7 +136,7 @@ def first_retained(image: Image, start: int, end: int) -> int:
     stopped, the first intact frame header; finally ``end`` itself.
     """
     term = image.term_length
-    log = LogBuffer(image.log_path, writable=False)
+    log = LogBuffer(image.log_path, writable=False, populate=False)
     try:
         position = start + 32
         while position < end:

@@ -51,6 +51,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "conductor_idle_spin": 200 * US,
     "term_buffer_length": 16 * MiB,
     "ipc_term_buffer_length": 64 * MiB,
+    "term_buffer_sparse_file": False,  # Aeron: aeron.term.buffer.sparse.file
     "mtu_length": 1408,
     "ipc_mtu_length": 1408,
     "publication_term_window_length": 0,

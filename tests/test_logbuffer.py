@@ -17,6 +17,7 @@ from slipstream.client._native import ffi, lib
 from slipstream.client.logbuffer import (
     ACTIVE_TERM_COUNT_OFFSET,
     HDR_TYPE_PAD,
+    PARTITION_COUNT,
     TERM_MIN_LENGTH,
     LogBuffer,
     compute_log_length,
@@ -187,6 +188,36 @@ def test_many_term_rotations_with_cleaning_behind_the_reader(shm: Path, size: in
         pass
     assert received == list(range(sent))
     log.close()
+
+
+def resident_kib(path: Path) -> list[int]:
+    """Resident size of each of this process's mappings of ``path`` (/proc/self/smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    sizes = []
+    for i, line in enumerate(lines):
+        if line.endswith(str(path)):
+            rss = next(entry for entry in lines[i + 1:] if entry.startswith("Rss:"))
+            sizes.append(int(rss.split()[1]))
+    return sizes
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_dense_log_is_mapped_with_its_pages_in_place_and_a_sparse_one_lazily(
+        shm: Path, sparse: bool) -> None:
+    term_length = 1 << 20
+    created = make_log(shm, term_length=term_length, sparse=sparse)
+    log = LogBuffer(created.path)  # as a client maps it
+    try:
+        resident = resident_kib(created.path)  # the driver's mapping and the client's
+        assert len(resident) == 2
+        if sparse:
+            assert max(resident) < 64  # the metadata page, at most a few more
+        else:
+            assert min(resident) * 1024 >= PARTITION_COUNT * term_length
+        assert LogBuffer(created.path, populate=False).is_sparse is sparse
+    finally:
+        log.close()
+        created.close()
 
 
 def test_max_position_exceeded_at_the_last_term(shm: Path) -> None:
