@@ -93,6 +93,19 @@ class BufferClaim:
             self.abort() if exc_type is not None else self.commit()
 
 
+def _int32_lengths(lengths: Sequence[int] | Buffer) -> array | memoryview:
+    """``lengths`` as contiguous native int32s: a view of a buffer that already is one (an
+    int32 numpy array, an Arrow buffer's view), else a converted copy."""
+    try:
+        view = memoryview(lengths)  # type: ignore[arg-type]
+    except TypeError:
+        return array("i", lengths)  # type: ignore[arg-type]
+    if view.ndim == 1 and view.itemsize == 4 and view.format in ("i", "=i") \
+            and view.c_contiguous:
+        return view
+    return array("i", view.tolist())
+
+
 class Publication:
     """A handle on a stream for offering messages.  Create with ``Client.add_publication``."""
 
@@ -130,7 +143,7 @@ class Publication:
         """
         return self.offer(message)
 
-    def offer_batch(self, data: Buffer, lengths: Sequence[int] | array) -> int:
+    def offer_batch(self, data: Buffer, lengths: Sequence[int] | Buffer) -> int:
         """Append many messages in one call: ``data`` holds them back to back, ``lengths`` their
         sizes (an ``array('i')`` or int32 numpy array avoids a conversion).
 
@@ -138,7 +151,7 @@ class Publication:
         or a negative code when none was.
         """
         if not (isinstance(lengths, array) and lengths.typecode == "i"):
-            lengths = array("i", lengths)
+            lengths = _int32_lengths(lengths)
         count = len(lengths)
         if count == 0:
             return 0

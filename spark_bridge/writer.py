@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from array import array
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -38,6 +37,7 @@ from slipstream.spark_bridge.options import OptionError, SourceOptions
 from slipstream.spark_bridge.runtime import publication_for
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 __all__ = ["OfferTimeoutError", "SlipstreamStreamWriter", "SlipstreamWriter", "publish_batches"]
@@ -81,9 +81,9 @@ def _value_column(batch: pa.RecordBatch) -> pa.Array:
     return column
 
 
-def _messages(column: pa.Array) -> tuple[memoryview, array, list[int]]:
-    """(data back to back, lengths as array('i'), start offsets of each message in data +
-    the end) for a binary column, without copying the data."""
+def _messages(column: pa.Array) -> tuple[memoryview, np.ndarray, list[int]]:
+    """(data back to back, lengths as int32s, start offsets of each message in data + the
+    end) for a binary column, without copying the data."""
     import numpy as np
     import pyarrow as pa
 
@@ -94,8 +94,7 @@ def _messages(column: pa.Array) -> tuple[memoryview, array, list[int]]:
     offsets = offsets[column.offset:column.offset + n + 1]
     base, top = int(offsets[0]), int(offsets[-1])
     data = memoryview(buffers[2])[base:top] if buffers[2] is not None else memoryview(b"")
-    lengths = array("i")
-    lengths.frombytes(np.diff(offsets).astype(np.int32).tobytes())
+    lengths = np.diff(offsets).astype(np.int32)
     starts = (offsets - base).tolist()
     return data, lengths, starts
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import resource
 import time
+from array import array
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,26 @@ def test_batches_move_many_messages_per_call_each_way(client: Client) -> None:
     room = (publication.publication_limit - publication.position) // 1024
     done = publication.offer_batch(b"".join(big), [992] * 64)
     assert 0 < done == room < 64
+
+
+@pytest.mark.parametrize("kind", ["list", "array", "int32 numpy", "int64 numpy"])
+def test_batch_lengths_may_be_any_sequence_of_ints(client: Client, kind: str) -> None:
+    import numpy as np
+
+    stream_id = 1020 + ["list", "array", "int32 numpy", "int64 numpy"].index(kind)
+    subscription = client.add_subscription(CHANNEL, stream_id)
+    publication = client.add_publication(CHANNEL, stream_id)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    sizes = [0, 1, 31, 32, 100, 7]
+    lengths = {"list": sizes, "array": array("i", sizes),
+               "int32 numpy": np.array(sizes, dtype=np.int32),
+               "int64 numpy": np.array(sizes, dtype=np.int64)}[kind]
+    messages = [bytes([i]) * size for i, size in enumerate(sizes)]
+    assert publication.offer_batch(b"".join(messages), lengths) == len(sizes)
+    batch = subscription.poll_batch(1000)
+    assert [bytes(m) for m in batch] == messages
+    with pytest.raises(ValueError, match="add up to 171 bytes"):
+        publication.offer_batch(b"x" * 170, lengths)
 
 
 def test_receive_waits_for_data_and_times_out(client: Client) -> None:
