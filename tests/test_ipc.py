@@ -424,3 +424,10 @@ def test_batches_across_many_term_rotations_keep_every_message(client: Client) -
         assert subscription.receive(lambda d, h: received.append(bytes(d)), 1000, timeout=5) > 0
     expected = [bytes([i % 256]) * size for i, size in enumerate(sizes)] * 20
     assert received == expected
+
+
+def test_logs_are_dense_unless_the_uri_asks_for_sparse(client: Client) -> None:
+    dense = client.add_publication("aeron:ipc?term-length=64k", 1030)
+    sparse = client.add_publication("aeron:ipc?term-length=64k|sparse=true", 1031)
+    assert not dense._log.is_sparse
+    assert sparse._log.is_sparse
