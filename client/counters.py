@@ -19,6 +19,7 @@ processes never share a cache line (nor the adjacent line the prefetcher pairs w
 from __future__ import annotations
 
 import enum
+import errno
 import mmap
 import os
 import struct
@@ -231,7 +232,8 @@ class CountersFile:
             lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_ALLOCATED)
             self._next_free_hint = counter_id + 1
             return counter_id
-        raise RuntimeError(f"all {self.capacity} counters are in use (raise counters_capacity)")
+        raise OSError(errno.ENOSPC,
+                      f"all {self.capacity} counters are in use (raise counters_capacity)")
 
     def free(self, counter_id: int) -> None:
         """Release a counter (driver only)."""

@@ -251,7 +251,11 @@ class LogBuffer:
         try:
             os.ftruncate(fd, length)
             if not sparse:
+                # Fails now (ENOSPC) rather than with SIGBUS on some later page.
                 os.posix_fallocate(fd, 0, length)
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
         meta = bytearray(LOG_META_DATA_LENGTH)

@@ -57,6 +57,11 @@ class Subscription:
     stream_id: int
 
 
+class ResourceError(Exception):
+    """A command needs a resource the host cannot give (memory, file space): its message is
+    the answer to the client."""
+
+
 class DriverConductor:
     """Owns every resource of the driver.  Single-threaded: call it from one task only."""
 
@@ -119,6 +124,11 @@ class DriverConductor:
                                  f"unknown command {kind!r}"))]
         except ChannelError as e:
             return [(key, _error(correlation_id, control.ERR_INVALID_CHANNEL, str(e)))]
+        except (ResourceError, OSError) as e:
+            self.counters.add(SystemCounter.ERRORS)
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            log.error("%s failed: %s", kind, reason)
+            return [(key, _error(correlation_id, control.ERR_RESOURCE, reason))]
         except (KeyError, TypeError, ValueError) as e:
             self.counters.add(SystemCounter.ERRORS)
             return [(key, _error(correlation_id, control.ERR_GENERIC,
@@ -191,19 +201,26 @@ class DriverConductor:
         if channel.init_term_id is not None:
             term_count = (channel.term_id - channel.init_term_id) & 0xFFFFFFFF
             term_offset = channel.term_offset
-        publication = IpcPublication.create(
-            path=str(self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"),
-            registration_id=registration_id, stream_id=stream_id, session_id=session_id,
-            initial_term_id=initial_term_id, channel="aeron:ipc", counters=self.counters,
-            term_length=term_length, mtu=mtu,
-            term_window_length=(min(channel.pub_wnd, term_length // 2) if channel.pub_wnd
-                                else settings.term_window_length(term_length, ipc=True)),
-            unblock_timeout_ns=settings.publication_unblock_timeout,
-            linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
-                               else settings.publication_linger_timeout),
-            now_ns=now_ns, initial_term_count=term_count, initial_term_offset=term_offset,
-            sparse=(channel.sparse if channel.sparse is not None
-                    else settings.term_buffer_sparse_file))
+        path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
+        try:
+            publication = IpcPublication.create(
+                path=str(path),
+                registration_id=registration_id, stream_id=stream_id, session_id=session_id,
+                initial_term_id=initial_term_id, channel="aeron:ipc", counters=self.counters,
+                term_length=term_length, mtu=mtu,
+                term_window_length=(min(channel.pub_wnd, term_length // 2) if channel.pub_wnd
+                                    else settings.term_window_length(term_length, ipc=True)),
+                unblock_timeout_ns=settings.publication_unblock_timeout,
+                linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
+                                   else settings.publication_linger_timeout),
+                now_ns=now_ns, initial_term_count=term_count, initial_term_offset=term_offset,
+                sparse=(channel.sparse if channel.sparse is not None
+                        else settings.term_buffer_sparse_file))
+        except OSError as e:
+            raise ResourceError(
+                f"cannot create the log of stream {stream_id} ({3 * term_length / 2**20:g} MiB in "
+                f"{path.parent}): {e.strerror}; free space there, or use smaller terms "
+                f"(term-length= in the URI, or ipc_term_buffer_length)") from None
         self.ipc_publications[registration_id] = publication
         self._ipc_by_stream[stream_id] = publication
         log.info("created IPC publication %d stream=%d session=%d term_length=%d",

@@ -96,12 +96,20 @@ class IpcPublication:
         )
         label = f"{channel} stream={stream_id} session={session_id}"
         start = log.producer_position()
-        limit_id = counters.allocate(CounterType.PUBLISHER_LIMIT, f"pub-lmt: {label}",
-                                     registration_id=registration_id, session_id=session_id,
-                                     stream_id=stream_id, initial_value=start)
-        position_id = counters.allocate(CounterType.PUBLISHER_POSITION, f"pub-pos: {label}",
-                                        registration_id=registration_id, session_id=session_id,
-                                        stream_id=stream_id, initial_value=start)
+        allocated: list[int] = []
+        try:
+            for kind, name in ((CounterType.PUBLISHER_LIMIT, "pub-lmt"),
+                               (CounterType.PUBLISHER_POSITION, "pub-pos")):
+                allocated.append(counters.allocate(
+                    kind, f"{name}: {label}", registration_id=registration_id,
+                    session_id=session_id, stream_id=stream_id, initial_value=start))
+        except OSError:  # the counters are full: leave nothing behind
+            for counter_id in allocated:
+                counters.free(counter_id)
+            log.close()
+            os.unlink(path)
+            raise
+        limit_id, position_id = allocated
         return cls(registration_id=registration_id, stream_id=stream_id, session_id=session_id,
                    channel=channel, log=log, counters=counters,
                    term_window_length=term_window_length, clean_chunk_length=clean_chunk_length,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -108,6 +109,23 @@ def test_a_message_too_long_gives_the_limit(client: Client) -> None:
     with pytest.raises(MessageTooLongError) as error:
         publication.offer(bytes(limit + 1))
     assert str(limit) in str(error.value)
+
+
+def test_a_log_the_host_has_no_room_for_is_a_clear_error_and_leaves_nothing(
+        driver, client: Client) -> None:
+    # The kernel refuses files over RLIMIT_FSIZE, as a full /dev/shm refuses the allocation.
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.prlimit(driver.pid, resource.RLIMIT_FSIZE, (1 << 20, hard))
+    with pytest.raises(RegistrationError) as error:
+        client.add_publication("aeron:ipc?term-length=1m", 77)
+    message = str(error.value)
+    assert "cannot create the log of stream 77 (3 MiB in" in message
+    assert "File too large" in message and "term-length=" in message
+    assert list((Path(driver.directory) / "publications").iterdir()) == []
+    # The driver carries on: a log that fits is created.
+    publication = client.add_publication("aeron:ipc", 78)
+    assert publication.stream_id == 78
+    assert driver.process.poll() is None
 
 
 def test_a_bad_configuration_value_names_the_key(driver_dir: Path) -> None:
