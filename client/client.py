@@ -1,9 +1,10 @@
 """Client: an application's connection to its host's media driver.
 
 ``Client.connect()`` finds the driver directory, checks that a live driver holds it, maps the
-counters file and opens the control socket.  A conductor thread sends keepalives (so the driver
-keeps our resources) and applies image events (so subscriptions see publications come and go)
-while the application thread offers and polls without ever touching the socket.
+counters file and opens the control socket.  A conductor thread writes the client's heartbeat
+counter (so the driver keeps our resources) and applies image events (so subscriptions see
+publications come and go) while the application thread offers and polls without ever touching
+the socket.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import zmq
 
 from slipstream.client import control
+from slipstream.client._native import lib
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile
 from slipstream.client.errors import (
@@ -112,6 +114,7 @@ class Client:
             client.client_id = reply["client_id"]
             client.counters = CountersFile(reply["counters_file"])
             client._keepalive_interval = reply["keepalive_interval_ns"] / 1e9
+            client._heartbeat = client.counters.address(reply["heartbeat_counter_id"])
             client._driver_timeout_ns = reply["driver_timeout_ns"]
         except BaseException:
             client._socket.close(0)
@@ -191,8 +194,7 @@ class Client:
                 if now >= next_keepalive and self._driver_lost is None:
                     next_keepalive = now + self._keepalive_interval
                     self._check_driver()
-                    with contextlib.suppress(zmq.ZMQError):
-                        self._socket.send(control.encode({"type": control.KEEPALIVE}), zmq.NOBLOCK)
+                    lib.ss_store_release_i64(self._heartbeat, time.monotonic_ns())
             # Events make the socket's FD readable; otherwise wake only for the next keepalive
             # (each wake-up can preempt a spinning reader on a small machine).
             with contextlib.suppress(OSError, ValueError):

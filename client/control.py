@@ -3,9 +3,11 @@
 A pyzmq ROUTER socket in the driver directory (``ipc://<dir>/conductor.sock``) takes client
 commands; each client holds one DEALER.  Messages are single JSON frames with a ``type``;
 requests carry a ``correlation_id`` that the answer repeats.  This is never on the data path:
-it creates resources, keeps clients alive and announces images.
+it creates resources and announces images.  Clients keep alive through a heartbeat counter
+(as in Aeron): a timestamp the client writes into the counters file and the driver reads, so
+staying alive costs neither a message nor a wake-up of the driver.
 
-Commands (client → driver): CONNECT, KEEPALIVE, ADD_PUBLICATION, REMOVE_PUBLICATION,
+Commands (client → driver): CONNECT, ADD_PUBLICATION, REMOVE_PUBLICATION,
 ADD_SUBSCRIPTION, REMOVE_SUBSCRIPTION, CLOSE_CLIENT.
 Answers and events (driver → client): CONNECTED, PUBLICATION_READY, SUBSCRIPTION_READY,
 OPERATION_SUCCESS, ERROR, AVAILABLE_IMAGE, UNAVAILABLE_IMAGE, CLIENT_TIMEOUT.
@@ -18,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 CONDUCTOR_SOCKET = "conductor.sock"
 COUNTERS_FILE = "counters.dat"
@@ -28,7 +30,6 @@ IMAGES_DIR = "images"
 
 # Commands.
 CONNECT = "CONNECT"
-KEEPALIVE = "KEEPALIVE"
 ADD_PUBLICATION = "ADD_PUBLICATION"
 REMOVE_PUBLICATION = "REMOVE_PUBLICATION"
 ADD_SUBSCRIPTION = "ADD_SUBSCRIPTION"

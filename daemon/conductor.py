@@ -6,9 +6,9 @@ calls ``do_work`` on its duty cycle.  Time is always an argument (monotonic ns),
 object runs under tests with a fake clock.
 
 Resources per client (as Aeron's DriverConductor): publications (registrations on a shared IPC
-log), subscriptions (with one position counter per image).  A client that stops sending
-keepalives for ``client_liveness_timeout`` is timed out and its resources are reclaimed, so a
-killed subscriber stops holding back its publishers.
+log), subscriptions (with one position counter per image).  A client whose heartbeat counter
+(or any command) has not moved for ``client_liveness_timeout`` is timed out and its resources
+are reclaimed, so a killed subscriber stops holding back its publishers.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client.channel import Channel, parse_channel
-from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.counters import CountersFile, CounterType, SystemCounter
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import check_mtu, check_term_length
 from slipstream.daemon.config import DriverSettings
@@ -43,6 +43,7 @@ class ClientSession:
     key: bytes
     pid: int
     time_of_last_keepalive_ns: int
+    heartbeat_counter_id: int  # CLIENT_HEARTBEAT: the client writes its monotonic ns there
     publications: dict[int, int] = attrs.Factory(dict)  # registration id -> publication id
     subscriptions: dict[int, Subscription] = attrs.Factory(dict)
 
@@ -106,8 +107,6 @@ class DriverConductor:
                 return [(key, _error(correlation_id, control.ERR_UNKNOWN_CLIENT,
                                      "unknown client: connect first (or it timed out)"))]
             client.time_of_last_keepalive_ns = now_ns
-            if kind == control.KEEPALIVE:
-                return []
             if kind == control.ADD_PUBLICATION:
                 return self._on_add_publication(client, message, now_ns)
             if kind == control.REMOVE_PUBLICATION:
@@ -139,7 +138,12 @@ class DriverConductor:
             return [(key, _error(message.get("correlation_id", 0), control.ERR_UNSUPPORTED,
                                  f"client protocol version {message.get('version')} is not "
                                  f"{control.PROTOCOL_VERSION}: upgrade the client or driver"))]
-        client = ClientSession(self._new_id(), key, int(message.get("pid", 0)), now_ns)
+        client_id = self._new_id()
+        pid = int(message.get("pid", 0))
+        heartbeat_id = self.counters.allocate(
+            CounterType.CLIENT_HEARTBEAT, f"client-heartbeat: {client_id} pid={pid}",
+            registration_id=client_id, owner_id=client_id, initial_value=now_ns)
+        client = ClientSession(client_id, key, pid, now_ns, heartbeat_id)
         self.clients[client.client_id] = client
         self._clients_by_key[key] = client
         return [(key, {
@@ -149,6 +153,7 @@ class DriverConductor:
             "counters_file": str(self.directory / control.COUNTERS_FILE),
             "client_liveness_timeout_ns": self.settings.client_liveness_timeout,
             "keepalive_interval_ns": self.settings.client_keepalive_interval,
+            "heartbeat_counter_id": heartbeat_id,
             "driver_timeout_ns": self.settings.driver_timeout,
             "driver_pid": os.getpid(),
         })]
@@ -319,6 +324,7 @@ class DriverConductor:
         client.subscriptions.clear()
         self.clients.pop(client.client_id, None)
         self._clients_by_key.pop(client.key, None)
+        self.counters.free(client.heartbeat_counter_id)
 
     # -- duty cycle --------------------------------------------------------------------------
     def do_work(self, now_ns: int) -> tuple[int, Outgoing]:
@@ -358,6 +364,9 @@ class DriverConductor:
         out: Outgoing = []
         timeout = self.settings.client_liveness_timeout
         for client in list(self.clients.values()):
+            heartbeat_ns = self.counters.get(client.heartbeat_counter_id)
+            if heartbeat_ns > client.time_of_last_keepalive_ns:
+                client.time_of_last_keepalive_ns = heartbeat_ns
             if now_ns - client.time_of_last_keepalive_ns > timeout:
                 log.warning("client %d (pid %d) timed out; reclaiming its resources",
                             client.client_id, client.pid)

@@ -24,6 +24,7 @@ from slipstream.client import (
     RegistrationError,
     SlipstreamError,
 )
+from slipstream.client.counters import CountersFile, CounterType, SystemCounter
 from slipstream.daemon.driver import MediaDriver
 
 SLIPSTREAM = [sys.executable, "-m", "slipstream.daemon.cli"]
@@ -187,6 +188,20 @@ def test_stat_without_a_driver_says_so(driver_dir: Path) -> None:
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert f"no slipstream driver is running in {driver_dir}" in result.stderr
+
+
+def test_an_idle_client_stays_alive_through_its_heartbeat_counter(driver, client: Client) -> None:
+    def heartbeat() -> int:
+        [info] = [c for c in client.counters
+                  if c.type_id == CounterType.CLIENT_HEARTBEAT and c.owner_id == client.client_id]
+        return info.value
+
+    first = heartbeat()
+    time.sleep(2.5)  # 2.5 x the test driver's client liveness timeout, with no command sent
+    assert heartbeat() > first
+    assert client.add_publication("aeron:ipc", 79).stream_id == 79
+    assert CountersFile(Path(driver.directory) / "counters.dat").get(
+        SystemCounter.CLIENT_TIMEOUTS) == 0
 
 
 def test_a_client_notices_when_its_driver_dies(driver_dir: Path) -> None:
