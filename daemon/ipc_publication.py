@@ -165,6 +165,7 @@ class IpcPublication:
             if self.counters.get(self.publisher_limit_id) != producer:
                 self.counters.set(self.publisher_limit_id, producer)
             self._time_of_last_consumer_change_ns = now_ns
+            self._clean_target = self.clean_position  # nothing to clean for until one joins
             return work
         if not self.log.is_connected:
             self.log.is_connected = True

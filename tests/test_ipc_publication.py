@@ -160,3 +160,21 @@ def test_cleaning_is_bounded_per_duty_cycle_and_asks_for_the_next_at_once() -> N
         finally:
             publication.close()
             counters.close()
+
+
+def test_a_lagging_cleaner_stops_asking_for_cycles_when_the_last_subscriber_leaves() -> None:
+    term_length = 1 << 20
+    with shm_directory() as shm:
+        publication, counters = make_publication(shm, term_length=term_length,
+                                                 clean_chunk_length=64 * 1024)
+        try:
+            subscriber = publication.add_subscriber(7, client_id=1, label="test")
+            counters.set(subscriber.position_counter_id, 3 * term_length)
+            publication.update_limits(now_ns=0)
+            assert publication.is_cleaning_behind
+            publication.remove_subscriber(7)
+            publication.update_limits(now_ns=0)
+            assert not publication.is_cleaning_behind  # or the driver would cycle forever
+        finally:
+            publication.close()
+            counters.close()
