@@ -22,14 +22,20 @@ def _type_name(type_id: int) -> str:
 
 
 def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: float,
-           header: str) -> str:
-    """The table: id, type, value, rate per second since the last frame, label."""
+           header: str, now_ns: int | None = None) -> str:
+    """The table: id, type, value, rate per second since the last frame, label.  A client
+    heartbeat (a monotonic timestamp) shows as its age at ``now_ns`` (default: now)."""
+    now_ns = time.monotonic_ns() if now_ns is None else now_ns
     lines = [header, f"{'id':>5} {'type':<20} {'value':>20} {'per second':>14}  label"]
     for info in counters:
-        before = previous.get(info.counter_id)
-        rate = ("" if before is None or elapsed_s <= 0
-                else f"{(info.value - before) / elapsed_s:,.0f}")
-        lines.append(f"{info.counter_id:>5} {_type_name(info.type_id):<20} {info.value:>20,} "
+        if info.type_id == CounterType.CLIENT_HEARTBEAT:
+            value, rate = f"{(now_ns - info.value) // 1_000_000:,} ms ago", ""
+        else:
+            before = previous.get(info.counter_id)
+            value = f"{info.value:,}"
+            rate = ("" if before is None or elapsed_s <= 0
+                    else f"{(info.value - before) / elapsed_s:,.0f}")
+        lines.append(f"{info.counter_id:>5} {_type_name(info.type_id):<20} {value:>20} "
                      f"{rate:>14}  {info.label}")
     return "\n".join(lines)
 

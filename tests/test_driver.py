@@ -181,6 +181,10 @@ def test_stat_prints_the_counters(driver) -> None:
     for label in ("bytes sent", "client timeouts", "back pressure events", "pub-lmt: aeron:ipc",
                   "sub-pos: aeron:ipc"):
         assert label in result.stdout
+    [heartbeat] = [line for line in result.stdout.splitlines()
+                   if f"client-heartbeat: {client.client_id} " in line]
+    age_ms = int(heartbeat.split("ms ago")[0].split()[-1].replace(",", ""))
+    assert 0 <= age_ms < 1000  # the test driver's keepalive interval is 100 ms
 
 
 def test_stat_without_a_driver_says_so(driver_dir: Path) -> None:
