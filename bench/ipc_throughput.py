@@ -71,6 +71,9 @@ def _ss_subscriber(directory: str, stream_id: int, count: int, batch: bool, read
         subscription = client.add_subscription("aeron:ipc", stream_id)
         ready.set()  # the publisher creates the stream; its image arrives then
         received = 0
+        while not subscription.images:  # the publisher's stream arrives after ready
+            time.sleep(0.0001)
+        image = subscription.images[0]  # kept: the driver may retire it once drained
         first = 0.0
         if batch:
             poll_batch = subscription.poll_batch
@@ -92,7 +95,7 @@ def _ss_subscriber(directory: str, stream_id: int, count: int, batch: bool, read
                     first = time.perf_counter()
             received = counter[0]
         result.value = received / (time.perf_counter() - first)
-        positions[1] = subscription.images[0].position
+        positions[1] = image.position
         positions[2] = received
 
 

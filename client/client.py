@@ -26,7 +26,7 @@ import zmq
 from slipstream.client import control
 from slipstream.client._native import lib
 from slipstream.client.channel import parse_channel
-from slipstream.client.counters import CountersFile
+from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.errors import (
     ClosedError,
     DriverNotRunningError,
@@ -114,7 +114,8 @@ class Client:
             client.client_id = reply["client_id"]
             client.counters = CountersFile(reply["counters_file"])
             client._keepalive_interval = reply["keepalive_interval_ns"] / 1e9
-            client._heartbeat = client.counters.address(reply["heartbeat_counter_id"])
+            client._heartbeat_id = reply["heartbeat_counter_id"]
+            client._heartbeat = client.counters.address(client._heartbeat_id)
             client._driver_timeout_ns = reply["driver_timeout_ns"]
         except BaseException:
             client._socket.close(0)
@@ -194,11 +195,19 @@ class Client:
                 if now >= next_keepalive and self._driver_lost is None:
                     next_keepalive = now + self._keepalive_interval
                     self._check_driver()
-                    lib.ss_store_release_i64(self._heartbeat, time.monotonic_ns())
+                    self._beat()
             # Events make the socket's FD readable; otherwise wake only for the next keepalive
             # (each wake-up can preempt a spinning reader on a small machine).
             with contextlib.suppress(OSError, ValueError):
                 select.select([self._fd], [], [], max(0.0, next_keepalive - time.monotonic()))
+
+    def _beat(self) -> None:
+        """Write the heartbeat, only into our own counter: if the driver timed us out, the slot
+        may by now belong to someone else's position (the CLIENT_TIMEOUT is on its way)."""
+        info = self.counters.info(self._heartbeat_id)
+        if (info is not None and info.type_id == CounterType.CLIENT_HEARTBEAT
+                and info.registration_id == self.client_id):
+            lib.ss_store_release_i64(self._heartbeat, time.monotonic_ns())
 
     def _check_driver(self) -> None:
         heartbeat = self.counters.driver_heartbeat_ns

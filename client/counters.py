@@ -51,6 +51,10 @@ DRIVER_WAITERS_OFFSET = 384
 # Metadata fields.
 _STATE_FREE = 0
 _STATE_ALLOCATED = 1
+_STATE_RECLAIMED = -1  # freed; reusable once the deadline in its registration field passes
+# A process that has not yet learned its counter was freed may still write it once or twice
+# (a heartbeat, a position): a freed slot waits this long before it is handed out again.
+FREE_TO_REUSE_TIMEOUT_NS = 1_000_000_000
 _META = struct.Struct("<iiqiiqi")  # state, type, registration, session, stream, owner, label len
 _LABEL_OFFSET = _META.size
 
@@ -112,6 +116,10 @@ class CounterInfo:
     owner_id: int
     label: str
     value: int
+
+
+class CountersFullError(OSError):
+    """No counter slot is free: the driver answers the command that needed one with an error."""
 
 
 class CountersFile:
@@ -218,10 +226,13 @@ class CountersFile:
         initial_value: int = 0,
     ) -> int:
         """Allocate a counter (driver only, single-threaded) and return its id."""
+        now_ns = time.monotonic_ns()
         for i in range(self.capacity):
             counter_id = (self._next_free_hint + i) % self.capacity
             offset = self._meta_offset(counter_id)
-            if struct.unpack_from("<i", self._map, offset)[0] != _STATE_FREE:
+            state, _, reusable_at_ns = struct.unpack_from("<iiq", self._map, offset)
+            if not (state == _STATE_FREE
+                    or (state == _STATE_RECLAIMED and now_ns >= reusable_at_ns)):
                 continue
             encoded = label.encode("utf-8", "replace")[:LABEL_MAX_LENGTH]
             lib.ss_store_release_i64(self.address(counter_id), initial_value)
@@ -232,13 +243,15 @@ class CountersFile:
             lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_ALLOCATED)
             self._next_free_hint = counter_id + 1
             return counter_id
-        raise OSError(errno.ENOSPC,
-                      f"all {self.capacity} counters are in use (raise counters_capacity)")
+        raise CountersFullError(errno.ENOSPC, f"all {self.capacity} counters are in use or "
+                                              f"freed less than 1 s ago (raise counters_capacity)")
 
     def free(self, counter_id: int) -> None:
-        """Release a counter (driver only)."""
+        """Release a counter (driver only); the slot is reused after FREE_TO_REUSE_TIMEOUT_NS."""
         offset = self._meta_offset(counter_id)
-        lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_FREE)
+        struct.pack_into("<q", self._map, offset + 8,
+                         time.monotonic_ns() + FREE_TO_REUSE_TIMEOUT_NS)
+        lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_RECLAIMED)
 
     def get(self, counter_id: int) -> int:
         """Acquire-load of a counter's value."""

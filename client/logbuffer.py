@@ -236,8 +236,10 @@ class LogBuffer:
         signal_eos: bool = True,
         tether: bool = True,
         sparse: bool = True,
+        populate: bool | None = None,
     ) -> LogBuffer:
-        """Create and initialise a log file (the driver's job) and map it.
+        """Create and initialise a log file (the driver's job) and map it (``populate``: as
+        for the constructor).  A failure leaves no file behind.
 
         ``initial_term_count``/``initial_term_offset`` start the stream at a non-zero position
         (URI ``init-term-id``/``term-id``/``term-offset``, or a receiver's join position).
@@ -247,17 +249,6 @@ class LogBuffer:
         check_mtu(mtu)
         path = Path(path)
         length = compute_log_length(term_length, page_size)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, length)
-            if not sparse:
-                # Fails now (ENOSPC) rather than with SIGBUS on some later page.
-                os.posix_fallocate(fd, 0, length)
-        except OSError:
-            path.unlink(missing_ok=True)
-            raise
-        finally:
-            os.close(fd)
         meta = bytearray(LOG_META_DATA_LENGTH)
         active_term_id = _i32(initial_term_id + initial_term_count)
         active_index = index_by_term_count(initial_term_count)
@@ -280,10 +271,19 @@ class LogBuffer:
         struct.pack_into("<q", meta, LINGER_TIMEOUT_NS_OFFSET, linger_timeout_ns)
         struct.pack_into("8B", meta, FLAGS_OFFSET, group, False, True, reliable, sparse,
                          signal_eos, False, tether)
-        with open(path, "r+b") as f:
-            f.seek(PARTITION_COUNT * term_length)
-            f.write(meta)
-        return cls(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, length)
+            if not sparse:
+                # Fails now (ENOSPC) rather than with SIGBUS on some later page.
+                os.posix_fallocate(fd, 0, length)
+            os.pwrite(fd, meta, PARTITION_COUNT * term_length)
+            return cls(path, populate=populate)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
 
     def _populate(self, writable: bool) -> None:
         """Fault every page of the mapping in now (Linux >= 5.14); older kernels fault lazily."""

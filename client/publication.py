@@ -14,6 +14,7 @@ Several publishers (threads or processes) may offer to the same stream concurren
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -94,16 +95,16 @@ class BufferClaim:
 
 
 def _int32_lengths(lengths: Sequence[int] | Buffer) -> array | memoryview:
-    """``lengths`` as contiguous native int32s: a view of a buffer that already is one (an
-    int32 numpy array, an Arrow buffer's view), else a converted copy."""
+    """``lengths`` as contiguous native int32s: a view of a buffer that already holds them (an
+    int32 numpy array), else a converted copy (a byte buffer is refused, never reinterpreted)."""
     try:
         view = memoryview(lengths)  # type: ignore[arg-type]
     except TypeError:
         return array("i", lengths)  # type: ignore[arg-type]
-    if view.ndim == 1 and view.itemsize == 4 and view.format in ("i", "=i") \
-            and view.c_contiguous:
+    native = ("i", "=i", "<i" if sys.byteorder == "little" else ">i")
+    if view.ndim == 1 and view.itemsize == 4 and view.format in native and view.c_contiguous:
         return view
-    return array("i", view.tolist())
+    return array("i", lengths)  # type: ignore[arg-type]
 
 
 class Publication:

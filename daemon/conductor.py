@@ -24,7 +24,12 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client.channel import Channel, parse_channel
-from slipstream.client.counters import CountersFile, CounterType, SystemCounter
+from slipstream.client.counters import (
+    CountersFile,
+    CountersFullError,
+    CounterType,
+    SystemCounter,
+)
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import check_mtu, check_term_length
 from slipstream.daemon.config import DriverSettings
@@ -169,7 +174,11 @@ class DriverConductor:
         out: Outgoing = []
         if publication is None or publication.state is not PublicationState.ACTIVE:
             publication = self._create_ipc_publication(channel, stream_id, now_ns)
-            out.extend(self._link_subscriptions(publication))
+            try:
+                out.extend(self._link_subscriptions(publication))
+            except OSError:  # counters full: no half-linked publication stays behind
+                self._close_publication(publication)
+                raise
         publication.publisher_refs += 1
         registration_id = self._new_id()
         client.publications[registration_id] = publication.registration_id
@@ -221,6 +230,8 @@ class DriverConductor:
                 now_ns=now_ns, initial_term_count=term_count, initial_term_offset=term_offset,
                 sparse=(channel.sparse if channel.sparse is not None
                         else settings.term_buffer_sparse_file))
+        except CountersFullError:
+            raise
         except OSError as e:
             raise ResourceError(
                 f"cannot create the log of stream {stream_id} ({3 * term_length / 2**20:g} MiB in "
@@ -261,7 +272,6 @@ class DriverConductor:
         if not channel.is_ipc:
             return [(client.key, _udp_not_carried_yet(correlation_id, channel))]
         subscription = Subscription(self._new_id(), client.client_id, channel, stream_id)
-        client.subscriptions[subscription.registration_id] = subscription
         out: Outgoing = [(client.key, {
             "type": control.SUBSCRIPTION_READY,
             "correlation_id": correlation_id,
@@ -269,7 +279,8 @@ class DriverConductor:
         })]
         publication = self._ipc_by_stream.get(stream_id)
         if publication is not None and _session_matches(channel, publication.session_id):
-            out.append(self._attach(publication, subscription, client))
+            out.append(self._attach(publication, subscription, client))  # may fail: not kept
+        client.subscriptions[subscription.registration_id] = subscription
         return out
 
     def _link_subscriptions(self, publication: IpcPublication) -> Outgoing:
