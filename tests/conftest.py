@@ -43,3 +43,12 @@ def client(driver):  # -> Iterator[Client]
 
     with Client.connect(driver.directory) as connected:
         yield connected
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A fresh directory in /dev/shm for log buffers and counters files, removed afterwards."""
+    path = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,12 +17,10 @@ from slipstream.client.counters import (
 
 
 @pytest.fixture
-def counters() -> CountersFile:
-    path = Path("/dev/shm") / f"slipstream-test-counters-{uuid.uuid4().hex[:12]}"
-    file = CountersFile.create(path, capacity=len(SystemCounter) + 2)  # two slots to use
+def counters(shm: Path) -> Iterator[CountersFile]:
+    file = CountersFile.create(shm / "counters.dat", capacity=len(SystemCounter) + 2)  # 2 free
     yield file
     file.close()
-    path.unlink()
 
 
 def test_a_freed_counter_is_not_handed_out_again_at_once(counters: CountersFile,

@@ -6,14 +6,12 @@ process, calling the duty cycle by hand, so cleaning can be made to lag on purpo
 
 from __future__ import annotations
 
-import contextlib
 import random
 import struct
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import lib
@@ -31,19 +29,6 @@ from slipstream.client.subscription import Image
 from slipstream.daemon.ipc_publication import IpcPublication
 
 SEQUENCE = struct.Struct("<q")
-
-
-@contextlib.contextmanager
-def shm_directory() -> Iterator[Path]:
-    """A fresh directory in /dev/shm per example (hypothesis reuses function fixtures)."""
-    path = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    try:
-        yield path
-    finally:
-        for child in path.iterdir():
-            child.unlink()
-        path.rmdir()
 
 
 def make_publication(directory: Path, *, term_length: int, clean_chunk_length: int,
@@ -81,100 +66,101 @@ def assert_reachable_memory_is_clean(publication: IpcPublication, counters: Coun
         position += term_length - offset
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1),
        clean_chunk_length=st.sampled_from([1024, 4096, 10_016]),
        initial_term_offset=st.sampled_from([0, 4096, 40_000]))
 def test_a_subscriber_never_reads_old_frames_while_cleaning_lags(
-        seed: int, clean_chunk_length: int, initial_term_offset: int) -> None:
+        shm: Path, seed: int, clean_chunk_length: int, initial_term_offset: int) -> None:
     """Cleaning a bounded chunk per duty cycle falls behind a fast publisher; the limit must
     then hold the publisher back so that it never writes into a partition whose old frames
     the subscriber could still find past the new ones."""
     rng = random.Random(seed)
     term_length = TERM_MIN_LENGTH
-    with shm_directory() as shm:
-        publication, counters = make_publication(
-            shm, term_length=term_length, clean_chunk_length=clean_chunk_length,
-            initial_term_offset=initial_term_offset)
-        try:
-            subscriber = publication.add_subscriber(7, client_id=1, label="test")
-            position_ptr = counters.address(subscriber.position_counter_id)
-            image = Image(publication.log, position_ptr, join_position=publication.join_position())
-            limit_ptr = counters.address(publication.publisher_limit_id)
-            appender = new_appender(publication.log, limit_ptr)
-            received = 0
-            next_sequence = 0
+    example = shm / uuid.uuid4().hex  # hypothesis runs every example in one fixture
+    example.mkdir()
+    publication, counters = make_publication(
+        example, term_length=term_length, clean_chunk_length=clean_chunk_length,
+        initial_term_offset=initial_term_offset)
+    try:
+        subscriber = publication.add_subscriber(7, client_id=1, label="test")
+        position_ptr = counters.address(subscriber.position_counter_id)
+        image = Image(publication.log, position_ptr, join_position=publication.join_position())
+        limit_ptr = counters.address(publication.publisher_limit_id)
+        appender = new_appender(publication.log, limit_ptr)
+        received = 0
+        next_sequence = 0
 
-            def on_message(data: memoryview, header: object) -> None:
-                nonlocal received
-                sequence = SEQUENCE.unpack_from(data)[0]
-                assert sequence == received, f"read message {sequence} where {received} was due"
-                received += 1
+        def on_message(data: memoryview, header: object) -> None:
+            nonlocal received
+            sequence = SEQUENCE.unpack_from(data)[0]
+            assert sequence == received, f"read message {sequence} where {received} was due"
+            received += 1
 
-            # Many term rotations: every partition is reused with old frames left in it.
-            end = publication.log.producer_position() + 12 * PARTITION_COUNT * term_length
-            stalled_cycles = 0
-            while (producer := publication.log.producer_position()) < end:
-                publication.update_limits(now_ns=0)
-                assert_reachable_memory_is_clean(publication, counters)
-                for _ in range(rng.randrange(1, 1000)):
-                    message = SEQUENCE.pack(next_sequence) + bytes(rng.choice((0, 24, 100, 500)))
-                    result = lib.ss_offer(appender, message, len(message))
-                    if result == ADMIN_ACTION:
-                        continue
-                    if result < 0:
-                        break
-                    next_sequence += 1
-                for _ in range(1000):  # bounded: a reader following old frames may never stop
-                    if not image.poll(on_message, rng.randrange(1, 500)):
-                        break
-                assert image.position <= publication.log.producer_position(), "read past the tail"
-                stalled_cycles = stalled_cycles + 1 if producer == image.position else 0
-                assert stalled_cycles < 1000, f"stuck at {producer}: {publication.clean_position=}"
-            assert received == next_sequence
-        finally:
-            publication.close()
-            counters.close()
+        # Many term rotations: every partition is reused with old frames left in it.
+        end = publication.log.producer_position() + 12 * PARTITION_COUNT * term_length
+        stalled_cycles = 0
+        while (producer := publication.log.producer_position()) < end:
+            publication.update_limits(now_ns=0)
+            assert_reachable_memory_is_clean(publication, counters)
+            for _ in range(rng.randrange(1, 1000)):
+                message = SEQUENCE.pack(next_sequence) + bytes(rng.choice((0, 24, 100, 500)))
+                result = lib.ss_offer(appender, message, len(message))
+                if result == ADMIN_ACTION:
+                    continue
+                if result < 0:
+                    break
+                next_sequence += 1
+            for _ in range(1000):  # bounded: a reader following old frames may never stop
+                if not image.poll(on_message, rng.randrange(1, 500)):
+                    break
+            assert image.position <= publication.log.producer_position(), "read past the tail"
+            stalled_cycles = stalled_cycles + 1 if producer == image.position else 0
+            assert stalled_cycles < 1000, f"stuck at {producer}: {publication.clean_position=}"
+        assert received == next_sequence
+    finally:
+        publication.close()
+        counters.close()
 
 
-def test_cleaning_is_bounded_per_duty_cycle_and_asks_for_the_next_at_once() -> None:
+def test_cleaning_is_bounded_per_duty_cycle_and_asks_for_the_next_at_once(shm: Path) -> None:
     term_length = 1 << 20
     chunk = 64 * 1024
-    with shm_directory() as shm:
-        publication, counters = make_publication(shm, term_length=term_length,
-                                                 clean_chunk_length=chunk)
-        try:
-            subscriber = publication.add_subscriber(7, client_id=1, label="test")
-            # The subscriber is far ahead (as after a catch-up): two terms are cleanable.
-            counters.set(subscriber.position_counter_id, 3 * term_length)
-            cycles = 0
-            while True:
-                before = publication.clean_position
-                publication.update_limits(now_ns=0)
-                cycles += 1
-                assert publication.clean_position - before <= chunk
-                if not publication.is_cleaning_behind:
-                    break
-            assert publication.clean_position == 2 * term_length
-            assert cycles == 2 * term_length // chunk
-        finally:
-            publication.close()
-            counters.close()
+    publication, counters = make_publication(shm, term_length=term_length,
+                                             clean_chunk_length=chunk)
+    try:
+        subscriber = publication.add_subscriber(7, client_id=1, label="test")
+        # The subscriber is far ahead (as after a catch-up): two terms are cleanable.
+        counters.set(subscriber.position_counter_id, 3 * term_length)
+        cycles = 0
+        while True:
+            before = publication.clean_position
+            publication.update_limits(now_ns=0)
+            cycles += 1
+            assert publication.clean_position - before <= chunk
+            if not publication.is_cleaning_behind:
+                break
+        assert publication.clean_position == 2 * term_length
+        assert cycles == 2 * term_length // chunk
+    finally:
+        publication.close()
+        counters.close()
 
 
-def test_a_lagging_cleaner_stops_asking_for_cycles_when_the_last_subscriber_leaves() -> None:
+def test_a_lagging_cleaner_stops_asking_for_cycles_when_the_last_subscriber_leaves(
+        shm: Path) -> None:
     term_length = 1 << 20
-    with shm_directory() as shm:
-        publication, counters = make_publication(shm, term_length=term_length,
-                                                 clean_chunk_length=64 * 1024)
-        try:
-            subscriber = publication.add_subscriber(7, client_id=1, label="test")
-            counters.set(subscriber.position_counter_id, 3 * term_length)
-            publication.update_limits(now_ns=0)
-            assert publication.is_cleaning_behind
-            publication.remove_subscriber(7)
-            publication.update_limits(now_ns=0)
-            assert not publication.is_cleaning_behind  # or the driver would cycle forever
-        finally:
-            publication.close()
-            counters.close()
+    publication, counters = make_publication(shm, term_length=term_length,
+                                             clean_chunk_length=64 * 1024)
+    try:
+        subscriber = publication.add_subscriber(7, client_id=1, label="test")
+        counters.set(subscriber.position_counter_id, 3 * term_length)
+        publication.update_limits(now_ns=0)
+        assert publication.is_cleaning_behind
+        publication.remove_subscriber(7)
+        publication.update_limits(now_ns=0)
+        assert not publication.is_cleaning_behind  # or the driver would cycle forever
+    finally:
+        publication.close()
+        counters.close()

@@ -36,16 +36,6 @@ from slipstream.client.subscription import Image
 UNLIMITED = 1 << 62
 
 
-@pytest.fixture
-def shm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
-
-
 def make_log(directory: Path, term_length: int = TERM_MIN_LENGTH, mtu: int = 1408,
              initial_term_id: int = 7, **kwargs: int) -> LogBuffer:
     log = LogBuffer.create(directory / f"{uuid.uuid4().hex}.logbuffer", term_length=term_length,

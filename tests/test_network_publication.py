@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,14 +37,6 @@ MS = 1_000_000
 TERM = 64 * 1024
 DEST = ("10.0.0.2", 40123)
 RCV = ("10.0.0.2", 40123)
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    path = Path("/dev/shm") / f"slipstream-np-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def make(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", **settings):

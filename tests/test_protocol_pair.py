@@ -59,14 +59,6 @@ SESSION = 77
 STREAM = 1001
 
 
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    path = Path("/dev/shm") / f"slipstream-pair-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 class Pair:
     """Publisher host + receiver host + a link the test controls.
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import random
-import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,14 +32,6 @@ MS = 1_000_000
 US = 1_000
 TERM = 64 * 1024
 SRC = ("10.0.0.1", 5555)
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    path = Path("/dev/shm") / f"slipstream-img-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def receive_channel(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", **settings):
