@@ -68,6 +68,14 @@ def _driver_holds_lock(directory: Path) -> bool:
         os.close(fd)
 
 
+def _check_stream(channel: str, stream_id: int) -> None:
+    """The checks the driver makes of these two arguments, made before sending: a bad value
+    raises :class:`InvalidArgumentError` or :class:`ChannelError` naming the part."""
+    control.check_channel("channel", channel)
+    control.check_int32("stream_id", stream_id)
+    parse_channel(channel)
+
+
 class Client:
     """A connection to the driver.  Thread-safe for adding and closing resources; a single
     Publication may be offered to from many threads; poll each Subscription from one thread."""
@@ -252,7 +260,7 @@ class Client:
     def add_publication(self, channel: str, stream_id: int) -> Publication:
         """Publish to ``stream_id`` on ``channel`` (e.g. ``"aeron:ipc"``).  Publishers of the same
         stream share one log.  Raises :class:`ChannelError` naming the bad part of the URI."""
-        parse_channel(channel)  # a bad URI fails here, with the part named, before any I/O
+        _check_stream(channel, stream_id)  # fails here, naming the bad part, before any I/O
         reply = self._request({"type": control.ADD_PUBLICATION, "channel": channel,
                                "stream_id": stream_id})
         log_buffer = LogBuffer(reply["log_file"])
@@ -268,7 +276,7 @@ class Client:
                          ) -> Subscription:
         """Receive ``stream_id`` on ``channel``.  Image callbacks run on the client's conductor
         thread as publications come and go."""
-        parse_channel(channel)
+        _check_stream(channel, stream_id)
         subscription = Subscription(self, channel, stream_id, 0, on_available_image,
                                     on_unavailable_image)
 

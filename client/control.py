@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slipstream.client.errors import InvalidArgumentError
+
 PROTOCOL_VERSION = 2
 
 CONDUCTOR_SOCKET = "conductor.sock"
@@ -54,6 +56,14 @@ ERR_UNKNOWN_SUBSCRIPTION = "unknown_subscription"
 ERR_UNKNOWN_CLIENT = "unknown_client"
 ERR_RESOURCE = "resource"
 ERR_UNSUPPORTED = "unsupported"
+ERR_INVALID_ARGUMENT = "invalid_argument"
+
+#: A command carries at most one URI (<= 4095 characters) and a few numbers; anything longer is
+#: refused before it is parsed, so a hostile client cannot make the conductor parse megabytes.
+MAX_FRAME_LENGTH = 16 * 1024
+INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
+INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
+MAX_CHANNEL_LENGTH = 4095  # Aeron's URI limit (PROTOCOL.md §6)
 
 
 def default_driver_directory() -> Path:
@@ -67,14 +77,86 @@ def conductor_endpoint(directory: str | Path) -> str:
     return f"ipc://{Path(directory) / CONDUCTOR_SOCKET}"
 
 
+def check_int32(field: str, value: object) -> int:
+    """``value`` if it is an int (not a bool) in the int32 range, else
+    :class:`InvalidArgumentError`.  Stream and session ids are int32 on the wire and in the log
+    (PROTOCOL.md §1.2)."""
+    return _check_int(field, value, INT32_RANGE)
+
+
+def check_channel(field: str, value: object) -> str:
+    """``value`` if it is a string of at most :data:`MAX_CHANNEL_LENGTH` characters."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(field, f"{value!r} is not a string")
+    if len(value) > MAX_CHANNEL_LENGTH:
+        raise InvalidArgumentError(field, f"{len(value)} characters exceed the URI limit of "
+                                  f"{MAX_CHANNEL_LENGTH}")
+    return value
+
+
+def _check_int(field: str, value: object, bounds: tuple[int, int]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(field, f"{value!r} is not an integer")
+    low, high = bounds
+    if not low <= value <= high:
+        raise InvalidArgumentError(field, f"{value} is outside {low}..{high}")
+    return value
+
+
+def _int64(field: str, value: object) -> object:
+    return _check_int(field, value, INT64_RANGE)
+
+
+def _pid(field: str, value: object) -> object:
+    return _check_int(field, value, (0, INT32_RANGE[1]))
+
+
+#: The fields of every command and how each is checked.  Fields not listed are ignored (a newer
+#: client may send more); a listed field that is missing or wrong is refused, naming it.
+COMMAND_FIELDS: dict[str, dict[str, Any]] = {
+    CONNECT: {"correlation_id": _int64, "version": _int64, "pid": _pid},
+    ADD_PUBLICATION: {"correlation_id": _int64, "channel": check_channel,
+                      "stream_id": check_int32},
+    REMOVE_PUBLICATION: {"correlation_id": _int64, "registration_id": _int64},
+    ADD_SUBSCRIPTION: {"correlation_id": _int64, "channel": check_channel,
+                       "stream_id": check_int32},
+    REMOVE_SUBSCRIPTION: {"correlation_id": _int64, "registration_id": _int64},
+    CLOSE_CLIENT: {"correlation_id": _int64},
+}
+
+
+def check_command(message: dict[str, Any]) -> None:
+    """Raise :class:`InvalidArgumentError` unless ``message`` is a known command whose every
+    field has the right type and range.  Runs before the conductor reads any field."""
+    kind = message["type"]
+    fields = COMMAND_FIELDS.get(kind)
+    if fields is None:
+        raise InvalidArgumentError("type", f"unknown command {kind[:64]!r}")
+    for name, check in fields.items():
+        if name not in message:
+            raise InvalidArgumentError(name, "missing")
+        check(name, message[name])
+
+
 def encode(message: dict[str, Any]) -> bytes:
     """One message as a JSON frame."""
     return json.dumps(message, separators=(",", ":")).encode()
 
 
 def decode(frame: bytes) -> dict[str, Any]:
-    """Parse a JSON frame; raises ``ValueError`` when it is not a message object."""
-    message = json.loads(frame)
+    """Parse a JSON frame; raises ``ValueError`` when it is not a flat message object (a
+    ``type`` string and scalar values) of at most :data:`MAX_FRAME_LENGTH` bytes."""
+    if len(frame) > MAX_FRAME_LENGTH:
+        raise ValueError(f"a control message of {len(frame)} bytes exceeds {MAX_FRAME_LENGTH}")
+    try:
+        message = json.loads(frame)
+    except RecursionError:
+        raise ValueError("a control message nested too deeply") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"a control message is not UTF-8: {e}") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ValueError("a control message is a JSON object with a string 'type'")
+    for key, value in message.items():
+        if isinstance(value, dict | list):
+            raise ValueError(f"a control message holds scalars only ({key!r} is nested)")
     return message

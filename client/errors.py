@@ -36,6 +36,16 @@ class ConfigurationError(UsageError):
         super().__init__(f"configuration key {key!r}: {problem}")
 
 
+class InvalidArgumentError(UsageError, ValueError):
+    """An argument (or a field of a control command) is out of range or of the wrong type;
+    ``field`` names it (``stream_id``, ``channel``, ...)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
 class MessageTooLongError(UsageError):
     """A message exceeds the publication's maximum message length (``limit`` bytes)."""
 

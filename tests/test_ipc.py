@@ -9,6 +9,7 @@ from array import array
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -33,14 +34,6 @@ def offer_until(publication, message: bytes, timeout: float = 5.0) -> int:
             return result
         time.sleep(0.0005)
     raise AssertionError(f"offer did not succeed within {timeout} s (last result {result})")
-
-
-def wait_for(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def test_offer_without_a_subscriber_is_not_connected(client: Client) -> None:

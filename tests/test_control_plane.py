@@ -1,0 +1,170 @@
+"""The control plane refuses what it cannot serve and never dies of it (issue: hardening).
+
+A hostile or buggy client talks to a real driver over its real control socket; after every
+bad command the driver must still serve a well-behaved client end to end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import zmq
+from helpers import wait_for
+
+from slipstream.client import Client, InvalidArgumentError, control
+from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.daemon.conductor import DriverConductor
+from slipstream.daemon.config import DriverSettings
+
+
+class RawClient:
+    """A client that speaks the control protocol by hand (zmq DEALER, JSON frames)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.socket = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(control.conductor_endpoint(directory))
+
+    def send_raw(self, *frames: bytes) -> None:
+        self.socket.send_multipart(list(frames))
+
+    def request(self, message: dict) -> dict:
+        self.send_raw(json.dumps(message).encode())
+        return self.reply()
+
+    def reply(self, timeout_ms: int = 5000) -> dict:
+        assert self.socket.poll(timeout_ms, zmq.POLLIN), "the driver did not answer"
+        return control.decode(self.socket.recv())
+
+    def silent(self, timeout_ms: int = 300) -> bool:
+        return not self.socket.poll(timeout_ms, zmq.POLLIN)
+
+    def close(self) -> None:
+        self.socket.close(0)
+
+
+def _still_serves(directory: Path) -> None:
+    with Client.connect(directory) as client:
+        publication = client.add_publication("aeron:ipc", 4242)
+        subscription = client.add_subscription("aeron:ipc", 4242)
+        wait_for(lambda: publication.is_connected, what="the publication connected")
+        assert publication.offer(b"still here") > 0
+        received: list[bytes] = []
+        subscription.receive(lambda data, _h: received.append(bytes(data)), 10, timeout=5)
+        assert received == [b"still here"]
+
+
+def _errors(directory: Path) -> int:
+    counters = CountersFile(directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return counters.get(SystemCounter.ERRORS)
+    finally:
+        counters.close()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("stream_id", 2**31),
+    ("stream_id", -(2**31) - 1),
+    ("stream_id", "1001"),
+    ("stream_id", True),
+    ("stream_id", 1.5),
+    ("stream_id", None),
+    ("channel", 42),
+    ("channel", "aeron:ipc?" + "x" * 5000),
+    ("correlation_id", 2**70),
+])
+def test_a_field_out_of_range_is_refused_by_name_and_the_driver_serves_on(
+        driver, field: str, value: object) -> None:
+    raw = RawClient(driver.directory)
+    try:
+        assert raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
+                            "pid": 1, "correlation_id": 1})["type"] == control.CONNECTED
+        command = {"type": control.ADD_PUBLICATION, "channel": "aeron:ipc", "stream_id": 7,
+                   "correlation_id": 2}
+        command[field] = value
+        reply = raw.request(command)
+        assert reply["type"] == control.ERROR
+        assert reply["code"] == control.ERR_INVALID_ARGUMENT
+        assert field in reply["message"]
+    finally:
+        raw.close()
+    _still_serves(driver.directory)
+
+
+@pytest.mark.parametrize("frames", [
+    [b"{"],                                       # not JSON
+    [b"\xff\xfe\x00"],                            # not UTF-8
+    [b"[" * 100_000 + b"]" * 100_000],            # too large
+    [b"[" * 5000 + b"]" * 5000],                  # too deep
+    [json.dumps({"type": "ADD_PUBLICATION", "channel": {"nested": [1]}}).encode()],
+    [b"[1, 2, 3]"],                               # not an object
+    [b'{"type": 7}'],                             # type not a string
+    [b"one", b"two"],                             # several frames
+    [b""],                                        # empty
+])
+def test_a_malformed_frame_is_counted_and_dropped(driver, frames: list[bytes]) -> None:
+    before = _errors(driver.directory)
+    raw = RawClient(driver.directory)
+    try:
+        raw.send_raw(*frames)
+        assert raw.silent()  # nothing to answer: no correlation id could be trusted
+    finally:
+        raw.close()
+    assert _errors(driver.directory) > before
+    _still_serves(driver.directory)
+
+
+def test_unknown_and_incomplete_commands_are_answered_with_an_error(driver) -> None:
+    raw = RawClient(driver.directory)
+    try:
+        reply = raw.request({"type": "FORMAT_DISK", "correlation_id": 3})
+        assert (reply["type"], reply["code"]) == (control.ERROR, control.ERR_UNSUPPORTED)
+        reply = raw.request({"type": control.REMOVE_PUBLICATION, "correlation_id": 4})
+        assert reply["code"] == control.ERR_INVALID_ARGUMENT
+        assert "registration_id" in reply["message"]
+        reply = raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
+                             "pid": -5, "correlation_id": 5})
+        assert reply["code"] == control.ERR_INVALID_ARGUMENT and "pid" in reply["message"]
+    finally:
+        raw.close()
+    _still_serves(driver.directory)
+
+
+def test_the_client_checks_stream_ids_before_asking_the_driver(client: Client) -> None:
+    with pytest.raises(InvalidArgumentError) as raised:
+        client.add_publication("aeron:ipc", 2**31)
+    assert raised.value.field == "stream_id"
+    with pytest.raises(InvalidArgumentError) as raised:
+        client.add_subscription("aeron:ipc", "1001")  # type: ignore[arg-type]
+    assert raised.value.field == "stream_id"
+    assert client.add_publication("aeron:ipc", 2**31 - 1).stream_id == 2**31 - 1
+
+
+def test_an_unexpected_failure_in_a_command_is_answered_and_counted(shm: Path) -> None:
+    counters = CountersFile.create(shm / "counters.dat", 256)
+    conductor = DriverConductor(DriverSettings(dir=str(shm)), shm, counters)
+    try:
+        (_key, reply), = conductor.on_command(b"k", {
+            "type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1,
+            "correlation_id": 1}, 0)
+        assert reply["type"] == control.CONNECTED
+
+        def broken(*_args: object) -> None:
+            raise RuntimeError("a bug")
+
+        conductor._on_add_subscription = broken  # type: ignore[method-assign]
+        (_, reply), = conductor.on_command(b"k", {
+            "type": control.ADD_SUBSCRIPTION, "channel": "aeron:ipc", "stream_id": 1,
+            "correlation_id": 2}, 0)
+        assert (reply["type"], reply["code"]) == (control.ERROR, control.ERR_GENERIC)
+        assert "a bug" in reply["message"]
+        assert counters.get(SystemCounter.ERRORS) == 1
+        (_, reply), = conductor.on_command(b"k", {
+            "type": control.REMOVE_SUBSCRIPTION, "registration_id": 99, "correlation_id": 3},
+            0)
+        assert reply["code"] == control.ERR_UNKNOWN_SUBSCRIPTION
+    finally:
+        conductor.close(0)
+        counters.close()
