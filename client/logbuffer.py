@@ -426,6 +426,7 @@ def new_appender(log: LogBuffer, publication_limit):  # -> cffi ss_appender_t *
     appender.max_payload = log.max_payload
     appender.max_message_length = log.max_message_length
     appender.max_position = max_possible_position(log.term_length)
+    appender.doorbell_fd = -1
     return appender
 
 

@@ -5,6 +5,7 @@
 #include <linux/futex.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -200,8 +201,27 @@ int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_ter
                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
-static inline void signal_readers(uint8_t *meta) {
-    ss_signal((int32_t *)(meta + SS_META_READER_SIGNAL), (const int32_t *)(meta + SS_META_READER_WAITERS));
+void ss_ring_doorbell(uint8_t *meta, int32_t doorbell_fd, int64_t position) {
+    /* seq_cst pairs with the driver's increment of its waiters before it re-checks the log:
+     * either it sees what we wrote, or we see it parked (as in ss_signal). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n((const int32_t *)(meta + SS_META_DRIVER_WAITERS), __ATOMIC_RELAXED) > 0 &&
+        position >= LOAD_ACQ((const int64_t *)(meta + SS_META_DRIVER_WAKE_POSITION))) {
+        /* One byte; a full queue (EAGAIN) means the driver has a ring pending already. */
+        (void)send(doorbell_fd, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+}
+
+void ss_advance_position(int64_t *position_counter, int64_t position, uint8_t *meta,
+                         int32_t doorbell_fd) {
+    STORE_REL(position_counter, position);
+    if (doorbell_fd >= 0) ss_ring_doorbell(meta, doorbell_fd, position);
+}
+
+static inline void signal_readers(const ss_appender_t *a) {
+    ss_signal((int32_t *)(a->meta + SS_META_READER_SIGNAL), (const int32_t *)(a->meta + SS_META_READER_WAITERS));
+    /* The sender waits for any new data: INT64_MAX passes whatever wake position is set. */
+    if (a->doorbell_fd >= 0) ss_ring_doorbell(a->meta, a->doorbell_fd, INT64_MAX);
 }
 
 /* The claim ran past the end of the term: pad the rest (if this writer crossed the end) and
@@ -324,7 +344,7 @@ int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length) {
     if (length < 0 || length > a->max_message_length) return SS_INVALID_LENGTH;
     int64_t result = append(a, (const uint8_t *)msg, length);
     if (result > 0) {
-        signal_readers(a->meta);
+        signal_readers(a);
         return result;
     }
     return ss_refine(a, result);
@@ -412,7 +432,7 @@ int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
         cursor += length;
         done++;
     }
-    if (done > 0) signal_readers(a->meta);
+    if (done > 0) signal_readers(a);
     *result = last;
     return done;
 }
@@ -433,15 +453,17 @@ int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset) {
     return ((int64_t)at.term_count << a->position_bits) + at.term_offset + total;
 }
 
-void ss_commit(uint8_t *frame) {
+void ss_commit(ss_appender_t *a, uint8_t *frame) {
     int32_t frame_length = -*(volatile int32_t *)frame;
     STORE_REL((int32_t *)frame, frame_length);
+    signal_readers(a);
 }
 
-void ss_abort(uint8_t *frame) {
+void ss_abort(ss_appender_t *a, uint8_t *frame) {
     int32_t frame_length = -*(volatile int32_t *)frame;
     *(uint16_t *)(frame + 6) = SS_HDR_TYPE_PAD;
     STORE_REL((int32_t *)frame, frame_length);
+    signal_readers(a);
 }
 
 /* ---------------------------------------------------------------- reader */

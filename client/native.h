@@ -20,6 +20,11 @@
  * contract, which is only about frames): the eventcount that parked readers wait on. */
 #define SS_META_READER_SIGNAL 1024
 #define SS_META_READER_WAITERS 1088
+/* The driver's network thread parks on its sockets, not on a futex, so a client that needs it
+ * (new data for the sender, a subscriber past the point where a status message is due) rings
+ * its doorbell socket, only while the driver says it is parked (waiters > 0). */
+#define SS_META_DRIVER_WAITERS 1152
+#define SS_META_DRIVER_WAKE_POSITION 1216
 
 #define SS_FLAG_BEGIN 0x80
 #define SS_FLAG_END 0x40
@@ -56,6 +61,7 @@ typedef struct {
     int32_t *driver_signal;     /* the driver's eventcount, to wake a parked driver */
     int32_t *driver_waiters;
     int64_t last_limit_hit;
+    int32_t doorbell_fd;        /* network publications: the sender's doorbell socket, else -1 */
 } ss_appender_t;
 
 /* ---- atomics on shared memory ---- */
@@ -94,10 +100,18 @@ int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
 /* Claim a single unfragmented frame of `length` payload bytes; on success *frame_offset is the
  * frame's offset from the start of the log (header included) and the new position is returned. */
 int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset);
-void ss_commit(uint8_t *frame);
-void ss_abort(uint8_t *frame);
+void ss_commit(ss_appender_t *a, uint8_t *frame);
+void ss_abort(ss_appender_t *a, uint8_t *frame);
 /* Rotate from term_count to term_count + 1 (idempotent, safe under races). */
 int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_term_id);
+
+/* Ring the driver's doorbell (a connected datagram socket) if the driver is parked on this log
+ * (SS_META_DRIVER_WAITERS > 0) and `position` reached the position it waits for. */
+void ss_ring_doorbell(uint8_t *meta, int32_t doorbell_fd, int64_t position);
+/* A subscriber's position moves: release-store it, then ring the receiver's doorbell if the
+ * receiver is parked and waits for this position (doorbell_fd < 0: an IPC image, no ring). */
+void ss_advance_position(int64_t *position_counter, int64_t position, uint8_t *meta,
+                         int32_t doorbell_fd);
 
 /* ---- reader: term scan for the subscriber (TermReader) ----
  * Scans committed unfragmented DATA frames from `offset` in one term, stepping over PAD frames.

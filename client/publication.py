@@ -60,9 +60,10 @@ class BufferClaim:
     exactly the claimed payload, valid until commit or abort.
     """
 
-    __slots__ = ("_frame", "buffer")
+    __slots__ = ("_appender", "_frame", "buffer")
 
     def __init__(self) -> None:
+        self._appender = ffi.NULL
         self._frame = ffi.NULL
         self.buffer: memoryview | None = None
 
@@ -70,18 +71,19 @@ class BufferClaim:
         """Make the frame visible to subscribers."""
         if self._frame == ffi.NULL:
             raise RuntimeError("nothing claimed (or already committed)")
-        lib.ss_commit(self._frame)
+        lib.ss_commit(self._appender, self._frame)
         self._release()
 
     def abort(self) -> None:
         """Give the frame up: it becomes padding that subscribers skip."""
         if self._frame == ffi.NULL:
             raise RuntimeError("nothing claimed (or already committed)")
-        lib.ss_abort(self._frame)
+        lib.ss_abort(self._appender, self._frame)
         self._release()
 
     def _release(self) -> None:
         self._frame = ffi.NULL
+        self._appender = ffi.NULL
         if self.buffer is not None:
             self.buffer.release()
             self.buffer = None
@@ -182,6 +184,7 @@ class Publication:
         if result > 0:
             offset = frame_offset[0]
             claim._frame = self._log.address + offset
+            claim._appender = self._appender
             claim.buffer = self._log.view[offset + 32:offset + 32 + length]
             return result
         if result == lib.SS_INVALID_LENGTH:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,12 @@ from slipstream.client.errors import ChannelError, InvalidArgumentError
 from slipstream.client.logbuffer import check_mtu, check_term_length
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.ipc_publication import IpcPublication, PublicationState
+from slipstream.daemon.network_conductor import (
+    NetworkConductor,
+    NetworkSubscription,
+    NetworkTransports,
+)
+from slipstream.daemon.resources import ResourceError, log_start, no_room_for_log
 
 log = logging.getLogger("slipstream.driver")
 
@@ -50,7 +56,7 @@ class ClientSession:
     time_of_last_keepalive_ns: int
     heartbeat_counter_id: int  # CLIENT_HEARTBEAT: the client writes its monotonic ns there
     publications: dict[int, int] = attrs.Factory(dict)  # registration id -> publication id
-    subscriptions: dict[int, Subscription] = attrs.Factory(dict)
+    subscriptions: dict[int, Subscription | NetworkSubscription] = attrs.Factory(dict)
 
 
 @attrs.define(eq=False)
@@ -63,16 +69,17 @@ class Subscription:
     stream_id: int
 
 
-class ResourceError(Exception):
-    """A command needs a resource the host cannot give (memory, file space): its message is
-    the answer to the client."""
-
-
 class DriverConductor:
     """Owns every resource of the driver.  Single-threaded: call it from one task only."""
 
     def __init__(self, settings: DriverSettings, directory: Path, counters: CountersFile,
-                 *, rng: random.Random | None = None) -> None:
+                 *, rng: random.Random | None = None,
+                 transports: NetworkTransports | None = None,
+                 wake_network: Callable[[], None] = lambda: None,
+                 wake_conductor: Callable[[], None] = lambda: None) -> None:
+        """``transports`` opens UDP endpoints (None: this conductor carries IPC only);
+        ``wake_network`` and ``wake_conductor`` are called (from any thread) when the network
+        agents or the conductor have new work."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -82,6 +89,13 @@ class DriverConductor:
         self._clients_by_key: dict[bytes, ClientSession] = {}
         self.ipc_publications: dict[int, IpcPublication] = {}  # by registration id
         self._ipc_by_stream: dict[int, IpcPublication] = {}
+        self.network: NetworkConductor | None = None
+        if transports is not None:
+            self.network = NetworkConductor(
+                settings=settings, directory=directory, counters=counters,
+                transports=transports, rng=random.Random(self._rng.getrandbits(64)),
+                new_id=self._new_id, new_session_id=self._new_session_id,
+                wake_network=wake_network, wake_conductor=wake_conductor)
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
 
@@ -94,6 +108,8 @@ class DriverConductor:
         low = self.settings.publication_reserved_session_id_low
         high = self.settings.publication_reserved_session_id_high
         used = {p.session_id for p in self.ipc_publications.values()}
+        if self.network is not None:
+            used |= self.network.used_session_ids
         while True:
             session_id = self._rng.randrange(-(1 << 31), 1 << 31)
             if not (low <= session_id <= high) and session_id not in used:
@@ -126,7 +142,7 @@ class DriverConductor:
             if kind == control.REMOVE_PUBLICATION:
                 return self._on_remove_publication(client, message, now_ns)
             if kind == control.ADD_SUBSCRIPTION:
-                return self._on_add_subscription(client, message)
+                return self._on_add_subscription(client, message, now_ns)
             if kind == control.REMOVE_SUBSCRIPTION:
                 return self._on_remove_subscription(client, message)
             if kind == control.CLOSE_CLIENT:
@@ -178,7 +194,8 @@ class DriverConductor:
         channel = parse_channel(message["channel"])
         stream_id = message["stream_id"]
         if not channel.is_ipc:
-            return [(client.key, _udp_not_carried_yet(correlation_id, channel))]
+            return self._on_add_network_publication(client, correlation_id, channel, stream_id,
+                                                    now_ns)
         publication = self._ipc_by_stream.get(stream_id)
         out: Outgoing = []
         if publication is None or publication.state is not PublicationState.ACTIVE:
@@ -203,6 +220,24 @@ class DriverConductor:
         }))
         return out
 
+    def _on_add_network_publication(self, client: ClientSession, correlation_id: int,
+                                    channel: Channel, stream_id: int, now_ns: int) -> Outgoing:
+        if self.network is None or not channel.is_udp or channel.is_spy:
+            return [(client.key, _unsupported(correlation_id, channel))]
+        entry, registration_id = self.network.add_publication(client.key, channel, stream_id,
+                                                              now_ns)
+        client.publications[registration_id] = entry.registration_id
+        return [(client.key, {
+            "type": control.PUBLICATION_READY,
+            "correlation_id": correlation_id,
+            "registration_id": registration_id,
+            "original_registration_id": entry.registration_id,
+            "log_file": str(entry.log.path),
+            "session_id": entry.publication.session_id,
+            "stream_id": stream_id,
+            "publication_limit_counter_id": entry.publisher_limit_id,
+        })]
+
     def _create_ipc_publication(self, channel: Channel, stream_id: int,
                                 now_ns: int) -> IpcPublication:
         settings = self.settings
@@ -217,35 +252,24 @@ class DriverConductor:
         registration_id = self._new_id()
         session_id = (channel.session_id if channel.session_id is not None
                       else self._new_session_id())
-        initial_term_id = (channel.init_term_id if channel.init_term_id is not None
-                           else self._rng.randrange(-(1 << 31), 1 << 31))
-        term_count = 0
-        term_offset = 0
-        if channel.init_term_id is not None:
-            term_count = (channel.term_id - channel.init_term_id) & 0xFFFFFFFF
-            term_offset = channel.term_offset
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
         try:
             publication = IpcPublication.create(
                 path=str(path),
                 registration_id=registration_id, stream_id=stream_id, session_id=session_id,
-                initial_term_id=initial_term_id, channel="aeron:ipc", counters=self.counters,
-                term_length=term_length, mtu=mtu,
-                term_window_length=(min(channel.pub_wnd, term_length // 2) if channel.pub_wnd
-                                    else settings.term_window_length(term_length, ipc=True)),
+                channel="aeron:ipc", counters=self.counters, term_length=term_length, mtu=mtu,
+                term_window_length=settings.term_window_length(term_length, ipc=True,
+                                                               pub_wnd=channel.pub_wnd),
                 unblock_timeout_ns=settings.publication_unblock_timeout,
                 linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
                                    else settings.publication_linger_timeout),
-                now_ns=now_ns, initial_term_count=term_count, initial_term_offset=term_offset,
+                now_ns=now_ns, **log_start(channel, self._rng),
                 sparse=(channel.sparse if channel.sparse is not None
                         else settings.term_buffer_sparse_file))
         except CountersFullError:
             raise
         except OSError as e:
-            raise ResourceError(
-                f"cannot create the log of stream {stream_id} ({3 * term_length / 2**20:g} MiB in "
-                f"{path.parent}): {e.strerror}; free space there, or use smaller terms "
-                f"(term-length= in the URI, or ipc_term_buffer_length)") from None
+            raise no_room_for_log(path, stream_id, term_length, e) from None
         self.ipc_publications[registration_id] = publication
         self._ipc_by_stream[stream_id] = publication
         log.info("created IPC publication %d stream=%d session=%d term_length=%d",
@@ -267,6 +291,8 @@ class DriverConductor:
     def _release_publication(self, publication_id: int, now_ns: int) -> None:
         publication = self.ipc_publications.get(publication_id)
         if publication is None:
+            if self.network is not None:
+                self.network.release_publication(publication_id, now_ns)
             return
         publication.publisher_refs -= 1
         if publication.publisher_refs <= 0 and publication.state is PublicationState.ACTIVE:
@@ -274,12 +300,23 @@ class DriverConductor:
             if self._ipc_by_stream.get(publication.stream_id) is publication:
                 del self._ipc_by_stream[publication.stream_id]
 
-    def _on_add_subscription(self, client: ClientSession, message: dict[str, Any]) -> Outgoing:
+    def _on_add_subscription(self, client: ClientSession, message: dict[str, Any],
+                             now_ns: int) -> Outgoing:
         correlation_id = message["correlation_id"]
         channel = parse_channel(message["channel"])
         stream_id = message["stream_id"]
         if not channel.is_ipc:
-            return [(client.key, _udp_not_carried_yet(correlation_id, channel))]
+            if self.network is None or not channel.is_udp or channel.is_spy:
+                return [(client.key, _unsupported(correlation_id, channel))]
+            network_subscription = NetworkSubscription(self._new_id(), client.client_id,
+                                                       client.key, channel, stream_id)
+            images = self.network.add_subscription(network_subscription, now_ns)
+            client.subscriptions[network_subscription.registration_id] = network_subscription
+            return [(client.key, {
+                "type": control.SUBSCRIPTION_READY,
+                "correlation_id": correlation_id,
+                "registration_id": network_subscription.registration_id,
+            }), *images]
         subscription = Subscription(self._new_id(), client.client_id, channel, stream_id)
         out: Outgoing = [(client.key, {
             "type": control.SUBSCRIPTION_READY,
@@ -297,7 +334,8 @@ class DriverConductor:
         out: Outgoing = []
         for client in self.clients.values():
             for subscription in client.subscriptions.values():
-                if (subscription.stream_id == publication.stream_id
+                if (isinstance(subscription, Subscription)
+                        and subscription.stream_id == publication.stream_id
                         and _session_matches(subscription.channel, publication.session_id)):
                     out.append(self._attach(publication, subscription, client))
         return out
@@ -331,7 +369,11 @@ class DriverConductor:
         return [(client.key, {"type": control.OPERATION_SUCCESS,
                               "correlation_id": correlation_id})]
 
-    def _detach(self, subscription: Subscription) -> None:
+    def _detach(self, subscription: Subscription | NetworkSubscription) -> None:
+        if isinstance(subscription, NetworkSubscription):
+            assert self.network is not None
+            self.network.remove_subscription(subscription.registration_id)
+            return
         for publication in self.ipc_publications.values():
             publication.remove_subscriber(subscription.registration_id)
 
@@ -357,6 +399,10 @@ class DriverConductor:
             if publication.is_drained(now_ns):
                 out.extend(self._close_publication(publication))
                 work += 1
+        if self.network is not None and self.network.has_events:
+            network_work, network_out = self.network.do_work(now_ns)
+            work += network_work
+            out.extend(network_out)
         if now_ns >= self._next_timer_ns:
             self._next_timer_ns = now_ns + min(self.settings.timer_interval,
                                                self.settings.client_liveness_timeout // 4 or 1)
@@ -398,13 +444,10 @@ class DriverConductor:
 
     def next_deadline_ns(self) -> int:
         """When the conductor next needs a cycle even if nothing happens."""
-        if any(p.is_cleaning_behind for p in self.ipc_publications.values()):
+        if any(p.is_cleaning_behind for p in self.ipc_publications.values()) or (
+                self.network is not None and self.network.has_events):
             return self._last_cycle_ns  # overdue: clean the next chunk after one yield
         return self._next_timer_ns
-
-    def has_active_streams(self) -> bool:
-        """Whether any publication has subscribers (positions may move without telling us)."""
-        return any(p.subscribers for p in self.ipc_publications.values())
 
     def close(self, now_ns: int) -> None:
         """Release everything (driver shutdown)."""
@@ -414,16 +457,18 @@ class DriverConductor:
             publication.close()
         self.ipc_publications.clear()
         self._ipc_by_stream.clear()
+        if self.network is not None:
+            self.network.close()
 
 
 def _session_matches(channel: Channel, session_id: int) -> bool:
     return channel.session_id is None or channel.session_id == session_id
 
 
-def _udp_not_carried_yet(correlation_id: int, channel: Channel) -> dict[str, Any]:
-    return _error(correlation_id, control.ERR_UNSUPPORTED,
-                  f"{channel}: this driver carries aeron:ipc streams only so far; UDP channels "
-                  f"run in the simulator (slipstream sim) until the network agents land")
+def _unsupported(correlation_id: int, channel: Channel) -> dict[str, Any]:
+    what = ("spy subscriptions (aeron-spy:) are not supported yet" if channel.is_spy
+            else "this conductor carries aeron:ipc streams only (no network transports)")
+    return _error(correlation_id, control.ERR_UNSUPPORTED, f"{channel}: {what}")
 
 
 def _error(correlation_id: int, code: str, text: str) -> dict[str, Any]:

@@ -17,12 +17,8 @@ import os
 import attrs
 
 from slipstream.client.counters import CountersFile, CounterType, SystemCounter
-from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, unblock
-
-# Bytes zeroed per duty cycle: a whole 64 MiB term at once holds the conductor for tens of
-# milliseconds, while 1 MiB takes well under one.  The limit rule in _reusable_limit makes any
-# chunk size safe; a lagging cleaner only slows the publisher.
-CLEAN_CHUNK_LENGTH = 1 << 20
+from slipstream.client.logbuffer import LogBuffer, unblock
+from slipstream.daemon.log_cleaner import CLEAN_CHUNK_LENGTH, LogCleaner
 
 
 class PublicationState(enum.Enum):
@@ -55,13 +51,11 @@ class IpcPublication:
     linger_timeout_ns: int
     publisher_limit_id: int
     publisher_position_id: int
+    cleaner: LogCleaner
     publisher_refs: int = 0
     state: PublicationState = PublicationState.ACTIVE
     subscribers: list[IpcSubscriber] = attrs.Factory(list)
-    clean_chunk_length: int = CLEAN_CHUNK_LENGTH
-    clean_position: int = 0
     _last_consumer_position: int = 0
-    _clean_target: int = 0
     _time_of_last_consumer_change_ns: int = 0
     _draining_since_ns: int = 0
 
@@ -112,10 +106,11 @@ class IpcPublication:
         limit_id, position_id = allocated
         return cls(registration_id=registration_id, stream_id=stream_id, session_id=session_id,
                    channel=channel, log=log, counters=counters,
-                   term_window_length=term_window_length, clean_chunk_length=clean_chunk_length,
+                   term_window_length=term_window_length,
+                   cleaner=LogCleaner(log, start, clean_chunk_length),
                    unblock_timeout_ns=unblock_timeout_ns, linger_timeout_ns=linger_timeout_ns,
                    publisher_limit_id=limit_id, publisher_position_id=position_id,
-                   clean_position=start, last_consumer_position=start,
+                   last_consumer_position=start,
                    time_of_last_consumer_change_ns=now_ns)
 
     # -- subscribers -------------------------------------------------------------------------
@@ -165,14 +160,14 @@ class IpcPublication:
             if self.counters.get(self.publisher_limit_id) != producer:
                 self.counters.set(self.publisher_limit_id, producer)
             self._time_of_last_consumer_change_ns = now_ns
-            self._clean_target = self.clean_position  # nothing to clean for until one joins
+            self.cleaner.hold()  # nothing to clean for until one joins
             return work
         if not self.log.is_connected:
             self.log.is_connected = True
             work += 1
         # Clean first: the raised limit may let the publisher into the partition just cleaned.
-        work += self._clean(consumer)
-        limit = min(consumer + self.term_window_length, self._reusable_limit())
+        work += self.cleaner.clean_toward(consumer)
+        limit = min(consumer + self.term_window_length, self.cleaner.reusable_limit())
         if limit != self.counters.get(self.publisher_limit_id):
             self.counters.set(self.publisher_limit_id, limit)
         if limit - producer < self.term_window_length // 2:
@@ -194,37 +189,12 @@ class IpcPublication:
     @property
     def is_cleaning_behind(self) -> bool:
         """The last cycle left cleanable bytes for the next (a chunk at most per cycle)."""
-        return self.clean_position < self._clean_target
+        return self.cleaner.is_behind
 
-    def _reusable_limit(self) -> int:
-        """The highest pub-lmt that partition reuse allows: the cleaned position rounded up to
-        a term boundary, plus two terms.
-
-        Term n reuses the partition of term n - 3.  A publisher below the limit may claim up to
-        the end of the limit's term and rotate into the next (one claim, or one batch run per
-        publisher, crosses the limit), and a reader scans on until it finds a zero frame
-        length, at the start of that next term too.  So every partition a publisher can reach
-        must already be clean, not only the bytes below the limit, or a reader would take the
-        old frames behind the tail for new ones.  In steady state (cleaning one term behind the
-        slowest subscriber) this never binds; it does while cleaning lags.
-        """
-        term_length = self.log.term_length
-        cleaned_terms_end = (self.clean_position + term_length - 1) & ~(term_length - 1)
-        return cleaned_terms_end + (PARTITION_COUNT - 1) * term_length
-
-    def _clean(self, consumer: int) -> int:
-        """Zero up to one chunk toward one term behind the consumer, so the partition can be
-        reused; the next cycle continues where this one stopped."""
-        target = consumer - self.log.term_length
-        self._clean_target = target
-        if target <= self.clean_position:
-            return 0
-        term_end = (self.clean_position | (self.log.term_length - 1)) + 1
-        length = min(target, term_end, self.clean_position + self.clean_chunk_length)
-        length -= self.clean_position
-        self.log.clean(self.clean_position, length)
-        self.clean_position += length
-        return 1
+    @property
+    def clean_position(self) -> int:
+        """Where cleaning has reached (bytes): the partitions below are reusable."""
+        return self.cleaner.position
 
     # -- life cycle --------------------------------------------------------------------------
     def start_draining(self, now_ns: int) -> None:

@@ -1,22 +1,25 @@
 """The sender side of one network stream: a sans-I/O state machine (aeron_network_publication.c).
 
-:class:`NetworkPublication` reads committed frames straight from the publication's log buffer
-and turns them into datagrams; it takes SMs, NAKs, RTTMs and ERRs addressed to it, and owns
-the sender position, the sender limit (flow control) and the publisher limit (``pub-lmt``,
-the cell the client's appender checks).  It never reads a clock: every call takes ``now_ns``
-and :meth:`NetworkPublication.next_deadline_ns` says when to call again.
+:class:`NetworkPublication` takes SMs, NAKs, RTTMs and ERRs addressed to it and owns the
+sender limit (flow control), the publisher limit (``pub-lmt``, the cell the client's appender
+checks) and the publication's states and timers.  It never reads a clock: every call takes
+``now_ns`` and :meth:`NetworkPublication.next_deadline_ns` says when to call again.
 
-What goes out (:meth:`NetworkPublication.datagrams_to_send`), in Aeron's order:
+The data itself never passes through Python: the sender agent hands :attr:`NetworkPublication.c`
+(an ``ss_send_publication_t``) to the C data path (``ss_send_data``), which scans committed
+frames from ``snd-pos`` up to ``snd-lmt`` (at most one MTU per datagram; a PAD frame goes out
+as its 32-byte header and the position jumps over the padding), sends them and advances
+``snd-pos``; the agent then calls :meth:`NetworkPublication.on_data_sent`.  Positions are
+int64 cells (counters): ``snd-pos`` and ``snd-lmt`` and ``pub-lmt`` (:class:`SenderPositions`).
+
+What goes out of :meth:`NetworkPublication.datagrams_to_send`, in Aeron's order:
 
 1. SETUP every 100 ms until the first SM, and again while a receiver elicits it (S-flag SM)
    until it has live receivers (``aeron_network_publication_setup_message_check``);
-2. DATA: contiguous committed frames from ``snd-pos`` up to ``snd-lmt``, at most one MTU per
-   datagram, at most ``max_datagrams`` datagrams per call (default
-   ``network_publication_max_messages_per_send``); a PAD frame goes out as its 32-byte header
-   and the sender position jumps over the padding;
-3. when no data went out: a heartbeat if 100 ms passed since the last data or heartbeat
-   (only after the first SM), flags 0xE0 (EOS) once the closed publication has sent all;
-4. retransmits (from NAKs, through :class:`RetransmitHandler`) and RTTM replies.
+2. a heartbeat when 100 ms passed since the last data or heartbeat (only after the first SM),
+   flags 0xE0 (EOS) once the closed publication has sent all;
+3. retransmits (from NAKs, through :class:`RetransmitHandler`), as views of the log, and RTTM
+   replies.
 
 States (the only place they change is :meth:`_transition`; h11 style)::
 
@@ -26,8 +29,9 @@ States (the only place they change is :meth:`_transition`; h11 style)::
 Connection (PROTOCOL.md §3.1, §4): a receiver is live while its SMs arrive within
 ``publication_connection_timeout`` (5 s).  The publication is *connected* while it has live
 receivers that flow control accepts; then ``pub-lmt = snd-pos + term window`` and the log is
-cleaned one term behind ``snd-pos``.  Not connected: ``log.is_connected = False`` and
-``pub-lmt = snd-pos`` (the publisher gets NOT_CONNECTED / BACK_PRESSURED).
+cleaned one term behind ``snd-pos`` (a chunk at a time, :class:`LogCleaner`).  Not connected:
+``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the publisher gets NOT_CONNECTED /
+BACK_PRESSURED).
 
 :class:`SendChannel` routes control datagrams arriving at a send endpoint to publications.
 
@@ -37,8 +41,9 @@ Units: times in ns (monotonic), positions/offsets/lengths in bytes.
 from __future__ import annotations
 
 import enum
-import struct
 from collections.abc import Iterable
+
+import attrs
 
 from slipstream.client._native import ffi, lib
 from slipstream.client.channel import Channel
@@ -55,8 +60,10 @@ from slipstream.client.frames import (
     heartbeat,
 )
 from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, max_message_length
+from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow_control import FlowControl, has_group_semantics
+from slipstream.daemon.log_cleaner import LogCleaner
 from slipstream.daemon.protocol_types import (
     NO_DEADLINE,
     Address,
@@ -89,24 +96,37 @@ _TRANSITIONS: dict[tuple[PublicationState, str], PublicationState] = {
     (PublicationState.LINGER, "unicast_eos"): PublicationState.DONE,
 }
 
-_I64 = struct.Struct("<q")
+@attrs.frozen
+class SenderPositions:
+    """The position cells of one network publication (cffi ``int64_t *``, counters of the
+    counters file in the driver): ``pub-lmt`` (the appender reads it), ``snd-pos`` (the C data
+    path advances it) and ``snd-lmt`` (flow control raises it)."""
+
+    publisher_limit: object
+    sender_position: object
+    sender_limit: object
+
+    @classmethod
+    def in_process(cls) -> SenderPositions:
+        """Cells in this process's memory, for tests."""
+        return cls(ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *"))
 
 
 class NetworkPublication:
     """Sender state of one (session, stream) on a UDP channel.  See the module docstring."""
 
     def __init__(self, *, log: LogBuffer, channel: Channel, settings: DriverSettings,
-                 publisher_limit, flow_control: FlowControl, counters: ProtocolCounters,
-                 now_ns: int, destination: Address) -> None:
-        """``publisher_limit`` is the cffi ``int64_t *`` pub-lmt cell the publisher's appender
-        reads; ``destination`` is the endpoint (unicast) or the data group (multicast)."""
+                 positions: SenderPositions, flow_control: FlowControl,
+                 counters: ProtocolCounters, now_ns: int, destination: Address) -> None:
+        """``destination`` is the endpoint (unicast) or the data group (multicast)."""
         self.log = log
         self.channel = channel
         self.settings = settings
         self.flow_control = flow_control
         self.counters = counters
         self.destination = destination
-        self.publisher_limit = publisher_limit
+        self.positions = positions
+        self.publisher_limit = positions.publisher_limit
         self.session_id = log.session_id
         self.stream_id = log.stream_id
         self.initial_term_id = log.initial_term_id
@@ -114,12 +134,9 @@ class NetworkPublication:
         self.position_bits = log.position_bits
         self._mask = log.term_length - 1
         self.mtu = log.mtu
-        window = settings.term_window_length(log.term_length)
-        if channel.pub_wnd:
-            window = min(channel.pub_wnd, log.term_length // 2)
+        window = settings.term_window_length(log.term_length, pub_wnd=channel.pub_wnd)
         self.term_window_length = window
         self._trip_gain = window // 8
-        self.max_messages_per_send = settings.network_publication_max_messages_per_send
         self.linger_timeout_ns = (channel.linger_ns if channel.linger_ns is not None
                                   else settings.publication_linger_timeout)
         self.connection_timeout_ns = settings.publication_connection_timeout
@@ -138,11 +155,26 @@ class NetworkPublication:
 
         self.state = PublicationState.ACTIVE
         join = log.producer_position()
-        self.sender_position = join  # snd-pos
-        self.sender_limit = join  # snd-lmt
-        self._clean_position = join
+        self._snd_pos = positions.sender_position
+        self._snd_lmt = positions.sender_limit
+        for cell in (positions.publisher_limit, self._snd_pos, self._snd_lmt):
+            lib.ss_store_release_i64(cell, join)
+        #: What the C data path (``ss_send_data``) works from; the send endpoint sets ``fd``
+        #: and the destination when it takes the publication on.
+        self.c = c = network_ffi.new("ss_send_publication_t *")
+        c.log = log.address
+        c.sender_position = self._snd_pos
+        c.sender_limit = self._snd_lmt
+        c.bytes_sent = counters.address(SystemCounter.BYTES_SENT)
+        c.short_sends = counters.address(SystemCounter.SHORT_SENDS)
+        c.send_errors = counters.address(SystemCounter.SEND_ERRORS)
+        c.time_of_last_send_ns = now_ns - HEARTBEAT_TIMEOUT_NS
+        c.term_length = log.term_length
+        c.position_bits = log.position_bits
+        c.mtu = log.mtu
+        c.fd = -1
+        self.cleaner = LogCleaner(log, join)
         self._last_publisher_limit = join
-        lib.ss_store_release_i64(publisher_limit, join)
         self.has_initial_connection = False
         self.is_setup_elicited = False
         self.is_end_of_stream = False
@@ -152,7 +184,7 @@ class NetworkPublication:
         self._receivers: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
         self._status_message_deadline_ns = NO_DEADLINE
         self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
-        self._time_of_last_data_or_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
+        self._time_of_last_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
         self._linger_start_ns = 0
         self._outbox: list[Datagram] = []  # retransmits and RTTM replies made in on_frame
         self._now_ns = now_ns
@@ -175,6 +207,20 @@ class NetworkPublication:
             self._conductor_duties(now_ns)
 
     # -- properties -----------------------------------------------------------------------
+    @property
+    def sender_position(self) -> int:
+        """snd-pos: everything before it has been sent (bytes)."""
+        return self._snd_pos[0]
+
+    @property
+    def sender_limit(self) -> int:
+        """snd-lmt: flow control lets data go out up to here (bytes)."""
+        return self._snd_lmt[0]
+
+    @sender_limit.setter
+    def sender_limit(self, position: int) -> None:
+        lib.ss_store_release_i64(self._snd_lmt, position)
+
     @property
     def is_connected(self) -> bool:
         """A live receiver sent an SM within the connection timeout (and flow control has the
@@ -255,10 +301,15 @@ class NetworkPublication:
         self._update_connected(now_ns)
 
     # -- output ---------------------------------------------------------------------------
-    def datagrams_to_send(self, now_ns: int, max_datagrams: int | None = None) -> list[Datagram]:
-        """Everything due at ``now_ns``.  ``max_datagrams`` bounds the DATA datagrams of this
-        call (default ``network_publication_max_messages_per_send``, Aeron's sendmmsg batch);
-        when more data is ready, :meth:`next_deadline_ns` returns a time ``<= now``."""
+    def on_data_sent(self, now_ns: int) -> None:
+        """The C data path advanced snd-pos: raise pub-lmt (cleaning first) and see whether a
+        draining publication has sent everything."""
+        self._now_ns = now_ns
+        self._conductor_duties(now_ns)
+
+    def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
+        """The control frames and retransmissions due at ``now_ns`` (the data goes out through
+        the C data path, see the module docstring)."""
         self._now_ns = now_ns
         out = self._outbox
         self._outbox = []
@@ -266,12 +317,10 @@ class NetworkPublication:
             return out
         if not self.has_initial_connection or self.is_setup_elicited:
             self._setup_message_check(now_ns, out)
-        sent = self._send_data(now_ns, out, max_datagrams or self.max_messages_per_send)
-        if not sent:
-            self._heartbeat_check(now_ns, out)
-            self.sender_limit = self.flow_control.on_idle(
-                now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
-            self._update_has_receivers(now_ns)
+        self._heartbeat_check(now_ns, out)
+        self.sender_limit = self.flow_control.on_idle(
+            now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
+        self._update_has_receivers(now_ns)
         self.retransmit_handler.process_timeouts(now_ns, self._resend)
         if self._outbox:  # retransmits fired by the timeouts above
             out.extend(self._outbox)
@@ -292,49 +341,20 @@ class NetworkPublication:
         if self._receivers:
             self.is_setup_elicited = False
 
-    def _send_data(self, now_ns: int, out: list[Datagram], budget: int) -> int:
-        """Scan committed frames from snd-pos within snd-lmt; returns bytes sent."""
+    def has_data_ready(self) -> bool:
+        """A committed frame at snd-pos fits in the window: what the C data path would send
+        next (a parking network thread checks this after it told publishers to wake it)."""
         position = self.sender_position
         window = self.sender_limit - position
-        if window <= 0:
-            return 0
-        mask = self._mask
-        bits = self.position_bits
-        mtu = self.mtu
-        term_length = self.term_length
-        padding = self._padding
-        scan = lib.ss_scan_for_availability
-        destination = self.destination
-        sent = 0
-        while budget > 0 and window > 0:
-            index = (position >> bits) % PARTITION_COUNT
-            offset = position & mask
-            available = scan(self._term_ptrs[index], offset, window if window < mtu else mtu,
-                             term_length, padding)
-            if available <= 0:
-                break
-            out.append(Datagram(bytes(self._term_views[index][offset:offset + available]),
-                                destination))
-            total = available + padding[0]
-            position += total
-            window -= total
-            sent += available
-            budget -= 1
-        if sent:
-            self.sender_position = position
-            self._time_of_last_data_or_heartbeat_ns = now_ns
-            self.counters.add(SystemCounter.BYTES_SENT, sent)
-        return sent
-
-    def _has_data_to_send(self) -> bool:
-        """A committed frame at snd-pos fits in the window (what _send_data would send)."""
-        position = self.sender_position
-        window = self.sender_limit - position
-        if window <= 0:
+        if window <= 0 or self.state is PublicationState.DONE:
             return False
         return lib.ss_scan_for_availability(
             self._term_ptrs[(position >> self.position_bits) % PARTITION_COUNT],
             position & self._mask, min(window, self.mtu), self.term_length, self._padding) > 0
+
+    @property
+    def _time_of_last_data_or_heartbeat_ns(self) -> int:
+        return max(self._time_of_last_heartbeat_ns, self.c.time_of_last_send_ns)
 
     def _heartbeat_check(self, now_ns: int, out: list[Datagram]) -> None:
         if (self.has_initial_connection
@@ -345,7 +365,7 @@ class NetworkPublication:
                                           self.signal_eos and self.is_end_of_stream),
                                 self.destination))
             self.counters.add(SystemCounter.HEARTBEATS_SENT)
-            self._time_of_last_data_or_heartbeat_ns = now_ns
+            self._time_of_last_heartbeat_ns = now_ns
 
     def _resend(self, term_id: int, term_offset: int, length: int) -> None:
         """Queue MTU-sized scans of ``length`` bytes at the NAKed range, if it is still in the
@@ -369,8 +389,8 @@ class NetworkPublication:
                                                      self.term_length, padding)
             if available <= 0:
                 break
-            self._outbox.append(Datagram(bytes(view[offset:offset + available]),
-                                         self.destination))
+            # A view of the log, sent before the next duty cycle (see Datagram).
+            self._outbox.append(Datagram(view[offset:offset + available], self.destination))
             step = available + padding[0]
             total += available
             offset += step
@@ -402,11 +422,12 @@ class NetworkPublication:
                 lib.ss_store_release_i64(self.publisher_limit, self.sender_position)
 
     def _update_publisher_limit(self) -> None:
-        """pub-lmt = snd-pos + term window, moved in steps of window/8 (Aeron's trip gain);
-        the log is cleaned one term behind snd-pos first."""
-        limit = self.sender_position + self.term_window_length
+        """pub-lmt = snd-pos + term window, moved in steps of window/8 (Aeron's trip gain) and
+        never past what cleaning allows; the log is cleaned one term behind snd-pos first."""
+        sender_position = self.sender_position
+        self.cleaner.clean_toward(sender_position)
+        limit = min(sender_position + self.term_window_length, self.cleaner.reusable_limit())
         if limit >= self._last_publisher_limit + self._trip_gain:
-            self._clean_to(self.sender_position - self.term_length)
             self._last_publisher_limit = limit
             lib.ss_store_release_i64(self.publisher_limit, limit)
 
@@ -429,27 +450,16 @@ class NetworkPublication:
             elif now_ns - self._linger_start_ns >= self.linger_timeout_ns:
                 self._transition("linger_expired", now_ns)
 
-    def _clean_to(self, position: int) -> None:
-        """Zero the log from the clean position up to ``position`` (one term behind snd-pos,
-        so the publisher finds clean terms; aeron_network_publication_clean_buffer)."""
-        while position > self._clean_position:
-            length = min(position - self._clean_position,
-                         self.term_length - (self._clean_position & self._mask))
-            self.log.clean(self._clean_position, length)
-            self._clean_position += length
-
     # -- timers ---------------------------------------------------------------------------
     def next_deadline_ns(self) -> int:
         """The earliest time :meth:`datagrams_to_send` has something to do; a value ``<=``
-        the last ``now`` means "now" (queued retransmits, or data ready within the window).
-        NO_DEADLINE once DONE.  New data appended by the publisher is not an event: call
-        :meth:`datagrams_to_send` after offers (the driver does on every duty cycle)."""
+        the last ``now`` means "now" (queued retransmits, cleaning to catch up, a drained
+        publication to move on).  NO_DEADLINE once DONE.  Data is not a timer: the agent runs
+        the C data path on every duty cycle."""
         if self.state is PublicationState.DONE:
             return NO_DEADLINE
         now = self._now_ns
-        if self._outbox:
-            return now
-        if self._has_data_to_send():
+        if self._outbox or (self.cleaner.is_behind and self._connected):
             return now
         deadline = self.retransmit_handler.next_deadline_ns()
         if not self.has_initial_connection or self.is_setup_elicited:

@@ -15,10 +15,14 @@ Conventions used across the core:
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+import struct
 from typing import Final, Protocol, TypeAlias
 
 import attrs
 
+from slipstream.client._native import ffi
 from slipstream.client.counters import SystemCounter
 
 Address: TypeAlias = tuple[str, int]
@@ -29,60 +33,78 @@ NO_DEADLINE: Final = (1 << 63) - 1
 
 @attrs.frozen(slots=True)
 class Datagram:
-    """One UDP datagram to send: ``data`` (exactly the wire bytes) to ``address``."""
+    """One UDP datagram to send: ``data`` (exactly the wire bytes) to ``address``.
 
-    data: bytes
+    ``data`` may be a view of a log buffer (a retransmission): send it before the next duty
+    cycle, or copy it (``bytes(data)``) to keep it.
+    """
+
+    data: bytes | memoryview
     address: Address
 
 
 class ProtocolCounters(Protocol):
-    """Where the protocol objects count (Aeron's system counters).
+    """Where the protocol objects count (Aeron's system counters): the driver's shared
+    ``CountersFile``, or :class:`LocalCounters` in unit tests.  ``address`` is the int64 cell
+    the C data path counts into."""
 
-    The simulator and the tests use :class:`LocalCounters`; the driver passes an adapter over
-    the shared ``CountersFile``.  ``add`` must be cheap: it runs on the per-datagram path.
-    """
+    def add(self, counter_id: int, delta: int = 1) -> int: ...
 
-    def add(self, counter: SystemCounter, delta: int = 1) -> None: ...
+    def address(self, counter_id: int):  # -> cffi int64_t *
+        ...
 
 
 class LocalCounters:
-    """In-memory :class:`ProtocolCounters`: ``counters[SystemCounter.X]`` reads 0 when unset."""
+    """In-process :class:`ProtocolCounters` (one int64 cell per system counter), for tests:
+    ``counters[SystemCounter.X]`` reads it."""
 
-    __slots__ = ("values",)
+    __slots__ = ("_cells",)
 
     def __init__(self) -> None:
-        self.values: dict[SystemCounter, int] = {}
+        self._cells = ffi.new("int64_t[]", len(SystemCounter))
 
-    def add(self, counter: SystemCounter, delta: int = 1) -> None:
-        values = self.values
-        values[counter] = values.get(counter, 0) + delta
+    def add(self, counter_id: int, delta: int = 1) -> int:
+        previous = self._cells[counter_id]
+        self._cells[counter_id] = previous + delta
+        return previous
+
+    def address(self, counter_id: int):  # -> cffi int64_t *
+        return self._cells + counter_id
 
     def __getitem__(self, counter: SystemCounter) -> int:
-        return self.values.get(counter, 0)
+        return self._cells[counter]
 
     def snapshot(self) -> dict[str, int]:
         """``{counter name: value}`` of the non-zero counters, for reports."""
-        return {c.name: v for c, v in sorted(self.values.items()) if v}
+        return {c.name: self._cells[c] for c in SystemCounter if self._cells[c]}
 
     def __repr__(self) -> str:
         return f"LocalCounters({self.snapshot()})"
 
 
-# -- receiver-side events (ReceiveChannel.poll_events) -----------------------------------------
+# -- socket addresses as the C data path sees them (struct sockaddr bytes) ---------------------
+
+_SOCKADDR_IN = struct.Struct("=H2s4s8x")  # family (native), port (network order), address
+_SOCKADDR_IN6 = struct.Struct("=H2sI16sI")  # family, port, flow info, address, scope id
 
 
-@attrs.frozen(eq=False)
-class ImageAvailable:
-    """A new image (a PublicationImage) was created from a SETUP; subscribers may attach."""
-
-    image: object  # PublicationImage (kept untyped here to avoid an import cycle)
-
-
-@attrs.frozen(eq=False)
-class ImageUnavailable:
-    """An image ended (EOS consumed, liveness timeout, or no subscribers) and was removed."""
-
-    image: object  # PublicationImage
+def sockaddr(address: Address) -> bytes:
+    """``(ip, port)`` (an IP literal, v4 or v6) as a ``struct sockaddr_in``/``_in6``."""
+    host, port = address
+    ip = ipaddress.ip_address(host)
+    if ip.version == 4:
+        return _SOCKADDR_IN.pack(socket.AF_INET, port.to_bytes(2, "big"), ip.packed)
+    return _SOCKADDR_IN6.pack(socket.AF_INET6, port.to_bytes(2, "big"), 0, ip.packed, 0)
 
 
-ImageEvent: TypeAlias = ImageAvailable | ImageUnavailable
+def address_of(raw: bytes | memoryview) -> Address:
+    """The ``(ip, port)`` of a ``struct sockaddr_in``/``_in6`` (the inverse of
+    :func:`sockaddr`)."""
+    family = struct.unpack_from("=H", raw)[0]
+    if family == socket.AF_INET:
+        _, port, packed = _SOCKADDR_IN.unpack_from(raw)
+        return socket.inet_ntop(socket.AF_INET, packed), int.from_bytes(port, "big")
+    if family == socket.AF_INET6:
+        _, port, _, packed, _ = _SOCKADDR_IN6.unpack_from(raw)
+        return socket.inet_ntop(socket.AF_INET6, packed), int.from_bytes(port, "big")
+    raise ValueError(f"address family {family} is not IPv4 or IPv6")

@@ -1,14 +1,18 @@
 """The receiver side of one network stream: a sans-I/O state machine (aeron_publication_image.c).
 
-A :class:`PublicationImage` is created by the :class:`~slipstream.daemon.receiver.ReceiveChannel`
-from a SETUP.  It copies DATA datagrams straight into its own log buffer at their term offset
-(``ss_rebuild_insert``: body first, header last with a release store), raises the receiver
-high-water mark ``rcv_hwm``, finds the first gap between the rebuild position and the hwm
-(:class:`LossDetector`) and NAKs it, and tells the sender where its subscribers are with
-status messages.  Subscribers read the log in place (``client.subscription.Image``) and
-publish their positions in int64 cells that this object reads.
+A :class:`PublicationImage` is made for a SETUP that the
+:class:`~slipstream.daemon.receiver.ReceiveChannel` reported (the driver's conductor creates the
+log and the position counters, so a receive loop never waits on a file).  The C data path
+(``ss_receiver_on_datagram``, working from :attr:`PublicationImage.c`) copies DATA datagrams
+straight into the image's log at their term offset (body first, header last with a release
+store) and raises the receiver high-water mark ``rcv-hwm``; this object finds the first gap
+between the rebuild position and the hwm (:class:`LossDetector`) and NAKs it, and tells the
+sender where its subscribers are with status messages.  Subscribers read the log in place
+(``client.subscription.Image``) and publish their positions in int64 cells (``sub-pos``
+counters) that this object reads.  Frames for the image from an address other than its
+SETUP's are dropped (FOREIGN_SOURCE_DROPS).
 
-Receiving (PROTOCOL.md §3.2, ``aeron_publication_image_insert_packet``):
+Receiving (PROTOCOL.md §3.2, ``aeron_publication_image_insert_packet``, done in C):
 
 * frames of terms before the initial term are dropped;
 * over-run: ``position + length > last SM position + term_length/2`` → dropped
@@ -44,11 +48,12 @@ from __future__ import annotations
 import enum
 import random
 
+import attrs
+
 from slipstream.client._native import ffi, lib
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
-    EOS_FLAG,
     RTTM_REPLY_FLAG,
     SM_EOS_FLAG,
     Nak,
@@ -57,16 +62,21 @@ from slipstream.client.frames import (
     StatusMessage,
 )
 from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, write_padding
+from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.log_cleaner import LogCleaner
 from slipstream.daemon.loss_detector import (
     LossDetector,
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,
 )
-from slipstream.daemon.protocol_types import NO_DEADLINE, Address, Datagram, ProtocolCounters
-
-HDR_TYPE_PAD = 0x00
-HDR_TYPE_DATA = 0x01
+from slipstream.daemon.protocol_types import (
+    NO_DEADLINE,
+    Address,
+    Datagram,
+    ProtocolCounters,
+    sockaddr,
+)
 
 
 class ImageState(enum.Enum):
@@ -95,13 +105,27 @@ _TRANSITIONS: dict[tuple[ImageState, str], ImageState] = {
 }
 
 
+@attrs.frozen
+class ImagePositions:
+    """The position cells of one image (cffi ``int64_t *``, counters of the counters file in
+    the driver): ``rcv-hwm`` (the C data path raises it) and ``rcv-pos`` (the rebuild pass)."""
+
+    receiver_hwm: object
+    receiver_position: object
+
+    @classmethod
+    def in_process(cls) -> ImagePositions:
+        """Cells in this process's memory, for tests."""
+        return cls(ffi.new("int64_t *"), ffi.new("int64_t *"))
+
+
 class PublicationImage:
     """Receiver state of one (session, stream) from one sender.  See the module docstring."""
 
     def __init__(self, *, log: LogBuffer, setup: Setup, channel: Channel,
                  settings: DriverSettings, receiver_id: int, counters: ProtocolCounters,
-                 control_address: Address, source: Address, now_ns: int,
-                 rng: random.Random) -> None:
+                 positions: ImagePositions, control_address: Address, source: Address,
+                 now_ns: int, rng: random.Random) -> None:
         """``log`` was created for ``setup`` (its term length, initial term id, join term and
         offset); SMs, NAKs and RTTM replies go to ``control_address`` (the SETUP's source for
         unicast, the control group for multicast)."""
@@ -118,9 +142,11 @@ class PublicationImage:
         self.position_bits = term_length.bit_length() - 1
         self._mask = term_length - 1
         self.sender_mtu = setup.mtu
-        self.join_position = self._position(setup.active_term_id, setup.term_offset)
-        self.rcv_hwm = self.join_position
-        self.rcv_pos = self.join_position
+        self.join_position = join = self._position(setup.active_term_id, setup.term_offset)
+        self.positions = positions
+        self._rcv_pos = positions.receiver_position
+        lib.ss_store_release_i64(positions.receiver_hwm, join)
+        lib.ss_store_release_i64(self._rcv_pos, join)
         self.reliable = (channel.reliable if channel.reliable is not None
                          else settings.reliable_stream)
         self.is_group = (setup.is_group or bool(channel.group) or channel.is_multicast)
@@ -140,27 +166,65 @@ class PublicationImage:
                                              delay * settings.nak_unicast_retry_delay_ratio)
         self.loss_detector = LossDetector(generator, self._on_loss)
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
-        self._reader_signal = log.reader_signal()
-        self._reader_waiters = log.reader_waiters()
         self._subscriber_positions: list = []  # cffi int64_t * cells
         self.state = ImageState.INIT
         # SM state: the scheduled values and when to (re)send them; the first SM goes at once.
         self._sm_position = self.join_position
         self._sm_window = self.window
         self._sm_deadline_ns = now_ns
-        self.last_sm_position = self.join_position  # last SM *sent*: over/under-run checks
-        self._overrun_threshold = self.join_position + term_length // 2
-        self._time_of_last_packet_ns = now_ns
+        self.cleaner = LogCleaner(log, join)
+        #: What the C data path works from (ss_image_t): the last SM sent bounds what it
+        #: accepts (over- and under-runs); it reports packets, the hwm and EOS back.
+        self.c = c = network_ffi.new("ss_image_t *")
+        c.log = log.address
+        c.meta = log.meta
+        c.receiver_hwm = positions.receiver_hwm
+        c.term_length = term_length
+        c.position_bits = self.position_bits
+        c.initial_term_id = self.initial_term_id
+        c.session_id = self.session_id
+        c.stream_id = self.stream_id
+        c.time_of_last_packet_ns = now_ns
+        c.eos_position = -1
+        raw_source = sockaddr(source)
+        c.source = raw_source
+        c.source_length = len(raw_source)
+        self._set_last_sm_position(join)
         self._time_of_last_state_change_ns = now_ns
-        self._clean_position = self.join_position - term_length
-        self._dirty = False  # data arrived since the last rebuild pass
-        self._eos_position: int | None = None
         self.is_end_of_stream = False  # EOS seen and everything up to it rebuilt
         self._outbox: list[Datagram] = []
         self._now_ns = now_ns
         log.is_connected = True
 
     # -- positions ------------------------------------------------------------------------
+    @property
+    def rcv_hwm(self) -> int:
+        """The receiver high-water mark: the highest position data arrived for (bytes)."""
+        return self.c.receiver_hwm[0]
+
+    @property
+    def rcv_pos(self) -> int:
+        """The receiver position: everything below is in the log, no gap (bytes)."""
+        return self._rcv_pos[0]
+
+    @property
+    def last_sm_position(self) -> int:
+        """The position of the last status message sent (bytes)."""
+        return self.c.last_sm_position
+
+    def _set_last_sm_position(self, position: int) -> None:
+        c = self.c
+        c.last_sm_position = position
+        # The sender may send up to half a term past an SM; never into a partition that
+        # cleaning has not reached yet (LogCleaner.reusable_limit).
+        c.overrun_threshold = min(position + (self.term_length >> 1),
+                                  self.cleaner.reusable_limit())
+
+    def status_message_due_position(self) -> int:
+        """The subscriber position from which the 25 % rule schedules the next SM: a parked
+        receiver asks its subscribers to ring its doorbell there (bytes)."""
+        return self._sm_position + (self._sm_window >> 2) + 1
+
     def _position(self, term_id: int, term_offset: int) -> int:
         count = (term_id - self.initial_term_id + 0x80000000) % (1 << 32) - 0x80000000
         return (count << self.position_bits) + term_offset
@@ -181,6 +245,11 @@ class PublicationImage:
         self._subscriber_positions = [c for c in self._subscriber_positions if c != cell]
         if not self._subscriber_positions and self.state is ImageState.ACTIVE:
             self._transition("no_subscribers", self._now_ns)
+
+    def end_without_subscribers(self, now_ns: int) -> None:
+        """The stream's last subscription went before any subscriber joined: drain."""
+        if self.state is ImageState.INIT:
+            self._transition("liveness_timeout", now_ns)
 
     @property
     def subscriber_count(self) -> int:
@@ -215,42 +284,7 @@ class PublicationImage:
     def is_done(self) -> bool:
         return self.state is ImageState.DONE
 
-    # -- input (hot path) -----------------------------------------------------------------
-    def insert_packet(self, data, length: int, frame_length: int, flags: int, frame_type: int,
-                      term_id: int, term_offset: int, now_ns: int) -> None:
-        """A DATA/PAD/heartbeat datagram of ``length`` bytes for this image; the header fields
-        were unpacked (and sanity-checked) by the ReceiveChannel."""
-        count = (term_id - self.initial_term_id + 0x80000000) % (1 << 32) - 0x80000000
-        if count < 0:
-            return  # a term before the initial term
-        position = (count << self.position_bits) + term_offset
-        if frame_length == 0 and frame_type == HDR_TYPE_DATA:  # heartbeat
-            if position >= max(0, self.last_sm_position - self.term_length):
-                self.counters.add(SystemCounter.HEARTBEATS_RECEIVED)
-                self._time_of_last_packet_ns = now_ns
-                if position > self.rcv_hwm:
-                    self.rcv_hwm = position
-                    self._dirty = True
-                if flags & EOS_FLAG and self._eos_position is None:
-                    self._eos_position = position
-                    self._dirty = True
-            return
-        if position + length > self._overrun_threshold:
-            self.counters.add(SystemCounter.FLOW_CONTROL_OVER_RUNS)
-            return
-        if position < self.last_sm_position:
-            self.counters.add(SystemCounter.FLOW_CONTROL_UNDER_RUNS)
-            return
-        self._time_of_last_packet_ns = now_ns
-        lib.ss_rebuild_insert(self._term_ptrs[(position >> self.position_bits) % 3],
-                              term_offset, ffi.from_buffer(data), length)
-        lib.ss_signal(self._reader_signal, self._reader_waiters)
-        # A PAD header stands for the rest of its term (the gap scan clamps at the hwm).
-        proposed = position + (frame_length if frame_type == HDR_TYPE_PAD else length)
-        if proposed > self.rcv_hwm:
-            self.rcv_hwm = proposed
-        self._dirty = True
-
+    # -- input ----------------------------------------------------------------------------
     def on_rttm(self, rttm: Rttm, now_ns: int) -> None:
         """Echo a REPLY-flagged RTTM from the sender (aeron_publication_image_on_rttm)."""
         if rttm.receiver_id not in (0, self.receiver_id):
@@ -272,7 +306,7 @@ class PublicationImage:
             write_padding(self.log, position, length)
             self.log.signal_readers()
             self.counters.add(SystemCounter.LOSS_GAP_FILLS)
-            self._dirty = True
+            self.c.dirty = 1
 
     # -- output ---------------------------------------------------------------------------
     def datagrams_to_send(self, now_ns: int, out: list[Datagram]) -> None:
@@ -292,42 +326,40 @@ class PublicationImage:
             self._send_status_message(now_ns, out)
 
     def _track_rebuild(self, now_ns: int) -> None:
+        c = self.c
+        c.dirty = 0  # before the scan: data that lands during it makes the next pass due
         min_sub, max_sub = self._min_max_subscriber_position()
+        rcv_pos = self.rcv_pos
+        hwm = self.rcv_hwm
         for _ in range(PARTITION_COUNT):
-            rebuild = max(self.rcv_pos, max_sub)
+            rebuild = max(rcv_pos, max_sub)
             offset, loss_found = self.loss_detector.scan(
-                self._term_ptrs[(rebuild >> self.position_bits) % 3], rebuild, self.rcv_hwm,
+                self._term_ptrs[(rebuild >> self.position_bits) % 3], rebuild, hwm,
                 now_ns, self.term_length, self.position_bits, self.initial_term_id)
             new_rebuild = rebuild - (rebuild & self._mask) + offset
-            if new_rebuild > self.rcv_pos:
-                self.rcv_pos = new_rebuild
-            if loss_found or offset < self.term_length or self.rcv_pos >= self.rcv_hwm:
+            if new_rebuild > rcv_pos:
+                rcv_pos = new_rebuild
+            if loss_found or offset < self.term_length or rcv_pos >= hwm:
                 break
-        self._dirty = False
-        eos = self._eos_position
-        if eos is not None and not self.is_end_of_stream and self.rcv_pos >= eos:
+        lib.ss_store_release_i64(self._rcv_pos, rcv_pos)
+        eos = c.eos_position
+        if eos >= 0 and not self.is_end_of_stream and rcv_pos >= eos:
             self.is_end_of_stream = True
             self.log.end_of_stream_position = eos
             self.log.signal_readers()
-        # SM scheduling: the 25 % rule (static congestion control never forces an SM).
-        window = self.window
-        if min_sub > self._sm_position + (window >> 2) or window != self._sm_window:
+        # SM scheduling: the 25 % rule (static congestion control never forces an SM), or a
+        # change of the window (which cleaning may hold back, see _allowed_window).
+        self.cleaner.clean_toward(min_sub)
+        if (min_sub > self._sm_position + (self._sm_window >> 2)
+                or self._allowed_window(self._sm_position) != self._sm_window):
             self._sm_position = min_sub
-            self._sm_window = window
+            self._sm_window = self._allowed_window(min_sub)
             self._sm_deadline_ns = now_ns
-            self._clean_to(min_sub - self.term_length)
 
-    def _clean_to(self, position: int) -> None:
-        """Zero the term one full term behind the slowest subscriber, so the partition is
-        clean when the stream comes round to it again."""
-        while position > self._clean_position:
-            start = max(self._clean_position, 0)
-            if start >= position:
-                self._clean_position = position
-                break
-            length = min(position - start, self.term_length - (start & self._mask))
-            self.log.clean(start, length)
-            self._clean_position = start + length
+    def _allowed_window(self, position: int) -> int:
+        """The window to advertise at ``position``: the configured one, but never inviting data
+        into a partition that cleaning has not reached (LogCleaner.reusable_limit)."""
+        return max(0, min(self.window, self.cleaner.reusable_limit() - position))
 
     def _send_status_message(self, now_ns: int, out: list[Datagram]) -> None:
         position = self._sm_position
@@ -337,14 +369,13 @@ class PublicationImage:
                            self.group_tag)
         out.append(Datagram(sm.encode(), self.control_address))
         self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
-        self.last_sm_position = position
-        self._overrun_threshold = position + (self.term_length >> 1)
+        self._set_last_sm_position(position)
         self._sm_deadline_ns = now_ns + self.status_message_timeout_ns
 
     def _check_state(self, now_ns: int) -> None:
         state = self.state
         if state is ImageState.INIT or state is ImageState.ACTIVE:
-            if now_ns - self._time_of_last_packet_ns >= self.liveness_timeout_ns:
+            if now_ns - self.c.time_of_last_packet_ns >= self.liveness_timeout_ns:
                 self._transition("liveness_timeout", now_ns)
             elif self.is_end_of_stream:
                 self._transition("end_of_stream", now_ns)
@@ -367,7 +398,7 @@ class PublicationImage:
         state = self.state
         if state is ImageState.DONE:
             return NO_DEADLINE
-        if self._dirty or self._outbox:
+        if self.c.dirty or self._outbox or self.cleaner.is_behind:
             return self._now_ns
         if state is ImageState.LINGER:
             if not self._subscriber_positions:
@@ -377,7 +408,7 @@ class PublicationImage:
         if state is ImageState.DRAINING:
             return min(deadline, self._time_of_last_state_change_ns
                        + 5 * self.status_message_timeout_ns)
-        return min(deadline, self._time_of_last_packet_ns + self.liveness_timeout_ns)
+        return min(deadline, self.c.time_of_last_packet_ns + self.liveness_timeout_ns)
 
     def __repr__(self) -> str:
         return (f"<PublicationImage session={self.session_id} stream={self.stream_id} "

@@ -1,23 +1,30 @@
-"""A receive channel endpoint: dispatch of incoming datagrams to images (sans-I/O).
+"""The receiving half of the network stack: a receive channel endpoint's dispatcher (sans-I/O)
+and the receiver agent that runs it.
 
-One :class:`ReceiveChannel` per subscribed channel endpoint on a host (Aeron's
+:class:`ReceiveChannel` is one subscribed channel endpoint on a host (Aeron's
 ``aeron_receive_channel_endpoint`` + ``aeron_data_packet_dispatcher``).  It owns the
-:class:`PublicationImage` objects of that endpoint, keyed by ``(session_id, stream_id)``.
+:class:`PublicationImage` objects of that endpoint, keyed by ``(session_id, stream_id)``, and
+the C image table (:attr:`ReceiveChannel.c`, an ``ss_receiver_t``) through which the data path
+inserts DATA without Python.  Dispatch rules (PROTOCOL.md §3.1):
 
-Dispatch rules (PROTOCOL.md §3.1):
-
-* DATA/PAD/heartbeat for a known image → :meth:`PublicationImage.insert_packet` (the hot
-  path: the 32-byte header is unpacked with one precompiled struct, nothing else decoded);
+* DATA/PAD/heartbeat for a known image → the C data path (every frame validated, over- and
+  under-runs dropped, the hwm raised); never Python;
 * DATA/heartbeat (not EOS) for a subscribed stream whose session has no image → an
   *elicited SETUP*: an SM with the S flag (0x80), term id/offset/window 0, to the source
   (or the control group for multicast); the session is then PENDING_SETUP for 1 s;
 * SETUP for a subscribed stream and a session without image (and not filtered out by
-  ``session-id=``, not cooling down) → a log from ``log_factory(setup)`` and a new image,
-  announced by :class:`ImageAvailable`;
+  ``session-id=``, not cooling down) → an :class:`ImageRequested` event: the conductor makes
+  the log and counters off the receive loop and answers with :meth:`add_image` (or
+  :meth:`reject_image`); the session is PENDING_IMAGE meanwhile;
 * RTTM → the image; malformed datagrams → ``INVALID_PACKETS``, dropped, never raised.
 
-When an image is DONE it is removed and its session cools down (``cool_down_ns``, default
-1 s) so stray packets of the old stream do not recreate it at once.
+When an image reaches LINGER an :class:`ImageUnavailable` event tells the conductor (which tells
+the subscribers); when it is DONE it is removed, :class:`ImageDone` lets the conductor free its
+log and counters, and its session cools down (``cool_down_ns``, default 1 s) so stray packets
+of the old stream do not recreate it at once.
+
+:class:`Receiver` is the agent: it takes commands from the conductor, drains each endpoint's
+transport and runs the images' timers; the driver's network thread and the simulator run it.
 
 Units: times in ns, sizes in bytes.
 """
@@ -25,60 +32,97 @@ Units: times in ns, sizes in bytes.
 from __future__ import annotations
 
 import random
-import struct
+from collections import deque
 from collections.abc import Callable
+from typing import Protocol
+
+import attrs
 
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
-    EOS_FLAG,
+    HDR_TYPE_DATA,
+    HDR_TYPE_ERR,
+    HDR_TYPE_NAK,
+    HDR_TYPE_RSP_SETUP,
+    HDR_TYPE_RTTM,
+    HDR_TYPE_SETUP,
+    HDR_TYPE_SM,
     SM_SEND_SETUP_FLAG,
+    ErrorFrame,
     Rttm,
     Setup,
     StatusMessage,
     decode,
 )
-from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.protocol_types import (
     NO_DEADLINE,
     Address,
     Datagram,
-    ImageAvailable,
-    ImageEvent,
-    ImageUnavailable,
     ProtocolCounters,
+    sockaddr,
 )
-from slipstream.daemon.publication_image import ImageState, PublicationImage
+from slipstream.daemon.publication_image import (
+    ImagePositions,
+    ImageState,
+    PublicationImage,
+)
 
 #: AERON_DRIVER_RECEIVER_PENDING_SETUP_TIMEOUT_NS
 PENDING_SETUP_TIMEOUT_NS = 1_000_000_000
 #: How long a removed image's session is ignored (slipstream choice, see module docstring).
 DEFAULT_COOL_DOWN_NS = 1_000_000_000
+#: How long a SETUP waits for the conductor's image before it may ask again.
+PENDING_IMAGE_TIMEOUT_NS = 1_000_000_000
+#: ERR frame error codes (Aeron's ErrorCode).
+ERROR_CODE_STORAGE_SPACE = 12
 
-_HEADER = struct.Struct("<iBBHiiii")  # frame_length version flags type term_offset session
-#                                       stream term_id (the first 24 of the 32 bytes)
-_HDR_TYPE_PAD = 0x00
-_HDR_TYPE_DATA = 0x01
-_HDR_TYPE_SETUP = 0x05
-_HDR_TYPE_RTTM = 0x06
-_CONTROL_TYPES = frozenset((0x02, 0x03, 0x04, 0x0B))  # NAK, SM, ERR, RSP_SETUP: not for us
+_NOT_FOR_A_RECEIVER = frozenset((HDR_TYPE_NAK, HDR_TYPE_SM, HDR_TYPE_ERR, HDR_TYPE_RSP_SETUP))
+
+
+@attrs.frozen(eq=False)
+class ImageRequested:
+    """A SETUP for a wanted stream: the conductor creates the image's log and counters and
+    answers with :meth:`ReceiveChannel.add_image` (or :meth:`ReceiveChannel.reject_image`)."""
+
+    channel: ReceiveChannel
+    setup: Setup
+    source: Address
+
+
+@attrs.frozen(eq=False)
+class ImageUnavailable:
+    """An image ended (EOS consumed, liveness timeout, or no subscribers): it lingers."""
+
+    channel: ReceiveChannel
+    image: PublicationImage
+
+
+@attrs.frozen(eq=False)
+class ImageDone:
+    """An image was removed; its log and counters may go."""
+
+    channel: ReceiveChannel
+    image: PublicationImage
+
+
+ReceiverEvent = ImageRequested | ImageUnavailable | ImageDone
 
 
 class ReceiveChannel:
     """All images of one receive endpoint.  See the module docstring."""
 
     def __init__(self, *, channel: Channel, settings: DriverSettings, receiver_id: int,
-                 counters: ProtocolCounters, log_factory: Callable[[Setup], LogBuffer],
-                 now_ns: int, rng: random.Random,
+                 counters: ProtocolCounters, now_ns: int, rng: random.Random,
                  cool_down_ns: int = DEFAULT_COOL_DOWN_NS) -> None:
-        """``log_factory(setup)`` creates the image log: term length, initial term id,
-        session, stream and mtu from the SETUP, starting at (active_term_id, term_offset)."""
         self.channel = channel
         self.settings = settings
         self.receiver_id = receiver_id
         self.counters = counters
-        self.log_factory = log_factory
         self.rng = rng
         self.cool_down_ns = cool_down_ns
         control = channel.control_group if channel.endpoint is not None else None
@@ -88,10 +132,30 @@ class ReceiveChannel:
         self.images: dict[tuple[int, int], PublicationImage] = {}
         self._subscriptions: dict[int, set[int] | None] = {}  # stream -> sessions (None: all)
         self._pending_setup: dict[tuple[int, int], int] = {}  # -> expiry ns
+        self._pending_image: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._cool_down: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._outbox: list[Datagram] = []
-        self._events: list[ImageEvent] = []
+        self._events: list[ReceiverEvent] = []
         self._now_ns = now_ns
+        self._sockaddrs: dict[Address, bytes] = {}
+        # The C side: the image table and the counters it counts into.  Receive buffers are
+        # the transport's (a socket needs them, the simulator does not).
+        self.c = c = network_ffi.new("ss_receiver_t *")
+        self._slots = network_ffi.new("ss_image_t *[]", 16)
+        c.slots = self._slots
+        c.slot_mask = 15
+        self._streams = network_ffi.new("int32_t[]", 16)
+        c.streams = self._streams
+        c.stream_capacity = 16
+        for field, counter in (
+                ("bytes_received", SystemCounter.BYTES_RECEIVED),
+                ("invalid_packets", SystemCounter.INVALID_PACKETS),
+                ("heartbeats_received", SystemCounter.HEARTBEATS_RECEIVED),
+                ("flow_control_over_runs", SystemCounter.FLOW_CONTROL_OVER_RUNS),
+                ("flow_control_under_runs", SystemCounter.FLOW_CONTROL_UNDER_RUNS),
+                ("foreign_source_drops", SystemCounter.FOREIGN_SOURCE_DROPS),
+                ("receive_errors", SystemCounter.RECEIVE_ERRORS)):
+            setattr(c.counters, field, counters.address(counter))
 
     # -- subscriptions --------------------------------------------------------------------
     def add_subscription(self, stream_id: int, session_id: int | None = None) -> None:
@@ -103,18 +167,43 @@ class ReceiveChannel:
             if sessions is not None:
                 sessions.add(session_id)
                 self._subscriptions[stream_id] = sessions
+        self._sync_streams()
 
     def remove_subscription(self, stream_id: int) -> None:
-        """No more interest in ``stream_id``: its images drain (as with no subscribers)."""
+        """No more interest in ``stream_id``: no new images (existing ones drain once their
+        subscriber positions are removed)."""
         self._subscriptions.pop(stream_id, None)
+        self._sync_streams()
         for (_session, stream), image in self.images.items():
-            if stream == stream_id and image.state in (ImageState.INIT, ImageState.ACTIVE):
-                for cell in list(image._subscriber_positions):
-                    image.remove_subscriber_position(cell)
-                if image.state is ImageState.INIT:
-                    image._transition("liveness_timeout", self._now_ns)
+            if stream == stream_id and image.state is ImageState.INIT:
+                image.end_without_subscribers(self._now_ns)
 
-    def _wants(self, session_id: int, stream_id: int) -> bool:
+    def set_interest(self, stream_id: int, sessions: set[int] | None) -> None:
+        """The sessions of ``stream_id`` that subscriptions here want: None for all, an empty
+        set for none (as :meth:`remove_subscription`)."""
+        if sessions is not None and not sessions:
+            self.remove_subscription(stream_id)
+            return
+        self._subscriptions[stream_id] = None if sessions is None else set(sessions)
+        self._sync_streams()
+
+    @property
+    def has_subscriptions(self) -> bool:
+        return bool(self._subscriptions)
+
+    def _sync_streams(self) -> None:
+        streams = list(self._subscriptions)
+        if len(streams) > self.c.stream_capacity:
+            capacity = 1 << (len(streams) - 1).bit_length()
+            self._streams = network_ffi.new("int32_t[]", capacity)
+            self.c.streams = self._streams
+            self.c.stream_capacity = capacity
+        for i, stream_id in enumerate(streams):
+            self._streams[i] = stream_id
+        self.c.stream_count = len(streams)
+
+    def wants(self, session_id: int, stream_id: int) -> bool:
+        """Whether a subscription here takes ``session_id`` of ``stream_id``."""
         if stream_id not in self._subscriptions:
             return False
         sessions = self._subscriptions[stream_id]
@@ -123,67 +212,94 @@ class ReceiveChannel:
     def _reply_address(self, source: Address) -> Address:
         return self.control_address if self.control_address is not None else source
 
+    # -- images (commands from the conductor) ---------------------------------------------
+    def new_image(self, request: ImageRequested, log: LogBuffer, positions: ImagePositions,
+                  now_ns: int) -> PublicationImage:
+        """The image for ``request`` over ``log`` (created for its SETUP): pure, so the
+        conductor may build it on its own thread before :meth:`add_image` hands it over."""
+        return PublicationImage(
+            log=log, setup=request.setup, channel=self.channel, settings=self.settings,
+            receiver_id=self.receiver_id, counters=self.counters, positions=positions,
+            control_address=self._reply_address(request.source), source=request.source,
+            now_ns=now_ns, rng=self.rng)
+
+    def add_image(self, image: PublicationImage) -> None:
+        """Start receiving into ``image`` (made by :meth:`new_image`)."""
+        key = (image.session_id, image.stream_id)
+        self._pending_image.pop(key, None)
+        self.images[key] = image
+        self._sync_images()
+
+    def reject_image(self, request: ImageRequested, now_ns: int, reason: str) -> None:
+        """The conductor could not make the image (no space, counters full): the session
+        cools down and the sender hears why (an ERR frame, PROTOCOL.md §1.7)."""
+        key = (request.setup.session_id, request.setup.stream_id)
+        self._pending_image.pop(key, None)
+        self._cool_down[key] = now_ns + self.cool_down_ns
+        self.counters.add(SystemCounter.IMAGES_REJECTED)
+        error = ErrorFrame(key[0], key[1], self.receiver_id, ERROR_CODE_STORAGE_SPACE,
+                           reason[:1023])
+        self._outbox.append(Datagram(error.encode(), self._reply_address(request.source)))
+
+    def _sync_images(self) -> None:
+        images = list(self.images.values())
+        slots = 16
+        while slots < 2 * len(images) + 2:
+            slots *= 2
+        if slots != self.c.slot_mask + 1:
+            self._slots = network_ffi.new("ss_image_t *[]", slots)
+            self.c.slots = self._slots
+            self.c.slot_mask = slots - 1
+        table = network_ffi.new("ss_image_t *[]", [image.c for image in images] or 1)
+        if network.ss_receiver_set_images(self.c, table, len(images)) != 0:
+            raise AssertionError("two images of one (session, stream)")
+
     # -- input ----------------------------------------------------------------------------
     def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
                     now_ns: int) -> None:
-        """One received datagram.  Never raises on malformed input (counted, dropped)."""
+        """One received datagram, through the C data path (as the socket path does) and, if it
+        is not data of a known image, :meth:`on_control`.  Never raises on malformed input."""
         self._now_ns = now_ns
-        length = len(data)
-        if length < 32:
-            if length >= 8 and data[4] == 0 and (data[6] | data[7] << 8) in _CONTROL_TYPES:
-                return
-            self.counters.add(SystemCounter.INVALID_PACKETS)
+        raw = self._sockaddrs.get(source)
+        if raw is None:
+            raw = self._sockaddrs[source] = sockaddr(source)
+        with network_ffi.from_buffer(data) as buffer:
+            verdict = network.ss_receiver_on_datagram(self.c, buffer, len(buffer), raw,
+                                                      len(raw), now_ns)
+        if verdict == network.SS_RX_TO_PYTHON:
+            self.on_control(data, source, now_ns)
+
+    def on_control(self, data: bytes | bytearray | memoryview, source: Address,
+                   now_ns: int) -> None:
+        """A datagram the C data path passed up: SETUP, RTTM, data of an unknown session of
+        a subscribed stream, or a frame that is not for a receiver."""
+        self._now_ns = now_ns
+        frame_type = data[6] | data[7] << 8
+        if frame_type == HDR_TYPE_DATA:
+            self._on_unknown_session(int.from_bytes(data[12:16], "little", signed=True),
+                                     int.from_bytes(data[16:20], "little", signed=True),
+                                     source, now_ns)
             return
-        (frame_length, version, flags, frame_type, term_offset, session_id, stream_id,
-         term_id) = _HEADER.unpack_from(data)
-        if version != 0:
-            self.counters.add(SystemCounter.INVALID_PACKETS)
+        if frame_type in _NOT_FOR_A_RECEIVER:
             return
-        if frame_type == _HDR_TYPE_DATA or frame_type == _HDR_TYPE_PAD:
-            image = self.images.get((session_id, stream_id))
+        frame = decode(data) if frame_type in (HDR_TYPE_SETUP, HDR_TYPE_RTTM) else None
+        if isinstance(frame, Setup):
+            self._on_setup(frame, source, now_ns)
+        elif isinstance(frame, Rttm):
+            image = self.images.get((frame.session_id, frame.stream_id))
             if image is not None:
-                term_length = image.term_length
-                if (term_offset & 0x8000001F or term_offset + length > term_length or (
-                        frame_type == _HDR_TYPE_DATA and (
-                            (frame_length == 0 and length != 32)
-                            or (frame_length != 0 and not 32 <= frame_length <= length))) or (
-                        frame_type == _HDR_TYPE_PAD and (
-                            frame_length < 32 or frame_length & 31 or length != 32
-                            or term_offset + frame_length > term_length))):
-                    self.counters.add(SystemCounter.INVALID_PACKETS)
-                    return
-                self.counters.add(SystemCounter.BYTES_RECEIVED, length)
-                image.insert_packet(data, length, frame_length, flags, frame_type, term_id,
-                                    term_offset, now_ns)
-            elif frame_type == _HDR_TYPE_DATA and not flags & EOS_FLAG:
-                self._on_unknown_session(session_id, stream_id, source, now_ns)
-            return
-        if frame_type == _HDR_TYPE_SETUP:
-            frame = decode(data)
-            if isinstance(frame, Setup):
-                self._on_setup(frame, source, now_ns)
-            else:
-                self.counters.add(SystemCounter.INVALID_PACKETS)
-            return
-        if frame_type == _HDR_TYPE_RTTM:
-            frame = decode(data)
-            if isinstance(frame, Rttm):
-                image = self.images.get((frame.session_id, frame.stream_id))
-                if image is not None:
-                    image.on_rttm(frame, now_ns)
-            else:
-                self.counters.add(SystemCounter.INVALID_PACKETS)
-            return
-        if frame_type not in _CONTROL_TYPES:
+                image.on_rttm(frame, now_ns)
+        else:
             self.counters.add(SystemCounter.INVALID_PACKETS)
 
     def _on_unknown_session(self, session_id: int, stream_id: int, source: Address,
                             now_ns: int) -> None:
         """Elicit a SETUP (aeron_data_packet_dispatcher_elicit_setup_from_source)."""
-        if not self._wants(session_id, stream_id):
+        if not self.wants(session_id, stream_id):
             return
         key = (session_id, stream_id)
-        if now_ns < self._pending_setup.get(key, -1) or now_ns < self._cool_down.get(key, -1):
+        if (now_ns < self._pending_setup.get(key, -1) or now_ns < self._cool_down.get(key, -1)
+                or key in self._pending_image):
             return
         self._pending_setup[key] = now_ns + PENDING_SETUP_TIMEOUT_NS
         sm = StatusMessage(session_id, stream_id, 0, 0, 0, self.receiver_id, SM_SEND_SETUP_FLAG)
@@ -192,28 +308,24 @@ class ReceiveChannel:
 
     def _on_setup(self, setup: Setup, source: Address, now_ns: int) -> None:
         key = (setup.session_id, setup.stream_id)
-        if key in self.images or not self._wants(*key):
+        if key in self.images or not self.wants(*key):
             return
-        if now_ns < self._cool_down.get(key, -1):
+        if now_ns < self._cool_down.get(key, -1) or now_ns < self._pending_image.get(key, -1):
             return
-        if (setup.mtu < 32 or setup.mtu > 65504 or setup.mtu % 32
-                or setup.term_length < 65536 or setup.term_length & (setup.term_length - 1)):
+        try:
+            check_term_length(setup.term_length)
+            check_mtu(setup.mtu)
+        except ValueError:
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return
         self._pending_setup.pop(key, None)
-        log = self.log_factory(setup)
-        image = PublicationImage(
-            log=log, setup=setup, channel=self.channel, settings=self.settings,
-            receiver_id=self.receiver_id, counters=self.counters,
-            control_address=self._reply_address(source), source=source, now_ns=now_ns,
-            rng=self.rng)
-        self.images[key] = image
-        self._events.append(ImageAvailable(image))
+        self._pending_image[key] = now_ns + PENDING_IMAGE_TIMEOUT_NS
+        self._events.append(ImageRequested(self, setup, source))
 
     # -- output ---------------------------------------------------------------------------
     def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
-        """SMs, NAKs, elicited-SETUP SMs and RTTM replies due at ``now_ns``; also advances
-        image states (events for :meth:`poll_events`)."""
+        """SMs, NAKs, elicited-SETUP SMs, ERRs and RTTM replies due at ``now_ns``; also
+        advances image states (events for :meth:`poll_events`)."""
         self._now_ns = now_ns
         out = self._outbox
         self._outbox = []
@@ -223,17 +335,20 @@ class ReceiveChannel:
             image.datagrams_to_send(now_ns, out)
             after = image.state
             if after is not before and after is ImageState.LINGER:
-                self._events.append(ImageUnavailable(image))
+                self._events.append(ImageUnavailable(self, image))
             if after is ImageState.DONE:
                 if before is not ImageState.LINGER and before is not ImageState.DONE:
-                    self._events.append(ImageUnavailable(image))
+                    self._events.append(ImageUnavailable(self, image))
                 done.append(key)
-        for key in done:
-            del self.images[key]
-            self._cool_down[key] = now_ns + self.cool_down_ns
-        if self._pending_setup:
-            for key in [k for k, t in self._pending_setup.items() if t <= now_ns]:
-                del self._pending_setup[key]
+        if done:
+            for key in done:
+                self._events.append(ImageDone(self, self.images.pop(key)))
+                self._cool_down[key] = now_ns + self.cool_down_ns
+            self._sync_images()
+        for pending in (self._pending_setup, self._pending_image, self._cool_down):
+            if pending:
+                for key in [k for k, t in pending.items() if t <= now_ns]:
+                    del pending[key]
         return out
 
     def next_deadline_ns(self) -> int:
@@ -243,11 +358,85 @@ class ReceiveChannel:
         return min((image.next_deadline_ns() for image in self.images.values()),
                    default=NO_DEADLINE)
 
-    def poll_events(self) -> list[ImageEvent]:
-        """Image available/unavailable events since the last call, oldest first."""
+    def poll_events(self) -> list[ReceiverEvent]:
+        """Events since the last call, oldest first."""
         events = self._events
         self._events = []
         return events
 
     def __repr__(self) -> str:
         return f"<ReceiveChannel {self.channel} images={list(self.images)}>"
+
+
+class ReceiveTransport(Protocol):
+    """How a receive endpoint meets its network: a UDP socket (``daemon/udp.py``) or the
+    simulator's virtual network."""
+
+    def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
+        """Hand every waiting datagram to ``channel``; returns how many there were."""
+        ...
+
+    def send(self, datagrams: list[Datagram]) -> None:
+        """Send control frames (SMs, NAKs, ...) now."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@attrs.define(eq=False)
+class ReceiveEndpoint:
+    """A receive channel and the transport it receives through."""
+
+    channel: ReceiveChannel
+    transport: ReceiveTransport
+
+
+class Receiver:
+    """The receiver agent: every receive endpoint's input, images and timers.
+
+    Single-threaded: the driver's network thread (or the simulator) calls :meth:`do_work`;
+    other threads hand it work with :meth:`submit` and take its events from ``events``.
+    """
+
+    def __init__(self, *, on_event: Callable[[ReceiverEvent], None]) -> None:
+        self.endpoints: list[ReceiveEndpoint] = []
+        self._on_event = on_event
+        self._commands: deque[Callable[[int], None]] = deque()
+
+    def submit(self, command: Callable[[int], None]) -> None:
+        """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe)."""
+        self._commands.append(command)
+
+    def add_endpoint(self, endpoint: ReceiveEndpoint) -> None:
+        self.endpoints.append(endpoint)
+
+    def remove_endpoint(self, endpoint: ReceiveEndpoint) -> None:
+        if endpoint in self.endpoints:
+            self.endpoints.remove(endpoint)
+        endpoint.transport.close()
+
+    def do_work(self, now_ns: int) -> int:
+        """One duty cycle; returns the amount of work done (0: idle)."""
+        work = 0
+        commands = self._commands
+        while commands:
+            commands.popleft()(now_ns)
+            work += 1
+        for endpoint in self.endpoints:
+            channel = endpoint.channel
+            work += endpoint.transport.receive(channel, now_ns)
+            if channel.next_deadline_ns() <= now_ns or channel.images:
+                out = channel.datagrams_to_send(now_ns)
+                if out:
+                    endpoint.transport.send(out)
+                    work += len(out)
+            for event in channel.poll_events():
+                self._on_event(event)
+                work += 1
+        return work
+
+    def next_deadline_ns(self) -> int:
+        """When a duty cycle is next due with no input (NO_DEADLINE: none)."""
+        if self._commands:
+            return 0
+        return min((e.channel.next_deadline_ns() for e in self.endpoints), default=NO_DEADLINE)

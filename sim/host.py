@@ -1,23 +1,27 @@
-"""Simulated hosts: a thin adapter between the virtual network and the real protocol core.
+"""Simulated hosts: the driver's own network stack on a virtual network, and the applications.
 
-A host owns what one machine's driver and applications would own, and nothing else:
+Each host incarnation runs a :class:`SimDriver`: the real
+:class:`~slipstream.daemon.conductor.DriverConductor` (client commands, logs, counters, image
+creation) with the real :class:`~slipstream.daemon.sender.Sender` and
+:class:`~slipstream.daemon.receiver.Receiver` agents, in a directory of its own with a real
+counters file; only the transports are virtual (:mod:`slipstream.sim.transport`).  Every
+simulator run therefore tests the driver's code, and there is one place for each rule.
 
-* :class:`PublisherHost`: a real log buffer, the C appender (``ss_offer``) appending
-  numbered messages as fast as the publisher limit allows (or at a set rate), and a
-  :class:`~slipstream.daemon.network_publication.NetworkPublication` behind a
-  :class:`~slipstream.daemon.network_publication.SendChannel`;
-* :class:`SubscriberHost`: a :class:`~slipstream.daemon.receiver.ReceiveChannel` whose image
-  logs are real log buffers, and one real client
-  :class:`~slipstream.client.subscription.Image` reader per image, whose position cell is
-  registered with the image (``add_subscriber_position``).
+The applications talk to their driver as a client does (the control commands, the log and
+counter files it names):
 
-The adapter only moves bytes and time: arriving datagrams go to ``on_datagram(data, source,
-now)``; after every batch of inputs at an instant (and at the core's deadlines) the host runs a
-*service pass*: application work (offer / poll), then ``datagrams_to_send(now)`` whose output
-goes onto the network, until ``next_deadline_ns()`` lies in the future, where a timer is armed.
+* :class:`PublisherHost`: one publication; the C appender (``ss_offer``) appends numbered
+  messages as fast as the publisher limit allows (or at a set rate);
+* :class:`SubscriberHost`: one subscription; one client
+  :class:`~slipstream.client.subscription.Image` reader per image, on its ``sub-pos`` counter.
 
-A crash drops the host off the network and discards its protocol objects and logs; a restart
-builds fresh ones (new session id / receiver id, new logs), as a restarted driver would.
+A *service pass* of a host runs the applications, then the driver's duty cycles (sender,
+receiver, conductor) until they report no work, and arms a timer at the earliest deadline.
+Arriving datagrams queue at the transports and schedule a pass at the same instant.
+
+A crash drops the host off the network and discards its driver (directory, logs, counters);
+a restart builds a fresh one (new session id, receiver id and logs), as a restarted driver
+would.
 
 Message format (``size`` bytes, >= 12): ``publisher_id:u32 seq:u32`` at the start, ``seq:u32``
 again in the last 4 bytes (to catch torn or misplaced data), zeros between.
@@ -25,46 +29,39 @@ again in the last 4 bytes (to catch torn or misplaced data), zeros between.
 
 from __future__ import annotations
 
-import os
 import random
+import shutil
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
+from slipstream.client import control
 from slipstream.client._native import ffi, lib
-from slipstream.client.channel import Channel, parse_channel
-from slipstream.client.frames import Setup
+from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.subscription import Image
+from slipstream.daemon.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow_control import flow_control_for
-from slipstream.daemon.network_publication import NetworkPublication, SendChannel
-from slipstream.daemon.protocol_types import (
-    NO_DEADLINE,
-    Address,
-    Datagram,
-    ImageAvailable,
-    ImageUnavailable,
-    LocalCounters,
-)
-from slipstream.daemon.receiver import ReceiveChannel
+from slipstream.daemon.network_publication import NetworkPublication
+from slipstream.daemon.protocol_types import NO_DEADLINE, Address
 from slipstream.sim.events import PHASE_SERVICE, Timer
-from slipstream.sim.scenario import MULTICAST_GROUP, UNICAST_PORT
+from slipstream.sim.transport import VirtualTransports
 
 if TYPE_CHECKING:
     from slipstream.sim.runner import Simulation
 
 MESSAGE_HEADER: Final = struct.Struct("<II")  # publisher id, sequence number
 MESSAGE_TRAILER: Final = struct.Struct("<I")  # the sequence number again, in the last 4 bytes
-SEND_PORT_BASE: Final = 50000  # the publisher's ephemeral source port: base + incarnation
-#: DATA datagrams per ``datagrams_to_send`` call.  The driver sends 2 per duty cycle and cycles
-#: again at once; at one virtual instant a bigger batch is the same thing with fewer calls.
-SEND_BATCH: Final = 64
 #: Messages per subscriber poll (the client's fragment limit).
 POLL_LIMIT: Final = 4096
+#: Duty cycles in one service pass before it yields to other hosts at the same instant.
+MAX_CYCLES_PER_PASS: Final = 64
 #: Service passes at one virtual instant before the host is declared stuck (a core bug:
 #: ``next_deadline_ns() <= now`` forever).
 MAX_PASSES_AT_ONE_INSTANT: Final = 100_000
+#: Counter slots of a simulated driver (a few streams each).
+SIM_COUNTERS_CAPACITY: Final = 256
+_APP_KEY: Final = b"simulated-application"
 
 _OFFER_BACK_PRESSURED = -2
 _OFFER_NOT_CONNECTED = -1
@@ -73,6 +70,69 @@ _OFFER_ADMIN_ACTION = -3
 
 class SimulationStuck(RuntimeError):
     """A host kept asking to be serviced at the same virtual instant (a livelock)."""
+
+
+class SimDriver:
+    """One host incarnation's media driver, with its one application client connected.
+
+    ``command(message)`` is the control plane as a client sees it: the answer to a command
+    (an ERROR raises), while events for the client (images) go to ``on_message``.
+    """
+
+    def __init__(self, host: SimHost, directory: Path, settings: DriverSettings,
+                 rng: random.Random, on_message: Any) -> None:
+        directory.mkdir()
+        (directory / control.PUBLICATIONS_DIR).mkdir()
+        (directory / control.IMAGES_DIR).mkdir()
+        self.directory = directory
+        self.counters = CountersFile.create(directory / control.COUNTERS_FILE,
+                                            SIM_COUNTERS_CAPACITY)
+        self.transports = VirtualTransports(host)
+        self.conductor = DriverConductor(settings, directory, self.counters, rng=rng,
+                                         transports=self.transports)
+        network = self.conductor.network
+        assert network is not None
+        self.network = network
+        self._on_message = on_message
+        self._now_ns = host.sim.loop.now_ns
+        reply = self.command({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
+                              "pid": 0})
+        self._heartbeat = self.counters.address(reply["heartbeat_counter_id"])
+
+    def command(self, message: dict[str, Any]) -> dict[str, Any]:
+        message.setdefault("correlation_id", 1)
+        answer: dict[str, Any] | None = None
+        for _key, reply in self.conductor.on_command(_APP_KEY, message, self._now_ns):
+            if answer is None and reply.get("correlation_id") == message["correlation_id"] \
+                    and reply["type"] not in (control.AVAILABLE_IMAGE,
+                                              control.UNAVAILABLE_IMAGE):
+                answer = reply
+            else:
+                self._on_message(reply)
+        if answer is None or answer["type"] == control.ERROR:
+            raise RuntimeError(f"the simulated driver refused {message}: {answer}")
+        return answer
+
+    def do_work(self, now_ns: int) -> int:
+        """One duty cycle of each agent and the conductor; returns the work done."""
+        self._now_ns = now_ns
+        lib.ss_store_release_i64(self._heartbeat, now_ns)  # the client's keepalive
+        work = self.network.sender.do_work(now_ns) + self.network.receiver.do_work(now_ns)
+        conductor_work, out = self.conductor.do_work(now_ns)
+        for _key, message in out:
+            self._on_message(message)
+        return work + conductor_work + len(out)
+
+    def next_deadline_ns(self) -> int:
+        return min(self.network.sender.next_deadline_ns(),
+                   self.network.receiver.next_deadline_ns(),
+                   self.conductor.next_deadline_ns())
+
+    def close(self) -> None:
+        """Everything goes: transports, logs, counters, the directory."""
+        self.conductor.close(self._now_ns)
+        self.counters.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class SubscriberStats:
@@ -130,7 +190,8 @@ class SubscriberStats:
 
 
 class SimHost:
-    """One machine: address, up/down, service passes and timers.  Subclasses add roles."""
+    """One machine: address, up/down, a driver, service passes and timers.  Subclasses add the
+    application."""
 
     def __init__(self, sim: Simulation, index: int) -> None:
         self.sim = sim
@@ -138,30 +199,29 @@ class SimHost:
         self.ip = f"10.0.0.{index}"
         self.up = False
         self.incarnation = 0
-        self.counters = LocalCounters()  # across incarnations, for the report
-        self.source: Address = (self.ip, 0)
+        self.driver: SimDriver | None = None
+        #: System counters summed over the incarnations that ended (see :meth:`counters`).
+        self._past_counters: dict[str, int] = {}
         self._timer: Timer | None = None
         self._service_scheduled = False
         self._last_service_ns = -1
         self._passes_at_instant = 0
-        self._directory: Path | None = None
-        self._logs: list[LogBuffer] = []
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        """Boot (or reboot) with fresh protocol state."""
+        """Boot (or reboot) with a fresh driver."""
         if self.up:
             return
         self.incarnation += 1
         self.up = True
-        self._directory = self.sim.directory / f"host{self.index}-{self.incarnation}"
-        self._directory.mkdir()
         self.sim.network.set_up(self.ip, True)
+        self.driver = SimDriver(self, self.sim.directory / f"host{self.index}-{self.incarnation}",
+                                self.sim.settings, self.rng("driver"), self._on_message)
         self._start()
         self.wake()
 
     def crash(self) -> None:
-        """Lose everything: off the network, protocol objects and logs gone."""
+        """Lose everything: off the network, the driver and its logs gone."""
         if not self.up:
             return
         self.up = False
@@ -170,23 +230,31 @@ class SimHost:
             self._timer.cancel()
             self._timer = None
         self._stop()
-        self.close_logs()
+        self.close_driver()
 
-    def close_logs(self) -> None:
-        for log in self._logs:
-            path = log.path
-            log.close()
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-        self._logs = []
+    def close_driver(self) -> None:
+        driver = self.driver
+        if driver is None:
+            return
+        for name, value in self._system_counters(driver).items():
+            self._past_counters[name] = self._past_counters.get(name, 0) + value
+        self.driver = None
+        driver.close()
 
-    def _new_log(self, name: str, **kwargs: int) -> LogBuffer:
-        assert self._directory is not None
-        log = LogBuffer.create(self._directory / f"{name}.logbuffer", **kwargs)
-        self._logs.append(log)
-        return log
+    @staticmethod
+    def _system_counters(driver: SimDriver) -> dict[str, int]:
+        return {c.name: driver.counters.get(c) for c in SystemCounter if driver.counters.get(c)}
+
+    def counters(self) -> dict[str, int]:
+        """This host's system counters (Aeron's), summed over its incarnations."""
+        totals = dict(self._past_counters)
+        if self.driver is not None:
+            for name, value in self._system_counters(self.driver).items():
+                totals[name] = totals.get(name, 0) + value
+        return dict(sorted(totals.items()))
+
+    def counter(self, counter: SystemCounter) -> int:
+        return self.counters().get(counter.name, 0)
 
     def rng(self, purpose: str) -> random.Random:
         """A generator for this host incarnation, derived from the simulation seed."""
@@ -216,16 +284,15 @@ class SimHost:
         else:
             self._last_service_ns = now
             self._passes_at_instant = 0
-        send = self.sim.network.send
-        source = self.source
+        driver = self.driver
+        assert driver is not None
         deadline = now
-        for _ in range(64):
-            for datagram in self._work(now):
-                send(source, datagram.address, datagram.data)
-            deadline = self._deadline(now)
-            if deadline > now:
+        for _ in range(MAX_CYCLES_PER_PASS):
+            work = self._work(now) + driver.do_work(now)
+            deadline = min(driver.next_deadline_ns(), self._deadline(now))
+            if not work and deadline > now:
                 break
-        self._arm(deadline)
+        self._arm(now if work else deadline)
 
     def _arm(self, deadline: int) -> None:
         timer = self._timer
@@ -237,14 +304,17 @@ class SimHost:
         if deadline < NO_DEADLINE:
             self._timer = self.sim.loop.call_at(deadline, self._on_timer, PHASE_SERVICE)
 
-    # -- role hooks ---------------------------------------------------------------------------
+    # -- application hooks --------------------------------------------------------------------
     def _start(self) -> None:
         raise NotImplementedError
 
     def _stop(self) -> None:
         raise NotImplementedError
 
-    def _work(self, now_ns: int) -> list[Datagram]:
+    def _on_message(self, message: dict[str, Any]) -> None:
+        """An event from the driver to the application (images)."""
+
+    def _work(self, now_ns: int) -> int:
         raise NotImplementedError
 
     def _deadline(self, now_ns: int) -> int:
@@ -260,16 +330,14 @@ class PublisherHost(SimHost):
 
     def __init__(self, sim: Simulation, index: int) -> None:
         super().__init__(sim, index)
-        self.publication: NetworkPublication | None = None
-        self.send_channel: SendChannel | None = None
         self.log: LogBuffer | None = None
-        self.channel: Channel = parse_channel(sim.scenario.channel_uri(index))
-        self.settings: DriverSettings = sim.settings
+        self.uri = sim.scenario.channel_uri(index)
         #: ``(publisher id, first seq, end seq)`` per incarnation: what each one appended.
         self.ranges: list[list[int]] = []
         self.blocked = 0  # offers refused (back pressure / not connected)
-        self._limit = ffi.new("int64_t *")
-        self._appender = None
+        self._registration_id = 0
+        self._limit: Any = None
+        self._appender: Any = None
         self._message = bytearray(sim.scenario.size)
         self._message_c = ffi.from_buffer(self._message)
         self._blocked_at_limit: int | None = None
@@ -285,59 +353,41 @@ class PublisherHost(SimHost):
         """Every message of the scenario has been appended."""
         return self.next_seq >= self.sim.scenario.messages
 
+    @property
+    def publication(self) -> NetworkPublication | None:
+        """The driver's sender state of the stream (None while the host is down)."""
+        if self.driver is None:
+            return None
+        entry = self.driver.network.publications.get(self._registration_id)
+        return entry.publication if entry is not None else None
+
+    @property
+    def source(self) -> Address | None:
+        """The address the publication's datagrams come from."""
+        if self.driver is None or not self.driver.transports.send_transports:
+            return None
+        return self.driver.transports.send_transports[0].address
+
     def _start(self) -> None:
-        sim = self.sim
-        rng = self.rng("publication")
-        channel = self.channel
-        term_length = channel.term_length or self.settings.term_buffer_length
-        session_id = rng.randint(1001, 2**31 - 1)
-        log = self.log = self._new_log(
-            "publication", term_length=term_length,
-            initial_term_id=rng.randint(-2**31, 2**31 - 1), session_id=session_id,
-            stream_id=sim.scenario.stream_id, mtu=channel.mtu or self.settings.mtu_length,
-            correlation_id=self.incarnation,
-            term_window_length=self.settings.term_window_length(term_length))
-        self.source = (self.ip, SEND_PORT_BASE + self.incarnation)
-        group = channel.control_group
-        if group is not None:
-            destination: Address = MULTICAST_GROUP
-            control: Address | None = (group.host, group.port or MULTICAST_GROUP[1])
-        else:
-            destination = (sim.host_ip(2), UNICAST_PORT)
-            control = None
-        now = sim.loop.now_ns
-        self.publication = NetworkPublication(
-            log=log, channel=channel, settings=self.settings, publisher_limit=self._limit,
-            flow_control=flow_control_for(channel, self.settings), counters=self.counters,
-            now_ns=now, destination=destination)
-        self.send_channel = SendChannel(counters=self.counters)
-        self.send_channel.add_publication(self.publication)
-        sim.network.bind(self.source, self._on_datagram)
-        if control is not None:
-            sim.network.join(control, self.ip, self._on_datagram)
-        self._appender = new_appender(log, self._limit)
+        assert self.driver is not None
+        reply = self.driver.command({"type": control.ADD_PUBLICATION, "channel": self.uri,
+                                     "stream_id": self.sim.scenario.stream_id})
+        self._registration_id = reply["original_registration_id"]
+        self.log = LogBuffer(reply["log_file"])
+        self._limit = self.driver.counters.address(reply["publication_limit_counter_id"])
+        self._appender = new_appender(self.log, self._limit)
         self.ranges.append([self.incarnation, self.next_seq, self.next_seq])
         self._blocked_at_limit = None
-        self._start_ns = now
+        self._start_ns = self.sim.loop.now_ns
 
     def _stop(self) -> None:
-        net = self.sim.network
-        net.unbind(self.source)
-        if self.sim.scenario.is_multicast:
-            for group in list(net._groups):
-                net.leave(group, self.ip)
-        self.publication = None
-        self.send_channel = None
         self._appender = None
-        self.log = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
         if self._rate_timer is not None:
             self._rate_timer.cancel()
             self._rate_timer = None
-
-    def _on_datagram(self, data: bytes, source: Address, now_ns: int) -> None:
-        if self.send_channel is not None:
-            self.send_channel.on_datagram(data, source, now_ns)
-            self.wake()
 
     # -- the publisher application ----------------------------------------------------------
     def _allowed_end(self, now_ns: int) -> int:
@@ -349,15 +399,16 @@ class PublisherHost(SimHost):
         first = self.ranges[-1][1]
         return min(total, first + 1 + int((now_ns - self._start_ns) * rate / 1e9))
 
-    def _offer(self, now_ns: int) -> None:
+    def _work(self, now_ns: int) -> int:
+        """Offer what the limit allows; returns the messages appended."""
         rng_range = self.ranges[-1]
         end = self._allowed_end(now_ns)
-        seq = rng_range[2]
+        seq = first = rng_range[2]
         if seq >= end:
-            return
+            return 0
         limit = self._limit[0]
         if self._blocked_at_limit is not None and self._blocked_at_limit == limit:
-            return
+            return 0
         self._blocked_at_limit = None
         message = self._message
         message_c = self._message_c
@@ -384,9 +435,9 @@ class PublisherHost(SimHost):
         rng_range[2] = seq
         if seq < self.sim.scenario.messages and seq >= end and self._rate_timer is None:
             rate = self.sim.scenario.publish_rate
-            first = rng_range[1]
-            due = self._start_ns + int((seq - first) * 1e9 / rate)
+            due = self._start_ns + int((seq - rng_range[1]) * 1e9 / rate)
             self._rate_timer = self.sim.loop.call_at(max(due, now_ns + 1), self._on_rate_timer)
+        return seq - first
 
     @property
     def publisher_limit(self) -> int:
@@ -408,20 +459,11 @@ class PublisherHost(SimHost):
         self._rate_timer = None
         self.wake()
 
-    def _work(self, now_ns: int) -> list[Datagram]:
-        publication = self.publication
-        assert publication is not None
-        self._offer(now_ns)
-        return publication.datagrams_to_send(now_ns, SEND_BATCH)
-
     def _deadline(self, now_ns: int) -> int:
-        publication = self.publication
-        assert publication is not None
-        deadline = publication.next_deadline_ns()
         if (self._blocked_at_limit is not None and self._limit[0] != self._blocked_at_limit
                 and self.next_seq < self._allowed_end(now_ns)):
             return now_ns  # credit arrived: offer again
-        return deadline
+        return NO_DEADLINE
 
 
 class SubscriberHost(SimHost):
@@ -430,76 +472,42 @@ class SubscriberHost(SimHost):
     def __init__(self, sim: Simulation, index: int) -> None:
         super().__init__(sim, index)
         self.stats = SubscriberStats(sim.scenario.messages)
-        self.channel: Channel = parse_channel(sim.scenario.channel_uri(index))
-        self.receive_channel: ReceiveChannel | None = None
-        #: session id -> (protocol image, client reader, position cell)
-        self.readers: dict[int, tuple[object, Image, object]] = {}
+        self.uri = sim.scenario.channel_uri(index)
+        #: session id -> (image registration id, client reader, position cell)
+        self.readers: dict[int, tuple[int, Image, Any]] = {}
         self.images_seen = 0
-        self.images_lost = 0  # ImageUnavailable events
+        self.images_lost = 0  # UNAVAILABLE_IMAGE events
         self.unavailable_at_ns: list[int] = []
 
     def _start(self) -> None:
-        sim = self.sim
         if self.incarnation == 1:
-            self.stats.expected_from = sim.publisher.next_seq
-        rng = self.rng("receiver")
-        port = MULTICAST_GROUP[1] if sim.scenario.is_multicast else UNICAST_PORT
-        self.source = (self.ip, port)
-        self.receive_channel = ReceiveChannel(
-            channel=self.channel, settings=sim.settings, receiver_id=rng.getrandbits(63),
-            counters=self.counters, log_factory=self._log_factory, now_ns=sim.loop.now_ns,
-            rng=rng)
-        self.receive_channel.add_subscription(sim.scenario.stream_id)
-        if sim.scenario.is_multicast:
-            sim.network.join(MULTICAST_GROUP, self.ip, self._on_datagram)
-        else:
-            sim.network.bind(self.source, self._on_datagram)
-
-    def _log_factory(self, setup: Setup) -> LogBuffer:
-        count = (setup.active_term_id - setup.initial_term_id) & 0xFFFFFFFF
-        self.images_seen += 1
-        return self._new_log(
-            f"image-{setup.session_id}-{self.images_seen}", term_length=setup.term_length,
-            initial_term_id=setup.initial_term_id, session_id=setup.session_id,
-            stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=self.images_seen,
-            initial_term_count=count - (1 << 32) if count >= 1 << 31 else count,
-            initial_term_offset=setup.term_offset)
+            self.stats.expected_from = self.sim.publisher.next_seq
+        assert self.driver is not None
+        self.driver.command({"type": control.ADD_SUBSCRIPTION, "channel": self.uri,
+                             "stream_id": self.sim.scenario.stream_id})
 
     def _stop(self) -> None:
-        net = self.sim.network
-        if self.sim.scenario.is_multicast:
-            net.leave(MULTICAST_GROUP, self.ip)
-        else:
-            net.unbind(self.source)
-        self.receive_channel = None
+        for _registration_id, reader, _cell in self.readers.values():
+            reader._close()
         self.readers = {}
 
-    def _on_datagram(self, data: bytes, source: Address, now_ns: int) -> None:
-        receive_channel = self.receive_channel
-        if receive_channel is not None:
-            receive_channel.on_datagram(data, source, now_ns)
-            if not self._service_scheduled:
-                self.wake()
-
-    def _events(self, now_ns: int) -> None:
-        assert self.receive_channel is not None
-        for event in self.receive_channel.poll_events():
-            image = event.image
-            session = image.session_id  # type: ignore[attr-defined]
-            if isinstance(event, ImageAvailable):
-                join = image.join_position  # type: ignore[attr-defined]
-                cell = ffi.new("int64_t *", join)
-                reader = Image(image.log, cell, join_position=join)  # type: ignore[attr-defined]
-                image.add_subscriber_position(cell)  # type: ignore[attr-defined]
-                self.readers[session] = (image, reader, cell)
-            elif isinstance(event, ImageUnavailable):
-                entry = self.readers.get(session)
-                if entry is not None and entry[0] is image:
-                    self._drain(entry[1])
-                    image.remove_subscriber_position(entry[2])  # type: ignore[attr-defined]
+    def _on_message(self, message: dict[str, Any]) -> None:
+        if message["type"] == control.AVAILABLE_IMAGE:
+            assert self.driver is not None
+            self.images_seen += 1
+            cell = self.driver.counters.address(message["subscriber_position_counter_id"])
+            reader = Image(LogBuffer(message["log_file"]), cell,
+                           join_position=message["join_position"],
+                           correlation_id=message["correlation_id"])
+            self.readers[message["session_id"]] = (message["correlation_id"], reader, cell)
+        elif message["type"] == control.UNAVAILABLE_IMAGE:
+            for session, (registration_id, reader, _cell) in list(self.readers.items()):
+                if registration_id == message["correlation_id"]:
+                    self._drain(reader)
+                    reader._close()
                     del self.readers[session]
-                self.images_lost += 1
-                self.unavailable_at_ns.append(now_ns)
+            self.images_lost += 1
+            self.unavailable_at_ns.append(self.sim.loop.now_ns)
 
     def _drain(self, reader: Image) -> None:
         on_message = self.stats.on_message
@@ -507,26 +515,22 @@ class SubscriberHost(SimHost):
             if not reader.poll(on_message, POLL_LIMIT):
                 break
 
-    def _work(self, now_ns: int) -> list[Datagram]:
-        receive_channel = self.receive_channel
-        assert receive_channel is not None
-        self._events(now_ns)
+    def _work(self, now_ns: int) -> int:
         on_message = self.stats.on_message
-        for _image, reader, cell in self.readers.values():
-            before = cell[0]
+        moved = 0
+        for _registration_id, reader, cell in self.readers.values():
+            before = start = cell[0]
             while True:  # until the reader stops moving (padding moves it without messages)
                 reader.poll(on_message, POLL_LIMIT)
                 position = cell[0]
                 if position == before:
                     break
                 before = position
-        out = receive_channel.datagrams_to_send(now_ns)
-        self._events(now_ns)
-        return out
+            moved += position != start
+        return moved
 
     def _deadline(self, now_ns: int) -> int:
-        assert self.receive_channel is not None
-        return self.receive_channel.next_deadline_ns()
+        return NO_DEADLINE
 
     def position_of(self, session_id: int) -> int | None:
         """This subscriber's position in the image of ``session_id`` (None: no image)."""

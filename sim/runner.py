@@ -103,7 +103,7 @@ class Simulation:
     def close(self) -> None:
         """Unmap and delete every log."""
         for host in self.hosts:
-            host.close_logs()
+            host.close_driver()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     @staticmethod
@@ -162,7 +162,8 @@ class Simulation:
 
     def _on_network_event(self, now_ns: int, event: str, source: Address,
                           destination: Address, data: bytes) -> None:
-        if not event.startswith("drop") or source != self.publisher.source or len(data) < 32:
+        if (not event.startswith("drop") or source != self.publisher.source
+                or len(data) < 32):
             return
         (_length, _version, _flags, kind, term_offset, _session, _stream,
          term_id) = _DATA_HEADER.unpack_from(data)
@@ -220,16 +221,15 @@ class Simulation:
         virtual = self.loop.now_ns / 1e9
         stats = [sub.stats for sub in self.subscribers]
         mean_bytes = sum(s.delivered_bytes for s in stats) / max(1, len(stats))
-        counters = {host.ip: host.counters.snapshot() for host in self.hosts}
+        counters = {host.ip: host.counters() for host in self.hosts}
         return Report(
             sent=sent,
             delivered=[s.delivered for s in stats],
             duplicates=[s.duplicates for s in stats],
             out_of_order=[s.out_of_order for s in stats],
             missing=[s.missing(ranges) for s in stats],
-            naks=sum(h.counters.values.get(SystemCounter.NAK_MESSAGES_SENT, 0)
-                     for h in self.subscribers),
-            retransmits=pub.counters.values.get(SystemCounter.RETRANSMITS_SENT, 0),
+            naks=sum(h.counter(SystemCounter.NAK_MESSAGES_SENT) for h in self.subscribers),
+            retransmits=pub.counter(SystemCounter.RETRANSMITS_SENT),
             virtual_seconds=virtual,
             wall_seconds=self.wall_seconds,
             goodput=mean_bytes / virtual if virtual > 0 else 0.0,

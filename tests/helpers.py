@@ -14,3 +14,22 @@ def wait_for(predicate: Callable[[], object], timeout: float = 5.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout} s")
         time.sleep(0.01)
+
+
+def data_datagrams(publication, now_ns: int, budget: int = 64) -> list:
+    """What the C data path sends of ``publication`` now (``ss_send_data`` with no socket),
+    as Datagrams copied out of its log, as the simulator's transport does.  The caller tells
+    the publication (``on_data_sent``), as the sender agent does."""
+    from slipstream.daemon._network import ffi as network_ffi
+    from slipstream.daemon._network import lib as network
+    from slipstream.daemon.protocol_types import Datagram
+
+    spans = network_ffi.new("ss_span_t[]", budget)
+    sent = network.ss_send_data(publication.c, now_ns, budget, spans)
+    view = publication.log.view
+    out = []
+    for i in range(max(sent, 0)):
+        offset = spans[i].log_offset
+        out.append(Datagram(bytes(view[offset:offset + spans[i].length]),
+                            publication.destination))
+    return out

@@ -1,4 +1,8 @@
-"""NetworkPublication on its own: frames in, datagrams out, limits and states."""
+"""NetworkPublication on its own: frames in, datagrams out, limits and states.
+
+The data goes out through the C data path (``ss_send_data`` with no socket), as the sender
+agent runs it: :func:`send` is one data send, :func:`cycle` one duty cycle of this publication.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import data_datagrams
 
-from slipstream.client._native import ffi, lib
+from slipstream.client._native import lib
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
@@ -30,6 +35,7 @@ from slipstream.daemon.network_publication import (
     NetworkPublication,
     PublicationState,
     SendChannel,
+    SenderPositions,
 )
 from slipstream.daemon.protocol_types import LocalCounters
 
@@ -43,14 +49,28 @@ def make(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", **settings):
     log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=TERM,
                            initial_term_id=10, session_id=5, stream_id=6, mtu=1408,
                            correlation_id=1)
-    limit = ffi.new("int64_t *")
+    positions = SenderPositions.in_process()
+    limit = positions.publisher_limit
     channel = parse_channel(uri)
     s = DriverSettings(**settings)
     counters = LocalCounters()
-    pub = NetworkPublication(log=log, channel=channel, settings=s, publisher_limit=limit,
+    pub = NetworkPublication(log=log, channel=channel, settings=s, positions=positions,
                              flow_control=flow_control_for(channel, s), counters=counters,
                              now_ns=0, destination=DEST)
     return pub, log, limit, new_appender(log, limit), counters
+
+
+def send(pub: NetworkPublication, now_ns: int, budget: int = 64) -> list:
+    """One C data send, then the publication hears of it (as the sender agent does)."""
+    out = data_datagrams(pub, now_ns, budget)
+    if out:
+        pub.on_data_sent(now_ns)
+    return out
+
+
+def cycle(pub: NetworkPublication, now_ns: int) -> list:
+    """One duty cycle of the sender agent for this publication: data, then control."""
+    return send(pub, now_ns) + pub.datagrams_to_send(now_ns)
 
 
 def sm(offset: int = 0, window: int = 32 * 1024, flags: int = 0, term_id: int = 10):
@@ -87,13 +107,14 @@ def test_data_batched_to_mtu_and_budget(shm: Path) -> None:
     pub, _log, _limit, appender, counters = make(shm)
     pub.on_frame(sm(window=TERM // 2), DEST, 0)
     pub.datagrams_to_send(0)
+    assert not pub.has_data_ready()
     for _ in range(40):
         assert lib.ss_offer(appender, b"m" * 100, 100) > 0  # 160 B frames
-    assert pub.next_deadline_ns() == 0  # data ready: now
-    out = pub.datagrams_to_send(1, max_datagrams=2)
+    assert pub.has_data_ready()
+    out = send(pub, 1, budget=2)
     assert [len(d.data) for d in out] == [1280, 1280]  # 8 frames of 160 per 1408 MTU
     assert pub.sender_position == 2560
-    out = pub.datagrams_to_send(2, max_datagrams=100)
+    out = send(pub, 2)
     assert sum(len(d.data) for d in out) == 40 * 160 - 2560
     decoded = decode_datagram(out[0].data)
     assert all(isinstance(f, Data) for f in decoded)
@@ -105,10 +126,11 @@ def test_sender_stops_at_limit(shm: Path) -> None:
     pub.on_frame(sm(window=1000), DEST, 0)
     for _ in range(20):
         lib.ss_offer(appender, b"m" * 100, 100)
-    pub.datagrams_to_send(0, max_datagrams=100)
+    send(pub, 0)
     assert pub.sender_position == 960  # 6 frames: the 7th would pass 1000
+    assert not pub.has_data_ready()
     pub.on_frame(sm(offset=960, window=1000), DEST, 1)
-    pub.datagrams_to_send(1, max_datagrams=100)
+    send(pub, 1)
     assert pub.sender_position == 1920
 
 
@@ -121,7 +143,7 @@ def test_pad_sent_as_header_and_position_jumps(shm: Path) -> None:
         if lib.ss_offer(appender, b"p" * 1000, 1000) > 0:
             sent += 1
         t += 1
-        for f in pub.datagrams_to_send(t, max_datagrams=64):
+        for f in cycle(pub, t):
             if isinstance(decode(f.data), Pad):
                 assert len(f.data) == 32
         pub.on_frame(sm(offset=pub.sender_position % TERM,
@@ -133,7 +155,7 @@ def test_nak_resend_and_rttm_reply(shm: Path) -> None:
     pub, _log, _limit, appender, counters = make(shm)
     pub.on_frame(sm(), DEST, 0)
     lib.ss_offer(appender, b"a" * 100, 100)
-    pub.datagrams_to_send(0)
+    cycle(pub, 0)
     pub.on_frame(Nak(5, 6, 10, 0, 160), DEST, 1)
     assert pub.next_deadline_ns() == 1
     out = pub.datagrams_to_send(1)
@@ -150,7 +172,7 @@ def test_connection_timeout_makes_not_connected(shm: Path) -> None:
     pub, log, limit, appender, _ = make(shm)
     pub.on_frame(sm(), DEST, 0)
     lib.ss_offer(appender, b"a" * 100, 100)
-    pub.datagrams_to_send(0)
+    cycle(pub, 0)
     assert limit[0] == TERM // 2
     deadline = pub.next_deadline_ns()
     assert deadline <= 5000 * MS + 1
@@ -166,7 +188,7 @@ def test_close_drain_eos_linger_done(shm: Path) -> None:
     assert lib.ss_offer(appender, b"a" * 100, 100) > 0
     pub.close(0)
     assert pub.state is PublicationState.DRAINING
-    pub.datagrams_to_send(0)
+    cycle(pub, 0)
     assert pub.state is PublicationState.LINGER
     out = frames(pub.datagrams_to_send(100 * MS))
     assert out == [Heartbeat(160, 5, 6, 10, 0xE0)]

@@ -1,4 +1,6 @@
-"""PublicationImage and ReceiveChannel on their own: raw datagrams in, SMs/NAKs out."""
+"""PublicationImage and ReceiveChannel on their own: raw datagrams in (through the C data
+path, as the socket path does), SMs/NAKs out.  The test plays the conductor's part: it makes
+the log of each image the channel asks for (:func:`attach`)."""
 
 from __future__ import annotations
 
@@ -24,9 +26,14 @@ from slipstream.client.frames import (
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.loss_detector import OptimalMulticastDelayGenerator, StaticDelayGenerator
-from slipstream.daemon.protocol_types import ImageAvailable, ImageUnavailable, LocalCounters
-from slipstream.daemon.publication_image import ImageState
-from slipstream.daemon.receiver import ReceiveChannel
+from slipstream.daemon.protocol_types import LocalCounters
+from slipstream.daemon.publication_image import ImagePositions, ImageState
+from slipstream.daemon.receiver import (
+    ImageDone,
+    ImageRequested,
+    ImageUnavailable,
+    ReceiveChannel,
+)
 
 MS = 1_000_000
 US = 1_000
@@ -34,20 +41,17 @@ TERM = 64 * 1024
 SRC = ("10.0.0.1", 5555)
 
 
+class ChannelWithLogs(ReceiveChannel):
+    """A receive channel that knows where the test keeps its image logs."""
+
+    log_directory: Path
+
+
 def receive_channel(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", **settings):
     counters = LocalCounters()
-
-    def factory(setup: Setup) -> LogBuffer:
-        return LogBuffer.create(
-            shm / f"{uuid.uuid4().hex}.log", term_length=setup.term_length,
-            initial_term_id=setup.initial_term_id, session_id=setup.session_id,
-            stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=1,
-            initial_term_count=setup.active_term_id - setup.initial_term_id,
-            initial_term_offset=setup.term_offset)
-
-    rc = ReceiveChannel(channel=parse_channel(uri), settings=DriverSettings(**settings),
-                        receiver_id=7, counters=counters, log_factory=factory, now_ns=0,
-                        rng=random.Random(1))
+    rc = ChannelWithLogs(channel=parse_channel(uri), settings=DriverSettings(**settings),
+                            receiver_id=7, counters=counters, now_ns=0, rng=random.Random(1))
+    rc.log_directory = shm
     rc.add_subscription(2)
     return rc, counters
 
@@ -60,19 +64,28 @@ def data(offset: int, payload: bytes = b"x" * 32, term_id: int = 100) -> bytes:
     return Data(offset, 1, 2, term_id, payload).encode()
 
 
-def attach(rc: ReceiveChannel):
+def attach(rc: ChannelWithLogs, now_ns: int = 0):
+    """The conductor's answer to the channel's one image request, with one subscriber."""
     [event] = rc.poll_events()
-    assert isinstance(event, ImageAvailable)
-    image = event.image
+    assert isinstance(event, ImageRequested)
+    setup = event.setup
+    log = LogBuffer.create(
+        rc.log_directory / f"{uuid.uuid4().hex}.log", term_length=setup.term_length,
+        initial_term_id=setup.initial_term_id, session_id=setup.session_id,
+        stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=1,
+        initial_term_count=setup.active_term_id - setup.initial_term_id,
+        initial_term_offset=setup.term_offset)
+    image = rc.new_image(event, log, ImagePositions.in_process(), now_ns)
     cell = ffi.new("int64_t *", image.join_position)
     image.add_subscriber_position(cell)
+    rc.add_image(image)
     return image, cell
 
 
 def test_setup_creates_image_and_first_sm_at_once(shm: Path) -> None:
     rc, _counters = receive_channel(shm)
     rc.on_datagram(setup(active=101, offset=1024), SRC, 5)
-    image, _ = attach(rc)
+    image, _ = attach(rc, now_ns=5)
     assert image.state is ImageState.ACTIVE
     assert image.join_position == TERM + 1024
     assert rc.next_deadline_ns() == 5
@@ -155,6 +168,7 @@ def test_heartbeat_eos_then_draining_with_eos_sm_then_unavailable(shm: Path) -> 
     image.remove_subscriber_position(cell)
     rc.datagrams_to_send(t + 1)
     assert image.state is ImageState.DONE and not rc.images
+    assert [type(e) for e in rc.poll_events()] == [ImageDone]
     rc.on_datagram(setup(), SRC, t + 2)  # cooling down
     assert rc.poll_events() == []
 

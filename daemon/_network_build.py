@@ -1,0 +1,32 @@
+"""cffi API-mode build of slipstream.daemon._network, the driver's network data path (run by
+setup.py at install time).  It compiles native.c in as well, for the log-buffer scans."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+CLIENT = HERE.parent / "client"
+
+
+def _native_build():  # the client's build module, for its header-to-cdef rule
+    spec = importlib.util.spec_from_file_location("_native_build", CLIENT / "_native_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_native_build().cdef_from_header((HERE / "network.h").read_text()))
+ffibuilder.set_source(
+    "slipstream.daemon._network",
+    '#include "native.h"\n#include "network.h"',
+    sources=[os.path.relpath(HERE / "network.c"), os.path.relpath(CLIENT / "native.c")],
+    include_dirs=[str(HERE), str(CLIENT)],
+    extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,67 @@
+"""Cleaning a log behind its consumers, so that partitions can be reused (PROTOCOL.md §2.7).
+
+Term n reuses the partition of term n - 3, and writers (a publisher appending, a receiver
+rebuilding) must find it zeroed.  The cleaner zeroes toward a target one term behind the
+slowest consumer, at most ``chunk_length`` bytes per call, so that one duty cycle never holds
+its thread for the tens of milliseconds a whole large term takes; the next call continues.
+
+:meth:`LogCleaner.reusable_limit` is the rule that makes any chunk size safe: the highest
+position a writer may be allowed to reach is the cleaned position rounded up to a term boundary
+plus two terms.  A writer below that limit may claim up to the end of the limit's term and
+rotate into the next, and a reader scans on until it finds a zero frame length, at the start of
+that next term too; so every partition a writer can reach must already be clean, not only the
+bytes below the limit, or a reader would take the old frames behind the tail for new ones.  In
+steady state (cleaning one term behind the consumer) the rule never binds; it does while
+cleaning lags.  Positions and lengths in bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer
+
+#: Bytes zeroed per call: a whole 64 MiB term at once holds a thread for tens of milliseconds,
+#: while 1 MiB takes well under one.
+CLEAN_CHUNK_LENGTH: Final = 1 << 20
+
+
+class LogCleaner:
+    """Zeroes ``log`` from ``position`` toward the targets it is given, a chunk per call."""
+
+    __slots__ = ("chunk_length", "log", "position", "target")
+
+    def __init__(self, log: LogBuffer, position: int,
+                 chunk_length: int = CLEAN_CHUNK_LENGTH) -> None:
+        self.log = log
+        self.position = position  # where the log starts: below, nothing was ever written
+        self.target = position
+        self.chunk_length = chunk_length
+
+    def clean_toward(self, consumer_position: int) -> bool:
+        """Zero up to one chunk toward one term behind ``consumer_position``; True when it
+        zeroed something (the caller may want another call soon: see :attr:`is_behind`)."""
+        target = consumer_position - self.log.term_length
+        self.target = target
+        if target <= self.position:
+            return False
+        term_end = (self.position | (self.log.term_length - 1)) + 1
+        end = min(target, term_end, self.position + self.chunk_length)
+        self.log.clean(self.position, end - self.position)
+        self.position = end
+        return True
+
+    def hold(self) -> None:
+        """Nothing to clean for until consumers move again (the last consumer left)."""
+        self.target = self.position
+
+    @property
+    def is_behind(self) -> bool:
+        """The last call left cleanable bytes for the next."""
+        return self.position < self.target
+
+    def reusable_limit(self) -> int:
+        """The highest limit partition reuse allows writers (see the module docstring)."""
+        term_length = self.log.term_length
+        cleaned_terms_end = (self.position + term_length - 1) & ~(term_length - 1)
+        return cleaned_terms_end + (PARTITION_COUNT - 1) * term_length

@@ -1,0 +1,312 @@
+/* slipstream's network data path; see network.h for the contracts. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "native.h"
+#include "network.h"
+
+#define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define RECV_BATCH_MAX 64
+
+static inline void count(int64_t *counter, int64_t delta) {
+    if (counter != NULL) __atomic_fetch_add(counter, delta, __ATOMIC_RELAXED);
+}
+
+static inline int32_t read_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* ------------------------------------------------------------------------------- sender */
+
+int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datagrams,
+                     ss_span_t *spans) {
+    if (max_datagrams > SS_SEND_BATCH_MAX) max_datagrams = SS_SEND_BATCH_MAX;
+    const int64_t start = LOAD_ACQ(p->sender_position); /* this thread is its only writer */
+    int64_t position = start;
+    const int64_t limit = LOAD_ACQ(p->sender_limit);
+    const int32_t mask = p->term_length - 1;
+    int32_t n = 0;
+    while (n < max_datagrams && position < limit) {
+        int32_t index = (int32_t)((position >> p->position_bits) % SS_PARTITION_COUNT);
+        int32_t offset = (int32_t)(position & mask);
+        int64_t window = limit - position;
+        int32_t max_length = window < p->mtu ? (int32_t)window : p->mtu;
+        int32_t padding = 0;
+        int32_t available = ss_scan_for_availability(p->log + (int64_t)index * p->term_length,
+                                                     offset, max_length, p->term_length, &padding);
+        if (available <= 0) break;
+        spans[n].log_offset = (int64_t)index * p->term_length + offset;
+        spans[n].length = available;
+        spans[n].padding = padding;
+        n++;
+        position += (int64_t)available + padding;
+    }
+    if (n == 0) return 0;
+    int32_t sent = n;
+    if (p->fd >= 0) {
+        struct mmsghdr messages[SS_SEND_BATCH_MAX];
+        struct iovec vectors[SS_SEND_BATCH_MAX];
+        memset(messages, 0, sizeof(struct mmsghdr) * (size_t)n);
+        for (int32_t i = 0; i < n; i++) {
+            vectors[i].iov_base = p->log + spans[i].log_offset;
+            vectors[i].iov_len = (size_t)spans[i].length;
+            messages[i].msg_hdr.msg_iov = &vectors[i];
+            messages[i].msg_hdr.msg_iovlen = 1;
+            if (p->destination_length > 0) {
+                messages[i].msg_hdr.msg_name = p->destination;
+                messages[i].msg_hdr.msg_namelen = (socklen_t)p->destination_length;
+            }
+        }
+        int rc = sendmmsg(p->fd, messages, (unsigned int)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (rc < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
+                count(p->short_sends, 1);
+                return 0;
+            }
+            /* ECONNREFUSED (an ICMP error of an earlier datagram, reported once), unreachable
+             * networks, ...: nothing was sent; the next duty cycle tries again. */
+            p->last_errno = errno;
+            count(p->send_errors, 1);
+            return -1;
+        }
+        sent = rc;
+        if (sent < n) count(p->short_sends, 1);
+    }
+    int64_t sent_position = start;
+    int64_t bytes = 0;
+    for (int32_t i = 0; i < sent; i++) {
+        sent_position += (int64_t)spans[i].length + spans[i].padding;
+        bytes += spans[i].length;
+    }
+    STORE_REL(p->sender_position, sent_position);
+    p->time_of_last_send_ns = now_ns;
+    count(p->bytes_sent, bytes);
+    return sent;
+}
+
+/* ----------------------------------------------------------------------------- receiver */
+
+static inline uint32_t slot_of(int32_t session_id, int32_t stream_id, int32_t mask) {
+    uint64_t key = ((uint64_t)(uint32_t)session_id << 32) | (uint32_t)stream_id;
+    key *= 0x9E3779B97F4A7C15ULL; /* Fibonacci hashing: session ids are often sequential */
+    return (uint32_t)(key >> 32) & (uint32_t)mask;
+}
+
+int32_t ss_receiver_set_images(ss_receiver_t *r, ss_image_t **images, int32_t count_) {
+    for (int32_t i = 0; i <= r->slot_mask; i++) r->slots[i] = NULL;
+    for (int32_t i = 0; i < count_; i++) {
+        ss_image_t *image = images[i];
+        uint32_t slot = slot_of(image->session_id, image->stream_id, r->slot_mask);
+        while (r->slots[slot] != NULL) {
+            if (r->slots[slot]->session_id == image->session_id &&
+                r->slots[slot]->stream_id == image->stream_id) return -1;
+            slot = (slot + 1) & (uint32_t)r->slot_mask;
+        }
+        r->slots[slot] = image;
+    }
+    return 0;
+}
+
+ss_image_t *ss_receiver_find_image(const ss_receiver_t *r, int32_t session_id, int32_t stream_id) {
+    uint32_t slot = slot_of(session_id, stream_id, r->slot_mask);
+    for (;;) {
+        ss_image_t *image = r->slots[slot];
+        if (image == NULL) return NULL;
+        if (image->session_id == session_id && image->stream_id == stream_id) return image;
+        slot = (slot + 1) & (uint32_t)r->slot_mask;
+    }
+}
+
+static int is_subscribed(const ss_receiver_t *r, int32_t stream_id) {
+    for (int32_t i = 0; i < r->stream_count; i++) {
+        if (r->streams[i] == stream_id) return 1;
+    }
+    return 0;
+}
+
+/* The address part of a struct sockaddr (family, port, address; not padding or scope). */
+static int same_source(const uint8_t *a, int32_t a_length, const uint8_t *b, int32_t b_length) {
+    if (a_length < 2 || b_length < 2) return 0;
+    sa_family_t family_a, family_b;
+    memcpy(&family_a, a, sizeof family_a);
+    memcpy(&family_b, b, sizeof family_b);
+    if (family_a != family_b) return 0;
+    if (family_a == AF_INET) {
+        if (a_length < (int32_t)sizeof(struct sockaddr_in) ||
+            b_length < (int32_t)sizeof(struct sockaddr_in)) return 0;
+        const struct sockaddr_in *x = (const struct sockaddr_in *)(const void *)a;
+        const struct sockaddr_in *y = (const struct sockaddr_in *)(const void *)b;
+        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    if (family_a == AF_INET6) {
+        if (a_length < (int32_t)sizeof(struct sockaddr_in6) ||
+            b_length < (int32_t)sizeof(struct sockaddr_in6)) return 0;
+        const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)(const void *)a;
+        const struct sockaddr_in6 *y = (const struct sockaddr_in6 *)(const void *)b;
+        return x->sin6_port == y->sin6_port &&
+               memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr) == 0;
+    }
+    return 0;
+}
+
+/* Every frame of a DATA datagram: version 0, type DATA, 32 <= frame_length, aligned frames
+ * that tile the datagram exactly, and the same session, stream and term with term offsets
+ * that follow the first.  A heartbeat (frame_length 0) is exactly one 32-byte header. */
+static int valid_data_frames(const uint8_t *data, int32_t length, int32_t term_offset) {
+    const int32_t session_id = read_i32(data + 12), stream_id = read_i32(data + 16);
+    const int32_t term_id = read_i32(data + 20);
+    int64_t offset = 0;
+    while (offset < length) {
+        const uint8_t *frame = data + offset;
+        if (length - offset < SS_HEADER_LENGTH) return 0;
+        int32_t frame_length = read_i32(frame);
+        if (frame[4] != 0 || read_u16(frame + 6) != SS_HDR_TYPE_DATA) return 0;
+        if (frame_length < SS_HEADER_LENGTH) return 0;
+        int64_t aligned = ((int64_t)frame_length + (SS_FRAME_ALIGNMENT - 1)) & ~(int64_t)(SS_FRAME_ALIGNMENT - 1);
+        if (offset + aligned > length) return 0;
+        if (read_i32(frame + 8) != (int64_t)term_offset + offset || read_i32(frame + 12) != session_id ||
+            read_i32(frame + 16) != stream_id || read_i32(frame + 20) != term_id) return 0;
+        offset += aligned;
+    }
+    return 1;
+}
+
+/* aeron_publication_image_insert_packet: the over-run, under-run and heartbeat rules of
+ * PROTOCOL.md §3.2, then the copy into the term (body first, header last). */
+static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *data, int32_t length,
+                          int32_t frame_length, uint16_t type, uint8_t flags, int32_t term_id,
+                          int32_t term_offset, int64_t now_ns) {
+    int32_t term_count = (int32_t)((uint32_t)term_id - (uint32_t)image->initial_term_id);
+    if (term_count < 0) return; /* a term before the initial term */
+    int64_t position = ((int64_t)term_count << image->position_bits) + term_offset;
+    if (type == SS_HDR_TYPE_DATA && frame_length == 0) {
+        int64_t floor = image->last_sm_position - image->term_length;
+        if (position >= (floor > 0 ? floor : 0)) {
+            count(r->counters.heartbeats_received, 1);
+            image->time_of_last_packet_ns = now_ns;
+            if (position > LOAD_ACQ(image->receiver_hwm)) {
+                STORE_REL(image->receiver_hwm, position);
+                image->dirty = 1;
+            }
+            if ((flags & 0x20) && image->eos_position < 0) {
+                image->eos_position = position;
+                image->dirty = 1;
+            }
+        }
+        return;
+    }
+    if (position + length > image->overrun_threshold) {
+        count(r->counters.flow_control_over_runs, 1);
+        return;
+    }
+    if (position < image->last_sm_position) {
+        count(r->counters.flow_control_under_runs, 1);
+        return;
+    }
+    image->time_of_last_packet_ns = now_ns;
+    uint8_t *term = image->log + (int64_t)(term_count % SS_PARTITION_COUNT) * image->term_length;
+    ss_rebuild_insert(term, term_offset, data, length);
+    ss_signal((int32_t *)(image->meta + SS_META_READER_SIGNAL),
+              (const int32_t *)(image->meta + SS_META_READER_WAITERS));
+    /* A PAD header stands for the rest of its term. */
+    int64_t proposed = position + (type == SS_HDR_TYPE_PAD ? frame_length : length);
+    if (proposed > LOAD_ACQ(image->receiver_hwm)) STORE_REL(image->receiver_hwm, proposed);
+    image->dirty = 1;
+}
+
+int32_t ss_receiver_on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
+                                const uint8_t *source, int32_t source_length, int64_t now_ns) {
+    if (length < 8 || data[4] != 0) {
+        count(r->counters.invalid_packets, 1);
+        return SS_RX_CONSUMED;
+    }
+    uint16_t type = read_u16(data + 6);
+    if (type != SS_HDR_TYPE_DATA && type != SS_HDR_TYPE_PAD) return SS_RX_TO_PYTHON;
+    if (length < SS_HEADER_LENGTH) {
+        count(r->counters.invalid_packets, 1);
+        return SS_RX_CONSUMED;
+    }
+    int32_t frame_length = read_i32(data);
+    uint8_t flags = data[5];
+    int32_t term_offset = read_i32(data + 8);
+    int32_t session_id = read_i32(data + 12), stream_id = read_i32(data + 16);
+    int32_t term_id = read_i32(data + 20);
+    ss_image_t *image = ss_receiver_find_image(r, session_id, stream_id);
+    if (image == NULL) {
+        /* A session we have no image of: Python elicits a SETUP if the stream is wanted. */
+        if (type == SS_HDR_TYPE_DATA && !(flags & 0x20) && is_subscribed(r, stream_id))
+            return SS_RX_TO_PYTHON;
+        return SS_RX_CONSUMED;
+    }
+    const int64_t term_length = image->term_length;
+    int valid = term_offset >= 0 && (term_offset & (SS_FRAME_ALIGNMENT - 1)) == 0 &&
+                (int64_t)term_offset + length <= term_length;
+    if (valid && type == SS_HDR_TYPE_PAD) {
+        valid = length == SS_HEADER_LENGTH && frame_length >= SS_HEADER_LENGTH &&
+                (frame_length & (SS_FRAME_ALIGNMENT - 1)) == 0 &&
+                (int64_t)term_offset + frame_length <= term_length;
+    } else if (valid && frame_length == 0) {
+        valid = length == SS_HEADER_LENGTH; /* a heartbeat */
+    } else if (valid) {
+        valid = valid_data_frames(data, length, term_offset);
+    }
+    if (!valid) {
+        count(r->counters.invalid_packets, 1);
+        return SS_RX_CONSUMED;
+    }
+    if (image->source_length > 0 &&
+        !same_source(image->source, image->source_length, source, source_length)) {
+        count(r->counters.foreign_source_drops, 1);
+        return SS_RX_CONSUMED;
+    }
+    count(r->counters.bytes_received, length);
+    insert_packet(r, image, data, length, frame_length, type, flags, term_id, term_offset, now_ns);
+    return SS_RX_CONSUMED;
+}
+
+int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *to_python,
+                         int32_t *to_python_count) {
+    struct mmsghdr messages[RECV_BATCH_MAX];
+    struct iovec vectors[RECV_BATCH_MAX];
+    int32_t batch = r->batch < RECV_BATCH_MAX ? r->batch : RECV_BATCH_MAX;
+    memset(messages, 0, sizeof(struct mmsghdr) * (size_t)batch);
+    for (int32_t i = 0; i < batch; i++) {
+        vectors[i].iov_base = r->buffers + (int64_t)i * r->buffer_length;
+        vectors[i].iov_len = (size_t)r->buffer_length;
+        messages[i].msg_hdr.msg_iov = &vectors[i];
+        messages[i].msg_hdr.msg_iovlen = 1;
+        messages[i].msg_hdr.msg_name = r->sources + (int64_t)i * SS_SOCKADDR_MAX;
+        messages[i].msg_hdr.msg_namelen = SS_SOCKADDR_MAX;
+    }
+    *to_python_count = 0;
+    int received = recvmmsg(fd, messages, (unsigned int)batch, MSG_DONTWAIT, NULL);
+    if (received < 0) {
+        /* ECONNREFUSED: an ICMP error for an earlier send on a connected socket, reported
+         * once; it is not a datagram. */
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNREFUSED || errno == EINTR)
+            return 0;
+        r->last_errno = errno;
+        count(r->counters.receive_errors, 1);
+        return -1;
+    }
+    for (int32_t i = 0; i < received; i++) {
+        const struct msghdr *header = &messages[i].msg_hdr;
+        int32_t length = (int32_t)messages[i].msg_len;
+        r->lengths[i] = length;
+        r->source_lengths[i] = (int32_t)header->msg_namelen;
+        if (header->msg_flags & MSG_TRUNC) { /* larger than any frame we accept */
+            count(r->counters.invalid_packets, 1);
+            continue;
+        }
+        if (ss_receiver_on_datagram(r, (const uint8_t *)vectors[i].iov_base, length,
+                                    (const uint8_t *)header->msg_name,
+                                    (int32_t)header->msg_namelen, now_ns) == SS_RX_TO_PYTHON) {
+            to_python[(*to_python_count)++] = i;
+        }
+    }
+    return received;
+}

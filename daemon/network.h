@@ -1,0 +1,118 @@
+/*
+ * slipstream's network data path: the per-datagram work of the sender and receiver agents
+ * (DESIGN.md "The network agents").  Python runs the protocol per batch; this file sends
+ * committed frames straight from a publication's log (sendmmsg, iovecs into the map) and
+ * receives datagrams (recvmmsg), validates every frame of every datagram and inserts DATA
+ * into the image's log.  What is not data for a known image goes up to Python.
+ *
+ * Every length and offset from the network is checked with 64-bit arithmetic before it
+ * indexes memory.  Positions and counters are int64 cells in the counters file.
+ */
+#include <stdint.h>
+
+#define SS_SEND_BATCH_MAX 64
+#define SS_SOCKADDR_MAX 128
+
+/* ss_receiver_on_datagram results */
+#define SS_RX_CONSUMED 0
+#define SS_RX_TO_PYTHON 1
+
+/* One datagram's worth of a publication's log: log_offset counts from the start of term 0.
+ * `padding` is the part of a PAD frame that stays behind (only its header is sent), so the
+ * sender position moves by length + padding. */
+typedef struct {
+    int64_t log_offset;
+    int32_t length;
+    int32_t padding;
+} ss_span_t;
+
+/* A network publication as the sender's data path sees it; Python fills it once. */
+typedef struct {
+    uint8_t *log;                 /* start of term 0 */
+    int64_t *sender_position;     /* snd-pos: advanced here only */
+    int64_t *sender_limit;        /* snd-lmt: raised by flow control in Python */
+    int64_t *bytes_sent;          /* system counters */
+    int64_t *short_sends;
+    int64_t *send_errors;
+    int64_t time_of_last_send_ns; /* when data last went out (the heartbeat timer) */
+    int32_t term_length;
+    int32_t position_bits;
+    int32_t mtu;
+    int32_t fd;                   /* the send socket; -1: fill spans only (the simulator) */
+    int32_t last_errno;           /* of the last failed send, for the driver's log */
+    int32_t destination_length;   /* 0: the socket is connected */
+    uint8_t destination[128];     /* SS_SOCKADDR_MAX (cffi wants a literal here) */
+} ss_send_publication_t;
+
+/* Scan committed frames from snd-pos up to snd-lmt into at most max_datagrams spans of at most
+ * one MTU each, send them (one sendmmsg when fd >= 0) and advance snd-pos past what was sent.
+ * Returns the datagrams sent; 0 when nothing was ready or the socket was full (counted as a
+ * short send); -1 on another error (counted, errno in last_errno; nothing advanced). */
+int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datagrams,
+                     ss_span_t *spans);
+
+/* An image as the receiver's data path sees it.  Python owns it, sets the SM fields after
+ * each status message it sends, and reads the rest on its rebuild pass. */
+typedef struct {
+    uint8_t *log;                 /* start of term 0 */
+    uint8_t *meta;                /* the log's metadata page (reader eventcount) */
+    int64_t *receiver_hwm;        /* rcv-hwm: raised here only */
+    int64_t last_sm_position;     /* position of the last SM sent (under-run check) */
+    int64_t overrun_threshold;    /* last_sm_position + term_length / 2 (over-run check) */
+    int64_t time_of_last_packet_ns;
+    int64_t eos_position;         /* -1 until a heartbeat with EOS arrives */
+    int32_t term_length;
+    int32_t position_bits;
+    int32_t initial_term_id;
+    int32_t session_id;
+    int32_t stream_id;
+    int32_t dirty;                /* data or a new hwm arrived since Python's last rebuild */
+    int32_t source_length;        /* > 0: frames from another address are dropped */
+    uint8_t source[128];          /* SS_SOCKADDR_MAX */
+} ss_image_t;
+
+/* Counters a receive endpoint's data path counts into (cells of the counters file). */
+typedef struct {
+    int64_t *bytes_received;
+    int64_t *invalid_packets;
+    int64_t *heartbeats_received;
+    int64_t *flow_control_over_runs;
+    int64_t *flow_control_under_runs;
+    int64_t *foreign_source_drops;
+    int64_t *receive_errors;
+} ss_receiver_counters_t;
+
+/* A receive endpoint's image table and receive buffers, all memory owned by Python. */
+typedef struct {
+    ss_image_t **slots;           /* open addressing on (session, stream), NULL = empty */
+    int32_t slot_mask;            /* slots - 1, slots a power of two */
+    int32_t stream_count;
+    int32_t *streams;             /* stream ids with a subscription (unknown sessions of these
+                                   * go up to Python, which elicits a SETUP) */
+    int32_t stream_capacity;
+    int32_t batch;                /* datagrams per recvmmsg */
+    int32_t buffer_length;        /* bytes per datagram buffer (>= the largest datagram) */
+    uint8_t *buffers;             /* batch x buffer_length */
+    int32_t *lengths;             /* per received datagram */
+    uint8_t *sources;             /* batch x SS_SOCKADDR_MAX: struct sockaddr of each */
+    int32_t *source_lengths;
+    int32_t last_errno;
+    ss_receiver_counters_t counters;
+} ss_receiver_t;
+
+/* Rebuild the image table from `images` (count of them; the table must have room for them at
+ * a load of at most one half).  Returns 0, or -1 when a (session, stream) repeats. */
+int32_t ss_receiver_set_images(ss_receiver_t *r, ss_image_t **images, int32_t count);
+/* The image of (session, stream), or NULL. */
+ss_image_t *ss_receiver_find_image(const ss_receiver_t *r, int32_t session_id, int32_t stream_id);
+/* One datagram from the network (`source`: its struct sockaddr): SS_RX_CONSUMED when it was
+ * data for a known image (inserted, or dropped and counted), an invalid datagram (counted), or
+ * data nobody wants; SS_RX_TO_PYTHON for everything else (SETUP, RTTM, SM, NAK, ERR, and data
+ * of an unknown session of a subscribed stream). */
+int32_t ss_receiver_on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
+                                const uint8_t *source, int32_t source_length, int64_t now_ns);
+/* recvmmsg up to `batch` datagrams from fd (non-blocking) into the buffers and dispatch each;
+ * the indexes of those for Python go to to_python[0..*to_python_count).  Returns the number of
+ * datagrams received (0: none waiting), or -1 on an error (errno in last_errno). */
+int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *to_python,
+                         int32_t *to_python_count);

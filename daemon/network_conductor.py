@@ -1,0 +1,635 @@
+"""The conductor's network half: UDP publications, subscriptions, images and endpoints.
+
+The :class:`~slipstream.daemon.conductor.DriverConductor` hands every ``aeron:udp`` command
+here.  This object creates what the network agents need (logs, position counters, the sans-I/O
+:class:`NetworkPublication` and :class:`PublicationImage` objects, endpoint transports) on the
+conductor's thread and hands them to the :class:`Sender` and :class:`Receiver` agents with
+commands; the agents answer with events (a SETUP asks for an image, an image or publication is
+done, an endpoint was removed).  A resource is freed only on the event that says the agent no
+longer uses it, so the network thread never touches an unmapped log.  As in Aeron
+(DriverConductor / Sender / Receiver): the threads share no mutable object except through
+these queues, and position counters.
+
+DNS happens here, once, when a channel is added (``Channel.endpoint_address``); the protocol
+core only ever sees IP literals.  Sockets are opened by the injected :class:`NetworkTransports`
+(real UDP sockets in the driver, a virtual network in the simulator), so this module does no
+I/O of its own beyond creating log files.
+
+Units: times in ns, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+
+from slipstream.client import control
+from slipstream.client.channel import Channel
+from slipstream.client.counters import CountersFile, CountersFullError, CounterType
+from slipstream.client.errors import ChannelError
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow_control import flow_control_for, has_group_semantics
+from slipstream.daemon.network_publication import (
+    NetworkPublication,
+    SendChannel,
+    SenderPositions,
+)
+from slipstream.daemon.protocol_types import Address
+from slipstream.daemon.publication_image import ImagePositions, PublicationImage
+from slipstream.daemon.receiver import (
+    ImageDone,
+    ImageRequested,
+    ImageUnavailable,
+    ReceiveChannel,
+    ReceiveEndpoint,
+    Receiver,
+    ReceiveTransport,
+)
+from slipstream.daemon.resources import ResourceError, create_log, discard_log, log_start
+from slipstream.daemon.sender import PublicationDone, SendEndpoint, Sender, SendTransport
+
+log = logging.getLogger("slipstream.driver")
+
+Outgoing = list[tuple[bytes, dict[str, Any]]]
+
+
+class NetworkTransports(Protocol):
+    """Opens the transports of channel endpoints (may raise OSError, e.g. a port in use)."""
+
+    def open_send(self, channel: Channel, destination: Address) -> SendTransport:
+        """A transport sending to ``destination`` (the endpoint, or the multicast data group)
+        and receiving the control frames that come back."""
+        ...
+
+    def open_receive(self, channel: Channel, bind: Address) -> ReceiveTransport:
+        """A transport receiving at ``bind`` (the endpoint, or the multicast data group)."""
+        ...
+
+
+class _EndpointState(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"  # the agent was asked to remove it; a new user may still revive it
+
+
+@attrs.frozen(eq=False)
+class EndpointRemoved:
+    """The agent no longer uses the endpoint (sent by the removal command itself)."""
+
+    entry: object
+    generation: int
+
+
+@attrs.define(eq=False)
+class _SendEndpointEntry:
+    key: tuple[Any, ...]
+    endpoint: SendEndpoint
+    publications: int = 0
+    state: _EndpointState = _EndpointState.OPEN
+    generation: int = 0
+
+
+@attrs.define(eq=False)
+class _PublicationEntry:
+    """A network publication as the conductor tracks it (the object itself is the sender's)."""
+
+    registration_id: int
+    key: tuple[Any, ...]
+    channel: Channel
+    publication: NetworkPublication
+    endpoint: _SendEndpointEntry
+    log: LogBuffer
+    counter_ids: list[int]
+    publisher_limit_id: int
+    publisher_refs: int = 0
+    closing: bool = False
+
+
+@attrs.define(eq=False)
+class NetworkSubscription:
+    """A client's subscription to a UDP channel."""
+
+    registration_id: int
+    client_id: int
+    client_key: bytes
+    channel: Channel
+    stream_id: int
+    endpoint: _ReceiveEndpointEntry | None = None
+
+
+@attrs.define(eq=False)
+class _ImageLink:
+    subscription: NetworkSubscription
+    counter_id: int
+    cell: object  # cffi int64_t * of the sub-pos counter
+
+
+@attrs.define(eq=False)
+class _ImageEntry:
+    registration_id: int
+    image: PublicationImage
+    log: LogBuffer
+    counter_ids: list[int]
+    source: Address
+    links: list[_ImageLink] = attrs.Factory(list)
+    lingering: bool = False
+
+
+@attrs.define(eq=False)
+class _ReceiveEndpointEntry:
+    key: tuple[Any, ...]
+    endpoint: ReceiveEndpoint
+    subscriptions: list[NetworkSubscription] = attrs.Factory(list)
+    images: dict[int, _ImageEntry] = attrs.Factory(dict)  # by image (id of the object)
+    state: _EndpointState = _EndpointState.OPEN
+    generation: int = 0
+
+
+NetworkEvent = (ImageRequested | ImageUnavailable | ImageDone | PublicationDone
+                | EndpointRemoved)
+
+
+class NetworkConductor:
+    """Owns the driver's network resources.  Single-threaded: the conductor's thread calls it;
+    the agents it creates run on the network thread (see the module docstring)."""
+
+    def __init__(self, *, settings: DriverSettings, directory: Path, counters: CountersFile,
+                 transports: NetworkTransports, rng: random.Random,
+                 new_id: Callable[[], int], new_session_id: Callable[[], int],
+                 wake_network: Callable[[], None] = lambda: None,
+                 wake_conductor: Callable[[], None] = lambda: None) -> None:
+        self.settings = settings
+        self.directory = directory
+        self.counters = counters
+        self.transports = transports
+        self._rng = rng
+        self._new_id = new_id
+        self._new_session_id = new_session_id
+        self._wake_network = wake_network
+        self._wake_conductor = wake_conductor
+        self._events: deque[NetworkEvent] = deque()
+        self.sender = Sender(on_event=self._post)
+        self.receiver = Receiver(on_event=self._post)
+        self._send_endpoints: dict[tuple[Any, ...], _SendEndpointEntry] = {}
+        self._receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry] = {}
+        self.publications: dict[int, _PublicationEntry] = {}
+        self._shared_publications: dict[tuple[Any, ...], _PublicationEntry] = {}
+        self.subscriptions: dict[int, NetworkSubscription] = {}
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def _post(self, event: NetworkEvent) -> None:
+        """An agent's event (any thread): queued for the conductor's next duty cycle."""
+        self._events.append(event)
+        self._wake_conductor()
+
+    def _submit_send(self, command: Callable[[int], None]) -> None:
+        self.sender.submit(command)
+        self._wake_network()
+
+    def _submit_receive(self, command: Callable[[int], None]) -> None:
+        self.receiver.submit(command)
+        self._wake_network()
+
+    @property
+    def has_events(self) -> bool:
+        return bool(self._events)
+
+    @property
+    def used_session_ids(self) -> set[int]:
+        return {entry.publication.session_id for entry in self.publications.values()}
+
+    # -- publications -------------------------------------------------------------------------
+    def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
+                        now_ns: int) -> tuple[_PublicationEntry, int]:
+        """A publisher of ``stream_id`` on ``channel``: shares the publication of the same
+        endpoint, stream and session, or makes one.  Returns it and the registration id of
+        this publisher."""
+        destination = _destination(channel)
+        key = (_endpoint_key(channel, destination), stream_id, channel.session_id)
+        entry = self._shared_publications.get(key)
+        if entry is None:
+            entry = self._create_publication(key, channel, stream_id, destination, now_ns)
+        else:
+            _check_same_log(entry, channel)
+        entry.publisher_refs += 1
+        return entry, self._new_id()
+
+    def _create_publication(self, key: tuple[Any, ...], channel: Channel, stream_id: int,
+                            destination: Address, now_ns: int) -> _PublicationEntry:
+        settings = self.settings
+        endpoint = self._send_endpoint(key[0], channel, destination)
+        term_length = channel.term_length or settings.term_buffer_length
+        mtu = channel.mtu or settings.mtu_length
+        registration_id = self._new_id()
+        session_id = (channel.session_id if channel.session_id is not None
+                      else self._new_session_id())
+        window = settings.term_window_length(term_length, pub_wnd=channel.pub_wnd)
+        path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
+        log_buffer = create_log(
+            path, term_length=term_length, session_id=session_id, stream_id=stream_id,
+            mtu=mtu, correlation_id=registration_id, term_window_length=window,
+            group=has_group_semantics(channel), **log_start(channel, self._rng),
+            linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
+                               else settings.publication_linger_timeout),
+            sparse=(channel.sparse if channel.sparse is not None
+                    else settings.term_buffer_sparse_file))
+        label = f"{channel} stream={stream_id} session={session_id}"
+        try:
+            counter_ids = self._allocate_counters(
+                [(CounterType.PUBLISHER_LIMIT, "pub-lmt"), (CounterType.SENDER_POSITION,
+                  "snd-pos"), (CounterType.SENDER_LIMIT, "snd-lmt")],
+                label, registration_id, session_id, stream_id)
+        except CountersFullError:
+            discard_log(log_buffer)
+            raise
+        positions = SenderPositions(*(self.counters.address(i) for i in counter_ids))
+        publication = NetworkPublication(
+            log=log_buffer, channel=channel, settings=settings, positions=positions,
+            flow_control=flow_control_for(channel, settings), counters=self.counters,
+            now_ns=now_ns, destination=destination)
+        entry = _PublicationEntry(registration_id, key, channel, publication, endpoint,
+                                  log_buffer, counter_ids, counter_ids[0])
+        endpoint.publications += 1
+        self.publications[registration_id] = entry
+        self._shared_publications[key] = entry
+        self._submit_send(lambda _now: self.sender.add_publication(endpoint.endpoint, publication))
+        log.info("created network publication %d %s stream=%d session=%d term_length=%d",
+                 registration_id, channel, stream_id, session_id, term_length)
+        return entry
+
+    def _send_endpoint(self, key: tuple[Any, ...], channel: Channel,
+                       destination: Address) -> _SendEndpointEntry:
+        entry = self._send_endpoints.get(key)
+        if entry is not None:
+            if entry.state is _EndpointState.CLOSING:  # revive it: the removal is undone
+                entry.state = _EndpointState.OPEN
+                self._submit_send(lambda _now: self.sender.add_endpoint(entry.endpoint))
+            return entry
+        try:
+            transport = self.transports.open_send(channel, destination)
+        except OSError as e:
+            raise ResourceError(f"cannot open a send socket for {channel}: "
+                                f"{e.strerror or e}") from None
+        endpoint = SendEndpoint(SendChannel(counters=self.counters), transport)
+        entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint)
+        self._submit_send(lambda _now: self.sender.add_endpoint(endpoint))
+        return entry
+
+    def release_publication(self, registration_id: int, now_ns: int) -> None:
+        """One publisher left; the last one closes the publication (it drains, then lingers,
+        then :class:`PublicationDone` frees it)."""
+        entry = self.publications.get(registration_id)
+        if entry is None or entry.closing:
+            return
+        entry.publisher_refs -= 1
+        if entry.publisher_refs > 0:
+            return
+        entry.closing = True
+        if self._shared_publications.get(entry.key) is entry:
+            del self._shared_publications[entry.key]
+        publication = entry.publication
+        self._submit_send(lambda now: publication.close(now))
+
+    # -- subscriptions ------------------------------------------------------------------------
+    def add_subscription(self, subscription: NetworkSubscription, now_ns: int) -> Outgoing:
+        """Receive ``subscription``'s stream at its endpoint; images already there are linked
+        at once (the AVAILABLE_IMAGE messages are returned)."""
+        channel = subscription.channel
+        bind = _destination(channel)
+        key = _endpoint_key(channel, bind)
+        entry = self._receive_endpoints.get(key)
+        if entry is None:
+            try:
+                transport = self.transports.open_receive(channel, bind)
+            except OSError as e:
+                raise ResourceError(f"cannot receive on {bind[0]}:{bind[1]} for {channel}: "
+                                    f"{e.strerror or e}") from None
+            receive_channel = ReceiveChannel(
+                channel=channel, settings=self.settings,
+                receiver_id=self._rng.getrandbits(63), counters=self.counters, now_ns=now_ns,
+                rng=random.Random(self._rng.getrandbits(64)))
+            endpoint = ReceiveEndpoint(receive_channel, transport)
+            entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(key, endpoint)
+            self._submit_receive(lambda _now: self.receiver.add_endpoint(endpoint))
+        elif entry.state is _EndpointState.CLOSING:
+            entry.state = _EndpointState.OPEN
+            revived = entry.endpoint
+            self._submit_receive(lambda _now: self.receiver.add_endpoint(revived))
+        subscription.endpoint = entry
+        entry.subscriptions.append(subscription)
+        self.subscriptions[subscription.registration_id] = subscription
+        self._sync_interest(entry, subscription.stream_id)
+        out: Outgoing = []
+        for image_entry in list(entry.images.values()):
+            if not image_entry.lingering and _wants(subscription, image_entry.image):
+                out.append(self._link(image_entry, subscription,
+                                      image_entry.image.rcv_pos, submit=True))
+        return out
+
+    def remove_subscription(self, registration_id: int) -> None:
+        """The subscription goes: its positions stop holding images back; an endpoint left
+        without subscriptions is removed."""
+        subscription = self.subscriptions.pop(registration_id, None)
+        if subscription is None or subscription.endpoint is None:
+            return
+        entry = subscription.endpoint
+        for image_entry in entry.images.values():
+            for link in [k for k in image_entry.links if k.subscription is subscription]:
+                self._unlink(image_entry, link)
+        entry.subscriptions.remove(subscription)
+        self._sync_interest(entry, subscription.stream_id)
+        if not entry.subscriptions:
+            entry.state = _EndpointState.CLOSING
+            entry.generation += 1
+            generation, endpoint = entry.generation, entry.endpoint
+
+            def remove(_now: int) -> None:
+                self.receiver.remove_endpoint(endpoint)
+                self._post(EndpointRemoved(entry, generation))
+
+            self._submit_receive(remove)
+
+    def _sync_interest(self, entry: _ReceiveEndpointEntry, stream_id: int) -> None:
+        """Tell the receive channel which sessions of ``stream_id`` its subscriptions want."""
+        sessions: set[int] | None = set()
+        for subscription in entry.subscriptions:
+            if subscription.stream_id != stream_id:
+                continue
+            if subscription.channel.session_id is None:
+                sessions = None
+                break
+            assert sessions is not None
+            sessions.add(subscription.channel.session_id)
+        channel = entry.endpoint.channel
+        self._submit_receive(lambda _now: channel.set_interest(stream_id, sessions))
+
+    # -- images -------------------------------------------------------------------------------
+    def _on_image_requested(self, event: ImageRequested, now_ns: int) -> Outgoing:
+        entry = self._entry_of(event.channel)
+        if entry is None or entry.state is not _EndpointState.OPEN:
+            return []
+        setup = event.setup
+        subscribers = [s for s in entry.subscriptions if s.stream_id == setup.stream_id and (
+            s.channel.session_id is None or s.channel.session_id == setup.session_id)]
+        if not subscribers:
+            return []
+        registration_id = self._new_id()
+        term_count = (setup.active_term_id - setup.initial_term_id) & 0xFFFFFFFF
+        if term_count >= 1 << 31:
+            term_count -= 1 << 32
+        path = self.directory / control.IMAGES_DIR / f"{registration_id}.logbuffer"
+        channel = entry.endpoint.channel.channel
+        try:
+            log_buffer = create_log(
+                path, term_length=setup.term_length,
+                initial_term_id=setup.initial_term_id, session_id=setup.session_id,
+                stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=registration_id,
+                initial_term_count=term_count, initial_term_offset=setup.term_offset,
+                group=setup.is_group,
+                sparse=(channel.sparse if channel.sparse is not None
+                        else self.settings.term_buffer_sparse_file))
+            label = (f"{channel} stream={setup.stream_id} session={setup.session_id} "
+                     f"source={event.source[0]}:{event.source[1]}")
+            try:
+                counter_ids = self._allocate_counters(
+                    [(CounterType.RECEIVER_HWM, "rcv-hwm"),
+                     (CounterType.RECEIVER_POSITION, "rcv-pos")],
+                    label, registration_id, setup.session_id, setup.stream_id)
+            except CountersFullError:
+                discard_log(log_buffer)
+                raise
+        except (ResourceError, OSError) as e:
+            reason = str(e) if isinstance(e, ResourceError) else (e.strerror or str(e))
+            log.error("cannot create the image of %s: %s", _label_of(setup, event.source), reason)
+            receive_channel = event.channel
+            self._submit_receive(lambda now: receive_channel.reject_image(event, now, reason))
+            return []
+        positions = ImagePositions(*(self.counters.address(i) for i in counter_ids))
+        image = event.channel.new_image(event, log_buffer, positions, now_ns)
+        image_entry = _ImageEntry(registration_id, image, log_buffer, counter_ids, event.source)
+        entry.images[id(image)] = image_entry
+        join = image.join_position
+        out = []
+        for subscription in subscribers:
+            try:
+                out.append(self._link(image_entry, subscription, join, submit=False))
+            except CountersFullError as e:
+                log.error("cannot link subscription %d to %s: %s",
+                          subscription.registration_id, _label_of(setup, event.source), e)
+        receive_channel = event.channel
+        self._submit_receive(lambda _now: receive_channel.add_image(image))
+        log.info("image %d of %s: join position %d, %d subscriber(s)", registration_id,
+                 _label_of(setup, event.source), join, len(image_entry.links))
+        return out
+
+    def _link(self, image_entry: _ImageEntry, subscription: NetworkSubscription,
+              position: int, *, submit: bool) -> tuple[bytes, dict[str, Any]]:
+        """A sub-pos counter for ``subscription`` on the image, and the AVAILABLE_IMAGE."""
+        image = image_entry.image
+        counter_id = self.counters.allocate(
+            CounterType.SUBSCRIBER_POSITION,
+            f"sub-pos: {subscription.channel} stream={image.stream_id} "
+            f"session={image.session_id} sub={subscription.registration_id}",
+            registration_id=subscription.registration_id, session_id=image.session_id,
+            stream_id=image.stream_id, owner_id=subscription.client_id, initial_value=position)
+        cell = self.counters.address(counter_id)
+        image_entry.links.append(_ImageLink(subscription, counter_id, cell))
+        if submit:
+            self._submit_receive(lambda _now: image.add_subscriber_position(cell))
+        else:
+            image.add_subscriber_position(cell)  # not handed to the receiver yet
+        return (subscription.client_key, {
+            "type": control.AVAILABLE_IMAGE,
+            "correlation_id": image_entry.registration_id,
+            "subscription_registration_id": subscription.registration_id,
+            "session_id": image.session_id,
+            "stream_id": image.stream_id,
+            "log_file": str(image_entry.log.path),
+            "subscriber_position_counter_id": counter_id,
+            "join_position": position,
+            "source_identity": f"{image_entry.source[0]}:{image_entry.source[1]}",
+        })
+
+    def _unlink(self, image_entry: _ImageEntry, link: _ImageLink) -> None:
+        image_entry.links.remove(link)
+        image, cell = image_entry.image, link.cell
+        self._submit_receive(lambda _now: image.remove_subscriber_position(cell))
+        self.counters.free(link.counter_id)  # reused after 1 s: a late write is harmless
+
+    def _on_image_unavailable(self, event: ImageUnavailable) -> Outgoing:
+        entry = self._entry_of(event.channel)
+        image_entry = entry.images.get(id(event.image)) if entry is not None else None
+        if image_entry is None or image_entry.lingering:
+            return []
+        image_entry.lingering = True
+        out: Outgoing = []
+        for link in list(image_entry.links):
+            out.append((link.subscription.client_key, {
+                "type": control.UNAVAILABLE_IMAGE,
+                "correlation_id": image_entry.registration_id,
+                "subscription_registration_id": link.subscription.registration_id,
+                "stream_id": event.image.stream_id,
+            }))
+            self._unlink(image_entry, link)
+        return out
+
+    def _on_image_done(self, event: ImageDone) -> None:
+        entry = self._entry_of(event.channel)
+        image_entry = entry.images.pop(id(event.image), None) if entry is not None else None
+        if image_entry is not None:
+            self._free_image(image_entry)
+
+    def _free_image(self, image_entry: _ImageEntry) -> None:
+        for link in image_entry.links:
+            self.counters.free(link.counter_id)
+        image_entry.links.clear()
+        for counter_id in image_entry.counter_ids:
+            self.counters.free(counter_id)
+        discard_log(image_entry.log)
+
+    def _entry_of(self, channel: ReceiveChannel) -> _ReceiveEndpointEntry | None:
+        for entry in self._receive_endpoints.values():
+            if entry.endpoint.channel is channel:
+                return entry
+        return None
+
+    # -- duty cycle ---------------------------------------------------------------------------
+    def do_work(self, now_ns: int) -> tuple[int, Outgoing]:
+        """Handle the agents' events; returns (work done, messages to clients)."""
+        out: Outgoing = []
+        work = 0
+        events = self._events
+        while events:
+            event = events.popleft()
+            work += 1
+            if isinstance(event, ImageRequested):
+                out.extend(self._on_image_requested(event, now_ns))
+            elif isinstance(event, ImageUnavailable):
+                out.extend(self._on_image_unavailable(event))
+            elif isinstance(event, ImageDone):
+                self._on_image_done(event)
+            elif isinstance(event, PublicationDone):
+                self._on_publication_done(event)
+            elif isinstance(event, EndpointRemoved):
+                self._on_endpoint_removed(event)
+        return work, out
+
+    def _on_publication_done(self, event: PublicationDone) -> None:
+        entry = next((e for e in self.publications.values()
+                      if e.publication is event.publication), None)
+        if entry is None:
+            return
+        del self.publications[entry.registration_id]
+        if self._shared_publications.get(entry.key) is entry:
+            del self._shared_publications[entry.key]
+        for counter_id in entry.counter_ids:
+            self.counters.free(counter_id)
+        discard_log(entry.log)
+        endpoint_entry = entry.endpoint
+        endpoint_entry.publications -= 1
+        if endpoint_entry.publications == 0:
+            endpoint_entry.state = _EndpointState.CLOSING
+            endpoint_entry.generation += 1
+            generation, endpoint = endpoint_entry.generation, endpoint_entry.endpoint
+
+            def remove(_now: int) -> None:
+                self.sender.remove_endpoint(endpoint)
+                self._post(EndpointRemoved(endpoint_entry, generation))
+
+            self._submit_send(remove)
+
+    def _on_endpoint_removed(self, event: EndpointRemoved) -> None:
+        entry = event.entry
+        if not isinstance(entry, _SendEndpointEntry | _ReceiveEndpointEntry):
+            return
+        if entry.state is not _EndpointState.CLOSING or entry.generation != event.generation:
+            return  # revived since
+        entry.endpoint.transport.close()
+        if isinstance(entry, _SendEndpointEntry):
+            self._send_endpoints.pop(entry.key, None)
+            return
+        self._receive_endpoints.pop(entry.key, None)
+        for image_entry in entry.images.values():
+            self._free_image(image_entry)
+        entry.images.clear()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _allocate_counters(self, kinds: list[tuple[CounterType, str]], label: str,
+                           registration_id: int, session_id: int, stream_id: int) -> list[int]:
+        allocated: list[int] = []
+        try:
+            for kind, name in kinds:
+                allocated.append(self.counters.allocate(
+                    kind, f"{name}: {label}", registration_id=registration_id,
+                    session_id=session_id, stream_id=stream_id))
+        except CountersFullError:
+            for counter_id in allocated:
+                self.counters.free(counter_id)
+            raise
+        return allocated
+
+    def close(self) -> None:
+        """Free everything (the network thread has stopped)."""
+        for entry in list(self.publications.values()):
+            for counter_id in entry.counter_ids:
+                self.counters.free(counter_id)
+            discard_log(entry.log)
+        self.publications.clear()
+        self._shared_publications.clear()
+        for send_entry in self._send_endpoints.values():
+            send_entry.endpoint.transport.close()
+        self._send_endpoints.clear()
+        for receive_entry in self._receive_endpoints.values():
+            receive_entry.endpoint.transport.close()
+            for image_entry in receive_entry.images.values():
+                self._free_image(image_entry)
+        self._receive_endpoints.clear()
+        self.subscriptions.clear()
+
+
+def _destination(channel: Channel) -> Address:
+    """The endpoint as an IP literal and port (DNS, once, here); ChannelError when it is
+    missing or has no port."""
+    address = channel.endpoint_address()
+    if address is None or channel.endpoint is None:
+        raise ChannelError(str(channel), "endpoint",
+                           "a UDP channel needs endpoint=host:port (control-mode channels "
+                           "are not supported yet)")
+    if not channel.endpoint.port:
+        raise ChannelError(str(channel), "endpoint", "the endpoint needs a port")
+    return str(address), channel.endpoint.port
+
+
+def _endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
+    """Channels that name the same address (and interface) share one endpoint."""
+    interface = str(channel.interface) if channel.interface is not None else ""
+    return (address, interface)
+
+
+def _wants(subscription: NetworkSubscription, image: PublicationImage) -> bool:
+    return subscription.stream_id == image.stream_id and (
+        subscription.channel.session_id is None
+        or subscription.channel.session_id == image.session_id)
+
+
+def _check_same_log(entry: _PublicationEntry, channel: Channel) -> None:
+    """A second publisher of a shared publication cannot ask for another log shape."""
+    log_buffer = entry.log
+    for part, asked, actual in (("term-length", channel.term_length, log_buffer.term_length),
+                                ("mtu", channel.mtu, log_buffer.mtu)):
+        if asked is not None and asked != actual:
+            raise ChannelError(str(channel), part,
+                               f"{asked} differs from the existing publication's {actual} on "
+                               f"stream {entry.publication.stream_id}")
+
+
+def _label_of(setup: Any, source: Address) -> str:
+    return (f"session {setup.session_id} stream {setup.stream_id} from "
+            f"{source[0]}:{source[1]}")

@@ -1,0 +1,57 @@
+"""What the conductor makes from host resources (log files), and the error it answers with when
+the host cannot give them."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+from slipstream.client.channel import Channel
+from slipstream.client.logbuffer import LogBuffer
+
+
+class ResourceError(Exception):
+    """A command needs a resource the host cannot give (memory, file space, an address): its
+    message is the answer to the client."""
+
+
+def no_room_for_log(path: Path, stream_id: int, term_length: int,
+                    error: OSError) -> ResourceError:
+    """The answer when the log of ``stream_id`` cannot be created at ``path``."""
+    return ResourceError(
+        f"cannot create the log of stream {stream_id} ({3 * term_length / 2**20:g} MiB in "
+        f"{path.parent}): {error.strerror}; free space there, or use smaller terms "
+        f"(term-length= in the URI, or the driver's term length setting)")
+
+
+def create_log(path: Path, **kwargs: Any) -> LogBuffer:
+    """``LogBuffer.create(path, **kwargs)``; an OSError (no space, a file size limit) becomes
+    a :class:`ResourceError` that says what to do, and leaves no file behind."""
+    try:
+        return LogBuffer.create(path, **kwargs)
+    except OSError as e:
+        raise no_room_for_log(path, kwargs["stream_id"], kwargs["term_length"], e) from None
+
+
+def discard_log(log_buffer: LogBuffer) -> None:
+    """Unmap the driver's view of a log and delete its file (clients keep their mappings)."""
+    path = log_buffer.path
+    log_buffer.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def log_start(channel: Channel, rng: random.Random) -> dict[str, int]:
+    """Where a new publication's log starts: ``initial_term_id`` (random unless the URI sets
+    ``init-term-id``), and the ``initial_term_count``/``initial_term_offset`` of the URI's
+    ``term-id``/``term-offset`` (PROTOCOL.md §2.3); keyword arguments of LogBuffer.create."""
+    if channel.init_term_id is None:
+        return {"initial_term_id": rng.randrange(-(1 << 31), 1 << 31),
+                "initial_term_count": 0, "initial_term_offset": 0}
+    return {"initial_term_id": channel.init_term_id,
+            "initial_term_count": (channel.term_id - channel.init_term_id) & 0xFFFFFFFF,
+            "initial_term_offset": channel.term_offset}

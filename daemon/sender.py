@@ -1,0 +1,139 @@
+"""The sender agent: every network publication's data path, control input and timers.
+
+Per duty cycle (:meth:`Sender.do_work`), for each send endpoint: the status messages, NAKs,
+RTTMs and ERRs waiting at its transport go to its :class:`SendChannel` dispatcher; then for
+each publication one C call (``ss_send_data``, through the transport) sends the committed
+frames that flow control allows, straight from the log, and the sans-I/O core
+(:class:`NetworkPublication`) runs when one of its timers is due: SETUP, heartbeats,
+retransmits, flow control, the publisher limit.
+
+The agent is single-threaded: the driver's network thread (or the simulator) calls
+:meth:`Sender.do_work`; the conductor hands it work with :meth:`Sender.submit` and hears back
+through ``on_event`` (:class:`PublicationDone`: its log and counters may go).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+
+from slipstream.daemon.network_publication import NetworkPublication, SendChannel
+from slipstream.daemon.protocol_types import NO_DEADLINE, Datagram
+
+
+class SendTransport(Protocol):
+    """How a send endpoint meets its network: a UDP socket (``daemon/udp.py``) or the
+    simulator's virtual network."""
+
+    def attach(self, publication: NetworkPublication) -> None:
+        """Point the publication's C data path at this transport (socket, destination)."""
+        ...
+
+    def send_data(self, publication: NetworkPublication, now_ns: int) -> int:
+        """Send what the publication's data path has ready; returns datagrams sent."""
+        ...
+
+    def send(self, datagrams: list[Datagram]) -> None:
+        """Send control frames and retransmissions now."""
+        ...
+
+    def receive(self, channel: SendChannel, now_ns: int) -> int:
+        """Hand every waiting control datagram to ``channel``; returns how many there were."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@attrs.define(eq=False)
+class SendEndpoint:
+    """A send channel (its publications' dispatcher) and the transport it sends through."""
+
+    channel: SendChannel
+    transport: SendTransport
+
+
+@attrs.frozen(eq=False)
+class PublicationDone:
+    """A publication finished (drained and lingered): its log and counters may go."""
+
+    endpoint: SendEndpoint
+    publication: NetworkPublication
+
+
+class Sender:
+    """The sender agent.  See the module docstring."""
+
+    def __init__(self, *, on_event: Callable[[PublicationDone], None]) -> None:
+        self.endpoints: list[SendEndpoint] = []
+        self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
+        self._on_event = on_event
+        self._commands: deque[Callable[[int], None]] = deque()
+
+    def submit(self, command: Callable[[int], None]) -> None:
+        """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe)."""
+        self._commands.append(command)
+
+    # -- commands (run on the agent's thread) -----------------------------------------------
+    def add_endpoint(self, endpoint: SendEndpoint) -> None:
+        self.endpoints.append(endpoint)
+
+    def remove_endpoint(self, endpoint: SendEndpoint) -> None:
+        """Forget ``endpoint`` (its publications are all DONE) and close its transport."""
+        if endpoint in self.endpoints:
+            self.endpoints.remove(endpoint)
+        endpoint.transport.close()
+
+    def add_publication(self, endpoint: SendEndpoint, publication: NetworkPublication) -> None:
+        endpoint.transport.attach(publication)
+        endpoint.channel.add_publication(publication)
+        self._publications.append((publication, endpoint))
+
+    @property
+    def publications(self) -> list[NetworkPublication]:
+        return [publication for publication, _ in self._publications]
+
+    # -- duty cycle -------------------------------------------------------------------------
+    def do_work(self, now_ns: int) -> int:
+        """One duty cycle; returns the amount of work done (0: idle)."""
+        work = 0
+        commands = self._commands
+        while commands:
+            commands.popleft()(now_ns)
+            work += 1
+        for endpoint in self.endpoints:
+            work += endpoint.transport.receive(endpoint.channel, now_ns)
+        done = None
+        for publication, endpoint in self._publications:
+            transport = endpoint.transport
+            sent = transport.send_data(publication, now_ns)
+            if sent > 0:
+                publication.on_data_sent(now_ns)
+                work += sent
+            if publication.next_deadline_ns() <= now_ns:
+                out = publication.datagrams_to_send(now_ns)
+                if out:
+                    transport.send(out)
+                    work += len(out)
+                if publication.is_done:
+                    done = [*(done or []), (publication, endpoint)]
+        if done:
+            for publication, endpoint in done:
+                self._publications.remove((publication, endpoint))
+                endpoint.channel.remove_publication(publication)
+                self._on_event(PublicationDone(endpoint, publication))
+            work += len(done)
+        return work
+
+    def has_data_ready(self) -> bool:
+        """Whether a publication has committed data that flow control lets out (what the
+        next duty cycle would send): checked before the network thread parks."""
+        return any(p.has_data_ready() for p, _ in self._publications)
+
+    def next_deadline_ns(self) -> int:
+        """When a duty cycle is next due with no input or new data (NO_DEADLINE: none)."""
+        if self._commands:
+            return 0
+        return min((p.next_deadline_ns() for p, _ in self._publications), default=NO_DEADLINE)

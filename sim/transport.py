@@ -1,0 +1,141 @@
+"""Virtual transports: the simulator's stand-in for the driver's UDP sockets (``daemon/udp.py``).
+
+A driver in the simulator is the real conductor and the real sender and receiver agents; only
+the transports they send and receive through are virtual.  A send transport runs the same C
+data path as a socket does (``ss_send_data``), with no socket (``fd = -1``), and copies the
+spans it returns onto the virtual network; a receive transport hands each arriving datagram to
+the receive channel's C dispatch (``ss_receiver_on_datagram``), exactly as the socket path
+does after ``recvmmsg``.  Arrivals queue until the host's next service pass, which the
+transport schedules (``host.wake()``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Final
+
+from slipstream.client.channel import Channel
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.network_publication import NetworkPublication, SendChannel
+from slipstream.daemon.protocol_types import Address, Datagram
+from slipstream.daemon.receiver import ReceiveChannel
+from slipstream.sim.network import is_multicast
+
+if TYPE_CHECKING:
+    from slipstream.sim.host import SimHost
+
+#: DATA datagrams per ``ss_send_data`` call: the most the C data path sends per sendmmsg.
+SEND_BATCH: Final = 64
+#: The first ephemeral port a host's send transports use; each incarnation takes a new one.
+SEND_PORT_BASE: Final = 50000
+
+
+class VirtualTransports:
+    """The :class:`~slipstream.daemon.network_conductor.NetworkTransports` of one simulated
+    host incarnation."""
+
+    def __init__(self, host: SimHost) -> None:
+        self.host = host
+        self.send_transports: list[VirtualSendTransport] = []
+        self.receive_transports: list[VirtualReceiveTransport] = []
+
+    def open_send(self, channel: Channel, destination: Address) -> VirtualSendTransport:
+        port = SEND_PORT_BASE + 100 * self.host.incarnation + len(self.send_transports)
+        transport = VirtualSendTransport(self.host, (self.host.ip, port), channel)
+        self.send_transports.append(transport)
+        return transport
+
+    def open_receive(self, channel: Channel, bind: Address) -> VirtualReceiveTransport:
+        transport = VirtualReceiveTransport(self.host, bind)
+        self.receive_transports.append(transport)
+        return transport
+
+
+class _VirtualTransport:
+    def __init__(self, host: SimHost, address: Address) -> None:
+        self.host = host
+        self.address = address  # what datagrams from here carry as their source
+        self.inbox: deque[tuple[bytes, Address]] = deque()
+        self._joined: list[Address] = []
+        self._bound: Address | None = None
+
+    def _listen(self, address: Address) -> None:
+        network = self.host.sim.network
+        if is_multicast(address[0]):
+            network.join(address, self.host.ip, self._arrive)
+            self._joined.append(address)
+        else:
+            network.bind(address, self._arrive)
+            self._bound = address
+
+    def _arrive(self, data: bytes, source: Address, _now_ns: int) -> None:
+        self.inbox.append((data, source))
+        self.host.wake()
+
+    def send(self, datagrams: list[Datagram]) -> None:
+        send = self.host.sim.network.send
+        for datagram in datagrams:
+            # A copy: a retransmission is a view of the log, which moves on while in flight.
+            send(self.address, datagram.address, bytes(datagram.data))
+
+    def close(self) -> None:
+        network = self.host.sim.network
+        if self._bound is not None:
+            network.unbind(self._bound)
+            self._bound = None
+        for group in self._joined:
+            network.leave(group, self.host.ip)
+        self._joined = []
+        self.inbox.clear()
+
+
+class VirtualSendTransport(_VirtualTransport):
+    """A send endpoint: an ephemeral address, and for multicast the control group joined."""
+
+    def __init__(self, host: SimHost, address: Address, channel: Channel) -> None:
+        super().__init__(host, address)
+        self._spans = network_ffi.new("ss_span_t[]", SEND_BATCH)
+        self._listen(address)
+        group = channel.control_group
+        if group is not None:
+            self._listen((group.host, group.port or 0))
+
+    def attach(self, publication: NetworkPublication) -> None:
+        publication.c.fd = -1  # the C data path returns spans; this transport copies them
+
+    def send_data(self, publication: NetworkPublication, now_ns: int) -> int:
+        spans = self._spans
+        sent = network.ss_send_data(publication.c, now_ns, SEND_BATCH, spans)
+        if sent > 0:
+            view = publication.log.view
+            send = self.host.sim.network.send
+            destination = publication.destination
+            for i in range(sent):
+                offset = spans[i].log_offset
+                send(self.address, destination, bytes(view[offset:offset + spans[i].length]))
+        return sent
+
+    def receive(self, channel: SendChannel, now_ns: int) -> int:
+        inbox = self.inbox
+        count = len(inbox)
+        while inbox:
+            data, source = inbox.popleft()
+            channel.on_datagram(data, source, now_ns)
+        return count
+
+
+class VirtualReceiveTransport(_VirtualTransport):
+    """A receive endpoint bound to the channel's endpoint (or joined to its data group)."""
+
+    def __init__(self, host: SimHost, bind: Address) -> None:
+        super().__init__(host, (host.ip, bind[1]))
+        self._listen(bind)
+
+    def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
+        inbox = self.inbox
+        count = len(inbox)
+        while inbox:
+            data, source = inbox.popleft()
+            channel.on_datagram(data, source, now_ns)
+        return count
