@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -97,6 +98,7 @@ class Client:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(control.conductor_endpoint(directory))
         self._fd = self._socket.getsockopt(zmq.FD)
+        self._doorbells: dict[str, socket.socket] = {}
         self.counters: CountersFile
         self.client_id = 0
 
@@ -236,6 +238,25 @@ class Client:
         if self._driver_lost is not None:
             raise DriverTimeoutError(self._driver_lost)
 
+    def _doorbell_fd(self, channel: str, name: str) -> int:
+        """For a network channel, the fd of a socket connected to the driver's doorbell
+        ``name`` (opened once per client); -1 for IPC (nothing to ring)."""
+        if not channel.startswith("aeron:udp"):
+            return -1
+        with self._lock:
+            doorbell = self._doorbells.get(name)
+            if doorbell is None:
+                doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                doorbell.setblocking(False)
+                try:
+                    doorbell.connect(str(self.directory / name))
+                except OSError as e:
+                    doorbell.close()
+                    raise DriverNotRunningError(str(self.directory),
+                                                f"no doorbell {name}: {e.strerror}") from None
+                self._doorbells[name] = doorbell
+            return doorbell.fileno()
+
     # -- events --------------------------------------------------------------------------------
     def _on_available_image(self, message: dict[str, Any]) -> None:
         subscription = self._subscriptions.get(message["subscription_registration_id"])
@@ -265,7 +286,8 @@ class Client:
                                "stream_id": stream_id})
         log_buffer = LogBuffer(reply["log_file"])
         publication = Publication(self, channel, stream_id, reply["registration_id"], log_buffer,
-                                  reply["publication_limit_counter_id"])
+                                  reply["publication_limit_counter_id"],
+                                  self._doorbell_fd(channel, control.SENDER_DOORBELL))
         with self._lock:
             self._publications[publication.registration_id] = publication
         return publication
@@ -327,6 +349,8 @@ class Client:
             self._closed = True
         self._thread.join(timeout=2)
         self._socket.close(0)
+        for doorbell in self._doorbells.values():
+            doorbell.close()
         self.counters.close()
 
     def __enter__(self) -> Client:

@@ -29,6 +29,10 @@ COUNTERS_FILE = "counters.dat"
 LOCK_FILE = "driver.lock"
 PUBLICATIONS_DIR = "publications"
 IMAGES_DIR = "images"
+#: Unix datagram sockets a client rings to wake the driver's parked network thread: new data
+#: for the sender, a subscriber that reached the position where a status message is due.
+SENDER_DOORBELL = "sender.doorbell"
+RECEIVER_DOORBELL = "receiver.doorbell"
 
 # Commands.
 CONNECT = "CONNECT"

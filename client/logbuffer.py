@@ -383,6 +383,15 @@ class LogBuffer:
         """The count of parked readers (writers signal only when it is non-zero)."""
         return ffi.cast("int32_t *", self.meta + READER_WAITERS_OFFSET)
 
+    def driver_waiters(self):  # -> cffi int32_t *
+        """How many of the driver's network threads are parked waiting on this log (clients
+        ring the driver's doorbell only then; see native.h)."""
+        return ffi.cast("int32_t *", self.meta + lib.SS_META_DRIVER_WAITERS)
+
+    def set_driver_wake_position(self, position: int) -> None:
+        """The subscriber position from which a parked receiver wants its doorbell rung."""
+        self.set_meta_i64(lib.SS_META_DRIVER_WAKE_POSITION, position)
+
     def signal_readers(self) -> None:
         """Wake readers parked on this log (after the driver changed something they wait for)."""
         lib.ss_signal(self.reader_signal(), self.reader_waiters())

@@ -113,7 +113,9 @@ class Publication:
     """A handle on a stream for offering messages.  Create with ``Client.add_publication``."""
 
     def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
-                 log: LogBuffer, limit_counter_id: int) -> None:
+                 log: LogBuffer, limit_counter_id: int, doorbell_fd: int = -1) -> None:
+        """``doorbell_fd``: for a network stream, the driver sender's doorbell (rung on new
+        data while the sender is parked); -1 for IPC."""
         self.channel = channel
         self.stream_id = stream_id
         self.registration_id = registration_id
@@ -130,6 +132,7 @@ class Publication:
         appender.driver_signal = client.counters.driver_signal
         appender.driver_waiters = client.counters.driver_waiters
         appender.last_limit_hit = -1
+        appender.doorbell_fd = doorbell_fd
         self._appender = appender
         self._last_position = 0
         self._batch_result = ffi.new("int64_t *")

@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from slipstream.client import _fastpath
+from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import DataLossError
 from slipstream.client.logbuffer import (
@@ -143,8 +143,11 @@ class Image:
 
     def __init__(self, log: LogBuffer, position_counter, *, join_position: int,
                  correlation_id: int = 0, source_identity: str = "",
-                 subscription: Subscription | None = None) -> None:
-        """``position_counter`` is a cffi ``int64_t *``: this subscriber's position counter."""
+                 subscription: Subscription | None = None, doorbell_fd: int = -1) -> None:
+        """``position_counter`` is a cffi ``int64_t *``: this subscriber's position counter.
+        ``doorbell_fd``: for an image of a network stream, the driver receiver's doorbell
+        (rung when the receiver parks and this subscriber reaches the position it waits
+        for); -1 for IPC."""
         self.subscription = subscription
         self.session_id = log.session_id
         self.stream_id = log.stream_id
@@ -170,6 +173,7 @@ class Image:
         self._assembly = bytearray()
         self._assembling = False
         self._closed = False
+        self._doorbell_fd = doorbell_fd
         self.signal = log.reader_signal()
         self.waiters = log.reader_waiters()
 
@@ -193,7 +197,11 @@ class Image:
 
     def _advance(self, position: int) -> None:
         self._position = position
-        lib.ss_store_release_i64(self._position_ptr, position)
+        if self._doorbell_fd < 0:
+            lib.ss_store_release_i64(self._position_ptr, position)
+        else:
+            lib.ss_advance_position(self._position_ptr, position, self._log.meta,
+                                    self._doorbell_fd)
 
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
         """Deliver up to ``fragment_limit`` fragments; returns how many messages were handled."""
@@ -420,7 +428,8 @@ class Subscription:
                    correlation_id: int, source_identity: str) -> Image:
         return Image(log, self._client.counters.address(position_counter_id),
                      join_position=join_position, correlation_id=correlation_id,
-                     source_identity=source_identity, subscription=self)
+                     source_identity=source_identity, subscription=self,
+                     doorbell_fd=self._client._doorbell_fd(self.channel, control.RECEIVER_DOORBELL))
 
     @property
     def images(self) -> tuple[Image, ...]:

@@ -314,10 +314,17 @@ class DriverSettings:
         "so 4096 serves hundreds of streams (slipstream).",
         low=64, high=1_000_000,
     )
-    conductor_idle_spin: int = _duration(
-        200 * _US,
-        "Time the idle driver spins before parking, ns: a wake-up within microseconds after a "
-        "short lull, ~0% CPU when truly idle (slipstream, DESIGN.md principle 6).",
+    threading_mode: str = _choice(
+        "shared_network", ("shared_network", "dedicated"),
+        "Threads of the network agents: shared_network = one thread runs the sender and the "
+        "receiver (best on small machines), dedicated = one thread each, for hosts with cores "
+        "to spare. The conductor always runs apart.",
+    )
+    network_idle_spin: int = _duration(
+        50 * _US,
+        "How long a network thread keeps polling after its last work before it parks on its "
+        "sockets, ns: a burst that resumes within this costs no wake-up (~50 us here), and an "
+        "idle driver still costs ~0% CPU (slipstream, DESIGN.md principle 6).",
         high=_S,
     )
     # ---------------------------------------------------------------- log buffers and MTU
@@ -431,17 +438,12 @@ class DriverSettings:
         True, "A subscription whose image went away may join the stream again (a new image)."
     )
     # ---------------------------------------------------------------- sender
-    send_to_status_poll_ratio: int = _int(
-        6,
-        "Sender duty cycles per poll of the control socket for SMs and NAKs (count); favours "
-        "sending while keeping feedback timely.",
-        low=1, high=1000, section="Sender",
-    )
     network_publication_max_messages_per_send: int = _int(
-        2,
-        "Datagrams per sendmmsg batch for one publication (count); 16 is the batch array size, "
-        "as in aeronmd.",
-        low=1, high=16,
+        64,
+        "Datagrams one publication sends per duty cycle, in one sendmmsg (count). Aeron's C "
+        "driver sends 2 per cycle of ~100 ns; a cycle here costs microseconds of Python, so "
+        "it sends more per cycle.",
+        low=1, high=64, section="Sender",
     )
     retransmit_unicast_delay: int = _duration(
         0, "Delay before answering a unicast NAK with a retransmit, ns; 0 = at once.", high=_S

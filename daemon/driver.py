@@ -1,8 +1,10 @@
 """The media driver process: a thin trio shell around the conductor.
 
 Tasks: the command loop (zmq ROUTER → conductor → replies), the duty cycle (limits, cleaning,
-liveness), a signal watcher (SIGINT/SIGTERM stop it cleanly) and a futex watcher thread that
-turns a client's wake-up into a trio wake-up.
+liveness, the network agents' events), a signal watcher (SIGINT/SIGTERM stop it cleanly) and
+a futex watcher thread that turns a client's wake-up into a trio wake-up.  The network agents
+run on their own thread(s) (:mod:`slipstream.daemon.network_thread`), over UDP sockets
+(:mod:`slipstream.daemon.udp`).
 
 Idling: while positions move the duty cycle runs every millisecond; with nothing to do it backs
 off to ``IDLE_PARK_MAX_S`` (bounded by the next timer) and parks, registered as a waiter on the
@@ -38,6 +40,8 @@ from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import DriverAlreadyRunningError, DriverError
 from slipstream.daemon.conductor import DriverConductor, Outgoing
 from slipstream.daemon.config import DriverSettings, load_settings
+from slipstream.daemon.network_thread import NetworkThread, open_doorbell
+from slipstream.daemon.udp import UdpTransports
 
 log = logging.getLogger("slipstream.driver")
 
@@ -113,15 +117,36 @@ class _DriverShell:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         counters = CountersFile.create(self.directory.path / control.COUNTERS_FILE,
                                        self.settings.counters_capacity)
-        conductor = DriverConductor(self.settings, self.directory.path, counters)
+        token = trio.lowlevel.current_trio_token()
+        doorbells = [open_doorbell(str(self.directory.path / name))
+                     for name in (control.SENDER_DOORBELL, control.RECEIVER_DOORBELL)]
+        threads: list[NetworkThread] = []
+        conductor = DriverConductor(
+            self.settings, self.directory.path, counters,
+            transports=UdpTransports(self.settings, counters),
+            wake_network=lambda: [thread.wake() for thread in threads],
+            wake_conductor=lambda: self._wake_from_thread(token))
+        network = conductor.network
+        assert network is not None
+        spin = self.settings.network_idle_spin
+        if self.settings.threading_mode == "dedicated":
+            threads += [NetworkThread("slipstream-sender", [network.sender], doorbells[:1],
+                                      counters, spin),
+                        NetworkThread("slipstream-receiver", [network.receiver], doorbells[1:],
+                                      counters, spin)]
+        else:
+            threads.append(NetworkThread("slipstream-network", [network.receiver,
+                                                                network.sender],
+                                         doorbells, counters, spin))
         self.counters = counters
         self.conductor = conductor
         self.sock = sock
         watcher: threading.Thread | None = None
         try:
+            for thread in threads:
+                thread.start()
             sock.bind(control.conductor_endpoint(self.directory.path))
             counters.beat(time.time_ns())
-            token = trio.lowlevel.current_trio_token()
             watcher = threading.Thread(target=self._watch_futex, args=(token,),
                                        name="slipstream-driver-futex", daemon=True)
             watcher.start()
@@ -142,12 +167,24 @@ class _DriverShell:
                 lib.ss_futex_wake(counters.driver_signal, 1 << 30)
                 watcher.join(timeout=2)
             _notify_systemd("STOPPING=1")
+            for thread in threads:
+                thread.stop()
+            for doorbell in doorbells:
+                doorbell.close()
             conductor.close(time.monotonic_ns())
             sock.close(0)
             context.term()
             counters.close()
             self.directory.release()
             log.info("slipstream driver stopped")
+
+    def _wake_from_thread(self, token: trio.lowlevel.TrioToken) -> None:
+        """The network agents posted events: run a duty cycle soon (any thread)."""
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(self._set_wake)
+
+    def _set_wake(self) -> None:
+        self._wake.set()
 
     async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

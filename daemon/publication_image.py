@@ -255,6 +255,10 @@ class PublicationImage:
     def subscriber_count(self) -> int:
         return len(self._subscriber_positions)
 
+    def min_subscriber_position(self) -> int:
+        """The slowest subscriber's position (rcv-pos without subscribers), bytes."""
+        return self._min_max_subscriber_position()[0]
+
     def _min_max_subscriber_position(self) -> tuple[int, int]:
         cells = self._subscriber_positions
         if not cells:

@@ -38,6 +38,7 @@ from typing import Protocol
 
 import attrs
 
+from slipstream.client._native import lib
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
@@ -402,6 +403,7 @@ class Receiver:
         self.endpoints: list[ReceiveEndpoint] = []
         self._on_event = on_event
         self._commands: deque[Callable[[int], None]] = deque()
+        self._armed: list[object] = []  # the driver-waiters words raised by prepare_to_park
 
     def submit(self, command: Callable[[int], None]) -> None:
         """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe)."""
@@ -411,9 +413,9 @@ class Receiver:
         self.endpoints.append(endpoint)
 
     def remove_endpoint(self, endpoint: ReceiveEndpoint) -> None:
+        """Stop using ``endpoint``; its owner closes it."""
         if endpoint in self.endpoints:
             self.endpoints.remove(endpoint)
-        endpoint.transport.close()
 
     def do_work(self, now_ns: int) -> int:
         """One duty cycle; returns the amount of work done (0: idle)."""
@@ -434,6 +436,29 @@ class Receiver:
                 self._on_event(event)
                 work += 1
         return work
+
+    def prepare_to_park(self) -> bool:
+        """The thread is about to park: ask every image's subscribers to ring the doorbell
+        once they reach the position where a status message would be due (the log's wake
+        position and driver-waiters word), then look once more; False when they are there
+        already.  Call :meth:`unpark` after the park (or instead of it)."""
+        may_park = not self._commands
+        for endpoint in self.endpoints:
+            for image in endpoint.channel.images.values():
+                due = image.status_message_due_position()
+                log_buffer = image.log
+                log_buffer.set_driver_wake_position(due)
+                waiters = log_buffer.driver_waiters()
+                lib.ss_get_and_add_i32(waiters, 1)  # seq_cst: pairs with the reader's fence
+                self._armed.append(waiters)
+                if image.subscriber_count and image.min_subscriber_position() >= due:
+                    may_park = False
+        return may_park
+
+    def unpark(self) -> None:
+        for waiters in self._armed:
+            lib.ss_get_and_add_i32(waiters, -1)
+        self._armed.clear()
 
     def next_deadline_ns(self) -> int:
         """When a duty cycle is next due with no input (NO_DEADLINE: none)."""

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import attrs
 
+from slipstream.client._native import lib
 from slipstream.daemon.network_publication import NetworkPublication, SendChannel
 from slipstream.daemon.protocol_types import NO_DEADLINE, Datagram
 
@@ -71,6 +72,7 @@ class Sender:
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
         self._on_event = on_event
         self._commands: deque[Callable[[int], None]] = deque()
+        self._armed: list[object] = []  # the driver-waiters words raised by prepare_to_park
 
     def submit(self, command: Callable[[int], None]) -> None:
         """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe)."""
@@ -81,10 +83,9 @@ class Sender:
         self.endpoints.append(endpoint)
 
     def remove_endpoint(self, endpoint: SendEndpoint) -> None:
-        """Forget ``endpoint`` (its publications are all DONE) and close its transport."""
+        """Stop using ``endpoint`` (its publications are all DONE); its owner closes it."""
         if endpoint in self.endpoints:
             self.endpoints.remove(endpoint)
-        endpoint.transport.close()
 
     def add_publication(self, endpoint: SendEndpoint, publication: NetworkPublication) -> None:
         endpoint.transport.attach(publication)
@@ -129,8 +130,23 @@ class Sender:
 
     def has_data_ready(self) -> bool:
         """Whether a publication has committed data that flow control lets out (what the
-        next duty cycle would send): checked before the network thread parks."""
+        next duty cycle would send)."""
         return any(p.has_data_ready() for p, _ in self._publications)
+
+    def prepare_to_park(self) -> bool:
+        """The thread is about to park: ask every publisher to ring the doorbell on new data
+        (the log's driver-waiters word), then look once more; False when there is work after
+        all.  Call :meth:`unpark` after the park (or instead of it)."""
+        for publication, _ in self._publications:
+            waiters = publication.log.driver_waiters()
+            lib.ss_get_and_add_i32(waiters, 1)  # seq_cst: pairs with the appender's fence
+            self._armed.append(waiters)
+        return not self._commands and not self.has_data_ready()
+
+    def unpark(self) -> None:
+        for waiters in self._armed:
+            lib.ss_get_and_add_i32(waiters, -1)
+        self._armed.clear()
 
     def next_deadline_ns(self) -> int:
         """When a duty cycle is next due with no input or new data (NO_DEADLINE: none)."""

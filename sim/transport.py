@@ -25,8 +25,6 @@ from slipstream.sim.network import is_multicast
 if TYPE_CHECKING:
     from slipstream.sim.host import SimHost
 
-#: DATA datagrams per ``ss_send_data`` call: the most the C data path sends per sendmmsg.
-SEND_BATCH: Final = 64
 #: The first ephemeral port a host's send transports use; each incarnation takes a new one.
 SEND_PORT_BASE: Final = 50000
 
@@ -95,7 +93,8 @@ class VirtualSendTransport(_VirtualTransport):
 
     def __init__(self, host: SimHost, address: Address, channel: Channel) -> None:
         super().__init__(host, address)
-        self._spans = network_ffi.new("ss_span_t[]", SEND_BATCH)
+        self._batch = host.sim.settings.network_publication_max_messages_per_send
+        self._spans = network_ffi.new("ss_span_t[]", self._batch)
         self._listen(address)
         group = channel.control_group
         if group is not None:
@@ -106,7 +105,7 @@ class VirtualSendTransport(_VirtualTransport):
 
     def send_data(self, publication: NetworkPublication, now_ns: int) -> int:
         spans = self._spans
-        sent = network.ss_send_data(publication.c, now_ns, SEND_BATCH, spans)
+        sent = network.ss_send_data(publication.c, now_ns, self._batch, spans)
         if sent > 0:
             view = publication.log.view
             send = self.host.sim.network.send

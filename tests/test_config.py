@@ -48,7 +48,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "log_level": "info",
     "metrics_address": "",
     "counters_capacity": 4096,
-    "conductor_idle_spin": 200 * US,
+    "threading_mode": "shared_network",  # Aeron's SHARED_NETWORK (its default: DEDICATED)
+    "network_idle_spin": 50 * US,
     "term_buffer_length": 16 * MiB,
     "ipc_term_buffer_length": 64 * MiB,
     "term_buffer_sparse_file": False,  # Aeron: aeron.term.buffer.sparse.file
@@ -69,8 +70,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "reliable_stream": True,
     "tether_subscriptions": True,
     "rejoin_stream": True,
-    "send_to_status_poll_ratio": 6,
-    "network_publication_max_messages_per_send": 2,
+    # Aeron sends 2 per ~100 ns duty cycle; a Python duty cycle costs microseconds.
+    "network_publication_max_messages_per_send": 64,
     "retransmit_unicast_delay": 0,
     "retransmit_unicast_linger": 10 * MS,
     "max_resend": 16,

@@ -1,0 +1,312 @@
+"""UDP transports: the driver's sockets for its send and receive channel endpoints.
+
+This is the I/O shell of the network stack (the sans-I/O core never sees a socket):
+
+* a **send endpoint** (one per channel address a publication sends to) sends DATA through the
+  C data path (``ss_send_data``: ``sendmmsg`` of iovecs into the log), control frames and
+  retransmissions with ``send``, and receives the status messages, NAKs and RTTMs that come
+  back with ``recvmmsg`` in C.  Unicast: an ephemeral local port (or ``control=``), connected
+  to the endpoint.  Multicast (PROTOCOL.md §6): bound to the control group (data group + 1,
+  same port) which it joins, sending to the data group;
+* a **receive endpoint** (one per address subscribed to) receives with ``recvmmsg`` in C, which
+  validates every frame and inserts DATA into the images' logs; the rest goes up to the
+  :class:`ReceiveChannel`.  Unicast: bound to the endpoint.  Multicast: bound to the data group,
+  joined on the interface, status messages and NAKs sent to the control group.
+
+Sockets are non-blocking; ``SO_RCVBUF``/``SO_SNDBUF`` come from the URI (``so-rcvbuf``,
+``so-sndbuf``) or the settings, and a kernel that grants less than asked is logged once,
+naming ``net.core.rmem_max``/``wmem_max``.  ``interface=`` sets ``IP_MULTICAST_IF`` and the
+interface of the group membership; TTL from ``ttl=`` or ``socket_multicast_ttl``; multicast
+loop is on, so drivers on one host hear each other.  IPv4 and IPv6 unicast, IPv4 multicast.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+import socket
+import struct
+from typing import Final
+
+from slipstream.client.channel import Channel
+from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.errors import ChannelError
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.network_publication import NetworkPublication, SendChannel
+from slipstream.daemon.protocol_types import Address, Datagram, address_of, sockaddr
+from slipstream.daemon.receiver import ReceiveChannel
+
+log = logging.getLogger("slipstream.driver")
+
+#: Datagrams per recvmmsg on a receive endpoint, and the buffer for each: the largest UDP
+#: payload a frame may have (PROTOCOL.md §1: MTU at most 65504).
+RECEIVE_BATCH: Final = 32
+RECEIVE_BUFFER_LENGTH: Final = 65536
+#: A send endpoint only receives control frames (at most 1063 bytes, an ERR).
+CONTROL_BATCH: Final = 16
+CONTROL_BUFFER_LENGTH: Final = 2048
+#: recvmmsg calls per duty cycle while the socket stays full.
+MAX_RECEIVE_CALLS: Final = 8
+
+_warned_buffers: set[tuple[str, int, int]] = set()
+
+
+class UdpTransports:
+    """The driver's :class:`~slipstream.daemon.network_conductor.NetworkTransports`."""
+
+    def __init__(self, settings: DriverSettings, counters: CountersFile) -> None:
+        self.settings = settings
+        self.counters = counters
+
+    def open_send(self, channel: Channel, destination: Address) -> UdpSendTransport:
+        return UdpSendTransport(self.settings, self.counters, channel, destination)
+
+    def open_receive(self, channel: Channel, bind: Address) -> UdpReceiveTransport:
+        return UdpReceiveTransport(self.settings, self.counters, channel, bind)
+
+
+class _ControlReceiver:
+    """recvmmsg buffers and a C receiver table for one socket (``ss_receiver_t`` fields)."""
+
+    def __init__(self, receiver, batch: int, buffer_length: int) -> None:  # receiver: cdata
+        self.batch = batch
+        self.buffer_length = buffer_length
+        self.buffers = network_ffi.new("uint8_t[]", batch * buffer_length)
+        self.lengths = network_ffi.new("int32_t[]", batch)
+        self.sources = network_ffi.new("uint8_t[]", batch * network.SS_SOCKADDR_MAX)
+        self.source_lengths = network_ffi.new("int32_t[]", batch)
+        self.to_python = network_ffi.new("int32_t[]", batch)
+        self.to_python_count = network_ffi.new("int32_t *")
+        self.view = memoryview(network_ffi.buffer(self.buffers))
+        self.source_view = memoryview(network_ffi.buffer(self.sources))
+        receiver.batch = batch
+        receiver.buffer_length = buffer_length
+        receiver.buffers = self.buffers
+        receiver.lengths = self.lengths
+        receiver.sources = self.sources
+        receiver.source_lengths = self.source_lengths
+
+    def receive(self, receiver, fd: int, now_ns: int, handle) -> int:
+        """recvmmsg into the buffers until the socket is empty (or MAX_RECEIVE_CALLS); every
+        datagram for Python goes to ``handle(data, source, now_ns)``."""
+        total = 0
+        for _ in range(MAX_RECEIVE_CALLS):
+            received = network.ss_receiver_recv(receiver, fd, now_ns, self.to_python,
+                                                self.to_python_count)
+            if received <= 0:
+                if received < 0:
+                    log.warning("receive failed: %s", os.strerror(receiver.last_errno))
+                break
+            total += received
+            for k in range(self.to_python_count[0]):
+                i = self.to_python[k]
+                start = i * self.buffer_length
+                source_start = i * network.SS_SOCKADDR_MAX
+                try:
+                    source = address_of(self.source_view[source_start:source_start
+                                                         + self.source_lengths[i]])
+                except (ValueError, struct.error):
+                    continue
+                handle(self.view[start:start + self.lengths[i]], source, now_ns)
+            if received < self.batch:
+                break
+        return total
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+
+
+def _interface_address(channel: Channel) -> str | None:
+    """The ``interface=`` host as an IP literal (resolved once, here), or None."""
+    if channel.interface is None:
+        return None
+    host = channel.interface.host
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        try:
+            return socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)[0][4][0]
+        except OSError as e:
+            raise ChannelError(str(channel), "interface",
+                               f"cannot resolve {host!r}: {e}") from None
+
+
+def _new_socket(family: socket.AddressFamily, settings: DriverSettings,
+                channel: Channel) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        for option, asked, name, limit in (
+                (socket.SO_RCVBUF, channel.so_rcvbuf or settings.socket_so_rcvbuf,
+                 "so-rcvbuf", "net.core.rmem_max"),
+                (socket.SO_SNDBUF, channel.so_sndbuf or settings.socket_so_sndbuf,
+                 "so-sndbuf", "net.core.wmem_max")):
+            if not asked:
+                continue
+            sock.setsockopt(socket.SOL_SOCKET, option, asked)
+            granted = sock.getsockopt(socket.SOL_SOCKET, option) // 2  # Linux doubles it
+            if granted < asked and (name, asked, granted) not in _warned_buffers:
+                _warned_buffers.add((name, asked, granted))
+                log.warning("%s: asked for %d bytes, the kernel gave %d: raise %s (sysctl -w "
+                            "%s=%d) or ask for less", name, asked, granted, limit, limit, asked)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _set_multicast(sock: socket.socket, settings: DriverSettings, channel: Channel,
+                   group: str, interface: str | None) -> None:
+    """Join ``group`` on ``interface`` and send multicast from it, with TTL and loop."""
+    if ipaddress.ip_address(group).version != 4:
+        raise ChannelError(str(channel), "endpoint", "IPv6 multicast is not supported yet")
+    local = socket.inet_aton(interface or "0.0.0.0")
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                    socket.inet_aton(group) + local)
+    if interface is not None:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, local)
+    ttl = channel.ttl or settings.socket_multicast_ttl
+    if ttl:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+
+
+class _UdpTransport:
+    def __init__(self, sock: socket.socket, counters: CountersFile) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.counters = counters
+        self._errors_logged: set[int] = set()
+
+    def send(self, datagrams: list[Datagram]) -> None:
+        sock = self.sock
+        for datagram in datagrams:
+            try:
+                sock.sendto(datagram.data, datagram.address)
+            except BlockingIOError:
+                self.counters.add(SystemCounter.SHORT_SENDS)
+            except OSError as e:
+                self._send_error(e, datagram.address)
+
+    def _send_error(self, error: OSError, address: Address) -> None:
+        self.counters.add(SystemCounter.SEND_ERRORS)
+        if error.errno not in self._errors_logged:
+            self._errors_logged.add(error.errno or 0)
+            log.warning("sending to %s:%d failed: %s", address[0], address[1], error.strerror)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class UdpSendTransport(_UdpTransport):
+    """A send endpoint's socket (see the module docstring)."""
+
+    def __init__(self, settings: DriverSettings, counters: CountersFile, channel: Channel,
+                 destination: Address) -> None:
+        family = _family(destination[0])
+        interface = _interface_address(channel)
+        sock = _new_socket(family, settings, channel)
+        try:
+            group = channel.control_group
+            if group is not None:  # multicast: listen on the control group for SMs and NAKs
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((group.host, destination[1]))
+                _set_multicast(sock, settings, channel, group.host, interface)
+                self.connected = False
+            else:
+                local = channel.control  # pins the local address (and port) if given
+                host = (local.host if local is not None else interface) or (
+                    "::" if family == socket.AF_INET6 else "0.0.0.0")
+                port = (local.port or 0) if local is not None else 0
+                sock.bind((host, port))
+                sock.connect(destination)  # SMs and NAKs come back to this port
+                self.connected = True
+        except BaseException:
+            sock.close()
+            raise
+        super().__init__(sock, counters)
+        self.destination = destination
+        self.batch = settings.network_publication_max_messages_per_send
+        self._spans = network_ffi.new("ss_span_t[]", self.batch)
+        self._receiver = network_ffi.new("ss_receiver_t *")
+        self._slots = network_ffi.new("ss_image_t *[]", 1)  # no images: all goes to Python
+        self._receiver.slots = self._slots
+        self._receiver.slot_mask = 0
+        self._receiver.counters.invalid_packets = counters.address(SystemCounter.INVALID_PACKETS)
+        self._receiver.counters.receive_errors = counters.address(SystemCounter.RECEIVE_ERRORS)
+        self._control = _ControlReceiver(self._receiver, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
+
+    @property
+    def local_address(self) -> Address:
+        return self.sock.getsockname()[:2]
+
+    def attach(self, publication: NetworkPublication) -> None:
+        c = publication.c
+        c.fd = self.fd
+        if self.connected:
+            c.destination_length = 0
+        else:
+            raw = sockaddr(publication.destination)
+            c.destination = raw
+            c.destination_length = len(raw)
+
+    def send_data(self, publication: NetworkPublication, now_ns: int) -> int:
+        sent = network.ss_send_data(publication.c, now_ns, self.batch, self._spans)
+        if sent < 0:
+            code = publication.c.last_errno
+            if code not in self._errors_logged and code != errno.ECONNREFUSED:
+                self._errors_logged.add(code)
+                log.warning("sending %s failed: %s", publication, os.strerror(code))
+            return 0
+        return sent
+
+    def send(self, datagrams: list[Datagram]) -> None:
+        if not self.connected:
+            super().send(datagrams)
+            return
+        sock = self.sock
+        for datagram in datagrams:
+            try:
+                if datagram.address == self.destination:
+                    sock.send(datagram.data)
+                else:
+                    sock.sendto(datagram.data, datagram.address)
+            except BlockingIOError:
+                self.counters.add(SystemCounter.SHORT_SENDS)
+            except ConnectionRefusedError:
+                pass  # an ICMP error of an earlier datagram: nobody listens there (yet)
+            except OSError as e:
+                self._send_error(e, datagram.address)
+
+    def receive(self, channel: SendChannel, now_ns: int) -> int:
+        return self._control.receive(self._receiver, self.fd, now_ns, channel.on_datagram)
+
+
+class UdpReceiveTransport(_UdpTransport):
+    """A receive endpoint's socket (see the module docstring)."""
+
+    def __init__(self, settings: DriverSettings, counters: CountersFile, channel: Channel,
+                 bind: Address) -> None:
+        sock = _new_socket(_family(bind[0]), settings, channel)
+        try:
+            if ipaddress.ip_address(bind[0]).is_multicast:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(bind)
+                _set_multicast(sock, settings, channel, bind[0], _interface_address(channel))
+            else:
+                sock.bind(bind)
+        except BaseException:
+            sock.close()
+            raise
+        super().__init__(sock, counters)
+        self._receive: _ControlReceiver | None = None
+
+    def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
+        if self._receive is None:  # the buffers live in the channel's C receiver struct
+            self._receive = _ControlReceiver(channel.c, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
+        return self._receive.receive(channel.c, self.fd, now_ns, channel.on_control)
