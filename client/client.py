@@ -265,7 +265,8 @@ class Client:
         try:
             log_buffer = LogBuffer(message["log_file"])
         except (OSError, ValueError) as e:
-            log.error("could not map image %s: %s", message["log_file"], e)
+            # It may be gone already (a short-lived image): its UNAVAILABLE_IMAGE follows.
+            log.info("could not map image %s: %s", message["log_file"], e)
             return
         image = subscription._new_image(log_buffer, message["subscriber_position_counter_id"],
                                         message["join_position"], message["correlation_id"],

@@ -103,6 +103,7 @@ class SystemCounter(enum.IntEnum):
     RECEIVE_ERRORS = 24
     FOREIGN_SOURCE_DROPS = 25  # frames of an image from an address other than its SETUP's
     IMAGES_REJECTED = 26  # a SETUP whose image the driver could not create (space, counters)
+    DEBUG_DATA_LOSS_DROPS = 27  # dropped on purpose by debug_receive_data_loss (a test hook)
 
     @property
     def label(self) -> str:

@@ -533,19 +533,21 @@ class Subscription:
             for image in self._images:
                 if image.correlation_id == correlation_id:
                     self._images = tuple(i for i in self._images if i is not image)
+                    # Wake a receiver parked on this image so it notices; while the log is
+                    # surely mapped (the polling thread unmaps retired images).
+                    lib.ss_signal(image.signal, image.waiters)
                     # Unmapped later from the polling thread, never under a running poll.
                     self._retired.append(image)
                     break
             else:
                 return None
-        # Wake a receiver parked on this image so it notices.
-        lib.ss_signal(image.signal, image.waiters)
         if self.on_unavailable_image is not None:
             self.on_unavailable_image(image)
         return image
 
     def _release_retired(self) -> None:
-        retired, self._retired = self._retired, []
+        with self._images_changed:
+            retired, self._retired = self._retired, []
         for image in retired:
             image._close()
 

@@ -39,7 +39,7 @@ from slipstream.daemon.network_conductor import (
     NetworkSubscription,
     NetworkTransports,
 )
-from slipstream.daemon.resources import ResourceError, log_start, no_room_for_log
+from slipstream.daemon.resources import LogBudget, ResourceError, log_start, no_room_for_log
 
 log = logging.getLogger("slipstream.driver")
 
@@ -89,11 +89,13 @@ class DriverConductor:
         self._clients_by_key: dict[bytes, ClientSession] = {}
         self.ipc_publications: dict[int, IpcPublication] = {}  # by registration id
         self._ipc_by_stream: dict[int, IpcPublication] = {}
+        self.budget = LogBudget(settings.log_buffer_memory_limit)
         self.network: NetworkConductor | None = None
         if transports is not None:
             self.network = NetworkConductor(
                 settings=settings, directory=directory, counters=counters,
-                transports=transports, rng=random.Random(self._rng.getrandbits(64)),
+                transports=transports, budget=self.budget,
+                rng=random.Random(self._rng.getrandbits(64)),
                 new_id=self._new_id, new_session_id=self._new_session_id,
                 wake_network=wake_network, wake_conductor=wake_conductor)
         self._next_timer_ns = 0
@@ -253,6 +255,7 @@ class DriverConductor:
         session_id = (channel.session_id if channel.session_id is not None
                       else self._new_session_id())
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
+        reserved = self.budget.reserve(term_length, f"stream {stream_id} on aeron:ipc")
         try:
             publication = IpcPublication.create(
                 path=str(path),
@@ -267,8 +270,10 @@ class DriverConductor:
                 sparse=(channel.sparse if channel.sparse is not None
                         else settings.term_buffer_sparse_file))
         except CountersFullError:
+            self.budget.release(reserved)
             raise
         except OSError as e:
+            self.budget.release(reserved)
             raise no_room_for_log(path, stream_id, term_length, e) from None
         self.ipc_publications[registration_id] = publication
         self._ipc_by_stream[stream_id] = publication
@@ -423,6 +428,7 @@ class DriverConductor:
         del self.ipc_publications[publication.registration_id]
         if self._ipc_by_stream.get(publication.stream_id) is publication:
             del self._ipc_by_stream[publication.stream_id]
+        self.budget.release(publication.log.length)
         publication.close()
         return out
 
@@ -454,6 +460,7 @@ class DriverConductor:
         for client in list(self.clients.values()):
             self._remove_client(client, now_ns)
         for publication in list(self.ipc_publications.values()):
+            self.budget.release(publication.log.length)
             publication.close()
         self.ipc_publications.clear()
         self._ipc_by_stream.clear()

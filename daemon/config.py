@@ -354,6 +354,15 @@ class DriverSettings:
         "IP fragmentation. Must exceed the header (Aeron: > 32, so >= 64).",
         low=64, high=65504, multiple_of=32,
     )
+    log_buffer_memory_limit: int = _size(
+        4 * _GiB,
+        "The most memory all of the driver's logs (publications and images) may take "
+        "together, bytes; past it a new stream or image is refused with a message naming "
+        "this key. A log is 3 terms: 48 MiB for a 16 MiB network term, 192 MiB for a 64 MiB "
+        "IPC term. It bounds what clients, and SETUP frames from the network, can make the "
+        "driver allocate (slipstream).",
+        low=64 * _KiB, high=1 << 50,
+    )
     ipc_mtu_length: int = _size(
         1408,
         "Fragment size of IPC publications, bytes incl. the 32-byte header; same rules as "
@@ -373,12 +382,20 @@ class DriverSettings:
         low=0, high=_GiB,
     )
     # ---------------------------------------------------------------- receiver
+    image_term_buffer_length_max: int = _size(
+        128 * _MiB,
+        "The longest term a receiver accepts in a SETUP, bytes: an image's log is three such "
+        "terms, made when the SETUP arrives, so a longer one is refused (counted as an image "
+        "rejected, and the sender told by an ERR frame). Aeron accepts up to 1 GiB "
+        "(slipstream).",
+        low=64 * _KiB, high=_GiB, power_of_two=True, section="Receiver",
+    )
     rcv_initial_window_length: int = _size(
         128 * _KiB,
         "Receiver window advertised in status messages, bytes; 128 KiB covers the "
         "bandwidth x RTT product of 10 Gbit/s x 100 us or 1 Gbit/s x 1 ms. Capped at "
         "term_length/2; must be >= mtu_length.",
-        low=64, high=_GiB, section="Receiver",
+        low=64, high=_GiB,
     )
     status_message_timeout: int = _duration(
         200 * _MS,
@@ -456,6 +473,17 @@ class DriverSettings:
     )
     max_resend: int = _int(
         16, "Concurrent retransmit actions per publication (count).", low=1, high=256
+    )
+    debug_receive_data_loss: int = _int(
+        0,
+        "A test hook (as Aeron's debug receive channel endpoint): DATA datagrams arriving on "
+        "this driver's sockets are dropped at random, this many per million (0 = none); "
+        "counted as debug data loss drops.",
+        low=0, high=1_000_000,
+    )
+    debug_receive_data_loss_seed: int = _int(
+        1, "Seed of the generator that chooses which datagrams debug_receive_data_loss drops.",
+        low=1, high=_INT64[1],
     )
     # ---------------------------------------------------------------- timers and liveness
     timer_interval: int = _duration(

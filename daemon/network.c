@@ -302,6 +302,18 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
             count(r->counters.invalid_packets, 1);
             continue;
         }
+        if (r->loss_threshold != 0 && length >= 8) {
+            uint16_t type = read_u16((const uint8_t *)vectors[i].iov_base + 6);
+            if (type == SS_HDR_TYPE_DATA || type == SS_HDR_TYPE_PAD) {
+                uint64_t x = r->loss_state;
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                r->loss_state = x;
+                if ((uint32_t)(x >> 32) < r->loss_threshold) {
+                    count(r->counters.debug_data_loss_drops, 1);
+                    continue;
+                }
+            }
+        }
         if (ss_receiver_on_datagram(r, (const uint8_t *)vectors[i].iov_base, length,
                                     (const uint8_t *)header->msg_name,
                                     (int32_t)header->msg_namelen, now_ns) == SS_RX_TO_PYTHON) {

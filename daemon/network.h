@@ -80,6 +80,7 @@ typedef struct {
     int64_t *flow_control_under_runs;
     int64_t *foreign_source_drops;
     int64_t *receive_errors;
+    int64_t *debug_data_loss_drops;
 } ss_receiver_counters_t;
 
 /* A receive endpoint's image table and receive buffers, all memory owned by Python. */
@@ -97,6 +98,11 @@ typedef struct {
     uint8_t *sources;             /* batch x SS_SOCKADDR_MAX: struct sockaddr of each */
     int32_t *source_lengths;
     int32_t last_errno;
+    /* A test hook, as Aeron's debug receive channel endpoint: a DATA/PAD datagram arriving on
+     * the socket is dropped with probability loss_threshold / 2^32 (0: never), drawn from a
+     * xorshift64 generator whose state is loss_state (seed it non-zero). */
+    uint32_t loss_threshold;
+    uint64_t loss_state;
     ss_receiver_counters_t counters;
 } ss_receiver_t;
 

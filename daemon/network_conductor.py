@@ -53,12 +53,20 @@ from slipstream.daemon.receiver import (
     Receiver,
     ReceiveTransport,
 )
-from slipstream.daemon.resources import ResourceError, create_log, discard_log, log_start
+from slipstream.daemon.resources import (
+    LogBudget,
+    ResourceError,
+    create_log,
+    discard_log,
+    log_start,
+)
 from slipstream.daemon.sender import PublicationDone, SendEndpoint, Sender, SendTransport
 
 log = logging.getLogger("slipstream.driver")
 
 Outgoing = list[tuple[bytes, dict[str, Any]]]
+#: Agent events handled per conductor duty cycle; the rest wait for the next (at once).
+MAX_EVENTS_PER_CYCLE = 64
 
 
 class NetworkTransports(Protocol):
@@ -161,7 +169,7 @@ class NetworkConductor:
     the agents it creates run on the network thread (see the module docstring)."""
 
     def __init__(self, *, settings: DriverSettings, directory: Path, counters: CountersFile,
-                 transports: NetworkTransports, rng: random.Random,
+                 transports: NetworkTransports, budget: LogBudget, rng: random.Random,
                  new_id: Callable[[], int], new_session_id: Callable[[], int],
                  wake_network: Callable[[], None] = lambda: None,
                  wake_conductor: Callable[[], None] = lambda: None) -> None:
@@ -169,6 +177,7 @@ class NetworkConductor:
         self.directory = directory
         self.counters = counters
         self.transports = transports
+        self.budget = budget
         self._rng = rng
         self._new_id = new_id
         self._new_session_id = new_session_id
@@ -233,7 +242,8 @@ class NetworkConductor:
         window = settings.term_window_length(term_length, pub_wnd=channel.pub_wnd)
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
         log_buffer = create_log(
-            path, term_length=term_length, session_id=session_id, stream_id=stream_id,
+            path, self.budget, f"stream {stream_id} on {channel}",
+            term_length=term_length, session_id=session_id, stream_id=stream_id,
             mtu=mtu, correlation_id=registration_id, term_window_length=window,
             group=has_group_semantics(channel), **log_start(channel, self._rng),
             linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
@@ -247,7 +257,7 @@ class NetworkConductor:
                   "snd-pos"), (CounterType.SENDER_LIMIT, "snd-lmt")],
                 label, registration_id, session_id, stream_id)
         except CountersFullError:
-            discard_log(log_buffer)
+            discard_log(log_buffer, self.budget)
             raise
         positions = SenderPositions(*(self.counters.address(i) for i in counter_ids))
         publication = NetworkPublication(
@@ -388,7 +398,8 @@ class NetworkConductor:
         channel = entry.endpoint.channel.channel
         try:
             log_buffer = create_log(
-                path, term_length=setup.term_length,
+                path, self.budget, f"the image of {_label_of(setup, event.source)}",
+                term_length=setup.term_length,
                 initial_term_id=setup.initial_term_id, session_id=setup.session_id,
                 stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=registration_id,
                 initial_term_count=term_count, initial_term_offset=setup.term_offset,
@@ -403,7 +414,7 @@ class NetworkConductor:
                      (CounterType.RECEIVER_POSITION, "rcv-pos")],
                     label, registration_id, setup.session_id, setup.stream_id)
             except CountersFullError:
-                discard_log(log_buffer)
+                discard_log(log_buffer, self.budget)
                 raise
         except (ResourceError, OSError) as e:
             reason = str(e) if isinstance(e, ResourceError) else (e.strerror or str(e))
@@ -492,7 +503,7 @@ class NetworkConductor:
         image_entry.links.clear()
         for counter_id in image_entry.counter_ids:
             self.counters.free(counter_id)
-        discard_log(image_entry.log)
+        discard_log(image_entry.log, self.budget)
 
     def _entry_of(self, channel: ReceiveChannel) -> _ReceiveEndpointEntry | None:
         for entry in self._receive_endpoints.values():
@@ -506,7 +517,8 @@ class NetworkConductor:
         out: Outgoing = []
         work = 0
         events = self._events
-        while events:
+        # Bounded: a flood of SETUPs must not hold the conductor (and its heartbeat) for long.
+        while events and work < MAX_EVENTS_PER_CYCLE:
             event = events.popleft()
             work += 1
             if isinstance(event, ImageRequested):
@@ -531,7 +543,7 @@ class NetworkConductor:
             del self._shared_publications[entry.key]
         for counter_id in entry.counter_ids:
             self.counters.free(counter_id)
-        discard_log(entry.log)
+        discard_log(entry.log, self.budget)
         endpoint_entry = entry.endpoint
         endpoint_entry.publications -= 1
         if endpoint_entry.publications == 0:
@@ -580,7 +592,7 @@ class NetworkConductor:
         for entry in list(self.publications.values()):
             for counter_id in entry.counter_ids:
                 self.counters.free(counter_id)
-            discard_log(entry.log)
+            discard_log(entry.log, self.budget)
         self.publications.clear()
         self._shared_publications.clear()
         for send_entry in self._send_endpoints.values():

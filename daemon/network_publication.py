@@ -288,6 +288,15 @@ class NetworkPublication:
             self.flow_control.on_trigger_send_setup(sm, source, now_ns)
 
     def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
+        # An honest receiver reports a position it consumed, so never past snd-pos, and a
+        # window of at most half a term (PROTOCOL.md §3.4).  Anything else would let a stray
+        # or forged SM drive the sender past every real receiver: counted and dropped.
+        position = self._position(sm.consumption_term_id, sm.consumption_term_offset)
+        if position > self.sender_position or sm.receiver_window < 0:
+            self.counters.add(SystemCounter.INVALID_PACKETS)
+            return
+        if sm.receiver_window > self.term_length >> 1:
+            sm = attrs.evolve(sm, receiver_window=self.term_length >> 1)
         self._status_message_deadline_ns = now_ns + self.connection_timeout_ns
         if sm.is_eos:
             self._receivers.pop(sm.receiver_id, None)
@@ -397,7 +406,6 @@ class NetworkPublication:
             remaining -= step
         if total:
             self.counters.add(SystemCounter.RETRANSMITS_SENT)
-            self.counters.add(SystemCounter.BYTES_SENT, total)
 
     # -- liveness, limits and state (the conductor's duties in Aeron) -----------------------
     def _update_has_receivers(self, now_ns: int) -> None:

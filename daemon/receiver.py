@@ -155,7 +155,8 @@ class ReceiveChannel:
                 ("flow_control_over_runs", SystemCounter.FLOW_CONTROL_OVER_RUNS),
                 ("flow_control_under_runs", SystemCounter.FLOW_CONTROL_UNDER_RUNS),
                 ("foreign_source_drops", SystemCounter.FOREIGN_SOURCE_DROPS),
-                ("receive_errors", SystemCounter.RECEIVE_ERRORS)):
+                ("receive_errors", SystemCounter.RECEIVE_ERRORS),
+                ("debug_data_loss_drops", SystemCounter.DEBUG_DATA_LOSS_DROPS)):
             setattr(c.counters, field, counters.address(counter))
 
     # -- subscriptions --------------------------------------------------------------------
@@ -320,6 +321,12 @@ class ReceiveChannel:
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return
         self._pending_setup.pop(key, None)
+        limit = self.settings.image_term_buffer_length_max
+        if setup.term_length > limit:
+            self.reject_image(ImageRequested(self, setup, source), now_ns,
+                              f"term length {setup.term_length} is over this receiver's "
+                              f"image_term_buffer_length_max of {limit}")
+            return
         self._pending_image[key] = now_ns + PENDING_IMAGE_TIMEOUT_NS
         self._events.append(ImageRequested(self, setup, source))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.client.channel import Channel
-from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.logbuffer import LogBuffer, compute_log_length
 
 
 class ResourceError(Exception):
@@ -26,18 +26,49 @@ def no_room_for_log(path: Path, stream_id: int, term_length: int,
         f"(term-length= in the URI, or the driver's term length setting)")
 
 
-def create_log(path: Path, **kwargs: Any) -> LogBuffer:
-    """``LogBuffer.create(path, **kwargs)``; an OSError (no space, a file size limit) becomes
-    a :class:`ResourceError` that says what to do, and leaves no file behind."""
+class LogBudget:
+    """The memory all of the driver's logs may take together (``log_buffer_memory_limit``):
+    a log that would go past it is refused with an answer that says what to do, so neither a
+    client nor a SETUP from the network can take the host's memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # bytes
+        self.used = 0  # bytes of the logs that exist
+
+    def reserve(self, term_length: int, what: str) -> int:
+        """Count a log of ``term_length`` terms for ``what`` (a stream, an image); returns
+        its length in bytes, to :meth:`release` when the log goes."""
+        length = compute_log_length(term_length)
+        if self.used + length > self.limit:
+            raise ResourceError(
+                f"{what}: its log of {length / 2**20:g} MiB would take the driver's logs to "
+                f"{(self.used + length) / 2**20:g} MiB, past log_buffer_memory_limit "
+                f"({self.limit / 2**20:g} MiB): close streams, use smaller terms "
+                f"(term-length=), or raise log_buffer_memory_limit")
+        self.used += length
+        return length
+
+    def release(self, length: int) -> None:
+        self.used -= length
+
+
+def create_log(path: Path, budget: LogBudget, what: str, **kwargs: Any) -> LogBuffer:
+    """``LogBuffer.create(path, **kwargs)`` within ``budget``; a log past the budget, or an
+    OSError (no space, a file size limit), is a :class:`ResourceError` that says what to do,
+    and leaves no file behind."""
+    length = budget.reserve(kwargs["term_length"], what)
     try:
         return LogBuffer.create(path, **kwargs)
     except OSError as e:
+        budget.release(length)
         raise no_room_for_log(path, kwargs["stream_id"], kwargs["term_length"], e) from None
 
 
-def discard_log(log_buffer: LogBuffer) -> None:
-    """Unmap the driver's view of a log and delete its file (clients keep their mappings)."""
+def discard_log(log_buffer: LogBuffer, budget: LogBudget) -> None:
+    """Unmap the driver's view of a log, delete its file (clients keep their mappings) and
+    give its memory back to ``budget``."""
     path = log_buffer.path
+    budget.release(log_buffer.length)
     log_buffer.close()
     try:
         os.unlink(path)

@@ -187,7 +187,8 @@ class _UdpTransport:
         sock = self.sock
         for datagram in datagrams:
             try:
-                sock.sendto(datagram.data, datagram.address)
+                self.counters.add(SystemCounter.BYTES_SENT, sock.sendto(datagram.data,
+                                                                        datagram.address))
             except BlockingIOError:
                 self.counters.add(SystemCounter.SHORT_SENDS)
             except OSError as e:
@@ -273,9 +274,10 @@ class UdpSendTransport(_UdpTransport):
         for datagram in datagrams:
             try:
                 if datagram.address == self.destination:
-                    sock.send(datagram.data)
+                    sent = sock.send(datagram.data)
                 else:
-                    sock.sendto(datagram.data, datagram.address)
+                    sent = sock.sendto(datagram.data, datagram.address)
+                self.counters.add(SystemCounter.BYTES_SENT, sent)
             except BlockingIOError:
                 self.counters.add(SystemCounter.SHORT_SENDS)
             except ConnectionRefusedError:
@@ -305,8 +307,12 @@ class UdpReceiveTransport(_UdpTransport):
             raise
         super().__init__(sock, counters)
         self._receive: _ControlReceiver | None = None
+        self._loss_threshold = settings.debug_receive_data_loss * (1 << 32) // 1_000_000
+        self._loss_seed = settings.debug_receive_data_loss_seed
 
     def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
         if self._receive is None:  # the buffers live in the channel's C receiver struct
             self._receive = _ControlReceiver(channel.c, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
+            channel.c.loss_threshold = min(self._loss_threshold, (1 << 32) - 1)
+            channel.c.loss_state = self._loss_seed
         return self._receive.receive(channel.c, self.fd, now_ns, channel.on_control)

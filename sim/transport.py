@@ -15,6 +15,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Final
 
 from slipstream.client.channel import Channel
+from slipstream.client.counters import SystemCounter
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.network_publication import NetworkPublication, SendChannel
@@ -73,9 +74,13 @@ class _VirtualTransport:
 
     def send(self, datagrams: list[Datagram]) -> None:
         send = self.host.sim.network.send
+        counters = self.host.driver.counters if self.host.driver is not None else None
         for datagram in datagrams:
             # A copy: a retransmission is a view of the log, which moves on while in flight.
-            send(self.address, datagram.address, bytes(datagram.data))
+            data = bytes(datagram.data)
+            send(self.address, datagram.address, data)
+            if counters is not None:
+                counters.add(SystemCounter.BYTES_SENT, len(data))
 
     def close(self) -> None:
         network = self.host.sim.network

@@ -8,16 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-# Short timers so liveness, unblocking and linger show within a test's patience.
-FAST_DRIVER_SETTINGS = {
-    "client_liveness_timeout": "1s",
-    "client_keepalive_interval": "100ms",
-    "publication_unblock_timeout": "1500ms",
-    "publication_linger_timeout": "500ms",
-    "timer_interval": "100ms",
-    "ipc_term_buffer_length": "64k",
-}
+from helpers import FAST_DRIVER_SETTINGS
 
 
 @pytest.fixture

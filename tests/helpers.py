@@ -5,6 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+# Short timers so liveness, unblocking and linger show within a test's patience.
+FAST_DRIVER_SETTINGS = {
+    "client_liveness_timeout": "1s",
+    "client_keepalive_interval": "100ms",
+    "publication_unblock_timeout": "1500ms",
+    "publication_linger_timeout": "500ms",
+    "timer_interval": "100ms",
+    "ipc_term_buffer_length": "64k",
+}
+
 
 def wait_for(predicate: Callable[[], object], timeout: float = 5.0,
              what: str = "condition") -> None:

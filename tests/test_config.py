@@ -54,9 +54,11 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "ipc_term_buffer_length": 64 * MiB,
     "term_buffer_sparse_file": False,  # Aeron: aeron.term.buffer.sparse.file
     "mtu_length": 1408,
+    "log_buffer_memory_limit": 4 * 1024 * MiB,  # slipstream: a cap Aeron does not have
     "ipc_mtu_length": 1408,
     "publication_term_window_length": 0,
     "ipc_publication_term_window_length": 0,
+    "image_term_buffer_length_max": 128 * MiB,  # slipstream; Aeron takes up to 1 GiB
     "rcv_initial_window_length": 128 * KiB,
     "status_message_timeout": 200 * MS,
     "nak_unicast_delay": 100 * US,
@@ -75,6 +77,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "retransmit_unicast_delay": 0,
     "retransmit_unicast_linger": 10 * MS,
     "max_resend": 16,
+    "debug_receive_data_loss": 0,  # Aeron: aeron.debug.receive.data.loss.rate, off
+    "debug_receive_data_loss_seed": 1,
     "timer_interval": 1 * S,
     "client_liveness_timeout": 10 * S,
     "client_keepalive_interval": 500 * MS,

@@ -97,9 +97,9 @@ def test_a_bad_channel_uri_names_the_bad_part(client: Client) -> None:
     assert "media" in str(error.value) or "tcp" in str(error.value)
 
 
-def test_udp_channels_are_refused_by_name_until_the_network_agents_exist(client: Client) -> None:
-    with pytest.raises(RegistrationError, match="aeron:ipc streams only"):
-        client.add_publication("aeron:udp?endpoint=127.0.0.1:40123", 1)
+def test_spy_subscriptions_are_refused_by_name(client: Client) -> None:
+    with pytest.raises(RegistrationError, match="spy"):
+        client.add_subscription("aeron-spy:aeron:udp?endpoint=127.0.0.1:40123", 1)
 
 
 def test_a_message_too_long_gives_the_limit(client: Client) -> None:

@@ -1,0 +1,411 @@
+"""Streams over real UDP sockets between real driver processes on loopback.
+
+Every test checks the stream message by message: each message carries its sequence number
+(and is repeated at its end, to catch torn or misplaced data), and a subscriber must see
+0, 1, 2, ... with nothing missing, duplicated or out of order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import FAST_DRIVER_SETTINGS, wait_for
+
+from slipstream.client import (
+    Client,
+    Publication,
+    RegistrationError,
+    Subscription,
+    control,
+)
+from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.frames import Data, Heartbeat, Nak, Setup, StatusMessage
+from slipstream.daemon.driver import MediaDriver
+
+NETWORK_SETTINGS = {
+    **FAST_DRIVER_SETTINGS,
+    "term_buffer_length": "64k",  # small logs, and many term rotations in a short stream
+    "publication_connection_timeout": "1s",
+    "image_liveness_timeout": "1s",
+}
+SEQUENCE = struct.Struct("<I")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def launch() -> Iterator[Callable[..., MediaDriver]]:
+    """Start drivers (each in its own directory) that are stopped after the test."""
+    drivers: list[tuple[contextlib.ExitStack, MediaDriver]] = []
+
+    def start(**settings: object) -> MediaDriver:
+        stack = contextlib.ExitStack()
+        directory = Path("/dev/shm") / f"slipstream-udp-{uuid.uuid4().hex[:12]}"
+        driver = stack.enter_context(MediaDriver.launch(
+            directory=directory, **{**NETWORK_SETTINGS, **settings}))
+        drivers.append((stack, driver))
+        return driver
+
+    yield start
+    for stack, driver in reversed(drivers):
+        stack.close()
+        shutil.rmtree(driver.directory, ignore_errors=True)
+
+
+def message(seq: int, size: int) -> bytes:
+    body = bytearray(max(size, 8))
+    SEQUENCE.pack_into(body, 0, seq)
+    SEQUENCE.pack_into(body, len(body) - 4, seq)
+    return bytes(body)
+
+
+class Collector:
+    """A subscriber's view: the sequence numbers in arrival order, and anything torn."""
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.subscription = subscription
+        self.seen: list[int] = []
+        self.torn = 0
+
+    def on_message(self, data: memoryview, _header: object) -> None:
+        seq = SEQUENCE.unpack_from(data)[0]
+        if SEQUENCE.unpack_from(data, len(data) - 4)[0] != seq:
+            self.torn += 1
+        self.seen.append(seq)
+
+    def poll(self) -> int:
+        return self.subscription.poll(self.on_message, 1000)
+
+    def assert_exactly(self, count: int) -> None:
+        assert self.torn == 0
+        assert self.seen == list(range(count)), (
+            f"{len(self.seen)} messages, first wrong at "
+            f"{next((i for i, s in enumerate(self.seen) if s != i), len(self.seen))}")
+
+
+def stream(publication: Publication, collectors: list[Collector], count: int,
+           size: Callable[[int], int], timeout: float = 30.0) -> None:
+    """Offer ``count`` messages as fast as the publication takes them while polling."""
+    sent = 0
+    deadline = time.monotonic() + timeout
+    while any(len(c.seen) < count for c in collectors):
+        assert time.monotonic() < deadline, (
+            f"sent {sent}, received {[len(c.seen) for c in collectors]} of {count}")
+        while sent < count:
+            if publication.offer(message(sent, size(sent))) < 0:
+                break
+            sent += 1
+        if not sum(c.poll() for c in collectors):
+            time.sleep(0)
+
+
+def counters_of(driver: MediaDriver) -> dict[str, int]:
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return {c.name: counters.get(c) for c in SystemCounter}
+    finally:
+        counters.close()
+
+
+def connect(publication: Publication, *subscriptions: Subscription) -> None:
+    wait_for(lambda: publication.is_connected
+             and all(s.images for s in subscriptions), what="the stream connected")
+
+
+def test_unicast_stream_between_two_drivers_exactly_once_in_order(launch) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a, b = launch(), launch()
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 1001)
+        publication = ca.add_publication(uri, 1001)
+        assert not publication.is_connected or subscription.images
+        connect(publication, subscription)
+        [image] = subscription.images
+        assert image.session_id == publication.session_id
+        assert image.source_identity.startswith("127.0.0.1:")
+        collector = Collector(subscription)
+        # Small, MTU-sized and fragmented messages; the 64 KiB terms rotate many times.
+        stream(publication, [collector], 20_000,
+               lambda i: (32, 1376, 5000, 200)[i % 4])
+        collector.assert_exactly(20_000)
+        # The publication goes: EOS, the image becomes unavailable, its log goes.
+        publication.close()
+        wait_for(lambda: not subscription.images, timeout=10, what="the image went away")
+    sent, received = counters_of(a), counters_of(b)
+    assert sent["BYTES_SENT"] >= received["BYTES_RECEIVED"] > 20_000 * 1600
+    assert received["INVALID_PACKETS"] == 0 and received["NAK_MESSAGES_SENT"] == 0
+
+
+def test_multicast_to_several_subscriber_drivers(launch) -> None:
+    # fc=min: the slowest receiver sets the pace.  With the default (max) a receiver that
+    # falls half a term behind the fastest is past the resend window for good, as in Aeron.
+    port = free_port()
+    uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{port}"
+           f"|interface=127.0.0.1|fc=min,g:/3")
+    publisher = launch()
+    subscribers = [launch() for _ in range(3)]
+    with contextlib.ExitStack() as stack:
+        pc = stack.enter_context(Client.connect(publisher.directory))
+        clients = [stack.enter_context(Client.connect(d.directory)) for d in subscribers]
+        subscriptions = [c.add_subscription(uri, 7) for c in clients]
+        publication = pc.add_publication(uri, 7)
+        connect(publication, *subscriptions)
+        collectors = [Collector(s) for s in subscriptions]
+        stream(publication, collectors, 10_000, lambda i: 100 + i % 700)
+        for collector in collectors:
+            collector.assert_exactly(10_000)
+
+
+def test_loss_is_repaired_by_naks_and_retransmits(launch) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a = launch()
+    b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=7)  # 5 %
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 5)
+        publication = ca.add_publication(uri, 5)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 20_000, lambda i: 64 + i % 900)
+        collector.assert_exactly(20_000)
+    sent, received = counters_of(a), counters_of(b)
+    assert received["DEBUG_DATA_LOSS_DROPS"] > 0
+    assert received["NAK_MESSAGES_SENT"] > 0 and sent["NAK_MESSAGES_RECEIVED"] > 0
+    assert sent["RETRANSMITS_SENT"] > 0
+
+
+def test_an_unreliable_stream_skips_what_is_lost_and_stays_in_order(launch) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|reliable=false"
+    a = launch()
+    b = launch(debug_receive_data_loss=100_000, debug_receive_data_loss_seed=3)  # 10 %
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 5)
+        publication = ca.add_publication(uri, 5)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        for seq in range(5000):
+            while publication.offer(message(seq, 200)) < 0:
+                collector.poll()
+            collector.poll()
+        end = publication.position
+        wait_for(lambda: collector.poll() == 0 and image_position(subscription) >= end,
+                 what="the subscriber reached the end")
+    assert collector.torn == 0
+    assert collector.seen == sorted(set(collector.seen))  # in order, no duplicates
+    assert 0 < len(collector.seen) < 5000
+    assert counters_of(b)["LOSS_GAP_FILLS"] > 0 and counters_of(b)["NAK_MESSAGES_SENT"] == 0
+
+
+def image_position(subscription: Subscription) -> int:
+    return max((image._position for image in subscription.images), default=-1)
+
+
+def test_session_ids_name_the_stream_and_filter_subscriptions(launch) -> None:
+    port = free_port()
+    a, b = launch(), launch()
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        wanted = cb.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|session-id=4321", 9)
+        everything = cb.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 9)
+        mine = ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|session-id=4321", 9)
+        other = ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|session-id=5555", 9)
+        assert (mine.session_id, other.session_id) == (4321, 5555)
+        wait_for(lambda: len(everything.images) == 2 and len(wanted.images) == 1)
+        assert wanted.images[0].session_id == 4321
+        with pytest.raises(RegistrationError, match="term-length"):
+            ca.add_publication(
+                f"aeron:udp?endpoint=127.0.0.1:{port}|session-id=4321|term-length=128k", 9)
+
+
+def _publish_forever(directory: str, uri: str, ready: multiprocessing.Event) -> None:
+    with Client.connect(directory) as client:
+        publication = client.add_publication(uri, 3)
+        seq = 0
+        while True:
+            if publication.offer(message(seq, 100)) > 0:
+                seq += 1
+                if seq == 1000:
+                    ready.set()
+            else:
+                time.sleep(0.0001)
+
+
+def test_a_publisher_killed_mid_stream_leaves_a_clean_prefix_and_its_image_goes(launch) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a, b = launch(), launch()
+    with Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 3)
+        collector = Collector(subscription)
+        context = multiprocessing.get_context("spawn")
+        ready = context.Event()
+        process = context.Process(target=_publish_forever, args=(str(a.directory), uri, ready))
+        process.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not ready.is_set():
+                assert time.monotonic() < deadline, "the publisher did not get going"
+                collector.poll()
+            os.kill(process.pid, signal.SIGKILL)
+        finally:
+            process.join(10)
+        # Its driver times the client out (1 s), closes the publication: drain, EOS, gone.
+        wait_for(lambda: collector.poll() >= 0 and not subscription.images and
+                 len(collector.seen) > 1000, timeout=15, what="the image went away")
+        collector.poll()
+        collector.assert_exactly(len(collector.seen))
+    wait_for(lambda: not any((a.directory / control.PUBLICATIONS_DIR).iterdir()), timeout=10,
+             what="the publisher's log was removed")
+
+
+def test_a_restarted_receiving_driver_gets_the_stream_again(launch, driver_dir: Path) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a = launch()
+    with Client.connect(a.directory) as ca:
+        publication = ca.add_publication(uri, 4)
+        with MediaDriver.launch(directory=driver_dir, **NETWORK_SETTINGS) as b:
+            orphan = Client.connect(driver_dir, timeout=0.5)
+            subscription = orphan.add_subscription(uri, 4)
+            connect(publication, subscription)
+            b.kill()  # a crash: its files stay for the next driver to clean
+        orphan.close()
+        wait_for(lambda: not publication.is_connected, timeout=10,
+                 what="the publication noticed the receiver is gone")
+        with MediaDriver.launch(directory=driver_dir, **NETWORK_SETTINGS), \
+                Client.connect(driver_dir) as cb2:
+            subscription = cb2.add_subscription(uri, 4)
+            connect(publication, subscription)  # heartbeats elicit a SETUP: a new image
+            collector = Collector(subscription)
+            base = publication.position
+            offered = 0
+            while len(collector.seen) < 2000:
+                if offered < 2000 and publication.offer(message(offered, 64)) > 0:
+                    offered += 1
+                collector.poll()
+            collector.assert_exactly(2000)
+            assert subscription.images[0].join_position == base
+
+
+@pytest.mark.parametrize("multicast", [False, True], ids=["unicast", "multicast"])
+def test_malformed_and_mutated_datagrams_are_counted_and_the_stream_carries_on(
+        launch, multicast: bool) -> None:
+    """Garbage goes at the receiver's socket and at the sender's: unicast, the sender's socket
+    is connected to the endpoint, so the kernel keeps strangers' datagrams from it; multicast,
+    the sender listens on the control group, where anyone may send."""
+    port, control_port = free_port(), free_port()
+    if multicast:
+        group = random.randrange(1, 250, 2)
+        uri = f"aeron:udp?endpoint=224.0.2.{group}:{port}|interface=127.0.0.1"
+        targets = [(f"224.0.2.{group}", port), (f"224.0.2.{group + 1}", port)]
+    else:
+        uri = f"aeron:udp?endpoint=127.0.0.1:{port}|control=127.0.0.1:{control_port}"
+        targets = [("127.0.0.1", port), ("127.0.0.1", control_port)]
+    a, b = launch(), launch()
+    rng = random.Random(20261122)
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as fuzzer:
+        fuzzer.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF,
+                          socket.inet_aton("127.0.0.1"))
+        subscription = cb.add_subscription(uri, 11)
+        publication = ca.add_publication(uri, 11)
+        connect(publication, subscription)
+        session = publication.session_id
+        collector = Collector(subscription)
+        samples = [
+            Data(0, session, 11, 0, b"x" * 100).encode(),
+            Heartbeat(64, session, 11, 0, 0xE0).encode(),
+            Setup(0, session + 1, 11, 5, 5, 64 * 1024, 1408, 0, 0).encode(),
+            Setup(0, 99, 12, 5, 5, 1 << 30, 1408, 0, 0).encode(),  # a stream nobody wants
+            StatusMessage(session, 11, 0, 0, 1 << 30, 1, 0).encode(),
+            Nak(session, 11, 0, 1 << 30, 1 << 30).encode(),
+            Nak(session, 11, 0, 7, 100).encode(),
+            Data(32, session, 11, 0, b"y" * 40).encode() + Data(96, session, 11, 0,
+                                                                   b"z" * 40).encode(),
+        ]
+
+        def mutant() -> bytes:
+            data = bytearray(rng.choice(samples))
+            for _ in range(rng.randrange(1, 4)):
+                kind = rng.randrange(4)
+                if kind == 0 and data:
+                    data[rng.randrange(len(data))] = rng.randrange(256)
+                elif kind == 1:
+                    del data[rng.randrange(len(data) + 1):]
+                elif kind == 2 and len(data) >= 4:
+                    at = rng.randrange(0, len(data) - 3, 4) if len(data) > 4 else 0
+                    data[at:at + 4] = struct.pack("<i", rng.choice(
+                        [0, -1, 31, 32, 33, 1 << 30, (1 << 31) - 1, -(1 << 31)]))
+                else:
+                    data += bytes(rng.randrange(64))
+            return bytes(data)
+
+        sent = offered = 0
+        deadline = time.monotonic() + 60
+        while len(collector.seen) < 20_000 or sent < 20_000:
+            assert time.monotonic() < deadline, f"{sent} sent, {len(collector.seen)} received"
+            for _ in range(20):
+                with contextlib.suppress(OSError):
+                    fuzzer.sendto(mutant(), targets[sent % 2])
+                sent += 1
+            while offered < 20_000 and publication.offer(message(offered, 200)) > 0:
+                offered += 1
+            collector.poll()
+        collector.assert_exactly(20_000)
+    dropped = counters_of(b)
+    assert dropped["INVALID_PACKETS"] + dropped["FOREIGN_SOURCE_DROPS"] > 0
+    assert (counters_of(a)["INVALID_PACKETS"] > 0) == multicast
+
+
+def test_a_port_in_use_is_a_clear_error(launch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        port = squatter.getsockname()[1]
+        a = launch()
+        with Client.connect(a.directory) as client:
+            with pytest.raises(RegistrationError, match=f"127.0.0.1:{port}.*in use"):
+                client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 1)
+            with pytest.raises(RegistrationError, match="endpoint"):
+                client.add_publication("aeron:udp?endpoint=127.0.0.1:0", 1)
+            assert client.add_subscription("aeron:ipc", 1) is not None  # still serving
+
+
+def test_a_socket_buffer_the_kernel_caps_is_named_in_the_log(launch, capfd) -> None:
+    maximum = int(Path("/proc/sys/net/core/rmem_max").read_text())
+    a = launch(socket_so_rcvbuf=min(maximum * 4, 1 << 30))
+    with Client.connect(a.directory) as client:
+        client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 1)
+        wait_for(lambda: "net.core.rmem_max" in capfd.readouterr().err, timeout=5,
+                 what="a warning naming net.core.rmem_max")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_driver_with_open_udp_channels_uses_under_two_percent_of_a_core(
+        driver_dir: Path) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with MediaDriver.launch(directory=driver_dir) as driver, \
+            Client.connect(driver_dir) as client:
+        subscription = client.add_subscription(uri, 10)
+        publication = client.add_publication(uri, 10)
+        connect(publication, subscription)
+        time.sleep(1.0)
+        before, started = _cpu_seconds(driver.pid), time.monotonic()
+        time.sleep(3.0)
+        used = (_cpu_seconds(driver.pid) - before) / (time.monotonic() - started)
+    assert used < 0.02, f"an idle driver with a UDP stream used {used:.1%} of a core"
