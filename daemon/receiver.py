@@ -314,9 +314,14 @@ class ReceiveChannel:
             return
         if now_ns < self._cool_down.get(key, -1) or now_ns < self._pending_image.get(key, -1):
             return
+        term_count = (setup.active_term_id - setup.initial_term_id + 0x80000000) % (1 << 32)
         try:
             check_term_length(setup.term_length)
             check_mtu(setup.mtu)
+            # The join position must be a frame boundary inside a term, at or after the start.
+            if (not 0 <= setup.term_offset < setup.term_length or setup.term_offset & 31
+                    or term_count < 0x80000000):
+                raise ValueError("join position")
         except ValueError:
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return

@@ -95,7 +95,8 @@ class RetransmitHandler:
     def on_nak(self, term_id: int, term_offset: int, length: int, term_length: int, mtu: int,
                flow_control: FlowControl, now_ns: int, resend: ResendFunction) -> None:
         """Handle a NAK for ``length`` bytes at ``term_offset`` of ``term_id``."""
-        if term_offset < 0 or term_offset > term_length - HEADER_LENGTH or length <= 0:
+        if (term_offset < 0 or term_offset > term_length - HEADER_LENGTH
+                or term_offset & (HEADER_LENGTH - 1) or length <= 0):
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return
         action = self._available_action(term_id, term_offset)

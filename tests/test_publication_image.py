@@ -15,6 +15,7 @@ from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
     Data,
+    ErrorFrame,
     Heartbeat,
     Nak,
     Pad,
@@ -228,3 +229,27 @@ def test_large_pad_is_not_an_overrun_and_completes_the_term(shm: Path) -> None:
     assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 0
     assert image.rcv_hwm == image.rcv_pos == TERM
     assert image.loss_detector.next_deadline_ns() > 1 * 10**18  # no gap
+
+
+@pytest.mark.parametrize("bad", [
+    Setup(16, 1, 2, 100, 100, TERM, 1408, 0, 0),  # misaligned join offset
+    Setup(TERM, 1, 2, 100, 100, TERM, 1408, 0, 0),  # past the term
+    Setup(0, 1, 2, 100, 99, TERM, 1408, 0, 0),  # active term before the initial term
+    Setup(0, 1, 2, 100, 100, TERM + 1, 1408, 0, 0),  # term length not a power of two
+    Setup(0, 1, 2, 100, 100, TERM, 1000, 0, 0),  # MTU not a multiple of 32
+])
+def test_setups_that_name_an_impossible_log_are_counted_and_dropped(shm: Path,
+                                                                     bad: Setup) -> None:
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(bad.encode(), SRC, 0)
+    assert rc.poll_events() == []
+    assert counters[SystemCounter.INVALID_PACKETS] == 1
+
+
+def test_a_setup_asking_for_terms_past_the_limit_is_rejected_and_told(shm: Path) -> None:
+    rc, counters = receive_channel(shm, image_term_buffer_length_max="1m")
+    rc.on_datagram(Setup(0, 1, 2, 100, 100, 2 * 1024 * 1024, 1408, 0, 0).encode(), SRC, 0)
+    assert rc.poll_events() == []
+    [err] = [decode(d.data) for d in rc.datagrams_to_send(0)]
+    assert isinstance(err, ErrorFrame) and "image_term_buffer_length_max" in err.message
+    assert counters[SystemCounter.IMAGES_REJECTED] == 1

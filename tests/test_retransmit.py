@@ -71,3 +71,12 @@ def test_invalid_nak_is_counted_and_length_capped() -> None:
     assert resent == [] and counters[SystemCounter.INVALID_PACKETS] == 2
     h.on_nak(3, TERM - 64, 4096, TERM, MTU, fc, 0, resend)
     assert resent == [(3, TERM - 64, 64)]
+
+
+def test_naks_at_misaligned_or_out_of_range_offsets_are_counted_and_dropped() -> None:
+    h, fc, counters, resent, resend = handler()
+    for offset, length in ((7, 64), (-32, 64), (TERM - 16, 64), (TERM, 64), (64, 0),
+                           (64, -5)):
+        h.on_nak(3, offset, length, TERM, MTU, fc, 0, resend)
+    assert resent == []
+    assert counters[SystemCounter.INVALID_PACKETS] == 6

@@ -1,0 +1,135 @@
+"""A stock Aeron driver (Java 1.15.1) and slipstream exchange streams in both directions.
+
+Aeron's own samples are the other end (bench/aeron_peer.py): StreamingPublisher puts the
+message index first in each payload (little-endian i64), BasicSubscriber prints every message
+it gets.  Every test checks every message arrived once and in order; with loss injected on the
+receiving side, the NAKs and retransmissions cross between the two implementations.
+
+Needs ``scripts/ensure-aeron`` (``make test`` runs it); under CI=true a missing peer fails.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import FAST_DRIVER_SETTINGS, wait_for
+
+from bench import aeron_peer
+from bench.aeron_peer import AeronDriver, basic_subscriber, streaming_publisher
+from slipstream.client import Client, control
+from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.daemon.driver import MediaDriver
+
+pytestmark = pytest.mark.timeout(120)
+
+INDEX = struct.Struct("<q")
+
+
+def require_aeron() -> None:
+    reason = aeron_peer.aeron_available()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the Aeron peer is missing under CI=true: {reason}")
+        pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def channel(kind: str) -> str:
+    if kind == "unicast":
+        return f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    return (f"aeron:udp?endpoint=224.0.3.{random.randrange(1, 250, 2)}:{free_port()}"
+            f"|interface=127.0.0.1")
+
+
+@pytest.fixture
+def slipstream_driver(driver_dir: Path) -> Iterator[MediaDriver]:
+    with MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as driver:
+        yield driver
+
+
+def counter(driver: MediaDriver, which: SystemCounter) -> int:
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return counters.get(which)
+    finally:
+        counters.close()
+
+
+@pytest.mark.parametrize("loss", [0, 50_000], ids=["lossless", "5%-loss-at-slipstream"])
+@pytest.mark.parametrize("kind", ["unicast", "multicast"])
+def test_aeron_publishes_and_slipstream_receives_every_message_once_in_order(
+        driver_dir: Path, kind: str, loss: int) -> None:
+    require_aeron()
+    uri, messages = channel(kind), 20_000
+    with AeronDriver() as aeron, MediaDriver.launch(
+            directory=driver_dir, debug_receive_data_loss=loss, debug_receive_data_loss_seed=11,
+            **FAST_DRIVER_SETTINGS) as slipstream_driver, \
+            Client.connect(slipstream_driver.directory) as client:
+        subscription = client.add_subscription(uri, 1001)
+        failure: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                streaming_publisher(aeron, uri, 1001, message_length=64, messages=messages)
+            except BaseException as e:  # reported by the test thread
+                failure.append(e)
+
+        publisher = threading.Thread(target=publish, daemon=True)
+        publisher.start()
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(seen) < messages:
+            assert not failure, failure
+            assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
+            if not subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]),
+                                     1000):
+                time.sleep(0.0005)
+        publisher.join(30)
+        assert seen == list(range(messages))
+        [image] = subscription.images
+        assert image.source_identity.startswith("127.0.0.1:")
+        if loss:
+            assert counter(slipstream_driver, SystemCounter.DEBUG_DATA_LOSS_DROPS) > 0
+            assert counter(slipstream_driver, SystemCounter.NAK_MESSAGES_SENT) > 0
+            assert aeron.counter("Retransmits sent") > 0
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.05], ids=["lossless", "5%-loss-at-aeron"])
+@pytest.mark.parametrize("kind", ["unicast", "multicast"])
+def test_slipstream_publishes_and_aeron_receives_every_message_once_in_order(
+        slipstream_driver: MediaDriver, kind: str, loss: float) -> None:
+    require_aeron()
+    uri, messages = channel(kind), 3000
+    with AeronDriver(receive_data_loss_rate=loss, receive_data_loss_seed=5) as aeron, \
+            basic_subscriber(aeron, uri, 1002) as subscriber, \
+            Client.connect(slipstream_driver.directory) as client:
+        publication = client.add_publication(uri, 1002)
+        wait_for(lambda: publication.is_connected, timeout=20,
+                 what="Aeron's status messages connected the publication")
+        for index in range(messages):
+            payload = INDEX.pack(index) + bytes(56)
+            while publication.offer(payload) < 0:
+                time.sleep(0.0001)
+        subscriber.wait_for_messages(messages, timeout=60)
+        received = subscriber.wait_quiet(0.3)  # a duplicate would show up here
+        assert subscriber.sequence_numbers() == list(range(messages))
+        assert {m.session_id for m in received} == {publication.session_id}
+        if loss:
+            assert aeron.counter("NAKs sent") > 0
+            wait_for(lambda: counter(slipstream_driver, SystemCounter.RETRANSMITS_SENT) > 0)
+        publication.close()
+        # slipstream's end of stream reaches Aeron: its image goes away.
+        subscriber.wait_for_image(timeout=15, available=False)
