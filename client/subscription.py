@@ -240,8 +240,9 @@ class Image:
         return count
 
     def _read_fragments(self, handler: FragmentHandler, fragment_limit: int,
-                        scan_end: int) -> int:
-        """The cold path: frames of fragmented messages, assembled into whole messages."""
+                        scan_end: int, message_limit: int = 1 << 62) -> int:
+        """The cold path: frames of fragmented messages, assembled into whole messages; stops
+        after ``fragment_limit`` frames or ``message_limit`` messages delivered."""
         delivered = 0
         header = self._header
         for _ in range(fragment_limit):
@@ -263,6 +264,8 @@ class Image:
             if self._assemble(term[offset + HEADER_LENGTH:offset + frame_length], flags,
                               header, handler):
                 delivered += 1
+                if delivered >= message_limit:
+                    break
         return delivered
 
     def _assemble(self, payload: memoryview, flags: int, header: Header,
@@ -306,7 +309,7 @@ class Image:
         """The next message is fragmented: assemble it (if complete) as a batch of one."""
         collected: list[bytes] = []
         self._read_fragments(lambda data, header: collected.append(bytes(data)), 1 << 30,
-                             self.term_length)
+                             self.term_length, message_limit=1)
         if not collected:
             return None
         message = collected[0]

@@ -455,12 +455,19 @@ class DriverSettings:
         True, "A subscription whose image went away may join the stream again (a new image)."
     )
     # ---------------------------------------------------------------- sender
+    send_to_status_poll_ratio: int = _int(
+        6,
+        "While the sender is busy, it reads status messages and NAKs once every this many "
+        "duty cycles (count), as Aeron: each read is a system call that mostly finds nothing; "
+        "a sender waking from a park reads them at once.",
+        low=1, high=1000, section="Sender",
+    )
     network_publication_max_messages_per_send: int = _int(
         64,
         "Datagrams one publication sends per duty cycle, in one sendmmsg (count). Aeron's C "
         "driver sends 2 per cycle of ~100 ns; a cycle here costs microseconds of Python, so "
         "it sends more per cycle.",
-        low=1, high=64, section="Sender",
+        low=1, high=64,
     )
     retransmit_unicast_delay: int = _duration(
         0, "Delay before answering a unicast NAK with a retransmit, ns; 0 = at once.", high=_S

@@ -184,7 +184,8 @@ class NetworkConductor:
         self._wake_network = wake_network
         self._wake_conductor = wake_conductor
         self._events: deque[NetworkEvent] = deque()
-        self.sender = Sender(on_event=self._post)
+        self.sender = Sender(on_event=self._post,
+                             status_poll_ratio=settings.send_to_status_poll_ratio)
         self.receiver = Receiver(on_event=self._post)
         self._send_endpoints: dict[tuple[Any, ...], _SendEndpointEntry] = {}
         self._receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry] = {}

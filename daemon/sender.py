@@ -67,8 +67,12 @@ class PublicationDone:
 class Sender:
     """The sender agent.  See the module docstring."""
 
-    def __init__(self, *, on_event: Callable[[PublicationDone], None]) -> None:
+    def __init__(self, *, on_event: Callable[[PublicationDone], None],
+                 status_poll_ratio: int = 1) -> None:
+        """``status_poll_ratio``: read control input every this many busy duty cycles."""
         self.endpoints: list[SendEndpoint] = []
+        self.status_poll_ratio = status_poll_ratio
+        self._cycles_to_status_poll = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
         self._on_event = on_event
         self._commands: deque[Callable[[int], None]] = deque()
@@ -104,15 +108,23 @@ class Sender:
         while commands:
             commands.popleft()(now_ns)
             work += 1
-        for endpoint in self.endpoints:
-            work += endpoint.transport.receive(endpoint.channel, now_ns)
+        sent_total = 0
+        for publication, endpoint in self._publications:
+            sent = endpoint.transport.send_data(publication, now_ns)
+            if sent > 0:
+                publication.on_data_sent(now_ns)
+                sent_total += sent
+        # Control input every cycle that sent nothing, else every status_poll_ratio cycles
+        # (aeron_driver_sender_do_work): each read is a system call.
+        self._cycles_to_status_poll -= 1
+        if not sent_total or self._cycles_to_status_poll <= 0:
+            self._cycles_to_status_poll = self.status_poll_ratio
+            for endpoint in self.endpoints:
+                work += endpoint.transport.receive(endpoint.channel, now_ns)
+        work += sent_total
         done = None
         for publication, endpoint in self._publications:
             transport = endpoint.transport
-            sent = transport.send_data(publication, now_ns)
-            if sent > 0:
-                publication.on_data_sent(now_ns)
-                work += sent
             if publication.next_deadline_ns() <= now_ns:
                 out = publication.datagrams_to_send(now_ns)
                 if out:
@@ -144,9 +156,12 @@ class Sender:
         return not self._commands and not self.has_data_ready()
 
     def unpark(self) -> None:
+        """After a park (woken by a socket, a doorbell or a timer): read control input at the
+        next duty cycle."""
         for waiters in self._armed:
             lib.ss_get_and_add_i32(waiters, -1)
         self._armed.clear()
+        self._cycles_to_status_poll = 0
 
     def next_deadline_ns(self) -> int:
         """When a duty cycle is next due with no input or new data (NO_DEADLINE: none)."""

@@ -72,6 +72,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "reliable_stream": True,
     "tether_subscriptions": True,
     "rejoin_stream": True,
+    "send_to_status_poll_ratio": 6,
     # Aeron sends 2 per ~100 ns duty cycle; a Python duty cycle costs microseconds.
     "network_publication_max_messages_per_send": 64,
     "retransmit_unicast_delay": 0,

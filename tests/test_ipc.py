@@ -147,6 +147,18 @@ def test_batches_move_many_messages_per_call_each_way(client: Client) -> None:
     assert 0 < done == room < 64
 
 
+def test_poll_batch_hands_over_each_fragmented_message_once(client: Client) -> None:
+    subscription = client.add_subscription(CHANNEL, 1017)
+    publication = client.add_publication(CHANNEL, 1017)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    messages = [bytes([i]) * 5000 for i in range(5)]  # each four frames of a 1408-byte MTU
+    assert publication.offer_batch(b"".join(messages), [5000] * 5) == 5
+    got = []
+    while (batch := subscription.poll_batch(1000)) is not None:
+        got.extend(bytes(m) for m in batch)
+    assert got == messages
+
+
 @pytest.mark.parametrize("kind", ["list", "array", "int32 numpy", "int64 numpy"])
 def test_batch_lengths_may_be_any_sequence_of_ints(client: Client, kind: str) -> None:
     import numpy as np

@@ -1,0 +1,144 @@
+"""UDP throughput on loopback: slipstream (per-message and batch API, publisher and subscriber
+each on its own driver, so every message crosses UDP) against pyzmq PUB/SUB over tcp and a
+stock Aeron driver (Java 1.15.1, SHARED threading: StreamingPublisher -> RateSubscriber),
+measured in the same run.  Prints messages/s, MB/s and the ratios.
+
+    .venv/bin/python -m bench.udp_throughput [--messages N] [--sizes 32,1024,65536]
+        [--repeat R] [--set KEY=VALUE ...] [--no-aeron]
+
+Aeron runs in both topologies, one driver for both samples and one driver each, and its best
+is the peer (its spinning agents collapse with two drivers on 2 cores).  Each figure is the
+best of R runs.  A slipstream run counts only if the stream arrived whole (every message; the
+subscriber's final position equal to the publisher's).
+
+Settings: slipstream's drivers run with ``--set`` values (default: a 2 MiB receiver window
+and a 4 MiB socket buffer, see docs/PERFORMANCE.md for why), Aeron with the same window and
+buffer.  64 KiB messages go with ``mtu=65504`` on both sides (the loopback MTU allows it; at
+1408 B a sender is held to the kernel's ~300k datagrams/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.ipc_throughput import machine, run_slipstream, run_zmq
+
+DEFAULT_SETTINGS = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mtu_for(size: int) -> int | None:
+    return 65504 if size > 16 * 1024 else None
+
+
+def run_aeron(size: int, count: int, *, two_drivers: bool, settings: dict[str, str]) -> float:
+    """StreamingPublisher -> RateSubscriber; the subscriber's mean rate while traffic flowed."""
+    from bench import aeron_peer
+    from slipstream.client.units import parse_size
+
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    if mtu_for(size):
+        uri += f"|mtu={mtu_for(size)}"
+    properties = {
+        "aeron.rcv.initial.window.length": parse_size(settings["rcv_initial_window_length"]),
+        "aeron.socket.so_rcvbuf": parse_size(settings["socket_so_rcvbuf"]),
+    }
+    with contextlib.ExitStack() as stack:
+        publisher_driver = stack.enter_context(aeron_peer.AeronDriver(
+            properties=properties, fast_timeouts=False))
+        subscriber_driver = publisher_driver if not two_drivers else stack.enter_context(
+            aeron_peer.AeronDriver(properties=properties, fast_timeouts=False))
+        subscriber = stack.enter_context(aeron_peer.rate_subscriber(subscriber_driver, uri, 10))
+        aeron_peer.streaming_publisher(publisher_driver, uri, 10, message_length=size,
+                                       messages=count, timeout=300)
+        subscriber.wait_for_total(count, timeout=120)
+        return subscriber.msgs_per_sec
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=10_000_000,
+                        help="messages per run of sizes up to 64 B")
+    parser.add_argument("--bytes", type=int, default=4 << 30,
+                        help="bytes per run of larger sizes (runs of several seconds: Aeron's "
+                             "RateSubscriber reports once a second)")
+    parser.add_argument("--sizes", default="32,1024,65536", help="message sizes in bytes")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per contender; best kept")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
+    parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
+    args = parser.parse_args()
+
+    from slipstream.daemon.driver import MediaDriver
+
+    settings = {**DEFAULT_SETTINGS, **dict(s.split("=", 1) for s in args.settings)}
+    print(f"# UDP throughput over loopback, {machine()}")
+    print(f"# command: python -m bench.udp_throughput {' '.join(sys.argv[1:])}")
+    print(f"# slipstream settings: {settings}")
+    directory = Path(tempfile.mkdtemp(prefix="slipstream-bench-", dir="/dev/shm"))
+    with MediaDriver.launch(directory=directory / "a", **settings) as a, \
+            MediaDriver.launch(directory=directory / "b", **settings) as b:
+        stream_id = 1000
+        for size in (int(s) for s in args.sizes.split(",")):
+            count = args.messages if size <= 64 else max(1, args.bytes // size)
+            uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+            if mtu_for(size):
+                uri += f"|mtu={mtu_for(size)}"
+            best = {"zmq": 0.0, "offer/poll": 0.0, "batch": 0.0, "aeron 1 driver": 0.0,
+                    "aeron 2 drivers": 0.0}
+            for _ in range(args.repeat):
+                best["zmq"] = max(best["zmq"], run_zmq(
+                    directory, size, count, f"tcp://127.0.0.1:{free_tcp_port()}"))
+                for batch, name in ((False, "offer/poll"), (True, "batch")):
+                    stream_id += 1
+                    best[name] = max(best[name], run_slipstream(
+                        a.directory, size, count, batch, stream_id, channel=uri,
+                        subscriber_directory=b.directory))
+                if not args.no_aeron:
+                    for two, name in ((False, "aeron 1 driver"), (True, "aeron 2 drivers")):
+                        try:
+                            best[name] = max(best[name], run_aeron(
+                                size, count, two_drivers=two, settings=settings))
+                        except Exception as e:  # a failed peer run is reported, not fatal
+                            print(f"# {name} failed: {e}", flush=True)
+            aeron = max(best["aeron 1 driver"], best["aeron 2 drivers"])
+            line = [f"{size:>6} B  ({count:,} messages{', mtu 65504' if mtu_for(size) else ''})"]
+            for name, rate in best.items():
+                line.append(f"    {name:<16} {rate / 1e6:8.3f} M msg/s {rate * size / 1e6:9.1f} "
+                            f"MB/s")
+            ratios = [f"slipstream batch / aeron {best['batch'] / aeron:.2f}x" if aeron else "",
+                      f"offer/poll / aeron {best['offer/poll'] / aeron:.2f}x" if aeron else "",
+                      f"offer/poll / pyzmq tcp {best['offer/poll'] / best['zmq']:.2f}x"
+                      if best["zmq"] else "",
+                      f"batch / pyzmq tcp {best['batch'] / best['zmq']:.2f}x"
+                      if best["zmq"] else ""]
+            line.append("    " + "   ".join(r for r in ratios if r))
+            print("\n".join(line), flush=True)
+    for leftover in sorted(directory.rglob("*"), reverse=True):
+        with contextlib.suppress(OSError):
+            leftover.unlink() if leftover.is_file() else leftover.rmdir()
+    directory.rmdir()
+    time.sleep(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
