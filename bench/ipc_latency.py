@@ -33,12 +33,13 @@ def _pace(next_send: float) -> None:
 
 
 # -- slipstream ------------------------------------------------------------------------------
-def _ss_ponger(directory: str, rounds: int, idle_cpu, ready) -> None:
+def _ss_ponger(directory: str, rounds: int, idle_cpu, ready, ping_channel: str = "aeron:ipc",
+               pong_channel: str = "aeron:ipc") -> None:
     from slipstream.client import Client
 
     with Client.connect(directory) as client:
-        pings = client.add_subscription("aeron:ipc", PING_STREAM)
-        pongs = client.add_publication("aeron:ipc", PONG_STREAM)
+        pings = client.add_subscription(ping_channel, PING_STREAM)
+        pongs = client.add_publication(pong_channel, PONG_STREAM)
         while not (pings.images and pongs.is_connected):
             time.sleep(0.001)
         gc.freeze()  # latency hygiene for any Python process: no full collections of setup
@@ -60,14 +61,15 @@ def _ss_ponger(directory: str, rounds: int, idle_cpu, ready) -> None:
             pings.receive(echo, 1, timeout=5.0)
 
 
-def _ss_pinger(directory: str, rounds: int, rate: int, ready, out) -> None:
+def _ss_pinger(directory: str, rounds: int, rate: int, ready, out,
+               ping_channel: str = "aeron:ipc", pong_channel: str = "aeron:ipc") -> None:
     from slipstream.client import Client
 
     pin(0)
     histogram = HdrHistogram(1, 1_000_000_000, 3)
     with Client.connect(directory) as client:
-        pings = client.add_publication("aeron:ipc", PING_STREAM)
-        pongs = client.add_subscription("aeron:ipc", PONG_STREAM)
+        pings = client.add_publication(ping_channel, PING_STREAM)
+        pongs = client.add_subscription(pong_channel, PONG_STREAM)
         while not (pongs.images and pings.is_connected):
             time.sleep(0.001)
         gc.freeze()
@@ -132,11 +134,12 @@ def _zmq_pinger(endpoint: str, rounds: int, rate: int, ready, out) -> None:
     out.put(histogram.encode())
 
 
-def _run(target_ping, target_pong, ping_args, pong_args) -> HdrHistogram:
+def _run(target_ping, target_pong, ping_args, pong_args, extra_args=()) -> HdrHistogram:
+    """Run a pinger and a ponger; ``extra_args`` go to both after their own arguments."""
     context = multiprocessing.get_context("spawn")
     ready, out = context.Event(), context.Queue()
-    ponger = context.Process(target=target_pong, args=(*pong_args, ready))
-    pinger = context.Process(target=target_ping, args=(*ping_args, ready, out))
+    ponger = context.Process(target=target_pong, args=(*pong_args, ready, *extra_args))
+    pinger = context.Process(target=target_ping, args=(*ping_args, ready, out, *extra_args))
     ponger.start()
     pinger.start()
     encoded = out.get(timeout=600)

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "native.h"
@@ -137,6 +138,9 @@ int ss_await_frames(const ss_reader_t *readers, int32_t count, int64_t spin_ns, 
             int64_t now = monotonic_ns();
             if (now - start >= spin_ns) break;
             if (deadline >= 0 && now >= deadline) return 0;
+            /* Every few microseconds let a waiting thread have the core: on a small machine
+             * the driver thread that brings our data may be queued behind this spinner. */
+            sched_yield();
         }
         cpu_relax();
     }

@@ -321,10 +321,11 @@ class DriverSettings:
         "to spare. The conductor always runs apart.",
     )
     network_idle_spin: int = _duration(
-        50 * _US,
-        "How long a network thread keeps polling after its last work before it parks on its "
-        "sockets, ns: a burst that resumes within this costs no wake-up (~50 us here), and an "
-        "idle driver still costs ~0% CPU (slipstream, DESIGN.md principle 6).",
+        200 * _US,
+        "How long a network thread keeps polling (yielding the CPU between duty cycles) after "
+        "its last work before it parks on its sockets, ns: traffic that resumes within this "
+        "costs no wake-up (~50-100 us on a VM), e.g. a 10k/s ping-pong never parks, and an "
+        "idle driver still costs ~1% of a core (slipstream, DESIGN.md principle 6).",
         high=_S,
     )
     # ---------------------------------------------------------------- log buffers and MTU

@@ -188,6 +188,7 @@ class NetworkPublication:
         self._linger_start_ns = 0
         self._outbox: list[Datagram] = []  # retransmits and RTTM replies made in on_frame
         self._now_ns = now_ns
+        self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
 
     # -- state machine --------------------------------------------------------------------
     def _transition(self, event: str, now_ns: int) -> None:
@@ -202,6 +203,7 @@ class NetworkPublication:
 
     def close(self, now_ns: int) -> None:
         """The last publisher went away: send what is in the log, then EOS, then linger."""
+        self._next_due_ns = 0
         if self.state is PublicationState.ACTIVE:
             self._transition("close", now_ns)
             self._conductor_duties(now_ns)
@@ -255,6 +257,7 @@ class NetworkPublication:
     def on_frame(self, frame: object, source: Address, now_ns: int) -> None:
         """A decoded SM, NAK, RTTM or ERR frame for this publication from ``source``."""
         self._now_ns = now_ns
+        self._next_due_ns = 0
         if isinstance(frame, StatusMessage):
             self.counters.add(SystemCounter.STATUS_MESSAGES_RECEIVED)
             if frame.is_setup_request:
@@ -314,7 +317,20 @@ class NetworkPublication:
         """The C data path advanced snd-pos: raise pub-lmt (cleaning first) and see whether a
         draining publication has sent everything."""
         self._now_ns = now_ns
+        state = self.state
         self._conductor_duties(now_ns)
+        if self.state is not state or self.cleaner.is_behind:
+            self._next_due_ns = 0
+
+    def due(self, now_ns: int) -> bool:
+        """Whether :meth:`datagrams_to_send` has something to do at ``now_ns`` (cheap: the
+        deadline as of the last call, moved earlier by any input since)."""
+        return now_ns >= self._next_due_ns
+
+    @property
+    def next_due_ns(self) -> int:
+        """When :meth:`due` turns true with no input: what a parking thread waits for."""
+        return self._next_due_ns
 
     def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
         """The control frames and retransmissions due at ``now_ns`` (the data goes out through
@@ -335,6 +351,7 @@ class NetworkPublication:
             out.extend(self._outbox)
             self._outbox = []
         self._conductor_duties(now_ns)
+        self._next_due_ns = self.next_deadline_ns()
         return out
 
     def _setup_message_check(self, now_ns: int, out: list[Datagram]) -> None:

@@ -4,7 +4,9 @@
 receiver's and the sender's duty cycles together.  ``"dedicated"``: one thread each, for hosts
 with cores to spare.  The conductor runs apart, on the driver's trio thread.
 
-A thread works while there is work; after ``network_idle_spin`` ns without any it parks in
+A thread works while there is work; then it polls, yielding the CPU between duty cycles (on a
+small machine the application it serves may need the core); after ``network_idle_spin`` ns
+without any work it parks in
 ``epoll`` on its sockets, its doorbell socket and a wake-up eventfd, for at most the agents'
 next deadline.  Before it parks each agent asks the clients to ring the doorbell
 (``prepare_to_park``): publishers when they append (the sender has new data), subscribers when
@@ -107,6 +109,10 @@ class NetworkThread:
                 self._park(now)
                 # Woken with nothing to do (a timer, a stray ring): park again at once.
                 last_work_ns = -(1 << 62)
+            else:
+                # Aeron's backoff between spinning and parking: another thread of this host
+                # (an application, the other driver) may need the core more than we do.
+                os.sched_yield()
 
     def _park(self, now_ns: int) -> None:
         self._sync_sockets()

@@ -172,6 +172,7 @@ class PublicationImage:
         self._sm_position = self.join_position
         self._sm_window = self.window
         self._sm_deadline_ns = now_ns
+        self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
         self.cleaner = LogCleaner(log, join)
         #: What the C data path works from (ss_image_t): the last SM sent bounds what it
         #: accepts (over- and under-runs); it reports packets, the hwm and EOS back.
@@ -238,11 +239,13 @@ class PublicationImage:
         """Track a subscriber's position (cffi ``int64_t *``); it should start at
         :attr:`join_position`."""
         self._subscriber_positions.append(cell)
+        self._next_due_ns = 0
         if self.state is ImageState.INIT:
             self._transition("subscriber_added", self._now_ns)
 
     def remove_subscriber_position(self, cell) -> None:
         self._subscriber_positions = [c for c in self._subscriber_positions if c != cell]
+        self._next_due_ns = 0
         if not self._subscriber_positions and self.state is ImageState.ACTIVE:
             self._transition("no_subscribers", self._now_ns)
 
@@ -250,6 +253,7 @@ class PublicationImage:
         """The stream's last subscription went before any subscriber joined: drain."""
         if self.state is ImageState.INIT:
             self._transition("liveness_timeout", now_ns)
+            self._next_due_ns = 0
 
     @property
     def subscriber_count(self) -> int:
@@ -313,6 +317,17 @@ class PublicationImage:
             self.c.dirty = 1
 
     # -- output ---------------------------------------------------------------------------
+    def due(self, now_ns: int) -> bool:
+        """Whether :meth:`datagrams_to_send` has something to do at ``now_ns``, cheaply: data
+        arrived, output is queued, a timer is due, or a subscriber reached the position where
+        the 25 % rule schedules a status message."""
+        if self.c.dirty or self._outbox or now_ns >= self._next_due_ns:
+            return True
+        cells = self._subscriber_positions
+        if len(cells) == 1:
+            return cells[0][0] >= self._sm_position + (self._sm_window >> 2) + 1
+        return bool(cells) and self.min_subscriber_position() >= self.status_message_due_position()
+
     def datagrams_to_send(self, now_ns: int, out: list[Datagram]) -> None:
         """Run the rebuild pass and timers; append SMs, NAKs and RTTM replies to ``out``."""
         self._now_ns = now_ns
@@ -328,6 +343,7 @@ class PublicationImage:
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING) and (
                 now_ns >= self._sm_deadline_ns):
             self._send_status_message(now_ns, out)
+        self._next_due_ns = self.next_deadline_ns()
 
     def _track_rebuild(self, now_ns: int) -> None:
         c = self.c

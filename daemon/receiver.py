@@ -344,6 +344,8 @@ class ReceiveChannel:
         self._outbox = []
         done = []
         for key, image in self.images.items():
+            if not image.due(now_ns):
+                continue
             before = image.state
             image.datagrams_to_send(now_ns, out)
             after = image.state
@@ -439,7 +441,7 @@ class Receiver:
         for endpoint in self.endpoints:
             channel = endpoint.channel
             work += endpoint.transport.receive(channel, now_ns)
-            if channel.next_deadline_ns() <= now_ns or channel.images:
+            if channel.images or channel.next_deadline_ns() <= now_ns:
                 out = channel.datagrams_to_send(now_ns)
                 if out:
                     endpoint.transport.send(out)

@@ -125,7 +125,7 @@ class Sender:
         done = None
         for publication, endpoint in self._publications:
             transport = endpoint.transport
-            if publication.next_deadline_ns() <= now_ns:
+            if publication.due(now_ns):
                 out = publication.datagrams_to_send(now_ns)
                 if out:
                     transport.send(out)
@@ -167,4 +167,4 @@ class Sender:
         """When a duty cycle is next due with no input or new data (NO_DEADLINE: none)."""
         if self._commands:
             return 0
-        return min((p.next_deadline_ns() for p, _ in self._publications), default=NO_DEADLINE)
+        return min((p.next_due_ns for p, _ in self._publications), default=NO_DEADLINE)

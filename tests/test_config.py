@@ -49,7 +49,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "metrics_address": "",
     "counters_capacity": 4096,
     "threading_mode": "shared_network",  # Aeron's SHARED_NETWORK (its default: DEDICATED)
-    "network_idle_spin": 50 * US,
+    "network_idle_spin": 200 * US,
     "term_buffer_length": 16 * MiB,
     "ipc_term_buffer_length": 64 * MiB,
     "term_buffer_sparse_file": False,  # Aeron: aeron.term.buffer.sparse.file

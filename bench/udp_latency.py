@@ -1,0 +1,122 @@
+"""UDP ping-pong round-trip latency on loopback through two slipstream drivers (pinger on one,
+ponger on the other: each round trip crosses UDP twice and both drivers' network threads),
+against pyzmq PAIR over tcp and Aeron's Ping/Pong (Java 1.15.1), in the same run.
+
+    .venv/bin/python -m bench.udp_latency [--rate 10000] [--seconds 5] [--no-aeron]
+
+slipstream and pyzmq: the pinger sends a ping every 1/rate s (paced by the clock, not by the
+replies) and records each round trip in an HDR histogram (1 µs .. 1 s, 3 significant digits);
+warm-up round trips are not recorded (bench/ipc_latency.py holds the loops).  Aeron's Ping
+sends its next ping as soon as the last pong is back (it has no pacing): its own histogram is
+reported, in both topologies (one driver for both samples; one driver each).  Also reports
+the CPU a slipstream driver with open UDP channels uses when idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.ipc_latency import WARMUP, _line, _run, _ss_pinger, _ss_ponger, _zmq_pinger, _zmq_ponger
+from bench.ipc_throughput import machine
+from bench.udp_throughput import free_port
+
+
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_aeron(rounds: int, *, two_drivers: bool) -> str:
+    from bench import aeron_peer
+
+    ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with contextlib.ExitStack() as stack:
+        ping_driver = stack.enter_context(aeron_peer.AeronDriver(fast_timeouts=False))
+        pong_driver = ping_driver if not two_drivers else stack.enter_context(
+            aeron_peer.AeronDriver(fast_timeouts=False))
+        stack.enter_context(aeron_peer.pong(pong_driver, ping_channel=ping_channel,
+                                            pong_channel=pong_channel))
+        result = aeron_peer.ping(ping_driver, messages=rounds, warmup_messages=WARMUP,
+                                 ping_channel=ping_channel, pong_channel=pong_channel,
+                                 timeout=300)
+    return (f"p50 {result.value_at(50):>6.0f} µs   p99 {result.value_at(99):>6.0f} µs   "
+            f"p99.9 {result.value_at(99.9):>6.0f} µs   max {result.max_us:>7.0f} µs   "
+            f"({result.total_count} round trips, unpaced)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=int, default=10_000, help="round trips per second")
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured duration")
+    parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
+    args = parser.parse_args()
+    settings = dict(s.split("=", 1) for s in args.settings)
+    rounds = WARMUP + int(args.rate * args.seconds)
+
+    from slipstream.client import Client
+    from slipstream.daemon.driver import MediaDriver
+
+    print(f"# UDP ping-pong latency at {args.rate:,} round trips/s over loopback, {machine()}")
+    print(f"# command: python -m bench.udp_latency {' '.join(sys.argv[1:])}")
+    directory = Path(tempfile.mkdtemp(prefix="slipstream-bench-", dir="/dev/shm"))
+    context = multiprocessing.get_context("spawn")
+    idle_cpu = context.Value("d", -1.0)
+    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+    zmq_histogram = _run(_zmq_pinger, _zmq_ponger, (endpoint, rounds, args.rate),
+                         (endpoint, rounds))
+    ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with MediaDriver.launch(directory=directory / "a", **settings) as a, \
+            MediaDriver.launch(directory=directory / "b", **settings) as b:
+        ss_histogram = _run(_ss_pinger, _ss_ponger, (str(a.directory), rounds, args.rate),
+                            (str(b.directory), rounds, idle_cpu),
+                            (ping_channel, pong_channel))
+        # A driver with an open UDP stream and no traffic.
+        with Client.connect(a.directory) as client:
+            subscription = client.add_subscription(pong_channel, 9)
+            publication = client.add_publication(pong_channel, 9)
+            while not (subscription.images and publication.is_connected):
+                time.sleep(0.01)
+            time.sleep(1.0)
+            before, started = _cpu_seconds(a.pid), time.monotonic()
+            time.sleep(3.0)
+            idle_driver = (_cpu_seconds(a.pid) - before) / (time.monotonic() - started)
+    print(_line("pyzmq PAIR tcp://", zmq_histogram))
+    print(_line("slipstream aeron:udp", ss_histogram))
+    if not args.no_aeron:
+        for two, name in ((False, "Aeron Ping/Pong 1 drv"), (True, "Aeron Ping/Pong 2 drv")):
+            try:
+                print(f"{name:<22} {run_aeron(int(args.rate * args.seconds), two_drivers=two)}")
+            except Exception as e:  # a failed peer run is reported, not fatal
+                print(f"# {name} failed: {e}")
+    p99_ratio = zmq_histogram.get_value_at_percentile(99) / ss_histogram.get_value_at_percentile(99)
+    print(f"p99: slipstream {p99_ratio:.1f}x lower than pyzmq tcp; an idle driver with an open UDP "
+          f"stream used {idle_driver * 100:.2f} % of a core; a waiting subscriber "
+          f"{idle_cpu.value * 100:.2f} %")
+    for leftover in sorted(directory.rglob("*"), reverse=True):
+        with contextlib.suppress(OSError):
+            leftover.unlink() if leftover.is_file() else leftover.rmdir()
+    directory.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
