@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import multiprocessing
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -26,13 +25,7 @@ from pathlib import Path
 
 from bench.ipc_latency import WARMUP, _line, _run, _ss_pinger, _ss_ponger, _zmq_pinger, _zmq_ponger
 from bench.ipc_throughput import machine
-from bench.udp_throughput import free_port
-
-
-def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.udp_throughput import free_port, free_tcp_port
 
 
 def _cpu_seconds(pid: int) -> float:

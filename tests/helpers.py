@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 
@@ -43,3 +44,10 @@ def data_datagrams(publication, now_ns: int, budget: int = 64) -> list:
         out.append(Datagram(bytes(view[offset:offset + spans[i].length]),
                             publication.destination))
     return out
+
+
+def free_port() -> int:
+    """A UDP port on 127.0.0.1 that nothing is bound to right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

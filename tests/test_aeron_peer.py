@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 try:
     from bench import aeron_peer
@@ -32,8 +33,10 @@ from bench.aeron_peer import (
 
 pytestmark = pytest.mark.timeout(60)
 
-UNICAST = "aeron:udp?endpoint=127.0.0.1:40123"
-MULTICAST = "aeron:udp?endpoint=224.0.1.1:40456|interface=127.0.0.1"
+# Free ports, not Aeron's sample ports: those lie in the ephemeral range, where another socket
+# of this machine may hold them.
+UNICAST = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+MULTICAST = f"aeron:udp?endpoint=224.0.1.1:{free_port()}|interface=127.0.0.1"
 STREAM = 1001
 MESSAGES = 5
 

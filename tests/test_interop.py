@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import struct
 import threading
 import time
@@ -20,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, wait_for
+from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 
 from bench import aeron_peer
 from bench.aeron_peer import AeronDriver, basic_subscriber, streaming_publisher
@@ -40,11 +39,6 @@ def require_aeron() -> None:
             pytest.fail(f"the Aeron peer is missing under CI=true: {reason}")
         pytest.skip(reason)
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def channel(kind: str) -> str:

@@ -5,10 +5,13 @@ the log of each image the channel asks for (:func:`attach`)."""
 from __future__ import annotations
 
 import random
+import struct
 import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from slipstream.client._native import ffi
 from slipstream.client.channel import parse_channel
@@ -253,3 +256,24 @@ def test_a_setup_asking_for_terms_past_the_limit_is_rejected_and_told(shm: Path)
     [err] = [decode(d.data) for d in rc.datagrams_to_send(0)]
     assert isinstance(err, ErrorFrame) and "image_term_buffer_length_max" in err.message
     assert counters[SystemCounter.IMAGES_REJECTED] == 1
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.integers(1, 6), liar=st.data(),
+       lie=st.sampled_from([-(2**31), -1, 0, 1, 31, 96, 2**31 - 1, 2**31 - 31, 2**30, 4096]))
+def test_a_lying_length_at_any_frame_of_a_datagram_is_counted_and_nothing_lands(
+        shm: Path, frames: int, liar: st.DataObject, lie: int) -> None:
+    """Every frame of a DATA datagram is checked (with 64-bit arithmetic, so a length near
+    2^31 cannot wrap), not only the first: one bad frame drops the whole datagram."""
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, _ = attach(rc)
+    datagram = bytearray(b"".join(data(64 * i) for i in range(frames)))  # 64 B frames
+    at = liar.draw(st.integers(0, frames - 1)) * 64
+    struct.pack_into("<i", datagram, at, lie)
+    rc.on_datagram(bytes(datagram), SRC, 1)
+    rc.datagrams_to_send(1)
+    assert counters[SystemCounter.INVALID_PACKETS] == 1
+    assert image.rcv_hwm == image.join_position
+    assert image.log.frame_length_volatile(0, 0) == 0

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, wait_for
+from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 
 from slipstream.client import (
     Client,
@@ -42,11 +42,6 @@ NETWORK_SETTINGS = {
 }
 SEQUENCE = struct.Struct("<I")
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -409,3 +404,18 @@ def test_an_idle_driver_with_open_udp_channels_uses_under_two_percent_of_a_core(
         time.sleep(3.0)
         used = (_cpu_seconds(driver.pid) - before) / (time.monotonic() - started)
     assert used < 0.02, f"an idle driver with a UDP stream used {used:.1%} of a core"
+
+
+def test_dedicated_threads_carry_the_stream_too(launch) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a, b = launch(threading_mode="dedicated"), launch(threading_mode="dedicated")
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 2)
+        publication = ca.add_publication(uri, 2)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 10_000, lambda i: 32 + i % 2000)
+        collector.assert_exactly(10_000)
+    shared = launch()
+    assert (len(os.listdir(f"/proc/{a.pid}/task"))
+            == len(os.listdir(f"/proc/{shared.pid}/task")) + 1)  # a sender and a receiver
