@@ -202,10 +202,11 @@ class Client:
                     return
                 self._drain()
                 now = time.monotonic()
-                if now >= next_keepalive and self._driver_lost is None:
+                if now >= next_keepalive:
                     next_keepalive = now + self._keepalive_interval
-                    self._check_driver()
-                    self._beat()
+                    if self._driver_lost is None:
+                        self._check_driver()
+                        self._beat()
             # Events make the socket's FD readable; otherwise wake only for the next keepalive
             # (each wake-up can preempt a spinning reader on a small machine).
             with contextlib.suppress(OSError, ValueError):
@@ -220,23 +221,36 @@ class Client:
             lib.ss_store_release_i64(self._heartbeat, time.monotonic_ns())
 
     def _check_driver(self) -> None:
+        """A driver that exited (or crashed) has let go of its lock: noticed within one
+        keepalive interval; one that hangs stops its heartbeat: noticed after driver_timeout."""
+        if not _driver_holds_lock(self.directory):
+            self._lose_driver("the driver exited")
+            return
         heartbeat = self.counters.driver_heartbeat_ns
         if time.time_ns() - heartbeat > self._driver_timeout_ns:
-            self._lose_driver(f"the driver in {self.directory} stopped (no heartbeat for "
-                              f"{(time.time_ns() - heartbeat) / 1e9:.1f} s)")
+            self._lose_driver(f"the driver stopped: no heartbeat for "
+                              f"{(time.time_ns() - heartbeat) / 1e9:.1f} s")
 
     def _lose_driver(self, reason: str) -> None:
+        """Cut off from the driver: offers return CLOSED from now on, and every other call
+        (polls and waits too; a parked receive is woken) raises DriverNotRunningError."""
         if self._driver_lost is None:
-            log.error("%s", reason)
+            log.error("the driver in %s is gone: %s", self.directory, reason)
             self._driver_lost = reason
             for publication in list(self._publications.values()):
                 publication._mark_closed()
+            for subscription in list(self._subscriptions.values()):
+                subscription._lose_driver()
+
+    def driver_lost_error(self) -> DriverNotRunningError:
+        """The error calls raise once the driver is gone."""
+        return DriverNotRunningError(str(self.directory), self._driver_lost or "")
 
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the client is closed")
         if self._driver_lost is not None:
-            raise DriverTimeoutError(self._driver_lost)
+            raise self.driver_lost_error()
 
     def _doorbell_fd(self, channel: str, name: str) -> int:
         """For a network channel, the fd of a socket connected to the driver's doorbell

@@ -87,9 +87,11 @@ struct ss_futex_waitv {
 };
 #define SS_FUTEX2_SIZE_U32 0x02
 
+#define SS_FUTEX_WAITV_MAX 128 /* the kernel's limit per futex_waitv */
+
 static int park_many(const ss_reader_t *readers, const int32_t *seen, int32_t count,
                      int64_t deadline_ns) {
-    struct ss_futex_waitv waiters[16];
+    struct ss_futex_waitv waiters[SS_FUTEX_WAITV_MAX];
     struct timespec ts, *tsp = NULL;
     for (int32_t i = 0; i < count; i++) {
         waiters[i].val = (uint32_t)seen[i];
@@ -128,8 +130,8 @@ static inline int any_committed(const ss_reader_t *readers, int32_t count) {
 int ss_await_frames(const ss_reader_t *readers, int32_t count, int64_t spin_ns, int64_t timeout_ns) {
     int64_t start = monotonic_ns();
     int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
-    int32_t seen[16];
-    if (count > 16) count = 16;
+    int32_t seen[SS_FUTEX_WAITV_MAX];
+    int32_t watched = count > SS_FUTEX_WAITV_MAX ? SS_FUTEX_WAITV_MAX : count;
     if (count <= 0) return 0;
     /* Spin phase: cheap while traffic flows, it is what keeps latency low. */
     for (uint32_t n = 0;; n++) {
@@ -149,10 +151,17 @@ int ss_await_frames(const ss_reader_t *readers, int32_t count, int64_t spin_ns, 
     for (int32_t i = 0; i < count; i++) __atomic_fetch_add(readers[i].waiters, 1, __ATOMIC_SEQ_CST);
     int result = 0;
     for (;;) {
-        for (int32_t i = 0; i < count; i++) seen[i] = __atomic_load_n(readers[i].signal, __ATOMIC_SEQ_CST);
+        for (int32_t i = 0; i < watched; i++) seen[i] = __atomic_load_n(readers[i].signal, __ATOMIC_SEQ_CST);
         if (any_committed(readers, count)) { result = 1; break; }
-        if (deadline >= 0 && monotonic_ns() >= deadline) break;
-        int rc = park_many(readers, seen, count, deadline);
+        int64_t now = monotonic_ns();
+        if (deadline >= 0 && now >= deadline) break;
+        int64_t wake = deadline;
+        if (count > watched && (wake < 0 || wake > now + 1000000)) {
+            /* More images than one futex_waitv takes: park on the first ones for a
+             * millisecond at most, then look at all of them again. */
+            wake = now + 1000000;
+        }
+        int rc = park_many(readers, seen, watched, wake);
         if (rc == EAGAIN) continue; /* the word moved before we slept: look again */
         /* Woken (data, or an image change the caller must see), timed out, or interrupted
          * (EINTR: Python delivers signals such as KeyboardInterrupt): return either way. */

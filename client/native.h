@@ -134,7 +134,7 @@ typedef struct {
 } ss_reader_t;
 
 /* Spin for up to spin_ns, then park, until a frame is committed at one of `count` readers'
- * positions (at most 16) or timeout_ns passes (-1: no timeout).  Returns 1 if data is
+ * positions or timeout_ns passes (-1: no timeout).  Returns 1 if data is
  * (probably) there, 0 on timeout. */
 int ss_await_frames(const ss_reader_t *readers, int32_t count, int64_t spin_ns, int64_t timeout_ns);
 

@@ -422,6 +422,7 @@ class Subscription:
         self._retired: list[Image] = []
         self._round_robin = 0
         self._closed = False
+        self._driver_lost = False
         self._images_changed = threading.Condition()
         self._spin_ns = client.idle_spin_ns
         self._readers = None
@@ -449,7 +450,10 @@ class Subscription:
 
     def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
         """Deliver up to ``fragment_limit`` fragments across images without blocking; returns
-        the number of whole messages handed to ``handler(data, header)``."""
+        the number of whole messages handed to ``handler(data, header)``.  Raises
+        :class:`DriverNotRunningError` once the client lost its driver."""
+        if self._driver_lost:
+            raise self._client.driver_lost_error()
         if self._retired:
             self._release_retired()
         images = self._images
@@ -468,6 +472,8 @@ class Subscription:
     def poll_batch(self, max_messages: int = 4096) -> MessageBatch | None:
         """Many whole messages in one call, in place (see :class:`MessageBatch`), from one
         image; None when no image has anything."""
+        if self._driver_lost:
+            raise self._client.driver_lost_error()
         if self._retired:
             self._release_retired()
         images = self._images
@@ -484,7 +490,8 @@ class Subscription:
 
         Waiting spins briefly (``Client.connect(idle_spin_ns=...)``), which keeps latency low
         while traffic flows, then parks on a futex in the log, which costs no CPU.  Returns the
-        number of messages handled, 0 on timeout.
+        number of messages handled, 0 on timeout; raises :class:`DriverNotRunningError` once
+        the client lost its driver (a receive waiting then is woken).
         """
         count = self.poll(handler, fragment_limit)
         if count:
@@ -508,12 +515,12 @@ class Subscription:
         images = self._images
         if not images:
             with self._images_changed:
-                if not self._images:
+                if not self._images and not self._driver_lost:
                     self._images_changed.wait(timeout_ns / 1e9)
             return bool(self._images)
         if self._readers_for is not images:
             # What C watches, built once per set of images: waiting allocates nothing.
-            self._readers = readers = ffi.new("ss_reader_t[]", min(len(images), 16))
+            self._readers = readers = ffi.new("ss_reader_t[]", len(images))
             for reader, image in zip(readers, images, strict=False):
                 image._describe(reader)
             self._readers_for = images
@@ -547,6 +554,14 @@ class Subscription:
         if self.on_unavailable_image is not None:
             self.on_unavailable_image(image)
         return image
+
+    def _lose_driver(self) -> None:
+        """The client lost its driver: wake a parked receive so that it raises."""
+        with self._images_changed:
+            self._driver_lost = True
+            for image in self._images:
+                lib.ss_signal(image.signal, image.waiters)
+            self._images_changed.notify_all()
 
     def _release_retired(self) -> None:
         with self._images_changed:

@@ -7,8 +7,16 @@ import multiprocessing
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
-from slipstream.client import BACK_PRESSURED, NOT_CONNECTED, Client, default_directory
+from slipstream.client import (
+    BACK_PRESSURED,
+    CLOSED,
+    NOT_CONNECTED,
+    Client,
+    DriverNotRunningError,
+    default_directory,
+)
 from slipstream.client.counters import CounterType, SystemCounter
 from slipstream.daemon.driver import MediaDriver
 
@@ -36,6 +44,8 @@ def _publisher(directory: str, rate: int, size: int) -> None:
                 sequence += 1
             elif result in (BACK_PRESSURED, NOT_CONNECTED):
                 time.sleep(0.0001)
+            elif result == CLOSED:  # the driver is gone: so is the demo
+                return
 
 
 def _subscriber(directory: str) -> None:
@@ -50,8 +60,11 @@ def _subscriber(directory: str) -> None:
 
     with Client.connect(directory) as client:
         subscription = client.add_subscription(CHANNEL, STREAM_ID)
-        while True:
-            subscription.receive(handler, 256, timeout=1.0)
+        try:
+            while True:
+                subscription.receive(handler, 256, timeout=1.0)
+        except DriverNotRunningError:
+            return  # the driver is gone: so is the demo
 
 
 def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
@@ -62,6 +75,19 @@ def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
     context = multiprocessing.get_context("spawn")
     print(f"slipstream demo: driver in {path}; {size} B messages at "
           f"{'full speed' if not rate else f'{rate:,}/s'}; Ctrl-C stops", flush=True)
+    # SIGTERM (systemctl stop, kill) stops the demo as cleanly as Ctrl-C: driver included.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(path, context, rate, size, duration)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(path: Path, context: Any, rate: int, size: int, duration: float) -> int:
     with MediaDriver.launch(directory=path) as driver:
         subscriber = context.Process(target=_subscriber, args=(str(path),), daemon=True)
         publisher = context.Process(target=_publisher, args=(str(path), rate, size), daemon=True)

@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -222,6 +223,59 @@ def test_a_client_notices_when_its_driver_dies(driver_dir: Path) -> None:
         with pytest.raises(DriverError):
             client.add_publication("aeron:ipc", 13)
         client.close()
+
+
+def test_a_client_whose_driver_exited_raises_at_once_and_never_spins(driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir) as driver:  # default timers: a 10 s timeout
+        client = Client.connect(driver_dir)
+        subscription = client.add_subscription("aeron:ipc", 14)
+        publication = client.add_publication("aeron:ipc", 14)
+        while not publication.is_connected:
+            time.sleep(0.01)
+        woke: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                subscription.receive(lambda d, h: None, 10, timeout=30)
+            except BaseException as e:
+                woke.append(e)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        started = time.monotonic()
+        driver.stop()
+        waiter.join(5)
+        # The driver let go of its lock: noticed within a keepalive interval (500 ms), not
+        # after the 10 s driver timeout, and the parked receive was woken to say so.
+        assert time.monotonic() - started < 3
+        assert [type(e) for e in woke] == [DriverNotRunningError]
+        with pytest.raises(DriverNotRunningError):
+            subscription.poll(lambda d, h: None)
+        assert publication.offer(b"x") == -4  # CLOSED, as Aeron's
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        time.sleep(1.0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        assert used < 0.05, f"the orphaned client used {used:.2f} s of CPU in 1 s"
+        client.close()
+
+
+def test_sigterm_stops_the_demo_and_its_driver(driver_dir: Path) -> None:
+    demo = subprocess.Popen([*SLIPSTREAM, "demo", "--dir", str(driver_dir), "--rate", "1000"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert "slipstream demo" in (demo.stdout.readline() if demo.stdout else "")
+        deadline = time.monotonic() + 20
+        while not (driver_dir / "counters.dat").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.0)
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(20) == 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert not driver_dir.exists()  # the driver stopped and removed its directory
 
 
 def test_the_demo_streams_and_stops_cleanly(driver_dir: Path) -> None:
