@@ -96,14 +96,13 @@ class SystemCounter(enum.IntEnum):
     LOSS_GAP_FILLS = 17
     CONDUCTOR_CYCLES = 18
     CONDUCTOR_MAX_CYCLE_TIME_NS = 19
-    BYTES_PUBLISHED_IPC = 20
-    DATA_LOSS_SKIPS = 21
-    SHORT_SENDS = 22  # sendmmsg sent fewer datagrams than asked (socket buffer full)
-    SEND_ERRORS = 23
-    RECEIVE_ERRORS = 24
-    FOREIGN_SOURCE_DROPS = 25  # frames of an image from an address other than its SETUP's
-    IMAGES_REJECTED = 26  # a SETUP whose image the driver could not create (space, counters)
-    DEBUG_DATA_LOSS_DROPS = 27  # dropped on purpose by debug_receive_data_loss (a test hook)
+    DATA_LOSS_SKIPS = 20
+    SHORT_SENDS = 21  # sendmmsg sent fewer datagrams than asked (socket buffer full)
+    SEND_ERRORS = 22
+    RECEIVE_ERRORS = 23
+    FOREIGN_SOURCE_DROPS = 24  # frames of an image from an address other than its SETUP's
+    IMAGES_REJECTED = 25  # a SETUP whose image the driver could not create (space, counters)
+    DEBUG_DATA_LOSS_DROPS = 26  # dropped on purpose by debug_receive_data_loss (a test hook)
 
     @property
     def label(self) -> str:
@@ -270,10 +269,6 @@ class CountersFile:
     def add(self, counter_id: int, delta: int = 1) -> int:
         """Atomic add (any process); returns the previous value."""
         return lib.ss_get_and_add_i64(self.address(counter_id), delta)
-
-    def is_allocated(self, counter_id: int) -> bool:
-        offset = self._meta_offset(counter_id)
-        return struct.unpack_from("<i", self._map, offset)[0] == _STATE_ALLOCATED
 
     def info(self, counter_id: int) -> CounterInfo | None:
         """Snapshot of one counter, or None when the slot is free."""

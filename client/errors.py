@@ -63,6 +63,11 @@ class ClosedError(UsageError):
     """The client, publication or subscription was already closed."""
 
 
+class LocalProtocolError(SlipstreamError):
+    """slipstream's own code drove a protocol state machine through a transition its table does
+    not have (h11's LocalProtocolError): a bug in slipstream, never the peer's doing."""
+
+
 class DataLossError(SlipstreamError):
     """Data a reader asked for is no longer in the log (the publisher moved past it)."""
 

@@ -18,10 +18,15 @@ import struct
 from pathlib import Path
 
 from slipstream.client._native import ffi, lib
+from slipstream.client.frames import (  # the frame layout is the codec's (PROTOCOL.md §1.2)
+    FRAME_ALIGNMENT,
+    HDR_TYPE_DATA,
+    HDR_TYPE_PAD,
+    HEADER_LENGTH,
+    UNFRAGMENTED,
+)
 
 PARTITION_COUNT = 3
-FRAME_ALIGNMENT = 32
-HEADER_LENGTH = 32
 LOG_META_DATA_LENGTH = 4096
 TERM_MIN_LENGTH = 64 * 1024
 TERM_MAX_LENGTH = 1024 * 1024 * 1024
@@ -65,13 +70,6 @@ SESSION_ID_FIELD = 12
 STREAM_ID_FIELD = 16
 TERM_ID_FIELD = 20
 RESERVED_VALUE_FIELD = 24
-
-HDR_TYPE_PAD = 0x00
-HDR_TYPE_DATA = 0x01
-BEGIN_FLAG = 0x80
-END_FLAG = 0x40
-EOS_FLAG = 0x20
-UNFRAGMENTED = BEGIN_FLAG | END_FLAG
 
 INT64_MAX = (1 << 63) - 1
 
@@ -128,9 +126,14 @@ def _i32(value: int) -> int:
     return value - (1 << 32) if value & 0x80000000 else value
 
 
+def term_count(term_id: int, initial_term_id: int) -> int:
+    """Terms from ``initial_term_id`` to ``term_id`` (32-bit wrap-around; negative: before)."""
+    return _i32(term_id - initial_term_id)
+
+
 def compute_position(term_id: int, term_offset: int, bits: int, initial_term_id: int) -> int:
     """Stream position of ``term_offset`` in ``term_id``."""
-    return (_i32(term_id - initial_term_id) << bits) + term_offset
+    return (term_count(term_id, initial_term_id) << bits) + term_offset
 
 
 def compute_term_id(position: int, bits: int, initial_term_id: int) -> int:

@@ -137,18 +137,13 @@ class Publication:
         self._last_position = 0
         self._batch_result = ffi.new("int64_t *")
         self._claim_offset = ffi.new("int64_t *")
-        # offer() is this C callable on every instance: the method below only documents it.
+        #: ``offer(message) -> int``: append one message; returns the new position (> 0) or a
+        #: negative code (module doc); raises :class:`MessageTooLongError` beyond
+        #: ``max_message_length``.  A C callable bound to this publication, so that a call
+        #: costs about one C call.
         self.offer = _fastpath.Offerer(int(ffi.cast("uintptr_t", appender)), appender)
 
     # -- publishing ----------------------------------------------------------------------------
-    def offer(self, message: Buffer) -> int:  # type: ignore[no-redef]
-        """Append one message; returns the new position (> 0) or a negative code (module doc).
-
-        Raises :class:`MessageTooLongError` beyond ``max_message_length``.  (Implemented in C
-        and bound per instance; one call costs about one C call.)
-        """
-        return self.offer(message)
-
     def offer_batch(self, data: Buffer, lengths: Sequence[int] | Buffer) -> int:
         """Append many messages in one call: ``data`` holds them back to back, ``lengths`` their
         sizes (an ``array('i')`` or int32 numpy array avoids a conversion).

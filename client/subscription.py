@@ -22,17 +22,15 @@ from typing import TYPE_CHECKING
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import DataLossError
-from slipstream.client.logbuffer import (
+from slipstream.client.frames import (
     BEGIN_FLAG,
     END_FLAG,
     FRAME_ALIGNMENT,
     HDR_TYPE_PAD,
     HEADER_LENGTH,
-    PARTITION_COUNT,
     UNFRAGMENTED,
-    LogBuffer,
-    compute_term_id,
 )
+from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, compute_term_id
 
 if TYPE_CHECKING:
     from slipstream.client.client import Client

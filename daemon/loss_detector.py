@@ -27,6 +27,7 @@ import random
 from collections.abc import Callable
 
 from slipstream.client._native import ffi, lib
+from slipstream.client.logbuffer import compute_term_id
 from slipstream.daemon.protocol_types import NO_DEADLINE
 
 
@@ -152,7 +153,7 @@ class LossDetector:
             self.active_term_offset = -1
             self.expiry_ns = NO_DEADLINE
             return offset, False
-        term_id = (initial_term_id + rebuild_term_count + 0x80000000) % (1 << 32) - 0x80000000
+        term_id = compute_term_id(rebuild_position, position_bits, initial_term_id)
         if offset != self.active_term_offset or term_id != self.active_term_id:
             self.active_term_id = term_id
             self.active_term_offset = offset

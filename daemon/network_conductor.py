@@ -34,7 +34,7 @@ from slipstream.client import control
 from slipstream.client.channel import Channel
 from slipstream.client.counters import CountersFile, CountersFullError, CounterType
 from slipstream.client.errors import ChannelError
-from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.logbuffer import LogBuffer, term_count
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow_control import flow_control_for, has_group_semantics
 from slipstream.daemon.network_publication import (
@@ -392,9 +392,6 @@ class NetworkConductor:
         if not subscribers:
             return []
         registration_id = self._new_id()
-        term_count = (setup.active_term_id - setup.initial_term_id) & 0xFFFFFFFF
-        if term_count >= 1 << 31:
-            term_count -= 1 << 32
         path = self.directory / control.IMAGES_DIR / f"{registration_id}.logbuffer"
         channel = entry.endpoint.channel.channel
         try:
@@ -403,7 +400,8 @@ class NetworkConductor:
                 term_length=setup.term_length,
                 initial_term_id=setup.initial_term_id, session_id=setup.session_id,
                 stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=registration_id,
-                initial_term_count=term_count, initial_term_offset=setup.term_offset,
+                initial_term_count=term_count(setup.active_term_id, setup.initial_term_id),
+                initial_term_offset=setup.term_offset,
                 group=setup.is_group,
                 sparse=(channel.sparse if channel.sparse is not None
                         else self.settings.term_buffer_sparse_file))

@@ -48,6 +48,7 @@ import attrs
 from slipstream.client._native import ffi, lib
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
+from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
     SETUP_GROUP_FLAG,
     ErrorFrame,
@@ -59,7 +60,13 @@ from slipstream.client.frames import (
     decode,
     heartbeat,
 )
-from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, max_message_length
+from slipstream.client.logbuffer import (
+    PARTITION_COUNT,
+    LogBuffer,
+    compute_position,
+    compute_term_id,
+    max_message_length,
+)
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow_control import FlowControl, has_group_semantics
@@ -82,10 +89,6 @@ class PublicationState(enum.Enum):
     DRAINING = "draining"
     LINGER = "linger"
     DONE = "done"
-
-
-class LocalProtocolError(RuntimeError):
-    """The caller misused the state machine (e.g. an event not allowed in this state)."""
 
 
 # (state, event) -> next state.  Anything missing is a LocalProtocolError.
@@ -246,12 +249,10 @@ class NetworkPublication:
         return self._term_id(self.sender_position)
 
     def _term_id(self, position: int) -> int:
-        term_id = self.initial_term_id + (position >> self.position_bits)
-        return (term_id + 0x80000000) % (1 << 32) - 0x80000000
+        return compute_term_id(position, self.position_bits, self.initial_term_id)
 
     def _position(self, term_id: int, term_offset: int) -> int:
-        count = (term_id - self.initial_term_id + 0x80000000) % (1 << 32) - 0x80000000
-        return (count << self.position_bits) + term_offset
+        return compute_position(term_id, term_offset, self.position_bits, self.initial_term_id)
 
     # -- input ----------------------------------------------------------------------------
     def on_frame(self, frame: object, source: Address, now_ns: int) -> None:

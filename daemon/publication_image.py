@@ -53,6 +53,7 @@ import attrs
 from slipstream.client._native import ffi, lib
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
+from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
     RTTM_REPLY_FLAG,
     SM_EOS_FLAG,
@@ -61,7 +62,13 @@ from slipstream.client.frames import (
     Setup,
     StatusMessage,
 )
-from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, write_padding
+from slipstream.client.logbuffer import (
+    PARTITION_COUNT,
+    LogBuffer,
+    compute_position,
+    compute_term_id,
+    write_padding,
+)
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.log_cleaner import LogCleaner
@@ -85,10 +92,6 @@ class ImageState(enum.Enum):
     DRAINING = "draining"
     LINGER = "linger"
     DONE = "done"
-
-
-class LocalProtocolError(RuntimeError):
-    """The caller misused the image's state machine."""
 
 
 _S = ImageState
@@ -227,12 +230,10 @@ class PublicationImage:
         return self._sm_position + (self._sm_window >> 2) + 1
 
     def _position(self, term_id: int, term_offset: int) -> int:
-        count = (term_id - self.initial_term_id + 0x80000000) % (1 << 32) - 0x80000000
-        return (count << self.position_bits) + term_offset
+        return compute_position(term_id, term_offset, self.position_bits, self.initial_term_id)
 
     def _term_id(self, position: int) -> int:
-        term_id = self.initial_term_id + (position >> self.position_bits)
-        return (term_id + 0x80000000) % (1 << 32) - 0x80000000
+        return compute_term_id(position, self.position_bits, self.initial_term_id)
 
     # -- subscribers ----------------------------------------------------------------------
     def add_subscriber_position(self, cell) -> None:

@@ -56,7 +56,7 @@ from slipstream.client.frames import (
     StatusMessage,
     decode,
 )
-from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length
+from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length, term_count
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
@@ -314,13 +314,12 @@ class ReceiveChannel:
             return
         if now_ns < self._cool_down.get(key, -1) or now_ns < self._pending_image.get(key, -1):
             return
-        term_count = (setup.active_term_id - setup.initial_term_id + 0x80000000) % (1 << 32)
         try:
             check_term_length(setup.term_length)
             check_mtu(setup.mtu)
             # The join position must be a frame boundary inside a term, at or after the start.
             if (not 0 <= setup.term_offset < setup.term_length or setup.term_offset & 31
-                    or term_count < 0x80000000):
+                    or term_count(setup.active_term_id, setup.initial_term_id) < 0):
                 raise ValueError("join position")
         except ValueError:
             self.counters.add(SystemCounter.INVALID_PACKETS)

@@ -39,6 +39,7 @@ from slipstream.client import control
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 from slipstream.client.subscription import Image
 from slipstream.daemon.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
@@ -63,9 +64,6 @@ MAX_PASSES_AT_ONE_INSTANT: Final = 100_000
 SIM_COUNTERS_CAPACITY: Final = 256
 _APP_KEY: Final = b"simulated-application"
 
-_OFFER_BACK_PRESSURED = -2
-_OFFER_NOT_CONNECTED = -1
-_OFFER_ADMIN_ACTION = -3
 
 
 class SimulationStuck(RuntimeError):
@@ -424,9 +422,9 @@ class PublisherHost(SimHost):
             result = offer(appender, message_c, size)
             if result > 0:
                 seq += 1
-            elif result == _OFFER_ADMIN_ACTION:
+            elif result == ADMIN_ACTION:
                 continue
-            elif result in (_OFFER_BACK_PRESSURED, _OFFER_NOT_CONNECTED):
+            elif result in (BACK_PRESSURED, NOT_CONNECTED):
                 self.blocked += 1
                 self._blocked_at_limit = limit
                 break

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from slipstream.client._native import lib
 from slipstream.client.counters import CountersFile
+from slipstream.client.frames import FRAME_ALIGNMENT
 from slipstream.client.logbuffer import (
-    FRAME_ALIGNMENT,
     PARTITION_COUNT,
     TERM_MIN_LENGTH,
     compute_term_offset,

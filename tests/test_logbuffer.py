@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import ffi, lib
+from slipstream.client.frames import HDR_TYPE_PAD
 from slipstream.client.logbuffer import (
     ACTIVE_TERM_COUNT_OFFSET,
-    HDR_TYPE_PAD,
     PARTITION_COUNT,
     TERM_MIN_LENGTH,
     LogBuffer,

@@ -15,6 +15,7 @@ from helpers import data_datagrams
 from slipstream.client._native import lib
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
+from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
     SETUP_GROUP_FLAG,
     Data,
@@ -31,7 +32,6 @@ from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow_control import flow_control_for
 from slipstream.daemon.network_publication import (
-    LocalProtocolError,
     NetworkPublication,
     PublicationState,
     SendChannel,
