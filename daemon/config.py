@@ -447,14 +447,6 @@ class DriverSettings:
     reliable_stream: bool = _bool(
         True, "Receivers NAK gaps so loss is repaired; false = gaps are skipped (unreliable)."
     )
-    tether_subscriptions: bool = _bool(
-        True,
-        "Subscribers hold back publishers (tethered); false = a slow subscriber may be left "
-        "behind after the untethered timeouts.",
-    )
-    rejoin_stream: bool = _bool(
-        True, "A subscription whose image went away may join the stream again (a new image)."
-    )
     # ---------------------------------------------------------------- sender
     send_to_status_poll_ratio: int = _int(
         6,
@@ -533,23 +525,11 @@ class DriverSettings:
     image_liveness_timeout: int = _duration(
         10 * _S, "An image with no packets this long drains and closes, ns.", low=_MS
     )
-    untethered_window_limit_timeout: int = _duration(
-        5 * _S,
-        "An untethered subscriber held at the window limit this long is left behind, ns; must "
-        "exceed timer_interval.",
-        low=_MS,
-    )
-    untethered_resting_timeout: int = _duration(
-        10 * _S,
-        "A left-behind untethered subscriber rests this long before it may rejoin, ns; must "
-        "exceed timer_interval.",
-        low=_MS,
-    )
-    # ---------------------------------------------------------------- flow and congestion control
+    # ---------------------------------------------------------------- flow control
     unicast_flow_control: str = _choice(
         "unicast", ("unicast", "max", "min", "tagged"),
         "Flow control of unicast publications without fc= in the channel URI.",
-        section="Flow control and congestion control",
+        section="Flow control",
     )
     multicast_flow_control: str = _choice(
         "max", ("max", "min", "tagged"),
@@ -567,20 +547,6 @@ class DriverSettings:
         0,
         "Receivers a min/tagged publication needs before it counts as connected (count).",
         low=0, high=_INT32[1],
-    )
-    congestion_control: str = _choice(
-        "static", ("static", "cubic"),
-        "Receiver congestion control without cc= in the URI: static = fixed window, cubic = "
-        "CUBIC window in MTUs.",
-    )
-    cubic_measure_rtt: bool = _bool(
-        False, "CUBIC measures RTT with RTTM frames; false = it assumes cubic_initial_rtt."
-    )
-    cubic_initial_rtt: int = _duration(
-        100 * _US, "CUBIC's RTT before (or without) a measurement, ns.", low=1, high=10 * _S
-    )
-    cubic_tcp_mode: bool = _bool(
-        False, "CUBIC grows at least as fast as TCP Reno would (TCP-friendly region)."
     )
     # ---------------------------------------------------------------- session ids
     publication_reserved_session_id_low: int = _int(
@@ -670,10 +636,6 @@ _CROSS_FIELD_RULES = (
     _Rule("client_liveness_timeout", "<", "publication_unblock_timeout",
           "a dead client's claim must be cleaned up before its publication is unblocked"),
     _Rule("timer_interval", "<", "client_liveness_timeout",
-          "the conductor must check timeouts more often than they expire"),
-    _Rule("timer_interval", "<", "untethered_window_limit_timeout",
-          "the conductor must check timeouts more often than they expire"),
-    _Rule("timer_interval", "<", "untethered_resting_timeout",
           "the conductor must check timeouts more often than they expire"),
     _Rule("mtu_length", "<=", "rcv_initial_window_length",
           "a receiver window must hold at least one full datagram"),

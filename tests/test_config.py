@@ -70,8 +70,6 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "socket_multicast_ttl": 0,
     "receiver_group_tag": None,
     "reliable_stream": True,
-    "tether_subscriptions": True,
-    "rejoin_stream": True,
     "send_to_status_poll_ratio": 6,
     # Aeron sends 2 per ~100 ns duty cycle; a Python duty cycle costs microseconds.
     "network_publication_max_messages_per_send": 64,
@@ -88,17 +86,11 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "publication_unblock_timeout": 15 * S,
     "publication_connection_timeout": 5 * S,
     "image_liveness_timeout": 10 * S,
-    "untethered_window_limit_timeout": 5 * S,
-    "untethered_resting_timeout": 10 * S,
     "unicast_flow_control": "unicast",
     "multicast_flow_control": "max",
     "flow_control_receiver_timeout": 5 * S,
     "flow_control_group_tag": -1,
     "flow_control_group_min_size": 0,
-    "congestion_control": "static",
-    "cubic_measure_rtt": False,
-    "cubic_initial_rtt": 100 * US,
-    "cubic_tcp_mode": False,
     "publication_reserved_session_id_low": -1,
     "publication_reserved_session_id_high": 1000,
 }
@@ -250,7 +242,7 @@ def test_environment_ignores_variables_that_are_not_settings() -> None:
      ("false", False), ("0", False), ("no", False), ("off", False)],
 )
 def test_environment_booleans(text: str, expected: bool) -> None:
-    assert load_settings(env={"SLIPSTREAM_CUBIC_TCP_MODE": text}).cubic_tcp_mode is expected
+    assert load_settings(env={"SLIPSTREAM_RELIABLE_STREAM": text}).reliable_stream is expected
 
 
 # ---------------------------------------------------------------------------- bad values
@@ -378,7 +370,7 @@ def test_keepalive_must_be_below_client_liveness() -> None:
         ({"mtu_length": 4096, "socket_so_sndbuf": 2048}, "mtu_length", "socket_so_sndbuf"),
         ({"publication_unblock_timeout": "10s"}, "client_liveness_timeout",
          "publication_unblock_timeout"),
-        ({"timer_interval": "5s"}, "timer_interval", "untethered_window_limit_timeout"),
+        ({"timer_interval": "20s"}, "timer_interval", "client_liveness_timeout"),
         ({"publication_reserved_session_id_low": 2000}, "publication_reserved_session_id_low",
          "publication_reserved_session_id_high"),
     ],

@@ -419,3 +419,15 @@ def test_dedicated_threads_carry_the_stream_too(launch) -> None:
     shared = launch()
     assert (len(os.listdir(f"/proc/{a.pid}/task"))
             == len(os.listdir(f"/proc/{shared.pid}/task")) + 1)  # a sender and a receiver
+
+
+@pytest.mark.parametrize(("parameter", "part"), [
+    ("cc=cubic", "cc"), ("tether=false", "tether"), ("rejoin=false", "rejoin"),
+    ("control-mode=manual", "control-mode"),
+])
+def test_what_the_driver_does_not_carry_yet_is_refused_by_name(launch, parameter: str,
+                                                              part: str) -> None:
+    a = launch()
+    with Client.connect(a.directory) as client:
+        with pytest.raises(RegistrationError, match=f"{part}: .*not supported"):
+            client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_port()}|{parameter}", 1)
