@@ -1,4 +1,4 @@
-"""The ``slipstream`` command: ``driver``, ``stat``, ``demo`` and ``sim``."""
+"""The ``slipstream`` command: ``driver``, ``stat``, ``metrics``, ``demo`` and ``sim``."""
 
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ def _stat(args: argparse.Namespace) -> int:
     from slipstream.daemon.stat import run_stat
 
     return run_stat(args.dir, interval=args.interval, once=args.once, match=args.match)
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    from slipstream.daemon.metrics import run_metrics
+
+    return run_metrics(args.dir, args.address)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -64,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     stat.add_argument("--once", action="store_true", help="print one snapshot and exit")
     stat.add_argument("--match", default="", help="only counters whose label contains this")
     stat.set_defaults(func=_stat)
+
+    metrics = commands.add_parser(
+        "metrics", help="serve the driver's counters to Prometheus",
+        description="Serve the counters of the driver in --dir as Prometheus metrics at "
+                    "http://ADDRESS/metrics, read at each scrape; the driver is not touched.")
+    metrics.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
+                                       "/dev/shm/slipstream-<user>)")
+    metrics.add_argument("--address", default="127.0.0.1:9100",
+                         help="host:port to listen on (default: %(default)s, loopback only)")
+    metrics.set_defaults(func=_metrics)
 
     demo = commands.add_parser(
         "demo", help="a driver, a publisher and a subscriber with live rates (Ctrl-C stops)")

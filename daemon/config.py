@@ -304,8 +304,9 @@ class DriverSettings:
     )
     metrics_address: str = _text(
         "",
-        'Prometheus exporter listen address as host:port (port 0 = any free port); "" = off '
-        "(slipstream).",
+        'Serve the counters to Prometheus at http://host:port/metrics (port 0 = any free port; '
+        'use 127.0.0.1 unless other hosts must scrape); "" = off. `slipstream metrics` serves '
+        "them from a process of its own instead (slipstream).",
         check=_check_host_port, accepted_text='"" (off) or host:port',
     )
     counters_capacity: int = _int(

@@ -142,7 +142,14 @@ class _DriverShell:
         self.conductor = conductor
         self.sock = sock
         watcher: threading.Thread | None = None
+        exporter: Any = None
         try:
+            endpoint = self.settings.metrics_endpoint
+            if endpoint is not None:
+                from slipstream.daemon.metrics import start_exporter
+
+                exporter, _ = start_exporter(self.directory.path, *endpoint)
+                log.info("metrics at http://%s:%d/metrics", *exporter.server_address[:2])
             for thread in threads:
                 thread.start()
             sock.bind(control.conductor_endpoint(self.directory.path))
@@ -167,6 +174,8 @@ class _DriverShell:
                 lib.ss_futex_wake(counters.driver_signal, 1 << 30)
                 watcher.join(timeout=2)
             _notify_systemd("STOPPING=1")
+            if exporter is not None:
+                exporter.shutdown()
             for thread in threads:
                 thread.stop()
             for doorbell in doorbells:

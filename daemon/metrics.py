@@ -1,0 +1,120 @@
+"""Prometheus metrics from the counters file (DESIGN.md principle 3: counters are the interface).
+
+The exporter reads ``counters.dat`` on every scrape and touches nothing else, so it runs inside
+the driver (``metrics_address = "127.0.0.1:9100"``) or as its own process beside a driver it
+does not disturb (``slipstream metrics --dir DIR --address 127.0.0.1:9100``).
+
+Series (names and units as Prometheus expects):
+
+* every system counter: ``slipstream_<name>_total`` (``slipstream_sent_bytes_total``,
+  ``slipstream_nak_messages_sent_total``, ...), and the conductor's longest duty cycle as the
+  gauge ``slipstream_conductor_max_cycle_seconds``;
+* every position counter as ``slipstream_position_bytes{kind, channel, stream, session}``, kind
+  one of ``pub-lmt``, ``pub-pos``, ``snd-pos``, ``snd-lmt``, ``rcv-hwm``, ``rcv-pos``,
+  ``sub-pos`` (a subscriber's also labelled with its ``subscription``);
+* ``slipstream_clients``: clients connected; ``slipstream_driver_heartbeat_age_seconds``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from slipstream.client import control
+from slipstream.client.counters import CountersFile, CounterType, SystemCounter
+
+_LABEL = re.compile(r"(?P<kind>[a-z-]+): (?P<channel>\S+) stream=(?P<stream>-?\d+) "
+                    r"session=(?P<session>-?\d+)(?: (?:sub=(?P<sub>\d+)|source=\S+))*")
+_POSITION_TYPES = frozenset((CounterType.PUBLISHER_LIMIT, CounterType.PUBLISHER_POSITION,
+                             CounterType.SENDER_POSITION, CounterType.SENDER_LIMIT,
+                             CounterType.RECEIVER_HWM, CounterType.RECEIVER_POSITION,
+                             CounterType.SUBSCRIBER_POSITION))
+
+
+def metric_name(counter: SystemCounter) -> str:
+    """The Prometheus name of a system counter (units last, as the conventions ask)."""
+    if counter is SystemCounter.BYTES_SENT:
+        return "slipstream_sent_bytes"
+    if counter is SystemCounter.BYTES_RECEIVED:
+        return "slipstream_received_bytes"
+    return f"slipstream_{counter.name.lower()}"
+
+
+class CountersCollector(Collector):
+    """Reads the counters file of the driver in ``directory`` at each scrape."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / control.COUNTERS_FILE
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            counters = CountersFile(self.path, writable=False)
+        except (OSError, ValueError):
+            return  # no driver (yet): no series
+        try:
+            yield from self._families(counters)
+        finally:
+            counters.close()
+
+    def _families(self, counters: CountersFile) -> Iterator[Any]:
+        positions = GaugeMetricFamily(
+            "slipstream_position_bytes", "Stream positions (bytes) by kind",
+            labels=["kind", "channel", "stream", "session", "subscription"])
+        clients = 0
+        for info in counters:
+            if info.type_id == CounterType.SYSTEM:
+                try:
+                    counter = SystemCounter(info.counter_id)
+                except ValueError:
+                    continue
+                if counter is SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS:
+                    yield GaugeMetricFamily("slipstream_conductor_max_cycle_seconds",
+                                            "The conductor's longest duty cycle",
+                                            value=info.value / 1e9)
+                else:
+                    yield CounterMetricFamily(metric_name(counter), counter.label,
+                                              value=info.value)
+            elif info.type_id == CounterType.CLIENT_HEARTBEAT:
+                clients += 1
+            elif info.type_id in _POSITION_TYPES:
+                match = _LABEL.match(info.label)
+                if match is not None:
+                    positions.add_metric([match["kind"], match["channel"], match["stream"],
+                                          match["session"], match["sub"] or ""], info.value)
+        yield positions
+        yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
+                                value=clients)
+        yield GaugeMetricFamily(
+            "slipstream_driver_heartbeat_age_seconds", "Time since the driver's last duty cycle",
+            value=max(0.0, (time.time_ns() - counters.driver_heartbeat_ns) / 1e9))
+
+
+def start_exporter(directory: str | Path, host: str, port: int) -> tuple[Any, Any]:
+    """Serve the driver's metrics at ``http://host:port/metrics`` from a daemon thread;
+    returns ``(server, thread)`` (``server.shutdown()`` stops it).  Port 0 picks a free one:
+    ``server.server_address`` says which."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CountersCollector(directory))
+    return start_http_server(port, addr=host, registry=registry)
+
+
+def run_metrics(directory: str | None, address: str) -> int:
+    """``slipstream metrics``: serve until interrupted."""
+    from slipstream.client.client import default_directory
+
+    host, _, port = address.rpartition(":")
+    server, _thread = start_exporter(directory or default_directory(), host.strip("[]"),
+                                     int(port))
+    print(f"slipstream metrics: http://{address}/metrics", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        server.shutdown()

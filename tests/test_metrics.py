@@ -1,0 +1,77 @@
+"""Prometheus metrics from the counters file, scraped over HTTP as Prometheus would."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from helpers import FAST_DRIVER_SETTINGS, wait_for
+
+from slipstream.client import Client
+from slipstream.daemon.driver import MediaDriver
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def value(text: str, series: str) -> float:
+    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{series} not in the scrape"
+    return float(match[1])
+
+
+def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:
+    port = free_tcp_port()
+    with MediaDriver.launch(directory=driver_dir, metrics_address=f"127.0.0.1:{port}",
+                            **FAST_DRIVER_SETTINGS), Client.connect(driver_dir) as client:
+        publication = client.add_publication("aeron:ipc", 77)
+        subscription = client.add_subscription("aeron:ipc", 77)
+        wait_for(lambda: publication.is_connected)
+        for _ in range(10):
+            while publication.offer(b"x" * 100) < 0:
+                pass
+        subscription.receive(lambda d, h: None, 10, timeout=2)
+        text = scrape(port)
+    assert "# TYPE slipstream_nak_messages_sent_total counter" in text
+    assert value(text, "slipstream_sent_bytes_total") >= 0
+    assert value(text, "slipstream_clients") == 1
+    session = publication.session_id
+    assert value(text, f'slipstream_position_bytes{{channel="aeron:ipc",kind="sub-pos",'
+                       f'session="{session}",stream="77",subscription='
+                       f'"{subscription.registration_id}"}}') == 10 * 160
+    assert value(text, "slipstream_driver_heartbeat_age_seconds") < 5
+
+
+def test_slipstream_metrics_runs_beside_a_driver(driver_dir: Path) -> None:
+    port = free_tcp_port()
+    with MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS):
+        exporter = subprocess.Popen([sys.executable, "-m", "slipstream.daemon.cli", "metrics",
+                                     "--dir", str(driver_dir), "--address",
+                                     f"127.0.0.1:{port}"], stdout=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    text = scrape(port)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the exporter did not come up"
+                    time.sleep(0.1)
+            assert value(text, "slipstream_clients") == 0
+            assert "slipstream_errors_total" in text
+        finally:
+            exporter.terminate()
+            exporter.wait(10)
