@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test install java aeron lint bench clean
+.PHONY: run test install java aeron iptables lint bench clean
 
 install: $(STAMP)
 
@@ -27,10 +27,14 @@ java:
 aeron: install
 	@scripts/ensure-aeron $(BIN)/python
 
+# The test hosts' faults are iptables rules (root only).
+iptables:
+	@scripts/ensure-iptables
+
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
-test: install java aeron
+test: install java aeron iptables
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 

@@ -336,9 +336,12 @@ class MediaDriver:
 
     @classmethod
     def start(cls, directory: Path, overrides: Mapping[str, Any], *,
-              startup_timeout: float = 20.0) -> MediaDriver:
-        """Start the child and wait until it accepts clients."""
+              startup_timeout: float = 20.0, netns: str | None = None) -> MediaDriver:
+        """Start the child and wait until it accepts clients; ``netns``: inside that network
+        namespace (``ip netns exec``, which execs the driver: same pid)."""
         args = [sys.executable, "-m", "slipstream.daemon.cli", "driver", "--dir", str(directory)]
+        if netns is not None:
+            args = ["ip", "netns", "exec", netns, *args]
         for key, value in overrides.items():
             if key == "dir":
                 continue

@@ -129,6 +129,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--scenario", metavar="FILE.toml",
         help="read hosts, faults per link, timed events (partition, crash, restart, faults) "
              "and traffic from a TOML file; the options above override it")
+    tools = parser.add_subparsers(dest="tool", metavar="TOOL",
+                                  help="or a tool for real sockets: relay, hosts")
+    relay = tools.add_parser(
+        "relay", help="relay UDP between real sockets, with the simulator's faults",
+        description="Relay UDP from --listen to --forward (and the replies back), dropping, "
+                    "delaying, reordering and duplicating datagrams as the simulator's links "
+                    "do. Unicast: a peer sends to --listen, the relay forwards to --forward "
+                    "from a socket of its own and returns the replies. Multicast (both "
+                    "groups): --listen's data group to --forward's, and --forward's control "
+                    "group (data group + 1) back to --listen's. Prints what it did every 5 s "
+                    "and at the end (Ctrl-C).")
+    relay.add_argument("--listen", required=True, type=_address, metavar="HOST:PORT")
+    relay.add_argument("--forward", required=True, type=_address, metavar="HOST:PORT")
+    relay.add_argument("--interface", metavar="IP",
+                       help="the interface for multicast (default: the kernel's choice)")
+    relay.add_argument("--directions", choices=("both", "data", "control"), default="both",
+                       help="which directions get the faults (default: %(default)s)")
+    relay.add_argument("--loss", type=_probability, default=0.0, metavar="P",
+                       help="random loss per datagram (default: 0)")
+    relay.add_argument("--burst-loss", type=_burst, metavar="P,R",
+                       help="Gilbert-Elliott bursty loss, as for the simulator (default: off)")
+    relay.add_argument("--delay", type=_non_negative, default=0.0, metavar="MS",
+                       help="one-way delay, milliseconds (default: 0)")
+    relay.add_argument("--jitter", type=_non_negative, default=0.0, metavar="MS",
+                       help="delay jitter, uniform ±MS (default: 0)")
+    relay.add_argument("--reorder", type=_probability, default=0.0, metavar="P",
+                       help="probability a datagram is held back up to 5 ms (default: 0)")
+    relay.add_argument("--duplicate", type=_probability, default=0.0, metavar="P",
+                       help="probability a datagram is sent twice (default: 0)")
+    relay.add_argument("--seed", type=int, default=1, metavar="S",
+                       help="seed of the random choices (default: %(default)s)")
+    hosts = tools.add_parser(
+        "hosts", help="test hosts in network namespaces, a driver in each (root)",
+        description="Make N hosts (network namespaces on a bridge, 10.x addresses inside "
+                    "them only), start a slipstream driver in each, print where, and remove "
+                    "it all on Ctrl-C or SIGTERM. Needs root and iproute2.")
+    hosts.add_argument("--count", type=_int_at_least(1), default=2, metavar="N",
+                       help="hosts (default: %(default)s)")
+    hosts.add_argument("--no-drivers", action="store_true", help="hosts only, no drivers")
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host, int(port)
 
 
 def build_scenario(args: argparse.Namespace) -> Scenario:
@@ -165,9 +211,82 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
         raise
 
 
+def run_relay(args: argparse.Namespace) -> int:
+    """``slipstream sim relay``: relay until interrupted (Ctrl-C, SIGTERM), printing the
+    counters every 5 s and at the end."""
+    import signal
+    import time
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    from slipstream.sim.relay import Relay
+
+    faults = LinkFaults(loss=args.loss, burst=args.burst_loss, delay_ms=args.delay,
+                        jitter_ms=args.jitter, reorder=args.reorder, duplicate=args.duplicate)
+    try:
+        relay = Relay(args.listen, args.forward, faults, directions=args.directions,
+                      interface=args.interface, seed=args.seed)
+    except (ValueError, OSError) as e:
+        print(f"slipstream sim relay: {e}", file=sys.stderr)
+        return 2
+    print(f"relaying {args.listen[0]}:{args.listen[1]} -> {args.forward[0]}:{args.forward[1]}",
+          flush=True)
+    with relay:
+        try:
+            while True:
+                time.sleep(5)
+                _print_relay(relay)
+        except KeyboardInterrupt:
+            pass
+    _print_relay(relay)
+    return 0
+
+
+def _print_relay(relay: object) -> None:
+    for direction, stats in relay.stats.items():  # type: ignore[attr-defined]
+        print(f"{direction:<8} offered {stats.offered} delivered {stats.delivered} "
+              f"lost {stats.lost} burst-lost {stats.burst_lost} duplicated {stats.duplicated} "
+              f"reordered {stats.reordered}", flush=True)
+
+
+def run_hosts(args: argparse.Namespace) -> int:
+    """``slipstream sim hosts``: make the hosts, print them, remove them on Ctrl-C/SIGTERM."""
+    import signal
+    import threading
+
+    from slipstream.sim.hosts import HostsError, NamespaceHosts
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        hosts = NamespaceHosts(args.count)
+    except HostsError as e:
+        print(f"slipstream sim hosts: {e}", file=sys.stderr)
+        return 2
+    with hosts:
+        for host in hosts.hosts:
+            line = f"host {host.index}  {host.address:<14} netns {host.namespace}"
+            if not args.no_drivers:
+                line += f"  driver {hosts.start_driver(host.index).directory}"
+            print(line, flush=True)
+        print("Ctrl-C removes them all", flush=True)
+        try:
+            while not stop.wait(1.0):
+                pass
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the simulation the options describe; print the report.  Exit status 0 when every
     live subscriber got everything exactly once in order, 1 otherwise, 2 for bad options."""
+    if getattr(args, "tool", None) == "relay":
+        return run_relay(args)
+    if getattr(args, "tool", None) == "hosts":
+        return run_hosts(args)
     from slipstream.sim.report import plot_report
     from slipstream.sim.runner import run_scenario
 

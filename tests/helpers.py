@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from collections.abc import Callable
+from typing import Any
 
 # Short timers so liveness, unblocking and linger show within a test's patience.
 FAST_DRIVER_SETTINGS = {
@@ -15,6 +17,15 @@ FAST_DRIVER_SETTINGS = {
     "timer_interval": "100ms",
     "ipc_term_buffer_length": "64k",
 }
+#: Drivers of network tests: small logs (and many term rotations in a short stream), and
+#: connections and images that time out within a test's patience.
+NETWORK_SETTINGS = {
+    **FAST_DRIVER_SETTINGS,
+    "term_buffer_length": "64k",
+    "publication_connection_timeout": "1s",
+    "image_liveness_timeout": "1s",
+}
+SEQUENCE = struct.Struct("<I")
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 5.0,
@@ -51,3 +62,70 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# -- streams checked message by message -----------------------------------------------------
+
+
+def message(seq: int, size: int) -> bytes:
+    """A test message: its sequence number at the start and again at the end."""
+    body = bytearray(max(size, 8))
+    SEQUENCE.pack_into(body, 0, seq)
+    SEQUENCE.pack_into(body, len(body) - 4, seq)
+    return bytes(body)
+
+
+class Collector:
+    """A subscriber's view: the sequence numbers in arrival order, and anything torn."""
+
+    def __init__(self, subscription: Any) -> None:
+        self.subscription = subscription
+        self.seen: list[int] = []
+        self.torn = 0
+
+    def on_message(self, data: memoryview, _header: object) -> None:
+        seq = SEQUENCE.unpack_from(data)[0]
+        if SEQUENCE.unpack_from(data, len(data) - 4)[0] != seq:
+            self.torn += 1
+        self.seen.append(seq)
+
+    def poll(self) -> int:
+        return self.subscription.poll(self.on_message, 1000)
+
+    def assert_exactly(self, count: int, first: int = 0) -> None:
+        """Exactly ``first .. first + count - 1``: nothing missing, duplicated, reordered."""
+        assert self.torn == 0
+        expected = list(range(first, first + count))
+        wrong = next((i for i, (s, e) in enumerate(zip(self.seen, expected, strict=False))
+                      if s != e), min(len(self.seen), count))
+        assert self.seen == expected, f"{len(self.seen)} messages, first wrong at {wrong}"
+
+
+def stream(publication: Any, collectors: list[Collector], count: int,
+           size: Callable[[int], int], timeout: float = 30.0, first: int = 0) -> None:
+    """Offer messages ``first .. first + count - 1`` as fast as the publication takes them
+    while polling, until every collector has ``count`` more messages than it had."""
+    sent = first
+    deadline = time.monotonic() + timeout
+    targets = [len(c.seen) + count for c in collectors]
+    while any(len(c.seen) < target for c, target in zip(collectors, targets, strict=True)):
+        assert time.monotonic() < deadline, (
+            f"sent {sent - first}, received {[len(c.seen) for c in collectors]} of {targets}")
+        while sent < first + count:
+            if publication.offer(message(sent, size(sent))) < 0:
+                break
+            sent += 1
+        if not sum(c.poll() for c in collectors):
+            time.sleep(0)
+
+
+def counters_of(driver: Any) -> dict[str, int]:
+    """The system counters of a driver, by name."""
+    from slipstream.client import control
+    from slipstream.client.counters import CountersFile, SystemCounter
+
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return {c.name: counters.get(c) for c in SystemCounter}
+    finally:
+        counters.close()

@@ -21,7 +21,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
+from helpers import (
+    NETWORK_SETTINGS,
+    Collector,
+    counters_of,
+    free_port,
+    message,
+    stream,
+    wait_for,
+)
 
 from slipstream.client import (
     Client,
@@ -30,18 +38,8 @@ from slipstream.client import (
     Subscription,
     control,
 )
-from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.frames import Data, Heartbeat, Nak, Setup, StatusMessage
 from slipstream.daemon.driver import MediaDriver
-
-NETWORK_SETTINGS = {
-    **FAST_DRIVER_SETTINGS,
-    "term_buffer_length": "64k",  # small logs, and many term rotations in a short stream
-    "publication_connection_timeout": "1s",
-    "image_liveness_timeout": "1s",
-}
-SEQUENCE = struct.Struct("<I")
-
 
 
 @pytest.fixture
@@ -61,61 +59,6 @@ def launch() -> Iterator[Callable[..., MediaDriver]]:
     for stack, driver in reversed(drivers):
         stack.close()
         shutil.rmtree(driver.directory, ignore_errors=True)
-
-
-def message(seq: int, size: int) -> bytes:
-    body = bytearray(max(size, 8))
-    SEQUENCE.pack_into(body, 0, seq)
-    SEQUENCE.pack_into(body, len(body) - 4, seq)
-    return bytes(body)
-
-
-class Collector:
-    """A subscriber's view: the sequence numbers in arrival order, and anything torn."""
-
-    def __init__(self, subscription: Subscription) -> None:
-        self.subscription = subscription
-        self.seen: list[int] = []
-        self.torn = 0
-
-    def on_message(self, data: memoryview, _header: object) -> None:
-        seq = SEQUENCE.unpack_from(data)[0]
-        if SEQUENCE.unpack_from(data, len(data) - 4)[0] != seq:
-            self.torn += 1
-        self.seen.append(seq)
-
-    def poll(self) -> int:
-        return self.subscription.poll(self.on_message, 1000)
-
-    def assert_exactly(self, count: int) -> None:
-        assert self.torn == 0
-        assert self.seen == list(range(count)), (
-            f"{len(self.seen)} messages, first wrong at "
-            f"{next((i for i, s in enumerate(self.seen) if s != i), len(self.seen))}")
-
-
-def stream(publication: Publication, collectors: list[Collector], count: int,
-           size: Callable[[int], int], timeout: float = 30.0) -> None:
-    """Offer ``count`` messages as fast as the publication takes them while polling."""
-    sent = 0
-    deadline = time.monotonic() + timeout
-    while any(len(c.seen) < count for c in collectors):
-        assert time.monotonic() < deadline, (
-            f"sent {sent}, received {[len(c.seen) for c in collectors]} of {count}")
-        while sent < count:
-            if publication.offer(message(sent, size(sent))) < 0:
-                break
-            sent += 1
-        if not sum(c.poll() for c in collectors):
-            time.sleep(0)
-
-
-def counters_of(driver: MediaDriver) -> dict[str, int]:
-    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-    try:
-        return {c.name: counters.get(c) for c in SystemCounter}
-    finally:
-        counters.close()
 
 
 def connect(publication: Publication, *subscriptions: Subscription) -> None:
