@@ -282,7 +282,9 @@ def test_the_demo_streams_and_stops_cleanly(driver_dir: Path) -> None:
     result = subprocess.run([*SLIPSTREAM, "demo", "--dir", str(driver_dir), "--duration", "3",
                              "--rate", "20000"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    rates = [line for line in result.stdout.splitlines() if "received" in line]
-    assert rates and "(         0/s)" not in rates[-1]
+    rates = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert rates and "(        0/s)" not in rates[-1]  # both streams, IPC and UDP, move
+    assert "NAKs 0 " not in rates[-1]  # the UDP stream's loss is repaired
+    assert "expected message" not in result.stdout  # both arrived whole and in order
     assert "slipstream demo: stopped" in result.stdout
     assert not driver_dir.exists()
