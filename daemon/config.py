@@ -452,8 +452,9 @@ class DriverSettings:
     send_to_status_poll_ratio: int = _int(
         6,
         "While the sender is busy, it reads status messages and NAKs once every this many "
-        "duty cycles (count), as Aeron: each read is a system call that mostly finds nothing; "
-        "a sender waking from a park reads them at once.",
+        "duty cycles of Aeron's, which send 2 datagrams each: after 2 x this many datagrams "
+        "(count). Each read is a system call that mostly finds nothing; a sender that sent "
+        "nothing, or woke from a park, reads at once.",
         low=1, high=1000, section="Sender",
     )
     network_publication_max_messages_per_send: int = _int(

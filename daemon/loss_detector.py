@@ -1,13 +1,12 @@
 """Loss detection and NAK timing on the receiver (PROTOCOL.md §3.3; aeron_loss_detector.c).
 
 The image calls :meth:`LossDetector.scan` on each rebuild pass with its rebuild position and
-high-water mark.  The C gap scanner (``ss_scan_gap``) finds the *first* gap between them; the
-detector keeps one active gap at a time:
+high-water mark.  The C gap scanner (``ss_scan_gap``) finds the gaps between them, up to
+:data:`MAX_GAPS` in stream order (Aeron's detector handles only the first; see the class):
 
-* a scanned gap that differs from the active one becomes active and its timer is set to
-  ``now + delay`` (first delay);
-* when the timer expires the gap is NAKed (``on_loss``) and re-armed with the retry delay, so
-  the same gap is re-NAKed until it is filled.
+* a gap seen for the first time gets a timer at ``now + delay`` (first delay);
+* when its timer expires the gap is NAKed (``on_loss``) and re-armed with the retry delay, so
+  the same gap is re-NAKed until it is filled; a filled gap is forgotten.
 
 Delay generators (one small class each, chosen by the image):
 
@@ -103,31 +102,34 @@ DelayGenerator = StaticDelayGenerator | OptimalMulticastDelayGenerator
 LossHandler = Callable[[int, int, int], None]
 
 
-class LossDetector:
-    """One active gap and its NAK timer (aeron_loss_detector_t)."""
+#: Gaps a scan tracks at once, in stream order (Aeron tracks one; see LossDetector).
+MAX_GAPS = 128
 
-    __slots__ = (
-        "_gap_length",
-        "active_length",
-        "active_term_id",
-        "active_term_offset",
-        "delay_generator",
-        "expiry_ns",
-        "on_loss",
-    )
+
+class LossDetector:
+    """The gaps of the rebuild term and their NAK timers (aeron_loss_detector_t, widened).
+
+    Aeron's detector keeps one active gap: the second gap of a window is NAKed only once the
+    first is filled, so with random loss the gaps of one window are repaired one round trip
+    after another, and a window of a few megabytes at 1 % loss (dozens of gaps) stalls the
+    stream for dozens of round trips.  This one tracks up to :data:`MAX_GAPS` gaps from the
+    rebuild position, each with its own timer from when it was first seen (first delay, then
+    retry delay), and NAKs each when its timer fires.  On the wire these are plain NAKs, so
+    any Aeron sender answers them.
+    """
+
+    __slots__ = ("_gap_length", "delay_generator", "gaps", "on_loss")
 
     def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler) -> None:
         self.delay_generator = delay_generator
         self.on_loss = on_loss
-        self.active_term_id = 0
-        self.active_term_offset = -1  # -1: no active gap
-        self.active_length = 0
-        self.expiry_ns = NO_DEADLINE
+        #: (term_id, term_offset) -> [expiry ns, length]
+        self.gaps: dict[tuple[int, int], list[int]] = {}
         self._gap_length = ffi.new("int32_t *")
 
     @property
     def has_active_gap(self) -> bool:
-        return self.active_term_offset >= 0
+        return bool(self.gaps)
 
     def scan(self, term, rebuild_position: int, hwm_position: int, now_ns: int,
              term_length: int, position_bits: int, initial_term_id: int) -> tuple[int, bool]:
@@ -135,39 +137,44 @@ class LossDetector:
 
         Returns ``(rebuild_offset, loss_found)``: the offset in the rebuild term up to which
         everything is present (the term length when the term is complete), and whether a gap
-        lies before the high-water mark.  May call ``on_loss`` when the gap's timer expired.
+        lies before the high-water mark.  Calls ``on_loss`` for each gap whose timer expired.
         """
         rebuild_offset = rebuild_position & (term_length - 1)
         if rebuild_position >= hwm_position:
-            self.active_term_offset = -1
-            self.expiry_ns = NO_DEADLINE
+            self.gaps.clear()
             return rebuild_offset, False
         rebuild_term_count = rebuild_position >> position_bits
         limit_offset = (hwm_position & (term_length - 1)
                         if rebuild_term_count == hwm_position >> position_bits else term_length)
         gap_length = self._gap_length
-        offset = lib.ss_scan_gap(term, rebuild_offset, limit_offset, gap_length)
+        first = offset = lib.ss_scan_gap(term, rebuild_offset, limit_offset, gap_length)
         if offset >= limit_offset:
             # Everything up to the limit is there; nothing to NAK (a gap beyond the limit, in
             # a later term, shows up on the next pass from the new rebuild position).
-            self.active_term_offset = -1
-            self.expiry_ns = NO_DEADLINE
+            self.gaps.clear()
             return offset, False
         term_id = compute_term_id(rebuild_position, position_bits, initial_term_id)
-        if offset != self.active_term_offset or term_id != self.active_term_id:
-            self.active_term_id = term_id
-            self.active_term_offset = offset
-            self.expiry_ns = now_ns + self.delay_generator.first_delay()
-        self.active_length = gap_length[0]
-        if now_ns >= self.expiry_ns:
-            self.on_loss(term_id, offset, self.active_length)
-            self.expiry_ns = now_ns + self.delay_generator.retry_delay()
-        return offset, True
+        seen: dict[tuple[int, int], list[int]] = {}
+        gaps = self.gaps
+        delays = self.delay_generator
+        while offset < limit_offset and len(seen) < MAX_GAPS:
+            length = gap_length[0]
+            key = (term_id, offset)
+            gap = gaps.get(key)
+            if gap is None:
+                gap = [now_ns + delays.first_delay(), length]
+            gap[1] = length
+            if now_ns >= gap[0]:
+                self.on_loss(term_id, offset, length)
+                gap[0] = now_ns + delays.retry_delay()
+            seen[key] = gap
+            offset = lib.ss_scan_gap(term, offset + length, limit_offset, gap_length)
+        self.gaps = seen  # gaps no longer there (filled) are forgotten
+        return first, True
 
     def next_deadline_ns(self) -> int:
-        """When the active gap's NAK (re)fires; NO_DEADLINE without a gap."""
-        return self.expiry_ns if self.active_term_offset >= 0 else NO_DEADLINE
+        """When the next gap's NAK (re)fires; NO_DEADLINE without a gap."""
+        return min((gap[0] for gap in self.gaps.values()), default=NO_DEADLINE)
 
     def __repr__(self) -> str:
-        return (f"<LossDetector gap={self.active_term_id}:{self.active_term_offset}"
-                f"+{self.active_length} expiry={self.expiry_ns}>")
+        return f"<LossDetector gaps={self.gaps}>"

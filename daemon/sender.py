@@ -69,7 +69,8 @@ class Sender:
 
     def __init__(self, *, on_event: Callable[[PublicationDone], None],
                  status_poll_ratio: int = 1) -> None:
-        """``status_poll_ratio``: read control input every this many busy duty cycles."""
+        """``status_poll_ratio``: read control input every this many busy duty cycles of
+        Aeron's (2 datagrams each), i.e. after twice as many datagrams."""
         self.endpoints: list[SendEndpoint] = []
         self.status_poll_ratio = status_poll_ratio
         self._cycles_to_status_poll = 0
@@ -114,11 +115,13 @@ class Sender:
             if sent > 0:
                 publication.on_data_sent(now_ns)
                 sent_total += sent
-        # Control input every cycle that sent nothing, else every status_poll_ratio cycles
-        # (aeron_driver_sender_do_work): each read is a system call.
-        self._cycles_to_status_poll -= 1
+        # Control input every cycle that sent nothing, else every status_poll_ratio cycles of
+        # Aeron's (2 datagrams each): aeron_driver_sender_do_work.  Each read is a system call,
+        # but a status message or NAK read late stalls the stream: our cycles send up to 64
+        # datagrams, so count datagrams, not cycles.
+        self._cycles_to_status_poll -= sent_total
         if not sent_total or self._cycles_to_status_poll <= 0:
-            self._cycles_to_status_poll = self.status_poll_ratio
+            self._cycles_to_status_poll = 2 * self.status_poll_ratio
             for endpoint in self.endpoints:
                 work += endpoint.transport.receive(endpoint.channel, now_ns)
         work += sent_total

@@ -166,13 +166,13 @@ class NamespaceHosts:
 
     # -- faults ----------------------------------------------------------------------------
     def drop(self, index: int, *, port: int | None = None, probability: float | None = None,
-             burst: tuple[int, int] | None = None) -> None:
-        """Drop UDP datagrams arriving at host ``index`` (to ``port``, or any): at random with
-        ``probability``, or ``burst=(length, every)``: ``length`` consecutive datagrams out of
-        every ``every``."""
+             burst: tuple[int, int] | None = None, protocol: str = "udp") -> None:
+        """Drop packets of ``protocol`` arriving at host ``index`` (to ``port``, or any): at
+        random with ``probability``, or ``burst=(length, every)``: ``length`` consecutive
+        packets out of every ``every``."""
         ensure_iptables()
         host = self[index]
-        match = ["-p", "udp"] + (["--dport", str(port)] if port is not None else [])
+        match = ["-p", protocol] + (["--dport", str(port)] if port is not None else [])
         if probability is not None:
             host.run("iptables", "-A", "INPUT", *match, "-m", "statistic", "--mode", "random",
                      "--probability", f"{probability}", "-j", "DROP")

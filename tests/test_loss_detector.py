@@ -7,6 +7,7 @@ import struct
 
 from slipstream.client._native import ffi
 from slipstream.daemon.loss_detector import (
+    MAX_GAPS,
     LossDetector,
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,
@@ -66,16 +67,34 @@ def test_gap_naked_after_delay_then_retried() -> None:
     assert d.next_deadline_ns() == NO_DEADLINE
 
 
-def test_new_gap_restarts_timer() -> None:
+def test_every_gap_of_the_window_is_naked_on_its_own_timer() -> None:
     term = make_term()
     put_frame(term, 0)
     put_frame(term, 128)
     put_frame(term, 256)
-    d, _losses = detector()
-    d.scan(term, 0, 320, 0, TERM, BITS, INITIAL)
-    put_frame(term, 64)
-    assert d.scan(term, 0, 320, 50 * US, TERM, BITS, INITIAL) == (192, True)
-    assert d.next_deadline_ns() == 150 * US
+    d, losses = detector()
+    assert d.scan(term, 0, 320, 0, TERM, BITS, INITIAL) == (64, True)
+    assert d.next_deadline_ns() == 100 * US  # both gaps (64 and 192) seen at once
+    d.scan(term, 0, 320, 100 * US, TERM, BITS, INITIAL)
+    assert losses == [(INITIAL, 64, 64), (INITIAL, 192, 64)]
+    put_frame(term, 64)  # the first is filled: the second keeps its timer
+    assert d.scan(term, 0, 320, 150 * US, TERM, BITS, INITIAL) == (192, True)
+    assert d.next_deadline_ns() == 100 * US + 10 * MS
+    put_frame(term, 384)
+    put_frame(term, 512)  # a new gap at 448 starts its own timer
+    d.scan(term, 0, 576, 200 * US, TERM, BITS, INITIAL)
+    assert d.gaps[(INITIAL, 448)][0] == 300 * US
+    assert d.next_deadline_ns() == 300 * US
+
+
+def test_at_most_max_gaps_are_tracked_at_once() -> None:
+    term = make_term()
+    for off in range(0, 64 * 2 * (MAX_GAPS + 5), 128):
+        put_frame(term, off)  # a frame, a gap, a frame, a gap, ...
+    d, losses = detector()
+    d.scan(term, 0, 64 * 2 * (MAX_GAPS + 5), 0, TERM, BITS, INITIAL)
+    d.scan(term, 0, 64 * 2 * (MAX_GAPS + 5), 100 * US, TERM, BITS, INITIAL)
+    assert len(d.gaps) == MAX_GAPS and len(losses) == MAX_GAPS
 
 
 def test_gap_in_term_beyond_hwm_term_scans_to_term_end() -> None:

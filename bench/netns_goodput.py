@@ -1,0 +1,157 @@
+"""Goodput under loss between two test hosts (network namespaces on a bridge, a driver in
+each): slipstream over UDP against pyzmq PUB/SUB over TCP through the same link, at 0 %, 1 %
+and 5 % random loss on the receiving host (``iptables -m statistic``).  Needs root.
+
+    sudo .venv/bin/python -m bench.netns_goodput [--messages N] [--size BYTES] [--losses 0,1,5]
+
+Goodput is the payload the subscriber received per second, from its first message to its last.
+A slipstream run counts only if every message arrived (the subscriber's final position equal
+to the publisher's); the NAKs and retransmissions the drivers counted are reported with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import multiprocessing
+import os
+import sys
+import time
+from typing import Any
+
+from bench.ipc_throughput import machine, run_slipstream
+
+#: The window and buffer of bench/udp_throughput.py, and NAK timers for a LAN: a lost
+#: retransmission is asked for again after 1 ms instead of Aeron's 10 ms (which suits a WAN).
+DEFAULT_SETTINGS = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m",
+                    "nak_unicast_retry_delay_ratio": "10", "retransmit_unicast_linger": "1ms"}
+PORT = 40200
+
+
+def enter_netns(name: str) -> None:
+    """Move this (single-threaded, just started) process into network namespace ``name``."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns into {name} failed")
+    finally:
+        os.close(fd)
+
+
+def _zmq_publisher(netns: str, endpoint: str, size: int, count: int, start: Any) -> None:
+    enter_netns(netns)
+    import zmq
+
+    context = zmq.Context()
+    socket = context.socket(zmq.PUB)
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.bind(endpoint)
+    start.wait()
+    message = bytes(size)
+    for _ in range(count):
+        socket.send(message)
+    time.sleep(2.0)
+    socket.close(linger=-1)
+    context.term()
+
+
+def _zmq_subscriber(netns: str, endpoint: str, count: int, ready: Any, result: Any) -> None:
+    enter_netns(netns)
+    import zmq
+
+    context = zmq.Context()
+    socket = context.socket(zmq.SUB)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.connect(endpoint)
+    time.sleep(0.5)
+    ready.set()
+    socket.recv()
+    first = time.perf_counter()
+    for _ in range(count - 1):
+        socket.recv()
+    result.value = (count - 1) / (time.perf_counter() - first)
+    socket.close(0)
+    context.term()
+
+
+def run_zmq(hosts: Any, size: int, count: int) -> float:
+    endpoint = f"tcp://{hosts[1].address}:{PORT + 1}"
+    context = multiprocessing.get_context("spawn")
+    ready, start, result = context.Event(), context.Event(), context.Value("d", 0.0)
+    publisher = context.Process(target=_zmq_publisher, args=(
+        hosts[1].namespace, endpoint, size, count, start))
+    subscriber = context.Process(target=_zmq_subscriber, args=(
+        hosts[2].namespace, endpoint, count, ready, result))
+    publisher.start()
+    time.sleep(0.3)
+    subscriber.start()
+    assert ready.wait(60)
+    start.set()
+    subscriber.join(300)
+    publisher.join(30)
+    for process in (publisher, subscriber):
+        if process.is_alive():
+            process.kill()
+    return result.value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=200_000, help="messages per run")
+    parser.add_argument("--size", type=int, default=1024, help="message size, bytes")
+    parser.add_argument("--losses", default="0,1,5", help="loss percentages to run")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
+    args = parser.parse_args()
+
+    from slipstream.client import control
+    from slipstream.client.counters import CountersFile, SystemCounter
+    from slipstream.sim.hosts import namespace_hosts
+
+    def counter(driver: Any, which: SystemCounter) -> int:
+        counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+        try:
+            return counters.get(which)
+        finally:
+            counters.close()
+
+    settings = {**DEFAULT_SETTINGS, **dict(s.split("=", 1) for s in args.settings)}
+    losses = [float(x) for x in args.losses.split(",")]
+    print(f"# goodput between two namespace hosts under loss, {machine()}")
+    print(f"# command: python -m bench.netns_goodput {' '.join(sys.argv[1:])}")
+    print(f"# {args.messages:,} messages of {args.size} B; slipstream settings {settings}; "
+          f"loss dropped by iptables on the receiving host (UDP for slipstream, TCP for zmq)")
+    baseline: dict[str, float] = {}
+    with namespace_hosts(2) as hosts:
+        a = hosts.start_driver(1, **settings)
+        b = hosts.start_driver(2, **settings)
+        uri = f"aeron:udp?endpoint={hosts[2].address}:{PORT}"
+        for run, loss in enumerate(losses):
+            hosts.clear_faults(2)
+            if loss:
+                hosts.drop(2, probability=loss / 100, protocol="udp")
+                hosts.drop(2, probability=loss / 100, protocol="tcp")
+            naks, retransmits = (counter(b, SystemCounter.NAK_MESSAGES_SENT),
+                                 counter(a, SystemCounter.RETRANSMITS_SENT))
+            slipstream = run_slipstream(a.directory, args.size, args.messages, True, 3000 + run,
+                                        channel=uri, subscriber_directory=b.directory)
+            naks = counter(b, SystemCounter.NAK_MESSAGES_SENT) - naks
+            retransmits = counter(a, SystemCounter.RETRANSMITS_SENT) - retransmits
+            zmq = run_zmq(hosts, args.size, args.messages)
+            figures = {"slipstream": slipstream * args.size / 1e6, "zmq": zmq * args.size / 1e6}
+            if not loss:
+                baseline = figures
+            share = {k: (100 * v / baseline[k] if baseline.get(k) else 0.0)
+                     for k, v in figures.items()}
+            print(f"loss {loss:4.1f} %   slipstream {figures['slipstream']:8.1f} MB/s "
+                  f"({share['slipstream']:5.1f} % of lossless, {naks:,} NAKs, "
+                  f"{retransmits:,} retransmits, whole: {'yes' if slipstream else 'NO'})   "
+                  f"pyzmq tcp {figures['zmq']:8.1f} MB/s ({share['zmq']:5.1f} %)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
