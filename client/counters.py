@@ -22,6 +22,7 @@ import enum
 import errno
 import mmap
 import os
+import re
 import struct
 import time
 from collections.abc import Iterator
@@ -121,6 +122,39 @@ class CounterInfo:
     owner_id: int
     label: str
     value: int
+
+
+POSITION_TYPES = frozenset((CounterType.PUBLISHER_LIMIT, CounterType.PUBLISHER_POSITION,
+                            CounterType.SENDER_POSITION, CounterType.SENDER_LIMIT,
+                            CounterType.RECEIVER_HWM, CounterType.RECEIVER_POSITION,
+                            CounterType.SUBSCRIBER_POSITION))
+_POSITION_LABEL = re.compile(r"(?P<kind>[a-z-]+): (?P<channel>\S+) stream=(?P<stream>-?\d+) "
+                             r"session=(?P<session>-?\d+)"
+                             r"(?: (?:sub=(?P<sub>\d+)|source=(?P<source>\S+)))*")
+
+
+@attrs.frozen
+class PositionLabel:
+    """What the driver writes in a position counter's label: ``kind: channel stream=S
+    session=S [source=HOST:PORT] [sub=REGISTRATION]``."""
+
+    kind: str  # pub-lmt, pub-pos, snd-pos, snd-lmt, rcv-hwm, rcv-pos, sub-pos
+    channel: str
+    stream_id: int
+    session_id: int
+    source: str | None  # an image's sender
+    subscription_id: int | None  # a subscriber position's subscription
+
+
+def parse_position_label(label: str) -> PositionLabel | None:
+    """The parts of a position counter's label, or None for any other label."""
+    match = _POSITION_LABEL.fullmatch(label)
+    if match is None:
+        return None
+    sub = match["sub"]
+    return PositionLabel(match["kind"], match["channel"], int(match["stream"]),
+                         int(match["session"]), match["source"],
+                         None if sub is None else int(sub))
 
 
 class CountersFullError(OSError):

@@ -27,7 +27,8 @@ def _driver(args: argparse.Namespace) -> int:
 def _stat(args: argparse.Namespace) -> int:
     from slipstream.daemon.stat import run_stat
 
-    return run_stat(args.dir, interval=args.interval, once=args.once, match=args.match)
+    return run_stat(args.dir, interval=args.interval, once=args.once, match=args.match,
+                    as_json=args.json)
 
 
 def _metrics(args: argparse.Namespace) -> int:
@@ -69,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     stat.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
     stat.add_argument("--once", action="store_true", help="print one snapshot and exit")
     stat.add_argument("--match", default="", help="only counters whose label contains this")
+    stat.add_argument("--json", action="store_true",
+                      help="print one snapshot as JSON (streams, driver, loss report, counters)")
     stat.set_defaults(func=_stat)
 
     metrics = commands.add_parser(

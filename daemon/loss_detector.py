@@ -118,11 +118,15 @@ class LossDetector:
     any Aeron sender answers them.
     """
 
-    __slots__ = ("_gap_length", "delay_generator", "gaps", "on_loss")
+    __slots__ = ("_gap_length", "delay_generator", "gaps", "on_gap", "on_loss")
 
-    def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler) -> None:
+    def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler,
+                 on_gap: Callable[[int], None] | None = None) -> None:
+        """``on_loss(term_id, term_offset, length)`` sends a NAK; ``on_gap(length)`` hears
+        of each gap once, when first seen (the loss report)."""
         self.delay_generator = delay_generator
         self.on_loss = on_loss
+        self.on_gap = on_gap
         #: (term_id, term_offset) -> [expiry ns, length]
         self.gaps: dict[tuple[int, int], list[int]] = {}
         self._gap_length = ffi.new("int32_t *")
@@ -163,6 +167,8 @@ class LossDetector:
             gap = gaps.get(key)
             if gap is None:
                 gap = [now_ns + delays.first_delay(), length]
+                if self.on_gap is not None:
+                    self.on_gap(length)
             gap[1] = length
             if now_ns >= gap[0]:
                 self.on_loss(term_id, offset, length)

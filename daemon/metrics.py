@@ -17,7 +17,6 @@ Series (names and units as Prometheus expects):
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,14 +27,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from slipstream.client import control
-from slipstream.client.counters import CountersFile, CounterType, SystemCounter
-
-_LABEL = re.compile(r"(?P<kind>[a-z-]+): (?P<channel>\S+) stream=(?P<stream>-?\d+) "
-                    r"session=(?P<session>-?\d+)(?: (?:sub=(?P<sub>\d+)|source=\S+))*")
-_POSITION_TYPES = frozenset((CounterType.PUBLISHER_LIMIT, CounterType.PUBLISHER_POSITION,
-                             CounterType.SENDER_POSITION, CounterType.SENDER_LIMIT,
-                             CounterType.RECEIVER_HWM, CounterType.RECEIVER_POSITION,
-                             CounterType.SUBSCRIBER_POSITION))
+from slipstream.client.counters import (
+    POSITION_TYPES,
+    CountersFile,
+    CounterType,
+    SystemCounter,
+    parse_position_label,
+)
 
 
 def metric_name(counter: SystemCounter) -> str:
@@ -83,11 +81,13 @@ class CountersCollector(Collector):
                                               value=info.value)
             elif info.type_id == CounterType.CLIENT_HEARTBEAT:
                 clients += 1
-            elif info.type_id in _POSITION_TYPES:
-                match = _LABEL.match(info.label)
-                if match is not None:
-                    positions.add_metric([match["kind"], match["channel"], match["stream"],
-                                          match["session"], match["sub"] or ""], info.value)
+            elif info.type_id in POSITION_TYPES:
+                parsed = parse_position_label(info.label)
+                if parsed is not None:
+                    sub = parsed.subscription_id
+                    positions.add_metric([parsed.kind, parsed.channel, str(parsed.stream_id),
+                                          str(parsed.session_id), "" if sub is None else str(sub)],
+                                         info.value)
         yield positions
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
                                 value=clients)

@@ -37,6 +37,8 @@ from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, term_count
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow_control import flow_control_for, has_group_semantics
+from slipstream.daemon.loss_report import FILE as LOSS_REPORT_FILE
+from slipstream.daemon.loss_report import LossReport
 from slipstream.daemon.network_publication import (
     NetworkPublication,
     SendChannel,
@@ -184,6 +186,7 @@ class NetworkConductor:
         self._wake_network = wake_network
         self._wake_conductor = wake_conductor
         self._events: deque[NetworkEvent] = deque()
+        self.loss_report = LossReport(directory / LOSS_REPORT_FILE)
         self.sender = Sender(on_event=self._post,
                              status_poll_ratio=settings.send_to_status_poll_ratio)
         self.receiver = Receiver(on_event=self._post)
@@ -422,7 +425,10 @@ class NetworkConductor:
             self._submit_receive(lambda now: receive_channel.reject_image(event, now, reason))
             return []
         positions = ImagePositions(*(self.counters.address(i) for i in counter_ids))
-        image = event.channel.new_image(event, log_buffer, positions, now_ns)
+        loss_entry = self.loss_report.add(setup.session_id, setup.stream_id,
+                                          f"{channel} source={event.source[0]}:"
+                                          f"{event.source[1]}")
+        image = event.channel.new_image(event, log_buffer, positions, now_ns, loss_entry)
         image_entry = _ImageEntry(registration_id, image, log_buffer, counter_ids, event.source)
         entry.images[id(image)] = image_entry
         join = image.join_position
@@ -603,6 +609,7 @@ class NetworkConductor:
                 self._free_image(image_entry)
         self._receive_endpoints.clear()
         self.subscriptions.clear()
+        self.loss_report.close()
 
 
 def _destination(channel: Channel) -> Address:

@@ -77,6 +77,7 @@ from slipstream.daemon.loss_detector import (
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,
 )
+from slipstream.daemon.loss_report import LossEntry
 from slipstream.daemon.protocol_types import (
     NO_DEADLINE,
     Address,
@@ -128,7 +129,7 @@ class PublicationImage:
     def __init__(self, *, log: LogBuffer, setup: Setup, channel: Channel,
                  settings: DriverSettings, receiver_id: int, counters: ProtocolCounters,
                  positions: ImagePositions, control_address: Address, source: Address,
-                 now_ns: int, rng: random.Random) -> None:
+                 now_ns: int, rng: random.Random, loss_entry: LossEntry | None = None) -> None:
         """``log`` was created for ``setup`` (its term length, initial term id, join term and
         offset); SMs, NAKs and RTTM replies go to ``control_address`` (the SETUP's source for
         unicast, the control group for multicast)."""
@@ -167,7 +168,8 @@ class PublicationImage:
                      else settings.nak_unicast_delay)
             generator = StaticDelayGenerator(delay,
                                              delay * settings.nak_unicast_retry_delay_ratio)
-        self.loss_detector = LossDetector(generator, self._on_loss)
+        self.loss_detector = LossDetector(
+            generator, self._on_loss, loss_entry.record if loss_entry is not None else None)
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
         self._subscriber_positions: list = []  # cffi int64_t * cells
         self.state = ImageState.INIT

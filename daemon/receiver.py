@@ -60,6 +60,7 @@ from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length,
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.loss_report import LossEntry
 from slipstream.daemon.protocol_types import (
     NO_DEADLINE,
     Address,
@@ -216,14 +217,14 @@ class ReceiveChannel:
 
     # -- images (commands from the conductor) ---------------------------------------------
     def new_image(self, request: ImageRequested, log: LogBuffer, positions: ImagePositions,
-                  now_ns: int) -> PublicationImage:
+                  now_ns: int, loss_entry: LossEntry | None = None) -> PublicationImage:
         """The image for ``request`` over ``log`` (created for its SETUP): pure, so the
         conductor may build it on its own thread before :meth:`add_image` hands it over."""
         return PublicationImage(
             log=log, setup=request.setup, channel=self.channel, settings=self.settings,
             receiver_id=self.receiver_id, counters=self.counters, positions=positions,
             control_address=self._reply_address(request.source), source=request.source,
-            now_ns=now_ns, rng=self.rng)
+            now_ns=now_ns, rng=self.rng, loss_entry=loss_entry)
 
     def add_image(self, image: PublicationImage) -> None:
         """Start receiving into ``image`` (made by :meth:`new_image`)."""

@@ -1,17 +1,57 @@
-"""``slipstream stat``: the driver's counters as a live table (Aeron's AeronStat)."""
+"""``slipstream stat``: the driver's counters as a live table (Aeron's AeronStat and LossStat).
+
+Four sections, each read from the files the driver maps (it is never asked anything):
+
+* **streams**: one row per stream (channel, stream id, session) with its positions in bytes:
+  the publisher limit, sender position and limit (their difference is the flow-control window
+  still open), the receiver high-water mark and position (their difference is what is missing
+  or not yet rebuilt) and the slowest subscriber;
+* **driver**: the system counters (bytes, NAKs sent and received, retransmits, status
+  messages, heartbeats, short sends, invalid packets, errors, ...) with rates per second;
+* **loss**: the loss report, per image: gaps seen, bytes lost, first and last time;
+* **counters**: every counter with its id, type and full label.
+
+``--json`` prints one snapshot as a JSON object with the same content.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import attrs
 
 from slipstream.client import control
 from slipstream.client.client import _driver_holds_lock, default_directory
-from slipstream.client.counters import CounterInfo, CountersFile, CounterType
+from slipstream.client.counters import (
+    POSITION_TYPES,
+    CounterInfo,
+    CountersFile,
+    CounterType,
+    SystemCounter,
+    parse_position_label,
+)
 from slipstream.client.errors import DriverNotRunningError
+from slipstream.daemon.loss_report import LossObservation, read_loss_report
+
+# The columns of the streams table, in the order a message passes them.
+STREAM_COLUMNS = ("pub-lmt", "pub-pos", "snd-pos", "snd-lmt", "rcv-hwm", "rcv-pos", "sub-pos")
+
+
+@attrs.define
+class StreamRow:
+    """The positions of one stream (bytes); ``sub-pos`` is the slowest subscriber's."""
+
+    channel: str
+    stream_id: int
+    session_id: int
+    positions: dict[str, int] = attrs.Factory(dict)
+    subscribers: int = 0
 
 
 def _type_name(type_id: int) -> str:
@@ -21,28 +61,110 @@ def _type_name(type_id: int) -> str:
         return str(type_id)
 
 
+def stream_rows(counters: list[CounterInfo]) -> list[StreamRow]:
+    """The position counters grouped by stream (channel, stream id, session), in counter order.
+    A stream's images from several sources share a row: their receiver positions are the
+    lowest of them."""
+    rows: dict[tuple[str, int, int], StreamRow] = {}
+    for info in counters:
+        if info.type_id not in POSITION_TYPES:
+            continue
+        label = parse_position_label(info.label)
+        if label is None:
+            continue
+        key = (label.channel, label.stream_id, label.session_id)
+        row = rows.setdefault(key, StreamRow(*key))
+        before = row.positions.get(label.kind)
+        row.positions[label.kind] = info.value if before is None else min(before, info.value)
+        if label.kind == "sub-pos":
+            row.subscribers += 1
+    return list(rows.values())
+
+
+def _rate(value: int, before: int | None, elapsed_s: float) -> str:
+    if before is None or elapsed_s <= 0:
+        return ""
+    return f"{(value - before) / elapsed_s:,.0f}"
+
+
+def _time(epoch_ns: int) -> str:
+    clock = time.strftime("%H:%M:%S", time.localtime(epoch_ns / 1e9))
+    return f"{clock}.{epoch_ns // 1_000_000 % 1000:03d}"
+
+
 def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: float,
-           header: str, now_ns: int | None = None) -> str:
-    """The table: id, type, value, rate per second since the last frame, label.  A client
-    heartbeat (a monotonic timestamp) shows as its age at ``now_ns`` (default: now)."""
+           header: str, now_ns: int | None = None,
+           losses: list[LossObservation] | None = None) -> str:
+    """The four sections (module docstring).  Rates are per second since ``previous`` (values
+    by counter id, ``elapsed_s`` ago); a client heartbeat (a monotonic timestamp) shows as its
+    age at ``now_ns`` (default: now)."""
     now_ns = time.monotonic_ns() if now_ns is None else now_ns
-    lines = [header, f"{'id':>5} {'type':<20} {'value':>20} {'per second':>14}  label"]
+    lines = [header, ""]
+
+    rows = stream_rows(counters)
+    lines.append(f"streams ({len(rows)})")
+    if rows:
+        lines.append(f"  {'stream':>8} {'session':>11} "
+                     + " ".join(f"{c:>15}" for c in STREAM_COLUMNS) + "  subs  channel")
+        for row in rows:
+            cells = " ".join(f"{row.positions[c]:>15,}" if c in row.positions else f"{'-':>15}"
+                             for c in STREAM_COLUMNS)
+            lines.append(f"  {row.stream_id:>8} {row.session_id:>11} {cells}  "
+                         f"{row.subscribers:>4}  {row.channel}")
+
+    lines += ["", "driver"]
+    for info in counters:
+        if info.type_id == CounterType.SYSTEM:
+            rate = _rate(info.value, previous.get(info.counter_id), elapsed_s)
+            lines.append(f"  {info.label:<28} {info.value:>20,} {rate:>14}")
+
+    losses = losses or []
+    lines += ["", f"loss report ({len(losses)} image(s) with gaps)"]
+    if losses:
+        lines.append(f"  {'gaps':>10} {'bytes lost':>16} {'first':>12} {'last':>12} "
+                     f"{'session':>11} {'stream':>8}  channel")
+        for loss in losses:
+            lines.append(f"  {loss.observations:>10,} {loss.bytes_lost:>16,} "
+                         f"{_time(loss.first_ns):>12} {_time(loss.last_ns):>12} "
+                         f"{loss.session_id:>11} {loss.stream_id:>8}  {loss.label}")
+
+    lines += ["", "counters",
+              f"  {'id':>5} {'type':<20} {'value':>20} {'per second':>14}  label"]
     for info in counters:
         if info.type_id == CounterType.CLIENT_HEARTBEAT:
             value, rate = f"{(now_ns - info.value) // 1_000_000:,} ms ago", ""
         else:
-            before = previous.get(info.counter_id)
             value = f"{info.value:,}"
-            rate = ("" if before is None or elapsed_s <= 0
-                    else f"{(info.value - before) / elapsed_s:,.0f}")
-        lines.append(f"{info.counter_id:>5} {_type_name(info.type_id):<20} {value:>20} "
+            rate = _rate(info.value, previous.get(info.counter_id), elapsed_s)
+        lines.append(f"  {info.counter_id:>5} {_type_name(info.type_id):<20} {value:>20} "
                      f"{rate:>14}  {info.label}")
     return "\n".join(lines)
 
 
+def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *, pid: int,
+                  heartbeat_age_s: float) -> dict[str, Any]:
+    """One snapshot as plain data (``slipstream stat --json``)."""
+    system = {}
+    for info in counters:
+        if info.type_id == CounterType.SYSTEM:
+            try:
+                system[SystemCounter(info.counter_id).name.lower()] = info.value
+            except ValueError:
+                system[str(info.counter_id)] = info.value
+    return {
+        "driver_pid": pid,
+        "heartbeat_age_s": heartbeat_age_s,
+        "streams": [attrs.asdict(row) for row in stream_rows(counters)],
+        "driver": system,
+        "loss_report": [attrs.asdict(loss) for loss in losses],
+        "counters": [attrs.asdict(info) for info in counters],
+    }
+
+
 def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False,
-             match: str = "") -> int:
-    """Print the counters of the driver in ``directory`` every ``interval`` s (or once)."""
+             match: str = "", as_json: bool = False) -> int:
+    """Print the counters of the driver in ``directory`` every ``interval`` s (or once; always
+    once with ``as_json``).  ``match`` keeps the counters whose label contains it."""
     path = Path(directory) if directory else default_directory()
     counters_path = path / control.COUNTERS_FILE
     if not counters_path.exists() or not _driver_holds_lock(path):
@@ -50,15 +172,21 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
     counters = CountersFile(counters_path, writable=False)
     previous: dict[int, int] = {}
     last = time.monotonic()
-    interactive = sys.stdout.isatty() and not once
+    interactive = sys.stdout.isatty() and not once and not as_json
     try:
         while True:
             now = time.monotonic()
             snapshot = [c for c in counters if match in c.label]
+            losses = [loss for loss in read_loss_report(path) if match in loss.label]
             age = (time.time_ns() - counters.driver_heartbeat_ns) / 1e9
+            if as_json:
+                json.dump(snapshot_json(snapshot, losses, pid=counters.driver_pid,
+                                        heartbeat_age_s=age), sys.stdout, indent=1)
+                sys.stdout.write("\n")
+                return 0
             header = (f"slipstream driver pid {counters.driver_pid} in {path}  "
                       f"heartbeat {age:.1f} s ago  {time.strftime('%H:%M:%S')}")
-            table = render(snapshot, previous, now - last, header)
+            table = render(snapshot, previous, now - last, header, losses=losses)
             if interactive:
                 rows = shutil.get_terminal_size().lines - 1
                 table = "\n".join(table.splitlines()[:rows])

@@ -8,6 +8,7 @@ Every test checks the stream message by message: each message carries its sequen
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import random
@@ -15,6 +16,8 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -125,6 +128,53 @@ def test_loss_is_repaired_by_naks_and_retransmits(launch) -> None:
     assert received["DEBUG_DATA_LOSS_DROPS"] > 0
     assert received["NAK_MESSAGES_SENT"] > 0 and sent["NAK_MESSAGES_RECEIVED"] > 0
     assert sent["RETRANSMITS_SENT"] > 0
+
+
+def _stat(driver: MediaDriver, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "slipstream.daemon.cli", "stat", "--dir",
+                             str(driver.directory), "--once", *args],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_stat_shows_each_streams_positions_the_network_counters_and_the_loss_report(
+        launch) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a = launch()
+    b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=3)  # 5 %
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 9)
+        publication = ca.add_publication(uri, 9)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 5_000, lambda i: 200)
+        collector.assert_exactly(5_000)
+        end = publication.position
+        wait_for(lambda: subscription.images[0].position == end, what="the subscriber's end")
+        sender = json.loads(_stat(a, "--json").stdout)
+        receiver = json.loads(_stat(b, "--json").stdout)
+        text = _stat(b).stdout
+    [sent] = sender["streams"]
+    assert (sent["stream_id"], sent["session_id"]) == (9, publication.session_id)
+    assert sent["positions"]["snd-pos"] == end <= sent["positions"]["snd-lmt"]
+    assert sent["positions"]["pub-lmt"] > end
+    [received] = receiver["streams"]
+    assert received["positions"]["rcv-hwm"] == received["positions"]["rcv-pos"] == end
+    assert received["positions"]["sub-pos"] == end and received["subscribers"] == 1
+    assert sender["driver"]["retransmits_sent"] > 0
+    assert receiver["driver"]["nak_messages_sent"] > 0
+    assert receiver["driver"]["status_messages_sent"] > 0
+    assert sender["driver"]["status_messages_received"] > 0
+    [loss] = receiver["loss_report"]
+    assert (loss["session_id"], loss["stream_id"]) == (publication.session_id, 9)
+    # Each gap is counted once, however many NAKs it took; at least one frame per gap.
+    assert 0 < loss["observations"] <= receiver["driver"]["debug_data_loss_drops"]
+    assert loss["bytes_lost"] >= loss["observations"] * 224
+    assert loss["first_ns"] <= loss["last_ns"] and uri in loss["label"]
+    assert sender["loss_report"] == []
+    assert "loss report (1 image(s) with gaps)" in text
+    assert "rcv-hwm" in text and "nak messages sent" in text
 
 
 def test_an_unreliable_stream_skips_what_is_lost_and_stays_in_order(launch) -> None:

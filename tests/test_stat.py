@@ -1,0 +1,132 @@
+"""The loss report file and what ``slipstream stat`` makes of the counters (no driver needed:
+the files are the interface)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slipstream.client.counters import CounterInfo, CounterType, parse_position_label
+from slipstream.daemon.loss_report import (
+    FILE,
+    HEADER_LENGTH,
+    LABEL_MAX_LENGTH,
+    LossReport,
+    read_loss_report,
+)
+from slipstream.daemon.stat import render, stream_rows
+
+
+def test_the_loss_report_keeps_each_images_gaps_and_bytes(tmp_path: Path) -> None:
+    report = LossReport(tmp_path / FILE, capacity=4)
+    try:
+        quiet = report.add(1, 10, "aeron:udp?endpoint=10.0.0.1:40123 source=10.0.0.2:5000")
+        lossy = report.add(2, 10, "aeron:udp?endpoint=10.0.0.1:40123 source=10.0.0.3:5000")
+        assert quiet is not None and lossy is not None
+        for length in (256, 1024, 64):
+            lossy.record(length)
+        [entry] = read_loss_report(tmp_path)  # an image without gaps is not shown
+    finally:
+        report.close()
+    assert (entry.observations, entry.bytes_lost) == (3, 1344)
+    assert (entry.session_id, entry.stream_id) == (2, 10)
+    assert 0 < entry.first_ns <= entry.last_ns
+    assert entry.label.endswith("source=10.0.0.3:5000")
+
+
+def test_a_full_loss_report_takes_no_more_images(tmp_path: Path) -> None:
+    report = LossReport(tmp_path / FILE, capacity=2)
+    try:
+        assert report.add(1, 1, "a") is not None and report.add(2, 1, "b") is not None
+        assert report.add(3, 1, "c") is None
+    finally:
+        report.close()
+
+
+def test_a_long_label_is_cut_and_never_spills_into_the_next_entry(tmp_path: Path) -> None:
+    report = LossReport(tmp_path / FILE, capacity=2)
+    try:
+        first = report.add(1, 1, "x" * 1000)
+        second = report.add(2, 1, "y")
+        assert first is not None and second is not None
+        first.record(32)
+        second.record(32)
+        entries = read_loss_report(tmp_path)
+    finally:
+        report.close()
+    assert [e.label for e in entries] == ["x" * LABEL_MAX_LENGTH, "y"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign", "lying count"])
+def test_a_damaged_or_foreign_report_reads_as_empty_or_whole_entries(tmp_path: Path,
+                                                                     damage: str) -> None:
+    report = LossReport(tmp_path / FILE, capacity=2)
+    entry = report.add(1, 1, "a")
+    assert entry is not None
+    entry.record(32)
+    report.close()
+    path = tmp_path / FILE
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[:HEADER_LENGTH - 1]
+    elif damage == "foreign":
+        data[0:4] = b"ELF\x7f"
+    else:
+        struct.pack_into("<ii", data, 8, 1 << 30, 1 << 30)  # capacity and count past the file
+    path.write_bytes(data)
+    entries = read_loss_report(tmp_path)
+    assert entries == [] if damage != "lying count" else [e.label for e in entries] == ["a"]
+
+
+def test_no_report_reads_as_empty(tmp_path: Path) -> None:
+    assert read_loss_report(tmp_path) == []
+
+
+@given(channel=st.from_regex(r"aeron:(ipc|udp\?endpoint=[0-9.]+:[0-9]+)(\|[a-z]+=[a-z0-9,:]+)*",
+                             fullmatch=True),
+       stream_id=st.integers(-2**31, 2**31 - 1), session_id=st.integers(-2**31, 2**31 - 1),
+       subscription=st.none() | st.integers(0, 2**62))
+def test_position_labels_read_back_what_the_driver_wrote(channel: str, stream_id: int,
+                                                         session_id: int,
+                                                         subscription: int | None) -> None:
+    suffix = "" if subscription is None else f" sub={subscription}"
+    label = f"sub-pos: {channel} stream={stream_id} session={session_id}{suffix}"
+    parsed = parse_position_label(label)
+    assert parsed is not None
+    assert (parsed.kind, parsed.channel, parsed.stream_id, parsed.session_id,
+            parsed.subscription_id) == ("sub-pos", channel, stream_id, session_id, subscription)
+
+
+def test_an_image_label_names_its_source() -> None:
+    parsed = parse_position_label("rcv-hwm: aeron:udp?endpoint=127.0.0.1:40456 stream=5 "
+                                  "session=-77 source=127.0.0.1:51234")
+    assert parsed is not None and parsed.source == "127.0.0.1:51234"
+    assert parse_position_label("client-heartbeat: 12") is None
+
+
+def _info(counter_id: int, type_id: int, label: str, value: int) -> CounterInfo:
+    return CounterInfo(counter_id, type_id, 0, 0, 0, 0, label, value)
+
+
+def test_stat_groups_positions_by_stream_and_shows_the_slowest_subscriber() -> None:
+    tail = "aeron:udp?endpoint=127.0.0.1:40456 stream=5 session=3"
+    counters = [
+        _info(0, CounterType.SYSTEM, "bytes sent", 1000),
+        _info(30, CounterType.RECEIVER_HWM, f"rcv-hwm: {tail} source=127.0.0.1:1", 4096),
+        _info(31, CounterType.RECEIVER_POSITION, f"rcv-pos: {tail} source=127.0.0.1:1", 2048),
+        _info(32, CounterType.SUBSCRIBER_POSITION, f"sub-pos: {tail} sub=7", 2048),
+        _info(33, CounterType.SUBSCRIBER_POSITION, f"sub-pos: {tail} sub=8", 1024),
+        _info(34, CounterType.PUBLISHER_LIMIT, "pub-lmt: aeron:ipc stream=1 session=9", 65536),
+    ]
+    [udp, ipc] = stream_rows(counters)
+    assert (udp.stream_id, udp.session_id, udp.subscribers) == (5, 3, 2)
+    assert udp.positions == {"rcv-hwm": 4096, "rcv-pos": 2048, "sub-pos": 1024}
+    assert ipc.positions == {"pub-lmt": 65536} and ipc.channel == "aeron:ipc"
+    text = render(counters, {0: 500}, 0.5, "header", now_ns=0)
+    assert "streams (2)" in text and "1,000" in text and "loss report (0 image(s)" in text
+    [bytes_sent] = [line for line in text.splitlines() if line.strip().startswith("bytes sent")]
+    assert bytes_sent.split()[-1] == "1,000"  # (1000 - 500) / 0.5 s
