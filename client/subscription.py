@@ -372,10 +372,13 @@ class Image:
         expected_term_id = compute_term_id(position, self._position_bits,
                                            self._log.initial_term_id)
         producer = self._log.producer_position()
-        # A different term id: the partition was reused.  Nothing there while the producer is a
-        # whole term ahead: it was cleaned (a live writer's open claim is never that old).
+        # A different term id: the partition was reused.  Nothing there behind this reader's
+        # own position (which only passes what was there), or while the producer is a whole
+        # term ahead: it was cleaned (a live writer's open claim is never that old), or this
+        # log never held it (an image made again joins its stream where the stream is now).
         if (frame_length != 0 and frame_term_id != expected_term_id) or \
-                (frame_length == 0 and producer - position >= self.term_length) or \
+                (frame_length == 0 and (position < self._position
+                                        or producer - position >= self.term_length)) or \
                 position > producer:
             raise DataLossError(position, producer)
 

@@ -175,6 +175,23 @@ static int valid_data_frames(const uint8_t *data, int32_t length, int32_t term_o
     return 1;
 }
 
+/* Raise rcv-hwm to `position` if that is higher, and publish it as the image log's tail (the
+ * raw tail of its term, then the active term count), as a publisher's append would: a
+ * subscriber tells "not written yet" and "cleaned or overwritten" from "held" by the tail,
+ * whatever wrote the log.  Frames below the tail may still be missing (loss), never more than
+ * the receiver window (at most half a term) behind it.  Returns whether it rose. */
+static int raise_hwm(ss_image_t *image, int64_t position) {
+    if (position <= LOAD_ACQ(image->receiver_hwm)) return 0;
+    STORE_REL(image->receiver_hwm, position);
+    const int32_t term_count = (int32_t)(position >> image->position_bits);
+    const int64_t term_offset = position & (((int64_t)1 << image->position_bits) - 1);
+    const uint32_t term_id = (uint32_t)image->initial_term_id + (uint32_t)term_count;
+    STORE_REL((int64_t *)(image->meta + SS_META_TAIL_COUNTERS + 8 * (term_count % SS_PARTITION_COUNT)),
+              (int64_t)(((uint64_t)term_id << 32) | (uint64_t)term_offset));
+    STORE_REL((int32_t *)(image->meta + SS_META_ACTIVE_TERM_COUNT), term_count);
+    return 1;
+}
+
 /* aeron_publication_image_insert_packet: the over-run, under-run and heartbeat rules of
  * PROTOCOL.md §3.2, then the copy into the term (body first, header last). */
 static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *data, int32_t length,
@@ -188,10 +205,7 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
         if (position >= (floor > 0 ? floor : 0)) {
             count(r->counters.heartbeats_received, 1);
             image->time_of_last_packet_ns = now_ns;
-            if (position > LOAD_ACQ(image->receiver_hwm)) {
-                STORE_REL(image->receiver_hwm, position);
-                image->dirty = 1;
-            }
+            if (raise_hwm(image, position)) image->dirty = 1;
             if ((flags & 0x20) && image->eos_position < 0) {
                 image->eos_position = position;
                 image->dirty = 1;
@@ -214,7 +228,7 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
               (const int32_t *)(image->meta + SS_META_READER_WAITERS));
     /* A PAD header stands for the rest of its term. */
     int64_t proposed = position + (type == SS_HDR_TYPE_PAD ? frame_length : length);
-    if (proposed > LOAD_ACQ(image->receiver_hwm)) STORE_REL(image->receiver_hwm, proposed);
+    raise_hwm(image, proposed);
     image->dirty = 1;
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -43,3 +44,19 @@ def shm() -> Iterator[Path]:
     path.mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def hosts(request: pytest.FixtureRequest):  # -> Iterator[NamespaceHosts]
+    """Test hosts: network namespaces on a bridge (2, or ``indirect`` parametrised), removed
+    afterwards.  Needs root: skips without it, fails under CI=true."""
+    from slipstream.sim import hosts as namespace
+
+    problem = namespace.unavailable()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"test hosts are needed under CI=true: {problem}")
+        pytest.skip(problem)
+    count = getattr(request, "param", 2)
+    with namespace.namespace_hosts(count) as made:
+        yield made

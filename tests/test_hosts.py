@@ -8,11 +8,9 @@ these tests skip, except under CI=true, where they fail.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 from helpers import (
@@ -25,24 +23,11 @@ from helpers import (
 )
 
 from slipstream.client import Client, DriverNotRunningError
-from slipstream.sim import hosts as namespace
 
 pytestmark = pytest.mark.timeout(180)
 
 PORT = 40123
 SETTINGS = {**NETWORK_SETTINGS, "flow_control_receiver_timeout": "1s"}
-
-
-@pytest.fixture
-def hosts(request: pytest.FixtureRequest) -> Iterator[namespace.NamespaceHosts]:
-    problem = namespace.unavailable()
-    if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"test hosts are needed under CI=true: {problem}")
-        pytest.skip(problem)
-    count = getattr(request, "param", 2)
-    with namespace.namespace_hosts(count) as made:
-        yield made
 
 
 def connect(publication, *subscriptions) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import counters_of
 
 from slipstream.client import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED, Client
 from slipstream.client.counters import SystemCounter
@@ -315,6 +316,92 @@ def test_fail_on_data_loss(spark, checkpoint: str, fail_on_data_loss: bool) -> N
         assert len(values) < 100 + 2_000 + 50  # some were lost ...
         assert len(set(values)) == len(values)  # ... and nothing came twice
         assert client.counters.get(SystemCounter.DATA_LOSS_SKIPS) >= 1
+
+
+# -- across hosts ---------------------------------------------------------------------------
+# Two test hosts (network namespaces on a bridge, a driver in each; tests/conftest.py): the
+# Spark application is on host 1 and uses host 1's driver through shared memory; host 2 is
+# another machine as far as the network is concerned: its driver exchanges the streams with
+# host 1's over UDP across the bridge.
+HOST_PORT = 40200
+HOST_SETTINGS = {**FAST, "flow_control_receiver_timeout": "1s"}
+
+
+def test_a_query_reads_a_stream_published_on_another_host_exactly_once_across_a_restart(
+        spark, hosts, checkpoint: str) -> None:
+    """A publisher on host 2 sends over UDP (3 % of datagrams dropped on host 1, repaired by
+    NAKs) to host 1, where a streaming query reads it; the query is stopped and restarted from
+    its checkpoint while the stream goes on (a bystander subscriber on host 1 keeps the image):
+    every message exactly once, in order."""
+    spark_host = hosts.start_driver(1, **HOST_SETTINGS)
+    publisher_host = hosts.start_driver(2, **HOST_SETTINGS)
+    hosts.drop(1, port=HOST_PORT, probability=0.03)
+    channel = f"aeron:udp?endpoint={hosts[1].address}:{HOST_PORT}"
+    with Client.connect(spark_host.directory) as local, \
+            Client.connect(publisher_host.directory) as remote:
+        publication = remote.add_publication(f"{channel}|term-length=1m", 6001)
+        sent = [f"h{i}".encode().ljust(64, b".") for i in range(3_000)]
+        collector = Collector()
+
+        def publish(messages: list[bytes]) -> None:
+            for message in messages:
+                offer(publication, message)
+            assert len(drain(bystander, len(messages))) == len(messages)
+
+        query = read_query(spark, spark_host.directory, 6001, collector, checkpoint,
+                           channel=channel)
+        try:
+            wait_connected(publication)  # the query's subscription, over the network
+            bystander = local.add_subscription(channel, 6001)
+            publish(sent[:1_000])
+            collector.wait_for(1_000)
+        finally:
+            query.stop()
+        publish(sent[1_000:2_000])  # the query is down
+        query = read_query(spark, spark_host.directory, 6001, collector, checkpoint,
+                           channel=channel)
+        try:
+            collector.wait_for(2_000)
+            publish(sent[2_000:])
+            collector.wait_for(3_000)
+        finally:
+            query.stop()
+    rows = collector.rows()
+    assert collector.values() == sent
+    assert len({row.position for row in rows}) == len(rows)
+    assert {row.session_id for row in rows} == {publication.session_id}
+    assert counters_of(spark_host)["NAK_MESSAGES_SENT"] > 0  # the loss was real and repaired
+
+
+def test_a_pipeline_reads_from_one_host_and_writes_to_another_over_udp(
+        spark, hosts, checkpoint: str) -> None:
+    """Host 2 publishes to host 1 over UDP; a streaming query on host 1 transforms each
+    message and writes it over UDP to a subscriber back on host 2."""
+    spark_host = hosts.start_driver(1, **HOST_SETTINGS)
+    other_host = hosts.start_driver(2, **HOST_SETTINGS)
+    inbound = f"aeron:udp?endpoint={hosts[1].address}:{HOST_PORT}"
+    outbound = f"aeron:udp?endpoint={hosts[2].address}:{HOST_PORT + 1}"
+    with Client.connect(other_host.directory) as remote:
+        publication = remote.add_publication(f"{inbound}|term-length=1m", 6002)
+        output = Drainer(remote.add_subscription(outbound, 6003))
+        query = (spark.readStream.format("slipstream")
+                 .option("directory", str(spark_host.directory)).option("channel", inbound)
+                 .option("streamId", "6002").load()
+                 .selectExpr("concat(upper(cast(value as string)), ':', "
+                             "cast(session_id as string)) as value")
+                 .writeStream.format("slipstream")
+                 .option("directory", str(spark_host.directory)).option("channel", outbound)
+                 .option("streamId", "6003").option("checkpointLocation", checkpoint)
+                 .trigger(processingTime="100 milliseconds").start())
+        try:
+            wait_connected(publication)
+            for i in range(2_000):
+                offer(publication, f"p{i}".encode())
+            got = output.wait_for(2_000, timeout=90)
+        finally:
+            query.stop()
+    assert got == [f"P{i}:{publication.session_id}".encode() for i in range(2_000)]
+    assert counters_of(spark_host)["BYTES_SENT"] > 0 < counters_of(other_host)["BYTES_RECEIVED"]
 
 
 # -- options --------------------------------------------------------------------------------

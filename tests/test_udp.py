@@ -36,6 +36,7 @@ from helpers import (
 
 from slipstream.client import (
     Client,
+    DataLossError,
     Publication,
     RegistrationError,
     Subscription,
@@ -175,6 +176,60 @@ def test_stat_shows_each_streams_positions_the_network_counters_and_the_loss_rep
     assert sender["loss_report"] == []
     assert "loss report (1 image(s) with gaps)" in text
     assert "rcv-hwm" in text and "nak messages sent" in text
+
+
+def test_a_subscriber_peeks_again_at_what_it_consumed_while_the_image_log_holds_it(
+        launch) -> None:
+    """The image log's tail follows what arrived (as an appender's would), so a peek behind
+    the subscriber's position reads the consumed messages again, and one past the tail is
+    refused (Spark's restart from a checkpoint relies on both)."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a, b = launch(), launch()
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 12)
+        publication = ca.add_publication(f"{uri}|term-length=64k", 12)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 600, lambda i: 100)  # 160 B frames: over a term
+        collector.assert_exactly(600)
+        [image] = subscription.images
+        assert image.position == publication.position > 64 * 1024
+        again: list[int] = []
+        end = image.peek(300 * 160, lambda data, header: again.append(
+            struct.unpack_from("<i", data)[0]), image.position)
+        assert end == image.position and again == list(range(300, 600))
+        with pytest.raises(DataLossError):
+            image.peek(image.position + 64 * 1024, lambda data, header: None,
+                       image.position + 64 * 1024)
+
+
+def test_a_position_from_before_an_image_was_made_again_is_data_loss_not_a_stall(
+        launch) -> None:
+    """The last subscription on a host goes, so does its image; while another host keeps
+    the stream going, a new subscription makes the image again where the stream is now.  A
+    position of the old image (a checkpoint) is not in the new log: peek says so instead of
+    reading nothing forever."""
+    port = free_port()
+    uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{port}"
+           f"|interface=127.0.0.1")
+    a, b, c = launch(), launch(), launch()
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
+            Client.connect(c.directory) as cc:
+        publication = ca.add_publication(f"{uri}|term-length=64k", 13)
+        first = cb.add_subscription(uri, 13)
+        other_host = Collector(cc.add_subscription(uri, 13))
+        connect(publication, first, other_host.subscription)
+        stream(publication, [Collector(first), other_host], 50, lambda i: 100)
+        checkpoint = first.images[0].position
+        first.close()
+        stream(publication, [other_host], 50, lambda i: 100, first=50)
+        second = cb.add_subscription(uri, 13)
+        wait_for(lambda: second.images, timeout=15, what="the image made again")
+        [image] = second.images
+        assert image.session_id == publication.session_id
+        assert image.join_position > checkpoint
+        with pytest.raises(DataLossError):
+            image.peek(checkpoint, lambda data, header: None, image.join_position)
 
 
 def test_an_unreliable_stream_skips_what_is_lost_and_stays_in_order(launch) -> None:
