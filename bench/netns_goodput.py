@@ -21,9 +21,11 @@ from typing import Any
 
 from bench.ipc_throughput import machine, run_slipstream
 
-#: The window and buffer of bench/udp_throughput.py, and NAK timers for a LAN: a lost
-#: retransmission is asked for again after 1 ms instead of Aeron's 10 ms (which suits a WAN).
-DEFAULT_SETTINGS = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m",
+#: A 1 MiB window in a 4 MiB socket buffer (under loss it repairs sooner than
+#: bench/udp_throughput.py's 2 MiB: less data queues ahead of a retransmission; 512 KiB is too
+#: little), and NAK timers for a LAN: a lost retransmission is asked for again after 1 ms
+#: instead of Aeron's 10 ms (which suits a WAN).  docs/PERFORMANCE.md has both.
+DEFAULT_SETTINGS = {"rcv_initial_window_length": "1m", "socket_so_rcvbuf": "4m",
                     "nak_unicast_retry_delay_ratio": "10", "retransmit_unicast_linger": "1ms"}
 PORT = 40200
 
@@ -100,7 +102,8 @@ def run_zmq(hosts: Any, size: int, count: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=200_000, help="messages per run")
+    parser.add_argument("--messages", type=int, default=1_000_000,
+                        help="messages per run (shorter runs are dominated by their start)")
     parser.add_argument("--size", type=int, default=1024, help="message size, bytes")
     parser.add_argument("--losses", default="0,1,5", help="loss percentages to run")
     parser.add_argument("--set", dest="settings", action="append", default=[],
