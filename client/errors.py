@@ -49,14 +49,18 @@ class InvalidArgumentError(UsageError, ValueError):
 class MessageTooLongError(UsageError):
     """A message exceeds the publication's maximum message length (``limit`` bytes)."""
 
-    def __init__(self, length: int, limit: int) -> None:
+    def __init__(self, length: int, limit: int, *, claim: bool = False) -> None:
         self.length = length
         self.limit = limit
-        super().__init__(
-            f"message of {length} bytes exceeds the maximum message length of {limit} bytes "
-            f"(min(term length / 8, 16 MiB)); use a longer term-length in the channel URI or "
-            f"split the message"
-        )
+        if claim:  # a claim is one unfragmented frame
+            text = (f"a claim of {length} bytes exceeds the {limit} bytes one frame can carry "
+                    f"(the MTU less the 32-byte header); offer() fragments longer messages, or "
+                    f"use a larger mtu in the channel URI")
+        else:
+            text = (f"message of {length} bytes exceeds the maximum message length of {limit} "
+                    f"bytes (min(term length / 8, 16 MiB)); use a longer term-length in the "
+                    f"channel URI or split the message")
+        super().__init__(text)
 
 
 class ClosedError(UsageError):

@@ -186,7 +186,7 @@ class Publication:
             claim.buffer = self._log.view[offset + 32:offset + 32 + length]
             return result
         if result == lib.SS_INVALID_LENGTH:
-            raise MessageTooLongError(length, self.max_payload_length)
+            raise MessageTooLongError(length, self.max_payload_length, claim=True)
         return result
 
     # -- state ---------------------------------------------------------------------------------

@@ -60,6 +60,24 @@ class Report:
                 and not any(self.out_of_order) and not any(self.corrupt)
                 and all(d == self.sent for d in self.delivered))
 
+    def verdict(self) -> str:
+        """One line: exactly once and in order, or what was not (the exit status says 1)."""
+        if self.exactly_once_in_order:
+            return "every subscriber got every message exactly once, in order (exit status 0)"
+        problems = []
+        if not self.completed:
+            problems.append("the virtual-time limit came before everything was delivered")
+        for i, ip in enumerate(self.subscribers):
+            for count, what in ((self.missing[i], "missed"), (self.duplicates[i], "duplicated"),
+                                (self.out_of_order[i], "got out of order"),
+                                (self.corrupt[i] if i < len(self.corrupt) else 0, "got corrupt")):
+                if count:
+                    problems.append(f"{ip} {what} {count}")
+        if any(self.missing):
+            problems.append("a host that crashed, or joined late, misses what was published "
+                            "while it was not there")
+        return "not exactly once: " + "; ".join(problems) + " (exit status 1)"
+
     def to_json_dict(self) -> dict[str, Any]:
         """The ``--json`` object (snake_case keys, :data:`JSON_KEYS`)."""
         return {key: getattr(self, key) for key in JSON_KEYS}
@@ -90,6 +108,7 @@ class Report:
             f"goodput       {self.goodput / 1e6:.2f} MB/s per subscriber "
             f"(delivered payload bytes per virtual second)",
             f"trace sha256  {self.trace_digest}",
+            f"result        {self.verdict()}",
         ]
         return "\n".join(lines)
 

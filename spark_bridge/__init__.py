@@ -38,6 +38,7 @@ from slipstream.spark_bridge.writer import (
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
     from pyspark.sql.types import StructType
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "SourceOptions",
     "configure_environment",
     "register",
+    "run_until_stopped",
     "session",
 ]
 
@@ -141,3 +143,32 @@ def session(master: str = "local[2]", app_name: str = "slipstream",
     spark.sparkContext.setLogLevel(log_level)
     register(spark)
     return spark
+
+
+def run_until_stopped(query: StreamingQuery, *, poll_s: float = 0.5) -> None:
+    """Wait for a streaming query until it ends or the process gets SIGINT (Ctrl-C) or
+    SIGTERM, then stop it cleanly; re-raises the query's own failure.
+
+    PySpark's SIGINT handler cancels jobs through the JVM gateway while the main thread is
+    blocked in it (``awaitTermination``), which ends in a wall of reentrant-call tracebacks;
+    this handler only records the signal, and the loop stops the query between two waits.
+    Call it from the main thread; the previous handlers are restored afterwards.
+    """
+    import signal
+    import threading
+
+    stop = threading.Event()
+    previous = {number: signal.signal(number, lambda *_: stop.set())
+                for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.is_set() and query.isActive:
+            query.awaitTermination(poll_s)
+    finally:
+        try:
+            if query.isActive:
+                query.stop()
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+    if not stop.is_set():
+        query.awaitTermination()  # raises StreamingQueryException if it failed

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.client import (
+    BufferClaim,
     ChannelError,
     Client,
     ConfigurationError,
@@ -111,6 +112,10 @@ def test_a_message_too_long_gives_the_limit(client: Client) -> None:
     with pytest.raises(MessageTooLongError) as error:
         publication.offer(bytes(limit + 1))
     assert str(limit) in str(error.value)
+    frame_limit = publication.max_payload_length
+    with pytest.raises(MessageTooLongError) as error:
+        publication.try_claim(frame_limit + 1, BufferClaim())
+    assert str(frame_limit) in str(error.value) and "offer() fragments" in str(error.value)
 
 
 def test_a_log_the_host_has_no_room_for_is_a_clear_error_and_leaves_nothing(

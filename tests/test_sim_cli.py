@@ -124,6 +124,16 @@ def test_example_scenarios_load_and_run(path):
     assert not any(report.duplicates) and not any(report.out_of_order)
 
 
+def test_a_run_that_is_not_exactly_once_says_why_and_exits_1(capsys):
+    status, out, _ = sim(capsys, "--scenario", str(EXAMPLES / "crash_restart.toml"))
+    assert status == 1
+    result = out.splitlines()[-1]
+    assert result.startswith("result        not exactly once: 10.0.0.2 missed ")
+    assert "crashed" in result and "(exit status 1)" in result
+    status, out, _ = sim(capsys, "--messages", "100")
+    assert status == 0 and "exactly once, in order (exit status 0)" in out.splitlines()[-1]
+
+
 def test_cli_options_override_the_scenario_file(capsys):
     status, out, _ = sim(capsys, "--json", "--scenario", str(EXAMPLES / "partition_heal.toml"),
                          "--messages", "100", "--loss", "0")

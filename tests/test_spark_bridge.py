@@ -318,6 +318,24 @@ def test_fail_on_data_loss(spark, checkpoint: str, fail_on_data_loss: bool) -> N
         assert client.counters.get(SystemCounter.DATA_LOSS_SKIPS) >= 1
 
 
+def test_ctrl_c_stops_a_running_query_cleanly(spark, checkpoint: str) -> None:
+    """run_until_stopped: SIGINT stops the query and returns, with no KeyboardInterrupt out of
+    PySpark's own handler; the previous SIGINT handler is back afterwards."""
+    import os
+    import signal
+
+    from slipstream.spark_bridge import run_until_stopped
+
+    before = signal.getsignal(signal.SIGINT)
+    with running_driver("64k") as (directory, _client):
+        query = read_query(spark, directory, 7001, Collector(), checkpoint)
+        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        started = time.monotonic()
+        run_until_stopped(query)
+        assert not query.isActive and time.monotonic() - started < 30
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 # -- across hosts ---------------------------------------------------------------------------
 # Two test hosts (network namespaces on a bridge, a driver in each; tests/conftest.py): the
 # Spark application is on host 1 and uses host 1's driver through shared memory; host 2 is

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from slipstream.spark_bridge import session
+from slipstream.spark_bridge import run_until_stopped, session
 
 
 def main() -> None:
@@ -46,11 +46,10 @@ def main() -> None:
     print(f"query running: stream {args.input} -> 5 s windows -> stream {args.output} "
           f"(checkpoint {args.checkpoint})", flush=True)
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        query.stop()
+        run_until_stopped(query)  # Ctrl-C or SIGTERM: stop the query, then the session
     finally:
         spark.stop()
+    print("query stopped", flush=True)
 
 
 if __name__ == "__main__":
