@@ -38,6 +38,7 @@ from slipstream.daemon.network_conductor import (
     NetworkConductor,
     NetworkSubscription,
     NetworkTransports,
+    check_same_log,
 )
 from slipstream.daemon.resources import LogBudget, ResourceError, log_start, no_room_for_log
 
@@ -200,7 +201,9 @@ class DriverConductor:
                                                     now_ns)
         publication = self._ipc_by_stream.get(stream_id)
         out: Outgoing = []
-        if publication is None or publication.state is not PublicationState.ACTIVE:
+        if publication is not None and publication.state is PublicationState.ACTIVE:
+            check_same_log(channel, publication.log, publication.session_id, stream_id)
+        else:
             publication = self._create_ipc_publication(channel, stream_id, now_ns)
             try:
                 out.extend(self._link_subscriptions(publication))

@@ -174,12 +174,16 @@ class IpcPublication:
             # Little headroom left: keep the duty cycle brisk.  With plenty the driver may back
             # off; a publisher that does reach the limit wakes it through the eventcount.
             work += 1
-        if consumer != self._last_consumer_position:
-            self._last_consumer_position = consumer
+        # A blocked claim (a publisher that died between claim and commit) holds the fastest
+        # subscriber (aeron_ipc_publication_check_for_blocked_publisher); a slow one may lag
+        # anywhere behind it.
+        fastest = max(self.counters.get(s.position_counter_id) for s in self.subscribers)
+        if fastest != self._last_consumer_position:
+            self._last_consumer_position = fastest
             self._time_of_last_consumer_change_ns = now_ns
-        elif (producer > consumer
+        elif (producer > fastest
               and now_ns - self._time_of_last_consumer_change_ns > self.unblock_timeout_ns):
-            if unblock(self.log, consumer, producer):
+            if unblock(self.log, fastest, producer):
                 self.counters.add(SystemCounter.UNBLOCKED_PUBLICATIONS)
                 self.log.signal_readers()
                 work += 1

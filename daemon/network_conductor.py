@@ -230,7 +230,7 @@ class NetworkConductor:
         if entry is None:
             entry = self._create_publication(key, channel, stream_id, destination, now_ns)
         else:
-            _check_same_log(entry, channel)
+            check_same_log(channel, entry.log, entry.publication.session_id, stream_id)
         entry.publisher_refs += 1
         return entry, self._new_id()
 
@@ -637,15 +637,17 @@ def _wants(subscription: NetworkSubscription, image: PublicationImage) -> bool:
         or subscription.channel.session_id == image.session_id)
 
 
-def _check_same_log(entry: _PublicationEntry, channel: Channel) -> None:
-    """A second publisher of a shared publication cannot ask for another log shape."""
-    log_buffer = entry.log
+def check_same_log(channel: Channel, log_buffer: LogBuffer, session_id: int,
+                   stream_id: int) -> None:
+    """A second publisher of a shared publication (IPC or UDP) cannot ask for another log
+    shape or session (Aeron's publication parameter match): ChannelError names the part."""
     for part, asked, actual in (("term-length", channel.term_length, log_buffer.term_length),
-                                ("mtu", channel.mtu, log_buffer.mtu)):
+                                ("mtu", channel.mtu, log_buffer.mtu),
+                                ("session-id", channel.session_id, session_id)):
         if asked is not None and asked != actual:
             raise ChannelError(str(channel), part,
                                f"{asked} differs from the existing publication's {actual} on "
-                               f"stream {entry.publication.stream_id}")
+                               f"stream {stream_id}")
 
 
 def _label_of(setup: Any, source: Address) -> str:

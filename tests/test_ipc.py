@@ -18,6 +18,7 @@ from slipstream.client import (
     BufferClaim,
     Client,
     MessageBatch,
+    RegistrationError,
 )
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.daemon.driver import MediaDriver
@@ -318,6 +319,50 @@ def test_a_publisher_killed_between_claim_and_commit_is_unblocked(driver) -> Non
         counters = CountersFile(Path(driver.directory) / "counters.dat", writable=False)
         assert counters.get(5) == 1  # unblocked publications
         counters.close()
+
+
+def test_a_blocked_claim_is_unblocked_while_a_slow_subscriber_lags_behind_it(driver) -> None:
+    """The fastest subscriber is the one held at the dead claim; a slow one that has not read
+    what came before it must not stop the unblock (Aeron unblocks at the fastest)."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    with Client.connect(driver.directory) as client:
+        fast = client.add_subscription(CHANNEL, 1014)
+        slow = client.add_subscription(CHANNEL, 1014)  # never polled until the end
+        publication = client.add_publication(CHANNEL, 1014)
+        for i in range(10):
+            offer_until(publication, f"before {i}".encode())
+        victim = context.Process(target=_claim_and_die, args=(str(driver.directory), 1014, ready))
+        victim.start()
+        assert ready.wait(30)
+        offer_until(publication, b"behind the claim")
+        victim.kill()
+        victim.join()
+        got: list[bytes] = []
+        deadline = time.monotonic() + 10  # the unblock timeout is 1.5 s in the test driver
+        while b"behind the claim" not in got and time.monotonic() < deadline:
+            fast.receive(lambda d, h: got.append(bytes(d)), 10, timeout=0.2)
+        assert got == [f"before {i}".encode() for i in range(10)] + [b"behind the claim"]
+        lagging: list[bytes] = []
+        slow.poll(lambda d, h: lagging.append(bytes(d)), 100)
+        assert lagging == got  # the padded claim is skipped by every subscriber
+
+
+@pytest.mark.parametrize(("second", "part"), [
+    ("aeron:ipc?term-length=128k", "term-length"),
+    ("aeron:ipc?mtu=4096", "mtu"),
+    ("aeron:ipc?session-id=77", "session-id"),
+])
+def test_a_second_publisher_asking_for_another_log_or_session_is_refused_by_name(
+        client: Client, second: str, part: str) -> None:
+    first = client.add_publication("aeron:ipc?term-length=64k|mtu=1408|session-id=76", 1015)
+    with pytest.raises(RegistrationError,
+                       match=f"{part}: .* differs from the existing publication's .* stream 1015"):
+        client.add_publication(second, 1015)
+    same = client.add_publication("aeron:ipc?term-length=64k", 1015)  # a match shares it
+    assert same.session_id == first.session_id == 76
+    first.close()
+    same.close()
 
 
 def _publish_sequence(directory: str, stream_id: int, count: int) -> None:

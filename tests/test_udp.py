@@ -232,6 +232,17 @@ def test_a_position_from_before_an_image_was_made_again_is_data_loss_not_a_stall
             image.peek(checkpoint, lambda data, header: None, image.join_position)
 
 
+def test_a_second_udp_publisher_asking_for_another_term_length_is_refused_by_name(
+        launch) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with Client.connect(launch().directory) as client:
+        first = client.add_publication(f"{uri}|term-length=64k", 14)
+        with pytest.raises(RegistrationError, match="term-length: 131072 differs from the "
+                                                    "existing publication's 65536"):
+            client.add_publication(f"{uri}|term-length=128k", 14)
+        assert client.add_publication(uri, 14).session_id == first.session_id
+
+
 def test_an_unreliable_stream_skips_what_is_lost_and_stays_in_order(launch) -> None:
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|reliable=false"
     a = launch()
