@@ -41,6 +41,10 @@ from slipstream.client.subscription import Image, Subscription
 log = logging.getLogger("slipstream.client")
 
 DEFAULT_IDLE_SPIN_NS = 1_000_000
+#: How long a closed publication's log stays mapped (Aeron's resource linger, 3 s): another
+#: thread may still be inside offer_batch or try_claim, which run in C without the GIL and
+#: must never touch an unmapped page; they see CLOSED from the flag set at close.
+RESOURCE_LINGER_S = 3.0
 """How long a waiting receive spins before it parks.  A futex wake-up costs ~50 µs here, so
 spinning for a millisecond keeps a steady stream (even at 10k messages/s) out of the park path,
 and a quiet subscriber still drops to ~0 % CPU within a millisecond."""
@@ -334,7 +338,9 @@ class Client:
                 with contextlib.suppress(DriverTimeoutError, RegistrationError):
                     self._request({"type": control.REMOVE_PUBLICATION,
                                    "registration_id": publication.registration_id})
-        publication._unmap()
+        unmap = threading.Timer(RESOURCE_LINGER_S, publication._unmap)
+        unmap.daemon = True
+        unmap.start()
 
     def _release_subscription(self, subscription: Subscription) -> None:
         with self._lock:

@@ -147,9 +147,19 @@ def encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
 
 
+class MalformedMessageError(ValueError):
+    """A control frame that is not a message; ``correlation_id`` is the frame's own when it
+    is a JSON object that names one (an integer), so that its sender can be answered."""
+
+    def __init__(self, problem: str, correlation_id: int | None = None) -> None:
+        super().__init__(problem)
+        self.correlation_id = correlation_id
+
+
 def decode(frame: bytes) -> dict[str, Any]:
-    """Parse a JSON frame; raises ``ValueError`` when it is not a flat message object (a
-    ``type`` string and scalar values) of at most :data:`MAX_FRAME_LENGTH` bytes."""
+    """Parse a JSON frame; raises :class:`MalformedMessageError` (a ``ValueError``) when it
+    is not a flat message object (a ``type`` string and scalar values) of at most
+    :data:`MAX_FRAME_LENGTH` bytes."""
     if len(frame) > MAX_FRAME_LENGTH:
         raise ValueError(f"a control message of {len(frame)} bytes exceeds {MAX_FRAME_LENGTH}")
     try:
@@ -158,9 +168,16 @@ def decode(frame: bytes) -> dict[str, Any]:
         raise ValueError("a control message nested too deeply") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"a control message is not UTF-8: {e}") from None
-    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-        raise ValueError("a control message is a JSON object with a string 'type'")
+    if not isinstance(message, dict):
+        raise MalformedMessageError("a control message is a JSON object")
+    correlation_id = message.get("correlation_id")
+    if isinstance(correlation_id, bool) or not isinstance(correlation_id, int):
+        correlation_id = None
+    if not isinstance(message.get("type"), str):
+        raise MalformedMessageError("type: a control message has a string 'type'",
+                                    correlation_id)
     for key, value in message.items():
         if isinstance(value, dict | list):
-            raise ValueError(f"a control message holds scalars only ({key!r} is nested)")
+            raise MalformedMessageError(f"{str(key)[:64]}: a control message holds scalars "
+                                        f"only, not {type(value).__name__}s", correlation_id)
     return message

@@ -471,6 +471,12 @@ def unblock(log: LogBuffer, blocked_position: int, producer_position: int) -> bo
     offset = compute_term_offset(blocked_position, log.term_length)
     frame_length = log.frame_length_volatile(index, offset)
     if frame_length < 0:
+        # Take the claim from its publisher first (claimed -> 0, which readers wait at), so
+        # that a late commit (ss_commit: claimed -> committed) cannot land half-way through
+        # the padding and publish a PAD frame: it fails, and commit() says so.
+        cell = ffi.cast("int32_t *", log.address + index * log.term_length + offset)
+        if not lib.ss_cas_i32(cell, frame_length, 0):
+            return False  # committed (or aborted) at the last moment: nothing is blocked
         write_padding(log, blocked_position, -frame_length)
         return True
     if frame_length > 0:

@@ -43,6 +43,10 @@ int64_t ss_get_and_add_i64(int64_t *addr, int64_t delta) { return __atomic_fetch
 int ss_cas_i64(int64_t *addr, int64_t expected, int64_t desired) {
     return __atomic_compare_exchange_n(addr, &expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
+
+int ss_cas_i32(int32_t *addr, int32_t expected, int32_t desired) {
+    return __atomic_compare_exchange_n(addr, &expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
 int32_t ss_load_acquire_i32(const int32_t *addr) { return LOAD_ACQ(addr); }
 void ss_store_release_i32(int32_t *addr, int32_t value) { STORE_REL(addr, value); }
 int32_t ss_get_and_add_i32(int32_t *addr, int32_t delta) { return __atomic_fetch_add(addr, delta, __ATOMIC_SEQ_CST); }
@@ -466,17 +470,24 @@ int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset) {
     return ((int64_t)at.term_count << a->position_bits) + at.term_offset + total;
 }
 
-void ss_commit(ss_appender_t *a, uint8_t *frame) {
-    int32_t frame_length = -*(volatile int32_t *)frame;
-    STORE_REL((int32_t *)frame, frame_length);
+int32_t ss_commit(ss_appender_t *a, uint8_t *frame, int32_t frame_length) {
+    /* Only our own claim, still open: the driver may have given it up as padding (a claim
+     * held past publication_unblock_timeout), and flipping that back would block the log. */
+    int32_t expected = -frame_length;
+    int32_t ok = __atomic_compare_exchange_n((int32_t *)frame, &expected, frame_length, 0,
+                                             __ATOMIC_RELEASE, __ATOMIC_RELAXED);
     signal_readers(a);
+    return ok;
 }
 
-void ss_abort(ss_appender_t *a, uint8_t *frame) {
-    int32_t frame_length = -*(volatile int32_t *)frame;
+int32_t ss_abort(ss_appender_t *a, uint8_t *frame, int32_t frame_length) {
+    int32_t expected = -frame_length;
+    if (LOAD_ACQ((int32_t *)frame) != expected) return 0; /* given up by the driver already */
     *(uint16_t *)(frame + 6) = SS_HDR_TYPE_PAD;
-    STORE_REL((int32_t *)frame, frame_length);
+    int32_t ok = __atomic_compare_exchange_n((int32_t *)frame, &expected, frame_length, 0,
+                                             __ATOMIC_RELEASE, __ATOMIC_RELAXED);
     signal_readers(a);
+    return ok;
 }
 
 /* ---------------------------------------------------------------- reader */

@@ -69,6 +69,7 @@ int64_t ss_load_acquire_i64(const int64_t *addr);
 void ss_store_release_i64(int64_t *addr, int64_t value);
 int64_t ss_get_and_add_i64(int64_t *addr, int64_t delta);
 int ss_cas_i64(int64_t *addr, int64_t expected, int64_t desired);
+int ss_cas_i32(int32_t *addr, int32_t expected, int32_t desired);
 int32_t ss_load_acquire_i32(const int32_t *addr);
 void ss_store_release_i32(int32_t *addr, int32_t value);
 int32_t ss_get_and_add_i32(int32_t *addr, int32_t delta);
@@ -100,8 +101,10 @@ int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
 /* Claim a single unfragmented frame of `length` payload bytes; on success *frame_offset is the
  * frame's offset from the start of the log (header included) and the new position is returned. */
 int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset);
-void ss_commit(ss_appender_t *a, uint8_t *frame);
-void ss_abort(ss_appender_t *a, uint8_t *frame);
+/* Publish (commit) or give up as padding (abort) the frame of a claim of frame_length bytes
+ * (header included); 1 when done, 0 when the driver had already given the claim up. */
+int32_t ss_commit(ss_appender_t *a, uint8_t *frame, int32_t frame_length);
+int32_t ss_abort(ss_appender_t *a, uint8_t *frame, int32_t frame_length);
 /* Rotate from term_count to term_count + 1 (idempotent, safe under races). */
 int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_term_id);
 

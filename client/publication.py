@@ -23,6 +23,7 @@ from slipstream.client import _fastpath
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import MessageTooLongError
+from slipstream.client.frames import HEADER_LENGTH
 from slipstream.client.logbuffer import LogBuffer, new_appender
 
 if TYPE_CHECKING:
@@ -67,19 +68,26 @@ class BufferClaim:
         self._frame = ffi.NULL
         self.buffer: memoryview | None = None
 
-    def commit(self) -> None:
-        """Make the frame visible to subscribers."""
+    def commit(self) -> bool:
+        """Make the frame visible to subscribers.  False when it was too late: the claim was
+        held past ``publication_unblock_timeout`` and the driver gave it up as padding (the
+        message was not published; the log carried on)."""
         if self._frame == ffi.NULL:
             raise RuntimeError("nothing claimed (or already committed)")
-        lib.ss_commit(self._appender, self._frame)
+        done = bool(lib.ss_commit(self._appender, self._frame, self._frame_length()))
         self._release()
+        return done
 
     def abort(self) -> None:
         """Give the frame up: it becomes padding that subscribers skip."""
         if self._frame == ffi.NULL:
             raise RuntimeError("nothing claimed (or already committed)")
-        lib.ss_abort(self._appender, self._frame)
+        lib.ss_abort(self._appender, self._frame, self._frame_length())
         self._release()
+
+    def _frame_length(self) -> int:
+        assert self.buffer is not None
+        return HEADER_LENGTH + len(self.buffer)
 
     def _release(self) -> None:
         self._frame = ffi.NULL

@@ -12,6 +12,7 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 import time
@@ -35,6 +36,7 @@ from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, compute_term
 if TYPE_CHECKING:
     from slipstream.client.client import Client
 
+log = logging.getLogger("slipstream.client")
 _HEADER_FIELDS = struct.Struct("<iBBHiiiiq")
 _dispatch = _fastpath.dispatch
 _MAX_SCAN = 4096  # frames per C scan; a poll's fragment limit is split into scans this big
@@ -536,8 +538,7 @@ class Subscription:
             self._images_changed.notify_all()
         for parked_on in previous:  # a receive parked on the old images must wait on all now
             lib.ss_signal(parked_on.signal, parked_on.waiters)
-        if self.on_available_image is not None:
-            self.on_available_image(image)
+        self._call_back(self.on_available_image, image)
 
     def _remove_image(self, correlation_id: int) -> Image | None:
         with self._images_changed:
@@ -552,9 +553,20 @@ class Subscription:
                     break
             else:
                 return None
-        if self.on_unavailable_image is not None:
-            self.on_unavailable_image(image)
+        self._call_back(self.on_unavailable_image, image)
         return image
+
+    @staticmethod
+    def _call_back(handler: Callable[[Image], object] | None, image: Image) -> None:
+        """A user's image handler, on the client conductor thread: what it raises is logged and
+        goes no further (that thread carries the keepalives: if it died, the driver would time
+        the client out and reclaim counters it still writes)."""
+        if handler is None:
+            return
+        try:
+            handler(image)
+        except Exception:
+            log.exception("the image handler %r raised on %r", handler, image)
 
     def _lose_driver(self) -> None:
         """The client lost its driver: wake a parked receive so that it raises."""

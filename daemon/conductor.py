@@ -166,11 +166,28 @@ class DriverConductor:
             return [(key, _error(correlation_id, control.ERR_GENERIC,
                                  f"the driver failed on {kind}: {e!r}"))]
 
+    def on_malformed(self, key: bytes, error: ValueError) -> Outgoing:
+        """A frame that is not a command: counted; answered when it names a correlation id
+        (a JSON object whose type or values are wrong), else dropped."""
+        self.counters.add(SystemCounter.ERRORS)
+        correlation_id = getattr(error, "correlation_id", None)
+        if correlation_id is None:
+            return []
+        return [(key, _error(correlation_id, control.ERR_INVALID_ARGUMENT,
+                             f"malformed command: {error}"))]
+
     def _on_connect(self, key: bytes, message: dict[str, Any], now_ns: int) -> Outgoing:
         if message.get("version") != control.PROTOCOL_VERSION:
             return [(key, _error(message.get("correlation_id", 0), control.ERR_UNSUPPORTED,
                                  f"client protocol version {message.get('version')} is not "
                                  f"{control.PROTOCOL_VERSION}: upgrade the client or driver"))]
+        existing = self._clients_by_key.get(key)
+        if existing is not None:
+            # One client per connection: a second CONNECT would leave the first one's counter
+            # and resources to the liveness timeout (a loop of them exhausts the counters).
+            return [(key, _error(message.get("correlation_id", 0), control.ERR_INVALID_ARGUMENT,
+                                 f"type: this connection is client {existing.client_id} "
+                                 f"already; CONNECT once per connection"))]
         client_id = self._new_id()
         pid = message["pid"]
         heartbeat_id = self.counters.allocate(

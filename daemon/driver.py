@@ -233,9 +233,9 @@ class _DriverShell:
             key, frame = frames
             try:
                 message = control.decode(frame)
-            except ValueError:
-                self.counters.add(SystemCounter.ERRORS)
-                log.warning("dropped a malformed control message from a client")
+            except ValueError as e:
+                log.warning("a malformed control message from a client: %s", e)
+                self._send(self.conductor.on_malformed(key, e))
                 continue
             self._send(self.conductor.on_command(key, message, time.monotonic_ns()))
             self._wake.set()  # resources changed: let the duty cycle look at once

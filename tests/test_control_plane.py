@@ -17,6 +17,7 @@ from slipstream.client import Client, InvalidArgumentError, control
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.daemon.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
+from slipstream.sim.fuzz import CommandFuzzer
 
 
 class RawClient:
@@ -127,6 +128,74 @@ def test_unknown_and_incomplete_commands_are_answered_with_an_error(driver) -> N
         reply = raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
                              "pid": -5, "correlation_id": 5})
         assert reply["code"] == control.ERR_INVALID_ARGUMENT and "pid" in reply["message"]
+    finally:
+        raw.close()
+    _still_serves(driver.directory)
+
+
+@pytest.mark.parametrize(("frame", "named"), [
+    (b'{"correlation_id": 9, "channel": "aeron:ipc"}', "type"),
+    (b'{"type": "ADD_PUBLICATION", "channel": ["aeron:ipc"], "correlation_id": 9}', "channel"),
+    (b'{"type": 5, "correlation_id": 9}', "type"),
+])
+def test_a_malformed_command_that_names_its_correlation_id_is_answered_by_field(
+        driver, frame: bytes, named: str) -> None:
+    raw = RawClient(driver.directory)
+    try:
+        raw.send_raw(frame)
+        reply = raw.reply()
+        assert (reply["type"], reply["correlation_id"]) == (control.ERROR, 9)
+        assert reply["code"] == control.ERR_INVALID_ARGUMENT
+        assert reply["message"].startswith(f"malformed command: {named}: ")
+    finally:
+        raw.close()
+    _still_serves(driver.directory)
+
+
+def test_a_fuzz_of_commands_is_answered_or_counted_and_the_driver_serves_on(driver) -> None:
+    """3,000 hostile frames (bench/fuzz.py runs more): every one that names a correlation id
+    is answered, the rest are counted, and a well-behaved client is served afterwards."""
+    fuzzer = CommandFuzzer(seed=11)
+    raw = RawClient(driver.directory)
+    owed: set[int] = set()
+    answered: set[int] = set()
+    before = _errors(driver.directory)
+    dropped = 0
+    try:
+        for _ in range(3_000):
+            frames, answer = fuzzer.next()
+            raw.send_raw(*frames)
+            if answer:
+                owed.add(json.loads(frames[0])["correlation_id"])
+            else:
+                dropped += 1
+            while not raw.silent(0):
+                answered.add(raw.reply()["correlation_id"])
+        while owed - answered and not raw.silent(5_000):
+            answered.add(raw.reply()["correlation_id"])
+    finally:
+        raw.close()
+    assert owed <= answered
+    assert _errors(driver.directory) - before >= dropped
+    _still_serves(driver.directory)
+
+
+def test_a_second_connect_on_one_connection_is_refused_and_takes_no_counter(driver) -> None:
+    raw = RawClient(driver.directory)
+    connect = {"type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1}
+    try:
+        first = raw.request({**connect, "correlation_id": 1})
+        assert first["type"] == control.CONNECTED
+        counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+        try:
+            before = len(list(counters))
+            for i in range(50):
+                reply = raw.request({**connect, "correlation_id": 2 + i})
+                assert reply["type"] == control.ERROR
+                assert f"client {first['client_id']} already" in reply["message"]
+            assert len(list(counters)) == before
+        finally:
+            counters.close()
     finally:
         raw.close()
     _still_serves(driver.directory)

@@ -20,7 +20,7 @@ from slipstream.client import (
     MessageBatch,
     RegistrationError,
 )
-from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client.counters import CountersFile, CounterType, SystemCounter
 from slipstream.daemon.driver import MediaDriver
 
 CHANNEL = "aeron:ipc"
@@ -363,6 +363,88 @@ def test_a_second_publisher_asking_for_another_log_or_session_is_refused_by_name
     assert same.session_id == first.session_id == 76
     first.close()
     same.close()
+
+
+def test_a_commit_after_the_driver_gave_the_claim_up_says_so_and_does_not_block(
+        client: Client) -> None:
+    subscription = client.add_subscription(CHANNEL, 1016)
+    publication = client.add_publication(CHANNEL, 1016)
+    claim = BufferClaim()
+    assert publication.try_claim(64, claim) > 0
+    claim.buffer[:] = b"c" * 64
+    offer_until(publication, b"after the claim")
+    got: list[bytes] = []
+    deadline = time.monotonic() + 10  # the unblock timeout is 1.5 s in the test driver
+    while not got and time.monotonic() < deadline:
+        subscription.receive(lambda d, h: got.append(bytes(d)), 10, timeout=0.2)
+    assert got == [b"after the claim"]  # the claim became padding
+    assert claim.commit() is False  # too late: not published, and it says so
+    offer_until(publication, b"still flowing")
+    subscription.receive(lambda d, h: got.append(bytes(d)), 10, timeout=5)
+    assert got == [b"after the claim", b"still flowing"]
+    on_time = BufferClaim()
+    assert publication.try_claim(8, on_time) > 0
+    on_time.buffer[:] = b"in time!"
+    assert on_time.commit() is True
+
+
+def test_an_image_handler_that_raises_is_logged_and_the_client_lives_on(
+        client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(image: object) -> None:
+        raise ValueError("a bug in the application")
+
+    subscription = client.add_subscription(CHANNEL, 1017, on_available_image=broken,
+                                           on_unavailable_image=broken)
+    publication = client.add_publication(CHANNEL, 1017)
+    wait_for(lambda: subscription.images, what="the image")
+    time.sleep(2.5)  # past the test driver's 1 s client liveness timeout: keepalives went on
+    offer_until(publication, b"alive")
+    got: list[bytes] = []
+    subscription.receive(lambda d, h: got.append(bytes(d)), 10, timeout=5)
+    assert got == [b"alive"]
+    publication.close()
+    wait_for(lambda: not subscription.images, what="the image went")
+    raised = [r for r in caplog.records if "image handler" in r.getMessage()]
+    assert len(raised) == 2 and "a bug in the application" in caplog.text
+    assert client.counters.get(SystemCounter.CLIENT_TIMEOUTS) == 0
+
+
+def _close_while_offering(directory: str, rounds: int) -> None:
+    import threading
+
+    with Client.connect(directory) as client:
+        subscription = client.add_subscription(CHANNEL, 1018)
+        lengths = array("i", [1000] * 8192)  # 8 MiB per call: milliseconds inside C
+        data = bytes(1000 * 8192)
+        for _ in range(rounds):
+            publication = client.add_publication(f"{CHANNEL}?term-length=16m", 1018)
+            results: list[int] = []
+
+            def offer_batches(publication=publication, results=results) -> None:
+                while True:
+                    result = publication.offer_batch(data, lengths)
+                    subscription.poll_batch(100_000)
+                    if result == CLOSED:
+                        results.append(result)
+                        return
+
+            offering = threading.Thread(target=offer_batches)
+            offering.start()
+            time.sleep(0.02)
+            publication.close()  # while the other thread is inside offer_batch, GIL released
+            offering.join(10)
+            assert results == [CLOSED]
+
+
+def test_closing_a_publication_while_another_thread_offers_never_faults(driver) -> None:
+    """The log stays mapped for the resource linger after close: a thread still inside the C
+    offer sees CLOSED at its next call, and never an unmapped page (a fault would kill the
+    process: it runs in a child)."""
+    context = multiprocessing.get_context("spawn")
+    child = context.Process(target=_close_while_offering, args=(str(driver.directory), 30))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
 
 
 def _publish_sequence(directory: str, stream_id: int, count: int) -> None:

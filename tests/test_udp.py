@@ -42,8 +42,8 @@ from slipstream.client import (
     Subscription,
     control,
 )
-from slipstream.client.frames import Data, Heartbeat, Nak, Setup, StatusMessage
 from slipstream.daemon.driver import MediaDriver
+from slipstream.sim.fuzz import DatagramFuzzer
 
 
 @pytest.fixture
@@ -368,51 +368,22 @@ def test_malformed_and_mutated_datagrams_are_counted_and_the_stream_carries_on(
         uri = f"aeron:udp?endpoint=127.0.0.1:{port}|control=127.0.0.1:{control_port}"
         targets = [("127.0.0.1", port), ("127.0.0.1", control_port)]
     a, b = launch(), launch()
-    rng = random.Random(20261122)
     with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as fuzzer:
-        fuzzer.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF,
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        sender.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF,
                           socket.inet_aton("127.0.0.1"))
         subscription = cb.add_subscription(uri, 11)
         publication = ca.add_publication(uri, 11)
         connect(publication, subscription)
-        session = publication.session_id
         collector = Collector(subscription)
-        samples = [
-            Data(0, session, 11, 0, b"x" * 100).encode(),
-            Heartbeat(64, session, 11, 0, 0xE0).encode(),
-            Setup(0, session + 1, 11, 5, 5, 64 * 1024, 1408, 0, 0).encode(),
-            Setup(0, 99, 12, 5, 5, 1 << 30, 1408, 0, 0).encode(),  # a stream nobody wants
-            StatusMessage(session, 11, 0, 0, 1 << 30, 1, 0).encode(),
-            Nak(session, 11, 0, 1 << 30, 1 << 30).encode(),
-            Nak(session, 11, 0, 7, 100).encode(),
-            Data(32, session, 11, 0, b"y" * 40).encode() + Data(96, session, 11, 0,
-                                                                   b"z" * 40).encode(),
-        ]
-
-        def mutant() -> bytes:
-            data = bytearray(rng.choice(samples))
-            for _ in range(rng.randrange(1, 4)):
-                kind = rng.randrange(4)
-                if kind == 0 and data:
-                    data[rng.randrange(len(data))] = rng.randrange(256)
-                elif kind == 1:
-                    del data[rng.randrange(len(data) + 1):]
-                elif kind == 2 and len(data) >= 4:
-                    at = rng.randrange(0, len(data) - 3, 4) if len(data) > 4 else 0
-                    data[at:at + 4] = struct.pack("<i", rng.choice(
-                        [0, -1, 31, 32, 33, 1 << 30, (1 << 31) - 1, -(1 << 31)]))
-                else:
-                    data += bytes(rng.randrange(64))
-            return bytes(data)
-
+        fuzzer = DatagramFuzzer(publication.session_id, 11, seed=20261122)
         sent = offered = 0
         deadline = time.monotonic() + 60
         while len(collector.seen) < 20_000 or sent < 20_000:
             assert time.monotonic() < deadline, f"{sent} sent, {len(collector.seen)} received"
             for _ in range(20):
                 with contextlib.suppress(OSError):
-                    fuzzer.sendto(mutant(), targets[sent % 2])
+                    sender.sendto(fuzzer.next(), targets[sent % 2])
                 sent += 1
             while offered < 20_000 and publication.offer(message(offered, 200)) > 0:
                 offered += 1
