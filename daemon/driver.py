@@ -40,6 +40,7 @@ from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import DriverAlreadyRunningError, DriverError
 from slipstream.daemon.conductor import DriverConductor, Outgoing
 from slipstream.daemon.config import DriverSettings, load_settings
+from slipstream.daemon.error_log import ErrorLogHandler
 from slipstream.daemon.network_thread import NetworkThread, open_doorbell
 from slipstream.daemon.udp import UdpTransports
 
@@ -143,6 +144,8 @@ class _DriverShell:
         self.sock = sock
         watcher: threading.Thread | None = None
         exporter: Any = None
+        error_log = ErrorLogHandler(self.directory.path)
+        logging.getLogger("slipstream").addHandler(error_log)
         try:
             endpoint = self.settings.metrics_endpoint
             if endpoint is not None:
@@ -184,6 +187,8 @@ class _DriverShell:
             sock.close(0)
             context.term()
             counters.close()
+            logging.getLogger("slipstream").removeHandler(error_log)
+            error_log.close()
             self.directory.release()
             log.info("slipstream driver stopped")
 

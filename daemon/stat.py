@@ -9,6 +9,8 @@ Four sections, each read from the files the driver maps (it is never asked anyth
 * **driver**: the system counters (bytes, NAKs sent and received, retransmits, status
   messages, heartbeats, short sends, invalid packets, errors, ...) with rates per second;
 * **loss**: the loss report, per image: gaps seen, bytes lost, first and last time;
+* **errors**: the error log, distinct errors with their count and first and last time (also
+  shown when the driver has died: the log outlives it until the next driver cleans up);
 * **counters**: every counter with its id, type and full label.
 
 ``--json`` prints one snapshot as a JSON object with the same content.
@@ -37,6 +39,7 @@ from slipstream.client.counters import (
     parse_position_label,
 )
 from slipstream.client.errors import DriverNotRunningError
+from slipstream.daemon.error_log import ErrorEntry, read_error_log
 from slipstream.daemon.loss_report import LossObservation, read_loss_report
 
 # The columns of the streams table, in the order a message passes them.
@@ -92,9 +95,19 @@ def _time(epoch_ns: int) -> str:
     return f"{clock}.{epoch_ns // 1_000_000 % 1000:03d}"
 
 
+def render_errors(errors: list[ErrorEntry]) -> list[str]:
+    """The error log section."""
+    lines = [f"errors ({len(errors)} distinct)"]
+    for error in errors:
+        lines.append(f"  {error.count:>8,} x  first {_time(error.first_ns)}  last "
+                     f"{_time(error.last_ns)}  {error.message}")
+    return lines
+
+
 def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: float,
            header: str, now_ns: int | None = None,
-           losses: list[LossObservation] | None = None) -> str:
+           losses: list[LossObservation] | None = None,
+           errors: list[ErrorEntry] | None = None) -> str:
     """The four sections (module docstring).  Rates are per second since ``previous`` (values
     by counter id, ``elapsed_s`` ago); a client heartbeat (a monotonic timestamp) shows as its
     age at ``now_ns`` (default: now)."""
@@ -128,6 +141,8 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
                          f"{_time(loss.first_ns):>12} {_time(loss.last_ns):>12} "
                          f"{loss.session_id:>11} {loss.stream_id:>8}  {loss.label}")
 
+    lines += ["", *render_errors(errors or [])]
+
     lines += ["", "counters",
               f"  {'id':>5} {'type':<20} {'value':>20} {'per second':>14}  label"]
     for info in counters:
@@ -142,7 +157,8 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
 
 
 def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *, pid: int,
-                  heartbeat_age_s: float) -> dict[str, Any]:
+                  heartbeat_age_s: float,
+                  errors: list[ErrorEntry] | None = None) -> dict[str, Any]:
     """One snapshot as plain data (``slipstream stat --json``)."""
     system = {}
     for info in counters:
@@ -157,6 +173,7 @@ def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *,
         "streams": [attrs.asdict(row) for row in stream_rows(counters)],
         "driver": system,
         "loss_report": [attrs.asdict(loss) for loss in losses],
+        "errors": [attrs.asdict(error) for error in errors or []],
         "counters": [attrs.asdict(info) for info in counters],
     }
 
@@ -168,7 +185,19 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
     path = Path(directory) if directory else default_directory()
     counters_path = path / control.COUNTERS_FILE
     if not counters_path.exists() or not _driver_holds_lock(path):
-        raise DriverNotRunningError(str(path), "no counters to show")
+        errors = read_error_log(path)
+        if not errors:
+            raise DriverNotRunningError(str(path), "no counters to show")
+        # A driver that died leaves its error log behind: that is what its operator needs.
+        if as_json:
+            json.dump({"driver_running": False,
+                       "errors": [attrs.asdict(error) for error in errors]}, sys.stdout,
+                      indent=1)
+            sys.stdout.write("\n")
+        else:
+            print(f"no slipstream driver is running in {path}; the last one's error log:")
+            print("\n".join(render_errors(errors)))
+        return 1
     counters = CountersFile(counters_path, writable=False)
     previous: dict[int, int] = {}
     last = time.monotonic()
@@ -178,15 +207,18 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
             now = time.monotonic()
             snapshot = [c for c in counters if match in c.label]
             losses = [loss for loss in read_loss_report(path) if match in loss.label]
+            errors = read_error_log(path)
             age = (time.time_ns() - counters.driver_heartbeat_ns) / 1e9
             if as_json:
                 json.dump(snapshot_json(snapshot, losses, pid=counters.driver_pid,
-                                        heartbeat_age_s=age), sys.stdout, indent=1)
+                                        heartbeat_age_s=age, errors=errors), sys.stdout,
+                          indent=1)
                 sys.stdout.write("\n")
                 return 0
             header = (f"slipstream driver pid {counters.driver_pid} in {path}  "
                       f"heartbeat {age:.1f} s ago  {time.strftime('%H:%M:%S')}")
-            table = render(snapshot, previous, now - last, header, losses=losses)
+            table = render(snapshot, previous, now - last, header, losses=losses,
+                           errors=errors)
             if interactive:
                 rows = shutil.get_terminal_size().lines - 1
                 table = "\n".join(table.splitlines()[:rows])

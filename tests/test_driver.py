@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -198,6 +199,32 @@ def test_stat_without_a_driver_says_so(driver_dir: Path) -> None:
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert f"no slipstream driver is running in {driver_dir}" in result.stderr
+
+
+def test_stat_shows_the_error_log_and_still_reads_it_after_the_driver_died(
+        driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir, log_buffer_memory_limit="1m") as driver:
+        with Client.connect(driver_dir) as client:
+            for stream_id in (20, 21):
+                with pytest.raises(DriverError, match="log_buffer_memory_limit"):
+                    client.add_publication("aeron:ipc?term-length=1m", stream_id)
+            deadline = time.monotonic() + 5  # a repeat is written within a second
+            while True:
+                result = subprocess.run([*SLIPSTREAM, "stat", "--dir", str(driver_dir),
+                                         "--json"], capture_output=True, text=True, timeout=30)
+                assert result.returncode == 0, result.stderr
+                [error] = json.loads(result.stdout)["errors"]  # one distinct error
+                if error["count"] == 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert error["count"] == 2 and "stream 21" in error["message"]
+            driver.kill()  # SIGKILL: no clean-up, the error log stays for the operator
+        result = subprocess.run([*SLIPSTREAM, "stat", "--dir", str(driver_dir), "--once"],
+                                capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1, result.stderr
+    assert "no slipstream driver is running" in result.stdout
+    assert "errors (1 distinct)" in result.stdout
+    assert "log_buffer_memory_limit" in result.stdout
 
 
 def test_an_idle_client_stays_alive_through_its_heartbeat_counter(driver, client: Client) -> None:

@@ -3,6 +3,7 @@ the files are the interface)."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 
@@ -11,6 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slipstream.client.counters import CounterInfo, CounterType, parse_position_label
+from slipstream.daemon.error_log import (
+    MAX_ENTRIES,
+    ErrorEntry,
+    ErrorLogHandler,
+    read_error_log,
+)
 from slipstream.daemon.loss_report import (
     FILE,
     HEADER_LENGTH,
@@ -130,3 +137,65 @@ def test_stat_groups_positions_by_stream_and_shows_the_slowest_subscriber() -> N
     assert "streams (2)" in text and "1,000" in text and "loss report (0 image(s)" in text
     [bytes_sent] = [line for line in text.splitlines() if line.strip().startswith("bytes sent")]
     assert bytes_sent.split()[-1] == "1,000"  # (1000 - 500) / 0.5 s
+
+
+def _record(message: str, *args: object, exc: BaseException | None = None) -> logging.LogRecord:
+    exc_info = (type(exc), exc, None) if exc is not None else None
+    return logging.LogRecord("slipstream.daemon", logging.ERROR, __file__, 1, message, args,
+                             exc_info)
+
+
+def test_the_error_log_keeps_distinct_errors_with_count_and_first_and_last_time(
+        tmp_path: Path) -> None:
+    handler = ErrorLogHandler(tmp_path)
+    handler.handle(_record("add_publication failed: stream %d over the limit", 10))
+    handler.handle(_record("add_publication failed: stream %d over the limit", 11))
+    handler.handle(_record("a duty cycle failed", exc=KeyError("x")))
+    handler.handle(_record("a duty cycle failed", exc=ValueError("y")))
+    handler.flush()
+    entries = {e.key: e for e in read_error_log(tmp_path)}
+    assert set(entries) == {"add_publication failed: stream # over the limit",
+                            "a duty cycle failed [KeyError]", "a duty cycle failed [ValueError]"}
+    refusal = entries["add_publication failed: stream # over the limit"]
+    assert refusal.count == 2 and refusal.first_ns <= refusal.last_ns
+    assert refusal.message == "add_publication failed: stream 11 over the limit"  # the last
+    assert "KeyError('x')" in entries["a duty cycle failed [KeyError]"].message
+    assert (tmp_path / "errors.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_warnings_are_not_errors(tmp_path: Path) -> None:
+    handler = ErrorLogHandler(tmp_path)
+    logger = logging.getLogger("slipstream.tests.error_log")
+    logger.addHandler(handler)
+    try:
+        logger.warning("SO_RCVBUF capped at %d", 212992)
+    finally:
+        logger.removeHandler(handler)
+    handler.flush()
+    assert read_error_log(tmp_path) == []
+
+
+def test_a_full_error_log_counts_the_rest_as_other_errors(tmp_path: Path) -> None:
+    handler = ErrorLogHandler(tmp_path)
+    for n in range(MAX_ENTRIES + 5):
+        handler.handle(_record(f"error kind {chr(0x4e00 + n)}"))  # no digits: all distinct
+    handler.flush()
+    entries = read_error_log(tmp_path)
+    assert len(entries) == MAX_ENTRIES
+    [other] = [e for e in entries if e.key == "other errors"]
+    assert other.count == 6  # the entry that found the log full, and five more
+
+
+@pytest.mark.parametrize("content", ["", "not json", "[1, 2]", '[{"key": "k"}]', "{}"])
+def test_a_damaged_error_log_reads_as_empty(tmp_path: Path, content: str) -> None:
+    (tmp_path / "errors.json").write_text(content)
+    assert read_error_log(tmp_path) == []
+
+
+def test_stat_shows_the_error_log() -> None:
+    error = ErrorEntry("k", 3, 1_700_000_000_000_000_000, 1_700_000_060_000_000_000,
+                       "add_publication failed: no memory")
+    text = render([], {}, 1.0, "header", now_ns=0, errors=[error])
+    assert "errors (1 distinct)" in text
+    [line] = [line for line in text.splitlines() if "no memory" in line]
+    assert line.split()[:2] == ["3", "x"]

@@ -1,0 +1,122 @@
+"""The error log: the distinct errors a driver met, each with a count and its first and last
+time (Aeron's distinct error log, read by ErrorStat).
+
+A logging handler on the driver's logger keeps one entry per distinct error: its message with
+every number taken out (so one refusal for stream 10 and for stream 11 is one error, seen
+twice) plus, for an exception, its type.  The entries live in ``errors.json`` in the driver
+directory, written atomically (a temporary file, then a rename) when a new distinct error
+appears, and otherwise within a second of a change (a burst of one error is one write).  The
+file survives the driver: after a crash ``slipstream stat`` still reads it, until the next
+driver in that directory cleans up.  Warnings are not errors: they are not kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+FILE = "errors.json"
+#: Distinct errors kept, the last of them "other errors", which counts the ones past the rest.
+MAX_ENTRIES = 256
+_WRITE_INTERVAL_NS = 1_000_000_000
+_NUMBER = re.compile(r"\d+")
+
+
+@attrs.define
+class ErrorEntry:
+    """One distinct error: how often, first and last time (epoch ns), the last message."""
+
+    key: str
+    count: int
+    first_ns: int
+    last_ns: int
+    message: str
+
+
+class ErrorLogHandler(logging.Handler):
+    """Keeps the distinct errors of the records it sees in ``directory/errors.json``."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        super().__init__(level=logging.ERROR)
+        self.path = Path(directory) / FILE
+        self.entries: dict[str, ErrorEntry] = {}
+        self._written_ns = 0
+        self._dirty = False
+        self._write_lock = threading.Lock()
+        self._pending: threading.Timer | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            now = time.time_ns()
+            message = record.getMessage()
+            key = _NUMBER.sub("#", message)[:500]
+            if record.exc_info and record.exc_info[0] is not None:
+                key += f" [{record.exc_info[0].__name__}]"
+            if record.exc_info and record.exc_info[1] is not None:
+                message += f": {record.exc_info[1]!r}"
+            message = message[:1000]
+            with self._write_lock:
+                entry = self.entries.get(key)
+                new = entry is None
+                if entry is None:
+                    if len(self.entries) >= MAX_ENTRIES - 1:
+                        key = "other errors"
+                        entry = self.entries.get(key)
+                    if entry is None:
+                        entry = self.entries[key] = ErrorEntry(key, 0, now, now, message)
+                entry.count += 1
+                entry.last_ns = now
+                entry.message = message
+                self._dirty = True
+                if new or now - self._written_ns >= _WRITE_INTERVAL_NS:
+                    self._write(now)
+                elif self._pending is None:
+                    delay = (self._written_ns + _WRITE_INTERVAL_NS - now) / 1e9
+                    self._pending = threading.Timer(delay, self.flush)
+                    self._pending.daemon = True
+                    self._pending.start()
+        except Exception:  # a logging handler never raises into the code that logs
+            self.handleError(record)
+
+    def flush(self) -> None:
+        with self._write_lock:
+            self._pending = None
+            if self._dirty:
+                self._write(time.time_ns())
+
+    def close(self) -> None:
+        with self._write_lock:
+            if self._pending is not None:
+                self._pending.cancel()
+        self.flush()
+        super().close()
+
+    def _write(self, now_ns: int) -> None:
+        """Under the lock: replace the file with the entries."""
+        temporary = self.path.with_suffix(".tmp")
+        data = json.dumps([attrs.asdict(e) for e in self.entries.values()], indent=1)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(temporary, self.path)
+        self._written_ns = now_ns
+        self._dirty = False
+
+
+def read_error_log(directory: str | os.PathLike[str]) -> list[ErrorEntry]:
+    """The entries of the error log in a driver directory, most recent first (empty when
+    there is none or it cannot be read)."""
+    try:
+        raw: Any = json.loads((Path(directory) / FILE).read_text())
+        entries = [ErrorEntry(**item) for item in raw]
+    except (OSError, ValueError, TypeError):
+        return []
+    return sorted(entries, key=lambda e: e.last_ns, reverse=True)
