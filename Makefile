@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test install java aeron iptables lint bench clean
+.PHONY: run test install java aeron tools lint bench clean
 
 install: $(STAMP)
 
@@ -27,14 +27,14 @@ java:
 aeron: install
 	@scripts/ensure-aeron $(BIN)/python
 
-# The test hosts' faults are iptables rules (root only).
-iptables:
-	@scripts/ensure-iptables
+# Debian tools of the tests: iptables (the test hosts' faults), systemd-analyze (the unit).
+tools:
+	@scripts/ensure-tools
 
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
-test: install java aeron iptables
+test: install java aeron tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 

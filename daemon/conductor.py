@@ -102,6 +102,17 @@ class DriverConductor:
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
 
+    def status_line(self) -> str:
+        """What the driver serves, in a line (systemd's STATUS=)."""
+        publications = len(self.ipc_publications)
+        images = 0
+        if self.network is not None:
+            publications += len(self.network.publications)
+            images = self.network.image_count
+        subscriptions = sum(len(c.subscriptions) for c in self.clients.values())
+        return (f"{len(self.clients)} clients, {publications} publications, "
+                f"{subscriptions} subscriptions, {images} network images")
+
     # -- ids ---------------------------------------------------------------------------------
     def _new_id(self) -> int:
         self._next_id += 1

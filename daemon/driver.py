@@ -4,7 +4,8 @@ Tasks: the command loop (zmq ROUTER → conductor → replies), the duty cycle (
 liveness, the network agents' events), a signal watcher (SIGINT/SIGTERM stop it cleanly) and
 a futex watcher thread that turns a client's wake-up into a trio wake-up.  The network agents
 run on their own thread(s) (:mod:`slipstream.daemon.network_thread`), over UDP sockets
-(:mod:`slipstream.daemon.udp`).
+(:mod:`slipstream.daemon.udp`).  Under systemd the duty cycle also sends the notify
+protocol's states and watchdog pings (:mod:`slipstream.daemon.systemd`).
 
 Idling: while positions move the duty cycle runs every millisecond; with nothing to do it backs
 off to ``IDLE_PARK_MAX_S`` (bounded by the next timer) and parks, registered as a waiter on the
@@ -22,7 +23,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,7 +41,8 @@ from slipstream.client.errors import DriverAlreadyRunningError, DriverError
 from slipstream.daemon.conductor import DriverConductor, Outgoing
 from slipstream.daemon.config import DriverSettings, load_settings
 from slipstream.daemon.error_log import ErrorLogHandler
-from slipstream.daemon.network_thread import NetworkThread, open_doorbell
+from slipstream.daemon.network_thread import MAX_PARK_S, NetworkThread, open_doorbell
+from slipstream.daemon.systemd import Notifier, Watchdog, park_bound_s, watchdog_interval_ns
 from slipstream.daemon.udp import UdpTransports
 
 log = logging.getLogger("slipstream.driver")
@@ -109,6 +110,10 @@ class _DriverShell:
         self.directory = DriverDirectory(settings.directory)
         self._wake = trio.Event()
         self._stopping = False
+        self.notifier = Notifier()
+        self.watchdog: Watchdog | None = None
+        self._status = ""
+        self._next_status_ns = 0
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self.directory.acquire()
@@ -130,18 +135,23 @@ class _DriverShell:
         network = conductor.network
         assert network is not None
         spin = self.settings.network_idle_spin
+        interval_ns = watchdog_interval_ns()
+        park = park_bound_s(interval_ns, MAX_PARK_S)
         if self.settings.threading_mode == "dedicated":
             threads += [NetworkThread("slipstream-sender", [network.sender], doorbells[:1],
-                                      counters, spin),
+                                      counters, spin, park),
                         NetworkThread("slipstream-receiver", [network.receiver], doorbells[1:],
-                                      counters, spin)]
+                                      counters, spin, park)]
         else:
             threads.append(NetworkThread("slipstream-network", [network.receiver,
                                                                 network.sender],
-                                         doorbells, counters, spin))
+                                         doorbells, counters, spin, park))
         self.counters = counters
         self.conductor = conductor
         self.sock = sock
+        if interval_ns is not None:
+            self.watchdog = Watchdog(self.notifier, interval_ns,
+                                     [lambda t=t: t.last_cycle_ns for t in threads])
         watcher: threading.Thread | None = None
         exporter: Any = None
         error_log = ErrorLogHandler(self.directory.path)
@@ -165,7 +175,7 @@ class _DriverShell:
                 nursery.start_soon(self._command_loop)
                 nursery.start_soon(self._duty_cycle)
                 log.info("slipstream driver %d running in %s", os.getpid(), self.directory.path)
-                _notify_systemd("READY=1")
+                self.notifier.notify("READY=1")
                 task_status.started()
         finally:
             self._stopping = True
@@ -176,7 +186,8 @@ class _DriverShell:
                 lib.ss_get_and_add_i32(counters.driver_signal, 1)
                 lib.ss_futex_wake(counters.driver_signal, 1 << 30)
                 watcher.join(timeout=2)
-            _notify_systemd("STOPPING=1")
+            self.notifier.notify("STOPPING=1")
+            self.notifier.notify("STATUS=stopping")
             if exporter is not None:
                 exporter.shutdown()
             for thread in threads:
@@ -190,6 +201,7 @@ class _DriverShell:
             logging.getLogger("slipstream").removeHandler(error_log)
             error_log.close()
             self.directory.release()
+            self.notifier.close()
             log.info("slipstream driver stopped")
 
     def _wake_from_thread(self, token: trio.lowlevel.TrioToken) -> None:
@@ -252,6 +264,18 @@ class _DriverShell:
             with trio.move_on_after(COMMAND_POLL_S):
                 await trio.lowlevel.wait_readable(fd)
 
+    def _tell_systemd(self, now_ns: int) -> None:
+        """The watchdog ping, and a STATUS= line when what the driver serves changed (at
+        most once a second)."""
+        if self.watchdog is not None:
+            self.watchdog.on_duty_cycle(now_ns)
+        if self.notifier.enabled and now_ns >= self._next_status_ns:
+            self._next_status_ns = now_ns + 1_000_000_000
+            status = self.conductor.status_line()
+            if status != self._status:
+                self._status = status
+                self.notifier.notify(f"STATUS={status}")
+
     async def _duty_cycle(self) -> None:
         idle_cycles = 0
         counters = self.counters
@@ -262,6 +286,7 @@ class _DriverShell:
                 self._send(out)
                 self._process_commands()
             counters.beat(time.time_ns())
+            self._tell_systemd(started)
             cycle_ns = time.monotonic_ns() - started
             counters.add(SystemCounter.CONDUCTOR_CYCLES)
             max_id = SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS
@@ -274,6 +299,8 @@ class _DriverShell:
                 idle_cycles += 1
                 delay = min(ACTIVE_CYCLE_S * (1 << min(idle_cycles, 10)), IDLE_PARK_MAX_S)
             deadline = self.conductor.next_deadline_ns()
+            if self.watchdog is not None:
+                deadline = min(deadline, self.watchdog.next_ping_ns)
             delay = max(0.0, min(delay, (deadline - time.monotonic_ns()) / 1e9))
             self._wake = trio.Event()
             # Registered as a waiter only for a real park: while active the cycle comes within a
@@ -288,18 +315,6 @@ class _DriverShell:
             finally:
                 if parked:
                     lib.ss_get_and_add_i32(counters.driver_waiters, -1)
-
-
-def _notify_systemd(state: str) -> None:
-    """sd_notify without libsystemd: one datagram to $NOTIFY_SOCKET (Type=notify units)."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        s.connect(address)
-        s.sendall(state.encode())
 
 
 def run_driver(settings: DriverSettings) -> None:

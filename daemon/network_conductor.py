@@ -211,6 +211,10 @@ class NetworkConductor:
         self._wake_network()
 
     @property
+    def image_count(self) -> int:
+        return sum(len(entry.images) for entry in self._receive_endpoints.values())
+
+    @property
     def has_events(self) -> bool:
         return bool(self._events)
 

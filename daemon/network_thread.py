@@ -54,12 +54,14 @@ class NetworkThread:
 
     def __init__(self, name: str, agents: Sequence[Sender | Receiver],
                  doorbells: Sequence[socket.socket], counters: CountersFile,
-                 idle_spin_ns: int) -> None:
+                 idle_spin_ns: int, max_park_s: float = MAX_PARK_S) -> None:
+        """``max_park_s``: the longest park (shorter under a systemd watchdog)."""
         self.name = name
         self.agents = list(agents)
         self.doorbells = list(doorbells)
         self.counters = counters
         self.idle_spin_ns = idle_spin_ns
+        self.max_park_s = max_park_s
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll = select.epoll()
         self._epoll.register(self._wake_fd, select.EPOLLIN)
@@ -70,6 +72,9 @@ class NetworkThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.cycles = 0
         self.parks = 0
+        #: When the loop last began a duty cycle (monotonic ns): the systemd watchdog's
+        #: evidence that this thread is not stuck (it cycles at least every max_park_s).
+        self.last_cycle_ns = time.monotonic_ns()
 
     def start(self) -> None:
         self._thread.start()
@@ -93,6 +98,7 @@ class NetworkThread:
         last_work_ns = time.monotonic_ns()
         while not self._stopping:
             now = time.monotonic_ns()
+            self.last_cycle_ns = now
             try:
                 work = 0
                 for agent in agents:
@@ -123,7 +129,7 @@ class NetworkThread:
             if not may_park:
                 return
             deadline = min(agent.next_deadline_ns() for agent in self.agents)
-            timeout = min(max(0, deadline - time.monotonic_ns()) / 1e9, MAX_PARK_S)
+            timeout = min(max(0, deadline - time.monotonic_ns()) / 1e9, self.max_park_s)
             if timeout <= 0:
                 return
             self.parks += 1

@@ -1,0 +1,96 @@
+"""The driver as a systemd service: the notify protocol and the watchdog (sd_notify(3),
+systemd.service(5) ``Type=notify`` and ``WatchdogSec=``), without libsystemd.
+
+systemd hands a service ``$NOTIFY_SOCKET`` (a unix datagram socket; ``@`` names an abstract
+one) and, with ``WatchdogSec=``, ``$WATCHDOG_USEC`` (and ``$WATCHDOG_PID``, the process it is
+meant for).  The driver sends ``READY=1`` once it accepts clients, ``STATUS=`` lines an
+operator sees in ``systemctl status``, ``STOPPING=1`` when it begins to stop, and
+``WATCHDOG=1`` from its conductor's duty cycle at half the watchdog interval, but only while
+every network thread has also cycled within that half: a driver whose loop is stuck stops
+pinging and systemd kills and restarts it (``Restart=on-failure``).  An idle driver is not
+stuck: under a watchdog the conductor parks no longer than the next ping and each network
+thread no longer than a quarter of the interval (:func:`park_bound_s`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Callable, Sequence
+
+NOTIFY_SOCKET = "NOTIFY_SOCKET"
+WATCHDOG_USEC = "WATCHDOG_USEC"
+WATCHDOG_PID = "WATCHDOG_PID"
+
+
+class Notifier:
+    """Sends notify-protocol states to ``$NOTIFY_SOCKET``; does nothing without one."""
+
+    def __init__(self, environ: dict[str, str] | None = None) -> None:
+        address = (environ if environ is not None else os.environ).get(NOTIFY_SOCKET, "")
+        self._address = "\0" + address[1:] if address.startswith("@") else address
+        self._socket: socket.socket | None = None
+        if self._address:
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+
+    @property
+    def enabled(self) -> bool:
+        return self._socket is not None
+
+    def notify(self, state: str) -> None:
+        """Send ``state`` (``READY=1``, ``STATUS=...``, ...).  systemd gone or the socket full
+        is not the driver's failure: the error is swallowed, as sd_notify's callers do."""
+        if self._socket is None:
+            return
+        with contextlib.suppress(OSError):
+            self._socket.sendto(state.encode(), self._address)
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+def watchdog_interval_ns(environ: dict[str, str] | None = None) -> int | None:
+    """The watchdog interval systemd asked for, ns; None without ``WatchdogSec=`` or when the
+    variables are meant for another process (``$WATCHDOG_PID``) or malformed."""
+    env = environ if environ is not None else os.environ
+    try:
+        usec = int(env.get(WATCHDOG_USEC, ""))
+        pid = env.get(WATCHDOG_PID)
+        if pid is not None and int(pid) != os.getpid():
+            return None
+    except ValueError:
+        return None
+    return usec * 1000 if usec > 0 else None
+
+
+def park_bound_s(interval_ns: int | None, default_s: float) -> float:
+    """The longest a network thread may park: ``default_s``, or a quarter of the watchdog
+    interval when that is shorter (so an idle thread is never taken for a stuck one)."""
+    return default_s if interval_ns is None else min(default_s, interval_ns / 4e9)
+
+
+class Watchdog:
+    """Pings ``WATCHDOG=1`` every half interval while the conductor's loop calls
+    :meth:`on_duty_cycle` and every loop in ``liveness`` (the last cycle time of each network
+    thread, monotonic ns) has cycled within that half interval."""
+
+    def __init__(self, notifier: Notifier, interval_ns: int,
+                 liveness: Sequence[Callable[[], int]]) -> None:
+        self.notifier = notifier
+        self.interval_ns = interval_ns
+        self.liveness = list(liveness)
+        self.next_ping_ns = 0
+        self.pings = 0
+
+    def on_duty_cycle(self, now_ns: int) -> None:
+        if now_ns < self.next_ping_ns:
+            return
+        stale_ns = self.interval_ns // 2
+        if any(now_ns - last_cycle_ns() > stale_ns for last_cycle_ns in self.liveness):
+            return  # a stuck network thread: let systemd's timer run out
+        self.notifier.notify("WATCHDOG=1")
+        self.pings += 1
+        self.next_ping_ns = now_ns + self.interval_ns // 2
