@@ -72,7 +72,7 @@ class ChaosReport:
 def _connect(directory: str, stop: Any) -> Any:
     from slipstream.client import Client, DriverNotRunningError
 
-    while not stop.is_set():
+    while not stop.value:
         try:
             return Client.connect(directory, timeout=2.0)
         except (DriverNotRunningError, OSError, TimeoutError):
@@ -89,13 +89,13 @@ def _publisher(directory: str, publisher_id: int, stream_id: int, accepted: Any,
     rng = random.Random(publisher_id)
     sequence = 0
     claim = BufferClaim()
-    while not stop.is_set():
+    while not stop.value:
         client = _connect(directory, stop)
         if client is None:
             return
         try:
             publication = client.add_publication("aeron:ipc", stream_id)
-            while not stop.is_set():
+            while not stop.value:
                 data = _MESSAGE.pack(publisher_id, sequence)
                 if rng.random() < 0.05:
                     result = publication.try_claim(len(data) + 16, claim)
@@ -136,7 +136,7 @@ def _subscriber(directory: str, stream_id: int, slot: Any, stop: Any) -> None:
         last[key] = sequence
         slot[0] += 1
 
-    while not stop.is_set():
+    while not stop.value:
         client = _connect(directory, stop)
         if client is None:
             return
@@ -144,7 +144,7 @@ def _subscriber(directory: str, stream_id: int, slot: Any, stop: Any) -> None:
         slot[2] += 1
         try:
             subscription = client.add_subscription("aeron:ipc", stream_id)
-            while not stop.is_set():
+            while not stop.value:
                 subscription.receive(on_message, 256, timeout=0.05)
         except DriverNotRunningError:
             pass
@@ -178,7 +178,9 @@ def run_chaos(seconds: float, *, publishers: int = 3, subscribers: int = 2, stre
 
     rng = random.Random(seed)
     context = multiprocessing.get_context("spawn")
-    stop = context.Event()
+    # A flag without a lock: a child SIGKILLed while holding an Event's lock would leave the
+    # lock taken and every other process waiting on it for ever.
+    stop = context.RawValue("b", 0)
     directory = Path("/dev/shm") / f"slipstream-chaos-{uuid.uuid4().hex[:8]}"
     shm_before = set(os.listdir("/dev/shm"))
     settings = {"client_liveness_timeout": "1s", "client_keepalive_interval": "100ms",
@@ -255,7 +257,7 @@ def run_chaos(seconds: float, *, publishers: int = 3, subscribers: int = 2, stre
             time.sleep(0.01)
     finally:
         report.unblocked += unblocked()
-        stop.set()
+        stop.value = 1
         for _, _, _, process in running:
             process.join(10)
             if process.is_alive():
