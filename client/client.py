@@ -190,6 +190,9 @@ class Client:
                 self._on_unavailable_image(message)
             elif kind == control.CLIENT_TIMEOUT:
                 self._lose_driver("the driver timed this client out (no keepalive in time)")
+            elif kind == control.DRIVER_SHUTDOWN:
+                reason = message.get("reason")
+                self._lose_driver(reason if isinstance(reason, str) else "the driver stopped")
             else:
                 correlation_id = message.get("correlation_id", 0)
                 hook = self._reply_hooks.pop(correlation_id, None)

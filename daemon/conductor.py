@@ -13,6 +13,7 @@ are reclaimed, so a killed subscriber stops holding back its publishers.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import random
@@ -70,6 +71,14 @@ class Subscription:
     stream_id: int
 
 
+class DrainPhase(enum.Enum):
+    """Where a graceful stop is (:meth:`DriverConductor.begin_drain`)."""
+
+    NONE = "serving"
+    FLUSHING = "no new credit; sending and reading what the logs hold"
+    ENDING = "end-of-stream sent; waiting for it to go out"
+
+
 class DriverConductor:
     """Owns every resource of the driver.  Single-threaded: call it from one task only."""
 
@@ -101,6 +110,7 @@ class DriverConductor:
                 wake_network=wake_network, wake_conductor=wake_conductor)
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
+        self.drain_phase = DrainPhase.NONE
 
     def status_line(self) -> str:
         """What the driver serves, in a line (systemd's STATUS=)."""
@@ -151,6 +161,10 @@ class DriverConductor:
                 return [(key, _error(correlation_id, control.ERR_UNKNOWN_CLIENT,
                                      "unknown client: connect first (or it timed out)"))]
             client.time_of_last_keepalive_ns = now_ns
+            if (self.drain_phase is not DrainPhase.NONE
+                    and kind in (control.ADD_PUBLICATION, control.ADD_SUBSCRIPTION)):
+                return [(key, _error(correlation_id, control.ERR_GENERIC,
+                                     "the driver is stopping (draining): no new streams"))]
             if kind == control.ADD_PUBLICATION:
                 return self._on_add_publication(client, message, now_ns)
             if kind == control.REMOVE_PUBLICATION:
@@ -485,6 +499,48 @@ class DriverConductor:
                 self.network is not None and self.network.has_events):
             return self._last_cycle_ns  # overdue: clean the next chunk after one yield
         return self._next_timer_ns
+
+    # -- graceful drain (seeds/000: pause credit, never fill a buffer) --------------------------
+    def begin_drain(self, now_ns: int) -> None:
+        """Stop granting credit: every offer from now on is back-pressured.  What the logs
+        already hold is still sent and read; :meth:`drain` says when that is done."""
+        if self.drain_phase is not DrainPhase.NONE:
+            return
+        self.drain_phase = DrainPhase.FLUSHING
+        for publication in self.ipc_publications.values():
+            publication.stop_credit()
+        if self.network is not None:
+            self.network.stop_credit()
+        log.info("draining: %s", self.status_line())
+
+    def drain(self, now_ns: int) -> bool:
+        """Advance the drain; True once it is complete.  FLUSHING: until every IPC subscriber
+        read its log to the end and every network publication sent its log and its live
+        receivers' status messages reached the end.  Then ENDING: end-of-stream (IPC
+        subscribers see it at once; network publications close and send EOS heartbeats)
+        until every network publication with receivers sent one."""
+        if self.drain_phase is DrainPhase.FLUSHING:
+            if not (all(p.is_consumed() for p in self.ipc_publications.values())
+                    and (self.network is None or self.network.is_flushed())):
+                return False
+            self.drain_phase = DrainPhase.ENDING
+            for publication in self.ipc_publications.values():
+                if publication.state is PublicationState.ACTIVE:
+                    publication.start_draining(now_ns)
+            if self.network is not None:
+                self.network.end_streams()
+            log.info("drained: every log sent and read; ending the streams")
+        if self.drain_phase is DrainPhase.ENDING:
+            return self.network is None or self.network.has_ended_streams()
+        return False
+
+    def shutdown_events(self) -> Outgoing:
+        """What every client is told as the driver goes: its publications are closed and its
+        subscriptions' images gone (the client raises DriverNotRunningError from then on)."""
+        reason = ("the driver stopped after draining" if self.drain_phase is DrainPhase.ENDING
+                  else "the driver stopped")
+        return [(client.key, {"type": control.DRIVER_SHUTDOWN, "reason": reason})
+                for client in self.clients.values()]
 
     def close(self, now_ns: int) -> None:
         """Release everything (driver shutdown)."""

@@ -508,6 +508,13 @@ class DriverSettings:
         10 * _S, "A client that hears nothing from the driver this long deems it dead, ns.",
         low=_MS,
     )
+    drain_timeout: int = _duration(
+        10 * _S,
+        "On SIGTERM the driver stops granting credit, sends what the logs hold and waits this "
+        "long for subscribers and receivers to take it, then sends end-of-stream and exits, "
+        "ns; 0 stops at once.  Keep it under systemd's TimeoutStopSec (slipstream).",
+        high=10 * 60 * _S,
+    )
     publication_linger_timeout: int = _duration(
         5 * _S,
         "A closed publication lingers this long to serve retransmits, ns (unicast ends early "

@@ -1,7 +1,8 @@
 """The media driver process: a thin trio shell around the conductor.
 
 Tasks: the command loop (zmq ROUTER → conductor → replies), the duty cycle (limits, cleaning,
-liveness, the network agents' events), a signal watcher (SIGINT/SIGTERM stop it cleanly) and
+liveness, the network agents' events), a signal watcher (the first SIGINT/SIGTERM drains,
+:meth:`DriverConductor.begin_drain`, for at most ``drain_timeout``; the second stops) and
 a futex watcher thread that turns a client's wake-up into a trio wake-up.  The network agents
 run on their own thread(s) (:mod:`slipstream.daemon.network_thread`), over UDP sockets
 (:mod:`slipstream.daemon.udp`).  Under systemd the duty cycle also sends the notify
@@ -114,6 +115,9 @@ class _DriverShell:
         self.watchdog: Watchdog | None = None
         self._status = ""
         self._next_status_ns = 0
+        self._drain_deadline_ns: int | None = None  # set by the first SIGTERM
+        self._told_clients = False
+        self._cancel_scope = trio.CancelScope()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self.directory.acquire()
@@ -186,7 +190,8 @@ class _DriverShell:
                 lib.ss_get_and_add_i32(counters.driver_signal, 1)
                 lib.ss_futex_wake(counters.driver_signal, 1 << 30)
                 watcher.join(timeout=2)
-            self.notifier.notify("STOPPING=1")
+            if self._drain_deadline_ns is None:
+                self.notifier.notify("STOPPING=1")
             self.notifier.notify("STATUS=stopping")
             if exporter is not None:
                 exporter.shutdown()
@@ -195,7 +200,8 @@ class _DriverShell:
             for doorbell in doorbells:
                 doorbell.close()
             conductor.close(time.monotonic_ns())
-            sock.close(0)
+            # The shutdown events are queued: give them a moment to reach the clients.
+            sock.close(200 if self._told_clients else 0)
             context.term()
             counters.close()
             logging.getLogger("slipstream").removeHandler(error_log)
@@ -213,11 +219,32 @@ class _DriverShell:
         self._wake.set()
 
     async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
+        """The first SIGTERM/SIGINT drains (``drain_timeout``; 0: stops at once), the second
+        stops at once."""
+        self._cancel_scope = cancel_scope
+        timeout_ns = self.settings.drain_timeout
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                log.info("received %s: stopping", signal.Signals(signum).name)
-                cancel_scope.cancel()
-                return
+                name = signal.Signals(signum).name
+                if self._drain_deadline_ns is not None or timeout_ns == 0:
+                    log.info("received %s: stopping", name)
+                    self._stop_now()
+                    return
+                log.info("received %s: draining for at most %.1f s (again: stop at once)",
+                         name, timeout_ns / 1e9)
+                now_ns = time.monotonic_ns()
+                self._drain_deadline_ns = now_ns + timeout_ns
+                self.conductor.begin_drain(now_ns)
+                self.notifier.notify("STOPPING=1")
+                self.notifier.notify("STATUS=draining: no new credit, sending what the logs "
+                                     "hold")
+                self._wake.set()
+
+    def _stop_now(self) -> None:
+        """Tell every client the driver goes, then leave the nursery (the shell cleans up)."""
+        self._send(self.conductor.shutdown_events())
+        self._told_clients = True
+        self._cancel_scope.cancel()
 
     def _watch_futex(self, token: trio.lowlevel.TrioToken) -> None:
         """Thread: block on the driver eventcount and wake trio when a client signals it."""
@@ -285,6 +312,16 @@ class _DriverShell:
             if out:
                 self._send(out)
                 self._process_commands()
+            if self._drain_deadline_ns is not None:
+                if self.conductor.drain(started):
+                    log.info("drained in %.2f s", (started - self._drain_deadline_ns
+                                                   + self.settings.drain_timeout) / 1e9)
+                    self._stop_now()
+                elif started >= self._drain_deadline_ns:
+                    log.warning("drain_timeout passed before subscribers and receivers took "
+                                "everything: stopping anyway")
+                    self._stop_now()
+                work += 1  # a drain is short: keep the cycle brisk
             counters.beat(time.time_ns())
             self._tell_systemd(started)
             cycle_ns = time.monotonic_ns() - started
@@ -332,9 +369,11 @@ class MediaDriver:
     with units (``client_liveness_timeout="2s"``).
     """
 
-    def __init__(self, directory: Path, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, directory: Path, process: subprocess.Popen[bytes],
+                 drain_timeout_s: float = 10.0) -> None:
         self.directory = directory
         self.process = process
+        self.drain_timeout_s = drain_timeout_s
 
     @property
     def pid(self) -> int:
@@ -371,7 +410,8 @@ class MediaDriver:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")}
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, env=env)
-        driver = cls(Path(directory), process)
+        drain_timeout_s = load_settings(env={}, overrides=overrides).drain_timeout / 1e9
+        driver = cls(Path(directory), process, drain_timeout_s)
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -403,12 +443,14 @@ class MediaDriver:
         for line in self.process.stderr:
             sys.stderr.write(f"[driver {self.process.pid}] {line.decode(errors='replace')}")
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, wait, SIGKILL if it does not stop; returns the exit code."""
+    def stop(self, timeout: float | None = None) -> int:
+        """SIGTERM (the driver drains, up to its ``drain_timeout``), wait up to ``timeout``
+        (default: the drain timeout and 10 s), SIGKILL if it does not stop; returns the exit
+        code."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout)
+                self.process.wait(self.drain_timeout_s + 10 if timeout is None else timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.process.returncode

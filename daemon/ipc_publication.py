@@ -58,6 +58,8 @@ class IpcPublication:
     _last_consumer_position: int = 0
     _time_of_last_consumer_change_ns: int = 0
     _draining_since_ns: int = 0
+    #: Set when the driver drains (SIGTERM): pub-lmt never rises past it again (bytes).
+    credit_stop_position: int | None = None
 
     @classmethod
     def create(
@@ -168,6 +170,8 @@ class IpcPublication:
         # Clean first: the raised limit may let the publisher into the partition just cleaned.
         work += self.cleaner.clean_toward(consumer)
         limit = min(consumer + self.term_window_length, self.cleaner.reusable_limit())
+        if self.credit_stop_position is not None:
+            limit = min(limit, self.credit_stop_position)
         if limit != self.counters.get(self.publisher_limit_id):
             self.counters.set(self.publisher_limit_id, limit)
         if limit - producer < self.term_window_length // 2:
@@ -201,6 +205,20 @@ class IpcPublication:
         return self.cleaner.position
 
     # -- life cycle --------------------------------------------------------------------------
+    def stop_credit(self) -> None:
+        """The driver drains: offers from now on are back-pressured (pub-lmt at the position
+        the log has reached; an offer already past its limit check may still land)."""
+        self.credit_stop_position = self.log.producer_position()
+        self.counters.set(self.publisher_limit_id,
+                          min(self.counters.get(self.publisher_limit_id),
+                              self.credit_stop_position))
+
+    def is_consumed(self) -> bool:
+        """Every subscriber has read all the log holds (true without subscribers: nobody is
+        owed anything)."""
+        consumer = self.consumer_position()
+        return consumer is None or consumer >= self.log.producer_position()
+
     def start_draining(self, now_ns: int) -> None:
         """The last publisher left: subscribers may read what is there, then the log goes."""
         self.state = PublicationState.DRAINING
@@ -212,8 +230,7 @@ class IpcPublication:
         """DRAINING and every subscriber consumed it all, or the linger timeout passed."""
         if self.state is not PublicationState.DRAINING:
             return False
-        consumer = self.consumer_position()
-        return (consumer is None or consumer >= self.log.producer_position()
+        return (self.is_consumed()
                 or now_ns - self._draining_since_ns >= self.linger_timeout_ns)
 
     def close(self) -> None:

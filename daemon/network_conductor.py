@@ -581,6 +581,33 @@ class NetworkConductor:
             self._free_image(image_entry)
         entry.images.clear()
 
+    # -- graceful drain (DriverConductor.drain) -----------------------------------------------
+    def stop_credit(self) -> None:
+        """Every network publication stops granting credit (on the sender's thread, which
+        owns pub-lmt)."""
+        for entry in self.publications.values():
+            publication = entry.publication
+            self._submit_send(lambda _now, p=publication: p.stop_credit())
+
+    def is_flushed(self) -> bool:
+        """Every publication sent its log and its live receivers acknowledged the end."""
+        return all(entry.publication.is_flushed for entry in list(self.publications.values()))
+
+    def end_streams(self) -> None:
+        """Close every publication still open: it sends end-of-stream (EOS heartbeats)."""
+        for entry in self.publications.values():
+            if not entry.closing:
+                entry.closing = True
+                if self._shared_publications.get(entry.key) is entry:
+                    del self._shared_publications[entry.key]
+                publication = entry.publication
+                self._submit_send(lambda now, p=publication: p.close(now))
+
+    def has_ended_streams(self) -> bool:
+        """Every publication with receivers sent an EOS heartbeat (or is gone)."""
+        return all(entry.publication.has_sent_eos or not entry.publication.has_receivers
+                   for entry in list(self.publications.values()))
+
     # -- helpers ------------------------------------------------------------------------------
     def _allocate_counters(self, kinds: list[tuple[CounterType, str]], label: str,
                            registration_id: int, session_id: int, stream_id: int) -> list[int]:

@@ -182,9 +182,13 @@ class NetworkPublication:
         self.is_setup_elicited = False
         self.is_end_of_stream = False
         self.has_received_unicast_eos = False
+        self.has_sent_eos = False  # a heartbeat flagged EOS went out
+        #: Set when the driver drains (SIGTERM): pub-lmt never rises past it again (bytes).
+        self.credit_stop_position: int | None = None
         self._connected = False
         log.is_connected = False
         self._receivers: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
+        self._acknowledged: dict[int, int] = {}  # receiver_id -> position of its last SM
         self._status_message_deadline_ns = NO_DEADLINE
         self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
         self._time_of_last_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
@@ -210,6 +214,24 @@ class NetworkPublication:
         if self.state is PublicationState.ACTIVE:
             self._transition("close", now_ns)
             self._conductor_duties(now_ns)
+
+    def stop_credit(self) -> None:
+        """The driver drains: offers from now on are back-pressured (pub-lmt at the position
+        the log has reached; an offer already past its limit check may still land)."""
+        position = self.log.producer_position()
+        self.credit_stop_position = position
+        if self._last_publisher_limit > position:
+            self._last_publisher_limit = position
+            lib.ss_store_release_i64(self.publisher_limit, position)
+
+    @property
+    def is_flushed(self) -> bool:
+        """Everything the log holds was sent and every live receiver's status message is at
+        its end (true without receivers: nobody is left to take it)."""
+        end = self.log.producer_position()
+        if self.sender_position < end and self._receivers:
+            return False
+        return all(position >= end for position in list(self._acknowledged.values()))
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -283,6 +305,7 @@ class NetworkPublication:
         elif isinstance(frame, ErrorFrame):
             self.flow_control.on_error(frame, now_ns)
             self._receivers.pop(frame.receiver_id, None)
+            self._acknowledged.pop(frame.receiver_id, None)
             self._update_connected(now_ns)
 
     def _on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
@@ -304,10 +327,12 @@ class NetworkPublication:
         self._status_message_deadline_ns = now_ns + self.connection_timeout_ns
         if sm.is_eos:
             self._receivers.pop(sm.receiver_id, None)
+            self._acknowledged.pop(sm.receiver_id, None)
             if self.is_unicast:
                 self.has_received_unicast_eos = True
         else:
             self._receivers[sm.receiver_id] = now_ns
+            self._acknowledged[sm.receiver_id] = position
         self.has_initial_connection = True
         self.sender_limit = self.flow_control.on_status_message(
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
@@ -391,6 +416,7 @@ class NetworkPublication:
                                           self._term_id(position), position & self._mask,
                                           self.signal_eos and self.is_end_of_stream),
                                 self.destination))
+            self.has_sent_eos = self.is_end_of_stream
             self.counters.add(SystemCounter.HEARTBEATS_SENT)
             self._time_of_last_heartbeat_ns = now_ns
 
@@ -433,6 +459,7 @@ class NetworkPublication:
             expired = [rid for rid, t in receivers.items() if now_ns - t > timeout]
             for rid in expired:
                 del receivers[rid]
+                self._acknowledged.pop(rid, None)
 
     def _update_connected(self, now_ns: int) -> None:
         connected = (bool(self._receivers) and self.flow_control.has_required_receivers()
@@ -453,6 +480,8 @@ class NetworkPublication:
         sender_position = self.sender_position
         self.cleaner.clean_toward(sender_position)
         limit = min(sender_position + self.term_window_length, self.cleaner.reusable_limit())
+        if self.credit_stop_position is not None:
+            limit = min(limit, self.credit_stop_position)
         if limit >= self._last_publisher_limit + self._trip_gain:
             self._last_publisher_limit = limit
             lib.ss_store_release_i64(self.publisher_limit, limit)

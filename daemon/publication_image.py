@@ -29,8 +29,9 @@ position)`` to the hwm, advance ``rcv_pos`` over complete frames, NAK the first 
 NAK delay (static 100 µs for unicast; optimal multicast backoff for group images), or pad it
 for ``reliable=false`` (LOSS_GAP_FILLS).  Then schedule an SM when the minimum subscriber
 position moved past ``last scheduled + window/4`` (the 25 % rule) or the window changed; a
-scheduled SM goes at once, and the last one is repeated every ``status_message_timeout``
-(200 ms).  Window (static congestion control) = ``min(rcv-wnd or 128 KiB, term_length/2)``.
+scheduled SM goes at once, and one goes every ``status_message_timeout`` (200 ms) at the
+position subscribers have reached by then.  Window (static congestion control) =
+``min(rcv-wnd or 128 KiB, term_length/2)``.
 
 States (changed only in :meth:`_transition`)::
 
@@ -385,6 +386,13 @@ class PublicationImage:
         return max(0, min(self.window, self.cleaner.reusable_limit() - position))
 
     def _send_status_message(self, now_ns: int, out: list[Datagram]) -> None:
+        # A repeat on the timeout reports what subscribers consumed by now, not the position
+        # last scheduled (Aeron repeats that one): the SM rate is the same, and a sender
+        # that drains learns its receivers took the last bytes of the stream.
+        min_sub = self.min_subscriber_position()
+        if min_sub > self._sm_position:
+            self._sm_position = min_sub
+            self._sm_window = self._allowed_window(min_sub)
         position = self._sm_position
         flags = SM_EOS_FLAG if self.state is ImageState.DRAINING else 0
         sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),

@@ -16,6 +16,7 @@ FAST_DRIVER_SETTINGS = {
     "publication_linger_timeout": "500ms",
     "timer_interval": "100ms",
     "ipc_term_buffer_length": "64k",
+    "drain_timeout": "2s",
 }
 #: Drivers of network tests: small logs (and many term rotations in a short stream), and
 #: connections and images that time out within a test's patience.

@@ -82,6 +82,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "client_liveness_timeout": 10 * S,
     "client_keepalive_interval": 500 * MS,
     "driver_timeout": 10 * S,
+    "drain_timeout": 10 * S,
     "publication_linger_timeout": 5 * S,
     "publication_unblock_timeout": 15 * S,
     "publication_connection_timeout": 5 * S,

@@ -209,6 +209,36 @@ def test_unicast_eos_sm_ends_linger(shm: Path) -> None:
     assert pub.state is PublicationState.DONE
 
 
+def test_a_drain_stops_credit_and_is_flushed_only_once_receivers_acknowledge_the_end(
+        shm: Path) -> None:
+    pub, _log, limit, appender, _ = make(shm)
+    pub.on_frame(sm(), DEST, 0)
+    assert lib.ss_offer(appender, b"a" * 100, 100) > 0  # one frame: 160 bytes
+    pub.stop_credit()
+    assert limit[0] == 160  # no credit past what the log holds
+    assert lib.ss_offer(appender, b"b" * 100, 100) == -2  # BACK_PRESSURED
+    assert not pub.is_flushed  # not sent yet
+    cycle(pub, 1 * MS)
+    assert pub.sender_position == 160 and not pub.is_flushed  # sent, not acknowledged
+    pub.on_frame(sm(offset=64), DEST, 2 * MS)
+    assert not pub.is_flushed
+    pub.on_frame(sm(offset=160), DEST, 3 * MS)  # the receiver took it all
+    assert pub.is_flushed
+    cycle(pub, 4 * MS)
+    assert limit[0] == 160  # status messages grant nothing more
+    assert not pub.has_sent_eos
+    pub.close(5 * MS)
+    out = frames(cycle(pub, 200 * MS))
+    assert Heartbeat(160, 5, 6, 10, 0xE0) in out and pub.has_sent_eos
+
+
+def test_a_publication_without_receivers_has_nothing_to_flush(shm: Path) -> None:
+    pub, _log, _limit, appender, _ = make(shm)
+    assert lib.ss_offer(appender, b"a" * 100, 100) < 0  # not connected: nothing accepted
+    pub.stop_credit()
+    assert pub.is_flushed
+
+
 def test_send_channel_routes_and_counts_malformed(shm: Path) -> None:
     pub, *_ = make(shm)
     counters = LocalCounters()

@@ -108,6 +108,19 @@ def test_window_is_rcv_wnd_capped_at_half_term(shm: Path) -> None:
     assert decode(rc.datagrams_to_send(0)[0].data).receiver_window == 4096
 
 
+def test_the_periodic_status_message_reports_what_subscribers_consumed_by_then(
+        shm: Path) -> None:
+    rc, _ = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    _image, cell = attach(rc)
+    rc.datagrams_to_send(0)  # the first SM, at 0
+    rc.on_datagram(data(0), SRC, 1)
+    cell[0] = 64  # consumed: far less than a quarter window, so no SM is scheduled
+    assert rc.datagrams_to_send(2) == []
+    [sm] = [decode(d.data) for d in rc.datagrams_to_send(200 * MS)]
+    assert sm.consumption_term_offset == 64  # a sender that drains sees the end taken
+
+
 def test_overrun_and_underrun_dropped(shm: Path) -> None:
     rc, counters = receive_channel(shm)
     rc.on_datagram(setup(), SRC, 0)

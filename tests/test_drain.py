@@ -1,0 +1,205 @@
+"""A graceful stop: on SIGTERM the driver stops granting credit, sends and lets subscribers read
+what the logs hold, sends end-of-stream, tells its clients and exits 0, so a stream stopped
+mid-flight loses nothing that ``offer()`` accepted.  A second SIGTERM, or ``drain_timeout``,
+stops at once."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import FAST_DRIVER_SETTINGS, NETWORK_SETTINGS, free_port, wait_for
+
+from slipstream.client import (
+    BACK_PRESSURED,
+    CLOSED,
+    Client,
+    DriverNotRunningError,
+    Publication,
+    RegistrationError,
+    Subscription,
+)
+from slipstream.daemon.driver import MediaDriver
+
+SEQUENCE = struct.Struct("<Q")
+
+
+class Publisher(threading.Thread):
+    """Offers 0, 1, 2, ... as fast as it can until an offer returns CLOSED; counts what
+    ``offer()`` accepted and the results it saw once the driver began to drain."""
+
+    def __init__(self, publication: Publication) -> None:
+        super().__init__(daemon=True)
+        self.publication = publication
+        self.accepted = 0
+        self.results_after_signal: list[int] = []
+        self.signalled = threading.Event()
+
+    def run(self) -> None:
+        payload = bytearray(64)
+        while True:
+            SEQUENCE.pack_into(payload, 0, self.accepted)
+            result = self.publication.offer(payload)
+            if result > 0:
+                self.accepted += 1
+                continue
+            if self.signalled.is_set() and (not self.results_after_signal
+                                            or self.results_after_signal[-1] != result):
+                self.results_after_signal.append(result)
+            if result == CLOSED:
+                return
+            time.sleep(0.0001)
+
+
+class Subscriber(threading.Thread):
+    """Polls (slowly, so the log holds data when the driver is told to stop) until the
+    driver is gone; checks every message is the next in sequence."""
+
+    def __init__(self, subscription: Subscription, pause_s: float = 0.0005) -> None:
+        super().__init__(daemon=True)
+        self.subscription = subscription
+        self.pause_s = pause_s
+        self.received = 0
+        self.wrong: list[tuple[int, int]] = []
+        self.stop_polling = threading.Event()
+        self.ended_by: BaseException | None = None
+
+    def on_message(self, data: memoryview, _header: object) -> None:
+        (sequence,) = SEQUENCE.unpack_from(data)
+        if sequence != self.received:
+            self.wrong.append((self.received, sequence))
+        self.received += 1
+
+    def run(self) -> None:
+        try:
+            while not self.stop_polling.is_set():
+                self.subscription.poll(self.on_message, 20)
+                time.sleep(self.pause_s)
+        except DriverNotRunningError as e:
+            self.ended_by = e
+
+
+@pytest.fixture
+def launch() -> Iterator[Callable[..., MediaDriver]]:
+    stack = contextlib.ExitStack()
+    directories: list[Path] = []
+
+    def start(**settings: object) -> MediaDriver:
+        directory = Path("/dev/shm") / f"slipstream-drain-{uuid.uuid4().hex[:12]}"
+        directories.append(directory)
+        return stack.enter_context(MediaDriver.launch(directory=directory, **settings))
+
+    with stack:
+        yield start
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _sigterm_and_wait(driver: MediaDriver, timeout: float = 20.0) -> tuple[int, float]:
+    started = time.monotonic()
+    driver.process.send_signal(signal.SIGTERM)
+    code = driver.process.wait(timeout)
+    return code, time.monotonic() - started
+
+
+def test_an_ipc_stream_stopped_mid_flight_loses_nothing_offer_accepted(launch) -> None:
+    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": "10s"})
+    with Client.connect(driver.directory) as client:
+        subscriber = Subscriber(client.add_subscription("aeron:ipc", 10))
+        publisher = Publisher(client.add_publication("aeron:ipc", 10))
+        subscriber.start()
+        publisher.start()
+        wait_for(lambda: publisher.accepted > 20_000, timeout=20, what="the stream flowing")
+        publisher.signalled.set()
+        code, took = _sigterm_and_wait(driver)
+        publisher.join(5)
+        subscriber.join(5)
+    assert code == 0
+    assert took < 8, f"the drain took {took:.1f} s: it should finish, not time out"
+    assert publisher.results_after_signal == [BACK_PRESSURED, CLOSED]
+    assert subscriber.wrong == []
+    assert subscriber.received == publisher.accepted  # every accepted message, once
+    assert isinstance(subscriber.ended_by, DriverNotRunningError)
+    assert "draining" in str(subscriber.ended_by)
+
+
+def test_a_udp_stream_stopped_mid_flight_with_loss_loses_nothing_offer_accepted(
+        launch) -> None:
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    sender = launch(**{**NETWORK_SETTINGS, "drain_timeout": "10s"})
+    receiver = launch(**NETWORK_SETTINGS, debug_receive_data_loss=50_000,  # 5 %
+                      debug_receive_data_loss_seed=11)
+    with Client.connect(sender.directory) as ca, Client.connect(receiver.directory) as cb:
+        subscription = cb.add_subscription(uri, 20)
+        publication = ca.add_publication(uri, 20)
+        wait_for(lambda: publication.is_connected and subscription.images,
+                 what="the stream connected")
+        subscriber = Subscriber(subscription)
+        publisher = Publisher(publication)
+        subscriber.start()
+        publisher.start()
+        wait_for(lambda: publisher.accepted > 20_000, timeout=30, what="the stream flowing")
+        publisher.signalled.set()
+        code, took = _sigterm_and_wait(sender)
+        publisher.join(5)
+        # The receiving side took everything before the sender went, and saw its EOS: the
+        # image goes at once, not after the image liveness timeout.
+        wait_for(lambda: not subscription.images, timeout=3, what="the image ended by EOS")
+        subscriber.stop_polling.set()
+        subscriber.join(5)
+    assert code == 0
+    assert took < 8, f"the drain took {took:.1f} s: it should finish, not time out"
+    # NOT_CONNECTED between the two: the receiver answered the EOS and left.
+    assert publisher.results_after_signal[0] == BACK_PRESSURED
+    assert publisher.results_after_signal[-1] == CLOSED
+    assert subscriber.wrong == []
+    assert subscriber.received == publisher.accepted
+
+
+def test_a_subscriber_that_never_reads_holds_the_drain_only_until_drain_timeout(
+        launch) -> None:
+    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": "1500ms"})
+    with Client.connect(driver.directory) as client:
+        client.add_subscription("aeron:ipc", 30)  # never polled
+        publication = client.add_publication("aeron:ipc", 30)
+        wait_for(lambda: publication.is_connected, what="connected")
+        while publication.offer(b"x" * 100) > 0:  # fill the window
+            pass
+        started = time.monotonic()
+        driver.process.send_signal(signal.SIGTERM)
+        # Draining: no new streams, and the publication has no credit.
+        with pytest.raises(RegistrationError, match="draining"):
+            wait_for(lambda: client.add_publication("aeron:ipc", 31) and False, timeout=1)
+        assert publication.offer(b"x") == BACK_PRESSURED
+        code = driver.process.wait(10)
+        took = time.monotonic() - started
+        wait_for(lambda: publication.offer(b"x") == CLOSED, what="CLOSED")
+    assert code == 0
+    assert 1.4 < took < 4, took
+
+
+def test_a_second_sigterm_stops_at_once(launch) -> None:
+    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": "60s"})
+    with Client.connect(driver.directory) as client:
+        client.add_subscription("aeron:ipc", 40)  # never polled
+        publication = client.add_publication("aeron:ipc", 40)
+        wait_for(lambda: publication.is_connected, what="connected")
+        while publication.offer(b"x" * 100) > 0:
+            pass
+        started = time.monotonic()
+        driver.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: publication.offer(b"x") == BACK_PRESSURED and publication.is_connected,
+                 what="draining")
+        time.sleep(0.2)
+        driver.process.send_signal(signal.SIGTERM)
+        code = driver.process.wait(10)
+    assert code == 0
+    assert time.monotonic() - started < 3
