@@ -125,6 +125,9 @@ class _DriverShell:
         sock = context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # Only processes of the driver's own user may talk to it (SO_PEERCRED): the 0700
+        # directory keeps others out too, but not root, nor a directory someone opened up.
+        sock.setsockopt(zmq.IPC_FILTER_UID, os.geteuid())
         counters = CountersFile.create(self.directory.path / control.COUNTERS_FILE,
                                        self.settings.counters_capacity)
         token = trio.lowlevel.current_trio_token()

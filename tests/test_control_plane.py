@@ -7,6 +7,7 @@ bad command the driver must still serve a well-behaved client end to end.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,55 @@ def test_an_unexpected_failure_in_a_command_is_answered_and_counted(shm: Path) -
     finally:
         conductor.close(0)
         counters.close()
+
+
+def _ask_conductor(directory: Path) -> str:
+    """CONNECT over a raw zmq socket: "answered" or "no answer" within 2 s."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(control.conductor_endpoint(directory))
+        sock.send(control.encode({"type": control.CONNECT, "correlation_id": 1,
+                                  "version": control.PROTOCOL_VERSION, "pid": os.getpid()}))
+        return "answered" if sock.poll(2000) else "no answer"
+    finally:
+        sock.close()
+
+
+def _ask_conductor_as(uid: int, directory: Path) -> str:
+    """:func:`_ask_conductor` from a forked child that became ``uid`` (the modules it needs
+    are loaded already: that user cannot read this venv)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            zmq.Context.instance = classmethod(lambda cls, io_threads=1: zmq.Context())
+            os.write(write, _ask_conductor(directory).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        result = answer.read()
+    os.waitpid(pid, 0)
+    return result
+
+
+def test_the_control_socket_refuses_another_user_even_through_an_open_directory(
+        driver) -> None:
+    """SO_PEERCRED: a process of another user that reaches the socket (here the directory is
+    opened up on purpose) gets no answer; one of the driver's user does."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("this test runs as root (it starts a process as another user)")
+        pytest.skip("needs root, to start a process as another user")
+    directory = Path(driver.directory)
+    directory.chmod(0o755)
+    (directory / control.CONDUCTOR_SOCKET).chmod(0o777)
+    assert _ask_conductor_as(65534, directory) == "no answer"
+    assert _ask_conductor(directory) == "answered"
+    _still_serves(directory)
