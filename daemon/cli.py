@@ -59,19 +59,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     driver = commands.add_parser(
         "driver", help="run the media driver in the foreground",
-        description="Run the media driver in the foreground until SIGINT/SIGTERM. Settings: "
-                    "config file < SLIPSTREAM_* environment < command line.")
+        description="Run the media driver in the foreground. The first SIGTERM/SIGINT drains "
+                    "it (no new credit; what the logs hold is sent and read, for at most "
+                    "drain_timeout), the second stops it at once. Settings: config file < "
+                    "SLIPSTREAM_* environment < command line; --print-config shows every "
+                    "key with its value and where it came from.")
     add_arguments(driver)
     driver.set_defaults(func=_driver)
 
-    stat = commands.add_parser("stat", help="show the driver's counters as a live table")
+    stat = commands.add_parser(
+        "stat", help="show the driver's counters as a live table",
+        description="Show what the driver in --dir is doing, read from its files (the driver "
+                    "is not asked): per stream the positions a message passes (pub-lmt, "
+                    "pub-pos, snd-pos, snd-lmt, rcv-hwm, rcv-pos, sub-pos), the driver's "
+                    "counters with rates, the loss report, the error log and every counter. "
+                    "Refreshes until Ctrl-C. Exit 2 without a driver; 1 when only a dead "
+                    "driver's error log is left (it is printed).")
     stat.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
                                     "/dev/shm/slipstream-<user>)")
-    stat.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
+    stat.add_argument("--interval", type=float, default=1.0,
+                      help="refresh period in seconds (default: %(default)s)")
     stat.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    stat.add_argument("--match", default="", help="only counters whose label contains this")
+    stat.add_argument("--match", default="",
+                      help="only counters whose label contains this (default: all)")
     stat.add_argument("--json", action="store_true",
-                      help="print one snapshot as JSON (streams, driver, loss report, counters)")
+                      help="print one snapshot as JSON (streams, driver, loss report, errors, "
+                           "counters)")
     stat.set_defaults(func=_stat)
 
     metrics = commands.add_parser(
@@ -85,14 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.set_defaults(func=_metrics)
 
     demo = commands.add_parser(
-        "demo", help="a driver, a publisher and a subscriber with live rates (Ctrl-C stops)")
+        "demo", help="a driver, a publisher and a subscriber with live rates (Ctrl-C stops)",
+        description="Start a driver and two streams, one over IPC and one over UDP multicast "
+                    "on loopback (1 % of its datagrams dropped, so NAKs and retransmits "
+                    "show), each with a publisher and a subscriber process, and print "
+                    "their rates, NAKs, retransmits and flow-control limits every second. "
+                    "Ctrl-C or SIGTERM stops all of it.")
     demo.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
                                     "/dev/shm/slipstream-<user>)")
     demo.add_argument("--rate", type=int, default=100_000, help="messages per second "
-                                                                "(0: as fast as possible)")
-    demo.add_argument("--size", type=int, default=64, help="message size in bytes")
+                      "(0: as fast as possible; default: %(default)s)")
+    demo.add_argument("--size", type=int, default=64,
+                      help="message size in bytes (default: %(default)s)")
     demo.add_argument("--duration", type=float, default=0.0, help="stop after this many "
-                                                                  "seconds (0: run until Ctrl-C)")
+                      "seconds (0: run until Ctrl-C; default: %(default)s)")
     demo.set_defaults(func=_demo)
 
     try:

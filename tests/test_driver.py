@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -320,3 +322,24 @@ def test_the_demo_streams_and_stops_cleanly(driver_dir: Path) -> None:
     assert "expected message" not in result.stdout  # both arrived whole and in order
     assert "slipstream demo: stopped" in result.stdout
     assert not driver_dir.exists()
+
+
+def _sub_commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{parser.prog} {name}".removeprefix("slipstream "), sub
+                yield from _sub_commands(sub)
+
+
+def test_every_sub_commands_help_says_what_it_does_and_shows_its_defaults() -> None:
+    from slipstream.daemon.cli import build_parser
+
+    commands = dict(_sub_commands(build_parser()))
+    assert {"driver", "stat", "metrics", "demo", "sim", "sim relay", "sim hosts"} <= set(commands)
+    for name, parser in commands.items():
+        assert parser.description, f"slipstream {name} --help does not say what it does"
+        for action in parser._actions:
+            if action.option_strings and action.default not in (None, False, [], "==SUPPRESS=="):
+                assert "default" in (action.help or ""), (
+                    f"slipstream {name} {action.option_strings[0]} does not show its default")
