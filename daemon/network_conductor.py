@@ -162,6 +162,9 @@ class _ReceiveEndpointEntry:
     generation: int = 0
 
 
+#: EOS heartbeats (100 ms apart) a draining driver sends before it stops waiting for answers.
+EOS_HEARTBEATS_TO_END = 3
+
 NetworkEvent = (ImageRequested | ImageUnavailable | ImageDone | PublicationDone
                 | EndpointRemoved)
 
@@ -604,8 +607,12 @@ class NetworkConductor:
                 self._submit_send(lambda now, p=publication: p.close(now))
 
     def has_ended_streams(self) -> bool:
-        """Every publication with receivers sent an EOS heartbeat (or is gone)."""
-        return all(entry.publication.has_sent_eos or not entry.publication.has_receivers
+        """Every publication's receivers answered its end-of-stream (an EOS-flagged status
+        message takes a receiver off the list), or it sent ``EOS_HEARTBEATS_TO_END`` EOS
+        heartbeats (receivers that do not answer EOS, as Aeron 1.15's, then miss it only
+        if all of them are lost), or it is gone."""
+        return all(not entry.publication.has_receivers
+                   or entry.publication.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
                    for entry in list(self.publications.values()))
 
     # -- helpers ------------------------------------------------------------------------------

@@ -182,7 +182,7 @@ class NetworkPublication:
         self.is_setup_elicited = False
         self.is_end_of_stream = False
         self.has_received_unicast_eos = False
-        self.has_sent_eos = False  # a heartbeat flagged EOS went out
+        self.eos_heartbeats_sent = 0  # heartbeats since end-of-stream (flagged EOS)
         #: Set when the driver drains (SIGTERM): pub-lmt never rises past it again (bytes).
         self.credit_stop_position: int | None = None
         self._connected = False
@@ -416,7 +416,8 @@ class NetworkPublication:
                                           self._term_id(position), position & self._mask,
                                           self.signal_eos and self.is_end_of_stream),
                                 self.destination))
-            self.has_sent_eos = self.is_end_of_stream
+            if self.is_end_of_stream:
+                self.eos_heartbeats_sent += 1
             self.counters.add(SystemCounter.HEARTBEATS_SENT)
             self._time_of_last_heartbeat_ns = now_ns
 

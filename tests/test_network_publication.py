@@ -226,10 +226,10 @@ def test_a_drain_stops_credit_and_is_flushed_only_once_receivers_acknowledge_the
     assert pub.is_flushed
     cycle(pub, 4 * MS)
     assert limit[0] == 160  # status messages grant nothing more
-    assert not pub.has_sent_eos
+    assert pub.eos_heartbeats_sent == 0
     pub.close(5 * MS)
     out = frames(cycle(pub, 200 * MS))
-    assert Heartbeat(160, 5, 6, 10, 0xE0) in out and pub.has_sent_eos
+    assert Heartbeat(160, 5, 6, 10, 0xE0) in out and pub.eos_heartbeats_sent == 1
 
 
 def test_a_publication_without_receivers_has_nothing_to_flush(shm: Path) -> None:

@@ -276,3 +276,41 @@ def test_unicast_publisher_disconnects_after_the_connection_timeout():
         # No credit without a receiver: pub-lmt = snd-pos, offers are refused, not hung.
         assert sim.publisher.publisher_limit == publication.sender_position
         assert sim.publisher.offer_once() in (NOT_CONNECTED, BACK_PRESSURED)
+
+
+# -- graceful drain (the driver's DriverConductor.begin_drain, as on SIGTERM) --------------
+
+def test_a_drain_at_20_percent_loss_delivers_everything_appended_then_ends_the_stream():
+    # g:/3: publishing waits for all three receivers, so each must get every message.
+    scenario = Scenario(hosts=4, messages=1_000_000,
+                        channel_params="fc=min,g:/3|term-length=64k",
+                        faults=LinkFaults(delay_ms=2, loss=0.2), seed=5)
+    with Simulation(scenario) as sim:
+        now = 0
+        while sim.publisher.next_seq < 2000:  # mid-flight, the log's window full
+            assert now < 20 * S
+            now += 100 * MS
+            sim.run_until(now, stop_when_complete=False)
+        conductor = sim.publisher.driver.conductor
+        conductor.begin_drain(now)
+        appended_at_drain = sim.publisher.next_seq
+        drain_started = now
+        while not conductor.drain(now):
+            assert now - drain_started < 10 * S, "the drain did not finish"
+            now += MS
+            sim.run_until(now, stop_when_complete=False)
+        drained_in = now - drain_started
+        # The driver would exit here: by now every subscriber must have everything.
+        report = sim.report()
+        sim.run_until(now + 1500 * MS, stop_when_complete=False)
+        readers_left = [len(sub.readers) for sub in sim.subscribers]
+    # No credit after the drain began: at most one offer in flight past its limit check.
+    assert report.sent - appended_at_drain <= 1
+    assert report.delivered == [report.sent] * 3, report.format_text()
+    assert not any(report.duplicates) and not any(report.missing)
+    assert not any(report.out_of_order)
+    assert report.naks > 0
+    # End-of-stream reached every subscriber: their images are gone after the 5 status
+    # message timeouts of an image's drain (1 s), not after the image liveness timeout (10 s).
+    assert readers_left == [0, 0, 0]
+    assert drained_in < 3 * S
