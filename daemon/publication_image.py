@@ -387,8 +387,9 @@ class PublicationImage:
 
     def _send_status_message(self, now_ns: int, out: list[Datagram]) -> None:
         # A repeat on the timeout reports what subscribers consumed by now, not the position
-        # last scheduled (Aeron repeats that one): the SM rate is the same, and a sender
-        # that drains learns its receivers took the last bytes of the stream.
+        # last scheduled: the SM rate is the same, and a sender that drains learns its
+        # receivers took the last bytes of the stream (Aeron 1.15's receiver does the same:
+        # tests/test_interop.py drains into it).
         min_sub = self.min_subscriber_position()
         if min_sub > self._sm_position:
             self._sm_position = min_sub
