@@ -184,10 +184,14 @@ class Client:
                 log.warning("ignored a malformed message from the driver")
                 continue
             kind = message["type"]
-            if kind == control.AVAILABLE_IMAGE:
-                self._on_available_image(message)
-            elif kind == control.UNAVAILABLE_IMAGE:
-                self._on_unavailable_image(message)
+            if kind in (control.AVAILABLE_IMAGE, control.UNAVAILABLE_IMAGE):
+                try:
+                    if kind == control.AVAILABLE_IMAGE:
+                        self._on_available_image(message)
+                    else:
+                        self._on_unavailable_image(message)
+                except Exception:  # this thread carries the keepalives: it must not die
+                    log.exception("could not apply %s", kind)
             elif kind == control.CLIENT_TIMEOUT:
                 self._lose_driver("the driver timed this client out (no keepalive in time)")
             elif kind == control.DRIVER_SHUTDOWN:
@@ -373,9 +377,21 @@ class Client:
             self._closed = True
         self._thread.join(timeout=2)
         self._socket.close(0)
-        for doorbell in self._doorbells.values():
-            doorbell.close()
-        self.counters.close()
+        # As the logs (_release_publication): a thread still inside offer_batch or a claim
+        # (no GIL) reads pub-lmt from the counters and may ring a doorbell; closed at once,
+        # the counters would be unmapped under it and the doorbell's fd reused by another
+        # socket of the application.
+        doorbells = list(self._doorbells.values())
+        counters = self.counters
+
+        def release() -> None:
+            for doorbell in doorbells:
+                doorbell.close()
+            counters.close()
+
+        linger = threading.Timer(RESOURCE_LINGER_S, release)
+        linger.daemon = True
+        linger.start()
 
     def __enter__(self) -> Client:
         return self

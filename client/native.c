@@ -496,7 +496,9 @@ int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int3
     int32_t count = 0;
     while (count < max_frames && offset < scan_end) {
         int32_t frame_length = LOAD_ACQ((const int32_t *)(term + offset));
-        if (frame_length <= 0) break;
+        /* Another process wrote it: a length past the scan would overflow align32 and send
+         * the scan backwards (a frame never crosses its term, and scan_end <= term end). */
+        if (frame_length <= 0 || frame_length > scan_end - offset) break;
         if (*(const uint16_t *)(term + offset + 6) != SS_HDR_TYPE_PAD) {
             if (term[offset + 5] != SS_FLAG_UNFRAGMENTED) break;
             starts[count] = offset + SS_HEADER_LENGTH;
@@ -519,7 +521,9 @@ int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t ma
     while (available < limit) {
         const uint8_t *frame = term + offset + available;
         int32_t frame_length = LOAD_ACQ((const int32_t *)frame);
-        if (frame_length <= 0) break;
+        /* A publisher (another process) wrote it: a frame never crosses the end of its term,
+         * and a longer one would overflow align32 or send a PAD's jump past the term. */
+        if (frame_length <= 0 || frame_length > term_length - offset - available) break;
         int32_t aligned = align32(frame_length);
         if (*(const uint16_t *)(frame + 6) == SS_HDR_TYPE_PAD) {
             /* Padding ends a datagram: it goes out as its header alone, after the data before it. */
@@ -544,7 +548,7 @@ int32_t ss_scan_gap(const uint8_t *term, int32_t rebuild_offset, int32_t limit_o
     int32_t offset = rebuild_offset;
     while (offset < limit_offset) {
         int32_t frame_length = LOAD_ACQ((const int32_t *)(term + offset));
-        if (frame_length <= 0) break;
+        if (frame_length <= 0 || frame_length > limit_offset - offset) break;
         offset += align32(frame_length);
     }
     if (offset >= limit_offset) { *gap_length = 0; return limit_offset; }

@@ -201,6 +201,12 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
     if (term_count < 0) return; /* a term before the initial term */
     int64_t position = ((int64_t)term_count << image->position_bits) + term_offset;
     if (type == SS_HDR_TYPE_DATA && frame_length == 0) {
+        /* A heartbeat is held to the over-run rule too (as Aeron's): past the window it would
+         * raise the hwm, and the image's tail, to wherever a forged one says. */
+        if (position > image->overrun_threshold) {
+            count(r->counters.flow_control_over_runs, 1);
+            return;
+        }
         int64_t floor = image->last_sm_position - image->term_length;
         if (position >= (floor > 0 ? floor : 0)) {
             count(r->counters.heartbeats_received, 1);

@@ -32,7 +32,12 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client.channel import Channel
-from slipstream.client.counters import CountersFile, CountersFullError, CounterType
+from slipstream.client.counters import (
+    CountersFile,
+    CountersFullError,
+    CounterType,
+    SystemCounter,
+)
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, term_count
 from slipstream.daemon.config import DriverSettings
@@ -231,6 +236,7 @@ class NetworkConductor:
         """A publisher of ``stream_id`` on ``channel``: shares the publication of the same
         endpoint, stream and session, or makes one.  Returns it and the registration id of
         this publisher."""
+        channel = _resolved(channel)
         destination = _destination(channel)
         key = (_endpoint_key(channel, destination), stream_id, channel.session_id)
         entry = self._shared_publications.get(key)
@@ -243,8 +249,19 @@ class NetworkConductor:
 
     def _create_publication(self, key: tuple[Any, ...], channel: Channel, stream_id: int,
                             destination: Address, now_ns: int) -> _PublicationEntry:
-        settings = self.settings
         endpoint = self._send_endpoint(key[0], channel, destination)
+        try:
+            return self._create_publication_on(endpoint, key, channel, stream_id,
+                                               destination, now_ns)
+        except BaseException:
+            if endpoint.publications == 0:
+                self._close_send_endpoint(endpoint)  # opened (or revived) for nothing
+            raise
+
+    def _create_publication_on(self, endpoint: _SendEndpointEntry, key: tuple[Any, ...],
+                               channel: Channel, stream_id: int, destination: Address,
+                               now_ns: int) -> _PublicationEntry:
+        settings = self.settings
         term_length = channel.term_length or settings.term_buffer_length
         mtu = channel.mtu or settings.mtu_length
         registration_id = self._new_id()
@@ -322,7 +339,7 @@ class NetworkConductor:
     def add_subscription(self, subscription: NetworkSubscription, now_ns: int) -> Outgoing:
         """Receive ``subscription``'s stream at its endpoint; images already there are linked
         at once (the AVAILABLE_IMAGE messages are returned)."""
-        channel = subscription.channel
+        channel = subscription.channel = _resolved(subscription.channel)
         bind = _destination(channel)
         key = _endpoint_key(channel, bind)
         entry = self._receive_endpoints.get(key)
@@ -348,10 +365,16 @@ class NetworkConductor:
         self.subscriptions[subscription.registration_id] = subscription
         self._sync_interest(entry, subscription.stream_id)
         out: Outgoing = []
-        for image_entry in list(entry.images.values()):
-            if not image_entry.lingering and _wants(subscription, image_entry.image):
-                out.append(self._link(image_entry, subscription,
-                                      image_entry.image.rcv_pos, submit=True))
+        try:
+            for image_entry in list(entry.images.values()):
+                if not image_entry.lingering and _wants(subscription, image_entry.image):
+                    out.append(self._link(image_entry, subscription,
+                                          image_entry.image.rcv_pos, submit=True))
+        except CountersFullError:
+            # All or nothing: a half-added subscription nobody owns would hold its images'
+            # slowest position (and the senders) for good.
+            self.remove_subscription(subscription.registration_id)
+            raise
         return out
 
     def remove_subscription(self, registration_id: int) -> None:
@@ -401,6 +424,9 @@ class NetworkConductor:
             s.channel.session_id is None or s.channel.session_id == setup.session_id)]
         if not subscribers:
             return []
+        if any(not e.lingering and e.image.session_id == setup.session_id
+               and e.image.stream_id == setup.stream_id for e in entry.images.values()):
+            return []  # a repeat of a request already served (the receiver asked again)
         registration_id = self._new_id()
         path = self.directory / control.IMAGES_DIR / f"{registration_id}.logbuffer"
         channel = entry.endpoint.channel.channel
@@ -533,16 +559,20 @@ class NetworkConductor:
         while events and work < MAX_EVENTS_PER_CYCLE:
             event = events.popleft()
             work += 1
-            if isinstance(event, ImageRequested):
-                out.extend(self._on_image_requested(event, now_ns))
-            elif isinstance(event, ImageUnavailable):
-                out.extend(self._on_image_unavailable(event))
-            elif isinstance(event, ImageDone):
-                self._on_image_done(event)
-            elif isinstance(event, PublicationDone):
-                self._on_publication_done(event)
-            elif isinstance(event, EndpointRemoved):
-                self._on_endpoint_removed(event)
+            try:
+                if isinstance(event, ImageRequested):
+                    out.extend(self._on_image_requested(event, now_ns))
+                elif isinstance(event, ImageUnavailable):
+                    out.extend(self._on_image_unavailable(event))
+                elif isinstance(event, ImageDone):
+                    self._on_image_done(event)
+                elif isinstance(event, PublicationDone):
+                    self._on_publication_done(event)
+                elif isinstance(event, EndpointRemoved):
+                    self._on_endpoint_removed(event)
+            except Exception:  # a bug: counted and logged; the conductor serves on
+                self.counters.add(SystemCounter.ERRORS)
+                log.exception("handling %r failed", event)
         return work, out
 
     def _on_publication_done(self, event: PublicationDone) -> None:
@@ -559,15 +589,20 @@ class NetworkConductor:
         endpoint_entry = entry.endpoint
         endpoint_entry.publications -= 1
         if endpoint_entry.publications == 0:
-            endpoint_entry.state = _EndpointState.CLOSING
-            endpoint_entry.generation += 1
-            generation, endpoint = endpoint_entry.generation, endpoint_entry.endpoint
+            self._close_send_endpoint(endpoint_entry)
 
-            def remove(_now: int) -> None:
-                self.sender.remove_endpoint(endpoint)
-                self._post(EndpointRemoved(endpoint_entry, generation))
+    def _close_send_endpoint(self, endpoint_entry: _SendEndpointEntry) -> None:
+        """The sender drops the endpoint; then :class:`EndpointRemoved` closes its socket
+        (unless a new publication revived it meanwhile)."""
+        endpoint_entry.state = _EndpointState.CLOSING
+        endpoint_entry.generation += 1
+        generation, endpoint = endpoint_entry.generation, endpoint_entry.endpoint
 
-            self._submit_send(remove)
+        def remove(_now: int) -> None:
+            self.sender.remove_endpoint(endpoint)
+            self._post(EndpointRemoved(endpoint_entry, generation))
+
+        self._submit_send(remove)
 
     def _on_endpoint_removed(self, event: EndpointRemoved) -> None:
         entry = event.entry
@@ -648,6 +683,16 @@ class NetworkConductor:
         self._receive_endpoints.clear()
         self.subscriptions.clear()
         self.loss_report.close()
+
+
+def _resolved(channel: Channel) -> Channel:
+    """The channel with its endpoint's name resolved to an IP literal (DNS, once, here, as the
+    channel is added): nothing downstream may resolve again, inside the duty cycle."""
+    endpoint = channel.endpoint
+    if endpoint is None or endpoint.ip is not None:
+        return channel
+    address = channel.endpoint_address()
+    return attrs.evolve(channel, endpoint=attrs.evolve(endpoint, host=str(address)))
 
 
 def _destination(channel: Channel) -> Address:

@@ -103,22 +103,22 @@ class NetworkThread:
                 work = 0
                 for agent in agents:
                     work += agent.do_work(now)
-            except Exception:  # a bug: counted and logged; the driver carries on
+                self.cycles += 1
+                if work:
+                    last_work_ns = now
+                elif now - last_work_ns >= self.idle_spin_ns:
+                    self._park(now)
+                    # Woken with nothing to do (a timer, a stray ring): park again at once.
+                    last_work_ns = -(1 << 62)
+                else:
+                    # Aeron's backoff between spinning and parking: another thread of this
+                    # host (an application, the other driver) may need the core more.
+                    os.sched_yield()
+            except Exception:  # a bug, or epoll out of room: counted and logged; never a
+                # silent end of the thread that moves the data
                 self.counters.add(SystemCounter.ERRORS)
                 log.exception("%s: a duty cycle failed", self.name)
                 time.sleep(0.001)  # never a hot loop of failures
-                continue
-            self.cycles += 1
-            if work:
-                last_work_ns = now
-            elif now - last_work_ns >= self.idle_spin_ns:
-                self._park(now)
-                # Woken with nothing to do (a timer, a stray ring): park again at once.
-                last_work_ns = -(1 << 62)
-            else:
-                # Aeron's backoff between spinning and parking: another thread of this host
-                # (an application, the other driver) may need the core more than we do.
-                os.sched_yield()
 
     def _park(self, now_ns: int) -> None:
         self._sync_sockets()

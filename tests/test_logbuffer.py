@@ -300,3 +300,24 @@ def test_concurrent_appends_from_several_processes_never_corrupt_or_lose_a_frame
         assert sequence == next_sequence[writer], "a writer's messages were lost or reordered"
         next_sequence[writer] += 1
     log.close()
+
+
+@pytest.mark.parametrize("frame_length", [0x7FFFFFF0, 0x7FFFFFFF, TERM_MIN_LENGTH + 32])
+@pytest.mark.parametrize("frame_type", [1, HDR_TYPE_PAD])
+def test_a_lying_frame_length_in_a_log_stops_every_scan_and_never_wraps(
+        frame_length: int, frame_type: int) -> None:
+    """Frame lengths in a log come from another process: a scan stops at one that would
+    cross the term's end (near 2^31 it would overflow align32 and run backwards)."""
+    term = bytearray(TERM_MIN_LENGTH)
+    struct.pack_into("<iBBH", term, 64, frame_length, 0, 0xC0, frame_type)
+    struct.pack_into("<iBBH", term, 0, 64, 0, 0xC0, 1)  # one good frame before it
+    pointer = ffi.from_buffer(term)
+    padding = ffi.new("int32_t *")
+    assert lib.ss_scan_for_availability(pointer, 0, 1408, TERM_MIN_LENGTH, padding) == 64
+    assert lib.ss_scan_for_availability(pointer, 64, 1408, TERM_MIN_LENGTH, padding) == 0
+    starts, ends, next_offset = (ffi.new("int32_t[8]"), ffi.new("int32_t[8]"),
+                                 ffi.new("int32_t *"))
+    assert lib.ss_term_read(pointer, 0, TERM_MIN_LENGTH, 8, starts, ends, next_offset) == 1
+    assert next_offset[0] == 64
+    gap_length = ffi.new("int32_t *")
+    assert lib.ss_scan_gap(pointer, 0, TERM_MIN_LENGTH, gap_length) == 64

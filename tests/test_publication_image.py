@@ -140,6 +140,19 @@ def test_overrun_and_underrun_dropped(shm: Path) -> None:
     assert counters[SystemCounter.FLOW_CONTROL_UNDER_RUNS] == 1
 
 
+def test_a_heartbeat_past_the_window_is_an_over_run_and_raises_nothing(shm: Path) -> None:
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, _cell = attach(rc)
+    rc.datagrams_to_send(0)
+    # A forged heartbeat two terms ahead: it must not move the hwm (or the log's tail).
+    rc.on_datagram(Heartbeat(0, 1, 2, 102, 0x00).encode(), SRC, 1)
+    assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 1
+    assert image.rcv_hwm == 0 and not image.is_end_of_stream
+    rc.on_datagram(Heartbeat(0, 1, 2, 100, 0x00).encode(), SRC, 2)  # in the window: taken
+    assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 1
+
+
 def test_unicast_and_group_nak_delays(shm: Path) -> None:
     rc, _ = receive_channel(shm)
     rc.on_datagram(setup(), SRC, 0)

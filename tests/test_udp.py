@@ -461,3 +461,39 @@ def test_what_the_driver_does_not_carry_yet_is_refused_by_name(launch, parameter
     with Client.connect(a.directory) as client:
         with pytest.raises(RegistrationError, match=f"{part}: .*not supported"):
             client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_port()}|{parameter}", 1)
+
+
+def test_a_channel_named_by_host_name_is_resolved_once_as_it_is_added(launch) -> None:
+    from slipstream.client.channel import parse_channel
+    from slipstream.daemon.network_conductor import _resolved
+
+    named = parse_channel("aeron:udp?endpoint=localhost:40123|term-length=64k")
+    resolved = _resolved(named)
+    assert resolved.endpoint is not None and resolved.endpoint.host == "127.0.0.1"
+    assert str(resolved) == str(named)  # labels keep the name the user gave
+    uri = f"aeron:udp?endpoint=localhost:{free_port()}"
+    a, b = launch(), launch()
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 33)
+        publication = ca.add_publication(uri, 33)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 2000, lambda i: 100)
+        collector.assert_exactly(2000)
+
+
+def _sockets_of(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+
+
+def test_a_publication_refused_leaves_no_send_socket_open(launch) -> None:
+    driver = launch(log_buffer_memory_limit="1m")
+    with Client.connect(driver.directory) as client:
+        before = _sockets_of(driver.pid)
+        for _ in range(5):  # each on an endpoint of its own
+            with pytest.raises(RegistrationError, match="log_buffer_memory_limit"):
+                client.add_publication(
+                    f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=1m", 34)
+        wait_for(lambda: _sockets_of(driver.pid) == before, timeout=5,
+                 what=f"the driver's sockets back to {before}")
