@@ -7,6 +7,7 @@ buffers, the C appender and the client Image reader, over the virtual network (s
 from __future__ import annotations
 
 import attrs
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -314,3 +315,47 @@ def test_a_drain_at_20_percent_loss_delivers_everything_appended_then_ends_the_s
     # message timeouts of an image's drain (1 s), not after the image liveness timeout (10 s).
     assert readers_left == [0, 0, 0]
     assert drained_in < 3 * S
+
+
+def test_a_repeated_image_request_for_a_session_already_served_makes_no_second_image():
+    """The receiver asks again when the conductor took longer than its pending-setup timeout:
+    the conductor must not make (and leak) a second image of the same session."""
+    from slipstream.client.frames import Setup
+    from slipstream.daemon.receiver import ImageRequested
+
+    scenario = Scenario(hosts=2, messages=100, faults=LinkFaults(delay_ms=1))
+    with Simulation(scenario) as sim:
+        assert sim.run_until(2 * S)
+        driver = sim.subscribers[0].driver
+        network = driver.network
+        [entry] = network._receive_endpoints.values()
+        [image_entry] = entry.images.values()
+        image = image_entry.image
+        setup = Setup(0, image.session_id, image.stream_id, image.initial_term_id,
+                      image.initial_term_id, image.term_length, 1408)
+        network._post(ImageRequested(entry.endpoint.channel, setup, image.source))
+        driver.do_work(sim.loop.now_ns)
+        assert list(entry.images.values()) == [image_entry]
+        assert len(list((driver.directory / "images").iterdir())) == 1
+
+
+def test_a_subscription_that_cannot_link_every_image_is_not_left_half_added():
+    from slipstream.client import control
+    from slipstream.client.counters import CountersFullError, CounterType
+
+    scenario = Scenario(hosts=2, messages=100, faults=LinkFaults(delay_ms=1))
+    with Simulation(scenario) as sim:
+        assert sim.run_until(2 * S)
+        host = sim.subscribers[0]
+        driver = host.driver
+        network = driver.network
+        [entry] = network._receive_endpoints.values()
+        subscriptions_before = list(entry.subscriptions)
+        with pytest.raises(CountersFullError):
+            while True:  # fill the counters: the new subscription's sub-pos has no room
+                driver.counters.allocate(CounterType.SUBSCRIBER_POSITION, "filler")
+        with pytest.raises(RuntimeError, match="refused"):
+            driver.command({"type": control.ADD_SUBSCRIPTION, "channel": host.uri,
+                            "stream_id": scenario.stream_id, "correlation_id": 77})
+        assert entry.subscriptions == subscriptions_before
+        assert len(network.subscriptions) == len(subscriptions_before)
