@@ -156,6 +156,8 @@ class Client:
                 reply = self._pending.pop(correlation_id, None)
                 if reply is not None:
                     break
+                if self._driver_lost is not None:  # told while waiting (DRIVER_SHUTDOWN)
+                    raise self.driver_lost_error()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     if connecting:

@@ -531,7 +531,10 @@ class DriverConductor:
                 self.network.end_streams()
             log.info("drained: every log sent and read; ending the streams")
         if self.drain_phase is DrainPhase.ENDING:
-            return self.network is None or self.network.has_ended_streams()
+            # Read again: an offer that passed its limit check as the credit stopped may
+            # have landed since.
+            return (all(p.is_consumed() for p in self.ipc_publications.values())
+                    and (self.network is None or self.network.has_ended_streams()))
         return False
 
     def shutdown_events(self) -> Outgoing:

@@ -41,6 +41,8 @@ from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import DriverAlreadyRunningError, DriverError
 from slipstream.daemon.conductor import DriverConductor, Outgoing
 from slipstream.daemon.config import DriverSettings, load_settings
+from slipstream.daemon.error_log import FILE as ERROR_LOG_FILE
+from slipstream.daemon.error_log import PREVIOUS_FILE as PREVIOUS_ERROR_LOG_FILE
 from slipstream.daemon.error_log import ErrorLogHandler
 from slipstream.daemon.network_thread import MAX_PARK_S, NetworkThread, open_doorbell
 from slipstream.daemon.systemd import Notifier, Watchdog, park_bound_s, watchdog_interval_ns
@@ -76,15 +78,19 @@ class DriverDirectory:
                 f"a slipstream driver (pid {pid}) is already running in {self.path}; stop it "
                 f"first or give this one another directory with --dir") from None
         self._lock_fd = fd
-        self._remove_contents()  # a stale driver's files: it died without cleaning up
+        # A stale driver's files: it died without cleaning up.  Its error log is kept for
+        # the operator (slipstream stat shows it).
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.path / ERROR_LOG_FILE, self.path / PREVIOUS_ERROR_LOG_FILE)
+        self._remove_contents(keep=(PREVIOUS_ERROR_LOG_FILE,))
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         (self.path / control.PUBLICATIONS_DIR).mkdir(mode=0o700)
         (self.path / control.IMAGES_DIR).mkdir(mode=0o700)
 
-    def _remove_contents(self) -> None:
+    def _remove_contents(self, *, keep: tuple[str, ...] = ()) -> None:
         for entry in self.path.iterdir():
-            if entry.name == control.LOCK_FILE:
+            if entry.name == control.LOCK_FILE or entry.name in keep:
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
@@ -411,9 +417,10 @@ class MediaDriver:
                 value = "true" if value else "false"
             args += ["--set", f"{key}={value}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")}
+        # Before the child exists: a bad override raises here, leaving nothing running.
+        drain_timeout_s = load_settings(env={}, overrides=overrides).drain_timeout / 1e9
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, env=env)
-        drain_timeout_s = load_settings(env={}, overrides=overrides).drain_timeout / 1e9
         driver = cls(Path(directory), process, drain_timeout_s)
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:

@@ -24,10 +24,14 @@ from typing import Any
 import attrs
 
 FILE = "errors.json"
+#: A dead driver's error log, kept by the next driver in the directory (systemd restarts a
+#: crashed driver within a second: without it, the evidence would go with the restart).
+PREVIOUS_FILE = "errors.previous.json"
 #: Distinct errors kept, the last of them "other errors", which counts the ones past the rest.
 MAX_ENTRIES = 256
 _WRITE_INTERVAL_NS = 1_000_000_000
 _NUMBER = re.compile(r"\d+")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")  # reprs of objects: one error, wherever they live
 
 
 @attrs.define
@@ -57,7 +61,7 @@ class ErrorLogHandler(logging.Handler):
         try:
             now = time.time_ns()
             message = record.getMessage()
-            key = _NUMBER.sub("#", message)[:500]
+            key = _NUMBER.sub("#", _ADDRESS.sub("0x#", message))[:500]
             if record.exc_info and record.exc_info[0] is not None:
                 key += f" [{record.exc_info[0].__name__}]"
             if record.exc_info and record.exc_info[1] is not None:
@@ -70,6 +74,7 @@ class ErrorLogHandler(logging.Handler):
                     if len(self.entries) >= MAX_ENTRIES - 1:
                         key = "other errors"
                         entry = self.entries.get(key)
+                        new = entry is None  # else a repeat: written within the second
                     if entry is None:
                         entry = self.entries[key] = ErrorEntry(key, 0, now, now, message)
                 entry.count += 1
@@ -111,11 +116,12 @@ class ErrorLogHandler(logging.Handler):
         self._dirty = False
 
 
-def read_error_log(directory: str | os.PathLike[str]) -> list[ErrorEntry]:
-    """The entries of the error log in a driver directory, most recent first (empty when
-    there is none or it cannot be read)."""
+def read_error_log(directory: str | os.PathLike[str], file: str = FILE) -> list[ErrorEntry]:
+    """The entries of the error log in a driver directory (``PREVIOUS_FILE``: the dead
+    driver's before this one), most recent first (empty when there is none or it cannot be
+    read)."""
     try:
-        raw: Any = json.loads((Path(directory) / FILE).read_text())
+        raw: Any = json.loads((Path(directory) / file).read_text())
         entries = [ErrorEntry(**item) for item in raw]
     except (OSError, ValueError, TypeError):
         return []

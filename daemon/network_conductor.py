@@ -644,10 +644,12 @@ class NetworkConductor:
     def has_ended_streams(self) -> bool:
         """Every publication's receivers answered its end-of-stream (an EOS-flagged status
         message takes a receiver off the list), or it sent ``EOS_HEARTBEATS_TO_END`` EOS
-        heartbeats (receivers that do not answer EOS, as Aeron 1.15's, then miss it only
-        if all of them are lost), or it is gone."""
+        heartbeats and is still flushed (an offer that passed its limit check as the credit
+        stopped is acknowledged too; receivers that do not answer EOS, as Aeron 1.15's, then
+        miss it only if all of them are lost), or it is gone."""
         return all(not entry.publication.has_receivers
-                   or entry.publication.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
+                   or (entry.publication.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
+                       and entry.publication.is_flushed)
                    for entry in list(self.publications.values()))
 
     # -- helpers ------------------------------------------------------------------------------

@@ -226,8 +226,10 @@ class NetworkPublication:
 
     @property
     def is_flushed(self) -> bool:
-        """Everything the log holds was sent and every live receiver's status message is at
-        its end (true without receivers: nobody is left to take it)."""
+        """The credit is stopped, everything the log holds was sent and every live receiver's
+        status message is at its end (true without receivers: nobody is left to take it)."""
+        if self.credit_stop_position is None:
+            return False  # the sender thread has not stopped the credit yet
         end = self.log.producer_position()
         if self.sender_position < end and self._receivers:
             return False
@@ -331,8 +333,9 @@ class NetworkPublication:
             if self.is_unicast:
                 self.has_received_unicast_eos = True
         else:
-            self._receivers[sm.receiver_id] = now_ns
+            # Acknowledged first: the conductor's thread reads both (a drain).
             self._acknowledged[sm.receiver_id] = position
+            self._receivers[sm.receiver_id] = now_ns
         self.has_initial_connection = True
         self.sender_limit = self.flow_control.on_status_message(
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)

@@ -75,6 +75,7 @@ class NetworkThread:
         #: When the loop last began a duty cycle (monotonic ns): the systemd watchdog's
         #: evidence that this thread is not stuck (it cycles at least every max_park_s).
         self.last_cycle_ns = time.monotonic_ns()
+        self._next_failure_log_ns = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -98,11 +99,11 @@ class NetworkThread:
         last_work_ns = time.monotonic_ns()
         while not self._stopping:
             now = time.monotonic_ns()
-            self.last_cycle_ns = now
             try:
                 work = 0
                 for agent in agents:
                     work += agent.do_work(now)
+                self.last_cycle_ns = now  # only a cycle that worked: a failing loop is stuck
                 self.cycles += 1
                 if work:
                     last_work_ns = now
@@ -117,7 +118,9 @@ class NetworkThread:
             except Exception:  # a bug, or epoll out of room: counted and logged; never a
                 # silent end of the thread that moves the data
                 self.counters.add(SystemCounter.ERRORS)
-                log.exception("%s: a duty cycle failed", self.name)
+                if now >= self._next_failure_log_ns:  # every failure counted, one logged a second
+                    self._next_failure_log_ns = now + 1_000_000_000
+                    log.exception("%s: a duty cycle failed", self.name)
                 time.sleep(0.001)  # never a hot loop of failures
 
     def _park(self, now_ns: int) -> None:

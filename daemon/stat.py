@@ -39,7 +39,7 @@ from slipstream.client.counters import (
     parse_position_label,
 )
 from slipstream.client.errors import DriverNotRunningError
-from slipstream.daemon.error_log import ErrorEntry, read_error_log
+from slipstream.daemon.error_log import PREVIOUS_FILE, ErrorEntry, read_error_log
 from slipstream.daemon.loss_report import LossObservation, read_loss_report
 
 # The columns of the streams table, in the order a message passes them.
@@ -95,9 +95,9 @@ def _time(epoch_ns: int) -> str:
     return f"{clock}.{epoch_ns // 1_000_000 % 1000:03d}"
 
 
-def render_errors(errors: list[ErrorEntry]) -> list[str]:
+def render_errors(errors: list[ErrorEntry], title: str = "errors") -> list[str]:
     """The error log section."""
-    lines = [f"errors ({len(errors)} distinct)"]
+    lines = [f"{title} ({len(errors)} distinct)"]
     for error in errors:
         lines.append(f"  {error.count:>8,} x  first {_time(error.first_ns)}  last "
                      f"{_time(error.last_ns)}  {error.message}")
@@ -107,7 +107,8 @@ def render_errors(errors: list[ErrorEntry]) -> list[str]:
 def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: float,
            header: str, now_ns: int | None = None,
            losses: list[LossObservation] | None = None,
-           errors: list[ErrorEntry] | None = None) -> str:
+           errors: list[ErrorEntry] | None = None,
+           previous_errors: list[ErrorEntry] | None = None) -> str:
     """The four sections (module docstring).  Rates are per second since ``previous`` (values
     by counter id, ``elapsed_s`` ago); a client heartbeat (a monotonic timestamp) shows as its
     age at ``now_ns`` (default: now)."""
@@ -142,6 +143,9 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
                          f"{loss.session_id:>11} {loss.stream_id:>8}  {loss.label}")
 
     lines += ["", *render_errors(errors or [])]
+    if previous_errors:
+        lines += ["", *render_errors(previous_errors,
+                                     "errors of the driver before this one, which died")]
 
     lines += ["", "counters",
               f"  {'id':>5} {'type':<20} {'value':>20} {'per second':>14}  label"]
@@ -208,17 +212,19 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
             snapshot = [c for c in counters if match in c.label]
             losses = [loss for loss in read_loss_report(path) if match in loss.label]
             errors = read_error_log(path)
+            previous_errors = read_error_log(path, PREVIOUS_FILE)
             age = (time.time_ns() - counters.driver_heartbeat_ns) / 1e9
             if as_json:
-                json.dump(snapshot_json(snapshot, losses, pid=counters.driver_pid,
-                                        heartbeat_age_s=age, errors=errors), sys.stdout,
-                          indent=1)
+                snapshot_data = snapshot_json(snapshot, losses, pid=counters.driver_pid,
+                                              heartbeat_age_s=age, errors=errors)
+                snapshot_data["previous_errors"] = [attrs.asdict(e) for e in previous_errors]
+                json.dump(snapshot_data, sys.stdout, indent=1)
                 sys.stdout.write("\n")
                 return 0
             header = (f"slipstream driver pid {counters.driver_pid} in {path}  "
                       f"heartbeat {age:.1f} s ago  {time.strftime('%H:%M:%S')}")
             table = render(snapshot, previous, now - last, header, losses=losses,
-                           errors=errors)
+                           errors=errors, previous_errors=previous_errors)
             if interactive:
                 rows = shutil.get_terminal_size().lines - 1
                 table = "\n".join(table.splitlines()[:rows])

@@ -90,7 +90,10 @@ class Watchdog:
             return
         stale_ns = self.interval_ns // 2
         if any(now_ns - last_cycle_ns() > stale_ns for last_cycle_ns in self.liveness):
-            return  # a stuck network thread: let systemd's timer run out
+            # A stuck network thread: let systemd's timer run out; look again a little later
+            # (not at once: a conductor spinning here would hold the GIL from the thread).
+            self.next_ping_ns = now_ns + self.interval_ns // 20
+            return
         self.notifier.notify("WATCHDOG=1")
         self.pings += 1
         self.next_ping_ns = now_ns + self.interval_ns // 2

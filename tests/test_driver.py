@@ -227,6 +227,15 @@ def test_stat_shows_the_error_log_and_still_reads_it_after_the_driver_died(
     assert "no slipstream driver is running" in result.stdout
     assert "errors (1 distinct)" in result.stdout
     assert "log_buffer_memory_limit" in result.stdout
+    # systemd restarts a crashed driver at once: the new one keeps the dead one's log.
+    with MediaDriver.launch(directory=driver_dir):
+        result = subprocess.run([*SLIPSTREAM, "stat", "--dir", str(driver_dir), "--json"],
+                                capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    snapshot = json.loads(result.stdout)
+    assert snapshot["errors"] == []
+    [previous] = snapshot["previous_errors"]
+    assert previous["count"] == 2 and "log_buffer_memory_limit" in previous["message"]
 
 
 def test_an_idle_client_stays_alive_through_its_heartbeat_counter(driver, client: Client) -> None:

@@ -199,3 +199,25 @@ def test_stat_shows_the_error_log() -> None:
     assert "errors (1 distinct)" in text
     [line] = [line for line in text.splitlines() if "no memory" in line]
     assert line.split()[:2] == ["3", "x"]
+
+
+def test_a_full_error_log_writes_a_repeat_of_other_errors_at_most_once_a_second(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    handler = ErrorLogHandler(tmp_path)
+    for n in range(MAX_ENTRIES + 1):
+        handler.handle(_record(f"error kind {chr(0x4e00 + n)}"))
+    writes: list[int] = []
+    monkeypatch.setattr(handler, "_write", lambda now_ns: writes.append(now_ns))
+    for n in range(100):
+        handler.handle(_record(f"yet another kind {chr(0x5e00 + n)}"))
+    assert len(writes) <= 1  # not a whole file per error
+    handler.close()
+
+
+def test_object_addresses_do_not_make_errors_distinct(tmp_path: Path) -> None:
+    handler = ErrorLogHandler(tmp_path)
+    handler.handle(_record("handling <Event at 0x7f3a2b4c5d60> failed"))
+    handler.handle(_record("handling <Event at 0x7f3affff0010> failed"))
+    handler.flush()
+    [entry] = read_error_log(tmp_path)
+    assert entry.count == 2
