@@ -191,6 +191,9 @@ class _DriverShell:
                 self.notifier.notify("READY=1")
                 task_status.started()
         finally:
+            # Cleaning up: a third Ctrl-C or SIGTERM must not cut it short (the signal
+            # receiver that took the first two is gone, and Python's defaults are back).
+            ignored = _ignore_stop_signals()
             self._stopping = True
             counters.wake_driver()
             lib.ss_futex_wake(counters.driver_signal, 1 << 30)
@@ -217,6 +220,7 @@ class _DriverShell:
             error_log.close()
             self.directory.release()
             self.notifier.close()
+            _restore_signals(ignored)
             log.info("slipstream driver stopped")
 
     def _wake_from_thread(self, token: trio.lowlevel.TrioToken) -> None:
@@ -361,6 +365,19 @@ class _DriverShell:
             finally:
                 if parked:
                     lib.ss_get_and_add_i32(counters.driver_waiters, -1)
+
+
+def _ignore_stop_signals() -> dict[int, Any]:
+    """Ignore SIGINT and SIGTERM (main thread only); returns what to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, signal.SIG_IGN)
+            for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def run_driver(settings: DriverSettings) -> None:
