@@ -191,6 +191,14 @@ class DriverConductor:
             return [(key, _error(correlation_id, control.ERR_GENERIC,
                                  f"the driver failed on {kind}: {e!r}"))]
 
+    def on_unresolved(self, key: bytes, message: dict[str, Any], reason: str) -> Outgoing:
+        """A command whose channel names a host the resolver did not answer for in time."""
+        self.counters.add(SystemCounter.ERRORS)
+        correlation_id = message.get("correlation_id", 0)
+        if isinstance(correlation_id, bool) or not isinstance(correlation_id, int):
+            return []
+        return [(key, _error(correlation_id, control.ERR_INVALID_CHANNEL, reason))]
+
     def on_malformed(self, key: bytes, error: ValueError) -> Outgoing:
         """A frame that is not a command: counted; answered when it names a correlation id
         (a JSON object whose type or values are wrong), else dropped."""

@@ -37,8 +37,10 @@ import zmq
 
 from slipstream.client import control
 from slipstream.client._native import lib
+from slipstream.client.channel import Channel, parse_channel
 from slipstream.client.counters import CountersFile, SystemCounter
-from slipstream.client.errors import DriverAlreadyRunningError, DriverError
+from slipstream.client.errors import ChannelError, DriverAlreadyRunningError, DriverError
+from slipstream.daemon import names
 from slipstream.daemon.conductor import DriverConductor, Outgoing
 from slipstream.daemon.config import DriverSettings, load_settings
 from slipstream.daemon.error_log import FILE as ERROR_LOG_FILE
@@ -184,6 +186,7 @@ class _DriverShell:
                                        name="slipstream-driver-futex", daemon=True)
             watcher.start()
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._watch_signals, nursery.cancel_scope)
                 nursery.start_soon(self._command_loop)
                 nursery.start_soon(self._duty_cycle)
@@ -294,8 +297,27 @@ class _DriverShell:
                 log.warning("a malformed control message from a client: %s", e)
                 self._send(self.conductor.on_malformed(key, e))
                 continue
+            channel = _channel_of(message)
+            if channel is not None and names.needs_prefetch(channel):
+                # Its host names resolve in a thread first: never a blocked loop.
+                self._nursery.start_soon(self._command_after_names, key, message, channel)
+                continue
             self._send(self.conductor.on_command(key, message, time.monotonic_ns()))
             self._wake.set()  # resources changed: let the duty cycle look at once
+
+    async def _command_after_names(self, key: bytes, message: dict[str, Any],
+                                   channel: Channel) -> None:
+        hosts = [host for _, host in names.names_of(channel)]
+        with trio.move_on_after(names.PREFETCH_TIMEOUT_S) as waited:
+            await trio.to_thread.run_sync(names.resolve, hosts, abandon_on_cancel=True)
+        if waited.cancelled_caught:
+            self._send(self.conductor.on_unresolved(
+                key, message, f"{channel}: the resolver did not answer for "
+                              f"{', '.join(hosts)} within {names.PREFETCH_TIMEOUT_S:g} s"))
+        else:
+            self._send(self.conductor.on_command(key, message, time.monotonic_ns()))
+        self._wake.set()
+        self._process_commands()  # the sends may have taken the socket's edge
 
     async def _command_loop(self) -> None:
         fd = self.sock.getsockopt(zmq.FD)
@@ -365,6 +387,20 @@ class _DriverShell:
             finally:
                 if parked:
                     lib.ss_get_and_add_i32(counters.driver_waiters, -1)
+
+
+def _channel_of(message: dict[str, Any]) -> Channel | None:
+    """The channel an ADD command names, parsed (None for any other message, or one that
+    does not parse: the conductor answers that)."""
+    if message.get("type") not in (control.ADD_PUBLICATION, control.ADD_SUBSCRIPTION):
+        return None
+    uri = message.get("channel")
+    if not isinstance(uri, str) or len(uri) > control.MAX_CHANNEL_LENGTH:
+        return None
+    try:
+        return parse_channel(uri)
+    except ChannelError:
+        return None
 
 
 def _ignore_stop_signals() -> dict[int, Any]:

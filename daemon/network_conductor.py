@@ -10,7 +10,8 @@ longer uses it, so the network thread never touches an unmapped log.  As in Aero
 (DriverConductor / Sender / Receiver): the threads share no mutable object except through
 these queues, and position counters.
 
-DNS happens here, once, when a channel is added (``Channel.endpoint_address``); the protocol
+Names in a channel become IP literals here, once, when the channel is added (:func:`_resolved`;
+the driver shell resolved them in a thread first, :mod:`slipstream.daemon.names`); the protocol
 core only ever sees IP literals.  Sockets are opened by the injected :class:`NetworkTransports`
 (real UDP sockets in the driver, a virtual network in the simulator), so this module does no
 I/O of its own beyond creating log files.
@@ -40,6 +41,7 @@ from slipstream.client.counters import (
 )
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, term_count
+from slipstream.daemon import names
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow_control import flow_control_for, has_group_semantics
 from slipstream.daemon.loss_report import FILE as LOSS_REPORT_FILE
@@ -367,7 +369,11 @@ class NetworkConductor:
         out: Outgoing = []
         try:
             for image_entry in list(entry.images.values()):
-                if not image_entry.lingering and _wants(subscription, image_entry.image):
+                # As Aeron's isAcceptingSubscriptions: an image whose last subscriber left is
+                # on its way out (its receiver stopped taking its data); the session gets a
+                # new image when its SETUP comes again.
+                if (not image_entry.lingering and image_entry.links
+                        and _wants(subscription, image_entry.image)):
                     out.append(self._link(image_entry, subscription,
                                           image_entry.image.rcv_pos, submit=True))
         except CountersFullError:
@@ -688,13 +694,14 @@ class NetworkConductor:
 
 
 def _resolved(channel: Channel) -> Channel:
-    """The channel with its endpoint's name resolved to an IP literal (DNS, once, here, as the
-    channel is added): nothing downstream may resolve again, inside the duty cycle."""
-    endpoint = channel.endpoint
-    if endpoint is None or endpoint.ip is not None:
-        return channel
-    address = channel.endpoint_address()
-    return attrs.evolve(channel, endpoint=attrs.evolve(endpoint, host=str(address)))
+    """The channel with the names in its endpoint and interface replaced by IP literals, as
+    the channel is added (:mod:`slipstream.daemon.names`: the shell resolved them off the
+    loop): nothing downstream resolves again, inside the duty cycle."""
+    for part, host in names.names_of(channel):
+        address = names.lookup(channel, part, host)
+        hostport = getattr(channel, part)
+        channel = attrs.evolve(channel, **{part: attrs.evolve(hostport, host=address)})
+    return channel
 
 
 def _destination(channel: Channel) -> Address:

@@ -33,6 +33,7 @@ from typing import Final
 from slipstream.client.channel import Channel
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import ChannelError
+from slipstream.daemon import names
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
@@ -122,18 +123,11 @@ def _family(host: str) -> socket.AddressFamily:
 
 
 def _interface_address(channel: Channel) -> str | None:
-    """The ``interface=`` host as an IP literal (resolved once, here), or None."""
+    """The ``interface=`` host as an IP literal, or None (a name was resolved as the channel
+    was added: :mod:`slipstream.daemon.names`)."""
     if channel.interface is None:
         return None
-    host = channel.interface.host
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        try:
-            return socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)[0][4][0]
-        except OSError as e:
-            raise ChannelError(str(channel), "interface",
-                               f"cannot resolve {host!r}: {e}") from None
+    return names.lookup(channel, "interface", channel.interface.host)
 
 
 def _new_socket(family: socket.AddressFamily, settings: DriverSettings,

@@ -359,3 +359,25 @@ def test_a_subscription_that_cannot_link_every_image_is_not_left_half_added():
                             "stream_id": scenario.stream_id, "correlation_id": 77})
         assert entry.subscriptions == subscriptions_before
         assert len(network.subscriptions) == len(subscriptions_before)
+
+
+def test_a_subscription_added_as_the_last_one_leaves_does_not_take_the_leaving_image():
+    """Aeron's isAcceptingSubscriptions: an image whose last subscriber left no longer takes
+    data; a subscription added at that moment waits for the session's new image instead of
+    sitting on the old one for ever."""
+    from slipstream.client import control
+
+    scenario = Scenario(hosts=2, messages=100, faults=LinkFaults(delay_ms=1))
+    with Simulation(scenario) as sim:
+        assert sim.run_until(2 * S)
+        host = sim.subscribers[0]
+        driver = host.driver
+        [subscription_id] = list(driver.network.subscriptions)
+        events: list[dict] = []
+        host_on_message, driver._on_message = driver._on_message, events.append
+        driver.command({"type": control.REMOVE_SUBSCRIPTION,
+                        "registration_id": subscription_id, "correlation_id": 80})
+        driver.command({"type": control.ADD_SUBSCRIPTION, "channel": host.uri,
+                        "stream_id": scenario.stream_id, "correlation_id": 81})
+        driver._on_message = host_on_message
+    assert [e for e in events if e["type"] == control.AVAILABLE_IMAGE] == []

@@ -1,0 +1,97 @@
+"""Host names in channels resolve off the driver's loop: a slow resolver delays that one
+command, never the driver's heartbeat (nor its systemd watchdog), and one that does not answer
+in time gets the command refused, naming the host."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from helpers import FAST_DRIVER_SETTINGS, free_port
+
+from slipstream.client import Client, RegistrationError
+from slipstream.client.counters import CountersFile
+from slipstream.daemon import names
+from slipstream.daemon.config import load_settings
+from slipstream.daemon.driver import _DriverShell
+
+
+def _slow_resolver(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
+    """``slow.test`` resolves to 127.0.0.1 after ``delay_s``, as a resolver timing out does."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "slow.test":
+            time.sleep(delay_s)
+            return real("127.0.0.1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(names.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(names, "_cache", {})
+
+
+async def _with_driver(action: Any) -> tuple[Any, list[int]]:
+    """Run a real driver shell in this process, ``action(directory)`` in a thread, and
+    sample the driver's heartbeat (ms) meanwhile."""
+    directory = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
+    # A client's keepalives wait while its request does: a liveness timeout above the delay.
+    settings = load_settings(env={}, overrides={**FAST_DRIVER_SETTINGS, "dir": str(directory),
+                                                "client_liveness_timeout": "5s",
+                                                "publication_unblock_timeout": "10s"})
+    beats: list[int] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(_DriverShell(settings).run)
+            counters = CountersFile(directory / "counters.dat", writable=False)
+
+            async def sample() -> None:
+                while True:
+                    beats.append(counters.driver_heartbeat_ns // 1_000_000)
+                    await trio.sleep(0.05)
+
+            nursery.start_soon(sample)
+            result = await trio.to_thread.run_sync(action, directory)
+            nursery.cancel_scope.cancel()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return result, beats
+
+
+async def test_a_slow_resolver_delays_the_command_not_the_driver(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_resolver(monkeypatch, 1.5)
+    port = free_port()
+
+    def add(directory: Path) -> float:
+        with Client.connect(directory) as client:
+            started = time.monotonic()
+            client.add_subscription(f"aeron:udp?endpoint=slow.test:{port}", 5)
+            return time.monotonic() - started
+
+    took, beats = await _with_driver(add)
+    assert took >= 1.5
+    # The heartbeat went on while the name resolved: no gap near the resolver's delay.
+    gaps = [b - a for a, b in itertools.pairwise(beats) if b != a]
+    assert gaps and max(gaps) < 700, gaps
+
+
+async def test_a_resolver_that_does_not_answer_in_time_gets_the_command_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_resolver(monkeypatch, 3.0)
+    monkeypatch.setattr(names, "PREFETCH_TIMEOUT_S", 0.5)
+
+    def add(directory: Path) -> str:
+        with Client.connect(directory) as client:
+            with pytest.raises(RegistrationError) as refused:
+                client.add_publication(f"aeron:udp?endpoint=slow.test:{free_port()}", 6)
+            return str(refused.value)
+
+    message, _ = await _with_driver(add)
+    assert "slow.test" in message and "did not answer" in message
