@@ -257,7 +257,7 @@ class NetworkConductor:
                                                destination, now_ns)
         except BaseException:
             if endpoint.publications == 0:
-                self._close_send_endpoint(endpoint)  # opened (or revived) for nothing
+                self._close_endpoint(endpoint)  # opened (or revived) for nothing
             raise
 
     def _create_publication_on(self, endpoint: _SendEndpointEntry, key: tuple[Any, ...],
@@ -396,15 +396,7 @@ class NetworkConductor:
         entry.subscriptions.remove(subscription)
         self._sync_interest(entry, subscription.stream_id)
         if not entry.subscriptions:
-            entry.state = _EndpointState.CLOSING
-            entry.generation += 1
-            generation, endpoint = entry.generation, entry.endpoint
-
-            def remove(_now: int) -> None:
-                self.receiver.remove_endpoint(endpoint)
-                self._post(EndpointRemoved(entry, generation))
-
-            self._submit_receive(remove)
+            self._close_endpoint(entry)
 
     def _sync_interest(self, entry: _ReceiveEndpointEntry, stream_id: int) -> None:
         """Tell the receive channel which sessions of ``stream_id`` its subscriptions want."""
@@ -595,20 +587,31 @@ class NetworkConductor:
         endpoint_entry = entry.endpoint
         endpoint_entry.publications -= 1
         if endpoint_entry.publications == 0:
-            self._close_send_endpoint(endpoint_entry)
+            self._close_endpoint(endpoint_entry)
 
-    def _close_send_endpoint(self, endpoint_entry: _SendEndpointEntry) -> None:
-        """The sender drops the endpoint; then :class:`EndpointRemoved` closes its socket
-        (unless a new publication revived it meanwhile)."""
-        endpoint_entry.state = _EndpointState.CLOSING
-        endpoint_entry.generation += 1
-        generation, endpoint = endpoint_entry.generation, endpoint_entry.endpoint
+    def _close_endpoint(self, entry: _SendEndpointEntry | _ReceiveEndpointEntry) -> None:
+        """Its agent (sender or receiver) drops the endpoint; then :class:`EndpointRemoved`
+        closes its socket (unless a new publication or subscription revived it meanwhile)."""
+        entry.state = _EndpointState.CLOSING
+        entry.generation += 1
+        generation = entry.generation
 
-        def remove(_now: int) -> None:
-            self.sender.remove_endpoint(endpoint)
-            self._post(EndpointRemoved(endpoint_entry, generation))
+        if isinstance(entry, _SendEndpointEntry):
+            send_endpoint = entry.endpoint
 
-        self._submit_send(remove)
+            def remove_send(_now: int) -> None:
+                self.sender.remove_endpoint(send_endpoint)
+                self._post(EndpointRemoved(entry, generation))
+
+            self._submit_send(remove_send)
+        else:
+            receive_endpoint = entry.endpoint
+
+            def remove_receive(_now: int) -> None:
+                self.receiver.remove_endpoint(receive_endpoint)
+                self._post(EndpointRemoved(entry, generation))
+
+            self._submit_receive(remove_receive)
 
     def _on_endpoint_removed(self, event: EndpointRemoved) -> None:
         entry = event.entry
