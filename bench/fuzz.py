@@ -56,14 +56,9 @@ def _send_datagrams(count: int, session_id: int, stream_id: int, targets: list[t
 
 
 def _counters(directory: Path) -> dict[str, int]:
-    from slipstream.client import control
-    from slipstream.client.counters import CountersFile, SystemCounter
+    from slipstream.client.counters import read_system_counters
 
-    counters = CountersFile(directory / control.COUNTERS_FILE, writable=False)
-    try:
-        return {c.name: counters.get(c) for c in SystemCounter}
-    finally:
-        counters.close()
+    return {c.name: v for c, v in read_system_counters(directory).items()}
 
 
 def run_datagrams(count: int, seed: int) -> bool:

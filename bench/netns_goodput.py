@@ -110,16 +110,11 @@ def main() -> int:
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
     args = parser.parse_args()
 
-    from slipstream.client import control
-    from slipstream.client.counters import CountersFile, SystemCounter
+    from slipstream.client.counters import SystemCounter, read_system_counters
     from slipstream.sim.hosts import namespace_hosts
 
     def counter(driver: Any, which: SystemCounter) -> int:
-        counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-        try:
-            return counters.get(which)
-        finally:
-            counters.close()
+        return read_system_counters(driver.directory)[which]
 
     settings = {**DEFAULT_SETTINGS, **dict(s.split("=", 1) for s in args.settings)}
     losses = [float(x) for x in args.losses.split(",")]

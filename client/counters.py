@@ -30,6 +30,7 @@ from pathlib import Path
 
 import attrs
 
+from slipstream.client import control
 from slipstream.client._native import ffi, lib
 
 MAGIC = 0x53504C53  # "SLPS"
@@ -331,3 +332,13 @@ class CountersFile:
         except BufferError:
             pass
         self._map = None  # type: ignore[assignment]
+
+
+def read_system_counters(directory: str | os.PathLike[str]) -> dict[SystemCounter, int]:
+    """A snapshot of the system counters of the driver in ``directory`` (read-only; the
+    driver need not be alive, its file must exist)."""
+    counters = CountersFile(Path(directory) / control.COUNTERS_FILE, writable=False)
+    try:
+        return {counter: counters.get(counter) for counter in SystemCounter}
+    finally:
+        counters.close()

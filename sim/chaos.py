@@ -172,8 +172,7 @@ def run_chaos(seconds: float, *, publishers: int = 3, subscribers: int = 2, stre
     """Run the chaos (module docstring) for ``seconds`` and report."""
     import uuid
 
-    from slipstream.client import control
-    from slipstream.client.counters import CountersFile, SystemCounter
+    from slipstream.client.counters import SystemCounter, read_system_counters
     from slipstream.daemon.driver import MediaDriver
 
     rng = random.Random(seed)
@@ -214,11 +213,7 @@ def run_chaos(seconds: float, *, publishers: int = 3, subscribers: int = 2, stre
 
     def unblocked() -> int:
         with contextlib.suppress(OSError, ValueError):
-            counters = CountersFile(directory / control.COUNTERS_FILE, writable=False)
-            try:
-                return counters.get(SystemCounter.UNBLOCKED_PUBLICATIONS)
-            finally:
-                counters.close()
+            return read_system_counters(directory)[SystemCounter.UNBLOCKED_PUBLICATIONS]
         return 0
 
     def launch() -> Any:

@@ -122,11 +122,6 @@ def stream(publication: Any, collectors: list[Collector], count: int,
 
 def counters_of(driver: Any) -> dict[str, int]:
     """The system counters of a driver, by name."""
-    from slipstream.client import control
-    from slipstream.client.counters import CountersFile, SystemCounter
+    from slipstream.client.counters import read_system_counters
 
-    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-    try:
-        return {c.name: counters.get(c) for c in SystemCounter}
-    finally:
-        counters.close()
+    return {c.name: v for c, v in read_system_counters(driver.directory).items()}

@@ -15,7 +15,7 @@ import zmq
 from helpers import wait_for
 
 from slipstream.client import Client, InvalidArgumentError, control
-from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.counters import CountersFile, SystemCounter, read_system_counters
 from slipstream.daemon.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
 from slipstream.sim.fuzz import CommandFuzzer
@@ -59,11 +59,7 @@ def _still_serves(directory: Path) -> None:
 
 
 def _errors(directory: Path) -> int:
-    counters = CountersFile(directory / control.COUNTERS_FILE, writable=False)
-    try:
-        return counters.get(SystemCounter.ERRORS)
-    finally:
-        counters.close()
+    return read_system_counters(directory)[SystemCounter.ERRORS]
 
 
 @pytest.mark.parametrize(("field", "value"), [

@@ -24,8 +24,8 @@ from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 
 from bench import aeron_peer
 from bench.aeron_peer import AeronDriver, basic_subscriber, streaming_publisher
-from slipstream.client import Client, control
-from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client import Client
+from slipstream.client.counters import SystemCounter, read_system_counters
 from slipstream.daemon.driver import MediaDriver
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,11 +56,7 @@ def slipstream_driver(driver_dir: Path) -> Iterator[MediaDriver]:
 
 
 def counter(driver: MediaDriver, which: SystemCounter) -> int:
-    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-    try:
-        return counters.get(which)
-    finally:
-        counters.close()
+    return read_system_counters(driver.directory)[which]
 
 
 @pytest.mark.parametrize("loss", [0, 50_000], ids=["lossless", "5%-loss-at-slipstream"])
