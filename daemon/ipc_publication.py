@@ -164,9 +164,6 @@ class IpcPublication:
             self._time_of_last_consumer_change_ns = now_ns
             self.cleaner.hold()  # nothing to clean for until one joins
             return work
-        if not self.log.is_connected:
-            self.log.is_connected = True
-            work += 1
         # Clean first: the raised limit may let the publisher into the partition just cleaned.
         work += self.cleaner.clean_toward(consumer)
         limit = min(consumer + self.term_window_length, self.cleaner.reusable_limit())
@@ -174,6 +171,10 @@ class IpcPublication:
             limit = min(limit, self.credit_stop_position)
         if limit != self.counters.get(self.publisher_limit_id):
             self.counters.set(self.publisher_limit_id, limit)
+        if not self.log.is_connected:
+            # After the limit: a publisher that sees "connected" must find credit with it.
+            self.log.is_connected = True
+            work += 1
         if limit - producer < self.term_window_length // 2:
             # Little headroom left: keep the duty cycle brisk.  With plenty the driver may back
             # off; a publisher that does reach the limit wakes it through the eventcount.
