@@ -386,10 +386,11 @@ class PublicationImage:
         return max(0, min(self.window, self.cleaner.reusable_limit() - position))
 
     def _send_status_message(self, now_ns: int, out: list[Datagram]) -> None:
-        # A repeat on the timeout reports what subscribers consumed by now, not the position
-        # last scheduled: the SM rate is the same, and a sender that drains learns its
-        # receivers took the last bytes of the stream (Aeron 1.15's receiver does the same:
-        # tests/test_interop.py drains into it).
+        # A repeat on the timeout reports what subscribers consumed by now, not the values
+        # last scheduled as Aeron's C driver does (PROTOCOL.md §3.4, seen on the wire): the SM
+        # rate is the same, and a sender that drains learns its receivers took the last bytes
+        # of the stream.  A receiver that repeats the old values holds such a drain until its
+        # drain_timeout; Aeron 1.15's Java receiver did not (tests/test_interop.py).
         min_sub = self.min_subscriber_position()
         if min_sub > self._sm_position:
             self._sm_position = min_sub
