@@ -137,8 +137,12 @@ class Publication:
         appender = new_appender(log, self._limit)
         appender.back_pressure_events = client.counters.address(
             SystemCounter.BACK_PRESSURE_EVENTS)
-        appender.driver_signal = client.counters.driver_signal
-        appender.driver_waiters = client.counters.driver_waiters
+        if doorbell_fd < 0:
+            # A back-pressured offer wakes a parked conductor, which raises an IPC stream's
+            # limit.  A network stream's limit is the sender's to raise (on status messages),
+            # and waking the conductor for it cost a core's fifth per back-pressured stream.
+            appender.driver_signal = client.counters.driver_signal
+            appender.driver_waiters = client.counters.driver_waiters
         appender.last_limit_hit = -1
         appender.doorbell_fd = doorbell_fd
         self._appender = appender
