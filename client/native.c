@@ -518,6 +518,9 @@ int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t ma
     int32_t limit = term_length - offset;
     if (max_length < limit) limit = max_length;
     *padding = 0;
+    /* The publisher wrote these lines on another core: ask for all of them at once rather
+     * than miss on each frame header in turn. */
+    for (int32_t line = 0; line < limit; line += 64) __builtin_prefetch(term + offset + line);
     while (available < limit) {
         const uint8_t *frame = term + offset + available;
         int32_t frame_length = LOAD_ACQ((const int32_t *)frame);

@@ -437,6 +437,12 @@ class DriverSettings:
     socket_so_sndbuf: int = _size(
         0, "SO_SNDBUF of UDP sockets, bytes; 0 = OS default.", low=0, high=_GiB
     )
+    socket_gso: bool = _bool(
+        True,
+        "slipstream: send runs of equal datagrams as one UDP GSO send (UDP_SEGMENT), which the "
+        "kernel cuts into the same datagrams: one pass through the stack for up to 64 "
+        "datagrams. A path that refuses it is sent to datagram by datagram.",
+    )
     socket_multicast_ttl: int = _int(
         0, "IP multicast TTL (hops); 0 = OS default (1: the local subnet).", low=0, high=255
     )

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -21,6 +22,73 @@ static inline int32_t read_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); 
 static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 /* ------------------------------------------------------------------------------- sender */
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103 /* linux/udp.h, Linux 4.18 */
+#endif
+
+/* One sendmmsg of spans[0..n): with p->gso, a run of spans of the first one's length that
+ * follow each other in the log (the last may be shorter, a PAD's header only ends it) is one
+ * message with a UDP_SEGMENT of that length.  Returns the spans sent, or -1 (errno).  A path
+ * that refuses GSO (EMSGSIZE: a segment over its MTU, which a plain send would fragment;
+ * EINVAL, EIO: no checksum offload) clears p->gso and the same spans go again datagram by
+ * datagram. */
+static int32_t send_spans(ss_send_publication_t *p, const ss_span_t *spans, int32_t n) {
+    struct mmsghdr messages[SS_SEND_BATCH_MAX];
+    struct iovec vectors[SS_SEND_BATCH_MAX];
+    union {
+        char buffer[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } controls[SS_SEND_BATCH_MAX];
+    int32_t ends[SS_SEND_BATCH_MAX]; /* the span after each message's last */
+    for (;;) {
+        const int gso = p->gso;
+        int32_t m = 0;
+        memset(messages, 0, sizeof(struct mmsghdr) * (size_t)n);
+        for (int32_t i = 0; i < n; m++) {
+            const int32_t segment = spans[i].length;
+            int64_t end = spans[i].log_offset + segment;
+            int32_t j = i + 1;
+            if (gso) {
+                while (j < n && j - i < SS_GSO_MAX_SEGMENTS && spans[j - 1].padding == 0 &&
+                       spans[j].log_offset == end && spans[j].length <= segment &&
+                       end + spans[j].length - spans[i].log_offset <= SS_GSO_MAX_BYTES) {
+                    end += spans[j].length;
+                    if (spans[j++].length < segment) break; /* a shorter one ends a run */
+                }
+            }
+            struct msghdr *header = &messages[m].msg_hdr;
+            vectors[m].iov_base = p->log + spans[i].log_offset;
+            vectors[m].iov_len = (size_t)(end - spans[i].log_offset);
+            header->msg_iov = &vectors[m];
+            header->msg_iovlen = 1;
+            if (p->destination_length > 0) {
+                header->msg_name = p->destination;
+                header->msg_namelen = (socklen_t)p->destination_length;
+            }
+            if (j - i > 1) {
+                header->msg_control = controls[m].buffer;
+                header->msg_controllen = sizeof controls[m].buffer;
+                struct cmsghdr *cmsg = CMSG_FIRSTHDR(header);
+                cmsg->cmsg_level = SOL_UDP;
+                cmsg->cmsg_type = UDP_SEGMENT;
+                cmsg->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+                uint16_t size = (uint16_t)segment;
+                memcpy(CMSG_DATA(cmsg), &size, sizeof size);
+            }
+            ends[m] = j;
+            i = j;
+        }
+        int rc = sendmmsg(p->fd, messages, (unsigned int)m, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (rc > 0) return ends[rc - 1];
+        if (rc < 0 && gso && m < n && (errno == EMSGSIZE || errno == EINVAL || errno == EIO)) {
+            p->last_errno = errno;
+            p->gso = 0;
+            continue;
+        }
+        return rc < 0 ? -1 : 0;
+    }
+}
 
 int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datagrams,
                      ss_span_t *spans) {
@@ -48,21 +116,8 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
     if (n == 0) return 0;
     int32_t sent = n;
     if (p->fd >= 0) {
-        struct mmsghdr messages[SS_SEND_BATCH_MAX];
-        struct iovec vectors[SS_SEND_BATCH_MAX];
-        memset(messages, 0, sizeof(struct mmsghdr) * (size_t)n);
-        for (int32_t i = 0; i < n; i++) {
-            vectors[i].iov_base = p->log + spans[i].log_offset;
-            vectors[i].iov_len = (size_t)spans[i].length;
-            messages[i].msg_hdr.msg_iov = &vectors[i];
-            messages[i].msg_hdr.msg_iovlen = 1;
-            if (p->destination_length > 0) {
-                messages[i].msg_hdr.msg_name = p->destination;
-                messages[i].msg_hdr.msg_namelen = (socklen_t)p->destination_length;
-            }
-        }
-        int rc = sendmmsg(p->fd, messages, (unsigned int)n, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (rc < 0) {
+        sent = send_spans(p, spans, n);
+        if (sent < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
                 count(p->short_sends, 1);
                 return 0;
@@ -73,7 +128,6 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
             count(p->send_errors, 1);
             return -1;
         }
-        sent = rc;
         if (sent < n) count(p->short_sends, 1);
     }
     int64_t sent_position = start;
@@ -230,16 +284,35 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
     image->time_of_last_packet_ns = now_ns;
     uint8_t *term = image->log + (int64_t)(term_count % SS_PARTITION_COUNT) * image->term_length;
     ss_rebuild_insert(term, term_offset, data, length);
-    ss_signal((int32_t *)(image->meta + SS_META_READER_SIGNAL),
-              (const int32_t *)(image->meta + SS_META_READER_WAITERS));
+    if (!image->signal_pending) {
+        if (r->signal_count < SS_SIGNAL_PENDING_MAX) {
+            image->signal_pending = 1;
+            r->signal_pending[r->signal_count++] = image;
+        } else {
+            ss_signal((int32_t *)(image->meta + SS_META_READER_SIGNAL),
+                      (const int32_t *)(image->meta + SS_META_READER_WAITERS));
+        }
+    }
     /* A PAD header stands for the rest of its term. */
     int64_t proposed = position + (type == SS_HDR_TYPE_PAD ? frame_length : length);
+    if (position == image->contiguous_position) image->contiguous_position = proposed;
     raise_hwm(image, proposed);
     image->dirty = 1;
 }
 
-int32_t ss_receiver_on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
-                                const uint8_t *source, int32_t source_length, int64_t now_ns) {
+/* Wake the readers of every image that got data since the last flush. */
+static void flush_signals(ss_receiver_t *r) {
+    for (int32_t i = 0; i < r->signal_count; i++) {
+        ss_image_t *image = r->signal_pending[i];
+        image->signal_pending = 0;
+        ss_signal((int32_t *)(image->meta + SS_META_READER_SIGNAL),
+                  (const int32_t *)(image->meta + SS_META_READER_WAITERS));
+    }
+    r->signal_count = 0;
+}
+
+static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
+                           const uint8_t *source, int32_t source_length, int64_t now_ns) {
     if (length < 8 || data[4] != 0) {
         count(r->counters.invalid_packets, 1);
         return SS_RX_CONSUMED;
@@ -288,10 +361,52 @@ int32_t ss_receiver_on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t l
     return SS_RX_CONSUMED;
 }
 
+int32_t ss_receiver_on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
+                                const uint8_t *source, int32_t source_length, int64_t now_ns) {
+    int32_t verdict = on_datagram(r, data, length, source, source_length, now_ns);
+    flush_signals(r);
+    return verdict;
+}
+
+#ifndef UDP_GRO
+#define UDP_GRO 104 /* linux/udp.h, Linux 5.0 */
+#endif
+
+/* The segment size of a buffer the kernel coalesced (UDP_GRO), or 0. */
+static int32_t gro_segment_size(struct msghdr *header) {
+    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR(header); cmsg != NULL;
+         cmsg = CMSG_NXTHDR(header, cmsg)) {
+        if (cmsg->cmsg_level == SOL_UDP && cmsg->cmsg_type == UDP_GRO &&
+            cmsg->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int size;
+            memcpy(&size, CMSG_DATA(cmsg), sizeof size);
+            return size > 0 ? size : 0;
+        }
+    }
+    return 0;
+}
+
+/* The test hook: whether to drop this DATA/PAD datagram (debug_receive_data_loss). */
+static int debug_drop(ss_receiver_t *r, const uint8_t *data, int32_t length) {
+    if (r->loss_threshold == 0 || length < 8) return 0;
+    uint16_t type = read_u16(data + 6);
+    if (type != SS_HDR_TYPE_DATA && type != SS_HDR_TYPE_PAD) return 0;
+    uint64_t x = r->loss_state;
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    r->loss_state = x;
+    if ((uint32_t)(x >> 32) >= r->loss_threshold) return 0;
+    count(r->counters.debug_data_loss_drops, 1);
+    return 1;
+}
+
 int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *to_python,
                          int32_t *to_python_count) {
     struct mmsghdr messages[RECV_BATCH_MAX];
     struct iovec vectors[RECV_BATCH_MAX];
+    union {
+        char buffer[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } controls[RECV_BATCH_MAX];
     int32_t batch = r->batch < RECV_BATCH_MAX ? r->batch : RECV_BATCH_MAX;
     memset(messages, 0, sizeof(struct mmsghdr) * (size_t)batch);
     for (int32_t i = 0; i < batch; i++) {
@@ -301,6 +416,8 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
         messages[i].msg_hdr.msg_iovlen = 1;
         messages[i].msg_hdr.msg_name = r->sources + (int64_t)i * SS_SOCKADDR_MAX;
         messages[i].msg_hdr.msg_namelen = SS_SOCKADDR_MAX;
+        messages[i].msg_hdr.msg_control = controls[i].buffer;
+        messages[i].msg_hdr.msg_controllen = sizeof controls[i].buffer;
     }
     *to_python_count = 0;
     int received = recvmmsg(fd, messages, (unsigned int)batch, MSG_DONTWAIT, NULL);
@@ -314,31 +431,37 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
         return -1;
     }
     for (int32_t i = 0; i < received; i++) {
-        const struct msghdr *header = &messages[i].msg_hdr;
-        int32_t length = (int32_t)messages[i].msg_len;
-        r->lengths[i] = length;
-        r->source_lengths[i] = (int32_t)header->msg_namelen;
+        struct msghdr *header = &messages[i].msg_hdr;
+        const int32_t length = (int32_t)messages[i].msg_len;
+        const uint8_t *buffer = (const uint8_t *)vectors[i].iov_base;
+        const uint8_t *source = (const uint8_t *)header->msg_name;
+        const int32_t source_length = (int32_t)header->msg_namelen;
+        r->source_lengths[i] = source_length;
         if (header->msg_flags & MSG_TRUNC) { /* larger than any frame we accept */
             count(r->counters.invalid_packets, 1);
             continue;
         }
-        if (r->loss_threshold != 0 && length >= 8) {
-            uint16_t type = read_u16((const uint8_t *)vectors[i].iov_base + 6);
-            if (type == SS_HDR_TYPE_DATA || type == SS_HDR_TYPE_PAD) {
-                uint64_t x = r->loss_state;
-                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-                r->loss_state = x;
-                if ((uint32_t)(x >> 32) < r->loss_threshold) {
-                    count(r->counters.debug_data_loss_drops, 1);
-                    continue;
+        int32_t segment = gro_segment_size(header);
+        if (segment <= 0 || segment > length) segment = length;
+        for (int32_t offset = 0; offset < length || length == 0; offset += segment) {
+            const int32_t rest = length - offset;
+            const int32_t datagram_length = rest < segment ? rest : segment;
+            const uint8_t *datagram = buffer + offset;
+            if (!debug_drop(r, datagram, datagram_length) &&
+                on_datagram(r, datagram, datagram_length, source, source_length, now_ns) ==
+                    SS_RX_TO_PYTHON) {
+                if (*to_python_count < r->to_python_capacity) {
+                    int32_t *entry = to_python + 3 * (*to_python_count)++;
+                    entry[0] = i;
+                    entry[1] = (int32_t)(datagram - r->buffers);
+                    entry[2] = datagram_length;
+                } else {
+                    count(r->counters.receive_errors, 1);
                 }
             }
-        }
-        if (ss_receiver_on_datagram(r, (const uint8_t *)vectors[i].iov_base, length,
-                                    (const uint8_t *)header->msg_name,
-                                    (int32_t)header->msg_namelen, now_ns) == SS_RX_TO_PYTHON) {
-            to_python[(*to_python_count)++] = i;
+            if (length == 0) break;
         }
     }
+    flush_signals(r);
     return received;
 }

@@ -11,7 +11,12 @@
 #include <stdint.h>
 
 #define SS_SEND_BATCH_MAX 64
+/* UDP GSO (UDP_SEGMENT): the kernel takes at most 64 segments (UDP_MAX_SEGMENTS in older
+ * kernels) and one UDP payload per send; 65000 leaves room for the IPv4/IPv6 headers. */
+#define SS_GSO_MAX_SEGMENTS 64
+#define SS_GSO_MAX_BYTES 65000
 #define SS_SOCKADDR_MAX 128
+#define SS_SIGNAL_PENDING_MAX 64
 
 /* ss_receiver_on_datagram results */
 #define SS_RX_CONSUMED 0
@@ -40,12 +45,17 @@ typedef struct {
     int32_t mtu;
     int32_t fd;                   /* the send socket; -1: fill spans only (the simulator) */
     int32_t last_errno;           /* of the last failed send, for the driver's log */
+    int32_t gso;                  /* 1: runs of equal datagrams go as one UDP GSO send; cleared
+                                   * here when the path refuses it (see send_spans) */
     int32_t destination_length;   /* 0: the socket is connected */
     uint8_t destination[128];     /* SS_SOCKADDR_MAX (cffi wants a literal here) */
 } ss_send_publication_t;
 
 /* Scan committed frames from snd-pos up to snd-lmt into at most max_datagrams spans of at most
  * one MTU each, send them (one sendmmsg when fd >= 0) and advance snd-pos past what was sent.
+ * With gso set, a run of spans of one length that follow each other in the log (the last may
+ * be shorter) is one message of that sendmmsg, which the kernel cuts into those datagrams:
+ * the wire carries the same datagrams, for one pass through the stack instead of one each.
  * Returns the datagrams sent; 0 when nothing was ready or the socket was full (counted as a
  * short send); -1 on another error (counted, errno in last_errno; nothing advanced). */
 int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datagrams,
@@ -61,12 +71,16 @@ typedef struct {
     int64_t overrun_threshold;    /* last_sm_position + term_length / 2 (over-run check) */
     int64_t time_of_last_packet_ns;
     int64_t eos_position;         /* -1 until a heartbeat with EOS arrives */
+    int64_t contiguous_position;  /* the end of what arrived in order: a datagram landing here
+                                   * moves it on; the rebuild pass scans from here, never what
+                                   * arrived in order, and sets it to rcv-pos when ahead */
     int32_t term_length;
     int32_t position_bits;
     int32_t initial_term_id;
     int32_t session_id;
     int32_t stream_id;
     int32_t dirty;                /* data or a new hwm arrived since Python's last rebuild */
+    int32_t signal_pending;       /* data inserted, its readers not signalled yet */
     int32_t source_length;        /* > 0: frames from another address are dropped */
     uint8_t source[128];          /* SS_SOCKADDR_MAX */
 } ss_image_t;
@@ -93,10 +107,12 @@ typedef struct {
     int32_t stream_capacity;
     int32_t batch;                /* datagrams per recvmmsg */
     int32_t buffer_length;        /* bytes per datagram buffer (>= the largest datagram) */
-    uint8_t *buffers;             /* batch x buffer_length */
-    int32_t *lengths;             /* per received datagram */
+    uint8_t *buffers;             /* batch x buffer_length; with UDP_GRO on the socket, one
+                                   * buffer may hold several datagrams (segments) */
     uint8_t *sources;             /* batch x SS_SOCKADDR_MAX: struct sockaddr of each */
     int32_t *source_lengths;
+    int32_t to_python_capacity;   /* datagrams for Python per call; more are counted in
+                                   * receive_errors and dropped (a flood of coalesced ones) */
     int32_t last_errno;
     /* A test hook, as Aeron's debug receive channel endpoint: a DATA/PAD datagram arriving on
      * the socket is dropped with probability loss_threshold / 2^32 (0: never), drawn from a
@@ -104,6 +120,10 @@ typedef struct {
     uint32_t loss_threshold;
     uint64_t loss_state;
     ss_receiver_counters_t counters;
+    /* Images given data in this batch: their readers are signalled once, after it (a futex
+     * wake, or at least a full fence, per datagram costs more than the insert). */
+    int32_t signal_count;
+    ss_image_t *signal_pending[64]; /* SS_SIGNAL_PENDING_MAX */
 } ss_receiver_t;
 
 /* Rebuild the image table from `images` (count of them; the table must have room for them at
@@ -117,8 +137,10 @@ ss_image_t *ss_receiver_find_image(const ss_receiver_t *r, int32_t session_id, i
  * of an unknown session of a subscribed stream). */
 int32_t ss_receiver_on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
                                 const uint8_t *source, int32_t source_length, int64_t now_ns);
-/* recvmmsg up to `batch` datagrams from fd (non-blocking) into the buffers and dispatch each;
- * the indexes of those for Python go to to_python[0..*to_python_count).  Returns the number of
- * datagrams received (0: none waiting), or -1 on an error (errno in last_errno). */
+/* recvmmsg up to `batch` buffers from fd (non-blocking) and dispatch each datagram in them (a
+ * buffer the kernel coalesced, UDP_GRO, is cut at its segment size); those for Python go to
+ * to_python as (buffer index, byte offset in buffers, length) triples, *to_python_count of
+ * them.  Returns the number of buffers received (0: none waiting), or -1 on an error (errno
+ * in last_errno). */
 int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *to_python,
                          int32_t *to_python_count);

@@ -193,6 +193,7 @@ class PublicationImage:
         c.stream_id = self.stream_id
         c.time_of_last_packet_ns = now_ns
         c.eos_position = -1
+        c.contiguous_position = join
         raw_source = sockaddr(source)
         c.source = raw_source
         c.source_length = len(raw_source)
@@ -355,6 +356,8 @@ class PublicationImage:
         min_sub, max_sub = self._min_max_subscriber_position()
         rcv_pos = self.rcv_pos
         hwm = self.rcv_hwm
+        # What arrived in order needs no scan: start where the data path saw it stop.
+        rcv_pos = max(rcv_pos, min(c.contiguous_position, hwm))
         for _ in range(PARTITION_COUNT):
             rebuild = max(rcv_pos, max_sub)
             offset, loss_found = self.loss_detector.scan(
@@ -366,6 +369,8 @@ class PublicationImage:
             if loss_found or offset < self.term_length or rcv_pos >= hwm:
                 break
         lib.ss_store_release_i64(self._rcv_pos, rcv_pos)
+        if rcv_pos > c.contiguous_position:
+            c.contiguous_position = rcv_pos
         eos = c.eos_position
         if eos >= 0 and not self.is_end_of_stream and rcv_pos >= eos:
             self.is_end_of_stream = True

@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import struct
+import weakref
 from typing import Final
 
 from slipstream.client.channel import Channel
@@ -50,9 +51,14 @@ RECEIVE_BUFFER_LENGTH: Final = 65536
 #: A send endpoint only receives control frames (at most 1063 bytes, an ERR).
 CONTROL_BATCH: Final = 16
 CONTROL_BUFFER_LENGTH: Final = 2048
+#: Datagrams for Python per receive buffer, room for: a buffer the kernel coalesced (UDP_GRO)
+#: holds datagrams of one source; those not data of a known image (SETUPs, a new session's
+#: first data) are few.
+TO_PYTHON_PER_BUFFER: Final = 64
 #: recvmmsg calls per duty cycle while the socket stays full.
 MAX_RECEIVE_CALLS: Final = 8
 
+UDP_GRO: Final = 104  # linux/udp.h; Python's socket module does not name it
 _warned_buffers: set[tuple[str, int, int]] = set()
 
 
@@ -77,19 +83,19 @@ class _ControlReceiver:
         self.batch = batch
         self.buffer_length = buffer_length
         self.buffers = network_ffi.new("uint8_t[]", batch * buffer_length)
-        self.lengths = network_ffi.new("int32_t[]", batch)
         self.sources = network_ffi.new("uint8_t[]", batch * network.SS_SOCKADDR_MAX)
         self.source_lengths = network_ffi.new("int32_t[]", batch)
-        self.to_python = network_ffi.new("int32_t[]", batch)
+        capacity = batch * TO_PYTHON_PER_BUFFER
+        self.to_python = network_ffi.new("int32_t[]", 3 * capacity)  # (buffer, offset, length)
         self.to_python_count = network_ffi.new("int32_t *")
         self.view = memoryview(network_ffi.buffer(self.buffers))
         self.source_view = memoryview(network_ffi.buffer(self.sources))
         receiver.batch = batch
         receiver.buffer_length = buffer_length
         receiver.buffers = self.buffers
-        receiver.lengths = self.lengths
         receiver.sources = self.sources
         receiver.source_lengths = self.source_lengths
+        receiver.to_python_capacity = capacity
 
     def receive(self, receiver, fd: int, now_ns: int, handle) -> int:
         """recvmmsg into the buffers until the socket is empty (or MAX_RECEIVE_CALLS); every
@@ -103,16 +109,16 @@ class _ControlReceiver:
                     log.warning("receive failed: %s", os.strerror(receiver.last_errno))
                 break
             total += received
-            for k in range(self.to_python_count[0]):
-                i = self.to_python[k]
-                start = i * self.buffer_length
+            to_python = self.to_python
+            for k in range(0, 3 * self.to_python_count[0], 3):
+                i, start, length = to_python[k], to_python[k + 1], to_python[k + 2]
                 source_start = i * network.SS_SOCKADDR_MAX
                 try:
                     source = address_of(self.source_view[source_start:source_start
                                                          + self.source_lengths[i]])
                 except (ValueError, struct.error):
                     continue
-                handle(self.view[start:start + self.lengths[i]], source, now_ns)
+                handle(self.view[start:start + length], source, now_ns)
             if received < self.batch:
                 break
         return total
@@ -168,6 +174,16 @@ def _set_multicast(sock: socket.socket, settings: DriverSettings, channel: Chann
     if ttl:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+
+
+def _enable_gro(sock: socket.socket) -> None:
+    """Let the kernel hand over runs of datagrams of one flow as one buffer (UDP_GRO): a GSO
+    send crosses loopback or a veth whole, and is received in one copy; the data path cuts
+    it at the segment size.  A kernel without it (before 5.0) receives datagram by datagram."""
+    try:
+        sock.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
+    except OSError:
+        pass
 
 
 class _UdpTransport:
@@ -227,6 +243,8 @@ class UdpSendTransport(_UdpTransport):
         super().__init__(sock, counters)
         self.destination = destination
         self.batch = settings.network_publication_max_messages_per_send
+        self.gso = int(settings.socket_gso)
+        self._gso_refused: weakref.WeakSet[NetworkPublication] = weakref.WeakSet()
         self._spans = network_ffi.new("ss_span_t[]", self.batch)
         self._receiver = network_ffi.new("ss_receiver_t *")
         self._slots = network_ffi.new("ss_image_t *[]", 1)  # no images: all goes to Python
@@ -243,6 +261,7 @@ class UdpSendTransport(_UdpTransport):
     def attach(self, publication: NetworkPublication) -> None:
         c = publication.c
         c.fd = self.fd
+        c.gso = self.gso
         if self.connected:
             c.destination_length = 0
         else:
@@ -251,7 +270,12 @@ class UdpSendTransport(_UdpTransport):
             c.destination_length = len(raw)
 
     def send_data(self, publication: NetworkPublication, now_ns: int) -> int:
-        sent = network.ss_send_data(publication.c, now_ns, self.batch, self._spans)
+        c = publication.c
+        sent = network.ss_send_data(c, now_ns, self.batch, self._spans)
+        if self.gso and not c.gso and publication not in self._gso_refused:
+            self._gso_refused.add(publication)
+            log.info("%s: the path refused GSO (%s); sending datagram by datagram", publication,
+                     os.strerror(c.last_errno))
         if sent < 0:
             code = publication.c.last_errno
             if code not in self._errors_logged and code != errno.ECONNREFUSED:
@@ -296,6 +320,8 @@ class UdpReceiveTransport(_UdpTransport):
                 _set_multicast(sock, settings, channel, bind[0], _interface_address(channel))
             else:
                 sock.bind(bind)
+            if settings.socket_gso:
+                _enable_gro(sock)
         except BaseException:
             sock.close()
             raise

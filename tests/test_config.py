@@ -67,6 +67,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "nak_multicast_group_size": 10,
     "socket_so_rcvbuf": 128 * KiB,
     "socket_so_sndbuf": 0,
+    "socket_gso": True,  # slipstream; Aeron sends datagram by datagram
     "socket_multicast_ttl": 0,
     "receiver_group_tag": None,
     "reliable_stream": True,

@@ -53,6 +53,23 @@ def test_unicast_between_two_hosts_under_random_loss(hosts, loss: float) -> None
     assert counters_of(publisher)["RETRANSMITS_SENT"] > 0
 
 
+def test_datagrams_larger_than_the_links_mtu_still_flow_when_gso_is_refused(hosts) -> None:
+    """mtu=4096 over a 1500-byte link: the kernel refuses a GSO send of segments larger than
+    the path's MTU (EMSGSIZE); the publication goes on datagram by datagram, which the kernel
+    sends as IP fragments, and nothing counts as a send error."""
+    publisher = hosts.start_driver(1, **SETTINGS)
+    subscriber = hosts.start_driver(2, **SETTINGS)
+    uri = f"aeron:udp?endpoint={hosts[2].address}:{PORT}|mtu=4096"
+    with Client.connect(publisher.directory) as a, Client.connect(subscriber.directory) as b:
+        subscription = b.add_subscription(uri, 1)
+        publication = a.add_publication(uri, 1)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 10_000, lambda i: 32, timeout=60)
+        collector.assert_exactly(10_000)
+    assert counters_of(publisher)["SEND_ERRORS"] == 0
+
+
 @pytest.mark.parametrize("hosts", [5], indirect=True)
 @pytest.mark.parametrize("loss", [0.01, 0.05, 0.20])
 def test_multicast_to_four_hosts_under_random_loss(hosts, loss: float) -> None:

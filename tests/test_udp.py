@@ -18,6 +18,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,7 +44,9 @@ from slipstream.client import (
     Subscription,
     control,
 )
+from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
 from slipstream.daemon.driver import MediaDriver
+from slipstream.daemon.udp import UDP_GRO
 from slipstream.sim.fuzz import DatagramFuzzer
 
 
@@ -113,6 +116,69 @@ def test_multicast_to_several_subscriber_drivers(launch) -> None:
         stream(publication, collectors, 10_000, lambda i: 100 + i % 700)
         for collector in collectors:
             collector.assert_exactly(10_000)
+
+
+def _tap(group: str, port: int) -> socket.socket:
+    """A socket on a multicast group that takes coalesced buffers (UDP_GRO), as a driver's."""
+    tap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tap.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tap.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    tap.bind((group, port))
+    tap.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                   socket.inet_aton(group) + socket.inet_aton("127.0.0.1"))
+    tap.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
+    tap.settimeout(0.1)
+    return tap
+
+
+@pytest.mark.parametrize("gso", [True, False], ids=["gso", "no-gso"])
+def test_a_gso_send_carries_the_datagrams_a_plain_send_makes(launch, gso: bool) -> None:
+    """With socket_gso the sender hands the kernel runs of datagrams as one send: a tap on the
+    group sees them coalesced (a UDP_GRO segment size), and cut at that size each is a whole
+    DATA datagram of at most the MTU, as without GSO, where the tap sees them one by one.  The
+    subscriber's driver, which takes coalesced buffers too, has every message once."""
+    port, group = free_port(), f"224.0.3.{random.randrange(1, 250, 2)}"
+    uri = f"aeron:udp?endpoint={group}:{port}|interface=127.0.0.1|mtu=1408"
+    a, b = launch(socket_gso=gso), launch()
+    buffers: list[tuple[bytes, int]] = []  # (buffer, segment size or 0)
+    done = threading.Event()
+
+    def read(tap: socket.socket) -> None:
+        while not done.is_set():
+            try:
+                data, ancillary, _, _ = tap.recvmsg(65536, socket.CMSG_SPACE(4))
+            except TimeoutError:
+                continue
+            segment = 0
+            for level, kind, value in ancillary:
+                if level == socket.IPPROTO_UDP and kind == UDP_GRO:
+                    segment = int.from_bytes(value[:4], sys.byteorder)
+            buffers.append((data, segment))
+
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
+            _tap(group, port) as tap:
+        reader = threading.Thread(target=read, args=(tap,), daemon=True)
+        reader.start()
+        subscription = cb.add_subscription(uri, 12)
+        publication = ca.add_publication(uri, 12)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        # Runs of 1408-byte datagrams (22 frames of 32 B), and fragmented messages between.
+        stream(publication, [collector], 20_000, lambda i: 3000 if i % 1000 == 999 else 32)
+        collector.assert_exactly(20_000)
+        done.set()
+        reader.join(5)
+    coalesced = data = 0
+    for buffer, segment in buffers:
+        coalesced += segment > 0 and len(buffer) > segment
+        size = segment or len(buffer)
+        for start in range(0, len(buffer), size):
+            frames = decode_datagram(buffer[start:start + size])
+            assert not isinstance(frames, Rejected), frames.reason
+            assert len(buffer[start:start + size]) <= 1408
+            data += isinstance(frames[0], (Data, Pad))
+    assert (coalesced > 0) == gso
+    assert data > 20_000 * 64 // 1408
 
 
 def test_a_back_pressured_network_publisher_leaves_the_conductor_parked(launch) -> None:
