@@ -27,6 +27,7 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -185,6 +186,9 @@ class CountersFile:
         self._base = ffi.cast("uint8_t *", self._cdata)
         self._values_offset = HEADER_LENGTH + capacity * METADATA_LENGTH
         self._next_free_hint = 0
+        # Each counter's cffi pointer, made on first use: the driver's hot paths count into
+        # the same few cells thousands of times a second.
+        self._addresses: dict[int, Any] = {}
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], capacity: int) -> CountersFile:
@@ -250,9 +254,13 @@ class CountersFile:
 
     def address(self, counter_id: int):  # -> cffi int64_t *
         """cffi pointer to the counter's value, for C hot paths and atomics."""
-        if not 0 <= counter_id < self.capacity:
-            raise IndexError(f"counter id {counter_id} outside 0..{self.capacity - 1}")
-        return ffi.cast("int64_t *", self._base + self.value_offset(counter_id))
+        address = self._addresses.get(counter_id)
+        if address is None:
+            if not 0 <= counter_id < self.capacity:
+                raise IndexError(f"counter id {counter_id} outside 0..{self.capacity - 1}")
+            address = self._addresses[counter_id] = ffi.cast(
+                "int64_t *", self._base + self.value_offset(counter_id))
+        return address
 
     def allocate(
         self,

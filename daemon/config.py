@@ -468,7 +468,7 @@ class DriverSettings:
         "Datagrams one publication sends per duty cycle, in one sendmmsg (count). Aeron's C "
         "driver sends 2 per cycle of ~100 ns; a cycle here costs microseconds of Python, so "
         "it sends more per cycle.",
-        low=1, high=64,
+        low=1, high=256,
     )
     retransmit_unicast_delay: int = _duration(
         0, "Delay before answering a unicast NAK with a retransmit, ns; 0 = at once.", high=_S

@@ -97,7 +97,14 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
     int64_t position = start;
     const int64_t limit = LOAD_ACQ(p->sender_limit);
     const int32_t mask = p->term_length - 1;
-    int32_t n = 0;
+    int32_t queued = p->retransmit_count;
+    if (queued < 0 || queued > SS_RETRANSMIT_MAX) queued = SS_RETRANSMIT_MAX;
+    const int32_t retransmits = queued < max_datagrams ? queued : max_datagrams;
+    memcpy(spans, p->retransmits, sizeof(ss_span_t) * (size_t)retransmits);
+    memmove(p->retransmits, p->retransmits + retransmits,
+            sizeof(ss_span_t) * (size_t)(queued - retransmits));
+    p->retransmit_count = queued - retransmits;
+    int32_t n = retransmits;
     while (n < max_datagrams && position < limit) {
         int32_t index = (int32_t)((position >> p->position_bits) % SS_PARTITION_COUNT);
         int32_t offset = (int32_t)(position & mask);
@@ -133,11 +140,13 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
     int64_t sent_position = start;
     int64_t bytes = 0;
     for (int32_t i = 0; i < sent; i++) {
-        sent_position += (int64_t)spans[i].length + spans[i].padding;
+        if (i >= retransmits) sent_position += (int64_t)spans[i].length + spans[i].padding;
         bytes += spans[i].length;
     }
-    STORE_REL(p->sender_position, sent_position);
-    p->time_of_last_send_ns = now_ns;
+    if (sent > retransmits) { /* new data went: the heartbeat timer starts again */
+        STORE_REL(p->sender_position, sent_position);
+        p->time_of_last_send_ns = now_ns;
+    }
     count(p->bytes_sent, bytes);
     return sent;
 }

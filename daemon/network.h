@@ -10,11 +10,13 @@
  */
 #include <stdint.h>
 
-#define SS_SEND_BATCH_MAX 64
+#define SS_SEND_BATCH_MAX 256
 /* UDP GSO (UDP_SEGMENT): the kernel takes at most 64 segments (UDP_MAX_SEGMENTS in older
  * kernels) and one UDP payload per send; 65000 leaves room for the IPv4/IPv6 headers. */
 #define SS_GSO_MAX_SEGMENTS 64
 #define SS_GSO_MAX_BYTES 65000
+/* Retransmissions a publication queues for its next ss_send_data. */
+#define SS_RETRANSMIT_MAX 64
 #define SS_SOCKADDR_MAX 128
 #define SS_SIGNAL_PENDING_MAX 64
 
@@ -49,15 +51,21 @@ typedef struct {
                                    * here when the path refuses it (see send_spans) */
     int32_t destination_length;   /* 0: the socket is connected */
     uint8_t destination[128];     /* SS_SOCKADDR_MAX (cffi wants a literal here) */
+    int32_t retransmit_count;     /* spans of the log to send again (NAKs answered in Python),
+                                   * sent ahead of new data by the next ss_send_data */
+    ss_span_t retransmits[64];    /* SS_RETRANSMIT_MAX */
 } ss_send_publication_t;
 
-/* Scan committed frames from snd-pos up to snd-lmt into at most max_datagrams spans of at most
- * one MTU each, send them (one sendmmsg when fd >= 0) and advance snd-pos past what was sent.
+/* Take the queued retransmissions, then scan committed frames from snd-pos up to snd-lmt, into
+ * at most max_datagrams spans of at most one MTU each, send them (one sendmmsg when fd >= 0)
+ * and advance snd-pos past the new data sent.  A retransmission the socket did not take is
+ * gone, as if lost on the way: the receiver asks again.
  * With gso set, a run of spans of one length that follow each other in the log (the last may
  * be shorter) is one message of that sendmmsg, which the kernel cuts into those datagrams:
  * the wire carries the same datagrams, for one pass through the stack instead of one each.
- * Returns the datagrams sent; 0 when nothing was ready or the socket was full (counted as a
- * short send); -1 on another error (counted, errno in last_errno; nothing advanced). */
+ * Returns the datagrams sent (retransmissions included); 0 when nothing was ready or the
+ * socket was full (counted as a short send); -1 on another error (counted, errno in
+ * last_errno; nothing advanced). */
 int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datagrams,
                      ss_span_t *spans);
 

@@ -18,8 +18,11 @@ What goes out of :meth:`NetworkPublication.datagrams_to_send`, in Aeron's order:
    until it has live receivers (``aeron_network_publication_setup_message_check``);
 2. a heartbeat when 100 ms passed since the last data or heartbeat (only after the first SM),
    flags 0xE0 (EOS) once the closed publication has sent all;
-3. retransmits (from NAKs, through :class:`RetransmitHandler`), as views of the log, and RTTM
-   replies.
+3. RTTM replies.
+
+Retransmits (from NAKs, through :class:`RetransmitHandler`) are spans of the log queued on
+:attr:`NetworkPublication.c`: the data path sends them ahead of new data, in its own
+``sendmmsg``.
 
 States (the only place they change is :meth:`_transition`; h11 style)::
 
@@ -68,6 +71,7 @@ from slipstream.client.logbuffer import (
     max_message_length,
 )
 from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow_control import FlowControl, has_group_semantics
 from slipstream.daemon.log_cleaner import LogCleaner
@@ -153,7 +157,6 @@ class NetworkPublication:
         self._setup_flags = SETUP_GROUP_FLAG if self.is_group else 0
         self._ttl = channel.ttl or 0
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
-        self._term_views = [log.term_view(i) for i in range(PARTITION_COUNT)]
         self._padding = ffi.new("int32_t *")
 
         self.state = PublicationState.ACTIVE
@@ -193,7 +196,7 @@ class NetworkPublication:
         self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
         self._time_of_last_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
         self._linger_start_ns = 0
-        self._outbox: list[Datagram] = []  # retransmits and RTTM replies made in on_frame
+        self._outbox: list[Datagram] = []  # RTTM replies made in on_frame
         self._now_ns = now_ns
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
 
@@ -376,9 +379,6 @@ class NetworkPublication:
             now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
         self._update_has_receivers(now_ns)
         self.retransmit_handler.process_timeouts(now_ns, self._resend)
-        if self._outbox:  # retransmits fired by the timeouts above
-            out.extend(self._outbox)
-            self._outbox = []
         self._conductor_duties(now_ns)
         self._next_due_ns = self.next_deadline_ns()
         return out
@@ -399,6 +399,8 @@ class NetworkPublication:
     def has_data_ready(self) -> bool:
         """A committed frame at snd-pos fits in the window: what the C data path would send
         next (a parking network thread checks this after it told publishers to wake it)."""
+        if self.c.retransmit_count:
+            return True
         position = self.sender_position
         window = self.sender_limit - position
         if window <= 0 or self.state is PublicationState.DONE:
@@ -436,18 +438,27 @@ class NetworkPublication:
             return
         index = (resend_position >> self.position_bits) % PARTITION_COUNT
         term = self._term_ptrs[index]
-        view = self._term_views[index]
+        term_start = index * self.term_length
         padding = self._padding
         remaining = min(length, sender_position - resend_position)
         offset = term_offset
         total = 0
+        c = self.c
         while remaining > 0:
             available = lib.ss_scan_for_availability(term, offset, min(remaining, self.mtu),
                                                      self.term_length, padding)
             if available <= 0:
                 break
-            # A view of the log, sent before the next duty cycle (see Datagram).
-            self._outbox.append(Datagram(view[offset:offset + available], self.destination))
+            # The data path sends it ahead of new data, at the next duty cycle.
+            queued = c.retransmit_count
+            if queued >= network.SS_RETRANSMIT_MAX:
+                self.counters.add(SystemCounter.RETRANSMIT_OVERFLOW)  # the receiver asks again
+                break
+            span = c.retransmits[queued]
+            span.log_offset = term_start + offset
+            span.length = available
+            span.padding = padding[0]
+            c.retransmit_count = queued + 1
             step = available + padding[0]
             total += available
             offset += step
@@ -518,7 +529,8 @@ class NetworkPublication:
         if self.state is PublicationState.DONE:
             return NO_DEADLINE
         now = self._now_ns
-        if self._outbox or (self.cleaner.is_behind and self._connected):
+        if self._outbox or self.c.retransmit_count or (self.cleaner.is_behind
+                                                        and self._connected):
             return now
         deadline = self.retransmit_handler.next_deadline_ns()
         if not self.has_initial_connection or self.is_setup_elicited:

@@ -55,6 +55,9 @@ CONTROL_BUFFER_LENGTH: Final = 2048
 #: holds datagrams of one source; those not data of a known image (SETUPs, a new session's
 #: first data) are few.
 TO_PYTHON_PER_BUFFER: Final = 64
+#: Source addresses a receiver keeps decoded (a NAK or SM per lost datagram or window comes
+#: from the same few peers); past this many the cache starts again.
+MAX_SOURCES_CACHED: Final = 1024
 #: recvmmsg calls per duty cycle while the socket stays full.
 MAX_RECEIVE_CALLS: Final = 8
 
@@ -96,6 +99,7 @@ class _ControlReceiver:
         receiver.sources = self.sources
         receiver.source_lengths = self.source_lengths
         receiver.to_python_capacity = capacity
+        self._sources: dict[bytes, Address] = {}  # struct sockaddr -> (ip, port)
 
     def receive(self, receiver, fd: int, now_ns: int, handle) -> int:
         """recvmmsg into the buffers until the socket is empty (or MAX_RECEIVE_CALLS); every
@@ -113,11 +117,17 @@ class _ControlReceiver:
             for k in range(0, 3 * self.to_python_count[0], 3):
                 i, start, length = to_python[k], to_python[k + 1], to_python[k + 2]
                 source_start = i * network.SS_SOCKADDR_MAX
-                try:
-                    source = address_of(self.source_view[source_start:source_start
-                                                         + self.source_lengths[i]])
-                except (ValueError, struct.error):
-                    continue
+                raw = bytes(self.source_view[source_start:source_start
+                                             + self.source_lengths[i]])
+                source = self._sources.get(raw)
+                if source is None:
+                    try:
+                        source = address_of(raw)
+                    except (ValueError, struct.error):
+                        continue
+                    if len(self._sources) >= MAX_SOURCES_CACHED:
+                        self._sources.clear()
+                    self._sources[raw] = source
                 handle(self.view[start:start + length], source, now_ns)
             if received < self.batch:
                 break

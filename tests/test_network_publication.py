@@ -157,11 +157,12 @@ def test_nak_resend_and_rttm_reply(shm: Path) -> None:
     lib.ss_offer(appender, b"a" * 100, 100)
     cycle(pub, 0)
     pub.on_frame(Nak(5, 6, 10, 0, 160), DEST, 1)
-    assert pub.next_deadline_ns() == 1
-    out = pub.datagrams_to_send(1)
-    assert isinstance(frames(out)[0], Data)
+    assert pub.next_deadline_ns() == 1 and pub.has_data_ready()
+    # The retransmission goes with the data path's next send, though no new data waits.
+    [resent] = frames(cycle(pub, 1))
+    assert isinstance(resent, Data) and resent.term_offset == 0 and not pub.has_data_ready()
     pub.on_frame(Nak(5, 6, 10, 320, 160), DEST, 2)  # beyond snd-pos: nothing
-    assert [f for f in frames(pub.datagrams_to_send(2)) if isinstance(f, Data)] == []
+    assert [f for f in frames(cycle(pub, 2)) if isinstance(f, Data)] == []
     pub.on_frame(Rttm(5, 6, 12345, 0, 99, 0x80), DEST, 3)
     reply = frames(pub.datagrams_to_send(3))[0]
     assert reply == Rttm(5, 6, 12345, 0, 99, 0)

@@ -326,12 +326,12 @@ def test_duplicate_naks_within_linger_are_ignored(pair: Pair) -> None:
     before = len(pair.frames("p2r", Data))
     for i in range(5):
         pair.send_channel.on_datagram(nak, RECEIVER, pair.now + i * MS)
-    out = pair.publication.datagrams_to_send(pair.now + 5 * MS)
+    out = data_datagrams(pair.publication, pair.now + 5 * MS)  # the data path sends them
     assert len([d for d in out if isinstance(decode(d.data), Data)]) == 1
     assert before == 1
     # After the 10 ms linger the same NAK is served again.
     pair.send_channel.on_datagram(nak, RECEIVER, pair.now + 11 * MS)
-    out = pair.publication.datagrams_to_send(pair.now + 11 * MS)
+    out = data_datagrams(pair.publication, pair.now + 11 * MS)
     assert len([d for d in out if isinstance(decode(d.data), Data)]) == 1
 
 
