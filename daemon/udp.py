@@ -61,7 +61,9 @@ MAX_SOURCES_CACHED: Final = 1024
 #: recvmmsg calls per duty cycle while the socket stays full.
 MAX_RECEIVE_CALLS: Final = 8
 
-UDP_GRO: Final = 104  # linux/udp.h; Python's socket module does not name it
+#: linux/udp.h; Python's socket module names neither (the data path sets UDP_SEGMENT in C).
+UDP_SEGMENT: Final = 103
+UDP_GRO: Final = 104
 _warned_buffers: set[tuple[str, int, int]] = set()
 
 

@@ -46,7 +46,7 @@ from slipstream.client import (
 )
 from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
 from slipstream.daemon.driver import MediaDriver
-from slipstream.daemon.udp import UDP_GRO
+from slipstream.daemon.udp import UDP_GRO, UDP_SEGMENT
 from slipstream.sim.fuzz import DatagramFuzzer
 
 
@@ -476,6 +476,15 @@ def test_malformed_and_mutated_datagrams_are_counted_and_the_stream_carries_on(
                 with contextlib.suppress(OSError):
                     sender.sendto(fuzzer.next(), targets[sent % 2])
                 sent += 1
+            # And a run of them as one GSO send: the receiving driver takes it coalesced
+            # (UDP_GRO) and must cut it and check each datagram on its own.
+            run = [fuzzer.next() for _ in range(8)]
+            size = max(32, len(run[0]))
+            run = [d[:size].ljust(size, b"\0") for d in run[:-1]] + [run[-1][:size]]
+            with contextlib.suppress(OSError):
+                sender.sendmsg([b"".join(run)], [(socket.IPPROTO_UDP, UDP_SEGMENT,
+                                                  struct.pack("=H", size))], 0, targets[0])
+            sent += len(run)
             while offered < 20_000 and publication.offer(message(offered, 200)) > 0:
                 offered += 1
             collector.poll()
