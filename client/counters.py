@@ -10,7 +10,7 @@ Layout of ``counters.dat`` (all little-endian)::
 
 Header: magic, version, capacity, driver pid, start time, the driver heartbeat (epoch ns of
 its last duty cycle, which clients use to tell a live driver from a dead one) and the driver's
-eventcount (signal + waiters) that a back-pressured publisher uses to wake a parked driver.
+eventcount (signal + waiters) that a back-pressured IPC publisher uses to wake a parked driver.
 Metadata per counter: state, type id, registration id, session id, stream id, owner client id
 and a label.  Each value sits alone on its own 128-byte slot so that writers in different
 processes never share a cache line (nor the adjacent line the prefetcher pairs with it).

@@ -518,9 +518,11 @@ int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t ma
     int32_t limit = term_length - offset;
     if (max_length < limit) limit = max_length;
     *padding = 0;
-    /* The publisher wrote these lines on another core: ask for all of them at once rather
-     * than miss on each frame header in turn. */
-    for (int32_t line = 0; line < limit; line += 64) __builtin_prefetch(term + offset + line);
+    /* The publisher wrote these lines on another core: ask for a datagram's worth at once
+     * rather than miss on each frame header in turn (not more: with a large MTU the scan
+     * mostly stops at the first large frame). */
+    const int32_t prefetch = limit < 1536 ? limit : 1536;
+    for (int32_t line = 0; line < prefetch; line += 64) __builtin_prefetch(term + offset + line);
     while (available < limit) {
         const uint8_t *frame = term + offset + available;
         int32_t frame_length = LOAD_ACQ((const int32_t *)frame);
@@ -540,11 +542,12 @@ int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t ma
 }
 
 /* ---------------------------------------------------------------- receiver */
-void ss_rebuild_insert(uint8_t *term, int32_t offset, const uint8_t *packet, int32_t length) {
+int32_t ss_rebuild_insert(uint8_t *term, int32_t offset, const uint8_t *packet, int32_t length) {
     uint8_t *dst = term + offset;
-    if (LOAD_ACQ((const int32_t *)dst) != 0) return; /* already there (a duplicate) */
+    if (LOAD_ACQ((const int32_t *)dst) != 0) return 0; /* already there (a duplicate) */
     if (length > 8) memcpy(dst + 8, packet + 8, (size_t)(length - 8));
     STORE_REL((uint64_t *)dst, *(const uint64_t *)packet);
+    return 1;
 }
 
 int32_t ss_scan_gap(const uint8_t *term, int32_t rebuild_offset, int32_t limit_offset, int32_t *gap_length) {

@@ -87,8 +87,9 @@ void ss_signal(int32_t *signal, const int32_t *waiters);
  * refined by ss_refine. */
 int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length);
 /* Turn a raw append failure into the caller's code: CLOSED when closed, NOT_CONNECTED when no
- * subscriber, else BACK_PRESSURED (counting one back-pressure event per limit value reached and
- * waking the driver if it is parked, so it raises the limit as soon as subscribers move). */
+ * subscriber, else BACK_PRESSURED (counting one back-pressure event per limit value reached and,
+ * when driver_signal is set (IPC: the conductor raises the limit), waking the driver if it is
+ * parked, so it raises the limit as soon as subscribers move). */
 int64_t ss_refine(ss_appender_t *a, int64_t result);
 /* Append `count` messages packed back to back in `data` (data_length bytes) with their lengths
  * in `lengths`.  Runs of unfragmented messages are claimed with one atomic add.  Stops early at
@@ -150,8 +151,10 @@ int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t ma
 
 /* ---- receiver: rebuild and gap scan (TermRebuilder, TermGapScanner) ---- */
 /* Copy a datagram of frames into the term at offset, only where the first frame is not yet
- * there; the body goes first and the first 8 header bytes last with a release store. */
-void ss_rebuild_insert(uint8_t *term, int32_t offset, const uint8_t *packet, int32_t length);
+ * there; the body goes first and the first 8 header bytes last with a release store.  Returns
+ * 1 when it copied, 0 when a frame was there already (which may be shorter than this datagram:
+ * another datagram's, so the rest of this range can still be missing). */
+int32_t ss_rebuild_insert(uint8_t *term, int32_t offset, const uint8_t *packet, int32_t length);
 /* From rebuild_offset, step over committed frames up to limit_offset.  Returns the offset of
  * the first gap (or limit_offset when none); *gap_length gets its length (0 when none). */
 int32_t ss_scan_gap(const uint8_t *term, int32_t rebuild_offset, int32_t limit_offset,

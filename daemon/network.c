@@ -34,13 +34,13 @@ static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2)
  * EINVAL, EIO: no checksum offload) clears p->gso and the same spans go again datagram by
  * datagram. */
 static int32_t send_spans(ss_send_publication_t *p, const ss_span_t *spans, int32_t n) {
-    struct mmsghdr messages[SS_SEND_BATCH_MAX];
-    struct iovec vectors[SS_SEND_BATCH_MAX];
+    struct mmsghdr messages[SS_SEND_BATCH_MAX + SS_RETRANSMIT_MAX];
+    struct iovec vectors[SS_SEND_BATCH_MAX + SS_RETRANSMIT_MAX];
     union {
         char buffer[CMSG_SPACE(sizeof(uint16_t))];
         struct cmsghdr align;
-    } controls[SS_SEND_BATCH_MAX];
-    int32_t ends[SS_SEND_BATCH_MAX]; /* the span after each message's last */
+    } controls[SS_SEND_BATCH_MAX + SS_RETRANSMIT_MAX];
+    int32_t ends[SS_SEND_BATCH_MAX + SS_RETRANSMIT_MAX]; /* the span after each message's last */
     for (;;) {
         const int gso = p->gso;
         int32_t m = 0;
@@ -93,18 +93,18 @@ static int32_t send_spans(ss_send_publication_t *p, const ss_span_t *spans, int3
 int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datagrams,
                      ss_span_t *spans) {
     if (max_datagrams > SS_SEND_BATCH_MAX) max_datagrams = SS_SEND_BATCH_MAX;
+    if (max_datagrams < 0) max_datagrams = 0;
     const int64_t start = LOAD_ACQ(p->sender_position); /* this thread is its only writer */
     int64_t position = start;
     const int64_t limit = LOAD_ACQ(p->sender_limit);
     const int32_t mask = p->term_length - 1;
-    int32_t queued = p->retransmit_count;
-    if (queued < 0 || queued > SS_RETRANSMIT_MAX) queued = SS_RETRANSMIT_MAX;
-    const int32_t retransmits = queued < max_datagrams ? queued : max_datagrams;
+    int32_t retransmits = p->retransmit_count;
+    if (retransmits < 0) retransmits = 0;
+    if (retransmits > SS_RETRANSMIT_MAX) retransmits = SS_RETRANSMIT_MAX;
     memcpy(spans, p->retransmits, sizeof(ss_span_t) * (size_t)retransmits);
-    memmove(p->retransmits, p->retransmits + retransmits,
-            sizeof(ss_span_t) * (size_t)(queued - retransmits));
-    p->retransmit_count = queued - retransmits;
+    p->retransmit_count = 0;
     int32_t n = retransmits;
+    max_datagrams += retransmits;
     while (n < max_datagrams && position < limit) {
         int32_t index = (int32_t)((position >> p->position_bits) % SS_PARTITION_COUNT);
         int32_t offset = (int32_t)(position & mask);
@@ -292,7 +292,7 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
     }
     image->time_of_last_packet_ns = now_ns;
     uint8_t *term = image->log + (int64_t)(term_count % SS_PARTITION_COUNT) * image->term_length;
-    ss_rebuild_insert(term, term_offset, data, length);
+    const int copied = ss_rebuild_insert(term, term_offset, data, length);
     if (!image->signal_pending) {
         if (r->signal_count < SS_SIGNAL_PENDING_MAX) {
             image->signal_pending = 1;
@@ -304,7 +304,9 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
     }
     /* A PAD header stands for the rest of its term. */
     int64_t proposed = position + (type == SS_HDR_TYPE_PAD ? frame_length : length);
-    if (position == image->contiguous_position) image->contiguous_position = proposed;
+    /* Only a datagram copied whole extends what arrived in order: one that found a frame at
+     * its offset already may overlap a shorter datagram, with the rest of its range missing. */
+    if (copied && position == image->contiguous_position) image->contiguous_position = proposed;
     raise_hwm(image, proposed);
     image->dirty = 1;
 }
@@ -452,13 +454,24 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
         }
         int32_t segment = gro_segment_size(header);
         if (segment <= 0 || segment > length) segment = length;
+        /* A new session's data, coalesced, goes up once per buffer: Python only needs it to
+         * ask for a SETUP. */
+        int64_t unknown_session = -1;
         for (int32_t offset = 0; offset < length || length == 0; offset += segment) {
             const int32_t rest = length - offset;
             const int32_t datagram_length = rest < segment ? rest : segment;
             const uint8_t *datagram = buffer + offset;
-            if (!debug_drop(r, datagram, datagram_length) &&
-                on_datagram(r, datagram, datagram_length, source, source_length, now_ns) ==
-                    SS_RX_TO_PYTHON) {
+            int up = !debug_drop(r, datagram, datagram_length) &&
+                     on_datagram(r, datagram, datagram_length, source, source_length, now_ns) ==
+                         SS_RX_TO_PYTHON;
+            if (up && datagram_length >= SS_HEADER_LENGTH &&
+                read_u16(datagram + 6) == SS_HDR_TYPE_DATA) {
+                const int64_t key = ((int64_t)(uint32_t)read_i32(datagram + 12) << 32) |
+                                    (uint32_t)read_i32(datagram + 16);
+                up = key != unknown_session;
+                unknown_session = key;
+            }
+            if (up) {
                 if (*to_python_count < r->to_python_capacity) {
                     int32_t *entry = to_python + 3 * (*to_python_count)++;
                     entry[0] = i;

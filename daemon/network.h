@@ -16,7 +16,7 @@
 #define SS_GSO_MAX_SEGMENTS 64
 #define SS_GSO_MAX_BYTES 65000
 /* Retransmissions a publication queues for its next ss_send_data. */
-#define SS_RETRANSMIT_MAX 64
+#define SS_RETRANSMIT_MAX 256
 #define SS_SOCKADDR_MAX 128
 #define SS_SIGNAL_PENDING_MAX 64
 
@@ -53,12 +53,13 @@ typedef struct {
     uint8_t destination[128];     /* SS_SOCKADDR_MAX (cffi wants a literal here) */
     int32_t retransmit_count;     /* spans of the log to send again (NAKs answered in Python),
                                    * sent ahead of new data by the next ss_send_data */
-    ss_span_t retransmits[64];    /* SS_RETRANSMIT_MAX */
+    ss_span_t retransmits[256];   /* SS_RETRANSMIT_MAX */
 } ss_send_publication_t;
 
-/* Take the queued retransmissions, then scan committed frames from snd-pos up to snd-lmt, into
- * at most max_datagrams spans of at most one MTU each, send them (one sendmmsg when fd >= 0)
- * and advance snd-pos past the new data sent.  A retransmission the socket did not take is
+/* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
+ * at most max_datagrams more spans of at most one MTU each (`spans` has room for
+ * max_datagrams + SS_RETRANSMIT_MAX), send them (one sendmmsg when fd >= 0) and advance
+ * snd-pos past the new data sent.  A retransmission the socket did not take is
  * gone, as if lost on the way: the receiver asks again.
  * With gso set, a run of spans of one length that follow each other in the log (the last may
  * be shorter) is one message of that sendmmsg, which the kernel cuts into those datagrams:

@@ -346,8 +346,8 @@ class NetworkPublication:
 
     # -- output ---------------------------------------------------------------------------
     def on_data_sent(self, now_ns: int) -> None:
-        """The C data path advanced snd-pos: raise pub-lmt (cleaning first) and see whether a
-        draining publication has sent everything."""
+        """The C data path sent (new data, advancing snd-pos, or queued retransmissions): raise
+        pub-lmt (cleaning first) and see whether a draining publication has sent everything."""
         self._now_ns = now_ns
         state = self.state
         self._conductor_duties(now_ns)
@@ -365,8 +365,8 @@ class NetworkPublication:
         return self._next_due_ns
 
     def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
-        """The control frames and retransmissions due at ``now_ns`` (the data goes out through
-        the C data path, see the module docstring)."""
+        """The control frames due at ``now_ns``; retransmissions whose delay expired are queued
+        for the C data path, which sends the data (see the module docstring)."""
         self._now_ns = now_ns
         out = self._outbox
         self._outbox = []
@@ -397,8 +397,9 @@ class NetworkPublication:
             self.is_setup_elicited = False
 
     def has_data_ready(self) -> bool:
-        """A committed frame at snd-pos fits in the window: what the C data path would send
-        next (a parking network thread checks this after it told publishers to wake it)."""
+        """Retransmissions are queued, or a committed frame at snd-pos fits in the window: what
+        the C data path would send next (a parking network thread checks this after it told
+        publishers to wake it)."""
         if self.c.retransmit_count:
             return True
         position = self.sender_position
@@ -426,16 +427,17 @@ class NetworkPublication:
             self.counters.add(SystemCounter.HEARTBEATS_SENT)
             self._time_of_last_heartbeat_ns = now_ns
 
-    def _resend(self, term_id: int, term_offset: int, length: int) -> None:
+    def _resend(self, term_id: int, term_offset: int, length: int) -> int:
         """Queue MTU-sized scans of ``length`` bytes at the NAKed range, if it is still in the
         resend window ``[snd_pos - term/2 - max_message_length, snd_pos)``
-        (aeron_network_publication_resend)."""
+        (aeron_network_publication_resend), for the data path to send.  Returns the bytes of
+        the range covered from ``term_offset`` (less when the queue is full)."""
         resend_position = self._position(term_id, term_offset)
         sender_position = self.sender_position
         bottom = (sender_position - (self.term_length >> 1)
                   - max_message_length(self.term_length))
         if not bottom <= resend_position < sender_position:
-            return
+            return 0
         index = (resend_position >> self.position_bits) % PARTITION_COUNT
         term = self._term_ptrs[index]
         term_start = index * self.term_length
@@ -449,7 +451,8 @@ class NetworkPublication:
                                                      self.term_length, padding)
             if available <= 0:
                 break
-            # The data path sends it ahead of new data, at the next duty cycle.
+            # The data path sends it ahead of new data (the sender agent calls it right after
+            # the control poll that brought the NAK).
             queued = c.retransmit_count
             if queued >= network.SS_RETRANSMIT_MAX:
                 self.counters.add(SystemCounter.RETRANSMIT_OVERFLOW)  # the receiver asks again
@@ -465,6 +468,7 @@ class NetworkPublication:
             remaining -= step
         if total:
             self.counters.add(SystemCounter.RETRANSMITS_SENT)
+        return offset - term_offset
 
     # -- liveness, limits and state (the conductor's duties in Aeron) -----------------------
     def _update_has_receivers(self, now_ns: int) -> None:

@@ -35,8 +35,8 @@ NO_DEADLINE: Final = (1 << 63) - 1
 class Datagram:
     """One UDP datagram to send: ``data`` (exactly the wire bytes) to ``address``.
 
-    ``data`` may be a view of a log buffer (a retransmission): send it before the next duty
-    cycle, or copy it (``bytes(data)``) to keep it.
+    ``data`` may be a view of a buffer that is reused (a receive buffer, a log): send it
+    before the next duty cycle, or copy it (``bytes(data)``) to keep it.
     """
 
     data: bytes | memoryview

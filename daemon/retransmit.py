@@ -29,8 +29,10 @@ from slipstream.client.frames import HEADER_LENGTH
 from slipstream.daemon.flow_control import FlowControl
 from slipstream.daemon.protocol_types import NO_DEADLINE, ProtocolCounters
 
-#: resend(term_id, term_offset, length): put the range on the wire again.
-ResendFunction = Callable[[int, int, int], None]
+#: resend(term_id, term_offset, length) -> bytes: put the range on the wire again; returns how
+#: much of it from term_offset on went (less when the sender could take no more at once: the
+#: action then covers only that, and a NAK for the rest is served, not ignored as a repeat).
+ResendFunction = Callable[[int, int, int], int]
 
 
 class ActionState(enum.Enum):
@@ -107,7 +109,7 @@ class RetransmitHandler:
         action.length = flow_control.max_retransmission_length(term_offset, length,
                                                                term_length, mtu)
         if self.delay_ns == 0:
-            resend(term_id, term_offset, action.length)
+            action.length = min(action.length, resend(term_id, term_offset, action.length))
             action.state = ActionState.LINGERING
             action.expiry_ns = now_ns + self.linger_ns
         else:
@@ -122,7 +124,8 @@ class RetransmitHandler:
             if action.state is ActionState.INACTIVE or now_ns < action.expiry_ns:
                 continue
             if action.state is ActionState.DELAYED:
-                resend(action.term_id, action.term_offset, action.length)
+                action.length = min(action.length, resend(action.term_id, action.term_offset,
+                                                          action.length))
                 action.state = ActionState.LINGERING
                 action.expiry_ns = now_ns + self.linger_ns
             else:

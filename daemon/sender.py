@@ -38,7 +38,7 @@ class SendTransport(Protocol):
         ...
 
     def send(self, datagrams: list[Datagram]) -> None:
-        """Send control frames and retransmissions now."""
+        """Send control frames now (retransmissions go through :meth:`send_data`)."""
         ...
 
     def receive(self, channel: SendChannel, now_ns: int) -> int:
@@ -124,6 +124,15 @@ class Sender:
             self._cycles_to_status_poll = 2 * self.status_poll_ratio
             for endpoint in self.endpoints:
                 work += endpoint.transport.receive(endpoint.channel, now_ns)
+            # The NAKs just read were answered with retransmissions queued on their
+            # publications: they go now, not a cycle of new data later (a gap pins the
+            # receiver's window until it is repaired).
+            for publication, endpoint in self._publications:
+                if publication.c.retransmit_count:
+                    sent = endpoint.transport.send_data(publication, now_ns)
+                    if sent > 0:
+                        publication.on_data_sent(now_ns)
+                        work += sent
         work += sent_total
         done = None
         for publication, endpoint in self._publications:

@@ -2,12 +2,13 @@
 
 This is the I/O shell of the network stack (the sans-I/O core never sees a socket):
 
-* a **send endpoint** (one per channel address a publication sends to) sends DATA through the
-  C data path (``ss_send_data``: ``sendmmsg`` of iovecs into the log), control frames and
-  retransmissions with ``send``, and receives the status messages, NAKs and RTTMs that come
-  back with ``recvmmsg`` in C.  Unicast: an ephemeral local port (or ``control=``), connected
-  to the endpoint.  Multicast (PROTOCOL.md §6): bound to the control group (data group + 1,
-  same port) which it joins, sending to the data group;
+* a **send endpoint** (one per channel address a publication sends to) sends DATA and
+  retransmissions through the C data path (``ss_send_data``: ``sendmmsg`` of iovecs into the
+  log, runs of equal datagrams as one GSO send), control frames with ``send``, and receives
+  the status messages, NAKs and RTTMs that come back with ``recvmmsg`` in C.  Unicast: an
+  ephemeral local port (or ``control=``), connected to the endpoint.  Multicast (PROTOCOL.md
+  §6): bound to the control group (data group + 1, same port) which it joins, sending to the
+  data group;
 * a **receive endpoint** (one per address subscribed to) receives with ``recvmmsg`` in C, which
   validates every frame and inserts DATA into the images' logs; the rest goes up to the
   :class:`ReceiveChannel`.  Unicast: bound to the endpoint.  Multicast: bound to the data group,
@@ -52,9 +53,9 @@ RECEIVE_BUFFER_LENGTH: Final = 65536
 CONTROL_BATCH: Final = 16
 CONTROL_BUFFER_LENGTH: Final = 2048
 #: Datagrams for Python per receive buffer, room for: a buffer the kernel coalesced (UDP_GRO)
-#: holds datagrams of one source; those not data of a known image (SETUPs, a new session's
-#: first data) are few.
-TO_PYTHON_PER_BUFFER: Final = 64
+#: holds datagrams of one source; those not data of a known image are few (SETUPs, RTTMs, and
+#: a new session's data, which goes up once per buffer).
+TO_PYTHON_PER_BUFFER: Final = 16
 #: Source addresses a receiver keeps decoded (a NAK or SM per lost datagram or window comes
 #: from the same few peers); past this many the cache starts again.
 MAX_SOURCES_CACHED: Final = 1024
@@ -257,7 +258,7 @@ class UdpSendTransport(_UdpTransport):
         self.batch = settings.network_publication_max_messages_per_send
         self.gso = int(settings.socket_gso)
         self._gso_refused: weakref.WeakSet[NetworkPublication] = weakref.WeakSet()
-        self._spans = network_ffi.new("ss_span_t[]", self.batch)
+        self._spans = network_ffi.new("ss_span_t[]", self.batch + network.SS_RETRANSMIT_MAX)
         self._receiver = network_ffi.new("ss_receiver_t *")
         self._slots = network_ffi.new("ss_image_t *[]", 1)  # no images: all goes to Python
         self._receiver.slots = self._slots

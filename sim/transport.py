@@ -99,7 +99,7 @@ class VirtualSendTransport(_VirtualTransport):
     def __init__(self, host: SimHost, address: Address, channel: Channel) -> None:
         super().__init__(host, address)
         self._batch = host.sim.settings.network_publication_max_messages_per_send
-        self._spans = network_ffi.new("ss_span_t[]", self._batch)
+        self._spans = network_ffi.new("ss_span_t[]", self._batch + network.SS_RETRANSMIT_MAX)
         self._listen(address)
         group = channel.control_group
         if group is not None:

@@ -47,7 +47,7 @@ def data_datagrams(publication, now_ns: int, budget: int = 64) -> list:
     from slipstream.daemon._network import lib as network
     from slipstream.daemon.protocol_types import Datagram
 
-    spans = network_ffi.new("ss_span_t[]", budget)
+    spans = network_ffi.new("ss_span_t[]", budget + network.SS_RETRANSMIT_MAX)
     sent = network.ss_send_data(publication.c, now_ns, budget, spans)
     view = publication.log.view
     out = []

@@ -29,6 +29,7 @@ from slipstream.client.frames import (
     decode_datagram,
 )
 from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow_control import flow_control_for
 from slipstream.daemon.network_publication import (
@@ -167,6 +168,32 @@ def test_nak_resend_and_rttm_reply(shm: Path) -> None:
     reply = frames(pub.datagrams_to_send(3))[0]
     assert reply == Rttm(5, 6, 12345, 0, 99, 0)
     assert counters[SystemCounter.RETRANSMITS_SENT] == 1
+
+
+def test_a_nak_past_a_full_retransmit_queue_leaves_the_rest_to_the_next_nak(shm: Path) -> None:
+    """The queue the data path sends retransmissions from holds SS_RETRANSMIT_MAX spans: what
+    a NAK could not queue is counted (RETRANSMIT_OVERFLOW), and the linger covers only what
+    went, so the receiver's next NAK for the rest is served at once, not ignored as a repeat
+    for the linger's 10 ms."""
+    pub, _log, _limit, appender, counters = make(shm)
+    pub.on_frame(sm(), DEST, 0)
+    for _ in range(280):
+        assert lib.ss_offer(appender, b"a" * 32, 32) > 0  # 64-byte frames from 0
+    for _ in range(5):
+        assert lib.ss_offer(appender, b"b" * 1024, 1024) > 0  # a datagram each, from 17920
+    while cycle(pub, 0):
+        pass
+    capacity = network.SS_RETRANSMIT_MAX
+    for i in range(capacity - 2):  # single-frame NAKs: one span each
+        pub.on_frame(Nak(5, 6, 10, 64 * i, 64), DEST, 1)
+    pub.on_frame(Nak(5, 6, 10, 17920, 5 * 1056), DEST, 1)  # two of its five datagrams fit
+    assert pub.c.retransmit_count == capacity
+    assert counters[SystemCounter.RETRANSMIT_OVERFLOW] == 1
+    resent = frames(cycle(pub, 1))
+    assert len(resent) == capacity and resent[-1].term_offset == 17920 + 1056
+    pub.on_frame(Nak(5, 6, 10, 17920 + 2 * 1056, 3 * 1056), DEST, 2)  # the rest, in the linger
+    again = [f.term_offset for f in frames(cycle(pub, 2))]
+    assert again == [17920 + k * 1056 for k in (2, 3, 4)]
 
 
 def test_connection_timeout_makes_not_connected(shm: Path) -> None:

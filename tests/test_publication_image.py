@@ -303,3 +303,31 @@ def test_a_lying_length_at_any_frame_of_a_datagram_is_counted_and_nothing_lands(
     assert counters[SystemCounter.INVALID_PACKETS] == 1
     assert image.rcv_hwm == image.join_position
     assert image.log.frame_length_volatile(0, 0) == 0
+
+
+def test_a_datagram_over_a_shorter_one_already_there_does_not_carry_rcv_pos_over_a_hole(
+        shm: Path) -> None:
+    """Multicast: another receiver's retransmission [256, 1344) lands where this receiver
+    already holds the one-frame datagram [256, 320).  The insert copies nothing (the first
+    frame is there), so [320, 1344) is still missing: rcv-pos must stop at 320 and the hole be
+    NAKed, though the datagram began where in-order data ended."""
+    rc, _ = receive_channel(shm, "aeron:udp?endpoint=224.0.1.1:40456")
+    rc.on_datagram(setup(flags=0x40), SRC, 0)
+    image, _ = attach(rc)
+    rc.datagrams_to_send(0)
+
+    def datagram(offset: int, frames: int) -> bytes:  # 64-byte frames from offset
+        return b"".join(data(offset + 64 * k) for k in range(frames))
+
+    rc.on_datagram(datagram(0, 2), SRC, 1)
+    rc.on_datagram(datagram(256, 1), SRC, 1)  # [128, 256) and [320, 1408) lost
+    rc.on_datagram(datagram(1408, 1), SRC, 1)
+    rc.datagrams_to_send(1)
+    assert image.rcv_pos == 128
+    rc.on_datagram(datagram(128, 2), SRC, 2)  # the repair of [128, 256)
+    rc.on_datagram(datagram(256, 17), SRC, 2)  # another receiver's repair: found [256, 320)
+    rc.datagrams_to_send(2)
+    assert image.rcv_pos == 320
+    naks = [decode(d.data) for t in range(3, 300)
+            for d in rc.datagrams_to_send(t * MS)]
+    assert any(isinstance(n, Nak) and n.term_offset == 320 for n in naks)

@@ -20,7 +20,11 @@ def handler(delay: int = 0, group: bool = False, max_resend: int = 16):
                           has_group_semantics=group, max_resend=max_resend)
     fc = MaxMulticastFlowControl() if group else UnicastFlowControl()
     fc.on_status_message(StatusMessage(1, 1, 0, 0, 128 * 1024, 1), ("a", 1), 0, 0, 16, 0)
-    return h, fc, counters, resent, (lambda *a: resent.append(a))
+    def resend(term_id: int, term_offset: int, length: int) -> int:
+        resent.append((term_id, term_offset, length))
+        return length
+
+    return h, fc, counters, resent, resend
 
 
 def test_immediate_retransmit_then_linger_ignores_duplicates() -> None:
