@@ -124,8 +124,16 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
     int32_t sent = n;
     if (p->fd >= 0) {
         sent = send_spans(p, spans, n);
+        const int full = sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS);
+        if (sent >= 0 || full) {
+            /* Retransmissions the socket did not take wait for the next send (this thread is
+             * the queue's only user); after another error they are gone, asked for again. */
+            const int32_t taken = sent < 0 ? 0 : sent < retransmits ? sent : retransmits;
+            memcpy(p->retransmits, spans + taken, sizeof(ss_span_t) * (size_t)(retransmits - taken));
+            p->retransmit_count = retransmits - taken;
+        }
         if (sent < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
+            if (full) {
                 count(p->short_sends, 1);
                 return 0;
             }
@@ -456,7 +464,8 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
         if (segment <= 0 || segment > length) segment = length;
         /* A new session's data, coalesced, goes up once per buffer: Python only needs it to
          * ask for a SETUP. */
-        int64_t unknown_session = -1;
+        uint64_t unknown_session = 0;
+        int unknown_seen = 0;
         for (int32_t offset = 0; offset < length || length == 0; offset += segment) {
             const int32_t rest = length - offset;
             const int32_t datagram_length = rest < segment ? rest : segment;
@@ -466,10 +475,11 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
                          SS_RX_TO_PYTHON;
             if (up && datagram_length >= SS_HEADER_LENGTH &&
                 read_u16(datagram + 6) == SS_HDR_TYPE_DATA) {
-                const int64_t key = ((int64_t)(uint32_t)read_i32(datagram + 12) << 32) |
-                                    (uint32_t)read_i32(datagram + 16);
-                up = key != unknown_session;
+                const uint64_t key = ((uint64_t)(uint32_t)read_i32(datagram + 12) << 32) |
+                                     (uint32_t)read_i32(datagram + 16);
+                up = !unknown_seen || key != unknown_session;
                 unknown_session = key;
+                unknown_seen = 1;
             }
             if (up) {
                 if (*to_python_count < r->to_python_capacity) {

@@ -59,8 +59,8 @@ typedef struct {
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
  * at most max_datagrams more spans of at most one MTU each (`spans` has room for
  * max_datagrams + SS_RETRANSMIT_MAX), send them (one sendmmsg when fd >= 0) and advance
- * snd-pos past the new data sent.  A retransmission the socket did not take is
- * gone, as if lost on the way: the receiver asks again.
+ * snd-pos past the new data sent.  Retransmissions a full socket did not take stay queued;
+ * after another error they are gone, as if lost on the way: the receiver asks again.
  * With gso set, a run of spans of one length that follow each other in the log (the last may
  * be shorter) is one message of that sendmmsg, which the kernel cuts into those datagrams:
  * the wire carries the same datagrams, for one pass through the stack instead of one each.

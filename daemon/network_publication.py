@@ -431,13 +431,14 @@ class NetworkPublication:
         """Queue MTU-sized scans of ``length`` bytes at the NAKed range, if it is still in the
         resend window ``[snd_pos - term/2 - max_message_length, snd_pos)``
         (aeron_network_publication_resend), for the data path to send.  Returns the bytes of
-        the range covered from ``term_offset`` (less when the queue is full)."""
+        the range taken from ``term_offset``: all of it when it is out of the window (nothing
+        to send, repeats are ignored as Aeron's), less when the queue is full."""
         resend_position = self._position(term_id, term_offset)
         sender_position = self.sender_position
         bottom = (sender_position - (self.term_length >> 1)
                   - max_message_length(self.term_length))
         if not bottom <= resend_position < sender_position:
-            return 0
+            return length
         index = (resend_position >> self.position_bits) % PARTITION_COUNT
         term = self._term_ptrs[index]
         term_start = index * self.term_length

@@ -30,8 +30,9 @@ from slipstream.daemon.flow_control import FlowControl
 from slipstream.daemon.protocol_types import NO_DEADLINE, ProtocolCounters
 
 #: resend(term_id, term_offset, length) -> bytes: put the range on the wire again; returns how
-#: much of it from term_offset on went (less when the sender could take no more at once: the
-#: action then covers only that, and a NAK for the rest is served, not ignored as a repeat).
+#: much of it from term_offset on it took (less when the sender could take no more at once: the
+#: action then covers only that, and a NAK for the rest is served, not ignored as a repeat; 0:
+#: none, and the action is free again).
 ResendFunction = Callable[[int, int, int], int]
 
 
@@ -109,12 +110,20 @@ class RetransmitHandler:
         action.length = flow_control.max_retransmission_length(term_offset, length,
                                                                term_length, mtu)
         if self.delay_ns == 0:
-            action.length = min(action.length, resend(term_id, term_offset, action.length))
-            action.state = ActionState.LINGERING
-            action.expiry_ns = now_ns + self.linger_ns
+            self._resent(action, resend(term_id, term_offset, action.length), now_ns)
         else:
             action.state = ActionState.DELAYED
             action.expiry_ns = now_ns + self.delay_ns
+
+    def _resent(self, action: RetransmitAction, taken: int, now_ns: int) -> None:
+        """The sender took ``taken`` bytes of the action's range: linger over those."""
+        if taken <= 0:
+            action.state = ActionState.INACTIVE
+            self.active_count -= 1
+            return
+        action.length = min(action.length, taken)
+        action.state = ActionState.LINGERING
+        action.expiry_ns = now_ns + self.linger_ns
 
     def process_timeouts(self, now_ns: int, resend: ResendFunction) -> None:
         """Fire DELAYED actions whose delay passed; free LINGERING ones whose linger passed."""
@@ -124,10 +133,8 @@ class RetransmitHandler:
             if action.state is ActionState.INACTIVE or now_ns < action.expiry_ns:
                 continue
             if action.state is ActionState.DELAYED:
-                action.length = min(action.length, resend(action.term_id, action.term_offset,
-                                                          action.length))
-                action.state = ActionState.LINGERING
-                action.expiry_ns = now_ns + self.linger_ns
+                self._resent(action, resend(action.term_id, action.term_offset, action.length),
+                             now_ns)
             else:
                 action.state = ActionState.INACTIVE
                 self.active_count -= 1

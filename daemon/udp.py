@@ -52,9 +52,9 @@ RECEIVE_BUFFER_LENGTH: Final = 65536
 #: A send endpoint only receives control frames (at most 1063 bytes, an ERR).
 CONTROL_BATCH: Final = 16
 CONTROL_BUFFER_LENGTH: Final = 2048
-#: Datagrams for Python per receive buffer, room for: a buffer the kernel coalesced (UDP_GRO)
-#: holds datagrams of one source; those not data of a known image are few (SETUPs, RTTMs, and
-#: a new session's data, which goes up once per buffer).
+#: Datagrams for Python per receive call, in receive buffers (a pool of batch x this): a buffer
+#: the kernel coalesced (UDP_GRO) holds datagrams of one source, and those not data of a known
+#: image are few (SETUPs, RTTMs, and a new session's data, which goes up once per buffer).
 TO_PYTHON_PER_BUFFER: Final = 16
 #: Source addresses a receiver keeps decoded (a NAK or SM per lost datagram or window comes
 #: from the same few peers); past this many the cache starts again.

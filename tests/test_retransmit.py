@@ -84,3 +84,23 @@ def test_naks_at_misaligned_or_out_of_range_offsets_are_counted_and_dropped() ->
         h.on_nak(3, offset, length, TERM, MTU, fc, 0, resend)
     assert resent == []
     assert counters[SystemCounter.INVALID_PACKETS] == 6
+
+
+def test_a_resend_the_sender_could_not_take_frees_its_action() -> None:
+    """A resend that took nothing (the sender's queue was full) leaves no lingering action:
+    it would hold a slot of the pool, and hide the receiver's next NAK, for nothing sent."""
+    h, fc, counters, resent, resend = handler(group=True, max_resend=2)
+    for i in range(5):
+        h.on_nak(3, i * 1024, 64, TERM, MTU, fc, 0, lambda *_: 0)
+    assert h.active_count == 0 and h.next_deadline_ns() == NO_DEADLINE
+    assert counters[SystemCounter.RETRANSMIT_OVERFLOW] == 0
+    h.on_nak(3, 0, 64, TERM, MTU, fc, 1, resend)  # the same NAK again: served
+    assert resent == [(3, 0, 64)]
+
+
+def test_a_partly_taken_resend_lingers_over_the_part_taken() -> None:
+    h, fc, _, resent, resend = handler()
+    h.on_nak(3, 0, 4096, TERM, MTU, fc, 0, lambda *_: 1024)
+    h.on_nak(3, 512, 64, TERM, MTU, fc, 1, resend)  # inside what went: a repeat
+    h.on_nak(3, 1024, 3072, TERM, MTU, fc, 2, resend)  # the rest: served
+    assert resent == [(3, 1024, 3072)]
