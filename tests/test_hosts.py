@@ -35,19 +35,26 @@ def connect(publication, *subscriptions) -> None:
              timeout=15, what="the stream connected")
 
 
+def stream_from_host_1_to_host_2(publisher, subscriber, uri: str, stream_id: int,
+                                 size, count: int = 10_000) -> None:
+    """``count`` messages of ``size(i)`` bytes from host 1's driver to host 2's, each checked:
+    exactly once, in order."""
+    with Client.connect(publisher.directory) as a, Client.connect(subscriber.directory) as b:
+        subscription = b.add_subscription(uri, stream_id)
+        publication = a.add_publication(uri, stream_id)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], count, size, timeout=120)
+        collector.assert_exactly(count)
+
+
 @pytest.mark.parametrize("loss", [0.01, 0.05, 0.20])
 def test_unicast_between_two_hosts_under_random_loss(hosts, loss: float) -> None:
     publisher = hosts.start_driver(1, **SETTINGS)
     subscriber = hosts.start_driver(2, **SETTINGS)
     hosts.drop(2, port=PORT, probability=loss)
     uri = f"aeron:udp?endpoint={hosts[2].address}:{PORT}"
-    with Client.connect(publisher.directory) as a, Client.connect(subscriber.directory) as b:
-        subscription = b.add_subscription(uri, 1)
-        publication = a.add_publication(uri, 1)
-        connect(publication, subscription)
-        collector = Collector(subscription)
-        stream(publication, [collector], 10_000, lambda i: 100 + i % 1000, timeout=120)
-        collector.assert_exactly(10_000)
+    stream_from_host_1_to_host_2(publisher, subscriber, uri, 1, lambda i: 100 + i % 1000)
     received = counters_of(subscriber)
     assert received["NAK_MESSAGES_SENT"] > 0
     assert counters_of(publisher)["RETRANSMITS_SENT"] > 0
@@ -60,13 +67,7 @@ def test_datagrams_larger_than_the_links_mtu_still_flow_when_gso_is_refused(host
     publisher = hosts.start_driver(1, **SETTINGS)
     subscriber = hosts.start_driver(2, **SETTINGS)
     uri = f"aeron:udp?endpoint={hosts[2].address}:{PORT}|mtu=4096"
-    with Client.connect(publisher.directory) as a, Client.connect(subscriber.directory) as b:
-        subscription = b.add_subscription(uri, 1)
-        publication = a.add_publication(uri, 1)
-        connect(publication, subscription)
-        collector = Collector(subscription)
-        stream(publication, [collector], 10_000, lambda i: 32, timeout=60)
-        collector.assert_exactly(10_000)
+    stream_from_host_1_to_host_2(publisher, subscriber, uri, 1, lambda i: 32)
     assert counters_of(publisher)["SEND_ERRORS"] == 0
 
 
@@ -100,13 +101,7 @@ def test_bursty_loss_is_repaired(hosts) -> None:
     subscriber = hosts.start_driver(2, **SETTINGS)
     hosts.drop(2, port=PORT, burst=(8, 100))  # 8 datagrams in a row out of every 100
     uri = f"aeron:udp?endpoint={hosts[2].address}:{PORT}"
-    with Client.connect(publisher.directory) as a, Client.connect(subscriber.directory) as b:
-        subscription = b.add_subscription(uri, 3)
-        publication = a.add_publication(uri, 3)
-        connect(publication, subscription)
-        collector = Collector(subscription)
-        stream(publication, [collector], 10_000, lambda i: 200, timeout=120)
-        collector.assert_exactly(10_000)
+    stream_from_host_1_to_host_2(publisher, subscriber, uri, 3, lambda i: 200)
     assert counters_of(subscriber)["NAK_MESSAGES_SENT"] > 0
 
 
