@@ -13,7 +13,7 @@ Every strategy maps (status messages, time) to the sender limit, a position in b
 * ``on_setup(now_ns, sender_limit)`` is told when a SETUP goes out (min/tagged join guard).
 * ``on_error(err, now_ns)`` forgets the receiver of an ERR frame.
 * ``has_required_receivers()`` is part of the publication's "connected" status.
-* ``max_retransmission_length(term_offset, length, term_length, mtu)`` caps a NAK's resend.
+* ``retransmission_lookahead(mtu)`` caps a NAK's resend.
 * ``next_deadline_ns()`` is the next time ``on_idle`` may change something (receiver timeout).
 
 Units: positions, windows and lengths in bytes; times in ns.
@@ -71,14 +71,12 @@ class FlowControl:
     def has_required_receivers(self) -> bool:
         return True
 
-    def max_retransmission_length(self, term_offset: int, length: int, term_length: int,
-                                  mtu: int) -> int:
-        """``min(length, receiver_window * multiple, term_length - term_offset)``, bytes
-        (aeron_flow_control_calculate_retransmission_length)."""
+    def retransmission_lookahead(self, mtu: int) -> int:
+        """The most one NAK's resend may cover, bytes: the receiver window x the strategy's
+        multiple, or MTU x it before any SM (aeron_flow_control_calculate_retransmission_length;
+        the retransmit handler also stops at the term's end)."""
         lookahead = self.receiver_window * self.retransmit_window_multiple
-        if lookahead <= 0:
-            lookahead = mtu * self.retransmit_window_multiple  # no SM yet
-        return min(length, lookahead, term_length - term_offset)
+        return lookahead if lookahead > 0 else mtu * self.retransmit_window_multiple
 
     def next_deadline_ns(self) -> int:
         return NO_DEADLINE

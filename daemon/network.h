@@ -20,6 +20,9 @@
 #define SS_SOCKADDR_MAX 128
 #define SS_SIGNAL_PENDING_MAX 64
 
+#define SS_HDR_TYPE_NAK 0x02
+#define SS_NAK_LENGTH 28
+
 /* ss_receiver_on_datagram results */
 #define SS_RX_CONSUMED 0
 #define SS_RX_TO_PYTHON 1
@@ -32,6 +35,23 @@ typedef struct {
     int32_t length;
     int32_t padding;
 } ss_span_t;
+
+/* The sender's answer to NAKs (PROTOCOL.md §3.5, aeron_retransmit_handler.c; the state machine
+ * is drawn in daemon/retransmit.py).  Each NAK takes a retransmit action: INACTIVE, DELAYED
+ * (sent when the delay expires) or LINGERING (NAKs inside its range are repeats, ignored). */
+#define SS_RETRANSMIT_ACTIONS_MAX 256
+#define SS_ACTION_INACTIVE 0
+#define SS_ACTION_DELAYED 1
+#define SS_ACTION_LINGERING 2
+#define SS_NO_DEADLINE 9223372036854775807
+
+typedef struct {
+    int64_t expiry_ns;
+    int32_t state;
+    int32_t term_id;
+    int32_t term_offset;
+    int32_t length;
+} ss_retransmit_action_t;
 
 /* A network publication as the sender's data path sees it; Python fills it once. */
 typedef struct {
@@ -51,9 +71,28 @@ typedef struct {
                                    * here when the path refuses it (see send_spans) */
     int32_t destination_length;   /* 0: the socket is connected */
     uint8_t destination[128];     /* SS_SOCKADDR_MAX (cffi wants a literal here) */
-    int32_t retransmit_count;     /* spans of the log to send again (NAKs answered in Python),
-                                   * sent ahead of new data by the next ss_send_data */
+    int32_t retransmit_count;     /* spans of the log to send again (answers to NAKs), sent
+                                   * ahead of new data by the next ss_send_data */
     ss_span_t retransmits[256];   /* SS_RETRANSMIT_MAX */
+    /* NAKs: the control path answers them here (ss_retransmit_on_nak), from the socket's
+     * receive path or from Python's, with the same rules. */
+    int32_t session_id;
+    int32_t stream_id;
+    int32_t initial_term_id;
+    int32_t max_message_length;   /* the resend window: [snd-pos - term/2 - this, snd-pos) */
+    int32_t answers_naks;         /* 0 once the publication is done (its log goes soon) */
+    int32_t has_group_semantics;  /* a pool of action_count actions; else one, reused */
+    int32_t action_count;
+    int32_t active_count;
+    int64_t resend_lookahead;     /* flow control's cap on one NAK's resend, bytes: the
+                                   * receiver window x a multiple (Python keeps it current) */
+    int64_t retransmit_delay_ns;
+    int64_t retransmit_linger_ns;
+    int64_t *naks_received;       /* system counters */
+    int64_t *retransmits_sent;
+    int64_t *retransmit_overflow;
+    int64_t *invalid_packets;
+    ss_retransmit_action_t actions[256]; /* SS_RETRANSMIT_ACTIONS_MAX */
 } ss_send_publication_t;
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
@@ -69,6 +108,21 @@ typedef struct {
  * last_errno; nothing advanced). */
 int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datagrams,
                      ss_span_t *spans);
+
+/* Queue MTU-sized spans of `length` bytes at term_offset of term_id for the next ss_send_data,
+ * if the range is still in the resend window (aeron_network_publication_resend).  Returns the
+ * bytes of the range taken from term_offset: all of it when it is out of the window (nothing
+ * to send), less when the queue filled (counted as RETRANSMIT_OVERFLOW). */
+int32_t ss_resend(ss_send_publication_t *p, int32_t term_id, int32_t term_offset, int32_t length);
+/* A NAK for `length` bytes at term_offset of term_id: expire finished actions, then resend at
+ * once (delay 0) or after the delay, unless an action in flight covers it.  A NAK at a
+ * misaligned or out-of-range offset, or of no length, is counted invalid and dropped. */
+void ss_retransmit_on_nak(ss_send_publication_t *p, int32_t term_id, int32_t term_offset,
+                          int32_t length, int64_t now_ns);
+/* Fire DELAYED actions whose delay passed; free LINGERING ones whose linger passed. */
+void ss_retransmit_process_timeouts(ss_send_publication_t *p, int64_t now_ns);
+/* When an action next expires (SS_NO_DEADLINE: none active). */
+int64_t ss_retransmit_next_deadline(const ss_send_publication_t *p);
 
 /* An image as the receiver's data path sees it.  Python owns it, sets the SM fields after
  * each status message it sends, and reads the rest on its rebuild pass. */
@@ -133,16 +187,26 @@ typedef struct {
      * wake, or at least a full fence, per datagram costs more than the insert). */
     int32_t signal_count;
     ss_image_t *signal_pending[64]; /* SS_SIGNAL_PENDING_MAX */
+    /* A send endpoint's publications (open addressing on (session, stream), NULL = empty;
+     * publication_mask = slots - 1): NAKs for them are answered here, without Python, when
+     * they need no timer (retransmit delay 0).  NULL: none. */
+    ss_send_publication_t **publications;
+    int32_t publication_mask;
 } ss_receiver_t;
 
 /* Rebuild the image table from `images` (count of them; the table must have room for them at
  * a load of at most one half).  Returns 0, or -1 when a (session, stream) repeats. */
 int32_t ss_receiver_set_images(ss_receiver_t *r, ss_image_t **images, int32_t count);
+/* Rebuild a send endpoint's publication table (room for count at a load of at most one
+ * half).  Returns 0, or -1 when a (session, stream) repeats. */
+int32_t ss_receiver_set_publications(ss_receiver_t *r, ss_send_publication_t **publications,
+                                     int32_t count);
 /* The image of (session, stream), or NULL. */
 ss_image_t *ss_receiver_find_image(const ss_receiver_t *r, int32_t session_id, int32_t stream_id);
 /* One datagram from the network (`source`: its struct sockaddr): SS_RX_CONSUMED when it was
- * data for a known image (inserted, or dropped and counted), an invalid datagram (counted), or
- * data nobody wants; SS_RX_TO_PYTHON for everything else (SETUP, RTTM, SM, NAK, ERR, and data
+ * data for a known image (inserted, or dropped and counted), a NAK answered for a publication
+ * of the table, an invalid datagram (counted), or data nobody wants; SS_RX_TO_PYTHON for
+ * everything else (SETUP, RTTM, SM, NAK, ERR, and data
  * of an unknown session of a subscribed stream). */
 int32_t ss_receiver_on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
                                 const uint8_t *source, int32_t source_length, int64_t now_ns);

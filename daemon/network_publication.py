@@ -80,6 +80,7 @@ from slipstream.daemon.protocol_types import (
     Address,
     Datagram,
     ProtocolCounters,
+    sockaddr,
 )
 from slipstream.daemon.retransmit import RetransmitHandler
 
@@ -150,10 +151,6 @@ class NetworkPublication:
         self.signal_eos = channel.eos if channel.eos is not None else True
         self.is_group = has_group_semantics(channel)
         self.is_unicast = not self.is_group
-        self.retransmit_handler = RetransmitHandler(
-            counters=counters, delay_ns=settings.retransmit_unicast_delay,
-            linger_ns=settings.retransmit_unicast_linger, has_group_semantics=self.is_group,
-            max_resend=channel.max_resend or settings.max_resend)
         self._setup_flags = SETUP_GROUP_FLAG if self.is_group else 0
         self._ttl = channel.ttl or 0
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
@@ -179,6 +176,16 @@ class NetworkPublication:
         c.position_bits = log.position_bits
         c.mtu = log.mtu
         c.fd = -1
+        c.session_id = log.session_id
+        c.stream_id = log.stream_id
+        c.initial_term_id = log.initial_term_id
+        c.max_message_length = max_message_length(log.term_length)
+        self.retransmit_handler = RetransmitHandler(
+            c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
+            linger_ns=settings.retransmit_unicast_linger, has_group_semantics=self.is_group,
+            max_resend=channel.max_resend or settings.max_resend)
+        self.retransmit_handler.set_resend_lookahead(
+            flow_control.retransmission_lookahead(log.mtu))
         self.cleaner = LogCleaner(log, join)
         self._last_publisher_limit = join
         self.has_initial_connection = False
@@ -210,6 +217,8 @@ class NetworkPublication:
         if self.state is PublicationState.LINGER:
             self._linger_start_ns = now_ns
             self.is_end_of_stream = True  # heartbeats now carry EOS (0xE0)
+        elif self.state is PublicationState.DONE:
+            self.retransmit_handler.stop()
 
     def close(self, now_ns: int) -> None:
         """The last publisher went away: send what is in the log, then EOS, then linger."""
@@ -295,12 +304,8 @@ class NetworkPublication:
         elif isinstance(frame, Nak):
             self.counters.add(SystemCounter.NAK_MESSAGES_RECEIVED)
             if self.state is not PublicationState.DONE:
-                # Expire finished actions first: the caller need not have run the timers
-                # exactly at their deadline (a sans-I/O caller may be late).
-                self.retransmit_handler.process_timeouts(now_ns, self._resend)
-                self.retransmit_handler.on_nak(
-                    frame.term_id, frame.term_offset, frame.length, self.term_length, self.mtu,
-                    self.flow_control, now_ns, self._resend)
+                self.retransmit_handler.on_nak(frame.term_id, frame.term_offset, frame.length,
+                                               now_ns)
         elif isinstance(frame, Rttm):
             if frame.is_reply:
                 # Echo it (aeron_network_publication_on_rttm): same echo timestamp and id.
@@ -342,6 +347,8 @@ class NetworkPublication:
         self.has_initial_connection = True
         self.sender_limit = self.flow_control.on_status_message(
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
+        self.retransmit_handler.set_resend_lookahead(
+            self.flow_control.retransmission_lookahead(self.mtu))
         self._update_connected(now_ns)
 
     # -- output ---------------------------------------------------------------------------
@@ -378,7 +385,7 @@ class NetworkPublication:
         self.sender_limit = self.flow_control.on_idle(
             now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
         self._update_has_receivers(now_ns)
-        self.retransmit_handler.process_timeouts(now_ns, self._resend)
+        self.retransmit_handler.process_timeouts(now_ns)
         self._conductor_duties(now_ns)
         self._next_due_ns = self.next_deadline_ns()
         return out
@@ -426,50 +433,6 @@ class NetworkPublication:
                 self.eos_heartbeats_sent += 1
             self.counters.add(SystemCounter.HEARTBEATS_SENT)
             self._time_of_last_heartbeat_ns = now_ns
-
-    def _resend(self, term_id: int, term_offset: int, length: int) -> int:
-        """Queue MTU-sized scans of ``length`` bytes at the NAKed range, if it is still in the
-        resend window ``[snd_pos - term/2 - max_message_length, snd_pos)``
-        (aeron_network_publication_resend), for the data path to send.  Returns the bytes of
-        the range taken from ``term_offset``: all of it when it is out of the window (nothing
-        to send, repeats are ignored as Aeron's), less when the queue is full."""
-        resend_position = self._position(term_id, term_offset)
-        sender_position = self.sender_position
-        bottom = (sender_position - (self.term_length >> 1)
-                  - max_message_length(self.term_length))
-        if not bottom <= resend_position < sender_position:
-            return length
-        index = (resend_position >> self.position_bits) % PARTITION_COUNT
-        term = self._term_ptrs[index]
-        term_start = index * self.term_length
-        padding = self._padding
-        remaining = min(length, sender_position - resend_position)
-        offset = term_offset
-        total = 0
-        c = self.c
-        while remaining > 0:
-            available = lib.ss_scan_for_availability(term, offset, min(remaining, self.mtu),
-                                                     self.term_length, padding)
-            if available <= 0:
-                break
-            # The data path sends it ahead of new data (the sender agent calls it right after
-            # the control poll that brought the NAK).
-            queued = c.retransmit_count
-            if queued >= network.SS_RETRANSMIT_MAX:
-                self.counters.add(SystemCounter.RETRANSMIT_OVERFLOW)  # the receiver asks again
-                break
-            span = c.retransmits[queued]
-            span.log_offset = term_start + offset
-            span.length = available
-            span.padding = padding[0]
-            c.retransmit_count = queued + 1
-            step = available + padding[0]
-            total += available
-            offset += step
-            remaining -= step
-        if total:
-            self.counters.add(SystemCounter.RETRANSMITS_SENT)
-        return offset - term_offset
 
     # -- liveness, limits and state (the conductor's duties in Aeron) -----------------------
     def _update_has_receivers(self, now_ns: int) -> None:
@@ -571,15 +534,62 @@ class SendChannel:
     def __init__(self, *, counters: ProtocolCounters) -> None:
         self.counters = counters
         self.publications: dict[tuple[int, int], NetworkPublication] = {}
+        #: The C dispatch of datagrams arriving at the endpoint (an ``ss_receiver_t`` without
+        #: images): it answers NAKs for the publications of its table (:meth:`on_datagram`,
+        #: and the socket's receive path).
+        self.c = c = network_ffi.new("ss_receiver_t *")
+        self._image_slots = network_ffi.new("ss_image_t *[]", 1)
+        c.slots = self._image_slots
+        c.slot_mask = 0
+        c.counters.invalid_packets = counters.address(SystemCounter.INVALID_PACKETS)
+        c.counters.receive_errors = counters.address(SystemCounter.RECEIVE_ERRORS)
+        c.counters.bytes_received = counters.address(SystemCounter.BYTES_RECEIVED)
+        self._publication_slots = network_ffi.new("ss_send_publication_t *[]", 0)
+        self._sockaddrs: dict[Address, bytes] = {}
+        self._sync_publications()
 
     def add_publication(self, publication: NetworkPublication) -> None:
         self.publications[publication.session_id, publication.stream_id] = publication
+        self._sync_publications()
 
     def remove_publication(self, publication: NetworkPublication) -> None:
+        """Forget ``publication``; from now on no NAK reaches its log (which may go next)."""
         self.publications.pop((publication.session_id, publication.stream_id), None)
+        self._sync_publications()
+
+    def _sync_publications(self) -> None:
+        publications = list(self.publications.values())
+        slots = 16
+        while slots < 2 * len(publications) + 2:
+            slots *= 2
+        if slots != len(self._publication_slots):
+            self._publication_slots = network_ffi.new("ss_send_publication_t *[]", slots)
+            self.c.publications = self._publication_slots
+            self.c.publication_mask = slots - 1
+        table = network_ffi.new("ss_send_publication_t *[]",
+                                [p.c for p in publications] or 1)
+        if network.ss_receiver_set_publications(self.c, table, len(publications)) != 0:
+            raise AssertionError("two publications of one (session, stream)")
 
     def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
                     now_ns: int) -> None:
+        """One datagram arriving at the endpoint, through the C dispatch (as the socket path
+        does) and, unless it answered it there (a NAK), :meth:`on_control`."""
+        raw = self._sockaddrs.get(source)
+        if raw is None:
+            if len(self._sockaddrs) >= 1024:
+                self._sockaddrs.clear()
+            raw = self._sockaddrs[source] = sockaddr(source)
+        with network_ffi.from_buffer(data) as buffer:
+            verdict = network.ss_receiver_on_datagram(self.c, buffer, len(buffer), raw,
+                                                      len(raw), now_ns)
+        if verdict == network.SS_RX_TO_PYTHON:
+            self.on_control(data, source, now_ns)
+
+    def on_control(self, data: bytes | bytearray | memoryview, source: Address,
+                   now_ns: int) -> None:
+        """A control datagram the C dispatch passed up: an SM, an RTTM, an ERR, or a NAK that
+        needs a timer or is malformed."""
         frame = decode(data)
         if isinstance(frame, Rejected):
             self.counters.add(SystemCounter.INVALID_PACKETS)
@@ -598,10 +608,14 @@ class SendChannel:
     def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
         """Everything due from every publication; DONE publications are removed."""
         out: list[Datagram] = []
+        done = False
         for key, publication in list(self.publications.items()):
             out.extend(publication.datagrams_to_send(now_ns))
             if publication.is_done:
                 del self.publications[key]
+                done = True
+        if done:
+            self._sync_publications()
         return out
 
     def next_deadline_ns(self) -> int:

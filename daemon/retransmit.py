@@ -13,134 +13,83 @@ repeats are ignored for ``retransmit_unicast_linger`` (10 ms).
 Pools: a unicast publication has a single action, which a NAK for another range simply
 reuses (one receiver, so its newest NAK wins).  A group channel (multicast, MDC) has a pool of
 ``max_resend`` actions (default 16); when all are busy the NAK is dropped and
-``RETRANSMIT_OVERFLOW`` counted.
+``RETRANSMIT_OVERFLOW`` counted.  A resend the sender could not queue at all frees its action;
+one it queued in part lingers over that part, so the receiver's next NAK for the rest is served.
 
-The resend length is capped by flow control (``max_retransmission_length``).  Times in ns,
-offsets and lengths in bytes.
+The resend length is capped at ``min(length, receiver window x a multiple, rest of the term)``
+(``FlowControl.retransmission_lookahead`` gives the middle term).  The rules run in C
+(``ss_retransmit_on_nak`` in daemon/network.c), on the publication's ``ss_send_publication_t``:
+a NAK is per-datagram work, and the send endpoint's receive path answers it there without a
+trip through Python; Python's control path (the simulator's, and NAKs that need a timer) calls
+the same functions through this class.  Times in ns, offsets and lengths in bytes.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 
 from slipstream.client.counters import SystemCounter
-from slipstream.client.frames import HEADER_LENGTH
-from slipstream.daemon.flow_control import FlowControl
-from slipstream.daemon.protocol_types import NO_DEADLINE, ProtocolCounters
-
-#: resend(term_id, term_offset, length) -> bytes: put the range on the wire again; returns how
-#: much of it from term_offset on it took (less when the sender could take no more at once: the
-#: action then covers only that, and a NAK for the rest is served, not ignored as a repeat; 0:
-#: none, and the action is free again).
-ResendFunction = Callable[[int, int, int], int]
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.protocol_types import ProtocolCounters
 
 
-class ActionState(enum.Enum):
-    INACTIVE = "inactive"
-    DELAYED = "delayed"
-    LINGERING = "lingering"
-
-
-class RetransmitAction:
-    __slots__ = ("expiry_ns", "length", "state", "term_id", "term_offset")
-
-    def __init__(self) -> None:
-        self.state = ActionState.INACTIVE
-        self.term_id = 0
-        self.term_offset = 0
-        self.length = 0
-        self.expiry_ns = 0
-
-    def covers(self, term_id: int, term_offset: int) -> bool:
-        return (self.term_id == term_id
-                and self.term_offset <= term_offset < self.term_offset + self.length)
-
-    def __repr__(self) -> str:
-        return (f"<RetransmitAction {self.state.value} {self.term_id}:{self.term_offset}"
-                f"+{self.length} expiry={self.expiry_ns}>")
+class ActionState(enum.IntEnum):
+    INACTIVE = network.SS_ACTION_INACTIVE
+    DELAYED = network.SS_ACTION_DELAYED
+    LINGERING = network.SS_ACTION_LINGERING
 
 
 class RetransmitHandler:
-    """NAK → resend policy for one publication.
+    """NAK → resend policy for one publication, kept in its C struct ``c``.
 
     ``has_group_semantics`` selects the pool of ``max_resend`` actions; otherwise one action.
     """
 
-    def __init__(self, *, counters: ProtocolCounters, delay_ns: int, linger_ns: int,
+    def __init__(self, c, *, counters: ProtocolCounters, delay_ns: int, linger_ns: int,
                  has_group_semantics: bool = False, max_resend: int = 16) -> None:
-        self.counters = counters
-        self.delay_ns = delay_ns
-        self.linger_ns = linger_ns
-        self.has_group_semantics = has_group_semantics
-        self.actions = [RetransmitAction()
-                        for _ in range(max_resend if has_group_semantics else 1)]
-        self.active_count = 0
+        if not 1 <= max_resend <= network.SS_RETRANSMIT_ACTIONS_MAX:
+            raise ValueError(f"max_resend {max_resend} is not in "
+                             f"[1, {network.SS_RETRANSMIT_ACTIONS_MAX}]")
+        self.c = c
+        c.retransmit_delay_ns = delay_ns
+        c.retransmit_linger_ns = linger_ns
+        c.has_group_semantics = int(has_group_semantics)
+        c.action_count = max_resend if has_group_semantics else 1
+        c.active_count = 0
+        c.answers_naks = 1
+        c.naks_received = counters.address(SystemCounter.NAK_MESSAGES_RECEIVED)
+        c.retransmits_sent = counters.address(SystemCounter.RETRANSMITS_SENT)
+        c.retransmit_overflow = counters.address(SystemCounter.RETRANSMIT_OVERFLOW)
+        c.invalid_packets = counters.address(SystemCounter.INVALID_PACKETS)
 
-    def _available_action(self, term_id: int, term_offset: int) -> RetransmitAction | None:
-        """An action to use for this NAK, or None when it is a duplicate or the pool is full."""
-        available = None
-        for action in self.actions:
-            if action.state is ActionState.INACTIVE:
-                if available is None:
-                    available = action
-            elif action.covers(term_id, term_offset):
-                return None  # duplicate of an action in flight
-            elif not self.has_group_semantics:
-                available = action  # unicast: reuse the single action for the newer NAK
-        if available is None:
-            self.counters.add(SystemCounter.RETRANSMIT_OVERFLOW)
-            return None
-        if available.state is ActionState.INACTIVE:
-            self.active_count += 1
-        return available
+    @property
+    def active_count(self) -> int:
+        return self.c.active_count
 
-    def on_nak(self, term_id: int, term_offset: int, length: int, term_length: int, mtu: int,
-               flow_control: FlowControl, now_ns: int, resend: ResendFunction) -> None:
-        """Handle a NAK for ``length`` bytes at ``term_offset`` of ``term_id``."""
-        if (term_offset < 0 or term_offset > term_length - HEADER_LENGTH
-                or term_offset & (HEADER_LENGTH - 1) or length <= 0):
-            self.counters.add(SystemCounter.INVALID_PACKETS)
-            return
-        action = self._available_action(term_id, term_offset)
-        if action is None:
-            return
-        action.term_id = term_id
-        action.term_offset = term_offset
-        action.length = flow_control.max_retransmission_length(term_offset, length,
-                                                               term_length, mtu)
-        if self.delay_ns == 0:
-            self._resent(action, resend(term_id, term_offset, action.length), now_ns)
-        else:
-            action.state = ActionState.DELAYED
-            action.expiry_ns = now_ns + self.delay_ns
+    @property
+    def actions(self) -> list[tuple[ActionState, int, int, int, int]]:
+        """Each action as (state, term_id, term_offset, length, expiry ns)."""
+        return [(ActionState(a.state), a.term_id, a.term_offset, a.length, a.expiry_ns)
+                for a in (self.c.actions[i] for i in range(self.c.action_count))]
 
-    def _resent(self, action: RetransmitAction, taken: int, now_ns: int) -> None:
-        """The sender took ``taken`` bytes of the action's range: linger over those."""
-        if taken <= 0:
-            action.state = ActionState.INACTIVE
-            self.active_count -= 1
-            return
-        action.length = min(action.length, taken)
-        action.state = ActionState.LINGERING
-        action.expiry_ns = now_ns + self.linger_ns
+    def set_resend_lookahead(self, lookahead: int) -> None:
+        """Flow control's cap on one NAK's resend, bytes (after each status message)."""
+        self.c.resend_lookahead = lookahead
 
-    def process_timeouts(self, now_ns: int, resend: ResendFunction) -> None:
+    def on_nak(self, term_id: int, term_offset: int, length: int, now_ns: int) -> None:
+        """Handle a NAK for ``length`` bytes at ``term_offset`` of ``term_id`` (expiring
+        finished actions first); what it resends is queued on the publication for the data
+        path."""
+        network.ss_retransmit_on_nak(self.c, term_id, term_offset, length, now_ns)
+
+    def process_timeouts(self, now_ns: int) -> None:
         """Fire DELAYED actions whose delay passed; free LINGERING ones whose linger passed."""
-        if self.active_count == 0:
-            return
-        for action in self.actions:
-            if action.state is ActionState.INACTIVE or now_ns < action.expiry_ns:
-                continue
-            if action.state is ActionState.DELAYED:
-                self._resent(action, resend(action.term_id, action.term_offset, action.length),
-                             now_ns)
-            else:
-                action.state = ActionState.INACTIVE
-                self.active_count -= 1
+        network.ss_retransmit_process_timeouts(self.c, now_ns)
 
     def next_deadline_ns(self) -> int:
-        if self.active_count == 0:
-            return NO_DEADLINE
-        return min((a.expiry_ns for a in self.actions if a.state is not ActionState.INACTIVE),
-                   default=NO_DEADLINE)
+        """When an action next expires (NO_DEADLINE: none active)."""
+        return network.ss_retransmit_next_deadline(self.c)
+
+    def stop(self) -> None:
+        """The publication is done: NAKs are no longer answered (its log goes soon)."""
+        self.c.answers_naks = 0

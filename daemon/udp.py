@@ -259,13 +259,7 @@ class UdpSendTransport(_UdpTransport):
         self.gso = int(settings.socket_gso)
         self._gso_refused: weakref.WeakSet[NetworkPublication] = weakref.WeakSet()
         self._spans = network_ffi.new("ss_span_t[]", self.batch + network.SS_RETRANSMIT_MAX)
-        self._receiver = network_ffi.new("ss_receiver_t *")
-        self._slots = network_ffi.new("ss_image_t *[]", 1)  # no images: all goes to Python
-        self._receiver.slots = self._slots
-        self._receiver.slot_mask = 0
-        self._receiver.counters.invalid_packets = counters.address(SystemCounter.INVALID_PACKETS)
-        self._receiver.counters.receive_errors = counters.address(SystemCounter.RECEIVE_ERRORS)
-        self._control = _ControlReceiver(self._receiver, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
+        self._control: _ControlReceiver | None = None
 
     @property
     def local_address(self) -> Address:
@@ -317,7 +311,11 @@ class UdpSendTransport(_UdpTransport):
                 self._send_error(e, datagram.address)
 
     def receive(self, channel: SendChannel, now_ns: int) -> int:
-        return self._control.receive(self._receiver, self.fd, now_ns, channel.on_datagram)
+        """Control frames: NAKs are answered in C (their retransmissions queued on the
+        publications); the rest goes to ``channel.on_control``."""
+        if self._control is None:  # the buffers live in the channel's C dispatch struct
+            self._control = _ControlReceiver(channel.c, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
+        return self._control.receive(channel.c, self.fd, now_ns, channel.on_control)
 
 
 class UdpReceiveTransport(_UdpTransport):

@@ -47,14 +47,14 @@ def test_max_is_monotonic_max_of_position_plus_window(sms: list[tuple[int, int]]
         limit = new
 
 
-def test_retransmission_length_is_capped_by_window_multiple_and_term_end() -> None:
+def test_retransmission_lookahead_is_the_window_times_the_strategys_multiple() -> None:
     fc = UnicastFlowControl()
+    assert fc.retransmission_lookahead(1408) == 16 * 1408  # no SM yet: MTUs
     fc.on_status_message(sm(0, window=1024), SRC, 0, INITIAL, BITS, 0)
-    assert fc.max_retransmission_length(0, 1 << 20, 65536, 1408) == 16 * 1024
-    assert fc.max_retransmission_length(65536 - 64, 1000, 65536, 1408) == 64
+    assert fc.retransmission_lookahead(1408) == 16 * 1024
     mx = MaxMulticastFlowControl()
     mx.on_status_message(sm(0, window=1024), SRC, 0, INITIAL, BITS, 0)
-    assert mx.max_retransmission_length(0, 1 << 20, 65536, 1408) == 4 * 1024
+    assert mx.retransmission_lookahead(1408) == 4 * 1024
 
 
 def test_min_follows_the_slowest_and_times_out_receivers() -> None:

@@ -1,106 +1,211 @@
-"""RetransmitHandlerTest: delay, linger, dedup, pool and overflow (PROTOCOL.md §3.5)."""
+"""The retransmit handler (PROTOCOL.md §3.5): delay, linger, repeats, pool and overflow, on a
+real publication's log, and the send endpoint's C dispatch that answers NAKs without Python.
+
+What a NAK resends is queued on the publication (``c.retransmits``) for the data path;
+:func:`take` reads and empties that queue as a send would.
+"""
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
+
+from slipstream.client._native import lib
+from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
-from slipstream.client.frames import StatusMessage
-from slipstream.daemon.flow_control import MaxMulticastFlowControl, UnicastFlowControl
+from slipstream.client.frames import Nak, StatusMessage
+from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow_control import flow_control_for
+from slipstream.daemon.network_publication import NetworkPublication, SendChannel, SenderPositions
 from slipstream.daemon.protocol_types import NO_DEADLINE, LocalCounters
-from slipstream.daemon.retransmit import RetransmitHandler
+from slipstream.daemon.retransmit import ActionState
 
 TERM = 64 * 1024
-MTU = 1408
 MS = 1_000_000
+FRAME = 1056  # a 1024-byte message: one datagram each
+DEST = ("10.0.0.2", 40123)
+UNICAST = "aeron:udp?endpoint=10.0.0.2:40123"
+MULTICAST = "aeron:udp?endpoint=224.0.1.1:40456"
 
 
-def handler(delay: int = 0, group: bool = False, max_resend: int = 16):
+def publication(shm: Path, uri: str = UNICAST, frames: int = 8, size: int = 1024,
+                window: int = 32 * 1024, **settings):
+    """A publication that sent ``frames`` messages of ``size`` bytes (term 10, from 0)."""
+    log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=TERM,
+                           initial_term_id=10, session_id=5, stream_id=6, mtu=1408,
+                           correlation_id=1)
+    positions = SenderPositions.in_process()
+    channel = parse_channel(uri)
+    s = DriverSettings(**settings)
     counters = LocalCounters()
-    resent: list[tuple[int, int, int]] = []
-    h = RetransmitHandler(counters=counters, delay_ns=delay, linger_ns=10 * MS,
-                          has_group_semantics=group, max_resend=max_resend)
-    fc = MaxMulticastFlowControl() if group else UnicastFlowControl()
-    fc.on_status_message(StatusMessage(1, 1, 0, 0, 128 * 1024, 1), ("a", 1), 0, 0, 16, 0)
-    def resend(term_id: int, term_offset: int, length: int) -> int:
-        resent.append((term_id, term_offset, length))
-        return length
-
-    return h, fc, counters, resent, resend
-
-
-def test_immediate_retransmit_then_linger_ignores_duplicates() -> None:
-    h, fc, _counters, resent, resend = handler()
-    h.on_nak(3, 64, 128, TERM, MTU, fc, 0, resend)
-    assert resent == [(3, 64, 128)]
-    h.on_nak(3, 64, 128, TERM, MTU, fc, 5 * MS, resend)
-    h.on_nak(3, 128, 64, TERM, MTU, fc, 5 * MS, resend)  # inside the action's range
-    assert len(resent) == 1
-    assert h.next_deadline_ns() == 10 * MS
-    h.process_timeouts(10 * MS, resend)
-    assert h.next_deadline_ns() == NO_DEADLINE
-    h.on_nak(3, 64, 128, TERM, MTU, fc, 11 * MS, resend)
-    assert len(resent) == 2
+    pub = NetworkPublication(log=log, channel=channel, settings=s, positions=positions,
+                             flow_control=flow_control_for(channel, s), counters=counters,
+                             now_ns=0, destination=DEST)
+    pub.on_frame(StatusMessage(5, 6, 10, 0, window, 99), DEST, 0)
+    appender = new_appender(log, positions.publisher_limit)
+    for _ in range(frames):
+        assert lib.ss_offer(appender, b"x" * size, size) > 0
+    while network.ss_send_data(pub.c, 0, 64, _spans()) > 0:
+        pass
+    pub._appender = appender  # kept alive with the publication
+    return pub, counters
 
 
-def test_delayed_retransmit() -> None:
-    h, fc, _, resent, resend = handler(delay=2 * MS)
-    h.on_nak(3, 0, 64, TERM, MTU, fc, 0, resend)
-    assert resent == [] and h.next_deadline_ns() == 2 * MS
-    h.on_nak(3, 0, 64, TERM, MTU, fc, 1 * MS, resend)
-    h.process_timeouts(2 * MS, resend)
-    assert resent == [(3, 0, 64)]
-    assert h.next_deadline_ns() == 12 * MS
+def _spans():
+    from slipstream.daemon._network import ffi
+
+    return ffi.new("ss_span_t[]", 64 + network.SS_RETRANSMIT_MAX)
 
 
-def test_unicast_reuses_its_single_action() -> None:
-    h, fc, counters, resent, resend = handler()
-    h.on_nak(3, 0, 64, TERM, MTU, fc, 0, resend)
-    h.on_nak(3, 1024, 64, TERM, MTU, fc, 1 * MS, resend)
-    assert resent == [(3, 0, 64), (3, 1024, 64)]
+def take(pub: NetworkPublication) -> list[tuple[int, int]]:
+    """The queued retransmissions as (term offset, length), emptying the queue."""
+    c = pub.c
+    out = [(c.retransmits[i].log_offset % TERM, c.retransmits[i].length)
+           for i in range(c.retransmit_count)]
+    c.retransmit_count = 0
+    return out
+
+
+def nak(pub: NetworkPublication, offset: int, length: int, now_ns: int,
+        term_id: int = 10) -> None:
+    pub.on_frame(Nak(5, 6, term_id, offset, length), DEST, now_ns)
+
+
+def test_immediate_retransmit_then_linger_ignores_repeats(shm: Path) -> None:
+    pub, counters = publication(shm)
+    nak(pub, FRAME, 2 * FRAME, 0)
+    assert take(pub) == [(FRAME, FRAME), (2 * FRAME, FRAME)]
+    nak(pub, FRAME, 2 * FRAME, 5 * MS)
+    nak(pub, 2 * FRAME, FRAME, 5 * MS)  # inside the action's range
+    assert take(pub) == []
+    assert pub.retransmit_handler.next_deadline_ns() == 10 * MS
+    pub.retransmit_handler.process_timeouts(10 * MS)
+    assert pub.retransmit_handler.next_deadline_ns() == NO_DEADLINE
+    nak(pub, FRAME, FRAME, 11 * MS)
+    assert take(pub) == [(FRAME, FRAME)]
+    assert counters[SystemCounter.RETRANSMITS_SENT] == 2
+    assert counters[SystemCounter.NAK_MESSAGES_RECEIVED] == 4
+
+
+def test_delayed_retransmit(shm: Path) -> None:
+    pub, _ = publication(shm, retransmit_unicast_delay=2 * MS)
+    nak(pub, 0, FRAME, 0)
+    assert take(pub) == [] and pub.retransmit_handler.next_deadline_ns() == 2 * MS
+    nak(pub, 0, FRAME, 1 * MS)  # a repeat while delayed
+    pub.retransmit_handler.process_timeouts(2 * MS)
+    assert take(pub) == [(0, FRAME)]
+    assert pub.retransmit_handler.next_deadline_ns() == 12 * MS
+
+
+def test_unicast_reuses_its_single_action(shm: Path) -> None:
+    pub, counters = publication(shm)
+    nak(pub, 0, FRAME, 0)
+    nak(pub, 3 * FRAME, FRAME, 1 * MS)
+    assert take(pub) == [(0, FRAME), (3 * FRAME, FRAME)]
     assert counters[SystemCounter.RETRANSMIT_OVERFLOW] == 0
-    assert len(h.actions) == 1
+    assert len(pub.retransmit_handler.actions) == 1
 
 
-def test_group_pool_overflow_is_counted() -> None:
-    h, fc, counters, resent, resend = handler(group=True, max_resend=2)
+def test_group_pool_overflow_is_counted(shm: Path) -> None:
+    pub, counters = publication(shm, MULTICAST, max_resend=2)
     for i in range(3):
-        h.on_nak(3, i * 1024, 64, TERM, MTU, fc, 0, resend)
-    assert len(resent) == 2
+        nak(pub, i * FRAME, FRAME, 0)
+    assert take(pub) == [(0, FRAME), (FRAME, FRAME)]
     assert counters[SystemCounter.RETRANSMIT_OVERFLOW] == 1
 
 
-def test_invalid_nak_is_counted_and_length_capped() -> None:
-    h, fc, counters, resent, resend = handler()
-    h.on_nak(3, TERM - 16, 64, TERM, MTU, fc, 0, resend)
-    h.on_nak(3, -32, 64, TERM, MTU, fc, 0, resend)
-    assert resent == [] and counters[SystemCounter.INVALID_PACKETS] == 2
-    h.on_nak(3, TERM - 64, 4096, TERM, MTU, fc, 0, resend)
-    assert resent == [(3, TERM - 64, 64)]
+def test_resend_length_is_capped_by_the_window_multiple_and_the_term_end(shm: Path) -> None:
+    pub, _ = publication(shm, frames=64, size=32)  # 64-byte frames
+    pub.on_frame(StatusMessage(5, 6, 10, 0, 32, 99), DEST, 0)  # lookahead 16 x 32 bytes
+    nak(pub, 0, 4096, 0)
+    assert sum(length for _, length in take(pub)) == 512
+    # Out of the window (not sent yet): nothing goes, the action lingers over what the NAK
+    # covers up to the term's end.
+    nak(pub, TERM - 64, 4096, 1 * MS)
+    assert take(pub) == []
+    [(state, _, offset, length, _)] = pub.retransmit_handler.actions
+    assert (state, offset, length) == (ActionState.LINGERING, TERM - 64, 64)
 
 
-def test_naks_at_misaligned_or_out_of_range_offsets_are_counted_and_dropped() -> None:
-    h, fc, counters, resent, resend = handler()
+def test_naks_at_misaligned_or_out_of_range_offsets_are_counted_and_dropped(shm: Path) -> None:
+    pub, counters = publication(shm)
     for offset, length in ((7, 64), (-32, 64), (TERM - 16, 64), (TERM, 64), (64, 0),
                            (64, -5)):
-        h.on_nak(3, offset, length, TERM, MTU, fc, 0, resend)
-    assert resent == []
+        nak(pub, offset, length, 0)
+    assert take(pub) == []
     assert counters[SystemCounter.INVALID_PACKETS] == 6
+    assert pub.retransmit_handler.active_count == 0
 
 
-def test_a_resend_the_sender_could_not_take_frees_its_action() -> None:
-    """A resend that took nothing (the sender's queue was full) leaves no lingering action:
-    it would hold a slot of the pool, and hide the receiver's next NAK, for nothing sent."""
-    h, fc, counters, resent, resend = handler(group=True, max_resend=2)
+def test_a_resend_the_sender_could_not_take_frees_its_action(shm: Path) -> None:
+    """A resend that found the data path's queue full leaves no lingering action: it would
+    hold a slot of the pool, and hide the receiver's next NAK, for nothing sent."""
+    pub, counters = publication(shm, MULTICAST, max_resend=2)
+    pub.c.retransmit_count = network.SS_RETRANSMIT_MAX
     for i in range(5):
-        h.on_nak(3, i * 1024, 64, TERM, MTU, fc, 0, lambda *_: 0)
-    assert h.active_count == 0 and h.next_deadline_ns() == NO_DEADLINE
-    assert counters[SystemCounter.RETRANSMIT_OVERFLOW] == 0
-    h.on_nak(3, 0, 64, TERM, MTU, fc, 1, resend)  # the same NAK again: served
-    assert resent == [(3, 0, 64)]
+        nak(pub, i * FRAME, FRAME, 0)
+    assert pub.retransmit_handler.active_count == 0
+    assert pub.retransmit_handler.next_deadline_ns() == NO_DEADLINE
+    assert counters[SystemCounter.RETRANSMIT_OVERFLOW] == 5
+    pub.c.retransmit_count = 0
+    nak(pub, 0, FRAME, 1)  # the same NAK again: served
+    assert take(pub) == [(0, FRAME)]
 
 
-def test_a_partly_taken_resend_lingers_over_the_part_taken() -> None:
-    h, fc, _, resent, resend = handler()
-    h.on_nak(3, 0, 4096, TERM, MTU, fc, 0, lambda *_: 1024)
-    h.on_nak(3, 512, 64, TERM, MTU, fc, 1, resend)  # inside what went: a repeat
-    h.on_nak(3, 1024, 3072, TERM, MTU, fc, 2, resend)  # the rest: served
-    assert resent == [(3, 1024, 3072)]
+def test_a_partly_taken_resend_lingers_over_the_part_taken(shm: Path) -> None:
+    pub, _ = publication(shm)
+    pub.c.retransmit_count = network.SS_RETRANSMIT_MAX - 1  # room for one datagram
+    nak(pub, 0, 4 * FRAME, 0)
+    assert take(pub)[-1] == (0, FRAME)
+    nak(pub, 512, 64, 1)  # inside what went: a repeat
+    nak(pub, FRAME, 3 * FRAME, 2)  # the rest: served
+    assert take(pub) == [(FRAME, FRAME), (2 * FRAME, FRAME), (3 * FRAME, FRAME)]
+
+
+def channel_with(pub: NetworkPublication, counters: LocalCounters):
+    channel = SendChannel(counters=counters)
+    channel.add_publication(pub)
+    passed_up: list[bytes] = []
+    channel.on_control = lambda data, source, now_ns: passed_up.append(bytes(data))
+    return channel, passed_up
+
+
+def test_the_send_endpoint_answers_a_nak_in_c_without_python(shm: Path) -> None:
+    pub, counters = publication(shm)
+    channel, passed_up = channel_with(pub, counters)
+    before = counters[SystemCounter.BYTES_RECEIVED]
+    channel.on_datagram(Nak(5, 6, 10, FRAME, FRAME).encode(), DEST, 0)
+    assert passed_up == []
+    assert take(pub) == [(FRAME, FRAME)]
+    assert counters[SystemCounter.NAK_MESSAGES_RECEIVED] == 1
+    assert counters[SystemCounter.BYTES_RECEIVED] == before + 28
+
+
+def test_naks_the_c_dispatch_cannot_answer_go_up_to_python(shm: Path) -> None:
+    """A NAK that needs a timer (a retransmit delay), a malformed one, one for another
+    session, or one for a publication removed from the endpoint (its log may be gone)."""
+    pub, counters = publication(shm, retransmit_unicast_delay=2 * MS)
+    channel, passed_up = channel_with(pub, counters)
+    short = bytearray(Nak(5, 6, 10, 0, FRAME).encode())
+    short[0] = 20  # frame_length under a NAK's 28 bytes
+    for datagram in (Nak(5, 6, 10, 0, FRAME).encode(), bytes(short),
+                     Nak(7, 6, 10, 0, FRAME).encode()):
+        channel.on_datagram(datagram, DEST, 0)
+    assert len(passed_up) == 3 and take(pub) == []
+
+    pub, counters = publication(shm)
+    channel, passed_up = channel_with(pub, counters)
+    channel.remove_publication(pub)
+    channel.on_datagram(Nak(5, 6, 10, 0, FRAME).encode(), DEST, 0)
+    assert len(passed_up) == 1 and take(pub) == []
+    assert counters[SystemCounter.NAK_MESSAGES_RECEIVED] == 0
+
+
+def test_a_done_publication_answers_no_nak(shm: Path) -> None:
+    pub, counters = publication(shm)
+    pub.retransmit_handler.stop()
+    channel, passed_up = channel_with(pub, counters)
+    channel.on_datagram(Nak(5, 6, 10, 0, FRAME).encode(), DEST, 0)
+    assert len(passed_up) == 1 and take(pub) == []
