@@ -1,12 +1,16 @@
 """Loss detection and NAK timing on the receiver (PROTOCOL.md §3.3; aeron_loss_detector.c).
 
 The image calls :meth:`LossDetector.scan` on each rebuild pass with its rebuild position and
-high-water mark.  The C gap scanner (``ss_scan_gap``) finds the gaps between them, up to
-:data:`MAX_GAPS` in stream order (Aeron's detector handles only the first; see the class):
+high-water mark.  One C call (``ss_loss_scan``, daemon/network.c) finds the gaps between them,
+up to :data:`MAX_GAPS` in stream order (Aeron's detector handles only the first; see the
+class), and keeps their timers:
 
 * a gap seen for the first time gets a timer at ``now + delay`` (first delay);
 * when its timer expires the gap is NAKed (``on_loss``) and re-armed with the retry delay, so
   the same gap is re-NAKed until it is filled; a filled gap is forgotten.
+
+The delays are drawn once per scan: gaps first seen in one pass share a first delay (for the
+multicast generator, one random backoff per pass, which is what spreads receivers apart).
 
 Delay generators (one small class each, chosen by the image):
 
@@ -25,9 +29,9 @@ import math
 import random
 from collections.abc import Callable
 
-from slipstream.client._native import ffi, lib
 from slipstream.client.logbuffer import compute_term_id
-from slipstream.daemon.protocol_types import NO_DEADLINE
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
 
 
 class StaticDelayGenerator:
@@ -102,8 +106,9 @@ DelayGenerator = StaticDelayGenerator | OptimalMulticastDelayGenerator
 LossHandler = Callable[[int, int, int], None]
 
 
-#: Gaps a scan tracks at once, in stream order (Aeron tracks one; see LossDetector).
-MAX_GAPS = 128
+#: Gaps a scan tracks at once, in stream order (Aeron tracks one; see LossDetector): a window
+#: of megabytes at a few percent loss holds hundreds.
+MAX_GAPS = network.SS_LOSS_GAPS_MAX
 
 
 class LossDetector:
@@ -118,22 +123,27 @@ class LossDetector:
     any Aeron sender answers them.
     """
 
-    __slots__ = ("_gap_length", "delay_generator", "gaps", "on_gap", "on_loss")
+    __slots__ = ("c", "delay_generator", "on_gap", "on_loss")
 
     def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler,
-                 on_gap: Callable[[int], None] | None = None) -> None:
-        """``on_loss(term_id, term_offset, length)`` sends a NAK; ``on_gap(length)`` hears
-        of each gap once, when first seen (the loss report)."""
+                 on_gap: Callable[[int, int], None] | None = None) -> None:
+        """``on_loss(term_id, term_offset, length)`` sends a NAK; ``on_gap(length, count)``
+        hears of the gaps each scan saw first (their bytes and number: the loss report)."""
         self.delay_generator = delay_generator
         self.on_loss = on_loss
         self.on_gap = on_gap
-        #: (term_id, term_offset) -> [expiry ns, length]
-        self.gaps: dict[tuple[int, int], list[int]] = {}
-        self._gap_length = ffi.new("int32_t *")
+        self.c = network_ffi.new("ss_loss_detector_t *")
+
+    @property
+    def gaps(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """The tracked gaps: (term_id, term_offset) -> (expiry ns, length)."""
+        c = self.c
+        return {(g.term_id, g.term_offset): (g.expiry_ns, g.length)
+                for g in (c.gaps[i] for i in range(c.gap_count))}
 
     @property
     def has_active_gap(self) -> bool:
-        return bool(self.gaps)
+        return self.c.gap_count > 0
 
     def scan(self, term, rebuild_position: int, hwm_position: int, now_ns: int,
              term_length: int, position_bits: int, initial_term_id: int) -> tuple[int, bool]:
@@ -143,44 +153,34 @@ class LossDetector:
         everything is present (the term length when the term is complete), and whether a gap
         lies before the high-water mark.  Calls ``on_loss`` for each gap whose timer expired.
         """
+        c = self.c
         rebuild_offset = rebuild_position & (term_length - 1)
         if rebuild_position >= hwm_position:
-            self.gaps.clear()
+            c.gap_count = 0
             return rebuild_offset, False
         rebuild_term_count = rebuild_position >> position_bits
         limit_offset = (hwm_position & (term_length - 1)
                         if rebuild_term_count == hwm_position >> position_bits else term_length)
-        gap_length = self._gap_length
-        first = offset = lib.ss_scan_gap(term, rebuild_offset, limit_offset, gap_length)
-        if offset >= limit_offset:
+        term_id = compute_term_id(rebuild_position, position_bits, initial_term_id)
+        delays = self.delay_generator
+        first = network.ss_loss_scan(c, term, term_id, rebuild_offset, limit_offset, now_ns,
+                                     delays.first_delay(), delays.retry_delay())
+        if first >= limit_offset:
             # Everything up to the limit is there; nothing to NAK (a gap beyond the limit, in
             # a later term, shows up on the next pass from the new rebuild position).
-            self.gaps.clear()
-            return offset, False
-        term_id = compute_term_id(rebuild_position, position_bits, initial_term_id)
-        seen: dict[tuple[int, int], list[int]] = {}
-        gaps = self.gaps
-        delays = self.delay_generator
-        while offset < limit_offset and len(seen) < MAX_GAPS:
-            length = gap_length[0]
-            key = (term_id, offset)
-            gap = gaps.get(key)
-            if gap is None:
-                gap = [now_ns + delays.first_delay(), length]
-                if self.on_gap is not None:
-                    self.on_gap(length)
-            gap[1] = length
-            if now_ns >= gap[0]:
-                self.on_loss(term_id, offset, length)
-                gap[0] = now_ns + delays.retry_delay()
-            seen[key] = gap
-            offset = lib.ss_scan_gap(term, offset + length, limit_offset, gap_length)
-        self.gaps = seen  # gaps no longer there (filled) are forgotten
+            return first, False
+        if c.fresh_count and self.on_gap is not None:
+            self.on_gap(c.fresh_bytes, c.fresh_count)
+        if c.due_count:
+            gaps, due, on_loss = c.gaps, c.due, self.on_loss
+            for i in range(c.due_count):
+                gap = gaps[due[i]]
+                on_loss(term_id, gap.term_offset, gap.length)
         return first, True
 
     def next_deadline_ns(self) -> int:
         """When the next gap's NAK (re)fires; NO_DEADLINE without a gap."""
-        return min((gap[0] for gap in self.gaps.values()), default=NO_DEADLINE)
+        return network.ss_loss_next_deadline(self.c)
 
     def __repr__(self) -> str:
         return f"<LossDetector gaps={self.gaps}>"

@@ -57,12 +57,12 @@ class LossEntry:
     def __init__(self, base: Any) -> None:  # cffi uint8_t *
         self._base = base
 
-    def record(self, length: int) -> None:
-        """A gap of ``length`` bytes was found."""
+    def record(self, length: int, count: int = 1) -> None:
+        """``count`` gaps of ``length`` bytes in all were found."""
         base = self._base
         now = time.time_ns()
         cells = ffi.cast("int64_t *", base)
-        if lib.ss_get_and_add_i64(cells, 1) == 0:
+        if lib.ss_get_and_add_i64(cells, count) == 0:
             lib.ss_store_release_i64(cells + 2, now)
         lib.ss_get_and_add_i64(cells + 1, length)
         lib.ss_store_release_i64(cells + 3, now)

@@ -285,6 +285,56 @@ void ss_retransmit_on_nak(ss_send_publication_t *p, int32_t term_id, int32_t ter
     }
 }
 
+/* ------------------------------------------------------------------------ loss detector */
+
+int32_t ss_loss_scan(ss_loss_detector_t *d, const uint8_t *term, int32_t term_id,
+                     int32_t rebuild_offset, int32_t limit_offset, int64_t now_ns,
+                     int64_t first_delay_ns, int64_t retry_delay_ns) {
+    ss_gap_t previous[SS_LOSS_GAPS_MAX];
+    int32_t previous_count = d->gap_count;
+    if (previous_count < 0) previous_count = 0;
+    if (previous_count > SS_LOSS_GAPS_MAX) previous_count = SS_LOSS_GAPS_MAX;
+    memcpy(previous, d->gaps, sizeof(ss_gap_t) * (size_t)previous_count);
+    int32_t gap_length = 0;
+    const int32_t first = ss_scan_gap(term, rebuild_offset, limit_offset, &gap_length);
+    d->due_count = 0;
+    d->fresh_count = 0;
+    d->fresh_bytes = 0;
+    int32_t n = 0, j = 0;
+    for (int32_t offset = first; offset < limit_offset && n < SS_LOSS_GAPS_MAX;) {
+        /* Both lists run in stream order: a gap tracked before is found by walking on. */
+        while (j < previous_count &&
+               (previous[j].term_id != term_id || previous[j].term_offset < offset)) j++;
+        ss_gap_t *gap = &d->gaps[n++];
+        gap->term_id = term_id;
+        gap->term_offset = offset;
+        gap->length = gap_length;
+        if (j < previous_count && previous[j].term_offset == offset) {
+            gap->expiry_ns = previous[j].expiry_ns;
+        } else {
+            gap->expiry_ns = now_ns + first_delay_ns;
+            d->fresh_count++;
+            d->fresh_bytes += gap_length;
+        }
+        if (now_ns >= gap->expiry_ns) {
+            d->due[d->due_count++] = n - 1;
+            gap->expiry_ns = now_ns + retry_delay_ns;
+        }
+        if (gap_length <= 0) break; /* never: ss_scan_gap reports a gap of at least a frame */
+        offset = ss_scan_gap(term, offset + gap_length, limit_offset, &gap_length);
+    }
+    d->gap_count = n;
+    return first;
+}
+
+int64_t ss_loss_next_deadline(const ss_loss_detector_t *d) {
+    int64_t deadline = SS_NO_DEADLINE;
+    for (int32_t i = 0; i < d->gap_count && i < SS_LOSS_GAPS_MAX; i++) {
+        if (d->gaps[i].expiry_ns < deadline) deadline = d->gaps[i].expiry_ns;
+    }
+    return deadline;
+}
+
 /* ----------------------------------------------------------------------------- receiver */
 
 static inline uint32_t slot_of(int32_t session_id, int32_t stream_id, int32_t mask) {

@@ -124,6 +124,38 @@ void ss_retransmit_process_timeouts(ss_send_publication_t *p, int64_t now_ns);
 /* When an action next expires (SS_NO_DEADLINE: none active). */
 int64_t ss_retransmit_next_deadline(const ss_send_publication_t *p);
 
+/* The gaps of an image's rebuild term and their NAK timers (daemon/loss_detector.py has the
+ * rules; aeron_loss_detector.c tracks one gap, this up to SS_LOSS_GAPS_MAX in stream order). */
+#define SS_LOSS_GAPS_MAX 256
+
+typedef struct {
+    int64_t expiry_ns;            /* when it is NAKed (again) */
+    int32_t term_id;
+    int32_t term_offset;
+    int32_t length;
+    int32_t reserved;
+} ss_gap_t;
+
+typedef struct {
+    int32_t gap_count;
+    int32_t due_count;            /* out of the last scan: gaps to NAK now (their timers are */
+    int32_t due[256];             /* re-armed), as indices into gaps */
+    int32_t fresh_count;          /* out of the last scan: gaps seen for the first time, and */
+    int64_t fresh_bytes;          /* their bytes (the loss report) */
+    ss_gap_t gaps[256];           /* SS_LOSS_GAPS_MAX, in stream order */
+} ss_loss_detector_t;
+
+/* Scan term_id's term (`term`) for gaps from rebuild_offset up to limit_offset: a gap seen
+ * for the first time gets expiry now + first_delay_ns (counted in fresh_*); one whose expiry
+ * has come is listed in due and re-armed at now + retry_delay_ns; gaps no longer there
+ * (filled) are forgotten.  Returns the offset of the first gap, or limit_offset when there is none (all
+ * gaps then forgotten). */
+int32_t ss_loss_scan(ss_loss_detector_t *d, const uint8_t *term, int32_t term_id,
+                     int32_t rebuild_offset, int32_t limit_offset, int64_t now_ns,
+                     int64_t first_delay_ns, int64_t retry_delay_ns);
+/* The earliest expiry of a tracked gap (SS_NO_DEADLINE: none). */
+int64_t ss_loss_next_deadline(const ss_loss_detector_t *d);
+
 /* An image as the receiver's data path sees it.  Python owns it, sets the SM fields after
  * each status message it sends, and reads the rest on its rebuild pass. */
 typedef struct {

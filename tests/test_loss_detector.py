@@ -116,3 +116,19 @@ def test_optimal_multicast_delay_in_range_and_reproducible() -> None:
     # Truncated exponential skewed late: most receivers wait, a few answer early.
     assert sum(values) / len(values) > 5 * MS
     assert min(values) < 1 * MS
+
+
+def test_each_gap_reaches_the_loss_report_once_when_first_seen() -> None:
+    term = make_term()
+    for off in (0, 128, 320):
+        put_frame(term, off)  # gaps at 64 (64 bytes) and 192 (128 bytes)
+    seen: list[tuple[int, int]] = []
+    d = LossDetector(StaticDelayGenerator(100 * US, 10 * MS), lambda *a: None,
+                     lambda length, count: seen.append((length, count)))
+    d.scan(term, 0, 384, 0, TERM, BITS, INITIAL)
+    d.scan(term, 0, 384, 200 * US, TERM, BITS, INITIAL)
+    assert seen == [(192, 2)]
+    put_frame(term, 384)
+    put_frame(term, 512)  # a third gap, at 448
+    d.scan(term, 0, 576, 300 * US, TERM, BITS, INITIAL)
+    assert seen == [(192, 2), (64, 1)]
