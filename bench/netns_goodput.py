@@ -3,10 +3,14 @@ each): slipstream over UDP against pyzmq PUB/SUB over TCP through the same link,
 and 5 % random loss on the receiving host (``iptables -m statistic``).  Needs root.
 
     sudo .venv/bin/python -m bench.netns_goodput [--messages N] [--size BYTES] [--losses 0,1,5]
+                                                 [--repeat N]
 
 Goodput is the payload the subscriber received per second, from its first message to its last.
 A slipstream run counts only if every message arrived (the subscriber's final position equal
 to the publisher's); the NAKs and retransmissions the drivers counted are reported with it.
+Four processes share two cores here, so one run moves by ±10 % with where the scheduler puts
+the drivers' threads: slipstream runs ``--repeat`` rounds of every loss in turn, and the
+summary gives each loss's median and its share of the lossless median (pyzmq runs once).
 """
 
 from __future__ import annotations
@@ -15,17 +19,18 @@ import argparse
 import ctypes
 import multiprocessing
 import os
+import statistics
 import sys
 import time
 from typing import Any
 
 from bench.ipc_throughput import machine, run_slipstream
 
-#: A 1 MiB window in a 4 MiB socket buffer (under loss it repairs sooner than
-#: bench/udp_throughput.py's 2 MiB: less data queues ahead of a retransmission; 512 KiB is too
-#: little), and NAK timers for a LAN: a lost retransmission is asked for again after 1 ms
-#: instead of Aeron's 10 ms (which suits a WAN).  docs/PERFORMANCE.md has both.
-DEFAULT_SETTINGS = {"rcv_initial_window_length": "1m", "socket_so_rcvbuf": "4m",
+#: A 4 MiB window in a 16 MiB socket buffer (a gap holds the window until it is repaired, and
+#: at 5 % loss a window holds hundreds of gaps: 1 and 2 MiB keep less in flight), and NAK
+#: timers for a LAN: a lost retransmission is asked for again after 1 ms instead of Aeron's
+#: 10 ms (which suits a WAN).  docs/PERFORMANCE.md has the others measured.
+DEFAULT_SETTINGS = {"rcv_initial_window_length": "4m", "socket_so_rcvbuf": "16m",
                     "nak_unicast_retry_delay_ratio": "10", "retransmit_unicast_linger": "1ms"}
 PORT = 40200
 
@@ -106,6 +111,8 @@ def main() -> int:
                         help="messages per run (shorter runs are dominated by their start)")
     parser.add_argument("--size", type=int, default=1024, help="message size, bytes")
     parser.add_argument("--losses", default="0,1,5", help="loss percentages to run")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="rounds of slipstream runs over every loss (medians reported)")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
     args = parser.parse_args()
@@ -122,32 +129,44 @@ def main() -> int:
     print(f"# command: python -m bench.netns_goodput {' '.join(sys.argv[1:])}")
     print(f"# {args.messages:,} messages of {args.size} B; slipstream settings {settings}; "
           f"loss dropped by iptables on the receiving host (UDP for slipstream, TCP for zmq)")
-    baseline: dict[str, float] = {}
+    runs: dict[float, list[float]] = {loss: [] for loss in losses}
+    zmq: dict[float, float] = {}
     with namespace_hosts(2) as hosts:
         a = hosts.start_driver(1, **settings)
         b = hosts.start_driver(2, **settings)
         uri = f"aeron:udp?endpoint={hosts[2].address}:{PORT}"
-        for run, loss in enumerate(losses):
-            hosts.clear_faults(2)
-            if loss:
-                hosts.drop(2, probability=loss / 100, protocol="udp")
-                hosts.drop(2, probability=loss / 100, protocol="tcp")
-            naks, retransmits = (counter(b, SystemCounter.NAK_MESSAGES_SENT),
-                                 counter(a, SystemCounter.RETRANSMITS_SENT))
-            slipstream = run_slipstream(a.directory, args.size, args.messages, True, 3000 + run,
-                                        channel=uri, subscriber_directory=b.directory)
-            naks = counter(b, SystemCounter.NAK_MESSAGES_SENT) - naks
-            retransmits = counter(a, SystemCounter.RETRANSMITS_SENT) - retransmits
-            zmq = run_zmq(hosts, args.size, args.messages)
-            figures = {"slipstream": slipstream * args.size / 1e6, "zmq": zmq * args.size / 1e6}
-            if not loss:
-                baseline = figures
-            share = {k: (100 * v / baseline[k] if baseline.get(k) else 0.0)
-                     for k, v in figures.items()}
-            print(f"loss {loss:4.1f} %   slipstream {figures['slipstream']:8.1f} MB/s "
-                  f"({share['slipstream']:5.1f} % of lossless, {naks:,} NAKs, "
-                  f"{retransmits:,} retransmits, whole: {'yes' if slipstream else 'NO'})   "
-                  f"pyzmq tcp {figures['zmq']:8.1f} MB/s ({share['zmq']:5.1f} %)", flush=True)
+        stream_id = 3000
+        for round_ in range(args.repeat):
+            for loss in losses:
+                hosts.clear_faults(2)
+                if loss:
+                    hosts.drop(2, probability=loss / 100, protocol="udp")
+                    hosts.drop(2, probability=loss / 100, protocol="tcp")
+                naks, retransmits = (counter(b, SystemCounter.NAK_MESSAGES_SENT),
+                                     counter(a, SystemCounter.RETRANSMITS_SENT))
+                stream_id += 1
+                rate = run_slipstream(a.directory, args.size, args.messages, True, stream_id,
+                                      channel=uri, subscriber_directory=b.directory)
+                naks = counter(b, SystemCounter.NAK_MESSAGES_SENT) - naks
+                retransmits = counter(a, SystemCounter.RETRANSMITS_SENT) - retransmits
+                goodput = rate * args.size / 1e6
+                runs[loss].append(goodput)
+                line = (f"round {round_ + 1} loss {loss:4.1f} %   slipstream {goodput:8.1f} MB/s "
+                        f"({naks:,} NAKs, {retransmits:,} retransmits, "
+                        f"whole: {'yes' if rate else 'NO'})")
+                if round_ == 0:
+                    zmq[loss] = run_zmq(hosts, args.size, args.messages) * args.size / 1e6
+                    line += f"   pyzmq tcp {zmq[loss]:8.1f} MB/s"
+                print(line, flush=True)
+        hosts.clear_faults(2)
+    lossless = statistics.median(runs[0.0]) if 0.0 in runs else 0.0
+    for loss in losses:
+        median = statistics.median(runs[loss])
+        share = f"{100 * median / lossless:5.1f} % of lossless" if lossless else "-"
+        zmq_share = (f"{100 * zmq[loss] / zmq[0.0]:5.1f} %" if zmq.get(0.0) else "-")
+        print(f"loss {loss:4.1f} %   slipstream median {median:8.1f} MB/s ({share}; runs "
+              f"{', '.join(f'{x:.0f}' for x in runs[loss])})   pyzmq tcp {zmq[loss]:8.1f} MB/s "
+              f"({zmq_share})", flush=True)
     return 0
 
 
