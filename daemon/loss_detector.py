@@ -9,8 +9,9 @@ class), and keeps their timers:
 * when its timer expires the gap is NAKed (``on_loss``) and re-armed with the retry delay, so
   the same gap is re-NAKed until it is filled; a filled gap is forgotten.
 
-The delays are drawn once per scan: gaps first seen in one pass share a first delay (for the
-multicast generator, one random backoff per pass, which is what spreads receivers apart).
+The delays are drawn ahead, and again only once a scan has used them: the gaps first seen in
+one pass share a first delay, those NAKed in one pass a retry delay (for the multicast
+generator, one random backoff per pass, which is what spreads receivers apart).
 
 Delay generators (one small class each, chosen by the image):
 
@@ -123,7 +124,7 @@ class LossDetector:
     any Aeron sender answers them.
     """
 
-    __slots__ = ("c", "delay_generator", "on_gap", "on_loss")
+    __slots__ = ("_first_delay", "_retry_delay", "c", "delay_generator", "on_gap", "on_loss")
 
     def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler,
                  on_gap: Callable[[int, int], None] | None = None) -> None:
@@ -133,6 +134,8 @@ class LossDetector:
         self.on_loss = on_loss
         self.on_gap = on_gap
         self.c = network_ffi.new("ss_loss_detector_t *")
+        self._first_delay = delay_generator.first_delay()
+        self._retry_delay = delay_generator.retry_delay()
 
     @property
     def gaps(self) -> dict[tuple[int, int], tuple[int, int]]:
@@ -162,16 +165,18 @@ class LossDetector:
         limit_offset = (hwm_position & (term_length - 1)
                         if rebuild_term_count == hwm_position >> position_bits else term_length)
         term_id = compute_term_id(rebuild_position, position_bits, initial_term_id)
-        delays = self.delay_generator
         first = network.ss_loss_scan(c, term, term_id, rebuild_offset, limit_offset, now_ns,
-                                     delays.first_delay(), delays.retry_delay())
+                                     self._first_delay, self._retry_delay)
         if first >= limit_offset:
             # Everything up to the limit is there; nothing to NAK (a gap beyond the limit, in
             # a later term, shows up on the next pass from the new rebuild position).
             return first, False
-        if c.fresh_count and self.on_gap is not None:
-            self.on_gap(c.fresh_bytes, c.fresh_count)
+        if c.fresh_count:
+            self._first_delay = self.delay_generator.first_delay()
+            if self.on_gap is not None:
+                self.on_gap(c.fresh_bytes, c.fresh_count)
         if c.due_count:
+            self._retry_delay = self.delay_generator.retry_delay()
             gaps, due, on_loss = c.gaps, c.due, self.on_loss
             for i in range(c.due_count):
                 gap = gaps[due[i]]

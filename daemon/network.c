@@ -162,12 +162,14 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
 /* -------------------------------------------------------------------------- retransmits */
 
 int32_t ss_resend(ss_send_publication_t *p, int32_t term_id, int32_t term_offset, int32_t length) {
-    /* Term ids wrap at 32 bits (term_count); positions are 64-bit from here on. */
+    if (length <= 0) return 0;
+    /* Term ids wrap at 32 bits (term_count); a term before the first was never sent (and its
+     * negative position would index memory before the log), nor was an offset off the term. */
     const int32_t terms = (int32_t)((uint32_t)term_id - (uint32_t)p->initial_term_id);
+    if (terms < 0 || term_offset < 0 || term_offset >= p->term_length) return length;
     const int64_t resend_position = ((int64_t)terms << p->position_bits) + term_offset;
     const int64_t sender_position = LOAD_ACQ(p->sender_position);
     const int64_t bottom = sender_position - (p->term_length >> 1) - p->max_message_length;
-    if (length <= 0) return 0;
     if (resend_position < bottom || resend_position >= sender_position) return length;
     const int32_t index = (int32_t)((resend_position >> p->position_bits) % SS_PARTITION_COUNT);
     const int64_t term_start = (int64_t)index * p->term_length;

@@ -3,7 +3,8 @@
  * (DESIGN.md "The network agents").  Python runs the protocol per batch; this file sends
  * committed frames straight from a publication's log (sendmmsg, iovecs into the map) and
  * receives datagrams (recvmmsg), validates every frame of every datagram and inserts DATA
- * into the image's log.  What is not data for a known image goes up to Python.
+ * into the image's log, and answers NAKs at a send endpoint (retransmissions queued for the
+ * data path).  The rest (SETUP, SM, RTTM, ERR, a new session's data) goes up to Python.
  *
  * Every length and offset from the network is checked with 64-bit arithmetic before it
  * indexes memory.  Positions and counters are int64 cells in the counters file.
@@ -53,7 +54,10 @@ typedef struct {
     int32_t length;
 } ss_retransmit_action_t;
 
-/* A network publication as the sender's data path sees it; Python fills it once. */
+/* A network publication as the sender's data path sees it.  Python fills it when it makes the
+ * publication, keeps resend_lookahead current (after each SM) and clears answers_naks when it
+ * is done; the send endpoint's receive path and Python's control path both update the
+ * retransmit actions, on the sender's thread. */
 typedef struct {
     uint8_t *log;                 /* start of term 0 */
     int64_t *sender_position;     /* snd-pos: advanced here only */

@@ -529,7 +529,9 @@ class NetworkPublication:
 class SendChannel:
     """A send endpoint's dispatcher: routes SM/NAK/RTTM/ERR datagrams to publications by
     (session_id, stream_id); malformed ones count ``INVALID_PACKETS``.  An S-flagged SM with
-    session = stream = 0 (MDC) elicits SETUP from every publication."""
+    session = stream = 0 (MDC) elicits SETUP from every publication.  NAKs are answered by its
+    C dispatch (:attr:`c`); only those that need a timer (a retransmit delay), are malformed
+    or name no publication of the endpoint come to :meth:`on_control`."""
 
     def __init__(self, *, counters: ProtocolCounters) -> None:
         self.counters = counters
@@ -553,9 +555,12 @@ class SendChannel:
         self._sync_publications()
 
     def remove_publication(self, publication: NetworkPublication) -> None:
-        """Forget ``publication``; from now on no NAK reaches its log (which may go next)."""
-        self.publications.pop((publication.session_id, publication.stream_id), None)
-        self._sync_publications()
+        """Forget ``publication``; from now on no NAK reaches its log (which may go next).
+        A newer publication of the same (session, stream) that took its place stays."""
+        key = (publication.session_id, publication.stream_id)
+        if self.publications.get(key) is publication:
+            del self.publications[key]
+            self._sync_publications()
 
     def _sync_publications(self) -> None:
         publications = list(self.publications.values())

@@ -312,7 +312,8 @@ class UdpSendTransport(_UdpTransport):
 
     def receive(self, channel: SendChannel, now_ns: int) -> int:
         """Control frames: NAKs are answered in C (their retransmissions queued on the
-        publications); the rest goes to ``channel.on_control``."""
+        publications); SMs, RTTMs, ERRs and the NAKs C leaves (a retransmit delay, malformed,
+        an unknown session) go to ``channel.on_control``."""
         if self._control is None:  # the buffers live in the channel's C dispatch struct
             self._control = _ControlReceiver(channel.c, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
         return self._control.receive(channel.c, self.fd, now_ns, channel.on_control)

@@ -43,11 +43,16 @@ HOSTILE_INT32: Final = (0, -1, 1, 31, 32, 33, 1408, 65536, 1 << 30, (1 << 31) - 
 
 
 class DatagramFuzzer:
-    """Hostile datagrams for the stream (``session_id``, ``stream_id``); see the module."""
+    """Hostile datagrams for the stream (``session_id``, ``stream_id``); see the module.
+    Given the stream's ``initial_term_id``, term ids also fall just before, at and after it
+    (a term before the first has a negative position)."""
 
-    def __init__(self, session_id: int, stream_id: int, seed: int = 1) -> None:
+    def __init__(self, session_id: int, stream_id: int, seed: int = 1,
+                 initial_term_id: int | None = None) -> None:
         self.session_id = session_id
         self.stream_id = stream_id
+        self._near_terms: tuple[int, ...] = () if initial_term_id is None else tuple(
+            (initial_term_id + k + (1 << 31)) % (1 << 32) - (1 << 31) for k in (-1, 0, 1))
         self.rng = random.Random(seed)
         self.counts: collections.Counter[str] = collections.Counter()
         self._kinds: list[tuple[str, Callable[[], bytes]]] = [
@@ -68,7 +73,7 @@ class DatagramFuzzer:
     # -- the kinds -----------------------------------------------------------------------------
     def _term_id(self) -> int:
         return self.rng.choice((0, 1, 2, -1, 1 << 20, (1 << 31) - 1, -(1 << 31),
-                                self.rng.randrange(-(1 << 31), 1 << 31)))
+                                self.rng.randrange(-(1 << 31), 1 << 31), *self._near_terms))
 
     def _value(self) -> int:
         return self.rng.choice(HOSTILE_INT32)

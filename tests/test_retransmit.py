@@ -139,6 +139,16 @@ def test_naks_at_misaligned_or_out_of_range_offsets_are_counted_and_dropped(shm:
     assert pub.retransmit_handler.active_count == 0
 
 
+def test_a_nak_for_a_term_before_the_first_resends_nothing(shm: Path) -> None:
+    """Its position is negative: below a young stream's resend window, whose bottom is
+    negative too, and it must not index the memory before the log."""
+    pub, counters = publication(shm)
+    for term_id, offset in ((9, TERM - 1024), (9, 0), (10 - (1 << 31), 0), (10, TERM - 32)):
+        nak(pub, offset, 1024, 0, term_id=term_id)
+        assert take(pub) == []
+    assert counters[SystemCounter.RETRANSMITS_SENT] == 0
+
+
 def test_a_resend_the_sender_could_not_take_frees_its_action(shm: Path) -> None:
     """A resend that found the data path's queue full leaves no lingering action: it would
     hold a slot of the pool, and hide the receiver's next NAK, for nothing sent."""
