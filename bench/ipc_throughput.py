@@ -28,6 +28,17 @@ from pathlib import Path
 BATCH = 256  # messages per offer_batch call
 
 
+def back_pressured(idle: int, backoff_s: float | None) -> None:
+    """The publisher's idle strategy after ``idle`` offers in a row found no room: yield the
+    core (the driver may need it); with ``backoff_s``, from the 16th such offer on sleep that
+    long instead, as Aeron's BackoffIdleStrategy parks (a spinning publisher on a two-core
+    machine takes the core from the sender thread it waits for)."""
+    if backoff_s is None or idle < 16:
+        os.sched_yield()
+    else:
+        time.sleep(backoff_s)
+
+
 def pin(cpu: int) -> None:
     """Publisher on one core, subscriber on the other (every contender alike)."""
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
@@ -36,7 +47,7 @@ def pin(cpu: int) -> None:
 
 # -- slipstream ------------------------------------------------------------------------------
 def _ss_publisher(directory: str, channel: str, stream_id: int, size: int, count: int,
-                  batch: bool, start, positions) -> None:
+                  batch: bool, start, positions, backoff_s: float | None = None) -> None:
     from slipstream.client import Client
 
     pin(0)
@@ -50,22 +61,26 @@ def _ss_publisher(directory: str, channel: str, stream_id: int, size: int, count
         if batch:
             data = message * BATCH
             lengths = array("i", [size] * BATCH)
-            sent = 0
+            sent = idle = 0
             while sent < count:
                 if count - sent < BATCH:  # the last batch: exactly count messages in all
                     data, lengths = data[:(count - sent) * size], lengths[:count - sent]
                 n = publication.offer_batch(data, lengths)
                 if n > 0:
                     sent += n
+                    idle = 0
                 else:
-                    os.sched_yield()  # the idle strategy: the driver may need this core
+                    idle += 1
+                    back_pressured(idle, backoff_s)
         else:
-            sent = 0
+            sent = idle = 0
             while sent < count:
                 if offer(message) > 0:
                     sent += 1
+                    idle = 0
                 else:
-                    os.sched_yield()  # the idle strategy: the driver may need this core
+                    idle += 1
+                    back_pressured(idle, backoff_s)
         positions[0] = publication.position
 
 
@@ -112,9 +127,11 @@ def _ss_subscriber(directory: str, channel: str, stream_id: int, count: int, bat
 
 
 def run_slipstream(directory: Path, size: int, count: int, batch: bool, stream_id: int, *,
-                   channel: str = "aeron:ipc", subscriber_directory: Path | None = None) -> float:
+                   channel: str = "aeron:ipc", subscriber_directory: Path | None = None,
+                   backoff_s: float | None = None) -> float:
     """One run; the subscriber's client uses ``subscriber_directory`` (another driver, for a
-    network channel) when given."""
+    network channel) when given; ``backoff_s``: the publisher's idle strategy
+    (:func:`back_pressured`)."""
     context = multiprocessing.get_context("spawn")
     ready, start, result = context.Event(), context.Event(), context.Value("d", 0.0)
     positions = context.Array("q", 3)  # publisher's end, subscriber's end, messages received
@@ -122,7 +139,7 @@ def run_slipstream(directory: Path, size: int, count: int, batch: bool, stream_i
         str(subscriber_directory or directory), channel, stream_id, count, batch, ready,
         result, positions))
     publisher = context.Process(target=_ss_publisher, args=(
-        str(directory), channel, stream_id, size, count, batch, start, positions))
+        str(directory), channel, stream_id, size, count, batch, start, positions, backoff_s))
     subscriber.start()
     assert ready.wait(60), "subscriber did not start"
     publisher.start()
