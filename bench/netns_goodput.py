@@ -11,8 +11,9 @@ to the publisher's); the NAKs and retransmissions the drivers counted are report
 The publisher, when back-pressured, yields and then sleeps 100 µs between offers (an
 application that spins takes a core from the sender thread it waits for).  Four processes
 share two cores here, so one run moves by ±10 % with where the scheduler puts the drivers'
-threads: slipstream runs ``--repeat`` rounds of every loss in turn, and the
-summary gives each loss's median and its share of the lossless median (pyzmq runs once).
+threads: slipstream runs ``--repeat`` rounds of every loss in turn (each round starts one loss
+later, so no loss always runs first), and the summary gives each loss's median and its share
+of the lossless median (pyzmq runs once per loss, in the first round).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from typing import Any
 
 from bench.ipc_throughput import machine, run_slipstream
 
-#: A 4 MiB window in a 16 MiB socket buffer (a gap holds the window until it is repaired, and
-#: at 5 % loss a window holds hundreds of gaps: 1 and 2 MiB keep less in flight), and NAK
-#: timers for a LAN: a lost retransmission is asked for again after 1 ms instead of Aeron's
-#: 10 ms (which suits a WAN).  docs/PERFORMANCE.md has the others measured.
-DEFAULT_SETTINGS = {"rcv_initial_window_length": "4m", "socket_so_rcvbuf": "16m",
+#: A 4 MiB window in a 4 MiB socket buffer (the most net.core.rmem_max grants here; a gap holds
+#: the window until it is repaired, and at 5 % loss a window holds about 200 gaps: 1 and 2 MiB
+#: keep less in flight), and NAK timers for a LAN: a lost retransmission is asked for again
+#: after 1 ms instead of Aeron's 10 ms (which suits a WAN).  docs/PERFORMANCE.md has the others
+#: measured.
+DEFAULT_SETTINGS = {"rcv_initial_window_length": "4m", "socket_so_rcvbuf": "4m",
                     "nak_unicast_retry_delay_ratio": "10", "retransmit_unicast_linger": "1ms"}
 #: A back-pressured publisher yields, then sleeps this long between offers (bench/
 #: ipc_throughput.py back_pressured): the drivers' threads need both cores.
@@ -121,6 +123,8 @@ def main() -> int:
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
 
     from slipstream.client.counters import SystemCounter, read_system_counters
     from slipstream.sim.hosts import namespace_hosts
@@ -142,7 +146,8 @@ def main() -> int:
         uri = f"aeron:udp?endpoint={hosts[2].address}:{PORT}"
         stream_id = 3000
         for round_ in range(args.repeat):
-            for loss in losses:
+            shift = round_ % len(losses)
+            for loss in losses[shift:] + losses[:shift]:
                 hosts.clear_faults(2)
                 if loss:
                     hosts.drop(2, probability=loss / 100, protocol="udp")

@@ -128,6 +128,8 @@ class Publication:
         self.stream_id = stream_id
         self.registration_id = registration_id
         self.session_id = log.session_id
+        #: The term id the stream started at (its SETUP carries it; positions count from it).
+        self.initial_term_id = log.initial_term_id
         self.max_message_length = log.max_message_length
         self.max_payload_length = log.max_payload
         self.term_length = log.term_length

@@ -164,9 +164,11 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
 int32_t ss_resend(ss_send_publication_t *p, int32_t term_id, int32_t term_offset, int32_t length) {
     if (length <= 0) return 0;
     /* Term ids wrap at 32 bits (term_count); a term before the first was never sent (and its
-     * negative position would index memory before the log), nor was an offset off the term. */
+     * negative position would index memory before the log), nor was an offset off the term's
+     * frames. */
     const int32_t terms = (int32_t)((uint32_t)term_id - (uint32_t)p->initial_term_id);
-    if (terms < 0 || term_offset < 0 || term_offset >= p->term_length) return length;
+    if (terms < 0 || term_offset < 0 || term_offset > p->term_length - SS_HEADER_LENGTH ||
+        (term_offset & (SS_FRAME_ALIGNMENT - 1)) != 0) return length;
     const int64_t resend_position = ((int64_t)terms << p->position_bits) + term_offset;
     const int64_t sender_position = LOAD_ACQ(p->sender_position);
     const int64_t bottom = sender_position - (p->term_length >> 1) - p->max_message_length;

@@ -4,7 +4,8 @@
  * committed frames straight from a publication's log (sendmmsg, iovecs into the map) and
  * receives datagrams (recvmmsg), validates every frame of every datagram and inserts DATA
  * into the image's log, and answers NAKs at a send endpoint (retransmissions queued for the
- * data path).  The rest (SETUP, SM, RTTM, ERR, a new session's data) goes up to Python.
+ * data path).  The rest (SETUP, SM, RTTM, ERR, a new session's data, and NAKs that need a
+ * timer or are malformed) goes up to Python.
  *
  * Every length and offset from the network is checked with 64-bit arithmetic before it
  * indexes memory.  Positions and counters are int64 cells in the counters file.
@@ -150,10 +151,10 @@ typedef struct {
 } ss_loss_detector_t;
 
 /* Scan term_id's term (`term`) for gaps from rebuild_offset up to limit_offset: a gap seen
- * for the first time gets expiry now + first_delay_ns (counted in fresh_*); one whose expiry
- * has come is listed in due and re-armed at now + retry_delay_ns; gaps no longer there
- * (filled) are forgotten.  Returns the offset of the first gap, or limit_offset when there is none (all
- * gaps then forgotten). */
+ * for the first time gets expiry now + first_delay_ns (counted in fresh_*); one whose
+ * expiry has come is listed in due and re-armed at now + retry_delay_ns; gaps no longer
+ * there (filled) are forgotten.  Returns the offset of the first gap, or limit_offset when
+ * there is none (all gaps then forgotten). */
 int32_t ss_loss_scan(ss_loss_detector_t *d, const uint8_t *term, int32_t term_id,
                      int32_t rebuild_offset, int32_t limit_offset, int64_t now_ns,
                      int64_t first_delay_ns, int64_t retry_delay_ns);

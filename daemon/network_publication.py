@@ -80,7 +80,7 @@ from slipstream.daemon.protocol_types import (
     Address,
     Datagram,
     ProtocolCounters,
-    sockaddr,
+    hash_table_slots,
 )
 from slipstream.daemon.retransmit import RetransmitHandler
 
@@ -546,8 +546,7 @@ class SendChannel:
         c.counters.invalid_packets = counters.address(SystemCounter.INVALID_PACKETS)
         c.counters.receive_errors = counters.address(SystemCounter.RECEIVE_ERRORS)
         c.counters.bytes_received = counters.address(SystemCounter.BYTES_RECEIVED)
-        self._publication_slots = network_ffi.new("ss_send_publication_t *[]", 0)
-        self._sockaddrs: dict[Address, bytes] = {}
+        self._publication_slots = network_ffi.NULL
         self._sync_publications()
 
     def add_publication(self, publication: NetworkPublication) -> None:
@@ -564,10 +563,8 @@ class SendChannel:
 
     def _sync_publications(self) -> None:
         publications = list(self.publications.values())
-        slots = 16
-        while slots < 2 * len(publications) + 2:
-            slots *= 2
-        if slots != len(self._publication_slots):
+        slots = hash_table_slots(len(publications))
+        if slots != self.c.publication_mask + 1:
             self._publication_slots = network_ffi.new("ss_send_publication_t *[]", slots)
             self.c.publications = self._publication_slots
             self.c.publication_mask = slots - 1
@@ -579,15 +576,11 @@ class SendChannel:
     def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
                     now_ns: int) -> None:
         """One datagram arriving at the endpoint, through the C dispatch (as the socket path
-        does) and, unless it answered it there (a NAK), :meth:`on_control`."""
-        raw = self._sockaddrs.get(source)
-        if raw is None:
-            if len(self._sockaddrs) >= 1024:
-                self._sockaddrs.clear()
-            raw = self._sockaddrs[source] = sockaddr(source)
+        does) and, unless it answered it there (a NAK), :meth:`on_control`.  The dispatch has
+        no images, so it never reads the source address."""
         with network_ffi.from_buffer(data) as buffer:
-            verdict = network.ss_receiver_on_datagram(self.c, buffer, len(buffer), raw,
-                                                      len(raw), now_ns)
+            verdict = network.ss_receiver_on_datagram(self.c, buffer, len(buffer),
+                                                      network_ffi.NULL, 0, now_ns)
         if verdict == network.SS_RX_TO_PYTHON:
             self.on_control(data, source, now_ns)
 

@@ -97,6 +97,16 @@ def sockaddr(address: Address) -> bytes:
     return _SOCKADDR_IN6.pack(socket.AF_INET6, port.to_bytes(2, "big"), 0, ip.packed, 0)
 
 
+def hash_table_slots(entries: int) -> int:
+    """Slots of an open-addressing table in C for ``entries`` (a power of two, at least 16,
+    and a load of at most one half: a lookup ends at an empty slot, so the table never
+    fills)."""
+    slots = 16
+    while slots < 2 * entries + 2:
+        slots *= 2
+    return slots
+
+
 def address_of(raw: bytes | memoryview) -> Address:
     """The ``(ip, port)`` of a ``struct sockaddr_in``/``_in6`` (the inverse of
     :func:`sockaddr`)."""

@@ -66,6 +66,7 @@ from slipstream.daemon.protocol_types import (
     Address,
     Datagram,
     ProtocolCounters,
+    hash_table_slots,
     sockaddr,
 )
 from slipstream.daemon.publication_image import (
@@ -246,9 +247,7 @@ class ReceiveChannel:
 
     def _sync_images(self) -> None:
         images = list(self.images.values())
-        slots = 16
-        while slots < 2 * len(images) + 2:
-            slots *= 2
+        slots = hash_table_slots(len(images))
         if slots != self.c.slot_mask + 1:
             self._slots = network_ffi.new("ss_image_t *[]", slots)
             self.c.slots = self._slots

@@ -132,3 +132,30 @@ def test_each_gap_reaches_the_loss_report_once_when_first_seen() -> None:
     put_frame(term, 512)  # a third gap, at 448
     d.scan(term, 0, 576, 300 * US, TERM, BITS, INITIAL)
     assert seen == [(192, 2), (64, 1)]
+
+
+def test_delays_are_drawn_only_once_a_scan_used_them() -> None:
+    """The multicast generator's draws (a random number and a logarithm each) cost the
+    receiver's thread: a scan that finds no new gap and NAKs none draws nothing."""
+    draws: list[str] = []
+
+    class Counting(StaticDelayGenerator):
+        def first_delay(self) -> int:
+            draws.append("first")
+            return super().first_delay()
+
+        def retry_delay(self) -> int:
+            draws.append("retry")
+            return super().retry_delay()
+
+    term = make_term()
+    put_frame(term, 0)
+    put_frame(term, 128)  # a gap at 64
+    d = LossDetector(Counting(100 * US, 10 * MS), lambda *a: None)
+    assert draws == ["first", "retry"]  # one of each, ready for the first scan
+    d.scan(term, 0, 192, 0, TERM, BITS, INITIAL)  # the gap is new: a first delay is used
+    assert draws == ["first", "retry", "first"]
+    d.scan(term, 0, 192, 50 * US, TERM, BITS, INITIAL)  # nothing new, nothing due
+    assert draws == ["first", "retry", "first"]
+    d.scan(term, 0, 192, 100 * US, TERM, BITS, INITIAL)  # NAKed: a retry delay is used
+    assert draws == ["first", "retry", "first", "retry"]

@@ -219,3 +219,15 @@ def test_a_done_publication_answers_no_nak(shm: Path) -> None:
     channel, passed_up = channel_with(pub, counters)
     channel.on_datagram(Nak(5, 6, 10, 0, FRAME).encode(), DEST, 0)
     assert len(passed_up) == 1 and take(pub) == []
+
+
+def test_removing_a_replaced_publication_keeps_its_successor_answering(shm: Path) -> None:
+    """A lingering publication and a new one of the same session and stream on one endpoint:
+    the old one leaving must not take the new one's NAKs (and SMs) with it."""
+    old, counters = publication(shm)
+    new, _ = publication(shm)
+    channel, passed_up = channel_with(old, counters)
+    channel.add_publication(new)
+    channel.remove_publication(old)
+    channel.on_datagram(Nak(5, 6, 10, 0, FRAME).encode(), DEST, 0)
+    assert passed_up == [] and take(new) == [(0, FRAME)] and take(old) == []

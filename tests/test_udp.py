@@ -468,7 +468,7 @@ def test_malformed_and_mutated_datagrams_are_counted_and_the_stream_carries_on(
         connect(publication, subscription)
         collector = Collector(subscription)
         fuzzer = DatagramFuzzer(publication.session_id, 11, seed=20261122,
-                                initial_term_id=publication._log.initial_term_id)
+                                initial_term_id=publication.initial_term_id)
         sent = offered = 0
         deadline = time.monotonic() + 60
         while len(collector.seen) < 20_000 or sent < 20_000:
