@@ -5,6 +5,9 @@ from __future__ import annotations
 import random
 import struct
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from slipstream.client._native import ffi
 from slipstream.daemon.loss_detector import (
     MAX_GAPS,
@@ -159,3 +162,60 @@ def test_delays_are_drawn_only_once_a_scan_used_them() -> None:
     assert draws == ["first", "retry", "first"]
     d.scan(term, 0, 192, 100 * US, TERM, BITS, INITIAL)  # NAKed: a retry delay is used
     assert draws == ["first", "retry", "first", "retry"]
+
+
+def reference_gaps(present: set[int], rebuild: int, limit: int) -> list[tuple[int, int]]:
+    """The gaps of a term of 64-byte frames (``present``: their offsets) between ``rebuild``
+    and ``limit``, in stream order, as (offset, length)."""
+    gaps: list[tuple[int, int]] = []
+    offset = rebuild
+    while offset < limit:
+        if offset in present:
+            offset += 64
+            continue
+        start = offset
+        while offset < limit and offset not in present:
+            offset += 64
+        gaps.append((start, offset - start))
+    return gaps
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sets(st.integers(0, 63)), st.integers(0, 300)),
+                min_size=1, max_size=12))
+def test_scans_track_every_gap_with_its_own_timer_as_frames_arrive(
+        passes: list[tuple[set[int], int]]) -> None:
+    """Frames land anywhere below a rising high-water mark between scans: each scan reports
+    exactly the gaps below it (up to MAX_GAPS), a gap at an offset seen before keeps its timer,
+    a new one starts it, and a gap is NAKed when its timer expires, then re-armed."""
+    term = make_term()
+    present: set[int] = set()
+    losses: list[tuple[int, int, int]] = []
+    d = LossDetector(StaticDelayGenerator(100 * US, 10 * MS), lambda *a: losses.append(a))
+    expiry: dict[int, int] = {}
+    now = 0
+    limit = 0
+    for arrivals, step_us in passes:
+        now += step_us * US
+        for slot in arrivals:
+            if slot * 64 not in present:
+                put_frame(term, slot * 64)
+                present.add(slot * 64)
+        limit = max([limit, *(slot * 64 + 64 for slot in arrivals)])
+        losses.clear()
+        offset, found = d.scan(term, 0, limit, now, TERM, BITS, INITIAL)
+        expected = reference_gaps(present, 0, limit)[:MAX_GAPS]
+        assert found == bool(expected)
+        assert offset == (expected[0][0] if expected else limit)
+        due = []
+        next_expiry = {}
+        for start, length in expected:
+            deadline = expiry.get(start, now + 100 * US)
+            if now >= deadline:
+                due.append((INITIAL, start, length))
+                deadline = now + 10 * MS
+            next_expiry[start] = deadline
+        expiry = next_expiry
+        assert losses == due
+        assert d.gaps == {(INITIAL, s): (expiry[s], n) for s, n in expected}
+        assert d.next_deadline_ns() == min(expiry.values(), default=NO_DEADLINE)
