@@ -9,6 +9,7 @@
 from slipstream.client.client import Client, default_directory
 from slipstream.client.errors import (
     ChannelError,
+    ChannelRejectedError,
     ClosedError,
     ConfigurationError,
     DataLossError,
@@ -42,6 +43,7 @@ __all__ = [
     "NOT_CONNECTED",
     "BufferClaim",
     "ChannelError",
+    "ChannelRejectedError",
     "Client",
     "ClosedError",
     "ConfigurationError",

@@ -29,6 +29,7 @@ from slipstream.client._native import lib
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.errors import (
+    ChannelRejectedError,
     ClosedError,
     DriverNotRunningError,
     DriverTimeoutError,
@@ -170,7 +171,11 @@ class Client:
                 if self._socket.poll(min(remaining, 0.1) * 1000, zmq.POLLIN):
                     self._drain()
         if reply["type"] == control.ERROR:
-            raise RegistrationError(reply["message"], reply.get("code", control.ERR_GENERIC))
+            code = reply.get("code", control.ERR_GENERIC)
+            if code == control.ERR_INVALID_CHANNEL:
+                raise ChannelRejectedError(reply["message"], code, reply.get("uri", ""),
+                                           reply.get("part", ""), reply.get("problem", ""))
+            raise RegistrationError(reply["message"], code)
         return reply
 
     def _drain(self) -> None:

@@ -111,5 +111,21 @@ class RegistrationError(DriverError):
         super().__init__(message)
 
 
+class ChannelRejectedError(RegistrationError, ChannelError):
+    """The driver refused a channel URI the client could not check alone (a host that does not
+    resolve, a term length that differs from the stream's, a part it does not carry): both a
+    :class:`RegistrationError` (the driver said no) and a :class:`ChannelError` (fix the URI).
+    ``part`` and ``problem`` are empty when the driver did not name them."""
+
+    def __init__(self, message: str, code: str, uri: str = "", part: str = "",
+                 problem: str = "") -> None:
+        self.code = code
+        self.uri = uri
+        self.part = part
+        self.problem = problem
+        # Not the parents' constructors: the driver's message is already whole.
+        Exception.__init__(self, message)
+
+
 class DriverAlreadyRunningError(DriverError):
     """Another live driver holds the directory."""

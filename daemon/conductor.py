@@ -179,7 +179,9 @@ class DriverConductor:
                                "correlation_id": correlation_id})]
             raise AssertionError(f"check_command let {kind!r} through")
         except ChannelError as e:
-            return [(key, _error(correlation_id, control.ERR_INVALID_CHANNEL, str(e)))]
+            refusal = _error(correlation_id, control.ERR_INVALID_CHANNEL, str(e))
+            refusal.update(uri=e.uri, part=e.part, problem=e.problem)
+            return [(key, refusal)]
         except (ResourceError, OSError) as e:
             self.counters.add(SystemCounter.ERRORS)
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)

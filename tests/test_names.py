@@ -16,7 +16,7 @@ import pytest
 import trio
 from helpers import FAST_DRIVER_SETTINGS, free_port
 
-from slipstream.client import Client, RegistrationError
+from slipstream.client import ChannelError, ChannelRejectedError, Client, RegistrationError
 from slipstream.client.counters import CountersFile
 from slipstream.daemon import names
 from slipstream.daemon.config import load_settings
@@ -95,3 +95,29 @@ async def test_a_resolver_that_does_not_answer_in_time_gets_the_command_refused(
 
     message, _ = await _with_driver(add)
     assert "slow.test" in message and "did not answer" in message
+
+
+async def test_a_host_that_does_not_resolve_is_a_channel_error_naming_the_endpoint(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "nowhere.test":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(names.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(names, "_cache", {})
+
+    def add(directory: Path) -> tuple[ChannelRejectedError, str]:
+        with Client.connect(directory) as client:
+            # One except clause catches every bad URI, whichever side found it.
+            with pytest.raises(ChannelError) as refused:
+                client.add_publication(f"aeron:udp?endpoint=nowhere.test:{free_port()}", 7)
+            served = client.add_publication("aeron:ipc", 7)  # the driver serves on
+            return refused.value, served.channel
+
+    refused, served = (await _with_driver(add))[0]
+    assert isinstance(refused, ChannelRejectedError) and isinstance(refused, RegistrationError)
+    assert refused.part == "endpoint" and "nowhere.test" in refused.problem
+    assert refused.code == "invalid_channel" and served == "aeron:ipc"
