@@ -167,7 +167,10 @@ def main() -> int:
 
     print(f"# IPC ping-pong latency at {args.rate:,} round trips/s, {machine()}")
     print(f"# command: python -m bench.ipc_latency {' '.join(sys.argv[1:])}")
-    directory = Path(tempfile.mkdtemp(prefix="slipstream-bench-", dir="/dev/shm"))
+    # Removed with all in it at exit, also when a run fails: nothing is left in /dev/shm.
+    scratch = tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
+                                          ignore_cleanup_errors=True)
+    directory = Path(scratch.name)
     context = multiprocessing.get_context("spawn")
     idle_cpu = context.Value("d", -1.0)
     endpoint = f"ipc://{directory}/pair.sock"
@@ -181,9 +184,7 @@ def main() -> int:
     p99_ratio = zmq_histogram.get_value_at_percentile(99) / ss_histogram.get_value_at_percentile(99)
     print(f"p99: slipstream {p99_ratio:.1f}x lower than pyzmq; a waiting subscriber used "
           f"{idle_cpu.value * 100:.2f} % of a core with no traffic")
-    for leftover in directory.iterdir():
-        leftover.unlink()
-    directory.rmdir()
+    scratch.cleanup()
     return 0
 
 

@@ -259,7 +259,10 @@ def main() -> int:
     print(f"# IPC throughput, {machine()}")
     command = ["python", "-m", "bench.ipc_throughput", *sys.argv[1:]]
     print(f"# command: {' '.join(command)}")
-    directory = Path(tempfile.mkdtemp(prefix="slipstream-bench-", dir="/dev/shm"))
+    # Removed with all in it at exit, also when a run fails: nothing is left in /dev/shm.
+    scratch = tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
+                                          ignore_cleanup_errors=True)
+    directory = Path(scratch.name)
     with MediaDriver.launch(directory=directory / "driver") as driver:
         stream_id = 1000
         for size in (int(s) for s in args.sizes.split(",")):
@@ -278,9 +281,7 @@ def main() -> int:
                   f"({best['offer/poll'] / best['zmq']:5.1f}x)   "
                   f"batch {best['batch'] / 1e6:7.2f} M msg/s ({best['batch'] / best['zmq']:5.1f}x)",
                   flush=True)
-    for leftover in directory.iterdir():
-        leftover.unlink()
-    directory.rmdir()
+    scratch.cleanup()
     return 0
 
 

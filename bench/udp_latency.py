@@ -69,7 +69,10 @@ def main() -> int:
 
     print(f"# UDP ping-pong latency at {args.rate:,} round trips/s over loopback, {machine()}")
     print(f"# command: python -m bench.udp_latency {' '.join(sys.argv[1:])}")
-    directory = Path(tempfile.mkdtemp(prefix="slipstream-bench-", dir="/dev/shm"))
+    # Removed with all in it at exit, also when a run fails: nothing is left in /dev/shm.
+    scratch = tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
+                                          ignore_cleanup_errors=True)
+    directory = Path(scratch.name)
     context = multiprocessing.get_context("spawn")
     idle_cpu = context.Value("d", -1.0)
     endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
@@ -104,10 +107,7 @@ def main() -> int:
     print(f"p99: slipstream {p99_ratio:.1f}x lower than pyzmq tcp; an idle driver with an open UDP "
           f"stream used {idle_driver * 100:.2f} % of a core; a waiting subscriber "
           f"{idle_cpu.value * 100:.2f} %")
-    for leftover in sorted(directory.rglob("*"), reverse=True):
-        with contextlib.suppress(OSError):
-            leftover.unlink() if leftover.is_file() else leftover.rmdir()
-    directory.rmdir()
+    scratch.cleanup()
     return 0
 
 

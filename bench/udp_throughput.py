@@ -93,7 +93,10 @@ def main() -> int:
     print(f"# UDP throughput over loopback, {machine()}")
     print(f"# command: python -m bench.udp_throughput {' '.join(sys.argv[1:])}")
     print(f"# slipstream settings: {settings}")
-    directory = Path(tempfile.mkdtemp(prefix="slipstream-bench-", dir="/dev/shm"))
+    # Removed with all in it at exit, also when a run fails: nothing is left in /dev/shm.
+    scratch = tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
+                                          ignore_cleanup_errors=True)
+    directory = Path(scratch.name)
     with MediaDriver.launch(directory=directory / "a", **settings) as a, \
             MediaDriver.launch(directory=directory / "b", **settings) as b:
         stream_id = 1000
@@ -132,10 +135,7 @@ def main() -> int:
                       if best["zmq"] else ""]
             line.append("    " + "   ".join(r for r in ratios if r))
             print("\n".join(line), flush=True)
-    for leftover in sorted(directory.rglob("*"), reverse=True):
-        with contextlib.suppress(OSError):
-            leftover.unlink() if leftover.is_file() else leftover.rmdir()
-    directory.rmdir()
+    scratch.cleanup()
     time.sleep(0)
     return 0
 
