@@ -15,13 +15,12 @@ import gc
 import multiprocessing
 import resource
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from hdrh.histogram import HdrHistogram
 
-from bench.ipc_throughput import machine, pin
+from bench.ipc_throughput import machine, pin, scratch_directory
 
 PING_STREAM, PONG_STREAM = 2001, 2002
 WARMUP = 2000
@@ -167,9 +166,7 @@ def main() -> int:
 
     print(f"# IPC ping-pong latency at {args.rate:,} round trips/s, {machine()}")
     print(f"# command: python -m bench.ipc_latency {' '.join(sys.argv[1:])}")
-    # Removed with all in it at exit, also when a run fails: nothing is left in /dev/shm.
-    scratch = tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
-                                          ignore_cleanup_errors=True)
+    scratch = scratch_directory()
     directory = Path(scratch.name)
     context = multiprocessing.get_context("spawn")
     idle_cpu = context.Value("d", -1.0)

@@ -230,6 +230,13 @@ def run_zmq(directory: Path, size: int, count: int, endpoint: str | None = None)
     return _finish(publisher, subscriber, result)
 
 
+def scratch_directory() -> tempfile.TemporaryDirectory[str]:
+    """A benchmark's directory in /dev/shm for its drivers and sockets, removed with all in it
+    by ``cleanup()`` or at exit, also when a run fails: nothing is left in /dev/shm."""
+    return tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
+                                       ignore_cleanup_errors=True)
+
+
 def machine() -> str:
     cpu = "unknown cpu"
     try:
@@ -259,9 +266,7 @@ def main() -> int:
     print(f"# IPC throughput, {machine()}")
     command = ["python", "-m", "bench.ipc_throughput", *sys.argv[1:]]
     print(f"# command: {' '.join(command)}")
-    # Removed with all in it at exit, also when a run fails: nothing is left in /dev/shm.
-    scratch = tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
-                                          ignore_cleanup_errors=True)
+    scratch = scratch_directory()
     directory = Path(scratch.name)
     with MediaDriver.launch(directory=directory / "driver") as driver:
         stream_id = 1000

@@ -19,12 +19,11 @@ import contextlib
 import multiprocessing
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from bench.ipc_latency import WARMUP, _line, _run, _ss_pinger, _ss_ponger, _zmq_pinger, _zmq_ponger
-from bench.ipc_throughput import machine
+from bench.ipc_throughput import machine, scratch_directory
 from bench.udp_throughput import free_port, free_tcp_port
 
 
@@ -69,9 +68,7 @@ def main() -> int:
 
     print(f"# UDP ping-pong latency at {args.rate:,} round trips/s over loopback, {machine()}")
     print(f"# command: python -m bench.udp_latency {' '.join(sys.argv[1:])}")
-    # Removed with all in it at exit, also when a run fails: nothing is left in /dev/shm.
-    scratch = tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
-                                          ignore_cleanup_errors=True)
+    scratch = scratch_directory()
     directory = Path(scratch.name)
     context = multiprocessing.get_context("spawn")
     idle_cpu = context.Value("d", -1.0)

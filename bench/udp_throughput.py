@@ -23,11 +23,9 @@ import argparse
 import contextlib
 import socket
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from bench.ipc_throughput import machine, run_slipstream, run_zmq
+from bench.ipc_throughput import machine, run_slipstream, run_zmq, scratch_directory
 
 DEFAULT_SETTINGS = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"}
 
@@ -93,9 +91,7 @@ def main() -> int:
     print(f"# UDP throughput over loopback, {machine()}")
     print(f"# command: python -m bench.udp_throughput {' '.join(sys.argv[1:])}")
     print(f"# slipstream settings: {settings}")
-    # Removed with all in it at exit, also when a run fails: nothing is left in /dev/shm.
-    scratch = tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
-                                          ignore_cleanup_errors=True)
+    scratch = scratch_directory()
     directory = Path(scratch.name)
     with MediaDriver.launch(directory=directory / "a", **settings) as a, \
             MediaDriver.launch(directory=directory / "b", **settings) as b:
@@ -136,7 +132,6 @@ def main() -> int:
             line.append("    " + "   ".join(r for r in ratios if r))
             print("\n".join(line), flush=True)
     scratch.cleanup()
-    time.sleep(0)
     return 0
 
 

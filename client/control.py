@@ -53,7 +53,8 @@ UNAVAILABLE_IMAGE = "UNAVAILABLE_IMAGE"
 CLIENT_TIMEOUT = "CLIENT_TIMEOUT"
 DRIVER_SHUTDOWN = "DRIVER_SHUTDOWN"
 
-# Error codes carried by ERROR.
+# Error codes carried by ERROR (with ``code`` and ``message``).  An ERR_INVALID_CHANNEL from a
+# check of the driver's also names the channel's ``uri``, the ``part`` and the ``problem``.
 ERR_GENERIC = "generic"
 ERR_INVALID_CHANNEL = "invalid_channel"
 ERR_UNKNOWN_PUBLICATION = "unknown_publication"
