@@ -603,10 +603,11 @@ class AeronDriver:
 
     A context manager: entering starts it and waits until it is ready (see the module
     docstring), leaving stops it (SIGTERM, SIGKILL after ``stop_timeout``) and removes the
-    directory.  Loss rates are fractions (0.05 = 5 %) of frames dropped by the debug channel
-    endpoints; ``multicast_flow_control`` picks the driver's multicast flow-control strategy,
-    ``cubic`` its congestion control; ``fast_timeouts`` applies ``FAST_TIMEOUTS``;
-    ``properties`` adds or overrides any -D property.
+    directory if it named it (a ``directory`` the caller gives is the caller's).  Loss rates
+    are fractions (0.05 = 5 %) of frames dropped by the debug channel endpoints;
+    ``multicast_flow_control`` picks the driver's multicast flow-control strategy, ``cubic``
+    its congestion control; ``fast_timeouts`` applies ``FAST_TIMEOUTS``; ``properties`` adds
+    or overrides any -D property.
     """
 
     def __init__(self, directory: Path | str | None = None, *,
@@ -624,6 +625,7 @@ class AeronDriver:
                  jvm_args: Sequence[str] = (),
                  start_timeout: float = 20.0,
                  stop_timeout: float = 5.0) -> None:
+        self._names_directory = directory is None  # only a directory named here is removed
         self.directory = Path(directory) if directory is not None else (
             Path("/dev/shm") / f"aeron-peer-{uuid.uuid4().hex[:12]}")
         props: dict[str, PropertyValue] = {
@@ -704,12 +706,14 @@ class AeronDriver:
             time.sleep(0.01)
 
     def stop(self) -> None:
-        """Stop the driver (if running) and remove its directory; safe to call twice."""
+        """Stop the driver (if running) and remove its directory if it named it; safe to call
+        twice."""
         try:
             if self.process is not None:
                 self.process.stop(self.stop_timeout)
         finally:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            if self._names_directory:
+                shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> AeronDriver:
         return self.start()

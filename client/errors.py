@@ -129,3 +129,8 @@ class ChannelRejectedError(RegistrationError, ChannelError):
 
 class DriverAlreadyRunningError(DriverError):
     """Another live driver holds the directory."""
+
+
+class DriverDirectoryError(DriverError):
+    """The driver directory holds entries that no driver made: the driver refuses it rather
+    than remove what it was not given."""

@@ -22,7 +22,7 @@ import errno
 import fcntl
 import logging
 import os
-import shutil
+import re
 import signal
 import subprocess
 import sys
@@ -39,13 +39,20 @@ from slipstream.client import control
 from slipstream.client._native import lib
 from slipstream.client.channel import Channel, parse_channel
 from slipstream.client.counters import CountersFile, SystemCounter
-from slipstream.client.errors import ChannelError, DriverAlreadyRunningError, DriverError
+from slipstream.client.errors import (
+    ChannelError,
+    DriverAlreadyRunningError,
+    DriverDirectoryError,
+    DriverError,
+)
 from slipstream.daemon import names
 from slipstream.daemon.conductor import DriverConductor, Outgoing
 from slipstream.daemon.config import DriverSettings, load_settings
 from slipstream.daemon.error_log import FILE as ERROR_LOG_FILE
 from slipstream.daemon.error_log import PREVIOUS_FILE as PREVIOUS_ERROR_LOG_FILE
+from slipstream.daemon.error_log import TEMPORARY_FILE as ERROR_LOG_TEMPORARY_FILE
 from slipstream.daemon.error_log import ErrorLogHandler
+from slipstream.daemon.loss_report import FILE as LOSS_REPORT_FILE
 from slipstream.daemon.network_thread import MAX_PARK_S, NetworkThread, open_doorbell
 from slipstream.daemon.systemd import Notifier, Watchdog, park_bound_s, watchdog_interval_ns
 from slipstream.daemon.udp import UdpTransports
@@ -58,57 +65,171 @@ COMMAND_POLL_S = 1.0  # a safety net only: commands normally wake the loop throu
 
 
 class DriverDirectory:
-    """The driver directory: one driver per directory, held by an flock on ``driver.lock``."""
+    """The driver directory: one driver per directory, held by an flock on ``driver.lock``.
+
+    The driver takes a directory only if it is absent, empty, or already a slipstream driver
+    directory (its lock file starts with :data:`DIRECTORY_MARKER`); anything else is refused
+    with :class:`DriverDirectoryError`.  It removes only the entries it makes, by name
+    (:data:`DRIVER_FILES`, and the ``<registration id>.logbuffer`` files of
+    :data:`LOG_FOLDERS`), never an unknown entry, and removes the directory at stop only if a
+    slipstream driver created it.  So ``--dir ~`` typed by mistake is refused, and a user's file
+    or another driver's nested directory is never touched.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._lock_fd: int | None = None
+        self._created = False  # whether a slipstream driver made the directory itself
 
     def acquire(self) -> None:
-        """Create (mode 0700) and lock the directory; clean what a dead driver left behind."""
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.path, 0o700)
-        fd = os.open(self.path / control.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        """Create (mode 0700) or adopt and lock the directory; clean what a dead driver left
+        behind.  Raises :class:`DriverAlreadyRunningError` if a live driver holds it and
+        :class:`DriverDirectoryError` if it holds anything that is not a driver's."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
+            self.path.mkdir(mode=0o700, parents=True)
+            created = True
+        except FileExistsError:
+            created = False
+        if not self.path.is_dir():
+            raise DriverDirectoryError(
+                f"{self.path} is not a directory: give the driver a directory with --dir")
+        lock_path = self.path / control.LOCK_FILE
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            try:
+                fd = os.open(lock_path, flags)
+                fresh = False
+            except FileNotFoundError:
+                if any(self.path.iterdir()):
+                    raise DriverDirectoryError(
+                        f"{self.path} is not empty and is not a slipstream driver directory (it "
+                        f"has no {control.LOCK_FILE}): the driver takes only an absent or empty "
+                        f"directory, or one a driver made, and never removes what it did not "
+                        f"make; give it another directory with --dir") from None
+                # O_EXCL: of two drivers starting at once, the second finds the first's lock.
+                fd = os.open(lock_path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                fresh = True
+        except OSError as e:  # a link, no permission, or a race lost: nothing of ours
+            raise DriverDirectoryError(
+                f"{self.path}: cannot open its {control.LOCK_FILE} ({e.strerror}); give the "
+                f"driver another directory with --dir") from None
+        try:
+            self._created = self._lock(fd, fresh=fresh, created=created)
+        except BaseException:
             os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            pid = (self.path / control.LOCK_FILE).read_text().strip() or "?"
-            raise DriverAlreadyRunningError(
-                f"a slipstream driver (pid {pid}) is already running in {self.path}; stop it "
-                f"first or give this one another directory with --dir") from None
+            raise
         self._lock_fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _lock_text(self._created, os.getpid()).encode(), 0)
+        if created:
+            os.chmod(self.path, 0o700)
         # A stale driver's files: it died without cleaning up.  Its error log is kept for
         # the operator (slipstream stat shows it).
         with contextlib.suppress(FileNotFoundError):
             os.replace(self.path / ERROR_LOG_FILE, self.path / PREVIOUS_ERROR_LOG_FILE)
-        self._remove_contents(keep=(PREVIOUS_ERROR_LOG_FILE,))
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        (self.path / control.PUBLICATIONS_DIR).mkdir(mode=0o700)
-        (self.path / control.IMAGES_DIR).mkdir(mode=0o700)
+        self._remove_own_entries(keep=(PREVIOUS_ERROR_LOG_FILE,))
+        for folder in LOG_FOLDERS:
+            (self.path / folder).mkdir(mode=0o700, exist_ok=True)
 
-    def _remove_contents(self, *, keep: tuple[str, ...] = ()) -> None:
-        for entry in self.path.iterdir():
-            if entry.name == control.LOCK_FILE or entry.name in keep:
+    def _lock(self, fd: int, *, fresh: bool, created: bool) -> bool:
+        """Lock ``driver.lock`` and, unless this driver just made it, check that a driver
+        wrote it; returns whether a driver created the directory."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            pid = _read_lock(fd)[1] or "?"
+            raise DriverAlreadyRunningError(
+                f"a slipstream driver (pid {pid}) is already running in {self.path}; stop it "
+                f"first or give this one another directory with --dir") from None
+        if fresh:
+            return created
+        marker, _, was_created = _read_lock(fd)
+        if marker:
+            return was_created
+        if _is_legacy_lock(fd) and all(_is_driver_entry(entry) for entry in self.path.iterdir()):
+            return True  # a driver of an earlier release: a pid alone, and only its files
+        raise DriverDirectoryError(
+            f"{self.path} is not a slipstream driver directory: its {control.LOCK_FILE} was not "
+            f"written by a driver; the driver never removes what it did not make, so give it "
+            f"another directory with --dir")
+
+    def _remove_own_entries(self, *, keep: tuple[str, ...] = ()) -> None:
+        """Remove the driver's files by name; unknown entries stay where they are."""
+        for name in DRIVER_FILES:
+            if name not in keep and name != control.LOCK_FILE:
+                _remove_file(self.path / name)
+        for folder in LOG_FOLDERS:
+            path = self.path / folder
+            if path.is_symlink() or not path.is_dir():
+                _remove_file(path)
                 continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+            for entry in path.iterdir():
+                if _is_log_name(entry.name):
+                    _remove_file(entry)
+            with contextlib.suppress(OSError):  # not empty: something that is not ours
+                path.rmdir()
 
     def release(self) -> None:
-        """Remove every file of the driver and the directory itself, then unlock."""
+        """Remove the driver's files, and the directory if a driver created it and nothing
+        else is left in it, then unlock."""
         if self._lock_fd is None:
             return
-        self._remove_contents()
+        self._remove_own_entries()
         (self.path / control.LOCK_FILE).unlink(missing_ok=True)
         os.close(self._lock_fd)
         self._lock_fd = None
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+        if self._created:
+            with contextlib.suppress(OSError):  # not empty: something that is not ours
+                self.path.rmdir()
+
+
+#: The first line of a driver's lock file: what marks a directory as a driver's.
+DIRECTORY_MARKER = "slipstream driver directory"
+#: Every file a driver makes at the top of its directory (the lock file last).
+DRIVER_FILES = (control.CONDUCTOR_SOCKET, control.COUNTERS_FILE, control.SENDER_DOORBELL,
+                control.RECEIVER_DOORBELL, ERROR_LOG_FILE, ERROR_LOG_TEMPORARY_FILE,
+                PREVIOUS_ERROR_LOG_FILE, LOSS_REPORT_FILE, control.LOCK_FILE)
+#: The folders of the driver's log buffers: only ``<registration id>.logbuffer`` files.
+LOG_FOLDERS = (control.PUBLICATIONS_DIR, control.IMAGES_DIR)
+_LOG_NAME = re.compile(r"-?[0-9]+\.logbuffer")
+
+
+def _lock_text(created: bool, pid: int) -> str:
+    return f"{DIRECTORY_MARKER}\ncreated: {'yes' if created else 'no'}\npid: {pid}\n"
+
+
+def _read_lock(fd: int) -> tuple[bool, str, bool]:
+    """(marked by a driver, the pid it names, whether a driver created the directory)."""
+    lines = os.pread(fd, 256, 0).decode("ascii", "replace").splitlines()
+    if not lines or lines[0] != DIRECTORY_MARKER:
+        return False, "", False
+    fields = dict(line.partition(": ")[::2] for line in lines[1:])
+    return True, fields.get("pid", ""), fields.get("created") == "yes"
+
+
+def _is_legacy_lock(fd: int) -> bool:
+    text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    return text.isdigit()
+
+
+def _is_log_name(name: str) -> bool:
+    return _LOG_NAME.fullmatch(name) is not None
+
+
+def _is_driver_entry(entry: Path) -> bool:
+    if entry.name in DRIVER_FILES:
+        return True
+    if entry.name in LOG_FOLDERS and entry.is_dir() and not entry.is_symlink():
+        return all(_is_log_name(log_file.name) for log_file in entry.iterdir())
+    return False
+
+
+def _remove_file(path: Path) -> None:
+    """Unlink one of the driver's names (a file, a socket or a link, never a directory)."""
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+        path.unlink()
 
 
 class _DriverShell:

@@ -27,6 +27,8 @@ FILE = "errors.json"
 #: A dead driver's error log, kept by the next driver in the directory (systemd restarts a
 #: crashed driver within a second: without it, the evidence would go with the restart).
 PREVIOUS_FILE = "errors.previous.json"
+#: Where the log is written before it replaces ``FILE`` (a reader never sees half of it).
+TEMPORARY_FILE = "errors.json.tmp"
 #: Distinct errors kept, the last of them "other errors", which counts the ones past the rest.
 MAX_ENTRIES = 256
 _WRITE_INTERVAL_NS = 1_000_000_000
@@ -106,7 +108,7 @@ class ErrorLogHandler(logging.Handler):
 
     def _write(self, now_ns: int) -> None:
         """Under the lock: replace the file with the entries."""
-        temporary = self.path.with_suffix(".tmp")
+        temporary = self.path.with_name(TEMPORARY_FILE)
         data = json.dumps([attrs.asdict(e) for e in self.entries.values()], indent=1)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

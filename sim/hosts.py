@@ -109,7 +109,9 @@ class NamespaceHosts:
         self.bridge_namespace = f"{stem}-br"
         self.hosts = [Host(i, f"{stem}-{i}", f"{PREFIX}{run_id}v{i}", f"10.{self.net}.0.{i}")
                       for i in range(1, count + 1)]
-        self._drivers: list[Any] = []
+        #: Each driver started here, and whether this object named its directory (only those
+        #: are removed at close: a directory the caller gave is the caller's).
+        self._drivers: list[tuple[Any, bool]] = []
         self._created: list[str] = []
         try:
             self._create()
@@ -159,13 +161,14 @@ class NamespaceHosts:
     def start_driver(self, index: int, directory: str | Path | None = None,
                      **settings: Any) -> Any:
         """A slipstream driver inside host ``index`` (a :class:`MediaDriver`, stopped by
-        :meth:`close` if not before)."""
+        :meth:`close` if not before, which also removes what a crashed driver left in a
+        directory named here; a ``directory`` the caller gives is never removed)."""
         from slipstream.daemon.driver import MediaDriver
 
         path = Path(directory) if directory is not None else (
             Path("/dev/shm") / f"slipstream-{self[index].namespace}-{uuid.uuid4().hex[:4]}")
         driver = MediaDriver.start(path, settings, netns=self[index].namespace)
-        self._drivers.append(driver)
+        self._drivers.append((driver, directory is None))
         return driver
 
     # -- faults ----------------------------------------------------------------------------
@@ -216,10 +219,11 @@ class NamespaceHosts:
     # -- cleanup ---------------------------------------------------------------------------
     def close(self) -> None:
         """Stop the drivers, remove the namespaces (with their veths and rules)."""
-        for driver in self._drivers:
+        for driver, named_here in self._drivers:
             with contextlib.suppress(Exception):
                 driver.stop()
-            shutil.rmtree(driver.directory, ignore_errors=True)
+            if named_here:
+                shutil.rmtree(driver.directory, ignore_errors=True)
         self._drivers.clear()
         for namespace in reversed(self._created):
             _run("ip", "netns", "del", namespace, check=False)

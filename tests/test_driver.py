@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 from slipstream.client import (
     BufferClaim,
@@ -23,6 +24,7 @@ from slipstream.client import (
     Client,
     ConfigurationError,
     DriverAlreadyRunningError,
+    DriverDirectoryError,
     DriverError,
     DriverNotRunningError,
     MessageTooLongError,
@@ -30,7 +32,7 @@ from slipstream.client import (
     SlipstreamError,
 )
 from slipstream.client.counters import CountersFile, CounterType, SystemCounter
-from slipstream.daemon.driver import MediaDriver
+from slipstream.daemon.driver import DriverDirectory, MediaDriver
 
 SLIPSTREAM = [sys.executable, "-m", "slipstream.daemon.cli"]
 
@@ -83,6 +85,117 @@ def test_a_crashed_drivers_directory_is_cleaned_by_the_next_driver(driver_dir: P
         assert list((driver_dir / "publications").iterdir()) == []
         with Client.connect(driver_dir) as client:
             assert client.add_publication("aeron:ipc", 8).offer(b"x") < 0
+
+
+def _exchange_one(directory: Path, payload: bytes) -> None:
+    """One message through an IPC stream of the driver in ``directory``."""
+    received: list[bytes] = []
+    with Client.connect(directory) as client:
+        pub = client.add_publication("aeron:ipc", 3)
+        sub = client.add_subscription("aeron:ipc", 3)
+        wait_for(lambda: pub.offer(payload) > 0, what="an offer")
+        assert sub.receive(lambda data, header: received.append(bytes(data)), timeout=5) == 1
+    assert received == [payload]
+
+
+def _tree(path: Path) -> dict[str, str]:
+    """Every entry under ``path`` with the text of each file ("" for a folder)."""
+    return {str(p.relative_to(path)): (p.read_text() if p.is_file() else "")
+            for p in sorted(path.rglob("*"))}
+
+
+def test_a_directory_holding_a_users_files_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    users = tmp_path / "work"
+    (users / "sub").mkdir(parents=True)
+    (users / "notes.txt").write_text("precious")
+    (users / "sub" / "a.txt").write_text("x")
+    before = _tree(users)
+    result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(users)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert f"{users} is not empty and is not a slipstream driver directory" in result.stderr
+    assert _tree(users) == before
+    with pytest.raises(DriverDirectoryError, match=str(users)):
+        DriverDirectory(users).acquire()
+    assert _tree(users) == before
+
+
+def test_a_lock_file_a_driver_did_not_write_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "driver.lock").write_text("my own lock file\n")
+    (tmp_path / "counters.dat").write_text("my counters")
+    before = _tree(tmp_path)
+    with pytest.raises(DriverDirectoryError, match="not written by a driver"):
+        DriverDirectory(tmp_path).acquire()
+    assert _tree(tmp_path) == before
+
+
+def test_a_file_in_place_of_the_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("data")
+    with pytest.raises(DriverDirectoryError, match="is not a directory"):
+        DriverDirectory(tmp_path / "file").acquire()
+    assert (tmp_path / "file").read_text() == "data"
+
+
+def test_an_empty_directory_the_user_made_is_used_and_left_in_place(tmp_path: Path) -> None:
+    users = tmp_path / "empty"
+    users.mkdir(mode=0o755)
+    with MediaDriver.launch(directory=users) as driver:
+        _exchange_one(users, b"x")
+        assert driver.stop() == 0
+    assert users.is_dir() and list(users.iterdir()) == []
+
+
+def test_a_stale_drivers_files_are_cleaned_but_what_a_user_added_stays(
+        driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir) as crashed:
+        with Client.connect(driver_dir) as client:
+            client.add_publication("aeron:ipc", 8)
+            crashed.kill()
+    (driver_dir / "notes.txt").write_text("precious")
+    (driver_dir / "publications" / "keep.me").write_text("mine")
+    with MediaDriver.launch(directory=driver_dir) as driver:
+        assert [p.name for p in (driver_dir / "publications").iterdir()] == ["keep.me"]
+        assert driver.stop() == 0
+    assert _tree(driver_dir) == {"notes.txt": "precious", "publications": "",
+                                 "publications/keep.me": "mine"}
+
+
+def test_a_driver_directory_of_an_earlier_release_is_still_cleaned(driver_dir: Path) -> None:
+    """Before the marker a driver's lock file held its pid alone: a directory holding only a
+    driver's names is still taken (and a crashed old driver's logs cleaned)."""
+    (driver_dir / "publications").mkdir(parents=True)
+    (driver_dir / "publications" / "12.logbuffer").write_bytes(b"\0" * 64)
+    (driver_dir / "counters.dat").write_bytes(b"\0" * 64)
+    (driver_dir / "driver.lock").write_text("4242\n")
+    with MediaDriver.launch(directory=driver_dir) as driver:
+        assert list((driver_dir / "publications").iterdir()) == []
+        assert driver.stop() == 0
+    assert not driver_dir.exists()
+    (driver_dir / "publications").mkdir(parents=True)
+    (driver_dir / "driver.lock").write_text("4242\n")
+    (driver_dir / "thesis.tex").write_text("precious")
+    with pytest.raises(DriverDirectoryError):
+        DriverDirectory(driver_dir).acquire()
+    assert (driver_dir / "thesis.tex").read_text() == "precious"
+
+
+def test_a_driver_directory_nested_in_another_is_never_removed(driver_dir: Path) -> None:
+    """A driver nested in another's directory, or in its log folder: stopping the outer one
+    removes only its own files; the inner one keeps serving, and stops cleanly after."""
+    with MediaDriver.launch(directory=driver_dir) as outer:
+        inner_dirs = [driver_dir / "inner", driver_dir / "images" / "inner"]
+        inners = [MediaDriver.start(path, {}) for path in inner_dirs]
+        try:
+            assert outer.stop() == 0
+            assert all(path.is_dir() for path in inner_dirs)
+            for path in inner_dirs:
+                _exchange_one(path, b"still here")
+        finally:
+            for inner in inners:
+                assert inner.stop() == 0
+    assert not inner_dirs[0].exists() and not inner_dirs[1].exists()
+    # The outer directory was left because it was not empty at its stop; a driver created it.
+    assert _tree(driver_dir) == {"images": ""}
 
 
 def test_no_driver_is_a_clear_error_naming_the_directory(driver_dir: Path) -> None:
