@@ -106,6 +106,7 @@ class SystemCounter(enum.IntEnum):
     FOREIGN_SOURCE_DROPS = 24  # frames of an image from an address other than its SETUP's
     IMAGES_REJECTED = 25  # a SETUP whose image the driver could not create (space, counters)
     DEBUG_DATA_LOSS_DROPS = 26  # dropped on purpose by debug_receive_data_loss (a test hook)
+    NOTIFY_DROPS = 27  # systemd notify states the notify socket did not take (full or gone)
 
     @property
     def label(self) -> str:

@@ -458,6 +458,8 @@ class _DriverShell:
             if status != self._status:
                 self._status = status
                 self.notifier.notify(f"STATUS={status}")
+        if self.notifier.dropped:
+            self.counters.set(SystemCounter.NOTIFY_DROPS, self.notifier.dropped)
 
     async def _duty_cycle(self) -> None:
         idle_cycles = 0

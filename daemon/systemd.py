@@ -14,10 +14,12 @@ thread no longer than a quarter of the interval (:func:`park_bound_s`).
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
+
+log = logging.getLogger("slipstream.systemd")
 
 NOTIFY_SOCKET = "NOTIFY_SOCKET"
 WATCHDOG_USEC = "WATCHDOG_USEC"
@@ -25,26 +27,41 @@ WATCHDOG_PID = "WATCHDOG_PID"
 
 
 class Notifier:
-    """Sends notify-protocol states to ``$NOTIFY_SOCKET``; does nothing without one."""
+    """Sends notify-protocol states to ``$NOTIFY_SOCKET``; does nothing without one.
+
+    A send never waits: systemd busy (or any reader that falls behind) fills the socket, and a
+    duty cycle blocked on it would stop the driver's heartbeats and its signal handling.  What
+    the socket does not take is dropped and counted in :attr:`dropped`; the first drop is
+    logged."""
 
     def __init__(self, environ: dict[str, str] | None = None) -> None:
         address = (environ if environ is not None else os.environ).get(NOTIFY_SOCKET, "")
         self._address = "\0" + address[1:] if address.startswith("@") else address
         self._socket: socket.socket | None = None
+        #: States the socket refused (full, gone, or not a socket), since the start.
+        self.dropped = 0
         if self._address:
-            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._socket = socket.socket(
+                socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
 
     @property
     def enabled(self) -> bool:
         return self._socket is not None
 
     def notify(self, state: str) -> None:
-        """Send ``state`` (``READY=1``, ``STATUS=...``, ...).  systemd gone or the socket full
-        is not the driver's failure: the error is swallowed, as sd_notify's callers do."""
+        """Send ``state`` (``READY=1``, ``STATUS=...``, ...) without waiting.  systemd gone or
+        the socket full is not the driver's failure: the state is dropped and counted."""
         if self._socket is None:
             return
-        with contextlib.suppress(OSError):
-            self._socket.sendto(state.encode(), self._address)
+        try:
+            self._socket.sendto(state.encode(), socket.MSG_DONTWAIT, self._address)
+        except OSError as e:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning("the notify socket %s did not take %r (%s): the driver drops what "
+                            "it does not take and goes on (counted as 'notify drops')",
+                            os.environ.get(NOTIFY_SOCKET, self._address), state,
+                            e.strerror or e)
 
     def close(self) -> None:
         if self._socket is not None:

@@ -4,10 +4,12 @@ STOPPING, watchdog pings at half the interval, and none while a loop is stuck)."
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from helpers import FAST_DRIVER_SETTINGS
+from helpers import FAST_DRIVER_SETTINGS, counters_of, wait_for
 
 from slipstream.client import Client
 from slipstream.daemon.config import load_settings
@@ -201,3 +203,37 @@ async def test_no_watchdog_ping_while_the_network_loop_is_stuck(
     during = notify_socket.times_of("WATCHDOG=1", since=stalled + 0.3, until=stalled + 1.95)
     after = notify_socket.times_of("WATCHDOG=1", since=stalled + 2.05)
     assert len(before) >= 3 and not during and len(after) >= 2, notify_socket.messages
+
+
+def test_a_notify_socket_nobody_reads_never_blocks_the_driver(
+        driver_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """systemd busy (or any reader that falls behind): the socket is full before the driver
+    starts and never read.  The driver still serves, keeps its heartbeat, counts what the
+    socket refused, and stops at SIGINT."""
+    path = tmp_path / "notify-never-read"
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.bind(str(path))
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            filler.sendto(b"X" * 64, str(path))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    monkeypatch.setenv("WATCHDOG_USEC", "100000")  # a ping every 50 ms, each refused
+    try:
+        with MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as driver:
+            with Client.connect(driver_dir, timeout=2.0) as client:
+                publication = client.add_publication("aeron:ipc", 11)
+                subscription = client.add_subscription("aeron:ipc", 11)
+                beat = client.counters.driver_heartbeat_ns
+                time.sleep(2.5)  # past the client liveness timeout of FAST_DRIVER_SETTINGS
+                assert client.counters.driver_heartbeat_ns > beat
+                wait_for(lambda: publication.offer(b"served") > 0, what="an offer")
+                got: list[bytes] = []
+                subscription.receive(lambda data, _h: got.append(bytes(data)), timeout=5)
+                assert got == [b"served"]
+            assert counters_of(driver)["NOTIFY_DROPS"] >= 20  # READY, STATUS and pings
+            driver.process.send_signal(signal.SIGINT)
+            assert driver.process.wait(10) == 0
+    finally:
+        filler.close()
+        reader.close()
