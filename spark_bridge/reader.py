@@ -6,10 +6,16 @@ Two sides, two kinds of process:
   Python process beside the Spark driver) holds a client and a subscription.  Offsets are JSON
   maps ``{"<session_id>": position}``, one entry per image (publication session).
   ``latestOffset`` looks at :meth:`Image.available_position` (the position after the last
-  whole ready message) and never consumes; ``commit(end)`` moves the subscriber position to
-  ``end``, which is what returns credit to the publishers.  Until Spark commits, the data stays
-  in the log and the publishers are held back by flow control (after one window, half a term)
-  instead of overwriting what the query has not processed yet.
+  whole ready message) and never consumes past its ``start``.  Moving the subscriber position
+  is what returns credit to the publishers: until a batch is done, its data stays in the log
+  and the publishers are held back by flow control (after one window: the receiver window of
+  a network stream, half a term of an IPC one) instead of overwriting what the query has not
+  processed yet.  A batch is done when Spark asks ``latestOffset(start)`` for the next one:
+  Spark plans batch N+1 only after batch N ran and went into the commit log, and ``start`` is
+  N's end.  So the subscriber position moves to ``start`` there, and to ``end`` in
+  ``commit(end)``.  ``commit`` alone is not enough: Spark commits batch N to its sources only
+  once it has planned batch N+1, and plans one only when there is new data, which would wait
+  on that very credit (a stream stalled after one window).
 * The **executor side** (:meth:`SlipstreamStreamReader.read` in a Python worker) maps the same
   log with :meth:`Image.detached` and reads its range ``[start, end)`` with
   :meth:`Image.peek`, which never moves the subscriber, so a failed task can simply read the
@@ -334,6 +340,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         range.  Sessions whose image is gone are dropped.
         """
         images = self._images()
+        self._consumed(images, start)  # batches before start ran and are in the commit log
         if isinstance(limit, ReadAllAvailable):
             max_rows = max_bytes = None
         else:
@@ -423,10 +430,15 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return partitions
 
     def commit(self, end: dict[str, int]) -> None:
-        """Spark processed everything before ``end``: move each image's subscriber position
-        there (never backwards), returning the credit to the publishers."""
-        images = self._images()
-        for sid, position in end.items():
+        """Spark processed everything before ``end``: return its credit (see the module
+        documentation for why ``latestOffset`` does so too)."""
+        self._consumed(self._images(), end)
+
+    @staticmethod
+    def _consumed(images: dict[str, Image], offsets: dict[str, int]) -> None:
+        """The query is done with everything before ``offsets``: move each image's subscriber
+        position there (never backwards), returning the credit to the publishers."""
+        for sid, position in offsets.items():
             image = images.get(sid)
             if image is not None and int(position) > image.position:
                 image.position = int(position)
