@@ -91,9 +91,12 @@ class Drainer(threading.Thread):
             self.subscription.receive(lambda data, header: self.got.append(bytes(data)), 1000,
                                       timeout=0.05)
 
-    def wait_for(self, count: int, timeout: float = 30.0) -> list[bytes]:
+    def wait_for(self, count: int, timeout: float = 30.0,
+                 last: bytes | None = None) -> list[bytes]:
+        """Until ``count`` messages arrived (and the newest is ``last``, if given), then stop."""
         deadline = time.monotonic() + timeout
-        while len(self.got) < count and time.monotonic() < deadline:
+        while (len(self.got) < count or (last is not None and self.got[-1] != last)) \
+                and time.monotonic() < deadline:
             time.sleep(0.01)
         self.running = False
         self.join()
@@ -340,86 +343,109 @@ def test_ctrl_c_stops_a_running_query_cleanly(spark, checkpoint: str) -> None:
 # Two test hosts (network namespaces on a bridge, a driver in each; tests/conftest.py): the
 # Spark application is on host 1 and uses host 1's driver through shared memory; host 2 is
 # another machine as far as the network is concerned: its driver exchanges the streams with
-# host 1's over UDP across the bridge.
+# host 1's over UDP across the bridge.  The drivers keep their default receiver window (128
+# KiB) and no other subscriber reads beside the query: every window is credit the query itself
+# returned.  Terms of 1 MiB make a stream of these lengths rotate terms several times.
 HOST_PORT = 40200
 HOST_SETTINGS = {**FAST, "flow_control_receiver_timeout": "1s"}
+WINDOW = 128 * 1024  # the receiver window of the default settings
+FRAME = 1024  # a message of HOST_PAYLOAD bytes with its 32-byte header, aligned
+HOST_PAYLOAD = FRAME - 32
+WINDOWS = 50
+
+
+def host_messages(prefix: str, first: int, count: int) -> list[bytes]:
+    return [f"{prefix}{i:08d}".encode().ljust(HOST_PAYLOAD, b".")
+            for i in range(first, first + count)]
+
+
+def publish_all(publication, messages: list[bytes]) -> None:
+    for message in messages:
+        offer(publication, message, timeout=60)
 
 
 def test_a_query_reads_a_stream_published_on_another_host_exactly_once_across_a_restart(
         spark, hosts, checkpoint: str) -> None:
     """A publisher on host 2 sends over UDP (3 % of datagrams dropped on host 1, repaired by
-    NAKs) to host 1, where a streaming query reads it; the query is stopped and restarted from
-    its checkpoint while the stream goes on (a bystander subscriber on host 1 keeps the image):
-    every message exactly once, in order."""
+    NAKs) to host 1, where a streaming query reads it: 50 windows, then a restart from the
+    checkpoint while the stream goes on, then 50 windows more.  Only while the query is down
+    does a bystander subscriber hold the image (a UDP image goes with its last subscriber).
+    Every message exactly once, in order."""
     spark_host = hosts.start_driver(1, **HOST_SETTINGS)
     publisher_host = hosts.start_driver(2, **HOST_SETTINGS)
     hosts.drop(1, port=HOST_PORT, probability=0.03)
     channel = f"aeron:udp?endpoint={hosts[1].address}:{HOST_PORT}"
+    per_window = WINDOW // FRAME
+    first, down = per_window * WINDOWS, per_window * 4
+    sent = host_messages("h", 0, 2 * first + down)
     with Client.connect(spark_host.directory) as local, \
             Client.connect(publisher_host.directory) as remote:
         publication = remote.add_publication(f"{channel}|term-length=1m", 6001)
-        sent = [f"h{i}".encode().ljust(64, b".") for i in range(3_000)]
         collector = Collector()
-
-        def publish(messages: list[bytes]) -> None:
-            for message in messages:
-                offer(publication, message)
-            assert len(drain(bystander, len(messages))) == len(messages)
-
         query = read_query(spark, spark_host.directory, 6001, collector, checkpoint,
                            channel=channel)
         try:
             wait_connected(publication)  # the query's subscription, over the network
-            bystander = local.add_subscription(channel, 6001)
-            publish(sent[:1_000])
-            collector.wait_for(1_000)
+            publish_all(publication, sent[:first])
+            collector.wait_for(first)
+            bystander = local.add_subscription(channel, 6001)  # holds the image from here
         finally:
             query.stop()
-        publish(sent[1_000:2_000])  # the query is down
+        reading = Drainer(bystander)
+        publish_all(publication, sent[first:first + down])  # the query is down
+        last = sent[first + down - 1]
+        assert reading.wait_for(down, last=last)[-1] == last
         query = read_query(spark, spark_host.directory, 6001, collector, checkpoint,
                            channel=channel)
         try:
-            collector.wait_for(2_000)
-            publish(sent[2_000:])
-            collector.wait_for(3_000)
+            collector.wait_for(first + down)
+            bystander.close()  # from here the query's credit alone moves the stream
+            publish_all(publication, sent[first + down:])
+            collector.wait_for(len(sent))
         finally:
             query.stop()
     rows = collector.rows()
     assert collector.values() == sent
     assert len({row.position for row in rows}) == len(rows)
     assert {row.session_id for row in rows} == {publication.session_id}
+    assert rows[-1].position >= (2 * WINDOWS + 4) * WINDOW  # over 100 windows, 6 terms
     assert counters_of(spark_host)["NAK_MESSAGES_SENT"] > 0  # the loss was real and repaired
 
 
 def test_a_pipeline_reads_from_one_host_and_writes_to_another_over_udp(
         spark, hosts, checkpoint: str) -> None:
     """Host 2 publishes to host 1 over UDP; a streaming query on host 1 transforms each
-    message and writes it over UDP to a subscriber back on host 2."""
+    message and writes it over UDP to a subscriber back on host 2: 50 windows each way, 3 %
+    of the datagrams dropped on both hosts."""
     spark_host = hosts.start_driver(1, **HOST_SETTINGS)
     other_host = hosts.start_driver(2, **HOST_SETTINGS)
+    hosts.drop(1, port=HOST_PORT, probability=0.03)
+    hosts.drop(2, port=HOST_PORT + 1, probability=0.03)
     inbound = f"aeron:udp?endpoint={hosts[1].address}:{HOST_PORT}"
     outbound = f"aeron:udp?endpoint={hosts[2].address}:{HOST_PORT + 1}"
+    sent = host_messages("p", 0, WINDOW // FRAME * WINDOWS)
     with Client.connect(other_host.directory) as remote:
         publication = remote.add_publication(f"{inbound}|term-length=1m", 6002)
-        output = Drainer(remote.add_subscription(outbound, 6003))
+        output = Drainer(remote.add_subscription(f"{outbound}", 6003))
         query = (spark.readStream.format("slipstream")
                  .option("directory", str(spark_host.directory)).option("channel", inbound)
                  .option("streamId", "6002").load()
                  .selectExpr("concat(upper(cast(value as string)), ':', "
                              "cast(session_id as string)) as value")
                  .writeStream.format("slipstream")
-                 .option("directory", str(spark_host.directory)).option("channel", outbound)
+                 .option("directory", str(spark_host.directory))
+                 .option("channel", f"{outbound}|term-length=1m")
                  .option("streamId", "6003").option("checkpointLocation", checkpoint)
                  .trigger(processingTime="100 milliseconds").start())
         try:
             wait_connected(publication)
-            for i in range(2_000):
-                offer(publication, f"p{i}".encode())
-            got = output.wait_for(2_000, timeout=90)
+            publish_all(publication, sent)
+            got = output.wait_for(len(sent), timeout=180)
         finally:
             query.stop()
-    assert got == [f"P{i}:{publication.session_id}".encode() for i in range(2_000)]
-    assert counters_of(spark_host)["BYTES_SENT"] > 0 < counters_of(other_host)["BYTES_RECEIVED"]
+    assert got == [m.upper() + f":{publication.session_id}".encode() for m in sent]
+    for host in (spark_host, other_host):
+        assert counters_of(host)["NAK_MESSAGES_SENT"] > 0  # loss both ways, repaired
 
 
 # -- options --------------------------------------------------------------------------------
