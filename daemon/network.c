@@ -447,23 +447,35 @@ static int same_source(const uint8_t *a, int32_t a_length, const uint8_t *b, int
     return 0;
 }
 
-/* Every frame of a DATA datagram: version 0, type DATA, 32 <= frame_length, aligned frames
- * that tile the datagram exactly, and the same session, stream and term with term offsets
- * that follow the first.  A heartbeat (frame_length 0) is exactly one 32-byte header. */
-static int valid_data_frames(const uint8_t *data, int32_t length, int32_t term_offset) {
+/* Whether `data` is frames of one session, stream and term, back to back from term_offset:
+ * DATA frames, the last of which may be a PAD header standing for the rest of its term (a
+ * PAD alone is one too).  Aeron's scanner sends the PAD that ends a term after the frames
+ * before it in one datagram; slipstream's sends it alone.  *padding: what that PAD covers
+ * beyond its header, 0 without one. */
+static int valid_data_frames(const uint8_t *data, int32_t length, int32_t term_offset,
+                             int64_t term_length, int32_t *padding) {
     const int32_t session_id = read_i32(data + 12), stream_id = read_i32(data + 16);
     const int32_t term_id = read_i32(data + 20);
     int64_t offset = 0;
+    *padding = 0;
     while (offset < length) {
         const uint8_t *frame = data + offset;
         if (length - offset < SS_HEADER_LENGTH) return 0;
         int32_t frame_length = read_i32(frame);
-        if (frame[4] != 0 || read_u16(frame + 6) != SS_HDR_TYPE_DATA) return 0;
+        uint16_t type = read_u16(frame + 6);
+        if (frame[4] != 0 || (type != SS_HDR_TYPE_DATA && type != SS_HDR_TYPE_PAD)) return 0;
         if (frame_length < SS_HEADER_LENGTH) return 0;
-        int64_t aligned = ((int64_t)frame_length + (SS_FRAME_ALIGNMENT - 1)) & ~(int64_t)(SS_FRAME_ALIGNMENT - 1);
-        if (offset + aligned > length) return 0;
         if (read_i32(frame + 8) != (int64_t)term_offset + offset || read_i32(frame + 12) != session_id ||
             read_i32(frame + 16) != stream_id || read_i32(frame + 20) != term_id) return 0;
+        if (type == SS_HDR_TYPE_PAD) {
+            /* Its header alone, last in the datagram, its length aligned and within the term. */
+            if (offset + SS_HEADER_LENGTH != length || (frame_length & (SS_FRAME_ALIGNMENT - 1)) != 0 ||
+                (int64_t)term_offset + offset + frame_length > term_length) return 0;
+            *padding = frame_length - SS_HEADER_LENGTH;
+            return 1;
+        }
+        int64_t aligned = ((int64_t)frame_length + (SS_FRAME_ALIGNMENT - 1)) & ~(int64_t)(SS_FRAME_ALIGNMENT - 1);
+        if (offset + aligned > length) return 0;
         offset += aligned;
     }
     return 1;
@@ -489,12 +501,12 @@ static int raise_hwm(ss_image_t *image, int64_t position) {
 /* aeron_publication_image_insert_packet: the over-run, under-run and heartbeat rules of
  * PROTOCOL.md §3.2, then the copy into the term (body first, header last). */
 static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *data, int32_t length,
-                          int32_t frame_length, uint16_t type, uint8_t flags, int32_t term_id,
+                          int32_t padding, int heartbeat, uint8_t flags, int32_t term_id,
                           int32_t term_offset, int64_t now_ns) {
     int32_t term_count = (int32_t)((uint32_t)term_id - (uint32_t)image->initial_term_id);
     if (term_count < 0) return; /* a term before the initial term */
     int64_t position = ((int64_t)term_count << image->position_bits) + term_offset;
-    if (type == SS_HDR_TYPE_DATA && frame_length == 0) {
+    if (heartbeat) {
         /* A heartbeat is held to the over-run rule too (as Aeron's): past the window it would
          * raise the hwm, and the image's tail, to wherever a forged one says. */
         if (position > image->overrun_threshold) {
@@ -534,7 +546,7 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
         }
     }
     /* A PAD header stands for the rest of its term. */
-    int64_t proposed = position + (type == SS_HDR_TYPE_PAD ? frame_length : length);
+    int64_t proposed = position + length + padding;
     /* Only a datagram copied whole extends what arrived in order: one that found a frame at
      * its offset already may overlap a shorter datagram, with the rest of its range missing. */
     if (copied && position == image->contiguous_position) image->contiguous_position = proposed;
@@ -581,14 +593,11 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
     const int64_t term_length = image->term_length;
     int valid = term_offset >= 0 && (term_offset & (SS_FRAME_ALIGNMENT - 1)) == 0 &&
                 (int64_t)term_offset + length <= term_length;
-    if (valid && type == SS_HDR_TYPE_PAD) {
-        valid = length == SS_HEADER_LENGTH && frame_length >= SS_HEADER_LENGTH &&
-                (frame_length & (SS_FRAME_ALIGNMENT - 1)) == 0 &&
-                (int64_t)term_offset + frame_length <= term_length;
-    } else if (valid && frame_length == 0) {
+    int32_t padding = 0;
+    if (valid && type == SS_HDR_TYPE_DATA && frame_length == 0) {
         valid = length == SS_HEADER_LENGTH; /* a heartbeat */
     } else if (valid) {
-        valid = valid_data_frames(data, length, term_offset);
+        valid = valid_data_frames(data, length, term_offset, term_length, &padding);
     }
     if (!valid) {
         count(r->counters.invalid_packets, 1);
@@ -600,7 +609,8 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
         return SS_RX_CONSUMED;
     }
     count(r->counters.bytes_received, length);
-    insert_packet(r, image, data, length, frame_length, type, flags, term_id, term_offset, now_ns);
+    insert_packet(r, image, data, length, padding, frame_length == 0 && type == SS_HDR_TYPE_DATA,
+                  flags, term_id, term_offset, now_ns);
     return SS_RX_CONSUMED;
 }
 

@@ -22,10 +22,12 @@ from slipstream.client.frames import (
     Heartbeat,
     Nak,
     Pad,
+    Rejected,
     Rttm,
     Setup,
     StatusMessage,
     decode,
+    decode_datagram,
 )
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.config import DriverSettings
@@ -258,6 +260,54 @@ def test_large_pad_is_not_an_overrun_and_completes_the_term(shm: Path) -> None:
     assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 0
     assert image.rcv_hwm == image.rcv_pos == TERM
     assert image.loss_detector.next_deadline_ns() > 1 * 10**18  # no gap
+
+
+def test_data_frames_ending_in_a_pad_header_complete_the_term(shm: Path) -> None:
+    """Aeron's scanner sends the PAD that ends a term after the frames before it, in one
+    datagram: taken whole (the codec agrees), the term complete, the next term's data in
+    order, nothing NAKed."""
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(offset=TERM - 256), SRC, 0)  # joins 256 bytes before the term's end
+    image, _ = attach(rc)
+    rc.datagrams_to_send(0)
+    datagram = (data(TERM - 192) + data(TERM - 128)
+                + Pad(TERM - 64, 1, 2, 100, 64).encode())
+    assert [type(f).__name__ for f in decode_datagram(datagram)] == ["Data", "Data", "Pad"]
+    rc.on_datagram(data(TERM - 256), SRC, 1)
+    rc.on_datagram(datagram, SRC, 1)
+    rc.on_datagram(data(0, term_id=101), SRC, 1)
+    rc.datagrams_to_send(1)
+    assert counters[SystemCounter.INVALID_PACKETS] == 0
+    assert image.rcv_hwm == image.rcv_pos == TERM + 64
+    assert image.loss_detector.next_deadline_ns() > 1 * 10**18  # no gap
+
+
+@pytest.mark.parametrize("bad", [
+    data(TERM - 128) + Pad(TERM - 64, 1, 2, 100, 64).encode() + bytes(32),  # bytes after PAD
+    data(TERM - 128) + Pad(TERM - 64, 1, 2, 100, 48).encode(),  # PAD length not aligned
+    data(TERM - 128) + Pad(TERM - 32, 1, 2, 100, 32).encode(),  # PAD at the wrong offset
+    data(TERM - 128) + Pad(TERM - 64, 9, 2, 100, 64).encode(),  # another session's PAD
+])
+def test_a_malformed_pad_after_data_rejects_the_datagram(shm: Path, bad: bytes) -> None:
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(offset=TERM - 256), SRC, 0)
+    image, _ = attach(rc)
+    rc.on_datagram(bad, SRC, 1)
+    rc.datagrams_to_send(1)
+    assert counters[SystemCounter.INVALID_PACKETS] == 1
+    assert isinstance(decode_datagram(bad), Rejected)
+    assert image.rcv_hwm == TERM - 256
+
+
+def test_a_pad_after_data_that_runs_past_the_term_rejects_the_datagram(shm: Path) -> None:
+    """The codec cannot tell (it knows no term length); the receive path can."""
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(offset=TERM - 256), SRC, 0)
+    image, _ = attach(rc)
+    rc.on_datagram(data(TERM - 128) + Pad(TERM - 64, 1, 2, 100, 128).encode(), SRC, 1)
+    rc.datagrams_to_send(1)
+    assert counters[SystemCounter.INVALID_PACKETS] == 1
+    assert image.rcv_hwm == TERM - 256
 
 
 @pytest.mark.parametrize("bad", [
