@@ -30,6 +30,8 @@ from slipstream.client import (
 from slipstream.daemon.driver import MediaDriver
 
 SEQUENCE = struct.Struct("<Q")
+TERM = 64 * 1024  # the term length of FAST_DRIVER_SETTINGS (IPC) and NETWORK_SETTINGS (UDP)
+WINDOW = TERM // 2  # the publisher's window: half a term
 
 
 class Publisher(threading.Thread):
@@ -63,10 +65,17 @@ class Subscriber(threading.Thread):
     """Polls (slowly, so the log holds data when the driver is told to stop) until the
     driver is gone; checks every message is the next in sequence."""
 
-    def __init__(self, subscription: Subscription, pause_s: float = 0.0005) -> None:
+    def __init__(self, subscription: Subscription, pause_s: float = 0.0005,
+                 hold_within: tuple[int, int] | None = None) -> None:
+        """``hold_within=(low, high)``: stop reading once the position within its term is in
+        ``[low, high)``, until :attr:`resume` is set (the position stays in :attr:`held_at`)."""
         super().__init__(daemon=True)
         self.subscription = subscription
         self.pause_s = pause_s
+        self.hold_within = hold_within
+        self.held_at: int | None = None
+        self.held = threading.Event()
+        self.resume = threading.Event()
         self.received = 0
         self.wrong: list[tuple[int, int]] = []
         self.stop_polling = threading.Event()
@@ -83,6 +92,13 @@ class Subscriber(threading.Thread):
             while not self.stop_polling.is_set():
                 self.subscription.poll(self.on_message, 20)
                 time.sleep(self.pause_s)
+                if self.hold_within is not None and self.held_at is None:
+                    position = self.subscription.images[0].position
+                    low, high = self.hold_within
+                    if low <= position % TERM < high:
+                        self.held_at = position
+                        self.held.set()
+                        self.resume.wait()
         except DriverNotRunningError as e:
             self.ended_by = e
 
@@ -103,9 +119,25 @@ def launch() -> Iterator[Callable[..., MediaDriver]]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _sigterm_and_wait(driver: MediaDriver, timeout: float = 20.0) -> tuple[int, float]:
+def _backlog(publisher: Publisher, subscriber: Subscriber, window: int) -> int:
+    """Once ``subscriber`` holds, wait until ``publisher`` has written ``window`` bytes (less
+    a message) beyond it and is back-pressured; returns the publication's position."""
+    assert subscriber.held.wait(20), "the subscriber never reached its hold"
+    position = subscriber.held_at
+    assert position is not None
+    wait_for(lambda: publisher.publication.position >= position + window - 1024, timeout=10,
+             what=f"a window of backlog beyond {position} (at {publisher.publication.position})")
+    return publisher.publication.position
+
+
+def _sigterm_and_wait(driver: MediaDriver, timeout: float = 20.0,
+                      then: Callable[[], object] | None = None) -> tuple[int, float]:
+    """SIGTERM, then ``then()`` (a held reader resumes), then wait for the exit."""
     started = time.monotonic()
     driver.process.send_signal(signal.SIGTERM)
+    if then is not None:
+        time.sleep(0.2)  # the driver begins its drain with the backlog in place
+        then()
     code = driver.process.wait(timeout)
     return code, time.monotonic() - started
 
@@ -118,10 +150,15 @@ def test_an_ipc_stream_stopped_mid_flight_loses_nothing_offer_accepted(launch) -
         subscriber.start()
         publisher.start()
         wait_for(lambda: publisher.accepted > 20_000, timeout=20, what="the stream flowing")
+        # A full window left to drain, across a term's end: hold the reader where a window
+        # beyond it is in the next term, until the publisher is back-pressured.
+        subscriber.hold_within = (TERM - WINDOW + 1024, TERM - 1024)
+        backlog_end = _backlog(publisher, subscriber, WINDOW)
         publisher.signalled.set()
-        code, took = _sigterm_and_wait(driver)
+        code, took = _sigterm_and_wait(driver, then=subscriber.resume.set)
         publisher.join(5)
         subscriber.join(5)
+    assert backlog_end // TERM > subscriber.held_at // TERM
     assert code == 0
     assert took < 8, f"the drain took {took:.1f} s: it should finish, not time out"
     assert publisher.results_after_signal == [BACK_PRESSURED, CLOSED]
@@ -133,12 +170,15 @@ def test_an_ipc_stream_stopped_mid_flight_loses_nothing_offer_accepted(launch) -
 
 def test_a_udp_stream_stopped_mid_flight_with_loss_loses_nothing_offer_accepted(
         launch) -> None:
+    """A receiver window of 8 KiB: the 32-40 KiB left to drain take four or five windows,
+    each sent only once a status message gave its credit, and cross a term's end."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    receiver_window = 8 * 1024
     sender = launch(**{**NETWORK_SETTINGS, "drain_timeout": "10s"})
     receiver = launch(**NETWORK_SETTINGS, debug_receive_data_loss=50_000,  # 5 %
                       debug_receive_data_loss_seed=11)
     with Client.connect(sender.directory) as ca, Client.connect(receiver.directory) as cb:
-        subscription = cb.add_subscription(uri, 20)
+        subscription = cb.add_subscription(f"{uri}|rcv-wnd={receiver_window}", 20)
         publication = ca.add_publication(uri, 20)
         wait_for(lambda: publication.is_connected and subscription.images,
                  what="the stream connected")
@@ -147,8 +187,11 @@ def test_a_udp_stream_stopped_mid_flight_with_loss_loses_nothing_offer_accepted(
         subscriber.start()
         publisher.start()
         wait_for(lambda: publisher.accepted > 20_000, timeout=30, what="the stream flowing")
+        # The publisher's window beyond the sender, itself up to a receiver window ahead.
+        subscriber.hold_within = (TERM - WINDOW + 1024, TERM - 1024)
+        backlog_end = _backlog(publisher, subscriber, WINDOW)
         publisher.signalled.set()
-        code, took = _sigterm_and_wait(sender)
+        code, took = _sigterm_and_wait(sender, then=subscriber.resume.set)
         publisher.join(5)
         # The receiving side took everything before the sender went, and saw its EOS: the
         # image goes at once, not after the image liveness timeout.
@@ -162,6 +205,7 @@ def test_a_udp_stream_stopped_mid_flight_with_loss_loses_nothing_offer_accepted(
     assert publisher.results_after_signal[-1] == CLOSED
     assert subscriber.wrong == []
     assert subscriber.received == publisher.accepted
+    assert backlog_end // TERM > subscriber.held_at // TERM
 
 
 def test_a_subscriber_that_never_reads_holds_the_drain_only_until_drain_timeout(

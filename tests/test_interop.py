@@ -42,6 +42,11 @@ def require_aeron() -> None:
 
 
 
+#: Publications use terms of 256 KiB: the receiver window stays the default 128 KiB (half a
+#: term), and a stream of 20,000 messages of 64 B rotates terms seven times.
+TERM = "|term-length=256k"
+
+
 def channel(kind: str) -> str:
     if kind == "unicast":
         return f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
@@ -74,7 +79,8 @@ def test_aeron_publishes_and_slipstream_receives_every_message_once_in_order(
 
         def publish() -> None:
             try:
-                streaming_publisher(aeron, uri, 1001, message_length=64, messages=messages)
+                streaming_publisher(aeron, uri + TERM, 1001, message_length=64,
+                                    messages=messages)
             except BaseException as e:  # reported by the test thread
                 failure.append(e)
 
@@ -103,11 +109,11 @@ def test_aeron_publishes_and_slipstream_receives_every_message_once_in_order(
 def test_slipstream_publishes_and_aeron_receives_every_message_once_in_order(
         slipstream_driver: MediaDriver, kind: str, loss: float) -> None:
     require_aeron()
-    uri, messages = channel(kind), 3000
+    uri, messages = channel(kind), 20_000
     with AeronDriver(receive_data_loss_rate=loss, receive_data_loss_seed=5) as aeron, \
             basic_subscriber(aeron, uri, 1002) as subscriber, \
             Client.connect(slipstream_driver.directory) as client:
-        publication = client.add_publication(uri, 1002)
+        publication = client.add_publication(uri + TERM, 1002)
         wait_for(lambda: publication.is_connected, timeout=20,
                  what="Aeron's status messages connected the publication")
         for index in range(messages):
@@ -140,12 +146,12 @@ def test_a_slipstream_driver_stopped_mid_stream_drains_into_aeron_losing_nothing
             AeronDriver(receive_data_loss_rate=0.05, receive_data_loss_seed=9) as aeron, \
             basic_subscriber(aeron, uri, 1004) as subscriber, \
             Client.connect(driver_dir) as client:
-        publication = client.add_publication(uri, 1004)
+        publication = client.add_publication(uri + TERM, 1004)
         wait_for(lambda: publication.is_connected, timeout=20,
                  what="Aeron's status messages connected the publication")
         publisher = Publisher(publication)
         publisher.start()
-        wait_for(lambda: publisher.accepted > 2000, timeout=30, what="the stream flowing")
+        wait_for(lambda: publisher.accepted > 20_000, timeout=60, what="the stream flowing")
         publisher.signalled.set()
         started = time.monotonic()
         driver.process.send_signal(signal.SIGTERM)

@@ -158,8 +158,9 @@ def read_query(spark, directory: Path, stream_id: int, collector: Collector, che
 
 # -- writing --------------------------------------------------------------------------------
 def test_rows_written_by_spark_are_read_by_a_client(spark) -> None:
-    """Batch write: every row's value (string here) is one message, none lost or doubled."""
-    with running_driver("1m") as (directory, client):
+    """Batch write: every row's value (string here) is one message, none lost or doubled
+    (1.28 MB through 32 KiB windows of 64 KiB terms: 39 windows, 19 term rotations)."""
+    with running_driver("64k") as (directory, client):
         consumer = Drainer(client.add_subscription("aeron:ipc", 1001))
         frame = spark.range(20_000, numPartitions=2).selectExpr(
             "concat('row-', cast(id as string)) as value")
@@ -187,8 +188,9 @@ def test_writer_under_back_pressure_fails_after_offer_timeout(spark) -> None:
 # -- reading --------------------------------------------------------------------------------
 def test_stream_read_then_streaming_write_end_to_end(spark, checkpoint: str) -> None:
     """Messages published by a client are read by a streaming query (columns as documented)
-    and written by its streaming sink to another stream, where a client reads them all."""
-    with running_driver("1m") as (directory, client):
+    and written by its streaming sink to another stream, where a client reads them all
+    (640 KB each way through 32 KiB windows: 20 windows, 10 term rotations)."""
+    with running_driver("64k") as (directory, client):
         publication = client.add_publication("aeron:ipc", 2001)
         output = Drainer(client.add_subscription("aeron:ipc", 2002))
         query = (spark.readStream.format("slipstream").option("directory", str(directory))
@@ -201,28 +203,35 @@ def test_stream_read_then_streaming_write_end_to_end(spark, checkpoint: str) -> 
         try:
             wait_connected(publication)
             positions = []
-            for i in range(3_000):
+            for i in range(10_000):
                 offer(publication, f"m{i}".encode())
                 positions.append(publication.position)
             query.processAllAvailable()
-            got = output.wait_for(3_000)
+            got = output.wait_for(10_000)
         finally:
             query.stop()
-        assert got == [f"m{i}:{positions[i]}".encode() for i in range(3_000)]
+        assert got == [f"m{i}:{positions[i]}".encode() for i in range(10_000)]
 
 
 def test_exactly_once_across_a_restart_from_checkpoint(spark, checkpoint: str) -> None:
     """Stop the query, publish while it is down (another consumer keeps the stream going),
-    restart from the checkpoint: every message exactly once, in order."""
-    with running_driver("1m") as (directory, client):
+    restart from the checkpoint: every message exactly once, in order.  64 KiB terms: each
+    third of the stream is two windows and a term; the query's credit is needed throughout
+    (an IPC publisher waits for its slowest subscriber)."""
+    with running_driver("64k") as (directory, client):
         publication = client.add_publication("aeron:ipc", 3001)
         sent = [f"e{i}".encode() for i in range(3_000)]
         collector = Collector()
 
         def publish(messages: list[bytes]) -> None:
+            read: list[bytes] = []
+            deadline = time.monotonic() + 60
             for message in messages:
-                offer(publication, message)
-            assert len(drain(bystander, len(messages))) == len(messages)
+                while publication.offer(message) < 0:  # the bystander reads as it goes
+                    bystander.poll(lambda data, _h: read.append(bytes(data)), 100)
+                    assert time.monotonic() < deadline, "offer did not succeed in time"
+            read += drain(bystander, len(messages) - len(read))
+            assert read == messages
 
         query = read_query(spark, directory, 3001, collector, checkpoint)
         try:
@@ -408,7 +417,7 @@ def test_a_query_reads_a_stream_published_on_another_host_exactly_once_across_a_
     assert collector.values() == sent
     assert len({row.position for row in rows}) == len(rows)
     assert {row.session_id for row in rows} == {publication.session_id}
-    assert rows[-1].position >= (2 * WINDOWS + 4) * WINDOW  # over 100 windows, 6 terms
+    assert rows[-1].position >= (2 * WINDOWS + 4) * WINDOW  # over 100 windows, 13 terms
     assert counters_of(spark_host)["NAK_MESSAGES_SENT"] > 0  # the loss was real and repaired
 
 

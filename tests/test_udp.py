@@ -205,8 +205,12 @@ def test_a_back_pressured_network_publisher_leaves_the_conductor_parked(launch) 
     assert cycles < 100, f"{cycles} conductor cycles for {offers} back-pressured offers"
 
 
-def test_loss_is_repaired_by_naks_and_retransmits(launch) -> None:
-    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+@pytest.mark.parametrize("term", ["", "|term-length=256k"], ids=["64k-terms", "256k-terms"])
+def test_loss_is_repaired_by_naks_and_retransmits(launch, term: str) -> None:
+    """11 MB at 5 % loss: with the test drivers' 64 KiB terms (32 KiB windows), and with 256
+    KiB terms, where the receiver window is the default 128 KiB in a socket buffer of the
+    default 128 KiB (85 windows, 42 term rotations)."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{term}"
     a = launch()
     b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=7)  # 5 %
     with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
