@@ -162,11 +162,6 @@ def pack_tail(term_id: int, term_offset: int) -> int:
     return raw - (1 << 64) if raw & (1 << 63) else raw
 
 
-def tail_term_id(raw_tail: int) -> int:
-    """Term id from a raw tail."""
-    return _i32(raw_tail >> 32)
-
-
 def tail_term_offset(raw_tail: int, term_length: int) -> int:
     """Offset from a raw tail, capped at the term length (writers may overshoot)."""
     return min(raw_tail & 0xFFFFFFFF, term_length)

@@ -25,14 +25,14 @@ def _driver(args: argparse.Namespace) -> int:
 
 
 def _stat(args: argparse.Namespace) -> int:
-    from slipstream.daemon.stat import run_stat
+    from slipstream.daemon.ops.stat import run_stat
 
     return run_stat(args.dir, interval=args.interval, once=args.once, match=args.match,
                     as_json=args.json)
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from slipstream.daemon.metrics import run_metrics
+    from slipstream.daemon.ops.metrics import run_metrics
 
     return run_metrics(args.dir, args.address)
 

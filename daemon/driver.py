@@ -4,9 +4,9 @@ Tasks: the command loop (zmq ROUTER → conductor → replies), the duty cycle (
 liveness, the network agents' events), a signal watcher (the first SIGINT/SIGTERM drains,
 :meth:`DriverConductor.begin_drain`, for at most ``drain_timeout``; the second stops) and
 a futex watcher thread that turns a client's wake-up into a trio wake-up.  The network agents
-run on their own thread(s) (:mod:`slipstream.daemon.network_thread`), over UDP sockets
-(:mod:`slipstream.daemon.udp`).  Under systemd the duty cycle also sends the notify
-protocol's states and watchdog pings (:mod:`slipstream.daemon.systemd`).
+run on their own thread(s) (:mod:`slipstream.daemon.agents.thread`), over UDP sockets
+(:mod:`slipstream.daemon.media.udp`).  Under systemd the duty cycle also sends the notify
+protocol's states and watchdog pings (:mod:`slipstream.daemon.ops.systemd`).
 
 Idling: while positions move the duty cycle runs every millisecond; with nothing to do it backs
 off to ``IDLE_PARK_MAX_S`` (bounded by the next timer) and parks, registered as a waiter on the
@@ -45,17 +45,17 @@ from slipstream.client.errors import (
     DriverDirectoryError,
     DriverError,
 )
-from slipstream.daemon import names
-from slipstream.daemon.conductor import DriverConductor, Outgoing
+from slipstream.daemon.agents.thread import MAX_PARK_S, NetworkThread, open_doorbell
+from slipstream.daemon.conductor.conductor import DriverConductor, Outgoing
 from slipstream.daemon.config import DriverSettings, load_settings
-from slipstream.daemon.error_log import FILE as ERROR_LOG_FILE
-from slipstream.daemon.error_log import PREVIOUS_FILE as PREVIOUS_ERROR_LOG_FILE
-from slipstream.daemon.error_log import TEMPORARY_FILE as ERROR_LOG_TEMPORARY_FILE
-from slipstream.daemon.error_log import ErrorLogHandler
-from slipstream.daemon.loss_report import FILE as LOSS_REPORT_FILE
-from slipstream.daemon.network_thread import MAX_PARK_S, NetworkThread, open_doorbell
-from slipstream.daemon.systemd import Notifier, Watchdog, park_bound_s, watchdog_interval_ns
-from slipstream.daemon.udp import UdpTransports
+from slipstream.daemon.media import names
+from slipstream.daemon.media.udp import UdpTransports
+from slipstream.daemon.ops.systemd import Notifier, Watchdog, park_bound_s, watchdog_interval_ns
+from slipstream.daemon.reports.error_log import FILE as ERROR_LOG_FILE
+from slipstream.daemon.reports.error_log import PREVIOUS_FILE as PREVIOUS_ERROR_LOG_FILE
+from slipstream.daemon.reports.error_log import TEMPORARY_FILE as ERROR_LOG_TEMPORARY_FILE
+from slipstream.daemon.reports.error_log import ErrorLogHandler
+from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 
 log = logging.getLogger("slipstream.driver")
 
@@ -295,7 +295,7 @@ class _DriverShell:
         try:
             endpoint = self.settings.metrics_endpoint
             if endpoint is not None:
-                from slipstream.daemon.metrics import start_exporter
+                from slipstream.daemon.ops.metrics import start_exporter
 
                 exporter, _ = start_exporter(self.directory.path, *endpoint)
                 log.info("metrics at http://%s:%d/metrics", *exporter.server_address[:2])

@@ -39,7 +39,7 @@ typedef struct {
 } ss_span_t;
 
 /* The sender's answer to NAKs (PROTOCOL.md §3.5, aeron_retransmit_handler.c; the state machine
- * is drawn in daemon/retransmit.py).  Each NAK takes a retransmit action: INACTIVE, DELAYED
+ * is drawn in daemon/protocol/retransmit.py).  Each NAK takes a retransmit action: INACTIVE, DELAYED
  * (sent when the delay expires) or LINGERING (NAKs inside its range are repeats, ignored). */
 #define SS_RETRANSMIT_ACTIONS_MAX 256
 #define SS_ACTION_INACTIVE 0
@@ -129,7 +129,7 @@ void ss_retransmit_process_timeouts(ss_send_publication_t *p, int64_t now_ns);
 /* When an action next expires (SS_NO_DEADLINE: none active). */
 int64_t ss_retransmit_next_deadline(const ss_send_publication_t *p);
 
-/* The gaps of an image's rebuild term and their NAK timers (daemon/loss_detector.py has the
+/* The gaps of an image's rebuild term and their NAK timers (daemon/protocol/loss_detector.py has the
  * rules; aeron_loss_detector.c tracks one gap, this up to SS_LOSS_GAPS_MAX in stream order). */
 #define SS_LOSS_GAPS_MAX 256
 

@@ -1,9 +1,9 @@
 """Simulated hosts: the driver's own network stack on a virtual network, and the applications.
 
 Each host incarnation runs a :class:`SimDriver`: the real
-:class:`~slipstream.daemon.conductor.DriverConductor` (client commands, logs, counters, image
-creation) with the real :class:`~slipstream.daemon.sender.Sender` and
-:class:`~slipstream.daemon.receiver.Receiver` agents, in a directory of its own with a real
+:class:`~slipstream.daemon.conductor.conductor.DriverConductor` (client commands, logs, counters,
+image creation) with the real :class:`~slipstream.daemon.agents.sender.Sender` and
+:class:`~slipstream.daemon.agents.receiver.Receiver` agents, in a directory of its own with a real
 counters file; only the transports are virtual (:mod:`slipstream.sim.transport`).  Every
 simulator run therefore tests the driver's code, and there is one place for each rule.
 
@@ -41,10 +41,10 @@ from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 from slipstream.client.subscription import Image
-from slipstream.daemon.conductor import DriverConductor
+from slipstream.daemon.conductor.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.network_publication import NetworkPublication
-from slipstream.daemon.protocol_types import NO_DEADLINE, Address
+from slipstream.daemon.protocol.types import NO_DEADLINE, Address
+from slipstream.daemon.streams.publication import NetworkPublication
 from slipstream.sim.events import PHASE_SERVICE, Timer
 from slipstream.sim.transport import VirtualTransports
 

@@ -1,4 +1,5 @@
-"""Virtual transports: the simulator's stand-in for the driver's UDP sockets (``daemon/udp.py``).
+"""Virtual transports: the simulator's stand-in for the driver's UDP sockets
+(``daemon/media/udp.py``).
 
 A driver in the simulator is the real conductor and the real sender and receiver agents; only
 the transports they send and receive through are virtual.  A send transport runs the same C
@@ -18,9 +19,9 @@ from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.network_publication import NetworkPublication, SendChannel
-from slipstream.daemon.protocol_types import Address, Datagram
-from slipstream.daemon.receiver import ReceiveChannel
+from slipstream.daemon.agents.receiver import ReceiveChannel
+from slipstream.daemon.protocol.types import Address, Datagram
+from slipstream.daemon.streams.publication import NetworkPublication, SendChannel
 from slipstream.sim.network import is_multicast
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ SEND_PORT_BASE: Final = 50000
 
 
 class VirtualTransports:
-    """The :class:`~slipstream.daemon.network_conductor.NetworkTransports` of one simulated
+    """The :class:`~slipstream.daemon.conductor.network.NetworkTransports` of one simulated
     host incarnation."""
 
     def __init__(self, host: SimHost) -> None:

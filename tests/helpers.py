@@ -45,7 +45,7 @@ def data_datagrams(publication, now_ns: int, budget: int = 64) -> list:
     the publication (``on_data_sent``), as the sender agent does."""
     from slipstream.daemon._network import ffi as network_ffi
     from slipstream.daemon._network import lib as network
-    from slipstream.daemon.protocol_types import Datagram
+    from slipstream.daemon.protocol.types import Datagram
 
     spans = network_ffi.new("ss_span_t[]", budget + network.SS_RETRANSMIT_MAX)
     sent = network.ss_send_data(publication.c, now_ns, budget, spans)

@@ -16,7 +16,7 @@ from helpers import wait_for
 
 from slipstream.client import Client, InvalidArgumentError, control
 from slipstream.client.counters import CountersFile, SystemCounter, read_system_counters
-from slipstream.daemon.conductor import DriverConductor
+from slipstream.daemon.conductor.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
 from slipstream.sim.fuzz import CommandFuzzer
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from slipstream.client.channel import parse_channel
 from slipstream.client.frames import ErrorFrame, StatusMessage
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow_control import (
+from slipstream.daemon.flow.flow_control import (
     MaxMulticastFlowControl,
     MinMulticastFlowControl,
     TaggedMulticastFlowControl,

@@ -26,7 +26,7 @@ from slipstream.client.logbuffer import (
 )
 from slipstream.client.publication import ADMIN_ACTION
 from slipstream.client.subscription import Image
-from slipstream.daemon.ipc_publication import IpcPublication
+from slipstream.daemon.conductor.ipc import IpcPublication
 
 SEQUENCE = struct.Struct("<q")
 

@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import ffi
-from slipstream.daemon.loss_detector import (
+from slipstream.daemon.protocol.loss_detector import (
     MAX_GAPS,
     LossDetector,
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,
 )
-from slipstream.daemon.protocol_types import NO_DEADLINE
+from slipstream.daemon.protocol.types import NO_DEADLINE
 
 TERM = 64 * 1024
 BITS = 16

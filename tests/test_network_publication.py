@@ -31,14 +31,14 @@ from slipstream.client.frames import (
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow_control import flow_control_for
-from slipstream.daemon.network_publication import (
+from slipstream.daemon.flow.flow_control import flow_control_for
+from slipstream.daemon.protocol.types import LocalCounters
+from slipstream.daemon.streams.publication import (
     NetworkPublication,
     PublicationState,
     SendChannel,
     SenderPositions,
 )
-from slipstream.daemon.protocol_types import LocalCounters
 
 MS = 1_000_000
 TERM = 64 * 1024

@@ -35,29 +35,29 @@ from slipstream.client.frames import (
 )
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.subscription import Image
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow_control import flow_control_for
-from slipstream.daemon.network_publication import (
-    NetworkPublication,
-    PublicationState,
-    SendChannel,
-    SenderPositions,
-)
-from slipstream.daemon.protocol_types import (
-    NO_DEADLINE,
-    Address,
-    Datagram,
-    LocalCounters,
-)
-from slipstream.daemon.publication_image import ImagePositions, ImageState
-from slipstream.daemon.receiver import (
+from slipstream.daemon.agents.receiver import (
     ImageRequested,
     ImageUnavailable,
     ReceiveChannel,
     ReceiveEndpoint,
     Receiver,
 )
-from slipstream.daemon.sender import SendEndpoint, Sender
+from slipstream.daemon.agents.sender import SendEndpoint, Sender
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow.flow_control import flow_control_for
+from slipstream.daemon.protocol.types import (
+    NO_DEADLINE,
+    Address,
+    Datagram,
+    LocalCounters,
+)
+from slipstream.daemon.streams.image import ImagePositions, ImageState
+from slipstream.daemon.streams.publication import (
+    NetworkPublication,
+    PublicationState,
+    SendChannel,
+    SenderPositions,
+)
 
 MS = 1_000_000
 US = 1_000

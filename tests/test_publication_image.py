@@ -30,16 +30,19 @@ from slipstream.client.frames import (
     decode_datagram,
 )
 from slipstream.client.logbuffer import LogBuffer
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.loss_detector import OptimalMulticastDelayGenerator, StaticDelayGenerator
-from slipstream.daemon.protocol_types import LocalCounters
-from slipstream.daemon.publication_image import ImagePositions, ImageState
-from slipstream.daemon.receiver import (
+from slipstream.daemon.agents.receiver import (
     ImageDone,
     ImageRequested,
     ImageUnavailable,
     ReceiveChannel,
 )
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.protocol.loss_detector import (
+    OptimalMulticastDelayGenerator,
+    StaticDelayGenerator,
+)
+from slipstream.daemon.protocol.types import LocalCounters
+from slipstream.daemon.streams.image import ImagePositions, ImageState
 
 MS = 1_000_000
 US = 1_000

@@ -17,10 +17,10 @@ from slipstream.client.frames import Nak, StatusMessage
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow_control import flow_control_for
-from slipstream.daemon.network_publication import NetworkPublication, SendChannel, SenderPositions
-from slipstream.daemon.protocol_types import NO_DEADLINE, LocalCounters
-from slipstream.daemon.retransmit import ActionState
+from slipstream.daemon.flow.flow_control import flow_control_for
+from slipstream.daemon.protocol.retransmit import ActionState
+from slipstream.daemon.protocol.types import NO_DEADLINE, LocalCounters
+from slipstream.daemon.streams.publication import NetworkPublication, SendChannel, SenderPositions
 
 TERM = 64 * 1024
 MS = 1_000_000

@@ -12,20 +12,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slipstream.client.counters import CounterInfo, CounterType, parse_position_label
-from slipstream.daemon.error_log import (
+from slipstream.daemon.ops.stat import render, stream_rows
+from slipstream.daemon.reports.error_log import (
     MAX_ENTRIES,
     ErrorEntry,
     ErrorLogHandler,
     read_error_log,
 )
-from slipstream.daemon.loss_report import (
+from slipstream.daemon.reports.loss_report import (
     FILE,
     HEADER_LENGTH,
     LABEL_MAX_LENGTH,
     LossReport,
     read_loss_report,
 )
-from slipstream.daemon.stat import render, stream_rows
 
 
 def test_the_loss_report_keeps_each_images_gaps_and_bytes(tmp_path: Path) -> None:

@@ -24,10 +24,10 @@ import trio
 from helpers import FAST_DRIVER_SETTINGS, counters_of, wait_for
 
 from slipstream.client import Client
+from slipstream.daemon.agents.sender import Sender
 from slipstream.daemon.config import load_settings
 from slipstream.daemon.driver import MediaDriver, _DriverShell
-from slipstream.daemon.sender import Sender
-from slipstream.daemon.systemd import Notifier, Watchdog, watchdog_interval_ns
+from slipstream.daemon.ops.systemd import Notifier, Watchdog, watchdog_interval_ns
 
 UNIT = Path(__file__).parent.parent / "systemd" / "slipstream-driver.service"
 INSTALLED_BINARY = "/opt/slipstream/.venv/bin/slipstream"

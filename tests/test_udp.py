@@ -46,7 +46,7 @@ from slipstream.client import (
 )
 from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
 from slipstream.daemon.driver import MediaDriver
-from slipstream.daemon.udp import UDP_GRO, UDP_SEGMENT
+from slipstream.daemon.media.udp import UDP_GRO, UDP_SEGMENT
 from slipstream.sim.fuzz import DatagramFuzzer
 
 
@@ -570,7 +570,7 @@ def test_what_the_driver_does_not_carry_yet_is_refused_by_name(launch, parameter
 
 def test_a_channel_named_by_host_name_is_resolved_once_as_it_is_added(launch) -> None:
     from slipstream.client.channel import parse_channel
-    from slipstream.daemon.network_conductor import _resolved
+    from slipstream.daemon.conductor.network import _resolved
 
     named = parse_channel("aeron:udp?endpoint=localhost:40123|term-length=64k")
     resolved = _resolved(named)

@@ -1,16 +1,16 @@
 """The receiver side of one network stream: a sans-I/O state machine (aeron_publication_image.c).
 
 A :class:`PublicationImage` is made for a SETUP that the
-:class:`~slipstream.daemon.receiver.ReceiveChannel` reported (the driver's conductor creates the
-log and the position counters, so a receive loop never waits on a file).  The C data path
+:class:`~slipstream.daemon.agents.receiver.ReceiveChannel` reported (the driver's conductor creates
+the log and the position counters, so a receive loop never waits on a file).  The C data path
 (``ss_receiver_on_datagram``, working from :attr:`PublicationImage.c`) copies DATA datagrams
 straight into the image's log at their term offset (body first, header last with a release
-store) and raises the receiver high-water mark ``rcv-hwm``; this object finds the first gap
-between the rebuild position and the hwm (:class:`LossDetector`) and NAKs it, and tells the
-sender where its subscribers are with status messages.  Subscribers read the log in place
-(``client.subscription.Image``) and publish their positions in int64 cells (``sub-pos``
-counters) that this object reads.  Frames for the image from an address other than its
-SETUP's are dropped (FOREIGN_SOURCE_DROPS).
+store) and raises the receiver high-water mark ``rcv-hwm``; this object finds the gaps
+between the rebuild position and the hwm (:class:`LossDetector`, up to 256) and NAKs them,
+and tells the sender where its subscribers are with status messages.  Subscribers read the log
+in place (``client.subscription.Image``) and publish their positions in int64 cells
+(``sub-pos`` counters) that this object reads.  Frames for the image from an address other
+than its SETUP's are dropped (FOREIGN_SOURCE_DROPS).
 
 Receiving (PROTOCOL.md §3.2, ``aeron_publication_image_insert_packet``, done in C):
 
@@ -21,11 +21,11 @@ Receiving (PROTOCOL.md §3.2, ``aeron_publication_image_insert_packet``, done in
   may carry EOS (flags 0xE0);
 * under-run: DATA below the last SM position (already consumed) → dropped
   (FLOW_CONTROL_UNDER_RUNS);
-* a PAD datagram (header only) raises the hwm to the end of its term.
+* a PAD header (alone, or last after DATA frames) raises the hwm to the end of its term.
 
 Rebuild pass (``aeron_publication_image_track_rebuild``, run by :meth:`datagrams_to_send`
 after new data or when a timer is due): scan from ``rebuild = max(rcv_pos, max subscriber
-position)`` to the hwm, advance ``rcv_pos`` over complete frames, NAK the first gap after the
+position)`` to the hwm, advance ``rcv_pos`` over complete frames, NAK each gap after the
 NAK delay (static 100 µs for unicast; optimal multicast backoff for group images), or pad it
 for ``reliable=false`` (LOSS_GAP_FILLS).  Then schedule an SM when the minimum subscriber
 position moved past ``last scheduled + window/4`` (the 25 % rule) or the window changed; a
@@ -72,20 +72,20 @@ from slipstream.client.logbuffer import (
 )
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.log_cleaner import LogCleaner
-from slipstream.daemon.loss_detector import (
+from slipstream.daemon.protocol.log_cleaner import LogCleaner
+from slipstream.daemon.protocol.loss_detector import (
     LossDetector,
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,
 )
-from slipstream.daemon.loss_report import LossEntry
-from slipstream.daemon.protocol_types import (
+from slipstream.daemon.protocol.types import (
     NO_DEADLINE,
     Address,
     Datagram,
     ProtocolCounters,
     sockaddr,
 )
+from slipstream.daemon.reports.loss_report import LossEntry
 
 
 class ImageState(enum.Enum):

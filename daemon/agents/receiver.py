@@ -60,8 +60,7 @@ from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length,
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.loss_report import LossEntry
-from slipstream.daemon.protocol_types import (
+from slipstream.daemon.protocol.types import (
     NO_DEADLINE,
     Address,
     Datagram,
@@ -69,7 +68,8 @@ from slipstream.daemon.protocol_types import (
     hash_table_slots,
     sockaddr,
 )
-from slipstream.daemon.publication_image import (
+from slipstream.daemon.reports.loss_report import LossEntry
+from slipstream.daemon.streams.image import (
     ImagePositions,
     ImageState,
     PublicationImage,
@@ -190,10 +190,6 @@ class ReceiveChannel:
             return
         self._subscriptions[stream_id] = None if sessions is None else set(sessions)
         self._sync_streams()
-
-    @property
-    def has_subscriptions(self) -> bool:
-        return bool(self._subscriptions)
 
     def _sync_streams(self) -> None:
         streams = list(self._subscriptions)
@@ -383,7 +379,7 @@ class ReceiveChannel:
 
 
 class ReceiveTransport(Protocol):
-    """How a receive endpoint meets its network: a UDP socket (``daemon/udp.py``) or the
+    """How a receive endpoint meets its network: a UDP socket (``daemon/media/udp.py``) or the
     simulator's virtual network."""
 
     def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
@@ -409,7 +405,8 @@ class Receiver:
     """The receiver agent: every receive endpoint's input, images and timers.
 
     Single-threaded: the driver's network thread (or the simulator) calls :meth:`do_work`;
-    other threads hand it work with :meth:`submit` and take its events from ``events``.
+    other threads hand it work with :meth:`submit`; its events (an image requested, unavailable
+    or done) go to the ``on_event`` callback it was given.
     """
 
     def __init__(self, *, on_event: Callable[[ReceiverEvent], None]) -> None:

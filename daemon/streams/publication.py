@@ -44,7 +44,6 @@ Units: times in ns (monotonic), positions/offsets/lengths in bytes.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 
 import attrs
 
@@ -73,16 +72,16 @@ from slipstream.client.logbuffer import (
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow_control import FlowControl, has_group_semantics
-from slipstream.daemon.log_cleaner import LogCleaner
-from slipstream.daemon.protocol_types import (
+from slipstream.daemon.flow.flow_control import FlowControl, has_group_semantics
+from slipstream.daemon.protocol.log_cleaner import LogCleaner
+from slipstream.daemon.protocol.retransmit import RetransmitHandler
+from slipstream.daemon.protocol.types import (
     NO_DEADLINE,
     Address,
     Datagram,
     ProtocolCounters,
     hash_table_slots,
 )
-from slipstream.daemon.retransmit import RetransmitHandler
 
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
@@ -602,23 +601,3 @@ class SendChannel:
               and frame.session_id == 0 and frame.stream_id == 0):
             for each in self.publications.values():
                 each.on_frame(frame, source, now_ns)
-
-    def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
-        """Everything due from every publication; DONE publications are removed."""
-        out: list[Datagram] = []
-        done = False
-        for key, publication in list(self.publications.items()):
-            out.extend(publication.datagrams_to_send(now_ns))
-            if publication.is_done:
-                del self.publications[key]
-                done = True
-        if done:
-            self._sync_publications()
-        return out
-
-    def next_deadline_ns(self) -> int:
-        return min((p.next_deadline_ns() for p in self.publications.values()),
-                   default=NO_DEADLINE)
-
-    def __iter__(self) -> Iterable[NetworkPublication]:
-        return iter(self.publications.values())

@@ -1,6 +1,6 @@
 """``slipstream stat``: the driver's counters as a live table (Aeron's AeronStat and LossStat).
 
-Four sections, each read from the files the driver maps (it is never asked anything):
+Five sections, each read from the files the driver maps (it is never asked anything):
 
 * **streams**: one row per stream (channel, stream id, session) with its positions in bytes:
   the publisher limit, sender position and limit (their difference is the flow-control window
@@ -39,8 +39,8 @@ from slipstream.client.counters import (
     parse_position_label,
 )
 from slipstream.client.errors import DriverNotRunningError
-from slipstream.daemon.error_log import PREVIOUS_FILE, ErrorEntry, read_error_log
-from slipstream.daemon.loss_report import LossObservation, read_loss_report
+from slipstream.daemon.reports.error_log import PREVIOUS_FILE, ErrorEntry, read_error_log
+from slipstream.daemon.reports.loss_report import LossObservation, read_loss_report
 
 # The columns of the streams table, in the order a message passes them.
 STREAM_COLUMNS = ("pub-lmt", "pub-pos", "snd-pos", "snd-lmt", "rcv-hwm", "rcv-pos", "sub-pos")
@@ -109,7 +109,7 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
            losses: list[LossObservation] | None = None,
            errors: list[ErrorEntry] | None = None,
            previous_errors: list[ErrorEntry] | None = None) -> str:
-    """The four sections (module docstring).  Rates are per second since ``previous`` (values
+    """The five sections (module docstring).  Rates are per second since ``previous`` (values
     by counter id, ``elapsed_s`` ago); a client heartbeat (a monotonic timestamp) shows as its
     age at ``now_ns`` (default: now)."""
     now_ns = time.monotonic_ns() if now_ns is None else now_ns

@@ -144,10 +144,6 @@ class LossDetector:
         return {(g.term_id, g.term_offset): (g.expiry_ns, g.length)
                 for g in (c.gaps[i] for i in range(c.gap_count))}
 
-    @property
-    def has_active_gap(self) -> bool:
-        return self.c.gap_count > 0
-
     def scan(self, term, rebuild_position: int, hwm_position: int, now_ns: int,
              term_length: int, position_bits: int, initial_term_id: int) -> tuple[int, bool]:
         """Scan ``term`` (cffi ``uint8_t *`` of the partition holding ``rebuild_position``).

@@ -21,12 +21,12 @@ from typing import Protocol
 import attrs
 
 from slipstream.client._native import lib
-from slipstream.daemon.network_publication import NetworkPublication, SendChannel
-from slipstream.daemon.protocol_types import NO_DEADLINE, Datagram
+from slipstream.daemon.protocol.types import NO_DEADLINE, Datagram
+from slipstream.daemon.streams.publication import NetworkPublication, SendChannel
 
 
 class SendTransport(Protocol):
-    """How a send endpoint meets its network: a UDP socket (``daemon/udp.py``) or the
+    """How a send endpoint meets its network: a UDP socket (``daemon/media/udp.py``) or the
     simulator's virtual network."""
 
     def attach(self, publication: NetworkPublication) -> None:
@@ -73,7 +73,7 @@ class Sender:
         Aeron's (2 datagrams each), i.e. after twice as many datagrams."""
         self.endpoints: list[SendEndpoint] = []
         self.status_poll_ratio = status_poll_ratio
-        self._cycles_to_status_poll = 0
+        self._datagrams_to_status_poll = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
         self._on_event = on_event
         self._commands: deque[Callable[[int], None]] = deque()
@@ -119,9 +119,9 @@ class Sender:
         # Aeron's (2 datagrams each): aeron_driver_sender_do_work.  Each read is a system call,
         # but a status message or NAK read late stalls the stream: our cycles send up to 64
         # datagrams, so count datagrams, not cycles.
-        self._cycles_to_status_poll -= sent_total
-        if not sent_total or self._cycles_to_status_poll <= 0:
-            self._cycles_to_status_poll = 2 * self.status_poll_ratio
+        self._datagrams_to_status_poll -= sent_total
+        if not sent_total or self._datagrams_to_status_poll <= 0:
+            self._datagrams_to_status_poll = 2 * self.status_poll_ratio
             for endpoint in self.endpoints:
                 work += endpoint.transport.receive(endpoint.channel, now_ns)
             # The NAKs just read were answered with retransmissions queued on their
@@ -173,7 +173,7 @@ class Sender:
         for waiters in self._armed:
             lib.ss_get_and_add_i32(waiters, -1)
         self._armed.clear()
-        self._cycles_to_status_poll = 0
+        self._datagrams_to_status_poll = 0
 
     def next_deadline_ns(self) -> int:
         """When a duty cycle is next due with no input or new data (NO_DEADLINE: none)."""

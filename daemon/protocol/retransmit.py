@@ -31,7 +31,7 @@ import enum
 
 from slipstream.client.counters import SystemCounter
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.protocol_types import ProtocolCounters
+from slipstream.daemon.protocol.types import ProtocolCounters
 
 
 class ActionState(enum.IntEnum):

@@ -1,7 +1,7 @@
 """Host names in channel URIs, resolved off the conductor's loop.
 
 A name in ``endpoint=`` or ``interface=`` is resolved once, as the channel is added
-(:func:`slipstream.daemon.network_conductor._resolved` turns it into an IP literal), never
+(:func:`slipstream.daemon.conductor.network._resolved` turns it into an IP literal), never
 inside the duty cycle.  ``getaddrinfo`` blocks, for as long as the resolver's timeouts (glibc:
 5 s per try, per name server), so the driver shell resolves a command's names in a thread
 first (:func:`prefetch`) and hands the command to the conductor once they are known; the

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from slipstream.client.counters import CountersFile, SystemCounter
-from slipstream.daemon.receiver import Receiver
-from slipstream.daemon.sender import Sender
+from slipstream.daemon.agents.receiver import Receiver
+from slipstream.daemon.agents.sender import Sender
 
 log = logging.getLogger("slipstream.driver")
 

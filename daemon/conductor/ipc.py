@@ -18,10 +18,13 @@ import attrs
 
 from slipstream.client.counters import CountersFile, CounterType, SystemCounter
 from slipstream.client.logbuffer import LogBuffer, unblock
-from slipstream.daemon.log_cleaner import CLEAN_CHUNK_LENGTH, LogCleaner
+from slipstream.daemon.protocol.log_cleaner import CLEAN_CHUNK_LENGTH, LogCleaner
 
 
-class PublicationState(enum.Enum):
+class IpcPublicationState(enum.Enum):
+    """An IPC publication's life: ACTIVE while publishers hold it, DRAINING once the last one
+    closed and subscribers still read, DONE when its log may go."""
+
     ACTIVE = "active"
     DRAINING = "draining"
     DONE = "done"
@@ -53,7 +56,7 @@ class IpcPublication:
     publisher_position_id: int
     cleaner: LogCleaner
     publisher_refs: int = 0
-    state: PublicationState = PublicationState.ACTIVE
+    state: IpcPublicationState = IpcPublicationState.ACTIVE
     subscribers: list[IpcSubscriber] = attrs.Factory(list)
     _last_consumer_position: int = 0
     _time_of_last_consumer_change_ns: int = 0
@@ -222,21 +225,21 @@ class IpcPublication:
 
     def start_draining(self, now_ns: int) -> None:
         """The last publisher left: subscribers may read what is there, then the log goes."""
-        self.state = PublicationState.DRAINING
+        self.state = IpcPublicationState.DRAINING
         self._draining_since_ns = now_ns
         self.log.end_of_stream_position = self.log.producer_position()
         self.log.signal_readers()
 
     def is_drained(self, now_ns: int) -> bool:
         """DRAINING and every subscriber consumed it all, or the linger timeout passed."""
-        if self.state is not PublicationState.DRAINING:
+        if self.state is not IpcPublicationState.DRAINING:
             return False
         return (self.is_consumed()
                 or now_ns - self._draining_since_ns >= self.linger_timeout_ns)
 
     def close(self) -> None:
         """Free the counters and delete the log file (mapped readers keep their pages)."""
-        self.state = PublicationState.DONE
+        self.state = IpcPublicationState.DONE
         for subscriber in self.subscribers:
             self.counters.free(subscriber.position_counter_id)
         self.subscribers.clear()

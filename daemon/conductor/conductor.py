@@ -33,15 +33,20 @@ from slipstream.client.counters import (
 )
 from slipstream.client.errors import ChannelError, InvalidArgumentError
 from slipstream.client.logbuffer import check_mtu, check_term_length
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.ipc_publication import IpcPublication, PublicationState
-from slipstream.daemon.network_conductor import (
+from slipstream.daemon.conductor.ipc import IpcPublication, IpcPublicationState
+from slipstream.daemon.conductor.network import (
     NetworkConductor,
     NetworkSubscription,
     NetworkTransports,
     check_same_log,
 )
-from slipstream.daemon.resources import LogBudget, ResourceError, log_start, no_room_for_log
+from slipstream.daemon.conductor.resources import (
+    LogBudget,
+    ResourceError,
+    log_start,
+    no_room_for_log,
+)
+from slipstream.daemon.config import DriverSettings
 
 log = logging.getLogger("slipstream.driver")
 
@@ -253,7 +258,7 @@ class DriverConductor:
                                                     now_ns)
         publication = self._ipc_by_stream.get(stream_id)
         out: Outgoing = []
-        if publication is not None and publication.state is PublicationState.ACTIVE:
+        if publication is not None and publication.state is IpcPublicationState.ACTIVE:
             check_same_log(channel, publication.log, publication.session_id, stream_id)
         else:
             publication = self._create_ipc_publication(channel, stream_id, now_ns)
@@ -355,7 +360,7 @@ class DriverConductor:
                 self.network.release_publication(publication_id, now_ns)
             return
         publication.publisher_refs -= 1
-        if publication.publisher_refs <= 0 and publication.state is PublicationState.ACTIVE:
+        if publication.publisher_refs <= 0 and publication.state is IpcPublicationState.ACTIVE:
             publication.start_draining(now_ns)
             if self._ipc_by_stream.get(publication.stream_id) is publication:
                 del self._ipc_by_stream[publication.stream_id]
@@ -535,7 +540,7 @@ class DriverConductor:
                 return False
             self.drain_phase = DrainPhase.ENDING
             for publication in self.ipc_publications.values():
-                if publication.state is PublicationState.ACTIVE:
+                if publication.state is IpcPublicationState.ACTIVE:
                     publication.start_draining(now_ns)
             if self.network is not None:
                 self.network.end_streams()

@@ -35,13 +35,13 @@ from typing import Final
 from slipstream.client.channel import Channel
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import ChannelError
-from slipstream.daemon import names
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
+from slipstream.daemon.agents.receiver import ReceiveChannel
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.network_publication import NetworkPublication, SendChannel
-from slipstream.daemon.protocol_types import Address, Datagram, address_of, sockaddr
-from slipstream.daemon.receiver import ReceiveChannel
+from slipstream.daemon.media import names
+from slipstream.daemon.protocol.types import Address, Datagram, address_of, sockaddr
+from slipstream.daemon.streams.publication import NetworkPublication, SendChannel
 
 log = logging.getLogger("slipstream.driver")
 
@@ -69,7 +69,7 @@ _warned_buffers: set[tuple[str, int, int]] = set()
 
 
 class UdpTransports:
-    """The driver's :class:`~slipstream.daemon.network_conductor.NetworkTransports`."""
+    """The driver's :class:`~slipstream.daemon.conductor.network.NetworkTransports`."""
 
     def __init__(self, settings: DriverSettings, counters: CountersFile) -> None:
         self.settings = settings
@@ -82,8 +82,9 @@ class UdpTransports:
         return UdpReceiveTransport(self.settings, self.counters, channel, bind)
 
 
-class _ControlReceiver:
-    """recvmmsg buffers and a C receiver table for one socket (``ss_receiver_t`` fields)."""
+class _BatchReceiver:
+    """recvmmsg buffers and a C receiver table for one socket (``ss_receiver_t`` fields): what a
+    receive endpoint (data and control) and a send endpoint (control) take in batches."""
 
     def __init__(self, receiver, batch: int, buffer_length: int) -> None:  # receiver: cdata
         self.batch = batch
@@ -143,7 +144,7 @@ def _family(host: str) -> socket.AddressFamily:
 
 def _interface_address(channel: Channel) -> str | None:
     """The ``interface=`` host as an IP literal, or None (a name was resolved as the channel
-    was added: :mod:`slipstream.daemon.names`)."""
+    was added: :mod:`slipstream.daemon.media.names`)."""
     if channel.interface is None:
         return None
     return names.lookup(channel, "interface", channel.interface.host)
@@ -259,11 +260,7 @@ class UdpSendTransport(_UdpTransport):
         self.gso = int(settings.socket_gso)
         self._gso_refused: weakref.WeakSet[NetworkPublication] = weakref.WeakSet()
         self._spans = network_ffi.new("ss_span_t[]", self.batch + network.SS_RETRANSMIT_MAX)
-        self._control: _ControlReceiver | None = None
-
-    @property
-    def local_address(self) -> Address:
-        return self.sock.getsockname()[:2]
+        self._control: _BatchReceiver | None = None
 
     def attach(self, publication: NetworkPublication) -> None:
         c = publication.c
@@ -315,7 +312,7 @@ class UdpSendTransport(_UdpTransport):
         publications); SMs, RTTMs, ERRs and the NAKs C leaves (a retransmit delay, malformed,
         an unknown session) go to ``channel.on_control``."""
         if self._control is None:  # the buffers live in the channel's C dispatch struct
-            self._control = _ControlReceiver(channel.c, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
+            self._control = _BatchReceiver(channel.c, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
         return self._control.receive(channel.c, self.fd, now_ns, channel.on_control)
 
 
@@ -338,13 +335,13 @@ class UdpReceiveTransport(_UdpTransport):
             sock.close()
             raise
         super().__init__(sock, counters)
-        self._receive: _ControlReceiver | None = None
+        self._receive: _BatchReceiver | None = None
         self._loss_threshold = settings.debug_receive_data_loss * (1 << 32) // 1_000_000
         self._loss_seed = settings.debug_receive_data_loss_seed
 
     def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
         if self._receive is None:  # the buffers live in the channel's C receiver struct
-            self._receive = _ControlReceiver(channel.c, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
+            self._receive = _BatchReceiver(channel.c, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
             channel.c.loss_threshold = min(self._loss_threshold, (1 << 32) - 1)
             channel.c.loss_state = self._loss_seed
         return self._receive.receive(channel.c, self.fd, now_ns, channel.on_control)

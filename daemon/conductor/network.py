@@ -1,9 +1,9 @@
 """The conductor's network half: UDP publications, subscriptions, images and endpoints.
 
-The :class:`~slipstream.daemon.conductor.DriverConductor` hands every ``aeron:udp`` command
-here.  This object creates what the network agents need (logs, position counters, the sans-I/O
-:class:`NetworkPublication` and :class:`PublicationImage` objects, endpoint transports) on the
-conductor's thread and hands them to the :class:`Sender` and :class:`Receiver` agents with
+The :class:`~slipstream.daemon.conductor.conductor.DriverConductor` hands every ``aeron:udp``
+command here.  This object creates what the network agents need (logs, position counters, the
+sans-I/O :class:`NetworkPublication` and :class:`PublicationImage` objects, endpoint transports)
+on the conductor's thread and hands them to the :class:`Sender` and :class:`Receiver` agents with
 commands; the agents answer with events (a SETUP asks for an image, an image or publication is
 done, an endpoint was removed).  A resource is freed only on the event that says the agent no
 longer uses it, so the network thread never touches an unmapped log.  As in Aeron
@@ -11,10 +11,10 @@ longer uses it, so the network thread never touches an unmapped log.  As in Aero
 these queues, and position counters.
 
 Names in a channel become IP literals here, once, when the channel is added (:func:`_resolved`;
-the driver shell resolved them in a thread first, :mod:`slipstream.daemon.names`); the protocol
-core only ever sees IP literals.  Sockets are opened by the injected :class:`NetworkTransports`
-(real UDP sockets in the driver, a virtual network in the simulator), so this module does no
-I/O of its own beyond creating log files.
+the driver shell resolved them in a thread first, :mod:`slipstream.daemon.media.names`); the
+protocol core only ever sees IP literals.  Sockets are opened by the injected
+:class:`NetworkTransports` (real UDP sockets in the driver, a virtual network in the
+simulator), so this module does no I/O of its own beyond creating log files.
 
 Units: times in ns, sizes in bytes.
 """
@@ -41,19 +41,7 @@ from slipstream.client.counters import (
 )
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, term_count
-from slipstream.daemon import names
-from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow_control import flow_control_for, has_group_semantics
-from slipstream.daemon.loss_report import FILE as LOSS_REPORT_FILE
-from slipstream.daemon.loss_report import LossReport
-from slipstream.daemon.network_publication import (
-    NetworkPublication,
-    SendChannel,
-    SenderPositions,
-)
-from slipstream.daemon.protocol_types import Address
-from slipstream.daemon.publication_image import ImagePositions, PublicationImage
-from slipstream.daemon.receiver import (
+from slipstream.daemon.agents.receiver import (
     ImageDone,
     ImageRequested,
     ImageUnavailable,
@@ -62,14 +50,26 @@ from slipstream.daemon.receiver import (
     Receiver,
     ReceiveTransport,
 )
-from slipstream.daemon.resources import (
+from slipstream.daemon.agents.sender import PublicationDone, SendEndpoint, Sender, SendTransport
+from slipstream.daemon.conductor.resources import (
     LogBudget,
     ResourceError,
     create_log,
     discard_log,
     log_start,
 )
-from slipstream.daemon.sender import PublicationDone, SendEndpoint, Sender, SendTransport
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow.flow_control import flow_control_for, has_group_semantics
+from slipstream.daemon.media import names
+from slipstream.daemon.protocol.types import Address
+from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
+from slipstream.daemon.reports.loss_report import LossReport
+from slipstream.daemon.streams.image import ImagePositions, PublicationImage
+from slipstream.daemon.streams.publication import (
+    NetworkPublication,
+    SendChannel,
+    SenderPositions,
+)
 
 log = logging.getLogger("slipstream.driver")
 
@@ -698,7 +698,7 @@ class NetworkConductor:
 
 def _resolved(channel: Channel) -> Channel:
     """The channel with the names in its endpoint and interface replaced by IP literals, as
-    the channel is added (:mod:`slipstream.daemon.names`: the shell resolved them off the
+    the channel is added (:mod:`slipstream.daemon.media.names`: the shell resolved them off the
     loop): nothing downstream resolves again, inside the duty cycle."""
     for part, host in names.names_of(channel):
         address = names.lookup(channel, part, host)

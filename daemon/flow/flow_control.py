@@ -25,7 +25,7 @@ from slipstream.client.channel import Channel
 from slipstream.client.frames import ErrorFrame, StatusMessage
 from slipstream.client.logbuffer import compute_position
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.protocol_types import NO_DEADLINE, Address
+from slipstream.daemon.protocol.types import NO_DEADLINE, Address
 
 # Resend at most receiver_window * multiple per NAK (aeron_flow_control.h
 # AERON_{UNICAST,MAX,MIN}_FLOW_CONTROL_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE).
@@ -255,7 +255,7 @@ def flow_control_for(channel: Channel, settings: DriverSettings) -> FlowControl:
         return MaxMulticastFlowControl()
     if name == "min":
         return MinMulticastFlowControl(receiver_timeout_ns=timeout, group_min_size=min_size)
-    if name in ("tagged", "preferred"):
+    if name == "tagged":
         tag = (spec.group_tag if spec is not None and spec.group_tag is not None
                else settings.flow_control_group_tag)
         return TaggedMulticastFlowControl(group_tag=tag, receiver_timeout_ns=timeout,
