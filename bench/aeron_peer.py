@@ -603,7 +603,9 @@ class AeronDriver:
 
     A context manager: entering starts it and waits until it is ready (see the module
     docstring), leaving stops it (SIGTERM, SIGKILL after ``stop_timeout``) and removes the
-    directory if it named it (a ``directory`` the caller gives is the caller's).  Loss rates
+    directory if it named it (a ``directory`` the caller gives is the caller's, but Aeron's
+    driver itself recreates an existing directory that no driver is using: give it one that
+    is only for Aeron).  Loss rates
     are fractions (0.05 = 5 %) of frames dropped by the debug channel endpoints;
     ``multicast_flow_control`` picks the driver's multicast flow-control strategy, ``cubic``
     its congestion control; ``fast_timeouts`` applies ``FAST_TIMEOUTS``; ``properties`` adds

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -84,67 +85,119 @@ class DriverDirectory:
     def acquire(self) -> None:
         """Create (mode 0700) or adopt and lock the directory; clean what a dead driver left
         behind.  Raises :class:`DriverAlreadyRunningError` if a live driver holds it and
-        :class:`DriverDirectoryError` if it holds anything that is not a driver's."""
+        :class:`DriverDirectoryError` if it holds anything that is not a driver's, or another
+        user could change it."""
         try:
             self.path.mkdir(mode=0o700, parents=True)
             created = True
         except FileExistsError:
             created = False
-        if not self.path.is_dir():
+        self._check_owner(created)
+        for _ in range(_LOCK_ATTEMPTS):
+            fd = self._open_lock(created)
+            if fd is not None:
+                break
+        else:
+            raise DriverDirectoryError(
+                f"{self.path}: its {control.LOCK_FILE} kept changing while this driver took it; "
+                f"is another driver starting and stopping there?")
+        self._lock_fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _lock_text(self._created, os.getpid()).encode(), 0)
+            if self._created:
+                os.chmod(self.path, 0o700)
+            # A stale driver's files: it died without cleaning up.  Its error log is kept
+            # for the operator (slipstream stat shows it).
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.path / ERROR_LOG_FILE, self.path / PREVIOUS_ERROR_LOG_FILE)
+            self._remove_own_entries(keep=(PREVIOUS_ERROR_LOG_FILE,))
+            for folder in LOG_FOLDERS:
+                (self.path / folder).mkdir(mode=0o700, exist_ok=True)
+        except BaseException:
+            self.release()
+            raise
+
+    def _check_owner(self, created: bool) -> None:
+        """The directory is one this user owns and nobody else may write to: another user who
+        made ``/dev/shm/slipstream-<user>`` first could otherwise swap the driver's files."""
+        try:
+            info = os.stat(self.path)
+        except OSError as e:
+            raise DriverDirectoryError(f"{self.path}: {e.strerror}") from None
+        if not stat.S_ISDIR(info.st_mode):
             raise DriverDirectoryError(
                 f"{self.path} is not a directory: give the driver a directory with --dir")
+        if created:
+            return
+        if info.st_uid != os.geteuid():
+            raise DriverDirectoryError(
+                f"{self.path} belongs to uid {info.st_uid}, not to this user ({os.geteuid()}): "
+                f"the driver takes only a directory of its own user; give it another with --dir")
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise DriverDirectoryError(
+                f"{self.path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}): "
+                f"they could change the driver's files; make it 0700 or give the driver another "
+                f"directory with --dir")
+
+    def _open_lock(self, created: bool) -> int | None:
+        """Open and lock ``driver.lock`` (made here if the directory is empty), set
+        :attr:`_created`; None if the lock file changed meanwhile (try again)."""
         lock_path = self.path / control.LOCK_FILE
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            try:
-                fd = os.open(lock_path, flags)
-                fresh = False
-            except FileNotFoundError:
-                if any(self.path.iterdir()):
-                    raise DriverDirectoryError(
-                        f"{self.path} is not empty and is not a slipstream driver directory (it "
-                        f"has no {control.LOCK_FILE}): the driver takes only an absent or empty "
-                        f"directory, or one a driver made, and never removes what it did not "
-                        f"make; give it another directory with --dir") from None
-                # O_EXCL: of two drivers starting at once, the second finds the first's lock.
-                fd = os.open(lock_path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-                fresh = True
-        except OSError as e:  # a link, no permission, or a race lost: nothing of ours
+            fd = os.open(lock_path, _LOCK_FLAGS)
+        except FileNotFoundError:
+            if any(not _is_lock_in_making(entry.name) for entry in self.path.iterdir()):
+                if os.path.lexists(lock_path):
+                    return None  # another driver named its lock meanwhile: look again
+                raise DriverDirectoryError(
+                    f"{self.path} is not empty and is not a slipstream driver directory (it "
+                    f"has no {control.LOCK_FILE}): the driver takes only an absent or empty "
+                    f"directory, or one a driver made, and never removes what it did not "
+                    f"make; give it another directory with --dir") from None
+            return self._make_lock(created)
+        except OSError as e:  # a link, or no permission: nothing of ours
             raise DriverDirectoryError(
                 f"{self.path}: cannot open its {control.LOCK_FILE} ({e.strerror}); give the "
                 f"driver another directory with --dir") from None
         try:
-            self._created = self._lock(fd, fresh=fresh, created=created)
+            _flock(fd, self.path)
+            if not _same_file(fd, lock_path):  # unlinked by a driver that stopped meanwhile
+                os.close(fd)
+                return None
+            self._created = self._check_lock(fd)
         except BaseException:
             os.close(fd)
             raise
-        self._lock_fd = fd
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, _lock_text(self._created, os.getpid()).encode(), 0)
-        if created:
-            os.chmod(self.path, 0o700)
-        # A stale driver's files: it died without cleaning up.  Its error log is kept for
-        # the operator (slipstream stat shows it).
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(self.path / ERROR_LOG_FILE, self.path / PREVIOUS_ERROR_LOG_FILE)
-        self._remove_own_entries(keep=(PREVIOUS_ERROR_LOG_FILE,))
-        for folder in LOG_FOLDERS:
-            (self.path / folder).mkdir(mode=0o700, exist_ok=True)
+        return fd
 
-    def _lock(self, fd: int, *, fresh: bool, created: bool) -> bool:
-        """Lock ``driver.lock`` and, unless this driver just made it, check that a driver
-        wrote it; returns whether a driver created the directory."""
+    def _make_lock(self, created: bool) -> int | None:
+        """A new ``driver.lock``, whole and locked before it has its name: written and locked
+        as ``driver.lock.<pid>.<thread>``, then linked, so no driver ever finds it empty or
+        unlocked.  None if another driver linked its own first."""
+        lock_path = self.path / control.LOCK_FILE
+        making = self.path / f"{control.LOCK_FILE}.{os.getpid()}.{threading.get_ident()}"
+        fd = os.open(making, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            pid = _read_lock(fd)[1] or "?"
-            raise DriverAlreadyRunningError(
-                f"a slipstream driver (pid {pid}) is already running in {self.path}; stop it "
-                f"first or give this one another directory with --dir") from None
-        if fresh:
-            return created
+            os.pwrite(fd, _lock_text(created, os.getpid()).encode(), 0)
+            try:
+                os.link(making, lock_path)
+            except (FileExistsError, FileNotFoundError):  # another driver's lock came first
+                os.close(fd)
+                return None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
+        finally:
+            making.unlink(missing_ok=True)
+        self._created = created
+        return fd
+
+    def _check_lock(self, fd: int) -> bool:
+        """Whether a driver wrote the locked ``driver.lock`` (else DriverDirectoryError);
+        returns whether a driver created the directory."""
         marker, _, was_created = _read_lock(fd)
         if marker:
             return was_created
@@ -157,9 +210,12 @@ class DriverDirectory:
 
     def _remove_own_entries(self, *, keep: tuple[str, ...] = ()) -> None:
         """Remove the driver's files by name; unknown entries stay where they are."""
-        for name in DRIVER_FILES:
+        for name in DRIVER_FILES + LEGACY_FILES:
             if name not in keep and name != control.LOCK_FILE:
                 _remove_file(self.path / name)
+        for entry in self.path.iterdir():
+            if _is_lock_in_making(entry.name):  # a start that died before naming its lock
+                _remove_file(entry)
         for folder in LOG_FOLDERS:
             path = self.path / folder
             if path.is_symlink() or not path.is_dir():
@@ -187,13 +243,50 @@ class DriverDirectory:
 
 #: The first line of a driver's lock file: what marks a directory as a driver's.
 DIRECTORY_MARKER = "slipstream driver directory"
-#: Every file a driver makes at the top of its directory (the lock file last).
+#: Every file a driver makes at the top of its directory.
 DRIVER_FILES = (control.CONDUCTOR_SOCKET, control.COUNTERS_FILE, control.SENDER_DOORBELL,
                 control.RECEIVER_DOORBELL, ERROR_LOG_FILE, ERROR_LOG_TEMPORARY_FILE,
                 PREVIOUS_ERROR_LOG_FILE, LOSS_REPORT_FILE, control.LOCK_FILE)
+#: What a driver of an earlier release also made there (its error log's temporary name).
+LEGACY_FILES = ("errors.tmp",)
 #: The folders of the driver's log buffers: only ``<registration id>.logbuffer`` files.
 LOG_FOLDERS = (control.PUBLICATIONS_DIR, control.IMAGES_DIR)
 _LOG_NAME = re.compile(r"-?[0-9]+\.logbuffer")
+
+
+_LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+_LOCK_ATTEMPTS = 10
+_LOCK_IN_MAKING = re.compile(re.escape(control.LOCK_FILE) + r"\.[0-9]+\.[0-9]+")
+
+
+def _flock(fd: int, path: Path) -> None:
+    """Take the driver lock, or DriverAlreadyRunningError naming the holder."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        marker, pid, _ = _read_lock(fd)
+        if not marker and _is_legacy_lock(fd):
+            pid = os.pread(fd, 64, 0).decode("ascii").strip()
+        raise DriverAlreadyRunningError(
+            f"a slipstream driver (pid {pid or '?'}) is already running in {path}; stop it "
+            f"first or give this one another directory with --dir") from None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+
+
+def _is_lock_in_making(name: str) -> bool:
+    """``driver.lock.<pid>.<thread>``: a lock file a starting driver writes before it names
+    it."""
+    return _LOCK_IN_MAKING.fullmatch(name) is not None
 
 
 def _lock_text(created: bool, pid: int) -> str:
@@ -210,8 +303,9 @@ def _read_lock(fd: int) -> tuple[bool, str, bool]:
 
 
 def _is_legacy_lock(fd: int) -> bool:
+    """A lock file as an earlier release wrote it: a pid alone (or nothing yet)."""
     text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-    return text.isdigit()
+    return text == "" or text.isdigit()
 
 
 def _is_log_name(name: str) -> bool:
@@ -219,7 +313,7 @@ def _is_log_name(name: str) -> bool:
 
 
 def _is_driver_entry(entry: Path) -> bool:
-    if entry.name in DRIVER_FILES:
+    if entry.name in DRIVER_FILES or entry.name in LEGACY_FILES or _is_lock_in_making(entry.name):
         return True
     if entry.name in LOG_FOLDERS and entry.is_dir() and not entry.is_symlink():
         return all(_is_log_name(log_file.name) for log_file in entry.iterdir())
@@ -250,6 +344,12 @@ class _DriverShell:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self.directory.acquire()
+        try:
+            await self._serve(task_status)
+        finally:
+            self.directory.release()  # once more if the start failed; it is idempotent
+
+    async def _serve(self, task_status: Any) -> None:
         context = zmq.Context()
         sock = context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -454,10 +554,10 @@ class _DriverShell:
             self.watchdog.on_duty_cycle(now_ns)
         if self.notifier.enabled and now_ns >= self._next_status_ns:
             self._next_status_ns = now_ns + 1_000_000_000
+            self.notifier.retry()
             status = self.conductor.status_line()
-            if status != self._status:
+            if status != self._status and self.notifier.notify(f"STATUS={status}"):
                 self._status = status
-                self.notifier.notify(f"STATUS={status}")
         if self.notifier.dropped:
             self.counters.set(SystemCounter.NOTIFY_DROPS, self.notifier.dropped)
 

@@ -594,8 +594,9 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
     int valid = term_offset >= 0 && (term_offset & (SS_FRAME_ALIGNMENT - 1)) == 0 &&
                 (int64_t)term_offset + length <= term_length;
     int32_t padding = 0;
-    if (valid && type == SS_HDR_TYPE_DATA && frame_length == 0) {
-        valid = length == SS_HEADER_LENGTH; /* a heartbeat */
+    const int heartbeat = type == SS_HDR_TYPE_DATA && frame_length == 0;
+    if (valid && heartbeat) {
+        valid = length == SS_HEADER_LENGTH;
     } else if (valid) {
         valid = valid_data_frames(data, length, term_offset, term_length, &padding);
     }
@@ -609,8 +610,7 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
         return SS_RX_CONSUMED;
     }
     count(r->counters.bytes_received, length);
-    insert_packet(r, image, data, length, padding, frame_length == 0 && type == SS_HDR_TYPE_DATA,
-                  flags, term_id, term_offset, now_ns);
+    insert_packet(r, image, data, length, padding, heartbeat, flags, term_id, term_offset, now_ns);
     return SS_RX_CONSUMED;
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -196,6 +197,75 @@ def test_a_driver_directory_nested_in_another_is_never_removed(driver_dir: Path)
     assert not inner_dirs[0].exists() and not inner_dirs[1].exists()
     # The outer directory was left because it was not empty at its stop; a driver created it.
     assert _tree(driver_dir) == {"images": ""}
+
+
+def test_of_two_drivers_starting_at_once_on_a_new_directory_one_runs(driver_dir: Path) -> None:
+    """Both find no lock; the one whose lock gets its name first runs, the other is told a
+    driver runs there (never that the directory is not a driver's), in every round."""
+    for _ in range(50):
+        barrier = threading.Barrier(2)
+        outcomes: list[object] = []
+
+        def start(barrier: threading.Barrier = barrier, outcomes: list[object] = outcomes) -> None:
+            directory = DriverDirectory(driver_dir)
+            barrier.wait()
+            try:
+                directory.acquire()
+                outcomes.append(directory)
+            except DriverError as e:
+                outcomes.append(e)
+
+        threads = [threading.Thread(target=start) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        [winner] = [o for o in outcomes if isinstance(o, DriverDirectory)]
+        [loser] = [o for o in outcomes if not isinstance(o, DriverDirectory)]
+        assert isinstance(loser, DriverAlreadyRunningError), loser
+        winner.release()
+        # Empty: the directory stays only when the driver that made it lost the race.
+        assert list(driver_dir.iterdir()) == [] if driver_dir.exists() else True
+        with contextlib.suppress(FileNotFoundError):
+            driver_dir.rmdir()
+
+
+def test_a_directory_another_user_owns_or_may_write_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # nobody (the suite runs as root, as CI does)
+    with pytest.raises(DriverDirectoryError, match="belongs to uid 65534"):
+        DriverDirectory(theirs).acquire()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(DriverDirectoryError, match="writable by other users"):
+        DriverDirectory(shared).acquire()
+    assert list(theirs.iterdir()) == [] and list(shared.iterdir()) == []
+
+
+def test_a_lock_file_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_text("slipstream driver directory\n")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "driver.lock").symlink_to(target)
+    with pytest.raises(DriverDirectoryError, match=r"cannot open its driver\.lock"):
+        DriverDirectory(tmp_path / "dir").acquire()
+    assert target.read_text() == "slipstream driver directory\n"
+
+
+def test_an_empty_lock_among_a_drivers_files_is_taken(driver_dir: Path) -> None:
+    """A driver of an earlier release killed before it wrote its lock."""
+    driver_dir.mkdir()
+    (driver_dir / "driver.lock").write_text("")
+    (driver_dir / "counters.dat").write_bytes(bytes(64))
+    (driver_dir / "driver.lock.4242.77").write_text("")  # a start that died before naming it
+    directory = DriverDirectory(driver_dir)
+    directory.acquire()
+    assert sorted(p.name for p in driver_dir.iterdir()) == ["driver.lock", "images",
+                                                          "publications"]
+    directory.release()
+    assert not driver_dir.exists()
 
 
 def test_no_driver_is_a_clear_error_naming_the_directory(driver_dir: Path) -> None:

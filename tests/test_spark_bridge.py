@@ -189,7 +189,7 @@ def test_writer_under_back_pressure_fails_after_offer_timeout(spark) -> None:
 def test_stream_read_then_streaming_write_end_to_end(spark, checkpoint: str) -> None:
     """Messages published by a client are read by a streaming query (columns as documented)
     and written by its streaming sink to another stream, where a client reads them all
-    (640 KB each way through 32 KiB windows: 20 windows, 10 term rotations)."""
+    (640 KB each way through 32 KiB windows: 19 windows, 9 term rotations)."""
     with running_driver("64k") as (directory, client):
         publication = client.add_publication("aeron:ipc", 2001)
         output = Drainer(client.add_subscription("aeron:ipc", 2002))
@@ -215,12 +215,15 @@ def test_stream_read_then_streaming_write_end_to_end(spark, checkpoint: str) -> 
 
 def test_exactly_once_across_a_restart_from_checkpoint(spark, checkpoint: str) -> None:
     """Stop the query, publish while it is down (another consumer keeps the stream going),
-    restart from the checkpoint: every message exactly once, in order.  64 KiB terms: each
-    third of the stream is two windows and a term; the query's credit is needed throughout
-    (an IPC publisher waits for its slowest subscriber)."""
+    restart from the checkpoint: every message exactly once, in order.  64 KiB terms: before
+    and after the restart more than a term and two windows each, the query's credit needed
+    throughout (an IPC publisher waits for its slowest subscriber).  While it is down, less
+    than half a term: the log holds a term behind the bystander, and the restart replays up to
+    a window (32 KiB) before where the query stopped if its last batch was not committed."""
     with running_driver("64k") as (directory, client):
         publication = client.add_publication("aeron:ipc", 3001)
-        sent = [f"e{i}".encode() for i in range(3_000)]
+        sent = [f"e{i}".encode() for i in range(3_000)]  # 64 B frames
+        first, down = 1_200, 400
         collector = Collector()
 
         def publish(messages: list[bytes]) -> None:
@@ -237,16 +240,16 @@ def test_exactly_once_across_a_restart_from_checkpoint(spark, checkpoint: str) -
         try:
             wait_connected(publication)  # the query's subscription
             bystander = client.add_subscription("aeron:ipc", 3001)  # another consumer
-            publish(sent[:1_000])
-            collector.wait_for(1_000)
+            publish(sent[:first])
+            collector.wait_for(first)
         finally:
             query.stop()
-        publish(sent[1_000:2_000])  # the query is down
+        publish(sent[first:first + down])  # the query is down
         query = read_query(spark, directory, 3001, collector, checkpoint)
         try:
-            collector.wait_for(2_000)
-            publish(sent[2_000:])
-            collector.wait_for(3_000)
+            collector.wait_for(first + down)
+            publish(sent[first + down:])
+            collector.wait_for(len(sent))
         finally:
             query.stop()
         rows = collector.rows()
@@ -377,9 +380,9 @@ def test_a_query_reads_a_stream_published_on_another_host_exactly_once_across_a_
         spark, hosts, checkpoint: str) -> None:
     """A publisher on host 2 sends over UDP (3 % of datagrams dropped on host 1, repaired by
     NAKs) to host 1, where a streaming query reads it: 50 windows, then a restart from the
-    checkpoint while the stream goes on, then 50 windows more.  Only while the query is down
-    does a bystander subscriber hold the image (a UDP image goes with its last subscriber).
-    Every message exactly once, in order."""
+    checkpoint while the stream goes on, then 50 windows more (13.6 MB in 1 MiB terms).  Only
+    while the query is down does a bystander subscriber hold the image (a UDP image goes with
+    its last subscriber).  Every message exactly once, in order."""
     spark_host = hosts.start_driver(1, **HOST_SETTINGS)
     publisher_host = hosts.start_driver(2, **HOST_SETTINGS)
     hosts.drop(1, port=HOST_PORT, probability=0.03)
@@ -417,7 +420,6 @@ def test_a_query_reads_a_stream_published_on_another_host_exactly_once_across_a_
     assert collector.values() == sent
     assert len({row.position for row in rows}) == len(rows)
     assert {row.session_id for row in rows} == {publication.session_id}
-    assert rows[-1].position >= (2 * WINDOWS + 4) * WINDOW  # over 100 windows, 13 terms
     assert counters_of(spark_host)["NAK_MESSAGES_SENT"] > 0  # the loss was real and repaired
 
 
@@ -435,7 +437,7 @@ def test_a_pipeline_reads_from_one_host_and_writes_to_another_over_udp(
     sent = host_messages("p", 0, WINDOW // FRAME * WINDOWS)
     with Client.connect(other_host.directory) as remote:
         publication = remote.add_publication(f"{inbound}|term-length=1m", 6002)
-        output = Drainer(remote.add_subscription(f"{outbound}", 6003))
+        output = Drainer(remote.add_subscription(outbound, 6003))
         query = (spark.readStream.format("slipstream")
                  .option("directory", str(spark_host.directory)).option("channel", inbound)
                  .option("streamId", "6002").load()

@@ -232,6 +232,13 @@ def test_a_notify_socket_nobody_reads_never_blocks_the_driver(
                 subscription.receive(lambda data, _h: got.append(bytes(data)), timeout=5)
                 assert got == [b"served"]
             assert counters_of(driver)["NOTIFY_DROPS"] >= 20  # READY, STATUS and pings
+            # systemd catches up: READY=1, refused at the start, is sent again until taken.
+            reader.settimeout(0.1)
+            deadline, states = time.monotonic() + 5, []
+            while b"READY=1" not in states and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    states.append(reader.recv(4096))
+            assert b"READY=1" in states
             driver.process.send_signal(signal.SIGINT)
             assert driver.process.wait(10) == 0
     finally:

@@ -31,13 +31,19 @@ class Notifier:
 
     A send never waits: systemd busy (or any reader that falls behind) fills the socket, and a
     duty cycle blocked on it would stop the driver's heartbeats and its signal handling.  What
-    the socket does not take is dropped and counted in :attr:`dropped`; the first drop is
-    logged."""
+    the socket does not take is counted in :attr:`dropped` (the first drop is logged); the
+    states systemd acts on (``READY=1``, ``STOPPING=1``) are kept and sent again by
+    :meth:`retry` until the socket takes them, the others are dropped."""
+
+    #: States systemd must get, sent again until it does (without READY=1 it kills the
+    #: service at TimeoutStartSec).
+    KEPT = ("READY=1", "STOPPING=1")
 
     def __init__(self, environ: dict[str, str] | None = None) -> None:
-        address = (environ if environ is not None else os.environ).get(NOTIFY_SOCKET, "")
-        self._address = "\0" + address[1:] if address.startswith("@") else address
+        self._name = (environ if environ is not None else os.environ).get(NOTIFY_SOCKET, "")
+        self._address = "\0" + self._name[1:] if self._name.startswith("@") else self._name
         self._socket: socket.socket | None = None
+        self._kept: list[str] = []
         #: States the socket refused (full, gone, or not a socket), since the start.
         self.dropped = 0
         if self._address:
@@ -48,20 +54,34 @@ class Notifier:
     def enabled(self) -> bool:
         return self._socket is not None
 
-    def notify(self, state: str) -> None:
-        """Send ``state`` (``READY=1``, ``STATUS=...``, ...) without waiting.  systemd gone or
-        the socket full is not the driver's failure: the state is dropped and counted."""
+    def notify(self, state: str) -> bool:
+        """Send ``state`` (``READY=1``, ``STATUS=...``, ...) without waiting; whether the
+        socket took it.  systemd gone or the socket full is not the driver's failure."""
+        if self._send(state):
+            return True
+        if state in self.KEPT and state not in self._kept:
+            self._kept.append(state)
+        return False
+
+    def retry(self) -> None:
+        """Send the kept states again, in order, while the socket takes them."""
+        while self._kept and self._send(self._kept[0]):
+            self._kept.pop(0)
+
+    def _send(self, state: str) -> bool:
         if self._socket is None:
-            return
+            return False
         try:
             self._socket.sendto(state.encode(), socket.MSG_DONTWAIT, self._address)
         except OSError as e:
             self.dropped += 1
             if self.dropped == 1:
-                log.warning("the notify socket %s did not take %r (%s): the driver drops what "
-                            "it does not take and goes on (counted as 'notify drops')",
-                            os.environ.get(NOTIFY_SOCKET, self._address), state,
-                            e.strerror or e)
+                log.warning("the notify socket %s did not take %r (%s): the driver goes on "
+                            "without waiting, sends READY and STOPPING again until taken and "
+                            "drops the rest (counted as 'notify drops')",
+                            self._name, state, e.strerror or e)
+            return False
+        return True
 
     def close(self) -> None:
         if self._socket is not None:
