@@ -402,13 +402,15 @@ class _DriverShell:
             for thread in threads:
                 thread.start()
             sock.bind(control.conductor_endpoint(self.directory.path))
-            counters.beat(time.time_ns())
             watcher = threading.Thread(target=self._watch_futex, args=(token,),
                                        name="slipstream-driver-futex", daemon=True)
             watcher.start()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._watch_signals, nursery.cancel_scope)
+                # Signals first: the duty cycle's first heartbeat is what tells a launcher
+                # (MediaDriver.start) that the driver is up, and a SIGTERM from then on must
+                # drain it, not kill it with Python's default action.
+                await nursery.start(self._watch_signals, nursery.cancel_scope)
                 nursery.start_soon(self._command_loop)
                 nursery.start_soon(self._duty_cycle)
                 log.info("slipstream driver %d running in %s", os.getpid(), self.directory.path)
@@ -455,12 +457,14 @@ class _DriverShell:
     def _set_wake(self) -> None:
         self._wake.set()
 
-    async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
+    async def _watch_signals(self, cancel_scope: trio.CancelScope, *,
+                             task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The first SIGTERM/SIGINT drains (``drain_timeout``; 0: stops at once), the second
         stops at once."""
         self._cancel_scope = cancel_scope
         timeout_ns = self.settings.drain_timeout
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
             async for signum in signals:
                 name = signal.Signals(signum).name
                 if self._drain_deadline_ns is not None or timeout_ns == 0:

@@ -65,6 +65,37 @@ def test_sigterm_stops_the_driver_and_removes_its_files(driver_dir: Path) -> Non
     assert not driver_dir.exists()
 
 
+def test_a_driver_stopped_as_soon_as_it_is_up_drains_and_exits_cleanly(driver_dir: Path) -> None:
+    """Up (its first heartbeat, what MediaDriver.start waits for) means its signals are
+    handled: a SIGTERM sent the moment the heartbeat shows drains and exits 0, never Python's
+    default death by the signal."""
+    for _ in range(5):
+        process = subprocess.Popen([*SLIPSTREAM, "driver", "--dir", str(driver_dir)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while not _heartbeat_shows(driver_dir / "counters.dat", process.pid):
+                assert time.monotonic() < deadline and process.poll() is None
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(20) == 0
+        finally:
+            process.kill()
+            process.wait()
+        assert not driver_dir.exists()
+
+
+def _heartbeat_shows(path: Path, pid: int) -> bool:
+    try:
+        counters = CountersFile(path, writable=False)
+    except (OSError, ValueError):
+        return False
+    try:
+        return counters.driver_pid == pid and counters.driver_heartbeat_ns > 0
+    finally:
+        counters.close()
+
+
 def test_sigint_stops_the_driver_too(driver_dir: Path) -> None:
     with MediaDriver.launch(directory=driver_dir) as driver:
         driver.process.send_signal(signal.SIGINT)
