@@ -262,9 +262,13 @@ def test_of_two_drivers_starting_at_once_on_a_new_directory_one_runs(driver_dir:
 
 
 def test_a_directory_another_user_owns_or_may_write_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:  # making a directory another user owns takes root
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs the suite as root: this test needs it")
+        pytest.skip("needs root to give a directory to another user")
     theirs = tmp_path / "theirs"
     theirs.mkdir()
-    os.chown(theirs, 65534, 65534)  # nobody (the suite runs as root, as CI does)
+    os.chown(theirs, 65534, 65534)  # nobody
     with pytest.raises(DriverDirectoryError, match="belongs to uid 65534"):
         DriverDirectory(theirs).acquire()
     shared = tmp_path / "shared"
