@@ -1,4 +1,4 @@
-"""Chaos on one host (slipstream.sim.chaos): publishers, subscribers and the driver killed with
+"""Chaos on one host (slipstream.sim.real.chaos): publishers, subscribers and the driver killed with
 SIGKILL at random points of a long run and replaced; checks every session message by message
 and looks for leaks afterwards.
 
@@ -18,7 +18,7 @@ from bench.ipc_throughput import machine
 
 
 def main() -> int:
-    from slipstream.sim.chaos import run_chaos
+    from slipstream.sim.real.chaos import run_chaos
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -4,7 +4,7 @@
 
 Datagrams: two drivers on loopback carry a multicast stream (``fc=min``), checked message by
 message, while another process sends ``--datagrams`` hostile datagrams for that very session
-and stream (``slipstream.sim.fuzz.DatagramFuzzer``), alternately to the data group (the
+and stream (``slipstream.sim.real.fuzz.DatagramFuzzer``), alternately to the data group (the
 receiving driver) and the control group (the sending driver).  Commands: ``--commands``
 hostile frames (``CommandFuzzer``) on one driver's control socket; every frame that names a
 correlation id must be answered.  Prints what was tried, what the drivers counted, and
@@ -37,7 +37,7 @@ _SEQUENCE = struct.Struct("<Q")
 
 def _send_datagrams(count: int, session_id: int, stream_id: int, targets: list[tuple[str, int]],
                     seed: int, done: multiprocessing.Queue) -> None:
-    from slipstream.sim.fuzz import DatagramFuzzer
+    from slipstream.sim.real.fuzz import DatagramFuzzer
 
     fuzzer = DatagramFuzzer(session_id, stream_id, seed=seed)
     sent = refused = 0
@@ -150,7 +150,7 @@ def run_commands(count: int, seed: int) -> bool:
 
     from slipstream.client import Client, control
     from slipstream.daemon.driver import MediaDriver
-    from slipstream.sim.fuzz import CommandFuzzer
+    from slipstream.sim.real.fuzz import CommandFuzzer
 
     directory = Path("/dev/shm") / f"slipstream-fuzz-{uuid.uuid4().hex[:8]}"
     fuzzer = CommandFuzzer(seed=seed)

@@ -127,7 +127,7 @@ def main() -> int:
         parser.error("--repeat must be at least 1")
 
     from slipstream.client.counters import SystemCounter, read_system_counters
-    from slipstream.sim.hosts import namespace_hosts
+    from slipstream.sim.real.hosts import namespace_hosts
 
     def counter(driver: Any, which: SystemCounter) -> int:
         return read_system_counters(driver.directory)[which]

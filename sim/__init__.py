@@ -20,6 +20,9 @@ Modules:
 * :mod:`~slipstream.sim.report`: the report (``--json``) and the position plot;
 * :mod:`~slipstream.sim.capture`: a decoded packet capture of a run, for timing checks;
 * :mod:`~slipstream.sim.cli`: the ``slipstream sim`` command.
+
+Apart from the virtual network, :mod:`slipstream.sim.real` holds the tools for real machines:
+namespace hosts and the relay (``slipstream sim hosts|relay``), the chaos run and the fuzzers.
 """
 
 from slipstream.sim.network import LinkFaults

@@ -221,7 +221,7 @@ def run_relay(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
-    from slipstream.sim.relay import Relay
+    from slipstream.sim.real.relay import Relay
 
     faults = LinkFaults(loss=args.loss, burst=args.burst_loss, delay_ms=args.delay,
                         jitter_ms=args.jitter, reorder=args.reorder, duplicate=args.duplicate)
@@ -256,7 +256,7 @@ def run_hosts(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from slipstream.sim.hosts import HostsError, NamespaceHosts
+    from slipstream.sim.real.hosts import HostsError, NamespaceHosts
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -50,7 +50,7 @@ def shm() -> Iterator[Path]:
 def hosts(request: pytest.FixtureRequest):  # -> Iterator[NamespaceHosts]
     """Test hosts: network namespaces on a bridge (2, or ``indirect`` parametrised), removed
     afterwards.  Needs root: skips without it, fails under CI=true."""
-    from slipstream.sim import hosts as namespace
+    from slipstream.sim.real import hosts as namespace
 
     problem = namespace.unavailable()
     if problem is not None:

@@ -1,11 +1,11 @@
 """Chaos: publishers, subscribers and the driver killed with SIGKILL at random points and
-replaced (slipstream.sim.chaos; ``bench/chaos.py`` runs it for minutes)."""
+replaced (slipstream.sim.real.chaos; ``bench/chaos.py`` runs it for minutes)."""
 
 from __future__ import annotations
 
 import pytest
 
-from slipstream.sim.chaos import run_chaos
+from slipstream.sim.real.chaos import run_chaos
 
 pytestmark = pytest.mark.timeout(120)
 

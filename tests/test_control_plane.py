@@ -18,7 +18,7 @@ from slipstream.client import Client, InvalidArgumentError, control
 from slipstream.client.counters import CountersFile, SystemCounter, read_system_counters
 from slipstream.daemon.conductor.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
-from slipstream.sim.fuzz import CommandFuzzer
+from slipstream.sim.real.fuzz import CommandFuzzer
 
 
 class RawClient:

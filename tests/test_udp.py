@@ -47,7 +47,7 @@ from slipstream.client import (
 from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.media.udp import UDP_GRO, UDP_SEGMENT
-from slipstream.sim.fuzz import DatagramFuzzer
+from slipstream.sim.real.fuzz import DatagramFuzzer
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A userspace UDP relay that puts the simulator's link faults between real sockets.
 
 This kernel has no netem, so delay, jitter, reordering and duplication on real links come from
-here (loss and rate limits may also come from iptables and tc: :mod:`slipstream.sim.hosts`).
+here (loss and rate limits may also come from iptables and tc: :mod:`slipstream.sim.real.hosts`).
 Each direction of the relay is a :class:`~slipstream.sim.network.Link`: the same fault model,
 and the same counters, as the simulator's virtual links, driven by the real clock.
 

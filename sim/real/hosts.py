@@ -10,7 +10,7 @@ every namespace shares, so clients in any namespace (the test's own, too) connec
 Faults on the links are the kernel's: :meth:`drop` adds ``iptables -m statistic`` rules in a
 host (random loss, or bursts: runs of consecutive datagrams), :meth:`rate_limit` a ``tc tbf``
 qdisc on its veth, :meth:`partition` drops everything between two hosts until healed.  Delay,
-jitter, reordering and duplication need the userspace relay (:mod:`slipstream.sim.relay`);
+jitter, reordering and duplication need the userspace relay (:mod:`slipstream.sim.real.relay`);
 this kernel has no netem.
 
 Everything is removed by :meth:`close` (a context manager), and namespaces of an earlier run
