@@ -35,6 +35,7 @@ from typing import Any
 
 import attrs
 
+from slipstream.client.channel import FLOW_CONTROLS
 from slipstream.client.control import default_driver_directory
 from slipstream.client.errors import ConfigurationError
 from slipstream.client.units import format_duration_ns, format_size, parse_duration_ns, parse_size
@@ -542,12 +543,12 @@ class DriverSettings:
     )
     # ---------------------------------------------------------------- flow control
     unicast_flow_control: str = _choice(
-        "unicast", ("unicast", "max", "min", "tagged"),
+        "unicast", FLOW_CONTROLS,
         "Flow control of unicast publications without fc= in the channel URI.",
         section="Flow control",
     )
     multicast_flow_control: str = _choice(
-        "max", ("max", "min", "tagged"),
+        "max", tuple(name for name in FLOW_CONTROLS if name != "unicast"),
         "Flow control of multicast publications without fc=: max = the fastest receiver sets "
         "the pace, min = the slowest, tagged = the slowest of a tagged group.",
     )

@@ -31,6 +31,7 @@ from slipstream.client.errors import ChannelError
 from slipstream.client.frames import HDR_TYPE_DATA
 from slipstream.client.logbuffer import max_message_length
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.sim.events import EventLoop
 from slipstream.sim.host import PublisherHost, SimHost, SubscriberHost
 from slipstream.sim.network import Address, Network, Partition
@@ -57,7 +58,10 @@ class Simulation:
             channel = parse_channel(scenario.channel_uri(1))
         except ChannelError as e:
             raise ScenarioError(f"channel: {e}") from None
-        term_length = channel.term_length or self.settings.term_buffer_length
+        try:
+            term_length = PublicationParams.for_network(channel, self.settings).term_length
+        except ChannelError as e:
+            raise ScenarioError(f"channel: {e}") from None
         if scenario.size > max_message_length(term_length):
             raise ScenarioError(f"size: {scenario.size} bytes exceeds the maximum message "
                                 f"length {max_message_length(term_length)} of term length "

@@ -8,13 +8,12 @@ from hypothesis import strategies as st
 from slipstream.client.channel import parse_channel
 from slipstream.client.frames import ErrorFrame, StatusMessage
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.flow_control import (
-    MaxMulticastFlowControl,
-    MinMulticastFlowControl,
-    TaggedMulticastFlowControl,
-    UnicastFlowControl,
-    flow_control_for,
-)
+from slipstream.daemon.flow.max_multicast import MaxMulticastFlowControl
+from slipstream.daemon.flow.min_multicast import MinMulticastFlowControl
+from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.flow.tagged_multicast import TaggedMulticastFlowControl
+from slipstream.daemon.flow.unicast import UnicastFlowControl
+from slipstream.daemon.protocol.params import PublicationParams
 
 INITIAL = 5
 BITS = 16  # 64 KiB terms
@@ -91,20 +90,20 @@ def test_tagged_ignores_other_tags() -> None:
     assert set(fc.receivers) == {3}
 
 
+def _strategy(uri: str, settings: DriverSettings):
+    return flow_control_for(PublicationParams.for_network(parse_channel(uri), settings))
+
+
 def test_flow_control_for_chooses_by_uri_and_settings() -> None:
     settings = DriverSettings()
-    assert type(flow_control_for(parse_channel("aeron:udp?endpoint=10.0.0.1:1"), settings)) is (
-        UnicastFlowControl)
-    assert type(flow_control_for(parse_channel("aeron:udp?endpoint=224.0.1.1:1"), settings)) is (
-        MaxMulticastFlowControl)
-    fc = flow_control_for(parse_channel("aeron:udp?endpoint=224.0.1.1:1|fc=min,g:/3,t:2s"),
-                          settings)
+    assert type(_strategy("aeron:udp?endpoint=10.0.0.1:1", settings)) is UnicastFlowControl
+    assert type(_strategy("aeron:udp?endpoint=224.0.1.1:1", settings)) is MaxMulticastFlowControl
+    fc = _strategy("aeron:udp?endpoint=224.0.1.1:1|fc=min,g:/3,t:2s", settings)
     assert isinstance(fc, MinMulticastFlowControl)
     assert (fc.group_min_size, fc.receiver_timeout_ns) == (3, 2 * S)
-    fc = flow_control_for(parse_channel("aeron:udp?endpoint=224.0.1.1:1|fc=tagged,g:99/2"),
-                          settings)
+    fc = _strategy("aeron:udp?endpoint=224.0.1.1:1|fc=tagged,g:99/2", settings)
     assert isinstance(fc, TaggedMulticastFlowControl)
     assert (fc.group_tag, fc.group_min_size) == (99, 2)
     settings = DriverSettings(multicast_flow_control="min")
-    assert isinstance(flow_control_for(parse_channel("aeron:udp?endpoint=224.0.1.1:1"),
-                                       settings), MinMulticastFlowControl)
+    assert isinstance(_strategy("aeron:udp?endpoint=224.0.1.1:1", settings),
+                      MinMulticastFlowControl)

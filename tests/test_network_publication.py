@@ -31,7 +31,8 @@ from slipstream.client.frames import (
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.flow_control import flow_control_for
+from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import LocalCounters
 from slipstream.daemon.streams.publication import (
     NetworkPublication,
@@ -53,10 +54,11 @@ def make(shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", **settings):
     positions = SenderPositions.in_process()
     limit = positions.publisher_limit
     channel = parse_channel(uri)
-    s = DriverSettings(**settings)
+    s = DriverSettings(**{"term_buffer_length": TERM, **settings})
     counters = LocalCounters()
-    pub = NetworkPublication(log=log, channel=channel, settings=s, positions=positions,
-                             flow_control=flow_control_for(channel, s), counters=counters,
+    params = PublicationParams.for_network(channel, s)
+    pub = NetworkPublication(log=log, params=params, settings=s, positions=positions,
+                             flow_control=flow_control_for(params), counters=counters,
                              now_ns=0, destination=DEST)
     return pub, log, limit, new_appender(log, limit), counters
 

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from helpers import data_datagrams
 from hypothesis import given, settings
@@ -28,6 +29,7 @@ from slipstream.client.frames import (
     Heartbeat,
     Nak,
     Pad,
+    Rttm,
     Setup,
     StatusMessage,
     decode,
@@ -44,7 +46,9 @@ from slipstream.daemon.agents.receiver import (
 )
 from slipstream.daemon.agents.sender import SendEndpoint, Sender
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.flow_control import flow_control_for
+from slipstream.daemon.flow.congestion_control import CongestionControl
+from slipstream.daemon.flow.registry import CONGESTION_CONTROLS, flow_control_for
+from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import (
     NO_DEADLINE,
     Address,
@@ -121,10 +125,12 @@ class Pair:
         positions = SenderPositions.in_process()
         self.pub_limit = positions.publisher_limit
         self.appender = new_appender(self.log, self.pub_limit)
+        params = PublicationParams.for_network(
+            attrs.evolve(self.channel, term_length=term_length), self.settings)
         self.publication = NetworkPublication(
-            log=self.log, channel=self.channel, settings=self.settings, positions=positions,
-            flow_control=flow_control_for(self.channel, self.settings),
-            counters=self.pub_counters, now_ns=0, destination=RECEIVER)
+            log=self.log, params=params, settings=self.settings, positions=positions,
+            flow_control=flow_control_for(params), counters=self.pub_counters, now_ns=0,
+            destination=RECEIVER)
         self.send_channel = SendChannel(counters=self.pub_counters)
         self.sender = Sender(on_event=lambda event: None)
         self.sender_link = LinkTransport(self, "p2r", RECEIVER)
@@ -420,6 +426,65 @@ def test_flow_control_sender_stops_at_window_and_25_percent_rule(pair: Pair) -> 
     assert len(sms) == sms_before + 1
     assert sms[-1][1].consumption_term_offset == 9 * 1024
     assert pair.publication.sender_limit == 9 * 1024 + window
+
+
+class HalveOnLoss(CongestionControl):
+    """A congestion control the way CUBIC will use the interface: it measures the round trip
+    once, and halves its window (forcing an SM) on the first pass that finds loss."""
+
+    name = "cubic"  # the URI grammar's other name; registered only for this test
+
+    def __init__(self, window: int) -> None:
+        self.window, self.initial, self.rtts, self.measured_at = window, window, [], None
+
+    @classmethod
+    def from_params(cls, params, term_length):
+        return cls(min(params.receiver_window_length, term_length // 2))
+
+    def initial_window_length(self) -> int:
+        return self.window
+
+    def max_window_length(self) -> int:
+        return self.window
+
+    def on_track_rebuild(self, now_ns, *, consumption_position, last_sm_position, hwm_position,
+                         rebuild_start_position, rebuild_end_position, loss_found):
+        halve = loss_found and self.window == self.initial
+        if halve:
+            self.window //= 2
+        return halve, self.window
+
+    def should_measure_rtt(self, now_ns: int) -> bool:
+        return self.measured_at is None
+
+    def on_rtt_measurement_sent(self, now_ns: int) -> None:
+        self.measured_at = now_ns
+
+    def on_rtt_measurement(self, now_ns, rtt_ns, source) -> None:
+        self.rtts.append((rtt_ns, source))
+
+
+def test_a_congestion_control_strategy_measures_the_round_trip_and_sets_the_window(
+        shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(CONGESTION_CONTROLS, "cubic", HalveOnLoss)
+    pair = Pair(shm, receiver_uri=URI + "|cc=cubic|rcv-wnd=16k")
+    pair.delay_ns = 50 * US
+    connect(pair)
+    cc = pair.image.congestion_control
+    assert isinstance(cc, HalveOnLoss)
+    # The receiver asked (a REPLY-flagged RTTM), the sender echoed, the strategy heard.
+    [(_, ask)] = pair.frames("r2p", Rttm)
+    assert ask.is_reply and ask.receiver_id == 4242
+    assert cc.rtts == [(100 * US, SENDER)]
+    assert pair.frames("r2p", StatusMessage)[-1][1].receiver_window == 16 * 1024
+    # A gap halves the window, and an SM says so at once.
+    pair.drop = lambda direction, dg: (direction == "p2r" and isinstance(decode(dg.data), Data)
+                                       and decode(dg.data).term_offset == 0)
+    pair.offer(b"a" * 1300)
+    pair.offer(b"b" * 1300)
+    pair.run_until(pair.now + 1 * MS)
+    assert cc.window == 8 * 1024
+    assert pair.frames("r2p", StatusMessage)[-1][1].receiver_window == 8 * 1024
 
 
 def test_unreliable_stream_fills_gap_with_padding(shm: Path) -> None:

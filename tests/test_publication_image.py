@@ -176,6 +176,21 @@ def test_unicast_and_group_nak_delays(shm: Path) -> None:
     assert isinstance(image2.loss_detector.delay_generator, OptimalMulticastDelayGenerator)
 
 
+def test_group_false_in_the_uri_keeps_unicast_nak_timing_for_a_group_sender(shm: Path) -> None:
+    # group=false decides, whatever the SETUP's GROUP flag or a multicast endpoint infer.
+    for uri in ("aeron:udp?endpoint=10.0.0.2:40123|group=false",
+                "aeron:udp?endpoint=224.0.1.1:40456|group=false"):
+        rc, _ = receive_channel(shm, uri)
+        rc.on_datagram(setup(flags=0x40), SRC, 0)
+        image, _ = attach(rc)
+        assert not image.is_group
+        assert isinstance(image.loss_detector.delay_generator, StaticDelayGenerator)
+    rc, _ = receive_channel(shm, "aeron:udp?endpoint=10.0.0.2:40123|group=true")
+    rc.on_datagram(setup(), SRC, 0)
+    image, _ = attach(rc)
+    assert image.is_group
+
+
 def test_multicast_control_goes_to_control_group(shm: Path) -> None:
     rc, _ = receive_channel(shm, "aeron:udp?endpoint=224.0.1.1:40456")
     rc.on_datagram(setup(flags=0x40), SRC, 0)

@@ -17,7 +17,8 @@ from slipstream.client.frames import Nak, StatusMessage
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.flow_control import flow_control_for
+from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import ActionState
 from slipstream.daemon.protocol.types import NO_DEADLINE, LocalCounters
 from slipstream.daemon.streams.publication import NetworkPublication, SendChannel, SenderPositions
@@ -38,10 +39,11 @@ def publication(shm: Path, uri: str = UNICAST, frames: int = 8, size: int = 1024
                            correlation_id=1)
     positions = SenderPositions.in_process()
     channel = parse_channel(uri)
-    s = DriverSettings(**settings)
+    s = DriverSettings(**{"term_buffer_length": TERM, **settings})
     counters = LocalCounters()
-    pub = NetworkPublication(log=log, channel=channel, settings=s, positions=positions,
-                             flow_control=flow_control_for(channel, s), counters=counters,
+    params = PublicationParams.for_network(channel, s)
+    pub = NetworkPublication(log=log, params=params, settings=s, positions=positions,
+                             flow_control=flow_control_for(params), counters=counters,
                              now_ns=0, destination=DEST)
     pub.on_frame(StatusMessage(5, 6, 10, 0, window, 99), DEST, 0)
     appender = new_appender(log, positions.publisher_limit)

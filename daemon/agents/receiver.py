@@ -60,6 +60,7 @@ from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length,
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
     NO_DEADLINE,
     Address,
@@ -124,6 +125,8 @@ class ReceiveChannel:
                  cool_down_ns: int = DEFAULT_COOL_DOWN_NS) -> None:
         self.channel = channel
         self.settings = settings
+        #: What its images are made with, resolved once from ``channel`` and ``settings``.
+        self.params = SubscriptionParams.resolve(channel, settings)
         self.receiver_id = receiver_id
         self.counters = counters
         self.rng = rng
@@ -218,7 +221,7 @@ class ReceiveChannel:
         """The image for ``request`` over ``log`` (created for its SETUP): pure, so the
         conductor may build it on its own thread before :meth:`add_image` hands it over."""
         return PublicationImage(
-            log=log, setup=request.setup, channel=self.channel, settings=self.settings,
+            log=log, setup=request.setup, params=self.params, settings=self.settings,
             receiver_id=self.receiver_id, counters=self.counters, positions=positions,
             control_address=self._reply_address(request.source), source=request.source,
             now_ns=now_ns, rng=self.rng, loss_entry=loss_entry)

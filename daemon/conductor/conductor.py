@@ -32,7 +32,6 @@ from slipstream.client.counters import (
     SystemCounter,
 )
 from slipstream.client.errors import ChannelError, InvalidArgumentError
-from slipstream.client.logbuffer import check_mtu, check_term_length
 from slipstream.daemon.conductor.ipc import IpcPublication, IpcPublicationState
 from slipstream.daemon.conductor.network import (
     NetworkConductor,
@@ -43,10 +42,13 @@ from slipstream.daemon.conductor.network import (
 from slipstream.daemon.conductor.resources import (
     LogBudget,
     ResourceError,
+    StreamInterest,
     log_start,
     no_room_for_log,
 )
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow.registry import CONGESTION_CONTROLS
+from slipstream.daemon.protocol.params import PublicationParams
 
 log = logging.getLogger("slipstream.driver")
 
@@ -67,8 +69,8 @@ class ClientSession:
 
 
 @attrs.define(eq=False)
-class Subscription:
-    """A client's subscription: the channel and stream it wants."""
+class Subscription(StreamInterest):
+    """A client's IPC subscription: the channel and stream it wants."""
 
     registration_id: int
     client_id: int
@@ -303,16 +305,10 @@ class DriverConductor:
     def _create_ipc_publication(self, channel: Channel, stream_id: int,
                                 now_ns: int) -> IpcPublication:
         settings = self.settings
-        term_length = channel.term_length or settings.ipc_term_buffer_length
-        mtu = channel.mtu or settings.ipc_mtu_length
-        try:
-            check_term_length(term_length)
-            check_mtu(mtu)
-        except ValueError as e:
-            raise ChannelError(str(channel), "term-length" if "term" in str(e) else "mtu",
-                               str(e)) from None
+        params = PublicationParams.for_ipc(channel, settings)
+        term_length = params.term_length
         registration_id = self._new_id()
-        session_id = (channel.session_id if channel.session_id is not None
+        session_id = (params.session_id if params.session_id is not None
                       else self._new_session_id())
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
         reserved = self.budget.reserve(term_length, f"stream {stream_id} on aeron:ipc")
@@ -320,15 +316,11 @@ class DriverConductor:
             publication = IpcPublication.create(
                 path=str(path),
                 registration_id=registration_id, stream_id=stream_id, session_id=session_id,
-                channel="aeron:ipc", counters=self.counters, term_length=term_length, mtu=mtu,
-                term_window_length=settings.term_window_length(term_length, ipc=True,
-                                                               pub_wnd=channel.pub_wnd),
+                channel="aeron:ipc", counters=self.counters, term_length=term_length,
+                mtu=params.mtu, term_window_length=params.term_window_length,
                 unblock_timeout_ns=settings.publication_unblock_timeout,
-                linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
-                                   else settings.publication_linger_timeout),
-                now_ns=now_ns, **log_start(channel, self._rng),
-                sparse=(channel.sparse if channel.sparse is not None
-                        else settings.term_buffer_sparse_file))
+                linger_timeout_ns=params.linger_timeout_ns,
+                now_ns=now_ns, **log_start(params, self._rng), sparse=params.sparse)
         except CountersFullError:
             self.budget.release(reserved)
             raise
@@ -389,7 +381,7 @@ class DriverConductor:
             "registration_id": subscription.registration_id,
         })]
         publication = self._ipc_by_stream.get(stream_id)
-        if publication is not None and _session_matches(channel, publication.session_id):
+        if publication is not None and subscription.wants(stream_id, publication.session_id):
             out.append(self._attach(publication, subscription, client))  # may fail: not kept
         client.subscriptions[subscription.registration_id] = subscription
         return out
@@ -400,8 +392,7 @@ class DriverConductor:
         for client in self.clients.values():
             for subscription in client.subscriptions.values():
                 if (isinstance(subscription, Subscription)
-                        and subscription.stream_id == publication.stream_id
-                        and _session_matches(subscription.channel, publication.session_id)):
+                        and subscription.wants(publication.stream_id, publication.session_id)):
                     out.append(self._attach(publication, subscription, client))
         return out
 
@@ -576,7 +567,8 @@ class DriverConductor:
 # URI parameters this driver parses (they are Aeron's) but does not act on yet: a channel that
 # asks for them is refused, naming the part, rather than served without them.
 _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel], bool], str], ...] = (
-    ("cc", lambda c: c.cc not in (None, "static"), "CUBIC congestion control"),
+    ("cc", lambda c: c.cc is not None and c.cc not in CONGESTION_CONTROLS,
+     "this congestion control"),
     ("tether", lambda c: c.tether is False, "untethered subscriptions"),
     ("untethered-window-limit-timeout",
      lambda c: c.untethered_window_limit_timeout_ns is not None, "untethered subscriptions"),
@@ -597,10 +589,6 @@ def _carried(channel: Channel) -> Channel:
         if asks(channel):
             raise ChannelError(str(channel), part, f"{what}: not supported by this driver yet")
     return channel
-
-
-def _session_matches(channel: Channel, session_id: int) -> bool:
-    return channel.session_id is None or channel.session_id == session_id
 
 
 def _unsupported(correlation_id: int, channel: Channel) -> dict[str, Any]:

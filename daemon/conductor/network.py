@@ -54,13 +54,15 @@ from slipstream.daemon.agents.sender import PublicationDone, SendEndpoint, Sende
 from slipstream.daemon.conductor.resources import (
     LogBudget,
     ResourceError,
+    StreamInterest,
     create_log,
     discard_log,
     log_start,
 )
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.flow_control import flow_control_for, has_group_semantics
+from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media import names
+from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 from slipstream.daemon.reports.loss_report import LossReport
@@ -130,7 +132,7 @@ class _PublicationEntry:
 
 
 @attrs.define(eq=False)
-class NetworkSubscription:
+class NetworkSubscription(StreamInterest):
     """A client's subscription to a UDP channel."""
 
     registration_id: int
@@ -264,22 +266,19 @@ class NetworkConductor:
                                channel: Channel, stream_id: int, destination: Address,
                                now_ns: int) -> _PublicationEntry:
         settings = self.settings
-        term_length = channel.term_length or settings.term_buffer_length
-        mtu = channel.mtu or settings.mtu_length
+        params = PublicationParams.for_network(channel, settings)
+        term_length = params.term_length
         registration_id = self._new_id()
-        session_id = (channel.session_id if channel.session_id is not None
+        session_id = (params.session_id if params.session_id is not None
                       else self._new_session_id())
-        window = settings.term_window_length(term_length, pub_wnd=channel.pub_wnd)
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
         log_buffer = create_log(
             path, self.budget, f"stream {stream_id} on {channel}",
             term_length=term_length, session_id=session_id, stream_id=stream_id,
-            mtu=mtu, correlation_id=registration_id, term_window_length=window,
-            group=has_group_semantics(channel), **log_start(channel, self._rng),
-            linger_timeout_ns=(channel.linger_ns if channel.linger_ns is not None
-                               else settings.publication_linger_timeout),
-            sparse=(channel.sparse if channel.sparse is not None
-                    else settings.term_buffer_sparse_file))
+            mtu=params.mtu, correlation_id=registration_id,
+            term_window_length=params.term_window_length, group=params.group,
+            linger_timeout_ns=params.linger_timeout_ns, sparse=params.sparse,
+            **log_start(params, self._rng))
         label = f"{channel} stream={stream_id} session={session_id}"
         try:
             counter_ids = self._allocate_counters(
@@ -291,8 +290,8 @@ class NetworkConductor:
             raise
         positions = SenderPositions(*(self.counters.address(i) for i in counter_ids))
         publication = NetworkPublication(
-            log=log_buffer, channel=channel, settings=settings, positions=positions,
-            flow_control=flow_control_for(channel, settings), counters=self.counters,
+            log=log_buffer, params=params, settings=settings, positions=positions,
+            flow_control=flow_control_for(params), counters=self.counters,
             now_ns=now_ns, destination=destination)
         entry = _PublicationEntry(registration_id, key, channel, publication, endpoint,
                                   log_buffer, counter_ids, counter_ids[0])
@@ -373,7 +372,8 @@ class NetworkConductor:
                 # on its way out (its receiver stopped taking its data); the session gets a
                 # new image when its SETUP comes again.
                 if (not image_entry.lingering and image_entry.links
-                        and _wants(subscription, image_entry.image)):
+                        and subscription.wants(image_entry.image.stream_id,
+                                               image_entry.image.session_id)):
                     out.append(self._link(image_entry, subscription,
                                           image_entry.image.rcv_pos, submit=True))
         except CountersFullError:
@@ -418,8 +418,8 @@ class NetworkConductor:
         if entry is None or entry.state is not _EndpointState.OPEN:
             return []
         setup = event.setup
-        subscribers = [s for s in entry.subscriptions if s.stream_id == setup.stream_id and (
-            s.channel.session_id is None or s.channel.session_id == setup.session_id)]
+        subscribers = [s for s in entry.subscriptions
+                       if s.wants(setup.stream_id, setup.session_id)]
         if not subscribers:
             return []
         if any(not e.lingering and e.image.session_id == setup.session_id
@@ -428,6 +428,7 @@ class NetworkConductor:
         registration_id = self._new_id()
         path = self.directory / control.IMAGES_DIR / f"{registration_id}.logbuffer"
         channel = entry.endpoint.channel.channel
+        params = entry.endpoint.channel.params
         try:
             log_buffer = create_log(
                 path, self.budget, f"the image of {_label_of(setup, event.source)}",
@@ -436,9 +437,7 @@ class NetworkConductor:
                 stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=registration_id,
                 initial_term_count=term_count(setup.active_term_id, setup.initial_term_id),
                 initial_term_offset=setup.term_offset,
-                group=setup.is_group,
-                sparse=(channel.sparse if channel.sparse is not None
-                        else self.settings.term_buffer_sparse_file))
+                group=params.image_is_group(setup.is_group), sparse=params.sparse)
             label = (f"{channel} stream={setup.stream_id} session={setup.session_id} "
                      f"source={event.source[0]}:{event.source[1]}")
             try:
@@ -724,12 +723,6 @@ def _endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
     """Channels that name the same address (and interface) share one endpoint."""
     interface = str(channel.interface) if channel.interface is not None else ""
     return (address, interface)
-
-
-def _wants(subscription: NetworkSubscription, image: PublicationImage) -> bool:
-    return subscription.stream_id == image.stream_id and (
-        subscription.channel.session_id is None
-        or subscription.channel.session_id == image.session_id)
 
 
 def check_same_log(channel: Channel, log_buffer: LogBuffer, session_id: int,

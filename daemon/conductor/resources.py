@@ -10,6 +10,7 @@ from typing import Any
 
 from slipstream.client.channel import Channel
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
+from slipstream.daemon.protocol.params import PublicationParams
 
 
 class ResourceError(Exception):
@@ -76,13 +77,26 @@ def discard_log(log_buffer: LogBuffer, budget: LogBudget) -> None:
         pass
 
 
-def log_start(channel: Channel, rng: random.Random) -> dict[str, int]:
+def log_start(params: PublicationParams, rng: random.Random) -> dict[str, int]:
     """Where a new publication's log starts: ``initial_term_id`` (random unless the URI sets
-    ``init-term-id``), and the ``initial_term_count``/``initial_term_offset`` of the URI's
-    ``term-id``/``term-offset`` (PROTOCOL.md §2.3); keyword arguments of LogBuffer.create."""
-    if channel.init_term_id is None:
-        return {"initial_term_id": rng.randrange(-(1 << 31), 1 << 31),
-                "initial_term_count": 0, "initial_term_offset": 0}
-    return {"initial_term_id": channel.init_term_id,
-            "initial_term_count": (channel.term_id - channel.init_term_id) & 0xFFFFFFFF,
-            "initial_term_offset": channel.term_offset}
+    ``init-term-id``), ``initial_term_count`` and ``initial_term_offset``; keyword arguments
+    of LogBuffer.create."""
+    initial_term_id = params.initial_term_id
+    if initial_term_id is None:
+        initial_term_id = rng.randrange(-(1 << 31), 1 << 31)
+    return {"initial_term_id": initial_term_id,
+            "initial_term_count": params.initial_term_count,
+            "initial_term_offset": params.initial_term_offset}
+
+
+class StreamInterest:
+    """What a subscription takes: one stream of its channel, and of that stream every session
+    or the one its URI names (``session-id=``).  A base of the IPC and UDP subscriptions."""
+
+    channel: Channel
+    stream_id: int
+
+    def wants(self, stream_id: int, session_id: int) -> bool:
+        """Whether this subscription takes ``session_id`` of ``stream_id``."""
+        return stream_id == self.stream_id and (
+            self.channel.session_id is None or self.channel.session_id == session_id)

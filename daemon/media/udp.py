@@ -40,6 +40,7 @@ from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.receiver import ReceiveChannel
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media import names
+from slipstream.daemon.protocol.params import SocketParams
 from slipstream.daemon.protocol.types import Address, Datagram, address_of, sockaddr
 from slipstream.daemon.streams.publication import NetworkPublication, SendChannel
 
@@ -150,16 +151,13 @@ def _interface_address(channel: Channel) -> str | None:
     return names.lookup(channel, "interface", channel.interface.host)
 
 
-def _new_socket(family: socket.AddressFamily, settings: DriverSettings,
-                channel: Channel) -> socket.socket:
+def _new_socket(family: socket.AddressFamily, params: SocketParams) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         sock.setblocking(False)
         for option, asked, name, limit in (
-                (socket.SO_RCVBUF, channel.so_rcvbuf or settings.socket_so_rcvbuf,
-                 "so-rcvbuf", "net.core.rmem_max"),
-                (socket.SO_SNDBUF, channel.so_sndbuf or settings.socket_so_sndbuf,
-                 "so-sndbuf", "net.core.wmem_max")):
+                (socket.SO_RCVBUF, params.so_rcvbuf, "so-rcvbuf", "net.core.rmem_max"),
+                (socket.SO_SNDBUF, params.so_sndbuf, "so-sndbuf", "net.core.wmem_max")):
             if not asked:
                 continue
             sock.setsockopt(socket.SOL_SOCKET, option, asked)
@@ -174,7 +172,7 @@ def _new_socket(family: socket.AddressFamily, settings: DriverSettings,
     return sock
 
 
-def _set_multicast(sock: socket.socket, settings: DriverSettings, channel: Channel,
+def _set_multicast(sock: socket.socket, params: SocketParams, channel: Channel,
                    group: str, interface: str | None) -> None:
     """Join ``group`` on ``interface`` and send multicast from it, with TTL and loop."""
     if ipaddress.ip_address(group).version != 4:
@@ -184,9 +182,8 @@ def _set_multicast(sock: socket.socket, settings: DriverSettings, channel: Chann
                     socket.inet_aton(group) + local)
     if interface is not None:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, local)
-    ttl = channel.ttl or settings.socket_multicast_ttl
-    if ttl:
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
+    if params.multicast_ttl:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, params.multicast_ttl)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
 
 
@@ -235,13 +232,14 @@ class UdpSendTransport(_UdpTransport):
                  destination: Address) -> None:
         family = _family(destination[0])
         interface = _interface_address(channel)
-        sock = _new_socket(family, settings, channel)
+        params = SocketParams.resolve(channel, settings)
+        sock = _new_socket(family, params)
         try:
             group = channel.control_group
             if group is not None:  # multicast: listen on the control group for SMs and NAKs
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((group.host, destination[1]))
-                _set_multicast(sock, settings, channel, group.host, interface)
+                _set_multicast(sock, params, channel, group.host, interface)
                 self.connected = False
             else:
                 local = channel.control  # pins the local address (and port) if given
@@ -321,12 +319,13 @@ class UdpReceiveTransport(_UdpTransport):
 
     def __init__(self, settings: DriverSettings, counters: CountersFile, channel: Channel,
                  bind: Address) -> None:
-        sock = _new_socket(_family(bind[0]), settings, channel)
+        params = SocketParams.resolve(channel, settings)
+        sock = _new_socket(_family(bind[0]), params)
         try:
             if ipaddress.ip_address(bind[0]).is_multicast:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(bind)
-                _set_multicast(sock, settings, channel, bind[0], _interface_address(channel))
+                _set_multicast(sock, params, channel, bind[0], _interface_address(channel))
             else:
                 sock.bind(bind)
             if settings.socket_gso:

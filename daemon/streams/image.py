@@ -52,7 +52,6 @@ import random
 import attrs
 
 from slipstream.client._native import ffi, lib
-from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
@@ -72,12 +71,14 @@ from slipstream.client.logbuffer import (
 )
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow.registry import congestion_control_for
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.loss_detector import (
     LossDetector,
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,
 )
+from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
     NO_DEADLINE,
     Address,
@@ -127,15 +128,15 @@ class ImagePositions:
 class PublicationImage:
     """Receiver state of one (session, stream) from one sender.  See the module docstring."""
 
-    def __init__(self, *, log: LogBuffer, setup: Setup, channel: Channel,
+    def __init__(self, *, log: LogBuffer, setup: Setup, params: SubscriptionParams,
                  settings: DriverSettings, receiver_id: int, counters: ProtocolCounters,
                  positions: ImagePositions, control_address: Address, source: Address,
                  now_ns: int, rng: random.Random, loss_entry: LossEntry | None = None) -> None:
         """``log`` was created for ``setup`` (its term length, initial term id, join term and
         offset); SMs, NAKs and RTTM replies go to ``control_address`` (the SETUP's source for
-        unicast, the control group for multicast)."""
+        unicast, the control group for multicast).  ``params`` are the receive channel's;
+        ``settings`` give the timers."""
         self.log = log
-        self.channel = channel
         self.counters = counters
         self.receiver_id = receiver_id
         self.control_address = control_address
@@ -152,12 +153,11 @@ class PublicationImage:
         self._rcv_pos = positions.receiver_position
         lib.ss_store_release_i64(positions.receiver_hwm, join)
         lib.ss_store_release_i64(self._rcv_pos, join)
-        self.reliable = (channel.reliable if channel.reliable is not None
-                         else settings.reliable_stream)
-        self.is_group = (setup.is_group or bool(channel.group) or channel.is_multicast)
-        self.group_tag = channel.gtag if channel.gtag is not None else settings.receiver_group_tag
-        window = channel.rcv_wnd or settings.rcv_initial_window_length
-        self.window = min(window, term_length // 2)
+        self.reliable = params.reliable
+        self.is_group = params.image_is_group(setup.is_group)
+        self.group_tag = params.group_tag
+        self.congestion_control = congestion_control_for(params, term_length)
+        self.window = self.congestion_control.initial_window_length()
         self.status_message_timeout_ns = settings.status_message_timeout
         self.liveness_timeout_ns = settings.image_liveness_timeout
         if self.is_group:
@@ -165,8 +165,7 @@ class PublicationImage:
                 OptimalMulticastDelayGenerator(settings.nak_multicast_max_backoff,
                                                settings.nak_multicast_group_size, rng))
         else:
-            delay = (channel.nak_delay_ns if channel.nak_delay_ns is not None
-                     else settings.nak_unicast_delay)
+            delay = params.nak_delay_ns
             generator = StaticDelayGenerator(delay,
                                              delay * settings.nak_unicast_retry_delay_ratio)
         self.loss_detector = LossDetector(
@@ -299,13 +298,17 @@ class PublicationImage:
 
     # -- input ----------------------------------------------------------------------------
     def on_rttm(self, rttm: Rttm, now_ns: int) -> None:
-        """Echo a REPLY-flagged RTTM from the sender (aeron_publication_image_on_rttm)."""
-        if rttm.receiver_id not in (0, self.receiver_id):
-            return
+        """Echo a REPLY-flagged RTTM from the sender; an unflagged one addressed to this
+        receiver is the sender's echo of ours: a round trip for congestion control
+        (aeron_publication_image_on_rttm)."""
         if rttm.flags & RTTM_REPLY_FLAG:
-            reply = Rttm(self.session_id, self.stream_id, rttm.echo_timestamp, 0,
-                         self.receiver_id, 0)
-            self._outbox.append(Datagram(reply.encode(), self.control_address))
+            if rttm.receiver_id in (0, self.receiver_id):
+                reply = Rttm(self.session_id, self.stream_id, rttm.echo_timestamp, 0,
+                             self.receiver_id, 0)
+                self._outbox.append(Datagram(reply.encode(), self.control_address))
+        elif rttm.receiver_id == self.receiver_id:
+            rtt_ns = now_ns - rttm.echo_timestamp - rttm.reception_delta
+            self.congestion_control.on_rtt_measurement(now_ns, max(rtt_ns, 0), self.source)
 
     # -- loss -----------------------------------------------------------------------------
     def _on_loss(self, term_id: int, term_offset: int, length: int) -> None:
@@ -345,9 +348,14 @@ class PublicationImage:
             out.extend(self._outbox)
             self._outbox = []
         self._check_state(now_ns)
-        if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING) and (
-                now_ns >= self._sm_deadline_ns):
-            self._send_status_message(now_ns, out)
+        if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
+            if now_ns >= self._sm_deadline_ns:
+                self._send_status_message(now_ns, out)
+            if self.congestion_control.should_measure_rtt(now_ns):
+                rttm = Rttm(self.session_id, self.stream_id, now_ns, 0, self.receiver_id,
+                            RTTM_REPLY_FLAG)
+                out.append(Datagram(rttm.encode(), self.control_address))
+                self.congestion_control.on_rtt_measurement_sent(now_ns)
         self._next_due_ns = self.next_deadline_ns()
 
     def _track_rebuild(self, now_ns: int) -> None:
@@ -358,6 +366,8 @@ class PublicationImage:
         hwm = self.rcv_hwm
         # What arrived in order needs no scan: start where the data path saw it stop.
         rcv_pos = max(rcv_pos, min(c.contiguous_position, hwm))
+        start = rcv_pos
+        loss_found = False
         for _ in range(PARTITION_COUNT):
             rebuild = max(rcv_pos, max_sub)
             offset, loss_found = self.loss_detector.scan(
@@ -376,10 +386,14 @@ class PublicationImage:
             self.is_end_of_stream = True
             self.log.end_of_stream_position = eos
             self.log.signal_readers()
-        # SM scheduling: the 25 % rule (static congestion control never forces an SM), or a
-        # change of the window (which cleaning may hold back, see _allowed_window).
+        # SM scheduling: congestion control asks for one, the 25 % rule, or a change of the
+        # window (which cleaning may hold back, see _allowed_window).
+        force_sm, self.window = self.congestion_control.on_track_rebuild(
+            now_ns, consumption_position=min_sub, last_sm_position=c.last_sm_position,
+            hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
+            loss_found=loss_found)
         self.cleaner.clean_toward(min_sub)
-        if (min_sub > self._sm_position + (self._sm_window >> 2)
+        if (force_sm or min_sub > self._sm_position + (self._sm_window >> 2)
                 or self._allowed_window(self._sm_position) != self._sm_window):
             self._sm_position = min_sub
             self._sm_window = self._allowed_window(min_sub)
@@ -442,7 +456,8 @@ class PublicationImage:
             if not self._subscriber_positions:
                 return self._now_ns
             return self._time_of_last_state_change_ns + self.liveness_timeout_ns
-        deadline = min(self._sm_deadline_ns, self.loss_detector.next_deadline_ns())
+        deadline = min(self._sm_deadline_ns, self.loss_detector.next_deadline_ns(),
+                       self.congestion_control.next_deadline_ns())
         if state is ImageState.DRAINING:
             return min(deadline, self._time_of_last_state_change_ns
                        + 5 * self.status_message_timeout_ns)

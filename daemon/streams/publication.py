@@ -48,7 +48,6 @@ import enum
 import attrs
 
 from slipstream.client._native import ffi, lib
-from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
@@ -72,8 +71,9 @@ from slipstream.client.logbuffer import (
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.flow_control import FlowControl, has_group_semantics
+from slipstream.daemon.flow.flow_control import FlowControl
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
+from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import RetransmitHandler
 from slipstream.daemon.protocol.types import (
     NO_DEADLINE,
@@ -122,13 +122,16 @@ class SenderPositions:
 class NetworkPublication:
     """Sender state of one (session, stream) on a UDP channel.  See the module docstring."""
 
-    def __init__(self, *, log: LogBuffer, channel: Channel, settings: DriverSettings,
+    def __init__(self, *, log: LogBuffer, params: PublicationParams, settings: DriverSettings,
                  positions: SenderPositions, flow_control: FlowControl,
                  counters: ProtocolCounters, now_ns: int, destination: Address) -> None:
-        """``destination`` is the endpoint (unicast) or the data group (multicast)."""
+        """``log`` was made with ``params``; ``settings`` give the timers; ``destination`` is
+        the endpoint (unicast) or the data group (multicast)."""
+        if (params.term_length, params.mtu) != (log.term_length, log.mtu):
+            raise ValueError(f"the log ({log.term_length}, mtu {log.mtu}) was not made with "
+                             f"these parameters ({params.term_length}, mtu {params.mtu})")
         self.log = log
-        self.channel = channel
-        self.settings = settings
+        self.params = params
         self.flow_control = flow_control
         self.counters = counters
         self.destination = destination
@@ -141,17 +144,16 @@ class NetworkPublication:
         self.position_bits = log.position_bits
         self._mask = log.term_length - 1
         self.mtu = log.mtu
-        window = settings.term_window_length(log.term_length, pub_wnd=channel.pub_wnd)
+        window = params.term_window_length
         self.term_window_length = window
         self._trip_gain = window // 8
-        self.linger_timeout_ns = (channel.linger_ns if channel.linger_ns is not None
-                                  else settings.publication_linger_timeout)
+        self.linger_timeout_ns = params.linger_timeout_ns
         self.connection_timeout_ns = settings.publication_connection_timeout
-        self.signal_eos = channel.eos if channel.eos is not None else True
-        self.is_group = has_group_semantics(channel)
+        self.signal_eos = params.signal_eos
+        self.is_group = params.group
         self.is_unicast = not self.is_group
         self._setup_flags = SETUP_GROUP_FLAG if self.is_group else 0
-        self._ttl = channel.ttl or 0
+        self._ttl = params.setup_ttl
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
         self._padding = ffi.new("int32_t *")
 
@@ -182,7 +184,7 @@ class NetworkPublication:
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
             linger_ns=settings.retransmit_unicast_linger, has_group_semantics=self.is_group,
-            max_resend=channel.max_resend or settings.max_resend)
+            max_resend=params.max_resend)
         self.retransmit_handler.set_resend_lookahead(
             flow_control.retransmission_lookahead(log.mtu))
         self.cleaner = LogCleaner(log, join)

@@ -1,0 +1,66 @@
+"""The congestion-control interface (PROTOCOL.md §4.5): the receiver window an image
+advertises in its status messages, and when to measure the round trip.
+
+Congestion control runs in the receiver's image, as in Aeron: the sender follows the window
+the receivers advertise (flow control), and a receiver that sees loss or delay shrinks it.
+Each strategy lives in its own module and is registered by its URI name (``cc=``) in
+:mod:`slipstream.daemon.flow.registry`.
+
+Units: positions and windows in bytes; times in ns.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar, Self
+
+from slipstream.daemon.protocol.params import SubscriptionParams
+from slipstream.daemon.protocol.types import NO_DEADLINE, Address
+
+
+class CongestionControl(abc.ABC):
+    """One image's receiver window.  The image calls it from the receiver's duty cycle."""
+
+    #: The URI name (``cc=``) it is registered under.
+    name: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def from_params(cls, params: SubscriptionParams, term_length: int) -> Self:
+        """The strategy of an image with ``params`` and terms of ``term_length`` bytes."""
+
+    @abc.abstractmethod
+    def initial_window_length(self) -> int:
+        """The window of the image's first status message (bytes)."""
+
+    @abc.abstractmethod
+    def max_window_length(self) -> int:
+        """The largest window it will ever advertise (bytes)."""
+
+    @abc.abstractmethod
+    def on_track_rebuild(self, now_ns: int, *, consumption_position: int,
+                         last_sm_position: int, hwm_position: int,
+                         rebuild_start_position: int, rebuild_end_position: int,
+                         loss_found: bool) -> tuple[bool, int]:
+        """After a rebuild pass over the image's log: the slowest subscriber is at
+        ``consumption_position``, the last SM said ``last_sm_position``, data arrived up to
+        ``hwm_position``, and the pass moved the receiver position from
+        ``rebuild_start_position`` to ``rebuild_end_position``, finding a gap if
+        ``loss_found``.  Returns (send a status message now, the window to advertise)."""
+
+    def should_measure_rtt(self, now_ns: int) -> bool:
+        """Whether the image should send an RTT measurement (RTTM, REPLY-flagged) now."""
+        return False
+
+    def on_rtt_measurement_sent(self, now_ns: int) -> None:  # noqa: B027 (a hook: most strategies ignore it)
+        """The image sent the RTTM :meth:`should_measure_rtt` asked for."""
+
+    def on_rtt_measurement(self, now_ns: int, rtt_ns: int, source: Address) -> None:  # noqa: B027 (a hook: most strategies ignore it)
+        """The sender at ``source`` echoed an RTTM: the round trip took ``rtt_ns``."""
+
+    def next_deadline_ns(self) -> int:
+        """The next time :meth:`should_measure_rtt` may say yes."""
+        return NO_DEADLINE
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} window={self.max_window_length()}>"

@@ -1,0 +1,35 @@
+"""The flow- and congestion-control strategies by their URI names (``fc=``, ``cc=``), and the
+choice of one for a stream from its resolved parameters."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from slipstream.daemon.flow.congestion_control import CongestionControl
+from slipstream.daemon.flow.flow_control import FlowControl
+from slipstream.daemon.flow.max_multicast import MaxMulticastFlowControl
+from slipstream.daemon.flow.min_multicast import MinMulticastFlowControl
+from slipstream.daemon.flow.static_window import StaticWindowCongestionControl
+from slipstream.daemon.flow.tagged_multicast import TaggedMulticastFlowControl
+from slipstream.daemon.flow.unicast import UnicastFlowControl
+from slipstream.daemon.protocol.params import PublicationParams, SubscriptionParams
+
+#: Every flow-control strategy, by the name ``fc=`` and the settings use.
+FLOW_CONTROLS: Final[dict[str, type[FlowControl]]] = {
+    cls.name: cls for cls in (UnicastFlowControl, MaxMulticastFlowControl,
+                              MinMulticastFlowControl, TaggedMulticastFlowControl)}
+
+#: Every congestion-control strategy this driver carries, by the name ``cc=`` uses.
+CONGESTION_CONTROLS: Final[dict[str, type[CongestionControl]]] = {
+    cls.name: cls for cls in (StaticWindowCongestionControl,)}
+
+
+def flow_control_for(params: PublicationParams) -> FlowControl:
+    """The flow-control strategy of a network publication with ``params``."""
+    assert params.flow_control is not None, "an IPC publication has no flow control"
+    return FLOW_CONTROLS[params.flow_control.name].from_params(params.flow_control)
+
+
+def congestion_control_for(params: SubscriptionParams, term_length: int) -> CongestionControl:
+    """The congestion-control strategy of an image with ``params`` and ``term_length``."""
+    return CONGESTION_CONTROLS[params.congestion_control].from_params(params, term_length)

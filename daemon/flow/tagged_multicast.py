@@ -1,0 +1,33 @@
+"""Tagged multicast flow control (``fc=tagged``): min flow control over a tagged group."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from slipstream.client.frames import ErrorFrame, StatusMessage
+from slipstream.daemon.flow.min_multicast import MinMulticastFlowControl
+from slipstream.daemon.protocol.params import FlowControlParams
+
+
+class TaggedMulticastFlowControl(MinMulticastFlowControl):
+    """Min flow control over the receivers whose SM carries ``group_tag`` (``fc=tagged``);
+    untagged or other-tagged receivers never hold the sender back."""
+
+    name = "tagged"
+
+    def __init__(self, *, group_tag: int, receiver_timeout_ns: int,
+                 group_min_size: int = 0) -> None:
+        super().__init__(receiver_timeout_ns=receiver_timeout_ns, group_min_size=group_min_size)
+        self.group_tag = group_tag
+
+    @classmethod
+    def from_params(cls, params: FlowControlParams) -> Self:
+        return cls(group_tag=params.group_tag, receiver_timeout_ns=params.receiver_timeout_ns,
+                   group_min_size=params.group_min_size)
+
+    def _matches(self, sm: StatusMessage) -> bool:
+        return sm.group_tag == self.group_tag
+
+    def on_error(self, err: ErrorFrame, now_ns: int) -> None:
+        if err.group_tag is None or err.group_tag == self.group_tag:
+            self.receivers.pop(err.receiver_id, None)

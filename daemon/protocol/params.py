@@ -1,0 +1,215 @@
+"""What a stream is made with: its channel URI's values, else the driver's settings.
+
+Every "the URI's value if it names one, else the setting" choice of the driver is made here,
+once, as the stream is added (Aeron's PublicationParams and SubscriptionParams).  The rest of
+the driver reads the frozen parameters and never looks at the URI or the settings for these
+values again.  Group semantics are decided by :func:`has_group_semantics` only.
+
+Units: lengths and windows in bytes, times in ns.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import attrs
+
+from slipstream.client.channel import Channel
+from slipstream.client.errors import ChannelError
+from slipstream.client.logbuffer import check_mtu, check_term_length, max_message_length
+from slipstream.daemon.config import DriverSettings
+
+T = TypeVar("T")
+
+#: The congestion control of a subscription whose URI names none (Aeron's default).
+DEFAULT_CONGESTION_CONTROL = "static"
+
+#: Control modes whose channels carry one stream to many receivers (multi-destination-cast).
+_GROUP_CONTROL_MODES = ("dynamic", "manual")
+
+
+def has_group_semantics(channel: Channel) -> bool:
+    """Whether a stream on ``channel`` is one-to-many: multicast NAK backoff, the retransmit
+    pool, the GROUP flag in SETUP.  The URI's ``group=`` decides when given; otherwise a
+    multicast or multi-destination-cast channel is a group (on the receiving side, so is a
+    stream whose SETUP carries the GROUP flag: :meth:`SubscriptionParams.image_is_group`).
+
+    May resolve the endpoint's name (:meth:`Channel.endpoint_address`): call it on a channel
+    whose names the conductor has resolved.
+    """
+    return _group_semantics(channel.group, _is_multicast_or_mdc(channel))
+
+
+def _is_multicast_or_mdc(channel: Channel) -> bool:
+    return channel.is_multicast or channel.control_mode in _GROUP_CONTROL_MODES
+
+
+def _group_semantics(asked: bool | None, inferred: bool) -> bool:
+    return inferred if asked is None else asked
+
+
+@attrs.frozen
+class FlowControlParams:
+    """A publication's flow-control strategy (``fc=``, else the settings) and its arguments."""
+
+    name: str  # a registered strategy: slipstream.daemon.flow.flow_control.FLOW_CONTROLS
+    group_tag: int  # tagged: the receivers that count
+    group_min_size: int  # min, tagged: receivers required before the sender moves
+    receiver_timeout_ns: int  # min, tagged: how long a silent receiver still counts
+
+
+@attrs.frozen
+class PublicationParams:
+    """One publication's parameters (IPC or UDP).
+
+    ``session_id`` and ``initial_term_id`` are None when the URI leaves them to the driver;
+    ``initial_term_count`` and ``initial_term_offset`` place a log that starts elsewhere than
+    its first term (``init-term-id``, ``term-id``, ``term-offset``).  The network-only fields
+    (``group``, ``signal_eos``, ``setup_ttl``, ``max_resend``, ``flow_control``) hold their
+    defaults for IPC.
+    """
+
+    term_length: int
+    mtu: int
+    term_window_length: int  # the publisher's window: pub-wnd, else the setting, <= term/2
+    linger_timeout_ns: int
+    sparse: bool
+    session_id: int | None
+    initial_term_id: int | None
+    initial_term_count: int
+    initial_term_offset: int
+    group: bool = False
+    signal_eos: bool = True
+    setup_ttl: int = 0  # the TTL field of SETUP frames (the URI's ttl, 0 without)
+    max_resend: int = 1
+    flow_control: FlowControlParams | None = None
+
+    @classmethod
+    def for_network(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:
+        """The parameters of a UDP publication on ``channel`` (its names resolved).
+        ChannelError names the key whose value the driver cannot use."""
+        term_length = channel.term_length or settings.term_buffer_length
+        mtu = channel.mtu or settings.mtu_length
+        group = has_group_semantics(channel)
+        spec = channel.fc
+        name = spec.name if spec is not None else (
+            settings.multicast_flow_control if group else settings.unicast_flow_control)
+
+        def from_spec(field: str, default: int) -> int:
+            value = getattr(spec, field) if spec is not None else None
+            return default if value is None else value
+
+        return cls(
+            **_log_shape(channel, term_length, mtu),
+            term_window_length=settings.term_window_length(term_length, pub_wnd=channel.pub_wnd),
+            linger_timeout_ns=_or(channel.linger_ns, settings.publication_linger_timeout),
+            sparse=_or(channel.sparse, settings.term_buffer_sparse_file),
+            group=group,
+            signal_eos=_or(channel.eos, True),
+            setup_ttl=channel.ttl or 0,
+            max_resend=channel.max_resend or settings.max_resend,
+            flow_control=FlowControlParams(
+                name=name,
+                group_tag=from_spec("group_tag", settings.flow_control_group_tag),
+                group_min_size=from_spec("group_min_size", settings.flow_control_group_min_size),
+                receiver_timeout_ns=from_spec("receiver_timeout_ns",
+                                              settings.flow_control_receiver_timeout)))
+
+    @classmethod
+    def for_ipc(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:
+        """The parameters of an IPC publication on ``channel``; ChannelError names the key."""
+        term_length = channel.term_length or settings.ipc_term_buffer_length
+        mtu = channel.mtu or settings.ipc_mtu_length
+        return cls(
+            **_log_shape(channel, term_length, mtu),
+            term_window_length=settings.term_window_length(term_length, ipc=True,
+                                                           pub_wnd=channel.pub_wnd),
+            linger_timeout_ns=_or(channel.linger_ns, settings.publication_linger_timeout),
+            sparse=_or(channel.sparse, settings.term_buffer_sparse_file))
+
+
+@attrs.frozen
+class SubscriptionParams:
+    """What the images of a receive channel are made with (the channel of its first
+    subscription); ``session_id`` None takes every session."""
+
+    reliable: bool  # NAK gaps (else fill them with padding and move on)
+    group: bool | None  # the URI's group=, None to infer (see image_is_group)
+    multicast_or_mdc: bool  # the channel by itself has group semantics
+    group_tag: int | None  # carried in SMs (gtag=, else the setting)
+    receiver_window_length: int  # rcv-wnd, else the setting (the image caps it at term/2)
+    nak_delay_ns: int  # unicast NAK delay (nak-delay=, else the setting)
+    sparse: bool
+    session_id: int | None
+    congestion_control: str  # a registered strategy (cc=, else static)
+
+    @classmethod
+    def resolve(cls, channel: Channel, settings: DriverSettings) -> SubscriptionParams:
+        """The parameters for images on ``channel`` (its names resolved)."""
+        return cls(
+            reliable=_or(channel.reliable, settings.reliable_stream),
+            group=channel.group,
+            multicast_or_mdc=_is_multicast_or_mdc(channel),
+            group_tag=_or(channel.gtag, settings.receiver_group_tag),
+            receiver_window_length=channel.rcv_wnd or settings.rcv_initial_window_length,
+            nak_delay_ns=_or(channel.nak_delay_ns, settings.nak_unicast_delay),
+            sparse=_or(channel.sparse, settings.term_buffer_sparse_file),
+            session_id=channel.session_id,
+            congestion_control=channel.cc or DEFAULT_CONGESTION_CONTROL)
+
+    def wants(self, session_id: int) -> bool:
+        """Whether a subscription with these parameters takes ``session_id``'s stream."""
+        return self.session_id is None or self.session_id == session_id
+
+    def image_is_group(self, sender_is_group: bool) -> bool:
+        """Group semantics of an image whose SETUP says ``sender_is_group``: the rule of
+        :func:`has_group_semantics`, from the values resolved here."""
+        return _group_semantics(self.group, sender_is_group or self.multicast_or_mdc)
+
+
+@attrs.frozen
+class SocketParams:
+    """A UDP endpoint's socket options (0: the kernel's default)."""
+
+    so_rcvbuf: int  # bytes
+    so_sndbuf: int  # bytes
+    multicast_ttl: int
+
+    @classmethod
+    def resolve(cls, channel: Channel, settings: DriverSettings) -> SocketParams:
+        """``so-rcvbuf``, ``so-sndbuf`` and ``ttl`` of ``channel``, else the settings."""
+        return cls(so_rcvbuf=channel.so_rcvbuf or settings.socket_so_rcvbuf,
+                   so_sndbuf=channel.so_sndbuf or settings.socket_so_sndbuf,
+                   multicast_ttl=channel.ttl or settings.socket_multicast_ttl)
+
+
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def _log_shape(channel: Channel, term_length: int, mtu: int) -> dict[str, int | None]:
+    """Term length, MTU, session and where the log starts, checked: ChannelError names the
+    key (``term-length``, ``mtu``) when the URI's value, or the setting, cannot make a log."""
+    for key, check, value in (("term-length", check_term_length, term_length),
+                              ("mtu", check_mtu, mtu)):
+        try:
+            check(value)
+        except ValueError as e:
+            raise ChannelError(str(channel), key, str(e)) from None
+    if mtu > max_message_length(term_length):
+        raise ChannelError(str(channel), "mtu", f"{mtu} exceeds the maximum message length "
+                                                f"{max_message_length(term_length)} of term "
+                                                f"length {term_length}")
+    if channel.init_term_id is None:
+        initial_term_count = initial_term_offset = 0
+    else:
+        # term-id and term-offset come with init-term-id (parse_channel checks).
+        assert channel.term_id is not None and channel.term_offset is not None
+        initial_term_count = (channel.term_id - channel.init_term_id) & 0xFFFFFFFF
+        initial_term_offset = channel.term_offset
+        if initial_term_offset > term_length:
+            raise ChannelError(str(channel), "term-offset", f"{initial_term_offset} is beyond "
+                                                            f"the term length {term_length}")
+    return {"term_length": term_length, "mtu": mtu, "session_id": channel.session_id,
+            "initial_term_id": channel.init_term_id, "initial_term_count": initial_term_count,
+            "initial_term_offset": initial_term_offset}
