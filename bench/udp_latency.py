@@ -33,7 +33,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def run_aeron(rounds: int, *, two_drivers: bool) -> str:
-    from bench import aeron_peer
+    from tests import aeron_peer
 
     ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"

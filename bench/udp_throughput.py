@@ -48,8 +48,8 @@ def mtu_for(size: int) -> int | None:
 
 def run_aeron(size: int, count: int, *, two_drivers: bool, settings: dict[str, str]) -> float:
     """StreamingPublisher -> RateSubscriber; the subscriber's mean rate while traffic flowed."""
-    from bench import aeron_peer
     from slipstream.client.units import parse_size
+    from tests import aeron_peer
 
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     if mtu_for(size):

@@ -1,4 +1,4 @@
-"""The stock Aeron 1.15.1 peer harness (bench/aeron_peer.py), proved with Aeron talking to
+"""The stock Aeron 1.15.1 peer harness (tests/aeron_peer/), proved with Aeron talking to
 itself on loopback: one Java driver per test in a fresh /dev/shm directory.
 
 Needs ``scripts/ensure-aeron`` (``make test`` runs it).  Without the jar or Java 11 these tests
@@ -8,19 +8,10 @@ skip, except under CI=true, where they fail.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
+import aeron_peer
 import pytest
-from helpers import free_port
-
-try:
-    from bench import aeron_peer
-except ImportError:  # run by a pytest that does not put the repository on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench import aeron_peer
-
-from bench.aeron_peer import (
+from aeron_peer import (
     AeronDriver,
     SampleFailed,
     basic_publisher,
@@ -30,6 +21,7 @@ from bench.aeron_peer import (
     rate_subscriber,
     streaming_publisher,
 )
+from helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

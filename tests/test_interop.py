@@ -1,6 +1,6 @@
 """A stock Aeron driver (Java 1.15.1) and slipstream exchange streams in both directions.
 
-Aeron's own samples are the other end (bench/aeron_peer.py): StreamingPublisher puts the
+Aeron's own samples are the other end (tests/aeron_peer/): StreamingPublisher puts the
 message index first in each payload (little-endian i64), BasicSubscriber prints every message
 it gets.  Every test checks every message arrived once and in order; with loss injected on the
 receiving side, the NAKs and retransmissions cross between the two implementations.
@@ -19,11 +19,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aeron_peer
 import pytest
+from aeron_peer import AeronDriver, basic_subscriber, streaming_publisher
 from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 
-from bench import aeron_peer
-from bench.aeron_peer import AeronDriver, basic_subscriber, streaming_publisher
 from slipstream.client import Client
 from slipstream.client.counters import SystemCounter, read_system_counters
 from slipstream.daemon.driver import MediaDriver
