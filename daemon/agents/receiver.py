@@ -32,13 +32,11 @@ Units: times in ns, sizes in bytes.
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 import attrs
 
-from slipstream.client._native import lib
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
@@ -59,6 +57,7 @@ from slipstream.client.frames import (
 from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length, term_count
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
+from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
@@ -404,7 +403,7 @@ class ReceiveEndpoint:
     transport: ReceiveTransport
 
 
-class Receiver:
+class Receiver(Agent[ReceiveEndpoint]):
     """The receiver agent: every receive endpoint's input, images and timers.
 
     Single-threaded: the driver's network thread (or the simulator) calls :meth:`do_work`;
@@ -413,30 +412,12 @@ class Receiver:
     """
 
     def __init__(self, *, on_event: Callable[[ReceiverEvent], None]) -> None:
-        self.endpoints: list[ReceiveEndpoint] = []
+        super().__init__()
         self._on_event = on_event
-        self._commands: deque[Callable[[int], None]] = deque()
-        self._armed: list[object] = []  # the driver-waiters words raised by prepare_to_park
-
-    def submit(self, command: Callable[[int], None]) -> None:
-        """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe)."""
-        self._commands.append(command)
-
-    def add_endpoint(self, endpoint: ReceiveEndpoint) -> None:
-        self.endpoints.append(endpoint)
-
-    def remove_endpoint(self, endpoint: ReceiveEndpoint) -> None:
-        """Stop using ``endpoint``; its owner closes it."""
-        if endpoint in self.endpoints:
-            self.endpoints.remove(endpoint)
 
     def do_work(self, now_ns: int) -> int:
         """One duty cycle; returns the amount of work done (0: idle)."""
-        work = 0
-        commands = self._commands
-        while commands:
-            commands.popleft()(now_ns)
-            work += 1
+        work = self._run_commands(now_ns)
         for endpoint in self.endpoints:
             channel = endpoint.channel
             work += endpoint.transport.receive(channel, now_ns)
@@ -455,26 +436,18 @@ class Receiver:
         once they reach the position where a status message would be due (the log's wake
         position and driver-waiters word), then look once more; False when they are there
         already.  Call :meth:`unpark` after the park (or instead of it)."""
-        may_park = not self._commands
+        may_park = not self.has_commands
         for endpoint in self.endpoints:
             for image in endpoint.channel.images.values():
                 due = image.status_message_due_position()
-                log_buffer = image.log
-                log_buffer.set_driver_wake_position(due)
-                waiters = log_buffer.driver_waiters()
-                lib.ss_get_and_add_i32(waiters, 1)  # seq_cst: pairs with the reader's fence
-                self._armed.append(waiters)
+                image.log.set_driver_wake_position(due)
+                self._arm(image.log.driver_waiters())
                 if image.subscriber_count and image.min_subscriber_position() >= due:
                     may_park = False
         return may_park
 
-    def unpark(self) -> None:
-        for waiters in self._armed:
-            lib.ss_get_and_add_i32(waiters, -1)
-        self._armed.clear()
-
     def next_deadline_ns(self) -> int:
         """When a duty cycle is next due with no input (NO_DEADLINE: none)."""
-        if self._commands:
+        if self.has_commands:
             return 0
         return min((e.channel.next_deadline_ns() for e in self.endpoints), default=NO_DEADLINE)

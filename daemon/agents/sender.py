@@ -14,13 +14,12 @@ through ``on_event`` (:class:`PublicationDone`: its log and counters may go).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 import attrs
 
-from slipstream.client._native import lib
+from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.protocol.types import NO_DEADLINE, Datagram
 from slipstream.daemon.streams.publication import NetworkPublication, SendChannel
 
@@ -64,34 +63,20 @@ class PublicationDone:
     publication: NetworkPublication
 
 
-class Sender:
+class Sender(Agent[SendEndpoint]):
     """The sender agent.  See the module docstring."""
 
     def __init__(self, *, on_event: Callable[[PublicationDone], None],
                  status_poll_ratio: int = 1) -> None:
         """``status_poll_ratio``: read control input every this many busy duty cycles of
         Aeron's (2 datagrams each), i.e. after twice as many datagrams."""
-        self.endpoints: list[SendEndpoint] = []
+        super().__init__()
         self.status_poll_ratio = status_poll_ratio
         self._datagrams_to_status_poll = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
         self._on_event = on_event
-        self._commands: deque[Callable[[int], None]] = deque()
-        self._armed: list[object] = []  # the driver-waiters words raised by prepare_to_park
-
-    def submit(self, command: Callable[[int], None]) -> None:
-        """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe)."""
-        self._commands.append(command)
 
     # -- commands (run on the agent's thread) -----------------------------------------------
-    def add_endpoint(self, endpoint: SendEndpoint) -> None:
-        self.endpoints.append(endpoint)
-
-    def remove_endpoint(self, endpoint: SendEndpoint) -> None:
-        """Stop using ``endpoint`` (its publications are all DONE); its owner closes it."""
-        if endpoint in self.endpoints:
-            self.endpoints.remove(endpoint)
-
     def add_publication(self, endpoint: SendEndpoint, publication: NetworkPublication) -> None:
         endpoint.transport.attach(publication)
         endpoint.channel.add_publication(publication)
@@ -104,11 +89,7 @@ class Sender:
     # -- duty cycle -------------------------------------------------------------------------
     def do_work(self, now_ns: int) -> int:
         """One duty cycle; returns the amount of work done (0: idle)."""
-        work = 0
-        commands = self._commands
-        while commands:
-            commands.popleft()(now_ns)
-            work += 1
+        work = self._run_commands(now_ns)
         sent_total = 0
         for publication, endpoint in self._publications:
             sent = endpoint.transport.send_data(publication, now_ns)
@@ -162,21 +143,16 @@ class Sender:
         (the log's driver-waiters word), then look once more; False when there is work after
         all.  Call :meth:`unpark` after the park (or instead of it)."""
         for publication, _ in self._publications:
-            waiters = publication.log.driver_waiters()
-            lib.ss_get_and_add_i32(waiters, 1)  # seq_cst: pairs with the appender's fence
-            self._armed.append(waiters)
-        return not self._commands and not self.has_data_ready()
+            self._arm(publication.log.driver_waiters())
+        return not self.has_commands and not self.has_data_ready()
 
     def unpark(self) -> None:
-        """After a park (woken by a socket, a doorbell or a timer): read control input at the
-        next duty cycle."""
-        for waiters in self._armed:
-            lib.ss_get_and_add_i32(waiters, -1)
-        self._armed.clear()
+        """After a park: also read control input at the next duty cycle."""
+        super().unpark()
         self._datagrams_to_status_poll = 0
 
     def next_deadline_ns(self) -> int:
         """When a duty cycle is next due with no input or new data (NO_DEADLINE: none)."""
-        if self._commands:
+        if self.has_commands:
             return 0
         return min((p.next_due_ns for p, _ in self._publications), default=NO_DEADLINE)

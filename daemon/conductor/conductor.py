@@ -32,6 +32,7 @@ from slipstream.client.counters import (
     SystemCounter,
 )
 from slipstream.client.errors import ChannelError, InvalidArgumentError
+from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.ipc import IpcPublication, IpcPublicationState
 from slipstream.daemon.conductor.network import (
     NetworkConductor,
@@ -159,19 +160,20 @@ class DriverConductor:
             self.counters.add(SystemCounter.ERRORS)
             log.warning("refused a malformed %.64s command: %s", kind, e)
             code = control.ERR_UNSUPPORTED if e.field == "type" else control.ERR_INVALID_ARGUMENT
-            return [(key, _error(correlation_id, code, f"malformed {kind[:64]} command: {e}"))]
+            return [(key, messages.error(correlation_id, code,
+                                         f"malformed {kind[:64]} command: {e}"))]
         try:
             if kind == control.CONNECT:
                 return self._on_connect(key, message, now_ns)
             client = self._clients_by_key.get(key)
             if client is None:
-                return [(key, _error(correlation_id, control.ERR_UNKNOWN_CLIENT,
-                                     "unknown client: connect first (or it timed out)"))]
+                return [(key, messages.error(correlation_id, control.ERR_UNKNOWN_CLIENT,
+                                             "unknown client: connect first (or it timed out)"))]
             client.time_of_last_keepalive_ns = now_ns
             if (self.drain_phase is not DrainPhase.NONE
                     and kind in (control.ADD_PUBLICATION, control.ADD_SUBSCRIPTION)):
-                return [(key, _error(correlation_id, control.ERR_GENERIC,
-                                     "the driver is stopping (draining): no new streams"))]
+                return [(key, messages.error(correlation_id, control.ERR_GENERIC,
+                                             "the driver is stopping (draining): no new streams"))]
             if kind == control.ADD_PUBLICATION:
                 return self._on_add_publication(client, message, now_ns)
             if kind == control.REMOVE_PUBLICATION:
@@ -182,23 +184,22 @@ class DriverConductor:
                 return self._on_remove_subscription(client, message)
             if kind == control.CLOSE_CLIENT:
                 self._remove_client(client, now_ns)
-                return [(key, {"type": control.OPERATION_SUCCESS,
-                               "correlation_id": correlation_id})]
+                return [(key, messages.operation_success(correlation_id))]
             raise AssertionError(f"check_command let {kind!r} through")
         except ChannelError as e:
-            refusal = _error(correlation_id, control.ERR_INVALID_CHANNEL, str(e))
+            refusal = messages.error(correlation_id, control.ERR_INVALID_CHANNEL, str(e))
             refusal.update(uri=e.uri, part=e.part, problem=e.problem)
             return [(key, refusal)]
         except (ResourceError, OSError) as e:
             self.counters.add(SystemCounter.ERRORS)
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             log.error("%s failed: %s", kind, reason)
-            return [(key, _error(correlation_id, control.ERR_RESOURCE, reason))]
+            return [(key, messages.error(correlation_id, control.ERR_RESOURCE, reason))]
         except Exception as e:  # a bug: answered and counted; the conductor serves on
             self.counters.add(SystemCounter.ERRORS)
             log.exception("%s failed on %r", kind, message)
-            return [(key, _error(correlation_id, control.ERR_GENERIC,
-                                 f"the driver failed on {kind}: {e!r}"))]
+            return [(key, messages.error(correlation_id, control.ERR_GENERIC,
+                                         f"the driver failed on {kind}: {e!r}"))]
 
     def on_unresolved(self, key: bytes, message: dict[str, Any], reason: str) -> Outgoing:
         """A command whose channel names a host the resolver did not answer for in time."""
@@ -206,7 +207,7 @@ class DriverConductor:
         correlation_id = message.get("correlation_id", 0)
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, int):
             return []
-        return [(key, _error(correlation_id, control.ERR_INVALID_CHANNEL, reason))]
+        return [(key, messages.error(correlation_id, control.ERR_INVALID_CHANNEL, reason))]
 
     def on_malformed(self, key: bytes, error: ValueError) -> Outgoing:
         """A frame that is not a command: counted; answered when it names a correlation id
@@ -215,21 +216,23 @@ class DriverConductor:
         correlation_id = getattr(error, "correlation_id", None)
         if correlation_id is None:
             return []
-        return [(key, _error(correlation_id, control.ERR_INVALID_ARGUMENT,
-                             f"malformed command: {error}"))]
+        return [(key, messages.error(correlation_id, control.ERR_INVALID_ARGUMENT,
+                                     f"malformed command: {error}"))]
 
     def _on_connect(self, key: bytes, message: dict[str, Any], now_ns: int) -> Outgoing:
         if message.get("version") != control.PROTOCOL_VERSION:
-            return [(key, _error(message.get("correlation_id", 0), control.ERR_UNSUPPORTED,
-                                 f"client protocol version {message.get('version')} is not "
-                                 f"{control.PROTOCOL_VERSION}: upgrade the client or driver"))]
+            return [(key, messages.error(
+                message.get("correlation_id", 0), control.ERR_UNSUPPORTED,
+                f"client protocol version {message.get('version')} is not "
+                f"{control.PROTOCOL_VERSION}: upgrade the client or driver"))]
         existing = self._clients_by_key.get(key)
         if existing is not None:
             # One client per connection: a second CONNECT would leave the first one's counter
             # and resources to the liveness timeout (a loop of them exhausts the counters).
-            return [(key, _error(message.get("correlation_id", 0), control.ERR_INVALID_ARGUMENT,
-                                 f"type: this connection is client {existing.client_id} "
-                                 f"already; CONNECT once per connection"))]
+            return [(key, messages.error(
+                message.get("correlation_id", 0), control.ERR_INVALID_ARGUMENT,
+                f"type: this connection is client {existing.client_id} already; CONNECT once "
+                f"per connection"))]
         client_id = self._new_id()
         pid = message["pid"]
         heartbeat_id = self.counters.allocate(
@@ -272,16 +275,11 @@ class DriverConductor:
         publication.publisher_refs += 1
         registration_id = self._new_id()
         client.publications[registration_id] = publication.registration_id
-        out.insert(0, (client.key, {
-            "type": control.PUBLICATION_READY,
-            "correlation_id": correlation_id,
-            "registration_id": registration_id,
-            "original_registration_id": publication.registration_id,
-            "log_file": str(publication.log.path),
-            "session_id": publication.session_id,
-            "stream_id": stream_id,
-            "publication_limit_counter_id": publication.publisher_limit_id,
-        }))
+        out.insert(0, (client.key, messages.publication_ready(
+            correlation_id=correlation_id, registration_id=registration_id,
+            original_registration_id=publication.registration_id, log_file=publication.log.path,
+            session_id=publication.session_id, stream_id=stream_id,
+            publisher_limit_counter_id=publication.publisher_limit_id)))
         return out
 
     def _on_add_network_publication(self, client: ClientSession, correlation_id: int,
@@ -291,16 +289,11 @@ class DriverConductor:
         entry, registration_id = self.network.add_publication(client.key, channel, stream_id,
                                                               now_ns)
         client.publications[registration_id] = entry.registration_id
-        return [(client.key, {
-            "type": control.PUBLICATION_READY,
-            "correlation_id": correlation_id,
-            "registration_id": registration_id,
-            "original_registration_id": entry.registration_id,
-            "log_file": str(entry.log.path),
-            "session_id": entry.publication.session_id,
-            "stream_id": stream_id,
-            "publication_limit_counter_id": entry.publisher_limit_id,
-        })]
+        return [(client.key, messages.publication_ready(
+            correlation_id=correlation_id, registration_id=registration_id,
+            original_registration_id=entry.registration_id, log_file=entry.log.path,
+            session_id=entry.publication.session_id, stream_id=stream_id,
+            publisher_limit_counter_id=entry.publisher_limit_id))]
 
     def _create_ipc_publication(self, channel: Channel, stream_id: int,
                                 now_ns: int) -> IpcPublication:
@@ -339,11 +332,10 @@ class DriverConductor:
         registration_id = message["registration_id"]
         publication_id = client.publications.pop(registration_id, None)
         if publication_id is None:
-            return [(client.key, _error(correlation_id, control.ERR_UNKNOWN_PUBLICATION,
-                                        f"unknown publication {registration_id}"))]
+            return [(client.key, messages.error(correlation_id, control.ERR_UNKNOWN_PUBLICATION,
+                                                f"unknown publication {registration_id}"))]
         self._release_publication(publication_id, now_ns)
-        return [(client.key, {"type": control.OPERATION_SUCCESS,
-                              "correlation_id": correlation_id})]
+        return [(client.key, messages.operation_success(correlation_id))]
 
     def _release_publication(self, publication_id: int, now_ns: int) -> None:
         publication = self.ipc_publications.get(publication_id)
@@ -369,17 +361,11 @@ class DriverConductor:
                                                        client.key, channel, stream_id)
             images = self.network.add_subscription(network_subscription, now_ns)
             client.subscriptions[network_subscription.registration_id] = network_subscription
-            return [(client.key, {
-                "type": control.SUBSCRIPTION_READY,
-                "correlation_id": correlation_id,
-                "registration_id": network_subscription.registration_id,
-            }), *images]
+            return [(client.key, messages.subscription_ready(
+                correlation_id, network_subscription.registration_id)), *images]
         subscription = Subscription(self._new_id(), client.client_id, channel, stream_id)
-        out: Outgoing = [(client.key, {
-            "type": control.SUBSCRIPTION_READY,
-            "correlation_id": correlation_id,
-            "registration_id": subscription.registration_id,
-        })]
+        out: Outgoing = [(client.key, messages.subscription_ready(
+            correlation_id, subscription.registration_id))]
         publication = self._ipc_by_stream.get(stream_id)
         if publication is not None and subscription.wants(stream_id, publication.session_id):
             out.append(self._attach(publication, subscription, client))  # may fail: not kept
@@ -402,28 +388,24 @@ class DriverConductor:
             subscription.registration_id, client.client_id,
             f"aeron:ipc stream={publication.stream_id} session={publication.session_id} "
             f"sub={subscription.registration_id}")
-        return (client.key, {
-            "type": control.AVAILABLE_IMAGE,
-            "correlation_id": publication.registration_id,
-            "subscription_registration_id": subscription.registration_id,
-            "session_id": publication.session_id,
-            "stream_id": publication.stream_id,
-            "log_file": str(publication.log.path),
-            "subscriber_position_counter_id": subscriber.position_counter_id,
-            "join_position": self.counters.get(subscriber.position_counter_id),
-            "source_identity": "aeron:ipc",
-        })
+        return (client.key, messages.available_image(
+            image_registration_id=publication.registration_id,
+            subscription_registration_id=subscription.registration_id,
+            session_id=publication.session_id, stream_id=publication.stream_id,
+            log_file=publication.log.path,
+            subscriber_position_counter_id=subscriber.position_counter_id,
+            join_position=self.counters.get(subscriber.position_counter_id),
+            source_identity="aeron:ipc"))
 
     def _on_remove_subscription(self, client: ClientSession, message: dict[str, Any]) -> Outgoing:
         correlation_id = message["correlation_id"]
         registration_id = message["registration_id"]
         subscription = client.subscriptions.pop(registration_id, None)
         if subscription is None:
-            return [(client.key, _error(correlation_id, control.ERR_UNKNOWN_SUBSCRIPTION,
-                                        f"unknown subscription {registration_id}"))]
+            return [(client.key, messages.error(correlation_id, control.ERR_UNKNOWN_SUBSCRIPTION,
+                                                f"unknown subscription {registration_id}"))]
         self._detach(subscription)
-        return [(client.key, {"type": control.OPERATION_SUCCESS,
-                              "correlation_id": correlation_id})]
+        return [(client.key, messages.operation_success(correlation_id))]
 
     def _detach(self, subscription: Subscription | NetworkSubscription) -> None:
         if isinstance(subscription, NetworkSubscription):
@@ -470,12 +452,10 @@ class DriverConductor:
         for subscriber in publication.subscribers:
             client = self.clients.get(subscriber.client_id)
             if client is not None:
-                out.append((client.key, {
-                    "type": control.UNAVAILABLE_IMAGE,
-                    "correlation_id": publication.registration_id,
-                    "subscription_registration_id": subscriber.subscription_id,
-                    "stream_id": publication.stream_id,
-                }))
+                out.append((client.key, messages.unavailable_image(
+                    image_registration_id=publication.registration_id,
+                    subscription_registration_id=subscriber.subscription_id,
+                    stream_id=publication.stream_id)))
         del self.ipc_publications[publication.registration_id]
         if self._ipc_by_stream.get(publication.stream_id) is publication:
             del self._ipc_by_stream[publication.stream_id]
@@ -594,9 +574,4 @@ def _carried(channel: Channel) -> Channel:
 def _unsupported(correlation_id: int, channel: Channel) -> dict[str, Any]:
     what = ("spy subscriptions (aeron-spy:) are not supported yet" if channel.is_spy
             else "this conductor carries aeron:ipc streams only (no network transports)")
-    return _error(correlation_id, control.ERR_UNSUPPORTED, f"{channel}: {what}")
-
-
-def _error(correlation_id: int, code: str, text: str) -> dict[str, Any]:
-    return {"type": control.ERROR, "correlation_id": correlation_id, "code": code,
-            "message": text}
+    return messages.error(correlation_id, control.ERR_UNSUPPORTED, f"{channel}: {what}")

@@ -51,6 +51,7 @@ from slipstream.daemon.agents.receiver import (
     ReceiveTransport,
 )
 from slipstream.daemon.agents.sender import PublicationDone, SendEndpoint, Sender, SendTransport
+from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.resources import (
     LogBudget,
     ResourceError,
@@ -491,17 +492,13 @@ class NetworkConductor:
             self._submit_receive(lambda _now: image.add_subscriber_position(cell))
         else:
             image.add_subscriber_position(cell)  # not handed to the receiver yet
-        return (subscription.client_key, {
-            "type": control.AVAILABLE_IMAGE,
-            "correlation_id": image_entry.registration_id,
-            "subscription_registration_id": subscription.registration_id,
-            "session_id": image.session_id,
-            "stream_id": image.stream_id,
-            "log_file": str(image_entry.log.path),
-            "subscriber_position_counter_id": counter_id,
-            "join_position": position,
-            "source_identity": f"{image_entry.source[0]}:{image_entry.source[1]}",
-        })
+        return (subscription.client_key, messages.available_image(
+            image_registration_id=image_entry.registration_id,
+            subscription_registration_id=subscription.registration_id,
+            session_id=image.session_id, stream_id=image.stream_id,
+            log_file=image_entry.log.path, subscriber_position_counter_id=counter_id,
+            join_position=position,
+            source_identity=f"{image_entry.source[0]}:{image_entry.source[1]}"))
 
     def _unlink(self, image_entry: _ImageEntry, link: _ImageLink) -> None:
         image_entry.links.remove(link)
@@ -517,12 +514,10 @@ class NetworkConductor:
         image_entry.lingering = True
         out: Outgoing = []
         for link in list(image_entry.links):
-            out.append((link.subscription.client_key, {
-                "type": control.UNAVAILABLE_IMAGE,
-                "correlation_id": image_entry.registration_id,
-                "subscription_registration_id": link.subscription.registration_id,
-                "stream_id": event.image.stream_id,
-            }))
+            out.append((link.subscription.client_key, messages.unavailable_image(
+                image_registration_id=image_entry.registration_id,
+                subscription_registration_id=link.subscription.registration_id,
+                stream_id=event.image.stream_id)))
             self._unlink(image_entry, link)
         return out
 

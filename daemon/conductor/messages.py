@@ -1,0 +1,59 @@
+"""The conductor's answers and notices to clients, one builder each, whichever media the
+stream uses (the message types and fields are the client's: :mod:`slipstream.client.control`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from slipstream.client import control
+
+
+def publication_ready(*, correlation_id: int, registration_id: int,
+                      original_registration_id: int, log_file: Path, session_id: int,
+                      stream_id: int, publisher_limit_counter_id: int) -> dict[str, Any]:
+    """A publisher was added: ``registration_id`` is this publisher's,
+    ``original_registration_id`` the (shared) publication's."""
+    return {"type": control.PUBLICATION_READY, "correlation_id": correlation_id,
+            "registration_id": registration_id,
+            "original_registration_id": original_registration_id, "log_file": str(log_file),
+            "session_id": session_id, "stream_id": stream_id,
+            "publication_limit_counter_id": publisher_limit_counter_id}
+
+
+def subscription_ready(correlation_id: int, registration_id: int) -> dict[str, Any]:
+    """A subscription was added as ``registration_id``."""
+    return {"type": control.SUBSCRIPTION_READY, "correlation_id": correlation_id,
+            "registration_id": registration_id}
+
+
+def operation_success(correlation_id: int) -> dict[str, Any]:
+    """The command ``correlation_id`` (a removal, a close) is done."""
+    return {"type": control.OPERATION_SUCCESS, "correlation_id": correlation_id}
+
+
+def available_image(*, image_registration_id: int, subscription_registration_id: int,
+                    session_id: int, stream_id: int, log_file: Path,
+                    subscriber_position_counter_id: int, join_position: int,
+                    source_identity: str) -> dict[str, Any]:
+    """A subscription has a new image: read ``log_file`` from ``join_position`` and keep the
+    position in the counter."""
+    return {"type": control.AVAILABLE_IMAGE, "correlation_id": image_registration_id,
+            "subscription_registration_id": subscription_registration_id,
+            "session_id": session_id, "stream_id": stream_id, "log_file": str(log_file),
+            "subscriber_position_counter_id": subscriber_position_counter_id,
+            "join_position": join_position, "source_identity": source_identity}
+
+
+def unavailable_image(*, image_registration_id: int, subscription_registration_id: int,
+                      stream_id: int) -> dict[str, Any]:
+    """An image of a subscription is gone (its stream ended, or went silent)."""
+    return {"type": control.UNAVAILABLE_IMAGE, "correlation_id": image_registration_id,
+            "subscription_registration_id": subscription_registration_id,
+            "stream_id": stream_id}
+
+
+def error(correlation_id: int, code: str, text: str) -> dict[str, Any]:
+    """The command ``correlation_id`` failed: ``code`` is one of ``control.ERR_*``."""
+    return {"type": control.ERROR, "correlation_id": correlation_id, "code": code,
+            "message": text}
