@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: list[tuple[str, ...]] = [
     ("_network", "_network_build", "config"),  # the C data path and the settings
     ("reports",),  # what the driver records for operators: error log, loss report
-    ("protocol",),  # sans-I/O pieces: types, loss detection, retransmits, cleaning
-    ("flow",),  # flow-control strategies
+    ("protocol",),  # sans-I/O pieces: types, parameters, loss detection, retransmits, cleaning
+    ("flow",),  # flow- and congestion-control interfaces and strategies
     ("streams",),  # a network publication and a publication image
     ("agents",),  # the sender, the receiver and their thread
     ("media",),  # UDP transports and name resolution
