@@ -33,24 +33,27 @@ from typing import Any, Final
 import attrs
 
 from slipstream.client.errors import ChannelError
+from slipstream.client.layout import (
+    FRAME_ALIGNMENT,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_UDP_PAYLOAD_LENGTH,
+    TERM_MAX_LENGTH,
+    TERM_MIN_LENGTH,
+    max_message_length,
+)
 from slipstream.client.units import parse_duration_ns, parse_size
 
 MAX_URI_LENGTH: Final = 4095
 SPY_PREFIX: Final = "aeron-spy:"
 SCHEME: Final = "aeron:"
 
-TERM_MIN_LENGTH: Final = 64 * 1024
-TERM_MAX_LENGTH: Final = 1024 * 1024 * 1024
-FRAME_ALIGNMENT: Final = 32
-MAX_UDP_PAYLOAD_LENGTH: Final = 65504
-MAX_MESSAGE_LENGTH: Final = 16 * 1024 * 1024
-
 CONTROL_MODES: Final = ("manual", "dynamic", "response")
 CONGESTION_CONTROLS: Final = ("static", "cubic")
 FLOW_CONTROLS: Final = ("max", "min", "tagged", "unicast")
 
-_INT32 = (-(1 << 31), (1 << 31) - 1)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
 _INTEGER = re.compile(r"[+-]?[0-9]+\Z")
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\Z")
@@ -267,11 +270,11 @@ def _int(text: str, low: int, high: int) -> int:
 
 
 def _int32(text: str) -> int:
-    return _int(text, *_INT32)
+    return _int(text, INT32_MIN, INT32_MAX)
 
 
 def _int64(text: str) -> int:
-    return _int(text, *_INT64)
+    return _int(text, INT64_MIN, INT64_MAX)
 
 
 def _bool(text: str) -> bool:
@@ -282,7 +285,7 @@ def _bool(text: str) -> bool:
     raise _Bad(f"{text!r} is not true or false")
 
 
-def _size(text: str, low: int = 1, high: int = _INT32[1]) -> int:
+def _size(text: str, low: int = 1, high: int = INT32_MAX) -> int:
     try:
         value = parse_size(text)
     except ValueError as e:
@@ -418,7 +421,7 @@ def _flow_control(text: str) -> FlowControlSpec:
                 raise _Bad("min takes a group size only (g:/N); use tagged for a group tag")
             tag = _int64(tag_text)
         if slash:
-            size = _int(size_text, 0, _INT32[1])
+            size = _int(size_text, 0, INT32_MAX)
         elif name == "min":
             raise _Bad("min takes a group size only (g:/N)")
     return FlowControlSpec(name, tag, size, timeout)
@@ -426,13 +429,13 @@ def _flow_control(text: str) -> FlowControlSpec:
 
 def _tags(text: str) -> tuple[int, int | None]:
     channel_text, comma, entity_text = text.partition(",")
-    channel_tag = _int(channel_text, 0, _INT64[1])
-    return channel_tag, (_int(entity_text, 0, _INT64[1]) if comma else None)
+    channel_tag = _int(channel_text, 0, INT64_MAX)
+    return channel_tag, (_int(entity_text, 0, INT64_MAX) if comma else None)
 
 
 def _session_id(text: str) -> tuple[int | None, int | None]:
     if text.startswith("tag:"):
-        return None, _int(text[4:], 0, _INT64[1])
+        return None, _int(text[4:], 0, INT64_MAX)
     return _int32(text), None
 
 
@@ -650,7 +653,7 @@ def _validate(uri: str, c: Channel) -> None:
             raise ChannelError(uri, "term-id",
                                f"{c.term_id} is before init-term-id {c.init_term_id}")
     if c.mtu is not None and c.term_length is not None:
-        max_message = min(c.term_length // 8, MAX_MESSAGE_LENGTH)
+        max_message = max_message_length(c.term_length)
         if c.mtu > max_message:
             raise ChannelError(uri, "mtu", f"{c.mtu} exceeds the maximum message length "
                                            f"{max_message} of term-length {c.term_length}")

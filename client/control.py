@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.client.errors import InvalidArgumentError
+from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 PROTOCOL_VERSION = 2
 
@@ -67,8 +68,6 @@ ERR_INVALID_ARGUMENT = "invalid_argument"
 #: A command carries at most one URI (<= 4095 characters) and a few numbers; anything longer is
 #: refused before it is parsed, so a hostile client cannot make the conductor parse megabytes.
 MAX_FRAME_LENGTH = 16 * 1024
-INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
-INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
 MAX_CHANNEL_LENGTH = 4095  # Aeron's URI limit (PROTOCOL.md §6)
 
 
@@ -87,7 +86,7 @@ def check_int32(field: str, value: object) -> int:
     """``value`` if it is an int (not a bool) in the int32 range, else
     :class:`InvalidArgumentError`.  Stream and session ids are int32 on the wire and in the log
     (PROTOCOL.md §1.2)."""
-    return _check_int(field, value, INT32_RANGE)
+    return _check_int(field, value, (INT32_MIN, INT32_MAX))
 
 
 def check_channel(field: str, value: object) -> str:
@@ -110,11 +109,11 @@ def _check_int(field: str, value: object, bounds: tuple[int, int]) -> int:
 
 
 def _int64(field: str, value: object) -> object:
-    return _check_int(field, value, INT64_RANGE)
+    return _check_int(field, value, (INT64_MIN, INT64_MAX))
 
 
 def _pid(field: str, value: object) -> object:
-    return _check_int(field, value, (0, INT32_RANGE[1]))
+    return _check_int(field, value, (0, INT32_MAX))
 
 
 #: The fields of every command and how each is checked.  Fields not listed are ignored (a newer

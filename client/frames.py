@@ -1,8 +1,8 @@
 """Codecs for Aeron's UDP frames (PROTOCOL.md §1): one frozen class per frame type, no I/O.
 
-Wire facts: little-endian, C ``#pragma pack(4)`` layouts with no padding (so SM's 8-byte
-``receiver_id`` sits unaligned at offset 28), every frame starts with the 8-byte header
-``frame_length:i32 version:u8 flags:u8 type:u16``.  All lengths and offsets are in bytes.
+The layouts, types, flags and lengths are :mod:`~slipstream.client.layout`'s (little-endian,
+no padding; every frame starts with ``frame_length:i32 version:u8 flags:u8 type:u16``).  All
+lengths and offsets are in bytes.
 
 Decoding (the receive path, once per datagram):
 
@@ -31,82 +31,68 @@ from typing import ClassVar, Final, TypeAlias
 
 import attrs
 
-# -- constants (C AERON_HDR_TYPE_*, AERON_*_FLAG) ---------------------------------------------
+from slipstream.client.layout import (
+    CURRENT_VERSION,
+    DATA_HEADER,
+    EOS_FLAG,
+    ERR_HAS_GROUP_TAG_FLAG,
+    ERR_HEADER,
+    ERR_HEADER_LENGTH,
+    ERR_MAX_TEXT_LENGTH,
+    FRAME_ALIGNMENT,
+    FRAME_HEADER,
+    FRAME_HEADER_LENGTH,
+    HDR_TYPE_ATS_DATA,
+    HDR_TYPE_ATS_SETUP,
+    HDR_TYPE_ATS_SM,
+    HDR_TYPE_DATA,
+    HDR_TYPE_ERR,
+    HDR_TYPE_EXT,
+    HDR_TYPE_NAK,
+    HDR_TYPE_PAD,
+    HDR_TYPE_RES,
+    HDR_TYPE_RSP_SETUP,
+    HDR_TYPE_RTTM,
+    HDR_TYPE_SETUP,
+    HDR_TYPE_SM,
+    HEADER_LENGTH,
+    NAK_FRAME,
+    NAK_LENGTH,
+    RSP_SETUP_FRAME,
+    RSP_SETUP_LENGTH,
+    RTTM_FRAME,
+    RTTM_LENGTH,
+    RTTM_REPLY_FLAG,
+    SETUP_FRAME,
+    SETUP_GROUP_FLAG,
+    SETUP_LENGTH,
+    SETUP_SEND_RESPONSE_FLAG,
+    SM_EOS_FLAG,
+    SM_FRAME,
+    SM_GROUP_TAG_LENGTH,
+    SM_LENGTH,
+    SM_SEND_SETUP_FLAG,
+    SM_TAGGED_FRAME,
+    UNFRAGMENTED,
+    align,
+)
 
-HDR_TYPE_PAD: Final = 0x00
-HDR_TYPE_DATA: Final = 0x01
-HDR_TYPE_NAK: Final = 0x02
-HDR_TYPE_SM: Final = 0x03
-HDR_TYPE_ERR: Final = 0x04
-HDR_TYPE_SETUP: Final = 0x05
-HDR_TYPE_RTTM: Final = 0x06
-HDR_TYPE_RES: Final = 0x07
-HDR_TYPE_ATS_DATA: Final = 0x08
-HDR_TYPE_ATS_SETUP: Final = 0x09  # C numbering; Java swaps 0x09 and 0x0A (unused either way)
-HDR_TYPE_ATS_SM: Final = 0x0A
-HDR_TYPE_RSP_SETUP: Final = 0x0B
-HDR_TYPE_EXT: Final = 0xFFFF  # int16 -1 read as unsigned
 
-CURRENT_VERSION: Final = 0
-FRAME_HEADER_LENGTH: Final = 8  # the common header
-HEADER_LENGTH: Final = 32  # DATA/PAD header, DataHeaderFlyweight.HEADER_LENGTH
-FRAME_ALIGNMENT: Final = 32
+def _body(frame: struct.Struct) -> struct.Struct:
+    """The fields of ``frame`` after the common header, for the decoders."""
+    return struct.Struct("<" + frame.format[len(FRAME_HEADER.format):])
 
-# DATA / PAD flags
-BEGIN_FLAG: Final = 0x80
-END_FLAG: Final = 0x40
-EOS_FLAG: Final = 0x20
-UNFRAGMENTED: Final = BEGIN_FLAG | END_FLAG
-# SETUP flags
-SETUP_SEND_RESPONSE_FLAG: Final = 0x80
-SETUP_GROUP_FLAG: Final = 0x40
-# SM flags
-SM_SEND_SETUP_FLAG: Final = 0x80
-SM_EOS_FLAG: Final = 0x40
-# RTTM flags
-RTTM_REPLY_FLAG: Final = 0x80
-# ERR flags
-ERR_HAS_GROUP_TAG_FLAG: Final = 0x08
 
-SETUP_LENGTH: Final = 40
-SM_LENGTH: Final = 36
-SM_GROUP_TAG_LENGTH: Final = 8
-NAK_LENGTH: Final = 28
-RTTM_LENGTH: Final = 40
-ERR_HEADER_LENGTH: Final = 40
-ERR_MAX_TEXT_LENGTH: Final = 1023
-RSP_SETUP_LENGTH: Final = 20
-
-# Full-frame layouts, header included; "<" = little-endian with no padding, as pack(4) gives.
-_HEADER = struct.Struct("<iBBH")
-_DATA = struct.Struct("<iBBHiiiiq")  # + term_offset session stream term_id reserved_value
-_SETUP = struct.Struct("<iBBHiiiiiiii")  # + term_offset session stream initial active len mtu ttl
-_SM = struct.Struct("<iBBHiiiiiq")  # + session stream term_id term_offset window receiver_id
-_SM_TAGGED = struct.Struct("<iBBHiiiiiqq")  # ... + group_tag
-_NAK = struct.Struct("<iBBHiiiii")  # + session stream term_id term_offset length
-_RTTM = struct.Struct("<iBBHiiqqq")  # + session stream echo_timestamp reception_delta receiver_id
-_ERR = struct.Struct("<iBBHiiqqii")  # + session stream receiver_id group_tag code text_length
-_RSP_SETUP = struct.Struct("<iBBHiii")  # + session stream response_session_id
-
-# Bodies (everything after the common header), used by the decoders.
-_DATA_BODY = struct.Struct("<iiiiq")
-_SETUP_BODY = struct.Struct("<iiiiiiii")
-_SM_BODY = struct.Struct("<iiiiiq")
+_DATA_BODY = _body(DATA_HEADER)
+_SETUP_BODY = _body(SETUP_FRAME)
+_SM_BODY = _body(SM_FRAME)
 _I64 = struct.Struct("<q")
-_NAK_BODY = struct.Struct("<iiiii")
-_RTTM_BODY = struct.Struct("<iiqqq")
-_ERR_BODY = struct.Struct("<iiqqii")
-_RSP_SETUP_BODY = struct.Struct("<iii")
-
-assert (_DATA.size, _SETUP.size, _SM.size, _SM_TAGGED.size, _NAK.size, _RTTM.size, _ERR.size,
-        _RSP_SETUP.size) == (32, 40, 36, 44, 28, 40, 40, 20)
+_NAK_BODY = _body(NAK_FRAME)
+_RTTM_BODY = _body(RTTM_FRAME)
+_ERR_BODY = _body(ERR_HEADER)
+_RSP_SETUP_BODY = _body(RSP_SETUP_FRAME)
 
 _ZEROS = bytes(FRAME_ALIGNMENT)
-
-
-def align(length: int, alignment: int = FRAME_ALIGNMENT) -> int:
-    """``length`` rounded up to a multiple of ``alignment`` (a power of two)."""
-    return (length + alignment - 1) & -alignment
 
 
 # -- frames ----------------------------------------------------------------------------------
@@ -143,20 +129,21 @@ class Data:
     def encode(self) -> bytes:
         """Header, payload and zero padding up to a multiple of 32 bytes, as the sender sends."""
         length = HEADER_LENGTH + len(self.payload)
-        header = _DATA.pack(length, CURRENT_VERSION, self.flags, HDR_TYPE_DATA, self.term_offset,
-                            self.session_id, self.stream_id, self.term_id, self.reserved_value)
+        header = DATA_HEADER.pack(length, CURRENT_VERSION, self.flags, HDR_TYPE_DATA,
+                                  self.term_offset, self.session_id, self.stream_id, self.term_id,
+                                  self.reserved_value)
         return b"".join((header, self.payload, _ZEROS[: -length & (FRAME_ALIGNMENT - 1)]))
 
     def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
         """Write :meth:`encode`'s bytes at ``offset``; returns align(frame_length, 32)."""
         n = len(self.payload)
         length = HEADER_LENGTH + n
-        _DATA.pack_into(buffer, offset, length, CURRENT_VERSION, self.flags, HDR_TYPE_DATA,
-                        self.term_offset, self.session_id, self.stream_id, self.term_id,
-                        self.reserved_value)
+        DATA_HEADER.pack_into(buffer, offset, length, CURRENT_VERSION, self.flags, HDR_TYPE_DATA,
+                              self.term_offset, self.session_id, self.stream_id, self.term_id,
+                              self.reserved_value)
         end = offset + length
         buffer[offset + HEADER_LENGTH : end] = self.payload
-        aligned = align(length)
+        aligned = align(length, FRAME_ALIGNMENT)
         buffer[end : offset + aligned] = _ZEROS[: aligned - length]
         return aligned
 
@@ -182,13 +169,14 @@ class Heartbeat:
         return bool(self.flags & EOS_FLAG)
 
     def encode(self) -> bytes:
-        return _DATA.pack(0, CURRENT_VERSION, self.flags, HDR_TYPE_DATA, self.term_offset,
-                          self.session_id, self.stream_id, self.term_id, self.reserved_value)
+        return DATA_HEADER.pack(0, CURRENT_VERSION, self.flags, HDR_TYPE_DATA, self.term_offset,
+                                self.session_id, self.stream_id, self.term_id,
+                                self.reserved_value)
 
     def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        _DATA.pack_into(buffer, offset, 0, CURRENT_VERSION, self.flags, HDR_TYPE_DATA,
-                        self.term_offset, self.session_id, self.stream_id, self.term_id,
-                        self.reserved_value)
+        DATA_HEADER.pack_into(buffer, offset, 0, CURRENT_VERSION, self.flags, HDR_TYPE_DATA,
+                              self.term_offset, self.session_id, self.stream_id, self.term_id,
+                              self.reserved_value)
         return HEADER_LENGTH
 
 
@@ -208,14 +196,14 @@ class Pad:
     reserved_value: int = 0
 
     def encode(self) -> bytes:
-        return _DATA.pack(self.frame_length, CURRENT_VERSION, self.flags, HDR_TYPE_PAD,
-                          self.term_offset, self.session_id, self.stream_id, self.term_id,
-                          self.reserved_value)
+        return DATA_HEADER.pack(self.frame_length, CURRENT_VERSION, self.flags, HDR_TYPE_PAD,
+                                self.term_offset, self.session_id, self.stream_id, self.term_id,
+                                self.reserved_value)
 
     def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        _DATA.pack_into(buffer, offset, self.frame_length, CURRENT_VERSION, self.flags,
-                        HDR_TYPE_PAD, self.term_offset, self.session_id, self.stream_id,
-                        self.term_id, self.reserved_value)
+        DATA_HEADER.pack_into(buffer, offset, self.frame_length, CURRENT_VERSION, self.flags,
+                              HDR_TYPE_PAD, self.term_offset, self.session_id, self.stream_id,
+                              self.term_id, self.reserved_value)
         return HEADER_LENGTH
 
 
@@ -244,16 +232,16 @@ class Setup:
         return bool(self.flags & SETUP_SEND_RESPONSE_FLAG)
 
     def encode(self) -> bytes:
-        return _SETUP.pack(SETUP_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_SETUP,
-                           self.term_offset, self.session_id, self.stream_id,
-                           self.initial_term_id, self.active_term_id, self.term_length,
-                           self.mtu, self.ttl)
+        return SETUP_FRAME.pack(SETUP_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_SETUP,
+                                self.term_offset, self.session_id, self.stream_id,
+                                self.initial_term_id, self.active_term_id, self.term_length,
+                                self.mtu, self.ttl)
 
     def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        _SETUP.pack_into(buffer, offset, SETUP_LENGTH, CURRENT_VERSION, self.flags,
-                         HDR_TYPE_SETUP, self.term_offset, self.session_id, self.stream_id,
-                         self.initial_term_id, self.active_term_id, self.term_length, self.mtu,
-                         self.ttl)
+        SETUP_FRAME.pack_into(buffer, offset, SETUP_LENGTH, CURRENT_VERSION, self.flags,
+                              HDR_TYPE_SETUP, self.term_offset, self.session_id, self.stream_id,
+                              self.initial_term_id, self.active_term_id, self.term_length,
+                              self.mtu, self.ttl)
         return SETUP_LENGTH
 
 
@@ -284,14 +272,14 @@ class StatusMessage:
 
     def encode(self) -> bytes:
         if self.group_tag is None:
-            return _SM.pack(SM_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_SM, self.session_id,
-                            self.stream_id, self.consumption_term_id,
-                            self.consumption_term_offset, self.receiver_window,
-                            self.receiver_id)
-        return _SM_TAGGED.pack(SM_LENGTH + SM_GROUP_TAG_LENGTH, CURRENT_VERSION, self.flags,
-                               HDR_TYPE_SM, self.session_id, self.stream_id,
-                               self.consumption_term_id, self.consumption_term_offset,
-                               self.receiver_window, self.receiver_id, self.group_tag)
+            return SM_FRAME.pack(SM_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_SM,
+                                 self.session_id, self.stream_id, self.consumption_term_id,
+                                 self.consumption_term_offset, self.receiver_window,
+                                 self.receiver_id)
+        return SM_TAGGED_FRAME.pack(SM_LENGTH + SM_GROUP_TAG_LENGTH, CURRENT_VERSION, self.flags,
+                                    HDR_TYPE_SM, self.session_id, self.stream_id,
+                                    self.consumption_term_id, self.consumption_term_offset,
+                                    self.receiver_window, self.receiver_id, self.group_tag)
 
     def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
         data = self.encode()
@@ -313,13 +301,14 @@ class Nak:
     frame_length: ClassVar[int] = NAK_LENGTH
 
     def encode(self) -> bytes:
-        return _NAK.pack(NAK_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_NAK, self.session_id,
-                         self.stream_id, self.term_id, self.term_offset, self.length)
+        return NAK_FRAME.pack(NAK_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_NAK,
+                              self.session_id, self.stream_id, self.term_id, self.term_offset,
+                              self.length)
 
     def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        _NAK.pack_into(buffer, offset, NAK_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_NAK,
-                       self.session_id, self.stream_id, self.term_id, self.term_offset,
-                       self.length)
+        NAK_FRAME.pack_into(buffer, offset, NAK_LENGTH, CURRENT_VERSION, self.flags,
+                            HDR_TYPE_NAK, self.session_id, self.stream_id, self.term_id,
+                            self.term_offset, self.length)
         return NAK_LENGTH
 
 
@@ -342,14 +331,14 @@ class Rttm:
         return bool(self.flags & RTTM_REPLY_FLAG)
 
     def encode(self) -> bytes:
-        return _RTTM.pack(RTTM_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_RTTM,
-                          self.session_id, self.stream_id, self.echo_timestamp,
-                          self.reception_delta, self.receiver_id)
+        return RTTM_FRAME.pack(RTTM_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_RTTM,
+                               self.session_id, self.stream_id, self.echo_timestamp,
+                               self.reception_delta, self.receiver_id)
 
     def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        _RTTM.pack_into(buffer, offset, RTTM_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_RTTM,
-                        self.session_id, self.stream_id, self.echo_timestamp,
-                        self.reception_delta, self.receiver_id)
+        RTTM_FRAME.pack_into(buffer, offset, RTTM_LENGTH, CURRENT_VERSION, self.flags,
+                             HDR_TYPE_RTTM, self.session_id, self.stream_id,
+                             self.echo_timestamp, self.reception_delta, self.receiver_id)
         return RTTM_LENGTH
 
 
@@ -383,10 +372,10 @@ class ErrorFrame:
         if len(text) > ERR_MAX_TEXT_LENGTH:
             raise ValueError(f"ERR message is {len(text)} bytes; the limit is "
                              f"{ERR_MAX_TEXT_LENGTH}")
-        header = _ERR.pack(ERR_HEADER_LENGTH + len(text), CURRENT_VERSION, self.flags,
-                           HDR_TYPE_ERR, self.session_id, self.stream_id, self.receiver_id,
-                           0 if self.group_tag is None else self.group_tag, self.error_code,
-                           len(text))
+        header = ERR_HEADER.pack(ERR_HEADER_LENGTH + len(text), CURRENT_VERSION, self.flags,
+                                 HDR_TYPE_ERR, self.session_id, self.stream_id, self.receiver_id,
+                                 0 if self.group_tag is None else self.group_tag,
+                                 self.error_code, len(text))
         return header + text
 
     def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
@@ -407,14 +396,14 @@ class ResponseSetup:
     frame_length: ClassVar[int] = RSP_SETUP_LENGTH
 
     def encode(self) -> bytes:
-        return _RSP_SETUP.pack(RSP_SETUP_LENGTH, CURRENT_VERSION, self.flags,
-                               HDR_TYPE_RSP_SETUP, self.session_id, self.stream_id,
-                               self.response_session_id)
+        return RSP_SETUP_FRAME.pack(RSP_SETUP_LENGTH, CURRENT_VERSION, self.flags,
+                                    HDR_TYPE_RSP_SETUP, self.session_id, self.stream_id,
+                                    self.response_session_id)
 
     def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        _RSP_SETUP.pack_into(buffer, offset, RSP_SETUP_LENGTH, CURRENT_VERSION, self.flags,
-                             HDR_TYPE_RSP_SETUP, self.session_id, self.stream_id,
-                             self.response_session_id)
+        RSP_SETUP_FRAME.pack_into(buffer, offset, RSP_SETUP_LENGTH, CURRENT_VERSION, self.flags,
+                                  HDR_TYPE_RSP_SETUP, self.session_id, self.stream_id,
+                                  self.response_session_id)
         return RSP_SETUP_LENGTH
 
 
@@ -426,8 +415,8 @@ def heartbeat(session_id: int, stream_id: int, term_id: int, term_offset: int,
               eos: bool = False) -> bytes:
     """The 32-byte heartbeat datagram for the sender's position; ``eos`` sets flags 0xE0."""
     flags = UNFRAGMENTED | EOS_FLAG if eos else UNFRAGMENTED
-    return _DATA.pack(0, CURRENT_VERSION, flags, HDR_TYPE_DATA, term_offset, session_id,
-                      stream_id, term_id, 0)
+    return DATA_HEADER.pack(0, CURRENT_VERSION, flags, HDR_TYPE_DATA, term_offset, session_id,
+                            stream_id, term_id, 0)
 
 
 # -- decoding --------------------------------------------------------------------------------
@@ -451,7 +440,7 @@ def _decode_data_or_pad(data: Buffer, offset: int, remaining: int, frame_length:
         data, offset + FRAME_HEADER_LENGTH)
     # The receiver copies frames into the term at term_offset: a misaligned or negative offset
     # can only come from a broken sender and would corrupt the term.
-    if term_offset & 0x8000001F:
+    if term_offset < 0 or term_offset & (FRAME_ALIGNMENT - 1):
         return Rejected(f"{name} term_offset {term_offset} is not a non-negative multiple of 32")
     if is_pad:
         if frame_length < HEADER_LENGTH or frame_length & (FRAME_ALIGNMENT - 1):
@@ -580,7 +569,7 @@ def decode(data: Buffer, offset: int = 0) -> Frame | Rejected:
     if offset < 0 or remaining < FRAME_HEADER_LENGTH:
         return Rejected(f"short datagram: {max(remaining, 0)} bytes at offset {offset} < "
                         f"{FRAME_HEADER_LENGTH}-byte frame header")
-    frame_length, version, flags, frame_type = _HEADER.unpack_from(data, offset)
+    frame_length, version, flags, frame_type = FRAME_HEADER.unpack_from(data, offset)
     if version != CURRENT_VERSION:
         return Rejected(f"unsupported version {version}")
     decoder = _DECODERS.get(frame_type)
@@ -614,7 +603,7 @@ def decode_datagram(data: Buffer) -> list[Frame] | Rejected:
                 return Rejected(f"PAD frame at offset {position} is followed by "
                                 f"{total - position - HEADER_LENGTH} more bytes")
             return frames
-        position += align(frame.frame_length)
+        position += align(frame.frame_length, FRAME_ALIGNMENT)
         if position >= total:
             return frames
         following = decode(data, position)

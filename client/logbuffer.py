@@ -3,7 +3,8 @@
 ``[term 0][term 1][term 2][metadata 4096 B]``, file length ``align(3 * term_length + 4096,
 page_size)``.  The driver creates log files; publishers append to them and subscribers read
 them in place.  The hot paths (append, scan, rebuild) are in C (``native.c``); this module holds
-the layout, the position arithmetic and the Python view that the driver, tests and tools use.
+the position arithmetic and the Python view that the driver, tests and tools use.  The layout
+(offsets, lengths, limits) is :mod:`~slipstream.client.layout`'s.
 
 Positions are byte offsets in the stream: ``position = term_count << bits | term_offset`` with
 ``term_count = term_id - initial_term_id`` (32-bit wrap-around) and ``bits = log2(term_length)``.
@@ -18,67 +19,49 @@ import struct
 from pathlib import Path
 
 from slipstream.client._native import ffi, lib
-from slipstream.client.frames import (  # the frame layout is the codec's (PROTOCOL.md §1.2)
+from slipstream.client.layout import (
+    CURRENT_VERSION,
+    DATA_HEADER,
     FRAME_ALIGNMENT,
     HDR_TYPE_DATA,
     HDR_TYPE_PAD,
     HEADER_LENGTH,
+    INT64_MAX,
+    LOG_META_DATA_LENGTH,
+    MAX_UDP_PAYLOAD_LENGTH,
+    META_ACTIVE_TERM_COUNT,
+    META_CORRELATION_ID,
+    META_DEFAULT_FRAME_HEADER,
+    META_DRIVER_WAITERS,
+    META_DRIVER_WAKE_POSITION,
+    META_END_OF_STREAM_POSITION,
+    META_FLAGS,
+    META_INITIAL_TERM_ID,
+    META_IS_CONNECTED,
+    META_LINGER_TIMEOUT_NS,
+    META_MTU_LENGTH,
+    META_READER_SIGNAL,
+    META_READER_WAITERS,
+    META_TAIL_COUNTERS,
+    META_TERM_LENGTH,
+    PAGE_MIN_SIZE,
+    PARTITION_COUNT,
+    SESSION_ID_FIELD,
+    STREAM_ID_FIELD,
+    TERM_MAX_LENGTH,
+    TERM_MIN_LENGTH,
     UNFRAGMENTED,
+    VERSION_FIELD,
+    align,
+    max_message_length,
 )
 
-PARTITION_COUNT = 3
-LOG_META_DATA_LENGTH = 4096
-TERM_MIN_LENGTH = 64 * 1024
-TERM_MAX_LENGTH = 1024 * 1024 * 1024
-PAGE_MIN_SIZE = 4096
-MAX_UDP_PAYLOAD_LENGTH = 65504
-FRAME_MAX_MESSAGE_LENGTH = 16 * 1024 * 1024
-
-# Metadata offsets (aeron_logbuffer_metadata_t; those the C code uses are defined in native.h).
-TERM_TAIL_COUNTERS_OFFSET = lib.SS_META_TAIL_COUNTERS
-ACTIVE_TERM_COUNT_OFFSET = lib.SS_META_ACTIVE_TERM_COUNT
-END_OF_STREAM_POSITION_OFFSET = lib.SS_META_END_OF_STREAM_POSITION
-IS_CONNECTED_OFFSET = lib.SS_META_IS_CONNECTED
-ACTIVE_TRANSPORT_COUNT_OFFSET = 140
-CORRELATION_ID_OFFSET = 256
-INITIAL_TERM_ID_OFFSET = 264
-DEFAULT_FRAME_HEADER_LENGTH_OFFSET = 268
-MTU_LENGTH_OFFSET = 272
-TERM_LENGTH_OFFSET = 276
-PAGE_SIZE_OFFSET = 280
-PUBLICATION_WINDOW_LENGTH_OFFSET = 284
-RECEIVER_WINDOW_LENGTH_OFFSET = 288
-MAX_RESEND_OFFSET = 316
-DEFAULT_FRAME_HEADER_OFFSET = 320
-LINGER_TIMEOUT_NS_OFFSET = 464
 # madvise(2) advice values (Linux 5.14) that Python's mmap module does not name yet.
 _MADV_POPULATE_READ = 22
 _MADV_POPULATE_WRITE = 23
 
-FLAGS_OFFSET = 488  # group, is_response, rejoin, reliable, sparse, signal_eos, ssc, tether
-# slipstream-local: the eventcount parked readers wait on (see native.h).
-READER_SIGNAL_OFFSET = lib.SS_META_READER_SIGNAL
-READER_WAITERS_OFFSET = lib.SS_META_READER_WAITERS
-
-# Frame header fields (DATA/PAD, PROTOCOL.md §1.2).
-FRAME_LENGTH_FIELD = 0
-VERSION_FIELD = 4
-FLAGS_FIELD = 5
-TYPE_FIELD = 6
-TERM_OFFSET_FIELD = 8
-SESSION_ID_FIELD = 12
-STREAM_ID_FIELD = 16
-TERM_ID_FIELD = 20
-RESERVED_VALUE_FIELD = 24
-
-INT64_MAX = (1 << 63) - 1
-
-_DATA_HEADER = struct.Struct("<iBBHiiiiq")
-
-
-def align(value: int, alignment: int) -> int:
-    """Round ``value`` up to a multiple of ``alignment`` (a power of two)."""
-    return (value + alignment - 1) & ~(alignment - 1)
+#: A PAD header but its frame length, which goes last (version .. term_id).
+_PAD_AFTER_LENGTH = struct.Struct("<" + DATA_HEADER.format[2:-1])
 
 
 def check_term_length(term_length: int) -> None:
@@ -109,11 +92,6 @@ def compute_log_length(term_length: int, page_size: int = PAGE_MIN_SIZE) -> int:
 def position_bits_to_shift(term_length: int) -> int:
     """log2(term_length)."""
     return term_length.bit_length() - 1
-
-
-def max_message_length(term_length: int) -> int:
-    """Largest message a publication with this term length accepts: min(term/8, 16 MiB)."""
-    return min(term_length // 8, FRAME_MAX_MESSAGE_LENGTH)
 
 
 def max_possible_position(term_length: int) -> int:
@@ -194,15 +172,15 @@ class LogBuffer:
         # length = align(3T + 4096, page) with page <= T, so T is the power of two below (L-4096)/3.
         term_length = 1 << (((length - LOG_META_DATA_LENGTH) // PARTITION_COUNT).bit_length() - 1)
         recorded = struct.unpack_from("<i", self._map, PARTITION_COUNT * term_length
-                                      + TERM_LENGTH_OFFSET)[0]
+                                      + META_TERM_LENGTH)[0]
         if recorded != term_length:
             raise ValueError(f"{self.path} is not an initialised log buffer "
                              f"(term length {recorded}, file length {length})")
         self.term_length = term_length
         self.meta_offset = PARTITION_COUNT * self.term_length
         self.meta = self.address + self.meta_offset
-        self.initial_term_id = self._get_i32(INITIAL_TERM_ID_OFFSET)
-        self.mtu = self._get_i32(MTU_LENGTH_OFFSET)
+        self.initial_term_id = self._get_i32(META_INITIAL_TERM_ID)
+        self.mtu = self._get_i32(META_MTU_LENGTH)
         self.position_bits = position_bits_to_shift(self.term_length)
         self.max_message_length = max_message_length(self.term_length)
         self.max_payload = self.mtu - HEADER_LENGTH
@@ -258,16 +236,18 @@ class LogBuffer:
             else:
                 delta = (i - active_index) % PARTITION_COUNT
                 tail = pack_tail(active_term_id + delta - PARTITION_COUNT, 0)
-            struct.pack_into("<q", meta, TERM_TAIL_COUNTERS_OFFSET + 8 * i, tail)
-        struct.pack_into("<i", meta, ACTIVE_TERM_COUNT_OFFSET, initial_term_count)
-        struct.pack_into("<q", meta, END_OF_STREAM_POSITION_OFFSET, INT64_MAX)
-        struct.pack_into("<q", meta, CORRELATION_ID_OFFSET, correlation_id)
-        struct.pack_into("<iiiiiii", meta, INITIAL_TERM_ID_OFFSET, initial_term_id, HEADER_LENGTH,
+            struct.pack_into("<q", meta, META_TAIL_COUNTERS + 8 * i, tail)
+        struct.pack_into("<i", meta, META_ACTIVE_TERM_COUNT, initial_term_count)
+        struct.pack_into("<q", meta, META_END_OF_STREAM_POSITION, INT64_MAX)
+        struct.pack_into("<q", meta, META_CORRELATION_ID, correlation_id)
+        # Seven int32s in a row: initial term id, default frame header length, mtu, term
+        # length, page size, publication window, receiver window.
+        struct.pack_into("<iiiiiii", meta, META_INITIAL_TERM_ID, initial_term_id, HEADER_LENGTH,
                          mtu, term_length, page_size, term_window_length, receiver_window_length)
-        _DATA_HEADER.pack_into(meta, DEFAULT_FRAME_HEADER_OFFSET, 0, 0, UNFRAGMENTED,
-                               HDR_TYPE_DATA, 0, session_id, stream_id, initial_term_id, 0)
-        struct.pack_into("<q", meta, LINGER_TIMEOUT_NS_OFFSET, linger_timeout_ns)
-        struct.pack_into("8B", meta, FLAGS_OFFSET, group, False, True, reliable, sparse,
+        DATA_HEADER.pack_into(meta, META_DEFAULT_FRAME_HEADER, 0, CURRENT_VERSION, UNFRAGMENTED,
+                              HDR_TYPE_DATA, 0, session_id, stream_id, initial_term_id, 0)
+        struct.pack_into("<q", meta, META_LINGER_TIMEOUT_NS, linger_timeout_ns)
+        struct.pack_into("8B", meta, META_FLAGS, group, False, True, reliable, sparse,
                          signal_eos, False, tether)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -293,14 +273,14 @@ class LogBuffer:
     @property
     def is_sparse(self) -> bool:
         """Whether the log's pages are allocated on first touch (else up front)."""
-        return bool(self._map[self.meta_offset + FLAGS_OFFSET + 4])
+        return bool(self._map[self.meta_offset + META_FLAGS + 4])
 
     def _get_i32(self, field: int) -> int:
         return struct.unpack_from("<i", self._map, self.meta_offset + field)[0]
 
     def default_header_field(self, fmt: str, field: int) -> int:
         """A field of the default frame header in the metadata."""
-        return struct.unpack_from(fmt, self._map, self.meta_offset + DEFAULT_FRAME_HEADER_OFFSET
+        return struct.unpack_from(fmt, self._map, self.meta_offset + META_DEFAULT_FRAME_HEADER
                                   + field)[0]
 
     def meta_i32(self, field: int) -> int:
@@ -321,31 +301,31 @@ class LogBuffer:
 
     def raw_tail(self, index: int) -> int:
         """The raw tail counter of partition ``index``."""
-        return self.meta_i64(TERM_TAIL_COUNTERS_OFFSET + 8 * index)
+        return self.meta_i64(META_TAIL_COUNTERS + 8 * index)
 
     @property
     def active_term_count(self) -> int:
-        return self.meta_i32(ACTIVE_TERM_COUNT_OFFSET)
+        return self.meta_i32(META_ACTIVE_TERM_COUNT)
 
     @property
     def is_connected(self) -> bool:
-        return self.meta_i32(IS_CONNECTED_OFFSET) == 1
+        return self.meta_i32(META_IS_CONNECTED) == 1
 
     @is_connected.setter
     def is_connected(self, value: bool) -> None:
-        self.set_meta_i32(IS_CONNECTED_OFFSET, 1 if value else 0)
+        self.set_meta_i32(META_IS_CONNECTED, 1 if value else 0)
 
     @property
     def end_of_stream_position(self) -> int:
-        return self.meta_i64(END_OF_STREAM_POSITION_OFFSET)
+        return self.meta_i64(META_END_OF_STREAM_POSITION)
 
     @end_of_stream_position.setter
     def end_of_stream_position(self, position: int) -> None:
-        self.set_meta_i64(END_OF_STREAM_POSITION_OFFSET, position)
+        self.set_meta_i64(META_END_OF_STREAM_POSITION, position)
 
     @property
     def reliable(self) -> bool:
-        return bool(self._map[self.meta_offset + FLAGS_OFFSET + 3])
+        return bool(self._map[self.meta_offset + META_FLAGS + 3])
 
     def producer_position(self) -> int:
         """Position of the next byte a publisher would append (from the active tail)."""
@@ -371,24 +351,24 @@ class LogBuffer:
 
     def frame_header(self, index: int, term_offset: int) -> tuple[int, ...]:
         """(frame_length, version, flags, type, term_offset, session, stream, term_id, reserved)."""
-        return _DATA_HEADER.unpack_from(self._map, index * self.term_length + term_offset)
+        return DATA_HEADER.unpack_from(self._map, index * self.term_length + term_offset)
 
     def reader_signal(self):  # -> cffi int32_t *
         """The eventcount word parked readers wait on."""
-        return ffi.cast("int32_t *", self.meta + READER_SIGNAL_OFFSET)
+        return ffi.cast("int32_t *", self.meta + META_READER_SIGNAL)
 
     def reader_waiters(self):  # -> cffi int32_t *
         """The count of parked readers (writers signal only when it is non-zero)."""
-        return ffi.cast("int32_t *", self.meta + READER_WAITERS_OFFSET)
+        return ffi.cast("int32_t *", self.meta + META_READER_WAITERS)
 
     def driver_waiters(self):  # -> cffi int32_t *
         """How many of the driver's network threads are parked waiting on this log (clients
         ring the driver's doorbell only then; see native.h)."""
-        return ffi.cast("int32_t *", self.meta + lib.SS_META_DRIVER_WAITERS)
+        return ffi.cast("int32_t *", self.meta + META_DRIVER_WAITERS)
 
     def set_driver_wake_position(self, position: int) -> None:
         """The subscriber position from which a parked receiver wants its doorbell rung."""
-        self.set_meta_i64(lib.SS_META_DRIVER_WAKE_POSITION, position)
+        self.set_meta_i64(META_DRIVER_WAKE_POSITION, position)
 
     def signal_readers(self) -> None:
         """Wake readers parked on this log (after the driver changed something they wait for)."""
@@ -447,8 +427,8 @@ def write_padding(log: LogBuffer, position: int, length: int) -> None:
     term_offset = compute_term_offset(position, log.term_length)
     term_id = compute_term_id(position, log.position_bits, log.initial_term_id)
     base = index * log.term_length + term_offset
-    struct.pack_into("<BBHiiii", log.view, base + VERSION_FIELD, 0, UNFRAGMENTED, HDR_TYPE_PAD,
-                     term_offset, log.session_id, log.stream_id, term_id)
+    _PAD_AFTER_LENGTH.pack_into(log.view, base + VERSION_FIELD, CURRENT_VERSION, UNFRAGMENTED,
+                                HDR_TYPE_PAD, term_offset, log.session_id, log.stream_id, term_id)
     lib.ss_store_release_i32(ffi.cast("int32_t *", log.address + base), length)
 
 

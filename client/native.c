@@ -194,12 +194,13 @@ static inline int64_t compute_position(int32_t term_id, int32_t term_offset, int
  * 8-byte release store, then the rest; the commit is a release store of the positive length. */
 static inline void write_header(uint8_t *frame, int32_t frame_length, uint8_t flags, uint16_t type,
                                 int32_t term_offset, int32_t session_id, int32_t stream_id, int32_t term_id) {
-    uint64_t first = (uint32_t)(-frame_length) | ((uint64_t)flags << 40) | ((uint64_t)type << 48);
+    uint64_t first = (uint32_t)(-frame_length) | ((uint64_t)SS_CURRENT_VERSION << (8 * SS_VERSION_FIELD)) |
+                     ((uint64_t)flags << (8 * SS_FLAGS_FIELD)) | ((uint64_t)type << (8 * SS_TYPE_FIELD));
     STORE_REL((uint64_t *)frame, first);
-    *(int32_t *)(frame + 8) = term_offset;
-    *(int32_t *)(frame + 12) = session_id;
-    *(int32_t *)(frame + 16) = stream_id;
-    *(int32_t *)(frame + 20) = term_id;
+    *(int32_t *)(frame + SS_TERM_OFFSET_FIELD) = term_offset;
+    *(int32_t *)(frame + SS_SESSION_ID_FIELD) = session_id;
+    *(int32_t *)(frame + SS_STREAM_ID_FIELD) = stream_id;
+    *(int32_t *)(frame + SS_TERM_ID_FIELD) = term_id;
 }
 
 int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_term_id) {
@@ -248,7 +249,7 @@ static int64_t end_of_term(const ss_appender_t *a, uint8_t *term, int32_t term_o
     if (term_offset < a->term_length) {
         int32_t padding = a->term_length - term_offset;
         uint8_t *frame = term + term_offset;
-        write_header(frame, padding, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_PAD, term_offset, a->session_id,
+        write_header(frame, padding, SS_UNFRAGMENTED, SS_HDR_TYPE_PAD, term_offset, a->session_id,
                      a->stream_id, term_id);
         STORE_REL((int32_t *)frame, padding);
     }
@@ -316,21 +317,21 @@ static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length
     if (length <= a->max_payload) {
         uint8_t *frame = term + term_offset;
         int32_t frame_length = length + SS_HEADER_LENGTH;
-        write_header(frame, frame_length, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_DATA, term_offset, a->session_id,
+        write_header(frame, frame_length, SS_UNFRAGMENTED, SS_HDR_TYPE_DATA, term_offset, a->session_id,
                      a->stream_id, term_id);
-        *(int64_t *)(frame + 24) = 0;
+        *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = 0;
         memcpy(frame + SS_HEADER_LENGTH, msg, (size_t)length);
         STORE_REL((int32_t *)frame, frame_length);
     } else {
         int32_t remaining = length, offset = term_offset, consumed = 0;
-        uint8_t flags = SS_FLAG_BEGIN;
+        uint8_t flags = SS_BEGIN_FLAG;
         while (remaining > 0) {
             int32_t chunk = remaining < a->max_payload ? remaining : a->max_payload;
             int32_t frame_length = chunk + SS_HEADER_LENGTH;
-            if (chunk == remaining) flags |= SS_FLAG_END;
+            if (chunk == remaining) flags |= SS_END_FLAG;
             uint8_t *frame = term + offset;
             write_header(frame, frame_length, flags, SS_HDR_TYPE_DATA, offset, a->session_id, a->stream_id, term_id);
-            *(int64_t *)(frame + 24) = 0;
+            *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = 0;
             memcpy(frame + SS_HEADER_LENGTH, msg + consumed, (size_t)chunk);
             STORE_REL((int32_t *)frame, frame_length);
             consumed += chunk;
@@ -407,9 +408,9 @@ static int32_t append_run(ss_appender_t *a, const uint8_t *data, const int32_t *
     for (int32_t i = 0; i < run; i++) {
         int32_t frame_length = lengths[i] + SS_HEADER_LENGTH;
         uint8_t *frame = term + offset;
-        write_header(frame, frame_length, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_DATA, offset, a->session_id,
+        write_header(frame, frame_length, SS_UNFRAGMENTED, SS_HDR_TYPE_DATA, offset, a->session_id,
                      a->stream_id, term_id);
-        *(int64_t *)(frame + 24) = 0;
+        *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = 0;
         memcpy(frame + SS_HEADER_LENGTH, data, (size_t)lengths[i]);
         STORE_REL((int32_t *)frame, frame_length);
         data += lengths[i];
@@ -463,9 +464,9 @@ int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset) {
     int64_t rc = claim(a, total, &at);
     if (rc != 0) return ss_refine(a, rc);
     uint8_t *frame = at.term + at.term_offset;
-    write_header(frame, frame_length, SS_FLAG_UNFRAGMENTED, SS_HDR_TYPE_DATA, at.term_offset,
+    write_header(frame, frame_length, SS_UNFRAGMENTED, SS_HDR_TYPE_DATA, at.term_offset,
                  a->session_id, a->stream_id, at.term_id);
-    *(int64_t *)(frame + 24) = 0;
+    *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = 0;
     *frame_offset = (int64_t)at.index * a->term_length + at.term_offset;
     return ((int64_t)at.term_count << a->position_bits) + at.term_offset + total;
 }
@@ -483,7 +484,7 @@ int32_t ss_commit(ss_appender_t *a, uint8_t *frame, int32_t frame_length) {
 int32_t ss_abort(ss_appender_t *a, uint8_t *frame, int32_t frame_length) {
     int32_t expected = -frame_length;
     if (LOAD_ACQ((int32_t *)frame) != expected) return 0; /* given up by the driver already */
-    *(uint16_t *)(frame + 6) = SS_HDR_TYPE_PAD;
+    *(uint16_t *)(frame + SS_TYPE_FIELD) = SS_HDR_TYPE_PAD;
     int32_t ok = __atomic_compare_exchange_n((int32_t *)frame, &expected, frame_length, 0,
                                              __ATOMIC_RELEASE, __ATOMIC_RELAXED);
     signal_readers(a);
@@ -499,8 +500,8 @@ int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int3
         /* Another process wrote it: a length past the scan would overflow align32 and send
          * the scan backwards (a frame never crosses its term, and scan_end <= term end). */
         if (frame_length <= 0 || frame_length > scan_end - offset) break;
-        if (*(const uint16_t *)(term + offset + 6) != SS_HDR_TYPE_PAD) {
-            if (term[offset + 5] != SS_FLAG_UNFRAGMENTED) break;
+        if (*(const uint16_t *)(term + offset + SS_TYPE_FIELD) != SS_HDR_TYPE_PAD) {
+            if (term[offset + SS_FLAGS_FIELD] != SS_UNFRAGMENTED) break;
             starts[count] = offset + SS_HEADER_LENGTH;
             ends[count] = offset + frame_length;
             count++;
@@ -530,7 +531,7 @@ int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t ma
          * and a longer one would overflow align32 or send a PAD's jump past the term. */
         if (frame_length <= 0 || frame_length > term_length - offset - available) break;
         int32_t aligned = align32(frame_length);
-        if (*(const uint16_t *)(frame + 6) == SS_HDR_TYPE_PAD) {
+        if (*(const uint16_t *)(frame + SS_TYPE_FIELD) == SS_HDR_TYPE_PAD) {
             /* Padding ends a datagram: it goes out as its header alone, after the data before it. */
             if (available == 0) { *padding = aligned - SS_HEADER_LENGTH; available = SS_HEADER_LENGTH; }
             break;

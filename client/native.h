@@ -7,10 +7,32 @@
  */
 #include <stdint.h>
 
+/* The layout constants below are slipstream.client.layout's (SS_<NAME> is its NAME);
+ * tests/test_layout.py checks that every one agrees with it. */
+
+/* ---- frame header: byte offsets of the fields of a DATA/PAD header ---- */
+#define SS_FRAME_HEADER_LENGTH 8    /* frame_length, version, flags, type: every frame's */
+#define SS_VERSION_FIELD 4
+#define SS_FLAGS_FIELD 5
+#define SS_TYPE_FIELD 6
+#define SS_TERM_OFFSET_FIELD 8
+#define SS_SESSION_ID_FIELD 12
+#define SS_STREAM_ID_FIELD 16
+#define SS_TERM_ID_FIELD 20
+#define SS_RESERVED_VALUE_FIELD 24
+#define SS_HEADER_LENGTH 32
+#define SS_FRAME_ALIGNMENT 32
+#define SS_CURRENT_VERSION 0
+
+#define SS_BEGIN_FLAG 0x80
+#define SS_END_FLAG 0x40
+#define SS_EOS_FLAG 0x20
+#define SS_UNFRAGMENTED 0xC0
+#define SS_HDR_TYPE_PAD 0x00
+#define SS_HDR_TYPE_DATA 0x01
+
 /* ---- log buffer descriptor (PROTOCOL.md 2.1, 2.2) ---- */
 #define SS_PARTITION_COUNT 3
-#define SS_FRAME_ALIGNMENT 32
-#define SS_HEADER_LENGTH 32
 #define SS_LOG_META_DATA_LENGTH 4096
 #define SS_META_TAIL_COUNTERS 0
 #define SS_META_ACTIVE_TERM_COUNT 24
@@ -25,12 +47,6 @@
  * its doorbell socket, only while the driver says it is parked (waiters > 0). */
 #define SS_META_DRIVER_WAITERS 1152
 #define SS_META_DRIVER_WAKE_POSITION 1216
-
-#define SS_FLAG_BEGIN 0x80
-#define SS_FLAG_END 0x40
-#define SS_FLAG_UNFRAGMENTED 0xC0
-#define SS_HDR_TYPE_PAD 0x00
-#define SS_HDR_TYPE_DATA 0x01
 
 /* offer() results, as Aeron */
 #define SS_NOT_CONNECTED (-1)

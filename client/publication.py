@@ -23,7 +23,7 @@ from slipstream.client import _fastpath
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import MessageTooLongError
-from slipstream.client.frames import HEADER_LENGTH
+from slipstream.client.layout import HEADER_LENGTH
 from slipstream.client.logbuffer import LogBuffer, new_appender
 
 if TYPE_CHECKING:

@@ -13,7 +13,6 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from array import array
@@ -23,21 +22,23 @@ from typing import TYPE_CHECKING
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import DataLossError
-from slipstream.client.frames import (
+from slipstream.client.layout import (
     BEGIN_FLAG,
+    DATA_HEADER,
     END_FLAG,
     FRAME_ALIGNMENT,
     HDR_TYPE_PAD,
     HEADER_LENGTH,
+    PARTITION_COUNT,
     UNFRAGMENTED,
+    align,
 )
-from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer, compute_term_id
+from slipstream.client.logbuffer import LogBuffer, compute_term_id
 
 if TYPE_CHECKING:
     from slipstream.client.client import Client
 
 log = logging.getLogger("slipstream.client")
-_HEADER_FIELDS = struct.Struct("<iBBHiiiiq")
 _dispatch = _fastpath.dispatch
 _MAX_SCAN = 4096  # frames per C scan; a poll's fragment limit is split into scans this big
 # A parked receive re-checks its images at least this often.  Image changes wake it at once
@@ -58,7 +59,7 @@ class Header:
         self._payload = HEADER_LENGTH  # offset of the payload in the term
 
     def _fields(self) -> tuple[int, ...]:
-        return _HEADER_FIELDS.unpack_from(self._term, self._payload - HEADER_LENGTH)
+        return DATA_HEADER.unpack_from(self._term, self._payload - HEADER_LENGTH)
 
     @property
     def frame_length(self) -> int:
@@ -92,7 +93,7 @@ class Header:
     def position(self) -> int:
         """Stream position just after this message (aligned), as Aeron's Header.position()."""
         length = self._fields()[0]
-        return self._term_base + self._payload - HEADER_LENGTH + ((length + 31) & ~31)
+        return self._term_base + self._payload - HEADER_LENGTH + align(length, FRAME_ALIGNMENT)
 
     def __repr__(self) -> str:
         return (f"Header(session_id={self.session_id}, stream_id={self.stream_id}, "
@@ -233,8 +234,8 @@ class Image:
             except BaseException:
                 # The failing message counts as consumed, as in Aeron: never redeliver forever.
                 failed = self._starts[_fastpath.failed_index()] - HEADER_LENGTH
-                length = _HEADER_FIELDS.unpack_from(term, failed)[0]
-                self._advance(position - offset + failed + ((length + 31) & ~31))
+                length = DATA_HEADER.unpack_from(term, failed)[0]
+                self._advance(position - offset + failed + align(length, FRAME_ALIGNMENT))
                 raise
         self._advance(position + next_offset - offset)
         return count
@@ -252,10 +253,10 @@ class Image:
             if offset >= scan_end or self._log.frame_length_volatile(index, offset) <= 0:
                 break
             term = self._terms[index]
-            frame_length, _, flags, frame_type = _HEADER_FIELDS.unpack_from(term, offset)[:4]
+            frame_length, _, flags, frame_type = DATA_HEADER.unpack_from(term, offset)[:4]
             if frame_type != HDR_TYPE_PAD and flags == UNFRAGMENTED:
                 break  # back to the fast path
-            self._advance(position + ((frame_length + 31) & ~31))
+            self._advance(position + align(frame_length, FRAME_ALIGNMENT))
             if frame_type == HDR_TYPE_PAD:
                 continue
             header._term = term
@@ -369,7 +370,7 @@ class Image:
         """Raise DataLossError unless the log still holds the frame at ``position``."""
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
-        fields = _HEADER_FIELDS.unpack_from(self._terms[index], offset)
+        fields = DATA_HEADER.unpack_from(self._terms[index], offset)
         frame_length, frame_term_id = fields[0], fields[7]
         expected_term_id = compute_term_id(position, self._position_bits,
                                            self._log.initial_term_id)

@@ -38,6 +38,7 @@ import attrs
 from slipstream.client.channel import FLOW_CONTROLS
 from slipstream.client.control import default_driver_directory
 from slipstream.client.errors import ConfigurationError
+from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 from slipstream.client.units import format_duration_ns, format_size, parse_duration_ns, parse_size
 
 ENV_PREFIX = "SLIPSTREAM_"
@@ -50,8 +51,6 @@ _US = 1_000
 _MS = 1_000_000
 _S = 1_000_000_000
 _HOUR = 3600 * _S
-_INT32 = (-(1 << 31), (1 << 31) - 1)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
 _META = "slipstream.setting"
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
@@ -450,7 +449,7 @@ class DriverSettings:
     receiver_group_tag: int | None = _int(
         None,
         "Group tag sent in this driver's status messages for tagged flow control; unset = none.",
-        low=_INT64[0], high=_INT64[1], optional=True,
+        low=INT64_MIN, high=INT64_MAX, optional=True,
     )
     reliable_stream: bool = _bool(
         True, "Receivers NAK gaps so loss is repaired; false = gaps are skipped (unreliable)."
@@ -492,7 +491,7 @@ class DriverSettings:
     )
     debug_receive_data_loss_seed: int = _int(
         1, "Seed of the generator that chooses which datagrams debug_receive_data_loss drops.",
-        low=1, high=_INT64[1],
+        low=1, high=INT64_MAX,
     )
     # ---------------------------------------------------------------- timers and liveness
     timer_interval: int = _duration(
@@ -557,23 +556,23 @@ class DriverSettings:
     )
     flow_control_group_tag: int = _int(
         -1, "Receiver group tag that tagged flow control waits for; -1 = none.",
-        low=_INT64[0], high=_INT64[1],
+        low=INT64_MIN, high=INT64_MAX,
     )
     flow_control_group_min_size: int = _int(
         0,
         "Receivers a min/tagged publication needs before it counts as connected (count).",
-        low=0, high=_INT32[1],
+        low=0, high=INT32_MAX,
     )
     # ---------------------------------------------------------------- session ids
     publication_reserved_session_id_low: int = _int(
         -1,
         "Low end of the session ids never chosen automatically, kept for explicit session-id= "
         "in URIs.",
-        low=_INT32[0], high=_INT32[1], section="Session ids",
+        low=INT32_MIN, high=INT32_MAX, section="Session ids",
     )
     publication_reserved_session_id_high: int = _int(
         1000, "High end (inclusive) of the reserved session ids.",
-        low=_INT32[0], high=_INT32[1],
+        low=INT32_MIN, high=INT32_MAX,
     )
 
     sources: Mapping[str, str] = attrs.field(

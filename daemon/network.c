@@ -397,11 +397,13 @@ static int32_t on_nak(ss_receiver_t *r, const uint8_t *data, int32_t length, int
     if (length < SS_NAK_LENGTH) return SS_RX_TO_PYTHON;
     const int32_t frame_length = read_i32(data);
     if (frame_length < SS_NAK_LENGTH || frame_length > length) return SS_RX_TO_PYTHON;
-    ss_send_publication_t *p = find_publication(r, read_i32(data + 8), read_i32(data + 12));
+    ss_send_publication_t *p = find_publication(r, read_i32(data + SS_NAK_SESSION_ID_FIELD),
+                                                read_i32(data + SS_NAK_STREAM_ID_FIELD));
     if (p == NULL || !p->answers_naks || p->retransmit_delay_ns != 0) return SS_RX_TO_PYTHON;
     count(r->counters.bytes_received, length);
     count(p->naks_received, 1);
-    ss_retransmit_on_nak(p, read_i32(data + 16), read_i32(data + 20), read_i32(data + 24), now_ns);
+    ss_retransmit_on_nak(p, read_i32(data + SS_NAK_TERM_ID_FIELD), read_i32(data + SS_NAK_TERM_OFFSET_FIELD),
+                         read_i32(data + SS_NAK_LENGTH_FIELD), now_ns);
     return SS_RX_CONSUMED;
 }
 
@@ -454,19 +456,23 @@ static int same_source(const uint8_t *a, int32_t a_length, const uint8_t *b, int
  * beyond its header, 0 without one. */
 static int valid_data_frames(const uint8_t *data, int32_t length, int32_t term_offset,
                              int64_t term_length, int32_t *padding) {
-    const int32_t session_id = read_i32(data + 12), stream_id = read_i32(data + 16);
-    const int32_t term_id = read_i32(data + 20);
+    const int32_t session_id = read_i32(data + SS_SESSION_ID_FIELD);
+    const int32_t stream_id = read_i32(data + SS_STREAM_ID_FIELD);
+    const int32_t term_id = read_i32(data + SS_TERM_ID_FIELD);
     int64_t offset = 0;
     *padding = 0;
     while (offset < length) {
         const uint8_t *frame = data + offset;
         if (length - offset < SS_HEADER_LENGTH) return 0;
         int32_t frame_length = read_i32(frame);
-        uint16_t type = read_u16(frame + 6);
-        if (frame[4] != 0 || (type != SS_HDR_TYPE_DATA && type != SS_HDR_TYPE_PAD)) return 0;
+        uint16_t type = read_u16(frame + SS_TYPE_FIELD);
+        if (frame[SS_VERSION_FIELD] != SS_CURRENT_VERSION ||
+            (type != SS_HDR_TYPE_DATA && type != SS_HDR_TYPE_PAD)) return 0;
         if (frame_length < SS_HEADER_LENGTH) return 0;
-        if (read_i32(frame + 8) != (int64_t)term_offset + offset || read_i32(frame + 12) != session_id ||
-            read_i32(frame + 16) != stream_id || read_i32(frame + 20) != term_id) return 0;
+        if (read_i32(frame + SS_TERM_OFFSET_FIELD) != (int64_t)term_offset + offset ||
+            read_i32(frame + SS_SESSION_ID_FIELD) != session_id ||
+            read_i32(frame + SS_STREAM_ID_FIELD) != stream_id ||
+            read_i32(frame + SS_TERM_ID_FIELD) != term_id) return 0;
         if (type == SS_HDR_TYPE_PAD) {
             /* Its header alone, last in the datagram, its length aligned and within the term. */
             if (offset + SS_HEADER_LENGTH != length || (frame_length & (SS_FRAME_ALIGNMENT - 1)) != 0 ||
@@ -518,7 +524,7 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
             count(r->counters.heartbeats_received, 1);
             image->time_of_last_packet_ns = now_ns;
             if (raise_hwm(image, position)) image->dirty = 1;
-            if ((flags & 0x20) && image->eos_position < 0) {
+            if ((flags & SS_EOS_FLAG) && image->eos_position < 0) {
                 image->eos_position = position;
                 image->dirty = 1;
             }
@@ -567,11 +573,11 @@ static void flush_signals(ss_receiver_t *r) {
 
 static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
                            const uint8_t *source, int32_t source_length, int64_t now_ns) {
-    if (length < 8 || data[4] != 0) {
+    if (length < SS_FRAME_HEADER_LENGTH || data[SS_VERSION_FIELD] != SS_CURRENT_VERSION) {
         count(r->counters.invalid_packets, 1);
         return SS_RX_CONSUMED;
     }
-    uint16_t type = read_u16(data + 6);
+    uint16_t type = read_u16(data + SS_TYPE_FIELD);
     if (type == SS_HDR_TYPE_NAK) return on_nak(r, data, length, now_ns);
     if (type != SS_HDR_TYPE_DATA && type != SS_HDR_TYPE_PAD) return SS_RX_TO_PYTHON;
     if (length < SS_HEADER_LENGTH) {
@@ -579,14 +585,15 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
         return SS_RX_CONSUMED;
     }
     int32_t frame_length = read_i32(data);
-    uint8_t flags = data[5];
-    int32_t term_offset = read_i32(data + 8);
-    int32_t session_id = read_i32(data + 12), stream_id = read_i32(data + 16);
-    int32_t term_id = read_i32(data + 20);
+    uint8_t flags = data[SS_FLAGS_FIELD];
+    int32_t term_offset = read_i32(data + SS_TERM_OFFSET_FIELD);
+    int32_t session_id = read_i32(data + SS_SESSION_ID_FIELD);
+    int32_t stream_id = read_i32(data + SS_STREAM_ID_FIELD);
+    int32_t term_id = read_i32(data + SS_TERM_ID_FIELD);
     ss_image_t *image = ss_receiver_find_image(r, session_id, stream_id);
     if (image == NULL) {
         /* A session we have no image of: Python elicits a SETUP if the stream is wanted. */
-        if (type == SS_HDR_TYPE_DATA && !(flags & 0x20) && is_subscribed(r, stream_id))
+        if (type == SS_HDR_TYPE_DATA && !(flags & SS_EOS_FLAG) && is_subscribed(r, stream_id))
             return SS_RX_TO_PYTHON;
         return SS_RX_CONSUMED;
     }
@@ -641,8 +648,8 @@ static int32_t gro_segment_size(struct msghdr *header) {
 
 /* The test hook: whether to drop this DATA/PAD datagram (debug_receive_data_loss). */
 static int debug_drop(ss_receiver_t *r, const uint8_t *data, int32_t length) {
-    if (r->loss_threshold == 0 || length < 8) return 0;
-    uint16_t type = read_u16(data + 6);
+    if (r->loss_threshold == 0 || length < SS_FRAME_HEADER_LENGTH) return 0;
+    uint16_t type = read_u16(data + SS_TYPE_FIELD);
     if (type != SS_HDR_TYPE_DATA && type != SS_HDR_TYPE_PAD) return 0;
     uint64_t x = r->loss_state;
     x ^= x << 13; x ^= x >> 7; x ^= x << 17;
@@ -708,9 +715,9 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
                      on_datagram(r, datagram, datagram_length, source, source_length, now_ns) ==
                          SS_RX_TO_PYTHON;
             if (up && datagram_length >= SS_HEADER_LENGTH &&
-                read_u16(datagram + 6) == SS_HDR_TYPE_DATA) {
-                const uint64_t key = ((uint64_t)(uint32_t)read_i32(datagram + 12) << 32) |
-                                     (uint32_t)read_i32(datagram + 16);
+                read_u16(datagram + SS_TYPE_FIELD) == SS_HDR_TYPE_DATA) {
+                const uint64_t key = ((uint64_t)(uint32_t)read_i32(datagram + SS_SESSION_ID_FIELD) << 32) |
+                                     (uint32_t)read_i32(datagram + SS_STREAM_ID_FIELD);
                 up = !unknown_seen || key != unknown_session;
                 unknown_session = key;
                 unknown_seen = 1;

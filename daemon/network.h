@@ -22,8 +22,15 @@
 #define SS_SOCKADDR_MAX 128
 #define SS_SIGNAL_PENDING_MAX 64
 
+/* NAK: its type, length and field offsets, as slipstream.client.layout's
+ * (SS_<NAME> is its NAME; tests/test_layout.py checks them).  The DATA/PAD header is native.h's. */
 #define SS_HDR_TYPE_NAK 0x02
 #define SS_NAK_LENGTH 28
+#define SS_NAK_SESSION_ID_FIELD 8
+#define SS_NAK_STREAM_ID_FIELD 12
+#define SS_NAK_TERM_ID_FIELD 16
+#define SS_NAK_TERM_OFFSET_FIELD 20
+#define SS_NAK_LENGTH_FIELD 24
 
 /* ss_receiver_on_datagram results */
 #define SS_RX_CONSUMED 0
@@ -45,7 +52,7 @@ typedef struct {
 #define SS_ACTION_INACTIVE 0
 #define SS_ACTION_DELAYED 1
 #define SS_ACTION_LINGERING 2
-#define SS_NO_DEADLINE 9223372036854775807
+#define SS_NO_DEADLINE 9223372036854775807 /* INT64_MAX, layout.NO_DEADLINE */
 
 typedef struct {
     int64_t expiry_ns;

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from slipstream.client.channel import parse_channel
 from slipstream.client.errors import ChannelError, UsageError
+from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.units import parse_size
 
 __all__ = ["READ_OPTIONS", "WRITE_OPTIONS", "OptionError", "SourceOptions", "parse_options"]
@@ -40,7 +41,6 @@ _CANONICAL = {name.lower(): name
 
 DEFAULT_CHANNEL = "aeron:ipc"
 DEFAULT_OFFER_TIMEOUT_MS = 30_000
-_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,10 +101,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         stream_id = int(text.strip())
     except ValueError:
         raise OptionError("streamId", f"{text!r} is not an integer (accepted: "
-                                      f"{_INT32_MIN}..{_INT32_MAX})") from None
-    if not _INT32_MIN <= stream_id <= _INT32_MAX:
+                                      f"{INT32_MIN}..{INT32_MAX})") from None
+    if not INT32_MIN <= stream_id <= INT32_MAX:
         raise OptionError("streamId", f"{stream_id} is out of range (accepted: "
-                                      f"{_INT32_MIN}..{_INT32_MAX})")
+                                      f"{INT32_MIN}..{INT32_MAX})")
 
     channel = given.get("channel", DEFAULT_CHANNEL).strip()
     try:

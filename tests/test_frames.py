@@ -12,9 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.client.frames import (
-    ERR_HAS_GROUP_TAG_FLAG,
-    HEADER_LENGTH,
-    UNFRAGMENTED,
     Data,
     ErrorFrame,
     Frame,
@@ -26,10 +23,16 @@ from slipstream.client.frames import (
     Rttm,
     Setup,
     StatusMessage,
-    align,
     decode,
     decode_datagram,
     heartbeat,
+)
+from slipstream.client.layout import (
+    ERR_HAS_GROUP_TAG_FLAG,
+    FRAME_ALIGNMENT,
+    HEADER_LENGTH,
+    UNFRAGMENTED,
+    align,
 )
 
 CAPTURES = Path(__file__).resolve().parent / "data" / "aeron-captures"
@@ -156,7 +159,7 @@ def test_a_data_datagram_with_several_frames_round_trips(
     position = 0
     for payload in payloads:
         frames.append(Data(term_offset + position, session, stream, term_id, payload))
-        position += align(HEADER_LENGTH + len(payload))
+        position += align(HEADER_LENGTH + len(payload), FRAME_ALIGNMENT)
     if end_with_pad:
         frames.append(Pad(term_offset + position, session, stream, term_id, 4096))
     wire = b"".join(f.encode() for f in frames)

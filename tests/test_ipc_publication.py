@@ -16,14 +16,8 @@ from hypothesis import strategies as st
 
 from slipstream.client._native import lib
 from slipstream.client.counters import CountersFile
-from slipstream.client.frames import FRAME_ALIGNMENT
-from slipstream.client.logbuffer import (
-    PARTITION_COUNT,
-    TERM_MIN_LENGTH,
-    compute_term_offset,
-    index_by_position,
-    new_appender,
-)
+from slipstream.client.layout import FRAME_ALIGNMENT, PARTITION_COUNT, TERM_MIN_LENGTH
+from slipstream.client.logbuffer import compute_term_offset, index_by_position, new_appender
 from slipstream.client.publication import ADMIN_ACTION
 from slipstream.client.subscription import Image
 from slipstream.daemon.conductor.ipc import IpcPublication

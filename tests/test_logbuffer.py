@@ -14,11 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import ffi, lib
-from slipstream.client.frames import HDR_TYPE_PAD
-from slipstream.client.logbuffer import (
-    ACTIVE_TERM_COUNT_OFFSET,
+from slipstream.client.layout import (
+    HDR_TYPE_PAD,
+    META_ACTIVE_TERM_COUNT,
     PARTITION_COUNT,
     TERM_MIN_LENGTH,
+)
+from slipstream.client.logbuffer import (
     LogBuffer,
     compute_log_length,
     compute_position,
@@ -70,7 +72,7 @@ def test_layout_matches_the_aeron_descriptor(shm: Path) -> None:
     assert log.raw_tail(0) >> 32 == -5
     assert log.raw_tail(1) >> 32 == -5 + 1 - 3
     assert log.raw_tail(2) >> 32 == -5 + 2 - 3
-    assert log.meta_i32(ACTIVE_TERM_COUNT_OFFSET) == 0
+    assert log.meta_i32(META_ACTIVE_TERM_COUNT) == 0
     assert log.end_of_stream_position == (1 << 63) - 1
     assert max_message_length(1 << 16) == 8192
     assert max_message_length(1 << 30) == 16 * 1024 * 1024

@@ -39,7 +39,10 @@ import attrs
 
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
-from slipstream.client.frames import (
+from slipstream.client.frames import ErrorFrame, Rttm, Setup, StatusMessage, decode
+from slipstream.client.layout import (
+    FRAME_ALIGNMENT,
+    FRAME_HEADER_LENGTH,
     HDR_TYPE_DATA,
     HDR_TYPE_ERR,
     HDR_TYPE_NAK,
@@ -47,12 +50,11 @@ from slipstream.client.frames import (
     HDR_TYPE_RTTM,
     HDR_TYPE_SETUP,
     HDR_TYPE_SM,
+    SESSION_ID_FIELD,
     SM_SEND_SETUP_FLAG,
-    ErrorFrame,
-    Rttm,
-    Setup,
-    StatusMessage,
-    decode,
+    STREAM_ID_FIELD,
+    TERM_ID_FIELD,
+    TYPE_FIELD,
 )
 from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length, term_count
 from slipstream.daemon._network import ffi as network_ffi
@@ -274,11 +276,12 @@ class ReceiveChannel:
         """A datagram the C data path passed up: SETUP, RTTM, data of an unknown session of
         a subscribed stream, or a frame that is not for a receiver."""
         self._now_ns = now_ns
-        frame_type = data[6] | data[7] << 8
+        # A header field runs up to the next field's offset.
+        frame_type = int.from_bytes(data[TYPE_FIELD:FRAME_HEADER_LENGTH], "little")
         if frame_type == HDR_TYPE_DATA:
-            self._on_unknown_session(int.from_bytes(data[12:16], "little", signed=True),
-                                     int.from_bytes(data[16:20], "little", signed=True),
-                                     source, now_ns)
+            session = int.from_bytes(data[SESSION_ID_FIELD:STREAM_ID_FIELD], "little", signed=True)
+            stream = int.from_bytes(data[STREAM_ID_FIELD:TERM_ID_FIELD], "little", signed=True)
+            self._on_unknown_session(session, stream, source, now_ns)
             return
         if frame_type in _NOT_FOR_A_RECEIVER:
             return
@@ -316,7 +319,8 @@ class ReceiveChannel:
             check_term_length(setup.term_length)
             check_mtu(setup.mtu)
             # The join position must be a frame boundary inside a term, at or after the start.
-            if (not 0 <= setup.term_offset < setup.term_length or setup.term_offset & 31
+            if (not 0 <= setup.term_offset < setup.term_length
+                    or setup.term_offset & (FRAME_ALIGNMENT - 1)
                     or term_count(setup.active_term_id, setup.initial_term_id) < 0):
                 raise ValueError("join position")
         except ValueError:

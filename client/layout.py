@@ -1,0 +1,175 @@
+"""The wire and log layout, defined once: Aeron's frames, the log buffer, and the integer
+ranges and sentinel that go with them.
+
+The frame codecs (:mod:`~slipstream.client.frames`), the log buffer, the subscriber, the URI
+and command checks and the driver import these values; nothing else spells them out.  The C
+hot paths repeat the ones they use as ``#define SS_<NAME>`` in ``client/native.h`` and
+``daemon/network.h`` (``SS_HEADER_LENGTH`` is :data:`HEADER_LENGTH`), and
+``tests/test_layout.py`` checks that every one of those agrees with this module.
+
+Wire facts: little-endian, C ``#pragma pack(4)`` layouts with no padding, which is what the
+``"<"`` struct formats below give (so SM's 8-byte ``receiver_id`` sits unaligned at offset
+28).  Every frame starts with the 8-byte header ``frame_length:i32 version:u8 flags:u8
+type:u16``.  A frame's layout is its struct; the lengths and field offsets are read off it.
+All lengths and offsets are in bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+# -- integer ranges ----------------------------------------------------------------------------
+# Stream and session ids, term ids and offsets are int32 on the wire and in the log; positions,
+# correlation ids and tags are int64.
+
+INT32_MIN: Final = -(1 << 31)
+INT32_MAX: Final = (1 << 31) - 1
+INT64_MIN: Final = -(1 << 63)
+INT64_MAX: Final = (1 << 63) - 1
+#: "No timer armed" (INT64_MAX): larger than any real deadline, so ``min()`` just works.
+NO_DEADLINE: Final = INT64_MAX
+
+
+def _field_offsets(layout: struct.Struct) -> tuple[int, ...]:
+    """The offset of each field of a ``"<"`` layout (no padding: each follows the last)."""
+    offsets = []
+    at = 0
+    for code in layout.format[1:]:
+        offsets.append(at)
+        at += struct.calcsize("<" + code)
+    return tuple(offsets)
+
+
+# -- the frame header (every frame) ------------------------------------------------------------
+
+FRAME_HEADER: Final = struct.Struct("<iBBH")  # frame_length version flags type
+FRAME_HEADER_LENGTH: Final = FRAME_HEADER.size  # 8
+FRAME_LENGTH_FIELD, VERSION_FIELD, FLAGS_FIELD, TYPE_FIELD = _field_offsets(FRAME_HEADER)  # 0 4 5 6
+CURRENT_VERSION: Final = 0
+
+# Frame types (C AERON_HDR_TYPE_*).
+HDR_TYPE_PAD: Final = 0x00
+HDR_TYPE_DATA: Final = 0x01
+HDR_TYPE_NAK: Final = 0x02
+HDR_TYPE_SM: Final = 0x03
+HDR_TYPE_ERR: Final = 0x04
+HDR_TYPE_SETUP: Final = 0x05
+HDR_TYPE_RTTM: Final = 0x06
+HDR_TYPE_RES: Final = 0x07
+HDR_TYPE_ATS_DATA: Final = 0x08
+HDR_TYPE_ATS_SETUP: Final = 0x09  # C numbering; Java swaps 0x09 and 0x0A (unused either way)
+HDR_TYPE_ATS_SM: Final = 0x0A
+HDR_TYPE_RSP_SETUP: Final = 0x0B
+HDR_TYPE_EXT: Final = 0xFFFF  # int16 -1 read as unsigned
+
+# -- DATA and PAD --------------------------------------------------------------------------------
+# The 32-byte header of a DATA or PAD frame, in the log and on the wire (DataHeaderFlyweight).
+
+DATA_HEADER: Final = struct.Struct("<iBBHiiiiq")  # + term_offset session stream term_id reserved
+HEADER_LENGTH: Final = DATA_HEADER.size  # 32
+(TERM_OFFSET_FIELD, SESSION_ID_FIELD, STREAM_ID_FIELD, TERM_ID_FIELD,
+ RESERVED_VALUE_FIELD) = _field_offsets(DATA_HEADER)[4:]  # 8 12 16 20 24
+#: Frames start at multiples of this in a term and in a datagram.
+FRAME_ALIGNMENT: Final = 32
+
+# DATA / PAD flags.
+BEGIN_FLAG: Final = 0x80
+END_FLAG: Final = 0x40
+EOS_FLAG: Final = 0x20
+UNFRAGMENTED: Final = BEGIN_FLAG | END_FLAG
+
+# -- control frames ------------------------------------------------------------------------------
+# Each struct is the whole fixed frame, header included; its fields after the header are named
+# in the comment above it.
+
+# term_offset session_id stream_id initial_term_id active_term_id term_length mtu ttl
+SETUP_FRAME: Final = struct.Struct("<iBBHiiiiiiii")
+SETUP_LENGTH: Final = SETUP_FRAME.size  # 40
+SETUP_SEND_RESPONSE_FLAG: Final = 0x80
+SETUP_GROUP_FLAG: Final = 0x40
+
+# session_id stream_id consumption_term_id consumption_term_offset receiver_window receiver_id
+# (and group_tag when tagged)
+SM_FRAME: Final = struct.Struct("<iBBHiiiiiq")
+SM_LENGTH: Final = SM_FRAME.size  # 36
+SM_TAGGED_FRAME: Final = struct.Struct("<iBBHiiiiiqq")
+SM_GROUP_TAG_LENGTH: Final = SM_TAGGED_FRAME.size - SM_LENGTH  # 8
+SM_SEND_SETUP_FLAG: Final = 0x80
+SM_EOS_FLAG: Final = 0x40
+
+# session_id stream_id term_id term_offset length
+NAK_FRAME: Final = struct.Struct("<iBBHiiiii")
+NAK_LENGTH: Final = NAK_FRAME.size  # 28
+(NAK_SESSION_ID_FIELD, NAK_STREAM_ID_FIELD, NAK_TERM_ID_FIELD, NAK_TERM_OFFSET_FIELD,
+ NAK_LENGTH_FIELD) = _field_offsets(NAK_FRAME)[4:]  # 8 12 16 20 24
+
+# session_id stream_id echo_timestamp reception_delta receiver_id
+RTTM_FRAME: Final = struct.Struct("<iBBHiiqqq")
+RTTM_LENGTH: Final = RTTM_FRAME.size  # 40
+RTTM_REPLY_FLAG: Final = 0x80
+
+# session_id stream_id receiver_id group_tag error_code text_length, then the UTF-8 text
+ERR_HEADER: Final = struct.Struct("<iBBHiiqqii")
+ERR_HEADER_LENGTH: Final = ERR_HEADER.size  # 40
+ERR_MAX_TEXT_LENGTH: Final = 1023
+ERR_HAS_GROUP_TAG_FLAG: Final = 0x08
+
+# session_id stream_id response_session_id
+RSP_SETUP_FRAME: Final = struct.Struct("<iBBHiii")
+RSP_SETUP_LENGTH: Final = RSP_SETUP_FRAME.size  # 20
+
+# -- sizes -----------------------------------------------------------------------------------------
+
+#: The largest UDP payload, so the largest MTU (65535 - 8 UDP - 20 IP, aligned down to 32).
+MAX_UDP_PAYLOAD_LENGTH: Final = 65504
+#: A message is at most min(term_length / 8, this).
+MAX_MESSAGE_LENGTH: Final = 16 * 1024 * 1024
+
+# -- the log buffer ------------------------------------------------------------------------------
+# [term 0][term 1][term 2][metadata], file length align(3 * term_length + 4096, page_size).
+
+PARTITION_COUNT: Final = 3
+TERM_MIN_LENGTH: Final = 64 * 1024
+TERM_MAX_LENGTH: Final = 1024 * 1024 * 1024
+PAGE_MIN_SIZE: Final = 4096
+LOG_META_DATA_LENGTH: Final = 4096
+
+# Offsets in the metadata page (aeron_logbuffer_metadata_t; C SS_META_*).
+META_TAIL_COUNTERS: Final = 0  # int64 x 3, one raw tail per partition
+META_ACTIVE_TERM_COUNT: Final = 24
+META_END_OF_STREAM_POSITION: Final = 128
+META_IS_CONNECTED: Final = 136
+META_ACTIVE_TRANSPORT_COUNT: Final = 140
+META_CORRELATION_ID: Final = 256
+META_INITIAL_TERM_ID: Final = 264
+META_DEFAULT_FRAME_HEADER_LENGTH: Final = 268
+META_MTU_LENGTH: Final = 272
+META_TERM_LENGTH: Final = 276
+META_PAGE_SIZE: Final = 280
+META_PUBLICATION_WINDOW_LENGTH: Final = 284
+META_RECEIVER_WINDOW_LENGTH: Final = 288
+META_MAX_RESEND: Final = 316
+META_DEFAULT_FRAME_HEADER: Final = 320
+META_LINGER_TIMEOUT_NS: Final = 464
+#: One byte each: group, is_response, rejoin, reliable, sparse, signal_eos, spies_simulate_
+#: connection, tether.
+META_FLAGS: Final = 488
+# slipstream-local, in the unused tail of the page (not part of Aeron's wire contract, which is
+# only about frames): the eventcount parked readers wait on, and how many of the driver's
+# network threads are parked on the log and from which subscriber position they want their
+# doorbell rung (see native.h).
+META_READER_SIGNAL: Final = 1024
+META_READER_WAITERS: Final = 1088
+META_DRIVER_WAITERS: Final = 1152
+META_DRIVER_WAKE_POSITION: Final = 1216
+
+
+def align(value: int, alignment: int) -> int:
+    """``value`` rounded up to a multiple of ``alignment`` (a power of two)."""
+    return (value + alignment - 1) & -alignment
+
+
+def max_message_length(term_length: int) -> int:
+    """Largest message a publication with this term length accepts: min(term/8, 16 MiB)."""
+    return min(term_length // 8, MAX_MESSAGE_LENGTH)
