@@ -19,9 +19,10 @@ Decoding (the receive path, once per datagram):
 * RES (0x07), ATS (0x08-0x0A) and EXT (0xFFFF) are known types slipstream does not speak:
   they decode to ``Rejected("unsupported frame type ...")``, like unknown types.
 
-Encoding: every frame class has ``encode() -> bytes`` (exactly what goes on the wire) and
-``encode_into(buffer, offset) -> int`` (writes the same bytes, returns how many).  Field values
-out of their wire range raise ``struct.error``: that is a caller bug, not a remote error.
+Encoding: every frame class but :class:`ResponseSetup` (which slipstream never sends) has
+``encode() -> bytes``, exactly what goes on the wire; :func:`heartbeat` is the sender's
+heartbeat datagram.  Field values out of their wire range raise ``struct.error``: that is a
+caller bug, not a remote error.
 """
 
 from __future__ import annotations
@@ -134,19 +135,6 @@ class Data:
                                   self.reserved_value)
         return b"".join((header, self.payload, _ZEROS[: -length & (FRAME_ALIGNMENT - 1)]))
 
-    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        """Write :meth:`encode`'s bytes at ``offset``; returns align(frame_length, 32)."""
-        n = len(self.payload)
-        length = HEADER_LENGTH + n
-        DATA_HEADER.pack_into(buffer, offset, length, CURRENT_VERSION, self.flags, HDR_TYPE_DATA,
-                              self.term_offset, self.session_id, self.stream_id, self.term_id,
-                              self.reserved_value)
-        end = offset + length
-        buffer[offset + HEADER_LENGTH : end] = self.payload
-        aligned = align(length, FRAME_ALIGNMENT)
-        buffer[end : offset + aligned] = _ZEROS[: aligned - length]
-        return aligned
-
 
 @attrs.frozen
 class Heartbeat:
@@ -173,12 +161,6 @@ class Heartbeat:
                                 self.session_id, self.stream_id, self.term_id,
                                 self.reserved_value)
 
-    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        DATA_HEADER.pack_into(buffer, offset, 0, CURRENT_VERSION, self.flags, HDR_TYPE_DATA,
-                              self.term_offset, self.session_id, self.stream_id, self.term_id,
-                              self.reserved_value)
-        return HEADER_LENGTH
-
 
 @attrs.frozen
 class Pad:
@@ -199,12 +181,6 @@ class Pad:
         return DATA_HEADER.pack(self.frame_length, CURRENT_VERSION, self.flags, HDR_TYPE_PAD,
                                 self.term_offset, self.session_id, self.stream_id, self.term_id,
                                 self.reserved_value)
-
-    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        DATA_HEADER.pack_into(buffer, offset, self.frame_length, CURRENT_VERSION, self.flags,
-                              HDR_TYPE_PAD, self.term_offset, self.session_id, self.stream_id,
-                              self.term_id, self.reserved_value)
-        return HEADER_LENGTH
 
 
 @attrs.frozen
@@ -236,13 +212,6 @@ class Setup:
                                 self.term_offset, self.session_id, self.stream_id,
                                 self.initial_term_id, self.active_term_id, self.term_length,
                                 self.mtu, self.ttl)
-
-    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        SETUP_FRAME.pack_into(buffer, offset, SETUP_LENGTH, CURRENT_VERSION, self.flags,
-                              HDR_TYPE_SETUP, self.term_offset, self.session_id, self.stream_id,
-                              self.initial_term_id, self.active_term_id, self.term_length,
-                              self.mtu, self.ttl)
-        return SETUP_LENGTH
 
 
 @attrs.frozen
@@ -281,11 +250,6 @@ class StatusMessage:
                                     self.consumption_term_id, self.consumption_term_offset,
                                     self.receiver_window, self.receiver_id, self.group_tag)
 
-    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        data = self.encode()
-        buffer[offset : offset + len(data)] = data
-        return len(data)
-
 
 @attrs.frozen
 class Nak:
@@ -304,12 +268,6 @@ class Nak:
         return NAK_FRAME.pack(NAK_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_NAK,
                               self.session_id, self.stream_id, self.term_id, self.term_offset,
                               self.length)
-
-    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        NAK_FRAME.pack_into(buffer, offset, NAK_LENGTH, CURRENT_VERSION, self.flags,
-                            HDR_TYPE_NAK, self.session_id, self.stream_id, self.term_id,
-                            self.term_offset, self.length)
-        return NAK_LENGTH
 
 
 @attrs.frozen
@@ -334,12 +292,6 @@ class Rttm:
         return RTTM_FRAME.pack(RTTM_LENGTH, CURRENT_VERSION, self.flags, HDR_TYPE_RTTM,
                                self.session_id, self.stream_id, self.echo_timestamp,
                                self.reception_delta, self.receiver_id)
-
-    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        RTTM_FRAME.pack_into(buffer, offset, RTTM_LENGTH, CURRENT_VERSION, self.flags,
-                             HDR_TYPE_RTTM, self.session_id, self.stream_id,
-                             self.echo_timestamp, self.reception_delta, self.receiver_id)
-        return RTTM_LENGTH
 
 
 @attrs.frozen
@@ -378,15 +330,13 @@ class ErrorFrame:
                                  self.error_code, len(text))
         return header + text
 
-    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        data = self.encode()
-        buffer[offset : offset + len(data)] = data
-        return len(data)
-
 
 @attrs.frozen
 class ResponseSetup:
-    """RSP_SETUP (20 bytes): the receiver tells a response publication which session to answer."""
+    """RSP_SETUP (20 bytes): the receiver tells a response publication which session to answer.
+
+    Decoded only: slipstream receives these and never sends one (it has no response channels).
+    """
 
     session_id: int
     stream_id: int
@@ -394,17 +344,6 @@ class ResponseSetup:
     flags: int = 0
 
     frame_length: ClassVar[int] = RSP_SETUP_LENGTH
-
-    def encode(self) -> bytes:
-        return RSP_SETUP_FRAME.pack(RSP_SETUP_LENGTH, CURRENT_VERSION, self.flags,
-                                    HDR_TYPE_RSP_SETUP, self.session_id, self.stream_id,
-                                    self.response_session_id)
-
-    def encode_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
-        RSP_SETUP_FRAME.pack_into(buffer, offset, RSP_SETUP_LENGTH, CURRENT_VERSION, self.flags,
-                                  HDR_TYPE_RSP_SETUP, self.session_id, self.stream_id,
-                                  self.response_session_id)
-        return RSP_SETUP_LENGTH
 
 
 Frame: TypeAlias = (Data | Heartbeat | Pad | Setup | StatusMessage | Nak | Rttm | ErrorFrame
@@ -415,8 +354,7 @@ def heartbeat(session_id: int, stream_id: int, term_id: int, term_offset: int,
               eos: bool = False) -> bytes:
     """The 32-byte heartbeat datagram for the sender's position; ``eos`` sets flags 0xE0."""
     flags = UNFRAGMENTED | EOS_FLAG if eos else UNFRAGMENTED
-    return DATA_HEADER.pack(0, CURRENT_VERSION, flags, HDR_TYPE_DATA, term_offset, session_id,
-                            stream_id, term_id, 0)
+    return Heartbeat(term_offset, session_id, stream_id, term_id, flags).encode()
 
 
 # -- decoding --------------------------------------------------------------------------------

@@ -28,9 +28,13 @@ from slipstream.client.frames import (
     heartbeat,
 )
 from slipstream.client.layout import (
+    CURRENT_VERSION,
     ERR_HAS_GROUP_TAG_FLAG,
     FRAME_ALIGNMENT,
+    HDR_TYPE_RSP_SETUP,
     HEADER_LENGTH,
+    RSP_SETUP_FRAME,
+    RSP_SETUP_LENGTH,
     UNFRAGMENTED,
     align,
 )
@@ -48,6 +52,16 @@ def _load(path: Path) -> list[dict[str, Any]]:
     header, *datagrams = (json.loads(line) for line in lines if line.strip())
     assert "hex" not in header
     return datagrams
+
+
+def _encode(frame: Frame) -> bytes:
+    """``frame`` as it goes on the wire.  slipstream never sends RSP_SETUP, so its encoder is
+    here, for the decoder's tests."""
+    if isinstance(frame, ResponseSetup):
+        return RSP_SETUP_FRAME.pack(RSP_SETUP_LENGTH, CURRENT_VERSION, frame.flags,
+                                    HDR_TYPE_RSP_SETUP, frame.session_id, frame.stream_id,
+                                    frame.response_session_id)
+    return frame.encode()
 
 
 _WIRE_TYPES = {Data: "DATA", Heartbeat: "DATA", Pad: "PAD", Setup: "SETUP", StatusMessage: "SM",
@@ -97,7 +111,7 @@ def test_captured_datagrams_decode_to_the_captured_fields_and_encode_back(path: 
         offsets = [f["off"] for f in datagram["frames"]]
         assert [_as_captured(f, o) for f, o in zip(frames, offsets, strict=True)] == expected, \
             f"line {number}"
-        assert b"".join(f.encode() for f in frames) == wire, f"line {number}"
+        assert b"".join(_encode(f) for f in frames) == wire, f"line {number}"
 
 
 def test_captured_data_payload_is_a_zero_copy_view() -> None:
@@ -140,13 +154,10 @@ frames_strategy = st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(frames_strategy)
 def test_every_frame_type_round_trips(frame: Frame) -> None:
-    wire = frame.encode()
+    wire = _encode(frame)
     assert decode(wire) == frame
     assert decode_datagram(wire) == [frame]
-    buffer = bytearray(b"\xff" * (len(wire) + 16))
-    assert frame.encode_into(buffer, 8) == len(wire)
-    assert bytes(buffer[8 : 8 + len(wire)]) == wire
-    assert decode(buffer[: 8 + len(wire)], 8) == frame
+    assert decode(b"\xff" * 8 + wire, 8) == frame
 
 
 @settings(max_examples=100, deadline=None)
@@ -197,7 +208,7 @@ _VALID = [Data(64, 1, 2, 3, b"hello").encode(), heartbeat(1, 2, 3, 0),
           Pad(64, 1, 2, 3, 1024).encode(), Setup(0, 1, 2, 3, 3, 65536, 1408).encode(),
           StatusMessage(1, 2, 3, 0, 131072, 9, group_tag=4).encode(), Nak(1, 2, 3, 64, 64).encode(),
           Rttm(1, 2, 3, 4, 5, 0x80).encode(), ErrorFrame(1, 2, 3, 13, "no").encode(),
-          ResponseSetup(1, 2, 3).encode()]
+          _encode(ResponseSetup(1, 2, 3))]
 
 
 @st.composite
@@ -259,7 +270,7 @@ MALFORMED = {
                             "SM frame_length 20 is less than 36"),
     "short NAK": (Nak(1, 2, 3, 0, 64).encode()[:27], "short NAK: 27 bytes < 28"),
     "short RTTM": (Rttm(1, 2, 3, 4, 5).encode()[:39], "short RTTM"),
-    "short RSP_SETUP": (ResponseSetup(1, 2, 3).encode()[:16], "short RSP_SETUP"),
+    "short RSP_SETUP": (_encode(ResponseSetup(1, 2, 3))[:16], "short RSP_SETUP"),
     "ERR text overruns": (_with(ErrorFrame(1, 2, 3, 13, "abc").encode(), 36, "<i", 50),
                           "ERR error_length 50"),
     "ERR negative text": (_with(ErrorFrame(1, 2, 3, 13, "abc").encode(), 36, "<i", -1),
