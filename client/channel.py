@@ -1,4 +1,4 @@
-"""Channel URIs (PROTOCOL.md §6): ``aeron:ipc[?k=v|...]``, ``aeron:udp?k=v|...``, ``aeron-spy:``.
+"""Channel URIs (docs/PROTOCOL.md §7): ``aeron:ipc[?...]``, ``aeron:udp?k=v|...``, ``aeron-spy:``.
 
 :func:`parse_channel` turns a URI into one immutable, typed :class:`Channel`, or raises
 :class:`~slipstream.client.errors.ChannelError` naming the offending part.  Parsing does no I/O:

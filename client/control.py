@@ -1,4 +1,4 @@
-"""The control plane between clients and the driver conductor (DESIGN.md principle 4).
+"""The control plane between clients and the driver's conductor (docs/ARCHITECTURE.md).
 
 A pyzmq ROUTER socket in the driver directory (``ipc://<dir>/conductor.sock``) takes client
 commands; each client holds one DEALER.  Messages are single JSON frames with a ``type``;
@@ -68,7 +68,7 @@ ERR_INVALID_ARGUMENT = "invalid_argument"
 #: A command carries at most one URI (<= 4095 characters) and a few numbers; anything longer is
 #: refused before it is parsed, so a hostile client cannot make the conductor parse megabytes.
 MAX_FRAME_LENGTH = 16 * 1024
-MAX_CHANNEL_LENGTH = 4095  # Aeron's URI limit (PROTOCOL.md §6)
+MAX_CHANNEL_LENGTH = 4095  # Aeron's URI limit (docs/PROTOCOL.md §7.1)
 
 
 def default_driver_directory() -> Path:
@@ -85,7 +85,7 @@ def conductor_endpoint(directory: str | Path) -> str:
 def check_int32(field: str, value: object) -> int:
     """``value`` if it is an int (not a bool) in the int32 range, else
     :class:`InvalidArgumentError`.  Stream and session ids are int32 on the wire and in the log
-    (PROTOCOL.md §1.2)."""
+    (docs/PROTOCOL.md §1.2)."""
     return _check_int(field, value, (INT32_MIN, INT32_MAX))
 
 

@@ -1,4 +1,4 @@
-"""Counters: positions and statistics as typed 64-bit values in a shared file (DESIGN.md §3).
+"""Counters: typed 64-bit positions and statistics in a shared file (docs/ARCHITECTURE.md).
 
 Position counters are the protocol state between processes: the driver publishes the
 publication limit, each subscriber publishes its position, and the driver reads those back.

@@ -1,4 +1,4 @@
-"""Codecs for Aeron's UDP frames (PROTOCOL.md §1): one frozen class per frame type, no I/O.
+"""Codecs for Aeron's UDP frames (docs/PROTOCOL.md §1): one frozen class per frame type, no I/O.
 
 The layouts, types, flags and lengths are :mod:`~slipstream.client.layout`'s (little-endian,
 no padding; every frame starts with ``frame_length:i32 version:u8 flags:u8 type:u16``).  All

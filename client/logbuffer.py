@@ -1,4 +1,4 @@
-"""The log buffer: three terms and a metadata page in one mapped file (PROTOCOL.md §2).
+"""The log buffer: three terms and a metadata page in one mapped file (docs/PROTOCOL.md §2).
 
 ``[term 0][term 1][term 2][metadata 4096 B]``, file length ``align(3 * term_length + 4096,
 page_size)``.  The driver creates log files; publishers append to them and subscribers read

@@ -1,6 +1,6 @@
 /*
  * slipstream native hot paths: atomics, futex park/wake, the concurrent term appender,
- * term scans and the receiver's rebuild/gap scans.  Layouts follow PROTOCOL.md section 2.
+ * term scans and the receiver's rebuild/gap scans.  Layouts follow docs/PROTOCOL.md §2.
  *
  * Everything here works on raw pointers into mapped log buffers and counters; Python owns the
  * mappings and their lifetimes.  All multi-byte fields are little-endian (x86-64 native).
@@ -31,7 +31,7 @@
 #define SS_HDR_TYPE_PAD 0x00
 #define SS_HDR_TYPE_DATA 0x01
 
-/* ---- log buffer descriptor (PROTOCOL.md 2.1, 2.2) ---- */
+/* ---- log buffer descriptor (docs/PROTOCOL.md §2.1, §2.2) ---- */
 #define SS_PARTITION_COUNT 3
 #define SS_LOG_META_DATA_LENGTH 4096
 #define SS_META_TAIL_COUNTERS 0

@@ -10,10 +10,10 @@ step).  To add a setting, add one field here and regenerate driver.toml.
 Units: sizes are bytes, durations are nanoseconds, both as ``int``.  Strings from any source may
 carry units (``"64k"``, ``"200ms"``), parsed by :mod:`slipstream.client.units`.
 
-Precedence (DESIGN.md principle 7): built-in defaults < TOML file < environment
+Precedence: built-in defaults < TOML file < environment
 (``SLIPSTREAM_<KEY_UPPER>``) < command line / keyword overrides.  A bad value raises
 :class:`~slipstream.client.errors.ConfigurationError` naming the key and the accepted range.
-Defaults follow Aeron (shared/PROTOCOL.md §3.6 and §7) unless the doc says "slipstream".
+Defaults follow Aeron (docs/PROTOCOL.md §8) unless the doc says "slipstream".
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ class DriverSettings:
         "How long a network thread keeps polling (yielding the CPU between duty cycles) after "
         "its last work before it parks on its sockets, ns: traffic that resumes within this "
         "costs no wake-up (~50-100 us on a VM), e.g. a 10k/s ping-pong never parks, and an "
-        "idle driver still costs ~1% of a core (slipstream, DESIGN.md principle 6).",
+        "idle driver still costs ~1% of a core (slipstream; docs/ARCHITECTURE.md, Threads).",
         high=_S,
     )
     # ---------------------------------------------------------------- log buffers and MTU
@@ -607,7 +607,7 @@ class DriverSettings:
 
     def term_window_length(self, term_length: int, *, ipc: bool = False,
                            pub_wnd: int | None = None) -> int:
-        """The publisher window for a log of ``term_length`` (PROTOCOL.md §4): the URI's
+        """The publisher window for a log of ``term_length`` (docs/PROTOCOL.md §3.4): the URI's
         ``pub-wnd``, else the setting, capped at term/2 (0 = term/2)."""
         window = pub_wnd or (self.ipc_publication_term_window_length if ipc
                              else self.publication_term_window_length)

@@ -505,7 +505,7 @@ static int raise_hwm(ss_image_t *image, int64_t position) {
 }
 
 /* aeron_publication_image_insert_packet: the over-run, under-run and heartbeat rules of
- * PROTOCOL.md §3.2, then the copy into the term (body first, header last). */
+ * docs/PROTOCOL.md §4.3, then the copy into the term (body first, header last). */
 static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *data, int32_t length,
                           int32_t padding, int heartbeat, uint8_t flags, int32_t term_id,
                           int32_t term_offset, int64_t now_ns) {

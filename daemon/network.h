@@ -1,6 +1,6 @@
 /*
  * slipstream's network data path: the per-datagram work of the sender and receiver agents
- * (DESIGN.md "The network agents").  Python runs the protocol per batch; this file sends
+ * (docs/ARCHITECTURE.md, Threads).  Python runs the protocol per batch; this file sends
  * committed frames straight from a publication's log (sendmmsg, iovecs into the map) and
  * receives datagrams (recvmmsg), validates every frame of every datagram and inserts DATA
  * into the image's log, and answers NAKs at a send endpoint (retransmissions queued for the
@@ -45,9 +45,10 @@ typedef struct {
     int32_t padding;
 } ss_span_t;
 
-/* The sender's answer to NAKs (PROTOCOL.md §3.5, aeron_retransmit_handler.c; the state machine
- * is drawn in daemon/protocol/retransmit.py).  Each NAK takes a retransmit action: INACTIVE, DELAYED
- * (sent when the delay expires) or LINGERING (NAKs inside its range are repeats, ignored). */
+/* The sender's answer to NAKs (docs/PROTOCOL.md §3.5, aeron_retransmit_handler.c; the state
+ * machine is drawn in daemon/protocol/retransmit.py).  Each NAK takes a retransmit action:
+ * INACTIVE, DELAYED (sent when the delay expires) or LINGERING (NAKs inside its range are
+ * repeats, ignored). */
 #define SS_RETRANSMIT_ACTIONS_MAX 256
 #define SS_ACTION_INACTIVE 0
 #define SS_ACTION_DELAYED 1

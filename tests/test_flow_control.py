@@ -1,4 +1,4 @@
-"""FlowControlTest: each strategy's limit rules (PROTOCOL.md §4)."""
+"""FlowControlTest: each strategy's limit rules (docs/PROTOCOL.md §5)."""
 
 from __future__ import annotations
 

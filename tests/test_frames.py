@@ -1,4 +1,4 @@
-"""Wire codecs (PROTOCOL.md §1): captured aeronmd traffic, round trips, and hostile input."""
+"""Wire codecs (docs/PROTOCOL.md §1): captured aeronmd traffic, round trips, and hostile input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The log buffer: append, fragmentation, padding, rotation, reading, cleaning (PROTOCOL.md §2)."""
+"""Log buffer: append, fragmentation, padding, rotation, reading, cleaning (docs/PROTOCOL.md §2)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ and the receiver agent that runs it.
 ``aeron_receive_channel_endpoint`` + ``aeron_data_packet_dispatcher``).  It owns the
 :class:`PublicationImage` objects of that endpoint, keyed by ``(session_id, stream_id)``, and
 the C image table (:attr:`ReceiveChannel.c`, an ``ss_receiver_t``) through which the data path
-inserts DATA without Python.  Dispatch rules (PROTOCOL.md §3.1):
+inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
 
 * DATA/PAD/heartbeat for a known image → the C data path (every frame validated, over- and
   under-runs dropped, the hwm raised); never Python;
@@ -236,7 +236,7 @@ class ReceiveChannel:
 
     def reject_image(self, request: ImageRequested, now_ns: int, reason: str) -> None:
         """The conductor could not make the image (no space, counters full): the session
-        cools down and the sender hears why (an ERR frame, PROTOCOL.md §1.7)."""
+        cools down and the sender hears why (an ERR frame, docs/PROTOCOL.md §1.7)."""
         key = (request.setup.session_id, request.setup.stream_id)
         self._pending_image.pop(key, None)
         self._cool_down[key] = now_ns + self.cool_down_ns

@@ -1,4 +1,4 @@
-"""The threads that run the network agents (DESIGN.md principle 6; Aeron's threading modes).
+"""The threads that run the network agents (docs/ARCHITECTURE.md, Threads; Aeron's modes).
 
 ``threading_mode = "shared_network"`` (the default, for small machines): one thread runs the
 receiver's and the sender's duty cycles together.  ``"dedicated"``: one thread each, for hosts

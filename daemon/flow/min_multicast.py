@@ -31,7 +31,7 @@ class MinMulticastFlowControl(FlowControl):
     limit stays and the publication is not connected).  A receiver is forgotten after
     ``receiver_timeout_ns`` without an SM, on an EOS SM and on an ERR naming it.
 
-    Join protection (PROTOCOL.md §4): after an S-flagged SM, the limit at the next SETUP caps
+    Join protection (docs/PROTOCOL.md §5.4): after an S-flagged SM, the limit at the next SETUP caps
     the computed limit until a new receiver is added or one receiver timeout passes, so a
     newcomer can join before the window moves on.
     """

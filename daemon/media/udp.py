@@ -6,8 +6,8 @@ This is the I/O shell of the network stack (the sans-I/O core never sees a socke
   retransmissions through the C data path (``ss_send_data``: ``sendmmsg`` of iovecs into the
   log, runs of equal datagrams as one GSO send), control frames with ``send``, and receives
   the status messages, NAKs and RTTMs that come back with ``recvmmsg`` in C.  Unicast: an
-  ephemeral local port (or ``control=``), connected to the endpoint.  Multicast (PROTOCOL.md
-  §6): bound to the control group (data group + 1, same port) which it joins, sending to the
+  ephemeral local port (or ``control=``), connected to the endpoint.  Multicast (docs/PROTOCOL.md
+  §7.2): bound to the control group (data group + 1, same port) which it joins, sending to the
   data group;
 * a **receive endpoint** (one per address subscribed to) receives with ``recvmmsg`` in C, which
   validates every frame and inserts DATA into the images' logs; the rest goes up to the
@@ -47,7 +47,7 @@ from slipstream.daemon.streams.publication import NetworkPublication, SendChanne
 log = logging.getLogger("slipstream.driver")
 
 #: Datagrams per recvmmsg on a receive endpoint, and the buffer for each: the largest UDP
-#: payload a frame may have (PROTOCOL.md §1: MTU at most 65504).
+#: payload a frame may have (docs/PROTOCOL.md §2.1: MTU at most 65504).
 RECEIVE_BATCH: Final = 32
 RECEIVE_BUFFER_LENGTH: Final = 65536
 #: A send endpoint only receives control frames (at most 1063 bytes, an ERR).

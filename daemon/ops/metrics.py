@@ -1,4 +1,4 @@
-"""Prometheus metrics from the counters file (DESIGN.md principle 3: counters are the interface).
+"""Prometheus metrics from the counters file, which is the interface (docs/ARCHITECTURE.md).
 
 The exporter reads ``counters.dat`` on every scrape and touches nothing else, so it runs inside
 the driver (``metrics_address = "127.0.0.1:9100"``) or as its own process beside a driver it

@@ -1,4 +1,4 @@
-"""Cleaning a log behind its consumers, so that partitions can be reused (PROTOCOL.md §2.7).
+"""Cleaning a log behind its consumers, so that partitions can be reused (docs/PROTOCOL.md §2.8).
 
 Term n reuses the partition of term n - 3, and writers (a publisher appending, a receiver
 rebuilding) must find it zeroed.  The cleaner zeroes toward a target one term behind the

@@ -1,4 +1,4 @@
-"""The sender's answer to NAKs (PROTOCOL.md §3.5; aeron_retransmit_handler.c).
+"""The sender's answer to NAKs (docs/PROTOCOL.md §3.5; aeron_retransmit_handler.c).
 
 Each NAK becomes a *retransmit action* with a small state machine::
 

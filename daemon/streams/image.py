@@ -12,7 +12,7 @@ in place (``client.subscription.Image``) and publish their positions in int64 ce
 (``sub-pos`` counters) that this object reads.  Frames for the image from an address other
 than its SETUP's are dropped (FOREIGN_SOURCE_DROPS).
 
-Receiving (PROTOCOL.md §3.2, ``aeron_publication_image_insert_packet``, done in C):
+Receiving (docs/PROTOCOL.md §4.3, ``aeron_publication_image_insert_packet``, done in C):
 
 * frames of terms before the initial term are dropped;
 * over-run: ``position + length > last SM position + term_length/2`` → dropped
@@ -406,7 +406,7 @@ class PublicationImage:
 
     def _send_status_message(self, now_ns: int, out: list[Datagram]) -> None:
         # A repeat on the timeout reports what subscribers consumed by now, not the values
-        # last scheduled as Aeron's C driver does (PROTOCOL.md §3.4, seen on the wire): the SM
+        # last scheduled as Aeron's C driver does (docs/PROTOCOL.md §4.6, seen on the wire): the SM
         # rate is the same, and a sender that drains learns its receivers took the last bytes
         # of the stream.  A receiver that repeats the old values holds such a drain until its
         # drain_timeout; Aeron 1.15's Java receiver did not (tests/test_interop.py).

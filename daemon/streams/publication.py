@@ -29,7 +29,7 @@ States (the only place they change is :meth:`_transition`; h11 style)::
     ACTIVE --close()--> DRAINING --all sent, or no receivers--> LINGER
     LINGER --linger timeout, or EOS-flagged SM (unicast)--> DONE
 
-Connection (PROTOCOL.md §3.1, §4): a receiver is live while its SMs arrive within
+Connection (docs/PROTOCOL.md §3.3, §5): a receiver is live while its SMs arrive within
 ``publication_connection_timeout`` (5 s).  The publication is *connected* while it has live
 receivers that flow control accepts; then ``pub-lmt = snd-pos + term window`` and the log is
 cleaned one term behind ``snd-pos`` (a chunk at a time, :class:`LogCleaner`).  Not connected:
@@ -327,7 +327,7 @@ class NetworkPublication:
 
     def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         # An honest receiver reports a position it consumed, so never past snd-pos, and a
-        # window of at most half a term (PROTOCOL.md §3.4).  Anything else would let a stray
+        # window of at most half a term (docs/PROTOCOL.md §3.3).  Anything else would let a stray
         # or forged SM drive the sender past every real receiver: counted and dropped.
         position = self._position(sm.consumption_term_id, sm.consumption_term_offset)
         if position > self.sender_position or sm.receiver_window < 0:
