@@ -38,7 +38,15 @@ import attrs
 from slipstream.client.channel import FLOW_CONTROLS
 from slipstream.client.control import default_driver_directory
 from slipstream.client.errors import ConfigurationError
-from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
+from slipstream.client.layout import (
+    FRAME_ALIGNMENT,
+    HEADER_LENGTH,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_UDP_PAYLOAD_LENGTH,
+)
 from slipstream.client.units import format_duration_ns, format_size, parse_duration_ns, parse_size
 
 ENV_PREFIX = "SLIPSTREAM_"
@@ -354,7 +362,7 @@ class DriverSettings:
         "Largest datagram a network publication sends, bytes incl. the 32-byte DATA header; "
         "1408 fits a 1500-byte Ethernet frame with room for IP, UDP and tunnel headers, so no "
         "IP fragmentation. Must exceed the header (Aeron: > 32, so >= 64).",
-        low=64, high=65504, multiple_of=32,
+        low=2 * HEADER_LENGTH, high=MAX_UDP_PAYLOAD_LENGTH, multiple_of=FRAME_ALIGNMENT,
     )
     log_buffer_memory_limit: int = _size(
         4 * _GiB,
@@ -369,7 +377,7 @@ class DriverSettings:
         1408,
         "Fragment size of IPC publications, bytes incl. the 32-byte header; same rules as "
         "mtu_length.",
-        low=64, high=65504, multiple_of=32,
+        low=2 * HEADER_LENGTH, high=MAX_UDP_PAYLOAD_LENGTH, multiple_of=FRAME_ALIGNMENT,
     )
     publication_term_window_length: int = _size(
         0,

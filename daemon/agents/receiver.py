@@ -41,6 +41,7 @@ from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import ErrorFrame, Rttm, Setup, StatusMessage, decode
 from slipstream.client.layout import (
+    ERR_MAX_TEXT_LENGTH,
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
     HDR_TYPE_DATA,
@@ -50,6 +51,7 @@ from slipstream.client.layout import (
     HDR_TYPE_RTTM,
     HDR_TYPE_SETUP,
     HDR_TYPE_SM,
+    NO_DEADLINE,
     SESSION_ID_FIELD,
     SM_SEND_SETUP_FLAG,
     STREAM_ID_FIELD,
@@ -63,7 +65,6 @@ from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
-    NO_DEADLINE,
     Address,
     Datagram,
     ProtocolCounters,
@@ -241,8 +242,9 @@ class ReceiveChannel:
         self._pending_image.pop(key, None)
         self._cool_down[key] = now_ns + self.cool_down_ns
         self.counters.add(SystemCounter.IMAGES_REJECTED)
-        error = ErrorFrame(key[0], key[1], self.receiver_id, ERROR_CODE_STORAGE_SPACE,
-                           reason[:1023])
+        # The text is bytes on the wire: cut it there, at a character boundary.
+        text = reason.encode()[:ERR_MAX_TEXT_LENGTH].decode(errors="ignore")
+        error = ErrorFrame(key[0], key[1], self.receiver_id, ERROR_CODE_STORAGE_SPACE, text)
         self._outbox.append(Datagram(error.encode(), self._reply_address(request.source)))
 
     def _sync_images(self) -> None:

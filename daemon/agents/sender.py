@@ -19,8 +19,9 @@ from typing import Protocol
 
 import attrs
 
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon.agents.agent import Agent
-from slipstream.daemon.protocol.types import NO_DEADLINE, Datagram
+from slipstream.daemon.protocol.types import Datagram
 from slipstream.daemon.streams.publication import NetworkPublication, SendChannel
 
 

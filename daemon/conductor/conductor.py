@@ -32,6 +32,7 @@ from slipstream.client.counters import (
     SystemCounter,
 )
 from slipstream.client.errors import ChannelError, InvalidArgumentError
+from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.ipc import IpcPublication, IpcPublicationState
 from slipstream.daemon.conductor.network import (
@@ -143,7 +144,7 @@ class DriverConductor:
         if self.network is not None:
             used |= self.network.used_session_ids
         while True:
-            session_id = self._rng.randrange(-(1 << 31), 1 << 31)
+            session_id = self._rng.randrange(INT32_MIN, INT32_MAX + 1)
             if not (low <= session_id <= high) and session_id not in used:
                 return session_id
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.client.channel import Channel
+from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
 from slipstream.daemon.protocol.params import PublicationParams
 
@@ -83,7 +84,7 @@ def log_start(params: PublicationParams, rng: random.Random) -> dict[str, int]:
     of LogBuffer.create."""
     initial_term_id = params.initial_term_id
     if initial_term_id is None:
-        initial_term_id = rng.randrange(-(1 << 31), 1 << 31)
+        initial_term_id = rng.randrange(INT32_MIN, INT32_MAX + 1)
     return {"initial_term_id": initial_term_id,
             "initial_term_count": params.initial_term_count,
             "initial_term_offset": params.initial_term_offset}

@@ -14,8 +14,9 @@ from __future__ import annotations
 import abc
 from typing import ClassVar, Self
 
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon.protocol.params import SubscriptionParams
-from slipstream.daemon.protocol.types import NO_DEADLINE, Address
+from slipstream.daemon.protocol.types import Address
 
 
 class CongestionControl(abc.ABC):

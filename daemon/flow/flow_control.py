@@ -14,9 +14,10 @@ import abc
 from typing import ClassVar, Self
 
 from slipstream.client.frames import ErrorFrame, StatusMessage
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import compute_position
 from slipstream.daemon.protocol.params import FlowControlParams
-from slipstream.daemon.protocol.types import NO_DEADLINE, Address
+from slipstream.daemon.protocol.types import Address
 
 
 class FlowControl(abc.ABC):

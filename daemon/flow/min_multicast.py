@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Self
 
 from slipstream.client.frames import ErrorFrame, StatusMessage
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon.flow.flow_control import FlowControl, sm_limit
 from slipstream.daemon.protocol.params import FlowControlParams
-from slipstream.daemon.protocol.types import NO_DEADLINE, Address
+from slipstream.daemon.protocol.types import Address
 
 # (aeron_flow_control.h AERON_MIN_FLOW_CONTROL_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE)
 MIN_RETRANSMIT_WINDOW_MULTIPLE = 16

@@ -62,6 +62,7 @@ from slipstream.client.frames import (
     Setup,
     StatusMessage,
 )
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import (
     PARTITION_COUNT,
     LogBuffer,
@@ -80,7 +81,6 @@ from slipstream.daemon.protocol.loss_detector import (
 )
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
-    NO_DEADLINE,
     Address,
     Datagram,
     ProtocolCounters,
@@ -371,7 +371,7 @@ class PublicationImage:
         for _ in range(PARTITION_COUNT):
             rebuild = max(rcv_pos, max_sub)
             offset, loss_found = self.loss_detector.scan(
-                self._term_ptrs[(rebuild >> self.position_bits) % 3], rebuild, hwm,
+                self._term_ptrs[(rebuild >> self.position_bits) % PARTITION_COUNT], rebuild, hwm,
                 now_ns, self.term_length, self.position_bits, self.initial_term_id)
             new_rebuild = rebuild - (rebuild & self._mask) + offset
             if new_rebuild > rcv_pos:

@@ -61,6 +61,7 @@ from slipstream.client.frames import (
     decode,
     heartbeat,
 )
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import (
     PARTITION_COUNT,
     LogBuffer,
@@ -76,7 +77,6 @@ from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import RetransmitHandler
 from slipstream.daemon.protocol.types import (
-    NO_DEADLINE,
     Address,
     Datagram,
     ProtocolCounters,
