@@ -29,6 +29,7 @@ from slipstream.client.frames import (
     decode,
     decode_datagram,
 )
+from slipstream.client.layout import ERR_MAX_TEXT_LENGTH
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.receiver import (
     ImageDone,
@@ -349,6 +350,19 @@ def test_a_setup_asking_for_terms_past_the_limit_is_rejected_and_told(shm: Path)
     assert rc.poll_events() == []
     [err] = [decode(d.data) for d in rc.datagrams_to_send(0)]
     assert isinstance(err, ErrorFrame) and "image_term_buffer_length_max" in err.message
+    assert counters[SystemCounter.IMAGES_REJECTED] == 1
+
+
+def test_a_long_rejection_reason_in_any_script_is_cut_to_the_err_text_limit(shm: Path) -> None:
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    [request] = rc.poll_events()
+    reason = "no room for the log: " + "é" * 1100  # 2 bytes each: well past 1023 bytes
+    rc.reject_image(request, 0, reason)
+    [err] = [decode(d.data) for d in rc.datagrams_to_send(0)]
+    assert isinstance(err, ErrorFrame)
+    assert len(err.message.encode()) <= ERR_MAX_TEXT_LENGTH and reason.startswith(err.message)
+    assert len(err.message.encode()) >= ERR_MAX_TEXT_LENGTH - 1
     assert counters[SystemCounter.IMAGES_REJECTED] == 1
 
 
