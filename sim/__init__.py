@@ -1,7 +1,7 @@
 """slipstream's deterministic network simulator (``slipstream sim``; docs/SIMULATOR.md).
 
 It runs the *real* sans-I/O protocol core (``daemon/streams/publication.py``,
-``daemon/agents/receiver.py``, ``daemon/streams/image.py``, flow control, loss detection,
+``daemon/media/receive_channel.py``, ``daemon/streams/image.py``, flow control, loss detection,
 retransmits) with real log buffers, the C appender and the client's Image reader, over a
 virtual network in virtual time: faster than real time, and the same seed gives the same run
 byte for byte.

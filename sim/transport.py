@@ -19,9 +19,10 @@ from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.agents.receiver import ReceiveChannel
+from slipstream.daemon.media.receive_channel import ReceiveChannel
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.types import Address, Datagram
-from slipstream.daemon.streams.publication import NetworkPublication, SendChannel
+from slipstream.daemon.streams.publication import NetworkPublication
 from slipstream.sim.network import is_multicast
 
 if TYPE_CHECKING:

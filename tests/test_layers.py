@@ -16,8 +16,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("protocol",),  # sans-I/O pieces: types, parameters, loss detection, retransmits, cleaning
     ("flow",),  # flow- and congestion-control interfaces and strategies
     ("streams",),  # a network publication and a publication image
+    ("media",),  # the endpoints' dispatchers, UDP transports, name resolution
     ("agents",),  # the sender, the receiver and their thread
-    ("media",),  # UDP transports and name resolution
     ("conductor",),  # commands, resources, IPC publications, the network side's endpoints
     ("ops",),  # stat, metrics, systemd
     ("driver", "demo", "cli"),  # the process and its commands

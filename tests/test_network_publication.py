@@ -32,12 +32,12 @@ from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import LocalCounters
 from slipstream.daemon.streams.publication import (
     NetworkPublication,
     PublicationState,
-    SendChannel,
     SenderPositions,
 )
 

@@ -37,17 +37,13 @@ from slipstream.client.frames import (
 )
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.subscription import Image
-from slipstream.daemon.agents.receiver import (
-    ImageRequested,
-    ImageUnavailable,
-    ReceiveChannel,
-    ReceiveEndpoint,
-    Receiver,
-)
+from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver
 from slipstream.daemon.agents.sender import SendEndpoint, Sender
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.congestion_control import CongestionControl
 from slipstream.daemon.flow.registry import CONGESTION_CONTROLS, flow_control_for
+from slipstream.daemon.media.receive_channel import ImageRequested, ImageUnavailable, ReceiveChannel
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import (
     NO_DEADLINE,
@@ -59,7 +55,6 @@ from slipstream.daemon.streams.image import ImagePositions, ImageState
 from slipstream.daemon.streams.publication import (
     NetworkPublication,
     PublicationState,
-    SendChannel,
     SenderPositions,
 )
 

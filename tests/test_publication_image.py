@@ -31,13 +31,13 @@ from slipstream.client.frames import (
 )
 from slipstream.client.layout import ERR_MAX_TEXT_LENGTH
 from slipstream.client.logbuffer import LogBuffer
-from slipstream.daemon.agents.receiver import (
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.media.receive_channel import (
     ImageDone,
     ImageRequested,
     ImageUnavailable,
     ReceiveChannel,
 )
-from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.protocol.loss_detector import (
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,

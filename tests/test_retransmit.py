@@ -18,10 +18,11 @@ from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import ActionState
 from slipstream.daemon.protocol.types import NO_DEADLINE, LocalCounters
-from slipstream.daemon.streams.publication import NetworkPublication, SendChannel, SenderPositions
+from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
 
 TERM = 64 * 1024
 MS = 1_000_000

@@ -21,8 +21,9 @@ import attrs
 
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon.agents.agent import Agent
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.types import Datagram
-from slipstream.daemon.streams.publication import NetworkPublication, SendChannel
+from slipstream.daemon.streams.publication import NetworkPublication
 
 
 class SendTransport(Protocol):

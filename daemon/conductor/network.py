@@ -41,15 +41,7 @@ from slipstream.client.counters import (
 )
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, term_count
-from slipstream.daemon.agents.receiver import (
-    ImageDone,
-    ImageRequested,
-    ImageUnavailable,
-    ReceiveChannel,
-    ReceiveEndpoint,
-    Receiver,
-    ReceiveTransport,
-)
+from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver, ReceiveTransport
 from slipstream.daemon.agents.sender import PublicationDone, SendEndpoint, Sender, SendTransport
 from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.resources import (
@@ -63,16 +55,19 @@ from slipstream.daemon.conductor.resources import (
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media import names
+from slipstream.daemon.media.receive_channel import (
+    ImageDone,
+    ImageRequested,
+    ImageUnavailable,
+    ReceiveChannel,
+)
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 from slipstream.daemon.reports.loss_report import LossReport
 from slipstream.daemon.streams.image import ImagePositions, PublicationImage
-from slipstream.daemon.streams.publication import (
-    NetworkPublication,
-    SendChannel,
-    SenderPositions,
-)
+from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
 
 log = logging.getLogger("slipstream.driver")
 

@@ -37,12 +37,13 @@ from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import ChannelError
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.agents.receiver import ReceiveChannel
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media import names
+from slipstream.daemon.media.receive_channel import ReceiveChannel
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import SocketParams
 from slipstream.daemon.protocol.types import Address, Datagram, address_of, sockaddr
-from slipstream.daemon.streams.publication import NetworkPublication, SendChannel
+from slipstream.daemon.streams.publication import NetworkPublication
 
 log = logging.getLogger("slipstream.driver")
 

@@ -1,7 +1,7 @@
 """The receiver side of one network stream: a sans-I/O state machine (aeron_publication_image.c).
 
-A :class:`PublicationImage` is made for a SETUP that the
-:class:`~slipstream.daemon.agents.receiver.ReceiveChannel` reported (the driver's conductor creates
+A :class:`PublicationImage` is made for a SETUP that a receive channel
+(:class:`~slipstream.daemon.media.receive_channel.ReceiveChannel`) reported (the conductor makes
 the log and the position counters, so a receive loop never waits on a file).  The C data path
 (``ss_receiver_on_datagram``, working from :attr:`PublicationImage.c`) copies DATA datagrams
 straight into the image's log at their term offset (body first, header last with a release

@@ -36,8 +36,6 @@ cleaned one term behind ``snd-pos`` (a chunk at a time, :class:`LogCleaner`).  N
 ``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the publisher gets NOT_CONNECTED /
 BACK_PRESSURED).
 
-:class:`SendChannel` routes control datagrams arriving at a send endpoint to publications.
-
 Units: times in ns (monotonic), positions/offsets/lengths in bytes.
 """
 
@@ -54,11 +52,9 @@ from slipstream.client.frames import (
     SETUP_GROUP_FLAG,
     ErrorFrame,
     Nak,
-    Rejected,
     Rttm,
     Setup,
     StatusMessage,
-    decode,
     heartbeat,
 )
 from slipstream.client.layout import NO_DEADLINE
@@ -70,7 +66,6 @@ from slipstream.client.logbuffer import (
     max_message_length,
 )
 from slipstream.daemon._network import ffi as network_ffi
-from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.flow_control import FlowControl
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
@@ -80,7 +75,6 @@ from slipstream.daemon.protocol.types import (
     Address,
     Datagram,
     ProtocolCounters,
-    hash_table_slots,
 )
 
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
@@ -525,81 +519,3 @@ class NetworkPublication:
         return (f"<NetworkPublication session={self.session_id} stream={self.stream_id} "
                 f"{self.state.name} snd-pos={self.sender_position} snd-lmt={self.sender_limit}"
                 f" connected={self._connected}>")
-
-
-class SendChannel:
-    """A send endpoint's dispatcher: routes SM/NAK/RTTM/ERR datagrams to publications by
-    (session_id, stream_id); malformed ones count ``INVALID_PACKETS``.  An S-flagged SM with
-    session = stream = 0 (MDC) elicits SETUP from every publication.  NAKs are answered by its
-    C dispatch (:attr:`c`); only those that need a timer (a retransmit delay), are malformed
-    or name no publication of the endpoint come to :meth:`on_control`."""
-
-    def __init__(self, *, counters: ProtocolCounters) -> None:
-        self.counters = counters
-        self.publications: dict[tuple[int, int], NetworkPublication] = {}
-        #: The C dispatch of datagrams arriving at the endpoint (an ``ss_receiver_t`` without
-        #: images): it answers NAKs for the publications of its table (:meth:`on_datagram`,
-        #: and the socket's receive path).
-        self.c = c = network_ffi.new("ss_receiver_t *")
-        self._image_slots = network_ffi.new("ss_image_t *[]", 1)
-        c.slots = self._image_slots
-        c.slot_mask = 0
-        c.counters.invalid_packets = counters.address(SystemCounter.INVALID_PACKETS)
-        c.counters.receive_errors = counters.address(SystemCounter.RECEIVE_ERRORS)
-        c.counters.bytes_received = counters.address(SystemCounter.BYTES_RECEIVED)
-        self._publication_slots = network_ffi.NULL
-        self._sync_publications()
-
-    def add_publication(self, publication: NetworkPublication) -> None:
-        self.publications[publication.session_id, publication.stream_id] = publication
-        self._sync_publications()
-
-    def remove_publication(self, publication: NetworkPublication) -> None:
-        """Forget ``publication``; from now on no NAK reaches its log (which may go next).
-        A newer publication of the same (session, stream) that took its place stays."""
-        key = (publication.session_id, publication.stream_id)
-        if self.publications.get(key) is publication:
-            del self.publications[key]
-            self._sync_publications()
-
-    def _sync_publications(self) -> None:
-        publications = list(self.publications.values())
-        slots = hash_table_slots(len(publications))
-        if slots != self.c.publication_mask + 1:
-            self._publication_slots = network_ffi.new("ss_send_publication_t *[]", slots)
-            self.c.publications = self._publication_slots
-            self.c.publication_mask = slots - 1
-        table = network_ffi.new("ss_send_publication_t *[]",
-                                [p.c for p in publications] or 1)
-        if network.ss_receiver_set_publications(self.c, table, len(publications)) != 0:
-            raise AssertionError("two publications of one (session, stream)")
-
-    def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
-                    now_ns: int) -> None:
-        """One datagram arriving at the endpoint, through the C dispatch (as the socket path
-        does) and, unless it answered it there (a NAK), :meth:`on_control`.  The dispatch has
-        no images, so it never reads the source address."""
-        with network_ffi.from_buffer(data) as buffer:
-            verdict = network.ss_receiver_on_datagram(self.c, buffer, len(buffer),
-                                                      network_ffi.NULL, 0, now_ns)
-        if verdict == network.SS_RX_TO_PYTHON:
-            self.on_control(data, source, now_ns)
-
-    def on_control(self, data: bytes | bytearray | memoryview, source: Address,
-                   now_ns: int) -> None:
-        """A control datagram the C dispatch passed up: an SM, an RTTM, an ERR, or a NAK that
-        needs a timer or is malformed."""
-        frame = decode(data)
-        if isinstance(frame, Rejected):
-            self.counters.add(SystemCounter.INVALID_PACKETS)
-            return
-        if not isinstance(frame, (StatusMessage, Nak, Rttm, ErrorFrame)):
-            return  # not for a sender (e.g. our own multicast data looped back)
-        self.counters.add(SystemCounter.BYTES_RECEIVED, len(data))
-        publication = self.publications.get((frame.session_id, frame.stream_id))
-        if publication is not None:
-            publication.on_frame(frame, source, now_ns)
-        elif (isinstance(frame, StatusMessage) and frame.is_setup_request
-              and frame.session_id == 0 and frame.stream_id == 0):
-            for each in self.publications.values():
-                each.on_frame(frame, source, now_ns)

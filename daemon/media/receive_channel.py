@@ -1,0 +1,383 @@
+"""A receive channel endpoint's dispatcher (sans-I/O): what arrives at a subscribed endpoint
+goes to its images, or asks for one.
+
+:class:`ReceiveChannel` is one subscribed channel endpoint on a host (Aeron's
+``aeron_receive_channel_endpoint`` + ``aeron_data_packet_dispatcher``).  It owns the
+:class:`PublicationImage` objects of that endpoint, keyed by ``(session_id, stream_id)``, and
+the C image table (:attr:`ReceiveChannel.c`, an ``ss_receiver_t``) through which the data path
+inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
+
+* DATA/PAD/heartbeat for a known image → the C data path (every frame validated, over- and
+  under-runs dropped, the hwm raised); never Python;
+* DATA/heartbeat (not EOS) for a subscribed stream whose session has no image → an
+  *elicited SETUP*: an SM with the S flag (0x80), term id/offset/window 0, to the source
+  (or the control group for multicast); the session is then PENDING_SETUP for 1 s;
+* SETUP for a subscribed stream and a session without image (and not filtered out by
+  ``session-id=``, not cooling down) → an :class:`ImageRequested` event: the conductor makes
+  the log and counters off the receive loop and answers with :meth:`add_image` (or
+  :meth:`reject_image`); the session is PENDING_IMAGE meanwhile;
+* RTTM → the image; malformed datagrams → ``INVALID_PACKETS``, dropped, never raised.
+
+When an image reaches LINGER an :class:`ImageUnavailable` event tells the conductor (which tells
+the subscribers); when it is DONE it is removed, :class:`ImageDone` lets the conductor free its
+log and counters, and its session cools down (``cool_down_ns``, default 1 s) so stray packets
+of the old stream do not recreate it at once.
+
+:class:`~slipstream.daemon.agents.receiver.Receiver`, the agent, drains each endpoint's
+transport into its channel and runs the images' timers.
+
+Units: times in ns, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+
+from slipstream.client.channel import Channel
+from slipstream.client.counters import SystemCounter
+from slipstream.client.frames import ErrorFrame, Rttm, Setup, StatusMessage, decode
+from slipstream.client.layout import (
+    ERR_MAX_TEXT_LENGTH,
+    FRAME_ALIGNMENT,
+    FRAME_HEADER_LENGTH,
+    HDR_TYPE_DATA,
+    HDR_TYPE_ERR,
+    HDR_TYPE_NAK,
+    HDR_TYPE_RSP_SETUP,
+    HDR_TYPE_RTTM,
+    HDR_TYPE_SETUP,
+    HDR_TYPE_SM,
+    NO_DEADLINE,
+    SESSION_ID_FIELD,
+    SM_SEND_SETUP_FLAG,
+    STREAM_ID_FIELD,
+    TERM_ID_FIELD,
+    TYPE_FIELD,
+)
+from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length, term_count
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.protocol.params import SubscriptionParams
+from slipstream.daemon.protocol.types import (
+    Address,
+    Datagram,
+    ProtocolCounters,
+    hash_table_slots,
+    sockaddr,
+)
+from slipstream.daemon.reports.loss_report import LossEntry
+from slipstream.daemon.streams.image import (
+    ImagePositions,
+    ImageState,
+    PublicationImage,
+)
+
+#: AERON_DRIVER_RECEIVER_PENDING_SETUP_TIMEOUT_NS
+PENDING_SETUP_TIMEOUT_NS = 1_000_000_000
+#: How long a removed image's session is ignored (slipstream choice, see module docstring).
+DEFAULT_COOL_DOWN_NS = 1_000_000_000
+#: How long a SETUP waits for the conductor's image before it may ask again.
+PENDING_IMAGE_TIMEOUT_NS = 1_000_000_000
+#: ERR frame error codes (Aeron's ErrorCode).
+ERROR_CODE_STORAGE_SPACE = 12
+
+_NOT_FOR_A_RECEIVER = frozenset((HDR_TYPE_NAK, HDR_TYPE_SM, HDR_TYPE_ERR, HDR_TYPE_RSP_SETUP))
+
+
+@attrs.frozen(eq=False)
+class ImageRequested:
+    """A SETUP for a wanted stream: the conductor creates the image's log and counters and
+    answers with :meth:`ReceiveChannel.add_image` (or :meth:`ReceiveChannel.reject_image`)."""
+
+    channel: ReceiveChannel
+    setup: Setup
+    source: Address
+
+
+@attrs.frozen(eq=False)
+class ImageUnavailable:
+    """An image ended (EOS consumed, liveness timeout, or no subscribers): it lingers."""
+
+    channel: ReceiveChannel
+    image: PublicationImage
+
+
+@attrs.frozen(eq=False)
+class ImageDone:
+    """An image was removed; its log and counters may go."""
+
+    channel: ReceiveChannel
+    image: PublicationImage
+
+
+ReceiverEvent = ImageRequested | ImageUnavailable | ImageDone
+
+
+class ReceiveChannel:
+    """All images of one receive endpoint.  See the module docstring."""
+
+    def __init__(self, *, channel: Channel, settings: DriverSettings, receiver_id: int,
+                 counters: ProtocolCounters, now_ns: int, rng: random.Random,
+                 cool_down_ns: int = DEFAULT_COOL_DOWN_NS) -> None:
+        self.channel = channel
+        self.settings = settings
+        #: What its images are made with, resolved once from ``channel`` and ``settings``.
+        self.params = SubscriptionParams.resolve(channel, settings)
+        self.receiver_id = receiver_id
+        self.counters = counters
+        self.rng = rng
+        self.cool_down_ns = cool_down_ns
+        control = channel.control_group if channel.endpoint is not None else None
+        #: Multicast: where SMs/NAKs go (the control group); None: reply to the source.
+        self.control_address: Address | None = (
+            (control.host, control.port or 0) if control is not None else None)
+        self.images: dict[tuple[int, int], PublicationImage] = {}
+        self._subscriptions: dict[int, set[int] | None] = {}  # stream -> sessions (None: all)
+        self._pending_setup: dict[tuple[int, int], int] = {}  # -> expiry ns
+        self._pending_image: dict[tuple[int, int], int] = {}  # -> expiry ns
+        self._cool_down: dict[tuple[int, int], int] = {}  # -> expiry ns
+        self._outbox: list[Datagram] = []
+        self._events: list[ReceiverEvent] = []
+        self._now_ns = now_ns
+        self._sockaddrs: dict[Address, bytes] = {}
+        # The C side: the image table and the counters it counts into.  Receive buffers are
+        # the transport's (a socket needs them, the simulator does not).
+        self.c = c = network_ffi.new("ss_receiver_t *")
+        self._slots = network_ffi.new("ss_image_t *[]", 16)
+        c.slots = self._slots
+        c.slot_mask = 15
+        self._streams = network_ffi.new("int32_t[]", 16)
+        c.streams = self._streams
+        c.stream_capacity = 16
+        for field, counter in (
+                ("bytes_received", SystemCounter.BYTES_RECEIVED),
+                ("invalid_packets", SystemCounter.INVALID_PACKETS),
+                ("heartbeats_received", SystemCounter.HEARTBEATS_RECEIVED),
+                ("flow_control_over_runs", SystemCounter.FLOW_CONTROL_OVER_RUNS),
+                ("flow_control_under_runs", SystemCounter.FLOW_CONTROL_UNDER_RUNS),
+                ("foreign_source_drops", SystemCounter.FOREIGN_SOURCE_DROPS),
+                ("receive_errors", SystemCounter.RECEIVE_ERRORS),
+                ("debug_data_loss_drops", SystemCounter.DEBUG_DATA_LOSS_DROPS)):
+            setattr(c.counters, field, counters.address(counter))
+
+    # -- subscriptions --------------------------------------------------------------------
+    def add_subscription(self, stream_id: int, session_id: int | None = None) -> None:
+        """Interest in ``stream_id`` (all sessions, or only ``session_id``)."""
+        if session_id is None:
+            self._subscriptions[stream_id] = None
+        else:
+            sessions = self._subscriptions.get(stream_id, set())
+            if sessions is not None:
+                sessions.add(session_id)
+                self._subscriptions[stream_id] = sessions
+        self._sync_streams()
+
+    def remove_subscription(self, stream_id: int) -> None:
+        """No more interest in ``stream_id``: no new images (existing ones drain once their
+        subscriber positions are removed)."""
+        self._subscriptions.pop(stream_id, None)
+        self._sync_streams()
+        for (_session, stream), image in self.images.items():
+            if stream == stream_id and image.state is ImageState.INIT:
+                image.end_without_subscribers(self._now_ns)
+
+    def set_interest(self, stream_id: int, sessions: set[int] | None) -> None:
+        """The sessions of ``stream_id`` that subscriptions here want: None for all, an empty
+        set for none (as :meth:`remove_subscription`)."""
+        if sessions is not None and not sessions:
+            self.remove_subscription(stream_id)
+            return
+        self._subscriptions[stream_id] = None if sessions is None else set(sessions)
+        self._sync_streams()
+
+    def _sync_streams(self) -> None:
+        streams = list(self._subscriptions)
+        if len(streams) > self.c.stream_capacity:
+            capacity = 1 << (len(streams) - 1).bit_length()
+            self._streams = network_ffi.new("int32_t[]", capacity)
+            self.c.streams = self._streams
+            self.c.stream_capacity = capacity
+        for i, stream_id in enumerate(streams):
+            self._streams[i] = stream_id
+        self.c.stream_count = len(streams)
+
+    def wants(self, session_id: int, stream_id: int) -> bool:
+        """Whether a subscription here takes ``session_id`` of ``stream_id``."""
+        if stream_id not in self._subscriptions:
+            return False
+        sessions = self._subscriptions[stream_id]
+        return sessions is None or session_id in sessions
+
+    def _reply_address(self, source: Address) -> Address:
+        return self.control_address if self.control_address is not None else source
+
+    # -- images (commands from the conductor) ---------------------------------------------
+    def new_image(self, request: ImageRequested, log: LogBuffer, positions: ImagePositions,
+                  now_ns: int, loss_entry: LossEntry | None = None) -> PublicationImage:
+        """The image for ``request`` over ``log`` (created for its SETUP): pure, so the
+        conductor may build it on its own thread before :meth:`add_image` hands it over."""
+        return PublicationImage(
+            log=log, setup=request.setup, params=self.params, settings=self.settings,
+            receiver_id=self.receiver_id, counters=self.counters, positions=positions,
+            control_address=self._reply_address(request.source), source=request.source,
+            now_ns=now_ns, rng=self.rng, loss_entry=loss_entry)
+
+    def add_image(self, image: PublicationImage) -> None:
+        """Start receiving into ``image`` (made by :meth:`new_image`)."""
+        key = (image.session_id, image.stream_id)
+        self._pending_image.pop(key, None)
+        self.images[key] = image
+        self._sync_images()
+
+    def reject_image(self, request: ImageRequested, now_ns: int, reason: str) -> None:
+        """The conductor could not make the image (no space, counters full): the session
+        cools down and the sender hears why (an ERR frame, docs/PROTOCOL.md §1.7)."""
+        key = (request.setup.session_id, request.setup.stream_id)
+        self._pending_image.pop(key, None)
+        self._cool_down[key] = now_ns + self.cool_down_ns
+        self.counters.add(SystemCounter.IMAGES_REJECTED)
+        # The text is bytes on the wire: cut it there, at a character boundary.
+        text = reason.encode()[:ERR_MAX_TEXT_LENGTH].decode(errors="ignore")
+        error = ErrorFrame(key[0], key[1], self.receiver_id, ERROR_CODE_STORAGE_SPACE, text)
+        self._outbox.append(Datagram(error.encode(), self._reply_address(request.source)))
+
+    def _sync_images(self) -> None:
+        images = list(self.images.values())
+        slots = hash_table_slots(len(images))
+        if slots != self.c.slot_mask + 1:
+            self._slots = network_ffi.new("ss_image_t *[]", slots)
+            self.c.slots = self._slots
+            self.c.slot_mask = slots - 1
+        table = network_ffi.new("ss_image_t *[]", [image.c for image in images] or 1)
+        if network.ss_receiver_set_images(self.c, table, len(images)) != 0:
+            raise AssertionError("two images of one (session, stream)")
+
+    # -- input ----------------------------------------------------------------------------
+    def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
+                    now_ns: int) -> None:
+        """One received datagram, through the C data path (as the socket path does) and, if it
+        is not data of a known image, :meth:`on_control`.  Never raises on malformed input."""
+        self._now_ns = now_ns
+        raw = self._sockaddrs.get(source)
+        if raw is None:
+            raw = self._sockaddrs[source] = sockaddr(source)
+        with network_ffi.from_buffer(data) as buffer:
+            verdict = network.ss_receiver_on_datagram(self.c, buffer, len(buffer), raw,
+                                                      len(raw), now_ns)
+        if verdict == network.SS_RX_TO_PYTHON:
+            self.on_control(data, source, now_ns)
+
+    def on_control(self, data: bytes | bytearray | memoryview, source: Address,
+                   now_ns: int) -> None:
+        """A datagram the C data path passed up: SETUP, RTTM, data of an unknown session of
+        a subscribed stream, or a frame that is not for a receiver."""
+        self._now_ns = now_ns
+        # A header field runs up to the next field's offset.
+        frame_type = int.from_bytes(data[TYPE_FIELD:FRAME_HEADER_LENGTH], "little")
+        if frame_type == HDR_TYPE_DATA:
+            session = int.from_bytes(data[SESSION_ID_FIELD:STREAM_ID_FIELD], "little", signed=True)
+            stream = int.from_bytes(data[STREAM_ID_FIELD:TERM_ID_FIELD], "little", signed=True)
+            self._on_unknown_session(session, stream, source, now_ns)
+            return
+        if frame_type in _NOT_FOR_A_RECEIVER:
+            return
+        frame = decode(data) if frame_type in (HDR_TYPE_SETUP, HDR_TYPE_RTTM) else None
+        if isinstance(frame, Setup):
+            self._on_setup(frame, source, now_ns)
+        elif isinstance(frame, Rttm):
+            image = self.images.get((frame.session_id, frame.stream_id))
+            if image is not None:
+                image.on_rttm(frame, now_ns)
+        else:
+            self.counters.add(SystemCounter.INVALID_PACKETS)
+
+    def _on_unknown_session(self, session_id: int, stream_id: int, source: Address,
+                            now_ns: int) -> None:
+        """Elicit a SETUP (aeron_data_packet_dispatcher_elicit_setup_from_source)."""
+        if not self.wants(session_id, stream_id):
+            return
+        key = (session_id, stream_id)
+        if (now_ns < self._pending_setup.get(key, -1) or now_ns < self._cool_down.get(key, -1)
+                or key in self._pending_image):
+            return
+        self._pending_setup[key] = now_ns + PENDING_SETUP_TIMEOUT_NS
+        sm = StatusMessage(session_id, stream_id, 0, 0, 0, self.receiver_id, SM_SEND_SETUP_FLAG)
+        self._outbox.append(Datagram(sm.encode(), self._reply_address(source)))
+        self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
+
+    def _on_setup(self, setup: Setup, source: Address, now_ns: int) -> None:
+        key = (setup.session_id, setup.stream_id)
+        if key in self.images or not self.wants(*key):
+            return
+        if now_ns < self._cool_down.get(key, -1) or now_ns < self._pending_image.get(key, -1):
+            return
+        try:
+            check_term_length(setup.term_length)
+            check_mtu(setup.mtu)
+            # The join position must be a frame boundary inside a term, at or after the start.
+            if (not 0 <= setup.term_offset < setup.term_length
+                    or setup.term_offset & (FRAME_ALIGNMENT - 1)
+                    or term_count(setup.active_term_id, setup.initial_term_id) < 0):
+                raise ValueError("join position")
+        except ValueError:
+            self.counters.add(SystemCounter.INVALID_PACKETS)
+            return
+        self._pending_setup.pop(key, None)
+        limit = self.settings.image_term_buffer_length_max
+        if setup.term_length > limit:
+            self.reject_image(ImageRequested(self, setup, source), now_ns,
+                              f"term length {setup.term_length} is over this receiver's "
+                              f"image_term_buffer_length_max of {limit}")
+            return
+        self._pending_image[key] = now_ns + PENDING_IMAGE_TIMEOUT_NS
+        self._events.append(ImageRequested(self, setup, source))
+
+    # -- output ---------------------------------------------------------------------------
+    def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
+        """SMs, NAKs, elicited-SETUP SMs, ERRs and RTTM replies due at ``now_ns``; also
+        advances image states (events for :meth:`poll_events`)."""
+        self._now_ns = now_ns
+        out = self._outbox
+        self._outbox = []
+        done = []
+        for key, image in self.images.items():
+            if not image.due(now_ns):
+                continue
+            before = image.state
+            image.datagrams_to_send(now_ns, out)
+            after = image.state
+            if after is not before and after is ImageState.LINGER:
+                self._events.append(ImageUnavailable(self, image))
+            if after is ImageState.DONE:
+                if before is not ImageState.LINGER and before is not ImageState.DONE:
+                    self._events.append(ImageUnavailable(self, image))
+                done.append(key)
+        if done:
+            for key in done:
+                self._events.append(ImageDone(self, self.images.pop(key)))
+                self._cool_down[key] = now_ns + self.cool_down_ns
+            self._sync_images()
+        for pending in (self._pending_setup, self._pending_image, self._cool_down):
+            if pending:
+                for key in [k for k, t in pending.items() if t <= now_ns]:
+                    del pending[key]
+        return out
+
+    def next_deadline_ns(self) -> int:
+        """Earliest deadline of the images (``<=`` now when output is queued)."""
+        if self._outbox:
+            return self._now_ns
+        return min((image.next_deadline_ns() for image in self.images.values()),
+                   default=NO_DEADLINE)
+
+    def poll_events(self) -> list[ReceiverEvent]:
+        """Events since the last call, oldest first."""
+        events = self._events
+        self._events = []
+        return events
+
+    def __repr__(self) -> str:
+        return f"<ReceiveChannel {self.channel} images={list(self.images)}>"
