@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from bench.ipc_throughput import machine, run_slipstream, run_zmq, scratch_directory
+from slipstream.client.layout import MAX_UDP_PAYLOAD_LENGTH
 
 DEFAULT_SETTINGS = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"}
 
@@ -43,7 +44,7 @@ def free_tcp_port() -> int:
 
 
 def mtu_for(size: int) -> int | None:
-    return 65504 if size > 16 * 1024 else None
+    return MAX_UDP_PAYLOAD_LENGTH if size > 16 * 1024 else None
 
 
 def run_aeron(size: int, count: int, *, two_drivers: bool, settings: dict[str, str]) -> float:
@@ -119,7 +120,8 @@ def main() -> int:
                         except Exception as e:  # a failed peer run is reported, not fatal
                             print(f"# {name} failed: {e}", flush=True)
             aeron = max(best["aeron 1 driver"], best["aeron 2 drivers"])
-            line = [f"{size:>6} B  ({count:,} messages{', mtu 65504' if mtu_for(size) else ''})"]
+            mtu = f", mtu {mtu_for(size)}" if mtu_for(size) else ""
+            line = [f"{size:>6} B  ({count:,} messages{mtu})"]
             for name, rate in best.items():
                 line.append(f"    {name:<16} {rate / 1e6:8.3f} M msg/s {rate * size / 1e6:9.1f} "
                             f"MB/s")

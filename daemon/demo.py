@@ -22,6 +22,7 @@ from slipstream.client import (
     default_directory,
 )
 from slipstream.client.counters import CounterType, SystemCounter
+from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
 from slipstream.daemon.driver import MediaDriver
 
 IPC_CHANNEL = "aeron:ipc"
@@ -123,7 +124,7 @@ def _report(driver: MediaDriver, duration: float, size: int) -> None:
     from slipstream.client.counters import CountersFile
 
     counters = CountersFile(driver.directory / "counters.dat", writable=False)
-    frame = (size + 32 + 31) & ~31  # bytes of log per message: header + payload, aligned
+    frame = align(HEADER_LENGTH + size, FRAME_ALIGNMENT)  # bytes of log per message
     start = last_time = time.monotonic()
     last: dict[str, float] = {}
     try:

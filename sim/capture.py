@@ -7,17 +7,31 @@ timing tests compare these with Aeron's real captures (shared/aeron-captures/*.j
 
 from __future__ import annotations
 
-import struct
 from typing import Final
 
 import attrs
 
 from slipstream.client.frames import Nak, Setup, StatusMessage, decode
+from slipstream.client.layout import (
+    DATA_HEADER,
+    FRAME_HEADER,
+    FRAME_HEADER_LENGTH,
+    HDR_TYPE_DATA,
+    HDR_TYPE_ERR,
+    HDR_TYPE_NAK,
+    HDR_TYPE_PAD,
+    HDR_TYPE_RSP_SETUP,
+    HDR_TYPE_RTTM,
+    HDR_TYPE_SETUP,
+    HDR_TYPE_SM,
+    HEADER_LENGTH,
+)
 from slipstream.sim.network import Address, Network
 
-_HEADER: Final = struct.Struct("<iBBHiiii")
-_TYPES: Final = {0x00: "PAD", 0x01: "DATA", 0x02: "NAK", 0x03: "SM", 0x04: "ERR",
-                 0x05: "SETUP", 0x06: "RTTM", 0x0B: "RSP_SETUP"}
+#: The types slipstream speaks; any other is recorded by its code ("0x7").
+_TYPES: Final = {HDR_TYPE_PAD: "PAD", HDR_TYPE_DATA: "DATA", HDR_TYPE_NAK: "NAK",
+                 HDR_TYPE_SM: "SM", HDR_TYPE_ERR: "ERR", HDR_TYPE_SETUP: "SETUP",
+                 HDR_TYPE_RTTM: "RTTM", HDR_TYPE_RSP_SETUP: "RSP_SETUP"}
 
 
 @attrs.frozen
@@ -53,17 +67,16 @@ class Capture:
 
     def on_event(self, t_ns: int, event: str, source: Address, destination: Address,
                  data: bytes) -> None:
-        if len(data) < 8:
+        if len(data) < FRAME_HEADER_LENGTH:
             return
-        kind_code = data[6] | data[7] << 8
+        frame_length, _version, flags, kind_code = FRAME_HEADER.unpack_from(data)
         kind = _TYPES.get(kind_code, f"0x{kind_code:x}")
-        flags = data[5]
         session = term_id = term_offset = 0
         length = len(data)
-        if kind_code in (0x00, 0x01) and len(data) >= 32:
-            frame_length, _v, flags, _t, term_offset, session, _stream, term_id = (
-                _HEADER.unpack_from(data))
-            if kind_code == 0x01 and frame_length == 0:
+        if kind_code in (HDR_TYPE_PAD, HDR_TYPE_DATA) and len(data) >= HEADER_LENGTH:
+            (_length, _version, _flags, _type, term_offset, session, _stream, term_id,
+             _reserved) = DATA_HEADER.unpack_from(data)
+            if kind_code == HDR_TYPE_DATA and frame_length == 0:
                 kind = "HB"
         else:
             frame = decode(data)

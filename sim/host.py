@@ -38,12 +38,13 @@ from typing import TYPE_CHECKING, Any, Final
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 from slipstream.client.subscription import Image
 from slipstream.daemon.conductor.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.protocol.types import NO_DEADLINE, Address
+from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.streams.publication import NetworkPublication
 from slipstream.sim.events import PHASE_SERVICE, Timer
 from slipstream.sim.transport import VirtualTransports

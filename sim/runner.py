@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import struct
 import tempfile
 import time
 from pathlib import Path
@@ -28,8 +27,7 @@ import attrs
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import ChannelError
-from slipstream.client.frames import HDR_TYPE_DATA
-from slipstream.client.logbuffer import max_message_length
+from slipstream.client.layout import DATA_HEADER, HDR_TYPE_DATA, HEADER_LENGTH, max_message_length
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.sim.events import EventLoop
@@ -38,7 +36,6 @@ from slipstream.sim.network import Address, Network, Partition
 from slipstream.sim.report import Report
 from slipstream.sim.scenario import Event, Scenario, ScenarioError, host_ip, make_faults
 
-_DATA_HEADER = struct.Struct("<iBBHiiii")
 #: Check for completion every this many event-loop actions (the check is cheap).
 _CHECK_EVERY = 1
 
@@ -167,10 +164,10 @@ class Simulation:
     def _on_network_event(self, now_ns: int, event: str, source: Address,
                           destination: Address, data: bytes) -> None:
         if (not event.startswith("drop") or source != self.publisher.source
-                or len(data) < 32):
+                or len(data) < HEADER_LENGTH):
             return
-        (_length, _version, _flags, kind, term_offset, _session, _stream,
-         term_id) = _DATA_HEADER.unpack_from(data)
+        (_length, _version, _flags, kind, term_offset, _session, _stream, term_id,
+         _reserved) = DATA_HEADER.unpack_from(data)
         log = self.publisher.log
         if kind != HDR_TYPE_DATA or log is None:
             return

@@ -34,7 +34,6 @@ from __future__ import annotations
 import datetime
 import logging
 import socket
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +47,8 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from slipstream.client import Client, DataLossError, Image, SlipstreamError, Subscription
-from slipstream.client.logbuffer import LogBuffer, compute_term_id
+from slipstream.client.layout import DATA_HEADER, FRAME_ALIGNMENT, PARTITION_COUNT
+from slipstream.client.logbuffer import LogBuffer, compute_term_id, index_by_position
 from slipstream.spark_bridge.options import SourceOptions
 
 __all__ = ["SCHEMA", "SlipstreamDataLossError", "SlipstreamPartition", "SlipstreamStreamReader"]
@@ -110,10 +110,6 @@ def is_retained(image: Image, position: int) -> bool:
     return True
 
 
-_FRAME_HEADER = struct.Struct("<iBBHiiiiq")  # length, version, flags, type, term offset,
-#                                             session, stream, term id, reserved
-
-
 def _first_frame_in_term(image: Image, log: LogBuffer, start: int, end: int) -> int | None:
     """The first frame boundary in ``[start, end)`` within ``start``'s term that the log still
     holds, found by its header (length, term offset, session, stream and term id all match),
@@ -121,12 +117,12 @@ def _first_frame_in_term(image: Image, log: LogBuffer, start: int, end: int) -> 
     position, so what survives of a term begins anywhere, not at its start."""
     term = image.term_length
     term_start = start - start % term
-    view = log.term_view((start // term) % 3)
+    view = log.term_view(index_by_position(start, log.position_bits))
     term_id = compute_term_id(start, log.position_bits, log.initial_term_id)
     stop = min(term, end - term_start)
-    for offset in range(start % term, stop, 32):
+    for offset in range(start % term, stop, FRAME_ALIGNMENT):
         length, _, _, _, frame_offset, session, stream, frame_term, _ = \
-            _FRAME_HEADER.unpack_from(view, offset)
+            DATA_HEADER.unpack_from(view, offset)
         if (length > 0 and frame_offset == offset and frame_term == term_id
                 and session == image.session_id and stream == image.stream_id
                 and is_retained(image, term_start + offset)):
@@ -144,7 +140,7 @@ def first_retained(image: Image, start: int, end: int) -> int:
     term = image.term_length
     log = LogBuffer(image.log_path, writable=False, populate=False)
     try:
-        position = start + 32
+        position = start + FRAME_ALIGNMENT  # the first frame boundary that can follow start
         while position < end:
             term_start = position - position % term
             if term_start > start and is_retained(image, term_start):
@@ -163,8 +159,8 @@ def earliest_position(image: Image) -> int:
     image's position.  Messages before the join position are not protected by this query's
     credit: ``earliest`` takes what is there when the query starts."""
     term = image.term_length
-    lowest = max(0, (image.available_position() // term - 2) * term)
-    return first_retained(image, lowest - 32, image.position)
+    lowest = max(0, (image.available_position() // term - (PARTITION_COUNT - 1)) * term)
+    return first_retained(image, lowest - FRAME_ALIGNMENT, image.position)
 
 
 def _record_skip(directory: str | None) -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from slipstream.client.channel import Channel, FlowControlSpec, HostPort, parse_channel
 from slipstream.client.errors import ChannelError
+from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 UDP = "aeron:udp?endpoint=localhost:40123|"
 
@@ -312,11 +313,11 @@ _host_ports = st.one_of(
     st.sampled_from(["localhost", "Feed-1.example", "a_b"]),
     st.integers(0, 2**128 - 1).map(lambda n: f"[{ipaddress.IPv6Address(n)}]"),
 ).flatmap(lambda host: st.integers(0, 65535).map(lambda port: f"{host}:{port}"))
-_int32 = st.integers(-(2**31), 2**31 - 1)
+_int32 = st.integers(INT32_MIN, INT32_MAX)
 _bools = st.sampled_from(["true", "false"])
 _flow_control = st.one_of(
     st.sampled_from(["max", "min", "unicast", "tagged", "min,g:/3", "min,t:1s,g:/0"]),
-    st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**31 - 1), _durations()).map(
+    st.tuples(st.integers(INT64_MIN, INT64_MAX), st.integers(0, INT32_MAX), _durations()).map(
         lambda t: f"tagged,g:{t[0]}/{t[1]},t:{t[2]}"),
 )
 
@@ -324,29 +325,30 @@ _OPTIONAL_PARAMS: dict[str, st.SearchStrategy[str]] = {
     "interface": st.sampled_from(["127.0.0.1", "10.0.0.0/8", "[::1]:0/128", "eth0"]),
     "ttl": st.integers(0, 255).map(str),
     "term-length": _sizes(st.integers(16, 30).map(lambda b: 1 << b)),
-    "mtu": _sizes(st.integers(2, 256).map(lambda n: n * 32)),  # <= term-length / 8 always
-    "rcv-wnd": _sizes(st.integers(1, 2**31 - 1)),
-    "pub-wnd": _sizes(st.integers(1, 2**31 - 1)),
-    "so-sndbuf": _sizes(st.integers(1, 2**31 - 1)),
-    "so-rcvbuf": _sizes(st.integers(1, 2**31 - 1)),
+    # <= term-length / 8 always
+    "mtu": _sizes(st.integers(2, 256).map(lambda n: n * FRAME_ALIGNMENT)),
+    "rcv-wnd": _sizes(st.integers(1, INT32_MAX)),
+    "pub-wnd": _sizes(st.integers(1, INT32_MAX)),
+    "so-sndbuf": _sizes(st.integers(1, INT32_MAX)),
+    "so-rcvbuf": _sizes(st.integers(1, INT32_MAX)),
     "nak-delay": _durations(),
     "linger": _durations(),
     "untethered-window-limit-timeout": _durations(),
     "untethered-resting-timeout": _durations(),
     "eos": _bools, "reliable": _bools, "sparse": _bools, "tether": _bools, "rejoin": _bools,
     "group": _bools, "ssc": _bools,
-    "session-id": st.one_of(_int32.map(str), st.integers(0, 2**63 - 1).map(lambda n: f"tag:{n}")),
+    "session-id": st.one_of(_int32.map(str), st.integers(0, INT64_MAX).map(lambda n: f"tag:{n}")),
     "fc": _flow_control,
-    "gtag": st.integers(-(2**63), 2**63 - 1).map(str),
+    "gtag": st.integers(INT64_MIN, INT64_MAX).map(str),
     "cc": st.sampled_from(["static", "cubic"]),
     "max-resend": st.integers(1, 256).map(str),
     "alias": st.text(st.characters(codec="ascii", exclude_characters="|"), min_size=1,
                      max_size=20),
-    "tags": st.one_of(st.integers(0, 2**63 - 1).map(str),
+    "tags": st.one_of(st.integers(0, INT64_MAX).map(str),
                       st.tuples(st.integers(0, 99), st.integers(0, 99)).map(
                           lambda t: f"{t[0]},{t[1]}")),
     "stream-id": _int32.map(str),
-    "response-correlation-id": st.integers(-(2**63), 2**63 - 1).map(str),
+    "response-correlation-id": st.integers(INT64_MIN, INT64_MAX).map(str),
 }
 
 
@@ -356,10 +358,11 @@ def _uris(draw: st.DrawFn) -> str:
     for key in draw(st.lists(st.sampled_from(sorted(_OPTIONAL_PARAMS)), unique=True)):
         params[key] = draw(_OPTIONAL_PARAMS[key])
     if draw(st.booleans()):
-        init, delta = draw(_int32), draw(st.integers(0, 2**31 - 1))
+        init, delta = draw(_int32), draw(st.integers(0, INT32_MAX))
         params["init-term-id"] = str(init)
         params["term-id"] = str((init + delta + 2**31) % 2**32 - 2**31)
-        params["term-offset"] = str(draw(st.integers(0, 2048)) * 32)  # <= 64k, the minimum
+        # <= 64k, the minimum term length
+        params["term-offset"] = str(draw(st.integers(0, 2048)) * FRAME_ALIGNMENT)
     items = draw(st.permutations(list(params.items())))
     prefix = "aeron-spy:" if draw(st.booleans()) else ""
     return prefix + "aeron:udp?" + "|".join(f"{k}={v}" for k, v in items)

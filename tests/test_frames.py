@@ -33,6 +33,10 @@ from slipstream.client.layout import (
     FRAME_ALIGNMENT,
     HDR_TYPE_RSP_SETUP,
     HEADER_LENGTH,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
     RSP_SETUP_FRAME,
     RSP_SETUP_LENGTH,
     UNFRAGMENTED,
@@ -129,16 +133,17 @@ def test_captured_data_payload_is_a_zero_copy_view() -> None:
 
 # -- round trips --------------------------------------------------------------------------
 
-int32 = st.integers(-(2**31), 2**31 - 1)
-int64 = st.integers(-(2**63), 2**63 - 1)
+int32 = st.integers(INT32_MIN, INT32_MAX)
+int64 = st.integers(INT64_MIN, INT64_MAX)
 uint8 = st.integers(0, 255)
-aligned_offset = st.integers(0, (2**31 - 1) // 32).map(lambda n: n * 32)
+aligned_offset = st.integers(0, INT32_MAX // FRAME_ALIGNMENT).map(lambda n: n * FRAME_ALIGNMENT)
 
 frames_strategy = st.one_of(
     st.builds(Data, aligned_offset, int32, int32, int32, st.binary(max_size=300), uint8, int64),
     st.builds(Heartbeat, aligned_offset, int32, int32, int32, uint8, int64),
     st.builds(Pad, aligned_offset, int32, int32, int32,
-              st.integers(1, (2**31 - 1) // 32).map(lambda n: n * 32), uint8, int64),
+              st.integers(1, INT32_MAX // FRAME_ALIGNMENT).map(lambda n: n * FRAME_ALIGNMENT),
+              uint8, int64),
     st.builds(Setup, int32, int32, int32, int32, int32, int32, int32, int32, uint8),
     st.builds(StatusMessage, int32, int32, int32, int32, int32, int64, uint8,
               st.none() | int64),

@@ -15,10 +15,18 @@ from hypothesis import strategies as st
 
 from slipstream.client._native import ffi, lib
 from slipstream.client.layout import (
+    CURRENT_VERSION,
+    FRAME_ALIGNMENT,
+    FRAME_HEADER,
+    HDR_TYPE_DATA,
     HDR_TYPE_PAD,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
     META_ACTIVE_TERM_COUNT,
     PARTITION_COUNT,
     TERM_MIN_LENGTH,
+    UNFRAGMENTED,
 )
 from slipstream.client.logbuffer import (
     LogBuffer,
@@ -73,14 +81,14 @@ def test_layout_matches_the_aeron_descriptor(shm: Path) -> None:
     assert log.raw_tail(1) >> 32 == -5 + 1 - 3
     assert log.raw_tail(2) >> 32 == -5 + 2 - 3
     assert log.meta_i32(META_ACTIVE_TERM_COUNT) == 0
-    assert log.end_of_stream_position == (1 << 63) - 1
+    assert log.end_of_stream_position == INT64_MAX
     assert max_message_length(1 << 16) == 8192
     assert max_message_length(1 << 30) == 16 * 1024 * 1024
     log.close()
 
 
-@given(term_id=st.integers(-(2**31), 2**31 - 1), initial=st.integers(-(2**31), 2**31 - 1),
-       offset=st.integers(0, (1 << 16) - 1).map(lambda v: v & ~31))
+@given(term_id=st.integers(INT32_MIN, INT32_MAX), initial=st.integers(INT32_MIN, INT32_MAX),
+       offset=st.integers(0, (1 << 16) - 1).map(lambda v: v & -FRAME_ALIGNMENT))
 def test_position_arithmetic_round_trips(term_id: int, initial: int, offset: int) -> None:
     bits = 16
     position = compute_position(term_id, offset, bits, initial)
@@ -88,7 +96,7 @@ def test_position_arithmetic_round_trips(term_id: int, initial: int, offset: int
         return
     assert compute_term_id(position, bits, initial) == term_id
     assert compute_term_offset(position, 1 << bits) == offset
-    assert index_by_position(position, bits) == ((term_id - initial) & 0xFFFFFFFF) % 3
+    assert index_by_position(position, bits) == ((term_id - initial) & 0xFFFFFFFF) % PARTITION_COUNT
 
 
 def test_a_message_is_header_plus_payload_aligned_to_32(shm: Path) -> None:
@@ -214,7 +222,7 @@ def test_a_dense_log_is_mapped_with_its_pages_in_place_and_a_sparse_one_lazily(
 
 def test_max_position_exceeded_at_the_last_term(shm: Path) -> None:
     # Start in the last term a 64 KiB log can reach: term count 2^31 - 1.
-    log = make_log(shm, initial_term_count=(1 << 31) - 1)
+    log = make_log(shm, initial_term_count=INT32_MAX)
     appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
     assert log.producer_position() == max_possible_position(log.term_length) - log.term_length
     message = b"z" * 4000
@@ -305,14 +313,15 @@ def test_concurrent_appends_from_several_processes_never_corrupt_or_lose_a_frame
 
 
 @pytest.mark.parametrize("frame_length", [0x7FFFFFF0, 0x7FFFFFFF, TERM_MIN_LENGTH + 32])
-@pytest.mark.parametrize("frame_type", [1, HDR_TYPE_PAD])
+@pytest.mark.parametrize("frame_type", [HDR_TYPE_DATA, HDR_TYPE_PAD])
 def test_a_lying_frame_length_in_a_log_stops_every_scan_and_never_wraps(
         frame_length: int, frame_type: int) -> None:
     """Frame lengths in a log come from another process: a scan stops at one that would
     cross the term's end (near 2^31 it would overflow align32 and run backwards)."""
     term = bytearray(TERM_MIN_LENGTH)
-    struct.pack_into("<iBBH", term, 64, frame_length, 0, 0xC0, frame_type)
-    struct.pack_into("<iBBH", term, 0, 64, 0, 0xC0, 1)  # one good frame before it
+    FRAME_HEADER.pack_into(term, 64, frame_length, CURRENT_VERSION, UNFRAGMENTED, frame_type)
+    # one good frame before it
+    FRAME_HEADER.pack_into(term, 0, 64, CURRENT_VERSION, UNFRAGMENTED, HDR_TYPE_DATA)
     pointer = ffi.from_buffer(term)
     padding = ffi.new("int32_t *")
     assert lib.ss_scan_for_availability(pointer, 0, 1408, TERM_MIN_LENGTH, padding) == 64

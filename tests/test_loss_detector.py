@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import random
-import struct
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import ffi
+from slipstream.client.layout import (
+    CURRENT_VERSION,
+    FRAME_HEADER,
+    HDR_TYPE_DATA,
+    NO_DEADLINE,
+    UNFRAGMENTED,
+)
 from slipstream.daemon.protocol.loss_detector import (
     MAX_GAPS,
     LossDetector,
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,
 )
-from slipstream.daemon.protocol.types import NO_DEADLINE
 
 TERM = 64 * 1024
 BITS = 16
@@ -30,7 +35,8 @@ def make_term():
 
 
 def put_frame(term, offset: int, length: int = 64) -> None:
-    ffi.memmove(term + offset, struct.pack("<iBBH", length, 0, 0xC0, 1), 8)
+    header = FRAME_HEADER.pack(length, CURRENT_VERSION, UNFRAGMENTED, HDR_TYPE_DATA)
+    ffi.memmove(term + offset, header, len(header))
 
 
 def detector():

@@ -35,6 +35,15 @@ from slipstream.client.frames import (
     decode,
     decode_datagram,
 )
+from slipstream.client.layout import (
+    CURRENT_VERSION,
+    DATA_HEADER,
+    HDR_TYPE_DATA,
+    HDR_TYPE_PAD,
+    INT32_MAX,
+    INT32_MIN,
+    NO_DEADLINE,
+)
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.subscription import Image
 from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver
@@ -45,12 +54,7 @@ from slipstream.daemon.flow.registry import CONGESTION_CONTROLS, flow_control_fo
 from slipstream.daemon.media.receive_channel import ImageRequested, ImageUnavailable, ReceiveChannel
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
-from slipstream.daemon.protocol.types import (
-    NO_DEADLINE,
-    Address,
-    Datagram,
-    LocalCounters,
-)
+from slipstream.daemon.protocol.types import Address, Datagram, LocalCounters
 from slipstream.daemon.streams.image import ImagePositions, ImageState
 from slipstream.daemon.streams.publication import (
     NetworkPublication,
@@ -596,14 +600,13 @@ def test_random_bytes_never_raise(shm_static: Path, data: bytes) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(-2**31, 2**31 - 1), st.binary(max_size=64),
-       st.sampled_from([0, 1]), st.integers(0, 255))
+@given(st.integers(0, INT32_MAX), st.integers(INT32_MIN, INT32_MAX), st.binary(max_size=64),
+       st.sampled_from([HDR_TYPE_PAD, HDR_TYPE_DATA]), st.integers(0, 255))
 def test_data_header_fuzz_into_live_image(shm_static: Path, offset: int, frame_length: int,
                                           body: bytes, kind: int, flags: int) -> None:
-    import struct
     receive, _send = shm_static
-    header = struct.pack("<iBBHiiiiq", frame_length, 0, flags, kind, offset, SESSION, STREAM,
-                         1000, 0)
+    header = DATA_HEADER.pack(frame_length, CURRENT_VERSION, flags, kind, offset, SESSION, STREAM,
+                              1000, 0)
     receive.on_datagram(header + body, SENDER, 0)
     receive.datagrams_to_send(0)
 

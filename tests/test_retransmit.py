@@ -14,6 +14,7 @@ from slipstream.client._native import lib
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import Nak, StatusMessage
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
@@ -21,7 +22,7 @@ from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import ActionState
-from slipstream.daemon.protocol.types import NO_DEADLINE, LocalCounters
+from slipstream.daemon.protocol.types import LocalCounters
 from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
 
 TERM = 64 * 1024

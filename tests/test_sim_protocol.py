@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slipstream.client.layout import DATA_HEADER, HDR_TYPE_DATA, HEADER_LENGTH
 from slipstream.client.publication import BACK_PRESSURED, NOT_CONNECTED
 from slipstream.sim.capture import Capture
 from slipstream.sim.network import LinkFaults
@@ -39,10 +40,12 @@ def drop_frames_once(first: int, end: int, *, frame: int = FRAME, times: int = 1
     counts: dict[tuple[int, int], int] = {}
 
     def drop(_now: int, source, _destination, data: bytes) -> bool:
-        if source[0] != PUB or len(data) < 32 or data[6] != 1 or data[0:4] == b"\0\0\0\0":
+        if source[0] != PUB or len(data) < HEADER_LENGTH:
             return False
-        term_id = int.from_bytes(data[20:24], "little", signed=True)
-        offset = int.from_bytes(data[8:12], "little")
+        (length, _version, _flags, kind, offset, _session, _stream, term_id,
+         _reserved) = DATA_HEADER.unpack_from(data)
+        if kind != HDR_TYPE_DATA or length == 0:  # not DATA, or a heartbeat
+            return False
         if not first <= offset // frame < end:
             return False
         key = (term_id, offset)

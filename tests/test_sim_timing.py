@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from slipstream.client.layout import DATA_HEADER, HDR_TYPE_DATA, HEADER_LENGTH
 from slipstream.sim.capture import Capture
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.runner import Simulation
@@ -62,11 +63,13 @@ def drop_frame(index: int, times: int, *, to: str | None = None):
     counts: dict[int, int] = {}
 
     def drop(_now: int, source, destination, data: bytes) -> bool:
-        if source[0] != PUB or data[6] != 1 or data[0:4] == b"\0\0\0\0":
+        if source[0] != PUB or len(data) < HEADER_LENGTH:
+            return False
+        length, _version, _flags, kind, offset, *_ = DATA_HEADER.unpack_from(data)
+        if kind != HDR_TYPE_DATA or length == 0:  # not DATA, or a heartbeat
             return False
         if to is not None and destination[0] != to:
             return False
-        offset = int.from_bytes(data[8:12], "little")
         if offset != index * FRAME:
             return False
         counts[offset] = counts.get(offset, 0) + 1

@@ -20,6 +20,7 @@ from helpers import counters_of
 
 from slipstream.client import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED, Client
 from slipstream.client.counters import SystemCounter
+from slipstream.client.layout import HEADER_LENGTH
 from slipstream.daemon.driver import MediaDriver
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
@@ -362,7 +363,7 @@ HOST_PORT = 40200
 HOST_SETTINGS = {**FAST, "flow_control_receiver_timeout": "1s"}
 WINDOW = 128 * 1024  # the receiver window of the default settings
 FRAME = 1024  # a message of HOST_PAYLOAD bytes with its 32-byte header, aligned
-HOST_PAYLOAD = FRAME - 32
+HOST_PAYLOAD = FRAME - HEADER_LENGTH
 WINDOWS = 50
 
 

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slipstream.client.counters import CounterInfo, CounterType, parse_position_label
+from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.daemon.ops.stat import render, stream_rows
 from slipstream.daemon.reports.error_log import (
     MAX_ENTRIES,
@@ -95,7 +96,7 @@ def test_no_report_reads_as_empty(tmp_path: Path) -> None:
 
 @given(channel=st.from_regex(r"aeron:(ipc|udp\?endpoint=[0-9.]+:[0-9]+)(\|[a-z]+=[a-z0-9,:]+)*",
                              fullmatch=True),
-       stream_id=st.integers(-2**31, 2**31 - 1), session_id=st.integers(-2**31, 2**31 - 1),
+       stream_id=st.integers(INT32_MIN, INT32_MAX), session_id=st.integers(INT32_MIN, INT32_MAX),
        subscription=st.none() | st.integers(0, 2**62))
 def test_position_labels_read_back_what_the_driver_wrote(channel: str, stream_id: int,
                                                          session_id: int,

@@ -25,9 +25,6 @@ from typing import Any, Final
 
 from slipstream.client import control
 from slipstream.client.frames import (
-    HDR_TYPE_ATS_DATA,
-    HDR_TYPE_EXT,
-    HDR_TYPE_RES,
     Data,
     ErrorFrame,
     Heartbeat,
@@ -37,9 +34,30 @@ from slipstream.client.frames import (
     Setup,
     StatusMessage,
 )
+from slipstream.client.layout import (
+    BEGIN_FLAG,
+    EOS_FLAG,
+    FRAME_ALIGNMENT,
+    FRAME_LENGTH_FIELD,
+    HDR_TYPE_ATS_DATA,
+    HDR_TYPE_EXT,
+    HDR_TYPE_RES,
+    HEADER_LENGTH,
+    INT32_MAX,
+    INT32_MIN,
+    MAX_UDP_PAYLOAD_LENGTH,
+    RTTM_REPLY_FLAG,
+    SM_SEND_SETUP_FLAG,
+    TERM_MAX_LENGTH,
+    TERM_MIN_LENGTH,
+    TYPE_FIELD,
+    UNFRAGMENTED,
+    VERSION_FIELD,
+    align,
+)
 
 #: Values that break naive arithmetic: zero, negatives, alignment edges, int32 extremes.
-HOSTILE_INT32: Final = (0, -1, 1, 31, 32, 33, 1408, 65536, 1 << 30, (1 << 31) - 1, -(1 << 31))
+HOSTILE_INT32: Final = (0, -1, 1, 31, 32, 33, 1408, 65536, 1 << 30, INT32_MAX, INT32_MIN)
 
 
 class DatagramFuzzer:
@@ -72,8 +90,8 @@ class DatagramFuzzer:
 
     # -- the kinds -----------------------------------------------------------------------------
     def _term_id(self) -> int:
-        return self.rng.choice((0, 1, 2, -1, 1 << 20, (1 << 31) - 1, -(1 << 31),
-                                self.rng.randrange(-(1 << 31), 1 << 31), *self._near_terms))
+        return self.rng.choice((0, 1, 2, -1, 1 << 20, INT32_MAX, INT32_MIN,
+                                self.rng.randrange(INT32_MIN, INT32_MAX + 1), *self._near_terms))
 
     def _value(self) -> int:
         return self.rng.choice(HOSTILE_INT32)
@@ -81,30 +99,35 @@ class DatagramFuzzer:
     def _well_formed(self) -> bytes:
         """A valid frame of a random type with hostile field values."""
         rng, session, stream = self.rng, self.session_id, self.stream_id
-        offset = rng.choice((0, 32, 1 << 16, (1 << 30) - 32, rng.randrange(0, 1 << 20, 32)))
+        offset = rng.choice((0, FRAME_ALIGNMENT, 1 << 16, TERM_MAX_LENGTH - FRAME_ALIGNMENT,
+                             rng.randrange(0, 1 << 20, FRAME_ALIGNMENT)))
         choice = rng.randrange(8)
         if choice == 0:
             return Data(offset, session, stream, self._term_id(),
                         bytes(rng.randrange(0, 1400))).encode()
         if choice == 1:
-            return Heartbeat(offset, session, stream, self._term_id(),
-                             rng.choice((0x80, 0xC0, 0xE0))).encode()
+            term_id = self._term_id()
+            flags = rng.choice((BEGIN_FLAG, UNFRAGMENTED, UNFRAGMENTED | EOS_FLAG))
+            return Heartbeat(offset, session, stream, term_id, flags).encode()
         if choice == 2:
             return Pad(offset, session, stream, self._term_id(),
-                       rng.choice((32, 64, 1 << 20, (1 << 31) - 1))).encode()
+                       rng.choice((32, 64, 1 << 20, INT32_MAX))).encode()
         if choice == 3:
             return Setup(offset, session + rng.randrange(2), stream, self._term_id(),
-                         self._term_id(), rng.choice((0, 1 << 16, 1 << 30, (1 << 31) - 1, 100)),
-                         rng.choice((0, 31, 32, 1408, 65504, 1 << 20)), 0, 0).encode()
+                         self._term_id(),
+                         rng.choice((0, TERM_MIN_LENGTH, TERM_MAX_LENGTH, INT32_MAX, 100)),
+                         rng.choice((0, 31, 32, 1408, MAX_UDP_PAYLOAD_LENGTH, 1 << 20)),
+                         0, 0).encode()
         if choice == 4:
             return StatusMessage(session, stream, self._term_id(), offset, self._value(),
-                                 rng.randrange(1 << 62), rng.choice((0, 0x80))).encode()
+                                 rng.randrange(1 << 62),
+                                 rng.choice((0, SM_SEND_SETUP_FLAG))).encode()
         if choice == 5:
             return Nak(session, stream, self._term_id(), offset,
-                       rng.choice((1, 32, 1 << 20, 1 << 30, (1 << 31) - 1, -1))).encode()
+                       rng.choice((1, 32, 1 << 20, 1 << 30, INT32_MAX, -1))).encode()
         if choice == 6:
             return Rttm(session, stream, rng.randrange(1 << 62), rng.randrange(1 << 62),
-                        rng.randrange(1 << 62), rng.choice((0, 0x80))).encode()
+                        rng.randrange(1 << 62), rng.choice((0, RTTM_REPLY_FLAG))).encode()
         return ErrorFrame(session, stream, rng.randrange(1 << 62), self._value(),
                           "x" * rng.randrange(0, 200)).encode()
 
@@ -115,11 +138,11 @@ class DatagramFuzzer:
         """Up to four DATA frames that tile a datagram, as a sender batches them."""
         rng = self.rng
         out = bytearray()
-        offset = rng.randrange(0, 1 << 16, 32)
+        offset = rng.randrange(0, 1 << 16, FRAME_ALIGNMENT)
         for _ in range(rng.randrange(1, 5)):
             frame = Data(offset + len(out), self.session_id, self.stream_id, 0,
                          bytes(rng.randrange(0, 300))).encode()
-            out += frame + bytes(-len(frame) % 32)
+            out += frame + bytes(align(len(frame), FRAME_ALIGNMENT) - len(frame))
         return out
 
     def _lying_length(self) -> bytes:
@@ -128,19 +151,19 @@ class DatagramFuzzer:
         at = 0
         while at + 4 <= len(data):
             starts.append(at)
-            length = struct.unpack_from("<i", data, at)[0]
-            at += max(32, (length + 31) & ~31)
-        struct.pack_into("<i", data, self.rng.choice(starts), self._value())
+            length = struct.unpack_from("<i", data, at + FRAME_LENGTH_FIELD)[0]
+            at += max(HEADER_LENGTH, align(length, FRAME_ALIGNMENT))
+        struct.pack_into("<i", data, self.rng.choice(starts) + FRAME_LENGTH_FIELD, self._value())
         return bytes(data)
 
     def _wrong_version(self) -> bytes:
         data = bytearray(self._well_formed())
-        data[4] = self.rng.randrange(1, 256)
+        data[VERSION_FIELD] = self.rng.randrange(1, 256)
         return bytes(data)
 
     def _unknown_type(self) -> bytes:
         data = bytearray(self._well_formed())
-        struct.pack_into("<H", data, 6, self.rng.choice(
+        struct.pack_into("<H", data, TYPE_FIELD, self.rng.choice(
             (HDR_TYPE_RES, HDR_TYPE_ATS_DATA, 0x0C, 0x7FFF, HDR_TYPE_EXT)))
         return bytes(data)
 
@@ -171,7 +194,8 @@ class CommandFuzzer:
         {"type": control.REMOVE_SUBSCRIPTION, "registration_id": 1},
         {"type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1},
     )
-    _HOSTILE_VALUES: Final = (None, True, 1.5, "7", [], {}, -1, 2**31, -(2**31) - 1, 2**64,
+    _HOSTILE_VALUES: Final = (None, True, 1.5, "7", [], {}, -1, INT32_MAX + 1, INT32_MIN - 1,
+                              2**64,
                               "aeron:udp?endpoint=", "aeron:ipc?term-length=3",
                               "aeron:ipc?" + "x" * 5000, "\u0000", 10**400)
 

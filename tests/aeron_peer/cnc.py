@@ -10,7 +10,8 @@ trailer+640.  Counters: metadata records of 512 bytes (state i32@0, type id i32@
 length i32@128, label@132), values every 128 bytes.
 
 The connected flag is an i32 at offset 136 of a log buffer's metadata (its last 4096 bytes);
-the stream id is in the default frame header at 320+16.
+the stream id is in the default frame header at 320+16.  These are slipstream's own log
+offsets too, so they are taken from :mod:`slipstream.client.layout`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from slipstream.client.layout import (
+    LOG_META_DATA_LENGTH,
+    META_DEFAULT_FRAME_HEADER,
+    META_IS_CONNECTED,
+    STREAM_ID_FIELD,
+)
 
 from .errors import AeronError
 
@@ -36,11 +44,6 @@ _COUNTER_METADATA_LENGTH = 512
 _COUNTER_VALUE_LENGTH = 128
 _COUNTER_LABEL_OFFSET = 128
 _RECORD_UNUSED, _RECORD_ALLOCATED = 0, 1
-# Log buffers (LogBufferDescriptor): metadata in the last 4096 bytes of the file.
-_LOG_META_DATA_LENGTH = 4096
-_LOG_IS_CONNECTED = 136
-_LOG_DEFAULT_FRAME_HEADER = 320
-_DATA_HEADER_STREAM_ID = 16
 
 
 @dataclass(frozen=True)
@@ -128,15 +131,15 @@ def has_connected_publication(directory: Path, stream_id: int, ignore: set[str])
         try:
             with open(log, "rb") as file:
                 size = os.fstat(file.fileno()).st_size
-                if size < _LOG_META_DATA_LENGTH:
+                if size < LOG_META_DATA_LENGTH:
                     continue
-                file.seek(size - _LOG_META_DATA_LENGTH)
-                meta = file.read(_LOG_META_DATA_LENGTH)
+                file.seek(size - LOG_META_DATA_LENGTH)
+                meta = file.read(LOG_META_DATA_LENGTH)
         except OSError:
             continue
-        (connected,) = struct.unpack_from("<i", meta, _LOG_IS_CONNECTED)
+        (connected,) = struct.unpack_from("<i", meta, META_IS_CONNECTED)
         (log_stream,) = struct.unpack_from(
-            "<i", meta, _LOG_DEFAULT_FRAME_HEADER + _DATA_HEADER_STREAM_ID)
+            "<i", meta, META_DEFAULT_FRAME_HEADER + STREAM_ID_FIELD)
         if log_stream == stream_id and connected == 1:
             return True
     return False
