@@ -10,9 +10,9 @@ Conventions used across the core:
 * times and durations are ``int`` nanoseconds of the driver's monotonic clock;
 * sizes, offsets and positions are ``int`` bytes;
 * a deadline is the time at which the caller must call ``datagrams_to_send(now)`` again;
-  :data:`NO_DEADLINE` (INT64_MAX, larger than any real deadline, so ``min()`` just works; the
-  layout's, :mod:`slipstream.client.layout`) means "nothing scheduled"; a deadline ``<= now``
-  means "call it now".
+  ``NO_DEADLINE`` (:mod:`slipstream.client.layout`: INT64_MAX, larger than any real deadline,
+  so ``min()`` just works) means "nothing scheduled"; a deadline ``<= now`` means "call it
+  now".
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import attrs
 
 from slipstream.client._native import ffi
 from slipstream.client.counters import SystemCounter
-from slipstream.client.layout import NO_DEADLINE as NO_DEADLINE
 
 Address: TypeAlias = tuple[str, int]
 
