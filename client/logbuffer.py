@@ -452,7 +452,10 @@ def unblock(log: LogBuffer, blocked_position: int, producer_position: int) -> bo
         cell = ffi.cast("int32_t *", log.address + index * log.term_length + offset)
         if not lib.ss_cas_i32(cell, frame_length, 0):
             return False  # committed (or aborted) at the last moment: nothing is blocked
-        write_padding(log, blocked_position, -frame_length)
+        # The claim took its aligned length of the term; a PAD of that length keeps every
+        # frame after it aligned for readers and for the wire (a receiver refuses a PAD whose
+        # length is not).
+        write_padding(log, blocked_position, align(-frame_length, FRAME_ALIGNMENT))
         return True
     if frame_length > 0:
         return False

@@ -10,9 +10,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import data_datagrams
+from helpers import FAST_DRIVER_SETTINGS, data_datagrams
 
-from slipstream.client._native import lib
+from slipstream.client._native import ffi, lib
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import LocalProtocolError
@@ -226,6 +226,47 @@ def test_close_drain_eos_linger_done(shm: Path) -> None:
     assert pub.state is PublicationState.DONE
     with pytest.raises(LocalProtocolError):
         pub._transition("close", 0)
+
+
+#: publication_unblock_timeout in FAST_DRIVER_SETTINGS (it must exceed the client liveness).
+UNBLOCK_NS = 1500 * MS
+
+
+def test_a_claim_its_publisher_never_commits_is_padded_after_the_unblock_timeout(
+        shm: Path) -> None:
+    pub, _log, _limit, appender, counters = make(shm, **FAST_DRIVER_SETTINGS)
+    pub.on_frame(sm(window=TERM // 2), DEST, 0)
+    assert lib.ss_offer(appender, b"a" * 100, 100) > 0  # 0..160, sent
+    assert lib.ss_try_claim(appender, 100, ffi.new("int64_t *")) > 0  # 160..320: never committed
+    assert lib.ss_offer(appender, b"b" * 100, 100) > 0  # 320..480, behind the claim
+    cycle(pub, 0)
+    assert pub.sender_position == 160
+    t = 0
+    while pub.next_deadline_ns() <= UNBLOCK_NS:  # heartbeats keep the checks running
+        t = max(t + 1, pub.next_deadline_ns())
+        assert frames(cycle(pub, t)) and pub.sender_position == 160
+    assert counters[SystemCounter.UNBLOCKED_PUBLICATIONS] == 0  # not until the timeout passed
+    t = pub.next_deadline_ns()
+    assert t <= UNBLOCK_NS + 100 * MS
+    cycle(pub, t)
+    out = frames(send(pub, t + 1))
+    assert counters[SystemCounter.UNBLOCKED_PUBLICATIONS] == 1
+    assert [type(f) for f in out] == [Pad, Data] and out[1].payload == b"b" * 100
+    assert pub.sender_position == 480
+
+
+def test_a_sender_held_by_flow_control_is_not_unblocked(shm: Path) -> None:
+    pub, _log, _limit, appender, counters = make(shm, **FAST_DRIVER_SETTINGS)
+    pub.on_frame(sm(window=320), DEST, 0)
+    for _ in range(4):
+        assert lib.ss_offer(appender, b"m" * 100, 100) > 0  # 4 x 160: two past the window
+    cycle(pub, 0)
+    assert pub.sender_position == 320
+    for t in range(1, 8):
+        pub.on_frame(sm(window=320), DEST, t * 500 * MS)  # the receiver reads nothing more
+        cycle(pub, t * 500 * MS)
+    assert pub.sender_position == 320
+    assert counters[SystemCounter.UNBLOCKED_PUBLICATIONS] == 0
 
 
 def test_unicast_eos_sm_ends_linger(shm: Path) -> None:

@@ -64,6 +64,7 @@ from slipstream.client.logbuffer import (
     compute_position,
     compute_term_id,
     max_message_length,
+    unblock,
 )
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
@@ -143,6 +144,7 @@ class NetworkPublication:
         self._trip_gain = window // 8
         self.linger_timeout_ns = params.linger_timeout_ns
         self.connection_timeout_ns = settings.publication_connection_timeout
+        self.unblock_timeout_ns = settings.publication_unblock_timeout
         self.signal_eos = params.signal_eos
         self.is_group = params.group
         self.is_unicast = not self.is_group
@@ -201,6 +203,8 @@ class NetworkPublication:
         self._outbox: list[Datagram] = []  # RTTM replies made in on_frame
         self._now_ns = now_ns
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
+        self._last_sender_position = join  # and when it last moved: _check_for_blocked_publisher
+        self._time_of_last_sender_progress_ns = now_ns
 
     # -- state machine --------------------------------------------------------------------
     def _transition(self, event: str, now_ns: int) -> None:
@@ -382,8 +386,27 @@ class NetworkPublication:
         self._update_has_receivers(now_ns)
         self.retransmit_handler.process_timeouts(now_ns)
         self._conductor_duties(now_ns)
+        if self.state is PublicationState.ACTIVE or self.state is PublicationState.DRAINING:
+            self._check_for_blocked_publisher(now_ns)
         self._next_due_ns = self.next_deadline_ns()
         return out
+
+    def _check_for_blocked_publisher(self, now_ns: int) -> None:
+        """A publisher that died between claim and commit leaves a claimed frame (or a hole
+        before later frames) at snd-pos, which the data path never passes: once snd-pos has
+        not moved for ``unblock_timeout_ns`` while the log holds more, that frame becomes
+        padding and the stream goes on (NetworkPublication.checkForBlockedPublisher).
+        :func:`unblock` pads only an uncommitted frame: a sender held by flow control is left
+        alone.  Runs on the publication's timers (at least every heartbeat interval)."""
+        sender_position = self.sender_position
+        producer_position = self.log.producer_position()
+        if sender_position != self._last_sender_position or producer_position <= sender_position:
+            self._last_sender_position = sender_position
+            self._time_of_last_sender_progress_ns = now_ns
+        elif now_ns - self._time_of_last_sender_progress_ns > self.unblock_timeout_ns:
+            if unblock(self.log, sender_position, producer_position):
+                self.counters.add(SystemCounter.UNBLOCKED_PUBLICATIONS)
+            self._time_of_last_sender_progress_ns = now_ns
 
     def _setup_message_check(self, now_ns: int, out: list[Datagram]) -> None:
         if now_ns - self._time_of_last_setup_ns < SETUP_TIMEOUT_NS:
