@@ -46,7 +46,7 @@ from slipstream.client.layout import (
 )
 from slipstream.client.units import parse_duration_ns, parse_size
 
-MAX_URI_LENGTH: Final = 4095
+MAX_URI_LENGTH: Final = 4095  # characters: Aeron's limit (docs/PROTOCOL.md §7.1)
 SPY_PREFIX: Final = "aeron-spy:"
 SCHEME: Final = "aeron:"
 

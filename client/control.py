@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slipstream.client.channel import MAX_URI_LENGTH
 from slipstream.client.errors import InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
@@ -68,7 +69,6 @@ ERR_INVALID_ARGUMENT = "invalid_argument"
 #: A command carries at most one URI (<= 4095 characters) and a few numbers; anything longer is
 #: refused before it is parsed, so a hostile client cannot make the conductor parse megabytes.
 MAX_FRAME_LENGTH = 16 * 1024
-MAX_CHANNEL_LENGTH = 4095  # Aeron's URI limit (docs/PROTOCOL.md §7.1)
 
 
 def default_driver_directory() -> Path:
@@ -90,12 +90,12 @@ def check_int32(field: str, value: object) -> int:
 
 
 def check_channel(field: str, value: object) -> str:
-    """``value`` if it is a string of at most :data:`MAX_CHANNEL_LENGTH` characters."""
+    """``value`` if it is a string of at most :data:`MAX_URI_LENGTH` characters."""
     if not isinstance(value, str):
         raise InvalidArgumentError(field, f"{value!r} is not a string")
-    if len(value) > MAX_CHANNEL_LENGTH:
+    if len(value) > MAX_URI_LENGTH:
         raise InvalidArgumentError(field, f"{len(value)} characters exceed the URI limit of "
-                                  f"{MAX_CHANNEL_LENGTH}")
+                                  f"{MAX_URI_LENGTH}")
     return value
 
 

@@ -546,7 +546,11 @@ int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t ma
 int32_t ss_rebuild_insert(uint8_t *term, int32_t offset, const uint8_t *packet, int32_t length) {
     uint8_t *dst = term + offset;
     if (LOAD_ACQ((const int32_t *)dst) != 0) return 0; /* already there (a duplicate) */
-    if (length > 8) memcpy(dst + 8, packet + 8, (size_t)(length - 8));
+    /* The header's first word (length, version, flags, type) goes last, in one release store:
+     * a reader that sees the length sees the whole frame. */
+    if (length > SS_FRAME_HEADER_LENGTH)
+        memcpy(dst + SS_FRAME_HEADER_LENGTH, packet + SS_FRAME_HEADER_LENGTH,
+               (size_t)(length - SS_FRAME_HEADER_LENGTH));
     STORE_REL((uint64_t *)dst, *(const uint64_t *)packet);
     return 1;
 }
@@ -568,6 +572,7 @@ int32_t ss_scan_gap(const uint8_t *term, int32_t rebuild_offset, int32_t limit_o
 
 void ss_clean(uint8_t *base, int64_t length) {
     if (length <= 0) return;
-    if (length > 8) memset(base + 8, 0, (size_t)(length - 8));
+    if (length > SS_FRAME_HEADER_LENGTH)
+        memset(base + SS_FRAME_HEADER_LENGTH, 0, (size_t)(length - SS_FRAME_HEADER_LENGTH));
     STORE_REL((uint64_t *)base, (uint64_t)0);
 }

@@ -197,7 +197,7 @@ class Publication:
             offset = frame_offset[0]
             claim._frame = self._log.address + offset
             claim._appender = self._appender
-            claim.buffer = self._log.view[offset + 32:offset + 32 + length]
+            claim.buffer = self._log.view[offset + HEADER_LENGTH:offset + HEADER_LENGTH + length]
             return result
         if result == lib.SS_INVALID_LENGTH:
             raise MessageTooLongError(length, self.max_payload_length, claim=True)

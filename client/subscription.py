@@ -93,7 +93,8 @@ class Header:
     def position(self) -> int:
         """Stream position just after this message (aligned), as Aeron's Header.position()."""
         length = self._fields()[0]
-        return self._term_base + self._payload - HEADER_LENGTH + align(length, FRAME_ALIGNMENT)
+        aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT  # inline: per call
+        return self._term_base + self._payload - HEADER_LENGTH + aligned
 
     def __repr__(self) -> str:
         return (f"Header(session_id={self.session_id}, stream_id={self.stream_id}, "
@@ -256,7 +257,7 @@ class Image:
             frame_length, _, flags, frame_type = DATA_HEADER.unpack_from(term, offset)[:4]
             if frame_type != HDR_TYPE_PAD and flags == UNFRAGMENTED:
                 break  # back to the fast path
-            self._advance(position + align(frame_length, FRAME_ALIGNMENT))
+            self._advance(position + ((frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT))
             if frame_type == HDR_TYPE_PAD:
                 continue
             header._term = term

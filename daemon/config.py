@@ -613,15 +613,6 @@ class DriverSettings:
         host, _, port = self.metrics_address.rpartition(":")
         return host.strip("[]"), int(port)
 
-    def term_window_length(self, term_length: int, *, ipc: bool = False,
-                           pub_wnd: int | None = None) -> int:
-        """The publisher window for a log of ``term_length`` (docs/PROTOCOL.md §3.4): the URI's
-        ``pub-wnd``, else the setting, capped at term/2 (0 = term/2)."""
-        window = pub_wnd or (self.ipc_publication_term_window_length if ipc
-                             else self.publication_term_window_length)
-        half = term_length // 2
-        return min(window, half) if window else half
-
     def source_of(self, key: str) -> str:
         """Where ``key``'s value came from: one of :data:`SOURCES`."""
         _require_known(key)

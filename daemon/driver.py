@@ -38,7 +38,7 @@ import zmq
 
 from slipstream.client import control
 from slipstream.client._native import lib
-from slipstream.client.channel import Channel, parse_channel
+from slipstream.client.channel import MAX_URI_LENGTH, Channel, parse_channel
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import (
     ChannelError,
@@ -622,7 +622,7 @@ def _channel_of(message: dict[str, Any]) -> Channel | None:
     if message.get("type") not in (control.ADD_PUBLICATION, control.ADD_SUBSCRIPTION):
         return None
     uri = message.get("channel")
-    if not isinstance(uri, str) or len(uri) > control.MAX_CHANNEL_LENGTH:
+    if not isinstance(uri, str) or len(uri) > MAX_URI_LENGTH:
         return None
     try:
         return parse_channel(uri)

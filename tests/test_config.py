@@ -500,17 +500,6 @@ def test_settings_are_frozen_and_sources_do_not_affect_equality() -> None:
 
 def test_derived_helpers() -> None:
     s = DriverSettings()
-    assert s.term_window_length(16 * MiB) == 8 * MiB
-    small, large = DriverSettings(publication_term_window_length="1m"), DriverSettings(
-        publication_term_window_length="64m"
-    )
-    assert small.term_window_length(16 * MiB) == MiB
-    assert large.term_window_length(16 * MiB) == 8 * MiB  # capped at term/2
-    ipc = DriverSettings(ipc_publication_term_window_length="1m")
-    assert (ipc.term_window_length(64 * MiB, ipc=True), ipc.term_window_length(64 * MiB)) == (
-        MiB,
-        32 * MiB,
-    )
     assert s.metrics_endpoint is None
     assert DriverSettings(metrics_address="[::1]:9100").metrics_endpoint == ("::1", 9100)
 

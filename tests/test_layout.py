@@ -66,10 +66,11 @@ def test_every_define_of_the_c_headers_agrees_with_the_layout_module(header: str
 
 def test_the_c_sources_read_header_fields_by_name() -> None:
     """``frame + 12`` or ``data[5]`` would be a layout the test above cannot see."""
-    raw = re.compile(r"\b(?:frame|data|datagram)\s*(?:\+\s*\d+\b|\[\s*\d+\s*\])"
+    pointer = r"(?:frame|data|datagram|packet|dst|src|base|header|buffer)"
+    raw = re.compile(rf"\b{pointer}\s*(?:\+\s*\d+\b|\[\s*\d+\s*\])"
                      r"|\[\s*offset\s*\+\s*\d+\s*\]")
     found = [f"{path}:{number}: {line.strip()}"
-             for path in ("client/native.c", "daemon/network.c")
+             for path in ("client/native.c", "client/fastpath.c", "daemon/network.c")
              for number, line in enumerate((ROOT / path).read_text().splitlines(), start=1)
              if raw.search(line)]
     assert not found, "raw header offsets in C (use the SS_*_FIELD names):\n" + "\n".join(found)

@@ -486,6 +486,52 @@ def test_a_congestion_control_strategy_measures_the_round_trip_and_sets_the_wind
     assert pair.frames("r2p", StatusMessage)[-1][1].receiver_window == 8 * 1024
 
 
+class ForceOnLoss(HalveOnLoss):
+    """Keeps its window, but wants an SM at once on loss and one round trip 7 ms after the
+    image is made (a deadline of its own, not a poll)."""
+
+    def __init__(self, window: int) -> None:
+        super().__init__(window)
+        self.due_ns: int | None = None
+
+    def on_track_rebuild(self, now_ns, *, consumption_position, last_sm_position, hwm_position,
+                         rebuild_start_position, rebuild_end_position, loss_found):
+        if self.due_ns is None:
+            self.due_ns = now_ns + 7 * MS
+        return loss_found, self.window
+
+    def should_measure_rtt(self, now_ns: int) -> bool:
+        return self.measured_at is None and self.due_ns is not None and now_ns >= self.due_ns
+
+    def next_deadline_ns(self) -> int:
+        return self.due_ns if self.measured_at is None and self.due_ns else NO_DEADLINE
+
+
+def test_a_congestion_control_strategy_forces_status_messages_and_sets_its_own_deadline(
+        shm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(CONGESTION_CONTROLS, "cubic", ForceOnLoss)
+    pair = Pair(shm, receiver_uri=URI + "|cc=cubic|rcv-wnd=16k")
+    pair.delay_ns = 50 * US
+    connect(pair)
+    cc = pair.image.congestion_control
+    pair.run_until(20 * MS)
+    [(asked_at, _)] = pair.frames("r2p", Rttm)
+    assert asked_at == cc.due_ns  # woken for it, not found on some later pass
+    sms_before = len(pair.frames("r2p", StatusMessage))
+    pair.drop = lambda direction, dg: (direction == "p2r" and isinstance(decode(dg.data), Data)
+                                       and decode(dg.data).term_offset == 0)
+    pair.offer(b"a" * 1300)
+    pair.run_until(pair.now + 1 * MS)
+    assert len(pair.frames("r2p", StatusMessage)) == sms_before  # nothing seen, nothing said
+    pair.offer(b"b" * 1300)  # exposes the gap: far below the 25 % rule and the SM timer
+    pair.run_until(pair.now + 1 * MS)
+    forced = [t for t, _ in pair.frames("r2p", StatusMessage)[sms_before:]]
+    [(nak_at, _)] = pair.frames("r2p", Nak)
+    # An SM on each pass that found the gap (as it appeared, and as its NAK went), with no
+    # subscriber progress and long before the SM timer (the last SM was ~20 ms ago).
+    assert forced and forced[0] < nak_at and forced[-1] <= nak_at < 30 * MS
+
+
 def test_unreliable_stream_fills_gap_with_padding(shm: Path) -> None:
     pair = Pair(shm, receiver_uri=URI + "|reliable=false")
     connect(pair)

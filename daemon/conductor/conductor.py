@@ -368,7 +368,7 @@ class DriverConductor:
         out: Outgoing = [(client.key, messages.subscription_ready(
             correlation_id, subscription.registration_id))]
         publication = self._ipc_by_stream.get(stream_id)
-        if publication is not None and subscription.wants(stream_id, publication.session_id):
+        if publication is not None and subscription.wants(publication.session_id, stream_id):
             out.append(self._attach(publication, subscription, client))  # may fail: not kept
         client.subscriptions[subscription.registration_id] = subscription
         return out
@@ -379,7 +379,7 @@ class DriverConductor:
         for client in self.clients.values():
             for subscription in client.subscriptions.values():
                 if (isinstance(subscription, Subscription)
-                        and subscription.wants(publication.stream_id, publication.session_id)):
+                        and subscription.wants(publication.session_id, publication.stream_id)):
                     out.append(self._attach(publication, subscription, client))
         return out
 
@@ -549,7 +549,7 @@ class DriverConductor:
 # asks for them is refused, naming the part, rather than served without them.
 _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel], bool], str], ...] = (
     ("cc", lambda c: c.cc is not None and c.cc not in CONGESTION_CONTROLS,
-     "this congestion control"),
+     "congestion control other than " + ", ".join(CONGESTION_CONTROLS)),
     ("tether", lambda c: c.tether is False, "untethered subscriptions"),
     ("untethered-window-limit-timeout",
      lambda c: c.untethered_window_limit_timeout_ns is not None, "untethered subscriptions"),

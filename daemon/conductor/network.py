@@ -249,9 +249,10 @@ class NetworkConductor:
 
     def _create_publication(self, key: tuple[Any, ...], channel: Channel, stream_id: int,
                             destination: Address, now_ns: int) -> _PublicationEntry:
+        params = PublicationParams.for_network(channel, self.settings)  # before a socket
         endpoint = self._send_endpoint(key[0], channel, destination)
         try:
-            return self._create_publication_on(endpoint, key, channel, stream_id,
+            return self._create_publication_on(endpoint, key, channel, params, stream_id,
                                                destination, now_ns)
         except BaseException:
             if endpoint.publications == 0:
@@ -259,10 +260,9 @@ class NetworkConductor:
             raise
 
     def _create_publication_on(self, endpoint: _SendEndpointEntry, key: tuple[Any, ...],
-                               channel: Channel, stream_id: int, destination: Address,
-                               now_ns: int) -> _PublicationEntry:
+                               channel: Channel, params: PublicationParams, stream_id: int,
+                               destination: Address, now_ns: int) -> _PublicationEntry:
         settings = self.settings
-        params = PublicationParams.for_network(channel, settings)
         term_length = params.term_length
         registration_id = self._new_id()
         session_id = (params.session_id if params.session_id is not None
@@ -368,8 +368,8 @@ class NetworkConductor:
                 # on its way out (its receiver stopped taking its data); the session gets a
                 # new image when its SETUP comes again.
                 if (not image_entry.lingering and image_entry.links
-                        and subscription.wants(image_entry.image.stream_id,
-                                               image_entry.image.session_id)):
+                        and subscription.wants(image_entry.image.session_id,
+                                               image_entry.image.stream_id)):
                     out.append(self._link(image_entry, subscription,
                                           image_entry.image.rcv_pos, submit=True))
         except CountersFullError:
@@ -415,7 +415,7 @@ class NetworkConductor:
             return []
         setup = event.setup
         subscribers = [s for s in entry.subscriptions
-                       if s.wants(setup.stream_id, setup.session_id)]
+                       if s.wants(setup.session_id, setup.stream_id)]
         if not subscribers:
             return []
         if any(not e.lingering and e.image.session_id == setup.session_id

@@ -94,10 +94,13 @@ class StreamInterest:
     """What a subscription takes: one stream of its channel, and of that stream every session
     or the one its URI names (``session-id=``).  A base of the IPC and UDP subscriptions."""
 
+    __slots__ = ()  # they are slotted attrs classes
+
     channel: Channel
     stream_id: int
 
-    def wants(self, stream_id: int, session_id: int) -> bool:
-        """Whether this subscription takes ``session_id`` of ``stream_id``."""
+    def wants(self, session_id: int, stream_id: int) -> bool:
+        """Whether this subscription takes ``session_id`` of ``stream_id`` (the argument order
+        of the images' keys, and of :meth:`ReceiveChannel.wants`)."""
         return stream_id == self.stream_id and (
             self.channel.session_id is None or self.channel.session_id == session_id)

@@ -24,6 +24,9 @@ class CongestionControl(abc.ABC):
 
     #: The URI name (``cc=``) it is registered under.
     name: ClassVar[str]
+    #: A fixed window and no round trips: the image asks nothing after the initial window
+    #: (which spares the receiver's rebuild passes three calls).
+    is_static: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod

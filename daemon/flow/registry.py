@@ -31,5 +31,12 @@ def flow_control_for(params: PublicationParams) -> FlowControl:
 
 
 def congestion_control_for(params: SubscriptionParams, term_length: int) -> CongestionControl:
-    """The congestion-control strategy of an image with ``params`` and ``term_length``."""
-    return CONGESTION_CONTROLS[params.congestion_control].from_params(params, term_length)
+    """The congestion-control strategy of an image with ``params`` and ``term_length``;
+    ValueError for a name no strategy is registered under (the conductor refuses such a
+    ``cc=`` as the subscription is added)."""
+    try:
+        strategy = CONGESTION_CONTROLS[params.congestion_control]
+    except KeyError:
+        raise ValueError(f"no congestion control {params.congestion_control!r}: this driver "
+                         f"carries {', '.join(CONGESTION_CONTROLS)}") from None
+    return strategy.from_params(params, term_length)

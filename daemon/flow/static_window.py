@@ -14,6 +14,7 @@ class StaticWindowCongestionControl(CongestionControl):
     only, and measures no round trips."""
 
     name = "static"
+    is_static = True
 
     def __init__(self, window_length: int) -> None:
         self.window_length = window_length

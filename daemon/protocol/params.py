@@ -16,7 +16,12 @@ import attrs
 
 from slipstream.client.channel import Channel
 from slipstream.client.errors import ChannelError
-from slipstream.client.logbuffer import check_mtu, check_term_length, max_message_length
+from slipstream.client.logbuffer import (
+    check_mtu,
+    check_term_length,
+    max_message_length,
+    term_count,
+)
 from slipstream.daemon.config import DriverSettings
 
 T = TypeVar("T")
@@ -52,7 +57,7 @@ def _group_semantics(asked: bool | None, inferred: bool) -> bool:
 class FlowControlParams:
     """A publication's flow-control strategy (``fc=``, else the settings) and its arguments."""
 
-    name: str  # a registered strategy: slipstream.daemon.flow.flow_control.FLOW_CONTROLS
+    name: str  # a registered strategy: slipstream.daemon.flow.registry.FLOW_CONTROLS
     group_tag: int  # tagged: the receivers that count
     group_min_size: int  # min, tagged: receivers required before the sender moves
     receiver_timeout_ns: int  # min, tagged: how long a silent receiver still counts
@@ -101,7 +106,8 @@ class PublicationParams:
 
         return cls(
             **_log_shape(channel, term_length, mtu),
-            term_window_length=settings.term_window_length(term_length, pub_wnd=channel.pub_wnd),
+            term_window_length=_term_window_length(
+                term_length, channel.pub_wnd or settings.publication_term_window_length),
             linger_timeout_ns=_or(channel.linger_ns, settings.publication_linger_timeout),
             sparse=_or(channel.sparse, settings.term_buffer_sparse_file),
             group=group,
@@ -122,8 +128,8 @@ class PublicationParams:
         mtu = channel.mtu or settings.ipc_mtu_length
         return cls(
             **_log_shape(channel, term_length, mtu),
-            term_window_length=settings.term_window_length(term_length, ipc=True,
-                                                           pub_wnd=channel.pub_wnd),
+            term_window_length=_term_window_length(
+                term_length, channel.pub_wnd or settings.ipc_publication_term_window_length),
             linger_timeout_ns=_or(channel.linger_ns, settings.publication_linger_timeout),
             sparse=_or(channel.sparse, settings.term_buffer_sparse_file))
 
@@ -131,7 +137,7 @@ class PublicationParams:
 @attrs.frozen
 class SubscriptionParams:
     """What the images of a receive channel are made with (the channel of its first
-    subscription); ``session_id`` None takes every session."""
+    subscription)."""
 
     reliable: bool  # NAK gaps (else fill them with padding and move on)
     group: bool | None  # the URI's group=, None to infer (see image_is_group)
@@ -140,7 +146,6 @@ class SubscriptionParams:
     receiver_window_length: int  # rcv-wnd, else the setting (the image caps it at term/2)
     nak_delay_ns: int  # unicast NAK delay (nak-delay=, else the setting)
     sparse: bool
-    session_id: int | None
     congestion_control: str  # a registered strategy (cc=, else static)
 
     @classmethod
@@ -154,12 +159,7 @@ class SubscriptionParams:
             receiver_window_length=channel.rcv_wnd or settings.rcv_initial_window_length,
             nak_delay_ns=_or(channel.nak_delay_ns, settings.nak_unicast_delay),
             sparse=_or(channel.sparse, settings.term_buffer_sparse_file),
-            session_id=channel.session_id,
             congestion_control=channel.cc or DEFAULT_CONGESTION_CONTROL)
-
-    def wants(self, session_id: int) -> bool:
-        """Whether a subscription with these parameters takes ``session_id``'s stream."""
-        return self.session_id is None or self.session_id == session_id
 
     def image_is_group(self, sender_is_group: bool) -> bool:
         """Group semantics of an image whose SETUP says ``sender_is_group``: the rule of
@@ -181,6 +181,13 @@ class SocketParams:
         return cls(so_rcvbuf=channel.so_rcvbuf or settings.socket_so_rcvbuf,
                    so_sndbuf=channel.so_sndbuf or settings.socket_so_sndbuf,
                    multicast_ttl=channel.ttl or settings.socket_multicast_ttl)
+
+
+def _term_window_length(term_length: int, asked: int) -> int:
+    """How far offers may run ahead of the sender (or the slowest IPC subscriber): ``asked``
+    (``pub-wnd=``, else the setting), capped at half a term, and half a term for 0."""
+    half = term_length // 2
+    return min(asked, half) if asked else half
 
 
 def _or(value: T | None, default: T) -> T:
@@ -205,7 +212,7 @@ def _log_shape(channel: Channel, term_length: int, mtu: int) -> dict[str, int | 
     else:
         # term-id and term-offset come with init-term-id (parse_channel checks).
         assert channel.term_id is not None and channel.term_offset is not None
-        initial_term_count = (channel.term_id - channel.init_term_id) & 0xFFFFFFFF
+        initial_term_count = term_count(channel.term_id, channel.init_term_id)
         initial_term_offset = channel.term_offset
         if initial_term_offset > term_length:
             raise ChannelError(str(channel), "term-offset", f"{initial_term_offset} is beyond "

@@ -156,8 +156,9 @@ class PublicationImage:
         self.reliable = params.reliable
         self.is_group = params.image_is_group(setup.is_group)
         self.group_tag = params.group_tag
-        self.congestion_control = congestion_control_for(params, term_length)
-        self.window = self.congestion_control.initial_window_length()
+        self.congestion_control = cc = congestion_control_for(params, term_length)
+        self.window = cc.initial_window_length()
+        self._consults_congestion_control = not cc.is_static
         self.status_message_timeout_ns = settings.status_message_timeout
         self.liveness_timeout_ns = settings.image_liveness_timeout
         if self.is_group:
@@ -351,7 +352,8 @@ class PublicationImage:
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
             if now_ns >= self._sm_deadline_ns:
                 self._send_status_message(now_ns, out)
-            if self.congestion_control.should_measure_rtt(now_ns):
+            if self._consults_congestion_control and (
+                    self.congestion_control.should_measure_rtt(now_ns)):
                 rttm = Rttm(self.session_id, self.stream_id, now_ns, 0, self.receiver_id,
                             RTTM_REPLY_FLAG)
                 out.append(Datagram(rttm.encode(), self.control_address))
@@ -388,10 +390,12 @@ class PublicationImage:
             self.log.signal_readers()
         # SM scheduling: congestion control asks for one, the 25 % rule, or a change of the
         # window (which cleaning may hold back, see _allowed_window).
-        force_sm, self.window = self.congestion_control.on_track_rebuild(
-            now_ns, consumption_position=min_sub, last_sm_position=c.last_sm_position,
-            hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
-            loss_found=loss_found)
+        force_sm = False
+        if self._consults_congestion_control:
+            force_sm, self.window = self.congestion_control.on_track_rebuild(
+                now_ns, consumption_position=min_sub, last_sm_position=c.last_sm_position,
+                hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
+                loss_found=loss_found)
         self.cleaner.clean_toward(min_sub)
         if (force_sm or min_sub > self._sm_position + (self._sm_window >> 2)
                 or self._allowed_window(self._sm_position) != self._sm_window):
@@ -456,8 +460,9 @@ class PublicationImage:
             if not self._subscriber_positions:
                 return self._now_ns
             return self._time_of_last_state_change_ns + self.liveness_timeout_ns
-        deadline = min(self._sm_deadline_ns, self.loss_detector.next_deadline_ns(),
-                       self.congestion_control.next_deadline_ns())
+        deadline = min(self._sm_deadline_ns, self.loss_detector.next_deadline_ns())
+        if self._consults_congestion_control:
+            deadline = min(deadline, self.congestion_control.next_deadline_ns())
         if state is ImageState.DRAINING:
             return min(deadline, self._time_of_last_state_change_ns
                        + 5 * self.status_message_timeout_ns)
