@@ -12,7 +12,6 @@ Positions are byte offsets in the stream: ``position = term_count << bits | term
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import struct
@@ -55,10 +54,6 @@ from slipstream.client.layout import (
     align,
     max_message_length,
 )
-
-# madvise(2) advice values (Linux 5.14) that Python's mmap module does not name yet.
-_MADV_POPULATE_READ = 22
-_MADV_POPULATE_WRITE = 23
 
 #: A PAD header but its frame length, which goes last (version .. term_id).
 _PAD_AFTER_LENGTH = struct.Struct("<" + DATA_HEADER.format[2:-1])
@@ -264,10 +259,10 @@ class LogBuffer:
             os.close(fd)
 
     def _populate(self, writable: bool) -> None:
-        """Fault every page of the mapping in now (Linux >= 5.14); older kernels fault lazily."""
-        advice = _MADV_POPULATE_WRITE if writable else _MADV_POPULATE_READ
-        with contextlib.suppress(OSError):
-            self._map.madvise(advice)
+        """Fault every page of the mapping in now (Linux >= 5.14; older kernels fault lazily),
+        in C with the GIL released: the process's other threads (a driver's network thread)
+        run on meanwhile."""
+        lib.ss_populate(self.address, self.length, int(writable))
 
     # -- metadata --------------------------------------------------------------------------
     @property

@@ -5,6 +5,7 @@
 #include <linux/futex.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -568,6 +569,17 @@ int32_t ss_scan_gap(const uint8_t *term, int32_t rebuild_offset, int32_t limit_o
     while (offset < limit_offset && LOAD_ACQ((const int32_t *)(term + offset)) == 0) offset += SS_FRAME_ALIGNMENT;
     *gap_length = offset - gap_begin;
     return gap_begin;
+}
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* linux/mman.h, Linux 5.14 */
+#define MADV_POPULATE_WRITE 23
+#endif
+
+int32_t ss_populate(uint8_t *address, int64_t length, int32_t writable) {
+    if (madvise(address, (size_t)length, writable ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) != 0)
+        return errno;
+    return 0;
 }
 
 void ss_clean(uint8_t *base, int64_t length) {

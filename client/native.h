@@ -179,3 +179,8 @@ int32_t ss_scan_gap(const uint8_t *term, int32_t rebuild_offset, int32_t limit_o
 /* Zero [offset, offset+length) with the first 8 bytes last (release), so readers never see a
  * half-cleaned header. */
 void ss_clean(uint8_t *base, int64_t length);
+
+/* Fault in every page of [address, address+length) now (MADV_POPULATE_WRITE, or _READ for a
+ * read-only mapping; Linux >= 5.14).  Called through cffi, so the GIL is released meanwhile:
+ * filling a 192 MiB log takes tens of ms.  Returns 0 or an errno value. */
+int32_t ss_populate(uint8_t *address, int64_t length, int32_t writable);

@@ -20,7 +20,12 @@ from slipstream.client import (
     MessageBatch,
     RegistrationError,
 )
-from slipstream.client.counters import CountersFile, CounterType, SystemCounter
+from slipstream.client.counters import (
+    CountersFile,
+    CounterType,
+    SystemCounter,
+    read_system_counters,
+)
 from slipstream.daemon.driver import MediaDriver
 
 CHANNEL = "aeron:ipc"
@@ -566,3 +571,15 @@ def test_logs_are_dense_unless_the_uri_asks_for_sparse(client: Client) -> None:
     sparse = client.add_publication("aeron:ipc?term-length=64k|sparse=true", 1031)
     assert not dense._log.is_sparse
     assert sparse._log.is_sparse
+
+
+def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
+        driver: MediaDriver, client: Client) -> None:
+    # Creating a 192 MiB log (64 MiB terms) is the conductor's longest work; it is done in a
+    # command, outside the duty cycle, and must show in the counter operators read.
+    started = time.monotonic()
+    publication = client.add_publication(CHANNEL + "?term-length=64m", 1018)
+    took_ns = (time.monotonic() - started) * 1e9
+    longest = read_system_counters(driver.directory)[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS]
+    publication.close()
+    assert longest >= took_ns / 2, (longest, took_ns)
