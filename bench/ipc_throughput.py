@@ -47,9 +47,13 @@ def pin(cpu: int) -> None:
 
 # -- slipstream ------------------------------------------------------------------------------
 def _ss_publisher(directory: str, channel: str, stream_id: int, size: int, count: int,
-                  batch: bool, start, positions, backoff_s: float | None = None) -> None:
+                  batch: bool, start, positions, backoff_s: float | None = None,
+                  first_program: bool = False) -> None:
     from slipstream.client import Client
 
+    if first_program:
+        return _first_program_publisher(directory, channel, stream_id, size, count, batch,
+                                        start, positions)
     pin(0)
     with Client.connect(directory) as client:
         publication = client.add_publication(channel, stream_id)
@@ -85,9 +89,12 @@ def _ss_publisher(directory: str, channel: str, stream_id: int, size: int, count
 
 
 def _ss_subscriber(directory: str, channel: str, stream_id: int, count: int, batch: bool,
-                   ready, result, positions) -> None:
+                   ready, result, positions, first_program: bool = False) -> None:
     from slipstream.client import Client
 
+    if first_program:
+        return _first_program_subscriber(directory, channel, stream_id, count, batch, ready,
+                                         result, positions)
     pin(1)
     with Client.connect(directory) as client:
         subscription = client.add_subscription(channel, stream_id)
@@ -128,18 +135,20 @@ def _ss_subscriber(directory: str, channel: str, stream_id: int, count: int, bat
 
 def run_slipstream(directory: Path, size: int, count: int, batch: bool, stream_id: int, *,
                    channel: str = "aeron:ipc", subscriber_directory: Path | None = None,
-                   backoff_s: float | None = None) -> float:
+                   backoff_s: float | None = None, first_program: bool = False) -> float:
     """One run; the subscriber's client uses ``subscriber_directory`` (another driver, for a
     network channel) when given; ``backoff_s``: the publisher's idle strategy
-    (:func:`back_pressured`)."""
+    (:func:`back_pressured`); ``first_program``: the loops a first program writes instead
+    (:func:`_first_program_publisher`)."""
     context = multiprocessing.get_context("spawn")
     ready, start, result = context.Event(), context.Event(), context.Value("d", 0.0)
     positions = context.Array("q", 3)  # publisher's end, subscriber's end, messages received
     subscriber = context.Process(target=_ss_subscriber, args=(
         str(subscriber_directory or directory), channel, stream_id, count, batch, ready,
-        result, positions))
+        result, positions, first_program))
     publisher = context.Process(target=_ss_publisher, args=(
-        str(directory), channel, stream_id, size, count, batch, start, positions, backoff_s))
+        str(directory), channel, stream_id, size, count, batch, start, positions, backoff_s,
+        first_program))
     subscriber.start()
     assert ready.wait(60), "subscriber did not start"
     publisher.start()
@@ -156,6 +165,68 @@ def run_slipstream(directory: Path, size: int, count: int, batch: bool, stream_i
 
 
 RUN_TIMEOUT_S = 120.0
+
+
+# -- the loops a first program writes ----------------------------------------------------------
+def _first_program_publisher(directory: str, channel: str, stream_id: int, size: int,
+                             count: int, batch: bool, start, positions) -> None:
+    """``while sent < count: if offer(m) > 0: sent += 1``: the client's defaults, no pinning
+    and no idle strategy of its own (the loop of docs/PERFORMANCE.md's first-program rows)."""
+    from slipstream.client import Client
+
+    with Client.connect(directory) as client:
+        publication = client.add_publication(channel, stream_id)
+        while not publication.is_connected:
+            time.sleep(0.001)
+        start.wait()
+        message = bytes(size)
+        sent = 0
+        if batch:
+            data, lengths = message * BATCH, array("i", [size] * BATCH)
+            while sent < count:
+                if count - sent < BATCH:
+                    data, lengths = data[:(count - sent) * size], lengths[:count - sent]
+                n = publication.offer_batch(data, lengths)
+                if n > 0:
+                    sent += n
+        else:
+            offer = publication.offer
+            while sent < count:
+                if offer(message) > 0:
+                    sent += 1
+        positions[0] = publication.position
+
+
+def _first_program_subscriber(directory: str, channel: str, stream_id: int, count: int,
+                              batch: bool, ready, result, positions) -> None:
+    """``while received < count: sub.poll(handler, 1000)`` (or ``poll_batch``), nothing else."""
+    from slipstream.client import Client
+
+    with Client.connect(directory) as client:
+        subscription = client.add_subscription(channel, stream_id)
+        ready.set()
+        while not subscription.images:
+            time.sleep(0.0001)
+        image = subscription.images[0]
+        counter = [0]
+        first = 0.0
+        if batch:
+            while counter[0] < count:
+                got = subscription.poll_batch(4096)
+                if got is not None:
+                    if not first:
+                        first = time.perf_counter()
+                    counter[0] += len(got)
+        else:
+            def handler(data: memoryview, header: object) -> None:
+                counter[0] += 1
+
+            while counter[0] < count:
+                if subscription.poll(handler, 1000) and not first:
+                    first = time.perf_counter()
+        result.value = counter[0] / (time.perf_counter() - first)
+        positions[1] = image.position
+        positions[2] = counter[0]
 
 
 def _finish(publisher, subscriber, result) -> float:

@@ -84,6 +84,8 @@ def main() -> int:
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
+    parser.add_argument("--no-first-program", action="store_true",
+                        help="leave out the loops a first program writes (no yield, no pin)")
     args = parser.parse_args()
 
     from slipstream.daemon.driver import MediaDriver
@@ -102,16 +104,21 @@ def main() -> int:
             uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
             if mtu_for(size):
                 uri += f"|mtu={mtu_for(size)}"
-            best = {"zmq": 0.0, "offer/poll": 0.0, "batch": 0.0, "aeron 1 driver": 0.0,
-                    "aeron 2 drivers": 0.0}
+            best = {"zmq": 0.0, "offer/poll": 0.0, "batch": 0.0, "first offer/poll": 0.0,
+                    "first batch": 0.0, "aeron 1 driver": 0.0, "aeron 2 drivers": 0.0}
             for _ in range(args.repeat):
                 best["zmq"] = max(best["zmq"], run_zmq(
                     directory, size, count, f"tcp://127.0.0.1:{free_tcp_port()}"))
-                for batch, name in ((False, "offer/poll"), (True, "batch")):
+                for batch, first, name in ((False, False, "offer/poll"),
+                                           (True, False, "batch"),
+                                           (False, True, "first offer/poll"),
+                                           (True, True, "first batch")):
+                    if first and args.no_first_program:
+                        continue
                     stream_id += 1
                     best[name] = max(best[name], run_slipstream(
                         a.directory, size, count, batch, stream_id, channel=uri,
-                        subscriber_directory=b.directory))
+                        subscriber_directory=b.directory, first_program=first))
                 if not args.no_aeron:
                     for two, name in ((False, "aeron 1 driver"), (True, "aeron 2 drivers")):
                         try:
@@ -130,7 +137,16 @@ def main() -> int:
                       f"offer/poll / pyzmq tcp {best['offer/poll'] / best['zmq']:.2f}x"
                       if best["zmq"] else "",
                       f"batch / pyzmq tcp {best['batch'] / best['zmq']:.2f}x"
-                      if best["zmq"] else ""]
+                      if best["zmq"] else "",
+                      f"first offer/poll / aeron {best['first offer/poll'] / aeron:.2f}x"
+                      if aeron and best["first offer/poll"] else "",
+                      f"first batch / aeron {best['first batch'] / aeron:.2f}x"
+                      if aeron and best["first batch"] else "",
+                      "first offer/poll / yielding "
+                      f"{best['first offer/poll'] / best['offer/poll']:.2f}x"
+                      if best["offer/poll"] and best["first offer/poll"] else "",
+                      f"first batch / yielding {best['first batch'] / best['batch']:.2f}x"
+                      if best["batch"] and best["first batch"] else ""]
             line.append("    " + "   ".join(r for r in ratios if r))
             print("\n".join(line), flush=True)
     scratch.cleanup()

@@ -51,6 +51,15 @@ spinning for a millisecond keeps a steady stream (even at 10k messages/s) out of
 and a quiet subscriber still drops to ~0 % CPU within a millisecond."""
 
 
+DEFAULT_SPINS_BEFORE_YIELD: int | None = 16
+"""The client's idle strategy for loops that retry at once: after this many offers in a row
+that find no credit (back-pressured, not connected), or polls in a row that find nothing, each
+further one also gives the CPU up (``sched_yield``).  On a machine with fewer cores than busy
+threads, a loop that spins without yielding takes the core the driver needs to move the data
+it waits for: 4-9x less throughput through two drivers on two cores (docs/PERFORMANCE.md).
+A loop with an idle strategy of its own sees no difference; None never yields."""
+
+
 def default_directory() -> Path:
     """``$SLIPSTREAM_DIR``, else ``/dev/shm/slipstream-<user>``."""
     env = os.environ.get("SLIPSTREAM_DIR")
@@ -86,9 +95,14 @@ class Client:
     """A connection to the driver.  Thread-safe for adding and closing resources; a single
     Publication may be offered to from many threads; poll each Subscription from one thread."""
 
-    def __init__(self, directory: Path, *, request_timeout: float, idle_spin_ns: int) -> None:
+    def __init__(self, directory: Path, *, request_timeout: float, idle_spin_ns: int,
+                 spins_before_yield: int | None = DEFAULT_SPINS_BEFORE_YIELD) -> None:
         self.directory = directory
         self.idle_spin_ns = idle_spin_ns
+        if spins_before_yield is not None and not 0 <= spins_before_yield < 2**31:
+            raise ValueError(f"spins_before_yield must be None or 0..2**31-1, not "
+                             f"{spins_before_yield!r}")
+        self.spins_before_yield = spins_before_yield
         self._request_timeout = request_timeout
         self._lock = threading.RLock()
         self._correlation_ids = itertools.count(1)
@@ -110,8 +124,12 @@ class Client:
     # -- connecting ----------------------------------------------------------------------------
     @classmethod
     def connect(cls, directory: str | os.PathLike[str] | None = None, *,
-                timeout: float = 5.0, idle_spin_ns: int = DEFAULT_IDLE_SPIN_NS) -> Client:
+                timeout: float = 5.0, idle_spin_ns: int = DEFAULT_IDLE_SPIN_NS,
+                spins_before_yield: int | None = DEFAULT_SPINS_BEFORE_YIELD) -> Client:
         """Connect to the driver of ``directory`` (default :func:`default_directory`).
+
+        ``spins_before_yield``: offers without credit, or empty polls, in a row before each
+        further one yields the CPU (:data:`DEFAULT_SPINS_BEFORE_YIELD`; None: never).
 
         Raises :class:`DriverNotRunningError` (naming the directory) when no live driver is
         there, :class:`DriverTimeoutError` when it does not answer within ``timeout`` seconds.
@@ -122,7 +140,8 @@ class Client:
             raise DriverNotRunningError(str(path), "the directory does not exist")
         if not _driver_holds_lock(path) or not counters_path.exists():
             raise DriverNotRunningError(str(path), "no driver holds its lock")
-        client = cls(path, request_timeout=timeout, idle_spin_ns=idle_spin_ns)
+        client = cls(path, request_timeout=timeout, idle_spin_ns=idle_spin_ns,
+                     spins_before_yield=spins_before_yield)
         try:
             reply = client._request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
                                      "pid": os.getpid()}, connecting=True)

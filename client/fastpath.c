@@ -11,6 +11,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <sched.h>
 #include <stddef.h>
 
 #include "native.h"
@@ -26,7 +27,29 @@ typedef struct {
     vectorcallfunc vectorcall;
     ss_appender_t *appender;
     PyObject *owner; /* keeps the appender's memory (a cffi object) alive */
+    int32_t spins_before_yield; /* < 0: never yield */
+    int32_t misses;             /* offers in a row that found no credit (approximate across
+                                 * threads: a hint for the idle strategy, nothing more) */
 } Offerer;
+
+/* The client's idle strategy for a loop that retries at once: past spins_before_yield offers
+ * in a row without credit, each further one gives the CPU up (sched_yield, the GIL released),
+ * so that on a machine with fewer cores than busy threads the driver that raises the limit
+ * gets to run.  A success resets the count. */
+static void on_offer_result(Offerer *offerer, int64_t result) {
+    if (result > 0) {
+        offerer->misses = 0;
+    } else if ((result == SS_BACK_PRESSURED || result == SS_NOT_CONNECTED) &&
+               offerer->spins_before_yield >= 0) {
+        if (offerer->misses < offerer->spins_before_yield) {
+            offerer->misses++;
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
+        }
+    }
+}
 
 static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t nargsf,
                               PyObject *kwnames) {
@@ -61,13 +84,16 @@ static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t narg
         }
         return NULL;
     }
+    on_offer_result(offerer, result);
     return PyLong_FromLongLong(result);
 }
 
 static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *address, *owner;
-    static char *keywords[] = {"appender_address", "owner", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO", keywords, &address, &owner)) return NULL;
+    int spins_before_yield = -1;
+    static char *keywords[] = {"appender_address", "owner", "spins_before_yield", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|i", keywords, &address, &owner,
+                                     &spins_before_yield)) return NULL;
     if (message_too_long == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "call set_errors() first");
         return NULL;
@@ -82,6 +108,8 @@ static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     self->vectorcall = offerer_call;
     self->appender = appender;
     self->owner = Py_NewRef(owner);
+    self->spins_before_yield = spins_before_yield;
+    self->misses = 0;
     return (PyObject *)self;
 }
 
@@ -93,7 +121,8 @@ static void offerer_dealloc(Offerer *self) {
 static PyTypeObject OffererType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "slipstream.client._fastpath.Offerer",
-    .tp_doc = "Offerer(appender_address, owner): offer(message) -> position or negative code",
+    .tp_doc = "Offerer(appender_address, owner, spins_before_yield=-1): offer(message) -> "
+              "position or negative code",
     .tp_basicsize = sizeof(Offerer),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = offerer_new,

@@ -14,6 +14,7 @@ Several publishers (threads or processes) may offer to the same stream concurren
 
 from __future__ import annotations
 
+import os
 import sys
 from array import array
 from collections.abc import Sequence
@@ -155,7 +156,11 @@ class Publication:
         #: negative code (module doc); raises :class:`MessageTooLongError` beyond
         #: ``max_message_length``.  A C callable bound to this publication, so that a call
         #: costs about one C call.
-        self.offer = _fastpath.Offerer(int(ffi.cast("uintptr_t", appender)), appender)
+        spins = client.spins_before_yield
+        self.offer = _fastpath.Offerer(int(ffi.cast("uintptr_t", appender)), appender,
+                                       -1 if spins is None else spins)
+        self._spins_before_yield = spins
+        self._batch_misses = 0  # offer_batch calls in a row that found no credit
 
     # -- publishing ----------------------------------------------------------------------------
     def offer_batch(self, data: Buffer, lengths: Sequence[int] | Buffer) -> int:
@@ -179,7 +184,18 @@ class Publication:
                     done = lib.ss_offer_batch(self._appender, source, len(source), sizes, count,
                                               result)
         if done > 0:
+            self._batch_misses = 0
             return done
+        code = result[0]
+        if code == BACK_PRESSURED or code == NOT_CONNECTED:
+            # The idle strategy of offer() (client/fastpath.c), for batches.
+            spins = self._spins_before_yield
+            if spins is not None:
+                if self._batch_misses < spins:
+                    self._batch_misses += 1
+                else:
+                    os.sched_yield()
+            return code
         if result[0] == lib.SS_INVALID_LENGTH:
             raise MessageTooLongError(max(lengths), self.max_message_length)
         if result[0] == lib.SS_INVALID_BATCH:

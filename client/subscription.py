@@ -13,6 +13,7 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from array import array
@@ -430,6 +431,8 @@ class Subscription:
         self._driver_lost = False
         self._images_changed = threading.Condition()
         self._spin_ns = client.idle_spin_ns
+        self._spins_before_yield = client.spins_before_yield
+        self._empty_polls = 0  # polls in a row that found nothing (the idle strategy)
         self._readers = None
         self._readers_for: tuple[Image, ...] | None = None
 
@@ -462,17 +465,32 @@ class Subscription:
         if self._retired:
             self._release_retired()
         images = self._images
-        if not images:
-            return 0
         if len(images) == 1:
-            return images[0].poll(handler, fragment_limit)
-        count = 0
-        start = self._round_robin = (self._round_robin + 1) % len(images)
-        for i in range(len(images)):
-            count += images[(start + i) % len(images)].poll(handler, fragment_limit - count)
-            if count >= fragment_limit:
-                break
+            count = images[0].poll(handler, fragment_limit)
+        else:
+            count = 0
+            start = self._round_robin = (self._round_robin + 1) % max(1, len(images))
+            for i in range(len(images)):
+                count += images[(start + i) % len(images)].poll(handler, fragment_limit - count)
+                if count >= fragment_limit:
+                    break
+        if count:
+            if self._empty_polls:
+                self._empty_polls = 0
+        else:
+            self._found_nothing()
         return count
+
+    def _found_nothing(self) -> None:
+        """The client's idle strategy (``Client.connect(spins_before_yield=...)``): past that
+        many empty polls in a row, each further one gives the CPU up, so that a loop polling
+        at once leaves the core to the driver that brings the data."""
+        spins = self._spins_before_yield
+        if spins is not None:
+            if self._empty_polls < spins:
+                self._empty_polls += 1
+            else:
+                os.sched_yield()
 
     def poll_batch(self, max_messages: int = 4096) -> MessageBatch | None:
         """Many whole messages in one call, in place (see :class:`MessageBatch`), from one
@@ -486,7 +504,10 @@ class Subscription:
             self._round_robin = (self._round_robin + 1) % len(images)
             batch = images[self._round_robin].poll_batch(max_messages)
             if batch is not None:
+                if self._empty_polls:
+                    self._empty_polls = 0
                 return batch
+        self._found_nothing()
         return None
 
     def receive(self, handler: FragmentHandler, fragment_limit: int = 10,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import resource
 import time
 from array import array
@@ -583,3 +584,58 @@ def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
     longest = read_system_counters(driver.directory)[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS]
     publication.close()
     assert longest >= took_ns / 2, (longest, took_ns)
+
+
+def _hog(cpu: int, running, stop) -> None:
+    os.sched_setaffinity(0, {cpu})
+    running.set()
+    while not stop.is_set():
+        pass
+
+
+def _switches_while(calls) -> int:
+    """Involuntary context switches of this thread while ``calls()`` runs, on a CPU shared
+    with a busy process: a sched_yield there often hands the CPU over (about one yield in
+    three here), a spin does not (the loop takes far less than a time slice)."""
+    before = resource.getrusage(resource.RUSAGE_THREAD)
+    calls()
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw - before.ru_nivcsw
+
+
+@pytest.mark.parametrize("spins", [16, None])
+def test_a_loop_that_retries_at_once_yields_the_cpu_after_the_clients_spins(
+        driver: MediaDriver, spins: int | None) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    context = multiprocessing.get_context("spawn")
+    running, stop = context.Event(), context.Event()
+    hog = context.Process(target=_hog, args=(cpu, running, stop))
+    affinity = os.sched_getaffinity(0)
+    with Client.connect(driver.directory, spins_before_yield=spins) as client:
+        publication = client.add_publication(CHANNEL, 1019)  # nobody subscribes: no credit
+        subscription = client.add_subscription(CHANNEL, 1020)  # nobody publishes: nothing
+        message = bytes(32)
+        hog.start()
+        os.sched_setaffinity(0, {cpu})
+        try:
+            assert running.wait(30)  # the hog spins on our CPU
+            offers = _switches_while(lambda: [publication.offer(message) for _ in range(200)])
+            batches = _switches_while(lambda: [publication.offer_batch(message, [32])
+                                               for _ in range(200)])
+            polls = _switches_while(lambda: [subscription.poll(lambda d, h: None, 10)
+                                             for _ in range(200)])
+            batch_polls = _switches_while(lambda: [subscription.poll_batch()
+                                                   for _ in range(200)])
+        finally:
+            os.sched_setaffinity(0, affinity)
+            stop.set()
+            hog.join(5)
+    switches = (offers, batches, polls, batch_polls)
+    if spins is None:
+        assert max(switches) < 10, switches  # spinning keeps the CPU: the hog waits
+    else:
+        assert min(switches) >= 30, switches  # the 184 calls past the 16 spins yield
+
+
+def test_a_bad_spins_before_yield_names_itself(driver: MediaDriver) -> None:
+    with pytest.raises(ValueError, match="spins_before_yield"):
+        Client.connect(driver.directory, spins_before_yield=-1)
