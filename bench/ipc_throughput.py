@@ -55,7 +55,8 @@ def _ss_publisher(directory: str, channel: str, stream_id: int, size: int, count
         return _first_program_publisher(directory, channel, stream_id, size, count, batch,
                                         start, positions)
     pin(0)
-    with Client.connect(directory) as client:
+    # The loop idles itself (back_pressured, sched_yield): the client's strategy stays off.
+    with Client.connect(directory, spins_before_yield=None) as client:
         publication = client.add_publication(channel, stream_id)
         while not publication.is_connected:
             time.sleep(0.001)
@@ -96,7 +97,8 @@ def _ss_subscriber(directory: str, channel: str, stream_id: int, count: int, bat
         return _first_program_subscriber(directory, channel, stream_id, count, batch, ready,
                                          result, positions)
     pin(1)
-    with Client.connect(directory) as client:
+    # The loop idles itself (back_pressured, sched_yield): the client's strategy stays off.
+    with Client.connect(directory, spins_before_yield=None) as client:
         subscription = client.add_subscription(channel, stream_id)
         ready.set()  # the publisher creates the stream; its image arrives then
         received = 0

@@ -4,7 +4,11 @@ stock Aeron driver (Java 1.15.1, SHARED threading: StreamingPublisher -> RateSub
 measured in the same run.  Prints messages/s, MB/s and the ratios.
 
     .venv/bin/python -m bench.udp_throughput [--messages N] [--sizes 32,1024,65536]
-        [--repeat R] [--set KEY=VALUE ...] [--no-aeron]
+        [--repeat R] [--set KEY=VALUE ...] [--no-aeron] [--no-first-program]
+
+Besides the benchmark's loops (pinned, yielding when nothing moved, the client's own idle
+strategy off), it runs the loops a first program writes ("first"): no pinning, no idle
+strategy but the client's default (``Client.connect(spins_before_yield=16)``).
 
 Aeron runs in both topologies, one driver for both samples and one driver each, and its best
 is the peer (its spinning agents collapse with two drivers on 2 cores).  Each figure is the
@@ -85,7 +89,8 @@ def main() -> int:
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
     parser.add_argument("--no-first-program", action="store_true",
-                        help="leave out the loops a first program writes (no yield, no pin)")
+                        help="leave out the loops a first program writes (unpinned, the "
+                             "client's default idle strategy only)")
     args = parser.parse_args()
 
     from slipstream.daemon.driver import MediaDriver
@@ -130,6 +135,8 @@ def main() -> int:
             mtu = f", mtu {mtu_for(size)}" if mtu_for(size) else ""
             line = [f"{size:>6} B  ({count:,} messages{mtu})"]
             for name, rate in best.items():
+                if name.startswith("first") and args.no_first_program:
+                    continue
                 line.append(f"    {name:<16} {rate / 1e6:8.3f} M msg/s {rate * size / 1e6:9.1f} "
                             f"MB/s")
             ratios = [f"slipstream batch / aeron {best['batch'] / aeron:.2f}x" if aeron else "",

@@ -4,13 +4,15 @@
  * cffi is the binding for everything else, but on these machines each cffi argument
  * conversion costs ~40-50 ns, which is most of a 32-byte offer.  These two functions take
  * their arguments as raw objects instead:
- *   Offerer(appender_address, owner)(message) -> position or negative code (ss_offer)
+ *   Offerer(appender_address, owner, spins_before_yield=-1)(message) -> position or
+ *   negative code (ss_offer), with the client's idle strategy (on_offer_result)
  *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
  * The appender and the scan arrays are the cffi-owned structures of native.h, passed by
  * address; Python keeps them alive.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <sched.h>
 #include <stddef.h>
 
@@ -28,8 +30,8 @@ typedef struct {
     ss_appender_t *appender;
     PyObject *owner; /* keeps the appender's memory (a cffi object) alive */
     int32_t spins_before_yield; /* < 0: never yield */
-    int32_t misses;             /* offers in a row that found no credit (approximate across
-                                 * threads: a hint for the idle strategy, nothing more) */
+    int32_t misses;             /* offers in a row that found no credit (the GIL orders them) */
+    long long yields;           /* how many offers gave the CPU up (read-only: .yields) */
 } Offerer;
 
 /* The client's idle strategy for a loop that retries at once: past spins_before_yield offers
@@ -44,6 +46,7 @@ static void on_offer_result(Offerer *offerer, int64_t result) {
         if (offerer->misses < offerer->spins_before_yield) {
             offerer->misses++;
         } else {
+            offerer->yields++;
             Py_BEGIN_ALLOW_THREADS
             sched_yield();
             Py_END_ALLOW_THREADS
@@ -110,6 +113,7 @@ static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     self->owner = Py_NewRef(owner);
     self->spins_before_yield = spins_before_yield;
     self->misses = 0;
+    self->yields = 0;
     return (PyObject *)self;
 }
 
@@ -117,6 +121,12 @@ static void offerer_dealloc(Offerer *self) {
     Py_XDECREF(self->owner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
+
+static PyMemberDef offerer_members[] = {
+    {"yields", T_LONGLONG, offsetof(Offerer, yields), READONLY,
+     "how many offers gave the CPU up (the idle strategy)"},
+    {NULL},
+};
 
 static PyTypeObject OffererType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -127,6 +137,7 @@ static PyTypeObject OffererType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = offerer_new,
     .tp_dealloc = (destructor)offerer_dealloc,
+    .tp_members = offerer_members,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(Offerer, vectorcall),
 };

@@ -466,15 +466,20 @@ class Subscription:
             self._release_retired()
         images = self._images
         if len(images) == 1:
-            count = images[0].poll(handler, fragment_limit)
+            image = images[0]
+            before = image._position
+            count = image.poll(handler, fragment_limit)
+            moved = count or image._position != before  # a fragment or padding is progress
         else:
+            before = sum(image._position for image in images)
             count = 0
             start = self._round_robin = (self._round_robin + 1) % max(1, len(images))
             for i in range(len(images)):
                 count += images[(start + i) % len(images)].poll(handler, fragment_limit - count)
                 if count >= fragment_limit:
                     break
-        if count:
+            moved = count or sum(image._position for image in images) != before
+        if moved:
             if self._empty_polls:
                 self._empty_polls = 0
         else:
@@ -483,8 +488,8 @@ class Subscription:
 
     def _found_nothing(self) -> None:
         """The client's idle strategy (``Client.connect(spins_before_yield=...)``): past that
-        many empty polls in a row, each further one gives the CPU up, so that a loop polling
-        at once leaves the core to the driver that brings the data."""
+        many polls in a row that moved nothing, each further one gives the CPU up, so that a
+        loop polling at once leaves the core to the driver that brings the data."""
         spins = self._spins_before_yield
         if spins is not None:
             if self._empty_polls < spins:
@@ -500,6 +505,7 @@ class Subscription:
         if self._retired:
             self._release_retired()
         images = self._images
+        before = sum(image._position for image in images)
         for _ in range(len(images)):
             self._round_robin = (self._round_robin + 1) % len(images)
             batch = images[self._round_robin].poll_batch(max_messages)
@@ -507,7 +513,10 @@ class Subscription:
                 if self._empty_polls:
                     self._empty_polls = 0
                 return batch
-        self._found_nothing()
+        if sum(image._position for image in images) != before:  # padding skipped: progress
+            self._empty_polls = 0
+        else:
+            self._found_nothing()
         return None
 
     def receive(self, handler: FragmentHandler, fragment_limit: int = 10,

@@ -546,10 +546,11 @@ class _DriverShell:
 
     def _handle_command(self, key: bytes, message: dict[str, Any]) -> None:
         started = time.monotonic_ns()
-        self._send(self.conductor.on_command(key, message, started))
+        out = self.conductor.on_command(key, message, started)
         # A command is conductor work as a duty cycle is (creating a log takes tens of ms):
-        # the max cycle time shows it.
+        # the max cycle time shows it, before the client hears the answer.
         self._record_cycle_time(time.monotonic_ns() - started)
+        self._send(out)
 
     def _record_cycle_time(self, cycle_ns: int) -> None:
         counters = self.counters

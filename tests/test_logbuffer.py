@@ -357,6 +357,7 @@ def test_filling_a_dense_logs_pages_leaves_the_processs_other_threads_running(
                                initial_term_id=0, session_id=1, stream_id=1, mtu=1408,
                                correlation_id=1, sparse=False)
         took = time.monotonic_ns() - started
+        log.close()
     finally:
         done.set()
         thread.join()
@@ -366,4 +367,3 @@ def test_filling_a_dense_logs_pages_leaves_the_processs_other_threads_running(
     # fallocate is the rest); released, its longest pause is the scheduler's (< 5 %).
     assert max(gaps) < took / 4, (f"the other thread stood still {max(gaps) / 1e6:.1f} ms of "
                                   f"the {took / 1e6:.1f} ms the log took")
-    log.close()
