@@ -14,7 +14,6 @@ Several publishers (threads or processes) may offer to the same stream concurren
 
 from __future__ import annotations
 
-import os
 import sys
 from array import array
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from slipstream.client import _fastpath
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import MessageTooLongError
+from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import HEADER_LENGTH
 from slipstream.client.logbuffer import LogBuffer, new_appender
 
@@ -159,8 +159,7 @@ class Publication:
         spins = client.spins_before_yield
         self.offer = _fastpath.Offerer(int(ffi.cast("uintptr_t", appender)), appender,
                                        -1 if spins is None else spins)
-        self._spins_before_yield = spins
-        self._batch_misses = 0  # offer_batch calls in a row that found no credit
+        self._batch_idle = SpinThenYield(spins)  # offer_batch calls that found no credit
 
     # -- publishing ----------------------------------------------------------------------------
     def offer_batch(self, data: Buffer, lengths: Sequence[int] | Buffer) -> int:
@@ -184,17 +183,11 @@ class Publication:
                     done = lib.ss_offer_batch(self._appender, source, len(source), sizes, count,
                                               result)
         if done > 0:
-            self._batch_misses = 0
+            self._batch_idle.misses = 0
             return done
         code = result[0]
         if code == BACK_PRESSURED or code == NOT_CONNECTED:
-            # The idle strategy of offer() (client/fastpath.c), for batches.
-            spins = self._spins_before_yield
-            if spins is not None:
-                if self._batch_misses < spins:
-                    self._batch_misses += 1
-                else:
-                    os.sched_yield()
+            self._batch_idle.idle()
             return code
         if result[0] == lib.SS_INVALID_LENGTH:
             raise MessageTooLongError(max(lengths), self.max_message_length)

@@ -13,7 +13,6 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from array import array
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import DataLossError
+from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import (
     BEGIN_FLAG,
     DATA_HEADER,
@@ -431,8 +431,7 @@ class Subscription:
         self._driver_lost = False
         self._images_changed = threading.Condition()
         self._spin_ns = client.idle_spin_ns
-        self._spins_before_yield = client.spins_before_yield
-        self._empty_polls = 0  # polls in a row that found nothing (the idle strategy)
+        self._idle = SpinThenYield(client.spins_before_yield)  # polls that moved nothing
         self._readers = None
         self._readers_for: tuple[Image, ...] | None = None
 
@@ -479,23 +478,11 @@ class Subscription:
                 if count >= fragment_limit:
                     break
             moved = count or sum(image._position for image in images) != before
-        if moved:
-            if self._empty_polls:
-                self._empty_polls = 0
-        else:
-            self._found_nothing()
+        if not moved:
+            self._idle.idle()
+        elif self._idle.misses:
+            self._idle.misses = 0
         return count
-
-    def _found_nothing(self) -> None:
-        """The client's idle strategy (``Client.connect(spins_before_yield=...)``): past that
-        many polls in a row that moved nothing, each further one gives the CPU up, so that a
-        loop polling at once leaves the core to the driver that brings the data."""
-        spins = self._spins_before_yield
-        if spins is not None:
-            if self._empty_polls < spins:
-                self._empty_polls += 1
-            else:
-                os.sched_yield()
 
     def poll_batch(self, max_messages: int = 4096) -> MessageBatch | None:
         """Many whole messages in one call, in place (see :class:`MessageBatch`), from one
@@ -510,13 +497,13 @@ class Subscription:
             self._round_robin = (self._round_robin + 1) % len(images)
             batch = images[self._round_robin].poll_batch(max_messages)
             if batch is not None:
-                if self._empty_polls:
-                    self._empty_polls = 0
+                if self._idle.misses:
+                    self._idle.misses = 0
                 return batch
         if sum(image._position for image in images) != before:  # padding skipped: progress
-            self._empty_polls = 0
+            self._idle.misses = 0
         else:
-            self._found_nothing()
+            self._idle.idle()
         return None
 
     def receive(self, handler: FragmentHandler, fragment_limit: int = 10,
