@@ -492,19 +492,25 @@ class Subscription:
         if self._retired:
             self._release_retired()
         images = self._images
-        before = sum(image._position for image in images)
-        for _ in range(len(images)):
-            self._round_robin = (self._round_robin + 1) % len(images)
-            batch = images[self._round_robin].poll_batch(max_messages)
-            if batch is not None:
-                if self._idle.misses:
-                    self._idle.misses = 0
-                return batch
-        if sum(image._position for image in images) != before:  # padding skipped: progress
-            self._idle.misses = 0
+        if len(images) == 1:  # the common case, without the loop below
+            image = images[0]
+            before = image._position
+            batch = image.poll_batch(max_messages)
+            moved = batch is not None or image._position != before  # padding is progress
         else:
+            before = sum(image._position for image in images)
+            batch = None
+            for _ in range(len(images)):
+                self._round_robin = (self._round_robin + 1) % len(images)
+                batch = images[self._round_robin].poll_batch(max_messages)
+                if batch is not None:
+                    break
+            moved = batch is not None or sum(image._position for image in images) != before
+        if not moved:
             self._idle.idle()
-        return None
+        elif self._idle.misses:
+            self._idle.misses = 0
+        return batch
 
     def receive(self, handler: FragmentHandler, fragment_limit: int = 10,
                 timeout: float | None = None) -> int:
