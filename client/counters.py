@@ -107,6 +107,8 @@ class SystemCounter(enum.IntEnum):
     IMAGES_REJECTED = 25  # a SETUP whose image the driver could not create (space, counters)
     DEBUG_DATA_LOSS_DROPS = 26  # dropped on purpose by debug_receive_data_loss (a test hook)
     NOTIFY_DROPS = 27  # systemd notify states the notify socket did not take (full or gone)
+    NETWORK_DUTY_CYCLES = 28  # duty cycles of the network threads' C loops
+    NETWORK_PYTHON_PASSES = 29  # times those loops ran an agent's Python half
 
     @property
     def label(self) -> str:

@@ -4,7 +4,11 @@
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 #include <sys/uio.h>
 
 #include "native.h"
@@ -84,6 +88,7 @@ static int32_t send_spans(ss_send_publication_t *p, const ss_span_t *spans, int3
         if (rc < 0 && gso && m < n && (errno == EMSGSIZE || errno == EINVAL || errno == EIO)) {
             p->last_errno = errno;
             p->gso = 0;
+            p->notice = 1;
             continue;
         }
         return rc < 0 ? -1 : 0;
@@ -140,6 +145,7 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
             /* ECONNREFUSED (an ICMP error of an earlier datagram, reported once), unreachable
              * networks, ...: nothing was sent; the next duty cycle tries again. */
             p->last_errno = errno;
+            p->notice = 1;
             count(p->send_errors, 1);
             return -1;
         }
@@ -156,6 +162,7 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
         p->time_of_last_send_ns = now_ns;
     }
     count(p->bytes_sent, bytes);
+    if (sent > 0) p->sent_since_python = 1;
     return sent;
 }
 
@@ -555,7 +562,13 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
     int64_t proposed = position + length + padding;
     /* Only a datagram copied whole extends what arrived in order: one that found a frame at
      * its offset already may overlap a shorter datagram, with the rest of its range missing. */
-    if (copied && position == image->contiguous_position) image->contiguous_position = proposed;
+    if (copied && position == image->contiguous_position) {
+        image->contiguous_position = proposed;
+        /* In order: rcv-pos follows without waiting for Python's rebuild pass (which only
+         * scans past a gap). */
+        if (image->receiver_position != NULL && proposed > LOAD_ACQ(image->receiver_position))
+            STORE_REL(image->receiver_position, proposed);
+    }
     raise_hwm(image, proposed);
     image->dirty = 1;
 }
@@ -737,4 +750,201 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
     }
     flush_signals(r);
     return received;
+}
+
+/* ------------------------------------------------------------------------- the duty cycle */
+
+static int64_t clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Read an endpoint's socket until it is empty, its datagrams for Python wait, or the batch
+ * limit; returns the datagrams received. */
+static int32_t receive_endpoint(ss_receiver_t *r, int64_t now_ns) {
+    if (r->fd < 0 || r->pending_count > 0 || r->failed || r->pending == NULL) return 0;
+    int32_t total = 0;
+    for (int32_t call = 0; call < SS_MAX_RECEIVE_CALLS; call++) {
+        int32_t received = ss_receiver_recv(r, r->fd, now_ns, r->pending, &r->pending_count);
+        if (received < 0) {
+            r->failed = 1;
+            break;
+        }
+        total += received;
+        if (received < r->batch || r->pending_count > 0) break;
+    }
+    return total;
+}
+
+static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_only) {
+    int32_t sent_total = 0;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (p->fd < 0 || (retransmits_only && p->retransmit_count == 0)) continue;
+        int32_t sent = ss_send_data(p, now_ns, a->max_datagrams, a->spans);
+        if (sent > 0) sent_total += sent;
+    }
+    return sent_total;
+}
+
+int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
+    int32_t work = 0;
+    if (a->is_sender) {
+        int32_t sent = send_publications(a, now_ns, 0);
+        /* Control input every cycle that sent nothing, else every 2 x status_poll_ratio
+         * datagrams (aeron_driver_sender_do_work counts cycles of 2): a status message or NAK
+         * read late stalls the stream. */
+        a->datagrams_to_status_poll -= sent;
+        if (sent == 0 || a->datagrams_to_status_poll <= 0) {
+            a->datagrams_to_status_poll = 2 * a->status_poll_ratio;
+            int32_t received = 0;
+            for (int32_t i = 0; i < a->endpoint_count; i++)
+                received += receive_endpoint(a->endpoints[i], now_ns);
+            work += received;
+            /* The NAKs just answered queued retransmissions: they go now, not a cycle of new
+             * data later (a gap pins the receiver's window until it is repaired). */
+            if (received) work += send_publications(a, now_ns, 1);
+        }
+        work += sent;
+    } else {
+        for (int32_t i = 0; i < a->endpoint_count; i++)
+            work += receive_endpoint(a->endpoints[i], now_ns);
+    }
+    ss_agent_python_due(a, now_ns);
+    return work;
+}
+
+static int64_t min_subscriber_position(const ss_image_t *image) {
+    int64_t least = INT64_MAX;
+    for (int32_t i = 0; i < image->subscriber_count; i++) {
+        int64_t position = LOAD_ACQ(image->subscriber_positions[i]);
+        if (position < least) least = position;
+    }
+    return least;
+}
+
+static int image_needs_python(const ss_image_t *image) {
+    if (image->dirty && (image->python_on_data || image->eos_position >= 0 ||
+                         LOAD_ACQ(image->receiver_hwm) > image->contiguous_position))
+        return 1;
+    return image->subscriber_count > 0 && min_subscriber_position(image) >= image->sm_due_position;
+}
+
+int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
+    int32_t due = 0;
+    if (LOAD_ACQ(&a->commands)) due |= SS_DUE_COMMANDS;
+    if (now_ns >= a->python_deadline_ns) due |= SS_DUE_TIMER;
+    for (int32_t i = 0; i < a->endpoint_count; i++) {
+        const ss_receiver_t *r = a->endpoints[i];
+        if (r->pending_count > 0 || r->failed) due |= SS_DUE_INPUT;
+    }
+    for (int32_t i = 0; i < a->image_count && !(due & SS_DUE_IMAGE); i++)
+        if (image_needs_python(a->images[i])) due |= SS_DUE_IMAGE;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        const ss_send_publication_t *p = a->publications[i];
+        if (p->notice || (p->sent_since_python &&
+                          LOAD_ACQ(p->sender_position) >= p->python_send_position)) {
+            due |= SS_DUE_PUBLICATION;
+            break;
+        }
+    }
+    a->due = due;
+    return due;
+}
+
+/* Whether ss_send_data would send: retransmissions queued, or a committed frame at snd-pos
+ * that fits in the window. */
+static int has_data_ready(const ss_send_publication_t *p) {
+    if (p->retransmit_count > 0) return 1;
+    const int64_t position = LOAD_ACQ(p->sender_position);
+    const int64_t window = LOAD_ACQ(p->sender_limit) - position;
+    if (window <= 0) return 0;
+    const int32_t index = (int32_t)((position >> p->position_bits) % SS_PARTITION_COUNT);
+    const int32_t offset = (int32_t)(position & (p->term_length - 1));
+    int32_t padding;
+    return ss_scan_for_availability(p->log + (int64_t)index * p->term_length, offset,
+                                    window < p->mtu ? (int32_t)window : p->mtu, p->term_length,
+                                    &padding) > 0;
+}
+
+static int32_t *driver_waiters(uint8_t *meta) { return (int32_t *)(meta + SS_META_DRIVER_WAITERS); }
+
+/* Ask every client to ring the doorbell on news (publishers on new data, subscribers at the
+ * position where a status message is due), then look once more; 0 when there is work after
+ * all.  disarm (delta -1) undoes it. */
+static int arm(ss_agent_t *a, int32_t delta) {
+    int may_park = 1;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (p->meta == NULL) continue;
+        __atomic_fetch_add(driver_waiters(p->meta), delta, __ATOMIC_SEQ_CST);
+        if (delta > 0 && has_data_ready(p)) may_park = 0;
+    }
+    for (int32_t i = 0; i < a->image_count; i++) {
+        ss_image_t *image = a->images[i];
+        if (delta > 0)
+            STORE_REL((int64_t *)(image->meta + SS_META_DRIVER_WAKE_POSITION), image->sm_due_position);
+        __atomic_fetch_add(driver_waiters(image->meta), delta, __ATOMIC_SEQ_CST);
+    }
+    return may_park;
+}
+
+static void park(ss_duty_loop_t *l, int64_t now_ns) {
+    int may_park = 1;
+    int64_t deadline = now_ns + l->max_park_ns;
+    for (int32_t i = 0; i < l->agent_count; i++) {
+        ss_agent_t *a = l->agents[i];
+        may_park &= arm(a, 1);
+        if (a->python_deadline_ns < deadline) deadline = a->python_deadline_ns;
+    }
+    /* After arming, so a client that moved in between either rang or is seen here. */
+    for (int32_t i = 0; i < l->agent_count; i++)
+        if (ss_agent_python_due(l->agents[i], now_ns) & ~SS_DUE_TIMER) may_park = 0;
+    const int64_t timeout_ns = deadline - clock_ns();
+    if (may_park && timeout_ns > 0) {
+        struct epoll_event events[16];
+        /* epoll_wait counts milliseconds: round up, a timer is never early. */
+        const int64_t timeout_ms = (timeout_ns + 999999) / 1000000;
+        l->parks++;
+        epoll_wait(l->epoll_fd, events, 16, (int)(timeout_ms < 1000000 ? timeout_ms : 1000000));
+    }
+    for (int32_t i = 0; i < l->agent_count; i++) arm(l->agents[i], -1);
+    uint64_t value;
+    while (read(l->wake_fd, &value, sizeof value) > 0) {
+    }
+    char ring[64];
+    for (int32_t i = 0; i < l->doorbell_count; i++) /* a ring is a wake-up, not a message */
+        while (recv(l->doorbell_fds[i], ring, sizeof ring, MSG_DONTWAIT) >= 0) {
+        }
+}
+
+int32_t ss_duty_loop_run(ss_duty_loop_t *l) {
+    for (;;) {
+        if (LOAD_ACQ(&l->stopping)) return SS_DUE_STOP;
+        const int64_t now_ns = clock_ns();
+        int32_t work = 0;
+        int32_t due = 0;
+        for (int32_t i = 0; i < l->agent_count; i++) {
+            work += ss_agent_do_work(l->agents[i], now_ns);
+            due |= l->agents[i]->due;
+        }
+        l->last_cycle_ns = now_ns;
+        count(l->cycles, 1);
+        if (due) {
+            l->now_ns = now_ns;
+            return due;
+        }
+        if (work) {
+            l->last_work_ns = now_ns;
+        } else if (now_ns - l->last_work_ns >= l->idle_spin_ns) {
+            park(l, now_ns);
+            /* Woken with nothing to do (a stray ring): park again at once. */
+            l->last_work_ns = INT64_MIN / 2;
+        } else {
+            /* Aeron's backoff between spinning and parking: another thread of this host (an
+             * application, the other driver) may need the core more. */
+            sched_yield();
+        }
+    }
 }

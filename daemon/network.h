@@ -106,6 +106,12 @@ typedef struct {
     int64_t *retransmit_overflow;
     int64_t *invalid_packets;
     ss_retransmit_action_t actions[256]; /* SS_RETRANSMIT_ACTIONS_MAX */
+    /* The duty cycle (ss_agent_t): what makes this publication's Python half due. */
+    uint8_t *meta;                /* the log's metadata page (the driver-waiters word) */
+    int32_t sent_since_python;    /* set by ss_send_data when it sent; Python clears it */
+    int32_t notice;               /* a send failed or the path refused GSO: Python logs it */
+    int64_t python_send_position; /* once data was sent and snd-pos reached this, Python is
+                                   * due (pub-lmt's next step; 0: after every send) */
 } ss_send_publication_t;
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
@@ -191,6 +197,15 @@ typedef struct {
     int32_t signal_pending;       /* data inserted, its readers not signalled yet */
     int32_t source_length;        /* > 0: frames from another address are dropped */
     uint8_t source[128];          /* SS_SOCKADDR_MAX */
+    /* The duty cycle (ss_agent_t): rcv-pos follows what arrived in order here; Python is due
+     * when data needs its rebuild pass (a gap, EOS, python_on_data) or the slowest subscriber
+     * reached sm_due_position (the 25 % rule). */
+    int64_t *receiver_position;   /* rcv-pos */
+    int64_t **subscriber_positions;
+    int32_t subscriber_count;
+    int32_t python_on_data;       /* every arrival needs Python (congestion control, a state
+                                   * other than ACTIVE) */
+    int64_t sm_due_position;
 } ss_image_t;
 
 /* Counters a receive endpoint's data path counts into (cells of the counters file). */
@@ -237,6 +252,14 @@ typedef struct {
      * they need no timer (retransmit delay 0).  NULL: none. */
     ss_send_publication_t **publications;
     int32_t publication_mask;
+    /* The duty cycle (ss_agent_t) reads the socket fd (-1: the simulator feeds it); datagrams
+     * for Python wait in the buffers as `pending` triples (see ss_receiver_recv) and the socket
+     * is not read again until Python took them (pending_count = 0); `failed`: a receive failed
+     * (errno in last_errno), for Python to log. */
+    int32_t fd;
+    int32_t pending_count;
+    int32_t *pending;
+    int32_t failed;
 } ss_receiver_t;
 
 /* Rebuild the image table from `images` (count of them; the table must have room for them at
@@ -262,3 +285,65 @@ int32_t ss_receiver_on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t l
  * in last_errno). */
 int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *to_python,
                          int32_t *to_python_count);
+
+/* ------------------------------------------------------------------------- the duty cycle */
+/* A network agent's duty cycle (daemon/agents/, docs/ARCHITECTURE.md, Threads): the per-datagram
+ * work of its endpoints in C, and the rule that says when its Python half (commands, SETUP and
+ * SM handling, the timers, the rebuild pass) is due.  Python keeps the arrays current. */
+#define SS_DUE_COMMANDS 1
+#define SS_DUE_INPUT 2
+#define SS_DUE_IMAGE 4
+#define SS_DUE_PUBLICATION 8
+#define SS_DUE_TIMER 16
+#define SS_DUE_STOP 32
+/* recvmmsg calls per endpoint per duty cycle while its socket stays full. */
+#define SS_MAX_RECEIVE_CALLS 8
+
+typedef struct {
+    ss_receiver_t **endpoints;    /* receive endpoints, or a sender's send endpoints (control) */
+    int32_t endpoint_count;
+    int32_t is_sender;            /* endpoints are read by the status-poll rule, not each cycle */
+    ss_image_t **images;
+    int32_t image_count;
+    ss_send_publication_t **publications;
+    int32_t publication_count;
+    ss_span_t *spans;             /* max_datagrams + SS_RETRANSMIT_MAX */
+    int32_t max_datagrams;
+    int32_t status_poll_ratio;    /* control input every 2 x this datagrams sent (Aeron's) */
+    int32_t datagrams_to_status_poll;
+    int32_t commands;             /* raised by another thread that submitted a command */
+    int32_t due;                  /* out: SS_DUE_* of the last cycle */
+    int64_t python_deadline_ns;   /* the earliest timer of the Python half */
+} ss_agent_t;
+
+/* One duty cycle at now_ns: receive on every endpoint with a socket (fd >= 0), send what each
+ * publication with a socket has ready (retransmissions first), then decide whether the Python
+ * half is due (a->due, also returned through ss_agent_python_due).  Returns the work done. */
+int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns);
+/* Whether the Python half is due at now_ns: SS_DUE_* bits, also stored in a->due. */
+int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns);
+
+/* A network thread's loop: duty cycles of its agents, spinning while there is work, yielding
+ * between idle cycles, and after idle_spin_ns without work parking in epoll (its sockets,
+ * the doorbells and the wake eventfd, registered by Python) until the earliest deadline. */
+typedef struct {
+    ss_agent_t **agents;
+    int32_t agent_count;
+    int32_t epoll_fd;
+    int32_t wake_fd;
+    int32_t doorbell_count;
+    int32_t *doorbell_fds;
+    int32_t stopping;             /* raised by another thread (then the wake eventfd) */
+    int32_t reserved;
+    int64_t idle_spin_ns;
+    int64_t max_park_ns;
+    int64_t now_ns;               /* out: the time of the cycle that found Python due */
+    int64_t last_work_ns;
+    int64_t last_cycle_ns;        /* the watchdog's evidence */
+    int64_t *cycles;              /* a counter cell (NETWORK_DUTY_CYCLES), or NULL */
+    int64_t parks;
+} ss_duty_loop_t;
+
+/* Run duty cycles until an agent's Python half is due or the loop is stopping; returns the
+ * SS_DUE_* bits of all agents (SS_DUE_STOP when stopping).  Runs without the GIL. */
+int32_t ss_duty_loop_run(ss_duty_loop_t *l);

@@ -84,6 +84,14 @@ class _VirtualTransport:
             if counters is not None:
                 counters.add(SystemCounter.BYTES_SENT, len(data))
 
+    def attach_channel(self, channel: object) -> None:
+        """No socket: the channel's C dispatch stays at fd -1 and arrivals come through
+        :meth:`receive`."""
+
+    def dispatch(self, channel: object, now_ns: int) -> int:
+        """Nothing waits in C for Python: :meth:`receive` handed everything over."""
+        return 0
+
     def close(self) -> None:
         network = self.host.sim.network
         if self._bound is not None:
@@ -121,6 +129,9 @@ class VirtualSendTransport(_VirtualTransport):
                 offset = spans[i].log_offset
                 send(self.address, destination, bytes(view[offset:offset + spans[i].length]))
         return sent
+
+    def on_notice(self, publication: NetworkPublication) -> None:
+        """Nothing fails on the virtual network."""
 
     def receive(self, channel: SendChannel, now_ns: int) -> int:
         inbox = self.inbox

@@ -97,6 +97,15 @@ class LinkTransport:
             channel.on_datagram(data, self.peer, now_ns)
         return len(inbox)
 
+    def attach_channel(self, channel: SendChannel | ReceiveChannel) -> None:
+        pass  # no socket: arrivals come through receive()
+
+    def dispatch(self, channel: SendChannel | ReceiveChannel, now_ns: int) -> int:
+        return 0
+
+    def on_notice(self, publication: NetworkPublication) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

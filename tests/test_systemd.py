@@ -175,16 +175,18 @@ async def test_no_watchdog_ping_while_the_network_loop_is_stuck(
     monkeypatch.setenv("WATCHDOG_USEC", "500000")
     stuck = threading.Event()
     stalled_at: list[float] = []
-    do_work = Sender.do_work
+    senders: list[Sender] = []
+    do_python_work = Sender.do_python_work
 
-    def blocking_do_work(self: Sender, now_ns: int) -> int:
+    def blocking_do_python_work(self: Sender, now_ns: int) -> int:
+        senders.append(self)
         if stuck.is_set():
             stuck.clear()
             stalled_at.append(time.monotonic())
             time.sleep(2.0)  # a loop stuck in a call that never returns, for a while
-        return do_work(self, now_ns)
+        return do_python_work(self, now_ns)
 
-    monkeypatch.setattr(Sender, "do_work", blocking_do_work)
+    monkeypatch.setattr(Sender, "do_python_work", blocking_do_python_work)
     directory = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
     settings = load_settings(env={}, overrides={**FAST_DRIVER_SETTINGS, "dir": str(directory)})
     try:
@@ -192,6 +194,7 @@ async def test_no_watchdog_ping_while_the_network_loop_is_stuck(
             await nursery.start(_DriverShell(settings).run)
             await trio.sleep(1.0)
             stuck.set()
+            senders[0].submit(lambda _now: None)  # the sender's Python half runs next
             await trio.sleep(3.5)
             nursery.cancel_scope.cancel()
     finally:

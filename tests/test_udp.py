@@ -98,6 +98,36 @@ def test_unicast_stream_between_two_drivers_exactly_once_in_order(launch) -> Non
     assert received["INVALID_PACKETS"] == 0 and received["NAK_MESSAGES_SENT"] == 0
 
 
+def test_a_stream_in_order_runs_the_network_threads_python_half_per_window_not_per_datagram(
+        launch) -> None:
+    """The network threads' duty cycle is C: 20,000 MTU-sized messages (a datagram each)
+    through two drivers cost each driver's Python half a pass per step of flow control (SMs,
+    pub-lmt), a small fraction of the datagrams, while the C loops cycle more often."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a, b = launch(), launch()
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 1001)
+        publication = ca.add_publication(uri, 1001)
+        connect(publication, subscription)
+        before = counters_of(a), counters_of(b)
+        collector = Collector(subscription)
+        stream(publication, [collector], 20_000, lambda i: 1376)
+        collector.assert_exactly(20_000)
+        after = counters_of(a), counters_of(b)
+    datagrams = (after[0]["BYTES_SENT"] - before[0]["BYTES_SENT"]) // 1408
+    assert datagrams >= 20_000
+    for start, end, sm in zip(before, after, ("STATUS_MESSAGES_RECEIVED",
+                                                "STATUS_MESSAGES_SENT"), strict=True):
+        passes = end["NETWORK_PYTHON_PASSES"] - start["NETWORK_PYTHON_PASSES"]
+        cycles = end["NETWORK_DUTY_CYCLES"] - start["NETWORK_DUTY_CYCLES"]
+        status_messages = end[sm] - start[sm]
+        # The sender's half: each SM, and each step of pub-lmt (window / 8); the receiver's:
+        # each SM (a quarter window consumed).  Per datagram it would be 20,000 or more.
+        assert 0 < passes <= 2.5 * status_messages + 100, (passes, status_messages)
+        assert passes < datagrams // 5, (passes, datagrams)
+        assert cycles > passes, (cycles, passes)
+
+
 def test_multicast_to_several_subscriber_drivers(launch) -> None:
     # fc=min: the slowest receiver sets the pace.  With the default (max) a receiver that
     # falls half a term behind the fastest is past the resend window for good, as in Aeron.

@@ -1,5 +1,16 @@
 """What the sender and receiver agents share: the endpoints they serve, the commands other
-threads hand them, and the doorbells they arm before their thread parks."""
+threads hand them, and their two halves.
+
+An agent's duty cycle has a C half and a Python half (docs/ARCHITECTURE.md, Threads).  The C
+half (``ss_agent_do_work`` over :attr:`Agent.c`) does the per-datagram work of the endpoints
+that have sockets (receive, insert, answer NAKs, send) and decides whether the Python half is
+due: commands, datagrams for Python (SETUP, SM, RTTM, ...), a rebuild pass or status message of
+an image, a publication's next publisher-limit step, or a timer of the Python half.  The Python
+half (:meth:`Agent.do_python_work`) runs only then, so a busy stream costs Python per batch,
+never per duty cycle.  The driver's network thread runs the C half in a C loop
+(``ss_duty_loop_run``, :mod:`slipstream.daemon.agents.thread`); the simulator calls
+:meth:`Agent.do_work` with its own clock, which runs the same C half and rule.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +18,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from slipstream.client._native import lib
+from slipstream.client.layout import NO_DEADLINE
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
 
 Endpoint = TypeVar("Endpoint")
 
@@ -15,14 +28,28 @@ Endpoint = TypeVar("Endpoint")
 class Agent(Generic[Endpoint]):
     """A duty-cycle agent (Aeron's Agent): single-threaded, except :meth:`submit`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, is_sender: bool, max_datagrams: int = 0,
+                 status_poll_ratio: int = 1) -> None:
+        """``max_datagrams``: datagrams one publication sends per duty cycle;
+        ``status_poll_ratio``: a busy sender reads control input after 2 x this datagrams."""
         self.endpoints: list[Endpoint] = []
         self._commands: deque[Callable[[int], None]] = deque()
-        self._armed: list[object] = []  # the driver-waiters words raised by prepare_to_park
+        #: The C half's view of this agent (ss_agent_t); :meth:`_sync_c` keeps it current.
+        self.c = c = network_ffi.new("ss_agent_t *")
+        c.is_sender = int(is_sender)
+        c.max_datagrams = max_datagrams
+        c.status_poll_ratio = status_poll_ratio
+        self._spans = network_ffi.new("ss_span_t[]", max_datagrams + network.SS_RETRANSMIT_MAX)
+        c.spans = self._spans
+        c.python_deadline_ns = 0
+        self._arrays: tuple[object, ...] = ()
+        self._c_members: tuple[object, ...] = ()
 
     def submit(self, command: Callable[[int], None]) -> None:
-        """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe)."""
+        """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe;
+        the caller then wakes a parked thread)."""
         self._commands.append(command)
+        self.c.commands = 1
 
     def add_endpoint(self, endpoint: Endpoint) -> None:
         self.endpoints.append(endpoint)
@@ -34,6 +61,7 @@ class Agent(Generic[Endpoint]):
 
     def _run_commands(self, now_ns: int) -> int:
         """Run the submitted commands; returns how many ran."""
+        self.c.commands = 0  # before the queue: a command submitted meanwhile raises it again
         ran = 0
         commands = self._commands
         while commands:
@@ -41,19 +69,56 @@ class Agent(Generic[Endpoint]):
             ran += 1
         return ran
 
-    def _arm(self, waiters: object) -> None:
-        """Raise a log's driver-waiters word (cffi ``int32_t *``) so its client rings the
-        doorbell; :meth:`unpark` lowers it again."""
-        lib.ss_get_and_add_i32(waiters, 1)  # seq_cst: pairs with the client's fence
-        self._armed.append(waiters)
-
-    def unpark(self) -> None:
-        """After a park (woken by a socket, a doorbell or a timer), or instead of one: lower
-        every doorbell :meth:`prepare_to_park` raised."""
-        for waiters in self._armed:
-            lib.ss_get_and_add_i32(waiters, -1)
-        self._armed.clear()
-
     @property
     def has_commands(self) -> bool:
         return bool(self._commands)
+
+    # -- the two halves -----------------------------------------------------------------------
+    def do_work(self, now_ns: int) -> int:
+        """One whole duty cycle at ``now_ns`` (the simulator's and the tests' entry; the
+        driver's thread runs the C half in its C loop): the simulator's I/O, the C half, and
+        the Python half if due.  Returns the work done (0: idle)."""
+        work, python_input = self._virtual_io(now_ns)
+        work += network.ss_agent_do_work(self.c, now_ns)
+        if self.c.due or python_input:
+            work += self.do_python_work(now_ns)
+        return work
+
+    def do_python_work(self, now_ns: int) -> int:
+        """The Python half: commands, input for Python, timers; then the C half's view is
+        brought up to date (:meth:`_sync_c`).  Returns the work done."""
+        raise NotImplementedError
+
+    def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
+        """The I/O of endpoints without sockets (the simulator's): (work, whether any input
+        was handed to Python)."""
+        raise NotImplementedError
+
+    def _c_view(self) -> tuple[list, list, list]:
+        """(endpoint receivers, images, send publications): the C structs the C half reads."""
+        raise NotImplementedError
+
+    def _sync_c(self, python_deadline_ns: int) -> None:
+        """Point the C half at the current endpoints, images and publications, and give it
+        the Python half's next deadline."""
+        receivers, images, publications = members = self._c_view()
+        flat = (*receivers, *images, *publications)
+        if flat != self._c_members:
+            self._c_members = flat
+            c = self.c
+            arrays = (network_ffi.new("ss_receiver_t *[]", receivers or 1),
+                      network_ffi.new("ss_image_t *[]", images or 1),
+                      network_ffi.new("ss_send_publication_t *[]", publications or 1))
+            c.endpoints, c.images, c.publications = arrays
+            c.endpoint_count, c.image_count, c.publication_count = map(len, members)
+            self._arrays = arrays  # alive while the C half may read them
+        self.c.python_deadline_ns = python_deadline_ns
+
+    def next_deadline_ns(self) -> int:
+        """When a duty cycle is next due with no input (0: now; NO_DEADLINE: none): what the
+        C half's rule says, given what the Python half last published."""
+        if self.has_commands:
+            return 0
+        if network.ss_agent_python_due(self.c, -NO_DEADLINE) & ~network.SS_DUE_TIMER:
+            return 0
+        return self.c.python_deadline_ns

@@ -1,11 +1,13 @@
 """The receiver agent: every receive endpoint's input, images and timers.
 
-Per duty cycle (:meth:`Receiver.do_work`): the commands the conductor submitted, then for each
-receive endpoint the datagrams waiting at its transport go to its
-:class:`~slipstream.daemon.media.receive_channel.ReceiveChannel` (the C data path inserts
-DATA; Python sees SETUP, RTTM and the rest), the channel's images run their timers (status
-messages, NAKs, liveness) and its events go to the conductor.  The driver's network thread
-and the simulator run it.
+Its C half (``ss_agent_do_work``, see :mod:`slipstream.daemon.agents.agent`), per duty cycle:
+each endpoint's socket is read, every frame checked and DATA inserted into its image's log
+(rcv-pos follows data that arrives in order).  Its Python half
+(:meth:`Receiver.do_python_work`) runs when due: the commands the conductor submitted, the
+datagrams left for Python (SETUP, RTTM, a new session's data) go to the
+:class:`~slipstream.daemon.media.receive_channel.ReceiveChannel`, the images run their rebuild
+pass and timers (status messages, NAKs, liveness), and the events go to the conductor.  The
+driver's network thread and the simulator run it.
 
 Units: times in ns.
 """
@@ -27,8 +29,18 @@ class ReceiveTransport(Protocol):
     """How a receive endpoint meets its network: a UDP socket (``daemon/media/udp.py``) or the
     simulator's virtual network."""
 
+    def attach_channel(self, channel: ReceiveChannel) -> None:
+        """Give ``channel``'s C receiver this transport's socket and receive buffers (fd -1:
+        none, the datagrams come through :meth:`receive`)."""
+        ...
+
     def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
-        """Hand every waiting datagram to ``channel``; returns how many there were."""
+        """Hand every waiting datagram to ``channel`` (a transport without a socket); returns
+        how many there were."""
+        ...
+
+    def dispatch(self, channel: ReceiveChannel, now_ns: int) -> int:
+        """Hand the datagrams the C half left for Python to ``channel``; returns how many."""
         ...
 
     def send(self, datagrams: list[Datagram]) -> None:
@@ -55,42 +67,43 @@ class Receiver(Agent[ReceiveEndpoint]):
     """
 
     def __init__(self, *, on_event: Callable[[ReceiverEvent], None]) -> None:
-        super().__init__()
+        super().__init__(is_sender=False)
         self._on_event = on_event
 
-    def do_work(self, now_ns: int) -> int:
-        """One duty cycle; returns the amount of work done (0: idle)."""
+    def add_endpoint(self, endpoint: ReceiveEndpoint) -> None:
+        endpoint.transport.attach_channel(endpoint.channel)
+        super().add_endpoint(endpoint)
+
+    def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
+        """The simulator's endpoints: their datagrams through the same C dispatch."""
+        work = 0
+        python_input = False
+        for endpoint in self.endpoints:
+            channel = endpoint.channel
+            if channel.c.fd < 0:
+                work += endpoint.transport.receive(channel, now_ns)
+                python_input |= channel.has_python_work
+        return work, python_input
+
+    def do_python_work(self, now_ns: int) -> int:
+        """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
+        datagrams for Python (SETUP, RTTM, a new session), the images' rebuild passes and
+        timers (status messages, NAKs, liveness), and the events for the conductor."""
         work = self._run_commands(now_ns)
         for endpoint in self.endpoints:
             channel = endpoint.channel
-            work += endpoint.transport.receive(channel, now_ns)
-            if channel.images or channel.next_deadline_ns() <= now_ns:
-                out = channel.datagrams_to_send(now_ns)
-                if out:
-                    endpoint.transport.send(out)
-                    work += len(out)
+            work += endpoint.transport.dispatch(channel, now_ns)
+            out = channel.datagrams_to_send(now_ns)
+            if out:
+                endpoint.transport.send(out)
+                work += len(out)
             for event in channel.poll_events():
                 self._on_event(event)
                 work += 1
+        self._sync_c(min((e.channel.next_deadline_ns() for e in self.endpoints),
+                         default=NO_DEADLINE))
         return work
 
-    def prepare_to_park(self) -> bool:
-        """The thread is about to park: ask every image's subscribers to ring the doorbell
-        once they reach the position where a status message would be due (the log's wake
-        position and driver-waiters word), then look once more; False when they are there
-        already.  Call :meth:`unpark` after the park (or instead of it)."""
-        may_park = not self.has_commands
-        for endpoint in self.endpoints:
-            for image in endpoint.channel.images.values():
-                due = image.status_message_due_position()
-                image.log.set_driver_wake_position(due)
-                self._arm(image.log.driver_waiters())
-                if image.subscriber_count and image.min_subscriber_position() >= due:
-                    may_park = False
-        return may_park
-
-    def next_deadline_ns(self) -> int:
-        """When a duty cycle is next due with no input (NO_DEADLINE: none)."""
-        if self.has_commands:
-            return 0
-        return min((e.channel.next_deadline_ns() for e in self.endpoints), default=NO_DEADLINE)
+    def _c_view(self) -> tuple[list, list, list]:
+        return ([e.channel.c for e in self.endpoints if e.channel.c.fd >= 0],
+                [image.c for e in self.endpoints for image in e.channel.images.values()], [])

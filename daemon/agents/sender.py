@@ -1,15 +1,17 @@
 """The sender agent: every network publication's data path, control input and timers.
 
-Per duty cycle (:meth:`Sender.do_work`), for each send endpoint: the status messages, NAKs,
-RTTMs and ERRs waiting at its transport go to its :class:`SendChannel` dispatcher; then for
-each publication one C call (``ss_send_data``, through the transport) sends the committed
-frames that flow control allows, straight from the log, and the sans-I/O core
-(:class:`NetworkPublication`) runs when one of its timers is due: SETUP, heartbeats,
-retransmits, flow control, the publisher limit.
+Its C half (``ss_agent_do_work``, see :mod:`slipstream.daemon.agents.agent`), per duty cycle:
+for each publication ``ss_send_data`` sends the committed frames that flow control allows,
+straight from the log (retransmissions first); the send endpoints' sockets are read by the
+status-poll rule, NAKs answered there in C.  Its Python half (:meth:`Sender.do_python_work`)
+runs when due: the status messages, RTTMs, ERRs and delayed NAKs go to the endpoint's
+:class:`SendChannel` dispatcher, and the sans-I/O core (:class:`NetworkPublication`) runs its
+timers (SETUP, heartbeats, retransmits, flow control) and, once snd-pos reached pub-lmt's next
+step, the publisher limit.
 
-The agent is single-threaded: the driver's network thread (or the simulator) calls
-:meth:`Sender.do_work`; the conductor hands it work with :meth:`Sender.submit` and hears back
-through ``on_event`` (:class:`PublicationDone`: its log and counters may go).
+The agent is single-threaded: the driver's network thread (or the simulator) runs it; the
+conductor hands it work with :meth:`Sender.submit` and hears back through ``on_event``
+(:class:`PublicationDone`: its log and counters may go).
 """
 
 from __future__ import annotations
@@ -42,8 +44,22 @@ class SendTransport(Protocol):
         """Send control frames now (retransmissions go through :meth:`send_data`)."""
         ...
 
+    def attach_channel(self, channel: SendChannel) -> None:
+        """Give ``channel``'s C dispatch this transport's socket and receive buffers (fd -1:
+        none, the datagrams come through :meth:`receive`)."""
+        ...
+
     def receive(self, channel: SendChannel, now_ns: int) -> int:
-        """Hand every waiting control datagram to ``channel``; returns how many there were."""
+        """Hand every waiting control datagram to ``channel`` (a transport without a socket);
+        returns how many there were."""
+        ...
+
+    def dispatch(self, channel: SendChannel, now_ns: int) -> int:
+        """Hand the datagrams the C half left for Python to ``channel``; returns how many."""
+        ...
+
+    def on_notice(self, publication: NetworkPublication) -> None:
+        """The C data path failed to send, or the path refused GSO: log it once."""
         ...
 
     def close(self) -> None: ...
@@ -69,16 +85,21 @@ class Sender(Agent[SendEndpoint]):
     """The sender agent.  See the module docstring."""
 
     def __init__(self, *, on_event: Callable[[PublicationDone], None],
-                 status_poll_ratio: int = 1) -> None:
-        """``status_poll_ratio``: read control input every this many busy duty cycles of
-        Aeron's (2 datagrams each), i.e. after twice as many datagrams."""
-        super().__init__()
-        self.status_poll_ratio = status_poll_ratio
+                 max_datagrams_per_send: int = 64, status_poll_ratio: int = 1) -> None:
+        """``max_datagrams_per_send``: datagrams one publication sends per duty cycle (one
+        sendmmsg); ``status_poll_ratio``: read control input every this many busy duty cycles
+        of Aeron's (2 datagrams each), i.e. after twice as many datagrams."""
+        super().__init__(is_sender=True, max_datagrams=max_datagrams_per_send,
+                         status_poll_ratio=status_poll_ratio)
         self._datagrams_to_status_poll = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
         self._on_event = on_event
 
     # -- commands (run on the agent's thread) -----------------------------------------------
+    def add_endpoint(self, endpoint: SendEndpoint) -> None:
+        endpoint.transport.attach_channel(endpoint.channel)
+        super().add_endpoint(endpoint)
+
     def add_publication(self, endpoint: SendEndpoint, publication: NetworkPublication) -> None:
         endpoint.transport.attach(publication)
         endpoint.channel.add_publication(publication)
@@ -89,72 +110,58 @@ class Sender(Agent[SendEndpoint]):
         return [publication for publication, _ in self._publications]
 
     # -- duty cycle -------------------------------------------------------------------------
-    def do_work(self, now_ns: int) -> int:
-        """One duty cycle; returns the amount of work done (0: idle)."""
-        work = self._run_commands(now_ns)
+    def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
+        """The simulator's endpoints: the C data path fills spans its transport copies, by
+        the same status-poll rule as the C half's sockets."""
         sent_total = 0
+        received = 0
         for publication, endpoint in self._publications:
-            sent = endpoint.transport.send_data(publication, now_ns)
-            if sent > 0:
-                publication.on_data_sent(now_ns)
-                sent_total += sent
-        # Control input every cycle that sent nothing, else every status_poll_ratio cycles of
-        # Aeron's (2 datagrams each): aeron_driver_sender_do_work.  Each read is a system call,
-        # but a status message or NAK read late stalls the stream: our cycles send up to 64
-        # datagrams, so count datagrams, not cycles.
+            if publication.c.fd < 0:
+                sent_total += max(0, endpoint.transport.send_data(publication, now_ns))
         self._datagrams_to_status_poll -= sent_total
         if not sent_total or self._datagrams_to_status_poll <= 0:
-            self._datagrams_to_status_poll = 2 * self.status_poll_ratio
+            self._datagrams_to_status_poll = 2 * self.c.status_poll_ratio
             for endpoint in self.endpoints:
-                work += endpoint.transport.receive(endpoint.channel, now_ns)
-            # The NAKs just read were answered with retransmissions queued on their
-            # publications: they go now, not a cycle of new data later (a gap pins the
-            # receiver's window until it is repaired).
-            for publication, endpoint in self._publications:
-                if publication.c.retransmit_count:
-                    sent = endpoint.transport.send_data(publication, now_ns)
-                    if sent > 0:
-                        publication.on_data_sent(now_ns)
-                        work += sent
-        work += sent_total
+                if endpoint.channel.c.fd < 0:
+                    received += endpoint.transport.receive(endpoint.channel, now_ns)
+            if received:  # NAKs answered: their retransmissions go now
+                for publication, endpoint in self._publications:
+                    if publication.c.fd < 0 and publication.c.retransmit_count:
+                        sent_total += max(0, endpoint.transport.send_data(publication, now_ns))
+        return sent_total + received, received > 0
+
+    def do_python_work(self, now_ns: int) -> int:
+        """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
+        control frames for Python, each publication's duties after a send, its timers."""
+        work = self._run_commands(now_ns)
+        for endpoint in self.endpoints:
+            work += endpoint.transport.dispatch(endpoint.channel, now_ns)
         done = None
         for publication, endpoint in self._publications:
-            transport = endpoint.transport
+            c = publication.c
+            if c.notice:
+                c.notice = 0
+                endpoint.transport.on_notice(publication)
+            if c.sent_since_python:
+                c.sent_since_python = 0
+                publication.on_data_sent(now_ns)
             if publication.due(now_ns):
                 out = publication.datagrams_to_send(now_ns)
                 if out:
-                    transport.send(out)
+                    endpoint.transport.send(out)
                     work += len(out)
                 if publication.is_done:
                     done = [*(done or []), (publication, endpoint)]
+            c.python_send_position = publication.python_send_position()
         if done:
             for publication, endpoint in done:
                 self._publications.remove((publication, endpoint))
                 endpoint.channel.remove_publication(publication)
                 self._on_event(PublicationDone(endpoint, publication))
             work += len(done)
+        self._sync_c(min((p.next_due_ns for p, _ in self._publications), default=NO_DEADLINE))
         return work
 
-    def has_data_ready(self) -> bool:
-        """Whether a publication has committed data that flow control lets out (what the
-        next duty cycle would send)."""
-        return any(p.has_data_ready() for p, _ in self._publications)
-
-    def prepare_to_park(self) -> bool:
-        """The thread is about to park: ask every publisher to ring the doorbell on new data
-        (the log's driver-waiters word), then look once more; False when there is work after
-        all.  Call :meth:`unpark` after the park (or instead of it)."""
-        for publication, _ in self._publications:
-            self._arm(publication.log.driver_waiters())
-        return not self.has_commands and not self.has_data_ready()
-
-    def unpark(self) -> None:
-        """After a park: also read control input at the next duty cycle."""
-        super().unpark()
-        self._datagrams_to_status_poll = 0
-
-    def next_deadline_ns(self) -> int:
-        """When a duty cycle is next due with no input or new data (NO_DEADLINE: none)."""
-        if self.has_commands:
-            return 0
-        return min((p.next_due_ns for p, _ in self._publications), default=NO_DEADLINE)
+    def _c_view(self) -> tuple[list, list, list]:
+        return ([e.channel.c for e in self.endpoints if e.channel.c.fd >= 0], [],
+                [p.c for p, _ in self._publications])

@@ -4,15 +4,16 @@
 receiver's and the sender's duty cycles together.  ``"dedicated"``: one thread each, for hosts
 with cores to spare.  The conductor runs apart, on the driver's trio thread.
 
-A thread works while there is work; then it polls, yielding the CPU between duty cycles (on a
-small machine the application it serves may need the core); after ``network_idle_spin`` ns
-without any work it parks in
-``epoll`` on its sockets, its doorbell socket and a wake-up eventfd, for at most the agents'
-next deadline.  Before it parks each agent asks the clients to ring the doorbell
-(``prepare_to_park``): publishers when they append (the sender has new data), subscribers when
-they reach the position where a status message is due.  So an idle driver costs ~0 % CPU and
-still moves within one wake-up when traffic comes.  The conductor wakes a thread with
-:meth:`NetworkThread.wake` after it hands over work.
+The loop is C (``ss_duty_loop_run``, without the GIL): duty cycles of the agents' C halves
+(:mod:`slipstream.daemon.agents.agent`) while there is work; then it polls, yielding the CPU
+between duty cycles (on a small machine the application it serves may need the core); after
+``network_idle_spin`` ns without any work it parks in ``epoll`` on its sockets, its doorbell
+socket and a wake-up eventfd, for at most the agents' next deadline.  Before it parks it asks
+the clients to ring the doorbell: publishers when they append (the sender has new data),
+subscribers when they reach the position where a status message is due.  So an idle driver
+costs ~0 % CPU and still moves within one wake-up when traffic comes.  The loop comes back to
+Python only when an agent's Python half is due, and goes on after it.  The conductor wakes a
+thread with :meth:`NetworkThread.wake` after it hands over work.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.receiver import Receiver
 from slipstream.daemon.agents.sender import Sender
 
@@ -60,22 +63,42 @@ class NetworkThread:
         self.agents = list(agents)
         self.doorbells = list(doorbells)
         self.counters = counters
-        self.idle_spin_ns = idle_spin_ns
-        self.max_park_s = max_park_s
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll = select.epoll()
         self._epoll.register(self._wake_fd, select.EPOLLIN)
         for doorbell in self.doorbells:
             self._epoll.register(doorbell.fileno(), select.EPOLLIN)
         self._registered: dict[int, int] = {}  # id(transport) -> fd
-        self._stopping = False
+        #: The C loop (ss_duty_loop_t): its agents' C halves, the idle strategy and the park.
+        self.c = c = network_ffi.new("ss_duty_loop_t *")
+        self._agents_c = network_ffi.new("ss_agent_t *[]", [a.c for a in self.agents])
+        self._doorbell_fds = network_ffi.new("int32_t[]", [d.fileno() for d in doorbells] or 1)
+        c.agents = self._agents_c
+        c.agent_count = len(self.agents)
+        c.epoll_fd = self._epoll.fileno()
+        c.wake_fd = self._wake_fd
+        c.doorbell_fds = self._doorbell_fds
+        c.doorbell_count = len(self.doorbells)
+        c.idle_spin_ns = idle_spin_ns
+        c.max_park_ns = int(max_park_s * 1e9)
+        c.last_cycle_ns = c.last_work_ns = time.monotonic_ns()
+        c.cycles = counters.address(SystemCounter.NETWORK_DUTY_CYCLES)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.cycles = 0
-        self.parks = 0
-        #: When the loop last began a duty cycle (monotonic ns): the systemd watchdog's
-        #: evidence that this thread is not stuck (it cycles at least every max_park_s).
-        self.last_cycle_ns = time.monotonic_ns()
         self._next_failure_log_ns = 0
+        self._failing_since_ns: int | None = None
+
+    @property
+    def last_cycle_ns(self) -> int:
+        """When the loop last began a duty cycle (monotonic ns): the systemd watchdog's
+        evidence that this thread is not stuck (it cycles at least every max_park_s).  While
+        the Python half keeps failing, the loop is stuck however fast its C half cycles."""
+        if self._failing_since_ns is not None:
+            return self._failing_since_ns
+        return self.c.last_cycle_ns
+
+    @property
+    def parks(self) -> int:
+        return self.c.parks
 
     def start(self) -> None:
         self._thread.start()
@@ -86,7 +109,7 @@ class NetworkThread:
             os.eventfd_write(self._wake_fd, 1)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stopping = True
+        self.c.stopping = 1
         self.wake()
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -95,59 +118,35 @@ class NetworkThread:
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
+        c = self.c
         agents = self.agents
-        last_work_ns = time.monotonic_ns()
-        while not self._stopping:
-            now = time.monotonic_ns()
+        for agent in agents:  # the C halves start from a current view
+            agent.do_python_work(time.monotonic_ns())
+        self._sync_sockets()
+        while True:
+            due = network.ss_duty_loop_run(c)  # without the GIL until Python is due
+            if due & network.SS_DUE_STOP:
+                return
+            now = c.now_ns
             try:
                 work = 0
                 for agent in agents:
-                    work += agent.do_work(now)
-                self.last_cycle_ns = now  # only a cycle that worked: a failing loop is stuck
-                self.cycles += 1
-                if work:
-                    last_work_ns = now
-                elif now - last_work_ns >= self.idle_spin_ns:
-                    self._park(now)
-                    # Woken with nothing to do (a timer, a stray ring): park again at once.
-                    last_work_ns = -(1 << 62)
-                else:
-                    # Aeron's backoff between spinning and parking: another thread of this
-                    # host (an application, the other driver) may need the core more.
-                    os.sched_yield()
+                    if agent.c.due:
+                        work += agent.do_python_work(now)
+                self.counters.add(SystemCounter.NETWORK_PYTHON_PASSES)
+                self._sync_sockets()
+                self._failing_since_ns = None
+                # A pass that found nothing to do (a timer early): back to parking at once.
+                c.last_work_ns = now if work else -(1 << 62)
             except Exception:  # a bug, or epoll out of room: counted and logged; never a
                 # silent end of the thread that moves the data
                 self.counters.add(SystemCounter.ERRORS)
+                if self._failing_since_ns is None:
+                    self._failing_since_ns = now
                 if now >= self._next_failure_log_ns:  # every failure counted, one logged a second
                     self._next_failure_log_ns = now + 1_000_000_000
                     log.exception("%s: a duty cycle failed", self.name)
                 time.sleep(0.001)  # never a hot loop of failures
-
-    def _park(self, now_ns: int) -> None:
-        self._sync_sockets()
-        try:
-            may_park = True
-            for agent in self.agents:
-                may_park &= agent.prepare_to_park()
-            if not may_park:
-                return
-            deadline = min(agent.next_deadline_ns() for agent in self.agents)
-            timeout = min(max(0, deadline - time.monotonic_ns()) / 1e9, self.max_park_s)
-            if timeout <= 0:
-                return
-            self.parks += 1
-            events = self._epoll.poll(timeout)
-        finally:
-            for agent in self.agents:
-                agent.unpark()
-        for fd, _ in events:
-            if fd == self._wake_fd:
-                with contextlib.suppress(BlockingIOError):
-                    os.eventfd_read(self._wake_fd)
-        for doorbell in self.doorbells:  # ringing is a wake-up, not a message: drain it
-            with contextlib.suppress(BlockingIOError, OSError):
-                while doorbell.recv(64):
-                    pass
 
     def _sync_sockets(self) -> None:
         """Register the sockets of the agents' current endpoints with epoll (they come and go

@@ -195,8 +195,10 @@ class NetworkConductor:
         self._wake_conductor = wake_conductor
         self._events: deque[NetworkEvent] = deque()
         self.loss_report = LossReport(directory / LOSS_REPORT_FILE)
-        self.sender = Sender(on_event=self._post,
-                             status_poll_ratio=settings.send_to_status_poll_ratio)
+        self.sender = Sender(
+            on_event=self._post,
+            max_datagrams_per_send=settings.network_publication_max_messages_per_send,
+            status_poll_ratio=settings.send_to_status_poll_ratio)
         self.receiver = Receiver(on_event=self._post)
         self._send_endpoints: dict[tuple[Any, ...], _SendEndpointEntry] = {}
         self._receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry] = {}

@@ -152,6 +152,10 @@ class ReceiveChannel:
         self._streams = network_ffi.new("int32_t[]", 16)
         c.streams = self._streams
         c.stream_capacity = 16
+        c.fd = -1  # until a transport with a socket attaches
+        #: A datagram went to Python (on_control) since the last datagrams_to_send: the
+        #: simulator's agent then runs its Python half.
+        self.has_python_work = False
         for field, counter in (
                 ("bytes_received", SystemCounter.BYTES_RECEIVED),
                 ("invalid_packets", SystemCounter.INVALID_PACKETS),
@@ -275,6 +279,7 @@ class ReceiveChannel:
         """A datagram the C data path passed up: SETUP, RTTM, data of an unknown session of
         a subscribed stream, or a frame that is not for a receiver."""
         self._now_ns = now_ns
+        self.has_python_work = True
         # A header field runs up to the next field's offset.
         frame_type = int.from_bytes(data[TYPE_FIELD:FRAME_HEADER_LENGTH], "little")
         if frame_type == HDR_TYPE_DATA:
@@ -340,6 +345,7 @@ class ReceiveChannel:
         """SMs, NAKs, elicited-SETUP SMs, ERRs and RTTM replies due at ``now_ns``; also
         advances image states (events for :meth:`poll_events`)."""
         self._now_ns = now_ns
+        self.has_python_work = False
         out = self._outbox
         self._outbox = []
         done = []

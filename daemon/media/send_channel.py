@@ -35,6 +35,7 @@ class SendChannel:
         c.counters.invalid_packets = counters.address(SystemCounter.INVALID_PACKETS)
         c.counters.receive_errors = counters.address(SystemCounter.RECEIVE_ERRORS)
         c.counters.bytes_received = counters.address(SystemCounter.BYTES_RECEIVED)
+        c.fd = -1  # until a transport with a socket attaches
         self._publication_slots = network_ffi.NULL
         self._sync_publications()
 

@@ -61,8 +61,6 @@ TO_PYTHON_PER_BUFFER: Final = 16
 #: Source addresses a receiver keeps decoded (a NAK or SM per lost datagram or window comes
 #: from the same few peers); past this many the cache starts again.
 MAX_SOURCES_CACHED: Final = 1024
-#: recvmmsg calls per duty cycle while the socket stays full.
-MAX_RECEIVE_CALLS: Final = 8
 
 #: linux/udp.h; Python's socket module names neither (the data path sets UDP_SEGMENT in C).
 UDP_SEGMENT: Final = 103
@@ -85,18 +83,18 @@ class UdpTransports:
 
 
 class _BatchReceiver:
-    """recvmmsg buffers and a C receiver table for one socket (``ss_receiver_t`` fields): what a
-    receive endpoint (data and control) and a send endpoint (control) take in batches."""
+    """recvmmsg buffers for one socket, in its C receiver (``ss_receiver_t`` fields), which the
+    agent's C half reads into; :meth:`dispatch` hands what it left for Python up."""
 
-    def __init__(self, receiver, batch: int, buffer_length: int) -> None:  # receiver: cdata
+    def __init__(self, receiver, fd: int, batch: int, buffer_length: int) -> None:
+        # receiver: cdata ss_receiver_t *
         self.batch = batch
         self.buffer_length = buffer_length
         self.buffers = network_ffi.new("uint8_t[]", batch * buffer_length)
         self.sources = network_ffi.new("uint8_t[]", batch * network.SS_SOCKADDR_MAX)
         self.source_lengths = network_ffi.new("int32_t[]", batch)
         capacity = batch * TO_PYTHON_PER_BUFFER
-        self.to_python = network_ffi.new("int32_t[]", 3 * capacity)  # (buffer, offset, length)
-        self.to_python_count = network_ffi.new("int32_t *")
+        self.pending = network_ffi.new("int32_t[]", 3 * capacity)  # (buffer, offset, length)
         self.view = memoryview(network_ffi.buffer(self.buffers))
         self.source_view = memoryview(network_ffi.buffer(self.sources))
         receiver.batch = batch
@@ -105,39 +103,35 @@ class _BatchReceiver:
         receiver.sources = self.sources
         receiver.source_lengths = self.source_lengths
         receiver.to_python_capacity = capacity
+        receiver.pending = self.pending
+        receiver.pending_count = 0
+        receiver.fd = fd
         self._sources: dict[bytes, Address] = {}  # struct sockaddr -> (ip, port)
 
-    def receive(self, receiver, fd: int, now_ns: int, handle) -> int:
-        """recvmmsg into the buffers until the socket is empty (or MAX_RECEIVE_CALLS); every
-        datagram for Python goes to ``handle(data, source, now_ns)``."""
-        total = 0
-        for _ in range(MAX_RECEIVE_CALLS):
-            received = network.ss_receiver_recv(receiver, fd, now_ns, self.to_python,
-                                                self.to_python_count)
-            if received <= 0:
-                if received < 0:
-                    log.warning("receive failed: %s", os.strerror(receiver.last_errno))
-                break
-            total += received
-            to_python = self.to_python
-            for k in range(0, 3 * self.to_python_count[0], 3):
-                i, start, length = to_python[k], to_python[k + 1], to_python[k + 2]
-                source_start = i * network.SS_SOCKADDR_MAX
-                raw = bytes(self.source_view[source_start:source_start
-                                             + self.source_lengths[i]])
-                source = self._sources.get(raw)
-                if source is None:
-                    try:
-                        source = address_of(raw)
-                    except (ValueError, struct.error):
-                        continue
-                    if len(self._sources) >= MAX_SOURCES_CACHED:
-                        self._sources.clear()
-                    self._sources[raw] = source
-                handle(self.view[start:start + length], source, now_ns)
-            if received < self.batch:
-                break
-        return total
+    def dispatch(self, receiver, now_ns: int, handle) -> int:
+        """Every datagram the C half left for Python goes to ``handle(data, source, now_ns)``;
+        then the socket is read again.  Returns how many there were."""
+        if receiver.failed:
+            receiver.failed = 0
+            log.warning("receive failed: %s", os.strerror(receiver.last_errno))
+        count = receiver.pending_count
+        pending = self.pending
+        for k in range(0, 3 * count, 3):
+            i, start, length = pending[k], pending[k + 1], pending[k + 2]
+            source_start = i * network.SS_SOCKADDR_MAX
+            raw = bytes(self.source_view[source_start:source_start + self.source_lengths[i]])
+            source = self._sources.get(raw)
+            if source is None:
+                try:
+                    source = address_of(raw)
+                except (ValueError, struct.error):
+                    continue
+                if len(self._sources) >= MAX_SOURCES_CACHED:
+                    self._sources.clear()
+                self._sources[raw] = source
+            handle(self.view[start:start + length], source, now_ns)
+        receiver.pending_count = 0
+        return count
 
 
 def _family(host: str) -> socket.AddressFamily:
@@ -255,10 +249,8 @@ class UdpSendTransport(_UdpTransport):
             raise
         super().__init__(sock, counters)
         self.destination = destination
-        self.batch = settings.network_publication_max_messages_per_send
         self.gso = int(settings.socket_gso)
         self._gso_refused: weakref.WeakSet[NetworkPublication] = weakref.WeakSet()
-        self._spans = network_ffi.new("ss_span_t[]", self.batch + network.SS_RETRANSMIT_MAX)
         self._control: _BatchReceiver | None = None
 
     def attach(self, publication: NetworkPublication) -> None:
@@ -272,20 +264,16 @@ class UdpSendTransport(_UdpTransport):
             c.destination = raw
             c.destination_length = len(raw)
 
-    def send_data(self, publication: NetworkPublication, now_ns: int) -> int:
+    def on_notice(self, publication: NetworkPublication) -> None:
         c = publication.c
-        sent = network.ss_send_data(c, now_ns, self.batch, self._spans)
         if self.gso and not c.gso and publication not in self._gso_refused:
             self._gso_refused.add(publication)
             log.info("%s: the path refused GSO (%s); sending datagram by datagram", publication,
                      os.strerror(c.last_errno))
-        if sent < 0:
-            code = publication.c.last_errno
-            if code not in self._errors_logged and code != errno.ECONNREFUSED:
-                self._errors_logged.add(code)
-                log.warning("sending %s failed: %s", publication, os.strerror(code))
-            return 0
-        return sent
+        code = c.last_errno
+        if code and code not in self._errors_logged and code != errno.ECONNREFUSED:
+            self._errors_logged.add(code)
+            log.warning("sending %s failed: %s", publication, os.strerror(code))
 
     def send(self, datagrams: list[Datagram]) -> None:
         if not self.connected:
@@ -306,13 +294,16 @@ class UdpSendTransport(_UdpTransport):
             except OSError as e:
                 self._send_error(e, datagram.address)
 
-    def receive(self, channel: SendChannel, now_ns: int) -> int:
+    def attach_channel(self, channel: SendChannel) -> None:
         """Control frames: NAKs are answered in C (their retransmissions queued on the
         publications); SMs, RTTMs, ERRs and the NAKs C leaves (a retransmit delay, malformed,
-        an unknown session) go to ``channel.on_control``."""
-        if self._control is None:  # the buffers live in the channel's C dispatch struct
-            self._control = _BatchReceiver(channel.c, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
-        return self._control.receive(channel.c, self.fd, now_ns, channel.on_control)
+        an unknown session) go to ``channel.on_control`` (:meth:`dispatch`)."""
+        self._control = _BatchReceiver(channel.c, self.fd, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
+
+    def dispatch(self, channel: SendChannel, now_ns: int) -> int:
+        if self._control is None:
+            return 0
+        return self._control.dispatch(channel.c, now_ns, channel.on_control)
 
 
 class UdpReceiveTransport(_UdpTransport):
@@ -339,9 +330,14 @@ class UdpReceiveTransport(_UdpTransport):
         self._loss_threshold = settings.debug_receive_data_loss * (1 << 32) // 1_000_000
         self._loss_seed = settings.debug_receive_data_loss_seed
 
-    def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
-        if self._receive is None:  # the buffers live in the channel's C receiver struct
-            self._receive = _BatchReceiver(channel.c, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
-            channel.c.loss_threshold = min(self._loss_threshold, (1 << 32) - 1)
-            channel.c.loss_state = self._loss_seed
-        return self._receive.receive(channel.c, self.fd, now_ns, channel.on_control)
+    def attach_channel(self, channel: ReceiveChannel) -> None:
+        """The channel's C receiver reads this socket into these buffers (the agent's C
+        half); what it leaves for Python goes to ``channel.on_control`` (:meth:`dispatch`)."""
+        self._receive = _BatchReceiver(channel.c, self.fd, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
+        channel.c.loss_threshold = min(self._loss_threshold, (1 << 32) - 1)
+        channel.c.loss_state = self._loss_seed
+
+    def dispatch(self, channel: ReceiveChannel, now_ns: int) -> int:
+        if self._receive is None:
+            return 0
+        return self._receive.dispatch(channel.c, now_ns, channel.on_control)

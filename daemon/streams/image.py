@@ -197,6 +197,9 @@ class PublicationImage:
         raw_source = sockaddr(source)
         c.source = raw_source
         c.source_length = len(raw_source)
+        c.receiver_position = self._rcv_pos
+        self._sync_subscribers_c()
+        c.sm_due_position = self.status_message_due_position()
         self._set_last_sm_position(join)
         self._time_of_last_state_change_ns = now_ns
         self.is_end_of_stream = False  # EOS seen and everything up to it rebuilt
@@ -244,12 +247,14 @@ class PublicationImage:
         """Track a subscriber's position (cffi ``int64_t *``); it should start at
         :attr:`join_position`."""
         self._subscriber_positions.append(cell)
+        self._sync_subscribers_c()
         self._next_due_ns = 0
         if self.state is ImageState.INIT:
             self._transition("subscriber_added", self._now_ns)
 
     def remove_subscriber_position(self, cell) -> None:
         self._subscriber_positions = [c for c in self._subscriber_positions if c != cell]
+        self._sync_subscribers_c()
         self._next_due_ns = 0
         if not self._subscriber_positions and self.state is ImageState.ACTIVE:
             self._transition("no_subscribers", self._now_ns)
@@ -259,6 +264,16 @@ class PublicationImage:
         if self.state is ImageState.INIT:
             self._transition("liveness_timeout", now_ns)
             self._next_due_ns = 0
+
+    def _sync_subscribers_c(self) -> None:
+        """Give the C half the subscriber cells (the 25 % rule); without subscribers the
+        SMs follow rcv-pos, so every arrival needs the Python half, as with congestion
+        control."""
+        cells = self._subscriber_positions
+        self._c_cells = network_ffi.new("int64_t *[]", cells or 1)
+        self.c.subscriber_positions = self._c_cells
+        self.c.subscriber_count = len(cells)
+        self.c.python_on_data = int(self._consults_congestion_control or not cells)
 
     @property
     def subscriber_count(self) -> int:
@@ -358,6 +373,7 @@ class PublicationImage:
                             RTTM_REPLY_FLAG)
                 out.append(Datagram(rttm.encode(), self.control_address))
                 self.congestion_control.on_rtt_measurement_sent(now_ns)
+        self.c.sm_due_position = self.status_message_due_position()
         self._next_due_ns = self.next_deadline_ns()
 
     def _track_rebuild(self, now_ns: int) -> None:
@@ -449,17 +465,18 @@ class PublicationImage:
     def next_deadline_ns(self) -> int:
         """Earliest time :meth:`datagrams_to_send` has work: ``<=`` the last ``now`` after new
         data (a rebuild pass is due) or queued output; then the SM, NAK, liveness and state
-        timers.  Subscriber progress is not an event: call datagrams_to_send after polls (the
-        driver does on each duty cycle) so the 25 % rule can fire."""
+        timers.  Data in order and subscriber progress are not timers: the agent's C half
+        watches them (``c.dirty`` with a gap or EOS, ``c.sm_due_position`` for the 25 %
+        rule) and makes the Python half due."""
         state = self.state
         if state is ImageState.DONE:
             return NO_DEADLINE
-        if self.c.dirty or self._outbox or self.cleaner.is_behind:
-            return self._now_ns
         if state is ImageState.LINGER:
-            if not self._subscriber_positions:
+            if not self._subscriber_positions or self._outbox:
                 return self._now_ns
             return self._time_of_last_state_change_ns + self.liveness_timeout_ns
+        if self.c.dirty or self._outbox or self.cleaner.is_behind:
+            return self._now_ns
         deadline = min(self._sm_deadline_ns, self.loss_detector.next_deadline_ns())
         if self._consults_congestion_control:
             deadline = min(deadline, self.congestion_control.next_deadline_ns())

@@ -173,6 +173,7 @@ class NetworkPublication:
         c.position_bits = log.position_bits
         c.mtu = log.mtu
         c.fd = -1
+        c.meta = log.meta
         c.session_id = log.session_id
         c.stream_id = log.stream_id
         c.initial_term_id = log.initial_term_id
@@ -359,6 +360,17 @@ class NetworkPublication:
         self._conductor_duties(now_ns)
         if self.state is not state or self.cleaner.is_behind:
             self._next_due_ns = 0
+
+    def python_send_position(self) -> int:
+        """The snd-pos from which a send needs :meth:`on_data_sent` (the agent's C half
+        watches it): pub-lmt's next step of window/8 while ACTIVE and connected, never when not
+        connected (status messages move it then), every send while draining or lingering."""
+        state = self.state
+        if state is PublicationState.ACTIVE:
+            if not self._connected:
+                return NO_DEADLINE
+            return self._last_publisher_limit + self._trip_gain - self.term_window_length
+        return 0
 
     def due(self, now_ns: int) -> bool:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns`` (cheap: the
