@@ -51,6 +51,23 @@ def run_aeron(rounds: int, *, two_drivers: bool) -> str:
             f"({result.total_count} round trips, unpaced)")
 
 
+def _ipc_churner(directory: str, stop, churns) -> None:
+    """Add a publication with a default IPC log (a new log each time: the last one went
+    with its publisher) and remove it again, every 100 ms, until ``stop``."""
+    from slipstream.client import Client
+
+    with Client.connect(directory) as client:
+        i = 0
+        while not stop.is_set():
+            publication = client.add_publication("aeron:ipc", 7700 + i % 2)
+            time.sleep(0.05)
+            publication.close()
+            time.sleep(0.05)
+            i += 1
+    with churns.get_lock():
+        churns.value += i
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,6 +76,12 @@ def main() -> int:
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
+    parser.add_argument("--ipc-churn", action="store_true",
+                        help="also run slipstream while a client of each driver adds and "
+                             "removes a publication with a default IPC log every 100 ms")
+    parser.add_argument("--gil-hold", metavar="DURATION", default=None,
+                        help="also run slipstream with both drivers' conductors holding the GIL "
+                             "this long every 100 ms (debug_conductor_gil_hold, e.g. 20ms)")
     args = parser.parse_args()
     settings = dict(s.split("=", 1) for s in args.settings)
     rounds = WARMUP + int(args.rate * args.seconds)
@@ -92,8 +115,49 @@ def main() -> int:
             before, started = _cpu_seconds(a.pid), time.monotonic()
             time.sleep(3.0)
             idle_driver = (_cpu_seconds(a.pid) - before) / (time.monotonic() - started)
+    held_histogram = None
+    if args.gil_hold is not None:
+        held = {**settings, "debug_conductor_gil_hold": args.gil_hold}
+        ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        with MediaDriver.launch(directory=directory / "c", **held) as a, \
+                MediaDriver.launch(directory=directory / "d", **held) as b:
+            held_histogram = _run(_ss_pinger, _ss_ponger,
+                                  (str(a.directory), rounds, args.rate),
+                                  (str(b.directory), rounds, context.Value("d", -1.0)),
+                                  (ping_channel, pong_channel))
+    churn_histogram = None
+    churns = context.Value("i", 0)
+    if args.ipc_churn:
+        ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        stop = context.Event()
+        with MediaDriver.launch(directory=directory / "e", **settings) as a, \
+                MediaDriver.launch(directory=directory / "f", **settings) as b:
+            churners = [context.Process(target=_ipc_churner, args=(str(d.directory), stop, churns))
+                        for d in (a, b)]
+            for churner in churners:
+                churner.start()
+            churn_histogram = _run(_ss_pinger, _ss_ponger,
+                                   (str(a.directory), rounds, args.rate),
+                                   (str(b.directory), rounds, context.Value("d", -1.0)),
+                                   (ping_channel, pong_channel))
+            stop.set()
+            for churner in churners:
+                churner.join(30)
     print(_line("pyzmq PAIR tcp://", zmq_histogram))
     print(_line("slipstream aeron:udp", ss_histogram))
+    if held_histogram is not None:
+        print(_line(f"  GIL held {args.gil_hold}/100ms", held_histogram))
+        ratio = (held_histogram.get_value_at_percentile(99)
+                 / ss_histogram.get_value_at_percentile(99))
+        print(f"# p99 with the conductors holding the GIL / quiet: {ratio:.2f}x")
+    if churn_histogram is not None:
+        print(_line("  IPC add/remove 100ms", churn_histogram))
+        moved = (churn_histogram.get_value_at_percentile(99.9)
+                 - ss_histogram.get_value_at_percentile(99.9))
+        print(f"# p99.9 with a default IPC publication added and removed every 100 ms on each "
+              f"driver ({churns.value} times) - quiet: {moved / 1000:+.2f} ms")
     if not args.no_aeron:
         for two, name in ((False, "Aeron Ping/Pong 1 drv"), (True, "Aeron Ping/Pong 2 drv")):
             try:

@@ -501,6 +501,13 @@ class DriverSettings:
         1, "Seed of the generator that chooses which datagrams debug_receive_data_loss drops.",
         low=1, high=INT64_MAX,
     )
+    debug_conductor_gil_hold: int = _duration(
+        0,
+        "A test hook: every 100 ms the conductor's thread makes a C call that keeps the GIL "
+        "for this long, ns (0 = never), as a conductor busy in a long call would; the data "
+        "path's round trip should not show it (bench.udp_latency --gil-hold).",
+        high=100 * _MS,
+    )
     # ---------------------------------------------------------------- timers and liveness
     timer_interval: int = _duration(
         _S, "Period of the conductor's timeout checks, ns.", low=_MS,

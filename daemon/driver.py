@@ -18,6 +18,7 @@ driver costs ~0 % CPU.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import logging
@@ -413,6 +414,8 @@ class _DriverShell:
                 await nursery.start(self._watch_signals, nursery.cancel_scope)
                 nursery.start_soon(self._command_loop)
                 nursery.start_soon(self._duty_cycle)
+                if self.settings.debug_conductor_gil_hold:
+                    nursery.start_soon(self._hold_the_gil, self.settings.debug_conductor_gil_hold)
                 log.info("slipstream driver %d running in %s", os.getpid(), self.directory.path)
                 self.notifier.notify("READY=1")
                 task_status.started()
@@ -577,6 +580,14 @@ class _DriverShell:
                 self._status = status
         if self.notifier.dropped:
             self.counters.set(SystemCounter.NOTIFY_DROPS, self.notifier.dropped)
+
+    async def _hold_the_gil(self, hold_ns: int) -> None:
+        """The debug_conductor_gil_hold hook: a C call through ctypes.PyDLL keeps the GIL
+        (usleep, so it costs no CPU), every 100 ms."""
+        usleep = ctypes.PyDLL(None).usleep
+        while True:
+            await trio.sleep(0.1)
+            usleep(hold_ns // 1000)
 
     async def _duty_cycle(self) -> None:
         idle_cycles = 0

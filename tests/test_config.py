@@ -79,6 +79,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "max_resend": 16,
     "debug_receive_data_loss": 0,  # Aeron: aeron.debug.receive.data.loss.rate, off
     "debug_receive_data_loss_seed": 1,
+    "debug_conductor_gil_hold": 0,
     "timer_interval": 1 * S,
     "client_liveness_timeout": 10 * S,
     "client_keepalive_interval": 500 * MS,
