@@ -122,6 +122,9 @@ def main() -> int:
                         help="rounds of slipstream runs over every loss (medians reported)")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
+    parser.add_argument("--first-program", action="store_true",
+                        help="the driver's default settings and the loops a first program "
+                             "writes (busy offer, busy poll, no back-off of their own)")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -132,7 +135,8 @@ def main() -> int:
     def counter(driver: Any, which: SystemCounter) -> int:
         return read_system_counters(driver.directory)[which]
 
-    settings = {**DEFAULT_SETTINGS, **dict(s.split("=", 1) for s in args.settings)}
+    tuned = {} if args.first_program else DEFAULT_SETTINGS
+    settings = {**tuned, **dict(s.split("=", 1) for s in args.settings)}
     losses = [float(x) for x in args.losses.split(",")]
     print(f"# goodput between two namespace hosts under loss, {machine()}")
     print(f"# command: python -m bench.netns_goodput {' '.join(sys.argv[1:])}")
@@ -157,7 +161,9 @@ def main() -> int:
                 stream_id += 1
                 rate = run_slipstream(a.directory, args.size, args.messages, True, stream_id,
                                       channel=uri, subscriber_directory=b.directory,
-                                      backoff_s=PUBLISHER_BACKOFF_S)
+                                      backoff_s=None if args.first_program
+                                      else PUBLISHER_BACKOFF_S,
+                                      first_program=args.first_program)
                 naks = counter(b, SystemCounter.NAK_MESSAGES_SENT) - naks
                 retransmits = counter(a, SystemCounter.RETRANSMITS_SENT) - retransmits
                 goodput = rate * args.size / 1e6

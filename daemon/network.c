@@ -144,8 +144,8 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
             }
             /* ECONNREFUSED (an ICMP error of an earlier datagram, reported once), unreachable
              * networks, ...: nothing was sent; the next duty cycle tries again. */
+            if (errno != p->last_errno) p->notice = 1; /* logged once per kind of failure */
             p->last_errno = errno;
-            p->notice = 1;
             count(p->send_errors, 1);
             return -1;
         }
@@ -853,9 +853,7 @@ int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
     return due;
 }
 
-/* Whether ss_send_data would send: retransmissions queued, or a committed frame at snd-pos
- * that fits in the window. */
-static int has_data_ready(const ss_send_publication_t *p) {
+int32_t ss_has_data_ready(const ss_send_publication_t *p) {
     if (p->retransmit_count > 0) return 1;
     const int64_t position = LOAD_ACQ(p->sender_position);
     const int64_t window = LOAD_ACQ(p->sender_limit) - position;
@@ -879,7 +877,7 @@ static int arm(ss_agent_t *a, int32_t delta) {
         ss_send_publication_t *p = a->publications[i];
         if (p->meta == NULL) continue;
         __atomic_fetch_add(driver_waiters(p->meta), delta, __ATOMIC_SEQ_CST);
-        if (delta > 0 && has_data_ready(p)) may_park = 0;
+        if (delta > 0 && ss_has_data_ready(p)) may_park = 0;
     }
     for (int32_t i = 0; i < a->image_count; i++) {
         ss_image_t *image = a->images[i];
@@ -909,7 +907,11 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
         l->parks++;
         epoll_wait(l->epoll_fd, events, 16, (int)(timeout_ms < 1000000 ? timeout_ms : 1000000));
     }
-    for (int32_t i = 0; i < l->agent_count; i++) arm(l->agents[i], -1);
+    for (int32_t i = 0; i < l->agent_count; i++) {
+        arm(l->agents[i], -1);
+        /* Whatever woke the thread, the control input is read at the next cycle. */
+        l->agents[i]->datagrams_to_status_poll = 0;
+    }
     uint64_t value;
     while (read(l->wake_fd, &value, sizeof value) > 0) {
     }
@@ -931,12 +933,13 @@ int32_t ss_duty_loop_run(ss_duty_loop_t *l) {
         }
         l->last_cycle_ns = now_ns;
         count(l->cycles, 1);
+        if (work) l->last_work_ns = now_ns;
         if (due) {
             l->now_ns = now_ns;
             return due;
         }
         if (work) {
-            l->last_work_ns = now_ns;
+            continue;
         } else if (now_ns - l->last_work_ns >= l->idle_spin_ns) {
             park(l, now_ns);
             /* Woken with nothing to do (a stray ring): park again at once. */

@@ -128,6 +128,10 @@ typedef struct {
 int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datagrams,
                      ss_span_t *spans);
 
+/* Whether ss_send_data would send now: retransmissions queued, or a committed frame at snd-pos
+ * that fits in the window (a parking thread's last look). */
+int32_t ss_has_data_ready(const ss_send_publication_t *p);
+
 /* Queue MTU-sized spans of `length` bytes at term_offset of term_id for the next ss_send_data,
  * if the range is still in the resend window (aeron_network_publication_resend).  Returns the
  * bytes of the range taken from term_offset: all of it when it is out of the window (nothing
@@ -203,8 +207,8 @@ typedef struct {
     int64_t *receiver_position;   /* rcv-pos */
     int64_t **subscriber_positions;
     int32_t subscriber_count;
-    int32_t python_on_data;       /* every arrival needs Python (congestion control, a state
-                                   * other than ACTIVE) */
+    int32_t python_on_data;       /* every arrival needs Python (congestion control, or no
+                                   * subscriber: SMs then follow rcv-pos) */
     int64_t sm_due_position;
 } ss_image_t;
 
@@ -316,9 +320,10 @@ typedef struct {
     int64_t python_deadline_ns;   /* the earliest timer of the Python half */
 } ss_agent_t;
 
-/* One duty cycle at now_ns: receive on every endpoint with a socket (fd >= 0), send what each
- * publication with a socket has ready (retransmissions first), then decide whether the Python
- * half is due (a->due, also returned through ss_agent_python_due).  Returns the work done. */
+/* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0); a sender
+ * sends what each publication with a socket has ready (retransmissions first) and reads its
+ * endpoints by the status-poll rule.  Then it decides whether the Python half is due (a->due,
+ * see ss_agent_python_due).  Returns the work done. */
 int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns);
 /* Whether the Python half is due at now_ns: SS_DUE_* bits, also stored in a->due. */
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns);

@@ -64,9 +64,13 @@ class Agent(Generic[Endpoint]):
         self.c.commands = 0  # before the queue: a command submitted meanwhile raises it again
         ran = 0
         commands = self._commands
-        while commands:
-            commands.popleft()(now_ns)
-            ran += 1
+        try:
+            while commands:
+                commands.popleft()(now_ns)
+                ran += 1
+        finally:
+            if commands:  # one raised: the rest run at the next pass, not at some timer
+                self.c.commands = 1
         return ran
 
     @property
@@ -98,9 +102,9 @@ class Agent(Generic[Endpoint]):
         """(endpoint receivers, images, send publications): the C structs the C half reads."""
         raise NotImplementedError
 
-    def _sync_c(self, python_deadline_ns: int) -> None:
-        """Point the C half at the current endpoints, images and publications, and give it
-        the Python half's next deadline."""
+    def _sync_c(self, python_deadline_ns: Callable[[], int]) -> None:
+        """Point the C half at the current endpoints, images and publications, then give it
+        the Python half's next deadline (0, Python at once, if that fails)."""
         receivers, images, publications = members = self._c_view()
         flat = (*receivers, *images, *publications)
         if flat != self._c_members:
@@ -112,7 +116,8 @@ class Agent(Generic[Endpoint]):
             c.endpoints, c.images, c.publications = arrays
             c.endpoint_count, c.image_count, c.publication_count = map(len, members)
             self._arrays = arrays  # alive while the C half may read them
-        self.c.python_deadline_ns = python_deadline_ns
+        self.c.python_deadline_ns = 0
+        self.c.python_deadline_ns = python_deadline_ns()
 
     def next_deadline_ns(self) -> int:
         """When a duty cycle is next due with no input (0: now; NO_DEADLINE: none): what the

@@ -61,8 +61,9 @@ class ReceiveEndpoint:
 class Receiver(Agent[ReceiveEndpoint]):
     """The receiver agent: every receive endpoint's input, images and timers.
 
-    Single-threaded: the driver's network thread (or the simulator) calls :meth:`do_work`;
-    other threads hand it work with :meth:`submit`; its events (an image requested, unavailable
+    Single-threaded: the driver's network thread runs it (its C half in the thread's C loop,
+    then :meth:`do_python_work`), or the simulator through :meth:`do_work`; other threads hand
+    it work with :meth:`submit`; its events (an image requested, unavailable
     or done) go to the ``on_event`` callback it was given.
     """
 
@@ -89,19 +90,24 @@ class Receiver(Agent[ReceiveEndpoint]):
         """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
         datagrams for Python (SETUP, RTTM, a new session), the images' rebuild passes and
         timers (status messages, NAKs, liveness), and the events for the conductor."""
-        work = self._run_commands(now_ns)
-        for endpoint in self.endpoints:
-            channel = endpoint.channel
-            work += endpoint.transport.dispatch(channel, now_ns)
-            out = channel.datagrams_to_send(now_ns)
-            if out:
-                endpoint.transport.send(out)
-                work += len(out)
-            for event in channel.poll_events():
-                self._on_event(event)
-                work += 1
-        self._sync_c(min((e.channel.next_deadline_ns() for e in self.endpoints),
-                         default=NO_DEADLINE))
+        work = 0
+        try:
+            work += self._run_commands(now_ns)
+            for endpoint in self.endpoints:
+                channel = endpoint.channel
+                work += endpoint.transport.dispatch(channel, now_ns)
+                out = channel.datagrams_to_send(now_ns)
+                if out:
+                    endpoint.transport.send(out)
+                    work += len(out)
+                for event in channel.poll_events():
+                    self._on_event(event)
+                    work += 1
+        finally:
+            # Also after a failure: an image whose ImageDone went to the conductor may lose
+            # its log at any moment, and the C half must no longer see it.
+            self._sync_c(lambda: min((e.channel.next_deadline_ns() for e in self.endpoints),
+                                     default=NO_DEADLINE))
         return work
 
     def _c_view(self) -> tuple[list, list, list]:

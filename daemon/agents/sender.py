@@ -37,11 +37,13 @@ class SendTransport(Protocol):
         ...
 
     def send_data(self, publication: NetworkPublication, now_ns: int) -> int:
-        """Send what the publication's data path has ready; returns datagrams sent."""
+        """A transport without a socket (the simulator's): send what the publication's data
+        path has ready, retransmissions first; returns datagrams sent.  With a socket the
+        agent's C half sends."""
         ...
 
     def send(self, datagrams: list[Datagram]) -> None:
-        """Send control frames now (retransmissions go through :meth:`send_data`)."""
+        """Send control frames now (data and retransmissions go through the C data path)."""
         ...
 
     def attach_channel(self, channel: SendChannel) -> None:
@@ -128,38 +130,45 @@ class Sender(Agent[SendEndpoint]):
                 for publication, endpoint in self._publications:
                     if publication.c.fd < 0 and publication.c.retransmit_count:
                         sent_total += max(0, endpoint.transport.send_data(publication, now_ns))
-        return sent_total + received, received > 0
+        return sent_total + received, any(e.channel.has_python_work for e in self.endpoints)
 
     def do_python_work(self, now_ns: int) -> int:
         """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
         control frames for Python, each publication's duties after a send, its timers."""
-        work = self._run_commands(now_ns)
-        for endpoint in self.endpoints:
-            work += endpoint.transport.dispatch(endpoint.channel, now_ns)
-        done = None
-        for publication, endpoint in self._publications:
-            c = publication.c
-            if c.notice:
-                c.notice = 0
-                endpoint.transport.on_notice(publication)
-            if c.sent_since_python:
-                c.sent_since_python = 0
-                publication.on_data_sent(now_ns)
-            if publication.due(now_ns):
-                out = publication.datagrams_to_send(now_ns)
-                if out:
-                    endpoint.transport.send(out)
-                    work += len(out)
-                if publication.is_done:
-                    done = [*(done or []), (publication, endpoint)]
-            c.python_send_position = publication.python_send_position()
-        if done:
-            for publication, endpoint in done:
-                self._publications.remove((publication, endpoint))
-                endpoint.channel.remove_publication(publication)
-                self._on_event(PublicationDone(endpoint, publication))
-            work += len(done)
-        self._sync_c(min((p.next_due_ns for p, _ in self._publications), default=NO_DEADLINE))
+        work = 0
+        try:
+            work += self._run_commands(now_ns)
+            for endpoint in self.endpoints:
+                endpoint.channel.has_python_work = False
+                work += endpoint.transport.dispatch(endpoint.channel, now_ns)
+            done = None
+            for publication, endpoint in self._publications:
+                c = publication.c
+                if c.notice:
+                    c.notice = 0
+                    endpoint.transport.on_notice(publication)
+                if c.sent_since_python:
+                    c.sent_since_python = 0
+                    publication.on_data_sent(now_ns)
+                if publication.due(now_ns):
+                    out = publication.datagrams_to_send(now_ns)
+                    if out:
+                        endpoint.transport.send(out)
+                        work += len(out)
+                    if publication.is_done:
+                        done = [*(done or []), (publication, endpoint)]
+                c.python_send_position = publication.python_send_position()
+            if done:
+                for publication, endpoint in done:
+                    self._publications.remove((publication, endpoint))
+                    endpoint.channel.remove_publication(publication)
+                    self._on_event(PublicationDone(endpoint, publication))
+                work += len(done)
+        finally:
+            # Also after a failure: a publication whose PublicationDone went to the conductor
+            # may lose its log at any moment, and the C half must no longer see it.
+            self._sync_c(lambda: min((p.next_due_ns for p, _ in self._publications),
+                                     default=NO_DEADLINE))
         return work
 
     def _c_view(self) -> tuple[list, list, list]:

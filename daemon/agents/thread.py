@@ -113,6 +113,9 @@ class NetworkThread:
         self.wake()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if self._thread.is_alive():  # stuck: its descriptors stay open (their numbers could
+            log.error("%s did not stop within %.1f s", self.name, timeout)  # be reused)
+            return
         self._epoll.close()
         os.close(self._wake_fd)
 
@@ -120,14 +123,10 @@ class NetworkThread:
     def _run(self) -> None:
         c = self.c
         agents = self.agents
+        now = time.monotonic_ns()
         for agent in agents:  # the C halves start from a current view
-            agent.do_python_work(time.monotonic_ns())
-        self._sync_sockets()
+            agent.c.due = network.SS_DUE_TIMER
         while True:
-            due = network.ss_duty_loop_run(c)  # without the GIL until Python is due
-            if due & network.SS_DUE_STOP:
-                return
-            now = c.now_ns
             try:
                 work = 0
                 for agent in agents:
@@ -136,8 +135,8 @@ class NetworkThread:
                 self.counters.add(SystemCounter.NETWORK_PYTHON_PASSES)
                 self._sync_sockets()
                 self._failing_since_ns = None
-                # A pass that found nothing to do (a timer early): back to parking at once.
-                c.last_work_ns = now if work else -(1 << 62)
+                if work:  # else the loop parks once its own half has been idle long enough
+                    c.last_work_ns = now
             except Exception:  # a bug, or epoll out of room: counted and logged; never a
                 # silent end of the thread that moves the data
                 self.counters.add(SystemCounter.ERRORS)
@@ -147,6 +146,10 @@ class NetworkThread:
                     self._next_failure_log_ns = now + 1_000_000_000
                     log.exception("%s: a duty cycle failed", self.name)
                 time.sleep(0.001)  # never a hot loop of failures
+            due = network.ss_duty_loop_run(c)  # without the GIL until Python is due
+            if due & network.SS_DUE_STOP:
+                return
+            now = c.now_ns
 
     def _sync_sockets(self) -> None:
         """Register the sockets of the agents' current endpoints with epoll (they come and go

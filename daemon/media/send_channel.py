@@ -36,6 +36,9 @@ class SendChannel:
         c.counters.receive_errors = counters.address(SystemCounter.RECEIVE_ERRORS)
         c.counters.bytes_received = counters.address(SystemCounter.BYTES_RECEIVED)
         c.fd = -1  # until a transport with a socket attaches
+        #: A datagram went to Python (on_control) since the sender's last Python pass: the
+        #: simulator's agent then runs that pass.
+        self.has_python_work = False
         self._publication_slots = network_ffi.NULL
         self._sync_publications()
 
@@ -78,6 +81,7 @@ class SendChannel:
                    now_ns: int) -> None:
         """A control datagram the C dispatch passed up: an SM, an RTTM, an ERR, or a NAK that
         needs a timer or is malformed."""
+        self.has_python_work = True
         frame = decode(data)
         if isinstance(frame, Rejected):
             self.counters.add(SystemCounter.INVALID_PACKETS)

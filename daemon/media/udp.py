@@ -110,11 +110,15 @@ class _BatchReceiver:
 
     def dispatch(self, receiver, now_ns: int, handle) -> int:
         """Every datagram the C half left for Python goes to ``handle(data, source, now_ns)``;
-        then the socket is read again.  Returns how many there were."""
+        the C half reads the socket again at its next duty cycle.  Returns how many there
+        were."""
         if receiver.failed:
             receiver.failed = 0
             log.warning("receive failed: %s", os.strerror(receiver.last_errno))
         count = receiver.pending_count
+        # Taken before they are handled: one that raises must not hold the socket's later
+        # datagrams back (the buffers stay as they are until this returns to C).
+        receiver.pending_count = 0
         pending = self.pending
         for k in range(0, 3 * count, 3):
             i, start, length = pending[k], pending[k + 1], pending[k + 2]
@@ -130,7 +134,6 @@ class _BatchReceiver:
                     self._sources.clear()
                 self._sources[raw] = source
             handle(self.view[start:start + length], source, now_ns)
-        receiver.pending_count = 0
         return count
 
 

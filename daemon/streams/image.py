@@ -373,7 +373,11 @@ class PublicationImage:
                             RTTM_REPLY_FLAG)
                 out.append(Datagram(rttm.encode(), self.control_address))
                 self.congestion_control.on_rtt_measurement_sent(now_ns)
-        self.c.sm_due_position = self.status_message_due_position()
+        if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
+            self.c.sm_due_position = self.status_message_due_position()
+        else:  # no rebuild pass and no SM any more: nothing in C makes this due again
+            self.c.dirty = 0
+            self.c.sm_due_position = NO_DEADLINE
         self._next_due_ns = self.next_deadline_ns()
 
     def _track_rebuild(self, now_ns: int) -> None:

@@ -59,7 +59,6 @@ from slipstream.client.frames import (
 )
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import (
-    PARTITION_COUNT,
     LogBuffer,
     compute_position,
     compute_term_id,
@@ -67,6 +66,7 @@ from slipstream.client.logbuffer import (
     unblock,
 )
 from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.flow_control import FlowControl
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
@@ -150,8 +150,6 @@ class NetworkPublication:
         self.is_unicast = not self.is_group
         self._setup_flags = SETUP_GROUP_FLAG if self.is_group else 0
         self._ttl = params.setup_ttl
-        self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
-        self._padding = ffi.new("int32_t *")
 
         self.state = PublicationState.ACTIVE
         join = log.producer_position()
@@ -435,17 +433,9 @@ class NetworkPublication:
 
     def has_data_ready(self) -> bool:
         """Retransmissions are queued, or a committed frame at snd-pos fits in the window: what
-        the C data path would send next (a parking network thread checks this after it told
-        publishers to wake it)."""
-        if self.c.retransmit_count:
-            return True
-        position = self.sender_position
-        window = self.sender_limit - position
-        if window <= 0 or self.state is PublicationState.DONE:
-            return False
-        return lib.ss_scan_for_availability(
-            self._term_ptrs[(position >> self.position_bits) % PARTITION_COUNT],
-            position & self._mask, min(window, self.mtu), self.term_length, self._padding) > 0
+        the C data path would send next (``ss_has_data_ready``, a parking thread's last look
+        after it told publishers to wake it)."""
+        return self.state is not PublicationState.DONE and bool(network.ss_has_data_ready(self.c))
 
     @property
     def _time_of_last_data_or_heartbeat_ns(self) -> int:
