@@ -11,12 +11,15 @@ are not recorded.  Also reports the CPU time the ponger used while waiting with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import multiprocessing
 import resource
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
@@ -32,15 +35,32 @@ def _pace(next_send: float) -> None:
 
 
 # -- slipstream ------------------------------------------------------------------------------
-def _ss_ponger(directory: str, rounds: int, idle_cpu, ready, ping_channel: str = "aeron:ipc",
-               pong_channel: str = "aeron:ipc") -> None:
+@contextlib.contextmanager
+def _client(directory: str, embedded: bool) -> Iterator[Any]:
+    """A client of the driver in ``directory``, or (``embedded``) of a driver made there in
+    this process in invoker mode, which the client's waits run."""
     from slipstream.client import Client
+    from slipstream.daemon.driver import MediaDriver
 
-    with Client.connect(directory) as client:
+    with contextlib.ExitStack() as stack:
+        invoker = None
+        if embedded:
+            invoker = stack.enter_context(MediaDriver.embedded(directory)).do_work
+        yield stack.enter_context(Client.connect(directory, invoker=invoker))
+
+
+def _wait_until(client: Any, condition: Callable[[], object]) -> None:
+    while not condition():
+        if not client.do_work():  # an embedded driver moves only when it is run
+            time.sleep(0.001)
+
+
+def _ss_ponger(directory: str, rounds: int, idle_cpu, ready, ping_channel: str = "aeron:ipc",
+               pong_channel: str = "aeron:ipc", embedded: bool = False) -> None:
+    with _client(directory, embedded) as client:
         pings = client.add_subscription(ping_channel, PING_STREAM)
         pongs = client.add_publication(pong_channel, PONG_STREAM)
-        while not (pings.images and pongs.is_connected):
-            time.sleep(0.001)
+        _wait_until(client, lambda: pings.images and pongs.is_connected)
         gc.freeze()  # latency hygiene for any Python process: no full collections of setup
         # Idle cost first: wait two seconds with no traffic.
         before = resource.getrusage(resource.RUSAGE_SELF)
@@ -61,16 +81,14 @@ def _ss_ponger(directory: str, rounds: int, idle_cpu, ready, ping_channel: str =
 
 
 def _ss_pinger(directory: str, rounds: int, rate: int, ready, out,
-               ping_channel: str = "aeron:ipc", pong_channel: str = "aeron:ipc") -> None:
-    from slipstream.client import Client
-
+               ping_channel: str = "aeron:ipc", pong_channel: str = "aeron:ipc",
+               embedded: bool = False) -> None:
     pin(0)
     histogram = HdrHistogram(1, 1_000_000_000, 3)
-    with Client.connect(directory) as client:
+    with _client(directory, embedded) as client:
         pings = client.add_publication(ping_channel, PING_STREAM)
         pongs = client.add_subscription(pong_channel, PONG_STREAM)
-        while not (pongs.images and pings.is_connected):
-            time.sleep(0.001)
+        _wait_until(client, lambda: pongs.images and pings.is_connected)
         gc.freeze()
         ready.wait()
         got = [0]

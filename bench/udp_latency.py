@@ -16,13 +16,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import multiprocessing
 import os
 import sys
 import time
 from pathlib import Path
 
-from bench.ipc_latency import WARMUP, _line, _run, _ss_pinger, _ss_ponger, _zmq_pinger, _zmq_ponger
+from hdrh.histogram import HdrHistogram
+
+from bench.ipc_latency import (
+    WARMUP,
+    _line,
+    _pace,
+    _run,
+    _ss_pinger,
+    _ss_ponger,
+    _zmq_pinger,
+    _zmq_ponger,
+)
 from bench.ipc_throughput import machine, scratch_directory
 from bench.udp_throughput import free_port, free_tcp_port
 
@@ -68,6 +80,41 @@ def _ipc_churner(directory: str, stop, churns) -> None:
         churns.value += i
 
 
+def _udp_ponger(port: int, rounds: int, ready) -> None:
+    """Raw UDP: echo each datagram with a blocking recv (the floor for any design in Python)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", port))
+    gc.freeze()
+    ready.set()
+    for _ in range(rounds):
+        data, source = sock.recvfrom(64)
+        sock.sendto(data, source)
+    sock.close()
+
+
+def _udp_pinger(port: int, rounds: int, rate: int, ready, out) -> None:
+    import socket
+
+    histogram = HdrHistogram(1, 1_000_000_000, 3)
+    ready.wait()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.connect(("127.0.0.1", port))
+    gc.freeze()
+    interval = 1.0 / rate
+    next_send = time.perf_counter()
+    for i in range(rounds):
+        _pace(next_send)
+        next_send += interval
+        sock.send(time.perf_counter_ns().to_bytes(8, "little"))
+        sent = int.from_bytes(sock.recv(64), "little")
+        if i >= WARMUP:
+            histogram.record_value(max(1, (time.perf_counter_ns() - sent) // 1000))
+    sock.close()
+    out.put(histogram.encode())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,6 +123,9 @@ def main() -> int:
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
+    parser.add_argument("--embedded", action="store_true",
+                        help="also run slipstream with a driver embedded in each of the two "
+                             "processes in invoker mode, and raw Python UDP ping-pong")
     parser.add_argument("--ipc-churn", action="store_true",
                         help="also run slipstream while a client of each driver adds and "
                              "removes a publication with a default IPC log every 100 ms")
@@ -126,6 +176,16 @@ def main() -> int:
                                   (str(a.directory), rounds, args.rate),
                                   (str(b.directory), rounds, context.Value("d", -1.0)),
                                   (ping_channel, pong_channel))
+    embedded_histogram = udp_histogram = None
+    if args.embedded:
+        port = free_port()
+        udp_histogram = _run(_udp_pinger, _udp_ponger, (port, rounds, args.rate), (port, rounds))
+        ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        embedded_histogram = _run(
+            _ss_pinger, _ss_ponger, (str(directory / "g"), rounds, args.rate),
+            (str(directory / "h"), rounds, context.Value("d", -1.0)),
+            (ping_channel, pong_channel, True))
     churn_histogram = None
     churns = context.Value("i", 0)
     if args.ipc_churn:
@@ -147,6 +207,14 @@ def main() -> int:
                 churner.join(30)
     print(_line("pyzmq PAIR tcp://", zmq_histogram))
     print(_line("slipstream aeron:udp", ss_histogram))
+    if embedded_histogram is not None and udp_histogram is not None:
+        print(_line("raw Python UDP", udp_histogram))
+        print(_line("  embedded, invoker", embedded_histogram))
+        p50 = (embedded_histogram.get_value_at_percentile(50)
+               / udp_histogram.get_value_at_percentile(50))
+        p99 = (embedded_histogram.get_value_at_percentile(99)
+               / zmq_histogram.get_value_at_percentile(99))
+        print(f"# embedded: p50 {p50:.2f}x raw UDP's; p99 {p99:.2f}x pyzmq tcp's")
     if held_histogram is not None:
         print(_line(f"  GIL held {args.gil_hold}/100ms", held_histogram))
         ratio = (held_histogram.get_value_at_percentile(99)

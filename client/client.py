@@ -97,8 +97,11 @@ class Client:
     Publication may be offered to from many threads; poll each Subscription from one thread."""
 
     def __init__(self, directory: Path, *, request_timeout: float, idle_spin_ns: int,
-                 spins_before_yield: int | None = DEFAULT_SPINS_BEFORE_YIELD) -> None:
+                 spins_before_yield: int | None = DEFAULT_SPINS_BEFORE_YIELD,
+                 invoker: Callable[[], int] | None = None) -> None:
         self.directory = directory
+        #: The embedded driver's duty cycle this client runs while it waits (invoker mode).
+        self.invoker = invoker
         self.idle_spin_ns = idle_spin_ns
         if spins_before_yield is not None and (
                 not isinstance(spins_before_yield, int) or not 0 <= spins_before_yield < 2**31):
@@ -127,11 +130,17 @@ class Client:
     @classmethod
     def connect(cls, directory: str | os.PathLike[str] | None = None, *,
                 timeout: float = 5.0, idle_spin_ns: int = DEFAULT_IDLE_SPIN_NS,
-                spins_before_yield: int | None = DEFAULT_SPINS_BEFORE_YIELD) -> Client:
+                spins_before_yield: int | None = DEFAULT_SPINS_BEFORE_YIELD,
+                invoker: Callable[[], int] | None = None) -> Client:
         """Connect to the driver of ``directory`` (default :func:`default_directory`).
 
         ``spins_before_yield``: offers without credit, or empty polls, in a row before each
         further one yields the CPU (:data:`DEFAULT_SPINS_BEFORE_YIELD`; None: never).
+
+        ``invoker``: the duty cycle of a driver embedded in this process in invoker mode
+        (``MediaDriver.embedded(...).do_work``), which has no thread of its own: the client
+        runs it while it waits (a command's answer, :meth:`Subscription.receive`) and in
+        :meth:`do_work`, which the application calls in its loop.
 
         Raises :class:`DriverNotRunningError` (naming the directory) when no live driver is
         there, :class:`DriverTimeoutError` when it does not answer within ``timeout`` seconds.
@@ -143,7 +152,7 @@ class Client:
         if not _driver_holds_lock(path) or not counters_path.exists():
             raise DriverNotRunningError(str(path), "no driver holds its lock")
         client = cls(path, request_timeout=timeout, idle_spin_ns=idle_spin_ns,
-                     spins_before_yield=spins_before_yield)
+                     spins_before_yield=spins_before_yield, invoker=invoker)
         try:
             reply = client._request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
                                      "pid": os.getpid()}, connecting=True)
@@ -189,7 +198,11 @@ class Client:
                     raise DriverTimeoutError(
                         f"the driver in {self.directory} did not answer {message['type']} "
                         f"within {self._request_timeout} s")
-                if self._socket.poll(min(remaining, 0.1) * 1000, zmq.POLLIN):
+                if self.invoker is not None:  # the driver answers only when it is run
+                    self.invoker()
+                    if self._socket.poll(0, zmq.POLLIN):
+                        self._drain()
+                elif self._socket.poll(min(remaining, 0.1) * 1000, zmq.POLLIN):
                     self._drain()
         if reply["type"] == control.ERROR:
             code = reply.get("code", control.ERR_GENERIC)
@@ -261,9 +274,13 @@ class Client:
 
     def _check_driver(self) -> None:
         """A driver that exited (or crashed) has let go of its lock: noticed within one
-        keepalive interval; one that hangs stops its heartbeat: noticed after driver_timeout."""
+        keepalive interval; one that hangs stops its heartbeat: noticed after driver_timeout.
+        An embedded driver beats only while the application runs it: its clients here never
+        time it out (it lives as long as they do)."""
         if not _driver_holds_lock(self.directory):
             self._lose_driver("the driver exited")
+            return
+        if self.invoker is not None:
             return
         heartbeat = self.counters.driver_heartbeat_ns
         if time.time_ns() - heartbeat > self._driver_timeout_ns:
@@ -389,6 +406,11 @@ class Client:
     def is_closed(self) -> bool:
         """Closed by the application, or cut off from the driver."""
         return self._closed or self._driver_lost is not None
+
+    def do_work(self) -> int:
+        """Run the embedded driver's duty cycle once (invoker mode: ``Client.connect(...,
+        invoker=...)``); returns its work (0: idle).  Without an embedded driver, 0."""
+        return self.invoker() if self.invoker is not None else 0
 
     def close(self) -> None:
         """Close every publication and subscription and leave the driver."""

@@ -13,6 +13,7 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from array import array
@@ -519,12 +520,29 @@ class Subscription:
         Waiting spins briefly (``Client.connect(idle_spin_ns=...)``), which keeps latency low
         while traffic flows, then parks on a futex in the log, which costs no CPU.  Returns the
         number of messages handled, 0 on timeout; raises :class:`DriverNotRunningError` once
-        the client lost its driver (a receive waiting then is woken).
+        the client lost its driver (a receive waiting then is woken).  With an embedded
+        driver (invoker mode) it runs the driver's duty cycle instead of parking: nothing
+        else would move the data, so it yields the CPU only between idle cycles.
         """
         count = self.poll(handler, fragment_limit)
         if count:
             return count
         deadline = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
+        invoker = self._client.invoker
+        if invoker is not None:
+            while not self._closed:
+                if not invoker():
+                    count = self.poll(handler, fragment_limit)
+                    if count:
+                        return count
+                    if deadline is not None and time.monotonic_ns() >= deadline:
+                        return 0
+                    os.sched_yield()
+                    continue
+                count = self.poll(handler, fragment_limit)
+                if count:
+                    return count
+            return 0
         spin_ns = self._spin_ns  # spin once per wait; later slices only park
         while not self._closed:
             remaining = _PARK_SLICE_NS if deadline is None else deadline - time.monotonic_ns()

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from slipstream.client.errors import (
 )
 from slipstream.daemon.agents.thread import MAX_PARK_S, NetworkThread, open_doorbell
 from slipstream.daemon.conductor.conductor import DriverConductor, Outgoing
+from slipstream.daemon.conductor.network import NetworkConductor
 from slipstream.daemon.config import DriverSettings, load_settings
 from slipstream.daemon.media import names
 from slipstream.daemon.media.udp import UdpTransports
@@ -64,6 +65,9 @@ log = logging.getLogger("slipstream.driver")
 ACTIVE_CYCLE_S = 0.001
 IDLE_PARK_MAX_S = 1.0
 COMMAND_POLL_S = 1.0  # a safety net only: commands normally wake the loop through zmq's FD
+#: How often an embedded driver's duty cycle looks for commands, ns (each look costs a few
+#: µs of zmq; a command's answer may wait this long).
+COMMAND_CHECK_NS = 1_000_000
 
 
 class DriverDirectory:
@@ -327,12 +331,116 @@ def _remove_file(path: Path) -> None:
         path.unlink()
 
 
-class _DriverShell:
-    """Runs the conductor under trio; see the module docstring."""
+class _DriverCore:
+    """What every driver does between its command socket, its conductor and its counters,
+    whoever runs it: the trio shell of a driver process (:class:`_DriverShell`) or an embedded
+    driver in invoker mode (:class:`EmbeddedDriver`)."""
 
     def __init__(self, settings: DriverSettings) -> None:
         self.settings = settings
-        self.directory = DriverDirectory(settings.directory)
+        self.driver_directory = DriverDirectory(settings.directory)
+        self._told_clients = False
+
+    def _open(self, *, wake_network: Callable[[], object],
+              wake_conductor: Callable[[], object]) -> NetworkConductor:
+        """The command socket (not bound yet), the counters file, the doorbells and the
+        conductor over UDP transports; returns the conductor's network side."""
+        self.context = zmq.Context()
+        self.sock = sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # Only processes of the driver's own user may talk to it (SO_PEERCRED): the 0700
+        # directory keeps others out too, but not root, nor a directory someone opened up.
+        sock.setsockopt(zmq.IPC_FILTER_UID, os.geteuid())
+        self.counters = counters = CountersFile.create(
+            self.driver_directory.path / control.COUNTERS_FILE, self.settings.counters_capacity)
+        self.doorbells = [open_doorbell(str(self.driver_directory.path / name))
+                          for name in (control.SENDER_DOORBELL, control.RECEIVER_DOORBELL)]
+        self.conductor = DriverConductor(
+            self.settings, self.driver_directory.path, counters,
+            transports=UdpTransports(self.settings, counters),
+            wake_network=wake_network, wake_conductor=wake_conductor)
+        assert self.conductor.network is not None
+        return self.conductor.network
+
+    def _close(self) -> None:
+        """After :meth:`_open`: the conductor's resources, the sockets, the counters."""
+        for doorbell in self.doorbells:
+            doorbell.close()
+        self.conductor.close(time.monotonic_ns())
+        # The shutdown events are queued: give them a moment to reach the clients.
+        self.sock.close(200 if self._told_clients else 0)
+        self.context.term()
+        self.counters.close()
+
+    def _send(self, out: Outgoing) -> None:
+        for key, message in out:
+            try:
+                self.sock.send_multipart([key, control.encode(message)], zmq.NOBLOCK)
+            except zmq.ZMQError as e:  # the client is gone; its liveness timeout cleans up
+                log.debug("dropping %s for a vanished client: %s", message.get("type"), e)
+
+    def _process_commands(self) -> int:
+        """Handle every waiting command; returns how many.  zmq's FD is edge-triggered and any
+        send can consume the edge of a command that arrived meanwhile, so this runs after every
+        send too."""
+        sock = self.sock
+        handled = 0
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+            handled += 1
+            if len(frames) != 2:
+                self.counters.add(SystemCounter.ERRORS)
+                continue
+            key, frame = frames
+            try:
+                message = control.decode(frame)
+            except ValueError as e:
+                log.warning("a malformed control message from a client: %s", e)
+                self._send(self.conductor.on_malformed(key, e))
+                continue
+            channel = _channel_of(message)
+            if channel is not None and names.needs_prefetch(channel):
+                self._command_after_names(key, message, channel)
+                continue
+            self._handle_command(key, message)
+        return handled
+
+    def _command_after_names(self, key: bytes, message: dict[str, Any],
+                             channel: Channel) -> None:
+        """A command whose channel names hosts: resolve them first (see the subclasses)."""
+        raise NotImplementedError
+
+    def _handle_command(self, key: bytes, message: dict[str, Any]) -> None:
+        started = time.monotonic_ns()
+        out = self.conductor.on_command(key, message, started)
+        # A command is conductor work as a duty cycle is (creating a log takes tens of ms):
+        # the max cycle time shows it, before the client hears the answer.
+        self._record_cycle_time(time.monotonic_ns() - started)
+        self._send(out)
+
+    def _record_cycle_time(self, cycle_ns: int) -> None:
+        counters = self.counters
+        if cycle_ns > counters.get(SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS):
+            counters.set(SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS, cycle_ns)
+
+    def _conductor_cycle(self, started: int) -> int:
+        """The conductor's duty cycle at ``started`` (monotonic ns), its messages sent, the
+        heartbeat clients watch; returns the work done."""
+        work, out = self.conductor.do_work(started)
+        if out:
+            self._send(out)
+            self._process_commands()
+        self.counters.beat(time.time_ns())
+        self.counters.add(SystemCounter.CONDUCTOR_CYCLES)
+        return work
+
+
+class _DriverShell(_DriverCore):
+    """Runs the conductor under trio; see the module docstring."""
+
+    def __init__(self, settings: DriverSettings) -> None:
+        super().__init__(settings)
         self._wake = trio.Event()
         self._stopping = False
         self.notifier = Notifier()
@@ -340,37 +448,21 @@ class _DriverShell:
         self._status = ""
         self._next_status_ns = 0
         self._drain_deadline_ns: int | None = None  # set by the first SIGTERM
-        self._told_clients = False
         self._cancel_scope = trio.CancelScope()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        self.directory.acquire()
+        self.driver_directory.acquire()
         try:
             await self._serve(task_status)
         finally:
-            self.directory.release()  # once more if the start failed; it is idempotent
+            self.driver_directory.release()  # once more if the start failed; it is idempotent
 
     async def _serve(self, task_status: Any) -> None:
-        context = zmq.Context()
-        sock = context.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        # Only processes of the driver's own user may talk to it (SO_PEERCRED): the 0700
-        # directory keeps others out too, but not root, nor a directory someone opened up.
-        sock.setsockopt(zmq.IPC_FILTER_UID, os.geteuid())
-        counters = CountersFile.create(self.directory.path / control.COUNTERS_FILE,
-                                       self.settings.counters_capacity)
         token = trio.lowlevel.current_trio_token()
-        doorbells = [open_doorbell(str(self.directory.path / name))
-                     for name in (control.SENDER_DOORBELL, control.RECEIVER_DOORBELL)]
         threads: list[NetworkThread] = []
-        conductor = DriverConductor(
-            self.settings, self.directory.path, counters,
-            transports=UdpTransports(self.settings, counters),
-            wake_network=lambda: [thread.wake() for thread in threads],
-            wake_conductor=lambda: self._wake_from_thread(token))
-        network = conductor.network
-        assert network is not None
+        network = self._open(wake_network=lambda: [thread.wake() for thread in threads],
+                             wake_conductor=lambda: self._wake_from_thread(token))
+        counters, sock, doorbells = self.counters, self.sock, self.doorbells
         spin = self.settings.network_idle_spin
         interval_ns = watchdog_interval_ns()
         park = park_bound_s(interval_ns, MAX_PARK_S)
@@ -383,26 +475,23 @@ class _DriverShell:
             threads.append(NetworkThread("slipstream-network", [network.receiver,
                                                                 network.sender],
                                          doorbells, counters, spin, park))
-        self.counters = counters
-        self.conductor = conductor
-        self.sock = sock
         if interval_ns is not None:
             self.watchdog = Watchdog(self.notifier, interval_ns,
                                      [lambda t=t: t.last_cycle_ns for t in threads])
         watcher: threading.Thread | None = None
         exporter: Any = None
-        error_log = ErrorLogHandler(self.directory.path)
+        error_log = ErrorLogHandler(self.driver_directory.path)
         logging.getLogger("slipstream").addHandler(error_log)
         try:
             endpoint = self.settings.metrics_endpoint
             if endpoint is not None:
                 from slipstream.daemon.ops.metrics import start_exporter
 
-                exporter, _ = start_exporter(self.directory.path, *endpoint)
+                exporter, _ = start_exporter(self.driver_directory.path, *endpoint)
                 log.info("metrics at http://%s:%d/metrics", *exporter.server_address[:2])
             for thread in threads:
                 thread.start()
-            sock.bind(control.conductor_endpoint(self.directory.path))
+            sock.bind(control.conductor_endpoint(self.driver_directory.path))
             watcher = threading.Thread(target=self._watch_futex, args=(token,),
                                        name="slipstream-driver-futex", daemon=True)
             watcher.start()
@@ -416,7 +505,7 @@ class _DriverShell:
                 nursery.start_soon(self._duty_cycle)
                 if self.settings.debug_conductor_gil_hold:
                     nursery.start_soon(self._hold_the_gil, self.settings.debug_conductor_gil_hold)
-                log.info("slipstream driver %d running in %s", os.getpid(), self.directory.path)
+                log.info("slipstream driver %d running in %s", os.getpid(), self.driver_directory.path)
                 self.notifier.notify("READY=1")
                 task_status.started()
         finally:
@@ -438,16 +527,10 @@ class _DriverShell:
                 exporter.shutdown()
             for thread in threads:
                 thread.stop()
-            for doorbell in doorbells:
-                doorbell.close()
-            conductor.close(time.monotonic_ns())
-            # The shutdown events are queued: give them a moment to reach the clients.
-            sock.close(200 if self._told_clients else 0)
-            context.term()
-            counters.close()
+            self._close()
             logging.getLogger("slipstream").removeHandler(error_log)
             error_log.close()
-            self.directory.release()
+            self.driver_directory.release()
             self.notifier.close()
             _restore_signals(ignored)
             log.info("slipstream driver stopped")
@@ -502,38 +585,18 @@ class _DriverShell:
                 with contextlib.suppress(trio.RunFinishedError):
                     token.run_sync_soon(self._wake.set)
 
-    def _send(self, out: Outgoing) -> None:
-        for key, message in out:
-            try:
-                self.sock.send_multipart([key, control.encode(message)], zmq.NOBLOCK)
-            except zmq.ZMQError as e:  # the client is gone; its liveness timeout cleans up
-                log.debug("dropping %s for a vanished client: %s", message.get("type"), e)
-
-    def _process_commands(self) -> None:
-        """Handle every waiting command.  zmq's FD is edge-triggered and any send can consume
-        the edge of a command that arrived meanwhile, so this runs after every send too."""
-        sock = self.sock
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            frames = sock.recv_multipart(zmq.NOBLOCK)
-            if len(frames) != 2:
-                self.counters.add(SystemCounter.ERRORS)
-                continue
-            key, frame = frames
-            try:
-                message = control.decode(frame)
-            except ValueError as e:
-                log.warning("a malformed control message from a client: %s", e)
-                self._send(self.conductor.on_malformed(key, e))
-                continue
-            channel = _channel_of(message)
-            if channel is not None and names.needs_prefetch(channel):
-                # Its host names resolve in a thread first: never a blocked loop.
-                self._nursery.start_soon(self._command_after_names, key, message, channel)
-                continue
-            self._handle_command(key, message)
+    def _process_commands(self) -> int:
+        handled = super()._process_commands()
+        if handled:
             self._wake.set()  # resources changed: let the duty cycle look at once
+        return handled
 
-    async def _command_after_names(self, key: bytes, message: dict[str, Any],
+    def _command_after_names(self, key: bytes, message: dict[str, Any],
+                             channel: Channel) -> None:
+        # Its host names resolve in a thread first: never a blocked loop.
+        self._nursery.start_soon(self._resolve_then_handle, key, message, channel)
+
+    async def _resolve_then_handle(self, key: bytes, message: dict[str, Any],
                                    channel: Channel) -> None:
         hosts = [host for _, host in names.names_of(channel)]
         with trio.move_on_after(names.PREFETCH_TIMEOUT_S) as waited:
@@ -546,19 +609,6 @@ class _DriverShell:
             self._handle_command(key, message)
         self._wake.set()
         self._process_commands()  # the sends may have taken the socket's edge
-
-    def _handle_command(self, key: bytes, message: dict[str, Any]) -> None:
-        started = time.monotonic_ns()
-        out = self.conductor.on_command(key, message, started)
-        # A command is conductor work as a duty cycle is (creating a log takes tens of ms):
-        # the max cycle time shows it, before the client hears the answer.
-        self._record_cycle_time(time.monotonic_ns() - started)
-        self._send(out)
-
-    def _record_cycle_time(self, cycle_ns: int) -> None:
-        counters = self.counters
-        if cycle_ns > counters.get(SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS):
-            counters.set(SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS, cycle_ns)
 
     async def _command_loop(self) -> None:
         fd = self.sock.getsockopt(zmq.FD)
@@ -594,10 +644,7 @@ class _DriverShell:
         counters = self.counters
         while True:
             started = time.monotonic_ns()
-            work, out = self.conductor.do_work(started)
-            if out:
-                self._send(out)
-                self._process_commands()
+            work = self._conductor_cycle(started)
             if self._drain_deadline_ns is not None:
                 if self.conductor.drain(started):
                     log.info("drained in %.2f s", (started - self._drain_deadline_ns
@@ -608,9 +655,7 @@ class _DriverShell:
                                 "everything: stopping anyway")
                     self._stop_now()
                 work += 1  # a drain is short: keep the cycle brisk
-            counters.beat(time.time_ns())
             self._tell_systemd(started)
-            counters.add(SystemCounter.CONDUCTOR_CYCLES)
             self._record_cycle_time(time.monotonic_ns() - started)
             if work:
                 idle_cycles = 0
@@ -664,6 +709,109 @@ def _restore_signals(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler)
 
 
+class EmbeddedDriver(_DriverCore):
+    """A driver inside the application's process in invoker mode (Aeron's embedded media
+    driver with ``ThreadingMode.INVOKER``): it has no thread of its own; its conductor and
+    network agents work when the application calls :meth:`do_work`, which a client connected
+    with ``Client.connect(driver.directory, invoker=driver.do_work)`` also calls while it
+    waits (a command's answer, ``receive``) and from ``client.do_work()``.  So a message
+    crosses only the kernel's UDP path between two such applications.
+
+    It is a whole driver: the same directory, counters, conductor, agents and wire protocol as
+    the daemon's, and other processes of the host may attach to its directory, as long as the
+    application keeps calling :meth:`do_work` (its heartbeat stops otherwise, and they time
+    it out).  Host names in a channel are resolved in the caller's thread.  Make it with
+    :meth:`MediaDriver.embedded`; :meth:`close` removes what it made.
+    """
+
+    def __init__(self, settings: DriverSettings) -> None:
+        super().__init__(settings)
+        self.driver_directory.acquire()
+        self._opened = False
+        self._conductor_due = True
+        self._next_conductor_ns = 0
+        self._next_command_check_ns = 0
+        self._working = threading.Lock()
+        self._closed = False
+        self._error_log: ErrorLogHandler | None = None
+        try:
+            network = self._open(wake_network=lambda: None, wake_conductor=self._post)
+            self._opened = True
+            self._agents = (network.receiver, network.sender)
+            self.sock.bind(control.conductor_endpoint(self.driver_directory.path))
+            self._error_log = ErrorLogHandler(self.driver_directory.path)
+            logging.getLogger("slipstream").addHandler(self._error_log)
+            self.do_work()  # the heartbeat: clients may connect from here on
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def directory(self) -> Path:
+        """The driver directory, for ``Client.connect`` (here or in another process)."""
+        return self.driver_directory.path
+
+    def _post(self) -> None:
+        """The agents posted events for the conductor: its duty cycle runs at the next call."""
+        self._conductor_due = True
+
+    def do_work(self) -> int:
+        """One duty cycle of the driver: both network agents (their C halves, and their
+        Python halves when due), the commands waiting, and the conductor's duty cycle at
+        least every millisecond or when there is news for it.  Returns the work done (0:
+        idle).  Safe from any thread; a call while another thread is inside returns 0."""
+        if not self._working.acquire(blocking=False):
+            return 0
+        try:
+            if self._closed:
+                return 0
+            now = time.monotonic_ns()
+            work = 0
+            for agent in self._agents:
+                work += agent.do_work(now)
+            if now >= self._next_command_check_ns:  # commands are rare: look every ms
+                self._next_command_check_ns = now + COMMAND_CHECK_NS
+                if self._process_commands():
+                    work += 1
+                    self._conductor_due = True
+            if self._conductor_due or now >= self._next_conductor_ns:
+                self._conductor_due = False
+                self._next_conductor_ns = now + int(ACTIVE_CYCLE_S * 1e9)
+                work += self._conductor_cycle(now)
+                self._record_cycle_time(time.monotonic_ns() - now)
+            return work
+        finally:
+            self._working.release()
+
+    def _command_after_names(self, key: bytes, message: dict[str, Any],
+                             channel: Channel) -> None:
+        names.resolve([host for _, host in names.names_of(channel)])
+        self._handle_command(key, message)
+
+    def close(self) -> None:
+        """Tell the clients the driver goes, free everything, remove what it made."""
+        with self._working:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._opened:
+                    self._send(self.conductor.shutdown_events())
+                    self._told_clients = True
+                    self._close()
+            finally:
+                if self._error_log is not None:
+                    logging.getLogger("slipstream").removeHandler(self._error_log)
+                    self._error_log.close()
+                self.driver_directory.release()
+
+    def __enter__(self) -> EmbeddedDriver:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 def run_driver(settings: DriverSettings) -> None:
     """Run a driver in the foreground until SIGINT/SIGTERM."""
     trio.run(_DriverShell(settings).run)
@@ -702,6 +850,16 @@ class MediaDriver:
             yield driver
         finally:
             driver.stop()
+
+    @classmethod
+    def embedded(cls, directory: str | os.PathLike[str] | None = None,
+                 **settings: Any) -> EmbeddedDriver:
+        """A driver in this process, in invoker mode (:class:`EmbeddedDriver`): settings as
+        for :meth:`launch`; ``threading_mode`` does not apply (it has no threads)."""
+        overrides: dict[str, Any] = dict(settings)
+        if directory is not None:
+            overrides["dir"] = str(directory)
+        return EmbeddedDriver(load_settings(env={}, overrides=overrides))
 
     @classmethod
     def start(cls, directory: Path, overrides: Mapping[str, Any], *,

@@ -132,6 +132,62 @@ def test_slipstream_publishes_and_aeron_receives_every_message_once_in_order(
         subscriber.wait_for_image(timeout=15, available=False)
 
 
+@pytest.mark.parametrize("loss", [0, 50_000], ids=["lossless", "5%-loss-at-slipstream"])
+def test_aeron_publishes_to_an_embedded_driver_in_invoker_mode(driver_dir: Path,
+                                                                 loss: int) -> None:
+    """The embedded driver (no threads: the test's loop runs it) speaks the same protocol."""
+    require_aeron()
+    uri, messages = channel("unicast"), 20_000
+    with AeronDriver() as aeron, MediaDriver.embedded(
+            driver_dir, debug_receive_data_loss=loss, debug_receive_data_loss_seed=11,
+            **FAST_DRIVER_SETTINGS) as driver, \
+            Client.connect(driver.directory, invoker=driver.do_work) as client:
+        subscription = client.add_subscription(uri, 1003)
+        publisher = threading.Thread(target=streaming_publisher, daemon=True, args=(
+            aeron, uri + TERM, 1003), kwargs={"message_length": 64, "messages": messages})
+        publisher.start()
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(seen) < messages:
+            assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
+            client.do_work()
+            subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]), 1000)
+        publisher.join(30)
+        assert seen == list(range(messages))
+        if loss:
+            counters = read_system_counters(driver.directory)
+            assert counters[SystemCounter.NAK_MESSAGES_SENT] > 0
+            assert aeron.counter("Retransmits sent") > 0
+
+
+def test_an_embedded_driver_in_invoker_mode_publishes_to_aeron(driver_dir: Path) -> None:
+    require_aeron()
+    uri, messages = channel("unicast"), 20_000
+    with AeronDriver(receive_data_loss_rate=0.05, receive_data_loss_seed=5) as aeron, \
+            basic_subscriber(aeron, uri, 1004) as subscriber, \
+            MediaDriver.embedded(driver_dir, **FAST_DRIVER_SETTINGS) as driver, \
+            Client.connect(driver.directory, invoker=driver.do_work) as client:
+        publication = client.add_publication(uri + TERM, 1004)
+        deadline = time.monotonic() + 20
+        while not publication.is_connected:
+            assert time.monotonic() < deadline, "Aeron's status messages never came"
+            client.do_work()
+        for index in range(messages):
+            payload = INDEX.pack(index) + bytes(56)
+            while publication.offer(payload) < 0:
+                client.do_work()
+        deadline = time.monotonic() + 60
+        while len(subscriber.messages) < messages:  # the repairs need the driver running
+            assert time.monotonic() < deadline
+            client.do_work()
+        end = time.monotonic() + 0.3  # a duplicate would show up here
+        while time.monotonic() < end:
+            client.do_work()
+        assert subscriber.sequence_numbers() == list(range(messages))
+        assert aeron.counter("NAKs sent") > 0
+        assert read_system_counters(driver.directory)[SystemCounter.RETRANSMITS_SENT] > 0
+
+
 def test_a_slipstream_driver_stopped_mid_stream_drains_into_aeron_losing_nothing(
         driver_dir: Path) -> None:
     """SIGTERM while publishing to Aeron's subscriber (5 % loss at Aeron): the drain waits

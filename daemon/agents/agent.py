@@ -43,7 +43,9 @@ class Agent(Generic[Endpoint]):
         c.spans = self._spans
         c.python_deadline_ns = 0
         self._arrays: tuple[object, ...] = ()
-        self._c_members: tuple[object, ...] = ()
+        self._c_members: tuple[object, ...] | None = None
+        #: Some endpoint or publication has no socket (the simulator's): see _virtual_io.
+        self._has_virtual_io = True
 
     def submit(self, command: Callable[[int], None]) -> None:
         """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe;
@@ -82,9 +84,10 @@ class Agent(Generic[Endpoint]):
         """One whole duty cycle at ``now_ns`` (the simulator's and the tests' entry; the
         driver's thread runs the C half in its C loop): the simulator's I/O, the C half, and
         the Python half if due.  Returns the work done (0: idle)."""
-        work, python_input = self._virtual_io(now_ns)
-        work += network.ss_agent_do_work(self.c, now_ns)
-        if self.c.due or python_input:
+        c = self.c
+        work, python_input = self._virtual_io(now_ns) if self._has_virtual_io else (0, False)
+        work += network.ss_agent_do_work(c, now_ns)
+        if c.due or python_input:
             work += self.do_python_work(now_ns)
         return work
 
@@ -96,6 +99,10 @@ class Agent(Generic[Endpoint]):
     def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
         """The I/O of endpoints without sockets (the simulator's): (work, whether any input
         was handed to Python)."""
+        raise NotImplementedError
+
+    def _virtual_members(self) -> bool:
+        """Whether an endpoint or publication has no socket (its I/O is _virtual_io's)."""
         raise NotImplementedError
 
     def _c_view(self) -> tuple[list, list, list]:
@@ -116,6 +123,7 @@ class Agent(Generic[Endpoint]):
             c.endpoints, c.images, c.publications = arrays
             c.endpoint_count, c.image_count, c.publication_count = map(len, members)
             self._arrays = arrays  # alive while the C half may read them
+            self._has_virtual_io = self._virtual_members()
         self.c.python_deadline_ns = 0
         self.c.python_deadline_ns = python_deadline_ns()
 

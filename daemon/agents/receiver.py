@@ -110,6 +110,9 @@ class Receiver(Agent[ReceiveEndpoint]):
                                      default=NO_DEADLINE))
         return work
 
+    def _virtual_members(self) -> bool:
+        return any(e.channel.c.fd < 0 for e in self.endpoints)
+
     def _c_view(self) -> tuple[list, list, list]:
         return ([e.channel.c for e in self.endpoints if e.channel.c.fd >= 0],
                 [image.c for e in self.endpoints for image in e.channel.images.values()], [])

@@ -171,6 +171,10 @@ class Sender(Agent[SendEndpoint]):
                                      default=NO_DEADLINE))
         return work
 
+    def _virtual_members(self) -> bool:
+        return (any(e.channel.c.fd < 0 for e in self.endpoints)
+                or any(p.c.fd < 0 for p, _ in self._publications))
+
     def _c_view(self) -> tuple[list, list, list]:
         return ([e.channel.c for e in self.endpoints if e.channel.c.fd >= 0], [],
                 [p.c for p, _ in self._publications])

@@ -1,0 +1,186 @@
+"""An embedded driver in invoker mode (``MediaDriver.embedded``): a whole driver inside the
+application's process, with no thread of its own, that works when the application calls
+``do_work`` (or a client connected with ``invoker=driver.do_work`` waits)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import NETWORK_SETTINGS, counters_of, free_port, message
+
+from slipstream.client import Client, DriverNotRunningError
+from slipstream.daemon.driver import EmbeddedDriver, MediaDriver
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def embedded() -> Iterator[Callable[..., EmbeddedDriver]]:
+    """Embedded drivers (each in its own directory), closed after the test."""
+    drivers: list[EmbeddedDriver] = []
+
+    def make(**settings: object) -> EmbeddedDriver:
+        directory = Path("/dev/shm") / f"slipstream-embedded-{uuid.uuid4().hex[:12]}"
+        driver = MediaDriver.embedded(directory, **{**NETWORK_SETTINGS, **settings})
+        drivers.append(driver)
+        return driver
+
+    yield make
+    for driver in reversed(drivers):
+        driver.close()
+
+
+def run_until(condition: Callable[[], object], *drivers: EmbeddedDriver,
+              timeout: float = 10.0, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not come within {timeout} s"
+        if not sum(driver.do_work() for driver in drivers):
+            time.sleep(0.0001)
+
+
+def test_two_embedded_drivers_carry_a_udp_stream_exactly_once_in_order(embedded) -> None:
+    """20,000 messages of mixed sizes (fragmented ones too) through 64 KiB terms that rotate
+    many times, each driver run only by its application's calls."""
+    a, b = embedded(), embedded()
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with Client.connect(a.directory, invoker=a.do_work) as ca, \
+            Client.connect(b.directory, invoker=b.do_work) as cb:
+        subscription = cb.add_subscription(uri, 1001)
+        publication = ca.add_publication(uri, 1001)
+        run_until(lambda: publication.is_connected and subscription.images, a, b,
+                  what="the stream connected")
+        seen: list[bytes] = []
+        sent = 0
+        count = 20_000
+
+        def size(i: int) -> int:
+            return (32, 1376, 5000, 200)[i % 4]
+
+        deadline = time.monotonic() + 60
+        while len(seen) < count:
+            assert time.monotonic() < deadline, f"{len(seen)} of {count} arrived"
+            while sent < count and publication.offer(message(sent, size(sent))) > 0:
+                sent += 1
+            ca.do_work()
+            cb.do_work()
+            subscription.poll(lambda data, _h: seen.append(bytes(data)), 100)
+        assert seen == [message(i, size(i)) for i in range(count)]
+        publication.close()
+        run_until(lambda: not subscription.images, a, b, what="the image went away")
+    sent_counters, received = counters_of(a), counters_of(b)
+    # It counts what a daemon counts.
+    assert sent_counters["BYTES_SENT"] >= received["BYTES_RECEIVED"] > count * 1600
+    assert received["STATUS_MESSAGES_SENT"] > 0 and sent_counters["CONDUCTOR_CYCLES"] > 0
+
+
+def _echo(directory: str, ping: str, pong: str, rounds: int) -> None:
+    """Another process with its own embedded driver: echo each ping, with receive() alone
+    running the driver (and do_work while an offer finds no credit)."""
+    with MediaDriver.embedded(directory, **NETWORK_SETTINGS) as driver, \
+            Client.connect(driver.directory, invoker=driver.do_work) as client:
+        pings, pongs = client.add_subscription(ping, 1), client.add_publication(pong, 2)
+
+        def echo(data: memoryview, _header: object) -> None:
+            while pongs.offer(bytes(data)) < 0:
+                client.do_work()
+
+        echoed = 0
+        deadline = time.monotonic() + 60
+        while echoed < rounds and time.monotonic() < deadline:
+            echoed += pings.receive(echo, 1, timeout=1.0)
+        # Until the other side has every pong: the last one may still be in this log.
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            client.do_work()
+
+
+def test_a_receive_runs_the_embedded_driver_while_it_waits(embedded) -> None:
+    """A ping-pong between two processes, each with its own embedded driver, whose waiting
+    is receive() alone."""
+    driver = embedded()
+    ping, pong = (f"aeron:udp?endpoint=127.0.0.1:{free_port()}" for _ in range(2))
+    rounds = 2000
+    other = Path("/dev/shm") / f"slipstream-embedded-{uuid.uuid4().hex[:12]}"
+    echoer = multiprocessing.get_context("spawn").Process(
+        target=_echo, args=(str(other), ping, pong, rounds))
+    echoer.start()
+    try:
+        with Client.connect(driver.directory, invoker=driver.do_work) as client:
+            pings, pongs = client.add_publication(ping, 1), client.add_subscription(pong, 2)
+            run_until(lambda: pings.is_connected and pongs.images, driver, timeout=30,
+                      what="both streams connected")
+            answers: list[int] = []
+            for i in range(rounds):
+                while pings.offer(i.to_bytes(4, "little")) < 0:
+                    client.do_work()
+                assert pongs.receive(
+                    lambda data, _h: answers.append(int.from_bytes(data, "little")), 1,
+                    timeout=10), f"no pong {i}"
+            assert answers == list(range(rounds))
+    finally:
+        echoer.join(30)
+    assert echoer.exitcode == 0
+
+
+def _attach_and_publish(directory: str, count: int) -> None:
+    """Another process: a plain client of the embedded driver's directory."""
+    with Client.connect(directory) as client:
+        publication = client.add_publication("aeron:ipc", 77)
+        deadline = time.monotonic() + 30
+        while not publication.is_connected:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        for i in range(count):
+            while publication.offer(i.to_bytes(4, "little")) < 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.0001)
+
+
+def test_another_process_attaches_to_an_embedded_drivers_directory(embedded) -> None:
+    driver = embedded()
+    count = 50_000  # past the 64 KiB IPC terms many times
+    with Client.connect(driver.directory, invoker=driver.do_work) as client:
+        subscription = client.add_subscription("aeron:ipc", 77)
+        process = multiprocessing.get_context("spawn").Process(
+            target=_attach_and_publish, args=(str(driver.directory), count))
+        process.start()
+        seen: list[int] = []
+
+        def received_all() -> bool:
+            subscription.poll(lambda data, _h: seen.append(int.from_bytes(data, "little")), 100)
+            return len(seen) >= count
+
+        run_until(received_all, driver, timeout=60, what="every message")
+        process.join(30)
+        assert process.exitcode == 0
+        assert seen == list(range(count))
+
+
+def test_closing_an_embedded_driver_tells_its_clients_and_removes_what_it_made(
+        embedded) -> None:
+    driver = embedded()
+    directory = driver.directory
+    client = Client.connect(directory, invoker=driver.do_work)
+    client.add_publication(f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 5)
+    assert sorted(os.listdir(directory))  # its files are there while it runs
+    driver.close()
+    assert not directory.exists()
+    with pytest.raises(DriverNotRunningError):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            client.add_subscription("aeron:ipc", 6)
+            time.sleep(0.05)
+    client.close()
+
+
+def test_an_embedded_driver_refuses_a_directory_a_running_driver_holds(embedded) -> None:
+    driver = embedded()
+    with pytest.raises(Exception, match="already running"):
+        MediaDriver.embedded(driver.directory)
