@@ -505,7 +505,8 @@ class _DriverShell(_DriverCore):
                 nursery.start_soon(self._duty_cycle)
                 if self.settings.debug_conductor_gil_hold:
                     nursery.start_soon(self._hold_the_gil, self.settings.debug_conductor_gil_hold)
-                log.info("slipstream driver %d running in %s", os.getpid(), self.driver_directory.path)
+                log.info("slipstream driver %d running in %s", os.getpid(),
+                         self.driver_directory.path)
                 self.notifier.notify("READY=1")
                 task_status.started()
         finally:
