@@ -199,9 +199,11 @@ class Client:
                         f"the driver in {self.directory} did not answer {message['type']} "
                         f"within {self._request_timeout} s")
                 if self.invoker is not None:  # the driver answers only when it is run
-                    self.invoker()
+                    worked = self.invoker()
                     if self._socket.poll(0, zmq.POLLIN):
                         self._drain()
+                    elif not worked:
+                        os.sched_yield()
                 elif self._socket.poll(min(remaining, 0.1) * 1000, zmq.POLLIN):
                     self._drain()
         if reply["type"] == control.ERROR:

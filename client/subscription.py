@@ -531,17 +531,14 @@ class Subscription:
         invoker = self._client.invoker
         if invoker is not None:
             while not self._closed:
-                if not invoker():
-                    count = self.poll(handler, fragment_limit)
-                    if count:
-                        return count
-                    if deadline is not None and time.monotonic_ns() >= deadline:
-                        return 0
-                    os.sched_yield()
-                    continue
+                worked = invoker()
                 count = self.poll(handler, fragment_limit)
                 if count:
                     return count
+                if deadline is not None and time.monotonic_ns() >= deadline:
+                    return 0
+                if not worked:
+                    os.sched_yield()
             return 0
         spin_ns = self._spin_ns  # spin once per wait; later slices only park
         while not self._closed:

@@ -340,12 +340,15 @@ class _DriverCore:
         self.settings = settings
         self.driver_directory = DriverDirectory(settings.directory)
         self._told_clients = False
+        self.doorbells: list[Any] = []
+        self._opened: list[str] = []  # what _open made so far: _close closes just that
 
     def _open(self, *, wake_network: Callable[[], object],
               wake_conductor: Callable[[], object]) -> NetworkConductor:
         """The command socket (not bound yet), the counters file, the doorbells and the
         conductor over UDP transports; returns the conductor's network side."""
         self.context = zmq.Context()
+        self._opened.append("context")
         self.sock = sock = self.context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
@@ -354,24 +357,33 @@ class _DriverCore:
         sock.setsockopt(zmq.IPC_FILTER_UID, os.geteuid())
         self.counters = counters = CountersFile.create(
             self.driver_directory.path / control.COUNTERS_FILE, self.settings.counters_capacity)
-        self.doorbells = [open_doorbell(str(self.driver_directory.path / name))
-                          for name in (control.SENDER_DOORBELL, control.RECEIVER_DOORBELL)]
+        self._opened.append("counters")
+        for name in (control.SENDER_DOORBELL, control.RECEIVER_DOORBELL):
+            self.doorbells.append(open_doorbell(str(self.driver_directory.path / name)))
         self.conductor = DriverConductor(
             self.settings, self.driver_directory.path, counters,
             transports=UdpTransports(self.settings, counters),
             wake_network=wake_network, wake_conductor=wake_conductor)
+        self._opened.append("conductor")
         assert self.conductor.network is not None
         return self.conductor.network
 
     def _close(self) -> None:
-        """After :meth:`_open`: the conductor's resources, the sockets, the counters."""
+        """What :meth:`_open` made (all of it, or as far as it came): the conductor's
+        resources, the sockets, the counters."""
+        opened = self._opened
         for doorbell in self.doorbells:
             doorbell.close()
-        self.conductor.close(time.monotonic_ns())
-        # The shutdown events are queued: give them a moment to reach the clients.
-        self.sock.close(200 if self._told_clients else 0)
-        self.context.term()
-        self.counters.close()
+        self.doorbells = []
+        if "conductor" in opened:
+            self.conductor.close(time.monotonic_ns())
+        if "context" in opened:
+            # The shutdown events are queued: give them a moment to reach the clients.
+            self.sock.close(200 if self._told_clients else 0)
+            self.context.term()
+        if "counters" in opened:
+            self.counters.close()
+        opened.clear()
 
     def _send(self, out: Outgoing) -> None:
         for key, message in out:
@@ -728,20 +740,22 @@ class EmbeddedDriver(_DriverCore):
     def __init__(self, settings: DriverSettings) -> None:
         super().__init__(settings)
         self.driver_directory.acquire()
-        self._opened = False
         self._conductor_due = True
         self._next_conductor_ns = 0
         self._next_command_check_ns = 0
+        self._next_failure_log_ns = 0
+        self._cycles = 0
         self._working = threading.Lock()
         self._closed = False
         self._error_log: ErrorLogHandler | None = None
         try:
             network = self._open(wake_network=lambda: None, wake_conductor=self._post)
-            self._opened = True
             self._agents = (network.receiver, network.sender)
             self.sock.bind(control.conductor_endpoint(self.driver_directory.path))
+            # The driver's own log only: the application's clients log under
+            # slipstream.client, which is not the driver's to report.
             self._error_log = ErrorLogHandler(self.driver_directory.path)
-            logging.getLogger("slipstream").addHandler(self._error_log)
+            logging.getLogger("slipstream.driver").addHandler(self._error_log)
             self.do_work()  # the heartbeat: clients may connect from here on
         except BaseException:
             self.close()
@@ -767,27 +781,56 @@ class EmbeddedDriver(_DriverCore):
             if self._closed:
                 return 0
             now = time.monotonic_ns()
-            work = 0
-            for agent in self._agents:
-                work += agent.do_work(now)
-            if now >= self._next_command_check_ns:  # commands are rare: look every ms
-                self._next_command_check_ns = now + COMMAND_CHECK_NS
-                if self._process_commands():
-                    work += 1
-                    self._conductor_due = True
-            if self._conductor_due or now >= self._next_conductor_ns:
-                self._conductor_due = False
-                self._next_conductor_ns = now + int(ACTIVE_CYCLE_S * 1e9)
-                work += self._conductor_cycle(now)
-                self._record_cycle_time(time.monotonic_ns() - now)
-            return work
+            self._cycles += 1
+            try:
+                return self._duty_cycle(now)
+            except Exception:  # as the daemon's threads: counted, logged once a second, and
+                # never raised into the application's call that ran the driver
+                self.counters.add(SystemCounter.ERRORS)
+                if now >= self._next_failure_log_ns:
+                    self._next_failure_log_ns = now + 1_000_000_000
+                    log.exception("the embedded driver's duty cycle failed")
+                self._conductor_due = True
+                return 0
         finally:
             self._working.release()
 
+    def _duty_cycle(self, now: int) -> int:
+        work = 0
+        for agent in self._agents:
+            work += agent.do_work(now)
+        if now >= self._next_command_check_ns:  # commands are rare: look every ms
+            self._next_command_check_ns = now + COMMAND_CHECK_NS
+            if self._process_commands():
+                work += 1
+                self._conductor_due = True
+        if (self._conductor_due or now >= self._next_conductor_ns
+                or now >= self.conductor.next_deadline_ns()):
+            self._conductor_due = False
+            self._next_conductor_ns = now + int(ACTIVE_CYCLE_S * 1e9)
+            started = time.monotonic_ns()
+            work += self._conductor_cycle(started)
+            counters = self.counters
+            counters.set(SystemCounter.NETWORK_DUTY_CYCLES, self._cycles)
+            counters.set(SystemCounter.NETWORK_PYTHON_PASSES,
+                         sum(agent.python_passes for agent in self._agents))
+            self._record_cycle_time(time.monotonic_ns() - started)
+        return work
+
     def _command_after_names(self, key: bytes, message: dict[str, Any],
                              channel: Channel) -> None:
-        names.resolve([host for _, host in names.names_of(channel)])
-        self._handle_command(key, message)
+        """Resolve in a thread, waiting at most the daemon's PREFETCH_TIMEOUT_S (the
+        caller's thread waits: an embedded driver has no other)."""
+        hosts = [host for _, host in names.names_of(channel)]
+        resolver = threading.Thread(target=names.resolve, args=(hosts,), daemon=True)
+        resolver.start()
+        resolver.join(names.PREFETCH_TIMEOUT_S)
+        if resolver.is_alive():
+            self._send(self.conductor.on_unresolved(
+                key, message, f"{channel}: the resolver did not answer for "
+                              f"{', '.join(hosts)} within {names.PREFETCH_TIMEOUT_S:g} s"))
+        else:
+            self._handle_command(key, message)
 
     def close(self) -> None:
         """Tell the clients the driver goes, free everything, remove what it made."""
@@ -796,13 +839,13 @@ class EmbeddedDriver(_DriverCore):
                 return
             self._closed = True
             try:
-                if self._opened:
+                if "conductor" in self._opened:
                     self._send(self.conductor.shutdown_events())
                     self._told_clients = True
-                    self._close()
             finally:
+                self._close()
                 if self._error_log is not None:
-                    logging.getLogger("slipstream").removeHandler(self._error_log)
+                    logging.getLogger("slipstream.driver").removeHandler(self._error_log)
                     self._error_log.close()
                 self.driver_directory.release()
 
