@@ -34,6 +34,24 @@ def _pace(next_send: float) -> None:
         pass
 
 
+def paced_round_trips(rounds: int, rate: int,
+                      round_trip: Callable[[bytes], bytes]) -> HdrHistogram:
+    """Every pinger's loop: a ping every 1/rate s (paced by the clock, not by the replies)
+    carrying its send time; ``round_trip(ping)`` sends it and returns the echo.  Records every
+    round trip after the warm-up, in µs."""
+    histogram = HdrHistogram(1, 1_000_000_000, 3)
+    interval = 1.0 / rate
+    next_send = time.perf_counter()
+    for i in range(rounds):
+        _pace(next_send)
+        next_send += interval
+        sent = int.from_bytes(round_trip(time.perf_counter_ns().to_bytes(8, "little")),
+                              "little")
+        if i >= WARMUP:
+            histogram.record_value(max(1, (time.perf_counter_ns() - sent) // 1000))
+    return histogram
+
+
 # -- slipstream ------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _client(directory: str, embedded: bool) -> Iterator[Any]:
@@ -84,30 +102,25 @@ def _ss_pinger(directory: str, rounds: int, rate: int, ready, out,
                ping_channel: str = "aeron:ipc", pong_channel: str = "aeron:ipc",
                embedded: bool = False) -> None:
     pin(0)
-    histogram = HdrHistogram(1, 1_000_000_000, 3)
     with _client(directory, embedded) as client:
         pings = client.add_publication(ping_channel, PING_STREAM)
         pongs = client.add_subscription(pong_channel, PONG_STREAM)
         _wait_until(client, lambda: pongs.images and pings.is_connected)
         gc.freeze()
         ready.wait()
-        got = [0]
+        got = [b""]
 
         def on_pong(data: memoryview, header: object) -> None:
-            got[0] = int.from_bytes(data, "little")
+            got[0] = bytes(data)
 
-        interval = 1.0 / rate
-        next_send = time.perf_counter()
-        for i in range(rounds):
-            _pace(next_send)
-            next_send += interval
-            sent = time.perf_counter_ns()
-            while pings.offer(sent.to_bytes(8, "little")) < 0:
+        def round_trip(ping: bytes) -> bytes:
+            while pings.offer(ping) < 0:
                 client.do_work()
             while pongs.receive(on_pong, 1, timeout=1.0) == 0:
                 pass
-            if i >= WARMUP:
-                histogram.record_value(max(1, (time.perf_counter_ns() - got[0]) // 1000))
+            return got[0]
+
+        histogram = paced_round_trips(rounds, rate, round_trip)
     out.put(histogram.encode())
 
 
@@ -131,21 +144,17 @@ def _zmq_pinger(endpoint: str, rounds: int, rate: int, ready, out) -> None:
     import zmq
 
     pin(0)
-    histogram = HdrHistogram(1, 1_000_000_000, 3)
     ready.wait()
     context = zmq.Context()
     socket = context.socket(zmq.PAIR)
     socket.connect(endpoint)
     gc.freeze()
-    interval = 1.0 / rate
-    next_send = time.perf_counter()
-    for i in range(rounds):
-        _pace(next_send)
-        next_send += interval
-        socket.send(time.perf_counter_ns().to_bytes(8, "little"))
-        sent = int.from_bytes(socket.recv(), "little")
-        if i >= WARMUP:
-            histogram.record_value(max(1, (time.perf_counter_ns() - sent) // 1000))
+
+    def round_trip(ping: bytes) -> bytes:
+        socket.send(ping)
+        return socket.recv()
+
+    histogram = paced_round_trips(rounds, rate, round_trip)
     socket.close(0)
     context.term()
     out.put(histogram.encode())

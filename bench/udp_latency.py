@@ -23,17 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-from hdrh.histogram import HdrHistogram
-
 from bench.ipc_latency import (
     WARMUP,
     _line,
-    _pace,
     _run,
     _ss_pinger,
     _ss_ponger,
     _zmq_pinger,
     _zmq_ponger,
+    paced_round_trips,
 )
 from bench.ipc_throughput import machine, scratch_directory
 from bench.udp_throughput import free_port, free_tcp_port
@@ -97,20 +95,16 @@ def _udp_ponger(port: int, rounds: int, ready) -> None:
 def _udp_pinger(port: int, rounds: int, rate: int, ready, out) -> None:
     import socket
 
-    histogram = HdrHistogram(1, 1_000_000_000, 3)
     ready.wait()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.connect(("127.0.0.1", port))
     gc.freeze()
-    interval = 1.0 / rate
-    next_send = time.perf_counter()
-    for i in range(rounds):
-        _pace(next_send)
-        next_send += interval
-        sock.send(time.perf_counter_ns().to_bytes(8, "little"))
-        sent = int.from_bytes(sock.recv(64), "little")
-        if i >= WARMUP:
-            histogram.record_value(max(1, (time.perf_counter_ns() - sent) // 1000))
+
+    def round_trip(ping: bytes) -> bytes:
+        sock.send(ping)
+        return sock.recv(64)
+
+    histogram = paced_round_trips(rounds, rate, round_trip)
     sock.close()
     out.put(histogram.encode())
 
