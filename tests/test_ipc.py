@@ -375,6 +375,8 @@ def test_a_commit_after_the_driver_gave_the_claim_up_says_so_and_does_not_block(
         client: Client) -> None:
     subscription = client.add_subscription(CHANNEL, 1016)
     publication = client.add_publication(CHANNEL, 1016)
+    # The driver links the subscriber on its own cycle: a claim before that is NOT_CONNECTED.
+    wait_for(lambda: publication.is_connected, what="the subscriber linked")
     claim = BufferClaim()
     assert publication.try_claim(64, claim) > 0
     claim.buffer[:] = b"c" * 64
