@@ -53,6 +53,11 @@ SCHEME: Final = "aeron:"
 CONTROL_MODES: Final = ("manual", "dynamic", "response")
 CONGESTION_CONTROLS: Final = ("static", "cubic")
 FLOW_CONTROLS: Final = ("max", "min", "tagged", "unicast")
+#: Aeron's older name of ``tagged`` (PreferredMulticastFlowControl), taken as it.
+FLOW_CONTROL_ALIASES: Final = {"preferred": "tagged"}
+RATE_CONTROLS: Final = ("nak-strength",)
+#: At most this many ``thresholds:`` (the announcement frame's room, docs/PROTOCOL.md §9).
+RATE_MAX_THRESHOLDS: Final = 4
 
 _INTEGER = re.compile(r"[+-]?[0-9]+\Z")
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
@@ -125,6 +130,26 @@ class FlowControlSpec:
         return ",".join(parts)
 
 
+@attrs.frozen
+class RateControlSpec:
+    """The ``rc`` parameter: ``nak-strength[,thresholds:50/75/87/100][,window:50ms]``, the
+    send-rate adaptation of seeds/001.  ``thresholds`` (percent of a receiver's window,
+    ascending, at most four) and ``window_ns`` (how long the sender takes the strongest signal
+    as one) are None when not given: the driver's defaults."""
+
+    name: str
+    thresholds: tuple[int, ...] | None = None
+    window_ns: int | None = None
+
+    def __str__(self) -> str:
+        parts = [self.name]
+        if self.thresholds is not None:
+            parts.append("thresholds:" + "/".join(map(str, self.thresholds)))
+        if self.window_ns is not None:
+            parts.append(f"window:{_format_ns(self.window_ns)}")
+        return ",".join(parts)
+
+
 # -- the channel -----------------------------------------------------------------------------
 
 
@@ -166,6 +191,7 @@ class Channel:
     fc: FlowControlSpec | None = None
     gtag: int | None = None
     cc: str | None = None
+    rc: RateControlSpec | None = None
     max_resend: int | None = None
     init_term_id: int | None = None
     term_id: int | None = None
@@ -399,6 +425,7 @@ def _interface(text: str) -> HostPort:
 
 def _flow_control(text: str) -> FlowControlSpec:
     name, *options = text.split(",")
+    name = FLOW_CONTROL_ALIASES.get(name, name)
     if name not in FLOW_CONTROLS:
         raise _Bad(f"{name!r} is not {', '.join(FLOW_CONTROLS[:-1])} or {FLOW_CONTROLS[-1]}")
     if options and name in ("max", "unicast"):
@@ -427,6 +454,31 @@ def _flow_control(text: str) -> FlowControlSpec:
     return FlowControlSpec(name, tag, size, timeout)
 
 
+def _rate_control(text: str) -> RateControlSpec:
+    name, *options = text.split(",")
+    if name not in RATE_CONTROLS:
+        raise _Bad(f"{name!r} is not {' or '.join(RATE_CONTROLS)}")
+    thresholds = window = None
+    seen = set()
+    for option in options:
+        kind, colon, value = option.partition(":")
+        if not colon or kind not in ("thresholds", "window") or not value:
+            raise _Bad(f"option {option!r} is not thresholds:<percent>/... or window:<duration>")
+        if kind in seen:
+            raise _Bad(f"option {kind}: given twice")
+        seen.add(kind)
+        if kind == "window":
+            window = _duration(value)
+            if not 1_000_000 <= window <= 10_000_000_000:
+                raise _Bad(f"window {value} is not between 1ms and 10s")
+            continue
+        thresholds = tuple(_int(t, 1, 100) for t in value.split("/"))
+        if len(thresholds) > RATE_MAX_THRESHOLDS or list(thresholds) != sorted(set(thresholds)):
+            raise _Bad(f"thresholds {value} are not 1 to {RATE_MAX_THRESHOLDS} ascending "
+                       f"percentages")
+    return RateControlSpec(name, thresholds, window)
+
+
 def _tags(text: str) -> tuple[int, int | None]:
     channel_text, comma, entity_text = text.partition(",")
     channel_tag = _int(channel_text, 0, INT64_MAX)
@@ -445,7 +497,7 @@ def _session_id(text: str) -> tuple[int | None, int | None]:
 def _format_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)  # ints (sizes in bytes), strings, HostPort, FlowControlSpec
+    return str(value)  # ints (sizes in bytes), strings, HostPort, the *Spec classes
 
 
 def _format_ns(ns: int) -> str:
@@ -521,6 +573,7 @@ _PARAMS: Final[dict[str, _Param]] = {
     "fc": _param("fc", _flow_control, udp_only=True),
     "gtag": _param("gtag", _int64, udp_only=True),
     "cc": _param("cc", _choice(*CONGESTION_CONTROLS), udp_only=True),
+    "rc": _param("rc", _rate_control, udp_only=True),
     "max-resend": _param("max_resend", lambda t: _int(t, 1, 256), udp_only=True),
     "init-term-id": _param("init_term_id", _int32),
     "term-id": _param("term_id", _int32),

@@ -74,6 +74,7 @@ class CounterType(enum.IntEnum):
     SENDER_LIMIT = 9
     CLIENT_HEARTBEAT = 11
     PUBLISHER_POSITION = 12
+    SENDER_RATE_LIMIT = 1001  # slipstream's: snd-rate, bytes/s (0: none), rc= publications
 
 
 class SystemCounter(enum.IntEnum):
@@ -109,6 +110,9 @@ class SystemCounter(enum.IntEnum):
     NOTIFY_DROPS = 27  # systemd notify states the notify socket did not take (full or gone)
     NETWORK_DUTY_CYCLES = 28  # duty cycles of the network threads' C loops
     NETWORK_PYTHON_PASSES = 29  # times those loops ran an agent's Python half
+    RATE_SIGNALS_SENT = 30  # NAK-strength signals this driver's images sent (rc=)
+    RATE_SIGNALS_RECEIVED = 31  # NAK-strength signals its publications received
+    RATE_CUTS = 32  # times a signal cut a publication's send-rate limit
 
     @property
     def label(self) -> str:

@@ -16,8 +16,11 @@ Decoding (the receive path, once per datagram):
   datagram bytes``; bytes past the fixed layout are ignored, as in Aeron.  The C driver checks
   ``frame_length`` only for SM and ERR; checking it for all costs nothing and no real sender
   writes it wrong.
-* RES (0x07), ATS (0x08-0x0A) and EXT (0xFFFF) are known types slipstream does not speak:
-  they decode to ``Rejected("unsupported frame type ...")``, like unknown types.
+* RES (0x07) and ATS (0x08-0x0A) are known types slipstream does not speak: they decode to
+  ``Rejected("unsupported frame type ...")``, like unknown types.  EXT (0xFFFF) carries
+  slipstream's own frames (docs/PROTOCOL.md §9: :class:`RateSignal`, :class:`RateAnnounce`)
+  behind a magic number; an EXT frame without it, or of an extension this version does not
+  know, is rejected.
 
 Encoding: every frame class but :class:`ResponseSetup` (which slipstream never sends) has
 ``encode() -> bytes``, exactly what goes on the wire; :func:`heartbeat` is the sender's
@@ -40,6 +43,12 @@ from slipstream.client.layout import (
     ERR_HEADER,
     ERR_HEADER_LENGTH,
     ERR_MAX_TEXT_LENGTH,
+    EXT_HEADER,
+    EXT_HEADER_LENGTH,
+    EXT_MAGIC,
+    EXT_TYPE_RATE_ANNOUNCE,
+    EXT_TYPE_RATE_SIGNAL,
+    EXT_VERSION,
     FRAME_ALIGNMENT,
     FRAME_HEADER,
     FRAME_HEADER_LENGTH,
@@ -59,6 +68,11 @@ from slipstream.client.layout import (
     HEADER_LENGTH,
     NAK_FRAME,
     NAK_LENGTH,
+    RATE_ANNOUNCE_FRAME,
+    RATE_ANNOUNCE_LENGTH,
+    RATE_ANNOUNCE_MAX_THRESHOLDS,
+    RATE_SIGNAL_FRAME,
+    RATE_SIGNAL_LENGTH,
     RSP_SETUP_FRAME,
     RSP_SETUP_LENGTH,
     RTTM_FRAME,
@@ -92,6 +106,9 @@ _NAK_BODY = _body(NAK_FRAME)
 _RTTM_BODY = _body(RTTM_FRAME)
 _ERR_BODY = _body(ERR_HEADER)
 _RSP_SETUP_BODY = _body(RSP_SETUP_FRAME)
+_EXT_BODY = _body(EXT_HEADER)
+_RATE_SIGNAL_BODY = struct.Struct("<" + RATE_SIGNAL_FRAME.format[len(EXT_HEADER.format):])
+_RATE_ANNOUNCE_BODY = struct.Struct("<" + RATE_ANNOUNCE_FRAME.format[len(EXT_HEADER.format):])
 
 _ZEROS = bytes(FRAME_ALIGNMENT)
 
@@ -346,8 +363,51 @@ class ResponseSetup:
     frame_length: ClassVar[int] = RSP_SETUP_LENGTH
 
 
+@attrs.frozen
+class RateSignal:
+    """slipstream's NAK-strength signal (EXT, 32 bytes; docs/PROTOCOL.md §9), receiver to
+    sender: the receiver's image of (session, stream) is ``fill_permille`` full (the bytes
+    between its slowest subscriber and its high-water mark, per mille of its window, at most
+    1000) and crossed ``threshold`` percent, one of those the sender announced."""
+
+    session_id: int
+    stream_id: int
+    fill_permille: int
+    threshold: int
+
+    frame_length: ClassVar[int] = RATE_SIGNAL_LENGTH
+
+    def encode(self) -> bytes:
+        return RATE_SIGNAL_FRAME.pack(RATE_SIGNAL_LENGTH, CURRENT_VERSION, 0, HDR_TYPE_EXT,
+                                      EXT_MAGIC, EXT_TYPE_RATE_SIGNAL, EXT_VERSION,
+                                      self.session_id, self.stream_id, self.fill_permille,
+                                      self.threshold)
+
+
+@attrs.frozen
+class RateAnnounce:
+    """slipstream's rate-control announcement (EXT, 32 bytes; docs/PROTOCOL.md §9), sender to
+    receivers: the sender of (session, stream) adapts its rate to :class:`RateSignal` frames;
+    signal when the image crosses each of ``thresholds`` (percent, ascending, at most four)
+    and again every ``window_us`` while it stays above one."""
+
+    session_id: int
+    stream_id: int
+    window_us: int
+    thresholds: tuple[int, ...]
+
+    frame_length: ClassVar[int] = RATE_ANNOUNCE_LENGTH
+
+    def encode(self) -> bytes:
+        padded = (*self.thresholds, 0, 0, 0, 0)[:RATE_ANNOUNCE_MAX_THRESHOLDS]
+        return RATE_ANNOUNCE_FRAME.pack(RATE_ANNOUNCE_LENGTH, CURRENT_VERSION, 0, HDR_TYPE_EXT,
+                                        EXT_MAGIC, EXT_TYPE_RATE_ANNOUNCE, EXT_VERSION,
+                                        self.session_id, self.stream_id, self.window_us,
+                                        *padded)
+
+
 Frame: TypeAlias = (Data | Heartbeat | Pad | Setup | StatusMessage | Nak | Rttm | ErrorFrame
-                    | ResponseSetup)
+                    | ResponseSetup | RateSignal | RateAnnounce)
 
 
 def heartbeat(session_id: int, stream_id: int, term_id: int, term_offset: int,
@@ -484,6 +544,42 @@ def _decode_rsp_setup(data: Buffer, offset: int, remaining: int, frame_length: i
     return ResponseSetup(*_RSP_SETUP_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags)
 
 
+def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,
+                flags: int) -> Frame | Rejected:
+    bad = _check_control("EXT", EXT_HEADER_LENGTH, remaining, frame_length)
+    if bad is not None:
+        return bad
+    magic, ext_type, ext_version = _EXT_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH)
+    if magic != EXT_MAGIC:
+        return Rejected(f"unsupported frame type 0x{HDR_TYPE_EXT:04x} (EXT) without "
+                        f"slipstream's magic")
+    if ext_version != EXT_VERSION:
+        return Rejected(f"unsupported slipstream extension version {ext_version}")
+    body = offset + EXT_HEADER_LENGTH
+    if ext_type == EXT_TYPE_RATE_SIGNAL:
+        bad = _check_control("rate signal", RATE_SIGNAL_LENGTH, remaining, frame_length)
+        if bad is not None:
+            return bad
+        session_id, stream_id, fill, threshold = _RATE_SIGNAL_BODY.unpack_from(data, body)
+        if not 0 <= fill <= 1000 or not 0 < threshold <= 100:
+            return Rejected(f"rate signal fill {fill} permille or threshold {threshold} % "
+                            f"out of range")
+        return RateSignal(session_id, stream_id, fill, threshold)
+    if ext_type == EXT_TYPE_RATE_ANNOUNCE:
+        bad = _check_control("rate announce", RATE_ANNOUNCE_LENGTH, remaining, frame_length)
+        if bad is not None:
+            return bad
+        session_id, stream_id, window_us, *raw = _RATE_ANNOUNCE_BODY.unpack_from(data, body)
+        thresholds = tuple(t for t in raw if t)
+        if (window_us <= 0 or not thresholds or raw[len(thresholds):] != [0] * (
+                len(raw) - len(thresholds)) or list(thresholds) != sorted(set(thresholds))
+                or thresholds[-1] > 100):
+            return Rejected(f"rate announce window {window_us} us or thresholds {raw} "
+                            f"out of range")
+        return RateAnnounce(session_id, stream_id, window_us, thresholds)
+    return Rejected(f"unknown slipstream extension type {ext_type}")
+
+
 # The dispatch table: a type missing here is rejected.
 _DECODERS: Final = {
     HDR_TYPE_PAD: _decode_pad,
@@ -494,6 +590,7 @@ _DECODERS: Final = {
     HDR_TYPE_SETUP: _decode_setup,
     HDR_TYPE_RTTM: _decode_rttm,
     HDR_TYPE_RSP_SETUP: _decode_rsp_setup,
+    HDR_TYPE_EXT: _decode_ext,
 }
 
 

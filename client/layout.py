@@ -119,6 +119,25 @@ ERR_HAS_GROUP_TAG_FLAG: Final = 0x08
 RSP_SETUP_FRAME: Final = struct.Struct("<iBBHiii")
 RSP_SETUP_LENGTH: Final = RSP_SETUP_FRAME.size  # 20
 
+# -- slipstream's extension frames (docs/PROTOCOL.md §9) ---------------------------------------
+# Aeron's EXT type with a sub-header a stock driver never reads (it drops EXT frames unread):
+# frame_length version flags type=EXT magic ext_type ext_version, then the extension's body.
+
+EXT_HEADER: Final = struct.Struct("<iBBHiHH")
+EXT_HEADER_LENGTH: Final = EXT_HEADER.size  # 16
+EXT_MAGIC: Final = 0x534C5053  # "SLPS" read as a little-endian int32
+EXT_VERSION: Final = 1
+EXT_TYPE_RATE_SIGNAL: Final = 1  # receiver -> sender: how full the receiver's image is
+EXT_TYPE_RATE_ANNOUNCE: Final = 2  # sender -> receivers: signal me, at these thresholds
+
+# header, then session_id stream_id fill_permille threshold_percent
+RATE_SIGNAL_FRAME: Final = struct.Struct("<iBBHiHHiiii")
+RATE_SIGNAL_LENGTH: Final = RATE_SIGNAL_FRAME.size  # 32
+# header, then session_id stream_id window_us thresholds (4 x percent, ascending, 0 = unused)
+RATE_ANNOUNCE_FRAME: Final = struct.Struct("<iBBHiHHiiiBBBB")
+RATE_ANNOUNCE_LENGTH: Final = RATE_ANNOUNCE_FRAME.size  # 32
+RATE_ANNOUNCE_MAX_THRESHOLDS: Final = 4
+
 # -- sizes -----------------------------------------------------------------------------------------
 
 #: The largest UDP payload, so the largest MTU (65535 - 8 UDP - 20 IP, aligned down to 32).

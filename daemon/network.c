@@ -95,6 +95,40 @@ static int32_t send_spans(ss_send_publication_t *p, const ss_span_t *spans, int3
     }
 }
 
+/* Fill the rate bucket for the time since it was last filled. */
+static void fill_rate_credit(ss_send_publication_t *p, int64_t now_ns) {
+    const int64_t elapsed = now_ns - p->rate_time_ns;
+    if (elapsed <= 0) return;
+    const int64_t burst = p->rate_burst > 0 ? p->rate_burst : 1;
+    /* 128-bit: a second of a fast link overflows 64 bits as ns x bytes/s. */
+    const __int128 gained = (__int128)elapsed * p->rate_limit / 1000000000;
+    const __int128 credit = (__int128)p->rate_credit + gained;
+    if (credit >= burst) {
+        p->rate_credit = burst;
+        p->rate_time_ns = now_ns;
+    } else if (gained > 0) {
+        /* The clock moves on by the time of the whole bytes gained only: the fraction of a
+         * byte stays for the next call (a slow rate read every microsecond still fills). */
+        p->rate_credit = (int64_t)credit;
+        p->rate_time_ns += (int64_t)(gained * 1000000000 / p->rate_limit);
+    }
+}
+
+int64_t ss_rate_ready_ns(const ss_send_publication_t *p) {
+    if (p->rate_limit <= 0 || p->rate_credit > 0) return INT64_MIN;
+    /* Until the debt is paid and one byte more: rounded up, never early. */
+    const __int128 wait = ((__int128)(1 - p->rate_credit) * 1000000000 + p->rate_limit - 1) /
+                          p->rate_limit;
+    return p->rate_time_ns + (wait > 1000000000 ? 1000000000 : (int64_t)wait);
+}
+
+int64_t ss_rate_wait_ns(ss_send_publication_t *p, int64_t now_ns) {
+    if (p->rate_limit <= 0) return 0;
+    fill_rate_credit(p, now_ns);
+    const int64_t ready = ss_rate_ready_ns(p);
+    return ready <= now_ns ? 0 : ready - now_ns;
+}
+
 int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datagrams,
                      ss_span_t *spans) {
     if (max_datagrams > SS_SEND_BATCH_MAX) max_datagrams = SS_SEND_BATCH_MAX;
@@ -110,7 +144,12 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
     p->retransmit_count = 0;
     int32_t n = retransmits;
     max_datagrams += retransmits;
-    while (n < max_datagrams && position < limit) {
+    /* New data may take what the rate bucket holds (the last span may overdraw it). */
+    int64_t credit = ss_rate_wait_ns(p, now_ns) == 0 ? (p->rate_limit > 0 ? p->rate_credit
+                                                                            : INT64_MAX)
+                                                      : 0;
+    for (int32_t i = 0; i < retransmits; i++) credit -= spans[i].length;
+    while (n < max_datagrams && position < limit && credit > 0) {
         int32_t index = (int32_t)((position >> p->position_bits) % SS_PARTITION_COUNT);
         int32_t offset = (int32_t)(position & mask);
         int64_t window = limit - position;
@@ -124,6 +163,7 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
         spans[n].padding = padding;
         n++;
         position += (int64_t)available + padding;
+        credit -= available;
     }
     if (n == 0) return 0;
     int32_t sent = n;
@@ -162,6 +202,7 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
         p->time_of_last_send_ns = now_ns;
     }
     count(p->bytes_sent, bytes);
+    if (p->rate_limit > 0) p->rate_credit -= bytes;
     if (sent > 0) p->sent_since_python = 1;
     return sent;
 }
@@ -828,6 +869,7 @@ static int image_needs_python(const ss_image_t *image) {
     if (image->dirty && (image->python_on_data || image->eos_position >= 0 ||
                          LOAD_ACQ(image->receiver_hwm) > image->contiguous_position))
         return 1;
+    if (LOAD_ACQ(image->receiver_hwm) >= image->rate_signal_position) return 1;
     return image->subscriber_count > 0 && min_subscriber_position(image) >= image->sm_due_position;
 }
 
@@ -871,13 +913,18 @@ static int32_t *driver_waiters(uint8_t *meta) { return (int32_t *)(meta + SS_MET
 /* Ask every client to ring the doorbell on news (publishers on new data, subscribers at the
  * position where a status message is due), then look once more; 0 when there is work after
  * all.  disarm (delta -1) undoes it. */
-static int arm(ss_agent_t *a, int32_t delta) {
+static int arm(ss_agent_t *a, int32_t delta, int64_t now_ns, int64_t *deadline) {
     int may_park = 1;
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
         if (p->meta == NULL) continue;
         __atomic_fetch_add(driver_waiters(p->meta), delta, __ATOMIC_SEQ_CST);
-        if (delta > 0 && ss_has_data_ready(p)) may_park = 0;
+        if (delta > 0 && ss_has_data_ready(p)) {
+            /* Data held back by the rate limit: park until the bucket has room for it. */
+            const int64_t wait = p->retransmit_count > 0 ? 0 : ss_rate_wait_ns(p, now_ns);
+            if (wait == 0) may_park = 0;
+            else if (now_ns + wait < *deadline) *deadline = now_ns + wait;
+        }
     }
     for (int32_t i = 0; i < a->image_count; i++) {
         ss_image_t *image = a->images[i];
@@ -893,7 +940,7 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
     int64_t deadline = now_ns + l->max_park_ns;
     for (int32_t i = 0; i < l->agent_count; i++) {
         ss_agent_t *a = l->agents[i];
-        may_park &= arm(a, 1);
+        may_park &= arm(a, 1, now_ns, &deadline);
         if (a->python_deadline_ns < deadline) deadline = a->python_deadline_ns;
     }
     /* After arming, so a client that moved in between either rang or is seen here. */
@@ -908,7 +955,7 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
         epoll_wait(l->epoll_fd, events, 16, (int)(timeout_ms < 1000000 ? timeout_ms : 1000000));
     }
     for (int32_t i = 0; i < l->agent_count; i++) {
-        arm(l->agents[i], -1);
+        arm(l->agents[i], -1, now_ns, &deadline);
         /* Whatever woke the thread, the control input is read at the next cycle. */
         l->agents[i]->datagrams_to_status_poll = 0;
     }

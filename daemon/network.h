@@ -112,6 +112,14 @@ typedef struct {
     int32_t notice;               /* a send failed or the path refused GSO: Python logs it */
     int64_t python_send_position; /* once data was sent and snd-pos reached this, Python is
                                    * due (pub-lmt's next step; 0: after every send) */
+    /* The send-rate limit (rc=nak-strength; daemon/flow/rate_control.py sets it per signal):
+     * a token bucket that every datagram sent (retransmissions too) draws on and that fills
+     * at rate_limit bytes/s up to rate_burst bytes.  New data waits while it is empty;
+     * retransmissions go anyway (a gap pins the receiver) and leave it in debt. */
+    int64_t rate_limit;           /* bytes/s; 0: no limit */
+    int64_t rate_burst;           /* bytes */
+    int64_t rate_credit;          /* bytes that may go now (negative: in debt) */
+    int64_t rate_time_ns;         /* when rate_credit was last filled */
 } ss_send_publication_t;
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
@@ -129,8 +137,14 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
                      ss_span_t *spans);
 
 /* Whether ss_send_data would send now: retransmissions queued, or a committed frame at snd-pos
- * that fits in the window (a parking thread's last look). */
+ * that fits in the window (a parking thread's last look).  The rate limit is not looked at:
+ * see ss_rate_wait_ns. */
 int32_t ss_has_data_ready(const ss_send_publication_t *p);
+/* How long new data must wait for the rate limit at now_ns (0: it may go; fills the bucket). */
+int64_t ss_rate_wait_ns(ss_send_publication_t *p, int64_t now_ns);
+/* When new data may go by the bucket as last filled (INT64_MIN: now; the simulator's clock
+ * jumps there). */
+int64_t ss_rate_ready_ns(const ss_send_publication_t *p);
 
 /* Queue MTU-sized spans of `length` bytes at term_offset of term_id for the next ss_send_data,
  * if the range is still in the resend window (aeron_network_publication_resend).  Returns the
@@ -210,6 +224,8 @@ typedef struct {
     int32_t python_on_data;       /* every arrival needs Python (congestion control, or no
                                    * subscriber: SMs then follow rcv-pos) */
     int64_t sm_due_position;
+    int64_t rate_signal_position; /* rcv-hwm from which the image crosses its next NAK-strength
+                                   * threshold: Python is due to signal (SS_NO_DEADLINE: none) */
 } ss_image_t;
 
 /* Counters a receive endpoint's data path counts into (cells of the counters file). */

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slipstream.client.channel import Channel, FlowControlSpec, HostPort, parse_channel
+from slipstream.client.channel import (
+    Channel,
+    FlowControlSpec,
+    HostPort,
+    RateControlSpec,
+    parse_channel,
+)
 from slipstream.client.errors import ChannelError
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
@@ -62,6 +68,10 @@ VALID: dict[str, dict[str, Any]] = {
     UDP + "fc=tagged,g:1001": {"fc": FlowControlSpec("tagged", 1001)},
     UDP + "fc=tagged,t:10s,g:-1/0": {"fc": FlowControlSpec("tagged", -1, 0, 10_000_000_000)},
     UDP + "fc=tagged,g:/10": {"fc": FlowControlSpec("tagged", None, 10)},
+    UDP + "fc=preferred,g:7": {"fc": FlowControlSpec("tagged", 7)},  # Aeron's older name
+    UDP + "rc=nak-strength": {"rc": RateControlSpec("nak-strength")},
+    UDP + "rc=nak-strength,window:20ms,thresholds:40/90": {
+        "rc": RateControlSpec("nak-strength", (40, 90), 20_000_000)},
     UDP + "gtag=-9223372036854775808": {"gtag": -(2**63)},
     UDP + "cc=cubic": {"cc": "cubic"},
     UDP + "cc=static|max-resend=256": {"cc": "static", "max_resend": 256},
@@ -154,6 +164,16 @@ INVALID: list[tuple[str, str, str]] = [
     (UDP + "fc=tagged,g:1f2", "fc", "'1f2' is not an integer"),
     (UDP + "fc=tagged,t:5s,t:6s", "fc", "given twice"),
     (UDP + "fc=tagged,t:never", "fc", "'never' is not a duration"),
+    (UDP + "rc=cubic", "rc", "'cubic' is not nak-strength"),
+    (UDP + "rc=nak-strength,thresholds:90/40", "rc", "are not 1 to 4 ascending"),
+    (UDP + "rc=nak-strength,thresholds:50/50", "rc", "are not 1 to 4 ascending"),
+    (UDP + "rc=nak-strength,thresholds:10/20/30/40/50", "rc", "are not 1 to 4 ascending"),
+    (UDP + "rc=nak-strength,thresholds:0/50", "rc", "0"),
+    (UDP + "rc=nak-strength,thresholds:50/101", "rc", "101"),
+    (UDP + "rc=nak-strength,window:100us", "rc", "not between 1ms and 10s"),
+    (UDP + "rc=nak-strength,window:1s,window:2s", "rc", "given twice"),
+    (UDP + "rc=nak-strength,rate:5", "rc", "option 'rate:5'"),
+    ("aeron:ipc?rc=nak-strength", "rc", ""),
     (UDP + "gtag=9223372036854775808", "gtag", "out of range"),
     (UDP + "cc=reno", "cc", "'reno' is not static or cubic"),
     (UDP + "control-mode=auto", "control-mode", "'auto' is not manual or dynamic or response"),

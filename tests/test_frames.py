@@ -18,6 +18,8 @@ from slipstream.client.frames import (
     Heartbeat,
     Nak,
     Pad,
+    RateAnnounce,
+    RateSignal,
     Rejected,
     ResponseSetup,
     Rttm,
@@ -69,7 +71,8 @@ def _encode(frame: Frame) -> bytes:
 
 
 _WIRE_TYPES = {Data: "DATA", Heartbeat: "DATA", Pad: "PAD", Setup: "SETUP", StatusMessage: "SM",
-               Nak: "NAK", Rttm: "RTTM", ErrorFrame: "ERR", ResponseSetup: "RSP_SETUP"}
+               Nak: "NAK", Rttm: "RTTM", ErrorFrame: "ERR", ResponseSetup: "RSP_SETUP",
+               RateSignal: "EXT", RateAnnounce: "EXT"}
 
 
 def _as_captured(frame: Frame, offset: int) -> dict[str, Any]:
@@ -153,6 +156,10 @@ frames_strategy = st.one_of(
               st.text(max_size=200).filter(lambda t: len(t.encode()) <= 1023),
               st.none() | int64),
     st.builds(ResponseSetup, int32, int32, int32, uint8),
+    st.builds(RateSignal, int32, int32, st.integers(0, 1000), st.integers(1, 100)),
+    st.builds(RateAnnounce, int32, int32, st.integers(1, INT32_MAX),
+              st.lists(st.integers(1, 100), min_size=1, max_size=4, unique=True).map(
+                  lambda t: tuple(sorted(t)))),
 )
 
 
@@ -256,7 +263,25 @@ MALFORMED = {
     "unknown type": (_header(8, 0x42), "unknown frame type 0x0042"),
     "RES": (_header(8, 0x07), "unsupported frame type 0x0007 (RES)"),
     "ATS": (_header(8, 0x09), "unsupported frame type 0x0009"),
-    "EXT": (_header(8, 0xFFFF), "unsupported frame type 0xffff (EXT)"),
+    "short EXT": (_header(8, 0xFFFF), "short EXT: 8 bytes < 16"),
+    "EXT of another kind": (_with(RateSignal(1, 2, 3, 50).encode(), 8, "<i", 7),
+                            "0xffff (EXT) without slipstream's magic"),
+    "EXT of an unknown extension": (_with(RateSignal(1, 2, 3, 50).encode(), 12, "<H", 9),
+                                    "unknown slipstream extension type 9"),
+    "EXT of a later version": (_with(RateSignal(1, 2, 3, 50).encode(), 14, "<H", 2),
+                               "extension version 2"),
+    "short rate signal": (_with(RateSignal(1, 2, 3, 50).encode()[:28], 0, "<i", 28),
+                          "short rate signal: 28 bytes < 32"),
+    "rate signal fill": (_with(RateSignal(1, 2, 3, 50).encode(), 24, "<i", 1001),
+                         "fill 1001 permille"),
+    "rate signal threshold": (_with(RateSignal(1, 2, 3, 50).encode(), 28, "<i", 0),
+                              "threshold 0 %"),
+    "rate announce window": (_with(RateAnnounce(1, 2, 50, (50,)).encode(), 24, "<i", 0),
+                             "rate announce window 0 us"),
+    "rate announce thresholds": (_with(RateAnnounce(1, 2, 50, (50, 75)).encode(), 28, "<B", 80),
+                                 "out of range"),
+    "rate announce hole": (_with(RateAnnounce(1, 2, 50, (50,)).encode(), 30, "<B", 80),
+                           "out of range"),
     "short DATA": (_header(20, 1) + bytes(12), "short DATA frame: 20 bytes < 32"),
     "lying DATA length": (_with(DATA_46, 0, "<i", 900),
                           "frame_length 900 exceeds datagram length 64"),

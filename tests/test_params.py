@@ -19,6 +19,7 @@ from slipstream.daemon.flow.static_window import StaticWindowCongestionControl
 from slipstream.daemon.protocol.params import (
     FlowControlParams,
     PublicationParams,
+    RateControlParams,
     SocketParams,
     SubscriptionParams,
     has_group_semantics,
@@ -86,6 +87,15 @@ def test_flow_control_comes_from_fc_else_the_setting_for_the_channel_kind() -> N
     assert network("aeron:udp?endpoint=224.0.1.1:4000").flow_control.name == "max"
     tagged = network("aeron:udp?endpoint=224.0.1.1:4000|fc=tagged,g:99/2,t:1s").flow_control
     assert tagged == FlowControlParams("tagged", 99, 2, 1000 * MS)
+
+
+def test_rate_control_comes_from_rc_with_seed_001s_values_for_what_it_leaves_out() -> None:
+    assert network("aeron:udp?endpoint=10.0.0.1:4000").rate_control is None
+    assert network("aeron:udp?endpoint=10.0.0.1:4000|rc=nak-strength").rate_control == (
+        RateControlParams("nak-strength", (50, 75, 87, 100), 50 * MS))
+    assert network("aeron:udp?endpoint=10.0.0.1:4000|rc=nak-strength,thresholds:30/60,"
+                   "window:1s").rate_control == RateControlParams("nak-strength", (30, 60),
+                                                                  1000 * MS)
 
 
 @pytest.mark.parametrize(("uri", "sender_is_group", "group"), [

@@ -22,6 +22,7 @@ from typing import Protocol
 import attrs
 
 from slipstream.client.layout import NO_DEADLINE
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.types import Datagram
@@ -170,6 +171,16 @@ class Sender(Agent[SendEndpoint]):
             self._sync_c(lambda: min((p.next_due_ns for p, _ in self._publications),
                                      default=NO_DEADLINE))
         return work
+
+    def next_deadline_ns(self) -> int:
+        """Also when the rate limit (``rc=``) lets data that waits for it go: a parked C loop
+        wakes for it by itself, the simulator's clock must move there."""
+        deadline = super().next_deadline_ns()
+        for publication, _ in self._publications:
+            c = publication.c
+            if c.rate_limit and network.ss_has_data_ready(c):
+                deadline = min(deadline, max(0, network.ss_rate_ready_ns(c)))
+        return deadline
 
     def _virtual_members(self) -> bool:
         return (any(e.channel.c.fd < 0 for e in self.endpoints)

@@ -279,10 +279,13 @@ class NetworkConductor:
             **log_start(params, self._rng))
         label = f"{channel} stream={stream_id} session={session_id}"
         try:
-            counter_ids = self._allocate_counters(
-                [(CounterType.PUBLISHER_LIMIT, "pub-lmt"), (CounterType.SENDER_POSITION,
-                  "snd-pos"), (CounterType.SENDER_LIMIT, "snd-lmt")],
-                label, registration_id, session_id, stream_id)
+            kinds = [(CounterType.PUBLISHER_LIMIT, "pub-lmt"),
+                     (CounterType.SENDER_POSITION, "snd-pos"),
+                     (CounterType.SENDER_LIMIT, "snd-lmt")]
+            if params.rate_control is not None:
+                kinds.append((CounterType.SENDER_RATE_LIMIT, "snd-rate"))
+            counter_ids = self._allocate_counters(kinds, label, registration_id, session_id,
+                                                  stream_id)
         except CountersFullError:
             discard_log(log_buffer, self.budget)
             raise

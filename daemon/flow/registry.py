@@ -1,5 +1,6 @@
-"""The flow- and congestion-control strategies by their URI names (``fc=``, ``cc=``), and the
-choice of one for a stream from its resolved parameters."""
+"""The flow-control, congestion-control and rate-control strategies by their URI names
+(``fc=``, ``cc=``, ``rc=``), and the choice of one for a stream from its resolved
+parameters."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from slipstream.daemon.flow.congestion_control import CongestionControl
 from slipstream.daemon.flow.flow_control import FlowControl
 from slipstream.daemon.flow.max_multicast import MaxMulticastFlowControl
 from slipstream.daemon.flow.min_multicast import MinMulticastFlowControl
+from slipstream.daemon.flow.rate_control import NakStrengthRateControl
 from slipstream.daemon.flow.static_window import StaticWindowCongestionControl
 from slipstream.daemon.flow.tagged_multicast import TaggedMulticastFlowControl
 from slipstream.daemon.flow.unicast import UnicastFlowControl
@@ -22,6 +24,10 @@ FLOW_CONTROLS: Final[dict[str, type[FlowControl]]] = {
 #: Every congestion-control strategy this driver carries, by the name ``cc=`` uses.
 CONGESTION_CONTROLS: Final[dict[str, type[CongestionControl]]] = {
     cls.name: cls for cls in (StaticWindowCongestionControl,)}
+
+#: Every send-rate adaptation, by the name ``rc=`` uses.
+RATE_CONTROLS: Final[dict[str, type[NakStrengthRateControl]]] = {
+    cls.name: cls for cls in (NakStrengthRateControl,)}
 
 
 def flow_control_for(params: PublicationParams) -> FlowControl:
@@ -40,3 +46,13 @@ def congestion_control_for(params: SubscriptionParams, term_length: int) -> Cong
         raise ValueError(f"no congestion control {params.congestion_control!r}: this driver "
                          f"carries {', '.join(CONGESTION_CONTROLS)}") from None
     return strategy.from_params(params, term_length)
+
+
+def rate_control_for(params: PublicationParams, now_ns: int,
+                     sender_position: int) -> NakStrengthRateControl | None:
+    """The send-rate adaptation of a network publication with ``params`` (None without
+    ``rc=``), starting at ``sender_position``."""
+    if params.rate_control is None:
+        return None
+    return RATE_CONTROLS[params.rate_control.name](
+        params.rate_control, mtu=params.mtu, now_ns=now_ns, sender_position=sender_position)

@@ -37,13 +37,22 @@ import attrs
 
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
-from slipstream.client.frames import ErrorFrame, Rttm, Setup, StatusMessage, decode
+from slipstream.client.frames import (
+    ErrorFrame,
+    RateAnnounce,
+    RateSignal,
+    Rttm,
+    Setup,
+    StatusMessage,
+    decode,
+)
 from slipstream.client.layout import (
     ERR_MAX_TEXT_LENGTH,
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
     HDR_TYPE_DATA,
     HDR_TYPE_ERR,
+    HDR_TYPE_EXT,
     HDR_TYPE_NAK,
     HDR_TYPE_RSP_SETUP,
     HDR_TYPE_RTTM,
@@ -276,8 +285,9 @@ class ReceiveChannel:
 
     def on_control(self, data: bytes | bytearray | memoryview, source: Address,
                    now_ns: int) -> None:
-        """A datagram the C data path passed up: SETUP, RTTM, data of an unknown session of
-        a subscribed stream, or a frame that is not for a receiver."""
+        """A datagram the C data path passed up: SETUP, RTTM, a rate-control announcement,
+        data of an unknown session of a subscribed stream, or a frame that is not for a
+        receiver."""
         self._now_ns = now_ns
         self.has_python_work = True
         # A header field runs up to the next field's offset.
@@ -289,13 +299,20 @@ class ReceiveChannel:
             return
         if frame_type in _NOT_FOR_A_RECEIVER:
             return
-        frame = decode(data) if frame_type in (HDR_TYPE_SETUP, HDR_TYPE_RTTM) else None
+        frame = (decode(data) if frame_type in (HDR_TYPE_SETUP, HDR_TYPE_RTTM, HDR_TYPE_EXT)
+                 else None)
         if isinstance(frame, Setup):
             self._on_setup(frame, source, now_ns)
         elif isinstance(frame, Rttm):
             image = self.images.get((frame.session_id, frame.stream_id))
             if image is not None:
                 image.on_rttm(frame, now_ns)
+        elif isinstance(frame, RateAnnounce):
+            image = self.images.get((frame.session_id, frame.stream_id))
+            if image is not None:
+                image.on_rate_announce(frame, now_ns)
+        elif isinstance(frame, RateSignal):
+            return  # another receiver's, to a sender: not for a receiver
         else:
             self.counters.add(SystemCounter.INVALID_PACKETS)
 

@@ -1,6 +1,6 @@
-"""A send channel endpoint's dispatcher (sans-I/O): the status messages, NAKs, RTTMs and ERRs
-arriving at a send endpoint go to its publications (Aeron's ``aeron_send_channel_endpoint``
-dispatch).
+"""A send channel endpoint's dispatcher (sans-I/O): the status messages, NAKs, RTTMs, ERRs and
+NAK-strength signals arriving at a send endpoint go to its publications (Aeron's
+``aeron_send_channel_endpoint`` dispatch).
 
 Units: times in ns.
 """
@@ -8,7 +8,15 @@ Units: times in ns.
 from __future__ import annotations
 
 from slipstream.client.counters import SystemCounter
-from slipstream.client.frames import ErrorFrame, Nak, Rejected, Rttm, StatusMessage, decode
+from slipstream.client.frames import (
+    ErrorFrame,
+    Nak,
+    RateSignal,
+    Rejected,
+    Rttm,
+    StatusMessage,
+    decode,
+)
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.protocol.types import Address, ProtocolCounters, hash_table_slots
@@ -79,14 +87,14 @@ class SendChannel:
 
     def on_control(self, data: bytes | bytearray | memoryview, source: Address,
                    now_ns: int) -> None:
-        """A control datagram the C dispatch passed up: an SM, an RTTM, an ERR, or a NAK that
-        needs a timer or is malformed."""
+        """A control datagram the C dispatch passed up: an SM, an RTTM, an ERR, a NAK-strength
+        signal, or a NAK that needs a timer or is malformed."""
         self.has_python_work = True
         frame = decode(data)
         if isinstance(frame, Rejected):
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return
-        if not isinstance(frame, (StatusMessage, Nak, Rttm, ErrorFrame)):
+        if not isinstance(frame, (StatusMessage, Nak, Rttm, ErrorFrame, RateSignal)):
             return  # not for a sender (e.g. our own multicast data looped back)
         self.counters.add(SystemCounter.BYTES_RECEIVED, len(data))
         publication = self.publications.get((frame.session_id, frame.stream_id))

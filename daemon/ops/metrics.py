@@ -12,6 +12,8 @@ Series (names and units as Prometheus expects):
 * every position counter as ``slipstream_position_bytes{kind, channel, stream, session}``, kind
   one of ``pub-lmt``, ``pub-pos``, ``snd-pos``, ``snd-lmt``, ``rcv-hwm``, ``rcv-pos``,
   ``sub-pos`` (a subscriber's also labelled with its ``subscription``);
+* ``slipstream_send_rate_limit_bytes_per_second{channel, stream, session}``: the send-rate
+  limit of each ``rc=`` publication (0: none);
 * ``slipstream_clients``: clients connected; ``slipstream_driver_heartbeat_age_seconds``.
 """
 
@@ -65,6 +67,10 @@ class CountersCollector(Collector):
         positions = GaugeMetricFamily(
             "slipstream_position_bytes", "Stream positions (bytes) by kind",
             labels=["kind", "channel", "stream", "session", "subscription"])
+        rate_limits = GaugeMetricFamily(
+            "slipstream_send_rate_limit_bytes_per_second",
+            "Send-rate limits of rc= publications (0: none)",
+            labels=["channel", "stream", "session"])
         clients = 0
         for info in counters:
             if info.type_id == CounterType.SYSTEM:
@@ -88,7 +94,13 @@ class CountersCollector(Collector):
                     positions.add_metric([parsed.kind, parsed.channel, str(parsed.stream_id),
                                           str(parsed.session_id), "" if sub is None else str(sub)],
                                          info.value)
+            elif info.type_id == CounterType.SENDER_RATE_LIMIT:
+                parsed = parse_position_label(info.label)
+                if parsed is not None:
+                    rate_limits.add_metric([parsed.channel, str(parsed.stream_id),
+                                            str(parsed.session_id)], info.value)
         yield positions
+        yield rate_limits
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
                                 value=clients)
         yield GaugeMetricFamily(

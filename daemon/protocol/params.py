@@ -64,14 +64,30 @@ class FlowControlParams:
 
 
 @attrs.frozen
+class RateControlParams:
+    """A publication's send-rate adaptation (``rc=``): the strategy, the thresholds its
+    receivers signal at (percent of their window, ascending) and the window within which
+    the sender takes the strongest signal as one (ns)."""
+
+    name: str  # a registered strategy: slipstream.daemon.flow.registry.RATE_CONTROLS
+    thresholds: tuple[int, ...]
+    window_ns: int
+
+
+#: seeds/001's example values: the thresholds receivers signal at and the sender's window.
+DEFAULT_RATE_THRESHOLDS = (50, 75, 87, 100)
+DEFAULT_RATE_WINDOW_NS = 50_000_000
+
+
+@attrs.frozen
 class PublicationParams:
     """One publication's parameters (IPC or UDP).
 
     ``session_id`` and ``initial_term_id`` are None when the URI leaves them to the driver;
     ``initial_term_count`` and ``initial_term_offset`` place a log that starts elsewhere than
     its first term (``init-term-id``, ``term-id``, ``term-offset``).  The network-only fields
-    (``group``, ``signal_eos``, ``setup_ttl``, ``max_resend``, ``flow_control``) hold their
-    defaults for IPC.
+    (``group``, ``signal_eos``, ``setup_ttl``, ``max_resend``, ``flow_control``,
+    ``rate_control``) hold their defaults for IPC.
     """
 
     term_length: int
@@ -88,6 +104,7 @@ class PublicationParams:
     setup_ttl: int = 0  # the TTL field of SETUP frames (the URI's ttl, 0 without)
     max_resend: int = 1
     flow_control: FlowControlParams | None = None
+    rate_control: RateControlParams | None = None  # rc=, else none
 
     @classmethod
     def for_network(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:
@@ -119,7 +136,11 @@ class PublicationParams:
                 group_tag=from_spec("group_tag", settings.flow_control_group_tag),
                 group_min_size=from_spec("group_min_size", settings.flow_control_group_min_size),
                 receiver_timeout_ns=from_spec("receiver_timeout_ns",
-                                              settings.flow_control_receiver_timeout)))
+                                              settings.flow_control_receiver_timeout)),
+            rate_control=None if channel.rc is None else RateControlParams(
+                name=channel.rc.name,
+                thresholds=_or(channel.rc.thresholds, DEFAULT_RATE_THRESHOLDS),
+                window_ns=_or(channel.rc.window_ns, DEFAULT_RATE_WINDOW_NS)))
 
     @classmethod
     def for_ipc(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:

@@ -33,6 +33,11 @@ scheduled SM goes at once, and one goes every ``status_message_timeout`` (200 ms
 position subscribers have reached by then.  Window (static congestion control) =
 ``min(rcv-wnd or 128 KiB, term_length/2)``.
 
+NAK-strength signals (``rc=`` on the sender, which announces it): each rebuild pass measures
+how full the image is (hwm minus the slowest subscriber, against the window) and signals the
+thresholds it crosses (:class:`~slipstream.daemon.flow.rate_control.NakStrengthSignaller`);
+the C half wakes the pass when the hwm reaches the next threshold (``rate_signal_position``).
+
 States (changed only in :meth:`_transition`)::
 
     INIT --first subscriber--> ACTIVE
@@ -58,6 +63,8 @@ from slipstream.client.frames import (
     RTTM_REPLY_FLAG,
     SM_EOS_FLAG,
     Nak,
+    RateAnnounce,
+    RateSignal,
     Rttm,
     Setup,
     StatusMessage,
@@ -72,6 +79,7 @@ from slipstream.client.logbuffer import (
 )
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow.rate_control import NakStrengthSignaller
 from slipstream.daemon.flow.registry import congestion_control_for
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.loss_detector import (
@@ -198,6 +206,9 @@ class PublicationImage:
         c.source = raw_source
         c.source_length = len(raw_source)
         c.receiver_position = self._rcv_pos
+        c.rate_signal_position = NO_DEADLINE
+        #: NAK-strength signals (rc=), once the sender announced it adapts to them.
+        self.rate_signaller: NakStrengthSignaller | None = None
         self._sync_subscribers_c()
         c.sm_due_position = self.status_message_due_position()
         self._set_last_sm_position(join)
@@ -326,6 +337,28 @@ class PublicationImage:
             rtt_ns = now_ns - rttm.echo_timestamp - rttm.reception_delta
             self.congestion_control.on_rtt_measurement(now_ns, max(rtt_ns, 0), self.source)
 
+    def on_rate_announce(self, announce: RateAnnounce, now_ns: int) -> None:
+        """The sender adapts its rate to NAK-strength signals: send them from now on."""
+        if self.rate_signaller is None:
+            self.rate_signaller = NakStrengthSignaller(announce)
+        else:
+            self.rate_signaller.on_announce(announce)
+        self._next_due_ns = 0  # the next pass measures the fill and arms the C half
+
+    def _signal_rate(self, now_ns: int, consumption_position: int, hwm: int) -> None:
+        """Signal the threshold the image's fill crossed, if any, and tell the C half the hwm
+        at which the next one is crossed."""
+        signaller = self.rate_signaller
+        assert signaller is not None
+        fill = signaller.fill_permille(consumption_position, hwm, self.window)
+        threshold = signaller.signal(now_ns, fill)
+        if threshold is not None:
+            signal = RateSignal(self.session_id, self.stream_id, fill, threshold)
+            self._outbox.append(Datagram(signal.encode(), self.control_address))
+            self.counters.add(SystemCounter.RATE_SIGNALS_SENT)
+        self.c.rate_signal_position = signaller.next_signal_position(consumption_position,
+                                                                     self.window)
+
     # -- loss -----------------------------------------------------------------------------
     def _on_loss(self, term_id: int, term_offset: int, length: int) -> None:
         if self.reliable:
@@ -343,9 +376,12 @@ class PublicationImage:
     # -- output ---------------------------------------------------------------------------
     def due(self, now_ns: int) -> bool:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns``, cheaply: data
-        arrived, output is queued, a timer is due, or a subscriber reached the position where
-        the 25 % rule schedules a status message."""
+        arrived, output is queued, a timer is due, the hwm reached the next NAK-strength
+        threshold, or a subscriber reached the position where the 25 % rule schedules a
+        status message."""
         if self.c.dirty or self._outbox or now_ns >= self._next_due_ns:
+            return True
+        if self.rcv_hwm >= self.c.rate_signal_position:
             return True
         cells = self._subscriber_positions
         if len(cells) == 1:
@@ -378,6 +414,7 @@ class PublicationImage:
         else:  # no rebuild pass and no SM any more: nothing in C makes this due again
             self.c.dirty = 0
             self.c.sm_due_position = NO_DEADLINE
+            self.c.rate_signal_position = NO_DEADLINE
         self._next_due_ns = self.next_deadline_ns()
 
     def _track_rebuild(self, now_ns: int) -> None:
@@ -416,6 +453,8 @@ class PublicationImage:
                 now_ns, consumption_position=min_sub, last_sm_position=c.last_sm_position,
                 hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
                 loss_found=loss_found)
+        if self.rate_signaller is not None:
+            self._signal_rate(now_ns, min_sub, hwm)
         self.cleaner.clean_toward(min_sub)
         if (force_sm or min_sub > self._sm_position + (self._sm_window >> 2)
                 or self._allowed_window(self._sm_position) != self._sm_window):
@@ -484,6 +523,8 @@ class PublicationImage:
         deadline = min(self._sm_deadline_ns, self.loss_detector.next_deadline_ns())
         if self._consults_congestion_control:
             deadline = min(deadline, self.congestion_control.next_deadline_ns())
+        if self.rate_signaller is not None:
+            deadline = min(deadline, self.rate_signaller.next_deadline_ns())
         if state is ImageState.DRAINING:
             return min(deadline, self._time_of_last_state_change_ns
                        + 5 * self.status_message_timeout_ns)

@@ -18,7 +18,11 @@ What goes out of :meth:`NetworkPublication.datagrams_to_send`, in Aeron's order:
    until it has live receivers (``aeron_network_publication_setup_message_check``);
 2. a heartbeat when 100 ms passed since the last data or heartbeat (only after the first SM),
    flags 0xE0 (EOS) once the closed publication has sent all;
-3. RTTM replies.
+3. RTTM replies;
+4. with ``rc=``, the rate-control announcement
+   (:class:`~slipstream.daemon.flow.rate_control.NakStrengthRateControl`) every
+   second and at once to a new receiver.  Its NAK-strength signals set the send-rate limit
+   that the C data path enforces per datagram.
 
 Retransmits (from NAKs, through :class:`RetransmitHandler`) are spans of the log queued on
 :attr:`NetworkPublication.c`: the data path sends them ahead of new data, in its own
@@ -52,6 +56,7 @@ from slipstream.client.frames import (
     SETUP_GROUP_FLAG,
     ErrorFrame,
     Nak,
+    RateSignal,
     Rttm,
     Setup,
     StatusMessage,
@@ -69,6 +74,8 @@ from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.flow_control import FlowControl
+from slipstream.daemon.flow.rate_control import ANNOUNCE_INTERVAL_NS
+from slipstream.daemon.flow.registry import rate_control_for
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import RetransmitHandler
@@ -102,16 +109,19 @@ _TRANSITIONS: dict[tuple[PublicationState, str], PublicationState] = {
 class SenderPositions:
     """The position cells of one network publication (cffi ``int64_t *``, counters of the
     counters file in the driver): ``pub-lmt`` (the appender reads it), ``snd-pos`` (the C data
-    path advances it) and ``snd-lmt`` (flow control raises it)."""
+    path advances it) and ``snd-lmt`` (flow control raises it); with ``rc=``, ``snd-rate``
+    (the send-rate limit in bytes/s, 0 for none; None without ``rc=``)."""
 
     publisher_limit: object
     sender_position: object
     sender_limit: object
+    sender_rate_limit: object = None
 
     @classmethod
     def in_process(cls) -> SenderPositions:
         """Cells in this process's memory, for tests."""
-        return cls(ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *"))
+        return cls(ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *"),
+                   ffi.new("int64_t *"))
 
 
 class NetworkPublication:
@@ -204,6 +214,10 @@ class NetworkPublication:
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
         self._last_sender_position = join  # and when it last moved: _check_for_blocked_publisher
         self._time_of_last_sender_progress_ns = now_ns
+        #: NAK-strength send-rate adaptation (rc=), None without; it announces itself to the
+        #: receivers every ANNOUNCE_INTERVAL_NS and at once to a new one.
+        self.rate_control = rate_control_for(params, now_ns, join)
+        self._announce_deadline_ns = now_ns if self.rate_control else NO_DEADLINE
 
     # -- state machine --------------------------------------------------------------------
     def _transition(self, event: str, now_ns: int) -> None:
@@ -310,6 +324,13 @@ class NetworkPublication:
                 reply = Rttm(self.session_id, self.stream_id, frame.echo_timestamp, 0,
                              frame.receiver_id, 0)
                 self._outbox.append(Datagram(reply.encode(), source))
+        elif isinstance(frame, RateSignal):
+            self.counters.add(SystemCounter.RATE_SIGNALS_RECEIVED)
+            rate_control = self.rate_control
+            if rate_control is not None and rate_control.on_signal(
+                    now_ns, frame.threshold, self.sender_position):
+                self.counters.add(SystemCounter.RATE_CUTS)
+                self._apply_rate_limit(now_ns)
         elif isinstance(frame, ErrorFrame):
             self.flow_control.on_error(frame, now_ns)
             self._receivers.pop(frame.receiver_id, None)
@@ -339,6 +360,8 @@ class NetworkPublication:
             if self.is_unicast:
                 self.has_received_unicast_eos = True
         else:
+            if self.rate_control is not None and sm.receiver_id not in self._receivers:
+                self._announce_deadline_ns = now_ns  # a new receiver: tell it to signal
             # Acknowledged first: the conductor's thread reads both (a drain).
             self._acknowledged[sm.receiver_id] = position
             self._receivers[sm.receiver_id] = now_ns
@@ -391,6 +414,8 @@ class NetworkPublication:
         if not self.has_initial_connection or self.is_setup_elicited:
             self._setup_message_check(now_ns, out)
         self._heartbeat_check(now_ns, out)
+        if self.rate_control is not None:
+            self._rate_control_check(now_ns, out)
         self.sender_limit = self.flow_control.on_idle(
             now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
         self._update_has_receivers(now_ns)
@@ -430,6 +455,33 @@ class NetworkPublication:
         self.flow_control.on_setup(now_ns, self.sender_limit)
         if self._receivers:
             self.is_setup_elicited = False
+
+    def _rate_control_check(self, now_ns: int, out: list[Datagram]) -> None:
+        rate_control = self.rate_control
+        assert rate_control is not None
+        if now_ns >= rate_control.next_deadline_ns():
+            rate_control.on_tick(now_ns, self.sender_position)
+            self._apply_rate_limit(now_ns)
+        if now_ns >= self._announce_deadline_ns:
+            out.append(Datagram(rate_control.announcement(self.session_id,
+                                                          self.stream_id).encode(),
+                                self.destination))
+            self._announce_deadline_ns = now_ns + ANNOUNCE_INTERVAL_NS
+
+    def _apply_rate_limit(self, now_ns: int) -> None:
+        """Hand the rate control's limit to the C data path (and the snd-rate counter)."""
+        assert self.rate_control is not None
+        c = self.c
+        limit = self.rate_control.rate_limit
+        if limit == c.rate_limit:
+            return
+        if not c.rate_limit:  # a new limit starts with a full bucket
+            c.rate_time_ns = now_ns
+            c.rate_credit = self.rate_control.burst()
+        c.rate_burst = self.rate_control.burst()
+        c.rate_limit = limit
+        if self.positions.sender_rate_limit is not None:
+            lib.ss_store_release_i64(self.positions.sender_rate_limit, limit)
 
     def has_data_ready(self) -> bool:
         """Retransmissions are queued, or a committed frame at snd-pos fits in the window: what
@@ -527,6 +579,9 @@ class NetworkPublication:
             deadline = min(deadline,
                            self._time_of_last_data_or_heartbeat_ns + HEARTBEAT_TIMEOUT_NS)
         deadline = min(deadline, self.flow_control.next_deadline_ns())
+        if self.rate_control is not None:
+            deadline = min(deadline, self.rate_control.next_deadline_ns(),
+                           self._announce_deadline_ns)
         if self._connected:
             deadline = min(deadline, self._status_message_deadline_ns + 1)
         if self._receivers:

@@ -1,0 +1,227 @@
+"""NAK-strength send-rate adaptation (``rc=nak-strength``; seeds/001, docs/FLOW.md).
+
+Receivers say how full they are; the sender adapts its rate.  No list of receivers: a receiver
+that pauses or dies stops signalling and costs the sender nothing, which is the point of the
+design against ``fc=min``, whose sender waits for its slowest receiver until a timeout.
+
+* **Receiver** (:class:`NakStrengthSignaller`, one per image of a sender that announced
+  itself with a :class:`~slipstream.client.frames.RateAnnounce`): the image's fill is the
+  bytes between its slowest subscriber and its high-water mark, per mille of its window.
+  Crossing a threshold upward sends a :class:`~slipstream.client.frames.RateSignal` at once;
+  staying above one repeats it once per window.  Below the lowest threshold it sends nothing.
+* **Sender** (:class:`NakStrengthRateControl`): a send-rate limit (bytes/s), enforced per
+  datagram by the C data path (a token bucket on ``ss_send_publication_t``).  It starts
+  unlimited.  A signal cuts the rate the sender was achieving by ``depth x threshold``; within
+  one window only a stronger signal cuts again (from the same base), so N receivers that
+  signal together cut once.  While no signal comes the limit climbs once per window: quickly
+  back toward the *knee* (the rate at which the last signal came), then past it in doubling
+  steps, and once it is four times the knee the limit is lifted.
+
+What seeds/001 left to experiment ("it should be possible to adaptively find appropriate values
+at runtime") is found here as the stream runs:
+
+* the **steps** scale with the knee, so the same defaults serve a loopback stream of GB/s and a
+  100 Mbit/s link, and the climb slows where the last signal came;
+* the **depth** of a cut adapts to how soon the next signal comes: a signal within two
+  windows of the last hold means the cut was too shallow (deeper next time, up to
+  :data:`MAX_DEPTH`); a signal after :data:`CALM_WINDOWS` quiet windows means it was deeper
+  than needed (shallower, down to :data:`MIN_DEPTH`).
+
+Both classes are sans-I/O: every call takes ``now_ns``; units are bytes, bytes/s and ns.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from slipstream.client.frames import RateAnnounce
+from slipstream.client.layout import NO_DEADLINE
+from slipstream.daemon.protocol.params import RateControlParams
+
+#: How often a sender repeats its announcement (and at once to each new receiver).
+ANNOUNCE_INTERVAL_NS = 1_000_000_000
+#: The first cut takes rate x (1 - depth x threshold/100): half the rate at 100 %.
+INITIAL_DEPTH = 0.5
+MIN_DEPTH = 0.2
+MAX_DEPTH = 0.9
+#: Quiet windows after which a signal finds the last cut deeper than needed.
+CALM_WINDOWS = 40
+#: The limit is lifted once it climbed to this multiple of the knee with no signal.
+LIFT_FACTOR = 4
+#: The lowest limit (datagrams of one MTU per second): a receiver that keeps signalling slows
+#: the stream to a trickle, never to a stop.
+MIN_DATAGRAMS_PER_S = 64
+#: The bucket holds this much time at the limit (and at least BURST_DATAGRAMS datagrams): the
+#: driver's loop parks in milliseconds, so less would lose rate to the park's rounding.
+BURST_NS = 4_000_000
+BURST_DATAGRAMS = 4
+
+
+class NakStrengthRateControl:
+    """A publication's send-rate limit from NAK-strength signals.  See the module docstring.
+
+    :attr:`rate_limit` is what the C data path enforces (0: none); the publication calls
+    :meth:`on_signal` for each :class:`RateSignal` and :meth:`on_tick` at
+    :meth:`next_deadline_ns`, passing snd-pos (the rate it achieves is measured from it)."""
+
+    name: ClassVar[str] = "nak-strength"
+
+    def __init__(self, params: RateControlParams, *, mtu: int, now_ns: int,
+                 sender_position: int) -> None:
+        self.thresholds = params.thresholds
+        self.window_ns = params.window_ns
+        self.mtu = mtu
+        self.min_rate = mtu * MIN_DATAGRAMS_PER_S
+        #: bytes/s the data path may send; 0: no limit.
+        self.rate_limit = 0
+        #: The rate the last cut started from: where signals came last (bytes/s; 0: none yet).
+        self.knee = 0
+        self.depth = INITIAL_DEPTH
+        self.signals = 0  # received
+        self.cuts = 0
+        #: bytes/s sent over the last whole window (snd-pos).
+        self.sent_rate = 0
+        self._sample = (now_ns, sender_position)  # the start of the current window
+        self._previous_sample = self._sample  # the start of the one before
+        self._next_tick_ns = now_ns + self.window_ns
+        self._hold_until_ns = 0  # a window in which only a stronger signal cuts again
+        self._held_threshold = 0
+        self._cut_base = 0
+        self._probe_step = 0
+        self._last_cut_ns: int | None = None
+
+    # -- signals -------------------------------------------------------------------------
+    def on_signal(self, now_ns: int, threshold: int, sender_position: int) -> bool:
+        """A receiver crossed ``threshold`` percent of its window.  Returns whether the limit
+        was cut (a weaker or equal signal within the window of the last cut is not)."""
+        self.signals += 1
+        if now_ns < self._hold_until_ns:
+            if threshold <= self._held_threshold:
+                return False
+            base = self._cut_base  # a stronger signal of the same episode: cut deeper
+        else:
+            base = self._achieved_rate(now_ns, sender_position)
+            if self.rate_limit:
+                base = min(base, self.rate_limit) if base else self.rate_limit
+            base = max(base, self.min_rate)
+            self._tune_depth(now_ns)
+            self._cut_base = self.knee = base
+        self.rate_limit = max(self.min_rate, int(base * (1.0 - self.depth * threshold / 100)))
+        self._hold_until_ns = now_ns + self.window_ns
+        self._held_threshold = threshold
+        self._probe_step = 0
+        self._last_cut_ns = now_ns
+        self.cuts += 1
+        return True
+
+    def _tune_depth(self, now_ns: int) -> None:
+        """Deeper when signals recur within two windows of the last hold, shallower after a
+        long calm (the module docstring)."""
+        if self._last_cut_ns is None:
+            return
+        quiet_ns = now_ns - self._hold_until_ns
+        if quiet_ns < 2 * self.window_ns:
+            self.depth = min(MAX_DEPTH, self.depth * 1.25)
+        elif quiet_ns > CALM_WINDOWS * self.window_ns:
+            self.depth = max(MIN_DEPTH, self.depth * 0.8)
+
+    def _achieved_rate(self, now_ns: int, sender_position: int) -> int:
+        """bytes/s sent from the start of the last whole window to now."""
+        start_ns, start_position = self._previous_sample
+        elapsed = now_ns - start_ns
+        if elapsed <= 0:
+            return self.sent_rate
+        return (sender_position - start_position) * 1_000_000_000 // elapsed
+
+    # -- time ----------------------------------------------------------------------------
+    def on_tick(self, now_ns: int, sender_position: int) -> None:
+        """A window passed: measure the rate sent, and raise the limit unless a signal came
+        within the window."""
+        if now_ns < self._next_tick_ns:
+            return
+        start_ns, start_position = self._sample
+        if now_ns > start_ns:
+            self.sent_rate = (sender_position - start_position) * 1_000_000_000 // (
+                now_ns - start_ns)
+        self._previous_sample = self._sample
+        self._sample = (now_ns, sender_position)
+        self._next_tick_ns = now_ns + self.window_ns
+        if not self.rate_limit or now_ns < self._hold_until_ns:
+            return
+        step_floor = max(self.min_rate, self.knee // 32)
+        if self.rate_limit < self.knee:
+            self.rate_limit = min(self.knee, self.rate_limit + max(
+                step_floor, (self.knee - self.rate_limit) // 4))
+        else:
+            self._probe_step = 2 * self._probe_step if self._probe_step else step_floor
+            self.rate_limit += self._probe_step
+            if self.rate_limit >= LIFT_FACTOR * self.knee:
+                self.rate_limit = 0
+
+    def next_deadline_ns(self) -> int:
+        """When :meth:`on_tick` has work: the end of the current window."""
+        return self._next_tick_ns
+
+    def burst(self) -> int:
+        """The token bucket's size for the current limit (bytes)."""
+        return max(BURST_DATAGRAMS * self.mtu, self.rate_limit * BURST_NS // 1_000_000_000)
+
+    def announcement(self, session_id: int, stream_id: int) -> RateAnnounce:
+        """What the sender tells its receivers so that they signal."""
+        return RateAnnounce(session_id, stream_id, max(1, self.window_ns // 1000),
+                            self.thresholds)
+
+    def __repr__(self) -> str:
+        return (f"<NakStrengthRateControl limit={self.rate_limit} knee={self.knee} "
+                f"depth={self.depth:.2f} cuts={self.cuts}>")
+
+
+class NakStrengthSignaller:
+    """An image's NAK-strength signals, once its sender announced itself.  See the module
+    docstring."""
+
+    def __init__(self, announce: RateAnnounce) -> None:
+        self.thresholds: tuple[int, ...] = ()
+        self.window_ns = 0
+        self.level = 0  # the threshold signalled last while above it; 0: below all
+        self._last_signal_ns = 0
+        self.on_announce(announce)
+
+    def on_announce(self, announce: RateAnnounce) -> None:
+        """The sender (re)announced its thresholds and window."""
+        self.thresholds = announce.thresholds
+        self.window_ns = announce.window_us * 1000
+
+    @staticmethod
+    def fill_permille(consumption_position: int, hwm_position: int, window: int) -> int:
+        """How full the image is: the bytes between the slowest subscriber and the high-water
+        mark, per mille of the window, at most 1000."""
+        if window <= 0:
+            return 1000
+        return max(0, min(1000, (hwm_position - consumption_position) * 1000 // window))
+
+    def signal(self, now_ns: int, fill_permille: int) -> int | None:
+        """The threshold to signal at ``now_ns`` for ``fill_permille``, or None: a higher
+        threshold crossed, or the current one held for a window."""
+        level = 0
+        for threshold in self.thresholds:
+            if fill_permille >= threshold * 10:
+                level = threshold
+        if level > self.level or (level and now_ns >= self._last_signal_ns + self.window_ns):
+            self.level = level
+            self._last_signal_ns = now_ns
+            return level
+        self.level = level
+        return None
+
+    def next_signal_position(self, consumption_position: int, window: int) -> int:
+        """The high-water mark from which the image, at ``consumption_position``, crosses a
+        threshold above its level (NO_DEADLINE: none left): the C half wakes Python there."""
+        for threshold in self.thresholds:
+            if threshold > self.level:
+                return consumption_position + (window * threshold + 99) // 100
+        return NO_DEADLINE
+
+    def next_deadline_ns(self) -> int:
+        """When a held level is signalled again (NO_DEADLINE below all thresholds)."""
+        return self._last_signal_ns + self.window_ns if self.level else NO_DEADLINE

@@ -1,0 +1,285 @@
+"""NAK-strength send-rate adaptation (``rc=nak-strength``, daemon/flow/rate_control.py): the
+sender's limit and the receiver's signals as sans-I/O rules, the C data path's token bucket,
+and a sender/receiver pair whose subscriber reads slowly."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_protocol_pair import MS, URI, Pair
+
+from slipstream.client.counters import SystemCounter
+from slipstream.client.frames import RateAnnounce, RateSignal, StatusMessage, decode
+from slipstream.client.layout import NO_DEADLINE
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.flow.rate_control import (
+    LIFT_FACTOR,
+    MAX_DEPTH,
+    MIN_DATAGRAMS_PER_S,
+    NakStrengthRateControl,
+    NakStrengthSignaller,
+)
+from slipstream.daemon.protocol.params import (
+    DEFAULT_RATE_THRESHOLDS,
+    DEFAULT_RATE_WINDOW_NS,
+    RateControlParams,
+)
+
+WINDOW = DEFAULT_RATE_WINDOW_NS
+PARAMS = RateControlParams("nak-strength", DEFAULT_RATE_THRESHOLDS, WINDOW)
+MTU = 1408
+MB = 1_000_000
+
+
+def controller_sending_at(rate: int) -> tuple[NakStrengthRateControl, int, int]:
+    """A controller whose sender has sent ``rate`` bytes/s for two windows: (it, now, snd-pos)."""
+    control = NakStrengthRateControl(PARAMS, mtu=MTU, now_ns=0, sender_position=0)
+    position = 0
+    for now in (WINDOW, 2 * WINDOW):
+        position = rate * now // 1_000_000_000
+        control.on_tick(now, position)
+    return control, 2 * WINDOW, position
+
+
+# -- the sender's limit ------------------------------------------------------------------
+
+
+def test_the_limit_starts_lifted_and_a_signal_cuts_the_rate_achieved_by_its_strength() -> None:
+    control, now, position = controller_sending_at(100 * MB)
+    assert control.rate_limit == 0 and control.sent_rate == 100 * MB
+    assert control.on_signal(now, 50, position)
+    assert control.rate_limit == 75 * MB  # 100 MB/s x (1 - 0.5 x 50 %)
+    assert control.knee == 100 * MB and control.cuts == 1
+
+
+def test_within_one_window_only_a_stronger_signal_cuts_again_and_from_the_same_base() -> None:
+    control, now, position = controller_sending_at(100 * MB)
+    control.on_signal(now, 75, position)
+    assert control.rate_limit == 62_500_000
+    # Receivers signalling the same episode: a weaker or equal signal does nothing ...
+    assert not control.on_signal(now + WINDOW // 2, 50, position)
+    assert not control.on_signal(now + WINDOW // 2, 75, position)
+    assert control.rate_limit == 62_500_000
+    # ... a stronger one cuts deeper, from the rate before the first cut, not compounded.
+    assert control.on_signal(now + WINDOW // 2, 100, position)
+    assert control.rate_limit == 50 * MB
+    assert (control.signals, control.cuts) == (4, 2)
+
+
+def test_without_signals_the_limit_climbs_to_the_knee_then_probes_past_it_and_is_lifted() -> None:
+    control, now, position = controller_sending_at(100 * MB)
+    position += 100 * MB * (WINDOW // 2) // 1_000_000_000
+    control.on_signal(now + WINDOW // 2, 100, position)  # mid-window: holds the next tick
+    limits = []
+    rate = 50 * MB
+    for _ in range(60):
+        now += WINDOW
+        position += rate * WINDOW // 1_000_000_000
+        control.on_tick(now, position)
+        limits.append(control.rate_limit)
+        rate = control.rate_limit or rate
+        if not control.rate_limit:
+            break
+    assert limits[0] == 50 * MB  # the window of the cut holds it
+    climb = limits[1:limits.index(100 * MB) + 1]
+    assert climb == sorted(climb) and len(climb) >= 3  # concave: quick, then slower
+    assert climb[0] - 50 * MB > climb[-1] - climb[-2]
+    probe = limits[len(climb) + 1:-1]
+    steps = [b - a for a, b in zip([100 * MB, *probe], probe, strict=False)]
+    assert steps == sorted(steps) and steps[-1] > steps[0]  # convex past the knee
+    assert limits[-1] == 0 and probe[-1] < LIFT_FACTOR * 100 * MB
+
+
+def test_signals_that_recur_right_after_a_hold_make_the_cuts_deeper() -> None:
+    control, now, position = controller_sending_at(100 * MB)
+    depths = []
+    for _ in range(8):
+        control.on_signal(now, 100, position)
+        depths.append(control.depth)
+        now += WINDOW + WINDOW // 2  # the next signal half a window after the hold ends
+        control.on_tick(now, position)
+    assert depths == sorted(depths) and depths[-1] == MAX_DEPTH
+
+
+def test_a_signal_after_a_long_calm_makes_the_next_cut_shallower() -> None:
+    control, now, position = controller_sending_at(100 * MB)
+    control.on_signal(now, 100, position)
+    deep = control.depth
+    control.on_signal(now + 100 * WINDOW, 100, position)
+    assert control.depth < deep
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3 * WINDOW), st.sampled_from((0, 50, 75, 87, 100)),
+                          st.integers(0, 10 * MB)), max_size=80))
+def test_the_limit_is_never_below_the_floor_and_the_deadline_always_moves_on(
+        events: list[tuple[int, int, int]]) -> None:
+    control = NakStrengthRateControl(PARAMS, mtu=MTU, now_ns=0, sender_position=0)
+    now = position = 0
+    for elapsed, threshold, sent in events:
+        now += elapsed
+        position += sent
+        if threshold:
+            control.on_signal(now, threshold, position)
+        deadline = control.next_deadline_ns()
+        control.on_tick(now, position)
+        if now >= deadline:
+            assert control.next_deadline_ns() > now
+        assert control.rate_limit == 0 or control.rate_limit >= MTU * MIN_DATAGRAMS_PER_S
+        assert control.burst() >= 4 * MTU
+
+
+# -- the receiver's signals ------------------------------------------------------------------
+
+
+def test_a_receiver_signals_each_threshold_crossed_and_repeats_a_held_one_each_window() -> None:
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 75, 87, 100)))
+    window = 128 * 1024
+    assert signaller.next_signal_position(0, window) == window // 2
+    assert signaller.signal(0, 499) is None
+    assert signaller.signal(1, 500) == 50
+    assert signaller.next_signal_position(0, window) == 98304  # 75 % of the window
+    assert signaller.signal(2, 700) is None  # still 50 %, within the window
+    assert signaller.signal(3, 1000) == 100  # straight past 75 and 87: the strongest
+    assert signaller.next_signal_position(0, window) == NO_DEADLINE
+    assert signaller.signal(4, 1000) is None
+    assert signaller.next_deadline_ns() == 3 + WINDOW
+    assert signaller.signal(3 + WINDOW, 1000) == 100  # held for a window: again
+    assert signaller.signal(4 + WINDOW, 100) is None  # below every threshold: quiet
+    assert signaller.next_deadline_ns() == NO_DEADLINE
+    assert signaller.signal(5 + WINDOW, 760) == 75  # a new crossing goes at once
+
+
+def test_the_fill_is_the_slowest_subscribers_distance_to_the_hwm_per_mille_of_the_window() -> None:
+    fill = NakStrengthSignaller.fill_permille
+    assert fill(1000, 1000, 4096) == 0
+    assert fill(1000, 3048, 4096) == 500
+    assert fill(0, 10 * 4096, 4096) == 1000  # left behind under fc=max: capped
+    assert fill(2000, 1000, 4096) == 0  # a subscriber can not be ahead; never negative
+
+
+# -- the C data path's bucket ------------------------------------------------------------
+
+
+def test_the_data_path_sends_at_the_rate_limit_and_never_more_than_the_burst_at_once(
+        shm: Path) -> None:
+    pair = Pair(shm, uri=URI + "|rc=nak-strength", term_length=1 << 20)
+    pair.auto_poll = False
+    pair.run_until(1 * MS)
+    publication = pair.publication
+    c = publication.c
+    lib_offer = pair.offer
+    for _ in range(400):  # 400 KiB committed, more than the window lets out
+        assert lib_offer(b"r" * 992) > 0
+    rate, burst = 2 * MB, 16 * 1024
+    c.rate_limit, c.rate_burst, c.rate_credit, c.rate_time_ns = rate, burst, burst, 0
+    publication.sender_limit = 1 << 40  # flow control out of the way: only the bucket holds
+    spans = network_ffi.new("ss_span_t[]", 64 + network.SS_RETRANSMIT_MAX)
+    start = publication.sender_position
+    sent_at = []
+    for now in range(0, 100 * MS, 50_000):  # a loop that looks every 50 us for 100 ms
+        before = publication.sender_position
+        network.ss_send_data(c, now, 64, spans)
+        moved = publication.sender_position - before
+        assert moved <= burst + 1024  # one datagram may overdraw the bucket
+        if moved:
+            sent_at.append(now)
+    total = publication.sender_position - start
+    assert abs(total - (burst + rate // 10)) <= 2048  # the burst, then 2 MB/s for 0.1 s
+    # Waiting data reports when the bucket lets it go, the same answer ss_rate_wait_ns gives.
+    ready = network.ss_rate_ready_ns(c)
+    assert ready > sent_at[-1]
+    assert network.ss_rate_wait_ns(c, ready - 1) > 0 and network.ss_rate_wait_ns(c, ready) == 0
+
+
+# -- a sender and a receiver whose subscriber reads slowly ----------------------------------
+
+
+def run_slow_subscriber(pair: Pair, *, messages_per_ms: int, ms: int) -> tuple[int, list]:
+    """The publisher offers until back pressure every ms; the subscriber reads
+    ``messages_per_ms`` 1 KiB frames each ms.  Returns (offered, limits each ms)."""
+    pair.auto_poll = False
+    pair.run_until(1 * MS)
+    offered = 0
+    limits = []
+    for t in range(1, ms):
+        while pair.offer(b"s" * 992) > 0:
+            offered += 1
+        if pair.subscriber is not None:
+            pair.subscriber.poll(lambda data, header: pair.received.append(bytes(data)),
+                                 messages_per_ms)
+        pair.run_until((t + 1) * MS)
+        control = pair.publication.rate_control
+        limits.append(control.rate_limit if control is not None else 0)
+    return offered, limits
+
+
+def test_a_slow_subscriber_slows_the_sender_to_what_it_takes_and_loses_nothing(
+        shm: Path) -> None:
+    pair = Pair(shm, uri=URI + "|rc=nak-strength", term_length=1 << 20)
+    offered, limits = run_slow_subscriber(pair, messages_per_ms=10, ms=1500)
+    taken = 10 * 1024 * 1000  # bytes/s the subscriber reads
+    control = pair.publication.rate_control
+    assert control is not None and control.cuts >= 3
+    # Every signal was sent by the image above a threshold and reached the sender.
+    signals = pair.rcv_counters[SystemCounter.RATE_SIGNALS_SENT]
+    assert signals == pair.pub_counters[SystemCounter.RATE_SIGNALS_RECEIVED] == control.signals
+    assert pair.pub_counters[SystemCounter.RATE_CUTS] == control.cuts
+    sent_signals = [f for _, f in pair.frames("r2p", RateSignal)]
+    assert len(sent_signals) == signals and all(s.fill_permille >= 500 for s in sent_signals)
+    # The limit settles around what the subscriber takes (the last second, once settled).
+    settled = limits[500:]
+    assert all(limit for limit in settled)
+    mean = sum(settled) / len(settled)
+    assert 0.6 * taken < mean < 1.4 * taken, (mean, taken)
+    assert pair.publication.positions.sender_rate_limit[0] == control.rate_limit
+    # Nothing lost, nothing twice: everything read is what was offered, in order.
+    pair.subscriber.poll(lambda data, header: pair.received.append(bytes(data)), 1 << 20)
+    assert len(pair.received) <= offered and set(pair.received) == {b"s" * 992}
+    assert pair.image.rcv_pos >= pair.sub_position[0]
+
+
+def test_a_sender_without_rc_announces_nothing_and_its_receiver_never_signals(
+        shm: Path) -> None:
+    pair = Pair(shm, term_length=1 << 20)
+    run_slow_subscriber(pair, messages_per_ms=10, ms=300)
+    assert not pair.frames("p2r", RateAnnounce)
+    assert pair.image.rate_signaller is None
+    assert not pair.frames("r2p", RateSignal)
+    assert pair.publication.c.rate_limit == 0
+
+
+def test_the_sender_announces_at_once_to_a_new_receiver_and_every_second(shm: Path) -> None:
+    pair = Pair(shm, uri=URI + "|rc=nak-strength,thresholds:60/90,window:20ms",
+                term_length=1 << 20)
+    pair.run_until(2500 * MS)
+    announces = pair.frames("p2r", RateAnnounce)
+    first_sm = pair.frames("r2p", StatusMessage)[0][0]
+    times = [t for t, _ in announces]
+    assert times[0] == 0 and first_sm in times  # with the first SETUP, and to the receiver
+    assert [b - a for a, b in itertools.pairwise(times[1:])] == [1000 * MS] * (len(times) - 2)
+    assert announces[-1][1] == RateAnnounce(77, 1001, 20_000, (60, 90))
+    assert decode(announces[-1][1].encode()) == announces[-1][1]
+    signaller = pair.image.rate_signaller
+    assert signaller is not None and signaller.thresholds == (60, 90)
+
+
+@pytest.mark.parametrize("uri", [URI, URI + "|rc=nak-strength"])
+def test_rate_control_changes_nothing_for_a_subscriber_that_keeps_up(shm: Path,
+                                                                      uri: str) -> None:
+    pair = Pair(shm, uri=uri, term_length=1 << 20)
+    pair.run_until(1 * MS)
+    payloads = [bytes([i % 251]) * 900 for i in range(3000)]
+    for i in range(0, len(payloads), 100):
+        for payload in payloads[i:i + 100]:
+            assert pair.offer(payload) > 0
+        pair.run_until(pair.now + 1 * MS)
+    pair.run_until(pair.now + 10 * MS)
+    assert pair.received == payloads
+    assert not pair.frames("r2p", RateSignal)
+    assert pair.publication.c.rate_limit == 0
