@@ -365,15 +365,17 @@ class ResponseSetup:
 
 @attrs.frozen
 class RateSignal:
-    """slipstream's NAK-strength signal (EXT, 32 bytes; docs/PROTOCOL.md §9), receiver to
+    """slipstream's NAK-strength signal (EXT, 40 bytes; docs/PROTOCOL.md §9), receiver to
     sender: the receiver's image of (session, stream) is ``fill_permille`` full (the bytes
     between its slowest subscriber and its high-water mark, per mille of its window, at most
-    1000) and crossed ``threshold`` percent, one of those the sender announced."""
+    1000) and crossed ``threshold`` percent, one of those the sender announced; its slowest
+    subscriber took ``consumption_rate`` bytes/s lately (0: not measured yet)."""
 
     session_id: int
     stream_id: int
     fill_permille: int
     threshold: int
+    consumption_rate: int = 0
 
     frame_length: ClassVar[int] = RATE_SIGNAL_LENGTH
 
@@ -381,7 +383,7 @@ class RateSignal:
         return RATE_SIGNAL_FRAME.pack(RATE_SIGNAL_LENGTH, CURRENT_VERSION, 0, HDR_TYPE_EXT,
                                       EXT_MAGIC, EXT_TYPE_RATE_SIGNAL, EXT_VERSION,
                                       self.session_id, self.stream_id, self.fill_permille,
-                                      self.threshold)
+                                      self.threshold, self.consumption_rate)
 
 
 @attrs.frozen
@@ -560,11 +562,11 @@ def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,
         bad = _check_control("rate signal", RATE_SIGNAL_LENGTH, remaining, frame_length)
         if bad is not None:
             return bad
-        session_id, stream_id, fill, threshold = _RATE_SIGNAL_BODY.unpack_from(data, body)
-        if not 0 <= fill <= 1000 or not 0 < threshold <= 100:
-            return Rejected(f"rate signal fill {fill} permille or threshold {threshold} % "
-                            f"out of range")
-        return RateSignal(session_id, stream_id, fill, threshold)
+        session_id, stream_id, fill, threshold, rate = _RATE_SIGNAL_BODY.unpack_from(data, body)
+        if not 0 <= fill <= 1000 or not 0 < threshold <= 100 or rate < 0:
+            return Rejected(f"rate signal fill {fill} permille, threshold {threshold} % or "
+                            f"consumption rate {rate} out of range")
+        return RateSignal(session_id, stream_id, fill, threshold, rate)
     if ext_type == EXT_TYPE_RATE_ANNOUNCE:
         bad = _check_control("rate announce", RATE_ANNOUNCE_LENGTH, remaining, frame_length)
         if bad is not None:

@@ -130,9 +130,9 @@ EXT_VERSION: Final = 1
 EXT_TYPE_RATE_SIGNAL: Final = 1  # receiver -> sender: how full the receiver's image is
 EXT_TYPE_RATE_ANNOUNCE: Final = 2  # sender -> receivers: signal me, at these thresholds
 
-# header, then session_id stream_id fill_permille threshold_percent
-RATE_SIGNAL_FRAME: Final = struct.Struct("<iBBHiHHiiii")
-RATE_SIGNAL_LENGTH: Final = RATE_SIGNAL_FRAME.size  # 32
+# header, then session_id stream_id fill_permille threshold_percent consumption_rate (bytes/s)
+RATE_SIGNAL_FRAME: Final = struct.Struct("<iBBHiHHiiiiq")
+RATE_SIGNAL_LENGTH: Final = RATE_SIGNAL_FRAME.size  # 40
 # header, then session_id stream_id window_us thresholds (4 x percent, ascending, 0 = unused)
 RATE_ANNOUNCE_FRAME: Final = struct.Struct("<iBBHiHHiiiBBBB")
 RATE_ANNOUNCE_LENGTH: Final = RATE_ANNOUNCE_FRAME.size  # 32

@@ -150,6 +150,15 @@ class SubscriberStats:
         #: Sequence numbers from here on are expected: the publisher's next one when this
         #: subscriber host first came up (a late joiner does not miss what came before).
         self.expected_from = 0
+        #: The longest virtual time between two deliveries (ns), and the last delivery.
+        self.longest_gap_ns = 0
+        self.last_delivery_ns: int | None = None
+
+    def note_deliveries(self, now_ns: int) -> None:
+        """Messages were delivered at ``now_ns``: the gap since the last delivery counts."""
+        if self.last_delivery_ns is not None:
+            self.longest_gap_ns = max(self.longest_gap_ns, now_ns - self.last_delivery_ns)
+        self.last_delivery_ns = now_ns
 
     def on_message(self, data: memoryview, _header: object) -> None:
         """The subscriber's fragment handler (one call per whole message)."""
@@ -466,7 +475,9 @@ class PublisherHost(SimHost):
 
 
 class SubscriberHost(SimHost):
-    """Hosts 2..N: one subscription, one reader per image, statistics of what arrived."""
+    """Hosts 2..N: one subscription, one reader per image, statistics of what arrived.  The
+    subscriber reads everything it can, or ``read_rate`` messages per virtual second (the
+    scenario's ``[[subscriber]]``), and not at all while paused (a ``pause`` event)."""
 
     def __init__(self, sim: Simulation, index: int) -> None:
         super().__init__(sim, index)
@@ -477,6 +488,16 @@ class SubscriberHost(SimHost):
         self.images_seen = 0
         self.images_lost = 0  # UNAVAILABLE_IMAGE events
         self.unavailable_at_ns: list[int] = []
+        self.read_rate = sim.scenario.read_rate(index)
+        self._read_start_ns: int | None = None
+        self._read_count = 0
+        self._rate_bound = False  # the last pass stopped at read_rate, not for lack of data
+        self._paused_until_ns = 0
+
+    def pause_until(self, end_ns: int) -> None:
+        """The subscriber stops reading until ``end_ns`` (virtual); the driver goes on."""
+        self._paused_until_ns = end_ns
+        self.sim.loop.call_at(end_ns, self.wake)
 
     def _start(self) -> None:
         if self.incarnation == 1:
@@ -514,21 +535,47 @@ class SubscriberHost(SimHost):
             if not reader.poll(on_message, POLL_LIMIT):
                 break
 
+    def _read_budget(self, now_ns: int) -> int:
+        """Messages the subscriber may read at ``now_ns`` (read_rate), POLL_LIMIT-sized
+        passes without one."""
+        if now_ns < self._paused_until_ns:
+            return 0
+        if not self.read_rate:
+            return 1 << 62
+        if self._read_start_ns is None:
+            self._read_start_ns = now_ns
+        allowed = int((now_ns - self._read_start_ns) * self.read_rate / 1e9) + 1
+        return max(0, allowed - self._read_count)
+
     def _work(self, now_ns: int) -> int:
         on_message = self.stats.on_message
+        budget = self._read_budget(now_ns)
         moved = 0
+        delivered = self.stats.delivered
+        self._rate_bound = False
         for _registration_id, reader, cell in self.readers.values():
             before = start = cell[0]
-            while True:  # until the reader stops moving (padding moves it without messages)
-                reader.poll(on_message, POLL_LIMIT)
+            while budget > 0:  # until the reader stops moving (padding moves it without messages)
+                budget -= reader.poll(on_message, min(POLL_LIMIT, budget))
                 position = cell[0]
                 if position == before:
                     break
                 before = position
-            moved += position != start
+            else:
+                self._rate_bound = bool(self.readers)
+            moved += cell[0] != start
+        if self.stats.delivered != delivered:
+            self._read_count += self.stats.delivered - delivered
+            self.stats.note_deliveries(now_ns)
         return moved
 
     def _deadline(self, now_ns: int) -> int:
+        if now_ns < self._paused_until_ns:
+            return self._paused_until_ns
+        if self._rate_bound and self._read_start_ns is not None:
+            # When the next message may be read (the budget above turns positive).
+            return max(now_ns + 1, self._read_start_ns + int(
+                self._read_count * 1e9 / self.read_rate))
         return NO_DEADLINE
 
     def position_of(self, session_id: int) -> int | None:

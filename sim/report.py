@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any, Final
 
@@ -52,6 +53,10 @@ class Report:
     samples: list[tuple[int, int | None, list[int | None]]] = attrs.field(factory=list)
     #: ``(t_ns, stream position)`` of DATA datagrams from the publisher that were dropped.
     drops: list[tuple[int, int]] = attrs.field(factory=list)
+    #: ``(t_ns, snd-lmt, send-rate limit in bytes/s or 0)``, sampled with the positions.
+    limits: list[tuple[int, int, int]] = attrs.field(factory=list)
+    #: Per subscriber: the longest virtual time between two deliveries (ns).
+    longest_gaps_ns: list[int] = attrs.field(factory=list)
 
     @property
     def exactly_once_in_order(self) -> bool:
@@ -94,6 +99,10 @@ class Report:
         for i, ip in enumerate(self.subscribers):
             lines.append(f"{ip:<13} {self.delivered[i]:>9}  {self.duplicates[i]:>10}  "
                          f"{self.out_of_order[i]:>12}  {self.missing[i]:>7}")
+        if self.longest_gaps_ns:
+            lines.append("longest gap   " + "  ".join(
+                f"{gap / 1e6:.1f}" for gap in self.longest_gaps_ns)
+                + " ms between deliveries, per subscriber")
         dropped = {k: v for k, v in self.network.items() if k.startswith("drop")}
         if any(self.corrupt):
             lines.append(f"corrupt       {self.corrupt} (payload did not match its header)")
@@ -114,13 +123,15 @@ class Report:
 
 
 def plot_report(report: Report, path: str) -> None:
-    """Draw stream positions over virtual time and the dropped DATA datagrams to a PNG."""
+    """Draw stream positions over virtual time and the dropped DATA datagrams to a PNG; below
+    them the publisher's send rate, and its send-rate limit when it has one (``rc=``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=100)
+    fig, (ax, rate_ax) = plt.subplots(2, 1, figsize=(10, 7.5), dpi=100, sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1.4]})
     mib = 1024 * 1024
     times = [t / 1e9 for t, _, _ in report.samples]
     sender = [None if p is None else p / mib for _, p, _ in report.samples]
@@ -130,16 +141,34 @@ def plot_report(report: Report, path: str) -> None:
         values = [float("nan") if subs[i] is None else subs[i] / mib
                   for _, _, subs in report.samples]
         ax.plot(times, values, label=f"subscriber {ip} position", linewidth=1, alpha=0.85)
+    if report.limits:
+        ax.plot([t / 1e9 for t, _, _ in report.limits],
+                [limit / mib for _, limit, _ in report.limits], label="sender limit (snd-lmt)",
+                color="grey", linewidth=0.8, linestyle="--")
     if report.drops:
         ax.scatter([t / 1e9 for t, _ in report.drops], [p / mib for _, p in report.drops],
                    marker="x", s=12, color="red", linewidths=0.8, alpha=0.6,
                    label=f"dropped DATA datagram ({len(report.drops)})")
-    ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("stream position (MiB)")
     ax.set_title(f"slipstream sim: {report.sent} messages, {report.naks} NAKs, "
                  f"{report.retransmits} retransmits")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
+    # The send rate between samples, and the limit NAK-strength signals set.
+    sent = [(t, p) for t, p, _ in report.samples if p is not None]
+    rate_ax.plot([b[0] / 1e9 for b in sent[1:]],
+                 [(b[1] - a[1]) / (b[0] - a[0]) * 1e9 / 1e6 if b[0] > a[0] else 0.0
+                  for a, b in itertools.pairwise(sent)],
+                 label="send rate", color="black", linewidth=1)
+    if any(rate for _, _, rate in report.limits):
+        rate_ax.plot([t / 1e9 for t, _, _ in report.limits],
+                     [rate / 1e6 if rate else float("nan") for _, _, rate in report.limits],
+                     label="send-rate limit (rc=nak-strength; gaps: none)", color="tab:red",
+                     linewidth=1)
+    rate_ax.set_xlabel("virtual time (s)")
+    rate_ax.set_ylabel("MB/s")
+    rate_ax.grid(True, alpha=0.3)
+    rate_ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)

@@ -73,6 +73,8 @@ class Simulation:
         self._sample_interval_ns = sample_interval_ns
         self.samples: list[tuple[int, int | None, list[int | None]]] = []
         self.drops: list[tuple[int, int]] = []
+        #: ``(t_ns, snd-lmt, send-rate limit or 0)``, sampled with the positions.
+        self.limits: list[tuple[int, int, int]] = []
         self.completed = False
         self.wall_seconds = 0.0
         for index in range(1, scenario.hosts + 1):
@@ -136,6 +138,12 @@ class Simulation:
         elif event.action == "restart":
             for index in event.hosts:
                 self.host(index).start()
+        elif event.action == "pause":
+            assert event.end_ns is not None
+            for index in event.hosts:
+                host = self.host(index)
+                assert isinstance(host, SubscriberHost), "a pause is a subscriber's"
+                host.pause_until(event.end_ns)
         elif event.action == "faults":
             sources = [event.src] if event.src is not None else range(1, self.scenario.hosts + 1)
             targets = [event.dst] if event.dst is not None else range(1, self.scenario.hosts + 1)
@@ -158,6 +166,8 @@ class Simulation:
         for sub in self.subscribers:
             subs.append(sub.position_of(session) if session is not None and sub.up else None)
         self.samples.append((self.loop.now_ns, sender, subs))
+        if pub is not None and self.publisher.up:
+            self.limits.append((self.loop.now_ns, pub.sender_limit, pub.c.rate_limit))
         assert self._sample_interval_ns
         self.loop.call_later(self._sample_interval_ns, self._sample)
 
@@ -244,6 +254,8 @@ class Simulation:
             events=self.loop.executed,
             samples=self.samples,
             drops=self.drops,
+            limits=self.limits,
+            longest_gaps_ns=[s.longest_gap_ns for s in stats],
         )
 
 

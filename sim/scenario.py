@@ -39,6 +39,16 @@ and reports a bad value as :class:`ScenarioError` naming the key.  The file form
     hosts = [3]            # partition: this side is cut off from the rest ...
     end_ms = 700           # ... until end_ms (heals)
 
+    [[subscriber]]         # a subscriber application slower than the stream
+    host = 3
+    read_rate = 1000       # messages it reads per virtual second (0 = all it can)
+
+    [[event]]
+    at_ms = 300
+    action = "pause"       # the subscribers of these hosts stop reading (a GC pause) ...
+    hosts = [3]
+    end_ms = 2300          # ... until end_ms; their drivers go on
+
     [[event]]
     at_ms = 1000
     action = "faults"      # change faults from now on
@@ -63,7 +73,7 @@ from slipstream.sim.network import LinkFaults
 #: Where subscribers listen (unicast) and the multicast data group.
 UNICAST_PORT: Final = 40123
 MULTICAST_GROUP: Final = ("224.0.1.1", 40456)
-ACTIONS: Final = ("partition", "crash", "restart", "faults")
+ACTIONS: Final = ("partition", "crash", "restart", "faults", "pause")
 MIN_MESSAGE_SIZE: Final = 16
 
 
@@ -115,6 +125,12 @@ class Scenario:
     events: tuple[Event, ...] = ()
     settings: Mapping[str, Any] = attrs.field(factory=dict)
     stream_id: int = 1001
+    #: (host, messages per virtual second) of subscribers that read slower than they could.
+    read_rates: tuple[tuple[int, float], ...] = ()
+
+    def read_rate(self, index: int) -> float:
+        """Messages per virtual second host ``index``'s subscriber reads (0: all it can)."""
+        return dict(self.read_rates).get(index, 0.0)
 
     def __attrs_post_init__(self) -> None:
         if self.hosts < 2:
@@ -138,6 +154,12 @@ class Scenario:
         for link in self.links:
             self.check_host("link.from", link.src)
             self.check_host("link.to", link.dst)
+        for index, rate in self.read_rates:
+            self.check_host("subscriber.host", index)
+            if index == 1:
+                raise ScenarioError("subscriber.host: host 1 publishes; subscribers are 2..N")
+            if rate < 0:
+                raise ScenarioError(f"subscriber.read_rate: must be >= 0, not {rate}")
         for event in self.events:
             for index in (*event.hosts, event.src, event.dst):
                 if index is not None:
@@ -209,7 +231,7 @@ def make_faults(section: str, values: Mapping[str, Any],
 
 def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") -> Scenario:
     """Build a :class:`Scenario` from parsed TOML (see the module docstring)."""
-    known = {"scenario", "faults", "link", "settings", "event"}
+    known = {"scenario", "faults", "link", "settings", "event", "subscriber"}
     for key in data:
         if key not in known:
             raise ScenarioError(f"{source}: unknown table [{key}] (known: "
@@ -259,12 +281,12 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         if action in ("crash", "restart"):
             if "host" in table:
                 table["hosts"] = [table.pop("host")]
-        if action in ("partition", "crash", "restart"):
+        if action in ("partition", "crash", "restart", "pause"):
             hosts_value = table.pop("hosts", None)
             if not isinstance(hosts_value, list) or not hosts_value:
                 raise ScenarioError(f"{name}.hosts: expected a non-empty list of hosts")
             kwargs["hosts"] = tuple(_host_index(f"{name}.hosts", h, hosts) for h in hosts_value)
-        if action == "partition":
+        if action in ("partition", "pause"):
             end_ms = table.pop("end_ms", None)
             if isinstance(end_ms, bool) or not isinstance(end_ms, int | float) or end_ms < at_ms:
                 raise ScenarioError(f"{name}.end_ms: expected a time >= at_ms in ms, "
@@ -281,6 +303,21 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         if table:
             raise ScenarioError(f"{name}.{next(iter(table))}: unknown key for {action}")
         events.append(Event(at_ns, action, **kwargs))
+    read_rates = []
+    for i, table in enumerate(data.get("subscriber", [])):
+        table = dict(table)
+        name = f"subscriber[{i}]"
+        if "host" not in table:
+            raise ScenarioError(f"{name}: needs host")
+        index = _host_index(f"{name}.host", table.pop("host"), hosts)
+        rate = table.pop("read_rate", 0)
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
+            raise ScenarioError(f"{name}.read_rate: expected messages per second >= 0, "
+                                f"not {rate!r}")
+        if table:
+            raise ScenarioError(f"{name}.{next(iter(table))}: unknown key (known: host, "
+                                f"read_rate)")
+        read_rates.append((index, float(rate)))
     settings = dict(data.get("settings", {}))
     _check_settings(settings)
     down = head.get("initially_down", [])
@@ -300,6 +337,7 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         links=tuple(links),
         events=tuple(events),
         settings=settings,
+        read_rates=tuple(read_rates),
     )
 
 

@@ -137,22 +137,58 @@ def test_the_limit_is_never_below_the_floor_and_the_deadline_always_moves_on(
 # -- the receiver's signals ------------------------------------------------------------------
 
 
-def test_a_receiver_signals_each_threshold_crossed_and_repeats_a_held_one_each_window() -> None:
+def test_a_receiver_signals_each_threshold_crossed_and_repeats_a_held_one_while_it_grows() -> None:
     signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 75, 87, 100)))
-    window = 128 * 1024
-    assert signaller.next_signal_position(0, window) == window // 2
-    assert signaller.signal(0, 499) is None
-    assert signaller.signal(1, 500) == 50
-    assert signaller.next_signal_position(0, window) == 98304  # 75 % of the window
-    assert signaller.signal(2, 700) is None  # still 50 %, within the window
-    assert signaller.signal(3, 1000) == 100  # straight past 75 and 87: the strongest
-    assert signaller.next_signal_position(0, window) == NO_DEADLINE
-    assert signaller.signal(4, 1000) is None
+    window = 100_000
+
+    def at(now: int, consumed: int, backlog: int) -> tuple[int, int] | None:
+        signalled = signaller.signal(now, consumed, consumed + backlog, window)
+        return None if signalled is None else signalled[:2]  # (threshold, fill)
+
+    assert signaller.next_signal_position(0, window) == 50_000
+    assert at(0, 0, 49_999) is None
+    assert at(1, 10, 50_000) == (50, 500)
+    assert signaller.next_signal_position(10, window) == 10 + 75_000
+    assert at(2, 20, 70_000) is None  # still 50 %, within the window
+    assert at(3, 30, 100_000) == (100, 1000)  # past 75 and 87 at once: the strongest
+    assert signaller.next_signal_position(30, window) == NO_DEADLINE
     assert signaller.next_deadline_ns() == 3 + WINDOW
-    assert signaller.signal(3 + WINDOW, 1000) == 100  # held for a window: again
-    assert signaller.signal(4 + WINDOW, 100) is None  # below every threshold: quiet
+    assert at(4, 40, 100_000) is None
+    assert at(3 + WINDOW, 50, 150_000) == (100, 1000)  # held a window, backlog grew: again
+    # Held a window more but draining: nothing, and the next window is judged from here.
+    assert at(3 + 2 * WINDOW, 60, 120_000) is None
+    assert at(3 + 3 * WINDOW, 70, 120_000) == (100, 1000)  # it stopped draining: again
+    assert at(4 + 3 * WINDOW, 80, 10_000) is None  # below every threshold: quiet
     assert signaller.next_deadline_ns() == NO_DEADLINE
-    assert signaller.signal(5 + WINDOW, 760) == 75  # a new crossing goes at once
+    assert at(5 + 3 * WINDOW, 90, 76_000) == (75, 760)  # a new crossing goes at once
+
+
+def test_a_receiver_whose_subscribers_took_nothing_for_a_window_is_silent_until_they_move() -> None:
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 100)))
+    window = 100_000
+    assert signaller.signal(0, 0, 100_000, window) == (100, 1000, 0)
+    # Nothing taken for a window: paused or dead, which no rate would help.
+    assert signaller.signal(WINDOW + 1, 0, 100_000, window) is None
+    assert signaller.stalled and signaller.next_signal_position(0, window) == NO_DEADLINE
+    assert signaller.next_deadline_ns() == 2 * WINDOW + 1  # it looks again a window later
+    assert signaller.signal(3 * WINDOW, 0, 100_000, window) is None
+    assert signaller.signal(3 * WINDOW + 1, 1, 100_001, window)[:2] == (100, 1000)  # it moves
+    assert not signaller.stalled
+
+
+def test_a_signal_carries_what_the_subscribers_took_over_the_last_one_to_two_windows() -> None:
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50,)))
+    window = 100_000
+    # 2 MB/s taken: 100 KB per 50 ms window; the image is at 60 % all along.
+    rates = []
+    for step in range(12):
+        now = step * WINDOW // 2
+        consumed = 2 * MB * now // 1_000_000_000
+        signalled = signaller.signal(now, consumed, consumed + 60_000, window)
+        rates.append(None if signalled is None else signalled[2])
+    assert rates[0] == 0  # nothing measured yet
+    assert [r for r in rates[1:] if r is not None] and all(
+        r == 2 * MB for r in rates[1:] if r is not None)
 
 
 def test_the_fill_is_the_slowest_subscribers_distance_to_the_hwm_per_mille_of_the_window() -> None:

@@ -7,15 +7,19 @@ design against ``fc=min``, whose sender waits for its slowest receiver until a t
 * **Receiver** (:class:`NakStrengthSignaller`, one per image of a sender that announced
   itself with a :class:`~slipstream.client.frames.RateAnnounce`): the image's fill is the
   bytes between its slowest subscriber and its high-water mark, per mille of its window.
-  Crossing a threshold upward sends a :class:`~slipstream.client.frames.RateSignal` at once;
-  staying above one repeats it once per window.  Below the lowest threshold it sends nothing.
+  Crossing a threshold upward sends a :class:`~slipstream.client.frames.RateSignal` at once
+  (with the rate its subscribers took lately); staying above one repeats it once per window
+  while the backlog is not shrinking.  Below the lowest threshold it sends nothing, and so
+  does a receiver whose subscribers took nothing for a window (see the class).
 * **Sender** (:class:`NakStrengthRateControl`): a send-rate limit (bytes/s), enforced per
   datagram by the C data path (a token bucket on ``ss_send_publication_t``).  It starts
-  unlimited.  A signal cuts the rate the sender was achieving by ``depth x threshold``; within
-  one window only a stronger signal cuts again (from the same base), so N receivers that
-  signal together cut once.  While no signal comes the limit climbs once per window: quickly
-  back toward the *knee* (the rate at which the last signal came), then past it in doubling
-  steps, and once it is four times the knee the limit is lifted.
+  unlimited.  A signal cuts the rate the sender was achieving, or the rate the signalling
+  receiver's subscribers took if that is lower (the signal carries it), by ``depth x
+  threshold``; within one window only a signal that cuts deeper counts (from the same base),
+  so N receivers that signal together cut once, to what the slowest of them takes.  While
+  no signal comes the limit climbs once per window: quickly back toward the *knee* (the rate
+  the last cut started from), then past it in doubling steps, and once it is four times the
+  knee the limit is lifted.
 
 What seeds/001 left to experiment ("it should be possible to adaptively find appropriate values
 at runtime") is found here as the stream runs:
@@ -84,31 +88,37 @@ class NakStrengthRateControl:
         self._sample = (now_ns, sender_position)  # the start of the current window
         self._previous_sample = self._sample  # the start of the one before
         self._next_tick_ns = now_ns + self.window_ns
-        self._hold_until_ns = 0  # a window in which only a stronger signal cuts again
-        self._held_threshold = 0
+        self._hold_until_ns = 0  # a window in which only a deeper cut counts
         self._cut_base = 0
         self._probe_step = 0
         self._last_cut_ns: int | None = None
 
     # -- signals -------------------------------------------------------------------------
-    def on_signal(self, now_ns: int, threshold: int, sender_position: int) -> bool:
-        """A receiver crossed ``threshold`` percent of its window.  Returns whether the limit
-        was cut (a weaker or equal signal within the window of the last cut is not)."""
+    def on_signal(self, now_ns: int, threshold: int, sender_position: int,
+                  consumption_rate: int = 0) -> bool:
+        """A receiver crossed ``threshold`` percent of its window; its subscribers took
+        ``consumption_rate`` bytes/s lately (0: unknown).  Returns whether the limit was cut:
+        the rate achieved (or the receiver's, if lower) x (1 - depth x threshold); within the
+        window of the last cut only a signal that cuts deeper counts, from the same base."""
         self.signals += 1
-        if now_ns < self._hold_until_ns:
-            if threshold <= self._held_threshold:
-                return False
-            base = self._cut_base  # a stronger signal of the same episode: cut deeper
+        in_hold = now_ns < self._hold_until_ns
+        if in_hold:
+            base = self._cut_base
         else:
             base = self._achieved_rate(now_ns, sender_position)
             if self.rate_limit:
                 base = min(base, self.rate_limit) if base else self.rate_limit
-            base = max(base, self.min_rate)
             self._tune_depth(now_ns)
-            self._cut_base = self.knee = base
-        self.rate_limit = max(self.min_rate, int(base * (1.0 - self.depth * threshold / 100)))
-        self._hold_until_ns = now_ns + self.window_ns
-        self._held_threshold = threshold
+        if consumption_rate > 0:
+            base = min(base, consumption_rate) if base else consumption_rate
+        base = max(base, self.min_rate)
+        limit = max(self.min_rate, int(base * (1.0 - self.depth * threshold / 100)))
+        if in_hold and self.rate_limit and limit >= self.rate_limit:
+            return False
+        if not in_hold:
+            self._hold_until_ns = now_ns + self.window_ns
+        self._cut_base = self.knee = base
+        self.rate_limit = min(self.rate_limit, limit) if self.rate_limit else limit
         self._probe_step = 0
         self._last_cut_ns = now_ns
         self.cuts += 1
@@ -178,13 +188,30 @@ class NakStrengthRateControl:
 
 class NakStrengthSignaller:
     """An image's NAK-strength signals, once its sender announced itself.  See the module
-    docstring."""
+    docstring; two rules keep the signals to what slowing the sender can fix:
+
+    * a held level is repeated (once per window) only while the backlog (hwm minus the
+      slowest subscriber, bytes) is not shrinking: a receiver that drains its backlog at the
+      rate it was given asks for nothing more;
+    * a receiver whose subscribers took nothing for a whole window is *stalled* (paused or
+      dead, not slow): no rate would help it, so it signals nothing, as a dead one would,
+      and the stream goes on for the others.  When its subscribers move again, crossing a
+      threshold signals at once.
+    """
 
     def __init__(self, announce: RateAnnounce) -> None:
         self.thresholds: tuple[int, ...] = ()
         self.window_ns = 0
         self.level = 0  # the threshold signalled last while above it; 0: below all
-        self._last_signal_ns = 0
+        self.stalled = False
+        self._window_start_ns = 0  # of the window a held level is judged over
+        self._backlog_at_window_start = 0
+        self._consumption_position: int | None = None
+        self._last_progress_ns = 0
+        self._last_look_ns = 0
+        # (time, consumption) at the start of the previous window and of the current one:
+        # the consumption rate is measured over one to two windows.
+        self._rate_samples: tuple[tuple[int, int], tuple[int, int]] | None = None
         self.on_announce(announce)
 
     def on_announce(self, announce: RateAnnounce) -> None:
@@ -200,28 +227,68 @@ class NakStrengthSignaller:
             return 1000
         return max(0, min(1000, (hwm_position - consumption_position) * 1000 // window))
 
-    def signal(self, now_ns: int, fill_permille: int) -> int | None:
-        """The threshold to signal at ``now_ns`` for ``fill_permille``, or None: a higher
-        threshold crossed, or the current one held for a window."""
+    def consumption_rate(self, now_ns: int, consumption_position: int) -> int:
+        """bytes/s the slowest subscriber took over the last one to two windows (0: less
+        than a millisecond measured)."""
+        samples = self._rate_samples
+        if samples is None:
+            samples = self._rate_samples = ((now_ns, consumption_position),) * 2
+        elif now_ns - samples[1][0] >= self.window_ns:
+            samples = self._rate_samples = (samples[1], (now_ns, consumption_position))
+        start_ns, start_position = samples[0]
+        if now_ns - start_ns < 1_000_000:
+            return 0
+        return max(0, consumption_position - start_position) * 1_000_000_000 // (
+            now_ns - start_ns)
+
+    def signal(self, now_ns: int, consumption_position: int, hwm_position: int,
+               window: int) -> tuple[int, int, int] | None:
+        """(threshold, fill per mille, consumption rate in bytes/s) to signal at ``now_ns``,
+        or None: a higher threshold crossed, or the current one held for a window with the
+        backlog not shrinking."""
+        self._last_look_ns = now_ns
+        rate = self.consumption_rate(now_ns, consumption_position)
+        if self._consumption_position is None or consumption_position > self._consumption_position:
+            self._consumption_position = consumption_position
+            self._last_progress_ns = now_ns
+        backlog = max(0, hwm_position - consumption_position)
+        fill = self.fill_permille(consumption_position, hwm_position, window)
         level = 0
         for threshold in self.thresholds:
-            if fill_permille >= threshold * 10:
+            if fill >= threshold * 10:
                 level = threshold
-        if level > self.level or (level and now_ns >= self._last_signal_ns + self.window_ns):
-            self.level = level
-            self._last_signal_ns = now_ns
-            return level
-        self.level = level
+        self.stalled = level > 0 and now_ns - self._last_progress_ns > self.window_ns
+        if self.stalled or not level:
+            self.level = 0
+            return None
+        window_over = now_ns >= self._window_start_ns + self.window_ns
+        if level > self.level or (window_over and backlog >= self._backlog_at_window_start):
+            self._start_window(now_ns, level, backlog)
+            return level, fill, rate
+        if level < self.level or window_over:
+            # Lower, or draining: no signal, and the next window is judged from here.
+            self._start_window(now_ns, level, backlog)
         return None
+
+    def _start_window(self, now_ns: int, level: int, backlog: int) -> None:
+        self.level = level
+        self._window_start_ns = now_ns
+        self._backlog_at_window_start = backlog
 
     def next_signal_position(self, consumption_position: int, window: int) -> int:
         """The high-water mark from which the image, at ``consumption_position``, crosses a
-        threshold above its level (NO_DEADLINE: none left): the C half wakes Python there."""
+        threshold above its level (NO_DEADLINE: none left, or stalled): the C half wakes
+        Python there."""
+        if self.stalled:
+            return NO_DEADLINE
         for threshold in self.thresholds:
             if threshold > self.level:
                 return consumption_position + (window * threshold + 99) // 100
         return NO_DEADLINE
 
     def next_deadline_ns(self) -> int:
-        """When a held level is signalled again (NO_DEADLINE below all thresholds)."""
-        return self._last_signal_ns + self.window_ns if self.level else NO_DEADLINE
+        """When a held level may be signalled again, or a stalled receiver looks whether its
+        subscribers moved (NO_DEADLINE below all thresholds)."""
+        if self.stalled:
+            return self._last_look_ns + self.window_ns
+        return self._window_start_ns + self.window_ns if self.level else NO_DEADLINE

@@ -350,10 +350,10 @@ class PublicationImage:
         at which the next one is crossed."""
         signaller = self.rate_signaller
         assert signaller is not None
-        fill = signaller.fill_permille(consumption_position, hwm, self.window)
-        threshold = signaller.signal(now_ns, fill)
-        if threshold is not None:
-            signal = RateSignal(self.session_id, self.stream_id, fill, threshold)
+        signalled = signaller.signal(now_ns, consumption_position, hwm, self.window)
+        if signalled is not None:
+            threshold, fill, rate = signalled
+            signal = RateSignal(self.session_id, self.stream_id, fill, threshold, rate)
             self._outbox.append(Datagram(signal.encode(), self.control_address))
             self.counters.add(SystemCounter.RATE_SIGNALS_SENT)
         self.c.rate_signal_position = signaller.next_signal_position(consumption_position,

@@ -328,7 +328,7 @@ class NetworkPublication:
             self.counters.add(SystemCounter.RATE_SIGNALS_RECEIVED)
             rate_control = self.rate_control
             if rate_control is not None and rate_control.on_signal(
-                    now_ns, frame.threshold, self.sender_position):
+                    now_ns, frame.threshold, self.sender_position, frame.consumption_rate):
                 self.counters.add(SystemCounter.RATE_CUTS)
                 self._apply_rate_limit(now_ns)
         elif isinstance(frame, ErrorFrame):

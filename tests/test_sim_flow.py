@@ -1,0 +1,122 @@
+"""One publisher, several subscribers, one of them slow or paused: what each answer to it does
+(issue 21's scenarios, docs/FLOW.md), in the simulator with the driver's own agents.
+
+* ``max`` (the multicast default) lets the fastest set the pace: the slow subscriber is left
+  behind;
+* ``fc=min`` holds everyone to the slowest, and stops everyone while one pauses;
+* ``rc=nak-strength`` slows the sender to what the slow one takes, loses nothing, and while one
+  pauses the others never see the stream stop.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from slipstream.client.counters import SystemCounter
+from slipstream.sim.network import LinkFaults
+from slipstream.sim.report import Report
+from slipstream.sim.runner import Simulation
+from slipstream.sim.scenario import Event, Scenario, ScenarioError, scenario_from_mapping
+
+MS = 1_000_000
+S = 1_000_000_000
+PUBLISH_RATE = 20_000  # 1 KiB messages per virtual second: 20.5 MiB/s
+SLOW_RATE = PUBLISH_RATE / 10
+SLOW_HOST = 3
+FRAME = 1056  # a 1 KiB message and its header
+
+
+def run(channel: str, *, messages: int, read_rates=(), events=(),
+        publish_rate: float = PUBLISH_RATE) -> tuple[Report, Simulation]:
+    # 1 MiB terms: a receiver half a term (512 KiB) behind the sender drops what comes.
+    params = "|".join(p for p in (channel, "term-length=1m") if p)
+    scenario = Scenario(hosts=5, messages=messages, seed=7, channel_params=params,
+                        publish_rate=publish_rate, max_virtual_ns=30 * S,
+                        faults=LinkFaults(delay_ms=0.5), read_rates=tuple(read_rates),
+                        events=tuple(events))
+    with Simulation(scenario, sample_interval_ns=10 * MS) as sim:
+        report = sim.run()
+    return report, sim
+
+
+def fast(values: list) -> list:
+    """The entries of the subscribers other than the slow one (hosts 2, 4, 5)."""
+    return [v for i, v in enumerate(values) if i + 2 != SLOW_HOST]
+
+
+def send_rate(report: Report, start_s: float) -> float:
+    """Bytes/s the publisher sent from ``start_s`` (virtual) to the end of the samples."""
+    samples = [(t, p) for t, p, _ in report.samples if p is not None and t >= start_s * S]
+    (t0, p0), (t1, p1) = samples[0], samples[-1]
+    return (p1 - p0) * S / (t1 - t0)
+
+
+def test_under_max_a_subscriber_slower_than_the_stream_is_left_behind() -> None:
+    report, _ = run("", messages=8000, read_rates=[(SLOW_HOST, SLOW_RATE)])
+    assert fast(report.missing) == [0, 0, 0]
+    assert report.missing[SLOW_HOST - 2] > 0
+
+
+def test_nak_strength_slows_the_sender_to_what_the_slow_subscriber_takes_and_loses_nothing(
+        ) -> None:
+    report, _ = run("rc=nak-strength", messages=8000, read_rates=[(SLOW_HOST, SLOW_RATE)])
+    assert report.exactly_once_in_order, report.format_text()
+    # The stream went at the slow subscriber's pace (it read 10 %) ...
+    taken = SLOW_RATE * FRAME
+    rate = send_rate(report, 1.0)
+    assert 0.8 * taken < rate < 1.2 * taken, (rate, taken)
+    # ... through the sender's rate limit, which signals from that subscriber cut ...
+    publisher = report.counters["10.0.0.1"]
+    assert publisher["RATE_CUTS"] >= 3
+    slow = report.counters[f"10.0.0.{SLOW_HOST}"]
+    assert slow["RATE_SIGNALS_SENT"] > 0
+    assert publisher["RATE_SIGNALS_RECEIVED"] == sum(
+        report.counters[ip].get("RATE_SIGNALS_SENT", 0) for ip in report.subscribers)
+    limits = [rate for t, _, rate in report.limits if t > 1 * S]
+    assert limits and all(limits)
+    # ... without stopping the others for longer than one window (50 ms).
+    assert max(fast(report.longest_gaps_ns)) < 50 * MS, report.longest_gaps_ns
+
+
+def test_min_holds_everyone_to_the_slow_subscriber() -> None:
+    report, _ = run("fc=min", messages=8000, read_rates=[(SLOW_HOST, SLOW_RATE)])
+    assert report.exactly_once_in_order, report.format_text()
+    taken = SLOW_RATE * FRAME
+    assert send_rate(report, 1.0) < 1.2 * taken
+
+
+PAUSE = Event(1 * S, "pause", hosts=(SLOW_HOST,), end_ns=3 * S)
+
+
+def test_a_subscriber_paused_for_two_seconds_stops_everyone_under_min() -> None:
+    report, _ = run("fc=min", messages=40_000, events=[PAUSE], publish_rate=10_000)
+    assert report.exactly_once_in_order, report.format_text()
+    assert min(fast(report.longest_gaps_ns)) > 1500 * MS  # until it reads again
+
+
+def test_under_nak_strength_the_others_never_see_the_stream_stop_while_one_pauses() -> None:
+    report, sim = run("rc=nak-strength", messages=40_000, events=[PAUSE], publish_rate=10_000)
+    assert fast(report.missing) == [0, 0, 0]
+    assert max(fast(report.longest_gaps_ns)) < 100 * MS, report.longest_gaps_ns
+    # A paused subscriber signals only until it has taken nothing for a window (it crossed
+    # each threshold once as it stopped): no rate would help it, and it is left behind.
+    paused = report.counters[f"10.0.0.{SLOW_HOST}"]
+    assert 0 < paused["RATE_SIGNALS_SENT"] <= 4
+    assert sim.publisher.counter(SystemCounter.RATE_CUTS) > 0
+    assert report.limits[-1][2] == 0  # the limit was lifted again
+
+
+def test_a_scenario_reads_slow_subscribers_and_pauses_from_toml() -> None:
+    scenario = scenario_from_mapping({
+        "scenario": {"hosts": 4},
+        "subscriber": [{"host": 3, "read_rate": 500}],
+        "event": [{"at_ms": 100, "action": "pause", "hosts": [2], "end_ms": 300}]})
+    assert scenario.read_rate(3) == 500 and scenario.read_rate(2) == 0
+    assert scenario.events == (Event(100 * MS, "pause", hosts=(2,), end_ns=300 * MS),)
+    for bad, key in (({"subscriber": [{"host": 1, "read_rate": 5}]}, "host 1 publishes"),
+                     ({"subscriber": [{"read_rate": 5}]}, "needs host"),
+                     ({"subscriber": [{"host": 2, "read_rate": -1}]}, "read_rate"),
+                     ({"subscriber": [{"host": 2, "rate": 1}]}, r"subscriber\[0\]\.rate"),
+                     ({"event": [{"at_ms": 1, "action": "pause", "hosts": [2]}]}, "end_ms")):
+        with pytest.raises(ScenarioError, match=key):
+            scenario_from_mapping({"scenario": {"hosts": 3}, **bad})
