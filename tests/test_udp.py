@@ -44,6 +44,7 @@ from slipstream.client import (
     Subscription,
     control,
 )
+from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.media.udp import UDP_GRO, UDP_SEGMENT
@@ -146,6 +147,56 @@ def test_multicast_to_several_subscriber_drivers(launch) -> None:
         stream(publication, collectors, 10_000, lambda i: 100 + i % 700)
         for collector in collectors:
             collector.assert_exactly(10_000)
+
+
+class SlowCollector(Collector):
+    """A subscriber whose application takes ``rate`` messages per second and no more."""
+
+    def __init__(self, subscription: Subscription, rate: float) -> None:
+        super().__init__(subscription)
+        self.rate = rate
+        self.start: float | None = None
+
+    def poll(self) -> int:
+        now = time.monotonic()
+        if self.start is None:
+            self.start = now
+        allowed = int((now - self.start) * self.rate) + 1 - len(self.seen)
+        return self.subscription.poll(self.on_message, min(allowed, 100)) if allowed > 0 else 0
+
+
+def test_nak_strength_slows_a_multicast_sender_to_a_slow_subscriber_and_loses_nothing(
+        launch) -> None:
+    """rc=nak-strength over real sockets: the slow subscriber's driver signals how full its
+    image is, the sender's driver cuts its send rate (max flow control alone would leave
+    that subscriber behind, half a 1 MiB term back), and every subscriber gets everything."""
+    port = free_port()
+    uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{port}"
+           f"|interface=127.0.0.1|rc=nak-strength|term-length=1m")
+    publisher = launch()
+    subscribers = [launch() for _ in range(3)]
+    with contextlib.ExitStack() as stack:
+        pc = stack.enter_context(Client.connect(publisher.directory))
+        clients = [stack.enter_context(Client.connect(d.directory)) for d in subscribers]
+        subscriptions = [c.add_subscription(uri, 7) for c in clients]
+        publication = pc.add_publication(uri, 7)
+        connect(publication, *subscriptions)
+        collectors = [Collector(subscriptions[0]), SlowCollector(subscriptions[1], 2000),
+                      Collector(subscriptions[2])]
+        stream(publication, collectors, 10_000, lambda i: 1000, timeout=60)
+        for collector in collectors:
+            collector.assert_exactly(10_000)
+        counters = CountersFile(publisher.directory / control.COUNTERS_FILE, writable=False)
+        try:
+            [rate_limit] = [info for info in counters if info.label.startswith("snd-rate: ")]
+        finally:
+            counters.close()
+        assert rate_limit.type_id == CounterType.SENDER_RATE_LIMIT
+    sent, slow = counters_of(publisher), counters_of(subscribers[1])
+    assert slow["RATE_SIGNALS_SENT"] > 0
+    assert sent["RATE_SIGNALS_RECEIVED"] >= slow["RATE_SIGNALS_SENT"] > 0
+    assert sent["RATE_CUTS"] > 0
+    assert _stat(publisher).stdout.count("snd-rate: ") == 1
 
 
 def _tap(group: str, port: int) -> socket.socket:
