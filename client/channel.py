@@ -40,6 +40,9 @@ from slipstream.client.layout import (
     INT64_MAX,
     INT64_MIN,
     MAX_UDP_PAYLOAD_LENGTH,
+    RATE_ANNOUNCE_MAX_THRESHOLDS,
+    RATE_WINDOW_MAX_US,
+    RATE_WINDOW_MIN_US,
     TERM_MAX_LENGTH,
     TERM_MIN_LENGTH,
     max_message_length,
@@ -56,8 +59,6 @@ FLOW_CONTROLS: Final = ("max", "min", "tagged", "unicast")
 #: Aeron's older name of ``tagged`` (PreferredMulticastFlowControl), taken as it.
 FLOW_CONTROL_ALIASES: Final = {"preferred": "tagged"}
 RATE_CONTROLS: Final = ("nak-strength",)
-#: At most this many ``thresholds:`` (the announcement frame's room, docs/PROTOCOL.md §9).
-RATE_MAX_THRESHOLDS: Final = 4
 
 _INTEGER = re.compile(r"[+-]?[0-9]+\Z")
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
@@ -469,13 +470,15 @@ def _rate_control(text: str) -> RateControlSpec:
         seen.add(kind)
         if kind == "window":
             window = _duration(value)
-            if not 1_000_000 <= window <= 10_000_000_000:
-                raise _Bad(f"window {value} is not between 1ms and 10s")
+            if not RATE_WINDOW_MIN_US * 1000 <= window <= RATE_WINDOW_MAX_US * 1000:
+                raise _Bad(f"window {value} is not between {_format_ns(RATE_WINDOW_MIN_US * 1000)}"
+                           f" and {_format_ns(RATE_WINDOW_MAX_US * 1000)}")
             continue
         thresholds = tuple(_int(t, 1, 100) for t in value.split("/"))
-        if len(thresholds) > RATE_MAX_THRESHOLDS or list(thresholds) != sorted(set(thresholds)):
-            raise _Bad(f"thresholds {value} are not 1 to {RATE_MAX_THRESHOLDS} ascending "
-                       f"percentages")
+        if (len(thresholds) > RATE_ANNOUNCE_MAX_THRESHOLDS
+                or list(thresholds) != sorted(set(thresholds))):
+            raise _Bad(f"thresholds {value} are not 1 to {RATE_ANNOUNCE_MAX_THRESHOLDS} "
+                       f"ascending percentages")
     return RateControlSpec(name, thresholds, window)
 
 

@@ -73,6 +73,9 @@ from slipstream.client.layout import (
     RATE_ANNOUNCE_MAX_THRESHOLDS,
     RATE_SIGNAL_FRAME,
     RATE_SIGNAL_LENGTH,
+    RATE_SIGNAL_MAX_RATE,
+    RATE_WINDOW_MAX_US,
+    RATE_WINDOW_MIN_US,
     RSP_SETUP_FRAME,
     RSP_SETUP_LENGTH,
     RTTM_FRAME,
@@ -93,9 +96,9 @@ from slipstream.client.layout import (
 )
 
 
-def _body(frame: struct.Struct) -> struct.Struct:
-    """The fields of ``frame`` after the common header, for the decoders."""
-    return struct.Struct("<" + frame.format[len(FRAME_HEADER.format):])
+def _body(frame: struct.Struct, header: struct.Struct = FRAME_HEADER) -> struct.Struct:
+    """The fields of ``frame`` after ``header`` (the common one), for the decoders."""
+    return struct.Struct("<" + frame.format[len(header.format):])
 
 
 _DATA_BODY = _body(DATA_HEADER)
@@ -107,8 +110,8 @@ _RTTM_BODY = _body(RTTM_FRAME)
 _ERR_BODY = _body(ERR_HEADER)
 _RSP_SETUP_BODY = _body(RSP_SETUP_FRAME)
 _EXT_BODY = _body(EXT_HEADER)
-_RATE_SIGNAL_BODY = struct.Struct("<" + RATE_SIGNAL_FRAME.format[len(EXT_HEADER.format):])
-_RATE_ANNOUNCE_BODY = struct.Struct("<" + RATE_ANNOUNCE_FRAME.format[len(EXT_HEADER.format):])
+_RATE_SIGNAL_BODY = _body(RATE_SIGNAL_FRAME, EXT_HEADER)
+_RATE_ANNOUNCE_BODY = _body(RATE_ANNOUNCE_FRAME, EXT_HEADER)
 
 _ZEROS = bytes(FRAME_ALIGNMENT)
 
@@ -563,7 +566,8 @@ def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,
         if bad is not None:
             return bad
         session_id, stream_id, fill, threshold, rate = _RATE_SIGNAL_BODY.unpack_from(data, body)
-        if not 0 <= fill <= 1000 or not 0 < threshold <= 100 or rate < 0:
+        if not 0 <= fill <= 1000 or not 0 < threshold <= 100 or not (
+                0 <= rate <= RATE_SIGNAL_MAX_RATE):
             return Rejected(f"rate signal fill {fill} permille, threshold {threshold} % or "
                             f"consumption rate {rate} out of range")
         return RateSignal(session_id, stream_id, fill, threshold, rate)
@@ -573,9 +577,9 @@ def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,
             return bad
         session_id, stream_id, window_us, *raw = _RATE_ANNOUNCE_BODY.unpack_from(data, body)
         thresholds = tuple(t for t in raw if t)
-        if (window_us <= 0 or not thresholds or raw[len(thresholds):] != [0] * (
-                len(raw) - len(thresholds)) or list(thresholds) != sorted(set(thresholds))
-                or thresholds[-1] > 100):
+        if (not RATE_WINDOW_MIN_US <= window_us <= RATE_WINDOW_MAX_US or not thresholds
+                or raw[len(thresholds):] != [0] * (len(raw) - len(thresholds))
+                or list(thresholds) != sorted(set(thresholds)) or thresholds[-1] > 100):
             return Rejected(f"rate announce window {window_us} us or thresholds {raw} "
                             f"out of range")
         return RateAnnounce(session_id, stream_id, window_us, thresholds)

@@ -137,6 +137,12 @@ RATE_SIGNAL_LENGTH: Final = RATE_SIGNAL_FRAME.size  # 40
 RATE_ANNOUNCE_FRAME: Final = struct.Struct("<iBBHiHHiiiBBBB")
 RATE_ANNOUNCE_LENGTH: Final = RATE_ANNOUNCE_FRAME.size  # 32
 RATE_ANNOUNCE_MAX_THRESHOLDS: Final = 4
+#: The window an announcement may carry (and ``rc=...,window:`` may ask for), µs: 1 ms to 10 s.
+RATE_WINDOW_MIN_US: Final = 1_000
+RATE_WINDOW_MAX_US: Final = 10_000_000
+#: The largest consumption rate a signal may carry, bytes/s (1 TB/s): anything above is no
+#: rate a receiver measured, and would overflow the sender's arithmetic.
+RATE_SIGNAL_MAX_RATE: Final = 1 << 40
 
 # -- sizes -----------------------------------------------------------------------------------------
 

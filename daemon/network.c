@@ -114,10 +114,17 @@ static void fill_rate_credit(ss_send_publication_t *p, int64_t now_ns) {
     }
 }
 
+/* New data goes once the bucket holds half of it: a batch per wake-up, not a datagram as soon
+ * as one byte of credit came back (which would keep the loop from ever parking). */
+static int64_t rate_batch(const ss_send_publication_t *p) {
+    return p->rate_burst > 1 ? p->rate_burst / 2 : 1;
+}
+
 int64_t ss_rate_ready_ns(const ss_send_publication_t *p) {
-    if (p->rate_limit <= 0 || p->rate_credit > 0) return INT64_MIN;
-    /* Until the debt is paid and one byte more: rounded up, never early. */
-    const __int128 wait = ((__int128)(1 - p->rate_credit) * 1000000000 + p->rate_limit - 1) /
+    const int64_t batch = rate_batch(p);
+    if (p->rate_limit <= 0 || p->rate_credit >= batch) return INT64_MIN;
+    /* Until the bucket holds a batch: rounded up, never early. */
+    const __int128 wait = (((__int128)batch - p->rate_credit) * 1000000000 + p->rate_limit - 1) /
                           p->rate_limit;
     return p->rate_time_ns + (wait > 1000000000 ? 1000000000 : (int64_t)wait);
 }
@@ -144,7 +151,8 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
     p->retransmit_count = 0;
     int32_t n = retransmits;
     max_datagrams += retransmits;
-    /* New data may take what the rate bucket holds (the last span may overdraw it). */
+    /* New data may take what the rate bucket holds once it holds a batch (the last span may
+     * overdraw it); retransmissions draw on it first. */
     int64_t credit = ss_rate_wait_ns(p, now_ns) == 0 ? (p->rate_limit > 0 ? p->rate_credit
                                                                             : INT64_MAX)
                                                       : 0;
@@ -202,7 +210,12 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
         p->time_of_last_send_ns = now_ns;
     }
     count(p->bytes_sent, bytes);
-    if (p->rate_limit > 0) p->rate_credit -= bytes;
+    if (p->rate_limit > 0) {
+        /* Retransmissions may leave the bucket in debt, at most one burst deep: a big repair
+         * at a low rate must not hold new data back for seconds. */
+        p->rate_credit -= bytes;
+        if (p->rate_credit < -p->rate_burst) p->rate_credit = -p->rate_burst;
+    }
     if (sent > 0) p->sent_since_python = 1;
     return sent;
 }

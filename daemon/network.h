@@ -114,8 +114,9 @@ typedef struct {
                                    * due (pub-lmt's next step; 0: after every send) */
     /* The send-rate limit (rc=nak-strength; daemon/flow/rate_control.py sets it per signal):
      * a token bucket that every datagram sent (retransmissions too) draws on and that fills
-     * at rate_limit bytes/s up to rate_burst bytes.  New data waits while it is empty;
-     * retransmissions go anyway (a gap pins the receiver) and leave it in debt. */
+     * at rate_limit bytes/s up to rate_burst bytes.  New data waits until it holds half a
+     * burst (a batch per wake-up); retransmissions go anyway (a gap pins the receiver) and
+     * leave it in debt, at most a burst deep. */
     int64_t rate_limit;           /* bytes/s; 0: no limit */
     int64_t rate_burst;           /* bytes */
     int64_t rate_credit;          /* bytes that may go now (negative: in debt) */

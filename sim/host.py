@@ -495,7 +495,11 @@ class SubscriberHost(SimHost):
         self._paused_until_ns = 0
 
     def pause_until(self, end_ns: int) -> None:
-        """The subscriber stops reading until ``end_ns`` (virtual); the driver goes on."""
+        """The subscriber stops reading until ``end_ns`` (virtual); the driver goes on.  A
+        subscriber with a read rate earns no reading for the pause."""
+        if self._read_start_ns is not None:
+            self._read_start_ns += max(0, end_ns - max(self.sim.loop.now_ns,
+                                                       self._paused_until_ns))
         self._paused_until_ns = end_ns
         self.sim.loop.call_at(end_ns, self.wake)
 

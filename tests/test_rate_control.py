@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_protocol_pair import MS, URI, Pair
+from test_protocol_pair import MS, SENDER, URI, Pair
 
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import RateAnnounce, RateSignal, StatusMessage, decode
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.client.layout import NO_DEADLINE, RATE_SIGNAL_MAX_RATE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.flow.rate_control import (
@@ -116,22 +116,29 @@ def test_a_signal_after_a_long_calm_makes_the_next_cut_shallower() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3 * WINDOW), st.sampled_from((0, 50, 75, 87, 100)),
-                          st.integers(0, 10 * MB)), max_size=80))
-def test_the_limit_is_never_below_the_floor_and_the_deadline_always_moves_on(
-        events: list[tuple[int, int, int]]) -> None:
+                          st.integers(0, 10 * MB), st.integers(0, RATE_SIGNAL_MAX_RATE)),
+                max_size=80))
+def test_signals_only_lower_the_limit_ticks_only_raise_or_lift_it_and_it_stays_in_range(
+        events: list[tuple[int, int, int, int]]) -> None:
     control = NakStrengthRateControl(PARAMS, mtu=MTU, now_ns=0, sender_position=0)
     now = position = 0
-    for elapsed, threshold, sent in events:
+    for elapsed, threshold, sent, consumption_rate in events:
         now += elapsed
         position += sent
         if threshold:
-            control.on_signal(now, threshold, position)
-        deadline = control.next_deadline_ns()
+            before, cuts = control.rate_limit, control.cuts
+            cut = control.on_signal(now, threshold, position, consumption_rate)
+            assert cut == (control.cuts == cuts + 1)
+            if before:
+                assert control.rate_limit <= before and cut == (control.rate_limit < before)
+            else:
+                assert cut and control.rate_limit
+        before = control.rate_limit
         control.on_tick(now, position)
-        if now >= deadline:
-            assert control.next_deadline_ns() > now
-        assert control.rate_limit == 0 or control.rate_limit >= MTU * MIN_DATAGRAMS_PER_S
-        assert control.burst() >= 4 * MTU
+        if control.rate_limit:
+            assert control.rate_limit >= before
+        assert control.rate_limit == 0 or (
+            MTU * MIN_DATAGRAMS_PER_S <= control.rate_limit < RATE_SIGNAL_MAX_RATE)
 
 
 # -- the receiver's signals ------------------------------------------------------------------
@@ -226,11 +233,43 @@ def test_the_data_path_sends_at_the_rate_limit_and_never_more_than_the_burst_at_
         if moved:
             sent_at.append(now)
     total = publication.sender_position - start
-    assert abs(total - (burst + rate // 10)) <= 2048  # the burst, then 2 MB/s for 0.1 s
+    # The burst, then 2 MB/s for 0.1 s, in batches of half a burst (one may be left over).
+    assert rate // 10 + burst // 2 - 1024 <= total <= rate // 10 + burst + 1024, total
+    assert len(sent_at) < 2 * (rate // 10) // burst + 4  # a batch per wake-up, not a datagram
     # Waiting data reports when the bucket lets it go, the same answer ss_rate_wait_ns gives.
     ready = network.ss_rate_ready_ns(c)
     assert ready > sent_at[-1]
     assert network.ss_rate_wait_ns(c, ready - 1) > 0 and network.ss_rate_wait_ns(c, ready) == 0
+
+
+def test_retransmissions_go_while_the_bucket_is_empty_and_leave_it_at_most_a_burst_in_debt(
+        shm: Path) -> None:
+    pair = Pair(shm, uri=URI + "|rc=nak-strength", term_length=1 << 20)
+    pair.auto_poll = False
+    pair.run_until(1 * MS)
+    publication = pair.publication
+    c = publication.c
+    for _ in range(200):
+        assert pair.offer(b"q" * 992) > 0
+    publication.sender_limit = 1 << 40
+    spans = network_ffi.new("ss_span_t[]", 64 + network.SS_RETRANSMIT_MAX)
+    network.ss_send_data(c, 0, 64, spans)  # what the window lets out, before any limit
+    sent_to = publication.sender_position
+    burst = 8 * 1024
+    c.rate_limit, c.rate_burst, c.rate_credit, c.rate_time_ns = 1 * MB, burst, 0, 10 * MS
+    # A NAK's worth of repairs (64 KiB) with nothing in the bucket: they go, new data waits.
+    taken = network.ss_resend(c, pair.log.initial_term_id, 0, 64 * 1024)
+    assert taken == 64 * 1024 and c.retransmit_count > 0
+    sent = network.ss_send_data(c, 10 * MS, 64, spans)
+    assert sent == 64 * 1024 // 1024 and c.retransmit_count == 0
+    assert publication.sender_position == sent_to  # no new data
+    assert c.rate_credit == -burst  # in debt, a burst deep at most
+    # New data goes once the bucket holds a batch (half a burst): 12 KiB at 1 MB/s, 12 ms.
+    ready = network.ss_rate_ready_ns(c)
+    assert ready == 10 * MS + (burst + burst // 2) * 1_000_000_000 // MB
+    assert network.ss_send_data(c, ready - 1, 64, spans) == 0
+    assert network.ss_send_data(c, ready, 64, spans) > 0
+    assert publication.sender_position > sent_to
 
 
 # -- a sender and a receiver whose subscriber reads slowly ----------------------------------
@@ -303,6 +342,17 @@ def test_the_sender_announces_at_once_to_a_new_receiver_and_every_second(shm: Pa
     assert decode(announces[-1][1].encode()) == announces[-1][1]
     signaller = pair.image.rate_signaller
     assert signaller is not None and signaller.thresholds == (60, 90)
+
+
+def test_an_announcement_from_another_address_than_the_images_sender_is_ignored(
+        shm: Path) -> None:
+    pair = Pair(shm, term_length=1 << 20)
+    pair.run_until(1 * MS)
+    announce = RateAnnounce(77, 1001, 50_000, (50,)).encode()
+    pair.receive.on_control(announce, ("10.9.9.9", 40001), pair.now)
+    assert pair.image.rate_signaller is None
+    pair.receive.on_control(announce, SENDER, pair.now)
+    assert pair.image.rate_signaller is not None
 
 
 @pytest.mark.parametrize("uri", [URI, URI + "|rc=nak-strength"])

@@ -173,12 +173,14 @@ class Sender(Agent[SendEndpoint]):
         return work
 
     def next_deadline_ns(self) -> int:
-        """Also when the rate limit (``rc=``) lets data that waits for it go: a parked C loop
-        wakes for it by itself, the simulator's clock must move there."""
+        """Also when data waits to be sent: at once, or when the rate limit (``rc=``) lets it
+        go.  The driver's C loop sends such data by itself; the simulator's clock must move
+        there (its C half ran before a Python half that may have raised or lifted the
+        limit)."""
         deadline = super().next_deadline_ns()
         for publication, _ in self._publications:
             c = publication.c
-            if c.rate_limit and network.ss_has_data_ready(c):
+            if network.ss_has_data_ready(c):
                 deadline = min(deadline, max(0, network.ss_rate_ready_ns(c)))
         return deadline
 

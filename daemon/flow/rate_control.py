@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from slipstream.client.frames import RateAnnounce
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.client.layout import NO_DEADLINE, RATE_SIGNAL_MAX_RATE
 from slipstream.daemon.protocol.params import RateControlParams
 
 #: How often a sender repeats its announcement (and at once to each new receiver).
@@ -97,9 +97,10 @@ class NakStrengthRateControl:
     def on_signal(self, now_ns: int, threshold: int, sender_position: int,
                   consumption_rate: int = 0) -> bool:
         """A receiver crossed ``threshold`` percent of its window; its subscribers took
-        ``consumption_rate`` bytes/s lately (0: unknown).  Returns whether the limit was cut:
-        the rate achieved (or the receiver's, if lower) x (1 - depth x threshold); within the
-        window of the last cut only a signal that cuts deeper counts, from the same base."""
+        ``consumption_rate`` bytes/s lately (0: unknown).  Returns whether the limit went
+        down: to the rate achieved (or the receiver's, if lower) x (1 - depth x threshold).
+        Within the window of the last cut a signal counts only if it cuts deeper, from the
+        base of that cut or the lower rate this receiver took."""
         self.signals += 1
         in_hold = now_ns < self._hold_until_ns
         if in_hold:
@@ -118,9 +119,12 @@ class NakStrengthRateControl:
         if not in_hold:
             self._hold_until_ns = now_ns + self.window_ns
         self._cut_base = self.knee = base
-        self.rate_limit = min(self.rate_limit, limit) if self.rate_limit else limit
+        before = self.rate_limit
+        self.rate_limit = min(before, limit) if before else limit
         self._probe_step = 0
         self._last_cut_ns = now_ns
+        if self.rate_limit == before:
+            return False  # already at the floor: held there for the window, no cut
         self.cuts += 1
         return True
 
@@ -165,7 +169,7 @@ class NakStrengthRateControl:
         else:
             self._probe_step = 2 * self._probe_step if self._probe_step else step_floor
             self.rate_limit += self._probe_step
-            if self.rate_limit >= LIFT_FACTOR * self.knee:
+            if self.rate_limit >= min(LIFT_FACTOR * self.knee, RATE_SIGNAL_MAX_RATE):
                 self.rate_limit = 0
 
     def next_deadline_ns(self) -> int:
@@ -257,8 +261,13 @@ class NakStrengthSignaller:
         for threshold in self.thresholds:
             if fill >= threshold * 10:
                 level = threshold
-        self.stalled = level > 0 and now_ns - self._last_progress_ns > self.window_ns
-        if self.stalled or not level:
+        stalled = level > 0 and now_ns - self._last_progress_ns > self.window_ns
+        if self.stalled and not stalled:
+            # Moving again: what it takes is measured from now, not over the pause.
+            self._rate_samples = ((now_ns, consumption_position),) * 2
+            rate = 0
+        self.stalled = stalled
+        if stalled or not level:
             self.level = 0
             return None
         window_over = now_ns >= self._window_start_ns + self.window_ns

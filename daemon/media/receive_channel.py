@@ -309,7 +309,7 @@ class ReceiveChannel:
                 image.on_rttm(frame, now_ns)
         elif isinstance(frame, RateAnnounce):
             image = self.images.get((frame.session_id, frame.stream_id))
-            if image is not None:
+            if image is not None and source == image.source:  # the image's sender only
                 image.on_rate_announce(frame, now_ns)
         elif isinstance(frame, RateSignal):
             return  # another receiver's, to a sender: not for a receiver
