@@ -192,10 +192,10 @@ def test_nak_strength_slows_a_multicast_sender_to_a_slow_subscriber_and_loses_no
         finally:
             counters.close()
         assert rate_limit.type_id == CounterType.SENDER_RATE_LIMIT
+        assert _stat(publisher).stdout.count("snd-rate: ") == 1  # while the stream lives
     sent, slow = counters_of(publisher), counters_of(subscribers[1])
     assert slow["RATE_SIGNALS_SENT"] > 0
     assert sent["RATE_SIGNALS_RECEIVED"] > 0 and sent["RATE_CUTS"] > 0
-    assert _stat(publisher).stdout.count("snd-rate: ") == 1
 
 
 def _tap(group: str, port: int) -> socket.socket:
