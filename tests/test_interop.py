@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import struct
 import threading
 import time
@@ -220,3 +221,68 @@ def test_a_slipstream_driver_stopped_mid_stream_drains_into_aeron_losing_nothing
         subscriber.wait_for_image(timeout=15, available=False)
     assert code == 0
     assert took < 8, f"the drain took {took:.1f} s: Aeron's SMs never reached the end"
+
+
+@pytest.mark.parametrize("kind", ["unicast", "multicast"])
+def test_a_nak_strength_sender_streams_to_aeron_exactly_as_without_it(
+        slipstream_driver: MediaDriver, kind: str) -> None:
+    """rc=nak-strength facing a stock receiver: Aeron gets the announcements (with the first
+    SETUP, to the new receiver, then every second) and drops them unread; it never signals,
+    so the sender never cuts its rate and the stream goes as without rc=."""
+    require_aeron()
+    uri, messages = channel(kind), 20_000
+    with AeronDriver() as aeron, basic_subscriber(aeron, uri, 1005) as subscriber, \
+            Client.connect(slipstream_driver.directory) as client:
+        errors = aeron.counter("Errors")
+        publication = client.add_publication(uri + TERM + "|rc=nak-strength", 1005)
+        wait_for(lambda: publication.is_connected, timeout=20,
+                 what="Aeron's status messages connected the publication")
+        started = time.monotonic()
+        for index in range(messages):
+            payload = INDEX.pack(index) + bytes(56)
+            while publication.offer(payload) < 0:
+                time.sleep(0.0001)
+        subscriber.wait_for_messages(messages, timeout=60)
+        time.sleep(max(0.0, 1.2 - (time.monotonic() - started)))  # a periodic one as well
+        subscriber.wait_quiet(0.3)
+        assert subscriber.sequence_numbers() == list(range(messages))
+        assert aeron.counter("Errors") == errors
+        for which in (SystemCounter.RATE_SIGNALS_RECEIVED, SystemCounter.RATE_CUTS,
+                      SystemCounter.INVALID_PACKETS):
+            assert counter(slipstream_driver, which) == 0, which
+
+
+def test_aeron_drops_a_nak_strength_signal_without_effect(driver_dir: Path) -> None:
+    """Signals sent to a stock sender's control address (where a slipstream receiver's would
+    go) change nothing: its stream to slipstream arrives whole, and a slipstream receiver of
+    a stock sender, which never announces itself, sends none."""
+    from slipstream.client.frames import RateSignal
+
+    require_aeron()
+    uri, messages = channel("unicast"), 20_000
+    with AeronDriver() as aeron, MediaDriver.launch(
+            directory=driver_dir, **FAST_DRIVER_SETTINGS) as slipstream_driver, \
+            Client.connect(slipstream_driver.directory) as client:
+        subscription = client.add_subscription(uri, 1006)
+        publisher = threading.Thread(target=streaming_publisher, daemon=True, args=(
+            aeron, uri + TERM, 1006), kwargs={"message_length": 64, "messages": messages})
+        publisher.start()
+        wait_for(lambda: subscription.images, timeout=20, what="Aeron's image")
+        [image] = subscription.images
+        host, port = image.source_identity.rsplit(":", 1)
+        nak_signal = RateSignal(image.session_id, 1006, 1000, 100, 1000).encode()
+        errors = aeron.counter("Errors")
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+            while len(seen) < messages:
+                assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
+                if len(seen) % 10 == 0 and len(seen) < messages // 2:
+                    raw.sendto(nak_signal, (host, int(port)))
+                if not subscription.poll(
+                        lambda data, _h: seen.append(INDEX.unpack_from(data)[0]), 100):
+                    time.sleep(0.0005)
+        publisher.join(30)
+        assert seen == list(range(messages))
+        assert aeron.counter("Errors") == errors
+        assert counter(slipstream_driver, SystemCounter.RATE_SIGNALS_SENT) == 0
