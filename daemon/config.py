@@ -407,6 +407,23 @@ class DriverSettings:
         "term_length/2; must be >= mtu_length.",
         low=64, high=_GiB,
     )
+    cubic_initial_rtt: int = _duration(
+        100 * _US,
+        "CUBIC congestion control (cc=cubic): the round trip assumed until one is measured, "
+        "ns; also the interval between window updates (Aeron's "
+        "AERON_CUBICCONGESTIONCONTROL_INITIALRTT).",
+        low=1, high=_S,
+    )
+    cubic_measure_rtt: bool = _bool(
+        False,
+        "CUBIC: measure the round trip with RTTM frames, one each 4 x the last round trip "
+        "(AERON_CUBICCONGESTIONCONTROL_MEASURERTT).",
+    )
+    cubic_tcp_mode: bool = _bool(
+        False,
+        "CUBIC: below the last maximum grow the window at least as fast as TCP Reno would "
+        "(AERON_CUBICCONGESTIONCONTROL_TCPMODE).",
+    )
     status_message_timeout: int = _duration(
         200 * _MS,
         "Longest gap between status messages from a receiver when nothing forces one, ns; "

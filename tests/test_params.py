@@ -150,14 +150,14 @@ def test_every_name_the_uri_and_settings_accept_has_a_registered_strategy() -> N
     unicast, multicast = (SETTINGS_TABLE[key].choices
                           for key in ("unicast_flow_control", "multicast_flow_control"))
     assert set(unicast) <= set(FLOW_CONTROLS) and set(multicast) <= set(FLOW_CONTROLS)
-    # cc= names CUBIC too; until it is registered the conductor refuses it by name.
-    assert set(CONGESTION_CONTROLS) <= set(uri_grammar.CONGESTION_CONTROLS)
+    # Every congestion control cc= names is registered, and only those.
+    assert set(CONGESTION_CONTROLS) == set(uri_grammar.CONGESTION_CONTROLS)
 
 
 def test_the_static_window_is_the_receiver_window_capped_at_half_a_term() -> None:
     params = SubscriptionParams.resolve(
         parse_channel("aeron:udp?endpoint=10.0.0.1:4000|rcv-wnd=1m"), SETTINGS)
-    cc = congestion_control_for(params, 1024 * KIB)
+    cc = congestion_control_for(params, 1024 * KIB, 1408)
     assert isinstance(cc, StaticWindowCongestionControl)
     assert cc.initial_window_length() == cc.max_window_length() == 512 * KIB
     assert cc.on_track_rebuild(0, consumption_position=0, last_sm_position=0,

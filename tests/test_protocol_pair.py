@@ -446,7 +446,7 @@ class HalveOnLoss(CongestionControl):
         self.window, self.initial, self.rtts, self.measured_at = window, window, [], None
 
     @classmethod
-    def from_params(cls, params, term_length):
+    def from_params(cls, params, term_length, sender_mtu, now_ns=0):
         return cls(min(params.receiver_window_length, term_length // 2))
 
     def initial_window_length(self) -> int:

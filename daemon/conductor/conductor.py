@@ -49,7 +49,6 @@ from slipstream.daemon.conductor.resources import (
     no_room_for_log,
 )
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import CONGESTION_CONTROLS
 from slipstream.daemon.protocol.params import PublicationParams
 
 log = logging.getLogger("slipstream.driver")
@@ -548,8 +547,6 @@ class DriverConductor:
 # URI parameters this driver parses (they are Aeron's) but does not act on yet: a channel that
 # asks for them is refused, naming the part, rather than served without them.
 _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel], bool], str], ...] = (
-    ("cc", lambda c: c.cc is not None and c.cc not in CONGESTION_CONTROLS,
-     "congestion control other than " + ", ".join(CONGESTION_CONTROLS)),
     ("tether", lambda c: c.tether is False, "untethered subscriptions"),
     ("untethered-window-limit-timeout",
      lambda c: c.untethered_window_limit_timeout_ns is not None, "untethered subscriptions"),

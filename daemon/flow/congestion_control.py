@@ -30,8 +30,10 @@ class CongestionControl(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_params(cls, params: SubscriptionParams, term_length: int) -> Self:
-        """The strategy of an image with ``params`` and terms of ``term_length`` bytes."""
+    def from_params(cls, params: SubscriptionParams, term_length: int, sender_mtu: int,
+                    now_ns: int = 0) -> Self:
+        """The strategy of an image made at ``now_ns`` with ``params``, terms of
+        ``term_length`` bytes and the sender's MTU (its SETUP's)."""
 
     @abc.abstractmethod
     def initial_window_length(self) -> int:
@@ -49,8 +51,10 @@ class CongestionControl(abc.ABC):
         """After a rebuild pass over the image's log: the slowest subscriber is at
         ``consumption_position``, the last SM said ``last_sm_position``, data arrived up to
         ``hwm_position``, and the pass moved the receiver position from
-        ``rebuild_start_position`` to ``rebuild_end_position``, finding a gap if
-        ``loss_found``.  Returns (send a status message now, the window to advertise)."""
+        ``rebuild_start_position`` to ``rebuild_end_position``, finding a gap it had not
+        seen before if ``loss_found`` (Aeron's meaning: a loss is heard once, not on every
+        pass while it is repaired).  Returns (send a status message now, the window to
+        advertise)."""
 
     def should_measure_rtt(self, now_ns: int) -> bool:
         """Whether the image should send an RTT measurement (RTTM, REPLY-flagged) now."""

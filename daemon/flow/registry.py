@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Final
 
 from slipstream.daemon.flow.congestion_control import CongestionControl
+from slipstream.daemon.flow.cubic import CubicCongestionControl
 from slipstream.daemon.flow.flow_control import FlowControl
 from slipstream.daemon.flow.max_multicast import MaxMulticastFlowControl
 from slipstream.daemon.flow.min_multicast import MinMulticastFlowControl
@@ -23,7 +24,7 @@ FLOW_CONTROLS: Final[dict[str, type[FlowControl]]] = {
 
 #: Every congestion-control strategy this driver carries, by the name ``cc=`` uses.
 CONGESTION_CONTROLS: Final[dict[str, type[CongestionControl]]] = {
-    cls.name: cls for cls in (StaticWindowCongestionControl,)}
+    cls.name: cls for cls in (StaticWindowCongestionControl, CubicCongestionControl)}
 
 #: Every send-rate adaptation, by the name ``rc=`` uses.
 RATE_CONTROLS: Final[dict[str, type[NakStrengthRateControl]]] = {
@@ -36,8 +37,10 @@ def flow_control_for(params: PublicationParams) -> FlowControl:
     return FLOW_CONTROLS[params.flow_control.name].from_params(params.flow_control)
 
 
-def congestion_control_for(params: SubscriptionParams, term_length: int) -> CongestionControl:
-    """The congestion-control strategy of an image with ``params`` and ``term_length``;
+def congestion_control_for(params: SubscriptionParams, term_length: int, sender_mtu: int,
+                           now_ns: int = 0) -> CongestionControl:
+    """The congestion-control strategy of an image made at ``now_ns`` with ``params``,
+    ``term_length`` and the sender's MTU;
     ValueError for a name no strategy is registered under (the conductor refuses such a
     ``cc=`` as the subscription is added)."""
     try:
@@ -45,7 +48,7 @@ def congestion_control_for(params: SubscriptionParams, term_length: int) -> Cong
     except KeyError:
         raise ValueError(f"no congestion control {params.congestion_control!r}: this driver "
                          f"carries {', '.join(CONGESTION_CONTROLS)}") from None
-    return strategy.from_params(params, term_length)
+    return strategy.from_params(params, term_length, sender_mtu, now_ns)
 
 
 def rate_control_for(params: PublicationParams, now_ns: int,

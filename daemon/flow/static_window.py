@@ -20,7 +20,8 @@ class StaticWindowCongestionControl(CongestionControl):
         self.window_length = window_length
 
     @classmethod
-    def from_params(cls, params: SubscriptionParams, term_length: int) -> Self:
+    def from_params(cls, params: SubscriptionParams, term_length: int, sender_mtu: int,
+                    now_ns: int = 0) -> Self:
         return cls(min(params.receiver_window_length, term_length // 2))
 
     def initial_window_length(self) -> int:

@@ -124,7 +124,8 @@ class LossDetector:
     any Aeron sender answers them.
     """
 
-    __slots__ = ("_first_delay", "_retry_delay", "c", "delay_generator", "on_gap", "on_loss")
+    __slots__ = ("_first_delay", "_retry_delay", "c", "delay_generator", "new_gaps", "on_gap",
+                 "on_loss")
 
     def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler,
                  on_gap: Callable[[int, int], None] | None = None) -> None:
@@ -134,6 +135,7 @@ class LossDetector:
         self.on_loss = on_loss
         self.on_gap = on_gap
         self.c = network_ffi.new("ss_loss_detector_t *")
+        self.new_gaps = 0  # of the last scan: gaps it saw first
         self._first_delay = delay_generator.first_delay()
         self._retry_delay = delay_generator.retry_delay()
 
@@ -150,9 +152,12 @@ class LossDetector:
 
         Returns ``(rebuild_offset, loss_found)``: the offset in the rebuild term up to which
         everything is present (the term length when the term is complete), and whether a gap
-        lies before the high-water mark.  Calls ``on_loss`` for each gap whose timer expired.
+        lies before the high-water mark.  :attr:`new_gaps` says how many of the gaps this scan
+        saw for the first time (Aeron's ``loss_found``, what congestion control hears).
+        Calls ``on_loss`` for each gap whose timer expired.
         """
         c = self.c
+        self.new_gaps = 0
         rebuild_offset = rebuild_position & (term_length - 1)
         if rebuild_position >= hwm_position:
             c.gap_count = 0
@@ -168,6 +173,7 @@ class LossDetector:
             # a later term, shows up on the next pass from the new rebuild position).
             return first, False
         if c.fresh_count:
+            self.new_gaps = c.fresh_count
             self._first_delay = self.delay_generator.first_delay()
             if self.on_gap is not None:
                 self.on_gap(c.fresh_bytes, c.fresh_count)

@@ -168,6 +168,9 @@ class SubscriptionParams:
     nak_delay_ns: int  # unicast NAK delay (nak-delay=, else the setting)
     sparse: bool
     congestion_control: str  # a registered strategy (cc=, else static)
+    cubic_initial_rtt_ns: int = 100_000  # cc=cubic: the settings' cubic_* keys
+    cubic_measure_rtt: bool = False
+    cubic_tcp_mode: bool = False
 
     @classmethod
     def resolve(cls, channel: Channel, settings: DriverSettings) -> SubscriptionParams:
@@ -180,7 +183,10 @@ class SubscriptionParams:
             receiver_window_length=channel.rcv_wnd or settings.rcv_initial_window_length,
             nak_delay_ns=_or(channel.nak_delay_ns, settings.nak_unicast_delay),
             sparse=_or(channel.sparse, settings.term_buffer_sparse_file),
-            congestion_control=channel.cc or DEFAULT_CONGESTION_CONTROL)
+            congestion_control=channel.cc or DEFAULT_CONGESTION_CONTROL,
+            cubic_initial_rtt_ns=settings.cubic_initial_rtt,
+            cubic_measure_rtt=settings.cubic_measure_rtt,
+            cubic_tcp_mode=settings.cubic_tcp_mode)
 
     def image_is_group(self, sender_is_group: bool) -> bool:
         """Group semantics of an image whose SETUP says ``sender_is_group``: the rule of

@@ -164,7 +164,8 @@ class PublicationImage:
         self.reliable = params.reliable
         self.is_group = params.image_is_group(setup.is_group)
         self.group_tag = params.group_tag
-        self.congestion_control = cc = congestion_control_for(params, term_length)
+        self.congestion_control = cc = congestion_control_for(params, term_length, setup.mtu,
+                                                              now_ns)
         self.window = cc.initial_window_length()
         self._consults_congestion_control = not cc.is_static
         self.status_message_timeout_ns = settings.status_message_timeout
@@ -426,12 +427,13 @@ class PublicationImage:
         # What arrived in order needs no scan: start where the data path saw it stop.
         rcv_pos = max(rcv_pos, min(c.contiguous_position, hwm))
         start = rcv_pos
-        loss_found = False
+        loss_found = new_loss = False
         for _ in range(PARTITION_COUNT):
             rebuild = max(rcv_pos, max_sub)
             offset, loss_found = self.loss_detector.scan(
                 self._term_ptrs[(rebuild >> self.position_bits) % PARTITION_COUNT], rebuild, hwm,
                 now_ns, self.term_length, self.position_bits, self.initial_term_id)
+            new_loss = new_loss or self.loss_detector.new_gaps > 0
             new_rebuild = rebuild - (rebuild & self._mask) + offset
             if new_rebuild > rcv_pos:
                 rcv_pos = new_rebuild
@@ -452,7 +454,7 @@ class PublicationImage:
             force_sm, self.window = self.congestion_control.on_track_rebuild(
                 now_ns, consumption_position=min_sub, last_sm_position=c.last_sm_position,
                 hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
-                loss_found=loss_found)
+                loss_found=new_loss)
         if self.rate_signaller is not None:
             self._signal_rate(now_ns, min_sub, hwm)
         self.cleaner.clean_toward(min_sub)
