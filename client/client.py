@@ -348,7 +348,11 @@ class Client:
     def _on_unavailable_image(self, message: dict[str, Any]) -> None:
         subscription = self._subscriptions.get(message["subscription_registration_id"])
         if subscription is not None:
-            subscription._remove_image(message["correlation_id"])
+            lost_from, lost_to = message.get("lost_from"), message.get("lost_to")
+            subscription._remove_image(
+                message["correlation_id"],
+                (int(lost_from), int(lost_to)) if lost_from is not None and lost_to is not None
+                else None)
 
     # -- resources -----------------------------------------------------------------------------
     def add_publication(self, channel: str, stream_id: int) -> Publication:

@@ -113,6 +113,7 @@ class SystemCounter(enum.IntEnum):
     RATE_SIGNALS_SENT = 30  # NAK-strength signals this driver's images sent (rc=)
     RATE_SIGNALS_RECEIVED = 31  # NAK-strength signals its publications received
     RATE_CUTS = 32  # times a signal cut a publication's send-rate limit
+    IMAGES_LEFT_BEHIND = 33  # images whose missing data had left the sender's resend window
 
     @property
     def label(self) -> str:

@@ -158,6 +158,10 @@ class Image:
         self.correlation_id = correlation_id
         self.join_position = join_position
         self.source_identity = source_identity
+        #: Set as the image goes (``on_unavailable_image``) when its receiver was left behind:
+        #: the ``(from, to)`` stream positions it lost, because the sender had moved on past
+        #: what it could resend.  The stream's next image starts where the sender is.
+        self.lost_range: tuple[int, int] | None = None
         self.term_length = log.term_length
         self._log = log
         self._position_bits = log.position_bits
@@ -580,10 +584,12 @@ class Subscription:
             lib.ss_signal(parked_on.signal, parked_on.waiters)
         self._call_back(self.on_available_image, image)
 
-    def _remove_image(self, correlation_id: int) -> Image | None:
+    def _remove_image(self, correlation_id: int,
+                      lost: tuple[int, int] | None = None) -> Image | None:
         with self._images_changed:
             for image in self._images:
                 if image.correlation_id == correlation_id:
+                    image.lost_range = lost
                     self._images = tuple(i for i in self._images if i is not image)
                     # Wake a receiver parked on this image so it notices; while the log is
                     # surely mapped (the polling thread unmaps retired images).

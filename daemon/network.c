@@ -578,6 +578,7 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
          * raise the hwm, and the image's tail, to wherever a forged one says. */
         if (position > image->overrun_threshold) {
             count(r->counters.flow_control_over_runs, 1);
+            if (position > image->overrun_position) image->overrun_position = position;
             return;
         }
         int64_t floor = image->last_sm_position - image->term_length;
@@ -594,6 +595,8 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
     }
     if (position + length > image->overrun_threshold) {
         count(r->counters.flow_control_over_runs, 1);
+        if (position + length > image->overrun_position)
+            image->overrun_position = position + length;
         return;
     }
     if (position < image->last_sm_position) {

@@ -227,6 +227,8 @@ typedef struct {
     int64_t sm_due_position;
     int64_t rate_signal_position; /* rcv-hwm from which the image crosses its next NAK-strength
                                    * threshold: Python is due to signal (SS_NO_DEADLINE: none) */
+    int64_t overrun_position;     /* the end of the furthest frame dropped as an over-run: where
+                                   * the sender is, for a receiver left behind (Python's rule) */
 } ss_image_t;
 
 /* Counters a receive endpoint's data path counts into (cells of the counters file). */

@@ -184,6 +184,17 @@ class SubscriberStats:
         else:
             self.highest[pid] = seq
 
+    def joined_late(self, publishers: list[tuple[int, int, int]]) -> int:
+        """Of :meth:`missing`, the messages before the first one this subscriber got of each
+        publisher: it joined the stream after them (a lost SETUP, a crash), it did not lose
+        them once joined."""
+        late = 0
+        for pid, first, end in publishers:
+            start = max(first, self.expected_from)
+            got_first = self.first_seq.get(pid, end)
+            late += max(0, min(got_first, end) - start)
+        return late
+
     def missing(self, publishers: list[tuple[int, int, int]]) -> int:
         """Messages not received of the ``(publisher id, first seq, end seq)`` ranges, from
         :attr:`expected_from` (what was appended once this subscriber host first came up)."""
@@ -488,6 +499,8 @@ class SubscriberHost(SimHost):
         self.images_seen = 0
         self.images_lost = 0  # UNAVAILABLE_IMAGE events
         self.unavailable_at_ns: list[int] = []
+        #: Stream positions (from, to) an image lost because it was left behind.
+        self.lost_ranges: list[tuple[int, int]] = []
         self.read_rate = sim.scenario.read_rate(index)
         self._read_start_ns: int | None = None
         self._read_count = 0
@@ -532,6 +545,8 @@ class SubscriberHost(SimHost):
                     del self.readers[session]
             self.images_lost += 1
             self.unavailable_at_ns.append(self.sim.loop.now_ns)
+            if "lost_from" in message:
+                self.lost_ranges.append((message["lost_from"], message["lost_to"]))
 
     def _drain(self, reader: Image) -> None:
         on_message = self.stats.on_message

@@ -57,6 +57,10 @@ class Report:
     limits: list[tuple[int, int, int]] = attrs.field(factory=list)
     #: Per subscriber: the longest virtual time between two deliveries (ns).
     longest_gaps_ns: list[int] = attrs.field(factory=list)
+    #: Per subscriber: of ``missing``, the messages before the first it got (it joined late),
+    #: and the stream ranges its images lost because they were left behind.
+    joined_late: list[int] = attrs.field(factory=list)
+    lost_ranges: list[list[tuple[int, int]]] = attrs.field(factory=list)
 
     @property
     def exactly_once_in_order(self) -> bool:
@@ -73,12 +77,21 @@ class Report:
         if not self.completed:
             problems.append("the virtual-time limit came before everything was delivered")
         for i, ip in enumerate(self.subscribers):
+            late = self.joined_late[i] if i < len(self.joined_late) else 0
+            left = self.lost_ranges[i] if i < len(self.lost_ranges) else []
+            if self.missing[i] and (late or left):
+                problems.append(
+                    f"{ip} missed {self.missing[i]}: {late} before it joined, "
+                    f"{self.missing[i] - late} after"
+                    + (f" (left behind {len(left)} time(s), told of "
+                       f"{sum(b - a for a, b in left):,} bytes lost)" if left else ""))
+                continue
             for count, what in ((self.missing[i], "missed"), (self.duplicates[i], "duplicated"),
                                 (self.out_of_order[i], "got out of order"),
                                 (self.corrupt[i] if i < len(self.corrupt) else 0, "got corrupt")):
                 if count:
                     problems.append(f"{ip} {what} {count}")
-        if any(self.missing):
+        if any(self.missing) and not any(self.lost_ranges):
             problems.append("a host that crashed, or joined late, misses what was published "
                             "while it was not there")
         return "not exactly once: " + "; ".join(problems) + " (exit status 1)"

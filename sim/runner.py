@@ -239,6 +239,8 @@ class Simulation:
             duplicates=[s.duplicates for s in stats],
             out_of_order=[s.out_of_order for s in stats],
             missing=[s.missing(ranges) for s in stats],
+            joined_late=[s.joined_late(ranges) for s in stats],
+            lost_ranges=[sub.lost_ranges for sub in self.subscribers],
             naks=sum(h.counter(SystemCounter.NAK_MESSAGES_SENT) for h in self.subscribers),
             retransmits=pub.counter(SystemCounter.RETRANSMITS_SENT),
             virtual_seconds=virtual,

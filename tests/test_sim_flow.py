@@ -51,10 +51,20 @@ def send_rate(report: Report, start_s: float) -> float:
     return (p1 - p0) * S / (t1 - t0)
 
 
-def test_under_max_a_subscriber_slower_than_the_stream_is_left_behind() -> None:
-    report, _ = run("", messages=8000, read_rates=[(SLOW_HOST, SLOW_RATE)])
+def test_under_max_a_subscriber_slower_than_the_stream_is_left_behind_and_told() -> None:
+    report, sim = run("", messages=8000, read_rates=[(SLOW_HOST, SLOW_RATE)])
     assert fast(report.missing) == [0, 0, 0]
-    assert report.missing[SLOW_HOST - 2] > 0
+    slow = SLOW_HOST - 2
+    assert report.missing[slow] > 0 and report.joined_late[slow] == 0
+    # Its driver saw that what it lacked had left the sender's resend window: it stopped
+    # asking, said which range it lost, and joined the stream again where the sender was.
+    host = sim.host(SLOW_HOST)
+    assert host.counter(SystemCounter.IMAGES_LEFT_BEHIND) >= 1
+    assert report.lost_ranges[slow] and host.images_seen == len(report.lost_ranges[slow]) + 1
+    assert all(start < end for start, end in report.lost_ranges[slow])
+    assert not any(report.lost_ranges[i] for i in range(4) if i != slow)
+    assert "left behind" in report.verdict()
+    assert report.counters[f"10.0.0.{SLOW_HOST}"].get("NAK_MESSAGES_SENT", 0) < 50
 
 
 def test_nak_strength_slows_the_sender_to_what_the_slow_subscriber_takes_and_loses_nothing(
@@ -99,11 +109,20 @@ def test_under_nak_strength_the_others_never_see_the_stream_stop_while_one_pause
     assert fast(report.missing) == [0, 0, 0]
     assert max(fast(report.longest_gaps_ns)) < 100 * MS, report.longest_gaps_ns
     # A paused subscriber signals only until it has taken nothing for a window (it crossed
-    # each threshold once as it stopped): no rate would help it, and it is left behind.
+    # each threshold once as it stopped): no rate would help it, and it is left behind ...
     paused = report.counters[f"10.0.0.{SLOW_HOST}"]
     assert 0 < paused["RATE_SIGNALS_SENT"] <= 4
     assert sim.publisher.counter(SystemCounter.RATE_CUTS) > 0
     assert report.limits[-1][2] == 0  # the limit was lifted again
+    # ... and told: once it reads again, it gets what its driver had, learns the range it
+    # lost, and goes on with the stream from where the sender is, to its end.
+    slow = SLOW_HOST - 2
+    [(start, end)] = report.lost_ranges[slow]
+    assert paused["IMAGES_LEFT_BEHIND"] == 1 and sim.host(SLOW_HOST).images_seen == 2
+    lost_messages = report.missing[slow]
+    assert abs((end - start) - lost_messages * FRAME) <= 16 * FRAME
+    stats = sim.host(SLOW_HOST).stats
+    assert max(stats.highest.values()) == 40_000 - 1
 
 
 def test_a_scenario_reads_slow_subscribers_and_pauses_from_toml() -> None:

@@ -198,6 +198,42 @@ def test_nak_strength_slows_a_multicast_sender_to_a_slow_subscriber_and_loses_no
     assert sent["RATE_SIGNALS_RECEIVED"] > 0 and sent["RATE_CUTS"] > 0
 
 
+def test_under_max_a_subscriber_left_behind_is_told_what_it_lost_and_goes_on(launch) -> None:
+    """fc=max (the multicast default) with 1 MiB terms: a subscriber reading 500 messages a
+    second falls out of the sender's resend window.  Its driver stops asking, its image goes
+    with the range of stream positions lost, and a new image carries the stream on from where
+    the sender is, while the other subscriber gets every message."""
+    port = free_port()
+    uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{port}"
+           f"|interface=127.0.0.1|term-length=1m")
+    publisher, fast_driver, slow_driver = launch(), launch(), launch()
+    gone: list[tuple[int, int] | None] = []
+    with contextlib.ExitStack() as stack:
+        pc = stack.enter_context(Client.connect(publisher.directory))
+        fast_client = stack.enter_context(Client.connect(fast_driver.directory))
+        slow_client = stack.enter_context(Client.connect(slow_driver.directory))
+        fast_subscription = fast_client.add_subscription(uri, 7)
+        slow_subscription = slow_client.add_subscription(
+            uri, 7, on_unavailable_image=lambda image: gone.append(image.lost_range))
+        publication = pc.add_publication(uri, 7)
+        connect(publication, fast_subscription, slow_subscription)
+        fast, slow = Collector(fast_subscription), SlowCollector(slow_subscription, 500)
+        stream(publication, [fast], 6_000, lambda i: 1000, timeout=60)
+        fast.assert_exactly(6_000)
+        wait_for(lambda: slow.poll() >= 0 and gone, timeout=30, what="the slow image went")
+        wait_for(lambda: slow.poll() >= 0 and slow_subscription.images, timeout=30,
+                 what="a new image")
+        [image] = slow_subscription.images
+    start, end = gone[0] or (0, 0)
+    # What it read is the stream from the start to where it was left behind, in order, and
+    # the loss ran from there to where the sender was (about where the new image joined).
+    assert 0 < start < end <= image.join_position + (1 << 19)
+    frame = 1056  # a 1000-byte message and its 32-byte header, aligned to 32
+    assert start % frame == 0 and slow.seen == list(range(start // frame))
+    received = counters_of(slow_driver)
+    assert received["IMAGES_LEFT_BEHIND"] >= 1 and received["FLOW_CONTROL_OVER_RUNS"] > 0
+
+
 def _tap(group: str, port: int) -> socket.socket:
     """A socket on a multicast group that takes coalesced buffers (UDP_GRO), as a driver's."""
     tap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -46,11 +46,15 @@ def available_image(*, image_registration_id: int, subscription_registration_id:
 
 
 def unavailable_image(*, image_registration_id: int, subscription_registration_id: int,
-                      stream_id: int) -> dict[str, Any]:
-    """An image of a subscription is gone (its stream ended, or went silent)."""
-    return {"type": control.UNAVAILABLE_IMAGE, "correlation_id": image_registration_id,
-            "subscription_registration_id": subscription_registration_id,
-            "stream_id": stream_id}
+                      stream_id: int, lost: tuple[int, int] | None = None) -> dict[str, Any]:
+    """An image of a subscription is gone (its stream ended, or went silent); ``lost`` is the
+    range of stream positions it lost when it went because it was left behind."""
+    message = {"type": control.UNAVAILABLE_IMAGE, "correlation_id": image_registration_id,
+               "subscription_registration_id": subscription_registration_id,
+               "stream_id": stream_id}
+    if lost is not None:  # messages are flat: two scalars
+        message["lost_from"], message["lost_to"] = lost
+    return message
 
 
 def error(correlation_id: int, code: str, text: str) -> dict[str, Any]:

@@ -517,7 +517,7 @@ class NetworkConductor:
             out.append((link.subscription.client_key, messages.unavailable_image(
                 image_registration_id=image_entry.registration_id,
                 subscription_registration_id=link.subscription.registration_id,
-                stream_id=event.image.stream_id)))
+                stream_id=event.image.stream_id, lost=event.image.left_behind)))
             self._unlink(image_entry, link)
         return out
 

@@ -380,8 +380,10 @@ class ReceiveChannel:
                 done.append(key)
         if done:
             for key in done:
-                self._events.append(ImageDone(self, self.images.pop(key)))
-                self._cool_down[key] = now_ns + self.cool_down_ns
+                image = self.images.pop(key)
+                self._events.append(ImageDone(self, image))
+                if image.left_behind is None:  # one left behind joins again at once
+                    self._cool_down[key] = now_ns + self.cool_down_ns
             self._sync_images()
         for pending in (self._pending_setup, self._pending_image, self._cool_down):
             if pending:

@@ -75,6 +75,7 @@ from slipstream.client.logbuffer import (
     LogBuffer,
     compute_position,
     compute_term_id,
+    max_message_length,
     write_padding,
 )
 from slipstream.daemon._network import ffi as network_ffi
@@ -180,6 +181,15 @@ class PublicationImage:
                                              delay * settings.nak_unicast_retry_delay_ratio)
         self.loss_detector = LossDetector(
             generator, self._on_loss, loss_entry.record if loss_entry is not None else None)
+        self._loss_entry = loss_entry
+        #: What a sender still resends behind its position (its resend window, docs/PROTOCOL.md
+        #: §3.5): a receiver that lacks data further back than this is left behind.
+        self._resend_reach = (term_length >> 1) + max_message_length(term_length)
+        #: ``(from, to)`` stream positions this image lost because it was left behind (under
+        #: fc=max, or rc=, a slow receiver can fall out of the sender's resend window); None
+        #: while it is not.  Its subscribers read up to ``from``, then the image goes and the
+        #: stream is joined again where the sender is.
+        self.left_behind: tuple[int, int] | None = None
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
         self._subscriber_positions: list = []  # cffi int64_t * cells
         self.state = ImageState.INIT
@@ -208,6 +218,7 @@ class PublicationImage:
         c.source_length = len(raw_source)
         c.receiver_position = self._rcv_pos
         c.rate_signal_position = NO_DEADLINE
+        c.overrun_position = join
         #: NAK-strength signals (rc=), once the sender announced it adapts to them.
         self.rate_signaller: NakStrengthSignaller | None = None
         self._sync_subscribers_c()
@@ -362,6 +373,8 @@ class PublicationImage:
 
     # -- loss -----------------------------------------------------------------------------
     def _on_loss(self, term_id: int, term_offset: int, length: int) -> None:
+        if self.left_behind is not None:
+            return  # what it lacks is gone from the sender: asking again would be in vain
         if self.reliable:
             nak = Nak(self.session_id, self.stream_id, term_id, term_offset, length)
             self._outbox.append(Datagram(nak.encode(), self.control_address))
@@ -489,8 +502,40 @@ class PublicationImage:
         self._set_last_sm_position(position)
         self._sm_deadline_ns = now_ns + self.status_message_timeout_ns
 
+    def _check_left_behind(self) -> None:
+        """Whether the sender has moved so far on that the data this image lacks (from
+        rcv-pos) has left its resend window: then the image stops asking, records the loss,
+        and ends at rcv-pos (its subscribers read what it has; the receive channel joins the
+        stream again where the sender is)."""
+        rcv_pos = self.rcv_pos
+        sender_seen = max(self.rcv_hwm, self.c.overrun_position)
+        if sender_seen - rcv_pos <= self._resend_reach:
+            return
+        self.left_behind = (rcv_pos, sender_seen)
+        self.counters.add(SystemCounter.IMAGES_LEFT_BEHIND)
+        beyond = sender_seen - max(self.rcv_hwm, rcv_pos)  # gaps below the hwm are recorded
+        if self._loss_entry is not None and beyond > 0:
+            self._loss_entry.record(beyond)
+        self.is_end_of_stream = True
+        self.log.end_of_stream_position = rcv_pos
+        self.log.signal_readers()
+
+    def _extend_left_behind(self) -> None:
+        """As the image goes: the sender went on while its subscribers read what it had, so
+        the loss runs to where the sender is now, near where the next image will join."""
+        assert self.left_behind is not None
+        start, end = self.left_behind
+        sender_seen = max(self.rcv_hwm, self.c.overrun_position)
+        if sender_seen > end:
+            self.left_behind = (start, sender_seen)
+            if self._loss_entry is not None:
+                self._loss_entry.record(sender_seen - end, 0)
+
     def _check_state(self, now_ns: int) -> None:
         state = self.state
+        if (self.left_behind is None and state is ImageState.ACTIVE
+                and self.c.overrun_position > self.rcv_pos):
+            self._check_left_behind()
         if state is ImageState.INIT or state is ImageState.ACTIVE:
             if now_ns - self.c.time_of_last_packet_ns >= self.liveness_timeout_ns:
                 self._transition("liveness_timeout", now_ns)
@@ -498,9 +543,13 @@ class PublicationImage:
                 self._transition("end_of_stream", now_ns)
         elif state is ImageState.DRAINING:
             min_sub, _ = self._min_max_subscriber_position()
-            drained = min_sub >= self.rcv_pos or not self._subscriber_positions
-            if drained and (now_ns - self._time_of_last_state_change_ns
+            end = self.left_behind[0] if self.left_behind is not None else self.rcv_pos
+            drained = min_sub >= end or not self._subscriber_positions
+            if drained and (self.left_behind is not None  # nothing to wait for from the sender
+                            or now_ns - self._time_of_last_state_change_ns
                             >= 5 * self.status_message_timeout_ns):
+                if self.left_behind is not None:
+                    self._extend_left_behind()
                 self._transition("drained", now_ns)
         elif state is ImageState.LINGER:
             if (not self._subscriber_positions
@@ -528,8 +577,12 @@ class PublicationImage:
         if self.rate_signaller is not None:
             deadline = min(deadline, self.rate_signaller.next_deadline_ns())
         if state is ImageState.DRAINING:
-            return min(deadline, self._time_of_last_state_change_ns
-                       + 5 * self.status_message_timeout_ns)
+            drain_wait_end = self._time_of_last_state_change_ns + 5 * self.status_message_timeout_ns
+            if drain_wait_end > self._now_ns:
+                return min(deadline, drain_wait_end)
+            # Waited: only the subscribers are left to drain; their progress wakes the pass
+            # (the C half's 25 % rule, and the SM timer), a deadline of now would spin.
+            return deadline
         return min(deadline, self.c.time_of_last_packet_ns + self.liveness_timeout_ns)
 
     def __repr__(self) -> str:
