@@ -198,3 +198,9 @@ def align(value: int, alignment: int) -> int:
 def max_message_length(term_length: int) -> int:
     """Largest message a publication with this term length accepts: min(term/8, 16 MiB)."""
     return min(term_length // 8, MAX_MESSAGE_LENGTH)
+
+
+def resend_reach(term_length: int) -> int:
+    """How far behind its position a sender still resends (bytes): half a term and one
+    message (docs/PROTOCOL.md §3.5; the C data path's ``ss_resend`` window)."""
+    return (term_length >> 1) + max_message_length(term_length)

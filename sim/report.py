@@ -85,13 +85,15 @@ class Report:
                     f"{self.missing[i] - late} after"
                     + (f" (left behind {len(left)} time(s), told of "
                        f"{sum(b - a for a, b in left):,} bytes lost)" if left else ""))
-                continue
-            for count, what in ((self.missing[i], "missed"), (self.duplicates[i], "duplicated"),
+            elif self.missing[i]:
+                problems.append(f"{ip} missed {self.missing[i]}")
+            for count, what in ((self.duplicates[i], "duplicated"),
                                 (self.out_of_order[i], "got out of order"),
                                 (self.corrupt[i] if i < len(self.corrupt) else 0, "got corrupt")):
                 if count:
                     problems.append(f"{ip} {what} {count}")
-        if any(self.missing) and not any(self.lost_ranges):
+        if any(self.missing[i] and not (self.lost_ranges[i] if i < len(self.lost_ranges)
+                                        else []) for i in range(len(self.missing))):
             problems.append("a host that crashed, or joined late, misses what was published "
                             "while it was not there")
         return "not exactly once: " + "; ".join(problems) + " (exit status 1)"

@@ -52,19 +52,19 @@ def test_the_window_starts_at_ten_datagrams_and_follows_the_cubic_of_the_time_si
         ) -> None:
     cc = cubic()
     assert (cc.max_cwnd, cc.cwnd, cc.w_max) == (93, 10, 93)
-    assert rebuild(cc, 50 * US) == (False, 10 * MTU)  # within the first update interval
-    # K = cbrt(93 x 0.2 / 0.4) = 3.596 s; at 100 us: 93 + trunc(0.4 x (0.0001 - 3.596)^3)
+    assert rebuild(cc, 100 * US) == (False, 10 * MTU)  # within the first update interval
+    # K = cbrt(93 x 0.2 / 0.4) = 3.596 s; past 100 us: 93 + trunc(0.4 x (0.0001 - 3.596)^3)
     k = math.cbrt(93 * B / C)
-    expected = 93 + int(C * (100e-6 - k) ** 3)
+    expected = 93 + int(C * (101e-6 - k) ** 3)
     assert expected == 75
-    assert rebuild(cc, 100 * US) == (False, 75 * MTU)
+    assert rebuild(cc, 101 * US) == (False, 75 * MTU)
     assert rebuild(cc, 150 * US) == (False, 75 * MTU)  # one update per interval
 
 
 def test_a_loss_cuts_the_window_by_b_and_forces_a_status_message_then_it_grows_back_past_it(
         ) -> None:
     cc = cubic()
-    rebuild(cc, 100 * US)
+    rebuild(cc, 101 * US)
     assert rebuild(cc, 1 * MS, loss=True) == (True, 60 * MTU)  # 75 x (1 - 0.2)
     assert (cc.w_max, cc.losses) == (75, 1)
     k = math.cbrt(75 * B / C)  # 3.347 s to get back to w_max
@@ -91,7 +91,7 @@ def test_a_window_of_one_datagram_forces_a_status_message_once_the_subscriber_mo
 def test_tcp_mode_grows_below_the_last_maximum_at_least_as_fast_as_reno() -> None:
     plain, tcp = cubic(), cubic(tcp_mode=True)
     for cc in (plain, tcp):
-        rebuild(cc, 100 * US)
+        rebuild(cc, 101 * US)
         rebuild(cc, 1 * MS, loss=True)
         rebuild(cc, 1 * MS + 10 * MS)
     # Reno: 75 x 0.8 + (3 x 0.2 / 1.8) x 0.01 s / 100 us = 60 + 33.3
@@ -106,9 +106,10 @@ def test_round_trips_are_measured_every_four_round_trips_when_asked() -> None:
     cc = cubic(measure_rtt=True)
     assert cc.should_measure_rtt(0)
     cc.on_rtt_measurement_sent(0)
-    assert cc.next_deadline_ns() == 400 * US and not cc.should_measure_rtt(399 * US)
+    assert cc.next_deadline_ns() == 400 * US + 1 and not cc.should_measure_rtt(400 * US)
     cc.on_rtt_measurement(300 * US, 250 * US, ("10.0.0.1", 1))
     assert (cc.rtt_ns, cc.rtt_timeout_ns) == (250 * US, 1000 * US)
+    assert cc.next_deadline_ns() == 1300 * US + 1  # timed from the answer, as Aeron's
     cc.on_rtt_measurement(1 * MS, 20 * US, ("10.0.0.1", 1))
     assert cc.rtt_timeout_ns == 400 * US  # never below 4 x the initial round trip
 

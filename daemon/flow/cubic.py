@@ -86,7 +86,7 @@ class CubicCongestionControl(CongestionControl):
             self.last_loss_ns = now_ns
             force_sm = True
         elif (self.cwnd < self.max_cwnd
-              and now_ns >= self.last_update_ns + self.window_update_timeout_ns):
+              and now_ns > self.last_update_ns + self.window_update_timeout_ns):
             since_loss_s = (now_ns - self.last_loss_ns) / 1e9
             cwnd = min(self.max_cwnd, self.w_max + int(C * (since_loss_s - self.k) ** 3))
             if self.tcp_mode and cwnd < self.w_max:
@@ -101,19 +101,20 @@ class CubicCongestionControl(CongestionControl):
 
     def should_measure_rtt(self, now_ns: int) -> bool:
         return self.measure_rtt and (self.last_rtt_ns is None
-                                     or now_ns >= self.last_rtt_ns + self.rtt_timeout_ns)
+                                     or now_ns > self.last_rtt_ns + self.rtt_timeout_ns)
 
     def on_rtt_measurement_sent(self, now_ns: int) -> None:
         self.last_rtt_ns = now_ns
 
     def on_rtt_measurement(self, now_ns: int, rtt_ns: int, source: Address) -> None:
+        self.last_rtt_ns = now_ns  # the next measurement a timeout after this answer
         self.rtt_ns = max(1, rtt_ns)
         self.rtt_timeout_ns = RTT_TIMEOUT_MULTIPLE * max(rtt_ns, self.initial_rtt_ns)
 
     def next_deadline_ns(self) -> int:
         if not self.measure_rtt:
             return NO_DEADLINE
-        return 0 if self.last_rtt_ns is None else self.last_rtt_ns + self.rtt_timeout_ns
+        return 0 if self.last_rtt_ns is None else self.last_rtt_ns + self.rtt_timeout_ns + 1
 
     def __repr__(self) -> str:
         return (f"<CubicCongestionControl cwnd={self.cwnd}/{self.max_cwnd} w_max={self.w_max} "

@@ -40,9 +40,8 @@ def flow_control_for(params: PublicationParams) -> FlowControl:
 def congestion_control_for(params: SubscriptionParams, term_length: int, sender_mtu: int,
                            now_ns: int = 0) -> CongestionControl:
     """The congestion-control strategy of an image made at ``now_ns`` with ``params``,
-    ``term_length`` and the sender's MTU;
-    ValueError for a name no strategy is registered under (the conductor refuses such a
-    ``cc=`` as the subscription is added)."""
+    ``term_length`` and the sender's MTU; ValueError for a name no strategy is registered
+    under (the URI grammar takes only registered names: tests/test_params.py)."""
     try:
         strategy = CONGESTION_CONTROLS[params.congestion_control]
     except KeyError:

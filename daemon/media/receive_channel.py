@@ -382,7 +382,10 @@ class ReceiveChannel:
             for key in done:
                 image = self.images.pop(key)
                 self._events.append(ImageDone(self, image))
-                if image.left_behind is None:  # one left behind joins again at once
+                # One left behind joins again at once, if it got anywhere: one left behind as
+                # it joined (a sender far ahead of its SETUP) waits, or it would loop.
+                left = image.left_behind
+                if left is None or left[0] <= image.join_position:
                     self._cool_down[key] = now_ns + self.cool_down_ns
             self._sync_images()
         for pending in (self._pending_setup, self._pending_image, self._cool_down):

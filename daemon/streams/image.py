@@ -43,7 +43,10 @@ States (changed only in :meth:`_transition`)::
     INIT --first subscriber--> ACTIVE
     INIT/ACTIVE --no packet for image_liveness_timeout, EOS rebuilt, or last subscriber
                   removed--> DRAINING          (SMs now carry EOS 0x40)
-    DRAINING --subscribers consumed everything and 5 SM timeouts passed--> LINGER
+    ACTIVE --left behind: what it lacks left the sender's resend window--> DRAINING
+                 (it ends where its data ends; see _check_left_behind)
+    DRAINING --subscribers consumed everything and 5 SM timeouts passed (left behind:
+               at once)--> LINGER
     LINGER --no subscribers, or image_liveness_timeout--> DONE
 
 Units: times in ns, positions/offsets/lengths in bytes.
@@ -69,13 +72,12 @@ from slipstream.client.frames import (
     Setup,
     StatusMessage,
 )
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.client.layout import NO_DEADLINE, resend_reach
 from slipstream.client.logbuffer import (
     PARTITION_COUNT,
     LogBuffer,
     compute_position,
     compute_term_id,
-    max_message_length,
     write_padding,
 )
 from slipstream.daemon._network import ffi as network_ffi
@@ -184,7 +186,7 @@ class PublicationImage:
         self._loss_entry = loss_entry
         #: What a sender still resends behind its position (its resend window, docs/PROTOCOL.md
         #: §3.5): a receiver that lacks data further back than this is left behind.
-        self._resend_reach = (term_length >> 1) + max_message_length(term_length)
+        self._resend_reach = resend_reach(term_length)
         #: ``(from, to)`` stream positions this image lost because it was left behind (under
         #: fc=max, or rc=, a slow receiver can fall out of the sender's resend window); None
         #: while it is not.  Its subscribers read up to ``from``, then the image goes and the
@@ -250,9 +252,12 @@ class PublicationImage:
         c = self.c
         c.last_sm_position = position
         # The sender may send up to half a term past an SM; never into a partition that
-        # cleaning has not reached yet (LogCleaner.reusable_limit).
+        # cleaning has not reached yet (LogCleaner.reusable_limit); once left behind, nothing
+        # past the end its subscribers read to.
         c.overrun_threshold = min(position + (self.term_length >> 1),
                                   self.cleaner.reusable_limit())
+        if self.left_behind is not None:
+            c.overrun_threshold = min(c.overrun_threshold, self.left_behind[0])
 
     def status_message_due_position(self) -> int:
         """The subscriber position from which the 25 % rule schedules the next SM: a parked
@@ -398,9 +403,10 @@ class PublicationImage:
         if self.rcv_hwm >= self.c.rate_signal_position:
             return True
         cells = self._subscriber_positions
+        due_position = self.c.sm_due_position  # the C half's rule: the same position
         if len(cells) == 1:
-            return cells[0][0] >= self._sm_position + (self._sm_window >> 2) + 1
-        return bool(cells) and self.min_subscriber_position() >= self.status_message_due_position()
+            return cells[0][0] >= due_position
+        return bool(cells) and self.min_subscriber_position() >= due_position
 
     def datagrams_to_send(self, now_ns: int, out: list[Datagram]) -> None:
         """Run the rebuild pass and timers; append SMs, NAKs and RTTM replies to ``out``."""
@@ -424,7 +430,10 @@ class PublicationImage:
                 out.append(Datagram(rttm.encode(), self.control_address))
                 self.congestion_control.on_rtt_measurement_sent(now_ns)
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
-            self.c.sm_due_position = self.status_message_due_position()
+            due = self.status_message_due_position()
+            if self.left_behind is not None:  # wake as the subscribers reach its end
+                due = min(due, self.left_behind[0])
+            self.c.sm_due_position = due
         else:  # no rebuild pass and no SM any more: nothing in C makes this due again
             self.c.dirty = 0
             self.c.sm_due_position = NO_DEADLINE
@@ -518,6 +527,7 @@ class PublicationImage:
             self._loss_entry.record(beyond)
         self.is_end_of_stream = True
         self.log.end_of_stream_position = rcv_pos
+        self.c.overrun_threshold = min(self.c.overrun_threshold, rcv_pos)  # take no more
         self.log.signal_readers()
 
     def _extend_left_behind(self) -> None:
