@@ -168,9 +168,9 @@ class SubscriptionParams:
     nak_delay_ns: int  # unicast NAK delay (nak-delay=, else the setting)
     sparse: bool
     congestion_control: str  # a registered strategy (cc=, else static)
-    cubic_initial_rtt_ns: int = 100_000  # cc=cubic: the settings' cubic_* keys
-    cubic_measure_rtt: bool = False
-    cubic_tcp_mode: bool = False
+    cubic_initial_rtt_ns: int  # cc=cubic: the settings' cubic_* keys
+    cubic_measure_rtt: bool
+    cubic_tcp_mode: bool
 
     @classmethod
     def resolve(cls, channel: Channel, settings: DriverSettings) -> SubscriptionParams:
