@@ -424,6 +424,20 @@ def _interface(text: str) -> HostPort:
     return _host_port(text, port_required=False, prefix_allowed=True)
 
 
+def _options(options: list[str], forms: dict[str, str]) -> dict[str, str]:
+    """A strategy's ``kind:value`` options (``fc=min,g:/3,t:5s``), each kind of ``forms`` (its
+    spelling, for the error) at most once: kind -> value."""
+    values: dict[str, str] = {}
+    for option in options:
+        kind, colon, value = option.partition(":")
+        if not colon or kind not in forms or not value:
+            raise _Bad(f"option {option!r} is not {' or '.join(forms.values())}")
+        if kind in values:
+            raise _Bad(f"option {kind}: given twice")
+        values[kind] = value
+    return values
+
+
 def _flow_control(text: str) -> FlowControlSpec:
     name, *options = text.split(",")
     name = FLOW_CONTROL_ALIASES.get(name, name)
@@ -432,14 +446,8 @@ def _flow_control(text: str) -> FlowControlSpec:
     if options and name in ("max", "unicast"):
         raise _Bad(f"{name} takes no options")
     tag = size = timeout = None
-    seen = set()
-    for option in options:
-        kind, colon, value = option.partition(":")
-        if not colon or kind not in ("g", "t") or not value:
-            raise _Bad(f"option {option!r} is not g:<tag>[/<min group size>] or t:<timeout>")
-        if kind in seen:
-            raise _Bad(f"option {kind}: given twice")
-        seen.add(kind)
+    for kind, value in _options(options, {"g": "g:<tag>[/<min group size>]",
+                                          "t": "t:<timeout>"}).items():
         if kind == "t":
             timeout = _duration(value)
             continue
@@ -460,14 +468,8 @@ def _rate_control(text: str) -> RateControlSpec:
     if name not in RATE_CONTROLS:
         raise _Bad(f"{name!r} is not {' or '.join(RATE_CONTROLS)}")
     thresholds = window = None
-    seen = set()
-    for option in options:
-        kind, colon, value = option.partition(":")
-        if not colon or kind not in ("thresholds", "window") or not value:
-            raise _Bad(f"option {option!r} is not thresholds:<percent>/... or window:<duration>")
-        if kind in seen:
-            raise _Bad(f"option {kind}: given twice")
-        seen.add(kind)
+    for kind, value in _options(options, {"thresholds": "thresholds:<percent>/...",
+                                          "window": "window:<duration>"}).items():
         if kind == "window":
             window = _duration(value)
             if not RATE_WINDOW_MIN_US * 1000 <= window <= RATE_WINDOW_MAX_US * 1000:

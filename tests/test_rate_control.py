@@ -209,16 +209,22 @@ def test_the_fill_is_the_slowest_subscribers_distance_to_the_hwm_per_mille_of_th
 # -- the C data path's bucket ------------------------------------------------------------
 
 
-def test_the_data_path_sends_at_the_rate_limit_and_never_more_than_the_burst_at_once(
-        shm: Path) -> None:
+def connected_rc_pair(shm: Path, *, committed: int) -> Pair:
+    """An rc=nak-strength pair, connected, whose publisher committed ``committed`` KiB
+    frames that nothing has read."""
     pair = Pair(shm, uri=URI + "|rc=nak-strength", term_length=1 << 20)
     pair.auto_poll = False
     pair.run_until(1 * MS)
+    for _ in range(committed):
+        assert pair.offer(b"r" * 992) > 0
+    return pair
+
+
+def test_the_data_path_sends_at_the_rate_limit_and_never_more_than_the_burst_at_once(
+        shm: Path) -> None:
+    pair = connected_rc_pair(shm, committed=400)  # more than the window lets out
     publication = pair.publication
     c = publication.c
-    lib_offer = pair.offer
-    for _ in range(400):  # 400 KiB committed, more than the window lets out
-        assert lib_offer(b"r" * 992) > 0
     rate, burst = 2 * MB, 16 * 1024
     c.rate_limit, c.rate_burst, c.rate_credit, c.rate_time_ns = rate, burst, burst, 0
     publication.sender_limit = 1 << 40  # flow control out of the way: only the bucket holds
@@ -244,13 +250,9 @@ def test_the_data_path_sends_at_the_rate_limit_and_never_more_than_the_burst_at_
 
 def test_retransmissions_go_while_the_bucket_is_empty_and_leave_it_at_most_a_burst_in_debt(
         shm: Path) -> None:
-    pair = Pair(shm, uri=URI + "|rc=nak-strength", term_length=1 << 20)
-    pair.auto_poll = False
-    pair.run_until(1 * MS)
+    pair = connected_rc_pair(shm, committed=200)
     publication = pair.publication
     c = publication.c
-    for _ in range(200):
-        assert pair.offer(b"q" * 992) > 0
     publication.sender_limit = 1 << 40
     spans = network_ffi.new("ss_span_t[]", 64 + network.SS_RETRANSMIT_MAX)
     network.ss_send_data(c, 0, 64, spans)  # what the window lets out, before any limit

@@ -129,20 +129,29 @@ def test_a_stream_in_order_runs_the_network_threads_python_half_per_window_not_p
         assert cycles > passes, (cycles, passes)
 
 
-def test_multicast_to_several_subscriber_drivers(launch) -> None:
-    # fc=min: the slowest receiver sets the pace.  With the default (max) a receiver that
-    # falls half a term behind the fastest is past the resend window for good, as in Aeron.
-    port = free_port()
-    uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{port}"
-           f"|interface=127.0.0.1|fc=min,g:/3")
+@contextlib.contextmanager
+def multicast(launch, params: str, *, receivers: int) -> Iterator[
+        tuple[MediaDriver, list[MediaDriver], Publication, list[Subscription]]]:
+    """A publisher's driver and ``receivers`` subscriber drivers on a loopback multicast
+    channel with ``params``, stream 7 connected: (publisher driver, subscriber drivers,
+    publication, subscriptions), the clients open until the block ends."""
+    uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{free_port()}"
+           f"|interface=127.0.0.1|{params}")
     publisher = launch()
-    subscribers = [launch() for _ in range(3)]
+    subscribers = [launch() for _ in range(receivers)]
     with contextlib.ExitStack() as stack:
         pc = stack.enter_context(Client.connect(publisher.directory))
         clients = [stack.enter_context(Client.connect(d.directory)) for d in subscribers]
         subscriptions = [c.add_subscription(uri, 7) for c in clients]
         publication = pc.add_publication(uri, 7)
         connect(publication, *subscriptions)
+        yield publisher, subscribers, publication, subscriptions
+
+
+def test_multicast_to_several_subscriber_drivers(launch) -> None:
+    # fc=min: the slowest receiver sets the pace.  With the default (max) a receiver that
+    # falls half a term behind the fastest is past the resend window for good, as in Aeron.
+    with multicast(launch, "fc=min,g:/3", receivers=3) as (_, _, publication, subscriptions):
         collectors = [Collector(s) for s in subscriptions]
         stream(publication, collectors, 10_000, lambda i: 100 + i % 700)
         for collector in collectors:
@@ -170,17 +179,8 @@ def test_nak_strength_slows_a_multicast_sender_to_a_slow_subscriber_and_loses_no
     """rc=nak-strength over real sockets: the slow subscriber's driver signals how full its
     image is, the sender's driver cuts its send rate (max flow control alone would leave
     that subscriber behind, half a 1 MiB term back), and every subscriber gets everything."""
-    port = free_port()
-    uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{port}"
-           f"|interface=127.0.0.1|rc=nak-strength|term-length=1m")
-    publisher = launch()
-    subscribers = [launch() for _ in range(3)]
-    with contextlib.ExitStack() as stack:
-        pc = stack.enter_context(Client.connect(publisher.directory))
-        clients = [stack.enter_context(Client.connect(d.directory)) for d in subscribers]
-        subscriptions = [c.add_subscription(uri, 7) for c in clients]
-        publication = pc.add_publication(uri, 7)
-        connect(publication, *subscriptions)
+    with multicast(launch, "rc=nak-strength|term-length=1m", receivers=3) as (
+            publisher, subscribers, publication, subscriptions):
         collectors = [Collector(subscriptions[0]), SlowCollector(subscriptions[1], 2000),
                       Collector(subscriptions[2])]
         stream(publication, collectors, 10_000, lambda i: 1000, timeout=60)
