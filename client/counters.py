@@ -74,6 +74,7 @@ class CounterType(enum.IntEnum):
     SENDER_LIMIT = 9
     CLIENT_HEARTBEAT = 11
     PUBLISHER_POSITION = 12
+    FC_RECEIVERS = 17  # fc-receivers: receivers min / tagged flow control holds the sender to
     SENDER_RATE_LIMIT = 1001  # slipstream's: snd-rate, bytes/s (0: none), rc= publications
 
 

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from helpers import FAST_DRIVER_SETTINGS, wait_for
+from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 
 from slipstream.client import Client
 from slipstream.daemon.driver import MediaDriver
@@ -75,3 +75,17 @@ def test_slipstream_metrics_runs_beside_a_driver(driver_dir: Path) -> None:
         finally:
             exporter.terminate()
             exporter.wait(10)
+
+
+def test_the_receivers_min_flow_control_counts_are_a_metric(driver_dir: Path) -> None:
+    port = free_tcp_port()
+    uri = f"aeron:udp?endpoint=224.0.1.{free_port() % 250 + 1}:{free_port()}" \
+          "|interface=127.0.0.1|fc=min"
+    with MediaDriver.launch(directory=driver_dir, metrics_address=f"127.0.0.1:{port}",
+                            **FAST_DRIVER_SETTINGS), Client.connect(driver_dir) as client:
+        subscription = client.add_subscription(uri, 78)
+        publication = client.add_publication(uri, 78)
+        wait_for(lambda: publication.is_connected and bool(subscription.images))
+        text = scrape(port)
+    assert value(text, f'slipstream_flow_control_receivers{{channel="{uri}",session='
+                       f'"{publication.session_id}",stream="78"}}') == 1

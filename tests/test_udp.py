@@ -151,11 +151,21 @@ def multicast(launch, params: str, *, receivers: int) -> Iterator[
 def test_multicast_to_several_subscriber_drivers(launch) -> None:
     # fc=min: the slowest receiver sets the pace.  With the default (max) a receiver that
     # falls half a term behind the fastest is past the resend window for good, as in Aeron.
-    with multicast(launch, "fc=min,g:/3", receivers=3) as (_, _, publication, subscriptions):
+    with multicast(launch, "fc=min,g:/3", receivers=3) as (
+            publisher, _, publication, subscriptions):
         collectors = [Collector(s) for s in subscriptions]
         stream(publication, collectors, 10_000, lambda i: 100 + i % 700)
         for collector in collectors:
             collector.assert_exactly(10_000)
+        # The receivers min flow control holds the sender to are a counter (Aeron's
+        # fc-receivers, type 17), in stat as in AeronStat.
+        counters = CountersFile(publisher.directory / control.COUNTERS_FILE, writable=False)
+        try:
+            [receivers] = [c for c in counters if c.label.startswith("fc-receivers: ")]
+        finally:
+            counters.close()
+        assert (receivers.type_id, receivers.value) == (CounterType.FC_RECEIVERS, 3)
+        assert _stat(publisher).stdout.count("fc-receivers: ") == 1
 
 
 class SlowCollector(Collector):

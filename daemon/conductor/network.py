@@ -279,20 +279,28 @@ class NetworkConductor:
             **log_start(params, self._rng))
         label = f"{channel} stream={stream_id} session={session_id}"
         try:
+            flow_control = flow_control_for(params)
             kinds = [(CounterType.PUBLISHER_LIMIT, "pub-lmt"),
                      (CounterType.SENDER_POSITION, "snd-pos"),
                      (CounterType.SENDER_LIMIT, "snd-lmt")]
             if params.rate_control is not None:
                 kinds.append((CounterType.SENDER_RATE_LIMIT, "snd-rate"))
+            if flow_control.tracks_receivers:
+                kinds.append((CounterType.FC_RECEIVERS, "fc-receivers"))
             counter_ids = self._allocate_counters(kinds, label, registration_id, session_id,
                                                   stream_id)
         except CountersFullError:
             discard_log(log_buffer, self.budget)
             raise
-        positions = SenderPositions(*(self.counters.address(i) for i in counter_ids))
+        cells = {kind: self.counters.address(counter_id)
+                 for (kind, _), counter_id in zip(kinds, counter_ids, strict=True)}
+        positions = SenderPositions(
+            cells[CounterType.PUBLISHER_LIMIT], cells[CounterType.SENDER_POSITION],
+            cells[CounterType.SENDER_LIMIT], cells.get(CounterType.SENDER_RATE_LIMIT),
+            cells.get(CounterType.FC_RECEIVERS))
         publication = NetworkPublication(
             log=log_buffer, params=params, settings=settings, positions=positions,
-            flow_control=flow_control_for(params), counters=self.counters,
+            flow_control=flow_control, counters=self.counters,
             now_ns=now_ns, destination=destination)
         entry = _PublicationEntry(registration_id, key, channel, publication, endpoint,
                                   log_buffer, counter_ids, counter_ids[0])

@@ -31,6 +31,9 @@ class FlowControl(abc.ABC):
     name: ClassVar[str]
     #: A NAK's resend covers at most the receiver window times this (per strategy).
     retransmit_window_multiple: ClassVar[int]
+    #: It keeps a set of receivers (min, tagged): the publication then has an
+    #: ``fc-receivers`` counter holding :meth:`receiver_count`.
+    tracks_receivers: ClassVar[bool] = False
 
     def __init__(self) -> None:
         #: The last receiver window seen in an SM (bytes); bounds retransmissions.
@@ -67,6 +70,10 @@ class FlowControl(abc.ABC):
     def has_required_receivers(self) -> bool:
         """Part of the publication's "connected" status: enough receivers are known."""
         return True
+
+    def receiver_count(self) -> int:
+        """How many receivers the strategy holds the sender to (0 for one that tracks none)."""
+        return 0
 
     def retransmission_lookahead(self, mtu: int) -> int:
         """The most one NAK's resend may cover, bytes: the receiver window x the strategy's

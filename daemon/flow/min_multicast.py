@@ -15,30 +15,40 @@ MIN_RETRANSMIT_WINDOW_MULTIPLE = 16
 
 
 class _Receiver:
-    __slots__ = ("last_position_plus_window", "receiver_id", "source", "time_of_last_sm_ns")
+    __slots__ = ("eos_flagged", "last_position_plus_window", "receiver_id", "source",
+                 "time_of_last_sm_ns")
 
     def __init__(self, receiver_id: int, limit: int, now_ns: int, source: Address) -> None:
         self.receiver_id = receiver_id
         self.last_position_plus_window = limit
         self.time_of_last_sm_ns = now_ns
         self.source = source
+        self.eos_flagged = False
 
 
 class MinMulticastFlowControl(FlowControl):
     """The slowest live receiver sets the pace (aeron_min_flow_control.c, ``fc=min``).
 
-    Keeps ``receiver_id -> (position + window, time of last SM)``.  ``snd_lmt = max(snd_lmt,
-    min over receivers)`` once at least ``group_min_size`` receivers are known (before that the
-    limit stays and the publication is not connected).  A receiver is forgotten after
-    ``receiver_timeout_ns`` without an SM, on an EOS SM and on an ERR naming it.
+    Keeps ``receiver_id -> (position + window, time of last SM)``; the rules are Aeron's
+    (docs/PROTOCOL.md §4):
 
-    Join protection (docs/PROTOCOL.md §5.4): after an S-flagged SM, the limit at the next SETUP caps
-    the computed limit until a new receiver is added or one receiver timeout passes, so a
-    newcomer can join before the window moves on.
+    * an SM gives ``max(snd_lmt, min over receivers)``; while fewer than ``group_min_size``
+      receivers are known the limit stays and the publication is not connected; with none
+      tracked at all (``g:/0``, or none carrying the tag under ``tagged``) the sender follows
+      the SMs as ``max`` does rather than stall while it reports connected;
+    * a receiver is added only within one window of the current minimum (a newcomer far
+      behind would stall everyone) and never from an EOS SM;
+    * :meth:`on_idle` drops receivers silent for ``receiver_timeout_ns`` and those flagged
+      end-of-stream (an EOS SM or an ERR naming them: they stay counted until then), and
+      gives the minimum itself, so a receiver that joined behind pulls the limit back;
+    * join protection: after an S-flagged SM, the limit at the next SETUP caps the computed
+      limit until a new receiver is added or one receiver timeout passes, so a newcomer can
+      join before the window moves on.
     """
 
     name = "min"
     retransmit_window_multiple = MIN_RETRANSMIT_WINDOW_MULTIPLE
+    tracks_receivers = True
 
     def __init__(self, *, receiver_timeout_ns: int, group_min_size: int = 0) -> None:
         super().__init__()
@@ -47,7 +57,7 @@ class MinMulticastFlowControl(FlowControl):
         self.receivers: dict[int, _Receiver] = {}
         self._setup_requested = False
         self._last_setup_limit: int | None = None
-        self._last_setup_deadline_ns = 0
+        self._last_setup_ns = 0
 
     @classmethod
     def from_params(cls, params: FlowControlParams) -> Self:
@@ -57,54 +67,60 @@ class MinMulticastFlowControl(FlowControl):
     def _matches(self, sm: StatusMessage) -> bool:
         return True
 
-    def _min_limit(self) -> int | None:
+    def _setup_cap(self, now_ns: int) -> int | None:
+        """The limit at the last SETUP a newcomer asked for, while it still protects it."""
+        if self._last_setup_limit is not None and (
+                self._last_setup_ns + self.receiver_timeout_ns - now_ns < 0):
+            self._last_setup_limit = None
+        return self._last_setup_limit
+
+    def _minimum(self, now_ns: int) -> int | None:
+        """The least position + window over the receivers (capped by join protection), None
+        with no receivers."""
         if not self.receivers:
             return None
-        return min(r.last_position_plus_window for r in self.receivers.values())
-
-    def _limit(self, sender_limit: int, now_ns: int) -> int:
-        if not self.receivers or len(self.receivers) < self.group_min_size:
-            return sender_limit
-        limit = self._min_limit()
-        assert limit is not None
-        if self._last_setup_limit is not None:
-            if now_ns - self._last_setup_deadline_ns < 0:
-                limit = min(limit, max(sender_limit, self._last_setup_limit))
-            else:
-                self._last_setup_limit = None
-        return max(sender_limit, limit)
+        limit = min(r.last_position_plus_window for r in self.receivers.values())
+        cap = self._setup_cap(now_ns)
+        return limit if cap is None else min(limit, cap)
 
     def on_status_message(self, sm: StatusMessage, source: Address, sender_limit: int,
                           initial_term_id: int, position_bits: int, now_ns: int) -> int:
-        if not self._matches(sm):
-            return self._limit(sender_limit, now_ns)
-        self.receiver_window = sm.receiver_window
         limit = sm_limit(sm, initial_term_id, position_bits)
-        if sm.is_eos:
-            self.receivers.pop(sm.receiver_id, None)
-            return self._limit(sender_limit, now_ns)
-        receiver = self.receivers.get(sm.receiver_id)
-        if receiver is not None:
-            receiver.last_position_plus_window = limit
-            receiver.time_of_last_sm_ns = now_ns
-            receiver.source = source
-        else:
-            current = self._min_limit()
-            # A newcomer far behind would stall everyone: accept it only within one window
-            # of the current minimum (aeron_min_flow_control_strategy_process_sm).
-            if current is None or limit >= current - sm.receiver_window:
-                self.receivers[sm.receiver_id] = _Receiver(sm.receiver_id, limit, now_ns, source)
-                self._last_setup_limit = None
-        return self._limit(sender_limit, now_ns)
+        matches = self._matches(sm)
+        if matches:
+            self.receiver_window = sm.receiver_window
+            receiver = self.receivers.get(sm.receiver_id)
+            if receiver is not None:
+                receiver.last_position_plus_window = limit
+                receiver.time_of_last_sm_ns = now_ns
+                receiver.source = source
+                receiver.eos_flagged = sm.is_eos
+            elif not sm.is_eos:
+                current = self._minimum(now_ns)
+                if current is None or limit >= current - sm.receiver_window:
+                    self.receivers[sm.receiver_id] = _Receiver(sm.receiver_id, limit, now_ns,
+                                                               source)
+                    self._last_setup_limit = None
+        if len(self.receivers) < self.group_min_size:
+            return sender_limit
+        if not self.receivers:
+            return max(sender_limit, limit)
+        minimum = self._minimum(now_ns)
+        assert minimum is not None
+        return max(sender_limit, minimum)
 
     def on_idle(self, now_ns: int, sender_limit: int, sender_position: int,
                 is_eos: bool) -> int:
         timeout = self.receiver_timeout_ns
-        expired = [rid for rid, r in self.receivers.items()
-                   if now_ns - (r.time_of_last_sm_ns + timeout) > 0]
-        for rid in expired:
+        gone = [rid for rid, r in self.receivers.items()
+                if r.eos_flagged or r.time_of_last_sm_ns + timeout - now_ns < 0]
+        for rid in gone:
             del self.receivers[rid]
-        return self._limit(sender_limit, now_ns)
+        if not self.receivers or len(self.receivers) < self.group_min_size:
+            return sender_limit
+        minimum = self._minimum(now_ns)
+        assert minimum is not None
+        return minimum
 
     def on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         if self._matches(sm):
@@ -112,18 +128,25 @@ class MinMulticastFlowControl(FlowControl):
 
     def on_setup(self, now_ns: int, sender_limit: int) -> None:
         if self._setup_requested and self.receivers:
-            self._setup_requested = False
             self._last_setup_limit = sender_limit
-            self._last_setup_deadline_ns = now_ns + self.receiver_timeout_ns
+            self._last_setup_ns = now_ns
+        self._setup_requested = False
 
     def on_error(self, err: ErrorFrame, now_ns: int) -> None:
-        self.receivers.pop(err.receiver_id, None)
+        receiver = self.receivers.get(err.receiver_id)
+        if receiver is not None:
+            receiver.eos_flagged = True
 
     def has_required_receivers(self) -> bool:
         return len(self.receivers) >= self.group_min_size
 
+    def receiver_count(self) -> int:
+        return len(self.receivers)
+
     def next_deadline_ns(self) -> int:
         if not self.receivers:
             return NO_DEADLINE
+        if any(r.eos_flagged for r in self.receivers.values()):
+            return 0
         oldest = min(r.time_of_last_sm_ns for r in self.receivers.values())
         return oldest + self.receiver_timeout_ns + 1

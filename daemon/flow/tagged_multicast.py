@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Self
 
-from slipstream.client.frames import ErrorFrame, StatusMessage
+from slipstream.client.frames import StatusMessage
 from slipstream.daemon.flow.min_multicast import MinMulticastFlowControl
 from slipstream.daemon.protocol.params import FlowControlParams
 
 
 class TaggedMulticastFlowControl(MinMulticastFlowControl):
-    """Min flow control over the receivers whose SM carries ``group_tag`` (``fc=tagged``);
-    untagged or other-tagged receivers never hold the sender back."""
+    """Min flow control over the receivers whose SM carries ``group_tag`` (``fc=tagged``,
+    also ``fc=preferred``); untagged or other-tagged receivers never hold the sender back, and
+    while none carrying the tag is known the sender follows every SM as ``max`` does."""
 
     name = "tagged"
 
@@ -27,7 +28,3 @@ class TaggedMulticastFlowControl(MinMulticastFlowControl):
 
     def _matches(self, sm: StatusMessage) -> bool:
         return sm.group_tag == self.group_tag
-
-    def on_error(self, err: ErrorFrame, now_ns: int) -> None:
-        if err.group_tag is None or err.group_tag == self.group_tag:
-            self.receivers.pop(err.receiver_id, None)

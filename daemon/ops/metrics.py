@@ -71,6 +71,10 @@ class CountersCollector(Collector):
             "slipstream_send_rate_limit_bytes_per_second",
             "Send-rate limits of rc= publications (0: none)",
             labels=["channel", "stream", "session"])
+        receivers = GaugeMetricFamily(
+            "slipstream_flow_control_receivers",
+            "Receivers min / tagged flow control holds each publication to",
+            labels=["channel", "stream", "session"])
         clients = 0
         for info in counters:
             if info.type_id == CounterType.SYSTEM:
@@ -94,13 +98,16 @@ class CountersCollector(Collector):
                     positions.add_metric([parsed.kind, parsed.channel, str(parsed.stream_id),
                                           str(parsed.session_id), "" if sub is None else str(sub)],
                                          info.value)
-            elif info.type_id == CounterType.SENDER_RATE_LIMIT:
+            elif info.type_id in (CounterType.SENDER_RATE_LIMIT, CounterType.FC_RECEIVERS):
                 parsed = parse_position_label(info.label)
                 if parsed is not None:
-                    rate_limits.add_metric([parsed.channel, str(parsed.stream_id),
-                                            str(parsed.session_id)], info.value)
+                    family = (rate_limits if info.type_id == CounterType.SENDER_RATE_LIMIT
+                              else receivers)
+                    family.add_metric([parsed.channel, str(parsed.stream_id),
+                                       str(parsed.session_id)], info.value)
         yield positions
         yield rate_limits
+        yield receivers
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
                                 value=clients)
         yield GaugeMetricFamily(

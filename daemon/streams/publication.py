@@ -110,18 +110,19 @@ class SenderPositions:
     """The position cells of one network publication (cffi ``int64_t *``, counters of the
     counters file in the driver): ``pub-lmt`` (the appender reads it), ``snd-pos`` (the C data
     path advances it) and ``snd-lmt`` (flow control raises it); with ``rc=``, ``snd-rate``
-    (the send-rate limit in bytes/s, 0 for none; None without ``rc=``)."""
+    (the send-rate limit in bytes/s, 0 for none; None without ``rc=``); with a strategy that
+    tracks receivers (min, tagged), ``fc-receivers`` (how many; None otherwise)."""
 
     publisher_limit: object
     sender_position: object
     sender_limit: object
     sender_rate_limit: object = None
+    flow_control_receivers: object = None
 
     @classmethod
     def in_process(cls) -> SenderPositions:
         """Cells in this process's memory, for tests."""
-        return cls(ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *"),
-                   ffi.new("int64_t *"))
+        return cls(*(ffi.new("int64_t *") for _ in range(5)))
 
 
 class NetworkPublication:
@@ -333,6 +334,7 @@ class NetworkPublication:
                 self._apply_rate_limit(now_ns)
         elif isinstance(frame, ErrorFrame):
             self.flow_control.on_error(frame, now_ns)
+            self._count_receivers()
             self._receivers.pop(frame.receiver_id, None)
             self._acknowledged.pop(frame.receiver_id, None)
             self._update_connected(now_ns)
@@ -370,7 +372,13 @@ class NetworkPublication:
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
         self.retransmit_handler.set_resend_lookahead(
             self.flow_control.retransmission_lookahead(self.mtu))
+        self._count_receivers()
         self._update_connected(now_ns)
+
+    def _count_receivers(self) -> None:
+        cell = self.positions.flow_control_receivers
+        if cell is not None:
+            lib.ss_store_release_i64(cell, self.flow_control.receiver_count())
 
     # -- output ---------------------------------------------------------------------------
     def on_data_sent(self, now_ns: int) -> None:
@@ -418,6 +426,7 @@ class NetworkPublication:
             self._rate_control_check(now_ns, out)
         self.sender_limit = self.flow_control.on_idle(
             now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
+        self._count_receivers()
         self._update_has_receivers(now_ns)
         self.retransmit_handler.process_timeouts(now_ns)
         self._conductor_duties(now_ns)
