@@ -129,6 +129,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--scenario", metavar="FILE.toml",
         help="read hosts, faults per link, timed events (partition, crash, restart, faults) "
              "and traffic from a TOML file; the options above override it")
+    add("--on-hosts", action="store_true",
+        help="play the scenario on namespace hosts instead: a real driver in each, real "
+             "sockets, iptables loss and a tbf rate, in real time (root; pause, crash and "
+             "partition events; see docs/SIMULATOR.md)")
     tools = parser.add_subparsers(dest="tool", metavar="TOOL",
                                   help="or a tool for real sockets: relay, hosts")
     relay = tools.add_parser(
@@ -299,8 +303,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"slipstream sim: --plot: {args.plot!r} must be a .png file", file=sys.stderr)
         return 2
     try:
-        report = run_scenario(scenario, sample_interval_ns=PLOT_SAMPLE_INTERVAL_NS
-                              if args.plot else None, record_drops=bool(args.plot))
+        if args.on_hosts:
+            from slipstream.sim.real.hosts import HostsError
+            from slipstream.sim.real.on_hosts import run_on_hosts
+
+            try:
+                report = run_on_hosts(scenario, sample_interval_ns=PLOT_SAMPLE_INTERVAL_NS
+                                      if args.plot else None)
+            except HostsError as e:
+                print(f"slipstream sim --on-hosts: {e}", file=sys.stderr)
+                return 2
+        else:
+            report = run_scenario(scenario, sample_interval_ns=PLOT_SAMPLE_INTERVAL_NS
+                                  if args.plot else None, record_drops=bool(args.plot))
     except ScenarioError as e:
         print(f"slipstream sim: {e}", file=sys.stderr)
         return 2

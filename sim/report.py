@@ -61,6 +61,11 @@ class Report:
     #: and the stream ranges its images lost because they were left behind.
     joined_late: list[int] = attrs.field(factory=list)
     lost_ranges: list[list[tuple[int, int]]] = attrs.field(factory=list)
+    #: Whose seconds the times are: the simulator's ``"virtual"`` ones, or ``"real"`` ones
+    #: from a run on namespace hosts (:mod:`slipstream.sim.real.on_hosts`).
+    clock: str = "virtual"
+    #: What the run could not give as the scenario asked (one line each).
+    notes: list[str] = attrs.field(factory=list)
 
     @property
     def exactly_once_in_order(self) -> bool:
@@ -121,24 +126,26 @@ class Report:
         dropped = {k: v for k, v in self.network.items() if k.startswith("drop")}
         if any(self.corrupt):
             lines.append(f"corrupt       {self.corrupt} (payload did not match its header)")
+        lines += [f"naks          {self.naks}", f"retransmits   {self.retransmits}"]
+        if self.network:  # the simulator's network saw every datagram; real links do not say
+            lines.append(f"datagrams     {self.network.get('deliver', 0)} delivered, " + (
+                ", ".join(f"{v} {k[5:]}" for k, v in sorted(dropped.items())) or "none dropped"))
         lines += [
-            f"naks          {self.naks}",
-            f"retransmits   {self.retransmits}",
-            f"datagrams     {self.network.get('deliver', 0)} delivered, "
-            + (", ".join(f"{v} {k[5:]}" for k, v in sorted(dropped.items())) or "none dropped"),
-            f"virtual time  {self.virtual_seconds:.3f} s"
+            f"{self.clock + ' time':<13} {self.virtual_seconds:.3f} s"
             + ("" if self.completed else "  (limit reached before everything was delivered)"),
             f"wall time     {self.wall_seconds:.2f} s",
             f"goodput       {self.goodput / 1e6:.2f} MB/s per subscriber "
-            f"(delivered payload bytes per virtual second)",
-            f"trace sha256  {self.trace_digest}",
-            f"result        {self.verdict()}",
+            f"(delivered payload bytes per {self.clock} second)",
         ]
+        lines += [f"note          {note}" for note in self.notes]
+        if self.trace_digest:
+            lines.append(f"trace sha256  {self.trace_digest}")
+        lines.append(f"result        {self.verdict()}")
         return "\n".join(lines)
 
 
 def plot_report(report: Report, path: str) -> None:
-    """Draw stream positions over virtual time and the dropped DATA datagrams to a PNG; below
+    """Draw stream positions over time and the dropped DATA datagrams to a PNG; below
     them the publisher's send rate, and its send-rate limit when it has one (``rc=``)."""
     import matplotlib
 
@@ -165,7 +172,8 @@ def plot_report(report: Report, path: str) -> None:
                    marker="x", s=12, color="red", linewidths=0.8, alpha=0.6,
                    label=f"dropped DATA datagram ({len(report.drops)})")
     ax.set_ylabel("stream position (MiB)")
-    ax.set_title(f"slipstream sim: {report.sent} messages, {report.naks} NAKs, "
+    where = "on namespace hosts" if report.clock == "real" else "sim"
+    ax.set_title(f"slipstream {where}: {report.sent} messages, {report.naks} NAKs, "
                  f"{report.retransmits} retransmits")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
@@ -180,7 +188,7 @@ def plot_report(report: Report, path: str) -> None:
                      [rate / 1e6 if rate else float("nan") for _, _, rate in report.limits],
                      label="send-rate limit (rc=nak-strength; gaps: none)", color="tab:red",
                      linewidth=1)
-    rate_ax.set_xlabel("virtual time (s)")
+    rate_ax.set_xlabel(f"{report.clock} time (s)")
     rate_ax.set_ylabel("MB/s")
     rate_ax.grid(True, alpha=0.3)
     rate_ax.legend(loc="upper right", fontsize=8)

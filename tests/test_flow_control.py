@@ -126,6 +126,19 @@ def test_min_join_protection_caps_the_limit_until_a_receiver_joins_or_a_timeout_
     assert fc.on_status_message(sm(8000, receiver_id=2), SRC, 5000, INITIAL, BITS, 7 * S) == 9000
 
 
+def test_min_join_protection_is_not_armed_for_a_newcomer_that_has_joined_already() -> None:
+    """Its SM overtook the SETUP it asked for: nobody is still to come, so nothing caps the
+    limit (a cap would stall every receiver for a receiver timeout)."""
+    fc = MinMulticastFlowControl(receiver_timeout_ns=5 * S)
+    fc.on_status_message(sm(1000, receiver_id=1), SRC, 0, INITIAL, BITS, 0)
+    fc.on_trigger_send_setup(sm(0, receiver_id=2, flags=0x80), SRC, 0)
+    fc.on_status_message(sm(1000, receiver_id=2), SRC, 2000, INITIAL, BITS, 0)
+    fc.on_trigger_send_setup(sm(0, receiver_id=1, flags=0x80), SRC, 0)  # one it tracks
+    fc.on_setup(S, 2000)
+    assert fc.on_status_message(sm(4000, receiver_id=1), SRC, 2000, INITIAL, BITS, S) == 2000
+    assert fc.on_status_message(sm(4000, receiver_id=2), SRC, 2000, INITIAL, BITS, S) == 5000
+
+
 def test_tagged_ignores_other_tags() -> None:
     fc = TaggedMulticastFlowControl(group_tag=7, receiver_timeout_ns=5 * S, group_min_size=1)
     assert fc.on_status_message(sm(100, receiver_id=1), SRC, 0, INITIAL, BITS, 0) == 0

@@ -41,9 +41,11 @@ class MinMulticastFlowControl(FlowControl):
     * :meth:`on_idle` drops receivers silent for ``receiver_timeout_ns`` and those flagged
       end-of-stream (an EOS SM or an ERR naming them: they stay counted until then), and
       gives the minimum itself, so a receiver that joined behind pulls the limit back;
-    * join protection: after an S-flagged SM, the limit at the next SETUP caps the computed
-      limit until a new receiver is added or one receiver timeout passes, so a newcomer can
-      join before the window moves on.
+    * join protection: after an S-flagged SM from a receiver it does not track, the limit at
+      the next SETUP caps the computed limit until a new receiver is added or one receiver
+      timeout passes, so a newcomer can join before the window moves on (Aeron caps on any
+      S-flagged SM; one from a receiver that has joined meanwhile stalled every receiver for
+      the timeout, docs/PROTOCOL.md §5.4).
     """
 
     name = "min"
@@ -55,7 +57,8 @@ class MinMulticastFlowControl(FlowControl):
         self.receiver_timeout_ns = receiver_timeout_ns
         self.group_min_size = group_min_size
         self.receivers: dict[int, _Receiver] = {}
-        self._setup_requested = False
+        #: Receivers that asked for a SETUP (S-flagged SM) and are not tracked yet.
+        self._setup_requesters: set[int] = set()
         self._last_setup_limit: int | None = None
         self._last_setup_ns = 0
 
@@ -100,6 +103,7 @@ class MinMulticastFlowControl(FlowControl):
                 if current is None or limit >= current - sm.receiver_window:
                     self.receivers[sm.receiver_id] = _Receiver(sm.receiver_id, limit, now_ns,
                                                                source)
+                    self._setup_requesters.discard(sm.receiver_id)
                     self._last_setup_limit = None
         if len(self.receivers) < self.group_min_size:
             return sender_limit
@@ -123,14 +127,17 @@ class MinMulticastFlowControl(FlowControl):
         return minimum
 
     def on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
-        if self._matches(sm):
-            self._setup_requested = True
+        if self._matches(sm) and sm.receiver_id not in self.receivers:
+            self._setup_requesters.add(sm.receiver_id)
 
     def on_setup(self, now_ns: int, sender_limit: int) -> None:
-        if self._setup_requested and self.receivers:
+        # Only for a newcomer still to come: one that joined from an earlier SETUP (its SM
+        # overtook the SETUP it asked for) would never lift the cap, and everyone would
+        # wait a receiver timeout for nothing.
+        if self._setup_requesters and self.receivers:
             self._last_setup_limit = sender_limit
             self._last_setup_ns = now_ns
-        self._setup_requested = False
+        self._setup_requesters.clear()
 
     def on_error(self, err: ErrorFrame, now_ns: int) -> None:
         receiver = self.receivers.get(err.receiver_id)

@@ -1,0 +1,335 @@
+"""Run a simulator :class:`~slipstream.sim.scenario.Scenario` on namespace hosts instead: real
+drivers, real sockets, the kernel's links, real time.
+
+``slipstream sim --scenario F --on-hosts`` (root) makes ``scenario.hosts`` namespace hosts
+(:mod:`slipstream.sim.real.hosts`), a driver in each, and plays the scenario from this process:
+host 1's application publishes ``messages`` at ``publish_rate``, each other host's subscribes
+(at its ``read_rate``), and the same :class:`~slipstream.sim.report.Report` comes out, times in
+real seconds, so ``--plot`` draws the same figure from a host run.
+
+What a real link can be given here is what the kernel has (no netem): ``faults.loss`` drops
+that share of datagrams at random with ``iptables -m statistic`` (DATA arriving at each
+subscriber host, and everything arriving at the publisher's), ``faults.rate_mbit`` is a ``tbf``
+on the publisher's veth (its uplink: the stream's bottleneck). Events: ``pause`` (a subscriber
+stops reading), ``crash`` (its driver is killed, SIGKILL) and ``partition`` (iptables between
+the side and the rest, healed at ``end_ms``). Any other fault or event is refused by name
+(:class:`ScenarioError`), except a delay or jitter, which the run leaves to the veths (and
+says so): reordering and delay need the relay, which carries one stream only.
+
+Sequence numbers and the report's accounting are the simulator's
+(:class:`~slipstream.sim.host.SubscriberStats`): exactly once, in order, intact, the longest gap
+between deliveries, what a subscriber left behind was told it lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from slipstream.client import Client, control
+from slipstream.client.counters import CountersFile, SystemCounter, parse_position_label
+from slipstream.client.layout import max_message_length
+from slipstream.sim.host import MESSAGE_HEADER, MESSAGE_TRAILER, SubscriberStats
+from slipstream.sim.network import LinkFaults
+from slipstream.sim.real.hosts import NamespaceHosts
+from slipstream.sim.report import Report
+from slipstream.sim.scenario import MULTICAST_GROUP, UNICAST_PORT, Scenario, ScenarioError
+
+#: The faults a host run applies; every other field of LinkFaults must keep its default.
+APPLIED_FAULTS: Final = ("loss", "rate_mbit")
+#: The events a host run plays.
+APPLIED_EVENTS: Final = ("pause", "crash", "partition")
+#: How long the stream has to connect (s).
+CONNECT_TIMEOUT_S: Final = 20.0
+#: Samples for a plot come at most this often (ns).
+MIN_SAMPLE_INTERVAL_NS: Final = 10_000_000
+#: Messages one subscriber reads per pass, and the publisher offers per pass, at most.
+BATCH: Final = 64
+
+
+#: Faults a host run leaves to the real links (it says so): the veth's own delay stands in.
+UNAPPLIED_FAULTS: Final = ("delay_ms", "jitter_ms")
+
+
+def check_applicable(scenario: Scenario) -> list[str]:
+    """What of ``scenario`` a host run leaves out (one line each: the delay a veth has
+    instead); raises :class:`ScenarioError` naming the first fault, event or option it cannot
+    give as the simulator would."""
+    defaults = LinkFaults()
+    notes = []
+    for field in attrs.fields(LinkFaults):
+        value = getattr(scenario.faults, field.name)
+        if field.name in APPLIED_FAULTS or value == getattr(defaults, field.name):
+            continue
+        if field.name in UNAPPLIED_FAULTS:
+            notes.append(f"faults.{field.name} = {value:g} not applied: real links have their "
+                         f"own (no netem here)")
+            continue
+        raise ScenarioError(
+            f"faults.{field.name}: a host run applies only {', '.join(APPLIED_FAULTS)} "
+            f"(the kernel here has no netem; reordering needs the relay)")
+    if scenario.links:
+        raise ScenarioError("link: a host run applies faults to every subscriber alike")
+    if scenario.initially_down:
+        raise ScenarioError("scenario.initially_down: a host run starts every host")
+    for event in scenario.events:
+        if event.action not in APPLIED_EVENTS:
+            raise ScenarioError(f"event.action: {event.action!r} is not played on hosts "
+                                f"(these are: {', '.join(APPLIED_EVENTS)})")
+        if 1 in event.hosts and event.action != "partition":
+            raise ScenarioError(f"event.{event.action}: host 1 publishes; a host run "
+                                f"{event.action}es subscribers only")
+    return notes
+
+
+class _Subscriber:
+    """One subscriber host's application: its client, subscription, pace and tallies."""
+
+    def __init__(self, index: int, client: Client, uri: str, stream_id: int,
+                 stats: SubscriberStats, read_rate: float) -> None:
+        self.index = index
+        self.client = client
+        self.stats = stats
+        self.read_rate = read_rate
+        self.lost_ranges: list[tuple[int, int]] = []
+        self.images_lost = 0
+        self.subscription = client.add_subscription(
+            uri, stream_id, on_unavailable_image=self._on_unavailable_image)
+        self.paused_until = 0.0
+        self.crashed = False
+        self.read = 0
+        self.started_at: float | None = None
+
+    def _on_unavailable_image(self, image: Any) -> None:
+        self.images_lost += 1
+        if image.lost_range is not None:
+            self.lost_ranges.append(image.lost_range)
+
+    def poll(self, now: float) -> int:
+        if self.crashed or now < self.paused_until:
+            return 0
+        budget = BATCH
+        if self.read_rate:
+            if self.started_at is None:
+                self.started_at = now
+            budget = min(budget, int((now - self.started_at) * self.read_rate) + 1 - self.read)
+            if budget <= 0:
+                return 0
+        count = self.subscription.poll(self.stats.on_message, budget)
+        self.read += count
+        if count:
+            self.stats.note_deliveries(time.monotonic_ns())
+        return count
+
+    def caught_up(self, final: int) -> bool:
+        """Every image this subscriber has is read to ``final`` (and it has one)."""
+        images = self.subscription.images
+        return bool(images) and all(image.position >= final for image in images)
+
+
+def _settings(scenario: Scenario) -> dict[str, Any]:
+    return {"term_buffer_sparse_file": True, "log_level": "warning", **scenario.settings}
+
+
+def _channel(scenario: Scenario, hosts: NamespaceHosts, index: int) -> str:
+    if scenario.is_multicast:
+        uri = (f"aeron:udp?endpoint={MULTICAST_GROUP[0]}:{MULTICAST_GROUP[1]}"
+               f"|interface={hosts[index].address}")
+    else:
+        uri = f"aeron:udp?endpoint={hosts[2].address}:{UNICAST_PORT}"
+    return f"{uri}|{scenario.channel_params}" if scenario.channel_params else uri
+
+
+def _sender_counters(counters: CountersFile, session_id: int) -> dict[str, int]:
+    """The ids of the publication's snd-pos, snd-lmt and (with rc=) snd-rate counters."""
+    found: dict[str, int] = {}
+    for info in counters:
+        label = parse_position_label(info.label)
+        if label is not None and label.session_id == session_id and label.kind in (
+                "snd-pos", "snd-lmt", "snd-rate"):
+            found[label.kind] = info.counter_id
+    return found
+
+
+def run_on_hosts(scenario: Scenario, *, sample_interval_ns: int | None = None) -> Report:
+    """Play ``scenario`` on namespace hosts (see the module docstring); the report, in real
+    seconds.  Needs root; :class:`~slipstream.sim.real.hosts.HostsError` says what is missing."""
+    notes = check_applicable(scenario)
+    if sample_interval_ns is not None:  # a real clock's samples jitter: fewer, steadier
+        sample_interval_ns = max(sample_interval_ns, MIN_SAMPLE_INTERVAL_NS)
+    with NamespaceHosts(scenario.hosts) as hosts, contextlib.ExitStack() as stack:
+        report = _Run(scenario, hosts, stack, sample_interval_ns).run()
+    report.notes = notes
+    return report
+
+
+class _Run:
+    def __init__(self, scenario: Scenario, hosts: NamespaceHosts, stack: contextlib.ExitStack,
+                 sample_interval_ns: int | None) -> None:
+        self.scenario = scenario
+        self.hosts = hosts
+        self.sample_interval = sample_interval_ns / 1e9 if sample_interval_ns else None
+        settings = _settings(scenario)
+        self.drivers = [hosts.start_driver(i, **settings) for i in range(1, scenario.hosts + 1)]
+        self.counters = [stack.enter_context(contextlib.closing(CountersFile(
+            Path(d.directory) / control.COUNTERS_FILE, writable=False))) for d in self.drivers]
+        clients = [stack.enter_context(Client.connect(d.directory)) for d in self.drivers]
+        self.subscribers = [
+            _Subscriber(i, clients[i - 1], _channel(scenario, hosts, i), scenario.stream_id,
+                        SubscriberStats(scenario.messages), scenario.read_rate(i))
+            for i in range(2, scenario.hosts + 1)]
+        self.publication = clients[0].add_publication(_channel(scenario, hosts, 1),
+                                                      scenario.stream_id)
+        if scenario.size > max_message_length(self.publication.term_length):
+            raise ScenarioError(f"size: {scenario.size} bytes exceeds the maximum message "
+                                f"length of term length {self.publication.term_length}")
+        self.samples: list[tuple[int, int | None, list[int | None]]] = []
+        self.limits: list[tuple[int, int, int]] = []
+        self.sent = 0
+
+    def _connect(self) -> None:
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while not (self.publication.is_connected
+                   and all(s.subscription.images for s in self.subscribers)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the stream did not connect in {CONNECT_TIMEOUT_S:.0f} s")
+            time.sleep(0.01)
+        self.sender_counters = _sender_counters(self.counters[0], self.publication.session_id)
+
+    def _apply_faults(self) -> None:
+        faults = self.scenario.faults
+        data_port = MULTICAST_GROUP[1] if self.scenario.is_multicast else UNICAST_PORT
+        if faults.loss:
+            for sub in self.subscribers:
+                self.hosts.drop(sub.index, port=data_port, probability=faults.loss)
+            self.hosts.drop(1, probability=faults.loss)
+        if faults.rate_mbit:
+            self.hosts.rate_limit(1, faults.rate_mbit)
+
+    def _sample(self, t_ns: int) -> None:
+        publisher = self.counters[0]
+        ids = self.sender_counters
+        sender = publisher.get(ids["snd-pos"]) if "snd-pos" in ids else None
+        positions: list[int | None] = []
+        for sub in self.subscribers:
+            images = () if sub.crashed else sub.subscription.images
+            positions.append(max(image.position for image in images) if images else None)
+        self.samples.append((t_ns, sender, positions))
+        if "snd-lmt" in ids:
+            self.limits.append((t_ns, publisher.get(ids["snd-lmt"]),
+                                publisher.get(ids["snd-rate"]) if "snd-rate" in ids else 0))
+
+    def _fire(self, event: Any, now: float) -> None:
+        if event.action == "pause":
+            for index in event.hosts:
+                self.subscribers[index - 2].paused_until = now + (
+                    event.end_ns - event.at_ns) / 1e9
+        elif event.action == "crash":
+            for index in event.hosts:
+                self.subscribers[index - 2].crashed = True
+                self.drivers[index - 1].kill()
+        elif event.action == "partition":
+            side = set(event.hosts)
+            for a in side:
+                for b in range(1, self.scenario.hosts + 1):
+                    if b not in side:
+                        self.hosts.partition(a, b)
+
+    def _heal(self, event: Any) -> None:
+        side = set(event.hosts)
+        for a in side:
+            for b in range(1, self.scenario.hosts + 1):
+                if b not in side:
+                    self.hosts.heal(a, b)
+
+    def run(self) -> Report:
+        scenario = self.scenario
+        self._connect()
+        self._apply_faults()
+        message = bytearray(scenario.size)
+        publication = self.publication
+        limit_s = scenario.max_virtual_ns / 1e9
+        pending = sorted(scenario.events, key=lambda e: e.at_ns)
+        heals = sorted((e for e in scenario.events if e.action == "partition"),
+                       key=lambda e: e.end_ns)
+        started = time.monotonic()
+        start_ns = time.monotonic_ns()
+        next_sample = 0.0
+        final: int | None = None
+        completed = False
+        while True:
+            now = time.monotonic()
+            elapsed = now - started
+            if elapsed > limit_s:
+                break
+            while pending and pending[0].at_ns / 1e9 <= elapsed:
+                self._fire(pending.pop(0), now)
+            while heals and heals[0].end_ns / 1e9 <= elapsed:
+                self._heal(heals.pop(0))
+            if self.sample_interval is not None and elapsed >= next_sample:
+                self._sample(time.monotonic_ns() - start_ns)
+                next_sample = elapsed + self.sample_interval
+            work = 0
+            allowed = scenario.messages - self.sent
+            if scenario.publish_rate:
+                allowed = min(allowed, int(elapsed * scenario.publish_rate) + 1 - self.sent)
+            for _ in range(min(allowed, BATCH)):
+                MESSAGE_HEADER.pack_into(message, 0, 1, self.sent)
+                MESSAGE_TRAILER.pack_into(message, scenario.size - 4, self.sent)
+                if publication.offer(message) < 0:
+                    break
+                self.sent += 1
+                work += 1
+            for sub in self.subscribers:
+                work += sub.poll(now)
+            if self.sent == scenario.messages and not pending and not heals:
+                if final is None:
+                    final = publication.position
+                if all(sub.crashed or sub.caught_up(final) for sub in self.subscribers):
+                    completed = True
+                    break
+            if not work:
+                time.sleep(0.0002)  # leave the cores to the drivers
+        wall = time.monotonic() - started
+        if self.sample_interval is not None:
+            self._sample(time.monotonic_ns() - start_ns)
+        return self._report(completed, wall)
+
+    def _report(self, completed: bool, wall: float) -> Report:
+        ranges = [(1, 0, self.sent)]
+        stats = [sub.stats for sub in self.subscribers]
+        counters = {}
+        for index in range(1, len(self.drivers) + 1):
+            if index > 1 and self.subscribers[index - 2].crashed:
+                continue
+            counters[self.hosts[index].address] = {
+                c.name: self.counters[index - 1].get(c.value) for c in SystemCounter}
+        publisher = counters[self.hosts[1].address]
+        return Report(
+            sent=self.sent,
+            delivered=[s.delivered for s in stats],
+            duplicates=[s.duplicates for s in stats],
+            out_of_order=[s.out_of_order for s in stats],
+            missing=[s.missing(ranges) for s in stats],
+            joined_late=[s.joined_late(ranges) for s in stats],
+            lost_ranges=[sub.lost_ranges for sub in self.subscribers],
+            naks=sum(c.get("NAK_MESSAGES_SENT", 0) for ip, c in counters.items()
+                     if ip != self.hosts[1].address),
+            retransmits=publisher["RETRANSMITS_SENT"],
+            virtual_seconds=wall,
+            wall_seconds=wall,
+            goodput=sum(s.delivered_bytes for s in stats) / max(1, len(stats)) / wall,
+            completed=completed,
+            subscribers=[self.hosts[sub.index].address for sub in self.subscribers],
+            corrupt=[s.corrupt for s in stats],
+            images_lost=[sub.images_lost for sub in self.subscribers],
+            counters=counters,
+            samples=self.samples,
+            limits=self.limits,
+            longest_gaps_ns=[s.longest_gap_ns for s in stats],
+            clock="real",
+        )
