@@ -42,6 +42,7 @@ and reports a bad value as :class:`ScenarioError` naming the key.  The file form
     [[subscriber]]         # a subscriber application slower than the stream
     host = 3
     read_rate = 1000       # messages it reads per virtual second (0 = all it can)
+    channel = "gtag=7"     # extra URI parameters of this host's subscription only
 
     [[event]]
     at_ms = 300
@@ -127,6 +128,8 @@ class Scenario:
     stream_id: int = 1001
     #: (host, messages per virtual second) of subscribers that read slower than they could.
     read_rates: tuple[tuple[int, float], ...] = ()
+    #: (host, extra channel URI parameters) of subscribers whose URI adds some (``gtag=``).
+    subscriber_params: tuple[tuple[int, str], ...] = ()
 
     def read_rate(self, index: int) -> float:
         """Messages per virtual second host ``index``'s subscriber reads (0: all it can)."""
@@ -154,6 +157,10 @@ class Scenario:
         for link in self.links:
             self.check_host("link.from", link.src)
             self.check_host("link.to", link.dst)
+        for index, _params in self.subscriber_params:
+            self.check_host("subscriber.host", index)
+            if index == 1:
+                raise ScenarioError("subscriber.host: host 1 publishes; subscribers are 2..N")
         for index, rate in self.read_rates:
             self.check_host("subscriber.host", index)
             if index == 1:
@@ -173,14 +180,19 @@ class Scenario:
     def is_multicast(self) -> bool:
         return self.hosts > 2
 
-    def channel_uri(self, index: int) -> str:
-        """The channel URI as host ``index`` uses it (its own interface for multicast)."""
+    def channel_uri(self, index: int, address: str | None = None,
+                    destination: str | None = None) -> str:
+        """The channel URI as host ``index`` uses it (its own interface for multicast), with
+        the scenario's parameters and, for a subscriber, its own; ``address`` is host
+        ``index``'s and ``destination`` host 2's (default: the simulator's 10.0.0.N)."""
         if self.is_multicast:
             uri = (f"aeron:udp?endpoint={MULTICAST_GROUP[0]}:{MULTICAST_GROUP[1]}"
-                   f"|interface={host_ip(index)}")
+                   f"|interface={address or host_ip(index)}")
         else:
-            uri = f"aeron:udp?endpoint={host_ip(2)}:{UNICAST_PORT}"
-        return f"{uri}|{self.channel_params}" if self.channel_params else uri
+            uri = f"aeron:udp?endpoint={destination or host_ip(2)}:{UNICAST_PORT}"
+        params = [p for p in (self.channel_params, dict(self.subscriber_params).get(index))
+                  if p]
+        return "|".join([uri, *params])
 
 
 # -- TOML --------------------------------------------------------------------------------------
@@ -304,6 +316,7 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
             raise ScenarioError(f"{name}.{next(iter(table))}: unknown key for {action}")
         events.append(Event(at_ns, action, **kwargs))
     read_rates = []
+    subscriber_params = []
     for i, table in enumerate(data.get("subscriber", [])):
         table = dict(table)
         name = f"subscriber[{i}]"
@@ -314,10 +327,16 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
             raise ScenarioError(f"{name}.read_rate: expected messages per second >= 0, "
                                 f"not {rate!r}")
+        params = table.pop("channel", "")
+        if not isinstance(params, str):
+            raise ScenarioError(f"{name}.channel: expected a string, not {params!r}")
         if table:
             raise ScenarioError(f"{name}.{next(iter(table))}: unknown key (known: host, "
-                                f"read_rate)")
-        read_rates.append((index, float(rate)))
+                                f"read_rate, channel)")
+        if rate:
+            read_rates.append((index, float(rate)))
+        if params.strip("|"):
+            subscriber_params.append((index, params.strip("|")))
     settings = dict(data.get("settings", {}))
     _check_settings(settings)
     down = head.get("initially_down", [])
@@ -338,6 +357,7 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         events=tuple(events),
         settings=settings,
         read_rates=tuple(read_rates),
+        subscriber_params=tuple(subscriber_params),
     )
 
 

@@ -27,13 +27,13 @@ FRAME = 1056  # a 1 KiB message and its header
 
 
 def run(channel: str, *, messages: int, read_rates=(), events=(),
-        publish_rate: float = PUBLISH_RATE) -> tuple[Report, Simulation]:
+        publish_rate: float = PUBLISH_RATE, subscriber_params=()) -> tuple[Report, Simulation]:
     # 1 MiB terms: a receiver half a term (512 KiB) behind the sender drops what comes.
     params = "|".join(p for p in (channel, "term-length=1m") if p)
     scenario = Scenario(hosts=5, messages=messages, seed=7, channel_params=params,
                         publish_rate=publish_rate, max_virtual_ns=30 * S,
                         faults=LinkFaults(delay_ms=0.5), read_rates=tuple(read_rates),
-                        events=tuple(events))
+                        events=tuple(events), subscriber_params=tuple(subscriber_params))
     with Simulation(scenario, sample_interval_ns=10 * MS) as sim:
         report = sim.run()
     return report, sim
@@ -95,6 +95,23 @@ def test_min_holds_everyone_to_the_slow_subscriber() -> None:
     assert send_rate(report, 1.0) < 1.2 * taken
 
 
+def test_tagged_holds_the_sender_to_its_group_only() -> None:
+    """Hosts 2, 4 and 5 subscribe with gtag=7; the slow host 3 without: the group sets the
+    pace, and the slow one is left behind (and told) as under max."""
+    tagged = [(host, "gtag=7") for host in (2, 4, 5)]
+    report, _ = run("fc=tagged,g:7/3", messages=8000, read_rates=[(SLOW_HOST, SLOW_RATE)],
+                    subscriber_params=tagged)
+    assert fast(report.missing) == [0, 0, 0]
+    slow = SLOW_HOST - 2
+    assert report.missing[slow] > 0 and report.lost_ranges[slow]
+    assert send_rate(report, 0.1) > 5 * SLOW_RATE * FRAME
+    # With the slow one in the group, it holds everyone, as min does.
+    report, _ = run("fc=tagged,g:7", messages=4000, read_rates=[(SLOW_HOST, SLOW_RATE)],
+                    subscriber_params=[(SLOW_HOST, "gtag=7")])
+    assert report.exactly_once_in_order, report.format_text()
+    assert send_rate(report, 1.0) < 1.2 * SLOW_RATE * FRAME
+
+
 PAUSE = Event(1 * S, "pause", hosts=(SLOW_HOST,), end_ns=3 * S)
 
 
@@ -128,14 +145,16 @@ def test_under_nak_strength_the_others_never_see_the_stream_stop_while_one_pause
 def test_a_scenario_reads_slow_subscribers_and_pauses_from_toml() -> None:
     scenario = scenario_from_mapping({
         "scenario": {"hosts": 4},
-        "subscriber": [{"host": 3, "read_rate": 500}],
+        "subscriber": [{"host": 3, "read_rate": 500}, {"host": 2, "channel": "gtag=7"}],
         "event": [{"at_ms": 100, "action": "pause", "hosts": [2], "end_ms": 300}]})
     assert scenario.read_rate(3) == 500 and scenario.read_rate(2) == 0
+    assert scenario.channel_uri(2).endswith("|gtag=7") and "gtag" not in scenario.channel_uri(3)
     assert scenario.events == (Event(100 * MS, "pause", hosts=(2,), end_ns=300 * MS),)
     for bad, key in (({"subscriber": [{"host": 1, "read_rate": 5}]}, "host 1 publishes"),
                      ({"subscriber": [{"read_rate": 5}]}, "needs host"),
                      ({"subscriber": [{"host": 2, "read_rate": -1}]}, "read_rate"),
                      ({"subscriber": [{"host": 2, "rate": 1}]}, r"subscriber\[0\]\.rate"),
+                     ({"subscriber": [{"host": 2, "channel": 7}]}, "channel"),
                      ({"event": [{"at_ms": 1, "action": "pause", "hosts": [2]}]}, "end_ms")):
         with pytest.raises(ScenarioError, match=key):
             scenario_from_mapping({"scenario": {"hosts": 3}, **bad})

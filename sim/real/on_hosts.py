@@ -136,12 +136,7 @@ def _settings(scenario: Scenario) -> dict[str, Any]:
 
 
 def _channel(scenario: Scenario, hosts: NamespaceHosts, index: int) -> str:
-    if scenario.is_multicast:
-        uri = (f"aeron:udp?endpoint={MULTICAST_GROUP[0]}:{MULTICAST_GROUP[1]}"
-               f"|interface={hosts[index].address}")
-    else:
-        uri = f"aeron:udp?endpoint={hosts[2].address}:{UNICAST_PORT}"
-    return f"{uri}|{scenario.channel_params}" if scenario.channel_params else uri
+    return scenario.channel_uri(index, hosts[index].address, hosts[2].address)
 
 
 def _sender_counters(counters: CountersFile, session_id: int) -> dict[str, int]:
