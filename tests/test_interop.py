@@ -10,6 +10,7 @@ Needs ``scripts/ensure-aeron`` (``make test`` runs it); under CI=true a missing 
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -25,8 +26,8 @@ import pytest
 from aeron_peer import AeronDriver, basic_subscriber, streaming_publisher
 from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 
-from slipstream.client import Client
-from slipstream.client.counters import SystemCounter, read_system_counters
+from slipstream.client import Client, control
+from slipstream.client.counters import CountersFile, SystemCounter, read_system_counters
 from slipstream.daemon.driver import MediaDriver
 
 pytestmark = pytest.mark.timeout(120)
@@ -288,22 +289,37 @@ def test_aeron_drops_a_nak_strength_signal_without_effect(driver_dir: Path) -> N
         assert counter(slipstream_driver, SystemCounter.RATE_SIGNALS_SENT) == 0
 
 
-def test_a_stock_aeron_sender_under_min_flow_control_holds_to_a_slow_slipstream_receiver(
-        driver_dir: Path) -> None:
-    """Aeron 1.15.1's MinMulticastFlowControl (chosen per driver there) reads slipstream's
-    status messages as its own receivers': two slipstream drivers receive, one whose
-    subscriber takes 4,000 messages a second, and both get all 12,000, once, in order.  (Under
-    Aeron's default max the slow one falls half a 256 KiB term behind within 0.1 s.)"""
+#: A group tag, and the same 8 bytes (little-endian, as slipstream's SM carries ``gtag=``) in
+#: hex, as Aeron 1.15.1 takes application-specific feedback: its PreferredMulticastFlowControl
+#: compares the first 4 bytes after the SM header with its ``asf`` property's, and its
+#: receivers append ``aeron.flow.control.sm.applicationSpecificFeedback`` there.
+GROUP_TAG = 0x5EED_0007
+GROUP_TAG_ASF = GROUP_TAG.to_bytes(8, "little", signed=True).hex()
+
+
+@pytest.mark.parametrize("strategy", ["min", "preferred"])
+def test_a_stock_aeron_sender_under_min_or_preferred_holds_to_a_slow_slipstream_receiver(
+        driver_dir: Path, strategy: str) -> None:
+    """Aeron 1.15.1's MinMulticastFlowControl, or its PreferredMulticastFlowControl with the
+    slow receiver tagged (chosen per driver there), reads slipstream's status messages as its
+    own receivers': two slipstream drivers receive, one whose subscriber takes 4,000 messages a
+    second (under preferred the only one with ``gtag=``), and both get all 12,000, once, in
+    order.  (Under Aeron's default max the slow one falls half a 256 KiB term behind within
+    0.1 s.)"""
     require_aeron()
     uri, messages = channel("multicast"), 12_000
     other_dir = driver_dir.parent / (driver_dir.name + "-b")
-    with AeronDriver(multicast_flow_control="min") as aeron, MediaDriver.launch(
+    properties = ({"aeron.PreferredMulticastFlowControl.asf": GROUP_TAG_ASF}
+                  if strategy == "preferred" else {})
+    slow_uri = f"{uri}|gtag={GROUP_TAG}" if strategy == "preferred" else uri
+    with AeronDriver(multicast_flow_control=strategy, properties=properties) as aeron, \
+            MediaDriver.launch(
             directory=driver_dir, **FAST_DRIVER_SETTINGS) as fast_driver, MediaDriver.launch(
             directory=other_dir, **FAST_DRIVER_SETTINGS) as slow_driver, \
             Client.connect(fast_driver.directory) as fast_client, \
             Client.connect(slow_driver.directory) as slow_client:
         fast = fast_client.add_subscription(uri, 1007)
-        slow = slow_client.add_subscription(uri, 1007)
+        slow = slow_client.add_subscription(slow_uri, 1007)
         publisher = threading.Thread(target=streaming_publisher, daemon=True, args=(
             aeron, uri + TERM, 1007), kwargs={"message_length": 64, "messages": messages})
         publisher.start()
@@ -323,3 +339,60 @@ def test_a_stock_aeron_sender_under_min_flow_control_holds_to_a_slow_slipstream_
         publisher.join(30)
         assert seen[0] == list(range(messages)) and seen[1] == list(range(messages))
         assert counter(slow_driver, SystemCounter.IMAGES_LEFT_BEHIND) == 0
+
+
+@pytest.mark.parametrize("strategy", ["min", "tagged"])
+def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver(
+        driver_dir: Path, strategy: str) -> None:
+    """slipstream publishes on a multicast channel with ``fc=min,g:/2`` (or ``fc=tagged``,
+    the Aeron driver tagging its status messages with the group's 8 bytes); one slipstream and
+    one stock Aeron receiver.  The sender counts Aeron's receiver (it connects only with both),
+    and when Aeron's subscriber stops reading for 1.5 s (SIGSTOP: its driver goes on sending
+    status messages that do not move), slipstream's subscriber stops too: the sender holds to
+    Aeron's.  Then both get every message, once, in order."""
+    require_aeron()
+    uri, messages = channel("multicast"), 8000
+    if strategy == "tagged":
+        aeron_properties = {"aeron.flow.control.sm.applicationSpecificFeedback": GROUP_TAG_ASF}
+        params = f"|fc=tagged,g:{GROUP_TAG}/1"
+    else:
+        aeron_properties, params = {}, "|fc=min,g:/2"
+    with AeronDriver(properties=aeron_properties) as aeron, \
+            basic_subscriber(aeron, uri, 1010) as subscriber, \
+            MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as driver, \
+            Client.connect(driver.directory) as client:
+        ours = client.add_subscription(uri, 1010)  # untagged: under tagged it does not count
+        publication = client.add_publication(uri + TERM + params, 1010)
+        wait_for(lambda: publication.is_connected and bool(ours.images), timeout=20,
+                 what="the publication connected with Aeron's receiver counted")
+        seen: list[int] = []
+        times: list[float] = []
+
+        def on_message(data: memoryview, _header: object) -> None:
+            seen.append(INDEX.unpack_from(data)[0])
+            times.append(time.monotonic())
+
+        sent = 0
+        stopped_at: float | None = None
+        deadline = time.monotonic() + 60
+        while len(seen) < messages or len(subscriber.messages) < messages:
+            assert time.monotonic() < deadline, f"{len(seen)}, {len(subscriber.messages)}"
+            if sent < messages and publication.offer(INDEX.pack(sent) + bytes(56)) > 0:
+                sent += 1
+            if sent == messages // 4 and stopped_at is None:
+                os.kill(subscriber.pid, signal.SIGSTOP)
+                stopped_at = time.monotonic()
+            if stopped_at is not None and time.monotonic() - stopped_at > 1.5:
+                os.kill(subscriber.pid, signal.SIGCONT)
+                stopped_at = float("inf")
+            ours.poll(on_message, 100)
+        assert seen == list(range(messages))
+        assert subscriber.sequence_numbers() == list(range(messages))
+        longest_gap = max(b - a for a, b in itertools.pairwise(times))
+        assert longest_gap > 1.0, f"slipstream's subscriber never waited ({longest_gap:.3f} s)"
+        counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+        try:
+            receivers = [c.value for c in counters if c.label.startswith("fc-receivers: ")]
+        finally:
+            counters.close()
+        assert receivers == [2 if strategy == "min" else 1]
