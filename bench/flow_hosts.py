@@ -32,10 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.ipc_throughput import machine
-from slipstream.client import control
-from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.sim.network import LinkFaults
-from slipstream.sim.real.on_hosts import run_on_hosts
+from slipstream.sim.real.on_hosts import run_on_hosts, share_one_link
 from slipstream.sim.report import Report, plot_report
 from slipstream.sim.scenario import Event, Scenario
 
@@ -129,78 +127,10 @@ def slow(plots: Path | None, messages: int) -> None:
 
 CUBIC_CASES = {"cubic + cubic": ("cc=cubic", "cc=cubic"), "cubic + static": ("cc=cubic", ""),
                "static + static": ("", "")}
-CUBIC_PORT = 40300
 CUBIC_MBIT = 100
 #: The tbf queue, as a switch port buffers: shallower than two windows in flight, so the
 #: streams meet loss and CUBIC has something to answer (a 50 ms queue never overflowed).
 CUBIC_QUEUE_MS = 5
-
-
-def share_one_link(subscription_params: tuple[str, str], seconds: float) -> dict[str, Any]:
-    """Two streams from host 1 to host 2 through a tbf of CUBIC_MBIT on host 1's uplink, the
-    publisher offering on both as fast as it can: each stream's delivered bytes per 100 ms
-    bin, after every message was checked (exactly once, in order)."""
-    import time
-
-    from slipstream.client import Client
-    from slipstream.sim.real.hosts import NamespaceHosts
-
-    with NamespaceHosts(2) as hosts:
-        hosts.rate_limit(1, CUBIC_MBIT, latency_ms=CUBIC_QUEUE_MS)
-        sender = hosts.start_driver(1, log_level="warning")
-        receiver = hosts.start_driver(2, log_level="warning")
-        uri = f"aeron:udp?endpoint={hosts[2].address}:{CUBIC_PORT}"
-        with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
-            subscriptions = [b.add_subscription(f"{uri}|{params}" if params else uri, 1 + k)
-                             for k, params in enumerate(subscription_params)]
-            publications = [a.add_publication(uri, 1 + k) for k in range(2)]
-            deadline = time.monotonic() + 20
-            while not all(p.is_connected for p in publications) or not all(
-                    s.images for s in subscriptions):
-                assert time.monotonic() < deadline, "the streams did not connect"
-                time.sleep(0.01)
-            message = bytearray(SIZE)
-            sent = [0, 0]
-            got = [0, 0]
-            bins: list[list[int]] = [[], []]
-            counts = [0, 0]
-
-            def handler(k: int):
-                def on_message(data: memoryview, _header: object) -> None:
-                    seq = int.from_bytes(data[:8], "little")
-                    assert seq == got[k], f"stream {k + 1}: {seq} where {got[k]} was due"
-                    got[k] += 1
-                    counts[k] += len(data)
-                return on_message
-
-            handlers = [handler(0), handler(1)]
-            started = time.monotonic()
-            next_bin = started + 0.1
-            while (now := time.monotonic()) < started + seconds:
-                for k in (0, 1):
-                    for _ in range(16):
-                        message[:8] = sent[k].to_bytes(8, "little")
-                        if publications[k].offer(message) < 0:
-                            break
-                        sent[k] += 1
-                    subscriptions[k].poll(handlers[k], 64)
-                if now >= next_bin:
-                    for k in (0, 1):
-                        bins[k].append(counts[k])
-                        counts[k] = 0
-                    next_bin += 0.1
-            deadline = time.monotonic() + 30
-            while got != sent:  # the rest, and the check that nothing was lost
-                assert time.monotonic() < deadline, f"got {got} of {sent}"
-                for k in (0, 1):
-                    subscriptions[k].poll(handlers[k], 256)
-        counters = CountersFile(Path(receiver.directory) / control.COUNTERS_FILE,
-                                writable=False)
-        try:
-            naks = counters.get(SystemCounter.NAK_MESSAGES_SENT)
-        finally:
-            counters.close()
-    return {"bins": bins, "sent": sent, "naks": naks}
 
 
 def cubic(plots: Path | None, seconds: float) -> None:
@@ -212,14 +142,16 @@ def cubic(plots: Path | None, seconds: float) -> None:
           f"{'(first 5 s)':>12} {'total / link':>13} {'losses':>11}")
     link = CUBIC_MBIT * 1e6 / 8
     for name, params in CUBIC_CASES.items():
-        result = share_one_link(params, seconds)
+        result = share_one_link(params, seconds, mbit=CUBIC_MBIT, queue_ms=CUBIC_QUEUE_MS,
+                                size=SIZE)
         settled = len(result["bins"][0]) * 2 // 3
         rates = [sum(b[settled:]) / (len(b[settled:]) * 0.1) for b in result["bins"]]
         early = [sum(b[:50]) for b in result["bins"]]
         print(f"{name:<16} {rates[0] / 1e6:>14.2f} {rates[1] / 1e6:>14.2f} "
               f"{rates[1] / rates[0]:>7.2f} {f'({early[1] / max(1, early[0]):.2f})':>12} "
               f"{(rates[0] + rates[1]) / link:>12.0%}  "
-              f"{result['naks']:>6} NAKs (every message once, in order: "
+              f"{result['losses'][0]:>4} + {result['losses'][1]:<4} gaps "
+              f"(every message once, in order: "
               f"{result['sent'][0]:,} + {result['sent'][1]:,})",
               flush=True)
         if plots is not None:

@@ -61,8 +61,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "image_term_buffer_length_max": 128 * MiB,  # slipstream; Aeron takes up to 1 GiB
     "rcv_initial_window_length": 128 * KiB,
     "cubic_initial_rtt": 100 * US,  # Aeron: AERON_CUBICCONGESTIONCONTROL_INITIALRTT
-    "cubic_measure_rtt": False,
-    "cubic_tcp_mode": False,
+    "cubic_measure_rtt": True,  # Aeron: false (docs/FLOW.md says why not here)
+    "cubic_tcp_mode": True,  # Aeron: false
     "status_message_timeout": 200 * MS,
     "nak_unicast_delay": 100 * US,
     "nak_unicast_retry_delay_ratio": 100,

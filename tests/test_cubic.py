@@ -100,6 +100,27 @@ def test_tcp_mode_grows_below_the_last_maximum_at_least_as_fast_as_reno() -> Non
     assert tcp.cwnd > plain.cwnd
 
 
+def test_tcp_mode_grows_a_window_cut_to_one_datagram_while_losses_keep_coming() -> None:
+    """Cut to one datagram, w_max is 1 and the cubic alone stays there for seconds; losses
+    every 100 ms would hold it there for good.  Reno's floor applies above w_max too (RFC
+    8312 §4.2; Aeron applies it below w_max only), so the window grows between the losses."""
+    cc = cubic(tcp_mode=True, initial_rtt_ns=5 * MS)
+    now = 0
+    for _ in range(40):  # cut to one datagram
+        now += 6 * MS
+        rebuild(cc, now, loss=True)
+    assert cc.cwnd == 1 and cc.w_max <= 2
+    grown = []
+    for _ in range(5):  # a loss every 100 ms, updates in between
+        for _ in range(16):
+            now += 6 * MS
+            rebuild(cc, now)
+        grown.append(cc.cwnd)
+        rebuild(cc, now, loss=True)
+    # Reno's floor after 96 ms at a 5 ms round trip: 0.8 w_max + 0.333 x 19 = about 7.
+    assert min(grown) >= 6, grown
+
+
 def test_round_trips_are_measured_every_four_round_trips_when_asked() -> None:
     quiet = cubic()
     assert not quiet.should_measure_rtt(0) and quiet.next_deadline_ns() > 10**18

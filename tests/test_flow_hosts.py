@@ -21,7 +21,7 @@ import pytest
 
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.real import hosts as namespace
-from slipstream.sim.real.on_hosts import check_applicable, run_on_hosts
+from slipstream.sim.real.on_hosts import check_applicable, run_on_hosts, share_one_link
 from slipstream.sim.report import Report
 from slipstream.sim.scenario import Event, Scenario, ScenarioError
 
@@ -36,13 +36,18 @@ FRAME = 1056  # a 1 KiB message and its header
 
 
 @pytest.fixture
-def on_hosts():  # -> Callable[..., Report]
-    """Play a scenario on namespace hosts (skips without root; fails under CI=true)."""
+def needs_hosts() -> None:
+    """Skips without root (namespace hosts); fails under CI=true."""
     problem = namespace.unavailable()
     if problem is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"test hosts are needed under CI=true: {problem}")
         pytest.skip(problem)
+
+
+@pytest.fixture
+def on_hosts(needs_hosts):  # -> Callable[..., Report]
+    """Play a scenario on namespace hosts."""
 
     def play(channel: str, *, messages: int, hosts: int = 4, read_rates=(), events=(),
              subscriber_params=(), settings=None) -> Report:
@@ -127,6 +132,21 @@ def test_under_nak_strength_the_others_never_stop_while_one_host_pauses(on_hosts
     assert max(others(report.longest_gaps_ns)) < 500 * MS, report.longest_gaps_ns
     assert counters_of(report, SLOW_HOST)["RATE_SIGNALS_SENT"] > 0
     assert counters_of(report, 1)["RATE_CUTS"] > 0
+
+
+def test_cubic_streams_through_one_tbf_lose_nothing_and_leave_a_static_one_its_share(
+        needs_hosts) -> None:
+    """Two streams from one host to another through a tbf of 100 Mbit/s whose 5 ms queue
+    overflows: two CUBIC receivers, then CUBIC beside the static window.  Every message
+    arrives once, in order (share_one_link checks), and CUBIC, which backs off on loss, does
+    not starve the static stream.  How evenly two CUBIC streams share once settled is a
+    benchmark's figure (bench/flow_hosts.py: they converge over tens of seconds)."""
+    both = share_one_link(("cc=cubic", "cc=cubic"), 3, mbit=100, queue_ms=5)
+    assert all(sum(series) > 0 for series in both["bins"])
+    mixed = share_one_link(("cc=cubic", ""), 3, mbit=100, queue_ms=5)
+    assert both["naks"] + mixed["naks"] > 0  # the queue overflowed: there was loss to answer
+    cubic, static = (sum(series) for series in mixed["bins"])
+    assert static > cubic / 2, (cubic, static)
 
 
 def test_a_host_run_refuses_what_real_links_cannot_do_by_name() -> None:

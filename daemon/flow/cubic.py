@@ -9,8 +9,8 @@ over the MTU).  It starts at ``min(10, max_cwnd)`` with ``w_max = max_cwnd``:
   and forces a status message;
 * otherwise, at most once per update interval (the initial round trip), ``cwnd`` follows the
   cubic ``w_max + C (t - K)^3`` of the time since the last loss, ``K = cbrt(w_max B / C)``,
-  truncated toward zero and capped at ``max_cwnd``; in TCP mode, below ``w_max``, at least
-  what TCP Reno would have grown to;
+  truncated toward zero and capped at ``max_cwnd``; in TCP mode at least what TCP Reno would
+  have grown to (RFC 8312 §4.2; Aeron only below ``w_max``);
 * a window of one datagram forces a status message as soon as the subscribers consumed past
   the last one, so the sender is not left waiting for the status timer.
 
@@ -89,7 +89,10 @@ class CubicCongestionControl(CongestionControl):
               and now_ns > self.last_update_ns + self.window_update_timeout_ns):
             since_loss_s = (now_ns - self.last_loss_ns) / 1e9
             cwnd = min(self.max_cwnd, self.w_max + int(C * (since_loss_s - self.k) ** 3))
-            if self.tcp_mode and cwnd < self.w_max:
+            if self.tcp_mode:
+                # RFC 8312 §4.2: wherever TCP Reno would be ahead.  (Aeron looks only below
+                # w_max: a window cut to one datagram, whose w_max is then 1, never grew
+                # while losses kept coming, and its stream starved beside another.)
                 reno = int(self.w_max * (1 - B)
                            + (3 * B / (2 - B)) * since_loss_s / (self.rtt_ns / 1e9))
                 cwnd = max(cwnd, reno)

@@ -16,6 +16,9 @@ the side and the rest, healed at ``end_ms``). Any other fault or event is refuse
 (:class:`ScenarioError`), except a delay or jitter, which the run leaves to the veths (and
 says so): reordering and delay need the relay, which carries one stream only.
 
+:func:`share_one_link` is the other host scenario: two streams from one host to another
+through one ``tbf`` bottleneck (how congestion control shares it).
+
 Sequence numbers and the report's accounting are the simulator's
 (:class:`~slipstream.sim.host.SubscriberStats`): exactly once, in order, intact, the longest gap
 between deliveries, what a subscriber left behind was told it lost.
@@ -33,6 +36,7 @@ import attrs
 from slipstream.client import Client, control
 from slipstream.client.counters import CountersFile, SystemCounter, parse_position_label
 from slipstream.client.layout import max_message_length
+from slipstream.daemon.reports.loss_report import read_loss_report
 from slipstream.sim.host import MESSAGE_HEADER, MESSAGE_TRAILER, SubscriberStats
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.real.hosts import NamespaceHosts
@@ -328,3 +332,76 @@ class _Run:
             longest_gaps_ns=[s.longest_gap_ns for s in stats],
             clock="real",
         )
+
+
+def share_one_link(subscription_params: tuple[str, str], seconds: float, *, mbit: float,
+                   queue_ms: int, size: int = 1024,
+                   receiver_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Two streams of ``size``-byte messages from host 1 to host 2 through a ``tbf`` of
+    ``mbit`` Mbit/s holding ``queue_ms`` on host 1's uplink, the publisher offering on both as
+    fast as it can for ``seconds``, the subscriptions with ``subscription_params`` (e.g.
+    ``cc=cubic``): ``{"bins": each stream's delivered bytes per 100 ms, "sent": messages per
+    stream, "naks": NAKs the receiving driver sent, "losses": gaps its loss report saw per
+    stream}``, every message checked (once, in
+    order); ``receiver_settings`` are the receiving driver's (``cubic_tcp_mode``, ...)."""
+    with NamespaceHosts(2) as hosts:
+        hosts.rate_limit(1, mbit, latency_ms=queue_ms)
+        sender = hosts.start_driver(1, log_level="warning")
+        receiver = hosts.start_driver(2, **{"log_level": "warning", **(receiver_settings or {})})
+        uri = f"aeron:udp?endpoint={hosts[2].address}:{UNICAST_PORT}"
+        with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
+            subscriptions = [b.add_subscription(f"{uri}|{params}" if params else uri, 1 + k)
+                             for k, params in enumerate(subscription_params)]
+            publications = [a.add_publication(uri, 1 + k) for k in range(2)]
+            deadline = time.monotonic() + 20
+            while not all(p.is_connected for p in publications) or not all(
+                    s.images for s in subscriptions):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the streams did not connect")
+                time.sleep(0.01)
+            message = bytearray(size)
+            sent = [0, 0]
+            got = [0, 0]
+            bins: list[list[int]] = [[], []]
+            counts = [0, 0]
+
+            def handler(k: int):
+                def on_message(data: memoryview, _header: object) -> None:
+                    seq = int.from_bytes(data[:8], "little")
+                    if seq != got[k]:
+                        raise AssertionError(f"stream {k + 1}: {seq} where {got[k]} was due")
+                    got[k] += 1
+                    counts[k] += len(data)
+                return on_message
+
+            handlers = [handler(0), handler(1)]
+            started = time.monotonic()
+            next_bin = started + 0.1
+            while (now := time.monotonic()) < started + seconds:
+                for k in (0, 1):
+                    for _ in range(16):
+                        message[:8] = sent[k].to_bytes(8, "little")
+                        if publications[k].offer(message) < 0:
+                            break
+                        sent[k] += 1
+                    subscriptions[k].poll(handlers[k], 64)
+                if now >= next_bin:
+                    for k in (0, 1):
+                        bins[k].append(counts[k])
+                        counts[k] = 0
+                    next_bin += 0.1
+            deadline = time.monotonic() + 30
+            while got != sent:  # the rest, and the check that nothing was lost
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"got {got} of {sent}: messages were lost")
+                for k in (0, 1):
+                    subscriptions[k].poll(handlers[k], 256)
+        counters = CountersFile(Path(receiver.directory) / control.COUNTERS_FILE,
+                                writable=False)
+        try:
+            naks = counters.get(SystemCounter.NAK_MESSAGES_SENT)
+        finally:
+            counters.close()
+        losses = [sum(entry.observations for entry in read_loss_report(receiver.directory)
+                      if entry.stream_id == 1 + k) for k in (0, 1)]
+    return {"bins": bins, "sent": sent, "naks": naks, "losses": losses}
