@@ -136,8 +136,8 @@ CUBIC_QUEUE_MS = 5
 def cubic(plots: Path | None, seconds: float) -> None:
     print(f"\n== two streams through one tbf of {CUBIC_MBIT} Mbit/s, host 1 to host 2, "
           f"{seconds:.0f} s each, default settings ==")
-    print("(MB/s over the last third of the run; in brackets, the first 5 s: CUBIC grows its "
-          "window by the time since its last loss, so two windows converge in tens of seconds)")
+    print("(MB/s over the last third of the run; in brackets, stream 2 / stream 1 over the "
+          "first 5 s; losses: the gaps each stream's image saw)")
     print(f"{'receivers':<16} {'stream 1 MB/s':>14} {'stream 2 MB/s':>14} {'2 / 1':>7} "
           f"{'(first 5 s)':>12} {'total / link':>13} {'losses':>11}")
     link = CUBIC_MBIT * 1e6 / 8
