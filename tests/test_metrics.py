@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 import socket
 import subprocess
@@ -79,8 +80,8 @@ def test_slipstream_metrics_runs_beside_a_driver(driver_dir: Path) -> None:
 
 def test_the_receivers_min_flow_control_counts_are_a_metric(driver_dir: Path) -> None:
     port = free_tcp_port()
-    uri = f"aeron:udp?endpoint=224.0.1.{free_port() % 250 + 1}:{free_port()}" \
-          "|interface=127.0.0.1|fc=min"
+    uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{free_port()}"
+           "|interface=127.0.0.1|fc=min")  # a data group's last byte is odd
     with MediaDriver.launch(directory=driver_dir, metrics_address=f"127.0.0.1:{port}",
                             **FAST_DRIVER_SETTINGS), Client.connect(driver_dir) as client:
         subscription = client.add_subscription(uri, 78)
