@@ -422,8 +422,9 @@ class DriverSettings:
     )
     cubic_tcp_mode: bool = _bool(
         True,
-        "CUBIC: below the last maximum grow the window at least as fast as TCP Reno would "
-        "(AERON_CUBICCONGESTIONCONTROL_TCPMODE; Aeron's default is false, under which a "
+        "CUBIC: grow the window at least as fast as TCP Reno would, wherever Reno is ahead "
+        "(RFC 8312 4.2; AERON_CUBICCONGESTIONCONTROL_TCPMODE, which applies it only below "
+        "the last maximum; Aeron's default is false, under which a "
         "stream cut to a few datagrams took over 30 s to win back its share of a link from "
         "another: docs/FLOW.md).",
     )

@@ -70,7 +70,7 @@ typedef struct {
 typedef struct {
     uint8_t *log;                 /* start of term 0 */
     int64_t *sender_position;     /* snd-pos: advanced here only */
-    int64_t *sender_limit;        /* snd-lmt: raised by flow control in Python */
+    int64_t *sender_limit;        /* snd-lmt: set by flow control in Python (may go back) */
     int64_t *bytes_sent;          /* system counters */
     int64_t *short_sends;
     int64_t *send_errors;

@@ -122,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--json", action="store_true",
         help="print one JSON object: sent, delivered, duplicates, out_of_order, missing "
              "(per-subscriber lists), naks, retransmits, virtual_seconds, wall_seconds, "
-             "goodput (bytes per virtual second)")
+             "goodput (bytes per virtual second), clock (virtual, or real with --on-hosts)")
     add("--plot", metavar="FILE.png",
         help="draw stream positions (publisher, each subscriber) and dropped DATA "
              "datagrams over virtual time to a PNG (needs matplotlib)")
@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 report = run_on_hosts(scenario, sample_interval_ns=PLOT_SAMPLE_INTERVAL_NS
                                       if args.plot else None)
-            except HostsError as e:
+            except (HostsError, TimeoutError) as e:
                 print(f"slipstream sim --on-hosts: {e}", file=sys.stderr)
                 return 2
         else:

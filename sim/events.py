@@ -86,7 +86,8 @@ class EventLoop:
             entry = heap[0]
             if entry[0] > until_ns:
                 self.now_ns = until_ns
-                return False
+                # Checked every check_every actions: it may have happened since the last.
+                return bool(stop is not None and stop())
             pop(heap)
             action = entry[3].action
             if action is None:

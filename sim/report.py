@@ -10,7 +10,7 @@ import attrs
 
 #: The keys of ``slipstream sim --json``, in order.
 JSON_KEYS: Final = ("sent", "delivered", "duplicates", "out_of_order", "missing", "naks",
-                    "retransmits", "virtual_seconds", "wall_seconds", "goodput")
+                    "retransmits", "virtual_seconds", "wall_seconds", "goodput", "clock")
 
 
 @attrs.define

@@ -47,9 +47,9 @@ def shm() -> Iterator[Path]:
 
 
 @pytest.fixture
-def hosts(request: pytest.FixtureRequest):  # -> Iterator[NamespaceHosts]
-    """Test hosts: network namespaces on a bridge (2, or ``indirect`` parametrised), removed
-    afterwards.  Needs root: skips without it, fails under CI=true."""
+def needs_hosts() -> None:
+    """Namespace hosts can be made here (root, iproute2): skips without, fails under
+    CI=true."""
     from slipstream.sim.real import hosts as namespace
 
     problem = namespace.unavailable()
@@ -57,6 +57,14 @@ def hosts(request: pytest.FixtureRequest):  # -> Iterator[NamespaceHosts]
         if os.environ.get("CI") == "true":
             pytest.fail(f"test hosts are needed under CI=true: {problem}")
         pytest.skip(problem)
+
+
+@pytest.fixture
+def hosts(request: pytest.FixtureRequest, needs_hosts: None):  # -> Iterator[NamespaceHosts]
+    """Test hosts: network namespaces on a bridge (2, or ``indirect`` parametrised), removed
+    afterwards.  Needs root: skips without it, fails under CI=true."""
+    from slipstream.sim.real import hosts as namespace
+
     count = getattr(request, "param", 2)
     with namespace.namespace_hosts(count) as made:
         yield made

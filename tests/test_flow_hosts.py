@@ -1,4 +1,4 @@
-"""Each multicast strategy on namespace hosts: one publisher, three subscribers, a real driver
+"""Each multicast strategy on namespace hosts: one publisher, three or four subscribers, a driver
 on each host, the scenarios of tests/test_sim_flow.py played by ``slipstream sim --on-hosts``
 (:mod:`slipstream.sim.real.on_hosts`) over veths, in real time.
 
@@ -15,12 +15,9 @@ Needs root (CI runs as root): skips without it, fails under CI=true.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from slipstream.sim.network import LinkFaults
-from slipstream.sim.real import hosts as namespace
 from slipstream.sim.real.on_hosts import check_applicable, run_on_hosts, share_one_link
 from slipstream.sim.report import Report
 from slipstream.sim.scenario import Event, Scenario, ScenarioError
@@ -33,16 +30,6 @@ PUBLISH_RATE = 5000  # 1 KiB messages per second
 SLOW_RATE = PUBLISH_RATE / 10
 SLOW_HOST = 3
 FRAME = 1056  # a 1 KiB message and its header
-
-
-@pytest.fixture
-def needs_hosts() -> None:
-    """Skips without root (namespace hosts); fails under CI=true."""
-    problem = namespace.unavailable()
-    if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"test hosts are needed under CI=true: {problem}")
-        pytest.skip(problem)
 
 
 @pytest.fixture
@@ -72,9 +59,12 @@ def slow(values: list):
     return values[SLOW_HOST - 2]
 
 
-def counters_of(report: Report, host: int) -> dict[str, int]:
-    """Host ``host``'s system counters at the end (host 1 publishes)."""
-    return list(report.counters.values())[host - 1]
+def host_counters(report: Report, host: int) -> dict[str, int]:
+    """Host ``host``'s system counters at the end (host 1 publishes; a host whose driver was
+    killed has none)."""
+    if host == 1:
+        return next(iter(report.counters.values()))  # the publisher's come first
+    return report.counters[report.subscribers[host - 2]]
 
 
 SLOW = [(SLOW_HOST, SLOW_RATE)]
@@ -85,7 +75,7 @@ def test_under_max_a_slow_subscriber_host_is_left_behind_told_and_goes_on(on_hos
     assert others(report.missing) == [0, 0]
     assert slow(report.missing) > 0 and slow(report.joined_late) == 0
     assert slow(report.lost_ranges), report.format_text()
-    assert counters_of(report, SLOW_HOST)["IMAGES_LEFT_BEHIND"] >= 1
+    assert host_counters(report, SLOW_HOST)["IMAGES_LEFT_BEHIND"] >= 1
     # It went on from where the stream was: it got well more than it had when first left.
     first_lost_at = slow(report.lost_ranges)[0][0]
     assert slow(report.delivered) > 1.5 * first_lost_at / FRAME, report.format_text()
@@ -95,8 +85,13 @@ def test_under_max_a_slow_subscriber_host_is_left_behind_told_and_goes_on(on_hos
 def test_under_min_every_subscriber_host_is_held_to_the_slow_one(on_hosts) -> None:
     report = on_hosts("fc=min", messages=2500, read_rates=SLOW)
     assert report.exactly_once_in_order, report.format_text()
-    assert report.wall_seconds > 0.8 * 2500 / SLOW_RATE
-    assert counters_of(report, SLOW_HOST)["IMAGES_LEFT_BEHIND"] == 0
+    # No subscriber was ever more than a window (128 KiB) ahead of the slow one: everyone
+    # went at its pace (under max the others finish while it has read a tenth).
+    lead = max(max(p for p in others(positions) if p is not None) - slow(positions)
+               for _, _, positions in report.samples
+               if slow(positions) is not None and any(others(positions)))
+    assert lead <= 2 * 128 * 1024, lead  # two windows: the samples are not one instant
+    assert host_counters(report, SLOW_HOST)["IMAGES_LEFT_BEHIND"] == 0
 
 
 def test_tagged_holds_the_publisher_to_its_group_only(on_hosts) -> None:
@@ -130,8 +125,8 @@ def test_under_nak_strength_the_others_never_stop_while_one_host_pauses(on_hosts
     assert others(report.missing) == [0, 0, 0], report.format_text()
     # Far under the pause (the benchmark measures the figure: bench/flow_hosts.py).
     assert max(others(report.longest_gaps_ns)) < 500 * MS, report.longest_gaps_ns
-    assert counters_of(report, SLOW_HOST)["RATE_SIGNALS_SENT"] > 0
-    assert counters_of(report, 1)["RATE_CUTS"] > 0
+    assert host_counters(report, SLOW_HOST)["RATE_SIGNALS_SENT"] > 0
+    assert host_counters(report, 1)["RATE_CUTS"] > 0
 
 
 def test_cubic_streams_through_one_tbf_lose_nothing_and_leave_a_static_one_its_share(
@@ -141,8 +136,11 @@ def test_cubic_streams_through_one_tbf_lose_nothing_and_leave_a_static_one_its_s
     arrives once, in order (share_one_link checks), and CUBIC, which backs off on loss, does
     not starve the static stream.  How evenly two CUBIC streams share once settled is a
     benchmark's figure (bench/flow_hosts.py: they converge over tens of seconds)."""
-    both = share_one_link(("cc=cubic", "cc=cubic"), 3, mbit=100, queue_ms=5)
-    assert all(sum(series) > 0 for series in both["bins"])
+    both = share_one_link(("cc=cubic", "cc=cubic"), 4, mbit=100, queue_ms=5)
+    # Neither was left with a trickle (before RFC 8312's Reno floor one could sit at one
+    # datagram, 1 % of the other; the settled share is the benchmark's figure).
+    last = [sum(series[-15:]) for series in both["bins"]]
+    assert min(last) > 0.2 * max(last), both["bins"]
     mixed = share_one_link(("cc=cubic", ""), 3, mbit=100, queue_ms=5)
     assert both["naks"] + mixed["naks"] > 0  # the queue overflowed: there was loss to answer
     cubic, static = (sum(series) for series in mixed["bins"])

@@ -375,17 +375,20 @@ def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver
         sent = 0
         stopped_at: float | None = None
         deadline = time.monotonic() + 60
-        while len(seen) < messages or len(subscriber.messages) < messages:
-            assert time.monotonic() < deadline, f"{len(seen)}, {len(subscriber.messages)}"
-            if sent < messages and publication.offer(INDEX.pack(sent) + bytes(56)) > 0:
-                sent += 1
-            if sent == messages // 4 and stopped_at is None:
-                os.kill(subscriber.pid, signal.SIGSTOP)
-                stopped_at = time.monotonic()
-            if stopped_at is not None and time.monotonic() - stopped_at > 1.5:
-                os.kill(subscriber.pid, signal.SIGCONT)
-                stopped_at = float("inf")
-            ours.poll(on_message, 100)
+        try:
+            while len(seen) < messages or len(subscriber.messages) < messages:
+                assert time.monotonic() < deadline, f"{len(seen)}, {len(subscriber.messages)}"
+                if sent < messages and publication.offer(INDEX.pack(sent) + bytes(56)) > 0:
+                    sent += 1
+                if sent == messages // 4 and stopped_at is None:
+                    os.kill(subscriber.pid, signal.SIGSTOP)
+                    stopped_at = time.monotonic()
+                if stopped_at is not None and time.monotonic() - stopped_at > 1.5:
+                    os.kill(subscriber.pid, signal.SIGCONT)
+                    stopped_at = float("inf")
+                ours.poll(on_message, 100)
+        finally:  # a stopped process would not stop at the end
+            os.kill(subscriber.pid, signal.SIGCONT)
         assert seen == list(range(messages))
         assert subscriber.sequence_numbers() == list(range(messages))
         longest_gap = max(b - a for a, b in itertools.pairwise(times))

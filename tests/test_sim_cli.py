@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from slipstream.daemon.cli import main
-from slipstream.sim.report import JSON_KEYS
+from slipstream.sim.report import JSON_KEYS, Report
 from slipstream.sim.runner import run_scenario
 from slipstream.sim.scenario import ScenarioError, load_scenario, scenario_from_mapping
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
 OPTIONS = ["--hosts", "--loss", "--burst-loss", "--delay", "--jitter", "--reorder",
            "--duplicate", "--rate", "--partition", "--channel", "--messages", "--size",
-           "--seed", "--json", "--plot", "--scenario"]
+           "--seed", "--json", "--plot", "--scenario", "--on-hosts"]
 
 
 def sim(capsys, *argv: str) -> tuple[int, str, str]:
@@ -50,6 +50,19 @@ def test_json_prints_exactly_one_object_with_the_documented_keys(capsys):
     assert report["naks"] > 0 and report["retransmits"] > 0
     assert report["virtual_seconds"] > 0 and report["wall_seconds"] > 0
     assert report["goodput"] > 0
+    assert report["clock"] == "virtual"
+
+
+def test_a_host_runs_report_says_its_seconds_are_real_and_what_it_left_out() -> None:
+    report = Report(sent=2, delivered=[2], duplicates=[0], out_of_order=[0], missing=[0],
+                    naks=0, retransmits=0, virtual_seconds=1.5, wall_seconds=1.5, goodput=1.0,
+                    completed=True, subscribers=["10.1.0.2"], clock="real",
+                    notes=["faults.delay_ms = 0.5 not applied"])
+    text = report.format_text()
+    assert "real time     1.500 s" in text and "virtual" not in text
+    assert "note          faults.delay_ms = 0.5 not applied" in text
+    assert "datagrams" not in text and "trace sha256" not in text  # the simulator's only
+    assert report.to_json_dict()["clock"] == "real"
 
 
 def test_every_fault_option_is_accepted(capsys):

@@ -53,8 +53,10 @@ class FlowControl(abc.ABC):
 
     def on_idle(self, now_ns: int, sender_limit: int, sender_position: int,
                 is_eos: bool) -> int:
-        """The sender limit after time passed with nothing to send (unchanged unless the
-        strategy expires receivers)."""
+        """The sender limit after time passed (at each pass of the sender's timers).  Unchanged
+        unless the strategy tracks receivers: min and tagged give their minimum itself, which
+        may be below ``sender_limit`` (a newcomer joined behind); the C data path sends
+        nothing while snd-lmt is at or below snd-pos."""
         return sender_limit
 
     def on_setup(self, now_ns: int, sender_limit: int) -> None:  # noqa: B027 (a hook: most strategies ignore it)

@@ -30,7 +30,7 @@ class MinMulticastFlowControl(FlowControl):
     """The slowest live receiver sets the pace (aeron_min_flow_control.c, ``fc=min``).
 
     Keeps ``receiver_id -> (position + window, time of last SM)``; the rules are Aeron's
-    (docs/PROTOCOL.md §4):
+    (docs/PROTOCOL.md §5.3, §5.4):
 
     * an SM gives ``max(snd_lmt, min over receivers)``; while fewer than ``group_min_size``
       receivers are known the limit stays and the publication is not connected; with none
@@ -156,4 +156,7 @@ class MinMulticastFlowControl(FlowControl):
         if any(r.eos_flagged for r in self.receivers.values()):
             return 0
         oldest = min(r.time_of_last_sm_ns for r in self.receivers.values())
-        return oldest + self.receiver_timeout_ns + 1
+        deadline = oldest + self.receiver_timeout_ns + 1
+        if self._last_setup_limit is not None:  # the cap ends: the limit may rise then
+            deadline = min(deadline, self._last_setup_ns + self.receiver_timeout_ns + 1)
+        return deadline

@@ -12,7 +12,8 @@ from slipstream.daemon.protocol.params import FlowControlParams
 class TaggedMulticastFlowControl(MinMulticastFlowControl):
     """Min flow control over the receivers whose SM carries ``group_tag`` (``fc=tagged``,
     also ``fc=preferred``); untagged or other-tagged receivers never hold the sender back, and
-    while none carrying the tag is known the sender follows every SM as ``max`` does."""
+    while none carrying the tag is known (and the group minimum is 0) the sender follows every
+    SM as ``max`` does."""
 
     name = "tagged"
 

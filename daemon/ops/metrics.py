@@ -14,6 +14,8 @@ Series (names and units as Prometheus expects):
   ``sub-pos`` (a subscriber's also labelled with its ``subscription``);
 * ``slipstream_send_rate_limit_bytes_per_second{channel, stream, session}``: the send-rate
   limit of each ``rc=`` publication (0: none);
+* ``slipstream_flow_control_receivers{channel, stream, session}``: the receivers min or
+  tagged flow control holds each publication to (``fc-receivers``);
 * ``slipstream_clients``: clients connected; ``slipstream_driver_heartbeat_age_seconds``.
 """
 

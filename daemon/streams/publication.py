@@ -109,7 +109,7 @@ _TRANSITIONS: dict[tuple[PublicationState, str], PublicationState] = {
 class SenderPositions:
     """The position cells of one network publication (cffi ``int64_t *``, counters of the
     counters file in the driver): ``pub-lmt`` (the appender reads it), ``snd-pos`` (the C data
-    path advances it) and ``snd-lmt`` (flow control raises it); with ``rc=``, ``snd-rate``
+    path advances it) and ``snd-lmt`` (flow control moves it); with ``rc=``, ``snd-rate``
     (the send-rate limit in bytes/s, 0 for none; None without ``rc=``); with a strategy that
     tracks receivers (min, tagged), ``fc-receivers`` (how many; None otherwise)."""
 

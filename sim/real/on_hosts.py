@@ -28,20 +28,32 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
 from slipstream.client import Client, control
-from slipstream.client.counters import CountersFile, SystemCounter, parse_position_label
+from slipstream.client.counters import (
+    CountersFile,
+    SystemCounter,
+    parse_position_label,
+    read_system_counters,
+)
 from slipstream.client.layout import max_message_length
 from slipstream.daemon.reports.loss_report import read_loss_report
 from slipstream.sim.host import MESSAGE_HEADER, MESSAGE_TRAILER, SubscriberStats
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.real.hosts import NamespaceHosts
 from slipstream.sim.report import Report
-from slipstream.sim.scenario import MULTICAST_GROUP, UNICAST_PORT, Scenario, ScenarioError
+from slipstream.sim.scenario import (
+    MULTICAST_GROUP,
+    UNICAST_PORT,
+    Event,
+    Scenario,
+    ScenarioError,
+)
 
 #: The faults a host run applies; every other field of LinkFaults must keep its default.
 APPLIED_FAULTS: Final = ("loss", "rate_mbit")
@@ -167,6 +179,8 @@ def run_on_hosts(scenario: Scenario, *, sample_interval_ns: int | None = None) -
 
 
 class _Run:
+    """One host run: the drivers, the clients, the publisher's loop and the samples."""
+
     def __init__(self, scenario: Scenario, hosts: NamespaceHosts, stack: contextlib.ExitStack,
                  sample_interval_ns: int | None) -> None:
         self.scenario = scenario
@@ -186,6 +200,7 @@ class _Run:
         if scenario.size > max_message_length(self.publication.term_length):
             raise ScenarioError(f"size: {scenario.size} bytes exceeds the maximum message "
                                 f"length of term length {self.publication.term_length}")
+        self.sender_counters: dict[str, int] = {}  # snd-pos, snd-lmt, snd-rate: their ids
         self.samples: list[tuple[int, int | None, list[int | None]]] = []
         self.limits: list[tuple[int, int, int]] = []
         self.sent = 0
@@ -222,7 +237,7 @@ class _Run:
             self.limits.append((t_ns, publisher.get(ids["snd-lmt"]),
                                 publisher.get(ids["snd-rate"]) if "snd-rate" in ids else 0))
 
-    def _fire(self, event: Any, now: float) -> None:
+    def _fire(self, event: Event, now: float) -> None:
         if event.action == "pause":
             for index in event.hosts:
                 self.subscribers[index - 2].paused_until = now + (
@@ -238,7 +253,7 @@ class _Run:
                     if b not in side:
                         self.hosts.partition(a, b)
 
-    def _heal(self, event: Any) -> None:
+    def _heal(self, event: Event) -> None:
         side = set(event.hosts)
         for a in side:
             for b in range(1, self.scenario.hosts + 1):
@@ -365,7 +380,7 @@ def share_one_link(subscription_params: tuple[str, str], seconds: float, *, mbit
             bins: list[list[int]] = [[], []]
             counts = [0, 0]
 
-            def handler(k: int):
+            def handler(k: int) -> Callable[[memoryview, object], None]:
                 def on_message(data: memoryview, _header: object) -> None:
                     seq = int.from_bytes(data[:8], "little")
                     if seq != got[k]:
@@ -396,12 +411,7 @@ def share_one_link(subscription_params: tuple[str, str], seconds: float, *, mbit
                     raise AssertionError(f"got {got} of {sent}: messages were lost")
                 for k in (0, 1):
                     subscriptions[k].poll(handlers[k], 256)
-        counters = CountersFile(Path(receiver.directory) / control.COUNTERS_FILE,
-                                writable=False)
-        try:
-            naks = counters.get(SystemCounter.NAK_MESSAGES_SENT)
-        finally:
-            counters.close()
+        naks = read_system_counters(receiver.directory)[SystemCounter.NAK_MESSAGES_SENT]
         losses = [sum(entry.observations for entry in read_loss_report(receiver.directory)
                       if entry.stream_id == 1 + k) for k in (0, 1)]
     return {"bins": bins, "sent": sent, "naks": naks, "losses": losses}
