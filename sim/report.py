@@ -144,6 +144,21 @@ class Report:
         return "\n".join(lines)
 
 
+def subscriber_fields(stats: list[Any], ranges: list[tuple[int, int, int]]) -> dict[str, list]:
+    """A :class:`Report`'s per-subscriber lists from each subscriber's
+    :class:`~slipstream.sim.host.SubscriberStats` and the publishers' ``(id, first, end)``
+    sequence ranges (the simulator's and a host run's alike)."""
+    return {
+        "delivered": [s.delivered for s in stats],
+        "duplicates": [s.duplicates for s in stats],
+        "out_of_order": [s.out_of_order for s in stats],
+        "missing": [s.missing(ranges) for s in stats],
+        "joined_late": [s.joined_late(ranges) for s in stats],
+        "corrupt": [s.corrupt for s in stats],
+        "longest_gaps_ns": [s.longest_gap_ns for s in stats],
+    }
+
+
 def plot_report(report: Report, path: str) -> None:
     """Draw stream positions over time and the dropped DATA datagrams to a PNG; below
     them the publisher's send rate, and its send-rate limit when it has one (``rc=``)."""

@@ -33,7 +33,7 @@ from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.sim.events import EventLoop
 from slipstream.sim.host import PublisherHost, SimHost, SubscriberHost
 from slipstream.sim.network import Address, Network, Partition
-from slipstream.sim.report import Report
+from slipstream.sim.report import Report, subscriber_fields
 from slipstream.sim.scenario import Event, Scenario, ScenarioError, host_ip, make_faults
 
 #: Check for completion every this many event-loop actions: the check reads every subscriber's
@@ -239,11 +239,7 @@ class Simulation:
         counters = {host.ip: host.counters() for host in self.hosts}
         return Report(
             sent=sent,
-            delivered=[s.delivered for s in stats],
-            duplicates=[s.duplicates for s in stats],
-            out_of_order=[s.out_of_order for s in stats],
-            missing=[s.missing(ranges) for s in stats],
-            joined_late=[s.joined_late(ranges) for s in stats],
+            **subscriber_fields(stats, ranges),
             lost_ranges=[sub.lost_ranges for sub in self.subscribers],
             naks=sum(h.counter(SystemCounter.NAK_MESSAGES_SENT) for h in self.subscribers),
             retransmits=pub.counter(SystemCounter.RETRANSMITS_SENT),
@@ -252,7 +248,6 @@ class Simulation:
             goodput=mean_bytes / virtual if virtual > 0 else 0.0,
             completed=self.completed,
             subscribers=[sub.ip for sub in self.subscribers],
-            corrupt=[s.corrupt for s in stats],
             images_lost=[sub.images_lost for sub in self.subscribers],
             network=dict(sorted(self.network.counts.items())),
             counters=counters,
@@ -261,7 +256,6 @@ class Simulation:
             samples=self.samples,
             drops=self.drops,
             limits=self.limits,
-            longest_gaps_ns=[s.longest_gap_ns for s in stats],
         )
 
 

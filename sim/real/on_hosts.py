@@ -46,7 +46,7 @@ from slipstream.daemon.reports.loss_report import read_loss_report
 from slipstream.sim.host import MESSAGE_HEADER, MESSAGE_TRAILER, SubscriberStats
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.real.hosts import NamespaceHosts
-from slipstream.sim.report import Report
+from slipstream.sim.report import Report, subscriber_fields
 from slipstream.sim.scenario import (
     MULTICAST_GROUP,
     UNICAST_PORT,
@@ -325,11 +325,7 @@ class _Run:
         publisher = counters[self.hosts[1].address]
         return Report(
             sent=self.sent,
-            delivered=[s.delivered for s in stats],
-            duplicates=[s.duplicates for s in stats],
-            out_of_order=[s.out_of_order for s in stats],
-            missing=[s.missing(ranges) for s in stats],
-            joined_late=[s.joined_late(ranges) for s in stats],
+            **subscriber_fields(stats, ranges),
             lost_ranges=[sub.lost_ranges for sub in self.subscribers],
             naks=sum(c.get("NAK_MESSAGES_SENT", 0) for ip, c in counters.items()
                      if ip != self.hosts[1].address),
@@ -339,12 +335,10 @@ class _Run:
             goodput=sum(s.delivered_bytes for s in stats) / max(1, len(stats)) / wall,
             completed=completed,
             subscribers=[self.hosts[sub.index].address for sub in self.subscribers],
-            corrupt=[s.corrupt for s in stats],
             images_lost=[sub.images_lost for sub in self.subscribers],
             counters=counters,
             samples=self.samples,
             limits=self.limits,
-            longest_gaps_ns=[s.longest_gap_ns for s in stats],
             clock="real",
         )
 
