@@ -12,6 +12,7 @@ Positions are byte offsets in the stream: ``position = term_count << bits | term
 
 from __future__ import annotations
 
+import copy
 import mmap
 import os
 import struct
@@ -153,6 +154,7 @@ class LogBuffer:
         """Map the log at ``path``.  ``populate`` maps every page in place up front (default:
         when the log is not sparse), so the hot paths never take a page fault."""
         self.path = Path(path)
+        self._borrowed = False  # a handle on another LogBuffer's mapping (see borrowed())
         fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             length = os.fstat(fd).st_size
@@ -376,9 +378,21 @@ class LogBuffer:
         length = min(length, self.term_length - offset)
         lib.ss_clean(self.address + index * self.term_length + offset, length)
 
+    def borrowed(self) -> LogBuffer:
+        """Another handle on this mapping, for a reader in the process that mapped the log
+        already (the simulator's subscribers read their driver's): its :meth:`close` leaves
+        the mapping to this one, which must outlive the handle's use."""
+        handle = copy.copy(self)
+        handle._borrowed = True
+        return handle
+
     def close(self) -> None:
-        """Unmap (softly: if a view is still exported the map goes with the last view)."""
+        """Unmap (softly: if a view is still exported the map goes with the last view); a
+        :meth:`borrowed` handle only lets go."""
         if self._map is None:
+            return
+        if self._borrowed:
+            self._map = None  # type: ignore[assignment]
             return
         self.view.release()
         ffi.release(self._cdata)

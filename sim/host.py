@@ -533,7 +533,11 @@ class SubscriberHost(SimHost):
             assert self.driver is not None
             self.images_seen += 1
             cell = self.driver.counters.address(message["subscriber_position_counter_id"])
-            reader = Image(LogBuffer(message["log_file"]), cell,
+            # The driver's own mapping (it outlives the reader: UNAVAILABLE_IMAGE, which
+            # closes the reader, comes a linger before the driver lets the log go).
+            log = self.driver.network.image_log(message["correlation_id"])
+            reader = Image(log.borrowed() if log is not None else LogBuffer(message["log_file"]),
+                           cell,
                            join_position=message["join_position"],
                            correlation_id=message["correlation_id"])
             self.readers[message["session_id"]] = (message["correlation_id"], reader, cell)

@@ -367,3 +367,20 @@ def test_filling_a_dense_logs_pages_leaves_the_processs_other_threads_running(
     # fallocate is the rest); released, its longest pause is the scheduler's (< 5 %).
     assert max(gaps) < took / 4, (f"the other thread stood still {max(gaps) / 1e6:.1f} ms of "
                                   f"the {took / 1e6:.1f} ms the log took")
+
+
+def test_a_borrowed_handle_reads_the_same_mapping_and_closing_it_leaves_the_mapping(
+        shm: Path) -> None:
+    log = make_log(shm)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    assert offer(appender, b"first") > 0
+    borrowed = log.borrowed()
+    assert borrowed.address == log.address  # one mapping: the pages are held once
+    image = Image(borrowed, ffi.new("int64_t *", 0), join_position=0)
+    seen: list[bytes] = []
+    image.poll(lambda data, header: seen.append(bytes(data)), 10)
+    image._close()  # as a reader whose image went: the owner's mapping stays
+    assert borrowed.closed and not log.closed
+    assert offer(appender, b"second") > 0
+    assert seen == [b"first"] and read_all(log) == [b"first", b"second"]
+    log.close()

@@ -543,6 +543,16 @@ class NetworkConductor:
             self.counters.free(counter_id)
         discard_log(image_entry.log, self.budget)
 
+    def image_log(self, registration_id: int) -> LogBuffer | None:
+        """The driver's mapping of image ``registration_id``'s log (None once it is gone),
+        for a reader in this process: the simulator's subscribers read through it (a second
+        mapping of every log would double what a many-host run holds)."""
+        for entry in self._receive_endpoints.values():
+            for image_entry in entry.images.values():
+                if image_entry.registration_id == registration_id:
+                    return image_entry.log
+        return None
+
     def _entry_of(self, channel: ReceiveChannel) -> _ReceiveEndpointEntry | None:
         for entry in self._receive_endpoints.values():
             if entry.endpoint.channel is channel:
