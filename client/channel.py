@@ -59,6 +59,9 @@ FLOW_CONTROLS: Final = ("max", "min", "tagged", "unicast")
 #: Aeron's older name of ``tagged`` (PreferredMulticastFlowControl), taken as it.
 FLOW_CONTROL_ALIASES: Final = {"preferred": "tagged"}
 RATE_CONTROLS: Final = ("nak-strength",)
+#: What an offer does when the stream has no credit (seeds/002); without ``policy`` it returns
+#: Aeron's codes.
+POLICIES: Final = ("block", "drop-newest", "error", "rate-limit")
 
 _INTEGER = re.compile(r"[+-]?[0-9]+\Z")
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
@@ -151,6 +154,43 @@ class RateControlSpec:
         return ",".join(parts)
 
 
+@attrs.frozen
+class PolicySpec:
+    """The ``policy`` parameter, a publication's answer to back pressure (seeds/002), applied by
+    the client (the driver ignores it):
+
+    * ``block[,timeout:10s]``: an offer waits for credit, then raises ``BackPressuredError``;
+    * ``drop-newest``: an offer without credit is dropped and counted, and returns at once;
+    * ``error``: an offer without credit raises ``BackPressuredError`` at once;
+    * ``rate-limit,messages:N[,bytes:B][,burst:10ms][,when-empty:wait|refuse][,timeout:10s]``:
+      a token bucket of N messages/s and B bytes/s (either may be left out) holding ``burst``
+      of each; an offer that finds it empty waits (or, ``when-empty:refuse``, returns
+      BACK_PRESSURED); back pressure then waits as ``block`` does.
+
+    Fields are None when not given: the client's defaults."""
+
+    name: str
+    timeout_ns: int | None = None
+    messages_per_s: int | None = None
+    bytes_per_s: int | None = None
+    burst_ns: int | None = None
+    refuse: bool = False
+
+    def __str__(self) -> str:
+        parts = [self.name]
+        if self.messages_per_s is not None:
+            parts.append(f"messages:{self.messages_per_s}")
+        if self.bytes_per_s is not None:
+            parts.append(f"bytes:{self.bytes_per_s}")
+        if self.burst_ns is not None:
+            parts.append(f"burst:{_format_ns(self.burst_ns)}")
+        if self.refuse:
+            parts.append("when-empty:refuse")
+        if self.timeout_ns is not None:
+            parts.append(f"timeout:{_format_ns(self.timeout_ns)}")
+        return ",".join(parts)
+
+
 # -- the channel -----------------------------------------------------------------------------
 
 
@@ -193,6 +233,8 @@ class Channel:
     gtag: int | None = None
     cc: str | None = None
     rc: RateControlSpec | None = None
+    policy: PolicySpec | None = None
+    watermarks: tuple[int, int] | None = None  # percent of the window: (high, low)
     max_resend: int | None = None
     init_term_id: int | None = None
     term_id: int | None = None
@@ -484,6 +526,57 @@ def _rate_control(text: str) -> RateControlSpec:
     return RateControlSpec(name, thresholds, window)
 
 
+def _policy(text: str) -> PolicySpec:
+    name, *options = text.split(",")
+    if name not in POLICIES:
+        raise _Bad(f"{name!r} is not {', '.join(POLICIES[:-1])} or {POLICIES[-1]}")
+    forms = {"timeout": "timeout:<duration>"}
+    if name == "rate-limit":
+        forms.update(messages="messages:<per second>", bytes="bytes:<size per second>",
+                     burst="burst:<duration>", **{"when-empty": "when-empty:wait|refuse"})
+    elif name != "block" and options:
+        raise _Bad(f"{name} takes no options")
+    values = _options(options, forms)
+    messages = _int(values["messages"], 1, INT32_MAX) if "messages" in values else None
+    rate_bytes = _size(values["bytes"], 1, 1 << 40) if "bytes" in values else None
+    if name == "rate-limit" and messages is None and rate_bytes is None:
+        raise _Bad("rate-limit needs messages:<per second>, bytes:<size per second> or both")
+    burst = None
+    if "burst" in values:
+        burst = _duration(values["burst"])
+        if not 1_000 <= burst <= 10_000_000_000:
+            raise _Bad(f"burst {values['burst']} is not between 1us and 10s")
+    refuse = _choice("wait", "refuse")(values["when-empty"]) == "refuse" \
+        if "when-empty" in values else False
+    timeout = _duration(values["timeout"]) if "timeout" in values else None
+    return PolicySpec(name, timeout, messages, rate_bytes, burst, refuse)
+
+
+def parse_policy(text: str) -> PolicySpec:
+    """A ``policy`` value in the URI's form (``"block,timeout:2s"``); ChannelError naming
+    ``policy`` when it is bad."""
+    try:
+        return _policy(text)
+    except _Bad as e:
+        raise ChannelError(f"policy={text}", "policy", str(e)) from None
+
+
+def _watermarks(text: str) -> tuple[int, int]:
+    high_text, slash, low_text = text.partition("/")
+    if not slash:
+        raise _Bad(f"{text!r} is not <high percent>/<low percent>, e.g. 100/50")
+    high, low = _int(high_text, 1, 100), _int(low_text, 0, 99)
+    if low >= high:
+        raise _Bad(f"the low watermark {low} % is not below the high one {high} %")
+    return high, low
+
+
+def _format_watermarks(channel: Channel) -> str | None:
+    if channel.watermarks is None:
+        return None
+    return f"{channel.watermarks[0]}/{channel.watermarks[1]}"
+
+
 def _tags(text: str) -> tuple[int, int | None]:
     channel_text, comma, entity_text = text.partition(",")
     channel_tag = _int(channel_text, 0, INT64_MAX)
@@ -579,6 +672,8 @@ _PARAMS: Final[dict[str, _Param]] = {
     "gtag": _param("gtag", _int64, udp_only=True),
     "cc": _param("cc", _choice(*CONGESTION_CONTROLS), udp_only=True),
     "rc": _param("rc", _rate_control, udp_only=True),
+    "policy": _param("policy", _policy),
+    "watermarks": _Param(("watermarks",), _watermarks, formatter=_format_watermarks),
     "max-resend": _param("max_resend", lambda t: _int(t, 1, 256), udp_only=True),
     "init-term-id": _param("init_term_id", _int32),
     "term-id": _param("term_id", _int32),

@@ -26,7 +26,7 @@ import zmq
 
 from slipstream.client import control
 from slipstream.client._native import lib
-from slipstream.client.channel import parse_channel
+from slipstream.client.channel import PolicySpec, parse_channel
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.errors import (
     ChannelRejectedError,
@@ -36,6 +36,7 @@ from slipstream.client.errors import (
     RegistrationError,
 )
 from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.policy import BackPressureEpisode, policy_of
 from slipstream.client.publication import Publication
 from slipstream.client.subscription import Image, Subscription
 
@@ -235,6 +236,10 @@ class Client:
                         self._on_unavailable_image(message)
                 except Exception:  # this thread carries the keepalives: it must not die
                     log.exception("could not apply %s", kind)
+            elif kind == control.BACK_PRESSURE_EPISODE:
+                publication = self._publications.get(message.get("registration_id", 0))
+                if publication is not None:
+                    publication._on_episode(message)
             elif kind == control.CLIENT_TIMEOUT:
                 self._lose_driver("the driver timed this client out (no keepalive in time)")
             elif kind == control.DRIVER_SHUTDOWN:
@@ -355,16 +360,28 @@ class Client:
                 else None)
 
     # -- resources -----------------------------------------------------------------------------
-    def add_publication(self, channel: str, stream_id: int) -> Publication:
+    def add_publication(self, channel: str, stream_id: int, *,
+                        policy: str | PolicySpec | None = None,
+                        on_back_pressure: Callable[[BackPressureEpisode], object] | None = None,
+                        ) -> Publication:
         """Publish to ``stream_id`` on ``channel`` (e.g. ``"aeron:ipc"``).  Publishers of the same
-        stream share one log.  Raises :class:`ChannelError` naming the bad part of the URI."""
+        stream share one log.  Raises :class:`ChannelError` naming the bad part of the URI.
+
+        ``policy``: what an offer does without credit (``"block"``, ``"drop-newest"``,
+        ``"error"``, ``"rate-limit,messages:1000"``, ...: :mod:`slipstream.client.policy`), as
+        ``policy=`` in the URI does; None: the URI's, else Aeron's codes.
+        ``on_back_pressure``: called with a :class:`BackPressureEpisode` when an episode of the
+        stream begins or ends (on the client's conductor thread, as image callbacks)."""
         _check_stream(channel, stream_id)  # fails here, naming the bad part, before any I/O
+        spec = policy_of(channel, policy)
         reply = self._request({"type": control.ADD_PUBLICATION, "channel": channel,
                                "stream_id": stream_id})
         log_buffer = LogBuffer(reply["log_file"])
         publication = Publication(self, channel, stream_id, reply["registration_id"], log_buffer,
                                   reply["publication_limit_counter_id"],
-                                  self._doorbell_fd(channel, control.SENDER_DOORBELL))
+                                  self._doorbell_fd(channel, control.SENDER_DOORBELL),
+                                  policy=spec, drops_counter_id=reply.get("drops_counter_id"))
+        publication.on_back_pressure = on_back_pressure
         with self._lock:
             self._publications[publication.registration_id] = publication
         return publication

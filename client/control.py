@@ -10,7 +10,8 @@ staying alive costs neither a message nor a wake-up of the driver.
 Commands (client → driver): CONNECT, ADD_PUBLICATION, REMOVE_PUBLICATION,
 ADD_SUBSCRIPTION, REMOVE_SUBSCRIPTION, CLOSE_CLIENT.
 Answers and events (driver → client): CONNECTED, PUBLICATION_READY, SUBSCRIPTION_READY,
-OPERATION_SUCCESS, ERROR, AVAILABLE_IMAGE, UNAVAILABLE_IMAGE, CLIENT_TIMEOUT.
+OPERATION_SUCCESS, ERROR, AVAILABLE_IMAGE, UNAVAILABLE_IMAGE, CLIENT_TIMEOUT,
+DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from slipstream.client.channel import MAX_URI_LENGTH
 from slipstream.client.errors import InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 CONDUCTOR_SOCKET = "conductor.sock"
 COUNTERS_FILE = "counters.dat"
@@ -54,6 +55,7 @@ AVAILABLE_IMAGE = "AVAILABLE_IMAGE"
 UNAVAILABLE_IMAGE = "UNAVAILABLE_IMAGE"
 CLIENT_TIMEOUT = "CLIENT_TIMEOUT"
 DRIVER_SHUTDOWN = "DRIVER_SHUTDOWN"
+BACK_PRESSURE_EPISODE = "BACK_PRESSURE_EPISODE"
 
 # Error codes carried by ERROR (with ``code`` and ``message``).  An ERR_INVALID_CHANNEL from a
 # check of the driver's also names the channel's ``uri``, the ``part`` and the ``problem``.

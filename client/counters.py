@@ -27,7 +27,7 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -76,6 +76,12 @@ class CounterType(enum.IntEnum):
     PUBLISHER_POSITION = 12
     FC_RECEIVERS = 17  # fc-receivers: receivers min / tagged flow control holds the sender to
     SENDER_RATE_LIMIT = 1001  # slipstream's: snd-rate, bytes/s (0: none), rc= publications
+    # slipstream's, one each per publication: its back-pressure episodes (seeds/002)
+    BP_EPISODES = 1002  # bp-episodes: how many began
+    BP_TIME = 1003  # bp-time: ns spent in them (the open one's time so far included)
+    BP_DEPTH = 1004  # bp-depth: bytes of the publication's window in use now
+    BP_PEAK = 1005  # bp-peak: the most bytes of its window ever in use
+    PUBLISHER_DROPS = 1006  # pub-drops: offers policy=drop-newest dropped
 
 
 class SystemCounter(enum.IntEnum):
@@ -139,6 +145,12 @@ POSITION_TYPES = frozenset((CounterType.PUBLISHER_LIMIT, CounterType.PUBLISHER_P
                             CounterType.SENDER_POSITION, CounterType.SENDER_LIMIT,
                             CounterType.RECEIVER_HWM, CounterType.RECEIVER_POSITION,
                             CounterType.SUBSCRIBER_POSITION))
+#: A publication's back-pressure counters, with their label kinds (as the position counters').
+BACK_PRESSURE_TYPES: Final = ((CounterType.BP_EPISODES, "bp-episodes"),
+                              (CounterType.BP_TIME, "bp-time"),
+                              (CounterType.BP_DEPTH, "bp-depth"),
+                              (CounterType.BP_PEAK, "bp-peak"),
+                              (CounterType.PUBLISHER_DROPS, "pub-drops"))
 _POSITION_LABEL = re.compile(r"(?P<kind>[a-z-]+): (?P<channel>\S+) stream=(?P<stream>-?\d+) "
                              r"session=(?P<session>-?\d+)"
                              r"(?: (?:sub=(?P<sub>\d+)|source=(?P<source>\S+)))*")

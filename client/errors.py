@@ -83,6 +83,28 @@ class DataLossError(SlipstreamError):
             f"{producer_position}, and a log holds about two terms behind it)")
 
 
+class BackPressuredError(SlipstreamError):
+    """An offer under ``policy=block``, ``error`` or ``rate-limit`` found no credit: at once
+    (``error``) or after waiting ``waited_s`` seconds (the policy's timeout).  ``connected`` is
+    False when no subscriber was there at all; ``appended`` is how many messages of an
+    ``offer_batch`` did go in (0 for ``offer``)."""
+
+    def __init__(self, channel: str, stream_id: int, policy: str, waited_s: float, *,
+                 connected: bool, appended: int = 0) -> None:
+        self.channel = channel
+        self.stream_id = stream_id
+        self.policy = policy
+        self.waited_s = waited_s
+        self.connected = connected
+        self.appended = appended
+        why = ("the slowest subscriber is a window behind" if connected
+               else "no subscriber is connected")
+        waited = f"after waiting {waited_s:.3f} s" if waited_s > 0 else "at once"
+        batch = f"; {appended} messages of the batch went in" if appended else ""
+        super().__init__(f"stream {stream_id} on {channel}: no credit {waited} ({why}; "
+                         f"policy={policy}){batch}")
+
+
 class DriverError(SlipstreamError):
     """The media driver refused a request or could not be reached."""
 

@@ -4,8 +4,9 @@
  * cffi is the binding for everything else, but on these machines each cffi argument
  * conversion costs ~40-50 ns, which is most of a 32-byte offer.  These two functions take
  * their arguments as raw objects instead:
- *   Offerer(appender_address, owner, spins_before_yield=-1)(message) -> position or
- *   negative code (ss_offer), with the client's idle strategy (on_offer_result)
+ *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None)(message) ->
+ *   position or negative code (ss_offer), with the client's idle strategy (on_offer_result),
+ *   or what on_refused(message, code) returns for a refused offer (a publication's policy)
  *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
  * The appender and the scan arrays are the cffi-owned structures of native.h, passed by
  * address; Python keeps them alive.
@@ -29,6 +30,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     ss_appender_t *appender;
     PyObject *owner; /* keeps the appender's memory (a cffi object) alive */
+    PyObject *on_refused; /* NULL, or the policy's hook for a refused offer (then no idling) */
     int32_t spins_before_yield; /* < 0: never yield */
     int32_t misses;             /* offers in a row that found no credit (the GIL orders them) */
     long long yields;           /* how many offers gave the CPU up (read-only: .yields) */
@@ -87,16 +89,28 @@ static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t narg
         }
         return NULL;
     }
+    if (result < 0 && offerer->on_refused != NULL) {
+        PyObject *code = PyLong_FromLongLong(result);
+        if (code == NULL) return NULL;
+        PyObject *settled = PyObject_CallFunctionObjArgs(offerer->on_refused, message, code, NULL);
+        Py_DECREF(code);
+        return settled;
+    }
     on_offer_result(offerer, result);
     return PyLong_FromLongLong(result);
 }
 
 static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *address, *owner;
+    PyObject *address, *owner, *on_refused = Py_None;
     int spins_before_yield = -1;
-    static char *keywords[] = {"appender_address", "owner", "spins_before_yield", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|i", keywords, &address, &owner,
-                                     &spins_before_yield)) return NULL;
+    static char *keywords[] = {"appender_address", "owner", "spins_before_yield", "on_refused",
+                               NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|iO", keywords, &address, &owner,
+                                     &spins_before_yield, &on_refused)) return NULL;
+    if (on_refused != Py_None && !PyCallable_Check(on_refused)) {
+        PyErr_SetString(PyExc_TypeError, "on_refused must be callable or None");
+        return NULL;
+    }
     if (message_too_long == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "call set_errors() first");
         return NULL;
@@ -111,14 +125,28 @@ static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     self->vectorcall = offerer_call;
     self->appender = appender;
     self->owner = Py_NewRef(owner);
+    self->on_refused = on_refused == Py_None ? NULL : Py_NewRef(on_refused);
     self->spins_before_yield = spins_before_yield;
     self->misses = 0;
     self->yields = 0;
     return (PyObject *)self;
 }
 
+static int offerer_traverse(Offerer *self, visitproc visit, void *arg) {
+    Py_VISIT(self->owner);
+    Py_VISIT(self->on_refused);
+    return 0;
+}
+
+static int offerer_clear(Offerer *self) {
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->on_refused);
+    return 0;
+}
+
 static void offerer_dealloc(Offerer *self) {
-    Py_XDECREF(self->owner);
+    PyObject_GC_UnTrack(self);
+    offerer_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -131,10 +159,12 @@ static PyMemberDef offerer_members[] = {
 static PyTypeObject OffererType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "slipstream.client._fastpath.Offerer",
-    .tp_doc = "Offerer(appender_address, owner, spins_before_yield=-1): offer(message) -> "
-              "position or negative code",
+    .tp_doc = "Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None): "
+              "offer(message) -> position or negative code",
     .tp_basicsize = sizeof(Offerer),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)offerer_traverse,
+    .tp_clear = (inquiry)offerer_clear,
     .tp_new = offerer_new,
     .tp_dealloc = (destructor)offerer_dealloc,
     .tp_members = offerer_members,

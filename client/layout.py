@@ -183,11 +183,16 @@ META_FLAGS: Final = 488
 # slipstream-local, in the unused tail of the page (not part of Aeron's wire contract, which is
 # only about frames): the eventcount parked readers wait on, and how many of the driver's
 # network threads are parked on the log and from which subscriber position they want their
-# doorbell rung (see native.h).
+# doorbell rung (see native.h); the eventcount publishers that wait for credit park on, and the
+# limit a publisher last met, with when (CLOCK_MONOTONIC ns), for the driver's episodes.
 META_READER_SIGNAL: Final = 1024
 META_READER_WAITERS: Final = 1088
 META_DRIVER_WAITERS: Final = 1152
 META_DRIVER_WAKE_POSITION: Final = 1216
+META_PUBLISHER_SIGNAL: Final = 1280
+META_PUBLISHER_WAITERS: Final = 1344
+META_LIMIT_HIT_POSITION: Final = 1408
+META_LIMIT_HIT_TIME: Final = 1472
 
 
 def align(value: int, alignment: int) -> int:

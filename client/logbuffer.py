@@ -38,8 +38,12 @@ from slipstream.client.layout import (
     META_FLAGS,
     META_INITIAL_TERM_ID,
     META_IS_CONNECTED,
+    META_LIMIT_HIT_POSITION,
+    META_LIMIT_HIT_TIME,
     META_LINGER_TIMEOUT_NS,
     META_MTU_LENGTH,
+    META_PUBLISHER_SIGNAL,
+    META_PUBLISHER_WAITERS,
     META_READER_SIGNAL,
     META_READER_WAITERS,
     META_TAIL_COUNTERS,
@@ -370,6 +374,24 @@ class LogBuffer:
     def signal_readers(self) -> None:
         """Wake readers parked on this log (after the driver changed something they wait for)."""
         lib.ss_signal(self.reader_signal(), self.reader_waiters())
+
+    def publisher_signal(self):  # -> cffi int32_t *
+        """The eventcount word publishers waiting for credit park on."""
+        return ffi.cast("int32_t *", self.meta + META_PUBLISHER_SIGNAL)
+
+    def publisher_waiters(self):  # -> cffi int32_t *
+        return ffi.cast("int32_t *", self.meta + META_PUBLISHER_WAITERS)
+
+    def signal_publishers(self) -> None:
+        """Wake publishers parked for credit (after the driver moved pub-lmt or
+        is_connected; one load when none is parked)."""
+        lib.ss_signal(self.publisher_signal(), self.publisher_waiters())
+
+    def limit_hit(self) -> tuple[int, int]:
+        """(the pub-lmt a publisher last found no credit at, when: CLOCK_MONOTONIC ns); (0, 0)
+        before any."""
+        position = self.meta_i64(META_LIMIT_HIT_POSITION)
+        return position, self.meta_i64(META_LIMIT_HIT_TIME)
 
     def clean(self, position: int, length: int) -> None:
         """Zero ``length`` bytes of the term holding ``position`` from its offset (one term max)."""

@@ -350,12 +350,70 @@ int64_t ss_refine(ss_appender_t *a, int64_t result) {
     if (result != SS_BACK_PRESSURED) return result;
     if (LOAD_ACQ((const int32_t *)(a->meta + SS_META_IS_CONNECTED)) != 1) return SS_NOT_CONNECTED;
     int64_t limit = LOAD_ACQ(a->publication_limit);
-    if (limit != a->last_limit_hit) {
+    int new_hit = limit != a->last_limit_hit;
+    if (new_hit) {
         a->last_limit_hit = limit;
         if (a->back_pressure_events) __atomic_fetch_add(a->back_pressure_events, 1, __ATOMIC_SEQ_CST);
+        /* The time first: the driver reads the position, then the time that goes with it. */
+        STORE_REL((int64_t *)(a->meta + SS_META_LIMIT_HIT_TIME), monotonic_ns());
+        STORE_REL((int64_t *)(a->meta + SS_META_LIMIT_HIT_POSITION), limit);
     }
-    if (a->driver_signal) ss_signal(a->driver_signal, a->driver_waiters);
+    if (a->driver_signal && (new_hit || a->signal_every_refusal)) ss_signal(a->driver_signal, a->driver_waiters);
     return SS_BACK_PRESSURED;
+}
+
+/* The position the next append would start at (the active term's tail, capped at its end). */
+static inline int64_t producer_position(const ss_appender_t *a) {
+    int32_t term_count = LOAD_ACQ((const int32_t *)(a->meta + SS_META_ACTIVE_TERM_COUNT));
+    int32_t index = term_count % SS_PARTITION_COUNT;
+    int64_t raw = LOAD_ACQ((const int64_t *)(a->meta + SS_META_TAIL_COUNTERS + 8 * index));
+    int64_t offset = raw & 0xFFFFFFFFLL;
+    if (offset > a->term_length) offset = a->term_length;
+    return ((int64_t)term_count << a->position_bits) + offset;
+}
+
+int ss_has_credit(const ss_appender_t *a) {
+    if (LOAD_ACQ(&a->closed)) return 1;
+    if (LOAD_ACQ((const int32_t *)(a->meta + SS_META_IS_CONNECTED)) != 1) return 0;
+    /* As claim(): an append starts while the position is below the limit. */
+    return producer_position(a) < LOAD_ACQ(a->publication_limit);
+}
+
+int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t timeout_ns) {
+    int64_t start = monotonic_ns();
+    int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
+    for (uint32_t n = 0;; n++) {
+        if (ss_has_credit(a)) return 1;
+        if ((n & 63) == 63) {
+            int64_t now = monotonic_ns();
+            if (now - start >= spin_ns) break;
+            if (deadline >= 0 && now >= deadline) return 0;
+        }
+        cpu_relax();
+    }
+    int32_t *signal = (int32_t *)(a->meta + SS_META_PUBLISHER_SIGNAL);
+    int32_t *waiters = (int32_t *)(a->meta + SS_META_PUBLISHER_WAITERS);
+    __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+    int result = 0;
+    for (;;) {
+        int32_t seen = __atomic_load_n(signal, __ATOMIC_SEQ_CST);
+        /* Registered, then re-checked: the driver stores the limit, then reads the waiters
+         * (ss_signal), so either it sees us or we see its limit. */
+        if (ss_has_credit(a)) { result = 1; break; }
+        int64_t remaining = -1;
+        if (deadline >= 0) {
+            remaining = deadline - monotonic_ns();
+            if (remaining <= 0) break;
+        }
+        int rc = ss_futex_wait(signal, seen, remaining);
+        if (rc == EAGAIN) continue; /* the word moved before we slept: look again */
+        /* Woken, timed out or interrupted (EINTR: Python delivers signals such as
+         * KeyboardInterrupt): return either way, the caller looks again. */
+        result = ss_has_credit(a);
+        break;
+    }
+    __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
+    return result;
 }
 
 int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length) {

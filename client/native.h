@@ -47,6 +47,14 @@
  * its doorbell socket, only while the driver says it is parked (waiters > 0). */
 #define SS_META_DRIVER_WAITERS 1152
 #define SS_META_DRIVER_WAKE_POSITION 1216
+/* Publishers that wait for credit (policy=block) park on this eventcount; the driver bumps it
+ * whenever it moves pub-lmt or is_connected.  The limit a publisher last found no credit at,
+ * and when (CLOCK_MONOTONIC ns), tell the driver's back-pressure episodes that a publisher
+ * met its limit between two of its samples. */
+#define SS_META_PUBLISHER_SIGNAL 1280
+#define SS_META_PUBLISHER_WAITERS 1344
+#define SS_META_LIMIT_HIT_POSITION 1408
+#define SS_META_LIMIT_HIT_TIME 1472
 
 /* offer() results, as Aeron */
 #define SS_NOT_CONNECTED (-1)
@@ -76,6 +84,8 @@ typedef struct {
     int64_t *back_pressure_events; /* system counter, counted once per limit value reached */
     int32_t *driver_signal;     /* the driver's eventcount, to wake a parked driver */
     int32_t *driver_waiters;
+    int32_t signal_every_refusal; /* 1: every back-pressured offer wakes the driver (IPC: its
+                                   * conductor raises the limit); 0: only a new limit hit */
     int64_t last_limit_hit;
     int32_t doorbell_fd;        /* network publications: the sender's doorbell socket, else -1 */
 } ss_appender_t;
@@ -103,10 +113,19 @@ void ss_signal(int32_t *signal, const int32_t *waiters);
  * refined by ss_refine. */
 int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length);
 /* Turn a raw append failure into the caller's code: CLOSED when closed, NOT_CONNECTED when no
- * subscriber, else BACK_PRESSURED (counting one back-pressure event per limit value reached and,
- * when driver_signal is set (IPC: the conductor raises the limit), waking the driver if it is
- * parked, so it raises the limit as soon as subscribers move). */
+ * subscriber, else BACK_PRESSURED.  Once per limit value reached it counts a back-pressure
+ * event, records the limit and the time in the log (SS_META_LIMIT_HIT_*) and wakes the driver
+ * if it is parked (its back-pressure episodes); with signal_every_refusal (IPC, where the
+ * conductor raises the limit) every refusal wakes it, so it raises the limit as soon as
+ * subscribers move. */
 int64_t ss_refine(ss_appender_t *a, int64_t result);
+/* Whether an offer could append now: closed (it would return CLOSED at once), or connected and
+ * the producer position below pub-lmt. */
+int ss_has_credit(const ss_appender_t *a);
+/* Spin for up to spin_ns, then park on the log's publisher eventcount, until ss_has_credit or
+ * timeout_ns passes (-1: no timeout) or a signal interrupts the park.  Returns 1 when credit is
+ * (probably) there, 0 otherwise. */
+int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t timeout_ns);
 /* Append `count` messages packed back to back in `data` (data_length bytes) with their lengths
  * in `lengths`.  Runs of unfragmented messages are claimed with one atomic add.  Stops early at
  * the publication limit; rotates terms itself.  Returns how many were appended and stores the

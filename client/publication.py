@@ -14,23 +14,27 @@ Several publishers (threads or processes) may offer to the same stream concurren
 
 from __future__ import annotations
 
+import logging
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath
 from slipstream.client._native import ffi, lib
+from slipstream.client.channel import PolicySpec
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import MessageTooLongError
 from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import HEADER_LENGTH
 from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.client.policy import BackPressureEpisode, OfferPolicy
 
 if TYPE_CHECKING:
     from slipstream.client.client import Client
 
 _fastpath.set_errors(MessageTooLongError)
+log = logging.getLogger("slipstream.client")
 
 Buffer = bytes | bytearray | memoryview
 """Anything exposing the buffer protocol (numpy arrays too); ``collections.abc.Buffer`` is 3.12+."""
@@ -122,9 +126,12 @@ class Publication:
     """A handle on a stream for offering messages.  Create with ``Client.add_publication``."""
 
     def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
-                 log: LogBuffer, limit_counter_id: int, doorbell_fd: int = -1) -> None:
+                 log: LogBuffer, limit_counter_id: int, doorbell_fd: int = -1, *,
+                 policy: PolicySpec | None = None, drops_counter_id: int | None = None
+                 ) -> None:
         """``doorbell_fd``: for a network stream, the driver sender's doorbell (rung on new
-        data while the sender is parked); -1 for IPC."""
+        data while the sender is parked); -1 for IPC.  ``policy``: what an offer does without
+        credit (None: Aeron's codes); ``drops_counter_id``: the stream's ``pub-drops``."""
         self.channel = channel
         self.stream_id = stream_id
         self.registration_id = registration_id
@@ -140,12 +147,13 @@ class Publication:
         appender = new_appender(log, self._limit)
         appender.back_pressure_events = client.counters.address(
             SystemCounter.BACK_PRESSURE_EVENTS)
-        if doorbell_fd < 0:
-            # A back-pressured offer wakes a parked conductor, which raises an IPC stream's
-            # limit.  A network stream's limit is the sender's to raise (on status messages),
-            # and waking the conductor for it cost a core's fifth per back-pressured stream.
-            appender.driver_signal = client.counters.driver_signal
-            appender.driver_waiters = client.counters.driver_waiters
+        # A new limit hit wakes a parked conductor (its back-pressure episodes).  On IPC every
+        # refusal does: the conductor raises an IPC stream's limit.  A network stream's limit is
+        # the sender's to raise (on status messages), and waking the conductor for each refusal
+        # cost a core's fifth per back-pressured stream.
+        appender.driver_signal = client.counters.driver_signal
+        appender.driver_waiters = client.counters.driver_waiters
+        appender.signal_every_refusal = 1 if doorbell_fd < 0 else 0
         appender.last_limit_hit = -1
         appender.doorbell_fd = doorbell_fd
         self._appender = appender
@@ -153,13 +161,30 @@ class Publication:
         self._batch_result = ffi.new("int64_t *")
         self._claim_offset = ffi.new("int64_t *")
         #: ``offer(message) -> int``: append one message; returns the new position (> 0) or a
-        #: negative code (module doc); raises :class:`MessageTooLongError` beyond
-        #: ``max_message_length``.  A C callable bound to this publication, so that a call
-        #: costs about one C call.
+        #: negative code (module doc; under a :attr:`policy`, what it says); raises
+        #: :class:`MessageTooLongError` beyond ``max_message_length``.  A C callable bound to
+        #: this publication, so that a call costs about one C call.
+        self._drops_cell = (client.counters.address(drops_counter_id)
+                            if drops_counter_id is not None else None)
         spins = client.spins_before_yield
-        self.offer = _fastpath.Offerer(int(ffi.cast("uintptr_t", appender)), appender,
-                                       -1 if spins is None else spins)
+        address = int(ffi.cast("uintptr_t", appender))
+        #: The publication's back-pressure policy (None: Aeron's codes).
+        self.policy = policy
+        self._policy: OfferPolicy | None = None
+        if policy is None:
+            self.offer = _fastpath.Offerer(address, appender, -1 if spins is None else spins)
+        else:
+            self._policy = OfferPolicy(policy, self, _fastpath.Offerer(address, appender))
+            if policy.name == "rate-limit":
+                self.offer = self._policy.offer  # type: ignore[method-assign]
+            else:
+                self.offer = _fastpath.Offerer(address, appender,
+                                               on_refused=self._policy.on_refused)
         self._batch_idle = SpinThenYield(spins)  # offer_batch calls that found no credit
+        #: Called with a :class:`BackPressureEpisode` as the stream's episodes begin and end
+        #: (``Client.add_publication(on_back_pressure=...)``); the last one is kept.
+        self.on_back_pressure: Callable[[BackPressureEpisode], object] | None = None
+        self.last_episode: BackPressureEpisode | None = None
 
     # -- publishing ----------------------------------------------------------------------------
     def offer_batch(self, data: Buffer, lengths: Sequence[int] | Buffer) -> int:
@@ -167,14 +192,28 @@ class Publication:
         sizes (an ``array('i')`` or int32 numpy array avoids a conversion).
 
         Returns how many messages were appended (a prefix of the batch: offer the rest again),
-        or a negative code when none was.
+        or a negative code when none was.  Under a :attr:`policy`, the whole batch goes in
+        (``block``, ``rate-limit``), or what did not fit is dropped (``drop-newest``) or raises
+        (``error``); see :mod:`slipstream.client.policy`.
         """
         if not (isinstance(lengths, array) and lengths.typecode == "i"):
             lengths = _int32_lengths(lengths)
-        count = len(lengths)
-        if count == 0:
+        if len(lengths) == 0:
             return 0
+        if self._policy is not None:
+            return self._policy.offer_batch(data, lengths)
+        done, code = self._offer_batch_once(data, lengths)
+        if done > 0:
+            self._batch_idle.misses = 0
+            return done
+        if code == BACK_PRESSURED or code == NOT_CONNECTED:
+            self._batch_idle.idle()
+        return code
+
+    def _offer_batch_once(self, data: Buffer, lengths: array | memoryview) -> tuple[int, int]:
+        """One C batch append: (messages appended, the refined code when none was)."""
         result = self._batch_result
+        count = len(lengths)
         with ffi.from_buffer("int32_t[]", lengths) as sizes:
             if isinstance(data, bytes):
                 done = lib.ss_offer_batch(self._appender, data, len(data), sizes, count, result)
@@ -183,18 +222,14 @@ class Publication:
                     done = lib.ss_offer_batch(self._appender, source, len(source), sizes, count,
                                               result)
         if done > 0:
-            self._batch_idle.misses = 0
-            return done
+            return done, 0
         code = result[0]
-        if code == BACK_PRESSURED or code == NOT_CONNECTED:
-            self._batch_idle.idle()
-            return code
-        if result[0] == lib.SS_INVALID_LENGTH:
+        if code == lib.SS_INVALID_LENGTH:
             raise MessageTooLongError(max(lengths), self.max_message_length)
-        if result[0] == lib.SS_INVALID_BATCH:
+        if code == lib.SS_INVALID_BATCH:
             raise ValueError(f"the lengths add up to {sum(lengths)} bytes but data holds "
                              f"{len(memoryview(data))}")
-        return result[0]
+        return 0, code
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         """Claim ``length`` bytes (≤ ``max_payload_length``) to fill in place; returns the new
@@ -235,11 +270,36 @@ class Publication:
     def is_closed(self) -> bool:
         return bool(self._appender.closed)
 
+    def _on_episode(self, message: dict) -> None:
+        """The driver's BACK_PRESSURE_EPISODE (client conductor thread): keep it and call the
+        user's callback, whose exceptions are logged and go no further (that thread carries
+        the keepalives)."""
+        episode = BackPressureEpisode(bool(message["started"]), int(message["at_ns"]),
+                                      int(message["depth"]), int(message["duration_ns"]),
+                                      int(message["episodes"]))
+        self.last_episode = episode
+        callback = self.on_back_pressure
+        if callback is None:
+            return
+        try:
+            callback(episode)
+        except Exception:
+            log.exception("the back-pressure callback %r raised on %r", callback, self)
+
+    @property
+    def dropped(self) -> int:
+        """Messages ``policy=drop-newest`` dropped through this publication object (the
+        stream's ``pub-drops`` counter counts every publisher's)."""
+        return self._policy.dropped if self._policy is not None else 0
+
     def _mark_closed(self) -> None:
-        """Every further offer returns CLOSED, without touching the log (which may go)."""
-        if not self.is_closed:
-            self._last_position = self._log.producer_position()
+        """Every further offer returns CLOSED, without touching the log (which may go); an
+        offer parked for credit (``policy=block``) is woken and returns CLOSED."""
+        if self.is_closed:
+            return
+        self._last_position = self._log.producer_position()
         self._appender.closed = 1
+        self._log.signal_publishers()  # the log is still mapped: it is unmapped after a linger
 
     def close(self) -> None:
         """Release the publication; further offers return CLOSED."""

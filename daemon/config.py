@@ -599,6 +599,20 @@ class DriverSettings:
         "Receivers a min/tagged publication needs before it counts as connected (count).",
         low=0, high=INT32_MAX,
     )
+    # ---------------------------------------------------------------- back pressure
+    backpressure_high_watermark: int = _int(
+        100,
+        "A publication's back-pressure episode starts when the part of its window in use "
+        "reaches this percent, or a publisher meets its limit (seeds/002; slipstream). "
+        "A channel's watermarks=HIGH/LOW overrides both.",
+        low=1, high=100, section="Back pressure",
+    )
+    backpressure_low_watermark: int = _int(
+        50,
+        "An episode ends when the part of the window in use falls to this percent (the "
+        "hysteresis: below backpressure_high_watermark).",
+        low=0, high=99,
+    )
     # ---------------------------------------------------------------- session ids
     publication_reserved_session_id_low: int = _int(
         -1,
@@ -673,6 +687,8 @@ class _Rule:
 
 # Aeron's own cross checks (Configuration.validate*) plus slipstream's keepalive rule.
 _CROSS_FIELD_RULES = (
+    _Rule("backpressure_low_watermark", "<", "backpressure_high_watermark",
+          "an episode must end below where it starts (the hysteresis)"),
     _Rule("client_keepalive_interval", "<", "client_liveness_timeout",
           "a live client would be timed out between keepalives"),
     _Rule("client_liveness_timeout", "<", "publication_unblock_timeout",

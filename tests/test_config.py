@@ -97,6 +97,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "flow_control_receiver_timeout": 5 * S,
     "flow_control_group_tag": -1,
     "flow_control_group_min_size": 0,
+    "backpressure_high_watermark": 100,  # slipstream's (seeds/002)
+    "backpressure_low_watermark": 50,
     "publication_reserved_session_id_low": -1,
     "publication_reserved_session_id_high": 1000,
 }
@@ -377,6 +379,8 @@ def test_keepalive_must_be_below_client_liveness() -> None:
         ({"publication_unblock_timeout": "10s"}, "client_liveness_timeout",
          "publication_unblock_timeout"),
         ({"timer_interval": "20s"}, "timer_interval", "client_liveness_timeout"),
+        ({"backpressure_high_watermark": 40}, "backpressure_low_watermark",
+         "backpressure_high_watermark"),
         ({"publication_reserved_session_id_low": 2000}, "publication_reserved_session_id_low",
          "publication_reserved_session_id_high"),
     ],

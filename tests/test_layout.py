@@ -101,7 +101,9 @@ def test_the_metadata_fields_fit_their_page() -> None:
     assert layout.META_DEFAULT_FRAME_HEADER + layout.HEADER_LENGTH <= layout.META_LINGER_TIMEOUT_NS
     # The slipstream-local words each have a cache line of their own, inside the page.
     local = (layout.META_READER_SIGNAL, layout.META_READER_WAITERS, layout.META_DRIVER_WAITERS,
-             layout.META_DRIVER_WAKE_POSITION)
+             layout.META_DRIVER_WAKE_POSITION, layout.META_PUBLISHER_SIGNAL,
+             layout.META_PUBLISHER_WAITERS, layout.META_LIMIT_HIT_POSITION,
+             layout.META_LIMIT_HIT_TIME)
     assert layout.META_FLAGS + 8 <= local[0]
     assert all(a % 64 == 0 for a in local) and all(b - a >= 64 for a, b in pairwise(local))
     assert local[-1] + 8 <= layout.LOG_META_DATA_LENGTH

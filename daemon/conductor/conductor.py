@@ -40,6 +40,7 @@ from slipstream.daemon.conductor.network import (
     NetworkSubscription,
     NetworkTransports,
     check_same_log,
+    check_same_watermarks,
 )
 from slipstream.daemon.conductor.resources import (
     LogBudget,
@@ -49,6 +50,11 @@ from slipstream.daemon.conductor.resources import (
     no_room_for_log,
 )
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.pressure.episodes import (
+    EPISODE_SAMPLE_INTERVAL_NS,
+    EpisodeEvent,
+    watermarks_of,
+)
 from slipstream.daemon.protocol.params import PublicationParams
 
 log = logging.getLogger("slipstream.driver")
@@ -265,6 +271,7 @@ class DriverConductor:
         out: Outgoing = []
         if publication is not None and publication.state is IpcPublicationState.ACTIVE:
             check_same_log(channel, publication.log, publication.session_id, stream_id)
+            check_same_watermarks(channel, publication.episodes, stream_id)
         else:
             publication = self._create_ipc_publication(channel, stream_id, now_ns)
             try:
@@ -279,7 +286,8 @@ class DriverConductor:
             correlation_id=correlation_id, registration_id=registration_id,
             original_registration_id=publication.registration_id, log_file=publication.log.path,
             session_id=publication.session_id, stream_id=stream_id,
-            publisher_limit_counter_id=publication.publisher_limit_id)))
+            publisher_limit_counter_id=publication.publisher_limit_id,
+            drops_counter_id=publication.drops_counter_id)))
         return out
 
     def _on_add_network_publication(self, client: ClientSession, correlation_id: int,
@@ -293,7 +301,8 @@ class DriverConductor:
             correlation_id=correlation_id, registration_id=registration_id,
             original_registration_id=entry.registration_id, log_file=entry.log.path,
             session_id=entry.publication.session_id, stream_id=stream_id,
-            publisher_limit_counter_id=entry.publisher_limit_id))]
+            publisher_limit_counter_id=entry.publisher_limit_id,
+            drops_counter_id=entry.drops_counter_id))]
 
     def _create_ipc_publication(self, channel: Channel, stream_id: int,
                                 now_ns: int) -> IpcPublication:
@@ -313,7 +322,8 @@ class DriverConductor:
                 mtu=params.mtu, term_window_length=params.term_window_length,
                 unblock_timeout_ns=settings.publication_unblock_timeout,
                 linger_timeout_ns=params.linger_timeout_ns,
-                now_ns=now_ns, **log_start(params, self._rng), sparse=params.sparse)
+                now_ns=now_ns, **log_start(params, self._rng), sparse=params.sparse,
+                watermarks=watermarks_of(channel, settings))
         except CountersFullError:
             self.budget.release(reserved)
             raise
@@ -434,18 +444,31 @@ class DriverConductor:
         self._last_cycle_ns = now_ns
         for publication in list(self.ipc_publications.values()):
             work += publication.update_limits(now_ns)
+            for event in publication.sample_episodes(now_ns):
+                out.extend(self._episode_messages(publication.registration_id, event))
             if publication.is_drained(now_ns):
                 out.extend(self._close_publication(publication))
                 work += 1
-        if self.network is not None and self.network.has_events:
-            network_work, network_out = self.network.do_work(now_ns)
-            work += network_work
-            out.extend(network_out)
+        if self.network is not None:
+            if self.network.has_events:
+                network_work, network_out = self.network.do_work(now_ns)
+                work += network_work
+                out.extend(network_out)
+            for publication_id, event in self.network.sample_episodes(now_ns):
+                out.extend(self._episode_messages(publication_id, event))
         if now_ns >= self._next_timer_ns:
             self._next_timer_ns = now_ns + min(self.settings.timer_interval,
                                                self.settings.client_liveness_timeout // 4 or 1)
             out.extend(self._check_client_liveness(now_ns))
         return work, out
+
+    def _episode_messages(self, publication_id: int, event: EpisodeEvent) -> Outgoing:
+        """Tell every client that publishes through ``publication_id`` (once per publisher it
+        added) of an episode's start or end."""
+        return [(client.key, messages.back_pressure_episode(registration_id, event))
+                for client in self.clients.values()
+                for registration_id, target in client.publications.items()
+                if target == publication_id]
 
     def _close_publication(self, publication: IpcPublication) -> Iterable[tuple[bytes, dict]]:
         out = []
@@ -484,6 +507,10 @@ class DriverConductor:
         if any(p.is_cleaning_behind for p in self.ipc_publications.values()) or (
                 self.network is not None and self.network.has_events):
             return self._last_cycle_ns  # overdue: clean the next chunk after one yield
+        if any(p.episodes.is_open for p in self.ipc_publications.values()) or (
+                self.network is not None and self.network.has_open_episode):
+            # An open episode ends when the depth falls, which nothing signals: look again.
+            return min(self._next_timer_ns, self._last_cycle_ns + EPISODE_SAMPLE_INTERVAL_NS)
         return self._next_timer_ns
 
     # -- graceful drain (seeds/000: pause credit, never fill a buffer) --------------------------

@@ -16,8 +16,15 @@ import os
 
 import attrs
 
-from slipstream.client.counters import CountersFile, CounterType, SystemCounter
+from slipstream.client.counters import (
+    BACK_PRESSURE_TYPES,
+    POSITION_TYPES,
+    CountersFile,
+    CounterType,
+    SystemCounter,
+)
 from slipstream.client.logbuffer import LogBuffer, unblock
+from slipstream.daemon.pressure.episodes import BackPressureEpisodes, EpisodeEvent
 from slipstream.daemon.protocol.log_cleaner import CLEAN_CHUNK_LENGTH, LogCleaner
 
 
@@ -55,6 +62,9 @@ class IpcPublication:
     publisher_limit_id: int
     publisher_position_id: int
     cleaner: LogCleaner
+    episodes: BackPressureEpisodes
+    drops_counter_id: int
+    other_counter_ids: list[int]  # the episodes' and pub-drops
     publisher_refs: int = 0
     state: IpcPublicationState = IpcPublicationState.ACTIVE
     subscribers: list[IpcSubscriber] = attrs.Factory(list)
@@ -85,6 +95,7 @@ class IpcPublication:
         initial_term_offset: int = 0,
         clean_chunk_length: int = CLEAN_CHUNK_LENGTH,  # bytes zeroed per duty cycle at most
         sparse: bool = True,
+        watermarks: tuple[int, int] = (100, 50),  # percent: back-pressure episodes
     ) -> IpcPublication:
         log = LogBuffer.create(
             path, term_length=term_length, initial_term_id=initial_term_id,
@@ -98,23 +109,32 @@ class IpcPublication:
         allocated: list[int] = []
         try:
             for kind, name in ((CounterType.PUBLISHER_LIMIT, "pub-lmt"),
-                               (CounterType.PUBLISHER_POSITION, "pub-pos")):
+                               (CounterType.PUBLISHER_POSITION, "pub-pos"),
+                               *BACK_PRESSURE_TYPES):
                 allocated.append(counters.allocate(
                     kind, f"{name}: {label}", registration_id=registration_id,
-                    session_id=session_id, stream_id=stream_id, initial_value=start))
+                    session_id=session_id, stream_id=stream_id,
+                    initial_value=start if kind in POSITION_TYPES else 0))
         except OSError:  # the counters are full: leave nothing behind
             for counter_id in allocated:
                 counters.free(counter_id)
             log.close()
             os.unlink(path)
             raise
-        limit_id, position_id = allocated
+        limit_id, position_id, *others = allocated
+        episodes = BackPressureEpisodes(
+            term_window_length, *watermarks,
+            {kind: counters.address(counter_id)
+             for (kind, _), counter_id in zip(BACK_PRESSURE_TYPES, others, strict=True)})
         return cls(registration_id=registration_id, stream_id=stream_id, session_id=session_id,
                    channel=channel, log=log, counters=counters,
                    term_window_length=term_window_length,
                    cleaner=LogCleaner(log, start, clean_chunk_length),
                    unblock_timeout_ns=unblock_timeout_ns, linger_timeout_ns=linger_timeout_ns,
                    publisher_limit_id=limit_id, publisher_position_id=position_id,
+                   episodes=episodes, other_counter_ids=others,
+                   drops_counter_id=others[[k for k, _ in BACK_PRESSURE_TYPES].index(
+                       CounterType.PUBLISHER_DROPS)],
                    last_consumer_position=start,
                    time_of_last_consumer_change_ns=now_ns)
 
@@ -163,7 +183,7 @@ class IpcPublication:
                 work += 1
             # Nobody reads: offers must fail with NOT_CONNECTED rather than fill the log.
             if self.counters.get(self.publisher_limit_id) != producer:
-                self.counters.set(self.publisher_limit_id, producer)
+                self._set_limit(producer)
             self._time_of_last_consumer_change_ns = now_ns
             self.cleaner.hold()  # nothing to clean for until one joins
             return work
@@ -173,10 +193,11 @@ class IpcPublication:
         if self.credit_stop_position is not None:
             limit = min(limit, self.credit_stop_position)
         if limit != self.counters.get(self.publisher_limit_id):
-            self.counters.set(self.publisher_limit_id, limit)
+            self._set_limit(limit)
         if not self.log.is_connected:
             # After the limit: a publisher that sees "connected" must find credit with it.
             self.log.is_connected = True
+            self.log.signal_publishers()
             work += 1
         if limit - producer < self.term_window_length // 2:
             # Little headroom left: keep the duty cycle brisk.  With plenty the driver may back
@@ -198,6 +219,18 @@ class IpcPublication:
             self._time_of_last_consumer_change_ns = now_ns
         return work
 
+    def _set_limit(self, limit: int) -> None:
+        """Store pub-lmt and wake the publishers parked for credit (policy=block)."""
+        self.counters.set(self.publisher_limit_id, limit)
+        self.log.signal_publishers()
+
+    def sample_episodes(self, now_ns: int) -> list[EpisodeEvent]:
+        """The back-pressure episodes that began or ended since the last sample."""
+        log_buffer = self.log
+        return self.episodes.sample(now_ns, log_buffer.producer_position(),
+                                    self.counters.get(self.publisher_limit_id),
+                                    log_buffer.is_connected, *log_buffer.limit_hit())
+
     @property
     def is_cleaning_behind(self) -> bool:
         """The last cycle left cleanable bytes for the next (a chunk at most per cycle)."""
@@ -213,9 +246,8 @@ class IpcPublication:
         """The driver drains: offers from now on are back-pressured (pub-lmt at the position
         the log has reached; an offer already past its limit check may still land)."""
         self.credit_stop_position = self.log.producer_position()
-        self.counters.set(self.publisher_limit_id,
-                          min(self.counters.get(self.publisher_limit_id),
-                              self.credit_stop_position))
+        self._set_limit(min(self.counters.get(self.publisher_limit_id),
+                            self.credit_stop_position))
 
     def is_consumed(self) -> bool:
         """Every subscriber has read all the log holds (true without subscribers: nobody is
@@ -243,8 +275,9 @@ class IpcPublication:
         for subscriber in self.subscribers:
             self.counters.free(subscriber.position_counter_id)
         self.subscribers.clear()
-        self.counters.free(self.publisher_limit_id)
-        self.counters.free(self.publisher_position_id)
+        for counter_id in (self.publisher_limit_id, self.publisher_position_id,
+                           *self.other_counter_ids):
+            self.counters.free(counter_id)
         path = self.log.path
         self.log.close()
         try:

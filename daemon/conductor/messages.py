@@ -7,18 +7,30 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.client import control
+from slipstream.daemon.pressure.episodes import EpisodeEvent
 
 
 def publication_ready(*, correlation_id: int, registration_id: int,
                       original_registration_id: int, log_file: Path, session_id: int,
-                      stream_id: int, publisher_limit_counter_id: int) -> dict[str, Any]:
+                      stream_id: int, publisher_limit_counter_id: int,
+                      drops_counter_id: int) -> dict[str, Any]:
     """A publisher was added: ``registration_id`` is this publisher's,
-    ``original_registration_id`` the (shared) publication's."""
+    ``original_registration_id`` the (shared) publication's; ``drops_counter_id`` is the
+    stream's ``pub-drops`` (policy=drop-newest counts there)."""
     return {"type": control.PUBLICATION_READY, "correlation_id": correlation_id,
             "registration_id": registration_id,
             "original_registration_id": original_registration_id, "log_file": str(log_file),
             "session_id": session_id, "stream_id": stream_id,
-            "publication_limit_counter_id": publisher_limit_counter_id}
+            "publication_limit_counter_id": publisher_limit_counter_id,
+            "drops_counter_id": drops_counter_id}
+
+
+def back_pressure_episode(registration_id: int, event: EpisodeEvent) -> dict[str, Any]:
+    """The publication a client added as ``registration_id`` began or ended a back-pressure
+    episode (:class:`~slipstream.daemon.pressure.episodes.EpisodeEvent`)."""
+    return {"type": control.BACK_PRESSURE_EPISODE, "registration_id": registration_id,
+            "started": event.started, "at_ns": event.at_ns, "depth": event.depth,
+            "duration_ns": event.duration_ns, "episodes": event.episodes}
 
 
 def subscription_ready(correlation_id: int, registration_id: int) -> dict[str, Any]:

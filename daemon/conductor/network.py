@@ -34,6 +34,7 @@ import attrs
 from slipstream.client import control
 from slipstream.client.channel import Channel
 from slipstream.client.counters import (
+    BACK_PRESSURE_TYPES,
     CountersFile,
     CountersFullError,
     CounterType,
@@ -62,6 +63,11 @@ from slipstream.daemon.media.receive_channel import (
     ReceiveChannel,
 )
 from slipstream.daemon.media.send_channel import SendChannel
+from slipstream.daemon.pressure.episodes import (
+    BackPressureEpisodes,
+    EpisodeEvent,
+    watermarks_of,
+)
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
@@ -123,6 +129,8 @@ class _PublicationEntry:
     log: LogBuffer
     counter_ids: list[int]
     publisher_limit_id: int
+    episodes: BackPressureEpisodes
+    drops_counter_id: int
     publisher_refs: int = 0
     closing: bool = False
 
@@ -246,6 +254,7 @@ class NetworkConductor:
             entry = self._create_publication(key, channel, stream_id, destination, now_ns)
         else:
             check_same_log(channel, entry.log, entry.publication.session_id, stream_id)
+            check_same_watermarks(channel, entry.episodes, stream_id)
         entry.publisher_refs += 1
         return entry, self._new_id()
 
@@ -287,6 +296,7 @@ class NetworkConductor:
                 kinds.append((CounterType.SENDER_RATE_LIMIT, "snd-rate"))
             if flow_control.tracks_receivers:
                 kinds.append((CounterType.FC_RECEIVERS, "fc-receivers"))
+            kinds.extend(BACK_PRESSURE_TYPES)
             counter_ids = self._allocate_counters(kinds, label, registration_id, session_id,
                                                   stream_id)
         except CountersFullError:
@@ -302,8 +312,13 @@ class NetworkConductor:
             log=log_buffer, params=params, settings=settings, positions=positions,
             flow_control=flow_control, counters=self.counters,
             now_ns=now_ns, destination=destination)
+        episodes = BackPressureEpisodes(
+            params.term_window_length, *watermarks_of(channel, settings),
+            {kind: cells[kind] for kind, _ in BACK_PRESSURE_TYPES})
         entry = _PublicationEntry(registration_id, key, channel, publication, endpoint,
-                                  log_buffer, counter_ids, counter_ids[0])
+                                  log_buffer, counter_ids, counter_ids[0], episodes,
+                                  counter_ids[kinds.index((CounterType.PUBLISHER_DROPS,
+                                                           "pub-drops"))])
         endpoint.publications += 1
         self.publications[registration_id] = entry
         self._shared_publications[key] = entry
@@ -585,6 +600,24 @@ class NetworkConductor:
                 log.exception("handling %r failed", event)
         return work, out
 
+    @property
+    def has_open_episode(self) -> bool:
+        """Whether a publication is in a back-pressure episode."""
+        return any(entry.episodes.is_open for entry in self.publications.values())
+
+    def sample_episodes(self, now_ns: int) -> list[tuple[int, EpisodeEvent]]:
+        """Each publication's back-pressure episodes that began or ended since the last
+        sample, with the publication's registration id."""
+        events: list[tuple[int, EpisodeEvent]] = []
+        get = self.counters.get
+        for entry in self.publications.values():
+            log_buffer = entry.log
+            for event in entry.episodes.sample(
+                    now_ns, log_buffer.producer_position(), get(entry.publisher_limit_id),
+                    log_buffer.is_connected, *log_buffer.limit_hit()):
+                events.append((entry.registration_id, event))
+        return events
+
     def _on_publication_done(self, event: PublicationDone) -> None:
         entry = next((e for e in self.publications.values()
                       if e.publication is event.publication), None)
@@ -749,6 +782,17 @@ def check_same_log(channel: Channel, log_buffer: LogBuffer, session_id: int,
             raise ChannelError(str(channel), part,
                                f"{asked} differs from the existing publication's {actual} on "
                                f"stream {stream_id}")
+
+
+def check_same_watermarks(channel: Channel, episodes: BackPressureEpisodes,
+                          stream_id: int) -> None:
+    """A second publisher of a shared publication cannot ask for other watermarks: the
+    episodes are the stream's.  ChannelError names the part."""
+    if channel.watermarks is not None and channel.watermarks != episodes.watermarks:
+        high, low = episodes.watermarks
+        raise ChannelError(str(channel), "watermarks",
+                           f"{channel.watermarks[0]}/{channel.watermarks[1]} differs from the "
+                           f"existing publication's {high}/{low} on stream {stream_id}")
 
 
 def _label_of(setup: Any, source: Address) -> str:

@@ -16,6 +16,11 @@ Series (names and units as Prometheus expects):
   limit of each ``rc=`` publication (0: none);
 * ``slipstream_flow_control_receivers{channel, stream, session}``: the receivers min or
   tagged flow control holds each publication to (``fc-receivers``);
+* each publication's back-pressure episodes (seeds/002), labelled ``{channel, stream,
+  session}``: ``slipstream_backpressure_episodes_total``,
+  ``slipstream_backpressure_seconds_total`` (time in them), the gauges
+  ``slipstream_backpressure_depth_bytes`` and ``slipstream_backpressure_peak_bytes``, and
+  ``slipstream_publication_drops_total`` (offers ``policy=drop-newest`` dropped);
 * ``slipstream_clients``: clients connected; ``slipstream_driver_heartbeat_age_seconds``.
 """
 
@@ -77,6 +82,24 @@ class CountersCollector(Collector):
             "slipstream_flow_control_receivers",
             "Receivers min / tagged flow control holds each publication to",
             labels=["channel", "stream", "session"])
+        labels = ["channel", "stream", "session"]
+        pressure = {
+            CounterType.BP_EPISODES: CounterMetricFamily(
+                "slipstream_backpressure_episodes", "Back-pressure episodes that began",
+                labels=labels),
+            CounterType.BP_TIME: CounterMetricFamily(
+                "slipstream_backpressure_seconds", "Time spent in back-pressure episodes",
+                labels=labels),
+            CounterType.BP_DEPTH: GaugeMetricFamily(
+                "slipstream_backpressure_depth_bytes",
+                "Bytes of the publication's window in use", labels=labels),
+            CounterType.BP_PEAK: GaugeMetricFamily(
+                "slipstream_backpressure_peak_bytes",
+                "The most bytes of the publication's window ever in use", labels=labels),
+            CounterType.PUBLISHER_DROPS: CounterMetricFamily(
+                "slipstream_publication_drops", "Offers policy=drop-newest dropped",
+                labels=labels),
+        }
         clients = 0
         for info in counters:
             if info.type_id == CounterType.SYSTEM:
@@ -107,7 +130,15 @@ class CountersCollector(Collector):
                               else receivers)
                     family.add_metric([parsed.channel, str(parsed.stream_id),
                                        str(parsed.session_id)], info.value)
+            elif info.type_id in pressure:
+                parsed = parse_position_label(info.label)
+                if parsed is not None:
+                    value = (info.value / 1e9 if info.type_id == CounterType.BP_TIME
+                             else info.value)
+                    pressure[CounterType(info.type_id)].add_metric(
+                        [parsed.channel, str(parsed.stream_id), str(parsed.session_id)], value)
         yield positions
+        yield from pressure.values()
         yield rate_limits
         yield receivers
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",

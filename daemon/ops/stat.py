@@ -1,11 +1,14 @@
 """``slipstream stat``: the driver's counters as a live table (Aeron's AeronStat and LossStat).
 
-Five sections, each read from the files the driver maps (it is never asked anything):
+Six sections, each read from the files the driver maps (it is never asked anything):
 
 * **streams**: one row per stream (channel, stream id, session) with its positions in bytes:
   the publisher limit, sender position and limit (their difference is the flow-control window
   still open), the receiver high-water mark and position (their difference is what is missing
   or not yet rebuilt) and the slowest subscriber;
+* **back pressure**: one row per publication with its episodes (seeds/002): how many began,
+  the time spent in them, the bytes of its window in use now and at most, and the offers
+  ``policy=drop-newest`` dropped;
 * **driver**: the system counters (bytes, NAKs sent and received, retransmits, status
   messages, heartbeats, short sends, invalid packets, errors, ...) with rates per second;
 * **loss**: the loss report, per image: gaps seen, bytes lost, first and last time;
@@ -31,6 +34,7 @@ import attrs
 from slipstream.client import control
 from slipstream.client.client import _driver_holds_lock, default_directory
 from slipstream.client.counters import (
+    BACK_PRESSURE_TYPES,
     POSITION_TYPES,
     CounterInfo,
     CountersFile,
@@ -84,6 +88,25 @@ def stream_rows(counters: list[CounterInfo]) -> list[StreamRow]:
     return list(rows.values())
 
 
+BACK_PRESSURE_COLUMNS = tuple(kind for _, kind in BACK_PRESSURE_TYPES)
+_BACK_PRESSURE_TYPE_IDS = frozenset(type_id for type_id, _ in BACK_PRESSURE_TYPES)
+
+
+def back_pressure_rows(counters: list[CounterInfo]) -> list[StreamRow]:
+    """The back-pressure counters grouped by publication (channel, stream id, session);
+    ``positions`` holds them by kind (``bp-episodes``, ``bp-time`` in ns, ...)."""
+    rows: dict[tuple[str, int, int], StreamRow] = {}
+    for info in counters:
+        if info.type_id not in _BACK_PRESSURE_TYPE_IDS:
+            continue
+        label = parse_position_label(info.label)
+        if label is None:
+            continue
+        key = (label.channel, label.stream_id, label.session_id)
+        rows.setdefault(key, StreamRow(*key)).positions[label.kind] = info.value
+    return list(rows.values())
+
+
 def _rate(value: int, before: int | None, elapsed_s: float) -> str:
     if before is None or elapsed_s <= 0:
         return ""
@@ -125,6 +148,19 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
                              for c in STREAM_COLUMNS)
             lines.append(f"  {row.stream_id:>8} {row.session_id:>11} {cells}  "
                          f"{row.subscribers:>4}  {row.channel}")
+
+    pressured = back_pressure_rows(counters)
+    lines += ["", f"back pressure ({len(pressured)} publications)"]
+    if pressured:
+        lines.append(f"  {'stream':>8} {'session':>11} {'episodes':>10} {'time in them':>14} "
+                     f"{'depth':>13} {'peak':>13} {'dropped':>12}  channel")
+        for row in pressured:
+            values = row.positions
+            lines.append(f"  {row.stream_id:>8} {row.session_id:>11} "
+                         f"{values.get('bp-episodes', 0):>10,} "
+                         f"{values.get('bp-time', 0) / 1e9:>12.3f} s "
+                         f"{values.get('bp-depth', 0):>13,} {values.get('bp-peak', 0):>13,} "
+                         f"{values.get('pub-drops', 0):>12,}  {row.channel}")
 
     lines += ["", "driver"]
     for info in counters:
@@ -175,6 +211,7 @@ def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *,
         "driver_pid": pid,
         "heartbeat_age_s": heartbeat_age_s,
         "streams": [attrs.asdict(row) for row in stream_rows(counters)],
+        "back_pressure": [attrs.asdict(row) for row in back_pressure_rows(counters)],
         "driver": system,
         "loss_report": [attrs.asdict(loss) for loss in losses],
         "errors": [attrs.asdict(error) for error in errors or []],

@@ -246,8 +246,7 @@ class NetworkPublication:
         position = self.log.producer_position()
         self.credit_stop_position = position
         if self._last_publisher_limit > position:
-            self._last_publisher_limit = position
-            lib.ss_store_release_i64(self.publisher_limit, position)
+            self._set_publisher_limit(position)
 
     @property
     def is_flushed(self) -> bool:
@@ -535,8 +534,8 @@ class NetworkPublication:
                 self._update_publisher_limit()
             else:
                 # aeron_network_publication_update_pub_pos_and_lmt: no credit beyond snd-pos.
-                self._last_publisher_limit = self.sender_position
-                lib.ss_store_release_i64(self.publisher_limit, self.sender_position)
+                self._set_publisher_limit(self.sender_position)
+            self.log.signal_publishers()  # a publisher waiting to connect, or for credit
 
     def _update_publisher_limit(self) -> None:
         """pub-lmt = snd-pos + term window, moved in steps of window/8 (Aeron's trip gain) and
@@ -547,8 +546,13 @@ class NetworkPublication:
         if self.credit_stop_position is not None:
             limit = min(limit, self.credit_stop_position)
         if limit >= self._last_publisher_limit + self._trip_gain:
-            self._last_publisher_limit = limit
-            lib.ss_store_release_i64(self.publisher_limit, limit)
+            self._set_publisher_limit(limit)
+
+    def _set_publisher_limit(self, limit: int) -> None:
+        """Store pub-lmt and wake the publishers parked for credit (policy=block)."""
+        self._last_publisher_limit = limit
+        lib.ss_store_release_i64(self.publisher_limit, limit)
+        self.log.signal_publishers()
 
     def _conductor_duties(self, now_ns: int) -> None:
         if self._connected and (now_ns > self._status_message_deadline_ns

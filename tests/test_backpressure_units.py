@@ -1,0 +1,103 @@
+"""The sans-I/O parts of back pressure: the rate-limit token bucket and the watermark episodes,
+under hypothesis."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slipstream.client.policy import TokenBucket
+from slipstream.daemon.pressure.episodes import BackPressureEpisodes
+
+takes = st.lists(st.tuples(st.integers(0, 5_000_000),  # ns the caller idles before asking
+                           st.integers(1, 300),  # messages
+                           st.integers(1, 200_000)),  # bytes
+                 min_size=1, max_size=60)
+
+
+@given(rate=st.integers(1, 100_000), byte_rate=st.integers(1_000, 10**9),
+       burst_ns=st.integers(1_000, 100_000_000), takes=takes)
+@settings(max_examples=200, deadline=None)
+def test_a_bucket_never_lets_more_out_than_its_rate_and_burst_allow(
+        rate: int, byte_rate: int, burst_ns: int, takes: list[tuple[int, int, int]]) -> None:
+    now = start = 10**12
+    bucket = TokenBucket(rate, byte_rate, burst_ns, now)
+    capacity, byte_capacity = max(1.0, rate * burst_ns / 1e9), max(1.0, byte_rate * burst_ns / 1e9)
+    sent = sent_bytes = 0
+    largest = largest_bytes = 0.0
+    for idle, messages, length in takes:
+        now += idle
+        for _ in range(3):  # the delay it gives is enough: at most a rounding step more
+            delay = bucket.delay_ns(now, messages, length)
+            if not delay:
+                break
+            now += delay
+        assert delay == 0
+        bucket.take(messages, length)
+        sent += messages
+        sent_bytes += length
+        largest, largest_bytes = max(largest, messages), max(largest_bytes, length)
+        elapsed = (now - start) / 1e9
+        # What went out is at most a full bucket, the rate since, and one batch's overdraft.
+        assert sent <= capacity + rate * elapsed + max(0.0, largest - capacity) + 1e-6 * sent
+        assert sent_bytes <= (byte_capacity + byte_rate * elapsed
+                              + max(0.0, largest_bytes - byte_capacity) + 1e-6 * sent_bytes)
+
+
+def test_a_saturated_bucket_keeps_its_rate_over_time() -> None:
+    now = 0
+    bucket = TokenBucket(1_000, None, 10_000_000, now)
+    sent = 0
+    while now < 2_000_000_000:
+        now += bucket.delay_ns(now, 1, 100)
+        bucket.take(1, 100)
+        sent += 1
+    assert 2_000 <= sent <= 2_011  # 2 s at 1,000/s, plus the 10 ms bucket it started with
+
+
+samples = st.lists(st.tuples(st.integers(0, 3_000_000),  # ns since the last sample
+                             st.integers(0, 40_000),  # bytes in use (clipped to the window)
+                             st.booleans(),  # a publisher met the limit since
+                             st.booleans()),  # connected
+                   min_size=1, max_size=80)
+
+
+@given(high=st.integers(1, 100), low_fraction=st.floats(0, 0.99), samples=samples)
+@settings(max_examples=300, deadline=None)
+def test_episodes_alternate_and_follow_the_watermarks(
+        high: int, low_fraction: float, samples: list[tuple[int, int, bool, bool]]) -> None:
+    low = int(high * low_fraction)
+    window = 32_768
+    episodes = BackPressureEpisodes(window, high, low)
+    now = 1_000
+    limit = window
+    open_since = None
+    starts = 0
+    hit_position = hit_ns = 0  # what the appenders left in the log: the last limit met
+    for elapsed, depth, met, connected in samples:
+        now += elapsed + 1
+        limit += 1_000
+        producer = limit - window + depth
+        if met:
+            hit_position, hit_ns = limit, now - elapsed // 2
+        events = episodes.sample(now, producer, limit, connected, hit_position, hit_ns)
+        clipped = min(depth, window) if connected else 0
+        for event in events:
+            if event.started:
+                assert open_since is None, "a start while one is open"
+                starts += 1
+                open_since = event.at_ns
+                assert event.episodes == starts
+            else:
+                assert open_since is not None, "an end without a start"
+                assert event.duration_ns == event.at_ns - open_since
+                assert not connected or clipped <= episodes.low
+                open_since = None
+        # It is in an episode exactly when the watermarks say it must be.
+        if connected and (clipped >= episodes.high or met):
+            assert episodes.is_open
+        if not connected or (clipped <= episodes.low and not met):
+            assert not episodes.is_open
+        assert episodes.depth == clipped and episodes.peak >= clipped
+    assert episodes.episodes == starts
+
