@@ -171,10 +171,11 @@ class Publication:
         #: The publication's back-pressure policy (None: Aeron's codes).
         self.policy = policy
         self._policy: OfferPolicy | None = None
+        self._attempt = _fastpath.Offerer(address, appender)  # one plain offer, no idling
         if policy is None:
             self.offer = _fastpath.Offerer(address, appender, -1 if spins is None else spins)
         else:
-            self._policy = OfferPolicy(policy, self, _fastpath.Offerer(address, appender))
+            self._policy = OfferPolicy(policy, self, self._attempt)
             if policy.name == "rate-limit":
                 self.offer = self._policy.offer  # type: ignore[method-assign]
             else:
@@ -209,6 +210,19 @@ class Publication:
         if code == BACK_PRESSURED or code == NOT_CONNECTED:
             self._batch_idle.idle()
         return code
+
+    async def offer_async(self, message: Buffer, *, timeout: float | None = None) -> int:
+        """Append one message from a trio task, waiting for credit without blocking the event
+        loop (``block``'s behaviour, whatever the :attr:`policy`): returns the new position.
+
+        Waits at most ``timeout`` seconds (None: the ``block`` policy's timeout if the
+        publication has one, else 10 s), then raises :class:`BackPressuredError`; raises
+        :class:`ClosedError` when the publication is closed meanwhile and
+        :class:`DriverNotRunningError` when the driver is lost.  Cancellable by trio's cancel
+        scopes (nothing is appended then).  See :mod:`slipstream.client.aio`."""
+        from slipstream.client import aio
+
+        return await aio.offer(self, message, timeout)
 
     def _offer_batch_once(self, data: Buffer, lengths: array | memoryview) -> tuple[int, int]:
         """One C batch append: (messages appended, the refined code when none was)."""

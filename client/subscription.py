@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath, control
@@ -555,6 +555,32 @@ class Subscription:
             if count:
                 return count
         return 0
+
+    async def receive_async(self, handler: FragmentHandler, fragment_limit: int = 10,
+                            timeout: float | None = None) -> int:
+        """:meth:`receive` for a trio task: waits for a message without blocking the event
+        loop (in a worker thread, on the same futex), cancellable by trio's cancel scopes.
+        Returns the messages handled, 0 on timeout or once the subscription is closed; raises
+        :class:`DriverNotRunningError` once the driver is lost.  See
+        :mod:`slipstream.client.aio`."""
+        from slipstream.client import aio
+
+        return await aio.receive(self, handler, fragment_limit, timeout)
+
+    def messages(self, fragment_limit: int = 64) -> AsyncIterator[bytes]:
+        """``async for message in subscription.messages():`` each message as ``bytes`` (a
+        copy: it outlives the log), in order per image; ends when the subscription is closed,
+        raises :class:`DriverNotRunningError` when the driver is lost."""
+        from slipstream.client import aio
+
+        return aio.messages(self, fragment_limit)
+
+    def _wake_waiters(self) -> None:
+        """Wake whatever waits on this subscription (a cancelled task's worker thread)."""
+        with self._images_changed:
+            self._images_changed.notify_all()
+            for image in self._images:
+                lib.ss_signal(image.signal, image.waiters)
 
     def wait_for_data(self, timeout_ns: int, spin_ns: int | None = None) -> bool:
         """Block until a frame is committed at some image's position, or ``timeout_ns``;

@@ -1,0 +1,141 @@
+"""Waiting for credit and for messages under trio, without blocking the event loop.
+
+``Publication.offer_async``, ``Subscription.receive_async`` and ``Subscription.messages`` try
+the plain non-blocking call first; only when it finds nothing do they wait, on the same futex
+eventcounts as the blocking calls (the log's publisher signal, which the driver bumps when it
+moves pub-lmt, and its reader signal, which publishers bump on commit).  The park runs in a
+worker thread (``trio.to_thread.run_sync``) in slices of at most :data:`PARK_SLICE_NS`;
+cancelling the task returns at once (``abandon_on_cancel``) and bumps the eventcount the thread
+is parked on, so the thread leaves the futex too and nothing is left waiting.
+
+With a driver embedded in invoker mode (``Client.connect(invoker=...)``) nothing else moves
+the data: the task runs the driver's duty cycle between checkpoints instead of parking.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from slipstream.client._native import lib
+from slipstream.client.errors import BackPressuredError, ClosedError
+from slipstream.client.policy import BLOCK_SPIN_NS, DEFAULT_BLOCK_TIMEOUT_NS
+
+if TYPE_CHECKING:
+    from slipstream.client.publication import Buffer, Publication
+    from slipstream.client.subscription import FragmentHandler, Subscription
+
+#: The longest one park in a worker thread lasts before the task looks again (a close, a lost
+#: driver and new images wake it sooner).
+PARK_SLICE_NS = 200_000_000
+_NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION, _CLOSED = -1, -2, -3, -4
+
+
+async def _park(wait: Callable[[int], Any], wake: Callable[[], None], slice_ns: int,
+                invoker: Callable[[], int] | None) -> None:
+    """One wait of at most ``slice_ns``: ``wait(slice_ns)`` in a worker thread (``wake()``
+    frees it when the task is cancelled), or one embedded duty cycle."""
+    if invoker is not None:
+        if not invoker():
+            await trio.sleep(0)
+        return
+    try:
+        await trio.to_thread.run_sync(wait, slice_ns, abandon_on_cancel=True)
+    except trio.Cancelled:
+        wake()
+        raise
+
+
+async def offer(publication: Publication, message: Buffer, timeout: float | None) -> int:
+    """``Publication.offer_async``: see there."""
+    attempt = publication._attempt
+    result = attempt(message)
+    if result > 0:
+        return result
+    if timeout is None:
+        policy = publication.policy
+        timeout_ns = (policy.timeout_ns if policy is not None and policy.timeout_ns is not None
+                      else DEFAULT_BLOCK_TIMEOUT_NS)
+    else:
+        timeout_ns = int(timeout * 1e9)
+    started_ns = time.monotonic_ns()
+    deadline_ns = started_ns + timeout_ns
+    appender = publication._appender
+    log_buffer = publication._log
+    invoker = publication._client.invoker
+
+    def wait(slice_ns: int) -> None:
+        lib.ss_await_credit(appender, BLOCK_SPIN_NS, slice_ns)
+
+    def wake() -> None:
+        if not publication.is_closed:
+            lib.ss_signal(log_buffer.publisher_signal(), log_buffer.publisher_waiters())
+
+    while True:
+        if result > 0:
+            return result
+        if result == _ADMIN_ACTION:
+            result = attempt(message)
+            continue
+        if result == _CLOSED:
+            client = publication._client
+            if client._driver_lost is not None:
+                raise client.driver_lost_error()
+            raise ClosedError(f"the publication of stream {publication.stream_id} on "
+                              f"{publication.channel} is closed")
+        if result not in (_BACK_PRESSURED, _NOT_CONNECTED):
+            return result  # MAX_POSITION_EXCEEDED
+        remaining = deadline_ns - time.monotonic_ns()
+        if remaining <= 0:
+            raise BackPressuredError(publication.channel, publication.stream_id,
+                                     "offer_async", (time.monotonic_ns() - started_ns) / 1e9,
+                                     connected=result == _BACK_PRESSURED)
+        await _park(wait, wake, min(remaining, PARK_SLICE_NS), invoker)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        result = attempt(message)
+
+
+async def receive(subscription: Subscription, handler: FragmentHandler, fragment_limit: int,
+                  timeout: float | None) -> int:
+    """``Subscription.receive_async``: see there."""
+    count = subscription.poll(handler, fragment_limit)
+    if count:
+        await trio.lowlevel.checkpoint()
+        return count
+    deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
+    invoker = subscription._client.invoker
+
+    def wait(slice_ns: int) -> None:
+        subscription.wait_for_data(slice_ns, 0)
+
+    def wake() -> None:
+        subscription._wake_waiters()
+
+    while not subscription.is_closed:
+        remaining = PARK_SLICE_NS if deadline_ns is None else deadline_ns - time.monotonic_ns()
+        if remaining <= 0:
+            return 0
+        await _park(wait, wake, min(remaining, PARK_SLICE_NS), invoker)
+        count = subscription.poll(handler, fragment_limit)
+        if count:
+            return count
+    return 0
+
+
+async def messages(subscription: Subscription, fragment_limit: int) -> AsyncIterator[bytes]:
+    """``Subscription.messages``: see there."""
+    pending: deque[bytes] = deque()
+
+    def keep(data: memoryview, _header: object) -> None:
+        pending.append(bytes(data))
+
+    while True:
+        while pending:
+            yield pending.popleft()
+        if subscription.is_closed:
+            return
+        await receive(subscription, keep, fragment_limit, None)

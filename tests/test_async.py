@@ -1,0 +1,171 @@
+"""The async API for trio (pytest-trio): offer_async, receive_async and ``async for`` over
+messages, on a real driver; waiting never blocks the event loop, cancellation frees the parked
+worker thread, and a driver that dies wakes the tasks that wait on it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from helpers import FAST_DRIVER_SETTINGS, Collector, message, wait_for
+
+from slipstream.client import Client
+from slipstream.client.errors import BackPressuredError, ClosedError, DriverNotRunningError
+from slipstream.client.layout import META_PUBLISHER_WAITERS, META_READER_WAITERS
+
+IPC = "aeron:ipc?term-length=64k"
+WINDOW = 32 * 1024
+
+
+def fill_window(pub) -> None:
+    while pub.position < WINDOW:
+        assert pub.offer(b"w" * 96) > 0
+
+
+async def test_offer_async_waits_for_a_slow_reader_in_the_same_event_loop(client) -> None:
+    pub = client.add_publication(IPC, 61)
+    sub = client.add_subscription(IPC, 61)
+    wait_for(lambda: pub.is_connected, what="connected")
+    count = 6_000  # 23 windows
+    collector = Collector(sub)
+
+    async def read() -> None:
+        while len(collector.seen) < count:
+            await sub.receive_async(collector.on_message, 20)
+            await trio.sleep(0.0005)  # slower than the publisher
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        for i in range(count):
+            # Were the event loop blocked while this waits, read() could never run.
+            assert await pub.offer_async(message(i, 96), timeout=20) > 0
+    collector.assert_exactly(count)
+
+
+async def test_offer_async_raises_after_its_timeout(client) -> None:
+    pub = client.add_publication(IPC, 62)
+    client.add_subscription(IPC, 62)
+    wait_for(lambda: pub.is_connected, what="connected")
+    fill_window(pub)
+    started = time.monotonic()
+    with pytest.raises(BackPressuredError) as info:
+        await pub.offer_async(b"late", timeout=0.3)
+    assert time.monotonic() - started >= 0.3 and info.value.connected
+
+
+async def test_cancelling_a_parked_offer_returns_at_once_and_frees_its_thread(client) -> None:
+    pub = client.add_publication(IPC, 63)
+    client.add_subscription(IPC, 63)
+    wait_for(lambda: pub.is_connected, what="connected")
+    fill_window(pub)
+    waiters = pub._log.meta_i32
+    with trio.move_on_after(0.3) as scope:
+        await pub.offer_async(b"never", timeout=30)
+    assert scope.cancelled_caught
+    started = time.monotonic()
+    # The worker thread left the futex too: nobody is registered as waiting any more.
+    while waiters(META_PUBLISHER_WAITERS) != 0:
+        assert time.monotonic() - started < 1.0, "the worker thread is still parked"
+        await trio.sleep(0.001)
+    position = pub.position
+    await trio.sleep(0.05)
+    assert pub.position == position  # the cancelled offer appended nothing
+
+
+async def test_cancelling_a_parked_receive_frees_its_thread(client) -> None:
+    pub = client.add_publication(IPC, 64)
+    sub = client.add_subscription(IPC, 64)
+    wait_for(lambda: pub.is_connected and sub.is_connected, what="connected")
+    image = sub.images[0]
+    with trio.move_on_after(0.2) as scope:
+        await sub.receive_async(lambda *_: None, 10)
+    assert scope.cancelled_caught
+    started = time.monotonic()
+    while image._log.meta_i32(META_READER_WAITERS) != 0:
+        assert time.monotonic() - started < 1.0, "the worker thread is still parked"
+        await trio.sleep(0.001)
+
+
+async def test_async_for_yields_every_message_in_order(client) -> None:
+    pub = client.add_publication(IPC, 65)
+    sub = client.add_subscription(IPC, 65)
+    wait_for(lambda: pub.is_connected, what="connected")
+    count = 5_000
+
+    def publish() -> None:
+        for i in range(count):
+            while pub.offer(message(i, 64)) < 0:
+                time.sleep(0.0001)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    seen = []
+    with trio.fail_after(30):
+        async for data in sub.messages():
+            seen.append(int.from_bytes(data[:4], "little"))
+            if len(seen) == count:
+                break
+    publisher.join()
+    assert seen == list(range(count))
+
+
+async def test_async_for_ends_when_the_subscription_closes(client) -> None:
+    sub = client.add_subscription(IPC, 66)
+
+    async def close_soon() -> None:
+        await trio.sleep(0.2)
+        sub.close()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(close_soon)
+        with trio.fail_after(5):
+            assert [m async for m in sub.messages()] == []
+
+
+async def test_a_closed_publication_raises_in_a_waiting_offer(client) -> None:
+    pub = client.add_publication(IPC, 67)
+    client.add_subscription(IPC, 67)
+    wait_for(lambda: pub.is_connected, what="connected")
+    fill_window(pub)
+
+    async def close_soon() -> None:
+        await trio.sleep(0.2)
+        pub.close()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(close_soon)
+        with trio.fail_after(5), pytest.raises(ClosedError):
+            await pub.offer_async(b"closed", timeout=30)
+
+
+async def test_tasks_waiting_on_a_driver_that_dies_raise(driver_dir: Path) -> None:
+    from slipstream.daemon.driver import MediaDriver
+
+    with MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as driver, \
+            Client.connect(driver.directory) as client:
+        pub = client.add_publication(IPC, 68)
+        sub = client.add_subscription(IPC, 68)
+        wait_for(lambda: pub.is_connected, what="connected")
+        fill_window(pub)
+        other = client.add_subscription(IPC, 69)  # nothing is ever published on it
+        failures: list[BaseException] = []
+
+        async def expect_loss(wait) -> None:
+            try:
+                await wait()
+            except DriverNotRunningError as e:
+                failures.append(e)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(expect_loss, lambda: pub.offer_async(b"x", timeout=60))
+            nursery.start_soon(expect_loss, lambda: other.receive_async(lambda *_: None))
+            await trio.sleep(0.3)
+            driver.kill()
+            with trio.fail_after(10):
+                while len(failures) < 2:
+                    await trio.sleep(0.01)
+        assert len(failures) == 2
+        del sub
