@@ -121,6 +121,8 @@ class SystemCounter(enum.IntEnum):
     RATE_SIGNALS_RECEIVED = 31  # NAK-strength signals its publications received
     RATE_CUTS = 32  # times a signal cut a publication's send-rate limit
     IMAGES_LEFT_BEHIND = 33  # images whose missing data had left the sender's resend window
+    UNTETHERED_SKIPS = 34  # untethered subscriptions left behind (drop-oldest)
+    UNTETHERED_SKIPPED_BYTES = 35  # the stream bytes they skipped
 
     @property
     def label(self) -> str:

@@ -184,7 +184,8 @@ META_FLAGS: Final = 488
 # only about frames): the eventcount parked readers wait on, and how many of the driver's
 # network threads are parked on the log and from which subscriber position they want their
 # doorbell rung (see native.h); the eventcount publishers that wait for credit park on, and the
-# limit a publisher last met, with when (CLOCK_MONOTONIC ns), for the driver's episodes.
+# limit a publisher last met, with when (CLOCK_MONOTONIC ns), for the driver's episodes, and
+# when the driver last moved pub-lmt.
 META_READER_SIGNAL: Final = 1024
 META_READER_WAITERS: Final = 1088
 META_DRIVER_WAITERS: Final = 1152
@@ -193,6 +194,7 @@ META_PUBLISHER_SIGNAL: Final = 1280
 META_PUBLISHER_WAITERS: Final = 1344
 META_LIMIT_HIT_POSITION: Final = 1408
 META_LIMIT_HIT_TIME: Final = 1472
+META_LIMIT_MOVED_TIME: Final = 1536  # when the driver last moved pub-lmt
 
 
 def align(value: int, alignment: int) -> int:

@@ -40,6 +40,7 @@ from slipstream.client.layout import (
     META_IS_CONNECTED,
     META_LIMIT_HIT_POSITION,
     META_LIMIT_HIT_TIME,
+    META_LIMIT_MOVED_TIME,
     META_LINGER_TIMEOUT_NS,
     META_MTU_LENGTH,
     META_PUBLISHER_SIGNAL,
@@ -386,6 +387,15 @@ class LogBuffer:
         """Wake publishers parked for credit (after the driver moved pub-lmt or
         is_connected; one load when none is parked)."""
         lib.ss_signal(self.publisher_signal(), self.publisher_waiters())
+
+    def publish_limit(self, limit_cell, value: int) -> None:  # limit_cell: cffi int64_t *
+        """Move pub-lmt (the cell) to ``value``, stamp when in the log and wake the publishers
+        parked for credit."""
+        lib.ss_publish_limit(limit_cell, value, self.meta)
+
+    def limit_moved_ns(self) -> int:
+        """When the driver last moved pub-lmt (CLOCK_MONOTONIC ns; 0: never)."""
+        return self.meta_i64(META_LIMIT_MOVED_TIME)
 
     def limit_hit(self) -> tuple[int, int]:
         """(the pub-lmt a publisher last found no credit at, when: CLOCK_MONOTONIC ns); (0, 0)

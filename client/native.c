@@ -372,6 +372,13 @@ static inline int64_t producer_position(const ss_appender_t *a) {
     return ((int64_t)term_count << a->position_bits) + offset;
 }
 
+void ss_publish_limit(int64_t *limit, int64_t value, uint8_t *meta) {
+    STORE_REL(limit, value);
+    STORE_REL((int64_t *)(meta + SS_META_LIMIT_MOVED_TIME), monotonic_ns());
+    ss_signal((int32_t *)(meta + SS_META_PUBLISHER_SIGNAL),
+              (const int32_t *)(meta + SS_META_PUBLISHER_WAITERS));
+}
+
 int ss_has_credit(const ss_appender_t *a) {
     if (LOAD_ACQ(&a->closed)) return 1;
     if (LOAD_ACQ((const int32_t *)(a->meta + SS_META_IS_CONNECTED)) != 1) return 0;

@@ -55,6 +55,7 @@
 #define SS_META_PUBLISHER_WAITERS 1344
 #define SS_META_LIMIT_HIT_POSITION 1408
 #define SS_META_LIMIT_HIT_TIME 1472
+#define SS_META_LIMIT_MOVED_TIME 1536 /* when the driver last moved pub-lmt (CLOCK_MONOTONIC ns) */
 
 /* offer() results, as Aeron */
 #define SS_NOT_CONNECTED (-1)
@@ -119,6 +120,9 @@ int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length);
  * conductor raises the limit) every refusal wakes it, so it raises the limit as soon as
  * subscribers move. */
 int64_t ss_refine(ss_appender_t *a, int64_t result);
+/* The driver moves pub-lmt: release-store `value` into *limit, stamp the time in the log
+ * (SS_META_LIMIT_MOVED_TIME) and wake the publishers parked for credit. */
+void ss_publish_limit(int64_t *limit, int64_t value, uint8_t *meta);
 /* Whether an offer could append now: closed (it would return CLOSED at once), or connected and
  * the producer position below pub-lmt. */
 int ss_has_credit(const ss_appender_t *a);

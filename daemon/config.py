@@ -613,6 +613,19 @@ class DriverSettings:
         "hysteresis: below backpressure_high_watermark).",
         low=0, high=99,
     )
+    untethered_window_limit_timeout: int = _duration(
+        5 * _S,
+        "An untethered subscription (tether=false, IPC) that stays within an eighth of a "
+        "window of holding its publishers back this long is left behind: its image goes, "
+        "with the range it skips (drop-oldest, seeds/002), ns. A channel's "
+        "untethered-window-limit-timeout= overrides it (Aeron's default).",
+    )
+    untethered_resting_timeout: int = _duration(
+        10 * _S,
+        "How long a left-behind untethered subscription rests before it rejoins the stream at "
+        "the newest position, ns; 0 rejoins at once. A channel's "
+        "untethered-resting-timeout= overrides it (Aeron's default).",
+    )
     # ---------------------------------------------------------------- session ids
     publication_reserved_session_id_low: int = _int(
         -1,

@@ -99,6 +99,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "flow_control_group_min_size": 0,
     "backpressure_high_watermark": 100,  # slipstream's (seeds/002)
     "backpressure_low_watermark": 50,
+    "untethered_window_limit_timeout": 5 * S,
+    "untethered_resting_timeout": 10 * S,
     "publication_reserved_session_id_low": -1,
     "publication_reserved_session_id_high": 1000,
 }

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import NETWORK_SETTINGS, Collector, free_port, message, wait_for
+from helpers import NETWORK_SETTINGS, Collector, counters_of, free_port, message, wait_for
 
 from slipstream.client import BACK_PRESSURED, CLOSED, NOT_CONNECTED, Client
 from slipstream.client.channel import parse_policy
@@ -349,3 +349,57 @@ def test_stat_shows_each_publications_episodes_and_drops(client) -> None:
         counters.close()
     assert row.positions["pub-drops"] == pub.dropped > 0
     assert row.positions["bp-peak"] == WINDOW
+
+
+# -- drop-oldest: untethered subscriptions --------------------------------------------------------
+
+def test_an_untethered_subscriber_that_stops_reading_is_left_behind_and_rejoins(client) -> None:
+    from slipstream.client.counters import SystemCounter
+
+    gone: list = []
+    pub = client.add_publication(IPC, 71, policy="block,timeout:10s")
+    fast = client.add_subscription(IPC, 71)
+    slow = client.add_subscription(
+        IPC + "|tether=false|untethered-window-limit-timeout=50ms|untethered-resting-timeout=0",
+        71, on_unavailable_image=gone.append)
+    wait_for(lambda: pub.is_connected and fast.images and slow.images, what="connected")
+    count = 3_000  # 11 windows: the slow one never reads, the publisher never waits for it
+    reader = SlowReader(fast, count, per_poll=100)
+    started = time.monotonic()
+    for i in range(count):
+        assert pub.offer(message(i, 96)) > 0
+    reader.join()
+    reader.collector.assert_exactly(count)
+    assert time.monotonic() - started < 8, "the untethered subscriber held the publisher"
+    wait_for(lambda: gone, what="the slow image's end")
+    lost_from, lost_to = gone[0].lost_range
+    assert lost_from == 0 and lost_to >= WINDOW * 7 // 8, gone[0].lost_range
+    counters = counters_of(client)  # it reads the client's directory
+    assert counters[SystemCounter.UNTETHERED_SKIPS.name] >= 1
+    assert counters[SystemCounter.UNTETHERED_SKIPPED_BYTES.name] >= lost_to - lost_from
+    # It rejoined at the newest position: what comes next, it reads.
+    wait_for(lambda: slow.images and slow.images[0].position >= lost_to, what="rejoined")
+    collector = Collector(slow)
+    pub.offer(message(count, 96))
+    wait_for(lambda: collector.poll() or collector.seen, what="the next message")
+    assert collector.seen[-1] == count
+
+
+def test_a_tethered_slow_subscriber_still_holds_the_publisher(client) -> None:
+    pub = client.add_publication(IPC, 72, policy="drop-newest")
+    client.add_subscription(IPC, 72)  # tethered, never reads
+    client.add_subscription(IPC + "|tether=false|untethered-window-limit-timeout=10ms", 72)
+    wait_for(lambda: pub.is_connected, what="connected")
+    for _ in range(2_000):
+        pub.offer(b"t" * 96)
+        time.sleep(0.0001)
+    assert pub.dropped > 0 and pub.position <= WINDOW + 128
+
+
+def test_untethered_udp_subscriptions_are_refused_by_name(network_client) -> None:
+    from slipstream.client.errors import ChannelRejectedError
+
+    with pytest.raises(ChannelRejectedError) as info:
+        network_client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{free_port()}|tether=false", 73)
+    assert info.value.part == "tether" and "aeron:ipc has them" in str(info.value)

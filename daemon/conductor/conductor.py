@@ -394,10 +394,18 @@ class DriverConductor:
 
     def _attach(self, publication: IpcPublication, subscription: Subscription,
                 client: ClientSession) -> tuple[bytes, dict[str, Any]]:
+        channel, settings = subscription.channel, self.settings
         subscriber = publication.add_subscriber(
             subscription.registration_id, client.client_id,
             f"aeron:ipc stream={publication.stream_id} session={publication.session_id} "
-            f"sub={subscription.registration_id}")
+            f"sub={subscription.registration_id}", now_ns=self._last_cycle_ns,
+            tethered=channel.tether is not False,
+            window_limit_timeout_ns=(channel.untethered_window_limit_timeout_ns
+                                     if channel.untethered_window_limit_timeout_ns is not None
+                                     else settings.untethered_window_limit_timeout),
+            resting_timeout_ns=(channel.untethered_resting_timeout_ns
+                                if channel.untethered_resting_timeout_ns is not None
+                                else settings.untethered_resting_timeout))
         return (client.key, messages.available_image(
             image_registration_id=publication.registration_id,
             subscription_registration_id=subscription.registration_id,
@@ -444,6 +452,8 @@ class DriverConductor:
         self._last_cycle_ns = now_ns
         for publication in list(self.ipc_publications.values()):
             work += publication.update_limits(now_ns)
+            if publication.subscribers or publication.resting:
+                out.extend(self._check_untethered(publication, now_ns))
             for event in publication.sample_episodes(now_ns):
                 out.extend(self._episode_messages(publication.registration_id, event))
             if publication.is_drained(now_ns):
@@ -461,6 +471,33 @@ class DriverConductor:
                                                self.settings.client_liveness_timeout // 4 or 1)
             out.extend(self._check_client_liveness(now_ns))
         return work, out
+
+    def _check_untethered(self, publication: IpcPublication, now_ns: int) -> Outgoing:
+        """Untethered subscribers left behind lose their image, with the range they skip;
+        those done resting rejoin at the newest position (a new image)."""
+        out: Outgoing = []
+        left, rejoining = publication.check_untethered(now_ns)
+        for subscriber, lost_from, lost_to in left:
+            self.counters.add(SystemCounter.UNTETHERED_SKIPS)
+            self.counters.add(SystemCounter.UNTETHERED_SKIPPED_BYTES, lost_to - lost_from)
+            log.info("untethered subscription %d of IPC stream %d left behind at %d (the "
+                     "producer at %d)", subscriber.subscription_id, publication.stream_id,
+                     lost_from, lost_to)
+            client = self.clients.get(subscriber.client_id)
+            if client is not None:
+                out.append((client.key, messages.unavailable_image(
+                    image_registration_id=publication.registration_id,
+                    subscription_registration_id=subscriber.subscription_id,
+                    stream_id=publication.stream_id, lost=(lost_from, lost_to))))
+        for subscriber in rejoining:
+            client = self.clients.get(subscriber.client_id)
+            subscription = (client.subscriptions.get(subscriber.subscription_id)
+                            if client is not None else None)
+            if (isinstance(subscription, Subscription)
+                    and publication.state is IpcPublicationState.ACTIVE):
+                assert client is not None
+                out.append(self._attach(publication, subscription, client))
+        return out
 
     def _episode_messages(self, publication_id: int, event: EpisodeEvent) -> Outgoing:
         """Tell every client that publishes through ``publication_id`` (once per publisher it
@@ -574,11 +611,14 @@ class DriverConductor:
 # URI parameters this driver parses (they are Aeron's) but does not act on yet: a channel that
 # asks for them is refused, naming the part, rather than served without them.
 _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel], bool], str], ...] = (
-    ("tether", lambda c: c.tether is False, "untethered subscriptions"),
+    ("tether", lambda c: c.tether is False and not c.is_ipc,
+     "untethered subscriptions of aeron:udp (aeron:ipc has them)"),
     ("untethered-window-limit-timeout",
-     lambda c: c.untethered_window_limit_timeout_ns is not None, "untethered subscriptions"),
-    ("untethered-resting-timeout", lambda c: c.untethered_resting_timeout_ns is not None,
-     "untethered subscriptions"),
+     lambda c: c.untethered_window_limit_timeout_ns is not None and not c.is_ipc,
+     "untethered subscriptions of aeron:udp (aeron:ipc has them)"),
+    ("untethered-resting-timeout",
+     lambda c: c.untethered_resting_timeout_ns is not None and not c.is_ipc,
+     "untethered subscriptions of aeron:udp (aeron:ipc has them)"),
     ("rejoin", lambda c: c.rejoin is False, "rejoin=false"),
     ("ssc", lambda c: bool(c.ssc), "spies that simulate a connection"),
     ("control-mode", lambda c: c.control_mode is not None,

@@ -39,11 +39,18 @@ class IpcPublicationState(enum.Enum):
 
 @attrs.define
 class IpcSubscriber:
-    """One subscription's view of the publication: its position counter."""
+    """One subscription's view of the publication: its position counter.  An untethered one
+    (``tether=false``) does not hold publishers back for longer than its window limit
+    timeout: it is left behind, rests, and rejoins at the newest position."""
 
     subscription_id: int
     client_id: int
     position_counter_id: int
+    tethered: bool = True
+    window_limit_timeout_ns: int = 0
+    resting_timeout_ns: int = 0
+    #: Untethered: when it was last clear of the window's end; resting: when it was left.
+    since_ns: int = 0
 
 
 @attrs.define(eq=False)
@@ -68,6 +75,8 @@ class IpcPublication:
     publisher_refs: int = 0
     state: IpcPublicationState = IpcPublicationState.ACTIVE
     subscribers: list[IpcSubscriber] = attrs.Factory(list)
+    #: Untethered subscribers left behind, waiting out their resting timeout (no counter).
+    resting: list[IpcSubscriber] = attrs.Factory(list)
     _last_consumer_position: int = 0
     _time_of_last_consumer_change_ns: int = 0
     _draining_since_ns: int = 0
@@ -143,18 +152,55 @@ class IpcPublication:
         """Where a new subscriber starts: the current producer position."""
         return self.log.producer_position()
 
-    def add_subscriber(self, subscription_id: int, client_id: int, label: str) -> IpcSubscriber:
+    def add_subscriber(self, subscription_id: int, client_id: int, label: str, *,
+                       now_ns: int = 0, tethered: bool = True,
+                       window_limit_timeout_ns: int = 0,
+                       resting_timeout_ns: int = 0) -> IpcSubscriber:
         """Give a subscription a position counter at the join position."""
         position = self.join_position()
         counter_id = self.counters.allocate(
             CounterType.SUBSCRIBER_POSITION, f"sub-pos: {label}", registration_id=subscription_id,
             session_id=self.session_id, stream_id=self.stream_id, owner_id=client_id,
             initial_value=position)
-        subscriber = IpcSubscriber(subscription_id, client_id, counter_id)
+        subscriber = IpcSubscriber(subscription_id, client_id, counter_id, tethered,
+                                   window_limit_timeout_ns, resting_timeout_ns, now_ns)
         self.subscribers.append(subscriber)
         return subscriber
 
+    def check_untethered(self, now_ns: int) -> tuple[list[tuple[IpcSubscriber, int, int]],
+                                                     list[IpcSubscriber]]:
+        """Aeron's untethered subscriptions, as drop-oldest: one within an eighth of a window
+        of the producer's window end (it is what holds publishers back) for longer than its
+        window limit timeout is left behind, its position dropped from the limit; after its
+        resting timeout it may rejoin.  Returns (left behind now, with the range of positions
+        it skips: from its position to the producer's), (ready to rejoin)."""
+        left: list[tuple[IpcSubscriber, int, int]] = []
+        if any(not s.tethered for s in self.subscribers):
+            producer = self.log.producer_position()
+            window = self.term_window_length
+            window_end = producer - window + (window >> 3)
+            for subscriber in list(self.subscribers):
+                if subscriber.tethered:
+                    continue
+                position = self.counters.get(subscriber.position_counter_id)
+                if position > window_end:
+                    subscriber.since_ns = now_ns
+                elif now_ns - subscriber.since_ns > subscriber.window_limit_timeout_ns:
+                    self.subscribers.remove(subscriber)
+                    self.counters.free(subscriber.position_counter_id)
+                    subscriber.since_ns = now_ns
+                    self.resting.append(subscriber)
+                    left.append((subscriber, position, producer))
+        rejoin = [s for s in self.resting if now_ns - s.since_ns >= s.resting_timeout_ns]
+        for subscriber in rejoin:
+            self.resting.remove(subscriber)
+        return left, rejoin
+
     def remove_subscriber(self, subscription_id: int) -> IpcSubscriber | None:
+        for subscriber in self.resting:
+            if subscriber.subscription_id == subscription_id:
+                self.resting.remove(subscriber)
+                return subscriber
         for subscriber in self.subscribers:
             if subscriber.subscription_id == subscription_id:
                 self.subscribers.remove(subscriber)
@@ -221,8 +267,7 @@ class IpcPublication:
 
     def _set_limit(self, limit: int) -> None:
         """Store pub-lmt and wake the publishers parked for credit (policy=block)."""
-        self.counters.set(self.publisher_limit_id, limit)
-        self.log.signal_publishers()
+        self.log.publish_limit(self.counters.address(self.publisher_limit_id), limit)
 
     def sample_episodes(self, now_ns: int) -> list[EpisodeEvent]:
         """The back-pressure episodes that began or ended since the last sample."""

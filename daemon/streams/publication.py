@@ -551,8 +551,7 @@ class NetworkPublication:
     def _set_publisher_limit(self, limit: int) -> None:
         """Store pub-lmt and wake the publishers parked for credit (policy=block)."""
         self._last_publisher_limit = limit
-        lib.ss_store_release_i64(self.publisher_limit, limit)
-        self.log.signal_publishers()
+        self.log.publish_limit(self.publisher_limit, limit)
 
     def _conductor_duties(self, now_ns: int) -> None:
         if self._connected and (now_ns > self._status_message_deadline_ns
