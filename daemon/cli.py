@@ -40,7 +40,8 @@ def _metrics(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from slipstream.daemon.demo import run_demo
 
-    return run_demo(directory=args.dir, rate=args.rate, size=args.size, duration=args.duration)
+    return run_demo(directory=args.dir, rate=args.rate, size=args.size, duration=args.duration,
+                    slow_consumer=args.slow_consumer, policy=args.policy)
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -112,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="message size in bytes (default: %(default)s)")
     demo.add_argument("--duration", type=float, default=0.0, help="stop after this many "
                       "seconds (0: run until Ctrl-C; default: %(default)s)")
+    demo.add_argument("--slow-consumer", action="store_true",
+                      help="a third stream whose subscriber slows down every other 2 s: its "
+                           "back-pressure episodes and policy show live")
+    demo.add_argument("--policy", default="block",
+                      help="the slow stream's publication policy, as policy= in a URI "
+                           "(block, drop-newest, error, rate-limit,messages:N; default block)")
     demo.set_defaults(func=_demo)
 
     try:

@@ -3,7 +3,14 @@ two streams, each with a publisher and a subscriber in processes of their own: o
 memory (``aeron:ipc``) and one over UDP multicast on loopback (every datagram leaves the
 driver's socket and comes back through the kernel; no root needed).  The UDP stream loses 1 %
 of its datagrams on purpose (``debug_receive_data_loss``), so NAKs and retransmits show.  Every
-second it prints each stream's rate and the network's counters."""
+second it prints each stream's rate and the network's counters.
+
+``--slow-consumer`` adds a third stream (IPC, 1 MiB terms) whose subscriber reads at full
+speed for 2 s, then 1,000 messages a second for 2 s, and so on: its publisher offers at the
+demo's rate under a back-pressure policy (``--policy``, default ``block``), and prints each
+back-pressure episode as its ``on_back_pressure`` callback hears of it; the report lines add
+the stream's episodes, the time spent in them and what the policy dropped (as ``slipstream
+stat`` shows them)."""
 
 from __future__ import annotations
 
@@ -21,13 +28,16 @@ from slipstream.client import (
     DriverNotRunningError,
     default_directory,
 )
-from slipstream.client.counters import CounterType, SystemCounter
+from slipstream.client.counters import BACK_PRESSURE_TYPES, CounterType, SystemCounter
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
 from slipstream.daemon.driver import MediaDriver
 
 IPC_CHANNEL = "aeron:ipc"
 UDP_CHANNEL = "aeron:udp?endpoint=224.0.1.1:40456|interface=127.0.0.1"
 STREAM_ID = 1001
+SLOW_CHANNEL = "aeron:ipc?term-length=1m"
+SLOW_STREAM_ID = 1002
+_PRESSURE_KINDS = dict(BACK_PRESSURE_TYPES)
 #: Per million UDP datagrams the demo's driver drops on receipt, so recovery shows.
 DEMO_LOSS = 10_000
 
@@ -56,6 +66,69 @@ def _publisher(directory: str, channel: str, rate: int, size: int) -> None:
                 return
 
 
+def _slow_publisher(directory: str, policy: str, rate: int, size: int,
+                    started_ns: int) -> None:
+    """Offers ``rate`` messages a second (0: as fast as it can) under ``policy``, never
+    catching up on what a wait cost it; prints each episode it is told of (times from
+    ``started_ns``, the demo's start)."""
+    from slipstream.client.errors import BackPressuredError
+    from slipstream.client.policy import BackPressureEpisode
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def episode(event: BackPressureEpisode) -> None:
+        at = (event.at_ns - started_ns) / 1e9
+        if event.started:
+            print(f"[{at:6.1f} s] slow stream: back-pressure episode {event.episodes} began "
+                  f"(depth {event.depth:,} bytes of the window)", flush=True)
+        else:
+            print(f"[{at:6.1f} s] slow stream: episode {event.episodes} ended after "
+                  f"{event.duration_ns / 1e9:.2f} s (depth {event.depth:,} bytes)", flush=True)
+
+    with Client.connect(directory) as client:
+        publication = client.add_publication(SLOW_CHANNEL, SLOW_STREAM_ID, policy=policy,
+                                             on_back_pressure=episode)
+        message = bytes(size)
+        sent = 0
+        schedule = time.monotonic()
+        try:
+            while True:
+                if rate:
+                    delay = schedule + sent / rate - time.monotonic()
+                    if delay > 0.001:
+                        time.sleep(delay)
+                    elif delay < -0.1:  # a wait set it back: start the schedule again
+                        schedule, sent = time.monotonic(), 0
+                try:
+                    result = publication.offer(message)
+                except BackPressuredError:  # policy=error, or block's timeout
+                    time.sleep(0.001)
+                    continue
+                if result == CLOSED:
+                    return
+                sent += 1
+                if result < 0 and policy != "drop-newest":
+                    time.sleep(0.0001)  # no policy, or rate-limit refusing
+        except DriverNotRunningError:
+            return
+
+
+def _slow_subscriber(directory: str) -> None:
+    """Reads at full speed for 2 s, then 1,000 messages a second for 2 s, and so on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with Client.connect(directory) as client:
+        subscription = client.add_subscription(SLOW_CHANNEL, SLOW_STREAM_ID)
+        try:
+            while True:
+                if int(time.monotonic() / 2) % 2:
+                    subscription.poll(lambda *_: None, 10)
+                    time.sleep(0.01)
+                else:
+                    subscription.receive(lambda *_: None, 256, timeout=0.1)
+        except DriverNotRunningError:
+            return
+
+
 def _subscriber(directory: str, channel: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     expected = [None]
@@ -77,9 +150,15 @@ def _subscriber(directory: str, channel: str) -> None:
 
 
 def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
-             duration: float = 0.0) -> int:
-    """Run the demo until Ctrl-C (or ``duration`` s); everything stops cleanly."""
+             duration: float = 0.0, slow_consumer: bool = False,
+             policy: str = "block") -> int:
+    """Run the demo until Ctrl-C (or ``duration`` s); everything stops cleanly.
+    ``slow_consumer``: the third stream (module doc), under ``policy``."""
     size = max(size, 8)
+    if slow_consumer:
+        from slipstream.client.channel import parse_policy
+
+        parse_policy(policy)  # a bad policy fails here, naming the part
     path = Path(directory) if directory else default_directory()
     context = multiprocessing.get_context("spawn")
     print(f"slipstream demo: driver in {path}; {size} B messages at "
@@ -87,8 +166,11 @@ def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
           f"{UDP_CHANNEL} (1 % of its datagrams dropped on purpose); Ctrl-C stops", flush=True)
     # SIGTERM (systemctl stop, kill) stops the demo as cleanly as Ctrl-C: driver included.
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    if slow_consumer:
+        print(f"slipstream demo: and a slow consumer on {SLOW_CHANNEL} stream {SLOW_STREAM_ID}, "
+              f"its publisher under policy={policy}", flush=True)
     try:
-        return _run(path, context, rate, size, duration)
+        return _run(path, context, rate, size, duration, policy if slow_consumer else None)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -97,19 +179,27 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _run(path: Path, context: Any, rate: int, size: int, duration: float) -> int:
+def _run(path: Path, context: Any, rate: int, size: int, duration: float,
+         slow_policy: str | None) -> int:
     with MediaDriver.launch(directory=path, debug_receive_data_loss=DEMO_LOSS) as driver:
+        started = time.monotonic()  # the report's times and the episodes' count from here
         subscribers = [context.Process(target=_subscriber, args=(str(path), channel),
                                        daemon=True) for channel in (IPC_CHANNEL, UDP_CHANNEL)]
         publishers = [context.Process(target=_publisher, args=(str(path), channel, rate, size),
                                       daemon=True) for channel in (IPC_CHANNEL, UDP_CHANNEL)]
+        if slow_policy is not None:
+            subscribers.append(context.Process(target=_slow_subscriber, args=(str(path),),
+                                               daemon=True))
+            publishers.append(context.Process(target=_slow_publisher,
+                                              args=(str(path), slow_policy, rate, size,
+                                                    int(started * 1e9)), daemon=True))
         for process in subscribers:
             process.start()
         time.sleep(0.5)
         for process in publishers:
             process.start()
         try:
-            _report(driver, duration, size)
+            _report(driver, duration, size, started, slow=slow_policy is not None)
         except KeyboardInterrupt:
             pass
         finally:
@@ -120,22 +210,28 @@ def _run(path: Path, context: Any, rate: int, size: int, duration: float) -> int
     return 0
 
 
-def _report(driver: MediaDriver, duration: float, size: int) -> None:
+def _report(driver: MediaDriver, duration: float, size: int, started: float,
+            slow: bool = False) -> None:
     from slipstream.client.counters import CountersFile
 
     counters = CountersFile(driver.directory / "counters.dat", writable=False)
     frame = align(HEADER_LENGTH + size, FRAME_ALIGNMENT)  # bytes of log per message
-    start = last_time = time.monotonic()
+    start, last_time = started, time.monotonic()
     last: dict[str, float] = {}
     try:
         while not duration or time.monotonic() - start < duration:
             time.sleep(1.0)
             now = time.monotonic()
             # The subscribers' positions are exact, so the rates shown are what arrived.
-            received = {"ipc": 0.0, "udp": 0.0}
+            received = {"ipc": 0.0, "udp": 0.0, "slow": 0.0}
             send_position = send_limit = 0
+            pressure: dict[str, int] = {}
             for info in counters:
                 kind = "udp" if "aeron:udp" in info.label else "ipc"
+                if info.stream_id == SLOW_STREAM_ID:
+                    kind = "slow"
+                    if info.type_id in _PRESSURE_KINDS:
+                        pressure[_PRESSURE_KINDS[info.type_id]] = info.value
                 if info.type_id == CounterType.SUBSCRIBER_POSITION:
                     received[kind] += info.value / frame
                 elif info.type_id == CounterType.SENDER_POSITION:
@@ -152,6 +248,13 @@ def _report(driver: MediaDriver, duration: float, size: int) -> None:
                   f"  flow-control window {(send_limit - send_position) / 1024:,.0f} KiB"
                   f"  back-pressure {counters.get(SystemCounter.BACK_PRESSURE_EVENTS):,}",
                   flush=True)
+            if slow:
+                print(f"         slow {received['slow']:>12,.0f} msgs ({rates['slow']:>9,.0f}/s)"
+                      f"   episodes {pressure.get('bp-episodes', 0):,}"
+                      f" ({pressure.get('bp-time', 0) / 1e9:.1f} s in them)"
+                      f"  depth {pressure.get('bp-depth', 0):,} B"
+                      f"  peak {pressure.get('bp-peak', 0):,} B"
+                      f"  dropped {pressure.get('pub-drops', 0):,}", flush=True)
             last, last_time = received, now
     finally:
         counters.close()

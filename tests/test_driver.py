@@ -551,6 +551,20 @@ def test_the_demo_streams_and_stops_cleanly(driver_dir: Path) -> None:
     assert not driver_dir.exists()
 
 
+def test_the_slow_consumer_demo_shows_episodes_live(driver_dir: Path) -> None:
+    result = subprocess.run([*SLIPSTREAM, "demo", "--dir", str(driver_dir), "--duration", "7",
+                             "--rate", "20000", "--slow-consumer"],
+                            capture_output=True, text=True, timeout=90)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    # Its subscriber slows down from 2 s to 4 s: the publisher's callback hears the episode.
+    assert "slow stream: back-pressure episode 1 began (depth 524,288 bytes" in out, out
+    assert "slow stream: episode 1 ended after" in out, out
+    slow = [line for line in out.splitlines() if line.lstrip().startswith("slow ")]
+    assert slow and "episodes 0 " not in slow[-1] and "peak 524,288 B" in slow[-1]
+    assert "slipstream demo: stopped" in out
+
+
 def _sub_commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

@@ -451,11 +451,14 @@ class DriverConductor:
         out: Outgoing = []
         self._last_cycle_ns = now_ns
         for publication in list(self.ipc_publications.values()):
+            # Sampled against the limit the publishers had since the last cycle: right after
+            # the limit moves, the depth would dip by what the subscribers read in a cycle
+            # though the publishers never stopped pressing.
+            for event in publication.sample_episodes(now_ns):
+                out.extend(self._episode_messages(publication.registration_id, event))
             work += publication.update_limits(now_ns)
             if publication.subscribers or publication.resting:
                 out.extend(self._check_untethered(publication, now_ns))
-            for event in publication.sample_episodes(now_ns):
-                out.extend(self._episode_messages(publication.registration_id, event))
             if publication.is_drained(now_ns):
                 out.extend(self._close_publication(publication))
                 work += 1
