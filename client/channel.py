@@ -40,6 +40,8 @@ from slipstream.client.layout import (
     INT64_MAX,
     INT64_MIN,
     MAX_UDP_PAYLOAD_LENGTH,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     RATE_ANNOUNCE_MAX_THRESHOLDS,
     RATE_WINDOW_MAX_US,
     RATE_WINDOW_MIN_US,
@@ -235,6 +237,7 @@ class Channel:
     rc: RateControlSpec | None = None
     policy: PolicySpec | None = None
     watermarks: tuple[int, int] | None = None  # percent of the window: (high, low)
+    priority: int | None = None  # the publication's band in the sender (seeds/004)
     max_resend: int | None = None
     init_term_id: int | None = None
     term_id: int | None = None
@@ -673,6 +676,8 @@ _PARAMS: Final[dict[str, _Param]] = {
     "cc": _param("cc", _choice(*CONGESTION_CONTROLS), udp_only=True),
     "rc": _param("rc", _rate_control, udp_only=True),
     "policy": _param("policy", _policy),
+    "priority": _param("priority", lambda t: _int(t, PRIORITY_MIN, PRIORITY_MAX),
+                       udp_only=True),
     "watermarks": _Param(("watermarks",), _watermarks, formatter=_format_watermarks),
     "max-resend": _param("max_resend", lambda t: _int(t, 1, 256), udp_only=True),
     "init-term-id": _param("init_term_id", _int32),

@@ -185,6 +185,7 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
             memcpy(p->retransmits, spans + taken, sizeof(ss_span_t) * (size_t)(retransmits - taken));
             p->retransmit_count = retransmits - taken;
         }
+        p->socket_full = full || (sent >= 0 && sent < n);
         if (sent < 0) {
             if (full) {
                 count(p->short_sends, 1);
@@ -834,13 +835,90 @@ static int32_t receive_endpoint(ss_receiver_t *r, int64_t now_ns) {
     return total;
 }
 
+static const int32_t band_weights[SS_BANDS] = {1, 1, 2, 4, 8};
+
+int32_t ss_band_of(const ss_send_publication_t *p, int64_t now_ns) {
+    int64_t effective = p->priority;
+    if (p->waiting_since_ns > 0 && now_ns > p->waiting_since_ns) {
+        int64_t boost = (now_ns - p->waiting_since_ns) / SS_AGING_NS_PER_POINT;
+        effective += boost < SS_AGING_MAX ? boost : SS_AGING_MAX;
+    }
+    if (effective < 0) return 0;
+    if (effective < 250) return 1;
+    if (effective < 500) return 2;
+    if (effective < 750) return 3;
+    return 4;
+}
+
+/* Serve band b's publications that have data from its turn's start, as long as its deficit
+ * lasts; *full is set when the socket stops taking datagrams (the turn resumes there). */
+static int32_t serve_band(ss_agent_t *a, int32_t b, int64_t now_ns, int *full) {
+    int32_t sent_total = 0;
+    const int32_t count = a->publication_count;
+    for (int32_t k = 0; k < count && a->dwrr_deficit[b] > 0; k++) {
+        const int32_t i = (a->dwrr_next[b] + k) % count;
+        ss_send_publication_t *p = a->publications[i];
+        if (p->fd < 0 || ss_band_of(p, now_ns) != b || !ss_has_data_ready(p)) continue;
+        while (a->dwrr_deficit[b] > 0) {
+            int64_t budget = a->dwrr_deficit[b];
+            if (budget > a->max_datagrams) budget = a->max_datagrams;
+            const int32_t sent = ss_send_data(p, now_ns, (int32_t)budget, a->spans);
+            if (sent > 0) {
+                sent_total += sent;
+                a->dwrr_deficit[b] -= sent;
+                p->waiting_since_ns = 0; /* served: it ages again from its next wait */
+            }
+            if (p->socket_full) {
+                a->dwrr_next[b] = i;
+                *full = 1;
+                return sent_total;
+            }
+            if (sent <= 0 || !ss_has_data_ready(p)) break;
+        }
+    }
+    return sent_total;
+}
+
 static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_only) {
     int32_t sent_total = 0;
+    if (retransmits_only || a->publication_count <= 1) {
+        /* Repairs go first whatever the bands (a gap pins the receiver's window); one
+         * publication has nobody to share with. */
+        for (int32_t i = 0; i < a->publication_count; i++) {
+            ss_send_publication_t *p = a->publications[i];
+            if (p->fd < 0 || (retransmits_only && p->retransmit_count == 0)) continue;
+            int32_t sent = ss_send_data(p, now_ns, a->max_datagrams, a->spans);
+            if (sent > 0) sent_total += sent;
+        }
+        return sent_total;
+    }
+    /* Deficit weighted round robin: one round visits the bands from 4 down to 0, each visit
+     * granting the band weight x max_datagrams.
+     * When the socket is full the round stops where it is and goes on from there next cycle,
+     * so under a bottleneck each band's share of what the socket takes follows its weight,
+     * and the lowest band is served every round. */
+    int full = 0;
+    for (int32_t visit = 0; visit < SS_BANDS && !full; visit++) {
+        const int32_t b = a->dwrr_band;
+        if (!a->dwrr_granted) {
+            a->dwrr_deficit[b] += (int64_t)band_weights[b] * a->max_datagrams;
+            a->dwrr_granted = 1;
+        }
+        sent_total += serve_band(a, b, now_ns, &full);
+        if (full) break;
+        /* The visit ended with room in the socket: the band spent its grant, or what is left
+         * of it found nothing to send (DRR keeps no credit for an empty queue). */
+        a->dwrr_deficit[b] = 0;
+        a->dwrr_next[b] = a->publication_count ? (a->dwrr_next[b] + 1) % a->publication_count : 0;
+        a->dwrr_band = b == 0 ? SS_BANDS - 1 : b - 1;
+        a->dwrr_granted = 0;
+    }
+    /* Aging: a publication with data that got nothing since it was last served waits on. */
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
-        if (p->fd < 0 || (retransmits_only && p->retransmit_count == 0)) continue;
-        int32_t sent = ss_send_data(p, now_ns, a->max_datagrams, a->spans);
-        if (sent > 0) sent_total += sent;
+        if (p->fd < 0) continue;
+        if (!ss_has_data_ready(p)) p->waiting_since_ns = 0;
+        else if (p->waiting_since_ns == 0) p->waiting_since_ns = now_ns;
     }
     return sent_total;
 }

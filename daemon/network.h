@@ -121,6 +121,11 @@ typedef struct {
     int64_t rate_burst;           /* bytes */
     int64_t rate_credit;          /* bytes that may go now (negative: in debt) */
     int64_t rate_time_ns;         /* when rate_credit was last filled */
+    /* Its place in the sender's deficit weighted round robin (ss_agent_do_work): priority=
+     * of its URI, and since when it has had data ready without being served (aging). */
+    int32_t priority;             /* SS_PRIORITY_MIN..SS_PRIORITY_MAX */
+    int32_t socket_full;          /* out: the last ss_send_data found the socket full */
+    int64_t waiting_since_ns;     /* 0: served (or nothing to send) in the last cycle */
 } ss_send_publication_t;
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
@@ -319,6 +324,19 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
 #define SS_DUE_PUBLICATION 8
 #define SS_DUE_TIMER 16
 #define SS_DUE_STOP 32
+/* The sender's bands (seeds/004): a publication's effective priority (its priority= plus one
+ * point per SS_AGING_NS_PER_POINT it has waited with data ready, at most SS_AGING_MAX) puts it
+ * in band 4 (>= 750), 3 (500..749), 2 (250..499), 1 (0..249) or 0 (< 0); the sender serves the
+ * bands by deficit weighted round robin, weights 8/4/2/1/1, each visit granting a band its
+ * weight x max_datagrams datagrams, FIFO by waiting time within a band. */
+#define SS_BANDS 5
+#define SS_PRIORITY_MIN (-1000)
+#define SS_PRIORITY_MAX 1000
+#define SS_AGING_NS_PER_POINT 10000000
+#define SS_AGING_MAX 1000
+/* The band of publication p at now_ns (0..SS_BANDS-1). */
+int32_t ss_band_of(const ss_send_publication_t *p, int64_t now_ns);
+
 /* recvmmsg calls per endpoint per duty cycle while its socket stays full. */
 #define SS_MAX_RECEIVE_CALLS 8
 
@@ -337,6 +355,13 @@ typedef struct {
     int32_t commands;             /* raised by another thread that submitted a command */
     int32_t due;                  /* out: SS_DUE_* of the last cycle */
     int64_t python_deadline_ns;   /* the earliest timer of the Python half */
+    /* The sender's deficit weighted round robin over the bands, carried across cycles: the
+     * band being served, whether it had its grant this visit, each band's deficit
+     * (datagrams) and where each band's next turn starts among the publications. */
+    int32_t dwrr_band;
+    int32_t dwrr_granted;
+    int64_t dwrr_deficit[5];      /* SS_BANDS */
+    int32_t dwrr_next[5];
 } ss_agent_t;
 
 /* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0); a sender

@@ -147,6 +147,23 @@ def test_cubic_streams_through_one_tbf_lose_nothing_and_leave_a_static_one_its_s
     assert static > cubic / 2, (cubic, static)
 
 
+def test_band_4_takes_eight_ninths_of_a_tbf_bottleneck_and_band_1_never_starves(
+        needs_hosts) -> None:
+    """Two streams on one send socket through a 100 Mbit/s tbf whose queue is longer than the
+    socket's buffer, so the socket fills (the sender's bands decide what goes) before the
+    queue drops anything: priority=800 (band 4) against priority=0 (band 1)."""
+    result = share_one_link(("", ""), 5, mbit=100, queue_ms=50,
+                            publication_params=("priority=0", "priority=800"),
+                            sender_settings={"socket_so_sndbuf": "64k"},
+                            receiver_settings={"rcv_initial_window_length": "2m",
+                                               "socket_so_rcvbuf": "4m"})
+    low, high = (series[10:] for series in result["bins"])  # after the first second
+    share = sum(high) / (sum(high) + sum(low))
+    assert abs(share - 8 / 9) < 8 / 9 * 0.10, (share, result["bins"])
+    assert min(low) > 0, "band 1 went a 100 ms without a delivery"
+    assert (sum(high) + sum(low)) / (len(high) / 10) > 0.8 * 100e6 / 8  # the link was used
+
+
 def test_a_host_run_refuses_what_real_links_cannot_do_by_name() -> None:
     assert check_applicable(Scenario(hosts=3, faults=LinkFaults(delay_ms=0.5))) == [
         "faults.delay_ms = 0.5 not applied: real links have their own (no netem here)"]

@@ -255,6 +255,11 @@ class NetworkConductor:
         else:
             check_same_log(channel, entry.log, entry.publication.session_id, stream_id)
             check_same_watermarks(channel, entry.episodes, stream_id)
+            if channel.priority is not None and channel.priority != entry.publication.priority:
+                raise ChannelError(str(channel), "priority",
+                                   f"{channel.priority} differs from the existing "
+                                   f"publication's {entry.publication.priority} on stream "
+                                   f"{stream_id}")
         entry.publisher_refs += 1
         return entry, self._new_id()
 

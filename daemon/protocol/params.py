@@ -87,7 +87,7 @@ class PublicationParams:
     ``initial_term_count`` and ``initial_term_offset`` place a log that starts elsewhere than
     its first term (``init-term-id``, ``term-id``, ``term-offset``).  The network-only fields
     (``group``, ``signal_eos``, ``setup_ttl``, ``max_resend``, ``flow_control``,
-    ``rate_control``) hold their defaults for IPC.
+    ``rate_control``, ``priority``) hold their defaults for IPC.
     """
 
     term_length: int
@@ -105,6 +105,7 @@ class PublicationParams:
     max_resend: int = 1
     flow_control: FlowControlParams | None = None
     rate_control: RateControlParams | None = None  # rc=, else none
+    priority: int = 0  # priority=: its band in the sender (seeds/004)
 
     @classmethod
     def for_network(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:
@@ -140,7 +141,8 @@ class PublicationParams:
             rate_control=None if channel.rc is None else RateControlParams(
                 name=channel.rc.name,
                 thresholds=_or(channel.rc.thresholds, DEFAULT_RATE_THRESHOLDS),
-                window_ns=_or(channel.rc.window_ns, DEFAULT_RATE_WINDOW_NS)))
+                window_ns=_or(channel.rc.window_ns, DEFAULT_RATE_WINDOW_NS)),
+            priority=channel.priority or 0)
 
     @classmethod
     def for_ipc(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:

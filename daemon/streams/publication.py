@@ -187,6 +187,9 @@ class NetworkPublication:
         c.stream_id = log.stream_id
         c.initial_term_id = log.initial_term_id
         c.max_message_length = max_message_length(log.term_length)
+        c.priority = params.priority
+        #: priority= of its URI: its band in the sender's round robin (seeds/004).
+        self.priority = params.priority
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
             linger_ns=settings.retransmit_unicast_linger, has_group_semantics=self.is_group,

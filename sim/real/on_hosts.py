@@ -345,23 +345,28 @@ class _Run:
 
 def share_one_link(subscription_params: tuple[str, str], seconds: float, *, mbit: float,
                    queue_ms: int, size: int = 1024,
-                   receiver_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+                   receiver_settings: dict[str, Any] | None = None,
+                   publication_params: tuple[str, str] = ("", ""),
+                   sender_settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Two streams of ``size``-byte messages from host 1 to host 2 through a ``tbf`` of
     ``mbit`` Mbit/s holding ``queue_ms`` on host 1's uplink, the publisher offering on both as
     fast as it can for ``seconds``, the subscriptions with ``subscription_params`` (e.g.
     ``cc=cubic``): ``{"bins": each stream's delivered bytes per 100 ms, "sent": messages per
     stream, "naks": NAKs the receiving driver sent, "losses": gaps its loss report saw per
     stream}``, every message checked (once, in
-    order); ``receiver_settings`` are the receiving driver's (``cubic_tcp_mode``, ...)."""
+    order); ``receiver_settings`` are the receiving driver's (``cubic_tcp_mode``, ...),
+    ``sender_settings`` the sending one's, and ``publication_params`` go in each publication's
+    URI (``priority=800``: the two share one send socket, so its bands decide)."""
     with NamespaceHosts(2) as hosts:
         hosts.rate_limit(1, mbit, latency_ms=queue_ms)
-        sender = hosts.start_driver(1, log_level="warning")
+        sender = hosts.start_driver(1, **{"log_level": "warning", **(sender_settings or {})})
         receiver = hosts.start_driver(2, **{"log_level": "warning", **(receiver_settings or {})})
         uri = f"aeron:udp?endpoint={hosts[2].address}:{UNICAST_PORT}"
         with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
             subscriptions = [b.add_subscription(f"{uri}|{params}" if params else uri, 1 + k)
                              for k, params in enumerate(subscription_params)]
-            publications = [a.add_publication(uri, 1 + k) for k in range(2)]
+            publications = [a.add_publication(f"{uri}|{params}" if params else uri, 1 + k)
+                            for k, params in enumerate(publication_params)]
             deadline = time.monotonic() + 20
             while not all(p.is_connected for p in publications) or not all(
                     s.images for s in subscriptions):

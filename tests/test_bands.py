@@ -1,0 +1,182 @@
+"""The sender's priority bands (seeds/004): deficit weighted round robin over five bands with
+aging, in the C duty cycle (``ss_agent_do_work``), against a real socket that fills.
+
+Publications share one AF_UNIX datagram socket, whose queue holds a few datagrams and stays
+full until the test reads (a unix datagram socket pushes back on its sender, as a UDP socket's
+send buffer does behind a bottleneck qdisc): what each band gets is the share of what the
+socket takes."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from slipstream.client.channel import parse_channel
+from slipstream.client.errors import ChannelError
+from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.protocol.params import PublicationParams
+from slipstream.daemon.protocol.types import LocalCounters
+from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+
+TERM = 16 << 20  # half a term of data each: 8,128 datagrams
+MESSAGE = 1_000
+SESSION = struct.Struct("<i")
+
+
+class Sender:
+    """Publications with full logs and open windows, an ss_agent_t sending them, and the
+    reading end of their shared socket."""
+
+    def __init__(self, shm: Path, priorities: list[int], max_datagrams: int = 8) -> None:
+        self.reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        self._writer = writer
+        self.publications = [self._publication(shm, 100 + i, priority, writer.fileno())
+                             for i, priority in enumerate(priorities)]
+        self.agent = agent = network_ffi.new("ss_agent_t *")
+        agent.is_sender = 1
+        agent.max_datagrams = max_datagrams
+        agent.status_poll_ratio = 1 << 20
+        self._spans = network_ffi.new("ss_span_t[]", max_datagrams + network.SS_RETRANSMIT_MAX)
+        agent.spans = self._spans
+        agent.python_deadline_ns = 1 << 62
+        self._array = network_ffi.new("ss_send_publication_t *[]",
+                                      [p.c for p in self.publications])
+        agent.publications = self._array
+        agent.publication_count = len(self.publications)
+
+    @staticmethod
+    def _publication(shm: Path, session_id: int, priority: int, fd: int) -> NetworkPublication:
+        log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=TERM,
+                               initial_term_id=0, session_id=session_id, stream_id=1,
+                               mtu=1408, correlation_id=session_id)
+        positions = SenderPositions.in_process()
+        settings = DriverSettings(term_buffer_length=TERM)
+        params = PublicationParams.for_network(
+            parse_channel(f"aeron:udp?endpoint=10.0.0.2:40123|priority={priority}"), settings)
+        publication = NetworkPublication(
+            log=log, params=params, settings=settings, positions=positions,
+            flow_control=flow_control_for(params), counters=LocalCounters(), now_ns=0,
+            destination=("10.0.0.2", 40123))
+        network_ffi.cast("int64_t *", publication.c.sender_limit)[0] = 1 << 40
+        appender = new_appender(log, positions.publisher_limit)
+        positions.publisher_limit[0] = 1 << 40
+        from slipstream.client._native import lib
+
+        for _ in range(TERM // 2 // (MESSAGE + 32)):  # half a term: plenty to send
+            assert lib.ss_offer(appender, b"m" * MESSAGE, MESSAGE) > 0
+        publication.c.fd = fd
+        publication.c.gso = 0
+        publication.c.destination_length = 0  # connected
+        return publication
+
+    def run(self, reads: int, now_ns: int = 1_000_000_000, step_ns: int = 0) -> list[int]:
+        """Read ``reads`` datagrams, one at a time, running a duty cycle whenever the socket
+        has room; returns their session ids in order."""
+        sessions = []
+        self.reader.setblocking(False)
+        while len(sessions) < reads:
+            network.ss_agent_do_work(self.agent, now_ns)
+            now_ns += step_ns
+            try:
+                datagram = self.reader.recv(2048)
+            except BlockingIOError:
+                assert any(network.ss_has_data_ready(p.c) for p in self.publications), \
+                    "nothing left to send"
+                continue
+            sessions.append(SESSION.unpack_from(datagram, 12)[0])
+        return sessions
+
+    def close(self) -> None:
+        self.reader.close()
+        self._writer.close()
+        for publication in self.publications:
+            publication.log.close()
+
+
+@pytest.fixture
+def sender_of(shm: Path):
+    made: list[Sender] = []
+
+    def make(priorities: list[int], **kwargs) -> Sender:
+        made.append(Sender(shm, priorities, **kwargs))
+        return made[-1]
+
+    yield make
+    for sender in made:
+        sender.close()
+
+
+def test_band_4_gets_eight_ninths_of_a_full_socket_against_band_1(sender_of) -> None:
+    sender = sender_of([0, 800])  # band 1 first in the array: order gives it no edge
+    sessions = Counter(sender.run(7_000)[1_000:])  # past the first rounds
+    share = sessions[101] / (sessions[100] + sessions[101])
+    assert abs(share - 8 / 9) < 8 / 9 * 0.10, sessions
+
+
+def test_two_publications_of_one_band_share_a_full_socket_evenly(sender_of) -> None:
+    # Served in array order instead, the first would take all the socket gives.
+    sender = sender_of([100, 100])
+    sessions = Counter(sender.run(4_000)[500:])
+    assert abs(sessions[100] - sessions[101]) < 0.1 * sum(sessions.values()), sessions
+
+
+@pytest.mark.parametrize(("priorities", "weights", "reads"), [
+    ([800, 600, 300, 100, -100], [8, 4, 2, 1, 1], 12_000),
+    ([-1000, 1000], [1, 8], 8_000),  # within what the top band's log holds
+])
+def test_every_band_gets_its_weight_and_the_lowest_is_served_every_round(
+        sender_of, priorities: list[int], weights: list[int], reads: int) -> None:
+    sender = sender_of(priorities)
+    sessions = sender.run(reads)[2_000:]
+    counts = Counter(sessions)
+    total = sum(weights)
+    for i, weight in enumerate(weights):
+        share = counts[100 + i] / len(sessions)
+        assert abs(share - weight / total) < weight / total * 0.15, (i, counts)
+    # A round grants the lowest band 8 datagrams: it never waits longer than one round.
+    lowest = [i for i, s in enumerate(sessions) if s == 100 + weights.index(1)]
+    round_length = total * 8
+    assert max(b - a for a, b in zip(lowest, lowest[1:], strict=False)) <= round_length + 8
+
+
+def test_aging_lifts_a_publication_that_waits_into_a_higher_band(sender_of) -> None:
+    sender = sender_of([-1000, 800])
+    low = sender.publications[0].c
+    assert network.ss_band_of(low, 0) == 0
+    low.waiting_since_ns = 1_000_000_000
+    # +100 a second waited, at most +1000: after 10 s a -1000 publication is at 0 (band 1),
+    # and a 0 one would be at the top band.
+    assert network.ss_band_of(low, 1_000_000_000 + 5_000_000_000) == 0
+    assert network.ss_band_of(low, 1_000_000_000 + 10_000_000_000) == 1
+    assert network.ss_band_of(low, 1_000_000_000 + 60_000_000_000) == 1
+    low.priority = 0
+    assert network.ss_band_of(low, 1_000_000_000 + 7_500_000_000) == 4
+
+
+def test_an_uncontended_socket_sends_every_band_all_it_has(sender_of) -> None:
+    sender = sender_of([-500, 0, 900])
+    sender._writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    network.ss_agent_do_work(sender.agent, 1_000_000_000)
+    # One cycle: each band's grant is at least max_datagrams, so nobody waits for a round.
+    sent = [p.c.sender_position[0] for p in sender.publications]
+    assert all(position >= 8 * (MESSAGE + 32) for position in sent), sent
+
+
+def test_priority_is_a_network_publications_and_in_range() -> None:
+    assert parse_channel("aeron:udp?endpoint=h:1|priority=-1000").priority == -1000
+    with pytest.raises(ChannelError) as info:
+        parse_channel("aeron:udp?endpoint=h:1|priority=1001")
+    assert info.value.part == "priority"
+    with pytest.raises(ChannelError) as info:
+        parse_channel("aeron:ipc?priority=5")
+    assert info.value.part == "priority" and "aeron:udp only" in str(info.value)
