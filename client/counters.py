@@ -123,6 +123,16 @@ class SystemCounter(enum.IntEnum):
     IMAGES_LEFT_BEHIND = 33  # images whose missing data had left the sender's resend window
     UNTETHERED_SKIPS = 34  # untethered subscriptions left behind (drop-oldest)
     UNTETHERED_SKIPPED_BYTES = 35  # the stream bytes they skipped
+    NETWORK_WORK_CYCLES = 36  # duty cycles of the network threads that did work
+    # The pressure governor (daemon/pressure/governor.py, seeds/004):
+    GOVERNOR_PRESSURE = 37  # the last pressure sampled, per mille
+    GOVERNOR_STEP = 38  # the ladder's step now (0: none)
+    GOVERNOR_CLIMBS = 39  # steps up the ladder
+    GOVERNOR_DESCENTS = 40  # steps down
+    GOVERNOR_COALESCING = 41  # times step 1 (coalesce) was entered
+    GOVERNOR_STATUS_WIDENED = 42  # times step 2 (status-message interval x 4) was entered
+    GOVERNOR_LOWEST_DEFERRED = 43  # times step 3 (the lowest band deferred) was entered
+    GOVERNOR_LOWEST_REFUSED = 44  # times step 4 (the lowest band's offers refused) was entered
 
     @property
     def label(self) -> str:

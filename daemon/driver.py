@@ -681,6 +681,7 @@ class _DriverShell(_DriverCore):
                 deadline = min(deadline, self.watchdog.next_ping_ns)
             delay = max(0.0, min(delay, (deadline - time.monotonic_ns()) / 1e9))
             self._wake = trio.Event()
+            expected_ns = time.monotonic_ns() + int(delay * 1e9)
             # Registered as a waiter only for a real park: while active the cycle comes within a
             # millisecond anyway, and a wake-up per back-pressured offer would cost more CPU on
             # a small machine than it saves.
@@ -688,11 +689,15 @@ class _DriverShell(_DriverCore):
             if parked:
                 lib.ss_get_and_add_i32(counters.driver_waiters, 1)
             try:
-                with trio.move_on_after(delay):
+                with trio.move_on_after(delay) as timer:
                     await self._wake.wait()
             finally:
                 if parked:
                     lib.ss_get_and_add_i32(counters.driver_waiters, -1)
+            if timer.cancelled_caught:  # woken by its timer: how late (the governor's lag)
+                lateness = max(0, time.monotonic_ns() - expected_ns)
+                conductor = self.conductor
+                conductor.scheduling_lag_ns += (lateness - conductor.scheduling_lag_ns) / 8
 
 
 def _channel_of(message: dict[str, Any]) -> Channel | None:

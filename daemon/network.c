@@ -129,6 +129,19 @@ int64_t ss_rate_ready_ns(const ss_send_publication_t *p) {
     return p->rate_time_ns + (wait > 1000000000 ? 1000000000 : (int64_t)wait);
 }
 
+int64_t ss_coalesce_ready_ns(const ss_send_publication_t *p) {
+    if (p->coalesce_ns <= 0 || p->retransmit_count > 0) return INT64_MIN;
+    const int64_t position = LOAD_ACQ(p->sender_position);
+    if (LOAD_ACQ(p->sender_limit) - position < p->mtu) return INT64_MIN; /* the window decides */
+    const int32_t index = (int32_t)((position >> p->position_bits) % SS_PARTITION_COUNT);
+    int32_t padding = 0;
+    const int32_t available = ss_scan_for_availability(
+        p->log + (int64_t)index * p->term_length, (int32_t)(position & (p->term_length - 1)),
+        p->mtu, p->term_length, &padding);
+    if (available <= 0 || available >= p->mtu / 2 || padding) return INT64_MIN;
+    return p->time_of_last_send_ns + p->coalesce_ns;
+}
+
 int64_t ss_rate_wait_ns(ss_send_publication_t *p, int64_t now_ns) {
     if (p->rate_limit <= 0) return 0;
     fill_rate_credit(p, now_ns);
@@ -157,6 +170,7 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
                                                                             : INT64_MAX)
                                                       : 0;
     for (int32_t i = 0; i < retransmits; i++) credit -= spans[i].length;
+    if (ss_coalesce_ready_ns(p) > now_ns) credit = 0; /* new data waits: retransmits only */
     while (n < max_datagrams && position < limit && credit > 0) {
         int32_t index = (int32_t)((position >> p->position_bits) % SS_PARTITION_COUNT);
         int32_t offset = (int32_t)(position & mask);
@@ -887,6 +901,8 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
         for (int32_t i = 0; i < a->publication_count; i++) {
             ss_send_publication_t *p = a->publications[i];
             if (p->fd < 0 || (retransmits_only && p->retransmit_count == 0)) continue;
+            if (!retransmits_only && a->defer_lowest_band && p->retransmit_count == 0 &&
+                p->priority < 0) continue;
             int32_t sent = ss_send_data(p, now_ns, a->max_datagrams, a->spans);
             if (sent > 0) sent_total += sent;
         }
@@ -901,7 +917,8 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
     for (int32_t visit = 0; visit < SS_BANDS && !full; visit++) {
         const int32_t b = a->dwrr_band;
         if (!a->dwrr_granted) {
-            a->dwrr_deficit[b] += (int64_t)band_weights[b] * a->max_datagrams;
+            if (!(b == 0 && a->defer_lowest_band))
+                a->dwrr_deficit[b] += (int64_t)band_weights[b] * a->max_datagrams;
             a->dwrr_granted = 1;
         }
         sent_total += serve_band(a, b, now_ns, &full);
@@ -917,7 +934,9 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
         if (p->fd < 0) continue;
-        if (!ss_has_data_ready(p)) p->waiting_since_ns = 0;
+        /* A deferred publication does not age out of the lowest band: it waits on purpose. */
+        if (!ss_has_data_ready(p) || (a->defer_lowest_band && p->priority < 0))
+            p->waiting_since_ns = 0;
         else if (p->waiting_since_ns == 0) p->waiting_since_ns = now_ns;
     }
     return sent_total;
@@ -1013,9 +1032,14 @@ static int arm(ss_agent_t *a, int32_t delta, int64_t now_ns, int64_t *deadline) 
         ss_send_publication_t *p = a->publications[i];
         if (p->meta == NULL) continue;
         __atomic_fetch_add(driver_waiters(p->meta), delta, __ATOMIC_SEQ_CST);
-        if (delta > 0 && ss_has_data_ready(p)) {
+        /* Data of a deferred band waits for the governor's word (a command wakes us). */
+        const int deferred = a->defer_lowest_band && p->retransmit_count == 0 &&
+                             p->priority < 0;
+        if (delta > 0 && !deferred && ss_has_data_ready(p)) {
             /* Data held back by the rate limit: park until the bucket has room for it. */
-            const int64_t wait = p->retransmit_count > 0 ? 0 : ss_rate_wait_ns(p, now_ns);
+            int64_t wait = p->retransmit_count > 0 ? 0 : ss_rate_wait_ns(p, now_ns);
+            const int64_t coalesced = ss_coalesce_ready_ns(p); /* INT64_MIN: not held */
+            if (coalesced > now_ns && coalesced - now_ns > wait) wait = coalesced - now_ns;
             if (wait == 0) may_park = 0;
             else if (now_ns + wait < *deadline) *deadline = now_ns + wait;
         }
@@ -1074,7 +1098,10 @@ int32_t ss_duty_loop_run(ss_duty_loop_t *l) {
         }
         l->last_cycle_ns = now_ns;
         count(l->cycles, 1);
-        if (work) l->last_work_ns = now_ns;
+        if (work) {
+            l->last_work_ns = now_ns;
+            count(l->work_cycles, 1);
+        }
         if (due) {
             l->now_ns = now_ns;
             return due;

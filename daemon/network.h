@@ -126,6 +126,9 @@ typedef struct {
     int32_t priority;             /* SS_PRIORITY_MIN..SS_PRIORITY_MAX */
     int32_t socket_full;          /* out: the last ss_send_data found the socket full */
     int64_t waiting_since_ns;     /* 0: served (or nothing to send) in the last cycle */
+    /* The pressure governor (daemon/pressure/governor.py): new data short of a datagram waits
+     * this long after the last send for more to fill it (0: it goes at once). */
+    int64_t coalesce_ns;
 } ss_send_publication_t;
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
@@ -151,6 +154,9 @@ int64_t ss_rate_wait_ns(ss_send_publication_t *p, int64_t now_ns);
 /* When new data may go by the bucket as last filled (INT64_MIN: now; the simulator's clock
  * jumps there). */
 int64_t ss_rate_ready_ns(const ss_send_publication_t *p);
+/* When the governor's coalescing lets the new data at snd-pos go: less than half a datagram
+ * of it waits coalesce_ns after the last send for more (INT64_MIN: it does not hold it). */
+int64_t ss_coalesce_ready_ns(const ss_send_publication_t *p);
 
 /* Queue MTU-sized spans of `length` bytes at term_offset of term_id for the next ss_send_data,
  * if the range is still in the resend window (aeron_network_publication_resend).  Returns the
@@ -362,6 +368,9 @@ typedef struct {
     int32_t dwrr_granted;
     int64_t dwrr_deficit[5];      /* SS_BANDS */
     int32_t dwrr_next[5];
+    /* The pressure governor: the lowest band (priority < 0) gets no turn and does not age (its
+     * new data waits in the log; its retransmissions still go). */
+    int32_t defer_lowest_band;
 } ss_agent_t;
 
 /* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0); a sender
@@ -391,6 +400,7 @@ typedef struct {
     int64_t last_cycle_ns;        /* the watchdog's evidence */
     int64_t *cycles;              /* a counter cell (NETWORK_DUTY_CYCLES), or NULL */
     int64_t parks;
+    int64_t *work_cycles;         /* NETWORK_WORK_CYCLES: cycles that did work, or NULL */
 } ss_duty_loop_t;
 
 /* Run duty cycles until an agent's Python half is due or the loop is stopping; returns the

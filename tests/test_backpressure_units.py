@@ -101,3 +101,48 @@ def test_episodes_alternate_and_follow_the_watermarks(
         assert episodes.depth == clipped and episodes.peak >= clipped
     assert episodes.episodes == starts
 
+
+
+# -- the pressure governor's ladder --------------------------------------------------------------
+
+def test_the_ladder_climbs_one_step_a_sample_and_the_top_steps_need_sustained_pressure() -> None:
+    from slipstream.daemon.pressure.governor import PressureGovernor
+
+    governor = PressureGovernor()
+    steps = []
+    for _ in range(10):
+        governor.sample(1.0)
+        steps.append(governor.step)
+    # 1, 2 at once; 3 after three samples above 0.8; 4 after three more above 0.95.
+    assert steps == [1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+    assert governor.climbs == 4 and governor.entries == [0, 1, 1, 1, 1]
+    for pressure, step in ((0.85, 4), (0.79, 3), (0.7, 3), (0.59, 2), (0.35, 2), (0.29, 1),
+                           (0.15, 1), (0.05, 0)):
+        governor.sample(pressure)
+        assert governor.step == step, (pressure, governor.step)
+    assert governor.descents == 4
+
+
+@given(st.lists(st.floats(0, 1), max_size=200))
+@settings(max_examples=300, deadline=None)
+def test_the_ladder_moves_one_step_at_a_time_and_only_past_its_thresholds(
+        pressures: list[float]) -> None:
+    from slipstream.daemon.pressure.governor import LADDER, TOP_STEP, PressureGovernor
+
+    governor = PressureGovernor()
+    above = 0
+    for pressure in pressures:
+        before = governor.step
+        change = governor.sample(pressure)
+        assert governor.step == before + change and change in (-1, 0, 1)
+        assert 0 <= governor.step <= TOP_STEP
+        if change > 0:
+            rung = LADDER[before]
+            assert pressure > rung.enter
+            if rung.samples > 1:
+                assert above >= rung.samples - 1
+        if change < 0:
+            assert pressure < LADDER[governor.step].leave
+        above = above + 1 if before < TOP_STEP and change == 0 and \
+            pressure > LADDER[before].enter else 0
+    assert governor.climbs - governor.descents == governor.step

@@ -174,3 +174,79 @@ def test_a_host_run_refuses_what_real_links_cannot_do_by_name() -> None:
                           (Scenario(hosts=3, initially_down=(2,)), "initially_down")):
         with pytest.raises(ScenarioError, match=key):
             check_applicable(scenario)
+
+
+def test_the_governor_climbs_its_ladder_under_a_bottleneck_and_descends_after(
+        needs_hosts) -> None:
+    """Two streams on one send socket through a 100 Mbit/s tbf, offering all they can: the
+    send backlog drives the pressure up, and the governor climbs to its top step, where the
+    lowest band's offers (priority=-500) are refused while band 4's go on.  Then the offers
+    stop, the backlog drains and the ladder descends to 0.  Nothing accepted is lost: both
+    streams arrive whole, in order."""
+    import time
+
+    from slipstream.client import BACK_PRESSURED, Client
+    from slipstream.client.counters import SystemCounter, read_system_counters
+    from slipstream.sim.real.hosts import NamespaceHosts
+    from slipstream.sim.scenario import UNICAST_PORT
+
+    with NamespaceHosts(2) as hosts:
+        hosts.rate_limit(1, 100, latency_ms=50)
+        sender = hosts.start_driver(1, log_level="info", socket_so_sndbuf="64k")
+        receiver = hosts.start_driver(2, log_level="warning", rcv_initial_window_length="2m",
+                                      socket_so_rcvbuf="4m")
+        uri = f"aeron:udp?endpoint={hosts[2].address}:{UNICAST_PORT}"
+        with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
+            subscriptions = [b.add_subscription(uri, k) for k in (1, 2)]
+            low = a.add_publication(f"{uri}|priority=-500", 1)
+            high = a.add_publication(f"{uri}|priority=800", 2)
+            deadline = time.monotonic() + 20
+            while not (low.is_connected and high.is_connected
+                       and all(s.images for s in subscriptions)):
+                assert time.monotonic() < deadline, "the streams did not connect"
+                time.sleep(0.01)
+            sent, got = [0, 0], [0, 0]
+
+            def handler(k: int):
+                def on_message(data: memoryview, _header: object) -> None:
+                    assert int.from_bytes(data[:8], "little") == got[k], f"stream {k}"
+                    got[k] += 1
+                return on_message
+
+            handlers = [handler(0), handler(1)]
+            message = bytearray(1024)
+            steps: list[int] = []
+            pressures: list[int] = []
+            refused_at_top = [0, 0]
+            started = time.monotonic()
+            while time.monotonic() - started < 6:  # the load: both offer all they can
+                step = read_system_counters(sender.directory)[SystemCounter.GOVERNOR_STEP]
+                steps.append(step)
+                for k, publication in enumerate((low, high)):
+                    for _ in range(32):
+                        message[:8] = sent[k].to_bytes(8, "little")
+                        result = publication.offer(message)
+                        if result < 0:
+                            if step == 4 and result == BACK_PRESSURED:
+                                refused_at_top[k] += 1
+                            break
+                        sent[k] += 1
+                    subscriptions[k].poll(handlers[k], 256)
+            at_top = sent[:]
+            while time.monotonic() - started < 14 and (  # the load gone: it drains
+                    got != sent or read_system_counters(sender.directory)[
+                        SystemCounter.GOVERNOR_STEP] != 0):
+                for k in (0, 1):
+                    subscriptions[k].poll(handlers[k], 256)
+                now = read_system_counters(sender.directory)
+                steps.append(now[SystemCounter.GOVERNOR_STEP])
+                pressures.append(now[SystemCounter.GOVERNOR_PRESSURE])
+                time.sleep(0.001)
+        counters = read_system_counters(sender.directory)
+    assert max(steps) == 4, steps[::50]
+    assert steps[-1] == 0, ("the ladder did not come down", pressures[::100], got, sent)
+    assert counters[SystemCounter.GOVERNOR_LOWEST_REFUSED] >= 1
+    assert counters[SystemCounter.GOVERNOR_CLIMBS] >= 4
+    assert counters[SystemCounter.GOVERNOR_DESCENTS] >= 4
+    assert got == sent, (got, sent)  # everything accepted arrived, once, in order
+    assert refused_at_top[0] > 0 and sent[1] > 4 * sent[0] > 0, (refused_at_top, at_top)

@@ -22,6 +22,7 @@ import attrs
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.media.receive_channel import ReceiveChannel, ReceiverEvent
+from slipstream.daemon.pressure.governor import STATUS_INTERVAL_FACTOR
 from slipstream.daemon.protocol.types import Datagram
 
 
@@ -70,10 +71,18 @@ class Receiver(Agent[ReceiveEndpoint]):
     def __init__(self, *, on_event: Callable[[ReceiverEvent], None]) -> None:
         super().__init__(is_sender=False)
         self._on_event = on_event
+        self._status_interval_factor = 1
 
     def add_endpoint(self, endpoint: ReceiveEndpoint) -> None:
         endpoint.transport.attach_channel(endpoint.channel)
+        endpoint.channel.set_status_interval_factor(self._status_interval_factor)
         super().add_endpoint(endpoint)
+
+    def set_pressure_step(self, step: int) -> None:
+        """The governor's step: from step 2 every image's status-message interval widens."""
+        self._status_interval_factor = STATUS_INTERVAL_FACTOR if step >= 2 else 1
+        for endpoint in self.endpoints:
+            endpoint.channel.set_status_interval_factor(self._status_interval_factor)
 
     def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
         """The simulator's endpoints: their datagrams through the same C dispatch."""

@@ -95,6 +95,8 @@ class Sender(Agent[SendEndpoint]):
         super().__init__(is_sender=True, max_datagrams=max_datagrams_per_send,
                          status_poll_ratio=status_poll_ratio)
         self._datagrams_to_status_poll = 0
+        #: The pressure governor's step, applied to every publication (set_pressure_step).
+        self.pressure_step = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
         self._on_event = on_event
 
@@ -107,6 +109,15 @@ class Sender(Agent[SendEndpoint]):
         endpoint.transport.attach(publication)
         endpoint.channel.add_publication(publication)
         self._publications.append((publication, endpoint))
+        publication.apply_pressure_step(self.pressure_step)
+
+    def set_pressure_step(self, step: int) -> None:
+        """The governor's step (daemon/pressure/governor.py): coalescing from step 1, the
+        lowest band deferred from step 3, its offers refused at step 4."""
+        self.pressure_step = step
+        self.c.defer_lowest_band = int(step >= 3)
+        for publication, _ in self._publications:
+            publication.apply_pressure_step(step)
 
     @property
     def publications(self) -> list[NetworkPublication]:
@@ -173,15 +184,16 @@ class Sender(Agent[SendEndpoint]):
         return work
 
     def next_deadline_ns(self) -> int:
-        """Also when data waits to be sent: at once, or when the rate limit (``rc=``) lets it
-        go.  The driver's C loop sends such data by itself; the simulator's clock must move
-        there (its C half ran before a Python half that may have raised or lifted the
-        limit)."""
+        """Also when data waits to be sent: at once, or when the rate limit (``rc=``) and the
+        governor's coalescing let it go.  The driver's C loop sends such data by itself; the
+        simulator's clock must move there (its C half ran before a Python half that may have
+        raised or lifted the limit)."""
         deadline = super().next_deadline_ns()
         for publication, _ in self._publications:
             c = publication.c
             if network.ss_has_data_ready(c):
-                deadline = min(deadline, max(0, network.ss_rate_ready_ns(c)))
+                ready = max(network.ss_rate_ready_ns(c), network.ss_coalesce_ready_ns(c))
+                deadline = min(deadline, max(0, ready))
         return deadline
 
     def _virtual_members(self) -> bool:

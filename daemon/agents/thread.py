@@ -83,6 +83,7 @@ class NetworkThread:
         c.max_park_ns = int(max_park_s * 1e9)
         c.last_cycle_ns = c.last_work_ns = time.monotonic_ns()
         c.cycles = counters.address(SystemCounter.NETWORK_DUTY_CYCLES)
+        c.work_cycles = counters.address(SystemCounter.NETWORK_WORK_CYCLES)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._next_failure_log_ns = 0
         self._failing_since_ns: int | None = None

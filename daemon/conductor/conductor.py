@@ -55,6 +55,7 @@ from slipstream.daemon.pressure.episodes import (
     EpisodeEvent,
     watermarks_of,
 )
+from slipstream.daemon.pressure.governor import SAMPLE_INTERVAL_NS, PressureGovernor, pressure_of
 from slipstream.daemon.protocol.params import PublicationParams
 
 log = logging.getLogger("slipstream.driver")
@@ -125,6 +126,12 @@ class DriverConductor:
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
         self.drain_phase = DrainPhase.NONE
+        #: The pressure governor (seeds/004) over the network streams; ``scheduling_lag_ns``
+        #: is the shell's smoothed lateness of this conductor's cycles (its duty-cycle lag).
+        self.governor = PressureGovernor()
+        self.scheduling_lag_ns = 0.0
+        self._next_governor_ns = 0
+        self._governor_cycles = (0, 0)  # NETWORK_DUTY_CYCLES, NETWORK_WORK_CYCLES at the last
 
     def status_line(self) -> str:
         """What the driver serves, in a line (systemd's STATUS=)."""
@@ -469,11 +476,44 @@ class DriverConductor:
                 out.extend(network_out)
             for publication_id, event in self.network.sample_episodes(now_ns):
                 out.extend(self._episode_messages(publication_id, event))
+            if now_ns >= self._next_governor_ns:
+                self._govern(now_ns)
         if now_ns >= self._next_timer_ns:
             self._next_timer_ns = now_ns + min(self.settings.timer_interval,
                                                self.settings.client_liveness_timeout // 4 or 1)
             out.extend(self._check_client_liveness(now_ns))
         return work, out
+
+    def _govern(self, now_ns: int) -> None:
+        """One sample of the pressure governor (daemon/pressure/governor.py)."""
+        assert self.network is not None
+        self._next_governor_ns = now_ns + SAMPLE_INTERVAL_NS
+        counters = self.counters
+        cycles = (counters.get(SystemCounter.NETWORK_DUTY_CYCLES),
+                  counters.get(SystemCounter.NETWORK_WORK_CYCLES))
+        ran, worked = (now - before for now, before in zip(cycles, self._governor_cycles,
+                                                             strict=True))
+        self._governor_cycles = cycles
+        governor = self.governor
+        if not self.network.carries_streams and governor.step == 0:
+            return
+        backlog = self.network.send_backlog(deferring=governor.step >= 3)
+        busy = worked / ran if ran > 0 else 0.0
+        pressure = pressure_of(backlog, self.scheduling_lag_ns, busy)
+        change = governor.sample(pressure)
+        counters.set(SystemCounter.GOVERNOR_PRESSURE, round(pressure * 1000))
+        if not change:
+            return
+        counters.set(SystemCounter.GOVERNOR_STEP, governor.step)
+        if change > 0:
+            counters.add(SystemCounter.GOVERNOR_CLIMBS)
+            counters.add(_STEP_COUNTERS[governor.step])
+        else:
+            counters.add(SystemCounter.GOVERNOR_DESCENTS)
+        log.info("pressure %.2f (send backlog %.2f, cycle lag %.1f ms, busy %.2f): the governor "
+                 "%s to step %d", pressure, backlog, self.scheduling_lag_ns / 1e6, busy,
+                 "climbs" if change > 0 else "descends", governor.step)
+        self.network.apply_pressure_step(governor.step)
 
     def _check_untethered(self, publication: IpcPublication, now_ns: int) -> Outgoing:
         """Untethered subscribers left behind lose their image, with the range they skip;
@@ -547,11 +587,14 @@ class DriverConductor:
         if any(p.is_cleaning_behind for p in self.ipc_publications.values()) or (
                 self.network is not None and self.network.has_events):
             return self._last_cycle_ns  # overdue: clean the next chunk after one yield
+        deadline = self._next_timer_ns
+        if self.network is not None and (self.network.carries_streams or self.governor.step):
+            deadline = min(deadline, self._next_governor_ns)
         if any(p.episodes.is_open for p in self.ipc_publications.values()) or (
                 self.network is not None and self.network.has_open_episode):
             # An open episode ends when the depth falls, which nothing signals: look again.
-            return min(self._next_timer_ns, self._last_cycle_ns + EPISODE_SAMPLE_INTERVAL_NS)
-        return self._next_timer_ns
+            return min(deadline, self._last_cycle_ns + EPISODE_SAMPLE_INTERVAL_NS)
+        return deadline
 
     # -- graceful drain (seeds/000: pause credit, never fill a buffer) --------------------------
     def begin_drain(self, now_ns: int) -> None:
@@ -610,6 +653,10 @@ class DriverConductor:
         if self.network is not None:
             self.network.close()
 
+
+# The counter of each step's entries (index: the step).
+_STEP_COUNTERS = (None, SystemCounter.GOVERNOR_COALESCING, SystemCounter.GOVERNOR_STATUS_WIDENED,
+                  SystemCounter.GOVERNOR_LOWEST_DEFERRED, SystemCounter.GOVERNOR_LOWEST_REFUSED)
 
 # URI parameters this driver parses (they are Aeron's) but does not act on yet: a channel that
 # asks for them is refused, naming the part, rather than served without them.

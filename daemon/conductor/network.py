@@ -605,6 +605,38 @@ class NetworkConductor:
                 log.exception("handling %r failed", event)
         return work, out
 
+    def send_backlog(self, *, deferring: bool) -> float:
+        """The governor's send backlog: of each publication, the data its flow control lets it
+        send but the sender has not sent, as a share of what flow control lets it send; the
+        largest (0 without publications: a sender that keeps up leaves next to nothing).  A
+        publication whose data waits on purpose does not count: one paced by its send-rate
+        limit (``rc=``), and with ``deferring`` one of the lowest band.  (Its ``c`` belongs to
+        the sender's thread: a word read across threads, a sample's worth.)"""
+        get = self.counters.get
+        backlog = 0.0
+        for entry in self.publications.values():
+            publication = entry.publication
+            if (deferring and publication.priority < 0) or publication.c.rate_limit > 0:
+                continue  # waits on purpose: deferred, or paced by its send-rate limit
+            _, sender_position_id, sender_limit_id = entry.counter_ids[:3]
+            sender_position = get(sender_position_id)
+            sender_limit = get(sender_limit_id)
+            sendable = min(entry.log.producer_position(), sender_limit)
+            if sendable > sender_position:
+                backlog = max(backlog, (sendable - sender_position)
+                              / (sender_limit - sender_position))
+        return backlog
+
+    @property
+    def carries_streams(self) -> bool:
+        """Whether it has publications or images (what the governor watches)."""
+        return bool(self.publications) or self.image_count > 0
+
+    def apply_pressure_step(self, step: int) -> None:
+        """Hand the governor's step to the agents (on their thread)."""
+        self._submit_send(lambda _now: self.sender.set_pressure_step(step))
+        self._submit_receive(lambda _now: self.receiver.set_pressure_step(step))
+
     @property
     def has_open_episode(self) -> bool:
         """Whether a publication is in a back-pressure episode."""

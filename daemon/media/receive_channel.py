@@ -138,6 +138,8 @@ class ReceiveChannel:
         self.receiver_id = receiver_id
         self.counters = counters
         self.rng = rng
+        #: The pressure governor's multiple of its images' status-message interval.
+        self.status_interval_factor = 1
         self.cool_down_ns = cool_down_ns
         control = channel.control_group if channel.endpoint is not None else None
         #: Multicast: where SMs/NAKs go (the control group); None: reply to the source.
@@ -238,8 +240,16 @@ class ReceiveChannel:
             control_address=self._reply_address(request.source), source=request.source,
             now_ns=now_ns, rng=self.rng, loss_entry=loss_entry)
 
+    def set_status_interval_factor(self, factor: int) -> None:
+        """The pressure governor widens (or restores) the status-message interval of every
+        image of this channel, and of those it makes from now on."""
+        self.status_interval_factor = factor
+        for image in self.images.values():
+            image.status_interval_factor = factor
+
     def add_image(self, image: PublicationImage) -> None:
         """Start receiving into ``image`` (made by :meth:`new_image`)."""
+        image.status_interval_factor = self.status_interval_factor
         key = (image.session_id, image.stream_id)
         self._pending_image.pop(key, None)
         self.images[key] = image

@@ -172,6 +172,8 @@ class PublicationImage:
         self.window = cc.initial_window_length()
         self._consults_congestion_control = not cc.is_static
         self.status_message_timeout_ns = settings.status_message_timeout
+        #: The pressure governor widens the interval between status messages (step 2).
+        self.status_interval_factor = 1
         self.liveness_timeout_ns = settings.image_liveness_timeout
         if self.is_group:
             generator: StaticDelayGenerator | OptimalMulticastDelayGenerator = (
@@ -509,7 +511,8 @@ class PublicationImage:
         out.append(Datagram(sm.encode(), self.control_address))
         self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
         self._set_last_sm_position(position)
-        self._sm_deadline_ns = now_ns + self.status_message_timeout_ns
+        self._sm_deadline_ns = (now_ns
+                                + self.status_message_timeout_ns * self.status_interval_factor)
 
     def _check_left_behind(self) -> None:
         """Whether the sender has moved so far on that the data this image lacks (from

@@ -76,6 +76,7 @@ from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.flow_control import FlowControl
 from slipstream.daemon.flow.rate_control import ANNOUNCE_INTERVAL_NS
 from slipstream.daemon.flow.registry import rate_control_for
+from slipstream.daemon.pressure.governor import COALESCE_NS, TOP_STEP
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.retransmit import RetransmitHandler
@@ -188,6 +189,7 @@ class NetworkPublication:
         c.initial_term_id = log.initial_term_id
         c.max_message_length = max_message_length(log.term_length)
         c.priority = params.priority
+        self._refusing_offers = False
         #: priority= of its URI: its band in the sender's round robin (seeds/004).
         self.priority = params.priority
         self.retransmit_handler = RetransmitHandler(
@@ -545,11 +547,30 @@ class NetworkPublication:
         never past what cleaning allows; the log is cleaned one term behind snd-pos first."""
         sender_position = self.sender_position
         self.cleaner.clean_toward(sender_position)
+        if self._refusing_offers:
+            return
         limit = min(sender_position + self.term_window_length, self.cleaner.reusable_limit())
         if self.credit_stop_position is not None:
             limit = min(limit, self.credit_stop_position)
         if limit >= self._last_publisher_limit + self._trip_gain:
             self._set_publisher_limit(limit)
+
+    def apply_pressure_step(self, step: int) -> None:
+        """The governor's step: from step 1 new data short of a datagram waits a little for
+        more; at step 4 a publication of the lowest band (priority < 0) takes no new offers
+        (its pub-lmt stays at the producer's position: BACK_PRESSURED); what it accepted
+        still goes."""
+        self.c.coalesce_ns = COALESCE_NS if step >= 1 else 0
+        refusing = step >= TOP_STEP and self.priority < 0
+        if refusing == self._refusing_offers:
+            return
+        self._refusing_offers = refusing
+        if refusing:
+            self._set_publisher_limit(min(self._last_publisher_limit,
+                                          max(self.log.producer_position(),
+                                              self.sender_position)))
+        elif self.state is PublicationState.ACTIVE and self._connected:
+            self._update_publisher_limit()
 
     def _set_publisher_limit(self, limit: int) -> None:
         """Store pub-lmt and wake the publishers parked for credit (policy=block)."""

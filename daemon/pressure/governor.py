@@ -1,0 +1,106 @@
+"""The pressure governor (seeds/004): under load the driver degrades latency along a fixed
+ladder, never correctness.
+
+Every :data:`SAMPLE_INTERVAL_NS` the conductor samples three signals into one pressure in
+[0, 1], the largest of:
+
+* **send backlog**: of each network publication, the data its flow control lets it send but
+  the sender has not sent yet, as a share of what flow control lets it send (the largest
+  share; a publication whose data waits on purpose does not count: one the governor defers,
+  one paced by its send-rate limit);
+* **duty-cycle lag**: how late the conductor's own cycle ran against its schedule beyond
+  :data:`LAG_FLOOR_NS` (its timer's millisecond granularity), as a share of the rest of
+  :data:`LAG_CEILING_NS` (a smoothed average);
+* **busy ratio**: the share of the network threads' duty cycles that did work, halved, so that
+  a busy thread alone climbs no higher than the lossless second step.
+
+The ladder, one step per sample, each with hysteresis (a step is left only when the pressure
+falls well below what entered it):
+
+====  ==================================  ==========  ==========  =======================
+step  what the driver does                enter at    leave at    loses anything?
+====  ==================================  ==========  ==========  =======================
+1     coalesce: new data short of a       > 0.2       < 0.1       no (latency)
+      datagram waits up to COALESCE_NS
+2     widen the status-message interval   > 0.4       < 0.3       no
+      (status_message_timeout x 4)
+3     defer the lowest band (priority <   > 0.8 for   < 0.6       no: its data waits in
+      0): it gets no turn in the sender   3 samples               the log
+4     refuse its offers: its pub-lmt      > 0.95 for  < 0.8       no: offers see
+      stays where the producer is         3 samples               BACK_PRESSURED
+====  ==================================  ==========  ==========  =======================
+
+Each step's entries, the climbs and descents, the step and the pressure (per mille) are system
+counters.  Sans-I/O: :meth:`PressureGovernor.sample` takes the signals and ``now``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+#: How often the conductor samples the signals.
+SAMPLE_INTERVAL_NS = 100_000_000
+#: The duty-cycle lag that counts as full pressure, and the lag that counts as none (trio's
+#: timers wake within a millisecond of their deadline: lateness up to that is their grain).
+LAG_CEILING_NS = 5_000_000
+LAG_FLOOR_NS = 1_000_000
+#: How long step 1 lets new data short of a datagram wait for more.
+COALESCE_NS = 200_000
+#: Step 2: the status-message interval is multiplied by this.
+STATUS_INTERVAL_FACTOR = 4
+TOP_STEP = 4
+
+
+@attrs.frozen
+class Rung:
+    """One step of the ladder: entered above ``enter`` for ``samples`` samples in a row,
+    left below ``leave``."""
+
+    enter: float
+    leave: float
+    samples: int = 1
+
+
+LADDER: tuple[Rung, ...] = (
+    Rung(0.2, 0.1),
+    Rung(0.4, 0.3),
+    Rung(0.8, 0.6, samples=3),
+    Rung(0.95, 0.8, samples=3),
+)
+
+
+def pressure_of(backlog: float, lag_ns: float, busy: float) -> float:
+    """One pressure in [0, 1] from the three signals (module doc)."""
+    lag = (lag_ns - LAG_FLOOR_NS) / (LAG_CEILING_NS - LAG_FLOOR_NS)
+    return max(0.0, min(1.0, max(backlog, lag, busy / 2)))
+
+
+class PressureGovernor:
+    """The ladder's state: :attr:`step` 0 (no pressure) to :data:`TOP_STEP`."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.pressure = 0.0
+        self.climbs = 0
+        self.descents = 0
+        self.entries = [0] * (TOP_STEP + 1)  # by step
+        self._above = 0  # samples in a row above the next rung's entry
+
+    def sample(self, pressure: float) -> int:
+        """Take one sample; returns the step change (+1, -1 or 0)."""
+        self.pressure = pressure
+        if self.step < TOP_STEP:
+            rung = LADDER[self.step]
+            self._above = self._above + 1 if pressure > rung.enter else 0
+            if self._above >= rung.samples:
+                self.step += 1
+                self.climbs += 1
+                self.entries[self.step] += 1
+                self._above = 0
+                return 1
+        if self.step > 0 and pressure < LADDER[self.step - 1].leave:
+            self.step -= 1
+            self.descents += 1
+            self._above = 0
+            return -1
+        return 0
