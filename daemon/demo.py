@@ -10,7 +10,8 @@ speed for 2 s, then 1,000 messages a second for 2 s, and so on: its publisher of
 demo's rate under a back-pressure policy (``--policy``, default ``block``), and prints each
 back-pressure episode as its ``on_back_pressure`` callback hears of it; the report lines add
 the stream's episodes, the time spent in them and what the policy dropped (as ``slipstream
-stat`` shows them)."""
+stat`` shows them).  Every report line gives the pressure governor's step and pressure
+(daemon/pressure/governor.py)."""
 
 from __future__ import annotations
 
@@ -246,7 +247,9 @@ def _report(driver: MediaDriver, duration: float, size: int, started: float,
                   f"   NAKs {counters.get(SystemCounter.NAK_MESSAGES_SENT):,}"
                   f"  retransmits {counters.get(SystemCounter.RETRANSMITS_SENT):,}"
                   f"  flow-control window {(send_limit - send_position) / 1024:,.0f} KiB"
-                  f"  back-pressure {counters.get(SystemCounter.BACK_PRESSURE_EVENTS):,}",
+                  f"  back-pressure {counters.get(SystemCounter.BACK_PRESSURE_EVENTS):,}"
+                  f"  governor step {counters.get(SystemCounter.GOVERNOR_STEP)}"
+                  f" (pressure {counters.get(SystemCounter.GOVERNOR_PRESSURE) / 1000:.2f})",
                   flush=True)
             if slow:
                 print(f"         slow {received['slow']:>12,.0f} msgs ({rates['slow']:>9,.0f}/s)"
