@@ -18,6 +18,14 @@ targets), and a back-pressure episode as a user sees it.
    stamps the move in the log: ``LogBuffer.limit_moved_ns``), p50/p99/p99.9, and its CPU.
 3. **The episodes** the publisher's ``on_back_pressure`` callback saw, and the stream's
    back-pressure counters, as ``slipstream stat`` shows them.
+4. **Priority bands** (``--hosts``, root): two streams on one send socket through a 100 Mbit/s
+   tbf (a 50 ms queue, a 64 KiB socket buffer: the socket fills before the queue drops),
+   ``priority=800`` (band 4) against ``priority=0`` (band 1), then both at priority 0 (the
+   peer: one band, shared evenly): band 4's share, and band 1's longest wait between two
+   deliveries.
+5. **The pressure governor** (``--hosts``): the same link, ``priority=-500`` against
+   ``priority=800``, offering all they can for 6 s, then nothing: the ladder's steps over time,
+   and what each stream moved at the top step.
 """
 
 from __future__ import annotations
@@ -157,6 +165,97 @@ def blocked_publisher(directory: Path, hold_s: float, trickle_s: float) -> dict:
     return measured
 
 
+# -- 4. and 5. on namespace hosts ---------------------------------------------------------------
+LINK = {"mbit": 100, "queue_ms": 50, "sender_settings": {"socket_so_sndbuf": "64k"},
+        "receiver_settings": {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"}}
+
+
+def bands_on_hosts(seconds: float) -> None:
+    from slipstream.sim.real.on_hosts import share_one_link
+
+    for name, params in (("band 4 against band 1", ("priority=0", "priority=800")),
+                         ("one band (the peer)", ("priority=0", "priority=0"))):
+        result = share_one_link(("", ""), seconds, publication_params=params, **LINK)
+        low, high = (series[10:] for series in result["bins"])  # after the first second
+        longest = 0
+        run = 0
+        for delivered in low:
+            run = run + 1 if delivered == 0 else 0
+            longest = max(longest, run)
+        print(f"   {name}: stream 2 {sum(high) / (len(high) / 10) / 1e6:.2f} MB/s, stream 1 "
+              f"{sum(low) / (len(low) / 10) / 1e6:.2f} MB/s, stream 2's share "
+              f"{sum(high) / (sum(high) + sum(low)):.3f}; stream 1's longest spell without a "
+              f"delivery: {'under 100 ms' if not longest else f'{longest * 100} ms'}; "
+              f"losses {result['losses']}", flush=True)
+
+
+def governor_on_hosts(load_s: float) -> None:
+    from slipstream.client import Client
+    from slipstream.client.counters import CountersFile, SystemCounter
+    from slipstream.sim.real.hosts import NamespaceHosts
+    from slipstream.sim.scenario import UNICAST_PORT
+
+    with NamespaceHosts(2) as hosts:
+        hosts.rate_limit(1, LINK["mbit"], latency_ms=LINK["queue_ms"])
+        sender = hosts.start_driver(1, log_level="warning", **LINK["sender_settings"])
+        receiver = hosts.start_driver(2, log_level="warning", **LINK["receiver_settings"])
+        uri = f"aeron:udp?endpoint={hosts[2].address}:{UNICAST_PORT}"
+        with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
+            subscriptions = [b.add_subscription(uri, k) for k in (1, 2)]
+            publications = [a.add_publication(f"{uri}|priority=-500", 1),
+                            a.add_publication(f"{uri}|priority=800", 2)]
+            while not (all(p.is_connected for p in publications)
+                       and all(s.images for s in subscriptions)):
+                time.sleep(0.01)
+            counters = CountersFile(sender.directory / "counters.dat", writable=False)
+            message = bytes(1024)
+            got = [0, 0]
+
+            def counted(k: int):
+                def on_message(_data: memoryview, _header: object) -> None:
+                    got[k] += 1
+                return on_message
+
+            handlers = [counted(0), counted(1)]
+            steps = [(0.0, 0, 0)]
+            top: tuple[float, list[int]] | None = None  # when step 4 came, what had arrived
+            load_end: tuple[float, list[int]] | None = None
+            started = time.monotonic()
+            next_look = started
+            while (now := time.monotonic()) - started < load_s + 8:
+                loading = now - started < load_s
+                if not loading and load_end is None:
+                    load_end = (now - started, got[:])
+                for k, publication in enumerate(publications):
+                    if loading:
+                        for _ in range(32):
+                            if publication.offer(message) < 0:
+                                break
+                    subscriptions[k].poll(handlers[k], 256)
+                if now >= next_look:
+                    next_look += 0.01
+                    step = counters.get(SystemCounter.GOVERNOR_STEP)
+                    if step != steps[-1][1]:
+                        steps.append((now - started, step,
+                                      counters.get(SystemCounter.GOVERNOR_PRESSURE)))
+                        if step == 4 and top is None and loading:
+                            top = (now - started, got[:])
+                    if not loading and step == 0:
+                        break
+                if not loading:
+                    time.sleep(0.0005)
+            counters.close()
+    print("   the ladder (time after the load began: step, pressure):")
+    print("   " + "  ".join(f"{t:.2f} s: {step} ({pressure / 1000:.2f})"
+                            for t, step, pressure in steps[1:]))
+    if top is not None and load_end is not None and load_end[0] > top[0]:
+        span = load_end[0] - top[0]
+        rates = [(load_end[1][k] - top[1][k]) * 1024 / span / 1e6 for k in (0, 1)]
+        print(f"   at the top step, until the load stopped ({span:.1f} s): priority -500 "
+              f"{rates[0]:.2f} MB/s (refused), priority 800 {rates[1]:.2f} MB/s")
+    print(f"   messages delivered in all: priority -500 {got[0]:,}, priority 800 {got[1]:,}")
+
+
 def percentile(values: list[int], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
@@ -172,6 +271,8 @@ def main() -> int:
     parser.add_argument("--hold", type=float, default=3.0, help="seconds the publisher is held")
     parser.add_argument("--trickle", type=float, default=3.0,
                         help="seconds of one message read every 2 ms")
+    parser.add_argument("--hosts", action="store_true",
+                        help="also sections 4 and 5, on namespace hosts (root)")
     args = parser.parse_args()
 
     from slipstream.daemon.driver import MediaDriver
@@ -235,6 +336,11 @@ def main() -> int:
               f"{counters.get('bp-time', 0) / 1e9:.3f} s, bp-depth {counters.get('bp-depth')}, "
               f"bp-peak {counters.get('bp-peak')}, pub-drops {counters.get('pub-drops')}")
     scratch.cleanup()
+    if args.hosts:
+        print("\n4. priority bands through a 100 Mbit/s tbf (after the first second of 6)")
+        bands_on_hosts(6.0)
+        print("\n5. the pressure governor through the same link")
+        governor_on_hosts(6.0)
     return 0
 
 

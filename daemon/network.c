@@ -213,6 +213,19 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
             return -1;
         }
         if (sent < n) count(p->short_sends, 1);
+    } else if (p->virtual_room >= 0) {
+        /* The simulator's socket takes virtual_room datagrams (what its link's queue holds),
+         * as a socket whose send buffer fills takes what fits. */
+        if (sent > p->virtual_room) sent = p->virtual_room;
+        const int32_t taken = sent < retransmits ? sent : retransmits;
+        memcpy(p->retransmits, spans + taken, sizeof(ss_span_t) * (size_t)(retransmits - taken));
+        p->retransmit_count = retransmits - taken;
+        p->socket_full = sent < n;
+        p->virtual_room -= sent;
+        if (sent < n) count(p->short_sends, 1);
+        if (sent == 0) return 0;
+    } else {
+        p->socket_full = 0;
     }
     int64_t sent_position = start;
     int64_t bytes = 0;
@@ -864,25 +877,52 @@ int32_t ss_band_of(const ss_send_publication_t *p, int64_t now_ns) {
     return 4;
 }
 
+/* Whether the sends of this pass (virtual: the simulator's, else the sockets') include p. */
+static inline int in_pass(const ss_send_publication_t *p, int virtual) {
+    return (p->fd < 0) == (virtual != 0);
+}
+
+/* One ss_send_data of publication i; a virtual one's spans go to the agent's virtual output
+ * (*full when it has no room left for another send). */
+static int32_t send_one(ss_agent_t *a, int32_t i, int64_t now_ns, int32_t budget, int virtual,
+                        int *full) {
+    ss_send_publication_t *p = a->publications[i];
+    if (virtual) {
+        const int32_t room = a->virtual_capacity - a->virtual_count - SS_RETRANSMIT_MAX;
+        if (room <= 0) {
+            *full = 1;
+            return 0;
+        }
+        if (budget > room) budget = room;
+    }
+    const int32_t sent = ss_send_data(p, now_ns, budget, a->spans);
+    if (virtual && sent > 0) {
+        memcpy(a->virtual_spans + a->virtual_count, a->spans, sizeof(ss_span_t) * (size_t)sent);
+        for (int32_t k = 0; k < sent; k++) a->virtual_owners[a->virtual_count + k] = i;
+        a->virtual_count += sent;
+    }
+    return sent;
+}
+
 /* Serve band b's publications that have data from its turn's start, as long as its deficit
  * lasts; *full is set when the socket stops taking datagrams (the turn resumes there). */
-static int32_t serve_band(ss_agent_t *a, int32_t b, int64_t now_ns, int *full) {
+static int32_t serve_band(ss_agent_t *a, int32_t b, int64_t now_ns, int virtual, int *full) {
     int32_t sent_total = 0;
     const int32_t count = a->publication_count;
     for (int32_t k = 0; k < count && a->dwrr_deficit[b] > 0; k++) {
         const int32_t i = (a->dwrr_next[b] + k) % count;
         ss_send_publication_t *p = a->publications[i];
-        if (p->fd < 0 || ss_band_of(p, now_ns) != b || !ss_has_data_ready(p)) continue;
+        if (!in_pass(p, virtual) || ss_band_of(p, now_ns) != b || !ss_has_data_ready(p)) continue;
         while (a->dwrr_deficit[b] > 0) {
             int64_t budget = a->dwrr_deficit[b];
             if (budget > a->max_datagrams) budget = a->max_datagrams;
-            const int32_t sent = ss_send_data(p, now_ns, (int32_t)budget, a->spans);
+            const int32_t sent = send_one(a, i, now_ns, (int32_t)budget, virtual, full);
             if (sent > 0) {
                 sent_total += sent;
                 a->dwrr_deficit[b] -= sent;
                 p->waiting_since_ns = 0; /* served: it ages again from its next wait */
             }
-            if (p->socket_full) {
+            if (p->socket_full || *full) {
                 a->dwrr_next[b] = i;
                 *full = 1;
                 return sent_total;
@@ -893,17 +933,19 @@ static int32_t serve_band(ss_agent_t *a, int32_t b, int64_t now_ns, int *full) {
     return sent_total;
 }
 
-static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_only) {
+static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_only,
+                                 int virtual) {
     int32_t sent_total = 0;
+    int full = 0;
     if (retransmits_only || a->publication_count <= 1) {
         /* Repairs go first whatever the bands (a gap pins the receiver's window); one
          * publication has nobody to share with. */
-        for (int32_t i = 0; i < a->publication_count; i++) {
+        for (int32_t i = 0; i < a->publication_count && !full; i++) {
             ss_send_publication_t *p = a->publications[i];
-            if (p->fd < 0 || (retransmits_only && p->retransmit_count == 0)) continue;
+            if (!in_pass(p, virtual) || (retransmits_only && p->retransmit_count == 0)) continue;
             if (!retransmits_only && a->defer_lowest_band && p->retransmit_count == 0 &&
                 p->priority < 0) continue;
-            int32_t sent = ss_send_data(p, now_ns, a->max_datagrams, a->spans);
+            int32_t sent = send_one(a, i, now_ns, a->max_datagrams, virtual, &full);
             if (sent > 0) sent_total += sent;
         }
         return sent_total;
@@ -913,7 +955,6 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
      * When the socket is full the round stops where it is and goes on from there next cycle,
      * so under a bottleneck each band's share of what the socket takes follows its weight,
      * and the lowest band is served every round. */
-    int full = 0;
     for (int32_t visit = 0; visit < SS_BANDS && !full; visit++) {
         const int32_t b = a->dwrr_band;
         if (!a->dwrr_granted) {
@@ -921,7 +962,7 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
                 a->dwrr_deficit[b] += (int64_t)band_weights[b] * a->max_datagrams;
             a->dwrr_granted = 1;
         }
-        sent_total += serve_band(a, b, now_ns, &full);
+        sent_total += serve_band(a, b, now_ns, virtual, &full);
         if (full) break;
         /* The visit ended with room in the socket: the band spent its grant, or what is left
          * of it found nothing to send (DRR keeps no credit for an empty queue). */
@@ -933,7 +974,7 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
     /* Aging: a publication with data that got nothing since it was last served waits on. */
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
-        if (p->fd < 0) continue;
+        if (!in_pass(p, virtual)) continue;
         /* A deferred publication does not age out of the lowest band: it waits on purpose. */
         if (!ss_has_data_ready(p) || (a->defer_lowest_band && p->priority < 0))
             p->waiting_since_ns = 0;
@@ -942,10 +983,15 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
     return sent_total;
 }
 
+int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only) {
+    a->virtual_count = 0;
+    return send_publications(a, now_ns, retransmits_only, 1);
+}
+
 int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
     if (a->is_sender) {
-        int32_t sent = send_publications(a, now_ns, 0);
+        int32_t sent = send_publications(a, now_ns, 0, 0);
         /* Control input every cycle that sent nothing, else every 2 x status_poll_ratio
          * datagrams (aeron_driver_sender_do_work counts cycles of 2): a status message or NAK
          * read late stalls the stream. */
@@ -958,7 +1004,7 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
             work += received;
             /* The NAKs just answered queued retransmissions: they go now, not a cycle of new
              * data later (a gap pins the receiver's window until it is repaired). */
-            if (received) work += send_publications(a, now_ns, 1);
+            if (received) work += send_publications(a, now_ns, 1, 0);
         }
         work += sent;
     } else {

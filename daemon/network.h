@@ -129,6 +129,9 @@ typedef struct {
     /* The pressure governor (daemon/pressure/governor.py): new data short of a datagram waits
      * this long after the last send for more to fill it (0: it goes at once). */
     int64_t coalesce_ns;
+    /* fd < 0 (the simulator's socket): how many more datagrams it takes, as a socket whose
+     * send buffer fills takes what fits (-1: any number). */
+    int32_t virtual_room;
 } ss_send_publication_t;
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
@@ -371,6 +374,12 @@ typedef struct {
     /* The pressure governor: the lowest band (priority < 0) gets no turn and does not age (its
      * new data waits in the log; its retransmissions still go). */
     int32_t defer_lowest_band;
+    /* ss_send_virtual's output (the simulator copies these spans onto its network): each
+     * span sent and the index in `publications` of the publication it is of. */
+    ss_span_t *virtual_spans;
+    int32_t *virtual_owners;
+    int32_t virtual_count;
+    int32_t virtual_capacity;
 } ss_agent_t;
 
 /* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0); a sender
@@ -378,6 +387,11 @@ typedef struct {
  * endpoints by the status-poll rule.  Then it decides whether the Python half is due (a->due,
  * see ss_agent_python_due).  Returns the work done. */
 int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns);
+/* The sender's sends of its publications without a socket (the simulator's), by the same rules
+ * as ss_agent_do_work's for sockets (retransmissions first, the bands, each one's
+ * virtual_room): the spans go to virtual_spans/virtual_owners (virtual_count of them).
+ * Returns the datagrams sent. */
+int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only);
 /* Whether the Python half is due at now_ns: SS_DUE_* bits, also stored in a->due. */
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns);
 

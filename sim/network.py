@@ -133,6 +133,13 @@ class Link:
         self._bad = False
         self._busy_until_ns = 0
 
+    def backlog_bytes(self, now_ns: int) -> int | None:
+        """Bytes waiting for the wire at ``now_ns`` (None: the link has no bandwidth limit)."""
+        rate = self.faults.rate_mbit
+        if rate <= 0:
+            return None
+        return max(0, int((self._busy_until_ns - now_ns) * rate / 8000))
+
     @property
     def in_bad_state(self) -> bool:
         """The Gilbert-Elliott chain is in its bad (dropping) state."""
@@ -276,6 +283,18 @@ class Network:
             self._faults[key] = faults
         for link in self._links.values():
             link.faults = faults
+
+    def backlog_bytes(self, src_ip: str, destination: Address, now_ns: int) -> int | None:
+        """The most bytes waiting on a link from ``src_ip`` toward ``destination`` (each
+        member of a multicast group), None when none of them has a bandwidth limit: what a
+        sender's socket buffer holds while the link's queue drains it."""
+        if is_multicast(destination[0]):
+            targets = [ip for ip in self._groups.get(destination, ()) if ip != src_ip]
+        else:
+            targets = [destination[0]]
+        backlogs = [b for b in (self.link(src_ip, ip).backlog_bytes(now_ns) for ip in targets)
+                    if b is not None]
+        return max(backlogs) if backlogs else None
 
     def link(self, src: str, dst: str) -> Link:
         """The directed link src → dst (created on first use)."""

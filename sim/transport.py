@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Final
 
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
-from slipstream.daemon._network import ffi as network_ffi
-from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.types import Address, Datagram
@@ -30,6 +28,10 @@ if TYPE_CHECKING:
 
 #: The first ephemeral port a host's send transports use; each incarnation takes a new one.
 SEND_PORT_BASE: Final = 50000
+
+
+#: A UDP socket's send buffer when socket_so_sndbuf is 0: Linux's net.core.wmem_default.
+DEFAULT_SO_SNDBUF = 212_992
 
 
 class VirtualTransports:
@@ -108,8 +110,6 @@ class VirtualSendTransport(_VirtualTransport):
 
     def __init__(self, host: SimHost, address: Address, channel: Channel) -> None:
         super().__init__(host, address)
-        self._batch = host.sim.settings.network_publication_max_messages_per_send
-        self._spans = network_ffi.new("ss_span_t[]", self._batch + network.SS_RETRANSMIT_MAX)
         self._listen(address)
         group = channel.control_group
         if group is not None:
@@ -118,17 +118,22 @@ class VirtualSendTransport(_VirtualTransport):
     def attach(self, publication: NetworkPublication) -> None:
         publication.c.fd = -1  # the C data path returns spans; this transport copies them
 
-    def send_data(self, publication: NetworkPublication, now_ns: int) -> int:
-        spans = self._spans
-        sent = network.ss_send_data(publication.c, now_ns, self._batch, spans)
-        if sent > 0:
-            view = publication.log.view
-            send = self.host.sim.network.send
-            destination = publication.destination
-            for i in range(sent):
-                offset = spans[i].log_offset
-                send(self.address, destination, bytes(view[offset:offset + spans[i].length]))
-        return sent
+    def room(self, publication: NetworkPublication, now_ns: int) -> int:
+        """How many more datagrams this endpoint's "socket" takes now (-1: any number): a
+        send buffer of ``socket_so_sndbuf`` (Linux's default when 0) that the link's queue
+        drains at its bandwidth, so a sender behind a bottleneck finds it full, as a real
+        socket behind a qdisc does."""
+        backlog = self.host.sim.network.backlog_bytes(self.address[0], publication.destination,
+                                                      now_ns)
+        if backlog is None:
+            return -1
+        buffer = self.host.sim.settings.socket_so_sndbuf or DEFAULT_SO_SNDBUF
+        return max(0, (buffer - backlog) // publication.c.mtu)
+
+    def emit(self, publication: NetworkPublication, offset: int, length: int) -> None:
+        """One datagram the C data path sent: ``length`` bytes of the log at ``offset``."""
+        self.host.sim.network.send(self.address, publication.destination,
+                                   bytes(publication.log.view[offset:offset + length]))
 
     def on_notice(self, publication: NetworkPublication) -> None:
         """Nothing fails on the virtual network."""

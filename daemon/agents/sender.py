@@ -22,6 +22,7 @@ from typing import Protocol
 import attrs
 
 from slipstream.client.layout import NO_DEADLINE
+from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.media.send_channel import SendChannel
@@ -37,10 +38,14 @@ class SendTransport(Protocol):
         """Point the publication's C data path at this transport (socket, destination)."""
         ...
 
-    def send_data(self, publication: NetworkPublication, now_ns: int) -> int:
-        """A transport without a socket (the simulator's): send what the publication's data
-        path has ready, retransmissions first; returns datagrams sent.  With a socket the
-        agent's C half sends."""
+    def room(self, publication: NetworkPublication, now_ns: int) -> int:
+        """A transport without a socket (the simulator's): how many more datagrams it takes
+        now (-1: any number).  With a socket the agent's C half sends."""
+        ...
+
+    def emit(self, publication: NetworkPublication, offset: int, length: int) -> None:
+        """A transport without a socket: put on its network the datagram the C data path
+        sent, ``length`` bytes of the publication's log at ``offset``."""
         ...
 
     def send(self, datagrams: list[Datagram]) -> None:
@@ -98,6 +103,15 @@ class Sender(Agent[SendEndpoint]):
         #: The pressure governor's step, applied to every publication (set_pressure_step).
         self.pressure_step = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
+        #: What the C half's publications array holds, in its order (set by _c_view).
+        self._c_pairs: list[tuple[NetworkPublication, SendEndpoint]] = []
+        # ss_send_virtual's output: room for a cycle of many publications' sends.
+        capacity = 64 * max(1, max_datagrams_per_send) + network.SS_RETRANSMIT_MAX
+        self._virtual_spans = network_ffi.new("ss_span_t[]", capacity)
+        self._virtual_owners = network_ffi.new("int32_t[]", capacity)
+        self.c.virtual_spans = self._virtual_spans
+        self.c.virtual_owners = self._virtual_owners
+        self.c.virtual_capacity = capacity
         self._on_event = on_event
 
     # -- commands (run on the agent's thread) -----------------------------------------------
@@ -125,13 +139,11 @@ class Sender(Agent[SendEndpoint]):
 
     # -- duty cycle -------------------------------------------------------------------------
     def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
-        """The simulator's endpoints: the C data path fills spans its transport copies, by
-        the same status-poll rule as the C half's sockets."""
-        sent_total = 0
+        """The simulator's endpoints: the C data path sends by the same rules as for sockets
+        (the bands, each transport's room) into spans the transports copy, and control input
+        is read by the same status-poll rule."""
+        sent_total = self._send_virtual(now_ns, retransmits_only=False)
         received = 0
-        for publication, endpoint in self._publications:
-            if publication.c.fd < 0:
-                sent_total += max(0, endpoint.transport.send_data(publication, now_ns))
         self._datagrams_to_status_poll -= sent_total
         if not sent_total or self._datagrams_to_status_poll <= 0:
             self._datagrams_to_status_poll = 2 * self.c.status_poll_ratio
@@ -139,10 +151,25 @@ class Sender(Agent[SendEndpoint]):
                 if endpoint.channel.c.fd < 0:
                     received += endpoint.transport.receive(endpoint.channel, now_ns)
             if received:  # NAKs answered: their retransmissions go now
-                for publication, endpoint in self._publications:
-                    if publication.c.fd < 0 and publication.c.retransmit_count:
-                        sent_total += max(0, endpoint.transport.send_data(publication, now_ns))
+                sent_total += self._send_virtual(now_ns, retransmits_only=True)
         return sent_total + received, any(e.channel.has_python_work for e in self.endpoints)
+
+    def _send_virtual(self, now_ns: int, *, retransmits_only: bool) -> int:
+        """``ss_send_virtual`` over the publications without a socket, then their transports
+        put the spans on the virtual network."""
+        pairs = self._c_pairs
+        if not any(publication.c.fd < 0 for publication, _ in pairs):
+            return 0
+        for publication, endpoint in pairs:
+            if publication.c.fd < 0:
+                publication.c.virtual_room = endpoint.transport.room(publication, now_ns)
+        c = self.c
+        sent = network.ss_send_virtual(c, now_ns, int(retransmits_only))
+        spans, owners = c.virtual_spans, c.virtual_owners
+        for k in range(c.virtual_count):
+            publication, endpoint = pairs[owners[k]]
+            endpoint.transport.emit(publication, spans[k].log_offset, spans[k].length)
+        return max(0, sent)
 
     def do_python_work(self, now_ns: int) -> int:
         """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
@@ -201,5 +228,6 @@ class Sender(Agent[SendEndpoint]):
                 or any(p.c.fd < 0 for p, _ in self._publications))
 
     def _c_view(self) -> tuple[list, list, list]:
+        self._c_pairs = list(self._publications)  # the C half's publications, in its order
         return ([e.channel.c for e in self.endpoints if e.channel.c.fd >= 0], [],
-                [p.c for p, _ in self._publications])
+                [p.c for p, _ in self._c_pairs])

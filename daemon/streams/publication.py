@@ -183,6 +183,7 @@ class NetworkPublication:
         c.position_bits = log.position_bits
         c.mtu = log.mtu
         c.fd = -1
+        c.virtual_room = -1  # without a socket: as many datagrams as it sends
         c.meta = log.meta
         c.session_id = log.session_id
         c.stream_id = log.stream_id
