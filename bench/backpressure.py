@@ -64,6 +64,8 @@ def offer_cost(directory: Path, channel: str, count: int, repeat: int,
             for name, (pub, sub) in pairs.items():
                 offer = pub.offer
                 start_position = pub.position
+                while pub.publication_limit - start_position < count * 64:  # a whole window
+                    time.sleep(0.001)
                 started = time.perf_counter()
                 for _ in range(count):
                     offer(message)
@@ -261,9 +263,64 @@ def percentile(values: list[int], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
 
 
+def section_block_cost(directory: Path, other: Path, args: argparse.Namespace) -> None:
+    big = "term-length=64m"
+    for name, channel in (("IPC", f"aeron:ipc?{big}"),
+                          ("UDP", f"aeron:udp?endpoint=127.0.0.1:{free_port()}|{big}")):
+        best = offer_cost(directory, channel, args.messages, args.repeat, 100)
+        print(f"   offer cost {name}: no policy {best['plain'] / 1e6:.3f} M offers/s, "
+              f"block {best['block'] / 1e6:.3f} M offers/s, "
+              f"ratio {best['block'] / best['plain']:.3f}", flush=True)
+    stream_id = 200
+    for name, channel, subscriber in (
+            ("IPC", "aeron:ipc", None),
+            ("UDP", f"aeron:udp?endpoint=127.0.0.1:{free_port()}", other)):
+        separator = "?" if name == "IPC" else "|"
+        best = {"plain": 0.0, "block": 0.0}
+        for _ in range(max(1, args.repeat // 2)):
+            for policy in best:
+                stream_id += 1
+                uri = channel + (f"{separator}policy=block" if policy == "block" else "")
+                best[policy] = max(best[policy], run_slipstream(
+                    directory, SIZE, args.stream_messages, False, stream_id,
+                    channel=uri, subscriber_directory=subscriber, first_program=True))
+        print(f"   streaming {name} (first program, {args.stream_messages:,} x {SIZE} B): "
+              f"no policy {best['plain'] / 1e6:.3f} M msg/s, block "
+              f"{best['block'] / 1e6:.3f} M msg/s, ratio "
+              f"{best['block'] / best['plain']:.3f}", flush=True)
+
+
+def section_blocked(directory: Path, args: argparse.Namespace) -> None:
+    print("\n2. a blocked publisher (IPC, another process, policy=block)")
+    measured = blocked_publisher(directory, args.hold, args.trickle)
+    latencies = measured["latencies"]
+    print(f"   held {measured['held_s']:.2f} s: {measured['held_cpu'] * 1e3:.1f} ms of CPU "
+          f"= {100 * measured['held_cpu'] / measured['held_s']:.2f} % of a core")
+    print(f"   one message read every 2 ms for {measured['trickle_s']:.1f} s: "
+          f"{len(latencies):,} resumes; from the limit's move to the offer's return "
+          f"p50 {percentile(latencies, 0.5) / 1e3:.1f} us, "
+          f"p99 {percentile(latencies, 0.99) / 1e3:.1f} us, "
+          f"p99.9 {percentile(latencies, 0.999) / 1e3:.1f} us; CPU "
+          f"{100 * measured['trickle_cpu'] / measured['trickle_s']:.2f} % of a core")
+    print("\n3. episodes the publisher's on_back_pressure saw "
+          f"(window {measured['window']:,} bytes)")
+    events = measured["episodes"]
+    first_ns = events[0][1] if events else 0
+    for started, at_ns, depth, duration_ns, count in events[:6]:
+        what = (f"episode {count} began" if started
+                else f"episode {count} ended after {duration_ns / 1e6:.1f} ms")
+        print(f"   +{(at_ns - first_ns) / 1e6:9.1f} ms  {what}, depth {depth:,} bytes")
+    if len(events) > 6:
+        print(f"   ... {len(events)} events in all")
+    counters = measured["counters"]
+    print(f"   counters: bp-episodes {counters.get('bp-episodes')}, bp-time "
+          f"{counters.get('bp-time', 0) / 1e9:.3f} s, bp-depth {counters.get('bp-depth')}, "
+          f"bp-peak {counters.get('bp-peak')}, pub-drops {counters.get('pub-drops')}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=400_000,
+    parser.add_argument("--messages", type=int, default=200_000,
                         help="offers per round of the offer cost (each fits the window)")
     parser.add_argument("--stream-messages", type=int, default=2_000_000,
                         help="messages per streaming run")
@@ -273,7 +330,10 @@ def main() -> int:
                         help="seconds of one message read every 2 ms")
     parser.add_argument("--hosts", action="store_true",
                         help="also sections 4 and 5, on namespace hosts (root)")
+    parser.add_argument("--only", type=int, default=0,
+                        help="run only this section (1-5; 4 and 5 need root)")
     args = parser.parse_args()
+    wanted = ({args.only} if args.only else {1, 2, 3, *((4, 5) if args.hosts else ())})
 
     from slipstream.daemon.driver import MediaDriver
 
@@ -281,64 +341,18 @@ def main() -> int:
     print(f"# command: python -m bench.backpressure {' '.join(sys.argv[1:])}")
     scratch = scratch_directory()
     directory = Path(scratch.name)
-    big = "term-length=64m"
     with MediaDriver.launch(directory=directory / "a") as a, \
             MediaDriver.launch(directory=directory / "b") as b:
-        print("\n1. policy=block while credit is there (ratio: block / no policy)")
-        for name, channel in (("IPC", f"aeron:ipc?{big}"),
-                              ("UDP", f"aeron:udp?endpoint=127.0.0.1:{free_port()}|{big}")):
-            best = offer_cost(a.directory, channel, args.messages, args.repeat, 100)
-            print(f"   offer cost {name}: no policy {best['plain'] / 1e6:.3f} M offers/s, "
-                  f"block {best['block'] / 1e6:.3f} M offers/s, "
-                  f"ratio {best['block'] / best['plain']:.3f}", flush=True)
-        stream_id = 200
-        for name, channel, subscriber in (
-                ("IPC", "aeron:ipc", None),
-                ("UDP", f"aeron:udp?endpoint=127.0.0.1:{free_port()}", b.directory)):
-            separator = "?" if name == "IPC" else "|"
-            best = {"plain": 0.0, "block": 0.0}
-            for _ in range(max(1, args.repeat // 2)):
-                for policy in best:
-                    stream_id += 1
-                    uri = channel + (f"{separator}policy=block" if policy == "block" else "")
-                    best[policy] = max(best[policy], run_slipstream(
-                        a.directory, SIZE, args.stream_messages, False, stream_id,
-                        channel=uri, subscriber_directory=subscriber, first_program=True))
-            print(f"   streaming {name} (first program, {args.stream_messages:,} x {SIZE} B): "
-                  f"no policy {best['plain'] / 1e6:.3f} M msg/s, block "
-                  f"{best['block'] / 1e6:.3f} M msg/s, ratio "
-                  f"{best['block'] / best['plain']:.3f}", flush=True)
-
-        print("\n2. a blocked publisher (IPC, another process, policy=block)")
-        measured = blocked_publisher(a.directory, args.hold, args.trickle)
-        latencies = measured["latencies"]
-        print(f"   held {measured['held_s']:.2f} s: {measured['held_cpu'] * 1e3:.1f} ms of CPU "
-              f"= {100 * measured['held_cpu'] / measured['held_s']:.2f} % of a core")
-        print(f"   one message read every 2 ms for {measured['trickle_s']:.1f} s: "
-              f"{len(latencies):,} resumes; from the limit's move to the offer's return "
-              f"p50 {percentile(latencies, 0.5) / 1e3:.1f} us, "
-              f"p99 {percentile(latencies, 0.99) / 1e3:.1f} us, "
-              f"p99.9 {percentile(latencies, 0.999) / 1e3:.1f} us; CPU "
-              f"{100 * measured['trickle_cpu'] / measured['trickle_s']:.2f} % of a core")
-
-        print("\n3. episodes the publisher's on_back_pressure saw "
-              f"(window {measured['window']:,} bytes)")
-        events = measured["episodes"]
-        first_ns = events[0][1] if events else 0
-        for started, at_ns, depth, duration_ns, count in events[:6]:
-            what = (f"episode {count} began" if started
-                    else f"episode {count} ended after {duration_ns / 1e6:.1f} ms")
-            print(f"   +{(at_ns - first_ns) / 1e6:9.1f} ms  {what}, depth {depth:,} bytes")
-        if len(events) > 6:
-            print(f"   ... {len(events)} events in all")
-        counters = measured["counters"]
-        print(f"   counters: bp-episodes {counters.get('bp-episodes')}, bp-time "
-              f"{counters.get('bp-time', 0) / 1e9:.3f} s, bp-depth {counters.get('bp-depth')}, "
-              f"bp-peak {counters.get('bp-peak')}, pub-drops {counters.get('pub-drops')}")
+        if 1 in wanted:
+            print("\n1. policy=block while credit is there (ratio: block / no policy)")
+            section_block_cost(a.directory, b.directory, args)
+        if wanted & {2, 3}:
+            section_blocked(a.directory, args)
     scratch.cleanup()
-    if args.hosts:
+    if 4 in wanted:
         print("\n4. priority bands through a 100 Mbit/s tbf (after the first second of 6)")
         bands_on_hosts(6.0)
+    if 5 in wanted:
         print("\n5. the pressure governor through the same link")
         governor_on_hosts(6.0)
     return 0

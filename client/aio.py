@@ -23,7 +23,7 @@ import trio
 
 from slipstream.client._native import lib
 from slipstream.client.errors import BackPressuredError, ClosedError
-from slipstream.client.policy import BLOCK_SPIN_NS, DEFAULT_BLOCK_TIMEOUT_NS
+from slipstream.client.policy import BLOCK_SPIN_NS, BLOCK_YIELD_NS, DEFAULT_BLOCK_TIMEOUT_NS
 
 if TYPE_CHECKING:
     from slipstream.client.publication import Buffer, Publication
@@ -69,7 +69,7 @@ async def offer(publication: Publication, message: Buffer, timeout: float | None
     invoker = publication._client.invoker
 
     def wait(slice_ns: int) -> None:
-        lib.ss_await_credit(appender, BLOCK_SPIN_NS, slice_ns)
+        lib.ss_await_credit(appender, BLOCK_SPIN_NS, BLOCK_YIELD_NS, slice_ns)
 
     def wake() -> None:
         if not publication.is_closed:

@@ -386,7 +386,8 @@ int ss_has_credit(const ss_appender_t *a) {
     return producer_position(a) < LOAD_ACQ(a->publication_limit);
 }
 
-int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t timeout_ns) {
+int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
+                    int64_t timeout_ns) {
     int64_t start = monotonic_ns();
     int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
     for (uint32_t n = 0;; n++) {
@@ -397,6 +398,15 @@ int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t timeout_ns)
             if (deadline >= 0 && now >= deadline) return 0;
         }
         cpu_relax();
+    }
+    /* Then give the core up between looks: the driver that moves the limit, or the
+     * subscriber it waits for, may need it; a park's wake-up costs an idle vCPU tens of us. */
+    for (;;) {
+        if (ss_has_credit(a)) return 1;
+        int64_t now = monotonic_ns();
+        if (now - start >= spin_ns + yield_ns) break;
+        if (deadline >= 0 && now >= deadline) return 0;
+        sched_yield();
     }
     int32_t *signal = (int32_t *)(a->meta + SS_META_PUBLISHER_SIGNAL);
     int32_t *waiters = (int32_t *)(a->meta + SS_META_PUBLISHER_WAITERS);

@@ -126,10 +126,11 @@ void ss_publish_limit(int64_t *limit, int64_t value, uint8_t *meta);
 /* Whether an offer could append now: closed (it would return CLOSED at once), or connected and
  * the producer position below pub-lmt. */
 int ss_has_credit(const ss_appender_t *a);
-/* Spin for up to spin_ns, then park on the log's publisher eventcount, until ss_has_credit or
- * timeout_ns passes (-1: no timeout) or a signal interrupts the park.  Returns 1 when credit is
- * (probably) there, 0 otherwise. */
-int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t timeout_ns);
+/* Spin for up to spin_ns, then yield the CPU between looks for up to yield_ns more, then park
+ * on the log's publisher eventcount, until ss_has_credit or timeout_ns passes (-1: no timeout)
+ * or a signal interrupts the park.  Returns 1 when credit is (probably) there, 0 otherwise. */
+int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
+                    int64_t timeout_ns);
 /* Append `count` messages packed back to back in `data` (data_length bytes) with their lengths
  * in `lengths`.  Runs of unfragmented messages are claimed with one atomic add.  Stops early at
  * the publication limit; rotates terms itself.  Returns how many were appended and stores the

@@ -45,6 +45,10 @@ DEFAULT_BURST_NS = 10_000_000
 #: A waiting offer spins this long before it parks: credit that comes back within it costs no
 #: wake-up, and a longer spin would take the core the driver or the subscriber needs.
 BLOCK_SPIN_NS = 20_000
+#: Then it yields the CPU between looks this long before it parks: the conductor moves an IPC
+#: limit every millisecond while the stream is busy, and a park's wake-up costs tens of µs on a
+#: VM whose idle vCPU sleeps.
+BLOCK_YIELD_NS = 1_000_000
 # A parked offer looks at its publication at least this often (a safety net: the driver's
 # signal, a close and a lost driver wake it at once).
 _PARK_SLICE_NS = 1_000_000_000
@@ -259,7 +263,7 @@ class OfferPolicy:
             if not invoker():
                 os.sched_yield()
             return
-        lib.ss_await_credit(publication._appender, BLOCK_SPIN_NS,
+        lib.ss_await_credit(publication._appender, BLOCK_SPIN_NS, BLOCK_YIELD_NS,
                             min(remaining_ns, _PARK_SLICE_NS))
 
     def _paced(self, bucket: TokenBucket, messages: int, length: int) -> bool:
