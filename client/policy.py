@@ -6,9 +6,10 @@ for the forms.
 Without a policy an offer returns Aeron's codes (NOT_CONNECTED, BACK_PRESSURED), as Aeron users
 expect.  With one:
 
-* ``block``: the offer waits for credit: it spins for ``BLOCK_SPIN_NS``, then parks on the log's
-  publisher eventcount, which the driver bumps whenever it moves pub-lmt or connects the
-  stream; after the timeout it raises :class:`BackPressuredError`.
+* ``block``: the offer waits for credit: it spins for ``BLOCK_SPIN_NS``, yields the CPU between
+  looks for ``BLOCK_YIELD_NS``, then parks on the log's publisher eventcount, which the driver
+  bumps whenever it moves pub-lmt or connects the stream; after the timeout it raises
+  :class:`BackPressuredError`.
 * ``drop-newest``: the message is dropped, counted (``Publication.dropped`` and the driver's
   ``pub-drops`` counter of the stream) and the code is returned at once; nothing needs a retry.
 * ``error``: :class:`BackPressuredError` at once.
