@@ -284,6 +284,23 @@ class Network:
         for link in self._links.values():
             link.faults = faults
 
+    def drained_by_ns(self, src_ip: str, destination: Address, backlog: int,
+                      now_ns: int) -> int:
+        """When every link from ``src_ip`` toward ``destination`` holds at most ``backlog``
+        bytes (``now_ns`` if they do already or have no bandwidth limit)."""
+        if is_multicast(destination[0]):
+            targets = [ip for ip in self._groups.get(destination, ()) if ip != src_ip]
+        else:
+            targets = [destination[0]]
+        when = now_ns
+        for ip in targets:
+            link = self.link(src_ip, ip)
+            waiting = link.backlog_bytes(now_ns)
+            if waiting is not None and waiting > backlog:
+                when = max(when, now_ns + -(-(waiting - backlog) * 8000
+                                            // int(link.faults.rate_mbit * 1000)) * 1000)
+        return when
+
     def backlog_bytes(self, src_ip: str, destination: Address, now_ns: int) -> int | None:
         """The most bytes waiting on a link from ``src_ip`` toward ``destination`` (each
         member of a multicast group), None when none of them has a bandwidth limit: what a

@@ -130,6 +130,12 @@ class VirtualSendTransport(_VirtualTransport):
         buffer = self.host.sim.settings.socket_so_sndbuf or DEFAULT_SO_SNDBUF
         return max(0, (buffer - backlog) // publication.c.mtu)
 
+    def room_ready_ns(self, publication: NetworkPublication, now_ns: int) -> int:
+        """When :meth:`room` is a datagram again (``now_ns``: it is)."""
+        buffer = self.host.sim.settings.socket_so_sndbuf or DEFAULT_SO_SNDBUF
+        return self.host.sim.network.drained_by_ns(
+            self.address[0], publication.destination, buffer - publication.c.mtu, now_ns)
+
     def emit(self, publication: NetworkPublication, offset: int, length: int) -> None:
         """One datagram the C data path sent: ``length`` bytes of the log at ``offset``."""
         self.host.sim.network.send(self.address, publication.destination,

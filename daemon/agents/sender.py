@@ -43,6 +43,10 @@ class SendTransport(Protocol):
         now (-1: any number).  With a socket the agent's C half sends."""
         ...
 
+    def room_ready_ns(self, publication: NetworkPublication, now_ns: int) -> int:
+        """A transport without a socket: when it takes a datagram again (``now_ns``: now)."""
+        ...
+
     def emit(self, publication: NetworkPublication, offset: int, length: int) -> None:
         """A transport without a socket: put on its network the datagram the C data path
         sent, ``length`` bytes of the publication's log at ``offset``."""
@@ -103,6 +107,7 @@ class Sender(Agent[SendEndpoint]):
         #: The pressure governor's step, applied to every publication (set_pressure_step).
         self.pressure_step = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
+        self._now_ns = 0  # the simulator's clock at its last virtual I/O
         #: What the C half's publications array holds, in its order (set by _c_view).
         self._c_pairs: list[tuple[NetworkPublication, SendEndpoint]] = []
         # ss_send_virtual's output: room for a cycle of many publications' sends.
@@ -142,6 +147,7 @@ class Sender(Agent[SendEndpoint]):
         """The simulator's endpoints: the C data path sends by the same rules as for sockets
         (the bands, each transport's room) into spans the transports copy, and control input
         is read by the same status-poll rule."""
+        self._now_ns = now_ns
         sent_total = self._send_virtual(now_ns, retransmits_only=False)
         received = 0
         self._datagrams_to_status_poll -= sent_total
@@ -216,10 +222,14 @@ class Sender(Agent[SendEndpoint]):
         simulator's clock must move there (its C half ran before a Python half that may have
         raised or lifted the limit)."""
         deadline = super().next_deadline_ns()
-        for publication, _ in self._publications:
+        for publication, endpoint in self._publications:
             c = publication.c
             if network.ss_has_data_ready(c):
                 ready = max(network.ss_rate_ready_ns(c), network.ss_coalesce_ready_ns(c))
+                if c.fd < 0 and c.socket_full:
+                    # The simulator's socket was full: data goes when its link drains.
+                    ready = max(ready, endpoint.transport.room_ready_ns(publication,
+                                                                        self._now_ns))
                 deadline = min(deadline, max(0, ready))
         return deadline
 
