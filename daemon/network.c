@@ -950,6 +950,19 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
         }
         return sent_total;
     }
+    /* A pass with nothing to send leaves the round where it is: the other kind of pass (the
+     * sockets' or the simulator's) would otherwise spin it on and re-grant the band it
+     * stopped in, starving the lower bands. */
+    int any_ready = 0;
+    for (int32_t i = 0; i < a->publication_count && !any_ready; i++) {
+        const ss_send_publication_t *p = a->publications[i];
+        any_ready = in_pass(p, virtual) && ss_has_data_ready(p);
+    }
+    if (!any_ready) {
+        for (int32_t i = 0; i < a->publication_count; i++)
+            if (in_pass(a->publications[i], virtual)) a->publications[i]->waiting_since_ns = 0;
+        return 0;
+    }
     /* Deficit weighted round robin: one round visits the bands from 4 down to 0, each visit
      * granting the band weight x max_datagrams.
      * When the socket is full the round stops where it is and goes on from there next cycle,

@@ -4,7 +4,7 @@ aging, in the C duty cycle (``ss_agent_do_work``), against a real socket that fi
 Publications share one AF_UNIX datagram socket, whose queue holds a few datagrams and stays
 full until the test reads (a unix datagram socket pushes back on its sender, as a UDP socket's
 send buffer does behind a bottleneck qdisc): what each band gets is the share of what the
-socket takes."""
+socket takes.  The simulator runs the same sends behind a bandwidth-limited virtual link."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from slipstream.client import control
+from slipstream.client._native import lib as client_lib
 from slipstream.client.channel import parse_channel
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, new_appender
@@ -27,6 +29,9 @@ from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import LocalCounters
 from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+from slipstream.sim.network import LinkFaults
+from slipstream.sim.runner import Simulation
+from slipstream.sim.scenario import Scenario
 
 TERM = 16 << 20  # half a term of data each: 8,128 datagrams
 MESSAGE = 1_000
@@ -182,3 +187,57 @@ def test_priority_is_a_network_publications_and_in_range() -> None:
     with pytest.raises(ChannelError) as info:
         parse_channel("aeron:ipc?priority=5")
     assert info.value.part == "priority" and "aeron:udp only" in str(info.value)
+
+
+# -- in the simulator ----------------------------------------------------------------------------
+
+def test_in_the_simulator_band_4_takes_eight_ninths_of_a_bottleneck_link() -> None:
+    """The simulator runs the same C sends (``ss_send_virtual``): two publications of host 1
+    share its send "socket", whose room is a send buffer that a 100 Mbit/s link drains; host 2's
+    subscriber host reads both streams as fast as it can.  Band 4 (priority=800) gets 8/9 of
+    the link against band 1 (priority=0), with nothing lost."""
+    scenario = Scenario(hosts=2, messages=0, faults=LinkFaults(rate_mbit=100),
+                        settings={"socket_so_sndbuf": "64k", "rcv_initial_window_length": "2m",
+                                  "socket_so_rcvbuf": "4m"})
+    with Simulation(scenario) as sim:
+        sim.run_until(1_000_000, stop_when_complete=False)  # both hosts up
+        uri = scenario.channel_uri(1)
+        receiver = sim.subscribers[0]
+        appenders = []
+        sessions = []
+        for stream_id in (2001, 2002):  # subscribed before the publications' SETUPs come
+            receiver.driver.command({"type": control.ADD_SUBSCRIPTION, "channel": uri,
+                                     "stream_id": stream_id})
+        receiver.wake()
+        sim.run_until(2_000_000, stop_when_complete=False)
+        for stream_id, priority in ((2001, 0), (2002, 800)):
+            reply = sim.publisher.driver.command({
+                "type": control.ADD_PUBLICATION, "channel": f"{uri}|priority={priority}",
+                "stream_id": stream_id})
+            log = LogBuffer(reply["log_file"])
+            limit = sim.publisher.driver.counters.address(reply["publication_limit_counter_id"])
+            appenders.append((log, new_appender(log, limit)))
+            sessions.append(reply["session_id"])
+        message = b"s" * 1000
+        now = sim.loop.now_ns
+        step = 1_000_000
+        consumed: dict[int, list[int]] = {s: [] for s in sessions}
+        for _ in range(3_000):  # 3 s of virtual time, offering all they can every 1 ms
+            for _log, appender in appenders:
+                while client_lib.ss_offer(appender, message, len(message)) > 0:
+                    pass
+            sim.publisher.wake()
+            now += step
+            sim.run_until(now, stop_when_complete=False)
+            for session in sessions:
+                entry = receiver.readers.get(session)
+                consumed[session].append(entry[1].position if entry is not None else 0)
+        for log, _appender in appenders:
+            log.close()
+        # The last two virtual seconds: what each stream's subscriber took.
+        low, high = (consumed[s][-1] - consumed[s][1_000] for s in sessions)
+        assert low > 0 and abs(high / (low + high) - 8 / 9) < 8 / 9 * 0.10, (low, high)
+        assert (low + high) / 2 > 0.8 * 100e6 / 8  # the link was used
+        # Band 1 was served every round: it never went 100 ms without progress.
+        positions = consumed[sessions[0]][1_000:]
+        assert all(b > a for a, b in zip(positions[::100], positions[100::100], strict=False))

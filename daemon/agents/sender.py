@@ -226,8 +226,8 @@ class Sender(Agent[SendEndpoint]):
             c = publication.c
             if network.ss_has_data_ready(c):
                 ready = max(network.ss_rate_ready_ns(c), network.ss_coalesce_ready_ns(c))
-                if c.fd < 0 and c.socket_full:
-                    # The simulator's socket was full: data goes when its link drains.
+                if c.fd < 0:
+                    # The simulator's socket may be full: data goes when its link drains.
                     ready = max(ready, endpoint.transport.room_ready_ns(publication,
                                                                         self._now_ns))
                 deadline = min(deadline, max(0, ready))
