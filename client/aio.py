@@ -15,7 +15,6 @@ the data: the task runs the driver's duty cycle between checkpoints instead of p
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,18 @@ if TYPE_CHECKING:
 #: driver and new images wake it sooner).
 PARK_SLICE_NS = 200_000_000
 _NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION, _CLOSED = -1, -2, -3, -4
+#: Of the calls on one publication or subscription, every this many is a trio checkpoint
+#: whether or not it waits (a call that waits always is one).  The others run no scheduler: a
+#: checkpoint costs ~8 µs here, and on every call it cut ``offer_async`` from 0.66 to 0.10 M/s.
+#: So a loop of offers that always find credit still lets the other tasks run, and can be
+#: cancelled, every 64 messages.
+SCHEDULE_EVERY = 64
+
+
+def _turn_is_due(handle: Publication | Subscription) -> bool:
+    """Whether this call is the one in :data:`SCHEDULE_EVERY` that checkpoints."""
+    handle._async_turns += 1
+    return handle._async_turns % SCHEDULE_EVERY == 0
 
 
 async def _park(wait: Callable[[int], Any], wake: Callable[[], None], slice_ns: int,
@@ -40,8 +51,10 @@ async def _park(wait: Callable[[int], Any], wake: Callable[[], None], slice_ns: 
     """One wait of at most ``slice_ns``: ``wait(slice_ns)`` in a worker thread (``wake()``
     frees it when the task is cancelled), or one embedded duty cycle."""
     if invoker is not None:
-        if not invoker():
-            await trio.sleep(0)
+        # A checkpoint after every cycle, work or not: the task that would give us what we
+        # wait for (a publisher in the same program) must get its turn.
+        invoker()
+        await trio.sleep(0)
         return
     try:
         await trio.to_thread.run_sync(wait, slice_ns, abandon_on_cancel=True)
@@ -53,8 +66,15 @@ async def _park(wait: Callable[[int], Any], wake: Callable[[], None], slice_ns: 
 async def offer(publication: Publication, message: Buffer, timeout: float | None) -> int:
     """``Publication.offer_async``: see there."""
     attempt = publication._attempt
+    # As trio's own sends: a cancellation is taken before the append, never after it (the
+    # caller would think the message was not sent); after it, only a schedule point.
+    due = _turn_is_due(publication)
+    if due:
+        await trio.lowlevel.checkpoint_if_cancelled()
     result = attempt(message)
     if result > 0:
+        if due:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return result
     if timeout is None:
         policy = publication.policy
@@ -102,9 +122,15 @@ async def offer(publication: Publication, message: Buffer, timeout: float | None
 async def receive(subscription: Subscription, handler: FragmentHandler, fragment_limit: int,
                   timeout: float | None) -> int:
     """``Subscription.receive_async``: see there."""
+    # A cancellation before the poll, never after it: what the poll handed to the handler
+    # is consumed, and the caller must learn of it.
+    due = _turn_is_due(subscription)
+    if due:
+        await trio.lowlevel.checkpoint_if_cancelled()
     count = subscription.poll(handler, fragment_limit)
     if count:
-        await trio.lowlevel.checkpoint()
+        if due:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return count
     deadline_ns = None if timeout is None else time.monotonic_ns() + int(timeout * 1e9)
     invoker = subscription._client.invoker
@@ -128,7 +154,9 @@ async def receive(subscription: Subscription, handler: FragmentHandler, fragment
 
 async def messages(subscription: Subscription, fragment_limit: int) -> AsyncIterator[bytes]:
     """``Subscription.messages``: see there."""
-    pending: deque[bytes] = deque()
+    # The messages polled and not yet yielded live on the subscription, so that a loop left
+    # early (a break, a cancellation) leaves them to the next ``messages()``, not to nobody.
+    pending = subscription._async_pending
 
     def keep(data: memoryview, _header: object) -> None:
         pending.append(bytes(data))

@@ -158,6 +158,7 @@ class Publication:
         appender.doorbell_fd = doorbell_fd
         self._appender = appender
         self._last_position = 0
+        self._async_turns = 0  # calls of the async API (aio.py)
         self._batch_result = ffi.new("int64_t *")
         self._claim_offset = ffi.new("int64_t *")
         #: ``offer(message) -> int``: append one message; returns the new position (> 0) or a

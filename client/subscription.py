@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -429,6 +430,9 @@ class Subscription:
         self.on_available_image = on_available_image
         self.on_unavailable_image = on_unavailable_image
         self._client = client
+        self._async_turns = 0  # calls of the async API (aio.py)
+        #: Polled by ``messages()`` and not yet yielded (aio.py).
+        self._async_pending: deque[bytes] = deque()
         self._images: tuple[Image, ...] = ()
         self._retired: list[Image] = []
         self._round_robin = 0
@@ -570,7 +574,9 @@ class Subscription:
     def messages(self, fragment_limit: int = 64) -> AsyncIterator[bytes]:
         """``async for message in subscription.messages():`` each message as ``bytes`` (a
         copy: it outlives the log), in order per image; ends when the subscription is closed,
-        raises :class:`DriverNotRunningError` when the driver is lost."""
+        raises :class:`DriverNotRunningError` when the driver is lost.  A loop left early (a
+        ``break``, a cancellation) leaves what its last poll took to the next ``messages()``
+        loop of this subscription (``poll`` and ``receive`` do not see those)."""
         from slipstream.client import aio
 
         return aio.messages(self, fragment_limit)

@@ -13,6 +13,7 @@ import trio
 from helpers import FAST_DRIVER_SETTINGS, Collector, message, wait_for
 
 from slipstream.client import Client
+from slipstream.client.aio import SCHEDULE_EVERY
 from slipstream.client.errors import BackPressuredError, ClosedError, DriverNotRunningError
 from slipstream.client.layout import META_PUBLISHER_WAITERS, META_READER_WAITERS
 
@@ -43,6 +44,28 @@ async def test_offer_async_waits_for_a_slow_reader_in_the_same_event_loop(client
             # Were the event loop blocked while this waits, read() could never run.
             assert await pub.offer_async(message(i, 96), timeout=20) > 0
     collector.assert_exactly(count)
+
+
+async def test_offer_async_that_finds_credit_still_lets_other_tasks_run(client) -> None:
+    roomy = "aeron:ipc?term-length=1m"  # a 512 KiB window: none of the offers below waits
+    pub = client.add_publication(roomy, 70)
+    client.add_subscription(roomy, 70)
+    wait_for(lambda: pub.is_connected, what="connected")
+    turns = 0
+
+    async def other_task() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        for _ in range(1_000):  # 128 KiB
+            assert await pub.offer_async(b"c" * 96, timeout=5) > 0
+        turns_during_offers = turns
+        nursery.cancel_scope.cancel()
+    assert turns_during_offers >= 1_000 // SCHEDULE_EVERY - 1
 
 
 async def test_offer_async_raises_after_its_timeout(client) -> None:
@@ -110,6 +133,42 @@ async def test_async_for_yields_every_message_in_order(client) -> None:
                 break
     publisher.join()
     assert seen == list(range(count))
+
+
+async def test_an_offer_async_cancelled_before_it_waits_raises_only_if_nothing_went(
+        client) -> None:
+    pub = client.add_publication(IPC, 71)
+    client.add_subscription(IPC, 71)
+    wait_for(lambda: pub.is_connected, what="connected")
+    returned = 0
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        for _ in range(2 * SCHEDULE_EVERY):  # within the window: none of them waits
+            await pub.offer_async(b"o" * 96, timeout=5)
+            returned += 1
+    assert scope.cancelled_caught
+    assert 0 < returned < 2 * SCHEDULE_EVERY
+    assert pub.position == returned * 128  # every append returned; the raise appended nothing
+
+
+async def test_an_async_for_left_early_leaves_the_rest_to_the_next_loop(client) -> None:
+    pub = client.add_publication(IPC, 72)
+    sub = client.add_subscription(IPC, 72)
+    wait_for(lambda: pub.is_connected, what="connected")
+    for i in range(10):
+        assert pub.offer(message(i, 64)) > 0
+    seen = []
+    with trio.fail_after(5):
+        async for data in sub.messages():  # one poll takes all ten
+            seen.append(int.from_bytes(data[:4], "little"))
+            break
+        assert pub.offer(message(10, 64)) > 0
+        with trio.CancelScope() as scope:
+            scope.cancel()  # it yields what it has and can poll, and stops where it would wait
+            async for data in sub.messages():
+                seen.append(int.from_bytes(data[:4], "little"))
+        assert scope.cancelled_caught
+    assert seen == list(range(11))
 
 
 async def test_async_for_ends_when_the_subscription_closes(client) -> None:
