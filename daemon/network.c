@@ -153,6 +153,9 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
                      ss_span_t *spans) {
     if (max_datagrams > SS_SEND_BATCH_MAX) max_datagrams = SS_SEND_BATCH_MAX;
     if (max_datagrams < 0) max_datagrams = 0;
+    /* Of this call only: one that sends nothing (a rate or a coalescing wait) did not find the
+     * socket full, and the sender's round must not stop on an earlier call's word. */
+    p->socket_full = 0;
     const int64_t start = LOAD_ACQ(p->sender_position); /* this thread is its only writer */
     int64_t position = start;
     const int64_t limit = LOAD_ACQ(p->sender_limit);
@@ -882,6 +885,11 @@ static inline int in_pass(const ss_send_publication_t *p, int virtual) {
     return (p->fd < 0) == (virtual != 0);
 }
 
+/* Whether p shares the send socket `fd` of this pass (the simulator's pass has one). */
+static inline int on_socket(const ss_send_publication_t *p, int32_t fd, int virtual) {
+    return in_pass(p, virtual) && (virtual || p->fd == fd);
+}
+
 /* One ss_send_data of publication i; a virtual one's spans go to the agent's virtual output
  * (*full when it has no room left for another send). */
 static int32_t send_one(ss_agent_t *a, int32_t i, int64_t now_ns, int32_t budget, int virtual,
@@ -904,26 +912,30 @@ static int32_t send_one(ss_agent_t *a, int32_t i, int64_t now_ns, int32_t budget
     return sent;
 }
 
-/* Serve band b's publications that have data from its turn's start, as long as its deficit
- * lasts; *full is set when the socket stops taking datagrams (the turn resumes there). */
-static int32_t serve_band(ss_agent_t *a, int32_t b, int64_t now_ns, int virtual, int *full) {
+/* Serve band b's publications on socket fd that have data, from its turn's start, as long as
+ * the band's deficit lasts; *full is set when the socket stops taking datagrams (the turn
+ * resumes there). */
+static int32_t serve_band(ss_agent_t *a, ss_band_round_t *round, int32_t fd, int32_t b,
+                          int64_t now_ns, int virtual, int *full) {
     int32_t sent_total = 0;
     const int32_t count = a->publication_count;
-    for (int32_t k = 0; k < count && a->dwrr_deficit[b] > 0; k++) {
-        const int32_t i = (a->dwrr_next[b] + k) % count;
+    for (int32_t k = 0; k < count && round->deficit[b] > 0; k++) {
+        const int32_t i = (round->next[b] + k) % count;
         ss_send_publication_t *p = a->publications[i];
-        if (!in_pass(p, virtual) || ss_band_of(p, now_ns) != b || !ss_has_data_ready(p)) continue;
-        while (a->dwrr_deficit[b] > 0) {
-            int64_t budget = a->dwrr_deficit[b];
+        if (!on_socket(p, fd, virtual) || ss_band_of(p, now_ns) != b || !ss_has_data_ready(p))
+            continue;
+        while (round->deficit[b] > 0) {
+            int64_t budget = round->deficit[b];
             if (budget > a->max_datagrams) budget = a->max_datagrams;
             const int32_t sent = send_one(a, i, now_ns, (int32_t)budget, virtual, full);
             if (sent > 0) {
                 sent_total += sent;
-                a->dwrr_deficit[b] -= sent;
+                round->deficit[b] -= sent;
                 p->waiting_since_ns = 0; /* served: it ages again from its next wait */
+                round->next[b] = (i + 1) % count; /* the band's next turn starts after it */
             }
             if (p->socket_full || *full) {
-                a->dwrr_next[b] = i;
+                round->next[b] = i; /* ... unless the socket cut its turn short */
                 *full = 1;
                 return sent_total;
             }
@@ -933,56 +945,72 @@ static int32_t serve_band(ss_agent_t *a, int32_t b, int64_t now_ns, int virtual,
     return sent_total;
 }
 
+/* Deficit weighted round robin over the bands of the publications on socket fd: one round
+ * visits the bands from 4 down to 0, each visit granting the band weight x max_datagrams.
+ * When the socket is full the round stops where it is and goes on from there next cycle, so
+ * under a bottleneck each band's share of what the socket takes follows its weight, and the
+ * lowest band is served every round.  Only a socket whose publications have data runs its
+ * round: a round run with nothing to send would move on and re-grant the band it stopped in,
+ * starving the lower bands. */
+static int32_t serve_socket(ss_agent_t *a, ss_band_round_t *round, int32_t fd, int64_t now_ns,
+                            int virtual) {
+    int32_t sent_total = 0;
+    int full = 0;
+    for (int32_t visit = 0; visit < SS_BANDS && !full; visit++) {
+        const int32_t b = round->band < 0 || round->band >= SS_BANDS ? SS_BANDS - 1 : round->band;
+        if (!round->granted) {
+            if (!(b == 0 && a->defer_lowest_band))
+                round->deficit[b] += (int64_t)band_weights[b] * a->max_datagrams;
+            round->granted = 1;
+        }
+        sent_total += serve_band(a, round, fd, b, now_ns, virtual, &full);
+        if (full) break;
+        /* The visit ended with room in the socket: the band spent its grant, or what is left
+         * of it found nothing to send (DRR keeps no credit for an empty queue). */
+        round->deficit[b] = 0;
+        round->band = b == 0 ? SS_BANDS - 1 : b - 1;
+        round->granted = 0;
+    }
+    return sent_total;
+}
+
 static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_only,
                                  int virtual) {
     int32_t sent_total = 0;
+    /* Repairs first, of every publication whatever its band or the governor's deferral: a gap
+     * pins the receiver's window.  A budget of 0 sends the retransmissions only. */
     int full = 0;
-    if (retransmits_only || a->publication_count <= 1) {
-        /* Repairs go first whatever the bands (a gap pins the receiver's window); one
-         * publication has nobody to share with. */
-        for (int32_t i = 0; i < a->publication_count && !full; i++) {
-            ss_send_publication_t *p = a->publications[i];
-            if (!in_pass(p, virtual) || (retransmits_only && p->retransmit_count == 0)) continue;
-            if (!retransmits_only && a->defer_lowest_band && p->retransmit_count == 0 &&
-                p->priority < 0) continue;
-            int32_t sent = send_one(a, i, now_ns, a->max_datagrams, virtual, &full);
+    for (int32_t i = 0; i < a->publication_count && !full; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (!in_pass(p, virtual) || p->retransmit_count <= 0) continue;
+        const int32_t sent = send_one(a, i, now_ns, 0, virtual, &full);
+        if (sent > 0) sent_total += sent;
+        if (!virtual) full = 0; /* a full socket stops only its own publications */
+    }
+    if (retransmits_only || full) return sent_total;
+    if (a->publication_count == 1) { /* nobody to share with */
+        ss_send_publication_t *p = a->publications[0];
+        if (in_pass(p, virtual) && !(a->defer_lowest_band && p->priority < 0)) {
+            const int32_t sent = send_one(a, 0, now_ns, a->max_datagrams, virtual, &full);
             if (sent > 0) sent_total += sent;
         }
         return sent_total;
     }
-    /* A pass with nothing to send leaves the round where it is: the other kind of pass (the
-     * sockets' or the simulator's) would otherwise spin it on and re-grant the band it
-     * stopped in, starving the lower bands. */
-    int any_ready = 0;
-    for (int32_t i = 0; i < a->publication_count && !any_ready; i++) {
-        const ss_send_publication_t *p = a->publications[i];
-        any_ready = in_pass(p, virtual) && ss_has_data_ready(p);
-    }
-    if (!any_ready) {
-        for (int32_t i = 0; i < a->publication_count; i++)
-            if (in_pass(a->publications[i], virtual)) a->publications[i]->waiting_since_ns = 0;
-        return 0;
-    }
-    /* Deficit weighted round robin: one round visits the bands from 4 down to 0, each visit
-     * granting the band weight x max_datagrams.
-     * When the socket is full the round stops where it is and goes on from there next cycle,
-     * so under a bottleneck each band's share of what the socket takes follows its weight,
-     * and the lowest band is served every round. */
-    for (int32_t visit = 0; visit < SS_BANDS && !full; visit++) {
-        const int32_t b = a->dwrr_band;
-        if (!a->dwrr_granted) {
-            if (!(b == 0 && a->defer_lowest_band))
-                a->dwrr_deficit[b] += (int64_t)band_weights[b] * a->max_datagrams;
-            a->dwrr_granted = 1;
-        }
-        sent_total += serve_band(a, b, now_ns, virtual, &full);
-        if (full) break;
-        /* The visit ended with room in the socket: the band spent its grant, or what is left
-         * of it found nothing to send (DRR keeps no credit for an empty queue). */
-        a->dwrr_deficit[b] = 0;
-        a->dwrr_next[b] = a->publication_count ? (a->dwrr_next[b] + 1) % a->publication_count : 0;
-        a->dwrr_band = b == 0 ? SS_BANDS - 1 : b - 1;
-        a->dwrr_granted = 0;
+    /* One round per send socket, in the first of its publications: the bands divide what a
+     * socket takes, and a socket held by a bottleneck must not hold the others back. */
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *first = a->publications[i];
+        if (!in_pass(first, virtual)) continue;
+        const int32_t fd = first->fd;
+        int seen_before = 0;
+        for (int32_t j = 0; j < i && !seen_before; j++)
+            seen_before = on_socket(a->publications[j], fd, virtual);
+        if (seen_before) continue;
+        int any_ready = 0;
+        for (int32_t j = i; j < a->publication_count && !any_ready; j++)
+            any_ready = on_socket(a->publications[j], fd, virtual) &&
+                        ss_has_data_ready(a->publications[j]);
+        if (any_ready) sent_total += serve_socket(a, &first->round, fd, now_ns, virtual);
     }
     /* Aging: a publication with data that got nothing since it was last served waits on. */
     for (int32_t i = 0; i < a->publication_count; i++) {

@@ -63,6 +63,17 @@ typedef struct {
     int32_t length;
 } ss_retransmit_action_t;
 
+/* The sender's deficit weighted round robin over the bands of the publications that share one
+ * send socket (the bottleneck the bands divide), carried across cycles: the band being served,
+ * whether it had its grant this visit, each band's deficit (datagrams) and where each band's
+ * next turn starts among the agent's publications. */
+typedef struct {
+    int32_t band;
+    int32_t granted;
+    int64_t deficit[5];           /* SS_BANDS */
+    int32_t next[5];
+} ss_band_round_t;
+
 /* A network publication as the sender's data path sees it.  Python fills it when it makes the
  * publication, keeps resend_lookahead current (after each SM) and clears answers_naks when it
  * is done; the send endpoint's receive path and Python's control path both update the
@@ -126,6 +137,9 @@ typedef struct {
     int32_t priority;             /* SS_PRIORITY_MIN..SS_PRIORITY_MAX */
     int32_t socket_full;          /* out: the last ss_send_data found the socket full */
     int64_t waiting_since_ns;     /* 0: served (or nothing to send) in the last cycle */
+    /* The round of its socket's publications, kept in the first of them in the agent's array
+     * (this one's is used while it is that first one). */
+    ss_band_round_t round;
     /* The pressure governor (daemon/pressure/governor.py): new data short of a datagram waits
      * this long after the last send for more to fill it (0: it goes at once). */
     int64_t coalesce_ns;
@@ -364,13 +378,6 @@ typedef struct {
     int32_t commands;             /* raised by another thread that submitted a command */
     int32_t due;                  /* out: SS_DUE_* of the last cycle */
     int64_t python_deadline_ns;   /* the earliest timer of the Python half */
-    /* The sender's deficit weighted round robin over the bands, carried across cycles: the
-     * band being served, whether it had its grant this visit, each band's deficit
-     * (datagrams) and where each band's next turn starts among the publications. */
-    int32_t dwrr_band;
-    int32_t dwrr_granted;
-    int64_t dwrr_deficit[5];      /* SS_BANDS */
-    int32_t dwrr_next[5];
     /* The pressure governor: the lowest band (priority < 0) gets no turn and does not age (its
      * new data waits in the log; its retransmissions still go). */
     int32_t defer_lowest_band;

@@ -103,6 +103,20 @@ def test_episodes_alternate_and_follow_the_watermarks(
 
 
 
+
+def test_a_drained_network_stream_ends_its_episode_below_a_low_watermark_of_an_eighth() -> None:
+    # A network stream's pub-lmt moves in steps of an eighth of a window, so it may lag snd-pos
+    # by almost that much: the depth is measured from snd-pos, and a drained stream is at 0.
+    window = 32_768
+    episodes = BackPressureEpisodes(window, 100, 5)  # low: 5 %, under an eighth
+    assert episodes.sample(1_000, window, window, True, window, 900, window_start=0)[0].started
+    sent = 10 * window
+    lagging_limit = sent + window - window // 8 + 1024  # the last step was 7/8 of a window ago
+    ended = episodes.sample(2_000, sent, lagging_limit, True, window, 900, window_start=sent)
+    assert [event.started for event in ended] == [False] and not episodes.is_open
+    assert episodes.depth == 0
+
+
 # -- the pressure governor's ladder --------------------------------------------------------------
 
 def test_the_ladder_climbs_one_step_a_sample_and_the_top_steps_need_sustained_pressure() -> None:

@@ -156,6 +156,81 @@ def test_every_band_gets_its_weight_and_the_lowest_is_served_every_round(
     assert max(b - a for a, b in pairwise(lowest)) <= round_length + 8
 
 
+def test_a_full_socket_does_not_hold_back_a_publication_on_another_socket(
+        sender_of, shm: Path) -> None:
+    # Two publications share a bottlenecked socket (drained one datagram per cycle); a third,
+    # in band 1, has a socket of its own with room.  The bands divide a socket's capacity:
+    # the third sends at its own socket's pace, not at its band's share of the other's.
+    sender = sender_of([800, 0])
+    reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    roomy = sender._publication(shm, 200, 0, writer.fileno())
+    try:
+        publications = [p.c for p in sender.publications] + [roomy.c]
+        array = network_ffi.new("ss_send_publication_t *[]", publications)
+        sender.agent.publications = array
+        sender.agent.publication_count = len(publications)
+        reader.setblocking(False)
+        cycles, roomy_datagrams = 200, 0
+        shared = sender.run(cycles)  # one datagram read from the shared socket per cycle
+        while True:
+            try:
+                reader.recv(2048)
+            except BlockingIOError:
+                break
+            roomy_datagrams += 1
+        # A round of the shared socket lasts (8 + 1) x 8 of its datagrams: held to it, the
+        # third would have sent 8 per round, about 24 here.  On its own it gets its band's
+        # grant every cycle.
+        assert roomy_datagrams >= 8 * cycles // 2, (roomy_datagrams, Counter(shared))
+        share = Counter(shared[50:])[100] / len(shared[50:])  # session 100: priority 800
+        assert abs(share - 8 / 9) < 8 / 9 * 0.15, Counter(shared)  # the bands still hold there
+    finally:
+        reader.close()
+        writer.close()
+        roomy.log.close()
+
+
+def test_publications_of_one_band_share_its_turns_evenly_among_other_bands(sender_of) -> None:
+    # Two band-1 publications among eight of band 4: a band's next turn starts after the
+    # publication it served last (counting from where its last turn began, the first of the
+    # two took 9 turns in 10).
+    # A socket with room, emptied after each cycle: every visit ends with room to spare.
+    sender = sender_of([100, 100] + [800] * 8)
+    sender._writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    sender.reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sender.reader.setblocking(False)
+    counts: Counter[int] = Counter()
+    for cycle in range(60):
+        network.ss_agent_do_work(sender.agent, 1_000_000_000 + cycle)
+        while True:
+            try:
+                counts[SESSION.unpack_from(sender.reader.recv(2048), 12)[0]] += 1
+            except BlockingIOError:
+                break
+    assert counts[100] + counts[101] >= 60 * 8
+    assert abs(counts[100] - counts[101]) < 0.2 * (counts[100] + counts[101]), counts
+    band_4 = [counts[s] for s in range(102, 110)]
+    assert max(band_4) - min(band_4) < 0.2 * max(band_4), counts
+
+
+def test_a_publication_that_sends_nothing_does_not_stop_the_round(sender_of) -> None:
+    # Band 4's publication waits for its rate bucket and sent into a full socket before: the
+    # round must go on to band 1, whose socket (the same, now with room) takes its data.
+    sender = sender_of([800, 0])
+    sender._writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    paced = sender.publications[0].c
+    now_ns = 1_000_000_000
+    paced.rate_limit, paced.rate_burst = 1_000, 1_000_000  # an empty bucket that fills slowly
+    paced.rate_credit, paced.rate_time_ns = 0, now_ns
+    paced.socket_full = 1  # what its last send found
+    for cycle in range(3):
+        network.ss_agent_do_work(sender.agent, now_ns + cycle)
+    assert sender.publications[1].c.sender_position[0] > 0
+    assert paced.sender_position[0] == 0
+
+
 def test_aging_lifts_a_publication_that_waits_into_a_higher_band(sender_of) -> None:
     sender = sender_of([-1000, 800])
     low = sender.publications[0].c
@@ -241,3 +316,41 @@ def test_in_the_simulator_band_4_takes_eight_ninths_of_a_bottleneck_link() -> No
         # Band 1 was served every round: it never went 100 ms without progress.
         positions = consumed[sessions[0]][1_000:]
         assert all(b > a for a, b in zip(positions[::100], positions[100::100], strict=False))
+
+
+def test_in_the_simulator_a_deferred_band_waits_without_stalling_the_clock() -> None:
+    """At the governor's step 3 the lowest band's new data waits in its log: the simulator's
+    clock moves on past it (it is not due at any time), and the other bands go on."""
+    scenario = Scenario(hosts=2, messages=0, faults=LinkFaults(rate_mbit=100),
+                        settings={"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"})
+    with Simulation(scenario) as sim:
+        sim.run_until(1_000_000, stop_when_complete=False)
+        uri = scenario.channel_uri(1)
+        receiver = sim.subscribers[0]
+        for stream_id in (2001, 2002):
+            receiver.driver.command({"type": control.ADD_SUBSCRIPTION, "channel": uri,
+                                     "stream_id": stream_id})
+        receiver.wake()
+        sim.run_until(2_000_000, stop_when_complete=False)
+        appenders, sessions = [], []
+        for stream_id, priority in ((2001, -500), (2002, 800)):
+            reply = sim.publisher.driver.command({
+                "type": control.ADD_PUBLICATION, "channel": f"{uri}|priority={priority}",
+                "stream_id": stream_id})
+            log = LogBuffer(reply["log_file"])
+            limit = sim.publisher.driver.counters.address(reply["publication_limit_counter_id"])
+            appenders.append((log, new_appender(log, limit)))
+            sessions.append(reply["session_id"])
+        sim.run_until(300_000_000, stop_when_complete=False)  # both connected
+        sim.publisher.driver.network.sender.set_pressure_step(3)
+        message = b"d" * 1000
+        for _log, appender in appenders:
+            for _ in range(100):
+                assert client_lib.ss_offer(appender, message, len(message)) > 0
+        sim.publisher.wake()
+        sim.run_until(350_000_000, stop_when_complete=False)  # raised SimulationStuck before
+        positions = [receiver.readers[s][1].position if s in receiver.readers else 0
+                     for s in sessions]
+        for log, _appender in appenders:
+            log.close()
+        assert positions[1] >= 100 * 1032 and positions[0] == 0, positions

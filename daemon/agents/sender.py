@@ -222,8 +222,11 @@ class Sender(Agent[SendEndpoint]):
         simulator's clock must move there (its C half ran before a Python half that may have
         raised or lifted the limit)."""
         deadline = super().next_deadline_ns()
+        deferring = self.c.defer_lowest_band
         for publication, endpoint in self._publications:
             c = publication.c
+            if deferring and c.priority < 0 and c.retransmit_count <= 0:
+                continue  # its new data waits for the governor's word, not for a time
             if network.ss_has_data_ready(c):
                 ready = max(network.ss_rate_ready_ns(c), network.ss_coalesce_ready_ns(c))
                 if c.fd < 0:

@@ -651,7 +651,8 @@ class NetworkConductor:
             log_buffer = entry.log
             for event in entry.episodes.sample(
                     now_ns, log_buffer.producer_position(), get(entry.publisher_limit_id),
-                    log_buffer.is_connected, *log_buffer.limit_hit()):
+                    log_buffer.is_connected, *log_buffer.limit_hit(),
+                    window_start=entry.publication.sender_position):
                 events.append((entry.registration_id, event))
         return events
 

@@ -83,12 +83,17 @@ class BackPressureEpisodes:
         return self.started_ns is not None
 
     def sample(self, now_ns: int, producer: int, limit: int, connected: bool,
-               hit_position: int, hit_ns: int) -> list[EpisodeEvent]:
+               hit_position: int, hit_ns: int, *, window_start: int | None = None
+               ) -> list[EpisodeEvent]:
         """Positions (bytes) at ``now_ns``: the producer's, pub-lmt, whether a subscriber is
-        connected, and the limit a publisher last met with its time (0, 0: none yet).
+        connected, and the limit a publisher last met with its time (0, 0: none yet);
+        ``window_start``: where the window in use starts, when pub-lmt lags it (a network
+        stream's limit moves in steps of an eighth of a window: its depth is the lead over
+        snd-pos, or a drained stream could sit above a low watermark under 12.5 % for good).
         Returns the episodes that began or ended since the last sample (at most one of each,
         a start first)."""
-        depth = min(max(producer - (limit - self.window), 0), self.window) if connected else 0
+        start = limit - self.window if window_start is None else window_start
+        depth = min(max(producer - start, 0), self.window) if connected else 0
         met = hit_ns > self._seen_hit_ns and hit_position > 0
         if met:
             self._seen_hit_ns = hit_ns

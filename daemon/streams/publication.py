@@ -535,10 +535,13 @@ class NetworkPublication:
                      and now_ns <= self._status_message_deadline_ns)
         if connected != self._connected:
             self._connected = connected
-            self.log.is_connected = connected
             if connected:
+                # The limit first: an offer that sees the stream connected under the limit it
+                # had while disconnected would record a hit and open a false episode.
                 self._update_publisher_limit()
+                self.log.is_connected = True
             else:
+                self.log.is_connected = False
                 # aeron_network_publication_update_pub_pos_and_lmt: no credit beyond snd-pos.
                 self._set_publisher_limit(self.sender_position)
             self.log.signal_publishers()  # a publisher waiting to connect, or for credit
