@@ -351,7 +351,8 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
  * point per SS_AGING_NS_PER_POINT it has waited with data ready, at most SS_AGING_MAX) puts it
  * in band 4 (>= 750), 3 (500..749), 2 (250..499), 1 (0..249) or 0 (< 0); the sender serves the
  * bands by deficit weighted round robin, weights 8/4/2/1/1, each visit granting a band its
- * weight x max_datagrams datagrams, FIFO by waiting time within a band. */
+ * weight x max_datagrams datagrams, one round per send socket (ss_band_round_t); within a band
+ * the publications take turns. */
 #define SS_BANDS 5
 #define SS_PRIORITY_MIN (-1000)
 #define SS_PRIORITY_MAX 1000
