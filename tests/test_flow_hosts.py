@@ -134,8 +134,9 @@ def test_cubic_streams_through_one_tbf_lose_nothing_and_leave_a_static_one_its_s
     """Two streams from one host to another through a tbf of 100 Mbit/s whose 5 ms queue
     overflows: two CUBIC receivers, then CUBIC beside the static window.  Every message
     arrives once, in order (share_one_link checks), and CUBIC, which backs off on loss, does
-    not starve the static stream.  How evenly two CUBIC streams share once settled is a
-    benchmark's figure (bench/flow_hosts.py: they converge over tens of seconds)."""
+    not starve the static stream once the start-up race is over.  How evenly two CUBIC
+    streams share once settled is a benchmark's figure (bench/flow_hosts.py: they converge
+    over tens of seconds)."""
     both = share_one_link(("cc=cubic", "cc=cubic"), 4, mbit=100, queue_ms=5)
     # Neither was left with a trickle (before RFC 8312's Reno floor one could sit at one
     # datagram, 1 % of the other; the settled share is the benchmark's figure).
@@ -143,8 +144,12 @@ def test_cubic_streams_through_one_tbf_lose_nothing_and_leave_a_static_one_its_s
     assert min(last) > 0.2 * max(last), both["bins"]
     mixed = share_one_link(("cc=cubic", ""), 3, mbit=100, queue_ms=5)
     assert both["naks"] + mixed["naks"] > 0  # the queue overflowed: there was loss to answer
-    cubic, static = (sum(series) for series in mixed["bins"])
-    assert static > cubic / 2, (cubic, static)
+    # The first second is a race either stream may win (the one the queue's first overflows hit
+    # less sits at a tenth of the link until its repairs catch up: over the whole 3 s the
+    # static stream had 0.33-2.2x CUBIC's bytes in 16 trials, CI failed at 0.44).  Settled, in
+    # the last 1.5 s, it had 0.75-1.17x in 10 trials: that is where CUBIC could starve it.
+    cubic, static = (sum(series[-15:]) for series in mixed["bins"])
+    assert static > cubic / 2, mixed["bins"]
 
 
 def test_band_4_takes_eight_ninths_of_a_tbf_bottleneck_and_band_1_never_starves(
