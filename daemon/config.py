@@ -442,8 +442,10 @@ class DriverSettings:
     )
     nak_unicast_retry_delay_ratio: int = _int(
         100,
-        "Delay before re-sending an unanswered unicast NAK, as a multiple of nak_unicast_delay "
-        "(100 x 100 us = 10 ms, about the retransmit linger).",
+        "Longest delay before re-sending an unanswered unicast NAK, as a multiple of "
+        "nak_unicast_delay (100 x 100 us = 10 ms, Aeron's fixed retry); once the receiver has "
+        "measured a repair it retries after srtt + 4 rttvar of the repair time, within "
+        "[nak_unicast_delay, this].",
         low=1, high=1_000_000,
     )
     nak_multicast_max_backoff: int = _duration(
@@ -503,9 +505,11 @@ class DriverSettings:
         0, "Delay before answering a unicast NAK with a retransmit, ns; 0 = at once.", high=_S
     )
     retransmit_unicast_linger: int = _duration(
-        10 * _MS,
+        200 * _US,
         "After a retransmit, repeat NAKs for the same range are ignored this long, ns; the "
-        "resent data is still in flight.",
+        "resent data is still in flight.  Short (Aeron's is 10 ms): a unicast receiver's own "
+        "retry timer, which follows the measured repair time, is what spaces its repeats, and "
+        "a lost retransmission NAKed again must not wait out the linger.",
         high=_S,
     )
     max_resend: int = _int(

@@ -383,6 +383,46 @@ void ss_retransmit_on_nak(ss_send_publication_t *p, int32_t term_id, int32_t ter
 
 /* ------------------------------------------------------------------------ loss detector */
 
+/* One repair time into the smoothed estimate (RFC 6298 2.2-2.3: alpha 1/8, beta 1/4). */
+static void loss_repair_sample(ss_loss_detector_t *d, const ss_gap_t *gap, int64_t now_ns) {
+    if (gap->naks != 1) return;
+    int64_t sample = now_ns - gap->naked_ns;
+    if (sample <= 0) return;
+    if (d->repair_samples == 0) {
+        d->repair_srtt_ns = sample;
+        d->repair_rttvar_ns = sample / 2;
+    } else {
+        int64_t error = d->repair_srtt_ns - sample;
+        if (error < 0) error = -error;
+        d->repair_rttvar_ns += (error - d->repair_rttvar_ns) / 4;
+        d->repair_srtt_ns += (sample - d->repair_srtt_ns) / 8;
+    }
+    if (d->repair_samples < INT32_MAX) d->repair_samples++;
+}
+
+int64_t ss_loss_retry_delay(const ss_loss_detector_t *d, int64_t first_delay_ns,
+                            int64_t retry_delay_ns) {
+    if (!d->adapt_retry || d->repair_samples == 0) return retry_delay_ns;
+    int64_t delay = d->repair_srtt_ns + 4 * d->repair_rttvar_ns;
+    if (delay < first_delay_ns) delay = first_delay_ns;
+    return delay < retry_delay_ns ? delay : retry_delay_ns;
+}
+
+/* A gap NAKed `naks` times waits retry_ns doubled for each NAK after the first, up to
+ * ceiling_ns (RFC 6298 5.5's backoff: a partition must not turn into a NAK every retry). */
+static int64_t loss_backoff(int64_t retry_ns, int32_t naks, int64_t ceiling_ns) {
+    int64_t delay = retry_ns;
+    for (int32_t k = 1; k < naks && delay < ceiling_ns; k++) delay *= 2;
+    return delay < ceiling_ns ? delay : ceiling_ns;
+}
+
+void ss_loss_all_filled(ss_loss_detector_t *d, int64_t now_ns) {
+    int32_t count = d->gap_count;
+    if (count > SS_LOSS_GAPS_MAX) count = SS_LOSS_GAPS_MAX;
+    for (int32_t i = 0; i < count; i++) loss_repair_sample(d, &d->gaps[i], now_ns);
+    d->gap_count = 0;
+}
+
 int32_t ss_loss_scan(ss_loss_detector_t *d, const uint8_t *term, int32_t term_id,
                      int32_t rebuild_offset, int32_t limit_offset, int64_t now_ns,
                      int64_t first_delay_ns, int64_t retry_delay_ns) {
@@ -397,27 +437,62 @@ int32_t ss_loss_scan(ss_loss_detector_t *d, const uint8_t *term, int32_t term_id
     d->fresh_count = 0;
     d->fresh_bytes = 0;
     int32_t n = 0, j = 0;
-    for (int32_t offset = first; offset < limit_offset && n < SS_LOSS_GAPS_MAX;) {
-        /* Both lists run in stream order: a gap tracked before is found by walking on. */
+    int32_t offset = first;
+    for (; offset < limit_offset && n < SS_LOSS_GAPS_MAX;) {
+        /* Both lists run in stream order: a gap tracked before is found by walking on, and
+         * one walked past (an older term, or before this gap) has been filled. */
         while (j < previous_count &&
-               (previous[j].term_id != term_id || previous[j].term_offset < offset)) j++;
+               (previous[j].term_id != term_id || previous[j].term_offset < offset)) {
+            loss_repair_sample(d, &previous[j++], now_ns);
+        }
         ss_gap_t *gap = &d->gaps[n++];
         gap->term_id = term_id;
         gap->term_offset = offset;
         gap->length = gap_length;
         if (j < previous_count && previous[j].term_offset == offset) {
             gap->expiry_ns = previous[j].expiry_ns;
+            gap->naked_ns = previous[j].naked_ns;
+            gap->naks = previous[j++].naks;
         } else {
             gap->expiry_ns = now_ns + first_delay_ns;
+            gap->naked_ns = 0;
+            gap->naks = 0;
             d->fresh_count++;
             d->fresh_bytes += gap_length;
         }
-        if (now_ns >= gap->expiry_ns) {
-            d->due[d->due_count++] = n - 1;
-            gap->expiry_ns = now_ns + retry_delay_ns;
-        }
         if (gap_length <= 0) break; /* never: ss_scan_gap reports a gap of at least a frame */
         offset = ss_scan_gap(term, offset + gap_length, limit_offset, &gap_length);
+    }
+    if (offset >= limit_offset) {
+        /* The scan reached the limit: what it did not find again below it was filled (past
+         * the limit nothing was tracked: gaps lie below the high-water mark).  A scan cut
+         * short by the gap limit knows nothing of the rest. */
+        for (; j < previous_count; j++) {
+            if (previous[j].term_id != term_id || previous[j].term_offset < limit_offset) {
+                loss_repair_sample(d, &previous[j], now_ns);
+            }
+        }
+    }
+    /* Timers, once this scan's repairs are measured.  Adapting, a gap NAKed before is due
+     * again after the current retry delay (it shortens as repairs are measured: the first
+     * losses of a stream were armed with the ceiling); a multicast retry is a random draw
+     * per pass, which must not be taken again at every pass. */
+    const int64_t retry_ns = ss_loss_retry_delay(d, first_delay_ns, retry_delay_ns);
+    for (int32_t i = 0; i < n; i++) {
+        ss_gap_t *gap = &d->gaps[i];
+        if (d->adapt_retry && gap->naks > 0) {
+            const int64_t due_ns = gap->naked_ns + loss_backoff(retry_ns, gap->naks,
+                                                                retry_delay_ns);
+            if (due_ns < gap->expiry_ns) gap->expiry_ns = due_ns;
+        }
+        if (now_ns >= gap->expiry_ns) {
+            d->due[d->due_count++] = i;
+            if (gap->naks < INT32_MAX) gap->naks++;
+            gap->naked_ns = now_ns;
+            gap->expiry_ns = now_ns + (d->adapt_retry
+                                       ? loss_backoff(retry_ns, gap->naks, retry_delay_ns)
+                                       : retry_ns);
+        }
     }
     d->gap_count = n;
     return first;

@@ -196,10 +196,11 @@ int64_t ss_retransmit_next_deadline(const ss_send_publication_t *p);
 
 typedef struct {
     int64_t expiry_ns;            /* when it is NAKed (again) */
+    int64_t naked_ns;             /* when it was last NAKed */
     int32_t term_id;
     int32_t term_offset;
     int32_t length;
-    int32_t reserved;
+    int32_t naks;                 /* NAKs sent for it */
 } ss_gap_t;
 
 typedef struct {
@@ -208,17 +209,34 @@ typedef struct {
     int32_t due[256];             /* re-armed), as indices into gaps */
     int32_t fresh_count;          /* out of the last scan: gaps seen for the first time, and */
     int64_t fresh_bytes;          /* their bytes (the loss report) */
+    /* The repair time (NAK to the scan that found the gap filled), smoothed as RFC 6298
+     * smooths a round trip, from gaps NAKed once (Karn: a gap NAKed twice cannot tell which
+     * NAK was answered).  With adapt_retry set, once a repair was measured, a gap is NAKed
+     * again after srtt + 4 rttvar within [first delay, retry_delay_ns], doubled for each
+     * further NAK of the same gap up to retry_delay_ns. */
+    int32_t adapt_retry;
+    int32_t repair_samples;
+    int64_t repair_srtt_ns;
+    int64_t repair_rttvar_ns;
     ss_gap_t gaps[256];           /* SS_LOSS_GAPS_MAX, in stream order */
 } ss_loss_detector_t;
 
 /* Scan term_id's term (`term`) for gaps from rebuild_offset up to limit_offset: a gap seen
  * for the first time gets expiry now + first_delay_ns (counted in fresh_*); one whose
- * expiry has come is listed in due and re-armed at now + retry_delay_ns; gaps no longer
- * there (filled) are forgotten.  Returns the offset of the first gap, or limit_offset when
- * there is none (all gaps then forgotten). */
+ * expiry has come is listed in due and re-armed at now + its retry delay (retry_delay_ns,
+ * or less once adapt_retry has a repair time); gaps no longer there (filled) are forgotten,
+ * and their repair times measured.  Returns the offset of the first gap, or limit_offset
+ * when there is none (all gaps then forgotten). */
 int32_t ss_loss_scan(ss_loss_detector_t *d, const uint8_t *term, int32_t term_id,
                      int32_t rebuild_offset, int32_t limit_offset, int64_t now_ns,
                      int64_t first_delay_ns, int64_t retry_delay_ns);
+/* Every tracked gap was filled (the rebuild position reached the high-water mark): measure
+ * their repairs and forget them. */
+void ss_loss_all_filled(ss_loss_detector_t *d, int64_t now_ns);
+/* The retry delay a gap NAKed now gets: retry_delay_ns unless adapt_retry has a repair time,
+ * then srtt + 4 rttvar within [first_delay_ns, retry_delay_ns]. */
+int64_t ss_loss_retry_delay(const ss_loss_detector_t *d, int64_t first_delay_ns,
+                            int64_t retry_delay_ns);
 /* The earliest expiry of a tracked gap (SS_NO_DEADLINE: none). */
 int64_t ss_loss_next_deadline(const ss_loss_detector_t *d);
 

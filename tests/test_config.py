@@ -78,7 +78,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     # Aeron sends 2 per ~100 ns duty cycle; a Python duty cycle costs microseconds.
     "network_publication_max_messages_per_send": 64,
     "retransmit_unicast_delay": 0,
-    "retransmit_unicast_linger": 10 * MS,
+    "retransmit_unicast_linger": 200 * US,
     "max_resend": 16,
     "debug_receive_data_loss": 0,  # Aeron: aeron.debug.receive.data.loss.rate, off
     "debug_receive_data_loss_seed": 1,

@@ -116,6 +116,94 @@ def test_gap_in_term_beyond_hwm_term_scans_to_term_end() -> None:
     assert losses == [(INITIAL, 64, TERM - 64)]
 
 
+def adaptive_detector():
+    losses: list[tuple[int, int, int]] = []
+    d = LossDetector(StaticDelayGenerator(100 * US, 10 * MS), lambda *a: losses.append(a),
+                     adapt_retry=True)
+    return d, losses
+
+
+def test_a_unicast_gap_is_naked_again_after_the_measured_repair_time() -> None:
+    """The repair of a gap NAKed once (NAK at 100 µs, filled by the scan at 400 µs) is a
+    300 µs sample: srtt 300, rttvar 150, so the next gap's retry comes 300 + 4 x 150 = 900 µs
+    after its NAK, not after the 10 ms ceiling."""
+    term = make_term()
+    put_frame(term, 0)
+    put_frame(term, 128)
+    d, losses = adaptive_detector()
+    d.scan(term, 0, 192, 0, TERM, BITS, INITIAL)
+    d.scan(term, 0, 192, 100 * US, TERM, BITS, INITIAL)
+    assert losses == [(INITIAL, 64, 64)] and d.repair_time_ns is None
+    assert d.next_deadline_ns() == 100 * US + 10 * MS  # nothing measured yet: the ceiling
+    put_frame(term, 64)
+    assert d.scan(term, 0, 192, 400 * US, TERM, BITS, INITIAL) == (192, False)
+    assert d.repair_time_ns == (300 * US, 150 * US)
+    put_frame(term, 256)  # a new gap at 192
+    d.scan(term, 0, 320, 1 * MS, TERM, BITS, INITIAL)
+    d.scan(term, 0, 320, 1 * MS + 100 * US, TERM, BITS, INITIAL)
+    assert losses[-1] == (INITIAL, 192, 64)
+    assert d.next_deadline_ns() == 1 * MS + 100 * US + 900 * US
+    d.scan(term, 0, 320, 2 * MS, TERM, BITS, INITIAL)
+    assert len(losses) == 3  # NAKed again at 2 ms
+    # Karn: this gap, NAKed twice, says nothing when it is filled.
+    put_frame(term, 192)
+    d.scan(term, 0, 320, 2 * MS + 50 * US, TERM, BITS, INITIAL)
+    assert d.repair_time_ns == (300 * US, 150 * US)
+
+
+def test_a_gap_naked_before_any_repair_was_measured_is_due_again_once_one_is() -> None:
+    """The first losses of a stream are armed with the ceiling (nothing measured yet); the
+    first repair measured brings the others' next NAK forward."""
+    term = make_term()
+    put_frame(term, 0)
+    put_frame(term, 128)
+    put_frame(term, 256)  # gaps at 64 and 192
+    d, losses = adaptive_detector()
+    d.scan(term, 0, 320, 0, TERM, BITS, INITIAL)
+    d.scan(term, 0, 320, 100 * US, TERM, BITS, INITIAL)
+    assert len(losses) == 2 and d.next_deadline_ns() == 100 * US + 10 * MS
+    put_frame(term, 64)
+    d.scan(term, 0, 320, 400 * US, TERM, BITS, INITIAL)  # 300 µs: retry 900 µs
+    assert d.next_deadline_ns() == 100 * US + 900 * US
+    d.scan(term, 0, 320, 1 * MS, TERM, BITS, INITIAL)
+    assert losses[-1] == (INITIAL, 192, 64) and len(losses) == 3
+
+
+def test_the_adapted_retry_stays_between_the_first_delay_and_the_ceiling() -> None:
+    for repair_ns, retry_ns in ((10 * US, 100 * US), (5 * MS, 10 * MS)):
+        term = make_term()
+        put_frame(term, 0)
+        put_frame(term, 128)
+        d, _ = adaptive_detector()
+        d.scan(term, 0, 192, 0, TERM, BITS, INITIAL)
+        d.scan(term, 0, 192, 100 * US, TERM, BITS, INITIAL)
+        put_frame(term, 64)
+        # The rebuild position reached the high-water mark: every gap was filled.
+        d.scan(term, 192, 192, 100 * US + repair_ns, TERM, BITS, INITIAL)
+        assert d.repair_time_ns == (repair_ns, repair_ns // 2)
+        assert d.retry_delay_ns() == retry_ns
+
+
+def test_a_gap_left_in_a_finished_term_is_a_repair_and_multicast_keeps_its_backoff() -> None:
+    """A gap of the last term, filled as the rebuild position moves on to the next, is
+    measured; a detector without adapt_retry (a multicast image's) measures too, but keeps
+    its generator's retry delay."""
+    for adapt in (True, False):
+        term = make_term()
+        put_frame(term, 0)
+        put_frame(term, 128)
+        d = LossDetector(StaticDelayGenerator(100 * US, 10 * MS), lambda *a: None,
+                         adapt_retry=adapt)
+        d.scan(term, 0, 192, 0, TERM, BITS, INITIAL)
+        d.scan(term, 0, 192, 100 * US, TERM, BITS, INITIAL)
+        following = make_term()
+        put_frame(following, 64)  # the next term: a gap at 0
+        d.scan(following, TERM, TERM + 128, 300 * US, TERM, BITS, INITIAL)
+        assert d.repair_time_ns == (200 * US, 100 * US)
+        assert d.retry_delay_ns() == (600 * US if adapt else 10 * MS)
+        assert list(d.gaps) == [(INITIAL + 1, 0)]
+
+
 def test_optimal_multicast_delay_in_range_and_reproducible() -> None:
     g1 = OptimalMulticastDelayGenerator(10 * MS, 10, random.Random(5))
     g2 = OptimalMulticastDelayGenerator(10 * MS, 10, random.Random(5))
@@ -186,19 +274,35 @@ def reference_gaps(present: set[int], rebuild: int, limit: int) -> list[tuple[in
     return gaps
 
 
+def c_div(a: int, b: int) -> int:
+    """C's integer division (toward zero)."""
+    return abs(a) // b * (1 if a >= 0 else -1)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sets(st.integers(0, 63)), st.integers(0, 300)),
-                min_size=1, max_size=12))
+                min_size=1, max_size=12), st.booleans())
 def test_scans_track_every_gap_with_its_own_timer_as_frames_arrive(
-        passes: list[tuple[set[int], int]]) -> None:
+        passes: list[tuple[set[int], int]], adapt: bool) -> None:
     """Frames land anywhere below a rising high-water mark between scans: each scan reports
     exactly the gaps below it (up to MAX_GAPS), a gap at an offset seen before keeps its timer,
-    a new one starts it, and a gap is NAKed when its timer expires, then re-armed."""
+    a new one starts it, and a gap is NAKed when its timer expires, then re-armed; with
+    ``adapt``, re-armed after the repair time measured from the gaps NAKed once and filled."""
     term = make_term()
     present: set[int] = set()
     losses: list[tuple[int, int, int]] = []
-    d = LossDetector(StaticDelayGenerator(100 * US, 10 * MS), lambda *a: losses.append(a))
+    d = LossDetector(StaticDelayGenerator(100 * US, 10 * MS), lambda *a: losses.append(a),
+                     adapt_retry=adapt)
     expiry: dict[int, int] = {}
+    naked: dict[int, tuple[int, int]] = {}  # offset -> (NAKs, last NAK)
+    srtt = rttvar = samples = 0
+
+    def retry(naks: int) -> int:
+        """The wait after a gap's ``naks``-th NAK."""
+        if not adapt or not samples:
+            return 10 * MS
+        return min(min(max(srtt + 4 * rttvar, 100 * US), 10 * MS) << (naks - 1), 10 * MS)
+
     now = 0
     limit = 0
     for arrivals, step_us in passes:
@@ -213,13 +317,30 @@ def test_scans_track_every_gap_with_its_own_timer_as_frames_arrive(
         expected = reference_gaps(present, 0, limit)[:MAX_GAPS]
         assert found == bool(expected)
         assert offset == (expected[0][0] if expected else limit)
+        starts = {start for start, _ in expected}
+        for start in sorted(set(expiry) - starts):  # filled: a repair, if NAKed once
+            count, at = naked.pop(start, (0, 0))
+            if count == 1 and now > at:
+                sample = now - at
+                if samples == 0:
+                    srtt, rttvar = sample, sample // 2
+                else:
+                    rttvar += c_div(abs(srtt - sample) - rttvar, 4)
+                    srtt += c_div(sample - srtt, 8)
+                samples += 1
         due = []
         next_expiry = {}
         for start, length in expected:
             deadline = expiry.get(start, now + 100 * US)
+            if start not in expiry:
+                naked.pop(start, None)
+            elif start in naked and adapt:  # due again after the current retry delay
+                deadline = min(deadline, naked[start][1] + retry(naked[start][0]))
             if now >= deadline:
                 due.append((INITIAL, start, length))
-                deadline = now + 10 * MS
+                count = naked.get(start, (0, 0))[0] + 1
+                naked[start] = (count, now)
+                deadline = now + retry(count)
             next_expiry[start] = deadline
         expiry = next_expiry
         assert losses == due

@@ -42,6 +42,7 @@ from slipstream.daemon.streams.publication import (
 )
 
 MS = 1_000_000
+US = 1_000
 TERM = 64 * 1024
 DEST = ("10.0.0.2", 40123)
 RCV = ("10.0.0.2", 40123)
@@ -160,7 +161,9 @@ def test_nak_resend_and_rttm_reply(shm: Path) -> None:
     lib.ss_offer(appender, b"a" * 100, 100)
     cycle(pub, 0)
     pub.on_frame(Nak(5, 6, 10, 0, 160), DEST, 1)
-    assert pub.next_deadline_ns() == 1 and pub.has_data_ready()
+    # Queued for the data path: data to send, not a timer of the publication (its timer is
+    # the action's linger).
+    assert pub.has_data_ready() and pub.next_deadline_ns() == 1 + 200 * US
     # The retransmission goes with the data path's next send, though no new data waits.
     [resent] = frames(cycle(pub, 1))
     assert isinstance(resent, Data) and resent.term_offset == 0 and not pub.has_data_ready()

@@ -344,13 +344,13 @@ def test_duplicate_naks_within_linger_are_ignored(pair: Pair) -> None:
     nak = Nak(SESSION, STREAM, 1000, 0, 544).encode()
     before = len(pair.frames("p2r", Data))
     for i in range(5):
-        pair.send_channel.on_datagram(nak, RECEIVER, pair.now + i * MS)
-    out = data_datagrams(pair.publication, pair.now + 5 * MS)  # the data path sends them
+        pair.send_channel.on_datagram(nak, RECEIVER, pair.now + i * 40 * US)
+    out = data_datagrams(pair.publication, pair.now + 190 * US)  # the data path sends them
     assert len([d for d in out if isinstance(decode(d.data), Data)]) == 1
     assert before == 1
-    # After the 10 ms linger the same NAK is served again.
-    pair.send_channel.on_datagram(nak, RECEIVER, pair.now + 11 * MS)
-    out = data_datagrams(pair.publication, pair.now + 11 * MS)
+    # After the linger (200 µs) the same NAK is served again.
+    pair.send_channel.on_datagram(nak, RECEIVER, pair.now + 210 * US)
+    out = data_datagrams(pair.publication, pair.now + 210 * US)
     assert len([d for d in out if isinstance(decode(d.data), Data)]) == 1
 
 

@@ -78,7 +78,7 @@ def nak(pub: NetworkPublication, offset: int, length: int, now_ns: int,
 
 
 def test_immediate_retransmit_then_linger_ignores_repeats(shm: Path) -> None:
-    pub, counters = publication(shm)
+    pub, counters = publication(shm, retransmit_unicast_linger=10 * MS)
     nak(pub, FRAME, 2 * FRAME, 0)
     assert take(pub) == [(FRAME, FRAME), (2 * FRAME, FRAME)]
     nak(pub, FRAME, 2 * FRAME, 5 * MS)
@@ -94,7 +94,8 @@ def test_immediate_retransmit_then_linger_ignores_repeats(shm: Path) -> None:
 
 
 def test_delayed_retransmit(shm: Path) -> None:
-    pub, _ = publication(shm, retransmit_unicast_delay=2 * MS)
+    pub, _ = publication(shm, retransmit_unicast_delay=2 * MS,
+                         retransmit_unicast_linger=10 * MS)
     nak(pub, 0, FRAME, 0)
     assert take(pub) == [] and pub.retransmit_handler.next_deadline_ns() == 2 * MS
     nak(pub, 0, FRAME, 1 * MS)  # a repeat while delayed

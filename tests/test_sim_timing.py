@@ -161,7 +161,8 @@ def test_retransmit_linger_ignores_repeated_naks_for_10_ms():
     # NAK retries every 3 ms (ratio 30) while the resend is lost twice: the sender answers
     # the first NAK, ignores the repeats for retransmit_unicast_linger (10 ms), then resends.
     scenario = Scenario(hosts=2, messages=10, faults=LinkFaults(delay_ms=1),
-                        settings={"nak_unicast_retry_delay_ratio": 30})
+                        settings={"nak_unicast_retry_delay_ratio": 30,
+                                  "retransmit_unicast_linger": "10ms"})
     with Simulation(scenario) as sim:
         sim.network.filters.append(drop_frame(3, times=2))
         capture = Capture().attach(sim.network)
@@ -176,6 +177,24 @@ def test_retransmit_linger_ignores_repeated_naks_for_10_ms():
     assert len(ignored) >= 2
     counters = report.counters[PUB]
     assert counters["NAK_MESSAGES_RECEIVED"] > counters["RETRANSMITS_SENT"]
+
+
+def test_a_lost_retransmission_is_naked_again_after_the_measured_repair_time():
+    """Over a 2 ms round trip, frames 3 and 6 are lost once (each repaired after one NAK:
+    the receiver measures the repair time), then frame 20 is lost with its first resend.
+    The second NAK for it comes after srtt + 4 rttvar of those repairs: after the round
+    trip (the resend in flight is not outrun) and well before Aeron's fixed 10 ms."""
+    scenario = Scenario(hosts=2, messages=30, faults=LinkFaults(delay_ms=1))
+    with Simulation(scenario) as sim:
+        for index, times in ((3, 1), (6, 1), (20, 2)):
+            sim.network.filters.append(drop_frame(index, times=times))
+        capture = Capture().attach(sim.network)
+        report = sim.run()
+    assert report.exactly_once_in_order
+    naks = [r.t_ns for r in capture.select("NAK") if r.term_offset == 20 * FRAME]
+    assert len(naks) == 2, naks
+    assert 2 * MS < naks[1] - naks[0] < 10 * MS, naks
+    assert report.counters[PUB]["RETRANSMITS_SENT"] == 4
 
 
 def test_multicast_nak_delay_is_random_below_the_max_backoff():

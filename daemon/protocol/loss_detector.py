@@ -16,7 +16,15 @@ generator, one random backoff per pass, which is what spreads receivers apart).
 Delay generators (one small class each, chosen by the image):
 
 * :class:`StaticDelayGenerator` for unicast: ``nak_unicast_delay`` (100 µs) first, then
-  ``delay * nak_unicast_retry_delay_ratio`` (10 ms) between retries.
+  ``delay * nak_unicast_retry_delay_ratio`` (10 ms) between retries.  A unicast image's
+  detector adapts the retry (``adapt_retry``): once it has measured a repair (the time from a
+  gap's only NAK to the scan that finds it filled, smoothed as RFC 6298 smooths a round
+  trip), a gap is NAKed again after ``srtt + 4 rttvar`` within [first delay, that ceiling],
+  doubled for each further NAK of the same gap up to the ceiling (so a partition costs a NAK
+  per gap every ceiling, as before, not one per measured repair time).
+  On a LAN a lost retransmission is then asked for again within a few hundred µs, where a
+  fixed 10 ms (Aeron's, which suits a WAN) pinned the window for 10 ms each time; on a WAN
+  the measured time keeps retries from outrunning the repair in flight.
 * :class:`OptimalMulticastDelayGenerator` for multicast/group images: a random truncated
   exponential backoff in ``[0, max_backoff)`` for first and retry alike, so one receiver's NAK
   (and the retransmit everyone sees) suppresses the others'.
@@ -128,16 +136,31 @@ class LossDetector:
                  "on_loss")
 
     def __init__(self, delay_generator: DelayGenerator, on_loss: LossHandler,
-                 on_gap: Callable[[int, int], None] | None = None) -> None:
+                 on_gap: Callable[[int, int], None] | None = None, *,
+                 adapt_retry: bool = False) -> None:
         """``on_loss(term_id, term_offset, length)`` sends a NAK; ``on_gap(length, count)``
-        hears of the gaps each scan saw first (their bytes and number: the loss report)."""
+        hears of the gaps each scan saw first (their bytes and number: the loss report);
+        ``adapt_retry``: the generator's retry delay is a ceiling, and a gap is NAKed again
+        after the measured repair time allows (unicast: see the module docstring)."""
         self.delay_generator = delay_generator
         self.on_loss = on_loss
         self.on_gap = on_gap
         self.c = network_ffi.new("ss_loss_detector_t *")
+        self.c.adapt_retry = int(adapt_retry)
         self.new_gaps = 0  # of the last scan: gaps it saw first
         self._first_delay = delay_generator.first_delay()
         self._retry_delay = delay_generator.retry_delay()
+
+    @property
+    def repair_time_ns(self) -> tuple[int, int] | None:
+        """The smoothed repair time and its variation (ns), None before the first repair of a
+        gap NAKed once."""
+        c = self.c
+        return (c.repair_srtt_ns, c.repair_rttvar_ns) if c.repair_samples else None
+
+    def retry_delay_ns(self) -> int:
+        """The delay a gap NAKed now waits before it is NAKed again."""
+        return network.ss_loss_retry_delay(self.c, self._first_delay, self._retry_delay)
 
     @property
     def gaps(self) -> dict[tuple[int, int], tuple[int, int]]:
@@ -160,7 +183,8 @@ class LossDetector:
         self.new_gaps = 0
         rebuild_offset = rebuild_position & (term_length - 1)
         if rebuild_position >= hwm_position:
-            c.gap_count = 0
+            if c.gap_count:
+                network.ss_loss_all_filled(c, now_ns)
             return rebuild_offset, False
         rebuild_term_count = rebuild_position >> position_bits
         limit_offset = (hwm_position & (term_length - 1)

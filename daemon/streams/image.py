@@ -184,7 +184,8 @@ class PublicationImage:
             generator = StaticDelayGenerator(delay,
                                              delay * settings.nak_unicast_retry_delay_ratio)
         self.loss_detector = LossDetector(
-            generator, self._on_loss, loss_entry.record if loss_entry is not None else None)
+            generator, self._on_loss, loss_entry.record if loss_entry is not None else None,
+            adapt_retry=not self.is_group)
         self._loss_entry = loss_entry
         #: What a sender still resends behind its position (its resend window, docs/PROTOCOL.md
         #: §3.5): a receiver that lacks data further back than this is left behind.

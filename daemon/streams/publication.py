@@ -603,14 +603,15 @@ class NetworkPublication:
     # -- timers ---------------------------------------------------------------------------
     def next_deadline_ns(self) -> int:
         """The earliest time :meth:`datagrams_to_send` has something to do; a value ``<=``
-        the last ``now`` means "now" (queued retransmits, cleaning to catch up, a drained
-        publication to move on).  NO_DEADLINE once DONE.  Data is not a timer: the agent runs
-        the C data path on every duty cycle."""
+        the last ``now`` means "now" (cleaning to catch up, a drained publication to move on).
+        NO_DEADLINE once DONE.  Data is not a timer, nor are queued retransmissions: the C
+        data path sends both when the socket takes them (the sender agent's deadline says when
+        that is; a timer of "now" here kept the simulator's clock from ever reaching the time
+        a full link had room again)."""
         if self.state is PublicationState.DONE:
             return NO_DEADLINE
         now = self._now_ns
-        if self._outbox or self.c.retransmit_count or (self.cleaner.is_behind
-                                                        and self._connected):
+        if self._outbox or (self.cleaner.is_behind and self._connected):
             return now
         deadline = self.retransmit_handler.next_deadline_ns()
         if not self.has_initial_connection or self.is_setup_elicited:
