@@ -509,7 +509,8 @@ class DriverSettings:
         "After a retransmit, repeat NAKs for the same range are ignored this long, ns; the "
         "resent data is still in flight.  Short (Aeron's is 10 ms): a unicast receiver's own "
         "retry timer, which follows the measured repair time, is what spaces its repeats, and "
-        "a lost retransmission NAKed again must not wait out the linger.",
+        "a lost retransmission NAKed again must not wait out the linger.  A group publication "
+        "lingers at least nak_multicast_max_backoff (the spread of its receivers' NAKs).",
         high=_S,
     )
     max_resend: int = _int(

@@ -440,10 +440,18 @@ int32_t ss_loss_scan(ss_loss_detector_t *d, const uint8_t *term, int32_t term_id
     int32_t offset = first;
     for (; offset < limit_offset && n < SS_LOSS_GAPS_MAX;) {
         /* Both lists run in stream order: a gap tracked before is found by walking on, and
-         * one walked past (an older term, or before this gap) has been filled. */
+         * one walked past (an older term, or before this gap) has been filled, unless this
+         * gap lies inside it: only its front arrived, its repair is still coming, and no
+         * time is measured (adapting, this gap carries on its timer and NAK count). */
+        const ss_gap_t *front_filled = NULL;
         while (j < previous_count &&
                (previous[j].term_id != term_id || previous[j].term_offset < offset)) {
-            loss_repair_sample(d, &previous[j++], now_ns);
+            const ss_gap_t *old = &previous[j++];
+            if (old->term_id == term_id && (int64_t)offset < (int64_t)old->term_offset + old->length) {
+                front_filled = old;
+            } else {
+                loss_repair_sample(d, old, now_ns);
+            }
         }
         ss_gap_t *gap = &d->gaps[n++];
         gap->term_id = term_id;
@@ -453,6 +461,10 @@ int32_t ss_loss_scan(ss_loss_detector_t *d, const uint8_t *term, int32_t term_id
             gap->expiry_ns = previous[j].expiry_ns;
             gap->naked_ns = previous[j].naked_ns;
             gap->naks = previous[j++].naks;
+        } else if (front_filled != NULL && d->adapt_retry) {
+            gap->expiry_ns = front_filled->expiry_ns;
+            gap->naked_ns = front_filled->naked_ns;
+            gap->naks = front_filled->naks;
         } else {
             gap->expiry_ns = now_ns + first_delay_ns;
             gap->naked_ns = 0;

@@ -169,6 +169,24 @@ def test_a_gap_naked_before_any_repair_was_measured_is_due_again_once_one_is() -
     assert losses[-1] == (INITIAL, 192, 64) and len(losses) == 3
 
 
+def test_a_gap_whose_front_alone_arrived_is_still_the_same_loss() -> None:
+    """A resend of several frames whose first arrived before the scan: no repair time is
+    measured (the rest is still coming), and the rest keeps the gap's timer, not a fresh
+    first delay and NAK."""
+    term = make_term()
+    put_frame(term, 0)
+    put_frame(term, 256)  # a gap at 64..256
+    d, losses = adaptive_detector()
+    d.scan(term, 0, 320, 0, TERM, BITS, INITIAL)
+    d.scan(term, 0, 320, 100 * US, TERM, BITS, INITIAL)
+    put_frame(term, 64)
+    d.scan(term, 0, 320, 150 * US, TERM, BITS, INITIAL)
+    assert d.repair_time_ns is None and d.new_gaps == 0
+    assert d.gaps == {(INITIAL, 128): (100 * US + 10 * MS, 128)}
+    d.scan(term, 0, 320, 300 * US, TERM, BITS, INITIAL)
+    assert losses == [(INITIAL, 64, 192)]  # not NAKed again as a new gap
+
+
 def test_the_adapted_retry_stays_between_the_first_delay_and_the_ceiling() -> None:
     for repair_ns, retry_ns in ((10 * US, 100 * US), (5 * MS, 10 * MS)):
         term = make_term()
@@ -295,6 +313,7 @@ def test_scans_track_every_gap_with_its_own_timer_as_frames_arrive(
                      adapt_retry=adapt)
     expiry: dict[int, int] = {}
     naked: dict[int, tuple[int, int]] = {}  # offset -> (NAKs, last NAK)
+    lengths: dict[int, int] = {}  # offset -> length, of the gaps tracked
     srtt = rttvar = samples = 0
 
     def retry(naks: int) -> int:
@@ -317,32 +336,64 @@ def test_scans_track_every_gap_with_its_own_timer_as_frames_arrive(
         expected = reference_gaps(present, 0, limit)[:MAX_GAPS]
         assert found == bool(expected)
         assert offset == (expected[0][0] if expected else limit)
-        starts = {start for start, _ in expected}
-        for start in sorted(set(expiry) - starts):  # filled: a repair, if NAKed once
-            count, at = naked.pop(start, (0, 0))
+        # Walk the gaps tracked before against this scan's (C's rule): one walked past was
+        # filled (a repair, if NAKed once), unless this gap lies inside it (its front alone
+        # arrived: adapting, this gap inherits its timer and NAK count).
+        previous = sorted(expiry)
+        inherited: dict[int, int] = {}  # new gap -> the tracked gap it carries on
+        j = 0
+
+        def sample(start: int, now: int = now, naked: dict = naked) -> None:
+            nonlocal srtt, rttvar, samples
+            count, at = naked.get(start, (0, 0))
             if count == 1 and now > at:
-                sample = now - at
+                value = now - at
                 if samples == 0:
-                    srtt, rttvar = sample, sample // 2
+                    srtt, rttvar = value, value // 2
                 else:
-                    rttvar += c_div(abs(srtt - sample) - rttvar, 4)
-                    srtt += c_div(sample - srtt, 8)
+                    rttvar += c_div(abs(srtt - value) - rttvar, 4)
+                    srtt += c_div(value - srtt, 8)
                 samples += 1
+
+        for start, _ in expected:
+            front = None
+            while j < len(previous) and previous[j] < start:
+                old = previous[j]
+                j += 1
+                if start < old + lengths[old]:
+                    front = old
+                else:
+                    sample(old)
+            if j < len(previous) and previous[j] == start:
+                j += 1
+            elif front is not None and adapt:
+                inherited[start] = front
+        for old in previous[j:]:
+            sample(old)
         due = []
         next_expiry = {}
+        next_naked = {}
         for start, length in expected:
-            deadline = expiry.get(start, now + 100 * US)
-            if start not in expiry:
-                naked.pop(start, None)
-            elif start in naked and adapt:  # due again after the current retry delay
-                deadline = min(deadline, naked[start][1] + retry(naked[start][0]))
+            if start in expiry:
+                deadline, state = expiry[start], naked.get(start)
+            elif start in inherited:
+                deadline, state = expiry[inherited[start]], naked.get(inherited[start])
+            else:
+                deadline, state = now + 100 * US, None
+            if state is not None and adapt:  # due again after the current retry delay
+                deadline = min(deadline, state[1] + retry(state[0]))
             if now >= deadline:
                 due.append((INITIAL, start, length))
-                count = naked.get(start, (0, 0))[0] + 1
-                naked[start] = (count, now)
+                count = (state or (0, 0))[0] + 1
+                state = (count, now)
                 deadline = now + retry(count)
             next_expiry[start] = deadline
+            if state is not None:
+                next_naked[start] = state
         expiry = next_expiry
+        naked = next_naked
+        lengths = dict(expected)
         assert losses == due
         assert d.gaps == {(INITIAL, s): (expiry[s], n) for s, n in expected}
         assert d.next_deadline_ns() == min(expiry.values(), default=NO_DEADLINE)
+        assert d.repair_time_ns == ((srtt, rttvar) if samples else None)

@@ -228,7 +228,9 @@ class Sender(Agent[SendEndpoint]):
             if deferring and c.priority < 0 and c.retransmit_count <= 0:
                 continue  # its new data waits for the governor's word, not for a time
             if network.ss_has_data_ready(c):
-                ready = max(network.ss_rate_ready_ns(c), network.ss_coalesce_ready_ns(c))
+                # Retransmissions wait for neither the rate limit nor coalescing (as in C).
+                ready = (0 if c.retransmit_count > 0 else
+                         max(network.ss_rate_ready_ns(c), network.ss_coalesce_ready_ns(c)))
                 if c.fd < 0:
                     # The simulator's socket may be full: data goes when its link drains.
                     ready = max(ready, endpoint.transport.room_ready_ns(publication,

@@ -8,7 +8,8 @@ Each NAK becomes a *retransmit action* with a small state machine::
 While an action is DELAYED or LINGERING, a NAK whose ``(term_id, term_offset)`` falls inside
 the action's range is a duplicate and ignored: the data is already (or about to be) in
 flight.  ``retransmit_unicast_delay`` is 0 by default, so unicast data goes out at once and
-repeats are ignored for ``retransmit_unicast_linger`` (10 ms).
+repeats are ignored for ``retransmit_unicast_linger`` (200 µs; a group publication lingers
+at least ``nak_multicast_max_backoff``, 10 ms, the spread of its receivers' NAKs).
 
 Pools: a unicast publication has a single action, which a NAK for another range simply
 reuses (one receiver, so its newest NAK wins).  A group channel (multicast, MDC) has a pool of

@@ -195,7 +195,11 @@ class NetworkPublication:
         self.priority = params.priority
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
-            linger_ns=settings.retransmit_unicast_linger, has_group_semantics=self.is_group,
+            # A group's receivers NAK a loss at random times up to nak_multicast_max_backoff
+            # apart, each unaware of the others: the linger covers that spread.
+            linger_ns=(max(settings.retransmit_unicast_linger, settings.nak_multicast_max_backoff)
+                       if self.is_group else settings.retransmit_unicast_linger),
+            has_group_semantics=self.is_group,
             max_resend=params.max_resend)
         self.retransmit_handler.set_resend_lookahead(
             flow_control.retransmission_lookahead(log.mtu))
