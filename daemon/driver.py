@@ -24,6 +24,7 @@ import fcntl
 import logging
 import os
 import re
+import select
 import signal
 import stat
 import subprocess
@@ -47,7 +48,13 @@ from slipstream.client.errors import (
     DriverDirectoryError,
     DriverError,
 )
-from slipstream.daemon.agents.thread import MAX_PARK_S, NetworkThread, open_doorbell
+from slipstream.daemon._network import lib as network_lib
+from slipstream.daemon.agents.thread import (
+    MAX_PARK_S,
+    NetworkThread,
+    new_duty_loop,
+    open_doorbell,
+)
 from slipstream.daemon.conductor.conductor import DriverConductor, Outgoing
 from slipstream.daemon.conductor.network import NetworkConductor
 from slipstream.daemon.config import DriverSettings, load_settings
@@ -65,9 +72,32 @@ log = logging.getLogger("slipstream.driver")
 ACTIVE_CYCLE_S = 0.001
 IDLE_PARK_MAX_S = 1.0
 COMMAND_POLL_S = 1.0  # a safety net only: commands normally wake the loop through zmq's FD
-#: How often an embedded driver's duty cycle looks for commands, ns (each look costs a few
-#: µs of zmq; a command's answer may wait this long).
+#: How often an embedded driver's duty cycle looks for commands, ns (a poll of zmq's FD, a
+#: µs; a command's answer may wait this long).
 COMMAND_CHECK_NS = 1_000_000
+#: How often it asks zmq itself (a few µs), whatever the FD says: a safety net, as the
+#: daemon's COMMAND_POLL_S.
+COMMAND_SAFETY_CHECK_NS = 100_000_000
+
+
+class ConductorPacing:
+    """When the conductor's next cycle is due without news: :data:`ACTIVE_CYCLE_S` after a
+    cycle that did work, then twice as long after each idle cycle in a row, up to
+    :data:`IDLE_PARK_MAX_S` (its own deadline, a command or an agent's event comes sooner).
+    The daemon's trio loop and an embedded driver pace their conductor alike."""
+
+    __slots__ = ("idle_cycles",)
+
+    def __init__(self) -> None:
+        self.idle_cycles = 0
+
+    def delay_s(self, work: int) -> float:
+        """The delay after a cycle that did ``work``, s."""
+        if work:
+            self.idle_cycles = 0
+            return ACTIVE_CYCLE_S
+        self.idle_cycles += 1
+        return min(ACTIVE_CYCLE_S * (1 << min(self.idle_cycles, 10)), IDLE_PARK_MAX_S)
 
 
 class DriverDirectory:
@@ -653,7 +683,7 @@ class _DriverShell(_DriverCore):
             usleep(hold_ns // 1000)
 
     async def _duty_cycle(self) -> None:
-        idle_cycles = 0
+        pacing = ConductorPacing()
         counters = self.counters
         while True:
             started = time.monotonic_ns()
@@ -670,12 +700,7 @@ class _DriverShell(_DriverCore):
                 work += 1  # a drain is short: keep the cycle brisk
             self._tell_systemd(started)
             self._record_cycle_time(time.monotonic_ns() - started)
-            if work:
-                idle_cycles = 0
-                delay = ACTIVE_CYCLE_S
-            else:
-                idle_cycles += 1
-                delay = min(ACTIVE_CYCLE_S * (1 << min(idle_cycles, 10)), IDLE_PARK_MAX_S)
+            delay = pacing.delay_s(work)
             deadline = self.conductor.next_deadline_ns()
             if self.watchdog is not None:
                 deadline = min(deadline, self.watchdog.next_ping_ns)
@@ -747,16 +772,38 @@ class EmbeddedDriver(_DriverCore):
         self.driver_directory.acquire()
         self._conductor_due = True
         self._next_conductor_ns = 0
+        self._conductor_pacing = ConductorPacing()
+        #: Between cycles paced apart (idle), the conductor is a driver waiter as the daemon's
+        #: parked conductor is: a back-pressured publisher then bumps the driver signal, and
+        #: the next call runs the conductor.  The signal's value when it began waiting.
+        self._conductor_waiting = False
+        self._signal_seen = 0
+        self._driver_signal: Any = None
         self._next_command_check_ns = 0
+        self._next_command_safety_check_ns = 0
+        self._command_poll = select.poll()
+        self._conductor_deadline_ns = 0  # its next_deadline_ns() when it last ran
+        #: When the Python side is next due without news (0: at the next call): the command
+        #: check, the conductor's cycle and its deadline, whichever is first.
+        self._python_due_ns = 0
         self._next_failure_log_ns = 0
-        self._cycles = 0
         self._working = threading.Lock()
         self._closed = False
         self._error_log: ErrorLogHandler | None = None
         try:
             network = self._open(wake_network=lambda: None, wake_conductor=self._post)
             self._agents = (network.receiver, network.sender)
+            # The application runs these cycles, as often as its loop calls: the share of
+            # them that did work says how busy it is, not whether the driver keeps up, so the
+            # pressure governor's busy ratio leaves them out (NETWORK_WORK_CYCLES stays 0).
+            self._loop, self._loop_agents = new_duty_loop(self._agents, self.counters,
+                                                          count_work=False)
+            self._driver_signal = self.counters.driver_signal
             self.sock.bind(control.conductor_endpoint(self.driver_directory.path))
+            # zmq's FD turns readable when the socket's events may have changed (a command
+            # came); every send is followed by a full look (_process_commands), which keeps
+            # an edge a send consumed from going unseen.
+            self._command_poll.register(self.sock.getsockopt(zmq.FD), select.POLLIN)
             # The driver's own log only: the application's clients log under
             # slipstream.client, which is not the driver's to report.
             self._error_log = ErrorLogHandler(self.driver_directory.path)
@@ -774,53 +821,85 @@ class EmbeddedDriver(_DriverCore):
     def _post(self) -> None:
         """The agents posted events for the conductor: its duty cycle runs at the next call."""
         self._conductor_due = True
+        self._python_due_ns = 0
 
     def do_work(self) -> int:
-        """One duty cycle of the driver: both network agents (their C halves, and their
-        Python halves when due), the commands waiting, and the conductor's duty cycle at
-        least every millisecond or when there is news for it.  Returns the work done (0:
-        idle).  Safe from any thread; a call while another thread is inside returns 0."""
+        """One duty cycle of the driver: both network agents' C halves (one C call, without
+        the GIL), their Python halves when due, the commands waiting (looked for every
+        millisecond) and the conductor's duty cycle when there is news for it or when it is due
+        (:class:`ConductorPacing`, as the daemon's).  Returns the work done (0: idle).  Safe
+        from any thread; a call while another thread is inside returns 0."""
         if not self._working.acquire(blocking=False):
             return 0
         try:
             if self._closed:
                 return 0
-            now = time.monotonic_ns()
-            self._cycles += 1
-            try:
-                return self._duty_cycle(now)
-            except Exception:  # as the daemon's threads: counted, logged once a second, and
-                # never raised into the application's call that ran the driver
-                self.counters.add(SystemCounter.ERRORS)
-                if now >= self._next_failure_log_ns:
-                    self._next_failure_log_ns = now + 1_000_000_000
-                    log.exception("the embedded driver's duty cycle failed")
-                self._conductor_due = True
-                return 0
+            loop = self._loop
+            work = network_lib.ss_duty_loop_once(loop)
+            now = loop.now_ns
+            if loop.due or now >= self._python_due_ns or (
+                    self._conductor_waiting
+                    and lib.ss_load_acquire_i32(self._driver_signal) != self._signal_seen):
+                try:
+                    work += self._python_cycle(now, loop.due)
+                except Exception:  # as the daemon's threads: counted, logged once a second,
+                    # and never raised into the application's call that ran the driver
+                    self.counters.add(SystemCounter.ERRORS)
+                    if now >= self._next_failure_log_ns:
+                        self._next_failure_log_ns = now + 1_000_000_000
+                        log.exception("the embedded driver's duty cycle failed")
+                    self._conductor_due = True
+                    self._python_due_ns = 0
+            return work
         finally:
             self._working.release()
 
-    def _duty_cycle(self, now: int) -> int:
+    def _python_cycle(self, now: int, due: int) -> int:
+        """What of the duty cycle is Python: the agents' Python halves that are due, the
+        commands, the conductor."""
         work = 0
-        for agent in self._agents:
-            work += agent.do_work(now)
+        counters = self.counters
+        if self._conductor_waiting and lib.ss_load_acquire_i32(
+                self._driver_signal) != self._signal_seen:
+            self._conductor_due = True  # a publisher was refused: limits to move
+        if due:
+            for agent in self._agents:
+                if agent.c.due:
+                    agent.python_passes += 1
+                    work += agent.do_python_work(now)
+            counters.add(SystemCounter.NETWORK_PYTHON_PASSES)
         if now >= self._next_command_check_ns:  # commands are rare: look every ms
             self._next_command_check_ns = now + COMMAND_CHECK_NS
-            if self._process_commands():
-                work += 1
-                self._conductor_due = True
+            if self._command_poll.poll(0) or now >= self._next_command_safety_check_ns:
+                self._next_command_safety_check_ns = now + COMMAND_SAFETY_CHECK_NS
+                if self._process_commands():
+                    work += 1
+                    self._conductor_due = True
+        conductor = self.conductor
         if (self._conductor_due or now >= self._next_conductor_ns
-                or now >= self.conductor.next_deadline_ns()):
+                or now >= self._conductor_deadline_ns):
             self._conductor_due = False
-            self._next_conductor_ns = now + int(ACTIVE_CYCLE_S * 1e9)
+            # Before the cycle: a refusal while it runs is news for the next one.
+            self._signal_seen = lib.ss_load_acquire_i32(self._driver_signal)
             started = time.monotonic_ns()
-            work += self._conductor_cycle(started)
-            counters = self.counters
-            counters.set(SystemCounter.NETWORK_DUTY_CYCLES, self._cycles)
-            counters.set(SystemCounter.NETWORK_PYTHON_PASSES,
-                         sum(agent.python_passes for agent in self._agents))
+            conductor_work = self._conductor_cycle(started)
             self._record_cycle_time(time.monotonic_ns() - started)
+            delay = self._conductor_pacing.delay_s(conductor_work)
+            self._next_conductor_ns = now + int(delay * 1e9)
+            self._wait_for_signal(delay > ACTIVE_CYCLE_S)
+            # Its deadline moves only when it runs (or a command ran: it is due then).
+            self._conductor_deadline_ns = conductor.next_deadline_ns()
+            work += conductor_work
+        self._python_due_ns = 0 if self._conductor_due else min(
+            self._next_command_check_ns, self._next_conductor_ns, self._conductor_deadline_ns)
         return work
+
+    def _wait_for_signal(self, waiting: bool) -> None:
+        """Be a driver waiter (``waiting``) or not (publishers refused bump the driver signal
+        only while it has waiters)."""
+        if waiting != self._conductor_waiting:
+            lib.ss_get_and_add_i32(self.counters.driver_waiters, 1 if waiting else -1)
+            self._conductor_waiting = waiting
 
     def _command_after_names(self, key: bytes, message: dict[str, Any],
                              channel: Channel) -> None:
@@ -844,6 +923,8 @@ class EmbeddedDriver(_DriverCore):
                 return
             self._closed = True
             try:
+                if self._conductor_waiting:
+                    self._wait_for_signal(False)
                 if "conductor" in self._opened:
                     self._send(self.conductor.shutdown_events())
                     self._told_clients = True

@@ -1260,30 +1260,34 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
         }
 }
 
+int32_t ss_duty_loop_once(ss_duty_loop_t *l) {
+    const int64_t now_ns = clock_ns();
+    int32_t work = 0;
+    int32_t due = 0;
+    for (int32_t i = 0; i < l->agent_count; i++) {
+        work += ss_agent_do_work(l->agents[i], now_ns);
+        due |= l->agents[i]->due;
+    }
+    l->now_ns = now_ns;
+    l->due = due;
+    l->last_cycle_ns = now_ns;
+    count(l->cycles, 1);
+    if (work) {
+        l->last_work_ns = now_ns;
+        count(l->work_cycles, 1);
+    }
+    return work;
+}
+
 int32_t ss_duty_loop_run(ss_duty_loop_t *l) {
     for (;;) {
         if (LOAD_ACQ(&l->stopping)) return SS_DUE_STOP;
-        const int64_t now_ns = clock_ns();
-        int32_t work = 0;
-        int32_t due = 0;
-        for (int32_t i = 0; i < l->agent_count; i++) {
-            work += ss_agent_do_work(l->agents[i], now_ns);
-            due |= l->agents[i]->due;
-        }
-        l->last_cycle_ns = now_ns;
-        count(l->cycles, 1);
-        if (work) {
-            l->last_work_ns = now_ns;
-            count(l->work_cycles, 1);
-        }
-        if (due) {
-            l->now_ns = now_ns;
-            return due;
-        }
+        const int32_t work = ss_duty_loop_once(l);
+        if (l->due) return l->due;
         if (work) {
             continue;
-        } else if (now_ns - l->last_work_ns >= l->idle_spin_ns) {
-            park(l, now_ns);
+        } else if (l->now_ns - l->last_work_ns >= l->idle_spin_ns) {
+            park(l, l->now_ns);
             /* Woken with nothing to do (a stray ring): park again at once. */
             l->last_work_ns = INT64_MIN / 2;
         } else {

@@ -432,7 +432,7 @@ typedef struct {
     int32_t doorbell_count;
     int32_t *doorbell_fds;
     int32_t stopping;             /* raised by another thread (then the wake eventfd) */
-    int32_t reserved;
+    int32_t due;                  /* out: the SS_DUE_* bits of the last cycle */
     int64_t idle_spin_ns;
     int64_t max_park_ns;
     int64_t now_ns;               /* out: the time of the cycle that found Python due */
@@ -446,3 +446,7 @@ typedef struct {
 /* Run duty cycles until an agent's Python half is due or the loop is stopping; returns the
  * SS_DUE_* bits of all agents (SS_DUE_STOP when stopping).  Runs without the GIL. */
 int32_t ss_duty_loop_run(ss_duty_loop_t *l);
+/* One duty cycle of every agent at the clock's now, counted as ss_duty_loop_run counts its
+ * cycles; never parks (an embedded driver's do_work in invoker mode).  Sets l->now_ns and
+ * l->due (the SS_DUE_* bits of all agents); returns the work done. */
+int32_t ss_duty_loop_once(ss_duty_loop_t *l);

@@ -78,6 +78,40 @@ def test_two_embedded_drivers_carry_a_udp_stream_exactly_once_in_order(embedded)
     # It counts what a daemon counts.
     assert sent_counters["BYTES_SENT"] >= received["BYTES_RECEIVED"] > count * 1600
     assert received["STATUS_MESSAGES_SENT"] > 0 and sent_counters["CONDUCTOR_CYCLES"] > 0
+    # Its duty cycles, as the daemon's C loop counts them, and the Python halves they ran
+    # (fewer: only when one was due).
+    for counters in (sent_counters, received):
+        assert counters["NETWORK_DUTY_CYCLES"] > counters["NETWORK_PYTHON_PASSES"] > 0
+
+
+def test_an_idle_embedded_conductor_runs_at_the_next_call_after_a_refused_offer(
+        embedded) -> None:
+    """Idle, the conductor runs less and less often (up to once a second, as the daemon's);
+    an IPC publisher refused for want of credit is news that brings the next cycle at once,
+    and the limit moves."""
+    driver = embedded()
+    with Client.connect(driver.directory, invoker=driver.do_work) as client:
+        subscription = client.add_subscription("aeron:ipc", 3)
+        publication = client.add_publication("aeron:ipc", 3)
+        run_until(lambda: publication.is_connected, driver, what="the stream connected")
+        # Idle for a while: the conductor's cycles are a second apart by the end.
+        idle_until = time.monotonic() + 1.5
+        while time.monotonic() < idle_until:
+            driver.do_work()
+            time.sleep(0.0005)
+        cycles = counters_of(driver)["CONDUCTOR_CYCLES"]
+        sent = 0
+        while publication.offer(message(sent, 1000)) > 0:  # up to the window's end
+            sent += 1
+        seen: list[bytes] = []
+        while subscription.poll(lambda data, _h: seen.append(bytes(data)), 100):
+            pass
+        assert seen == [message(i, 1000) for i in range(sent)]
+        assert publication.offer(message(sent, 1000)) < 0  # the limit has not moved yet
+        assert counters_of(driver)["CONDUCTOR_CYCLES"] == cycles
+        driver.do_work()
+        assert counters_of(driver)["CONDUCTOR_CYCLES"] == cycles + 1
+        assert publication.offer(message(sent, 1000)) > 0
 
 
 def _echo(directory: str, ping: str, pong: str, rounds: int) -> None:

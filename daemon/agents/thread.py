@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.daemon._network import ffi as network_ffi
@@ -52,6 +52,25 @@ def open_doorbell(path: str) -> socket.socket:
     return sock
 
 
+def new_duty_loop(agents: Sequence[Sender | Receiver], counters: CountersFile, *,
+                  count_work: bool = True) -> tuple[Any, Any]:
+    """The C loop's state (``ss_duty_loop_t``) over ``agents``' C halves, counting its duty
+    cycles in ``counters`` (and, with ``count_work``, those that did work: the pressure
+    governor's busy ratio); and the array of agents it points at, to keep alive with it.  No
+    epoll and no doorbells: :class:`NetworkThread` adds them to park; an embedded driver runs
+    ``ss_duty_loop_once`` and never parks."""
+    c = network_ffi.new("ss_duty_loop_t *")
+    agents_c = network_ffi.new("ss_agent_t *[]", [a.c for a in agents])
+    c.agents = agents_c
+    c.agent_count = len(agents)
+    c.epoll_fd = c.wake_fd = -1
+    c.last_cycle_ns = c.last_work_ns = time.monotonic_ns()
+    c.cycles = counters.address(SystemCounter.NETWORK_DUTY_CYCLES)
+    c.work_cycles = (counters.address(SystemCounter.NETWORK_WORK_CYCLES) if count_work
+                     else network_ffi.NULL)
+    return c, agents_c
+
+
 class NetworkThread:
     """One thread running ``agents`` (see the module docstring)."""
 
@@ -70,20 +89,15 @@ class NetworkThread:
             self._epoll.register(doorbell.fileno(), select.EPOLLIN)
         self._registered: dict[int, int] = {}  # id(transport) -> fd
         #: The C loop (ss_duty_loop_t): its agents' C halves, the idle strategy and the park.
-        self.c = c = network_ffi.new("ss_duty_loop_t *")
-        self._agents_c = network_ffi.new("ss_agent_t *[]", [a.c for a in self.agents])
+        c, self._agents_c = new_duty_loop(self.agents, counters)
+        self.c = c
         self._doorbell_fds = network_ffi.new("int32_t[]", [d.fileno() for d in doorbells] or 1)
-        c.agents = self._agents_c
-        c.agent_count = len(self.agents)
         c.epoll_fd = self._epoll.fileno()
         c.wake_fd = self._wake_fd
         c.doorbell_fds = self._doorbell_fds
         c.doorbell_count = len(self.doorbells)
         c.idle_spin_ns = idle_spin_ns
         c.max_park_ns = int(max_park_s * 1e9)
-        c.last_cycle_ns = c.last_work_ns = time.monotonic_ns()
-        c.cycles = counters.address(SystemCounter.NETWORK_DUTY_CYCLES)
-        c.work_cycles = counters.address(SystemCounter.NETWORK_WORK_CYCLES)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._next_failure_log_ns = 0
         self._failing_since_ns: int | None = None
