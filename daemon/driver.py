@@ -544,7 +544,7 @@ class _DriverShell(_DriverCore):
                 # drain it, not kill it with Python's default action.
                 await nursery.start(self._watch_signals, nursery.cancel_scope)
                 nursery.start_soon(self._command_loop)
-                nursery.start_soon(self._duty_cycle)
+                nursery.start_soon(self._duty_cycle, threads)
                 if self.settings.debug_conductor_gil_hold:
                     nursery.start_soon(self._hold_the_gil, self.settings.debug_conductor_gil_hold)
                 log.info("slipstream driver %d running in %s", os.getpid(),
@@ -682,11 +682,13 @@ class _DriverShell(_DriverCore):
             await trio.sleep(0.1)
             usleep(hold_ns // 1000)
 
-    async def _duty_cycle(self) -> None:
+    async def _duty_cycle(self, threads: list[NetworkThread]) -> None:
         pacing = ConductorPacing()
         counters = self.counters
         while True:
             started = time.monotonic_ns()
+            # The governor's lag is the data path's: the network threads' own timer lateness.
+            self.conductor.network_lag_ns = max((t.lag_ns for t in threads), default=0)
             work = self._conductor_cycle(started)
             if self._drain_deadline_ns is not None:
                 if self.conductor.drain(started):
@@ -706,7 +708,6 @@ class _DriverShell(_DriverCore):
                 deadline = min(deadline, self.watchdog.next_ping_ns)
             delay = max(0.0, min(delay, (deadline - time.monotonic_ns()) / 1e9))
             self._wake = trio.Event()
-            expected_ns = time.monotonic_ns() + int(delay * 1e9)
             # Registered as a waiter only for a real park: while active the cycle comes within a
             # millisecond anyway, and a wake-up per back-pressured offer would cost more CPU on
             # a small machine than it saves.
@@ -714,15 +715,11 @@ class _DriverShell(_DriverCore):
             if parked:
                 lib.ss_get_and_add_i32(counters.driver_waiters, 1)
             try:
-                with trio.move_on_after(delay) as timer:
+                with trio.move_on_after(delay):
                     await self._wake.wait()
             finally:
                 if parked:
                     lib.ss_get_and_add_i32(counters.driver_waiters, -1)
-            if timer.cancelled_caught:  # woken by its timer: how late (the governor's lag)
-                lateness = max(0, time.monotonic_ns() - expected_ns)
-                conductor = self.conductor
-                conductor.scheduling_lag_ns += (lateness - conductor.scheduling_lag_ns) / 8
 
 
 def _channel_of(message: dict[str, Any]) -> Channel | None:
@@ -793,11 +790,11 @@ class EmbeddedDriver(_DriverCore):
         try:
             network = self._open(wake_network=lambda: None, wake_conductor=self._post)
             self._agents = (network.receiver, network.sender)
-            # The application runs these cycles, as often as its loop calls: the share of
-            # them that did work says how busy it is, not whether the driver keeps up, so the
-            # pressure governor's busy ratio leaves them out (NETWORK_WORK_CYCLES stays 0).
+            # The application runs these cycles, as often and as densely as its loop calls:
+            # the time they take says how busy the application is, not whether the driver
+            # keeps up, so the pressure governor's busy ratio leaves them out.
             self._loop, self._loop_agents = new_duty_loop(self._agents, self.counters,
-                                                          count_work=False)
+                                                          count_busy=False)
             self._driver_signal = self.counters.driver_signal
             self.sock.bind(control.conductor_endpoint(self.driver_directory.path))
             # zmq's FD turns readable when the socket's events may have changed (a command

@@ -1244,7 +1244,13 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
         /* epoll_wait counts milliseconds: round up, a timer is never early. */
         const int64_t timeout_ms = (timeout_ns + 999999) / 1000000;
         l->parks++;
-        epoll_wait(l->epoll_fd, events, 16, (int)(timeout_ms < 1000000 ? timeout_ms : 1000000));
+        const int ready = epoll_wait(l->epoll_fd, events, 16,
+                                     (int)(timeout_ms < 1000000 ? timeout_ms : 1000000));
+        if (ready == 0) { /* woken by its timer: how late */
+            int64_t late = clock_ns() - deadline;
+            if (late < 0) late = 0;
+            l->lag_ns += (late - l->lag_ns) / 8;
+        }
     }
     for (int32_t i = 0; i < l->agent_count; i++) {
         arm(l->agents[i], -1, now_ns, &deadline);
@@ -1275,6 +1281,7 @@ int32_t ss_duty_loop_once(ss_duty_loop_t *l) {
     if (work) {
         l->last_work_ns = now_ns;
         count(l->work_cycles, 1);
+        if (l->busy_ns) count(l->busy_ns, clock_ns() - now_ns);
     }
     return work;
 }

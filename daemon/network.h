@@ -441,6 +441,10 @@ typedef struct {
     int64_t *cycles;              /* a counter cell (NETWORK_DUTY_CYCLES), or NULL */
     int64_t parks;
     int64_t *work_cycles;         /* NETWORK_WORK_CYCLES: cycles that did work, or NULL */
+    int64_t *busy_ns;             /* NETWORK_BUSY_NS: the time those cycles took, or NULL */
+    /* out: how late the park's timed wake-ups come, smoothed (1/8 per sample), ns: a starved
+     * thread wakes late (the pressure governor's duty-cycle lag). */
+    int64_t lag_ns;
 } ss_duty_loop_t;
 
 /* Run duty cycles until an agent's Python half is due or the loop is stopping; returns the

@@ -129,6 +129,46 @@ def test_a_stream_in_order_runs_the_network_threads_python_half_per_window_not_p
         assert cycles > passes, (cycles, passes)
 
 
+def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> None:
+    """The pressure governor's signals are the data path's: while both drivers' conductors
+    keep the GIL 20 ms in every 100 (debug_conductor_gil_hold), a ping-pong at 5k round
+    trips a second moves through the C loops, which need no GIL, and nothing climbs the
+    ladder (the conductor's own lateness had read as pressure and coalesced every ping for
+    200 µs; a loop that yields its CPU between short cycles had read as busy)."""
+    ping_uri, pong_uri = (f"aeron:udp?endpoint=127.0.0.1:{free_port()}" for _ in range(2))
+    a, b = (launch(debug_conductor_gil_hold="20ms") for _ in range(2))
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        pings, pongs = ca.add_publication(ping_uri, 1), cb.add_publication(pong_uri, 2)
+        ping_subscription = cb.add_subscription(ping_uri, 1)
+        pong_subscription = ca.add_subscription(pong_uri, 2)
+        connect(pings, ping_subscription)
+        connect(pongs, pong_subscription)
+        echoed: list[bytes] = []
+        rounds = 0
+        next_ping = time.monotonic()
+        end = next_ping + 3.0  # 30 holds of each conductor, 30 governor samples
+        while time.monotonic() < end:
+            while time.monotonic() < next_ping:
+                pass
+            next_ping += 1 / 5000
+            while pings.offer(rounds.to_bytes(8, "little")) < 0:
+                pass
+            while not ping_subscription.receive(lambda data, _h: echoed.append(bytes(data)),
+                                                1, timeout=1.0):
+                pass
+            while pongs.offer(echoed[-1]) < 0:
+                pass
+            answer: list[int] = []
+            assert pong_subscription.receive(
+                lambda data, _h: answer.append(int.from_bytes(data, "little")), 1, timeout=1.0)
+            assert answer == [rounds]
+            rounds += 1
+    assert rounds > 5000
+    for counters in (counters_of(a), counters_of(b)):
+        assert counters["GOVERNOR_CLIMBS"] == 0, counters
+        assert counters["GOVERNOR_PRESSURE"] < 200, counters
+
+
 @contextlib.contextmanager
 def multicast(launch, params: str, *, receivers: int) -> Iterator[
         tuple[MediaDriver, list[MediaDriver], Publication, list[Subscription]]]:

@@ -53,12 +53,12 @@ def open_doorbell(path: str) -> socket.socket:
 
 
 def new_duty_loop(agents: Sequence[Sender | Receiver], counters: CountersFile, *,
-                  count_work: bool = True) -> tuple[Any, Any]:
-    """The C loop's state (``ss_duty_loop_t``) over ``agents``' C halves, counting its duty
-    cycles in ``counters`` (and, with ``count_work``, those that did work: the pressure
-    governor's busy ratio); and the array of agents it points at, to keep alive with it.  No
-    epoll and no doorbells: :class:`NetworkThread` adds them to park; an embedded driver runs
-    ``ss_duty_loop_once`` and never parks."""
+                  count_busy: bool = True) -> tuple[Any, Any]:
+    """The C loop's state (``ss_duty_loop_t``) over ``agents``' C halves, counting in
+    ``counters`` its duty cycles, those that did work and (``count_busy``) the time they
+    took, the pressure governor's busy ratio; and the array of agents it points at, to keep
+    alive with it.  No epoll and no doorbells: :class:`NetworkThread` adds them to park; an
+    embedded driver runs ``ss_duty_loop_once`` and never parks."""
     c = network_ffi.new("ss_duty_loop_t *")
     agents_c = network_ffi.new("ss_agent_t *[]", [a.c for a in agents])
     c.agents = agents_c
@@ -66,8 +66,9 @@ def new_duty_loop(agents: Sequence[Sender | Receiver], counters: CountersFile, *
     c.epoll_fd = c.wake_fd = -1
     c.last_cycle_ns = c.last_work_ns = time.monotonic_ns()
     c.cycles = counters.address(SystemCounter.NETWORK_DUTY_CYCLES)
-    c.work_cycles = (counters.address(SystemCounter.NETWORK_WORK_CYCLES) if count_work
-                     else network_ffi.NULL)
+    c.work_cycles = counters.address(SystemCounter.NETWORK_WORK_CYCLES)
+    c.busy_ns = (counters.address(SystemCounter.NETWORK_BUSY_NS) if count_busy
+                 else network_ffi.NULL)
     return c, agents_c
 
 
@@ -114,6 +115,12 @@ class NetworkThread:
     @property
     def parks(self) -> int:
         return self.c.parks
+
+    @property
+    def lag_ns(self) -> int:
+        """How late this thread's timed wake-ups come, smoothed, ns (a word the thread
+        writes: a sample's worth)."""
+        return self.c.lag_ns
 
     def start(self) -> None:
         self._thread.start()

@@ -126,12 +126,14 @@ class DriverConductor:
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
         self.drain_phase = DrainPhase.NONE
-        #: The pressure governor (seeds/004) over the network streams; ``scheduling_lag_ns``
-        #: is the shell's smoothed lateness of this conductor's cycles (its duty-cycle lag).
+        #: The pressure governor (seeds/004) over the network streams; ``network_lag_ns`` is
+        #: the network threads' duty-cycle lag (the latest of their smoothed timer lateness),
+        #: which the shell keeps current.  The conductor's own lateness is not the data
+        #: path's: the C loops move the data while the conductor waits for the GIL.
         self.governor = PressureGovernor()
-        self.scheduling_lag_ns = 0.0
+        self.network_lag_ns = 0.0
         self._next_governor_ns = 0
-        self._governor_cycles = (0, 0)  # NETWORK_DUTY_CYCLES, NETWORK_WORK_CYCLES at the last
+        self._governor_busy = (0, 0)  # NETWORK_BUSY_NS and the time, at the last sample
 
     def status_line(self) -> str:
         """What the driver serves, in a line (systemd's STATUS=)."""
@@ -489,17 +491,17 @@ class DriverConductor:
         assert self.network is not None
         self._next_governor_ns = now_ns + SAMPLE_INTERVAL_NS
         counters = self.counters
-        cycles = (counters.get(SystemCounter.NETWORK_DUTY_CYCLES),
-                  counters.get(SystemCounter.NETWORK_WORK_CYCLES))
-        ran, worked = (now - before for now, before in zip(cycles, self._governor_cycles,
-                                                             strict=True))
-        self._governor_cycles = cycles
+        busy_ns, before_ns = counters.get(SystemCounter.NETWORK_BUSY_NS), self._governor_busy[0]
+        elapsed_ns = now_ns - self._governor_busy[1]
+        self._governor_busy = (busy_ns, now_ns)
         governor = self.governor
         if not self.network.carries_streams and governor.step == 0:
             return
         backlog = self.network.send_backlog(deferring=governor.step >= 3)
-        busy = worked / ran if ran > 0 else 0.0
-        pressure = pressure_of(backlog, self.scheduling_lag_ns, busy)
+        # The share of the time the network threads spent on work (their average).
+        threads = 2 if self.settings.threading_mode == "dedicated" else 1
+        busy = min(1.0, (busy_ns - before_ns) / (elapsed_ns * threads)) if elapsed_ns > 0 else 0.0
+        pressure = pressure_of(backlog, self.network_lag_ns, busy)
         change = governor.sample(pressure)
         counters.set(SystemCounter.GOVERNOR_PRESSURE, round(pressure * 1000))
         if not change:
@@ -511,7 +513,7 @@ class DriverConductor:
         else:
             counters.add(SystemCounter.GOVERNOR_DESCENTS)
         log.info("pressure %.2f (send backlog %.2f, cycle lag %.1f ms, busy %.2f): the governor "
-                 "%s to step %d", pressure, backlog, self.scheduling_lag_ns / 1e6, busy,
+                 "%s to step %d", pressure, backlog, self.network_lag_ns / 1e6, busy,
                  "climbs" if change > 0 else "descends", governor.step)
         self.network.apply_pressure_step(governor.step)
 

@@ -8,11 +8,15 @@ Every :data:`SAMPLE_INTERVAL_NS` the conductor samples three signals into one pr
   the sender has not sent yet, as a share of what flow control lets it send (the largest
   share; a publication whose data waits on purpose does not count: one the governor defers,
   one paced by its send-rate limit);
-* **duty-cycle lag**: how late the conductor's own cycle ran against its schedule beyond
-  :data:`LAG_FLOOR_NS` (its timer's millisecond granularity), as a share of the rest of
-  :data:`LAG_CEILING_NS` (a smoothed average);
-* **busy ratio**: the share of the network threads' duty cycles that did work, halved, so that
-  a busy thread alone climbs no higher than the lossless second step.
+* **duty-cycle lag**: how late the network threads' timed wake-ups come beyond
+  :data:`LAG_FLOOR_NS` (epoll's millisecond granularity), as a share of the rest of
+  :data:`LAG_CEILING_NS` (a smoothed average, the latest thread's).  A starved machine makes
+  them late; a conductor slow in Python (the GIL) does not, and neither does it show in the
+  data path, whose loops are C;
+* **busy ratio**: the share of the time the network threads spent in duty cycles that did
+  work (a thread that yields or parks is not busy, however many short idle cycles it ran
+  or did not run), halved, so that a busy thread alone climbs no higher than the lossless
+  second step.  An embedded driver's cycles are the application's and do not count.
 
 The ladder, one step per sample, each with hysteresis (a step is left only when the pressure
 falls well below what entered it):
@@ -40,8 +44,8 @@ import attrs
 
 #: How often the conductor samples the signals.
 SAMPLE_INTERVAL_NS = 100_000_000
-#: The duty-cycle lag that counts as full pressure, and the lag that counts as none (trio's
-#: timers wake within a millisecond of their deadline: lateness up to that is their grain).
+#: The duty-cycle lag that counts as full pressure, and the lag that counts as none (epoll's
+#: timeouts are whole milliseconds, rounded up: lateness up to that is their grain).
 LAG_CEILING_NS = 5_000_000
 LAG_FLOOR_NS = 1_000_000
 #: How long step 1 lets new data short of a datagram wait for more.
