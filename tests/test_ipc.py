@@ -225,6 +225,33 @@ def test_a_waiting_subscriber_uses_almost_no_cpu(driver_dir: Path) -> None:
     assert 0 <= cpu.value < 0.04, f"waiting 2 s cost {cpu.value:.4f} s of CPU (over 2 %)"
 
 
+def _resident_kib(pid: int, path_part: str) -> list[int]:
+    """The resident KiB of each mapping of ``pid`` whose file name contains ``path_part``."""
+    resident, inside = [], False
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's first line
+                inside = len(fields) >= 6 and path_part in fields[5]
+            elif inside and fields[0] == "Rss:":
+                resident.append(int(fields[1]))
+    return resident
+
+
+def test_a_dense_ipc_log_is_reserved_not_faulted_into_the_drivers_mapping(
+        driver, client: Client) -> None:
+    """The driver's view of an IPC log carries no data path: its pages are reserved (a dense
+    log, sparse=false), and the publisher maps its own, but the conductor does not spend CPU
+    faulting them into its own mapping (154 against 56 ms for a default 192 MiB log)."""
+    publication = client.add_publication(f"{CHANNEL}?term-length=16m|sparse=false", 55)
+    log_name = publication._log.path.name  # which file is its log
+    in_driver = _resident_kib(driver.pid, log_name)
+    in_client = _resident_kib(os.getpid(), log_name)
+    assert in_driver and in_client, (in_driver, in_client)
+    assert sum(in_client) >= 48 * 1024  # the publisher's mapping: every page, up front
+    assert sum(in_driver) < 1024, in_driver  # the driver's: what it touched (metadata)
+
+
 def test_closed_publication_returns_closed_and_never_touches_its_log(client: Client) -> None:
     publication = client.add_publication(CHANNEL, 1010)
     client.add_subscription(CHANNEL, 1010)

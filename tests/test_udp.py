@@ -144,6 +144,7 @@ def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> No
         connect(pings, ping_subscription)
         connect(pongs, pong_subscription)
         echoed: list[bytes] = []
+        answer: list[int] = []
         rounds = 0
         next_ping = time.monotonic()
         end = next_ping + 3.0  # 30 holds of each conductor, 30 governor samples
@@ -158,7 +159,7 @@ def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> No
                 pass
             while pongs.offer(echoed[-1]) < 0:
                 pass
-            answer: list[int] = []
+            answer.clear()
             assert pong_subscription.receive(
                 lambda data, _h: answer.append(int.from_bytes(data, "little")), 1, timeout=1.0)
             assert answer == [rounds]

@@ -112,6 +112,11 @@ class IpcPublication:
             correlation_id=registration_id, term_window_length=term_window_length,
             initial_term_count=initial_term_count, initial_term_offset=initial_term_offset,
             linger_timeout_ns=linger_timeout_ns, sparse=sparse,
+            # The driver's view of an IPC log carries no data path (its clients map and
+            # populate their own): metadata, positions and cleaning only.  Populating it cost
+            # more CPU than reserving the pages (a default 192 MiB log: 154 against 56 ms, and
+            # 46 against 29 ms to remove), on the conductor's thread.
+            populate=False,
         )
         label = f"{channel} stream={stream_id} session={session_id}"
         start = log.producer_position()
