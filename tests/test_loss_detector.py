@@ -116,23 +116,26 @@ def test_gap_in_term_beyond_hwm_term_scans_to_term_end() -> None:
     assert losses == [(INITIAL, 64, TERM - 64)]
 
 
-def adaptive_detector():
+def naked_once(frames: tuple[int, ...], limit: int, *, adapt: bool = True):
+    """A term holding 64-byte frames at ``frames`` and a detector (100 µs first delay, 10 ms
+    retry ceiling) whose scans up to ``limit`` at 0 and 100 µs found its gaps and NAKed each
+    once, at 100 µs; and the losses it reported."""
+    term = make_term()
+    for offset in frames:
+        put_frame(term, offset)
     losses: list[tuple[int, int, int]] = []
     d = LossDetector(StaticDelayGenerator(100 * US, 10 * MS), lambda *a: losses.append(a),
-                     adapt_retry=True)
-    return d, losses
+                     adapt_retry=adapt)
+    d.scan(term, 0, limit, 0, TERM, BITS, INITIAL)
+    d.scan(term, 0, limit, 100 * US, TERM, BITS, INITIAL)
+    return term, d, losses
 
 
 def test_a_unicast_gap_is_naked_again_after_the_measured_repair_time() -> None:
     """The repair of a gap NAKed once (NAK at 100 µs, filled by the scan at 400 µs) is a
     300 µs sample: srtt 300, rttvar 150, so the next gap's retry comes 300 + 4 x 150 = 900 µs
     after its NAK, not after the 10 ms ceiling."""
-    term = make_term()
-    put_frame(term, 0)
-    put_frame(term, 128)
-    d, losses = adaptive_detector()
-    d.scan(term, 0, 192, 0, TERM, BITS, INITIAL)
-    d.scan(term, 0, 192, 100 * US, TERM, BITS, INITIAL)
+    term, d, losses = naked_once((0, 128), 192)
     assert losses == [(INITIAL, 64, 64)] and d.repair_time_ns is None
     assert d.next_deadline_ns() == 100 * US + 10 * MS  # nothing measured yet: the ceiling
     put_frame(term, 64)
@@ -154,13 +157,7 @@ def test_a_unicast_gap_is_naked_again_after_the_measured_repair_time() -> None:
 def test_a_gap_naked_before_any_repair_was_measured_is_due_again_once_one_is() -> None:
     """The first losses of a stream are armed with the ceiling (nothing measured yet); the
     first repair measured brings the others' next NAK forward."""
-    term = make_term()
-    put_frame(term, 0)
-    put_frame(term, 128)
-    put_frame(term, 256)  # gaps at 64 and 192
-    d, losses = adaptive_detector()
-    d.scan(term, 0, 320, 0, TERM, BITS, INITIAL)
-    d.scan(term, 0, 320, 100 * US, TERM, BITS, INITIAL)
+    term, d, losses = naked_once((0, 128, 256), 320)  # gaps at 64 and 192
     assert len(losses) == 2 and d.next_deadline_ns() == 100 * US + 10 * MS
     put_frame(term, 64)
     d.scan(term, 0, 320, 400 * US, TERM, BITS, INITIAL)  # 300 µs: retry 900 µs
@@ -173,12 +170,7 @@ def test_a_gap_whose_front_alone_arrived_is_still_the_same_loss() -> None:
     """A resend of several frames whose first arrived before the scan: no repair time is
     measured (the rest is still coming), and the rest keeps the gap's timer, not a fresh
     first delay and NAK."""
-    term = make_term()
-    put_frame(term, 0)
-    put_frame(term, 256)  # a gap at 64..256
-    d, losses = adaptive_detector()
-    d.scan(term, 0, 320, 0, TERM, BITS, INITIAL)
-    d.scan(term, 0, 320, 100 * US, TERM, BITS, INITIAL)
+    term, d, losses = naked_once((0, 256), 320)  # a gap at 64..256
     put_frame(term, 64)
     d.scan(term, 0, 320, 150 * US, TERM, BITS, INITIAL)
     assert d.repair_time_ns is None and d.new_gaps == 0
@@ -189,12 +181,7 @@ def test_a_gap_whose_front_alone_arrived_is_still_the_same_loss() -> None:
 
 def test_the_adapted_retry_stays_between_the_first_delay_and_the_ceiling() -> None:
     for repair_ns, retry_ns in ((10 * US, 100 * US), (5 * MS, 10 * MS)):
-        term = make_term()
-        put_frame(term, 0)
-        put_frame(term, 128)
-        d, _ = adaptive_detector()
-        d.scan(term, 0, 192, 0, TERM, BITS, INITIAL)
-        d.scan(term, 0, 192, 100 * US, TERM, BITS, INITIAL)
+        term, d, _ = naked_once((0, 128), 192)
         put_frame(term, 64)
         # The rebuild position reached the high-water mark: every gap was filled.
         d.scan(term, 192, 192, 100 * US + repair_ns, TERM, BITS, INITIAL)
@@ -207,13 +194,7 @@ def test_a_gap_left_in_a_finished_term_is_a_repair_and_multicast_keeps_its_backo
     measured; a detector without adapt_retry (a multicast image's) measures too, but keeps
     its generator's retry delay."""
     for adapt in (True, False):
-        term = make_term()
-        put_frame(term, 0)
-        put_frame(term, 128)
-        d = LossDetector(StaticDelayGenerator(100 * US, 10 * MS), lambda *a: None,
-                         adapt_retry=adapt)
-        d.scan(term, 0, 192, 0, TERM, BITS, INITIAL)
-        d.scan(term, 0, 192, 100 * US, TERM, BITS, INITIAL)
+        _, d, _ = naked_once((0, 128), 192, adapt=adapt)
         following = make_term()
         put_frame(following, 64)  # the next term: a gap at 0
         d.scan(following, TERM, TERM + 128, 300 * US, TERM, BITS, INITIAL)
