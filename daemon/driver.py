@@ -61,6 +61,7 @@ from slipstream.daemon.config import DriverSettings, load_settings
 from slipstream.daemon.media import names
 from slipstream.daemon.media.udp import UdpTransports
 from slipstream.daemon.ops.systemd import Notifier, Watchdog, park_bound_s, watchdog_interval_ns
+from slipstream.daemon.pressure.governor import recent_lag_ns
 from slipstream.daemon.reports.error_log import FILE as ERROR_LOG_FILE
 from slipstream.daemon.reports.error_log import PREVIOUS_FILE as PREVIOUS_ERROR_LOG_FILE
 from slipstream.daemon.reports.error_log import TEMPORARY_FILE as ERROR_LOG_TEMPORARY_FILE
@@ -686,9 +687,13 @@ class _DriverShell(_DriverCore):
         pacing = ConductorPacing()
         counters = self.counters
         while True:
+            # Before the cycle: news during it (a command handled after one of its sends)
+            # ends the wait below at once.
+            self._wake = trio.Event()
             started = time.monotonic_ns()
             # The governor's lag is the data path's: the network threads' own timer lateness.
-            self.conductor.network_lag_ns = max((t.lag_ns for t in threads), default=0)
+            self.conductor.network_lag_ns = max(
+                (recent_lag_ns(*t.lag, started) for t in threads), default=0)
             work = self._conductor_cycle(started)
             if self._drain_deadline_ns is not None:
                 if self.conductor.drain(started):
@@ -707,7 +712,6 @@ class _DriverShell(_DriverCore):
             if self.watchdog is not None:
                 deadline = min(deadline, self.watchdog.next_ping_ns)
             delay = max(0.0, min(delay, (deadline - time.monotonic_ns()) / 1e9))
-            self._wake = trio.Event()
             # Registered as a waiter only for a real park: while active the cycle comes within a
             # millisecond anyway, and a wake-up per back-pressured offer would cost more CPU on
             # a small machine than it saves.
@@ -869,9 +873,7 @@ class EmbeddedDriver(_DriverCore):
             self._next_command_check_ns = now + COMMAND_CHECK_NS
             if self._command_poll.poll(0) or now >= self._next_command_safety_check_ns:
                 self._next_command_safety_check_ns = now + COMMAND_SAFETY_CHECK_NS
-                if self._process_commands():
-                    work += 1
-                    self._conductor_due = True
+                work += self._process_commands()
         conductor = self.conductor
         if (self._conductor_due or now >= self._next_conductor_ns
                 or now >= self._conductor_deadline_ns):
@@ -890,6 +892,13 @@ class EmbeddedDriver(_DriverCore):
         self._python_due_ns = 0 if self._conductor_due else min(
             self._next_command_check_ns, self._next_conductor_ns, self._conductor_deadline_ns)
         return work
+
+    def _process_commands(self) -> int:
+        handled = super()._process_commands()
+        if handled:  # here or after a send of the conductor's cycle: resources changed
+            self._conductor_due = True
+            self._python_due_ns = 0
+        return handled
 
     def _wait_for_signal(self, waiting: bool) -> None:
         """Be a driver waiter (``waiting``) or not (publishers refused bump the driver signal

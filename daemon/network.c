@@ -1238,18 +1238,21 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
     /* After arming, so a client that moved in between either rang or is seen here. */
     for (int32_t i = 0; i < l->agent_count; i++)
         if (ss_agent_python_due(l->agents[i], now_ns) & ~SS_DUE_TIMER) may_park = 0;
-    const int64_t timeout_ns = deadline - clock_ns();
+    const int64_t parked_ns = clock_ns();
+    const int64_t timeout_ns = deadline - parked_ns;
     if (may_park && timeout_ns > 0) {
         struct epoll_event events[16];
         /* epoll_wait counts milliseconds: round up, a timer is never early. */
-        const int64_t timeout_ms = (timeout_ns + 999999) / 1000000;
+        int64_t timeout_ms = (timeout_ns + 999999) / 1000000;
+        if (timeout_ms > 1000000) timeout_ms = 1000000;
         l->parks++;
-        const int ready = epoll_wait(l->epoll_fd, events, 16,
-                                     (int)(timeout_ms < 1000000 ? timeout_ms : 1000000));
-        if (ready == 0) { /* woken by its timer: how late */
-            int64_t late = clock_ns() - deadline;
+        const int ready = epoll_wait(l->epoll_fd, events, 16, (int)timeout_ms);
+        if (ready == 0) { /* woken by its timer: how late, against the timeout it asked for */
+            const int64_t woken_ns = clock_ns();
+            int64_t late = woken_ns - (parked_ns + timeout_ms * 1000000);
             if (late < 0) late = 0;
             l->lag_ns += (late - l->lag_ns) / 8;
+            l->lag_sampled_ns = woken_ns;
         }
     }
     for (int32_t i = 0; i < l->agent_count; i++) {

@@ -435,7 +435,7 @@ typedef struct {
     int32_t due;                  /* out: the SS_DUE_* bits of the last cycle */
     int64_t idle_spin_ns;
     int64_t max_park_ns;
-    int64_t now_ns;               /* out: the time of the cycle that found Python due */
+    int64_t now_ns;               /* out: the time of the last cycle */
     int64_t last_work_ns;
     int64_t last_cycle_ns;        /* the watchdog's evidence */
     int64_t *cycles;              /* a counter cell (NETWORK_DUTY_CYCLES), or NULL */
@@ -443,8 +443,10 @@ typedef struct {
     int64_t *work_cycles;         /* NETWORK_WORK_CYCLES: cycles that did work, or NULL */
     int64_t *busy_ns;             /* NETWORK_BUSY_NS: the time those cycles took, or NULL */
     /* out: how late the park's timed wake-ups come, smoothed (1/8 per sample), ns: a starved
-     * thread wakes late (the pressure governor's duty-cycle lag). */
+     * thread wakes late (the pressure governor's duty-cycle lag); and when the last sample was
+     * taken (a thread that stopped parking on its timer has no news of its lag). */
     int64_t lag_ns;
+    int64_t lag_sampled_ns;
 } ss_duty_loop_t;
 
 /* Run duty cycles until an agent's Python half is due or the loop is stopping; returns the

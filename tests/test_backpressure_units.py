@@ -160,3 +160,21 @@ def test_the_ladder_moves_one_step_at_a_time_and_only_past_its_thresholds(
         above = above + 1 if before < TOP_STEP and change == 0 and \
             pressure > LADDER[before].enter else 0
     assert governor.climbs - governor.descents == governor.step
+
+
+def test_a_network_threads_lag_is_news_only_while_its_last_timed_wake_up_is_recent() -> None:
+    """A thread that stopped parking on its timer (busy, or woken by its sockets) keeps its
+    last smoothed lag; it must not hold the ladder up once that sample is old."""
+    from slipstream.daemon.pressure.governor import (
+        LAG_FLOOR_NS,
+        LAG_MAX_AGE_NS,
+        pressure_of,
+        recent_lag_ns,
+    )
+
+    stalled = 25_900_000  # what a review saw stick after a few seconds of CPU hogs
+    assert recent_lag_ns(stalled, 1_000, 1_000 + LAG_MAX_AGE_NS) == stalled
+    assert pressure_of(0.0, recent_lag_ns(stalled, 1_000, 1_000 + LAG_MAX_AGE_NS), 0.0) == 1.0
+    assert recent_lag_ns(stalled, 1_000, 1_001 + LAG_MAX_AGE_NS) == 0
+    assert pressure_of(0.0, recent_lag_ns(stalled, 1_000, 1_001 + LAG_MAX_AGE_NS), 0.0) == 0.0
+    assert recent_lag_ns(LAG_FLOOR_NS, 0, 10**12) == 0  # none since the start: no news

@@ -225,14 +225,14 @@ def test_a_waiting_subscriber_uses_almost_no_cpu(driver_dir: Path) -> None:
     assert 0 <= cpu.value < 0.04, f"waiting 2 s cost {cpu.value:.4f} s of CPU (over 2 %)"
 
 
-def _resident_kib(pid: int, path_part: str) -> list[int]:
-    """The resident KiB of each mapping of ``pid`` whose file name contains ``path_part``."""
+def _resident_kib(pid: int, file_name: str) -> list[int]:
+    """The resident KiB of each mapping of ``pid`` of a file named ``file_name``."""
     resident, inside = [], False
     with open(f"/proc/{pid}/smaps") as smaps:
         for line in smaps:
             fields = line.split()
             if "-" in fields[0] and len(fields) >= 5:  # a mapping's first line
-                inside = len(fields) >= 6 and path_part in fields[5]
+                inside = len(fields) >= 6 and os.path.basename(fields[5]) == file_name
             elif inside and fields[0] == "Rss:":
                 resident.append(int(fields[1]))
     return resident

@@ -117,10 +117,11 @@ class NetworkThread:
         return self.c.parks
 
     @property
-    def lag_ns(self) -> int:
-        """How late this thread's timed wake-ups come, smoothed, ns (a word the thread
-        writes: a sample's worth)."""
-        return self.c.lag_ns
+    def lag(self) -> tuple[int, int]:
+        """How late this thread's timed wake-ups come, smoothed, ns, and when it last woke on
+        its timer, monotonic ns (words the thread writes: a sample's worth)."""
+        c = self.c
+        return c.lag_ns, c.lag_sampled_ns
 
     def start(self) -> None:
         self._thread.start()

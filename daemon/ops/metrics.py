@@ -111,6 +111,10 @@ class CountersCollector(Collector):
                     yield GaugeMetricFamily("slipstream_conductor_max_cycle_seconds",
                                             "The conductor's longest duty cycle",
                                             value=info.value / 1e9)
+                elif counter is SystemCounter.NETWORK_BUSY_NS:
+                    yield CounterMetricFamily("slipstream_network_busy_seconds",
+                                              "Time the network threads spent in duty cycles "
+                                              "that did work", value=info.value / 1e9)
                 else:
                     yield CounterMetricFamily(metric_name(counter), counter.label,
                                               value=info.value)

@@ -8,15 +8,19 @@ Every :data:`SAMPLE_INTERVAL_NS` the conductor samples three signals into one pr
   the sender has not sent yet, as a share of what flow control lets it send (the largest
   share; a publication whose data waits on purpose does not count: one the governor defers,
   one paced by its send-rate limit);
-* **duty-cycle lag**: how late the network threads' timed wake-ups come beyond
-  :data:`LAG_FLOOR_NS` (epoll's millisecond granularity), as a share of the rest of
-  :data:`LAG_CEILING_NS` (a smoothed average, the latest thread's).  A starved machine makes
-  them late; a conductor slow in Python (the GIL) does not, and neither does it show in the
-  data path, whose loops are C;
-* **busy ratio**: the share of the time the network threads spent in duty cycles that did
-  work (a thread that yields or parks is not busy, however many short idle cycles it ran
-  or did not run), halved, so that a busy thread alone climbs no higher than the lossless
-  second step.  An embedded driver's cycles are the application's and do not count.
+* **duty-cycle lag**: how late the network threads' timed wake-ups (a park that ends on its
+  timer) come beyond :data:`LAG_FLOOR_NS`, as a share of the rest of :data:`LAG_CEILING_NS`
+  (a smoothed average, the latest thread's; none once its last sample is
+  :data:`LAG_MAX_AGE_NS` old, :func:`recent_lag_ns`).  A machine too busy to run a woken
+  thread makes them late; a conductor slow in Python (the GIL) does not, and neither does it
+  show in the data path, whose loops are C.  A thread that never parks on its timer (busy, or
+  woken by its sockets) shows in the other two signals instead.  An embedded driver has no
+  network thread: its lag is 0;
+* **busy ratio**: the share of the time the network threads spent in the C halves of duty
+  cycles that did work (a thread that yields or parks is not busy, however many short idle
+  cycles it ran or did not run; the Python halves are not counted), halved, so that a busy
+  thread alone climbs no higher than the lossless second step.  An embedded driver's cycles
+  are the application's and do not count.
 
 The ladder, one step per sample, each with hysteresis (a step is left only when the pressure
 falls well below what entered it):
@@ -48,6 +52,8 @@ SAMPLE_INTERVAL_NS = 100_000_000
 #: timeouts are whole milliseconds, rounded up: lateness up to that is their grain).
 LAG_CEILING_NS = 5_000_000
 LAG_FLOOR_NS = 1_000_000
+#: A thread's lag is news for this long after its last timed wake-up; then it counts as none.
+LAG_MAX_AGE_NS = 2 * SAMPLE_INTERVAL_NS
 #: How long step 1 lets new data short of a datagram wait for more.
 COALESCE_NS = 200_000
 #: Step 2: the status-message interval is multiplied by this.
@@ -71,6 +77,13 @@ LADDER: tuple[Rung, ...] = (
     Rung(0.8, 0.6, samples=3),
     Rung(0.95, 0.8, samples=3),
 )
+
+
+def recent_lag_ns(lag_ns: int, sampled_ns: int, now_ns: int) -> int:
+    """A network thread's smoothed lag, ns, if its last sample (a timed wake-up) is at most
+    :data:`LAG_MAX_AGE_NS` old at ``now_ns``; else 0: a thread that wakes on its sockets or
+    never parks has no news of lateness, and an old stall must not hold the ladder up."""
+    return lag_ns if now_ns - sampled_ns <= LAG_MAX_AGE_NS else 0
 
 
 def pressure_of(backlog: float, lag_ns: float, busy: float) -> float:

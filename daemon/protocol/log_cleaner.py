@@ -22,7 +22,8 @@ from typing import Final
 from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer
 
 #: Bytes zeroed per call: a whole 64 MiB term at once holds a thread for tens of milliseconds,
-#: while 1 MiB takes well under one.
+#: while 1 MiB takes well under one (0.1 ms; 0.7 ms on the first lap of an IPC log, whose
+#: pages the driver's mapping faults in as it cleans).
 CLEAN_CHUNK_LENGTH: Final = 1 << 20
 
 
