@@ -838,11 +838,12 @@ class EmbeddedDriver(_DriverCore):
             loop = self._loop
             work = network_lib.ss_duty_loop_once(loop)
             now = loop.now_ns
-            if loop.due or now >= self._python_due_ns or (
-                    self._conductor_waiting
-                    and lib.ss_load_acquire_i32(self._driver_signal) != self._signal_seen):
+            # A publisher refused while the paced conductor waits: limits to move.
+            refused = self._conductor_waiting and lib.ss_load_acquire_i32(
+                self._driver_signal) != self._signal_seen
+            if loop.due or refused or now >= self._python_due_ns:
                 try:
-                    work += self._python_cycle(now, loop.due)
+                    work += self._python_cycle(now, loop.due, refused)
                 except Exception:  # as the daemon's threads: counted, logged once a second,
                     # and never raised into the application's call that ran the driver
                     self.counters.add(SystemCounter.ERRORS)
@@ -855,18 +856,17 @@ class EmbeddedDriver(_DriverCore):
         finally:
             self._working.release()
 
-    def _python_cycle(self, now: int, due: int) -> int:
-        """What of the duty cycle is Python: the agents' Python halves that are due, the
-        commands, the conductor."""
+    def _python_cycle(self, now: int, due: int, refused: bool) -> int:
+        """What of the duty cycle is Python: the agents' Python halves that are due (``due``:
+        the C cycle's SS_DUE_* bits), the commands, the conductor (due at once when a
+        publisher was ``refused``)."""
         work = 0
         counters = self.counters
-        if self._conductor_waiting and lib.ss_load_acquire_i32(
-                self._driver_signal) != self._signal_seen:
-            self._conductor_due = True  # a publisher was refused: limits to move
+        if refused:
+            self._conductor_due = True
         if due:
             for agent in self._agents:
                 if agent.c.due:
-                    agent.python_passes += 1
                     work += agent.do_python_work(now)
             counters.add(SystemCounter.NETWORK_PYTHON_PASSES)
         if now >= self._next_command_check_ns:  # commands are rare: look every ms

@@ -46,8 +46,6 @@ class Agent(Generic[Endpoint]):
         self._c_members: tuple[object, ...] | None = None
         #: Some endpoint or publication has no socket (the simulator's): see _virtual_io.
         self._has_virtual_io = True
-        #: Python halves :meth:`do_work` ran (the driver's thread counts its own).
-        self.python_passes = 0
 
     def submit(self, command: Callable[[int], None]) -> None:
         """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe;
@@ -90,7 +88,6 @@ class Agent(Generic[Endpoint]):
         work, python_input = self._virtual_io(now_ns) if self._has_virtual_io else (0, False)
         work += network.ss_agent_do_work(c, now_ns)
         if c.due or python_input:
-            self.python_passes += 1
             work += self.do_python_work(now_ns)
         return work
 
