@@ -131,7 +131,12 @@ def main() -> int:
     rounds = WARMUP + int(args.rate * args.seconds)
 
     from slipstream.client import Client
+    from slipstream.client.counters import SystemCounter, read_system_counters
     from slipstream.daemon.driver import MediaDriver
+
+    def python_passes(*drivers: MediaDriver) -> list[int]:
+        return [read_system_counters(d.directory)[SystemCounter.NETWORK_PYTHON_PASSES]
+                for d in drivers]
 
     print(f"# UDP ping-pong latency at {args.rate:,} round trips/s over loopback, {machine()}")
     print(f"# command: python -m bench.udp_latency {' '.join(sys.argv[1:])}")
@@ -146,9 +151,12 @@ def main() -> int:
     pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     with MediaDriver.launch(directory=directory / "a", **settings) as a, \
             MediaDriver.launch(directory=directory / "b", **settings) as b:
+        passes, started = python_passes(a, b), time.monotonic()
         ss_histogram = _run(_ss_pinger, _ss_ponger, (str(a.directory), rounds, args.rate),
                             (str(b.directory), rounds, idle_cpu),
                             (ping_channel, pong_channel))
+        passes_per_s = [(after - before) / (time.monotonic() - started)
+                        for before, after in zip(passes, python_passes(a, b), strict=True)]
         # A driver with an open UDP stream and no traffic.
         with Client.connect(a.directory) as client:
             subscription = client.add_subscription(pong_channel, 9)
@@ -201,6 +209,9 @@ def main() -> int:
                 churner.join(30)
     print(_line("pyzmq PAIR tcp://", zmq_histogram))
     print(_line("slipstream aeron:udp", ss_histogram))
+    print(f"# the two drivers' network threads ran their Python halves "
+          f"{passes_per_s[0]:.0f} and {passes_per_s[1]:.0f} times a second "
+          f"(the pinger's and the ponger's, setup included)")
     if embedded_histogram is not None and udp_histogram is not None:
         print(_line("raw Python UDP", udp_histogram))
         print(_line("  embedded, invoker", embedded_histogram))

@@ -537,6 +537,8 @@ int32_t ss_receiver_set_images(ss_receiver_t *r, ss_image_t **images, int32_t co
             slot = (slot + 1) & (uint32_t)r->slot_mask;
         }
         r->slots[slot] = image;
+        image->control_fd = r->fd;
+        image->counters = &r->counters;
     }
     return 0;
 }
@@ -1116,6 +1118,8 @@ int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only)
     return send_publications(a, now_ns, retransmits_only, 1);
 }
 
+static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns);
+
 int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
     if (a->is_sender) {
@@ -1138,6 +1142,7 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     } else {
         for (int32_t i = 0; i < a->endpoint_count; i++)
             work += receive_endpoint(a->endpoints[i], now_ns);
+        work += rebuild_images(a, now_ns);
     }
     ss_agent_python_due(a, now_ns);
     return work;
@@ -1152,9 +1157,142 @@ static int64_t min_subscriber_position(const ss_image_t *image) {
     return least;
 }
 
+static int64_t max_subscriber_position(const ss_image_t *image) {
+    int64_t most = INT64_MIN;
+    for (int32_t i = 0; i < image->subscriber_count; i++) {
+        int64_t position = LOAD_ACQ(image->subscriber_positions[i]);
+        if (position > most) most = position;
+    }
+    return most;
+}
+
+/* Whether the C half rebuilds this image itself (see ss_image_t.rebuild_in_c). */
+static inline int rebuilt_in_c(const ss_image_t *image) {
+    return image->rebuild_in_c && image->loss != NULL && !image->python_on_data &&
+           image->eos_position < 0 && image->subscriber_count > 0;
+}
+
+/* Send the queued NAKs through the image's socket; what failed with an error other than a
+ * full socket stays queued, for the Python half to send and log. */
+static void send_naks(ss_image_t *image) {
+    if (image->control_fd < 0 || image->counters == NULL || image->control_address_length <= 0)
+        return;
+    ss_receiver_counters_t *counters = image->counters;
+    int32_t kept = 0;
+    for (int32_t i = 0; i < image->nak_count; i++) {
+        const int32_t *nak = image->naks + 3 * i;
+        uint8_t frame[SS_NAK_LENGTH];
+        const int32_t frame_length = SS_NAK_LENGTH;
+        const uint16_t type = SS_HDR_TYPE_NAK;
+        memcpy(frame, &frame_length, 4);
+        frame[SS_VERSION_FIELD] = SS_CURRENT_VERSION;
+        frame[SS_FLAGS_FIELD] = 0;
+        memcpy(frame + SS_TYPE_FIELD, &type, 2);
+        memcpy(frame + SS_NAK_SESSION_ID_FIELD, &image->session_id, 4);
+        memcpy(frame + SS_NAK_STREAM_ID_FIELD, &image->stream_id, 4);
+        memcpy(frame + SS_NAK_TERM_ID_FIELD, &nak[0], 4);
+        memcpy(frame + SS_NAK_TERM_OFFSET_FIELD, &nak[1], 4);
+        memcpy(frame + SS_NAK_LENGTH_FIELD, &nak[2], 4);
+        const ssize_t sent = sendto(image->control_fd, frame, sizeof frame, MSG_DONTWAIT,
+                                    (const struct sockaddr *)(const void *)image->control_address,
+                                    (socklen_t)image->control_address_length);
+        if (sent >= 0) {
+            count(counters->bytes_sent, sent);
+            count(counters->nak_messages_sent, 1);
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            count(counters->short_sends, 1); /* the gap's retry timer asks again */
+            count(counters->nak_messages_sent, 1);
+        } else if (errno != ECONNREFUSED) { /* ECONNREFUSED: an earlier datagram's ICMP error */
+            memmove(image->naks + 3 * kept++, nak, 3 * sizeof(int32_t));
+        }
+    }
+    image->nak_count = kept;
+}
+
+int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
+    ss_loss_detector_t *d = image->loss;
+    image->dirty = 0; /* before the scan: data that lands during it makes the next pass due */
+    if (d == NULL) return 0;
+    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
+    const int64_t term_length = image->term_length;
+    const int64_t mask = term_length - 1;
+    const int64_t max_sub = image->subscriber_count > 0 ? max_subscriber_position(image) : INT64_MIN;
+    int64_t rcv_pos = LOAD_ACQ(image->receiver_position);
+    /* What arrived in order needs no scan: start where the data path saw it stop. */
+    const int64_t in_order = image->contiguous_position < hwm ? image->contiguous_position : hwm;
+    if (in_order > rcv_pos) rcv_pos = in_order;
+    int32_t queued = 0;
+    for (int32_t pass = 0; pass < SS_PARTITION_COUNT; pass++) {
+        const int64_t rebuild = rcv_pos > max_sub ? rcv_pos : max_sub;
+        const int32_t rebuild_offset = (int32_t)(rebuild & mask);
+        int32_t first = rebuild_offset;
+        int loss_found = 0;
+        if (rebuild >= hwm) {
+            if (d->gap_count) ss_loss_all_filled(d, now_ns);
+        } else {
+            const int64_t term_count = rebuild >> image->position_bits;
+            const int32_t limit_offset = term_count == (hwm >> image->position_bits)
+                                             ? (int32_t)(hwm & mask) : (int32_t)term_length;
+            const int32_t term_id = (int32_t)((uint32_t)image->initial_term_id +
+                                              (uint32_t)term_count);
+            const uint8_t *term = image->log + (term_count % SS_PARTITION_COUNT) * term_length;
+            first = ss_loss_scan(d, term, term_id, rebuild_offset, limit_offset, now_ns,
+                                 image->nak_first_delay_ns, image->nak_retry_delay_ns);
+            loss_found = first < limit_offset;
+        }
+        if (loss_found) {
+            const int32_t term_id = (int32_t)((uint32_t)image->initial_term_id +
+                                              (uint32_t)(rebuild >> image->position_bits));
+            image->fresh_gap_count += d->fresh_count;
+            image->fresh_gap_bytes += d->fresh_bytes;
+            for (int32_t i = 0; i < d->due_count && image->nak_count < SS_LOSS_GAPS_MAX; i++) {
+                const ss_gap_t *gap = &d->gaps[d->due[i]];
+                int32_t *nak = image->naks + 3 * image->nak_count++;
+                nak[0] = term_id;
+                nak[1] = gap->term_offset;
+                nak[2] = gap->length;
+                queued++;
+            }
+        }
+        const int64_t new_rebuild = rebuild - (rebuild & mask) + first;
+        if (new_rebuild > rcv_pos) rcv_pos = new_rebuild;
+        if (loss_found || first < term_length || rcv_pos >= hwm) break;
+    }
+    if (rcv_pos > LOAD_ACQ(image->receiver_position)) STORE_REL(image->receiver_position, rcv_pos);
+    if (rcv_pos > image->contiguous_position) image->contiguous_position = rcv_pos;
+    image->loss_deadline_ns = ss_loss_next_deadline(d);
+    if (queued) send_naks(image);
+    return queued;
+}
+
+int64_t ss_agent_c_deadline(const ss_agent_t *a) {
+    int64_t deadline = SS_NO_DEADLINE;
+    for (int32_t i = 0; i < a->image_count; i++) {
+        const ss_image_t *image = a->images[i];
+        if (rebuilt_in_c(image) && image->loss_deadline_ns < deadline)
+            deadline = image->loss_deadline_ns;
+    }
+    return deadline;
+}
+
+/* The C half's rebuild passes: data past a gap arrived, or a gap's timer is due. */
+static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns) {
+    int32_t work = 0;
+    for (int32_t i = 0; i < a->image_count; i++) {
+        ss_image_t *image = a->images[i];
+        if (!rebuilt_in_c(image)) continue;
+        if ((image->dirty && LOAD_ACQ(image->receiver_hwm) > image->contiguous_position) ||
+            now_ns >= image->loss_deadline_ns)
+            work += 1 + ss_image_rebuild(image, now_ns);
+    }
+    return work;
+}
+
 static int image_needs_python(const ss_image_t *image) {
+    if (image->nak_count > 0) return 1;
     if (image->dirty && (image->python_on_data || image->eos_position >= 0 ||
-                         LOAD_ACQ(image->receiver_hwm) > image->contiguous_position))
+                         (LOAD_ACQ(image->receiver_hwm) > image->contiguous_position &&
+                          !rebuilt_in_c(image))))
         return 1;
     if (LOAD_ACQ(image->receiver_hwm) >= image->rate_signal_position) return 1;
     return image->subscriber_count > 0 && min_subscriber_position(image) >= image->sm_due_position;
@@ -1234,6 +1372,8 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
         ss_agent_t *a = l->agents[i];
         may_park &= arm(a, 1, now_ns, &deadline);
         if (a->python_deadline_ns < deadline) deadline = a->python_deadline_ns;
+        const int64_t c_deadline = ss_agent_c_deadline(a);
+        if (c_deadline < deadline) deadline = c_deadline;
     }
     /* After arming, so a client that moved in between either rang or is seen here. */
     for (int32_t i = 0; i < l->agent_count; i++)

@@ -240,6 +240,22 @@ int64_t ss_loss_retry_delay(const ss_loss_detector_t *d, int64_t first_delay_ns,
 /* The earliest expiry of a tracked gap (SS_NO_DEADLINE: none). */
 int64_t ss_loss_next_deadline(const ss_loss_detector_t *d);
 
+/* Counters a receive endpoint's data path counts into (cells of the counters file). */
+typedef struct {
+    int64_t *bytes_received;
+    int64_t *invalid_packets;
+    int64_t *heartbeats_received;
+    int64_t *flow_control_over_runs;
+    int64_t *flow_control_under_runs;
+    int64_t *foreign_source_drops;
+    int64_t *receive_errors;
+    int64_t *debug_data_loss_drops;
+    /* The NAKs a C rebuild pass sends (ss_image_rebuild) through the endpoint's socket. */
+    int64_t *nak_messages_sent;
+    int64_t *bytes_sent;
+    int64_t *short_sends;
+} ss_receiver_counters_t;
+
 /* An image as the receiver's data path sees it.  Python owns it, sets the SM fields after
  * each status message it sends, and reads the rest on its rebuild pass. */
 typedef struct {
@@ -275,19 +291,35 @@ typedef struct {
                                    * threshold: Python is due to signal (SS_NO_DEADLINE: none) */
     int64_t overrun_position;     /* the end of the furthest frame dropped as an over-run: where
                                    * the sender is, for a receiver left behind (Python's rule) */
+    /* The rebuild pass in C (ss_image_rebuild), when Python sets rebuild_in_c (a reliable
+     * unicast image with static congestion control, subscribers and no EOS yet): the C half
+     * runs it on data past a gap and when a gap's timer is due, without the Python half. */
+    int32_t rebuild_in_c;
+    ss_loss_detector_t *loss;     /* the image's detector (Python's LossDetector.c) */
+    int64_t nak_first_delay_ns;   /* the static delay generator's */
+    int64_t nak_retry_delay_ns;
+    int64_t loss_deadline_ns;     /* out: the earliest gap timer after the last C pass */
+    int64_t fresh_gap_bytes;      /* out: gaps C passes saw first, for Python's loss report */
+    int64_t fresh_gap_count;      /*      (Python takes and zeroes them) */
+    /* Where NAKs go (struct sockaddr), through the receive endpoint's socket (control_fd, -1:
+     * the simulator's) and counters; ss_receiver_set_images sets those two. */
+    uint8_t control_address[128]; /* SS_SOCKADDR_MAX */
+    int32_t control_address_length;
+    int32_t control_fd;
+    ss_receiver_counters_t *counters;
+    /* NAKs queued and not sent: the simulator's (no socket), or a send that failed with an
+     * error Python logs.  (term_id, term_offset, length) each; the Python half sends them. */
+    int32_t nak_count;
+    int32_t naks[768];            /* 3 x SS_LOSS_GAPS_MAX */
 } ss_image_t;
 
-/* Counters a receive endpoint's data path counts into (cells of the counters file). */
-typedef struct {
-    int64_t *bytes_received;
-    int64_t *invalid_packets;
-    int64_t *heartbeats_received;
-    int64_t *flow_control_over_runs;
-    int64_t *flow_control_under_runs;
-    int64_t *foreign_source_drops;
-    int64_t *receive_errors;
-    int64_t *debug_data_loss_drops;
-} ss_receiver_counters_t;
+/* The rebuild pass (docs/PROTOCOL.md §4.4, aeron_publication_image_track_rebuild): scan from
+ * max(rcv-pos, the furthest subscriber) to rcv-hwm, move rcv-pos over every complete frame,
+ * and NAK each gap whose timer is due (queued, then sent through control_fd when there is
+ * one).  For an image with rebuild_in_c, from the C half or the Python half alike; clears
+ * `dirty`.  Returns the NAKs queued. */
+int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns);
+
 
 /* A receive endpoint's image table and receive buffers, all memory owned by Python. */
 typedef struct {
@@ -420,6 +452,9 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns);
 int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only);
 /* Whether the Python half is due at now_ns: SS_DUE_* bits, also stored in a->due. */
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns);
+/* The earliest timer the agent's C half keeps itself (the gaps of images rebuilt in C), or
+ * SS_NO_DEADLINE: the C loop parks no later, and the simulator's clock moves there. */
+int64_t ss_agent_c_deadline(const ss_agent_t *a);
 
 /* A network thread's loop: duty cycles of its agents, spinning while there is work, yielding
  * between idle cycles, and after idle_spin_ns without work parking in epoll (its sockets,

@@ -134,4 +134,4 @@ class Agent(Generic[Endpoint]):
             return 0
         if network.ss_agent_python_due(self.c, -NO_DEADLINE) & ~network.SS_DUE_TIMER:
             return 0
-        return self.c.python_deadline_ns
+        return min(self.c.python_deadline_ns, network.ss_agent_c_deadline(self.c))

@@ -175,7 +175,10 @@ class ReceiveChannel:
                 ("flow_control_under_runs", SystemCounter.FLOW_CONTROL_UNDER_RUNS),
                 ("foreign_source_drops", SystemCounter.FOREIGN_SOURCE_DROPS),
                 ("receive_errors", SystemCounter.RECEIVE_ERRORS),
-                ("debug_data_loss_drops", SystemCounter.DEBUG_DATA_LOSS_DROPS)):
+                ("debug_data_loss_drops", SystemCounter.DEBUG_DATA_LOSS_DROPS),
+                ("nak_messages_sent", SystemCounter.NAK_MESSAGES_SENT),
+                ("bytes_sent", SystemCounter.BYTES_SENT),
+                ("short_sends", SystemCounter.SHORT_SENDS)):
             setattr(c.counters, field, counters.address(counter))
 
     # -- subscriptions --------------------------------------------------------------------
@@ -404,11 +407,12 @@ class ReceiveChannel:
                     del pending[key]
         return out
 
-    def next_deadline_ns(self) -> int:
-        """Earliest deadline of the images (``<=`` now when output is queued)."""
+    def next_deadline_ns(self, *, c_timers: bool = True) -> int:
+        """Earliest deadline of the images (``<=`` now when output is queued);
+        ``c_timers=False``: of the Python half only (see PublicationImage.next_deadline_ns)."""
         if self._outbox:
             return self._now_ns
-        return min((image.next_deadline_ns() for image in self.images.values()),
+        return min((image.next_deadline_ns(c_timers=c_timers) for image in self.images.values()),
                    default=NO_DEADLINE)
 
     def poll_events(self) -> list[ReceiverEvent]:

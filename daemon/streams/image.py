@@ -81,6 +81,7 @@ from slipstream.client.logbuffer import (
     write_padding,
 )
 from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.rate_control import NakStrengthSignaller
 from slipstream.daemon.flow.registry import congestion_control_for
@@ -224,6 +225,17 @@ class PublicationImage:
         c.receiver_position = self._rcv_pos
         c.rate_signal_position = NO_DEADLINE
         c.overrun_position = join
+        # The rebuild pass in C (ss_image_rebuild) for the images whose rules are all C's: a
+        # static NAK delay (unicast) and no congestion control to consult (_sync_rebuild_c).
+        c.loss = self.loss_detector.c
+        if isinstance(generator, StaticDelayGenerator):
+            c.nak_first_delay_ns = generator.first_delay()
+            c.nak_retry_delay_ns = generator.retry_delay()
+        c.loss_deadline_ns = NO_DEADLINE
+        raw_control = sockaddr(control_address)
+        c.control_address = raw_control
+        c.control_address_length = len(raw_control)
+        c.control_fd = -1  # until a receive channel takes the image (ss_receiver_set_images)
         #: NAK-strength signals (rc=), once the sender announced it adapts to them.
         self.rate_signaller: NakStrengthSignaller | None = None
         self._sync_subscribers_c()
@@ -305,6 +317,24 @@ class PublicationImage:
         self.c.subscriber_positions = self._c_cells
         self.c.subscriber_count = len(cells)
         self.c.python_on_data = int(self._consults_congestion_control or not cells)
+        self._sync_rebuild_c()
+
+    def _sync_rebuild_c(self) -> None:
+        """Whether the C half runs the rebuild pass (``c.rebuild_in_c``): a reliable image
+        with a static NAK delay (not a group's random one) and no congestion control, not left
+        behind, in a state that rebuilds.  C adds its own conditions (subscribers, no EOS)."""
+        c = self.c
+        c.rebuild_in_c = int(
+            self.reliable and not self.is_group and not self._consults_congestion_control
+            and self.left_behind is None
+            and self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING))
+        c.loss_deadline_ns = self.loss_detector.next_deadline_ns()
+
+    def _rebuilt_in_c(self) -> bool:
+        """The C half's rule (``rebuilt_in_c`` in daemon/network.c)."""
+        c = self.c
+        return bool(c.rebuild_in_c and not c.python_on_data and c.eos_position < 0
+                    and c.subscriber_count > 0)
 
     @property
     def subscriber_count(self) -> int:
@@ -333,6 +363,7 @@ class PublicationImage:
             raise LocalProtocolError(
                 f"{event!r} is not allowed in state {self.state.name}") from None
         self._time_of_last_state_change_ns = now_ns
+        self._sync_rebuild_c()
         if self.state is ImageState.DRAINING:
             self._sm_deadline_ns = now_ns  # tell the sender at once (EOS-flagged SM)
         elif self.state is ImageState.LINGER:
@@ -398,10 +429,10 @@ class PublicationImage:
     # -- output ---------------------------------------------------------------------------
     def due(self, now_ns: int) -> bool:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns``, cheaply: data
-        arrived, output is queued, a timer is due, the hwm reached the next NAK-strength
-        threshold, or a subscriber reached the position where the 25 % rule schedules a
-        status message."""
-        if self.c.dirty or self._outbox or now_ns >= self._next_due_ns:
+        arrived, output is queued (here, or NAKs the C rebuild pass left), a timer is due,
+        the hwm reached the next NAK-strength threshold, or a subscriber reached the position
+        where the 25 % rule schedules a status message."""
+        if self.c.dirty or self._outbox or self.c.nak_count or now_ns >= self._next_due_ns:
             return True
         if self.rcv_hwm >= self.c.rate_signal_position:
             return True
@@ -419,6 +450,7 @@ class PublicationImage:
             return
         if state is ImageState.INIT or state is ImageState.ACTIVE or state is ImageState.DRAINING:
             self._track_rebuild(now_ns)
+        self._take_c_rebuild_output()
         if self._outbox:
             out.extend(self._outbox)
             self._outbox = []
@@ -445,28 +477,32 @@ class PublicationImage:
 
     def _track_rebuild(self, now_ns: int) -> None:
         c = self.c
-        c.dirty = 0  # before the scan: data that lands during it makes the next pass due
         min_sub, max_sub = self._min_max_subscriber_position()
-        rcv_pos = self.rcv_pos
         hwm = self.rcv_hwm
-        # What arrived in order needs no scan: start where the data path saw it stop.
-        rcv_pos = max(rcv_pos, min(c.contiguous_position, hwm))
-        start = rcv_pos
-        loss_found = new_loss = False
-        for _ in range(PARTITION_COUNT):
-            rebuild = max(rcv_pos, max_sub)
-            offset, loss_found = self.loss_detector.scan(
-                self._term_ptrs[(rebuild >> self.position_bits) % PARTITION_COUNT], rebuild, hwm,
-                now_ns, self.term_length, self.position_bits, self.initial_term_id)
-            new_loss = new_loss or self.loss_detector.new_gaps > 0
-            new_rebuild = rebuild - (rebuild & self._mask) + offset
-            if new_rebuild > rcv_pos:
-                rcv_pos = new_rebuild
-            if loss_found or offset < self.term_length or rcv_pos >= hwm:
-                break
-        lib.ss_store_release_i64(self._rcv_pos, rcv_pos)
-        if rcv_pos > c.contiguous_position:
-            c.contiguous_position = rcv_pos
+        if self._rebuilt_in_c():
+            start = self.rcv_pos  # read by congestion control only, which this image has not
+            network.ss_image_rebuild(c, now_ns)
+            rcv_pos, new_loss = self.rcv_pos, False
+        else:
+            c.dirty = 0  # before the scan: data that lands during it makes the next pass due
+            # What arrived in order needs no scan: start where the data path saw it stop.
+            rcv_pos = max(self.rcv_pos, min(c.contiguous_position, hwm))
+            start = rcv_pos
+            loss_found = new_loss = False
+            for _ in range(PARTITION_COUNT):
+                rebuild = max(rcv_pos, max_sub)
+                offset, loss_found = self.loss_detector.scan(
+                    self._term_ptrs[(rebuild >> self.position_bits) % PARTITION_COUNT], rebuild,
+                    hwm, now_ns, self.term_length, self.position_bits, self.initial_term_id)
+                new_loss = new_loss or self.loss_detector.new_gaps > 0
+                new_rebuild = rebuild - (rebuild & self._mask) + offset
+                if new_rebuild > rcv_pos:
+                    rcv_pos = new_rebuild
+                if loss_found or offset < self.term_length or rcv_pos >= hwm:
+                    break
+            lib.ss_store_release_i64(self._rcv_pos, rcv_pos)
+            if rcv_pos > c.contiguous_position:
+                c.contiguous_position = rcv_pos
         eos = c.eos_position
         if eos >= 0 and not self.is_end_of_stream and rcv_pos >= eos:
             self.is_end_of_stream = True
@@ -488,6 +524,23 @@ class PublicationImage:
             self._sm_position = min_sub
             self._sm_window = self._allowed_window(min_sub)
             self._sm_deadline_ns = now_ns
+
+    def _take_c_rebuild_output(self) -> None:
+        """What the C rebuild passes left: the gaps they saw first (the loss report) and the
+        NAKs they could not send (the simulator's, or a send error the transport logs)."""
+        c = self.c
+        if c.fresh_gap_count:
+            on_gap = self.loss_detector.on_gap
+            if on_gap is not None:
+                on_gap(c.fresh_gap_bytes, c.fresh_gap_count)
+            c.fresh_gap_count = c.fresh_gap_bytes = 0
+        if c.nak_count:
+            naks = c.naks
+            for i in range(0, 3 * c.nak_count, 3):
+                nak = Nak(self.session_id, self.stream_id, naks[i], naks[i + 1], naks[i + 2])
+                self._outbox.append(Datagram(nak.encode(), self.control_address))
+            self.counters.add(SystemCounter.NAK_MESSAGES_SENT, c.nak_count)
+            c.nak_count = 0
 
     def _allowed_window(self, position: int) -> int:
         """The window to advertise at ``position``: the configured one, but never inviting data
@@ -525,6 +578,7 @@ class PublicationImage:
         if sender_seen - rcv_pos <= self._resend_reach:
             return
         self.left_behind = (rcv_pos, sender_seen)
+        self._sync_rebuild_c()
         self.counters.add(SystemCounter.IMAGES_LEFT_BEHIND)
         beyond = sender_seen - max(self.rcv_hwm, rcv_pos)  # gaps below the hwm are recorded
         if self._loss_entry is not None and beyond > 0:
@@ -570,12 +624,13 @@ class PublicationImage:
                     or now_ns - self._time_of_last_state_change_ns >= self.liveness_timeout_ns):
                 self._transition("done", now_ns)
 
-    def next_deadline_ns(self) -> int:
+    def next_deadline_ns(self, *, c_timers: bool = True) -> int:
         """Earliest time :meth:`datagrams_to_send` has work: ``<=`` the last ``now`` after new
         data (a rebuild pass is due) or queued output; then the SM, NAK, liveness and state
         timers.  Data in order and subscriber progress are not timers: the agent's C half
         watches them (``c.dirty`` with a gap or EOS, ``c.sm_due_position`` for the 25 %
-        rule) and makes the Python half due."""
+        rule) and makes the Python half due.  ``c_timers=False``: the Python half's timers
+        only (an image rebuilt in C has its gaps' NAK timers kept by the C half)."""
         state = self.state
         if state is ImageState.DONE:
             return NO_DEADLINE
@@ -585,7 +640,9 @@ class PublicationImage:
             return self._time_of_last_state_change_ns + self.liveness_timeout_ns
         if self.c.dirty or self._outbox or self.cleaner.is_behind:
             return self._now_ns
-        deadline = min(self._sm_deadline_ns, self.loss_detector.next_deadline_ns())
+        deadline = self._sm_deadline_ns
+        if c_timers or not self._rebuilt_in_c():
+            deadline = min(deadline, self.loss_detector.next_deadline_ns())
         if self._consults_congestion_control:
             deadline = min(deadline, self.congestion_control.next_deadline_ns())
         if self.rate_signaller is not None:
