@@ -158,7 +158,7 @@ def main() -> int:
                     hosts.drop(2, probability=loss / 100, protocol="tcp")
                 naks, retransmits = (counter(b, SystemCounter.NAK_MESSAGES_SENT),
                                      counter(a, SystemCounter.RETRANSMITS_SENT))
-                passes = counter(b, SystemCounter.NETWORK_PYTHON_PASSES)
+                passes = [counter(d, SystemCounter.NETWORK_PYTHON_PASSES) for d in (a, b)]
                 stream_id += 1
                 rate = run_slipstream(a.directory, args.size, args.messages, True, stream_id,
                                       channel=uri, subscriber_directory=b.directory,
@@ -167,12 +167,13 @@ def main() -> int:
                                       first_program=args.first_program)
                 naks = counter(b, SystemCounter.NAK_MESSAGES_SENT) - naks
                 retransmits = counter(a, SystemCounter.RETRANSMITS_SENT) - retransmits
-                passes = counter(b, SystemCounter.NETWORK_PYTHON_PASSES) - passes
+                passes = [counter(d, SystemCounter.NETWORK_PYTHON_PASSES) - before
+                          for d, before in zip((a, b), passes, strict=True)]
                 goodput = rate * args.size / 1e6
                 runs[loss].append(goodput)
                 line = (f"round {round_ + 1} loss {loss:4.1f} %   slipstream {goodput:8.1f} MB/s "
                         f"({naks:,} NAKs, {retransmits:,} retransmits, "
-                        f"{passes:,} Python passes on the receiving host, "
+                        f"Python passes {passes[0]:,} sending, {passes[1]:,} receiving, "
                         f"whole: {'yes' if rate else 'NO'})")
                 if round_ == 0:
                     zmq[loss] = run_zmq(hosts, args.size, args.messages) * args.size / 1e6

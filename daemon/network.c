@@ -761,6 +761,38 @@ static void flush_signals(ss_receiver_t *r) {
     r->signal_count = 0;
 }
 
+/* A status message at a send endpoint: taken here when its publication reads SMs in C
+ * (ss_send_publication_t.sm_in_c), else up to Python (which also counts what is invalid). */
+static int32_t on_status_message(ss_receiver_t *r, const uint8_t *data, int32_t length,
+                                 int64_t now_ns) {
+    if (length < SS_SM_LENGTH || read_i32(data) != SS_SM_LENGTH || data[SS_FLAGS_FIELD] != 0)
+        return SS_RX_TO_PYTHON;
+    ss_send_publication_t *p = find_publication(r, read_i32(data + SS_SM_SESSION_ID_FIELD),
+                                                read_i32(data + SS_SM_STREAM_ID_FIELD));
+    if (p == NULL || !p->sm_in_c) return SS_RX_TO_PYTHON;
+    int64_t receiver_id;
+    memcpy(&receiver_id, data + SS_SM_RECEIVER_ID_FIELD, 8);
+    const int32_t term_offset = read_i32(data + SS_SM_CONSUMPTION_TERM_OFFSET_FIELD);
+    int32_t window = read_i32(data + SS_SM_RECEIVER_WINDOW_FIELD);
+    const int32_t term_count = (int32_t)((uint32_t)read_i32(data + SS_SM_CONSUMPTION_TERM_ID_FIELD) -
+                                         (uint32_t)p->initial_term_id);
+    if (receiver_id != p->sm_receiver_id || term_count < 0 || term_offset < 0 ||
+        term_offset > p->term_length || window < 0)
+        return SS_RX_TO_PYTHON;
+    const int64_t position = ((int64_t)term_count << p->position_bits) + term_offset;
+    if (position > LOAD_ACQ(p->sender_position)) return SS_RX_TO_PYTHON;
+    if (window > p->term_length / 2) window = p->term_length / 2;
+    const int64_t limit = position + window;
+    if (limit > LOAD_ACQ(p->sender_limit)) STORE_REL(p->sender_limit, limit);
+    p->sm_time_ns = now_ns;
+    p->sm_position = position;
+    p->sm_window = window;
+    p->sm_count++;
+    count(p->status_messages_received, 1);
+    count(r->counters.bytes_received, length);
+    return SS_RX_CONSUMED;
+}
+
 static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
                            const uint8_t *source, int32_t source_length, int64_t now_ns) {
     if (length < SS_FRAME_HEADER_LENGTH || data[SS_VERSION_FIELD] != SS_CURRENT_VERSION) {
@@ -769,6 +801,7 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
     }
     uint16_t type = read_u16(data + SS_TYPE_FIELD);
     if (type == SS_HDR_TYPE_NAK) return on_nak(r, data, length, now_ns);
+    if (type == SS_HDR_TYPE_SM) return on_status_message(r, data, length, now_ns);
     if (type != SS_HDR_TYPE_DATA && type != SS_HDR_TYPE_PAD) return SS_RX_TO_PYTHON;
     if (length < SS_HEADER_LENGTH) {
         count(r->counters.invalid_packets, 1);
@@ -1119,6 +1152,7 @@ int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only)
 }
 
 static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns);
+static int32_t status_messages(ss_agent_t *a, int64_t now_ns);
 
 int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
@@ -1143,6 +1177,7 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
         for (int32_t i = 0; i < a->endpoint_count; i++)
             work += receive_endpoint(a->endpoints[i], now_ns);
         work += rebuild_images(a, now_ns);
+        work += status_messages(a, now_ns);
     }
     ss_agent_python_due(a, now_ns);
     return work;
@@ -1202,7 +1237,7 @@ static void send_naks(ss_image_t *image) {
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             count(counters->short_sends, 1); /* the gap's retry timer asks again */
             count(counters->nak_messages_sent, 1);
-        } else if (errno != ECONNREFUSED) { /* ECONNREFUSED: an earlier datagram's ICMP error */
+        } else { /* Python sends it, and counts and logs the error */
             memmove(image->naks + 3 * kept++, nak, 3 * sizeof(int32_t));
         }
     }
@@ -1265,6 +1300,78 @@ int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
     return queued;
 }
 
+/* Whether the C half sends this image's 25 % rule status messages (ss_image_t.sm_in_c). */
+static inline int sends_status_messages(const ss_image_t *image) {
+    return image->sm_in_c && image->subscriber_count > 0 && !image->python_on_data &&
+           image->eos_position < 0;
+}
+
+/* The 25 % rule's status message, at the slowest subscriber's position: scheduled here, and
+ * sent through the image's socket (else left to the Python half: sm_unsent). */
+static void send_status_message(ss_image_t *image, int64_t position, int64_t now_ns) {
+    int64_t window = image->reusable_limit - position;
+    if (window > image->window) window = image->window;
+    if (window < 0) window = 0;
+    image->sm_position = position;
+    image->sm_window = (int32_t)window;
+    image->sm_time_ns = now_ns;
+    image->sm_count++;
+    image->last_sm_position = position;
+    const int64_t overrun = position + image->term_length / 2;
+    image->overrun_threshold = overrun < image->reusable_limit ? overrun : image->reusable_limit;
+    image->sm_due_position = position + (window >> 2) + 1;
+    ss_receiver_counters_t *counters = image->counters;
+    if (image->control_fd < 0 || counters == NULL || image->control_address_length <= 0) {
+        image->sm_unsent = 1;
+        return;
+    }
+    uint8_t frame[SS_SM_LENGTH + 8];
+    const int32_t frame_length = SS_SM_LENGTH + (image->has_group_tag ? 8 : 0);
+    const uint16_t type = SS_HDR_TYPE_SM;
+    const int32_t term_count = (int32_t)(position >> image->position_bits);
+    const int32_t term_id = (int32_t)((uint32_t)image->initial_term_id + (uint32_t)term_count);
+    const int32_t term_offset = (int32_t)(position & (image->term_length - 1));
+    const int32_t window32 = (int32_t)window;
+    memcpy(frame, &frame_length, 4);
+    frame[SS_VERSION_FIELD] = SS_CURRENT_VERSION;
+    frame[SS_FLAGS_FIELD] = 0;
+    memcpy(frame + SS_TYPE_FIELD, &type, 2);
+    memcpy(frame + SS_SM_SESSION_ID_FIELD, &image->session_id, 4);
+    memcpy(frame + SS_SM_STREAM_ID_FIELD, &image->stream_id, 4);
+    memcpy(frame + SS_SM_CONSUMPTION_TERM_ID_FIELD, &term_id, 4);
+    memcpy(frame + SS_SM_CONSUMPTION_TERM_OFFSET_FIELD, &term_offset, 4);
+    memcpy(frame + SS_SM_RECEIVER_WINDOW_FIELD, &window32, 4);
+    memcpy(frame + SS_SM_RECEIVER_ID_FIELD, &image->receiver_id, 8);
+    memcpy(frame + SS_SM_LENGTH, &image->group_tag, 8);
+    const ssize_t sent = sendto(image->control_fd, frame, (size_t)frame_length, MSG_DONTWAIT,
+                                (const struct sockaddr *)(const void *)image->control_address,
+                                (socklen_t)image->control_address_length);
+    if (sent >= 0) {
+        count(counters->bytes_sent, sent);
+        count(counters->status_messages_sent, 1);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        count(counters->short_sends, 1);
+        count(counters->status_messages_sent, 1); /* the timer's SM repeats it */
+    } else {
+        image->sm_unsent = 1; /* Python sends it and logs the error */
+    }
+}
+
+/* The C half's status messages: the slowest subscriber reached the 25 % rule's position. */
+static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
+    int32_t work = 0;
+    for (int32_t i = 0; i < a->image_count; i++) {
+        ss_image_t *image = a->images[i];
+        if (!sends_status_messages(image) || image->sm_unsent) continue;
+        const int64_t slowest = min_subscriber_position(image);
+        if (slowest >= image->sm_due_position) {
+            send_status_message(image, slowest, now_ns);
+            work++;
+        }
+    }
+    return work;
+}
+
 int64_t ss_agent_c_deadline(const ss_agent_t *a) {
     int64_t deadline = SS_NO_DEADLINE;
     for (int32_t i = 0; i < a->image_count; i++) {
@@ -1289,13 +1396,17 @@ static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns) {
 }
 
 static int image_needs_python(const ss_image_t *image) {
-    if (image->nak_count > 0) return 1;
+    if (image->nak_count > 0 || image->sm_unsent) return 1;
     if (image->dirty && (image->python_on_data || image->eos_position >= 0 ||
                          (LOAD_ACQ(image->receiver_hwm) > image->contiguous_position &&
                           !rebuilt_in_c(image))))
         return 1;
     if (LOAD_ACQ(image->receiver_hwm) >= image->rate_signal_position) return 1;
-    return image->subscriber_count > 0 && min_subscriber_position(image) >= image->sm_due_position;
+    if (image->subscriber_count <= 0) return 0;
+    /* An SM the C half sends usually went in this cycle, before this rule is asked
+     * (ss_agent_do_work); a subscriber that moved since costs one Python pass. */
+    const int64_t slowest = min_subscriber_position(image);
+    return slowest >= image->sm_due_position || slowest >= image->clean_due_position;
 }
 
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
@@ -1358,8 +1469,11 @@ static int arm(ss_agent_t *a, int32_t delta, int64_t now_ns, int64_t *deadline) 
     }
     for (int32_t i = 0; i < a->image_count; i++) {
         ss_image_t *image = a->images[i];
-        if (delta > 0)
-            STORE_REL((int64_t *)(image->meta + SS_META_DRIVER_WAKE_POSITION), image->sm_due_position);
+        if (delta > 0) {
+            const int64_t wake = image->sm_due_position < image->clean_due_position
+                                     ? image->sm_due_position : image->clean_due_position;
+            STORE_REL((int64_t *)(image->meta + SS_META_DRIVER_WAKE_POSITION), wake);
+        }
         __atomic_fetch_add(driver_waiters(image->meta), delta, __ATOMIC_SEQ_CST);
     }
     return may_park;

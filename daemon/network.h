@@ -32,6 +32,16 @@
 #define SS_NAK_TERM_OFFSET_FIELD 20
 #define SS_NAK_LENGTH_FIELD 24
 
+/* SM: its type, length and field offsets (the untagged frame). */
+#define SS_HDR_TYPE_SM 0x03
+#define SS_SM_LENGTH 36
+#define SS_SM_SESSION_ID_FIELD 8
+#define SS_SM_STREAM_ID_FIELD 12
+#define SS_SM_CONSUMPTION_TERM_ID_FIELD 16
+#define SS_SM_CONSUMPTION_TERM_OFFSET_FIELD 20
+#define SS_SM_RECEIVER_WINDOW_FIELD 24
+#define SS_SM_RECEIVER_ID_FIELD 28
+
 /* ss_receiver_on_datagram results */
 #define SS_RX_CONSUMED 0
 #define SS_RX_TO_PYTHON 1
@@ -146,6 +156,19 @@ typedef struct {
     /* fd < 0 (the simulator's socket): how many more datagrams it takes, as a socket whose
      * send buffer fills takes what fits (-1: any number). */
     int32_t virtual_room;
+    /* Status messages read here (the send endpoint's control path), not by Python, while
+     * Python sets sm_in_c: unicast flow control with the one receiver it knows
+     * (sm_receiver_id), connected and active.  An untagged SM from that receiver with no
+     * flags, at a position already sent, raises snd-lmt to position + window (the window
+     * held to half a term); anything else goes up to Python.  Python takes the out fields
+     * at its next pass (the receiver's liveness, what it acknowledged). */
+    int32_t sm_in_c;
+    int32_t sm_window;            /* out: the window of the last SM taken here */
+    int64_t sm_receiver_id;
+    int64_t sm_time_ns;           /* out: when the last SM was taken here */
+    int64_t sm_position;          /* out: its consumption position */
+    int64_t sm_count;             /* out: SMs taken here (Python zeroes it with the receiver) */
+    int64_t *status_messages_received; /* system counter */
 } ss_send_publication_t;
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
@@ -250,14 +273,17 @@ typedef struct {
     int64_t *foreign_source_drops;
     int64_t *receive_errors;
     int64_t *debug_data_loss_drops;
-    /* The NAKs a C rebuild pass sends (ss_image_rebuild) through the endpoint's socket. */
+    /* The NAKs and status messages the C half sends (ss_image_rebuild, the 25 % rule) through
+     * the endpoint's socket. */
     int64_t *nak_messages_sent;
+    int64_t *status_messages_sent;
     int64_t *bytes_sent;
     int64_t *short_sends;
 } ss_receiver_counters_t;
 
-/* An image as the receiver's data path sees it.  Python owns it, sets the SM fields after
- * each status message it sends, and reads the rest on its rebuild pass. */
+/* An image as the receiver's data path sees it.  Python owns it and sets the SM fields after
+ * each status message it sends (as the C half does after its own), and reads the rest on its
+ * rebuild pass. */
 typedef struct {
     uint8_t *log;                 /* start of term 0 */
     uint8_t *meta;                /* the log's metadata page (reader eventcount) */
@@ -311,6 +337,25 @@ typedef struct {
      * error Python logs.  (term_id, term_offset, length) each; the Python half sends them. */
     int32_t nak_count;
     int32_t naks[768];            /* 3 x SS_LOSS_GAPS_MAX */
+    /* Status messages.  sm_position and sm_window are the last scheduled (Python's rules read
+     * and write them too).  While Python sets sm_in_c (as rebuild_in_c, and ACTIVE: no EOS
+     * flag), the C half sends the 25 % rule's SM itself: at the slowest subscriber's position,
+     * the window held to what cleaning allows (min(window, reusable_limit - position)); then
+     * sm_time_ns is when, sm_unsent that it still has to go (no socket, or a send error: the
+     * Python half sends it from these fields).  Python cleans the log and moves reusable_limit;
+     * it is due when the slowest subscriber reaches clean_due_position. */
+    int32_t sm_in_c;
+    int32_t sm_window;
+    int32_t window;               /* the window the image advertises (static) */
+    int32_t sm_unsent;
+    int32_t has_group_tag;
+    int64_t group_tag;
+    int64_t receiver_id;
+    int64_t sm_position;
+    int64_t sm_time_ns;           /* out: when the C half last sent */
+    int64_t sm_count;             /* out: the SMs the C half sent (Python takes each once) */
+    int64_t reusable_limit;
+    int64_t clean_due_position;   /* SS_NO_DEADLINE: none */
 } ss_image_t;
 
 /* The rebuild pass (docs/PROTOCOL.md §4.4, aeron_publication_image_track_rebuild): scan from

@@ -177,6 +177,7 @@ class ReceiveChannel:
                 ("receive_errors", SystemCounter.RECEIVE_ERRORS),
                 ("debug_data_loss_drops", SystemCounter.DEBUG_DATA_LOSS_DROPS),
                 ("nak_messages_sent", SystemCounter.NAK_MESSAGES_SENT),
+                ("status_messages_sent", SystemCounter.STATUS_MESSAGES_SENT),
                 ("bytes_sent", SystemCounter.BYTES_SENT),
                 ("short_sends", SystemCounter.SHORT_SENDS)):
             setattr(c.counters, field, counters.address(counter))

@@ -199,10 +199,10 @@ class PublicationImage:
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
         self._subscriber_positions: list = []  # cffi int64_t * cells
         self.state = ImageState.INIT
-        # SM state: the scheduled values and when to (re)send them; the first SM goes at once.
-        self._sm_position = self.join_position
-        self._sm_window = self.window
+        # SM state: when to (re)send (the scheduled position and window are c.sm_position and
+        # c.sm_window, which the C half's 25 % rule moves too); the first SM goes at once.
         self._sm_deadline_ns = now_ns
+        self._c_sm_seen = 0  # the C half's SMs already taken (c.sm_count)
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
         self.cleaner = LogCleaner(log, join)
         #: What the C data path works from (ss_image_t): the last SM sent bounds what it
@@ -236,6 +236,15 @@ class PublicationImage:
         c.control_address = raw_control
         c.control_address_length = len(raw_control)
         c.control_fd = -1  # until a receive channel takes the image (ss_receiver_set_images)
+        c.sm_position = join
+        c.sm_window = self.window
+        c.window = self.window
+        c.receiver_id = receiver_id
+        if self.group_tag is not None:
+            c.has_group_tag = 1
+            c.group_tag = self.group_tag
+        c.reusable_limit = self.cleaner.reusable_limit()
+        c.clean_due_position = NO_DEADLINE
         #: NAK-strength signals (rc=), once the sender announced it adapts to them.
         self.rate_signaller: NakStrengthSignaller | None = None
         self._sync_subscribers_c()
@@ -277,7 +286,7 @@ class PublicationImage:
     def status_message_due_position(self) -> int:
         """The subscriber position from which the 25 % rule schedules the next SM: a parked
         receiver asks its subscribers to ring its doorbell there (bytes)."""
-        return self._sm_position + (self._sm_window >> 2) + 1
+        return self.c.sm_position + (self.c.sm_window >> 2) + 1
 
     def _position(self, term_id: int, term_offset: int) -> int:
         return compute_position(term_id, term_offset, self.position_bits, self.initial_term_id)
@@ -324,11 +333,14 @@ class PublicationImage:
         with a static NAK delay (not a group's random one) and no congestion control, not left
         behind, in a state that rebuilds.  C adds its own conditions (subscribers, no EOS)."""
         c = self.c
-        c.rebuild_in_c = int(
-            self.reliable and not self.is_group and not self._consults_congestion_control
-            and self.left_behind is None
-            and self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING))
+        eligible = (self.reliable and not self.is_group and not self._consults_congestion_control
+                    and self.left_behind is None)
+        c.rebuild_in_c = int(eligible and self.state in (ImageState.INIT, ImageState.ACTIVE,
+                                                         ImageState.DRAINING))
+        # The 25 % rule's SMs too while ACTIVE (a draining image's SMs carry EOS).
+        c.sm_in_c = int(eligible and self.state is ImageState.ACTIVE)
         c.loss_deadline_ns = self.loss_detector.next_deadline_ns()
+        self._sync_cleaning_c()
 
     def _rebuilt_in_c(self) -> bool:
         """The C half's rule (``rebuilt_in_c`` in daemon/network.c)."""
@@ -429,15 +441,17 @@ class PublicationImage:
     # -- output ---------------------------------------------------------------------------
     def due(self, now_ns: int) -> bool:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns``, cheaply: data
-        arrived, output is queued (here, or NAKs the C rebuild pass left), a timer is due,
+        arrived, output is queued (here, or NAKs and an SM the C half left), a timer is due,
         the hwm reached the next NAK-strength threshold, or a subscriber reached the position
-        where the 25 % rule schedules a status message."""
-        if self.c.dirty or self._outbox or self.c.nak_count or now_ns >= self._next_due_ns:
+        where the 25 % rule schedules a status message or where cleaning is due."""
+        c = self.c
+        if c.dirty or self._outbox or c.nak_count or c.sm_unsent or now_ns >= self._next_due_ns:
             return True
         if self.rcv_hwm >= self.c.rate_signal_position:
             return True
         cells = self._subscriber_positions
-        due_position = self.c.sm_due_position  # the C half's rule: the same position
+        # The C half's rule: the same positions (the 25 % rule's SM, and cleaning's).
+        due_position = min(c.sm_due_position, c.clean_due_position)
         if len(cells) == 1:
             return cells[0][0] >= due_position
         return bool(cells) and self.min_subscriber_position() >= due_position
@@ -447,7 +461,9 @@ class PublicationImage:
         self._now_ns = now_ns
         state = self.state
         if state is ImageState.DONE:
+            self._take_c_rebuild_output()  # its loss report; no NAK goes any more
             return
+        self._take_c_status_message()
         if state is ImageState.INIT or state is ImageState.ACTIVE or state is ImageState.DRAINING:
             self._track_rebuild(now_ns)
         self._take_c_rebuild_output()
@@ -469,11 +485,12 @@ class PublicationImage:
             if self.left_behind is not None:  # wake as the subscribers reach its end
                 due = min(due, self.left_behind[0])
             self.c.sm_due_position = due
+            self._sync_cleaning_c()
         else:  # no rebuild pass and no SM any more: nothing in C makes this due again
             self.c.dirty = 0
             self.c.sm_due_position = NO_DEADLINE
             self.c.rate_signal_position = NO_DEADLINE
-        self._next_due_ns = self.next_deadline_ns()
+        self._next_due_ns = self.next_deadline_ns(c_timers=False)
 
     def _track_rebuild(self, now_ns: int) -> None:
         c = self.c
@@ -519,11 +536,40 @@ class PublicationImage:
         if self.rate_signaller is not None:
             self._signal_rate(now_ns, min_sub, hwm)
         self.cleaner.clean_toward(min_sub)
-        if (force_sm or min_sub > self._sm_position + (self._sm_window >> 2)
-                or self._allowed_window(self._sm_position) != self._sm_window):
-            self._sm_position = min_sub
-            self._sm_window = self._allowed_window(min_sub)
+        if (force_sm or min_sub > self.c.sm_position + (self.c.sm_window >> 2)
+                or self._allowed_window(self.c.sm_position) != self.c.sm_window):
+            self.c.sm_position = min_sub
+            self.c.sm_window = self._allowed_window(min_sub)
             self._sm_deadline_ns = now_ns
+
+    def _take_c_status_message(self) -> None:
+        """The C half's last status message (``c.sm_in_c``): the timer's next SM is due a
+        status-message timeout after it; one it could not send goes now, from its fields."""
+        c = self.c
+        if c.sm_count != self._c_sm_seen:
+            self._c_sm_seen = c.sm_count
+            self._sm_deadline_ns = max(
+                self._sm_deadline_ns,
+                c.sm_time_ns + self.status_message_timeout_ns * self.status_interval_factor)
+        if c.sm_unsent:
+            c.sm_unsent = 0
+            position = c.sm_position
+            sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
+                               position & self._mask, c.sm_window, self.receiver_id, 0,
+                               self.group_tag)
+            self._outbox.append(Datagram(sm.encode(), self.control_address))
+            self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
+
+    def _sync_cleaning_c(self) -> None:
+        """What the C half's status messages need of cleaning: the window it allows, and the
+        slowest subscriber's position from which the Python half has half a term (or a
+        chunk) to clean, so that the window never waits for it."""
+        c = self.c
+        cleaner = self.cleaner
+        c.reusable_limit = cleaner.reusable_limit()
+        c.clean_due_position = (
+            cleaner.position + self.term_length
+            + min(cleaner.chunk_length, self.term_length >> 1) if c.sm_in_c else NO_DEADLINE)
 
     def _take_c_rebuild_output(self) -> None:
         """What the C rebuild passes left: the gaps they saw first (the loss report) and the
@@ -534,6 +580,8 @@ class PublicationImage:
             if on_gap is not None:
                 on_gap(c.fresh_gap_bytes, c.fresh_gap_count)
             c.fresh_gap_count = c.fresh_gap_bytes = 0
+        if c.nak_count and (self.left_behind is not None or self.state is ImageState.DONE):
+            c.nak_count = 0  # what it lacks is gone from the sender, or it is gone itself
         if c.nak_count:
             naks = c.naks
             for i in range(0, 3 * c.nak_count, 3):
@@ -554,13 +602,13 @@ class PublicationImage:
         # of the stream.  A receiver that repeats the old values holds such a drain until its
         # drain_timeout; Aeron 1.15's Java receiver did not (tests/test_interop.py).
         min_sub = self.min_subscriber_position()
-        if min_sub > self._sm_position:
-            self._sm_position = min_sub
-            self._sm_window = self._allowed_window(min_sub)
-        position = self._sm_position
+        if min_sub > self.c.sm_position:
+            self.c.sm_position = min_sub
+            self.c.sm_window = self._allowed_window(min_sub)
+        position = self.c.sm_position
         flags = SM_EOS_FLAG if self.state is ImageState.DRAINING else 0
         sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
-                           position & self._mask, self._sm_window, self.receiver_id, flags,
+                           position & self._mask, self.c.sm_window, self.receiver_id, flags,
                            self.group_tag)
         out.append(Datagram(sm.encode(), self.control_address))
         self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)

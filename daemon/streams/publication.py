@@ -190,6 +190,8 @@ class NetworkPublication:
         c.initial_term_id = log.initial_term_id
         c.max_message_length = max_message_length(log.term_length)
         c.priority = params.priority
+        c.status_messages_received = counters.address(SystemCounter.STATUS_MESSAGES_RECEIVED)
+        self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
         self._refusing_offers = False
         #: priority= of its URI: its band in the sender's round robin (seeds/004).
         self.priority = params.priority
@@ -267,7 +269,11 @@ class NetworkPublication:
         end = self.log.producer_position()
         if self.sender_position < end and self._receivers:
             return False
-        return all(position >= end for position in list(self._acknowledged.values()))
+        acknowledged = dict(self._acknowledged)
+        c = self.c  # an SM the C control path took since the sender's last pass counts too
+        if c.sm_count and c.sm_receiver_id in acknowledged:
+            acknowledged[c.sm_receiver_id] = max(acknowledged[c.sm_receiver_id], c.sm_position)
+        return all(position >= end for position in acknowledged.values())
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -315,6 +321,7 @@ class NetworkPublication:
     # -- input ----------------------------------------------------------------------------
     def on_frame(self, frame: object, source: Address, now_ns: int) -> None:
         """A decoded SM, NAK, RTTM or ERR frame for this publication from ``source``."""
+        self.take_c_status_messages()
         self._now_ns = now_ns
         self._next_due_ns = 0
         if isinstance(frame, StatusMessage):
@@ -347,6 +354,42 @@ class NetworkPublication:
             self._receivers.pop(frame.receiver_id, None)
             self._acknowledged.pop(frame.receiver_id, None)
             self._update_connected(now_ns)
+
+    def take_c_status_messages(self) -> None:
+        """Record the status messages the C control path took since the last look (see
+        ``sm_in_c``) as :meth:`_on_status_message` records one: the receiver's liveness, the
+        position it acknowledged and its window."""
+        c = self.c
+        if c.sm_count == self._c_sm_seen:
+            return
+        self._c_sm_seen = c.sm_count
+        taken_ns = c.sm_time_ns
+        self._status_message_deadline_ns = taken_ns + self.connection_timeout_ns
+        receiver_id = c.sm_receiver_id
+        if receiver_id in self._receivers:
+            # Acknowledged first: the conductor's thread reads both (a drain).
+            self._acknowledged[receiver_id] = c.sm_position
+            self._receivers[receiver_id] = taken_ns
+        self.flow_control.receiver_window = c.sm_window
+        self.retransmit_handler.set_resend_lookahead(
+            self.flow_control.retransmission_lookahead(self.mtu))
+
+    def sync_c_status_messages(self) -> None:
+        """Let the C control path take this publication's status messages (``sm_in_c``)
+        while nothing of them needs Python: unicast flow control (which only raises snd-lmt
+        to position + window), no rate control, active and connected to its one receiver.
+        Its other SMs (EOS, a SETUP request, another receiver, a group tag) come to Python."""
+        receivers = self._receivers
+        take = (self.state is PublicationState.ACTIVE and self._connected
+                and self.rate_control is None and self.flow_control.name == "unicast"
+                and len(receivers) == 1 and not self.is_setup_elicited)
+        c = self.c
+        if take:
+            receiver_id = next(iter(receivers))
+            if receiver_id != c.sm_receiver_id:  # what C took was another receiver's
+                c.sm_count = c.sm_position = self._c_sm_seen = 0
+                c.sm_receiver_id = receiver_id
+        c.sm_in_c = int(take)
 
     def _on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         # aeron_network_publication_trigger_send_setup_frame: not once EOS is signalled.
@@ -393,6 +436,7 @@ class NetworkPublication:
     def on_data_sent(self, now_ns: int) -> None:
         """The C data path sent (new data, advancing snd-pos, or queued retransmissions): raise
         pub-lmt (cleaning first) and see whether a draining publication has sent everything."""
+        self.take_c_status_messages()
         self._now_ns = now_ns
         state = self.state
         self._conductor_duties(now_ns)
@@ -423,6 +467,7 @@ class NetworkPublication:
     def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
         """The control frames due at ``now_ns``; retransmissions whose delay expired are queued
         for the C data path, which sends the data (see the module docstring)."""
+        self.take_c_status_messages()
         self._now_ns = now_ns
         out = self._outbox
         self._outbox = []
@@ -586,6 +631,7 @@ class NetworkPublication:
         self.log.publish_limit(self.publisher_limit, limit)
 
     def _conductor_duties(self, now_ns: int) -> None:
+        self.take_c_status_messages()  # the receivers' liveness first
         if self._connected and (now_ns > self._status_message_deadline_ns
                                 or not self._receivers):
             self._update_has_receivers(now_ns)
