@@ -490,7 +490,7 @@ class PublicationImage:
             self.c.dirty = 0
             self.c.sm_due_position = NO_DEADLINE
             self.c.rate_signal_position = NO_DEADLINE
-        self._next_due_ns = self.next_deadline_ns(c_timers=False)
+        self._next_due_ns = self.next_deadline_ns()
 
     def _track_rebuild(self, now_ns: int) -> None:
         c = self.c
