@@ -1153,6 +1153,7 @@ int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only)
 
 static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns);
 static int32_t status_messages(ss_agent_t *a, int64_t now_ns);
+static int32_t heartbeats(ss_agent_t *a, int64_t now_ns);
 
 int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
@@ -1172,7 +1173,7 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
              * data later (a gap pins the receiver's window until it is repaired). */
             if (received) work += send_publications(a, now_ns, 1, 0);
         }
-        work += sent;
+        work += sent + heartbeats(a, now_ns);
     } else {
         for (int32_t i = 0; i < a->endpoint_count; i++)
             work += receive_endpoint(a->endpoints[i], now_ns);
@@ -1314,8 +1315,7 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     if (window < 0) window = 0;
     image->sm_position = position;
     image->sm_window = (int32_t)window;
-    image->sm_time_ns = now_ns;
-    image->sm_count++;
+    image->sm_deadline_ns = now_ns + image->sm_interval_ns;
     image->last_sm_position = position;
     const int64_t overrun = position + image->term_length / 2;
     image->overrun_threshold = overrun < image->reusable_limit ? overrun : image->reusable_limit;
@@ -1367,17 +1367,73 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
         if (slowest >= image->sm_due_position) {
             send_status_message(image, slowest, now_ns);
             work++;
+        } else if (now_ns >= image->sm_deadline_ns) {
+            /* The timer's: at what the subscribers consumed by now (§4.6), never behind. */
+            send_status_message(image, slowest > image->sm_position ? slowest : image->sm_position,
+                                now_ns);
+            work++;
         }
     }
     return work;
 }
 
+/* The heartbeats of the publications that send them here (heartbeat_in_c). */
+static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
+    int32_t sent = 0;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (!p->heartbeat_in_c || p->fd < 0 ||
+            now_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
+            continue;
+        const int64_t position = LOAD_ACQ(p->sender_position);
+        const int32_t term_count = (int32_t)(position >> p->position_bits);
+        const int32_t term_id = (int32_t)((uint32_t)p->initial_term_id + (uint32_t)term_count);
+        const int32_t term_offset = (int32_t)(position & (p->term_length - 1));
+        const uint16_t type = SS_HDR_TYPE_DATA;
+        uint8_t frame[SS_HEADER_LENGTH];
+        memset(frame, 0, sizeof frame); /* frame length 0: a heartbeat */
+        frame[SS_VERSION_FIELD] = SS_CURRENT_VERSION;
+        frame[SS_FLAGS_FIELD] = SS_BEGIN_FLAG | SS_END_FLAG;
+        memcpy(frame + SS_TYPE_FIELD, &type, 2);
+        memcpy(frame + SS_TERM_OFFSET_FIELD, &term_offset, 4);
+        memcpy(frame + SS_SESSION_ID_FIELD, &p->session_id, 4);
+        memcpy(frame + SS_STREAM_ID_FIELD, &p->stream_id, 4);
+        memcpy(frame + SS_TERM_ID_FIELD, &term_id, 4);
+        const ssize_t result = p->destination_length > 0
+            ? sendto(p->fd, frame, sizeof frame, MSG_DONTWAIT,
+                     (const struct sockaddr *)(const void *)p->destination,
+                     (socklen_t)p->destination_length)
+            : send(p->fd, frame, sizeof frame, MSG_DONTWAIT);
+        p->time_of_last_send_ns = now_ns; /* the next in a timeout, whatever became of this */
+        if (result >= 0) {
+            count(p->bytes_sent, result);
+            count(p->heartbeats_sent, 1);
+            sent++;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            count(p->short_sends, 1);
+        } else if (errno != ECONNREFUSED) { /* an earlier datagram's ICMP error: no one yet */
+            count(p->send_errors, 1);
+            p->last_errno = errno;
+            p->notice = 1; /* Python logs it */
+        }
+    }
+    return sent;
+}
+
 int64_t ss_agent_c_deadline(const ss_agent_t *a) {
     int64_t deadline = SS_NO_DEADLINE;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        const ss_send_publication_t *p = a->publications[i];
+        if (p->heartbeat_in_c && p->fd >= 0 &&
+            p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
+            deadline = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+    }
     for (int32_t i = 0; i < a->image_count; i++) {
         const ss_image_t *image = a->images[i];
         if (rebuilt_in_c(image) && image->loss_deadline_ns < deadline)
             deadline = image->loss_deadline_ns;
+        if (sends_status_messages(image) && !image->sm_unsent && image->sm_deadline_ns < deadline)
+            deadline = image->sm_deadline_ns;
     }
     return deadline;
 }

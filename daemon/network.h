@@ -42,6 +42,9 @@
 #define SS_SM_RECEIVER_WINDOW_FIELD 24
 #define SS_SM_RECEIVER_ID_FIELD 28
 
+/* A publication's heartbeat goes when nothing was sent for this long (Aeron's 100 ms). */
+#define SS_HEARTBEAT_TIMEOUT_NS 100000000
+
 /* ss_receiver_on_datagram results */
 #define SS_RX_CONSUMED 0
 #define SS_RX_TO_PYTHON 1
@@ -169,6 +172,11 @@ typedef struct {
     int64_t sm_position;          /* out: its consumption position */
     int64_t sm_count;             /* out: SMs taken here (Python zeroes it with the receiver) */
     int64_t *status_messages_received; /* system counter */
+    /* Heartbeats sent by the C half while Python sets heartbeat_in_c (a socket, connected
+     * once, not at its end of stream): a DATA header with frame length 0 at snd-pos, flags
+     * BEGIN|END, once nothing went out for SS_HEARTBEAT_TIMEOUT_NS (time_of_last_send_ns). */
+    int32_t heartbeat_in_c;
+    int64_t *heartbeats_sent;     /* system counter */
 } ss_send_publication_t;
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
@@ -340,10 +348,11 @@ typedef struct {
     /* Status messages.  sm_position and sm_window are the last scheduled (Python's rules read
      * and write them too).  While Python sets sm_in_c (as rebuild_in_c, and ACTIVE: no EOS
      * flag), the C half sends the 25 % rule's SM itself: at the slowest subscriber's position,
-     * the window held to what cleaning allows (min(window, reusable_limit - position)); then
-     * sm_time_ns is when, sm_unsent that it still has to go (no socket, or a send error: the
-     * Python half sends it from these fields).  Python cleans the log and moves reusable_limit;
-     * it is due when the slowest subscriber reaches clean_due_position. */
+     * the window held to what cleaning allows (min(window, reusable_limit - position)), and
+     * the timer's SM at sm_deadline_ns (both halves keep it: sm_interval_ns after any SM);
+     * sm_unsent says one still has to go (no socket, or a send error: the Python half sends
+     * it from these fields).  Python cleans the log and moves reusable_limit; it is due when
+     * the slowest subscriber reaches clean_due_position. */
     int32_t sm_in_c;
     int32_t sm_window;
     int32_t window;               /* the window the image advertises (static) */
@@ -352,8 +361,8 @@ typedef struct {
     int64_t group_tag;
     int64_t receiver_id;
     int64_t sm_position;
-    int64_t sm_time_ns;           /* out: when the C half last sent */
-    int64_t sm_count;             /* out: the SMs the C half sent (Python takes each once) */
+    int64_t sm_deadline_ns;
+    int64_t sm_interval_ns;       /* status_message_timeout x the governor's factor */
     int64_t reusable_limit;
     int64_t clean_due_position;   /* SS_NO_DEADLINE: none */
 } ss_image_t;

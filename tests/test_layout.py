@@ -33,6 +33,7 @@ C_ONLY = {
     "DUE_COMMANDS", "DUE_INPUT", "DUE_IMAGE", "DUE_PUBLICATION", "DUE_TIMER", "DUE_STOP",
     "MAX_RECEIVE_CALLS",  # network.h: the duty cycle's, read as lib.SS_DUE_* by daemon/agents
     "BANDS", "AGING_NS_PER_POINT", "AGING_MAX",  # network.h: the sender's bands
+    "HEARTBEAT_TIMEOUT_NS",  # network.h: read as lib.SS_HEARTBEAT_TIMEOUT_NS by publication.py
 }
 
 

@@ -173,8 +173,7 @@ class PublicationImage:
         self.window = cc.initial_window_length()
         self._consults_congestion_control = not cc.is_static
         self.status_message_timeout_ns = settings.status_message_timeout
-        #: The pressure governor widens the interval between status messages (step 2).
-        self.status_interval_factor = 1
+        self._status_interval_factor = 1  # the governor's (status_interval_factor)
         self.liveness_timeout_ns = settings.image_liveness_timeout
         if self.is_group:
             generator: StaticDelayGenerator | OptimalMulticastDelayGenerator = (
@@ -199,10 +198,6 @@ class PublicationImage:
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
         self._subscriber_positions: list = []  # cffi int64_t * cells
         self.state = ImageState.INIT
-        # SM state: when to (re)send (the scheduled position and window are c.sm_position and
-        # c.sm_window, which the C half's 25 % rule moves too); the first SM goes at once.
-        self._sm_deadline_ns = now_ns
-        self._c_sm_seen = 0  # the C half's SMs already taken (c.sm_count)
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
         self.cleaner = LogCleaner(log, join)
         #: What the C data path works from (ss_image_t): the last SM sent bounds what it
@@ -236,8 +231,12 @@ class PublicationImage:
         c.control_address = raw_control
         c.control_address_length = len(raw_control)
         c.control_fd = -1  # until a receive channel takes the image (ss_receiver_set_images)
+        # SM state, which the C half's status messages move too: the scheduled position and
+        # window, and when the timer's SM is due (the first goes at once).
         c.sm_position = join
         c.sm_window = self.window
+        c.sm_deadline_ns = now_ns
+        c.sm_interval_ns = self.status_message_timeout_ns
         c.window = self.window
         c.receiver_id = receiver_id
         if self.group_tag is not None:
@@ -342,6 +341,22 @@ class PublicationImage:
         c.loss_deadline_ns = self.loss_detector.next_deadline_ns()
         self._sync_cleaning_c()
 
+    @property
+    def status_interval_factor(self) -> int:
+        """The pressure governor's multiple of the status-message interval (step 2)."""
+        return self._status_interval_factor
+
+    @status_interval_factor.setter
+    def status_interval_factor(self, factor: int) -> None:
+        self._status_interval_factor = factor
+        self.c.sm_interval_ns = self.status_message_timeout_ns * factor
+
+    def _sends_sm_in_c(self) -> bool:
+        """The C half's rule (``sends_status_messages`` in daemon/network.c)."""
+        c = self.c
+        return bool(c.sm_in_c and not c.python_on_data and c.eos_position < 0
+                    and c.subscriber_count > 0)
+
     def _rebuilt_in_c(self) -> bool:
         """The C half's rule (``rebuilt_in_c`` in daemon/network.c)."""
         c = self.c
@@ -377,7 +392,7 @@ class PublicationImage:
         self._time_of_last_state_change_ns = now_ns
         self._sync_rebuild_c()
         if self.state is ImageState.DRAINING:
-            self._sm_deadline_ns = now_ns  # tell the sender at once (EOS-flagged SM)
+            self.c.sm_deadline_ns = now_ns  # tell the sender at once (EOS-flagged SM)
         elif self.state is ImageState.LINGER:
             self.log.is_connected = False
             self.log.signal_readers()
@@ -472,7 +487,7 @@ class PublicationImage:
             self._outbox = []
         self._check_state(now_ns)
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
-            if now_ns >= self._sm_deadline_ns:
+            if now_ns >= self.c.sm_deadline_ns:
                 self._send_status_message(now_ns, out)
             if self._consults_congestion_control and (
                     self.congestion_control.should_measure_rtt(now_ns)):
@@ -540,17 +555,12 @@ class PublicationImage:
                 or self._allowed_window(self.c.sm_position) != self.c.sm_window):
             self.c.sm_position = min_sub
             self.c.sm_window = self._allowed_window(min_sub)
-            self._sm_deadline_ns = now_ns
+            self.c.sm_deadline_ns = now_ns
 
     def _take_c_status_message(self) -> None:
-        """The C half's last status message (``c.sm_in_c``): the timer's next SM is due a
-        status-message timeout after it; one it could not send goes now, from its fields."""
+        """A status message the C half could not send (``c.sm_unsent``) goes now, from its
+        fields."""
         c = self.c
-        if c.sm_count != self._c_sm_seen:
-            self._c_sm_seen = c.sm_count
-            self._sm_deadline_ns = max(
-                self._sm_deadline_ns,
-                c.sm_time_ns + self.status_message_timeout_ns * self.status_interval_factor)
         if c.sm_unsent:
             c.sm_unsent = 0
             position = c.sm_position
@@ -613,8 +623,7 @@ class PublicationImage:
         out.append(Datagram(sm.encode(), self.control_address))
         self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
         self._set_last_sm_position(position)
-        self._sm_deadline_ns = (now_ns
-                                + self.status_message_timeout_ns * self.status_interval_factor)
+        self.c.sm_deadline_ns = now_ns + self.c.sm_interval_ns
 
     def _check_left_behind(self) -> None:
         """Whether the sender has moved so far on that the data this image lacks (from
@@ -688,7 +697,7 @@ class PublicationImage:
             return self._time_of_last_state_change_ns + self.liveness_timeout_ns
         if self.c.dirty or self._outbox or self.cleaner.is_behind:
             return self._now_ns
-        deadline = self._sm_deadline_ns
+        deadline = self.c.sm_deadline_ns if c_timers or not self._sends_sm_in_c() else NO_DEADLINE
         if c_timers or not self._rebuilt_in_c():
             deadline = min(deadline, self.loss_detector.next_deadline_ns())
         if self._consults_congestion_control:

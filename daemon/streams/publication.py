@@ -88,7 +88,7 @@ from slipstream.daemon.protocol.types import (
 
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
-HEARTBEAT_TIMEOUT_NS = 100_000_000
+HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
 
 
 class PublicationState(enum.Enum):
@@ -191,6 +191,7 @@ class NetworkPublication:
         c.max_message_length = max_message_length(log.term_length)
         c.priority = params.priority
         c.status_messages_received = counters.address(SystemCounter.STATUS_MESSAGES_RECEIVED)
+        c.heartbeats_sent = counters.address(SystemCounter.HEARTBEATS_SENT)
         self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
         self._refusing_offers = False
         #: priority= of its URI: its band in the sender's round robin (seeds/004).
@@ -384,6 +385,9 @@ class NetworkPublication:
                 and self.rate_control is None and self.flow_control.name == "unicast"
                 and len(receivers) == 1 and not self.is_setup_elicited)
         c = self.c
+        # Heartbeats too, through a socket, until its end of stream (they carry EOS then).
+        c.heartbeat_in_c = int(self.has_initial_connection and not self.is_end_of_stream
+                               and c.fd >= 0)
         if take:
             receiver_id = next(iter(receivers))
             if receiver_id != c.sm_receiver_id:  # what C took was another receiver's
@@ -495,7 +499,8 @@ class NetworkPublication:
         not moved for ``unblock_timeout_ns`` while the log holds more, that frame becomes
         padding and the stream goes on (NetworkPublication.checkForBlockedPublisher).
         :func:`unblock` pads only an uncommitted frame: a sender held by flow control is left
-        alone.  Runs on the publication's timers (at least every heartbeat interval)."""
+        alone.  Runs on the publication's timers, one of which is due ``unblock_timeout_ns`` after
+        snd-pos last moved while the log holds more."""
         sender_position = self.sender_position
         producer_position = self.log.producer_position()
         if sender_position != self._last_sender_position or producer_position <= sender_position:
@@ -557,6 +562,8 @@ class NetworkPublication:
         return max(self._time_of_last_heartbeat_ns, self.c.time_of_last_send_ns)
 
     def _heartbeat_check(self, now_ns: int, out: list[Datagram]) -> None:
+        if self.c.heartbeat_in_c:
+            return  # the C half sends them (sync_c_status_messages)
         if (self.has_initial_connection
                 and now_ns - self._time_of_last_data_or_heartbeat_ns >= HEARTBEAT_TIMEOUT_NS):
             position = self.sender_position
@@ -666,7 +673,7 @@ class NetworkPublication:
         deadline = self.retransmit_handler.next_deadline_ns()
         if not self.has_initial_connection or self.is_setup_elicited:
             deadline = min(deadline, self._time_of_last_setup_ns + SETUP_TIMEOUT_NS)
-        if self.has_initial_connection:
+        if self.has_initial_connection and not self.c.heartbeat_in_c:
             deadline = min(deadline,
                            self._time_of_last_data_or_heartbeat_ns + HEARTBEAT_TIMEOUT_NS)
         deadline = min(deadline, self.flow_control.next_deadline_ns())
@@ -678,6 +685,11 @@ class NetworkPublication:
         if self._receivers:
             deadline = min(deadline, min(self._receivers.values())
                            + self.connection_timeout_ns + 1)
+        if (self.state in (PublicationState.ACTIVE, PublicationState.DRAINING)
+                and self.log.producer_position() > self.sender_position):
+            # The blocked-publisher check, now that heartbeats no longer wake this half.
+            deadline = min(deadline, self._time_of_last_sender_progress_ns
+                           + self.unblock_timeout_ns + 1)
         if self.state is PublicationState.DRAINING:
             if self.log.producer_position() <= self.sender_position or not self._receivers:
                 deadline = min(deadline, now)  # drained: move to LINGER
