@@ -604,17 +604,26 @@ def test_logs_are_dense_unless_the_uri_asks_for_sparse(client: Client) -> None:
 
 
 def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
-        driver: MediaDriver, client: Client) -> None:
+        driver: MediaDriver, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     # Creating a 192 MiB log (64 MiB terms) is the conductor's longest work; it is done in a
     # command, outside the duty cycle, and must show in the counter operators read (the driver
-    # records it before it answers).  The client's share of the time (mapping the log, the
-    # round trip) is about a third.
-    started = time.monotonic()
+    # records it before it answers).  The driver's share of the add is the request's round
+    # trip; the client then maps and populates the log itself (3x as long on AMD EPYC).
+    request = client._request
+    waited: list[float] = []
+
+    def timed_request(*args, **kwargs):
+        started = time.monotonic()
+        try:
+            return request(*args, **kwargs)
+        finally:
+            waited.append(time.monotonic() - started)
+
+    monkeypatch.setattr(client, "_request", timed_request)
     publication = client.add_publication(CHANNEL + "?term-length=64m", 1018)
-    took_ns = (time.monotonic() - started) * 1e9
     longest = read_system_counters(driver.directory)[SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS]
     publication.close()
-    assert longest >= took_ns / 4, (longest, took_ns)
+    assert longest >= waited[0] * 1e9 / 2, (longest, waited)
 
 
 @pytest.mark.parametrize("spins", [16, None])

@@ -4,7 +4,8 @@ threads hand them, and their two halves.
 An agent's duty cycle has a C half and a Python half (docs/ARCHITECTURE.md, Threads).  The C
 half (``ss_agent_do_work`` over :attr:`Agent.c`) does the per-datagram work of the endpoints
 that have sockets (receive, insert, answer NAKs, send; for a plain unicast stream also the
-image's rebuild pass, its NAKs and 25 % rule SMs, and reading those SMs at the sender) and
+image's rebuild pass, its NAKs and SMs, the 25 % rule's and the timer's, the publication's
+heartbeats, and reading those SMs at the sender) and
 decides whether the Python half is due: commands, datagrams for Python (SETUP, RTTM, an SM it
 does not take, ...), a rebuild pass or status message of an image that C does not handle,
 cleaning, a publication's next publisher-limit step, or a timer of the Python half.  The Python
