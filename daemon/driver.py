@@ -889,6 +889,15 @@ class EmbeddedDriver(_DriverCore):
             # Its deadline moves only when it runs (or a command ran: it is due then).
             self._conductor_deadline_ns = conductor.next_deadline_ns()
             work += conductor_work
+        if any(agent.c.commands for agent in self._agents):
+            # What the commands and the conductor handed the agents (an image to add, a
+            # publication to send) is done in this call, and what it sends goes out: an
+            # application that stops calling once its client sees an image has still sent
+            # that image's first SM (a peer would otherwise wait for its next call).
+            for agent in self._agents:
+                if agent.c.commands:
+                    work += agent.do_python_work(now)
+            work += network_lib.ss_duty_loop_once(self._loop)
         self._python_due_ns = 0 if self._conductor_due else min(
             self._next_command_check_ns, self._next_conductor_ns, self._conductor_deadline_ns)
         return work

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -161,6 +162,33 @@ def test_a_receive_runs_the_embedded_driver_while_it_waits(embedded) -> None:
     finally:
         echoer.join(30)
     assert echoer.exitcode == 0
+
+
+def test_a_call_that_shows_an_image_has_sent_its_first_status_message(embedded) -> None:
+    """What the conductor hands the agents in a call is done in that call: an application
+    that stops calling once its client sees the image has answered the peer, which then
+    connects on its own calls alone (the benchmark's pinger waited so, and its ponger hung
+    1 run in 2).  Two ping-pong streams set up with the two drivers' calls interleaved at
+    random, five times."""
+    interleaving = random.Random(23)
+    for _ in range(5):
+        a, b = embedded(term_buffer_length="64k"), embedded(term_buffer_length="64k")
+        ping, pong = (f"aeron:udp?endpoint=127.0.0.1:{free_port()}" for _ in range(2))
+        with Client.connect(a.directory, invoker=a.do_work) as ca, \
+                Client.connect(b.directory, invoker=b.do_work) as cb:
+            pings_b, pongs_b = cb.add_subscription(ping, 1), cb.add_publication(pong, 2)
+            pings_a, pongs_a = ca.add_publication(ping, 1), ca.add_subscription(pong, 2)
+            deadline = time.monotonic() + 10
+            while not (pongs_a.images and pings_a.is_connected):
+                assert time.monotonic() < deadline, "the pinger's streams did not connect"
+                interleaving.choice((a, b)).do_work()
+                time.sleep(0.0002)
+            # a is not called again: b's streams connect on b's calls alone (well within
+            # the default liveness and connection timeouts).
+            run_until(lambda s=pings_b, p=pongs_b: s.images and p.is_connected, b, timeout=3,
+                      what="the ponger's streams connected")
+        a.close()
+        b.close()
 
 
 def _attach_and_publish(directory: str, count: int) -> None:

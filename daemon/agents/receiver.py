@@ -100,8 +100,8 @@ class Receiver(Agent[ReceiveEndpoint]):
 
     def do_python_work(self, now_ns: int) -> int:
         """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
-        datagrams for Python (SETUP, RTTM, a new session), the images' rebuild passes and
-        timers (status messages, NAKs, liveness), and the events for the conductor."""
+        datagrams for Python (SETUP, RTTM, a new session), the images' Python work (what
+        the C half does not run: see the module), and the events for the conductor."""
         work = 0
         try:
             work += self._run_commands(now_ns)
