@@ -894,9 +894,12 @@ class EmbeddedDriver(_DriverCore):
             # publication to send) is done in this call, and what it sends goes out: an
             # application that stops calling once its client sees an image has still sent
             # that image's first SM (a peer would otherwise wait for its next call).
+            # At the time now, not the call's start: what the conductor made is due from
+            # its own clock (a publication's first SETUP, an image's first SM).
+            handed_ns = time.monotonic_ns()
             for agent in self._agents:
                 if agent.c.commands:
-                    work += agent.do_python_work(now)
+                    work += agent.do_python_work(handed_ns)
             work += network_lib.ss_duty_loop_once(self._loop)
         self._python_due_ns = 0 if self._conductor_due else min(
             self._next_command_check_ns, self._next_conductor_ns, self._conductor_deadline_ns)

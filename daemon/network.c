@@ -1184,8 +1184,10 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     return work;
 }
 
+/* The slowest subscriber's position, never past rcv-hwm: a client writes these cells, and
+ * one that says more (no subscriber can have read it) must not overflow the SM arithmetic. */
 static int64_t min_subscriber_position(const ss_image_t *image) {
-    int64_t least = INT64_MAX;
+    int64_t least = LOAD_ACQ(image->receiver_hwm);
     for (int32_t i = 0; i < image->subscriber_count; i++) {
         int64_t position = LOAD_ACQ(image->subscriber_positions[i]);
         if (position < least) least = position;

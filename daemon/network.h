@@ -506,8 +506,10 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns);
 int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only);
 /* Whether the Python half is due at now_ns: SS_DUE_* bits, also stored in a->due. */
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns);
-/* The earliest timer the agent's C half keeps itself (the gaps of images rebuilt in C), or
- * SS_NO_DEADLINE: the C loop parks no later, and the simulator's clock moves there. */
+/* The earliest timer the agent's C half keeps itself (the gaps of images rebuilt in C, the
+ * status-message timer of images whose SMs it sends, the heartbeats of publications that
+ * send them here), or SS_NO_DEADLINE: the C loop parks no later, and the simulator's clock
+ * moves there. */
 int64_t ss_agent_c_deadline(const ss_agent_t *a);
 
 /* A network thread's loop: duty cycles of its agents, spinning while there is work, yielding

@@ -164,7 +164,9 @@ def test_a_receive_runs_the_embedded_driver_while_it_waits(embedded) -> None:
     assert echoer.exitcode == 0
 
 
-def test_a_call_that_shows_an_image_has_sent_its_first_status_message(embedded) -> None:
+@pytest.mark.parametrize("params", ["", "|reliable=false"])  # SMs sent by C, by Python
+def test_a_call_that_shows_an_image_has_sent_its_first_status_message(
+        embedded, params: str) -> None:
     """What the conductor hands the agents in a call is done in that call: an application
     that stops calling once its client sees the image has answered the peer, which then
     connects on its own calls alone (the benchmark's pinger waited so, and its ponger hung
@@ -173,7 +175,8 @@ def test_a_call_that_shows_an_image_has_sent_its_first_status_message(embedded) 
     interleaving = random.Random(23)
     for _ in range(5):
         a, b = embedded(term_buffer_length="64k"), embedded(term_buffer_length="64k")
-        ping, pong = (f"aeron:udp?endpoint=127.0.0.1:{free_port()}" for _ in range(2))
+        ping, pong = (f"aeron:udp?endpoint=127.0.0.1:{free_port()}{params}"
+                      for _ in range(2))
         with Client.connect(a.directory, invoker=a.do_work) as ca, \
                 Client.connect(b.directory, invoker=b.do_work) as cb:
             pings_b, pongs_b = cb.add_subscription(ping, 1), cb.add_publication(pong, 2)

@@ -6,6 +6,7 @@ agent runs it: :func:`send` is one data send, :func:`cycle` one duty cycle of th
 
 from __future__ import annotations
 
+import socket
 import uuid
 from pathlib import Path
 
@@ -304,6 +305,31 @@ def test_a_drain_stops_credit_and_is_flushed_only_once_receivers_acknowledge_the
     pub.close(5 * MS)
     out = frames(cycle(pub, 200 * MS))
     assert Heartbeat(160, 5, 6, 10, 0xE0) in out and pub.eos_heartbeats_sent == 1
+
+
+def test_the_pass_that_reaches_the_end_of_stream_keeps_the_heartbeat_timer(
+        shm: Path) -> None:
+    """Through a socket the C half sends the heartbeats until the end of stream; the EOS
+    ones are the Python half's, from the pass that reaches LINGER on (its deadline then
+    includes the heartbeat's, though the C half's flag is cleared only after the pass)."""
+    pub, _log, _limit, appender, _ = make(shm)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        pub.on_frame(sm(), DEST, 0)
+        assert lib.ss_offer(appender, b"a" * 100, 100) > 0
+        cycle(pub, 1 * MS)
+        pub.on_frame(sm(offset=160), DEST, 2 * MS)
+        pub.c.fd = sock.fileno()  # as the send channel's socket: heartbeats go to C
+        pub.sync_c_status_messages()
+        assert pub.c.heartbeat_in_c
+        pub.close(3 * MS)
+        cycle(pub, 4 * MS)  # all sent and acknowledged: LINGER, EOS from here on
+        assert pub.state is PublicationState.LINGER
+        assert pub.next_due_ns <= 1 * MS + 100 * MS  # the last data plus the heartbeat timeout
+        pub.sync_c_status_messages()
+        assert not pub.c.heartbeat_in_c
+        out = frames(pub.datagrams_to_send(101 * MS))
+        assert Heartbeat(160, 5, 6, 10, 0xE0) in out
+        pub.c.fd = -1
 
 
 def test_a_publication_without_receivers_has_nothing_to_flush(shm: Path) -> None:

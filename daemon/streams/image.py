@@ -31,7 +31,10 @@ for ``reliable=false`` (LOSS_GAP_FILLS).  Then schedule an SM when the minimum s
 position moved past ``last scheduled + window/4`` (the 25 % rule) or the window changed; a
 scheduled SM goes at once, and one goes every ``status_message_timeout`` (200 ms) at the
 position subscribers have reached by then.  Window (static congestion control) =
-``min(rcv-wnd or 128 KiB, term_length/2)``.
+``min(rcv-wnd or 128 KiB, term_length/2)``.  For a reliable unicast image with static
+congestion control the C half runs the rebuild pass (``ss_image_rebuild``, the same rule) and
+sends the 25 % rule's and the timer's SMs (see :meth:`_sync_rebuild_c`); this object then
+takes their output at its next pass and keeps cleaning, liveness and end of stream.
 
 NAK-strength signals (``rc=`` on the sender, which announces it): each rebuild pass measures
 how full the image is (hwm minus the slowest subscriber, against the window) and signals the

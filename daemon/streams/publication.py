@@ -17,7 +17,8 @@ What goes out of :meth:`NetworkPublication.datagrams_to_send`, in Aeron's order:
 1. SETUP every 100 ms until the first SM, and again while a receiver elicits it (S-flag SM)
    until it has live receivers (``aeron_network_publication_setup_message_check``);
 2. a heartbeat when 100 ms passed since the last data or heartbeat (only after the first SM),
-   flags 0xE0 (EOS) once the closed publication has sent all;
+   flags 0xE0 (EOS) once the closed publication has sent all; through a socket the C half
+   sends them until then (``heartbeat_in_c``);
 3. RTTM replies;
 4. with ``rc=``, the rate-control announcement
    (:class:`~slipstream.daemon.flow.rate_control.NakStrengthRateControl`) every
@@ -385,9 +386,7 @@ class NetworkPublication:
                 and self.rate_control is None and self.flow_control.name == "unicast"
                 and len(receivers) == 1 and not self.is_setup_elicited)
         c = self.c
-        # Heartbeats too, through a socket, until its end of stream (they carry EOS then).
-        c.heartbeat_in_c = int(self.has_initial_connection and not self.is_end_of_stream
-                               and c.fd >= 0)
+        c.heartbeat_in_c = int(self._sends_heartbeats_in_c())
         if take:
             receiver_id = next(iter(receivers))
             if receiver_id != c.sm_receiver_id:  # what C took was another receiver's
@@ -561,9 +560,16 @@ class NetworkPublication:
     def _time_of_last_data_or_heartbeat_ns(self) -> int:
         return max(self._time_of_last_heartbeat_ns, self.c.time_of_last_send_ns)
 
+    def _sends_heartbeats_in_c(self) -> bool:
+        """Whether the C half sends the heartbeats (``c.heartbeat_in_c``, which
+        :meth:`sync_c_status_messages` sets after the pass): through a socket, until the end
+        of stream (they carry EOS then).  The rule itself, not the flag: a pass that reaches
+        the end of stream sends the first EOS heartbeat itself."""
+        return self.has_initial_connection and not self.is_end_of_stream and self.c.fd >= 0
+
     def _heartbeat_check(self, now_ns: int, out: list[Datagram]) -> None:
-        if self.c.heartbeat_in_c:
-            return  # the C half sends them (sync_c_status_messages)
+        if self._sends_heartbeats_in_c():
+            return  # the C half sends them
         if (self.has_initial_connection
                 and now_ns - self._time_of_last_data_or_heartbeat_ns >= HEARTBEAT_TIMEOUT_NS):
             position = self.sender_position
@@ -673,7 +679,7 @@ class NetworkPublication:
         deadline = self.retransmit_handler.next_deadline_ns()
         if not self.has_initial_connection or self.is_setup_elicited:
             deadline = min(deadline, self._time_of_last_setup_ns + SETUP_TIMEOUT_NS)
-        if self.has_initial_connection and not self.c.heartbeat_in_c:
+        if self.has_initial_connection and not self._sends_heartbeats_in_c():
             deadline = min(deadline,
                            self._time_of_last_data_or_heartbeat_ns + HEARTBEAT_TIMEOUT_NS)
         deadline = min(deadline, self.flow_control.next_deadline_ns())
