@@ -107,6 +107,24 @@ def test_setup_creates_image_and_first_sm_at_once(shm: Path) -> None:
     assert rc.poll_events() == []
 
 
+def test_a_subscriber_position_past_the_hwm_is_held_there(shm: Path) -> None:
+    """A client writes its subscriber position cell; one that says more than arrived (here
+    near the int64 limit) neither moves the SM past the data nor cleans unread terms."""
+    rc, _counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, cell = attach(rc)
+    rc.datagrams_to_send(0)
+    for i in range(4):
+        rc.on_datagram(data(i * 64), SRC, 1)
+    cell[0] = (1 << 63) - 16
+    out = [decode(d.data) for d in rc.datagrams_to_send(300 * MS)]
+    sms = [f for f in out if isinstance(f, StatusMessage)]
+    assert sms and all(sm.consumption_term_id == 100 and sm.consumption_term_offset <= 256
+                       for sm in sms)
+    assert image.min_subscriber_position() == image.rcv_hwm == 256
+    assert image.cleaner.position <= 0
+
+
 def test_window_is_rcv_wnd_capped_at_half_term(shm: Path) -> None:
     rc, _ = receive_channel(shm, "aeron:udp?endpoint=10.0.0.2:40123|rcv-wnd=4096")
     rc.on_datagram(setup(), SRC, 0)

@@ -375,14 +375,18 @@ class PublicationImage:
         return self._min_max_subscriber_position()[0]
 
     def _min_max_subscriber_position(self) -> tuple[int, int]:
+        """The subscribers' positions, never past rcv-hwm: clients write these cells, and one
+        that says more (no subscriber can have read it) must not move SMs or cleaning there
+        (the C half holds them the same way)."""
         cells = self._subscriber_positions
         if not cells:
             return self.rcv_pos, self.rcv_pos
         load = lib.ss_load_acquire_i64
+        hwm = self.rcv_hwm
         if len(cells) == 1:
-            p = load(cells[0])
+            p = min(load(cells[0]), hwm)
             return p, p
-        values = [load(c) for c in cells]
+        values = [min(load(c), hwm) for c in cells]
         return min(values), max(values)
 
     # -- state machine --------------------------------------------------------------------
