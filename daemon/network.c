@@ -324,14 +324,18 @@ void ss_retransmit_process_timeouts(ss_send_publication_t *p, int64_t now_ns) {
     }
 }
 
-int64_t ss_retransmit_next_deadline(const ss_send_publication_t *p) {
+int64_t ss_retransmit_next_deadline(const ss_send_publication_t *p,
+                                    int32_t delayed_only) {
     int64_t deadline = SS_NO_DEADLINE;
     if (p->active_count <= 0) return deadline;
     const int32_t n = p->action_count < SS_RETRANSMIT_ACTIONS_MAX ? p->action_count
                                                                    : SS_RETRANSMIT_ACTIONS_MAX;
     for (int32_t i = 0; i < n; i++) {
         const ss_retransmit_action_t *action = &p->actions[i];
-        if (action->state != SS_ACTION_INACTIVE && action->expiry_ns < deadline)
+        if (action->state == SS_ACTION_INACTIVE ||
+            (delayed_only && action->state != SS_ACTION_DELAYED))
+            continue;
+        if (action->expiry_ns < deadline)
             deadline = action->expiry_ns;
     }
     return deadline;

@@ -218,8 +218,9 @@ void ss_retransmit_on_nak(ss_send_publication_t *p, int32_t term_id, int32_t ter
                           int32_t length, int64_t now_ns);
 /* Fire DELAYED actions whose delay passed; free LINGERING ones whose linger passed. */
 void ss_retransmit_process_timeouts(ss_send_publication_t *p, int64_t now_ns);
-/* When an action next expires (SS_NO_DEADLINE: none active). */
-int64_t ss_retransmit_next_deadline(const ss_send_publication_t *p);
+/* When an action next expires (SS_NO_DEADLINE: none active); delayed_only: only a DELAYED
+ * one, whose expiry resends (a LINGERING one's only frees it, which the next NAK does). */
+int64_t ss_retransmit_next_deadline(const ss_send_publication_t *p, int32_t delayed_only);
 
 /* The gaps of an image's rebuild term and their NAK timers (daemon/protocol/loss_detector.py has the
  * rules; aeron_loss_detector.c tracks one gap, this up to SS_LOSS_GAPS_MAX in stream order). */

@@ -162,9 +162,10 @@ def test_nak_resend_and_rttm_reply(shm: Path) -> None:
     lib.ss_offer(appender, b"a" * 100, 100)
     cycle(pub, 0)
     pub.on_frame(Nak(5, 6, 10, 0, 160), DEST, 1)
-    # Queued for the data path: data to send, not a timer of the publication (its timer is
-    # the action's linger).
-    assert pub.has_data_ready() and pub.next_deadline_ns() == 1 + 200 * US
+    # Queued for the data path: data to send, not a timer of the publication (nor is the
+    # action's linger: the next NAK frees it).
+    assert pub.has_data_ready() and pub.retransmit_handler.next_deadline_ns() == 1 + 200 * US
+    assert pub.next_deadline_ns() > 1 + 200 * US
     # The retransmission goes with the data path's next send, though no new data waits.
     [resent] = frames(cycle(pub, 1))
     assert isinstance(resent, Data) and resent.term_offset == 0 and not pub.has_data_ready()

@@ -93,6 +93,23 @@ def test_immediate_retransmit_then_linger_ignores_repeats(shm: Path) -> None:
     assert counters[SystemCounter.NAK_MESSAGES_RECEIVED] == 4
 
 
+def test_a_lingering_action_is_no_timer_and_the_next_nak_frees_it(shm: Path) -> None:
+    """With no retransmit delay, the answer to a NAK needs no Python pass at the end of its
+    linger (the C half answers NAKs: a timer each made a lossy stream's sender run Python
+    twice as often); the next NAK after the linger is answered as if the timer had run."""
+    pub, counters = publication(shm, retransmit_unicast_linger=10 * MS)
+    nak(pub, FRAME, FRAME, 0)
+    assert take(pub) == [(FRAME, FRAME)]
+    assert pub.retransmit_handler.next_deadline_ns() == 10 * MS  # it lingers
+    assert pub.retransmit_handler.next_resend_ns() == NO_DEADLINE
+    assert pub.next_deadline_ns() != 10 * MS
+    nak(pub, FRAME, FRAME, 5 * MS)  # a repeat while it lingers
+    assert take(pub) == []
+    nak(pub, FRAME, FRAME, 11 * MS)  # no timer ran: this NAK frees it first
+    assert take(pub) == [(FRAME, FRAME)]
+    assert counters[SystemCounter.RETRANSMITS_SENT] == 2
+
+
 def test_delayed_retransmit(shm: Path) -> None:
     pub, _ = publication(shm, retransmit_unicast_delay=2 * MS,
                          retransmit_unicast_linger=10 * MS)

@@ -90,7 +90,13 @@ class RetransmitHandler:
 
     def next_deadline_ns(self) -> int:
         """When an action next expires (NO_DEADLINE: none active)."""
-        return network.ss_retransmit_next_deadline(self.c)
+        return network.ss_retransmit_next_deadline(self.c, 0)
+
+    def next_resend_ns(self) -> int:
+        """When a DELAYED action next resends (NO_DEADLINE: none): the only expiry that needs
+        a timer.  A LINGERING action's only frees it, and the next NAK (in C or here) frees
+        what expired before it is handled."""
+        return network.ss_retransmit_next_deadline(self.c, 1)
 
     def stop(self) -> None:
         """The publication is done: NAKs are no longer answered (its log goes soon)."""

@@ -676,7 +676,7 @@ class NetworkPublication:
         now = self._now_ns
         if self._outbox or (self.cleaner.is_behind and self._connected):
             return now
-        deadline = self.retransmit_handler.next_deadline_ns()
+        deadline = self.retransmit_handler.next_resend_ns()
         if not self.has_initial_connection or self.is_setup_elicited:
             deadline = min(deadline, self._time_of_last_setup_ns + SETUP_TIMEOUT_NS)
         if self.has_initial_connection and not self._sends_heartbeats_in_c():
