@@ -411,6 +411,39 @@ def test_a_unicast_streams_status_messages_are_sent_and_read_by_the_c_halves(lau
     assert passes[1] < status_messages // 4, (passes, status_messages)
 
 
+def test_a_subscriber_position_past_what_arrived_is_held_at_the_hwm(launch) -> None:
+    """A client writes its own subscriber position cell; one far past what arrived (near the
+    int64 limit: a bug or a hostile client) is held at rcv-hwm by both halves of the
+    receiving driver.  Unheld, the over-run threshold (position + term/2) overflowed to a
+    negative position, and every datagram the sender still had credit for was dropped as an
+    over-run."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a, b = launch(), launch()
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 1004)
+        publication = ca.add_publication(uri, 1004)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 1000, lambda i: 100)
+        collector.assert_exactly(1000)
+        [image] = subscription.images
+        before = counters_of(b)
+        image._position_ptr[0] = (1 << 63) - 16  # no poll from here: nothing writes it back
+        time.sleep(0.3)  # the driver reads it (an SM, the timer's at the latest)
+        offered = 0
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:  # offers for 0.5 s, as fast as credit comes
+            if publication.offer(message(1000 + offered, 100)) > 0:
+                offered += 1
+        time.sleep(0.3)
+        after = counters_of(b)
+    # The driver takes the cell at its word up to what arrived: the stream goes on as for a
+    # subscriber that keeps up, and nothing is dropped as an over-run.
+    assert offered > 1000, offered
+    assert after["FLOW_CONTROL_OVER_RUNS"] == before["FLOW_CONTROL_OVER_RUNS"]
+    assert after["ERRORS"] == before["ERRORS"]
+
+
 def test_a_lossy_streams_gaps_are_naked_by_the_c_half_not_a_python_pass_each(launch) -> None:
     """At 5 % loss the receiver's rebuild pass (scan, rcv-pos, the NAK timers and the NAKs)
     is the network thread's C half: 20,000 MTU-sized messages through 1 MiB windows (27
