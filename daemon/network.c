@@ -1214,6 +1214,16 @@ static inline int rebuilt_in_c(const ss_image_t *image) {
            image->eos_position < 0 && image->subscriber_count > 0;
 }
 
+/* The first 8 bytes of a frame the driver sends itself (a NAK, an SM, a heartbeat): its
+ * length, the version, flags and type (unlike a log's frames, no commit protocol). */
+static inline void put_control_header(uint8_t *frame, int32_t frame_length, uint8_t flags,
+                                      uint16_t type) {
+    memcpy(frame, &frame_length, 4);
+    frame[SS_VERSION_FIELD] = SS_CURRENT_VERSION;
+    frame[SS_FLAGS_FIELD] = flags;
+    memcpy(frame + SS_TYPE_FIELD, &type, 2);
+}
+
 /* Send the queued NAKs through the image's socket; what failed with an error other than a
  * full socket stays queued, for the Python half to send and log. */
 static void send_naks(ss_image_t *image) {
@@ -1224,12 +1234,7 @@ static void send_naks(ss_image_t *image) {
     for (int32_t i = 0; i < image->nak_count; i++) {
         const int32_t *nak = image->naks + 3 * i;
         uint8_t frame[SS_NAK_LENGTH];
-        const int32_t frame_length = SS_NAK_LENGTH;
-        const uint16_t type = SS_HDR_TYPE_NAK;
-        memcpy(frame, &frame_length, 4);
-        frame[SS_VERSION_FIELD] = SS_CURRENT_VERSION;
-        frame[SS_FLAGS_FIELD] = 0;
-        memcpy(frame + SS_TYPE_FIELD, &type, 2);
+        put_control_header(frame, SS_NAK_LENGTH, 0, SS_HDR_TYPE_NAK);
         memcpy(frame + SS_NAK_SESSION_ID_FIELD, &image->session_id, 4);
         memcpy(frame + SS_NAK_STREAM_ID_FIELD, &image->stream_id, 4);
         memcpy(frame + SS_NAK_TERM_ID_FIELD, &nak[0], 4);
@@ -1333,15 +1338,11 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     }
     uint8_t frame[SS_SM_LENGTH + 8];
     const int32_t frame_length = SS_SM_LENGTH + (image->has_group_tag ? 8 : 0);
-    const uint16_t type = SS_HDR_TYPE_SM;
     const int32_t term_count = (int32_t)(position >> image->position_bits);
     const int32_t term_id = (int32_t)((uint32_t)image->initial_term_id + (uint32_t)term_count);
     const int32_t term_offset = (int32_t)(position & (image->term_length - 1));
     const int32_t window32 = (int32_t)window;
-    memcpy(frame, &frame_length, 4);
-    frame[SS_VERSION_FIELD] = SS_CURRENT_VERSION;
-    frame[SS_FLAGS_FIELD] = 0;
-    memcpy(frame + SS_TYPE_FIELD, &type, 2);
+    put_control_header(frame, frame_length, 0, SS_HDR_TYPE_SM);
     memcpy(frame + SS_SM_SESSION_ID_FIELD, &image->session_id, 4);
     memcpy(frame + SS_SM_STREAM_ID_FIELD, &image->stream_id, 4);
     memcpy(frame + SS_SM_CONSUMPTION_TERM_ID_FIELD, &term_id, 4);
@@ -1395,12 +1396,10 @@ static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
         const int32_t term_count = (int32_t)(position >> p->position_bits);
         const int32_t term_id = (int32_t)((uint32_t)p->initial_term_id + (uint32_t)term_count);
         const int32_t term_offset = (int32_t)(position & (p->term_length - 1));
-        const uint16_t type = SS_HDR_TYPE_DATA;
         uint8_t frame[SS_HEADER_LENGTH];
-        memset(frame, 0, sizeof frame); /* frame length 0: a heartbeat */
-        frame[SS_VERSION_FIELD] = SS_CURRENT_VERSION;
-        frame[SS_FLAGS_FIELD] = SS_BEGIN_FLAG | SS_END_FLAG;
-        memcpy(frame + SS_TYPE_FIELD, &type, 2);
+        memset(frame, 0, sizeof frame); /* the reserved value too */
+        /* DATA of frame length 0: a heartbeat */
+        put_control_header(frame, 0, SS_BEGIN_FLAG | SS_END_FLAG, SS_HDR_TYPE_DATA);
         memcpy(frame + SS_TERM_OFFSET_FIELD, &term_offset, 4);
         memcpy(frame + SS_SESSION_ID_FIELD, &p->session_id, 4);
         memcpy(frame + SS_STREAM_ID_FIELD, &p->stream_id, 4);

@@ -75,6 +75,26 @@ def connect(publication: Publication, *subscriptions: Subscription) -> None:
              and all(s.images for s in subscriptions), what="the stream connected")
 
 
+Counters = dict[str, int]
+
+
+def stream_counted(a: MediaDriver, b: MediaDriver, uri: str, stream_id: int,
+                   count: int = 20_000) -> tuple[tuple[Counters, Counters],
+                                                 tuple[Counters, Counters], float]:
+    """``count`` MTU-sized messages (1376 B, a datagram each) from a client of ``a`` to one
+    of ``b``, checked exactly once and in order; returns both drivers' counters before and
+    after the stream, ``(a's, b's)`` each, and the seconds it took."""
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, stream_id)
+        publication = ca.add_publication(uri, stream_id)
+        connect(publication, subscription)
+        before, started = (counters_of(a), counters_of(b)), time.monotonic()
+        collector = Collector(subscription)
+        stream(publication, [collector], count, lambda i: 1376)
+        collector.assert_exactly(count)
+        return before, (counters_of(a), counters_of(b)), time.monotonic() - started
+
+
 def test_unicast_stream_between_two_drivers_exactly_once_in_order(launch) -> None:
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
@@ -106,16 +126,7 @@ def test_a_stream_in_order_runs_the_network_threads_python_half_per_window_not_p
     through two drivers cost each driver's Python half a pass per step of flow control (SMs,
     pub-lmt), a small fraction of the datagrams, while the C loops cycle more often."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-    a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 1001)
-        publication = ca.add_publication(uri, 1001)
-        connect(publication, subscription)
-        before = counters_of(a), counters_of(b)
-        collector = Collector(subscription)
-        stream(publication, [collector], 20_000, lambda i: 1376)
-        collector.assert_exactly(20_000)
-        after = counters_of(a), counters_of(b)
+    before, after, _ = stream_counted(launch(), launch(), uri, 1001)
     datagrams = (after[0]["BYTES_SENT"] - before[0]["BYTES_SENT"]) // 1408
     assert datagrams >= 20_000
     for start, end, sm in zip(before, after, ("STATUS_MESSAGES_RECEIVED",
@@ -391,16 +402,7 @@ def test_a_unicast_streams_status_messages_are_sent_and_read_by_the_c_halves(lau
     neither driver's Python half runs once per SM; the receiver's runs to clean its log, the
     sender's to move pub-lmt."""
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=4m"
-    a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 1003)
-        publication = ca.add_publication(uri, 1003)
-        connect(publication, subscription)
-        before = counters_of(a), counters_of(b)
-        collector = Collector(subscription)
-        stream(publication, [collector], 20_000, lambda i: 1376)
-        collector.assert_exactly(20_000)
-        after = counters_of(a), counters_of(b)
+    before, after, _ = stream_counted(launch(), launch(), uri, 1003)
     sent, received = ({name: end[name] - start[name] for name in end}
                       for start, end in zip(before, after, strict=True))
     status_messages = received["STATUS_MESSAGES_SENT"]
@@ -453,15 +455,7 @@ def test_a_lossy_streams_gaps_are_naked_by_the_c_half_not_a_python_pass_each(lau
     a = launch()
     b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=11,
                rcv_initial_window_length="1m", socket_so_rcvbuf="2m")
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 1002)
-        publication = ca.add_publication(uri, 1002)
-        connect(publication, subscription)
-        before, started = counters_of(b), time.monotonic()
-        collector = Collector(subscription)
-        stream(publication, [collector], 20_000, lambda i: 1376)
-        collector.assert_exactly(20_000)
-        after, elapsed_s = counters_of(b), time.monotonic() - started
+    (_, before), (_, after), elapsed_s = stream_counted(a, b, uri, 1002)
     delta = {name: after[name] - before[name] for name in after}
     assert delta["DEBUG_DATA_LOSS_DROPS"] > 500
     assert delta["NAK_MESSAGES_SENT"] >= delta["DEBUG_DATA_LOSS_DROPS"] // 2
