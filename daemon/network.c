@@ -514,12 +514,45 @@ int32_t ss_loss_scan(ss_loss_detector_t *d, const uint8_t *term, int32_t term_id
     return first;
 }
 
+void ss_loss_record(uint8_t *entry, int64_t length, int64_t count) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    int64_t *cells = (int64_t *)(void *)entry;
+    if (__atomic_fetch_add(&cells[0], count, __ATOMIC_ACQ_REL) == 0) STORE_REL(&cells[2], now);
+    __atomic_fetch_add(&cells[1], length, __ATOMIC_ACQ_REL);
+    STORE_REL(&cells[3], now);
+}
+
 int64_t ss_loss_next_deadline(const ss_loss_detector_t *d) {
     int64_t deadline = SS_NO_DEADLINE;
     for (int32_t i = 0; i < d->gap_count && i < SS_LOSS_GAPS_MAX; i++) {
         if (d->gaps[i].expiry_ns < deadline) deadline = d->gaps[i].expiry_ns;
     }
     return deadline;
+}
+
+/* ----------------------------------------------------------------------------- cleaning */
+
+int32_t ss_clean_toward(ss_log_cleaner_t *c, uint8_t *log, int32_t term_length,
+                        int32_t position_bits, int64_t consumer_position) {
+    const int64_t target = consumer_position - term_length;
+    c->target = target;
+    if (target <= c->position) return 0;
+    const int64_t term_end = (c->position | (int64_t)(term_length - 1)) + 1;
+    int64_t end = c->position + c->chunk_length;
+    if (term_end < end) end = term_end;
+    if (target < end) end = target;
+    const int64_t index = (c->position >> position_bits) % SS_PARTITION_COUNT;
+    ss_clean(log + index * term_length + (c->position & (int64_t)(term_length - 1)),
+             end - c->position);
+    c->position = end;
+    return 1;
+}
+
+int64_t ss_reusable_limit(const ss_log_cleaner_t *c, int32_t term_length) {
+    const int64_t mask = (int64_t)term_length - 1;
+    return ((c->position + mask) & ~mask) + (SS_PARTITION_COUNT - 1) * (int64_t)term_length;
 }
 
 /* ----------------------------------------------------------------------------- receiver */
@@ -1158,6 +1191,7 @@ int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only)
 static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns);
 static int32_t status_messages(ss_agent_t *a, int64_t now_ns);
 static int32_t heartbeats(ss_agent_t *a, int64_t now_ns);
+static int32_t publisher_limits(ss_agent_t *a);
 
 int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
@@ -1177,7 +1211,7 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
              * data later (a gap pins the receiver's window until it is repaired). */
             if (received) work += send_publications(a, now_ns, 1, 0);
         }
-        work += sent + heartbeats(a, now_ns);
+        work += sent + heartbeats(a, now_ns) + publisher_limits(a);
     } else {
         for (int32_t i = 0; i < a->endpoint_count; i++)
             work += receive_endpoint(a->endpoints[i], now_ns);
@@ -1290,8 +1324,8 @@ int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
         if (loss_found) {
             const int32_t term_id = (int32_t)((uint32_t)image->initial_term_id +
                                               (uint32_t)(rebuild >> image->position_bits));
-            image->fresh_gap_count += d->fresh_count;
-            image->fresh_gap_bytes += d->fresh_bytes;
+            if (d->fresh_count && image->loss_entry != NULL)
+                ss_loss_record(image->loss_entry, d->fresh_bytes, d->fresh_count);
             for (int32_t i = 0; i < d->due_count && image->nak_count < SS_LOSS_GAPS_MAX; i++) {
                 const ss_gap_t *gap = &d->gaps[d->due[i]];
                 int32_t *nak = image->naks + 3 * image->nak_count++;
@@ -1320,10 +1354,10 @@ static inline int sends_status_messages(const ss_image_t *image) {
 
 /* The 25 % rule's status message, at the slowest subscriber's position: scheduled here, and
  * sent through the image's socket (else left to the Python half: sm_unsent). */
+static int64_t allowed_window(const ss_image_t *image, int64_t position);
+
 static void send_status_message(ss_image_t *image, int64_t position, int64_t now_ns) {
-    int64_t window = image->reusable_limit - position;
-    if (window > image->window) window = image->window;
-    if (window < 0) window = 0;
+    const int64_t window = allowed_window(image, position);
     image->sm_position = position;
     image->sm_window = (int32_t)window;
     image->sm_deadline_ns = now_ns + image->sm_interval_ns;
@@ -1364,13 +1398,47 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     }
 }
 
-/* The C half's status messages: the slowest subscriber reached the 25 % rule's position. */
+/* The window the image may advertise at `position`: its own, never inviting data into a
+ * partition that cleaning has not reached. */
+static int64_t allowed_window(const ss_image_t *image, int64_t position) {
+    int64_t window = image->reusable_limit - position;
+    if (window > image->window) window = image->window;
+    return window < 0 ? 0 : window;
+}
+
+/* Cleaning, once the slowest subscriber reached clean_due_position: a chunk toward one term
+ * behind it, then the limits that follow from it.  Due again with half a term (or a chunk)
+ * more to clean, so that the limit stays a window ahead of the subscribers. */
+static void clean_image(ss_image_t *image, int64_t slowest) {
+    ss_log_cleaner_t *cleaner = image->cleaner;
+    ss_clean_toward(cleaner, image->log, image->term_length, image->position_bits, slowest);
+    image->reusable_limit = ss_reusable_limit(cleaner, image->term_length);
+    const int64_t half_term = image->term_length >> 1;
+    image->clean_due_position = cleaner->position + image->term_length +
+                                (cleaner->chunk_length < half_term ? cleaner->chunk_length
+                                                                   : half_term);
+}
+
+/* The C half's status messages and cleaning: the slowest subscriber reached the 25 % rule's
+ * position, or cleaning's. */
 static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
     for (int32_t i = 0; i < a->image_count; i++) {
         ss_image_t *image = a->images[i];
-        if (!sends_status_messages(image) || image->sm_unsent) continue;
+        if (!sends_status_messages(image)) continue;
         const int64_t slowest = min_subscriber_position(image);
+        if (image->cleaner != NULL && slowest >= image->clean_due_position) {
+            clean_image(image, slowest);
+            work++;
+            if (!image->sm_unsent &&
+                allowed_window(image, image->sm_position) != image->sm_window) {
+                send_status_message(image, slowest > image->sm_position ? slowest
+                                                                         : image->sm_position,
+                                    now_ns);
+                continue;
+            }
+        }
+        if (image->sm_unsent) continue;
         if (slowest >= image->sm_due_position) {
             send_status_message(image, slowest, now_ns);
             work++;
@@ -1425,10 +1493,43 @@ static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
     return sent;
 }
 
+/* Whether the C half's pub-lmt rule has work for p: snd-pos reached the next step, or
+ * cleaning is behind. */
+static inline int limit_step_due(const ss_send_publication_t *p) {
+    if (!p->limit_in_c || p->cleaner == NULL) return 0;
+    return p->cleaner->position < p->cleaner->target ||
+           LOAD_ACQ(p->sender_position) >=
+               p->last_publisher_limit + p->trip_gain - p->term_window_length;
+}
+
+/* pub-lmt's steps for the publications whose limit the C half moves (limit_in_c): clean a
+ * chunk toward one term behind snd-pos, then raise pub-lmt to snd-pos + the term window,
+ * never past what cleaning allows, once that is a step (trip_gain) above the last. */
+static int32_t publisher_limits(ss_agent_t *a) {
+    int32_t work = 0;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (!limit_step_due(p)) continue;
+        const int64_t position = LOAD_ACQ(p->sender_position);
+        work += ss_clean_toward(p->cleaner, p->log, p->term_length, p->position_bits, position);
+        int64_t limit = position + p->term_window_length;
+        const int64_t reusable = ss_reusable_limit(p->cleaner, p->term_length);
+        if (reusable < limit) limit = reusable;
+        if (limit >= p->last_publisher_limit + p->trip_gain) {
+            p->last_publisher_limit = limit;
+            ss_publish_limit(p->publisher_limit, limit, p->meta);
+            work++;
+        }
+    }
+    return work;
+}
+
 int64_t ss_agent_c_deadline(const ss_agent_t *a) {
     int64_t deadline = SS_NO_DEADLINE;
     for (int32_t i = 0; i < a->publication_count; i++) {
         const ss_send_publication_t *p = a->publications[i];
+        if (p->limit_in_c && p->cleaner != NULL && p->cleaner->position < p->cleaner->target)
+            return 0; /* cleaning is behind: the next cycle goes on with it */
         if (p->heartbeat_in_c && p->fd >= 0 &&
             p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
             deadline = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
@@ -1467,7 +1568,9 @@ static int image_needs_python(const ss_image_t *image) {
     /* An SM the C half sends usually went in this cycle, before this rule is asked
      * (ss_agent_do_work); a subscriber that moved since costs one Python pass. */
     const int64_t slowest = min_subscriber_position(image);
-    return slowest >= image->sm_due_position || slowest >= image->clean_due_position;
+    return slowest >= image->sm_due_position ||
+           (slowest >= image->clean_due_position &&
+            (image->cleaner == NULL || !sends_status_messages(image)));
 }
 
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {

@@ -49,6 +49,24 @@
 #define SS_RX_CONSUMED 0
 #define SS_RX_TO_PYTHON 1
 
+/* Cleaning a log behind its consumers (daemon/protocol/log_cleaner.py has the contract, and
+ * its LogCleaner is a handle on this struct): term n reuses the partition of term n - 3, so
+ * the log is zeroed toward one term behind the slowest consumer, at most chunk_length bytes
+ * per call.  The Python half and the C half of one agent's thread share a cleaner. */
+typedef struct {
+    int64_t position;             /* zeroed up to here (bytes from the start of term 0) */
+    int64_t target;               /* where the last call was asked to reach */
+    int64_t chunk_length;
+} ss_log_cleaner_t;
+
+/* Zero up to one chunk (never across a term's end) of `log` (start of term 0) toward one term
+ * behind consumer_position.  Returns 1 when it zeroed something, else 0. */
+int32_t ss_clean_toward(ss_log_cleaner_t *c, uint8_t *log, int32_t term_length,
+                        int32_t position_bits, int64_t consumer_position);
+/* The highest limit partition reuse allows writers: the cleaned position rounded up to a term
+ * boundary plus two terms (a writer below it may claim to the end of its term and rotate). */
+int64_t ss_reusable_limit(const ss_log_cleaner_t *c, int32_t term_length);
+
 /* One datagram's worth of a publication's log: log_offset counts from the start of term 0.
  * `padding` is the part of a PAD frame that stays behind (only its header is sent), so the
  * sender position moves by length + padding. */
@@ -177,6 +195,18 @@ typedef struct {
      * BEGIN|END, once nothing went out for SS_HEARTBEAT_TIMEOUT_NS (time_of_last_send_ns). */
     int32_t heartbeat_in_c;
     int64_t *heartbeats_sent;     /* system counter */
+    /* pub-lmt, moved by the C half while Python sets limit_in_c (active, connected, taking
+     * offers, no credit stop): once snd-pos reached limit_step_position (pub-lmt's next step
+     * of trip_gain, Aeron's window / 8), or while cleaning is behind, the log is cleaned a
+     * chunk toward one term behind snd-pos and pub-lmt goes to min(snd-pos + term_window,
+     * what cleaning allows).  The Python half's pub-lmt rule reads and writes the same
+     * fields (last_publisher_limit, the cleaner). */
+    int32_t limit_in_c;
+    int64_t *publisher_limit;     /* the pub-lmt cell */
+    int64_t last_publisher_limit;
+    int64_t term_window_length;
+    int64_t trip_gain;
+    ss_log_cleaner_t *cleaner;
 } ss_send_publication_t;
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
@@ -271,6 +301,10 @@ int64_t ss_loss_retry_delay(const ss_loss_detector_t *d, int64_t first_delay_ns,
                             int64_t retry_delay_ns);
 /* The earliest expiry of a tracked gap (SS_NO_DEADLINE: none). */
 int64_t ss_loss_next_deadline(const ss_loss_detector_t *d);
+/* Record `count` gaps of `length` bytes in all in a loss report entry (its layout is
+ * daemon/reports/loss_report.py's: observations, bytes lost, first and last observation in
+ * epoch ns), with atomic adds: `stat` reads the mapped file while the driver writes it. */
+void ss_loss_record(uint8_t *entry, int64_t length, int64_t count);
 
 /* Counters a receive endpoint's data path counts into (cells of the counters file). */
 typedef struct {
@@ -334,8 +368,8 @@ typedef struct {
     int64_t nak_first_delay_ns;   /* the static delay generator's */
     int64_t nak_retry_delay_ns;
     int64_t loss_deadline_ns;     /* out: the earliest gap timer after the last C pass */
-    int64_t fresh_gap_bytes;      /* out: gaps C passes saw first, for Python's loss report */
-    int64_t fresh_gap_count;      /*      (Python takes and zeroes them) */
+    uint8_t *loss_entry;          /* the image's loss report entry (NULL: none): C passes
+                                   * record the gaps they see first there (ss_loss_record) */
     /* Where NAKs go (struct sockaddr), through the receive endpoint's socket (control_fd, -1:
      * the simulator's) and counters; ss_receiver_set_images sets those two. */
     uint8_t control_address[128]; /* SS_SOCKADDR_MAX */
@@ -352,8 +386,7 @@ typedef struct {
      * the window held to what cleaning allows (min(window, reusable_limit - position)), and
      * the timer's SM at sm_deadline_ns (both halves keep it: sm_interval_ns after any SM);
      * sm_unsent says one still has to go (no socket, or a send error: the Python half sends
-     * it from these fields).  Python cleans the log and moves reusable_limit; it is due when
-     * the slowest subscriber reaches clean_due_position. */
+     * it from these fields).  Cleaning (below) moves reusable_limit. */
     int32_t sm_in_c;
     int32_t sm_window;
     int32_t window;               /* the window the image advertises (static) */
@@ -366,6 +399,11 @@ typedef struct {
     int64_t sm_interval_ns;       /* status_message_timeout x the governor's factor */
     int64_t reusable_limit;
     int64_t clean_due_position;   /* SS_NO_DEADLINE: none */
+    /* The image's cleaner (Python's LogCleaner.c): while the C half sends the SMs, it also
+     * cleans, a chunk each time the slowest subscriber reaches clean_due_position, and moves
+     * reusable_limit and clean_due_position on (an SM goes at once when that widened the
+     * window it advertised); otherwise the Python half cleans from that position. */
+    ss_log_cleaner_t *cleaner;
 } ss_image_t;
 
 /* The rebuild pass (docs/PROTOCOL.md §4.4, aeron_publication_image_track_rebuild): scan from

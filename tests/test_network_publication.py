@@ -320,13 +320,13 @@ def test_the_pass_that_reaches_the_end_of_stream_keeps_the_heartbeat_timer(
         cycle(pub, 1 * MS)
         pub.on_frame(sm(offset=160), DEST, 2 * MS)
         pub.c.fd = sock.fileno()  # as the send channel's socket: heartbeats go to C
-        pub.sync_c_status_messages()
+        pub.sync_c_half()
         assert pub.c.heartbeat_in_c
         pub.close(3 * MS)
         cycle(pub, 4 * MS)  # all sent and acknowledged: LINGER, EOS from here on
         assert pub.state is PublicationState.LINGER
         assert pub.next_due_ns <= 1 * MS + 100 * MS  # the last data plus the heartbeat timeout
-        pub.sync_c_status_messages()
+        pub.sync_c_half()
         assert not pub.c.heartbeat_in_c
         out = frames(pub.datagrams_to_send(101 * MS))
         assert Heartbeat(160, 5, 6, 10, 0xE0) in out

@@ -202,8 +202,7 @@ class Sender(Agent[SendEndpoint]):
                         work += len(out)
                     if publication.is_done:
                         done = [*(done or []), (publication, endpoint)]
-                c.python_send_position = publication.python_send_position()
-                publication.sync_c_status_messages()
+                publication.sync_c_half()
             if done:
                 for publication, endpoint in done:
                     self._publications.remove((publication, endpoint))

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from slipstream.client.logbuffer import PARTITION_COUNT, LogBuffer
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon._network import lib as network
 
 #: Bytes zeroed per call: a whole 64 MiB term at once holds a thread for tens of milliseconds,
 #: while 1 MiB takes well under one (0.1 ms; 0.7 ms on the first lap of an IPC log, whose
@@ -28,41 +30,46 @@ CLEAN_CHUNK_LENGTH: Final = 1 << 20
 
 
 class LogCleaner:
-    """Zeroes ``log`` from ``position`` toward the targets it is given, a chunk per call."""
+    """Zeroes ``log`` from ``position`` toward the targets it is given, a chunk per call.
 
-    __slots__ = ("chunk_length", "log", "position", "target")
+    The rule and the state are the C half's (``ss_log_cleaner_t``, :attr:`c`): a network
+    agent's C half cleans with the same struct between the Python half's passes."""
+
+    __slots__ = ("c", "log")
 
     def __init__(self, log: LogBuffer, position: int,
                  chunk_length: int = CLEAN_CHUNK_LENGTH) -> None:
         self.log = log
-        self.position = position  # where the log starts: below, nothing was ever written
-        self.target = position
-        self.chunk_length = chunk_length
+        self.c = c = network_ffi.new("ss_log_cleaner_t *")
+        c.position = position  # where the log starts: below, nothing was ever written
+        c.target = position
+        c.chunk_length = chunk_length
+
+    @property
+    def position(self) -> int:
+        """Zeroed up to here (bytes)."""
+        return self.c.position
+
+    @property
+    def chunk_length(self) -> int:
+        return self.c.chunk_length
 
     def clean_toward(self, consumer_position: int) -> bool:
         """Zero up to one chunk toward one term behind ``consumer_position``; True when it
         zeroed something (the caller may want another call soon: see :attr:`is_behind`)."""
-        target = consumer_position - self.log.term_length
-        self.target = target
-        if target <= self.position:
-            return False
-        term_end = (self.position | (self.log.term_length - 1)) + 1
-        end = min(target, term_end, self.position + self.chunk_length)
-        self.log.clean(self.position, end - self.position)
-        self.position = end
-        return True
+        log = self.log
+        return bool(network.ss_clean_toward(self.c, log.address, log.term_length,
+                                            log.position_bits, consumer_position))
 
     def hold(self) -> None:
         """Nothing to clean for until consumers move again (the last consumer left)."""
-        self.target = self.position
+        self.c.target = self.c.position
 
     @property
     def is_behind(self) -> bool:
         """The last call left cleanable bytes for the next."""
-        return self.position < self.target
+        return self.c.position < self.c.target
 
     def reusable_limit(self) -> int:
         """The highest limit partition reuse allows writers (see the module docstring)."""
-        term_length = self.log.term_length
-        cleaned_terms_end = (self.position + term_length - 1) & ~(term_length - 1)
-        return cleaned_terms_end + (PARTITION_COUNT - 1) * term_length
+        return network.ss_reusable_limit(self.c, self.log.term_length)

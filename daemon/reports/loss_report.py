@@ -17,13 +17,13 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import time
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from slipstream.client._native import ffi, lib
+from slipstream.client._native import ffi
+from slipstream.daemon._network import lib as network
 
 FILE = "loss-report.dat"
 MAGIC = 0x534C5252  # "SLRR"
@@ -57,15 +57,14 @@ class LossEntry:
     def __init__(self, base: Any) -> None:  # cffi uint8_t *
         self._base = base
 
+    @property
+    def address(self) -> Any:  # cffi uint8_t *
+        """The entry in the mapped file (a C half records into it too)."""
+        return self._base
+
     def record(self, length: int, count: int = 1) -> None:
-        """``count`` gaps of ``length`` bytes in all were found."""
-        base = self._base
-        now = time.time_ns()
-        cells = ffi.cast("int64_t *", base)
-        if lib.ss_get_and_add_i64(cells, count) == 0:
-            lib.ss_store_release_i64(cells + 2, now)
-        lib.ss_get_and_add_i64(cells + 1, length)
-        lib.ss_store_release_i64(cells + 3, now)
+        """``count`` gaps of ``length`` bytes in all were found (``ss_loss_record``)."""
+        network.ss_loss_record(self._base, length, count)
 
 
 class LossReport:

@@ -33,8 +33,8 @@ scheduled SM goes at once, and one goes every ``status_message_timeout`` (200 ms
 position subscribers have reached by then.  Window (static congestion control) =
 ``min(rcv-wnd or 128 KiB, term_length/2)``.  For a reliable unicast image with static
 congestion control the C half runs the rebuild pass (``ss_image_rebuild``, the same rule) and
-sends the 25 % rule's and the timer's SMs (see :meth:`_sync_rebuild_c`); this object then
-takes their output at its next pass and keeps cleaning, liveness and end of stream.
+sends the 25 % rule's and the timer's SMs and cleans the log (see :meth:`_sync_rebuild_c`);
+this object then takes their output at its next pass and keeps liveness and end of stream.
 
 NAK-strength signals (``rc=`` on the sender, which announces it): each rebuild pass measures
 how full the image is (hwm minus the slowest subscriber, against the window) and signals the
@@ -230,6 +230,8 @@ class PublicationImage:
             c.nak_first_delay_ns = generator.first_delay()
             c.nak_retry_delay_ns = generator.retry_delay()
         c.loss_deadline_ns = NO_DEADLINE
+        if loss_entry is not None:
+            c.loss_entry = loss_entry.address
         raw_control = sockaddr(control_address)
         c.control_address = raw_control
         c.control_address_length = len(raw_control)
@@ -245,6 +247,7 @@ class PublicationImage:
         if self.group_tag is not None:
             c.has_group_tag = 1
             c.group_tag = self.group_tag
+        c.cleaner = self.cleaner.c  # the C half cleans with it while it sends the SMs
         c.reusable_limit = self.cleaner.reusable_limit()
         c.clean_due_position = NO_DEADLINE
         #: NAK-strength signals (rc=), once the sender announced it adapts to them.
@@ -483,7 +486,7 @@ class PublicationImage:
         self._now_ns = now_ns
         state = self.state
         if state is ImageState.DONE:
-            self._take_c_rebuild_output()  # its loss report; no NAK goes any more
+            self._take_c_rebuild_output()  # no NAK goes any more
             return
         self._take_c_status_message()
         if state is ImageState.INIT or state is ImageState.ACTIVE or state is ImageState.DRAINING:
@@ -579,8 +582,10 @@ class PublicationImage:
 
     def _sync_cleaning_c(self) -> None:
         """What the C half's status messages need of cleaning: the window it allows, and the
-        slowest subscriber's position from which the Python half has half a term (or a
-        chunk) to clean, so that the window never waits for it."""
+        slowest subscriber's position from which there is half a term (or a chunk) to clean,
+        so that the window never waits for it (the C half cleans from there while it sends
+        the SMs, and moves both on; the Python half does otherwise).  The same rule as
+        ``clean_image`` in daemon/network.c."""
         c = self.c
         cleaner = self.cleaner
         c.reusable_limit = cleaner.reusable_limit()
@@ -589,14 +594,10 @@ class PublicationImage:
             + min(cleaner.chunk_length, self.term_length >> 1) if c.sm_in_c else NO_DEADLINE)
 
     def _take_c_rebuild_output(self) -> None:
-        """What the C rebuild passes left: the gaps they saw first (the loss report) and the
-        NAKs they could not send (the simulator's, or a send error the transport logs)."""
+        """What the C rebuild passes left: the NAKs they could not send (the simulator's, or
+        a send error the transport logs).  The gaps they saw first are in the loss report
+        already (``c.loss_entry``)."""
         c = self.c
-        if c.fresh_gap_count:
-            on_gap = self.loss_detector.on_gap
-            if on_gap is not None:
-                on_gap(c.fresh_gap_bytes, c.fresh_gap_count)
-            c.fresh_gap_count = c.fresh_gap_bytes = 0
         if c.nak_count and (self.left_behind is not None or self.state is ImageState.DONE):
             c.nak_count = 0  # what it lacks is gone from the sender, or it is gone itself
         if c.nak_count:
@@ -702,8 +703,9 @@ class PublicationImage:
             if not self._subscriber_positions or self._outbox:
                 return self._now_ns
             return self._time_of_last_state_change_ns + self.liveness_timeout_ns
-        if self.c.dirty or self._outbox or self.cleaner.is_behind:
-            return self._now_ns
+        if self.c.dirty or self._outbox or (self.cleaner.is_behind
+                                            and not self._sends_sm_in_c()):
+            return self._now_ns  # (the C half cleans from clean_due_position by itself)
         deadline = self.c.sm_deadline_ns if c_timers or not self._sends_sm_in_c() else NO_DEADLINE
         if c_timers or not self._rebuilt_in_c():
             deadline = min(deadline, self.loss_detector.next_deadline_ns())

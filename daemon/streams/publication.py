@@ -37,7 +37,8 @@ States (the only place they change is :meth:`_transition`; h11 style)::
 Connection (docs/PROTOCOL.md §3.3, §5): a receiver is live while its SMs arrive within
 ``publication_connection_timeout`` (5 s).  The publication is *connected* while it has live
 receivers that flow control accepts; then ``pub-lmt = snd-pos + term window`` and the log is
-cleaned one term behind ``snd-pos`` (a chunk at a time, :class:`LogCleaner`).  Not connected:
+cleaned one term behind ``snd-pos`` (a chunk at a time, :class:`LogCleaner`); the sender's
+C half runs that rule itself while it may (:meth:`_steps_limit_in_c`).  Not connected:
 ``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the publisher gets NOT_CONNECTED /
 BACK_PRESSURED).
 
@@ -208,7 +209,12 @@ class NetworkPublication:
         self.retransmit_handler.set_resend_lookahead(
             flow_control.retransmission_lookahead(log.mtu))
         self.cleaner = LogCleaner(log, join)
-        self._last_publisher_limit = join
+        # pub-lmt's rule, which the C half runs too while _steps_limit_in_c (sync_c_half).
+        c.publisher_limit = positions.publisher_limit
+        c.last_publisher_limit = join
+        c.term_window_length = window
+        c.trip_gain = self._trip_gain
+        c.cleaner = self.cleaner.c
         self.has_initial_connection = False
         self.is_setup_elicited = False
         self.is_end_of_stream = False
@@ -291,6 +297,11 @@ class NetworkPublication:
     @sender_limit.setter
     def sender_limit(self, position: int) -> None:
         lib.ss_store_release_i64(self._snd_lmt, position)
+
+    @property
+    def _last_publisher_limit(self) -> int:
+        """The pub-lmt last published (bytes), by this half or the C half."""
+        return self.c.last_publisher_limit
 
     @property
     def is_connected(self) -> bool:
@@ -376,16 +387,21 @@ class NetworkPublication:
         self.retransmit_handler.set_resend_lookahead(
             self.flow_control.retransmission_lookahead(self.mtu))
 
-    def sync_c_status_messages(self) -> None:
-        """Let the C control path take this publication's status messages (``sm_in_c``)
-        while nothing of them needs Python: unicast flow control (which only raises snd-lmt
-        to position + window), no rate control, active and connected to its one receiver.
-        Its other SMs (EOS, a SETUP request, another receiver, a group tag) come to Python."""
+    def sync_c_half(self) -> None:
+        """After a pass, what the C half does for this publication until the next: when a
+        send needs the Python half (``python_send_position``), whether it moves pub-lmt
+        (``limit_in_c``), sends the heartbeats (``heartbeat_in_c``) and takes the status
+        messages (``sm_in_c``): the last while nothing of them needs Python (unicast flow
+        control, which only raises snd-lmt to position + window, no rate control, active and
+        connected to its one receiver).  Its other SMs (EOS, a SETUP request, another
+        receiver, a group tag) come to Python."""
         receivers = self._receivers
         take = (self.state is PublicationState.ACTIVE and self._connected
                 and self.rate_control is None and self.flow_control.name == "unicast"
                 and len(receivers) == 1 and not self.is_setup_elicited)
         c = self.c
+        c.python_send_position = self.python_send_position()
+        c.limit_in_c = int(self._steps_limit_in_c())
         c.heartbeat_in_c = int(self._sends_heartbeats_in_c())
         if take:
             receiver_id = next(iter(receivers))
@@ -443,19 +459,27 @@ class NetworkPublication:
         self._now_ns = now_ns
         state = self.state
         self._conductor_duties(now_ns)
-        if self.state is not state or self.cleaner.is_behind:
+        if self.state is not state or (self.cleaner.is_behind
+                                       and not self._steps_limit_in_c()):
             self._next_due_ns = 0
 
     def python_send_position(self) -> int:
         """The snd-pos from which a send needs :meth:`on_data_sent` (the agent's C half
-        watches it): pub-lmt's next step of window/8 while ACTIVE and connected, never when not
-        connected (status messages move it then), every send while draining or lingering."""
+        watches it): never while the C half moves pub-lmt, nor when not connected (status
+        messages move it then); pub-lmt's next step of window/8 while otherwise ACTIVE
+        (offers refused, or credit stopped); every send while draining or lingering."""
         state = self.state
         if state is PublicationState.ACTIVE:
-            if not self._connected:
+            if not self._connected or self._steps_limit_in_c():
                 return NO_DEADLINE
             return self._last_publisher_limit + self._trip_gain - self.term_window_length
         return 0
+
+    def _steps_limit_in_c(self) -> bool:
+        """Whether the C half runs pub-lmt's rule (``c.limit_in_c``, which :meth:`sync_c_half`
+        sets after the pass): ACTIVE and connected, taking offers, credit not stopped."""
+        return (self.state is PublicationState.ACTIVE and self._connected
+                and not self._refusing_offers and self.credit_stop_position is None)
 
     def due(self, now_ns: int) -> bool:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns`` (cheap: the
@@ -562,7 +586,7 @@ class NetworkPublication:
 
     def _sends_heartbeats_in_c(self) -> bool:
         """Whether the C half sends the heartbeats (``c.heartbeat_in_c``, which
-        :meth:`sync_c_status_messages` sets after the pass): through a socket, until the end
+        :meth:`sync_c_half` sets after the pass): through a socket, until the end
         of stream (they carry EOS then).  The rule itself, not the flag: a pass that reaches
         the end of stream sends the first EOS heartbeat itself."""
         return self.has_initial_connection and not self.is_end_of_stream and self.c.fd >= 0
@@ -640,7 +664,7 @@ class NetworkPublication:
 
     def _set_publisher_limit(self, limit: int) -> None:
         """Store pub-lmt and wake the publishers parked for credit (policy=block)."""
-        self._last_publisher_limit = limit
+        self.c.last_publisher_limit = limit
         self.log.publish_limit(self.publisher_limit, limit)
 
     def _conductor_duties(self, now_ns: int) -> None:
@@ -674,7 +698,8 @@ class NetworkPublication:
         if self.state is PublicationState.DONE:
             return NO_DEADLINE
         now = self._now_ns
-        if self._outbox or (self.cleaner.is_behind and self._connected):
+        if self._outbox or (self.cleaner.is_behind and self._connected
+                            and not self._steps_limit_in_c()):
             return now
         deadline = self.retransmit_handler.next_resend_ns()
         if not self.has_initial_connection or self.is_setup_elicited:
