@@ -10,6 +10,10 @@ warm-up round trips are not recorded (bench/ipc_latency.py holds the loops).  Ae
 sends its next ping as soon as the last pong is back (it has no pacing): its own histogram is
 reported, in both topologies (one driver for both samples; one driver each).  Also reports
 the CPU a slipstream driver with open UDP channels uses when idle.
+
+A p99 or p99.9 of one 3-5 s run moves by 2-4x from run to run on a shared 2 vCPU machine, so
+``--repeat N`` runs the quiet pair of drivers and each variant (``--gil-hold``,
+``--ipc-churn``) N times, in turns, each with new drivers, and compares their medians.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -126,6 +131,9 @@ def main() -> int:
     parser.add_argument("--gil-hold", metavar="DURATION", default=None,
                         help="also run slipstream with both drivers' conductors holding the GIL "
                              "this long every 100 ms (debug_conductor_gil_hold, e.g. 20ms)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of the quiet drivers and of each variant, in turns (their "
+                             "medians are compared)")
     args = parser.parse_args()
     settings = dict(s.split("=", 1) for s in args.settings)
     rounds = WARMUP + int(args.rate * args.seconds)
@@ -147,37 +155,52 @@ def main() -> int:
     endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
     zmq_histogram = _run(_zmq_pinger, _zmq_ponger, (endpoint, rounds, args.rate),
                          (endpoint, rounds))
-    ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-    pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-    with MediaDriver.launch(directory=directory / "a", **settings) as a, \
-            MediaDriver.launch(directory=directory / "b", **settings) as b:
-        passes, started = python_passes(a, b), time.monotonic()
-        ss_histogram = _run(_ss_pinger, _ss_ponger, (str(a.directory), rounds, args.rate),
-                            (str(b.directory), rounds, idle_cpu),
-                            (ping_channel, pong_channel))
-        passes_per_s = [(after - before) / (time.monotonic() - started)
-                        for before, after in zip(passes, python_passes(a, b), strict=True)]
-        # A driver with an open UDP stream and no traffic.
-        with Client.connect(a.directory) as client:
-            subscription = client.add_subscription(pong_channel, 9)
-            publication = client.add_publication(pong_channel, 9)
-            while not (subscription.images and publication.is_connected):
-                time.sleep(0.01)
-            time.sleep(1.0)
-            before, started = _cpu_seconds(a.pid), time.monotonic()
-            time.sleep(3.0)
-            idle_driver = (_cpu_seconds(a.pid) - before) / (time.monotonic() - started)
-    held_histogram = None
-    if args.gil_hold is not None:
-        held = {**settings, "debug_conductor_gil_hold": args.gil_hold}
+    def run_pair(name: str, pair_settings: dict, churn: bool = False):
+        """A ping-pong through two new drivers: (histogram, the drivers' Python passes a
+        second over the run, setup included), with a churner on each driver if asked."""
         ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
         pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-        with MediaDriver.launch(directory=directory / "c", **held) as a, \
-                MediaDriver.launch(directory=directory / "d", **held) as b:
-            held_histogram = _run(_ss_pinger, _ss_ponger,
-                                  (str(a.directory), rounds, args.rate),
-                                  (str(b.directory), rounds, context.Value("d", -1.0)),
-                                  (ping_channel, pong_channel))
+        with MediaDriver.launch(directory=directory / f"{name}a", **pair_settings) as a, \
+                MediaDriver.launch(directory=directory / f"{name}b", **pair_settings) as b:
+            stop = context.Event()
+            churners = [context.Process(target=_ipc_churner, args=(str(d.directory), stop,
+                                                                     churns))
+                        for d in ((a, b) if churn else ())]
+            for churner in churners:
+                churner.start()
+            passes, started = python_passes(a, b), time.monotonic()
+            histogram = _run(_ss_pinger, _ss_ponger, (str(a.directory), rounds, args.rate),
+                             (str(b.directory), rounds, idle_cpu),
+                             (ping_channel, pong_channel))
+            rates = [(after - before) / (time.monotonic() - started)
+                     for before, after in zip(passes, python_passes(a, b), strict=True)]
+            stop.set()
+            for churner in churners:
+                churner.join(30)
+        return histogram, rates
+
+    churns = context.Value("i", 0)
+    quiet_runs, held_runs, churn_runs = [], [], []
+    held_settings = {**settings, "debug_conductor_gil_hold": args.gil_hold}
+    for i in range(max(1, args.repeat)):
+        quiet_runs.append(run_pair(f"quiet{i}", settings))
+        if args.gil_hold is not None:
+            held_runs.append(run_pair(f"held{i}", held_settings))
+        if args.ipc_churn:
+            churn_runs.append(run_pair(f"churn{i}", settings, churn=True))
+    passes_per_s = quiet_runs[0][1]
+    # A driver with an open UDP stream and no traffic.
+    pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with MediaDriver.launch(directory=directory / "idle", **settings) as a, \
+            Client.connect(a.directory) as client:
+        subscription = client.add_subscription(pong_channel, 9)
+        publication = client.add_publication(pong_channel, 9)
+        while not (subscription.images and publication.is_connected):
+            time.sleep(0.01)
+        time.sleep(1.0)
+        before, started = _cpu_seconds(a.pid), time.monotonic()
+        time.sleep(3.0)
+        idle_driver = (_cpu_seconds(a.pid) - before) / (time.monotonic() - started)
     embedded_histogram = udp_histogram = None
     if args.embedded:
         port = free_port()
@@ -188,29 +211,15 @@ def main() -> int:
             _ss_pinger, _ss_ponger, (str(directory / "g"), rounds, args.rate),
             (str(directory / "h"), rounds, context.Value("d", -1.0)),
             (ping_channel, pong_channel, True))
-    churn_histogram = None
-    churns = context.Value("i", 0)
-    if args.ipc_churn:
-        ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-        pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-        stop = context.Event()
-        with MediaDriver.launch(directory=directory / "e", **settings) as a, \
-                MediaDriver.launch(directory=directory / "f", **settings) as b:
-            churners = [context.Process(target=_ipc_churner, args=(str(d.directory), stop, churns))
-                        for d in (a, b)]
-            for churner in churners:
-                churner.start()
-            churn_histogram = _run(_ss_pinger, _ss_ponger,
-                                   (str(a.directory), rounds, args.rate),
-                                   (str(b.directory), rounds, context.Value("d", -1.0)),
-                                   (ping_channel, pong_channel))
-            stop.set()
-            for churner in churners:
-                churner.join(30)
+
+    def median(runs, percentile: float) -> float:
+        return statistics.median(h.get_value_at_percentile(percentile) for h, _ in runs)
+
     print(_line("pyzmq PAIR tcp://", zmq_histogram))
-    print(_line("slipstream aeron:udp", ss_histogram))
+    for histogram, _ in quiet_runs:
+        print(_line("slipstream aeron:udp", histogram))
     print(f"# the two drivers' network threads ran their Python halves "
-          f"{passes_per_s[0]:.0f} and {passes_per_s[1]:.0f} times a second "
+          f"{passes_per_s[0]:.1f} and {passes_per_s[1]:.1f} times a second "
           f"(the pinger's and the ponger's, setup included)")
     if embedded_histogram is not None and udp_histogram is not None:
         print(_line("raw Python UDP", udp_histogram))
@@ -220,24 +229,25 @@ def main() -> int:
         p99 = (embedded_histogram.get_value_at_percentile(99)
                / zmq_histogram.get_value_at_percentile(99))
         print(f"# embedded: p50 {p50:.2f}x raw UDP's; p99 {p99:.2f}x pyzmq tcp's")
-    if held_histogram is not None:
-        print(_line(f"  GIL held {args.gil_hold}/100ms", held_histogram))
-        ratio = (held_histogram.get_value_at_percentile(99)
-                 / ss_histogram.get_value_at_percentile(99))
-        print(f"# p99 with the conductors holding the GIL / quiet: {ratio:.2f}x")
-    if churn_histogram is not None:
-        print(_line("  IPC add/remove 100ms", churn_histogram))
-        moved = (churn_histogram.get_value_at_percentile(99.9)
-                 - ss_histogram.get_value_at_percentile(99.9))
+    runs = f"median of {len(quiet_runs)} runs each" if len(quiet_runs) > 1 else "one run each"
+    if held_runs:
+        for histogram, _ in held_runs:
+            print(_line(f"  GIL held {args.gil_hold}/100ms", histogram))
+        ratio = median(held_runs, 99) / median(quiet_runs, 99)
+        print(f"# p99 with the conductors holding the GIL / quiet ({runs}): {ratio:.2f}x")
+    if churn_runs:
+        for histogram, _ in churn_runs:
+            print(_line("  IPC add/remove 100ms", histogram))
+        moved = median(churn_runs, 99.9) - median(quiet_runs, 99.9)
         print(f"# p99.9 with a default IPC publication added and removed every 100 ms on each "
-              f"driver ({churns.value} times) - quiet: {moved / 1000:+.2f} ms")
+              f"driver ({churns.value} times) - quiet ({runs}): {moved / 1000:+.2f} ms")
     if not args.no_aeron:
         for two, name in ((False, "Aeron Ping/Pong 1 drv"), (True, "Aeron Ping/Pong 2 drv")):
             try:
                 print(f"{name:<22} {run_aeron(int(args.rate * args.seconds), two_drivers=two)}")
             except Exception as e:  # a failed peer run is reported, not fatal
                 print(f"# {name} failed: {e}")
-    p99_ratio = zmq_histogram.get_value_at_percentile(99) / ss_histogram.get_value_at_percentile(99)
+    p99_ratio = zmq_histogram.get_value_at_percentile(99) / median(quiet_runs, 99)
     print(f"p99: slipstream {p99_ratio:.1f}x lower than pyzmq tcp; an idle driver with an open UDP "
           f"stream used {idle_driver * 100:.2f} % of a core; a waiting subscriber "
           f"{idle_cpu.value * 100:.2f} %")

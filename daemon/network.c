@@ -536,9 +536,14 @@ int64_t ss_loss_next_deadline(const ss_loss_detector_t *d) {
 
 int32_t ss_clean_toward(ss_log_cleaner_t *c, uint8_t *log, int32_t term_length,
                         int32_t position_bits, int64_t consumer_position) {
+    /* Compared before the subtraction: a client writes the consumer's cell, and a position
+     * near INT64_MIN must not wrap the target past everything. */
+    if (consumer_position <= c->position + term_length) {
+        c->target = c->position;
+        return 0;
+    }
     const int64_t target = consumer_position - term_length;
     c->target = target;
-    if (target <= c->position) return 0;
     const int64_t term_end = (c->position | (int64_t)(term_length - 1)) + 1;
     int64_t end = c->position + c->chunk_length;
     if (term_end < end) end = term_end;
@@ -1533,6 +1538,8 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
         if (p->heartbeat_in_c && p->fd >= 0 &&
             p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
             deadline = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+        if (p->sm_in_c && p->sm_time_ns + p->connection_timeout_ns + 1 < deadline)
+            deadline = p->sm_time_ns + p->connection_timeout_ns + 1; /* its receiver's liveness */
     }
     for (int32_t i = 0; i < a->image_count; i++) {
         const ss_image_t *image = a->images[i];
@@ -1540,6 +1547,9 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
             deadline = image->loss_deadline_ns;
         if (sends_status_messages(image) && !image->sm_unsent && image->sm_deadline_ns < deadline)
             deadline = image->sm_deadline_ns;
+        if (sends_status_messages(image) &&
+            image->time_of_last_packet_ns + image->liveness_timeout_ns < deadline)
+            deadline = image->time_of_last_packet_ns + image->liveness_timeout_ns;
     }
     return deadline;
 }
@@ -1557,8 +1567,12 @@ static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns) {
     return work;
 }
 
-static int image_needs_python(const ss_image_t *image) {
+static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
     if (image->nak_count > 0 || image->sm_unsent) return 1;
+    /* Sums, not differences: ss_agent_python_due is asked at now = -INT64_MAX too. */
+    if (sends_status_messages(image) &&
+        now_ns >= image->time_of_last_packet_ns + image->liveness_timeout_ns)
+        return 1;
     if (image->dirty && (image->python_on_data || image->eos_position >= 0 ||
                          (LOAD_ACQ(image->receiver_hwm) > image->contiguous_position &&
                           !rebuilt_in_c(image))))
@@ -1582,11 +1596,12 @@ int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
         if (r->pending_count > 0 || r->failed) due |= SS_DUE_INPUT;
     }
     for (int32_t i = 0; i < a->image_count && !(due & SS_DUE_IMAGE); i++)
-        if (image_needs_python(a->images[i])) due |= SS_DUE_IMAGE;
+        if (image_needs_python(a->images[i], now_ns)) due |= SS_DUE_IMAGE;
     for (int32_t i = 0; i < a->publication_count; i++) {
         const ss_send_publication_t *p = a->publications[i];
         if (p->notice || (p->sent_since_python &&
-                          LOAD_ACQ(p->sender_position) >= p->python_send_position)) {
+                          LOAD_ACQ(p->sender_position) >= p->python_send_position) ||
+            (p->sm_in_c && now_ns > p->sm_time_ns + p->connection_timeout_ns)) {
             due |= SS_DUE_PUBLICATION;
             break;
         }

@@ -182,7 +182,9 @@ typedef struct {
      * (sm_receiver_id), connected and active.  An untagged SM from that receiver with no
      * flags, at a position already sent, raises snd-lmt to position + window (the window
      * held to half a term); anything else goes up to Python.  Python takes the out fields
-     * at its next pass (the receiver's liveness, what it acknowledged). */
+     * at its next pass (the receiver's liveness, what it acknowledged), and is due when that
+     * receiver sent none for connection_timeout_ns (sm_time_ns, which Python also moves to
+     * the last SM it took itself). */
     int32_t sm_in_c;
     int32_t sm_window;            /* out: the window of the last SM taken here */
     int64_t sm_receiver_id;
@@ -190,14 +192,16 @@ typedef struct {
     int64_t sm_position;          /* out: its consumption position */
     int64_t sm_count;             /* out: SMs taken here (Python zeroes it with the receiver) */
     int64_t *status_messages_received; /* system counter */
+    int64_t connection_timeout_ns;
     /* Heartbeats sent by the C half while Python sets heartbeat_in_c (a socket, connected
      * once, not at its end of stream): a DATA header with frame length 0 at snd-pos, flags
      * BEGIN|END, once nothing went out for SS_HEARTBEAT_TIMEOUT_NS (time_of_last_send_ns). */
     int32_t heartbeat_in_c;
     int64_t *heartbeats_sent;     /* system counter */
     /* pub-lmt, moved by the C half while Python sets limit_in_c (active, connected, taking
-     * offers, no credit stop): once snd-pos reached limit_step_position (pub-lmt's next step
-     * of trip_gain, Aeron's window / 8), or while cleaning is behind, the log is cleaned a
+     * offers, no credit stop): once snd-pos reached pub-lmt's next step (last_publisher_limit
+     * + trip_gain - term_window_length; trip_gain is Aeron's window / 8), or while cleaning
+     * is behind, the log is cleaned a
      * chunk toward one term behind snd-pos and pub-lmt goes to min(snd-pos + term_window,
      * what cleaning allows).  The Python half's pub-lmt rule reads and writes the same
      * fields (last_publisher_limit, the cleaner). */
@@ -334,6 +338,8 @@ typedef struct {
     int64_t last_sm_position;     /* position of the last SM sent (under-run check) */
     int64_t overrun_threshold;    /* last_sm_position + term_length / 2 (over-run check) */
     int64_t time_of_last_packet_ns;
+    int64_t liveness_timeout_ns;  /* while the C half sends the SMs, Python is due when no
+                                   * packet came for this long (else it keeps the timer) */
     int64_t eos_position;         /* -1 until a heartbeat with EOS arrives */
     int64_t contiguous_position;  /* the end of what arrived in order: a datagram landing here
                                    * moves it on; the rebuild pass scans from here, never what
@@ -546,9 +552,10 @@ int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only)
 /* Whether the Python half is due at now_ns: SS_DUE_* bits, also stored in a->due. */
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns);
 /* The earliest timer the agent's C half keeps itself (the gaps of images rebuilt in C, the
- * status-message timer of images whose SMs it sends, the heartbeats of publications that
- * send them here), or SS_NO_DEADLINE: the C loop parks no later, and the simulator's clock
- * moves there. */
+ * status-message and liveness timers of images whose SMs it sends, the heartbeats of
+ * publications that send them here and the liveness of the receiver whose SMs it takes; 0
+ * while a publication's cleaning is behind), or SS_NO_DEADLINE: the C loop parks no later,
+ * and the simulator's clock moves there. */
 int64_t ss_agent_c_deadline(const ss_agent_t *a);
 
 /* A network thread's loop: duty cycles of its agents, spinning while there is work, yielding

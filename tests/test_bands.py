@@ -354,3 +354,48 @@ def test_in_the_simulator_a_deferred_band_waits_without_stalling_the_clock() -> 
         for log, _appender in appenders:
             log.close()
         assert positions[1] >= 100 * 1032 and positions[0] == 0, positions
+
+
+def test_in_the_simulator_the_lowest_band_refuses_offers_at_step_4_and_takes_them_after() -> None:
+    """At the governor's top step a publication of the lowest band takes no new offers: its
+    pub-lmt stays where its producer is, though the sender's C half moves pub-lmt for a
+    connected publication (not for one that refuses), while the other band's offers go on.
+    Back at step 0 it takes offers again."""
+    scenario = Scenario(hosts=2, messages=0, faults=LinkFaults(rate_mbit=100))
+    with Simulation(scenario) as sim:
+        sim.run_until(1_000_000, stop_when_complete=False)
+        uri = scenario.channel_uri(1)
+        receiver = sim.subscribers[0]
+        for stream_id in (2001, 2002):
+            receiver.driver.command({"type": control.ADD_SUBSCRIPTION, "channel": uri,
+                                     "stream_id": stream_id})
+        receiver.wake()
+        sim.run_until(2_000_000, stop_when_complete=False)
+        logs, appenders = [], []
+        for stream_id, priority in ((2001, -500), (2002, 800)):
+            reply = sim.publisher.driver.command({
+                "type": control.ADD_PUBLICATION, "channel": f"{uri}|priority={priority}",
+                "stream_id": stream_id})
+            logs.append(LogBuffer(reply["log_file"]))
+            limit = sim.publisher.driver.counters.address(reply["publication_limit_counter_id"])
+            appenders.append(new_appender(logs[-1], limit))
+        sim.run_until(300_000_000, stop_when_complete=False)  # both connected
+        message = b"d" * 1000
+        sender = sim.publisher.driver.network.sender
+        try:
+            sender.set_pressure_step(4)
+            accepted = [0, 0]
+            for step_ms in range(300, 400, 5):  # 100 ms of offers while the sender runs
+                for i, appender in enumerate(appenders):
+                    for _ in range(20):
+                        accepted[i] += client_lib.ss_offer(appender, message, len(message)) > 0
+                sim.publisher.wake()
+                sim.run_until((step_ms + 5) * 1_000_000, stop_when_complete=False)
+            assert accepted[0] == 0 and accepted[1] > 100, accepted
+            sender.set_pressure_step(0)
+            sim.publisher.wake()
+            sim.run_until(410_000_000, stop_when_complete=False)
+            assert client_lib.ss_offer(appenders[0], message, len(message)) > 0
+        finally:
+            for log in logs:
+                log.close()

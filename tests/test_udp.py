@@ -426,6 +426,42 @@ def test_pub_lmt_steps_and_cleaning_are_the_c_halves_not_a_python_pass_each(laun
     assert passes[0] < 60 and passes[1] < 60, passes
 
 
+def test_a_steady_streams_liveness_timers_are_the_c_halves_not_a_python_pass_each(
+        launch) -> None:
+    """The receiver's liveness at the sender (the SMs its C half takes) and the image's at
+    the receiver (the packets its C half inserts) are timers of the C halves too: a stream
+    of 2,000 messages a second for 4 s, through drivers whose timeouts are 1 s, costs
+    neither driver's Python half a pass for them (as Python's, each fired about once per
+    timeout, 4 times or more in the run).  The image's still goes: the publishing driver
+    killed, it is gone within the timeout."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a, b = launch(), launch()  # publication_connection_timeout and image_liveness_timeout 1 s
+    ca = Client.connect(a.directory)
+    with Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 1006)
+        publication = ca.add_publication(uri, 1006)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 100, lambda i: 100)  # setup done
+        before = counters_of(a), counters_of(b)
+        sent, started = 100, time.monotonic()
+        while (elapsed := time.monotonic() - started) < 4.0:
+            if sent < 100 + elapsed * 2000 and publication.offer(message(sent, 100)) > 0:
+                sent += 1
+            collector.poll()
+            time.sleep(0.0002)
+        after = counters_of(a), counters_of(b)
+        wait_for(lambda: collector.poll() or len(collector.seen) == sent, what="the rest")
+        collector.assert_exactly(sent)
+        a.kill()  # 1 s without a packet, then the drain's 5 SM timeouts (200 ms each)
+        wait_for(lambda: not subscription.images, timeout=5, what="the image went")
+        ca.close()
+    assert sent > 7_000
+    passes = [end["NETWORK_PYTHON_PASSES"] - start["NETWORK_PYTHON_PASSES"]
+              for start, end in zip(before, after, strict=True)]
+    assert passes[0] <= 1 and passes[1] <= 1, passes
+
+
 def test_a_subscriber_position_past_what_arrived_is_held_at_the_hwm(launch) -> None:
     """A client writes its own subscriber position cell; one far past what arrived (near the
     int64 limit: a bug or a hostile client) is held at rcv-hwm by both halves of the

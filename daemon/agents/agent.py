@@ -3,12 +3,14 @@ threads hand them, and their two halves.
 
 An agent's duty cycle has a C half and a Python half (docs/ARCHITECTURE.md, Threads).  The C
 half (``ss_agent_do_work`` over :attr:`Agent.c`) does the per-datagram work of the endpoints
-that have sockets (receive, insert, answer NAKs, send; for a plain unicast stream also the
-image's rebuild pass, its NAKs and SMs, the 25 % rule's and the timer's, the publication's
-heartbeats, and reading those SMs at the sender) and
-decides whether the Python half is due: commands, datagrams for Python (SETUP, RTTM, an SM it
-does not take, ...), a rebuild pass or status message of an image that C does not handle,
-cleaning, a publication's next publisher-limit step, or a timer of the Python half.  The Python
+that have sockets (receive, insert, answer NAKs, send; a connected publication's pub-lmt and
+cleaning; for a plain unicast stream also the image's rebuild pass, its NAKs and SMs, the
+25 % rule's and the timer's, its cleaning and liveness, the publication's heartbeats, and
+reading those SMs at the sender, with their receiver's liveness) and decides whether the
+Python half is due: commands, datagrams for Python (SETUP, RTTM, an SM it does not take,
+...), a rebuild pass, status message or cleaning of an image that C does not handle, the
+next publisher-limit step of a publication whose limit C does not move, a liveness timeout,
+or a timer of the Python half.  The Python
 half (:meth:`Agent.do_python_work`) runs only then, so a busy stream costs Python per batch,
 never per duty cycle.  The driver's network thread runs the C half in a C loop
 (``ss_duty_loop_run``, :mod:`slipstream.daemon.agents.thread`); the simulator calls

@@ -3,14 +3,15 @@
 Its C half (``ss_agent_do_work``, see :mod:`slipstream.daemon.agents.agent`), per duty cycle:
 each endpoint's socket is read, every frame checked and DATA inserted into its image's log
 (rcv-pos follows data that arrives in order); for a reliable unicast image with static
-congestion control it also runs the rebuild pass (the gaps, their NAK timers, the NAKs) and
-sends the status messages (the 25 % rule's and the timer's).  Its Python half
+congestion control it also runs the rebuild pass (the gaps, their NAK timers, the NAKs, the
+loss report), sends the status messages (the 25 % rule's and the timer's), cleans the log
+and keeps the liveness timer.  Its Python half
 (:meth:`Receiver.do_python_work`) runs when due: the commands the conductor submitted, the
 datagrams left for Python (SETUP, RTTM, a new session's data) go to the
 :class:`~slipstream.daemon.media.receive_channel.ReceiveChannel`, the images run what C does
-not (cleaning, liveness, end of stream, and the whole rebuild pass and SMs of the other
-images), and the events go to the conductor.  The driver's network thread and the simulator
-run it.
+not (end of stream, a liveness timeout once it came, and the whole rebuild pass, SMs,
+cleaning and liveness of the other images), and the events go to the conductor.  The
+driver's network thread and the simulator run it.
 
 Units: times in ns.
 """

@@ -3,11 +3,14 @@
 Its C half (``ss_agent_do_work``, see :mod:`slipstream.daemon.agents.agent`), per duty cycle:
 for each publication ``ss_send_data`` sends the committed frames that flow control allows,
 straight from the log (retransmissions first); the send endpoints' sockets are read by the
-status-poll rule, NAKs answered there in C.  Its Python half (:meth:`Sender.do_python_work`)
-runs when due: the status messages, RTTMs, ERRs and delayed NAKs go to the endpoint's
-:class:`SendChannel` dispatcher, and the sans-I/O core (:class:`NetworkPublication`) runs its
-timers (SETUP, heartbeats, retransmits, flow control) and, once snd-pos reached pub-lmt's next
-step, the publisher limit.
+status-poll rule, NAKs answered there in C; a connected publication that takes offers has
+its pub-lmt moved and its log cleaned there, and a unicast one's heartbeats sent, its SMs read
+into snd-lmt and its receiver's liveness timed.  Its Python half (:meth:`Sender.do_python_work`)
+runs when due: the status messages, RTTMs, ERRs and delayed NAKs C leaves go to the
+endpoint's :class:`SendChannel` dispatcher, and the sans-I/O core (:class:`NetworkPublication`)
+runs its timers (SETUP, retransmits, flow control, and those C does not keep) and, for a
+publication whose pub-lmt C does not move, the publisher limit once snd-pos reached its next
+step.
 
 The agent is single-threaded: the driver's network thread (or the simulator) runs it; the
 conductor hands it work with :meth:`Sender.submit` and hears back through ``on_event``
@@ -212,7 +215,8 @@ class Sender(Agent[SendEndpoint]):
         finally:
             # Also after a failure: a publication whose PublicationDone went to the conductor
             # may lose its log at any moment, and the C half must no longer see it.
-            self._sync_c(lambda: min((p.next_due_ns for p, _ in self._publications),
+            self._sync_c(lambda: min((p.next_deadline_ns(c_timers=False)
+                                      for p, _ in self._publications),
                                      default=NO_DEADLINE))
         return work
 

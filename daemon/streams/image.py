@@ -215,6 +215,7 @@ class PublicationImage:
         c.session_id = self.session_id
         c.stream_id = self.stream_id
         c.time_of_last_packet_ns = now_ns
+        c.liveness_timeout_ns = self.liveness_timeout_ns
         c.eos_position = -1
         c.contiguous_position = join
         raw_source = sockaddr(source)
@@ -475,8 +476,10 @@ class PublicationImage:
         if self.rcv_hwm >= self.c.rate_signal_position:
             return True
         cells = self._subscriber_positions
-        # The C half's rule: the same positions (the 25 % rule's SM, and cleaning's).
-        due_position = min(c.sm_due_position, c.clean_due_position)
+        # The C half's rule: the same positions (the 25 % rule's SM, and cleaning's unless
+        # the C half cleans).
+        due_position = (c.sm_due_position if self._sends_sm_in_c()
+                        else min(c.sm_due_position, c.clean_due_position))
         if len(cells) == 1:
             return cells[0][0] >= due_position
         return bool(cells) and self.min_subscriber_position() >= due_position
@@ -720,7 +723,9 @@ class PublicationImage:
             # Waited: only the subscribers are left to drain; their progress wakes the pass
             # (the C half's 25 % rule, and the SM timer), a deadline of now would spin.
             return deadline
-        return min(deadline, self.c.time_of_last_packet_ns + self.liveness_timeout_ns)
+        if c_timers or not self._sends_sm_in_c():  # else the C half keeps this one too
+            deadline = min(deadline, self.c.time_of_last_packet_ns + self.liveness_timeout_ns)
+        return deadline
 
     def __repr__(self) -> str:
         return (f"<PublicationImage session={self.session_id} stream={self.stream_id} "

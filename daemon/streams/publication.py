@@ -194,6 +194,7 @@ class NetworkPublication:
         c.priority = params.priority
         c.status_messages_received = counters.address(SystemCounter.STATUS_MESSAGES_RECEIVED)
         c.heartbeats_sent = counters.address(SystemCounter.HEARTBEATS_SENT)
+        c.connection_timeout_ns = self.connection_timeout_ns
         self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
         self._refusing_offers = False
         #: priority= of its URI: its band in the sender's round robin (seeds/004).
@@ -247,6 +248,7 @@ class NetworkPublication:
         except KeyError:
             raise LocalProtocolError(
                 f"{event!r} is not allowed in state {self.state.name}") from None
+        self._sync_limit_in_c()
         if self.state is PublicationState.LINGER:
             self._linger_start_ns = now_ns
             self.is_end_of_stream = True  # heartbeats now carry EOS (0xE0)
@@ -265,6 +267,7 @@ class NetworkPublication:
         the log has reached; an offer already past its limit check may still land)."""
         position = self.log.producer_position()
         self.credit_stop_position = position
+        self._sync_limit_in_c()
         if self._last_publisher_limit > position:
             self._set_publisher_limit(position)
 
@@ -401,13 +404,16 @@ class NetworkPublication:
                 and len(receivers) == 1 and not self.is_setup_elicited)
         c = self.c
         c.python_send_position = self.python_send_position()
-        c.limit_in_c = int(self._steps_limit_in_c())
+        self._sync_limit_in_c()
         c.heartbeat_in_c = int(self._sends_heartbeats_in_c())
         if take:
-            receiver_id = next(iter(receivers))
+            receiver_id, last_sm_ns = next(iter(receivers.items()))
             if receiver_id != c.sm_receiver_id:  # what C took was another receiver's
                 c.sm_count = c.sm_position = self._c_sm_seen = 0
                 c.sm_receiver_id = receiver_id
+                c.sm_time_ns = last_sm_ns
+            # The C half's liveness rule reads it: an SM this half took counts too.
+            c.sm_time_ns = max(c.sm_time_ns, last_sm_ns)
         c.sm_in_c = int(take)
 
     def _on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
@@ -474,6 +480,12 @@ class NetworkPublication:
                 return NO_DEADLINE
             return self._last_publisher_limit + self._trip_gain - self.term_window_length
         return 0
+
+    def _sync_limit_in_c(self) -> None:
+        """At once where the rule below changes (also set after every pass, by
+        :meth:`sync_c_half`): a pass that fails after a credit stop or a refusal must not
+        leave the C half raising pub-lmt."""
+        self.c.limit_in_c = int(self._steps_limit_in_c())
 
     def _steps_limit_in_c(self) -> bool:
         """Whether the C half runs pub-lmt's rule (``c.limit_in_c``, which :meth:`sync_c_half`
@@ -621,6 +633,7 @@ class NetworkPublication:
                      and now_ns <= self._status_message_deadline_ns)
         if connected != self._connected:
             self._connected = connected
+            self._sync_limit_in_c()
             if connected:
                 # The limit first: an offer that sees the stream connected under the limit it
                 # had while disconnected would record a hit and open a false episode.
@@ -655,6 +668,7 @@ class NetworkPublication:
         if refusing == self._refusing_offers:
             return
         self._refusing_offers = refusing
+        self._sync_limit_in_c()
         if refusing:
             self._set_publisher_limit(min(self._last_publisher_limit,
                                           max(self.log.producer_position(),
@@ -688,9 +702,11 @@ class NetworkPublication:
                 self._transition("linger_expired", now_ns)
 
     # -- timers ---------------------------------------------------------------------------
-    def next_deadline_ns(self) -> int:
+    def next_deadline_ns(self, *, c_timers: bool = True) -> int:
         """The earliest time :meth:`datagrams_to_send` has something to do; a value ``<=``
         the last ``now`` means "now" (cleaning to catch up, a drained publication to move on).
+        ``c_timers=False``: the Python half's timers only (while the C half takes the SMs,
+        it also keeps their receiver's liveness timer, ``c.sm_in_c``).
         NO_DEADLINE once DONE.  Data is not a timer, nor are queued retransmissions: the C
         data path sends both when the socket takes them (the sender agent's deadline says when
         that is; a timer of "now" here kept the simulator's clock from ever reaching the time
@@ -711,11 +727,12 @@ class NetworkPublication:
         if self.rate_control is not None:
             deadline = min(deadline, self.rate_control.next_deadline_ns(),
                            self._announce_deadline_ns)
-        if self._connected:
-            deadline = min(deadline, self._status_message_deadline_ns + 1)
-        if self._receivers:
-            deadline = min(deadline, min(self._receivers.values())
-                           + self.connection_timeout_ns + 1)
+        if c_timers or not self.c.sm_in_c:
+            if self._connected:
+                deadline = min(deadline, self._status_message_deadline_ns + 1)
+            if self._receivers:
+                deadline = min(deadline, min(self._receivers.values())
+                               + self.connection_timeout_ns + 1)
         if (self.state in (PublicationState.ACTIVE, PublicationState.DRAINING)
                 and self.log.producer_position() > self.sender_position):
             # The blocked-publisher check, now that heartbeats no longer wake this half.
