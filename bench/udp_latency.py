@@ -170,7 +170,8 @@ def main() -> int:
                 churner.start()
             passes, started = python_passes(a, b), time.monotonic()
             histogram = _run(_ss_pinger, _ss_ponger, (str(a.directory), rounds, args.rate),
-                             (str(b.directory), rounds, idle_cpu),
+                             (str(b.directory), rounds,
+                              idle_cpu if name == "quiet0" else context.Value("d", -1.0)),
                              (ping_channel, pong_channel))
             rates = [(after - before) / (time.monotonic() - started)
                      for before, after in zip(passes, python_passes(a, b), strict=True)]

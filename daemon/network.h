@@ -188,7 +188,8 @@ typedef struct {
     int32_t sm_in_c;
     int32_t sm_window;            /* out: the window of the last SM taken here */
     int64_t sm_receiver_id;
-    int64_t sm_time_ns;           /* out: when the last SM was taken here */
+    int64_t sm_time_ns;           /* when the last SM was taken here (out), or Python took
+                                   * one of that receiver's (in, the liveness rule) */
     int64_t sm_position;          /* out: its consumption position */
     int64_t sm_count;             /* out: SMs taken here (Python zeroes it with the receiver) */
     int64_t *status_messages_received; /* system counter */

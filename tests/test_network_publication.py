@@ -352,3 +352,26 @@ def test_send_channel_routes_and_counts_malformed(shm: Path) -> None:
     assert counters[SystemCounter.INVALID_PACKETS] == 2
     channel.on_datagram(StatusMessage(5, 6, 0, 0, 0, 1, 0x80).encode(), RCV, 1)
     assert pub.is_setup_elicited
+
+
+def test_a_rule_that_leaves_the_c_half_makes_the_publication_due_by_the_agents_deadline(
+        shm: Path) -> None:
+    """The sender agent parks until the earliest ``python_deadline_ns`` of its publications
+    (their timers without those the C half keeps); a publication must then be due, or every
+    duty cycle would be a Python pass that finds nothing to do.  The case: the governor's
+    step 4 refuses a lowest-band publication's offers while its cleaning is behind (the C
+    half stopped at a term's end), so cleaning is the Python half's again, at once."""
+    pub, _log, _limit, appender, _ = make(shm, "aeron:udp?endpoint=10.0.0.2:40123|priority=-500")
+    pub.on_frame(sm(), DEST, 0)
+    assert lib.ss_offer(appender, b"a" * 100, 100) > 0
+    cycle(pub, 1 * MS)
+    pub.sync_c_half()
+    assert pub.c.limit_in_c and pub.due(1 * MS) is False
+    pub.cleaner.c.target = pub.cleaner.position + 4096  # as the C half left it
+    pub.apply_pressure_step(4)
+    pub.sync_c_half()
+    assert not pub.c.limit_in_c
+    deadline = pub.python_deadline_ns()
+    assert deadline <= 1 * MS and pub.due(deadline)
+    cycle(pub, 2 * MS)  # the Python half cleans
+    assert not pub.cleaner.is_behind

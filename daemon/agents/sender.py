@@ -215,8 +215,7 @@ class Sender(Agent[SendEndpoint]):
         finally:
             # Also after a failure: a publication whose PublicationDone went to the conductor
             # may lose its log at any moment, and the C half must no longer see it.
-            self._sync_c(lambda: min((p.next_deadline_ns(c_timers=False)
-                                      for p, _ in self._publications),
+            self._sync_c(lambda: min((p.python_deadline_ns() for p, _ in self._publications),
                                      default=NO_DEADLINE))
         return work
 

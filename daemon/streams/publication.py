@@ -473,13 +473,25 @@ class NetworkPublication:
         """The snd-pos from which a send needs :meth:`on_data_sent` (the agent's C half
         watches it): never while the C half moves pub-lmt, nor when not connected (status
         messages move it then); pub-lmt's next step of window/8 while otherwise ACTIVE
-        (offers refused, or credit stopped); every send while draining or lingering."""
+        (offers refused, or credit stopped); the end of the log while draining (then it is
+        drained); never while lingering (its timers and SMs move it on)."""
         state = self.state
         if state is PublicationState.ACTIVE:
             if not self._connected or self._steps_limit_in_c():
                 return NO_DEADLINE
             return self._last_publisher_limit + self._trip_gain - self.term_window_length
-        return 0
+        if state is PublicationState.DRAINING:
+            return self.log.producer_position()
+        return NO_DEADLINE
+
+    def python_deadline_ns(self) -> int:
+        """The agent's deadline for this publication: :meth:`next_deadline_ns` without the
+        timers the C half keeps.  :meth:`due` turns true by then too (a deadline of the agent
+        that found no publication due would make a Python pass of every duty cycle)."""
+        deadline = self.next_deadline_ns(c_timers=False)
+        if deadline < self._next_due_ns:
+            self._next_due_ns = deadline
+        return deadline
 
     def _sync_limit_in_c(self) -> None:
         """At once where the rule below changes (also set after every pass, by
