@@ -375,3 +375,20 @@ def test_a_rule_that_leaves_the_c_half_makes_the_publication_due_by_the_agents_d
     assert deadline <= 1 * MS and pub.due(deadline)
     cycle(pub, 2 * MS)  # the Python half cleans
     assert not pub.cleaner.is_behind
+
+
+def test_a_publication_closed_while_its_cleaning_is_behind_is_not_due_every_cycle(
+        shm: Path) -> None:
+    """Cleaning stops when the publication closes (its log takes no more data); a deadline
+    of "now" for it made a Python pass of every duty cycle through the drain and the
+    linger."""
+    pub, _log, _limit, appender, _ = make(shm)
+    pub.on_frame(sm(), DEST, 0)
+    assert lib.ss_offer(appender, b"a" * 100, 100) > 0
+    cycle(pub, 1 * MS)
+    pub.cleaner.c.target = pub.cleaner.position + 4096  # as the C half left it
+    pub.close(2 * MS)
+    cycle(pub, 3 * MS)
+    pub.sync_c_half()
+    assert pub.state is not PublicationState.ACTIVE and pub.cleaner.is_behind
+    assert pub.python_deadline_ns() > 3 * MS

@@ -465,8 +465,7 @@ class NetworkPublication:
         self._now_ns = now_ns
         state = self.state
         self._conductor_duties(now_ns)
-        if self.state is not state or (self.cleaner.is_behind
-                                       and not self._steps_limit_in_c()):
+        if self.state is not state or self._python_cleaning_behind():
             self._next_due_ns = 0
 
     def python_send_position(self) -> int:
@@ -492,6 +491,14 @@ class NetworkPublication:
         if deadline < self._next_due_ns:
             self._next_due_ns = deadline
         return deadline
+
+    def _python_cleaning_behind(self) -> bool:
+        """Cleaning is behind, and the Python half's to catch up: while ACTIVE and connected
+        (what :meth:`_update_publisher_limit` runs in), unless the C half cleans.  A closed
+        publication's log takes no more data: cleaning stops with it (a deadline of "now"
+        there was a Python pass of every duty cycle until the stream went)."""
+        return (self.state is PublicationState.ACTIVE and self._connected
+                and self.cleaner.is_behind and not self._steps_limit_in_c())
 
     def _sync_limit_in_c(self) -> None:
         """At once where the rule below changes (also set after every pass, by
@@ -726,8 +733,7 @@ class NetworkPublication:
         if self.state is PublicationState.DONE:
             return NO_DEADLINE
         now = self._now_ns
-        if self._outbox or (self.cleaner.is_behind and self._connected
-                            and not self._steps_limit_in_c()):
+        if self._outbox or self._python_cleaning_behind():
             return now
         deadline = self.retransmit_handler.next_resend_ns()
         if not self.has_initial_connection or self.is_setup_elicited:
