@@ -318,30 +318,39 @@ def test_in_the_simulator_band_4_takes_eight_ninths_of_a_bottleneck_link() -> No
         assert all(b > a for a, b in zip(positions[::100], positions[100::100], strict=False))
 
 
+def _two_bands(sim: Simulation, scenario: Scenario) -> list[tuple[LogBuffer, object, int]]:
+    """Streams 2001 (priority -500, the lowest band) and 2002 (800, band 4) from the
+    simulation's publisher to its subscriber, connected: (log, appender, session id) each."""
+    sim.run_until(1_000_000, stop_when_complete=False)
+    uri = scenario.channel_uri(1)
+    receiver = sim.subscribers[0]
+    for stream_id in (2001, 2002):
+        receiver.driver.command({"type": control.ADD_SUBSCRIPTION, "channel": uri,
+                                 "stream_id": stream_id})
+    receiver.wake()
+    sim.run_until(2_000_000, stop_when_complete=False)
+    streams = []
+    for stream_id, priority in ((2001, -500), (2002, 800)):
+        reply = sim.publisher.driver.command({
+            "type": control.ADD_PUBLICATION, "channel": f"{uri}|priority={priority}",
+            "stream_id": stream_id})
+        log = LogBuffer(reply["log_file"])
+        limit = sim.publisher.driver.counters.address(reply["publication_limit_counter_id"])
+        streams.append((log, new_appender(log, limit), reply["session_id"]))
+    sim.run_until(300_000_000, stop_when_complete=False)  # both connected
+    return streams
+
+
 def test_in_the_simulator_a_deferred_band_waits_without_stalling_the_clock() -> None:
     """At the governor's step 3 the lowest band's new data waits in its log: the simulator's
     clock moves on past it (it is not due at any time), and the other bands go on."""
     scenario = Scenario(hosts=2, messages=0, faults=LinkFaults(rate_mbit=100),
                         settings={"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"})
     with Simulation(scenario) as sim:
-        sim.run_until(1_000_000, stop_when_complete=False)
-        uri = scenario.channel_uri(1)
+        streams = _two_bands(sim, scenario)
+        appenders = [(log, appender) for log, appender, _ in streams]
+        sessions = [session for _, _, session in streams]
         receiver = sim.subscribers[0]
-        for stream_id in (2001, 2002):
-            receiver.driver.command({"type": control.ADD_SUBSCRIPTION, "channel": uri,
-                                     "stream_id": stream_id})
-        receiver.wake()
-        sim.run_until(2_000_000, stop_when_complete=False)
-        appenders, sessions = [], []
-        for stream_id, priority in ((2001, -500), (2002, 800)):
-            reply = sim.publisher.driver.command({
-                "type": control.ADD_PUBLICATION, "channel": f"{uri}|priority={priority}",
-                "stream_id": stream_id})
-            log = LogBuffer(reply["log_file"])
-            limit = sim.publisher.driver.counters.address(reply["publication_limit_counter_id"])
-            appenders.append((log, new_appender(log, limit)))
-            sessions.append(reply["session_id"])
-        sim.run_until(300_000_000, stop_when_complete=False)  # both connected
         sim.publisher.driver.network.sender.set_pressure_step(3)
         message = b"d" * 1000
         for _log, appender in appenders:
@@ -363,23 +372,9 @@ def test_in_the_simulator_the_lowest_band_refuses_offers_at_step_4_and_takes_the
     Back at step 0 it takes offers again."""
     scenario = Scenario(hosts=2, messages=0, faults=LinkFaults(rate_mbit=100))
     with Simulation(scenario) as sim:
-        sim.run_until(1_000_000, stop_when_complete=False)
-        uri = scenario.channel_uri(1)
-        receiver = sim.subscribers[0]
-        for stream_id in (2001, 2002):
-            receiver.driver.command({"type": control.ADD_SUBSCRIPTION, "channel": uri,
-                                     "stream_id": stream_id})
-        receiver.wake()
-        sim.run_until(2_000_000, stop_when_complete=False)
-        logs, appenders = [], []
-        for stream_id, priority in ((2001, -500), (2002, 800)):
-            reply = sim.publisher.driver.command({
-                "type": control.ADD_PUBLICATION, "channel": f"{uri}|priority={priority}",
-                "stream_id": stream_id})
-            logs.append(LogBuffer(reply["log_file"]))
-            limit = sim.publisher.driver.counters.address(reply["publication_limit_counter_id"])
-            appenders.append(new_appender(logs[-1], limit))
-        sim.run_until(300_000_000, stop_when_complete=False)  # both connected
+        streams = _two_bands(sim, scenario)
+        logs = [log for log, _, _ in streams]
+        appenders = [appender for _, appender, _ in streams]
         message = b"d" * 1000
         sender = sim.publisher.driver.network.sender
         try:
