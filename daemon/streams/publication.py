@@ -519,7 +519,8 @@ class NetworkPublication:
 
     @property
     def next_due_ns(self) -> int:
-        """When :meth:`due` turns true with no input: what a parking thread waits for."""
+        """When :meth:`due` turns true with no input (every timer, the C half's too; a parking
+        thread waits for :meth:`python_deadline_ns` and the C half's own timers)."""
         return self._next_due_ns
 
     def datagrams_to_send(self, now_ns: int) -> list[Datagram]:
