@@ -555,6 +555,12 @@ int32_t ss_clean_toward(ss_log_cleaner_t *c, uint8_t *log, int32_t term_length,
     return 1;
 }
 
+int64_t ss_clean_due_position(const ss_log_cleaner_t *c, int32_t term_length) {
+    const int64_t half_term = term_length >> 1;
+    return c->position + term_length + (c->chunk_length < half_term ? c->chunk_length
+                                                                    : half_term);
+}
+
 int64_t ss_reusable_limit(const ss_log_cleaner_t *c, int32_t term_length) {
     const int64_t mask = (int64_t)term_length - 1;
     return ((c->position + mask) & ~mask) + (SS_PARTITION_COUNT - 1) * (int64_t)term_length;
@@ -1412,16 +1418,12 @@ static int64_t allowed_window(const ss_image_t *image, int64_t position) {
 }
 
 /* Cleaning, once the slowest subscriber reached clean_due_position: a chunk toward one term
- * behind it, then the limits that follow from it.  Due again with half a term (or a chunk)
- * more to clean, so that the limit stays a window ahead of the subscribers. */
+ * behind it, then the limits that follow from it. */
 static void clean_image(ss_image_t *image, int64_t slowest) {
     ss_log_cleaner_t *cleaner = image->cleaner;
     ss_clean_toward(cleaner, image->log, image->term_length, image->position_bits, slowest);
     image->reusable_limit = ss_reusable_limit(cleaner, image->term_length);
-    const int64_t half_term = image->term_length >> 1;
-    image->clean_due_position = cleaner->position + image->term_length +
-                                (cleaner->chunk_length < half_term ? cleaner->chunk_length
-                                                                   : half_term);
+    image->clean_due_position = ss_clean_due_position(cleaner, image->term_length);
 }
 
 /* The C half's status messages and cleaning: the slowest subscriber reached the 25 % rule's

@@ -66,6 +66,9 @@ int32_t ss_clean_toward(ss_log_cleaner_t *c, uint8_t *log, int32_t term_length,
 /* The highest limit partition reuse allows writers: the cleaned position rounded up to a term
  * boundary plus two terms (a writer below it may claim to the end of its term and rotate). */
 int64_t ss_reusable_limit(const ss_log_cleaner_t *c, int32_t term_length);
+/* The slowest subscriber's position from which an image's cleaning is due again: half a term
+ * (or a chunk, if less) more to clean, so that the reusable limit stays a window ahead. */
+int64_t ss_clean_due_position(const ss_log_cleaner_t *c, int32_t term_length);
 
 /* One datagram's worth of a publication's log: log_offset counts from the start of term 0.
  * `padding` is the part of a PAD frame that stays behind (only its header is sent), so the

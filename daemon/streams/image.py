@@ -587,14 +587,13 @@ class PublicationImage:
         """What the C half's status messages need of cleaning: the window it allows, and the
         slowest subscriber's position from which there is half a term (or a chunk) to clean,
         so that the window never waits for it (the C half cleans from there while it sends
-        the SMs, and moves both on; the Python half does otherwise).  The same rule as
-        ``clean_image`` in daemon/network.c."""
+        the SMs, and moves both on; the Python half does otherwise).  One rule for both:
+        ``ss_clean_due_position``."""
         c = self.c
         cleaner = self.cleaner
         c.reusable_limit = cleaner.reusable_limit()
-        c.clean_due_position = (
-            cleaner.position + self.term_length
-            + min(cleaner.chunk_length, self.term_length >> 1) if c.sm_in_c else NO_DEADLINE)
+        c.clean_due_position = (network.ss_clean_due_position(cleaner.c, self.term_length)
+                                if c.sm_in_c else NO_DEADLINE)
 
     def _take_c_rebuild_output(self) -> None:
         """What the C rebuild passes left: the NAKs they could not send (the simulator's, or
