@@ -571,13 +571,21 @@ int32_t ss_abort(ss_appender_t *a, uint8_t *frame, int32_t frame_length) {
 int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int32_t max_frames,
                      int32_t *starts, int32_t *ends, int32_t *next_offset) {
     int32_t count = 0;
+    const int32_t start = offset;
     while (count < max_frames && offset < scan_end) {
         int32_t frame_length = LOAD_ACQ((const int32_t *)(term + offset));
         /* Another process wrote it: a length past the scan would overflow align32 and send
          * the scan backwards (a frame never crosses its term, and scan_end <= term end). */
-        if (frame_length <= 0 || frame_length > scan_end - offset) break;
+        if (frame_length <= 0) break;
+        if (frame_length > scan_end - offset) {
+            if (offset == start) count = -1;
+            break;
+        }
         if (*(const uint16_t *)(term + offset + SS_TYPE_FIELD) != SS_HDR_TYPE_PAD) {
-            if (term[offset + SS_FLAGS_FIELD] != SS_UNFRAGMENTED) break;
+            if (term[offset + SS_FLAGS_FIELD] != SS_UNFRAGMENTED) {
+                if (offset == start) count = -1;
+                break;
+            }
             starts[count] = offset + SS_HEADER_LENGTH;
             ends[count] = offset + frame_length;
             count++;

@@ -162,8 +162,9 @@ void ss_advance_position(int64_t *position_counter, int64_t position, uint8_t *m
  * For each frame writes the payload's start and end offsets (start = frame offset + 32, end =
  * frame offset + frame_length) into starts[i] and ends[i].  Stops after max_frames frames, at
  * the first uncommitted frame, at scan_end (a term offset, at most the term length), or before
- * a fragment (BEGIN/END not both set: the caller assembles those).  Returns the count;
- * *next_offset is where scanning stopped. */
+ * a fragment (BEGIN/END not both set: the caller assembles those).  Returns the count, or -1
+ * when the frame at `offset` itself is committed but not one this scan takes (a fragment, or
+ * one that ends past scan_end): the caller's cold path; *next_offset is where scanning stopped. */
 int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int32_t max_frames,
                      int32_t *starts, int32_t *ends, int32_t *next_offset);
 

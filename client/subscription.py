@@ -13,7 +13,6 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from array import array
@@ -224,12 +223,10 @@ class Image:
         count = lib.ss_term_read(self._term_ptrs[index], offset, scan_end,
                                  min(fragment_limit, _MAX_SCAN), self._starts, self._ends,
                                  self._next_offset)
+        if count < 0:  # a fragment at the position
+            return self._read_fragments(handler, fragment_limit, scan_end)
         next_offset = self._next_offset[0]
         if next_offset == offset:
-            # Nothing whole and unfragmented here: maybe a fragment, else nothing new.
-            if count == 0 and offset < scan_end and \
-                    self._log.frame_length_volatile(index, offset) > 0:
-                return self._read_fragments(handler, fragment_limit, scan_end)
             return 0
         if count:
             term = self._terms[index]
@@ -304,14 +301,14 @@ class Image:
         count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
                                  min(max_messages, _MAX_SCAN), self._starts, self._ends,
                                  self._next_offset)
+        if count < 0:  # a fragment at the position
+            return self._assemble_batch()
         next_offset = self._next_offset[0]
         if next_offset != offset:
             self._advance(position + next_offset - offset)
         if count:
             return MessageBatch(self._terms[index], self._starts_view[:count],
                                 self._ends_view[:count], self.session_id, self._position)
-        if next_offset == offset and self._log.frame_length_volatile(index, offset) > 0:
-            return self._assemble_batch()
         return None
 
     def _assemble_batch(self) -> MessageBatch | None:
@@ -530,7 +527,7 @@ class Subscription:
         number of messages handled, 0 on timeout; raises :class:`DriverNotRunningError` once
         the client lost its driver (a receive waiting then is woken).  With an embedded
         driver (invoker mode) it runs the driver's duty cycle instead of parking: nothing
-        else would move the data, so it yields the CPU only between idle cycles.
+        else would move the data, so it yields the CPU only as :meth:`poll` does.
         """
         count = self.poll(handler, fragment_limit)
         if count:
@@ -539,14 +536,14 @@ class Subscription:
         invoker = self._client.invoker
         if invoker is not None:
             while not self._closed:
-                worked = invoker()
+                invoker()
+                # An empty poll gives the CPU up past spins_before_yield in a row (the
+                # client's one idle rule): a peer process may share this core.
                 count = self.poll(handler, fragment_limit)
                 if count:
                     return count
                 if deadline is not None and time.monotonic_ns() >= deadline:
                     return 0
-                if not worked:
-                    os.sched_yield()
             return 0
         spin_ns = self._spin_ns  # spin once per wait; later slices only park
         while not self._closed:
