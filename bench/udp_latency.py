@@ -13,7 +13,8 @@ the CPU a slipstream driver with open UDP channels uses when idle.
 
 A p99 or p99.9 of one 3-5 s run moves by 2-4x from run to run on a shared 2 vCPU machine, so
 ``--repeat N`` runs the quiet pair of drivers and each variant (``--gil-hold``,
-``--ipc-churn``) N times, in turns, each with new drivers, and compares their medians.
+``--ipc-churn``) N times, in turns, each with new drivers, and compares their medians; with
+``--embedded``, raw UDP and the embedded pair also run N times in turns.
 """
 
 from __future__ import annotations
@@ -202,16 +203,17 @@ def main() -> int:
         before, started = _cpu_seconds(a.pid), time.monotonic()
         time.sleep(3.0)
         idle_driver = (_cpu_seconds(a.pid) - before) / (time.monotonic() - started)
-    embedded_histogram = udp_histogram = None
-    if args.embedded:
+    udp_runs, embedded_runs = [], []
+    for i in range(max(1, args.repeat) if args.embedded else 0):
         port = free_port()
-        udp_histogram = _run(_udp_pinger, _udp_ponger, (port, rounds, args.rate), (port, rounds))
+        udp_runs.append((_run(_udp_pinger, _udp_ponger, (port, rounds, args.rate),
+                              (port, rounds)), None))
         ping_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
         pong_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-        embedded_histogram = _run(
-            _ss_pinger, _ss_ponger, (str(directory / "g"), rounds, args.rate),
-            (str(directory / "h"), rounds, context.Value("d", -1.0)),
-            (ping_channel, pong_channel, True))
+        embedded_runs.append((_run(
+            _ss_pinger, _ss_ponger, (str(directory / f"g{i}"), rounds, args.rate),
+            (str(directory / f"h{i}"), rounds, context.Value("d", -1.0)),
+            (ping_channel, pong_channel, True)), None))
 
     def median(runs, percentile: float) -> float:
         return statistics.median(h.get_value_at_percentile(percentile) for h, _ in runs)
@@ -222,15 +224,16 @@ def main() -> int:
     print(f"# the two drivers' network threads ran their Python halves "
           f"{passes_per_s[0]:.1f} and {passes_per_s[1]:.1f} times a second "
           f"(the pinger's and the ponger's, setup included)")
-    if embedded_histogram is not None and udp_histogram is not None:
-        print(_line("raw Python UDP", udp_histogram))
-        print(_line("  embedded, invoker", embedded_histogram))
-        p50 = (embedded_histogram.get_value_at_percentile(50)
-               / udp_histogram.get_value_at_percentile(50))
-        p99 = (embedded_histogram.get_value_at_percentile(99)
-               / zmq_histogram.get_value_at_percentile(99))
-        print(f"# embedded: p50 {p50:.2f}x raw UDP's; p99 {p99:.2f}x pyzmq tcp's")
     runs = f"median of {len(quiet_runs)} runs each" if len(quiet_runs) > 1 else "one run each"
+    if embedded_runs:
+        for (udp_histogram, _), (embedded_histogram, _) in zip(udp_runs, embedded_runs,
+                                                               strict=True):
+            print(_line("raw Python UDP", udp_histogram))
+            print(_line("  embedded, invoker", embedded_histogram))
+        p50 = median(embedded_runs, 50) / median(udp_runs, 50)
+        p99 = median(embedded_runs, 99) / zmq_histogram.get_value_at_percentile(99)
+        print(f"# embedded: p50 {p50:.2f}x raw UDP's ({runs}); p99 {p99:.2f}x pyzmq tcp's "
+              f"(the embedded runs' median)")
     if held_runs:
         for histogram, _ in held_runs:
             print(_line(f"  GIL held {args.gil_hold}/100ms", histogram))
