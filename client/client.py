@@ -136,7 +136,8 @@ class Client:
         """Connect to the driver of ``directory`` (default :func:`default_directory`).
 
         ``spins_before_yield``: offers without credit, or empty polls, in a row before each
-        further one yields the CPU (:data:`DEFAULT_SPINS_BEFORE_YIELD`; None: never).
+        further one yields the CPU (:data:`DEFAULT_SPINS_BEFORE_YIELD`; None: never, which
+        also makes an embedded driver's :meth:`Subscription.receive` spin without yielding).
 
         ``invoker``: the duty cycle of a driver embedded in this process in invoker mode
         (``MediaDriver.embedded(...).do_work``), which has no thread of its own: the client

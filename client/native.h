@@ -164,7 +164,8 @@ void ss_advance_position(int64_t *position_counter, int64_t position, uint8_t *m
  * the first uncommitted frame, at scan_end (a term offset, at most the term length), or before
  * a fragment (BEGIN/END not both set: the caller assembles those).  Returns the count, or -1
  * when the frame at `offset` itself is committed but not one this scan takes (a fragment, or
- * one that ends past scan_end): the caller's cold path; *next_offset is where scanning stopped. */
+ * one that ends past scan_end): the caller's cold path (never with max_frames <= 0, which reads
+ * nothing and returns 0); *next_offset is where scanning stopped. */
 int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int32_t max_frames,
                      int32_t *starts, int32_t *ends, int32_t *next_offset);
 
