@@ -244,7 +244,7 @@ def main() -> int:
             print(_line("  IPC add/remove 100ms", histogram))
         moved = median(churn_runs, 99.9) - median(quiet_runs, 99.9)
         print(f"# p99.9 with a default IPC publication added and removed every 100 ms on each "
-              f"driver ({churns.value} times) - quiet ({runs}): {moved / 1000:+.2f} ms")
+              f"driver ({churns.value} times in all) - quiet ({runs}): {moved / 1000:+.2f} ms")
     if not args.no_aeron:
         for two, name in ((False, "Aeron Ping/Pong 1 drv"), (True, "Aeron Ping/Pong 2 drv")):
             try:

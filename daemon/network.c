@@ -1547,10 +1547,10 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
         const ss_image_t *image = a->images[i];
         if (rebuilt_in_c(image) && image->loss_deadline_ns < deadline)
             deadline = image->loss_deadline_ns;
-        if (sends_status_messages(image) && !image->sm_unsent && image->sm_deadline_ns < deadline)
+        if (!sends_status_messages(image)) continue;
+        if (!image->sm_unsent && image->sm_deadline_ns < deadline)
             deadline = image->sm_deadline_ns;
-        if (sends_status_messages(image) &&
-            image->time_of_last_packet_ns + image->liveness_timeout_ns < deadline)
+        if (image->time_of_last_packet_ns + image->liveness_timeout_ns < deadline)
             deadline = image->time_of_last_packet_ns + image->liveness_timeout_ns;
     }
     return deadline;

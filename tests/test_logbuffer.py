@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from slipstream.client._native import ffi, lib
 from slipstream.client.layout import (
+    BEGIN_FLAG,
     CURRENT_VERSION,
     FRAME_ALIGNMENT,
     FRAME_HEADER,
@@ -332,6 +333,9 @@ def test_a_lying_frame_length_in_a_log_stops_every_scan_and_never_wraps(
                                  ffi.new("int32_t *"))
     assert lib.ss_term_read(pointer, 0, TERM_MIN_LENGTH, 8, starts, ends, next_offset) == 1
     assert next_offset[0] == 64
+    # Started at the lying frame itself: the caller's cold path (-1), which checks it again.
+    assert lib.ss_term_read(pointer, 64, TERM_MIN_LENGTH, 8, starts, ends, next_offset) == -1
+    assert next_offset[0] == 64
     gap_length = ffi.new("int32_t *")
     assert lib.ss_scan_gap(pointer, 0, TERM_MIN_LENGTH, gap_length) == 64
 
@@ -384,3 +388,24 @@ def test_a_borrowed_handle_reads_the_same_mapping_and_closing_it_leaves_the_mapp
     assert offer(appender, b"second") > 0
     assert seen == [b"first"] and read_all(log) == [b"first", b"second"]
     log.close()
+
+
+def test_a_term_read_that_starts_at_a_fragment_says_so_and_one_that_reaches_it_stops_before():
+    """ss_term_read returns -1 only when the frame at its start is committed but not one it
+    takes (a fragment: the poll's cold path assembles it); a scan that reaches a fragment
+    after whole frames or padding returns what it read and stops there."""
+    term = bytearray(TERM_MIN_LENGTH)
+    FRAME_HEADER.pack_into(term, 0, 40, CURRENT_VERSION, UNFRAGMENTED, HDR_TYPE_DATA)
+    FRAME_HEADER.pack_into(term, 64, 64, CURRENT_VERSION, 0, HDR_TYPE_PAD)
+    FRAME_HEADER.pack_into(term, 128, 96, CURRENT_VERSION, BEGIN_FLAG, HDR_TYPE_DATA)
+    pointer = ffi.from_buffer(term)
+    starts, ends, next_offset = (ffi.new("int32_t[8]"), ffi.new("int32_t[8]"),
+                                 ffi.new("int32_t *"))
+    assert lib.ss_term_read(pointer, 0, TERM_MIN_LENGTH, 8, starts, ends, next_offset) == 1
+    assert (starts[0], ends[0], next_offset[0]) == (32, 40, 128)
+    assert lib.ss_term_read(pointer, 64, TERM_MIN_LENGTH, 8, starts, ends, next_offset) == 0
+    assert next_offset[0] == 128  # over the padding, stopped before the fragment
+    assert lib.ss_term_read(pointer, 128, TERM_MIN_LENGTH, 8, starts, ends, next_offset) == -1
+    assert next_offset[0] == 128
+    assert lib.ss_term_read(pointer, 128, TERM_MIN_LENGTH, 0, starts, ends, next_offset) == 0
+    assert lib.ss_term_read(pointer, 224, TERM_MIN_LENGTH, 8, starts, ends, next_offset) == 0

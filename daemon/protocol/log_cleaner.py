@@ -73,3 +73,8 @@ class LogCleaner:
     def reusable_limit(self) -> int:
         """The highest limit partition reuse allows writers (see the module docstring)."""
         return network.ss_reusable_limit(self.c, self.log.term_length)
+
+    def due_position(self) -> int:
+        """The slowest consumer's position from which there is cleaning to do (half a term,
+        or a chunk), the rule both halves use (``ss_clean_due_position``)."""
+        return network.ss_clean_due_position(self.c, self.log.term_length)

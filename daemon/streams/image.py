@@ -592,8 +592,7 @@ class PublicationImage:
         c = self.c
         cleaner = self.cleaner
         c.reusable_limit = cleaner.reusable_limit()
-        c.clean_due_position = (network.ss_clean_due_position(cleaner.c, self.term_length)
-                                if c.sm_in_c else NO_DEADLINE)
+        c.clean_due_position = cleaner.due_position() if c.sm_in_c else NO_DEADLINE
 
     def _take_c_rebuild_output(self) -> None:
         """What the C rebuild passes left: the NAKs they could not send (the simulator's, or
