@@ -27,7 +27,7 @@ import zmq
 from slipstream.client import control
 from slipstream.client._native import lib
 from slipstream.client.channel import PolicySpec, parse_channel
-from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client.counters import CountersFile
 from slipstream.client.errors import (
     ChannelRejectedError,
     ClosedError,
@@ -43,13 +43,17 @@ from slipstream.client.subscription import Image, Subscription
 log = logging.getLogger("slipstream.client")
 
 DEFAULT_IDLE_SPIN_NS = 1_000_000
+"""How long a waiting receive spins before it parks.  A futex wake-up costs ~50 µs here, so
+spinning for a millisecond keeps a steady stream (even at 10k messages/s) out of the park path,
+and a quiet subscriber still drops to ~0 % CPU within a millisecond."""
 #: How long a closed publication's log stays mapped (Aeron's resource linger, 3 s): another
 #: thread may still be inside offer_batch or try_claim, which run in C without the GIL and
 #: must never touch an unmapped page; they see CLOSED from the flag set at close.
 RESOURCE_LINGER_S = 3.0
-"""How long a waiting receive spins before it parks.  A futex wake-up costs ~50 µs here, so
-spinning for a millisecond keeps a steady stream (even at 10k messages/s) out of the park path,
-and a quiet subscriber still drops to ~0 % CPU within a millisecond."""
+#: How often the client's conductor thread looks for the driver's events even when zmq's FD
+#: did not say there are any, s: a safety net only (each look takes the GIL from the
+#: application's thread).
+EVENTS_SAFETY_NET_S = 5.0
 
 
 DEFAULT_SPINS_BEFORE_YIELD: int | None = 16
@@ -123,6 +127,9 @@ class Client:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(control.conductor_endpoint(directory))
         self._fd = self._socket.getsockopt(zmq.FD)
+        # What the keepalive thread found wrong, and close()'s wake-up, for the conductor thread.
+        self._notices, self._notices_in = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._keeper: Any = None
         self._doorbells: dict[str, socket.socket] = {}
         self.counters: CountersFile
         self.client_id = 0
@@ -160,12 +167,16 @@ class Client:
                                      "pid": os.getpid()}, connecting=True)
             client.client_id = reply["client_id"]
             client.counters = CountersFile(reply["counters_file"])
-            client._keepalive_interval = reply["keepalive_interval_ns"] / 1e9
-            client._heartbeat_id = reply["heartbeat_counter_id"]
-            client._heartbeat = client.counters.address(client._heartbeat_id)
-            client._driver_timeout_ns = reply["driver_timeout_ns"]
+            # An embedded driver beats only while the application runs it: its clients never
+            # time it out (it lives as long as they do), they only watch its lock.
+            client._keeper = client.counters.start_heartbeat_keeper(
+                reply["heartbeat_counter_id"], client.client_id,
+                interval_ns=reply["keepalive_interval_ns"],
+                driver_timeout_ns=0 if invoker is not None else reply["driver_timeout_ns"],
+                lock_path=path / control.LOCK_FILE, notify_fd=client._notices_in)
         except BaseException:
             client._socket.close(0)
+            client._close_notices()
             raise
         client._thread = threading.Thread(target=client._run_conductor, daemon=True,
                                           name=f"slipstream-client-{client.client_id}")
@@ -254,46 +265,41 @@ class Client:
                 self._pending[correlation_id] = message
 
     def _run_conductor(self) -> None:
-        """Thread: keepalives, events and driver liveness, until close."""
-        next_keepalive = 0.0
-        while not self._closed:
+        """Thread: the driver's events, and what the keepalive thread found, until close.
+        The keepalives themselves are C's (:meth:`CountersFile.start_heartbeat_keeper`): a
+        Python thread that woke for each would take the GIL from the application's thread
+        twice a second, and on a small machine hand it back only a scheduler slice later."""
+        while True:
             with self._lock:
                 if self._closed:
                     return
                 self._drain()
-                now = time.monotonic()
-                if now >= next_keepalive:
-                    next_keepalive = now + self._keepalive_interval
-                    if self._driver_lost is None:
-                        self._check_driver()
-                        self._beat()
-            # Events make the socket's FD readable; otherwise wake only for the next keepalive
-            # (each wake-up can preempt a spinning reader on a small machine).
+            # Events make the socket's FD readable; the timeout is a safety net only.
             with contextlib.suppress(OSError, ValueError):
-                select.select([self._fd], [], [], max(0.0, next_keepalive - time.monotonic()))
+                readable, _, _ = select.select([self._fd, self._notices], [], [],
+                                               EVENTS_SAFETY_NET_S)
+                if self._notices in readable:
+                    notice = os.read(self._notices, 1)
+                    with self._lock:
+                        if self._closed:
+                            return
+                        if notice == bytes([lib.SS_KEEPER_DRIVER_EXITED]):
+                            self._lose_driver("the driver exited")
+                        elif notice == bytes([lib.SS_KEEPER_DRIVER_STOPPED]):
+                            age_s = (time.time_ns() - self.counters.driver_heartbeat_ns) / 1e9
+                            self._lose_driver(f"the driver stopped: no heartbeat for "
+                                              f"{age_s:.1f} s")
 
-    def _beat(self) -> None:
-        """Write the heartbeat, only into our own counter: if the driver timed us out, the slot
-        may by now belong to someone else's position (the CLIENT_TIMEOUT is on its way)."""
-        info = self.counters.info(self._heartbeat_id)
-        if (info is not None and info.type_id == CounterType.CLIENT_HEARTBEAT
-                and info.registration_id == self.client_id):
-            lib.ss_store_release_i64(self._heartbeat, time.monotonic_ns())
+    def _stop_keeper(self) -> None:
+        """Stop the keepalive thread (under the lock; it takes none of ours)."""
+        if self._keeper is not None:
+            lib.ss_keeper_stop(self._keeper)
+            self._keeper = None
 
-    def _check_driver(self) -> None:
-        """A driver that exited (or crashed) has let go of its lock: noticed within one
-        keepalive interval; one that hangs stops its heartbeat: noticed after driver_timeout.
-        An embedded driver beats only while the application runs it: its clients here never
-        time it out (it lives as long as they do)."""
-        if not _driver_holds_lock(self.directory):
-            self._lose_driver("the driver exited")
-            return
-        if self.invoker is not None:
-            return
-        heartbeat = self.counters.driver_heartbeat_ns
-        if time.time_ns() - heartbeat > self._driver_timeout_ns:
-            self._lose_driver(f"the driver stopped: no heartbeat for "
-                              f"{(time.time_ns() - heartbeat) / 1e9:.1f} s")
+    def _close_notices(self) -> None:
+        for fd in (self._notices, self._notices_in):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _lose_driver(self, reason: str) -> None:
         """Cut off from the driver: offers return CLOSED from now on, and every other call
@@ -301,6 +307,7 @@ class Client:
         if self._driver_lost is None:
             log.error("the driver in %s is gone: %s", self.directory, reason)
             self._driver_lost = reason
+            self._stop_keeper()
             for publication in list(self._publications.values()):
                 publication._mark_closed()
             for subscription in list(self._subscriptions.values()):
@@ -449,8 +456,12 @@ class Client:
                 with contextlib.suppress(DriverTimeoutError, RegistrationError, ClosedError):
                     self._request({"type": control.CLOSE_CLIENT})
             self._closed = True
+            self._stop_keeper()
+        with contextlib.suppress(OSError):
+            os.write(self._notices_in, b"\0")  # wake the conductor thread to see it
         self._thread.join(timeout=2)
         self._socket.close(0)
+        self._close_notices()
         # As the logs (_release_publication): a thread still inside offer_batch or a claim
         # (no GIL) reads pub-lmt from the counters and may ring a doorbell; closed at once,
         # the counters would be unmapped under it and the doorbell's fd reused by another

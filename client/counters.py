@@ -266,6 +266,28 @@ class CountersFile:
         """Record that the driver is alive at ``epoch_ns`` (driver only)."""
         lib.ss_store_release_i64(self._header_i64(HEARTBEAT_OFFSET), epoch_ns)
 
+    def start_heartbeat_keeper(self, counter_id: int, registration_id: int, *,
+                               interval_ns: int, driver_timeout_ns: int, lock_path: Path,
+                               notify_fd: int):  # -> cffi ss_keeper_t *
+        """Start a client's keepalive thread (C, no GIL: ``ss_keeper_start``): every
+        ``interval_ns`` it writes the monotonic ns into counter ``counter_id`` while that slot
+        is still the CLIENT_HEARTBEAT of ``registration_id``, and checks the driver (its lock
+        at ``lock_path``; its heartbeat here when ``driver_timeout_ns`` > 0).  What it finds
+        wrong goes to ``notify_fd`` as one byte, ``SS_KEEPER_DRIVER_*``.  Stop it with
+        ``lib.ss_keeper_stop`` before this file is closed."""
+        if not 0 <= counter_id < self.capacity:
+            raise IndexError(f"counter id {counter_id} outside 0..{self.capacity - 1}")
+        keeper = lib.ss_keeper_start(
+            self.address(counter_id), self._base + self._meta_offset(counter_id),
+            _STATE_ALLOCATED, CounterType.CLIENT_HEARTBEAT, registration_id,
+            self._header_i64(HEARTBEAT_OFFSET), driver_timeout_ns, os.fsencode(lock_path),
+            interval_ns, notify_fd)
+        if keeper == ffi.NULL:
+            error = ffi.errno
+            raise OSError(error, f"cannot start the client's keepalive thread: "
+                                 f"{os.strerror(error)}")
+        return keeper
+
     @property
     def driver_signal(self):  # -> cffi int32_t *
         return self._header_i32(DRIVER_SIGNAL_OFFSET)

@@ -1,10 +1,14 @@
 /* slipstream native hot paths; see native.h for the contracts. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -670,4 +674,123 @@ void ss_clean(uint8_t *base, int64_t length) {
     if (length > SS_FRAME_HEADER_LENGTH)
         memset(base + SS_FRAME_HEADER_LENGTH, 0, (size_t)(length - SS_FRAME_HEADER_LENGTH));
     STORE_REL((uint64_t *)base, (uint64_t)0);
+}
+
+/* ---------------------------------------------------------------- keepalive thread */
+struct ss_keeper {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t stop_changed;  /* on CLOCK_MONOTONIC */
+    int stop;
+    int64_t *heartbeat;
+    const uint8_t *record;
+    int32_t allocated_state;
+    int32_t heartbeat_type;
+    int64_t registration_id;
+    const int64_t *driver_heartbeat;
+    int64_t driver_timeout_ns;
+    int64_t interval_ns;
+    int32_t notify_fd;
+    char lock_path[];
+};
+
+/* Whether some process holds the driver's lock: a shared lock we could take means none does. */
+static int keeper_driver_holds_lock(const char *lock_path) {
+    int fd = open(lock_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno != ENOENT;  /* only a missing file says the driver is gone */
+    int held = 1;  /* EWOULDBLOCK; any other failure is no verdict: look again next beat */
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+        flock(fd, LOCK_UN);
+        held = 0;
+    }
+    close(fd);
+    return held;
+}
+
+static int keeper_owns_heartbeat(const struct ss_keeper *k) {
+    return LOAD_ACQ((const int32_t *)k->record) == k->allocated_state
+        && *(const volatile int32_t *)(k->record + 4) == k->heartbeat_type
+        && *(const volatile int64_t *)(k->record + 8) == k->registration_id;
+}
+
+static void *keeper_run(void *arg) {
+    struct ss_keeper *k = arg;
+    struct timespec due;
+    clock_gettime(CLOCK_MONOTONIC, &due);
+    pthread_mutex_lock(&k->lock);
+    while (!k->stop) {
+        pthread_mutex_unlock(&k->lock);
+        if (keeper_owns_heartbeat(k)) STORE_REL(k->heartbeat, monotonic_ns());
+        uint8_t verdict = 0;
+        if (!keeper_driver_holds_lock(k->lock_path)) {
+            verdict = SS_KEEPER_DRIVER_EXITED;
+        } else if (k->driver_timeout_ns > 0) {
+            struct timespec now;
+            clock_gettime(CLOCK_REALTIME, &now);
+            int64_t now_ns = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
+            if (now_ns - LOAD_ACQ(k->driver_heartbeat) > k->driver_timeout_ns)
+                verdict = SS_KEEPER_DRIVER_STOPPED;
+        }
+        if (verdict) {
+            while (write(k->notify_fd, &verdict, 1) < 0 && errno == EINTR) {}
+            return NULL;
+        }
+        int64_t next = (int64_t)due.tv_sec * 1000000000LL + due.tv_nsec + k->interval_ns;
+        due.tv_sec = next / 1000000000LL;
+        due.tv_nsec = next % 1000000000LL;
+        pthread_mutex_lock(&k->lock);
+        while (!k->stop && pthread_cond_timedwait(&k->stop_changed, &k->lock, &due) != ETIMEDOUT) {}
+    }
+    pthread_mutex_unlock(&k->lock);
+    return NULL;
+}
+
+ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const uint8_t *record, int32_t allocated_state,
+                             int32_t heartbeat_type, int64_t registration_id,
+                             const int64_t *driver_heartbeat, int64_t driver_timeout_ns,
+                             const char *lock_path, int64_t interval_ns, int32_t notify_fd) {
+    if (interval_ns <= 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    size_t path_length = strlen(lock_path);
+    struct ss_keeper *k = calloc(1, sizeof *k + path_length + 1);
+    if (k == NULL) return NULL;
+    memcpy(k->lock_path, lock_path, path_length + 1);
+    k->heartbeat = heartbeat;
+    k->record = record;
+    k->allocated_state = allocated_state;
+    k->heartbeat_type = heartbeat_type;
+    k->registration_id = registration_id;
+    k->driver_heartbeat = driver_heartbeat;
+    k->driver_timeout_ns = driver_timeout_ns;
+    k->interval_ns = interval_ns;
+    k->notify_fd = notify_fd;
+    pthread_condattr_t attributes;
+    pthread_condattr_init(&attributes);
+    pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
+    pthread_cond_init(&k->stop_changed, &attributes);
+    pthread_condattr_destroy(&attributes);
+    pthread_mutex_init(&k->lock, NULL);
+    int error = pthread_create(&k->thread, NULL, keeper_run, k);
+    if (error != 0) {
+        pthread_cond_destroy(&k->stop_changed);
+        pthread_mutex_destroy(&k->lock);
+        free(k);
+        errno = error;
+        return NULL;
+    }
+    return k;
+}
+
+void ss_keeper_stop(ss_keeper_t *keeper) {
+    if (keeper == NULL) return;
+    pthread_mutex_lock(&keeper->lock);
+    keeper->stop = 1;
+    pthread_cond_signal(&keeper->stop_changed);
+    pthread_mutex_unlock(&keeper->lock);
+    pthread_join(keeper->thread, NULL);
+    pthread_cond_destroy(&keeper->stop_changed);
+    pthread_mutex_destroy(&keeper->lock);
+    free(keeper);
 }

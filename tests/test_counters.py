@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import select
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from slipstream.client import counters as counters_module
+from slipstream.client._native import ffi, lib
 from slipstream.client.counters import (
     CountersFile,
     CountersFullError,
@@ -36,3 +41,125 @@ def test_a_freed_counter_is_not_handed_out_again_at_once(counters: CountersFile,
     monkeypatch.setattr(counters_module, "FREE_TO_REUSE_TIMEOUT_NS", 0)
     counters.free(second)
     assert counters.allocate(CounterType.SUBSCRIBER_POSITION, "d", registration_id=4) == second
+
+
+@pytest.fixture
+def driver_lock(shm: Path) -> Iterator[Path]:
+    """A driver's lock file, held (as a live driver holds it) until the test lets it go."""
+    path = shm / "driver.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield path
+    os.close(fd)  # lets the lock go, if the test has not
+
+
+@pytest.fixture
+def notices() -> Iterator[tuple[int, int]]:
+    read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    yield read_end, write_end
+    os.close(read_end)
+    os.close(write_end)
+
+
+def _notice(read_end: int, timeout_s: float) -> bytes:
+    """The keeper's notice within timeout_s, or b"" when there is none."""
+    readable, _, _ = select.select([read_end], [], [], timeout_s)
+    return os.read(read_end, 16) if readable else b""
+
+
+def test_the_keepalive_thread_beats_only_into_the_clients_own_heartbeat(
+        counters: CountersFile, driver_lock: Path, notices: tuple[int, int],
+        monkeypatch) -> None:
+    """A driver that timed the client out frees its heartbeat, and may hand the slot to
+    someone else's position: the keeper stops writing it at once."""
+    monkeypatch.setattr(counters_module, "FREE_TO_REUSE_TIMEOUT_NS", 0)
+    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "client-heartbeat: 7",
+                                  registration_id=7)
+    other = counters.allocate(CounterType.CLIENT_HEARTBEAT, "client-heartbeat: 8",
+                              registration_id=8)
+    keeper = counters.start_heartbeat_keeper(
+        heartbeat, 7, interval_ns=5_000_000, driver_timeout_ns=0, lock_path=driver_lock,
+        notify_fd=notices[1])
+    wrong_owner = counters.start_heartbeat_keeper(
+        other, 9, interval_ns=5_000_000, driver_timeout_ns=0, lock_path=driver_lock,
+        notify_fd=notices[1])
+    try:
+        started = time.monotonic_ns()
+        deadline = time.monotonic() + 5
+        while counters.get(heartbeat) < started:  # beats at start, then every 5 ms
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        first = counters.get(heartbeat)
+        time.sleep(0.05)
+        assert counters.get(heartbeat) > first
+        assert counters.get(other) == 0  # registration 8's slot, not 9's
+        counters.free(heartbeat)
+        reused = counters.allocate(CounterType.SUBSCRIBER_POSITION, "sub-pos", registration_id=7)
+        assert reused == heartbeat
+        counters.set(reused, 1234)
+        time.sleep(0.05)  # ten intervals
+        assert counters.get(reused) == 1234
+        assert _notice(notices[0], 0) == b""  # the driver is there
+    finally:
+        lib.ss_keeper_stop(keeper)
+        lib.ss_keeper_stop(wrong_owner)
+
+
+def test_the_keepalive_thread_says_when_the_driver_lets_its_lock_go(
+        counters: CountersFile, shm: Path, notices: tuple[int, int]) -> None:
+    lock_path = shm / "driver.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
+    keeper = counters.start_heartbeat_keeper(
+        heartbeat, 1, interval_ns=10_000_000, driver_timeout_ns=0, lock_path=lock_path,
+        notify_fd=notices[1])
+    try:
+        assert _notice(notices[0], 0.1) == b""  # ten looks at a held lock: no notice
+        os.close(fd)  # the driver exits (or crashes): the kernel lets its lock go
+        started = time.monotonic()
+        assert _notice(notices[0], 5) == bytes([lib.SS_KEEPER_DRIVER_EXITED])
+        assert time.monotonic() - started < 1
+        assert _notice(notices[0], 0.05) == b""  # one notice, then it ends
+    finally:
+        lib.ss_keeper_stop(keeper)
+
+
+def test_the_keepalive_thread_says_when_the_drivers_heartbeat_stops(
+        counters: CountersFile, driver_lock: Path, notices: tuple[int, int]) -> None:
+    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
+    counters.beat(time.time_ns())
+    keeper = counters.start_heartbeat_keeper(
+        heartbeat, 1, interval_ns=10_000_000, driver_timeout_ns=300_000_000,
+        lock_path=driver_lock, notify_fd=notices[1])
+    try:
+        deadline = time.monotonic() + 0.15
+        while time.monotonic() < deadline:  # a driver that beats is alive
+            counters.beat(time.time_ns())
+            assert _notice(notices[0], 0.01) == b""
+        stopped = time.monotonic()  # it hangs, still holding its lock
+        assert _notice(notices[0], 5) == bytes([lib.SS_KEEPER_DRIVER_STOPPED])
+        assert 0.25 < time.monotonic() - stopped < 1.5
+    finally:
+        lib.ss_keeper_stop(keeper)
+
+
+def test_stopping_the_keepalive_thread_does_not_wait_for_its_next_beat(
+        counters: CountersFile, driver_lock: Path, notices: tuple[int, int]) -> None:
+    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
+    keeper = counters.start_heartbeat_keeper(
+        heartbeat, 1, interval_ns=60_000_000_000, driver_timeout_ns=0, lock_path=driver_lock,
+        notify_fd=notices[1])
+    time.sleep(0.01)
+    started = time.monotonic()
+    lib.ss_keeper_stop(keeper)
+    assert time.monotonic() - started < 1  # not the minute to its next beat
+    lib.ss_keeper_stop(ffi.NULL)  # nothing to stop: a no-op
+
+
+def test_a_keepalive_thread_with_a_bad_interval_is_refused(
+        counters: CountersFile, driver_lock: Path, notices: tuple[int, int]) -> None:
+    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
+    with pytest.raises(OSError, match=r"keepalive thread: Invalid argument"):
+        counters.start_heartbeat_keeper(heartbeat, 1, interval_ns=0, driver_timeout_ns=0,
+                                        lock_path=driver_lock, notify_fd=notices[1])

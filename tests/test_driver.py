@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import resource
@@ -466,6 +467,16 @@ def test_an_idle_client_stays_alive_through_its_heartbeat_counter(driver, client
     time.sleep(2.5)  # 2.5 x the test driver's client liveness timeout, with no command sent
     assert heartbeat() > first
     assert client.add_publication("aeron:ipc", 79).stream_id == 79
+    assert CountersFile(Path(driver.directory) / "counters.dat").get(
+        SystemCounter.CLIENT_TIMEOUTS) == 0
+
+
+def test_a_client_stays_alive_while_its_application_thread_holds_the_gil(
+        driver, client: Client) -> None:
+    """The keepalives do not wait for the GIL: a C call that keeps it 2.5 s (2.5 x the test
+    driver's client liveness timeout) does not get the client timed out."""
+    ctypes.PyDLL(None).usleep(2_500_000)  # PyDLL: the GIL stays held through the call
+    assert client.add_publication("aeron:ipc", 80).stream_id == 80
     assert CountersFile(Path(driver.directory) / "counters.dat").get(
         SystemCounter.CLIENT_TIMEOUTS) == 0
 
