@@ -1,10 +1,10 @@
 """Client: an application's connection to its host's media driver.
 
 ``Client.connect()`` finds the driver directory, checks that a live driver holds it, maps the
-counters file and opens the control socket.  A conductor thread writes the client's heartbeat
-counter (so the driver keeps our resources) and applies image events (so subscriptions see
-publications come and go) while the application thread offers and polls without ever touching
-the socket.
+counters file and opens the control socket.  A keepalive thread in C, which needs no GIL,
+writes the client's heartbeat counter (so the driver keeps our resources) and watches the
+driver.  A conductor thread applies the driver's events (so subscriptions see publications
+come and go) while the application thread offers and polls without ever touching the socket.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ class Client:
         self._fd = self._socket.getsockopt(zmq.FD)
         # What the keepalive thread found wrong, and close()'s wake-up, for the conductor thread.
         self._notices, self._notices_in = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._keeper: Any = None
+        self._stop_keeper: Callable[[], None] = lambda: None
+        self._closing = False
         self._doorbells: dict[str, socket.socket] = {}
         self.counters: CountersFile
         self.client_id = 0
@@ -169,18 +170,20 @@ class Client:
             client.counters = CountersFile(reply["counters_file"])
             # An embedded driver beats only while the application runs it: its clients never
             # time it out (it lives as long as they do), they only watch its lock.
-            client._keeper = client.counters.start_heartbeat_keeper(
+            client._stop_keeper = client.counters.start_heartbeat_keeper(
                 reply["heartbeat_counter_id"], client.client_id,
                 interval_ns=reply["keepalive_interval_ns"],
                 driver_timeout_ns=0 if invoker is not None else reply["driver_timeout_ns"],
                 lock_path=path / control.LOCK_FILE, notify_fd=client._notices_in)
+            client._thread = threading.Thread(target=client._run_conductor, daemon=True,
+                                              name=f"slipstream-client-{client.client_id}")
+            client._thread.start()
         except BaseException:
+            client._stop_keeper()
             client._socket.close(0)
-            client._close_notices()
+            os.close(client._notices)
+            os.close(client._notices_in)
             raise
-        client._thread = threading.Thread(target=client._run_conductor, daemon=True,
-                                          name=f"slipstream-client-{client.client_id}")
-        client._thread.start()
         return client
 
     # -- requests ------------------------------------------------------------------------------
@@ -191,33 +194,17 @@ class Client:
         self._check_open()
         correlation_id = next(self._correlation_ids)
         message["correlation_id"] = correlation_id
-        deadline = time.monotonic() + self._request_timeout
         with self._lock:
+            deadline = time.monotonic() + self._request_timeout
             if on_reply is not None:
                 self._reply_hooks[correlation_id] = on_reply
             self._socket.send(control.encode(message))
-            while True:
-                reply = self._pending.pop(correlation_id, None)
-                if reply is not None:
-                    break
-                if self._driver_lost is not None:  # told while waiting (DRIVER_SHUTDOWN)
-                    raise self.driver_lost_error()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    if connecting:
-                        raise DriverNotRunningError(
-                            str(self.directory),
-                            f"the driver did not answer within {self._request_timeout} s")
-                    raise DriverTimeoutError(
-                        f"the driver in {self.directory} did not answer {message['type']} "
-                        f"within {self._request_timeout} s")
-                if self.invoker is not None:  # the driver answers only when it is run
-                    worked = self.invoker()
-                    if self._socket.poll(0, zmq.POLLIN):
-                        self._drain()
-                    elif not worked:
-                        os.sched_yield()
-                elif self._socket.poll(min(remaining, 0.1) * 1000, zmq.POLLIN):
+            try:
+                reply = self._await_reply(message["type"], correlation_id, deadline, connecting)
+            finally:
+                # zmq's FD is edge-triggered: after a send, only a read to EAGAIN makes it
+                # say again that messages came (the conductor thread waits on it).
+                with contextlib.suppress(zmq.ZMQError):
                     self._drain()
         if reply["type"] == control.ERROR:
             code = reply.get("code", control.ERR_GENERIC)
@@ -226,6 +213,34 @@ class Client:
                                            reply.get("part", ""), reply.get("problem", ""))
             raise RegistrationError(reply["message"], code)
         return reply
+
+    def _await_reply(self, kind: str, correlation_id: int, deadline: float,
+                     connecting: bool) -> dict[str, Any]:
+        """The answer to request ``correlation_id`` (a ``kind`` command; under the lock),
+        read by the deadline (time.monotonic()), applying the events that come first."""
+        while True:
+            reply = self._pending.pop(correlation_id, None)
+            if reply is not None:
+                return reply
+            if self._driver_lost is not None:  # told while waiting (DRIVER_SHUTDOWN)
+                raise self.driver_lost_error()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if connecting:
+                    raise DriverNotRunningError(
+                        str(self.directory),
+                        f"the driver did not answer within {self._request_timeout} s")
+                raise DriverTimeoutError(
+                    f"the driver in {self.directory} did not answer {kind} "
+                    f"within {self._request_timeout} s")
+            if self.invoker is not None:  # the driver answers only when it is run
+                worked = self.invoker()
+                if self._socket.poll(0, zmq.POLLIN):
+                    self._drain()
+                elif not worked:
+                    os.sched_yield()
+            elif self._socket.poll(min(remaining, 0.1) * 1000, zmq.POLLIN):
+                self._drain()
 
     def _drain(self) -> None:
         """Read every waiting message (under the lock): answers to pending, events applied."""
@@ -239,14 +254,14 @@ class Client:
             except ValueError:
                 log.warning("ignored a malformed message from the driver")
                 continue
-            kind = message["type"]
+            kind = message.get("type")
             if kind in (control.AVAILABLE_IMAGE, control.UNAVAILABLE_IMAGE):
                 try:
                     if kind == control.AVAILABLE_IMAGE:
                         self._on_available_image(message)
                     else:
                         self._on_unavailable_image(message)
-                except Exception:  # this thread carries the keepalives: it must not die
+                except Exception:  # this thread carries the driver's events: it must not die
                     log.exception("could not apply %s", kind)
             elif kind == control.BACK_PRESSURE_EPISODE:
                 publication = self._publications.get(message.get("registration_id", 0))
@@ -265,41 +280,38 @@ class Client:
                 self._pending[correlation_id] = message
 
     def _run_conductor(self) -> None:
-        """Thread: the driver's events, and what the keepalive thread found, until close.
-        The keepalives themselves are C's (:meth:`CountersFile.start_heartbeat_keeper`): a
-        Python thread that woke for each would take the GIL from the application's thread
-        twice a second, and on a small machine hand it back only a scheduler slice later."""
-        while True:
-            with self._lock:
-                if self._closed:
-                    return
-                self._drain()
-            # Events make the socket's FD readable; the timeout is a safety net only.
-            with contextlib.suppress(OSError, ValueError):
-                readable, _, _ = select.select([self._fd, self._notices], [], [],
-                                               EVENTS_SAFETY_NET_S)
-                if self._notices in readable:
-                    notice = os.read(self._notices, 1)
-                    with self._lock:
-                        if self._closed:
-                            return
-                        if notice == bytes([lib.SS_KEEPER_DRIVER_EXITED]):
-                            self._lose_driver("the driver exited")
-                        elif notice == bytes([lib.SS_KEEPER_DRIVER_STOPPED]):
-                            age_s = (time.time_ns() - self.counters.driver_heartbeat_ns) / 1e9
-                            self._lose_driver(f"the driver stopped: no heartbeat for "
-                                              f"{age_s:.1f} s")
+        """Thread: the driver's events, and what the keepalive thread found, until close;
+        it closes the read end of the notices pipe as it ends.  The keepalives themselves are
+        C's (:meth:`CountersFile.start_heartbeat_keeper`): a Python thread that woke for each
+        would take the GIL from the application's thread twice a second, and on a small
+        machine hand it back only a scheduler slice later."""
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        poller.register(self._notices, select.POLLIN)
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    self._drain()
+                # Events make the socket's FD readable; the timeout is a safety net only.
+                with contextlib.suppress(OSError, ValueError):
+                    ready = poller.poll(EVENTS_SAFETY_NET_S * 1000)
+                    if any(fd == self._notices for fd, _ in ready):
+                        self._on_notice(os.read(self._notices, 1))
+        finally:
+            os.close(self._notices)
 
-    def _stop_keeper(self) -> None:
-        """Stop the keepalive thread (under the lock; it takes none of ours)."""
-        if self._keeper is not None:
-            lib.ss_keeper_stop(self._keeper)
-            self._keeper = None
-
-    def _close_notices(self) -> None:
-        for fd in (self._notices, self._notices_in):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+    def _on_notice(self, notice: bytes) -> None:
+        """What the keepalive thread found (or close()'s wake-up, a zero byte)."""
+        with self._lock:
+            if self._closed:
+                return
+            if notice == bytes([lib.SS_KEEPER_DRIVER_EXITED]):
+                self._lose_driver("the driver exited")
+            elif notice == bytes([lib.SS_KEEPER_DRIVER_STOPPED]):
+                age_s = (time.time_ns() - self.counters.driver_heartbeat_ns) / 1e9
+                self._lose_driver(f"the driver stopped: no heartbeat for {age_s:.1f} s")
 
     def _lose_driver(self, reason: str) -> None:
         """Cut off from the driver: offers return CLOSED from now on, and every other call
@@ -445,8 +457,10 @@ class Client:
 
     def close(self) -> None:
         """Close every publication and subscription and leave the driver."""
-        if self._closed:
-            return
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
         for publication in list(self._publications.values()):
             publication.close()
         for subscription in list(self._subscriptions.values()):
@@ -457,11 +471,11 @@ class Client:
                     self._request({"type": control.CLOSE_CLIENT})
             self._closed = True
             self._stop_keeper()
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # EPIPE: the thread has ended already
             os.write(self._notices_in, b"\0")  # wake the conductor thread to see it
+        os.close(self._notices_in)  # the thread closes the read end
         self._thread.join(timeout=2)
         self._socket.close(0)
-        self._close_notices()
         # As the logs (_release_publication): a thread still inside offer_batch or a claim
         # (no GIL) reads pub-lmt from the counters and may ring a doorbell; closed at once,
         # the counters would be unmapped under it and the doorbell's fd reused by another

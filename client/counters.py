@@ -25,7 +25,8 @@ import os
 import re
 import struct
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -60,6 +61,8 @@ _STATE_RECLAIMED = -1  # freed; reusable once the deadline in its registration f
 FREE_TO_REUSE_TIMEOUT_NS = 1_000_000_000
 _META = struct.Struct("<iiqiiqi")  # state, type, registration, session, stream, owner, label len
 _LABEL_OFFSET = _META.size
+# The offsets of _META's first three fields (a client's keepalive thread reads them from C).
+_STATE_OFFSET, _TYPE_OFFSET, _REGISTRATION_OFFSET = 0, 4, 8
 
 
 class CounterType(enum.IntEnum):
@@ -197,6 +200,12 @@ class CountersFullError(OSError):
     """No counter slot is free: the driver answers the command that needed one with an error."""
 
 
+def _stop_keeper(keeper: Any, pid: int) -> None:
+    """Stop a keepalive thread of this process (``ss_keeper_stop``: wake, join, free)."""
+    if os.getpid() == pid:
+        lib.ss_keeper_stop(keeper)
+
+
 class CountersFile:
     """A mapped ``counters.dat``.  The driver creates it; clients and tools map it."""
 
@@ -223,6 +232,7 @@ class CountersFile:
         # Each counter's cffi pointer, made on first use: the driver's hot paths count into
         # the same few cells thousands of times a second.
         self._addresses: dict[int, Any] = {}
+        self._keeper_stops: list[weakref.finalize] = []
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], capacity: int) -> CountersFile:
@@ -268,25 +278,33 @@ class CountersFile:
 
     def start_heartbeat_keeper(self, counter_id: int, registration_id: int, *,
                                interval_ns: int, driver_timeout_ns: int, lock_path: Path,
-                               notify_fd: int):  # -> cffi ss_keeper_t *
+                               notify_fd: int) -> Callable[[], None]:
         """Start a client's keepalive thread (C, no GIL: ``ss_keeper_start``): every
         ``interval_ns`` it writes the monotonic ns into counter ``counter_id`` while that slot
         is still the CLIENT_HEARTBEAT of ``registration_id``, and checks the driver (its lock
         at ``lock_path``; its heartbeat here when ``driver_timeout_ns`` > 0).  What it finds
-        wrong goes to ``notify_fd`` as one byte, ``SS_KEEPER_DRIVER_*``.  Stop it with
-        ``lib.ss_keeper_stop`` before this file is closed."""
+        wrong goes to ``notify_fd`` as one byte, ``SS_KEEPER_DRIVER_*``.  Returns the call
+        that stops it (once; later calls do nothing).  The thread reads and writes this
+        mapping, so it is stopped at the latest when the file is closed or collected."""
         if not 0 <= counter_id < self.capacity:
             raise IndexError(f"counter id {counter_id} outside 0..{self.capacity - 1}")
+        record = self._base + self._meta_offset(counter_id)
         keeper = lib.ss_keeper_start(
-            self.address(counter_id), self._base + self._meta_offset(counter_id),
-            _STATE_ALLOCATED, CounterType.CLIENT_HEARTBEAT, registration_id,
-            self._header_i64(HEARTBEAT_OFFSET), driver_timeout_ns, os.fsencode(lock_path),
-            interval_ns, notify_fd)
+            self.address(counter_id), ffi.cast("int32_t *", record + _STATE_OFFSET),
+            ffi.cast("int32_t *", record + _TYPE_OFFSET),
+            ffi.cast("int64_t *", record + _REGISTRATION_OFFSET), _STATE_ALLOCATED,
+            CounterType.CLIENT_HEARTBEAT, registration_id, self._header_i64(HEARTBEAT_OFFSET),
+            driver_timeout_ns, os.fsencode(os.path.abspath(lock_path)), interval_ns, notify_fd)
         if keeper == ffi.NULL:
             error = ffi.errno
             raise OSError(error, f"cannot start the client's keepalive thread: "
                                  f"{os.strerror(error)}")
-        return keeper
+        # Before the mapping goes (a finalizer runs before the object's attributes are
+        # released), and only in the process that started it: a forked child has no such
+        # thread to stop.
+        stop = weakref.finalize(self, _stop_keeper, keeper, os.getpid())
+        self._keeper_stops.append(stop)
+        return stop
 
     @property
     def driver_signal(self):  # -> cffi int32_t *
@@ -390,6 +408,8 @@ class CountersFile:
     def close(self) -> None:
         if self._map is None:
             return
+        for stop in self._keeper_stops:
+            stop()
         ffi.release(self._cdata)
         try:
             self._map.close()

@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
@@ -683,7 +684,9 @@ struct ss_keeper {
     pthread_cond_t stop_changed;  /* on CLOCK_MONOTONIC */
     int stop;
     int64_t *heartbeat;
-    const uint8_t *record;
+    const int32_t *state;
+    const int32_t *type;
+    const int64_t *registration;
     int32_t allocated_state;
     int32_t heartbeat_type;
     int64_t registration_id;
@@ -708,13 +711,14 @@ static int keeper_driver_holds_lock(const char *lock_path) {
 }
 
 static int keeper_owns_heartbeat(const struct ss_keeper *k) {
-    return LOAD_ACQ((const int32_t *)k->record) == k->allocated_state
-        && *(const volatile int32_t *)(k->record + 4) == k->heartbeat_type
-        && *(const volatile int64_t *)(k->record + 8) == k->registration_id;
+    return LOAD_ACQ(k->state) == k->allocated_state
+        && LOAD_ACQ(k->type) == k->heartbeat_type
+        && LOAD_ACQ(k->registration) == k->registration_id;
 }
 
 static void *keeper_run(void *arg) {
     struct ss_keeper *k = arg;
+    pthread_setname_np(pthread_self(), "ss-keepalive");  /* as top -H and /proc show it */
     struct timespec due;
     clock_gettime(CLOCK_MONOTONIC, &due);
     pthread_mutex_lock(&k->lock);
@@ -725,10 +729,10 @@ static void *keeper_run(void *arg) {
         if (!keeper_driver_holds_lock(k->lock_path)) {
             verdict = SS_KEEPER_DRIVER_EXITED;
         } else if (k->driver_timeout_ns > 0) {
-            struct timespec now;
-            clock_gettime(CLOCK_REALTIME, &now);
-            int64_t now_ns = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
-            if (now_ns - LOAD_ACQ(k->driver_heartbeat) > k->driver_timeout_ns)
+            struct timespec wall;
+            clock_gettime(CLOCK_REALTIME, &wall);
+            const int64_t wall_ns = (int64_t)wall.tv_sec * 1000000000LL + wall.tv_nsec;
+            if (wall_ns - LOAD_ACQ(k->driver_heartbeat) > k->driver_timeout_ns)
                 verdict = SS_KEEPER_DRIVER_STOPPED;
         }
         if (verdict) {
@@ -736,6 +740,8 @@ static void *keeper_run(void *arg) {
             return NULL;
         }
         int64_t next = (int64_t)due.tv_sec * 1000000000LL + due.tv_nsec + k->interval_ns;
+        const int64_t now_ns = monotonic_ns();
+        if (next < now_ns) next = now_ns + k->interval_ns;  /* after a stop (SIGSTOP): no burst */
         due.tv_sec = next / 1000000000LL;
         due.tv_nsec = next % 1000000000LL;
         pthread_mutex_lock(&k->lock);
@@ -745,7 +751,8 @@ static void *keeper_run(void *arg) {
     return NULL;
 }
 
-ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const uint8_t *record, int32_t allocated_state,
+ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const int32_t *state, const int32_t *type,
+                             const int64_t *registration, int32_t allocated_state,
                              int32_t heartbeat_type, int64_t registration_id,
                              const int64_t *driver_heartbeat, int64_t driver_timeout_ns,
                              const char *lock_path, int64_t interval_ns, int32_t notify_fd) {
@@ -758,7 +765,9 @@ ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const uint8_t *record, int32_t 
     if (k == NULL) return NULL;
     memcpy(k->lock_path, lock_path, path_length + 1);
     k->heartbeat = heartbeat;
-    k->record = record;
+    k->state = state;
+    k->type = type;
+    k->registration = registration;
     k->allocated_state = allocated_state;
     k->heartbeat_type = heartbeat_type;
     k->registration_id = registration_id;
@@ -772,7 +781,12 @@ ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const uint8_t *record, int32_t 
     pthread_cond_init(&k->stop_changed, &attributes);
     pthread_condattr_destroy(&attributes);
     pthread_mutex_init(&k->lock, NULL);
+    /* The thread takes no signal: they stay the application's (Python's main thread). */
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
     int error = pthread_create(&k->thread, NULL, keeper_run, k);
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
     if (error != 0) {
         pthread_cond_destroy(&k->stop_changed);
         pthread_mutex_destroy(&k->lock);

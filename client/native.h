@@ -213,19 +213,19 @@ int32_t ss_populate(uint8_t *address, int64_t length, int32_t writable);
 
 /* ---- the client's keepalive, without the GIL ----
  * A thread of the client process that, every interval_ns, writes CLOCK_MONOTONIC ns into the
- * client's heartbeat counter (`heartbeat`), only while that counter's metadata record
- * (`record`: state i32, type i32, registration id i64) still says allocated_state,
- * heartbeat_type and registration_id: a driver that timed the client out may have given the
- * slot to someone else.  It then checks the driver: some process holds the flock of
+ * client's heartbeat counter (`heartbeat`), only while that counter's metadata fields (`state`,
+ * `type`, `registration`) still say allocated_state, heartbeat_type and registration_id: a
+ * driver that timed the client out may have given the slot to someone else.  It then checks the driver: some process holds the flock of
  * `lock_path`, and, when driver_timeout_ns > 0, the driver's heartbeat (`driver_heartbeat`,
  * CLOCK_REALTIME ns) is at most driver_timeout_ns old.  At the first check that fails it
  * writes one byte (SS_KEEPER_DRIVER_EXITED or SS_KEEPER_DRIVER_STOPPED) to notify_fd and ends.
- * Python's own threads would take the GIL from the application's thread at every beat.
- * Returns NULL when the thread could not start (errno says why). */
+ * Python's own threads would take the GIL from the application's thread at every beat.  The
+ * thread blocks every signal.  Returns NULL when it could not start (errno says why). */
 #define SS_KEEPER_DRIVER_EXITED 1
 #define SS_KEEPER_DRIVER_STOPPED 2
 typedef struct ss_keeper ss_keeper_t;
-ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const uint8_t *record, int32_t allocated_state,
+ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const int32_t *state, const int32_t *type,
+                             const int64_t *registration, int32_t allocated_state,
                              int32_t heartbeat_type, int64_t registration_id,
                              const int64_t *driver_heartbeat, int64_t driver_timeout_ns,
                              const char *lock_path, int64_t interval_ns, int32_t notify_fd);

@@ -288,7 +288,7 @@ class Publication:
     def _on_episode(self, message: dict) -> None:
         """The driver's BACK_PRESSURE_EPISODE (client conductor thread): keep it and call the
         user's callback, whose exceptions are logged and go no further (that thread carries
-        the keepalives)."""
+        the driver's events)."""
         episode = BackPressureEpisode(bool(message["started"]), int(message["at_ns"]),
                                       int(message["depth"]), int(message["duration_ns"]),
                                       int(message["episodes"]))

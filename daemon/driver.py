@@ -708,7 +708,10 @@ class _DriverShell(_DriverCore):
             self._tell_systemd(started)
             self._record_cycle_time(time.monotonic_ns() - started)
             delay = pacing.delay_s(work)
-            deadline = self.conductor.next_deadline_ns()
+            # The heartbeat is this cycle's: an idle conductor still beats four times within
+            # its clients' driver_timeout, or they would deem it dead.
+            deadline = min(self.conductor.next_deadline_ns(),
+                           started + self.settings.driver_timeout // 4)
             if self.watchdog is not None:
                 deadline = min(deadline, self.watchdog.next_ping_ns)
             delay = max(0.0, min(delay, (deadline - time.monotonic_ns()) / 1e9))

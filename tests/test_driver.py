@@ -497,6 +497,46 @@ def test_a_client_notices_when_its_driver_dies(driver_dir: Path) -> None:
         client.close()
 
 
+def test_a_client_notices_when_its_driver_hangs(driver_dir: Path) -> None:
+    """A driver that stops (SIGSTOP) keeps its lock: its clients notice its heartbeat stopped,
+    after driver_timeout and within a keepalive interval of it."""
+    with MediaDriver.launch(directory=driver_dir, driver_timeout="500ms",
+                            client_keepalive_interval="100ms") as driver:
+        client = Client.connect(driver_dir)
+        publication = client.add_publication("aeron:ipc", 15)
+        os.kill(driver.pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            deadline = stopped + 5
+            while not client.is_closed:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert time.monotonic() - stopped > 0.4  # its last beat may be 100 ms old
+            assert publication.offer(b"x") == -4  # CLOSED
+            with pytest.raises(DriverNotRunningError, match="no heartbeat for"):
+                client.add_publication("aeron:ipc", 16)
+        finally:
+            os.kill(driver.pid, signal.SIGCONT)
+        client.close()
+
+
+def _keepalive_threads() -> int:
+    return sum((task / "comm").read_text().strip() == "ss-keepalive"
+               for task in Path("/proc/self/task").iterdir())
+
+
+def test_closing_a_client_ends_its_threads_at_once(driver) -> None:
+    before = _keepalive_threads()
+    client = Client.connect(driver.directory)
+    assert _keepalive_threads() == before + 1
+    started = time.monotonic()
+    client.close()
+    assert time.monotonic() - started < 1  # not the conductor thread's 5 s safety net
+    assert not [t for t in threading.enumerate()
+                if t.name == f"slipstream-client-{client.client_id}"]
+    assert _keepalive_threads() == before
+
+
 def test_a_client_whose_driver_exited_raises_at_once_and_never_spins(driver_dir: Path) -> None:
     with MediaDriver.launch(directory=driver_dir) as driver:  # default timers: a 10 s timeout
         client = Client.connect(driver_dir)
