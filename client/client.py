@@ -54,6 +54,9 @@ RESOURCE_LINGER_S = 3.0
 #: did not say there are any, s: a safety net only (each look takes the GIL from the
 #: application's thread).
 EVENTS_SAFETY_NET_S = 5.0
+#: What a request that releases a resource ignores: the driver did not answer, is gone (also
+#: noticed while it waited), or no longer knows the resource.
+_RELEASE_ERRORS = (DriverTimeoutError, DriverNotRunningError, RegistrationError)
 
 
 DEFAULT_SPINS_BEFORE_YIELD: int | None = 16
@@ -130,6 +133,8 @@ class Client:
         # What the keepalive thread found wrong, and close()'s wake-up, for the conductor thread.
         self._notices, self._notices_in = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._stop_keeper: Callable[[], None] = lambda: None
+        # What the conductor thread read from the pipe, for a request that holds the lock.
+        self._notice: bytes | None = None
         self._closing = False
         self._doorbells: dict[str, socket.socket] = {}
         self.counters: CountersFile
@@ -222,6 +227,8 @@ class Client:
             reply = self._pending.pop(correlation_id, None)
             if reply is not None:
                 return reply
+            if self._notice is not None:  # the driver may be gone: no answer would come
+                self._apply_notice()
             if self._driver_lost is not None:  # told while waiting (DRIVER_SHUTDOWN)
                 raise self.driver_lost_error()
             remaining = deadline - time.monotonic()
@@ -298,20 +305,30 @@ class Client:
                 with contextlib.suppress(OSError, ValueError):
                     ready = poller.poll(EVENTS_SAFETY_NET_S * 1000)
                     if any(fd == self._notices for fd, _ in ready):
-                        self._on_notice(os.read(self._notices, 1))
+                        self._read_notice()
         finally:
             os.close(self._notices)
 
-    def _on_notice(self, notice: bytes) -> None:
-        """What the keepalive thread found (or close()'s wake-up, a zero byte)."""
+    def _read_notice(self) -> None:
+        """Read what the keepalive thread found (or close()'s wake-up, a zero byte) and apply
+        it; a request that holds the lock meanwhile applies it first."""
+        self._notice = os.read(self._notices, 1)
         with self._lock:
-            if self._closed:
-                return
-            if notice == bytes([lib.SS_KEEPER_DRIVER_EXITED]):
-                self._lose_driver("the driver exited")
-            elif notice == bytes([lib.SS_KEEPER_DRIVER_STOPPED]):
-                age_s = (time.time_ns() - self.counters.driver_heartbeat_ns) / 1e9
-                self._lose_driver(f"the driver stopped: no heartbeat for {age_s:.1f} s")
+            self._apply_notice()
+
+    def _apply_notice(self) -> None:
+        """Under the lock: what :meth:`_read_notice` read, once."""
+        notice, self._notice = self._notice, None
+        if notice is None or self._closed:
+            return
+        if notice == bytes([lib.SS_KEEPER_DRIVER_EXITED]):
+            self._lose_driver("the driver exited")
+        elif notice == bytes([lib.SS_KEEPER_DRIVER_REPLACED]):
+            self._lose_driver("the driver exited, and a new one took its directory "
+                              "(connect again)")
+        elif notice == bytes([lib.SS_KEEPER_DRIVER_STOPPED]):
+            age_s = (time.time_ns() - self.counters.driver_heartbeat_ns) / 1e9
+            self._lose_driver(f"the driver stopped: no heartbeat for {age_s:.1f} s")
 
     def _lose_driver(self, reason: str) -> None:
         """Cut off from the driver: offers return CLOSED from now on, and every other call
@@ -430,7 +447,7 @@ class Client:
         with self._lock:
             self._publications.pop(publication.registration_id, None)
             if not self._closed and self._driver_lost is None:
-                with contextlib.suppress(DriverTimeoutError, RegistrationError):
+                with contextlib.suppress(*_RELEASE_ERRORS):
                     self._request({"type": control.REMOVE_PUBLICATION,
                                    "registration_id": publication.registration_id})
         unmap = threading.Timer(RESOURCE_LINGER_S, publication._unmap)
@@ -441,7 +458,7 @@ class Client:
         with self._lock:
             self._subscriptions.pop(subscription.registration_id, None)
             if not self._closed and self._driver_lost is None:
-                with contextlib.suppress(DriverTimeoutError, RegistrationError):
+                with contextlib.suppress(*_RELEASE_ERRORS):
                     self._request({"type": control.REMOVE_SUBSCRIPTION,
                                    "registration_id": subscription.registration_id})
 
@@ -467,7 +484,7 @@ class Client:
             subscription.close()
         with self._lock:
             if self._driver_lost is None:
-                with contextlib.suppress(DriverTimeoutError, RegistrationError, ClosedError):
+                with contextlib.suppress(*_RELEASE_ERRORS, ClosedError):
                     self._request({"type": control.CLOSE_CLIENT})
             self._closed = True
             self._stop_keeper()

@@ -213,7 +213,10 @@ class CountersFile:
         self.path = Path(path)
         fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
-            size = os.fstat(fd).st_size
+            stat = os.fstat(fd)
+            size = stat.st_size
+            # Which file this is: a driver restarted in the same directory makes a new one.
+            self._file_identity = (stat.st_dev, stat.st_ino)
             if size < HEADER_LENGTH:
                 raise ValueError(f"{self.path} is not a counters file ({size} bytes)")
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
@@ -282,19 +285,33 @@ class CountersFile:
         """Start a client's keepalive thread (C, no GIL: ``ss_keeper_start``): every
         ``interval_ns`` it writes the monotonic ns into counter ``counter_id`` while that slot
         is still the CLIENT_HEARTBEAT of ``registration_id``, and checks the driver (its lock
-        at ``lock_path``; its heartbeat here when ``driver_timeout_ns`` > 0).  What it finds
+        at ``lock_path``; that this file is still the driver's; its heartbeat here when
+        ``driver_timeout_ns`` > 0).  What it finds
         wrong goes to ``notify_fd`` as one byte, ``SS_KEEPER_DRIVER_*``.  Returns the call
         that stops it (once; later calls do nothing).  The thread reads and writes this
         mapping, so it is stopped at the latest when the file is closed or collected."""
         if not 0 <= counter_id < self.capacity:
             raise IndexError(f"counter id {counter_id} outside 0..{self.capacity - 1}")
         record = self._base + self._meta_offset(counter_id)
-        keeper = lib.ss_keeper_start(
-            self.address(counter_id), ffi.cast("int32_t *", record + _STATE_OFFSET),
-            ffi.cast("int32_t *", record + _TYPE_OFFSET),
-            ffi.cast("int64_t *", record + _REGISTRATION_OFFSET), _STATE_ALLOCATED,
-            CounterType.CLIENT_HEARTBEAT, registration_id, self._header_i64(HEARTBEAT_OFFSET),
-            driver_timeout_ns, os.fsencode(os.path.abspath(lock_path)), interval_ns, notify_fd)
+        lock_path_c = ffi.new("char[]", os.fsencode(os.path.abspath(lock_path)))
+        counters_path_c = ffi.new("char[]", os.fsencode(self.path.absolute()))
+        keeper = lib.ss_keeper_start(ffi.new("ss_keeper_params_t *", {
+            "heartbeat": self.address(counter_id),
+            "state": ffi.cast("int32_t *", record + _STATE_OFFSET),
+            "type": ffi.cast("int32_t *", record + _TYPE_OFFSET),
+            "registration": ffi.cast("int64_t *", record + _REGISTRATION_OFFSET),
+            "allocated_state": _STATE_ALLOCATED,
+            "heartbeat_type": CounterType.CLIENT_HEARTBEAT,
+            "registration_id": registration_id,
+            "driver_heartbeat": self._header_i64(HEARTBEAT_OFFSET),
+            "driver_timeout_ns": driver_timeout_ns,
+            "lock_path": lock_path_c,
+            "counters_path": counters_path_c,
+            "counters_device": self._file_identity[0],
+            "counters_inode": self._file_identity[1],
+            "interval_ns": interval_ns,
+            "notify_fd": notify_fd,
+        }))
         if keeper == ffi.NULL:
             error = ffi.errno
             raise OSError(error, f"cannot start the client's keepalive thread: "

@@ -12,6 +12,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <sched.h>
@@ -683,18 +684,9 @@ struct ss_keeper {
     pthread_mutex_t lock;
     pthread_cond_t stop_changed;  /* on CLOCK_MONOTONIC */
     int stop;
-    int64_t *heartbeat;
-    const int32_t *state;
-    const int32_t *type;
-    const int64_t *registration;
-    int32_t allocated_state;
-    int32_t heartbeat_type;
-    int64_t registration_id;
-    const int64_t *driver_heartbeat;
-    int64_t driver_timeout_ns;
-    int64_t interval_ns;
-    int32_t notify_fd;
-    char lock_path[];
+    ss_keeper_params_t p;  /* its paths point at the two below */
+    char *lock_path;
+    char *counters_path;
 };
 
 /* Whether some process holds the driver's lock: a shared lock we could take means none does. */
@@ -711,9 +703,9 @@ static int keeper_driver_holds_lock(const char *lock_path) {
 }
 
 static int keeper_owns_heartbeat(const struct ss_keeper *k) {
-    return LOAD_ACQ(k->state) == k->allocated_state
-        && LOAD_ACQ(k->type) == k->heartbeat_type
-        && LOAD_ACQ(k->registration) == k->registration_id;
+    return LOAD_ACQ(k->p.state) == k->p.allocated_state
+        && LOAD_ACQ(k->p.type) == k->p.heartbeat_type
+        && LOAD_ACQ(k->p.registration) == k->p.registration_id;
 }
 
 static void *keeper_run(void *arg) {
@@ -724,24 +716,32 @@ static void *keeper_run(void *arg) {
     pthread_mutex_lock(&k->lock);
     while (!k->stop) {
         pthread_mutex_unlock(&k->lock);
-        if (keeper_owns_heartbeat(k)) STORE_REL(k->heartbeat, monotonic_ns());
+        if (keeper_owns_heartbeat(k)) STORE_REL(k->p.heartbeat, monotonic_ns());
         uint8_t verdict = 0;
+        struct stat counters;
         if (!keeper_driver_holds_lock(k->lock_path)) {
             verdict = SS_KEEPER_DRIVER_EXITED;
-        } else if (k->driver_timeout_ns > 0) {
+        } else if (stat(k->counters_path, &counters) != 0) {
+            if (errno == ENOENT) verdict = SS_KEEPER_DRIVER_EXITED;
+        } else if ((uint64_t)counters.st_dev != k->p.counters_device
+                   || (uint64_t)counters.st_ino != k->p.counters_inode) {
+            /* A driver that crashed and was restarted between two beats holds the lock
+             * again, in new files: ours are no longer anyone's. */
+            verdict = SS_KEEPER_DRIVER_REPLACED;
+        } else if (k->p.driver_timeout_ns > 0) {
             struct timespec wall;
             clock_gettime(CLOCK_REALTIME, &wall);
             const int64_t wall_ns = (int64_t)wall.tv_sec * 1000000000LL + wall.tv_nsec;
-            if (wall_ns - LOAD_ACQ(k->driver_heartbeat) > k->driver_timeout_ns)
+            if (wall_ns - LOAD_ACQ(k->p.driver_heartbeat) > k->p.driver_timeout_ns)
                 verdict = SS_KEEPER_DRIVER_STOPPED;
         }
         if (verdict) {
-            while (write(k->notify_fd, &verdict, 1) < 0 && errno == EINTR) {}
+            while (write(k->p.notify_fd, &verdict, 1) < 0 && errno == EINTR) {}
             return NULL;
         }
-        int64_t next = (int64_t)due.tv_sec * 1000000000LL + due.tv_nsec + k->interval_ns;
+        int64_t next = (int64_t)due.tv_sec * 1000000000LL + due.tv_nsec + k->p.interval_ns;
         const int64_t now_ns = monotonic_ns();
-        if (next < now_ns) next = now_ns + k->interval_ns;  /* after a stop (SIGSTOP): no burst */
+        if (next < now_ns) next = now_ns + k->p.interval_ns;  /* after a stop (SIGSTOP): no burst */
         due.tv_sec = next / 1000000000LL;
         due.tv_nsec = next % 1000000000LL;
         pthread_mutex_lock(&k->lock);
@@ -751,30 +751,29 @@ static void *keeper_run(void *arg) {
     return NULL;
 }
 
-ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const int32_t *state, const int32_t *type,
-                             const int64_t *registration, int32_t allocated_state,
-                             int32_t heartbeat_type, int64_t registration_id,
-                             const int64_t *driver_heartbeat, int64_t driver_timeout_ns,
-                             const char *lock_path, int64_t interval_ns, int32_t notify_fd) {
-    if (interval_ns <= 0) {
+static void keeper_free(struct ss_keeper *k) {
+    free(k->lock_path);
+    free(k->counters_path);
+    free(k);
+}
+
+ss_keeper_t *ss_keeper_start(const ss_keeper_params_t *params) {
+    if (params->interval_ns <= 0) {
         errno = EINVAL;
         return NULL;
     }
-    size_t path_length = strlen(lock_path);
-    struct ss_keeper *k = calloc(1, sizeof *k + path_length + 1);
+    struct ss_keeper *k = calloc(1, sizeof *k);
     if (k == NULL) return NULL;
-    memcpy(k->lock_path, lock_path, path_length + 1);
-    k->heartbeat = heartbeat;
-    k->state = state;
-    k->type = type;
-    k->registration = registration;
-    k->allocated_state = allocated_state;
-    k->heartbeat_type = heartbeat_type;
-    k->registration_id = registration_id;
-    k->driver_heartbeat = driver_heartbeat;
-    k->driver_timeout_ns = driver_timeout_ns;
-    k->interval_ns = interval_ns;
-    k->notify_fd = notify_fd;
+    k->p = *params;
+    k->lock_path = strdup(params->lock_path);
+    k->counters_path = strdup(params->counters_path);
+    if (k->lock_path == NULL || k->counters_path == NULL) {
+        keeper_free(k);
+        errno = ENOMEM;
+        return NULL;
+    }
+    k->p.lock_path = k->lock_path;
+    k->p.counters_path = k->counters_path;
     pthread_condattr_t attributes;
     pthread_condattr_init(&attributes);
     pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
@@ -790,7 +789,7 @@ ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const int32_t *state, const int
     if (error != 0) {
         pthread_cond_destroy(&k->stop_changed);
         pthread_mutex_destroy(&k->lock);
-        free(k);
+        keeper_free(k);
         errno = error;
         return NULL;
     }
@@ -806,5 +805,5 @@ void ss_keeper_stop(ss_keeper_t *keeper) {
     pthread_join(keeper->thread, NULL);
     pthread_cond_destroy(&keeper->stop_changed);
     pthread_mutex_destroy(&keeper->lock);
-    free(keeper);
+    keeper_free(keeper);
 }

@@ -215,19 +215,35 @@ int32_t ss_populate(uint8_t *address, int64_t length, int32_t writable);
  * A thread of the client process that, every interval_ns, writes CLOCK_MONOTONIC ns into the
  * client's heartbeat counter (`heartbeat`), only while that counter's metadata fields (`state`,
  * `type`, `registration`) still say allocated_state, heartbeat_type and registration_id: a
- * driver that timed the client out may have given the slot to someone else.  It then checks the driver: some process holds the flock of
- * `lock_path`, and, when driver_timeout_ns > 0, the driver's heartbeat (`driver_heartbeat`,
- * CLOCK_REALTIME ns) is at most driver_timeout_ns old.  At the first check that fails it
- * writes one byte (SS_KEEPER_DRIVER_EXITED or SS_KEEPER_DRIVER_STOPPED) to notify_fd and ends.
- * Python's own threads would take the GIL from the application's thread at every beat.  The
- * thread blocks every signal.  Returns NULL when it could not start (errno says why). */
+ * driver that timed the client out may have given the slot to someone else.  It then checks
+ * the driver: some process holds the flock of `lock_path`; `counters_path` is still the file
+ * the client mapped (counters_device, counters_inode), not a new driver's; and, when
+ * driver_timeout_ns > 0, the driver's heartbeat (`driver_heartbeat`, CLOCK_REALTIME ns) is at
+ * most driver_timeout_ns old.  At the first check that fails it writes one byte
+ * (SS_KEEPER_DRIVER_*) to notify_fd and ends.  Python's own threads would take the GIL from the
+ * application's thread at every beat.  The thread blocks every signal. */
 #define SS_KEEPER_DRIVER_EXITED 1
 #define SS_KEEPER_DRIVER_STOPPED 2
+#define SS_KEEPER_DRIVER_REPLACED 3
+typedef struct {
+    int64_t *heartbeat;
+    const int32_t *state;
+    const int32_t *type;
+    const int64_t *registration;
+    int32_t allocated_state;
+    int32_t heartbeat_type;
+    int64_t registration_id;
+    const int64_t *driver_heartbeat;
+    int64_t driver_timeout_ns;
+    const char *lock_path;      /* copied */
+    const char *counters_path;  /* copied */
+    uint64_t counters_device;
+    uint64_t counters_inode;
+    int64_t interval_ns;
+    int32_t notify_fd;
+} ss_keeper_params_t;
 typedef struct ss_keeper ss_keeper_t;
-ss_keeper_t *ss_keeper_start(int64_t *heartbeat, const int32_t *state, const int32_t *type,
-                             const int64_t *registration, int32_t allocated_state,
-                             int32_t heartbeat_type, int64_t registration_id,
-                             const int64_t *driver_heartbeat, int64_t driver_timeout_ns,
-                             const char *lock_path, int64_t interval_ns, int32_t notify_fd);
+/* Start it; NULL when it could not start (errno says why: EINVAL for interval_ns <= 0). */
+ss_keeper_t *ss_keeper_start(const ss_keeper_params_t *params);
 /* Stop the thread (at once, even mid-interval), wait for it to end and free it; NULL: nothing. */
 void ss_keeper_stop(ss_keeper_t *keeper);

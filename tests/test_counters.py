@@ -145,6 +145,36 @@ def test_the_keepalive_thread_says_when_the_drivers_heartbeat_stops(
         stop()
 
 
+def test_the_keepalive_thread_says_when_a_new_driver_took_the_directory(
+        counters: CountersFile, driver_lock: Path, notices: tuple[int, int]) -> None:
+    """A driver that crashed and was restarted between two beats holds the lock again: its
+    new counters file is what shows the client's are no one's any more."""
+    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
+    stop = counters.start_heartbeat_keeper(
+        heartbeat, 1, interval_ns=10_000_000, driver_timeout_ns=0, lock_path=driver_lock,
+        notify_fd=notices[1])
+    try:
+        assert _notice(notices[0], 0.1) == b""
+        counters.path.unlink()  # the new driver cleans the dead one's files, makes its own
+        CountersFile.create(counters.path, capacity=len(SystemCounter)).close()
+        assert _notice(notices[0], 5) == bytes([lib.SS_KEEPER_DRIVER_REPLACED])
+    finally:
+        stop()
+
+
+def test_the_keepalive_thread_says_the_driver_exited_when_its_counters_file_is_gone(
+        counters: CountersFile, driver_lock: Path, notices: tuple[int, int]) -> None:
+    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
+    stop = counters.start_heartbeat_keeper(
+        heartbeat, 1, interval_ns=10_000_000, driver_timeout_ns=0, lock_path=driver_lock,
+        notify_fd=notices[1])
+    try:
+        counters.path.unlink()
+        assert _notice(notices[0], 5) == bytes([lib.SS_KEEPER_DRIVER_EXITED])
+    finally:
+        stop()
+
+
 def test_stopping_the_keepalive_thread_does_not_wait_for_its_next_beat(
         counters: CountersFile, driver_lock: Path, notices: tuple[int, int]) -> None:
     heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)

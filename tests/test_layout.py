@@ -34,7 +34,7 @@ C_ONLY = {
     "MAX_RECEIVE_CALLS",  # network.h: the duty cycle's, read as lib.SS_DUE_* by daemon/agents
     "BANDS", "AGING_NS_PER_POINT", "AGING_MAX",  # network.h: the sender's bands
     "HEARTBEAT_TIMEOUT_NS",  # network.h: read as lib.SS_HEARTBEAT_TIMEOUT_NS by publication.py
-    "KEEPER_DRIVER_EXITED", "KEEPER_DRIVER_STOPPED",  # native.h: the keeper's, read by client.py
+    "KEEPER_DRIVER_EXITED", "KEEPER_DRIVER_STOPPED", "KEEPER_DRIVER_REPLACED",  # the keeper's
 }
 
 
