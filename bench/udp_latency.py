@@ -225,8 +225,8 @@ def main() -> int:
         f"p{p:g} {median(quiet_runs, p) / zmq_histogram.get_value_at_percentile(p):.2f}x"
         for p in (50, 99, 99.9))
     runs = f"median of {len(quiet_runs)} runs each" if len(quiet_runs) > 1 else "one run each"
-    print(f"# two drivers (median of {len(quiet_runs)}) / pyzmq tcp: {ratios} (the targets: "
-          f"p50 and p99 <= 1x, p99.9 <= 2x)")
+    print(f"# two drivers ({runs}) / pyzmq tcp: {ratios} (the targets: p50 and p99 <= 1x, "
+          f"p99.9 <= 2x)")
     print(f"# the two drivers' network threads ran their Python halves "
           f"{passes_per_s[0]:.1f} and {passes_per_s[1]:.1f} times a second "
           f"(the pinger's and the ponger's, setup included)")

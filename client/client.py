@@ -57,6 +57,9 @@ EVENTS_SAFETY_NET_S = 5.0
 #: What a request that releases a resource ignores: the driver did not answer, is gone (also
 #: noticed while it waited), or no longer knows the resource.
 _RELEASE_ERRORS = (DriverTimeoutError, DriverNotRunningError, RegistrationError)
+#: The requests a closing client still makes.
+_RELEASES = frozenset({control.REMOVE_PUBLICATION, control.REMOVE_SUBSCRIPTION,
+                       control.CLOSE_CLIENT})
 
 
 DEFAULT_SPINS_BEFORE_YIELD: int | None = 16
@@ -133,8 +136,11 @@ class Client:
         # What the keepalive thread found wrong, and close()'s wake-up, for the conductor thread.
         self._notices, self._notices_in = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._stop_keeper: Callable[[], None] = lambda: None
-        # What the conductor thread read from the pipe, for a request that holds the lock.
-        self._notice: bytes | None = None
+        # A request waits for its answer and for what the keepalive thread finds: it holds
+        # the lock, and only a holder of the lock reads the pipe.
+        self._request_poller = zmq.Poller()
+        self._request_poller.register(self._socket, zmq.POLLIN)
+        self._request_poller.register(self._notices, zmq.POLLIN)
         self._closing = False
         self._doorbells: dict[str, socket.socket] = {}
         self.counters: CountersFile
@@ -196,10 +202,12 @@ class Client:
                  on_reply: Callable[[dict[str, Any]], object] | None = None) -> dict[str, Any]:
         """Send a command and wait for its answer, applying events that arrive meanwhile.
         ``on_reply`` runs (under the lock) as soon as the answer is read."""
-        self._check_open()
         correlation_id = next(self._correlation_ids)
         message["correlation_id"] = correlation_id
         with self._lock:
+            self._check_open()
+            if self._closing and message["type"] not in _RELEASES:
+                raise ClosedError("the client is closing")
             deadline = time.monotonic() + self._request_timeout
             if on_reply is not None:
                 self._reply_hooks[correlation_id] = on_reply
@@ -227,8 +235,6 @@ class Client:
             reply = self._pending.pop(correlation_id, None)
             if reply is not None:
                 return reply
-            if self._notice is not None:  # the driver may be gone: no answer would come
-                self._apply_notice()
             if self._driver_lost is not None:  # told while waiting (DRIVER_SHUTDOWN)
                 raise self.driver_lost_error()
             remaining = deadline - time.monotonic()
@@ -246,8 +252,12 @@ class Client:
                     self._drain()
                 elif not worked:
                     os.sched_yield()
-            elif self._socket.poll(min(remaining, 0.1) * 1000, zmq.POLLIN):
-                self._drain()
+            else:
+                ready = dict(self._request_poller.poll(min(remaining, 0.1) * 1000))
+                if self._notices in ready:  # the driver may be gone: no answer would come
+                    self._read_notice()
+                if self._socket in ready:
+                    self._drain()
 
     def _drain(self) -> None:
         """Read every waiting message (under the lock): answers to pending, events applied."""
@@ -300,26 +310,22 @@ class Client:
                 with self._lock:
                     if self._closed:
                         return
+                    self._read_notice()
                     self._drain()
                 # Events make the socket's FD readable; the timeout is a safety net only.
                 with contextlib.suppress(OSError, ValueError):
-                    ready = poller.poll(EVENTS_SAFETY_NET_S * 1000)
-                    if any(fd == self._notices for fd, _ in ready):
-                        self._read_notice()
+                    poller.poll(EVENTS_SAFETY_NET_S * 1000)
         finally:
             os.close(self._notices)
 
     def _read_notice(self) -> None:
-        """Read what the keepalive thread found (or close()'s wake-up, a zero byte) and apply
-        it; a request that holds the lock meanwhile applies it first."""
-        self._notice = os.read(self._notices, 1)
-        with self._lock:
-            self._apply_notice()
-
-    def _apply_notice(self) -> None:
-        """Under the lock: what :meth:`_read_notice` read, once."""
-        notice, self._notice = self._notice, None
-        if notice is None or self._closed:
+        """Under the lock: apply what the keepalive thread found, if it wrote anything (close()
+        writes a zero byte to wake the conductor thread)."""
+        try:
+            notice = os.read(self._notices, 1)
+        except BlockingIOError:
+            return
+        if self._closed:
             return
         if notice == bytes([lib.SS_KEEPER_DRIVER_EXITED]):
             self._lose_driver("the driver exited")
@@ -478,16 +484,24 @@ class Client:
             if self._closing:
                 return
             self._closing = True
-        for publication in list(self._publications.values()):
-            publication.close()
-        for subscription in list(self._subscriptions.values()):
-            subscription.close()
-        with self._lock:
-            if self._driver_lost is None:
-                with contextlib.suppress(*_RELEASE_ERRORS, ClosedError):
-                    self._request({"type": control.CLOSE_CLIENT})
-            self._closed = True
-            self._stop_keeper()
+        try:
+            for publication in list(self._publications.values()):
+                publication.close()
+            for subscription in list(self._subscriptions.values()):
+                subscription.close()
+            with self._lock:
+                if self._driver_lost is None:
+                    with contextlib.suppress(*_RELEASE_ERRORS, ClosedError):
+                        self._request({"type": control.CLOSE_CLIENT})
+        finally:  # whatever failed above (an interrupt), the client's threads end
+            with self._lock:
+                self._closed = True
+                self._stop_keeper()
+            self._end_threads()
+
+    def _end_threads(self) -> None:
+        """The rest of close(): the conductor thread, the socket, and the mappings after the
+        resource linger."""
         with contextlib.suppress(OSError):  # EPIPE: the thread has ended already
             os.write(self._notices_in, b"\0")  # wake the conductor thread to see it
         os.close(self._notices_in)  # the thread closes the read end

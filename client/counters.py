@@ -62,7 +62,8 @@ FREE_TO_REUSE_TIMEOUT_NS = 1_000_000_000
 _META = struct.Struct("<iiqiiqi")  # state, type, registration, session, stream, owner, label len
 _LABEL_OFFSET = _META.size
 # The offsets of _META's first three fields (a client's keepalive thread reads them from C).
-_STATE_OFFSET, _TYPE_OFFSET, _REGISTRATION_OFFSET = 0, 4, 8
+_STATE_OFFSET, _TYPE_OFFSET, _REGISTRATION_OFFSET = (
+    struct.calcsize(_META.format[:n]) for n in (1, 2, 3))
 
 
 class CounterType(enum.IntEnum):

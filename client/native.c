@@ -710,7 +710,6 @@ static int keeper_owns_heartbeat(const struct ss_keeper *k) {
 
 static void *keeper_run(void *arg) {
     struct ss_keeper *k = arg;
-    pthread_setname_np(pthread_self(), "ss-keepalive");  /* as top -H and /proc show it */
     struct timespec due;
     clock_gettime(CLOCK_MONOTONIC, &due);
     pthread_mutex_lock(&k->lock);
@@ -719,16 +718,16 @@ static void *keeper_run(void *arg) {
         if (keeper_owns_heartbeat(k)) STORE_REL(k->p.heartbeat, monotonic_ns());
         uint8_t verdict = 0;
         struct stat counters;
-        if (!keeper_driver_holds_lock(k->lock_path)) {
+        const int counters_seen = stat(k->counters_path, &counters) == 0;
+        const int counters_gone = !counters_seen && errno == ENOENT;
+        if (!keeper_driver_holds_lock(k->lock_path) || counters_gone) {
             verdict = SS_KEEPER_DRIVER_EXITED;
-        } else if (stat(k->counters_path, &counters) != 0) {
-            if (errno == ENOENT) verdict = SS_KEEPER_DRIVER_EXITED;
-        } else if ((uint64_t)counters.st_dev != k->p.counters_device
-                   || (uint64_t)counters.st_ino != k->p.counters_inode) {
+        } else if (counters_seen && ((uint64_t)counters.st_dev != k->p.counters_device
+                                     || (uint64_t)counters.st_ino != k->p.counters_inode)) {
             /* A driver that crashed and was restarted between two beats holds the lock
              * again, in new files: ours are no longer anyone's. */
             verdict = SS_KEEPER_DRIVER_REPLACED;
-        } else if (k->p.driver_timeout_ns > 0) {
+        } else if (k->p.driver_timeout_ns > 0) {  /* also when stat failed otherwise */
             struct timespec wall;
             clock_gettime(CLOCK_REALTIME, &wall);
             const int64_t wall_ns = (int64_t)wall.tv_sec * 1000000000LL + wall.tv_nsec;
@@ -780,12 +779,18 @@ ss_keeper_t *ss_keeper_start(const ss_keeper_params_t *params) {
     pthread_cond_init(&k->stop_changed, &attributes);
     pthread_condattr_destroy(&attributes);
     pthread_mutex_init(&k->lock, NULL);
-    /* The thread takes no signal: they stay the application's (Python's main thread). */
-    sigset_t all, previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    /* The thread takes no signal: they stay the application's (Python's main thread).  A
+     * fault of its own still gets the process's handlers (faulthandler's traceback). */
+    sigset_t blocked, previous;
+    sigfillset(&blocked);
+    sigdelset(&blocked, SIGSEGV);
+    sigdelset(&blocked, SIGBUS);
+    sigdelset(&blocked, SIGFPE);
+    sigdelset(&blocked, SIGILL);
+    pthread_sigmask(SIG_SETMASK, &blocked, &previous);
     int error = pthread_create(&k->thread, NULL, keeper_run, k);
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    if (error == 0) pthread_setname_np(k->thread, "ss-keepalive");  /* as top -H shows it */
     if (error != 0) {
         pthread_cond_destroy(&k->stop_changed);
         pthread_mutex_destroy(&k->lock);

@@ -634,8 +634,8 @@ class Subscription:
     @staticmethod
     def _call_back(handler: Callable[[Image], object] | None, image: Image) -> None:
         """A user's image handler, on the client conductor thread: what it raises is logged and
-        goes no further (that thread carries the keepalives: if it died, the driver would time
-        the client out and reclaim counters it still writes)."""
+        goes no further (that thread carries the driver's events: if it died, the client would
+        no longer see images come and go, nor the driver go)."""
         if handler is None:
             return
         try:

@@ -553,7 +553,7 @@ class DriverSettings:
     )
     driver_timeout: int = _duration(
         10 * _S, "A client that hears nothing from the driver this long deems it dead, ns (an "
-        "idle driver beats four times within it).",
+        "idle driver beats at least four times within it).",
         low=_MS,
     )
     drain_timeout: int = _duration(
