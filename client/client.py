@@ -247,6 +247,9 @@ class Client:
                     f"the driver in {self.directory} did not answer {kind} "
                     f"within {self._request_timeout} s")
             if self.invoker is not None:  # the driver answers only when it is run
+                self._read_notice()  # a non-blocking read: the lock is ours
+                if self._driver_lost is not None:
+                    raise self.driver_lost_error()
                 worked = self.invoker()
                 if self._socket.poll(0, zmq.POLLIN):
                     self._drain()
@@ -340,16 +343,23 @@ class Client:
         """Cut off from the driver: offers return CLOSED from now on, and every other call
         (polls and waits too; a parked receive is woken) raises DriverNotRunningError."""
         if self._driver_lost is None:
-            log.error("the driver in %s is gone: %s", self.directory, reason)
-            self._driver_lost = reason
+            self._driver_lost = reason  # first: the keeper's notice is read only once
             self._stop_keeper()
-            for publication in list(self._publications.values()):
-                publication._mark_closed()
-            for subscription in list(self._subscriptions.values()):
-                subscription._lose_driver()
+            self._cut_off_resources()
+            log.error("the driver in %s is gone: %s", self.directory, reason)
 
-    def driver_lost_error(self) -> DriverNotRunningError:
-        """The error calls raise once the driver is gone."""
+    def _cut_off_resources(self) -> None:
+        """Offers return CLOSED and polls raise from now on; a parked receive is woken."""
+        for publication in list(self._publications.values()):
+            publication._mark_closed()
+        for subscription in list(self._subscriptions.values()):
+            subscription._lose_driver()
+
+    def driver_lost_error(self) -> DriverNotRunningError | ClosedError:
+        """The error calls raise once the driver is gone (or the client closed with
+        resources it could not release: an interrupted close())."""
+        if self._driver_lost is None and self._closed:
+            return ClosedError("the client is closed")
         return DriverNotRunningError(str(self.directory), self._driver_lost or "")
 
     def _check_open(self) -> None:
@@ -426,6 +436,10 @@ class Client:
                                   policy=spec, drops_counter_id=reply.get("drops_counter_id"))
         publication.on_back_pressure = on_back_pressure
         with self._lock:
+            if self._closing or self._driver_lost is not None:  # close() ran meanwhile
+                publication._mark_closed()
+                self._check_open()
+                raise ClosedError("the client is closing")
             self._publications[publication.registration_id] = publication
         return publication
 
@@ -497,6 +511,8 @@ class Client:
             with self._lock:
                 self._closed = True
                 self._stop_keeper()
+                # What an interrupt left open must not touch the counters once unmapped.
+                self._cut_off_resources()
             self._end_threads()
 
     def _end_threads(self) -> None:
