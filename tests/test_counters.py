@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gc
 import os
@@ -62,6 +63,21 @@ def notices() -> Iterator[tuple[int, int]]:
     os.close(write_end)
 
 
+@contextlib.contextmanager
+def _keeping(counters: CountersFile, lock_path: Path, notify_fd: int, *,
+             interval_ns: int = 10_000_000, driver_timeout_ns: int = 0) -> Iterator[int]:
+    """A client heartbeat (registration 1) kept by a keepalive thread while in the block;
+    yields the heartbeat's counter id."""
+    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
+    stop = counters.start_heartbeat_keeper(
+        heartbeat, 1, interval_ns=interval_ns, driver_timeout_ns=driver_timeout_ns,
+        lock_path=lock_path, notify_fd=notify_fd)
+    try:
+        yield heartbeat
+    finally:
+        stop()
+
+
 def _notice(read_end: int, timeout_s: float) -> bytes:
     """The keeper's notice within timeout_s, or b"" when there is none."""
     readable, _, _ = select.select([read_end], [], [], timeout_s)
@@ -110,29 +126,19 @@ def test_the_keepalive_thread_says_when_the_driver_lets_its_lock_go(
     lock_path = shm / "driver.lock"
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
-    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
-    stop = counters.start_heartbeat_keeper(
-        heartbeat, 1, interval_ns=10_000_000, driver_timeout_ns=0, lock_path=lock_path,
-        notify_fd=notices[1])
-    try:
+    with _keeping(counters, lock_path, notices[1]):
         assert _notice(notices[0], 0.1) == b""  # ten looks at a held lock: no notice
         os.close(fd)  # the driver exits (or crashes): the kernel lets its lock go
         started = time.monotonic()
         assert _notice(notices[0], 5) == bytes([lib.SS_KEEPER_DRIVER_EXITED])
         assert time.monotonic() - started < 1
         assert _notice(notices[0], 0.05) == b""  # one notice, then it ends
-    finally:
-        stop()
 
 
 def test_the_keepalive_thread_says_when_the_drivers_heartbeat_stops(
         counters: CountersFile, driver_lock: Path, notices: tuple[int, int]) -> None:
-    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
     counters.beat(time.time_ns())
-    stop = counters.start_heartbeat_keeper(
-        heartbeat, 1, interval_ns=10_000_000, driver_timeout_ns=300_000_000,
-        lock_path=driver_lock, notify_fd=notices[1])
-    try:
+    with _keeping(counters, driver_lock, notices[1], driver_timeout_ns=300_000_000):
         deadline = time.monotonic() + 0.15
         while time.monotonic() < deadline:  # a driver that beats is alive
             counters.beat(time.time_ns())
@@ -141,19 +147,13 @@ def test_the_keepalive_thread_says_when_the_drivers_heartbeat_stops(
         counters.beat(last_beat)
         assert _notice(notices[0], 5) == bytes([lib.SS_KEEPER_DRIVER_STOPPED])
         assert time.time_ns() - last_beat > 300_000_000  # never before driver_timeout
-    finally:
-        stop()
 
 
 def test_the_keepalive_thread_says_when_a_new_driver_took_the_directory(
         counters: CountersFile, driver_lock: Path, notices: tuple[int, int]) -> None:
     """A driver that crashed and was restarted between two beats holds the lock again: its
     new counters file is what shows the client's are no one's any more."""
-    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
-    stop = counters.start_heartbeat_keeper(
-        heartbeat, 1, interval_ns=10_000_000, driver_timeout_ns=0, lock_path=driver_lock,
-        notify_fd=notices[1])
-    try:
+    with _keeping(counters, driver_lock, notices[1]):
         assert _notice(notices[0], 0.1) == b""
         # The new driver cleans the dead one's files and makes its own (here in one step, so
         # no look finds the path empty between the two).
@@ -161,21 +161,13 @@ def test_the_keepalive_thread_says_when_a_new_driver_took_the_directory(
         CountersFile.create(fresh, capacity=len(SystemCounter)).close()
         fresh.rename(counters.path)
         assert _notice(notices[0], 5) == bytes([lib.SS_KEEPER_DRIVER_REPLACED])
-    finally:
-        stop()
 
 
 def test_the_keepalive_thread_says_the_driver_exited_when_its_counters_file_is_gone(
         counters: CountersFile, driver_lock: Path, notices: tuple[int, int]) -> None:
-    heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
-    stop = counters.start_heartbeat_keeper(
-        heartbeat, 1, interval_ns=10_000_000, driver_timeout_ns=0, lock_path=driver_lock,
-        notify_fd=notices[1])
-    try:
+    with _keeping(counters, driver_lock, notices[1]):
         counters.path.unlink()
         assert _notice(notices[0], 5) == bytes([lib.SS_KEEPER_DRIVER_EXITED])
-    finally:
-        stop()
 
 
 def test_stopping_the_keepalive_thread_does_not_wait_for_its_next_beat(
