@@ -142,6 +142,12 @@ class Client:
         self._request_poller.register(self._socket, zmq.POLLIN)
         self._request_poller.register(self._notices, zmq.POLLIN)
         self._closing = False
+        # The conductor thread, and whether it took charge of its own teardown: it closes the
+        # read end of the notices pipe as it ends, and the socket if close() ran on it.
+        self._thread: threading.Thread | None = None
+        self._thread_running = False
+        self._closed_on_thread = False
+        self._close_done = threading.Event()
         self._doorbells: dict[str, socket.socket] = {}
         self.counters: CountersFile
         self.client_id = 0
@@ -189,11 +195,19 @@ class Client:
             client._thread = threading.Thread(target=client._run_conductor, daemon=True,
                                               name=f"slipstream-client-{client.client_id}")
             client._thread.start()
-        except BaseException:
+        except BaseException:  # an error, or an interrupt anywhere in here
+            with client._lock:
+                client._closed = True
+                thread_running = client._thread_running
             client._stop_keeper()
-            client._socket.close(0)
-            os.close(client._notices)
-            os.close(client._notices_in)
+            if thread_running:  # the thread owns the pipe's read end: end it as close() does
+                client._end_threads()
+            else:  # none started, or it will see _closed first and touch nothing
+                client._socket.close(0)
+                os.close(client._notices)
+                os.close(client._notices_in)
+                if hasattr(client, "counters"):  # nothing was handed out: no linger needed
+                    client.counters.close()
             raise
         return client
 
@@ -298,6 +312,8 @@ class Client:
                 if hook is not None:
                     hook(message)
                 self._pending[correlation_id] = message
+            if self._closed:  # an image handler closed the client: the socket is closing
+                return
 
     def _run_conductor(self) -> None:
         """Thread: the driver's events, and what the keepalive thread found, until close;
@@ -305,6 +321,10 @@ class Client:
         C's (:meth:`CountersFile.start_heartbeat_keeper`): a Python thread that woke for each
         would take the GIL from the application's thread twice a second, and on a small
         machine hand it back only a scheduler slice later."""
+        with self._lock:
+            if self._closed:  # connect() was interrupted as this thread started
+                return
+            self._thread_running = True
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
         poller.register(self._notices, select.POLLIN)
@@ -320,6 +340,8 @@ class Client:
                     poller.poll(EVENTS_SAFETY_NET_S * 1000)
         finally:
             os.close(self._notices)
+            if self._closed_on_thread:
+                self._socket.close(0)
 
     def _read_notice(self) -> None:
         """Under the lock: apply what the keepalive thread found, if it wrote anything (close()
@@ -493,11 +515,14 @@ class Client:
         return self.invoker() if self.invoker is not None else 0
 
     def close(self) -> None:
-        """Close every publication and subscription and leave the driver."""
+        """Close every publication and subscription and leave the driver.  A second call
+        returns once the first has (at once on the conductor thread: from an image handler)."""
         with self._lock:
-            if self._closing:
-                return
-            self._closing = True
+            closing_already, self._closing = self._closing, True
+        if closing_already:
+            if threading.current_thread() is not self._thread:  # not from under the first
+                self._close_done.wait()
+            return
         try:
             for publication in list(self._publications.values()):
                 publication.close()
@@ -513,16 +538,25 @@ class Client:
                 self._stop_keeper()
                 # What an interrupt left open must not touch the counters once unmapped.
                 self._cut_off_resources()
-            self._end_threads()
+            try:
+                self._end_threads()
+            finally:
+                self._close_done.set()
 
     def _end_threads(self) -> None:
-        """The rest of close(): the conductor thread, the socket, and the mappings after the
-        resource linger."""
+        """The rest of close() (the client is closed): the conductor thread, the socket, and
+        the mappings after the resource linger."""
         with contextlib.suppress(OSError):  # EPIPE: the thread has ended already
             os.write(self._notices_in, b"\0")  # wake the conductor thread to see it
         os.close(self._notices_in)  # the thread closes the read end
-        self._thread.join(timeout=2)
-        self._socket.close(0)
+        if threading.current_thread() is self._thread:
+            # close() from an image handler: the thread ends as the handler returns, and
+            # closes the socket then (its drain is still reading from it).
+            self._closed_on_thread = True
+        else:
+            assert self._thread is not None
+            self._thread.join(timeout=2)
+            self._socket.close(0)
         # As the logs (_release_publication): a thread still inside offer_batch or a claim
         # (no GIL) reads pub-lmt from the counters and may ring a doorbell; closed at once,
         # the counters would be unmapped under it and the doorbell's fd reused by another

@@ -574,6 +574,15 @@ def _keepalive_threads() -> set[str]:
     return found
 
 
+def _open_fds() -> dict[str, str]:
+    """This process's open fds and what each is (listdir's own fd is gone when read)."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    return found
+
+
 def test_closing_a_client_ends_its_threads_at_once(driver) -> None:
     before = _keepalive_threads()  # other tests' clients may still be ending theirs
     client = Client.connect(driver.directory)
@@ -586,6 +595,104 @@ def test_closing_a_client_ends_its_threads_at_once(driver) -> None:
     wait_for(lambda: keeper not in _keepalive_threads(), what="the keepalive thread's end",
              timeout=1)
     client.close()  # again: nothing to do
+
+
+def test_a_client_closed_from_its_own_image_handler_ends_its_threads_and_leaves(
+        driver, caplog) -> None:
+    """The handler runs on the client's conductor thread, which close() must not join."""
+    before = _keepalive_threads()
+    client = Client.connect(driver.directory)
+    [keeper] = _keepalive_threads() - before
+    closed = threading.Event()
+
+    def close_on_image(image: object) -> None:
+        client.close()
+        closed.set()
+
+    subscription = client.add_subscription("aeron:ipc", 21, on_available_image=close_on_image)
+    unhandled: list[BaseException | None] = []
+    previous_hook = threading.excepthook
+    threading.excepthook = lambda args: unhandled.append(args.exc_value)
+    try:
+        with Client.connect(driver.directory) as other:
+            other.add_publication("aeron:ipc", 21)
+            assert closed.wait(5), "the image handler's close() did not return"
+            wait_for(lambda: not [t for t in threading.enumerate()
+                                  if t.name == f"slipstream-client-{client.client_id}"],
+                     what="the conductor thread's end", timeout=2)
+    finally:
+        threading.excepthook = previous_hook
+    assert not unhandled
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert client.is_closed and subscription.is_closed
+    wait_for(lambda: keeper not in _keepalive_threads(), what="the keepalive thread's end",
+             timeout=1)
+    assert client._socket.closed  # the socket is let go, not left to the collector
+    # The driver let the client go (CLOSE_CLIENT), not only after its liveness timeout.
+    stat = subprocess.run([*SLIPSTREAM, "stat", "--dir", str(driver.directory), "--once"],
+                          capture_output=True, text=True, timeout=30)
+    assert f"client-heartbeat: {client.client_id} " not in stat.stdout
+
+
+def test_a_second_close_returns_only_once_the_first_has_closed_the_client(
+        driver, monkeypatch) -> None:
+    client = Client.connect(driver.directory)
+    client.add_publication("aeron:ipc", 22)
+    original_close = Publication.close
+    closing = threading.Event()
+
+    def slow_close(self: Publication) -> None:
+        closing.set()
+        time.sleep(0.5)
+        original_close(self)
+
+    monkeypatch.setattr(Publication, "close", slow_close)
+    first = threading.Thread(target=client.close)
+    first.start()
+    assert closing.wait(5)
+    client.close()
+    assert client._closed and not client._thread.is_alive()  # all of close() had run
+    first.join(5)
+
+
+@pytest.mark.parametrize("thread_first", [True, False], ids=["thread-ran", "thread-late"])
+def test_an_interrupt_as_connect_starts_its_thread_leaves_no_thread_or_fd(
+        driver, monkeypatch, thread_first: bool) -> None:
+    """Ctrl-C right after the conductor thread started, whether or not it ran yet: each pipe
+    end is closed once (by the thread, or by connect() if the thread never took charge)."""
+    Client.connect(driver.directory).close()  # zmq's context and its fds exist from here on
+    fds_before = _open_fds()
+    threads_before = set(threading.enumerate())
+    keepers_before = _keepalive_threads()
+    original_start = threading.Thread.start
+
+    def start_then_interrupt(thread: threading.Thread) -> None:
+        if not thread.name.startswith("slipstream-client-"):
+            return original_start(thread)
+        client = thread._target.__self__  # type: ignore[attr-defined]
+        if thread_first:
+            original_start(thread)
+            while not client._thread_running:
+                time.sleep(0.001)
+        else:  # the interrupt lands before the thread's first step
+            with client._lock:
+                original_start(thread)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        Client.connect(driver.directory)
+    monkeypatch.undo()
+    wait_for(lambda: set(threading.enumerate()) <= threads_before | {
+        t for t in threading.enumerate() if isinstance(t, threading.Timer)},
+        what="the conductor thread's end", timeout=3)
+    wait_for(lambda: not _keepalive_threads() - keepers_before,
+             what="the keepalive thread's end", timeout=1)
+    # Pipes and socket are gone; the counters file stays mapped for the resource linger.
+    left = _open_fds()
+    for fd in fds_before:
+        left.pop(fd, None)
+    assert all(path.endswith("counters.dat") for path in left.values()), left
 
 
 def test_a_client_whose_driver_exited_raises_at_once_and_never_spins(driver_dir: Path) -> None:
