@@ -459,7 +459,12 @@ def test_a_steady_streams_liveness_timers_are_the_c_halves_not_a_python_pass_eac
     assert sent > 7_000
     passes = [end["NETWORK_PYTHON_PASSES"] - start["NETWORK_PYTHON_PASSES"]
               for start, end in zip(before, after, strict=True)]
-    assert passes[0] <= 1 and passes[1] <= 1, passes
+    # A busy machine (CI) may move the pressure governor; each step it takes is a command
+    # to the sender and one to the receiver, run by a Python pass: not a timer's.
+    steps = [sum(end[name] - start[name] for name in ("GOVERNOR_CLIMBS", "GOVERNOR_DESCENTS"))
+             for start, end in zip(before, after, strict=True)]
+    assert all(p <= 1 + 2 * step for p, step in zip(passes, steps, strict=True)), (passes,
+                                                                                  steps)
 
 
 def test_a_subscriber_position_past_what_arrived_is_held_at_the_hwm(launch) -> None:
