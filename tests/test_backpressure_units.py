@@ -137,6 +137,28 @@ def test_the_ladder_climbs_one_step_a_sample_and_the_top_steps_need_sustained_pr
     assert governor.descents == 4
 
 
+def test_a_calm_governor_samples_once_a_second_and_any_pressure_brings_back_100_ms() -> None:
+    from slipstream.daemon.pressure.governor import (
+        CALM_SAMPLE_INTERVAL_NS,
+        LADDER,
+        SAMPLE_INTERVAL_NS,
+        PressureGovernor,
+    )
+
+    governor = PressureGovernor()
+    assert governor.sample_interval_ns() == CALM_SAMPLE_INTERVAL_NS  # before any sample
+    governor.sample(LADDER[0].leave)  # not below the first rung's leave mark: watched
+    assert governor.step == 0 and governor.sample_interval_ns() == SAMPLE_INTERVAL_NS
+    governor.sample(0.0)
+    assert governor.sample_interval_ns() == CALM_SAMPLE_INTERVAL_NS
+    governor.sample(1.0)
+    governor.sample(1.0)  # two climbs
+    governor.sample(0.0)  # one step down at a time: still on a step, still watched
+    assert governor.step == 1 and governor.sample_interval_ns() == SAMPLE_INTERVAL_NS
+    governor.sample(0.0)
+    assert governor.step == 0 and governor.sample_interval_ns() == CALM_SAMPLE_INTERVAL_NS
+
+
 @given(st.lists(st.floats(0, 1), max_size=200))
 @settings(max_examples=300, deadline=None)
 def test_the_ladder_moves_one_step_at_a_time_and_only_past_its_thresholds(

@@ -55,7 +55,7 @@ from slipstream.daemon.pressure.episodes import (
     EpisodeEvent,
     watermarks_of,
 )
-from slipstream.daemon.pressure.governor import SAMPLE_INTERVAL_NS, PressureGovernor, pressure_of
+from slipstream.daemon.pressure.governor import PressureGovernor, pressure_of
 from slipstream.daemon.protocol.params import PublicationParams
 
 log = logging.getLogger("slipstream.driver")
@@ -478,7 +478,9 @@ class DriverConductor:
                 out.extend(network_out)
             for publication_id, event in self.network.sample_episodes(now_ns):
                 out.extend(self._episode_messages(publication_id, event))
-            if now_ns >= self._next_governor_ns:
+            # A calm governor samples on the timer's cycles too: one wake-up for both.
+            if now_ns >= self._next_governor_ns or (now_ns >= self._next_timer_ns
+                                                    and self.governor.is_calm):
                 self._govern(now_ns)
         if now_ns >= self._next_timer_ns:
             self._next_timer_ns = now_ns + min(self.settings.timer_interval,
@@ -489,12 +491,12 @@ class DriverConductor:
     def _govern(self, now_ns: int) -> None:
         """One sample of the pressure governor (daemon/pressure/governor.py)."""
         assert self.network is not None
-        self._next_governor_ns = now_ns + SAMPLE_INTERVAL_NS
         counters = self.counters
         busy_ns, before_ns = counters.get(SystemCounter.NETWORK_BUSY_NS), self._governor_busy[0]
         elapsed_ns = now_ns - self._governor_busy[1]
         self._governor_busy = (busy_ns, now_ns)
         governor = self.governor
+        self._next_governor_ns = now_ns + governor.sample_interval_ns()
         if not self.network.carries_streams and governor.step == 0:
             return
         backlog = self.network.send_backlog(deferring=governor.step >= 3)
@@ -503,6 +505,7 @@ class DriverConductor:
         busy = min(1.0, (busy_ns - before_ns) / (elapsed_ns * threads)) if elapsed_ns > 0 else 0.0
         pressure = pressure_of(backlog, self.network_lag_ns, busy)
         change = governor.sample(pressure)
+        self._next_governor_ns = now_ns + governor.sample_interval_ns()
         counters.set(SystemCounter.GOVERNOR_PRESSURE, round(pressure * 1000))
         if not change:
             return

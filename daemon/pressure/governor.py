@@ -1,8 +1,8 @@
 """The pressure governor (seeds/004): under load the driver degrades latency along a fixed
 ladder, never correctness.
 
-Every :data:`SAMPLE_INTERVAL_NS` the conductor samples three signals into one pressure in
-[0, 1], the largest of:
+Every :data:`SAMPLE_INTERVAL_NS` (every :data:`CALM_SAMPLE_INTERVAL_NS` while calm: see there)
+the conductor samples three signals into one pressure in [0, 1], the largest of:
 
 * **send backlog**: of each network publication, the data its flow control lets it send but
   the sender has not sent yet, as a share of what flow control lets it send (the largest
@@ -46,8 +46,15 @@ from __future__ import annotations
 
 import attrs
 
-#: How often the conductor samples the signals.
+#: How often the conductor samples the signals, unless the governor is calm.
 SAMPLE_INTERVAL_NS = 100_000_000
+#: How often while calm (:attr:`PressureGovernor.is_calm`), at the latest; the conductor also
+#: takes a calm sample on its timer's cycles (timer_interval), so that the two share a wake-up.
+#: Each wake-up of the conductor runs Python for 0.2-0.5 ms, and on a machine whose cores the
+#: data path's threads keep busy it takes one of them for that long (docs/PERFORMANCE.md: ten
+#: a second per driver were the series that held a two-driver ping-pong's p99.9).  A load
+#: that comes is seen within this, and sampled every SAMPLE_INTERVAL_NS from then on.
+CALM_SAMPLE_INTERVAL_NS = 1_000_000_000
 #: The duty-cycle lag that counts as full pressure, and the lag that counts as none (epoll's
 #: timeouts are whole milliseconds, rounded up: lateness up to that is their grain).
 LAG_CEILING_NS = 5_000_000
@@ -102,6 +109,16 @@ class PressureGovernor:
         self.descents = 0
         self.entries = [0] * (TOP_STEP + 1)  # by step
         self._above = 0  # samples in a row above the next rung's entry
+
+    @property
+    def is_calm(self) -> bool:
+        """At the bottom of the ladder, the last pressure below the first rung's leave mark
+        (no sample yet counts as calm): nothing to follow closely."""
+        return self.step == 0 and self.pressure < LADDER[0].leave
+
+    def sample_interval_ns(self) -> int:
+        """How long until the next sample, at the latest."""
+        return CALM_SAMPLE_INTERVAL_NS if self.is_calm else SAMPLE_INTERVAL_NS
 
     def sample(self, pressure: float) -> int:
         """Take one sample; returns the step change (+1, -1 or 0)."""
