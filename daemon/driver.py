@@ -295,19 +295,41 @@ _LOCK_ATTEMPTS = 10
 _LOCK_IN_MAKING = re.compile(re.escape(control.LOCK_FILE) + r"\.[0-9]+\.[0-9]+")
 
 
+#: How long a starting driver waits for clients' probes of the lock to let go (they hold it
+#: shared for microseconds, each client every keepalive), and how often it looks.
+_PROBE_WAIT_S = 0.5
+_PROBE_RETRY_S = 0.001
+
+
 def _flock(fd: int, path: Path) -> None:
-    """Take the driver lock, or DriverAlreadyRunningError naming the holder."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise
-        marker, pid, _ = _read_lock(fd)
-        if not marker and _is_legacy_lock(fd):
-            pid = os.pread(fd, 64, 0).decode("ascii").strip()
-        raise DriverAlreadyRunningError(
-            f"a slipstream driver (pid {pid or '?'}) is already running in {path}; stop it "
-            f"first or give this one another directory with --dir") from None
+    """Take the driver lock, or DriverAlreadyRunningError naming the holder.  A running
+    driver holds it exclusively for its whole life; a client looking for a driver
+    (client.py, native.c) holds it shared for a moment, which is waited out."""
+    deadline = time.monotonic() + _PROBE_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+        try:  # only a driver's lock refuses a shared one too
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            break
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        if time.monotonic() >= deadline:
+            raise DriverDirectoryError(
+                f"{path}: other processes kept its {control.LOCK_FILE} locked shared for "
+                f"{_PROBE_WAIT_S} s (clients hold it so only for a moment); find them with "
+                f"fuser, or give the driver another directory with --dir")
+        time.sleep(_PROBE_RETRY_S)
+    marker, pid, _ = _read_lock(fd)
+    if not marker and _is_legacy_lock(fd):
+        pid = os.pread(fd, 64, 0).decode("ascii").strip()
+    raise DriverAlreadyRunningError(
+        f"a slipstream driver (pid {pid or '?'}) is already running in {path}; stop it "
+        f"first or give this one another directory with --dir")
 
 
 def _same_file(fd: int, path: Path) -> bool:

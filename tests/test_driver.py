@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import resource
@@ -120,6 +121,34 @@ def test_a_crashed_drivers_directory_is_cleaned_by_the_next_driver(driver_dir: P
         assert list((driver_dir / "publications").iterdir()) == []
         with Client.connect(driver_dir) as client:
             assert client.add_publication("aeron:ipc", 8).offer(b"x") < 0
+
+
+def test_a_driver_restarting_while_a_client_probes_its_lock_takes_it(tmp_path: Path) -> None:
+    """A client's keepalive (and connect) looks for a driver by taking the lock shared for a
+    moment; a driver starting meanwhile (systemd restarting a crashed one) waits that moment
+    out instead of refusing to start as if a driver ran.  A driver's own lock is exclusive,
+    and it still refuses at once."""
+    from slipstream.daemon.driver import _flock
+
+    lock = tmp_path / "driver.lock"
+    lock.write_text("slipstream driver directory\n")
+    probe, starting = os.open(lock, os.O_RDONLY), os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        threading.Timer(0.03, fcntl.flock, (probe, fcntl.LOCK_UN)).start()
+        _flock(starting, tmp_path)  # taken once the probe let go
+        fcntl.flock(starting, fcntl.LOCK_UN)
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # now a driver holds it
+        started = time.monotonic()
+        with pytest.raises(DriverAlreadyRunningError):
+            _flock(starting, tmp_path)
+        assert time.monotonic() - started < 0.05
+        fcntl.flock(probe, fcntl.LOCK_SH)  # held shared for good: said so, after a while
+        with pytest.raises(DriverDirectoryError, match="locked shared"):
+            _flock(starting, tmp_path)
+    finally:
+        os.close(probe)
+        os.close(starting)
 
 
 def _exchange_one(directory: Path, payload: bytes) -> None:
