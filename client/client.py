@@ -103,6 +103,10 @@ def _check_stream(channel: str, stream_id: int) -> None:
     parse_channel(channel)
 
 
+#: The stages of a client's conductor thread (Client._thread_stage).
+_THREAD_NEW, _THREAD_RUNNING, _THREAD_ENDED, _THREAD_SKIPPED = range(4)
+
+
 class Client:
     """A connection to the driver.  Thread-safe for adding and closing resources; a single
     Publication may be offered to from many threads; poll each Subscription from one thread."""
@@ -142,11 +146,13 @@ class Client:
         self._request_poller.register(self._socket, zmq.POLLIN)
         self._request_poller.register(self._notices, zmq.POLLIN)
         self._closing = False
-        # The conductor thread, and whether it took charge of its own teardown: it closes the
-        # read end of the notices pipe as it ends, and the socket if close() ran on it.
+        # The conductor thread and its stage (_THREAD_*, under the lock): once RUNNING it owns
+        # the read end of the notices pipe, and closes it as it ends; the socket too if a
+        # close() left that to it (_left_to_thread: one that could not wait for it).
         self._thread: threading.Thread | None = None
-        self._thread_running = False
-        self._closed_on_thread = False
+        self._thread_stage = _THREAD_NEW
+        self._left_to_thread = False
+        self._closing_thread: threading.Thread | None = None
         self._close_done = threading.Event()
         self._doorbells: dict[str, socket.socket] = {}
         self.counters: CountersFile
@@ -198,7 +204,7 @@ class Client:
         except BaseException:  # an error, or an interrupt anywhere in here
             with client._lock:
                 client._closed = True
-                thread_running = client._thread_running
+                thread_running = client._thread_stage != _THREAD_NEW
             client._stop_keeper()
             if thread_running:  # the thread owns the pipe's read end: end it as close() does
                 client._end_threads()
@@ -251,6 +257,8 @@ class Client:
                 return reply
             if self._driver_lost is not None:  # told while waiting (DRIVER_SHUTDOWN)
                 raise self.driver_lost_error()
+            if self._closed:  # a handler run by this wait closed the client
+                raise ClosedError("the client is closed")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if connecting:
@@ -312,7 +320,7 @@ class Client:
                 if hook is not None:
                     hook(message)
                 self._pending[correlation_id] = message
-            if self._closed:  # an image handler closed the client: the socket is closing
+            if self._closed:  # a handler closed the client: read nothing more
                 return
 
     def _run_conductor(self) -> None:
@@ -322,9 +330,17 @@ class Client:
         would take the GIL from the application's thread twice a second, and on a small
         machine hand it back only a scheduler slice later."""
         with self._lock:
-            if self._closed:  # connect() was interrupted as this thread started
-                return
-            self._thread_running = True
+            if self._closed:  # closed before this thread's first step
+                self._thread_stage = _THREAD_SKIPPED
+                left_to_thread = self._left_to_thread
+            else:
+                self._thread_stage = _THREAD_RUNNING
+                left_to_thread = None
+        if left_to_thread is not None:
+            if left_to_thread:  # a close() that could not wait for this thread
+                os.close(self._notices)
+                self._socket.close(0)
+            return
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
         poller.register(self._notices, select.POLLIN)
@@ -339,8 +355,11 @@ class Client:
                 with contextlib.suppress(OSError, ValueError):
                     poller.poll(EVENTS_SAFETY_NET_S * 1000)
         finally:
+            with self._lock:
+                self._thread_stage = _THREAD_ENDED
+                left_to_thread = self._left_to_thread
             os.close(self._notices)
-            if self._closed_on_thread:
+            if left_to_thread:
                 self._socket.close(0)
 
     def _read_notice(self) -> None:
@@ -483,6 +502,12 @@ class Client:
 
         self._request({"type": control.ADD_SUBSCRIPTION, "channel": channel,
                        "stream_id": stream_id}, on_reply=register)
+        with self._lock:
+            closing = self._closing or self._driver_lost is not None
+        if closing:  # close() ran meanwhile (a handler this request ran, another thread)
+            subscription.close()
+            self._check_open()
+            raise ClosedError("the client is closing")
         return subscription
 
     def _release_publication(self, publication: Publication) -> None:
@@ -519,10 +544,28 @@ class Client:
         returns once the first has (at once on the conductor thread: from an image handler)."""
         with self._lock:
             closing_already, self._closing = self._closing, True
+            if not closing_already:
+                self._closing_thread = threading.current_thread()
         if closing_already:
-            if threading.current_thread() is not self._thread:  # not from under the first
+            # Waiting for the first close() to end: not where that close() waits for this
+            # thread (a handler it runs, or the conductor thread), nor in itself.
+            if not (self._inside_the_conductors_work()
+                    or threading.current_thread() is self._closing_thread):
                 self._close_done.wait()
             return
+        try:
+            self._close()
+        finally:  # also after an interrupt: a second close() must not wait for ever
+            self._close_done.set()
+
+    def _inside_the_conductors_work(self) -> bool:
+        """Whether this thread is the conductor thread or holds the client's lock (a handler,
+        run by the conductor thread or by a request's wait): it must not wait for the
+        conductor thread, which may be waiting for the lock."""
+        return (threading.current_thread() is self._thread
+                or self._lock._is_owned())  # type: ignore[attr-defined]
+
+    def _close(self) -> None:
         try:
             for publication in list(self._publications.values()):
                 publication.close()
@@ -538,24 +581,27 @@ class Client:
                 self._stop_keeper()
                 # What an interrupt left open must not touch the counters once unmapped.
                 self._cut_off_resources()
-            try:
-                self._end_threads()
-            finally:
-                self._close_done.set()
+            self._end_threads()
 
     def _end_threads(self) -> None:
         """The rest of close() (the client is closed): the conductor thread, the socket, and
         the mappings after the resource linger."""
         with contextlib.suppress(OSError):  # EPIPE: the thread has ended already
             os.write(self._notices_in, b"\0")  # wake the conductor thread to see it
-        os.close(self._notices_in)  # the thread closes the read end
-        if threading.current_thread() is self._thread:
-            # close() from an image handler: the thread ends as the handler returns, and
-            # closes the socket then (its drain is still reading from it).
-            self._closed_on_thread = True
-        else:
-            assert self._thread is not None
+        os.close(self._notices_in)
+        assert self._thread is not None
+        if not self._inside_the_conductors_work():
             self._thread.join(timeout=2)
+        with self._lock:
+            stage = self._thread_stage
+            if stage in (_THREAD_NEW, _THREAD_RUNNING):
+                # close() from a handler (the thread, or a request's wait that holds the
+                # lock, is still reading from the socket), or a handler that ran past the
+                # join: the thread closes the socket and its pipe end as it ends.
+                self._left_to_thread = True
+        if stage == _THREAD_SKIPPED:  # it ended without taking its pipe end
+            os.close(self._notices)
+        if stage in (_THREAD_SKIPPED, _THREAD_ENDED):
             self._socket.close(0)
         # As the logs (_release_publication): a thread still inside offer_batch or a claim
         # (no GIL) reads pub-lmt from the counters and may ring a doorbell; closed at once,

@@ -72,9 +72,11 @@ class EventLoop:
         return heap[0][0] if heap else None
 
     def run(self, until_ns: int, stop: Callable[[], bool] | None = None,
-            check_every: int = 1) -> bool:
+            check_every: int = 1, check_before_gap_ns: int | None = None) -> bool:
         """Execute actions in order until virtual time would pass ``until_ns`` (ns), nothing
-        is left, or ``stop()`` returns true (checked every ``check_every`` actions).
+        is left, or ``stop()`` returns true (checked every ``check_every`` actions, and, with
+        ``check_before_gap_ns``, also before the clock moves on by that much or more: what
+        ``stop`` waits for is seen when it happened, however sparse the actions are).
 
         Returns True when stopped by ``stop``.  The clock is left at the last action's time
         (or at ``until_ns`` when the limit was reached).
@@ -82,8 +84,14 @@ class EventLoop:
         heap = self._heap
         pop = heapq.heappop
         count = 0
+        unchecked = False  # actions ran since stop() was last asked
         while heap:
             entry = heap[0]
+            if (unchecked and check_before_gap_ns is not None and stop is not None
+                    and entry[0] - self.now_ns >= check_before_gap_ns):
+                unchecked = False
+                if stop():
+                    return True
             if entry[0] > until_ns:
                 self.now_ns = until_ns
                 # Checked every check_every actions: it may have happened since the last.
@@ -96,6 +104,9 @@ class EventLoop:
             action()
             self.executed += 1
             count += 1
-            if stop is not None and count % check_every == 0 and stop():
-                return True
+            unchecked = True
+            if stop is not None and count % check_every == 0:
+                unchecked = False
+                if stop():
+                    return True
         return bool(stop is not None and stop())

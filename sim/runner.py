@@ -39,6 +39,9 @@ from slipstream.sim.scenario import Event, Scenario, ScenarioError, host_ip, mak
 #: Check for completion every this many event-loop actions: the check reads every subscriber's
 #: position, a seventh of a 51-host run when made after each action.
 _CHECK_EVERY = 32
+#: And before the clock jumps this far: a run's end is seen when it happened, not only after
+#: 32 more actions (which a quiet host, a timer a second, may spread over seconds).
+_CHECK_BEFORE_GAP_NS = 1_000_000
 
 
 class Simulation:
@@ -215,7 +218,8 @@ class Simulation:
         started = time.perf_counter()
         try:
             if stop_when_complete:
-                self.completed = self.loop.run(until_ns, self.is_complete, _CHECK_EVERY)
+                self.completed = self.loop.run(until_ns, self.is_complete, _CHECK_EVERY,
+                                               _CHECK_BEFORE_GAP_NS)
             else:
                 self.loop.run(until_ns)
                 self.completed = self.is_complete()

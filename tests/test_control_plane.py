@@ -6,6 +6,7 @@ bad command the driver must still serve a well-behaved client end to end.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -286,3 +287,70 @@ def test_the_control_socket_refuses_another_user_even_through_an_open_directory(
     assert _ask_conductor_as(65534, directory) == "no answer"
     assert _ask_conductor(directory) == "answered"
     _still_serves(directory)
+
+
+def _governor_samples(shm: Path, *, timer_interval: str, busy_share: float,
+                      seconds: float) -> list[int]:
+    """The virtual times (ns) at which a conductor with one UDP publication sampled its
+    pressure governor, driven by its own deadlines over ``seconds``, with the network threads
+    reported busy that share of the time (NETWORK_BUSY_NS, as their C loop counts it)."""
+    from slipstream.daemon.media.udp import UdpTransports
+
+    settings = DriverSettings(dir=str(shm), timer_interval=timer_interval)
+    for folder in (control.PUBLICATIONS_DIR, control.IMAGES_DIR):
+        (shm / folder).mkdir()
+    counters = CountersFile.create(shm / "counters.dat", 256)
+    conductor = DriverConductor(settings, shm, counters, transports=UdpTransports(settings,
+                                                                                   counters))
+    samples: list[int] = []
+    govern = conductor._govern
+
+    def counted(now_ns: int) -> None:
+        samples.append(now_ns)
+        govern(now_ns)
+
+    conductor._govern = counted  # type: ignore[method-assign]
+    now = start = 10**12
+    try:
+        (_, connected), = conductor.on_command(b"k", {
+            "type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1,
+            "correlation_id": 1}, now)
+        replies = conductor.on_command(b"k", {
+            "type": control.ADD_PUBLICATION,
+            "channel": "aeron:udp?endpoint=127.0.0.1:40999|term-length=64k", "stream_id": 7,
+            "correlation_id": 2}, now)
+        assert replies[0][1]["type"] == control.PUBLICATION_READY, replies
+        heartbeat = connected["heartbeat_counter_id"]
+        while now < start + seconds * 1e9:
+            now = max(now + 1_000_000, conductor.next_deadline_ns())
+            counters.set(heartbeat, now)  # the client's keepalive
+            counters.set(SystemCounter.NETWORK_BUSY_NS, int((now - start) * busy_share))
+            conductor.do_work(now)
+    finally:
+        conductor.close(now)
+        counters.close()
+    return [t - start for t in samples]
+
+
+def test_a_calm_governor_samples_on_the_timers_cycles_once_a_second(shm: Path) -> None:
+    """A driver with a stream and no pressure: its conductor (Python, whose every wake-up
+    takes a core from a busy data path on two vCPUs) samples the governor with the timer's
+    cycle, once a second, instead of every 100 ms."""
+    samples = _governor_samples(shm, timer_interval="1s", busy_share=0.0, seconds=10)
+    assert 9 <= len(samples) <= 12, samples
+    assert all(b - a >= 900_000_000 for a, b in itertools.pairwise(samples[1:])), samples
+
+
+def test_a_governor_under_pressure_samples_every_100_ms(shm: Path) -> None:
+    samples = _governor_samples(shm, timer_interval="1s", busy_share=0.5, seconds=5)
+    # Busy 0.5 reads as pressure 0.25, from the second sample on (the first has no interval
+    # to measure): watched from then on, and it climbs.
+    assert all(b - a <= 101_000_000 for a, b in itertools.pairwise(samples[1:])), samples
+    assert len(samples) >= 40, samples
+
+
+def test_a_calm_governor_never_samples_more_often_than_every_100_ms(shm: Path) -> None:
+    """Even with a timer of a few milliseconds: a short window would read a blip as busy."""
+    samples = _governor_samples(shm, timer_interval="5ms", busy_share=0.0, seconds=3)
+    assert all(b - a >= 100_000_000 for a, b in itertools.pairwise(samples)), samples
+    assert len(samples) >= 25, samples

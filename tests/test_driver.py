@@ -663,6 +663,79 @@ def test_a_client_closed_from_its_own_image_handler_ends_its_threads_and_leaves(
     assert f"client-heartbeat: {client.client_id} " not in stat.stdout
 
 
+def test_a_client_closed_from_a_handler_its_own_request_runs_ends_without_waiting(
+        driver, caplog) -> None:
+    """Handlers also run on a thread waiting for an answer (it holds the client's lock, which
+    the conductor thread then waits for): close() there must neither join that thread nor
+    close the socket the wait still reads."""
+    before = _keepalive_threads()
+    client = Client.connect(driver.directory)
+    [keeper] = _keepalive_threads() - before
+    ran_on: list[threading.Thread] = []
+
+    def close_on_image(image: object) -> None:
+        ran_on.append(threading.current_thread())
+        client.close()
+
+    client.add_subscription("aeron:ipc", 24, on_available_image=close_on_image)
+    with Client.connect(driver.directory) as other:
+        with client._lock:  # the conductor thread cannot take the image event: a request will
+            other.add_publication("aeron:ipc", 24)
+            time.sleep(0.2)  # the event waits in the client's socket
+            started = time.monotonic()
+            with pytest.raises(ClosedError):
+                client.add_subscription("aeron:ipc", 25)
+            assert time.monotonic() - started < 1  # not the conductor thread's 2 s join
+        assert ran_on == [threading.current_thread()]
+        wait_for(lambda: not [t for t in threading.enumerate()
+                              if t.name == f"slipstream-client-{client.client_id}"],
+                 what="the conductor thread's end", timeout=2)
+    assert client._socket.closed
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    wait_for(lambda: keeper not in _keepalive_threads(), what="the keepalive thread's end",
+             timeout=1)
+
+
+def test_a_close_from_within_the_first_close_returns(driver, monkeypatch) -> None:
+    """A handler that the first close() runs (its requests' waits run them) may close the
+    client again: that returns at once, it does not wait for the close it is part of."""
+    client = Client.connect(driver.directory)
+    client.add_publication("aeron:ipc", 26)
+    original_close = Publication.close
+
+    def close_again(self: Publication) -> None:
+        client.close()
+        original_close(self)
+
+    monkeypatch.setattr(Publication, "close", close_again)
+    closer = threading.Thread(target=client.close, daemon=True)
+    closer.start()
+    closer.join(5)
+    assert not closer.is_alive(), "close() waited for itself"
+    assert client.is_closed
+
+
+def test_a_conductor_thread_that_first_runs_after_close_leaves_no_pipe_open(
+        driver, monkeypatch) -> None:
+    """Its first step finds the client closed: the pipe's read end, which it would have
+    closed as it ended, is closed all the same."""
+    original_run = Client._run_conductor
+
+    def late_run(self: Client) -> None:
+        deadline = time.monotonic() + 5
+        while not self._closed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        original_run(self)
+
+    monkeypatch.setattr(Client, "_run_conductor", late_run)
+    client = Client.connect(driver.directory)
+    pipe = os.readlink(f"/proc/self/fd/{client._notices}")
+    client.close()
+    wait_for(lambda: pipe not in _open_fds().values(), what="the pipe's read end closed",
+             timeout=3)
+    assert client._socket.closed
+
+
 def test_a_second_close_returns_only_once_the_first_has_closed_the_client(
         driver, monkeypatch) -> None:
     client = Client.connect(driver.directory)
@@ -689,39 +762,49 @@ def test_an_interrupt_as_connect_starts_its_thread_leaves_no_thread_or_fd(
         driver, monkeypatch, thread_first: bool) -> None:
     """Ctrl-C right after the conductor thread started, whether or not it ran yet: each pipe
     end is closed once (by the thread, or by connect() if the thread never took charge)."""
+    from slipstream.client import client as client_module
+
     Client.connect(driver.directory).close()  # zmq's context and its fds exist from here on
-    fds_before = _open_fds()
     threads_before = set(threading.enumerate())
     keepers_before = _keepalive_threads()
-    original_start = threading.Thread.start
+    original_start, original_run = threading.Thread.start, Client._run_conductor
+    made: list[Client] = []
+    pipes: set[str] = set()
 
     def start_then_interrupt(thread: threading.Thread) -> None:
         if not thread.name.startswith("slipstream-client-"):
             return original_start(thread)
         client = thread._target.__self__  # type: ignore[attr-defined]
-        if thread_first:
-            original_start(thread)
-            while not client._thread_running:
-                time.sleep(0.001)
-        else:  # the interrupt lands before the thread's first step
-            with client._lock:
-                original_start(thread)
+        made.append(client)
+        pipes.update(os.readlink(f"/proc/self/fd/{fd}")
+                     for fd in (client._notices, client._notices_in))
+        original_start(thread)
+        while thread_first and client._thread_stage != client_module._THREAD_RUNNING:
+            time.sleep(0.001)
         raise KeyboardInterrupt
 
+    def run_late(self: Client) -> None:  # its first step comes after connect() gave up
+        deadline = time.monotonic() + 5
+        while not thread_first and not self._closed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        original_run(self)
+
     monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    monkeypatch.setattr(Client, "_run_conductor", run_late)
     with pytest.raises(KeyboardInterrupt):
         Client.connect(driver.directory)
     monkeypatch.undo()
+    [client] = made
     wait_for(lambda: set(threading.enumerate()) <= threads_before | {
         t for t in threading.enumerate() if isinstance(t, threading.Timer)},
         what="the conductor thread's end", timeout=3)
+    assert client._thread_stage == (client_module._THREAD_ENDED if thread_first
+                                    else client_module._THREAD_SKIPPED)
     wait_for(lambda: not _keepalive_threads() - keepers_before,
              what="the keepalive thread's end", timeout=1)
-    # Pipes and socket are gone; the counters file stays mapped for the resource linger.
-    left = _open_fds()
-    for fd in fds_before:
-        left.pop(fd, None)
-    assert all(path.endswith("counters.dat") for path in left.values()), left
+    wait_for(lambda: not pipes & set(_open_fds().values()), what="the pipe's ends closed",
+             timeout=3)
+    assert client._socket.closed
 
 
 def test_a_client_whose_driver_exited_raises_at_once_and_never_spins(driver_dir: Path) -> None:

@@ -184,36 +184,6 @@ def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> No
         assert counters["GOVERNOR_STEP"] == 0 and counters["GOVERNOR_PRESSURE"] < 200, counters
 
 
-def test_a_calm_streams_conductors_wake_about_once_a_second(launch) -> None:
-    """A stream of 200 messages a second is no pressure: each driver's conductor (Python)
-    wakes for the governor on its timer's cycles, once a second, not ten times (each wake-up
-    takes a core from a busy data path for 0.2-0.5 ms on two vCPUs).  The governor still
-    samples: its pressure counter is written."""
-    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-    a, b = (launch(timer_interval="1s", client_liveness_timeout="10s",
-                   publication_unblock_timeout="15s") for _ in range(2))
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
-        subscription = cb.add_subscription(uri, 1011)
-        publication = ca.add_publication(uri, 1011)
-        connect(publication, subscription)
-        collector = Collector(subscription)
-        stream(publication, [collector], 100, lambda i: 100)
-        time.sleep(1.5)  # past the setup's commands and the first samples
-        before = counters_of(a), counters_of(b)
-        sent, started = 100, time.monotonic()
-        while (elapsed := time.monotonic() - started) < 4.0:
-            if sent < 100 + elapsed * 200 and publication.offer(message(sent, 100)) > 0:
-                sent += 1
-            collector.poll()
-            time.sleep(0.001)
-        after = counters_of(a), counters_of(b)
-        wait_for(lambda: collector.poll() or len(collector.seen) == sent, what="the rest")
-        collector.assert_exactly(sent)
-    for start, end in zip(before, after, strict=True):
-        assert end["CONDUCTOR_CYCLES"] - start["CONDUCTOR_CYCLES"] <= 10, (start, end)
-        assert end["GOVERNOR_STEP"] == 0
-
-
 @contextlib.contextmanager
 def multicast(launch, params: str, *, receivers: int) -> Iterator[
         tuple[MediaDriver, list[MediaDriver], Publication, list[Subscription]]]:

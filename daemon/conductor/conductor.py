@@ -55,7 +55,7 @@ from slipstream.daemon.pressure.episodes import (
     EpisodeEvent,
     watermarks_of,
 )
-from slipstream.daemon.pressure.governor import PressureGovernor, pressure_of
+from slipstream.daemon.pressure.governor import SAMPLE_INTERVAL_NS, PressureGovernor, pressure_of
 from slipstream.daemon.protocol.params import PublicationParams
 
 log = logging.getLogger("slipstream.driver")
@@ -478,9 +478,11 @@ class DriverConductor:
                 out.extend(network_out)
             for publication_id, event in self.network.sample_episodes(now_ns):
                 out.extend(self._episode_messages(publication_id, event))
-            # A calm governor samples on the timer's cycles too: one wake-up for both.
-            if now_ns >= self._next_governor_ns or (now_ns >= self._next_timer_ns
-                                                    and self.governor.is_calm):
+            # A calm governor samples on the timer's cycles too (one wake-up for both), but
+            # never more often than a watched one: a short window reads a blip as busy.
+            if now_ns >= self._next_governor_ns or (
+                    now_ns >= self._next_timer_ns and self.governor.is_calm
+                    and now_ns - self._governor_busy[1] >= SAMPLE_INTERVAL_NS):
                 self._govern(now_ns)
         if now_ns >= self._next_timer_ns:
             self._next_timer_ns = now_ns + min(self.settings.timer_interval,

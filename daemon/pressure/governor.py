@@ -49,18 +49,22 @@ import attrs
 #: How often the conductor samples the signals, unless the governor is calm.
 SAMPLE_INTERVAL_NS = 100_000_000
 #: How often while calm (:attr:`PressureGovernor.is_calm`), at the latest; the conductor also
-#: takes a calm sample on its timer's cycles (timer_interval), so that the two share a wake-up.
-#: Each wake-up of the conductor runs Python for 0.2-0.5 ms, and on a machine whose cores the
-#: data path's threads keep busy it takes one of them for that long (docs/PERFORMANCE.md: ten
-#: a second per driver were the series that held a two-driver ping-pong's p99.9).  A load
-#: that comes is seen within this, and sampled every SAMPLE_INTERVAL_NS from then on.
+#: takes a calm sample on its timer's cycles (timer_interval), at most every
+#: SAMPLE_INTERVAL_NS, so that the two share a wake-up.  Each wake-up of the conductor runs
+#: 0.4-0.6 ms of Python on these VMs, and on a machine whose cores the data path's threads
+#: keep busy it takes one of them for that long (docs/PERFORMANCE.md, 2026-11-26).  A calm
+#: sample averages the busy ratio over its whole interval, so a load that comes shows in
+#: the first or second sample after it began (within about 1-2 s), and is sampled every
+#: SAMPLE_INTERVAL_NS from then on.  The lag signal is only as recent as LAG_MAX_AGE_NS.
 CALM_SAMPLE_INTERVAL_NS = 1_000_000_000
 #: The duty-cycle lag that counts as full pressure, and the lag that counts as none (epoll's
 #: timeouts are whole milliseconds, rounded up: lateness up to that is their grain).
 LAG_CEILING_NS = 5_000_000
 LAG_FLOOR_NS = 1_000_000
-#: A thread's lag is news for this long after its last timed wake-up; then it counts as none.
-LAG_MAX_AGE_NS = 2 * SAMPLE_INTERVAL_NS
+#: A thread's lag is news for this long after its last timed wake-up; then it counts as none
+#: (an old stall must not hold the ladder up).  Two watched samples' worth: a calm sample
+#: sees only the lag of the last fifth of its interval, which a lasting lag still shows.
+LAG_MAX_AGE_NS = 200_000_000
 #: How long step 1 lets new data short of a datagram wait for more.
 COALESCE_NS = 200_000
 #: Step 2: the status-message interval is multiplied by this.
