@@ -55,8 +55,9 @@ RESOURCE_LINGER_S = 3.0
 #: application's thread).
 EVENTS_SAFETY_NET_S = 5.0
 #: What a request that releases a resource ignores: the driver did not answer, is gone (also
-#: noticed while it waited), or no longer knows the resource.
-_RELEASE_ERRORS = (DriverTimeoutError, DriverNotRunningError, RegistrationError)
+#: noticed while it waited), no longer knows the resource, or the client closed meanwhile (a
+#: handler its wait ran): close() releases everything anyway.
+_RELEASE_ERRORS = (DriverTimeoutError, DriverNotRunningError, RegistrationError, ClosedError)
 #: The requests a closing client still makes.
 _RELEASES = frozenset({control.REMOVE_PUBLICATION, control.REMOVE_SUBSCRIPTION,
                        control.CLOSE_CLIENT})
@@ -209,11 +210,11 @@ class Client:
             if thread_running:  # the thread owns the pipe's read end: end it as close() does
                 client._end_threads()
             else:  # none started, or it will see _closed first and touch nothing
+                if hasattr(client, "counters"):  # nothing was handed out: no linger needed;
+                    client.counters.close()  # first: it stops a keeper that writes the pipe
                 client._socket.close(0)
                 os.close(client._notices)
                 os.close(client._notices_in)
-                if hasattr(client, "counters"):  # nothing was handed out: no linger needed
-                    client.counters.close()
             raise
         return client
 
@@ -415,6 +416,8 @@ class Client:
         if not channel.startswith("aeron:udp"):
             return -1
         with self._lock:
+            if self._closing:  # its publication is closed as it is made: nothing to ring
+                return -1
             doorbell = self._doorbells.get(name)
             if doorbell is None:
                 doorbell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -511,15 +514,17 @@ class Client:
         return subscription
 
     def _release_publication(self, publication: Publication) -> None:
-        with self._lock:
-            self._publications.pop(publication.registration_id, None)
-            if not self._closed and self._driver_lost is None:
-                with contextlib.suppress(*_RELEASE_ERRORS):
-                    self._request({"type": control.REMOVE_PUBLICATION,
-                                   "registration_id": publication.registration_id})
-        unmap = threading.Timer(RESOURCE_LINGER_S, publication._unmap)
-        unmap.daemon = True
-        unmap.start()
+        try:
+            with self._lock:
+                self._publications.pop(publication.registration_id, None)
+                if not self._closed and self._driver_lost is None:
+                    with contextlib.suppress(*_RELEASE_ERRORS):
+                        self._request({"type": control.REMOVE_PUBLICATION,
+                                       "registration_id": publication.registration_id})
+        finally:  # whatever happened to the request, the log goes after the linger
+            unmap = threading.Timer(RESOURCE_LINGER_S, publication._unmap)
+            unmap.daemon = True
+            unmap.start()
 
     def _release_subscription(self, subscription: Subscription) -> None:
         with self._lock:
@@ -541,22 +546,23 @@ class Client:
 
     def close(self) -> None:
         """Close every publication and subscription and leave the driver.  A second call
-        returns once the first has (at once on the conductor thread: from an image handler)."""
-        with self._lock:
-            closing_already, self._closing = self._closing, True
-            if not closing_already:
-                self._closing_thread = threading.current_thread()
-        if closing_already:
-            # Waiting for the first close() to end: not where that close() waits for this
-            # thread (a handler it runs, or the conductor thread), nor in itself.
-            if not (self._inside_the_conductors_work()
-                    or threading.current_thread() is self._closing_thread):
-                self._close_done.wait()
-            return
+        returns once the first has, or at once where the first may be waiting for it: on the
+        conductor thread or in a handler (image, back pressure), or within the first."""
+        first = False
         try:
-            self._close()
+            with self._lock:
+                first = not self._closing
+                if first:
+                    self._closing = True
+                    self._closing_thread = threading.current_thread()
+            if first:
+                self._close()
         finally:  # also after an interrupt: a second close() must not wait for ever
-            self._close_done.set()
+            if first:
+                self._close_done.set()
+        if not first and not (self._inside_the_conductors_work()
+                              or threading.current_thread() is self._closing_thread):
+            self._close_done.wait()
 
     def _inside_the_conductors_work(self) -> bool:
         """Whether this thread is the conductor thread or holds the client's lock (a handler,
@@ -576,27 +582,38 @@ class Client:
                     with contextlib.suppress(*_RELEASE_ERRORS, ClosedError):
                         self._request({"type": control.CLOSE_CLIENT})
         finally:  # whatever failed above (an interrupt), the client's threads end
-            with self._lock:
-                self._closed = True
-                self._stop_keeper()
-                # What an interrupt left open must not touch the counters once unmapped.
-                self._cut_off_resources()
-            self._end_threads()
+            try:
+                with self._lock:
+                    self._closed = True
+                    self._stop_keeper()
+                    # What an interrupt left open must not touch the counters once unmapped.
+                    self._cut_off_resources()
+            finally:
+                self._end_threads()
 
     def _end_threads(self) -> None:
         """The rest of close() (the client is closed): the conductor thread, the socket, and
         the mappings after the resource linger."""
-        with contextlib.suppress(OSError):  # EPIPE: the thread has ended already
-            os.write(self._notices_in, b"\0")  # wake the conductor thread to see it
-        os.close(self._notices_in)
-        assert self._thread is not None
-        if not self._inside_the_conductors_work():
-            self._thread.join(timeout=2)
+        try:
+            with contextlib.suppress(OSError):  # EPIPE: the thread has ended already
+                os.write(self._notices_in, b"\0")  # wake the conductor thread to see it
+        finally:
+            os.close(self._notices_in)
+        try:
+            assert self._thread is not None
+            if not self._inside_the_conductors_work():
+                self._thread.join(timeout=2)
+        finally:  # also if the join was interrupted: the thread or this closes what is left
+            self._release_endpoints()
+
+    def _release_endpoints(self) -> None:
+        """The socket and the pipe's read end, now (the thread ended) or by the thread as it
+        ends; then the counters and doorbells after the resource linger."""
         with self._lock:
             stage = self._thread_stage
             if stage in (_THREAD_NEW, _THREAD_RUNNING):
                 # close() from a handler (the thread, or a request's wait that holds the
-                # lock, is still reading from the socket), or a handler that ran past the
+                # lock, is still reading from the socket), or a thread that ran past the
                 # join: the thread closes the socket and its pipe end as it ends.
                 self._left_to_thread = True
         if stage == _THREAD_SKIPPED:  # it ended without taking its pipe end
