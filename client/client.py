@@ -154,6 +154,7 @@ class Client:
         self._thread_stage = _THREAD_NEW
         self._left_to_thread = False
         self._closing_thread: threading.Thread | None = None
+        self._torn_down = False
         self._close_done = threading.Event()
         self._doorbells: dict[str, socket.socket] = {}
         self.counters: CountersFile
@@ -385,17 +386,23 @@ class Client:
         """Cut off from the driver: offers return CLOSED from now on, and every other call
         (polls and waits too; a parked receive is woken) raises DriverNotRunningError."""
         if self._driver_lost is None:
-            self._driver_lost = reason  # first: the keeper's notice is read only once
+            try:  # before is_closed says so: offers say CLOSED by then
+                self._cut_off_publications()
+            finally:  # whatever interrupts it: the keeper's notice is read only once
+                self._driver_lost = reason
             self._stop_keeper()
-            self._cut_off_resources()
+            self._cut_off_resources()  # after: a woken receive raises with the reason
             log.error("the driver in %s is gone: %s", self.directory, reason)
 
     def _cut_off_resources(self) -> None:
         """Offers return CLOSED and polls raise from now on; a parked receive is woken."""
-        for publication in list(self._publications.values()):
-            publication._mark_closed()
+        self._cut_off_publications()
         for subscription in list(self._subscriptions.values()):
             subscription._lose_driver()
+
+    def _cut_off_publications(self) -> None:
+        for publication in list(self._publications.values()):
+            publication._mark_closed()
 
     def driver_lost_error(self) -> DriverNotRunningError | ClosedError:
         """The error calls raise once the driver is gone (or the client closed with
@@ -559,7 +566,10 @@ class Client:
                 self._close()
         finally:  # also after an interrupt: a second close() must not wait for ever
             if first:
-                self._close_done.set()
+                try:
+                    self._tear_down()  # if an interrupt came before _close() could
+                finally:
+                    self._close_done.set()
         if not first and not (self._inside_the_conductors_work()
                               or threading.current_thread() is self._closing_thread):
             self._close_done.wait()
@@ -582,28 +592,39 @@ class Client:
                     with contextlib.suppress(*_RELEASE_ERRORS, ClosedError):
                         self._request({"type": control.CLOSE_CLIENT})
         finally:  # whatever failed above (an interrupt), the client's threads end
-            try:
-                with self._lock:
-                    self._closed = True
-                    self._stop_keeper()
-                    # What an interrupt left open must not touch the counters once unmapped.
-                    self._cut_off_resources()
-            finally:
-                self._end_threads()
+            self._tear_down()
+
+    def _tear_down(self) -> None:
+        """The end of close(), once, whatever interrupts it: closed, the keepalives stopped,
+        what is left open cut off, the threads ended."""
+        if self._torn_down:
+            return
+        self._torn_down = True
+        # Without the lock: a wait for it (a request to a hung driver holds it) could be
+        # interrupted, and the conductor thread must see this to end.  The rest is
+        # idempotent, as _lose_driver's.
+        self._cut_off_publications()  # before is_closed says so: offers say CLOSED by then
+        self._closed = True
+        try:
+            self._stop_keeper()  # before the pipe it writes is closed
+            # What an interrupt left open must not touch the counters once unmapped.
+            self._cut_off_resources()
+        finally:
+            self._end_threads()
 
     def _end_threads(self) -> None:
         """The rest of close() (the client is closed): the conductor thread, the socket, and
         the mappings after the resource linger."""
         try:
-            with contextlib.suppress(OSError):  # EPIPE: the thread has ended already
-                os.write(self._notices_in, b"\0")  # wake the conductor thread to see it
-        finally:
-            os.close(self._notices_in)
-        try:
+            try:
+                with contextlib.suppress(OSError):  # EPIPE: the thread has ended already
+                    os.write(self._notices_in, b"\0")  # wake the conductor thread to see it
+            finally:
+                os.close(self._notices_in)
             assert self._thread is not None
             if not self._inside_the_conductors_work():
                 self._thread.join(timeout=2)
-        finally:  # also if the join was interrupted: the thread or this closes what is left
+        finally:  # also if interrupted: the thread or this closes what is left
             self._release_endpoints()
 
     def _release_endpoints(self) -> None:

@@ -336,12 +336,21 @@ def _governor_samples(shm: Path, *, timer_interval: str, busy_share: float,
 def test_a_calm_governor_samples_on_the_timers_cycles_once_a_second(shm: Path) -> None:
     """A driver with a stream and no pressure: its conductor (Python, whose every wake-up
     takes a core from a busy data path on two vCPUs) samples the governor with the timer's
-    cycle, once a second, instead of every 100 ms."""
+    cycle (1 s by default) instead of every 100 ms."""
     samples = _governor_samples(shm, timer_interval="1s", busy_share=0.0, seconds=10)
     assert 9 <= len(samples) <= 12, samples
     times = [t for t, _ in samples]
     assert all(b - a >= 900_000_000 for a, b in itertools.pairwise(times[1:])), samples
-    assert all(on_timer for _, on_timer in samples), samples  # one wake-up for both
+
+
+def test_a_calm_governor_shares_the_timers_wake_ups(shm: Path) -> None:
+    """With a timer of 300 ms, every calm sample is taken on a timer cycle: one wake-up for
+    both, not a second one of its own."""
+    samples = _governor_samples(shm, timer_interval="300ms", busy_share=0.0, seconds=6)
+    times = [t for t, _ in samples]
+    assert all(290_000_000 <= b - a <= 310_000_000
+               for a, b in itertools.pairwise(times[1:])), samples
+    assert all(on_timer for _, on_timer in samples[1:]), samples
 
 
 def test_a_governor_under_pressure_samples_every_100_ms(shm: Path) -> None:
