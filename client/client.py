@@ -534,12 +534,17 @@ class Client:
             unmap.start()
 
     def _release_subscription(self, subscription: Subscription) -> None:
-        with self._lock:
-            self._subscriptions.pop(subscription.registration_id, None)
-            if not self._closed and self._driver_lost is None:
-                with contextlib.suppress(*_RELEASE_ERRORS):
-                    self._request({"type": control.REMOVE_SUBSCRIPTION,
-                                   "registration_id": subscription.registration_id})
+        try:
+            with self._lock:
+                self._subscriptions.pop(subscription.registration_id, None)
+                if not self._closed and self._driver_lost is None:
+                    with contextlib.suppress(*_RELEASE_ERRORS):
+                        self._request({"type": control.REMOVE_SUBSCRIPTION,
+                                       "registration_id": subscription.registration_id})
+        finally:  # as a publication's log: a poll may be running in C on the polling thread
+            unmap = threading.Timer(RESOURCE_LINGER_S, subscription._release_retired)
+            unmap.daemon = True
+            unmap.start()
 
     @property
     def is_closed(self) -> bool:

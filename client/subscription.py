@@ -667,8 +667,9 @@ class Subscription:
             images, self._images = self._images, ()
             self._images_changed.notify_all()
         self._retired.extend(images)
+        # Its images' logs are unmapped after the client's resource linger, not here: close()
+        # may come from any thread (an image handler too) while a poll runs in C.
         self._client._release_subscription(self)
-        self._release_retired()
 
     def __enter__(self) -> Subscription:
         return self

@@ -677,3 +677,21 @@ def test_a_bad_spins_before_yield_names_itself(driver: MediaDriver) -> None:
     for bad in (-1, 1.5, 2**31):
         with pytest.raises(ValueError, match="spins_before_yield"):
             Client.connect(driver.directory, spins_before_yield=bad)
+
+
+def test_a_closed_subscriptions_image_logs_stay_mapped_for_the_resource_linger(
+        client: Client) -> None:
+    """close() may come from any thread (an image handler too) while a poll of the
+    subscription runs in C on the polling thread: its images' logs are unmapped after the
+    client's resource linger, as a closed publication's log, not at once under that poll."""
+    from slipstream.client.client import RESOURCE_LINGER_S
+
+    subscription = client.add_subscription("aeron:ipc", 27)
+    publication = client.add_publication("aeron:ipc", 27)
+    wait_for(lambda: subscription.images, what="the image")
+    [image] = subscription.images
+    subscription.close()
+    assert not image._log.closed
+    time.sleep(RESOURCE_LINGER_S + 0.5)
+    assert image._log.closed  # not left to a poll that may never come
+    publication.close()
