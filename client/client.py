@@ -521,30 +521,28 @@ class Client:
         return subscription
 
     def _release_publication(self, publication: Publication) -> None:
-        try:
-            with self._lock:
-                self._publications.pop(publication.registration_id, None)
-                if not self._closed and self._driver_lost is None:
-                    with contextlib.suppress(*_RELEASE_ERRORS):
-                        self._request({"type": control.REMOVE_PUBLICATION,
-                                       "registration_id": publication.registration_id})
-        finally:  # whatever happened to the request, the log goes after the linger
-            unmap = threading.Timer(RESOURCE_LINGER_S, publication._unmap)
-            unmap.daemon = True
-            unmap.start()
+        self._release(self._publications, publication.registration_id,
+                      control.REMOVE_PUBLICATION, publication._unmap)
 
     def _release_subscription(self, subscription: Subscription) -> None:
+        # A poll may be running in C on the polling thread: its images' logs linger too.
+        self._release(self._subscriptions, subscription.registration_id,
+                      control.REMOVE_SUBSCRIPTION, subscription._release_retired)
+
+    def _release(self, table: dict[int, Any], registration_id: int, command: str,
+                 unmap: Callable[[], None]) -> None:
+        """Forget a resource, tell the driver (unless closed or cut off), and unmap its logs
+        after ``RESOURCE_LINGER_S``: a thread may still be inside an offer, a claim or a poll."""
         try:
             with self._lock:
-                self._subscriptions.pop(subscription.registration_id, None)
+                table.pop(registration_id, None)
                 if not self._closed and self._driver_lost is None:
                     with contextlib.suppress(*_RELEASE_ERRORS):
-                        self._request({"type": control.REMOVE_SUBSCRIPTION,
-                                       "registration_id": subscription.registration_id})
-        finally:  # as a publication's log: a poll may be running in C on the polling thread
-            unmap = threading.Timer(RESOURCE_LINGER_S, subscription._release_retired)
-            unmap.daemon = True
-            unmap.start()
+                        self._request({"type": command, "registration_id": registration_id})
+        finally:  # whatever happened to the request, the logs go after the linger
+            timer = threading.Timer(RESOURCE_LINGER_S, unmap)
+            timer.daemon = True
+            timer.start()
 
     @property
     def is_closed(self) -> bool:
