@@ -331,6 +331,7 @@ class Client:
         C's (:meth:`CountersFile.start_heartbeat_keeper`): a Python thread that woke for each
         would take the GIL from the application's thread twice a second, and on a small
         machine hand it back only a scheduler slice later."""
+        lib.ss_name_thread(b"slipstream-client")
         with self._lock:
             if self._closed:  # closed before this thread's first step
                 self._thread_stage = _THREAD_SKIPPED

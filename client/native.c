@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -708,8 +709,22 @@ static int keeper_owns_heartbeat(const struct ss_keeper *k) {
         && LOAD_ACQ(k->p.registration) == k->p.registration_id;
 }
 
+void ss_name_thread(const char *name) {
+    static const char prefix[] = "slipstream-";
+    char short_name[16] = "ss-";
+    size_t used = 0;
+    if (strncmp(name, prefix, sizeof prefix - 1) == 0) {
+        name += sizeof prefix - 1;
+        used = 3;
+    }
+    strncpy(short_name + used, name, sizeof short_name - 1 - used);
+    short_name[sizeof short_name - 1] = 0;
+    prctl(PR_SET_NAME, short_name, 0, 0, 0);
+}
+
 static void *keeper_run(void *arg) {
     struct ss_keeper *k = arg;
+    ss_name_thread("slipstream-keepalive");
     struct timespec due;
     clock_gettime(CLOCK_MONOTONIC, &due);
     pthread_mutex_lock(&k->lock);

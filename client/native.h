@@ -211,6 +211,10 @@ void ss_clean(uint8_t *base, int64_t length);
  * filling a 192 MiB log takes tens of ms.  Returns 0 or an errno value. */
 int32_t ss_populate(uint8_t *address, int64_t length, int32_t writable);
 
+/* Name the calling thread for ps -T, top -H, perf and /proc/<pid>/task/<tid>/comm: a leading
+ * "slipstream-" becomes "ss-", and Linux keeps the first 15 bytes. */
+void ss_name_thread(const char *name);
+
 /* ---- the client's keepalive, without the GIL ----
  * A thread of the client process that, every interval_ns, writes CLOCK_MONOTONIC ns into the
  * client's heartbeat counter (`heartbeat`), only while that counter's metadata fields (`state`,

@@ -72,12 +72,11 @@ log = logging.getLogger("slipstream.driver")
 
 ACTIVE_CYCLE_S = 0.001
 IDLE_PARK_MAX_S = 1.0
-COMMAND_POLL_S = 1.0  # a safety net only: commands normally wake the loop through zmq's FD
 #: How often an embedded driver's duty cycle looks for commands, ns (a poll of zmq's FD, a
 #: µs; a command's answer may wait this long).
 COMMAND_CHECK_NS = 1_000_000
 #: How often it asks zmq itself (a few µs), whatever the FD says: a safety net, as the
-#: daemon's COMMAND_POLL_S.
+#: daemon's duty cycle asks on each of its cycles.
 COMMAND_SAFETY_CHECK_NS = 100_000_000
 
 
@@ -582,7 +581,7 @@ class _DriverShell(_DriverCore):
             counters.wake_driver()
             lib.ss_futex_wake(counters.driver_signal, 1 << 30)
             if watcher is not None:
-                # The watcher waits with a bounded timeout; bump the word so it returns now.
+                # The watcher waits without a timeout; bump the word so it returns now.
                 lib.ss_get_and_add_i32(counters.driver_signal, 1)
                 lib.ss_futex_wake(counters.driver_signal, 1 << 30)
                 watcher.join(timeout=2)
@@ -641,10 +640,11 @@ class _DriverShell(_DriverCore):
 
     def _watch_futex(self, token: trio.lowlevel.TrioToken) -> None:
         """Thread: block on the driver eventcount and wake trio when a client signals it."""
+        lib.ss_name_thread(threading.current_thread().name.encode())
         signal_word = self.counters.driver_signal
         seen = lib.ss_load_acquire_i32(signal_word)
         while not self._stopping:
-            lib.ss_futex_wait(signal_word, seen, 1_000_000_000)
+            lib.ss_futex_wait(signal_word, seen, -1)  # the stop bumps the word and wakes it
             current = lib.ss_load_acquire_i32(signal_word)
             if current != seen and not self._stopping:
                 seen = current
@@ -677,11 +677,12 @@ class _DriverShell(_DriverCore):
         self._process_commands()  # the sends may have taken the socket's edge
 
     async def _command_loop(self) -> None:
+        # No timer of its own: each duty cycle looks for commands too (at least every
+        # timer_interval).
         fd = self.sock.getsockopt(zmq.FD)
         while True:
             self._process_commands()
-            with trio.move_on_after(COMMAND_POLL_S):
-                await trio.lowlevel.wait_readable(fd)
+            await trio.lowlevel.wait_readable(fd)
 
     def _tell_systemd(self, now_ns: int) -> None:
         """The watchdog ping, and a STATUS= line when what the driver serves changed (at
@@ -709,8 +710,10 @@ class _DriverShell(_DriverCore):
         pacing = ConductorPacing()
         counters = self.counters
         while True:
-            # Before the cycle: news during it (a command handled after one of its sends)
-            # ends the wait below at once.
+            # Commands first (also the safety net for an edge of zmq's FD that a send
+            # consumed), so this cycle sees them; news during the cycle (a command handled
+            # after one of its sends) ends the wait below at once.
+            self._process_commands()
             self._wake = trio.Event()
             started = time.monotonic_ns()
             # The governor's lag is the data path's: the network threads' own timer lateness.

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import counters_of, wait_for
 
 from slipstream.client import (
     BufferClaim,
@@ -435,6 +435,46 @@ def test_an_idle_driver_uses_under_two_percent_of_a_core(driver_dir: Path) -> No
         time.sleep(3.0)
         used = (_cpu_seconds(driver.pid) - before) / (time.monotonic() - started)
     assert used < 0.02, f"an idle driver used {used:.1%} of a core"
+
+
+def _thread_named(pid: int, name: str) -> int:
+    [tid] = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")
+             if Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip() == name]
+    return tid
+
+
+def _voluntary_switches(pid: int, tid: int) -> int:
+    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    return int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_a_calm_driver_wakes_only_for_its_conductor_cycles(driver_dir: Path) -> None:
+    """A wake-up of the driver's main thread costs ~0.5 ms of Python (trio's loop and the
+    cycle), which a busy data path on a small machine feels: calm, it wakes for its conductor
+    cycles only (the command loop keeps no timer of its own), the thread that watches the
+    clients' futex sleeps until one rings, and the client's conductor thread until the driver
+    tells it something (or its safety net, every EVENTS_SAFETY_NET_S)."""
+    from slipstream.client.client import EVENTS_SAFETY_NET_S
+
+    with MediaDriver.launch(directory=driver_dir) as driver, Client.connect(driver_dir) as client:
+        publication = client.add_publication("aeron:ipc", 12)
+        client.add_subscription("aeron:ipc", 12)
+        wait_for(lambda: publication.is_connected, what="the IPC publication connected")
+        time.sleep(1.0)
+        watched = [(driver.pid, driver.pid),
+                   (driver.pid, _thread_named(driver.pid, "ss-driver-futex")),
+                   (os.getpid(), _thread_named(os.getpid(), "ss-client"))]
+        before = [_voluntary_switches(*thread) for thread in watched]
+        cycles_before = counters_of(driver)["CONDUCTOR_CYCLES"]
+        time.sleep(4.0)
+        main, watcher, client_thread = (_voluntary_switches(*thread) - then
+                                        for thread, then in zip(watched, before, strict=True))
+        cycles = counters_of(driver)["CONDUCTOR_CYCLES"] - cycles_before
+    assert 3 <= cycles <= 6, f"{cycles} conductor cycles in 4 s (timer_interval 1 s)"
+    assert main <= cycles + 1, f"the main thread woke {main} times for {cycles} cycles"
+    assert watcher == 0, f"the futex watcher woke {watcher} times"
+    assert client_thread <= 4.0 // EVENTS_SAFETY_NET_S + 1, (
+        f"the client's thread woke {client_thread} times")
 
 
 def test_stat_prints_the_counters(driver) -> None:

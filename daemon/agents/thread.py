@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
+from slipstream.client._native import lib as native
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
@@ -144,6 +145,7 @@ class NetworkThread:
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
+        native.ss_name_thread(self.name.encode())
         c = self.c
         agents = self.agents
         now = time.monotonic_ns()
