@@ -724,7 +724,6 @@ void ss_name_thread(const char *name) {
 
 static void *keeper_run(void *arg) {
     struct ss_keeper *k = arg;
-    ss_name_thread("slipstream-keepalive");
     struct timespec due;
     clock_gettime(CLOCK_MONOTONIC, &due);
     pthread_mutex_lock(&k->lock);

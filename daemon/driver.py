@@ -652,6 +652,8 @@ class _DriverShell(_DriverCore):
                     token.run_sync_soon(self._wake.set)
 
     def _process_commands(self) -> int:
+        if self._told_clients:  # stopping: a task resumed after _stop_now takes no command
+            return 0
         handled = super()._process_commands()
         if handled:
             self._wake.set()  # resources changed: let the duty cycle look at once
@@ -677,8 +679,8 @@ class _DriverShell(_DriverCore):
         self._process_commands()  # the sends may have taken the socket's edge
 
     async def _command_loop(self) -> None:
-        # No timer of its own: each duty cycle looks for commands too (at least every
-        # timer_interval).
+        # No timer of its own: each duty cycle looks for commands too, and a cycle comes at
+        # least every IDLE_PARK_MAX_S.
         fd = self.sock.getsockopt(zmq.FD)
         while True:
             self._process_commands()
@@ -934,6 +936,8 @@ class EmbeddedDriver(_DriverCore):
         return work
 
     def _process_commands(self) -> int:
+        if self._told_clients:  # stopping: a task resumed after _stop_now takes no command
+            return 0
         handled = super()._process_commands()
         if handled:  # here or after a send of the conductor's cycle: resources changed
             self._conductor_due = True

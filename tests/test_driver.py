@@ -438,8 +438,13 @@ def test_an_idle_driver_uses_under_two_percent_of_a_core(driver_dir: Path) -> No
 
 
 def _thread_named(pid: int, name: str) -> int:
-    [tid] = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")
-             if Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip() == name]
+    """The one thread of ``pid`` called ``name`` (threads that end meanwhile are skipped)."""
+    found = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip() == name:
+                found.append(int(tid))
+    [tid] = found
     return tid
 
 
@@ -463,15 +468,19 @@ def test_a_calm_driver_wakes_only_for_its_conductor_cycles(driver_dir: Path) -> 
         time.sleep(1.0)
         watched = [(driver.pid, driver.pid),
                    (driver.pid, _thread_named(driver.pid, "ss-driver-futex")),
-                   (os.getpid(), _thread_named(os.getpid(), "ss-client"))]
+                   (os.getpid(), client._thread.native_id)]
         before = [_voluntary_switches(*thread) for thread in watched]
         cycles_before = counters_of(driver)["CONDUCTOR_CYCLES"]
         time.sleep(4.0)
         main, watcher, client_thread = (_voluntary_switches(*thread) - then
                                         for thread, then in zip(watched, before, strict=True))
         cycles = counters_of(driver)["CONDUCTOR_CYCLES"] - cycles_before
-    assert 3 <= cycles <= 6, f"{cycles} conductor cycles in 4 s (timer_interval 1 s)"
-    assert main <= cycles + 1, f"the main thread woke {main} times for {cycles} cycles"
+    # Calm, about 4 cycles (timer_interval 1 s); a loaded machine may move the pressure
+    # governor, whose samples are cycles too.  Before, a command-loop timer added one wake-up
+    # a second of its own: 8 for 4 cycles.  The margin: a wait for the GIL of a network
+    # thread's Python pass.
+    assert cycles >= 3, f"{cycles} conductor cycles in 4 s"
+    assert main <= cycles + 2, f"the main thread woke {main} times for {cycles} cycles"
     assert watcher == 0, f"the futex watcher woke {watcher} times"
     assert client_thread <= 4.0 // EVENTS_SAFETY_NET_S + 1, (
         f"the client's thread woke {client_thread} times")
