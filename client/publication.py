@@ -157,6 +157,7 @@ class Publication:
         appender.last_limit_hit = -1
         appender.doorbell_fd = doorbell_fd
         self._appender = appender
+        self._released = False  # close() ran: its log goes after the linger
         self._last_position = 0
         self._async_turns = 0  # calls of the async API (aio.py)
         self._batch_result = ffi.new("int64_t *")
@@ -317,9 +318,12 @@ class Publication:
         self._log.signal_publishers()  # the log is still mapped: it is unmapped after a linger
 
     def close(self) -> None:
-        """Release the publication; further offers return CLOSED."""
-        if self.is_closed:
+        """Release the publication; further offers return CLOSED.  Its log is unmapped after
+        the client's resource linger, also when the publication was cut off before (the
+        driver lost: offers said CLOSED already, and the log was still mapped)."""
+        if self._released:
             return
+        self._released = True
         self._mark_closed()
         self._client._release_publication(self)
 
