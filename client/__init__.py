@@ -8,6 +8,7 @@
 
 from slipstream.client.client import Client, default_directory
 from slipstream.client.errors import (
+    BackPressuredError,
     ChannelError,
     ChannelRejectedError,
     ClosedError,
@@ -42,6 +43,7 @@ __all__ = [
     "CLOSED",
     "MAX_POSITION_EXCEEDED",
     "NOT_CONNECTED",
+    "BackPressuredError",
     "BufferClaim",
     "ChannelError",
     "ChannelRejectedError",

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from helpers import NETWORK_SETTINGS, Collector, counters_of, free_port, message, wait_for
 
-from slipstream.client import BACK_PRESSURED, CLOSED, NOT_CONNECTED, Client
+from slipstream.client import BACK_PRESSURED, CLOSED, NOT_CONNECTED, BackPressuredError, Client
 from slipstream.client.channel import parse_policy
 from slipstream.client.counters import CountersFile, CounterType
-from slipstream.client.errors import BackPressuredError, ChannelError
+from slipstream.client.errors import ChannelError
 from slipstream.client.policy import BackPressureEpisode
 
 IPC = "aeron:ipc?term-length=64k"
@@ -403,3 +403,15 @@ def test_untethered_udp_subscriptions_are_refused_by_name(network_client) -> Non
         network_client.add_subscription(
             f"aeron:udp?endpoint=127.0.0.1:{free_port()}|tether=false", 73)
     assert info.value.part == "tether" and "aeron:ipc has them" in str(info.value)
+
+
+def test_every_error_an_application_can_meet_is_importable_from_slipstream_client() -> None:
+    """The README names them from ``slipstream.client`` (BackPressuredError was missing)."""
+    import slipstream.client
+    from slipstream.client import errors
+
+    public = {name for name, value in vars(errors).items()
+              if isinstance(value, type) and issubclass(value, errors.SlipstreamError)}
+    # A bug in slipstream's own state tables, never an application's to catch.
+    public.discard("LocalProtocolError")
+    assert public <= set(slipstream.client.__all__), public - set(slipstream.client.__all__)
