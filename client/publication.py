@@ -24,7 +24,7 @@ from slipstream.client import _fastpath
 from slipstream.client._native import ffi, lib
 from slipstream.client.channel import PolicySpec
 from slipstream.client.counters import SystemCounter
-from slipstream.client.errors import MessageTooLongError
+from slipstream.client.errors import InvalidArgumentError, MessageTooLongError
 from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import HEADER_LENGTH
 from slipstream.client.logbuffer import LogBuffer, new_appender
@@ -241,10 +241,15 @@ class Publication:
             return done, 0
         code = result[0]
         if code == lib.SS_INVALID_LENGTH:
+            for index, length in enumerate(lengths):
+                if length < 0:
+                    raise InvalidArgumentError(
+                        "lengths", f"lengths[{index}] is {length}: a length is 0 or more")
             raise MessageTooLongError(max(lengths), self.max_message_length)
         if code == lib.SS_INVALID_BATCH:
-            raise ValueError(f"the lengths add up to {sum(lengths)} bytes but data holds "
-                             f"{len(memoryview(data))}")
+            raise InvalidArgumentError(
+                "lengths", f"the lengths add up to {sum(lengths)} bytes but data holds "
+                           f"{len(memoryview(data))}")
         return 0, code
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:
@@ -260,6 +265,8 @@ class Publication:
             claim.buffer = self._log.view[offset + HEADER_LENGTH:offset + HEADER_LENGTH + length]
             return result
         if result == lib.SS_INVALID_LENGTH:
+            if length < 0:
+                raise InvalidArgumentError("length", f"a claim of {length} bytes: 0 or more")
             raise MessageTooLongError(length, self.max_payload_length, claim=True)
         return result
 

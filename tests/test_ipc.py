@@ -572,10 +572,17 @@ def test_peek_at_overwritten_data_is_data_loss(client: Client) -> None:
 
 
 def test_a_batch_whose_lengths_exceed_its_data_is_refused(client: Client) -> None:
+    from slipstream.client import BufferClaim, InvalidArgumentError
+
     publication = client.add_publication(CHANNEL, 1017)
     client.add_subscription(CHANNEL, 1017)
-    with pytest.raises(ValueError, match="add up to 96 bytes"):
+    with pytest.raises(InvalidArgumentError, match="add up to 96 bytes"):
         publication.offer_batch(b"x" * 64, [32, 32, 32])
+    # A negative length is named as such, not as a message too long.
+    with pytest.raises(InvalidArgumentError, match=r"lengths\[1\] is -1"):
+        publication.offer_batch(b"x" * 100, [1, -1, 100])
+    with pytest.raises(InvalidArgumentError, match="a claim of -1 bytes"):
+        publication.try_claim(-1, BufferClaim())
 
 
 def test_batches_across_many_term_rotations_keep_every_message(client: Client) -> None:
