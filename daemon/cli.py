@@ -50,6 +50,16 @@ def _sim(args: argparse.Namespace) -> int:
     return run_sim(args)
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slipstream",
@@ -78,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "driver's error log is left (it is printed).")
     stat.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
                                     "/dev/shm/slipstream-<user>)")
-    stat.add_argument("--interval", type=float, default=1.0,
+    stat.add_argument("--interval", type=_positive_seconds, default=1.0,
                       help="refresh period in seconds (default: %(default)s)")
     stat.add_argument("--once", action="store_true", help="print one snapshot and exit")
     stat.add_argument("--match", default="",

@@ -229,6 +229,16 @@ def _check_host_port(value: str) -> str | None:
     return None
 
 
+def parse_host_port(value: str, key: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as ``(host, port)``; a ConfigurationError naming
+    ``key`` when it is not one."""
+    problem = _check_host_port(value) if value else "is empty"
+    if problem is not None:
+        raise ConfigurationError(key, f"{value!r} {problem}")
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def _check_directory(value: str) -> str | None:
     return "contains a NUL character" if "\0" in value else None
 
@@ -671,8 +681,7 @@ class DriverSettings:
         """``(host, port)`` of the Prometheus exporter, or None when it is off."""
         if not self.metrics_address:
             return None
-        host, _, port = self.metrics_address.rpartition(":")
-        return host.strip("[]"), int(port)
+        return parse_host_port(self.metrics_address, "metrics_address")
 
     def source_of(self, key: str) -> str:
         """Where ``key``'s value came from: one of :data:`SOURCES`."""

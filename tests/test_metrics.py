@@ -78,6 +78,40 @@ def test_slipstream_metrics_runs_beside_a_driver(driver_dir: Path) -> None:
             exporter.wait(10)
 
 
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slipstream.daemon.cli", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_an_address_the_exporter_cannot_serve_is_an_error_naming_its_key(
+        driver_dir: Path) -> None:
+    """A port in use, or no host:port at all: one line naming the setting and exit 2, not a
+    traceback; the driver that could not start leaves nothing behind."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        in_use = f"127.0.0.1:{taken.getsockname()[1]}"
+        driver = _cli("driver", "--dir", str(driver_dir), "--set", f"metrics_address={in_use}")
+        exporter = _cli("metrics", "--dir", str(driver_dir), "--address", in_use)
+    assert driver.returncode == 2
+    assert (f"configuration key 'metrics_address': cannot listen on {in_use}"
+            in driver.stderr), driver.stderr
+    assert not driver_dir.exists() or not any(driver_dir.iterdir())
+    assert exporter.returncode == 2
+    assert f"configuration key '--address': cannot listen on {in_use}" in exporter.stderr
+    for bad in ("127.0.0.1:99999", "nohost", "127.0.0.1:abc"):
+        refused = _cli("metrics", "--dir", str(driver_dir), "--address", bad)
+        assert refused.returncode == 2
+        assert f"'--address': '{bad}' is not host:port" in refused.stderr, refused.stderr
+
+
+def test_stat_refuses_an_interval_that_is_not_above_zero(driver_dir: Path) -> None:
+    for bad in ("-1", "0", "nan", "soon"):
+        refused = _cli("stat", "--dir", str(driver_dir), "--interval", bad)
+        assert refused.returncode == 2
+        assert "--interval" in refused.stderr and "above 0" in refused.stderr, refused.stderr
+
+
 def test_the_receivers_min_flow_control_counts_are_a_metric(driver_dir: Path) -> None:
     port = free_tcp_port()
     uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{free_port()}"

@@ -43,6 +43,7 @@ from slipstream.client.counters import (
     SystemCounter,
     parse_position_label,
 )
+from slipstream.client.errors import ConfigurationError
 
 
 def metric_name(counter: SystemCounter) -> str:
@@ -152,22 +153,29 @@ class CountersCollector(Collector):
             value=max(0.0, (time.time_ns() - counters.driver_heartbeat_ns) / 1e9))
 
 
-def start_exporter(directory: str | Path, host: str, port: int) -> tuple[Any, Any]:
+def start_exporter(directory: str | Path, host: str, port: int, *,
+                   key: str = "metrics_address") -> tuple[Any, Any]:
     """Serve the driver's metrics at ``http://host:port/metrics`` from a daemon thread;
     returns ``(server, thread)`` (``server.shutdown()`` stops it).  Port 0 picks a free one:
-    ``server.server_address`` says which."""
+    ``server.server_address`` says which.  An address it cannot listen on (a port in use, an
+    address not of this host) is a ConfigurationError naming ``key``."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CountersCollector(directory))
-    return start_http_server(port, addr=host, registry=registry)
+    try:
+        return start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise ConfigurationError(key, f"cannot listen on {host}:{port}: "
+                                      f"{e.strerror or e}") from e
 
 
 def run_metrics(directory: str | None, address: str) -> int:
     """``slipstream metrics``: serve until interrupted."""
     from slipstream.client.client import default_directory
+    from slipstream.daemon.config import parse_host_port
 
-    host, _, port = address.rpartition(":")
-    server, _thread = start_exporter(directory or default_directory(), host.strip("[]"),
-                                     int(port))
+    host, port = parse_host_port(address, "--address")
+    server, _thread = start_exporter(directory or default_directory(), host, port,
+                                     key="--address")
     print(f"slipstream metrics: http://{address}/metrics", flush=True)
     try:
         while True:
