@@ -7,7 +7,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from slipstream.client.errors import SlipstreamError
+from slipstream.client.errors import (
+    DriverAlreadyRunningError,
+    DriverDirectoryError,
+    SlipstreamError,
+)
 
 
 def _driver(args: argparse.Namespace) -> int:
@@ -74,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "it (no new credit; what the logs hold is sent and read, for at most "
                     "drain_timeout), the second stops it at once. Settings: config file < "
                     "SLIPSTREAM_* environment < command line; --print-config shows every "
-                    "key with its value and where it came from.")
+                    "key with its value and where it came from. Exit 3 when a live driver "
+                    "holds the directory, 4 when the directory is not a driver's to use, 2 "
+                    "for any other error (a bad setting).")
     add_arguments(driver)
     driver.set_defaults(func=_driver)
 
@@ -145,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit statuses that say why a command failed (a launcher, MediaDriver.launch, tells the
+#: refusals of ``slipstream driver`` apart by them): any other error of slipstream's is 2.
+EXIT_ALREADY_RUNNING = 3  # DriverAlreadyRunningError: a live driver holds the directory
+EXIT_DIRECTORY_REFUSED = 4  # DriverDirectoryError: the directory is not the driver's to use
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -152,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except SlipstreamError as e:
         print(f"slipstream {args.command}: {e}", file=sys.stderr)
+        if isinstance(e, DriverAlreadyRunningError):
+            return EXIT_ALREADY_RUNNING
+        if isinstance(e, DriverDirectoryError):
+            return EXIT_DIRECTORY_REFUSED
         return 2
     except KeyboardInterrupt:
         return 130

@@ -55,6 +55,7 @@ from slipstream.daemon.agents.thread import (
     new_duty_loop,
     open_doorbell,
 )
+from slipstream.daemon.cli import EXIT_ALREADY_RUNNING, EXIT_DIRECTORY_REFUSED
 from slipstream.daemon.conductor.conductor import DriverConductor, Outgoing
 from slipstream.daemon.conductor.network import NetworkConductor
 from slipstream.daemon.config import DriverSettings, load_settings
@@ -1065,7 +1066,10 @@ class MediaDriver:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 err = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                raise DriverError(f"the driver exited with {process.returncode}: {err.strip()}")
+                error = {EXIT_ALREADY_RUNNING: DriverAlreadyRunningError,
+                         EXIT_DIRECTORY_REFUSED: DriverDirectoryError}.get(process.returncode,
+                                                                           DriverError)
+                raise error(f"the driver exited with {process.returncode}: {err.strip()}")
             if driver._ready():
                 threading.Thread(target=driver._drain_stderr, daemon=True).start()
                 return driver

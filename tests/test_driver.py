@@ -53,9 +53,12 @@ def test_the_driver_directory_is_private_and_holds_its_files(driver) -> None:
 def test_a_second_driver_on_the_same_directory_is_refused(driver) -> None:
     result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(driver.directory)],
                             capture_output=True, text=True, timeout=30)
-    assert result.returncode == 2
+    assert result.returncode == 3  # EXIT_ALREADY_RUNNING
     assert f"already running in {driver.directory}" in result.stderr
     assert str(driver.pid) in result.stderr
+    with pytest.raises(DriverAlreadyRunningError, match=str(driver.pid)), \
+            MediaDriver.launch(directory=driver.directory):
+        pass
     with pytest.raises(DriverAlreadyRunningError):
         from slipstream.daemon.driver import DriverDirectory
 
@@ -183,8 +186,12 @@ def test_a_directory_holding_a_users_files_is_refused_and_left_untouched(tmp_pat
     before = _tree(users)
     result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(users)],
                             capture_output=True, text=True, timeout=30)
-    assert result.returncode == 2
+    assert result.returncode == 4  # EXIT_DIRECTORY_REFUSED
     assert f"{users} is not empty and is not a slipstream driver directory" in result.stderr
+    assert _tree(users) == before
+    with pytest.raises(DriverDirectoryError, match="not a slipstream driver directory"), \
+            MediaDriver.launch(directory=users):
+        pass
     assert _tree(users) == before
     with pytest.raises(DriverDirectoryError, match=str(users)):
         DriverDirectory(users).acquire()
