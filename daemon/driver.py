@@ -109,7 +109,8 @@ class DriverDirectory:
     with :class:`DriverDirectoryError`.  It removes only the entries it makes, by name
     (:data:`DRIVER_FILES`, and the ``<registration id>.logbuffer`` files of
     :data:`LOG_FOLDERS`), never an unknown entry, and removes the directory at stop only if a
-    slipstream driver created it.  So ``--dir ~`` typed by mistake is refused, and a user's file
+    slipstream driver created it (and the missing parents it made for it, if empty).  So
+    ``--dir ~`` typed by mistake is refused, and a user's file
     or another driver's nested directory is never touched.
     """
 
@@ -117,26 +118,34 @@ class DriverDirectory:
         self.path = Path(path)
         self._lock_fd: int | None = None
         self._created = False  # whether a slipstream driver made the directory itself
+        self._made_parents: list[Path] = []  # missing parents this driver made, outermost first
 
     def acquire(self) -> None:
         """Create (mode 0700) or adopt and lock the directory; clean what a dead driver left
         behind.  Raises :class:`DriverAlreadyRunningError` if a live driver holds it and
         :class:`DriverDirectoryError` if it holds anything that is not a driver's, or another
         user could change it."""
+        self._check_socket_paths()
+        self._made_parents = _make_missing_parents(self.path)
+        created = False
         try:
-            self.path.mkdir(mode=0o700, parents=True)
-            created = True
-        except FileExistsError:
-            created = False
-        self._check_owner(created)
-        for _ in range(_LOCK_ATTEMPTS):
-            fd = self._open_lock(created)
-            if fd is not None:
-                break
-        else:
-            raise DriverDirectoryError(
-                f"{self.path}: its {control.LOCK_FILE} kept changing while this driver took it; "
-                f"is another driver starting and stopping there?")
+            try:
+                self.path.mkdir(mode=0o700)
+                created = True
+            except FileExistsError:
+                pass
+            self._check_owner(created)
+            for _ in range(_LOCK_ATTEMPTS):
+                fd = self._open_lock(created)
+                if fd is not None:
+                    break
+            else:
+                raise DriverDirectoryError(
+                    f"{self.path}: its {control.LOCK_FILE} kept changing while this driver "
+                    f"took it; is another driver starting and stopping there?")
+        except BaseException:  # refused before it held anything: only what it just made goes
+            self._remove_made_directories(created)
+            raise
         self._lock_fd = fd
         try:
             os.ftruncate(fd, 0)
@@ -153,6 +162,18 @@ class DriverDirectory:
         except BaseException:
             self.release()
             raise
+
+    def _check_socket_paths(self) -> None:
+        """The unix sockets the driver makes in the directory (the control socket, the
+        doorbells) need their paths to fit ``sun_path``; refuse before anything is made."""
+        longest = max((control.CONDUCTOR_SOCKET, control.SENDER_DOORBELL,
+                       control.RECEIVER_DOORBELL), key=len)
+        length = len(os.fsencode(self.path / longest))
+        if length > MAX_UNIX_SOCKET_PATH:
+            raise DriverDirectoryError(
+                f"{self.path} is too long for the unix sockets the driver makes in it: "
+                f"{self.path / longest} is {length} bytes, and a unix socket's path at most "
+                f"{MAX_UNIX_SOCKET_PATH}; give it a shorter directory with --dir")
 
     def _check_owner(self, created: bool) -> None:
         """The directory is one this user owns and nobody else may write to: another user who
@@ -272,11 +293,33 @@ class DriverDirectory:
         (self.path / control.LOCK_FILE).unlink(missing_ok=True)
         os.close(self._lock_fd)
         self._lock_fd = None
-        if self._created:
+        self._remove_made_directories(self._created)
+
+    def _remove_made_directories(self, created: bool) -> None:
+        """The directory if a driver ``created`` it, and the parents this one made (``--dir
+        /tmp/a/b`` made ``/tmp/a``), each only if nothing else is left in it."""
+        for made in ([self.path] if created else []) + self._made_parents[::-1]:
             with contextlib.suppress(OSError):  # not empty: something that is not ours
-                self.path.rmdir()
+                made.rmdir()
+        self._made_parents = []
 
 
+def _make_missing_parents(path: Path) -> list[Path]:
+    """Make the parents of ``path`` that do not exist (as ``mkdir -p``); returns those this
+    call made, outermost first (one another process made meanwhile is not among them)."""
+    missing = [parent for parent in reversed(path.parents) if not parent.exists()]
+    made = []
+    for parent in missing:
+        try:
+            parent.mkdir()
+        except FileExistsError:
+            continue
+        made.append(parent)
+    return made
+
+
+#: The longest path of a unix socket, bytes (Linux: sun_path holds 108 with the NUL).
+MAX_UNIX_SOCKET_PATH = 107
 #: The first line of a driver's lock file: what marks a directory as a driver's.
 DIRECTORY_MARKER = "slipstream driver directory"
 #: Every file a driver makes at the top of its directory.
@@ -438,6 +481,12 @@ class _DriverCore:
             self.counters.close()
         opened.clear()
 
+    def _bind_commands(self) -> None:
+        """Bind the command socket; 0600 as every file of the directory (zmq makes it with
+        the process's umask, and an adopted directory may be 0755)."""
+        self.sock.bind(control.conductor_endpoint(self.driver_directory.path))
+        os.chmod(self.driver_directory.path / control.CONDUCTOR_SOCKET, 0o600)
+
     def _send(self, out: Outgoing) -> None:
         for key, message in out:
             try:
@@ -527,7 +576,7 @@ class _DriverShell(_DriverCore):
         threads: list[NetworkThread] = []
         network = self._open(wake_network=lambda: [thread.wake() for thread in threads],
                              wake_conductor=lambda: self._wake_from_thread(token))
-        counters, sock, doorbells = self.counters, self.sock, self.doorbells
+        counters, doorbells = self.counters, self.doorbells
         spin = self.settings.network_idle_spin
         interval_ns = watchdog_interval_ns()
         park = park_bound_s(interval_ns, MAX_PARK_S)
@@ -556,7 +605,7 @@ class _DriverShell(_DriverCore):
                 log.info("metrics at http://%s:%d/metrics", *exporter.server_address[:2])
             for thread in threads:
                 thread.start()
-            sock.bind(control.conductor_endpoint(self.driver_directory.path))
+            self._bind_commands()
             watcher = threading.Thread(target=self._watch_futex, args=(token,),
                                        name="slipstream-driver-futex", daemon=True)
             watcher.start()
@@ -831,7 +880,7 @@ class EmbeddedDriver(_DriverCore):
             self._loop, self._loop_agents = new_duty_loop(self._agents, self.counters,
                                                           count_busy=False)
             self._driver_signal = self.counters.driver_signal
-            self.sock.bind(control.conductor_endpoint(self.driver_directory.path))
+            self._bind_commands()
             # zmq's FD turns readable when the socket's events may have changed (a command
             # came); every send is followed by a full look (_process_commands), which keeps
             # an edge a send consumed from going unseen.

@@ -48,6 +48,52 @@ def test_the_driver_directory_is_private_and_holds_its_files(driver) -> None:
     assert mode == 0o700
     names = {p.name for p in Path(driver.directory).iterdir()}
     assert {"driver.lock", "counters.dat", "conductor.sock", "publications", "images"} <= names
+    # Every file 0600, the control socket too (zmq makes it with the umask).
+    for entry in Path(driver.directory).iterdir():
+        if not entry.is_dir():
+            assert stat.S_IMODE(entry.stat().st_mode) == 0o600, entry
+
+
+def test_a_driver_removes_the_parents_it_made_for_its_directory(short_tmp: Path) -> None:
+    """``--dir /tmp/a/b/driver`` makes /tmp/a and /tmp/a/b as ``mkdir -p`` would; at stop they
+    go too (if empty), and a parent that already existed stays."""
+    existing = short_tmp
+    directory = existing / "made" / "also-made" / "driver"
+    with MediaDriver.launch(directory=directory):
+        assert directory.is_dir()
+    assert not (existing / "made").exists()
+    assert existing.is_dir()
+    # One the user filled meanwhile is theirs now: it stays, with what they put there.
+    with MediaDriver.launch(directory=directory):
+        (existing / "made" / "notes.txt").write_text("mine")
+    assert (existing / "made" / "notes.txt").read_text() == "mine"
+    assert not (existing / "made" / "also-made").exists()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory with a short path (pytest's tmp_path leaves little of a unix socket's 107
+    bytes)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="ss-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_directory_too_long_for_its_unix_sockets_is_refused_before_anything_is_made(
+        tmp_path: Path) -> None:
+    directory = tmp_path / ("d" * 40) / ("e" * 40) / "driver"
+    result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(directory)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 4  # EXIT_DIRECTORY_REFUSED
+    assert "too long for the unix sockets" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_second_driver_on_the_same_directory_is_refused(driver) -> None:
