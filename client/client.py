@@ -263,6 +263,12 @@ class Client:
                 raise ClosedError("the client is closed")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if connecting and _driver_holds_lock(self.directory):
+                    raise DriverTimeoutError(
+                        f"the driver in {self.directory} holds its lock but did not answer "
+                        f"within {self._request_timeout} s: it is stopped, stuck or "
+                        f"overloaded (`slipstream stat --dir {self.directory}` shows how "
+                        f"old its heartbeat is)")
                 if connecting:
                     raise DriverNotRunningError(
                         str(self.directory),

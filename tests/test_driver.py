@@ -32,6 +32,7 @@ from slipstream.client import (
     DriverDirectoryError,
     DriverError,
     DriverNotRunningError,
+    DriverTimeoutError,
     MessageTooLongError,
     RegistrationError,
     SlipstreamError,
@@ -678,6 +679,10 @@ def test_a_client_notices_when_its_driver_hangs(driver_dir: Path) -> None:
             assert publication.offer(b"x") == -4  # CLOSED
             with pytest.raises(DriverNotRunningError, match="no heartbeat for"):
                 client.add_publication("aeron:ipc", 16)
+            # A new client is not told that no driver runs: one holds the lock, and starting
+            # another would be refused.
+            with pytest.raises(DriverTimeoutError, match="holds its lock but did not answer"):
+                Client.connect(driver_dir, timeout=0.5)
         finally:
             os.kill(driver.pid, signal.SIGCONT)
         client.close()
