@@ -17,6 +17,7 @@ driver costs ~0 % CPU.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -893,6 +894,9 @@ class EmbeddedDriver(_DriverCore):
         except BaseException:
             self.close()
             raise
+        # An application that forgets close() (or ends on an exception outside a with block)
+        # still leaves no directory behind at a normal exit.
+        atexit.register(self.close)
 
     @property
     def directory(self) -> Path:
@@ -909,7 +913,8 @@ class EmbeddedDriver(_DriverCore):
         the GIL), their Python halves when due, the commands waiting (looked for every
         millisecond) and the conductor's duty cycle when there is news for it or when it is due
         (:class:`ConductorPacing`, as the daemon's).  Returns the work done (0: idle).  Safe
-        from any thread; a call while another thread is inside returns 0."""
+        from any thread; a call while another thread is inside returns 0, and so does one
+        after :meth:`close` (a client's wait may still run it: its clients were told)."""
         if not self._working.acquire(blocking=False):
             return 0
         try:
@@ -1022,6 +1027,7 @@ class EmbeddedDriver(_DriverCore):
             if self._closed:
                 return
             self._closed = True
+            atexit.unregister(self.close)
             try:
                 if self._conductor_waiting:
                     self._wait_for_signal(False)

@@ -246,6 +246,22 @@ def test_closing_an_embedded_driver_tells_its_clients_and_removes_what_it_made(
     client.close()
 
 
+def test_an_embedded_driver_its_application_forgot_to_close_is_removed_at_exit(
+        driver_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    program = ("import sys\n"
+               "from slipstream.daemon.driver import MediaDriver\n"
+               "driver = MediaDriver.embedded(sys.argv[1])\n"
+               "print(sorted(p.name for p in driver.directory.iterdir()), flush=True)\n")
+    result = subprocess.run([sys.executable, "-c", program, str(driver_dir)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "conductor.sock" in result.stdout  # it ran, and exited without close()
+    assert not driver_dir.exists()
+
+
 def test_an_embedded_driver_refuses_a_directory_a_running_driver_holds(embedded) -> None:
     driver = embedded()
     with pytest.raises(Exception, match="already running"):
