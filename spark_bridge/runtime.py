@@ -39,6 +39,10 @@ def client_for(directory: str | None) -> Client:
     with _lock:
         client = _clients.get(key)
         if client is None or client.is_closed:
+            if client is not None:
+                # Cut off (its driver was lost or restarted): close it, or its thread, its
+                # socket and every log of its publications stay until the worker ends.
+                client.close()
             client = Client.connect(directory)
             _clients[key] = client
         return client
@@ -51,6 +55,8 @@ def publication_for(directory: str | None, channel: str, stream_id: int) -> Publ
         publication = _publications.get(key)
         if publication is not None and not publication.is_closed:
             return publication
+    if publication is not None:
+        publication.close()  # cut off: its log is unmapped after the client's linger
     client = client_for(directory)
     publication = client.add_publication(channel, stream_id)
     with _lock:

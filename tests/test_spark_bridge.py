@@ -158,6 +158,35 @@ def read_query(spark, directory: Path, stream_id: int, collector: Collector, che
 
 
 # -- writing --------------------------------------------------------------------------------
+def test_a_workers_cached_client_cut_off_by_a_driver_restart_is_closed_not_leaked(
+        driver_dir: Path) -> None:
+    """An executor's Python worker lives across driver restarts: the client and publication
+    it cached from the dead driver are closed when replaced (their thread, socket and logs
+    stayed until the worker ended)."""
+    from slipstream.client.client import RESOURCE_LINGER_S
+    from slipstream.spark_bridge import runtime
+
+    settings = {"driver_timeout": "500ms", "client_keepalive_interval": "100ms"}
+    try:
+        with MediaDriver.launch(directory=driver_dir, **settings) as driver:
+            old_client = runtime.client_for(str(driver_dir))
+            old_publication = runtime.publication_for(str(driver_dir), "aeron:ipc", 31)
+            driver.kill()
+            deadline = time.monotonic() + 5
+            while not old_client.is_closed:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        with MediaDriver.launch(directory=driver_dir, **settings):
+            new_publication = runtime.publication_for(str(driver_dir), "aeron:ipc", 31)
+            assert new_publication is not old_publication
+            assert runtime.client_for(str(driver_dir)) is not old_client
+            time.sleep(RESOURCE_LINGER_S + 0.5)
+            assert old_publication._log.closed
+            assert old_client._thread is not None and not old_client._thread.is_alive()
+    finally:
+        runtime.close_all()
+
+
 def test_rows_written_by_spark_are_read_by_a_client(spark) -> None:
     """Batch write: every row's value (string here) is one message, none lost or doubled
     (1.28 MB through 32 KiB windows of 64 KiB terms: 39 windows, 19 term rotations)."""
