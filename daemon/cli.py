@@ -151,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Exit statuses that say why a command failed (a launcher, MediaDriver.launch, tells the
-#: refusals of ``slipstream driver`` apart by them): any other error of slipstream's is 2.
+#: Exit statuses that say why ``slipstream driver`` refused to start (its launcher,
+#: MediaDriver.launch, tells them apart by these): any other error of slipstream's, of any
+#: command, is 2.
 EXIT_ALREADY_RUNNING = 3  # DriverAlreadyRunningError: a live driver holds the directory
 EXIT_DIRECTORY_REFUSED = 4  # DriverDirectoryError: the directory is not the driver's to use
 
@@ -164,9 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except SlipstreamError as e:
         print(f"slipstream {args.command}: {e}", file=sys.stderr)
-        if isinstance(e, DriverAlreadyRunningError):
+        if args.command == "driver" and isinstance(e, DriverAlreadyRunningError):
             return EXIT_ALREADY_RUNNING
-        if isinstance(e, DriverDirectoryError):
+        if args.command == "driver" and isinstance(e, DriverDirectoryError):
             return EXIT_DIRECTORY_REFUSED
         return 2
     except KeyboardInterrupt:

@@ -224,7 +224,7 @@ def _check_host_port(value: str) -> str | None:
     host, sep, port = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]  # IPv6 literal, "[::1]:9100"
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not (port.isascii() and port.isdecimal()) or int(port) > 65535:
         return "is not host:port with a port in 0..65535"
     return None
 

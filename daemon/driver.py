@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import os
 import re
@@ -127,14 +128,24 @@ class DriverDirectory:
         :class:`DriverDirectoryError` if it holds anything that is not a driver's, or another
         user could change it."""
         self._check_socket_paths()
-        self._made_parents = _make_missing_parents(self.path)
+        self._made_parents = []
         created = False
         try:
-            try:
-                self.path.mkdir(mode=0o700)
-                created = True
-            except FileExistsError:
-                pass
+            for _ in range(_LOCK_ATTEMPTS):
+                # A parent may go meanwhile: another driver that made it removes it at stop.
+                self._made_parents += _make_missing_parents(self.path)
+                try:
+                    self.path.mkdir(mode=0o700)
+                    created = True
+                except FileExistsError:
+                    pass
+                except FileNotFoundError:
+                    continue
+                break
+            else:
+                raise DriverDirectoryError(
+                    f"{self.path}: its parent directories kept disappearing while this driver "
+                    f"made them; is another process removing them?")
             self._check_owner(created)
             for _ in range(_LOCK_ATTEMPTS):
                 fd = self._open_lock(created)
@@ -167,14 +178,16 @@ class DriverDirectory:
     def _check_socket_paths(self) -> None:
         """The unix sockets the driver makes in the directory (the control socket, the
         doorbells) need their paths to fit ``sun_path``; refuse before anything is made."""
-        longest = max((control.CONDUCTOR_SOCKET, control.SENDER_DOORBELL,
-                       control.RECEIVER_DOORBELL), key=len)
-        length = len(os.fsencode(self.path / longest))
-        if length > MAX_UNIX_SOCKET_PATH:
-            raise DriverDirectoryError(
-                f"{self.path} is too long for the unix sockets the driver makes in it: "
-                f"{self.path / longest} is {length} bytes, and a unix socket's path at most "
-                f"{MAX_UNIX_SOCKET_PATH}; give it a shorter directory with --dir")
+        limits = {control.CONDUCTOR_SOCKET: MAX_ZMQ_IPC_PATH,
+                  control.SENDER_DOORBELL: MAX_UNIX_SOCKET_PATH,
+                  control.RECEIVER_DOORBELL: MAX_UNIX_SOCKET_PATH}
+        for name, limit in limits.items():
+            length = len(os.fsencode(self.path / name))
+            if length > limit:
+                raise DriverDirectoryError(
+                    f"{self.path} is too long for the unix sockets the driver makes in it: "
+                    f"{self.path / name} is {length} bytes, and its path may have at most "
+                    f"{limit}; give it a shorter directory with --dir")
 
     def _check_owner(self, created: bool) -> None:
         """The directory is one this user owns and nobody else may write to: another user who
@@ -315,12 +328,16 @@ def _make_missing_parents(path: Path) -> list[Path]:
             parent.mkdir()
         except FileExistsError:
             continue
+        except FileNotFoundError:  # its own parent went meanwhile: the caller tries again
+            break
         made.append(parent)
     return made
 
 
-#: The longest path of a unix socket, bytes (Linux: sun_path holds 108 with the NUL).
-MAX_UNIX_SOCKET_PATH = 107
+#: The longest path of a unix socket, bytes (Linux's sun_path; Python's bind needs no NUL).
+MAX_UNIX_SOCKET_PATH = 108
+#: zmq's ipc:// endpoints keep a NUL in sun_path: one byte less.
+MAX_ZMQ_IPC_PATH = MAX_UNIX_SOCKET_PATH - 1
 #: The first line of a driver's lock file: what marks a directory as a driver's.
 DIRECTORY_MARKER = "slipstream driver directory"
 #: Every file a driver makes at the top of its directory.
@@ -871,6 +888,7 @@ class EmbeddedDriver(_DriverCore):
         self._next_failure_log_ns = 0
         self._working = threading.Lock()
         self._closed = False
+        self._at_exit: Callable[[], None] | None = None
         self._error_log: ErrorLogHandler | None = None
         try:
             network = self._open(wake_network=lambda: None, wake_conductor=self._post)
@@ -896,7 +914,8 @@ class EmbeddedDriver(_DriverCore):
             raise
         # An application that forgets close() (or ends on an exception outside a with block)
         # still leaves no directory behind at a normal exit.
-        atexit.register(self.close)
+        self._at_exit = functools.partial(_close_at_exit, self, os.getpid())
+        atexit.register(self._at_exit)
 
     @property
     def directory(self) -> Path:
@@ -1021,13 +1040,20 @@ class EmbeddedDriver(_DriverCore):
         else:
             self._handle_command(key, message)
 
-    def close(self) -> None:
-        """Tell the clients the driver goes, free everything, remove what it made."""
-        with self._working:
+    def close(self, *, timeout: float | None = None) -> None:
+        """Tell the clients the driver goes, free everything, remove what it made.  Waits for
+        a :meth:`do_work` another thread is in; with ``timeout`` (seconds) at most that long,
+        and then leaves everything as it is."""
+        if not self._working.acquire(timeout=-1 if timeout is None else timeout):
+            log.warning("the embedded driver in %s was busy for %.1f s: not closed",
+                        self.directory, timeout)
+            return
+        try:
             if self._closed:
                 return
             self._closed = True
-            atexit.unregister(self.close)
+            if self._at_exit is not None:
+                atexit.unregister(self._at_exit)
             try:
                 if self._conductor_waiting:
                     self._wait_for_signal(False)
@@ -1040,12 +1066,22 @@ class EmbeddedDriver(_DriverCore):
                     logging.getLogger("slipstream.driver").removeHandler(self._error_log)
                     self._error_log.close()
                 self.driver_directory.release()
+        finally:
+            self._working.release()
 
     def __enter__(self) -> EmbeddedDriver:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _close_at_exit(driver: EmbeddedDriver, pid: int) -> None:
+    """atexit: close an embedded driver its application left open, in the process that made
+    it only (a forked child that exits must not tear down its parent's driver), and without
+    waiting long for a do_work that an interrupt left holding its lock."""
+    if os.getpid() == pid:
+        driver.close(timeout=2.0)
 
 
 def run_driver(settings: DriverSettings) -> None:

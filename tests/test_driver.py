@@ -86,6 +86,33 @@ def short_tmp() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def test_a_parent_another_driver_removes_meanwhile_is_made_again(
+        short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two drivers under one missing parent: the one that made it removes it at stop (if
+    empty), possibly just before the other makes its own directory in it."""
+    import slipstream.daemon.driver as driver_module
+
+    make = driver_module._make_missing_parents
+    calls = []
+
+    def make_then_lose_it(path: Path) -> list[Path]:
+        made = make(path)
+        calls.append(made)
+        if len(calls) == 1:
+            path.parent.rmdir()  # the other driver stopped
+        return made
+
+    monkeypatch.setattr(driver_module, "_make_missing_parents", make_then_lose_it)
+    directory = DriverDirectory(short_tmp / "shared-parent" / "driver")
+    directory.acquire()
+    try:
+        assert (short_tmp / "shared-parent" / "driver" / "driver.lock").exists()
+        assert len(calls) == 2
+    finally:
+        directory.release()
+    assert not (short_tmp / "shared-parent").exists()  # it made it the second time
+
+
 def test_a_directory_too_long_for_its_unix_sockets_is_refused_before_anything_is_made(
         tmp_path: Path) -> None:
     directory = tmp_path / ("d" * 40) / ("e" * 40) / "driver"

@@ -260,6 +260,21 @@ def test_an_embedded_driver_its_application_forgot_to_close_is_removed_at_exit(
     assert result.returncode == 0, result.stderr
     assert "conductor.sock" in result.stdout  # it ran, and exited without close()
     assert not driver_dir.exists()
+    # A forked child that exits normally runs the atexit hooks it inherited: not this one,
+    # or it would tear down its parent's running driver.
+    program = ("import os, sys\n"
+               "from slipstream.daemon.driver import MediaDriver\n"
+               "driver = MediaDriver.embedded(sys.argv[1])\n"
+               "child = os.fork()\n"
+               "if child == 0:\n"
+               "    sys.exit(0)\n"
+               "os.waitpid(child, 0)\n"
+               "print((driver.directory / 'driver.lock').exists(), flush=True)\n")
+    result = subprocess.run([sys.executable, "-c", program, str(driver_dir)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+    assert not driver_dir.exists()  # the parent's own exit closed it
 
 
 def test_an_embedded_driver_refuses_a_directory_a_running_driver_holds(embedded) -> None:
