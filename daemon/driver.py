@@ -46,6 +46,7 @@ from slipstream.client.channel import MAX_URI_LENGTH, Channel, parse_channel
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import (
     ChannelError,
+    ClosedError,
     DriverAlreadyRunningError,
     DriverDirectoryError,
     DriverError,
@@ -863,7 +864,8 @@ class EmbeddedDriver(_DriverCore):
     the daemon's, and other processes of the host may attach to its directory, as long as the
     application keeps calling :meth:`do_work` (its heartbeat stops otherwise, and they time
     it out).  Host names in a channel are resolved in the caller's thread.  Make it with
-    :meth:`MediaDriver.embedded`; :meth:`close` removes what it made.
+    :meth:`MediaDriver.embedded`; :meth:`close` removes what it made (a normal exit of the
+    process that made it does too, if the application did not).
     """
 
     def __init__(self, settings: DriverSettings) -> None:
@@ -1070,6 +1072,8 @@ class EmbeddedDriver(_DriverCore):
             self._working.release()
 
     def __enter__(self) -> EmbeddedDriver:
+        if self._closed:
+            raise ClosedError(f"the embedded driver in {self.directory} is closed")
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import NETWORK_SETTINGS, counters_of, free_port, message
 
-from slipstream.client import Client, DriverNotRunningError
+from slipstream.client import Client, ClosedError, DriverNotRunningError
 from slipstream.daemon.driver import EmbeddedDriver, MediaDriver
 
 pytestmark = pytest.mark.timeout(120)
@@ -238,6 +238,9 @@ def test_closing_an_embedded_driver_tells_its_clients_and_removes_what_it_made(
     assert sorted(os.listdir(directory))  # its files are there while it runs
     driver.close()
     assert not directory.exists()
+    assert driver.do_work() == 0  # a client's wait may still run it
+    with pytest.raises(ClosedError, match="is closed"), driver:
+        pass
     with pytest.raises(DriverNotRunningError, match=r"the driver stopped|shut"):
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
