@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
-from slipstream.client.errors import DataLossError
+from slipstream.client.errors import ClosedError, DataLossError, InvalidArgumentError
 from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import (
     BEGIN_FLAG,
@@ -261,6 +261,8 @@ class Image:
             frame_length, _, flags, frame_type = DATA_HEADER.unpack_from(term, offset)[:4]
             if frame_type != HDR_TYPE_PAD and flags == UNFRAGMENTED:
                 break  # back to the fast path
+            if frame_length < HEADER_LENGTH or frame_length > len(term) - offset:
+                break  # not a frame (a position set inside one): never past the term, as C
             self._advance(position + ((frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT))
             if frame_type == HDR_TYPE_PAD:
                 continue
@@ -398,10 +400,21 @@ class Image:
     @position.setter
     def position(self, new_position: int) -> None:
         """Move this subscriber's position forward to a message boundary (a commit after
-        :meth:`peek`), returning credit to the publishers."""
+        :meth:`peek`), returning credit to the publishers.  Raises
+        :class:`InvalidArgumentError` for a position behind this one, not a multiple of 32,
+        or beyond what the log holds (the publishers' limit follows this position), and
+        :class:`ClosedError` once the image is gone (its counter is no longer this
+        subscriber's)."""
+        if self._closed:
+            raise ClosedError("the image is closed")
         if new_position < self._position or new_position & (FRAME_ALIGNMENT - 1):
-            raise ValueError(f"position {new_position} is behind {self._position} or not a "
-                             f"multiple of {FRAME_ALIGNMENT}")
+            raise InvalidArgumentError(
+                "position", f"{new_position} is behind {self._position} or not a multiple "
+                            f"of {FRAME_ALIGNMENT}")
+        written = self._log.producer_position()
+        if new_position > written:
+            raise InvalidArgumentError(
+                "position", f"{new_position} is beyond what the log holds ({written})")
         self._advance(new_position)
 
     def _close(self) -> None:

@@ -553,6 +553,37 @@ def test_peek_holds_credit_until_the_position_is_committed(client: Client) -> No
         image.position = start  # never backwards
 
 
+def test_an_image_position_set_out_of_bounds_is_refused_and_never_unbinds_the_publisher(
+        client: Client) -> None:
+    """The subscriber's position bounds the publishers' limit: one set beyond what the log
+    holds, on a closed image, or inside a frame must not move it anywhere (a position inside
+    a fragmented message's frame once read payload bytes as a frame length and jumped 774 MB,
+    taking the limit off the publisher)."""
+    from slipstream.client import ClosedError, InvalidArgumentError
+    from slipstream.client.client import RESOURCE_LINGER_S
+
+    channel = "aeron:ipc?term-length=64k"
+    subscription = client.add_subscription(channel, 1030)
+    publication = client.add_publication(channel, 1030)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    [image] = subscription.images
+    fragmented = b"x" * (publication.max_payload_length + 100)  # two frames
+    for _ in range(3):
+        offer_until(publication, fragmented)
+    written = publication.position
+    with pytest.raises(InvalidArgumentError, match="beyond what the log holds"):
+        image.position = 3 * 64 * 1024  # three terms ahead: the same offset, another term
+    image.position = 32  # aligned, inside the first frame: refused only when read
+    limit = publication.publication_limit
+    subscription.poll(lambda data, header: None, 10)
+    assert image.position <= written
+    assert publication.publication_limit <= limit + 64 * 1024
+    subscription.close()
+    time.sleep(RESOURCE_LINGER_S + 0.5)  # the image's log and counter are gone by then
+    with pytest.raises(ClosedError):
+        image.position = written
+
+
 def test_peek_at_overwritten_data_is_data_loss(client: Client) -> None:
     from slipstream.client import DataLossError
 
