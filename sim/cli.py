@@ -6,10 +6,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import attrs
 
+from slipstream.sim.host import CommandRefusedError
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.scenario import (
     MIN_MESSAGE_SIZE,
@@ -41,8 +43,8 @@ def _non_negative(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{value} is not a number >= 0 (and finite)")
     return value
 
 
@@ -227,6 +229,10 @@ def run_relay(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     from slipstream.sim.real.relay import Relay
 
+    if args.listen == args.forward:
+        print("slipstream sim relay: --listen and --forward are the same address: it would "
+              "relay its own datagrams to itself", file=sys.stderr)
+        return 2
     faults = LinkFaults(loss=args.loss, burst=args.burst_loss, delay_ms=args.delay,
                         jitter_ms=args.jitter, reorder=args.reorder, duplicate=args.duplicate)
     try:
@@ -316,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             report = run_scenario(scenario, sample_interval_ns=PLOT_SAMPLE_INTERVAL_NS
                                   if args.plot else None, record_drops=bool(args.plot))
-    except ScenarioError as e:
+    except (ScenarioError, CommandRefusedError) as e:  # a --channel the driver does not take
         print(f"slipstream sim: {e}", file=sys.stderr)
         return 2
     if args.plot:

@@ -67,6 +67,19 @@ _APP_KEY: Final = b"simulated-application"
 
 
 
+
+class CommandRefusedError(RuntimeError):
+    """The simulated driver refused an application's command (a scenario's channel it does
+    not take, full counters): ``answer`` is its ERROR reply (None: no answer)."""
+
+    def __init__(self, message: dict[str, Any], answer: dict[str, Any] | None) -> None:
+        self.command = message
+        self.answer = answer
+        detail = answer.get("message", answer) if answer is not None else "no answer"
+        super().__init__(f"the simulated driver refused {message.get('type')} of "
+                         f"{message.get('channel', '')!r}: {detail}")
+
+
 class SimulationStuck(RuntimeError):
     """A host kept asking to be serviced at the same virtual instant (a livelock)."""
 
@@ -109,7 +122,7 @@ class SimDriver:
             else:
                 self._on_message(reply)
         if answer is None or answer["type"] == control.ERROR:
-            raise RuntimeError(f"the simulated driver refused {message}: {answer}")
+            raise CommandRefusedError(message, answer)
         return answer
 
     def do_work(self, now_ns: int) -> int:

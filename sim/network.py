@@ -44,6 +44,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
+import math
 import random
 import zlib
 from collections.abc import Callable
@@ -72,8 +73,8 @@ def _probability(name: str) -> Callable[[object, attrs.Attribute, float], None]:
 
 def _non_negative(name: str) -> Callable[[object, attrs.Attribute, float], None]:
     def check(_instance: object, _attribute: attrs.Attribute, value: float) -> None:
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, not {value}")
+        if not 0 <= value < math.inf:  # NaN and infinity too
+            raise ValueError(f"{name} must be >= 0 and finite, not {value}")
     return check
 
 

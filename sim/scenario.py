@@ -62,6 +62,7 @@ Hosts are named by number (1..N) or by address ("10.0.0.3").
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -257,8 +258,9 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
     def number(key: str, kind: type, default: Any) -> Any:
         value = head.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or (
-                kind is int and not isinstance(value, int)):
-            raise ScenarioError(f"scenario.{key}: expected {kind.__name__}, not {value!r}")
+                kind is int and not isinstance(value, int)) or not math.isfinite(value):
+            raise ScenarioError(f"scenario.{key}: expected a finite {kind.__name__}, "
+                                f"not {value!r}")
         return value
 
     hosts = number("hosts", int, 2)
@@ -324,7 +326,8 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
             raise ScenarioError(f"{name}: needs host")
         index = _host_index(f"{name}.host", table.pop("host"), hosts)
         rate = table.pop("read_rate", 0)
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or \
+                not 0 <= rate < math.inf:
             raise ScenarioError(f"{name}.read_rate: expected messages per second >= 0, "
                                 f"not {rate!r}")
         params = table.pop("channel", "")

@@ -103,6 +103,12 @@ def test_plot_writes_a_png(capsys, tmp_path):
     (["--delay", "-1"], "--delay"),
     (["--rate", "fast"], "--rate"),
     (["--channel", "term-length=3"], "term-length"),
+    (["--delay", "nan"], "--delay"),
+    (["--jitter", "inf"], "--jitter"),
+    (["--rate", "nan"], "--rate"),
+    (["--partition", "0:inf"], "--partition"),
+    # Refused by the simulated driver itself, not by the URI parser: exit 2, no traceback.
+    (["--channel", "tether=false", "--messages", "10"], "tether"),
 ])
 def test_bad_arguments_name_the_option(capsys, argv, named):
     status, out, err = sim(capsys, *argv)
@@ -170,6 +176,11 @@ def test_cli_options_override_the_scenario_file(capsys):
     ({"event": [{"at_ms": 1, "action": "faults", "loss": 3}]}, "event[0]"),
     ({"settings": {"mtu_length": 7}}, "mtu_length"),
     ({"other": {}}, "[other]"),
+    ({"scenario": {"max_virtual_s": float("nan")}}, "scenario.max_virtual_s"),
+    ({"scenario": {"publish_rate": float("inf")}}, "scenario.publish_rate"),
+    ({"faults": {"delay_ms": float("nan")}}, "faults"),
+    ({"faults": {"rate_mbit": float("inf")}}, "faults"),
+    ({"subscriber": [{"host": 2, "read_rate": float("nan")}]}, "subscriber[0].read_rate"),
 ])
 def test_scenario_errors_name_the_key(data, named):
     with pytest.raises(ScenarioError, match=named.replace("[", r"\[").replace("]", r"\]")):
@@ -186,3 +197,10 @@ def test_scenario_hosts_by_number_or_address():
     assert (scenario.links[0].src, scenario.links[0].dst) == (1, 3)
     assert scenario.links[0].faults.loss == 0.5
     assert scenario.events[0].hosts == (3,)
+
+
+def test_a_relay_to_its_own_address_is_refused(capsys):
+    status, _out, err = sim(capsys, "relay", "--listen", "127.0.0.1:41718",
+                           "--forward", "127.0.0.1:41718")
+    assert status == 2
+    assert "same address" in err
