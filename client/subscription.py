@@ -428,6 +428,13 @@ class Image:
                 f"position={self._position}, source={self.source_identity!r})")
 
 
+def _check_fragment_limit(fragment_limit: int) -> None:
+    """A wait for messages that may take none would spin until its timeout (poll may)."""
+    if fragment_limit < 1:
+        raise InvalidArgumentError("fragment_limit", f"{fragment_limit}: a wait for messages "
+                                                     f"needs at least 1")
+
+
 class Subscription:
     """Receives a stream: ``poll`` (non-blocking), ``receive`` (waits), ``poll_batch``."""
 
@@ -542,6 +549,7 @@ class Subscription:
         driver (invoker mode) it runs the driver's duty cycle instead of parking: nothing
         else would move the data, so it yields the CPU only as :meth:`poll` does.
         """
+        _check_fragment_limit(fragment_limit)
         count = self.poll(handler, fragment_limit)
         if count:
             return count
@@ -579,6 +587,7 @@ class Subscription:
         :mod:`slipstream.client.aio`."""
         from slipstream.client import aio
 
+        _check_fragment_limit(fragment_limit)
         return await aio.receive(self, handler, fragment_limit, timeout)
 
     def messages(self, fragment_limit: int = 64) -> AsyncIterator[bytes]:
@@ -589,6 +598,7 @@ class Subscription:
         loop of this subscription (``poll`` and ``receive`` do not see those)."""
         from slipstream.client import aio
 
+        _check_fragment_limit(fragment_limit)
         return aio.messages(self, fragment_limit)
 
     def _wake_waiters(self) -> None:

@@ -200,6 +200,14 @@ def test_receive_waits_for_data_and_times_out(client: Client) -> None:
     assert 0.19 <= time.monotonic() - started < 1.0
     offer_until(publication, b"wake up")
     assert subscription.receive(lambda d, h: None, 10, timeout=2.0) == 1
+    # A wait that may take no message would spin a core until its timeout: refused.
+    from slipstream.client import InvalidArgumentError
+
+    for limit in (0, -1):
+        with pytest.raises(InvalidArgumentError, match="fragment_limit"):
+            subscription.receive(lambda d, h: None, limit, timeout=1.0)
+        with pytest.raises(InvalidArgumentError, match="fragment_limit"):
+            subscription.messages(limit)
 
 
 def _idle_receiver(directory: str, ready, cpu) -> None:
