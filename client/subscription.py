@@ -689,6 +689,8 @@ class Subscription:
         with self._images_changed:
             images, self._images = self._images, ()
             self._images_changed.notify_all()
+            for image in images:  # a receive parked on an image's futex returns now
+                lib.ss_signal(image.signal, image.waiters)
         self._retired.extend(images)
         # Its images' logs are unmapped after the client's resource linger, not here: close()
         # may come from any thread (an image handler too) while a poll runs in C.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
+import threading
 import time
 from array import array
 from pathlib import Path
@@ -208,6 +209,27 @@ def test_receive_waits_for_data_and_times_out(client: Client) -> None:
             subscription.receive(lambda d, h: None, limit, timeout=1.0)
         with pytest.raises(InvalidArgumentError, match="fragment_limit"):
             subscription.messages(limit)
+
+
+def test_closing_a_subscription_wakes_a_receive_parked_on_its_image(client: Client) -> None:
+    """A receive parked on an image's futex returns as the subscription closes (from another
+    thread), not when its park slice (_PARK_SLICE_NS, 1 s) ends."""
+    subscription = client.add_subscription(CHANNEL, 1031)
+    publication = client.add_publication(CHANNEL, 1031)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    returned: list[float] = []
+
+    def receive() -> None:
+        subscription.receive(lambda d, h: None, 10, timeout=10.0)
+        returned.append(time.monotonic())
+
+    waiter = threading.Thread(target=receive)
+    waiter.start()
+    time.sleep(0.3)  # spun, then parked on the image
+    closed = time.monotonic()
+    subscription.close()
+    waiter.join(5)
+    assert returned and returned[0] - closed < 0.2, returned
 
 
 def _idle_receiver(directory: str, ready, cpu) -> None:
