@@ -180,6 +180,7 @@ class Image:
         self._header = Header(self)
         self._assembly = bytearray()
         self._assembling = False
+        self._assembly_start = 0  # the position of the BEGIN frame of the message assembling
         self._closed = False
         self._doorbell_fd = doorbell_fd
         self.signal = log.reader_signal()
@@ -266,6 +267,8 @@ class Image:
             self._advance(position + ((frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT))
             if frame_type == HDR_TYPE_PAD:
                 continue
+            if flags & BEGIN_FLAG:
+                self._assembly_start = position
             header._term = term
             header._term_base = position - offset
             header._payload = offset + HEADER_LENGTH
@@ -371,7 +374,9 @@ class Image:
             if reader._position == before:
                 break
         self._check_retained(position)  # a writer may have lapped the reader meanwhile
-        return reader._position
+        # A message the limit cut: its first frame is the boundary (what was delivered ends
+        # there), so a commit of this position never skips it.
+        return reader._assembly_start if reader._assembling else reader._position
 
     def _check_retained(self, position: int) -> None:
         """Raise DataLossError unless the log still holds the frame at ``position``."""

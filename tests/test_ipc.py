@@ -614,6 +614,27 @@ def test_an_image_position_set_out_of_bounds_is_refused_and_never_unbinds_the_pu
         image.position = written
 
 
+def test_a_peek_whose_limit_cuts_a_message_returns_that_messages_start(
+        client: Client) -> None:
+    """The position a peek returns is a message boundary (a commit of it must not skip the
+    message the limit cut in two)."""
+    subscription = client.add_subscription(CHANNEL, 1032)
+    publication = client.add_publication(CHANNEL, 1032)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    [image] = subscription.images
+    start = image.position
+    offer_until(publication, b"a" * 100)
+    middle = publication.position
+    offer_until(publication, b"f" * 3000)  # three frames
+    delivered: list[bytes] = []
+    returned = image.peek(start, lambda data, header: delivered.append(bytes(data)),
+                          middle + 1024)
+    assert delivered == [b"a" * 100]
+    assert returned == middle
+    assert image.peek(start, lambda data, header: None,
+                      image.available_position()) == publication.position
+
+
 def test_peek_at_overwritten_data_is_data_loss(client: Client) -> None:
     from slipstream.client import DataLossError
 
