@@ -128,10 +128,14 @@ def test_stat_groups_positions_by_stream_and_shows_the_slowest_subscriber() -> N
         _info(31, CounterType.RECEIVER_POSITION, f"rcv-pos: {tail} source=127.0.0.1:1", 2048),
         _info(32, CounterType.SUBSCRIBER_POSITION, f"sub-pos: {tail} sub=7", 2048),
         _info(33, CounterType.SUBSCRIBER_POSITION, f"sub-pos: {tail} sub=8", 1024),
+        # A subscription that named itself (alias) reads the same stream: the same row.
+        _info(35, CounterType.SUBSCRIBER_POSITION,
+              "sub-pos: aeron:udp?endpoint=127.0.0.1:40456|alias=second stream=5 session=3 "
+              "sub=9", 1536),
         _info(34, CounterType.PUBLISHER_LIMIT, "pub-lmt: aeron:ipc stream=1 session=9", 65536),
     ]
     [udp, ipc] = stream_rows(counters)
-    assert (udp.stream_id, udp.session_id, udp.subscribers) == (5, 3, 2)
+    assert (udp.stream_id, udp.session_id, udp.subscribers) == (5, 3, 3)
     assert udp.positions == {"rcv-hwm": 4096, "rcv-pos": 2048, "sub-pos": 1024}
     assert ipc.positions == {"pub-lmt": 65536} and ipc.channel == "aeron:ipc"
     text = render(counters, {0: 500}, 0.5, "header", now_ns=0)

@@ -68,6 +68,16 @@ def _type_name(type_id: int) -> str:
         return str(type_id)
 
 
+def _without_alias(channel: str) -> str:
+    """The channel without its ``alias`` (a name a subscription gives itself): two
+    subscriptions of one stream that differ only there share its row."""
+    media, sep, params = channel.partition("?")
+    if not sep:
+        return channel
+    kept = [p for p in params.split("|") if not p.startswith("alias=")]
+    return f"{media}?{'|'.join(kept)}" if kept else media
+
+
 def stream_rows(counters: list[CounterInfo]) -> list[StreamRow]:
     """The position counters grouped by stream (channel, stream id, session), in counter order.
     A stream's images from several sources share a row: their receiver positions are the
@@ -79,7 +89,7 @@ def stream_rows(counters: list[CounterInfo]) -> list[StreamRow]:
         label = parse_position_label(info.label)
         if label is None:
             continue
-        key = (label.channel, label.stream_id, label.session_id)
+        key = (_without_alias(label.channel), label.stream_id, label.session_id)
         row = rows.setdefault(key, StreamRow(*key))
         before = row.positions.get(label.kind)
         row.positions[label.kind] = info.value if before is None else min(before, info.value)
