@@ -215,7 +215,9 @@ class Publication:
 
     async def offer_async(self, message: Buffer, *, timeout: float | None = None) -> int:
         """Append one message from a trio task, waiting for credit without blocking the event
-        loop (``block``'s behaviour, whatever the :attr:`policy`): returns the new position.
+        loop (``block``'s behaviour, whatever the :attr:`policy`): returns the new position,
+        or ``MAX_POSITION_EXCEEDED`` once the stream has reached its end (no wait helps then:
+        a new publication is needed).
 
         Waits at most ``timeout`` seconds (None: the ``block`` policy's timeout if the
         publication has one, else 10 s), then raises :class:`BackPressuredError`; raises
