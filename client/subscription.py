@@ -181,6 +181,7 @@ class Image:
         self._assembly = bytearray()
         self._assembling = False
         self._assembly_start = 0  # the position of the BEGIN frame of the message assembling
+        self._gone = False  # unavailable or its subscription closed: its counter is not ours
         self._closed = False
         self._doorbell_fd = doorbell_fd
         self.signal = log.reader_signal()
@@ -260,10 +261,15 @@ class Image:
                 break
             term = self._terms[index]
             frame_length, _, flags, frame_type = DATA_HEADER.unpack_from(term, offset)[:4]
+            if self._assembling and (frame_type == HDR_TYPE_PAD or flags == UNFRAGMENTED):
+                # The message being assembled was abandoned (its publisher died between
+                # fragments: the rest became padding, or others' messages follow).
+                self._assembling = False
+                self._assembly = bytearray()
             if frame_type != HDR_TYPE_PAD and flags == UNFRAGMENTED:
                 break  # back to the fast path
-            if frame_length < HEADER_LENGTH or frame_length > len(term) - offset:
-                break  # not a frame (a position set inside one): never past the term, as C
+            if frame_length < HEADER_LENGTH or frame_length > scan_end - offset:
+                break  # not a frame, or one past the scan's end (as C): never past the term
             self._advance(position + ((frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT))
             if frame_type == HDR_TYPE_PAD:
                 continue
@@ -410,8 +416,8 @@ class Image:
         or beyond what the log holds (the publishers' limit follows this position), and
         :class:`ClosedError` once the image is gone (its counter is no longer this
         subscriber's)."""
-        if self._closed:
-            raise ClosedError("the image is closed")
+        if self._closed or self._gone:
+            raise ClosedError("the image is gone: its position is no longer this subscriber's")
         if new_position < self._position or new_position & (FRAME_ALIGNMENT - 1):
             raise InvalidArgumentError(
                 "position", f"{new_position} is behind {self._position} or not a multiple "
@@ -420,6 +426,16 @@ class Image:
         if new_position > written:
             raise InvalidArgumentError(
                 "position", f"{new_position} is beyond what the log holds ({written})")
+        if new_position < written:
+            # A frame that is there must begin here (its header says where it is), or the
+            # position lies inside one.
+            offset = new_position & self._term_mask
+            fields = DATA_HEADER.unpack_from(
+                self._terms[(new_position >> self._position_bits) % PARTITION_COUNT], offset)
+            if fields[0] != 0 and (fields[4] != offset or fields[7] != compute_term_id(
+                    new_position, self._position_bits, self._log.initial_term_id)):
+                raise InvalidArgumentError(
+                    "position", f"{new_position} is not where a message begins")
         self._advance(new_position)
 
     def _close(self) -> None:
@@ -647,6 +663,7 @@ class Subscription:
             for image in self._images:
                 if image.correlation_id == correlation_id:
                     image.lost_range = lost
+                    image._gone = True
                     self._images = tuple(i for i in self._images if i is not image)
                     # Wake a receiver parked on this image so it notices; while the log is
                     # surely mapped (the polling thread unmaps retired images).
@@ -695,8 +712,9 @@ class Subscription:
             images, self._images = self._images, ()
             self._images_changed.notify_all()
             for image in images:  # a receive parked on an image's futex returns now
+                image._gone = True
                 lib.ss_signal(image.signal, image.waiters)
-        self._retired.extend(images)
+            self._retired.extend(images)
         # Its images' logs are unmapped after the client's resource linger, not here: close()
         # may come from any thread (an image handler too) while a poll runs in C.
         self._client._release_subscription(self)

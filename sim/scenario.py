@@ -258,7 +258,7 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
     def number(key: str, kind: type, default: Any) -> Any:
         value = head.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or (
-                kind is int and not isinstance(value, int)) or not math.isfinite(value):
+                kind is int and not isinstance(value, int)) or not -math.inf < value < math.inf:
             raise ScenarioError(f"scenario.{key}: expected a finite {kind.__name__}, "
                                 f"not {value!r}")
         return value
@@ -288,7 +288,8 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         if action not in ACTIONS:
             raise ScenarioError(f"{name}.action: {action!r} is not one of {', '.join(ACTIONS)}")
         at_ms = table.pop("at_ms", None)
-        if isinstance(at_ms, bool) or not isinstance(at_ms, int | float) or at_ms < 0:
+        if isinstance(at_ms, bool) or not isinstance(at_ms, int | float) or \
+                not 0 <= at_ms < math.inf:
             raise ScenarioError(f"{name}.at_ms: expected a time >= 0 in ms, not {at_ms!r}")
         at_ns = int(at_ms * 1_000_000)
         kwargs: dict[str, Any] = {}
@@ -302,7 +303,8 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
             kwargs["hosts"] = tuple(_host_index(f"{name}.hosts", h, hosts) for h in hosts_value)
         if action in ("partition", "pause"):
             end_ms = table.pop("end_ms", None)
-            if isinstance(end_ms, bool) or not isinstance(end_ms, int | float) or end_ms < at_ms:
+            if isinstance(end_ms, bool) or not isinstance(end_ms, int | float) or \
+                    not at_ms <= end_ms < math.inf:
                 raise ScenarioError(f"{name}.end_ms: expected a time >= at_ms in ms, "
                                     f"not {end_ms!r}")
             kwargs["end_ns"] = int(end_ms * 1_000_000)

@@ -181,6 +181,10 @@ def test_cli_options_override_the_scenario_file(capsys):
     ({"faults": {"delay_ms": float("nan")}}, "faults"),
     ({"faults": {"rate_mbit": float("inf")}}, "faults"),
     ({"subscriber": [{"host": 2, "read_rate": float("nan")}]}, "subscriber[0].read_rate"),
+    ({"event": [{"at_ms": float("nan"), "action": "crash", "host": 2}]}, "event[0].at_ms"),
+    ({"event": [{"at_ms": 1, "action": "partition", "hosts": [2],
+                 "end_ms": float("inf")}]}, "event[0].end_ms"),
+    ({"scenario": {"hosts": 10 ** 400}}, "hosts: at most 254"),
 ])
 def test_scenario_errors_name_the_key(data, named):
     with pytest.raises(ScenarioError, match=named.replace("[", r"\[").replace("]", r"\]")):
