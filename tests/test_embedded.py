@@ -249,34 +249,36 @@ def test_closing_an_embedded_driver_tells_its_clients_and_removes_what_it_made(
     client.close()
 
 
-def test_an_embedded_driver_its_application_forgot_to_close_is_removed_at_exit(
-        driver_dir: Path) -> None:
+def _run_embedded_program(body: str, directory: Path) -> str:
+    """Run ``body`` in a new interpreter after ``driver = MediaDriver.embedded(directory)``
+    (no close()); returns what it printed."""
     import subprocess
     import sys
 
-    program = ("import sys\n"
+    program = ("import os, sys\n"
                "from slipstream.daemon.driver import MediaDriver\n"
-               "driver = MediaDriver.embedded(sys.argv[1])\n"
-               "print(sorted(p.name for p in driver.directory.iterdir()), flush=True)\n")
-    result = subprocess.run([sys.executable, "-c", program, str(driver_dir)],
+               "driver = MediaDriver.embedded(sys.argv[1])\n" + body)
+    result = subprocess.run([sys.executable, "-c", program, str(directory)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "conductor.sock" in result.stdout  # it ran, and exited without close()
+    return result.stdout
+
+
+def test_an_embedded_driver_its_application_forgot_to_close_is_removed_at_exit(
+        driver_dir: Path) -> None:
+    printed = _run_embedded_program(
+        "print(sorted(p.name for p in driver.directory.iterdir()), flush=True)\n", driver_dir)
+    assert "conductor.sock" in printed  # it ran, and exited without close()
     assert not driver_dir.exists()
     # A forked child that exits normally runs the atexit hooks it inherited: not this one,
     # or it would tear down its parent's running driver.
-    program = ("import os, sys\n"
-               "from slipstream.daemon.driver import MediaDriver\n"
-               "driver = MediaDriver.embedded(sys.argv[1])\n"
-               "child = os.fork()\n"
-               "if child == 0:\n"
-               "    sys.exit(0)\n"
-               "os.waitpid(child, 0)\n"
-               "print((driver.directory / 'driver.lock').exists(), flush=True)\n")
-    result = subprocess.run([sys.executable, "-c", program, str(driver_dir)],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "True"
+    printed = _run_embedded_program(
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    sys.exit(0)\n"
+        "os.waitpid(child, 0)\n"
+        "print((driver.directory / 'driver.lock').exists(), flush=True)\n", driver_dir)
+    assert printed.strip() == "True"
     assert not driver_dir.exists()  # the parent's own exit closed it
 
 
