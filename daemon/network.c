@@ -772,6 +772,11 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
         return;
     }
     image->time_of_last_packet_ns = now_ns;
+    /* A PAD header stands for the rest of its term. */
+    int64_t proposed = position + length + padding;
+    /* The tail first, as a publisher claims before it writes: a subscriber that reads the frame
+     * and commits past it must find the tail there already. */
+    raise_hwm(image, proposed);
     uint8_t *term = image->log + (int64_t)(term_count % SS_PARTITION_COUNT) * image->term_length;
     const int copied = ss_rebuild_insert(term, term_offset, data, length);
     if (!image->signal_pending) {
@@ -783,8 +788,6 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
                       (const int32_t *)(image->meta + SS_META_READER_WAITERS));
         }
     }
-    /* A PAD header stands for the rest of its term. */
-    int64_t proposed = position + length + padding;
     /* Only a datagram copied whole extends what arrived in order: one that found a frame at
      * its offset already may overlap a shorter datagram, with the rest of its range missing. */
     if (copied && position == image->contiguous_position) {
@@ -794,7 +797,6 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
         if (image->receiver_position != NULL && proposed > LOAD_ACQ(image->receiver_position))
             STORE_REL(image->receiver_position, proposed);
     }
-    raise_hwm(image, proposed);
     image->dirty = 1;
 }
 
