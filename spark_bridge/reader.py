@@ -26,7 +26,10 @@ subscription joins at the current producer position, and the executors read the 
 the checkpoint and that position from the log as long as the log still holds it.  When it does
 not, ``failOnDataLoss=true`` fails the query with :class:`SlipstreamDataLossError` naming the
 positions; ``false`` skips to the oldest position still held, logs a warning and adds one to the
-driver's ``data loss skips`` counter (``slipstream stat``).
+driver's ``data loss skips`` counter (``slipstream stat``).  A checkpoint whose offset is no
+position of its session's log (a publication with ``session-id`` set, added again: a new log,
+shorter or framed otherwise) is refused the same way (``true``), or that log is read from its
+oldest held message with a warning (``false``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,14 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from slipstream.client import Client, DataLossError, Image, SlipstreamError, Subscription
+from slipstream.client import (
+    Client,
+    DataLossError,
+    Image,
+    InvalidArgumentError,
+    SlipstreamError,
+    Subscription,
+)
 from slipstream.client.layout import DATA_HEADER, FRAME_ALIGNMENT, PARTITION_COUNT
 from slipstream.client.logbuffer import LogBuffer, compute_term_id, index_by_position
 from slipstream.spark_bridge.options import SourceOptions
@@ -336,7 +346,19 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         range.  Sessions whose image is gone are dropped.
         """
         images = self._images()
-        self._consumed(images, start)  # batches before start ran and are in the commit log
+        # Batches before start ran and are in the commit log.
+        foreign = self._consumed(images, start)
+        for sid, reason in foreign.items():
+            image = images[sid]
+            message = (f"the checkpoint's offset {start[sid]} for session {sid} of stream "
+                       f"{image.stream_id} is not a position of that session's log ({reason}): "
+                       f"the offsets were taken from another log with this session id (its "
+                       f"publisher was added again, with session-id set?)")
+            if self.options.fail_on_data_loss:
+                raise SlipstreamDataLossError(
+                    f"{message}; start the query with a new checkpointLocation, or set "
+                    f"failOnDataLoss=false to read this log from its oldest held message")
+            log.warning("%s; reading this log from its oldest held message", message)
         if isinstance(limit, ReadAllAvailable):
             max_rows = max_bytes = None
         else:
@@ -350,6 +372,9 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         for sid, image in sorted(images.items()):
             if sid not in start:
                 end[sid] = self._default_start(image)
+                continue
+            if sid in foreign:  # enters afresh, read from the next batch on
+                end[sid] = earliest_position(image)
                 continue
             begin = int(start[sid])
             available = image.available_position()
@@ -431,13 +456,22 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._consumed(self._images(), end)
 
     @staticmethod
-    def _consumed(images: dict[str, Image], offsets: dict[str, int]) -> None:
+    def _consumed(images: dict[str, Image], offsets: dict[str, int]) -> dict[str, str]:
         """The query is done with everything before ``offsets``: move each image's subscriber
-        position there (never backwards), returning the credit to the publishers."""
+        position there (never backwards), returning the credit to the publishers.
+
+        Returns, per session whose offset is no position of its image's log (beyond what the
+        log holds, or where no message begins), why; those images are left where they are.
+        """
+        foreign: dict[str, str] = {}
         for sid, position in offsets.items():
             image = images.get(sid)
             if image is not None and int(position) > image.position:
-                image.position = int(position)
+                try:
+                    image.position = int(position)
+                except InvalidArgumentError as error:
+                    foreign[sid] = str(error)
+        return foreign
 
     def stop(self) -> None:
         """The query ended: leave the driver (the subscription stops holding publishers)."""

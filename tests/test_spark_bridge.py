@@ -363,6 +363,56 @@ def test_fail_on_data_loss(spark, checkpoint: str, fail_on_data_loss: bool) -> N
         assert client.counters.get(SystemCounter.DATA_LOSS_SKIPS) >= 1
 
 
+def test_a_checkpoint_of_another_log_with_the_same_session_id_is_named_not_misread(
+        spark, checkpoint: str) -> None:
+    """The publication (session-id set) is added again after the query stopped: its new log
+    is shorter than the checkpoint's offset.  failOnDataLoss=true: the restart fails saying
+    the offsets belong to another log; false: it reads the new log from its oldest message."""
+    channel = "aeron:ipc?session-id=4242"
+    with running_driver("64k") as (directory, client):
+        publication = client.add_publication(channel, 5101)
+        collector = Collector()
+        query = read_query(spark, directory, 5101, collector, checkpoint)
+        try:
+            wait_connected(publication)
+            for i in range(300):
+                offer(publication, f"old-{i}".encode())
+            collector.wait_for(300)
+            wait_committed(query, 300)
+        finally:
+            query.stop()
+        publication.close()
+        bystander = client.add_subscription("aeron:ipc", 5101)  # keeps the new log connected
+        deadline = time.monotonic() + 30
+        while True:  # the old publication lingers a while after its close
+            try:
+                publication = client.add_publication(channel, 5101)
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the session id stayed taken"
+                time.sleep(0.1)
+        for i in range(20):
+            offer(publication, f"new-{i}".encode())
+        assert len(drain(bystander, 20)) == 20
+
+        query = read_query(spark, directory, 5101, collector, checkpoint,
+                           failOnDataLoss="true")
+        with pytest.raises(Exception, match="is not a position of that session's log"):
+            query.awaitTermination(90)
+        query = read_query(spark, directory, 5101, collector, checkpoint,
+                           failOnDataLoss="false")
+        try:
+            collector.wait_for(320)
+            for i in range(20, 30):
+                offer(publication, f"new-{i}".encode())
+                bystander.poll(lambda data, header: None, 100)
+            collector.wait_for(330)
+        finally:
+            query.stop()
+        assert collector.values() == ([f"old-{i}".encode() for i in range(300)]
+                                      + [f"new-{i}".encode() for i in range(30)])
+
+
 def test_ctrl_c_stops_a_running_query_cleanly(spark, checkpoint: str) -> None:
     """run_until_stopped: SIGINT stops the query and returns, with no KeyboardInterrupt out of
     PySpark's own handler; the previous SIGINT handler is back afterwards."""
