@@ -787,13 +787,26 @@ def _file_values(path: Path) -> dict[str, Any]:
 
 
 def _env_values(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
-    # Other SLIPSTREAM_* variables belong to the client (or to nobody); only settings are read.
+    """The settings among ``SLIPSTREAM_*`` variables, as ``{key: (variable, text)}``.
+
+    Other ``SLIPSTREAM_*`` variables may belong to other tools and are passed over, except one
+    spelt so close to a setting that it can only be a misspelling of it: that raises
+    ConfigurationError naming the variable and the setting (a driver that ran on with the
+    default instead would hide the mistake).
+    """
     found = {}
     for name, value in env.items():
-        if name.startswith(ENV_PREFIX):
-            key = name[len(ENV_PREFIX):].lower()
-            if key in SETTINGS:
-                found[key] = (name, value)
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        if key in SETTINGS:
+            found[key] = (name, value)
+            continue
+        close = difflib.get_close_matches(key, SETTINGS, n=1, cutoff=0.85)
+        if close:
+            raise ConfigurationError(
+                name, f"is not a setting; did you mean {ENV_PREFIX}{close[0].upper()}? "
+                f"(all keys: config/driver.toml)")
     return found
 
 

@@ -242,8 +242,19 @@ def test_environment_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_environment_ignores_variables_that_are_not_settings() -> None:
-    env = {"SLIPSTREAM_CLIENT_NAME": "x", "SLIPSTREAM_MTU_LENGHT": "1", "MTU_LENGTH": "1"}
+    env = {"SLIPSTREAM_CLIENT_NAME": "x", "SLIPSTREAM_AERON_JAR": "/x.jar", "MTU_LENGTH": "1"}
     assert load_settings(env=env) == DriverSettings()
+
+
+@pytest.mark.parametrize(("variable", "meant"), [
+    ("SLIPSTREAM_MTU_LENGHT", "SLIPSTREAM_MTU_LENGTH"),
+    ("SLIPSTREAM_TERM_BUFFER_LENGHT", "SLIPSTREAM_TERM_BUFFER_LENGTH"),
+    ("SLIPSTREAM_SOCKET_SO_RCVBUFF", "SLIPSTREAM_SOCKET_SO_RCVBUF"),
+])
+def test_a_misspelt_environment_setting_is_refused_naming_the_setting_meant(
+        variable: str, meant: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"{variable}.*did you mean {meant}"):
+        load_settings(env={variable: "4096"})
 
 
 @pytest.mark.parametrize(
