@@ -19,6 +19,7 @@ from slipstream.client._native import ffi, lib
 from slipstream.client.layout import (
     BEGIN_FLAG,
     CURRENT_VERSION,
+    DATA_HEADER,
     FRAME_ALIGNMENT,
     FRAME_HEADER,
     HDR_TYPE_DATA,
@@ -257,6 +258,26 @@ def test_a_claimer_that_died_before_writing_its_header_is_unblocked(shm: Path) -
     assert read_all(log) == [b"next"]
     log.close()
 
+
+
+def test_a_fragmented_message_whose_publisher_died_between_fragments_is_dropped(
+        shm: Path) -> None:
+    """The publisher claimed three fragments and died after writing the first: the unblock
+    pads the rest, and what follows is read.  The half message is never delivered, and the
+    reader no longer counts itself inside it (its available position reaches the end)."""
+    log = make_log(shm, mtu=96)  # 64 B of payload per fragment
+    tail = ffi.cast("int64_t *", log.meta)
+    fragment = 96
+    lib.ss_get_and_add_i64(tail, 3 * fragment)  # one message of three fragments, claimed
+    struct.pack_into(DATA_HEADER.format, log.view, 0, fragment, CURRENT_VERSION, BEGIN_FLAG,
+                     HDR_TYPE_DATA, 0, log.session_id, log.stream_id, log.initial_term_id, 0)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    assert offer(appender, b"next") > 0
+    assert unblock(log, fragment, log.producer_position())  # the two fragments never written
+    image = Image(log, ffi.new("int64_t *", 0), join_position=0)
+    assert image.available_position() == log.producer_position()
+    assert read_all(log) == [b"next"]
+    log.close()
 
 def read_all_available(log: LogBuffer) -> list[bytes]:
     image = Image(log, ffi.new("int64_t *", 0), join_position=0)
