@@ -1662,6 +1662,32 @@ static int arm(ss_agent_t *a, int32_t delta, int64_t now_ns, int64_t *deadline) 
     return may_park;
 }
 
+#define PARK_TIMEOUT_MAX_NS ((int64_t)1000 * 1000000000) /* a park is re-armed within this */
+
+/* Whether epoll_pwait2 is missing (Linux before 5.11) or refused (a seccomp filter older than
+ * it, as systemd's @system-service before v249 is: EPERM): then timeouts are milliseconds. */
+static int epoll_ms_only;
+
+/* Wait on `epoll_fd` for at most `timeout_ns`: with epoll_pwait2 to the nanosecond, so that a
+ * NAK timer of 100 us is not a parked millisecond (epoll_wait counts whole milliseconds,
+ * rounded up, since a timer is never early).  Returns what the wait returned. */
+static int wait_events(int epoll_fd, int64_t timeout_ns) {
+    struct epoll_event events[16];
+    if (!epoll_ms_only) {
+        const struct timespec timeout = {.tv_sec = (time_t)(timeout_ns / 1000000000),
+                                         .tv_nsec = (long)(timeout_ns % 1000000000)};
+        const int ready = epoll_pwait2(epoll_fd, events, 16, &timeout, NULL);
+        if (ready >= 0 || (errno != ENOSYS && errno != EPERM)) return ready;
+        epoll_ms_only = 1;
+    }
+    return epoll_wait(epoll_fd, events, 16, (int)((timeout_ns + 999999) / 1000000));
+}
+
+/* The timeout wait_events(timeout_ns) waits for, ns: the grain of the call it makes. */
+static int64_t wait_granted_ns(int64_t timeout_ns) {
+    return epoll_ms_only ? (timeout_ns + 999999) / 1000000 * 1000000 : timeout_ns;
+}
+
 static void park(ss_duty_loop_t *l, int64_t now_ns) {
     int may_park = 1;
     int64_t deadline = now_ns + l->max_park_ns;
@@ -1678,15 +1704,12 @@ static void park(ss_duty_loop_t *l, int64_t now_ns) {
     const int64_t parked_ns = clock_ns();
     const int64_t timeout_ns = deadline - parked_ns;
     if (may_park && timeout_ns > 0) {
-        struct epoll_event events[16];
-        /* epoll_wait counts milliseconds: round up, a timer is never early. */
-        int64_t timeout_ms = (timeout_ns + 999999) / 1000000;
-        if (timeout_ms > 1000000) timeout_ms = 1000000;
         l->parks++;
-        const int ready = epoll_wait(l->epoll_fd, events, 16, (int)timeout_ms);
+        const int64_t asked_ns = timeout_ns < PARK_TIMEOUT_MAX_NS ? timeout_ns : PARK_TIMEOUT_MAX_NS;
+        const int ready = wait_events(l->epoll_fd, asked_ns);
         if (ready == 0) { /* woken by its timer: how late, against the timeout it asked for */
             const int64_t woken_ns = clock_ns();
-            int64_t late = woken_ns - (parked_ns + timeout_ms * 1000000);
+            int64_t late = woken_ns - (parked_ns + wait_granted_ns(asked_ns));
             if (late < 0) late = 0;
             l->lag_ns += (late - l->lag_ns) / 8;
             l->lag_sampled_ns = woken_ns;

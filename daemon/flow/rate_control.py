@@ -55,8 +55,9 @@ LIFT_FACTOR = 4
 #: The lowest limit (datagrams of one MTU per second): a receiver that keeps signalling slows
 #: the stream to a trickle, never to a stop.
 MIN_DATAGRAMS_PER_S = 64
-#: The bucket holds this much time at the limit (and at least BURST_DATAGRAMS datagrams): the
-#: driver's loop parks in milliseconds, so less would lose rate to the park's rounding.
+#: The bucket holds this much time at the limit (and at least BURST_DATAGRAMS datagrams): a
+#: parked network thread wakes late by the scheduler's latency (and in whole milliseconds on a
+#: kernel without epoll_pwait2), so less would lose rate to the late wake-ups.
 BURST_NS = 4_000_000
 BURST_DATAGRAMS = 4
 

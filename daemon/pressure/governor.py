@@ -57,8 +57,9 @@ SAMPLE_INTERVAL_NS = 100_000_000
 #: the first or second sample after it began (within about 1-2 s), and is sampled every
 #: SAMPLE_INTERVAL_NS from then on.  The lag signal is only as recent as LAG_MAX_AGE_NS.
 CALM_SAMPLE_INTERVAL_NS = 1_000_000_000
-#: The duty-cycle lag that counts as full pressure, and the lag that counts as none (epoll's
-#: timeouts are whole milliseconds, rounded up: lateness up to that is their grain).
+#: The duty-cycle lag that counts as full pressure, and the lag that counts as none (a wake-up
+#: late by less is the scheduler's ordinary latency on a VM, or the grain of a kernel whose
+#: epoll counts whole milliseconds).
 LAG_CEILING_NS = 5_000_000
 LAG_FLOOR_NS = 1_000_000
 #: A thread's lag is news for this long after its last timed wake-up; then it counts as none
