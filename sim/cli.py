@@ -229,10 +229,6 @@ def run_relay(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     from slipstream.sim.real.relay import Relay
 
-    if args.listen == args.forward:
-        print("slipstream sim relay: --listen and --forward are the same address: it would "
-              "relay its own datagrams to itself", file=sys.stderr)
-        return 2
     faults = LinkFaults(loss=args.loss, burst=args.burst_loss, delay_ms=args.delay,
                         jitter_ms=args.jitter, reorder=args.reorder, duplicate=args.duplicate)
     try:

@@ -203,8 +203,8 @@ def test_scenario_hosts_by_number_or_address():
     assert scenario.events[0].hosts == (3,)
 
 
-def test_a_relay_to_its_own_address_is_refused(capsys):
-    status, _out, err = sim(capsys, "relay", "--listen", "127.0.0.1:41718",
-                           "--forward", "127.0.0.1:41718")
+@pytest.mark.parametrize("listen", ["127.0.0.1:41718", "0.0.0.0:41718"])
+def test_a_relay_to_its_own_address_is_refused(capsys, listen: str):
+    status, _out, err = sim(capsys, "relay", "--listen", listen, "--forward", "127.0.0.1:41718")
     assert status == 2
     assert "same address" in err

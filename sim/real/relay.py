@@ -48,6 +48,25 @@ def _is_multicast(address: Address) -> bool:
     return ipaddress.ip_address(address[0]).is_multicast
 
 
+def _is_local(host: str) -> bool:
+    """Whether ``host`` (an IPv4 address) is one of this host's: a socket may bind to it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((host, 0))
+        except OSError:
+            return False
+    return True
+
+
+def _reaches_itself(listen: Address, forward: Address) -> bool:
+    """Whether datagrams sent to ``forward`` would arrive at the socket bound to ``listen``
+    (the same address, or a wildcard listen and a forward address of this host, one port)."""
+    if listen[1] != forward[1]:
+        return False
+    listen_ip, forward_ip = ipaddress.ip_address(listen[0]), ipaddress.ip_address(forward[0])
+    return listen_ip == forward_ip or (listen_ip.is_unspecified and _is_local(forward[0]))
+
+
 class Relay:
     """See the module docstring.  ``start()`` runs it on a thread; ``stop()`` ends it;
     ``stats`` counts each direction (offered, delivered, lost, burst_lost, ...)."""
@@ -58,6 +77,10 @@ class Relay:
             raise ValueError(f"directions must be one of {DIRECTIONS}, not {directions!r}")
         if _is_multicast(listen) != _is_multicast(forward):
             raise ValueError("listen and forward must both be unicast or both multicast")
+        if _reaches_itself(listen, forward):
+            raise ValueError(f"listen {listen[0]}:{listen[1]} and forward {forward[0]}:"
+                             f"{forward[1]} are the same address: the relay would forward its "
+                             f"own datagrams to itself")
         self.listen = listen
         self.forward = forward
         self.interface = interface
