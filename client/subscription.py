@@ -651,6 +651,12 @@ class Subscription:
     # -- image life cycle (called from the client conductor thread) ---------------------------
     def _add_image(self, image: Image) -> None:
         with self._images_changed:
+            if self._closed:
+                # close() ran after the client looked: nothing can poll this image (it was
+                # never visible), and the linger that unmaps the others may be over already.
+                image._gone = True
+                image._close()
+                return
             previous, self._images = self._images, (*self._images, image)
             self._images_changed.notify_all()
         for parked_on in previous:  # a receive parked on the old images must wait on all now

@@ -28,6 +28,8 @@ from slipstream.client.counters import (
     SystemCounter,
     read_system_counters,
 )
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.client.subscription import Image
 from slipstream.daemon.driver import MediaDriver
 
 CHANNEL = "aeron:ipc"
@@ -767,6 +769,24 @@ def test_a_bad_spins_before_yield_names_itself(driver: MediaDriver) -> None:
     for bad in (-1, 1.5, 2**31):
         with pytest.raises(ValueError, match="spins_before_yield"):
             Client.connect(driver.directory, spins_before_yield=bad)
+
+
+def test_an_image_that_arrives_as_its_subscription_closes_is_unmapped_not_kept(
+        client: Client) -> None:
+    """The client's conductor saw the subscription open and mapped a new image's log; the
+    application closed the subscription before the image was added: the closed subscription
+    gets no image, and the log is unmapped (the linger of the others may be over)."""
+    subscription = client.add_subscription("aeron:ipc", 28)
+    publication = client.add_publication("aeron:ipc", 28)
+    wait_for(lambda: subscription.images, what="the image")
+    [image] = subscription.images
+    late = Image(LogBuffer(image.log_path), client.counters.address(0), join_position=0,
+                 correlation_id=image.correlation_id + 1, subscription=subscription)
+    subscription.close()
+    subscription._add_image(late)  # as the conductor thread would, a moment too late
+    assert subscription.images == ()
+    assert late._log.closed and late.is_closed
+    publication.close()
 
 
 def test_a_closed_subscriptions_image_logs_stay_mapped_for_the_resource_linger(
