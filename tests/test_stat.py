@@ -132,12 +132,17 @@ def test_stat_groups_positions_by_stream_and_shows_the_slowest_subscriber() -> N
         _info(35, CounterType.SUBSCRIBER_POSITION,
               "sub-pos: aeron:udp?endpoint=127.0.0.1:40456|alias=second stream=5 session=3 "
               "sub=9", 1536),
-        _info(34, CounterType.PUBLISHER_LIMIT, "pub-lmt: aeron:ipc stream=1 session=9", 65536),
+        _info(34, CounterType.PUBLISHER_LIMIT,
+              "pub-lmt: aeron:ipc?term-length=64k|session-id=9 stream=1 session=9", 65536),
+        # The subscription gives none of the publication's parameters: the same row.
+        _info(36, CounterType.SUBSCRIBER_POSITION, "sub-pos: aeron:ipc stream=1 session=9 sub=4",
+              4096),
     ]
     [udp, ipc] = stream_rows(counters)
     assert (udp.stream_id, udp.session_id, udp.subscribers) == (5, 3, 3)
     assert udp.positions == {"rcv-hwm": 4096, "rcv-pos": 2048, "sub-pos": 1024}
-    assert ipc.positions == {"pub-lmt": 65536} and ipc.channel == "aeron:ipc"
+    assert ipc.positions == {"pub-lmt": 65536, "sub-pos": 4096} and ipc.channel == "aeron:ipc"
+    assert udp.channel == "aeron:udp?endpoint=127.0.0.1:40456"
     text = render(counters, {0: 500}, 0.5, "header", now_ns=0)
     assert "streams (2)" in text and "1,000" in text and "loss report (0 image(s)" in text
     [bytes_sent] = [line for line in text.splitlines() if line.strip().startswith("bytes sent")]

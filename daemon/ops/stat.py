@@ -2,7 +2,8 @@
 
 Six sections, each read from the files the driver maps (it is never asked anything):
 
-* **streams**: one row per stream (channel, stream id, session) with its positions in bytes:
+* **streams**: one row per stream (its medium: ``aeron:ipc`` or the UDP endpoint; stream id;
+  session) with its positions in bytes:
   the publisher limit, sender position and limit (their difference is the flow-control window
   still open), the receiver high-water mark and position (their difference is what is missing
   or not yet rebuilt) and the slowest subscriber;
@@ -32,6 +33,7 @@ from typing import Any
 import attrs
 
 from slipstream.client import control
+from slipstream.client.channel import Channel, ChannelError, parse_channel
 from slipstream.client.client import _driver_holds_lock, default_directory
 from slipstream.client.counters import (
     BACK_PRESSURE_TYPES,
@@ -68,14 +70,18 @@ def _type_name(type_id: int) -> str:
         return str(type_id)
 
 
-def _without_alias(channel: str) -> str:
-    """The channel without its ``alias`` (a name a subscription gives itself): two
-    subscriptions of one stream that differ only there share its row."""
-    media, sep, params = channel.partition("?")
-    if not sep:
+def stream_channel(channel: str) -> str:
+    """What of a channel names its stream's medium: ``aeron:ipc``, or a UDP channel's
+    endpoint, control address, control mode and interface (canonical).  The rest (a
+    publication's term length or flow control, a subscription's alias or tether) does not
+    make another stream: the publication's and its subscriptions' counters share one row.  A
+    label whose channel does not parse keeps its text."""
+    try:
+        parsed = parse_channel(channel)
+    except ChannelError:
         return channel
-    kept = [p for p in params.split("|") if not p.startswith("alias=")]
-    return f"{media}?{'|'.join(kept)}" if kept else media
+    return Channel(parsed.media, endpoint=parsed.endpoint, control=parsed.control,
+                   interface=parsed.interface, control_mode=parsed.control_mode).canonical()
 
 
 def stream_rows(counters: list[CounterInfo]) -> list[StreamRow]:
@@ -89,7 +95,7 @@ def stream_rows(counters: list[CounterInfo]) -> list[StreamRow]:
         label = parse_position_label(info.label)
         if label is None:
             continue
-        key = (_without_alias(label.channel), label.stream_id, label.session_id)
+        key = (stream_channel(label.channel), label.stream_id, label.session_id)
         row = rows.setdefault(key, StreamRow(*key))
         before = row.positions.get(label.kind)
         row.positions[label.kind] = info.value if before is None else min(before, info.value)
