@@ -332,6 +332,27 @@ def test_a_second_publisher_cannot_ask_for_other_watermarks(client) -> None:
     assert info.value.part == "watermarks" and "90/40" in str(info.value)
 
 
+@pytest.mark.parametrize(("first", "second", "part"), [
+    ("|fc=max", "|fc=min,g:/2", "fc"),
+    ("", "|fc=min", "fc"),  # the default (max for a group) against min
+    ("", "|rc=nak-strength,window:10ms", "rc"),
+    ("|rc=nak-strength,window:10ms", "|rc=nak-strength,window:20ms", "rc"),
+])
+def test_a_second_publisher_cannot_ask_for_another_flow_or_rate_control(
+        network_client, first: str, second: str, part: str) -> None:
+    """The sender runs one flow control and one rate control per publication: a publisher
+    that asks for others is refused by name (it got the first's, silently); one that asks
+    for the same, or for nothing, shares the publication."""
+    channel = f"aeron:udp?endpoint=224.0.1.1:{free_port()}|interface=127.0.0.1"
+    network_client.add_publication(channel + first, 55)
+    network_client.add_publication(channel + first, 55)
+    network_client.add_publication(channel, 55)
+    with pytest.raises(ChannelError) as info:
+        network_client.add_publication(channel + second, 55)
+    assert info.value.part == part and "differs from the existing publication's" in str(
+        info.value)
+
+
 def test_stat_shows_each_publications_episodes_and_drops(client) -> None:
     from slipstream.daemon.ops.stat import back_pressure_rows
 

@@ -255,6 +255,7 @@ class NetworkConductor:
         else:
             check_same_log(channel, entry.log, entry.publication.session_id, stream_id)
             check_same_watermarks(channel, entry.episodes, stream_id)
+            check_same_control(channel, entry.channel, self.settings, stream_id)
             if channel.priority is not None and channel.priority != entry.publication.priority:
                 raise ChannelError(str(channel), "priority",
                                    f"{channel.priority} differs from the existing "
@@ -831,6 +832,24 @@ def check_same_watermarks(channel: Channel, episodes: BackPressureEpisodes,
         raise ChannelError(str(channel), "watermarks",
                            f"{channel.watermarks[0]}/{channel.watermarks[1]} differs from the "
                            f"existing publication's {high}/{low} on stream {stream_id}")
+
+
+def check_same_control(channel: Channel, existing: Channel, settings: DriverSettings,
+                       stream_id: int) -> None:
+    """A second publisher of a shared publication cannot ask for another flow control
+    (``fc=``) or send-rate control (``rc=``) than the stream has: the sender runs one of each
+    per publication.  Only what it asks for is compared (with the defaults resolved), so a
+    publisher that names neither joins any.  ChannelError names the part."""
+    asked = PublicationParams.for_network(channel, settings)
+    actual = PublicationParams.for_network(existing, settings)
+    for part, given, mine, theirs, shown in (
+            ("fc", channel.fc, asked.flow_control, actual.flow_control, existing.fc),
+            ("rc", channel.rc, asked.rate_control, actual.rate_control, existing.rc)):
+        if given is not None and mine != theirs:
+            raise ChannelError(str(channel), part,
+                               f"{given} differs from the existing publication's "
+                               f"{shown if shown is not None else 'default'} on stream "
+                               f"{stream_id}")
 
 
 def _label_of(setup: Any, source: Address) -> str:
