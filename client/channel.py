@@ -58,6 +58,10 @@ SCHEME: Final = "aeron:"
 CONTROL_MODES: Final = ("manual", "dynamic", "response")
 CONGESTION_CONTROLS: Final = ("static", "cubic")
 FLOW_CONTROLS: Final = ("max", "min", "tagged", "unicast")
+#: How long min / tagged flow control may wait for a silent receiver before it forgets it,
+#: ns (the URI's fc=...,t: and the setting flow_control_receiver_timeout): 0 would forget
+#: every receiver at once (min turned into max).
+RECEIVER_TIMEOUT_RANGE_NS: Final = (1_000_000, 3_600_000_000_000)
 #: Aeron's older name of ``tagged`` (PreferredMulticastFlowControl), taken as it.
 FLOW_CONTROL_ALIASES: Final = {"preferred": "tagged"}
 RATE_CONTROLS: Final = ("nak-strength",)
@@ -495,6 +499,9 @@ def _flow_control(text: str) -> FlowControlSpec:
                                           "t": "t:<timeout>"}).items():
         if kind == "t":
             timeout = _duration(value)
+            low, high = RECEIVER_TIMEOUT_RANGE_NS
+            if not low <= timeout <= high:
+                raise _Bad(f"t:{value} is not a receiver timeout in 1ms..1h")
             continue
         tag_text, slash, size_text = value.partition("/")
         if tag_text:

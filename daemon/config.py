@@ -35,7 +35,7 @@ from typing import Any
 
 import attrs
 
-from slipstream.client.channel import FLOW_CONTROLS
+from slipstream.client.channel import FLOW_CONTROLS, RECEIVER_TIMEOUT_RANGE_NS
 from slipstream.client.control import default_driver_directory
 from slipstream.client.errors import ConfigurationError
 from slipstream.client.layout import (
@@ -604,7 +604,8 @@ class DriverSettings:
         "the pace, min = the slowest, tagged = the slowest of a tagged group.",
     )
     flow_control_receiver_timeout: int = _duration(
-        5 * _S, "min/tagged flow control forgets a receiver silent this long, ns.", low=_MS
+        5 * _S, "min/tagged flow control forgets a receiver silent this long, ns.",
+        low=RECEIVER_TIMEOUT_RANGE_NS[0], high=RECEIVER_TIMEOUT_RANGE_NS[1],
     )
     flow_control_group_tag: int = _int(
         -1, "Receiver group tag that tagged flow control waits for; -1 = none.",

@@ -164,6 +164,8 @@ INVALID: list[tuple[str, str, str]] = [
     (UDP + "fc=tagged,g:1f2", "fc", "'1f2' is not an integer"),
     (UDP + "fc=tagged,t:5s,t:6s", "fc", "given twice"),
     (UDP + "fc=tagged,t:never", "fc", "'never' is not a duration"),
+    (UDP + "fc=min,t:0", "fc", "not a receiver timeout in 1ms..1h"),  # min would be max
+    (UDP + "fc=tagged,t:100000h", "fc", "not a receiver timeout in 1ms..1h"),
     (UDP + "rc=cubic", "rc", "'cubic' is not nak-strength"),
     (UDP + "rc=nak-strength,thresholds:90/40", "rc", "are not 1 to 4 ascending"),
     (UDP + "rc=nak-strength,thresholds:50/50", "rc", "are not 1 to 4 ascending"),
@@ -320,11 +322,11 @@ def _sizes(values: st.SearchStrategy[int]) -> st.SearchStrategy[str]:
     return values.flatmap(spell)
 
 
-def _durations() -> st.SearchStrategy[str]:
-    ns = st.integers(0, 10**12)
+def _durations(low_ms: int = 0) -> st.SearchStrategy[str]:
+    ns = st.integers(low_ms * 10**6, 10**12)
     return st.one_of(ns.map(str), ns.map(lambda n: f"{n}ns"),
-                     st.integers(0, 10**6).map(lambda n: f"{n}ms"),
-                     st.integers(0, 1000).map(lambda n: f"{n}s"))
+                     st.integers(low_ms, 10**6).map(lambda n: f"{n}ms"),
+                     st.integers(1 if low_ms else 0, 1000).map(lambda n: f"{n}s"))
 
 
 _octet = st.integers(0, 255)
@@ -337,7 +339,8 @@ _int32 = st.integers(INT32_MIN, INT32_MAX)
 _bools = st.sampled_from(["true", "false"])
 _flow_control = st.one_of(
     st.sampled_from(["max", "min", "unicast", "tagged", "min,g:/3", "min,t:1s,g:/0"]),
-    st.tuples(st.integers(INT64_MIN, INT64_MAX), st.integers(0, INT32_MAX), _durations()).map(
+    st.tuples(st.integers(INT64_MIN, INT64_MAX), st.integers(0, INT32_MAX),
+              _durations(low_ms=1)).map(
         lambda t: f"tagged,g:{t[0]}/{t[1]},t:{t[2]}"),
 )
 
