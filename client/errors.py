@@ -97,8 +97,13 @@ class BackPressuredError(SlipstreamError):
         self.waited_s = waited_s
         self.connected = connected
         self.appended = appended
-        why = ("the slowest subscriber is a window behind" if connected
-               else "no subscriber is connected")
+        if connected:
+            why = "the slowest subscriber is a window behind"
+        elif "aeron:udp" in channel:  # min / tagged flow control count receivers
+            why = ("not connected: no subscriber, or fewer receivers than min or tagged flow "
+                   "control waits for (its group size g:/N, or a tag no receiver has)")
+        else:
+            why = "no subscriber is connected"
         waited = f"after waiting {waited_s:.3f} s" if waited_s > 0 else "at once"
         batch = f"; {appended} messages of the batch went in" if appended else ""
         super().__init__(f"stream {stream_id} on {channel}: no credit {waited} ({why}; "

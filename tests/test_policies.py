@@ -93,6 +93,18 @@ def test_block_raises_after_its_timeout_naming_the_stream(client) -> None:
     assert "stream 12" in str(error) and "a window behind" in str(error)
 
 
+def test_block_short_of_a_min_group_says_the_group_is_not_complete(network_client) -> None:
+    """One receiver of the two fc=min,g:/2 waits for: it is not 'no subscriber'."""
+    channel = f"aeron:udp?endpoint=224.0.1.9:{free_port()}|interface=127.0.0.1"
+    pub = network_client.add_publication(channel + "|fc=min,g:/2", 15,
+                                         policy="block,timeout:200ms")
+    sub = network_client.add_subscription(channel, 15)
+    wait_for(lambda: sub.images, what="the receiver's image")
+    with pytest.raises(BackPressuredError) as info:
+        pub.offer(b"one of two")
+    assert not info.value.connected
+    assert "fewer receivers than min or tagged flow control waits for" in str(info.value)
+
 def test_block_waits_for_a_subscriber_to_connect(client) -> None:
     pub = client.add_publication(IPC, 13, policy="block,timeout:5s")
     joined = threading.Timer(0.3, lambda: client.add_subscription(IPC, 13))
