@@ -375,13 +375,13 @@ def test_stat_shows_each_publications_episodes_and_drops(client) -> None:
         pub.offer(b"d" * 96)
     counters = CountersFile(client.directory / "counters.dat", writable=False)
     try:
-        wait_for(lambda: any(r.stream_id == 54 and r.positions.get("bp-episodes")
+        wait_for(lambda: any(r.stream_id == 54 and r.counters.get("bp-episodes")
                              for r in back_pressure_rows(list(counters))), what="episode")
         row = next(r for r in back_pressure_rows(list(counters)) if r.stream_id == 54)
     finally:
         counters.close()
-    assert row.positions["pub-drops"] == pub.dropped > 0
-    assert row.positions["bp-peak"] == WINDOW
+    assert row.counters["pub-drops"] == pub.dropped > 0
+    assert row.counters["bp-peak"] == WINDOW
 
 
 # -- drop-oldest: untethered subscriptions --------------------------------------------------------

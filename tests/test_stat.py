@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from slipstream.client.counters import CounterInfo, CounterType, parse_position_label
 from slipstream.client.layout import INT32_MAX, INT32_MIN
-from slipstream.daemon.ops.stat import render, stream_rows
+from slipstream.daemon.ops.stat import render, snapshot_json, stream_rows
 from slipstream.daemon.reports.error_log import (
     MAX_ENTRIES,
     ErrorEntry,
@@ -148,6 +148,21 @@ def test_stat_groups_positions_by_stream_and_shows_the_slowest_subscriber() -> N
     [bytes_sent] = [line for line in text.splitlines() if line.strip().startswith("bytes sent")]
     assert bytes_sent.split()[-1] == "1,000"  # (1000 - 500) / 0.5 s
 
+
+def test_stat_json_gives_a_publications_back_pressure_counters_not_stream_fields() -> None:
+    tail = "aeron:ipc stream=1 session=9"
+    counters = [
+        _info(40, CounterType.PUBLISHER_LIMIT, f"pub-lmt: {tail}", 65536),
+        _info(41, CounterType.SUBSCRIBER_POSITION, f"sub-pos: {tail} sub=4", 4096),
+        _info(42, CounterType.BP_EPISODES, f"bp-episodes: {tail}", 3),
+        _info(43, CounterType.PUBLISHER_DROPS, f"pub-drops: {tail}", 7),
+    ]
+    snapshot = snapshot_json(counters, [], pid=1, heartbeat_age_s=0.0)
+    [stream] = snapshot["streams"]
+    assert stream["subscribers"] == 1
+    [pressured] = snapshot["back_pressure"]
+    assert pressured == {"channel": "aeron:ipc", "stream_id": 1, "session_id": 9,
+                         "counters": {"bp-episodes": 3, "pub-drops": 7}}
 
 def _record(message: str, *args: object, exc: BaseException | None = None) -> logging.LogRecord:
     exc_info = (type(exc), exc, None) if exc is not None else None

@@ -63,6 +63,17 @@ class StreamRow:
     subscribers: int = 0
 
 
+@attrs.define
+class BackPressureRow:
+    """The back-pressure counters of one publication, by kind (``bp-episodes``, ``bp-time``
+    in ns, ``bp-depth`` and ``bp-peak`` in bytes, ``pub-drops``)."""
+
+    channel: str
+    stream_id: int
+    session_id: int
+    counters: dict[str, int] = attrs.Factory(dict)
+
+
 def _type_name(type_id: int) -> str:
     try:
         return CounterType(type_id).name.lower()
@@ -108,10 +119,9 @@ BACK_PRESSURE_COLUMNS = tuple(kind for _, kind in BACK_PRESSURE_TYPES)
 _BACK_PRESSURE_TYPE_IDS = frozenset(type_id for type_id, _ in BACK_PRESSURE_TYPES)
 
 
-def back_pressure_rows(counters: list[CounterInfo]) -> list[StreamRow]:
-    """The back-pressure counters grouped by publication (channel, stream id, session);
-    ``positions`` holds them by kind (``bp-episodes``, ``bp-time`` in ns, ...)."""
-    rows: dict[tuple[str, int, int], StreamRow] = {}
+def back_pressure_rows(counters: list[CounterInfo]) -> list[BackPressureRow]:
+    """The back-pressure counters grouped by publication (channel, stream id, session)."""
+    rows: dict[tuple[str, int, int], BackPressureRow] = {}
     for info in counters:
         if info.type_id not in _BACK_PRESSURE_TYPE_IDS:
             continue
@@ -119,7 +129,7 @@ def back_pressure_rows(counters: list[CounterInfo]) -> list[StreamRow]:
         if label is None:
             continue
         key = (label.channel, label.stream_id, label.session_id)
-        rows.setdefault(key, StreamRow(*key)).positions[label.kind] = info.value
+        rows.setdefault(key, BackPressureRow(*key)).counters[label.kind] = info.value
     return list(rows.values())
 
 
@@ -171,7 +181,7 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
         lines.append(f"  {'stream':>8} {'session':>11} {'episodes':>10} {'time in them':>14} "
                      f"{'depth':>13} {'peak':>13} {'dropped':>12}  channel")
         for row in pressured:
-            values = row.positions
+            values = row.counters
             lines.append(f"  {row.stream_id:>8} {row.session_id:>11} "
                          f"{values.get('bp-episodes', 0):>10,} "
                          f"{values.get('bp-time', 0) / 1e9:>12.3f} s "
