@@ -559,6 +559,11 @@ def _policy(text: str) -> PolicySpec:
     refuse = _choice("wait", "refuse")(values["when-empty"]) == "refuse" \
         if "when-empty" in values else False
     timeout = _duration(values["timeout"]) if "timeout" in values else None
+    if timeout == 0 and name != "error":
+        raise _Bad(f"{name} with timeout:0 waits for nothing: that is policy=error")
+    if timeout is not None and refuse:
+        raise _Bad("rate-limit with when-empty:refuse never waits: a timeout has nothing to "
+                   "time")
     return PolicySpec(name, timeout, messages, rate_bytes, burst, refuse)
 
 

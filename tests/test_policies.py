@@ -274,6 +274,8 @@ def test_a_policy_given_in_the_uri_and_as_an_argument_must_agree(client) -> None
     ("block,timeout:soon", "timeout"),
     ("rate-limit,messages:10,when-empty:later", "is not wait or refuse"),
     ("rate-limit,messages:10,burst:0ms", "between 1us and 10s"),
+    ("block,timeout:0", "that is policy=error"),
+    ("rate-limit,messages:10,when-empty:refuse,timeout:1s", "never waits"),
 ])
 def test_a_bad_policy_names_the_part_and_the_problem(text: str, problem: str) -> None:
     with pytest.raises(ChannelError) as info:
