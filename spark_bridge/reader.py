@@ -36,7 +36,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
+import signal
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,6 +112,31 @@ class SlipstreamPartition(InputPartition):
 
 def _noop(data: memoryview, header: object) -> None:
     """A peek handler for checks only."""
+
+
+def _leave_the_driver_on_sigterm(client: Client) -> None:
+    """Close ``client`` when this process gets SIGTERM, then end as SIGTERM would.
+
+    Spark stops a query's streaming-source process with SIGTERM, so the reader's ``stop()``
+    never runs there: without this, the subscription would hold the publishers' credit until
+    the driver's client liveness timeout (10 s by default) and be reclaimed with a warning.
+    Installed only from the main thread, and only over the default action (an application's
+    own handler is left alone).
+    """
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def leave(signum: int, _frame: object) -> None:
+        # Spark sends it twice in a row: a second one must not end the process mid-close.
+        signal.signal(signum, signal.SIG_IGN)
+        try:
+            client.close()
+        finally:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 def is_retained(image: Image, position: int) -> bool:
@@ -194,10 +222,11 @@ def loss_message(stream_id: int, session_id: int, start: int, end: int,
     """The text of a data loss error: which stream, session and positions, and what to do."""
     at = f" (the publisher is at {producer})" if producer is not None else ""
     return (f"slipstream stream {stream_id} session {session_id}: the messages at positions "
-            f"[{start}, {end}) are no longer in the log{at}; a log holds about two terms "
-            f"({term_length} bytes each) behind its publisher, and this query fell further "
-            f"behind (or was stopped that long).  Set failOnDataLoss=false to skip to the oldest "
-            f"position still held (counted in the driver's 'data loss skips' counter).")
+            f"[{start}, {end}) are no longer in the log{at}; a log holds one term "
+            f"({term_length} bytes) behind its slowest reading subscriber, and this query fell "
+            f"further behind (or was stopped that long).  Set failOnDataLoss=false to skip to "
+            f"the oldest position still held (counted in the driver's 'data loss skips' "
+            f"counter).")
 
 
 def _arrow_batch(values: list[bytes], positions: list[int], session_id: int, stream_id: int,
@@ -302,10 +331,16 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     # -- planning side -------------------------------------------------------------------------
     def _images(self) -> dict[str, Image]:
+        """The subscription's images by session id (the subscription is made on first use).
+        Raises the client's DriverNotRunningError once the driver stopped or died: a query
+        that went on would see no stream, silently, and never the driver's successor."""
+        if self._client is not None and self._client.is_closed:
+            raise self._client.driver_lost_error()
         if self._subscription is None:
             import time
 
             self._client = Client.connect(self.options.directory)
+            _leave_the_driver_on_sigterm(self._client)
             self._subscription = self._client.add_subscription(self.options.channel,
                                                                self.options.stream_id)
             deadline = time.monotonic() + _IMAGE_WAIT_S

@@ -431,6 +431,61 @@ def test_ctrl_c_stops_a_running_query_cleanly(spark, checkpoint: str) -> None:
     assert signal.getsignal(signal.SIGINT) is before
 
 
+
+def test_a_stopped_query_leaves_the_driver_at_once_not_after_the_liveness_timeout(
+        spark, checkpoint: str) -> None:
+    """Spark ends the query's source process with SIGTERM (its reader's stop() never runs
+    there): the subscription must still leave at once, not hold the publisher until the
+    driver's client liveness timeout (10 s by default) reclaims it with a warning."""
+    directory = Path("/dev/shm") / f"slipstream-spark-{uuid.uuid4().hex[:10]}"
+    try:
+        with MediaDriver.launch(directory=directory, ipc_term_buffer_length="64k"), \
+                Client.connect(directory) as client:
+            publication = client.add_publication("aeron:ipc", 7101)
+            collector = Collector()
+            query = read_query(spark, directory, 7101, collector, checkpoint)
+            try:
+                wait_connected(publication)
+                offer(publication, b"one")
+                collector.wait_for(1)
+            finally:
+                query.stop()
+            stopped = time.monotonic()
+            while publication.is_connected:
+                assert time.monotonic() - stopped < 5.0, "the query's subscription stayed"
+                time.sleep(0.02)
+            assert client.counters.get(SystemCounter.CLIENT_TIMEOUTS) == 0
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_read_query_fails_naming_the_driver_when_its_driver_stops(
+        spark, checkpoint: str) -> None:
+    """The driver stops under a running read query: the query fails with the client's
+    DriverNotRunningError (it went on reading nothing, silently, and never saw a driver
+    started again in the directory)."""
+    directory = Path("/dev/shm") / f"slipstream-spark-{uuid.uuid4().hex[:10]}"
+    try:
+        with MediaDriver.launch(directory=directory, ipc_term_buffer_length="64k",
+                                **FAST) as driver:
+            client = Client.connect(directory)
+            publication = client.add_publication("aeron:ipc", 7102)
+            collector = Collector()
+            query = read_query(spark, directory, 7102, collector, checkpoint)
+            try:
+                wait_connected(publication)
+                offer(publication, b"before")
+                collector.wait_for(1)
+                driver.stop()
+                with pytest.raises(Exception, match="no slipstream driver is running"):
+                    query.awaitTermination(60)
+            finally:
+                query.stop()
+                client.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 # -- across hosts ---------------------------------------------------------------------------
 # Two test hosts (network namespaces on a bridge, a driver in each; tests/conftest.py): the
 # Spark application is on host 1 and uses host 1's driver through shared memory; host 2 is
