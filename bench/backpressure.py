@@ -36,7 +36,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench.ipc_throughput import machine, run_slipstream, scratch_directory
+from bench.ipc_throughput import (
+    machine,
+    positive_float,
+    positive_int,
+    run_slipstream,
+    scratch_directory,
+)
 from bench.udp_throughput import free_port
 
 SIZE = 32
@@ -319,14 +325,16 @@ def section_blocked(directory: Path, args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=200_000,
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=positive_int, default=200_000,
                         help="offers per round of the offer cost (each fits the window)")
-    parser.add_argument("--stream-messages", type=int, default=2_000_000,
+    parser.add_argument("--stream-messages", type=positive_int, default=2_000_000,
                         help="messages per streaming run")
-    parser.add_argument("--repeat", type=int, default=5, help="rounds; best kept")
-    parser.add_argument("--hold", type=float, default=3.0, help="seconds the publisher is held")
-    parser.add_argument("--trickle", type=float, default=3.0,
+    parser.add_argument("--repeat", type=positive_int, default=5, help="rounds; best kept")
+    parser.add_argument("--hold", type=positive_float, default=3.0,
+                        help="seconds the publisher is held")
+    parser.add_argument("--trickle", type=positive_float, default=3.0,
                         help="seconds of one message read every 2 ms")
     parser.add_argument("--hosts", action="store_true",
                         help="also sections 4 and 5, on namespace hosts (root)")

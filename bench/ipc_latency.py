@@ -23,7 +23,7 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from bench.ipc_throughput import machine, pin, scratch_directory
+from bench.ipc_throughput import machine, pin, positive_float, positive_int, scratch_directory
 
 PING_STREAM, PONG_STREAM = 2001, 2002
 WARMUP = 2000
@@ -184,8 +184,9 @@ def _line(name: str, histogram: HdrHistogram) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=int, default=10_000, help="round trips per second")
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured duration")
+    parser.add_argument("--rate", type=positive_int, default=10_000,
+                        help="round trips per second")
+    parser.add_argument("--seconds", type=positive_float, default=5.0, help="measured duration")
     args = parser.parse_args()
     rounds = WARMUP + int(args.rate * args.seconds)
 

@@ -310,6 +310,33 @@ def scratch_directory() -> tempfile.TemporaryDirectory[str]:
                                        ignore_cleanup_errors=True)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (a count, a rate, a size)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (a duration in seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not above 0")
+    return value
+
+
+def size_list(text: str) -> list[int]:
+    """An argparse type: comma-separated message sizes, each at least 1 byte."""
+    return [positive_int(part) for part in text.split(",")]
+
+
 def machine() -> str:
     cpu = "unknown cpu"
     try:
@@ -326,12 +353,14 @@ def machine() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=10_000_000,
+    parser.add_argument("--messages", type=positive_int, default=10_000_000,
                         help="messages per run for 32 B (1 KiB runs use a quarter); the default "
                              "passes through a 64 MiB-term log three times or more, so cleaning "
                              "and partition reuse are part of every figure")
-    parser.add_argument("--sizes", default="32,1024", help="message sizes in bytes")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per contender; best kept")
+    parser.add_argument("--sizes", type=size_list, default="32,1024",
+                        help="message sizes in bytes")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="runs per contender; best kept")
     args = parser.parse_args()
 
     from slipstream.daemon.driver import MediaDriver
@@ -343,7 +372,7 @@ def main() -> int:
     directory = Path(scratch.name)
     with MediaDriver.launch(directory=directory / "driver") as driver:
         stream_id = 1000
-        for size in (int(s) for s in args.sizes.split(",")):
+        for size in args.sizes:
             count = args.messages if size <= 64 else args.messages // 4
             best = {"zmq": 0.0, "offer/poll": 0.0, "batch": 0.0}
             for _ in range(args.repeat):

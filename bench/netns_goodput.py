@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from bench.ipc_throughput import machine, run_slipstream
+from bench.ipc_throughput import machine, positive_int, run_slipstream
 
 #: A 4 MiB window in a 4 MiB socket buffer (the most net.core.rmem_max grants here; a gap holds
 #: the window until it is repaired, and at 5 % loss a window holds about 200 gaps: 1 and 2 MiB
@@ -111,14 +111,29 @@ def run_zmq(hosts: Any, size: int, count: int) -> float:
     return result.value
 
 
+def _losses(text: str) -> list[float]:
+    """An argparse type: comma-separated loss percentages, each in [0, 100)."""
+    losses = []
+    for part in text.split(","):
+        try:
+            loss = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a number") from None
+        if not 0 <= loss < 100:
+            raise argparse.ArgumentTypeError(f"{part} is not a loss in 0..100 %")
+        losses.append(loss)
+    return losses
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=1_000_000,
+    parser.add_argument("--messages", type=positive_int, default=1_000_000,
                         help="messages per run (shorter runs are dominated by their start)")
-    parser.add_argument("--size", type=int, default=1024, help="message size, bytes")
-    parser.add_argument("--losses", default="0,1,5", help="loss percentages to run")
-    parser.add_argument("--repeat", type=int, default=5,
+    parser.add_argument("--size", type=positive_int, default=1024, help="message size, bytes")
+    parser.add_argument("--losses", type=_losses, default="0,1,5",
+                        help="loss percentages to run (0 up to 100)")
+    parser.add_argument("--repeat", type=positive_int, default=5,
                         help="rounds of slipstream runs over every loss (medians reported)")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
@@ -129,8 +144,6 @@ def main() -> int:
                         help="skip the pyzmq peer (TCP at 5 %% loss moves ~3 MB/s: a long run "
                              "of --messages takes minutes)")
     args = parser.parse_args()
-    if args.repeat < 1:
-        parser.error("--repeat must be at least 1")
 
     from slipstream.client.counters import SystemCounter, read_system_counters
     from slipstream.sim.real.hosts import namespace_hosts
@@ -140,7 +153,7 @@ def main() -> int:
 
     tuned = {} if args.first_program else DEFAULT_SETTINGS
     settings = {**tuned, **dict(s.split("=", 1) for s in args.settings)}
-    losses = [float(x) for x in args.losses.split(",")]
+    losses = args.losses
     print(f"# goodput between two namespace hosts under loss, {machine()}")
     print(f"# command: python -m bench.netns_goodput {' '.join(sys.argv[1:])}")
     print(f"# {args.messages:,} messages of {args.size} B; slipstream settings {settings}; "

@@ -39,7 +39,7 @@ from bench.ipc_latency import (
     _zmq_ponger,
     paced_round_trips,
 )
-from bench.ipc_throughput import machine, scratch_directory
+from bench.ipc_throughput import machine, positive_float, positive_int, scratch_directory
 from bench.udp_throughput import free_port, free_tcp_port
 
 
@@ -118,8 +118,9 @@ def _udp_pinger(port: int, rounds: int, rate: int, ready, out) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=int, default=10_000, help="round trips per second")
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured duration")
+    parser.add_argument("--rate", type=positive_int, default=10_000,
+                        help="round trips per second")
+    parser.add_argument("--seconds", type=positive_float, default=5.0, help="measured duration")
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
@@ -132,7 +133,7 @@ def main() -> int:
     parser.add_argument("--gil-hold", metavar="DURATION", default=None,
                         help="also run slipstream with both drivers' conductors holding the GIL "
                              "this long every 100 ms (debug_conductor_gil_hold, e.g. 20ms)")
-    parser.add_argument("--repeat", type=int, default=1,
+    parser.add_argument("--repeat", type=positive_int, default=1,
                         help="runs of the quiet drivers and of each variant, in turns (their "
                              "medians are compared)")
     args = parser.parse_args()

@@ -29,7 +29,14 @@ import socket
 import sys
 from pathlib import Path
 
-from bench.ipc_throughput import machine, run_slipstream, run_zmq, scratch_directory
+from bench.ipc_throughput import (
+    machine,
+    positive_int,
+    run_slipstream,
+    run_zmq,
+    scratch_directory,
+    size_list,
+)
 from slipstream.client.layout import MAX_UDP_PAYLOAD_LENGTH
 
 DEFAULT_SETTINGS = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"}
@@ -78,13 +85,15 @@ def run_aeron(size: int, count: int, *, two_drivers: bool, settings: dict[str, s
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=10_000_000,
+    parser.add_argument("--messages", type=positive_int, default=10_000_000,
                         help="messages per run of sizes up to 64 B")
-    parser.add_argument("--bytes", type=int, default=4 << 30,
+    parser.add_argument("--bytes", type=positive_int, default=4 << 30,
                         help="bytes per run of larger sizes (runs of several seconds: Aeron's "
                              "RateSubscriber reports once a second)")
-    parser.add_argument("--sizes", default="32,1024,65536", help="message sizes in bytes")
-    parser.add_argument("--repeat", type=int, default=2, help="runs per contender; best kept")
+    parser.add_argument("--sizes", type=size_list, default="32,1024,65536",
+                        help="message sizes in bytes")
+    parser.add_argument("--repeat", type=positive_int, default=2,
+                        help="runs per contender; best kept")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
@@ -104,7 +113,7 @@ def main() -> int:
     with MediaDriver.launch(directory=directory / "a", **settings) as a, \
             MediaDriver.launch(directory=directory / "b", **settings) as b:
         stream_id = 1000
-        for size in (int(s) for s in args.sizes.split(",")):
+        for size in args.sizes:
             count = args.messages if size <= 64 else max(1, args.bytes // size)
             uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
             if mtu_for(size):
