@@ -19,8 +19,10 @@ import argparse
 import multiprocessing
 import os
 import platform
+import signal
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from pathlib import Path
@@ -305,9 +307,20 @@ def run_zmq(directory: Path, size: int, count: int, endpoint: str | None = None)
 
 def scratch_directory() -> tempfile.TemporaryDirectory[str]:
     """A benchmark's directory in /dev/shm for its drivers and sockets, removed with all in it
-    by ``cleanup()`` or at exit, also when a run fails: nothing is left in /dev/shm."""
+    by ``cleanup()`` or at exit, also when a run fails or is ended by SIGTERM (``timeout``,
+    ``kill``): nothing is left in /dev/shm."""
+    _exit_on_sigterm()
     return tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
                                        ignore_cleanup_errors=True)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit in the main thread (once it runs Python again), so that
+    context managers and finalizers clean up as on Ctrl-C; the default action ends the
+    process at once.  Only over the default action, from the main thread."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def positive_int(text: str) -> int:
