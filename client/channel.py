@@ -501,7 +501,8 @@ def _flow_control(text: str) -> FlowControlSpec:
             timeout = _duration(value)
             low, high = RECEIVER_TIMEOUT_RANGE_NS
             if not low <= timeout <= high:
-                raise _Bad(f"t:{value} is not a receiver timeout in 1ms..1h")
+                raise _Bad(f"t:{value} is not a receiver timeout in "
+                           f"{_format_ns(low)}..{_format_ns(high)}")
             continue
         tag_text, slash, size_text = value.partition("/")
         if tag_text:
@@ -559,8 +560,8 @@ def _policy(text: str) -> PolicySpec:
     refuse = _choice("wait", "refuse")(values["when-empty"]) == "refuse" \
         if "when-empty" in values else False
     timeout = _duration(values["timeout"]) if "timeout" in values else None
-    if timeout == 0 and name != "error":
-        raise _Bad(f"{name} with timeout:0 waits for nothing: that is policy=error")
+    if timeout == 0 and name == "block":
+        raise _Bad("block with timeout:0 waits for nothing: that is policy=error")
     if timeout is not None and refuse:
         raise _Bad("rate-limit with when-empty:refuse never waits: a timeout has nothing to "
                    "time")

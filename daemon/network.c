@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/uio.h>
@@ -1664,22 +1665,31 @@ static int arm(ss_agent_t *a, int32_t delta, int64_t now_ns, int64_t *deadline) 
 
 #define PARK_TIMEOUT_MAX_NS ((int64_t)1000 * 1000000000) /* a park is re-armed within this */
 
-/* Whether epoll_pwait2 is missing (Linux before 5.11) or refused (a seccomp filter older than
- * it, as systemd's @system-service before v249 is: EPERM): then timeouts are milliseconds. */
+/* Whether epoll_pwait2 is missing (Linux before 5.11, or headers that do not know it) or
+ * refused (a seccomp filter older than it, as systemd's @system-service before v249 is:
+ * EPERM): then timeouts are milliseconds. */
+#ifdef SYS_epoll_pwait2
 static int epoll_ms_only;
+#else
+static const int epoll_ms_only = 1;
+#endif
 
 /* Wait on `epoll_fd` for at most `timeout_ns`: with epoll_pwait2 to the nanosecond, so that a
  * NAK timer of 100 us is not a parked millisecond (epoll_wait counts whole milliseconds,
- * rounded up, since a timer is never early).  Returns what the wait returned. */
+ * rounded up, since a timer is never early).  The system call itself, not glibc's wrapper
+ * (glibc 2.35 and later only).  Returns what the wait returned. */
 static int wait_events(int epoll_fd, int64_t timeout_ns) {
     struct epoll_event events[16];
+#ifdef SYS_epoll_pwait2
     if (!epoll_ms_only) {
-        const struct timespec timeout = {.tv_sec = (time_t)(timeout_ns / 1000000000),
-                                         .tv_nsec = (long)(timeout_ns % 1000000000)};
-        const int ready = epoll_pwait2(epoll_fd, events, 16, &timeout, NULL);
-        if (ready >= 0 || (errno != ENOSYS && errno != EPERM)) return ready;
+        /* The kernel's timespec: two 64-bit fields on every architecture. */
+        const struct { int64_t tv_sec; int64_t tv_nsec; } timeout = {
+            timeout_ns / 1000000000, timeout_ns % 1000000000};
+        const long ready = syscall(SYS_epoll_pwait2, epoll_fd, events, 16, &timeout, NULL, 0);
+        if (ready >= 0 || (errno != ENOSYS && errno != EPERM)) return (int)ready;
         epoll_ms_only = 1;
     }
+#endif
     return epoll_wait(epoll_fd, events, 16, (int)((timeout_ns + 999999) / 1000000));
 }
 

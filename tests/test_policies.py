@@ -274,7 +274,7 @@ def test_a_policy_given_in_the_uri_and_as_an_argument_must_agree(client) -> None
     ("block,timeout:soon", "timeout"),
     ("rate-limit,messages:10,when-empty:later", "is not wait or refuse"),
     ("rate-limit,messages:10,burst:0ms", "between 1us and 10s"),
-    ("block,timeout:0", "that is policy=error"),
+    ("block,timeout:0", "that is policy=error"),  # (rate-limit's paces, then fails at once)
     ("rate-limit,messages:10,when-empty:refuse,timeout:1s", "never waits"),
 ])
 def test_a_bad_policy_names_the_part_and_the_problem(text: str, problem: str) -> None:
@@ -285,7 +285,8 @@ def test_a_bad_policy_names_the_part_and_the_problem(text: str, problem: str) ->
 
 def test_the_uri_form_of_a_policy_prints_back_the_same() -> None:
     for text in ("block", "block,timeout:2s", "drop-newest", "error",
-                 "rate-limit,messages:10,bytes:1024,burst:5ms,when-empty:refuse"):
+                 "rate-limit,messages:10,bytes:1024,burst:5ms,when-empty:refuse",
+                 "rate-limit,messages:10,timeout:0ns"):  # paced, then at once under pressure
         assert str(parse_policy(text)) == text
 
 
