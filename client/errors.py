@@ -80,7 +80,8 @@ class DataLossError(SlipstreamError):
         self.producer_position = producer_position
         super().__init__(
             f"data at stream position {position} is no longer in the log (the publisher is at "
-            f"{producer_position}, and a log holds about two terms behind it)")
+            f"{producer_position}; the driver cleans a log one term behind its slowest "
+            f"subscriber)")
 
 
 class BackPressuredError(SlipstreamError):

@@ -114,8 +114,8 @@ def _noop(data: memoryview, header: object) -> None:
     """A peek handler for checks only."""
 
 
-def _leave_the_driver_on_sigterm(client: Client) -> None:
-    """Close ``client`` when this process gets SIGTERM, then end as SIGTERM would.
+def _leave_the_driver_on_sigterm(reader: SlipstreamStreamReader) -> None:
+    """Close ``reader``'s client when this process gets SIGTERM, then end as SIGTERM would.
 
     Spark stops a query's streaming-source process with SIGTERM, so the reader's ``stop()``
     never runs there: without this, the subscription would hold the publishers' credit until
@@ -126,12 +126,18 @@ def _leave_the_driver_on_sigterm(client: Client) -> None:
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
+    leaving = []
 
     def leave(signum: int, _frame: object) -> None:
-        # Spark sends it twice in a row: a second one must not end the process mid-close.
+        # Spark sends it twice in a row: a second one, even one that interrupts this handler,
+        # must not end the process mid-close.
         signal.signal(signum, signal.SIG_IGN)
+        if leaving:
+            return
+        leaving.append(signum)
         try:
-            client.close()
+            if reader._client is not None:
+                reader._client.close()
         finally:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -340,9 +346,14 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             import time
 
             self._client = Client.connect(self.options.directory)
-            _leave_the_driver_on_sigterm(self._client)
-            self._subscription = self._client.add_subscription(self.options.channel,
-                                                               self.options.stream_id)
+            _leave_the_driver_on_sigterm(self)
+            try:
+                self._subscription = self._client.add_subscription(self.options.channel,
+                                                                   self.options.stream_id)
+            except BaseException:
+                self._client.close()
+                self._client = None
+                raise
             deadline = time.monotonic() + _IMAGE_WAIT_S
             while not self._subscription.images and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -488,7 +499,10 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def commit(self, end: dict[str, int]) -> None:
         """Spark processed everything before ``end``: return its credit (see the module
         documentation for why ``latestOffset`` does so too)."""
-        self._consumed(self._images(), end)
+        for sid, reason in self._consumed(self._images(), end).items():
+            # latestOffset(start=end) says what to do about it, in the next batch.
+            log.warning("commit: the offset %s of session %s is not a position of its log "
+                        "(%s): the subscriber position stays where it is", end[sid], sid, reason)
 
     @staticmethod
     def _consumed(images: dict[str, Image], offsets: dict[str, int]) -> dict[str, str]:
