@@ -203,8 +203,20 @@ def test_scenario_hosts_by_number_or_address():
     assert scenario.events[0].hosts == (3,)
 
 
-@pytest.mark.parametrize("listen", ["127.0.0.1:41718", "0.0.0.0:41718"])
-def test_a_relay_to_its_own_address_is_refused(capsys, listen: str):
-    status, _out, err = sim(capsys, "relay", "--listen", listen, "--forward", "127.0.0.1:41718")
+@pytest.mark.parametrize(("listen", "forward"), [
+    ("127.0.0.1:41718", "127.0.0.1:41718"),
+    ("0.0.0.0:41718", "127.0.0.1:41718"),
+    ("0.0.0.0:41718", "127.0.0.2:41718"),  # all of 127/8 is this host's
+    ("127.0.0.1:41718", "0.0.0.0:41718"),  # a datagram to 0.0.0.0 is delivered here
+])
+def test_a_relay_to_its_own_address_is_refused(capsys, listen: str, forward: str):
+    status, _out, err = sim(capsys, "relay", "--listen", listen, "--forward", forward)
     assert status == 2
     assert "same address" in err
+
+
+def test_a_wildcard_relay_may_forward_to_another_host_on_its_port() -> None:
+    from slipstream.sim.real.relay import _reaches_itself
+
+    assert not _reaches_itself(("0.0.0.0", 41718), ("192.0.2.7", 41718))  # TEST-NET-1
+    assert not _reaches_itself(("0.0.0.0", 41718), ("127.0.0.1", 41719))

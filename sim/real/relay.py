@@ -49,22 +49,32 @@ def _is_multicast(address: Address) -> bool:
 
 
 def _is_local(host: str) -> bool:
-    """Whether ``host`` (an IPv4 address) is one of this host's: a socket may bind to it."""
+    """Whether ``host`` (an IPv4 address) is one of this host's: a loopback address, or one
+    the kernel routes a datagram to through the local table, with itself as the source (a
+    bind() test would pass any address under ip_nonlocal_bind)."""
+    if ipaddress.ip_address(host).is_loopback:
+        return True
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:
-            probe.bind((host, 0))
+            probe.connect((host, 9))  # no datagram is sent
         except OSError:
             return False
-    return True
+        return probe.getsockname()[0] == host
 
 
 def _reaches_itself(listen: Address, forward: Address) -> bool:
-    """Whether datagrams sent to ``forward`` would arrive at the socket bound to ``listen``
-    (the same address, or a wildcard listen and a forward address of this host, one port)."""
+    """Whether datagrams sent to ``forward`` would arrive at the socket bound to ``listen``,
+    on one port: the same address; a wildcard listen and a forward address of this host; or a
+    forward to the wildcard address (delivered locally) and a listen on a loopback address or
+    the wildcard."""
     if listen[1] != forward[1]:
         return False
     listen_ip, forward_ip = ipaddress.ip_address(listen[0]), ipaddress.ip_address(forward[0])
-    return listen_ip == forward_ip or (listen_ip.is_unspecified and _is_local(forward[0]))
+    if listen_ip == forward_ip:
+        return True
+    if forward_ip.is_unspecified:
+        return listen_ip.is_loopback
+    return listen_ip.is_unspecified and _is_local(forward[0])
 
 
 class Relay:
