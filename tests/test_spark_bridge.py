@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import counters_of
@@ -39,15 +40,23 @@ def spark():
 
 
 @contextlib.contextmanager
-def running_driver(term: str) -> Iterator[tuple[Path, Client]]:
-    """A driver with IPC terms of ``term`` bytes and a client of it."""
+def launched_driver(term: str, **settings: str) -> Iterator[tuple[Path, Any, Client]]:
+    """A driver with IPC terms of ``term`` bytes and ``settings``, the driver itself (to stop
+    it) and a client of it."""
     directory = Path("/dev/shm") / f"slipstream-spark-{uuid.uuid4().hex[:10]}"
     try:
-        with MediaDriver.launch(directory=directory, ipc_term_buffer_length=term, **FAST), \
-                Client.connect(directory) as client:
-            yield directory, client
+        with MediaDriver.launch(directory=directory, ipc_term_buffer_length=term,
+                                **settings) as driver, Client.connect(directory) as client:
+            yield directory, driver, client
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_driver(term: str) -> Iterator[tuple[Path, Client]]:
+    """A driver with IPC terms of ``term`` bytes and the FAST timers, and a client of it."""
+    with launched_driver(term, **FAST) as (directory, _driver, client):
+        yield directory, client
 
 
 @pytest.fixture
@@ -432,31 +441,36 @@ def test_ctrl_c_stops_a_running_query_cleanly(spark, checkpoint: str) -> None:
 
 
 
+def reading_one_message(spark, directory: Path, client: Client, stream_id: int,
+                        checkpoint: str):
+    """A read query of ``stream_id`` that has read one message; returns (its publication,
+    the query)."""
+    publication = client.add_publication("aeron:ipc", stream_id)
+    collector = Collector()
+    query = read_query(spark, directory, stream_id, collector, checkpoint)
+    try:
+        wait_connected(publication)
+        offer(publication, b"one")
+        collector.wait_for(1)
+    except BaseException:
+        query.stop()
+        raise
+    return publication, query
+
+
 def test_a_stopped_query_leaves_the_driver_at_once_not_after_the_liveness_timeout(
         spark, checkpoint: str) -> None:
     """Spark ends the query's source process with SIGTERM (its reader's stop() never runs
     there): the subscription must still leave at once, not hold the publisher until the
     driver's client liveness timeout (10 s by default) reclaims it with a warning."""
-    directory = Path("/dev/shm") / f"slipstream-spark-{uuid.uuid4().hex[:10]}"
-    try:
-        with MediaDriver.launch(directory=directory, ipc_term_buffer_length="64k"), \
-                Client.connect(directory) as client:
-            publication = client.add_publication("aeron:ipc", 7101)
-            collector = Collector()
-            query = read_query(spark, directory, 7101, collector, checkpoint)
-            try:
-                wait_connected(publication)
-                offer(publication, b"one")
-                collector.wait_for(1)
-            finally:
-                query.stop()
-            stopped = time.monotonic()
-            while publication.is_connected:
-                assert time.monotonic() - stopped < 5.0, "the query's subscription stayed"
-                time.sleep(0.02)
-            assert client.counters.get(SystemCounter.CLIENT_TIMEOUTS) == 0
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with launched_driver("64k") as (directory, _driver, client):  # the default liveness
+        publication, query = reading_one_message(spark, directory, client, 7101, checkpoint)
+        query.stop()
+        stopped = time.monotonic()
+        while publication.is_connected:
+            assert time.monotonic() - stopped < 5.0, "the query's subscription stayed"
+            time.sleep(0.02)
+        assert client.counters.get(SystemCounter.CLIENT_TIMEOUTS) == 0
 
 
 def test_a_read_query_fails_naming_the_driver_when_its_driver_stops(
@@ -464,26 +478,14 @@ def test_a_read_query_fails_naming_the_driver_when_its_driver_stops(
     """The driver stops under a running read query: the query fails with the client's
     DriverNotRunningError (it went on reading nothing, silently, and never saw a driver
     started again in the directory)."""
-    directory = Path("/dev/shm") / f"slipstream-spark-{uuid.uuid4().hex[:10]}"
-    try:
-        with MediaDriver.launch(directory=directory, ipc_term_buffer_length="64k",
-                                **FAST) as driver:
-            client = Client.connect(directory)
-            publication = client.add_publication("aeron:ipc", 7102)
-            collector = Collector()
-            query = read_query(spark, directory, 7102, collector, checkpoint)
-            try:
-                wait_connected(publication)
-                offer(publication, b"before")
-                collector.wait_for(1)
-                driver.stop()
-                with pytest.raises(Exception, match="no slipstream driver is running"):
-                    query.awaitTermination(60)
-            finally:
-                query.stop()
-                client.close()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with launched_driver("64k", **FAST) as (directory, driver, client):
+        _publication, query = reading_one_message(spark, directory, client, 7102, checkpoint)
+        try:
+            driver.stop()
+            with pytest.raises(Exception, match="no slipstream driver is running"):
+                query.awaitTermination(60)
+        finally:
+            query.stop()
 
 
 # -- across hosts ---------------------------------------------------------------------------
