@@ -254,10 +254,12 @@ class LogBuffer:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, length)
+            # The metadata first: a driver that finds this file after a crash knows it for
+            # one of its logs by it (and removes it), however far its pages were reserved.
+            os.pwrite(fd, meta, PARTITION_COUNT * term_length)
             if not sparse:
                 # Fails now (ENOSPC) rather than with SIGBUS on some later page.
                 os.posix_fallocate(fd, 0, length)
-            os.pwrite(fd, meta, PARTITION_COUNT * term_length)
             return cls(path, populate=populate)
         except BaseException:
             path.unlink(missing_ok=True)

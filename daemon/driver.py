@@ -29,6 +29,7 @@ import re
 import select
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -51,6 +52,15 @@ from slipstream.client.errors import (
     DriverDirectoryError,
     DriverError,
 )
+from slipstream.client.layout import (
+    LOG_META_DATA_LENGTH,
+    META_CORRELATION_ID,
+    META_TERM_LENGTH,
+    PARTITION_COUNT,
+    TERM_MAX_LENGTH,
+    TERM_MIN_LENGTH,
+)
+from slipstream.client.logbuffer import check_page_size, compute_log_length
 from slipstream.daemon._network import lib as network_lib
 from slipstream.daemon.agents.thread import (
     MAX_PARK_S,
@@ -110,8 +120,9 @@ class DriverDirectory:
     The driver takes a directory only if it is absent, empty, or already a slipstream driver
     directory (its lock file starts with :data:`DIRECTORY_MARKER`); anything else is refused
     with :class:`DriverDirectoryError`.  It removes only the entries it makes, by name
-    (:data:`DRIVER_FILES`, and the ``<registration id>.logbuffer`` files of
-    :data:`LOG_FOLDERS`), never an unknown entry, and removes the directory at stop only if a
+    (:data:`DRIVER_FILES`), and the logs of :data:`LOG_FOLDERS` a driver made (named
+    ``<registration id>.logbuffer`` and carrying that id in their metadata), never an unknown
+    entry, and removes the directory at stop only if a
     slipstream driver created it (and the missing parents it made for it, if empty).  So
     ``--dir ~`` typed by mistake is refused, and a user's file
     or another driver's nested directory is never touched.
@@ -294,7 +305,7 @@ class DriverDirectory:
                 _remove_file(path)
                 continue
             for entry in path.iterdir():
-                if _is_log_name(entry.name):
+                if _is_driver_log(entry):
                     _remove_file(entry)
             with contextlib.suppress(OSError):  # not empty: something that is not ours
                 path.rmdir()
@@ -432,11 +443,49 @@ def _is_log_name(name: str) -> bool:
     return _LOG_NAME.fullmatch(name) is not None
 
 
+def _is_driver_log(path: Path) -> bool:
+    """Whether ``path`` is a log a driver made: named ``<registration id>.logbuffer``, a
+    regular file whose length is a log's and whose metadata names that registration id and
+    that term length (:meth:`LogBuffer.create` writes the metadata before it reserves the
+    pages).  A file a user named so, or anything else, is not."""
+    if not _is_log_name(path.name):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        registration_id = int(path.name.removesuffix(".logbuffer"))
+        term_length = TERM_MIN_LENGTH
+        while term_length <= TERM_MAX_LENGTH:
+            meta_offset = PARTITION_COUNT * term_length
+            if meta_offset + LOG_META_DATA_LENGTH > info.st_size:
+                break
+            meta = os.pread(fd, LOG_META_DATA_LENGTH, meta_offset)
+            (correlation_id,) = struct.unpack_from("<q", meta, META_CORRELATION_ID)
+            named_length, page_size = struct.unpack_from("<ii", meta, META_TERM_LENGTH)
+            if named_length == term_length and correlation_id == registration_id:
+                try:
+                    check_page_size(page_size)
+                except ValueError:
+                    return False
+                return compute_log_length(term_length, page_size) == info.st_size
+            term_length <<= 1
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _is_driver_entry(entry: Path) -> bool:
     if entry.name in DRIVER_FILES or entry.name in LEGACY_FILES or _is_lock_in_making(entry.name):
         return True
     if entry.name in LOG_FOLDERS and entry.is_dir() and not entry.is_symlink():
-        return all(_is_log_name(log_file.name) for log_file in entry.iterdir())
+        return all(_is_driver_log(log_file) for log_file in entry.iterdir())
     return False
 
 

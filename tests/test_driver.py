@@ -38,6 +38,7 @@ from slipstream.client import (
     SlipstreamError,
 )
 from slipstream.client.counters import CountersFile, CounterType, SystemCounter
+from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.publication import Publication
 from slipstream.daemon.driver import DriverDirectory, MediaDriver
 
@@ -305,18 +306,31 @@ def test_a_stale_drivers_files_are_cleaned_but_what_a_user_added_stays(
             crashed.kill()
     (driver_dir / "notes.txt").write_text("precious")
     (driver_dir / "publications" / "keep.me").write_text("mine")
+    # Named as a driver's log, but not one: its content is not a log's.
+    (driver_dir / "publications" / "7.logbuffer").write_text("mine too")
+    # A log's length and layout, but made for another registration id than its name says.
+    lookalike = driver_dir / "images" / "8.logbuffer"
+    LogBuffer.create(lookalike, term_length=64 * 1024, initial_term_id=0, session_id=1,
+                     stream_id=2, mtu=1408, correlation_id=9).close()
+    lookalike_bytes = lookalike.read_bytes()
     with MediaDriver.launch(directory=driver_dir) as driver:
-        assert [p.name for p in (driver_dir / "publications").iterdir()] == ["keep.me"]
+        assert sorted(p.name for p in (driver_dir / "publications").iterdir()) == [
+            "7.logbuffer", "keep.me"]
         assert driver.stop() == 0
+    assert lookalike.read_bytes() == lookalike_bytes
+    lookalike.unlink()
     assert _tree(driver_dir) == {"notes.txt": "precious", "publications": "",
-                                 "publications/keep.me": "mine"}
+                                 "publications/keep.me": "mine",
+                                 "publications/7.logbuffer": "mine too", "images": ""}
 
 
 def test_a_driver_directory_of_an_earlier_release_is_still_cleaned(driver_dir: Path) -> None:
     """Before the marker a driver's lock file held its pid alone: a directory holding only a
     driver's names is still taken (and a crashed old driver's logs cleaned)."""
     (driver_dir / "publications").mkdir(parents=True)
-    (driver_dir / "publications" / "12.logbuffer").write_bytes(b"\0" * 64)
+    LogBuffer.create(driver_dir / "publications" / "12.logbuffer", term_length=64 * 1024,
+                     initial_term_id=0, session_id=1, stream_id=2, mtu=1408,
+                     correlation_id=12).close()
     (driver_dir / "counters.dat").write_bytes(b"\0" * 64)
     (driver_dir / "driver.lock").write_text("4242\n")
     with MediaDriver.launch(directory=driver_dir) as driver:
