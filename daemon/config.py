@@ -662,6 +662,13 @@ class DriverSettings:
     def __attrs_post_init__(self) -> None:
         for rule in _CROSS_FIELD_RULES:
             rule.check(self)
+        if (self.publication_reserved_session_id_low == INT32_MIN
+                and self.publication_reserved_session_id_high == INT32_MAX):
+            raise ConfigurationError(
+                "publication_reserved_session_id_low",
+                f"{INT32_MIN}..{INT32_MAX} reserves every session id "
+                f"(publication_reserved_session_id_high is {INT32_MAX}): a publication without "
+                f"session-id= would have none to take; leave some outside the range")
 
     @classmethod
     def from_mapping(

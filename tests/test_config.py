@@ -405,6 +405,17 @@ def test_cross_field_rules_name_both_keys(overrides: dict[str, Any], left: str, 
     assert right in str(info.value)
 
 
+def test_a_reserved_range_of_every_session_id_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="reserves every session id") as info:
+        load_settings(env={}, overrides={"publication_reserved_session_id_low": -(1 << 31),
+                                         "publication_reserved_session_id_high": (1 << 31) - 1})
+    assert info.value.key == "publication_reserved_session_id_low"
+    one_left = load_settings(env={}, overrides={
+        "publication_reserved_session_id_low": -(1 << 31),
+        "publication_reserved_session_id_high": (1 << 31) - 2})
+    assert one_left.publication_reserved_session_id_high == (1 << 31) - 2
+
+
 def test_zero_socket_buffer_means_os_default_and_is_not_checked() -> None:
     overrides = {"socket_so_rcvbuf": 0, "rcv_initial_window_length": "1m"}
     loaded = load_settings(env={}, overrides=overrides)

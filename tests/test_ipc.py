@@ -28,6 +28,7 @@ from slipstream.client.counters import (
     SystemCounter,
     read_system_counters,
 )
+from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.subscription import Image
 from slipstream.daemon.driver import MediaDriver
@@ -805,3 +806,25 @@ def test_a_closed_subscriptions_image_logs_stay_mapped_for_the_resource_linger(
     time.sleep(RESOURCE_LINGER_S + 0.5)
     assert image._log.closed  # not left to a poll that may never come
     publication.close()
+
+
+def test_when_the_reserved_range_leaves_few_session_ids_the_last_free_ones_are_used_then_refused(
+        driver_dir: Path) -> None:
+    """Two ids outside the reserved range: two publications take them, a third is refused by
+    name (the conductor used to draw at random for ever), and one freed is taken again."""
+    with MediaDriver.launch(directory=driver_dir, ipc_term_buffer_length="64k",
+                            publication_reserved_session_id_low=INT32_MIN,
+                            publication_reserved_session_id_high=INT32_MAX - 2) as driver, \
+            Client.connect(driver_dir) as client:
+        first = client.add_publication("aeron:ipc", 1)
+        second = client.add_publication("aeron:ipc", 2)
+        assert {first.session_id, second.session_id} == {INT32_MAX - 1, INT32_MAX}
+        with pytest.raises(RegistrationError, match="no session id is free"):
+            client.add_publication("aeron:ipc", 3)
+        freed = first.session_id
+        first.close()
+        third = client.add_publication("aeron:ipc", 3)
+        assert third.session_id == freed
+        third.close()
+        second.close()
+        assert driver.stop() == 0

@@ -157,10 +157,30 @@ class DriverConductor:
         used = {p.session_id for p in self.ipc_publications.values()}
         if self.network is not None:
             used |= self.network.used_session_ids
-        while True:
-            session_id = self._rng.randrange(INT32_MIN, INT32_MAX + 1)
-            if not (low <= session_id <= high) and session_id not in used:
+        # Drawn from the ids outside the reserved range (the settings leave at least one):
+        # [INT32_MIN, low) then (high, INT32_MAX], counted as one run of `free` ids.
+        below = low - INT32_MIN
+        free = below + INT32_MAX - high
+
+        def nth_free(n: int) -> int:
+            return INT32_MIN + n if n < below else high + 1 + (n - below)
+
+        start = self._rng.randrange(free)
+        # A few random draws find a free id at once unless nearly all are taken; then a walk
+        # from the last draw visits at most len(used) + 1 ids.
+        for _ in range(8):
+            session_id = nth_free(start)
+            if session_id not in used:
                 return session_id
+            start = self._rng.randrange(free)
+        for step in range(min(free, len(used) + 1)):
+            session_id = nth_free((start + step) % free)
+            if session_id not in used:
+                return session_id
+        raise ResourceError(
+            f"no session id is free: all {free} outside the reserved range "
+            f"publication_reserved_session_id_low..high ({low}..{high}) are in use; narrow "
+            f"the range or give the publication session-id=")
 
     # -- commands ----------------------------------------------------------------------------
     def on_command(self, key: bytes, message: dict[str, Any], now_ns: int) -> Outgoing:
