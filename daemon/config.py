@@ -222,10 +222,13 @@ def _check_host_port(value: str) -> str | None:
     if value == "":
         return None
     host, sep, port = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
         host = host[1:-1]  # IPv6 literal, "[::1]:9100"
     if not sep or not host or not (port.isascii() and port.isdecimal()) or int(port) > 65535:
         return "is not host:port with a port in 0..65535"
+    if "[" in host or "]" in host or (":" in host and not bracketed):
+        return "is not host:port: an IPv6 address goes in brackets, as [::1]:9100"
     return None
 
 
@@ -236,7 +239,7 @@ def parse_host_port(value: str, key: str) -> tuple[str, int]:
     if problem is not None:
         raise ConfigurationError(key, f"{value!r} {problem}")
     host, _, port = value.rpartition(":")
-    return host.strip("[]"), int(port)
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 def _check_directory(value: str) -> str | None:

@@ -667,10 +667,10 @@ class _DriverShell(_DriverCore):
         try:
             endpoint = self.settings.metrics_endpoint
             if endpoint is not None:
-                from slipstream.daemon.ops.metrics import start_exporter
+                from slipstream.daemon.ops.metrics import metrics_url, start_exporter
 
                 exporter, _ = start_exporter(self.driver_directory.path, *endpoint)
-                log.info("metrics at http://%s:%d/metrics", *exporter.server_address[:2])
+                log.info("metrics at %s", metrics_url(exporter))
             for thread in threads:
                 thread.start()
             self._bind_commands()

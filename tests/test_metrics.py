@@ -7,7 +7,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -47,6 +46,10 @@ def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:
         subscription.receive(lambda d, h: None, 10, timeout=2)
         text = scrape(port)
     assert "# TYPE slipstream_nak_messages_sent_total counter" in text
+    # Values now, which go down as well as up: gauges, or rate() would read resets.
+    assert "# TYPE slipstream_governor_pressure gauge" in text
+    assert "# TYPE slipstream_governor_step gauge" in text
+    assert "slipstream_governor_step_total" not in text
     assert value(text, "slipstream_sent_bytes_total") >= 0
     assert value(text, "slipstream_clients") == 1
     session = publication.session_id
@@ -56,21 +59,20 @@ def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:
     assert value(text, "slipstream_driver_heartbeat_age_seconds") < 5
 
 
-def test_slipstream_metrics_runs_beside_a_driver(driver_dir: Path) -> None:
-    port = free_tcp_port()
+def test_slipstream_metrics_runs_beside_a_driver_and_names_the_port_it_got(
+        driver_dir: Path) -> None:
+    """Port 0: the kernel picks one, and the line the exporter prints names it."""
     with MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS):
         exporter = subprocess.Popen([sys.executable, "-m", "slipstream.daemon.cli", "metrics",
-                                     "--dir", str(driver_dir), "--address",
-                                     f"127.0.0.1:{port}"], stdout=subprocess.PIPE)
+                                     "--dir", str(driver_dir), "--address", "127.0.0.1:0"],
+                                    stdout=subprocess.PIPE, text=True)
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    text = scrape(port)
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "the exporter did not come up"
-                    time.sleep(0.1)
+            assert exporter.stdout is not None
+            line = exporter.stdout.readline()
+            match = re.fullmatch(r"slipstream metrics: http://127\.0\.0\.1:([0-9]+)/metrics\n",
+                                 line)
+            assert match and int(match[1]) != 0, line
+            text = scrape(int(match[1]))
             assert value(text, "slipstream_clients") == 0
             assert "slipstream_errors_total" in text
         finally:
@@ -99,7 +101,8 @@ def test_an_address_the_exporter_cannot_serve_is_an_error_naming_its_key(
     assert not driver_dir.exists() or not any(driver_dir.iterdir())
     assert exporter.returncode == 2
     assert f"configuration key '--address': cannot listen on {in_use}" in exporter.stderr
-    for bad in ("127.0.0.1:99999", "nohost", "127.0.0.1:abc"):
+    for bad in ("127.0.0.1:99999", "nohost", "127.0.0.1:abc", "[::1:9100", "::1:9100",
+                "[::1]]:9100"):
         refused = _cli("metrics", "--dir", str(driver_dir), "--address", bad)
         assert refused.returncode == 2
         assert f"'--address': '{bad}' is not host:port" in refused.stderr, refused.stderr

@@ -45,6 +45,9 @@ from slipstream.client.counters import (
 )
 from slipstream.client.errors import ConfigurationError
 
+#: System counters that hold a value now rather than a count: Prometheus gauges.
+_SYSTEM_GAUGES = (SystemCounter.GOVERNOR_PRESSURE, SystemCounter.GOVERNOR_STEP)
+
 
 def metric_name(counter: SystemCounter) -> str:
     """The Prometheus name of a system counter (units last, as the conventions ask)."""
@@ -53,6 +56,13 @@ def metric_name(counter: SystemCounter) -> str:
     if counter is SystemCounter.BYTES_RECEIVED:
         return "slipstream_received_bytes"
     return f"slipstream_{counter.name.lower()}"
+
+
+def metrics_url(server: Any) -> str:
+    """The URL an exporter serves at: the address it is bound to (the port the kernel gave
+    for port 0), an IPv6 host in brackets."""
+    host, port = server.server_address[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
 class CountersCollector(Collector):
@@ -112,6 +122,9 @@ class CountersCollector(Collector):
                     yield GaugeMetricFamily("slipstream_conductor_max_cycle_seconds",
                                             "The conductor's longest duty cycle",
                                             value=info.value / 1e9)
+                elif counter in _SYSTEM_GAUGES:  # a value now, which may go down
+                    yield GaugeMetricFamily(f"slipstream_{counter.name.lower()}",
+                                            counter.label, value=info.value)
                 elif counter is SystemCounter.NETWORK_BUSY_NS:
                     yield CounterMetricFamily("slipstream_network_busy_seconds",
                                               "Time the network threads spent in duty cycles "
@@ -176,7 +189,7 @@ def run_metrics(directory: str | None, address: str) -> int:
     host, port = parse_host_port(address, "--address")
     server, _thread = start_exporter(directory or default_directory(), host, port,
                                      key="--address")
-    print(f"slipstream metrics: http://{address}/metrics", flush=True)
+    print(f"slipstream metrics: {metrics_url(server)}", flush=True)
     try:
         while True:
             time.sleep(3600)
