@@ -168,7 +168,9 @@ BACK_PRESSURE_TYPES: Final = ((CounterType.BP_EPISODES, "bp-episodes"),
                               (CounterType.BP_DEPTH, "bp-depth"),
                               (CounterType.BP_PEAK, "bp-peak"),
                               (CounterType.PUBLISHER_DROPS, "pub-drops"))
-_POSITION_LABEL = re.compile(r"(?P<kind>[a-z-]+): (?P<channel>\S+) stream=(?P<stream>-?\d+) "
+# The channel may hold spaces (alias=my feed): it runs up to the " stream=S session=S" that
+# the rest of the label follows.
+_POSITION_LABEL = re.compile(r"(?P<kind>[a-z-]+): (?P<channel>.+?) stream=(?P<stream>-?\d+) "
                              r"session=(?P<session>-?\d+)"
                              r"(?: (?:sub=(?P<sub>\d+)|source=(?P<source>\S+)))*")
 

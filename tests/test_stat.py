@@ -94,7 +94,7 @@ def test_no_report_reads_as_empty(tmp_path: Path) -> None:
     assert read_loss_report(tmp_path) == []
 
 
-@given(channel=st.from_regex(r"aeron:(ipc|udp\?endpoint=[0-9.]+:[0-9]+)(\|[a-z]+=[a-z0-9,:]+)*",
+@given(channel=st.from_regex(r"aeron:(ipc|udp\?endpoint=[0-9.]+:[0-9]+)(\|[a-z]+=[a-z0-9,: ]+)*",
                              fullmatch=True),
        stream_id=st.integers(INT32_MIN, INT32_MAX), session_id=st.integers(INT32_MIN, INT32_MAX),
        subscription=st.none() | st.integers(0, 2**62))

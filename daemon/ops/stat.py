@@ -286,6 +286,8 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
                 return 0
             header = (f"slipstream driver pid {counters.driver_pid} in {path}  "
                       f"heartbeat {age:.1f} s ago  {time.strftime('%H:%M:%S')}")
+            if match:  # every table below is filtered: say so where a reader looks first
+                header += f"\nonly labels containing {match!r} (--match)"
             table = render(snapshot, previous, now - last, header, losses=losses,
                            errors=errors, previous_errors=previous_errors)
             if interactive:
