@@ -7,6 +7,7 @@ driver.toml mean the same thing.  Durations are returned in nanoseconds, sizes i
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
 _DURATION_SCALE = {
@@ -35,14 +36,20 @@ def parse_duration_ns(text: str | int | float) -> int:
             raise ValueError(f"{text} is negative; a duration is >= 0")
         return text
     if isinstance(text, float):
-        if text < 0:
-            raise ValueError(f"{text} is negative; a duration is >= 0")
-        return int(text)
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a duration (a number with ns, us, ms, s, m or h)")
-    value, unit = match.groups()
-    return int(float(value) * _DURATION_SCALE[unit])
+        if not text >= 0 or text == float("inf"):
+            raise ValueError(f"{text} is not a duration >= 0")
+        value, unit = repr(text), None  # its shortest decimal spelling, as if written so
+    else:
+        match = _DURATION.match(text)
+        if not match:
+            raise ValueError(
+                f"{text!r} is not a duration (a number with ns, us, ms, s, m or h)")
+        value, unit = match.groups()
+    # Exact decimal arithmetic: 4.1s is 4_100_000_000 ns, not a float's 4_099_999_999.
+    ns = Fraction(value) * _DURATION_SCALE[unit]
+    if ns.denominator != 1:
+        raise ValueError(f"{text!r} is not a whole number of nanoseconds")
+    return int(ns)
 
 
 def parse_size(text: str | int) -> int:

@@ -513,9 +513,25 @@ def test_sizes_round_trip_through_units(n: int) -> None:
 
 
 @settings(max_examples=300, deadline=None, database=None)
-@given(st.integers(0, 1 << 52))  # float-exact: parse_duration_ns goes through float
+@given(st.integers(0, 1 << 62))
 def test_durations_round_trip_through_units(n: int) -> None:
     assert parse_duration_ns(format_duration_ns(n)) == n
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(whole=st.integers(0, 10**6), digits=st.text("0123456789", min_size=1, max_size=9),
+       unit=st.sampled_from(["s", "ms", "us"]))
+def test_a_decimal_duration_is_exact_to_the_nanosecond(whole: int, digits: str,
+                                                        unit: str) -> None:
+    """4.1s is 4_100_000_000 ns (through a float it was 4_099_999_999); a fraction of a
+    nanosecond is refused, never rounded away."""
+    scale = {"s": 9, "ms": 6, "us": 3}[unit]
+    text = f"{whole}.{digits}{unit}"
+    if len(digits.rstrip("0")) <= scale:
+        assert parse_duration_ns(text) == int(f"{whole}{digits.rstrip('0').ljust(scale, '0')}")
+    else:
+        with pytest.raises(ValueError, match="not a whole number of nanoseconds"):
+            parse_duration_ns(text)
 
 
 # ---------------------------------------------------------------------------- the object itself
