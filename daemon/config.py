@@ -611,7 +611,9 @@ class DriverSettings:
         low=RECEIVER_TIMEOUT_RANGE_NS[0], high=RECEIVER_TIMEOUT_RANGE_NS[1],
     )
     flow_control_group_tag: int = _int(
-        -1, "Receiver group tag that tagged flow control waits for; -1 = none.",
+        -1, "Receiver group tag that tagged flow control waits for (a channel's fc=tagged,g:TAG "
+            "overrides it). -1 is Aeron's default and a tag like any other: receivers that send "
+            "gtag=-1 belong to the group.",
         low=INT64_MIN, high=INT64_MAX,
     )
     flow_control_group_min_size: int = _int(
