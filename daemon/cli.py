@@ -18,12 +18,14 @@ def _driver(args: argparse.Namespace) -> int:
     from slipstream.daemon.config import format_settings, load_settings_from_args
     from slipstream.daemon.driver import run_driver
 
+    # Before the settings: what loading them warns of (a file's line outranked) is shown too.
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings_from_args(args)
     if args.print_config:
         print(format_settings(settings))
         return 0
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(settings.log_level.upper())
     run_driver(settings)
     return 0
 

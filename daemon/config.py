@@ -22,6 +22,7 @@ import argparse
 import difflib
 import enum
 import importlib.resources
+import logging
 import operator
 import os
 import re
@@ -823,6 +824,9 @@ def _env_values(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     return found
 
 
+log = logging.getLogger("slipstream.config")
+
+
 def load_settings(
     config_file: str | Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -840,11 +844,16 @@ def load_settings(
         path = Path(config_file)
         for key, value in _file_values(path).items():
             values[key], sources[key], origins[key] = value, "file", f"in {path}"
+    in_file = dict(origins)
     for key, (name, value) in _env_values(os.environ if env is None else env).items():
         values[key], sources[key], origins[key] = value, "env", f"from ${name}"
     for key, value in (overrides or {}).items():
         _require_known(key)
         values[key], sources[key], origins[key] = value, "cli", "by override"
+    for key, where in in_file.items():
+        if sources[key] != "file":  # the file's line is dead: say so, it was meant to count
+            log.warning("%s %s is not used: it is set %s, which outranks the file", key, where,
+                        origins[key])
     try:
         return DriverSettings.from_mapping(values, sources=sources)
     except ConfigurationError as exc:

@@ -6,6 +6,7 @@ import argparse
 import getpass
 import importlib.resources
 import json
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -414,6 +415,20 @@ def test_a_reserved_range_of_every_session_id_is_refused() -> None:
         "publication_reserved_session_id_low": -(1 << 31),
         "publication_reserved_session_id_high": (1 << 31) - 2})
     assert one_left.publication_reserved_session_id_high == (1 << 31) - 2
+
+
+def test_a_file_line_the_environment_outranks_is_warned_of(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The systemd unit sets SLIPSTREAM_DIR: a dir line in driver.toml is then not used, and
+    the operator who wrote it is told so."""
+    config = _write(tmp_path / "driver.toml", ['dir = "/dev/shm/elsewhere"', "max_resend = 3"])
+    with caplog.at_level(logging.WARNING, logger="slipstream.config"):
+        loaded = load_settings(config, env={"SLIPSTREAM_DIR": "/dev/shm/unit"},
+                               overrides={"max_resend": 5})
+    assert (loaded.dir, loaded.max_resend) == ("/dev/shm/unit", 5)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"dir in {config} is not used: it is set from $SLIPSTREAM_DIR, which outranks the file",
+        f"max_resend in {config} is not used: it is set by override, which outranks the file"]
 
 
 def test_zero_socket_buffer_means_os_default_and_is_not_checked() -> None:
