@@ -183,6 +183,7 @@ class Image:
         self._assembly_start = 0  # the position of the BEGIN frame of the message assembling
         self._gone = False  # unavailable or its subscription closed: its counter is not ours
         self._closed = False
+        self._ended = False  # is_end_of_stream when it closed
         self._doorbell_fd = doorbell_fd
         self.signal = log.reader_signal()
         self.waiters = log.reader_waiters()
@@ -193,8 +194,15 @@ class Image:
 
     @property
     def is_end_of_stream(self) -> bool:
-        """The publisher is gone and everything it wrote has been consumed."""
+        """The publisher is gone and everything it wrote has been consumed (for an image that
+        is gone: whether that was so when it went)."""
+        if self._closed:
+            return self._ended
         return self._position >= self._log.end_of_stream_position
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the image is gone: its log is no longer mapped")
 
     def _describe(self, reader) -> None:  # reader: cffi ss_reader_t
         """Fill in what a parked reader watches for this image."""
@@ -214,7 +222,10 @@ class Image:
                                     self._doorbell_fd)
 
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
-        """Deliver up to ``fragment_limit`` fragments; returns how many messages were handled."""
+        """Deliver up to ``fragment_limit`` fragments; returns how many messages were handled
+        (0 once the image is gone, as for a closed subscription)."""
+        if self._closed:  # its log is unmapped: nothing may be read from it
+            return 0
         return self._read(handler, fragment_limit, self.term_length)
 
     def _read(self, handler: FragmentHandler, fragment_limit: int, scan_end: int) -> int:
@@ -305,7 +316,10 @@ class Image:
         return False
 
     def poll_batch(self, max_messages: int) -> MessageBatch | None:
-        """Up to ``max_messages`` whole messages in place, or None when nothing is there."""
+        """Up to ``max_messages`` whole messages in place, or None when nothing is there (or
+        the image is gone)."""
+        if self._closed:
+            return None
         position = self._position
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
@@ -350,7 +364,9 @@ class Image:
 
     def available_position(self) -> int:
         """How far committed frames reach from this reader's position (not consuming them):
-        the position after the last whole message that is ready."""
+        the position after the last whole message that is ready.  Raises
+        :class:`ClosedError` once the image is gone."""
+        self._check_open()
         probe = Image(self._log, ffi.new("int64_t *", self._position),
                       join_position=self._position)
         boundary = probe._position
@@ -368,8 +384,10 @@ class Image:
 
         Both positions must be message boundaries (from :meth:`available_position` or an
         earlier peek).  ``position`` may lie behind this subscriber (data it already consumed)
-        as long as the log still holds it; :class:`DataLossError` says when it does not.
+        as long as the log still holds it; :class:`DataLossError` says when it does not, and
+        :class:`ClosedError` when the image is gone.
         """
+        self._check_open()
         self._check_retained(position)
         reader = Image(self._log, ffi.new("int64_t *", position), join_position=position)
         while reader._position < limit_position:
@@ -439,8 +457,12 @@ class Image:
         self._advance(new_position)
 
     def _close(self) -> None:
+        if self._closed:
+            return
+        self._ended = self._position >= self._log.end_of_stream_position
         self._closed = True
         self._terms = []
+        self._term_ptrs = []
         self._header._term = memoryview(b"")
         self._log.close()
 

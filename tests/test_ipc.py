@@ -19,9 +19,11 @@ from slipstream.client import (
     NOT_CONNECTED,
     BufferClaim,
     Client,
+    ClosedError,
     MessageBatch,
     RegistrationError,
 )
+from slipstream.client.client import RESOURCE_LINGER_S
 from slipstream.client.counters import (
     CountersFile,
     CounterType,
@@ -828,3 +830,26 @@ def test_when_the_reserved_range_leaves_few_session_ids_the_last_free_ones_are_u
         third.close()
         second.close()
         assert driver.stop() == 0
+
+
+def test_an_image_kept_after_its_subscription_closed_reads_nothing_and_never_crashes(
+        client: Client) -> None:
+    """A user may hold an Image past the client's resource linger, when its log is unmapped:
+    poll and poll_batch find nothing and is_end_of_stream answers as it was (they used to
+    read the unmapped log and kill the process with SIGSEGV); peek and available_position
+    raise ClosedError."""
+    publication = client.add_publication(CHANNEL, 1018)
+    subscription = client.add_subscription(CHANNEL, 1018)
+    wait_for(lambda: publication.is_connected and subscription.images, what="the image")
+    offer_until(publication, b"one")
+    image = subscription.images[0]
+    subscription.close()
+    wait_for(lambda: image.is_closed, timeout=RESOURCE_LINGER_S + 5, what="the image unmapped")
+    assert image.poll(lambda data, header: None, 10) == 0
+    assert image.poll_batch(10) is None
+    assert image.is_end_of_stream is False
+    with pytest.raises(ClosedError, match="the image is gone"):
+        image.available_position()
+    with pytest.raises(ClosedError, match="the image is gone"):
+        image.peek(0, lambda data, header: None, 64)
+    publication.close()
