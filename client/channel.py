@@ -62,6 +62,18 @@ FLOW_CONTROLS: Final = ("max", "min", "tagged", "unicast")
 #: ns (the URI's fc=...,t: and the setting flow_control_receiver_timeout): 0 would forget
 #: every receiver at once (min turned into max).
 RECEIVER_TIMEOUT_RANGE_NS: Final = (1_000_000, 3_600_000_000_000)
+# The ranges a URI key shares with the driver setting it overrides (daemon/config.py): a value
+# means the same and is refused the same in either place.
+#: nak-delay= and nak_unicast_delay, ns.
+NAK_DELAY_RANGE_NS: Final = (0, 1_000_000_000)
+#: linger= and the untethered timeouts, and their settings, ns: a log is kept at most an hour.
+TIMEOUT_RANGE_NS: Final = (0, 3_600_000_000_000)
+#: rcv-wnd= and rcv_initial_window_length, bytes.
+RECEIVER_WINDOW_RANGE: Final = (64, 1 << 30)
+#: pub-wnd= and the publication window settings, bytes (0: half a term).
+PUBLICATION_WINDOW_RANGE: Final = (0, 1 << 30)
+#: so-rcvbuf= / so-sndbuf= and socket_so_rcvbuf / socket_so_sndbuf, bytes (0: the kernel's).
+SOCKET_BUFFER_RANGE: Final = (0, 1 << 30)
 #: Aeron's older name of ``tagged`` (PreferredMulticastFlowControl), taken as it.
 FLOW_CONTROL_ALIASES: Final = {"preferred": "tagged"}
 RATE_CONTROLS: Final = ("nak-strength",)
@@ -371,11 +383,19 @@ def _size(text: str, low: int = 1, high: int = INT32_MAX) -> int:
     return value
 
 
-def _duration(text: str) -> int:
+def _duration(text: str, low: int = 0, high: int | None = None) -> int:
     try:
-        return parse_duration_ns(text)
+        value = parse_duration_ns(text)
     except ValueError as e:
         raise _Bad(str(e)) from None
+    if high is not None and not low <= value <= high:
+        raise _Bad(f"{_format_ns(value)} is out of range {_format_ns(low)}..{_format_ns(high)}")
+    return value
+
+
+def _in(parse: Callable[..., int], bounds: tuple[int, int]) -> Callable[[str], int]:
+    """``parse`` (_size or _duration) within ``bounds``."""
+    return lambda text: parse(text, *bounds)
 
 
 def _term_length(text: str) -> int:
@@ -667,14 +687,16 @@ _PARAMS: Final[dict[str, _Param]] = {
     "control-mode": _param("control_mode", _choice(*CONTROL_MODES)),
     "term-length": _param("term_length", _term_length),
     "mtu": _param("mtu", _mtu),
-    "rcv-wnd": _param("rcv_wnd", _size, udp_only=True),
-    "pub-wnd": _param("pub_wnd", _size),
-    "so-sndbuf": _param("so_sndbuf", _size, udp_only=True),
-    "so-rcvbuf": _param("so_rcvbuf", _size, udp_only=True),
-    "nak-delay": _param("nak_delay_ns", _duration, udp_only=True),
-    "linger": _param("linger_ns", _duration),
-    "untethered-window-limit-timeout": _param("untethered_window_limit_timeout_ns", _duration),
-    "untethered-resting-timeout": _param("untethered_resting_timeout_ns", _duration),
+    "rcv-wnd": _param("rcv_wnd", _in(_size, RECEIVER_WINDOW_RANGE), udp_only=True),
+    "pub-wnd": _param("pub_wnd", _in(_size, PUBLICATION_WINDOW_RANGE)),
+    "so-sndbuf": _param("so_sndbuf", _in(_size, SOCKET_BUFFER_RANGE), udp_only=True),
+    "so-rcvbuf": _param("so_rcvbuf", _in(_size, SOCKET_BUFFER_RANGE), udp_only=True),
+    "nak-delay": _param("nak_delay_ns", _in(_duration, NAK_DELAY_RANGE_NS), udp_only=True),
+    "linger": _param("linger_ns", _in(_duration, TIMEOUT_RANGE_NS)),
+    "untethered-window-limit-timeout": _param("untethered_window_limit_timeout_ns",
+                                              _in(_duration, TIMEOUT_RANGE_NS)),
+    "untethered-resting-timeout": _param("untethered_resting_timeout_ns",
+                                         _in(_duration, TIMEOUT_RANGE_NS)),
     "eos": _param("eos", _bool),
     "reliable": _param("reliable", _bool),
     "sparse": _param("sparse", _bool),

@@ -36,7 +36,15 @@ from typing import Any
 
 import attrs
 
-from slipstream.client.channel import FLOW_CONTROLS, RECEIVER_TIMEOUT_RANGE_NS
+from slipstream.client.channel import (
+    FLOW_CONTROLS,
+    NAK_DELAY_RANGE_NS,
+    PUBLICATION_WINDOW_RANGE,
+    RECEIVER_TIMEOUT_RANGE_NS,
+    RECEIVER_WINDOW_RANGE,
+    SOCKET_BUFFER_RANGE,
+    TIMEOUT_RANGE_NS,
+)
 from slipstream.client.control import default_driver_directory
 from slipstream.client.errors import ConfigurationError
 from slipstream.client.layout import (
@@ -397,13 +405,13 @@ class DriverSettings:
         0,
         "How far offer() may run ahead of the sender position, bytes; 0 = term_length/2, "
         "which is also the cap (a term must stay clean for the writer).",
-        low=0, high=_GiB,
+        low=PUBLICATION_WINDOW_RANGE[0], high=PUBLICATION_WINDOW_RANGE[1],
     )
     ipc_publication_term_window_length: int = _size(
         0,
         "How far an IPC offer() may run ahead of the slowest subscriber, bytes; 0 = "
         "term_length/2, also the cap.",
-        low=0, high=_GiB,
+        low=PUBLICATION_WINDOW_RANGE[0], high=PUBLICATION_WINDOW_RANGE[1],
     )
     # ---------------------------------------------------------------- receiver
     image_term_buffer_length_max: int = _size(
@@ -419,7 +427,7 @@ class DriverSettings:
         "Receiver window advertised in status messages, bytes; 128 KiB covers the "
         "bandwidth x RTT product of 10 Gbit/s x 100 us or 1 Gbit/s x 1 ms. Capped at "
         "term_length/2; must be >= mtu_length.",
-        low=64, high=_GiB,
+        low=RECEIVER_WINDOW_RANGE[0], high=RECEIVER_WINDOW_RANGE[1],
     )
     cubic_initial_rtt: int = _duration(
         100 * _US,
@@ -452,7 +460,7 @@ class DriverSettings:
         100 * _US,
         "Delay before a unicast receiver NAKs a gap, ns; short because one receiver cannot "
         "cause a NAK storm, yet long enough to absorb brief reordering.",
-        high=_S,
+        low=NAK_DELAY_RANGE_NS[0], high=NAK_DELAY_RANGE_NS[1],
     )
     nak_unicast_retry_delay_ratio: int = _int(
         100,
@@ -477,10 +485,11 @@ class DriverSettings:
         128 * _KiB,
         "SO_RCVBUF of UDP sockets, bytes; 0 = OS default. Must hold a full receiver window, "
         "hence the same 128 KiB default as rcv_initial_window_length.",
-        low=0, high=_GiB,
+        low=SOCKET_BUFFER_RANGE[0], high=SOCKET_BUFFER_RANGE[1],
     )
     socket_so_sndbuf: int = _size(
-        0, "SO_SNDBUF of UDP sockets, bytes; 0 = OS default.", low=0, high=_GiB
+        0, "SO_SNDBUF of UDP sockets, bytes; 0 = OS default.",
+        low=SOCKET_BUFFER_RANGE[0], high=SOCKET_BUFFER_RANGE[1],
     )
     socket_gso: bool = _bool(
         True,
@@ -581,6 +590,7 @@ class DriverSettings:
         5 * _S,
         "A closed publication lingers this long to serve retransmits, ns (unicast ends early "
         "on the receiver's EOS status message).",
+        low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
     )
     publication_unblock_timeout: int = _duration(
         15 * _S,
@@ -642,12 +652,14 @@ class DriverSettings:
         "window of holding its publishers back this long is left behind: its image goes, "
         "with the range it skips (drop-oldest, seeds/002), ns. A channel's "
         "untethered-window-limit-timeout= overrides it (Aeron's default).",
+        low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
     )
     untethered_resting_timeout: int = _duration(
         10 * _S,
         "How long a left-behind untethered subscription rests before it rejoins the stream at "
         "the newest position, ns; 0 rejoins at once. A channel's "
         "untethered-resting-timeout= overrides it (Aeron's default).",
+        low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
     )
     # ---------------------------------------------------------------- session ids
     publication_reserved_session_id_low: int = _int(

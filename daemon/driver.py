@@ -901,6 +901,10 @@ def _restore_signals(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler)
 
 
+#: How long a closing embedded driver's drain sleeps after a cycle that did nothing, s.
+DRAIN_IDLE_S = 0.0002
+
+
 class EmbeddedDriver(_DriverCore):
     """A driver inside the application's process in invoker mode (Aeron's embedded media
     driver with ``ThreadingMode.INVOKER``): it has no thread of its own; its conductor and
@@ -941,6 +945,7 @@ class EmbeddedDriver(_DriverCore):
         self._closed = False
         self._at_exit: Callable[[], None] | None = None
         self._error_log: ErrorLogHandler | None = None
+        self._loop: Any = None  # the C duty loop, once made
         try:
             network = self._open(wake_network=lambda: None, wake_conductor=self._post)
             self._agents = (network.receiver, network.sender)
@@ -988,28 +993,30 @@ class EmbeddedDriver(_DriverCore):
         if not self._working.acquire(blocking=False):
             return 0
         try:
-            if self._closed:
-                return 0
-            loop = self._loop
-            work = network_lib.ss_duty_loop_once(loop)
-            now = loop.now_ns
-            # A publisher refused while the paced conductor waits: limits to move.
-            refused = self._conductor_waiting and lib.ss_load_acquire_i32(
-                self._driver_signal) != self._signal_seen
-            if loop.due or refused or now >= self._python_due_ns:
-                try:
-                    work += self._python_cycle(now, loop.due, refused)
-                except Exception:  # as the daemon's threads: counted, logged once a second,
-                    # and never raised into the application's call that ran the driver
-                    self.counters.add(SystemCounter.ERRORS)
-                    if now >= self._next_failure_log_ns:
-                        self._next_failure_log_ns = now + 1_000_000_000
-                        log.exception("the embedded driver's duty cycle failed")
-                    self._conductor_due = True
-                    self._python_due_ns = 0
-            return work
+            return 0 if self._closed else self._cycle()
         finally:
             self._working.release()
+
+    def _cycle(self) -> int:
+        """:meth:`do_work`'s cycle, with ``_working`` held."""
+        loop = self._loop
+        work = network_lib.ss_duty_loop_once(loop)
+        now = loop.now_ns
+        # A publisher refused while the paced conductor waits: limits to move.
+        refused = self._conductor_waiting and lib.ss_load_acquire_i32(
+            self._driver_signal) != self._signal_seen
+        if loop.due or refused or now >= self._python_due_ns:
+            try:
+                work += self._python_cycle(now, loop.due, refused)
+            except Exception:  # as the daemon's threads: counted, logged once a second,
+                # and never raised into the application's call that ran the driver
+                self.counters.add(SystemCounter.ERRORS)
+                if now >= self._next_failure_log_ns:
+                    self._next_failure_log_ns = now + 1_000_000_000
+                    log.exception("the embedded driver's duty cycle failed")
+                self._conductor_due = True
+                self._python_due_ns = 0
+        return work
 
     def _python_cycle(self, now: int, due: int, refused: bool) -> int:
         """What of the duty cycle is Python: the agents' Python halves that are due (``due``:
@@ -1092,7 +1099,8 @@ class EmbeddedDriver(_DriverCore):
             self._handle_command(key, message)
 
     def close(self, *, timeout: float | None = None) -> None:
-        """Tell the clients the driver goes, free everything, remove what it made.  Waits for
+        """Drain the network streams (:meth:`_drain`, up to ``drain_timeout``), tell the
+        clients the driver goes, free everything, remove what it made.  Waits for
         a :meth:`do_work` another thread is in; with ``timeout`` (seconds) at most that long,
         and then leaves everything as it is."""
         if not self._working.acquire(timeout=-1 if timeout is None else timeout):
@@ -1106,6 +1114,8 @@ class EmbeddedDriver(_DriverCore):
             if self._at_exit is not None:
                 atexit.unregister(self._at_exit)
             try:
+                if "conductor" in self._opened and self._loop is not None:
+                    self._drain()
                 if self._conductor_waiting:
                     self._wait_for_signal(False)
                 if "conductor" in self._opened:
@@ -1119,6 +1129,30 @@ class EmbeddedDriver(_DriverCore):
                 self.driver_directory.release()
         finally:
             self._working.release()
+
+    def _drain(self) -> None:
+        """Before it closes, as the daemon at its first SIGTERM: no new credit; what its
+        network publications' logs hold is sent and taken by their live receivers, then their
+        streams end; for at most ``drain_timeout`` (0: not at all).  Closing used to drop what
+        offer() had accepted but not yet sent.  IPC subscribers are not waited for (the
+        application that would read is the one closing).  Ctrl-C ends the wait, and closes."""
+        timeout_ns = self.settings.drain_timeout
+        if timeout_ns == 0:
+            return
+        started = time.monotonic_ns()
+        self.conductor.begin_drain(started)
+        while True:
+            now = time.monotonic_ns()
+            if self.conductor.drain(now, wait_for_ipc=False):
+                log.info("drained in %.2f s", (now - started) / 1e9)
+                return
+            if now - started >= timeout_ns:
+                log.warning("drain_timeout passed before the receivers took everything: "
+                            "closing anyway")
+                return
+            self._conductor_due = True  # the drain's progress is the conductor's to see
+            if not self._cycle():
+                time.sleep(DRAIN_IDLE_S)
 
     def __enter__(self) -> EmbeddedDriver:
         if self._closed:

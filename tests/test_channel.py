@@ -11,6 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slipstream.client.channel import (
+    NAK_DELAY_RANGE_NS,
+    PUBLICATION_WINDOW_RANGE,
+    RECEIVER_WINDOW_RANGE,
+    SOCKET_BUFFER_RANGE,
     Channel,
     FlowControlSpec,
     HostPort,
@@ -144,6 +148,13 @@ INVALID: list[tuple[str, str, str]] = [
     (UDP + "mtu=65536", "mtu", "65536 is not a multiple of 32"),
     (UDP + "term-length=64k|mtu=16k", "mtu", "exceeds the maximum message length 8192"),
     (UDP + "rcv-wnd=0", "rcv-wnd", "out of range"),
+    # The ranges of the settings these keys override (a value means the same in both).
+    (UDP + "rcv-wnd=63", "rcv-wnd", "63 is out of range 64..1073741824 bytes"),
+    (UDP + "so-rcvbuf=2g", "so-rcvbuf", "out of range 0..1073741824 bytes"),
+    (UDP + "nak-delay=2s", "nak-delay", "2s is out of range 0ns..1s"),
+    (UDP + "linger=2h", "linger", "7200s is out of range 0ns..3600s"),
+    ("aeron:ipc?untethered-window-limit-timeout=1000h", "untethered-window-limit-timeout",
+     "out of range 0ns..3600s"),
     (UDP + "so-sndbuf=4g", "so-sndbuf", "out of range"),
     (UDP + "nak-delay=soon", "nak-delay", "'soon' is not a duration"),
     (UDP + "linger=-1s", "linger", "is not a duration"),
@@ -322,11 +333,12 @@ def _sizes(values: st.SearchStrategy[int]) -> st.SearchStrategy[str]:
     return values.flatmap(spell)
 
 
-def _durations(low_ms: int = 0) -> st.SearchStrategy[str]:
-    ns = st.integers(low_ms * 10**6, 10**12)
+def _durations(low_ms: int = 0, high_ms: int = 3_600_000) -> st.SearchStrategy[str]:
+    ns = st.integers(low_ms * 10**6, min(10**12, high_ms * 10**6))
     return st.one_of(ns.map(str), ns.map(lambda n: f"{n}ns"),
-                     st.integers(low_ms, 10**6).map(lambda n: f"{n}ms"),
-                     st.integers(1 if low_ms else 0, 1000).map(lambda n: f"{n}s"))
+                     st.integers(low_ms, min(10**6, high_ms)).map(lambda n: f"{n}ms"),
+                     st.integers(1 if low_ms else 0, min(1000, high_ms // 1000)).map(
+                         lambda n: f"{n}s"))
 
 
 _octet = st.integers(0, 255)
@@ -350,11 +362,11 @@ _OPTIONAL_PARAMS: dict[str, st.SearchStrategy[str]] = {
     "term-length": _sizes(st.integers(16, 30).map(lambda b: 1 << b)),
     # <= term-length / 8 always
     "mtu": _sizes(st.integers(2, 256).map(lambda n: n * FRAME_ALIGNMENT)),
-    "rcv-wnd": _sizes(st.integers(1, INT32_MAX)),
-    "pub-wnd": _sizes(st.integers(1, INT32_MAX)),
-    "so-sndbuf": _sizes(st.integers(1, INT32_MAX)),
-    "so-rcvbuf": _sizes(st.integers(1, INT32_MAX)),
-    "nak-delay": _durations(),
+    "rcv-wnd": _sizes(st.integers(*RECEIVER_WINDOW_RANGE)),
+    "pub-wnd": _sizes(st.integers(*PUBLICATION_WINDOW_RANGE)),
+    "so-sndbuf": _sizes(st.integers(*SOCKET_BUFFER_RANGE)),
+    "so-rcvbuf": _sizes(st.integers(*SOCKET_BUFFER_RANGE)),
+    "nak-delay": _durations(high_ms=NAK_DELAY_RANGE_NS[1] // 10**6),
     "linger": _durations(),
     "untethered-window-limit-timeout": _durations(),
     "untethered-resting-timeout": _durations(),

@@ -80,6 +80,31 @@ def test_values_that_cannot_make_a_log_name_their_key() -> None:
     assert refused.value.part == "term-offset"
 
 
+@pytest.mark.parametrize(("uri", "settings", "part"), [
+    ("aeron:udp?endpoint=10.0.0.1:4000|mtu=8k|so-sndbuf=1k", {}, "so-sndbuf"),
+    ("aeron:udp?endpoint=10.0.0.1:4000|mtu=8k", {"socket_so_sndbuf": "4k"}, "mtu"),
+])
+def test_a_datagram_the_send_buffer_cannot_hold_names_the_key_as_the_setting_does(
+        uri: str, settings: dict[str, str], part: str) -> None:
+    with pytest.raises(ChannelError, match="must hold one datagram") as refused:
+        network(uri, DriverSettings(**settings))
+    assert refused.value.part == part
+
+
+@pytest.mark.parametrize(("uri", "part"), [
+    ("aeron:udp?endpoint=10.0.0.1:4000|so-rcvbuf=1k", "so-rcvbuf"),
+    ("aeron:udp?endpoint=10.0.0.1:4000|rcv-wnd=1m", "rcv-wnd"),
+])
+def test_a_window_the_receive_buffer_cannot_hold_names_the_key_as_the_setting_does(
+        uri: str, part: str) -> None:
+    with pytest.raises(ChannelError, match="must hold a full window") as refused:
+        SubscriptionParams.resolve(parse_channel(uri), SETTINGS)
+    assert refused.value.part == part
+    both = SubscriptionParams.resolve(
+        parse_channel("aeron:udp?endpoint=10.0.0.1:4000|rcv-wnd=1m|so-rcvbuf=1m"), SETTINGS)
+    assert both.receiver_window_length == 1 << 20
+
+
 def test_flow_control_comes_from_fc_else_the_setting_for_the_channel_kind() -> None:
     assert network("aeron:udp?endpoint=10.0.0.1:4000").flow_control == FlowControlParams(
         "unicast", SETTINGS.flow_control_group_tag, SETTINGS.flow_control_group_min_size,
@@ -156,7 +181,7 @@ def test_every_name_the_uri_and_settings_accept_has_a_registered_strategy() -> N
 
 def test_the_static_window_is_the_receiver_window_capped_at_half_a_term() -> None:
     params = SubscriptionParams.resolve(
-        parse_channel("aeron:udp?endpoint=10.0.0.1:4000|rcv-wnd=1m"), SETTINGS)
+        parse_channel("aeron:udp?endpoint=10.0.0.1:4000|rcv-wnd=1m|so-rcvbuf=1m"), SETTINGS)
     cc = congestion_control_for(params, 1024 * KIB, 1408)
     assert isinstance(cc, StaticWindowCongestionControl)
     assert cc.initial_window_length() == cc.max_window_length() == 512 * KIB

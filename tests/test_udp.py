@@ -37,6 +37,7 @@ from helpers import (
 
 from slipstream.client import (
     BACK_PRESSURED,
+    ChannelRejectedError,
     Client,
     DataLossError,
     Publication,
@@ -953,3 +954,21 @@ def test_a_publication_refused_leaves_no_send_socket_open(launch) -> None:
                     f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=1m", 34)
         wait_for(lambda: _sockets_of(driver.pid) == before, timeout=5,
                  what=f"the driver's sockets back to {before}")
+
+
+def test_a_second_subscription_asking_for_other_image_parameters_on_an_endpoint_is_refused(
+        client: Client) -> None:
+    """An endpoint's images and socket are made with what its first subscription asked for:
+    another subscription there that asks for something else is refused by name (it used to be
+    accepted and ignored); one that names nothing, or the same, joins."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    first = client.add_subscription(uri + "|rcv-wnd=64k", 1)
+    for asked, part in (("|rcv-wnd=32k", "rcv-wnd"), ("|cc=cubic", "cc"),
+                        ("|reliable=false", "reliable"), ("|so-rcvbuf=256k", "so-rcvbuf")):
+        with pytest.raises(ChannelRejectedError, match=f"{part}: .* differs from") as refused:
+            client.add_subscription(uri + asked, 2)
+        assert refused.value.part == part
+    joined = [client.add_subscription(uri, 2), client.add_subscription(uri + "|rcv-wnd=64k", 3),
+              client.add_subscription(uri + "|cc=static|reliable=true", 4)]
+    for subscription in (first, *joined):
+        subscription.close()

@@ -636,15 +636,20 @@ class DriverConductor:
             self.network.stop_credit()
         log.info("draining: %s", self.status_line())
 
-    def drain(self, now_ns: int) -> bool:
+    def drain(self, now_ns: int, *, wait_for_ipc: bool = True) -> bool:
         """Advance the drain; True once it is complete.  FLUSHING: until every IPC subscriber
         read its log to the end and every network publication sent its log and its live
         receivers' status messages reached the end.  Then ENDING: end-of-stream (IPC
         subscribers see it at once; network publications close and send EOS heartbeats)
-        until every network publication with receivers sent one."""
+        until every network publication with receivers sent one.  ``wait_for_ipc=False``
+        waits for the network alone (an embedded driver closing: its own application, whose
+        subscribers would read, is the one closing it)."""
+        def ipc_consumed() -> bool:
+            return not wait_for_ipc or all(p.is_consumed()
+                                           for p in self.ipc_publications.values())
+
         if self.drain_phase is DrainPhase.FLUSHING:
-            if not (all(p.is_consumed() for p in self.ipc_publications.values())
-                    and (self.network is None or self.network.is_flushed())):
+            if not (ipc_consumed() and (self.network is None or self.network.is_flushed())):
                 return False
             self.drain_phase = DrainPhase.ENDING
             for publication in self.ipc_publications.values():
@@ -656,8 +661,8 @@ class DriverConductor:
         if self.drain_phase is DrainPhase.ENDING:
             # Read again: an offer that passed its limit check as the credit stopped may
             # have landed since.
-            return (all(p.is_consumed() for p in self.ipc_publications.values())
-                    and (self.network is None or self.network.has_ended_streams()))
+            return ipc_consumed() and (self.network is None
+                                       or self.network.has_ended_streams())
         return False
 
     def shutdown_events(self) -> Outgoing:

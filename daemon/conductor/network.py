@@ -27,7 +27,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -68,7 +68,7 @@ from slipstream.daemon.pressure.episodes import (
     EpisodeEvent,
     watermarks_of,
 )
-from slipstream.daemon.protocol.params import PublicationParams
+from slipstream.daemon.protocol.params import PublicationParams, SocketParams, SubscriptionParams
 from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 from slipstream.daemon.reports.loss_report import LossReport
@@ -371,9 +371,12 @@ class NetworkConductor:
         """Receive ``subscription``'s stream at its endpoint; images already there are linked
         at once (the AVAILABLE_IMAGE messages are returned)."""
         channel = subscription.channel = _resolved(subscription.channel)
+        SubscriptionParams.resolve(channel, self.settings)  # refused before a socket opens
         bind = _destination(channel)
         key = _endpoint_key(channel, bind)
         entry = self._receive_endpoints.get(key)
+        if entry is not None:
+            check_same_receive_params(channel, entry.endpoint.channel.channel, self.settings)
         if entry is None:
             try:
                 transport = self.transports.open_receive(channel, bind)
@@ -850,6 +853,37 @@ def check_same_control(channel: Channel, existing: Channel, settings: DriverSett
                                f"{given} differs from the existing publication's "
                                f"{shown if shown is not None else 'default'} on stream "
                                f"{stream_id}")
+
+
+#: What a subscription's URI may set for its endpoint's images and socket: (URI key, Channel
+#: field, the resolved value's attribute of SubscriptionParams or SocketParams).
+_RECEIVE_PARAMS: Final = (("reliable", "reliable", "reliable"), ("group", "group", "group"),
+                          ("gtag", "gtag", "group_tag"),
+                          ("rcv-wnd", "rcv_wnd", "receiver_window_length"),
+                          ("nak-delay", "nak_delay_ns", "nak_delay_ns"),
+                          ("sparse", "sparse", "sparse"), ("cc", "cc", "congestion_control"),
+                          ("so-rcvbuf", "so_rcvbuf", "so_rcvbuf"))
+
+
+def check_same_receive_params(channel: Channel, existing: Channel,
+                              settings: DriverSettings) -> None:
+    """A subscription on a receive endpoint that is already open cannot ask for other image or
+    socket parameters than the endpoint's first subscription gave it: its images and socket
+    are made with those.  Only what it asks for is compared (with the defaults resolved), so a
+    subscription that names none joins any endpoint.  ChannelError names the key."""
+    asked = (SubscriptionParams.resolve(channel, settings), SocketParams.resolve(channel, settings))
+    actual = (SubscriptionParams.resolve(existing, settings),
+              SocketParams.resolve(existing, settings))
+    for key, field, resolved in _RECEIVE_PARAMS:
+        if getattr(channel, field) is None:
+            continue
+        holder = 0 if hasattr(asked[0], resolved) else 1
+        mine, theirs = getattr(asked[holder], resolved), getattr(actual[holder], resolved)
+        if mine != theirs:
+            raise ChannelError(str(channel), key,
+                               f"{mine} differs from {theirs}, what the endpoint's first "
+                               f"subscription ({existing}) made its images and socket with; "
+                               f"subscribe on another endpoint, or ask for the same")
 
 
 def _label_of(setup: Any, source: Address) -> str:

@@ -122,6 +122,12 @@ class PublicationParams:
             value = getattr(spec, field) if spec is not None else None
             return default if value is None else value
 
+        so_sndbuf = channel.so_sndbuf or settings.socket_so_sndbuf
+        if so_sndbuf and mtu > so_sndbuf:  # the setting's rule (mtu_length), for the URI
+            raise ChannelError(str(channel), "so-sndbuf" if channel.so_sndbuf else "mtu",
+                               f"mtu {mtu} is more than so-sndbuf {so_sndbuf}: the kernel send "
+                               f"buffer must hold one datagram")
+
         return cls(
             **_log_shape(channel, term_length, mtu),
             term_window_length=_term_window_length(
@@ -176,13 +182,21 @@ class SubscriptionParams:
 
     @classmethod
     def resolve(cls, channel: Channel, settings: DriverSettings) -> SubscriptionParams:
-        """The parameters for images on ``channel`` (its names resolved)."""
+        """The parameters for images on ``channel`` (its names resolved).  ChannelError
+        names the key whose value the driver cannot use."""
+        window = channel.rcv_wnd or settings.rcv_initial_window_length
+        so_rcvbuf = channel.so_rcvbuf or settings.socket_so_rcvbuf
+        if so_rcvbuf and window > so_rcvbuf:  # the setting's rule, for the URI
+            raise ChannelError(str(channel), "so-rcvbuf" if channel.so_rcvbuf else "rcv-wnd",
+                               f"rcv-wnd {window} is more than so-rcvbuf {so_rcvbuf}: the "
+                               f"kernel buffer must hold a full window or receivers reject "
+                               f"images")
         return cls(
             reliable=_or(channel.reliable, settings.reliable_stream),
             group=channel.group,
             multicast_or_mdc=_is_multicast_or_mdc(channel),
             group_tag=_or(channel.gtag, settings.receiver_group_tag),
-            receiver_window_length=channel.rcv_wnd or settings.rcv_initial_window_length,
+            receiver_window_length=window,
             nak_delay_ns=_or(channel.nak_delay_ns, settings.nak_unicast_delay),
             sparse=_or(channel.sparse, settings.term_buffer_sparse_file),
             congestion_control=channel.cc or DEFAULT_CONGESTION_CONTROL,
