@@ -34,6 +34,7 @@ from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media.receive_channel import (
     ImageDone,
+    ImageRejected,
     ImageRequested,
     ImageUnavailable,
     ReceiveChannel,
@@ -365,7 +366,11 @@ def test_setups_that_name_an_impossible_log_are_counted_and_dropped(shm: Path,
 def test_a_setup_asking_for_terms_past_the_limit_is_rejected_and_told(shm: Path) -> None:
     rc, counters = receive_channel(shm, image_term_buffer_length_max="1m")
     rc.on_datagram(Setup(0, 1, 2, 100, 100, 2 * 1024 * 1024, 1408, 0, 0).encode(), SRC, 0)
-    assert rc.poll_events() == []
+    # No image is asked for; the conductor hears why, to log it (the sender hears it too).
+    [rejected] = rc.poll_events()
+    assert isinstance(rejected, ImageRejected)
+    assert rejected.reason == ("term length 2097152 is over this receiver's "
+                               "image_term_buffer_length_max of 1048576")
     [err] = [decode(d.data) for d in rc.datagrams_to_send(0)]
     assert isinstance(err, ErrorFrame) and "image_term_buffer_length_max" in err.message
     assert counters[SystemCounter.IMAGES_REJECTED] == 1

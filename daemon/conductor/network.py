@@ -58,6 +58,7 @@ from slipstream.daemon.flow.registry import flow_control_for
 from slipstream.daemon.media import names
 from slipstream.daemon.media.receive_channel import (
     ImageDone,
+    ImageRejected,
     ImageRequested,
     ImageUnavailable,
     ReceiveChannel,
@@ -178,7 +179,7 @@ class _ReceiveEndpointEntry:
 #: EOS heartbeats (100 ms apart) a draining driver sends before it stops waiting for answers.
 EOS_HEARTBEATS_TO_END = 3
 
-NetworkEvent = (ImageRequested | ImageUnavailable | ImageDone | PublicationDone
+NetworkEvent = (ImageRequested | ImageUnavailable | ImageDone | ImageRejected | PublicationDone
                 | EndpointRemoved)
 
 
@@ -600,6 +601,9 @@ class NetworkConductor:
                     out.extend(self._on_image_unavailable(event))
                 elif isinstance(event, ImageDone):
                     self._on_image_done(event)
+                elif isinstance(event, ImageRejected):  # at most once a second a session
+                    log.error("refused the image of %s: %s",
+                              _label_of(event.setup, event.source), event.reason)
                 elif isinstance(event, PublicationDone):
                     self._on_publication_done(event)
                 elif isinstance(event, EndpointRemoved):

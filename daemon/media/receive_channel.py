@@ -122,7 +122,18 @@ class ImageDone:
     image: PublicationImage
 
 
-ReceiverEvent = ImageRequested | ImageUnavailable | ImageDone
+@attrs.frozen(eq=False)
+class ImageRejected:
+    """The receiver refused a SETUP itself (its term is longer than this driver takes): the
+    conductor logs why, since the operator sees only a counter otherwise."""
+
+    channel: ReceiveChannel
+    setup: Setup
+    source: Address
+    reason: str
+
+
+ReceiverEvent = ImageRequested | ImageUnavailable | ImageDone | ImageRejected
 
 
 class ReceiveChannel:
@@ -364,9 +375,10 @@ class ReceiveChannel:
         self._pending_setup.pop(key, None)
         limit = self.settings.image_term_buffer_length_max
         if setup.term_length > limit:
-            self.reject_image(ImageRequested(self, setup, source), now_ns,
-                              f"term length {setup.term_length} is over this receiver's "
-                              f"image_term_buffer_length_max of {limit}")
+            reason = (f"term length {setup.term_length} is over this receiver's "
+                      f"image_term_buffer_length_max of {limit}")
+            self.reject_image(ImageRequested(self, setup, source), now_ns, reason)
+            self._events.append(ImageRejected(self, setup, source, reason))
             return
         self._pending_image[key] = now_ns + PENDING_IMAGE_TIMEOUT_NS
         self._events.append(ImageRequested(self, setup, source))
