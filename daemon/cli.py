@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
         "stat", help="show the driver's counters as a live table",
         description="Show what the driver in --dir is doing, read from its files (the driver "
                     "is not asked): per stream the positions a message passes (pub-lmt, "
-                    "pub-pos, snd-pos, snd-lmt, rcv-hwm, rcv-pos, sub-pos), the driver's "
+                    "pub-pos of IPC streams, snd-pos, snd-lmt, rcv-hwm, rcv-pos, sub-pos; '-' for "
+                    "what a stream does not have), the driver's "
                     "counters with rates, the loss report, the error log and every counter. "
                     "Refreshes until Ctrl-C. Exit 2 without a driver; 1 when only a dead "
                     "driver's error log is left (it is printed).")
