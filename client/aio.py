@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from slipstream.client._native import lib
-from slipstream.client.errors import BackPressuredError, ClosedError
+from slipstream.client.errors import BackPressuredError, ClosedError, UsageError
 from slipstream.client.policy import BLOCK_SPIN_NS, BLOCK_YIELD_NS, DEFAULT_BLOCK_TIMEOUT_NS
 
 if TYPE_CHECKING:
@@ -43,6 +43,14 @@ SCHEDULE_EVERY = 64
 def _turn_is_due(handle: Publication | Subscription) -> bool:
     """Whether this call is the one in :data:`SCHEDULE_EVERY` that checkpoints."""
     handle._async_turns += 1
+    if handle._async_turns == 1:
+        # Checked once: under asyncio the first 63 calls would pass and the 64th fail.
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            raise UsageError("slipstream's async calls run under trio (trio.run); for "
+                               "asyncio, run trio in a thread or use the blocking calls "
+                               "in a thread") from None
     return handle._async_turns % SCHEDULE_EVERY == 0
 
 

@@ -33,6 +33,7 @@ from slipstream.client.errors import (
     ClosedError,
     DriverNotRunningError,
     DriverTimeoutError,
+    InvalidArgumentError,
     RegistrationError,
 )
 from slipstream.client.logbuffer import LogBuffer
@@ -102,6 +103,14 @@ def _check_stream(channel: str, stream_id: int) -> None:
     control.check_channel("channel", channel)
     control.check_int32("stream_id", stream_id)
     parse_channel(channel)
+
+
+def _check_callbacks(**callbacks: object) -> None:
+    """Each callback is None or callable: one that is not would fail only later, on the
+    client's conductor thread, where nobody sees it."""
+    for name, callback in callbacks.items():
+        if callback is not None and not callable(callback):
+            raise InvalidArgumentError(name, f"{callback!r} is not callable")
 
 
 #: The stages of a client's conductor thread (Client._thread_stage).
@@ -180,6 +189,8 @@ class Client:
         Raises :class:`DriverNotRunningError` (naming the directory) when no live driver is
         there, :class:`DriverTimeoutError` when it does not answer within ``timeout`` seconds.
         """
+        timeout = control.check_timeout("timeout", timeout, forever=False, zero=False)
+        control.check_int64("idle_spin_ns", idle_spin_ns, low=0)
         path = Path(directory) if directory is not None else default_directory()
         counters_path = path / control.COUNTERS_FILE
         if not path.is_dir():
@@ -484,6 +495,7 @@ class Client:
         ``on_back_pressure``: called with a :class:`BackPressureEpisode` when an episode of the
         stream begins or ends (on the client's conductor thread, as image callbacks)."""
         _check_stream(channel, stream_id)  # fails here, naming the bad part, before any I/O
+        _check_callbacks(on_back_pressure=on_back_pressure)
         spec = policy_of(channel, policy)
         reply = self._request({"type": control.ADD_PUBLICATION, "channel": channel,
                                "stream_id": stream_id})
@@ -508,6 +520,8 @@ class Client:
         """Receive ``stream_id`` on ``channel``.  Image callbacks run on the client's conductor
         thread as publications come and go."""
         _check_stream(channel, stream_id)
+        _check_callbacks(on_available_image=on_available_image,
+                         on_unavailable_image=on_unavailable_image)
         subscription = Subscription(self, channel, stream_id, 0, on_available_image,
                                     on_unavailable_image)
 

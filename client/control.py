@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,30 @@ def check_int32(field: str, value: object) -> int:
     return _check_int(field, value, (INT32_MIN, INT32_MAX))
 
 
+def check_timeout(field: str, value: object, *, forever: bool = True,
+                  zero: bool = True) -> float | None:
+    """A timeout argument in seconds: a finite number >= 0 (> 0 unless ``zero``), or, where
+    ``forever``, None or infinity for no limit (returned as None); else
+    :class:`InvalidArgumentError` naming ``field``."""
+    if value is None and forever:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(field, f"{value!r} is not a number of seconds")
+    if value == math.inf and forever:
+        return None
+    if not (0 <= value < math.inf) or (value == 0 and not zero):
+        limit = ">= 0" if zero else "> 0"
+        raise InvalidArgumentError(field, f"{value!r} is not a number of seconds {limit}"
+                                          f"{' (None: no limit)' if forever else ''}")
+    return float(value)
+
+
+def check_int64(field: str, value: object, *, low: int = INT64_MIN) -> int:
+    """``value`` if it is an int (not a bool) in ``low``..int64 max, else
+    :class:`InvalidArgumentError`."""
+    return _check_int(field, value, (low, INT64_MAX))
+
+
 def check_channel(field: str, value: object) -> str:
     """``value`` if it is a string of at most :data:`MAX_URI_LENGTH` characters."""
     if not isinstance(value, str):
@@ -111,7 +136,7 @@ def _check_int(field: str, value: object, bounds: tuple[int, int]) -> int:
 
 
 def _int64(field: str, value: object) -> object:
-    return _check_int(field, value, (INT64_MIN, INT64_MAX))
+    return check_int64(field, value)
 
 
 def _pid(field: str, value: object) -> object:

@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from slipstream.client import _fastpath
+from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
 from slipstream.client.channel import PolicySpec
 from slipstream.client.counters import SystemCounter
@@ -115,11 +115,18 @@ def _int32_lengths(lengths: Sequence[int] | Buffer) -> array | memoryview:
     try:
         view = memoryview(lengths)  # type: ignore[arg-type]
     except TypeError:
+        view = None
+    if view is not None:
+        native = ("i", "=i", "<i" if sys.byteorder == "little" else ">i")
+        if view.ndim == 1 and view.itemsize == 4 and view.format in native and view.c_contiguous:
+            return view
+        if view.format in ("B", "b", "c"):  # array("i", bytes) would read it as raw int32s
+            raise InvalidArgumentError("lengths", "a byte buffer is not a list of lengths: "
+                                                  "give ints, or an int32 array")
+    try:
         return array("i", lengths)  # type: ignore[arg-type]
-    native = ("i", "=i", "<i" if sys.byteorder == "little" else ">i")
-    if view.ndim == 1 and view.itemsize == 4 and view.format in native and view.c_contiguous:
-        return view
-    return array("i", lengths)  # type: ignore[arg-type]
+    except (TypeError, OverflowError) as e:
+        raise InvalidArgumentError("lengths", f"not a sequence of int32 lengths: {e}") from None
 
 
 class Publication:
@@ -226,6 +233,8 @@ class Publication:
         scopes (nothing is appended then).  See :mod:`slipstream.client.aio`."""
         from slipstream.client import aio
 
+        if timeout is not None:  # None is the policy's; a number is a finite wait
+            timeout = control.check_timeout("timeout", timeout, forever=False)
         return await aio.offer(self, message, timeout)
 
     def _offer_batch_once(self, data: Buffer, lengths: array | memoryview) -> tuple[int, int]:
@@ -259,7 +268,13 @@ class Publication:
         position and sets up ``claim``, or a negative code.  Commit or abort promptly: readers
         wait behind an open claim."""
         frame_offset = self._claim_offset
-        result = lib.ss_try_claim(self._appender, length, frame_offset)
+        try:
+            result = lib.ss_try_claim(self._appender, length, frame_offset)
+        except (OverflowError, TypeError):  # past int32, or not an int: cffi's words
+            if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+                raise MessageTooLongError(length, self.max_payload_length, claim=True) from None
+            raise InvalidArgumentError("length", f"{length!r} is not a number of bytes "
+                                                 f">= 0") from None
         if result > 0:
             offset = frame_offset[0]
             claim._frame = self._log.address + offset

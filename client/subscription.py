@@ -593,6 +593,7 @@ class Subscription:
         else would move the data, so it yields the CPU only as :meth:`poll` does.
         """
         _check_fragment_limit(fragment_limit)
+        timeout = control.check_timeout("timeout", timeout)
         count = self.poll(handler, fragment_limit)
         if count:
             return count
@@ -631,7 +632,8 @@ class Subscription:
         from slipstream.client import aio
 
         _check_fragment_limit(fragment_limit)
-        return await aio.receive(self, handler, fragment_limit, timeout)
+        return await aio.receive(self, handler, fragment_limit,
+                                 control.check_timeout("timeout", timeout))
 
     def messages(self, fragment_limit: int = 64) -> AsyncIterator[bytes]:
         """``async for message in subscription.messages():`` each message as ``bytes`` (a

@@ -228,3 +228,19 @@ async def test_tasks_waiting_on_a_driver_that_dies_raise(driver_dir: Path) -> No
                     await trio.sleep(0.01)
         assert len(failures) == 2
         del sub
+
+
+def test_the_async_calls_under_asyncio_say_they_need_trio_at_the_first_call(client) -> None:
+    """Not at the 64th (the first scheduling point), as they did."""
+    import asyncio
+
+    from slipstream.client.errors import UsageError
+
+    publication = client.add_publication(IPC, 77)
+
+    async def first() -> None:
+        await publication.offer_async(b"x")
+
+    with pytest.raises(UsageError, match="run under trio"):
+        asyncio.run(first())
+    publication.close()

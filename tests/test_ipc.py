@@ -20,7 +20,9 @@ from slipstream.client import (
     BufferClaim,
     Client,
     ClosedError,
+    InvalidArgumentError,
     MessageBatch,
+    MessageTooLongError,
     RegistrationError,
 )
 from slipstream.client.client import RESOURCE_LINGER_S
@@ -772,6 +774,41 @@ def test_a_bad_spins_before_yield_names_itself(driver: MediaDriver) -> None:
     for bad in (-1, 1.5, 2**31):
         with pytest.raises(ValueError, match="spins_before_yield"):
             Client.connect(driver.directory, spins_before_yield=bad)
+
+
+def test_bad_arguments_are_refused_by_name_before_anything_is_sent(
+        driver: MediaDriver, client: Client) -> None:
+    """Each raises InvalidArgumentError (or MessageTooLongError) naming the argument, at the
+    call, not a TypeError or OverflowError from deep inside, nor a DriverTimeoutError that
+    blames the driver, nor a byte buffer read as raw int32 lengths."""
+    for bad in (0, -1, float("nan"), float("inf"), "5", None):
+        with pytest.raises(InvalidArgumentError, match=r"^timeout: "):
+            Client.connect(driver.directory, timeout=bad)
+    for bad in ("x", 1.5, -1, 10**30):
+        with pytest.raises(InvalidArgumentError, match=r"^idle_spin_ns: "):
+            Client.connect(driver.directory, idle_spin_ns=bad)
+    with pytest.raises(InvalidArgumentError, match=r"^on_available_image: 3 is not callable"):
+        client.add_subscription(CHANNEL, 29, on_available_image=3)
+    with pytest.raises(InvalidArgumentError, match=r"^on_back_pressure: "):
+        client.add_publication(CHANNEL, 29, on_back_pressure=5)
+    publication = client.add_publication(CHANNEL, 29)
+    subscription = client.add_subscription(CHANNEL, 29)
+    for bad in (-1, float("nan"), "1"):
+        with pytest.raises(InvalidArgumentError, match=r"^timeout: "):
+            subscription.receive(lambda data, header: None, 10, timeout=bad)
+    # inf is no limit, as None: a message is there, so it returns at once
+    offer_until(publication, b"x")
+    assert subscription.receive(lambda data, header: None, 10, timeout=float("inf")) == 1
+    for lengths in (b"\x03\x00\x00\x00\x05\x00\x00\x00", bytearray([1, 1, 1, 1]), [2**31]):
+        with pytest.raises(InvalidArgumentError, match=r"^lengths: "):
+            publication.offer_batch(b"abcdefgh", lengths)
+    claim = BufferClaim()
+    with pytest.raises(MessageTooLongError):
+        publication.try_claim(2**31, claim)
+    with pytest.raises(InvalidArgumentError, match=r"^length: "):
+        publication.try_claim("8", claim)
+    publication.close()
+    subscription.close()
 
 
 def test_an_image_that_arrives_as_its_subscription_closes_is_unmapped_not_kept(
