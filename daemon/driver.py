@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import ctypes
 import errno
 import fcntl
@@ -903,6 +904,10 @@ def _restore_signals(previous: dict[int, Any]) -> None:
 
 #: How long a closing embedded driver's drain sleeps after a cycle that did nothing, s.
 DRAIN_IDLE_S = 0.0002
+#: The embedded driver whose Python work runs in this thread now: its error log takes only
+#: the records logged meanwhile (two embedded drivers of one process share the logger).
+_running_embedded: contextvars.ContextVar[EmbeddedDriver | None] = contextvars.ContextVar(
+    "slipstream_running_embedded", default=None)
 
 
 class EmbeddedDriver(_DriverCore):
@@ -963,6 +968,7 @@ class EmbeddedDriver(_DriverCore):
             # The driver's own log only: the application's clients log under
             # slipstream.client, which is not the driver's to report.
             self._error_log = ErrorLogHandler(self.driver_directory.path)
+            self._error_log.addFilter(lambda _record: _running_embedded.get() is self)
             logging.getLogger("slipstream.driver").addHandler(self._error_log)
             self.do_work()  # the heartbeat: clients may connect from here on
         except BaseException:
@@ -1006,6 +1012,7 @@ class EmbeddedDriver(_DriverCore):
         refused = self._conductor_waiting and lib.ss_load_acquire_i32(
             self._driver_signal) != self._signal_seen
         if loop.due or refused or now >= self._python_due_ns:
+            running = _running_embedded.set(self)
             try:
                 work += self._python_cycle(now, loop.due, refused)
             except Exception:  # as the daemon's threads: counted, logged once a second,
@@ -1016,6 +1023,8 @@ class EmbeddedDriver(_DriverCore):
                     log.exception("the embedded driver's duty cycle failed")
                 self._conductor_due = True
                 self._python_due_ns = 0
+            finally:
+                _running_embedded.reset(running)
         return work
 
     def _python_cycle(self, now: int, due: int, refused: bool) -> int:
@@ -1107,6 +1116,7 @@ class EmbeddedDriver(_DriverCore):
             log.warning("the embedded driver in %s was busy for %.1f s: not closed",
                         self.directory, timeout)
             return
+        running = _running_embedded.set(self)
         try:
             if self._closed:
                 return
@@ -1128,6 +1138,7 @@ class EmbeddedDriver(_DriverCore):
                     self._error_log.close()
                 self.driver_directory.release()
         finally:
+            _running_embedded.reset(running)
             self._working.release()
 
     def _drain(self) -> None:

@@ -326,3 +326,26 @@ def test_closing_an_embedded_driver_first_sends_what_offer_accepted(embedded,
             stop.set()
             reader.join()
     assert received == [message(i, 100) for i in range(count)]
+
+
+def test_two_embedded_drivers_of_one_process_keep_their_own_error_logs(embedded) -> None:
+    """The error one driver logs goes to its errors.json only (both share the process's
+    logger: the other used to record it too, and stat then reported it for that one)."""
+    import socket
+
+    from slipstream.client import RegistrationError
+    from slipstream.daemon.reports.error_log import read_error_log
+
+    a, b = embedded(), embedded()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        with Client.connect(a.directory, invoker=a.do_work) as ca, \
+                pytest.raises(RegistrationError, match="Address already in use"):
+            ca.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 1)
+    run_until(lambda: read_error_log(a.directory), a, b, what="A's error written")
+    assert any("cannot receive on" in e.message for e in read_error_log(a.directory))
+    for _ in range(100):
+        b.do_work()
+    assert read_error_log(b.directory) == []
+    assert counters_of(b)["ERRORS"] == 0 < counters_of(a)["ERRORS"]
