@@ -45,6 +45,7 @@ import zmq
 from slipstream.client import control
 from slipstream.client._native import lib
 from slipstream.client.channel import MAX_URI_LENGTH, Channel, parse_channel
+from slipstream.client.client import default_directory as client_default_directory
 from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import (
     ChannelError,
@@ -507,6 +508,22 @@ class _DriverCore:
         self._told_clients = False
         self.doorbells: list[Any] = []
         self._opened: list[str] = []  # what _open made so far: _close closes just that
+        self._exporter: Any = None  # the metrics server (metrics_address), while it serves
+
+    def _start_metrics(self) -> None:
+        """Serve the counters at ``metrics_address`` (if set) from a thread of its own."""
+        endpoint = self.settings.metrics_endpoint
+        if endpoint is not None:
+            from slipstream.daemon.ops.metrics import metrics_url, start_exporter
+
+            self._exporter, _ = start_exporter(self.driver_directory.path, *endpoint)
+            log.info("metrics at %s", metrics_url(self._exporter))
+
+    def _stop_metrics(self) -> None:
+        if self._exporter is not None:
+            self._exporter.shutdown()
+            self._exporter.server_close()
+            self._exporter = None
 
     def _open(self, *, wake_network: Callable[[], object],
               wake_conductor: Callable[[], object]) -> NetworkConductor:
@@ -662,16 +679,10 @@ class _DriverShell(_DriverCore):
             self.watchdog = Watchdog(self.notifier, interval_ns,
                                      [lambda t=t: t.last_cycle_ns for t in threads])
         watcher: threading.Thread | None = None
-        exporter: Any = None
         error_log = ErrorLogHandler(self.driver_directory.path)
         logging.getLogger("slipstream").addHandler(error_log)
         try:
-            endpoint = self.settings.metrics_endpoint
-            if endpoint is not None:
-                from slipstream.daemon.ops.metrics import metrics_url, start_exporter
-
-                exporter, _ = start_exporter(self.driver_directory.path, *endpoint)
-                log.info("metrics at %s", metrics_url(exporter))
+            self._start_metrics()
             for thread in threads:
                 thread.start()
             self._bind_commands()
@@ -707,8 +718,7 @@ class _DriverShell(_DriverCore):
             if self._drain_deadline_ns is None:
                 self.notifier.notify("STOPPING=1")
             self.notifier.notify("STATUS=stopping")
-            if exporter is not None:
-                exporter.shutdown()
+            self._stop_metrics()
             for thread in threads:
                 thread.stop()
             self._close()
@@ -910,6 +920,20 @@ _running_embedded: contextvars.ContextVar[EmbeddedDriver | None] = contextvars.C
     "slipstream_running_embedded", default=None)
 
 
+def _program_settings(directory: str | os.PathLike[str] | None,
+                      settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a driver a program starts (:meth:`MediaDriver.launch`,
+    :meth:`MediaDriver.embedded`): its arguments alone (the environment's ``SLIPSTREAM_*`` are
+    the CLI's), in ``directory``, else where ``Client.connect()`` looks for one
+    (``$SLIPSTREAM_DIR``, else ``/dev/shm/slipstream-<user>``), so the two meet."""
+    overrides = dict(settings)
+    if directory is not None:
+        overrides["dir"] = str(directory)
+    elif "dir" not in overrides:
+        overrides["dir"] = str(client_default_directory())
+    return overrides
+
+
 class EmbeddedDriver(_DriverCore):
     """A driver inside the application's process in invoker mode (Aeron's embedded media
     driver with ``ThreadingMode.INVOKER``): it has no thread of its own; its conductor and
@@ -970,6 +994,7 @@ class EmbeddedDriver(_DriverCore):
             self._error_log = ErrorLogHandler(self.driver_directory.path)
             self._error_log.addFilter(lambda _record: _running_embedded.get() is self)
             logging.getLogger("slipstream.driver").addHandler(self._error_log)
+            self._start_metrics()
             self.do_work()  # the heartbeat: clients may connect from here on
         except BaseException:
             self.close()
@@ -1132,6 +1157,7 @@ class EmbeddedDriver(_DriverCore):
                     self._send(self.conductor.shutdown_events())
                     self._told_clients = True
             finally:
+                self._stop_metrics()
                 self._close()
                 if self._error_log is not None:
                     logging.getLogger("slipstream.driver").removeHandler(self._error_log)
@@ -1211,9 +1237,7 @@ class MediaDriver:
     @contextlib.contextmanager
     def launch(cls, directory: str | os.PathLike[str] | None = None, *,
                startup_timeout: float = 20.0, **settings: Any) -> Iterator[MediaDriver]:
-        overrides: dict[str, Any] = dict(settings)
-        if directory is not None:
-            overrides["dir"] = str(directory)
+        overrides = _program_settings(directory, settings)
         resolved = load_settings(env={}, overrides=overrides)  # validate here, fail fast
         driver = cls.start(resolved.directory, overrides, startup_timeout=startup_timeout)
         try:
@@ -1226,10 +1250,8 @@ class MediaDriver:
                  **settings: Any) -> EmbeddedDriver:
         """A driver in this process, in invoker mode (:class:`EmbeddedDriver`): settings as
         for :meth:`launch`; ``threading_mode`` does not apply (it has no threads)."""
-        overrides: dict[str, Any] = dict(settings)
-        if directory is not None:
-            overrides["dir"] = str(directory)
-        return EmbeddedDriver(load_settings(env={}, overrides=overrides))
+        return EmbeddedDriver(load_settings(env={}, overrides=_program_settings(directory,
+                                                                                settings)))
 
     @classmethod
     def start(cls, directory: Path, overrides: Mapping[str, Any], *,

@@ -349,3 +349,27 @@ def test_two_embedded_drivers_of_one_process_keep_their_own_error_logs(embedded)
         b.do_work()
     assert read_error_log(b.directory) == []
     assert counters_of(b)["ERRORS"] == 0 < counters_of(a)["ERRORS"]
+
+
+def test_an_embedded_driver_meets_its_client_at_slipstream_dir_and_serves_its_metrics(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a directory it takes the one Client.connect() looks in ($SLIPSTREAM_DIR: it
+    took /dev/shm/slipstream-<user>, and the client found nothing), and metrics_address is
+    served (it was ignored) until it closes."""
+    import socket
+    import urllib.request
+
+    directory = Path("/dev/shm") / f"slipstream-embedded-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("SLIPSTREAM_DIR", str(directory))
+    with MediaDriver.embedded(metrics_address="127.0.0.1:0", **NETWORK_SETTINGS) as driver:
+        assert driver.directory == directory
+        with Client.connect(invoker=driver.do_work) as client:
+            assert client.directory == directory
+        port = driver._exporter.server_address[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            assert b"slipstream_clients" in reply.read()
+    assert not directory.exists()
+    with socket.socket() as probe:  # nothing listens there any more (the scrape's
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT stays)
+        probe.bind(("127.0.0.1", port))
+        probe.listen()
