@@ -972,3 +972,25 @@ def test_a_second_subscription_asking_for_other_image_parameters_on_an_endpoint_
               client.add_subscription(uri + "|cc=static|reliable=true", 4)]
     for subscription in (first, *joined):
         subscription.close()
+
+
+def test_an_image_a_receiver_refuses_is_logged_with_its_reason_on_both_hosts(launch) -> None:
+    """A term longer than the receiver takes: the receiving driver logs why it refused, and
+    the sending driver logs the reason its ERR frame carried (both showed only a counter)."""
+    from slipstream.daemon.reports.error_log import read_error_log
+
+    sender, receiver = launch(), launch(image_term_buffer_length_max="1m")
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with Client.connect(sender.directory) as ca, Client.connect(receiver.directory) as cb:
+        cb.add_subscription(uri, 7)
+        publication = ca.add_publication(uri + "|term-length=2m|sparse=true", 7)
+        reason = "term length 2097152 is over this receiver's image_term_buffer_length_max"
+
+        def logged(driver: MediaDriver, words: str) -> bool:
+            return any(words in e.message and reason in e.message
+                       for e in read_error_log(driver.directory))
+
+        wait_for(lambda: logged(receiver, "refused the image of session")
+                 and logged(sender, "refused the image of session"), timeout=10,
+                 what="the refusal logged on both drivers")
+        assert not publication.is_connected

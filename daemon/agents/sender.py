@@ -29,7 +29,7 @@ from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.media.send_channel import SendChannel
-from slipstream.daemon.protocol.types import Datagram
+from slipstream.daemon.protocol.types import Address, Datagram
 from slipstream.daemon.streams.publication import NetworkPublication
 
 
@@ -96,10 +96,22 @@ class PublicationDone:
     publication: NetworkPublication
 
 
+@attrs.frozen(eq=False)
+class PublicationRejected:
+    """Receivers refused a publication's image (ERR frames): the conductor logs why."""
+
+    endpoint: SendEndpoint
+    publication: NetworkPublication
+    rejections: tuple[tuple[Address, str], ...]  # (the receiver's address, its reason)
+
+
+SenderEvent = PublicationDone | PublicationRejected
+
+
 class Sender(Agent[SendEndpoint]):
     """The sender agent.  See the module docstring."""
 
-    def __init__(self, *, on_event: Callable[[PublicationDone], None],
+    def __init__(self, *, on_event: Callable[[SenderEvent], None],
                  max_datagrams_per_send: int = 64, status_poll_ratio: int = 1) -> None:
         """``max_datagrams_per_send``: datagrams one publication sends per duty cycle (one
         sendmmsg); ``status_poll_ratio``: read control input every this many busy duty cycles
@@ -192,6 +204,10 @@ class Sender(Agent[SendEndpoint]):
             done = None
             for publication, endpoint in self._publications:
                 c = publication.c
+                if publication.rejections:
+                    self._on_event(PublicationRejected(endpoint, publication,
+                                                       tuple(publication.rejections)))
+                    publication.rejections.clear()
                 if c.notice:
                     c.notice = 0
                     endpoint.transport.on_notice(publication)

@@ -43,7 +43,13 @@ from slipstream.client.counters import (
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, term_count
 from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver, ReceiveTransport
-from slipstream.daemon.agents.sender import PublicationDone, SendEndpoint, Sender, SendTransport
+from slipstream.daemon.agents.sender import (
+    PublicationDone,
+    PublicationRejected,
+    SendEndpoint,
+    Sender,
+    SendTransport,
+)
 from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.resources import (
     LogBudget,
@@ -180,7 +186,7 @@ class _ReceiveEndpointEntry:
 EOS_HEARTBEATS_TO_END = 3
 
 NetworkEvent = (ImageRequested | ImageUnavailable | ImageDone | ImageRejected | PublicationDone
-                | EndpointRemoved)
+                | PublicationRejected | EndpointRemoved)
 
 
 class NetworkConductor:
@@ -606,6 +612,11 @@ class NetworkConductor:
                               _label_of(event.setup, event.source), event.reason)
                 elif isinstance(event, PublicationDone):
                     self._on_publication_done(event)
+                elif isinstance(event, PublicationRejected):  # once a second a receiver
+                    for (host, port), reason in event.rejections:
+                        log.error("the receiver at %s:%d refused the image of session %d "
+                                  "stream %d: %s", host, port, event.publication.session_id,
+                                  event.publication.stream_id, reason)
                 elif isinstance(event, EndpointRemoved):
                     self._on_endpoint_removed(event)
             except Exception:  # a bug: counted and logged; the conductor serves on

@@ -232,6 +232,8 @@ class NetworkPublication:
         self._time_of_last_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
         self._linger_start_ns = 0
         self._outbox: list[Datagram] = []  # RTTM replies made in on_frame
+        #: ERR frames since the sender last looked: (the receiver's address, its reason).
+        self.rejections: list[tuple[Address, str]] = []
         self._now_ns = now_ns
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
         self._last_sender_position = join  # and when it last moved: _check_for_blocked_publisher
@@ -365,6 +367,9 @@ class NetworkPublication:
                 self.counters.add(SystemCounter.RATE_CUTS)
                 self._apply_rate_limit(now_ns)
         elif isinstance(frame, ErrorFrame):
+            # For the conductor to log (Sender: PublicationRejected): the operator of this
+            # host sees the stream stay unconnected, and this is the only word why.
+            self.rejections.append((source, frame.message))
             self.flow_control.on_error(frame, now_ns)
             self._count_receivers()
             self._receivers.pop(frame.receiver_id, None)
