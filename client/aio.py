@@ -42,15 +42,16 @@ SCHEDULE_EVERY = 64
 
 def _turn_is_due(handle: Publication | Subscription) -> bool:
     """Whether this call is the one in :data:`SCHEDULE_EVERY` that checkpoints."""
-    handle._async_turns += 1
-    if handle._async_turns == 1:
-        # Checked once: under asyncio the first 63 calls would pass and the 64th fail.
+    if handle._async_turns == 0:
+        # Until one call passed it: under asyncio the first 63 calls would pass, and the
+        # 64th fail inside trio.
         try:
             trio.lowlevel.current_task()
         except RuntimeError:
             raise UsageError("slipstream's async calls run under trio (trio.run); for "
-                               "asyncio, run trio in a thread or use the blocking calls "
-                               "in a thread") from None
+                             "asyncio, run trio in a thread or use the blocking calls "
+                             "in a thread") from None
+    handle._async_turns += 1
     return handle._async_turns % SCHEDULE_EVERY == 0
 
 

@@ -688,9 +688,11 @@ _PARAMS: Final[dict[str, _Param]] = {
     "term-length": _param("term_length", _term_length),
     "mtu": _param("mtu", _mtu),
     "rcv-wnd": _param("rcv_wnd", _in(_size, RECEIVER_WINDOW_RANGE), udp_only=True),
-    "pub-wnd": _param("pub_wnd", _in(_size, PUBLICATION_WINDOW_RANGE)),
-    "so-sndbuf": _param("so_sndbuf", _in(_size, SOCKET_BUFFER_RANGE), udp_only=True),
-    "so-rcvbuf": _param("so_rcvbuf", _in(_size, SOCKET_BUFFER_RANGE), udp_only=True),
+    # Their settings' 0 ("half a term", "the kernel's") has no URI spelling: a URI without
+    # the key takes the setting.
+    "pub-wnd": _param("pub_wnd", _in(_size, (1, PUBLICATION_WINDOW_RANGE[1]))),
+    "so-sndbuf": _param("so_sndbuf", _in(_size, (1, SOCKET_BUFFER_RANGE[1])), udp_only=True),
+    "so-rcvbuf": _param("so_rcvbuf", _in(_size, (1, SOCKET_BUFFER_RANGE[1])), udp_only=True),
     "nak-delay": _param("nak_delay_ns", _in(_duration, NAK_DELAY_RANGE_NS), udp_only=True),
     "linger": _param("linger_ns", _in(_duration, TIMEOUT_RANGE_NS)),
     "untethered-window-limit-timeout": _param("untethered_window_limit_timeout_ns",

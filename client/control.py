@@ -105,8 +105,8 @@ def check_timeout(field: str, value: object, *, forever: bool = True,
         return None
     if not (0 <= value < math.inf) or (value == 0 and not zero):
         limit = ">= 0" if zero else "> 0"
-        raise InvalidArgumentError(field, f"{value!r} is not a number of seconds {limit}"
-                                          f"{' (None: no limit)' if forever else ''}")
+        raise InvalidArgumentError(field, f"{value!r} is not a finite number of seconds "
+                                          f"{limit}{' (None: no limit)' if forever else ''}")
     return float(value)
 
 

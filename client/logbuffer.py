@@ -90,6 +90,13 @@ def compute_log_length(term_length: int, page_size: int = PAGE_MIN_SIZE) -> int:
     return align(PARTITION_COUNT * term_length + LOG_META_DATA_LENGTH, page_size)
 
 
+def term_length_of_file(file_length: int) -> int:
+    """The term length of a log file ``file_length`` bytes long (at least a log of the
+    shortest terms): ``file_length = align(3T + 4096, page)`` with page <= T, so T is the power
+    of two at or below (L - 4096) / 3."""
+    return 1 << (((file_length - LOG_META_DATA_LENGTH) // PARTITION_COUNT).bit_length() - 1)
+
+
 def position_bits_to_shift(term_length: int) -> int:
     """log2(term_length)."""
     return term_length.bit_length() - 1
@@ -171,8 +178,7 @@ class LogBuffer:
         self._cdata = ffi.from_buffer("uint8_t[]", self._map, require_writable=writable)
         self.address = ffi.cast("uint8_t *", self._cdata)
         self.view = memoryview(self._map)
-        # length = align(3T + 4096, page) with page <= T, so T is the power of two below (L-4096)/3.
-        term_length = 1 << (((length - LOG_META_DATA_LENGTH) // PARTITION_COUNT).bit_length() - 1)
+        term_length = term_length_of_file(length)
         recorded = struct.unpack_from("<i", self._map, PARTITION_COUNT * term_length
                                       + META_TERM_LENGTH)[0]
         if recorded != term_length:

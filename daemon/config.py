@@ -32,7 +32,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -739,6 +739,15 @@ class _Rule:
             )
 
 
+#: The socket rules a channel's so-rcvbuf/rcv-wnd and so-sndbuf/mtu follow too (params.py).
+RECEIVE_BUFFER_RULE: Final = _Rule(
+    "rcv_initial_window_length", "<=", "socket_so_rcvbuf",
+    "the kernel buffer must hold a full window, or a burst of one is dropped",
+    unless_right_zero=True)
+SEND_BUFFER_RULE: Final = _Rule("mtu_length", "<=", "socket_so_sndbuf",
+                                "the kernel send buffer must hold one datagram",
+                                unless_right_zero=True)
+
 # Aeron's own cross checks (Configuration.validate*) plus slipstream's keepalive rule.
 _CROSS_FIELD_RULES = (
     _Rule("backpressure_low_watermark", "<", "backpressure_high_watermark",
@@ -751,11 +760,8 @@ _CROSS_FIELD_RULES = (
           "the conductor must check timeouts more often than they expire"),
     _Rule("mtu_length", "<=", "rcv_initial_window_length",
           "a receiver window must hold at least one full datagram"),
-    _Rule("rcv_initial_window_length", "<=", "socket_so_rcvbuf",
-          "the kernel buffer must hold a full window or receivers reject images",
-          unless_right_zero=True),
-    _Rule("mtu_length", "<=", "socket_so_sndbuf",
-          "the kernel send buffer must hold one datagram", unless_right_zero=True),
+    RECEIVE_BUFFER_RULE,
+    SEND_BUFFER_RULE,
     _Rule("publication_reserved_session_id_low", "<=", "publication_reserved_session_id_high",
           "the reserved range is low..high"),
 )
@@ -839,6 +845,17 @@ def _env_values(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
 log = logging.getLogger("slipstream.config")
 
 
+def _meant(key: str, written: Any, winning: Any) -> bool:
+    """Whether a file's value for ``key`` that another layer outranks was meant: it is not
+    the default (the shipped driver.toml sets every key to it) nor the value that wins."""
+    spec = SETTINGS[key]
+    try:
+        value = spec.parse(key, written)
+        return value != spec.default and value != spec.parse(key, winning)
+    except (ConfigurationError, ValueError, TypeError):
+        return True  # the bad value is refused below, naming its key
+
+
 def load_settings(
     config_file: str | Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -856,16 +873,17 @@ def load_settings(
         path = Path(config_file)
         for key, value in _file_values(path).items():
             values[key], sources[key], origins[key] = value, "file", f"in {path}"
-    in_file = dict(origins)
+    in_file = {key: value for key, value in values.items()}
     for key, (name, value) in _env_values(os.environ if env is None else env).items():
         values[key], sources[key], origins[key] = value, "env", f"from ${name}"
     for key, value in (overrides or {}).items():
         _require_known(key)
         values[key], sources[key], origins[key] = value, "cli", "by override"
-    for key, where in in_file.items():
-        if sources[key] != "file":  # the file's line is dead: say so, it was meant to count
-            log.warning("%s %s is not used: it is set %s, which outranks the file", key, where,
-                        origins[key])
+    for key, written in in_file.items():
+        if sources[key] != "file" and _meant(key, written, values[key]):
+            # The file's line is dead: say so, since someone changed it to count.
+            log.warning("%s in %s is not used: it is set %s, which outranks the file", key,
+                        config_file, origins[key])
     try:
         return DriverSettings.from_mapping(values, sources=sources)
     except ConfigurationError as exc:

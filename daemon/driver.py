@@ -62,7 +62,11 @@ from slipstream.client.layout import (
     TERM_MAX_LENGTH,
     TERM_MIN_LENGTH,
 )
-from slipstream.client.logbuffer import check_page_size, compute_log_length
+from slipstream.client.logbuffer import (
+    check_page_size,
+    compute_log_length,
+    term_length_of_file,
+)
 from slipstream.daemon._network import lib as network_lib
 from slipstream.daemon.agents.thread import (
     MAX_PARK_S,
@@ -448,8 +452,8 @@ def _is_log_name(name: str) -> bool:
 def _is_driver_log(path: Path) -> bool:
     """Whether ``path`` is a log a driver made: named ``<registration id>.logbuffer``, a
     regular file whose length is a log's and whose metadata names that registration id and
-    that term length (:meth:`LogBuffer.create` writes the metadata before it reserves the
-    pages).  A file a user named so, or anything else, is not."""
+    that term length, or is still all zero (a driver died making it, before
+    :meth:`LogBuffer.create` wrote it).  A file a user named so, or anything else, is not."""
     if not _is_log_name(path.name):
         return False
     try:
@@ -461,22 +465,23 @@ def _is_driver_log(path: Path) -> bool:
         if not stat.S_ISREG(info.st_mode):
             return False
         registration_id = int(path.name.removesuffix(".logbuffer"))
-        term_length = TERM_MIN_LENGTH
-        while term_length <= TERM_MAX_LENGTH:
-            meta_offset = PARTITION_COUNT * term_length
-            if meta_offset + LOG_META_DATA_LENGTH > info.st_size:
-                break
-            meta = os.pread(fd, LOG_META_DATA_LENGTH, meta_offset)
-            (correlation_id,) = struct.unpack_from("<q", meta, META_CORRELATION_ID)
-            named_length, page_size = struct.unpack_from("<ii", meta, META_TERM_LENGTH)
-            if named_length == term_length and correlation_id == registration_id:
-                try:
-                    check_page_size(page_size)
-                except ValueError:
-                    return False
-                return compute_log_length(term_length, page_size) == info.st_size
-            term_length <<= 1
-        return False
+        if info.st_size < compute_log_length(TERM_MIN_LENGTH):
+            return False
+        term_length = term_length_of_file(info.st_size)
+        if term_length > TERM_MAX_LENGTH:
+            return False
+        meta = os.pread(fd, LOG_META_DATA_LENGTH, PARTITION_COUNT * term_length)
+        if meta == bytes(LOG_META_DATA_LENGTH):  # made, never initialised
+            return compute_log_length(term_length) == info.st_size
+        (correlation_id,) = struct.unpack_from("<q", meta, META_CORRELATION_ID)
+        named_length, page_size = struct.unpack_from("<ii", meta, META_TERM_LENGTH)
+        if named_length != term_length or correlation_id != registration_id:
+            return False
+        try:
+            check_page_size(page_size)
+        except ValueError:
+            return False
+        return compute_log_length(term_length, page_size) == info.st_size
     except OSError:
         return False
     finally:
@@ -1133,10 +1138,11 @@ class EmbeddedDriver(_DriverCore):
             self._handle_command(key, message)
 
     def close(self, *, timeout: float | None = None) -> None:
-        """Drain the network streams (:meth:`_drain`, up to ``drain_timeout``), tell the
-        clients the driver goes, free everything, remove what it made.  Waits for
-        a :meth:`do_work` another thread is in; with ``timeout`` (seconds) at most that long,
-        and then leaves everything as it is."""
+        """Drain (:meth:`_drain`: up to ``drain_timeout``, and with ``timeout`` at most that
+        long), tell the clients the driver goes, free everything, remove what it made.  Waits
+        for a :meth:`do_work` another thread is in; with ``timeout`` (seconds) at most that
+        long, and then leaves everything as it is."""
+        started_ns = time.monotonic_ns()
         if not self._working.acquire(timeout=-1 if timeout is None else timeout):
             log.warning("the embedded driver in %s was busy for %.1f s: not closed",
                         self.directory, timeout)
@@ -1148,9 +1154,18 @@ class EmbeddedDriver(_DriverCore):
             self._closed = True
             if self._at_exit is not None:
                 atexit.unregister(self._at_exit)
+            interrupted: BaseException | None = None
             try:
                 if "conductor" in self._opened and self._loop is not None:
-                    self._drain()
+                    limit_ns = self.settings.drain_timeout
+                    if timeout is not None:
+                        limit_ns = min(limit_ns, started_ns + int(timeout * 1e9)
+                                       - time.monotonic_ns())
+                    try:
+                        self._drain(limit_ns)
+                    except KeyboardInterrupt as e:  # the clients are still told, then it goes
+                        log.warning("interrupted while draining: closing at once")
+                        interrupted = e
                 if self._conductor_waiting:
                     self._wait_for_signal(False)
                 if "conductor" in self._opened:
@@ -1163,24 +1178,26 @@ class EmbeddedDriver(_DriverCore):
                     logging.getLogger("slipstream.driver").removeHandler(self._error_log)
                     self._error_log.close()
                 self.driver_directory.release()
+            if interrupted is not None:
+                raise interrupted
         finally:
             _running_embedded.reset(running)
             self._working.release()
 
-    def _drain(self) -> None:
-        """Before it closes, as the daemon at its first SIGTERM: no new credit; what its
-        network publications' logs hold is sent and taken by their live receivers, then their
-        streams end; for at most ``drain_timeout`` (0: not at all).  Closing used to drop what
-        offer() had accepted but not yet sent.  IPC subscribers are not waited for (the
-        application that would read is the one closing).  Ctrl-C ends the wait, and closes."""
-        timeout_ns = self.settings.drain_timeout
-        if timeout_ns == 0:
+    def _drain(self, timeout_ns: int) -> None:
+        """Before it closes, as the daemon at its first SIGTERM: no new credit; what its logs
+        hold is sent and taken by their subscribers, then the streams end; for at most
+        ``timeout_ns`` (0 or less: not at all).  Closing used to drop what offer() had
+        accepted but not yet sent.  The subscribers of this process (IPC ones, and this
+        driver's own UDP receivers) are not waited for: the application that would read them
+        is the one closing.  Those of other processes that attached are."""
+        if timeout_ns <= 0:
             return
         started = time.monotonic_ns()
         self.conductor.begin_drain(started)
         while True:
             now = time.monotonic_ns()
-            if self.conductor.drain(now, wait_for_ipc=False):
+            if self.conductor.drain(now, closing_pid=os.getpid()):
                 log.info("drained in %.2f s", (now - started) / 1e9)
                 return
             if now - started >= timeout_ns:

@@ -150,7 +150,9 @@ INVALID: list[tuple[str, str, str]] = [
     (UDP + "rcv-wnd=0", "rcv-wnd", "out of range"),
     # The ranges of the settings these keys override (a value means the same in both).
     (UDP + "rcv-wnd=63", "rcv-wnd", "63 is out of range 64..1073741824 bytes"),
-    (UDP + "so-rcvbuf=2g", "so-rcvbuf", "out of range 0..1073741824 bytes"),
+    (UDP + "so-rcvbuf=2g", "so-rcvbuf", "out of range 1..1073741824 bytes"),
+    (UDP + "so-rcvbuf=0", "so-rcvbuf", "out of range 1..1073741824 bytes"),
+    (UDP + "pub-wnd=0", "pub-wnd", "out of range 1..1073741824 bytes"),
     (UDP + "nak-delay=2s", "nak-delay", "2s is out of range 0ns..1s"),
     (UDP + "linger=2h", "linger", "7200s is out of range 0ns..3600s"),
     ("aeron:ipc?untethered-window-limit-timeout=1000h", "untethered-window-limit-timeout",
@@ -363,9 +365,9 @@ _OPTIONAL_PARAMS: dict[str, st.SearchStrategy[str]] = {
     # <= term-length / 8 always
     "mtu": _sizes(st.integers(2, 256).map(lambda n: n * FRAME_ALIGNMENT)),
     "rcv-wnd": _sizes(st.integers(*RECEIVER_WINDOW_RANGE)),
-    "pub-wnd": _sizes(st.integers(*PUBLICATION_WINDOW_RANGE)),
-    "so-sndbuf": _sizes(st.integers(*SOCKET_BUFFER_RANGE)),
-    "so-rcvbuf": _sizes(st.integers(*SOCKET_BUFFER_RANGE)),
+    "pub-wnd": _sizes(st.integers(1, PUBLICATION_WINDOW_RANGE[1])),
+    "so-sndbuf": _sizes(st.integers(1, SOCKET_BUFFER_RANGE[1])),
+    "so-rcvbuf": _sizes(st.integers(1, SOCKET_BUFFER_RANGE[1])),
     "nak-delay": _durations(high_ms=NAK_DELAY_RANGE_NS[1] // 10**6),
     "linger": _durations(),
     "untethered-window-limit-timeout": _durations(),

@@ -373,3 +373,29 @@ def test_an_embedded_driver_meets_its_client_at_slipstream_dir_and_serves_its_me
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT stays)
         probe.bind(("127.0.0.1", port))
         probe.listen()
+
+
+def test_closing_an_embedded_driver_does_not_wait_for_its_own_applications_subscribers(
+        embedded) -> None:
+    """The drain waits for other processes' subscribers, not for this application's (it is
+    the one closing, and will read no more): a UDP stream to itself, 200 messages unread,
+    closes without waiting for the sender to time that receiver out (5 s)."""
+    driver = embedded(drain_timeout="10s", publication_connection_timeout="5s")
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with Client.connect(driver.directory, invoker=driver.do_work) as client:
+        subscription = client.add_subscription(uri, 3)
+        publication = client.add_publication(uri, 3)
+        ipc = client.add_subscription("aeron:ipc", 4)
+        ipc_publication = client.add_publication("aeron:ipc", 4)
+        run_until(lambda: publication.is_connected and subscription.images
+                  and ipc_publication.is_connected and ipc.images, driver,
+                  what="both streams connected")
+        for stream in (publication, ipc_publication):
+            for i in range(200):
+                while stream.offer(message(i, 100)) <= 0:
+                    driver.do_work()
+        # Closed while its client is open, its subscribers still acknowledging where they
+        # stopped reading: they are this process's, so nobody is waited for.
+        started = time.monotonic()
+        driver.close()
+        assert time.monotonic() - started < 3

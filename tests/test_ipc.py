@@ -796,9 +796,14 @@ def test_bad_arguments_are_refused_by_name_before_anything_is_sent(
     for bad in (-1, float("nan"), "1"):
         with pytest.raises(InvalidArgumentError, match=r"^timeout: "):
             subscription.receive(lambda data, header: None, 10, timeout=bad)
-    # inf is no limit, as None: a message is there, so it returns at once
-    offer_until(publication, b"x")
-    assert subscription.receive(lambda data, header: None, 10, timeout=float("inf")) == 1
+    # inf is no limit, as None: it waits for the message that comes 0.2 s later (it raised
+    # OverflowError once it came to wait)
+    later = threading.Timer(0.2, offer_until, (publication, b"x"))
+    later.start()
+    try:
+        assert subscription.receive(lambda data, header: None, 10, timeout=float("inf")) == 1
+    finally:
+        later.join()
     for lengths in (b"\x03\x00\x00\x00\x05\x00\x00\x00", bytearray([1, 1, 1, 1]), [2**31]):
         with pytest.raises(InvalidArgumentError, match=r"^lengths: "):
             publication.offer_batch(b"abcdefgh", lengths)

@@ -10,6 +10,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 
 from slipstream.client import Client
@@ -59,6 +60,7 @@ def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:
     assert value(text, "slipstream_driver_heartbeat_age_seconds") < 5
 
 
+@pytest.mark.timeout(60)  # an exporter that never prints must fail the readline, not hang it
 def test_slipstream_metrics_runs_beside_a_driver_and_names_the_port_it_got(
         driver_dir: Path) -> None:
     """Port 0: the kernel picks one, and the line the exporter prints names it."""

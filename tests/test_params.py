@@ -179,15 +179,6 @@ def test_every_name_the_uri_and_settings_accept_has_a_registered_strategy() -> N
     assert set(CONGESTION_CONTROLS) == set(uri_grammar.CONGESTION_CONTROLS)
 
 
-def test_the_static_window_holds_at_least_one_of_the_senders_datagrams() -> None:
-    """rcv-wnd=1k (or the setting at 4k) under a sender with mtu=8k: one window holds one
-    datagram, or no frame of that length could go and the stream stalled, connected."""
-    params = SubscriptionParams.resolve(
-        parse_channel("aeron:udp?endpoint=10.0.0.1:4000|rcv-wnd=1k"), SETTINGS)
-    cc = congestion_control_for(params, 1024 * KIB, 8192)
-    assert cc.initial_window_length() == cc.max_window_length() == 8192
-
-
 def test_the_static_window_is_the_receiver_window_capped_at_half_a_term() -> None:
     params = SubscriptionParams.resolve(
         parse_channel("aeron:udp?endpoint=10.0.0.1:4000|rcv-wnd=1m|so-rcvbuf=1m"), SETTINGS)

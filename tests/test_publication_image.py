@@ -376,6 +376,26 @@ def test_a_setup_asking_for_terms_past_the_limit_is_rejected_and_told(shm: Path)
     assert counters[SystemCounter.IMAGES_REJECTED] == 1
 
 
+@pytest.mark.parametrize(("uri", "mtu", "window"), [
+    ("aeron:udp?endpoint=10.0.0.2:40123|rcv-wnd=4k", 8192, 4096),
+    # 64k terms: the window is at most half a term.
+    ("aeron:udp?endpoint=10.0.0.2:40123|rcv-wnd=64k|so-rcvbuf=64k", 65504, 32768),
+])
+def test_a_sender_whose_datagrams_the_window_cannot_hold_is_refused_as_aeron_does(
+        shm: Path, uri: str, mtu: int, window: int) -> None:
+    """A window smaller than one of the sender's datagrams would never let one go (the stream
+    stalled, connected): the image is refused, and the sender and the conductor hear why."""
+    rc, counters = receive_channel(shm, uri)
+    rc.on_datagram(Setup(0, 1, 2, 100, 100, 64 * 1024, mtu, 0, 0).encode(), SRC, 0)
+    [rejected] = rc.poll_events()
+    assert isinstance(rejected, ImageRejected)
+    assert rejected.reason.startswith(f"the sender's mtu {mtu} is more than this receiver's "
+                                      f"window {window}")
+    [err] = [decode(d.data) for d in rc.datagrams_to_send(0)]
+    assert isinstance(err, ErrorFrame) and err.message == rejected.reason
+    assert counters[SystemCounter.IMAGES_REJECTED] == 1
+
+
 def test_a_long_rejection_reason_in_any_script_is_cut_to_the_err_text_limit(shm: Path) -> None:
     rc, counters = receive_channel(shm)
     rc.on_datagram(setup(), SRC, 0)

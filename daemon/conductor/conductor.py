@@ -636,20 +636,26 @@ class DriverConductor:
             self.network.stop_credit()
         log.info("draining: %s", self.status_line())
 
-    def drain(self, now_ns: int, *, wait_for_ipc: bool = True) -> bool:
+    def drain(self, now_ns: int, *, closing_pid: int | None = None) -> bool:
         """Advance the drain; True once it is complete.  FLUSHING: until every IPC subscriber
         read its log to the end and every network publication sent its log and its live
         receivers' status messages reached the end.  Then ENDING: end-of-stream (IPC
         subscribers see it at once; network publications close and send EOS heartbeats)
-        until every network publication with receivers sent one.  ``wait_for_ipc=False``
-        waits for the network alone (an embedded driver closing: its own application, whose
-        subscribers would read, is the one closing it)."""
+        until every network publication with receivers sent one.  ``closing_pid``: an
+        embedded driver closing inside that process, whose subscribers (IPC ones, and this
+        driver's own UDP receivers) are not waited for: the application that would read them
+        is the one closing.  Those of other processes are."""
+        local = closing_pid is not None
+        closing = frozenset(c.client_id for c in self.clients.values()
+                            if c.pid == closing_pid)
+
         def ipc_consumed() -> bool:
-            return not wait_for_ipc or all(p.is_consumed()
-                                           for p in self.ipc_publications.values())
+            return all(p.is_consumed(except_clients=closing)
+                       for p in self.ipc_publications.values())
 
         if self.drain_phase is DrainPhase.FLUSHING:
-            if not (ipc_consumed() and (self.network is None or self.network.is_flushed())):
+            if not (ipc_consumed() and (self.network is None
+                                        or self.network.is_flushed(except_local=local))):
                 return False
             self.drain_phase = DrainPhase.ENDING
             for publication in self.ipc_publications.values():
@@ -662,7 +668,7 @@ class DriverConductor:
             # Read again: an offer that passed its limit check as the credit stopped may
             # have landed since.
             return ipc_consumed() and (self.network is None
-                                       or self.network.has_ended_streams())
+                                       or self.network.has_ended_streams(except_local=local))
         return False
 
     def shutdown_events(self) -> Outgoing:

@@ -301,11 +301,12 @@ class IpcPublication:
         self._set_limit(min(self.counters.get(self.publisher_limit_id),
                             self.credit_stop_position))
 
-    def is_consumed(self) -> bool:
-        """Every subscriber has read all the log holds (true without subscribers: nobody is
-        owed anything)."""
-        consumer = self.consumer_position()
-        return consumer is None or consumer >= self.log.producer_position()
+    def is_consumed(self, *, except_clients: frozenset[int] = frozenset()) -> bool:
+        """Every subscriber (but those of ``except_clients``) has read all the log holds
+        (true without subscribers: nobody is owed anything)."""
+        end = self.log.producer_position()
+        return all(self.counters.get(s.position_counter_id) >= end
+                   for s in self.subscribers if s.client_id not in except_clients)
 
     def start_draining(self, now_ns: int) -> None:
         """The last publisher left: subscribers may read what is there, then the log goes."""

@@ -738,9 +738,17 @@ class NetworkConductor:
             publication = entry.publication
             self._submit_send(lambda _now, p=publication: p.stop_credit())
 
-    def is_flushed(self) -> bool:
-        """Every publication sent its log and its live receivers acknowledged the end."""
-        return all(entry.publication.is_flushed for entry in list(self.publications.values()))
+    def is_flushed(self, *, except_local: bool = False) -> bool:
+        """Every publication sent its log and its live receivers acknowledged the end
+        (``except_local``: but this driver's own receivers, whose subscribers are the closing
+        application's)."""
+        ignored = self._own_receiver_ids() if except_local else frozenset()
+        return all(entry.publication.is_flushed_except(ignored)
+                   for entry in list(self.publications.values()))
+
+    def _own_receiver_ids(self) -> frozenset[int]:
+        return frozenset(entry.endpoint.channel.receiver_id
+                         for entry in self._receive_endpoints.values())
 
     def end_streams(self) -> None:
         """Close every publication still open: it sends end-of-stream (EOS heartbeats)."""
@@ -752,15 +760,16 @@ class NetworkConductor:
                 publication = entry.publication
                 self._submit_send(lambda now, p=publication: p.close(now))
 
-    def has_ended_streams(self) -> bool:
+    def has_ended_streams(self, *, except_local: bool = False) -> bool:
         """Every publication's receivers answered its end-of-stream (an EOS-flagged status
         message takes a receiver off the list), or it sent ``EOS_HEARTBEATS_TO_END`` EOS
         heartbeats and is still flushed (an offer that passed its limit check as the credit
         stopped is acknowledged too; receivers that do not answer EOS, as Aeron 1.15's, then
         miss it only if all of them are lost), or it is gone."""
+        ignored = self._own_receiver_ids() if except_local else frozenset()
         return all(not entry.publication.has_receivers
                    or (entry.publication.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
-                       and entry.publication.is_flushed)
+                       and entry.publication.is_flushed_except(ignored))
                    for entry in list(self.publications.values()))
 
     # -- helpers ------------------------------------------------------------------------------
@@ -896,9 +905,16 @@ def check_same_receive_params(channel: Channel, existing: Channel,
         mine, theirs = getattr(asked[holder], resolved), getattr(actual[holder], resolved)
         if mine != theirs:
             raise ChannelError(str(channel), key,
-                               f"{mine} differs from {theirs}, what the endpoint's first "
-                               f"subscription ({existing}) made its images and socket with; "
-                               f"subscribe on another endpoint, or ask for the same")
+                               f"{_shown(mine)} differs from {_shown(theirs)}, what this "
+                               f"endpoint's images and socket are made with (from {existing}, "
+                               f"its first subscription); slipstream makes them once per "
+                               f"endpoint: subscribe on another endpoint, or ask for the same")
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "unset"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _label_of(setup: Any, source: Address) -> str:

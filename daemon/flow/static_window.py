@@ -10,8 +10,8 @@ from slipstream.daemon.protocol.params import SubscriptionParams
 
 class StaticWindowCongestionControl(CongestionControl):
     """The window is the receive channel's (``rcv-wnd=``, else the setting) capped at half a
-    term, at least the sender's MTU, and never changes: the image sends status messages by the
-    25 % rule and its timer only, and measures no round trips."""
+    term, and never changes (the receiver refuses a sender whose MTU it cannot hold): the image
+    sends status messages by the 25 % rule and its timer only, and measures no round trips."""
 
     name = "static"
     is_static = True
@@ -22,9 +22,7 @@ class StaticWindowCongestionControl(CongestionControl):
     @classmethod
     def from_params(cls, params: SubscriptionParams, term_length: int, sender_mtu: int,
                     now_ns: int = 0) -> Self:
-        # At least one of the sender's datagrams: a window that cannot hold one would never
-        # let a frame of that length go (the stream stalled, connected).
-        return cls(max(min(params.receiver_window_length, term_length // 2), sender_mtu))
+        return cls(min(params.receiver_window_length, term_length // 2))
 
     def initial_window_length(self) -> int:
         return self.window_length

@@ -270,6 +270,21 @@ class ReceiveChannel:
         self.images[key] = image
         self._sync_images()
 
+    def _refusal(self, setup: Setup) -> str | None:
+        """Why this receiver cannot take the image a valid SETUP offers, or None: a term past
+        image_term_buffer_length_max (slipstream), or, as Aeron, datagrams longer than the
+        window (no frame of that length could ever be let go: the stream would stall,
+        connected; the window is within the socket's receive buffer, SubscriptionParams)."""
+        limit = self.settings.image_term_buffer_length_max
+        if setup.term_length > limit:
+            return (f"term length {setup.term_length} is over this receiver's "
+                    f"image_term_buffer_length_max of {limit}")
+        window = min(self.params.receiver_window_length, setup.term_length // 2)
+        if setup.mtu > window:
+            return (f"the sender's mtu {setup.mtu} is more than this receiver's window "
+                    f"{window} (rcv-wnd, at most half a term)")
+        return None
+
     def reject_image(self, request: ImageRequested, now_ns: int, reason: str) -> None:
         """The conductor could not make the image (no space, counters full): the session
         cools down and the sender hears why (an ERR frame, docs/PROTOCOL.md §1.7)."""
@@ -373,10 +388,8 @@ class ReceiveChannel:
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return
         self._pending_setup.pop(key, None)
-        limit = self.settings.image_term_buffer_length_max
-        if setup.term_length > limit:
-            reason = (f"term length {setup.term_length} is over this receiver's "
-                      f"image_term_buffer_length_max of {limit}")
+        reason = self._refusal(setup)
+        if reason is not None:
             self.reject_image(ImageRequested(self, setup, source), now_ns, reason)
             self._events.append(ImageRejected(self, setup, source, reason))
             return

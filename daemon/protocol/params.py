@@ -22,7 +22,7 @@ from slipstream.client.logbuffer import (
     max_message_length,
     term_count,
 )
-from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.config import RECEIVE_BUFFER_RULE, SEND_BUFFER_RULE, DriverSettings
 
 T = TypeVar("T")
 
@@ -125,8 +125,8 @@ class PublicationParams:
         so_sndbuf = channel.so_sndbuf or settings.socket_so_sndbuf
         if so_sndbuf and mtu > so_sndbuf:  # the setting's rule (mtu_length), for the URI
             raise ChannelError(str(channel), "so-sndbuf" if channel.so_sndbuf else "mtu",
-                               f"mtu {mtu} is more than so-sndbuf {so_sndbuf}: the kernel send "
-                               f"buffer must hold one datagram")
+                               f"mtu {mtu} is more than so-sndbuf {so_sndbuf}: "
+                               f"{SEND_BUFFER_RULE.why}")
 
         return cls(
             **_log_shape(channel, term_length, mtu),
@@ -188,9 +188,8 @@ class SubscriptionParams:
         so_rcvbuf = channel.so_rcvbuf or settings.socket_so_rcvbuf
         if so_rcvbuf and window > so_rcvbuf:  # the setting's rule, for the URI
             raise ChannelError(str(channel), "so-rcvbuf" if channel.so_rcvbuf else "rcv-wnd",
-                               f"rcv-wnd {window} is more than so-rcvbuf {so_rcvbuf}: the "
-                               f"kernel buffer must hold a full window or receivers reject "
-                               f"images")
+                               f"rcv-wnd {window} is more than so-rcvbuf {so_rcvbuf}: "
+                               f"{RECEIVE_BUFFER_RULE.why}")
         return cls(
             reliable=_or(channel.reliable, settings.reliable_stream),
             group=channel.group,

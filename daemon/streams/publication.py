@@ -277,6 +277,10 @@ class NetworkPublication:
     def is_flushed(self) -> bool:
         """The credit is stopped, everything the log holds was sent and every live receiver's
         status message is at its end (true without receivers: nobody is left to take it)."""
+        return self.is_flushed_except(frozenset())
+
+    def is_flushed_except(self, receiver_ids: frozenset[int]) -> bool:
+        """:attr:`is_flushed`, not waiting for the receivers of ``receiver_ids``."""
         if self.credit_stop_position is None:
             return False  # the sender thread has not stopped the credit yet
         end = self.log.producer_position()
@@ -286,7 +290,8 @@ class NetworkPublication:
         c = self.c  # an SM the C control path took since the sender's last pass counts too
         if c.sm_count and c.sm_receiver_id in acknowledged:
             acknowledged[c.sm_receiver_id] = max(acknowledged[c.sm_receiver_id], c.sm_position)
-        return all(position >= end for position in acknowledged.values())
+        return all(position >= end for receiver_id, position in acknowledged.items()
+                   if receiver_id not in receiver_ids)
 
     # -- properties -----------------------------------------------------------------------
     @property
