@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import getpass
 import json
-import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from slipstream.client.channel import MAX_URI_LENGTH
 from slipstream.client.errors import InvalidArgumentError
@@ -92,6 +91,10 @@ def check_int32(field: str, value: object) -> int:
     return _check_int(field, value, (INT32_MIN, INT32_MAX))
 
 
+#: The longest timeout in seconds whose nanoseconds an int64 holds (about 292 years).
+MAX_TIMEOUT_S: Final = INT64_MAX / 1e9
+
+
 def check_timeout(field: str, value: object, *, forever: bool = True,
                   zero: bool = True) -> float | None:
     """A timeout argument in seconds: a finite number >= 0 (> 0 unless ``zero``), or, where
@@ -101,12 +104,13 @@ def check_timeout(field: str, value: object, *, forever: bool = True,
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgumentError(field, f"{value!r} is not a number of seconds")
-    if value == math.inf and forever:
+    if value > MAX_TIMEOUT_S and forever:  # longer than int64 nanoseconds reach: no limit
         return None
-    if not (0 <= value < math.inf) or (value == 0 and not zero):
+    if not (0 <= value <= MAX_TIMEOUT_S) or (value == 0 and not zero):
         limit = ">= 0" if zero else "> 0"
-        raise InvalidArgumentError(field, f"{value!r} is not a finite number of seconds "
-                                          f"{limit}{' (None: no limit)' if forever else ''}")
+        raise InvalidArgumentError(field, f"{value!r} is not a number of seconds {limit} and "
+                                          f"at most {MAX_TIMEOUT_S:.3g}"
+                                          f"{' (None: no limit)' if forever else ''}")
     return float(value)
 
 

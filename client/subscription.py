@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slipstream.client")
 _dispatch = _fastpath.dispatch
-_INF = float("inf")
 _MAX_SCAN = 4096  # frames per C scan; a poll's fragment limit is split into scans this big
 # A parked receive re-checks its images at least this often.  Image changes wake it at once
 # (through the eventcounts), so this is a safety net; each wake-up of an idle vCPU costs
@@ -594,7 +593,8 @@ class Subscription:
         else would move the data, so it yields the CPU only as :meth:`poll` does.
         """
         _check_fragment_limit(fragment_limit)
-        if timeout is not None and (type(timeout) is not float or not 0.0 <= timeout < _INF):
+        if timeout is not None and (type(timeout) is not float
+                                    or not 0.0 <= timeout <= control.MAX_TIMEOUT_S):
             timeout = control.check_timeout("timeout", timeout)  # the rare forms, or refused
         count = self.poll(handler, fragment_limit)
         if count:

@@ -1143,6 +1143,7 @@ class EmbeddedDriver(_DriverCore):
         for a :meth:`do_work` another thread is in; with ``timeout`` (seconds) at most that
         long, and then leaves everything as it is."""
         started_ns = time.monotonic_ns()
+        timeout = control.check_timeout("timeout", timeout)
         if not self._working.acquire(timeout=-1 if timeout is None else timeout):
             log.warning("the embedded driver in %s was busy for %.1f s: not closed",
                         self.directory, timeout)

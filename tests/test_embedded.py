@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import NETWORK_SETTINGS, counters_of, free_port, message
@@ -375,27 +376,73 @@ def test_an_embedded_driver_meets_its_client_at_slipstream_dir_and_serves_its_me
         probe.listen()
 
 
+@pytest.mark.parametrize("client_closed_first", [False, True])
 def test_closing_an_embedded_driver_does_not_wait_for_its_own_applications_subscribers(
-        embedded) -> None:
+        embedded, client_closed_first: bool) -> None:
     """The drain waits for other processes' subscribers, not for this application's (it is
-    the one closing, and will read no more): a UDP stream to itself, 200 messages unread,
-    closes without waiting for the sender to time that receiver out (5 s)."""
+    the one closing, and will read no more): a UDP stream to itself and an IPC one, each a
+    window or more unread, close at once, whether the client is still open or closed before (as
+    ``with driver, client:`` does), not after drain_timeout or the sender's receiver
+    timeout."""
     driver = embedded(drain_timeout="10s", publication_connection_timeout="5s")
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-    with Client.connect(driver.directory, invoker=driver.do_work) as client:
-        subscription = client.add_subscription(uri, 3)
-        publication = client.add_publication(uri, 3)
-        ipc = client.add_subscription("aeron:ipc", 4)
-        ipc_publication = client.add_publication("aeron:ipc", 4)
-        run_until(lambda: publication.is_connected and subscription.images
-                  and ipc_publication.is_connected and ipc.images, driver,
-                  what="both streams connected")
-        for stream in (publication, ipc_publication):
-            for i in range(200):
-                while stream.offer(message(i, 100)) <= 0:
+    client = Client.connect(driver.directory, invoker=driver.do_work)
+    subscription = client.add_subscription(uri, 3)
+    publication = client.add_publication(uri, 3)
+    ipc = client.add_subscription("aeron:ipc?term-length=64k", 4)
+    ipc_publication = client.add_publication("aeron:ipc?term-length=64k", 4)
+    run_until(lambda: publication.is_connected and subscription.images
+              and ipc_publication.is_connected and ipc.images, driver,
+              what="both streams connected")
+    # 64 KiB terms: a receiver window is 32 KiB, and the sender stops at its end; offers
+    # then run up to the publication window beyond (half a term) and are refused.
+    for stream in (publication, ipc_publication):
+        refused, deadline = 0, time.monotonic() + 10
+        while refused < 500 and time.monotonic() < deadline:
+            if stream.offer(message(0, 128)) > 0:
+                refused = 0
+            else:
+                refused += 1
+                driver.do_work()
+    assert publication.position > 48 * 1024  # more than the receiver took: a window
+    if client_closed_first:
+        client.close()
+    started = time.monotonic()
+    driver.close()
+    assert time.monotonic() - started < 3
+    client.close()
+
+
+def _attached_subscriber(directory: str, uri: str, ready: Any, done: Any) -> None:
+    """Another process's subscriber on an embedded driver's stream, which never reads."""
+    with Client.connect(directory) as client:
+        client.add_subscription(uri, 5)
+        ready.set()
+        done.wait(30)
+
+
+def test_closing_an_embedded_driver_waits_for_another_processs_subscriber(embedded) -> None:
+    """A process that attached to the embedded driver's directory is owed what was sent: the
+    drain waits for its UDP subscriber (here, one that never reads: until drain_timeout)."""
+    driver = embedded(drain_timeout="2s")
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    context = multiprocessing.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    child = context.Process(target=_attached_subscriber,
+                            args=(str(driver.directory), uri, ready, done))
+    child.start()
+    try:
+        run_until(ready.is_set, driver, timeout=30, what="the other process subscribed")
+        with Client.connect(driver.directory, invoker=driver.do_work) as client:
+            publication = client.add_publication(uri, 5)
+            run_until(lambda: publication.is_connected, driver, what="connected")
+            for i in range(10):
+                while publication.offer(message(i, 128)) <= 0:
                     driver.do_work()
-        # Closed while its client is open, its subscribers still acknowledging where they
-        # stopped reading: they are this process's, so nobody is waited for.
-        started = time.monotonic()
-        driver.close()
-        assert time.monotonic() - started < 3
+            started = time.monotonic()
+            driver.close()
+            waited = time.monotonic() - started
+        assert waited >= 1.5, f"closed after {waited:.2f} s, not waiting for the subscriber"
+    finally:
+        done.set()
+        child.join(30)

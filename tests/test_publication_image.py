@@ -393,6 +393,7 @@ def test_a_sender_whose_datagrams_the_window_cannot_hold_is_refused_as_aeron_doe
                                       f"window {window}")
     [err] = [decode(d.data) for d in rc.datagrams_to_send(0)]
     assert isinstance(err, ErrorFrame) and err.message == rejected.reason
+    assert err.error_code == 13  # Aeron's IMAGE_REJECTED
     assert counters[SystemCounter.IMAGES_REJECTED] == 1
 
 

@@ -645,17 +645,16 @@ class DriverConductor:
         embedded driver closing inside that process, whose subscribers (IPC ones, and this
         driver's own UDP receivers) are not waited for: the application that would read them
         is the one closing.  Those of other processes are."""
-        local = closing_pid is not None
-        closing = frozenset(c.client_id for c in self.clients.values()
-                            if c.pid == closing_pid)
+        closing = (frozenset(c.client_id for c in self.clients.values()
+                             if c.pid == closing_pid) if closing_pid is not None else None)
 
         def ipc_consumed() -> bool:
-            return all(p.is_consumed(except_clients=closing)
+            return all(p.is_consumed(except_clients=closing or frozenset())
                        for p in self.ipc_publications.values())
 
         if self.drain_phase is DrainPhase.FLUSHING:
             if not (ipc_consumed() and (self.network is None
-                                        or self.network.is_flushed(except_local=local))):
+                                        or self.network.is_flushed(closing_clients=closing))):
                 return False
             self.drain_phase = DrainPhase.ENDING
             for publication in self.ipc_publications.values():
@@ -668,7 +667,8 @@ class DriverConductor:
             # Read again: an offer that passed its limit check as the credit stopped may
             # have landed since.
             return ipc_consumed() and (self.network is None
-                                       or self.network.has_ended_streams(except_local=local))
+                                       or self.network.has_ended_streams(
+                                           closing_clients=closing))
         return False
 
     def shutdown_events(self) -> Outgoing:

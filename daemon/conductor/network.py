@@ -217,6 +217,9 @@ class NetworkConductor:
         self.receiver = Receiver(on_event=self._post)
         self._send_endpoints: dict[tuple[Any, ...], _SendEndpointEntry] = {}
         self._receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry] = {}
+        #: Every receiver id this driver's receive endpoints had (random 63-bit: no other
+        #: driver's), open or closed: their status messages may still count at a publication.
+        self._receiver_ids_made: set[int] = set()
         self.publications: dict[int, _PublicationEntry] = {}
         self._shared_publications: dict[tuple[Any, ...], _PublicationEntry] = {}
         self.subscriptions: dict[int, NetworkSubscription] = {}
@@ -394,6 +397,7 @@ class NetworkConductor:
                 channel=channel, settings=self.settings,
                 receiver_id=self._rng.getrandbits(63), counters=self.counters, now_ns=now_ns,
                 rng=random.Random(self._rng.getrandbits(64)))
+            self._receiver_ids_made.add(receive_channel.receiver_id)
             endpoint = ReceiveEndpoint(receive_channel, transport)
             entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(key, endpoint)
             self._submit_receive(lambda _now: self.receiver.add_endpoint(endpoint))
@@ -738,17 +742,25 @@ class NetworkConductor:
             publication = entry.publication
             self._submit_send(lambda _now, p=publication: p.stop_credit())
 
-    def is_flushed(self, *, except_local: bool = False) -> bool:
+    def is_flushed(self, *, closing_clients: frozenset[int] | None = None) -> bool:
         """Every publication sent its log and its live receivers acknowledged the end
-        (``except_local``: but this driver's own receivers, whose subscribers are the closing
-        application's)."""
-        ignored = self._own_receiver_ids() if except_local else frozenset()
+        (``closing_clients``: an embedded driver closing with these clients of its own
+        process: not waiting for this driver's receivers that only they read from)."""
+        ignored = self._closing_receiver_ids(closing_clients)
         return all(entry.publication.is_flushed_except(ignored)
                    for entry in list(self.publications.values()))
 
-    def _own_receiver_ids(self) -> frozenset[int]:
-        return frozenset(entry.endpoint.channel.receiver_id
-                         for entry in self._receive_endpoints.values())
+    def _closing_receiver_ids(self, closing_clients: frozenset[int] | None) -> frozenset[int]:
+        """This driver's receivers whose subscribers are all ``closing_clients`` (or gone:
+        the endpoint closed), whose acknowledgements a closing embedded driver does not wait
+        for; none without ``closing_clients``."""
+        if closing_clients is None:
+            return frozenset()
+        open_for_others = {entry.endpoint.channel.receiver_id
+                           for entry in self._receive_endpoints.values()
+                           if any(s.client_id not in closing_clients
+                                  for s in entry.subscriptions)}
+        return frozenset(self._receiver_ids_made - open_for_others)
 
     def end_streams(self) -> None:
         """Close every publication still open: it sends end-of-stream (EOS heartbeats)."""
@@ -760,14 +772,14 @@ class NetworkConductor:
                 publication = entry.publication
                 self._submit_send(lambda now, p=publication: p.close(now))
 
-    def has_ended_streams(self, *, except_local: bool = False) -> bool:
+    def has_ended_streams(self, *, closing_clients: frozenset[int] | None = None) -> bool:
         """Every publication's receivers answered its end-of-stream (an EOS-flagged status
         message takes a receiver off the list), or it sent ``EOS_HEARTBEATS_TO_END`` EOS
         heartbeats and is still flushed (an offer that passed its limit check as the credit
         stopped is acknowledged too; receivers that do not answer EOS, as Aeron 1.15's, then
         miss it only if all of them are lost), or it is gone."""
-        ignored = self._own_receiver_ids() if except_local else frozenset()
-        return all(not entry.publication.has_receivers
+        ignored = self._closing_receiver_ids(closing_clients)
+        return all(not entry.publication.has_receivers_except(ignored)
                    or (entry.publication.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
                        and entry.publication.is_flushed_except(ignored))
                    for entry in list(self.publications.values()))

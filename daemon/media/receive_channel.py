@@ -92,6 +92,7 @@ DEFAULT_COOL_DOWN_NS = 1_000_000_000
 PENDING_IMAGE_TIMEOUT_NS = 1_000_000_000
 #: ERR frame error codes (Aeron's ErrorCode).
 ERROR_CODE_STORAGE_SPACE = 12
+ERROR_CODE_IMAGE_REJECTED = 13
 
 _NOT_FOR_A_RECEIVER = frozenset((HDR_TYPE_NAK, HDR_TYPE_SM, HDR_TYPE_ERR, HDR_TYPE_RSP_SETUP))
 
@@ -270,22 +271,24 @@ class ReceiveChannel:
         self.images[key] = image
         self._sync_images()
 
-    def _refusal(self, setup: Setup) -> str | None:
-        """Why this receiver cannot take the image a valid SETUP offers, or None: a term past
+    def _refusal(self, setup: Setup) -> tuple[str, int] | None:
+        """Why this receiver cannot take the image a valid SETUP offers, and the ERR frame's
+        code, or None: a term past
         image_term_buffer_length_max (slipstream), or, as Aeron, datagrams longer than the
         window (no frame of that length could ever be let go: the stream would stall,
         connected; the window is within the socket's receive buffer, SubscriptionParams)."""
         limit = self.settings.image_term_buffer_length_max
         if setup.term_length > limit:
             return (f"term length {setup.term_length} is over this receiver's "
-                    f"image_term_buffer_length_max of {limit}")
+                    f"image_term_buffer_length_max of {limit}", ERROR_CODE_STORAGE_SPACE)
         window = min(self.params.receiver_window_length, setup.term_length // 2)
         if setup.mtu > window:
             return (f"the sender's mtu {setup.mtu} is more than this receiver's window "
-                    f"{window} (rcv-wnd, at most half a term)")
+                    f"{window} (rcv-wnd, at most half a term)", ERROR_CODE_IMAGE_REJECTED)
         return None
 
-    def reject_image(self, request: ImageRequested, now_ns: int, reason: str) -> None:
+    def reject_image(self, request: ImageRequested, now_ns: int, reason: str,
+                     code: int = ERROR_CODE_STORAGE_SPACE) -> None:
         """The conductor could not make the image (no space, counters full): the session
         cools down and the sender hears why (an ERR frame, docs/PROTOCOL.md §1.7)."""
         key = (request.setup.session_id, request.setup.stream_id)
@@ -294,7 +297,7 @@ class ReceiveChannel:
         self.counters.add(SystemCounter.IMAGES_REJECTED)
         # The text is bytes on the wire: cut it there, at a character boundary.
         text = reason.encode()[:ERR_MAX_TEXT_LENGTH].decode(errors="ignore")
-        error = ErrorFrame(key[0], key[1], self.receiver_id, ERROR_CODE_STORAGE_SPACE, text)
+        error = ErrorFrame(key[0], key[1], self.receiver_id, code, text)
         self._outbox.append(Datagram(error.encode(), self._reply_address(request.source)))
 
     def _sync_images(self) -> None:
@@ -388,9 +391,10 @@ class ReceiveChannel:
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return
         self._pending_setup.pop(key, None)
-        reason = self._refusal(setup)
-        if reason is not None:
-            self.reject_image(ImageRequested(self, setup, source), now_ns, reason)
+        refusal = self._refusal(setup)
+        if refusal is not None:
+            reason, code = refusal
+            self.reject_image(ImageRequested(self, setup, source), now_ns, reason, code)
             self._events.append(ImageRejected(self, setup, source, reason))
             return
         self._pending_image[key] = now_ns + PENDING_IMAGE_TIMEOUT_NS

@@ -284,7 +284,7 @@ class NetworkPublication:
         if self.credit_stop_position is None:
             return False  # the sender thread has not stopped the credit yet
         end = self.log.producer_position()
-        if self.sender_position < end and self._receivers:
+        if self.sender_position < end and self.has_receivers_except(receiver_ids):
             return False
         acknowledged = dict(self._acknowledged)
         c = self.c  # an SM the C control path took since the sender's last pass counts too
@@ -322,6 +322,10 @@ class NetworkPublication:
     @property
     def has_receivers(self) -> bool:
         return bool(self._receivers)
+
+    def has_receivers_except(self, receiver_ids: frozenset[int]) -> bool:
+        """Whether a live receiver other than those of ``receiver_ids`` is known."""
+        return any(receiver_id not in receiver_ids for receiver_id in self._receivers)
 
     @property
     def is_done(self) -> bool:
