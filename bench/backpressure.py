@@ -338,7 +338,7 @@ def main() -> int:
                         help="seconds of one message read every 2 ms")
     parser.add_argument("--hosts", action="store_true",
                         help="also sections 4 and 5, on namespace hosts (root)")
-    parser.add_argument("--only", type=int, default=0,
+    parser.add_argument("--only", type=int, default=0, choices=range(1, 6), metavar="1..5",
                         help="run only this section (1-5; 4 and 5 need root)")
     args = parser.parse_args()
     wanted = ({args.only} if args.only else {1, 2, 3, *((4, 5) if args.hosts else ())})

@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from bench.ipc_throughput import machine
+from bench.ipc_throughput import machine, positive_float, positive_int
 
 
 def main() -> int:
@@ -22,13 +22,13 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=300.0)
-    parser.add_argument("--publishers", type=int, default=3)
-    parser.add_argument("--subscribers", type=int, default=2, help="per stream")
-    parser.add_argument("--streams", type=int, default=2)
-    parser.add_argument("--kill-interval", type=float, default=0.5,
+    parser.add_argument("--seconds", type=positive_float, default=300.0)
+    parser.add_argument("--publishers", type=positive_int, default=3)
+    parser.add_argument("--subscribers", type=positive_int, default=2, help="per stream")
+    parser.add_argument("--streams", type=positive_int, default=2)
+    parser.add_argument("--kill-interval", type=positive_float, default=0.5,
                         help="mean seconds between kills of a publisher or subscriber")
-    parser.add_argument("--driver-kill-interval", type=float, default=10.0,
+    parser.add_argument("--driver-kill-interval", type=positive_float, default=10.0,
                         help="seconds between kills of the driver")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()

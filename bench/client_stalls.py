@@ -28,7 +28,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.ipc_throughput import machine, scratch_directory
+from bench.ipc_throughput import (
+    driver_setting,
+    machine,
+    positive_float,
+    positive_int,
+    scratch_directory,
+)
 
 GAP_NS = 300_000
 
@@ -63,12 +69,15 @@ def _stalls(step: Callable[[], object], seconds: float) -> tuple[int, int, int, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0, help="each loop's duration")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each loop, in turns")
+    parser.add_argument("--seconds", type=positive_float, default=10.0,
+                        help="each loop's duration")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="runs of each loop, in turns")
     parser.add_argument("--set", dest="settings", action="append", default=[],
+                        type=driver_setting,
                         metavar="KEY=VALUE", help="a driver setting")
     args = parser.parse_args()
-    settings = dict(s.split("=", 1) for s in args.settings)
+    settings = dict(args.settings)
 
     from slipstream.client import Client
     from slipstream.daemon.driver import MediaDriver

@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.ipc_throughput import machine
+from bench.ipc_throughput import machine, positive_int
 from bench.udp_throughput import free_port
 
 SETTINGS = {"client_liveness_timeout": "5s", "image_liveness_timeout": "5s",
@@ -200,8 +200,8 @@ def run_commands(count: int, seed: int) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datagrams", type=int, default=1_000_000)
-    parser.add_argument("--commands", type=int, default=100_000)
+    parser.add_argument("--datagrams", type=positive_int, default=1_000_000)
+    parser.add_argument("--commands", type=positive_int, default=100_000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     print(f"# fuzz, {machine()}, {time.strftime('%Y-%m-%d')}")

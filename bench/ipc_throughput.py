@@ -19,15 +19,20 @@ import argparse
 import multiprocessing
 import os
 import platform
-import signal
 import sys
 import tempfile
-import threading
 import time
 from array import array
 from pathlib import Path
 
+from slipstream.client.errors import ConfigurationError
+from slipstream.client.layout import max_message_length
+from slipstream.daemon.config import DriverSettings, check_setting
+from slipstream.sim.cli import exit_on_sigterm
+
 BATCH = 256  # messages per offer_batch call
+#: The largest message of the logs the benchmark's driver makes (its default IPC terms).
+MAX_MESSAGE_BYTES = max_message_length(DriverSettings().ipc_term_buffer_length)
 
 
 def back_pressured(idle: int, backoff_s: float | None) -> None:
@@ -309,18 +314,9 @@ def scratch_directory() -> tempfile.TemporaryDirectory[str]:
     """A benchmark's directory in /dev/shm for its drivers and sockets, removed with all in it
     by ``cleanup()`` or at exit, also when a run fails or is ended by SIGTERM (``timeout``,
     ``kill``): nothing is left in /dev/shm."""
-    _exit_on_sigterm()
+    exit_on_sigterm()
     return tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
                                        ignore_cleanup_errors=True)
-
-
-def _exit_on_sigterm() -> None:
-    """SIGTERM raises SystemExit in the main thread (once it runs Python again), so that
-    context managers and finalizers clean up as on Ctrl-C; the default action ends the
-    process at once.  Only over the default action, from the main thread."""
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def positive_int(text: str) -> int:
@@ -345,9 +341,29 @@ def positive_float(text: str) -> float:
     return value
 
 
+def driver_setting(text: str) -> tuple[str, str]:
+    """An argparse type for ``--set KEY=VALUE``: a driver setting and a value it takes,
+    checked here rather than when a driver starts, mid-run."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    try:
+        check_setting(key, value)
+    except ConfigurationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return key, value
+
+
 def size_list(text: str) -> list[int]:
-    """An argparse type: comma-separated message sizes, each at least 1 byte."""
-    return [positive_int(part) for part in text.split(",")]
+    """An argparse type: comma-separated message sizes, each 1 byte to the largest message
+    of a default IPC log (:data:`MAX_MESSAGE_BYTES`)."""
+    sizes = [positive_int(part) for part in text.split(",")]
+    for size in sizes:
+        if size > MAX_MESSAGE_BYTES:
+            raise argparse.ArgumentTypeError(
+                f"{size} is over {MAX_MESSAGE_BYTES} bytes, the largest message of a "
+                f"default IPC log")
+    return sizes
 
 
 def machine() -> str:
@@ -367,7 +383,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=positive_int, default=10_000_000,
-                        help="messages per run for 32 B (1 KiB runs use a quarter); the default "
+                        help="messages per run for 32 B, at least 8 (1 KiB runs use a quarter); "
+                             "the default "
                              "passes through a 64 MiB-term log three times or more, so cleaning "
                              "and partition reuse are part of every figure")
     parser.add_argument("--sizes", type=size_list, default="32,1024",
@@ -375,6 +392,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=positive_int, default=3,
                         help="runs per contender; best kept")
     args = parser.parse_args()
+    if args.messages < 8:  # a rate needs a first and a last message, in a quarter of them
+        parser.error(f"--messages: {args.messages} is under 8 (sizes over 64 B send a "
+                     f"quarter, and a rate needs two messages)")
 
     from slipstream.daemon.driver import MediaDriver
 

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from bench.ipc_throughput import machine, positive_int, run_slipstream
+from bench.ipc_throughput import driver_setting, machine, positive_int, run_slipstream
 
 #: A 4 MiB window in a 4 MiB socket buffer (the most net.core.rmem_max grants here; a gap holds
 #: the window until it is repaired, and at 5 % loss a window holds about 200 gaps: 1 and 2 MiB
@@ -136,6 +136,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=positive_int, default=5,
                         help="rounds of slipstream runs over every loss (medians reported)")
     parser.add_argument("--set", dest="settings", action="append", default=[],
+                        type=driver_setting,
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
     parser.add_argument("--first-program", action="store_true",
                         help="the driver's default settings and the loops a first program "
@@ -152,7 +153,7 @@ def main() -> int:
         return read_system_counters(driver.directory)[which]
 
     tuned = {} if args.first_program else DEFAULT_SETTINGS
-    settings = {**tuned, **dict(s.split("=", 1) for s in args.settings)}
+    settings = {**tuned, **dict(args.settings)}
     losses = args.losses
     print(f"# goodput between two namespace hosts under loss, {machine()}")
     print(f"# command: python -m bench.netns_goodput {' '.join(sys.argv[1:])}")

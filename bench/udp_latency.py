@@ -39,7 +39,13 @@ from bench.ipc_latency import (
     _zmq_ponger,
     paced_round_trips,
 )
-from bench.ipc_throughput import machine, positive_float, positive_int, scratch_directory
+from bench.ipc_throughput import (
+    driver_setting,
+    machine,
+    positive_float,
+    positive_int,
+    scratch_directory,
+)
 from bench.udp_throughput import free_port, free_tcp_port
 
 
@@ -123,6 +129,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=positive_float, default=5.0, help="measured duration")
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
     parser.add_argument("--set", dest="settings", action="append", default=[],
+                        type=driver_setting,
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
     parser.add_argument("--embedded", action="store_true",
                         help="also run slipstream with a driver embedded in each of the two "
@@ -131,13 +138,14 @@ def main() -> int:
                         help="also run slipstream while a client of each driver adds and "
                              "removes a publication with a default IPC log every 100 ms")
     parser.add_argument("--gil-hold", metavar="DURATION", default=None,
+                        type=lambda text: driver_setting(f"debug_conductor_gil_hold={text}")[1],
                         help="also run slipstream with both drivers' conductors holding the GIL "
                              "this long every 100 ms (debug_conductor_gil_hold, e.g. 20ms)")
     parser.add_argument("--repeat", type=positive_int, default=1,
                         help="runs of the quiet drivers and of each variant, in turns (their "
                              "medians are compared)")
     args = parser.parse_args()
-    settings = dict(s.split("=", 1) for s in args.settings)
+    settings = dict(args.settings)
     rounds = WARMUP + int(args.rate * args.seconds)
 
     from slipstream.client import Client

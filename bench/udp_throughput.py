@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from bench.ipc_throughput import (
+    driver_setting,
     machine,
     positive_int,
     run_slipstream,
@@ -95,6 +96,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=positive_int, default=2,
                         help="runs per contender; best kept")
     parser.add_argument("--set", dest="settings", action="append", default=[],
+                        type=driver_setting,
                         metavar="KEY=VALUE", help="a slipstream driver setting (repeatable)")
     parser.add_argument("--no-aeron", action="store_true", help="leave the Aeron peer out")
     parser.add_argument("--no-first-program", action="store_true",
@@ -104,7 +106,7 @@ def main() -> int:
 
     from slipstream.daemon.driver import MediaDriver
 
-    settings = {**DEFAULT_SETTINGS, **dict(s.split("=", 1) for s in args.settings)}
+    settings = {**DEFAULT_SETTINGS, **dict(args.settings)}
     print(f"# UDP throughput over loopback, {machine()}")
     print(f"# command: python -m bench.udp_throughput {' '.join(sys.argv[1:])}")
     print(f"# slipstream settings: {settings}")

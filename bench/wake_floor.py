@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.ipc_throughput import machine
+from bench.ipc_throughput import machine, positive_int
 
 SOURCE = Path(__file__).with_name("wake_floor.c")
 
@@ -67,8 +67,8 @@ def run_case(binary: Path, mechanism: str, waker_cpu: int, wakee_cpu: int, waker
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--trials", type=positive_int, default=3)
+    parser.add_argument("--samples", type=positive_int, default=2000)
     args = parser.parse_args()
     print(f"# {machine()}")
     print(f"# {args.samples} wakes 2 ms apart per trial, {args.trials} trials; µs, median of "

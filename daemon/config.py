@@ -787,6 +787,17 @@ def _require_known(key: str) -> None:
     raise ConfigurationError(key, f"unknown setting{hint} (all keys: config/driver.toml)")
 
 
+def check_setting(key: str, value: Any) -> Any:
+    """One setting alone, as a tool's ``--set KEY=VALUE`` gives it: its native value, or a
+    ConfigurationError naming the key when it is unknown or the value out of its range.
+    The rules across settings need all of them: they are checked when the driver loads."""
+    _require_known(key)
+    spec = SETTINGS[key]
+    native = spec.parse(key, value)
+    spec.validate(key, native)
+    return native
+
+
 def settings_to_dict(settings: DriverSettings) -> dict[str, Any]:
     """``{key: native value}`` for every setting; ``DriverSettings.from_mapping`` inverts it.
 

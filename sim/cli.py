@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import threading
 
 import attrs
 
@@ -286,9 +288,20 @@ def run_hosts(args: argparse.Namespace) -> int:
     return 0
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit in the main thread (once it runs Python again), so that
+    context managers and finalizers clean up (a run's /dev/shm directory, its namespaces) as
+    on Ctrl-C; the default action ends the process at once.  Only over the default action,
+    from the main thread.  For the simulator's and the benchmarks' command lines."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the simulation the options describe; print the report.  Exit status 0 when every
     live subscriber got everything exactly once in order, 1 otherwise, 2 for bad options."""
+    exit_on_sigterm()
     if getattr(args, "tool", None) == "relay":
         return run_relay(args)
     if getattr(args, "tool", None) == "hosts":

@@ -172,6 +172,14 @@ class Scenario:
             for index in (*event.hosts, event.src, event.dst):
                 if index is not None:
                     self.check_host(f"event.{event.action}", index)
+            if event.action == "pause" and 1 in event.hosts:
+                raise ScenarioError("event.pause: host 1 publishes; a pause stops subscribers "
+                                    "(hosts 2..N)")
+            last_ns = max(event.at_ns, event.end_ns or 0)
+            if last_ns > self.max_virtual_ns:
+                raise ScenarioError(
+                    f"event.{event.action}: at {last_ns / 1e6:g} ms, after max_virtual_s "
+                    f"({self.max_virtual_ns / 1e9:g} s): the run would end before it")
 
     def check_host(self, key: str, index: int) -> None:
         if not 1 <= index <= self.hosts:
@@ -249,6 +257,14 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         if key not in known:
             raise ScenarioError(f"{source}: unknown table [{key}] (known: "
                                 f"{', '.join(sorted(known))})")
+    for key in ("scenario", "faults", "settings"):  # a table each: [key]
+        if not isinstance(data.get(key, {}), Mapping):
+            raise ScenarioError(f"{key}: expected a table [{key}], not {data[key]!r}")
+    for key in ("link", "event", "subscriber"):  # an array of tables each: [[key]]
+        tables = data.get(key, [])
+        if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
+            raise ScenarioError(f"{key}: expected an array of tables [[{key}]], not "
+                                f"{tables!r}")
     head = dict(data.get("scenario", {}))
     for key in head:
         if key not in _SCENARIO_KEYS:
@@ -295,6 +311,8 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         kwargs: dict[str, Any] = {}
         if action in ("crash", "restart"):
             if "host" in table:
+                if "hosts" in table:
+                    raise ScenarioError(f"{name}: give host or hosts, not both")
                 table["hosts"] = [table.pop("host")]
         if action in ("partition", "crash", "restart", "pause"):
             hosts_value = table.pop("hosts", None)
@@ -338,6 +356,8 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         if table:
             raise ScenarioError(f"{name}.{next(iter(table))}: unknown key (known: host, "
                                 f"read_rate, channel)")
+        if index == 1:
+            raise ScenarioError(f"{name}.host: host 1 publishes; subscribers are 2..N")
         if rate:
             read_rates.append((index, float(rate)))
         if params.strip("|"):

@@ -185,6 +185,23 @@ def test_cli_options_override_the_scenario_file(capsys):
     ({"event": [{"at_ms": 1, "action": "partition", "hosts": [2],
                  "end_ms": float("inf")}]}, "event[0].end_ms"),
     ({"scenario": {"hosts": 10 ** 400}}, "hosts: at most 254"),
+    # Tables where arrays of tables belong ([event] for [[event]]), and values for tables:
+    # each named, not a traceback.
+    ({"event": {"at_ms": 10, "action": "crash", "host": 2}}, "event: expected an array"),
+    ({"link": {"from": 1, "to": 2}}, "link: expected an array"),
+    ({"subscriber": {"host": 2}}, "subscriber: expected an array"),
+    ({"faults": 3}, "faults: expected a table"),
+    ({"settings": 3}, "settings: expected a table"),
+    ({"scenario": [1, 2]}, "scenario: expected a table"),
+    # Accepted, then failing mid-run (or silently meaningless), before.
+    ({"event": [{"at_ms": 1, "action": "pause", "hosts": [1], "end_ms": 100}]},
+     "event.pause: host 1 publishes"),
+    ({"subscriber": [{"host": 1}]}, "subscriber[0].host: host 1 publishes"),
+    ({"event": [{"at_ms": 1, "action": "crash", "host": 2, "hosts": [3]}],
+      "scenario": {"hosts": 3}}, "event[0]: give host or hosts"),
+    ({"scenario": {"max_virtual_s": 3}, "event": [{"at_ms": 5000, "action": "partition",
+                                                   "hosts": [2], "end_ms": 6000}]},
+     "event.partition: at 6000 ms, after max_virtual_s"),
 ])
 def test_scenario_errors_name_the_key(data, named):
     with pytest.raises(ScenarioError, match=named.replace("[", r"\[").replace("]", r"\]")):
@@ -220,3 +237,30 @@ def test_a_wildcard_relay_may_forward_to_another_host_on_its_port() -> None:
 
     assert not _reaches_itself(("0.0.0.0", 41718), ("192.0.2.7", 41718))  # TEST-NET-1
     assert not _reaches_itself(("0.0.0.0", 41718), ("127.0.0.1", 41719))
+
+
+def test_a_run_ended_by_sigterm_removes_its_directory(tmp_path: Path) -> None:
+    """timeout, kill or a CI cancel end a run with SIGTERM: its /dev/shm directory goes, as
+    on Ctrl-C (it was left behind)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    before = set(Path("/dev/shm").glob("slipstream-sim-*"))
+    run = subprocess.Popen([sys.executable, "-m", "slipstream.daemon.cli", "sim",
+                            "--scenario", "examples/scenarios/paused_subscriber.toml"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           cwd=Path(__file__).parent.parent)
+    try:
+        deadline = time.monotonic() + 30
+        while not set(Path("/dev/shm").glob("slipstream-sim-*")) - before:
+            assert run.poll() is None and time.monotonic() < deadline, "no run directory"
+            time.sleep(0.05)
+        made = set(Path("/dev/shm").glob("slipstream-sim-*")) - before
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(30) == 128 + signal.SIGTERM
+    finally:
+        run.kill()
+        run.wait()
+    assert not any(path.exists() for path in made)
