@@ -23,16 +23,14 @@ import sys
 import tempfile
 import time
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 
 from slipstream.client.errors import ConfigurationError
 from slipstream.client.layout import max_message_length
 from slipstream.daemon.config import DriverSettings, check_setting
-from slipstream.sim.cli import exit_on_sigterm
 
 BATCH = 256  # messages per offer_batch call
-#: The largest message of the logs the benchmark's driver makes (its default IPC terms).
-MAX_MESSAGE_BYTES = max_message_length(DriverSettings().ipc_term_buffer_length)
 
 
 def back_pressured(idle: int, backoff_s: float | None) -> None:
@@ -314,6 +312,8 @@ def scratch_directory() -> tempfile.TemporaryDirectory[str]:
     """A benchmark's directory in /dev/shm for its drivers and sockets, removed with all in it
     by ``cleanup()`` or at exit, also when a run fails or is ended by SIGTERM (``timeout``,
     ``kill``): nothing is left in /dev/shm."""
+    from slipstream.sim.signals import exit_on_sigterm  # not in the spawned children
+
     exit_on_sigterm()
     return tempfile.TemporaryDirectory(prefix="slipstream-bench-", dir="/dev/shm",
                                        ignore_cleanup_errors=True)
@@ -354,16 +354,20 @@ def driver_setting(text: str) -> tuple[str, str]:
     return key, value
 
 
-def size_list(text: str) -> list[int]:
-    """An argparse type: comma-separated message sizes, each 1 byte to the largest message
-    of a default IPC log (:data:`MAX_MESSAGE_BYTES`)."""
-    sizes = [positive_int(part) for part in text.split(",")]
-    for size in sizes:
-        if size > MAX_MESSAGE_BYTES:
-            raise argparse.ArgumentTypeError(
-                f"{size} is over {MAX_MESSAGE_BYTES} bytes, the largest message of a "
-                f"default IPC log")
-    return sizes
+def sizes_up_to(term_length: int, what: str) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated message sizes, each 1 byte to the largest message of
+    a log of ``term_length`` (``what``: which log, for the error)."""
+    largest = max_message_length(term_length)
+
+    def size_list(text: str) -> list[int]:
+        sizes = [positive_int(part) for part in text.split(",")]
+        for size in sizes:
+            if size > largest:
+                raise argparse.ArgumentTypeError(
+                    f"{size} is over {largest} bytes, the largest message of {what}")
+        return sizes
+
+    return size_list
 
 
 def machine() -> str:
@@ -387,7 +391,9 @@ def main() -> int:
                              "the default "
                              "passes through a 64 MiB-term log three times or more, so cleaning "
                              "and partition reuse are part of every figure")
-    parser.add_argument("--sizes", type=size_list, default="32,1024",
+    parser.add_argument("--sizes", default="32,1024",
+                        type=sizes_up_to(DriverSettings().ipc_term_buffer_length,
+                                         "a default IPC log"),
                         help="message sizes in bytes")
     parser.add_argument("--repeat", type=positive_int, default=3,
                         help="runs per contender; best kept")

@@ -36,9 +36,10 @@ from bench.ipc_throughput import (
     run_slipstream,
     run_zmq,
     scratch_directory,
-    size_list,
+    sizes_up_to,
 )
 from slipstream.client.layout import MAX_UDP_PAYLOAD_LENGTH
+from slipstream.daemon.config import DriverSettings
 
 DEFAULT_SETTINGS = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"}
 
@@ -91,7 +92,9 @@ def main() -> int:
     parser.add_argument("--bytes", type=positive_int, default=4 << 30,
                         help="bytes per run of larger sizes (runs of several seconds: Aeron's "
                              "RateSubscriber reports once a second)")
-    parser.add_argument("--sizes", type=size_list, default="32,1024,65536",
+    parser.add_argument("--sizes", default="32,1024,65536",
+                        type=sizes_up_to(DriverSettings().term_buffer_length,
+                                         "a default UDP log"),
                         help="message sizes in bytes")
     parser.add_argument("--repeat", type=positive_int, default=2,
                         help="runs per contender; best kept")

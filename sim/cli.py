@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import signal
 import sys
-import threading
 
 import attrs
 
@@ -23,6 +21,7 @@ from slipstream.sim.scenario import (
     load_scenario,
     make_faults,
 )
+from slipstream.sim.signals import exiting_on_sigterm
 
 #: Defaults when neither the command line nor a scenario file sets a value.
 DEFAULTS = {"hosts": 2, "messages": 10_000, "size": 1024, "seed": 1, "delay": 1.0}
@@ -210,11 +209,15 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
     if args.partition:
         events = [Event(int(a * 1e6), "partition", hosts=(1,), end_ns=int(b * 1e6))
                   for a, b in args.partition]
+        for _, end_ms in args.partition:
+            if end_ms * 1e6 > base.max_virtual_ns:
+                raise ScenarioError(f"--partition: it ends at {end_ms:g} ms, after the run's "
+                                    f"max_virtual_s ({base.max_virtual_ns / 1e9:g} s)")
         changes["events"] = (*base.events, *events)
     try:
         return attrs.evolve(base, **changes)
     except ScenarioError as e:
-        if args.scenario and "hosts" in changes:
+        if args.scenario and "hosts" in changes and ": host " in str(e):
             raise ScenarioError(f"--hosts: {e} (in {args.scenario})") from None
         raise
 
@@ -288,20 +291,14 @@ def run_hosts(args: argparse.Namespace) -> int:
     return 0
 
 
-def exit_on_sigterm() -> None:
-    """SIGTERM raises SystemExit in the main thread (once it runs Python again), so that
-    context managers and finalizers clean up (a run's /dev/shm directory, its namespaces) as
-    on Ctrl-C; the default action ends the process at once.  Only over the default action,
-    from the main thread.  For the simulator's and the benchmarks' command lines."""
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the simulation the options describe; print the report.  Exit status 0 when every
     live subscriber got everything exactly once in order, 1 otherwise, 2 for bad options."""
-    exit_on_sigterm()
+    with exiting_on_sigterm():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if getattr(args, "tool", None) == "relay":
         return run_relay(args)
     if getattr(args, "tool", None) == "hosts":

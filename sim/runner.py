@@ -76,32 +76,36 @@ class Simulation:
         base = directory or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
         self.directory = Path(tempfile.mkdtemp(prefix="slipstream-sim-", dir=base))
         self.hosts: list[SimHost] = []
-        self._pending_events = 0
-        self._sample_interval_ns = sample_interval_ns
-        self.samples: list[tuple[int, int | None, list[int | None]]] = []
-        self.drops: list[tuple[int, int]] = []
-        #: ``(t_ns, snd-lmt, send-rate limit or 0)``, sampled with the positions.
-        self.limits: list[tuple[int, int, int]] = []
-        self.completed = False
-        self.wall_seconds = 0.0
-        for index in range(1, scenario.hosts + 1):
-            self.network.add_host(host_ip(index))
-        for link in scenario.links:
-            self.network.set_faults(host_ip(link.src), host_ip(link.dst), link.faults)
-        self.publisher = PublisherHost(self, 1)
-        self.subscribers = [SubscriberHost(self, i) for i in range(2, scenario.hosts + 1)]
-        self.hosts = [self.publisher, *self.subscribers]
-        for host in self.hosts:
-            self.network.set_up(host.ip, False)
-        for event in scenario.events:
-            self._schedule(event)
-        if record_drops:
-            self.network.observers.append(self._on_network_event)
-        if sample_interval_ns:
-            self.loop.call_at(0, self._sample)
-        for host in self.hosts:
-            if host.index not in scenario.initially_down:
-                self.loop.call_at(0, host.start)
+        try:  # a failure (or a SIGTERM's SystemExit) from here on leaves no directory
+            self._pending_events = 0
+            self._sample_interval_ns = sample_interval_ns
+            self.samples: list[tuple[int, int | None, list[int | None]]] = []
+            self.drops: list[tuple[int, int]] = []
+            #: ``(t_ns, snd-lmt, send-rate limit or 0)``, sampled with the positions.
+            self.limits: list[tuple[int, int, int]] = []
+            self.completed = False
+            self.wall_seconds = 0.0
+            for index in range(1, scenario.hosts + 1):
+                self.network.add_host(host_ip(index))
+            for link in scenario.links:
+                self.network.set_faults(host_ip(link.src), host_ip(link.dst), link.faults)
+            self.publisher = PublisherHost(self, 1)
+            self.subscribers = [SubscriberHost(self, i) for i in range(2, scenario.hosts + 1)]
+            self.hosts = [self.publisher, *self.subscribers]
+            for host in self.hosts:
+                self.network.set_up(host.ip, False)
+            for event in scenario.events:
+                self._schedule(event)
+            if record_drops:
+                self.network.observers.append(self._on_network_event)
+            if sample_interval_ns:
+                self.loop.call_at(0, self._sample)
+            for host in self.hosts:
+                if host.index not in scenario.initially_down:
+                    self.loop.call_at(0, host.start)
+        except BaseException:
+            self.close()
+            raise
 
     # -- context ---------------------------------------------------------------------------
     def __enter__(self) -> Simulation:

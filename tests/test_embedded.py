@@ -413,10 +413,11 @@ def test_closing_an_embedded_driver_does_not_wait_for_its_own_applications_subsc
     client.close()
 
 
-def _attached_subscriber(directory: str, uri: str, ready: Any, done: Any) -> None:
+def _attached_subscriber(directory: str, uri: str, ready: Any, done: Any,
+                         stream_id: int = 5) -> None:
     """Another process's subscriber on an embedded driver's stream, which never reads."""
     with Client.connect(directory) as client:
-        client.add_subscription(uri, 5)
+        client.add_subscription(uri, stream_id)
         ready.set()
         done.wait(30)
 
@@ -443,6 +444,35 @@ def test_closing_an_embedded_driver_waits_for_another_processs_subscriber(embedd
             driver.close()
             waited = time.monotonic() - started
         assert waited >= 1.5, f"closed after {waited:.2f} s, not waiting for the subscriber"
+    finally:
+        done.set()
+        child.join(30)
+
+
+def test_another_processs_subscriber_of_another_stream_on_the_endpoint_is_not_waited_for(
+        embedded) -> None:
+    """Receivers are per endpoint: another process reading stream 6 there does not make the
+    closing application's own unread subscriber of stream 5 one to wait for."""
+    driver = embedded(drain_timeout="10s")
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    context = multiprocessing.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    child = context.Process(target=_attached_subscriber,
+                            args=(str(driver.directory), uri, ready, done, 6))
+    child.start()
+    try:
+        run_until(ready.is_set, driver, timeout=30, what="the other process subscribed")
+        with Client.connect(driver.directory, invoker=driver.do_work) as client:
+            own = client.add_subscription(uri, 5)
+            publication = client.add_publication(uri, 5)
+            run_until(lambda: publication.is_connected and own.images, driver,
+                      what="connected")
+            for i in range(10):
+                while publication.offer(message(i, 128)) <= 0:
+                    driver.do_work()
+            started = time.monotonic()
+            driver.close()
+            assert time.monotonic() - started < 3
     finally:
         done.set()
         child.join(30)

@@ -107,6 +107,8 @@ def test_plot_writes_a_png(capsys, tmp_path):
     (["--jitter", "inf"], "--jitter"),
     (["--rate", "nan"], "--rate"),
     (["--partition", "0:inf"], "--partition"),
+    (["--partition", "100:400000"], "--partition: it ends at 400000 ms, after the run's "
+                                    "max_virtual_s"),
     # Refused by the simulated driver itself, not by the URI parser: exit 2, no traceback.
     (["--channel", "tether=false", "--messages", "10"], "tether"),
 ])

@@ -182,6 +182,9 @@ class _ReceiveEndpointEntry:
     generation: int = 0
 
 
+#: Receiver ids of this driver's endpoints kept, open or closed (a closing embedded driver's
+#: drain looks them up): the newest this many, so that endpoint churn does not grow the set.
+RECEIVER_IDS_KEPT = 1024
 #: EOS heartbeats (100 ms apart) a draining driver sends before it stops waiting for answers.
 EOS_HEARTBEATS_TO_END = 3
 
@@ -219,7 +222,7 @@ class NetworkConductor:
         self._receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry] = {}
         #: Every receiver id this driver's receive endpoints had (random 63-bit: no other
         #: driver's), open or closed: their status messages may still count at a publication.
-        self._receiver_ids_made: set[int] = set()
+        self._receiver_ids_made: dict[int, None] = {}  # an ordered set, the newest kept
         self.publications: dict[int, _PublicationEntry] = {}
         self._shared_publications: dict[tuple[Any, ...], _PublicationEntry] = {}
         self.subscriptions: dict[int, NetworkSubscription] = {}
@@ -397,7 +400,9 @@ class NetworkConductor:
                 channel=channel, settings=self.settings,
                 receiver_id=self._rng.getrandbits(63), counters=self.counters, now_ns=now_ns,
                 rng=random.Random(self._rng.getrandbits(64)))
-            self._receiver_ids_made.add(receive_channel.receiver_id)
+            self._receiver_ids_made[receive_channel.receiver_id] = None
+            while len(self._receiver_ids_made) > RECEIVER_IDS_KEPT:
+                del self._receiver_ids_made[next(iter(self._receiver_ids_made))]
             endpoint = ReceiveEndpoint(receive_channel, transport)
             entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(key, endpoint)
             self._submit_receive(lambda _now: self.receiver.add_endpoint(endpoint))
@@ -746,21 +751,26 @@ class NetworkConductor:
         """Every publication sent its log and its live receivers acknowledged the end
         (``closing_clients``: an embedded driver closing with these clients of its own
         process: not waiting for this driver's receivers that only they read from)."""
-        ignored = self._closing_receiver_ids(closing_clients)
-        return all(entry.publication.is_flushed_except(ignored)
+        return all(entry.publication.is_flushed_except(
+                       self._closing_receiver_ids(closing_clients, entry.publication))
                    for entry in list(self.publications.values()))
 
-    def _closing_receiver_ids(self, closing_clients: frozenset[int] | None) -> frozenset[int]:
-        """This driver's receivers whose subscribers are all ``closing_clients`` (or gone:
-        the endpoint closed), whose acknowledgements a closing embedded driver does not wait
-        for; none without ``closing_clients``."""
+    def _closing_receiver_ids(self, closing_clients: frozenset[int] | None,
+                              publication: NetworkPublication) -> frozenset[int]:
+        """This driver's receivers that only ``closing_clients`` read ``publication``'s
+        stream from (or nobody now: the endpoint closed), whose acknowledgements a closing
+        embedded driver does not wait for; none without ``closing_clients``.  (A receiver
+        another process also reads the stream from is waited for, and its acknowledgement
+        is the slowest of its subscribers', the closing application's too.)"""
         if closing_clients is None:
             return frozenset()
-        open_for_others = {entry.endpoint.channel.receiver_id
-                           for entry in self._receive_endpoints.values()
-                           if any(s.client_id not in closing_clients
-                                  for s in entry.subscriptions)}
-        return frozenset(self._receiver_ids_made - open_for_others)
+        session_id, stream_id = publication.session_id, publication.stream_id
+        read_by_others = {entry.endpoint.channel.receiver_id
+                          for entry in self._receive_endpoints.values()
+                          if any(s.client_id not in closing_clients
+                                 and s.wants(session_id, stream_id)
+                                 for s in entry.subscriptions)}
+        return frozenset(self._receiver_ids_made.keys() - read_by_others)
 
     def end_streams(self) -> None:
         """Close every publication still open: it sends end-of-stream (EOS heartbeats)."""
@@ -778,11 +788,13 @@ class NetworkConductor:
         heartbeats and is still flushed (an offer that passed its limit check as the credit
         stopped is acknowledged too; receivers that do not answer EOS, as Aeron 1.15's, then
         miss it only if all of them are lost), or it is gone."""
-        ignored = self._closing_receiver_ids(closing_clients)
-        return all(not entry.publication.has_receivers_except(ignored)
-                   or (entry.publication.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
-                       and entry.publication.is_flushed_except(ignored))
-                   for entry in list(self.publications.values()))
+        def ended(publication: NetworkPublication) -> bool:
+            ignored = self._closing_receiver_ids(closing_clients, publication)
+            return not publication.has_receivers_except(ignored) or (
+                publication.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
+                and publication.is_flushed_except(ignored))
+
+        return all(ended(entry.publication) for entry in list(self.publications.values()))
 
     # -- helpers ------------------------------------------------------------------------------
     def _allocate_counters(self, kinds: list[tuple[CounterType, str]], label: str,
