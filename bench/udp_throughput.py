@@ -38,8 +38,8 @@ from bench.ipc_throughput import (
     scratch_directory,
     sizes_up_to,
 )
-from slipstream.client.layout import MAX_UDP_PAYLOAD_LENGTH
-from slipstream.daemon.config import DriverSettings
+from slipstream.client.layout import MAX_UDP_PAYLOAD_LENGTH, TERM_MAX_LENGTH, max_message_length
+from slipstream.daemon.config import DriverSettings, check_setting
 
 DEFAULT_SETTINGS = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"}
 
@@ -93,9 +93,9 @@ def main() -> int:
                         help="bytes per run of larger sizes (runs of several seconds: Aeron's "
                              "RateSubscriber reports once a second)")
     parser.add_argument("--sizes", default="32,1024,65536",
-                        type=sizes_up_to(DriverSettings().term_buffer_length,
-                                         "a default UDP log"),
-                        help="message sizes in bytes")
+                        type=sizes_up_to(TERM_MAX_LENGTH, "any log"),
+                        help="message sizes in bytes, up to the largest message of the UDP "
+                             "log (term_buffer_length: 2 MiB for the default 16 MiB terms)")
     parser.add_argument("--repeat", type=positive_int, default=2,
                         help="runs per contender; best kept")
     parser.add_argument("--set", dest="settings", action="append", default=[],
@@ -110,6 +110,12 @@ def main() -> int:
     from slipstream.daemon.driver import MediaDriver
 
     settings = {**DEFAULT_SETTINGS, **dict(args.settings)}
+    term_length = check_setting("term_buffer_length", settings.get(
+        "term_buffer_length", DriverSettings().term_buffer_length))
+    for size in args.sizes:  # the log the streams use: --set may change it
+        if size > max_message_length(term_length):
+            parser.error(f"argument --sizes: {size} is over {max_message_length(term_length)} "
+                         f"bytes, the largest message of a log of {term_length}-byte terms")
     print(f"# UDP throughput over loopback, {machine()}")
     print(f"# command: python -m bench.udp_throughput {' '.join(sys.argv[1:])}")
     print(f"# slipstream settings: {settings}")

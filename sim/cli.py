@@ -217,7 +217,8 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
     try:
         return attrs.evolve(base, **changes)
     except ScenarioError as e:
-        if args.scenario and "hosts" in changes and ": host " in str(e):
+        if args.scenario and "hosts" in changes and (": host " in str(e)
+                                                     or str(e).startswith("hosts:")):
             raise ScenarioError(f"--hosts: {e} (in {args.scenario})") from None
         raise
 

@@ -32,4 +32,5 @@ def exiting_on_sigterm() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:  # None: not set from Python, and it cannot be put back
+            signal.signal(signal.SIGTERM, previous)

@@ -182,8 +182,8 @@ class _ReceiveEndpointEntry:
     generation: int = 0
 
 
-#: Receiver ids of this driver's endpoints kept, open or closed (a closing embedded driver's
-#: drain looks them up): the newest this many, so that endpoint churn does not grow the set.
+#: Receiver ids of this driver's closed endpoints kept (a closing embedded driver's drain looks
+#: them up): the newest this many, so that endpoint churn does not grow the set.
 RECEIVER_IDS_KEPT = 1024
 #: EOS heartbeats (100 ms apart) a draining driver sends before it stops waiting for answers.
 EOS_HEARTBEATS_TO_END = 3
@@ -220,9 +220,11 @@ class NetworkConductor:
         self.receiver = Receiver(on_event=self._post)
         self._send_endpoints: dict[tuple[Any, ...], _SendEndpointEntry] = {}
         self._receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry] = {}
-        #: Every receiver id this driver's receive endpoints had (random 63-bit: no other
-        #: driver's), open or closed: their status messages may still count at a publication.
-        self._receiver_ids_made: dict[int, None] = {}  # an ordered set, the newest kept
+        #: Receiver ids of this driver's receive endpoints that closed (random 63-bit: no
+        #: other driver's): their status messages may still count at a publication.  An
+        #: ordered set, the newest RECEIVER_IDS_KEPT kept; open endpoints' are in
+        #: _receive_endpoints.
+        self._closed_receiver_ids: dict[int, None] = {}
         self.publications: dict[int, _PublicationEntry] = {}
         self._shared_publications: dict[tuple[Any, ...], _PublicationEntry] = {}
         self.subscriptions: dict[int, NetworkSubscription] = {}
@@ -400,9 +402,6 @@ class NetworkConductor:
                 channel=channel, settings=self.settings,
                 receiver_id=self._rng.getrandbits(63), counters=self.counters, now_ns=now_ns,
                 rng=random.Random(self._rng.getrandbits(64)))
-            self._receiver_ids_made[receive_channel.receiver_id] = None
-            while len(self._receiver_ids_made) > RECEIVER_IDS_KEPT:
-                del self._receiver_ids_made[next(iter(self._receiver_ids_made))]
             endpoint = ReceiveEndpoint(receive_channel, transport)
             entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(key, endpoint)
             self._submit_receive(lambda _now: self.receiver.add_endpoint(endpoint))
@@ -735,6 +734,9 @@ class NetworkConductor:
             self._send_endpoints.pop(entry.key, None)
             return
         self._receive_endpoints.pop(entry.key, None)
+        self._closed_receiver_ids[entry.endpoint.channel.receiver_id] = None
+        while len(self._closed_receiver_ids) > RECEIVER_IDS_KEPT:
+            del self._closed_receiver_ids[next(iter(self._closed_receiver_ids))]
         for image_entry in entry.images.values():
             self._free_image(image_entry)
         entry.images.clear()
@@ -765,12 +767,11 @@ class NetworkConductor:
         if closing_clients is None:
             return frozenset()
         session_id, stream_id = publication.session_id, publication.stream_id
-        read_by_others = {entry.endpoint.channel.receiver_id
-                          for entry in self._receive_endpoints.values()
-                          if any(s.client_id not in closing_clients
-                                 and s.wants(session_id, stream_id)
-                                 for s in entry.subscriptions)}
-        return frozenset(self._receiver_ids_made.keys() - read_by_others)
+        ours = {entry.endpoint.channel.receiver_id
+                for entry in self._receive_endpoints.values()
+                if not any(s.client_id not in closing_clients and s.wants(session_id, stream_id)
+                           for s in entry.subscriptions)}
+        return frozenset(ours | self._closed_receiver_ids.keys())
 
     def end_streams(self) -> None:
         """Close every publication still open: it sends end-of-stream (EOS heartbeats)."""
