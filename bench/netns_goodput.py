@@ -125,6 +125,15 @@ def _losses(text: str) -> list[float]:
     return losses
 
 
+def udp_receive_buffer_drops(host: Any) -> int:
+    """Datagrams the kernel of ``host`` dropped for a full socket receive buffer
+    (``RcvbufErrors`` of /proc/net/snmp, which each network namespace keeps): losses that
+    iptables did not make."""
+    lines = [line.split() for line in host.run("cat", "/proc/net/snmp").stdout.splitlines()
+             if line.startswith("Udp:")]
+    return int(lines[1][lines[0].index("RcvbufErrors")])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,6 +185,7 @@ def main() -> int:
                 naks, retransmits = (counter(b, SystemCounter.NAK_MESSAGES_SENT),
                                      counter(a, SystemCounter.RETRANSMITS_SENT))
                 passes = [counter(d, SystemCounter.NETWORK_PYTHON_PASSES) for d in (a, b)]
+                overflows = udp_receive_buffer_drops(hosts[2])
                 stream_id += 1
                 rate = run_slipstream(a.directory, args.size, args.messages, True, stream_id,
                                       channel=uri, subscriber_directory=b.directory,
@@ -186,10 +196,12 @@ def main() -> int:
                 retransmits = counter(a, SystemCounter.RETRANSMITS_SENT) - retransmits
                 passes = [counter(d, SystemCounter.NETWORK_PYTHON_PASSES) - before
                           for d, before in zip((a, b), passes, strict=True)]
+                overflows = udp_receive_buffer_drops(hosts[2]) - overflows
                 goodput = rate * args.size / 1e6
                 runs[loss].append(goodput)
                 line = (f"round {round_ + 1} loss {loss:4.1f} %   slipstream {goodput:8.1f} MB/s "
                         f"({naks:,} NAKs, {retransmits:,} retransmits, "
+                        f"{overflows:,} dropped by a full socket buffer, "
                         f"Python passes {passes[0]:,} sending, {passes[1]:,} receiving, "
                         f"whole: {'yes' if rate else 'NO'})")
                 if round_ == 0 and not args.no_pyzmq:
