@@ -131,6 +131,7 @@ static inline int any_committed(const ss_reader_t *readers, int32_t count) {
     for (int32_t i = 0; i < count; i++) {
         const ss_reader_t *r = &readers[i];
         int64_t position = LOAD_ACQ(r->position);
+        if (position < 0) continue; /* a cell another client may write: not a position */
         int32_t index = (int32_t)((position >> r->position_bits) % SS_PARTITION_COUNT);
         const uint8_t *frame = r->log + (int64_t)index * r->term_length +
                                (position & (r->term_length - 1));
@@ -195,7 +196,13 @@ static inline int32_t *active_term_count_ptr(uint8_t *meta) {
 
 static inline int64_t compute_position(int32_t term_id, int32_t term_offset, int32_t bits, int32_t initial_term_id) {
     int64_t term_count = (int64_t)(int32_t)((uint32_t)term_id - (uint32_t)initial_term_id);
-    return (term_count << bits) + term_offset;
+    return term_count * ((int64_t)1 << bits) + term_offset; /* a shift of a negative is UB */
+}
+
+/* The active term count of a log's metadata, which every process of the stream maps writable:
+ * a negative one is no term (a log holds 2^31 terms at most), and would index before it. */
+static inline int32_t active_term_count(uint8_t *meta) {
+    return LOAD_ACQ(active_term_count_ptr(meta));
 }
 
 /* The header goes in as length (negative: "being written") + version/flags/type in one
@@ -212,10 +219,13 @@ static inline void write_header(uint8_t *frame, int32_t frame_length, uint8_t fl
 }
 
 int ss_rotate_log(uint8_t *meta, int32_t current_term_count, int32_t current_term_id) {
-    int32_t next_term_id = current_term_id + 1;
+    /* Term ids wrap (an initial term id is random, so INT32_MAX + 1 comes in normal use):
+     * their arithmetic is unsigned.  The caller never rotates past term count INT32_MAX. */
+    if (current_term_count < 0 || current_term_count == INT32_MAX) return 0;
+    int32_t next_term_id = (int32_t)((uint32_t)current_term_id + 1);
     int32_t next_term_count = current_term_count + 1;
     int32_t next_index = next_term_count % SS_PARTITION_COUNT;
-    int32_t expected_term_id = next_term_id - SS_PARTITION_COUNT;
+    int32_t expected_term_id = (int32_t)((uint32_t)next_term_id - SS_PARTITION_COUNT);
     int64_t *tail = tail_counter(meta, next_index);
     for (;;) {
         int64_t raw = LOAD_ACQ(tail);
@@ -261,8 +271,9 @@ static int64_t end_of_term(const ss_appender_t *a, uint8_t *term, int32_t term_o
                      a->stream_id, term_id);
         STORE_REL((int32_t *)frame, padding);
     }
-    int64_t next_term_position = ((int64_t)(term_count + 1)) << a->position_bits;
-    if (next_term_position >= a->max_position || term_count + 1 < 0) return SS_MAX_POSITION_EXCEEDED;
+    if (term_count == INT32_MAX) return SS_MAX_POSITION_EXCEEDED;
+    int64_t next_term_position = ((int64_t)term_count + 1) << a->position_bits;
+    if (next_term_position >= a->max_position) return SS_MAX_POSITION_EXCEEDED;
     ss_rotate_log(a->meta, term_count, term_id);
     return SS_ADMIN_ACTION;
 }
@@ -288,7 +299,8 @@ typedef struct {
  * MAX_POSITION_EXCEEDED.  The limit is checked before the atomic add, as Aeron does. */
 static inline int64_t claim(const ss_appender_t *a, int32_t length, claim_t *out) {
     uint8_t *meta = a->meta;
-    int32_t term_count = LOAD_ACQ(active_term_count_ptr(meta));
+    int32_t term_count = active_term_count(meta);
+    if (term_count < 0) return SS_MAX_POSITION_EXCEEDED;
     int32_t index = term_count % SS_PARTITION_COUNT;
     int64_t *tail = tail_counter(meta, index);
     int64_t raw = __atomic_load_n(tail, __ATOMIC_ACQUIRE);
@@ -371,7 +383,8 @@ int64_t ss_refine(ss_appender_t *a, int64_t result) {
 
 /* The position the next append would start at (the active term's tail, capped at its end). */
 static inline int64_t producer_position(const ss_appender_t *a) {
-    int32_t term_count = LOAD_ACQ((const int32_t *)(a->meta + SS_META_ACTIVE_TERM_COUNT));
+    int32_t term_count = active_term_count(a->meta);
+    if (term_count < 0) return 0;
     int32_t index = term_count % SS_PARTITION_COUNT;
     int64_t raw = LOAD_ACQ((const int64_t *)(a->meta + SS_META_TAIL_COUNTERS + 8 * index));
     int64_t offset = raw & 0xFFFFFFFFLL;
@@ -456,7 +469,8 @@ int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length) {
 static int32_t append_run(ss_appender_t *a, const uint8_t *data, const int32_t *lengths,
                           int32_t count, int64_t *position_out) {
     uint8_t *meta = a->meta;
-    int32_t term_count = LOAD_ACQ(active_term_count_ptr(meta));
+    int32_t term_count = active_term_count(meta);
+    if (term_count < 0) return 0; /* the single appends say why */
     int32_t index = term_count % SS_PARTITION_COUNT;
     int64_t *tail = tail_counter(meta, index);
     int64_t raw = __atomic_load_n(tail, __ATOMIC_ACQUIRE);

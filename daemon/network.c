@@ -23,6 +23,20 @@ static inline void count(int64_t *counter, int64_t delta) {
     if (counter != NULL) __atomic_fetch_add(counter, delta, __ATOMIC_RELAXED);
 }
 
+void ss_publish_position(int64_t *cell, int64_t *counter, int64_t value) {
+    STORE_REL(cell, value);
+    if (counter != NULL) STORE_REL(counter, value);
+}
+
+/* A subscriber's position as the driver takes it: a client writes these cells, so a value
+ * past rcv-hwm (no subscriber can have read it) is hwm, a negative one 0, and one off the
+ * frame alignment is rounded down (a scan or a clean from it must land on a frame). */
+int64_t ss_subscriber_position_bounded(int64_t position, int64_t hwm) {
+    if (position > hwm) position = hwm;
+    if (position < 0) position = 0;
+    return position & ~(int64_t)(SS_FRAME_ALIGNMENT - 1);
+}
+
 static inline int32_t read_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
@@ -238,7 +252,7 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
         bytes += spans[i].length;
     }
     if (sent > retransmits) { /* new data went: the heartbeat timer starts again */
-        STORE_REL(p->sender_position, sent_position);
+        ss_publish_position(p->sender_position, p->sender_position_counter, sent_position);
         p->time_of_last_send_ns = now_ns;
     }
     count(p->bytes_sent, bytes);
@@ -724,7 +738,7 @@ static int valid_data_frames(const uint8_t *data, int32_t length, int32_t term_o
  * the receiver window (at most half a term) behind it.  Returns whether it rose. */
 static int raise_hwm(ss_image_t *image, int64_t position) {
     if (position <= LOAD_ACQ(image->receiver_hwm)) return 0;
-    STORE_REL(image->receiver_hwm, position);
+    ss_publish_position(image->receiver_hwm, image->receiver_hwm_counter, position);
     const int32_t term_count = (int32_t)(position >> image->position_bits);
     const int64_t term_offset = position & (((int64_t)1 << image->position_bits) - 1);
     const uint32_t term_id = (uint32_t)image->initial_term_id + (uint32_t)term_count;
@@ -734,20 +748,34 @@ static int raise_hwm(ss_image_t *image, int64_t position) {
     return 1;
 }
 
+/* An over-run frame ending at `end` (see ss_image_t.overrun_position): it counts as where the
+ * sender is only if it lands within a term of the over-run before it, as a sender's next
+ * datagrams do. */
+static void note_overrun(ss_image_t *image, int64_t end) {
+    const int64_t previous = image->overrun_candidate;
+    image->overrun_candidate = end;
+    if (end <= image->overrun_position || previous < 0) return;
+    const int64_t distance = end > previous ? end - previous : previous - end;
+    if (distance <= image->term_length) image->overrun_position = end;
+}
+
 /* aeron_publication_image_insert_packet: the over-run, under-run and heartbeat rules of
  * docs/PROTOCOL.md §4.3, then the copy into the term (body first, header last). */
 static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *data, int32_t length,
                           int32_t padding, int heartbeat, uint8_t flags, int32_t term_id,
                           int32_t term_offset, int64_t now_ns) {
     int32_t term_count = (int32_t)((uint32_t)term_id - (uint32_t)image->initial_term_id);
-    if (term_count < 0) return; /* a term before the initial term */
+    if (term_count < 0) { /* a term before the initial term: no sender sends one */
+        count(r->counters.invalid_packets, 1);
+        return;
+    }
     int64_t position = ((int64_t)term_count << image->position_bits) + term_offset;
     if (heartbeat) {
         /* A heartbeat is held to the over-run rule too (as Aeron's): past the window it would
          * raise the hwm, and the image's tail, to wherever a forged one says. */
         if (position > image->overrun_threshold) {
             count(r->counters.flow_control_over_runs, 1);
-            if (position > image->overrun_position) image->overrun_position = position;
+            note_overrun(image, position);
             return;
         }
         int64_t floor = image->last_sm_position - image->term_length;
@@ -764,8 +792,7 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
     }
     if (position + length > image->overrun_threshold) {
         count(r->counters.flow_control_over_runs, 1);
-        if (position + length > image->overrun_position)
-            image->overrun_position = position + length;
+        note_overrun(image, position + length);
         return;
     }
     if (position < image->last_sm_position) {
@@ -796,7 +823,8 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
         /* In order: rcv-pos follows without waiting for Python's rebuild pass (which only
          * scans past a gap). */
         if (image->receiver_position != NULL && proposed > LOAD_ACQ(image->receiver_position))
-            STORE_REL(image->receiver_position, proposed);
+            ss_publish_position(image->receiver_position, image->receiver_position_counter,
+                                proposed);
     }
     image->dirty = 1;
 }
@@ -834,7 +862,8 @@ static int32_t on_status_message(ss_receiver_t *r, const uint8_t *data, int32_t 
     if (position > LOAD_ACQ(p->sender_position)) return SS_RX_TO_PYTHON;
     if (window > p->term_length / 2) window = p->term_length / 2;
     const int64_t limit = position + window;
-    if (limit > LOAD_ACQ(p->sender_limit)) STORE_REL(p->sender_limit, limit);
+    if (limit > LOAD_ACQ(p->sender_limit))
+        ss_publish_position(p->sender_limit, p->sender_limit_counter, limit);
     p->sm_time_ns = now_ns;
     p->sm_position = position;
     p->sm_window = window;
@@ -1236,21 +1265,24 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     return work;
 }
 
-/* The slowest subscriber's position, never past rcv-hwm: a client writes these cells, and
- * one that says more (no subscriber can have read it) must not overflow the SM arithmetic. */
+/* The slowest and the furthest subscriber's positions (ss_subscriber_position_bounded). */
 static int64_t min_subscriber_position(const ss_image_t *image) {
-    int64_t least = LOAD_ACQ(image->receiver_hwm);
+    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
+    int64_t least = hwm;
     for (int32_t i = 0; i < image->subscriber_count; i++) {
-        int64_t position = LOAD_ACQ(image->subscriber_positions[i]);
+        int64_t position =
+            ss_subscriber_position_bounded(LOAD_ACQ(image->subscriber_positions[i]), hwm);
         if (position < least) least = position;
     }
     return least;
 }
 
 static int64_t max_subscriber_position(const ss_image_t *image) {
+    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
     int64_t most = INT64_MIN;
     for (int32_t i = 0; i < image->subscriber_count; i++) {
-        int64_t position = LOAD_ACQ(image->subscriber_positions[i]);
+        int64_t position =
+            ss_subscriber_position_bounded(LOAD_ACQ(image->subscriber_positions[i]), hwm);
         if (position > most) most = position;
     }
     return most;
@@ -1353,7 +1385,8 @@ int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
         if (new_rebuild > rcv_pos) rcv_pos = new_rebuild;
         if (loss_found || first < term_length || rcv_pos >= hwm) break;
     }
-    if (rcv_pos > LOAD_ACQ(image->receiver_position)) STORE_REL(image->receiver_position, rcv_pos);
+    if (rcv_pos > LOAD_ACQ(image->receiver_position))
+        ss_publish_position(image->receiver_position, image->receiver_position_counter, rcv_pos);
     if (rcv_pos > image->contiguous_position) image->contiguous_position = rcv_pos;
     image->loss_deadline_ns = ss_loss_next_deadline(d);
     if (queued) send_naks(image);

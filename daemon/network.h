@@ -8,7 +8,9 @@
  * timer or are malformed) goes up to Python.
  *
  * Every length and offset from the network is checked with 64-bit arithmetic before it
- * indexes memory.  Positions and counters are int64 cells in the counters file.
+ * indexes memory.  Counters are int64 cells in the counters file; the driver's own positions
+ * are private cells that it copies there (ss_publish_position), and a position a client writes
+ * (a subscriber's) is bounded before use (ss_subscriber_position_bounded).
  */
 #include <stdint.h>
 
@@ -21,6 +23,12 @@
 #define SS_RETRANSMIT_MAX 256
 #define SS_SOCKADDR_MAX 128
 #define SS_SIGNAL_PENDING_MAX 64
+
+/* Store `value` in a position's private cell, then in its counter (NULL: none). */
+void ss_publish_position(int64_t *cell, int64_t *counter, int64_t value);
+/* A subscriber's position (a cell its client writes) as the driver takes it: within
+ * [0, hwm], rounded down to the frame alignment. */
+int64_t ss_subscriber_position_bounded(int64_t position, int64_t hwm);
 
 /* NAK: its type, length and field offsets, as slipstream.client.layout's
  * (SS_<NAME> is its NAME; tests/test_layout.py checks them).  The DATA/PAD header is native.h's. */
@@ -114,8 +122,13 @@ typedef struct {
  * retransmit actions, on the sender's thread. */
 typedef struct {
     uint8_t *log;                 /* start of term 0 */
+    /* The driver's own positions live in its private memory (Python allocates the cells) and
+     * are copied to their counters in the counters file, which every client maps writable:
+     * the driver never reads back a value a client could have written (ss_publish_position). */
     int64_t *sender_position;     /* snd-pos: advanced here only */
     int64_t *sender_limit;        /* snd-lmt: set by flow control in Python (may go back) */
+    int64_t *sender_position_counter; /* their counters (NULL: none, e.g. in a unit test) */
+    int64_t *sender_limit_counter;
     int64_t *bytes_sent;          /* system counters */
     int64_t *short_sends;
     int64_t *send_errors;
@@ -338,7 +351,9 @@ typedef struct {
 typedef struct {
     uint8_t *log;                 /* start of term 0 */
     uint8_t *meta;                /* the log's metadata page (reader eventcount) */
-    int64_t *receiver_hwm;        /* rcv-hwm: raised here only */
+    int64_t *receiver_hwm;        /* rcv-hwm: raised here only (private, as snd-pos is) */
+    int64_t *receiver_hwm_counter; /* its counter, and rcv-pos's (NULL: none) */
+    int64_t *receiver_position_counter;
     int64_t last_sm_position;     /* position of the last SM sent (under-run check) */
     int64_t overrun_threshold;    /* last_sm_position + term_length / 2 (over-run check) */
     int64_t time_of_last_packet_ns;
@@ -360,7 +375,7 @@ typedef struct {
     /* The duty cycle (ss_agent_t): rcv-pos follows what arrived in order here; Python is due
      * when data needs its rebuild pass (a gap, EOS, python_on_data) or the slowest subscriber
      * reached sm_due_position (the 25 % rule). */
-    int64_t *receiver_position;   /* rcv-pos */
+    int64_t *receiver_position;   /* rcv-pos (private, as snd-pos is) */
     int64_t **subscriber_positions;
     int32_t subscriber_count;
     int32_t python_on_data;       /* every arrival needs Python (congestion control, or no
@@ -369,7 +384,11 @@ typedef struct {
     int64_t rate_signal_position; /* rcv-hwm from which the image crosses its next NAK-strength
                                    * threshold: Python is due to signal (SS_NO_DEADLINE: none) */
     int64_t overrun_position;     /* the end of the furthest frame dropped as an over-run: where
-                                   * the sender is, for a receiver left behind (Python's rule) */
+                                   * the sender is, for a receiver left behind (Python's rule);
+                                   * raised only by an over-run within a term of the one before
+                                   * (overrun_candidate): one stray or forged datagram does not
+                                   * move it */
+    int64_t overrun_candidate;    /* the end of the last over-run frame (-1: none yet) */
     /* The rebuild pass in C (ss_image_rebuild), when Python sets rebuild_in_c (a reliable
      * unicast image with static congestion control, subscribers and no EOS yet): the C half
      * runs it on data past a gap and when a gap's timer is due, without the Python half. */

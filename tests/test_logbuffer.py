@@ -236,6 +236,42 @@ def test_max_position_exceeded_at_the_last_term(shm: Path) -> None:
     log.close()
 
 
+def test_a_negative_term_count_another_process_wrote_refuses_appends_and_writes_nothing(
+        shm: Path) -> None:
+    """Every process of a stream maps its metadata writable: a negative active term count
+    (no log has one) would index the partition before the first, and the 8 bytes there (the
+    last of partition 2, ordinary log data) can be made to pass the term-id check."""
+    log = make_log(shm, initial_term_id=7)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    assert offer(appender, b"before") > 0
+    ffi.cast("int32_t *", log.meta + META_ACTIVE_TERM_COUNT)[0] = -1
+    lying_tail = ffi.cast("int64_t *", log.meta - 8)
+    lying_tail[0] = 6 << 32  # term id initial - 1 at offset 0: "term count -1"
+    assert lib.ss_offer(appender, b"x" * 100, 100) == MAX_POSITION_EXCEEDED
+    batch = b"y" * 300
+    lengths = ffi.new("int32_t[3]", [100, 100, 100])
+    result = ffi.new("int64_t *")
+    assert lib.ss_offer_batch(appender, batch, len(batch), lengths, 3, result) == 0
+    assert result[0] == MAX_POSITION_EXCEEDED
+    assert lib.ss_try_claim(appender, 100, ffi.new("int64_t *")) == MAX_POSITION_EXCEEDED
+    assert lying_tail[0] == 6 << 32  # no claim moved it
+    log.close()
+
+
+def test_term_ids_wrap_past_int32_max_as_the_appender_rotates(shm: Path) -> None:
+    """An initial term id is random, so a stream may rotate from term id 2^31 - 1 to -2^31."""
+    log = make_log(shm, initial_term_id=INT32_MAX - 1)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    per_term = log.term_length // 3040  # 3000 B and the header, aligned
+    messages = [bytes([i]) * 3000 for i in range(2 * per_term + 5)]  # no partition reused
+    for message in messages:
+        assert offer(appender, message) > 0
+    assert log.active_term_count == 2  # terms 2^31 - 2, 2^31 - 1, -2^31
+    assert log.raw_tail(2) >> 32 == INT32_MIN  # the tail counter's term id, signed
+    assert read_all(log) == messages
+    log.close()
+
+
 def test_a_dead_claimer_is_unblocked_with_padding(shm: Path) -> None:
     log = make_log(shm)
     appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))

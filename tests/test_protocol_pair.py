@@ -42,10 +42,12 @@ from slipstream.client.layout import (
     HDR_TYPE_PAD,
     INT32_MAX,
     INT32_MIN,
+    INT64_MAX,
     NO_DEADLINE,
 )
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.subscription import Image
+from slipstream.daemon._network import lib as network_lib
 from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver
 from slipstream.daemon.agents.sender import SendEndpoint, Sender
 from slipstream.daemon.config import DriverSettings
@@ -657,6 +659,87 @@ def test_random_bytes_never_raise(shm_static: Path, data: bytes) -> None:
     receive.on_datagram(data, SENDER, 0)
     receive.datagrams_to_send(0)
     send.on_datagram(data, RECEIVER, 0)
+
+
+def test_positions_a_client_overwrites_in_the_counters_file_do_not_move_the_driver(
+        pair: Pair) -> None:
+    """Every client maps the counters file writable: the driver works from its own copies of
+    snd-pos, snd-lmt, rcv-hwm and rcv-pos and writes the counters again as they move.  A
+    snd-pos of minus a term read back would send the memory before the log."""
+    connect(pair)
+    first = [bytes([i]) * 500 for i in range(20)]
+    for message in first:
+        assert pair.offer(message) > 0
+    pair.run_until(2 * MS)
+    assert pair.received == first
+    publication, image = pair.publication.c, pair.image.c
+    term_length = pair.log.term_length
+    publication.sender_position_counter[0] = -term_length
+    publication.sender_limit_counter[0] = 1 << 62
+    image.receiver_hwm_counter[0] = 1 << 62
+    image.receiver_position_counter[0] = -term_length
+    sent_before = len(pair.sent)
+    second = [bytes([100 + i]) * 500 for i in range(20)]
+    for message in second:
+        assert pair.offer(message) > 0
+    pair.run_until(4 * MS)
+    assert pair.received == first + second
+    data = [frame for _, direction, frames in pair.sent[sent_before:]
+            if direction == "p2r" and isinstance(frames, list)
+            for frame in frames if isinstance(frame, Data)]
+    assert len(data) == len(second)
+    assert all(frame.term_id == 1000 and 0 < frame.term_offset < term_length // 2
+               for frame in data)
+    assert publication.sender_position_counter[0] == pair.publication.sender_position > 0
+    assert publication.sender_limit_counter[0] == pair.publication.sender_limit
+    assert image.receiver_hwm_counter[0] == pair.image.rcv_hwm
+    assert image.receiver_position_counter[0] == pair.image.rcv_pos == pair.image.rcv_hwm
+
+
+def test_one_datagram_far_past_the_window_does_not_leave_the_image_behind(shm: Path) -> None:
+    """An over-run tells a receiver left behind where the sender is, but one stray or forged
+    datagram (here 2^31 - 1 and 2^30 terms ahead) is no sender: only an over-run within a term
+    of the one before counts, as a sender's next datagrams land."""
+
+    def far_ahead(terms: int) -> bytes:
+        term_id = (1000 + terms + 2**31) % 2**32 - 2**31
+        return DATA_HEADER.pack(64, CURRENT_VERSION, 0xC0, HDR_TYPE_DATA, 0, SESSION, STREAM,
+                                term_id, 0) + bytes(32)
+
+    pair = Pair(shm, receiver_uri=URI + "|cc=cubic")  # Python looks at every arrival
+    connect(pair)
+    pair.receiver_link.inbox.append(far_ahead(INT32_MAX))
+    messages = [bytes([i]) * 500 for i in range(40)]
+    for message in messages[:20]:
+        assert pair.offer(message) > 0
+    pair.run_until(300 * MS)
+    pair.receiver_link.inbox.append(far_ahead(2**30))  # far from the one before, too
+    for message in messages[20:]:
+        assert pair.offer(message) > 0
+    pair.run_until(600 * MS)
+    assert pair.rcv_counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == 2
+    assert pair.rcv_counters[SystemCounter.IMAGES_LEFT_BEHIND] == 0
+    assert pair.image.left_behind is None and pair.image.state is ImageState.ACTIVE
+    assert pair.received == messages
+
+
+def test_a_subscriber_position_off_the_frame_alignment_is_taken_at_the_frame_before(
+        pair: Pair) -> None:
+    """A client writes its subscriber position: one in the middle of a frame would be a
+    status message's consumption offset, a scan's and a clean's start."""
+    bounded = network_lib.ss_subscriber_position_bounded
+    assert [bounded(p, 4096) for p in (-5, 0, 1001, 4096, 5000, INT64_MAX)] == [
+        0, 0, 992, 4096, 4096, 4096]
+    connect(pair)
+    pair.auto_poll = False
+    for i in range(5):
+        assert pair.offer(bytes([i]) * 500) > 0
+    pair.run_until(2 * MS)
+    pair.sub_position[0] = 1001
+    sms_before = len(pair.frames("r2p", StatusMessage))
+    pair.run_until(500 * MS)
+    sms = [sm for _, sm in pair.frames("r2p", StatusMessage)[sms_before:]]
+    assert sms and {sm.consumption_term_offset for sm in sms} == {992}
 
 
 @settings(max_examples=200, deadline=None)

@@ -165,9 +165,12 @@ class PublicationImage:
         self.sender_mtu = setup.mtu
         self.join_position = join = self._position(setup.active_term_id, setup.term_offset)
         self.positions = positions
-        self._rcv_pos = positions.receiver_position
-        lib.ss_store_release_i64(positions.receiver_hwm, join)
-        lib.ss_store_release_i64(self._rcv_pos, join)
+        # rcv-hwm and rcv-pos live in the driver's own memory: their counters, which every
+        # client maps writable, are copies (network.h, ss_publish_position).
+        self._rcv_hwm = network_ffi.new("int64_t *")
+        self._rcv_pos = network_ffi.new("int64_t *")
+        network.ss_publish_position(self._rcv_hwm, positions.receiver_hwm, join)
+        network.ss_publish_position(self._rcv_pos, positions.receiver_position, join)
         self.reliable = params.reliable
         self.is_group = params.image_is_group(setup.is_group)
         self.group_tag = params.group_tag
@@ -208,7 +211,9 @@ class PublicationImage:
         self.c = c = network_ffi.new("ss_image_t *")
         c.log = log.address
         c.meta = log.meta
-        c.receiver_hwm = positions.receiver_hwm
+        c.receiver_hwm = self._rcv_hwm
+        c.receiver_hwm_counter = positions.receiver_hwm
+        c.receiver_position_counter = positions.receiver_position
         c.term_length = term_length
         c.position_bits = self.position_bits
         c.initial_term_id = self.initial_term_id
@@ -224,6 +229,7 @@ class PublicationImage:
         c.receiver_position = self._rcv_pos
         c.rate_signal_position = NO_DEADLINE
         c.overrun_position = join
+        c.overrun_candidate = -1
         # The rebuild pass in C (ss_image_rebuild) for the images whose rules are all C's: a
         # static NAK delay (unicast) and no congestion control to consult (_sync_rebuild_c).
         c.loss = self.loss_detector.c
@@ -317,6 +323,17 @@ class PublicationImage:
         if not self._subscriber_positions and self.state is ImageState.ACTIVE:
             self._transition("no_subscribers", self._now_ns)
 
+    def leave(self, now_ns: int) -> None:
+        """This receiver goes (its driver stops): an active image drains and an image still
+        waiting for its first subscriber ends, either way telling its sender at once (an
+        EOS-flagged status message, from the next :meth:`datagrams_to_send`)."""
+        self._now_ns = now_ns
+        if self.state is ImageState.ACTIVE:
+            self._transition("no_subscribers", now_ns)
+            self._next_due_ns = 0
+        else:
+            self.end_without_subscribers(now_ns)
+
     def end_without_subscribers(self, now_ns: int) -> None:
         """The stream's last subscription went before any subscriber joined: drain."""
         if self.state is ImageState.INIT:
@@ -379,18 +396,19 @@ class PublicationImage:
         return self._min_max_subscriber_position()[0]
 
     def _min_max_subscriber_position(self) -> tuple[int, int]:
-        """The subscribers' positions, never past rcv-hwm: clients write these cells, and one
-        that says more (no subscriber can have read it) must not move SMs or cleaning there
-        (the C half holds them the same way)."""
+        """The subscribers' positions as the driver takes them (clients write these cells):
+        within [0, rcv-hwm] and on the frame alignment, as the C half takes them
+        (``ss_subscriber_position_bounded``)."""
         cells = self._subscriber_positions
         if not cells:
             return self.rcv_pos, self.rcv_pos
         load = lib.ss_load_acquire_i64
+        bounded = network.ss_subscriber_position_bounded
         hwm = self.rcv_hwm
         if len(cells) == 1:
-            p = min(load(cells[0]), hwm)
+            p = bounded(load(cells[0]), hwm)
             return p, p
-        values = [min(load(c), hwm) for c in cells]
+        values = [bounded(load(c), hwm) for c in cells]
         return min(values), max(values)
 
     # -- state machine --------------------------------------------------------------------
@@ -481,7 +499,7 @@ class PublicationImage:
         due_position = (c.sm_due_position if self._sends_sm_in_c()
                         else min(c.sm_due_position, c.clean_due_position))
         if len(cells) == 1:
-            return cells[0][0] >= due_position
+            return network.ss_subscriber_position_bounded(cells[0][0], self.rcv_hwm) >= due_position
         return bool(cells) and self.min_subscriber_position() >= due_position
 
     def datagrams_to_send(self, now_ns: int, out: list[Datagram]) -> None:
@@ -545,7 +563,7 @@ class PublicationImage:
                     rcv_pos = new_rebuild
                 if loss_found or offset < self.term_length or rcv_pos >= hwm:
                     break
-            lib.ss_store_release_i64(self._rcv_pos, rcv_pos)
+            network.ss_publish_position(self._rcv_pos, self.positions.receiver_position, rcv_pos)
             if rcv_pos > c.contiguous_position:
                 c.contiguous_position = rcv_pos
         eos = c.eos_position

@@ -167,16 +167,22 @@ class NetworkPublication:
 
         self.state = PublicationState.ACTIVE
         join = log.producer_position()
-        self._snd_pos = positions.sender_position
-        self._snd_lmt = positions.sender_limit
-        for cell in (positions.publisher_limit, self._snd_pos, self._snd_lmt):
-            lib.ss_store_release_i64(cell, join)
+        lib.ss_store_release_i64(positions.publisher_limit, join)
+        # snd-pos and snd-lmt live in the driver's own memory: their counters, which every
+        # client maps writable, are copies (network.h, ss_publish_position).
+        self._snd_pos = network_ffi.new("int64_t *")
+        self._snd_lmt = network_ffi.new("int64_t *")
+        self._snd_lmt_counter = positions.sender_limit
+        network.ss_publish_position(self._snd_pos, positions.sender_position, join)
+        network.ss_publish_position(self._snd_lmt, positions.sender_limit, join)
         #: What the C data path (``ss_send_data``) works from; the send endpoint sets ``fd``
         #: and the destination when it takes the publication on.
         self.c = c = network_ffi.new("ss_send_publication_t *")
         c.log = log.address
         c.sender_position = self._snd_pos
         c.sender_limit = self._snd_lmt
+        c.sender_position_counter = positions.sender_position
+        c.sender_limit_counter = positions.sender_limit
         c.bytes_sent = counters.address(SystemCounter.BYTES_SENT)
         c.short_sends = counters.address(SystemCounter.SHORT_SENDS)
         c.send_errors = counters.address(SystemCounter.SEND_ERRORS)
@@ -306,7 +312,7 @@ class NetworkPublication:
 
     @sender_limit.setter
     def sender_limit(self, position: int) -> None:
-        lib.ss_store_release_i64(self._snd_lmt, position)
+        network.ss_publish_position(self._snd_lmt, self._snd_lmt_counter, position)
 
     @property
     def _last_publisher_limit(self) -> int:
