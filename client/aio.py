@@ -22,9 +22,16 @@ import trio
 
 from slipstream.client._native import lib
 from slipstream.client.errors import BackPressuredError, ClosedError, UsageError
-from slipstream.client.policy import BLOCK_SPIN_NS, BLOCK_YIELD_NS, DEFAULT_BLOCK_TIMEOUT_NS
+from slipstream.client.policy import (
+    BLOCK_SPIN_NS,
+    BLOCK_YIELD_NS,
+    DEFAULT_BLOCK_TIMEOUT_NS,
+    PACE_SLICE_NS,
+)
 
 if TYPE_CHECKING:
+    from slipstream.client.channel import PolicySpec
+    from slipstream.client.policy import TokenBucket
     from slipstream.client.publication import Buffer, Publication
     from slipstream.client.subscription import FragmentHandler, Subscription
 
@@ -75,6 +82,11 @@ async def _park(wait: Callable[[int], Any], wake: Callable[[], None], slice_ns: 
 async def offer(publication: Publication, message: Buffer, timeout: float | None) -> int:
     """``Publication.offer_async``: see there."""
     attempt = publication._attempt
+    policy = publication.policy
+    # rate-limit paces these offers too, from the bucket the blocking ones draw on.
+    bucket = publication._policy.bucket if publication._policy is not None else None
+    if bucket is not None:
+        return await _paced_offer(publication, bucket, message, timeout)
     # As trio's own sends: a cancellation is taken before the append, never after it (the
     # caller would think the message was not sent); after it, only a schedule point.
     due = _turn_is_due(publication)
@@ -85,13 +97,54 @@ async def offer(publication: Publication, message: Buffer, timeout: float | None
         if due:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return result
-    if timeout is None:
-        policy = publication.policy
-        timeout_ns = (policy.timeout_ns if policy is not None and policy.timeout_ns is not None
-                      else DEFAULT_BLOCK_TIMEOUT_NS)
-    else:
-        timeout_ns = int(timeout * 1e9)
+    return await _wait_for_credit(publication, message, result, time.monotonic_ns(),
+                                  _timeout_ns(policy, timeout))
+
+
+def _timeout_ns(policy: PolicySpec | None, timeout: float | None) -> int:
+    """``offer_async``'s wait: ``timeout`` (s), else the policy's, else block's default."""
+    if timeout is not None:
+        return int(timeout * 1e9)
+    return (policy.timeout_ns if policy is not None and policy.timeout_ns is not None
+            else DEFAULT_BLOCK_TIMEOUT_NS)
+
+
+async def _paced_offer(publication: Publication, bucket: TokenBucket, message: Buffer,
+                       timeout: float | None) -> int:
+    """``offer_async`` under ``rate-limit``: wait (cancellable) until the bucket lets the
+    message go, then append it as any ``offer_async`` does, and spend the bucket."""
+    length = len(message) if isinstance(message, bytes) else memoryview(message).nbytes
     started_ns = time.monotonic_ns()
+    timeout_ns = _timeout_ns(publication.policy, timeout)
+    while delay := bucket.delay_ns(time.monotonic_ns(), 1, length):
+        if publication.is_closed or publication._client.is_closed:
+            break  # the attempt below says CLOSED, and raises as any offer_async does
+        waited = time.monotonic_ns() - started_ns
+        if waited >= timeout_ns:
+            raise _back_pressured(publication, waited, connected=True)
+        await trio.sleep(min(delay, timeout_ns - waited, PACE_SLICE_NS) / 1e9)
+    await trio.lowlevel.checkpoint_if_cancelled()
+    result = publication._attempt(message)
+    if result <= 0:
+        result = await _wait_for_credit(publication, message, result, started_ns, timeout_ns)
+    if result > 0:
+        bucket.take(1, length)
+    return result
+
+
+def _back_pressured(publication: Publication, waited_ns: int, *,
+                    connected: bool) -> BackPressuredError:
+    policy = publication.policy
+    return BackPressuredError(publication.channel, publication.stream_id,
+                              f"{policy if policy is not None else 'none'}, offer_async",
+                              waited_ns / 1e9, connected=connected)
+
+
+async def _wait_for_credit(publication: Publication, message: Buffer, result: int,
+                           started_ns: int, timeout_ns: int) -> int:
+    """``offer_async`` after an attempt that found no credit (``result``): park without
+    blocking the event loop until an attempt appends it; the final result."""
+    attempt = publication._attempt
     deadline_ns = started_ns + timeout_ns
     appender = publication._appender
     log_buffer = publication._log
@@ -120,9 +173,8 @@ async def offer(publication: Publication, message: Buffer, timeout: float | None
             return result  # MAX_POSITION_EXCEEDED
         remaining = deadline_ns - time.monotonic_ns()
         if remaining <= 0:
-            raise BackPressuredError(publication.channel, publication.stream_id,
-                                     "offer_async", (time.monotonic_ns() - started_ns) / 1e9,
-                                     connected=result == _BACK_PRESSURED)
+            raise _back_pressured(publication, time.monotonic_ns() - started_ns,
+                                  connected=result == _BACK_PRESSURED)
         await _park(wait, wake, min(remaining, PARK_SLICE_NS), invoker)
         await trio.lowlevel.checkpoint_if_cancelled()
         result = attempt(message)

@@ -54,7 +54,11 @@ BLOCK_YIELD_NS = 1_000_000
 # signal, a close and a lost driver wake it at once).
 _PARK_SLICE_NS = 1_000_000_000
 
-_NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION = -1, -2, -3
+#: A rate-limit offer waiting on its token bucket looks at its publication this often (a close
+#: from another thread ends the wait).
+PACE_SLICE_NS = 10_000_000
+
+_NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION, _CLOSED = -1, -2, -3, -4
 
 
 @attrs.frozen
@@ -78,9 +82,12 @@ def policy_of(channel: str, policy: str | PolicySpec | None) -> PolicySpec | Non
     in_uri = parse_channel(channel).policy
     if policy is None:
         return in_uri
-    if isinstance(policy, str):
+    if isinstance(policy, PolicySpec):
+        # Checked as its URI form is: a spec made by hand gets the same checks and errors.
+        policy = parse_policy(str(policy))
+    elif isinstance(policy, str):
         policy = parse_policy(policy)
-    elif not isinstance(policy, PolicySpec):
+    else:
         raise TypeError(f"policy must be a str or a PolicySpec, not {type(policy).__name__}")
     if in_uri is not None and in_uri != policy:
         raise ChannelError(channel, "policy", f"given in the URI and as policy={policy}: "
@@ -176,8 +183,9 @@ class OfferPolicy:
         bucket = self.bucket
         assert bucket is not None
         length = len(message) if isinstance(message, bytes) else memoryview(message).nbytes
-        if not self._paced(bucket, 1, length):
-            return _BACK_PRESSURED
+        refused = self._paced(bucket, 1, length)
+        if refused:
+            return refused
         result = self._attempt(message)
         if result < 0:
             result = self._settle(result, lambda: self._attempt(message), 1)
@@ -196,8 +204,9 @@ class OfferPolicy:
         bucket = self.bucket
         if bucket is not None:
             total = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
-            if not self._paced(bucket, count, total):
-                return _BACK_PRESSURED
+            refused = self._paced(bucket, count, total)
+            if refused:
+                return refused
         appended = 0
         view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
         offset = 0
@@ -267,16 +276,30 @@ class OfferPolicy:
         lib.ss_await_credit(publication._appender, BLOCK_SPIN_NS, BLOCK_YIELD_NS,
                             min(remaining_ns, _PARK_SLICE_NS))
 
-    def _paced(self, bucket: TokenBucket, messages: int, length: int) -> bool:
-        """Wait until the bucket lets ``messages`` go (False: it is empty and the policy
-        refuses)."""
+    def _paced(self, bucket: TokenBucket, messages: int, length: int) -> int:
+        """Wait until the bucket lets ``messages`` go: 0 then, or the code to return instead
+        (BACK_PRESSURED: it is empty and the policy refuses; CLOSED: the publication closed
+        meanwhile, from another thread or with its client).  Past the policy's ``timeout:``
+        (when it names one) raises BackPressuredError."""
+        publication = self._publication
+        started_ns = time.monotonic_ns()
+        timeout_ns = self.spec.timeout_ns
         while True:
-            delay = bucket.delay_ns(time.monotonic_ns(), messages, length)
+            now_ns = time.monotonic_ns()
+            delay = bucket.delay_ns(now_ns, messages, length)
             if not delay:
-                return True
+                return 0
             if self.spec.refuse:
-                return False
-            time.sleep(delay / 1e9)
+                return _BACK_PRESSURED
+            if publication.is_closed or publication._client.is_closed:
+                return _CLOSED
+            if timeout_ns is not None:
+                left = started_ns + timeout_ns - now_ns
+                if left <= 0:
+                    raise self._error(_BACK_PRESSURED, now_ns - started_ns, 0)
+                delay = min(delay, left)
+            # In slices, so that a close from another thread is seen within one.
+            time.sleep(min(delay, PACE_SLICE_NS) / 1e9)
 
     def _count_drops(self, messages: int) -> None:
         self.dropped += messages

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
-from slipstream.client.errors import ClosedError, DataLossError, InvalidArgumentError
+from slipstream.client.errors import ClosedError, DataLossError, InvalidArgumentError, UsageError
 from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import (
     BEGIN_FLAG,
@@ -530,8 +530,8 @@ class Subscription:
         :class:`DriverNotRunningError` once the client lost its driver."""
         if self._driver_lost:
             raise self._client.driver_lost_error()
-        if self._retired:
-            self._release_retired()
+        if self._retired or self._async_pending:
+            self._before_read()
         images = self._images
         if len(images) == 1:
             image = images[0]
@@ -558,8 +558,8 @@ class Subscription:
         image; None when no image has anything."""
         if self._driver_lost:
             raise self._client.driver_lost_error()
-        if self._retired:
-            self._release_retired()
+        if self._retired or self._async_pending:
+            self._before_read()
         images = self._images
         if len(images) == 1:  # the common case, without the loop below
             image = images[0]
@@ -642,7 +642,9 @@ class Subscription:
         copy: it outlives the log), in order per image; ends when the subscription is closed,
         raises :class:`DriverNotRunningError` when the driver is lost.  A loop left early (a
         ``break``, a cancellation) leaves what its last poll took to the next ``messages()``
-        loop of this subscription (``poll`` and ``receive`` do not see those)."""
+        loop of this subscription: until that loop has yielded them, ``poll``, ``poll_batch``,
+        ``receive`` and ``receive_async`` raise :class:`UsageError` rather than read past
+        them."""
         from slipstream.client import aio
 
         _check_fragment_limit(fragment_limit)
@@ -727,6 +729,15 @@ class Subscription:
             for image in self._images:
                 lib.ss_signal(image.signal, image.waiters)
             self._images_changed.notify_all()
+
+    def _before_read(self) -> None:
+        """A read's rare work first: release retired images; refuse to read past messages a
+        ``messages()`` loop left (they would be skipped, and read out of order later)."""
+        if self._async_pending:
+            raise UsageError(
+                f"{len(self._async_pending)} messages that a messages() loop polled and did "
+                f"not yield (it was left early) come first: read them with messages()")
+        self._release_retired()
 
     def _release_retired(self) -> None:
         with self._images_changed:

@@ -14,7 +14,12 @@ from helpers import FAST_DRIVER_SETTINGS, Collector, message, wait_for
 
 from slipstream.client import Client
 from slipstream.client.aio import SCHEDULE_EVERY
-from slipstream.client.errors import BackPressuredError, ClosedError, DriverNotRunningError
+from slipstream.client.errors import (
+    BackPressuredError,
+    ClosedError,
+    DriverNotRunningError,
+    UsageError,
+)
 from slipstream.client.layout import META_PUBLISHER_WAITERS, META_READER_WAITERS
 
 IPC = "aeron:ipc?term-length=64k"
@@ -169,6 +174,51 @@ async def test_an_async_for_left_early_leaves_the_rest_to_the_next_loop(client) 
                 seen.append(int.from_bytes(data[:4], "little"))
         assert scope.cancelled_caught
     assert seen == list(range(11))
+
+
+async def test_a_read_past_what_an_async_for_left_pending_is_refused(client) -> None:
+    """Messages a messages() loop polled and did not yield come first: poll and receive
+    raise rather than skip them (they would come out of order, or never)."""
+    pub = client.add_publication(IPC, 73)
+    sub = client.add_subscription(IPC, 73)
+    wait_for(lambda: pub.is_connected, what="connected")
+    for i in range(10):
+        assert pub.offer(message(i, 64)) > 0
+    seen = []
+    with trio.fail_after(5):
+        async for data in sub.messages():
+            seen.append(int.from_bytes(data[:4], "little"))
+            break
+        for read in (lambda: sub.poll(lambda data, header: None, 10),
+                     lambda: sub.poll_batch(), lambda: sub.receive(lambda data, header: None)):
+            with pytest.raises(UsageError, match="9 messages"):
+                read()
+        with pytest.raises(UsageError):
+            await sub.receive_async(lambda data, header: None, timeout=0.1)
+        async for data in sub.messages():
+            seen.append(int.from_bytes(data[:4], "little"))
+            if len(seen) == 10:
+                break
+    assert seen == list(range(10))
+    assert sub.poll(lambda data, header: None, 10) == 0  # nothing pending now
+
+
+async def test_offer_async_is_paced_by_a_rate_limit_policy(client) -> None:
+    """offer_async draws on the publication's token bucket as offer does (it had appended
+    ~150,000 a second under messages:2000)."""
+    pub = client.add_publication(IPC, 74, policy="rate-limit,messages:200,burst:50ms")
+    sub = client.add_subscription(IPC, 74)
+    wait_for(lambda: pub.is_connected, what="connected")
+    sent = 0
+    started = time.monotonic()
+    with trio.move_on_after(0.5):
+        while True:
+            assert await pub.offer_async(message(sent, 16)) > 0
+            sent += 1
+            if sent % 50 == 0:
+                sub.poll(lambda data, header: None, 100)
+    elapsed = time.monotonic() - started
+    assert sent <= 200 * elapsed + 10 + 2  # the rate, the 10-message burst, rounding
 
 
 async def test_async_for_ends_when_the_subscription_closes(client) -> None:

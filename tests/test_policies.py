@@ -12,7 +12,7 @@ import pytest
 from helpers import NETWORK_SETTINGS, Collector, counters_of, free_port, message, wait_for
 
 from slipstream.client import BACK_PRESSURED, CLOSED, NOT_CONNECTED, BackPressuredError, Client
-from slipstream.client.channel import parse_policy
+from slipstream.client.channel import PolicySpec, parse_policy
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.errors import ChannelError
 from slipstream.client.policy import BackPressureEpisode
@@ -257,6 +257,35 @@ def test_rate_limit_that_refuses_returns_back_pressured_when_the_bucket_is_empty
     assert pub.offer(b"m") > 0  # refilled
 
 
+def test_a_rate_limit_offer_waiting_on_its_bucket_returns_closed_when_the_publication_closes(
+        client) -> None:
+    """A batch leaves the bucket in debt for seconds; an offer then waits on the bucket, and a
+    close from another thread ends that wait (it had slept the whole debt out)."""
+    pub = client.add_publication(IPC, 34, policy="rate-limit,messages:1")
+    client.add_subscription(IPC, 34)
+    wait_for(lambda: pub.is_connected, what="connected")
+    assert pub.offer_batch(b"x" * 60, [10] * 6) == 6  # 5 s of debt at 1 message a second
+    result: list[int] = []
+    waiting = threading.Thread(target=lambda: result.append(pub.offer(b"next")))
+    waiting.start()
+    time.sleep(0.3)
+    closed_at = time.monotonic()
+    pub.close()
+    waiting.join(timeout=10)
+    assert result == [CLOSED] and time.monotonic() - closed_at < 1.0
+
+
+def test_a_rate_limit_timeout_bounds_the_wait_on_its_bucket(client) -> None:
+    pub = client.add_publication(IPC, 35, policy="rate-limit,messages:1,timeout:300ms")
+    client.add_subscription(IPC, 35)
+    wait_for(lambda: pub.is_connected, what="connected")
+    assert pub.offer_batch(b"x" * 60, [10] * 6) == 6
+    started = time.monotonic()
+    with pytest.raises(BackPressuredError):
+        pub.offer(b"next")
+    assert 0.25 < time.monotonic() - started < 2.0
+
+
 # -- choosing a policy ---------------------------------------------------------------------------
 
 def test_a_policy_given_in_the_uri_and_as_an_argument_must_agree(client) -> None:
@@ -265,6 +294,21 @@ def test_a_policy_given_in_the_uri_and_as_an_argument_must_agree(client) -> None
     assert info.value.part == "policy"
     pub = client.add_publication(IPC + "|policy=error", 41, policy="error")
     assert pub.policy == parse_policy("error")
+
+
+@pytest.mark.parametrize("spec", [PolicySpec("bogus"), PolicySpec("block", timeout_ns=0),
+                                  PolicySpec("block", timeout_ns=-5), PolicySpec("rate-limit")])
+def test_a_policy_spec_made_by_hand_is_checked_as_its_uri_form_before_the_driver_is_asked(
+        client, spec: PolicySpec) -> None:
+    """A bad spec raised only as the publication was made (rate-limit without a rate, after
+    the driver had made it: a publisher left behind) or not at all (an unknown name ran as
+    no policy, a timeout of 0 or below was taken)."""
+    with pytest.raises(ChannelError) as info:
+        client.add_publication(IPC, 42, policy=spec)
+    assert info.value.part == "policy"
+    # No publisher of stream 42 was made: it would hold a pub-lmt counter.
+    assert not [c for c in client.counters
+                if c.type_id == CounterType.PUBLISHER_LIMIT and c.stream_id == 42]
 
 
 @pytest.mark.parametrize(("text", "problem"), [

@@ -42,6 +42,7 @@ from slipstream.client import (
     DataLossError,
     Publication,
     RegistrationError,
+    SlipstreamError,
     Subscription,
     control,
 )
@@ -399,6 +400,52 @@ def test_a_back_pressured_network_publisher_leaves_the_conductor_parked(launch) 
     assert offers > 10_000
     samples = 1_000_000_000 // EPISODE_SAMPLE_INTERVAL_NS  # in the second measured
     assert cycles < samples + 50, f"{cycles} conductor cycles for {offers} refused offers"
+
+
+@pytest.mark.parametrize("leaving", ["subscription", "client", "driver"])
+def test_a_receiver_that_leaves_tells_its_sender_at_once(launch, leaving: str) -> None:
+    """A receiver that goes (its last subscription on the endpoint closed, its client closed,
+    or its driver stopped by SIGTERM) sends its images' EOS-flagged status message first, so
+    a unicast publication is no longer connected at once.  Closing the endpoint had dropped
+    its images unheard: the publication stayed connected, taking offers, for its 5 s
+    connection timeout, and a min or tagged group waited out its receiver timeout."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a, b = launch(), launch()
+    with Client.connect(a.directory) as publisher_client:
+        subscriber_client = Client.connect(b.directory)
+        subscription = subscriber_client.add_subscription(uri, 15)
+        publication = publisher_client.add_publication(uri, 15)
+        connect(publication, subscription)
+        start = time.monotonic()
+        if leaving == "subscription":
+            subscription.close()
+        elif leaving == "client":
+            subscriber_client.close()
+        else:
+            b.stop()
+        wait_for(lambda: not publication.is_connected, timeout=10,
+                 what="the publication hears that its receiver left")
+        assert time.monotonic() - start < 2.0  # not the 5 s connection timeout
+        with contextlib.suppress(SlipstreamError):
+            subscriber_client.close()
+
+
+def test_a_subscriber_that_stopped_reading_is_no_pressure_on_its_driver(launch) -> None:
+    """A stream whose subscriber stopped reading leaves its sender a rest of the window
+    shorter than the next frame (100-byte messages are 160-byte frames; a 32 KiB window):
+    there is nothing the sender could send, so no send backlog.  It had read as a backlog of
+    100 % and climbed the governor to step 4, which refuses every offer of the driver's
+    streams below priority 0 and widens every image's status interval."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=64k"
+    driver = launch()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(uri, 14)
+        publication = client.add_publication(uri, 14)
+        connect(publication, subscription)
+        wait_for(lambda: publication.offer(bytes(100)) == BACK_PRESSURED, timeout=10,
+                 what="the window filled (nobody polls)")
+        time.sleep(2.5)  # two of the calm governor's samples, a second apart
+        assert counters_of(driver)["GOVERNOR_STEP"] == 0
 
 
 def test_a_unicast_streams_status_messages_are_sent_and_read_by_the_c_halves(launch) -> None:

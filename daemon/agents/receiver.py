@@ -82,6 +82,25 @@ class Receiver(Agent[ReceiveEndpoint]):
         endpoint.channel.set_status_interval_factor(self._status_interval_factor)
         super().add_endpoint(endpoint)
 
+    def remove_endpoint(self, endpoint: ReceiveEndpoint, now_ns: int | None = None) -> None:
+        """Stop using ``endpoint``.  With ``now_ns``, first send what its images have due: the
+        last subscription's images have just gone DRAINING, and their EOS-flagged status
+        message tells each sender at once that this receiver left (a min or tagged group, or
+        a unicast publication, would otherwise wait for its receiver timeout)."""
+        if now_ns is not None and endpoint in self.endpoints:
+            out = endpoint.channel.datagrams_to_send(now_ns)
+            if out:
+                endpoint.transport.send(out)
+        super().remove_endpoint(endpoint)
+
+    def leave(self, now_ns: int) -> None:
+        """The driver stops: every image of every endpoint tells its sender that this
+        receiver left, and the endpoints are dropped (their owner closes them).  Only with
+        the network thread stopped (or from it)."""
+        for endpoint in list(self.endpoints):
+            endpoint.channel.leave(now_ns)
+            self.remove_endpoint(endpoint, now_ns)
+
     def set_pressure_step(self, step: int) -> None:
         """The governor's step: from step 2 every image's status-message interval widens."""
         self._status_interval_factor = STATUS_INTERVAL_FACTOR if step >= 2 else 1

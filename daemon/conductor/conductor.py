@@ -689,7 +689,7 @@ class DriverConductor:
         self.ipc_publications.clear()
         self._ipc_by_stream.clear()
         if self.network is not None:
-            self.network.close()
+            self.network.close(now_ns)
 
 
 # The counter of each step's entries (index: the step).

@@ -636,18 +636,20 @@ class NetworkConductor:
         """The governor's send backlog: of each publication, the data its flow control lets it
         send but the sender has not sent, as a share of what flow control lets it send; the
         largest (0 without publications: a sender that keeps up leaves next to nothing).  A
-        publication whose data waits on purpose does not count: one paced by its send-rate
-        limit (``rc=``), and with ``deferring`` one of the lowest band.  (Its ``c`` belongs to
-        the sender's thread: a word read across threads, a sample's worth.)"""
-        get = self.counters.get
+        publication counts only while the sender could send it something (its next frame fits
+        in the window: a subscriber that stopped reading leaves a rest shorter than a frame,
+        which is no backlog); one whose data waits on purpose does not count: one paced by
+        its send-rate limit (``rc=``), and with ``deferring`` one of the lowest band.  (Its
+        ``c`` belongs to the sender's thread: words read across threads, a sample's worth.)"""
         backlog = 0.0
         for entry in self.publications.values():
             publication = entry.publication
             if (deferring and publication.priority < 0) or publication.c.rate_limit > 0:
                 continue  # waits on purpose: deferred, or paced by its send-rate limit
-            _, sender_position_id, sender_limit_id = entry.counter_ids[:3]
-            sender_position = get(sender_position_id)
-            sender_limit = get(sender_limit_id)
+            if not publication.has_data_ready():
+                continue  # e.g. the window's rest is shorter than the next frame: nothing to send
+            sender_position = publication.sender_position
+            sender_limit = publication.sender_limit
             sendable = min(entry.log.producer_position(), sender_limit)
             if sendable > sender_position:
                 backlog = max(backlog, (sendable - sender_position)
@@ -717,8 +719,8 @@ class NetworkConductor:
         else:
             receive_endpoint = entry.endpoint
 
-            def remove_receive(_now: int) -> None:
-                self.receiver.remove_endpoint(receive_endpoint)
+            def remove_receive(now_ns: int) -> None:
+                self.receiver.remove_endpoint(receive_endpoint, now_ns)
                 self._post(EndpointRemoved(entry, generation))
 
             self._submit_receive(remove_receive)
@@ -812,8 +814,13 @@ class NetworkConductor:
             raise
         return allocated
 
-    def close(self) -> None:
-        """Free everything (the network thread has stopped)."""
+    def close(self, now_ns: int) -> None:
+        """Free everything (the network thread has stopped).  The images first tell their
+        senders that this receiver leaves, as a closed subscription's do."""
+        try:
+            self.receiver.leave(now_ns)
+        except OSError as error:  # a socket that fails now fails the farewell only
+            log.warning("telling the senders this receiver leaves failed: %s", error)
         for entry in list(self.publications.values()):
             for counter_id in entry.counter_ids:
                 self.counters.free(counter_id)

@@ -215,6 +215,13 @@ class ReceiveChannel:
             if stream == stream_id and image.state is ImageState.INIT:
                 image.end_without_subscribers(self._now_ns)
 
+    def leave(self, now_ns: int) -> None:
+        """This receiver goes (its driver stops): every image tells its sender
+        (:meth:`PublicationImage.leave`)."""
+        self._now_ns = now_ns
+        for image in self.images.values():
+            image.leave(now_ns)
+
     def set_interest(self, stream_id: int, sessions: set[int] | None) -> None:
         """The sessions of ``stream_id`` that subscriptions here want: None for all, an empty
         set for none (as :meth:`remove_subscription`)."""
