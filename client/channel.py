@@ -726,6 +726,25 @@ _PARAMS: Final[dict[str, _Param]] = {
     "response-correlation-id": _param("response_correlation_id", _int64),
 }
 
+# The keys only one side of a stream acts on (a publication's sender and flow control, or a
+# subscription's images and receive socket).  Given to the other side they are accepted (one
+# URI may serve both, as in Aeron applications) and do nothing: the client warns
+# (ChannelWarning).
+PUBLICATION_ONLY_KEYS: Final = ("fc", "rc", "policy", "priority", "watermarks", "max-resend",
+                                "pub-wnd", "linger", "eos", "init-term-id", "term-id",
+                                "term-offset")
+SUBSCRIPTION_ONLY_KEYS: Final = ("cc", "gtag", "rcv-wnd", "nak-delay", "reliable", "tether",
+                                 "rejoin", "untethered-window-limit-timeout",
+                                 "untethered-resting-timeout")
+
+
+def keys_for_the_other_side(channel: Channel, *, publication: bool) -> list[str]:
+    """The keys of ``channel`` that only the other side acts on: a publication's
+    (``publication=False``: given to a subscription) or a subscription's."""
+    keys = SUBSCRIPTION_ONLY_KEYS if publication else PUBLICATION_ONLY_KEYS
+    return [key for key in keys if _PARAMS[key].text(channel) is not None]
+
+
 # Other spellings accepted for a key; canonical() prints the key.
 _ALIASES: Final = {"spies-simulate-connection": "ssc"}
 

@@ -18,6 +18,7 @@ import select
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,11 @@ import zmq
 
 from slipstream.client import control
 from slipstream.client._native import lib
-from slipstream.client.channel import PolicySpec, parse_channel
+from slipstream.client.channel import PolicySpec, keys_for_the_other_side, parse_channel
 from slipstream.client.counters import CountersFile
 from slipstream.client.errors import (
     ChannelRejectedError,
+    ChannelWarning,
     ClosedError,
     DriverNotRunningError,
     DriverTimeoutError,
@@ -97,12 +99,21 @@ def _driver_holds_lock(directory: Path) -> bool:
         os.close(fd)
 
 
-def _check_stream(channel: str, stream_id: int) -> None:
+def _check_stream(channel: str, stream_id: int, *, publication: bool) -> None:
     """The checks the driver makes of these two arguments, made before sending: a bad value
-    raises :class:`InvalidArgumentError` or :class:`ChannelError` naming the part."""
+    raises :class:`InvalidArgumentError` or :class:`ChannelError` naming the part.  Keys only
+    the other side of a stream acts on are warned of (:class:`ChannelWarning`)."""
     control.check_channel("channel", channel)
     control.check_int32("stream_id", stream_id)
-    parse_channel(channel)
+    parsed = parse_channel(channel)
+    ignored = keys_for_the_other_side(parsed, publication=publication)
+    if ignored:
+        this, other = ("publication", "subscription") if publication else (
+            "subscription", "publication")
+        warnings.warn(ChannelWarning(
+            f"{channel!r}: {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} "
+            f"{other}'s and {'does' if len(ignored) == 1 else 'do'} nothing on a {this}"),
+            stacklevel=3)
 
 
 def _check_callbacks(**callbacks: object) -> None:
@@ -494,7 +505,8 @@ class Client:
         ``policy=`` in the URI does; None: the URI's, else Aeron's codes.
         ``on_back_pressure``: called with a :class:`BackPressureEpisode` when an episode of the
         stream begins or ends (on the client's conductor thread, as image callbacks)."""
-        _check_stream(channel, stream_id)  # fails here, naming the bad part, before any I/O
+        # Fails here, naming the bad part, before any I/O.
+        _check_stream(channel, stream_id, publication=True)
         _check_callbacks(on_back_pressure=on_back_pressure)
         spec = policy_of(channel, policy)
         reply = self._request({"type": control.ADD_PUBLICATION, "channel": channel,
@@ -519,7 +531,7 @@ class Client:
                          ) -> Subscription:
         """Receive ``stream_id`` on ``channel``.  Image callbacks run on the client's conductor
         thread as publications come and go."""
-        _check_stream(channel, stream_id)
+        _check_stream(channel, stream_id, publication=False)
         _check_callbacks(on_available_image=on_available_image,
                          on_unavailable_image=on_unavailable_image)
         subscription = Subscription(self, channel, stream_id, 0, on_available_image,

@@ -27,6 +27,12 @@ class ChannelError(UsageError):
         super().__init__(f"bad channel URI {uri!r}: {part}: {problem}")
 
 
+class ChannelWarning(UserWarning):
+    """A channel URI names a key that only the other side of a stream acts on (``fc=`` on a
+    subscription, ``cc=`` on a publication, ...): it is accepted, so that one URI can serve
+    both sides as in Aeron applications, and does nothing here."""
+
+
 class ConfigurationError(UsageError):
     """A configuration value is invalid; ``key`` names it and the message gives the range."""
 

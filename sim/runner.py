@@ -60,6 +60,8 @@ class Simulation:
             {"term_buffer_sparse_file": True, **scenario.settings})
         try:
             channel = parse_channel(scenario.channel_uri(1))
+            for index in range(2, scenario.hosts + 1):  # the subscribers' own keys, too
+                parse_channel(scenario.channel_uri(index))
         except ChannelError as e:
             raise ScenarioError(f"channel: {e}") from None
         try:

@@ -70,6 +70,7 @@ from typing import Any, Final
 
 import attrs
 
+from slipstream.client.channel import PUBLICATION_ONLY_KEYS, SUBSCRIPTION_ONLY_KEYS
 from slipstream.sim.network import LinkFaults
 
 #: Where subscribers listen (unicast) and the multicast data group.
@@ -199,8 +200,12 @@ class Scenario:
                    f"|interface={address or host_ip(index)}")
         else:
             uri = f"aeron:udp?endpoint={destination or host_ip(2)}:{UNICAST_PORT}"
-        params = [p for p in (self.channel_params, dict(self.subscriber_params).get(index))
-                  if p]
+        # The scenario's parameters are both sides': each host takes those its side acts on
+        # (a client warns of the other side's keys).
+        other_side = SUBSCRIPTION_ONLY_KEYS if index == 1 else PUBLICATION_ONLY_KEYS
+        given = "|".join(p for p in (self.channel_params, dict(self.subscriber_params).get(index))
+                         if p)
+        params = [p for p in given.split("|") if p and p.partition("=")[0] not in other_side]
         return "|".join([uri, *params])
 
 

@@ -368,3 +368,24 @@ def test_a_calm_governor_never_samples_more_often_than_every_100_ms(shm: Path) -
     times = [t for t, _ in samples]
     assert all(b - a >= 100_000_000 for a, b in itertools.pairwise(times)), samples
     assert len(samples) >= 25, samples
+
+
+def test_a_key_only_the_other_side_acts_on_is_accepted_with_a_warning(client) -> None:
+    """One URI may serve a publication and a subscription (as in Aeron applications), so a
+    key of the other side is accepted; the client says it does nothing here (fc=min on a
+    subscription had silently given the publication max flow control)."""
+    import warnings
+
+    from slipstream.client import ChannelWarning
+
+    uri = "aeron:udp?endpoint=127.0.0.1:40731"
+    with pytest.warns(ChannelWarning, match=r"fc, policy are publication's and do nothing "
+                                            r"on a subscription"):
+        client.add_subscription(uri + "|fc=min|policy=block", 7)
+    with pytest.warns(ChannelWarning, match=r"cc is subscription's and does nothing on a "
+                                            r"publication"):
+        client.add_publication(uri + "|cc=cubic", 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # keys both sides act on: no warning
+        client.add_publication(uri + "|term-length=64k|mtu=1408", 8)
+        client.add_subscription(uri + "|term-length=64k|mtu=1408", 8)
