@@ -149,6 +149,7 @@ class Client:
         self._correlation_ids = itertools.count(1)
         self._closed = False
         self._driver_lost: str | None = None
+        self._driver_timeout_ns = 0  # the driver's driver_timeout, from its CONNECT reply
         self._publications: dict[int, Publication] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._pending: dict[int, dict[str, Any]] = {}
@@ -214,6 +215,7 @@ class Client:
             reply = client._request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
                                      "pid": os.getpid()}, connecting=True)
             client.client_id = reply["client_id"]
+            client._driver_timeout_ns = reply["driver_timeout_ns"]
             client.counters = CountersFile(reply["counters_file"])
             # An embedded driver beats only while the application runs it: its clients never
             # time it out (it lives as long as they do), they only watch its lock.
@@ -408,8 +410,10 @@ class Client:
             self._lose_driver("the driver exited, and a new one took its directory "
                               "(connect again)")
         elif notice == bytes([lib.SS_KEEPER_DRIVER_STOPPED]):
-            age_s = (time.time_ns() - self.counters.driver_heartbeat_ns) / 1e9
-            self._lose_driver(f"the driver stopped: no heartbeat for {age_s:.1f} s")
+            # The keeper saw no heartbeat for driver_timeout; the heartbeat's age now says
+            # nothing (a driver that stalled may beat again by the time this is read).
+            self._lose_driver(f"the driver stopped: no heartbeat for "
+                              f"{self._driver_timeout_ns / 1e9:g} s (driver_timeout)")
 
     def _lose_driver(self, reason: str) -> None:
         """Cut off from the driver: offers return CLOSED from now on, and every other call

@@ -628,6 +628,13 @@ class _DriverCore:
         counters = self.counters
         if cycle_ns > counters.get(SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS):
             counters.set(SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS, cycle_ns)
+        timeout_ns = self.settings.driver_timeout
+        if cycle_ns > timeout_ns // 4:
+            # The heartbeat's promise (four beats within driver_timeout) is broken: say so
+            # where an operator looks, not only in a counter.
+            log.warning("a conductor cycle took %.1f s, past driver_timeout / 4 (%.1f s); "
+                        "clients deem the driver gone after driver_timeout (%.1f s) without "
+                        "a heartbeat", cycle_ns / 1e9, timeout_ns / 4e9, timeout_ns / 1e9)
 
     def _conductor_cycle(self, started: int) -> int:
         """The conductor's duty cycle at ``started`` (monotonic ns), its messages sent, the

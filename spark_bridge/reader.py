@@ -365,10 +365,15 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return image.position
 
     def initialOffset(self) -> dict[str, int]:
-        """Where a new query starts: per image, its position (latest) or the oldest position
-        the log still holds (earliest).  Images that appear later start at their join
-        position (latest) or their oldest held position (earliest)."""
-        return {sid: self._default_start(image) for sid, image in self._images().items()}
+        """Where a new query starts: no session yet.  Each session enters the offset log in
+        the first batch that sees it, at its starting position (its position for latest, the
+        oldest the log holds for earliest), unread (:meth:`latestOffset`), and is read from
+        the next batch on.  So every batch that reads has its start in the checkpoint: Spark
+        asks for the initial offset again when it plans batch 0 anew (a query stopped before
+        that batch committed), and a start taken from the live subscription then would be
+        where a new subscription joins, past what batch 0 read (its rows were lost)."""
+        self._images()  # connect: the subscription's position holds the stream from now
+        return {}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """maxMessagesPerTrigger (also applies maxBytesPerTrigger if set), else
