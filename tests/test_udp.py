@@ -304,13 +304,6 @@ def test_under_max_a_subscriber_left_behind_is_told_what_it_lost_and_goes_on(lau
     assert start % frame == 0 and slow.seen == list(range(start // frame))
     received = counters_of(slow_driver)
     assert received["IMAGES_LEFT_BEHIND"] >= 1 and received["FLOW_CONTROL_OVER_RUNS"] > 0
-    # The loss report has it all: the lost range, and what the sender sent on between the
-    # old image's end and the new image's join (which it had missed: up to 25 messages).
-    from slipstream.daemon.reports.loss_report import read_loss_report
-
-    lost = sum(o.bytes_lost for o in read_loss_report(slow_driver.directory)
-               if o.stream_id == 7)
-    assert lost >= image.join_position - start
 
 
 def _tap(group: str, port: int) -> socket.socket:
