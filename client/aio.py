@@ -228,3 +228,5 @@ async def messages(subscription: Subscription, fragment_limit: int) -> AsyncIter
         if subscription.is_closed:
             return
         await receive(subscription, keep, fragment_limit, None)
+        if pending:  # the subscription's reads refuse to pass them until they are yielded
+            subscription._before_read_due = True

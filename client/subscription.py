@@ -495,6 +495,9 @@ class Subscription:
         self._async_pending: deque[bytes] = deque()
         self._images: tuple[Image, ...] = ()
         self._retired: list[Image] = []
+        #: A read has rare work first (_before_read): retired images, or messages a
+        #: ``messages()`` loop left.  One flag, so that a poll pays one attribute check.
+        self._before_read_due = False
         self._round_robin = 0
         self._closed = False
         self._driver_lost = False
@@ -530,7 +533,7 @@ class Subscription:
         :class:`DriverNotRunningError` once the client lost its driver."""
         if self._driver_lost:
             raise self._client.driver_lost_error()
-        if self._retired or self._async_pending:
+        if self._before_read_due:
             self._before_read()
         images = self._images
         if len(images) == 1:
@@ -558,7 +561,7 @@ class Subscription:
         image; None when no image has anything."""
         if self._driver_lost:
             raise self._client.driver_lost_error()
-        if self._retired or self._async_pending:
+        if self._before_read_due:
             self._before_read()
         images = self._images
         if len(images) == 1:  # the common case, without the loop below
@@ -704,6 +707,7 @@ class Subscription:
                     lib.ss_signal(image.signal, image.waiters)
                     # Unmapped later from the polling thread, never under a running poll.
                     self._retired.append(image)
+                    self._before_read_due = True
                     break
             else:
                 return None
@@ -742,6 +746,7 @@ class Subscription:
     def _release_retired(self) -> None:
         with self._images_changed:
             retired, self._retired = self._retired, []
+            self._before_read_due = bool(self._async_pending)
         for image in retired:
             image._close()
 
@@ -758,6 +763,7 @@ class Subscription:
                 image._gone = True
                 lib.ss_signal(image.signal, image.waiters)
             self._retired.extend(images)
+            self._before_read_due = True
         # Its images' logs are unmapped after the client's resource linger, not here: close()
         # may come from any thread (an image handler too) while a poll runs in C.
         self._client._release_subscription(self)
