@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 #: The longest one park in a worker thread lasts before the task looks again (a close, a lost
 #: driver and new images wake it sooner).
 PARK_SLICE_NS = 200_000_000
-_NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION, _CLOSED = -1, -2, -3, -4
+_NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION, _CLOSED = (
+    lib.SS_NOT_CONNECTED, lib.SS_BACK_PRESSURED, lib.SS_ADMIN_ACTION, lib.SS_CLOSED)
 #: Of the calls on one publication or subscription, every this many is a trio checkpoint
 #: whether or not it waits (a call that waits always is one).  The others run no scheduler: a
 #: checkpoint costs ~8 µs here, and on every call it cut ``offer_async`` from 0.66 to 0.10 M/s.
@@ -112,21 +113,27 @@ def _timeout_ns(policy: PolicySpec | None, timeout: float | None) -> int:
 async def _paced_offer(publication: Publication, bucket: TokenBucket, message: Buffer,
                        timeout: float | None) -> int:
     """``offer_async`` under ``rate-limit``: wait (cancellable) until the bucket lets the
-    message go, then append it as any ``offer_async`` does, and spend the bucket."""
+    message go (the pacing is the rate asked for: ``timeout`` bounds only the wait for credit
+    after it, and ``when-empty:refuse`` waits too, as ``offer_async`` always waits), then
+    append it as any ``offer_async`` does, and spend the bucket."""
     length = len(message) if isinstance(message, bytes) else memoryview(message).nbytes
-    started_ns = time.monotonic_ns()
-    timeout_ns = _timeout_ns(publication.policy, timeout)
+    paced = False
     while delay := bucket.delay_ns(time.monotonic_ns(), 1, length):
         if publication.is_closed or publication._client.is_closed:
             break  # the attempt below says CLOSED, and raises as any offer_async does
-        waited = time.monotonic_ns() - started_ns
-        if waited >= timeout_ns:
-            raise _back_pressured(publication, waited, connected=True)
-        await trio.sleep(min(delay, timeout_ns - waited, PACE_SLICE_NS) / 1e9)
-    await trio.lowlevel.checkpoint_if_cancelled()
+        await trio.sleep(min(delay, PACE_SLICE_NS) / 1e9)
+        paced = True
+    # As the plain path: a cancellation before the append, and a schedule point every
+    # SCHEDULE_EVERY calls (a wait on the bucket was one).
+    due = _turn_is_due(publication) and not paced
+    if due:
+        await trio.lowlevel.checkpoint_if_cancelled()
     result = publication._attempt(message)
     if result <= 0:
-        result = await _wait_for_credit(publication, message, result, started_ns, timeout_ns)
+        result = await _wait_for_credit(publication, message, result, time.monotonic_ns(),
+                                        _timeout_ns(publication.policy, timeout))
+    elif due:
+        await trio.lowlevel.cancel_shielded_checkpoint()
     if result > 0:
         bucket.take(1, length)
     return result

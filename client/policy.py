@@ -58,7 +58,9 @@ _PARK_SLICE_NS = 1_000_000_000
 #: from another thread ends the wait).
 PACE_SLICE_NS = 10_000_000
 
-_NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION, _CLOSED = -1, -2, -3, -4
+# The offer codes (native.h's; publication.py names them for users).
+_NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION, _CLOSED = (
+    lib.SS_NOT_CONNECTED, lib.SS_BACK_PRESSURED, lib.SS_ADMIN_ACTION, lib.SS_CLOSED)
 
 
 @attrs.frozen
@@ -279,25 +281,17 @@ class OfferPolicy:
     def _paced(self, bucket: TokenBucket, messages: int, length: int) -> int:
         """Wait until the bucket lets ``messages`` go: 0 then, or the code to return instead
         (BACK_PRESSURED: it is empty and the policy refuses; CLOSED: the publication closed
-        meanwhile, from another thread or with its client).  Past the policy's ``timeout:``
-        (when it names one) raises BackPressuredError."""
+        meanwhile, from another thread or with its client).  The pacing is the rate asked
+        for, not back pressure: ``timeout:`` bounds only the wait for credit after it."""
         publication = self._publication
-        started_ns = time.monotonic_ns()
-        timeout_ns = self.spec.timeout_ns
         while True:
-            now_ns = time.monotonic_ns()
-            delay = bucket.delay_ns(now_ns, messages, length)
+            delay = bucket.delay_ns(time.monotonic_ns(), messages, length)
             if not delay:
                 return 0
             if self.spec.refuse:
                 return _BACK_PRESSURED
             if publication.is_closed or publication._client.is_closed:
                 return _CLOSED
-            if timeout_ns is not None:
-                left = started_ns + timeout_ns - now_ns
-                if left <= 0:
-                    raise self._error(_BACK_PRESSURED, now_ns - started_ns, 0)
-                delay = min(delay, left)
             # In slices, so that a close from another thread is seen within one.
             time.sleep(min(delay, PACE_SLICE_NS) / 1e9)
 

@@ -222,11 +222,12 @@ class Publication:
 
     async def offer_async(self, message: Buffer, *, timeout: float | None = None) -> int:
         """Append one message from a trio task, waiting for credit without blocking the event
-        loop (``block``'s behaviour, whatever the :attr:`policy`): returns the new position,
-        or ``MAX_POSITION_EXCEEDED`` once the stream has reached its end (no wait helps then:
-        a new publication is needed).
+        loop (``block``'s behaviour, whatever the :attr:`policy`; under ``rate-limit`` it is
+        paced by the publication's token bucket first, as :meth:`offer` is): returns the new
+        position, or ``MAX_POSITION_EXCEEDED`` once the stream has reached its end (no wait
+        helps then: a new publication is needed).
 
-        Waits at most ``timeout`` seconds (None: the ``block`` policy's timeout if the
+        Waits for credit at most ``timeout`` seconds (None: the policy's timeout if the
         publication has one, else 10 s), then raises :class:`BackPressuredError`; raises
         :class:`ClosedError` when the publication is closed meanwhile and
         :class:`DriverNotRunningError` when the driver is lost.  Cancellable by trio's cancel

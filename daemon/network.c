@@ -30,7 +30,9 @@ void ss_publish_position(int64_t *cell, int64_t *counter, int64_t value) {
 
 /* A subscriber's position as the driver takes it: a client writes these cells, so a value
  * past rcv-hwm (no subscriber can have read it) is hwm, a negative one 0, and one off the
- * frame alignment is rounded down (a scan or a clean from it must land on a frame). */
+ * frame alignment is rounded down to it (the scans' and the cleaning's atomic loads and
+ * stores need it).  An aligned position inside a frame is taken as it is, as Aeron takes it:
+ * only that subscriber's own reading suffers. */
 int64_t ss_subscriber_position_bounded(int64_t position, int64_t hwm) {
     if (position > hwm) position = hwm;
     if (position < 0) position = 0;

@@ -386,8 +386,9 @@ typedef struct {
     int64_t overrun_position;     /* the end of the furthest frame dropped as an over-run: where
                                    * the sender is, for a receiver left behind (Python's rule);
                                    * raised only by an over-run within a term of the one before
-                                   * (overrun_candidate): one stray or forged datagram does not
-                                   * move it */
+                                   * (overrun_candidate), as a sender's next datagrams land: one
+                                   * stray or forged datagram does not move it (two forged ones
+                                   * close together do) */
     int64_t overrun_candidate;    /* the end of the last over-run frame (-1: none yet) */
     /* The rebuild pass in C (ss_image_rebuild), when Python sets rebuild_in_c (a reliable
      * unicast image with static congestion control, subscribers and no EOS yet): the C half

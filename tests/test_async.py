@@ -190,7 +190,8 @@ async def test_a_read_past_what_an_async_for_left_pending_is_refused(client) -> 
             seen.append(int.from_bytes(data[:4], "little"))
             break
         for read in (lambda: sub.poll(lambda data, header: None, 10),
-                     lambda: sub.poll_batch(), lambda: sub.receive(lambda data, header: None)):
+                     lambda: sub.poll_batch(),
+                     lambda: sub.receive(lambda data, header: None, timeout=0.1)):
             with pytest.raises(UsageError, match="9 messages"):
                 read()
         with pytest.raises(UsageError):

@@ -16,8 +16,19 @@ from hypothesis import strategies as st
 
 from slipstream.client._native import lib
 from slipstream.client.counters import CountersFile
-from slipstream.client.layout import FRAME_ALIGNMENT, PARTITION_COUNT, TERM_MIN_LENGTH
-from slipstream.client.logbuffer import compute_term_offset, index_by_position, new_appender
+from slipstream.client.layout import (
+    FRAME_ALIGNMENT,
+    META_ACTIVE_TERM_COUNT,
+    META_TAIL_COUNTERS,
+    PARTITION_COUNT,
+    TERM_MIN_LENGTH,
+)
+from slipstream.client.logbuffer import (
+    compute_term_offset,
+    index_by_position,
+    new_appender,
+    pack_tail,
+)
 from slipstream.client.publication import ADMIN_ACTION
 from slipstream.client.subscription import Image
 from slipstream.daemon.conductor.ipc import IpcPublication
@@ -35,6 +46,17 @@ def make_publication(directory: Path, *, term_length: int, clean_chunk_length: i
         unblock_timeout_ns=10**12, linger_timeout_ns=10**9, now_ns=0,
         initial_term_offset=initial_term_offset, clean_chunk_length=clean_chunk_length)
     return publication, counters
+
+
+def move_producer(publication: IpcPublication, position: int) -> None:
+    """The log's tail at ``position``, as if publishers had written that far (a subscriber's
+    position past the producer's is taken at the producer's)."""
+    log = publication.log
+    term_count = position >> log.position_bits
+    log.set_meta_i64(META_TAIL_COUNTERS + 8 * (term_count % PARTITION_COUNT),
+                     pack_tail(log.initial_term_id + term_count,
+                               position & (log.term_length - 1)))
+    log.set_meta_i32(META_ACTIVE_TERM_COUNT, term_count)
 
 
 def assert_reachable_memory_is_clean(publication: IpcPublication, counters: CountersFile) -> None:
@@ -126,6 +148,7 @@ def test_cleaning_is_bounded_per_duty_cycle_and_asks_for_the_next_at_once(shm: P
     try:
         subscriber = publication.add_subscriber(7, client_id=1, label="test")
         # The subscriber is far ahead (as after a catch-up): two terms are cleanable.
+        move_producer(publication, 3 * term_length)
         counters.set(subscriber.position_counter_id, 3 * term_length)
         cycles = 0
         while True:
@@ -149,6 +172,7 @@ def test_a_lagging_cleaner_stops_asking_for_cycles_when_the_last_subscriber_leav
                                              clean_chunk_length=64 * 1024)
     try:
         subscriber = publication.add_subscriber(7, client_id=1, label="test")
+        move_producer(publication, 3 * term_length)
         counters.set(subscriber.position_counter_id, 3 * term_length)
         publication.update_limits(now_ns=0)
         assert publication.is_cleaning_behind

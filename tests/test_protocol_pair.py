@@ -723,10 +723,11 @@ def test_one_datagram_far_past_the_window_does_not_leave_the_image_behind(shm: P
     assert pair.received == messages
 
 
-def test_a_subscriber_position_off_the_frame_alignment_is_taken_at_the_frame_before(
+def test_a_subscriber_position_off_the_frame_alignment_is_rounded_down_to_it(
         pair: Pair) -> None:
-    """A client writes its subscriber position: one in the middle of a frame would be a
-    status message's consumption offset, a scan's and a clean's start."""
+    """A client writes its subscriber position: one off the frame alignment would be a
+    status message's consumption offset, and a scan's and a clean's start (misaligned
+    atomic loads and stores)."""
     bounded = network_lib.ss_subscriber_position_bounded
     assert [bounded(p, 4096) for p in (-5, 0, 1001, 4096, 5000, INT64_MAX)] == [
         0, 0, 992, 4096, 4096, 4096]

@@ -87,19 +87,23 @@ class Receiver(Agent[ReceiveEndpoint]):
         last subscription's images have just gone DRAINING, and their EOS-flagged status
         message tells each sender at once that this receiver left (a min or tagged group, or
         a unicast publication, would otherwise wait for its receiver timeout)."""
-        if now_ns is not None and endpoint in self.endpoints:
-            out = endpoint.channel.datagrams_to_send(now_ns)
-            if out:
-                endpoint.transport.send(out)
-        super().remove_endpoint(endpoint)
+        try:
+            if now_ns is not None and endpoint in self.endpoints:
+                out = endpoint.channel.datagrams_to_send(now_ns)
+                if out:
+                    endpoint.transport.send(out)
+        finally:  # a farewell that fails still lets the endpoint go (and its owner close it)
+            super().remove_endpoint(endpoint)
 
     def leave(self, now_ns: int) -> None:
         """The driver stops: every image of every endpoint tells its sender that this
         receiver left, and the endpoints are dropped (their owner closes them).  Only with
         the network thread stopped (or from it)."""
         for endpoint in list(self.endpoints):
-            endpoint.channel.leave(now_ns)
-            self.remove_endpoint(endpoint, now_ns)
+            try:
+                endpoint.channel.leave(now_ns)
+            finally:
+                self.remove_endpoint(endpoint, now_ns)
 
     def set_pressure_step(self, step: int) -> None:
         """The governor's step: from step 2 every image's status-message interval widens."""

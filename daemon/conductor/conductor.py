@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from slipstream.client import control
-from slipstream.client.channel import Channel, parse_channel
+from slipstream.client.channel import SUBSCRIPTION_ONLY_KEYS, Channel, parse_channel
 from slipstream.client.counters import (
     CountersFile,
     CountersFullError,
@@ -291,7 +291,7 @@ class DriverConductor:
     def _on_add_publication(self, client: ClientSession, message: dict[str, Any],
                             now_ns: int) -> Outgoing:
         correlation_id = message["correlation_id"]
-        channel = _carried(parse_channel(message["channel"]))
+        channel = _carried(parse_channel(message["channel"]), subscription=False)
         stream_id = message["stream_id"]
         if not channel.is_ipc:
             return self._on_add_network_publication(client, correlation_id, channel, stream_id,
@@ -391,7 +391,7 @@ class DriverConductor:
     def _on_add_subscription(self, client: ClientSession, message: dict[str, Any],
                              now_ns: int) -> Outgoing:
         correlation_id = message["correlation_id"]
-        channel = _carried(parse_channel(message["channel"]))
+        channel = _carried(parse_channel(message["channel"]), subscription=True)
         stream_id = message["stream_id"]
         if not channel.is_ipc:
             if self.network is None or not channel.is_udp or channel.is_spy:
@@ -716,9 +716,12 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel], bool], str], ...] = (
 )
 
 
-def _carried(channel: Channel) -> Channel:
-    """``channel``, or ChannelError naming a part this driver does not carry yet."""
+def _carried(channel: Channel, *, subscription: bool) -> Channel:
+    """``channel``, or ChannelError naming a part this driver does not carry yet.  A key only
+    a subscription acts on is a publication's to ignore (the client warned of it)."""
     for part, asks, what in _NOT_CARRIED_YET:
+        if not subscription and part in SUBSCRIPTION_ONLY_KEYS:
+            continue
         if asks(channel):
             raise ChannelError(str(channel), part, f"{what}: not supported by this driver yet")
     return channel

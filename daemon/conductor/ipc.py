@@ -24,6 +24,7 @@ from slipstream.client.counters import (
     SystemCounter,
 )
 from slipstream.client.logbuffer import LogBuffer, unblock
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.pressure.episodes import BackPressureEpisodes, EpisodeEvent
 from slipstream.daemon.protocol.log_cleaner import CLEAN_CHUNK_LENGTH, LogCleaner
 
@@ -189,7 +190,7 @@ class IpcPublication:
             for subscriber in list(self.subscribers):
                 if subscriber.tethered:
                     continue
-                position = self.counters.get(subscriber.position_counter_id)
+                position = self._position_of(subscriber, producer)
                 if position > window_end:
                     subscriber.since_ns = now_ns
                 elif now_ns - subscriber.since_ns > subscriber.window_limit_timeout_ns:
@@ -215,11 +216,20 @@ class IpcPublication:
                 return subscriber
         return None
 
+    def _position_of(self, subscriber: IpcSubscriber, producer: int) -> int:
+        """A subscriber's position as the driver takes it: its client writes the counter, so
+        within [0, the producer's position] and on the frame alignment
+        (``ss_subscriber_position_bounded``, as for a network image's subscribers): one past
+        the producer would have the log cleaned under the others and their data overwritten."""
+        return network.ss_subscriber_position_bounded(
+            self.counters.get(subscriber.position_counter_id), producer)
+
     def consumer_position(self) -> int | None:
         """The slowest subscriber's position, None without subscribers."""
         if not self.subscribers:
             return None
-        return min(self.counters.get(s.position_counter_id) for s in self.subscribers)
+        producer = self.log.producer_position()
+        return min(self._position_of(s, producer) for s in self.subscribers)
 
     # -- duty cycle --------------------------------------------------------------------------
     def update_limits(self, now_ns: int) -> int:
@@ -259,7 +269,7 @@ class IpcPublication:
         # A blocked claim (a publisher that died between claim and commit) holds the fastest
         # subscriber (aeron_ipc_publication_check_for_blocked_publisher); a slow one may lag
         # anywhere behind it.
-        fastest = max(self.counters.get(s.position_counter_id) for s in self.subscribers)
+        fastest = max(self._position_of(s, producer) for s in self.subscribers)
         if fastest != self._last_consumer_position:
             self._last_consumer_position = fastest
             self._time_of_last_consumer_change_ns = now_ns
@@ -305,7 +315,7 @@ class IpcPublication:
         """Every subscriber (but those of ``except_clients``) has read all the log holds
         (true without subscribers: nobody is owed anything)."""
         end = self.log.producer_position()
-        return all(self.counters.get(s.position_counter_id) >= end
+        return all(self._position_of(s, end) >= end
                    for s in self.subscribers if s.client_id not in except_clients)
 
     def start_draining(self, now_ns: int) -> None:

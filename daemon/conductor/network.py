@@ -720,8 +720,10 @@ class NetworkConductor:
             receive_endpoint = entry.endpoint
 
             def remove_receive(now_ns: int) -> None:
-                self.receiver.remove_endpoint(receive_endpoint, now_ns)
-                self._post(EndpointRemoved(entry, generation))
+                try:
+                    self.receiver.remove_endpoint(receive_endpoint, now_ns)
+                finally:  # its socket, logs and counters are freed whatever the farewell did
+                    self._post(EndpointRemoved(entry, generation))
 
             self._submit_receive(remove_receive)
 
@@ -819,8 +821,8 @@ class NetworkConductor:
         senders that this receiver leaves, as a closed subscription's do."""
         try:
             self.receiver.leave(now_ns)
-        except OSError as error:  # a socket that fails now fails the farewell only
-            log.warning("telling the senders this receiver leaves failed: %s", error)
+        except Exception:  # the farewell only: what follows frees everything regardless
+            log.exception("telling the senders this receiver leaves failed")
         for entry in list(self.publications.values()):
             for counter_id in entry.counter_ids:
                 self.counters.free(counter_id)

@@ -93,9 +93,6 @@ PENDING_IMAGE_TIMEOUT_NS = 1_000_000_000
 #: ERR frame error codes (Aeron's ErrorCode).
 ERROR_CODE_STORAGE_SPACE = 12
 ERROR_CODE_IMAGE_REJECTED = 13
-#: Streams whose last image was left behind, remembered until their next image joins (the
-#: newest this many).
-LEFT_BEHIND_KEPT = 1024
 
 _NOT_FOR_A_RECEIVER = frozenset((HDR_TYPE_NAK, HDR_TYPE_SM, HDR_TYPE_ERR, HDR_TYPE_RSP_SETUP))
 
@@ -165,9 +162,6 @@ class ReceiveChannel:
         self._pending_setup: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._pending_image: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._cool_down: dict[tuple[int, int], int] = {}  # -> expiry ns
-        #: Where the last image of a stream left behind ended (the end of its lost range),
-        #: until the stream's next image joins: what lies between was lost too.
-        self._left_behind_at: dict[tuple[int, int], int] = {}
         self._outbox: list[Datagram] = []
         self._events: list[ReceiverEvent] = []
         self._now_ns = now_ns
@@ -281,9 +275,6 @@ class ReceiveChannel:
         image.status_interval_factor = self.status_interval_factor
         key = (image.session_id, image.stream_id)
         self._pending_image.pop(key, None)
-        left_at = self._left_behind_at.pop(key, None)
-        if left_at is not None:
-            image.record_loss_before_join(left_at)
         self.images[key] = image
         self._sync_images()
 
@@ -446,10 +437,6 @@ class ReceiveChannel:
                 left = image.left_behind
                 if left is None or left[0] <= image.join_position:
                     self._cool_down[key] = now_ns + self.cool_down_ns
-                if left is not None:
-                    self._left_behind_at[key] = left[1]
-                    while len(self._left_behind_at) > LEFT_BEHIND_KEPT:  # oldest first
-                        del self._left_behind_at[next(iter(self._left_behind_at))]
             self._sync_images()
         for pending in (self._pending_setup, self._pending_image, self._cool_down):
             if pending:

@@ -128,8 +128,9 @@ _TRANSITIONS: dict[tuple[ImageState, str], ImageState] = {
 
 @attrs.frozen
 class ImagePositions:
-    """The position cells of one image (cffi ``int64_t *``, counters of the counters file in
-    the driver): ``rcv-hwm`` (the C data path raises it) and ``rcv-pos`` (the rebuild pass)."""
+    """The position counters of one image (cffi ``int64_t *``, cells of the counters file in
+    the driver): ``rcv-hwm`` and ``rcv-pos``, copies of the image's private cells, which the
+    C data path and the rebuild pass move (network.h, ss_publish_position)."""
 
     receiver_hwm: object
     receiver_position: object
@@ -201,10 +202,6 @@ class PublicationImage:
         #: while it is not.  Its subscribers read up to ``from``, then the image goes and the
         #: stream is joined again where the sender is.
         self.left_behind: tuple[int, int] | None = None
-        #: ``(from, to)``: the stream's image before this one was left behind and ended at
-        #: ``from``; the stream went on to ``to``, this image's join position, before it
-        #: joined (record_loss_before_join).  None otherwise.
-        self.lost_before_join: tuple[int, int] | None = None
         self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
         self._subscriber_positions: list = []  # cffi int64_t * cells
         self.state = ImageState.INIT
@@ -675,16 +672,6 @@ class PublicationImage:
         self.log.end_of_stream_position = rcv_pos
         self.c.overrun_threshold = min(self.c.overrun_threshold, rcv_pos)  # take no more
         self.log.signal_readers()
-
-    def record_loss_before_join(self, left_at: int) -> None:
-        """The stream's image before this one was left behind and ended at ``left_at`` (the
-        end of its lost range, where the sender was as it went): the sender went on before
-        this image joined, and what lies between is lost too (recorded in the loss report)."""
-        missed = self.join_position - left_at
-        if missed > 0:
-            self.lost_before_join = (left_at, self.join_position)
-            if self._loss_entry is not None:
-                self._loss_entry.record(missed)
 
     def _extend_left_behind(self) -> None:
         """As the image goes: the sender went on while its subscribers read what it had, so

@@ -111,8 +111,9 @@ _TRANSITIONS: dict[tuple[PublicationState, str], PublicationState] = {
 @attrs.frozen
 class SenderPositions:
     """The position cells of one network publication (cffi ``int64_t *``, counters of the
-    counters file in the driver): ``pub-lmt`` (the appender reads it), ``snd-pos`` (the C data
-    path advances it) and ``snd-lmt`` (flow control moves it); with ``rc=``, ``snd-rate``
+    counters file in the driver): ``pub-lmt`` (the appender reads it), ``snd-pos`` and
+    ``snd-lmt`` (copies of the publication's private cells, which the C data path and flow
+    control move: network.h, ss_publish_position); with ``rc=``, ``snd-rate``
     (the send-rate limit in bytes/s, 0 for none; None without ``rc=``); with a strategy that
     tracks receivers (min, tagged), ``fc-receivers`` (how many; None otherwise)."""
 
