@@ -365,14 +365,18 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return image.position
 
     def initialOffset(self) -> dict[str, int]:
-        """Where a new query starts: no session yet.  Each session enters the offset log in
-        the first batch that sees it, at its starting position (its position for latest, the
-        oldest the log holds for earliest), unread (:meth:`latestOffset`), and is read from
-        the next batch on.  So every batch that reads has its start in the checkpoint: Spark
-        asks for the initial offset again when it plans batch 0 anew (a query stopped before
-        that batch committed), and a start taken from the live subscription then would be
-        where a new subscription joins, past what batch 0 read (its rows were lost)."""
-        self._images()  # connect: the subscription's position holds the stream from now
+        """Where a new query starts.  ``latest``: no session yet; each enters the offset log
+        in the first batch that sees it, at its subscriber position, unread
+        (:meth:`latestOffset`), and is read from the next batch on, so every batch that reads
+        has its start in the checkpoint.  Spark asks for the initial offset again when it
+        plans batch 0 anew (a query stopped before that batch committed): a start taken
+        from the live subscription then would be where a new subscription joins, past what
+        batch 0 read (its rows were lost).  ``earliest``: per image, the oldest position its
+        log holds, read at once (that range is not held by this subscription's credit, so
+        waiting a batch could lose it; planned anew, it is the oldest held then)."""
+        images = self._images()  # connect: the subscription's position holds the stream
+        if self.options.starting_position == "earliest":
+            return {sid: earliest_position(image) for sid, image in images.items()}
         return {}
 
     def getDefaultReadLimit(self) -> ReadLimit:
