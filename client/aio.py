@@ -117,6 +117,7 @@ async def _paced_offer(publication: Publication, bucket: TokenBucket, message: B
     after it, and ``when-empty:refuse`` waits too, as ``offer_async`` always waits), then
     append it as any ``offer_async`` does, and spend the bucket."""
     length = len(message) if isinstance(message, bytes) else memoryview(message).nbytes
+    due = _turn_is_due(publication)  # first: under asyncio it says what is wrong
     paced = False
     while delay := bucket.delay_ns(time.monotonic_ns(), 1, length):
         if publication.is_closed or publication._client.is_closed:
@@ -125,7 +126,7 @@ async def _paced_offer(publication: Publication, bucket: TokenBucket, message: B
         paced = True
     # As the plain path: a cancellation before the append, and a schedule point every
     # SCHEDULE_EVERY calls (a wait on the bucket was one).
-    due = _turn_is_due(publication) and not paced
+    due = due and not paced
     if due:
         await trio.lowlevel.checkpoint_if_cancelled()
     result = publication._attempt(message)
@@ -234,6 +235,8 @@ async def messages(subscription: Subscription, fragment_limit: int) -> AsyncIter
             yield pending.popleft()
         if subscription.is_closed:
             return
-        await receive(subscription, keep, fragment_limit, None)
-        if pending:  # the subscription's reads refuse to pass them until they are yielded
-            subscription._before_read_due = True
+        try:
+            await receive(subscription, keep, fragment_limit, None)
+        finally:
+            if pending:  # the subscription's reads refuse to pass them until they are yielded
+                subscription._before_read_due = True

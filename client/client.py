@@ -110,10 +110,10 @@ def _check_stream(channel: str, stream_id: int, *, publication: bool) -> None:
     if ignored:
         this, other = ("publication", "subscription") if publication else (
             "subscription", "publication")
+        what = (f"is a {other} key and does" if len(ignored) == 1
+                else f"are {other} keys and do")
         warnings.warn(ChannelWarning(
-            f"{channel!r}: {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} "
-            f"{other}'s and {'does' if len(ignored) == 1 else 'do'} nothing on a {this}"),
-            stacklevel=3)
+            f"{channel!r}: {', '.join(ignored)} {what} nothing on a {this}"), stacklevel=3)
 
 
 def _check_callbacks(**callbacks: object) -> None:

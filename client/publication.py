@@ -223,7 +223,8 @@ class Publication:
     async def offer_async(self, message: Buffer, *, timeout: float | None = None) -> int:
         """Append one message from a trio task, waiting for credit without blocking the event
         loop (``block``'s behaviour, whatever the :attr:`policy`; under ``rate-limit`` it is
-        paced by the publication's token bucket first, as :meth:`offer` is): returns the new
+        paced by the publication's token bucket first, as :meth:`offer` is, and waits for the
+        bucket even with ``when-empty:refuse``): returns the new
         position, or ``MAX_POSITION_EXCEEDED`` once the stream has reached its end (no wait
         helps then: a new publication is needed).
 

@@ -230,6 +230,11 @@ class Image:
 
     def _read(self, handler: FragmentHandler, fragment_limit: int, scan_end: int) -> int:
         """poll(), scanning the current term no further than offset ``scan_end``."""
+        if self._assembling:
+            # Inside a fragmented message: the cold path, which drops it at padding (a gap an
+            # unreliable image gave up on) or at an unfragmented frame.  The C scan skips
+            # padding, and the next fragments would join the half-built message.
+            return self._read_fragments(handler, fragment_limit, scan_end)
         position = self._position
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
@@ -320,6 +325,8 @@ class Image:
         the image is gone)."""
         if self._closed:
             return None
+        if self._assembling:  # as in _read: the cold path drops a message that lost a part
+            return self._assemble_batch()
         position = self._position
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask

@@ -357,7 +357,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             deadline = time.monotonic() + _IMAGE_WAIT_S
             while not self._subscription.images and time.monotonic() < deadline:
                 time.sleep(0.01)
-        return {str(image.session_id): image for image in self._subscription.images}
+        subscription = self._subscription
+        if subscription._before_read_due:
+            # The images of sessions that ended: this (planning) thread is the only one that
+            # reads them, and it never polls, so unmap them here or they stay mapped (their
+            # files already unlinked) for as long as the query runs.
+            subscription._release_retired()
+        return {str(image.session_id): image for image in subscription.images}
 
     def _default_start(self, image: Image) -> int:
         if self.options.starting_position == "earliest":

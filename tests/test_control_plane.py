@@ -379,10 +379,10 @@ def test_a_key_only_the_other_side_acts_on_is_accepted_with_a_warning(client) ->
     from slipstream.client import ChannelWarning
 
     uri = "aeron:udp?endpoint=127.0.0.1:40731"
-    with pytest.warns(ChannelWarning, match=r"fc, policy are publication's and do nothing "
+    with pytest.warns(ChannelWarning, match=r"fc, policy are publication keys and do nothing "
                                             r"on a subscription"):
         client.add_subscription(uri + "|fc=min|policy=block", 7)
-    with pytest.warns(ChannelWarning, match=r"cc is subscription's and does nothing on a "
+    with pytest.warns(ChannelWarning, match=r"cc is a subscription key and does nothing on a "
                                             r"publication"):
         client.add_publication(uri + "|cc=cubic", 7)
     with warnings.catch_warnings():

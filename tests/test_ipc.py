@@ -311,8 +311,13 @@ def test_closed_publication_returns_closed_and_never_touches_its_log(client: Cli
 
 def test_the_image_goes_when_the_last_publisher_leaves(client: Client) -> None:
     gone: list[int] = []
-    subscription = client.add_subscription(CHANNEL, 1011,
-                                           on_unavailable_image=lambda i: gone.append(i.session_id))
+    kept: list = []
+
+    def went(image) -> None:
+        gone.append(image.session_id)
+        kept.append(image)
+
+    subscription = client.add_subscription(CHANNEL, 1011, on_unavailable_image=went)
     publication = client.add_publication(CHANNEL, 1011)
     wait_for(lambda: publication.is_connected)
     offer_until(publication, b"last words")
@@ -323,6 +328,10 @@ def test_the_image_goes_when_the_last_publisher_leaves(client: Client) -> None:
     assert got == [b"last words"]  # drained before the image went away
     wait_for(lambda: gone == [session_id])
     assert subscription.images == ()
+    [image] = kept
+    assert not image.is_closed  # a poll may still be inside it: the polling thread unmaps it
+    subscription.poll(lambda d, h: None, 10)
+    assert image.is_closed  # at its next poll, not when the subscription closes
 
 
 def _subscribe_and_hang(directory: str, stream_id: int, ready) -> None:
@@ -867,7 +876,15 @@ def test_when_the_reserved_range_leaves_few_session_ids_the_last_free_ones_are_u
             client.add_publication("aeron:ipc", 3)
         freed = first.session_id
         first.close()
-        third = client.add_publication("aeron:ipc", 3)
+        # Freed once the driver has let the closed publication go (a cycle or so later).
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                third = client.add_publication("aeron:ipc", 3)
+                break
+            except RegistrationError:
+                assert time.monotonic() < deadline, "the freed session id was never taken"
+                time.sleep(0.05)
         assert third.session_id == freed
         third.close()
         second.close()

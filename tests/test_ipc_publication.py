@@ -165,6 +165,29 @@ def test_cleaning_is_bounded_per_duty_cycle_and_asks_for_the_next_at_once(shm: P
         counters.close()
 
 
+def test_a_subscriber_position_past_the_producer_is_taken_at_the_producer(shm: Path) -> None:
+    """A client writes its subscriber position: one two terms past what was published would
+    have the log cleaned ahead of the producer and pub-lmt raised past a window beyond it."""
+    term_length = 1 << 20
+    publication, counters = make_publication(shm, term_length=term_length,
+                                             clean_chunk_length=64 * 1024)
+    try:
+        subscriber = publication.add_subscriber(7, client_id=1, label="test")
+        move_producer(publication, term_length)
+        counters.set(subscriber.position_counter_id, 3 * term_length)
+        for _ in range(64):
+            publication.update_limits(now_ns=0)
+        assert publication.consumer_position() == term_length
+        assert publication.clean_position <= term_length
+        assert counters.get(publication.publisher_limit_id) == term_length + term_length // 2
+        assert publication.is_consumed()
+        counters.set(subscriber.position_counter_id, -4096)
+        assert publication.consumer_position() == 0 and not publication.is_consumed()
+    finally:
+        publication.close()
+        counters.close()
+
+
 def test_a_lagging_cleaner_stops_asking_for_cycles_when_the_last_subscriber_leaves(
         shm: Path) -> None:
     term_length = 1 << 20

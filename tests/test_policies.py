@@ -264,7 +264,7 @@ def test_a_rate_limit_offer_waiting_on_its_bucket_returns_closed_when_the_public
     pub = client.add_publication(IPC, 34, policy="rate-limit,messages:1")
     client.add_subscription(IPC, 34)
     wait_for(lambda: pub.is_connected, what="connected")
-    assert pub.offer_batch(b"x" * 60, [10] * 6) == 6  # 5 s of debt at 1 message a second
+    assert pub.offer_batch(b"x" * 60, [10] * 6) == 6  # 6 s of debt at 1 message a second
     result: list[int] = []
     waiting = threading.Thread(target=lambda: result.append(pub.offer(b"next")))
     waiting.start()
@@ -284,6 +284,13 @@ def test_a_rate_limit_timeout_bounds_the_wait_for_credit_not_the_pacing(client) 
     started = time.monotonic()
     assert all(pub.offer(b"m") > 0 for _ in range(3))
     assert time.monotonic() - started >= 0.9  # paced: 0.5 s between messages
+    # The wait for credit is what it bounds: a subscriber that reads nothing fills the window.
+    fast = client.add_publication(IPC, 36, policy="rate-limit,messages:100000,timeout:100ms")
+    client.add_subscription(IPC, 36)
+    wait_for(lambda: fast.is_connected, what="connected")
+    with pytest.raises(BackPressuredError):
+        while True:
+            fast.offer(bytes(1000))
 
 
 # -- choosing a policy ---------------------------------------------------------------------------

@@ -1049,3 +1049,5 @@ def test_an_image_a_receiver_refuses_is_logged_with_its_reason_on_both_hosts(lau
                  and logged(sender, "refused the image of session"), timeout=10,
                  what="the refusal logged on both drivers")
         assert not publication.is_connected
+        # Counted as errors too, as every entry of the error log is.
+        assert counters_of(receiver)["ERRORS"] >= 1 and counters_of(sender)["ERRORS"] >= 1

@@ -18,6 +18,7 @@ Units: times in ns.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
@@ -28,6 +29,8 @@ from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.media.receive_channel import ReceiveChannel, ReceiverEvent
 from slipstream.daemon.pressure.governor import STATUS_INTERVAL_FACTOR
 from slipstream.daemon.protocol.types import Datagram
+
+log = logging.getLogger("slipstream.driver")
 
 
 class ReceiveTransport(Protocol):
@@ -89,9 +92,12 @@ class Receiver(Agent[ReceiveEndpoint]):
         a unicast publication, would otherwise wait for its receiver timeout)."""
         try:
             if now_ns is not None and endpoint in self.endpoints:
-                out = endpoint.channel.datagrams_to_send(now_ns)
+                channel = endpoint.channel
+                out = channel.datagrams_to_send(now_ns)
                 if out:
                     endpoint.transport.send(out)
+                for event in channel.poll_events():  # an image that went: its owner frees it
+                    self._on_event(event)
         finally:  # a farewell that fails still lets the endpoint go (and its owner close it)
             super().remove_endpoint(endpoint)
 
@@ -102,8 +108,11 @@ class Receiver(Agent[ReceiveEndpoint]):
         for endpoint in list(self.endpoints):
             try:
                 endpoint.channel.leave(now_ns)
-            finally:
                 self.remove_endpoint(endpoint, now_ns)
+            except Exception:  # this endpoint's farewell only: the others still say theirs
+                log.exception("telling the senders of %s that this receiver leaves failed",
+                              endpoint.channel)
+                super().remove_endpoint(endpoint)
 
     def set_pressure_step(self, step: int) -> None:
         """The governor's step: from step 2 every image's status-message interval widens."""

@@ -616,12 +616,14 @@ class NetworkConductor:
                 elif isinstance(event, ImageDone):
                     self._on_image_done(event)
                 elif isinstance(event, ImageRejected):  # at most once a second a session
+                    self.counters.add(SystemCounter.ERRORS)  # as every error-log entry
                     log.error("refused the image of %s: %s",
                               _label_of(event.setup, event.source), event.reason)
                 elif isinstance(event, PublicationDone):
                     self._on_publication_done(event)
                 elif isinstance(event, PublicationRejected):  # once a second a receiver
                     for (host, port), reason in event.rejections:
+                        self.counters.add(SystemCounter.ERRORS)
                         log.error("the receiver at %s:%d refused the image of session %d "
                                   "stream %d: %s", host, port, event.publication.session_id,
                                   event.publication.stream_id, reason)
