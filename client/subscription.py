@@ -234,7 +234,10 @@ class Image:
             # Inside a fragmented message: the cold path, which drops it at padding (a gap an
             # unreliable image gave up on) or at an unfragmented frame.  The C scan skips
             # padding, and the next fragments would join the half-built message.
-            return self._read_fragments(handler, fragment_limit, scan_end)
+            count = self._read_fragments(handler, fragment_limit, scan_end)
+            if count or self._assembling:
+                return count
+            # It was dropped at an unfragmented frame: read on at once.
         position = self._position
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
@@ -269,11 +272,14 @@ class Image:
         after ``fragment_limit`` frames or ``message_limit`` messages delivered."""
         delivered = 0
         header = self._header
+        # scan_end is an offset in the term being read: never past it, nor into the next term
+        # (as the C scan; peek's limits are cut per term).
+        limit = self._position - (self._position & self._term_mask) + scan_end
         for _ in range(fragment_limit):
             position = self._position
             index = (position >> self._position_bits) % PARTITION_COUNT
             offset = position & self._term_mask
-            if offset >= scan_end or self._log.frame_length_volatile(index, offset) <= 0:
+            if position >= limit or self._log.frame_length_volatile(index, offset) <= 0:
                 break
             term = self._terms[index]
             frame_length, _, flags, frame_type = DATA_HEADER.unpack_from(term, offset)[:4]
@@ -326,7 +332,9 @@ class Image:
         if self._closed:
             return None
         if self._assembling:  # as in _read: the cold path drops a message that lost a part
-            return self._assemble_batch()
+            batch = self._assemble_batch()
+            if batch is not None or self._assembling:
+                return batch
         position = self._position
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
@@ -461,6 +469,8 @@ class Image:
                     new_position, self._position_bits, self._log.initial_term_id)):
                 raise InvalidArgumentError(
                     "position", f"{new_position} is not where a message begins")
+        self._assembling = False  # a message being assembled is left behind with the rest
+        self._assembly = bytearray()
         self._advance(new_position)
 
     def _close(self) -> None:

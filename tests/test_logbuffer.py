@@ -359,6 +359,24 @@ def test_a_message_whose_lost_fragment_an_unreliable_image_padded_is_dropped_not
     log.close()
 
 
+def test_a_peek_across_a_term_end_stops_at_its_limit_amid_fragmented_messages(
+        shm: Path) -> None:
+    """peek cuts its limit per term; the cold path (fragments) read on into the next term
+    past it, to the next unfragmented frame (a Spark batch then had rows of the next
+    batch: duplicates)."""
+    log = make_log(shm)  # 64 KiB terms, mtu 1408: 3,000 bytes are three fragments
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    messages = [bytes([i]) * 3000 for i in range(40)]
+    ends = [offer(appender, message) and log.producer_position() for message in messages]
+    start, limit = ends[17], ends[24]
+    assert start < log.term_length < limit  # the range crosses the end of term 0
+    image = Image(log, ffi.new("int64_t *", 0), join_position=0)
+    got: list[bytes] = []
+    assert image.peek(start, lambda data, header: got.append(bytes(data)), limit) == limit
+    assert got == messages[18:25]
+    log.close()
+
+
 def read_all_available(log: LogBuffer) -> list[bytes]:
     image = Image(log, ffi.new("int64_t *", 0), join_position=0)
     out: list[bytes] = []

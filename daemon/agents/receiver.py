@@ -106,13 +106,17 @@ class Receiver(Agent[ReceiveEndpoint]):
         receiver left, and the endpoints are dropped (their owner closes them).  Only with
         the network thread stopped (or from it)."""
         for endpoint in list(self.endpoints):
+            # Each step on its own: one image that fails leaves the others' status messages
+            # to go, and one endpoint that fails leaves the others'.
             try:
                 endpoint.channel.leave(now_ns)
-                self.remove_endpoint(endpoint, now_ns)
-            except Exception:  # this endpoint's farewell only: the others still say theirs
+            except Exception:
+                log.exception("ending the images of %s failed", endpoint.channel)
+            try:
+                self.remove_endpoint(endpoint, now_ns)  # drops it whatever the send did
+            except Exception:
                 log.exception("telling the senders of %s that this receiver leaves failed",
                               endpoint.channel)
-                super().remove_endpoint(endpoint)
 
     def set_pressure_step(self, step: int) -> None:
         """The governor's step: from step 2 every image's status-message interval widens."""
