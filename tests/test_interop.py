@@ -352,11 +352,16 @@ def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver
     Aeron's.  Then both get every message, once, in order."""
     require_aeron()
     uri, messages = channel("multicast"), 8000
+    # The stopped subscriber sends Aeron's driver no keepalives: its client liveness timeout
+    # (2 s in the fast timeouts, keepalives every 500 ms) must outlast the 1.5 s stop with room
+    # for a loaded machine, or the driver drops the client and its image, and the sender holds
+    # to a receiver that is gone.
+    aeron_properties: dict[str, int | str] = {"aeron.client.liveness.timeout": 10_000_000_000}
     if strategy == "tagged":
-        aeron_properties = {"aeron.flow.control.sm.applicationSpecificFeedback": GROUP_TAG_ASF}
+        aeron_properties["aeron.flow.control.sm.applicationSpecificFeedback"] = GROUP_TAG_ASF
         params = f"|fc=tagged,g:{GROUP_TAG}/1"
     else:
-        aeron_properties, params = {}, "|fc=min,g:/2"
+        params = "|fc=min,g:/2"
     with AeronDriver(properties=aeron_properties) as aeron, \
             basic_subscriber(aeron, uri, 1010) as subscriber, \
             MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as driver, \
@@ -377,7 +382,9 @@ def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver
         deadline = time.monotonic() + 60
         try:
             while len(seen) < messages or len(subscriber.messages) < messages:
-                assert time.monotonic() < deadline, f"{len(seen)}, {len(subscriber.messages)}"
+                assert time.monotonic() < deadline, (
+                    f"{len(seen)}, {len(subscriber.messages)}; Aeron's client liveness "
+                    f"timeouts: {aeron.counter('Client liveness timeouts')}")
                 offered = sent < messages and publication.offer(INDEX.pack(sent) + bytes(56)) > 0
                 if offered:
                     sent += 1
