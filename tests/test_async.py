@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import trio
 from helpers import FAST_DRIVER_SETTINGS, Collector, message, wait_for
 
-from slipstream.client import Client
+from slipstream.client import Client, aio
 from slipstream.client.aio import SCHEDULE_EVERY
 from slipstream.client.errors import (
     BackPressuredError,
@@ -84,37 +85,51 @@ async def test_offer_async_raises_after_its_timeout(client) -> None:
     assert time.monotonic() - started >= 0.3 and info.value.connected
 
 
-async def test_cancelling_a_parked_offer_returns_at_once_and_frees_its_thread(client) -> None:
+async def cancel_once_parked(wait: Callable[[], Awaitable[object]],
+                             waiters: Callable[[], int]) -> float:
+    """Run ``wait()`` until its worker thread is parked (``waiters()`` > 0), cancel it, and
+    return how long the cancelled task took to end and its thread to leave the futex."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        deadline = time.monotonic() + 5
+        while waiters() == 0:
+            assert time.monotonic() < deadline, "the wait never parked its worker thread"
+            await trio.sleep(0.001)
+        started = time.monotonic()
+        nursery.cancel_scope.cancel()
+    while waiters() != 0:
+        assert time.monotonic() - started < 5, "the worker thread is still parked"
+        await trio.sleep(0.001)
+    return time.monotonic() - started
+
+
+async def test_cancelling_a_parked_offer_returns_at_once_and_frees_its_thread(
+        client, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slices far longer than the bound below: only the wake on cancellation frees the thread
+    # in time, not the end of its slice.
+    monkeypatch.setattr(aio, "PARK_SLICE_NS", 30_000_000_000)
     pub = client.add_publication(IPC, 63)
     client.add_subscription(IPC, 63)
     wait_for(lambda: pub.is_connected, what="connected")
     fill_window(pub)
-    waiters = pub._log.meta_i32
-    with trio.move_on_after(0.3) as scope:
-        await pub.offer_async(b"never", timeout=30)
-    assert scope.cancelled_caught
-    started = time.monotonic()
-    # The worker thread left the futex too: nobody is registered as waiting any more.
-    while waiters(META_PUBLISHER_WAITERS) != 0:
-        assert time.monotonic() - started < 1.0, "the worker thread is still parked"
-        await trio.sleep(0.001)
     position = pub.position
+    took = await cancel_once_parked(lambda: pub.offer_async(b"never", timeout=60),
+                                    lambda: pub._log.meta_i32(META_PUBLISHER_WAITERS))
+    assert took < 1.0, f"the parked offer took {took:.3f} s to end"
     await trio.sleep(0.05)
     assert pub.position == position  # the cancelled offer appended nothing
 
 
-async def test_cancelling_a_parked_receive_frees_its_thread(client) -> None:
+async def test_cancelling_a_parked_receive_frees_its_thread(
+        client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aio, "PARK_SLICE_NS", 30_000_000_000)
     pub = client.add_publication(IPC, 64)
     sub = client.add_subscription(IPC, 64)
     wait_for(lambda: pub.is_connected and sub.is_connected, what="connected")
     image = sub.images[0]
-    with trio.move_on_after(0.2) as scope:
-        await sub.receive_async(lambda *_: None, 10)
-    assert scope.cancelled_caught
-    started = time.monotonic()
-    while image._log.meta_i32(META_READER_WAITERS) != 0:
-        assert time.monotonic() - started < 1.0, "the worker thread is still parked"
-        await trio.sleep(0.001)
+    took = await cancel_once_parked(lambda: sub.receive_async(lambda *_: None, 10),
+                                    lambda: image._log.meta_i32(META_READER_WAITERS))
+    assert took < 1.0, f"the parked receive took {took:.3f} s to end"
 
 
 async def test_async_for_yields_every_message_in_order(client) -> None:

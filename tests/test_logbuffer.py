@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import ffi, lib
@@ -47,6 +47,7 @@ from slipstream.client.logbuffer import (
 )
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, MAX_POSITION_EXCEEDED
 from slipstream.client.subscription import Image
+from slipstream.daemon.protocol.log_cleaner import LogCleaner
 
 UNLIMITED = 1 << 62
 
@@ -120,17 +121,37 @@ FIXTURE_OK = [HealthCheck.function_scoped_fixture]
 @settings(max_examples=40, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(sizes=st.lists(st.integers(0, 8192), min_size=1, max_size=300),
        mtu=st.sampled_from([64, 256, 1408, 4096]))
+@example(sizes=[8192] * 100, mtu=1408)  # 800 KiB: 13 terms, round the log's partitions 4 times
+@example(sizes=[8100, 0, 33, 8192] * 40, mtu=256)
 def test_any_sequence_of_messages_reads_back_whole_and_in_order(
         shm: Path, sizes: list[int], mtu: int) -> None:
+    """Appended under a publisher's limit (half a term past the reader, never past what the
+    cleaner allows), read as it goes and cleaned behind the reader as a driver does, so a long
+    sequence rotates terms and reuses every partition."""
     log = make_log(shm, mtu=mtu)
-    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    limit = ffi.new("int64_t *", 0)
+    appender = new_appender(log, limit)
+    reader = Image(log, ffi.new("int64_t *", 0), join_position=0)
+    cleaner = LogCleaner(log, 0)
+    received: list[bytes] = []
+
+    def catch_up() -> None:
+        while reader.poll(lambda data, header: received.append(bytes(data)), 1000):
+            pass
+        while cleaner.clean_toward(reader.position):
+            pass
+        limit[0] = min(reader.position + log.term_length // 2, cleaner.reusable_limit())
+
     sent = [os.urandom(4) * (size // 4) + bytes(size % 4) for size in sizes]
     last = 0
+    catch_up()
     for message in sent:
-        position = offer(appender, message)
+        while (position := offer(appender, message)) == BACK_PRESSURED:
+            catch_up()
         assert position > last
         last = position
-    assert read_all(log) == sent
+    catch_up()
+    assert received == sent
     log.close()
 
 

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 from helpers import NETWORK_SETTINGS, Collector, counters_of, free_port, message, wait_for
 
-from slipstream.client import BACK_PRESSURED, CLOSED, NOT_CONNECTED, BackPressuredError, Client
+from slipstream.client import (
+    BACK_PRESSURED,
+    CLOSED,
+    NOT_CONNECTED,
+    BackPressuredError,
+    Client,
+    policy,
+)
 from slipstream.client.channel import PolicySpec, parse_policy
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.errors import ChannelError
@@ -122,7 +129,10 @@ def test_block_without_a_subscriber_says_none_is_connected(client) -> None:
     assert not info.value.connected and "no subscriber is connected" in str(info.value)
 
 
-def test_a_parked_block_offer_returns_closed_when_another_thread_closes(client) -> None:
+def test_a_parked_block_offer_returns_closed_when_another_thread_closes(
+        client, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A park slice far longer than the bound below: only close's wake frees the offer in time.
+    monkeypatch.setattr(policy, "_PARK_SLICE_NS", 60_000_000_000)
     pub = client.add_publication(IPC, 15, policy="block,timeout:30s")
     client.add_subscription(IPC, 15)
     wait_for(lambda: pub.is_connected, what="connected")

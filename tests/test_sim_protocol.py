@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client.layout import DATA_HEADER, HDR_TYPE_DATA, HEADER_LENGTH
@@ -119,14 +119,23 @@ def healed_fault_schedules(draw) -> Scenario:
                             end_ns=(start + draw(st.integers(1, 1500))) * MS))
     # Multicast: fc=min with a group of 2, so the publisher waits for both receivers (with the
     # default max flow control a receiver whose SETUP was lost joins late, where the stream is).
-    return Scenario(hosts=hosts, messages=draw(st.integers(1, 150)), size=draw(_SIZES),
+    # Terms of 64 KiB: a stream of 150 messages of 1 KiB or more crosses term ends (padding,
+    # NAKs and repairs across them) and several 32 KiB windows.
+    params = "term-length=64k" + ("|fc=min,g:/2" if hosts == 3 else "")
+    return Scenario(hosts=hosts, messages=draw(st.integers(1, 300)), size=draw(_SIZES),
                     seed=draw(st.integers(0, 2**32)), faults=faults, events=tuple(events),
-                    channel_params="fc=min,g:/2" if hosts == 3 else "",
-                    max_virtual_ns=120 * S)
+                    channel_params=params, max_virtual_ns=120 * S)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(healed_fault_schedules())
+@example(Scenario(  # always run: 900 KB, 14 terms, with loss, reordering and a partition
+    hosts=3, messages=300, size=3000, seed=3, faults=LinkFaults(
+        loss=0.1, delay_ms=1.0, jitter_ms=0.5, reorder=0.1, duplicate=0.05),
+    events=(Event(400 * MS, "faults", faults={"loss": 0.0, "reorder": 0.0, "duplicate": 0.0,
+                                              "jitter_ms": 0.0}),
+            Event(100 * MS, "partition", hosts=(2,), end_ns=300 * MS)),
+    channel_params="term-length=64k|fc=min,g:/2", max_virtual_ns=120 * S))
 def test_any_fault_schedule_that_heals_delivers_exactly_once_in_order(scenario):
     assert_exactly_once(run_scenario(scenario))
 
