@@ -53,6 +53,7 @@ from slipstream.client.errors import (
     DriverAlreadyRunningError,
     DriverDirectoryError,
     DriverError,
+    UsageError,
 )
 from slipstream.client.layout import (
     LOG_META_DATA_LENGTH,
@@ -982,7 +983,10 @@ class EmbeddedDriver(_DriverCore):
         #: check, the conductor's cycle and its deadline, whichever is first.
         self._python_due_ns = 0
         self._next_failure_log_ns = 0
-        self._working = threading.Lock()
+        #: Held by the thread in a duty cycle or in close().  Reentrant only so that its
+        #: owner can be known (``_is_owned``): see :meth:`_take_back_interrupted_hold`.
+        self._working = threading.RLock()
+        self._in_cycle = False  # written by the holder of _working only
         self._closed = False
         self._at_exit: Callable[[], None] | None = None
         self._error_log: ErrorLogHandler | None = None
@@ -1032,13 +1036,31 @@ class EmbeddedDriver(_DriverCore):
         millisecond) and the conductor's duty cycle when there is news for it or when it is due
         (:class:`ConductorPacing`, as the daemon's).  Returns the work done (0: idle).  Safe
         from any thread; a call while another thread is inside returns 0, and so does one
-        after :meth:`close` (a client's wait may still run it: its clients were told)."""
-        if not self._working.acquire(blocking=False):
+        after :meth:`close` (a client's wait may still run it: its clients were told), and so
+        does one made from inside a cycle."""
+        working = self._working
+        if working._is_owned() and not self._take_back_interrupted_hold():
             return 0
         try:
+            if not working.acquire(blocking=False):
+                return 0
+            self._in_cycle = True
             return 0 if self._closed else self._cycle()
         finally:
-            self._working.release()
+            if working._is_owned():
+                self._in_cycle = False
+                working.release()
+
+    def _take_back_interrupted_hold(self) -> bool:
+        """With ``_working`` held by this thread: True (and released) when no cycle or close
+        holds it, that is an interrupt (KeyboardInterrupt from Ctrl-C, any exception a signal
+        handler raises) came between an acquire and the ``try`` that releases it; False when
+        this call comes from inside the thread's own cycle.  Without this, one unlucky Ctrl-C
+        left every later do_work() idle and close() waiting forever."""
+        if self._in_cycle:
+            return False
+        self._working.release()
+        return True
 
     def _cycle(self) -> int:
         """:meth:`do_work`'s cycle, with ``_working`` held."""
@@ -1092,7 +1114,10 @@ class EmbeddedDriver(_DriverCore):
             conductor_work = self._conductor_cycle(started)
             self._record_cycle_time(time.monotonic_ns() - started)
             delay = self._conductor_pacing.delay_s(conductor_work)
-            self._next_conductor_ns = now + int(delay * 1e9)
+            # The heartbeat is this cycle's: as the daemon's, an idle conductor still beats
+            # four times within driver_timeout, or attached processes deem the driver dead.
+            self._next_conductor_ns = now + min(int(delay * 1e9),
+                                                self.settings.driver_timeout // 4)
             self._wait_for_signal(delay > ACTIVE_CYCLE_S)
             # Its deadline moves only when it runs (or a command ran: it is due then).
             self._conductor_deadline_ns = conductor.next_deadline_ns()
@@ -1151,10 +1176,14 @@ class EmbeddedDriver(_DriverCore):
         long, and then leaves everything as it is."""
         started_ns = time.monotonic_ns()
         timeout = control.check_timeout("timeout", timeout)
-        if not self._working.acquire(timeout=-1 if timeout is None else timeout):
+        working = self._working
+        if working._is_owned() and not self._take_back_interrupted_hold():
+            raise UsageError("close() was called from inside the embedded driver's duty cycle")
+        if not working.acquire(timeout=-1 if timeout is None else timeout):
             log.warning("the embedded driver in %s was busy for %.1f s: not closed",
                         self.directory, timeout)
             return
+        self._in_cycle = True  # a do_work() from what close() runs is a reentrant call
         running = _running_embedded.set(self)
         try:
             if self._closed:
@@ -1190,7 +1219,8 @@ class EmbeddedDriver(_DriverCore):
                 raise interrupted
         finally:
             _running_embedded.reset(running)
-            self._working.release()
+            self._in_cycle = False
+            working.release()
 
     def _drain(self, timeout_ns: int) -> None:
         """Before it closes, as the daemon at its first SIGTERM: no new credit; what its logs

@@ -4,6 +4,7 @@ application's process, with no thread of its own, that works when the applicatio
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import random
@@ -476,3 +477,66 @@ def test_another_processs_subscriber_of_another_stream_on_the_endpoint_is_not_wa
     finally:
         done.set()
         child.join(30)
+
+
+class _InterruptedRightAfterTheAcquire:
+    """``_working`` as a Ctrl-C meets it once in a few presses: the signal handler's
+    KeyboardInterrupt raised just after a non-blocking acquire took the hold (at the call's
+    eval-breaker check), before do_work()'s ``try``."""
+
+    def __init__(self, hold: Any) -> None:
+        self.hold, self.armed = hold, True
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        taken = self.hold.acquire(blocking, timeout)
+        if taken and self.armed and not blocking:
+            self.armed = False
+            raise KeyboardInterrupt
+        return taken
+
+    def release(self) -> None:
+        self.hold.release()
+
+    def _is_owned(self) -> bool:
+        return self.hold._is_owned()
+
+
+def test_a_ctrl_c_that_interrupts_do_work_leaves_the_driver_running_and_closable(
+        embedded) -> None:
+    driver = embedded()
+    with Client.connect(driver.directory, invoker=driver.do_work, timeout=5) as client:
+        driver._working = _InterruptedRightAfterTheAcquire(driver._working)
+        with pytest.raises(KeyboardInterrupt):
+            client.do_work()
+        # The next calls run the driver: a command gets its answer, a stream flows.
+        pub = client.add_publication("aeron:ipc", 31)
+        sub = client.add_subscription("aeron:ipc", 31)
+        run_until(lambda: pub.offer(b"after") > 0, driver, what="an offer")
+        got: list[bytes] = []
+        run_until(lambda: sub.poll(lambda data, _h: got.append(bytes(data)), 1), driver,
+                  what="the message")
+        assert got == [b"after"]
+    closer = threading.Thread(target=driver.close, daemon=True)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive() and not driver.directory.exists()
+
+
+def test_an_idle_embedded_driver_beats_four_times_within_driver_timeout(embedded) -> None:
+    """Its clients (and processes attached to its directory) judge it by its heartbeat, as
+    a daemon's: however idle, a conductor run as often as the application calls must beat
+    within a quarter of driver_timeout (its pacing alone spaced the beats up to 1 s)."""
+    # The default timer interval (1 s): the tests' 100 ms one would run it often anyway.
+    driver = embedded(driver_timeout="800ms", timer_interval="1s",
+                      client_liveness_timeout="5s", publication_unblock_timeout="10s")
+    with Client.connect(driver.directory, invoker=driver.do_work) as client:
+        beats: list[int] = []
+        ends = time.monotonic() + 3.0
+        while time.monotonic() < ends:
+            driver.do_work()
+            beat = client.counters.driver_heartbeat_ns
+            if not beats or beat != beats[-1]:
+                beats.append(beat)
+            time.sleep(0.001)
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
+    assert len(gaps) >= 10 and max(gaps) <= 200_000_000 + 20_000_000, max(gaps)
