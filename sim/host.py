@@ -29,6 +29,7 @@ again in the last 4 bytes (to catch torn or misplaced data), zeros between.
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import struct
@@ -423,7 +424,8 @@ class PublisherHost(SimHost):
 
     # -- the publisher application ----------------------------------------------------------
     def _allowed_end(self, now_ns: int) -> int:
-        """Sequence number the publisher may reach by ``now_ns`` (publish_rate)."""
+        """Sequence number the publisher may reach by ``now_ns`` (publish_rate): one message
+        at the incarnation's start, then one every 1e9/rate virtual ns."""
         total = self.sim.scenario.messages
         rate = self.sim.scenario.publish_rate
         if rate <= 0:
@@ -431,12 +433,30 @@ class PublisherHost(SimHost):
         first = self.ranges[-1][1]
         return min(total, first + 1 + int((now_ns - self._start_ns) * rate / 1e9))
 
+    def _arm_rate_timer(self, seq: int, now_ns: int) -> None:
+        """With a publish_rate, wake the publisher when it may offer ``seq``: the first
+        virtual ns (after ``now_ns``) at which :meth:`_allowed_end` exceeds ``seq``."""
+        rate = self.sim.scenario.publish_rate
+        if rate <= 0 or seq >= self.sim.scenario.messages or self._rate_timer is not None:
+            return
+        due_messages = seq - self.ranges[-1][1]  # messages after the first one at the start
+        # Rounded up, and past any float rounding of _allowed_end's product: a timer a
+        # nanosecond early finds nothing allowed yet, and the next offer would wait for
+        # whatever else wakes the host (a 100 ms heartbeat), then burst.
+        after_start = math.ceil(due_messages * 1e9 / rate)
+        while int(after_start * rate / 1e9) < due_messages:
+            after_start += 1
+        self._rate_timer = self.sim.loop.call_at(max(self._start_ns + after_start, now_ns + 1),
+                                                 self._on_rate_timer)
+
     def _work(self, now_ns: int) -> int:
         """Offer what the limit allows; returns the messages appended."""
         rng_range = self.ranges[-1]
         end = self._allowed_end(now_ns)
         seq = first = rng_range[2]
         if seq >= end:
+            # Not due yet (a pass for the driver's work): a timer must still say when.
+            self._arm_rate_timer(seq, now_ns)
             return 0
         limit = self._limit[0]
         if self._blocked_at_limit is not None and self._blocked_at_limit == limit:
@@ -465,10 +485,8 @@ class PublisherHost(SimHost):
             else:
                 raise RuntimeError(f"offer failed with {result} at seq {seq}")
         rng_range[2] = seq
-        if seq < self.sim.scenario.messages and seq >= end and self._rate_timer is None:
-            rate = self.sim.scenario.publish_rate
-            due = self._start_ns + int((seq - rng_range[1]) * 1e9 / rate)
-            self._rate_timer = self.sim.loop.call_at(max(due, now_ns + 1), self._on_rate_timer)
+        if seq >= end:
+            self._arm_rate_timer(seq, now_ns)
         return seq - first
 
     @property

@@ -78,6 +78,14 @@ def _non_negative(name: str) -> Callable[[object, attrs.Attribute, float], None]
     return check
 
 
+def _non_negative_int(name: str) -> Callable[[object, attrs.Attribute, int], None]:
+    def check(_instance: object, _attribute: attrs.Attribute, value: int) -> None:
+        # A count of bytes: 1.5 would be taken and compared as a float, never refused.
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0 (bytes), not {value!r}")
+    return check
+
+
 def _burst(_instance: object, _attribute: attrs.Attribute,
            value: tuple[float, float] | None) -> None:
     if value is None:
@@ -103,7 +111,7 @@ class LinkFaults:
     #: Bandwidth in Mbit/s; 0 = unlimited.
     rate_mbit: float = attrs.field(default=0.0, validator=_non_negative("rate_mbit"))
     #: Bytes that may wait for the wire when ``rate_mbit`` is set; beyond: tail drop.
-    queue_bytes: int = attrs.field(default=1 << 20, validator=_non_negative("queue_bytes"))
+    queue_bytes: int = attrs.field(default=1 << 20, validator=_non_negative_int("queue_bytes"))
 
 
 @attrs.define

@@ -27,7 +27,9 @@ class Report:
     * ``naks``: NAKs sent by all receivers; ``retransmits``: retransmissions sent;
     * ``virtual_seconds``: simulated time until everything was delivered (or the limit);
     * ``wall_seconds``: real time the run took;
-    * ``goodput``: delivered payload bytes per virtual second, mean over subscribers (B/s).
+    * ``goodput``: delivered payload bytes per virtual second, mean over subscribers (B/s);
+      None (JSON null, "n/a" in the text) when no virtual time passed (a run with no delay
+      and no rate limit happens at one instant), not measurable rather than 0.
     """
 
     sent: int
@@ -39,7 +41,7 @@ class Report:
     retransmits: int
     virtual_seconds: float
     wall_seconds: float
-    goodput: float
+    goodput: float | None
     # -- beyond the JSON -------------------------------------------------------------------
     completed: bool = False
     subscribers: list[str] = attrs.field(factory=list)
@@ -69,38 +71,54 @@ class Report:
 
     @property
     def exactly_once_in_order(self) -> bool:
-        """Every subscriber got every message once, in order, intact."""
-        return (self.completed and not any(self.missing) and not any(self.duplicates)
-                and not any(self.out_of_order) and not any(self.corrupt)
-                and all(d == self.sent for d in self.delivered))
+        """The run completed and every subscriber got, once each, in order and intact, every
+        message it was owed: those appended since its host first came up (``missing`` is 0).
 
-    def verdict(self) -> str:
-        """One line: exactly once and in order, or what was not (the exit status says 1)."""
-        if self.exactly_once_in_order:
-            return "every subscriber got every message exactly once, in order (exit status 0)"
+        A subscriber that came up late is owed nothing from before: its image starts where
+        the stream was when it joined, so its ``delivered`` may be below ``sent`` (or above
+        what it was owed, by messages still in flight when it came up) and the run is still
+        exactly once.  The CLI's exit status is 0 exactly when this is true, and
+        :meth:`problems` names each reason when it is not."""
+        return not self.problems()
+
+    def problems(self) -> list[str]:
+        """Why the run is not exactly once and in order, one reason each (empty: it is)."""
         problems = []
         if not self.completed:
             problems.append("the virtual-time limit came before everything was delivered")
-        for i, ip in enumerate(self.subscribers):
-            late = self.joined_late[i] if i < len(self.joined_late) else 0
+        count = max(len(self.subscribers), len(self.missing), len(self.duplicates),
+                    len(self.out_of_order), len(self.corrupt))
+        crashed_or_late = False
+        for i in range(count):
+            ip = self.subscribers[i] if i < len(self.subscribers) else f"subscriber {i + 1}"
+            missing = _at(self.missing, i)
+            late = _at(self.joined_late, i)
             left = self.lost_ranges[i] if i < len(self.lost_ranges) else []
-            if self.missing[i] and (late or left):
+            if missing and (late or left):
                 problems.append(
-                    f"{ip} missed {self.missing[i]}: {late} before it joined, "
-                    f"{self.missing[i] - late} after"
+                    f"{ip} missed {missing}: {late} before it joined, {missing - late} after"
                     + (f" (left behind {len(left)} time(s), told of "
                        f"{sum(b - a for a, b in left):,} bytes lost)" if left else ""))
-            elif self.missing[i]:
-                problems.append(f"{ip} missed {self.missing[i]}")
-            for count, what in ((self.duplicates[i], "duplicated"),
-                                (self.out_of_order[i], "got out of order"),
-                                (self.corrupt[i] if i < len(self.corrupt) else 0, "got corrupt")):
-                if count:
-                    problems.append(f"{ip} {what} {count}")
-        if any(self.missing[i] and not (self.lost_ranges[i] if i < len(self.lost_ranges)
-                                        else []) for i in range(len(self.missing))):
+            elif missing:
+                problems.append(f"{ip} missed {missing}")
+            crashed_or_late = crashed_or_late or bool(missing and not left)
+            for what, counts in (("duplicated", self.duplicates),
+                                 ("got out of order", self.out_of_order),
+                                 ("got corrupt", self.corrupt)):
+                if _at(counts, i):
+                    problems.append(f"{ip} {what} {_at(counts, i)}")
+        if crashed_or_late:
             problems.append("a host that crashed, or joined late, misses what was published "
                             "while it was not there")
+        return problems
+
+    def verdict(self) -> str:
+        """One line: exactly once and in order, or every reason it was not, with the exit
+        status ``slipstream sim`` gives (0 or 1)."""
+        problems = self.problems()
+        if not problems:
+            return ("every subscriber got every message since it came up exactly once, "
+                    "in order (exit status 0)")
         return "not exactly once: " + "; ".join(problems) + " (exit status 1)"
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -135,13 +153,20 @@ class Report:
             + ("" if self.completed else "  (limit reached before everything was delivered)"),
             f"wall time     {self.wall_seconds:.2f} s",
             f"goodput       {self.goodput / 1e6:.2f} MB/s per subscriber "
-            f"(delivered payload bytes per {self.clock} second)",
+            f"(delivered payload bytes per {self.clock} second)" if self.goodput is not None
+            else f"goodput       n/a (no {self.clock} time passed: everything happened at one "
+                 f"instant)",
         ]
         lines += [f"note          {note}" for note in self.notes]
         if self.trace_digest:
             lines.append(f"trace sha256  {self.trace_digest}")
         lines.append(f"result        {self.verdict()}")
         return "\n".join(lines)
+
+
+def _at(counts: list[int], i: int) -> int:
+    """``counts[i]``, 0 when the list stops short (a report built with fewer lists)."""
+    return counts[i] if i < len(counts) else 0
 
 
 def subscriber_fields(stats: list[Any], ranges: list[tuple[int, int, int]]) -> dict[str, list]:

@@ -255,7 +255,9 @@ class Simulation:
             retransmits=pub.counter(SystemCounter.RETRANSMITS_SENT),
             virtual_seconds=virtual,
             wall_seconds=self.wall_seconds,
-            goodput=mean_bytes / virtual if virtual > 0 else 0.0,
+            # No virtual time passed (no delay, no rate limit): bytes per second is not a
+            # number, and 0 would say nothing arrived.
+            goodput=mean_bytes / virtual if virtual > 0 else None,
             completed=self.completed,
             subscribers=[sub.ip for sub in self.subscribers],
             images_lost=[sub.images_lost for sub in self.subscribers],

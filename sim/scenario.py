@@ -53,8 +53,8 @@ and reports a bad value as :class:`ScenarioError` naming the key.  The file form
     [[event]]
     at_ms = 1000
     action = "faults"      # change faults from now on
-    from = 1               # optional: one direction (default: all links)
-    to = 2
+    from = 1               # optional: one direction (default: all links) ...
+    to = 2                 # ... between two different hosts
     loss = 0.0
 
 Hosts are named by number (1..N) or by address ("10.0.0.3").
@@ -159,6 +159,9 @@ class Scenario:
         for link in self.links:
             self.check_host("link.from", link.src)
             self.check_host("link.to", link.dst)
+            if link.src == link.dst:  # no host sends to itself: the faults would never apply
+                raise ScenarioError(f"link.to: host {link.dst} is also link.from; a link "
+                                    f"joins two different hosts")
         for index, _params in self.subscriber_params:
             self.check_host("subscriber.host", index)
             if index == 1:
@@ -173,6 +176,10 @@ class Scenario:
             for index in (*event.hosts, event.src, event.dst):
                 if index is not None:
                     self.check_host(f"event.{event.action}", index)
+            if event.src is not None and event.src == event.dst:
+                raise ScenarioError(f"event.{event.action}.to: host {event.dst} is also from; a "
+                                    f"link joins two different hosts (leave out from and to "
+                                    f"for every link)")
             if event.action == "pause" and 1 in event.hosts:
                 raise ScenarioError("event.pause: host 1 publishes; a pause stops subscribers "
                                     "(hosts 2..N)")
@@ -299,6 +306,9 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
             dst = _host_index(f"link[{i}].to", table.pop("to"), hosts)
         except KeyError as e:
             raise ScenarioError(f"link[{i}]: needs from and to ({e.args[0]} missing)") from None
+        if src == dst:
+            raise ScenarioError(f"link[{i}].to: host {dst} is also from; a link joins two "
+                                f"different hosts")
         links.append(LinkOverride(src, dst, make_faults(
             f"link[{i}]", _fault_values(f"link[{i}]", table), faults)))
     events = []
@@ -336,6 +346,11 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
                 kwargs["src"] = _host_index(f"{name}.from", table.pop("from"), hosts)
             if "to" in table:
                 kwargs["dst"] = _host_index(f"{name}.to", table.pop("to"), hosts)
+            if kwargs.get("src") is not None and kwargs.get("src") == kwargs.get("dst"):
+                # No host sends to itself: the event would change nothing, silently.
+                raise ScenarioError(f"{name}.to: host {kwargs['dst']} is also from; a link "
+                                    f"joins two different hosts (leave out from and to for "
+                                    f"every link)")
             kwargs["faults"] = _fault_values(name, table)
             make_faults(name, kwargs["faults"])  # validate now, not mid-run
             table = {}

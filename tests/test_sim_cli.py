@@ -5,12 +5,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from slipstream.daemon.cli import main
+from slipstream.sim.network import LinkFaults
 from slipstream.sim.report import JSON_KEYS, Report
 from slipstream.sim.runner import run_scenario
-from slipstream.sim.scenario import ScenarioError, load_scenario, scenario_from_mapping
+from slipstream.sim.scenario import (
+    Event,
+    LinkOverride,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    scenario_from_mapping,
+)
+
+MS = 1_000_000
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
 OPTIONS = ["--hosts", "--loss", "--burst-loss", "--delay", "--jitter", "--reorder",
@@ -155,6 +166,74 @@ def test_a_run_that_is_not_exactly_once_says_why_and_exits_1(capsys):
     assert status == 0 and "exactly once, in order (exit status 0)" in out.splitlines()[-1]
 
 
+LATE_JOINER = """
+[scenario]
+hosts = 3
+messages = 5
+size = 256
+publish_rate = 2       # one message at 0 ms, then every 500 ms
+initially_down = [3]
+
+[[event]]
+at_ms = 100            # after message 0: host 3 is owed messages 1..4
+action = "restart"
+hosts = [3]
+"""
+
+
+def test_a_late_joiner_is_owed_what_came_after_it_came_up_and_the_exit_status_agrees(
+        capsys, tmp_path):
+    # It said "not exactly once:" with no reason and "(exit status 1)" while exiting 0: the
+    # verdict also wanted delivered == sent, which a subscriber that came up after message 0
+    # can never have (its image starts where the stream was when it joined).
+    path = tmp_path / "late.toml"
+    path.write_text(LATE_JOINER)
+    status, out, _ = sim(capsys, "--json", "--scenario", str(path))
+    report = json.loads(out)
+    assert (report["sent"], report["delivered"], report["missing"]) == (5, [5, 4], [0, 0])
+    assert status == 0
+    status, out, _ = sim(capsys, "--scenario", str(path))
+    assert status == 0
+    assert out.splitlines()[-1] == ("result        every subscriber got every message since "
+                                    "it came up exactly once, in order (exit status 0)")
+
+
+def _report(**lists: list[int]) -> Report:
+    """A two-subscriber report of 5 messages; ``lists`` replace its per-subscriber lists."""
+    fields: dict[str, list[int]] = {
+        "delivered": [5, 4], "duplicates": [0, 0], "out_of_order": [0, 0], "missing": [0, 0],
+        "corrupt": [0, 0], **lists}
+    return Report(sent=5, naks=0, retransmits=0, virtual_seconds=1.0, wall_seconds=1.0,
+                  goodput=1.0, completed=True, **fields)
+
+
+@pytest.mark.parametrize(("report", "reason"), [
+    (_report(missing=[0, 1]), "subscriber 2 missed 1"),
+    (_report(duplicates=[2, 0]), "subscriber 1 duplicated 2"),
+    (_report(out_of_order=[0, 3]), "subscriber 2 got out of order 3"),
+    (_report(corrupt=[1, 0]), "subscriber 1 got corrupt 1"),
+    (attrs.evolve(_report(), completed=False), "the virtual-time limit came before"),
+])
+def test_a_run_that_is_not_exactly_once_names_every_reason(report: Report, reason: str):
+    # Without subscriber addresses (a report built by hand) the reasons still name who.
+    assert not report.exactly_once_in_order
+    verdict = report.verdict()
+    assert verdict.startswith("not exactly once: ") and verdict.endswith(" (exit status 1)")
+    assert reason in verdict
+    both = _report(missing=[0, 1], duplicates=[2, 0])
+    assert both.problems()[:2] == ["subscriber 1 duplicated 2", "subscriber 2 missed 1"]
+
+
+def test_the_python_example_in_the_docs_runs_as_written():
+    # It lost host 2's SETUP and its re-request at t = 0 (seed 1, 20 % loss): with fc=max the
+    # driver asks again a second later, after the run had ended, and the assert failed.
+    text = (Path(__file__).resolve().parents[1] / "docs" / "SIMULATOR.md").read_text()
+    start = text.index("```python\n", text.index("## From Python")) + len("```python\n")
+    code = text[start:text.index("```", start)]
+    assert "run_scenario(" in code and "assert report.exactly_once_in_order" in code
+    exec(compile(code, "docs/SIMULATOR.md (From Python)", "exec"), {})
+
+
 def test_cli_options_override_the_scenario_file(capsys):
     status, out, _ = sim(capsys, "--json", "--scenario", str(EXAMPLES / "partition_heal.toml"),
                          "--messages", "100", "--loss", "0")
@@ -204,10 +283,35 @@ def test_cli_options_override_the_scenario_file(capsys):
     ({"scenario": {"max_virtual_s": 3}, "event": [{"at_ms": 5000, "action": "partition",
                                                    "hosts": [2], "end_ms": 6000}]},
      "event.partition: at 6000 ms, after max_virtual_s"),
+    # No host sends to itself: these changed nothing, silently.
+    ({"event": [{"at_ms": 1, "action": "faults", "from": 2, "to": 2, "loss": 0.5}]},
+     "event[0].to: host 2 is also from"),
+    ({"link": [{"from": 1, "to": "10.0.0.1", "loss": 0.5}]}, "link[0].to: host 1 is also from"),
+    ({"faults": {"queue_bytes": 1.5}}, "faults: queue_bytes must be an integer"),
 ])
 def test_scenario_errors_name_the_key(data, named):
     with pytest.raises(ScenarioError, match=named.replace("[", r"\[").replace("]", r"\]")):
         scenario_from_mapping(data)
+
+
+def test_a_scenario_built_in_python_refuses_a_link_from_a_host_to_itself():
+    with pytest.raises(ScenarioError, match=r"event.faults.to: host 2 is also from"):
+        Scenario(events=(Event(MS, "faults", src=2, dst=2, faults={"loss": 0.5}),))
+    with pytest.raises(ScenarioError, match=r"link.to: host 1 is also link.from"):
+        Scenario(links=(LinkOverride(1, 1, LinkFaults(loss=0.5)),))
+
+
+def test_a_run_in_no_virtual_time_reports_goodput_as_not_measurable(capsys):
+    # No delay, no rate limit: everything happens at t = 0.  It said "goodput 0.00 MB/s",
+    # as if nothing had arrived.
+    status, out, _ = sim(capsys, "--delay", "0", "--messages", "2000")
+    assert status == 0
+    assert "virtual time  0.000 s" in out
+    assert "goodput       n/a (no virtual time passed" in out and "0.00 MB/s" not in out
+    status, out, _ = sim(capsys, "--json", "--delay", "0", "--messages", "2000")
+    report = json.loads(out)
+    assert report["virtual_seconds"] == 0 and report["goodput"] is None
+    assert report["delivered"] == [2000]
 
 
 def test_scenario_hosts_by_number_or_address():

@@ -211,6 +211,13 @@ def test_bad_faults_are_rejected_with_the_name():
         LinkFaults(delay_ms=-1)
 
 
+@pytest.mark.parametrize("queue_bytes", [1.5, 1048576.0, True, -1])
+def test_queue_bytes_must_be_a_whole_number_of_bytes(queue_bytes):
+    with pytest.raises(ValueError, match="queue_bytes must be an integer"):
+        LinkFaults(queue_bytes=queue_bytes)
+    assert LinkFaults(queue_bytes=0).queue_bytes == 0
+
+
 def test_event_loop_orders_by_time_phase_and_sequence():
     loop = EventLoop()
     out = []

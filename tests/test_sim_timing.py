@@ -212,3 +212,22 @@ def test_multicast_nak_delay_is_random_below_the_max_backoff():
     # nak_multicast_max_backoff 10 ms: the optimal-multicast-feedback delay lies in [0, 10 ms)
     assert all(0 <= d < 10 * MS for d in delays)
     assert len(set(delays)) == len(delays)
+
+
+@pytest.mark.parametrize("rate", [3000, 7000])
+def test_a_publish_rate_that_does_not_divide_a_second_paces_evenly(rate):
+    # 1e9/rate is no whole number of ns: the publisher's timer must still let the next
+    # message out on time (it fired a fraction of a ns early, found nothing due, and waited
+    # for the 100 ms heartbeat: 7 messages, then nothing until ~102 ms, then a burst).
+    scenario = Scenario(hosts=2, messages=3000, size=256, publish_rate=rate,
+                        faults=LinkFaults(delay_ms=1.0))
+    with Simulation(scenario) as sim:
+        # From 10 ms: the first 2 ms (SETUP and SM over 1 ms links) are NOT_CONNECTED.
+        for t_ms in (10, 33.3, 50, 100, 150, 250, 333.3):
+            sim.run_until(int(t_ms * MS), stop_when_complete=False)
+            offered = sim.publisher.next_seq  # one at t = 0, then one every 1e9/rate ns
+            assert abs(offered - (1 + rate * t_ms / 1e3)) <= 1, (t_ms, offered)
+        report = sim.run()
+    assert report.exactly_once_in_order
+    # The last message is offered at (messages - 1)/rate s and arrives 1 ms later.
+    assert report.virtual_seconds == pytest.approx(2999 / rate + 0.001, abs=1e-4)
