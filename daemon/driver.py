@@ -1,8 +1,8 @@
 """The media driver process: a thin trio shell around the conductor.
 
 Tasks: the command loop (zmq ROUTER → conductor → replies), the duty cycle (limits, cleaning,
-liveness, the network agents' events), a signal watcher (the first SIGINT/SIGTERM drains,
-:meth:`DriverConductor.begin_drain`, for at most ``drain_timeout``; the second stops) and
+liveness, the network agents' events), a signal watcher (the first SIGINT, SIGTERM or SIGHUP
+drains, :meth:`DriverConductor.begin_drain`, for at most ``drain_timeout``; the second stops) and
 a futex watcher thread that turns a client's wake-up into a trio wake-up.  The network agents
 run on their own thread(s) (:mod:`slipstream.daemon.agents.thread`), over UDP sockets
 (:mod:`slipstream.daemon.media.udp`).  Under systemd the duty cycle also sends the notify
@@ -292,7 +292,15 @@ class DriverDirectory:
         if marker:
             return was_created
         if _is_legacy_lock(fd) and all(_is_driver_entry(entry) for entry in self.path.iterdir()):
-            return True  # a driver of an earlier release: a pid alone, and only its files
+            # Maybe an earlier release's (its lock held a pid alone, or nothing yet), maybe a
+            # user's folder whose names are a driver's: nothing tells them apart, and taking it
+            # would clean (and at stop remove) files the driver may not have made.
+            raise DriverDirectoryError(
+                f"{self.path} holds only a driver's file names, but its {control.LOCK_FILE} "
+                f"has no driver's marker (an earlier slipstream release wrote a pid alone): "
+                f"the driver never removes what it cannot tell it made; if an earlier release "
+                f"made this directory, remove it yourself, or give the driver another "
+                f"directory with --dir")
         raise DriverDirectoryError(
             f"{self.path} is not a slipstream driver directory: its {control.LOCK_FILE} was not "
             f"written by a driver; the driver never removes what it did not make, so give it "
@@ -300,7 +308,7 @@ class DriverDirectory:
 
     def _remove_own_entries(self, *, keep: tuple[str, ...] = ()) -> None:
         """Remove the driver's files by name; unknown entries stay where they are."""
-        for name in DRIVER_FILES + LEGACY_FILES:
+        for name in DRIVER_FILES:
             if name not in keep and name != control.LOCK_FILE:
                 _remove_file(self.path / name)
         for entry in self.path.iterdir():
@@ -363,7 +371,8 @@ DIRECTORY_MARKER = "slipstream driver directory"
 DRIVER_FILES = (control.CONDUCTOR_SOCKET, control.COUNTERS_FILE, control.SENDER_DOORBELL,
                 control.RECEIVER_DOORBELL, ERROR_LOG_FILE, ERROR_LOG_TEMPORARY_FILE,
                 PREVIOUS_ERROR_LOG_FILE, LOSS_REPORT_FILE, control.LOCK_FILE)
-#: What a driver of an earlier release also made there (its error log's temporary name).
+#: What a driver of an earlier release also made there (its error log's temporary name): only
+#: recognised, to say why such a directory is refused.
 LEGACY_FILES = ("errors.tmp",)
 #: The folders of the driver's log buffers: only ``<registration id>.logbuffer`` files.
 LOG_FOLDERS = (control.PUBLICATIONS_DIR, control.IMAGES_DIR)
@@ -752,11 +761,11 @@ class _DriverShell(_DriverCore):
 
     async def _watch_signals(self, cancel_scope: trio.CancelScope, *,
                              task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """The first SIGTERM/SIGINT drains (``drain_timeout``; 0: stops at once), the second
-        stops at once."""
+        """The first SIGTERM/SIGINT/SIGHUP drains (``drain_timeout``; 0: stops at once), the
+        second stops at once."""
         self._cancel_scope = cancel_scope
         timeout_ns = self.settings.drain_timeout
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
             task_status.started()
             async for signum in signals:
                 name = signal.Signals(signum).name
@@ -912,12 +921,17 @@ def _channel_of(message: dict[str, Any]) -> Channel | None:
         return None
 
 
+#: What stops a driver, first by draining: Ctrl-C, a service manager's stop, and the hangup of
+#: the terminal a driver runs in the foreground of (an SSH session that drops); Python's
+#: default for SIGHUP killed it, leaving its logs in /dev/shm until the next start.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _ignore_stop_signals() -> dict[int, Any]:
-    """Ignore SIGINT and SIGTERM (main thread only); returns what to restore."""
+    """Ignore the :data:`STOP_SIGNALS` (main thread only); returns what to restore."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {signum: signal.signal(signum, signal.SIG_IGN)
-            for signum in (signal.SIGINT, signal.SIGTERM)}
+    return {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:

@@ -248,8 +248,10 @@ def _exchange_one(directory: Path, payload: bytes) -> None:
 
 
 def _tree(path: Path) -> dict[str, str]:
-    """Every entry under ``path`` with the text of each file ("" for a folder)."""
-    return {str(p.relative_to(path)): (p.read_text() if p.is_file() else "")
+    """Every entry under ``path`` with the text of each file ("" for a folder; bytes that
+    are not UTF-8 as escapes)."""
+    return {str(p.relative_to(path)): (p.read_text(errors="backslashreplace") if p.is_file()
+                                       else "")
             for p in sorted(path.rglob("*"))}
 
 
@@ -327,21 +329,26 @@ def test_a_stale_drivers_files_are_cleaned_but_what_a_user_added_stays(
                                  "publications/7.logbuffer": "mine too", "images": ""}
 
 
-def test_a_driver_directory_of_an_earlier_release_is_still_cleaned(driver_dir: Path) -> None:
-    """Before the marker a driver's lock file held its pid alone: a directory holding only a
-    driver's names is still taken (and a crashed old driver's logs cleaned)."""
+def test_a_directory_with_a_drivers_names_but_no_drivers_lock_is_refused_untouched(
+        driver_dir: Path) -> None:
+    """Before the marker a driver's lock file held its pid alone.  Such a directory is
+    refused, not taken: a user's folder holding a ``driver.lock`` with a number, a text
+    ``counters.dat`` and an ``errors.json`` looks the same, and taking it removed the folder
+    at stop.  The error says what to do."""
     (driver_dir / "publications").mkdir(parents=True)
     LogBuffer.create(driver_dir / "publications" / "12.logbuffer", term_length=64 * 1024,
                      initial_term_id=0, session_id=1, stream_id=2, mtu=1408,
                      correlation_id=12).close()
-    (driver_dir / "counters.dat").write_bytes(b"\0" * 64)
+    (driver_dir / "counters.dat").write_text("my counts\n")
+    (driver_dir / "errors.json").write_text('{"mine": 1}')
     (driver_dir / "driver.lock").write_text("4242\n")
-    with MediaDriver.launch(directory=driver_dir) as driver:
-        assert list((driver_dir / "publications").iterdir()) == []
-        assert driver.stop() == 0
-    assert not driver_dir.exists()
-    (driver_dir / "publications").mkdir(parents=True)
-    (driver_dir / "driver.lock").write_text("4242\n")
+    before = _tree(driver_dir)
+    with pytest.raises(DriverDirectoryError, match="remove it yourself"):
+        DriverDirectory(driver_dir).acquire()
+    process = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(driver_dir)],
+                             capture_output=True, text=True, timeout=60)
+    assert process.returncode != 0 and "remove it yourself" in process.stderr
+    assert _tree(driver_dir) == before
     (driver_dir / "thesis.tex").write_text("precious")
     with pytest.raises(DriverDirectoryError):
         DriverDirectory(driver_dir).acquire()
@@ -426,18 +433,17 @@ def test_a_lock_file_that_is_a_link_is_refused(tmp_path: Path) -> None:
     assert target.read_text() == "slipstream driver directory\n"
 
 
-def test_an_empty_lock_among_a_drivers_files_is_taken(driver_dir: Path) -> None:
-    """A driver of an earlier release killed before it wrote its lock."""
+def test_an_empty_lock_among_a_drivers_names_is_refused_untouched(driver_dir: Path) -> None:
+    """An empty lock: a driver of an earlier release killed before it wrote it, or a user's
+    empty file; nothing tells them apart, so nothing is taken or removed."""
     driver_dir.mkdir()
     (driver_dir / "driver.lock").write_text("")
     (driver_dir / "counters.dat").write_bytes(bytes(64))
     (driver_dir / "driver.lock.4242.77").write_text("")  # a start that died before naming it
-    directory = DriverDirectory(driver_dir)
-    directory.acquire()
-    assert sorted(p.name for p in driver_dir.iterdir()) == ["driver.lock", "images",
-                                                          "publications"]
-    directory.release()
-    assert not driver_dir.exists()
+    before = _tree(driver_dir)
+    with pytest.raises(DriverDirectoryError, match="remove it yourself"):
+        DriverDirectory(driver_dir).acquire()
+    assert _tree(driver_dir) == before
 
 
 def test_no_driver_is_a_clear_error_naming_the_directory(driver_dir: Path) -> None:
