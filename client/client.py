@@ -83,11 +83,19 @@ def default_directory() -> Path:
 
 
 def _driver_holds_lock(directory: Path) -> bool:
-    """Whether a live process holds the driver lock (a crashed driver's lock is released)."""
+    """Whether a live process holds the driver lock (a crashed driver's lock is released).
+    Raises :class:`DriverError` naming the directory's owner when this process may not open
+    the lock: another user's driver (:func:`control.foreign_directory_error`)."""
     try:
         fd = os.open(directory / control.LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:
         return False
+    except PermissionError:
+        try:
+            owner = os.stat(directory).st_uid
+        except OSError:  # not even the directory can be looked at: a parent is closed to us
+            owner = os.stat(directory.parent).st_uid
+        raise control.foreign_directory_error(directory, owner) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -207,6 +215,7 @@ class Client:
         counters_path = path / control.COUNTERS_FILE
         if not path.is_dir():
             raise DriverNotRunningError(str(path), "the directory does not exist")
+        control.check_directory_access(path)  # another user's: say so, not PermissionError
         if not _driver_holds_lock(path) or not counters_path.exists():
             raise DriverNotRunningError(str(path), "no driver holds its lock")
         client = cls(path, request_timeout=timeout, idle_spin_ns=idle_spin_ns,
@@ -288,11 +297,25 @@ class Client:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if connecting and _driver_holds_lock(self.directory):
+                    owner = control.socket_refuses_us(self.directory)
+                    if owner is not None:  # its socket drops us unread: waiting is no use
+                        raise control.foreign_directory_error(self.directory, owner)
+                    holder = control.lock_holder_pid(self.directory)
+                    if holder == os.getpid() and self.invoker is None:
+                        # An embedded driver of this very process: it has no thread, and
+                        # this wait does not run it.
+                        cause = ("it is embedded in this process (MediaDriver.embedded), and "
+                                 "an embedded driver answers only while its application calls "
+                                 "its do_work(): connect with invoker=driver.do_work")
+                    else:
+                        cause = ("it is stopped, stuck or overloaded (`slipstream stat --dir "
+                                 f"{self.directory}` shows how old its heartbeat is); if it "
+                                 f"is embedded in an application (pid {holder}), that "
+                                 "application is not calling its do_work(), and an embedded "
+                                 "driver answers only then")
                     raise DriverTimeoutError(
                         f"the driver in {self.directory} holds its lock but did not answer "
-                        f"within {self._request_timeout} s: it is stopped, stuck or "
-                        f"overloaded (`slipstream stat --dir {self.directory}` shows how "
-                        f"old its heartbeat is)")
+                        f"within {self._request_timeout} s: {cause}")
                 if connecting:
                     raise DriverNotRunningError(
                         str(self.directory),

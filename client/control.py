@@ -16,13 +16,14 @@ DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.
 
 from __future__ import annotations
 
-import getpass
 import json
+import os
+import pwd
 from pathlib import Path
 from typing import Any, Final
 
 from slipstream.client.channel import MAX_URI_LENGTH
-from slipstream.client.errors import InvalidArgumentError
+from slipstream.client.errors import DriverError, InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 PROTOCOL_VERSION = 3
@@ -75,8 +76,79 @@ MAX_FRAME_LENGTH = 16 * 1024
 
 def default_driver_directory() -> Path:
     """``/dev/shm/slipstream-<user>``: tmpfs, so mapped log buffers never touch a disk.  The
-    driver's default ``dir`` and the client's fallback when ``$SLIPSTREAM_DIR`` is unset."""
-    return Path("/dev/shm") / f"slipstream-{getpass.getuser()}"
+    driver's default ``dir`` and the client's fallback when ``$SLIPSTREAM_DIR`` is unset.
+
+    ``<user>`` is the name of the effective uid in the password database, or the uid itself
+    when it has no entry there (a container's arbitrary uid).  Not ``$USER`` or ``$LOGNAME``:
+    the directory is made 0700 for, and its control socket answers only, the effective uid,
+    so a name another process could have set would send a client to a driver it cannot use."""
+    uid = os.geteuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    return Path("/dev/shm") / f"slipstream-{user}"
+
+
+def describe_user(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` when the password database has no entry for it."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def foreign_directory_error(directory: str | os.PathLike[str], uid: int) -> DriverError:
+    """The error for a driver directory of user ``uid`` that this process (another effective
+    uid) may not use: a driver answers only processes of its own user (its directory is 0700,
+    its control socket checks SO_PEERCRED)."""
+    owner = describe_user(uid)
+    return DriverError(
+        f"the driver directory {directory} belongs to {owner} and this process runs as "
+        f"{describe_user(os.geteuid())}: a driver serves only its own user's processes; run "
+        f"this as {owner.split(' (')[0]} (e.g. `sudo -u`), or use a driver of your own "
+        f"(--dir, or SLIPSTREAM_DIR)")
+
+
+def check_directory_access(directory: str | os.PathLike[str]) -> None:
+    """Raise :func:`foreign_directory_error`'s :class:`DriverError` when ``directory`` exists
+    but this process may not read it or its lock: another user's driver directory.  Nothing
+    when it is missing (the caller says no driver runs there) or usable."""
+    path = Path(directory)
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return
+    lock = path / LOCK_FILE
+    if not os.access(path, os.R_OK | os.X_OK) or (
+            os.path.lexists(lock) and not os.access(lock, os.R_OK)):
+        raise foreign_directory_error(path, owner)
+
+
+def lock_holder_pid(directory: str | os.PathLike[str]) -> int | None:
+    """The pid a driver wrote into the directory's lock (``pid: N``), or None when there is
+    no lock or it names none.  Whether that process still holds the lock is another question
+    (``_driver_holds_lock`` in client.py)."""
+    try:
+        text = (Path(directory) / LOCK_FILE).read_bytes()[:256].decode("ascii", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(": ")
+        if key == "pid" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def socket_refuses_us(directory: str | os.PathLike[str]) -> int | None:
+    """The owner uid of the directory's control socket when it is not this process's
+    effective uid (the driver's socket then drops our connection: it answers only its own
+    user, ``zmq.IPC_FILTER_UID``), else None."""
+    try:
+        owner = os.stat(Path(directory) / CONDUCTOR_SOCKET).st_uid
+    except OSError:
+        return None
+    return owner if owner != os.geteuid() else None
 
 
 def conductor_endpoint(directory: str | Path) -> str:

@@ -66,6 +66,44 @@ def _positive_seconds(text: str) -> float:
     return seconds
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below the minimum 0")
+    return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return seconds
+
+
+def _demo_message_size(text: str) -> int:
+    """A demo message size, bytes: room for its sequence number, and no longer than the
+    demo's IPC and UDP streams take (``--slow-consumer``'s shorter limit is checked by
+    run_demo, which knows whether it is asked for)."""
+    from slipstream.daemon.demo import MIN_MESSAGE_SIZE, max_message_size
+
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    limit = max_message_size()
+    if not MIN_MESSAGE_SIZE <= size <= limit:
+        raise argparse.ArgumentTypeError(
+            f"{size} is not in {MIN_MESSAGE_SIZE}..{limit:,} bytes (a message carries an "
+            f"8-byte sequence number; the longest the demo's streams take is term length / 8)")
+    return size
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slipstream",
@@ -93,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "pub-pos of IPC streams, snd-pos, snd-lmt, rcv-hwm, rcv-pos, sub-pos; '-' for "
                     "what a stream does not have), the driver's "
                     "counters with rates, the loss report, the error log and every counter. "
-                    "Refreshes until Ctrl-C. Exit 2 without a driver; 1 when only a dead "
+                    "Refreshes until Ctrl-C; the header flags a driver that died or whose "
+                    "heartbeat is older than driver_timeout, and a new driver in the "
+                    "directory is shown from the next refresh. Exit 2 without a driver or "
+                    "when the directory is another user's; 1 when only a dead "
                     "driver's error log is left (it is printed).")
     stat.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
                                     "/dev/shm/slipstream-<user>)")
@@ -125,15 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "on loopback (1 % of its datagrams dropped, so NAKs and retransmits "
                     "show), each with a publisher and a subscriber process, and print "
                     "their rates, NAKs, retransmits and flow-control limits every second. "
-                    "Ctrl-C or SIGTERM stops all of it.")
+                    "Ctrl-C or SIGTERM stops all of it (exit 0). Exit 2 for a bad argument, "
+                    "or when the demo's driver or one of its processes ends on its own.")
     demo.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
                                     "/dev/shm/slipstream-<user>)")
-    demo.add_argument("--rate", type=int, default=100_000, help="messages per second "
-                      "(0: as fast as possible; default: %(default)s)")
-    demo.add_argument("--size", type=int, default=64,
-                      help="message size in bytes (default: %(default)s)")
-    demo.add_argument("--duration", type=float, default=0.0, help="stop after this many "
-                      "seconds (0: run until Ctrl-C; default: %(default)s)")
+    demo.add_argument("--rate", type=_non_negative_int, default=100_000,
+                      help="messages per second (0: as fast as possible; default: "
+                           "%(default)s)")
+    demo.add_argument("--size", type=_demo_message_size, default=64,
+                      help="message size in bytes, 8 to 2 MiB (128 KiB with --slow-consumer; "
+                           "default: %(default)s)")
+    demo.add_argument("--duration", type=_non_negative_seconds, default=0.0,
+                      help="stop after this many seconds (0: run until Ctrl-C; default: "
+                           "%(default)s)")
     demo.add_argument("--slow-consumer", action="store_true",
                       help="a third stream whose subscriber slows down every other 2 s: its "
                            "back-pressure episodes and policy show live")

@@ -15,8 +15,10 @@ stat`` shows them).  Every report line gives the pressure governor's step and pr
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,11 @@ from slipstream.client import (
     DriverNotRunningError,
     default_directory,
 )
+from slipstream.client.channel import parse_channel
 from slipstream.client.counters import BACK_PRESSURE_TYPES, CounterType, SystemCounter
-from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
+from slipstream.client.errors import DriverError, InvalidArgumentError, SlipstreamError
+from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align, max_message_length
+from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
 
 IPC_CHANNEL = "aeron:ipc"
@@ -41,6 +46,43 @@ SLOW_STREAM_ID = 1002
 _PRESSURE_KINDS = dict(BACK_PRESSURE_TYPES)
 #: Per million UDP datagrams the demo's driver drops on receipt, so recovery shows.
 DEMO_LOSS = 10_000
+#: The shortest message, bytes: each carries its 8-byte sequence number.
+MIN_MESSAGE_SIZE = 8
+#: How long the report waits, s, for the driver to end once a child did: a driver stopping
+#: tells its clients first, so their ends come before its own.
+_DRIVER_END_GRACE_S = 2.0
+
+
+def max_message_size(slow_consumer: bool = False) -> int:
+    """The longest message, bytes, that every stream of the demo takes: term length / 8 of
+    the shortest term among them (the demo's driver runs with the default settings; the slow
+    stream has 1 MiB terms).  A longer one would make each publisher fail with
+    MessageTooLongError."""
+    defaults = DriverSettings()
+    terms = [defaults.ipc_term_buffer_length, defaults.term_buffer_length]
+    if slow_consumer:
+        terms.append(parse_channel(SLOW_CHANNEL).term_length or defaults.ipc_term_buffer_length)
+    return max_message_length(min(terms))
+
+
+def check_arguments(rate: int, size: int, duration: float, slow_consumer: bool) -> None:
+    """Raise :class:`InvalidArgumentError` naming the first argument out of range: ``rate``
+    (messages/s) >= 0, ``size`` (bytes) in :data:`MIN_MESSAGE_SIZE`..:func:`max_message_size`,
+    ``duration`` (s) finite and >= 0."""
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
+        raise InvalidArgumentError("rate", f"{rate!r} is not a number of messages per second "
+                                           f">= 0 (0: as fast as possible)")
+    limit = max_message_size(slow_consumer)
+    streams = "the slow stream takes" if slow_consumer else "the streams take"
+    if isinstance(size, bool) or not isinstance(size, int) or not (
+            MIN_MESSAGE_SIZE <= size <= limit):
+        raise InvalidArgumentError("size", f"{size!r} is not a message size in "
+                                           f"{MIN_MESSAGE_SIZE}..{limit:,} bytes (a "
+                                           f"message carries an 8-byte sequence number; the "
+                                           f"longest {streams} is term length / 8)")
+    if not 0 <= duration < float("inf"):
+        raise InvalidArgumentError("duration", f"{duration!r} is not a number of seconds >= 0 "
+                                               f"(0: until Ctrl-C)")
 
 
 def _publisher(directory: str, channel: str, rate: int, size: int) -> None:
@@ -154,8 +196,14 @@ def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
              duration: float = 0.0, slow_consumer: bool = False,
              policy: str = "block") -> int:
     """Run the demo until Ctrl-C (or ``duration`` s); everything stops cleanly.
-    ``slow_consumer``: the third stream (module doc), under ``policy``."""
-    size = max(size, 8)
+    ``slow_consumer``: the third stream (module doc), under ``policy``.  Returns 0.
+
+    Raises :class:`InvalidArgumentError` for an argument out of range
+    (:func:`check_arguments`), before anything starts; :class:`DriverError` when the demo's
+    driver ends on its own (it was killed or stopped), and :class:`SlipstreamError` when a
+    publisher or subscriber process does (its traceback, if any, is above): the rest is
+    stopped first."""
+    check_arguments(rate, size, duration, slow_consumer)
     if slow_consumer:
         from slipstream.client.channel import parse_policy
 
@@ -199,8 +247,14 @@ def _run(path: Path, context: Any, rate: int, size: int, duration: float,
         time.sleep(0.5)
         for process in publishers:
             process.start()
+        channels = (IPC_CHANNEL, UDP_CHANNEL, SLOW_CHANNEL)[:len(publishers)]
+        children = {**{process: f"subscriber on {channel}" for process, channel
+                       in zip(subscribers, channels, strict=True)},
+                    **{process: f"publisher on {channel}" for process, channel
+                       in zip(publishers, channels, strict=True)}}
         try:
-            _report(driver, duration, size, started, slow=slow_policy is not None)
+            _report(driver, duration, size, started, slow=slow_policy is not None,
+                    children=children)
         except KeyboardInterrupt:
             pass
         finally:
@@ -211,8 +265,33 @@ def _run(path: Path, context: Any, rate: int, size: int, duration: float,
     return 0
 
 
+def _check_alive(driver: MediaDriver, children: dict[Any, str]) -> None:
+    """Raise when the demo cannot go on: :class:`DriverError` when its driver ended,
+    :class:`SlipstreamError` naming a publisher or subscriber process (multiprocessing
+    ``Process``, by what it does) that ended.  A stopping driver tells its clients first, so a
+    child's end is put down to the driver when the driver ends soon after."""
+    ended = [(what, process) for process, what in children.items()
+             if process.exitcode is not None]
+    if ended:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            driver.process.wait(_DRIVER_END_GRACE_S)
+    status = driver.process.poll()
+    if status is not None:
+        how = f"signal {-status}" if status < 0 else f"status {status}"
+        raise DriverError(f"the demo's driver (pid {driver.pid}) in {driver.directory} ended "
+                          f"with {how}, so the demo stopped: its log is above; start the "
+                          f"demo again")
+    if ended:
+        what, process = ended[0]
+        raise SlipstreamError(f"the demo's {what} (pid {process.pid}) ended with status "
+                              f"{process.exitcode}, so the demo stopped: its traceback, if "
+                              f"any, is above")
+
+
 def _report(driver: MediaDriver, duration: float, size: int, started: float,
-            slow: bool = False) -> None:
+            slow: bool = False, children: dict[Any, str] | None = None) -> None:
+    """Print the rates and counters every second for ``duration`` s (0: until interrupted);
+    raises as :func:`_check_alive` once the driver or one of ``children`` ended."""
     from slipstream.client.counters import CountersFile
 
     counters = CountersFile(driver.directory / "counters.dat", writable=False)
@@ -222,6 +301,8 @@ def _report(driver: MediaDriver, duration: float, size: int, started: float,
     try:
         while not duration or time.monotonic() - start < duration:
             time.sleep(1.0)
+            # Its counters stay mapped after it is gone: without this the lines go on, zeros.
+            _check_alive(driver, children or {})
             now = time.monotonic()
             # The subscribers' positions are exact, so the rates shown are what arrived.
             received = {"ipc": 0.0, "udp": 0.0, "slow": 0.0}

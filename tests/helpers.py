@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import struct
 import time
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 # Short timers so liveness, unblocking and linger show within a test's patience.
 FAST_DRIVER_SETTINGS = {
@@ -125,3 +129,14 @@ def counters_of(driver: Any) -> dict[str, int]:
     from slipstream.client.counters import read_system_counters
 
     return {c.name: v for c, v in read_system_counters(driver.directory).items()}
+
+
+def as_another_user(uid: int) -> list[str]:
+    """The command prefix that runs a process as ``uid`` (``setpriv``, as root).  Without root
+    or setpriv the test skips, and under CI=true (which runs as root) it fails."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        reason = "needs root and setpriv, to run a process as another user"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"under CI=true: {reason}")
+        pytest.skip(reason)
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 import importlib.resources
 import json
 import logging
+import os
+import pwd
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,7 @@ def test_defaults_match_protocol() -> None:
 
 
 def test_directory_resolves_unset_to_default() -> None:
-    assert default_directory() == f"/dev/shm/slipstream-{getpass.getuser()}"
+    assert default_directory() == f"/dev/shm/slipstream-{pwd.getpwuid(os.geteuid()).pw_name}"
     assert DriverSettings().directory == default_directory()
     assert DriverSettings(dir="/tmp/x").directory == "/tmp/x"
     assert DriverSettings(dir="").dir is None

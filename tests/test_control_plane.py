@@ -9,11 +9,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import pwd
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import zmq
-from helpers import wait_for
+from helpers import as_another_user, wait_for
 
 from slipstream.client import Client, InvalidArgumentError, control
 from slipstream.client.counters import CountersFile, SystemCounter, read_system_counters
@@ -374,8 +378,6 @@ def test_a_key_only_the_other_side_acts_on_is_accepted_with_a_warning(client) ->
     """One URI may serve a publication and a subscription (as in Aeron applications), so a
     key of the other side is accepted; the client says it does nothing here (fc=min on a
     subscription had silently given the publication max flow control)."""
-    import warnings
-
     from slipstream.client import ChannelWarning
 
     uri = "aeron:udp?endpoint=127.0.0.1:40731"
@@ -389,3 +391,86 @@ def test_a_key_only_the_other_side_acts_on_is_accepted_with_a_warning(client) ->
         warnings.simplefilter("error")  # keys both sides act on: no warning
         client.add_publication(uri + "|term-length=64k|mtu=1408", 8)
         client.add_subscription(uri + "|term-length=64k|mtu=1408", 8)
+
+
+# -- the default directory, and drivers this process may not use ----------------------------
+
+def test_the_default_directory_is_the_effective_users_whatever_user_says(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The effective uid's name, not $USER (a driver answers only its effective uid), and the
+    uid itself when the password database has no entry for it (a container's uid): getpass
+    raised KeyError there."""
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setenv("LOGNAME", "alice")
+    name = pwd.getpwuid(os.geteuid()).pw_name
+    assert control.default_driver_directory() == Path(f"/dev/shm/slipstream-{name}")
+
+    def no_entry(uid: int) -> None:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    assert control.default_driver_directory() == Path(f"/dev/shm/slipstream-{os.geteuid()}")
+
+
+
+def test_commands_run_by_a_uid_without_a_passwd_entry_find_their_directory() -> None:
+    uid = 54321
+    result = subprocess.run(
+        [*as_another_user(uid), sys.executable, "-m", "slipstream.daemon.cli", "driver",
+         "--print-config"], capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")})
+    assert result.returncode == 0, result.stderr
+    assert f"/dev/shm/slipstream-{uid}" in result.stdout
+
+
+def test_a_client_of_another_user_is_told_whose_directory_it_is(driver) -> None:
+    """The driver's directory is 0700: opening its lock was a raw PermissionError."""
+    script = ("from slipstream.client import Client\n"
+              "try:\n"
+              f"    Client.connect({str(driver.directory)!r}, timeout=2)\n"
+              "except Exception as e:\n"
+              "    print(type(e).__name__, e)\n")
+    result = subprocess.run([*as_another_user(65534), sys.executable, "-c", script],
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout.startswith("DriverError the driver directory "
+                                    f"{driver.directory} belongs to root (uid 0)"), (
+        result.stdout + result.stderr)
+
+
+def test_a_driver_of_another_user_refuses_the_client_and_the_error_says_so(
+        driver_dir: Path) -> None:
+    """Its control socket drops another uid's connection unread (IPC_FILTER_UID): the
+    client said the driver was stopped, stuck or overloaded."""
+    from slipstream.client import DriverError, DriverTimeoutError
+
+    prefix = as_another_user(65534)
+    process = subprocess.Popen([*prefix, sys.executable, "-m", "slipstream.daemon.cli",
+                                "driver", "--dir", str(driver_dir)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (driver_dir / control.CONDUCTOR_SOCKET).exists()
+                 and (driver_dir / control.COUNTERS_FILE).exists(), timeout=20,
+                 what="the other user's driver")
+        with pytest.raises(DriverError, match=r"belongs to nobody \(uid 65534\) and this "
+                                              r"process runs as root") as raised:
+            Client.connect(driver_dir, timeout=1)
+        assert not isinstance(raised.value, DriverTimeoutError)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_connecting_to_an_embedded_driver_without_its_invoker_names_the_cause(
+        driver_dir: Path) -> None:
+    from slipstream.client import DriverTimeoutError
+    from slipstream.daemon.driver import MediaDriver
+
+    embedded = MediaDriver.embedded(driver_dir)
+    try:
+        with pytest.raises(DriverTimeoutError, match=r"embedded in this process .* answers "
+                                                     r"only while its application calls its "
+                                                     r"do_work\(\): connect with "
+                                                     r"invoker=driver.do_work"):
+            Client.connect(driver_dir, timeout=0.5)
+    finally:
+        embedded.close()

@@ -3,8 +3,14 @@ the files are the interface)."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import shutil
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -246,3 +252,107 @@ def test_object_addresses_do_not_make_errors_distinct(tmp_path: Path) -> None:
     handler.flush()
     [entry] = read_error_log(tmp_path)
     assert entry.count == 2
+
+
+# -- stat against a directory: --match, a driver replaced, another user's directory ----------
+
+def _fake_driver_directory(path: Path) -> int:
+    """A directory as a live driver keeps it, counters and a loss report with one image of
+    stream 7 that saw a gap, its lock held by this process (stat opens the lock anew: its
+    shared lock is refused while our exclusive one stands).  Returns the lock's fd."""
+    from slipstream.client.counters import CountersFile
+    from slipstream.daemon.reports.loss_report import LossReport
+
+    path.mkdir(mode=0o700)
+    fd = os.open(path / "driver.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.pwrite(fd, f"slipstream driver directory\ncreated: yes\npid: {os.getpid()}\n".encode(), 0)
+    counters = CountersFile.create(path / "counters.dat", 64)
+    counters.beat(time.time_ns())
+    counters.close()
+    report = LossReport(path / "loss-report.dat", capacity=4)
+    entry = report.add(12345, 7, "aeron:udp?endpoint=127.0.0.1:40123 <- 127.0.0.1:50000")
+    assert entry is not None
+    entry.record(4096)
+    report.close()
+    return fd
+
+
+def test_match_stream_keeps_that_streams_loss_report(shm: Path, capsys) -> None:
+    """``--match stream=7`` filters every section by the same text: the loss report's label
+    has no ``stream=`` of its own, and its entry used to be hidden."""
+    from slipstream.daemon.ops.stat import run_stat
+
+    directory = shm / "driver"
+    fd = _fake_driver_directory(directory)
+    try:
+        assert run_stat(str(directory), once=True, match="stream=7") == 0
+        out = capsys.readouterr().out
+        assert "loss report (1 image(s) with gaps)" in out, out
+        assert run_stat(str(directory), once=True, match="session=12345") == 0
+        assert "loss report (1 image(s) with gaps)" in capsys.readouterr().out
+        assert run_stat(str(directory), once=True, match="stream=8") == 0
+        assert "loss report (0 image(s) with gaps)" in capsys.readouterr().out
+    finally:
+        os.close(fd)
+
+
+def as_user(uid: int) -> list[str]:
+    """The command prefix that runs a program as ``uid`` (group too, no capabilities)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv, to run a process as another user")
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+
+
+def test_stat_of_another_users_directory_says_whose_it_is(shm: Path) -> None:
+    """Another user's driver directory (0700): a message naming it and its owner and exit 2,
+    not a PermissionError traceback."""
+    directory = shm / "driver"
+    fd = _fake_driver_directory(directory)
+    try:
+        os.chmod(shm, 0o755)  # the driver's directory itself stays closed to others
+        result = subprocess.run(
+            [*as_user(65534), sys.executable, "-m", "slipstream.daemon.cli", "stat", "--once",
+             "--dir", str(directory)], capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(fd)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"the driver directory {directory} belongs to root (uid 0)" in result.stderr
+    assert "nobody (uid 65534)" in result.stderr
+
+
+def test_stat_shows_a_new_driver_in_the_directory_of_one_that_was_killed(
+        driver_dir: Path, tmp_path: Path) -> None:
+    """kill -9 leaves the dead driver's counters file mapped (and readable) after the next
+    driver replaces it: stat flags the dead one, then maps the new one's file."""
+    from helpers import wait_for
+
+    from slipstream.daemon.driver import MediaDriver
+
+    first = MediaDriver.start(driver_dir, {})
+    output = tmp_path / "stat.out"
+    second = None
+    with output.open("w") as sink:
+        stat = subprocess.Popen([sys.executable, "-m", "slipstream.daemon.cli", "stat",
+                                 "--interval", "0.2", "--dir", str(driver_dir)],
+                                stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: f"driver pid {first.pid} " in output.read_text(), timeout=20,
+                 what="stat showing the first driver")
+        first.kill()
+        wait_for(lambda: "DEAD: no driver holds the lock" in output.read_text(), timeout=10,
+                 what="stat flagging the killed driver")
+        second = MediaDriver.start(driver_dir, {})
+        wait_for(lambda: f"driver pid {second.pid} " in output.read_text(), timeout=10,
+                 what="stat showing the new driver")
+        time.sleep(0.5)
+        last = output.read_text().split("slipstream driver pid ")[-1]
+        assert last.startswith(f"{second.pid} ") and "DEAD" not in last.splitlines()[0], last
+        assert stat.poll() is None  # still watching
+    finally:
+        stat.terminate()
+        stat.wait(10)
+        first.kill()
+        if second is not None:
+            second.stop()

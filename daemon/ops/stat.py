@@ -17,7 +17,11 @@ Six sections, each read from the files the driver maps (it is never asked anythi
   shown when the driver has died: the log outlives it until the next driver cleans up);
 * **counters**: every counter with its id, type and full label.
 
-``--json`` prints one snapshot as a JSON object with the same content.
+``--json`` prints one snapshot as a JSON object with the same content.  The header names the
+driver's pid and heartbeat age, and flags a driver that died (its lock is free) or whose
+heartbeat is older than the default driver_timeout; when a new driver takes the directory,
+the next refresh shows its counters.  ``--match`` filters every section, the loss report by
+its label with ``stream=<id> session=<id>`` (as position counters' labels carry them).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from slipstream.client.counters import (
     parse_position_label,
 )
 from slipstream.client.errors import DriverNotRunningError
+from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.reports.error_log import PREVIOUS_FILE, ErrorEntry, read_error_log
 from slipstream.daemon.reports.loss_report import LossObservation, read_loss_report
 
@@ -245,13 +250,72 @@ def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *,
     }
 
 
+def loss_match_label(loss: LossObservation) -> str:
+    """What ``--match`` looks in for a loss-report entry: its label (channel and source) with
+    ``stream=<id> session=<id>`` added, as the position counters' labels carry them, so that
+    ``--match stream=7`` keeps stream 7's entries as it keeps its counters."""
+    return f"{loss.label} stream={loss.stream_id} session={loss.session_id}"
+
+
+#: A driver beats at least four times within its driver_timeout; stat cannot read that
+#: setting (the driver does not publish it), so it flags a heartbeat older than the default.
+STALE_HEARTBEAT_S = DriverSettings().driver_timeout / 1e9
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of ``path``, None when it is gone: a new driver in the directory makes
+    a new counters file, while the one mapped stays readable after its unlink."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _open_counters(path: Path) -> tuple[CountersFile, tuple[int, int]] | None:
+    """The counters file at ``path`` mapped, with its identity; None when it is not there or
+    not whole yet (a driver starting)."""
+    for _ in range(3):  # a driver replacing it between the stat and the open: look again
+        before = _identity(path)
+        if before is None:
+            return None
+        try:
+            counters = CountersFile(path, writable=False)
+        except (FileNotFoundError, ValueError):
+            return None
+        if _identity(path) == before:
+            return counters, before
+        counters.close()
+    return None
+
+
+def _driver_state(path: Path, counters: CountersFile, age_s: float) -> str:
+    """What the header adds when the driver shown may be gone: its lock free, or its
+    heartbeat older than :data:`STALE_HEARTBEAT_S`."""
+    if not _driver_holds_lock(path):
+        return "  DEAD: no driver holds the lock (it was killed or crashed)"
+    if age_s > STALE_HEARTBEAT_S:
+        return (f"  STALE: no heartbeat for {age_s:.1f} s, past the driver_timeout of "
+                f"{STALE_HEARTBEAT_S:g} s (stopped, e.g. SIGSTOP, or stuck)")
+    return ""
+
+
 def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False,
              match: str = "", as_json: bool = False) -> int:
     """Print the counters of the driver in ``directory`` every ``interval`` s (or once; always
-    once with ``as_json``).  ``match`` keeps the counters whose label contains it."""
+    once with ``as_json``).  ``match`` keeps the counters whose label contains it, and the
+    loss-report entries whose :func:`loss_match_label` does.
+
+    Each refresh checks that the driver shown is still the directory's: a driver that died
+    (its lock free) or whose heartbeat is older than :data:`STALE_HEARTBEAT_S` is flagged in
+    the header, and a new driver's counters file (another inode) is mapped in place of the
+    old one, which stays readable after it is deleted.  Raises :class:`DriverError` naming
+    the owner when the directory is another user's."""
     path = Path(directory) if directory else default_directory()
+    control.check_directory_access(path)  # another user's: say whose, not PermissionError
     counters_path = path / control.COUNTERS_FILE
-    if not counters_path.exists() or not _driver_holds_lock(path):
+    opened = _open_counters(counters_path) if _driver_holds_lock(path) else None
+    if opened is None:
         errors = read_error_log(path)
         if not errors:
             raise DriverNotRunningError(str(path), "no counters to show")
@@ -265,15 +329,16 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
             print(f"no slipstream driver is running in {path}; the last one's error log:")
             print("\n".join(render_errors(errors)))
         return 1
-    counters = CountersFile(counters_path, writable=False)
+    counters, identity = opened
     previous: dict[int, int] = {}
     last = time.monotonic()
     interactive = sys.stdout.isatty() and not once and not as_json
+    notice = ""
     try:
         while True:
             now = time.monotonic()
             snapshot = [c for c in counters if match in c.label]
-            losses = [loss for loss in read_loss_report(path) if match in loss.label]
+            losses = [loss for loss in read_loss_report(path) if match in loss_match_label(loss)]
             errors = read_error_log(path)
             previous_errors = read_error_log(path, PREVIOUS_FILE)
             age = (time.time_ns() - counters.driver_heartbeat_ns) / 1e9
@@ -285,7 +350,11 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
                 sys.stdout.write("\n")
                 return 0
             header = (f"slipstream driver pid {counters.driver_pid} in {path}  "
-                      f"heartbeat {age:.1f} s ago  {time.strftime('%H:%M:%S')}")
+                      f"heartbeat {age:.1f} s ago  {time.strftime('%H:%M:%S')}"
+                      f"{_driver_state(path, counters, age)}")
+            if notice:
+                header += f"\n{notice}"
+                notice = ""
             if match:  # every table below is filtered: say so where a reader looks first
                 header += f"\nonly labels containing {match!r} (--match)"
             table = render(snapshot, previous, now - last, header, losses=losses,
@@ -302,9 +371,22 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
             previous = {c.counter_id: c.value for c in snapshot}
             last = now
             time.sleep(interval)
-            if not os.path.exists(counters_path):
+            current = _identity(counters_path)
+            if current is None and not _driver_holds_lock(path):
                 print("the driver stopped", file=sys.stderr)
                 return 0
+            if current is not None and current != identity:
+                # A new driver took the directory (the one shown died, or was stopped and
+                # a new one started within an interval): show its counters from here.
+                reopened = _open_counters(counters_path)
+                if reopened is not None:
+                    old_pid = counters.driver_pid
+                    counters.close()
+                    counters, identity = reopened
+                    previous = {}  # another driver's values: no rates against them
+                    notice = (f"a new driver (pid {counters.driver_pid}) took the directory "
+                              f"from pid {old_pid}")
+            # Else: the same driver, or a new one not done making its file: look again.
     except KeyboardInterrupt:
         return 0
     finally:

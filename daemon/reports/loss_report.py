@@ -1,7 +1,8 @@
 """The loss report: per image, the gaps its receiver found (Aeron's LossReport, read by LossStat).
 
 A file in the driver directory (``loss-report.dat``), mapped by the driver and read by
-``slipstream stat --loss``::
+``slipstream stat``, which shows it in every snapshot as its "loss report" section (and as
+``loss_report`` in ``--json``; ``--match stream=N`` keeps stream N's entries)::
 
     [header 64 B: magic, version, capacity, entries used][entries: capacity x 256 B]
 
