@@ -57,6 +57,9 @@ _PARK_SLICE_NS = 1_000_000_000
 #: A rate-limit offer waiting on its token bucket looks at its publication this often (a close
 #: from another thread ends the wait).
 PACE_SLICE_NS = 10_000_000
+#: With an embedded driver in invoker mode, a rate-limit offer waiting on its bucket runs the
+#: driver's duty cycle, sleeping at most this long between idle cycles.
+INVOKER_PACE_SLICE_NS = 1_000_000
 
 # The offer codes (native.h's; publication.py names them for users).
 _NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION, _CLOSED = (
@@ -284,6 +287,7 @@ class OfferPolicy:
         meanwhile, from another thread or with its client).  The pacing is the rate asked
         for, not back pressure: ``timeout:`` bounds only the wait for credit after it."""
         publication = self._publication
+        invoker = publication._client.invoker
         while True:
             delay = bucket.delay_ns(time.monotonic_ns(), messages, length)
             if not delay:
@@ -292,6 +296,12 @@ class OfferPolicy:
                 return _BACK_PRESSURED
             if publication.is_closed or publication._client.is_closed:
                 return _CLOSED
+            if invoker is not None:
+                # An embedded driver works only while its application calls it: a paced loop
+                # would otherwise send nothing, and attached processes would deem it dead.
+                if not invoker():
+                    time.sleep(min(delay, INVOKER_PACE_SLICE_NS) / 1e9)
+                continue
             # In slices, so that a close from another thread is seen within one.
             time.sleep(min(delay, PACE_SLICE_NS) / 1e9)
 

@@ -13,6 +13,7 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from array import array
@@ -679,7 +680,25 @@ class Subscription:
 
     def wait_for_data(self, timeout_ns: int, spin_ns: int | None = None) -> bool:
         """Block until a frame is committed at some image's position, or ``timeout_ns``;
-        spin for ``spin_ns`` first (default: the client's ``idle_spin_ns``)."""
+        spin for ``spin_ns`` first (default: the client's ``idle_spin_ns``).  Returns whether
+        one is.  With an embedded driver (invoker mode) it runs the driver's duty cycle while
+        it waits, as :meth:`receive` does: a park would stop the driver that brings the data
+        (and the heartbeat attached processes watch)."""
+        invoker = self._client.invoker
+        if invoker is None:
+            return self._await_frames(timeout_ns, spin_ns)
+        deadline = time.monotonic_ns() + timeout_ns
+        while True:
+            worked = invoker()
+            if self._await_frames(0, 0):
+                return True
+            if self._closed or time.monotonic_ns() >= deadline:
+                return False
+            if not worked:
+                os.sched_yield()
+
+    def _await_frames(self, timeout_ns: int, spin_ns: int | None) -> bool:
+        """:meth:`wait_for_data` without running an embedded driver."""
         images = self._images
         if not images:
             with self._images_changed:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from helpers import NETWORK_SETTINGS, counters_of, free_port, message
 
 from slipstream.client import Client, ClosedError, DriverNotRunningError
@@ -540,3 +541,90 @@ def test_an_idle_embedded_driver_beats_four_times_within_driver_timeout(embedded
             time.sleep(0.001)
     gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert len(gaps) >= 10 and max(gaps) <= 200_000_000 + 20_000_000, max(gaps)
+
+
+def test_a_rate_limited_offer_runs_the_embedded_driver_while_it_paces(embedded) -> None:
+    """An offer waiting on its rate-limit bucket is the application's call: it runs the
+    driver, so the heartbeat attached processes watch keeps beating through the pacing (it
+    slept, and a paced loop over UDP sent nothing)."""
+    driver = embedded(driver_timeout="800ms", timer_interval="1s",
+                      client_liveness_timeout="5s", publication_unblock_timeout="10s")
+    with Client.connect(driver.directory, invoker=driver.do_work) as client:
+        pub = client.add_publication("aeron:ipc", 32, policy="rate-limit,messages:1")
+        sub = client.add_subscription("aeron:ipc", 32)
+        run_until(lambda: pub.is_connected, driver, what="connected")
+        beats: list[int] = []
+        done = threading.Event()
+
+        def watch() -> None:  # as an attached process would, from outside the call
+            while not done.is_set():
+                beat = client.counters.driver_heartbeat_ns
+                if not beats or beat != beats[-1]:
+                    beats.append(beat)
+                time.sleep(0.005)
+
+        assert pub.offer(b"first") > 0
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        started = time.monotonic()
+        try:
+            assert pub.offer(b"second") > 0  # a second's pacing
+        finally:
+            done.set()
+            watcher.join(5)
+        assert time.monotonic() - started > 0.5
+        gaps = [b - a for a, b in itertools.pairwise(beats)]
+        assert len(beats) >= 4 and max(gaps) <= 250_000_000, (len(beats), max(gaps, default=0))
+        got: list[bytes] = []
+        run_until(lambda: sub.poll(lambda data, _h: got.append(bytes(data)), 10) and
+                  len(got) == 2, driver, what="both messages")
+
+
+async def test_offer_async_under_rate_limit_runs_the_embedded_driver_while_it_paces(
+        embedded) -> None:
+    driver = embedded(driver_timeout="800ms", timer_interval="1s",
+                      client_liveness_timeout="5s", publication_unblock_timeout="10s")
+    with Client.connect(driver.directory, invoker=driver.do_work) as client:
+        pub = client.add_publication("aeron:ipc", 33, policy="rate-limit,messages:1")
+        client.add_subscription("aeron:ipc", 33)
+        run_until(lambda: pub.is_connected, driver, what="connected")
+        beats: list[int] = []
+
+        async def watch() -> None:
+            while True:
+                beat = client.counters.driver_heartbeat_ns
+                if not beats or beat != beats[-1]:
+                    beats.append(beat)
+                await trio.sleep(0.005)
+
+        assert await pub.offer_async(b"first") > 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            assert await pub.offer_async(b"second") > 0  # a second's pacing
+            nursery.cancel_scope.cancel()
+        gaps = [b - a for a, b in itertools.pairwise(beats)]
+        assert len(beats) >= 4 and max(gaps) <= 250_000_000, (len(beats), max(gaps, default=0))
+
+
+def test_wait_for_data_runs_the_embedded_driver_while_it_waits(embedded) -> None:
+    """A UDP message between two embedded drivers of one process arrives during one
+    ``wait_for_data`` of the subscriber's client: the wait runs that client's driver (it
+    parked on the futex, and the message waited for the next call)."""
+    port = free_port()
+    sender, receiver = embedded(), embedded()
+    uri = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    with Client.connect(sender.directory, invoker=sender.do_work) as publishing, \
+            Client.connect(receiver.directory, invoker=receiver.do_work) as subscribing:
+        pub = publishing.add_publication(uri, 34)
+        sub = subscribing.add_subscription(uri, 34)
+        run_until(lambda: pub.is_connected and sub.images, sender, receiver, what="connected")
+        deadline = time.monotonic() + 5
+        while pub.offer(b"one") < 0:
+            assert time.monotonic() < deadline, "the offer never went in"
+            sender.do_work()
+        for _ in range(100):  # the sender's driver sends it (nothing here runs the receiver's)
+            sender.do_work()
+        assert sub.wait_for_data(2_000_000_000)
+        got: list[bytes] = []
+        sub.poll(lambda data, _h: got.append(bytes(data)), 10)
+        assert got == [b"one"]
