@@ -23,6 +23,7 @@ import pytest
 from helpers import counters_of, wait_for
 
 from slipstream.client import (
+    NOT_CONNECTED,
     BufferClaim,
     ChannelError,
     Client,
@@ -199,7 +200,7 @@ def test_a_crashed_drivers_directory_is_cleaned_by_the_next_driver(driver_dir: P
     with MediaDriver.launch(directory=driver_dir):
         assert list((driver_dir / "publications").iterdir()) == []
         with Client.connect(driver_dir) as client:
-            assert client.add_publication("aeron:ipc", 8).offer(b"x") < 0
+            assert client.add_publication("aeron:ipc", 8).offer(b"x") == NOT_CONNECTED
 
 
 def test_a_driver_restarting_while_a_client_probes_its_lock_takes_it(tmp_path: Path,

@@ -94,7 +94,9 @@ def test_an_idle_embedded_conductor_runs_at_the_next_call_after_a_refused_offer(
     """Idle, the conductor runs less and less often (up to once a second, as the daemon's);
     an IPC publisher refused for want of credit is news that brings the next cycle at once,
     and the limit moves."""
-    driver = embedded()
+    # The default timer interval (1 s), so that only the idle pacing spaces the cycles.
+    driver = embedded(timer_interval="1s", client_liveness_timeout="5s",
+                      publication_unblock_timeout="10s")
     with Client.connect(driver.directory, invoker=driver.do_work) as client:
         subscription = client.add_subscription("aeron:ipc", 3)
         publication = client.add_publication("aeron:ipc", 3)
@@ -104,7 +106,15 @@ def test_an_idle_embedded_conductor_runs_at_the_next_call_after_a_refused_offer(
         while time.monotonic() < idle_until:
             driver.do_work()
             time.sleep(0.0005)
+        # Right after an idle cycle, the next is far off: calls without news do not run it.
         cycles = counters_of(driver)["CONDUCTOR_CYCLES"]
+        run_until(lambda: counters_of(driver)["CONDUCTOR_CYCLES"] > cycles, driver,
+                  what="an idle conductor cycle")
+        cycles = counters_of(driver)["CONDUCTOR_CYCLES"]
+        for _ in range(50):
+            driver.do_work()
+            time.sleep(0.001)
+        assert counters_of(driver)["CONDUCTOR_CYCLES"] == cycles
         sent = 0
         while publication.offer(message(sent, 1000)) > 0:  # up to the window's end
             sent += 1

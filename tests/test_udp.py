@@ -900,7 +900,9 @@ def test_a_port_in_use_is_a_clear_error(launch) -> None:
                 client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 1)
             with pytest.raises(RegistrationError, match="endpoint"):
                 client.add_publication("aeron:udp?endpoint=127.0.0.1:0", 1)
-            assert client.add_subscription("aeron:ipc", 1) is not None  # still serving
+            ipc = client.add_subscription("aeron:ipc", 1)  # still serving
+            publication = client.add_publication("aeron:ipc", 1)
+            wait_for(lambda: publication.is_connected and ipc.is_connected, what="connected")
 
 
 def test_a_socket_buffer_the_kernel_caps_is_named_in_the_log(launch, capfd) -> None:
