@@ -515,12 +515,18 @@ def test_a_steady_streams_liveness_timers_are_the_c_halves_not_a_python_pass_eac
     assert sent > 7_000
     passes = [end["NETWORK_PYTHON_PASSES"] - start["NETWORK_PYTHON_PASSES"]
               for start, end in zip(before, after, strict=True)]
-    # A busy machine (CI) may move the pressure governor; each step it takes is a command
-    # to the sender and one to the receiver, run by a Python pass: not a timer's.
-    steps = [sum(end[name] - start[name] for name in ("GOVERNOR_CLIMBS", "GOVERNOR_DESCENTS"))
-             for start, end in zip(before, after, strict=True)]
-    assert all(p <= 1 + 2 * step for p, step in zip(passes, steps, strict=True)), (passes,
-                                                                                  steps)
+    # A busy machine (CI) brings passes that are not a timer's: each step of the pressure
+    # governor is a command to the sender and one to the receiver; a datagram the loaded
+    # receiver's socket dropped is a NAK (a pass at each end), a full send buffer a short
+    # send; and a subscriber that moved after its cycle's SM went costs one.  A liveness
+    # timer in Python would add 4 or more per timer on top.
+    explained = [2 * sum(end[name] - start[name] for name in ("GOVERNOR_CLIMBS",
+                                                             "GOVERNOR_DESCENTS"))
+                 + sum(end[name] - start[name] for name in (
+                     "NAK_MESSAGES_SENT", "NAK_MESSAGES_RECEIVED", "SHORT_SENDS"))
+                 for start, end in zip(before, after, strict=True)]
+    assert all(p <= 2 + other for p, other in zip(passes, explained, strict=True)), (
+        passes, explained)
 
 
 def test_a_subscriber_position_past_what_arrived_is_held_at_the_hwm(launch) -> None:
