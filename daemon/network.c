@@ -1228,6 +1228,15 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
     return sent_total;
 }
 
+int32_t ss_sender_status_poll_due(ss_agent_t *a, int32_t sent) {
+    /* A status message or NAK read late stalls the stream: never let a busy send loop starve
+     * the control input for long. */
+    a->datagrams_to_status_poll -= sent;
+    if (sent != 0 && a->datagrams_to_status_poll > 0) return 0;
+    a->datagrams_to_status_poll = 2 * a->status_poll_ratio;
+    return 1;
+}
+
 int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only) {
     a->virtual_count = 0;
     return send_publications(a, now_ns, retransmits_only, 1);
@@ -1242,12 +1251,7 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
     if (a->is_sender) {
         int32_t sent = send_publications(a, now_ns, 0, 0);
-        /* Control input every cycle that sent nothing, else every 2 x status_poll_ratio
-         * datagrams (aeron_driver_sender_do_work counts cycles of 2): a status message or NAK
-         * read late stalls the stream. */
-        a->datagrams_to_status_poll -= sent;
-        if (sent == 0 || a->datagrams_to_status_poll <= 0) {
-            a->datagrams_to_status_poll = 2 * a->status_poll_ratio;
+        if (ss_sender_status_poll_due(a, sent)) {
             int32_t received = 0;
             for (int32_t i = 0; i < a->endpoint_count; i++)
                 received += receive_endpoint(a->endpoints[i], now_ns);

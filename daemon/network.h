@@ -573,6 +573,11 @@ int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns);
  * virtual_room): the spans go to virtual_spans/virtual_owners (virtual_count of them).
  * Returns the datagrams sent. */
 int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only);
+/* The sender's rule for reading control input (status messages, NAKs) after a cycle that sent
+ * `sent` datagrams: every cycle that sent nothing, else every 2 x status_poll_ratio datagrams
+ * (aeron_driver_sender_do_work counts cycles of 2).  Returns 1 when the input is due now (and
+ * starts the next count).  ss_agent_do_work and the simulator's sender share it. */
+int32_t ss_sender_status_poll_due(ss_agent_t *a, int32_t sent);
 /* Whether the Python half is due at now_ns: SS_DUE_* bits, also stored in a->due. */
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns);
 /* The earliest timer the agent's C half keeps itself (the gaps of images rebuilt in C, the

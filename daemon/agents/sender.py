@@ -118,7 +118,6 @@ class Sender(Agent[SendEndpoint]):
         of Aeron's (2 datagrams each), i.e. after twice as many datagrams."""
         super().__init__(is_sender=True, max_datagrams=max_datagrams_per_send,
                          status_poll_ratio=status_poll_ratio)
-        self._datagrams_to_status_poll = 0
         #: The pressure governor's step, applied to every publication (set_pressure_step).
         self.pressure_step = 0
         self._publications: list[tuple[NetworkPublication, SendEndpoint]] = []
@@ -161,13 +160,11 @@ class Sender(Agent[SendEndpoint]):
     def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
         """The simulator's endpoints: the C data path sends by the same rules as for sockets
         (the bands, each transport's room) into spans the transports copy, and control input
-        is read by the same status-poll rule."""
+        is read by the same status-poll rule (``ss_sender_status_poll_due``)."""
         self._now_ns = now_ns
         sent_total = self._send_virtual(now_ns, retransmits_only=False)
         received = 0
-        self._datagrams_to_status_poll -= sent_total
-        if not sent_total or self._datagrams_to_status_poll <= 0:
-            self._datagrams_to_status_poll = 2 * self.c.status_poll_ratio
+        if network.ss_sender_status_poll_due(self.c, sent_total):
             for endpoint in self.endpoints:
                 if endpoint.channel.c.fd < 0:
                     received += endpoint.transport.receive(endpoint.channel, now_ns)
