@@ -50,6 +50,7 @@ from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import (
     ChannelError,
     ClosedError,
+    ConfigurationError,
     DriverAlreadyRunningError,
     DriverDirectoryError,
     DriverError,
@@ -947,6 +948,11 @@ _running_embedded: contextvars.ContextVar[EmbeddedDriver | None] = contextvars.C
     "slipstream_running_embedded", default=None)
 
 
+#: Settings of the daemon's threads (how many network threads, how long they spin idle): an
+#: embedded driver has none.
+THREAD_SETTINGS = ("threading_mode", "network_idle_spin")
+
+
 def _program_settings(directory: str | os.PathLike[str] | None,
                       settings: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a driver a program starts (:meth:`MediaDriver.launch`,
@@ -1318,7 +1324,14 @@ class MediaDriver:
     def embedded(cls, directory: str | os.PathLike[str] | None = None,
                  **settings: Any) -> EmbeddedDriver:
         """A driver in this process, in invoker mode (:class:`EmbeddedDriver`): settings as
-        for :meth:`launch`; ``threading_mode`` does not apply (it has no threads)."""
+        for :meth:`launch`, but those of the daemon's threads (:data:`THREAD_SETTINGS`) are
+        refused with a :class:`ConfigurationError` naming the key: it has no threads, and a
+        setting it would ignore is a promise it does not keep."""
+        for key in THREAD_SETTINGS:
+            if key in settings:
+                raise ConfigurationError(key, "does not apply to an embedded driver: it has no "
+                                              "threads of its own (the application's calls "
+                                              "run it); leave it out")
         return EmbeddedDriver(load_settings(env={}, overrides=_program_settings(directory,
                                                                                 settings)))
 

@@ -19,7 +19,7 @@ import pytest
 import trio
 from helpers import NETWORK_SETTINGS, counters_of, free_port, message
 
-from slipstream.client import Client, ClosedError, DriverNotRunningError
+from slipstream.client import Client, ClosedError, ConfigurationError, DriverNotRunningError
 from slipstream.daemon.driver import EmbeddedDriver, MediaDriver
 
 pytestmark = pytest.mark.timeout(120)
@@ -638,3 +638,13 @@ def test_wait_for_data_runs_the_embedded_driver_while_it_waits(embedded) -> None
         got: list[bytes] = []
         sub.poll(lambda data, _h: got.append(bytes(data)), 10)
         assert got == [b"one"]
+
+
+@pytest.mark.parametrize("setting", [{"threading_mode": "dedicated"},
+                                     {"network_idle_spin": "1s"}])
+def test_an_embedded_driver_refuses_the_settings_of_threads_it_does_not_have(
+        driver_dir: Path, setting: dict[str, str]) -> None:
+    with pytest.raises(ConfigurationError, match=f"{next(iter(setting))}.*embedded") as error:
+        MediaDriver.embedded(driver_dir, **setting)
+    assert error.value.key == next(iter(setting))
+    assert not driver_dir.exists()
