@@ -10,6 +10,7 @@ Needs ``scripts/ensure-aeron`` (``make test`` runs it); under CI=true a missing 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -230,10 +231,35 @@ def test_a_nak_strength_sender_streams_to_aeron_exactly_as_without_it(
     """rc=nak-strength facing a stock receiver: Aeron gets the announcements (with the first
     SETUP, to the new receiver, then every second) and drops them unread; it never signals,
     so the sender never cuts its rate and the stream goes as without rc=."""
+    from slipstream.client.frames import RateAnnounce, decode
+
     require_aeron()
     uri, messages = channel(kind), 20_000
+    announces: list[RateAnnounce] = []
+    tapping = threading.Event()
+    tapping.set()
+
+    def tap(group: str, port: int) -> None:
+        """A listener on the group (multicast: what the Aeron receiver gets, it gets too)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((group, port))
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                            socket.inet_aton(group) + socket.inet_aton("127.0.0.1"))
+            sock.settimeout(0.1)
+            while tapping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    frame = decode(sock.recv(65536))
+                    if isinstance(frame, RateAnnounce):
+                        announces.append(frame)
+
     with AeronDriver() as aeron, basic_subscriber(aeron, uri, 1005) as subscriber, \
             Client.connect(slipstream_driver.directory) as client:
+        tapper = None
+        if kind == "multicast":
+            group, port = uri.split("endpoint=")[1].split("|")[0].rsplit(":", 1)
+            tapper = threading.Thread(target=tap, args=(group, int(port)), daemon=True)
+            tapper.start()
         errors = aeron.counter("Errors")
         publication = client.add_publication(uri + TERM + "|rc=nak-strength", 1005)
         wait_for(lambda: publication.is_connected, timeout=20,
@@ -246,11 +272,17 @@ def test_a_nak_strength_sender_streams_to_aeron_exactly_as_without_it(
         subscriber.wait_for_messages(messages, timeout=60)
         time.sleep(max(0.0, 1.2 - (time.monotonic() - started)))  # a periodic one as well
         subscriber.wait_quiet(0.3)
+        tapping.clear()
+        if tapper is not None:
+            tapper.join(5)
         assert subscriber.sequence_numbers() == list(range(messages))
         assert aeron.counter("Errors") == errors
         for which in (SystemCounter.RATE_SIGNALS_RECEIVED, SystemCounter.RATE_CUTS,
                       SystemCounter.INVALID_PACKETS):
             assert counter(slipstream_driver, which) == 0, which
+        if kind == "multicast":  # on the group, the Aeron receiver had them as well
+            ours = [a for a in announces if a.session_id == publication.session_id]
+            assert len(ours) >= 2, announces  # the first with the SETUP, then every second
 
 
 def test_aeron_drops_a_nak_strength_signal_without_effect(driver_dir: Path) -> None:
