@@ -386,14 +386,19 @@ def test_bytes_after_the_sm_fields_are_ignored(sender: Sender) -> None:
     (INITIAL_TERM_ID + 1, -32),  # a negative offset
     (INITIAL_TERM_ID, TERM + 32),  # an offset past the term's end
 ], ids=["term-before-initial", "negative-offset", "offset-past-term"])
-def test_an_sm_whose_term_fields_no_term_holds_is_not_taken_in_c(
+def test_an_sm_whose_term_fields_no_term_holds_is_counted_invalid_and_dropped(
         sender: Sender, term_id: int, term_offset: int) -> None:
     """The C half takes only a consumption term id at or after the initial one and an offset
-    within the term (0..term_length); anything else is left to the Python half's rules (it is
-    handed up, and the C half's state does not move)."""
+    within the term (0..term_length); anything else it hands up, and the Python half counts it
+    in INVALID_PACKETS and drops it (§3.3): no receiver reports a position outside the stream,
+    and one taken would be a receiver a drain waits on."""
+    limit, acknowledged = sender.snd_lmt, dict(sender.pub._acknowledged)
+    invalid = sender.counters[SystemCounter.INVALID_PACKETS]
     frame = StatusMessage(SESSION, STREAM, term_id, term_offset, WINDOW, RECEIVER)
     sender.deliver(frame)
     assert sender.passed_up == [frame.encode()] and sender.c_took == 0
+    assert sender.counters[SystemCounter.INVALID_PACKETS] == invalid + 1
+    assert sender.pub._acknowledged == acknowledged and sender.snd_lmt == limit
 
 
 # -- the C half against the Python half ------------------------------------------------------

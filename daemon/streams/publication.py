@@ -444,11 +444,14 @@ class NetworkPublication:
             self.flow_control.on_trigger_send_setup(sm, source, now_ns)
 
     def _on_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
-        # An honest receiver reports a position it consumed, so never past snd-pos, and a
-        # window of at most half a term (docs/PROTOCOL.md §3.3).  Anything else would let a stray
-        # or forged SM drive the sender past every real receiver: counted and dropped.
+        # An honest receiver reports a position it consumed, so within the stream (not before
+        # its initial term, an offset within a term) and never past snd-pos, and a window of
+        # at most half a term (docs/PROTOCOL.md §3.3).  Anything else would let a stray or
+        # forged SM drive the sender past every real receiver, or hold a drain on a position
+        # no receiver has: counted and dropped, as the C half hands it here.
         position = self._position(sm.consumption_term_id, sm.consumption_term_offset)
-        if position > self.sender_position or sm.receiver_window < 0:
+        if (position < 0 or not 0 <= sm.consumption_term_offset <= self.term_length
+                or position > self.sender_position or sm.receiver_window < 0):
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return
         if sm.receiver_window > self.term_length >> 1:
