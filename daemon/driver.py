@@ -309,7 +309,7 @@ class DriverDirectory:
 
     def _remove_own_entries(self, *, keep: tuple[str, ...] = ()) -> None:
         """Remove the driver's files by name; unknown entries stay where they are."""
-        for name in DRIVER_FILES:
+        for name in DRIVER_FILES + LEGACY_FILES:
             if name not in keep and name != control.LOCK_FILE:
                 _remove_file(self.path / name)
         for entry in self.path.iterdir():
@@ -372,8 +372,8 @@ DIRECTORY_MARKER = "slipstream driver directory"
 DRIVER_FILES = (control.CONDUCTOR_SOCKET, control.COUNTERS_FILE, control.SENDER_DOORBELL,
                 control.RECEIVER_DOORBELL, ERROR_LOG_FILE, ERROR_LOG_TEMPORARY_FILE,
                 PREVIOUS_ERROR_LOG_FILE, LOSS_REPORT_FILE, control.LOCK_FILE)
-#: What a driver of an earlier release also made there (its error log's temporary name): only
-#: recognised, to say why such a directory is refused.
+#: What a driver of an earlier release also made there (its error log's temporary name, also
+#: in directories whose lock has the marker).
 LEGACY_FILES = ("errors.tmp",)
 #: The folders of the driver's log buffers: only ``<registration id>.logbuffer`` files.
 LOG_FOLDERS = (control.PUBLICATIONS_DIR, control.IMAGES_DIR)
@@ -766,7 +766,7 @@ class _DriverShell(_DriverCore):
         second stops at once."""
         self._cancel_scope = cancel_scope
         timeout_ns = self.settings.drain_timeout
-        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        with trio.open_signal_receiver(*_stop_signals()) as signals:
             task_status.started()
             async for signum in signals:
                 name = signal.Signals(signum).name
@@ -924,15 +924,23 @@ def _channel_of(message: dict[str, Any]) -> Channel | None:
 
 #: What stops a driver, first by draining: Ctrl-C, a service manager's stop, and the hangup of
 #: the terminal a driver runs in the foreground of (an SSH session that drops); Python's
-#: default for SIGHUP killed it, leaving its logs in /dev/shm until the next start.
+#: default for SIGHUP killed it, leaving its logs in /dev/shm until the next start.  A SIGHUP
+#: the driver was started ignoring (nohup, tmux, a parent's choice) stays ignored.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _ignore_stop_signals() -> dict[int, Any]:
-    """Ignore the :data:`STOP_SIGNALS` (main thread only); returns what to restore."""
+def _stop_signals() -> tuple[signal.Signals, ...]:
+    """The :data:`STOP_SIGNALS` this process watches: all but a SIGHUP it inherited ignored
+    (main thread only: others have no say over signals)."""
     if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
+        return ()
+    return tuple(signum for signum in STOP_SIGNALS
+                 if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN)
+
+
+def _ignore_stop_signals() -> dict[int, Any]:
+    """Ignore the stop signals (main thread only); returns what to restore."""
+    return {signum: signal.signal(signum, signal.SIG_IGN) for signum in _stop_signals()}
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:
@@ -1061,22 +1069,26 @@ class EmbeddedDriver(_DriverCore):
         working = self._working
         if working._is_owned() and not self._take_back_interrupted_hold():
             return 0
+        acquired = False
         try:
-            if not working.acquire(blocking=False):
+            acquired = working.acquire(blocking=False)
+            if not acquired:
                 return 0
             self._in_cycle = True
             return 0 if self._closed else self._cycle()
         finally:
-            if working._is_owned():
-                self._in_cycle = False
+            if acquired:
+                self._in_cycle = False  # first: a store has no signal check, a call has
                 working.release()
 
     def _take_back_interrupted_hold(self) -> bool:
         """With ``_working`` held by this thread: True (and released) when no cycle or close
         holds it, that is an interrupt (KeyboardInterrupt from Ctrl-C, any exception a signal
-        handler raises) came between an acquire and the ``try`` that releases it; False when
-        this call comes from inside the thread's own cycle.  Without this, one unlucky Ctrl-C
-        left every later do_work() idle and close() waiting forever."""
+        handler raises, which Python runs after a call returns) came between an acquire and
+        the store that records it, or between a release's last store and the release; False
+        when this call comes from inside the thread's own cycle.  Without this, one unlucky
+        Ctrl-C left every later do_work() idle and close() waiting forever.  (A hold an
+        interrupt left in another thread only that thread can take back.)"""
         if self._in_cycle:
             return False
         self._working.release()
@@ -1203,44 +1215,50 @@ class EmbeddedDriver(_DriverCore):
             log.warning("the embedded driver in %s was busy for %.1f s: not closed",
                         self.directory, timeout)
             return
-        self._in_cycle = True  # a do_work() from what close() runs is a reentrant call
-        running = _running_embedded.set(self)
         try:
-            if self._closed:
-                return
-            self._closed = True
-            if self._at_exit is not None:
-                atexit.unregister(self._at_exit)
-            interrupted: BaseException | None = None
+            self._in_cycle = True  # a do_work() from what close() runs is a reentrant call
+            running = _running_embedded.set(self)
             try:
-                if "conductor" in self._opened and self._loop is not None:
-                    limit_ns = self.settings.drain_timeout
-                    if timeout is not None:
-                        limit_ns = min(limit_ns, started_ns + int(timeout * 1e9)
-                                       - time.monotonic_ns())
-                    try:
-                        self._drain(limit_ns)
-                    except KeyboardInterrupt as e:  # the clients are still told, then it goes
-                        log.warning("interrupted while draining: closing at once")
-                        interrupted = e
-                if self._conductor_waiting:
-                    self._wait_for_signal(False)
-                if "conductor" in self._opened:
-                    self._send(self.conductor.shutdown_events())
-                    self._told_clients = True
+                self._close_held(started_ns, timeout)
             finally:
-                self._stop_metrics()
-                self._close()
-                if self._error_log is not None:
-                    logging.getLogger("slipstream.driver").removeHandler(self._error_log)
-                    self._error_log.close()
-                self.driver_directory.release()
-            if interrupted is not None:
-                raise interrupted
+                _running_embedded.reset(running)
         finally:
-            _running_embedded.reset(running)
-            self._in_cycle = False
+            self._in_cycle = False  # first: a store has no signal check, a call has
             working.release()
+
+    def _close_held(self, started_ns: int, timeout: float | None) -> None:
+        """:meth:`close`'s work, with ``_working`` held."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+        interrupted: BaseException | None = None
+        try:
+            if "conductor" in self._opened and self._loop is not None:
+                limit_ns = self.settings.drain_timeout
+                if timeout is not None:
+                    limit_ns = min(limit_ns, started_ns + int(timeout * 1e9)
+                                   - time.monotonic_ns())
+                try:
+                    self._drain(limit_ns)
+                except KeyboardInterrupt as e:  # the clients are still told, then it goes
+                    log.warning("interrupted while draining: closing at once")
+                    interrupted = e
+            if self._conductor_waiting:
+                self._wait_for_signal(False)
+            if "conductor" in self._opened:
+                self._send(self.conductor.shutdown_events())
+                self._told_clients = True
+        finally:
+            self._stop_metrics()
+            self._close()
+            if self._error_log is not None:
+                logging.getLogger("slipstream.driver").removeHandler(self._error_log)
+                self._error_log.close()
+            self.driver_directory.release()
+        if interrupted is not None:
+            raise interrupted
 
     def _drain(self, timeout_ns: int) -> None:
         """Before it closes, as the daemon at its first SIGTERM: no new credit; what its logs
@@ -1284,7 +1302,7 @@ def _close_at_exit(driver: EmbeddedDriver, pid: int) -> None:
 
 
 def run_driver(settings: DriverSettings) -> None:
-    """Run a driver in the foreground until SIGINT/SIGTERM."""
+    """Run a driver in the foreground until SIGINT, SIGTERM or SIGHUP (:data:`STOP_SIGNALS`)."""
     trio.run(_DriverShell(settings).run)
 
 

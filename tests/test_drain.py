@@ -9,6 +9,8 @@ import contextlib
 import shutil
 import signal
 import struct
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -280,3 +282,32 @@ def test_a_hangup_drains_and_cleans_up_as_sigterm_does(launch) -> None:
     assert driver.process.wait(5) == 0
     assert received == sent and len(sent) >= WINDOW // 160  # 100-byte messages take 160
     assert not driver.directory.exists()
+
+
+def test_a_driver_started_ignoring_hangups_keeps_running_through_one() -> None:
+    """``nohup slipstream driver &`` (or tmux, or a parent that ignores SIGHUP): the hangup
+    it was started ignoring stays ignored, and the driver serves on."""
+    directory = Path("/dev/shm") / f"slipstream-drain-{uuid.uuid4().hex[:12]}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "slipstream.daemon.cli", "driver", "--dir", str(directory)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        def serving() -> bool:
+            with contextlib.suppress(DriverNotRunningError):
+                Client.connect(directory).close()
+                return True
+            return False
+
+        wait_for(serving, timeout=20, what="the driver serving")
+        process.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert process.poll() is None and serving()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(10) == 0
+        assert not directory.exists()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+        shutil.rmtree(directory, ignore_errors=True)
