@@ -28,6 +28,7 @@ from pathlib import Path
 
 from slipstream.client.errors import ConfigurationError
 from slipstream.client.layout import max_message_length
+from slipstream.daemon.cli import int_at_least
 from slipstream.daemon.config import DriverSettings, check_setting
 
 BATCH = 256  # messages per offer_batch call
@@ -319,15 +320,8 @@ def scratch_directory() -> tempfile.TemporaryDirectory[str]:
                                        ignore_cleanup_errors=True)
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1 (a count, a rate, a size)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
-    return value
+#: An argparse type: an integer of at least 1 (a count, a rate, a size).
+positive_int = int_at_least(1)
 
 
 def positive_float(text: str) -> float:

@@ -91,10 +91,14 @@ def _driver_holds_lock(directory: Path) -> bool:
     except FileNotFoundError:
         return False
     except PermissionError:
-        try:
-            owner = os.stat(directory).st_uid
-        except OSError:  # not even the directory can be looked at: a parent is closed to us
-            owner = os.stat(directory.parent).st_uid
+        owner = None
+        for path in (directory, directory.parent):  # the parent: when even the directory
+            with contextlib.suppress(OSError):      # cannot be looked at
+                owner = os.stat(path).st_uid
+                break
+        if owner is None:
+            raise DriverNotRunningError(str(directory), "this process may not look into it "
+                                                        "(permission denied)") from None
         raise control.foreign_directory_error(directory, owner) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -308,9 +312,10 @@ class Client:
                                  "an embedded driver answers only while its application calls "
                                  "its do_work(): connect with invoker=driver.do_work")
                     else:
+                        embedded_in = "" if holder is None else f" (pid {holder})"
                         cause = ("it is stopped, stuck or overloaded (`slipstream stat --dir "
                                  f"{self.directory}` shows how old its heartbeat is); if it "
-                                 f"is embedded in an application (pid {holder}), that "
+                                 f"is embedded in an application{embedded_in}, that "
                                  "application is not calling its do_work(), and an embedded "
                                  "driver answers only then")
                     raise DriverTimeoutError(

@@ -102,11 +102,20 @@ def foreign_directory_error(directory: str | os.PathLike[str], uid: int) -> Driv
     """The error for a driver directory of user ``uid`` that this process (another effective
     uid) may not use: a driver answers only processes of its own user (its directory is 0700,
     its control socket checks SO_PEERCRED)."""
+    if uid == os.geteuid():  # our own, closed to us by its mode: not another user's
+        return DriverError(
+            f"the driver directory {directory} or its {LOCK_FILE} is not readable by its own "
+            f"user, {describe_user(uid)}: its mode was changed; a driver makes it 0700 "
+            f"(rwx for its user)")
     owner = describe_user(uid)
+    try:
+        sudo_user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        sudo_user = f"'#{uid}'"  # sudo's form for a uid without a name
     return DriverError(
         f"the driver directory {directory} belongs to {owner} and this process runs as "
         f"{describe_user(os.geteuid())}: a driver serves only its own user's processes; run "
-        f"this as {owner.split(' (')[0]} (e.g. `sudo -u`), or use a driver of your own "
+        f"this as that user (e.g. `sudo -u {sudo_user}`), or use a driver of your own "
         f"(--dir, or SLIPSTREAM_DIR)")
 
 
@@ -120,8 +129,9 @@ def check_directory_access(directory: str | os.PathLike[str]) -> None:
     except OSError:
         return
     lock = path / LOCK_FILE
-    if not os.access(path, os.R_OK | os.X_OK) or (
-            os.path.lexists(lock) and not os.access(lock, os.R_OK)):
+    # The effective uid's rights, as the opens that follow have them (not the real uid's).
+    if not os.access(path, os.R_OK | os.X_OK, effective_ids=True) or (
+            os.path.lexists(lock) and not os.access(lock, os.R_OK, effective_ids=True)):
         raise foreign_directory_error(path, owner)
 
 

@@ -682,8 +682,9 @@ class Subscription:
         """Block until a frame is committed at some image's position, or ``timeout_ns``;
         spin for ``spin_ns`` first (default: the client's ``idle_spin_ns``).  Returns whether
         one is.  With an embedded driver (invoker mode) it runs the driver's duty cycle while
-        it waits, as :meth:`receive` does: a park would stop the driver that brings the data
-        (and the heartbeat attached processes watch)."""
+        it waits, as :meth:`receive` does (``spin_ns`` does not apply: a park would stop the
+        driver that brings the data, and the heartbeat attached processes watch), and raises
+        :class:`DriverNotRunningError` once that driver is gone, as a poll would."""
         invoker = self._client.invoker
         if invoker is None:
             return self._await_frames(timeout_ns, spin_ns)
@@ -692,6 +693,8 @@ class Subscription:
             worked = invoker()
             if self._await_frames(0, 0):
                 return True
+            if self._driver_lost:
+                raise self._client.driver_lost_error()
             if self._closed or time.monotonic_ns() >= deadline:
                 return False
             if not worked:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from slipstream.client.errors import (
     DriverAlreadyRunningError,
     DriverDirectoryError,
+    InvalidArgumentError,
     SlipstreamError,
 )
 
@@ -66,41 +68,41 @@ def _positive_seconds(text: str) -> float:
     return seconds
 
 
-def _non_negative_int(text: str) -> int:
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (the CLI's and ``slipstream sim``'s)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum {low}")
+        return value
+    return parse
+
+
+def non_negative_number(text: str) -> float:
+    """An argparse type: a finite number >= 0 (seconds, milliseconds, Mbit/s: the option's)."""
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is below the minimum 0")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{value} is not a number >= 0 (and finite)")
     return value
 
 
-def _non_negative_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 <= seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
-    return seconds
-
-
 def _demo_message_size(text: str) -> int:
-    """A demo message size, bytes: room for its sequence number, and no longer than the
-    demo's IPC and UDP streams take (``--slow-consumer``'s shorter limit is checked by
-    run_demo, which knows whether it is asked for)."""
-    from slipstream.daemon.demo import MIN_MESSAGE_SIZE, max_message_size
+    """A demo message size, bytes (:func:`~slipstream.daemon.demo.check_message_size`;
+    ``--slow-consumer``'s shorter limit is checked by run_demo, which knows whether it is
+    asked for)."""
+    from slipstream.daemon.demo import check_message_size
 
+    size = int_at_least(-(2**63))(text)
     try:
-        size = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    limit = max_message_size()
-    if not MIN_MESSAGE_SIZE <= size <= limit:
-        raise argparse.ArgumentTypeError(
-            f"{size} is not in {MIN_MESSAGE_SIZE}..{limit:,} bytes (a message carries an "
-            f"8-byte sequence number; the longest the demo's streams take is term length / 8)")
+        check_message_size(size)
+    except InvalidArgumentError as e:
+        raise argparse.ArgumentTypeError(e.problem) from None
     return size
 
 
@@ -132,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "what a stream does not have), the driver's "
                     "counters with rates, the loss report, the error log and every counter. "
                     "Refreshes until Ctrl-C; the header flags a driver that died or whose "
-                    "heartbeat is older than driver_timeout, and a new driver in the "
+                    "heartbeat is older than the default driver_timeout (10 s), and a new "
+                    "driver in the "
                     "directory is shown from the next refresh. Exit 2 without a driver or "
                     "when the directory is another user's; 1 when only a dead "
                     "driver's error log is left (it is printed).")
@@ -170,13 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "or when the demo's driver or one of its processes ends on its own.")
     demo.add_argument("--dir", help="driver directory (default: $SLIPSTREAM_DIR or "
                                     "/dev/shm/slipstream-<user>)")
-    demo.add_argument("--rate", type=_non_negative_int, default=100_000,
+    demo.add_argument("--rate", type=int_at_least(0), default=100_000,
                       help="messages per second (0: as fast as possible; default: "
                            "%(default)s)")
     demo.add_argument("--size", type=_demo_message_size, default=64,
                       help="message size in bytes, 8 to 2 MiB (128 KiB with --slow-consumer; "
                            "default: %(default)s)")
-    demo.add_argument("--duration", type=_non_negative_seconds, default=0.0,
+    demo.add_argument("--duration", type=non_negative_number, default=0.0,
                       help="stop after this many seconds (0: run until Ctrl-C; default: "
                            "%(default)s)")
     demo.add_argument("--slow-consumer", action="store_true",

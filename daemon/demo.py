@@ -65,13 +65,9 @@ def max_message_size(slow_consumer: bool = False) -> int:
     return max_message_length(min(terms))
 
 
-def check_arguments(rate: int, size: int, duration: float, slow_consumer: bool) -> None:
-    """Raise :class:`InvalidArgumentError` naming the first argument out of range: ``rate``
-    (messages/s) >= 0, ``size`` (bytes) in :data:`MIN_MESSAGE_SIZE`..:func:`max_message_size`,
-    ``duration`` (s) finite and >= 0."""
-    if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
-        raise InvalidArgumentError("rate", f"{rate!r} is not a number of messages per second "
-                                           f">= 0 (0: as fast as possible)")
+def check_message_size(size: int, slow_consumer: bool = False) -> None:
+    """Raise :class:`InvalidArgumentError` (field ``size``) unless ``size`` (bytes) lies in
+    :data:`MIN_MESSAGE_SIZE`..:func:`max_message_size`."""
     limit = max_message_size(slow_consumer)
     streams = "the slow stream takes" if slow_consumer else "the streams take"
     if isinstance(size, bool) or not isinstance(size, int) or not (
@@ -80,6 +76,16 @@ def check_arguments(rate: int, size: int, duration: float, slow_consumer: bool) 
                                            f"{MIN_MESSAGE_SIZE}..{limit:,} bytes (a "
                                            f"message carries an 8-byte sequence number; the "
                                            f"longest {streams} is term length / 8)")
+
+
+def check_arguments(rate: int, size: int, duration: float, slow_consumer: bool) -> None:
+    """Raise :class:`InvalidArgumentError` naming the first argument out of range: ``rate``
+    (messages/s) >= 0, ``size`` (bytes) in :data:`MIN_MESSAGE_SIZE`..:func:`max_message_size`,
+    ``duration`` (s) finite and >= 0."""
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
+        raise InvalidArgumentError("rate", f"{rate!r} is not a number of messages per second "
+                                           f">= 0 (0: as fast as possible)")
+    check_message_size(size, slow_consumer)
     if not 0 <= duration < float("inf"):
         raise InvalidArgumentError("duration", f"{duration!r} is not a number of seconds >= 0 "
                                                f"(0: until Ctrl-C)")

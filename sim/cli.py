@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 import attrs
 
+from slipstream.daemon.cli import int_at_least, non_negative_number
 from slipstream.sim.host import CommandRefusedError
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.scenario import (
@@ -39,28 +39,6 @@ def _probability(text: str) -> float:
     return value
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"{value} is not a number >= 0 (and finite)")
-    return value
-
-
-def _int_at_least(low: int):  # -> Callable[[str], int]
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is below the minimum {low}")
-        return value
-    return parse
-
-
 def _burst(text: str) -> tuple[float, float]:
     parts = text.split(",")
     if len(parts) != 2:
@@ -75,7 +53,7 @@ def _partition(text: str) -> tuple[float, float]:
     start, sep, end = text.partition(":")
     if not sep:
         raise argparse.ArgumentTypeError(f"{text!r} is not START_MS:END_MS")
-    a, b = _non_negative(start), _non_negative(end)
+    a, b = non_negative_number(start), non_negative_number(end)
     if b <= a:
         raise argparse.ArgumentTypeError(f"END_MS {b:g} must be after START_MS {a:g}")
     return a, b
@@ -90,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "delivered payload bytes per virtual second, mean per subscriber).  Same --seed, same "
         "run: the trace digest is identical.  See docs/SIMULATOR.md.")
     add = parser.add_argument
-    add("--hosts", type=_int_at_least(2), metavar="N",
+    add("--hosts", type=int_at_least(2), metavar="N",
         help=f"hosts: 1 publisher + N-1 subscribers; unicast when N = 2, multicast above "
              f"(default: {DEFAULTS['hosts']})")
     add("--loss", type=_probability, metavar="P",
@@ -98,16 +76,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--burst-loss", type=_burst, metavar="P,R",
         help="bursty loss (Gilbert-Elliott): P = P(good→bad), R = P(bad→good) per datagram; "
              "all datagrams are dropped in the bad state (default: off)")
-    add("--delay", type=_non_negative, metavar="MS",
+    add("--delay", type=non_negative_number, metavar="MS",
         help=f"one-way delay of every link, milliseconds (default: {DEFAULTS['delay']:g})")
-    add("--jitter", type=_non_negative, metavar="MS",
+    add("--jitter", type=non_negative_number, metavar="MS",
         help="delay jitter, uniform ±MS milliseconds per datagram (default: 0)")
     add("--reorder", type=_probability, metavar="P",
         help="probability that a datagram is held back up to 5 ms extra, so later ones "
              "overtake it (default: 0)")
     add("--duplicate", type=_probability, metavar="P",
         help="probability that a datagram is delivered twice (default: 0)")
-    add("--rate", type=_non_negative, metavar="MBIT",
+    add("--rate", type=non_negative_number, metavar="MBIT",
         help="bandwidth of every link, Mbit/s, with a 1 MiB tail-drop queue "
              "(default: 0 = unlimited)")
     add("--partition", type=_partition, action="append", metavar="START_MS:END_MS",
@@ -116,9 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--channel", metavar="PARAMS",
         help="extra channel URI parameters joined with '|', e.g. 'fc=min,g:/2' (the "
              "publisher waits for 2 receivers) or 'term-length=64k' (default: none)")
-    add("--messages", type=_int_at_least(0), metavar="N",
+    add("--messages", type=int_at_least(0), metavar="N",
         help=f"messages to publish (default: {DEFAULTS['messages']})")
-    add("--size", type=_int_at_least(MIN_MESSAGE_SIZE), metavar="BYTES",
+    add("--size", type=int_at_least(MIN_MESSAGE_SIZE), metavar="BYTES",
         help=f"message size, bytes, >= {MIN_MESSAGE_SIZE} (default: {DEFAULTS['size']})")
     add("--seed", type=int, metavar="S",
         help=f"seed of every random choice (default: {DEFAULTS['seed']})")
@@ -158,9 +136,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="random loss per datagram (default: 0)")
     relay.add_argument("--burst-loss", type=_burst, metavar="P,R",
                        help="Gilbert-Elliott bursty loss, as for the simulator (default: off)")
-    relay.add_argument("--delay", type=_non_negative, default=0.0, metavar="MS",
+    relay.add_argument("--delay", type=non_negative_number, default=0.0, metavar="MS",
                        help="one-way delay, milliseconds (default: 0)")
-    relay.add_argument("--jitter", type=_non_negative, default=0.0, metavar="MS",
+    relay.add_argument("--jitter", type=non_negative_number, default=0.0, metavar="MS",
                        help="delay jitter, uniform ±MS (default: 0)")
     relay.add_argument("--reorder", type=_probability, default=0.0, metavar="P",
                        help="probability a datagram is held back up to 5 ms (default: 0)")
@@ -173,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         description="Make N hosts (network namespaces on a bridge, 10.x addresses inside "
                     "them only), start a slipstream driver in each, print where, and remove "
                     "it all on Ctrl-C or SIGTERM. Needs root and iproute2.")
-    hosts.add_argument("--count", type=_int_at_least(1), default=2, metavar="N",
+    hosts.add_argument("--count", type=int_at_least(1), default=2, metavar="N",
                        help="hosts (default: %(default)s)")
     hosts.add_argument("--no-drivers", action="store_true", help="hosts only, no drivers")
 

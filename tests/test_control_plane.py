@@ -412,7 +412,6 @@ def test_the_default_directory_is_the_effective_users_whatever_user_says(
     assert control.default_driver_directory() == Path(f"/dev/shm/slipstream-{os.geteuid()}")
 
 
-
 def test_commands_run_by_a_uid_without_a_passwd_entry_find_their_directory() -> None:
     uid = 54321
     result = subprocess.run(

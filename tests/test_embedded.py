@@ -648,3 +648,14 @@ def test_an_embedded_driver_refuses_the_settings_of_threads_it_does_not_have(
         MediaDriver.embedded(driver_dir, **setting)
     assert error.value.key == next(iter(setting))
     assert not driver_dir.exists()
+
+
+def test_wait_for_data_raises_once_the_embedded_driver_is_gone(embedded) -> None:
+    driver = embedded()
+    with Client.connect(driver.directory, invoker=driver.do_work) as client:
+        subscription = client.add_subscription("aeron:ipc", 35)
+        driver.close()
+        started = time.monotonic()
+        with pytest.raises(DriverNotRunningError):
+            subscription.wait_for_data(5_000_000_000)
+        assert time.monotonic() - started < 2.5

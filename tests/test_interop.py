@@ -236,7 +236,7 @@ def test_a_nak_strength_sender_streams_to_aeron_exactly_as_without_it(
     require_aeron()
     uri, messages = channel(kind), 20_000
     announces: list[RateAnnounce] = []
-    tapping = threading.Event()
+    tapping, listening = threading.Event(), threading.Event()
     tapping.set()
 
     def tap(group: str, port: int) -> None:
@@ -247,6 +247,7 @@ def test_a_nak_strength_sender_streams_to_aeron_exactly_as_without_it(
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
                             socket.inet_aton(group) + socket.inet_aton("127.0.0.1"))
             sock.settimeout(0.1)
+            listening.set()
             while tapping.is_set():
                 with contextlib.suppress(TimeoutError):
                     frame = decode(sock.recv(65536))
@@ -260,6 +261,7 @@ def test_a_nak_strength_sender_streams_to_aeron_exactly_as_without_it(
             group, port = uri.split("endpoint=")[1].split("|")[0].rsplit(":", 1)
             tapper = threading.Thread(target=tap, args=(group, int(port)), daemon=True)
             tapper.start()
+            assert listening.wait(5), "the tap did not join the group"  # before the first
         errors = aeron.counter("Errors")
         publication = client.add_publication(uri + TERM + "|rc=nak-strength", 1005)
         wait_for(lambda: publication.is_connected, timeout=20,

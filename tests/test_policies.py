@@ -23,6 +23,7 @@ from slipstream.client import (
 from slipstream.client.channel import PolicySpec, parse_policy
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.errors import ChannelError
+from slipstream.client.layout import META_PUBLISHER_WAITERS
 from slipstream.client.policy import BackPressureEpisode
 
 IPC = "aeron:ipc?term-length=64k"
@@ -142,8 +143,8 @@ def test_a_parked_block_offer_returns_closed_when_another_thread_closes(
     results: list[int] = []
     offerer = threading.Thread(target=lambda: results.append(pub.offer(b"x" * 96)))
     offerer.start()
-    time.sleep(0.2)
-    assert offerer.is_alive() and not results  # parked
+    wait_for(lambda: pub._log.meta_i32(META_PUBLISHER_WAITERS) > 0, what="the offer parked")
+    assert offerer.is_alive() and not results
     started = time.monotonic()
     pub.close()
     offerer.join(5)

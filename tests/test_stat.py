@@ -6,7 +6,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import as_another_user
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -297,12 +297,6 @@ def test_match_stream_keeps_that_streams_loss_report(shm: Path, capsys) -> None:
         os.close(fd)
 
 
-def as_user(uid: int) -> list[str]:
-    """The command prefix that runs a program as ``uid`` (group too, no capabilities)."""
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv, to run a process as another user")
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-
 
 def test_stat_of_another_users_directory_says_whose_it_is(shm: Path) -> None:
     """Another user's driver directory (0700): a message naming it and its owner and exit 2,
@@ -312,8 +306,8 @@ def test_stat_of_another_users_directory_says_whose_it_is(shm: Path) -> None:
     try:
         os.chmod(shm, 0o755)  # the driver's directory itself stays closed to others
         result = subprocess.run(
-            [*as_user(65534), sys.executable, "-m", "slipstream.daemon.cli", "stat", "--once",
-             "--dir", str(directory)], capture_output=True, text=True, timeout=60)
+            [*as_another_user(65534), sys.executable, "-m", "slipstream.daemon.cli", "stat",
+             "--once", "--dir", str(directory)], capture_output=True, text=True, timeout=60)
     finally:
         os.close(fd)
     assert result.returncode == 2, result.stderr

@@ -295,8 +295,8 @@ def _driver_state(path: Path, counters: CountersFile, age_s: float) -> str:
     if not _driver_holds_lock(path):
         return "  DEAD: no driver holds the lock (it was killed or crashed)"
     if age_s > STALE_HEARTBEAT_S:
-        return (f"  STALE: no heartbeat for {age_s:.1f} s, past the driver_timeout of "
-                f"{STALE_HEARTBEAT_S:g} s (stopped, e.g. SIGSTOP, or stuck)")
+        return (f"  STALE: no heartbeat for {age_s:.1f} s, past the default driver_timeout "
+                f"of {STALE_HEARTBEAT_S:g} s (stopped, e.g. SIGSTOP, or stuck)")
     return ""
 
 
