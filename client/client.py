@@ -37,6 +37,7 @@ from slipstream.client.errors import (
     DriverTimeoutError,
     InvalidArgumentError,
     RegistrationError,
+    UsageError,
 )
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.policy import BackPressureEpisode, policy_of
@@ -153,8 +154,12 @@ class Client:
         self.idle_spin_ns = idle_spin_ns
         if spins_before_yield is not None and (
                 not isinstance(spins_before_yield, int) or not 0 <= spins_before_yield < 2**31):
-            raise ValueError(f"spins_before_yield must be None or an int in 0..2**31-1, not "
-                             f"{spins_before_yield!r}")
+            raise InvalidArgumentError("spins_before_yield", f"must be None or an int in "
+                                                             f"0..2**31-1, not "
+                                                             f"{spins_before_yield!r}")
+        #: The process that connected: a forked child shares the parent's socket and locks
+        #: (one held at the fork stays held), so it may not use this client.
+        self._pid = os.getpid()
         self.spins_before_yield = spins_before_yield
         self._request_timeout = request_timeout
         self._lock = threading.RLock()
@@ -261,6 +266,7 @@ class Client:
                  on_reply: Callable[[dict[str, Any]], object] | None = None) -> dict[str, Any]:
         """Send a command and wait for its answer, applying events that arrive meanwhile.
         ``on_reply`` runs (under the lock) as soon as the answer is read."""
+        self._check_process()
         correlation_id = next(self._correlation_ids)
         message["correlation_id"] = correlation_id
         with self._lock:
@@ -619,10 +625,20 @@ class Client:
         invoker=...)``); returns its work (0: idle).  Without an embedded driver, 0."""
         return self.invoker() if self.invoker is not None else 0
 
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise UsageError(f"this client was connected by process {self._pid}, which forked "
+                             f"this one: it shares that process's socket to the driver, so a "
+                             f"child connects its own (Client.connect())")
+
     def close(self) -> None:
         """Close every publication and subscription and leave the driver.  A second call
         returns once the first has, or at once where the first may be waiting for it: on the
-        conductor thread or in a handler (image, back pressure), or within the first."""
+        conductor thread or in a handler (image, back pressure), or within the first.  In a
+        forked child it does nothing: the client is the parent's (the child's copies of its
+        mappings go with the child)."""
+        if os.getpid() != self._pid:
+            return
         first = False
         try:
             with self._lock:

@@ -24,7 +24,7 @@ from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
 from slipstream.client.channel import PolicySpec
 from slipstream.client.counters import SystemCounter
-from slipstream.client.errors import InvalidArgumentError, MessageTooLongError
+from slipstream.client.errors import InvalidArgumentError, MessageTooLongError, UsageError
 from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import HEADER_LENGTH
 from slipstream.client.logbuffer import LogBuffer, new_appender
@@ -78,7 +78,7 @@ class BufferClaim:
         held past ``publication_unblock_timeout`` and the driver gave it up as padding (the
         message was not published; the log carried on)."""
         if self._frame == ffi.NULL:
-            raise RuntimeError("nothing claimed (or already committed)")
+            raise UsageError("nothing claimed (or already committed)")
         done = bool(lib.ss_commit(self._appender, self._frame, self._frame_length()))
         self._release()
         return done
@@ -86,7 +86,7 @@ class BufferClaim:
     def abort(self) -> None:
         """Give the frame up: it becomes padding that subscribers skip."""
         if self._frame == ffi.NULL:
-            raise RuntimeError("nothing claimed (or already committed)")
+            raise UsageError("nothing claimed (or already committed)")
         lib.ss_abort(self._appender, self._frame, self._frame_length())
         self._release()
 
@@ -268,7 +268,15 @@ class Publication:
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         """Claim ``length`` bytes (≤ ``max_payload_length``) to fill in place; returns the new
         position and sets up ``claim``, or a negative code.  Commit or abort promptly: readers
-        wait behind an open claim."""
+        wait behind an open claim.  Raises :class:`InvalidArgumentError` when ``claim`` is
+        not a :class:`BufferClaim` and :class:`UsageError` when it still holds an open claim,
+        before anything is claimed: a claim taken and then lost stalls every reader of the
+        stream until the driver gives it up (``publication_unblock_timeout``)."""
+        if type(claim) is not BufferClaim:
+            raise InvalidArgumentError("claim", f"{type(claim).__name__} is not a BufferClaim")
+        if claim._frame != ffi.NULL:
+            raise UsageError("this BufferClaim holds a claim not yet committed or aborted: "
+                             "commit() or abort() it first (its readers wait behind it)")
         frame_offset = self._claim_offset
         try:
             result = lib.ss_try_claim(self._appender, length, frame_offset)

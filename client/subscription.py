@@ -216,6 +216,10 @@ class Image:
 
     def _advance(self, position: int) -> None:
         self._position = position
+        if self._gone:
+            # Its subscription closed (or the image went) while a handler ran: the counter
+            # is no longer this subscriber's, and after the linger no longer mapped.
+            return
         if self._doorbell_fd < 0:
             lib.ss_store_release_i64(self._position_ptr, position)
         else:
@@ -277,6 +281,8 @@ class Image:
         # (as the C scan; peek's limits are cut per term).
         limit = self._position - (self._position & self._term_mask) + scan_end
         for _ in range(fragment_limit):
+            if self._gone:  # closed by a handler (or another thread): read no further
+                break
             position = self._position
             index = (position >> self._position_bits) % PARTITION_COUNT
             offset = position & self._term_mask
@@ -685,6 +691,9 @@ class Subscription:
         it waits, as :meth:`receive` does (``spin_ns`` does not apply: a park would stop the
         driver that brings the data, and the heartbeat attached processes watch), and raises
         :class:`DriverNotRunningError` once that driver is gone, as a poll would."""
+        if not isinstance(timeout_ns, int) or timeout_ns < 0:  # C takes a negative as forever
+            raise InvalidArgumentError("timeout_ns", f"{timeout_ns!r} is not a number of ns "
+                                                     f">= 0")
         invoker = self._client.invoker
         if invoker is None:
             return self._await_frames(timeout_ns, spin_ns)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
+import signal
+import subprocess
+import sys
 import threading
 import time
 from array import array
@@ -24,6 +27,7 @@ from slipstream.client import (
     MessageBatch,
     MessageTooLongError,
     RegistrationError,
+    UsageError,
 )
 from slipstream.client.client import RESOURCE_LINGER_S
 from slipstream.client.counters import (
@@ -912,3 +916,101 @@ def test_an_image_kept_after_its_subscription_closed_reads_nothing_and_never_cra
     with pytest.raises(ClosedError, match="the image is gone"):
         image.peek(0, lambda data, header: None, 64)
     publication.close()
+
+
+_CLOSE_IN_HANDLER = """
+import sys, time
+import slipstream.client.client as client_module
+from slipstream.client import Client
+client_module.RESOURCE_LINGER_S = 0.2  # the counters are unmapped while the handler sleeps
+directory, size = sys.argv[1], int(sys.argv[2])
+client = Client.connect(directory)
+publication = client.add_publication("aeron:ipc", 61)
+subscription = client.add_subscription("aeron:ipc", 61)
+while not publication.is_connected:
+    time.sleep(0.01)
+for _ in range(3):
+    while publication.offer(b"m" * size) < 0:
+        pass
+def handler(data, header):
+    client.close()
+    time.sleep(0.6)
+print(subscription.poll(handler, 10), flush=True)
+print(subscription.poll(handler, 10), flush=True)
+"""
+
+
+@pytest.mark.parametrize("size", [100, 3000], ids=["whole", "fragmented"])
+def test_a_handler_that_closes_its_client_and_runs_past_the_linger_ends_its_poll_cleanly(
+        driver, size: int) -> None:
+    """A handler may close the client (or another thread may) while a poll runs: the poll
+    ends cleanly (the messages its scan took are still handed over, from the log their views
+    keep mapped; a fragmented message's assembly stops), stores nothing into the counters the
+    linger unmapped meanwhile (it crashed with SIGSEGV; a fragmented message raised
+    IndexError), and the next poll finds nothing."""
+    result = subprocess.run([sys.executable, "-c", _CLOSE_IN_HANDLER, str(driver.directory),
+                             str(size)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = ["3", "0"] if size == 100 else ["1", "0"]
+    assert result.stdout.split() == expected, (result.stdout, result.stderr[-2000:])
+
+
+def test_a_claim_into_no_buffer_claim_or_an_open_one_is_refused_before_claiming(
+        client: Client) -> None:
+    """``try_claim(n, None)`` and a second claim into a BufferClaim still open used to claim
+    the frame first and then lose it: every reader of the stream waited for the driver to
+    give it up (15 s).  Both are refused before anything is claimed."""
+    publication = client.add_publication("aeron:ipc", 62)
+    subscription = client.add_subscription("aeron:ipc", 62)
+    wait_for(lambda: publication.is_connected, what="connected")
+    with pytest.raises(InvalidArgumentError, match="claim"):
+        publication.try_claim(10, None)  # type: ignore[arg-type]
+    claim = BufferClaim()
+    assert publication.try_claim(5, claim) > 0
+    with pytest.raises(UsageError, match="not yet committed"):
+        publication.try_claim(5, claim)
+    claim.buffer[:] = b"first"
+    assert claim.commit()
+    with pytest.raises(UsageError):
+        claim.commit()
+    assert publication.offer(b"second") > 0
+    got: list[bytes] = []
+    wait_for(lambda: subscription.poll(lambda data, _h: got.append(bytes(data)), 10) >= 0
+             and len(got) == 2, timeout=1, what="both messages at once")
+    assert got == [b"first", b"second"]
+
+
+def test_a_forked_child_may_not_use_its_parents_client_and_its_close_does_nothing(
+        client: Client) -> None:
+    """The child shares the parent's socket to the driver and its locks (one the conductor
+    thread held at the fork stays held): a request hung past its timeout, and close() with
+    it.  Now a request raises UsageError at once, close() leaves the parent's client alone,
+    and the parent goes on."""
+    publication = client.add_publication("aeron:ipc", 63)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: report, then leave without the parent's atexit hooks
+        outcome = b"?"
+        try:
+            try:
+                client.add_subscription("aeron:ipc", 63)
+                outcome = b"no error"
+            except UsageError:
+                outcome = b"UsageError"
+            client.close()
+        finally:
+            os.write(write_end, outcome)
+            os._exit(0)
+    os.close(write_end)
+    deadline = time.monotonic() + 10
+    while (status := os.waitpid(child, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            pytest.fail("the child hung on its parent's client")
+        time.sleep(0.01)
+    status = status[1]
+    with os.fdopen(read_end, "rb") as reader:
+        assert reader.read() == b"UsageError" and status == 0
+    subscription = client.add_subscription("aeron:ipc", 63)  # the parent's client still works
+    wait_for(lambda: publication.is_connected and subscription.is_connected, what="connected")
