@@ -17,6 +17,9 @@ from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.cubic import B, C, CubicCongestionControl
 from slipstream.daemon.flow.registry import congestion_control_for
 from slipstream.daemon.protocol.params import SubscriptionParams
+from slipstream.sim.network import LinkFaults
+from slipstream.sim.runner import Simulation
+from slipstream.sim.scenario import Scenario
 
 MTU = 1408
 WINDOW = 128 * 1024  # max_cwnd = 93 datagrams
@@ -178,3 +181,24 @@ def test_the_static_window_stays_the_default(shm: Path) -> None:
     pair.run_until(1 * MS)
     assert pair.image.congestion_control.name == "static"
     assert attrs.fields(SubscriptionParams).congestion_control.default is attrs.NOTHING
+
+
+def test_multicast_receivers_measure_their_round_trip_too() -> None:
+    """A multicast receiver's socket is bound to the group: the sender's echo of its RTTM goes
+    to the group (each receiver takes its own receiver_id's), not to the receiver's source
+    address, where nothing listens.  Each measures the link's 2 x 5 ms; before, the echoes
+    were dropped and the window ran on the initial 100 µs."""
+    scenario = Scenario(hosts=3, messages=3000, faults=LinkFaults(delay_ms=5),
+                        channel_params="cc=cubic|fc=min,g:/2")
+    assert "endpoint=224." in scenario.channel_uri(1)  # a multicast group
+    with Simulation(scenario) as sim:
+        report = sim.run()
+        rtts = []
+        for subscriber in sim.subscribers:
+            [entry] = subscriber.driver.network._receive_endpoints.values()
+            for image_entry in entry.images.values():
+                cc = image_entry.image.congestion_control
+                assert isinstance(cc, CubicCongestionControl)
+                rtts.append(cc.rtt_ns)
+    assert report.exactly_once_in_order and report.network.get("drop-unbound", 0) == 0
+    assert len(rtts) == 2 and all(10 * MS <= rtt < 12 * MS for rtt in rtts), rtts

@@ -48,6 +48,7 @@ Units: times in ns (monotonic), positions/offsets/lengths in bytes.
 from __future__ import annotations
 
 import enum
+import ipaddress
 
 import attrs
 
@@ -163,6 +164,8 @@ class NetworkPublication:
         self.signal_eos = params.signal_eos
         self.is_group = params.group
         self.is_unicast = not self.is_group
+        #: DATA goes to a multicast group (not to one receiver, nor to MDC's destinations).
+        self._to_group = _is_multicast(destination[0])
         self._setup_flags = SETUP_GROUP_FLAG if self.is_group else 0
         self._ttl = params.setup_ttl
 
@@ -372,9 +375,13 @@ class NetworkPublication:
         elif isinstance(frame, Rttm):
             if frame.is_reply:
                 # Echo it (aeron_network_publication_on_rttm): same echo timestamp and id.
+                # A multicast receiver's socket is bound to the group, so an echo to its
+                # source address would be dropped unread: it goes to the group, and each
+                # receiver takes only its own receiver_id's.
                 reply = Rttm(self.session_id, self.stream_id, frame.echo_timestamp, 0,
                              frame.receiver_id, 0)
-                self._outbox.append(Datagram(reply.encode(), source))
+                self._outbox.append(Datagram(
+                    reply.encode(), self.destination if self._to_group else source))
         elif isinstance(frame, RateSignal):
             self.counters.add(SystemCounter.RATE_SIGNALS_RECEIVED)
             rate_control = self.rate_control
@@ -793,3 +800,11 @@ class NetworkPublication:
         return (f"<NetworkPublication session={self.session_id} stream={self.stream_id} "
                 f"{self.state.name} snd-pos={self.sender_position} snd-lmt={self.sender_limit}"
                 f" connected={self._connected}>")
+
+
+def _is_multicast(host: str) -> bool:
+    """Whether ``host`` (an address, as publications get it) is a multicast group."""
+    try:
+        return ipaddress.ip_address(host).is_multicast
+    except ValueError:  # not an address (an MDC publication's placeholder)
+        return False
