@@ -1621,8 +1621,7 @@ static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
                          (LOAD_ACQ(image->receiver_hwm) > image->contiguous_position &&
                           !rebuilt_in_c(image))))
         return 1;
-    /* What arrived in order (not the hwm: data above a gap is loss, not a slow reader). */
-    if (image->contiguous_position >= image->rate_signal_position) return 1;
+    if (LOAD_ACQ(image->receiver_hwm) >= image->rate_signal_position) return 1;
     if (image->subscriber_count <= 0) return 0;
     /* An SM the C half sends usually went in this cycle, before this rule is asked
      * (ss_agent_do_work); a subscriber that moved since costs one Python pass. */

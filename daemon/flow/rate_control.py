@@ -6,8 +6,7 @@ design against ``fc=min``, whose sender waits for its slowest receiver until a t
 
 * **Receiver** (:class:`NakStrengthSignaller`, one per image of a sender that announced
   itself with a :class:`~slipstream.client.frames.RateAnnounce`): the image's fill is the
-  bytes between its slowest subscriber and the end of what arrived in order, per mille of its
-  window (data above a gap waits for a repair: loss is not a slow reader).
+  bytes between its slowest subscriber and its high-water mark, per mille of its window.
   Crossing a threshold upward sends a :class:`~slipstream.client.frames.RateSignal` at once
   (with the rate its subscribers took lately); staying above one repeats it once per window
   while the backlog is not shrinking.  Below the lowest threshold it sends nothing, and so
@@ -196,9 +195,9 @@ class NakStrengthSignaller:
     """An image's NAK-strength signals, once its sender announced itself.  See the module
     docstring; two rules keep the signals to what slowing the sender can fix:
 
-    * a held level is repeated (once per window) only while the backlog (the end of what
-      arrived in order minus the slowest subscriber, bytes) is not shrinking: a receiver that
-      drains its backlog at the rate it was given asks for nothing more;
+    * a held level is repeated (once per window) only while the backlog (hwm minus the
+      slowest subscriber, bytes) is not shrinking: a receiver that drains its backlog at the
+      rate it was given asks for nothing more;
     * a receiver whose subscribers took nothing for a whole window is *stalled* (paused or
       dead, not slow): no rate would help it, so it signals nothing, as a dead one would,
       and the stream goes on for the others.  When its subscribers move again, crossing a
@@ -226,13 +225,12 @@ class NakStrengthSignaller:
         self.window_ns = announce.window_us * 1000
 
     @staticmethod
-    def fill_permille(consumption_position: int, in_order_position: int, window: int) -> int:
-        """How full the image is: the bytes between the slowest subscriber and the end of what
-        arrived in order (data above a gap waits for a repair, not for the reader), per mille
-        of the window, at most 1000."""
+    def fill_permille(consumption_position: int, hwm_position: int, window: int) -> int:
+        """How full the image is: the bytes between the slowest subscriber and the high-water
+        mark, per mille of the window, at most 1000."""
         if window <= 0:
             return 1000
-        return max(0, min(1000, (in_order_position - consumption_position) * 1000 // window))
+        return max(0, min(1000, (hwm_position - consumption_position) * 1000 // window))
 
     def consumption_rate(self, now_ns: int, consumption_position: int) -> int:
         """bytes/s the slowest subscriber took over the last one to two windows (0: less
@@ -248,7 +246,7 @@ class NakStrengthSignaller:
         return max(0, consumption_position - start_position) * 1_000_000_000 // (
             now_ns - start_ns)
 
-    def signal(self, now_ns: int, consumption_position: int, in_order_position: int,
+    def signal(self, now_ns: int, consumption_position: int, hwm_position: int,
                window: int) -> tuple[int, int, int] | None:
         """(threshold, fill per mille, consumption rate in bytes/s) to signal at ``now_ns``,
         or None: a higher threshold crossed, or the current one held for a window with the
@@ -258,8 +256,8 @@ class NakStrengthSignaller:
         if self._consumption_position is None or consumption_position > self._consumption_position:
             self._consumption_position = consumption_position
             self._last_progress_ns = now_ns
-        backlog = max(0, in_order_position - consumption_position)
-        fill = self.fill_permille(consumption_position, in_order_position, window)
+        backlog = max(0, hwm_position - consumption_position)
+        fill = self.fill_permille(consumption_position, hwm_position, window)
         level = 0
         for threshold in self.thresholds:
             if fill >= threshold * 10:
@@ -288,7 +286,7 @@ class NakStrengthSignaller:
         self._backlog_at_window_start = backlog
 
     def next_signal_position(self, consumption_position: int, window: int) -> int:
-        """The in-order position from which the image, at ``consumption_position``, crosses a
+        """The high-water mark from which the image, at ``consumption_position``, crosses a
         threshold above its level (NO_DEADLINE: none left, or stalled): the C half wakes
         Python there."""
         if self.stalled:

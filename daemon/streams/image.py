@@ -37,10 +37,9 @@ sends the 25 % rule's and the timer's SMs and cleans the log (see :meth:`_sync_r
 this object then takes their output at its next pass and keeps liveness and end of stream.
 
 NAK-strength signals (``rc=`` on the sender, which announces it): each rebuild pass measures
-how full the image is (the end of what arrived in order minus the slowest subscriber, against
-the window) and signals the thresholds it crosses
-(:class:`~slipstream.daemon.flow.rate_control.NakStrengthSignaller`); the C half wakes the
-pass when what arrived in order reaches the next threshold (``rate_signal_position``).
+how full the image is (hwm minus the slowest subscriber, against the window) and signals the
+thresholds it crosses (:class:`~slipstream.daemon.flow.rate_control.NakStrengthSignaller`);
+the C half wakes the pass when the hwm reaches the next threshold (``rate_signal_position``).
 
 States (changed only in :meth:`_transition`)::
 
@@ -225,7 +224,6 @@ class PublicationImage:
         c.liveness_timeout_ns = self.liveness_timeout_ns
         c.eos_position = -1
         c.contiguous_position = join
-        self._in_order_last_pass = join  # NAK-strength fill: see _track_rebuild
         raw_source = sockaddr(source)
         c.source = raw_source
         c.source_length = len(raw_source)
@@ -455,13 +453,12 @@ class PublicationImage:
             self.rate_signaller.on_announce(announce)
         self._next_due_ns = 0  # the next pass measures the fill and arms the C half
 
-    def _signal_rate(self, now_ns: int, consumption_position: int, in_order: int) -> None:
-        """Signal the threshold the image's fill (``in_order``: the end of what arrived in
-        order) crossed, if any, and tell the C half the in-order position at which the next
-        one is crossed."""
+    def _signal_rate(self, now_ns: int, consumption_position: int, hwm: int) -> None:
+        """Signal the threshold the image's fill crossed, if any, and tell the C half the hwm
+        at which the next one is crossed."""
         signaller = self.rate_signaller
         assert signaller is not None
-        signalled = signaller.signal(now_ns, consumption_position, in_order, self.window)
+        signalled = signaller.signal(now_ns, consumption_position, hwm, self.window)
         if signalled is not None:
             threshold, fill, rate = signalled
             signal = RateSignal(self.session_id, self.stream_id, fill, threshold, rate)
@@ -490,13 +487,12 @@ class PublicationImage:
     def due(self, now_ns: int) -> bool:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns``, cheaply: data
         arrived, output is queued (here, or NAKs and an SM the C half left), a timer is due,
-        what arrived in order reached the next NAK-strength threshold, or a subscriber reached
-        the position where the 25 % rule schedules a status message or where cleaning is
-        due."""
+        the hwm reached the next NAK-strength threshold, or a subscriber reached the position
+        where the 25 % rule schedules a status message or where cleaning is due."""
         c = self.c
         if c.dirty or self._outbox or c.nak_count or c.sm_unsent or now_ns >= self._next_due_ns:
             return True
-        if c.contiguous_position >= c.rate_signal_position:
+        if self.rcv_hwm >= self.c.rate_signal_position:
             return True
         cells = self._subscriber_positions
         # The C half's rule: the same positions (the 25 % rule's SM, and cleaning's unless
@@ -585,14 +581,7 @@ class PublicationImage:
                 hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
                 loss_found=new_loss)
         if self.rate_signaller is not None:
-            # The fill counts what arrived in order (data above a gap waits for a repair), and
-            # only while the slowest subscriber has not read even what was in order at the
-            # previous pass: what a repair just made readable is not a slow reader's backlog
-            # (loss alone read as a full image and cut a fast reader's rate).
-            in_order = min(c.contiguous_position, hwm)
-            behind = min_sub < self._in_order_last_pass
-            self._signal_rate(now_ns, min_sub, in_order if behind else min_sub)
-            self._in_order_last_pass = in_order
+            self._signal_rate(now_ns, min_sub, hwm)
         self.cleaner.clean_toward(min_sub)
         if (force_sm or min_sub > self.c.sm_position + (self.c.sm_window >> 2)
                 or self._allowed_window(self.c.sm_position) != self.c.sm_window):
