@@ -603,7 +603,11 @@ class Client:
     def _release(self, table: dict[int, Any], registration_id: int, command: str,
                  unmap: Callable[[], None]) -> None:
         """Forget a resource, tell the driver (unless closed or cut off), and unmap its logs
-        after ``RESOURCE_LINGER_S``: a thread may still be inside an offer, a claim or a poll."""
+        after ``RESOURCE_LINGER_S``: a thread may still be inside an offer, a claim or a poll.
+        In a forked child, nothing: the resource is the parent's (its lock, which a thread may
+        have held at the fork, and its socket are too)."""
+        if os.getpid() != self._pid:
+            return
         try:
             with self._lock:
                 table.pop(registration_id, None)

@@ -272,7 +272,7 @@ class Publication:
         not a :class:`BufferClaim` and :class:`UsageError` when it still holds an open claim,
         before anything is claimed: a claim taken and then lost stalls every reader of the
         stream until the driver gives it up (``publication_unblock_timeout``)."""
-        if type(claim) is not BufferClaim:
+        if not isinstance(claim, BufferClaim):
             raise InvalidArgumentError("claim", f"{type(claim).__name__} is not a BufferClaim")
         if claim._frame != ffi.NULL:
             raise UsageError("this BufferClaim holds a claim not yet committed or aborted: "

@@ -13,6 +13,7 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 import time
@@ -229,7 +230,7 @@ class Image:
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
         """Deliver up to ``fragment_limit`` fragments; returns how many messages were handled
         (0 once the image is gone, as for a closed subscription)."""
-        if self._closed:  # its log is unmapped: nothing may be read from it
+        if self._closed or self._gone:  # unmapped, or soon: nothing more is read from it
             return 0
         return self._read(handler, fragment_limit, self.term_length)
 
@@ -336,7 +337,7 @@ class Image:
     def poll_batch(self, max_messages: int) -> MessageBatch | None:
         """Up to ``max_messages`` whole messages in place, or None when nothing is there (or
         the image is gone)."""
-        if self._closed:
+        if self._closed or self._gone:
             return None
         if self._assembling:  # as in _read: the cold path drops a message that lost a part
             batch = self._assemble_batch()
@@ -691,9 +692,12 @@ class Subscription:
         it waits, as :meth:`receive` does (``spin_ns`` does not apply: a park would stop the
         driver that brings the data, and the heartbeat attached processes watch), and raises
         :class:`DriverNotRunningError` once that driver is gone, as a poll would."""
-        if not isinstance(timeout_ns, int) or timeout_ns < 0:  # C takes a negative as forever
-            raise InvalidArgumentError("timeout_ns", f"{timeout_ns!r} is not a number of ns "
-                                                     f">= 0")
+        try:
+            timeout_ns = operator.index(timeout_ns)
+        except TypeError:
+            timeout_ns = -1
+        if timeout_ns < 0:  # C takes a negative as forever
+            raise InvalidArgumentError("timeout_ns", "not a number of ns >= 0")
         invoker = self._client.invoker
         if invoker is None:
             return self._await_frames(timeout_ns, spin_ns)

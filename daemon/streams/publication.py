@@ -164,7 +164,7 @@ class NetworkPublication:
         self.signal_eos = params.signal_eos
         self.is_group = params.group
         self.is_unicast = not self.is_group
-        #: DATA goes to a multicast group (not to one receiver, nor to MDC's destinations).
+        #: DATA goes to a multicast group (not to one receiver).
         self._to_group = _is_multicast(destination[0])
         self._setup_flags = SETUP_GROUP_FLAG if self.is_group else 0
         self._ttl = params.setup_ttl
@@ -375,9 +375,9 @@ class NetworkPublication:
         elif isinstance(frame, Rttm):
             if frame.is_reply:
                 # Echo it (aeron_network_publication_on_rttm): same echo timestamp and id.
-                # A multicast receiver's socket is bound to the group, so an echo to its
-                # source address would be dropped unread: it goes to the group, and each
-                # receiver takes only its own receiver_id's.
+                # For multicast to the group, as Aeron (its channel's destination): a
+                # receiver's socket is bound to the group, so an echo to its source address
+                # would be dropped unread; each receiver takes only its own receiver_id's.
                 reply = Rttm(self.session_id, self.stream_id, frame.echo_timestamp, 0,
                              frame.receiver_id, 0)
                 self._outbox.append(Datagram(
@@ -806,5 +806,5 @@ def _is_multicast(host: str) -> bool:
     """Whether ``host`` (an address, as publications get it) is a multicast group."""
     try:
         return ipaddress.ip_address(host).is_multicast
-    except ValueError:  # not an address (an MDC publication's placeholder)
+    except ValueError:  # not an address: not a group
         return False
