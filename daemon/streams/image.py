@@ -444,6 +444,10 @@ class PublicationImage:
         elif rttm.receiver_id == self.receiver_id:
             rtt_ns = now_ns - rttm.echo_timestamp - rttm.reception_delta
             self.congestion_control.on_rtt_measurement(now_ns, max(rtt_ns, 0), self.source)
+            # A shorter round trip brings the next measurement forward: due() must see it,
+            # or the agent's deadline (which does) comes with no pass to meet it (a spin).
+            self._next_due_ns = min(self._next_due_ns,
+                                    self.congestion_control.next_deadline_ns())
 
     def on_rate_announce(self, announce: RateAnnounce, now_ns: int) -> None:
         """The sender adapts its rate to NAK-strength signals: send them from now on."""
