@@ -1611,6 +1611,14 @@ static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns) {
     return work;
 }
 
+int64_t ss_image_rate_signal_top(const ss_image_t *image) {
+    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
+    const ss_loss_detector_t *loss = image->loss;
+    if (loss == NULL || loss->gap_count <= 0 || loss->gaps[0].naks >= SS_RATE_SIGNAL_GAP_NAKS)
+        return hwm;
+    return image->contiguous_position < hwm ? image->contiguous_position : hwm;
+}
+
 static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
     if (image->nak_count > 0 || image->sm_unsent) return 1;
     /* Sums, not differences: ss_agent_python_due is asked at now = -INT64_MAX too. */
@@ -1621,7 +1629,7 @@ static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
                          (LOAD_ACQ(image->receiver_hwm) > image->contiguous_position &&
                           !rebuilt_in_c(image))))
         return 1;
-    if (LOAD_ACQ(image->receiver_hwm) >= image->rate_signal_position) return 1;
+    if (ss_image_rate_signal_top(image) >= image->rate_signal_position) return 1;
     if (image->subscriber_count <= 0) return 0;
     /* An SM the C half sends usually went in this cycle, before this rule is asked
      * (ss_agent_do_work); a subscriber that moved since costs one Python pass. */

@@ -381,8 +381,9 @@ typedef struct {
     int32_t python_on_data;       /* every arrival needs Python (congestion control, or no
                                    * subscriber: SMs then follow rcv-pos) */
     int64_t sm_due_position;
-    int64_t rate_signal_position; /* rcv-hwm from which the image crosses its next NAK-strength
-                                   * threshold: Python is due to signal (SS_NO_DEADLINE: none) */
+    int64_t rate_signal_position; /* ss_image_rate_signal_top from which the image crosses
+                                   * its next NAK-strength threshold: Python is due to signal
+                                   * (SS_NO_DEADLINE: none) */
     int64_t overrun_position;     /* the end of the furthest frame dropped as an over-run: where
                                    * the sender is, for a receiver left behind (Python's rule);
                                    * raised only by an over-run within a term of the one before
@@ -442,6 +443,15 @@ typedef struct {
  * one).  For an image with rebuild_in_c, from the C half or the Python half alike; clears
  * `dirty`.  Returns the NAKs queued. */
 int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns);
+
+/* NAK-strength (daemon/flow/rate_control.py): data above the image's first gap counts in its
+ * fill only once that gap's timer fired this many times (NAKed, then NAKed again after a
+ * repair did not come): a repair that comes in time is a one-off loss, not a receiver that
+ * cannot keep up, and slowing the sender would not have prevented it. */
+#define SS_RATE_SIGNAL_GAP_NAKS 3
+/* The top of the fill NAK-strength counts: rcv-hwm, or while the first gap is younger than
+ * SS_RATE_SIGNAL_GAP_NAKS NAKs, what arrived in order below it (bytes). */
+int64_t ss_image_rate_signal_top(const ss_image_t *image);
 
 
 /* A receive endpoint's image table and receive buffers, all memory owned by Python. */

@@ -21,6 +21,7 @@ from slipstream.daemon.flow.rate_control import (
     LIFT_FACTOR,
     MAX_DEPTH,
     MIN_DATAGRAMS_PER_S,
+    READ_GRACE_NS,
     NakStrengthRateControl,
     NakStrengthSignaller,
 )
@@ -145,7 +146,8 @@ def test_signals_only_lower_the_limit_ticks_only_raise_or_lift_it_and_it_stays_i
 
 
 def test_a_receiver_signals_each_threshold_crossed_and_repeats_a_held_one_while_it_grows() -> None:
-    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 75, 87, 100)))
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 75, 87, 100)),
+                                     read_grace_ns=0)
     window = 100_000
 
     def at(now: int, consumed: int, backlog: int) -> tuple[int, int] | None:
@@ -171,7 +173,8 @@ def test_a_receiver_signals_each_threshold_crossed_and_repeats_a_held_one_while_
 
 
 def test_a_receiver_whose_subscribers_took_nothing_for_a_window_is_silent_until_they_move() -> None:
-    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 100)))
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 100)),
+                                     read_grace_ns=0)
     window = 100_000
     assert signaller.signal(0, 0, 100_000, window) == (100, 1000, 0)
     # Nothing taken for a window: paused or dead, which no rate would help.
@@ -184,7 +187,7 @@ def test_a_receiver_whose_subscribers_took_nothing_for_a_window_is_silent_until_
 
 
 def test_a_signal_carries_what_the_subscribers_took_over_the_last_one_to_two_windows() -> None:
-    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50,)))
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50,)), read_grace_ns=0)
     window = 100_000
     # 2 MB/s taken: 100 KB per 50 ms window; the image is at 60 % all along.
     rates = []
@@ -196,6 +199,70 @@ def test_a_signal_carries_what_the_subscribers_took_over_the_last_one_to_two_win
     assert rates[0] == 0  # nothing measured yet
     assert [r for r in rates[1:] if r is not None] and all(
         r == 2 * MB for r in rates[1:] if r is not None)
+
+
+def test_what_became_readable_counts_in_the_fill_only_once_it_was_readable_for_the_grace(
+        ) -> None:
+    """A repair makes a window's worth readable at once; a subscriber that keeps up has read
+    it a moment later.  Only a top that stayed past a threshold for READ_GRACE_NS signals,
+    and the image is told when to look again instead of being woken on every pass."""
+    grace = READ_GRACE_NS
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 100)))
+    window = 100_000
+
+    def look(now: int, consumed: int, top: int) -> tuple:
+        """One pass of the image: (threshold or None, wake-up position, deadline)."""
+        signalled = signaller.signal(now, consumed, top, window)
+        position = signaller.next_signal_position(consumed, window)
+        return (signalled and signalled[0], position, signaller.next_deadline_ns())
+
+    assert look(0, 0, 10_000) == (None, 50_000, NO_DEADLINE)
+    # A repair: 90 % readable at once.  No signal, no wake-up position: a deadline instead.
+    assert look(10, 0, 90_000) == (None, NO_DEADLINE, 10 + grace)
+    # The subscriber read it within the grace: nothing is ever signalled.
+    assert look(10 + grace, 90_000, 90_000) == (None, 90_000 + 50_000, NO_DEADLINE)
+    # A subscriber that does not read: the same top, a grace later, signals 50 %; 100 %
+    # (reached meanwhile) counts once it too was there for the grace.
+    assert look(20 + grace, 90_000, 150_000) == (None, NO_DEADLINE, 20 + 2 * grace)
+    assert look(30 + grace, 90_000, 200_000) == (None, NO_DEADLINE, 20 + 2 * grace)
+    assert look(20 + 2 * grace, 90_000, 200_000) == (50, NO_DEADLINE, 30 + 2 * grace)
+    assert look(30 + 2 * grace, 90_000, 200_000)[0] == 100
+
+
+def test_data_above_a_gap_counts_in_the_fill_once_the_gap_outlived_two_repairs(
+        shm: Path) -> None:
+    """ss_image_rate_signal_top: a gap NAKed once or twice holds only what is below it;
+    from its third NAK (two repairs did not come) what waits above it counts too."""
+    pair = Pair(shm, uri=URI + "|rc=nak-strength", term_length=1 << 20)
+    pair.auto_poll = False
+    lost = []
+
+    def drop(direction: str, dg) -> bool:
+        frame = decode(dg.data)
+        if direction == "p2r" and frame.__class__.__name__ == "Data" and frame.term_offset == 8192:
+            lost.append(pair.now)
+            return True  # the first copy and every retransmission
+        return False
+
+    pair.drop = drop
+    pair.run_until(1 * MS)
+    for _ in range(40):
+        assert pair.offer(b"g" * 992) > 0
+    image = pair.image
+    tops = []
+    for _ in range(400):
+        pair.run_until(pair.now + 100_000)
+        loss = image.loss_detector.c
+        naks = loss.gaps[0].naks if loss.gap_count else 0
+        tops.append((naks, network.ss_image_rate_signal_top(image.c), image.rcv_hwm))
+        if naks >= network.SS_RATE_SIGNAL_GAP_NAKS + 1:
+            break
+    assert network.SS_RATE_SIGNAL_GAP_NAKS == 3
+    assert len(lost) >= 3 and image.rcv_hwm == 40 * 1024
+    young = [top for naks, top, _ in tops if 0 < naks < network.SS_RATE_SIGNAL_GAP_NAKS]
+    old = [(top, hwm) for naks, top, hwm in tops if naks >= network.SS_RATE_SIGNAL_GAP_NAKS]
+    assert young and all(top == 8192 for top in young)
+    assert old and all(top == hwm for top, hwm in old)
 
 
 def test_the_fill_is_the_slowest_subscribers_distance_to_the_hwm_per_mille_of_the_window() -> None:

@@ -6,11 +6,14 @@ design against ``fc=min``, whose sender waits for its slowest receiver until a t
 
 * **Receiver** (:class:`NakStrengthSignaller`, one per image of a sender that announced
   itself with a :class:`~slipstream.client.frames.RateAnnounce`): the image's fill is the
-  bytes between its slowest subscriber and its high-water mark, per mille of its window.
-  Crossing a threshold upward sends a :class:`~slipstream.client.frames.RateSignal` at once
-  (with the rate its subscribers took lately); staying above one repeats it once per window
-  while the backlog is not shrinking.  Below the lowest threshold it sends nothing, and so
-  does a receiver whose subscribers took nothing for a window (see the class).
+  bytes between its slowest subscriber and its high-water mark, per mille of its window,
+  counting only what its subscribers could have read: data that has been readable for
+  :data:`READ_GRACE_NS`, and data above a gap only once that gap outlived two repairs
+  (``SS_RATE_SIGNAL_GAP_NAKS``, see the class).  Crossing a threshold upward sends a
+  :class:`~slipstream.client.frames.RateSignal` (with the rate its subscribers took
+  lately); staying above one repeats it once per window while the backlog is not
+  shrinking.  Below the lowest threshold it sends nothing, and so does a receiver whose
+  subscribers took nothing for a window.
 * **Sender** (:class:`NakStrengthRateControl`): a send-rate limit (bytes/s), enforced per
   datagram by the C data path (a token bucket on ``ss_send_publication_t``).  It starts
   unlimited.  A signal cuts the rate the sender was achieving, or the rate the signalling
@@ -36,6 +39,7 @@ Both classes are sans-I/O: every call takes ``now_ns``; units are bytes, bytes/s
 
 from __future__ import annotations
 
+from collections import deque
 from typing import ClassVar
 
 from slipstream.client.frames import RateAnnounce
@@ -60,6 +64,10 @@ MIN_DATAGRAMS_PER_S = 64
 #: kernel without epoll_pwait2), so less would lose rate to the late wake-ups.
 BURST_NS = 4_000_000
 BURST_DATAGRAMS = 4
+#: Data counts in a receiver's fill once it has been readable this long: what a repair makes
+#: readable all at once, a subscriber that keeps up has read by then, and a slow one has not
+#: (its first signal comes this much later).
+READ_GRACE_NS = 1_000_000
 
 
 class NakStrengthRateControl:
@@ -193,7 +201,17 @@ class NakStrengthRateControl:
 
 class NakStrengthSignaller:
     """An image's NAK-strength signals, once its sender announced itself.  See the module
-    docstring; two rules keep the signals to what slowing the sender can fix:
+    docstring; these rules keep the signals to what slowing the sender can fix:
+
+    * the fill counts what the subscribers could have read and did not.  The image passes
+      the *top* it counts to (``ss_image_rate_signal_top``): its hwm, but only what arrived
+      in order while the first gap has not outlived two repairs, since a one-off loss keeps
+      data waiting above the gap that no rate would have saved.  Of that, what became
+      readable less than ``read_grace_ns`` ago does not count yet: a repair makes a whole
+      window readable at once, which a subscriber that keeps up reads at once.  Data above
+      a gap that outlives two repairs does count: a narrow link whose queue drops the
+      repairs too must slow the sender (``cc=cubic`` is the answer to a link the stream
+      merely overruns, docs/FLOW.md);
 
     * a held level is repeated (once per window) only while the backlog (hwm minus the
       slowest subscriber, bytes) is not shrinking: a receiver that drains its backlog at the
@@ -204,9 +222,13 @@ class NakStrengthSignaller:
       threshold signals at once.
     """
 
-    def __init__(self, announce: RateAnnounce) -> None:
+    def __init__(self, announce: RateAnnounce, *, read_grace_ns: int = READ_GRACE_NS) -> None:
         self.thresholds: tuple[int, ...] = ()
         self.window_ns = 0
+        self.read_grace_ns = read_grace_ns
+        #: (time, top) at each look, from the latest one at least read_grace_ns old.
+        self._tops: deque[tuple[int, int]] = deque()
+        self._matures_ns = NO_DEADLINE  # when a top already past a threshold starts to count
         self.level = 0  # the threshold signalled last while above it; 0: below all
         self.stalled = False
         self._window_start_ns = 0  # of the window a held level is judged over
@@ -246,18 +268,39 @@ class NakStrengthSignaller:
         return max(0, consumption_position - start_position) * 1_000_000_000 // (
             now_ns - start_ns)
 
-    def signal(self, now_ns: int, consumption_position: int, hwm_position: int,
+    def readable_position(self, now_ns: int, consumption_position: int,
+                          top_position: int) -> int:
+        """Where the counted fill ends: ``top_position`` as it was ``read_grace_ns`` ago (and
+        still is), or the consumption position when nothing is that old.  Records this look."""
+        tops = self._tops
+        tops.append((now_ns, top_position))
+        horizon = now_ns - self.read_grace_ns
+        while len(tops) > 1 and tops[1][0] <= horizon:
+            tops.popleft()
+        seen_ns, seen_top = tops[0]
+        if seen_ns > horizon:
+            return consumption_position
+        return max(consumption_position, min(top_position, seen_top))
+
+    def signal(self, now_ns: int, consumption_position: int, top_position: int,
                window: int) -> tuple[int, int, int] | None:
         """(threshold, fill per mille, consumption rate in bytes/s) to signal at ``now_ns``,
         or None: a higher threshold crossed, or the current one held for a window with the
-        backlog not shrinking."""
+        backlog not shrinking.  ``top_position``: where the image counts its fill to now (the
+        class docstring); what reached there less than ``read_grace_ns`` ago counts later."""
         self._last_look_ns = now_ns
+        counted = self.readable_position(now_ns, consumption_position, top_position)
+        if counted <= consumption_position:
+            # Nothing waited for the subscribers: what they took was what arrived, not what
+            # they can take.  The rate is measured from the last look at which they had caught
+            # up (at a stream's start, the milliseconds before its data skewed it low).
+            self._rate_samples = None
         rate = self.consumption_rate(now_ns, consumption_position)
         if self._consumption_position is None or consumption_position > self._consumption_position:
             self._consumption_position = consumption_position
             self._last_progress_ns = now_ns
-        backlog = max(0, hwm_position - consumption_position)
-        fill = self.fill_permille(consumption_position, hwm_position, window)
+        backlog = max(0, counted - consumption_position)
+        fill = self.fill_permille(consumption_position, counted, window)
         level = 0
         for threshold in self.thresholds:
             if fill >= threshold * 10:
@@ -286,19 +329,28 @@ class NakStrengthSignaller:
         self._backlog_at_window_start = backlog
 
     def next_signal_position(self, consumption_position: int, window: int) -> int:
-        """The high-water mark from which the image, at ``consumption_position``, crosses a
-        threshold above its level (NO_DEADLINE: none left, or stalled): the C half wakes
-        Python there."""
+        """The top (the image's, as passed to :meth:`signal`) from which the image, at
+        ``consumption_position``, crosses a threshold above its level (NO_DEADLINE: none
+        left, or stalled, or the top is past it already and counts from
+        :meth:`next_deadline_ns`): the C half wakes Python there."""
+        self._matures_ns = NO_DEADLINE
         if self.stalled:
             return NO_DEADLINE
         for threshold in self.thresholds:
             if threshold > self.level:
-                return consumption_position + (window * threshold + 99) // 100
+                position = consumption_position + (window * threshold + 99) // 100
+                for seen_ns, seen_top in self._tops:
+                    if seen_top >= position:  # crossed, not readable for long enough yet
+                        self._matures_ns = seen_ns + self.read_grace_ns
+                        return NO_DEADLINE
+                return position
         return NO_DEADLINE
 
     def next_deadline_ns(self) -> int:
-        """When a held level may be signalled again, or a stalled receiver looks whether its
-        subscribers moved (NO_DEADLINE below all thresholds)."""
+        """When a held level may be signalled again, a stalled receiver looks whether its
+        subscribers moved, or a top past the next threshold starts to count (NO_DEADLINE:
+        none of these)."""
         if self.stalled:
             return self._last_look_ns + self.window_ns
-        return self._window_start_ns + self.window_ns if self.level else NO_DEADLINE
+        held = self._window_start_ns + self.window_ns if self.level else NO_DEADLINE
+        return min(held, self._matures_ns)

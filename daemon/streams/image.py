@@ -37,9 +37,11 @@ sends the 25 % rule's and the timer's SMs and cleans the log (see :meth:`_sync_r
 this object then takes their output at its next pass and keeps liveness and end of stream.
 
 NAK-strength signals (``rc=`` on the sender, which announces it): each rebuild pass measures
-how full the image is (hwm minus the slowest subscriber, against the window) and signals the
-thresholds it crosses (:class:`~slipstream.daemon.flow.rate_control.NakStrengthSignaller`);
-the C half wakes the pass when the hwm reaches the next threshold (``rate_signal_position``).
+how full the image is (what its slowest subscriber could have read and did not, against the
+window) and signals the thresholds it crosses
+(:class:`~slipstream.daemon.flow.rate_control.NakStrengthSignaller`); the C half wakes the
+pass when the fill's top (``ss_image_rate_signal_top``) reaches the next threshold
+(``rate_signal_position``).
 
 States (changed only in :meth:`_transition`)::
 
@@ -457,12 +459,14 @@ class PublicationImage:
             self.rate_signaller.on_announce(announce)
         self._next_due_ns = 0  # the next pass measures the fill and arms the C half
 
-    def _signal_rate(self, now_ns: int, consumption_position: int, hwm: int) -> None:
-        """Signal the threshold the image's fill crossed, if any, and tell the C half the hwm
-        at which the next one is crossed."""
+    def _signal_rate(self, now_ns: int, consumption_position: int) -> None:
+        """Signal the threshold the image's fill crossed, if any, and tell the C half the top
+        of the fill (``ss_image_rate_signal_top``: the hwm, or what arrived in order while the
+        first gap is young) at which the next one is crossed."""
         signaller = self.rate_signaller
         assert signaller is not None
-        signalled = signaller.signal(now_ns, consumption_position, hwm, self.window)
+        signalled = signaller.signal(now_ns, consumption_position,
+                                     network.ss_image_rate_signal_top(self.c), self.window)
         if signalled is not None:
             threshold, fill, rate = signalled
             signal = RateSignal(self.session_id, self.stream_id, fill, threshold, rate)
@@ -496,7 +500,7 @@ class PublicationImage:
         c = self.c
         if c.dirty or self._outbox or c.nak_count or c.sm_unsent or now_ns >= self._next_due_ns:
             return True
-        if self.rcv_hwm >= self.c.rate_signal_position:
+        if network.ss_image_rate_signal_top(c) >= c.rate_signal_position:
             return True
         cells = self._subscriber_positions
         # The C half's rule: the same positions (the 25 % rule's SM, and cleaning's unless
@@ -585,7 +589,7 @@ class PublicationImage:
                 hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
                 loss_found=new_loss)
         if self.rate_signaller is not None:
-            self._signal_rate(now_ns, min_sub, hwm)
+            self._signal_rate(now_ns, min_sub)
         self.cleaner.clean_toward(min_sub)
         if (force_sm or min_sub > self.c.sm_position + (self.c.sm_window >> 2)
                 or self._allowed_window(self.c.sm_position) != self.c.sm_window):
