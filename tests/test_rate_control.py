@@ -229,6 +229,27 @@ def test_what_became_readable_counts_in_the_fill_only_once_it_was_readable_for_t
     assert look(30 + 2 * grace, 90_000, 200_000)[0] == 100
 
 
+def test_a_top_that_fell_back_below_a_threshold_is_watched_again_not_timed_in_the_past(
+        ) -> None:
+    """The top falls when an old gap is repaired and the next one is young.  A look past
+    the threshold before the fall must not arm a deadline already gone (every pass would be
+    due until the fall was a grace old: a spin)."""
+    grace = READ_GRACE_NS
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 100)))
+    window = 100_000
+    signaller.signal(0, 0, 0, window)
+    signaller.signal(grace, 0, 90_000, window)
+    assert signaller.next_signal_position(0, window) == NO_DEADLINE
+    assert signaller.next_deadline_ns() == 2 * grace
+    assert signaller.signal(2 * grace + 5, 0, 10_000, window) is None  # fell back to 10 %
+    assert signaller.next_signal_position(0, window) == 50_000
+    assert signaller.next_deadline_ns() == NO_DEADLINE
+    # Past it again: it counts a grace from now, however long ago it first was.
+    assert signaller.signal(2 * grace + 10, 0, 60_000, window) is None
+    assert signaller.next_signal_position(0, window) == NO_DEADLINE
+    assert signaller.next_deadline_ns() == 3 * grace + 10
+
+
 def test_data_above_a_gap_counts_in_the_fill_once_the_gap_outlived_two_repairs(
         shm: Path) -> None:
     """ss_image_rate_signal_top: a gap NAKed once or twice holds only what is below it;

@@ -226,7 +226,8 @@ class NakStrengthSignaller:
         self.thresholds: tuple[int, ...] = ()
         self.window_ns = 0
         self.read_grace_ns = read_grace_ns
-        #: (time, top) at each look, from the latest one at least read_grace_ns old.
+        #: (time, top) at each look that moved the top, from the latest one at least
+        #: read_grace_ns old.
         self._tops: deque[tuple[int, int]] = deque()
         self._matures_ns = NO_DEADLINE  # when a top already past a threshold starts to count
         self.level = 0  # the threshold signalled last while above it; 0: below all
@@ -270,17 +271,18 @@ class NakStrengthSignaller:
 
     def readable_position(self, now_ns: int, consumption_position: int,
                           top_position: int) -> int:
-        """Where the counted fill ends: ``top_position`` as it was ``read_grace_ns`` ago (and
-        still is), or the consumption position when nothing is that old.  Records this look."""
+        """Where the counted fill ends: the lowest top since the last look at least
+        ``read_grace_ns`` ago (what has been there all that time), or the consumption position
+        when no look is that old.  Records this look."""
         tops = self._tops
-        tops.append((now_ns, top_position))
+        if not tops or tops[-1][1] != top_position:  # kept: when the top first got there
+            tops.append((now_ns, top_position))
         horizon = now_ns - self.read_grace_ns
         while len(tops) > 1 and tops[1][0] <= horizon:
             tops.popleft()
-        seen_ns, seen_top = tops[0]
-        if seen_ns > horizon:
+        if tops[0][0] > horizon:
             return consumption_position
-        return max(consumption_position, min(top_position, seen_top))
+        return max(consumption_position, min(top for _, top in tops))
 
     def signal(self, now_ns: int, consumption_position: int, top_position: int,
                window: int) -> tuple[int, int, int] | None:
@@ -339,11 +341,18 @@ class NakStrengthSignaller:
         for threshold in self.thresholds:
             if threshold > self.level:
                 position = consumption_position + (window * threshold + 99) // 100
-                for seen_ns, seen_top in self._tops:
-                    if seen_top >= position:  # crossed, not readable for long enough yet
-                        self._matures_ns = seen_ns + self.read_grace_ns
-                        return NO_DEADLINE
-                return position
+                # Past it already, but not for long enough: it counts once the latest run of
+                # looks at or past it is read_grace_ns old (the top can fall back, as when an
+                # old gap is repaired and a young one is next).
+                crossed_ns = None
+                for seen_ns, seen_top in reversed(self._tops):
+                    if seen_top < position:
+                        break
+                    crossed_ns = seen_ns
+                if crossed_ns is None:
+                    return position
+                self._matures_ns = max(crossed_ns + self.read_grace_ns, self._last_look_ns + 1)
+                return NO_DEADLINE
         return NO_DEADLINE
 
     def next_deadline_ns(self) -> int:
