@@ -35,6 +35,7 @@ C_ONLY = {
     "BANDS", "AGING_NS_PER_POINT", "AGING_MAX",  # network.h: the sender's bands
     "HEARTBEAT_TIMEOUT_NS",  # network.h: read as lib.SS_HEARTBEAT_TIMEOUT_NS by publication.py
     "KEEPER_DRIVER_EXITED", "KEEPER_DRIVER_STOPPED", "KEEPER_DRIVER_REPLACED",  # the keeper's
+    "RATE_SIGNAL_GAP_NAKS",  # network.h: the NAK-strength fill's (ss_image_rate_signal_top)
 }
 
 
