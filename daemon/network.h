@@ -445,9 +445,9 @@ typedef struct {
 int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns);
 
 /* NAK-strength (daemon/flow/rate_control.py): data above the image's first gap counts in its
- * fill only once that gap's timer fired this many times (NAKed, then NAKed again after a
- * repair did not come): a repair that comes in time is a one-off loss, not a receiver that
- * cannot keep up, and slowing the sender would not have prevented it. */
+ * fill only once that gap's timer fired this many times (NAKed, and NAKed again after each of
+ * two repairs that did not come): a repair that comes in time is a one-off loss, not a
+ * receiver that cannot keep up, and slowing the sender would not have prevented it. */
 #define SS_RATE_SIGNAL_GAP_NAKS 3
 /* The top of the fill NAK-strength counts: rcv-hwm, or while the first gap is younger than
  * SS_RATE_SIGNAL_GAP_NAKS NAKs, what arrived in order below it (bytes). */

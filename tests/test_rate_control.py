@@ -250,6 +250,24 @@ def test_a_top_that_fell_back_below_a_threshold_is_watched_again_not_timed_in_th
     assert signaller.next_deadline_ns() == 3 * grace + 10
 
 
+def test_a_signal_after_a_burst_carries_what_the_subscriber_took_since_it_caught_up() -> None:
+    """The rate a signal carries is measured from the last look at which the subscriber had
+    nothing to read, not from the last at which nothing had been readable for the grace: a
+    burst looked at within the grace must not leave the signal without a rate (the sender
+    would then cut from its own rate only)."""
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 75)))
+    window = 100_000
+    assert signaller.signal(0, 0, 0, window) is None  # caught up
+    rates = []
+    for step in range(1, 40):  # a look every 100 µs; 10 MB/s read from a 120 KB burst
+        now = step * 100_000
+        consumed = 10 * MB * now // 1_000_000_000
+        signalled = signaller.signal(now, consumed, 120_000, window)
+        if signalled is not None:
+            rates.append(signalled[2])
+    assert rates and all(9 * MB <= rate <= 11 * MB for rate in rates), rates
+
+
 def test_data_above_a_gap_counts_in_the_fill_once_the_gap_outlived_two_repairs(
         shm: Path) -> None:
     """ss_image_rate_signal_top: a gap NAKed once or twice holds only what is below it;

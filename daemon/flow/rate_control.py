@@ -213,7 +213,7 @@ class NakStrengthSignaller:
       repairs too must slow the sender (``cc=cubic`` is the answer to a link the stream
       merely overruns, docs/FLOW.md);
 
-    * a held level is repeated (once per window) only while the backlog (hwm minus the
+    * a held level is repeated (once per window) only while the backlog (the counted top minus the
       slowest subscriber, bytes) is not shrinking: a receiver that drains its backlog at the
       rate it was given asks for nothing more;
     * a receiver whose subscribers took nothing for a whole window is *stalled* (paused or
@@ -292,12 +292,14 @@ class NakStrengthSignaller:
         class docstring); what reached there less than ``read_grace_ns`` ago counts later."""
         self._last_look_ns = now_ns
         counted = self.readable_position(now_ns, consumption_position, top_position)
-        if counted <= consumption_position:
+        if top_position <= consumption_position:
             # Nothing waited for the subscribers: what they took was what arrived, not what
-            # they can take.  The rate is measured from the last look at which they had caught
-            # up (at a stream's start, the milliseconds before its data skewed it low).
+            # they can take.  The rate is measured from the next look that finds something
+            # waiting (at a stream's start, the milliseconds before its data skewed it low).
             self._rate_samples = None
-        rate = self.consumption_rate(now_ns, consumption_position)
+            rate = 0
+        else:
+            rate = self.consumption_rate(now_ns, consumption_position)
         if self._consumption_position is None or consumption_position > self._consumption_position:
             self._consumption_position = consumption_position
             self._last_progress_ns = now_ns

@@ -495,12 +495,13 @@ class PublicationImage:
     def due(self, now_ns: int) -> bool:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns``, cheaply: data
         arrived, output is queued (here, or NAKs and an SM the C half left), a timer is due,
-        the hwm reached the next NAK-strength threshold, or a subscriber reached the position
+        the fill's top reached the next NAK-strength threshold, or a subscriber reached the position
         where the 25 % rule schedules a status message or where cleaning is due."""
         c = self.c
         if c.dirty or self._outbox or c.nak_count or c.sm_unsent or now_ns >= self._next_due_ns:
             return True
-        if network.ss_image_rate_signal_top(c) >= c.rate_signal_position:
+        if (c.rate_signal_position != NO_DEADLINE
+                and network.ss_image_rate_signal_top(c) >= c.rate_signal_position):
             return True
         cells = self._subscriber_positions
         # The C half's rule: the same positions (the 25 % rule's SM, and cleaning's unless
