@@ -176,22 +176,26 @@ def test_a_cubic_receiver_over_a_lossy_link_cuts_its_window_and_gets_every_messa
         assert cc.rtt_ns == 400 * US  # the link's two delays
 
 
-def test_a_shorter_round_trip_moves_the_images_deadline_with_the_next_measurement() -> None:
+def test_a_shorter_round_trip_moves_the_images_deadline_with_the_next_measurement(
+        shm: Path) -> None:
     """An answer to an RTTM that measures a shorter round trip brings the next measurement
-    forward.  The image's cheap check (``due``) used the deadline of its last pass, so the
-    agent found a deadline due that no pass met: the simulator stopped with SimulationStuck
-    (seed 8: a 100 Mbit/s link whose queue stretches the round trip, then drains), and a
-    driver's network thread spun until the old deadline came."""
-    scenario = Scenario(hosts=2, messages=20_000, seed=8, channel_params="cc=cubic",
-                        faults=LinkFaults(loss=0.01, rate_mbit=100, delay_ms=0.5))
-    with Simulation(scenario) as sim:
-        report = sim.run()
-        [entry] = sim.subscribers[0].driver.network._receive_endpoints.values()
-        [image_entry] = entry.images.values()
-        cc = image_entry.image.congestion_control
-        assert isinstance(cc, CubicCongestionControl)
-    assert report.exactly_once_in_order, report.format_text()
-    assert cc.losses > 0 and cc.rtt_ns >= 1 * MS  # the link's two delays, and its queue
+    forward.  The image's cheap check (``due``) had kept the deadline of its last pass, so
+    the agent found a deadline due that no pass met: a network thread spun until the old
+    deadline came, and the simulator stopped with SimulationStuck.  Here the link's delay
+    falls from 1 ms to 50 µs; before the fix the pair's step raised "livelock"."""
+    settings = DriverSettings.from_mapping({"cubic_measure_rtt": True})
+    pair = Pair(shm, receiver_uri=URI + "|cc=cubic", settings_=settings)
+    pair.delay_ns = 1 * MS
+    pair.run_until(20 * MS)  # the image joins (SETUP) and measures the long round trip
+    cc = pair.image.congestion_control
+    assert isinstance(cc, CubicCongestionControl)
+    assert (cc.rtt_ns, cc.rtt_timeout_ns) == (2 * MS, 8 * MS)
+    pair.delay_ns = 50 * US
+    pair.run_until(60 * MS)
+    assert cc.rtt_ns == 100 * US
+    answers = [t for t, f in pair.frames("p2r", Rttm)]
+    # Once short, asked 4 x 100 µs after each answer (the floor: 4 x the initial round trip).
+    assert answers[-1] - answers[-2] == 400 * US + 1 + 100 * US
 
 
 def test_the_static_window_stays_the_default(shm: Path) -> None:

@@ -155,7 +155,7 @@ class Receiver(Agent[ReceiveEndpoint]):
         finally:
             # Also after a failure: an image whose ImageDone went to the conductor may lose
             # its log at any moment, and the C half must no longer see it.
-            self._sync_c(lambda: min((e.channel.next_deadline_ns(c_timers=False)
+            self._sync_c(lambda: min((e.channel.python_deadline_ns()
                                       for e in self.endpoints),
                                      default=NO_DEADLINE))
         return work

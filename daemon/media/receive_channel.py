@@ -444,12 +444,21 @@ class ReceiveChannel:
                     del pending[key]
         return out
 
-    def next_deadline_ns(self, *, c_timers: bool = True) -> int:
-        """Earliest deadline of the images (``<=`` now when output is queued);
-        ``c_timers=False``: of the Python half only (see PublicationImage.next_deadline_ns)."""
+    def next_deadline_ns(self) -> int:
+        """Earliest deadline of the images, the C half's timers included (``<=`` now when
+        output is queued)."""
         if self._outbox:
             return self._now_ns
-        return min((image.next_deadline_ns(c_timers=c_timers) for image in self.images.values()),
+        return min((image.next_deadline_ns() for image in self.images.values()),
+                   default=NO_DEADLINE)
+
+    def python_deadline_ns(self) -> int:
+        """The agent's deadline for this channel: the images' Python halves
+        (PublicationImage.python_deadline_ns, which keeps their due checks in step), or now
+        while output is queued."""
+        if self._outbox:
+            return self._now_ns
+        return min((image.python_deadline_ns() for image in self.images.values()),
                    default=NO_DEADLINE)
 
     def poll_events(self) -> list[ReceiverEvent]:

@@ -445,11 +445,9 @@ class PublicationImage:
                 self._outbox.append(Datagram(reply.encode(), self.control_address))
         elif rttm.receiver_id == self.receiver_id:
             rtt_ns = now_ns - rttm.echo_timestamp - rttm.reception_delta
+            # A shorter round trip brings the next measurement forward: python_deadline_ns,
+            # which the agent asks after this input, makes due() see it.
             self.congestion_control.on_rtt_measurement(now_ns, max(rtt_ns, 0), self.source)
-            # A shorter round trip brings the next measurement forward: due() must see it,
-            # or the agent's deadline (which does) comes with no pass to meet it (a spin).
-            self._next_due_ns = min(self._next_due_ns,
-                                    self.congestion_control.next_deadline_ns())
 
     def on_rate_announce(self, announce: RateAnnounce, now_ns: int) -> None:
         """The sender adapts its rate to NAK-strength signals: send them from now on."""
@@ -717,6 +715,16 @@ class PublicationImage:
             if (not self._subscriber_positions
                     or now_ns - self._time_of_last_state_change_ns >= self.liveness_timeout_ns):
                 self._transition("done", now_ns)
+
+    def python_deadline_ns(self) -> int:
+        """The agent's deadline for this image: :meth:`next_deadline_ns` without the timers
+        the C half keeps.  :meth:`due` turns true by then too, whatever input moved it since
+        the last pass (a deadline of the agent that found no image due would make a Python
+        pass of every duty cycle: an RTTM answer that shortened the round trip did)."""
+        deadline = self.next_deadline_ns(c_timers=False)
+        if deadline < self._next_due_ns:
+            self._next_due_ns = deadline
+        return deadline
 
     def next_deadline_ns(self, *, c_timers: bool = True) -> int:
         """Earliest time :meth:`datagrams_to_send` has work: ``<=`` the last ``now`` after new
