@@ -72,8 +72,10 @@ from slipstream.client.layout import (
     RATE_ANNOUNCE_LENGTH,
     RATE_ANNOUNCE_MAX_THRESHOLDS,
     RATE_SIGNAL_FRAME,
+    RATE_SIGNAL_GROUP_TAG_LENGTH,
     RATE_SIGNAL_LENGTH,
     RATE_SIGNAL_MAX_RATE,
+    RATE_SIGNAL_TAGGED_FRAME,
     RATE_WINDOW_MAX_US,
     RATE_WINDOW_MIN_US,
     RSP_SETUP_FRAME,
@@ -368,25 +370,34 @@ class ResponseSetup:
 
 @attrs.frozen
 class RateSignal:
-    """slipstream's NAK-strength signal (EXT, 40 bytes; docs/PROTOCOL.md §9), receiver to
-    sender: the receiver's image of (session, stream) is ``fill_permille`` full (the bytes
-    between its slowest subscriber and its high-water mark, per mille of its window, at most
-    1000) and crossed ``threshold`` percent, one of those the sender announced; its slowest
-    subscriber took ``consumption_rate`` bytes/s lately (0: not measured yet)."""
+    """slipstream's NAK-strength signal (EXT, 40 bytes, 48 with a group tag; docs/PROTOCOL.md
+    §1.11), receiver to sender: the receiver's image of (session, stream) is
+    ``fill_permille`` full (the bytes between its slowest subscriber and its high-water mark,
+    per mille of its window, at most 1000) and crossed ``threshold`` percent, one of those
+    the sender announced; its slowest subscriber took ``consumption_rate`` bytes/s lately
+    (0: not measured yet).  ``group_tag``: the receiver's ``gtag=``, as its SMs carry it (a
+    sender under ``fc=tagged`` heeds the signals of its group only)."""
 
     session_id: int
     stream_id: int
     fill_permille: int
     threshold: int
     consumption_rate: int = 0
+    group_tag: int | None = None
 
-    frame_length: ClassVar[int] = RATE_SIGNAL_LENGTH
+    @property
+    def frame_length(self) -> int:
+        return RATE_SIGNAL_LENGTH + (0 if self.group_tag is None
+                                     else RATE_SIGNAL_GROUP_TAG_LENGTH)
 
     def encode(self) -> bytes:
-        return RATE_SIGNAL_FRAME.pack(RATE_SIGNAL_LENGTH, CURRENT_VERSION, 0, HDR_TYPE_EXT,
-                                      EXT_MAGIC, EXT_TYPE_RATE_SIGNAL, EXT_VERSION,
-                                      self.session_id, self.stream_id, self.fill_permille,
-                                      self.threshold, self.consumption_rate)
+        fields = (EXT_MAGIC, EXT_TYPE_RATE_SIGNAL, EXT_VERSION, self.session_id, self.stream_id,
+                  self.fill_permille, self.threshold, self.consumption_rate)
+        if self.group_tag is None:
+            return RATE_SIGNAL_FRAME.pack(RATE_SIGNAL_LENGTH, CURRENT_VERSION, 0, HDR_TYPE_EXT,
+                                          *fields)
+        return RATE_SIGNAL_TAGGED_FRAME.pack(self.frame_length, CURRENT_VERSION, 0,
+                                             HDR_TYPE_EXT, *fields, self.group_tag)
 
 
 @attrs.frozen
@@ -570,7 +581,13 @@ def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,
                 0 <= rate <= RATE_SIGNAL_MAX_RATE):
             return Rejected(f"rate signal fill {fill} permille, threshold {threshold} % or "
                             f"consumption rate {rate} out of range")
-        return RateSignal(session_id, stream_id, fill, threshold, rate)
+        extra = frame_length - RATE_SIGNAL_LENGTH
+        if extra == 0:
+            return RateSignal(session_id, stream_id, fill, threshold, rate)
+        if extra == RATE_SIGNAL_GROUP_TAG_LENGTH:
+            (group_tag,) = _I64.unpack_from(data, offset + RATE_SIGNAL_LENGTH)
+            return RateSignal(session_id, stream_id, fill, threshold, rate, group_tag)
+        return Rejected(f"rate signal group tag length {extra} is not 0 or 8")
     if ext_type == EXT_TYPE_RATE_ANNOUNCE:
         bad = _check_control("rate announce", RATE_ANNOUNCE_LENGTH, remaining, frame_length)
         if bad is not None:

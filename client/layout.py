@@ -134,8 +134,11 @@ EXT_TYPE_RATE_SIGNAL: Final = 1  # receiver -> sender: how full the receiver's i
 EXT_TYPE_RATE_ANNOUNCE: Final = 2  # sender -> receivers: signal me, at these thresholds
 
 # header, then session_id stream_id fill_permille threshold_percent consumption_rate (bytes/s)
+# (and the receiver's group tag when it has one, as an SM's)
 RATE_SIGNAL_FRAME: Final = struct.Struct("<iBBHiHHiiiiq")
 RATE_SIGNAL_LENGTH: Final = RATE_SIGNAL_FRAME.size  # 40
+RATE_SIGNAL_TAGGED_FRAME: Final = struct.Struct("<iBBHiHHiiiiqq")
+RATE_SIGNAL_GROUP_TAG_LENGTH: Final = RATE_SIGNAL_TAGGED_FRAME.size - RATE_SIGNAL_LENGTH  # 8
 # header, then session_id stream_id window_us thresholds (4 x percent, ascending, 0 = unused)
 RATE_ANNOUNCE_FRAME: Final = struct.Struct("<iBBHiHHiiiBBBB")
 RATE_ANNOUNCE_LENGTH: Final = RATE_ANNOUNCE_FRAME.size  # 32

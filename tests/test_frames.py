@@ -160,7 +160,7 @@ frames_strategy = st.one_of(
               st.none() | int64),
     st.builds(ResponseSetup, int32, int32, int32, uint8),
     st.builds(RateSignal, int32, int32, st.integers(0, 1000), st.integers(1, 100),
-              st.integers(0, RATE_SIGNAL_MAX_RATE)),
+              st.integers(0, RATE_SIGNAL_MAX_RATE), st.none() | int64),
     st.builds(RateAnnounce, int32, int32, st.integers(RATE_WINDOW_MIN_US, RATE_WINDOW_MAX_US),
               st.lists(st.integers(1, 100), min_size=1, max_size=4, unique=True).map(
                   lambda t: tuple(sorted(t)))),
@@ -282,6 +282,9 @@ MALFORMED = {
                          "fill 1001 permille"),
     "rate signal threshold": (_with(RateSignal(1, 2, 3, 50).encode(), 28, "<i", 0),
                               "threshold 0 %"),
+    "rate signal half a group tag": (_with(RateSignal(1, 2, 3, 50, 0, 7).encode()[:44], 0,
+                                           "<i", 44),
+                                     "rate signal group tag length 4 is not 0 or 8"),
     "rate announce window": (_with(RateAnnounce(1, 2, 50, (50,)).encode(), 24, "<i", 999),
                              "rate announce window 999 us"),
     "rate announce long window": (_with(RateAnnounce(1, 2, 50, (50,)).encode(), 24, "<i",

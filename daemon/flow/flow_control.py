@@ -69,6 +69,12 @@ class FlowControl(abc.ABC):
         """A receiver rejected the image (ERR frame)."""
 
     # -- queries -------------------------------------------------------------------------
+    def counts_receiver_tag(self, group_tag: int | None) -> bool:
+        """Whether receivers whose SMs carry ``group_tag`` (None: untagged) are among those
+        the strategy serves: all of them, but under ``fc=tagged`` its group only.  A
+        NAK-strength rate signal counts only from those (it carries the same tag)."""
+        return True
+
     def has_required_receivers(self) -> bool:
         """Part of the publication's "connected" status: enough receivers are known."""
         return True

@@ -467,7 +467,8 @@ class PublicationImage:
                                      network.ss_image_rate_signal_top(self.c), self.window)
         if signalled is not None:
             threshold, fill, rate = signalled
-            signal = RateSignal(self.session_id, self.stream_id, fill, threshold, rate)
+            signal = RateSignal(self.session_id, self.stream_id, fill, threshold, rate,
+                                self.group_tag)
             self._outbox.append(Datagram(signal.encode(), self.control_address))
             self.counters.add(SystemCounter.RATE_SIGNALS_SENT)
         self.c.rate_signal_position = signaller.next_signal_position(consumption_position,

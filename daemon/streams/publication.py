@@ -385,7 +385,10 @@ class NetworkPublication:
         elif isinstance(frame, RateSignal):
             self.counters.add(SystemCounter.RATE_SIGNALS_RECEIVED)
             rate_control = self.rate_control
-            if rate_control is not None and rate_control.on_signal(
+            # Under fc=tagged, a receiver outside the group never holds the sender back:
+            # nor does its signal.
+            if rate_control is not None and self.flow_control.counts_receiver_tag(
+                    frame.group_tag) and rate_control.on_signal(
                     now_ns, frame.threshold, self.sender_position, frame.consumption_rate):
                 self.counters.add(SystemCounter.RATE_CUTS)
                 self._apply_rate_limit(now_ns)
