@@ -138,6 +138,7 @@ class SystemCounter(enum.IntEnum):
     GOVERNOR_LOWEST_DEFERRED = 43  # times step 3 (the lowest band deferred) was entered
     GOVERNOR_LOWEST_REFUSED = 44  # times step 4 (the lowest band's offers refused) was entered
     NETWORK_BUSY_NS = 45  # time the network threads spent in duty cycles that did work, ns
+    RATE_SIGNALS_IGNORED = 46  # signals from receivers outside an fc=tagged sender's group
 
     @property
     def label(self) -> str:

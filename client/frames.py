@@ -12,13 +12,15 @@ Decoding (the receive path, once per datagram):
 * :class:`Data` keeps its payload as a ``memoryview`` slice of the datagram (zero copy).  The
   view is only valid while the caller does not reuse that buffer (e.g. ``recv_into`` the same
   ``bytearray``); copy it with ``bytes(frame.payload)`` to keep it longer.
-* Control frames (SETUP, SM, NAK, RTTM, ERR, RSP_SETUP) need ``fixed size <= frame_length <=
-  datagram bytes``; bytes past the fixed layout are ignored, as in Aeron.  The C driver checks
+* Control frames (SETUP, SM, NAK, RTTM, ERR, RSP_SETUP, EXT) need ``fixed size <= frame_length
+  <= datagram bytes``; bytes past the fixed layout are ignored, as in Aeron, except for an SM
+  and a NAK-strength signal, whose length says whether a group tag follows (exactly 8 bytes
+  more, or none).  The C driver checks
   ``frame_length`` only for SM and ERR; checking it for all costs nothing and no real sender
   writes it wrong.
 * RES (0x07) and ATS (0x08-0x0A) are known types slipstream does not speak: they decode to
   ``Rejected("unsupported frame type ...")``, like unknown types.  EXT (0xFFFF) carries
-  slipstream's own frames (docs/PROTOCOL.md §9: :class:`RateSignal`, :class:`RateAnnounce`)
+  slipstream's own frames (docs/PROTOCOL.md §1.11: :class:`RateSignal`, :class:`RateAnnounce`)
   behind a magic number; an EXT frame without it, or of an extension this version does not
   know, is rejected.
 
@@ -402,7 +404,7 @@ class RateSignal:
 
 @attrs.frozen
 class RateAnnounce:
-    """slipstream's rate-control announcement (EXT, 32 bytes; docs/PROTOCOL.md §9), sender to
+    """slipstream's rate-control announcement (EXT, 32 bytes; docs/PROTOCOL.md §1.11), sender to
     receivers: the sender of (session, stream) adapts its rate to :class:`RateSignal` frames;
     signal when the image crosses each of ``thresholds`` (percent, ascending, at most four)
     and again every ``window_us`` while it stays above one."""

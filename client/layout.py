@@ -122,7 +122,7 @@ ERR_HAS_GROUP_TAG_FLAG: Final = 0x08
 RSP_SETUP_FRAME: Final = struct.Struct("<iBBHiii")
 RSP_SETUP_LENGTH: Final = RSP_SETUP_FRAME.size  # 20
 
-# -- slipstream's extension frames (docs/PROTOCOL.md §9) ---------------------------------------
+# -- slipstream's extension frames (docs/PROTOCOL.md §1.11) ---------------------------------------
 # Aeron's EXT type with a sub-header a stock driver never reads (it drops EXT frames unread):
 # frame_length version flags type=EXT magic ext_type ext_version, then the extension's body.
 

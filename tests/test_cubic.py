@@ -4,6 +4,7 @@ over a lossy link in the protocol pair."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -181,8 +182,10 @@ def test_a_shorter_round_trip_moves_the_images_deadline_with_the_next_measuremen
     """An answer to an RTTM that measures a shorter round trip brings the next measurement
     forward.  The image's cheap check (``due``) had kept the deadline of its last pass, so
     the agent found a deadline due that no pass met: a network thread spun until the old
-    deadline came, and the simulator stopped with SimulationStuck.  Here the link's delay
-    falls from 1 ms to 50 µs; before the fix the pair's step raised "livelock"."""
+    deadline came, and the simulator stopped with SimulationStuck (here the pair's step raised
+    "livelock").  The link's one-way delay falls from 1 ms to 100 µs: the first RTTM after
+    that (asked 8 ms after the last answer) measures 200 µs, and the next goes 4 x 200 µs
+    after its answer, not 8 ms after the last question."""
     settings = DriverSettings.from_mapping({"cubic_measure_rtt": True})
     pair = Pair(shm, receiver_uri=URI + "|cc=cubic", settings_=settings)
     pair.delay_ns = 1 * MS
@@ -190,12 +193,12 @@ def test_a_shorter_round_trip_moves_the_images_deadline_with_the_next_measuremen
     cc = pair.image.congestion_control
     assert isinstance(cc, CubicCongestionControl)
     assert (cc.rtt_ns, cc.rtt_timeout_ns) == (2 * MS, 8 * MS)
-    pair.delay_ns = 50 * US
-    pair.run_until(60 * MS)
-    assert cc.rtt_ns == 100 * US
-    answers = [t for t, f in pair.frames("p2r", Rttm)]
-    # Once short, asked 4 x 100 µs after each answer (the floor: 4 x the initial round trip).
-    assert answers[-1] - answers[-2] == 400 * US + 1 + 100 * US
+    pair.delay_ns = 100 * US
+    pair.run_until(40 * MS)
+    assert (cc.rtt_ns, cc.rtt_timeout_ns) == (200 * US, 800 * US)
+    asked = [t for t, f in pair.frames("r2p", Rttm) if t > 20 * MS]
+    gaps = {later - earlier for earlier, later in itertools.pairwise(asked)}
+    assert len(asked) > 10 and gaps == {200 * US + 800 * US + 1}, asked
 
 
 def test_the_static_window_stays_the_default(shm: Path) -> None:

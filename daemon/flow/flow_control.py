@@ -69,10 +69,11 @@ class FlowControl(abc.ABC):
         """A receiver rejected the image (ERR frame)."""
 
     # -- queries -------------------------------------------------------------------------
-    def counts_receiver_tag(self, group_tag: int | None) -> bool:
-        """Whether receivers whose SMs carry ``group_tag`` (None: untagged) are among those
-        the strategy serves: all of them, but under ``fc=tagged`` its group only.  A
-        NAK-strength rate signal counts only from those (it carries the same tag)."""
+    def heeds_rate_signal(self, group_tag: int | None) -> bool:
+        """Whether a NAK-strength rate signal from a receiver tagged ``group_tag`` (None:
+        untagged; a signal carries its receiver's ``gtag=``) may slow the sender: any, unless
+        the strategy holds the sender to a group of receivers and leaves the others behind
+        (``fc=tagged``)."""
         return True
 
     def has_required_receivers(self) -> bool:

@@ -67,6 +67,9 @@ class MinMulticastFlowControl(FlowControl):
         return cls(receiver_timeout_ns=params.receiver_timeout_ns,
                    group_min_size=params.group_min_size)
 
+    def _matches(self, sm: StatusMessage) -> bool:
+        return True
+
     def _setup_cap(self, now_ns: int) -> int | None:
         """The limit at the last SETUP a newcomer asked for, while it still protects it."""
         if self._last_setup_limit is not None and (
@@ -86,7 +89,7 @@ class MinMulticastFlowControl(FlowControl):
     def on_status_message(self, sm: StatusMessage, source: Address, sender_limit: int,
                           initial_term_id: int, position_bits: int, now_ns: int) -> int:
         limit = sm_limit(sm, initial_term_id, position_bits)
-        matches = self.counts_receiver_tag(sm.group_tag)
+        matches = self._matches(sm)
         if matches:
             self.receiver_window = sm.receiver_window
             receiver = self.receivers.get(sm.receiver_id)
@@ -124,7 +127,7 @@ class MinMulticastFlowControl(FlowControl):
         return minimum
 
     def on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
-        if self.counts_receiver_tag(sm.group_tag) and sm.receiver_id not in self.receivers:
+        if self._matches(sm) and sm.receiver_id not in self.receivers:
             self._setup_requesters.add(sm.receiver_id)
 
     def on_setup(self, now_ns: int, sender_limit: int) -> None:

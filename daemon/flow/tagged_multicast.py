@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Self
 
+from slipstream.client.frames import StatusMessage
 from slipstream.daemon.flow.min_multicast import MinMulticastFlowControl
 from slipstream.daemon.protocol.params import FlowControlParams
 
@@ -12,7 +13,8 @@ class TaggedMulticastFlowControl(MinMulticastFlowControl):
     """Min flow control over the receivers whose SM carries ``group_tag`` (``fc=tagged``,
     also ``fc=preferred``); untagged or other-tagged receivers never hold the sender back (nor
     do their NAK-strength signals slow it, under ``rc=``), and while none carrying the tag is
-    known (and the group minimum is 0) the sender follows every SM as ``max`` does."""
+    known (and the group minimum is 0) the sender follows every SM, and heeds every signal,
+    as under ``max``."""
 
     name = "tagged"
 
@@ -26,5 +28,10 @@ class TaggedMulticastFlowControl(MinMulticastFlowControl):
         return cls(group_tag=params.group_tag, receiver_timeout_ns=params.receiver_timeout_ns,
                    group_min_size=params.group_min_size)
 
-    def counts_receiver_tag(self, group_tag: int | None) -> bool:
-        return group_tag == self.group_tag
+    def _matches(self, sm: StatusMessage) -> bool:
+        return sm.group_tag == self.group_tag
+
+    def heeds_rate_signal(self, group_tag: int | None) -> bool:
+        # The group's; anyone's while no group member is known (the sender then follows
+        # every SM, as under max, where every signal counts).
+        return group_tag == self.group_tag or not self.receivers

@@ -385,13 +385,15 @@ class NetworkPublication:
         elif isinstance(frame, RateSignal):
             self.counters.add(SystemCounter.RATE_SIGNALS_RECEIVED)
             rate_control = self.rate_control
-            # Under fc=tagged, a receiver outside the group never holds the sender back:
-            # nor does its signal.
-            if rate_control is not None and self.flow_control.counts_receiver_tag(
-                    frame.group_tag) and rate_control.on_signal(
-                    now_ns, frame.threshold, self.sender_position, frame.consumption_rate):
-                self.counters.add(SystemCounter.RATE_CUTS)
-                self._apply_rate_limit(now_ns)
+            if rate_control is not None:
+                if not self.flow_control.heeds_rate_signal(frame.group_tag):
+                    # fc=tagged: a receiver outside the group never holds the sender back,
+                    # nor does its signal.
+                    self.counters.add(SystemCounter.RATE_SIGNALS_IGNORED)
+                elif rate_control.on_signal(now_ns, frame.threshold, self.sender_position,
+                                            frame.consumption_rate):
+                    self.counters.add(SystemCounter.RATE_CUTS)
+                    self._apply_rate_limit(now_ns)
         elif isinstance(frame, ErrorFrame):
             # For the conductor to log (Sender: PublicationRejected): the operator of this
             # host sees the stream stay unconnected, and this is the only word why.
