@@ -7,10 +7,10 @@ design against ``fc=min``, whose sender waits for its slowest receiver until a t
 * **Receiver** (:class:`NakStrengthSignaller`, one per image of a sender that announced
   itself with a :class:`~slipstream.client.frames.RateAnnounce`): the image's fill is the
   bytes between its slowest subscriber and its high-water mark, per mille of its window,
-  counting only what its subscribers could have read: data that has been readable for
-  :data:`READ_GRACE_NS`, and data above a gap only once that gap outlived two repairs
-  (``SS_RATE_SIGNAL_GAP_NAKS``, see the class).  Crossing a threshold upward sends a
-  :class:`~slipstream.client.frames.RateSignal` (with the rate its subscribers took
+  counting only what its subscribers could have read: data above a gap only once that gap
+  outlived two repairs (``SS_RATE_SIGNAL_GAP_NAKS``), and what a gap held back only once it
+  has been readable for :data:`READ_GRACE_NS` (see the class).  Crossing a threshold upward
+  sends a :class:`~slipstream.client.frames.RateSignal` (with the rate its subscribers took
   lately); staying above one repeats it once per window while the backlog is not
   shrinking.  Below the lowest threshold it sends nothing, and so does a receiver whose
   subscribers took nothing for a window.
@@ -64,9 +64,10 @@ MIN_DATAGRAMS_PER_S = 64
 #: kernel without epoll_pwait2), so less would lose rate to the late wake-ups.
 BURST_NS = 4_000_000
 BURST_DATAGRAMS = 4
-#: Data counts in a receiver's fill once it has been readable this long: what a repair makes
-#: readable all at once, a subscriber that keeps up has read by then, and a slow one has not
-#: (its first signal comes this much later).
+#: Data a gap held back counts in a receiver's fill once it has been readable this long: what
+#: a repair makes readable all at once, a subscriber that keeps up has read by then, and a
+#: slow one has not (its signal comes this much later).  Data that arrived in order counts at
+#: once.
 READ_GRACE_NS = 1_000_000
 
 
@@ -121,7 +122,9 @@ class NakStrengthRateControl:
             self._tune_depth(now_ns)
         if consumption_rate > 0:
             base = min(base, consumption_rate) if base else consumption_rate
-        base = max(base, self.min_rate)
+        # A rate measured over the first nanoseconds of a stream can be any size: the limit
+        # stays below what a signal may carry (and the C data path's arithmetic takes).
+        base = min(max(base, self.min_rate), RATE_SIGNAL_MAX_RATE - 1)
         limit = max(self.min_rate, int(base * (1.0 - self.depth * threshold / 100)))
         if in_hold and self.rate_limit and limit >= self.rate_limit:
             return False
@@ -206,9 +209,12 @@ class NakStrengthSignaller:
     * the fill counts what the subscribers could have read and did not.  The image passes
       the *top* it counts to (``ss_image_rate_signal_top``): its hwm, but only what arrived
       in order while the first gap has not outlived two repairs, since a one-off loss keeps
-      data waiting above the gap that no rate would have saved.  Of that, what became
-      readable less than ``read_grace_ns`` ago does not count yet: a repair makes a whole
-      window readable at once, which a subscriber that keeps up reads at once.  Data above
+      data waiting above the gap that no rate would have saved.  Of that, while a gap held
+      data back within the last ``read_grace_ns``, what became readable less than
+      ``read_grace_ns`` ago does not count yet: a repair makes a whole window readable at
+      once, which a subscriber that keeps up reads at once.  Data that arrived in order all
+      along counts at once (a burst from an unlimited sender must be answered before it
+      overruns a slow subscriber by half a term).  Data above
       a gap that outlives two repairs does count: a narrow link whose queue drops the
       repairs too must slow the sender (``cc=cubic`` is the answer to a link the stream
       merely overruns, docs/FLOW.md);
@@ -230,6 +236,8 @@ class NakStrengthSignaller:
         #: read_grace_ns old.
         self._tops: deque[tuple[int, int]] = deque()
         self._matures_ns = NO_DEADLINE  # when a top already past a threshold starts to count
+        self._held_back_ns: int | None = None  # the last look at which a gap held data back
+        self._previous_look_ns: int | None = None
         self.level = 0  # the threshold signalled last while above it; 0: below all
         self.stalled = False
         self._window_start_ns = 0  # of the window a held level is judged over
@@ -270,28 +278,41 @@ class NakStrengthSignaller:
             now_ns - start_ns)
 
     def readable_position(self, now_ns: int, consumption_position: int,
-                          top_position: int) -> int:
-        """Where the counted fill ends: the lowest top since the last look at least
-        ``read_grace_ns`` ago (what has been there all that time), or the consumption position
-        when no look is that old.  Records this look."""
+                          top_position: int, held_back: bool = True) -> int:
+        """Where the counted fill ends: the top, unless a gap held data back (``held_back``:
+        the image's receiver position is below its hwm) now, at the last look or at a look within
+        ``read_grace_ns``; then the lowest top since the last look at least ``read_grace_ns``
+        ago (what has been there all that time), or the consumption position when no look is
+        that old.  Records this look."""
         tops = self._tops
         if not tops or tops[-1][1] != top_position:  # kept: when the top first got there
             tops.append((now_ns, top_position))
         horizon = now_ns - self.read_grace_ns
         while len(tops) > 1 and tops[1][0] <= horizon:
             tops.popleft()
+        # Held back now, at the last look (what a repair just made readable: looks can be
+        # far apart), or at a look within the grace.
+        recently_held = held_back or (self._held_back_ns is not None and (
+            self._held_back_ns >= horizon or self._held_back_ns == self._previous_look_ns))
+        if held_back:
+            self._held_back_ns = now_ns
+        self._previous_look_ns = now_ns
+        if not recently_held:
+            return max(consumption_position, top_position)  # in order all along
         if tops[0][0] > horizon:
             return consumption_position
         return max(consumption_position, min(top for _, top in tops))
 
     def signal(self, now_ns: int, consumption_position: int, top_position: int,
-               window: int) -> tuple[int, int, int] | None:
+               window: int, *, held_back: bool = True) -> tuple[int, int, int] | None:
         """(threshold, fill per mille, consumption rate in bytes/s) to signal at ``now_ns``,
         or None: a higher threshold crossed, or the current one held for a window with the
         backlog not shrinking.  ``top_position``: where the image counts its fill to now (the
-        class docstring); what reached there less than ``read_grace_ns`` ago counts later."""
+        class docstring); ``held_back``: a gap holds data back (the image's receiver position
+        is below its hwm), and then, and for a grace after, what reached the top less than
+        ``read_grace_ns`` ago counts later."""
         self._last_look_ns = now_ns
-        counted = self.readable_position(now_ns, consumption_position, top_position)
+        counted = self.readable_position(now_ns, consumption_position, top_position, held_back)
         if top_position <= consumption_position:
             # Nothing waited for the subscribers: what they took was what arrived, not what
             # they can take.  The rate is measured from the next look that finds something
