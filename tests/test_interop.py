@@ -28,7 +28,12 @@ from aeron_peer import AeronDriver, basic_subscriber, streaming_publisher
 from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 
 from slipstream.client import Client, control
-from slipstream.client.counters import CountersFile, SystemCounter, read_system_counters
+from slipstream.client.counters import (
+    CountersFile,
+    CounterType,
+    SystemCounter,
+    read_system_counters,
+)
 from slipstream.daemon.driver import MediaDriver
 
 pytestmark = pytest.mark.timeout(120)
@@ -285,6 +290,80 @@ def test_a_nak_strength_sender_streams_to_aeron_exactly_as_without_it(
         if kind == "multicast":  # on the group, the Aeron receiver had them as well
             ours = [a for a in announces if a.session_id == publication.session_id]
             assert len(ours) >= 2, announces  # the first with the SETUP, then every second
+
+
+@pytest.mark.parametrize("kind", ["unicast", "multicast"])
+def test_a_stock_aeron_cubic_receiver_measures_its_round_trip_through_a_slipstream_sender(
+        slipstream_driver: MediaDriver, kind: str) -> None:
+    """Aeron 1.15.1's CubicCongestionControl measuring round trips: its image sends a
+    REPLY-flagged RTTM to slipstream's sender, which echoes it with its receiver id (to the
+    group, for multicast, where the receiver's socket listens).  Aeron's ``rcv-cc-cubic-rtt``
+    counter, 0 until an echo comes back, then holds the round trip; every message arrives
+    under its CUBIC window.  (Aeron 1.15.1 sends its later RTTMs as empty datagrams, which
+    slipstream counts as invalid packets: docs/PROTOCOL.md §4.5.)"""
+    require_aeron()
+    uri, messages = channel(kind), 20_000
+    with AeronDriver(cubic=True,
+                     properties={"aeron.CubicCongestionControl.measureRtt": True}) as aeron, \
+            basic_subscriber(aeron, uri, 1007) as subscriber, \
+            Client.connect(slipstream_driver.directory) as client:
+        publication = client.add_publication(uri + TERM, 1007)
+        wait_for(lambda: publication.is_connected, timeout=20,
+                 what="Aeron's status messages connected the publication")
+        for index in range(messages):
+            payload = INDEX.pack(index) + bytes(56)
+            while publication.offer(payload) < 0:
+                time.sleep(0.0001)
+        subscriber.wait_for_messages(messages, timeout=60)
+        assert subscriber.sequence_numbers() == list(range(messages))
+        aeron.wait_for_counter("rcv-cc-cubic-rtt")
+
+        def round_trips() -> list[int]:
+            return [c.value for c in aeron.counters() if c.label.startswith("rcv-cc-cubic-rtt")]
+
+        wait_for(lambda: all(0 < rtt < 100_000_000 for rtt in round_trips()), timeout=10,
+                 what="Aeron's image measured a round trip")
+
+
+@pytest.mark.parametrize("kind", ["unicast", "multicast"])
+def test_a_slipstream_cubic_receiver_measures_its_round_trip_through_a_stock_aeron_sender(
+        driver_dir: Path, kind: str) -> None:
+    """The other way: slipstream's image under ``cc=cubic`` (round trips measured) sends
+    REPLY-flagged RTTMs to a stock Aeron sender, whose echoes give it a round trip.  Its
+    ``rcv-cc-cubic-rtt`` counter (type 10, Aeron's PerImageIndicator), 0 until an echo came
+    back, holds it while the stream runs; ``rcv-cc-cubic-wnd`` its window, whole datagrams."""
+    require_aeron()
+    uri, messages = channel(kind), 20_000
+    with AeronDriver() as aeron, MediaDriver.launch(
+            directory=driver_dir, cubic_measure_rtt=True,
+            **FAST_DRIVER_SETTINGS) as slipstream_driver, \
+            Client.connect(slipstream_driver.directory) as client, \
+            contextlib.closing(CountersFile(slipstream_driver.directory / control.COUNTERS_FILE,
+                                            writable=False)) as counters:
+        subscription = client.add_subscription(uri + "|cc=cubic", 1008)
+        publisher = threading.Thread(target=streaming_publisher, daemon=True, args=(
+            aeron, uri + TERM, 1008), kwargs={"message_length": 64, "messages": messages})
+        publisher.start()
+        seen: list[int] = []
+        indicators: dict[str, set[int]] = {"rcv-cc-cubic-rtt": set(), "rcv-cc-cubic-wnd": set()}
+        deadline, look = time.monotonic() + 60, 0.0
+        while len(seen) < messages:
+            assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
+            if not subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]),
+                                     1000):
+                time.sleep(0.0005)
+            if time.monotonic() > look:  # while the image (and its counters) is there
+                look = time.monotonic() + 0.005
+                for info in counters:
+                    if info.type_id == CounterType.PER_IMAGE_INDICATOR:
+                        indicators[info.label.split(":")[0]].add(info.value)
+        publisher.join(30)
+        assert seen == list(range(messages))
+        mtu = 1408  # Aeron's sender's default
+        assert any(0 < rtt < 100_000_000 for rtt in indicators["rcv-cc-cubic-rtt"]), indicators
+        windows = indicators["rcv-cc-cubic-wnd"]
+        assert windows and all(w > 0 and w % mtu == 0 for w in windows), (windows, mtu)
+        assert aeron.counter("Errors") == 0
 
 
 def test_aeron_drops_a_nak_strength_signal_without_effect(driver_dir: Path) -> None:

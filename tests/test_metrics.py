@@ -129,3 +129,27 @@ def test_the_receivers_min_flow_control_counts_are_a_metric(driver_dir: Path) ->
         text = scrape(port)
     assert value(text, f'slipstream_flow_control_receivers{{channel="{uri}",session='
                        f'"{publication.session_id}",stream="78"}}') == 1
+
+
+def test_a_cubic_images_round_trip_and_window_are_metrics(driver_dir: Path) -> None:
+    """cc=cubic keeps two counters per image, as Aeron's (rcv-cc-cubic-rtt, -wnd): the round
+    trip its RTTMs measured through the sender (0 until one came back) and the window it
+    advertises, a whole number of the sender's datagrams."""
+    port = free_tcp_port()
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with MediaDriver.launch(directory=driver_dir, metrics_address=f"127.0.0.1:{port}",
+                            cubic_measure_rtt=True, **FAST_DRIVER_SETTINGS), \
+            Client.connect(driver_dir) as client:
+        subscription = client.add_subscription(uri + "|cc=cubic", 79)
+        publication = client.add_publication(uri, 79)
+        wait_for(lambda: publication.is_connected and bool(subscription.images))
+        [image] = subscription.images
+        series = (f'{{channel="{uri}|cc=cubic",kind="%s",session="{publication.session_id}",'
+                  f'source="{image.source_identity}",stream="79"}}')
+        name = "slipstream_image_congestion_control"
+        wait_for(lambda: value(scrape(port), name + series % "rcv-cc-cubic-rtt") > 0,
+                 what="a round trip measured")
+        text = scrape(port)
+    assert 0 < value(text, name + series % "rcv-cc-cubic-rtt") < 100_000_000
+    window = value(text, name + series % "rcv-cc-cubic-wnd")
+    assert window % 1408 == 0 and 1408 <= window <= 128 * 1024  # up to the static window

@@ -60,7 +60,7 @@ from slipstream.daemon.conductor.resources import (
     log_start,
 )
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.flow.registry import CONGESTION_CONTROLS, flow_control_for
 from slipstream.daemon.media import names
 from slipstream.daemon.media.receive_channel import (
     ImageDone,
@@ -488,10 +488,12 @@ class NetworkConductor:
                 group=params.image_is_group(setup.is_group), sparse=params.sparse)
             label = (f"{channel} stream={setup.stream_id} session={setup.session_id} "
                      f"source={event.source[0]}:{event.source[1]}")
+            indicators = CONGESTION_CONTROLS[params.congestion_control].indicators
             try:
                 counter_ids = self._allocate_counters(
                     [(CounterType.RECEIVER_HWM, "rcv-hwm"),
-                     (CounterType.RECEIVER_POSITION, "rcv-pos")],
+                     (CounterType.RECEIVER_POSITION, "rcv-pos"),
+                     *((CounterType.PER_IMAGE_INDICATOR, name) for name in indicators)],
                     label, registration_id, setup.session_id, setup.stream_id)
             except CountersFullError:
                 discard_log(log_buffer, self.budget)
@@ -502,7 +504,8 @@ class NetworkConductor:
             receive_channel = event.channel
             self._submit_receive(lambda now: receive_channel.reject_image(event, now, reason))
             return []
-        positions = ImagePositions(*(self.counters.address(i) for i in counter_ids))
+        hwm, position, *indicator_cells = (self.counters.address(i) for i in counter_ids)
+        positions = ImagePositions(hwm, position, tuple(indicator_cells))
         loss_entry = self.loss_report.add(setup.session_id, setup.stream_id,
                                           f"{channel} source={event.source[0]}:"
                                           f"{event.source[1]}")

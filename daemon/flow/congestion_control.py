@@ -27,6 +27,9 @@ class CongestionControl(abc.ABC):
     #: A fixed window and no round trips: the image asks nothing after the initial window
     #: (which spares the receiver's rebuild passes three calls).
     is_static: ClassVar[bool] = False
+    #: The labels of the counters it keeps per image (type PER_IMAGE_INDICATOR, as Aeron's
+    #: PerImageIndicator), in the order of :meth:`indicator_values`.
+    indicators: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abc.abstractmethod
@@ -69,6 +72,10 @@ class CongestionControl(abc.ABC):
     def next_deadline_ns(self) -> int:
         """The next time :meth:`should_measure_rtt` may say yes."""
         return NO_DEADLINE
+
+    def indicator_values(self) -> tuple[int, ...]:
+        """The values of :attr:`indicators` now."""
+        return ()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} window={self.max_window_length()}>"

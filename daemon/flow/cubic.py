@@ -40,6 +40,9 @@ class CubicCongestionControl(CongestionControl):
     """One image's CUBIC window.  See the module docstring."""
 
     name = "cubic"
+    #: As Aeron's: the last round trip measured (ns; 0 until an RTTM's echo came back) and
+    #: the window (bytes).
+    indicators = ("rcv-cc-cubic-rtt", "rcv-cc-cubic-wnd")
 
     def __init__(self, *, max_window_length: int, mtu: int, initial_rtt_ns: int,
                  measure_rtt: bool, tcp_mode: bool, now_ns: int = 0) -> None:
@@ -57,6 +60,7 @@ class CubicCongestionControl(CongestionControl):
         self.last_loss_ns = now_ns
         self.last_update_ns = now_ns
         self.last_rtt_ns: int | None = None  # when the last RTTM went
+        self.rtt_measurements = 0  # echoes of its RTTMs that came back
         self.losses = 0
 
     @classmethod
@@ -112,12 +116,16 @@ class CubicCongestionControl(CongestionControl):
     def on_rtt_measurement(self, now_ns: int, rtt_ns: int, source: Address) -> None:
         self.last_rtt_ns = now_ns  # the next measurement a timeout after this answer
         self.rtt_ns = max(1, rtt_ns)
+        self.rtt_measurements += 1
         self.rtt_timeout_ns = RTT_TIMEOUT_MULTIPLE * max(rtt_ns, self.initial_rtt_ns)
 
     def next_deadline_ns(self) -> int:
         if not self.measure_rtt:
             return NO_DEADLINE
         return 0 if self.last_rtt_ns is None else self.last_rtt_ns + self.rtt_timeout_ns + 1
+
+    def indicator_values(self) -> tuple[int, ...]:
+        return (self.rtt_ns if self.rtt_measurements else 0, self.cwnd * self.mtu)
 
     def __repr__(self) -> str:
         return (f"<CubicCongestionControl cwnd={self.cwnd}/{self.max_cwnd} w_max={self.w_max} "

@@ -93,6 +93,11 @@ class CountersCollector(Collector):
             "slipstream_flow_control_receivers",
             "Receivers min / tagged flow control holds each publication to",
             labels=["channel", "stream", "session"])
+        congestion = GaugeMetricFamily(
+            "slipstream_image_congestion_control",
+            "Images' congestion-control state by kind (rcv-cc-cubic-rtt: the last round trip "
+            "measured, ns, 0 until one was; rcv-cc-cubic-wnd: the window, bytes)",
+            labels=["kind", "channel", "stream", "session", "source"])
         labels = ["channel", "stream", "session"]
         pressure = {
             CounterType.BP_EPISODES: CounterMetricFamily(
@@ -148,6 +153,12 @@ class CountersCollector(Collector):
                               else receivers)
                     family.add_metric([parsed.channel, str(parsed.stream_id),
                                        str(parsed.session_id)], info.value)
+            elif info.type_id == CounterType.PER_IMAGE_INDICATOR:
+                parsed = parse_position_label(info.label)
+                if parsed is not None:
+                    congestion.add_metric([parsed.kind, parsed.channel, str(parsed.stream_id),
+                                           str(parsed.session_id), parsed.source or ""],
+                                          info.value)
             elif info.type_id in pressure:
                 parsed = parse_position_label(info.label)
                 if parsed is not None:
@@ -159,6 +170,7 @@ class CountersCollector(Collector):
         yield from pressure.values()
         yield rate_limits
         yield receivers
+        yield congestion
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
                                 value=clients)
         yield GaugeMetricFamily(

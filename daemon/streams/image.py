@@ -132,10 +132,12 @@ _TRANSITIONS: dict[tuple[ImageState, str], ImageState] = {
 class ImagePositions:
     """The position counters of one image (cffi ``int64_t *``, cells of the counters file in
     the driver): ``rcv-hwm`` and ``rcv-pos``, copies of the image's private cells, which the
-    C data path and the rebuild pass move (network.h, ss_publish_position)."""
+    C data path and the rebuild pass move (network.h, ss_publish_position); and one cell for
+    each of its congestion control's ``indicators`` (none: no counters for them)."""
 
     receiver_hwm: object
     receiver_position: object
+    indicators: tuple[object, ...] = ()
 
     @classmethod
     def in_process(cls) -> ImagePositions:
@@ -181,6 +183,7 @@ class PublicationImage:
                                                               now_ns)
         self.window = cc.initial_window_length()
         self._consults_congestion_control = not cc.is_static
+        self._publish_indicators()
         self.status_message_timeout_ns = settings.status_message_timeout
         self._status_interval_factor = 1  # the governor's (status_interval_factor)
         self.liveness_timeout_ns = settings.image_liveness_timeout
@@ -448,6 +451,15 @@ class PublicationImage:
             # A shorter round trip brings the next measurement forward: python_deadline_ns,
             # which the agent asks after this input, makes due() see it.
             self.congestion_control.on_rtt_measurement(now_ns, max(rtt_ns, 0), self.source)
+            self._publish_indicators()
+
+    def _publish_indicators(self) -> None:
+        """Congestion control's state to its counters (rcv-cc-cubic-rtt, -wnd), if it has any."""
+        cells = self.positions.indicators
+        if cells:
+            for cell, value in zip(cells, self.congestion_control.indicator_values(),
+                                   strict=True):
+                lib.ss_store_release_i64(cell, value)
 
     def on_rate_announce(self, announce: RateAnnounce, now_ns: int) -> None:
         """The sender adapts its rate to NAK-strength signals: send them from now on."""
@@ -589,6 +601,7 @@ class PublicationImage:
                 now_ns, consumption_position=min_sub, last_sm_position=c.last_sm_position,
                 hwm_position=hwm, rebuild_start_position=start, rebuild_end_position=rcv_pos,
                 loss_found=new_loss)
+            self._publish_indicators()
         if self.rate_signaller is not None:
             self._signal_rate(now_ns, min_sub)
         self.cleaner.clean_toward(min_sub)
