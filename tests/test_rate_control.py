@@ -255,16 +255,22 @@ def test_data_that_arrived_in_order_counts_at_once_and_a_repair_after_a_grace() 
     (no gap held data back) counts at the look that finds it: an unlimited sender overruns a
     slow subscriber by half a term in a few milliseconds, and a 1 ms grace on every burst
     let it (a multicast subscriber left behind on loopback).  Data a gap held back at the
-    last look, however long ago that look was, waits the grace."""
+    last look, however long ago that look was, waits the grace from the look that found it
+    readable."""
     window = 100_000
     announce = RateAnnounce(1, 2, WINDOW // 1000, (50, 100))
     in_order = NakStrengthSignaller(announce)
     assert in_order.signal(0, 0, 0, window, held_back=False) is None
     assert in_order.signal(10, 0, 60_000, window, held_back=False) == (50, 600, 0)
+    # A gap that comes later does not take back what was counted below it.
+    assert in_order.signal(20, 0, 70_000, window, held_back=True) is None
+    assert in_order.level == 50
     repaired = NakStrengthSignaller(announce)
     assert repaired.signal(0, 0, 0, window, held_back=True) is None  # a gap at the start
-    # The repair lands 5 ms later (looks are as far apart as arrivals): not yet ...
+    # The repair lands 5 ms later (looks are as far apart as arrivals): not yet, nor at
+    # the next look soon after ...
     assert repaired.signal(5 * MS, 0, 60_000, window, held_back=False) is None
+    assert repaired.signal(5 * MS + 100_000, 0, 60_000, window, held_back=False) is None
     assert repaired.next_signal_position(0, window) == NO_DEADLINE
     assert repaired.next_deadline_ns() == 5 * MS + READ_GRACE_NS
     # ... but once it has waited the grace unread, it counts.

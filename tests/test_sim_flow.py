@@ -117,7 +117,8 @@ def test_under_tagged_nak_strength_heeds_the_signals_of_the_group_only() -> None
     which it never holds back under fc=tagged, does not slow down for them either, and counts
     them ignored.  Before signals carried the tag, a run of this kind cut the rate 11 times.
     Inside the group its signals (tagged 7) cut the rate; and while no receiver of the group
-    is known, fc=tagged follows everyone as max does, and so heeds every signal."""
+    is known and none is required (g:7, no /N), fc=tagged follows everyone as max does, and
+    so heeds every signal."""
     tagged = [(host, "gtag=7") for host in (2, 4, 5)]
     report, _ = run("fc=tagged,g:7/3|rc=nak-strength", messages=8000,
                     read_rates=[(SLOW_HOST, SLOW_RATE)], subscriber_params=tagged)

@@ -236,8 +236,9 @@ class NakStrengthSignaller:
         #: read_grace_ns old.
         self._tops: deque[tuple[int, int]] = deque()
         self._matures_ns = NO_DEADLINE  # when a top already past a threshold starts to count
-        self._held_back_ns: int | None = None  # the last look at which a gap held data back
-        self._previous_look_ns: int | None = None
+        self._held_at_last_look = False  # a gap held data back at the last look
+        self._grace_ends_ns = 0  # of what the last repair made readable
+        self._in_order_top = 0  # the top counted at the last look no gap held back
         self.level = 0  # the threshold signalled last while above it; 0: below all
         self.stalled = False
         self._window_start_ns = 0  # of the window a held level is judged over
@@ -279,29 +280,28 @@ class NakStrengthSignaller:
 
     def readable_position(self, now_ns: int, consumption_position: int,
                           top_position: int, held_back: bool = True) -> int:
-        """Where the counted fill ends: the top, unless a gap held data back (``held_back``:
-        the image's receiver position is below its hwm) now, at the last look or at a look within
-        ``read_grace_ns``; then the lowest top since the last look at least ``read_grace_ns``
-        ago (what has been there all that time), or the consumption position when no look is
-        that old.  Records this look."""
+        """Where the counted fill ends.  While a gap holds data back (``held_back``: the
+        image's receiver position is below its hwm), and for ``read_grace_ns`` after the look
+        that found it gone (what the repair made readable), the lowest top since the last look
+        at least ``read_grace_ns`` ago (what has been there all that time; the consumption
+        position when no look is that old), and never less than what was counted before the
+        gap came; otherwise the top.  Records this look."""
         tops = self._tops
         if not tops or tops[-1][1] != top_position:  # kept: when the top first got there
             tops.append((now_ns, top_position))
         horizon = now_ns - self.read_grace_ns
         while len(tops) > 1 and tops[1][0] <= horizon:
             tops.popleft()
-        # Held back now, at the last look (what a repair just made readable: looks can be
-        # far apart), or at a look within the grace.
-        recently_held = held_back or (self._held_back_ns is not None and (
-            self._held_back_ns >= horizon or self._held_back_ns == self._previous_look_ns))
-        if held_back:
-            self._held_back_ns = now_ns
-        self._previous_look_ns = now_ns
-        if not recently_held:
-            return max(consumption_position, top_position)  # in order all along
-        if tops[0][0] > horizon:
-            return consumption_position
-        return max(consumption_position, min(top for _, top in tops))
+        if not held_back and self._held_at_last_look:
+            # Released: what the repair made readable, however long ago the last look was.
+            self._grace_ends_ns = now_ns + self.read_grace_ns
+        self._held_at_last_look = held_back
+        if not held_back and now_ns >= self._grace_ends_ns:
+            self._in_order_top = top_position  # in order all along: it counts at once
+            return max(consumption_position, top_position)
+        graced = consumption_position if tops[0][0] > horizon else min(top for _, top in tops)
+        # What counted before the gap came (it arrived in order, below it) still does.
+        return max(consumption_position, graced, self._in_order_top)
 
     def signal(self, now_ns: int, consumption_position: int, top_position: int,
                window: int, *, held_back: bool = True) -> tuple[int, int, int] | None:
@@ -374,7 +374,10 @@ class NakStrengthSignaller:
                     crossed_ns = seen_ns
                 if crossed_ns is None:
                     return position
-                self._matures_ns = max(crossed_ns + self.read_grace_ns, self._last_look_ns + 1)
+                matures_ns = crossed_ns + self.read_grace_ns
+                if not self._held_at_last_look:  # released: it all counts when the grace ends
+                    matures_ns = min(matures_ns, self._grace_ends_ns)
+                self._matures_ns = max(matures_ns, self._last_look_ns + 1)
                 return NO_DEADLINE
         return NO_DEADLINE
 

@@ -13,8 +13,8 @@ class TaggedMulticastFlowControl(MinMulticastFlowControl):
     """Min flow control over the receivers whose SM carries ``group_tag`` (``fc=tagged``,
     also ``fc=preferred``); untagged or other-tagged receivers never hold the sender back (nor
     do their NAK-strength signals slow it, under ``rc=``), and while none carrying the tag is
-    known (and the group minimum is 0) the sender follows every SM, and heeds every signal,
-    as under ``max``."""
+    known and the group minimum is 0, the sender follows every SM, and heeds every signal, as
+    under ``max`` (with a minimum, it waits for the group, and heeds its signals only)."""
 
     name = "tagged"
 
@@ -32,6 +32,6 @@ class TaggedMulticastFlowControl(MinMulticastFlowControl):
         return sm.group_tag == self.group_tag
 
     def heeds_rate_signal(self, group_tag: int | None) -> bool:
-        # The group's; anyone's while no group member is known (the sender then follows
-        # every SM, as under max, where every signal counts).
-        return group_tag == self.group_tag or not self.receivers
+        # The group's; anyone's while no group member is known and none is required (the
+        # sender then follows every SM, as under max, where every signal counts).
+        return group_tag == self.group_tag or (not self.receivers and not self.group_min_size)
