@@ -144,12 +144,11 @@ def test_a_cubic_images_round_trip_and_window_are_metrics(driver_dir: Path) -> N
         publication = client.add_publication(uri, 79)
         wait_for(lambda: publication.is_connected and bool(subscription.images))
         [image] = subscription.images
-        series = (f'{{channel="{uri}|cc=cubic",kind="%s",session="{publication.session_id}",'
+        series = (f'{{channel="{uri}|cc=cubic",session="{publication.session_id}",'
                   f'source="{image.source_identity}",stream="79"}}')
-        name = "slipstream_image_congestion_control"
-        wait_for(lambda: value(scrape(port), name + series % "rcv-cc-cubic-rtt") > 0,
+        wait_for(lambda: value(scrape(port), "slipstream_image_cubic_rtt_seconds" + series) > 0,
                  what="a round trip measured")
         text = scrape(port)
-    assert 0 < value(text, name + series % "rcv-cc-cubic-rtt") < 100_000_000
-    window = value(text, name + series % "rcv-cc-cubic-wnd")
+    assert 0 < value(text, "slipstream_image_cubic_rtt_seconds" + series) < 0.1
+    window = value(text, "slipstream_image_cubic_window_bytes" + series)
     assert window % 1408 == 0 and 1408 <= window <= 128 * 1024  # up to the static window

@@ -477,6 +477,7 @@ class NetworkConductor:
         path = self.directory / control.IMAGES_DIR / f"{registration_id}.logbuffer"
         channel = entry.endpoint.channel.channel
         params = entry.endpoint.channel.params
+        indicators = CONGESTION_CONTROLS[params.congestion_control].indicators
         try:
             log_buffer = create_log(
                 path, self.budget, f"the image of {_label_of(setup, event.source)}",
@@ -488,7 +489,6 @@ class NetworkConductor:
                 group=params.image_is_group(setup.is_group), sparse=params.sparse)
             label = (f"{channel} stream={setup.stream_id} session={setup.session_id} "
                      f"source={event.source[0]}:{event.source[1]}")
-            indicators = CONGESTION_CONTROLS[params.congestion_control].indicators
             try:
                 counter_ids = self._allocate_counters(
                     [(CounterType.RECEIVER_HWM, "rcv-hwm"),

@@ -21,6 +21,8 @@ Series (names and units as Prometheus expects):
   ``slipstream_backpressure_seconds_total`` (time in them), the gauges
   ``slipstream_backpressure_depth_bytes`` and ``slipstream_backpressure_peak_bytes``, and
   ``slipstream_publication_drops_total`` (offers ``policy=drop-newest`` dropped);
+* ``slipstream_image_cubic_rtt_seconds`` and ``slipstream_image_cubic_window_bytes{channel,
+  stream, session, source}``: a ``cc=cubic`` image's round trip (0 until measured) and window;
 * ``slipstream_clients``: clients connected; ``slipstream_driver_heartbeat_age_seconds``.
 """
 
@@ -93,11 +95,17 @@ class CountersCollector(Collector):
             "slipstream_flow_control_receivers",
             "Receivers min / tagged flow control holds each publication to",
             labels=["channel", "stream", "session"])
-        congestion = GaugeMetricFamily(
-            "slipstream_image_congestion_control",
-            "Images' congestion-control state by kind (rcv-cc-cubic-rtt: the last round trip "
-            "measured, ns, 0 until one was; rcv-cc-cubic-wnd: the window, bytes)",
-            labels=["kind", "channel", "stream", "session", "source"])
+        image_labels = ["channel", "stream", "session", "source"]
+        # An image's congestion-control counters by label kind: (family, scale to its unit).
+        congestion = {
+            "rcv-cc-cubic-rtt": (GaugeMetricFamily(
+                "slipstream_image_cubic_rtt_seconds",
+                "The round trip a cc=cubic image measured last (0: none yet)",
+                labels=image_labels), 1e-9),
+            "rcv-cc-cubic-wnd": (GaugeMetricFamily(
+                "slipstream_image_cubic_window_bytes", "The window a cc=cubic image advertises",
+                labels=image_labels), 1),
+        }
         labels = ["channel", "stream", "session"]
         pressure = {
             CounterType.BP_EPISODES: CounterMetricFamily(
@@ -155,10 +163,11 @@ class CountersCollector(Collector):
                                        str(parsed.session_id)], info.value)
             elif info.type_id == CounterType.PER_IMAGE_INDICATOR:
                 parsed = parse_position_label(info.label)
-                if parsed is not None:
-                    congestion.add_metric([parsed.kind, parsed.channel, str(parsed.stream_id),
-                                           str(parsed.session_id), parsed.source or ""],
-                                          info.value)
+                if parsed is not None and parsed.kind in congestion:
+                    family, scale = congestion[parsed.kind]
+                    family.add_metric([parsed.channel, str(parsed.stream_id),
+                                       str(parsed.session_id), parsed.source or ""],
+                                      info.value * scale)
             elif info.type_id in pressure:
                 parsed = parse_position_label(info.label)
                 if parsed is not None:
@@ -170,7 +179,8 @@ class CountersCollector(Collector):
         yield from pressure.values()
         yield rate_limits
         yield receivers
-        yield congestion
+        for family, _ in congestion.values():
+            yield family
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
                                 value=clients)
         yield GaugeMetricFamily(

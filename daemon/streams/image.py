@@ -183,6 +183,7 @@ class PublicationImage:
                                                               now_ns)
         self.window = cc.initial_window_length()
         self._consults_congestion_control = not cc.is_static
+        self._published_indicators: tuple[int, ...] = ()
         self._publish_indicators()
         self.status_message_timeout_ns = settings.status_message_timeout
         self._status_interval_factor = 1  # the governor's (status_interval_factor)
@@ -454,12 +455,15 @@ class PublicationImage:
             self._publish_indicators()
 
     def _publish_indicators(self) -> None:
-        """Congestion control's state to its counters (rcv-cc-cubic-rtt, -wnd), if it has any."""
+        """Congestion control's state to its counters (rcv-cc-cubic-rtt, -wnd), if it has any
+        and it changed."""
         cells = self.positions.indicators
         if cells:
-            for cell, value in zip(cells, self.congestion_control.indicator_values(),
-                                   strict=True):
-                lib.ss_store_release_i64(cell, value)
+            values = self.congestion_control.indicator_values()
+            if values != self._published_indicators:
+                self._published_indicators = values
+                for cell, value in zip(cells, values, strict=True):
+                    lib.ss_store_release_i64(cell, value)
 
     def on_rate_announce(self, announce: RateAnnounce, now_ns: int) -> None:
         """The sender adapts its rate to NAK-strength signals: send them from now on."""
