@@ -276,6 +276,16 @@ def test_data_that_arrived_in_order_counts_at_once_and_a_repair_after_a_grace() 
     # ... but once it has waited the grace unread, it counts.
     assert repaired.signal(5 * MS + READ_GRACE_NS, 0, 60_000, window,
                            held_back=False)[:2] == (50, 600)
+    # In-order data that crosses a threshold within the grace after a repair counts when
+    # that grace ends, not a grace after it crossed.
+    late = NakStrengthSignaller(announce)
+    assert late.signal(0, 0, 0, window, held_back=True) is None
+    assert late.signal(5 * MS, 0, 10_000, window, held_back=False) is None  # released
+    assert late.signal(5 * MS + 500_000, 0, 60_000, window, held_back=False) is None
+    assert late.next_signal_position(0, window) == NO_DEADLINE
+    assert late.next_deadline_ns() == 5 * MS + READ_GRACE_NS
+    assert late.signal(5 * MS + READ_GRACE_NS, 0, 60_000, window,
+                       held_back=False)[:2] == (50, 600)
 
 
 def test_a_signal_after_a_burst_carries_what_the_subscriber_took_since_it_caught_up() -> None:

@@ -33,9 +33,10 @@ class MinMulticastFlowControl(FlowControl):
     (docs/PROTOCOL.md §5.3, §5.4):
 
     * an SM gives ``max(snd_lmt, min over receivers)``; while fewer than ``group_min_size``
-      receivers are known the limit stays and the publication is not connected; with none
-      tracked at all (``g:/0``, or none carrying the tag under ``tagged``) the sender follows
-      the SMs as ``max`` does rather than stall while it reports connected;
+      receivers are known the limit stays and the publication is not connected (this is
+      checked first); otherwise, with none tracked at all (``g:/0``, or none carrying the
+      tag under ``tagged`` with no group minimum) the sender follows the SMs as ``max`` does
+      rather than stall while it reports connected;
     * a receiver is added only within one window of the current minimum (a newcomer far
       behind would stall everyone) and never from an EOS SM;
     * :meth:`on_idle` drops receivers silent for ``receiver_timeout_ns`` and those flagged

@@ -8,8 +8,8 @@ design against ``fc=min``, whose sender waits for its slowest receiver until a t
   itself with a :class:`~slipstream.client.frames.RateAnnounce`): the image's fill is the
   bytes between its slowest subscriber and its high-water mark, per mille of its window,
   counting only what its subscribers could have read: data above a gap only once that gap
-  outlived two repairs (``SS_RATE_SIGNAL_GAP_NAKS``), and what a gap held back only once it
-  has been readable for :data:`READ_GRACE_NS` (see the class).  Crossing a threshold upward
+  outlived two repairs (``SS_RATE_SIGNAL_GAP_NAKS``), and, around gaps and their repairs,
+  only what has been there for :data:`READ_GRACE_NS` (see the class).  Crossing a threshold upward
   sends a :class:`~slipstream.client.frames.RateSignal` (with the rate its subscribers took
   lately); staying above one repeats it once per window while the backlog is not
   shrinking.  Below the lowest threshold it sends nothing, and so does a receiver whose
@@ -64,10 +64,10 @@ MIN_DATAGRAMS_PER_S = 64
 #: kernel without epoll_pwait2), so less would lose rate to the late wake-ups.
 BURST_NS = 4_000_000
 BURST_DATAGRAMS = 4
-#: Data a gap held back counts in a receiver's fill once it has been readable this long: what
-#: a repair makes readable all at once, a subscriber that keeps up has read by then, and a
-#: slow one has not (its signal comes this much later).  Data that arrived in order counts at
-#: once.
+#: While a gap exists, and this long after the look that finds it gone, a receiver's fill
+#: counts its top only where the top has been this long: what a repair makes readable all at
+#: once, a subscriber that keeps up has read by then, and a slow one has not (its signal comes
+#: this much later).  With no gap, nor a repair within this long, the top counts at once.
 READ_GRACE_NS = 1_000_000
 
 
@@ -209,13 +209,14 @@ class NakStrengthSignaller:
     * the fill counts what the subscribers could have read and did not.  The image passes
       the *top* it counts to (``ss_image_rate_signal_top``): its hwm, but only what arrived
       in order while the first gap has not outlived two repairs, since a one-off loss keeps
-      data waiting above the gap that no rate would have saved.  Of that, while a gap held
-      data back within the last ``read_grace_ns``, what became readable less than
-      ``read_grace_ns`` ago does not count yet: a repair makes a whole window readable at
-      once, which a subscriber that keeps up reads at once.  Data that arrived in order all
-      along counts at once (a burst from an unlimited sender must be answered before it
-      overruns a slow subscriber by half a term).  Data above
-      a gap that outlives two repairs does count: a narrow link whose queue drops the
+      data waiting above the gap that no rate would have saved.  While a gap exists, and
+      for ``read_grace_ns`` after the look that finds none after one that did, the top
+      counts only where it has been for ``read_grace_ns``: a repair makes a whole window
+      readable at once, which a subscriber that keeps up reads at once.  Otherwise (no gap
+      at this look or the last, nor a release within the grace) the top counts at once: a
+      burst from an unlimited sender must be answered before it overruns a slow subscriber
+      by half a term.  What counted at once stays counted when a gap comes.  Data above a
+      gap that outlives two repairs does count: a narrow link whose queue drops the
       repairs too must slow the sender (``cc=cubic`` is the answer to a link the stream
       merely overruns, docs/FLOW.md);
 
@@ -238,7 +239,7 @@ class NakStrengthSignaller:
         self._matures_ns = NO_DEADLINE  # when a top already past a threshold starts to count
         self._held_at_last_look = False  # a gap held data back at the last look
         self._grace_ends_ns = 0  # of what the last repair made readable
-        self._in_order_top = 0  # the top counted at the last look no gap held back
+        self._in_order_top = 0  # the top at the last look that counted it at once
         self.level = 0  # the threshold signalled last while above it; 0: below all
         self.stalled = False
         self._window_start_ns = 0  # of the window a held level is judged over
@@ -308,9 +309,8 @@ class NakStrengthSignaller:
         """(threshold, fill per mille, consumption rate in bytes/s) to signal at ``now_ns``,
         or None: a higher threshold crossed, or the current one held for a window with the
         backlog not shrinking.  ``top_position``: where the image counts its fill to now (the
-        class docstring); ``held_back``: a gap holds data back (the image's receiver position
-        is below its hwm), and then, and for a grace after, what reached the top less than
-        ``read_grace_ns`` ago counts later."""
+        class docstring); ``held_back``: a gap exists (the image's receiver position is below
+        its hwm): see :meth:`readable_position`."""
         self._last_look_ns = now_ns
         counted = self.readable_position(now_ns, consumption_position, top_position, held_back)
         if top_position <= consumption_position:
@@ -366,7 +366,8 @@ class NakStrengthSignaller:
                 position = consumption_position + (window * threshold + 99) // 100
                 # Past it already, but not for long enough: it counts once the latest run of
                 # looks at or past it is read_grace_ns old (the top can fall back, as when an
-                # old gap is repaired and a young one is next).
+                # old gap is repaired and a young one is next), or, with no gap now, when the
+                # grace after the last repair ends, whichever comes first.
                 crossed_ns = None
                 for seen_ns, seen_top in reversed(self._tops):
                     if seen_top < position:
