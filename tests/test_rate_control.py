@@ -250,44 +250,6 @@ def test_a_top_that_fell_back_below_a_threshold_is_watched_again_not_timed_in_th
     assert signaller.next_deadline_ns() == 3 * grace + 10
 
 
-def test_data_that_arrived_in_order_counts_at_once_and_a_repair_after_a_grace() -> None:
-    """The grace is for what a repair makes readable at once.  A burst that arrived in order
-    (no gap held data back) counts at the look that finds it: an unlimited sender overruns a
-    slow subscriber by half a term in a few milliseconds, and a 1 ms grace on every burst
-    let it (a multicast subscriber left behind on loopback).  Data a gap held back at the
-    last look, however long ago that look was, waits the grace from the look that found it
-    readable."""
-    window = 100_000
-    announce = RateAnnounce(1, 2, WINDOW // 1000, (50, 100))
-    in_order = NakStrengthSignaller(announce)
-    assert in_order.signal(0, 0, 0, window, held_back=False) is None
-    assert in_order.signal(10, 0, 60_000, window, held_back=False) == (50, 600, 0)
-    # A gap that comes later does not take back what was counted below it.
-    assert in_order.signal(20, 0, 70_000, window, held_back=True) is None
-    assert in_order.level == 50
-    repaired = NakStrengthSignaller(announce)
-    assert repaired.signal(0, 0, 0, window, held_back=True) is None  # a gap at the start
-    # The repair lands 5 ms later (looks are as far apart as arrivals): not yet, nor at
-    # the next look soon after ...
-    assert repaired.signal(5 * MS, 0, 60_000, window, held_back=False) is None
-    assert repaired.signal(5 * MS + 100_000, 0, 60_000, window, held_back=False) is None
-    assert repaired.next_signal_position(0, window) == NO_DEADLINE
-    assert repaired.next_deadline_ns() == 5 * MS + READ_GRACE_NS
-    # ... but once it has waited the grace unread, it counts.
-    assert repaired.signal(5 * MS + READ_GRACE_NS, 0, 60_000, window,
-                           held_back=False)[:2] == (50, 600)
-    # In-order data that crosses a threshold within the grace after a repair counts when
-    # that grace ends, not a grace after it crossed.
-    late = NakStrengthSignaller(announce)
-    assert late.signal(0, 0, 0, window, held_back=True) is None
-    assert late.signal(5 * MS, 0, 10_000, window, held_back=False) is None  # released
-    assert late.signal(5 * MS + 500_000, 0, 60_000, window, held_back=False) is None
-    assert late.next_signal_position(0, window) == NO_DEADLINE
-    assert late.next_deadline_ns() == 5 * MS + READ_GRACE_NS
-    assert late.signal(5 * MS + READ_GRACE_NS, 0, 60_000, window,
-                       held_back=False)[:2] == (50, 600)
-
-
 def test_a_signal_after_a_burst_carries_what_the_subscriber_took_since_it_caught_up() -> None:
     """The rate a signal carries is measured from the last look at which the subscriber had
     nothing to read, not from the last at which nothing had been readable for the grace: a

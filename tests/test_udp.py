@@ -231,19 +231,30 @@ def test_multicast_to_several_subscriber_drivers(launch) -> None:
 
 
 class SlowCollector(Collector):
-    """A subscriber whose application takes ``rate`` messages per second and no more."""
+    """A subscriber whose application takes ``rate`` messages per second and no more: what
+    it did not take while nothing was there is not taken later at a higher rate (its budget
+    holds 10 ms of the rate).  One that caught up at full speed after a starved spell looked
+    fast to NAK-strength rate control, which then lifted the sender's limit, and the burst
+    that followed left it behind once its budget was spent."""
 
     def __init__(self, subscription: Subscription, rate: float) -> None:
         super().__init__(subscription)
         self.rate = rate
-        self.start: float | None = None
+        self.burst = max(1.0, rate / 100)
+        self.budget = 1.0
+        self.last: float | None = None
 
     def poll(self) -> int:
         now = time.monotonic()
-        if self.start is None:
-            self.start = now
-        allowed = int((now - self.start) * self.rate) + 1 - len(self.seen)
-        return self.subscription.poll(self.on_message, min(allowed, 100)) if allowed > 0 else 0
+        if self.last is not None:
+            self.budget = min(self.burst, self.budget + (now - self.last) * self.rate)
+        self.last = now
+        allowed = int(self.budget)
+        if allowed <= 0:
+            return 0
+        taken = self.subscription.poll(self.on_message, min(allowed, 100))
+        self.budget -= taken
+        return taken
 
 
 def test_nak_strength_slows_a_multicast_sender_to_a_slow_subscriber_and_loses_nothing(

@@ -7,10 +7,10 @@ design against ``fc=min``, whose sender waits for its slowest receiver until a t
 * **Receiver** (:class:`NakStrengthSignaller`, one per image of a sender that announced
   itself with a :class:`~slipstream.client.frames.RateAnnounce`): the image's fill is the
   bytes between its slowest subscriber and its high-water mark, per mille of its window,
-  counting only what its subscribers could have read: data above a gap only once that gap
-  outlived two repairs (``SS_RATE_SIGNAL_GAP_NAKS``), and, around gaps and their repairs,
-  only what has been there for :data:`READ_GRACE_NS` (see the class).  Crossing a threshold upward
-  sends a :class:`~slipstream.client.frames.RateSignal` (with the rate its subscribers took
+  counting only what its subscribers could have read: data that has been readable for
+  :data:`READ_GRACE_NS`, and data above a gap only once that gap outlived two repairs
+  (``SS_RATE_SIGNAL_GAP_NAKS``, see the class).  Crossing a threshold upward sends a
+  :class:`~slipstream.client.frames.RateSignal` (with the rate its subscribers took
   lately); staying above one repeats it once per window while the backlog is not
   shrinking.  Below the lowest threshold it sends nothing, and so does a receiver whose
   subscribers took nothing for a window.
@@ -64,10 +64,9 @@ MIN_DATAGRAMS_PER_S = 64
 #: kernel without epoll_pwait2), so less would lose rate to the late wake-ups.
 BURST_NS = 4_000_000
 BURST_DATAGRAMS = 4
-#: While a gap exists, and this long after the look that finds it gone, a receiver's fill
-#: counts its top only where the top has been this long: what a repair makes readable all at
-#: once, a subscriber that keeps up has read by then, and a slow one has not (its signal comes
-#: this much later).  With no gap, nor a repair within this long, the top counts at once.
+#: Data counts in a receiver's fill once it has been readable this long: what a repair makes
+#: readable all at once, a subscriber that keeps up has read by then, and a slow one has not
+#: (its first signal comes this much later).
 READ_GRACE_NS = 1_000_000
 
 
@@ -209,14 +208,10 @@ class NakStrengthSignaller:
     * the fill counts what the subscribers could have read and did not.  The image passes
       the *top* it counts to (``ss_image_rate_signal_top``): its hwm, but only what arrived
       in order while the first gap has not outlived two repairs, since a one-off loss keeps
-      data waiting above the gap that no rate would have saved.  While a gap exists, and
-      for ``read_grace_ns`` after the look that finds none after one that did, the top
-      counts only where it has been for ``read_grace_ns``: a repair makes a whole window
-      readable at once, which a subscriber that keeps up reads at once.  Otherwise (no gap
-      at this look or the last, nor a release within the grace) the top counts at once: a
-      burst from an unlimited sender must be answered before it overruns a slow subscriber
-      by half a term.  What counted at once stays counted when a gap comes.  Data above a
-      gap that outlives two repairs does count: a narrow link whose queue drops the
+      data waiting above the gap that no rate would have saved.  Of that, what became
+      readable less than ``read_grace_ns`` ago does not count yet: a repair makes a whole
+      window readable at once, which a subscriber that keeps up reads at once.  Data above
+      a gap that outlives two repairs does count: a narrow link whose queue drops the
       repairs too must slow the sender (``cc=cubic`` is the answer to a link the stream
       merely overruns, docs/FLOW.md);
 
@@ -237,9 +232,6 @@ class NakStrengthSignaller:
         #: read_grace_ns old.
         self._tops: deque[tuple[int, int]] = deque()
         self._matures_ns = NO_DEADLINE  # when a top already past a threshold starts to count
-        self._held_at_last_look = False  # a gap held data back at the last look
-        self._grace_ends_ns = 0  # of what the last repair made readable
-        self._in_order_top = 0  # the top at the last look that counted it at once
         self.level = 0  # the threshold signalled last while above it; 0: below all
         self.stalled = False
         self._window_start_ns = 0  # of the window a held level is judged over
@@ -280,39 +272,28 @@ class NakStrengthSignaller:
             now_ns - start_ns)
 
     def readable_position(self, now_ns: int, consumption_position: int,
-                          top_position: int, held_back: bool = True) -> int:
-        """Where the counted fill ends.  While a gap holds data back (``held_back``: the
-        image's receiver position is below its hwm), and for ``read_grace_ns`` after the look
-        that found it gone (what the repair made readable), the lowest top since the last look
-        at least ``read_grace_ns`` ago (what has been there all that time; the consumption
-        position when no look is that old), and never less than what was counted before the
-        gap came; otherwise the top.  Records this look."""
+                          top_position: int) -> int:
+        """Where the counted fill ends: the lowest top since the last look at least
+        ``read_grace_ns`` ago (what has been there all that time), or the consumption position
+        when no look is that old.  Records this look."""
         tops = self._tops
         if not tops or tops[-1][1] != top_position:  # kept: when the top first got there
             tops.append((now_ns, top_position))
         horizon = now_ns - self.read_grace_ns
         while len(tops) > 1 and tops[1][0] <= horizon:
             tops.popleft()
-        if not held_back and self._held_at_last_look:
-            # Released: what the repair made readable, however long ago the last look was.
-            self._grace_ends_ns = now_ns + self.read_grace_ns
-        self._held_at_last_look = held_back
-        if not held_back and now_ns >= self._grace_ends_ns:
-            self._in_order_top = top_position  # in order all along: it counts at once
-            return max(consumption_position, top_position)
-        graced = consumption_position if tops[0][0] > horizon else min(top for _, top in tops)
-        # What counted before the gap came (it arrived in order, below it) still does.
-        return max(consumption_position, graced, self._in_order_top)
+        if tops[0][0] > horizon:
+            return consumption_position
+        return max(consumption_position, min(top for _, top in tops))
 
     def signal(self, now_ns: int, consumption_position: int, top_position: int,
-               window: int, *, held_back: bool = True) -> tuple[int, int, int] | None:
+               window: int) -> tuple[int, int, int] | None:
         """(threshold, fill per mille, consumption rate in bytes/s) to signal at ``now_ns``,
         or None: a higher threshold crossed, or the current one held for a window with the
         backlog not shrinking.  ``top_position``: where the image counts its fill to now (the
-        class docstring); ``held_back``: a gap exists (the image's receiver position is below
-        its hwm): see :meth:`readable_position`."""
+        class docstring); what reached there less than ``read_grace_ns`` ago counts later."""
         self._last_look_ns = now_ns
-        counted = self.readable_position(now_ns, consumption_position, top_position, held_back)
+        counted = self.readable_position(now_ns, consumption_position, top_position)
         if top_position <= consumption_position:
             # Nothing waited for the subscribers: what they took was what arrived, not what
             # they can take.  The rate is measured from the next look that finds something
@@ -366,8 +347,7 @@ class NakStrengthSignaller:
                 position = consumption_position + (window * threshold + 99) // 100
                 # Past it already, but not for long enough: it counts once the latest run of
                 # looks at or past it is read_grace_ns old (the top can fall back, as when an
-                # old gap is repaired and a young one is next), or, with no gap now, when the
-                # grace after the last repair ends, whichever comes first.
+                # old gap is repaired and a young one is next).
                 crossed_ns = None
                 for seen_ns, seen_top in reversed(self._tops):
                     if seen_top < position:
@@ -375,10 +355,7 @@ class NakStrengthSignaller:
                     crossed_ns = seen_ns
                 if crossed_ns is None:
                     return position
-                matures_ns = crossed_ns + self.read_grace_ns
-                if not self._held_at_last_look:  # released: it all counts when the grace ends
-                    matures_ns = min(matures_ns, self._grace_ends_ns)
-                self._matures_ns = max(matures_ns, self._last_look_ns + 1)
+                self._matures_ns = max(crossed_ns + self.read_grace_ns, self._last_look_ns + 1)
                 return NO_DEADLINE
         return NO_DEADLINE
 

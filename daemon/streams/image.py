@@ -480,8 +480,7 @@ class PublicationImage:
         signaller = self.rate_signaller
         assert signaller is not None
         signalled = signaller.signal(now_ns, consumption_position,
-                                     network.ss_image_rate_signal_top(self.c), self.window,
-                                     held_back=self.rcv_pos < self.rcv_hwm)
+                                     network.ss_image_rate_signal_top(self.c), self.window)
         if signalled is not None:
             threshold, fill, rate = signalled
             signal = RateSignal(self.session_id, self.stream_id, fill, threshold, rate,
