@@ -76,9 +76,9 @@ class CounterType(enum.IntEnum):
     SUBSCRIBER_POSITION = 4
     RECEIVER_POSITION = 5
     SENDER_LIMIT = 9
+    PER_IMAGE_INDICATOR = 10  # an image's congestion control's state (rcv-cc-cubic-rtt, -wnd)
     CLIENT_HEARTBEAT = 11
     PUBLISHER_POSITION = 12
-    PER_IMAGE_INDICATOR = 10  # an image's congestion control's state (rcv-cc-cubic-rtt, -wnd)
     FC_RECEIVERS = 17  # fc-receivers: receivers min / tagged flow control holds the sender to
     SENDER_RATE_LIMIT = 1001  # slipstream's: snd-rate, bytes/s (0: none), rc= publications
     # slipstream's, one each per publication: its back-pressure episodes (seeds/002)

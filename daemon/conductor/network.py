@@ -60,7 +60,7 @@ from slipstream.daemon.conductor.resources import (
     log_start,
 )
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.flow.registry import CONGESTION_CONTROLS, flow_control_for
+from slipstream.daemon.flow.registry import congestion_control_for, flow_control_for
 from slipstream.daemon.media import names
 from slipstream.daemon.media.receive_channel import (
     ImageDone,
@@ -477,7 +477,9 @@ class NetworkConductor:
         path = self.directory / control.IMAGES_DIR / f"{registration_id}.logbuffer"
         channel = entry.endpoint.channel.channel
         params = entry.endpoint.channel.params
-        indicators = CONGESTION_CONTROLS[params.congestion_control].indicators
+        # Congestion control's counters start at what the image's will be: none reads a 0.
+        strategy = congestion_control_for(params, setup.term_length, setup.mtu, now_ns)
+        indicators = zip(strategy.indicators, strategy.indicator_values(), strict=True)
         try:
             log_buffer = create_log(
                 path, self.budget, f"the image of {_label_of(setup, event.source)}",
@@ -493,7 +495,8 @@ class NetworkConductor:
                 counter_ids = self._allocate_counters(
                     [(CounterType.RECEIVER_HWM, "rcv-hwm"),
                      (CounterType.RECEIVER_POSITION, "rcv-pos"),
-                     *((CounterType.PER_IMAGE_INDICATOR, name) for name in indicators)],
+                     *((CounterType.PER_IMAGE_INDICATOR, name, value)
+                       for name, value in indicators)],
                     label, registration_id, setup.session_id, setup.stream_id)
             except CountersFullError:
                 discard_log(log_buffer, self.budget)
@@ -807,14 +810,16 @@ class NetworkConductor:
         return all(ended(entry.publication) for entry in list(self.publications.values()))
 
     # -- helpers ------------------------------------------------------------------------------
-    def _allocate_counters(self, kinds: list[tuple[CounterType, str]], label: str,
+    def _allocate_counters(self, kinds: list[tuple[Any, ...]], label: str,
                            registration_id: int, session_id: int, stream_id: int) -> list[int]:
+        """One counter of each ``(CounterType, label kind[, initial value])``, or none."""
         allocated: list[int] = []
         try:
-            for kind, name in kinds:
+            for kind, name, *initial in kinds:
                 allocated.append(self.counters.allocate(
                     kind, f"{name}: {label}", registration_id=registration_id,
-                    session_id=session_id, stream_id=stream_id))
+                    session_id=session_id, stream_id=stream_id,
+                    initial_value=initial[0] if initial else 0))
         except CountersFullError:
             for counter_id in allocated:
                 self.counters.free(counter_id)

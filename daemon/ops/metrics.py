@@ -103,7 +103,8 @@ class CountersCollector(Collector):
                 "The round trip a cc=cubic image measured last (0: none yet)",
                 labels=image_labels), 1e-9),
             "rcv-cc-cubic-wnd": (GaugeMetricFamily(
-                "slipstream_image_cubic_window_bytes", "The window a cc=cubic image advertises",
+                "slipstream_image_cubic_window_bytes",
+                "CUBIC's window in a cc=cubic image (its SMs may say less while cleaning lags)",
                 labels=image_labels), 1),
         }
         labels = ["channel", "stream", "session"]
