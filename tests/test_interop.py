@@ -62,6 +62,17 @@ def channel(kind: str) -> str:
             f"|interface=127.0.0.1")
 
 
+def publish_indices(publication, messages: int) -> None:
+    """Once Aeron's status messages connect ``publication``, offer messages 0 .. messages - 1
+    (each its index, little-endian i64, then 56 zero bytes), waiting out back pressure."""
+    wait_for(lambda: publication.is_connected, timeout=20,
+             what="Aeron's status messages connected the publication")
+    for index in range(messages):
+        payload = INDEX.pack(index) + bytes(56)
+        while publication.offer(payload) < 0:
+            time.sleep(0.0001)
+
+
 @pytest.fixture
 def slipstream_driver(driver_dir: Path) -> Iterator[MediaDriver]:
     with MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as driver:
@@ -122,12 +133,7 @@ def test_slipstream_publishes_and_aeron_receives_every_message_once_in_order(
             basic_subscriber(aeron, uri, 1002) as subscriber, \
             Client.connect(slipstream_driver.directory) as client:
         publication = client.add_publication(uri + TERM, 1002)
-        wait_for(lambda: publication.is_connected, timeout=20,
-                 what="Aeron's status messages connected the publication")
-        for index in range(messages):
-            payload = INDEX.pack(index) + bytes(56)
-            while publication.offer(payload) < 0:
-                time.sleep(0.0001)
+        publish_indices(publication, messages)
         subscriber.wait_for_messages(messages, timeout=60)
         received = subscriber.wait_quiet(0.3)  # a duplicate would show up here
         assert subscriber.sequence_numbers() == list(range(messages))
@@ -272,10 +278,7 @@ def test_a_nak_strength_sender_streams_to_aeron_exactly_as_without_it(
         wait_for(lambda: publication.is_connected, timeout=20,
                  what="Aeron's status messages connected the publication")
         started = time.monotonic()
-        for index in range(messages):
-            payload = INDEX.pack(index) + bytes(56)
-            while publication.offer(payload) < 0:
-                time.sleep(0.0001)
+        publish_indices(publication, messages)
         subscriber.wait_for_messages(messages, timeout=60)
         time.sleep(max(0.0, 1.2 - (time.monotonic() - started)))  # a periodic one as well
         subscriber.wait_quiet(0.3)
@@ -308,12 +311,7 @@ def test_a_stock_aeron_cubic_receiver_measures_its_round_trip_through_a_slipstre
             basic_subscriber(aeron, uri, 1007) as subscriber, \
             Client.connect(slipstream_driver.directory) as client:
         publication = client.add_publication(uri + TERM, 1007)
-        wait_for(lambda: publication.is_connected, timeout=20,
-                 what="Aeron's status messages connected the publication")
-        for index in range(messages):
-            payload = INDEX.pack(index) + bytes(56)
-            while publication.offer(payload) < 0:
-                time.sleep(0.0001)
+        publish_indices(publication, messages)
         subscriber.wait_for_messages(messages, timeout=60)
         assert subscriber.sequence_numbers() == list(range(messages))
         aeron.wait_for_counter("rcv-cc-cubic-rtt")
