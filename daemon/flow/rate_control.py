@@ -305,6 +305,10 @@ class NakStrengthSignaller:
         if self._consumption_position is None or consumption_position > self._consumption_position:
             self._consumption_position = consumption_position
             self._last_progress_ns = now_ns
+        elif now_ns - self._last_progress_ns > self.read_grace_ns:
+            # Not reading now (a pause begins, or a stall): what it took lately says nothing of
+            # what it can take; the sender cuts from its own rate.
+            rate = 0
         backlog = max(0, counted - consumption_position)
         fill = self.fill_permille(consumption_position, counted, window)
         level = 0
