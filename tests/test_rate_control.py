@@ -250,6 +250,28 @@ def test_a_top_that_fell_back_below_a_threshold_is_watched_again_not_timed_in_th
     assert signaller.next_deadline_ns() == 3 * grace + 10
 
 
+def test_a_signal_from_subscribers_that_stopped_reading_carries_no_rate() -> None:
+    """A subscriber that read 10 MB/s and then stopped (a pause beginning) crosses the
+    thresholds as data keeps arriving.  What it took while stopping is no rate it can take:
+    the signal carries none once it has taken nothing for a grace, and the sender cuts from
+    its own rate (with the rate it had dwindled to, a paused host cut the sender far down,
+    and the burst when the limit was lifted left a fast host behind).  One still reading
+    carries its rate (the burst test below)."""
+    signaller = NakStrengthSignaller(RateAnnounce(1, 2, WINDOW // 1000, (50, 75)))
+    window = 100_000
+    assert signaller.signal(0, 0, 0, window) is None
+    consumed = 0
+    for step in range(1, 40):  # reading 10 MB/s, 1 KB behind
+        now = step * 100_000
+        consumed = 10 * MB * now // 1_000_000_000
+        assert signaller.signal(now, consumed, consumed + 1_000, window) is None
+    stopped = 39 * 100_000
+    # It stops; 80 KB arrive and wait there for a grace.
+    assert signaller.signal(stopped + 100_000, consumed, consumed + 80_000, window) is None
+    later = stopped + 100_000 + READ_GRACE_NS
+    assert signaller.signal(later, consumed, consumed + 80_000, window) == (75, 800, 0)
+
+
 def test_a_signal_after_a_burst_carries_what_the_subscriber_took_since_it_caught_up() -> None:
     """The rate a signal carries is measured from the last look at which the subscriber had
     nothing to read, not from the last at which nothing had been readable for the grace: a
