@@ -927,8 +927,11 @@ def test_a_socket_buffer_the_kernel_caps_is_named_in_the_log(launch, capfd) -> N
     a = launch(socket_so_rcvbuf=min(maximum * 4, 1 << 30))
     with Client.connect(a.directory) as client:
         client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 1)
-        wait_for(lambda: "net.core.rmem_max" in capfd.readouterr().err, timeout=5,
-                 what="a warning naming net.core.rmem_max")
+        # Kept across reads: each read takes what came since the last, and a line can arrive
+        # in two of them.
+        err: list[str] = []
+        wait_for(lambda: err.append(capfd.readouterr().err) or "net.core.rmem_max" in "".join(err),
+                 timeout=5, what="a warning naming net.core.rmem_max")
 
 
 def _cpu_seconds(pid: int) -> float:
