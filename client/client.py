@@ -231,7 +231,8 @@ class Client:
                      spins_before_yield=spins_before_yield, invoker=invoker)
         try:
             reply = client._request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
-                                     "pid": os.getpid()}, connecting=True)
+                                     "pid": os.getpid(),
+                                     "process": control.process_token()}, connecting=True)
             client.client_id = reply["client_id"]
             client._driver_timeout_ns = reply["driver_timeout_ns"]
             client.counters = CountersFile(reply["counters_file"])
@@ -369,6 +370,8 @@ class Client:
                         self._on_available_image(message)
                     else:
                         self._on_unavailable_image(message)
+                except DriverNotRunningError as e:  # it stopped as it announced the image
+                    log.warning("could not apply %s: %s", kind, e)
                 except Exception:  # this thread carries the driver's events: it must not die
                     log.exception("could not apply %s", kind)
             elif kind == control.BACK_PRESSURE_EPISODE:

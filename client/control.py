@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import secrets
 from pathlib import Path
 from typing import Any, Final
 
@@ -26,7 +27,7 @@ from slipstream.client.channel import MAX_URI_LENGTH
 from slipstream.client.errors import DriverError, InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 CONDUCTOR_SOCKET = "conductor.sock"
 COUNTERS_FILE = "counters.dat"
@@ -229,10 +230,24 @@ def _pid(field: str, value: object) -> object:
     return _check_int(field, value, (0, INT32_MAX))
 
 
+_process_token: tuple[int, int] = (0, 0)  # (the pid it was drawn in, the token)
+
+
+def process_token() -> int:
+    """A random 63-bit number naming this process, drawn anew in a forked child.  CONNECT
+    carries it, so a driver tells an application's own clients from another process's: a pid
+    cannot, since processes in two pid namespaces that share /dev/shm may have the same one."""
+    global _process_token
+    pid = os.getpid()
+    if _process_token[0] != pid:
+        _process_token = (pid, secrets.randbits(63))
+    return _process_token[1]
+
+
 #: The fields of every command and how each is checked.  Fields not listed are ignored (a newer
 #: client may send more); a listed field that is missing or wrong is refused, naming it.
 COMMAND_FIELDS: dict[str, dict[str, Any]] = {
-    CONNECT: {"correlation_id": _int64, "version": _int64, "pid": _pid},
+    CONNECT: {"correlation_id": _int64, "version": _int64, "pid": _pid, "process": _int64},
     ADD_PUBLICATION: {"correlation_id": _int64, "channel": check_channel,
                       "stream_id": check_int32},
     REMOVE_PUBLICATION: {"correlation_id": _int64, "registration_id": _int64},

@@ -1273,7 +1273,7 @@ class EmbeddedDriver(_DriverCore):
         self.conductor.begin_drain(started)
         while True:
             now = time.monotonic_ns()
-            if self.conductor.drain(now, closing_pid=os.getpid()):
+            if self.conductor.drain(now, closing_process=control.process_token()):
                 log.info("drained in %.2f s", (now - started) / 1e9)
                 return
             if now - started >= timeout_ns:

@@ -109,7 +109,7 @@ class SimDriver:
         self._on_message = on_message
         self._now_ns = host.sim.loop.now_ns
         reply = self.command({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
-                              "pid": 0})
+                              "pid": 0, "process": 0})
         self._heartbeat = self.counters.address(reply["heartbeat_counter_id"])
 
     def command(self, message: dict[str, Any]) -> dict[str, Any]:

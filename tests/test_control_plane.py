@@ -82,8 +82,9 @@ def test_a_field_out_of_range_is_refused_by_name_and_the_driver_serves_on(
         driver, field: str, value: object) -> None:
     raw = RawClient(driver.directory)
     try:
-        assert raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
-                            "pid": 1, "correlation_id": 1})["type"] == control.CONNECTED
+        reply = raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
+                             "pid": 1, "process": 1, "correlation_id": 1})
+        assert reply["type"] == control.CONNECTED
         command = {"type": control.ADD_PUBLICATION, "channel": "aeron:ipc", "stream_id": 7,
                    "correlation_id": 2}
         command[field] = value
@@ -128,8 +129,26 @@ def test_unknown_and_incomplete_commands_are_answered_with_an_error(driver) -> N
         assert reply["code"] == control.ERR_INVALID_ARGUMENT
         assert "registration_id" in reply["message"]
         reply = raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
-                             "pid": -5, "correlation_id": 5})
+                             "pid": -5, "process": 1, "correlation_id": 5})
         assert reply["code"] == control.ERR_INVALID_ARGUMENT and "pid" in reply["message"]
+        reply = raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
+                             "pid": 1, "correlation_id": 6})
+        assert reply["code"] == control.ERR_INVALID_ARGUMENT and "process" in reply["message"]
+    finally:
+        raw.close()
+    _still_serves(driver.directory)
+
+
+def test_a_client_of_an_older_protocol_is_told_to_upgrade_not_which_field_it_lacks(
+        driver) -> None:
+    """Version 3 clients sent no ``process``: the answer names the versions, the fix."""
+    raw = RawClient(driver.directory)
+    try:
+        reply = raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION - 1,
+                             "pid": 1, "correlation_id": 7})
+        assert reply["code"] == control.ERR_UNSUPPORTED
+        assert (f"version {control.PROTOCOL_VERSION - 1} is not {control.PROTOCOL_VERSION}: "
+                f"upgrade the client or driver") in reply["message"]
     finally:
         raw.close()
     _still_serves(driver.directory)
@@ -184,7 +203,8 @@ def test_a_fuzz_of_commands_is_answered_or_counted_and_the_driver_serves_on(driv
 
 def test_a_second_connect_on_one_connection_is_refused_and_takes_no_counter(driver) -> None:
     raw = RawClient(driver.directory)
-    connect = {"type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1}
+    connect = {"type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1,
+               "process": 1}
     try:
         first = raw.request({**connect, "correlation_id": 1})
         assert first["type"] == control.CONNECTED
@@ -219,7 +239,7 @@ def test_an_unexpected_failure_in_a_command_is_answered_and_counted(shm: Path) -
     try:
         (_key, reply), = conductor.on_command(b"k", {
             "type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1,
-            "correlation_id": 1}, 0)
+            "process": 1, "correlation_id": 1}, 0)
         assert reply["type"] == control.CONNECTED
 
         def broken(*_args: object) -> None:
@@ -248,7 +268,8 @@ def _ask_conductor(directory: Path) -> str:
     try:
         sock.connect(control.conductor_endpoint(directory))
         sock.send(control.encode({"type": control.CONNECT, "correlation_id": 1,
-                                  "version": control.PROTOCOL_VERSION, "pid": os.getpid()}))
+                                  "version": control.PROTOCOL_VERSION, "pid": os.getpid(),
+                                  "process": control.process_token()}))
         return "answered" if sock.poll(2000) else "no answer"
     finally:
         sock.close()
@@ -319,7 +340,7 @@ def _governor_samples(shm: Path, *, timer_interval: str, busy_share: float,
     try:
         (_, connected), = conductor.on_command(b"k", {
             "type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1,
-            "correlation_id": 1}, now)
+            "process": 1, "correlation_id": 1}, now)
         replies = conductor.on_command(b"k", {
             "type": control.ADD_PUBLICATION,
             "channel": "aeron:udp?endpoint=127.0.0.1:40999|term-length=64k", "stream_id": 7,

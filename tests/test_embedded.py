@@ -8,6 +8,9 @@ import itertools
 import multiprocessing
 import os
 import random
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -488,6 +491,86 @@ def test_another_processs_subscriber_of_another_stream_on_the_endpoint_is_not_wa
     finally:
         done.set()
         child.join(30)
+
+
+def _publish_and_close_in_pid_namespace(directory: str, uri: str) -> None:
+    """An application with an embedded driver, run as pid 1 of a pid namespace: it publishes
+    ten messages once a subscriber connects, closes, and prints how long the close took."""
+    assert os.getpid() == 1
+    driver = MediaDriver.embedded(directory, **{**NETWORK_SETTINGS, "drain_timeout": "2s"})
+    with Client.connect(directory, invoker=driver.do_work) as client:
+        publication = client.add_publication(uri, 5)
+        run_until(lambda: publication.is_connected, driver, timeout=30,
+                  what="the other process's subscriber")
+        for i in range(10):
+            while publication.offer(message(i, 128)) <= 0:
+                driver.do_work()
+        started = time.monotonic()
+        driver.close()
+        print(f"closed in {time.monotonic() - started:.3f} s", flush=True)
+
+
+def _subscribe_in_pid_namespace(directory: str, uri: str) -> None:
+    """Another process, pid 1 of another pid namespace: a subscriber that never reads, until
+    its standard input closes."""
+    assert os.getpid() == 1
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client = Client.connect(directory)
+            break
+        except DriverNotRunningError:
+            assert time.monotonic() < deadline, "the embedded driver did not start"
+            time.sleep(0.01)
+    with client:
+        client.add_subscription(uri, 5)
+        sys.stdin.read()
+
+
+@pytest.fixture
+def in_pid_namespace() -> Callable[[str, str, str], subprocess.Popen]:
+    """Start ``function(directory, uri)`` of this module as pid 1 of a new pid namespace
+    (``unshare --pid``: root) that shares /dev/shm; skips without, fails under CI=true."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        reason = "pid namespaces need root and unshare(1)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    started: list[subprocess.Popen] = []
+
+    def start(function: str, directory: str, uri: str) -> subprocess.Popen:
+        code = f"import test_embedded; test_embedded.{function}({directory!r}, {uri!r})"
+        process = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", code],
+            cwd=Path(__file__).parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+def test_closing_waits_for_a_subscriber_whose_process_has_the_applications_pid_elsewhere(
+        in_pid_namespace) -> None:
+    """Two processes in two pid namespaces that share /dev/shm, both pid 1: the application's
+    close still waits for the other's subscriber (until drain_timeout: it never reads).  The
+    driver told its application's clients by pid before, and closed at once."""
+    directory = f"/dev/shm/slipstream-embedded-{uuid.uuid4().hex[:12]}"
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    try:
+        subscriber = in_pid_namespace("_subscribe_in_pid_namespace", directory, uri)
+        application = in_pid_namespace("_publish_and_close_in_pid_namespace", directory, uri)
+        output, _ = application.communicate(timeout=60)
+        assert application.returncode == 0, output
+        waited = float(output.split("closed in ")[1].split()[0])
+        assert waited >= 1.5, f"closed after {waited:.3f} s, not waiting for the subscriber"
+        subscriber.communicate("", timeout=30)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 class _InterruptedRightAfterTheAcquire:

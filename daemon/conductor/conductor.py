@@ -69,7 +69,8 @@ class ClientSession:
 
     client_id: int
     key: bytes
-    pid: int
+    pid: int  # for people: logs and the heartbeat counter's label
+    process: int  # control.process_token(): which process it is, across pid namespaces
     time_of_last_keepalive_ns: int
     heartbeat_counter_id: int  # CLIENT_HEARTBEAT: the client writes its monotonic ns there
     publications: dict[int, int] = attrs.Factory(dict)  # registration id -> publication id
@@ -189,6 +190,12 @@ class DriverConductor:
         correlation_id = message.get("correlation_id", 0)
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, int):
             correlation_id = 0
+        if kind == control.CONNECT and message.get("version") != control.PROTOCOL_VERSION:
+            # Before the fields: an older client's CONNECT may lack one of this version's.
+            return [(key, messages.error(
+                correlation_id, control.ERR_UNSUPPORTED,
+                f"client protocol version {str(message.get('version'))[:32]} is not "
+                f"{control.PROTOCOL_VERSION}: upgrade the client or driver"))]
         try:
             control.check_command(message)
         except InvalidArgumentError as e:
@@ -255,11 +262,6 @@ class DriverConductor:
                                      f"malformed command: {error}"))]
 
     def _on_connect(self, key: bytes, message: dict[str, Any], now_ns: int) -> Outgoing:
-        if message.get("version") != control.PROTOCOL_VERSION:
-            return [(key, messages.error(
-                message.get("correlation_id", 0), control.ERR_UNSUPPORTED,
-                f"client protocol version {message.get('version')} is not "
-                f"{control.PROTOCOL_VERSION}: upgrade the client or driver"))]
         existing = self._clients_by_key.get(key)
         if existing is not None:
             # One client per connection: a second CONNECT would leave the first one's counter
@@ -273,7 +275,7 @@ class DriverConductor:
         heartbeat_id = self.counters.allocate(
             CounterType.CLIENT_HEARTBEAT, f"client-heartbeat: {client_id} pid={pid}",
             registration_id=client_id, owner_id=client_id, initial_value=now_ns)
-        client = ClientSession(client_id, key, pid, now_ns, heartbeat_id)
+        client = ClientSession(client_id, key, pid, message["process"], now_ns, heartbeat_id)
         self.clients[client.client_id] = client
         self._clients_by_key[key] = client
         return [(key, {
@@ -636,17 +638,19 @@ class DriverConductor:
             self.network.stop_credit()
         log.info("draining: %s", self.status_line())
 
-    def drain(self, now_ns: int, *, closing_pid: int | None = None) -> bool:
+    def drain(self, now_ns: int, *, closing_process: int | None = None) -> bool:
         """Advance the drain; True once it is complete.  FLUSHING: until every IPC subscriber
         read its log to the end and every network publication sent its log and its live
         receivers' status messages reached the end.  Then ENDING: end-of-stream (IPC
         subscribers see it at once; network publications close and send EOS heartbeats)
-        until every network publication with receivers sent one.  ``closing_pid``: an
-        embedded driver closing inside that process, whose subscribers (IPC ones, and this
-        driver's own UDP receivers) are not waited for: the application that would read them
-        is the one closing.  Those of other processes are."""
+        until every network publication with receivers sent one.  ``closing_process``
+        (:func:`control.process_token`): an embedded driver closing inside that process,
+        whose subscribers (IPC ones, and this driver's own UDP receivers) are not waited
+        for: the application that would read them is the one closing.  Those of other
+        processes are."""
         closing = (frozenset(c.client_id for c in self.clients.values()
-                             if c.pid == closing_pid) if closing_pid is not None else None)
+                             if c.process == closing_process)
+                   if closing_process is not None else None)
 
         def ipc_consumed() -> bool:
             return all(p.is_consumed(except_clients=closing or frozenset())

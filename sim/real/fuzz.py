@@ -192,7 +192,8 @@ class CommandFuzzer:
         {"type": control.ADD_SUBSCRIPTION, "channel": "aeron:ipc", "stream_id": 7},
         {"type": control.REMOVE_PUBLICATION, "registration_id": 1},
         {"type": control.REMOVE_SUBSCRIPTION, "registration_id": 1},
-        {"type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1},
+        {"type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1,
+         "process": 1},
     )
     _HOSTILE_VALUES: Final = (None, True, 1.5, "7", [], {}, -1, INT32_MAX + 1, INT32_MIN - 1,
                               2**64,
