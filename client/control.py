@@ -136,19 +136,38 @@ def check_directory_access(directory: str | os.PathLike[str]) -> None:
         raise foreign_directory_error(path, owner)
 
 
+#: The first line of a driver's lock file: what marks a directory as a driver's.
+DIRECTORY_MARKER = "slipstream driver directory"
+#: The longest lock file a driver writes, bytes: what a reader reads of one.
+LOCK_TEXT_MAX = 256
+
+
+def lock_text(created: bool, pid: int) -> str:
+    """What a driver writes into its ``driver.lock``: the marker, whether it created the
+    directory, its pid."""
+    return f"{DIRECTORY_MARKER}\ncreated: {'yes' if created else 'no'}\npid: {pid}\n"
+
+
+def parse_lock(data: bytes) -> tuple[bool, int | None, bool]:
+    """(whether a driver wrote it, the pid it names or None, whether that driver created the
+    directory) of a lock file's first :data:`LOCK_TEXT_MAX` bytes."""
+    lines = data[:LOCK_TEXT_MAX].decode("ascii", "replace").splitlines()
+    if not lines or lines[0] != DIRECTORY_MARKER:
+        return False, None, False
+    fields = dict(line.partition(": ")[::2] for line in lines[1:])
+    pid = fields.get("pid", "")
+    return True, int(pid) if pid.isdigit() else None, fields.get("created") == "yes"
+
+
 def lock_holder_pid(directory: str | os.PathLike[str]) -> int | None:
-    """The pid a driver wrote into the directory's lock (``pid: N``), or None when there is
-    no lock or it names none.  Whether that process still holds the lock is another question
+    """The pid a driver wrote into the directory's lock, or None when there is no lock or it
+    names none.  Whether that process still holds the lock is another question
     (``_driver_holds_lock`` in client.py)."""
     try:
-        text = (Path(directory) / LOCK_FILE).read_bytes()[:256].decode("ascii", "replace")
+        with open(Path(directory) / LOCK_FILE, "rb") as lock:
+            return parse_lock(lock.read(LOCK_TEXT_MAX))[1]
     except OSError:
         return None
-    for line in text.splitlines():
-        key, _, value = line.partition(": ")
-        if key == "pid" and value.strip().isdigit():
-            return int(value)
-    return None
 
 
 def socket_refuses_us(directory: str | os.PathLike[str]) -> int | None:

@@ -126,7 +126,7 @@ class DriverDirectory:
     """The driver directory: one driver per directory, held by an flock on ``driver.lock``.
 
     The driver takes a directory only if it is absent, empty, or already a slipstream driver
-    directory (its lock file starts with :data:`DIRECTORY_MARKER`); anything else is refused
+    directory (its lock file starts with :data:`control.DIRECTORY_MARKER`); anything else is refused
     with :class:`DriverDirectoryError`.  It removes only the entries it makes, by name
     (:data:`DRIVER_FILES`), and the logs of :data:`LOG_FOLDERS` a driver made (named
     ``<registration id>.logbuffer`` and carrying that id in their metadata), never an unknown
@@ -181,7 +181,7 @@ class DriverDirectory:
         self._lock_fd = fd
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, _lock_text(self._created, os.getpid()).encode(), 0)
+            os.pwrite(fd, control.lock_text(self._created, os.getpid()).encode(), 0)
             if self._created:
                 os.chmod(self.path, 0o700)
             # A stale driver's files: it died without cleaning up.  Its error log is kept
@@ -271,7 +271,7 @@ class DriverDirectory:
         fd = os.open(making, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.pwrite(fd, _lock_text(created, os.getpid()).encode(), 0)
+            os.pwrite(fd, control.lock_text(created, os.getpid()).encode(), 0)
             try:
                 os.link(making, lock_path)
             except (FileExistsError, FileNotFoundError):  # another driver's lock came first
@@ -366,8 +366,6 @@ def _make_missing_parents(path: Path) -> list[Path]:
 MAX_UNIX_SOCKET_PATH = 108
 #: zmq's ipc:// endpoints keep a NUL in sun_path: one byte less.
 MAX_ZMQ_IPC_PATH = MAX_UNIX_SOCKET_PATH - 1
-#: The first line of a driver's lock file: what marks a directory as a driver's.
-DIRECTORY_MARKER = "slipstream driver directory"
 #: Every file a driver makes at the top of its directory.
 DRIVER_FILES = (control.CONDUCTOR_SOCKET, control.COUNTERS_FILE, control.SENDER_DOORBELL,
                 control.RECEIVER_DOORBELL, ERROR_LOG_FILE, ERROR_LOG_TEMPORARY_FILE,
@@ -416,7 +414,8 @@ def _flock(fd: int, path: Path) -> None:
         time.sleep(_PROBE_RETRY_S)
     marker, pid, _ = _read_lock(fd)
     if not marker and _is_legacy_lock(fd):
-        pid = os.pread(fd, 64, 0).decode("ascii").strip()
+        legacy = os.pread(fd, 64, 0).decode("ascii").strip()
+        pid = int(legacy) if legacy else None
     raise DriverAlreadyRunningError(
         f"a slipstream driver (pid {pid or '?'}) is already running in {path}; stop it "
         f"first or give this one another directory with --dir")
@@ -437,17 +436,9 @@ def _is_lock_in_making(name: str) -> bool:
     return _LOCK_IN_MAKING.fullmatch(name) is not None
 
 
-def _lock_text(created: bool, pid: int) -> str:
-    return f"{DIRECTORY_MARKER}\ncreated: {'yes' if created else 'no'}\npid: {pid}\n"
-
-
-def _read_lock(fd: int) -> tuple[bool, str, bool]:
-    """(marked by a driver, the pid it names, whether a driver created the directory)."""
-    lines = os.pread(fd, 256, 0).decode("ascii", "replace").splitlines()
-    if not lines or lines[0] != DIRECTORY_MARKER:
-        return False, "", False
-    fields = dict(line.partition(": ")[::2] for line in lines[1:])
-    return True, fields.get("pid", ""), fields.get("created") == "yes"
+def _read_lock(fd: int) -> tuple[bool, int | None, bool]:
+    """:func:`control.parse_lock` of the lock file open at ``fd``."""
+    return control.parse_lock(os.pread(fd, control.LOCK_TEXT_MAX, 0))
 
 
 def _is_legacy_lock(fd: int) -> bool:
