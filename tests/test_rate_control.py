@@ -72,7 +72,10 @@ def test_within_one_window_only_a_stronger_signal_cuts_again_and_from_the_same_b
     assert (control.signals, control.cuts) == (4, 2)
 
 
-def test_without_signals_the_limit_climbs_to_the_knee_then_probes_past_it_and_is_lifted() -> None:
+def climb_without_signals(offered: int) -> list[int]:
+    """The limit at each tick after a cut from 100 MB/s to 50 MB/s, until it is lifted (at
+    most 60 windows), for a publisher that offers ``offered`` bytes/s: the sender sends that
+    or the limit, whichever is lower."""
     control, now, position = controller_sending_at(100 * MB)
     position += 100 * MB * (WINDOW // 2) // 1_000_000_000
     control.on_signal(now + WINDOW // 2, 100, position)  # mid-window: holds the next tick
@@ -83,9 +86,14 @@ def test_without_signals_the_limit_climbs_to_the_knee_then_probes_past_it_and_is
         position += rate * WINDOW // 1_000_000_000
         control.on_tick(now, position)
         limits.append(control.rate_limit)
-        rate = control.rate_limit or rate
         if not control.rate_limit:
             break
+        rate = min(offered, control.rate_limit)
+    return limits
+
+
+def test_without_signals_the_limit_climbs_to_the_knee_then_probes_past_it_and_is_lifted() -> None:
+    limits = climb_without_signals(offered=150 * MB)
     assert limits[0] == 50 * MB  # the window of the cut holds it
     climb = limits[1:limits.index(100 * MB) + 1]
     assert climb == sorted(climb) and len(climb) >= 3  # concave: quick, then slower
@@ -94,6 +102,18 @@ def test_without_signals_the_limit_climbs_to_the_knee_then_probes_past_it_and_is
     steps = [b - a for a, b in zip([100 * MB, *probe], probe, strict=False)]
     assert steps == sorted(steps) and steps[-1] > steps[0]  # convex past the knee
     assert limits[-1] == 0 and probe[-1] < LIFT_FACTOR * 100 * MB
+
+
+def test_a_sender_with_a_backlog_is_not_lifted_while_the_limit_binds() -> None:
+    """A publisher with more to send than any limit lets through (here up to 2 GB/s) sends
+    at the limit: lifted at four times the knee, its backlog would go at line rate before a
+    receiver could signal.  The limit goes on in doubling steps instead, and is lifted at the
+    first window in which the sender used less than three quarters of it."""
+    limits = climb_without_signals(offered=2000 * MB)
+    probe = limits[limits.index(100 * MB) + 1:-1]
+    assert probe[-1] >= 2000 * MB * 4 // 3  # past 4x the knee while it bound
+    assert all(later <= 3 * earlier for earlier, later in itertools.pairwise(probe))
+    assert limits[-1] == 0 and probe[-2] * 3 < 2000 * MB * 4  # lifted once it did not bind
 
 
 def test_signals_that_recur_right_after_a_hold_make_the_cuts_deeper() -> None:

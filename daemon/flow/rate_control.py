@@ -22,7 +22,8 @@ design against ``fc=min``, whose sender waits for its slowest receiver until a t
   so N receivers that signal together cut once, to what the slowest of them takes.  While
   no signal comes the limit climbs once per window: quickly back toward the *knee* (the rate
   the last cut started from), then past it in doubling steps, and once it is four times the
-  knee the limit is lifted.
+  knee the limit is lifted, unless the sender used most of it (it has a backlog, which a
+  lift would burst at line rate): then the doubling goes on until the limit no longer binds.
 
 What seeds/001 left to experiment ("it should be possible to adaptively find appropriate values
 at runtime") is found here as the stream runs:
@@ -54,8 +55,13 @@ MIN_DEPTH = 0.2
 MAX_DEPTH = 0.9
 #: Quiet windows after which a signal finds the last cut deeper than needed.
 CALM_WINDOWS = 40
-#: The limit is lifted once it climbed to this multiple of the knee with no signal.
+#: The limit is lifted once it climbed to this multiple of the knee with no signal, unless it
+#: binds: a sender that sent at least BINDING_NUMERATOR / BINDING_DENOMINATOR of it over the
+#: last window has a backlog, which a lift would send at line rate before any receiver could
+#: signal; its limit goes on doubling its steps instead, and is lifted once it no longer binds.
 LIFT_FACTOR = 4
+BINDING_NUMERATOR = 3
+BINDING_DENOMINATOR = 4
 #: The lowest limit (datagrams of one MTU per second): a receiver that keeps signalling slows
 #: the stream to a trickle, never to a stop.
 MIN_DATAGRAMS_PER_S = 64
@@ -178,9 +184,12 @@ class NakStrengthRateControl:
             self.rate_limit = min(self.knee, self.rate_limit + max(
                 step_floor, (self.knee - self.rate_limit) // 4))
         else:
+            # The window just measured ran under the limit before this raise.
+            binding = self.sent_rate * BINDING_DENOMINATOR >= self.rate_limit * BINDING_NUMERATOR
             self._probe_step = 2 * self._probe_step if self._probe_step else step_floor
             self.rate_limit += self._probe_step
-            if self.rate_limit >= min(LIFT_FACTOR * self.knee, RATE_SIGNAL_MAX_RATE):
+            if self.rate_limit >= RATE_SIGNAL_MAX_RATE or (
+                    self.rate_limit >= LIFT_FACTOR * self.knee and not binding):
                 self.rate_limit = 0
 
     def next_deadline_ns(self) -> int:
