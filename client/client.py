@@ -166,6 +166,7 @@ class Client:
         self._correlation_ids = itertools.count(1)
         self._closed = False
         self._driver_lost: str | None = None
+        self._driver_still_running = False  # lost, but a driver serves the directory
         self._driver_timeout_ns = 0  # the driver's driver_timeout, from its CONNECT reply
         self._publications: dict[int, Publication] = {}
         self._subscriptions: dict[int, Subscription] = {}
@@ -379,7 +380,8 @@ class Client:
                 if publication is not None:
                     publication._on_episode(message)
             elif kind == control.CLIENT_TIMEOUT:
-                self._lose_driver("the driver timed this client out (no keepalive in time)")
+                self._lose_driver("it timed this client out: no keepalive within "
+                                  "client_liveness_timeout", still_running=True)
             elif kind == control.DRIVER_SHUTDOWN:
                 reason = message.get("reason")
                 self._lose_driver(reason if isinstance(reason, str) else "the driver stopped")
@@ -444,25 +446,28 @@ class Client:
         if notice == bytes([lib.SS_KEEPER_DRIVER_EXITED]):
             self._lose_driver("the driver exited")
         elif notice == bytes([lib.SS_KEEPER_DRIVER_REPLACED]):
-            self._lose_driver("the driver exited, and a new one took its directory "
-                              "(connect again)")
+            self._lose_driver("the driver exited, and a new one took its directory",
+                              still_running=True)
         elif notice == bytes([lib.SS_KEEPER_DRIVER_STOPPED]):
             # The keeper saw no heartbeat for driver_timeout; the heartbeat's age now says
             # nothing (a driver that stalled may beat again by the time this is read).
             self._lose_driver(f"the driver stopped: no heartbeat for "
                               f"{self._driver_timeout_ns / 1e9:g} s (driver_timeout)")
 
-    def _lose_driver(self, reason: str) -> None:
+    def _lose_driver(self, reason: str, *, still_running: bool = False) -> None:
         """Cut off from the driver: offers return CLOSED from now on, and every other call
-        (polls and waits too; a parked receive is woken) raises DriverNotRunningError."""
+        (polls and waits too; a parked receive is woken) raises DriverNotRunningError
+        (``still_running``: one that says to connect again, not to start a driver)."""
         if self._driver_lost is None:
+            self._driver_still_running = still_running
             try:  # before is_closed says so: offers say CLOSED by then
                 self._cut_off_publications()
             finally:  # whatever interrupts it: the keeper's notice is read only once
                 self._driver_lost = reason
             self._stop_keeper()
             self._cut_off_resources()  # after: a woken receive raises with the reason
-            log.error("the driver in %s is gone: %s", self.directory, reason)
+            log.error("the driver in %s %s: %s", self.directory,
+                      "no longer serves this client" if still_running else "is gone", reason)
 
     def _cut_off_resources(self) -> None:
         """Offers return CLOSED and polls raise from now on; a parked receive is woken."""
@@ -479,7 +484,8 @@ class Client:
         resources it could not release: an interrupted close())."""
         if self._driver_lost is None and self._closed:
             return ClosedError("the client is closed")
-        return DriverNotRunningError(str(self.directory), self._driver_lost or "")
+        return DriverNotRunningError(str(self.directory), self._driver_lost or "",
+                                     still_running=self._driver_still_running)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -124,9 +124,16 @@ class DriverError(SlipstreamError):
 class DriverNotRunningError(DriverError):
     """No live driver holds the directory the client tried to use."""
 
-    def __init__(self, directory: str, detail: str = "") -> None:
+    def __init__(self, directory: str, detail: str = "", *, still_running: bool = False) -> None:
+        """``still_running``: a driver runs there but no longer serves this client (it timed
+        the client out, or a new one took the directory): the fix is to connect again."""
         self.directory = directory
         extra = f" ({detail})" if detail else ""
+        if still_running:
+            super().__init__(
+                f"the slipstream driver in {directory} no longer serves this client{extra}: "
+                f"connect again (Client.connect) for a new client")
+            return
         super().__init__(
             f"no slipstream driver is running in {directory}{extra}: start one with "
             f"`slipstream driver --dir {directory}` or point SLIPSTREAM_DIR at a running driver"

@@ -762,6 +762,48 @@ def test_a_publication_cut_off_by_its_drivers_death_is_still_unmapped_on_close(
         assert closed_alone._log.closed and closed_with_the_client._log.closed
 
 
+_TIMED_OUT_CLIENT = """
+import os, signal, sys, time
+from slipstream.client import Client, DriverNotRunningError
+client = Client.connect(sys.argv[1])
+os.kill(os.getpid(), signal.SIGSTOP)  # the test continues it after client_liveness_timeout
+deadline = time.monotonic() + 10
+while not client.is_closed and time.monotonic() < deadline:
+    time.sleep(0.01)
+try:
+    client.add_publication("aeron:ipc", 5)
+except DriverNotRunningError as e:
+    print(e)
+"""
+
+
+def test_a_client_the_driver_timed_out_is_told_to_connect_again_not_to_start_a_driver(
+        driver) -> None:
+    """A client stopped for longer than client_liveness_timeout (SIGSTOP) comes back to a
+    driver that still runs and has timed it out: the error says so, and that a new client
+    is the fix (it told the user to start a driver, which then refused: one was running)."""
+    child = subprocess.Popen([sys.executable, "-c", _TIMED_OUT_CLIENT, str(driver.directory)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _process_state(child.pid) == "T", what="the client stopped itself")
+        wait_for(lambda: counters_of(driver)["CLIENT_TIMEOUTS"] == 1, timeout=10,
+                 what="the driver timed the client out")
+        os.kill(child.pid, signal.SIGCONT)
+        output, _ = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert "no longer serves this client" in output and "timed this client out" in output
+    assert "connect again" in output and "start one" not in output
+
+
+def _process_state(pid: int) -> str:
+    """The state letter in /proc/<pid>/stat (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as stat_file:
+        return stat_file.read().rpartition(")")[2].split()[0]
+
+
 def test_a_client_notices_when_its_driver_hangs(driver_dir: Path) -> None:
     """A driver that stops (SIGSTOP) keeps its lock: its clients notice its heartbeat stopped,
     after driver_timeout and within a keepalive interval of it."""
