@@ -152,15 +152,26 @@ class DriverDirectory:
         created = False
         try:
             for _ in range(_LOCK_ATTEMPTS):
-                # A parent may go meanwhile: another driver that made it removes it at stop.
-                self._made_parents += _make_missing_parents(self.path)
                 try:
+                    # A parent may go meanwhile: another driver that made it removes it at
+                    # stop.
+                    self._made_parents += _make_missing_parents(self.path)
                     self.path.mkdir(mode=0o700)
                     created = True
                 except FileExistsError:
                     pass
-                except FileNotFoundError:
+                except FileNotFoundError as e:
+                    refused = Path(e.filename) if e.filename else self.path
+                    if refused.parent.is_dir():  # there, and still refuses it (/proc)
+                        raise DriverDirectoryError(
+                            f"{refused}: cannot be made in {refused.parent}: {e.strerror}; "
+                            f"give the driver another directory with --dir") from None
                     continue
+                except OSError as e:  # a file on the way, no permission, a read-only mount
+                    raise DriverDirectoryError(
+                        f"{e.filename or self.path}: {e.strerror}: cannot make the driver "
+                        f"directory {self.path}; give the driver another one with --dir"
+                    ) from None
                 break
             else:
                 raise DriverDirectoryError(
@@ -356,8 +367,10 @@ def _make_missing_parents(path: Path) -> list[Path]:
             parent.mkdir()
         except FileExistsError:
             continue
-        except FileNotFoundError:  # its own parent went meanwhile: the caller tries again
-            break
+        except FileNotFoundError:
+            if parent.parent.is_dir():  # its parent is there and refuses it (/proc): say so
+                raise
+            break  # its own parent went meanwhile: the caller tries again
         made.append(parent)
     return made
 
@@ -414,8 +427,9 @@ def _flock(fd: int, path: Path) -> None:
         time.sleep(_PROBE_RETRY_S)
     marker, pid, _ = _read_lock(fd)
     if not marker and _is_legacy_lock(fd):
-        legacy = os.pread(fd, 64, 0).decode("ascii").strip()
-        pid = int(legacy) if legacy else None
+        # Read again: the driver that holds it may have written its marker since.
+        legacy = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        pid = int(legacy) if legacy.isdigit() else _read_lock(fd)[1]
     raise DriverAlreadyRunningError(
         f"a slipstream driver (pid {pid or '?'}) is already running in {path}; stop it "
         f"first or give this one another directory with --dir")

@@ -294,6 +294,29 @@ def test_a_file_in_place_of_the_directory_is_refused(tmp_path: Path) -> None:
     assert (tmp_path / "file").read_text() == "data"
 
 
+@pytest.mark.parametrize(("under", "said"), [
+    ("file/driver", "file/driver: Not a directory"),
+    ("file/deeper/driver", "file/deeper: Not a directory"),
+])
+def test_a_file_on_the_way_to_the_directory_is_named_in_a_refusal(
+        tmp_path: Path, under: str, said: str) -> None:
+    """A regular file among the directory's parents: the CLI's refusal (exit 4) names it,
+    where a traceback of NotADirectoryError came out."""
+    (tmp_path / "file").write_text("data")
+    result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(tmp_path / under)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 4, result.stderr  # EXIT_DIRECTORY_REFUSED
+    assert f"{tmp_path}/{said}" in result.stderr and "Traceback" not in result.stderr
+    assert (tmp_path / "file").read_text() == "data"
+
+
+def test_a_directory_a_filesystem_will_not_hold_is_refused_at_once() -> None:
+    """/proc refuses a new entry with ENOENT although it is there: that is said, not taken
+    for parents that another process kept removing."""
+    with pytest.raises(DriverDirectoryError, match="cannot be made in /proc: No such file"):
+        DriverDirectory(Path("/proc/slipstream-test")).acquire()
+
+
 def test_an_empty_directory_the_user_made_is_used_and_left_in_place(tmp_path: Path) -> None:
     users = tmp_path / "empty"
     users.mkdir(mode=0o755)
