@@ -127,6 +127,11 @@ def _check_stream(channel: str, stream_id: int, *, publication: bool) -> None:
                 else f"are {other} keys and do")
         warnings.warn(ChannelWarning(
             f"{channel!r}: {', '.join(ignored)} {what} nothing on a {this}"), stacklevel=3)
+    if publication and parsed.is_ipc and parsed.linger_ns is not None:
+        # Aeron's URIs carry it; an IPC log has no retransmits to linger for.
+        warnings.warn(ChannelWarning(
+            f"{channel!r}: linger does nothing on aeron:ipc (its log goes once every "
+            f"subscriber has read it all)"), stacklevel=3)
 
 
 def _check_callbacks(**callbacks: object) -> None:

@@ -590,8 +590,9 @@ class DriverSettings:
     )
     publication_linger_timeout: int = _duration(
         5 * _S,
-        "A closed publication lingers this long to serve retransmits, ns (unicast ends early "
-        "on the receiver's EOS status message).",
+        "A closed network publication lingers this long to serve retransmits, ns (unicast "
+        "ends early on the receiver's EOS status message).  An IPC log has no linger: it "
+        "goes once every subscriber has read it.",
         low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
     )
     publication_unblock_timeout: int = _duration(

@@ -224,15 +224,19 @@ def _record_skip(directory: str | None) -> None:
 
 
 def loss_message(stream_id: int, session_id: int, start: int, end: int,
-                 producer: int | None, term_length: int) -> str:
-    """The text of a data loss error: which stream, session and positions, and what to do."""
+                 producer: int | None, term_length: int | None) -> str:
+    """The text of a data loss error: which stream, session and positions, why, and what to
+    do.  ``term_length`` None: the log itself is gone."""
     at = f" (the publisher is at {producer})" if producer is not None else ""
+    why = (f"a log holds one term ({term_length} bytes) behind its slowest reading "
+           f"subscriber, and this query fell further behind (or was stopped that long)"
+           if term_length is not None else
+           "the log is gone: its stream ended and the subscribers it had read it all, or its "
+           "driver stopped, while this query was stopped")
     return (f"slipstream stream {stream_id} session {session_id}: the messages at positions "
-            f"[{start}, {end}) are no longer in the log{at}; a log holds one term "
-            f"({term_length} bytes) behind its slowest reading subscriber, and this query fell "
-            f"further behind (or was stopped that long).  Set failOnDataLoss=false to skip to "
-            f"the oldest position still held (counted in the driver's 'data loss skips' "
-            f"counter).")
+            f"[{start}, {end}) are no longer in the log{at}; {why}.  Set failOnDataLoss=false "
+            f"to skip to the oldest position still held (counted in the driver's 'data loss "
+            f"skips' counter).")
 
 
 def _arrow_batch(values: list[bytes], positions: list[int], session_id: int, stream_id: int,
@@ -273,7 +277,7 @@ def read_range(partition: SlipstreamPartition) -> Iterator[object]:
                  f" read tasks must run on the host of the Spark driver (docs/SPARK.md)")
         if p.fail_on_data_loss or here != p.host:
             raise SlipstreamDataLossError(
-                loss_message(p.stream_id, p.session_id, p.start, p.end, None, 0)
+                loss_message(p.stream_id, p.session_id, p.start, p.end, None, None)
                 + f" (the log file {p.log_path} is gone{where})") from None
         log.warning("slipstream: log %s is gone; skipping [%d, %d)", p.log_path, p.start, p.end)
         _record_skip(p.directory)

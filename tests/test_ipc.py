@@ -21,6 +21,7 @@ from slipstream.client import (
     CLOSED,
     NOT_CONNECTED,
     BufferClaim,
+    ChannelWarning,
     Client,
     ClosedError,
     InvalidArgumentError,
@@ -336,6 +337,35 @@ def test_the_image_goes_when_the_last_publisher_leaves(client: Client) -> None:
     assert not image.is_closed  # a poll may still be inside it: the polling thread unmaps it
     subscription.poll(lambda d, h: None, 10)
     assert image.is_closed  # at its next poll, not when the subscription closes
+
+
+def test_a_subscriber_that_reads_lingers_after_the_last_publisher_left_gets_it_all(
+        driver, client: Client) -> None:
+    """The log of a stream whose last publisher closed stays until its subscribers read it,
+    however long they take (here three linger timeouts: it was deleted at the first, and a
+    subscriber that read 7 s after its publisher closed got none of 10,000 messages, told of
+    nothing).  Then it goes."""
+    subscription = client.add_subscription(CHANNEL, 1012)
+    publication = client.add_publication("aeron:ipc?term-length=1m", 1012)
+    wait_for(lambda: publication.is_connected)
+    sent = 0
+    while publication.offer(b"%07d" % sent) > 0:  # a term window: it does not read yet
+        sent += 1
+    assert sent > 5000
+    publication.close()
+    time.sleep(3 * 0.5)  # FAST_DRIVER_SETTINGS' publication_linger_timeout, thrice
+    got: list[bytes] = []
+    while len(got) < sent:
+        assert subscription.poll(lambda d, h: got.append(bytes(d)), 1000) > 0, len(got)
+    assert got == [b"%07d" % i for i in range(sent)]
+    wait_for(lambda: subscription.images == ())  # read it all: the log went
+    assert list((Path(driver.directory) / "publications").iterdir()) == []
+
+
+def test_linger_on_an_ipc_publication_is_warned_of(client: Client) -> None:
+    """Aeron's URIs may carry it; an IPC log has nothing to linger for (it goes once read)."""
+    with pytest.warns(ChannelWarning, match="linger does nothing on aeron:ipc"):
+        client.add_publication("aeron:ipc?linger=30s", 1013)
 
 
 def _subscribe_and_hang(directory: str, stream_id: int, ready) -> None:

@@ -386,7 +386,7 @@ class DriverConductor:
             return
         publication.publisher_refs -= 1
         if publication.publisher_refs <= 0 and publication.state is IpcPublicationState.ACTIVE:
-            publication.start_draining(now_ns)
+            publication.start_draining()
             if self._ipc_by_stream.get(publication.stream_id) is publication:
                 del self._ipc_by_stream[publication.stream_id]
 
@@ -490,7 +490,7 @@ class DriverConductor:
             work += publication.update_limits(now_ns)
             if publication.subscribers or publication.resting:
                 out.extend(self._check_untethered(publication, now_ns))
-            if publication.is_drained(now_ns):
+            if publication.is_drained():
                 out.extend(self._close_publication(publication))
                 work += 1
         if self.network is not None:
@@ -663,7 +663,7 @@ class DriverConductor:
             self.drain_phase = DrainPhase.ENDING
             for publication in self.ipc_publications.values():
                 if publication.state is IpcPublicationState.ACTIVE:
-                    publication.start_draining(now_ns)
+                    publication.start_draining()
             if self.network is not None:
                 self.network.end_streams()
             log.info("drained: every log sent and read; ending the streams")

@@ -6,7 +6,7 @@ The driver never touches the data.  It owns the limits: ``pub-lmt = min(subscrib
 the slowest subscriber so the partition can be reused, and it unblocks the log when a publisher
 died between claim and commit.  States, as in Aeron's IpcPublication::
 
-    ACTIVE --last publisher gone--> DRAINING --consumed or linger--> DONE
+    ACTIVE --last publisher gone--> DRAINING --every subscriber read it all--> DONE
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ class IpcPublication:
     counters: CountersFile
     term_window_length: int
     unblock_timeout_ns: int
-    linger_timeout_ns: int
     publisher_limit_id: int
     publisher_position_id: int
     cleaner: LogCleaner
@@ -80,7 +79,6 @@ class IpcPublication:
     resting: list[IpcSubscriber] = attrs.Factory(list)
     _last_consumer_position: int = 0
     _time_of_last_consumer_change_ns: int = 0
-    _draining_since_ns: int = 0
     #: Set when the driver drains (SIGTERM): pub-lmt never rises past it again (bytes).
     credit_stop_position: int | None = None
 
@@ -99,7 +97,7 @@ class IpcPublication:
         mtu: int,
         term_window_length: int,  # bytes, resolved (at most term_length / 2)
         unblock_timeout_ns: int,
-        linger_timeout_ns: int,
+        linger_timeout_ns: int,  # the log's metadata only, as Aeron's: nothing waits on it
         now_ns: int,
         initial_term_count: int = 0,
         initial_term_offset: int = 0,
@@ -147,7 +145,7 @@ class IpcPublication:
                    channel=channel, log=log, counters=counters,
                    term_window_length=term_window_length,
                    cleaner=LogCleaner(log, start, clean_chunk_length),
-                   unblock_timeout_ns=unblock_timeout_ns, linger_timeout_ns=linger_timeout_ns,
+                   unblock_timeout_ns=unblock_timeout_ns,
                    publisher_limit_id=limit_id, publisher_position_id=position_id,
                    episodes=episodes, other_counter_ids=others,
                    drops_counter_id=others[[k for k, _ in BACK_PRESSURE_TYPES].index(
@@ -318,19 +316,17 @@ class IpcPublication:
         return all(self._position_of(s, end) >= end
                    for s in self.subscribers if s.client_id not in except_clients)
 
-    def start_draining(self, now_ns: int) -> None:
+    def start_draining(self) -> None:
         """The last publisher left: subscribers may read what is there, then the log goes."""
         self.state = IpcPublicationState.DRAINING
-        self._draining_since_ns = now_ns
         self.log.end_of_stream_position = self.log.producer_position()
         self.log.signal_readers()
 
-    def is_drained(self, now_ns: int) -> bool:
-        """DRAINING and every subscriber consumed it all, or the linger timeout passed."""
-        if self.state is not IpcPublicationState.DRAINING:
-            return False
-        return (self.is_consumed()
-                or now_ns - self._draining_since_ns >= self.linger_timeout_ns)
+    def is_drained(self) -> bool:
+        """DRAINING and every subscriber read it all (as Aeron's IpcPublication: a live
+        subscriber is owed the log however long it takes; one whose client dies is removed
+        at the client's liveness timeout, and then holds nothing)."""
+        return self.state is IpcPublicationState.DRAINING and self.is_consumed()
 
     def close(self) -> None:
         """Free the counters and delete the log file (mapped readers keep their pages)."""
