@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     stat.add_argument("--once", action="store_true", help="print one snapshot and exit")
     stat.add_argument("--match", default="",
                       help="only counters and loss-report entries whose label contains this "
-                           "(a channel, 'stream=7', a counter's name); the stream tables are made "
+                           "(a channel, 'stream=7', a counter's name; a number at its end is "
+                           "whole: 'stream=7' is not 'stream=77'); the stream tables are made "
                            "from the counters that match (default: all)")
     stat.add_argument("--json", action="store_true",
                       help="print one snapshot as JSON (streams, driver, loss report, errors, "

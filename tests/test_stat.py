@@ -274,13 +274,17 @@ def _fake_driver_directory(path: Path) -> int:
     entry = report.add(12345, 7, "aeron:udp?endpoint=127.0.0.1:40123 <- 127.0.0.1:50000")
     assert entry is not None
     entry.record(4096)
+    other = report.add(54321, 77, "aeron:udp?endpoint=127.0.0.1:40177 <- 127.0.0.1:50000")
+    assert other is not None
+    other.record(4096)
     report.close()
     return fd
 
 
 def test_match_stream_keeps_that_streams_loss_report(shm: Path, capsys) -> None:
     """``--match stream=7`` filters every section by the same text: the loss report's label
-    has no ``stream=`` of its own, and its entry used to be hidden."""
+    has no ``stream=`` of its own, and its entry used to be hidden.  Stream 77's is not
+    stream 7's (a plain substring match kept it too)."""
     from slipstream.daemon.ops.stat import run_stat
 
     directory = shm / "driver"
@@ -293,6 +297,12 @@ def test_match_stream_keeps_that_streams_loss_report(shm: Path, capsys) -> None:
         assert "loss report (1 image(s) with gaps)" in capsys.readouterr().out
         assert run_stat(str(directory), once=True, match="stream=8") == 0
         assert "loss report (0 image(s) with gaps)" in capsys.readouterr().out
+        assert run_stat(str(directory), once=True, match="stream=77") == 0
+        assert "loss report (1 image(s) with gaps)" in capsys.readouterr().out
+        assert run_stat(str(directory), once=True, match="127.0.0.1:4017") == 0
+        assert "loss report (0 image(s) with gaps)" in capsys.readouterr().out
+        assert run_stat(str(directory), once=True, match="aeron:udp") == 0
+        assert "loss report (2 image(s) with gaps)" in capsys.readouterr().out
     finally:
         os.close(fd)
 

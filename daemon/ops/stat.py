@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -250,6 +251,14 @@ def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *,
     }
 
 
+def label_matches(label: str, match: str) -> bool:
+    """Whether ``--match`` keeps ``label``: it contains ``match``, where a number at either
+    end of ``match`` is whole in the label (``stream=7`` is not ``stream=77``'s)."""
+    before = r"(?<!\d)" if match[:1].isdigit() else ""
+    after = r"(?!\d)" if match[-1:].isdigit() else ""
+    return re.search(before + re.escape(match) + after, label) is not None
+
+
 def loss_match_label(loss: LossObservation) -> str:
     """What ``--match`` looks in for a loss-report entry: its label (channel and source) with
     ``stream=<id> session=<id>`` added, as the position counters' labels carry them, so that
@@ -304,7 +313,7 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
              match: str = "", as_json: bool = False) -> int:
     """Print the counters of the driver in ``directory`` every ``interval`` s (or once; always
     once with ``as_json``).  ``match`` keeps the counters whose label contains it, and the
-    loss-report entries whose :func:`loss_match_label` does.
+    loss-report entries whose :func:`loss_match_label` does (:func:`label_matches`).
 
     Each refresh checks that the driver shown is still the directory's: a driver that died
     (its lock free) or whose heartbeat is older than :data:`STALE_HEARTBEAT_S` is flagged in
@@ -337,8 +346,9 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
     try:
         while True:
             now = time.monotonic()
-            snapshot = [c for c in counters if match in c.label]
-            losses = [loss for loss in read_loss_report(path) if match in loss_match_label(loss)]
+            snapshot = [c for c in counters if label_matches(c.label, match)]
+            losses = [loss for loss in read_loss_report(path)
+                      if label_matches(loss_match_label(loss), match)]
             errors = read_error_log(path)
             previous_errors = read_error_log(path, PREVIOUS_FILE)
             age = (time.time_ns() - counters.driver_heartbeat_ns) / 1e9
