@@ -323,7 +323,9 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
     path = Path(directory) if directory else default_directory()
     control.check_directory_access(path)  # another user's: say whose, not PermissionError
     counters_path = path / control.COUNTERS_FILE
-    opened = _open_counters(counters_path) if _driver_holds_lock(path) else None
+    # A driver that crashed leaves its counters file (a stop removes it): its last values
+    # are what an operator looks into a crash for, shown under the header's DEAD.
+    opened = _open_counters(counters_path)
     if opened is None:
         errors = read_error_log(path)
         if not errors:
@@ -352,13 +354,15 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
             errors = read_error_log(path)
             previous_errors = read_error_log(path, PREVIOUS_FILE)
             age = (time.time_ns() - counters.driver_heartbeat_ns) / 1e9
+            running = _driver_holds_lock(path)
             if as_json:
                 snapshot_data = snapshot_json(snapshot, losses, pid=counters.driver_pid,
                                               heartbeat_age_s=age, errors=errors)
                 snapshot_data["previous_errors"] = [attrs.asdict(e) for e in previous_errors]
+                snapshot_data["driver_running"] = running
                 json.dump(snapshot_data, sys.stdout, indent=1)
                 sys.stdout.write("\n")
-                return 0
+                return 0 if running else 1
             header = (f"slipstream driver pid {counters.driver_pid} in {path}  "
                       f"heartbeat {age:.1f} s ago  {time.strftime('%H:%M:%S')}"
                       f"{_driver_state(path, counters, age)}")
@@ -377,7 +381,7 @@ def run_stat(directory: str | None, *, interval: float = 1.0, once: bool = False
                 sys.stdout.write(table + "\n\n")
             sys.stdout.flush()
             if once:
-                return 0
+                return 0 if running else 1
             previous = {c.counter_id: c.value for c in snapshot}
             last = now
             time.sleep(interval)
