@@ -744,6 +744,25 @@ def test_a_second_udp_publisher_asking_for_another_term_length_is_refused_by_nam
         assert client.add_publication(uri, 14).session_id == first.session_id
 
 
+def test_an_image_past_the_log_budget_is_refused_counted_and_logged_once(launch) -> None:
+    """A receiving driver whose log_buffer_memory_limit cannot hold a sender's log refuses
+    the image: its error log says so once per refusal, naming the image once (it said it
+    twice), and its errors counter counts each entry (it stayed 0)."""
+    from slipstream.daemon.reports.error_log import read_error_log
+
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    sender, receiver = launch(), launch(log_buffer_memory_limit="1m")
+    with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
+        b.add_subscription(uri, 5)
+        a.add_publication(f"{uri}|term-length=1m", 5)
+        wait_for(lambda: read_error_log(receiver.directory), what="the refusal logged")
+    [entry] = read_error_log(receiver.directory)
+    assert entry.message.startswith("cannot create the image of session ")
+    assert entry.message.count("the image of") == 1, entry.message
+    assert "past log_buffer_memory_limit" in entry.message
+    assert counters_of(receiver)["ERRORS"] >= entry.count >= 1
+
+
 def test_an_unreliable_stream_skips_what_is_lost_and_stays_in_order(launch) -> None:
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|reliable=false"
     a = launch()

@@ -480,9 +480,10 @@ class NetworkConductor:
         # Congestion control's counters start at what the image's will be: none reads a 0.
         strategy = congestion_control_for(params, setup.term_length, setup.mtu, now_ns)
         indicators = zip(strategy.indicators, strategy.indicator_values(), strict=True)
+        what = f"the image of {_label_of(setup, event.source)}"
         try:
             log_buffer = create_log(
-                path, self.budget, f"the image of {_label_of(setup, event.source)}",
+                path, self.budget, what,
                 term_length=setup.term_length,
                 initial_term_id=setup.initial_term_id, session_id=setup.session_id,
                 stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=registration_id,
@@ -503,7 +504,10 @@ class NetworkConductor:
                 raise
         except (ResourceError, OSError) as e:
             reason = str(e) if isinstance(e, ResourceError) else (e.strerror or str(e))
-            log.error("cannot create the image of %s: %s", _label_of(setup, event.source), reason)
+            self.counters.add(SystemCounter.ERRORS)  # as every error-log entry
+            # The budget's refusal names the image already.
+            log.error("cannot create %s", reason if reason.startswith(what)
+                      else f"{what}: {reason}")
             receive_channel = event.channel
             self._submit_receive(lambda now: receive_channel.reject_image(event, now, reason))
             return []
