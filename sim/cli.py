@@ -93,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "time, milliseconds; repeatable (default: none)")
     add("--channel", metavar="PARAMS",
         help="extra channel URI parameters joined with '|', e.g. 'fc=min,g:/2' (the "
-             "publisher waits for 2 receivers) or 'term-length=64k' (default: none)")
+             "publisher waits for 2 receivers) or 'term-length=64k', added to a --scenario's "
+             "channel (a key both give takes this value) (default: none)")
     add("--messages", type=int_at_least(0), metavar="N",
         help=f"messages to publish (default: {DEFAULTS['messages']})")
     add("--size", type=int_at_least(MIN_MESSAGE_SIZE), metavar="BYTES",
@@ -163,6 +164,18 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def merge_channel_params(scenario: str, extra: str) -> str:
+    """The scenario's channel parameters with ``--channel``'s added: a key both give takes
+    the option's value (``key=value`` parts joined by ``|``, in the scenario's order, then the
+    option's new keys)."""
+    merged: dict[str, str] = {}
+    for params in (scenario, extra):
+        for part in params.split("|"):
+            if part:
+                merged[part.partition("=")[0]] = part
+    return "|".join(merged.values())
+
+
 def build_scenario(args: argparse.Namespace) -> Scenario:
     """The scenario of the command line (raises ScenarioError naming the option)."""
     base = load_scenario(args.scenario) if args.scenario else Scenario(
@@ -174,7 +187,7 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
         if value is not None:
             changes[name] = value
     if args.channel is not None:
-        changes["channel_params"] = args.channel.strip("|")
+        changes["channel_params"] = merge_channel_params(base.channel_params, args.channel)
     fault_options = {"loss": "loss", "burst_loss": "burst", "delay": "delay_ms",
                      "jitter": "jitter_ms", "reorder": "reorder", "duplicate": "duplicate",
                      "rate": "rate_mbit"}

@@ -242,6 +242,22 @@ def test_cli_options_override_the_scenario_file(capsys):
     assert report["sent"] == 100 and len(report["delivered"]) == 2
 
 
+def test_a_channel_option_adds_to_the_scenarios_channel(tmp_path: Path) -> None:
+    """--channel is "extra parameters": with a --scenario whose channel says fc=min, it
+    replaced them, and min silently became max (a user's slow host was left behind)."""
+    import argparse
+
+    from slipstream.sim.cli import add_arguments, build_scenario
+
+    path = tmp_path / "min.toml"
+    path.write_text('[scenario]\nhosts = 3\nchannel = "fc=min,g:/2|term-length=1m"\n')
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    scenario = build_scenario(parser.parse_args(
+        ["--scenario", str(path), "--channel", "term-length=64k|mtu=4096"]))
+    assert scenario.channel_params == "fc=min,g:/2|term-length=64k|mtu=4096"
+
+
 @pytest.mark.parametrize(("data", "named"), [
     ({"scenario": {"hosts": 1}}, "scenario.hosts"),
     ({"scenario": {"hostz": 3}}, "scenario.hostz"),
