@@ -186,9 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--slow-consumer", action="store_true",
                       help="a third stream whose subscriber slows down every other 2 s: its "
                            "back-pressure episodes and policy show live")
-    demo.add_argument("--policy", default="block",
+    demo.add_argument("--policy", default=None,
                       help="the slow stream's publication policy, as policy= in a URI "
-                           "(block, drop-newest, error, rate-limit,messages:N; default block)")
+                           "(block, drop-newest, error, rate-limit,messages:N; default block); "
+                           "with --slow-consumer only")
     demo.set_defaults(func=_demo)
 
     try:

@@ -33,7 +33,12 @@ from slipstream.client import (
 )
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import BACK_PRESSURE_TYPES, CounterType, SystemCounter
-from slipstream.client.errors import DriverError, InvalidArgumentError, SlipstreamError
+from slipstream.client.errors import (
+    ChannelError,
+    DriverError,
+    InvalidArgumentError,
+    SlipstreamError,
+)
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align, max_message_length
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
@@ -200,9 +205,10 @@ def _subscriber(directory: str, channel: str) -> None:
 
 def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
              duration: float = 0.0, slow_consumer: bool = False,
-             policy: str = "block") -> int:
+             policy: str | None = None) -> int:
     """Run the demo until Ctrl-C (or ``duration`` s); everything stops cleanly.
-    ``slow_consumer``: the third stream (module doc), under ``policy``.  Returns 0.
+    ``slow_consumer``: the third stream (module doc), under ``policy`` (None: ``block``;
+    refused without ``slow_consumer``).  Returns 0.
 
     Raises :class:`InvalidArgumentError` for an argument out of range
     (:func:`check_arguments`), before anything starts; :class:`DriverError` when the demo's
@@ -210,10 +216,17 @@ def run_demo(directory: str | None = None, rate: int = 100_000, size: int = 64,
     publisher or subscriber process does (its traceback, if any, is above): the rest is
     stopped first."""
     check_arguments(rate, size, duration, slow_consumer)
+    if policy is not None and not slow_consumer:
+        raise InvalidArgumentError("policy", "is the policy of --slow-consumer's stream, which "
+                                             "only --slow-consumer starts: give both")
     if slow_consumer:
         from slipstream.client.channel import parse_policy
 
-        parse_policy(policy)  # a bad policy fails here, naming the part
+        policy = policy or "block"
+        try:
+            parse_policy(policy)  # a bad policy fails here, before anything starts
+        except ChannelError as e:
+            raise InvalidArgumentError("policy", e.problem) from None
     path = Path(directory) if directory else default_directory()
     context = multiprocessing.get_context("spawn")
     print(f"slipstream demo: driver in {path}; {size} B messages at "

@@ -53,6 +53,22 @@ def test_the_slow_consumer_demo_refuses_a_message_longer_than_its_terms_take(
     assert not driver_dir.exists()  # refused before anything started
 
 
+@pytest.mark.parametrize(("slow_consumer", "policy", "said"), [
+    (False, "drop-newest", "policy: is the policy of --slow-consumer's stream"),  # ignored
+    (False, "bogus", "policy: is the policy of --slow-consumer's stream"),  # ran unchecked
+    (True, "bogus", "policy: "),
+    (True, "rate-limit", "policy: "),  # lacks its rate
+])
+def test_the_demo_refuses_a_policy_it_would_not_use_or_cannot(
+        driver_dir: Path, slow_consumer: bool, policy: str, said: str) -> None:
+    from slipstream.daemon.demo import run_demo
+
+    with pytest.raises(InvalidArgumentError) as refused:
+        run_demo(str(driver_dir), slow_consumer=slow_consumer, policy=policy)
+    assert str(refused.value).startswith(said) and "URI" not in str(refused.value)
+    assert not driver_dir.exists()  # refused before anything started
+
+
 def _start_demo(driver_dir: Path) -> subprocess.Popen[str]:
     demo = subprocess.Popen([*SLIPSTREAM, "demo", "--dir", str(driver_dir), "--rate", "1000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
