@@ -172,6 +172,11 @@ class Simulation:
 
     # -- observation -------------------------------------------------------------------------
     def _sample(self) -> None:
+        self._record_sample()
+        assert self._sample_interval_ns
+        self.loop.call_later(self._sample_interval_ns, self._sample)
+
+    def _record_sample(self) -> None:
         pub = self.publisher.publication
         sender = pub.sender_position if pub is not None and self.publisher.up else None
         session = pub.session_id if pub is not None else None
@@ -181,8 +186,6 @@ class Simulation:
         self.samples.append((self.loop.now_ns, sender, subs))
         if pub is not None and self.publisher.up:
             self.limits.append((self.loop.now_ns, pub.sender_limit, pub.c.rate_limit))
-        assert self._sample_interval_ns
-        self.loop.call_later(self._sample_interval_ns, self._sample)
 
     def _on_network_event(self, now_ns: int, event: str, source: Address,
                           destination: Address, data: bytes) -> None:
@@ -237,6 +240,9 @@ class Simulation:
         """Run to completion or to the scenario's virtual-time limit; the report."""
         if not self.completed:
             self.run_until(self.scenario.max_virtual_ns)
+        if self._sample_interval_ns and (not self.samples
+                                         or self.samples[-1][0] < self.loop.now_ns):
+            self._record_sample()  # where the run ended, between two samples
         return self.report()
 
     def report(self) -> Report:

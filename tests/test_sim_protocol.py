@@ -57,6 +57,19 @@ def drop_frames_once(first: int, end: int, *, frame: int = FRAME, times: int = 1
 
 # -- exactly once, in order ----------------------------------------------------------------
 
+def test_the_samples_end_where_the_run_ended() -> None:
+    """The last sample is taken as the run ends (between two timed ones): every subscriber
+    at the publisher's position.  A plot's lines stopped short of it."""
+    scenario = Scenario(hosts=3, messages=3000, size=512, seed=7,
+                        faults=LinkFaults(loss=0.05, delay_ms=0.5))
+    with Simulation(scenario, sample_interval_ns=100 * MS) as sim:
+        report = sim.run()
+    assert report.exactly_once_in_order
+    end_ns, sender, subscribers = report.samples[-1]
+    assert abs(end_ns - report.virtual_seconds * S) < 1000
+    assert subscribers == [sender, sender]
+
+
 def test_exactly_once_unicast_at_20_percent_loss():
     report = run_scenario(Scenario(hosts=2, messages=2000, seed=3,
                                    faults=LinkFaults(loss=0.2, delay_ms=1)))
