@@ -34,6 +34,8 @@ from slipstream.spark_bridge.writer import (
     OfferTimeoutError,
     SlipstreamStreamWriter,
     SlipstreamWriter,
+    ValueColumnError,
+    check_schema,
 )
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ __all__ = [
     "SlipstreamStreamWriter",
     "SlipstreamWriter",
     "SourceOptions",
+    "ValueColumnError",
     "configure_environment",
     "register",
     "run_until_stopped",
@@ -85,11 +88,13 @@ class SlipstreamDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> SlipstreamWriter:
         self.parsed.check_direction("write")
+        check_schema(schema)
         return SlipstreamWriter(self.parsed)
 
     def streamWriter(self, schema: StructType, overwrite: bool
                      ) -> SlipstreamStreamWriter:
         self.parsed.check_direction("write")
+        check_schema(schema)
         return SlipstreamStreamWriter(self.parsed)
 
 

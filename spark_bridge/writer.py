@@ -33,14 +33,17 @@ from slipstream.client import (
     SlipstreamError,
     result_name,
 )
-from slipstream.spark_bridge.options import OptionError, SourceOptions
+from slipstream.client.errors import UsageError
+from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.runtime import publication_for
 
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
+    from pyspark.sql.types import StructType
 
-__all__ = ["OfferTimeoutError", "SlipstreamStreamWriter", "SlipstreamWriter", "publish_batches"]
+__all__ = ["OfferTimeoutError", "SlipstreamStreamWriter", "SlipstreamWriter", "ValueColumnError",
+           "check_schema", "publish_batches"]
 
 _CHUNK = 8192  # messages per offer_batch call
 
@@ -59,13 +62,38 @@ class PublishedMessage(WriterCommitMessage):
     last_position: int
 
 
+class ValueColumnError(UsageError, ValueError):
+    """The DataFrame written has no ``value`` column, or one that is not binary or string:
+    raised by ``save()`` / ``start()``, before any task runs."""
+
+    @classmethod
+    def missing(cls, columns: list[str]) -> ValueColumnError:
+        return cls(f"slipstream writer: the DataFrame has no 'value' column (columns: "
+                   f"{', '.join(columns)}); select or alias one")
+
+    @classmethod
+    def of_type(cls, kind: object) -> ValueColumnError:
+        return cls(f"slipstream writer: the 'value' column is {kind}; it must be binary or "
+                   f"string (cast it: col('value').cast('binary'))")
+
+
+def check_schema(schema: StructType) -> None:
+    """Raise :class:`ValueColumnError` unless ``schema`` has a binary or string ``value``."""
+    from pyspark.sql.types import BinaryType, StringType
+
+    if "value" not in schema.names:
+        raise ValueColumnError.missing(schema.names)
+    kind = schema["value"].dataType
+    if not isinstance(kind, BinaryType | StringType):
+        raise ValueColumnError.of_type(kind.simpleString())
+
+
 def _value_column(batch: pa.RecordBatch) -> pa.Array:
     import pyarrow as pa
 
     index = batch.schema.get_field_index("value")
     if index < 0:
-        raise OptionError("value", f"the DataFrame has no 'value' column (columns: "
-                                   f"{', '.join(batch.schema.names)}); select or alias one")
+        raise ValueColumnError.missing(batch.schema.names)
     column = batch.column(index)
     kind = column.type
     if pa.types.is_string(kind):
@@ -73,8 +101,7 @@ def _value_column(batch: pa.RecordBatch) -> pa.Array:
     elif pa.types.is_large_string(kind):
         column = column.view(pa.large_binary())
     elif not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
-        raise OptionError("value", f"the 'value' column is {kind}; it must be binary or "
-                                   f"string (cast it: col('value').cast('binary'))")
+        raise ValueColumnError.of_type(kind)
     if column.null_count:
         raise ValueError(f"slipstream writer: {column.null_count} row(s) have a null 'value'; a "
                          f"message cannot be null (filter them out or use an empty value)")

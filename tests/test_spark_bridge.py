@@ -8,6 +8,7 @@ installed (``scripts/ensure-java``): without it the session fixture fails, on pu
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import threading
 import time
@@ -681,6 +682,20 @@ def test_writer_option_on_a_reader_is_an_error_at_start(spark) -> None:
              .option("offerTimeoutMs", "10").load())
     with pytest.raises(Exception, match="option 'offerTimeoutMs': applies to writing only"):
         frame.writeStream.format("noop").start().awaitTermination(60)
+
+
+@pytest.mark.parametrize(("select", "said"), [
+    ("id", "has no 'value' column (columns: id)"),
+    ("id as value", "the 'value' column is bigint; it must be binary or string"),
+])
+def test_a_frame_without_a_usable_value_column_is_refused_by_save_before_any_task(
+        spark, select: str, said: str) -> None:
+    """It was refused inside the task, as an option named 'value' (there is none)."""
+    frame = spark.range(10).selectExpr(select)
+    with pytest.raises(Exception, match=re.escape(said)) as refused:
+        (frame.write.format("slipstream").option("streamId", "1").mode("append").save())
+    assert "option 'value'" not in str(refused.value)
+    assert "PythonException" not in type(refused.value).__name__
 
 
 def test_bad_write_option_is_an_error_naming_the_option(spark) -> None:
