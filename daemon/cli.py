@@ -28,7 +28,7 @@ def _driver(args: argparse.Namespace) -> int:
         print(format_settings(settings))
         return 0
     logging.getLogger().setLevel(settings.log_level.upper())
-    run_driver(settings)
+    run_driver(settings, stop_when_stdin_closes=args.stop_when_stdin_closes)
     return 0
 
 
@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "holds the directory, 4 when the directory is not a driver's to use, 2 "
                     "for any other error (a bad setting).")
     add_arguments(driver)
+    driver.add_argument("--stop-when-stdin-closes", action="store_true",
+                        help="drain and stop, as at the first SIGTERM, when standard input "
+                             "ends: for a driver whose starter holds a pipe to it "
+                             "(MediaDriver.launch), so that it goes with its starter")
     driver.set_defaults(func=_driver)
 
     stat = commands.add_parser(

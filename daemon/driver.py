@@ -667,8 +667,10 @@ class _DriverCore:
 class _DriverShell(_DriverCore):
     """Runs the conductor under trio; see the module docstring."""
 
-    def __init__(self, settings: DriverSettings) -> None:
+    def __init__(self, settings: DriverSettings, *, stop_when_stdin_closes: bool = False
+                 ) -> None:
         super().__init__(settings)
+        self._stop_when_stdin_closes = stop_when_stdin_closes
         self._wake = trio.Event()
         self._stopping = False
         self.notifier = Notifier()
@@ -723,6 +725,8 @@ class _DriverShell(_DriverCore):
                 # (MediaDriver.start) that the driver is up, and a SIGTERM from then on must
                 # drain it, not kill it with Python's default action.
                 await nursery.start(self._watch_signals, nursery.cancel_scope)
+                if self._stop_when_stdin_closes:
+                    nursery.start_soon(self._watch_stdin)
                 nursery.start_soon(self._command_loop)
                 nursery.start_soon(self._duty_cycle, threads)
                 if self.settings.debug_conductor_gil_hold:
@@ -788,6 +792,24 @@ class _DriverShell(_DriverCore):
                 self.notifier.notify("STATUS=draining: no new credit, sending what the logs "
                                      "hold")
                 self._wake.set()
+
+    async def _watch_stdin(self) -> None:
+        """Once standard input ends, stop as at the first SIGTERM: the process that started
+        this driver (MediaDriver.launch) holds the pipe's other end, and its death, SIGKILL
+        included, closes it.  What is written to it is read and ignored."""
+        fd = sys.stdin.fileno()
+        os.set_blocking(fd, False)
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                if os.read(fd, 4096):
+                    continue
+            except BlockingIOError:
+                continue
+            log.warning("standard input ended: the process that started this driver is gone; "
+                        "stopping as at SIGTERM")
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
     def _stop_now(self) -> None:
         """Tell every client the driver goes, then leave the nursery (the shell cleans up)."""
@@ -1306,9 +1328,11 @@ def _close_at_exit(driver: EmbeddedDriver, pid: int) -> None:
         driver.close(timeout=2.0)
 
 
-def run_driver(settings: DriverSettings) -> None:
-    """Run a driver in the foreground until SIGINT, SIGTERM or SIGHUP (:data:`STOP_SIGNALS`)."""
-    trio.run(_DriverShell(settings).run)
+def run_driver(settings: DriverSettings, *, stop_when_stdin_closes: bool = False) -> None:
+    """Run a driver in the foreground until SIGINT, SIGTERM or SIGHUP (:data:`STOP_SIGNALS`),
+    or (``stop_when_stdin_closes``) until its standard input ends, which it takes as the first
+    SIGTERM."""
+    trio.run(_DriverShell(settings, stop_when_stdin_closes=stop_when_stdin_closes).run)
 
 
 class MediaDriver:
@@ -1363,7 +1387,10 @@ class MediaDriver:
               startup_timeout: float = 20.0, netns: str | None = None) -> MediaDriver:
         """Start the child and wait until it accepts clients; ``netns``: inside that network
         namespace (``ip netns exec``, which execs the driver: same pid)."""
-        args = [sys.executable, "-m", "slipstream.daemon.cli", "driver", "--dir", str(directory)]
+        # It stops as at SIGTERM when its standard input ends: this process holds the pipe,
+        # and when it dies, killed or not, the driver drains and goes with it.
+        args = [sys.executable, "-m", "slipstream.daemon.cli", "driver", "--dir", str(directory),
+                "--stop-when-stdin-closes"]
         if netns is not None:
             args = ["ip", "netns", "exec", netns, *args]
         for key, value in overrides.items():
@@ -1375,7 +1402,7 @@ class MediaDriver:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")}
         # Before the child exists: a bad override raises here, leaving nothing running.
         drain_timeout_s = load_settings(env={}, overrides=overrides).drain_timeout / 1e9
-        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, env=env)
         driver = cls(Path(directory), process, drain_timeout_s)
         deadline = time.monotonic() + startup_timeout
@@ -1422,6 +1449,7 @@ class MediaDriver:
                 self.process.wait(self.drain_timeout_s + 10 if timeout is None else timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._close_stdin()
         return self.process.returncode
 
     def kill(self) -> None:
@@ -1429,3 +1457,9 @@ class MediaDriver:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()

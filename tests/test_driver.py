@@ -823,10 +823,37 @@ def test_a_client_the_driver_timed_out_is_told_to_connect_again_not_to_start_a_d
     assert "connect again" in output and "start one" not in output
 
 
+def test_a_launched_driver_goes_with_the_process_that_started_it_even_killed(
+        driver_dir: Path) -> None:
+    """MediaDriver.launch's driver outlived a starter that was SIGKILLed (a test or a Spark
+    executor on timeout), holding its directory for good.  It now drains and stops when its
+    standard input, a pipe its starter holds, ends."""
+    code = ("import sys, time\n"
+            "from slipstream.daemon.driver import MediaDriver\n"
+            f"launched = MediaDriver.launch(directory={str(driver_dir)!r})\n"
+            "driver = launched.__enter__()\n"
+            "print(driver.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        driver_pid = int(starter.stdout.readline())
+        time.sleep(0.5)
+        assert _process_state(driver_pid) not in ("Z", "X", "")
+    finally:
+        starter.kill()
+        starter.wait()
+    wait_for(lambda: _process_state(driver_pid) in ("Z", "X", ""), timeout=20,
+             what="the driver stopped")
+    assert not driver_dir.exists()  # it made the directory, and removed it as it stopped
+
+
 def _process_state(pid: int) -> str:
-    """The state letter in /proc/<pid>/stat (T: stopped)."""
-    with open(f"/proc/{pid}/stat") as stat_file:
-        return stat_file.read().rpartition(")")[2].split()[0]
+    """The state letter in /proc/<pid>/stat (T: stopped, Z: a zombie; "": no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return ""
 
 
 def test_a_client_notices_when_its_driver_hangs(driver_dir: Path) -> None:
