@@ -342,8 +342,9 @@ class DriverSettings:
     counters_capacity: int = _int(
         4096,
         "Counter slots in the counters file (count); each stream uses a few (positions, limits), "
-        "so 4096 serves hundreds of streams (slipstream).",
-        low=64, high=1_000_000,
+        "so 4096 serves hundreds of streams, and the least, 256, holds the driver's own 47 "
+        "and a few dozen streams (slipstream).",
+        low=256, high=1_000_000,
     )
     threading_mode: str = _choice(
         "shared_network", ("shared_network", "dedicated"),

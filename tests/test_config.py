@@ -279,7 +279,8 @@ BAD_VALUES = [
     ("mtu_length", 65536, "64k is not a multiple of 32 in 64..65504"),
     ("max_resend", 0, "0 is not an integer in 1..256"),
     ("max_resend", 257, "257 is not an integer in 1..256"),
-    ("counters_capacity", "lots", "expected an integer in 64..1000000"),
+    ("counters_capacity", "lots", "expected an integer in 256..1000000"),
+    ("counters_capacity", "64", "64 is not an integer in 256..1000000"),  # held one stream
     ("status_message_timeout", "-5s", "expected a duration in 1ns..1h"),
     ("status_message_timeout", "0ns", "0ns is not a duration in 1ns..1h"),
     ("nak_unicast_delay", -1, "expected a duration in 0ns..1s"),
