@@ -176,6 +176,7 @@ class Client:
         self._publications: dict[int, Publication] = {}
         self._subscriptions: dict[int, Subscription] = {}
         self._pending: dict[int, dict[str, Any]] = {}
+        self._images_seen = 0  # AVAILABLE_IMAGE events read, of any subscription
         self._reply_hooks: dict[int, Callable[[dict[str, Any]], object]] = {}
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.DEALER)
@@ -286,6 +287,7 @@ class Client:
             self._socket.send(control.encode(message))
             try:
                 reply = self._await_reply(message["type"], correlation_id, deadline, connecting)
+                self._await_images(reply.get("_images_until", 0), deadline)
             finally:
                 # zmq's FD is edge-triggered: after a send, only a read to EAGAIN makes it
                 # say again that messages came (the conductor thread waits on it).
@@ -298,6 +300,19 @@ class Client:
                                            reply.get("part", ""), reply.get("problem", ""))
             raise RegistrationError(reply["message"], code)
         return reply
+
+    def _await_images(self, until: int, deadline: float) -> None:
+        """Read on (under the lock) until ``until`` AVAILABLE_IMAGE events were read: the
+        driver queues an answer's images right behind it (``images_following``), and a call
+        returns with them in place (a poll right after add_subscription found no image now
+        and then).  Gives up quietly at the deadline: they then come as events."""
+        while (self._images_seen < until and self._driver_lost is None
+               and not self._closed):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if self._socket.poll(min(remaining, 0.1) * 1000, zmq.POLLIN):
+                self._drain()
 
     def _await_reply(self, kind: str, correlation_id: int, deadline: float,
                      connecting: bool) -> dict[str, Any]:
@@ -370,6 +385,8 @@ class Client:
                 log.warning("ignored a malformed message from the driver")
                 continue
             kind = message.get("type")
+            if kind == control.AVAILABLE_IMAGE:
+                self._images_seen += 1
             if kind in (control.AVAILABLE_IMAGE, control.UNAVAILABLE_IMAGE):
                 try:
                     if kind == control.AVAILABLE_IMAGE:
@@ -395,6 +412,9 @@ class Client:
                 hook = self._reply_hooks.pop(correlation_id, None)
                 if hook is not None:
                     hook(message)
+                following = message.get("images_following")
+                if isinstance(following, int) and not isinstance(following, bool):
+                    message["_images_until"] = self._images_seen + following
                 self._pending[correlation_id] = message
             if self._closed:  # a handler closed the client: read nothing more
                 return

@@ -114,6 +114,27 @@ def test_publishers_of_one_stream_share_a_log_and_a_session(client: Client) -> N
     assert received == [b"one", b"two"]
 
 
+@pytest.mark.parametrize("subscription_first", [True, False])
+def test_an_offer_as_soon_as_both_ends_are_added_is_taken(client: Client,
+                                                         subscription_first: bool) -> None:
+    """The README's first program offers right after adding both ends: the driver gives the
+    credit as it attaches the subscriber, not at its next duty cycle (the offer got
+    NOT_CONNECTED now and then, and the program printed nothing)."""
+    for stream_id in range(2000, 2100):
+        if subscription_first:
+            subscription = client.add_subscription(CHANNEL, stream_id)
+            publication = client.add_publication(CHANNEL, stream_id)
+        else:
+            publication = client.add_publication(CHANNEL, stream_id)
+            subscription = client.add_subscription(CHANNEL, stream_id)
+        assert publication.offer(b"hello") > 0, stream_id
+        got: list[bytes] = []
+        assert subscription.poll(lambda d, h, got=got: got.append(bytes(d)), 10) == 1, stream_id
+        assert got == [b"hello"]
+        publication.close()
+        subscription.close()
+
+
 def test_a_late_subscriber_joins_at_the_current_position(client: Client) -> None:
     early = client.add_subscription(CHANNEL, 1005)
     publication = client.add_publication(CHANNEL, 1005)

@@ -204,6 +204,17 @@ class DriverConductor:
             code = control.ERR_UNSUPPORTED if e.field == "type" else control.ERR_INVALID_ARGUMENT
             return [(key, messages.error(correlation_id, code,
                                          f"malformed {kind[:64]} command: {e}"))]
+        out = self._dispatch(kind, key, message, correlation_id, now_ns)
+        if out and out[0][0] == key and out[0][1].get("type") in (control.PUBLICATION_READY,
+                                                                   control.SUBSCRIPTION_READY):
+            # The client reads these before it returns: its call ends with its images.
+            out[0][1]["images_following"] = sum(
+                1 for to, event in out[1:]
+                if to == key and event.get("type") == control.AVAILABLE_IMAGE)
+        return out
+
+    def _dispatch(self, kind: str, key: bytes, message: dict[str, Any], correlation_id: int,
+                  now_ns: int) -> Outgoing:
         try:
             if kind == control.CONNECT:
                 return self._on_connect(key, message, now_ns)
@@ -437,6 +448,9 @@ class DriverConductor:
             resting_timeout_ns=(channel.untethered_resting_timeout_ns
                                 if channel.untethered_resting_timeout_ns is not None
                                 else settings.untethered_resting_timeout))
+        # Credit and is_connected now, not at the next duty cycle: an offer made as soon as
+        # add_subscription (or add_publication) returns finds them (it got NOT_CONNECTED).
+        publication.update_limits(self._last_cycle_ns)
         return (client.key, messages.available_image(
             image_registration_id=publication.registration_id,
             subscription_registration_id=subscription.registration_id,
