@@ -11,7 +11,9 @@ Commands (client → driver): CONNECT, ADD_PUBLICATION, REMOVE_PUBLICATION,
 ADD_SUBSCRIPTION, REMOVE_SUBSCRIPTION, CLOSE_CLIENT.
 Answers and events (driver → client): CONNECTED, PUBLICATION_READY, SUBSCRIPTION_READY,
 OPERATION_SUCCESS, ERROR, AVAILABLE_IMAGE, UNAVAILABLE_IMAGE, CLIENT_TIMEOUT,
-DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.
+DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.  PUBLICATION_READY and SUBSCRIPTION_READY carry
+``images_following``: the AVAILABLE_IMAGE events queued right behind them for the same client
+(of the IPC stream just joined), which the client reads before the call returns.
 """
 
 from __future__ import annotations
