@@ -360,13 +360,19 @@ def test_the_image_goes_when_the_last_publisher_leaves(client: Client) -> None:
     assert image.is_closed  # at its next poll, not when the subscription closes
 
 
+@pytest.mark.parametrize("subscription_channel", [
+    CHANNEL,
+    # Untethered, and a window behind for longer than its window limit timeout: it was left
+    # behind while the log drained, and lost it all the same.
+    f"{CHANNEL}?tether=false|untethered-window-limit-timeout=300ms",
+])
 def test_a_subscriber_that_reads_lingers_after_the_last_publisher_left_gets_it_all(
-        driver, client: Client) -> None:
+        driver, client: Client, subscription_channel: str) -> None:
     """The log of a stream whose last publisher closed stays until its subscribers read it,
     however long they take (here three linger timeouts: it was deleted at the first, and a
     subscriber that read 7 s after its publisher closed got none of 10,000 messages, told of
     nothing).  Then it goes."""
-    subscription = client.add_subscription(CHANNEL, 1012)
+    subscription = client.add_subscription(subscription_channel, 1012)
     publication = client.add_publication("aeron:ipc?term-length=1m", 1012)
     wait_for(lambda: publication.is_connected)
     sent = 0

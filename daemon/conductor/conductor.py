@@ -502,7 +502,10 @@ class DriverConductor:
             for event in publication.sample_episodes(now_ns):
                 out.extend(self._episode_messages(publication.registration_id, event))
             work += publication.update_limits(now_ns)
-            if publication.subscribers or publication.resting:
+            # Only while publishers write (as Aeron's): a log that drains is owed in whole to
+            # every subscriber, untethered ones too; nothing is held back any more.
+            if publication.state is IpcPublicationState.ACTIVE and (publication.subscribers
+                                                                    or publication.resting):
                 out.extend(self._check_untethered(publication, now_ns))
             if publication.is_drained():
                 out.extend(self._close_publication(publication))
