@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -785,30 +786,37 @@ class _DriverShell(_DriverCore):
                     return
                 log.info("received %s: draining for at most %.1f s (again: stop at once)",
                          name, timeout_ns / 1e9)
-                now_ns = time.monotonic_ns()
-                self._drain_deadline_ns = now_ns + timeout_ns
-                self.conductor.begin_drain(now_ns)
-                self.notifier.notify("STOPPING=1")
-                self.notifier.notify("STATUS=draining: no new credit, sending what the logs "
-                                     "hold")
-                self._wake.set()
+                self._begin_drain()
+
+    def _begin_drain(self) -> None:
+        """The first stop signal (or the end of standard input): drain for drain_timeout."""
+        now_ns = time.monotonic_ns()
+        self._drain_deadline_ns = now_ns + self.settings.drain_timeout
+        self.conductor.begin_drain(now_ns)
+        self.notifier.notify("STOPPING=1")
+        self.notifier.notify("STATUS=draining: no new credit, sending what the logs hold")
+        self._wake.set()
 
     async def _watch_stdin(self) -> None:
-        """Once standard input ends, stop as at the first SIGTERM: the process that started
-        this driver (MediaDriver.launch) holds the pipe's other end, and its death, SIGKILL
-        included, closes it.  What is written to it is read and ignored."""
+        """Once standard input (a pipe: :func:`run_driver` checks) ends, drain as at the
+        first SIGTERM, unless a drain is under way already (it is not cut short): the process
+        that started this driver (MediaDriver.launch) holds the pipe's other end, and its
+        death, SIGKILL included, closes it.  What is written to it is read and ignored."""
         fd = sys.stdin.fileno()
-        os.set_blocking(fd, False)
         while True:
             await trio.lowlevel.wait_readable(fd)
-            try:
-                if os.read(fd, 4096):
-                    continue
-            except BlockingIOError:
+            if os.read(fd, 4096):  # a pipe said readable: this does not block
                 continue
+            if self._drain_deadline_ns is not None:
+                return
+            if self.settings.drain_timeout == 0:
+                log.warning("standard input ended: the process that started this driver is "
+                            "gone; stopping")
+                self._stop_now()
+                return
             log.warning("standard input ended: the process that started this driver is gone; "
-                        "stopping as at SIGTERM")
-            os.kill(os.getpid(), signal.SIGTERM)
+                        "draining for at most %.1f s", self.settings.drain_timeout / 1e9)
+            self._begin_drain()
             return
 
     def _stop_now(self) -> None:
@@ -1328,10 +1336,32 @@ def _close_at_exit(driver: EmbeddedDriver, pid: int) -> None:
         driver.close(timeout=2.0)
 
 
+#: Drivers this process launched: a forked child closes its copies of their stdin pipes (the
+#: driver goes with its starter, not with the last of the starter's forked children).
+_LAUNCHED: weakref.WeakSet[MediaDriver] = weakref.WeakSet()
+
+
+def _close_inherited_launch_pipes() -> None:
+    for driver in list(_LAUNCHED):
+        driver._close_stdin()
+    _LAUNCHED.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_launch_pipes)
+
+
 def run_driver(settings: DriverSettings, *, stop_when_stdin_closes: bool = False) -> None:
     """Run a driver in the foreground until SIGINT, SIGTERM or SIGHUP (:data:`STOP_SIGNALS`),
-    or (``stop_when_stdin_closes``) until its standard input ends, which it takes as the first
-    SIGTERM."""
+    or (``stop_when_stdin_closes``) until its standard input, which must then be a pipe, ends,
+    which it takes as the first SIGTERM."""
+    if stop_when_stdin_closes:
+        try:
+            is_pipe = stat.S_ISFIFO(os.fstat(sys.stdin.fileno()).st_mode)
+        except (AttributeError, OSError, ValueError):  # no stdin, or it is closed
+            is_pipe = False
+        if not is_pipe:
+            raise DriverError("--stop-when-stdin-closes: standard input is not a pipe; it is "
+                              "for a driver whose starter holds a pipe to it")
     trio.run(_DriverShell(settings, stop_when_stdin_closes=stop_when_stdin_closes).run)
 
 
@@ -1405,9 +1435,11 @@ class MediaDriver:
         process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, env=env)
         driver = cls(Path(directory), process, drain_timeout_s)
+        _LAUNCHED.add(driver)
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
+                driver._close_stdin()
                 err = process.stderr.read().decode(errors="replace") if process.stderr else ""
                 error = {EXIT_ALREADY_RUNNING: DriverAlreadyRunningError,
                          EXIT_DIRECTORY_REFUSED: DriverDirectoryError}.get(process.returncode,

@@ -823,28 +823,60 @@ def test_a_client_the_driver_timed_out_is_told_to_connect_again_not_to_start_a_d
     assert "connect again" in output and "start one" not in output
 
 
+@pytest.mark.parametrize("forks", [False, True])
 def test_a_launched_driver_goes_with_the_process_that_started_it_even_killed(
-        driver_dir: Path) -> None:
+        driver_dir: Path, forks: bool) -> None:
     """MediaDriver.launch's driver outlived a starter that was SIGKILLed (a test or a Spark
     executor on timeout), holding its directory for good.  It now drains and stops when its
-    standard input, a pipe its starter holds, ends."""
-    code = ("import sys, time\n"
+    standard input, a pipe its starter holds, ends; a child the starter forked (as
+    multiprocessing does) does not keep it (its copy of the pipe is closed at the fork)."""
+    code = ("import os, sys, time\n"
             "from slipstream.daemon.driver import MediaDriver\n"
             f"launched = MediaDriver.launch(directory={str(driver_dir)!r})\n"
             "driver = launched.__enter__()\n"
-            "print(driver.pid, flush=True)\n"
+            f"child = os.fork() if {forks} else -1\n"
+            "if child == 0:\n"
+            "    time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "print(driver.pid, child, flush=True)\n"
             "time.sleep(120)\n")
     starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child_pid = -1
     try:
-        driver_pid = int(starter.stdout.readline())
+        driver_pid, child_pid = map(int, starter.stdout.readline().split())
         time.sleep(0.5)
         assert _process_state(driver_pid) not in ("Z", "X", "")
-    finally:
         starter.kill()
         starter.wait()
-    wait_for(lambda: _process_state(driver_pid) in ("Z", "X", ""), timeout=20,
-             what="the driver stopped")
-    assert not driver_dir.exists()  # it made the directory, and removed it as it stopped
+        wait_for(lambda: _process_state(driver_pid) in ("Z", "X", ""), timeout=20,
+                 what="the driver stopped")
+        assert not driver_dir.exists()  # it made the directory, and removed it as it stopped
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait()
+        if child_pid > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child_pid, signal.SIGKILL)
+
+
+def test_a_launched_driver_whose_starter_dies_while_it_drains_drains_on(
+        driver_dir: Path) -> None:
+    """The end of its standard input is the first stop, not the second: a drain under way
+    (SIGTERM, here with a subscriber that never reads: until drain_timeout) is not cut short
+    (it stopped 0.11 s after its starter died, with 7 s of drain left: a review's find)."""
+    with MediaDriver.launch(directory=driver_dir, drain_timeout="3s") as driver:
+        with Client.connect(driver_dir) as client:
+            subscription = client.add_subscription("aeron:ipc", 31)
+            publication = client.add_publication("aeron:ipc", 31)
+            assert publication.offer(b"unread") > 0 and subscription.images
+            driver.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            driver._close_stdin()  # as the starter's death closes it
+            time.sleep(1.0)
+            assert driver.process.poll() is None, "the drain was cut short"
+            driver.process.wait(10)
+            assert publication.offer(b"more") < 0
 
 
 def _process_state(pid: int) -> str:
