@@ -13,7 +13,6 @@ Positions are byte offsets in the stream: ``position = term_count << bits | term
 from __future__ import annotations
 
 import copy
-import errno
 import mmap
 import os
 import struct
@@ -258,16 +257,6 @@ class LogBuffer:
         struct.pack_into("<q", meta, META_LINGER_TIMEOUT_NS, linger_timeout_ns)
         struct.pack_into("8B", meta, META_FLAGS, group, False, True, reliable, sparse,
                          signal_eos, False, tether)
-        if sparse:
-            # Its pages come as it is written, and a write to a page the filesystem has no
-            # room for kills the writer (SIGBUS): a driver, with every stream of the host.
-            # What fits now is all that can be checked (Aeron checks the same).
-            usage = os.statvfs(path.parent)
-            if usage.f_bavail * usage.f_frsize < length:
-                raise OSError(errno.ENOSPC, f"{usage.f_bavail * usage.f_frsize / 2**20:g} MiB "
-                              f"free for a sparse log of {length / 2**20:g} MiB (it takes its "
-                              f"pages as it is written, and a full filesystem then kills the "
-                              f"writer)")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, length)

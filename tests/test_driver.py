@@ -557,6 +557,12 @@ def test_a_sparse_log_that_would_not_fit_is_refused_and_the_driver_lives_on(
         assert "cannot create the log of stream 77 (48 MiB in" in message
         assert "free for a sparse log of 48" in message and "term-length=" in message
         assert list((Path(driver.directory) / "publications").iterdir()) == []
+        # Two that fit one at a time but not together: the first has written nothing yet,
+        # and the free space alone said the second fit too (a review's find).
+        client.add_publication("aeron:ipc?sparse=true|term-length=8m", 76)
+        with pytest.raises(RegistrationError, match=r"other sparse logs may still take 2\d"):
+            client.add_publication("aeron:ipc?sparse=true|term-length=8m", 75)
+        assert len(list((Path(driver.directory) / "publications").iterdir())) == 1
         # One that fits is made, written through a term rotation, and read.
         publication = client.add_publication("aeron:ipc?sparse=true|term-length=1m", 78)
         subscription = client.add_subscription("aeron:ipc", 78)

@@ -46,6 +46,7 @@ from slipstream.daemon.conductor.resources import (
     LogBudget,
     ResourceError,
     StreamInterest,
+    check_room_for_sparse_log,
     log_start,
     no_room_for_log,
 )
@@ -357,6 +358,8 @@ class DriverConductor:
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
         reserved = self.budget.reserve(term_length, f"stream {stream_id} on aeron:ipc")
         try:
+            if params.sparse:
+                check_room_for_sparse_log(path, reserved)
             publication = IpcPublication.create(
                 path=str(path),
                 registration_id=registration_id, stream_id=stream_id, session_id=session_id,

@@ -3,11 +3,14 @@ the host cannot give them."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import random
 from pathlib import Path
 from typing import Any
 
+from slipstream.client import control
 from slipstream.client.channel import Channel
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
@@ -54,12 +57,39 @@ class LogBudget:
         self.used -= length
 
 
+def check_room_for_sparse_log(path: Path, length: int) -> None:
+    """Raise OSError(ENOSPC) unless the filesystem of ``path`` (a log file in a driver's
+    ``publications/`` or ``images/``) has room for ``length`` bytes beyond what the driver's
+    sparse logs have not written yet.  A sparse log takes its pages as it is written, and a
+    write to a page the filesystem cannot give kills the writer with SIGBUS: a driver, with
+    every stream of the host.  Room taken later by others is not foreseen."""
+    promised = 0
+    for folder in (control.PUBLICATIONS_DIR, control.IMAGES_DIR):
+        with contextlib.suppress(FileNotFoundError), os.scandir(path.parent.parent / folder) \
+                as entries:
+            for entry in entries:
+                if entry.name.endswith(".logbuffer"):
+                    with contextlib.suppress(FileNotFoundError):
+                        status = entry.stat(follow_symlinks=False)
+                        promised += max(0, status.st_size - status.st_blocks * 512)
+    usage = os.statvfs(path.parent)
+    free = usage.f_bavail * usage.f_frsize
+    if free < length + promised:
+        raise OSError(errno.ENOSPC, f"{free / 2**20:g} MiB free for a sparse log of "
+                                    f"{length / 2**20:g} MiB, and the driver's other sparse logs "
+                                    f"may still take {promised / 2**20:g} MiB (a sparse log "
+                                    f"takes its pages as it is written, and a full filesystem "
+                                    f"then kills the writer)")
+
+
 def create_log(path: Path, budget: LogBudget, what: str, **kwargs: Any) -> LogBuffer:
     """``LogBuffer.create(path, **kwargs)`` within ``budget``; a log past the budget, or an
     OSError (no space, a file size limit), is a :class:`ResourceError` that says what to do,
     and leaves no file behind."""
     length = budget.reserve(kwargs["term_length"], what)
     try:
+        if kwargs.get("sparse", True):  # LogBuffer.create's default
+            check_room_for_sparse_log(path, length)
         return LogBuffer.create(path, **kwargs)
     except OSError as e:
         budget.release(length)
