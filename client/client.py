@@ -311,7 +311,10 @@ class Client:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            if self._socket.poll(min(remaining, 0.1) * 1000, zmq.POLLIN):
+            ready = dict(self._request_poller.poll(min(remaining, 0.1) * 1000))
+            if self._notices in ready:  # the driver may be gone: they would never come
+                self._read_notice()
+            if self._socket in ready:
                 self._drain()
 
     def _await_reply(self, kind: str, correlation_id: int, deadline: float,

@@ -251,18 +251,23 @@ def _pid(field: str, value: object) -> object:
     return _check_int(field, value, (0, INT32_MAX))
 
 
-_process_token: tuple[int, int] = (0, 0)  # (the pid it was drawn in, the token)
+_process_token = secrets.randbits(63)
+
+
+def _draw_process_token() -> None:
+    global _process_token
+    _process_token = secrets.randbits(63)
+
+
+os.register_at_fork(after_in_child=_draw_process_token)
 
 
 def process_token() -> int:
-    """A random 63-bit number naming this process, drawn anew in a forked child.  CONNECT
-    carries it, so a driver tells an application's own clients from another process's: a pid
-    cannot, since processes in two pid namespaces that share /dev/shm may have the same one."""
-    global _process_token
-    pid = os.getpid()
-    if _process_token[0] != pid:
-        _process_token = (pid, secrets.randbits(63))
-    return _process_token[1]
+    """A random 63-bit number naming this process, drawn at import and anew in a forked
+    child.  CONNECT carries it, so a driver tells an application's own clients from another
+    process's: a pid cannot, since processes in two pid namespaces that share /dev/shm may
+    have the same one."""
+    return _process_token
 
 
 #: The fields of every command and how each is checked.  Fields not listed are ignored (a newer

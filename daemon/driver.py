@@ -151,22 +151,27 @@ class DriverDirectory:
         self._check_socket_paths()
         self._made_parents = []
         created = False
+        refused_in: Path | None = None  # where the last attempt found ENOENT with a parent
         try:
             for _ in range(_LOCK_ATTEMPTS):
                 try:
                     # A parent may go meanwhile: another driver that made it removes it at
                     # stop.
-                    self._made_parents += _make_missing_parents(self.path)
+                    _make_missing_parents(self.path, self._made_parents)
                     self.path.mkdir(mode=0o700)
                     created = True
                 except FileExistsError:
                     pass
                 except FileNotFoundError as e:
                     refused = Path(e.filename) if e.filename else self.path
-                    if refused.parent.is_dir():  # there, and still refuses it (/proc)
+                    # Its parent is there and still refuses it: twice in a row (a parent
+                    # another driver removed and made again between is not that) is a
+                    # filesystem that holds no directories of ours (/proc).
+                    if refused.parent.is_dir() and refused_in == refused.parent:
                         raise DriverDirectoryError(
                             f"{refused}: cannot be made in {refused.parent}: {e.strerror}; "
                             f"give the driver another directory with --dir") from None
+                    refused_in = refused.parent if refused.parent.is_dir() else None
                     continue
                 except OSError as e:  # a file on the way, no permission, a read-only mount
                     raise DriverDirectoryError(
@@ -358,11 +363,11 @@ class DriverDirectory:
         self._made_parents = []
 
 
-def _make_missing_parents(path: Path) -> list[Path]:
-    """Make the parents of ``path`` that do not exist (as ``mkdir -p``); returns those this
-    call made, outermost first (one another process made meanwhile is not among them)."""
+def _make_missing_parents(path: Path, made: list[Path]) -> None:
+    """Make the parents of ``path`` that do not exist (as ``mkdir -p``), appending each as it
+    is made to ``made``, outermost first (one another process made meanwhile is not among
+    them): whatever is raised, ``made`` holds every directory this call made."""
     missing = [parent for parent in reversed(path.parents) if not parent.exists()]
-    made = []
     for parent in missing:
         try:
             parent.mkdir()
@@ -373,7 +378,6 @@ def _make_missing_parents(path: Path) -> list[Path]:
                 raise
             break  # its own parent went meanwhile: the caller tries again
         made.append(parent)
-    return made
 
 
 #: The longest path of a unix socket, bytes (Linux's sun_path; Python's bind needs no NUL).

@@ -99,12 +99,12 @@ def test_a_parent_another_driver_removes_meanwhile_is_made_again(
     make = driver_module._make_missing_parents
     calls = []
 
-    def make_then_lose_it(path: Path) -> list[Path]:
-        made = make(path)
-        calls.append(made)
+    def make_then_lose_it(path: Path, made: list[Path]) -> None:
+        before = len(made)
+        make(path, made)
+        calls.append(made[before:])
         if len(calls) == 1:
             path.parent.rmdir()  # the other driver stopped
-        return made
 
     monkeypatch.setattr(driver_module, "_make_missing_parents", make_then_lose_it)
     directory = DriverDirectory(short_tmp / "shared-parent" / "driver")
