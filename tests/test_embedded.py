@@ -44,6 +44,13 @@ def embedded() -> Iterator[Callable[..., EmbeddedDriver]]:
         driver.close()
 
 
+def offer_ten(publication: Any, driver: EmbeddedDriver) -> None:
+    """Offer messages 0..9 of 128 B, running ``driver`` while one is refused."""
+    for i in range(10):
+        while publication.offer(message(i, 128)) <= 0:
+            driver.do_work()
+
+
 def run_until(condition: Callable[[], object], *drivers: EmbeddedDriver,
               timeout: float = 10.0, what: str = "the condition") -> None:
     deadline = time.monotonic() + timeout
@@ -452,9 +459,7 @@ def test_closing_an_embedded_driver_waits_for_another_processs_subscriber(embedd
         with Client.connect(driver.directory, invoker=driver.do_work) as client:
             publication = client.add_publication(uri, 5)
             run_until(lambda: publication.is_connected, driver, what="connected")
-            for i in range(10):
-                while publication.offer(message(i, 128)) <= 0:
-                    driver.do_work()
+            offer_ten(publication, driver)
             started = time.monotonic()
             driver.close()
             waited = time.monotonic() - started
@@ -482,9 +487,7 @@ def test_another_processs_subscriber_of_another_stream_on_the_endpoint_is_not_wa
             publication = client.add_publication(uri, 5)
             run_until(lambda: publication.is_connected and own.images, driver,
                       what="connected")
-            for i in range(10):
-                while publication.offer(message(i, 128)) <= 0:
-                    driver.do_work()
+            offer_ten(publication, driver)
             started = time.monotonic()
             driver.close()
             assert time.monotonic() - started < 3
@@ -502,9 +505,7 @@ def _publish_and_close_in_pid_namespace(directory: str, uri: str) -> None:
         publication = client.add_publication(uri, 5)
         run_until(lambda: publication.is_connected, driver, timeout=30,
                   what="the other process's subscriber")
-        for i in range(10):
-            while publication.offer(message(i, 128)) <= 0:
-                driver.do_work()
+        offer_ten(publication, driver)
         started = time.monotonic()
         driver.close()
         print(f"closed in {time.monotonic() - started:.3f} s", flush=True)
