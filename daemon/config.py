@@ -378,9 +378,10 @@ class DriverSettings:
         "false = a log's pages are allocated when it is created and every process maps them in "
         "place (MAP_POPULATE): it takes the log's whole memory at once and ~0.5 ms per MiB to "
         "map, and nobody takes a page fault (~1 us each on a VM) on the first pass through the "
-        "log; true = pages are allocated on first touch, and a log is refused unless the free "
-        "space could hold it whole (a write to a page that a full filesystem cannot give kills "
-        "the writer with SIGBUS).  The URI's sparse= overrides it.",
+        "log; true = pages are allocated on first touch.  Either way a log is refused unless "
+        "the free space holds it beside what the sparse logs have not written yet (a write to "
+        "a page that a full filesystem cannot give kills the writer with SIGBUS).  The URI's "
+        "sparse= overrides it.",
     )
     mtu_length: int = _size(
         1408,

@@ -1348,6 +1348,9 @@ _LAUNCHED: weakref.WeakSet[MediaDriver] = weakref.WeakSet()
 def _close_inherited_launch_pipes() -> None:
     for driver in list(_LAUNCHED):
         driver._close_stdin()
+        if driver.process.stderr is not None:  # the parent's thread reads it, not the child
+            with contextlib.suppress(OSError):
+                driver.process.stderr.close()
     _LAUNCHED.clear()
 
 
@@ -1436,25 +1439,32 @@ class MediaDriver:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")}
         # Before the child exists: a bad override raises here, leaving nothing running.
         drain_timeout_s = load_settings(env={}, overrides=overrides).drain_timeout / 1e9
+        # Its own session: a Ctrl-C at the terminal reaches the starter, whose stop() then
+        # drains it once; had the SIGINT reached it too, that SIGTERM would be a second stop.
         process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, env=env)
+                                   stderr=subprocess.PIPE, env=env, start_new_session=True)
         driver = cls(Path(directory), process, drain_timeout_s)
         _LAUNCHED.add(driver)
-        deadline = time.monotonic() + startup_timeout
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                driver._close_stdin()
-                err = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                error = {EXIT_ALREADY_RUNNING: DriverAlreadyRunningError,
-                         EXIT_DIRECTORY_REFUSED: DriverDirectoryError}.get(process.returncode,
-                                                                           DriverError)
-                raise error(f"the driver exited with {process.returncode}: {err.strip()}")
-            if driver._ready():
-                threading.Thread(target=driver._drain_stderr, daemon=True).start()
-                return driver
-            time.sleep(0.01)
-        driver.kill()
-        raise DriverError(f"the driver did not start within {startup_timeout} s in {directory}")
+        try:
+            deadline = time.monotonic() + startup_timeout
+            while time.monotonic() < deadline:
+                if process.poll() is not None:
+                    driver._close_stdin()
+                    err = (process.stderr.read().decode(errors="replace") if process.stderr
+                           else "")
+                    error = {EXIT_ALREADY_RUNNING: DriverAlreadyRunningError,
+                             EXIT_DIRECTORY_REFUSED: DriverDirectoryError}.get(
+                                 process.returncode, DriverError)
+                    raise error(f"the driver exited with {process.returncode}: {err.strip()}")
+                if driver._ready():
+                    threading.Thread(target=driver._drain_stderr, daemon=True).start()
+                    return driver
+                time.sleep(0.01)
+            raise DriverError(f"the driver did not start within {startup_timeout} s in "
+                              f"{directory}")
+        except BaseException:  # a Ctrl-C while it starts too: nothing is left running
+            driver.kill()
+            raise
 
     def _ready(self) -> bool:
         counters_path = self.directory / control.COUNTERS_FILE

@@ -240,6 +240,29 @@ def test_a_subscriber_that_never_reads_holds_the_drain_only_until_drain_timeout(
     assert 1.4 < took < 4, took
 
 
+def test_an_untethered_subscriber_is_owed_the_log_through_the_drivers_drain(launch) -> None:
+    """Credit stopped, nothing is held back any more: an untethered subscriber a window
+    behind for longer than its window limit timeout is not left behind while the driver
+    drains (it was, and the drain then said every log was read: a review's find)."""
+    driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": "5s"})
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(
+            "aeron:ipc?tether=false|untethered-window-limit-timeout=1s", 12)
+        publication = client.add_publication("aeron:ipc", 12)
+        wait_for(lambda: publication.is_connected)
+        sent = 0
+        while publication.offer(SEQUENCE.pack(sent)) > 0:  # a window: it does not read yet
+            sent += 1
+        driver.process.send_signal(signal.SIGTERM)  # well within the 1 s
+        time.sleep(2.5)  # past the window limit timeout, twice, into the drain
+        got: list[int] = []
+        while len(got) < sent:
+            assert subscription.poll(
+                lambda data, _h: got.append(SEQUENCE.unpack_from(data)[0]), 100) > 0, len(got)
+        assert got == list(range(sent))
+        assert driver.process.wait(10) == 0
+
+
 def test_a_second_sigterm_stops_at_once(launch) -> None:
     driver = launch(**{**FAST_DRIVER_SETTINGS, "drain_timeout": "60s"})
     with Client.connect(driver.directory) as client:

@@ -555,13 +555,15 @@ def test_a_sparse_log_that_would_not_fit_is_refused_and_the_driver_lives_on(
             client.add_publication("aeron:ipc?sparse=true|term-length=16m", 77)
         message = str(error.value)
         assert "cannot create the log of stream 77 (48 MiB in" in message
-        assert "free for a sparse log of 48" in message and "term-length=" in message
+        assert "free for a log of 48" in message and "term-length=" in message
         assert list((Path(driver.directory) / "publications").iterdir()) == []
         # Two that fit one at a time but not together: the first has written nothing yet,
-        # and the free space alone said the second fit too (a review's find).
+        # and the free space alone said the second fit too, sparse or dense (a review's
+        # finds: writing the first then ended in SIGBUS).
         client.add_publication("aeron:ipc?sparse=true|term-length=8m", 76)
-        with pytest.raises(RegistrationError, match=r"other sparse logs may still take 2\d"):
-            client.add_publication("aeron:ipc?sparse=true|term-length=8m", 75)
+        for sparse in ("true", "false"):
+            with pytest.raises(RegistrationError, match=r"sparse logs may still take 2\d"):
+                client.add_publication(f"aeron:ipc?sparse={sparse}|term-length=8m", 75)
         assert len(list((Path(driver.directory) / "publications").iterdir())) == 1
         # One that fits is made, written through a term rotation, and read.
         publication = client.add_publication("aeron:ipc?sparse=true|term-length=1m", 78)
@@ -877,12 +879,46 @@ def test_a_launched_driver_whose_starter_dies_while_it_drains_drains_on(
             publication = client.add_publication("aeron:ipc", 31)
             assert publication.offer(b"unread") > 0 and subscription.images
             driver.process.send_signal(signal.SIGTERM)
-            time.sleep(0.5)
+            # Draining: the credit stopped (offers took more until then).
+            wait_for(lambda: publication.offer(b"probe") < 0, what="the drain began")
             driver._close_stdin()  # as the starter's death closes it
             time.sleep(1.0)
             assert driver.process.poll() is None, "the drain was cut short"
             driver.process.wait(10)
             assert publication.offer(b"more") < 0
+
+
+def test_stop_when_stdin_closes_refuses_a_stdin_that_is_not_a_pipe(driver_dir: Path) -> None:
+    """/dev/null would end at once (the driver stopping as it starts); a terminal never."""
+    result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(driver_dir),
+                             "--stop-when-stdin-closes"], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "--stop-when-stdin-closes: standard input is not a pipe" in result.stderr
+    assert not driver_dir.exists()
+
+
+def test_the_process_token_is_one_per_process_and_new_in_a_forked_child() -> None:
+    """What CONNECT carries to tell an application's clients from another process's."""
+    from slipstream.client import control
+
+    tokens: list[int] = []
+    threads = [threading.Thread(target=lambda: tokens.append(control.process_token()))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(tokens) == {control.process_token()}
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write_end, control.process_token().to_bytes(8, "little"))
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert int.from_bytes(os.read(read_end, 8), "little") != control.process_token()
+    os.close(read_end)
+    os.close(write_end)
 
 
 def _process_state(pid: int) -> str:

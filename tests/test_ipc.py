@@ -364,7 +364,7 @@ def test_the_image_goes_when_the_last_publisher_leaves(client: Client) -> None:
     CHANNEL,
     # Untethered, and a window behind for longer than its window limit timeout: it was left
     # behind while the log drained, and lost it all the same.
-    f"{CHANNEL}?tether=false|untethered-window-limit-timeout=300ms",
+    f"{CHANNEL}?tether=false|untethered-window-limit-timeout=1s",
 ])
 def test_a_subscriber_that_reads_lingers_after_the_last_publisher_left_gets_it_all(
         driver, client: Client, subscription_channel: str) -> None:

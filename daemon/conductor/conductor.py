@@ -46,7 +46,7 @@ from slipstream.daemon.conductor.resources import (
     LogBudget,
     ResourceError,
     StreamInterest,
-    check_room_for_sparse_log,
+    check_room_for_log,
     log_start,
     no_room_for_log,
 )
@@ -358,8 +358,7 @@ class DriverConductor:
         path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
         reserved = self.budget.reserve(term_length, f"stream {stream_id} on aeron:ipc")
         try:
-            if params.sparse:
-                check_room_for_sparse_log(path, reserved)
+            check_room_for_log(path, reserved)
             publication = IpcPublication.create(
                 path=str(path),
                 registration_id=registration_id, stream_id=stream_id, session_id=session_id,
@@ -505,10 +504,12 @@ class DriverConductor:
             for event in publication.sample_episodes(now_ns):
                 out.extend(self._episode_messages(publication.registration_id, event))
             work += publication.update_limits(now_ns)
-            # Only while publishers write (as Aeron's): a log that drains is owed in whole to
-            # every subscriber, untethered ones too; nothing is held back any more.
-            if publication.state is IpcPublicationState.ACTIVE and (publication.subscribers
-                                                                    or publication.resting):
+            # Only while publishers write (as Aeron's): a log that drains, or a driver that
+            # drains, owes it in whole to every subscriber, untethered ones too; nothing is
+            # held back any more.
+            if (publication.state is IpcPublicationState.ACTIVE
+                    and self.drain_phase is DrainPhase.NONE
+                    and (publication.subscribers or publication.resting)):
                 out.extend(self._check_untethered(publication, now_ns))
             if publication.is_drained():
                 out.extend(self._close_publication(publication))

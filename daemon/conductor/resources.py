@@ -57,12 +57,14 @@ class LogBudget:
         self.used -= length
 
 
-def check_room_for_sparse_log(path: Path, length: int) -> None:
+def check_room_for_log(path: Path, length: int) -> None:
     """Raise OSError(ENOSPC) unless the filesystem of ``path`` (a log file in a driver's
     ``publications/`` or ``images/``) has room for ``length`` bytes beyond what the driver's
-    sparse logs have not written yet.  A sparse log takes its pages as it is written, and a
-    write to a page the filesystem cannot give kills the writer with SIGBUS: a driver, with
-    every stream of the host.  Room taken later by others is not foreseen."""
+    sparse logs have not written yet, for a log of either kind: a sparse log takes its pages
+    as it is written, and a write to a page the filesystem cannot give kills the writer with
+    SIGBUS (a driver, with every stream of the host), so neither a sparse log nor a dense one
+    may take the room another sparse log will need.  Room taken later by others is not
+    foreseen; a filesystem that reports no size (tmpfs size=0: unlimited) is not checked."""
     promised = 0
     for folder in (control.PUBLICATIONS_DIR, control.IMAGES_DIR):
         with contextlib.suppress(FileNotFoundError), os.scandir(path.parent.parent / folder) \
@@ -73,10 +75,12 @@ def check_room_for_sparse_log(path: Path, length: int) -> None:
                         status = entry.stat(follow_symlinks=False)
                         promised += max(0, status.st_size - status.st_blocks * 512)
     usage = os.statvfs(path.parent)
+    if usage.f_blocks == 0:
+        return
     free = usage.f_bavail * usage.f_frsize
     if free < length + promised:
-        raise OSError(errno.ENOSPC, f"{free / 2**20:g} MiB free for a sparse log of "
-                                    f"{length / 2**20:g} MiB, and the driver's other sparse logs "
+        raise OSError(errno.ENOSPC, f"{free / 2**20:g} MiB free for a log of "
+                                    f"{length / 2**20:g} MiB, and the driver's sparse logs "
                                     f"may still take {promised / 2**20:g} MiB (a sparse log "
                                     f"takes its pages as it is written, and a full filesystem "
                                     f"then kills the writer)")
@@ -88,8 +92,7 @@ def create_log(path: Path, budget: LogBudget, what: str, **kwargs: Any) -> LogBu
     and leaves no file behind."""
     length = budget.reserve(kwargs["term_length"], what)
     try:
-        if kwargs.get("sparse", True):  # LogBuffer.create's default
-            check_room_for_sparse_log(path, length)
+        check_room_for_log(path, length)
         return LogBuffer.create(path, **kwargs)
     except OSError as e:
         budget.release(length)
