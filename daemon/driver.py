@@ -1346,11 +1346,10 @@ _LAUNCHED: weakref.WeakSet[MediaDriver] = weakref.WeakSet()
 
 
 def _close_inherited_launch_pipes() -> None:
+    # Not the stderr reader: the parent's thread that reads it held its lock at the fork,
+    # and a close here would wait for that lock for ever.
     for driver in list(_LAUNCHED):
         driver._close_stdin()
-        if driver.process.stderr is not None:  # the parent's thread reads it, not the child
-            with contextlib.suppress(OSError):
-                driver.process.stderr.close()
     _LAUNCHED.clear()
 
 
@@ -1463,7 +1462,7 @@ class MediaDriver:
             raise DriverError(f"the driver did not start within {startup_timeout} s in "
                               f"{directory}")
         except BaseException:  # a Ctrl-C while it starts too: nothing is left running
-            driver.kill()
+            driver.stop(timeout=2.0)
             raise
 
     def _ready(self) -> bool:
@@ -1495,6 +1494,12 @@ class MediaDriver:
                 self.process.wait(self.drain_timeout_s + 10 if timeout is None else timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+            except BaseException:
+                # A second Ctrl-C while it drains: its second SIGTERM stops it at once (in
+                # its own session, it does not get the terminal's SIGINT itself).
+                with contextlib.suppress(OSError):
+                    self.process.send_signal(signal.SIGTERM)
+                raise
         self._close_stdin()
         return self.process.returncode
 

@@ -913,12 +913,20 @@ def test_the_process_token_is_one_per_process_and_new_in_a_forked_child() -> Non
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:
-        os.write(write_end, control.process_token().to_bytes(8, "little"))
-        os._exit(0)
-    os.waitpid(child, 0)
-    assert int.from_bytes(os.read(read_end, 8), "little") != control.process_token()
-    os.close(read_end)
+        try:
+            os.write(write_end, control.process_token().to_bytes(8, "little"))
+        finally:
+            os._exit(0)
     os.close(write_end)
+    try:
+        wait_for(lambda: os.waitpid(child, os.WNOHANG)[0] == child, timeout=10,
+                 what="the forked child exited")
+        assert int.from_bytes(os.read(read_end, 8), "little") != control.process_token()
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
 
 
 def _process_state(pid: int) -> str:
