@@ -888,6 +888,39 @@ def test_a_launched_driver_whose_starter_dies_while_it_drains_drains_on(
             assert publication.offer(b"more") < 0
 
 
+_CTRL_C_STARTER = """
+import sys, time
+from slipstream.client import Client
+from slipstream.daemon.driver import MediaDriver
+with MediaDriver.launch(directory=sys.argv[1], drain_timeout="20s") as driver:
+    client = Client.connect(driver.directory)
+    subscription = client.add_subscription("aeron:ipc", 5)  # never reads: the drain waits
+    assert client.add_publication("aeron:ipc", 5).offer(b"unread") > 0
+    print(driver.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_ctrl_c_stops_a_launched_driver_at_once(driver_dir: Path) -> None:
+    """The first Ctrl-C drains it (its starter's stop()), the second stops it at once, as
+    for a driver in the foreground.  In its own session it never sees the terminal's SIGINT:
+    the second came to nothing, and it drained on for its drain_timeout, alone."""
+    starter = subprocess.Popen([sys.executable, "-c", _CTRL_C_STARTER, str(driver_dir)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        driver_pid = int(starter.stdout.readline())
+        starter.send_signal(signal.SIGINT)  # the first: stop() sends SIGTERM, it drains
+        time.sleep(1.0)
+        assert _process_state(driver_pid) not in ("Z", "X", ""), "it did not drain"
+        starter.send_signal(signal.SIGINT)  # the second
+        wait_for(lambda: _process_state(driver_pid) in ("Z", "X", ""), timeout=5,
+                 what="the driver stopped at the second Ctrl-C")
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        starter.wait()
+
+
 def test_stop_when_stdin_closes_refuses_a_stdin_that_is_not_a_pipe(driver_dir: Path) -> None:
     """/dev/null would end at once (the driver stopping as it starts); a terminal never."""
     result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(driver_dir),
