@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, counters_of, wait_for
+from helpers import FAST_DRIVER_SETTINGS, counters_of, lacking, wait_for
 
 from slipstream.client import (
     NOT_CONNECTED,
@@ -433,9 +433,7 @@ def test_of_two_drivers_starting_at_once_on_a_new_directory_one_runs(driver_dir:
 
 def test_a_directory_another_user_owns_or_may_write_is_refused(tmp_path: Path) -> None:
     if os.geteuid() != 0:  # making a directory another user owns takes root
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI runs the suite as root: this test needs it")
-        pytest.skip("needs root to give a directory to another user")
+        lacking("needs root to give a directory to another user")
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     os.chown(theirs, 65534, 65534)  # nobody
@@ -530,10 +528,7 @@ def small_tmpfs() -> Iterator[Path]:
     """A 32 MiB tmpfs mounted for the test (as Docker's small /dev/shm), unmounted after:
     needs root; skips without, fails under CI=true."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        reason = "mounting a tmpfs needs root and mount(8)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        lacking("mounting a tmpfs needs root and mount(8)")
     mount_point = Path(tempfile.mkdtemp(prefix="slipstream-small-shm-"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs",
                     str(mount_point)], check=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import trio
-from helpers import NETWORK_SETTINGS, counters_of, free_port, message
+from helpers import NETWORK_SETTINGS, counters_of, free_port, lacking, message
 
 from slipstream.client import Client, ClosedError, ConfigurationError, DriverNotRunningError
 from slipstream.daemon.driver import EmbeddedDriver, MediaDriver
@@ -533,10 +533,7 @@ def in_pid_namespace() -> Callable[[str, str, str], subprocess.Popen]:
     """Start ``function(directory, uri)`` of this module as pid 1 of a new pid namespace
     (``unshare --pid``: root) that shares /dev/shm; skips without, fails under CI=true."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        reason = "pid namespaces need root and unshare(1)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        lacking("pid namespaces need root and unshare(1)")
     started: list[subprocess.Popen] = []
 
     def start(function: str, directory: str, uri: str) -> subprocess.Popen:
