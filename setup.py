@@ -1,10 +1,33 @@
-"""Build hooks: the cffi extensions (slipstream.client._native, the log buffer's hot paths;
-slipstream.daemon._network, the driver's network data path) and the two per-message calls as a
-plain CPython extension (slipstream.client._fastpath), all compiled at install time."""
+"""Build hooks: the packages, found rather than listed; the cffi extensions
+(slipstream.client._native, the log buffer's hot paths; slipstream.daemon._network, the driver's
+network data path) and the two per-message calls as a plain CPython extension
+(slipstream.client._fastpath), all compiled at install time."""
 
-from setuptools import Extension, setup
+import tomllib
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+
+HERE = Path(__file__).resolve().parent
+
+
+def find_slipstream_packages() -> list[str]:
+    """Every package under the roots of ``[tool.setuptools] package-dir`` in pyproject.toml
+    (``"slipstream.daemon" = "daemon"``, ...): the root and each folder below it with an
+    ``__init__.py``, named under the root's package (``daemon/pressure`` is
+    ``slipstream.daemon.pressure``).  A listed set forgot one once, and the installed driver
+    could not start."""
+    with open(HERE / "pyproject.toml", "rb") as file:
+        roots = tomllib.load(file)["tool"]["setuptools"]["package-dir"]
+    packages = []
+    for package, folder in roots.items():
+        packages.append(package)
+        packages += [f"{package}.{sub}" for sub in find_packages(str(HERE / folder))]
+    return sorted(packages)
+
 
 setup(
+    packages=find_slipstream_packages(),
     cffi_modules=["client/_native_build.py:ffibuilder", "daemon/_network_build.py:ffibuilder"],
     ext_modules=[
         Extension(

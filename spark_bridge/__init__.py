@@ -1,4 +1,4 @@
-"""slipstream.spark_bridge: the ``slipstream`` PySpark data source (Spark 4.x).
+"""slipstream.spark_bridge: the ``slipstream`` PySpark data source (Spark 4.2 or later).
 
 Executors publish and subscribe through their host's media driver in shared memory: no broker,
 no socket on the data path.
@@ -12,6 +12,10 @@ no socket on the data path.
 ``register(spark)`` registers the source on an existing session.  Options, guarantees and
 limits: docs/SPARK.md.  Reading: :mod:`slipstream.spark_bridge.reader`; writing:
 :mod:`slipstream.spark_bridge.writer`.
+
+Needs pyspark 4.2 or later (``pip install 'slipstream[spark]'``): with a missing or older one,
+importing this package raises an ImportError naming the version needed
+(:class:`~slipstream.spark_bridge._requirements.PysparkVersionError`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+# Before the first pyspark name: a missing or older pyspark is refused with the version the
+# bridge needs (spark_bridge/_requirements.py); the imports below would fail on a name it
+# lacks, saying nothing of versions.
+from slipstream.spark_bridge import _requirements  # noqa: F401
+
+# isort: split
 from pyspark.sql.datasource import DataSource
 
 from slipstream.spark_bridge.options import OptionError, SourceOptions, parse_options

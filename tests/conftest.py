@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, lacking
 
+pytest_plugins = ["installed"]  # the installed_venv fixture: the wheel in a fresh venv
+
 
 @pytest.fixture
 def driver_dir() -> Iterator[Path]:

@@ -1,0 +1,344 @@
+"""The package as ``pip install`` gives it, not as the editable install of the checkout does.
+
+The editable install maps whole folders, so a package that pyproject.toml forgot still
+imported in the checkout, while the wheel lacked it and its driver could not start (issue 46:
+``slipstream.daemon.pressure``).  Here the sdist is built, the wheel from the sdist, and the
+wheel is installed into a fresh environment outside the checkout (tests/installed.py); the
+driver, clients over IPC and UDP, ``stat``, ``metrics``, ``sim`` and the Spark bridge are run
+from there, each proving that nothing of the checkout is on its path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tomllib
+import urllib.request
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+import pytest
+from helpers import NETWORK_SETTINGS, as_another_user, free_port, wait_for
+from installed import (
+    CHECKOUT,
+    INSTALL_TIMEOUT_S,
+    ISOLATION_CHECK,
+    InstalledVenv,
+    build_leftovers,
+    package_roots,
+    source_files,
+    tree_packages,
+)
+
+pytestmark = pytest.mark.timeout(INSTALL_TIMEOUT_S)
+
+#: A client of the installed package: streams over IPC and over UDP on 127.0.0.1, each
+#: across several term rotations (the driver's terms are 64 KiB), checked message by message.
+#: argv: checkout, driver directory, UDP port.
+CLIENT_SCRIPT = r"""
+import json, struct, sys, time
+from slipstream.client import Client
+
+directory, port = sys.argv[2], int(sys.argv[3])
+COUNT, SIZE, TERM = 600, 1000, 64 * 1024
+
+def message(seq):
+    body = bytearray(SIZE)
+    struct.pack_into("<I", body, 0, seq)
+    struct.pack_into("<I", body, SIZE - 4, seq)
+    return bytes(body)
+
+def carry(client, channel, stream_id):
+    subscription = client.add_subscription(channel, stream_id)
+    publication = client.add_publication(channel, stream_id)
+    received, sent = [], 0
+    deadline = time.monotonic() + 60
+    while len(received) < COUNT:
+        assert time.monotonic() < deadline, f"{channel}: sent {sent}, received {len(received)}"
+        while sent < COUNT and publication.offer(message(sent)) >= 0:
+            sent += 1
+        if not subscription.poll(lambda data, header: received.append(bytes(data)), 100):
+            time.sleep(0.0005)
+    assert received == [message(i) for i in range(COUNT)], f"{channel}: wrong messages"
+    terms = publication.position // TERM
+    assert terms >= 3, f"{channel}: only {publication.position} bytes, {terms} terms"
+    publication.close()
+    subscription.close()
+    return {"channel": channel, "messages": len(received), "position": publication.position}
+
+deadline = time.monotonic() + 20
+while True:
+    try:
+        client = Client.connect(directory)
+        break
+    except Exception:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.05)
+with client:
+    results = [carry(client, "aeron:ipc", 1001),
+               carry(client, f"aeron:udp?endpoint=127.0.0.1:{port}", 1002)]
+# The settings file the package reads at run time (importlib.resources, daemon/config.py).
+import importlib.resources
+shipped = importlib.resources.files("slipstream.config").joinpath("driver.toml").read_text()
+assert "term_buffer_length" in shipped, shipped[:500]
+print(json.dumps(results))
+""" + ISOLATION_CHECK
+
+SPARK_SCRIPT = r"""
+import pyspark
+import slipstream.spark_bridge as bridge
+from slipstream.spark_bridge import SlipstreamDataSource, register, session
+assert SlipstreamDataSource.name() == "slipstream"
+print("pyspark", pyspark.__version__)
+""" + ISOLATION_CHECK
+
+
+def _python(installed: InstalledVenv, script: str, *args: str,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    result = installed.run([installed.python, "-c", script, str(CHECKOUT), *args],
+                           timeout=timeout)
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    assert "ISOLATED" in result.stdout, result.stdout
+    return result
+
+
+def _wheel_names(installed: InstalledVenv) -> list[str]:
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        return wheel.namelist()
+
+
+def _sdist_names(installed: InstalledVenv) -> list[str]:
+    """The sdist's files, relative to its top folder (``slipstream-0.1.0/``)."""
+    with tarfile.open(installed.sdist) as sdist:
+        return [PurePosixPath(*PurePosixPath(m.name).parts[1:]).as_posix()
+                for m in sdist.getmembers() if m.isfile()]
+
+
+def _installed_path(name: str, roots: dict[str, str]) -> str | None:
+    """Where a tree file (``daemon/pressure/episodes.py``) is in the wheel
+    (``slipstream/daemon/pressure/episodes.py``); None outside the package roots."""
+    parts = PurePosixPath(name).parts
+    for package, folder in roots.items():
+        if parts[0] == folder and len(parts) > 1:
+            return "/".join((*package.split("."), *parts[1:]))
+    return None
+
+
+def test_the_wheel_holds_every_package_and_file_of_the_tree(
+        installed_venv: InstalledVenv) -> None:
+    """Every folder with an __init__.py under the five roots is a package of the wheel, and
+    every file under them is in the sdist and the wheel (the C sources the build needs; the
+    settings file config/driver.toml that the driver reads with importlib.resources), with the
+    three compiled extensions; the build left nothing in the checkout."""
+    names = _wheel_names(installed_venv)
+    wheel_packages = {str(PurePosixPath(n).parent).replace("/", ".") for n in names
+                      if n.endswith("/__init__.py")}
+    expected = tree_packages()
+    assert "slipstream.daemon.pressure" in expected
+    assert wheel_packages == expected, (
+        f"missing from the wheel: {sorted(expected - wheel_packages)}; "
+        f"not in the tree: {sorted(wheel_packages - expected)}")
+    assert {n.split("/")[0] for n in names} == {"slipstream", "slipstream-0.1.0.dist-info"}
+
+    roots = package_roots()
+    in_roots = {name: _installed_path(name, roots) for name in source_files()}
+    in_roots = {name: path for name, path in in_roots.items() if path is not None}
+    assert "config/driver.toml" in in_roots
+    missing = sorted(path for path in in_roots.values() if path not in names)
+    assert not missing, f"tree files missing from the wheel: {missing}"
+    extensions = {PurePosixPath(n).name.split(".")[0] for n in names if n.endswith(".so")}
+    assert extensions == {"_native", "_network", "_fastpath"}, extensions
+
+    sdist = set(_sdist_names(installed_venv))
+    missing = sorted(set(in_roots) - sdist)
+    assert not missing, f"tree files missing from the sdist: {missing}"
+    assert {"pyproject.toml", "setup.py", "README.md"} <= sdist
+
+    assert build_leftovers() == installed_venv.leftovers_before, "the build wrote into the tree"
+    assert not installed_venv.path.resolve().is_relative_to(CHECKOUT)
+    assert installed_venv.root.stat().st_mode & 0o777 == 0o755
+    shebang = installed_venv.slipstream.read_text().splitlines()[0]
+    assert shebang == f"#!{installed_venv.python}", shebang
+
+
+def _wait_for_metrics_port(exporter: subprocess.Popen[str]) -> int:
+    assert exporter.stdout is not None
+    line = exporter.stdout.readline()
+    match = re.fullmatch(r"slipstream metrics: http://127\.0\.0\.1:([0-9]+)/metrics\n", line)
+    assert match, f"the exporter printed {line!r}"
+    return int(match[1])
+
+
+def _stop(process: subprocess.Popen[str], timeout: float = 15) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+            raise
+    return process.returncode
+
+
+def _mapped_files(pid: int) -> set[Path]:
+    """The files a process has mapped (its interpreter, the extensions it loaded)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        fields = [line.split(None, 5) for line in maps]
+    return {Path(f[5].strip()) for f in fields if len(f) == 6 and f[5].startswith("/")}
+
+
+@pytest.fixture
+def installed_driver(installed_venv: InstalledVenv) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """``slipstream driver`` of the installed package, a real process with short timers and
+    64 KiB terms; stopped by SIGTERM afterwards (it must exit 0)."""
+    directory = Path("/dev/shm") / f"slipstream-installed-{uuid.uuid4().hex[:12]}"
+    settings = [arg for key, value in NETWORK_SETTINGS.items()
+                for arg in ("--set", f"{key}={value}")]
+    log = installed_venv.root / f"driver-{directory.name}.log"
+    # Stopped by SIGTERM below; the pipe on its stdin stops it too should this process die.
+    with open(log, "w") as err:
+        driver = subprocess.Popen(
+            [str(installed_venv.slipstream), "driver", "--dir", str(directory), *settings,
+             "--stop-when-stdin-closes"],
+            stdin=subprocess.PIPE, stdout=err, stderr=subprocess.STDOUT, text=True,
+            cwd=installed_venv.root, env=installed_venv.env())
+    try:
+        wait_for(lambda: driver.poll() is not None or (
+            (directory / "conductor.sock").exists() and (directory / "counters.dat").exists()),
+            timeout=30, what="the installed driver's start")
+        assert driver.poll() is None, f"the driver exited {driver.returncode}: {log.read_text()}"
+        yield driver, directory
+        status = _stop(driver)
+        assert status == 0, f"the driver exited {status}: {log.read_text()}"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(5)
+        if driver.stdin is not None:
+            driver.stdin.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_the_installed_driver_carries_ipc_and_udp_streams_and_reports_them(
+        installed_venv: InstalledVenv,
+        installed_driver: tuple[subprocess.Popen[str], Path]) -> None:
+    """From the fresh environment, outside the checkout: ``slipstream driver``, a client over
+    IPC and over UDP on 127.0.0.1 (600 messages of 1000 bytes each, about nine 64 KiB terms),
+    ``slipstream stat --once`` and ``--json``, and one scrape of ``slipstream metrics``."""
+    driver, directory = installed_driver
+    mapped = _mapped_files(driver.pid)
+    network = [p for p in mapped if p.name.startswith("_network")]
+    assert network and all(p.is_relative_to(installed_venv.path) for p in network), mapped
+    assert not [p for p in mapped if p.is_relative_to(CHECKOUT)], mapped
+
+    result = _python(installed_venv, CLIENT_SCRIPT, str(directory), str(free_port()))
+    streams = json.loads(result.stdout.splitlines()[0])
+    assert [s["messages"] for s in streams] == [600, 600], streams
+
+    stat = installed_venv.run([installed_venv.slipstream, "stat", "--once", "--dir", directory])
+    assert stat.returncode == 0, stat.stderr
+    assert str(driver.pid) in stat.stdout, stat.stdout
+    stat_json = installed_venv.run([installed_venv.slipstream, "stat", "--json", "--dir",
+                                    directory])
+    assert stat_json.returncode == 0, stat_json.stderr
+    snapshot = json.loads(stat_json.stdout)
+    assert snapshot["driver_pid"] == driver.pid
+    assert snapshot["counters"] and snapshot["driver"], snapshot
+
+    exporter = subprocess.Popen(
+        [str(installed_venv.slipstream), "metrics", "--dir", str(directory), "--address",
+         "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=installed_venv.root, env=installed_venv.env())
+    try:
+        port = _wait_for_metrics_port(exporter)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        assert "slipstream_errors_total" in text and "slipstream_clients" in text, text[:2000]
+        mapped = _mapped_files(exporter.pid)
+        assert not [p for p in mapped if p.is_relative_to(CHECKOUT)], mapped
+    finally:
+        exporter.terminate()
+        exporter.wait(10)
+
+
+def test_the_installed_simulator_runs(installed_venv: InstalledVenv) -> None:
+    result = installed_venv.run([installed_venv.slipstream, "sim", "--json", "--hosts", "3",
+                                 "--messages", "300", "--loss", "0.02", "--size", "512"])
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["delivered"] == [300, 300], report
+
+
+def test_another_user_can_run_the_installed_package(installed_venv: InstalledVenv) -> None:
+    """The environment is made from an interpreter outside /root and is world-readable: a
+    process of another user (nobody) runs its command and imports the driver."""
+    prefix = as_another_user(65534)
+    result = installed_venv.run([*prefix, installed_venv.python, "-c",
+                                 "import slipstream.daemon.driver, slipstream.client._fastpath"
+                                 + ISOLATION_CHECK, CHECKOUT])
+    assert result.returncode == 0, f"{installed_venv.base_python}: {result.stderr}"
+    help_text = installed_venv.run([*prefix, installed_venv.slipstream, "--help"])
+    assert help_text.returncode == 0 and "driver" in help_text.stdout, help_text.stderr
+
+
+def test_the_installed_spark_bridge_imports(installed_venv: InstalledVenv) -> None:
+    """``import slipstream.spark_bridge`` with the pyspark the spark extra installs."""
+    result = _python(installed_venv, SPARK_SCRIPT)
+    assert result.stdout.startswith("pyspark 4."), result.stdout
+
+
+# -- the pyspark floor --------------------------------------------------------------------------
+
+#: argv: the version pyspark pretends to be.  Run by the checkout's interpreter, whose pyspark
+#: is new enough; the fake is the one way to see an old one without installing it.
+OLD_PYSPARK_SCRIPT = r"""
+import sys
+import pyspark
+pyspark.__version__ = sys.argv[1]
+try:
+    import slipstream.spark_bridge
+except ImportError as e:
+    print(type(e).__name__, "|", e)
+else:
+    print("imported")
+"""
+
+
+@pytest.mark.parametrize(("version", "outcome"), [
+    ("4.1.0", "refused"), ("4.0.1", "refused"), ("3.5.3", "refused"),
+    ("4.2.0", "imported"), ("4.2.0.dev0", "imported"), ("4.3.0", "imported"),
+])
+def test_an_older_pyspark_is_refused_with_the_version_needed(version: str, outcome: str) -> None:
+    pytest.importorskip("pyspark", reason="needs pyspark (pip install 'slipstream[spark]')")
+    result = subprocess.run([sys.executable, "-c", OLD_PYSPARK_SCRIPT, version],
+                            capture_output=True, text=True, timeout=120,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert result.returncode == 0, result.stderr
+    if outcome == "imported":
+        assert result.stdout.strip() == "imported", result.stdout
+    else:
+        assert result.stdout.strip() == (
+            f"PysparkVersionError | slipstream.spark_bridge needs pyspark >= 4.2 (found "
+            f"{version}): pip install 'slipstream[spark]'"), result.stdout
+
+
+def test_the_floor_is_the_one_pyproject_pins() -> None:
+    pytest.importorskip("pyspark", reason="needs pyspark (pip install 'slipstream[spark]')")
+    from slipstream.spark_bridge._requirements import PYSPARK_FLOOR, release
+
+    with open(CHECKOUT / "pyproject.toml", "rb") as file:
+        extras = tomllib.load(file)["project"]["optional-dependencies"]["spark"]
+    floor = ".".join(map(str, PYSPARK_FLOOR))
+    assert f"pyspark>={floor},<5" in extras, extras
+    assert release("4.2.0rc1") == (4, 2, 0) and release("4.10") == (4, 10)
+    assert release("unknown") is None
