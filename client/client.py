@@ -332,9 +332,9 @@ class Client:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if connecting and _driver_holds_lock(self.directory):
-                    owner = control.socket_refuses_us(self.directory)
-                    if owner is not None:  # its socket drops us unread: waiting is no use
-                        raise control.foreign_directory_error(self.directory, owner)
+                    refusal = control.socket_refusal(self.directory)
+                    if refusal is not None:  # its socket drops us unread: waiting is no use
+                        raise refusal
                     holder = control.lock_holder_pid(self.directory)
                     if holder == os.getpid() and self.invoker is None:
                         # An embedded driver of this very process: it has no thread, and

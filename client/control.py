@@ -18,10 +18,12 @@ DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.  PUBLICATION_READY and SUBSCRIPTION_READ
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
 import secrets
+import stat
 from pathlib import Path
 from typing import Any, Final
 
@@ -93,33 +95,129 @@ def default_driver_directory() -> Path:
     return Path("/dev/shm") / f"slipstream-{user}"
 
 
+#: A driver directory's mode: its user's alone, or shared with the driver's ``client_group``:
+#: setgid, so every file and folder made in it takes that group, which may read and enter it
+#: but never add, rename or remove a name (so no member can plant a link for the driver).
+PRIVATE_DIRECTORY_MODE: Final = 0o700
+SHARED_DIRECTORY_MODE: Final = 0o2750
+
+
+def file_mode(shared: bool, *, clients_write: bool) -> int:
+    """The mode of a file the driver makes in its directory: 0600, its user's alone; in a
+    directory ``shared`` with a group, 0660 for what clients write (logs, counters, sockets)
+    and 0640 for what they only read (the lock, the error log, the loss report)."""
+    if not shared:
+        return 0o600
+    return 0o660 if clients_write else 0o640
+
+
+def create_file(path: str | os.PathLike[str], flags: int, mode: int) -> int:
+    """``os.open(path, flags | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode)`` with the file's mode
+    exactly ``mode`` whatever the umask (a unit's ``UMask=0077`` takes the group's bits)."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def user_name(uid: int) -> str:
+    """The name of ``uid`` in the password database, else the number."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    """The name of ``gid`` in the group database, else the number."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 def describe_user(uid: int) -> str:
     """``name (uid N)``, or ``uid N`` when the password database has no entry for it."""
+    name = user_name(uid)
+    return f"uid {uid}" if name == str(uid) else f"{name} (uid {uid})"
+
+
+def describe_group(gid: int) -> str:
+    """``group name (gid N)``, or ``group gid N`` when the group database has none."""
+    name = group_name(gid)
+    return f"group gid {gid}" if name == str(gid) else f"group {name} (gid {gid})"
+
+
+def shared_group(directory: str | os.PathLike[str]) -> int | None:
+    """The gid of the group a driver directory is shared with (setgid and readable by its
+    group: :data:`SHARED_DIRECTORY_MODE`, the driver's ``client_group``), else None."""
     try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+        info = os.stat(directory)
+    except OSError:
+        return None
+    shared = stat.S_ISGID | stat.S_IRGRP | stat.S_IXGRP
+    return info.st_gid if info.st_mode & shared == shared else None
+
+
+def _membership(gid: int) -> tuple[bool, bool]:
+    """(whether this process holds group ``gid``, whether the driver's control socket admits
+    its effective uid by that group: its primary group or a member in the group database, the
+    rule of libzmq's IPC_FILTER_GID)."""
+    holds = gid == os.getegid() or gid in os.getgroups()
+    try:
+        user = pwd.getpwuid(os.geteuid())
     except KeyError:
-        return f"uid {uid}"
+        return holds, gid == os.getegid()
+    try:
+        listed = user.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        listed = False
+    return holds, listed or gid in (user.pw_gid, os.getegid())
 
 
 def foreign_directory_error(directory: str | os.PathLike[str], uid: int) -> DriverError:
-    """The error for a driver directory of user ``uid`` that this process (another effective
-    uid) may not use: a driver answers only processes of its own user (its directory is 0700,
-    its control socket checks SO_PEERCRED)."""
+    """The error for a driver directory of user ``uid`` that this process may not use: a
+    driver answers only processes of its own user, and the members of its ``client_group``
+    when it has one (its directory is 0700 or the group's 2750, its control socket checks
+    SO_PEERCRED).  The message says what would let this process in."""
+    me = describe_user(os.geteuid())
+    gid = shared_group(directory)
     if uid == os.geteuid():  # our own, closed to us by its mode: not another user's
         return DriverError(
             f"the driver directory {directory} or its {LOCK_FILE} is not readable by its own "
             f"user, {describe_user(uid)}: its mode was changed; a driver makes it 0700 "
             f"(rwx for its user)")
     owner = describe_user(uid)
+    if gid is not None:
+        group, name, user = describe_group(gid), group_name(gid), user_name(os.geteuid())
+        serves = f"the driver directory {directory} serves {owner} and the members of {group}"
+        holds, admitted = _membership(gid)
+        if admitted and not holds:
+            return DriverError(
+                f"{serves}; {me} is a member, but this process does not hold the group (it "
+                f"was started before {user} joined it): start it from a new login session, "
+                f"or under `sg {name}`")
+        if holds and not admitted:
+            return DriverError(
+                f"{serves}; this process holds the group, but the group database does not "
+                f"list {me} as a member, and the driver's control socket admits only listed "
+                f"members (or a primary group's): add it (`sudo usermod -aG {name} {user}`)")
+        return DriverError(
+            f"{serves}, and this process runs as {me}, which is not in it: add it to the group "
+            f"(`sudo usermod -aG {name} {user}`, then log in again), or use a driver of your "
+            f"own (--dir, or SLIPSTREAM_DIR)")
     try:
         sudo_user = pwd.getpwuid(uid).pw_name
     except KeyError:
         sudo_user = f"'#{uid}'"  # sudo's form for a uid without a name
     return DriverError(
         f"the driver directory {directory} belongs to {owner} and this process runs as "
-        f"{describe_user(os.geteuid())}: a driver serves only its own user's processes; run "
-        f"this as that user (e.g. `sudo -u {sudo_user}`), or use a driver of your own "
-        f"(--dir, or SLIPSTREAM_DIR)")
+        f"{me}: a driver serves only its own user's processes unless its client_group "
+        f"setting names a group to share with; run this as that user (e.g. `sudo -u "
+        f"{sudo_user}`), or use a driver of your own (--dir, or SLIPSTREAM_DIR)")
 
 
 def check_directory_access(directory: str | os.PathLike[str]) -> None:
@@ -172,15 +270,20 @@ def lock_holder_pid(directory: str | os.PathLike[str]) -> int | None:
         return None
 
 
-def socket_refuses_us(directory: str | os.PathLike[str]) -> int | None:
-    """The owner uid of the directory's control socket when it is not this process's
-    effective uid (the driver's socket then drops our connection: it answers only its own
-    user, ``zmq.IPC_FILTER_UID``), else None."""
+def socket_refusal(directory: str | os.PathLike[str]) -> DriverError | None:
+    """Why the directory's control socket drops this process's connection unread, or None
+    when it admits it: it answers its owner's effective uid and, in a directory shared with a
+    group, the members libzmq's IPC_FILTER_GID admits (:func:`_membership`)."""
     try:
         owner = os.stat(Path(directory) / CONDUCTOR_SOCKET).st_uid
     except OSError:
         return None
-    return owner if owner != os.geteuid() else None
+    if owner == os.geteuid():
+        return None
+    gid = shared_group(directory)
+    if gid is not None and _membership(gid)[1]:
+        return None
+    return foreign_directory_error(directory, owner)
 
 
 def conductor_endpoint(directory: str | Path) -> str:

@@ -243,10 +243,12 @@ class CountersFile:
         self._keeper_stops: list[weakref.finalize] = []
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str], capacity: int) -> CountersFile:
-        """Create the file (driver only) with the system counters allocated."""
+    def create(cls, path: str | os.PathLike[str], capacity: int,
+               mode: int = 0o600) -> CountersFile:
+        """Create the file (driver only, with ``mode``: :func:`control.file_mode`) with the
+        system counters allocated."""
         size = HEADER_LENGTH + capacity * (METADATA_LENGTH + VALUE_LENGTH)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = control.create_file(path, os.O_RDWR | os.O_EXCL, mode)
         try:
             os.ftruncate(fd, size)
             header = struct.pack("<iii4xqq", MAGIC, VERSION, capacity, os.getpid(),

@@ -18,6 +18,7 @@ import os
 import struct
 from pathlib import Path
 
+from slipstream.client import control
 from slipstream.client._native import ffi, lib
 from slipstream.client.layout import (
     CURRENT_VERSION,
@@ -221,9 +222,11 @@ class LogBuffer:
         tether: bool = True,
         sparse: bool = True,
         populate: bool | None = None,
+        mode: int = 0o600,
     ) -> LogBuffer:
-        """Create and initialise a log file (the driver's job) and map it (``populate``: as
-        for the constructor).  A failure leaves no file behind.
+        """Create and initialise a log file (the driver's job, with ``mode``:
+        :func:`control.file_mode`) and map it (``populate``: as for the constructor).  A
+        failure leaves no file behind.
 
         ``initial_term_count``/``initial_term_offset`` start the stream at a non-zero position
         (URI ``init-term-id``/``term-id``/``term-offset``, or a receiver's join position).
@@ -257,7 +260,7 @@ class LogBuffer:
         struct.pack_into("<q", meta, META_LINGER_TIMEOUT_NS, linger_timeout_ns)
         struct.pack_into("8B", meta, META_FLAGS, group, False, True, reliable, sparse,
                          signal_eos, False, tether)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = control.create_file(path, os.O_RDWR | os.O_EXCL, mode)
         try:
             os.ftruncate(fd, length)
             # The metadata first: a driver that finds this file after a crash knows it for

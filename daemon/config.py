@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import enum
+import grp
 import importlib.resources
 import logging
 import operator
@@ -45,7 +46,7 @@ from slipstream.client.channel import (
     SOCKET_BUFFER_RANGE,
     TIMEOUT_RANGE_NS,
 )
-from slipstream.client.control import default_driver_directory
+from slipstream.client.control import default_driver_directory, file_mode
 from slipstream.client.errors import ConfigurationError
 from slipstream.client.layout import (
     FRAME_ALIGNMENT,
@@ -255,6 +256,14 @@ def _check_directory(value: str) -> str | None:
     return "contains a NUL character" if "\0" in value else None
 
 
+def _check_group(value: str) -> str | None:
+    if value == "":
+        return None
+    if "\0" in value or ":" in value or value != value.strip() or not value:
+        return "is not a group name or number"
+    return None
+
+
 def _convert(value: Any, field: attrs.Attribute) -> Any:
     return field.metadata[_META].parse(field.name, value)
 
@@ -328,6 +337,16 @@ class DriverSettings:
         optional=True, check=_check_directory,
         accepted_text='a directory path, or "" for /dev/shm/slipstream-<user>',
         section="Driver process",
+    )
+    client_group: str = _text(
+        "",
+        "The group whose members may use the driver besides its own user (a name, or a "
+        "number): its directory, logs, counters and sockets are made for that group, and its "
+        "control socket admits the group's members (by the group database, as libzmq's "
+        "IPC_FILTER_GID does); the driver's user must be a member. \"\" = its own user only "
+        "(slipstream; README, Run it as a service).",
+        check=_check_group, accepted_text='a group name or number, or "" for the driver\'s '
+                                          'own user only',
     )
     log_level: str = _choice(
         "info", ("debug", "info", "warning", "error"), "Driver log verbosity (slipstream)."
@@ -706,6 +725,28 @@ class DriverSettings:
     def directory(self) -> str:
         """``dir``, or :func:`default_directory` when unset."""
         return self.dir if self.dir is not None else default_directory()
+
+    def file_mode(self, *, clients_write: bool) -> int:
+        """The mode of a file the driver makes in its directory (:func:`control.file_mode`):
+        its user's alone, or shared with ``client_group``."""
+        return file_mode(bool(self.client_group), clients_write=clients_write)
+
+    @property
+    def client_gid(self) -> int | None:
+        """The gid of ``client_group``, None when unset; a :class:`ConfigurationError` naming
+        the key when this host has no group of that name.  A number is taken as a gid even
+        without an entry in the group database (a container's)."""
+        group = self.client_group
+        if not group:
+            return None
+        if group.isascii() and group.isdecimal():
+            return int(group)
+        try:
+            return grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ConfigurationError(
+                "client_group", f"{group!r} is not a group of this host (getent group "
+                f"{group}): create it (groupadd {group}) or name another") from None
 
     @property
     def metrics_endpoint(self) -> tuple[str, int] | None:

@@ -135,10 +135,17 @@ class DriverDirectory:
     slipstream driver created it (and the missing parents it made for it, if empty).  So
     ``--dir ~`` typed by mistake is refused, and a user's file
     or another driver's nested directory is never touched.
+
+    With a ``group`` (the ``client_group`` setting's gid) the directory and its log folders
+    are that group's and :data:`control.SHARED_DIRECTORY_MODE` (setgid: whatever is made in
+    them takes the group; its members may read and enter, never add or remove a name), and
+    its files take :func:`control.file_mode`'s shared modes; without one it is
+    :data:`control.PRIVATE_DIRECTORY_MODE` when a driver made it.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], group: int | None = None) -> None:
         self.path = Path(path)
+        self.group = group
         self._lock_fd: int | None = None
         self._created = False  # whether a slipstream driver made the directory itself
         self._made_parents: list[Path] = []  # missing parents this driver made, outermost first
@@ -147,8 +154,10 @@ class DriverDirectory:
         """Create (mode 0700) or adopt and lock the directory; clean what a dead driver left
         behind.  Raises :class:`DriverAlreadyRunningError` if a live driver holds it and
         :class:`DriverDirectoryError` if it holds anything that is not a driver's, or another
-        user could change it."""
+        user could change it.  A ``group`` this process is not in is a
+        :class:`ConfigurationError` naming ``client_group``."""
         self._check_socket_paths()
+        self._check_group()
         self._made_parents = []
         created = False
         refused_in: Path | None = None  # where the last attempt found ENOENT with a parent
@@ -199,18 +208,49 @@ class DriverDirectory:
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, control.lock_text(self._created, os.getpid()).encode(), 0)
-            if self._created:
-                os.chmod(self.path, 0o700)
+            os.fchmod(fd, self.file_mode(clients_write=False))  # clients probe it (flock)
+            if self.group is not None:
+                os.fchown(fd, -1, self.group)  # made before the directory was the group's
+                self._share(self.path)
+            elif self._created:
+                os.chmod(self.path, control.PRIVATE_DIRECTORY_MODE)
             # A stale driver's files: it died without cleaning up.  Its error log is kept
             # for the operator (slipstream stat shows it).
             with contextlib.suppress(FileNotFoundError):
                 os.replace(self.path / ERROR_LOG_FILE, self.path / PREVIOUS_ERROR_LOG_FILE)
+            with contextlib.suppress(OSError):  # stat's readers: the group's, if it has one
+                _chmod_file(self.path / PREVIOUS_ERROR_LOG_FILE,
+                            self.file_mode(clients_write=False))
             self._remove_own_entries(keep=(PREVIOUS_ERROR_LOG_FILE,))
             for folder in LOG_FOLDERS:
-                (self.path / folder).mkdir(mode=0o700, exist_ok=True)
+                (self.path / folder).mkdir(mode=control.PRIVATE_DIRECTORY_MODE, exist_ok=True)
+                if self.group is not None:
+                    self._share(self.path / folder)
         except BaseException:
             self.release()
             raise
+
+    def file_mode(self, *, clients_write: bool) -> int:
+        """The mode of a file the driver makes here (:func:`control.file_mode`)."""
+        return control.file_mode(self.group is not None, clients_write=clients_write)
+
+    def _check_group(self) -> None:
+        """The driver may give its files to ``group`` only as one of its members."""
+        if self.group is None or os.geteuid() == 0:
+            return
+        if self.group != os.getegid() and self.group not in os.getgroups():
+            user = control.describe_user(os.geteuid())
+            group = control.describe_group(self.group)
+            raise ConfigurationError(
+                "client_group", f"this driver runs as {user}, which is not in {group}, so it "
+                f"cannot make its files that group's: add it (usermod -aG "
+                f"{control.group_name(self.group)} {control.user_name(os.geteuid())}, or "
+                f"SupplementaryGroups= in its unit) or name one of its groups")
+
+    def _share(self, path: Path) -> None:
+        """Give the directory ``path`` (the driver's own, or a log folder in it) to the group."""
+        os.chown(path, -1, self.group)
+        os.chmod(path, control.SHARED_DIRECTORY_MODE)
 
     def _check_socket_paths(self) -> None:
         """The unix sockets the driver makes in the directory (the control socket, the
@@ -285,7 +325,8 @@ class DriverDirectory:
         unlocked.  None if another driver linked its own first."""
         lock_path = self.path / control.LOCK_FILE
         making = self.path / f"{control.LOCK_FILE}.{os.getpid()}.{threading.get_ident()}"
-        fd = os.open(making, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = control.create_file(making, _LOCK_FLAGS | os.O_EXCL,
+                                 self.file_mode(clients_write=False))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.pwrite(fd, control.lock_text(created, os.getpid()).encode(), 0)
@@ -517,6 +558,15 @@ def _is_driver_entry(entry: Path) -> bool:
     return False
 
 
+def _chmod_file(path: Path, mode: int) -> None:
+    """Set the mode of one of the driver's files, never of what a link there points to."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
 def _remove_file(path: Path) -> None:
     """Unlink one of the driver's names (a file, a socket or a link, never a directory)."""
     with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
@@ -530,7 +580,7 @@ class _DriverCore:
 
     def __init__(self, settings: DriverSettings) -> None:
         self.settings = settings
-        self.driver_directory = DriverDirectory(settings.directory)
+        self.driver_directory = DriverDirectory(settings.directory, settings.client_gid)
         self._told_clients = False
         self.doorbells: list[Any] = []
         self._opened: list[str] = []  # what _open made so far: _close closes just that
@@ -563,11 +613,17 @@ class _DriverCore:
         # Only processes of the driver's own user may talk to it (SO_PEERCRED): the 0700
         # directory keeps others out too, but not root, nor a directory someone opened up.
         sock.setsockopt(zmq.IPC_FILTER_UID, os.geteuid())
+        directory = self.driver_directory
+        if directory.group is not None:
+            # And the members of client_group: libzmq admits a peer whose gid is the group's
+            # or whom the group database lists as a member.
+            sock.setsockopt(zmq.IPC_FILTER_GID, directory.group)
+        shared_mode = directory.file_mode(clients_write=True)
         self.counters = counters = CountersFile.create(
-            self.driver_directory.path / control.COUNTERS_FILE, self.settings.counters_capacity)
+            directory.path / control.COUNTERS_FILE, self.settings.counters_capacity, shared_mode)
         self._opened.append("counters")
         for name in (control.SENDER_DOORBELL, control.RECEIVER_DOORBELL):
-            self.doorbells.append(open_doorbell(str(self.driver_directory.path / name)))
+            self.doorbells.append(open_doorbell(str(directory.path / name), shared_mode))
         self.conductor = DriverConductor(
             self.settings, self.driver_directory.path, counters,
             transports=UdpTransports(self.settings, counters),
@@ -594,10 +650,11 @@ class _DriverCore:
         opened.clear()
 
     def _bind_commands(self) -> None:
-        """Bind the command socket; 0600 as every file of the directory (zmq makes it with
-        the process's umask, and an adopted directory may be 0755)."""
+        """Bind the command socket, with the mode of every file clients write in the directory
+        (zmq makes it with the process's umask, and an adopted directory may be 0755)."""
         self.sock.bind(control.conductor_endpoint(self.driver_directory.path))
-        os.chmod(self.driver_directory.path / control.CONDUCTOR_SOCKET, 0o600)
+        os.chmod(self.driver_directory.path / control.CONDUCTOR_SOCKET,
+                 self.driver_directory.file_mode(clients_write=True))
 
     def _send(self, out: Outgoing) -> None:
         for key, message in out:
@@ -714,7 +771,8 @@ class _DriverShell(_DriverCore):
             self.watchdog = Watchdog(self.notifier, interval_ns,
                                      [lambda t=t: t.last_cycle_ns for t in threads])
         watcher: threading.Thread | None = None
-        error_log = ErrorLogHandler(self.driver_directory.path)
+        error_log = ErrorLogHandler(self.driver_directory.path,
+                                    self.driver_directory.file_mode(clients_write=False))
         logging.getLogger("slipstream").addHandler(error_log)
         try:
             self._start_metrics()
@@ -1074,7 +1132,8 @@ class EmbeddedDriver(_DriverCore):
             self._command_poll.register(self.sock.getsockopt(zmq.FD), select.POLLIN)
             # The driver's own log only: the application's clients log under
             # slipstream.client, which is not the driver's to report.
-            self._error_log = ErrorLogHandler(self.driver_directory.path)
+            self._error_log = ErrorLogHandler(
+                self.driver_directory.path, self.driver_directory.file_mode(clients_write=False))
             self._error_log.addFilter(lambda _record: _running_embedded.get() is self)
             logging.getLogger("slipstream.driver").addHandler(self._error_log)
             self._start_metrics()

@@ -47,6 +47,7 @@ US, MS, S = 1_000, 1_000_000, 1_000_000_000
 # read from the table: this is the independent statement of what the defaults must be.
 EXPECTED_DEFAULTS: dict[str, Any] = {
     "dir": None,
+    "client_group": "",  # the driver's own user only
     "log_level": "info",
     "metrics_address": "",
     "counters_capacity": 4096,
@@ -139,6 +140,8 @@ def _alternative(key: str) -> Any:
         candidates: list[Any] = ["/tmp/slipstream-test"]
     elif key == "metrics_address":
         candidates = ["127.0.0.1:9100"]
+    elif key == "client_group":
+        candidates = ["slipstream"]
     elif spec.kind is Kind.BOOL:
         candidates = [not d]
     elif spec.kind is Kind.CHOICE:
@@ -476,6 +479,8 @@ def _valid_values(key: str) -> st.SearchStrategy[Any]:
         return st.sampled_from([None, "/tmp/slip", "/dev/shm/a b", 'odd"dir\\x', "/tmp/ünï\tx"])
     if key == "metrics_address":
         return st.sampled_from(["", "127.0.0.1:9100", "[::1]:0", "host.example:65535"])
+    if key == "client_group":
+        return st.sampled_from(["", "slipstream", "1001", "spark-users"])
     if spec.kind is Kind.BOOL:
         return st.booleans()
     if spec.kind is Kind.CHOICE:
@@ -614,3 +619,13 @@ def test_set_unknown_key_suggests_closest() -> None:
     args = _parser().parse_args(["--set", "max-resends=3"])
     with pytest.raises(ConfigurationError, match="did you mean 'max_resend'"):
         load_settings_from_args(args, env={})
+
+
+def test_a_client_group_that_is_no_group_name_or_that_this_host_lacks_names_the_key() -> None:
+    with pytest.raises(ConfigurationError, match=r"client_group.*'a:b' is not a group name"):
+        DriverSettings(client_group="a:b")
+    missing = DriverSettings(client_group="no-such-group-here")
+    with pytest.raises(ConfigurationError, match=r"client_group.*is not a group of this host"):
+        _ = missing.client_gid
+    assert DriverSettings(client_group="4242").client_gid == 4242
+    assert DriverSettings().client_gid is None

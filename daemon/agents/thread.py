@@ -41,15 +41,15 @@ log = logging.getLogger("slipstream.driver")
 MAX_PARK_S: Final = 1.0
 
 
-def open_doorbell(path: str) -> socket.socket:
+def open_doorbell(path: str, mode: int = 0o600) -> socket.socket:
     """The driver's end of a doorbell: a non-blocking unix datagram socket bound at ``path``
-    (mode 0600 by the umask of the 0700 driver directory)."""
+    with ``mode`` (:func:`control.file_mode`: clients ring it, so they write it)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setblocking(False)
     sock.bind(path)
-    os.chmod(path, 0o600)
+    os.chmod(path, mode)
     return sock
 
 

@@ -367,7 +367,8 @@ class DriverConductor:
                 unblock_timeout_ns=settings.publication_unblock_timeout,
                 linger_timeout_ns=params.linger_timeout_ns,
                 now_ns=now_ns, **log_start(params, self._rng), sparse=params.sparse,
-                watermarks=watermarks_of(channel, settings))
+                watermarks=watermarks_of(channel, settings),
+                mode=settings.file_mode(clients_write=True))
         except CountersFullError:
             self.budget.release(reserved)
             raise

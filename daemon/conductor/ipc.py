@@ -104,13 +104,14 @@ class IpcPublication:
         clean_chunk_length: int = CLEAN_CHUNK_LENGTH,  # bytes zeroed per duty cycle at most
         sparse: bool = True,
         watermarks: tuple[int, int] = (100, 50),  # percent: back-pressure episodes
+        mode: int = 0o600,  # the log file's (DriverSettings.file_mode)
     ) -> IpcPublication:
         log = LogBuffer.create(
             path, term_length=term_length, initial_term_id=initial_term_id,
             session_id=session_id, stream_id=stream_id, mtu=mtu,
             correlation_id=registration_id, term_window_length=term_window_length,
             initial_term_count=initial_term_count, initial_term_offset=initial_term_offset,
-            linger_timeout_ns=linger_timeout_ns, sparse=sparse,
+            linger_timeout_ns=linger_timeout_ns, sparse=sparse, mode=mode,
             # The driver's view of an IPC log carries no data path (its clients map and
             # populate their own): metadata, positions and cleaning only.  Populating it up
             # front held the conductor's thread for 154 ms of a default 192 MiB log (56 ms

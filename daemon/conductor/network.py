@@ -212,7 +212,8 @@ class NetworkConductor:
         self._wake_network = wake_network
         self._wake_conductor = wake_conductor
         self._events: deque[NetworkEvent] = deque()
-        self.loss_report = LossReport(directory / LOSS_REPORT_FILE)
+        self.loss_report = LossReport(directory / LOSS_REPORT_FILE,
+                                      mode=settings.file_mode(clients_write=False))
         self.sender = Sender(
             on_event=self._post,
             max_datagrams_per_send=settings.network_publication_max_messages_per_send,
@@ -306,7 +307,7 @@ class NetworkConductor:
             mtu=params.mtu, correlation_id=registration_id,
             term_window_length=params.term_window_length, group=params.group,
             linger_timeout_ns=params.linger_timeout_ns, sparse=params.sparse,
-            **log_start(params, self._rng))
+            mode=settings.file_mode(clients_write=True), **log_start(params, self._rng))
         label = f"{channel} stream={stream_id} session={session_id}"
         try:
             flow_control = flow_control_for(params)
@@ -489,7 +490,8 @@ class NetworkConductor:
                 stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=registration_id,
                 initial_term_count=term_count(setup.active_term_id, setup.initial_term_id),
                 initial_term_offset=setup.term_offset,
-                group=params.image_is_group(setup.is_group), sparse=params.sparse)
+                group=params.image_is_group(setup.is_group), sparse=params.sparse,
+                mode=self.settings.file_mode(clients_write=True))
             label = (f"{channel} stream={setup.stream_id} session={setup.session_id} "
                      f"source={event.source[0]}:{event.source[1]}")
             try:

@@ -23,6 +23,8 @@ from typing import Any
 
 import attrs
 
+from slipstream.client import control
+
 FILE = "errors.json"
 #: A dead driver's error log, kept by the next driver in the directory (systemd restarts a
 #: crashed driver within a second: without it, the evidence would go with the restart).
@@ -50,9 +52,11 @@ class ErrorEntry:
 class ErrorLogHandler(logging.Handler):
     """Keeps the distinct errors of the records it sees in ``directory/errors.json``."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], mode: int = 0o600) -> None:
+        """``mode``: the file's (:func:`control.file_mode`)."""
         super().__init__(level=logging.ERROR)
         self.path = Path(directory) / FILE
+        self.mode = mode
         self.entries: dict[str, ErrorEntry] = {}
         self._written_ns = 0
         self._dirty = False
@@ -110,7 +114,7 @@ class ErrorLogHandler(logging.Handler):
         """Under the lock: replace the file with the entries."""
         temporary = self.path.with_name(TEMPORARY_FILE)
         data = json.dumps([attrs.asdict(e) for e in self.entries.values()], indent=1)
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = control.create_file(temporary, os.O_WRONLY | os.O_TRUNC, self.mode)
         with os.fdopen(fd, "w") as f:
             f.write(data)
         os.replace(temporary, self.path)

@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from slipstream.client import control
 from slipstream.client._native import ffi
 from slipstream.daemon._network import lib as network
 
@@ -71,11 +72,13 @@ class LossEntry:
 class LossReport:
     """The driver's mapped report (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str], capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, path: str | os.PathLike[str], capacity: int = DEFAULT_CAPACITY,
+                 mode: int = 0o600) -> None:
+        """Create the report at ``path`` with ``mode`` (:func:`control.file_mode`)."""
         self.path = Path(path)
         self.capacity = capacity
         size = HEADER_LENGTH + capacity * ENTRY_LENGTH
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = control.create_file(self.path, os.O_RDWR | os.O_TRUNC, mode)
         try:
             os.ftruncate(fd, size)
             self._map = mmap.mmap(fd, size)
