@@ -196,17 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
                            "with --slow-consumer only")
     demo.set_defaults(func=_demo)
 
-    try:
-        from slipstream.sim.cli import add_arguments as add_sim_arguments
-    except ImportError:
-        add_sim_arguments = None
-    if add_sim_arguments is not None:
-        sim = commands.add_parser(
-            "sim", help="run the protocol in the deterministic network simulator",
-            description="One publisher to N-1 subscribers over a virtual network with faults "
-                        "(unicast when N is 2, multicast above), faster than real time.")
-        add_sim_arguments(sim)
-        sim.set_defaults(func=_sim)
+    # The simulator ships in the same package: a failing import is a broken install, said
+    # as such, not a command that silently vanishes.
+    from slipstream.sim.cli import add_arguments as add_sim_arguments
+
+    sim = commands.add_parser(
+        "sim", help="run the protocol in the deterministic network simulator",
+        description="One publisher to N-1 subscribers over a virtual network with faults "
+                    "(unicast when N is 2, multicast above), faster than real time.")
+    add_sim_arguments(sim)
+    sim.set_defaults(func=_sim)
     return parser
 
 
