@@ -12,7 +12,9 @@ install: $(STAMP)
 # Editable install: the cffi extension is compiled in place at install, and again whenever
 # the C sources or the packaging change.
 $(STAMP): pyproject.toml setup.py client/native.c client/native.h client/fastpath.c client/_native_build.py \
-          daemon/network.c daemon/network.h daemon/_network_build.py
+          daemon/network.c daemon/network_sender.c daemon/network_retransmit.c daemon/network_loss.c \
+          daemon/network_cleaner.c daemon/network_receiver.c daemon/network_endpoints.c \
+          daemon/network_duty.c daemon/network.h daemon/network_internal.h daemon/_network_build.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench,sim,spark]'

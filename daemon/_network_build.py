@@ -1,5 +1,6 @@
 """cffi API-mode build of slipstream.daemon._network, the driver's network data path (run by
-setup.py at install time).  It compiles native.c in as well, for the log-buffer scans."""
+setup.py at install time): network.h is its interface, and SOURCES its C files, one per component
+(network.c has their map).  It compiles native.c in as well, for the log-buffer scans."""
 
 import importlib.util
 import os
@@ -18,12 +19,18 @@ def _native_build():  # the client's build module, for its header-to-cdef rule
     return module
 
 
+#: The data path's C files (network_internal.h is what they share; the Makefile lists them too).
+SOURCES = ("network.c", "network_sender.c", "network_retransmit.c", "network_loss.c",
+           "network_cleaner.c", "network_receiver.c", "network_endpoints.c", "network_duty.c")
+
 ffibuilder = FFI()
 ffibuilder.cdef(_native_build().cdef_from_header((HERE / "network.h").read_text()))
 ffibuilder.set_source(
     "slipstream.daemon._network",
     '#include "native.h"\n#include "network.h"',
-    sources=[os.path.relpath(HERE / "network.c"), os.path.relpath(CLIENT / "native.c")],
+    sources=[*(os.path.relpath(HERE / name) for name in SOURCES),
+             os.path.relpath(CLIENT / "native.c")],
+    depends=[os.path.relpath(HERE / name) for name in ("network.h", "network_internal.h")],
     include_dirs=[str(HERE), str(CLIENT)],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"],
 )

@@ -1,11 +1,12 @@
 /*
  * slipstream's network data path: the per-datagram work of the sender and receiver agents
- * (docs/ARCHITECTURE.md, Threads).  Python runs the protocol per batch; this file sends
- * committed frames straight from a publication's log (sendmmsg, iovecs into the map) and
- * receives datagrams (recvmmsg), validates every frame of every datagram and inserts DATA
- * into the image's log, and answers NAKs at a send endpoint (retransmissions queued for the
- * data path).  The rest (SETUP, SM, RTTM, ERR, a new session's data, and NAKs that need a
- * timer or are malformed) goes up to Python.
+ * (docs/ARCHITECTURE.md, Threads), the interface of its C files (network.c has their map).
+ * Python runs the protocol per batch; the C half sends committed frames straight from a
+ * publication's log (sendmmsg, iovecs into the map) and receives datagrams (recvmmsg),
+ * validates every frame of every datagram and inserts DATA into the image's log, and answers
+ * NAKs at a send endpoint (retransmissions queued for the data path).  The rest (SETUP, SM,
+ * RTTM, ERR, a new session's data, and NAKs that need a timer or are malformed) goes up to
+ * Python.
  *
  * Every length and offset from the network is checked with 64-bit arithmetic before it
  * indexes memory.  Counters are int64 cells in the counters file; the driver's own positions

@@ -1,7 +1,7 @@
 """Loss detection and NAK timing on the receiver (docs/PROTOCOL.md §4.4; aeron_loss_detector.c).
 
 The image calls :meth:`LossDetector.scan` on each rebuild pass with its rebuild position and
-high-water mark.  One C call (``ss_loss_scan``, daemon/network.c) finds the gaps between them,
+high-water mark.  One C call (``ss_loss_scan``, daemon/network_loss.c) finds the gaps between them,
 up to :data:`MAX_GAPS` in stream order (Aeron's detector handles only the first; see the
 class), and keeps their timers:
 

@@ -19,7 +19,8 @@ one it queued in part lingers over that part, so the receiver's next NAK for the
 
 The resend length is capped at ``min(length, receiver window x a multiple, rest of the term)``
 (``FlowControl.retransmission_lookahead`` gives the middle term).  The rules run in C
-(``ss_retransmit_on_nak`` in daemon/network.c), on the publication's ``ss_send_publication_t``:
+(``ss_retransmit_on_nak`` in daemon/network_retransmit.c), on the publication's
+``ss_send_publication_t``:
 a NAK is per-datagram work, and the send endpoint's C dispatch answers it (for the driver's
 socket and the simulator's virtual network alike) without a trip through Python; NAKs it leaves
 (a retransmit delay needs a timer) come to the publication's Python, which calls the same

@@ -383,13 +383,13 @@ class PublicationImage:
         self.c.sm_interval_ns = self.status_message_timeout_ns * factor
 
     def _sends_sm_in_c(self) -> bool:
-        """The C half's rule (``sends_status_messages`` in daemon/network.c)."""
+        """The C half's rule (``sends_status_messages`` in daemon/network_duty.c)."""
         c = self.c
         return bool(c.sm_in_c and not c.python_on_data and c.eos_position < 0
                     and c.subscriber_count > 0)
 
     def _rebuilt_in_c(self) -> bool:
-        """The C half's rule (``rebuilt_in_c`` in daemon/network.c)."""
+        """The C half's rule (``rebuilt_in_c`` in daemon/network_duty.c)."""
         c = self.c
         return bool(c.rebuild_in_c and not c.python_on_data and c.eos_position < 0
                     and c.subscriber_count > 0)

@@ -1,0 +1,793 @@
+/* slipstream's network data path: the duty cycle (Aeron's aeron_driver_sender_do_work and
+ * aeron_driver_receiver_do_work, and the agent runner's idle strategy): the sender's bands, the
+ * C half's rebuild passes, status messages, heartbeats and pub-lmt steps, the rule that says
+ * when the Python half is due, and the network thread's loop.  See network.h for the
+ * contracts. */
+#define _GNU_SOURCE
+#include "network_internal.h"
+
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------- the duty cycle */
+
+static int64_t clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Read an endpoint's socket until it is empty, its datagrams for Python wait, or the batch
+ * limit; returns the datagrams received. */
+static int32_t receive_endpoint(ss_receiver_t *r, int64_t now_ns) {
+    if (r->fd < 0 || r->pending_count > 0 || r->failed || r->pending == NULL) return 0;
+    int32_t total = 0;
+    for (int32_t call = 0; call < SS_MAX_RECEIVE_CALLS; call++) {
+        int32_t received = ss_receiver_recv(r, r->fd, now_ns, r->pending, &r->pending_count);
+        if (received < 0) {
+            r->failed = 1;
+            break;
+        }
+        total += received;
+        if (received < r->batch || r->pending_count > 0) break;
+    }
+    return total;
+}
+
+static const int32_t band_weights[SS_BANDS] = {1, 1, 2, 4, 8};
+
+int32_t ss_band_of(const ss_send_publication_t *p, int64_t now_ns) {
+    int64_t effective = p->priority;
+    if (p->waiting_since_ns > 0 && now_ns > p->waiting_since_ns) {
+        int64_t boost = (now_ns - p->waiting_since_ns) / SS_AGING_NS_PER_POINT;
+        effective += boost < SS_AGING_MAX ? boost : SS_AGING_MAX;
+    }
+    if (effective < 0) return 0;
+    if (effective < 250) return 1;
+    if (effective < 500) return 2;
+    if (effective < 750) return 3;
+    return 4;
+}
+
+/* Whether the sends of this pass (virtual: the simulator's, else the sockets') include p. */
+static inline int in_pass(const ss_send_publication_t *p, int virtual) {
+    return (p->fd < 0) == (virtual != 0);
+}
+
+/* Whether p shares the send socket `fd` of this pass (the simulator's pass has one). */
+static inline int on_socket(const ss_send_publication_t *p, int32_t fd, int virtual) {
+    return in_pass(p, virtual) && (virtual || p->fd == fd);
+}
+
+/* One ss_send_data of publication i; a virtual one's spans go to the agent's virtual output
+ * (*full when it has no room left for another send). */
+static int32_t send_one(ss_agent_t *a, int32_t i, int64_t now_ns, int32_t budget, int virtual,
+                        int *full) {
+    ss_send_publication_t *p = a->publications[i];
+    if (virtual) {
+        const int32_t room = a->virtual_capacity - a->virtual_count - SS_RETRANSMIT_MAX;
+        if (room <= 0) {
+            *full = 1;
+            return 0;
+        }
+        if (budget > room) budget = room;
+    }
+    const int32_t sent = ss_send_data(p, now_ns, budget, a->spans);
+    if (virtual && sent > 0) {
+        memcpy(a->virtual_spans + a->virtual_count, a->spans, sizeof(ss_span_t) * (size_t)sent);
+        for (int32_t k = 0; k < sent; k++) a->virtual_owners[a->virtual_count + k] = i;
+        a->virtual_count += sent;
+    }
+    return sent;
+}
+
+/* Serve band b's publications on socket fd that have data, from its turn's start, as long as
+ * the band's deficit lasts; *full is set when the socket stops taking datagrams (the turn
+ * resumes there). */
+static int32_t serve_band(ss_agent_t *a, ss_band_round_t *round, int32_t fd, int32_t b,
+                          int64_t now_ns, int virtual, int *full) {
+    int32_t sent_total = 0;
+    const int32_t count = a->publication_count;
+    for (int32_t k = 0; k < count && round->deficit[b] > 0; k++) {
+        const int32_t i = (round->next[b] + k) % count;
+        ss_send_publication_t *p = a->publications[i];
+        if (!on_socket(p, fd, virtual) || ss_band_of(p, now_ns) != b || !ss_has_data_ready(p))
+            continue;
+        while (round->deficit[b] > 0) {
+            int64_t budget = round->deficit[b];
+            if (budget > a->max_datagrams) budget = a->max_datagrams;
+            const int32_t sent = send_one(a, i, now_ns, (int32_t)budget, virtual, full);
+            if (sent > 0) {
+                sent_total += sent;
+                round->deficit[b] -= sent;
+                p->waiting_since_ns = 0; /* served: it ages again from its next wait */
+                round->next[b] = (i + 1) % count; /* the band's next turn starts after it */
+            }
+            if (p->socket_full || *full) {
+                round->next[b] = i; /* ... unless the socket cut its turn short */
+                *full = 1;
+                return sent_total;
+            }
+            if (sent <= 0 || !ss_has_data_ready(p)) break;
+        }
+    }
+    return sent_total;
+}
+
+/* Deficit weighted round robin over the bands of the publications on socket fd: one round
+ * visits the bands from 4 down to 0, each visit granting the band weight x max_datagrams.
+ * When the socket is full the round stops where it is and goes on from there next cycle, so
+ * under a bottleneck each band's share of what the socket takes follows its weight, and the
+ * lowest band is served every round.  Only a socket whose publications have data runs its
+ * round: a round run with nothing to send would move on and re-grant the band it stopped in,
+ * starving the lower bands. */
+static int32_t serve_socket(ss_agent_t *a, ss_band_round_t *round, int32_t fd, int64_t now_ns,
+                            int virtual) {
+    int32_t sent_total = 0;
+    int full = 0;
+    for (int32_t visit = 0; visit < SS_BANDS && !full; visit++) {
+        const int32_t b = round->band < 0 || round->band >= SS_BANDS ? SS_BANDS - 1 : round->band;
+        if (!round->granted) {
+            if (!(b == 0 && a->defer_lowest_band))
+                round->deficit[b] += (int64_t)band_weights[b] * a->max_datagrams;
+            round->granted = 1;
+        }
+        sent_total += serve_band(a, round, fd, b, now_ns, virtual, &full);
+        if (full) break;
+        /* The visit ended with room in the socket: the band spent its grant, or what is left
+         * of it found nothing to send (DRR keeps no credit for an empty queue). */
+        round->deficit[b] = 0;
+        round->band = b == 0 ? SS_BANDS - 1 : b - 1;
+        round->granted = 0;
+    }
+    return sent_total;
+}
+
+static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_only,
+                                 int virtual) {
+    int32_t sent_total = 0;
+    /* Repairs first, of every publication whatever its band or the governor's deferral: a gap
+     * pins the receiver's window.  A budget of 0 sends the retransmissions only. */
+    int full = 0;
+    for (int32_t i = 0; i < a->publication_count && !full; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (!in_pass(p, virtual) || p->retransmit_count <= 0) continue;
+        const int32_t sent = send_one(a, i, now_ns, 0, virtual, &full);
+        if (sent > 0) sent_total += sent;
+        if (!virtual) full = 0; /* a full socket stops only its own publications */
+    }
+    if (retransmits_only || full) return sent_total;
+    if (a->publication_count == 1) { /* nobody to share with */
+        ss_send_publication_t *p = a->publications[0];
+        if (in_pass(p, virtual) && !(a->defer_lowest_band && p->priority < 0)) {
+            const int32_t sent = send_one(a, 0, now_ns, a->max_datagrams, virtual, &full);
+            if (sent > 0) sent_total += sent;
+        }
+        return sent_total;
+    }
+    /* One round per send socket, in the first of its publications: the bands divide what a
+     * socket takes, and a socket held by a bottleneck must not hold the others back. */
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *first = a->publications[i];
+        if (!in_pass(first, virtual)) continue;
+        const int32_t fd = first->fd;
+        int seen_before = 0;
+        for (int32_t j = 0; j < i && !seen_before; j++)
+            seen_before = on_socket(a->publications[j], fd, virtual);
+        if (seen_before) continue;
+        int any_ready = 0;
+        for (int32_t j = i; j < a->publication_count && !any_ready; j++)
+            any_ready = on_socket(a->publications[j], fd, virtual) &&
+                        ss_has_data_ready(a->publications[j]);
+        if (any_ready) sent_total += serve_socket(a, &first->round, fd, now_ns, virtual);
+    }
+    /* Aging: a publication with data that got nothing since it was last served waits on. */
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (!in_pass(p, virtual)) continue;
+        /* A deferred publication does not age out of the lowest band: it waits on purpose. */
+        if (!ss_has_data_ready(p) || (a->defer_lowest_band && p->priority < 0))
+            p->waiting_since_ns = 0;
+        else if (p->waiting_since_ns == 0) p->waiting_since_ns = now_ns;
+    }
+    return sent_total;
+}
+
+int32_t ss_sender_status_poll_due(ss_agent_t *a, int32_t sent) {
+    /* A status message or NAK read late stalls the stream: never let a busy send loop starve
+     * the control input for long. */
+    a->datagrams_to_status_poll -= sent;
+    if (sent != 0 && a->datagrams_to_status_poll > 0) return 0;
+    a->datagrams_to_status_poll = 2 * a->status_poll_ratio;
+    return 1;
+}
+
+int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only) {
+    a->virtual_count = 0;
+    return send_publications(a, now_ns, retransmits_only, 1);
+}
+
+static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns);
+static int32_t status_messages(ss_agent_t *a, int64_t now_ns);
+static int32_t heartbeats(ss_agent_t *a, int64_t now_ns);
+static int32_t publisher_limits(ss_agent_t *a);
+
+int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns) {
+    int32_t work = 0;
+    if (a->is_sender) {
+        int32_t sent = send_publications(a, now_ns, 0, 0);
+        if (ss_sender_status_poll_due(a, sent)) {
+            int32_t received = 0;
+            for (int32_t i = 0; i < a->endpoint_count; i++)
+                received += receive_endpoint(a->endpoints[i], now_ns);
+            work += received;
+            /* The NAKs just answered queued retransmissions: they go now, not a cycle of new
+             * data later (a gap pins the receiver's window until it is repaired). */
+            if (received) work += send_publications(a, now_ns, 1, 0);
+        }
+        work += sent + heartbeats(a, now_ns) + publisher_limits(a);
+    } else {
+        for (int32_t i = 0; i < a->endpoint_count; i++)
+            work += receive_endpoint(a->endpoints[i], now_ns);
+        work += rebuild_images(a, now_ns);
+        work += status_messages(a, now_ns);
+    }
+    ss_agent_python_due(a, now_ns);
+    return work;
+}
+
+/* The slowest and the furthest subscriber's positions (ss_subscriber_position_bounded). */
+static int64_t min_subscriber_position(const ss_image_t *image) {
+    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
+    int64_t least = hwm;
+    for (int32_t i = 0; i < image->subscriber_count; i++) {
+        int64_t position =
+            ss_subscriber_position_bounded(LOAD_ACQ(image->subscriber_positions[i]), hwm);
+        if (position < least) least = position;
+    }
+    return least;
+}
+
+static int64_t max_subscriber_position(const ss_image_t *image) {
+    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
+    int64_t most = INT64_MIN;
+    for (int32_t i = 0; i < image->subscriber_count; i++) {
+        int64_t position =
+            ss_subscriber_position_bounded(LOAD_ACQ(image->subscriber_positions[i]), hwm);
+        if (position > most) most = position;
+    }
+    return most;
+}
+
+/* Whether the C half rebuilds this image itself (see ss_image_t.rebuild_in_c). */
+static inline int rebuilt_in_c(const ss_image_t *image) {
+    return image->rebuild_in_c && image->loss != NULL && !image->python_on_data &&
+           image->eos_position < 0 && image->subscriber_count > 0;
+}
+
+/* The first 8 bytes of a frame the driver sends itself (a NAK, an SM, a heartbeat): its
+ * length, the version, flags and type (unlike a log's frames, no commit protocol). */
+static inline void put_control_header(uint8_t *frame, int32_t frame_length, uint8_t flags,
+                                      uint16_t type) {
+    memcpy(frame, &frame_length, 4);
+    frame[SS_VERSION_FIELD] = SS_CURRENT_VERSION;
+    frame[SS_FLAGS_FIELD] = flags;
+    memcpy(frame + SS_TYPE_FIELD, &type, 2);
+}
+
+/* Send the queued NAKs through the image's socket; what failed with an error other than a
+ * full socket stays queued, for the Python half to send and log. */
+static void send_naks(ss_image_t *image) {
+    if (image->control_fd < 0 || image->counters == NULL || image->control_address_length <= 0)
+        return;
+    ss_receiver_counters_t *counters = image->counters;
+    int32_t kept = 0;
+    for (int32_t i = 0; i < image->nak_count; i++) {
+        const int32_t *nak = image->naks + 3 * i;
+        uint8_t frame[SS_NAK_LENGTH];
+        put_control_header(frame, SS_NAK_LENGTH, 0, SS_HDR_TYPE_NAK);
+        memcpy(frame + SS_NAK_SESSION_ID_FIELD, &image->session_id, 4);
+        memcpy(frame + SS_NAK_STREAM_ID_FIELD, &image->stream_id, 4);
+        memcpy(frame + SS_NAK_TERM_ID_FIELD, &nak[0], 4);
+        memcpy(frame + SS_NAK_TERM_OFFSET_FIELD, &nak[1], 4);
+        memcpy(frame + SS_NAK_LENGTH_FIELD, &nak[2], 4);
+        const ssize_t sent = ss_receive_channel_send(image, frame, sizeof frame);
+        if (sent >= 0) {
+            count(counters->bytes_sent, sent);
+            count(counters->nak_messages_sent, 1);
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            count(counters->short_sends, 1); /* the gap's retry timer asks again */
+            count(counters->nak_messages_sent, 1);
+        } else { /* Python sends it, and counts and logs the error */
+            memmove(image->naks + 3 * kept++, nak, 3 * sizeof(int32_t));
+        }
+    }
+    image->nak_count = kept;
+}
+
+int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
+    ss_loss_detector_t *d = image->loss;
+    image->dirty = 0; /* before the scan: data that lands during it makes the next pass due */
+    if (d == NULL) return 0;
+    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
+    const int64_t term_length = image->term_length;
+    const int64_t mask = term_length - 1;
+    const int64_t max_sub = image->subscriber_count > 0 ? max_subscriber_position(image) : INT64_MIN;
+    int64_t rcv_pos = LOAD_ACQ(image->receiver_position);
+    /* What arrived in order needs no scan: start where the data path saw it stop. */
+    const int64_t in_order = image->contiguous_position < hwm ? image->contiguous_position : hwm;
+    if (in_order > rcv_pos) rcv_pos = in_order;
+    int32_t queued = 0;
+    for (int32_t pass = 0; pass < SS_PARTITION_COUNT; pass++) {
+        const int64_t rebuild = rcv_pos > max_sub ? rcv_pos : max_sub;
+        const int32_t rebuild_offset = (int32_t)(rebuild & mask);
+        int32_t first = rebuild_offset;
+        int loss_found = 0;
+        if (rebuild >= hwm) {
+            if (d->gap_count) ss_loss_all_filled(d, now_ns);
+        } else {
+            const int64_t term_count = rebuild >> image->position_bits;
+            const int32_t limit_offset = term_count == (hwm >> image->position_bits)
+                                             ? (int32_t)(hwm & mask) : (int32_t)term_length;
+            const int32_t term_id = (int32_t)((uint32_t)image->initial_term_id +
+                                              (uint32_t)term_count);
+            const uint8_t *term = image->log + (term_count % SS_PARTITION_COUNT) * term_length;
+            first = ss_loss_scan(d, term, term_id, rebuild_offset, limit_offset, now_ns,
+                                 image->nak_first_delay_ns, image->nak_retry_delay_ns);
+            loss_found = first < limit_offset;
+        }
+        if (loss_found) {
+            const int32_t term_id = (int32_t)((uint32_t)image->initial_term_id +
+                                              (uint32_t)(rebuild >> image->position_bits));
+            if (d->fresh_count && image->loss_entry != NULL)
+                ss_loss_record(image->loss_entry, d->fresh_bytes, d->fresh_count);
+            for (int32_t i = 0; i < d->due_count && image->nak_count < SS_LOSS_GAPS_MAX; i++) {
+                const ss_gap_t *gap = &d->gaps[d->due[i]];
+                int32_t *nak = image->naks + 3 * image->nak_count++;
+                nak[0] = term_id;
+                nak[1] = gap->term_offset;
+                nak[2] = gap->length;
+                queued++;
+            }
+        }
+        const int64_t new_rebuild = rebuild - (rebuild & mask) + first;
+        if (new_rebuild > rcv_pos) rcv_pos = new_rebuild;
+        if (loss_found || first < term_length || rcv_pos >= hwm) break;
+    }
+    if (rcv_pos > LOAD_ACQ(image->receiver_position))
+        ss_publish_position(image->receiver_position, image->receiver_position_counter, rcv_pos);
+    if (rcv_pos > image->contiguous_position) image->contiguous_position = rcv_pos;
+    image->loss_deadline_ns = ss_loss_next_deadline(d);
+    if (queued) send_naks(image);
+    return queued;
+}
+
+/* Whether the C half sends this image's 25 % rule status messages (ss_image_t.sm_in_c). */
+static inline int sends_status_messages(const ss_image_t *image) {
+    return image->sm_in_c && image->subscriber_count > 0 && !image->python_on_data &&
+           image->eos_position < 0;
+}
+
+/* The 25 % rule's status message, at the slowest subscriber's position: scheduled here, and
+ * sent through the image's socket (else left to the Python half: sm_unsent). */
+static int64_t allowed_window(const ss_image_t *image, int64_t position);
+
+static void send_status_message(ss_image_t *image, int64_t position, int64_t now_ns) {
+    const int64_t window = allowed_window(image, position);
+    image->sm_position = position;
+    image->sm_window = (int32_t)window;
+    image->sm_deadline_ns = now_ns + image->sm_interval_ns;
+    image->last_sm_position = position;
+    const int64_t overrun = position + image->term_length / 2;
+    image->overrun_threshold = overrun < image->reusable_limit ? overrun : image->reusable_limit;
+    image->sm_due_position = position + (window >> 2) + 1;
+    ss_receiver_counters_t *counters = image->counters;
+    if (image->control_fd < 0 || counters == NULL || image->control_address_length <= 0) {
+        image->sm_unsent = 1;
+        return;
+    }
+    uint8_t frame[SS_SM_LENGTH + 8];
+    const int32_t frame_length = SS_SM_LENGTH + (image->has_group_tag ? 8 : 0);
+    const int32_t term_count = (int32_t)(position >> image->position_bits);
+    const int32_t term_id = (int32_t)((uint32_t)image->initial_term_id + (uint32_t)term_count);
+    const int32_t term_offset = (int32_t)(position & (image->term_length - 1));
+    const int32_t window32 = (int32_t)window;
+    put_control_header(frame, frame_length, 0, SS_HDR_TYPE_SM);
+    memcpy(frame + SS_SM_SESSION_ID_FIELD, &image->session_id, 4);
+    memcpy(frame + SS_SM_STREAM_ID_FIELD, &image->stream_id, 4);
+    memcpy(frame + SS_SM_CONSUMPTION_TERM_ID_FIELD, &term_id, 4);
+    memcpy(frame + SS_SM_CONSUMPTION_TERM_OFFSET_FIELD, &term_offset, 4);
+    memcpy(frame + SS_SM_RECEIVER_WINDOW_FIELD, &window32, 4);
+    memcpy(frame + SS_SM_RECEIVER_ID_FIELD, &image->receiver_id, 8);
+    memcpy(frame + SS_SM_LENGTH, &image->group_tag, 8);
+    const ssize_t sent = ss_receive_channel_send(image, frame, (size_t)frame_length);
+    if (sent >= 0) {
+        count(counters->bytes_sent, sent);
+        count(counters->status_messages_sent, 1);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        count(counters->short_sends, 1);
+        count(counters->status_messages_sent, 1); /* the timer's SM repeats it */
+    } else {
+        image->sm_unsent = 1; /* Python sends it and logs the error */
+    }
+}
+
+/* The window the image may advertise at `position`: its own, never inviting data into a
+ * partition that cleaning has not reached. */
+static int64_t allowed_window(const ss_image_t *image, int64_t position) {
+    int64_t window = image->reusable_limit - position;
+    if (window > image->window) window = image->window;
+    return window < 0 ? 0 : window;
+}
+
+/* Cleaning, once the slowest subscriber reached clean_due_position: a chunk toward one term
+ * behind it, then the limits that follow from it. */
+static void clean_image(ss_image_t *image, int64_t slowest) {
+    ss_log_cleaner_t *cleaner = image->cleaner;
+    ss_clean_toward(cleaner, image->log, image->term_length, image->position_bits, slowest);
+    image->reusable_limit = ss_reusable_limit(cleaner, image->term_length);
+    image->clean_due_position = ss_clean_due_position(cleaner, image->term_length);
+}
+
+/* The C half's status messages and cleaning: the slowest subscriber reached the 25 % rule's
+ * position, or cleaning's. */
+static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
+    int32_t work = 0;
+    for (int32_t i = 0; i < a->image_count; i++) {
+        ss_image_t *image = a->images[i];
+        if (!sends_status_messages(image)) continue;
+        const int64_t slowest = min_subscriber_position(image);
+        if (image->cleaner != NULL && slowest >= image->clean_due_position) {
+            clean_image(image, slowest);
+            work++;
+            if (!image->sm_unsent &&
+                allowed_window(image, image->sm_position) != image->sm_window) {
+                send_status_message(image, slowest > image->sm_position ? slowest
+                                                                         : image->sm_position,
+                                    now_ns);
+                continue;
+            }
+        }
+        if (image->sm_unsent) continue;
+        if (slowest >= image->sm_due_position) {
+            send_status_message(image, slowest, now_ns);
+            work++;
+        } else if (now_ns >= image->sm_deadline_ns) {
+            /* The timer's: at what the subscribers consumed by now (§4.6), never behind. */
+            send_status_message(image, slowest > image->sm_position ? slowest : image->sm_position,
+                                now_ns);
+            work++;
+        }
+    }
+    return work;
+}
+
+/* The heartbeats of the publications that send them here (heartbeat_in_c). */
+static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
+    int32_t sent = 0;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (!p->heartbeat_in_c || p->fd < 0 ||
+            now_ns - p->time_of_last_send_ns < SS_HEARTBEAT_TIMEOUT_NS)
+            continue;
+        const int64_t position = LOAD_ACQ(p->sender_position);
+        const int32_t term_count = (int32_t)(position >> p->position_bits);
+        const int32_t term_id = (int32_t)((uint32_t)p->initial_term_id + (uint32_t)term_count);
+        const int32_t term_offset = (int32_t)(position & (p->term_length - 1));
+        uint8_t frame[SS_HEADER_LENGTH];
+        memset(frame, 0, sizeof frame); /* the reserved value too */
+        /* DATA of frame length 0: a heartbeat */
+        put_control_header(frame, 0, SS_BEGIN_FLAG | SS_END_FLAG, SS_HDR_TYPE_DATA);
+        memcpy(frame + SS_TERM_OFFSET_FIELD, &term_offset, 4);
+        memcpy(frame + SS_SESSION_ID_FIELD, &p->session_id, 4);
+        memcpy(frame + SS_STREAM_ID_FIELD, &p->stream_id, 4);
+        memcpy(frame + SS_TERM_ID_FIELD, &term_id, 4);
+        /* One message of one datagram, through the endpoint's send as the data goes. */
+        struct iovec vector = {.iov_base = frame, .iov_len = sizeof frame};
+        struct mmsghdr message;
+        memset(&message, 0, sizeof message);
+        message.msg_hdr.msg_iov = &vector;
+        message.msg_hdr.msg_iovlen = 1;
+        const ssize_t result =
+            ss_send_channel_send(p, &message, 1) < 0 ? -1 : (ssize_t)message.msg_len;
+        p->time_of_last_send_ns = now_ns; /* the next in a timeout, whatever became of this */
+        if (result >= 0) {
+            count(p->bytes_sent, result);
+            count(p->heartbeats_sent, 1);
+            sent++;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            count(p->short_sends, 1);
+        } else if (errno != ECONNREFUSED) { /* an earlier datagram's ICMP error: no one yet */
+            count(p->send_errors, 1);
+            p->last_errno = errno;
+            p->notice = 1; /* Python logs it */
+        }
+    }
+    return sent;
+}
+
+/* Whether the C half's pub-lmt rule has work for p: snd-pos reached the next step, or
+ * cleaning is behind. */
+static inline int limit_step_due(const ss_send_publication_t *p) {
+    if (!p->limit_in_c || p->cleaner == NULL) return 0;
+    return p->cleaner->position < p->cleaner->target ||
+           LOAD_ACQ(p->sender_position) >=
+               p->last_publisher_limit + p->trip_gain - p->term_window_length;
+}
+
+/* pub-lmt's steps for the publications whose limit the C half moves (limit_in_c): clean a
+ * chunk toward one term behind snd-pos, then raise pub-lmt to snd-pos + the term window,
+ * never past what cleaning allows, once that is a step (trip_gain) above the last. */
+static int32_t publisher_limits(ss_agent_t *a) {
+    int32_t work = 0;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (!limit_step_due(p)) continue;
+        const int64_t position = LOAD_ACQ(p->sender_position);
+        work += ss_clean_toward(p->cleaner, p->log, p->term_length, p->position_bits, position);
+        int64_t limit = position + p->term_window_length;
+        const int64_t reusable = ss_reusable_limit(p->cleaner, p->term_length);
+        if (reusable < limit) limit = reusable;
+        if (limit >= p->last_publisher_limit + p->trip_gain) {
+            p->last_publisher_limit = limit;
+            ss_publish_limit(p->publisher_limit, limit, p->meta);
+            work++;
+        }
+    }
+    return work;
+}
+
+int64_t ss_agent_c_deadline(const ss_agent_t *a) {
+    int64_t deadline = SS_NO_DEADLINE;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        const ss_send_publication_t *p = a->publications[i];
+        if (p->limit_in_c && p->cleaner != NULL && p->cleaner->position < p->cleaner->target)
+            return 0; /* cleaning is behind: the next cycle goes on with it */
+        if (p->heartbeat_in_c && p->fd >= 0 &&
+            p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS < deadline)
+            deadline = p->time_of_last_send_ns + SS_HEARTBEAT_TIMEOUT_NS;
+        if (p->sm_in_c && p->sm_time_ns + p->connection_timeout_ns + 1 < deadline)
+            deadline = p->sm_time_ns + p->connection_timeout_ns + 1; /* its receiver's liveness */
+    }
+    for (int32_t i = 0; i < a->image_count; i++) {
+        const ss_image_t *image = a->images[i];
+        if (rebuilt_in_c(image) && image->loss_deadline_ns < deadline)
+            deadline = image->loss_deadline_ns;
+        if (!sends_status_messages(image)) continue;
+        if (!image->sm_unsent && image->sm_deadline_ns < deadline)
+            deadline = image->sm_deadline_ns;
+        if (image->time_of_last_packet_ns + image->liveness_timeout_ns < deadline)
+            deadline = image->time_of_last_packet_ns + image->liveness_timeout_ns;
+    }
+    return deadline;
+}
+
+/* The C half's rebuild passes: data past a gap arrived, or a gap's timer is due. */
+static int32_t rebuild_images(ss_agent_t *a, int64_t now_ns) {
+    int32_t work = 0;
+    for (int32_t i = 0; i < a->image_count; i++) {
+        ss_image_t *image = a->images[i];
+        if (!rebuilt_in_c(image)) continue;
+        if ((image->dirty && LOAD_ACQ(image->receiver_hwm) > image->contiguous_position) ||
+            now_ns >= image->loss_deadline_ns)
+            work += 1 + ss_image_rebuild(image, now_ns);
+    }
+    return work;
+}
+
+int64_t ss_image_rate_signal_top(const ss_image_t *image) {
+    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
+    const ss_loss_detector_t *loss = image->loss;
+    if (loss == NULL || loss->gap_count <= 0 || loss->gaps[0].naks >= SS_RATE_SIGNAL_GAP_NAKS)
+        return hwm;
+    return image->contiguous_position < hwm ? image->contiguous_position : hwm;
+}
+
+static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
+    if (image->nak_count > 0 || image->sm_unsent) return 1;
+    /* Sums, not differences: ss_agent_python_due is asked at now = -INT64_MAX too. */
+    if (sends_status_messages(image) &&
+        now_ns >= image->time_of_last_packet_ns + image->liveness_timeout_ns)
+        return 1;
+    if (image->dirty && (image->python_on_data || image->eos_position >= 0 ||
+                         (LOAD_ACQ(image->receiver_hwm) > image->contiguous_position &&
+                          !rebuilt_in_c(image))))
+        return 1;
+    if (ss_image_rate_signal_top(image) >= image->rate_signal_position) return 1;
+    if (image->subscriber_count <= 0) return 0;
+    /* An SM the C half sends usually went in this cycle, before this rule is asked
+     * (ss_agent_do_work); a subscriber that moved since costs one Python pass. */
+    const int64_t slowest = min_subscriber_position(image);
+    return slowest >= image->sm_due_position ||
+           (slowest >= image->clean_due_position &&
+            (image->cleaner == NULL || !sends_status_messages(image)));
+}
+
+int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
+    int32_t due = 0;
+    if (LOAD_ACQ(&a->commands)) due |= SS_DUE_COMMANDS;
+    if (now_ns >= a->python_deadline_ns) due |= SS_DUE_TIMER;
+    for (int32_t i = 0; i < a->endpoint_count; i++) {
+        const ss_receiver_t *r = a->endpoints[i];
+        if (r->pending_count > 0 || r->failed) due |= SS_DUE_INPUT;
+    }
+    for (int32_t i = 0; i < a->image_count && !(due & SS_DUE_IMAGE); i++)
+        if (image_needs_python(a->images[i], now_ns)) due |= SS_DUE_IMAGE;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        const ss_send_publication_t *p = a->publications[i];
+        if (p->notice || (p->sent_since_python &&
+                          LOAD_ACQ(p->sender_position) >= p->python_send_position) ||
+            (p->sm_in_c && now_ns > p->sm_time_ns + p->connection_timeout_ns)) {
+            due |= SS_DUE_PUBLICATION;
+            break;
+        }
+    }
+    a->due = due;
+    return due;
+}
+
+int32_t ss_has_data_ready(const ss_send_publication_t *p) {
+    if (p->retransmit_count > 0) return 1;
+    const int64_t position = LOAD_ACQ(p->sender_position);
+    const int64_t window = LOAD_ACQ(p->sender_limit) - position;
+    if (window <= 0) return 0;
+    const int32_t index = (int32_t)((position >> p->position_bits) % SS_PARTITION_COUNT);
+    const int32_t offset = (int32_t)(position & (p->term_length - 1));
+    int32_t padding;
+    return ss_scan_for_availability(p->log + (int64_t)index * p->term_length, offset,
+                                    window < p->mtu ? (int32_t)window : p->mtu, p->term_length,
+                                    &padding) > 0;
+}
+
+static int32_t *driver_waiters(uint8_t *meta) { return (int32_t *)(meta + SS_META_DRIVER_WAITERS); }
+
+/* Ask every client to ring the doorbell on news (publishers on new data, subscribers at the
+ * position where a status message is due), then look once more; 0 when there is work after
+ * all.  disarm (delta -1) undoes it. */
+static int arm(ss_agent_t *a, int32_t delta, int64_t now_ns, int64_t *deadline) {
+    int may_park = 1;
+    for (int32_t i = 0; i < a->publication_count; i++) {
+        ss_send_publication_t *p = a->publications[i];
+        if (p->meta == NULL) continue;
+        __atomic_fetch_add(driver_waiters(p->meta), delta, __ATOMIC_SEQ_CST);
+        /* Data of a deferred band waits for the governor's word (a command wakes us). */
+        const int deferred = a->defer_lowest_band && p->retransmit_count == 0 &&
+                             p->priority < 0;
+        if (delta > 0 && !deferred && ss_has_data_ready(p)) {
+            /* Data held back by the rate limit: park until the bucket has room for it. */
+            int64_t wait = p->retransmit_count > 0 ? 0 : ss_rate_wait_ns(p, now_ns);
+            const int64_t coalesced = ss_coalesce_ready_ns(p); /* INT64_MIN: not held */
+            if (coalesced > now_ns && coalesced - now_ns > wait) wait = coalesced - now_ns;
+            if (wait == 0) may_park = 0;
+            else if (now_ns + wait < *deadline) *deadline = now_ns + wait;
+        }
+    }
+    for (int32_t i = 0; i < a->image_count; i++) {
+        ss_image_t *image = a->images[i];
+        if (delta > 0) {
+            const int64_t wake = image->sm_due_position < image->clean_due_position
+                                     ? image->sm_due_position : image->clean_due_position;
+            STORE_REL((int64_t *)(image->meta + SS_META_DRIVER_WAKE_POSITION), wake);
+        }
+        __atomic_fetch_add(driver_waiters(image->meta), delta, __ATOMIC_SEQ_CST);
+    }
+    return may_park;
+}
+
+#define PARK_TIMEOUT_MAX_NS ((int64_t)1000 * 1000000000) /* a park is re-armed within this */
+
+/* Whether epoll_pwait2 is missing (Linux before 5.11, or headers that do not know it) or
+ * refused (a seccomp filter older than it, as systemd's @system-service before v249 is:
+ * EPERM): then timeouts are milliseconds. */
+#ifdef SYS_epoll_pwait2
+static int epoll_ms_only;
+#else
+static const int epoll_ms_only = 1;
+#endif
+
+/* Wait on `epoll_fd` for at most `timeout_ns`: with epoll_pwait2 to the nanosecond, so that a
+ * NAK timer of 100 us is not a parked millisecond (epoll_wait counts whole milliseconds,
+ * rounded up, since a timer is never early).  The system call itself, not glibc's wrapper
+ * (glibc 2.35 and later only).  Returns what the wait returned. */
+static int wait_events(int epoll_fd, int64_t timeout_ns) {
+    struct epoll_event events[16];
+#ifdef SYS_epoll_pwait2
+    if (!epoll_ms_only) {
+        /* The kernel's timespec: two 64-bit fields on every architecture. */
+        const struct { int64_t tv_sec; int64_t tv_nsec; } timeout = {
+            timeout_ns / 1000000000, timeout_ns % 1000000000};
+        const long ready = syscall(SYS_epoll_pwait2, epoll_fd, events, 16, &timeout, NULL, 0);
+        if (ready >= 0 || (errno != ENOSYS && errno != EPERM)) return (int)ready;
+        epoll_ms_only = 1;
+    }
+#endif
+    return epoll_wait(epoll_fd, events, 16, (int)((timeout_ns + 999999) / 1000000));
+}
+
+/* The timeout wait_events(timeout_ns) waits for, ns: the grain of the call it makes. */
+static int64_t wait_granted_ns(int64_t timeout_ns) {
+    return epoll_ms_only ? (timeout_ns + 999999) / 1000000 * 1000000 : timeout_ns;
+}
+
+static void park(ss_duty_loop_t *l, int64_t now_ns) {
+    int may_park = 1;
+    int64_t deadline = now_ns + l->max_park_ns;
+    for (int32_t i = 0; i < l->agent_count; i++) {
+        ss_agent_t *a = l->agents[i];
+        may_park &= arm(a, 1, now_ns, &deadline);
+        if (a->python_deadline_ns < deadline) deadline = a->python_deadline_ns;
+        const int64_t c_deadline = ss_agent_c_deadline(a);
+        if (c_deadline < deadline) deadline = c_deadline;
+    }
+    /* After arming, so a client that moved in between either rang or is seen here. */
+    for (int32_t i = 0; i < l->agent_count; i++)
+        if (ss_agent_python_due(l->agents[i], now_ns) & ~SS_DUE_TIMER) may_park = 0;
+    const int64_t parked_ns = clock_ns();
+    const int64_t timeout_ns = deadline - parked_ns;
+    if (may_park && timeout_ns > 0) {
+        l->parks++;
+        const int64_t asked_ns = timeout_ns < PARK_TIMEOUT_MAX_NS ? timeout_ns : PARK_TIMEOUT_MAX_NS;
+        const int ready = wait_events(l->epoll_fd, asked_ns);
+        if (ready == 0) { /* woken by its timer: how late, against the timeout it asked for */
+            const int64_t woken_ns = clock_ns();
+            int64_t late = woken_ns - (parked_ns + wait_granted_ns(asked_ns));
+            if (late < 0) late = 0;
+            l->lag_ns += (late - l->lag_ns) / 8;
+            l->lag_sampled_ns = woken_ns;
+        }
+    }
+    for (int32_t i = 0; i < l->agent_count; i++) {
+        arm(l->agents[i], -1, now_ns, &deadline);
+        /* Whatever woke the thread, the control input is read at the next cycle. */
+        l->agents[i]->datagrams_to_status_poll = 0;
+    }
+    uint64_t value;
+    while (read(l->wake_fd, &value, sizeof value) > 0) {
+    }
+    char ring[64];
+    for (int32_t i = 0; i < l->doorbell_count; i++) /* a ring is a wake-up, not a message */
+        while (recv(l->doorbell_fds[i], ring, sizeof ring, MSG_DONTWAIT) >= 0) {
+        }
+}
+
+int32_t ss_duty_loop_once(ss_duty_loop_t *l) {
+    const int64_t now_ns = clock_ns();
+    int32_t work = 0;
+    int32_t due = 0;
+    for (int32_t i = 0; i < l->agent_count; i++) {
+        work += ss_agent_do_work(l->agents[i], now_ns);
+        due |= l->agents[i]->due;
+    }
+    l->now_ns = now_ns;
+    l->due = due;
+    l->last_cycle_ns = now_ns;
+    count(l->cycles, 1);
+    if (work) {
+        l->last_work_ns = now_ns;
+        count(l->work_cycles, 1);
+        if (l->busy_ns) count(l->busy_ns, clock_ns() - now_ns);
+    }
+    return work;
+}
+
+int32_t ss_duty_loop_run(ss_duty_loop_t *l) {
+    for (;;) {
+        if (LOAD_ACQ(&l->stopping)) return SS_DUE_STOP;
+        const int32_t work = ss_duty_loop_once(l);
+        if (l->due) return l->due;
+        if (work) {
+            continue;
+        } else if (l->now_ns - l->last_work_ns >= l->idle_spin_ns) {
+            park(l, l->now_ns);
+            /* Woken with nothing to do (a stray ring): park again at once. */
+            l->last_work_ns = INT64_MIN / 2;
+        } else {
+            /* Aeron's backoff between spinning and parking: another thread of this host (an
+             * application, the other driver) may need the core more. */
+            sched_yield();
+        }
+    }
+}

@@ -1,0 +1,55 @@
+/*
+ * What the C files of slipstream's network data path share; network.h has the contracts the
+ * Python side calls (cffi's cdef is made from it alone), network.c the map of the files.  Here:
+ * the atomics, a counter's add, reading a frame's fields, and the two functions every datagram
+ * the C half sends leaves through (network_endpoints.c).  None of it is in network.h, so
+ * Python does not see it, and the functions are hidden: the module exports no symbol it did
+ * not export as one file.  Each C file defines _GNU_SOURCE (sendmmsg, recvmmsg) and includes
+ * this header before anything else.
+ */
+#ifndef SS_NETWORK_INTERNAL_H
+#define SS_NETWORK_INTERNAL_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "native.h"
+#include "network.h"
+
+#define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+/* A function of one C file that another calls: not part of the module's interface. */
+#define SS_INTERNAL __attribute__((visibility("hidden")))
+
+static inline void count(int64_t *counter, int64_t delta) {
+    if (counter != NULL) __atomic_fetch_add(counter, delta, __ATOMIC_RELAXED);
+}
+
+static inline int32_t read_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* ------------------------------------------------------------ the channel endpoints' sends */
+/* One function per direction of endpoint (network_endpoints.c), as Aeron's
+ * aeron_send_channel_endpoint_send and aeron_receive_channel_endpoint_send: nothing else in
+ * the C half calls sendmmsg, sendmsg, sendto or send for a datagram.  They only send; what a
+ * send counts (bytes sent, short sends, errors) and what follows from its result (the GSO
+ * fallback, retransmissions kept queued, a NAK or SM left to Python) stay with the callers. */
+
+/* The send channel endpoint's: `messages` (count of them; each one datagram, or a run of
+ * datagrams as one UDP GSO message) through the publication's socket (p->fd >= 0) to its
+ * endpoint's destination (the connected peer when destination_length is 0).  Returns what
+ * sendmmsg returns: the messages sent (a full socket takes the first ones), or -1 (errno). */
+SS_INTERNAL int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,
+                                     uint32_t message_count);
+
+/* The receive channel endpoint's control frames (NAKs, status messages): `frame` to the
+ * image's control address through its endpoint's socket (image->control_fd >= 0).  Returns
+ * what sendto returns: the bytes sent, or -1 (errno). */
+SS_INTERNAL ssize_t ss_receive_channel_send(const ss_image_t *image, const uint8_t *frame,
+                                            size_t length);
+
+#endif
