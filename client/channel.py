@@ -212,6 +212,15 @@ class PolicySpec:
 # -- the channel -----------------------------------------------------------------------------
 
 
+def resolve_host(host: str) -> str:
+    """The IP address of the name ``host`` (blocking: ``socket.getaddrinfo``), its IPv4 one
+    when it has both: multicast is IPv4 only here, an ``interface=`` must be IPv4 to join an
+    IPv4 group, and the resolver's order of a dual-stack name's answers varies by host
+    (``::1`` first for some).  OSError when it does not resolve."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    return next((info[4][0] for info in infos if info[0] == socket.AF_INET), infos[0][4][0])
+
+
 @attrs.frozen(repr=False)
 class Channel:
     """A parsed channel URI.  Build it with :func:`parse_channel`, which validates it.
@@ -289,11 +298,10 @@ class Channel:
         if address is not None:
             return address
         try:
-            infos = socket.getaddrinfo(self.endpoint.host, None, type=socket.SOCK_DGRAM)
+            return ipaddress.ip_address(resolve_host(self.endpoint.host))
         except OSError as e:
             raise ChannelError(str(self), "endpoint",
                                f"cannot resolve {self.endpoint.host!r}: {e}") from None
-        return ipaddress.ip_address(infos[0][4][0])
 
     @property
     def is_multicast(self) -> bool:

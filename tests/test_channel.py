@@ -442,3 +442,24 @@ def test_parse_channel_raises_nothing_but_channel_error(prefix: str, rest: str) 
         assert e.part and e.problem
     else:
         assert parse_channel(channel.canonical()) == channel
+
+
+def test_a_name_with_an_ipv4_and_an_ipv6_address_resolves_to_the_ipv4_one(monkeypatch) -> None:
+    """A dual-stack name whose resolver answers ``::1`` first: an interface= of it joined an
+    IPv4 group with an IPv6 string (inet_aton failed), on hosts that sort it so."""
+    import socket
+
+    from slipstream.client.channel import resolve_host
+    from slipstream.daemon.media import names
+
+    answers = {"dual.test": [(socket.AF_INET6, socket.SOCK_DGRAM, 17, "", ("::1", 0, 0, 0)),
+                             (socket.AF_INET, socket.SOCK_DGRAM, 17, "", ("127.0.0.1", 0))],
+               "six.test": [(socket.AF_INET6, socket.SOCK_DGRAM, 17, "", ("::1", 0, 0, 0))]}
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *_, **__: answers[host])
+    assert resolve_host("dual.test") == "127.0.0.1"
+    assert resolve_host("six.test") == "::1"
+    channel = parse_channel("aeron:udp?endpoint=224.0.1.1:40456|interface=dual.test")
+    names.resolve(["dual.test"])
+    assert names.lookup(channel, "interface", "dual.test") == "127.0.0.1"
+    assert str(parse_channel("aeron:udp?endpoint=dual.test:40456").endpoint_address()) == (
+        "127.0.0.1")

@@ -33,7 +33,7 @@ def _slow_resolver(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
             return real("127.0.0.1", *args, **kwargs)
         return real(host, *args, **kwargs)
 
-    monkeypatch.setattr(names.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     monkeypatch.setattr(names, "_cache", {})
 
 
@@ -106,7 +106,7 @@ async def test_a_host_that_does_not_resolve_is_a_channel_error_naming_the_endpoi
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return real(host, *args, **kwargs)
 
-    monkeypatch.setattr(names.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     monkeypatch.setattr(names, "_cache", {})
 
     def add(directory: Path) -> tuple[ChannelRejectedError, str]:

@@ -12,13 +12,12 @@ never the heartbeats, status messages or the systemd watchdog.
 from __future__ import annotations
 
 import ipaddress
-import socket
 import threading
 import time
 from collections.abc import Iterable
 from typing import Final
 
-from slipstream.client.channel import Channel
+from slipstream.client.channel import Channel, resolve_host
 from slipstream.client.errors import ChannelError
 
 #: How long an answer (or a failure) is reused, s.
@@ -48,7 +47,7 @@ def resolve(hosts: Iterable[str]) -> None:
     """Resolve ``hosts`` now (blocking: call it in a thread) and remember the answers."""
     for host in hosts:
         try:
-            address: str | None = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)[0][4][0]
+            address: str | None = resolve_host(host)
             error = ""
         except OSError as e:
             address, error = None, str(e)
