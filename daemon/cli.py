@@ -18,7 +18,7 @@ from slipstream.client.errors import (
 
 def _driver(args: argparse.Namespace) -> int:
     from slipstream.daemon.config import format_settings, load_settings_from_args
-    from slipstream.daemon.driver import run_driver
+    from slipstream.daemon.shell import run_driver
 
     # Before the settings: what loading them warns of (a file's line outranked) is shown too.
     logging.basicConfig(level=logging.WARNING,

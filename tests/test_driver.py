@@ -43,7 +43,8 @@ from slipstream.client import (
 from slipstream.client.counters import CountersFile, CounterType, SystemCounter
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
 from slipstream.client.publication import Publication
-from slipstream.daemon.driver import DriverDirectory, MediaDriver
+from slipstream.daemon.directory import DriverDirectory
+from slipstream.daemon.driver import MediaDriver
 
 SLIPSTREAM = [sys.executable, "-m", "slipstream.daemon.cli"]
 
@@ -94,9 +95,9 @@ def test_a_parent_another_driver_removes_meanwhile_is_made_again(
         short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two drivers under one missing parent: the one that made it removes it at stop (if
     empty), possibly just before the other makes its own directory in it."""
-    import slipstream.daemon.driver as driver_module
+    import slipstream.daemon.directory as directory_module
 
-    make = driver_module._make_missing_parents
+    make = directory_module._make_missing_parents
     calls = []
 
     def make_then_lose_it(path: Path, made: list[Path]) -> None:
@@ -106,7 +107,7 @@ def test_a_parent_another_driver_removes_meanwhile_is_made_again(
         if len(calls) == 1:
             path.parent.rmdir()  # the other driver stopped
 
-    monkeypatch.setattr(driver_module, "_make_missing_parents", make_then_lose_it)
+    monkeypatch.setattr(directory_module, "_make_missing_parents", make_then_lose_it)
     directory = DriverDirectory(short_tmp / "shared-parent" / "driver")
     directory.acquire()
     try:
@@ -138,7 +139,7 @@ def test_a_second_driver_on_the_same_directory_is_refused(driver) -> None:
             MediaDriver.launch(directory=driver.directory):
         pass
     with pytest.raises(DriverAlreadyRunningError):
-        from slipstream.daemon.driver import DriverDirectory
+        from slipstream.daemon.directory import DriverDirectory
 
         DriverDirectory(driver.directory).acquire()
 
@@ -211,8 +212,8 @@ def test_a_driver_restarting_while_a_client_probes_its_lock_takes_it(tmp_path: P
     moment; a driver starting meanwhile (systemd restarting a crashed one) waits that moment
     out instead of refusing to start as if a driver ran.  A driver's own lock is exclusive,
     and it still refuses at once."""
-    from slipstream.daemon import driver as driver_module
-    from slipstream.daemon.driver import _flock
+    from slipstream.daemon import directory as directory_module
+    from slipstream.daemon.directory import _flock
 
     lock = tmp_path / "driver.lock"
     lock.write_text("slipstream driver directory\n")
@@ -222,7 +223,7 @@ def test_a_driver_restarting_while_a_client_probes_its_lock_takes_it(tmp_path: P
         let_go = threading.Timer(0.03, fcntl.flock, (probe, fcntl.LOCK_UN))
         let_go.start()
         with monkeypatch.context() as patch:  # a loaded machine may fire the timer late
-            patch.setattr(driver_module, "_PROBE_WAIT_S", 10.0)
+            patch.setattr(directory_module, "_PROBE_WAIT_S", 10.0)
             _flock(starting, tmp_path)  # taken once the probe let go
         let_go.join()
         fcntl.flock(starting, fcntl.LOCK_UN)

@@ -23,7 +23,8 @@ import trio
 from helpers import NETWORK_SETTINGS, counters_of, free_port, lacking, message
 
 from slipstream.client import Client, ClosedError, ConfigurationError, DriverNotRunningError
-from slipstream.daemon.driver import EmbeddedDriver, MediaDriver
+from slipstream.daemon.driver import MediaDriver
+from slipstream.daemon.embedded import EmbeddedDriver
 
 pytestmark = pytest.mark.timeout(120)
 

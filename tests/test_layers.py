@@ -21,7 +21,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("agents",),  # the sender, the receiver and their thread
     ("conductor",),  # commands, resources, IPC publications, the network side's endpoints
     ("ops",),  # stat, metrics, systemd
-    ("driver", "demo", "cli"),  # the process and its commands
+    # The process, in four layers:
+    ("directory",),  # the driver directory: its lock, adopting it, the names a driver makes
+    ("core",),  # what every driver runs: command socket, counters, the conductor's cycle
+    ("shell", "embedded"),  # who runs it: a driver process's trio shell, or invoker mode
+    ("driver", "demo", "cli"),  # the launcher (MediaDriver) and the commands
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

@@ -19,8 +19,8 @@ from helpers import FAST_DRIVER_SETTINGS, free_port
 from slipstream.client import ChannelError, ChannelRejectedError, Client, RegistrationError
 from slipstream.client.counters import CountersFile
 from slipstream.daemon.config import load_settings
-from slipstream.daemon.driver import _DriverShell
 from slipstream.daemon.media import names
+from slipstream.daemon.shell import _DriverShell
 
 
 def _slow_resolver(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:

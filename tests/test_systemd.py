@@ -26,8 +26,9 @@ from helpers import FAST_DRIVER_SETTINGS, counters_of, lacking, wait_for
 from slipstream.client import Client
 from slipstream.daemon.agents.sender import Sender
 from slipstream.daemon.config import load_settings
-from slipstream.daemon.driver import MediaDriver, _DriverShell
+from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.ops.systemd import Notifier, Watchdog, watchdog_interval_ns
+from slipstream.daemon.shell import _DriverShell
 
 UNIT = Path(__file__).parent.parent / "systemd" / "slipstream-driver.service"
 INSTALLED_BINARY = "/opt/slipstream/.venv/bin/slipstream"

@@ -1,7 +1,7 @@
 """The driver conductor: client commands, resources and timers, with no I/O of its own.
 
 ``on_command(client_key, message, now_ns)`` and ``do_work(now_ns)`` return the messages to
-send as ``(client_key, message)`` pairs; the trio shell (``driver.py``) moves them over zmq and
+send as ``(client_key, message)`` pairs; the trio shell (``shell.py``) moves them over zmq and
 calls ``do_work`` on its duty cycle.  Time is always an argument (monotonic ns), so the same
 object runs under tests with a fake clock.
 

@@ -1,0 +1,230 @@
+"""What every driver does, whoever runs it (:class:`_DriverCore`): its command socket,
+counters file, doorbells and conductor; the commands into the conductor and its answers out; the
+conductor's duty cycle, its heartbeat and its pacing (:class:`ConductorPacing`).  Its two
+runners are a driver process's trio shell (:mod:`slipstream.daemon.shell`) and an embedded
+driver in invoker mode (:mod:`slipstream.daemon.embedded`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from slipstream.client import control
+from slipstream.client.channel import MAX_URI_LENGTH, Channel, parse_channel
+from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.errors import ChannelError
+from slipstream.daemon.agents.thread import open_doorbell
+from slipstream.daemon.conductor.conductor import DriverConductor, Outgoing
+from slipstream.daemon.conductor.network import NetworkConductor
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.directory import DriverDirectory
+from slipstream.daemon.media import names
+from slipstream.daemon.media.udp import UdpTransports
+
+log = logging.getLogger("slipstream.driver")
+
+ACTIVE_CYCLE_S = 0.001
+IDLE_PARK_MAX_S = 1.0
+
+
+class ConductorPacing:
+    """When the conductor's next cycle is due without news: :data:`ACTIVE_CYCLE_S` after a
+    cycle that did work, then twice as long after each idle cycle in a row, up to
+    :data:`IDLE_PARK_MAX_S` (its own deadline, a command or an agent's event comes sooner).
+    The daemon's trio loop and an embedded driver pace their conductor alike."""
+
+    __slots__ = ("idle_cycles",)
+
+    def __init__(self) -> None:
+        self.idle_cycles = 0
+
+    def delay_s(self, work: int) -> float:
+        """The delay after a cycle that did ``work``, s."""
+        if work:
+            self.idle_cycles = 0
+            return ACTIVE_CYCLE_S
+        self.idle_cycles += 1
+        return min(ACTIVE_CYCLE_S * (1 << min(self.idle_cycles, 10)), IDLE_PARK_MAX_S)
+
+
+class _DriverCore:
+    """What every driver does between its command socket, its conductor and its counters,
+    whoever runs it: the trio shell of a driver process (:class:`_DriverShell`) or an embedded
+    driver in invoker mode (:class:`EmbeddedDriver`)."""
+
+    def __init__(self, settings: DriverSettings) -> None:
+        self.settings = settings
+        self.driver_directory = DriverDirectory(settings.directory, settings.client_gid)
+        self._told_clients = False
+        self.doorbells: list[Any] = []
+        self._opened: list[str] = []  # what _open made so far: _close closes just that
+        self._exporter: Any = None  # the metrics server (metrics_address), while it serves
+
+    def _start_metrics(self) -> None:
+        """Serve the counters at ``metrics_address`` (if set) from a thread of its own."""
+        endpoint = self.settings.metrics_endpoint
+        if endpoint is not None:
+            from slipstream.daemon.ops.metrics import metrics_url, start_exporter
+
+            self._exporter, _ = start_exporter(self.driver_directory.path, *endpoint)
+            log.info("metrics at %s", metrics_url(self._exporter))
+
+    def _stop_metrics(self) -> None:
+        if self._exporter is not None:
+            self._exporter.shutdown()
+            self._exporter.server_close()
+            self._exporter = None
+
+    def _open(self, *, wake_network: Callable[[], object],
+              wake_conductor: Callable[[], object]) -> NetworkConductor:
+        """The command socket (not bound yet), the counters file, the doorbells and the
+        conductor over UDP transports; returns the conductor's network side."""
+        self.context = zmq.Context()
+        self._opened.append("context")
+        self.sock = sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # Only processes of the driver's own user may talk to it (SO_PEERCRED): the 0700
+        # directory keeps others out too, but not root, nor a directory someone opened up.
+        sock.setsockopt(zmq.IPC_FILTER_UID, os.geteuid())
+        directory = self.driver_directory
+        if directory.group is not None:
+            # And the members of client_group: libzmq admits a peer whose gid is the group's
+            # or whom the group database lists as a member.
+            sock.setsockopt(zmq.IPC_FILTER_GID, directory.group)
+        shared_mode = directory.file_mode(clients_write=True)
+        self.counters = counters = CountersFile.create(
+            directory.path / control.COUNTERS_FILE, self.settings.counters_capacity, shared_mode)
+        self._opened.append("counters")
+        for name in (control.SENDER_DOORBELL, control.RECEIVER_DOORBELL):
+            self.doorbells.append(open_doorbell(str(directory.path / name), shared_mode))
+        self.conductor = DriverConductor(
+            self.settings, self.driver_directory.path, counters,
+            transports=UdpTransports(self.settings, counters),
+            wake_network=wake_network, wake_conductor=wake_conductor)
+        self._opened.append("conductor")
+        assert self.conductor.network is not None
+        return self.conductor.network
+
+    def _close(self) -> None:
+        """What :meth:`_open` made (all of it, or as far as it came): the conductor's
+        resources, the sockets, the counters."""
+        opened = self._opened
+        for doorbell in self.doorbells:
+            doorbell.close()
+        self.doorbells = []
+        if "conductor" in opened:
+            self.conductor.close(time.monotonic_ns())
+        if "context" in opened:
+            # The shutdown events are queued: give them a moment to reach the clients.
+            self.sock.close(200 if self._told_clients else 0)
+            self.context.term()
+        if "counters" in opened:
+            self.counters.close()
+        opened.clear()
+
+    def _bind_commands(self) -> None:
+        """Bind the command socket, with the mode of every file clients write in the directory
+        (zmq makes it with the process's umask, and an adopted directory may be 0755)."""
+        self.sock.bind(control.conductor_endpoint(self.driver_directory.path))
+        os.chmod(self.driver_directory.path / control.CONDUCTOR_SOCKET,
+                 self.driver_directory.file_mode(clients_write=True))
+
+    def _send(self, out: Outgoing) -> None:
+        for key, message in out:
+            try:
+                self.sock.send_multipart([key, control.encode(message)], zmq.NOBLOCK)
+            except zmq.ZMQError as e:  # the client is gone; its liveness timeout cleans up
+                log.debug("dropping %s for a vanished client: %s", message.get("type"), e)
+
+    def _process_commands(self) -> int:
+        """Handle every waiting command; returns how many.  zmq's FD is edge-triggered and any
+        send can consume the edge of a command that arrived meanwhile, so this runs after every
+        send too.  Once the clients were told the driver goes it takes none; commands it
+        handled are news for the conductor (:meth:`_commands_handled`)."""
+        if self._told_clients:  # stopping: a task resumed after _stop_now (or close) takes none
+            return 0
+        sock = self.sock
+        handled = 0
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+            handled += 1
+            if len(frames) != 2:
+                self.counters.add(SystemCounter.ERRORS)
+                continue
+            key, frame = frames
+            try:
+                message = control.decode(frame)
+            except ValueError as e:
+                log.warning("a malformed control message from a client: %s", e)
+                self._send(self.conductor.on_malformed(key, e))
+                continue
+            channel = _channel_of(message)
+            if channel is not None and names.needs_prefetch(channel):
+                self._command_after_names(key, message, channel)
+                continue
+            self._handle_command(key, message)
+        if handled:
+            self._commands_handled()
+        return handled
+
+    def _commands_handled(self) -> None:
+        """Commands were handled, here or after a send of the conductor's cycle: resources
+        changed, so the conductor's cycle looks at once (each runner wakes it its own way: see
+        the subclasses)."""
+        raise NotImplementedError
+
+    def _command_after_names(self, key: bytes, message: dict[str, Any],
+                             channel: Channel) -> None:
+        """A command whose channel names hosts: resolve them first (see the subclasses)."""
+        raise NotImplementedError
+
+    def _handle_command(self, key: bytes, message: dict[str, Any]) -> None:
+        started = time.monotonic_ns()
+        out = self.conductor.on_command(key, message, started)
+        # A command is conductor work as a duty cycle is (creating a log takes tens of ms):
+        # the max cycle time shows it, before the client hears the answer.
+        self._record_cycle_time(time.monotonic_ns() - started)
+        self._send(out)
+
+    def _record_cycle_time(self, cycle_ns: int) -> None:
+        counters = self.counters
+        if cycle_ns > counters.get(SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS):
+            counters.set(SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS, cycle_ns)
+        timeout_ns = self.settings.driver_timeout
+        if cycle_ns > timeout_ns // 4:
+            # The heartbeat's promise (four beats within driver_timeout) is broken: say so
+            # where an operator looks, not only in a counter.
+            log.warning("a conductor cycle took %.1f s, past driver_timeout / 4 (%.1f s); "
+                        "clients deem the driver gone after driver_timeout (%.1f s) without "
+                        "a heartbeat", cycle_ns / 1e9, timeout_ns / 4e9, timeout_ns / 1e9)
+
+    def _conductor_cycle(self, started: int) -> int:
+        """The conductor's duty cycle at ``started`` (monotonic ns), its messages sent, the
+        heartbeat clients watch; returns the work done."""
+        work, out = self.conductor.do_work(started)
+        if out:
+            self._send(out)
+            self._process_commands()
+        self.counters.beat(time.time_ns())
+        self.counters.add(SystemCounter.CONDUCTOR_CYCLES)
+        return work
+
+
+def _channel_of(message: dict[str, Any]) -> Channel | None:
+    """The channel an ADD command names, parsed (None for any other message, or one that
+    does not parse: the conductor answers that)."""
+    if message.get("type") not in (control.ADD_PUBLICATION, control.ADD_SUBSCRIPTION):
+        return None
+    uri = message.get("channel")
+    if not isinstance(uri, str) or len(uri) > MAX_URI_LENGTH:
+        return None
+    try:
+        return parse_channel(uri)
+    except ChannelError:
+        return None
