@@ -95,11 +95,12 @@ def default_driver_directory() -> Path:
     return Path("/dev/shm") / f"slipstream-{user}"
 
 
-#: A driver directory's mode: its user's alone, or shared with the driver's ``client_group``:
-#: setgid, so every file and folder made in it takes that group, which may read and enter it
-#: but never add, rename or remove a name (so no member can plant a link for the driver).
+#: A driver directory's mode: its user's alone, or shared with the driver's ``client_group``,
+#: which may read and enter it but never add, rename or remove a name (so no member can plant
+#: a link for the driver).  A group that is not the driver's own also takes the setgid bit,
+#: so that what is made in it is the group's.
 PRIVATE_DIRECTORY_MODE: Final = 0o700
-SHARED_DIRECTORY_MODE: Final = 0o2750
+SHARED_DIRECTORY_MODE: Final = 0o750
 
 
 def file_mode(shared: bool, *, clients_write: bool) -> int:
@@ -152,14 +153,16 @@ def describe_group(gid: int) -> str:
 
 
 def shared_group(directory: str | os.PathLike[str]) -> int | None:
-    """The gid of the group a driver directory is shared with (setgid and readable by its
-    group: :data:`SHARED_DIRECTORY_MODE`, the driver's ``client_group``), else None."""
+    """The gid of the group a driver directory is shared with (its group may enter it and
+    others may not: :data:`SHARED_DIRECTORY_MODE`, the driver's ``client_group``), else
+    None."""
     try:
         info = os.stat(directory)
     except OSError:
         return None
-    shared = stat.S_ISGID | stat.S_IRGRP | stat.S_IXGRP
-    return info.st_gid if info.st_mode & shared == shared else None
+    entered = stat.S_IRGRP | stat.S_IXGRP
+    shared = info.st_mode & entered == entered and not info.st_mode & stat.S_IRWXO
+    return info.st_gid if shared else None
 
 
 def _membership(gid: int) -> tuple[bool, bool]:
@@ -181,7 +184,7 @@ def _membership(gid: int) -> tuple[bool, bool]:
 def foreign_directory_error(directory: str | os.PathLike[str], uid: int) -> DriverError:
     """The error for a driver directory of user ``uid`` that this process may not use: a
     driver answers only processes of its own user, and the members of its ``client_group``
-    when it has one (its directory is 0700 or the group's 2750, its control socket checks
+    when it has one (its directory is 0700, or the group's 0750, its control socket checks
     SO_PEERCRED).  The message says what would let this process in."""
     me = describe_user(os.geteuid())
     gid = shared_group(directory)
@@ -275,15 +278,14 @@ def socket_refusal(directory: str | os.PathLike[str]) -> DriverError | None:
     when it admits it: it answers its owner's effective uid and, in a directory shared with a
     group, the members libzmq's IPC_FILTER_GID admits (:func:`_membership`)."""
     try:
-        owner = os.stat(Path(directory) / CONDUCTOR_SOCKET).st_uid
+        info = os.stat(Path(directory) / CONDUCTOR_SOCKET)
     except OSError:
         return None
-    if owner == os.geteuid():
+    if info.st_uid == os.geteuid():
         return None
-    gid = shared_group(directory)
-    if gid is not None and _membership(gid)[1]:
+    if info.st_mode & stat.S_IWGRP and _membership(info.st_gid)[1]:
         return None
-    return foreign_directory_error(directory, owner)
+    return foreign_directory_error(directory, info.st_uid)
 
 
 def conductor_endpoint(directory: str | Path) -> str:

@@ -51,10 +51,12 @@ class DriverDirectory:
     or another driver's nested directory is never touched.
 
     With a ``group`` (the ``client_group`` setting's gid) the directory and its log folders
-    are that group's and :data:`control.SHARED_DIRECTORY_MODE` (setgid: whatever is made in
-    them takes the group; its members may read and enter, never add or remove a name), and
-    its files take :func:`control.file_mode`'s shared modes; without one it is
-    :data:`control.PRIVATE_DIRECTORY_MODE` when a driver made it.
+    are that group's and :data:`control.SHARED_DIRECTORY_MODE` (its members may read and
+    enter, never add or remove a name), setgid when the group is not the driver's own (so
+    what is made in them takes the group), and its files take :func:`control.file_mode`'s
+    shared modes; without one it is :data:`control.PRIVATE_DIRECTORY_MODE` when a driver made
+    it.  A driver whose own group is ``group`` (a service's) neither sets the setgid bit nor
+    changes a group, so a unit may refuse both (``RestrictSUIDSGID=``, ``@chown``).
     """
 
     def __init__(self, path: str | os.PathLike[str], group: int | None = None) -> None:
@@ -124,7 +126,8 @@ class DriverDirectory:
             os.pwrite(fd, control.lock_text(self._created, os.getpid()).encode(), 0)
             os.fchmod(fd, self.file_mode(clients_write=False))  # clients probe it (flock)
             if self.group is not None:
-                os.fchown(fd, -1, self.group)  # made before the directory was the group's
+                if os.fstat(fd).st_gid != self.group:  # made before the directory was shared
+                    os.fchown(fd, -1, self.group)
                 self._share(self.path)
             elif self._created:
                 os.chmod(self.path, control.PRIVATE_DIRECTORY_MODE)
@@ -162,9 +165,12 @@ class DriverDirectory:
                 f"SupplementaryGroups= in its unit) or name one of its groups")
 
     def _share(self, path: Path) -> None:
-        """Give the directory ``path`` (the driver's own, or a log folder in it) to the group."""
-        os.chown(path, -1, self.group)
-        os.chmod(path, control.SHARED_DIRECTORY_MODE)
+        """Give the directory ``path`` (the driver's own, or a log folder in it) to the group:
+        what this process makes is its own group's anyway, any other's through setgid."""
+        if os.stat(path).st_gid != self.group:
+            os.chown(path, -1, self.group)
+        inherit = stat.S_ISGID if self.group != os.getegid() else 0
+        os.chmod(path, control.SHARED_DIRECTORY_MODE | inherit)
 
     def _check_socket_paths(self) -> None:
         """The unix sockets the driver makes in the directory (the control socket, the

@@ -6,10 +6,12 @@ user and clients under theirs, from the package installed as an operator install
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import textwrap
 import time
@@ -125,22 +127,21 @@ def accounts() -> Iterator[Accounts]:
         subprocess.run(["groupdel", made.group], capture_output=True, timeout=60)
 
 
-@pytest.fixture
-def group_driver(accounts: Accounts, installed_venv, driver_dir: Path) -> Iterator[Path]:
-    """A driver of the service user with ``client_group`` set to the accounts' group, run from
-    the installed package; its directory."""
-    settings = {**NETWORK_SETTINGS, "client_group": accounts.group}
-    command = [*_as(accounts.service), str(installed_venv.slipstream),
-               "driver", "--dir", str(driver_dir),
+@contextlib.contextmanager
+def _driver_of(user: str, group: str, installed_venv, directory: Path) -> Iterator[Path]:
+    """A driver of ``user`` with ``client_group`` set to ``group``, run from the installed
+    package, until it is stopped (SIGTERM: it must exit 0); its directory."""
+    settings = {**NETWORK_SETTINGS, "client_group": group}
+    command = [*_as(user), str(installed_venv.slipstream), "driver", "--dir", str(directory),
                *(f"--set={key}={value}" for key, value in settings.items())]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: (driver_dir / control.CONDUCTOR_SOCKET).exists()
-                 or process.poll() is not None, timeout=30, what="the service user's driver")
+        wait_for(lambda: (directory / control.CONDUCTOR_SOCKET).exists()
+                 or process.poll() is not None, timeout=30, what=f"the driver of {user}")
         if process.poll() is not None:
             pytest.fail(f"the driver exited {process.returncode}: "
                         f"{process.stderr.read().decode()}")  # type: ignore[union-attr]
-        yield driver_dir
+        yield directory
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -149,6 +150,14 @@ def group_driver(accounts: Accounts, installed_venv, driver_dir: Path) -> Iterat
             process.kill()
             process.wait()
         assert process.returncode == 0, process.stderr.read().decode()  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def group_driver(accounts: Accounts, installed_venv, driver_dir: Path) -> Iterator[Path]:
+    """A driver of the service user (whose own group is the client group, as under the
+    unit) with ``client_group`` set; its directory."""
+    with _driver_of(accounts.service, accounts.group, installed_venv, driver_dir) as directory:
+        yield directory
 
 
 def _client(installed_venv, user: str, *args: object,
@@ -189,29 +198,33 @@ def test_members_of_the_client_group_stream_to_each_other_through_the_services_d
         assert _answer(publisher) == {"published": count}
 
 
-def test_the_services_directory_and_files_are_the_groups_and_no_one_elses(
-        accounts: Accounts, installed_venv, group_driver: Path) -> None:
-    """Setgid 2750 directories of the group; what clients write 0660, what they read 0640;
-    nothing for others."""
-    subscriber = _client(installed_venv, accounts.primary, "subscribe", group_driver,
+def _modes_with_a_log(accounts: Accounts, installed_venv, directory: Path) -> dict:
+    """``{name: (mode, gid)}`` of the directory, its entries and its IPC log, while a member
+    publishes to another."""
+    subscriber = _client(installed_venv, accounts.primary, "subscribe", directory,
                          "aeron:ipc", 1)
     assert subscriber.stdout is not None
     assert json.loads(subscriber.stdout.readline()).get("ready")
-    publisher = _client(installed_venv, accounts.primary, "publish", group_driver, "aeron:ipc", 1)
+    publisher = _client(installed_venv, accounts.primary, "publish", directory, "aeron:ipc", 1)
     try:
-        wait_for(lambda: any((group_driver / control.PUBLICATIONS_DIR).iterdir()),
+        wait_for(lambda: any((directory / control.PUBLICATIONS_DIR).iterdir()),
                  what="the IPC log")
         modes = {}
-        for path in [group_driver, *group_driver.iterdir(),
-                     *(group_driver / control.PUBLICATIONS_DIR).iterdir()]:
+        for path in [directory, *directory.iterdir(),
+                     *(directory / control.PUBLICATIONS_DIR).iterdir()]:
             info = path.lstat()
             modes[path.name] = (oct(info.st_mode & 0o7777), info.st_gid)
     finally:
-        _answer(publisher)
-        _answer(subscriber)
-    gid = accounts.gid
-    for name in (group_driver.name, control.PUBLICATIONS_DIR, control.IMAGES_DIR):
-        assert modes[name] == (oct(control.SHARED_DIRECTORY_MODE), gid), name
+        assert _answer(subscriber) == {"received": 1, "in_order": True}
+        assert _answer(publisher) == {"published": 1}
+    return modes
+
+
+def _assert_the_groups(modes: dict, gid: int, directory_mode: int) -> None:
+    """The directories ``directory_mode``; what clients write 0660, what they read 0640; all
+    the group's, nothing for others."""
+    for name in (next(iter(modes)), control.PUBLICATIONS_DIR, control.IMAGES_DIR):
+        assert modes[name] == (oct(directory_mode), gid), name
     for name in (control.CONDUCTOR_SOCKET, control.COUNTERS_FILE, control.SENDER_DOORBELL,
                  control.RECEIVER_DOORBELL):
         assert modes[name] == ("0o660", gid), name
@@ -219,6 +232,24 @@ def test_the_services_directory_and_files_are_the_groups_and_no_one_elses(
         assert modes[name] == ("0o640", gid), name
     logs = [name for name in modes if name.endswith(".logbuffer")]
     assert logs and all(modes[name] == ("0o660", gid) for name in logs), modes
+
+
+def test_the_services_directory_and_files_are_the_groups_and_no_one_elses(
+        accounts: Accounts, installed_venv, group_driver: Path) -> None:
+    """The driver's own group is the client group, as under the unit: no setgid bit and no
+    change of group is needed (the unit refuses both)."""
+    modes = _modes_with_a_log(accounts, installed_venv, group_driver)
+    _assert_the_groups(modes, accounts.gid, control.SHARED_DIRECTORY_MODE)
+
+
+def test_a_client_group_that_is_not_the_drivers_own_is_given_its_files_by_setgid(
+        accounts: Accounts, installed_venv, driver_dir: Path) -> None:
+    """A driver whose user has the group as a supplementary group only: its directories are
+    setgid, so what it makes in them is the group's, not its own primary group's."""
+    with _driver_of(accounts.supplementary, accounts.group, installed_venv,
+                    driver_dir) as directory:
+        modes = _modes_with_a_log(accounts, installed_venv, directory)
+    _assert_the_groups(modes, accounts.gid, control.SHARED_DIRECTORY_MODE | stat.S_ISGID)
 
 
 def test_a_member_cannot_add_remove_or_link_a_name_in_the_drivers_directory(
