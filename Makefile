@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test install java aeron tools lint bench clean
+.PHONY: run test install install-service java aeron tools lint bench clean
 
 install: $(STAMP)
 
@@ -20,6 +20,14 @@ $(STAMP): pyproject.toml setup.py client/native.c client/native.h client/fastpat
 	$(BIN)/python -m pip install -q -e '.[test,bench,sim,spark]'
 	@touch $(STAMP)
 
+# The host's service (README, "Run it as a service"), as root, in a checkout at /opt/slipstream:
+# the slipstream user and group, .venv from SERVICE_PYTHON (not the dev venv above: the
+# distribution's python3, since the unit's ProtectHome=yes hides one under /root or /home), the
+# package installed as a wheel, the unit and /etc/slipstream/driver.toml.
+SERVICE_PYTHON ?= /usr/bin/python3
+install-service:
+	SERVICE_PYTHON=$(SERVICE_PYTHON) scripts/install-service
+
 # Spark needs a JVM (17+); install Debian's when none is on the machine.
 java:
 	@scripts/ensure-java
@@ -29,7 +37,8 @@ java:
 aeron: install
 	@scripts/ensure-aeron $(BIN)/python
 
-# Debian tools of the tests: iptables (the test hosts' faults), systemd-analyze (the unit).
+# Debian tools of the tests: iptables (the test hosts' faults), systemd-analyze (the unit),
+# systemd-nspawn (the unit under a real systemd, in a throw-away container).
 tools:
 	@scripts/ensure-tools
 
