@@ -32,8 +32,8 @@ from bench.ipc_throughput import driver_setting, machine, positive_int, run_slip
 #: A 4 MiB window in a 4 MiB socket buffer (the most net.core.rmem_max grants here; a gap holds
 #: the window until it is repaired, and at 5 % loss a window holds about 200 gaps: 1 and 2 MiB
 #: keep less in flight), and NAK timers for a LAN: a lost retransmission is asked for again
-#: after 1 ms instead of Aeron's 10 ms (which suits a WAN).  docs/PERFORMANCE.md has the others
-#: measured.
+#: after 1 ms instead of Aeron's 10 ms (which suits a WAN).  docs/FLOW.md, How large a
+#: window, says why.
 DEFAULT_SETTINGS = {"rcv_initial_window_length": "4m", "socket_so_rcvbuf": "4m",
                     "nak_unicast_retry_delay_ratio": "10", "retransmit_unicast_linger": "1ms"}
 #: A back-pressured publisher yields, then sleeps this long between offers (bench/

@@ -73,8 +73,9 @@ that find no credit (back-pressured, not connected), or polls in a row that move
 further one also gives the CPU up (``sched_yield``).  On a machine with fewer cores than busy
 threads, a loop that spins without yielding takes the core the driver needs to move the data
 it waits for: 32 B through two drivers on two cores moved 4-6x less per message and 10-17x
-less batched (docs/PERFORMANCE.md).  The count is per publication and per subscription; a
-loop with an idle strategy of its own may pass ``None``, which never yields."""
+less batched (docs/ARCHITECTURE.md, Costs that shaped the design).  The count is per
+publication and per subscription; a loop with an idle strategy of its own may pass ``None``,
+which never yields."""
 
 
 def default_directory() -> Path:

@@ -52,10 +52,10 @@ SAMPLE_INTERVAL_NS = 100_000_000
 #: takes a calm sample on its timer's cycles (timer_interval), at most every
 #: SAMPLE_INTERVAL_NS, so that the two share a wake-up.  Each wake-up of the conductor runs
 #: 0.4-0.6 ms of Python on these VMs, and on a machine whose cores the data path's threads
-#: keep busy it takes one of them for that long (docs/PERFORMANCE.md, 2026-11-26).  A calm
-#: sample averages the busy ratio over its whole interval, so a load that comes shows in
-#: the first or second sample after it began (within about 1-2 s), and is sampled every
-#: SAMPLE_INTERVAL_NS from then on.  The lag signal is only as recent as LAG_MAX_AGE_NS.
+#: keep busy it takes one of them for that long (docs/BACKPRESSURE.md, Why it waits as it
+#: does).  A calm sample averages the busy ratio over its whole interval, so a load that comes
+#: shows in the first or second sample after it began (within about 1-2 s), and is sampled
+#: every SAMPLE_INTERVAL_NS from then on.  The lag signal is only as recent as LAG_MAX_AGE_NS.
 CALM_SAMPLE_INTERVAL_NS = 1_000_000_000
 #: The duty-cycle lag that counts as full pressure, and the lag that counts as none (a wake-up
 #: late by less is the scheduler's ordinary latency on a VM, or the grain of a kernel whose
