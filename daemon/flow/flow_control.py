@@ -34,6 +34,10 @@ class FlowControl(abc.ABC):
     #: It keeps a set of receivers (min, tagged): the publication then has an
     #: ``fc-receivers`` counter holding :meth:`receiver_count`.
     tracks_receivers: ClassVar[bool] = False
+    #: The C half may take this strategy's status messages itself (``on_status_message`` in
+    #: daemon/network_receiver.c runs the unicast rule, ``max(limit, position + window)``,
+    #: for a publication's one receiver): a strategy whose rule is exactly that says so.
+    c_fast_path: ClassVar[bool] = False
 
     def __init__(self) -> None:
         #: The last receiver window seen in an SM (bytes); bounds retransmissions.

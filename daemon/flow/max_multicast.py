@@ -14,3 +14,5 @@ class MaxMulticastFlowControl(UnicastFlowControl):
 
     name = "max"
     retransmit_window_multiple = MAX_RETRANSMIT_WINDOW_MULTIPLE
+    # Its receivers are a multicast group's, and C takes the SMs of one receiver only.
+    c_fast_path = False

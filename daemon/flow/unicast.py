@@ -19,6 +19,7 @@ class UnicastFlowControl(FlowControl):
 
     name = "unicast"
     retransmit_window_multiple = UNICAST_RETRANSMIT_WINDOW_MULTIPLE
+    c_fast_path = True
 
     @classmethod
     def from_params(cls, params: FlowControlParams) -> Self:

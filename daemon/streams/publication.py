@@ -433,7 +433,7 @@ class NetworkPublication:
         receiver, a group tag) come to Python."""
         receivers = self._receivers
         take = (self.state is PublicationState.ACTIVE and self._connected
-                and self.rate_control is None and self.flow_control.name == "unicast"
+                and self.rate_control is None and self.flow_control.c_fast_path
                 and len(receivers) == 1 and not self.is_setup_elicited)
         c = self.c
         c.python_send_position = self.python_send_position()
