@@ -1,5 +1,5 @@
-"""Back-pressure policies, measured against the plain offer in the same run (issue 22's
-targets), and a back-pressure episode as a user sees it.
+"""Back-pressure policies, measured against the plain offer in the same run, and a
+back-pressure episode as a user sees it (the figures: docs/PERFORMANCE.md).
 
     .venv/bin/python -m bench.backpressure [--repeat R] [--messages N]
 

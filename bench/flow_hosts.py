@@ -1,5 +1,6 @@
-"""Flow control on namespace hosts (issue 21's targets): one publisher, four subscriber hosts,
-a real driver on each, the scenarios played by ``slipstream sim --on-hosts``.  Needs root.
+"""Flow control on namespace hosts (the targets below; the figures in docs/FLOW.md): one
+publisher, four subscriber hosts, a real driver on each, the scenarios played by
+``slipstream sim --on-hosts``.  Needs root.
 
     sudo .venv/bin/python -m bench.flow_hosts [--only pause,slow,cubic] [--plots DIR]
 

@@ -1,5 +1,5 @@
-/* The floor under a parked publisher's resume (issue 22): how long one process takes to run
- * again after another wakes it, in plain C, with nothing of slipstream in the way.
+/* The floor under a parked publisher's resume (docs/BACKPRESSURE.md): how long one process
+ * takes to run again after another wakes it, in plain C, with nothing of slipstream in the way.
  *
  *   wake_floor MECHANISM WAKER_CPU WAKEE_CPU WAKER SAMPLES INTERVAL_US
  *

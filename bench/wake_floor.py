@@ -1,6 +1,6 @@
-"""The floor under a parked publisher's resume (issue 22): one process waking another in plain C
-(bench/wake_floor.c, built with the system's cc into a temporary directory), with nothing of
-slipstream in the way.
+"""The floor under a parked publisher's resume (docs/BACKPRESSURE.md, "Why it waits as it
+does"): one process waking another in plain C (bench/wake_floor.c, built with the system's cc
+into a temporary directory), with nothing of slipstream in the way.
 
     .venv/bin/python -m bench.wake_floor [--trials T] [--samples N]
 

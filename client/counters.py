@@ -81,7 +81,7 @@ class CounterType(enum.IntEnum):
     PUBLISHER_POSITION = 12
     FC_RECEIVERS = 17  # fc-receivers: receivers min / tagged flow control holds the sender to
     SENDER_RATE_LIMIT = 1001  # slipstream's: snd-rate, bytes/s (0: none), rc= publications
-    # slipstream's, one each per publication: its back-pressure episodes (seeds/002)
+    # slipstream's, one each per publication: its back-pressure episodes (docs/BACKPRESSURE.md)
     BP_EPISODES = 1002  # bp-episodes: how many began
     BP_TIME = 1003  # bp-time: ns spent in them (the open one's time so far included)
     BP_DEPTH = 1004  # bp-depth: bytes of the publication's window in use now
@@ -129,7 +129,7 @@ class SystemCounter(enum.IntEnum):
     UNTETHERED_SKIPS = 34  # untethered subscriptions left behind (drop-oldest)
     UNTETHERED_SKIPPED_BYTES = 35  # the stream bytes they skipped
     NETWORK_WORK_CYCLES = 36  # duty cycles of the network threads that did work
-    # The pressure governor (daemon/pressure/governor.py, seeds/004):
+    # The pressure governor (daemon/pressure/governor.py, docs/BACKPRESSURE.md):
     GOVERNOR_PRESSURE = 37  # the last pressure sampled, per mille
     GOVERNOR_STEP = 38  # the ladder's step now (0: none)
     GOVERNOR_CLIMBS = 39  # steps up the ladder

@@ -203,7 +203,7 @@ META_LIMIT_HIT_TIME: Final = 1472
 META_LIMIT_MOVED_TIME: Final = 1536  # when the driver last moved pub-lmt
 
 
-#: A publication's ``priority=`` (its band in the sender, seeds/004; C SS_PRIORITY_*).
+#: A publication's ``priority=`` (its band in the sender, docs/BACKPRESSURE.md; C SS_PRIORITY_*).
 PRIORITY_MIN: Final = -1000
 PRIORITY_MAX: Final = 1000
 

@@ -1,5 +1,5 @@
-"""Back-pressure policies of a publication (seeds/002): what an offer does when the stream has
-no credit, chosen per publication with ``policy=`` in its channel URI or
+"""Back-pressure policies of a publication (docs/BACKPRESSURE.md): what an offer does when the
+stream has no credit, chosen per publication with ``policy=`` in its channel URI or
 ``Client.add_publication(..., policy=...)``.  See :class:`~slipstream.client.channel.PolicySpec`
 for the forms.
 
@@ -69,10 +69,10 @@ _NOT_CONNECTED, _BACK_PRESSURED, _ADMIN_ACTION, _CLOSED = (
 @attrs.frozen
 class BackPressureEpisode:
     """A back-pressure episode of a publication's stream began (``started``) or ended, as the
-    driver saw it (seeds/002's watermarks: ``watermarks=`` in the channel): ``at_ns`` when
-    (CLOCK_MONOTONIC ns, as ``time.monotonic_ns()``), ``depth`` the bytes of the window in use
-    then, ``duration_ns`` how long an ended one lasted (0 for a start), ``episodes`` how many
-    began so far."""
+    driver saw it (its watermarks: ``watermarks=`` in the channel; docs/BACKPRESSURE.md):
+    ``at_ns`` when (CLOCK_MONOTONIC ns, as ``time.monotonic_ns()``), ``depth`` the bytes of
+    the window in use then, ``duration_ns`` how long an ended one lasted (0 for a start),
+    ``episodes`` how many began so far."""
 
     started: bool
     at_ns: int

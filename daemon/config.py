@@ -660,7 +660,7 @@ class DriverSettings:
     backpressure_high_watermark: int = _int(
         100,
         "A publication's back-pressure episode starts when the part of its window in use "
-        "reaches this percent, or a publisher meets its limit (seeds/002; slipstream). "
+        "reaches this percent, or a publisher meets its limit (slipstream; docs/BACKPRESSURE.md). "
         "A channel's watermarks=HIGH/LOW overrides both.",
         low=1, high=100, section="Back pressure",
     )
@@ -674,7 +674,7 @@ class DriverSettings:
         5 * _S,
         "An untethered subscription (tether=false, IPC) that stays within an eighth of a "
         "window of holding its publishers back this long is left behind: its image goes, "
-        "with the range it skips (drop-oldest, seeds/002), ns. A channel's "
+        "with the range it skips (drop-oldest: docs/BACKPRESSURE.md), ns. A channel's "
         "untethered-window-limit-timeout= overrides it (Aeron's default).",
         low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
     )

@@ -1,5 +1,5 @@
-"""The sender's priority bands (seeds/004): deficit weighted round robin over five bands with
-aging, in the C duty cycle (``ss_agent_do_work``), against a real socket that fills.
+"""The sender's priority bands (docs/BACKPRESSURE.md): deficit weighted round robin over five
+bands with aging, in the C duty cycle (``ss_agent_do_work``), against a real socket that fills.
 
 Publications share one AF_UNIX datagram socket, whose queue holds a few datagrams and stays
 full until the test reads (a unix datagram socket pushes back on its sender, as a UDP socket's

@@ -100,7 +100,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "flow_control_receiver_timeout": 5 * S,
     "flow_control_group_tag": -1,
     "flow_control_group_min_size": 0,
-    "backpressure_high_watermark": 100,  # slipstream's (seeds/002)
+    "backpressure_high_watermark": 100,  # slipstream's (docs/BACKPRESSURE.md)
     "backpressure_low_watermark": 50,
     "untethered_window_limit_timeout": 5 * S,
     "untethered_resting_timeout": 10 * S,

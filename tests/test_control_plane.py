@@ -1,4 +1,4 @@
-"""The control plane refuses what it cannot serve and never dies of it (issue: hardening).
+"""The control plane refuses what it cannot serve and never dies of it (docs/RELIABILITY.md).
 
 A hostile or buggy client talks to a real driver over its real control socket; after every
 bad command the driver must still serve a well-behaved client end to end.

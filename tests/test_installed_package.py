@@ -1,11 +1,11 @@
 """The package as ``pip install`` gives it, not as the editable install of the checkout does.
 
 The editable install maps whole folders, so a package that pyproject.toml forgot still
-imported in the checkout, while the wheel lacked it and its driver could not start (issue 46:
-``slipstream.daemon.pressure``).  Here the sdist is built, the wheel from the sdist, and the
-wheel is installed into a fresh environment outside the checkout (tests/installed.py); the
-driver, clients over IPC and UDP, ``stat``, ``metrics``, ``sim`` and the Spark bridge are run
-from there, each proving that nothing of the checkout is on its path.
+imported in the checkout, while the wheel lacked it and its driver could not start
+(``slipstream.daemon.pressure`` was such a package once).  Here the sdist is built, the wheel
+from the sdist, and the wheel is installed into a fresh environment outside the checkout
+(tests/installed.py); the driver, clients over IPC and UDP, ``stat``, ``metrics``, ``sim`` and
+the Spark bridge are run from there, each proving that nothing of the checkout is on its path.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One publisher, several subscribers, one of them slow or paused: what each answer to it does
-(issue 21's scenarios, docs/FLOW.md), in the simulator with the driver's own agents.
+(the scenarios of docs/FLOW.md), in the simulator with the driver's own agents.
 
 * ``max`` (the multicast default) lets the fastest set the pace: the slow subscriber is left
   behind;

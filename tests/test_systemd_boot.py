@@ -580,7 +580,7 @@ def test_the_install_builds_the_services_venv_from_the_system_python(host: Conta
     venv = host.run(f"readlink -f {PYTHON}").stdout.strip()
     assert not venv.startswith(HOMES), venv
     assert venv.startswith("/usr/bin/python3"), venv  # SERVICE_PYTHON's default
-    if _home_python_dir() is not None:  # the case of the issue: the first python3 is a home's
+    if _home_python_dir() is not None:  # the case this guards: the first python3 is a home's
         assert first.startswith(HOMES), first
     # As an operator installs it: a wheel in site-packages, not an editable checkout.
     where = host.client("import slipstream.daemon, sys; print(slipstream.daemon.__file__)",

@@ -128,10 +128,11 @@ class DriverConductor:
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
         self.drain_phase = DrainPhase.NONE
-        #: The pressure governor (seeds/004) over the network streams; ``network_lag_ns`` is
-        #: the network threads' duty-cycle lag (the latest of their smoothed timer lateness),
-        #: which the shell keeps current.  The conductor's own lateness is not the data
-        #: path's: the C loops move the data while the conductor waits for the GIL.
+        #: The pressure governor (docs/BACKPRESSURE.md) over the network streams;
+        #: ``network_lag_ns`` is the network threads' duty-cycle lag (the latest of their
+        #: smoothed timer lateness), which the shell keeps current.  The conductor's own
+        #: lateness is not the data path's: the C loops move the data while the conductor
+        #: waits for the GIL.
         self.governor = PressureGovernor()
         self.network_lag_ns = 0.0
         self._next_governor_ns = 0
@@ -647,7 +648,7 @@ class DriverConductor:
             return min(deadline, self._last_cycle_ns + EPISODE_SAMPLE_INTERVAL_NS)
         return deadline
 
-    # -- graceful drain (seeds/000: pause credit, never fill a buffer) --------------------------
+    # -- graceful drain (pause credit, never fill a buffer: docs/PROTOCOL.md §6.2) -------------
     def begin_drain(self, now_ns: int) -> None:
         """Stop granting credit: every offer from now on is back-pressured.  What the logs
         already hold is still sent and read; :meth:`drain` says when that is done."""

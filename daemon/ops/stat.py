@@ -7,9 +7,9 @@ Six sections, each read from the files the driver maps (it is never asked anythi
   the publisher limit, sender position and limit (their difference is the flow-control window
   still open), the receiver high-water mark and position (their difference is what is missing
   or not yet rebuilt) and the slowest subscriber;
-* **back pressure**: one row per publication with its episodes (seeds/002): how many began,
-  the time spent in them, the bytes of its window in use now and at most, and the offers
-  ``policy=drop-newest`` dropped;
+* **back pressure**: one row per publication with its episodes (docs/BACKPRESSURE.md): how
+  many began, the time spent in them, the bytes of its window in use now and at most, and the
+  offers ``policy=drop-newest`` dropped;
 * **driver**: the system counters (bytes, NAKs sent and received, retransmits, status
   messages, heartbeats, short sends, invalid packets, errors, ...) with rates per second;
 * **loss**: the loss report, per image: gaps seen, bytes lost, first and last time;

@@ -1,3 +1,3 @@
-"""Back pressure as the driver sees it (seeds/002, seeds/004): each publication's episodes with
+"""Back pressure as the driver sees it (docs/BACKPRESSURE.md): each publication's episodes with
 their watermarks (:mod:`~slipstream.daemon.pressure.episodes`).  Sans-I/O: the conductor samples
 positions into it and sends what it returns."""

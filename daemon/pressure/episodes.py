@@ -1,4 +1,5 @@
-"""Back-pressure episodes of one publication (seeds/002): the high/low watermark hysteresis.
+"""Back-pressure episodes of one publication (docs/BACKPRESSURE.md, Episodes): the high/low
+watermark hysteresis.
 
 The part of a publication's window in use, its *depth*, is how far the producer is beyond where
 the window starts: ``producer - (pub-lmt - window)``, between 0 and the window (bytes).  For

@@ -1,5 +1,5 @@
-"""The pressure governor (seeds/004): under load the driver degrades latency along a fixed
-ladder, never correctness.
+"""The pressure governor (docs/BACKPRESSURE.md): under load the driver degrades latency along
+a fixed ladder, never correctness.
 
 Every :data:`SAMPLE_INTERVAL_NS` (every :data:`CALM_SAMPLE_INTERVAL_NS` while calm: see there)
 the conductor samples three signals into one pressure in [0, 1], the largest of:
