@@ -19,6 +19,9 @@ Decisions that differ from Aeron, on purpose:
 * Duplicate keys, keys without ``=value`` and empty values raise (Aeron keeps one silently).
 * ``mtu`` must be above 32 (Java's rule; C accepts 32, which leaves no room for payload).
 * Booleans are exactly ``true`` or ``false``; integers are decimal.
+
+The strategies' values (``fc=``, ``cc=``, ``rc=``) are parsed and checked by their grammars
+(:mod:`slipstream.client.strategy_grammar`), which the strategies declare.
 """
 
 from __future__ import annotations
@@ -42,26 +45,41 @@ from slipstream.client.layout import (
     MAX_UDP_PAYLOAD_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
-    RATE_ANNOUNCE_MAX_THRESHOLDS,
-    RATE_WINDOW_MAX_US,
-    RATE_WINDOW_MIN_US,
     TERM_MAX_LENGTH,
     TERM_MIN_LENGTH,
     max_message_length,
 )
-from slipstream.client.units import parse_duration_ns, parse_size
+from slipstream.client.strategy_grammar import (
+    RECEIVER_TIMEOUT_RANGE_NS as RECEIVER_TIMEOUT_RANGE_NS,  # the setting's range too
+)
+from slipstream.client.strategy_grammar import (
+    SHIPPED,
+    BadValue,
+    CongestionControlSpec,
+    FlowControlSpec,
+    RateControlSpec,
+    format_ns,
+    parse_duration_in,
+    parse_int,
+    parse_size_in,
+    parse_strategy,
+    split_options,
+)
+
+# The value parsers the URI's keys share with the strategies' options.
+_Bad, _int, _size, _duration, _format_ns, _options = (
+    BadValue, parse_int, parse_size_in, parse_duration_in, format_ns, split_options)
 
 MAX_URI_LENGTH: Final = 4095  # characters: Aeron's limit (docs/PROTOCOL.md §7.1)
 SPY_PREFIX: Final = "aeron-spy:"
 SCHEME: Final = "aeron:"
 
 CONTROL_MODES: Final = ("manual", "dynamic", "response")
-CONGESTION_CONTROLS: Final = ("static", "cubic")
-FLOW_CONTROLS: Final = ("max", "min", "tagged", "unicast")
-#: How long min / tagged flow control may wait for a silent receiver before it forgets it,
-#: ns (the URI's fc=...,t: and the setting flow_control_receiver_timeout): 0 would forget
-#: every receiver at once (min turned into max).
-RECEIVER_TIMEOUT_RANGE_NS: Final = (1_000_000, 3_600_000_000_000)
+# The shipped strategies' names (the settings' choices): fc=, cc= and rc= take these and any
+# strategy registered since (strategy_grammar.grammars).  RECEIVER_TIMEOUT_RANGE_NS, fc=min
+# and tagged's t: and the setting flow_control_receiver_timeout, is strategy_grammar's.
+CONGESTION_CONTROLS: Final = tuple(g.name for g in SHIPPED if g.key == "cc")
+FLOW_CONTROLS: Final = tuple(g.name for g in SHIPPED if g.key == "fc")
 # The ranges a URI key shares with the driver setting it overrides (daemon/config.py): a value
 # means the same and is refused the same in either place.
 #: nak-delay= and nak_unicast_delay, ns.
@@ -75,21 +93,17 @@ PUBLICATION_WINDOW_RANGE: Final = (0, 1 << 30)
 #: so-rcvbuf= / so-sndbuf= and socket_so_rcvbuf / socket_so_sndbuf, bytes (0: the kernel's).
 SOCKET_BUFFER_RANGE: Final = (0, 1 << 30)
 #: Aeron's older name of ``tagged`` (PreferredMulticastFlowControl), taken as it.
-FLOW_CONTROL_ALIASES: Final = {"preferred": "tagged"}
-RATE_CONTROLS: Final = ("nak-strength",)
-#: What an offer does when the stream has no credit (seeds/002); without ``policy`` it returns
-#: Aeron's codes.
+FLOW_CONTROL_ALIASES: Final = {alias: g.name for g in SHIPPED if g.key == "fc"
+                               for alias in g.aliases}
+RATE_CONTROLS: Final = tuple(g.name for g in SHIPPED if g.key == "rc")
+#: What an offer does when the stream has no credit (docs/BACKPRESSURE.md); without ``policy``
+#: it returns Aeron's codes.
 POLICIES: Final = ("block", "drop-newest", "error", "rate-limit")
 
-_INTEGER = re.compile(r"[+-]?[0-9]+\Z")
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\Z")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-class _Bad(ValueError):
-    """A value is invalid; ``parse_channel`` turns it into a ChannelError naming the key."""
 
 
 # -- value types -----------------------------------------------------------------------------
@@ -127,55 +141,9 @@ class HostPort:
 
 
 @attrs.frozen
-class FlowControlSpec:
-    """The ``fc`` parameter: ``max``, ``unicast``, ``min[,g:/N][,t:T]`` or
-    ``tagged[,g:TAG[/N]][,t:T]``.
-
-    ``group_tag`` (int64) and ``group_min_size`` (receivers required before the sender moves)
-    are None when not given; so is ``receiver_timeout_ns`` (how long a silent receiver still
-    counts).  A tagged spec without a tag uses the driver's default group tag.
-    """
-
-    name: str
-    group_tag: int | None = None
-    group_min_size: int | None = None
-    receiver_timeout_ns: int | None = None
-
-    def __str__(self) -> str:
-        parts = [self.name]
-        if self.group_tag is not None or self.group_min_size is not None:
-            tag = "" if self.group_tag is None else str(self.group_tag)
-            size = "" if self.group_min_size is None else f"/{self.group_min_size}"
-            parts.append(f"g:{tag}{size}")
-        if self.receiver_timeout_ns is not None:
-            parts.append(f"t:{_format_ns(self.receiver_timeout_ns)}")
-        return ",".join(parts)
-
-
-@attrs.frozen
-class RateControlSpec:
-    """The ``rc`` parameter: ``nak-strength[,thresholds:50/75/87/100][,window:50ms]``, the
-    send-rate adaptation of seeds/001.  ``thresholds`` (percent of a receiver's window,
-    ascending, at most four) and ``window_ns`` (how long the sender takes the strongest signal
-    as one) are None when not given: the driver's defaults."""
-
-    name: str
-    thresholds: tuple[int, ...] | None = None
-    window_ns: int | None = None
-
-    def __str__(self) -> str:
-        parts = [self.name]
-        if self.thresholds is not None:
-            parts.append("thresholds:" + "/".join(map(str, self.thresholds)))
-        if self.window_ns is not None:
-            parts.append(f"window:{_format_ns(self.window_ns)}")
-        return ",".join(parts)
-
-
-@attrs.frozen
 class PolicySpec:
-    """The ``policy`` parameter, a publication's answer to back pressure (seeds/002), applied by
-    the client (the driver ignores it):
+    """The ``policy`` parameter, a publication's answer to back pressure (docs/BACKPRESSURE.md),
+    applied by the client (the driver ignores it):
 
     * ``block[,timeout:10s]``: an offer waits for credit, then raises ``BackPressuredError``;
     * ``drop-newest``: an offer without credit is dropped and counted, and returns at once;
@@ -258,11 +226,11 @@ class Channel:
     session_id_tag: int | None = None  # session-id=tag:N
     fc: FlowControlSpec | None = None
     gtag: int | None = None
-    cc: str | None = None
+    cc: CongestionControlSpec | None = None
     rc: RateControlSpec | None = None
     policy: PolicySpec | None = None
     watermarks: tuple[int, int] | None = None  # percent of the window: (high, low)
-    priority: int | None = None  # the publication's band in the sender (seeds/004)
+    priority: int | None = None  # the publication's band in the sender (docs/BACKPRESSURE.md)
     max_resend: int | None = None
     init_term_id: int | None = None
     term_id: int | None = None
@@ -356,15 +324,6 @@ def _control_group_of(uri: str, address: IPAddress) -> str:
 # -- value parsers (raise _Bad with the problem; the caller adds the key) ----------------------
 
 
-def _int(text: str, low: int, high: int) -> int:
-    if not _INTEGER.match(text):
-        raise _Bad(f"{text!r} is not an integer")
-    value = int(text)
-    if not low <= value <= high:
-        raise _Bad(f"{value} is out of range {low}..{high}")
-    return value
-
-
 def _int32(text: str) -> int:
     return _int(text, INT32_MIN, INT32_MAX)
 
@@ -379,26 +338,6 @@ def _bool(text: str) -> bool:
     if text == "false":
         return False
     raise _Bad(f"{text!r} is not true or false")
-
-
-def _size(text: str, low: int = 1, high: int = INT32_MAX) -> int:
-    try:
-        value = parse_size(text)
-    except ValueError as e:
-        raise _Bad(str(e)) from None
-    if not low <= value <= high:
-        raise _Bad(f"{value} is out of range {low}..{high} bytes")
-    return value
-
-
-def _duration(text: str, low: int = 0, high: int | None = None) -> int:
-    try:
-        value = parse_duration_ns(text)
-    except ValueError as e:
-        raise _Bad(str(e)) from None
-    if high is not None and not low <= value <= high:
-        raise _Bad(f"{_format_ns(value)} is out of range {_format_ns(low)}..{_format_ns(high)}")
-    return value
 
 
 def _in(parse: Callable[..., int], bounds: tuple[int, int]) -> Callable[[str], int]:
@@ -501,70 +440,6 @@ def _interface(text: str) -> HostPort:
     return _host_port(text, port_required=False, prefix_allowed=True)
 
 
-def _options(options: list[str], forms: dict[str, str]) -> dict[str, str]:
-    """A strategy's ``kind:value`` options (``fc=min,g:/3,t:5s``), each kind of ``forms`` (its
-    spelling, for the error) at most once: kind -> value."""
-    values: dict[str, str] = {}
-    for option in options:
-        kind, colon, value = option.partition(":")
-        if not colon or kind not in forms or not value:
-            raise _Bad(f"option {option!r} is not {' or '.join(forms.values())}")
-        if kind in values:
-            raise _Bad(f"option {kind}: given twice")
-        values[kind] = value
-    return values
-
-
-def _flow_control(text: str) -> FlowControlSpec:
-    name, *options = text.split(",")
-    name = FLOW_CONTROL_ALIASES.get(name, name)
-    if name not in FLOW_CONTROLS:
-        raise _Bad(f"{name!r} is not {', '.join(FLOW_CONTROLS[:-1])} or {FLOW_CONTROLS[-1]}")
-    if options and name in ("max", "unicast"):
-        raise _Bad(f"{name} takes no options")
-    tag = size = timeout = None
-    for kind, value in _options(options, {"g": "g:<tag>[/<min group size>]",
-                                          "t": "t:<timeout>"}).items():
-        if kind == "t":
-            timeout = _duration(value)
-            low, high = RECEIVER_TIMEOUT_RANGE_NS
-            if not low <= timeout <= high:
-                raise _Bad(f"t:{value} is not a receiver timeout in "
-                           f"{_format_ns(low)}..{_format_ns(high)}")
-            continue
-        tag_text, slash, size_text = value.partition("/")
-        if tag_text:
-            if name == "min":
-                raise _Bad("min takes a group size only (g:/N); use tagged for a group tag")
-            tag = _int64(tag_text)
-        if slash:
-            size = _int(size_text, 0, INT32_MAX)
-        elif name == "min":
-            raise _Bad("min takes a group size only (g:/N)")
-    return FlowControlSpec(name, tag, size, timeout)
-
-
-def _rate_control(text: str) -> RateControlSpec:
-    name, *options = text.split(",")
-    if name not in RATE_CONTROLS:
-        raise _Bad(f"{name!r} is not {' or '.join(RATE_CONTROLS)}")
-    thresholds = window = None
-    for kind, value in _options(options, {"thresholds": "thresholds:<percent>/...",
-                                          "window": "window:<duration>"}).items():
-        if kind == "window":
-            window = _duration(value)
-            if not RATE_WINDOW_MIN_US * 1000 <= window <= RATE_WINDOW_MAX_US * 1000:
-                raise _Bad(f"window {value} is not between {_format_ns(RATE_WINDOW_MIN_US * 1000)}"
-                           f" and {_format_ns(RATE_WINDOW_MAX_US * 1000)}")
-            continue
-        thresholds = tuple(_int(t, 1, 100) for t in value.split("/"))
-        if (len(thresholds) > RATE_ANNOUNCE_MAX_THRESHOLDS
-                or list(thresholds) != sorted(set(thresholds))):
-            raise _Bad(f"thresholds {value} are not 1 to {RATE_ANNOUNCE_MAX_THRESHOLDS} "
-                       f"ascending percentages")
-    return RateControlSpec(name, thresholds, window)
-
-
 def _policy(text: str) -> PolicySpec:
     name, *options = text.split(",")
     if name not in POLICIES:
@@ -642,14 +517,6 @@ def _format_value(value: Any) -> str:
     return str(value)  # ints (sizes in bytes), strings, HostPort, the *Spec classes
 
 
-def _format_ns(ns: int) -> str:
-    """The largest exact unit among s, ms, us and ns: the ones Aeron's duration parser takes."""
-    for unit, scale in (("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)):
-        if ns and ns % scale == 0:
-            return f"{ns // scale}{unit}"
-    return f"{ns}ns"
-
-
 def _format_tags(channel: Channel) -> str | None:
     if channel.channel_tag is None:
         return None
@@ -686,6 +553,11 @@ def _param(field: str, parse: Callable[[str], Any], udp_only: bool = False) -> _
     return _Param((field,), parse, udp_only)
 
 
+def _strategy(key: str) -> Callable[[str], Any]:
+    """A strategy's value (``fc=min,g:/3``), by the grammars registered for ``key``."""
+    return lambda text: parse_strategy(key, text)
+
+
 # Every key slipstream understands (Aeron's names).  ``udp_only`` keys are rejected on IPC.
 _PARAMS: Final[dict[str, _Param]] = {
     "endpoint": _param("endpoint", _address, udp_only=True),
@@ -716,10 +588,10 @@ _PARAMS: Final[dict[str, _Param]] = {
     "ssc": _param("ssc", _bool),
     "session-id": _Param(("session_id", "session_id_tag"), _session_id,
                          formatter=_format_session_id),
-    "fc": _param("fc", _flow_control, udp_only=True),
+    "fc": _param("fc", _strategy("fc"), udp_only=True),
     "gtag": _param("gtag", _int64, udp_only=True),
-    "cc": _param("cc", _choice(*CONGESTION_CONTROLS), udp_only=True),
-    "rc": _param("rc", _rate_control, udp_only=True),
+    "cc": _param("cc", _strategy("cc"), udp_only=True),
+    "rc": _param("rc", _strategy("rc"), udp_only=True),
     "policy": _param("policy", _policy),
     "priority": _param("priority", lambda t: _int(t, PRIORITY_MIN, PRIORITY_MAX),
                        udp_only=True),

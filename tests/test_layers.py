@@ -15,7 +15,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("reports",),  # what the driver records for operators: error log, loss report
     ("protocol",),  # sans-I/O pieces: types, parameters, loss detection, retransmits, cleaning
     ("flow",),  # flow- and congestion-control interfaces and strategies
-    ("pressure",),  # back-pressure episodes (seeds/002)
+    ("pressure",),  # back-pressure episodes and the pressure governor
     ("streams",),  # a network publication and a publication image
     ("media",),  # the endpoints' dispatchers, UDP transports, name resolution
     ("agents",),  # the sender, the receiver and their thread

@@ -480,7 +480,8 @@ class NetworkConductor:
         params = entry.endpoint.channel.params
         # Congestion control's counters start at what the image's will be: none reads a 0.
         strategy = congestion_control_for(params, setup.term_length, setup.mtu, now_ns)
-        indicators = zip(strategy.indicators, strategy.indicator_values(), strict=True)
+        indicators = zip((counter.label for counter in strategy.counters),
+                         strategy.indicator_values(), strict=True)
         what = f"the image of {_label_of(setup, event.source)}"
         try:
             log_buffer = create_log(

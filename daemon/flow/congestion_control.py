@@ -3,8 +3,10 @@ advertises in its status messages, and when to measure the round trip.
 
 Congestion control runs in the receiver's image, as in Aeron: the sender follows the window
 the receivers advertise (flow control), and a receiver that sees loss or delay shrinks it.
-Each strategy lives in its own module and is registered by its URI name (``cc=``) in
-:mod:`slipstream.daemon.flow.registry`.
+Each strategy lives in its own module, declares its URI grammar (``uri``), its counters and
+whether C runs it (``is_static``), and registers itself at the bottom of its module
+(:func:`register_congestion_control`); :mod:`slipstream.daemon.flow.registry` chooses one
+per image by its URI name (``cc=``).
 
 Units: positions and windows in bytes; times in ns.
 """
@@ -12,24 +14,28 @@ Units: positions and windows in bytes; times in ns.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Self
+from typing import ClassVar, Self, TypeVar
 
 from slipstream.client.layout import NO_DEADLINE
+from slipstream.daemon.flow.strategy import Strategy, register
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import Address
 
 
-class CongestionControl(abc.ABC):
-    """One image's receiver window.  The image calls it from the receiver's duty cycle."""
+class CongestionControl(Strategy):
+    """One image's receiver window.  The image calls it from the receiver's duty cycle.
 
-    #: The URI name (``cc=``) it is registered under.
-    name: ClassVar[str]
-    #: A fixed window and no round trips: the image asks nothing after the initial window
-    #: (which spares the receiver's rebuild passes three calls).
+    Its declarations (:class:`~slipstream.daemon.flow.strategy.Strategy`): ``uri``, the
+    ``cc=`` grammar (its options reach it as ``params.congestion_control_options``);
+    ``counters``, kept per image (type PER_IMAGE_INDICATOR, as Aeron's PerImageIndicator) and
+    served by the metrics exporter; ``is_static``, its C fast path."""
+
+    uri_key = "cc"
+    publishes_counters = True
+    #: A fixed window and no round trips: the image asks nothing after the initial window,
+    #: and the C half runs a reliable unicast image's rebuild passes and status messages
+    #: (its fast path).
     is_static: ClassVar[bool] = False
-    #: The labels of the counters it keeps per image (type PER_IMAGE_INDICATOR, as Aeron's
-    #: PerImageIndicator), in the order of :meth:`indicator_values`.
-    indicators: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abc.abstractmethod
@@ -63,10 +69,10 @@ class CongestionControl(abc.ABC):
         """Whether the image should send an RTT measurement (RTTM, REPLY-flagged) now."""
         return False
 
-    def on_rtt_measurement_sent(self, now_ns: int) -> None:  # noqa: B027 (a hook: most strategies ignore it)
+    def on_rtt_measurement_sent(self, now_ns: int) -> None:
         """The image sent the RTTM :meth:`should_measure_rtt` asked for."""
 
-    def on_rtt_measurement(self, now_ns: int, rtt_ns: int, source: Address) -> None:  # noqa: B027 (a hook: most strategies ignore it)
+    def on_rtt_measurement(self, now_ns: int, rtt_ns: int, source: Address) -> None:
         """The sender at ``source`` echoed an RTTM: the round trip took ``rtt_ns``."""
 
     def next_deadline_ns(self) -> int:
@@ -74,8 +80,18 @@ class CongestionControl(abc.ABC):
         return NO_DEADLINE
 
     def indicator_values(self) -> tuple[int, ...]:
-        """The values of :attr:`indicators` now."""
-        return ()
+        """The values of its per-image counters (:attr:`counters`) now."""
+        return self.counter_values()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} window={self.max_window_length()}>"
+
+
+C = TypeVar("C", bound=type[CongestionControl])
+
+
+def register_congestion_control(cls: C) -> C:
+    """Take ``cc=`` values of ``cls``'s grammar for ``cls`` (a strategy module calls it at its
+    bottom); returns ``cls``.  See :func:`slipstream.daemon.flow.strategy.register`."""
+    register(cls, CongestionControl)
+    return cls

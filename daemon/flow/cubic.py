@@ -23,8 +23,13 @@ from __future__ import annotations
 import math
 from typing import Self
 
+from slipstream.client import strategy_grammar
 from slipstream.client.layout import NO_DEADLINE
-from slipstream.daemon.flow.congestion_control import CongestionControl
+from slipstream.daemon.flow.congestion_control import (
+    CongestionControl,
+    register_congestion_control,
+)
+from slipstream.daemon.flow.strategy import StrategyCounter
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import Address
 
@@ -39,10 +44,18 @@ RTT_TIMEOUT_MULTIPLE = 4
 class CubicCongestionControl(CongestionControl):
     """One image's CUBIC window.  See the module docstring."""
 
-    name = "cubic"
+    uri = strategy_grammar.CUBIC
     #: As Aeron's: the last round trip measured (ns; 0 until an RTTM's echo came back) and
     #: the window (bytes).
-    indicators = ("rcv-cc-cubic-rtt", "rcv-cc-cubic-wnd")
+    counters = (
+        StrategyCounter("rcv-cc-cubic-rtt", "slipstream_image_cubic_rtt_seconds",
+                        "The round trip a cc=cubic image measured last (0: none yet)",
+                        read=lambda cc: cc.rtt_ns if cc.rtt_measurements else 0, scale=1e-9),
+        StrategyCounter("rcv-cc-cubic-wnd", "slipstream_image_cubic_window_bytes",
+                        "CUBIC's window in a cc=cubic image (its SMs may say less while "
+                        "cleaning lags)",
+                        read=lambda cc: cc.cwnd * cc.mtu),
+    )
 
     def __init__(self, *, max_window_length: int, mtu: int, initial_rtt_ns: int,
                  measure_rtt: bool, tcp_mode: bool, now_ns: int = 0) -> None:
@@ -124,9 +137,9 @@ class CubicCongestionControl(CongestionControl):
             return NO_DEADLINE
         return 0 if self.last_rtt_ns is None else self.last_rtt_ns + self.rtt_timeout_ns + 1
 
-    def indicator_values(self) -> tuple[int, ...]:
-        return (self.rtt_ns if self.rtt_measurements else 0, self.cwnd * self.mtu)
-
     def __repr__(self) -> str:
         return (f"<CubicCongestionControl cwnd={self.cwnd}/{self.max_cwnd} w_max={self.w_max} "
                 f"rtt={self.rtt_ns} ns>")
+
+
+register_congestion_control(CubicCongestionControl)

@@ -2,8 +2,10 @@
 sender limit (``snd-lmt``).
 
 One small class per strategy behind this interface (the h2 ``windows.py`` model), each in its
-own module and registered by its URI name in :mod:`slipstream.daemon.flow.registry`, which
-chooses one per publication from its parameters (``fc=`` or the driver settings).
+own module, declaring its URI grammar (``uri``) and whether C may take its status messages
+(``c_fast_path``), and registering itself at the bottom of its module
+(:func:`register_flow_control`); :mod:`slipstream.daemon.flow.registry` chooses one per
+publication from its parameters (``fc=`` or the driver settings).
 
 Units: positions, windows and lengths in bytes; times in ns.
 """
@@ -11,24 +13,27 @@ Units: positions, windows and lengths in bytes; times in ns.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Self
+from typing import ClassVar, Self, TypeVar
 
 from slipstream.client.frames import ErrorFrame, StatusMessage
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import compute_position
+from slipstream.daemon.flow.strategy import Strategy, register
 from slipstream.daemon.protocol.params import FlowControlParams
 from slipstream.daemon.protocol.types import Address
 
 
-class FlowControl(abc.ABC):
+class FlowControl(Strategy):
     """A sender's flow-control strategy: maps status messages and time to the sender limit.
 
     The publication calls it from the sender's duty cycle only; a strategy keeps its own
-    state (receivers, timers) and never sends anything.
+    state (receivers, timers) and never sends anything.  Its declarations
+    (:class:`~slipstream.daemon.flow.strategy.Strategy`): ``uri``, the ``fc=`` grammar; the
+    options it takes beyond the interface's (group tag, group size, receiver timeout) reach
+    it as ``params.options``.
     """
 
-    #: The URI name (``fc=``) it is registered under.
-    name: ClassVar[str]
+    uri_key = "fc"
     #: A NAK's resend covers at most the receiver window times this (per strategy).
     retransmit_window_multiple: ClassVar[int]
     #: It keeps a set of receivers (min, tagged): the publication then has an
@@ -46,7 +51,7 @@ class FlowControl(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def from_params(cls, params: FlowControlParams) -> Self:
-        """The strategy for a publication with ``params``."""
+        """The strategy for a publication with ``params`` (``params.options``: its own)."""
 
     # -- events --------------------------------------------------------------------------
     @abc.abstractmethod
@@ -63,13 +68,13 @@ class FlowControl(abc.ABC):
         nothing while snd-lmt is at or below snd-pos."""
         return sender_limit
 
-    def on_setup(self, now_ns: int, sender_limit: int) -> None:  # noqa: B027 (a hook: most strategies ignore it)
+    def on_setup(self, now_ns: int, sender_limit: int) -> None:
         """A SETUP was sent with ``sender_limit`` in force."""
 
-    def on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:  # noqa: B027 (a hook: most strategies ignore it)
+    def on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         """An S-flagged SM (a receiver wants SETUP) arrived."""
 
-    def on_error(self, err: ErrorFrame, now_ns: int) -> None:  # noqa: B027 (a hook: most strategies ignore it)
+    def on_error(self, err: ErrorFrame, now_ns: int) -> None:
         """A receiver rejected the image (ERR frame)."""
 
     # -- queries -------------------------------------------------------------------------
@@ -101,6 +106,16 @@ class FlowControl(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
+
+
+F = TypeVar("F", bound=type[FlowControl])
+
+
+def register_flow_control(cls: F) -> F:
+    """Take ``fc=`` values of ``cls``'s grammar for ``cls`` (a strategy module calls it at its
+    bottom); returns ``cls``.  See :func:`slipstream.daemon.flow.strategy.register`."""
+    register(cls, FlowControl)
+    return cls
 
 
 def sm_limit(sm: StatusMessage, initial_term_id: int, position_bits: int) -> int:

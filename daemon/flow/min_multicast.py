@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Self
 
+from slipstream.client import strategy_grammar
 from slipstream.client.frames import ErrorFrame, StatusMessage
 from slipstream.client.layout import NO_DEADLINE
-from slipstream.daemon.flow.flow_control import FlowControl, sm_limit
+from slipstream.daemon.flow.flow_control import FlowControl, register_flow_control, sm_limit
 from slipstream.daemon.protocol.params import FlowControlParams
 from slipstream.daemon.protocol.types import Address
 
@@ -49,7 +50,7 @@ class MinMulticastFlowControl(FlowControl):
       the timeout, docs/PROTOCOL.md §5.4).
     """
 
-    name = "min"
+    uri = strategy_grammar.MIN
     retransmit_window_multiple = MIN_RETRANSMIT_WINDOW_MULTIPLE
     tracks_receivers = True
 
@@ -161,3 +162,6 @@ class MinMulticastFlowControl(FlowControl):
         if self._last_setup_limit is not None:  # the cap ends: the limit may rise then
             deadline = min(deadline, self._last_setup_ns + self.receiver_timeout_ns + 1)
         return deadline
+
+
+register_flow_control(MinMulticastFlowControl)

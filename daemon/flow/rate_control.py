@@ -1,4 +1,4 @@
-"""NAK-strength send-rate adaptation (``rc=nak-strength``; seeds/001, docs/FLOW.md).
+"""NAK-strength send-rate adaptation (``rc=nak-strength``; docs/FLOW.md, docs/PROTOCOL.md §5.6).
 
 Receivers say how full they are; the sender adapts its rate.  No list of receivers: a receiver
 that pauses or dies stops signalling and costs the sender nothing, which is the point of the
@@ -25,8 +25,9 @@ design against ``fc=min``, whose sender waits for its slowest receiver until a t
   knee the limit is lifted, unless the sender used most of it (it has a backlog, which a
   lift would burst at line rate): then the doubling goes on until the limit no longer binds.
 
-What seeds/001 left to experiment ("it should be possible to adaptively find appropriate values
-at runtime") is found here as the stream runs:
+The climb's steps and the depth of a cut are not tuned by hand for one system: what they
+depend on (the volatility of the send rate, the latency of the link) is found here as the
+stream runs:
 
 * the **steps** scale with the knee, so the same defaults serve a loopback stream of GB/s and a
   100 Mbit/s link, and the climb slows where the last signal came;
@@ -36,15 +37,22 @@ at runtime") is found here as the stream runs:
   than needed (shallower, down to :data:`MIN_DEPTH`).
 
 Both classes are sans-I/O: every call takes ``now_ns``; units are bytes, bytes/s and ns.
+
+The sender's side is a strategy behind the :class:`RateControl` interface (``rc=`` names one),
+as flow and congestion control are; NAK strength is the one shipped, and lives here beside
+the interface with the receiver's side of the signals, which every strategy's receivers run.
 """
 
 from __future__ import annotations
 
+import abc
 from collections import deque
-from typing import ClassVar
+from typing import Self, TypeVar
 
+from slipstream.client import strategy_grammar
 from slipstream.client.frames import RateAnnounce
 from slipstream.client.layout import NO_DEADLINE, RATE_SIGNAL_MAX_RATE
+from slipstream.daemon.flow.strategy import Strategy, register
 from slipstream.daemon.protocol.params import RateControlParams
 
 #: How often a sender repeats its announcement (and at once to each new receiver).
@@ -76,14 +84,72 @@ BURST_DATAGRAMS = 4
 READ_GRACE_NS = 1_000_000
 
 
-class NakStrengthRateControl:
+class RateControl(Strategy):
+    """A publication's send-rate limit from its receivers' rate signals: the interface of the
+    ``rc=`` strategies.
+
+    :attr:`rate_limit` is what the C data path enforces (a token bucket of :meth:`burst`
+    bytes; 0: no limit); the publication sends :meth:`announcement` (its receivers then
+    signal), calls :meth:`on_signal` for each
+    :class:`~slipstream.client.frames.RateSignal` it heeds and :meth:`on_tick` at
+    :meth:`next_deadline_ns`, passing snd-pos.  Its declarations
+    (:class:`~slipstream.daemon.flow.strategy.Strategy`): ``uri``, the ``rc=`` grammar (the
+    options beyond the thresholds and window reach it as ``params.options``); its counter is
+    the interface's (``snd-rate``: :attr:`rate_limit`)."""
+
+    uri_key = "rc"
+    #: bytes/s the data path may send; 0: no limit.
+    rate_limit: int
+
+    @classmethod
+    @abc.abstractmethod
+    def from_params(cls, params: RateControlParams, *, mtu: int, now_ns: int,
+                    sender_position: int) -> Self:
+        """The strategy of a publication with ``params`` and ``mtu``, made at ``now_ns`` with
+        the sender at ``sender_position``."""
+
+    @abc.abstractmethod
+    def on_signal(self, now_ns: int, threshold: int, sender_position: int,
+                  consumption_rate: int = 0) -> bool:
+        """A receiver crossed ``threshold`` percent of its window; its subscribers took
+        ``consumption_rate`` bytes/s lately (0: unknown).  Returns whether the limit went
+        down."""
+
+    @abc.abstractmethod
+    def on_tick(self, now_ns: int, sender_position: int) -> None:
+        """Time passed (at :meth:`next_deadline_ns` or later)."""
+
+    @abc.abstractmethod
+    def next_deadline_ns(self) -> int:
+        """When :meth:`on_tick` has work."""
+
+    @abc.abstractmethod
+    def burst(self) -> int:
+        """The token bucket's size for the current limit (bytes)."""
+
+    @abc.abstractmethod
+    def announcement(self, session_id: int, stream_id: int) -> RateAnnounce:
+        """What the sender tells its receivers so that they signal."""
+
+
+R = TypeVar("R", bound=type[RateControl])
+
+
+def register_rate_control(cls: R) -> R:
+    """Take ``rc=`` values of ``cls``'s grammar for ``cls`` (a strategy module calls it at its
+    bottom); returns ``cls``.  See :func:`slipstream.daemon.flow.strategy.register`."""
+    register(cls, RateControl)
+    return cls
+
+
+class NakStrengthRateControl(RateControl):
     """A publication's send-rate limit from NAK-strength signals.  See the module docstring.
 
     :attr:`rate_limit` is what the C data path enforces (0: none); the publication calls
     :meth:`on_signal` for each :class:`RateSignal` and :meth:`on_tick` at
     :meth:`next_deadline_ns`, passing snd-pos (the rate it achieves is measured from it)."""
 
-    name: ClassVar[str] = "nak-strength"
+    uri = strategy_grammar.NAK_STRENGTH
 
     def __init__(self, params: RateControlParams, *, mtu: int, now_ns: int,
                  sender_position: int) -> None:
@@ -107,6 +173,11 @@ class NakStrengthRateControl:
         self._cut_base = 0
         self._probe_step = 0
         self._last_cut_ns: int | None = None
+
+    @classmethod
+    def from_params(cls, params: RateControlParams, *, mtu: int, now_ns: int,
+                    sender_position: int) -> Self:
+        return cls(params, mtu=mtu, now_ns=now_ns, sender_position=sender_position)
 
     # -- signals -------------------------------------------------------------------------
     def on_signal(self, now_ns: int, threshold: int, sender_position: int,
@@ -380,3 +451,6 @@ class NakStrengthSignaller:
             return self._last_look_ns + self.window_ns
         held = self._window_start_ns + self.window_ns if self.level else NO_DEADLINE
         return min(held, self._matures_ns)
+
+
+register_rate_control(NakStrengthRateControl)

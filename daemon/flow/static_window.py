@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Self
 
-from slipstream.daemon.flow.congestion_control import CongestionControl
+from slipstream.client import strategy_grammar
+from slipstream.daemon.flow.congestion_control import (
+    CongestionControl,
+    register_congestion_control,
+)
 from slipstream.daemon.protocol.params import SubscriptionParams
 
 
@@ -13,7 +17,7 @@ class StaticWindowCongestionControl(CongestionControl):
     term, and never changes (the receiver refuses a sender whose MTU it cannot hold): the image
     sends status messages by the 25 % rule and its timer only, and measures no round trips."""
 
-    name = "static"
+    uri = strategy_grammar.STATIC
     is_static = True
 
     def __init__(self, window_length: int) -> None:
@@ -35,3 +39,6 @@ class StaticWindowCongestionControl(CongestionControl):
                          rebuild_start_position: int, rebuild_end_position: int,
                          loss_found: bool) -> tuple[bool, int]:
         return False, self.window_length
+
+
+register_congestion_control(StaticWindowCongestionControl)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Self
 
+from slipstream.client import strategy_grammar
 from slipstream.client.frames import StatusMessage
+from slipstream.daemon.flow.flow_control import register_flow_control
 from slipstream.daemon.flow.min_multicast import MinMulticastFlowControl
 from slipstream.daemon.protocol.params import FlowControlParams
 
@@ -16,7 +18,7 @@ class TaggedMulticastFlowControl(MinMulticastFlowControl):
     known and the group minimum is 0, the sender follows every SM, and heeds every signal, as
     under ``max`` (with a minimum, it waits for the group, and heeds its signals only)."""
 
-    name = "tagged"
+    uri = strategy_grammar.TAGGED
 
     def __init__(self, *, group_tag: int, receiver_timeout_ns: int,
                  group_min_size: int = 0) -> None:
@@ -35,3 +37,6 @@ class TaggedMulticastFlowControl(MinMulticastFlowControl):
         # The group's; anyone's while no group member is known and none is required (the
         # sender then follows every SM, as under max, where every signal counts).
         return group_tag == self.group_tag or (not self.receivers and not self.group_min_size)
+
+
+register_flow_control(TaggedMulticastFlowControl)

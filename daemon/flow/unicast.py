@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Self
 
+from slipstream.client import strategy_grammar
 from slipstream.client.frames import StatusMessage
-from slipstream.daemon.flow.flow_control import FlowControl, sm_limit
+from slipstream.daemon.flow.flow_control import FlowControl, register_flow_control, sm_limit
 from slipstream.daemon.protocol.params import FlowControlParams
 from slipstream.daemon.protocol.types import Address
 
@@ -17,7 +18,7 @@ UNICAST_RETRANSMIT_WINDOW_MULTIPLE = 16
 class UnicastFlowControl(FlowControl):
     """One receiver: ``snd_lmt = max(snd_lmt, position + window)`` (aeron_unicast_flow_control)."""
 
-    name = "unicast"
+    uri = strategy_grammar.UNICAST
     retransmit_window_multiple = UNICAST_RETRANSMIT_WINDOW_MULTIPLE
     c_fast_path = True
 
@@ -30,3 +31,6 @@ class UnicastFlowControl(FlowControl):
         """``max(limit, sm position + window)``: the limit never goes back."""
         self.receiver_window = sm.receiver_window
         return max(sender_limit, sm_limit(sm, initial_term_id, position_bits))
+
+
+register_flow_control(UnicastFlowControl)

@@ -16,13 +16,14 @@ Series (names and units as Prometheus expects):
   limit of each ``rc=`` publication (0: none);
 * ``slipstream_flow_control_receivers{channel, stream, session}``: the receivers min or
   tagged flow control holds each publication to (``fc-receivers``);
-* each publication's back-pressure episodes (seeds/002), labelled ``{channel, stream,
+* each publication's back-pressure episodes (docs/BACKPRESSURE.md), labelled ``{channel, stream,
   session}``: ``slipstream_backpressure_episodes_total``,
   ``slipstream_backpressure_seconds_total`` (time in them), the gauges
   ``slipstream_backpressure_depth_bytes`` and ``slipstream_backpressure_peak_bytes``, and
   ``slipstream_publication_drops_total`` (offers ``policy=drop-newest`` dropped);
-* ``slipstream_image_cubic_rtt_seconds`` and ``slipstream_image_cubic_window_bytes{channel,
-  stream, session, source}``: a ``cc=cubic`` image's round trip (0 until measured) and window;
+* each image's congestion-control counters, ``{channel, stream, session, source}``, under
+  the names and types their strategy declares (``counters`` on its class,
+  daemon/flow/strategy.py), for every strategy registered (daemon/flow/registry.py);
 * ``slipstream_clients``: clients connected; ``slipstream_driver_heartbeat_age_seconds``.
 """
 
@@ -46,6 +47,7 @@ from slipstream.client.counters import (
     parse_position_label,
 )
 from slipstream.client.errors import ConfigurationError
+from slipstream.daemon.flow.registry import CONGESTION_CONTROLS
 
 #: System counters that hold a value now rather than a count: Prometheus gauges.
 _SYSTEM_GAUGES = (SystemCounter.GOVERNOR_PRESSURE, SystemCounter.GOVERNOR_STEP)
@@ -96,17 +98,13 @@ class CountersCollector(Collector):
             "Receivers min / tagged flow control holds each publication to",
             labels=["channel", "stream", "session"])
         image_labels = ["channel", "stream", "session", "source"]
-        # An image's congestion-control counters by label kind: (family, scale to its unit).
+        # An image's congestion-control counters by label kind, as their strategies declare
+        # them: (family, scale to its unit).
         congestion = {
-            "rcv-cc-cubic-rtt": (GaugeMetricFamily(
-                "slipstream_image_cubic_rtt_seconds",
-                "The round trip a cc=cubic image measured last (0: none yet)",
-                labels=image_labels), 1e-9),
-            "rcv-cc-cubic-wnd": (GaugeMetricFamily(
-                "slipstream_image_cubic_window_bytes",
-                "CUBIC's window in a cc=cubic image (its SMs may say less while cleaning lags)",
-                labels=image_labels), 1),
-        }
+            counter.label: ((GaugeMetricFamily if counter.type == "gauge"
+                             else CounterMetricFamily)(counter.metric, counter.help,
+                                                       labels=image_labels), counter.scale)
+            for strategy in CONGESTION_CONTROLS.values() for counter in strategy.counters}
         labels = ["channel", "stream", "session"]
         pressure = {
             CounterType.BP_EPISODES: CounterMetricFamily(

@@ -10,10 +10,12 @@ Units: lengths and windows in bytes, times in ns.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import attrs
 
+from slipstream.client import strategy_grammar
 from slipstream.client.channel import Channel
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import (
@@ -54,29 +56,73 @@ def _group_semantics(asked: bool | None, inferred: bool) -> bool:
 
 
 @attrs.frozen
+class StrategyOptions:
+    """A strategy's own options, resolved: the fields of its URI grammar that its interface's
+    parameters do not carry, each the URI's value, else the grammar's default (None when it
+    declares none), in the grammar's order."""
+
+    items: tuple[tuple[str, Any], ...] = ()
+
+    def __getitem__(self, field: str) -> Any:
+        for name, value in self.items:
+            if name == field:
+                return value
+        raise KeyError(field)
+
+    def get(self, field: str, default: Any = None) -> Any:
+        value = dict(self.items).get(field)
+        return default if value is None else value
+
+
+@attrs.frozen
 class FlowControlParams:
-    """A publication's flow-control strategy (``fc=``, else the settings) and its arguments."""
+    """A publication's flow-control strategy (``fc=``, else the settings) and its arguments:
+    the interface's (each the URI's, else the setting) and the strategy's own."""
 
     name: str  # a registered strategy: slipstream.daemon.flow.registry.FLOW_CONTROLS
     group_tag: int  # tagged: the receivers that count
     group_min_size: int  # min, tagged: receivers required before the sender moves
     receiver_timeout_ns: int  # min, tagged: how long a silent receiver still counts
+    options: StrategyOptions = StrategyOptions()
 
 
 @attrs.frozen
 class RateControlParams:
     """A publication's send-rate adaptation (``rc=``): the strategy, the thresholds its
     receivers signal at (percent of their window, ascending) and the window within which
-    the sender takes the strongest signal as one (ns)."""
+    the sender takes the strongest signal as one (ns), which its announcements carry; and
+    the strategy's own options."""
 
     name: str  # a registered strategy: slipstream.daemon.flow.registry.RATE_CONTROLS
     thresholds: tuple[int, ...]
     window_ns: int
+    options: StrategyOptions = StrategyOptions()
 
 
-#: seeds/001's example values: the thresholds receivers signal at and the sender's window.
-DEFAULT_RATE_THRESHOLDS = (50, 75, 87, 100)
-DEFAULT_RATE_WINDOW_NS = 50_000_000
+#: NAK-strength's defaults (docs/FLOW.md): the thresholds receivers signal at and the sender's
+#: window.
+DEFAULT_RATE_THRESHOLDS = strategy_grammar.NAK_STRENGTH_THRESHOLDS
+DEFAULT_RATE_WINDOW_NS = strategy_grammar.NAK_STRENGTH_WINDOW_NS
+
+
+def _strategy_values(key: str, name: str, spec: strategy_grammar.StrategySpec | None,
+                     interface: Mapping[str, Any]) -> tuple[dict[str, Any], StrategyOptions]:
+    """The values of strategy ``key=name`` (``spec``: the URI's, if it names one): those of
+    the ``interface``'s fields (field -> the driver's value) and its own options, each the
+    URI's value, else its grammar's default, else (the interface's) the driver's."""
+    grammar = strategy_grammar.grammar_of(key, name)
+    declared = grammar.defaults() if grammar is not None else {}
+    given = spec.values if spec is not None else {}
+
+    def value(field: str, fallback: Any) -> Any:
+        for candidate in (given.get(field), declared.get(field)):
+            if candidate is not None:
+                return candidate
+        return fallback
+
+    common = {field: value(field, default) for field, default in interface.items()}
+    own = tuple((field, value(field, None)) for field in declared if field not in interface)
+    return common, StrategyOptions(own)
 
 
 @attrs.frozen
@@ -105,7 +151,7 @@ class PublicationParams:
     max_resend: int = 1
     flow_control: FlowControlParams | None = None
     rate_control: RateControlParams | None = None  # rc=, else none
-    priority: int = 0  # priority=: its band in the sender (seeds/004)
+    priority: int = 0  # priority=: its band in the sender (docs/BACKPRESSURE.md)
 
     @classmethod
     def for_network(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:
@@ -117,10 +163,15 @@ class PublicationParams:
         spec = channel.fc
         name = spec.name if spec is not None else (
             settings.multicast_flow_control if group else settings.unicast_flow_control)
-
-        def from_spec(field: str, default: int) -> int:
-            value = getattr(spec, field) if spec is not None else None
-            return default if value is None else value
+        flow_control, flow_control_options = _strategy_values("fc", name, spec, {
+            "group_tag": settings.flow_control_group_tag,
+            "group_min_size": settings.flow_control_group_min_size,
+            "receiver_timeout_ns": settings.flow_control_receiver_timeout})
+        rate_control = None
+        if channel.rc is not None:
+            rate, rate_options = _strategy_values("rc", channel.rc.name, channel.rc, {
+                "thresholds": DEFAULT_RATE_THRESHOLDS, "window_ns": DEFAULT_RATE_WINDOW_NS})
+            rate_control = RateControlParams(channel.rc.name, **rate, options=rate_options)
 
         so_sndbuf = channel.so_sndbuf or settings.socket_so_sndbuf
         if so_sndbuf and mtu > so_sndbuf:  # the setting's rule (mtu_length), for the URI
@@ -138,16 +189,9 @@ class PublicationParams:
             signal_eos=_or(channel.eos, True),
             setup_ttl=channel.ttl or 0,
             max_resend=channel.max_resend or settings.max_resend,
-            flow_control=FlowControlParams(
-                name=name,
-                group_tag=from_spec("group_tag", settings.flow_control_group_tag),
-                group_min_size=from_spec("group_min_size", settings.flow_control_group_min_size),
-                receiver_timeout_ns=from_spec("receiver_timeout_ns",
-                                              settings.flow_control_receiver_timeout)),
-            rate_control=None if channel.rc is None else RateControlParams(
-                name=channel.rc.name,
-                thresholds=_or(channel.rc.thresholds, DEFAULT_RATE_THRESHOLDS),
-                window_ns=_or(channel.rc.window_ns, DEFAULT_RATE_WINDOW_NS)),
+            flow_control=FlowControlParams(name=name, **flow_control,
+                                           options=flow_control_options),
+            rate_control=rate_control,
             priority=channel.priority or 0)
 
     @classmethod
@@ -179,6 +223,8 @@ class SubscriptionParams:
     cubic_initial_rtt_ns: int  # cc=cubic: the settings' cubic_* keys
     cubic_measure_rtt: bool
     cubic_tcp_mode: bool
+    #: The congestion control's own options (its cc= grammar's).
+    congestion_control_options: StrategyOptions = StrategyOptions()
 
     @classmethod
     def resolve(cls, channel: Channel, settings: DriverSettings) -> SubscriptionParams:
@@ -190,6 +236,10 @@ class SubscriptionParams:
             raise ChannelError(str(channel), "so-rcvbuf" if channel.so_rcvbuf else "rcv-wnd",
                                f"rcv-wnd {window} is more than so-rcvbuf {so_rcvbuf}: "
                                f"{RECEIVE_BUFFER_RULE.why}")
+        congestion_control = (channel.cc.name if channel.cc is not None
+                              else DEFAULT_CONGESTION_CONTROL)
+        _, congestion_control_options = _strategy_values("cc", congestion_control, channel.cc,
+                                                         {})
         return cls(
             reliable=_or(channel.reliable, settings.reliable_stream),
             group=channel.group,
@@ -198,10 +248,11 @@ class SubscriptionParams:
             receiver_window_length=window,
             nak_delay_ns=_or(channel.nak_delay_ns, settings.nak_unicast_delay),
             sparse=_or(channel.sparse, settings.term_buffer_sparse_file),
-            congestion_control=channel.cc or DEFAULT_CONGESTION_CONTROL,
+            congestion_control=congestion_control,
             cubic_initial_rtt_ns=settings.cubic_initial_rtt,
             cubic_measure_rtt=settings.cubic_measure_rtt,
-            cubic_tcp_mode=settings.cubic_tcp_mode)
+            cubic_tcp_mode=settings.cubic_tcp_mode,
+            congestion_control_options=congestion_control_options)
 
     def image_is_group(self, sender_is_group: bool) -> bool:
         """Group semantics of an image whose SETUP says ``sender_is_group``: the rule of
