@@ -454,6 +454,19 @@ int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns);
  * SS_RATE_SIGNAL_GAP_NAKS NAKs, what arrived in order below it (bytes). */
 int64_t ss_image_rate_signal_top(const ss_image_t *image);
 
+/* Who runs an image's rules (docs/ARCHITECTURE.md, "Who runs each rule"): Python's flags
+ * (rebuild_in_c, sm_in_c, python_on_data) say what the C half may take, and these add what
+ * only the C half sees (a loss detector, subscribers, an EOS heartbeat).  They are the rules
+ * the duty cycle runs by; the Python half asks them (daemon/streams/image.py), never copies
+ * them.  1 when the C half runs the image's rebuild pass (NAK timers, NAKs): */
+int32_t ss_image_rebuilt_in_c(const ss_image_t *image);
+/* 1 when the C half sends its status messages (the 25 % rule's and the timer's), cleans its
+ * log (with a cleaner) and keeps its liveness timer: */
+int32_t ss_image_sends_status_messages(const ss_image_t *image);
+/* The slowest subscriber's position from which its Python half is due: the 25 % rule's
+ * (sm_due_position), or cleaning's (clean_due_position) when the C half does not clean. */
+int64_t ss_image_python_due_position(const ss_image_t *image);
+
 
 /* A receive endpoint's image table and receive buffers, all memory owned by Python. */
 typedef struct {
@@ -531,12 +544,12 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
 #define SS_DUE_PUBLICATION 8
 #define SS_DUE_TIMER 16
 #define SS_DUE_STOP 32
-/* The sender's bands (seeds/004): a publication's effective priority (its priority= plus one
- * point per SS_AGING_NS_PER_POINT it has waited with data ready, at most SS_AGING_MAX) puts it
- * in band 4 (>= 750), 3 (500..749), 2 (250..499), 1 (0..249) or 0 (< 0); the sender serves the
- * bands by deficit weighted round robin, weights 8/4/2/1/1, each visit granting a band its
- * weight x max_datagrams datagrams, one round per send socket (ss_band_round_t); within a band
- * the publications take turns. */
+/* The sender's bands (docs/BACKPRESSURE.md): a publication's effective priority (its priority=
+ * plus one point per SS_AGING_NS_PER_POINT it has waited with data ready, at most
+ * SS_AGING_MAX) puts it in band 4 (>= 750), 3 (500..749), 2 (250..499), 1 (0..249) or 0 (< 0);
+ * the sender serves the bands by deficit weighted round robin, weights 8/4/2/1/1, each visit
+ * granting a band its weight x max_datagrams datagrams, one round per send socket
+ * (ss_band_round_t); within a band the publications take turns. */
 #define SS_BANDS 5
 #define SS_PRIORITY_MIN (-1000)
 #define SS_PRIORITY_MAX 1000

@@ -262,7 +262,8 @@ static int64_t max_subscriber_position(const ss_image_t *image) {
     return most;
 }
 
-/* Whether the C half rebuilds this image itself (see ss_image_t.rebuild_in_c). */
+/* Whether the C half rebuilds this image itself (see ss_image_t.rebuild_in_c): Python's flag,
+ * and what only the C half knows of.  Python asks it through ss_image_rebuilt_in_c. */
 static inline int rebuilt_in_c(const ss_image_t *image) {
     return image->rebuild_in_c && image->loss != NULL && !image->python_on_data &&
            image->eos_position < 0 && image->subscriber_count > 0;
@@ -365,7 +366,9 @@ int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
     return queued;
 }
 
-/* Whether the C half sends this image's 25 % rule status messages (ss_image_t.sm_in_c). */
+/* Whether the C half sends this image's 25 % rule status messages (ss_image_t.sm_in_c), and
+ * cleans its log and keeps its liveness timer with them.  Python asks it through
+ * ss_image_sends_status_messages. */
 static inline int sends_status_messages(const ss_image_t *image) {
     return image->sm_in_c && image->subscriber_count > 0 && !image->python_on_data &&
            image->eos_position < 0;
@@ -586,6 +589,27 @@ int64_t ss_image_rate_signal_top(const ss_image_t *image) {
     return image->contiguous_position < hwm ? image->contiguous_position : hwm;
 }
 
+/* The slowest subscriber's position from which the Python half is due: the 25 % rule's SM,
+ * or cleaning's unless the C half cleans.  Python asks it through
+ * ss_image_python_due_position. */
+static inline int64_t python_due_position(const ss_image_t *image) {
+    if ((image->cleaner == NULL || !sends_status_messages(image)) &&
+        image->clean_due_position < image->sm_due_position)
+        return image->clean_due_position;
+    return image->sm_due_position;
+}
+
+/* The predicates above, for the Python half (network.h): it asks them, never copies them. */
+int32_t ss_image_rebuilt_in_c(const ss_image_t *image) { return rebuilt_in_c(image); }
+
+int32_t ss_image_sends_status_messages(const ss_image_t *image) {
+    return sends_status_messages(image);
+}
+
+int64_t ss_image_python_due_position(const ss_image_t *image) {
+    return python_due_position(image);
+}
+
 static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
     if (image->nak_count > 0 || image->sm_unsent) return 1;
     /* Sums, not differences: ss_agent_python_due is asked at now = -INT64_MAX too. */
@@ -600,10 +624,7 @@ static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
     if (image->subscriber_count <= 0) return 0;
     /* An SM the C half sends usually went in this cycle, before this rule is asked
      * (ss_agent_do_work); a subscriber that moved since costs one Python pass. */
-    const int64_t slowest = min_subscriber_position(image);
-    return slowest >= image->sm_due_position ||
-           (slowest >= image->clean_due_position &&
-            (image->cleaner == NULL || !sends_status_messages(image)));
+    return min_subscriber_position(image) >= python_due_position(image);
 }
 
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {

@@ -33,8 +33,12 @@ scheduled SM goes at once, and one goes every ``status_message_timeout`` (200 ms
 position subscribers have reached by then.  Window (static congestion control) =
 ``min(rcv-wnd or 128 KiB, term_length/2)``.  For a reliable unicast image with static
 congestion control the C half runs the rebuild pass (``ss_image_rebuild``, the same rule) and
-sends the 25 % rule's and the timer's SMs and cleans the log (see :meth:`_sync_rebuild_c`);
+sends the 25 % rule's and the timer's SMs and cleans the log (see :meth:`sync_c_half`);
 this object then takes their output at its next pass and keeps liveness and end of stream.
+Who runs which rule is :mod:`~slipstream.daemon.streams.ownership`'s table; the flags that
+hand them to the C half are set in :meth:`PublicationImage.sync_c_half` only, and where the C
+half has the last word this object asks it (``ss_image_rebuilt_in_c``,
+``ss_image_sends_status_messages``, ``ss_image_python_due_position``).
 
 NAK-strength signals (``rc=`` on the sender, which announces it): each rebuild pass measures
 how full the image is (what its slowest subscriber could have read and did not, against the
@@ -238,7 +242,7 @@ class PublicationImage:
         c.overrun_position = join
         c.overrun_candidate = -1
         # The rebuild pass in C (ss_image_rebuild) for the images whose rules are all C's: a
-        # static NAK delay (unicast) and no congestion control to consult (_sync_rebuild_c).
+        # static NAK delay (unicast) and no congestion control to consult (sync_c_half).
         c.loss = self.loss_detector.c
         if isinstance(generator, StaticDelayGenerator):
             c.nak_first_delay_ns = generator.first_delay()
@@ -348,26 +352,37 @@ class PublicationImage:
             self._next_due_ns = 0
 
     def _sync_subscribers_c(self) -> None:
-        """Give the C half the subscriber cells (the 25 % rule); without subscribers the
-        SMs follow rcv-pos, so every arrival needs the Python half, as with congestion
-        control."""
+        """Give the C half the subscriber cells (the 25 % rule), and decide again what it
+        runs (:meth:`sync_c_half`)."""
         cells = self._subscriber_positions
         self._c_cells = network_ffi.new("int64_t *[]", cells or 1)
         self.c.subscriber_positions = self._c_cells
         self.c.subscriber_count = len(cells)
-        self.c.python_on_data = int(self._consults_congestion_control or not cells)
-        self._sync_rebuild_c()
+        self.sync_c_half()
 
-    def _sync_rebuild_c(self) -> None:
-        """Whether the C half runs the rebuild pass (``c.rebuild_in_c``): a reliable image
-        with a static NAK delay (not a group's random one) and no congestion control, not left
-        behind, in a state that rebuilds.  C adds its own conditions (subscribers, no EOS)."""
+    def sync_c_half(self) -> None:
+        """The image's one ownership function: what its C half runs, as the image's rows of
+        :data:`~slipstream.daemon.streams.ownership.RULES` say; nothing else sets its flags.
+        Called at once by every event that moves what decides them: a subscriber added or
+        removed, a transition (:meth:`_transition`), left behind.
+
+        * ``python_on_data``: every arrival needs the Python half: congestion control to
+          consult, or no subscriber (the SMs then follow rcv-pos);
+        * ``rebuild_in_c``: the rebuild pass, for a reliable image with a static NAK delay
+          (not a group's random one) and no congestion control, not left behind, in a state
+          that rebuilds;
+        * ``sm_in_c``: the same while ACTIVE (a draining image's SMs carry EOS): the 25 %
+          rule's and the timer's SMs, cleaning, the liveness timer.
+
+        The C half adds conditions only it sees (a loss detector, subscribers, an EOS
+        heartbeat): :meth:`_rebuilt_in_c` and :meth:`_sends_sm_in_c` ask it."""
         c = self.c
+        c.python_on_data = int(self._consults_congestion_control
+                               or not self._subscriber_positions)
         eligible = (self.reliable and not self.is_group and not self._consults_congestion_control
                     and self.left_behind is None)
         c.rebuild_in_c = int(eligible and self.state in (ImageState.INIT, ImageState.ACTIVE,
                                                          ImageState.DRAINING))
-        # The 25 % rule's SMs too while ACTIVE (a draining image's SMs carry EOS).
         c.sm_in_c = int(eligible and self.state is ImageState.ACTIVE)
         c.loss_deadline_ns = self.loss_detector.next_deadline_ns()
         self._sync_cleaning_c()
@@ -383,16 +398,14 @@ class PublicationImage:
         self.c.sm_interval_ns = self.status_message_timeout_ns * factor
 
     def _sends_sm_in_c(self) -> bool:
-        """The C half's rule (``sends_status_messages`` in daemon/network_duty.c)."""
-        c = self.c
-        return bool(c.sm_in_c and not c.python_on_data and c.eos_position < 0
-                    and c.subscriber_count > 0)
+        """Whether the C half sends the SMs, cleans and keeps the liveness timer now: its own
+        rule, asked (``ss_image_sends_status_messages``)."""
+        return bool(network.ss_image_sends_status_messages(self.c))
 
     def _rebuilt_in_c(self) -> bool:
-        """The C half's rule (``rebuilt_in_c`` in daemon/network_duty.c)."""
-        c = self.c
-        return bool(c.rebuild_in_c and not c.python_on_data and c.eos_position < 0
-                    and c.subscriber_count > 0)
+        """Whether the C half runs the rebuild pass now: its own rule, asked
+        (``ss_image_rebuilt_in_c``)."""
+        return bool(network.ss_image_rebuilt_in_c(self.c))
 
     @property
     def subscriber_count(self) -> int:
@@ -426,7 +439,7 @@ class PublicationImage:
             raise LocalProtocolError(
                 f"{event!r} is not allowed in state {self.state.name}") from None
         self._time_of_last_state_change_ns = now_ns
-        self._sync_rebuild_c()
+        self.sync_c_half()
         if self.state is ImageState.DRAINING:
             self.c.sm_deadline_ns = now_ns  # tell the sender at once (EOS-flagged SM)
         elif self.state is ImageState.LINGER:
@@ -519,10 +532,8 @@ class PublicationImage:
                 and network.ss_image_rate_signal_top(c) >= c.rate_signal_position):
             return True
         cells = self._subscriber_positions
-        # The C half's rule: the same positions (the 25 % rule's SM, and cleaning's unless
-        # the C half cleans).
-        due_position = (c.sm_due_position if self._sends_sm_in_c()
-                        else min(c.sm_due_position, c.clean_due_position))
+        # The C half's rule, asked: the 25 % rule's SM, and cleaning's unless the C half cleans.
+        due_position = network.ss_image_python_due_position(c)
         if len(cells) == 1:
             return network.ss_subscriber_position_bounded(cells[0][0], self.rcv_hwm) >= due_position
         return bool(cells) and self.min_subscriber_position() >= due_position
@@ -688,7 +699,7 @@ class PublicationImage:
         if sender_seen - rcv_pos <= self._resend_reach:
             return
         self.left_behind = (rcv_pos, sender_seen)
-        self._sync_rebuild_c()
+        self.sync_c_half()
         self.counters.add(SystemCounter.IMAGES_LEFT_BEHIND)
         beyond = sender_seen - max(self.rcv_hwm, rcv_pos)  # gaps below the hwm are recorded
         if self._loss_entry is not None and beyond > 0:

@@ -38,9 +38,13 @@ Connection (docs/PROTOCOL.md §3.3, §5): a receiver is live while its SMs arriv
 ``publication_connection_timeout`` (5 s).  The publication is *connected* while it has live
 receivers that flow control accepts; then ``pub-lmt = snd-pos + term window`` and the log is
 cleaned one term behind ``snd-pos`` (a chunk at a time, :class:`LogCleaner`); the sender's
-C half runs that rule itself while it may (:meth:`_steps_limit_in_c`).  Not connected:
+C half runs that rule itself while it may (``limit_in_c``).  Not connected:
 ``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the publisher gets NOT_CONNECTED /
 BACK_PRESSURED).
+
+Who runs which rule, this object or the C half, is :mod:`~slipstream.daemon.streams.ownership`'s
+table; the flags that hand them to the C half are set in
+:meth:`NetworkPublication.sync_c_half` only.
 
 Units: times in ns (monotonic), positions/offsets/lengths in bytes.
 """
@@ -207,7 +211,7 @@ class NetworkPublication:
         c.connection_timeout_ns = self.connection_timeout_ns
         self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
         self._refusing_offers = False
-        #: priority= of its URI: its band in the sender's round robin (seeds/004).
+        #: priority= of its URI: its band in the sender's round robin (docs/BACKPRESSURE.md).
         self.priority = params.priority
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
@@ -220,7 +224,7 @@ class NetworkPublication:
         self.retransmit_handler.set_resend_lookahead(
             flow_control.retransmission_lookahead(log.mtu))
         self.cleaner = LogCleaner(log, join)
-        # pub-lmt's rule, which the C half runs too while _steps_limit_in_c (sync_c_half).
+        # pub-lmt's rule, which the C half runs too while limit_in_c (sync_c_half).
         c.publisher_limit = positions.publisher_limit
         c.last_publisher_limit = join
         c.term_window_length = window
@@ -260,7 +264,7 @@ class NetworkPublication:
         except KeyError:
             raise LocalProtocolError(
                 f"{event!r} is not allowed in state {self.state.name}") from None
-        self._sync_limit_in_c()
+        self.sync_c_half(within_pass=True)
         if self.state is PublicationState.LINGER:
             self._linger_start_ns = now_ns
             self.is_end_of_stream = True  # heartbeats now carry EOS (0xE0)
@@ -279,7 +283,7 @@ class NetworkPublication:
         the log has reached; an offer already past its limit check may still land)."""
         position = self.log.producer_position()
         self.credit_stop_position = position
-        self._sync_limit_in_c()
+        self.sync_c_half(within_pass=True)
         if self._last_publisher_limit > position:
             self._set_publisher_limit(position)
 
@@ -423,21 +427,31 @@ class NetworkPublication:
         self.retransmit_handler.set_resend_lookahead(
             self.flow_control.retransmission_lookahead(self.mtu))
 
-    def sync_c_half(self) -> None:
-        """After a pass, what the C half does for this publication until the next: when a
-        send needs the Python half (``python_send_position``), whether it moves pub-lmt
-        (``limit_in_c``), sends the heartbeats (``heartbeat_in_c``) and takes the status
-        messages (``sm_in_c``): the last while nothing of them needs Python (unicast flow
-        control, which only raises snd-lmt to position + window, no rate control, active and
-        connected to its one receiver).  Its other SMs (EOS, a SETUP request, another
-        receiver, a group tag) come to Python."""
+    def sync_c_half(self, *, within_pass: bool = False) -> None:
+        """The publication's one ownership function: what its C half runs until the next
+        call, as the publication's rows of :data:`~slipstream.daemon.streams.ownership.RULES`
+        say; nothing else sets its flags.  After a pass (the sender agent calls it for every
+        publication): whether the C half moves pub-lmt (``limit_in_c``), sends the heartbeats
+        (``heartbeat_in_c``) and takes the status messages (``sm_in_c``): the last while
+        nothing of them needs Python (unicast flow control, which only raises snd-lmt to
+        position + window, no rate control, active and connected to its one receiver; its
+        other SMs, EOS, a SETUP request, another receiver, a group tag, come to Python); and
+        when a send needs the Python half (``python_send_position``).
+
+        ``within_pass``: an event of a pass that moves a rule set at once (``limit_in_c``: a
+        transition, the connection, the governor's refusal, the credit stop) sets that rule
+        only, so that a pass that fails after it does not leave the C half raising pub-lmt.
+        The others wait for the end of the pass: the C control path may read them before it
+        (the simulator hands a batch's SMs to Python one by one as it dispatches them)."""
+        c = self.c
+        c.limit_in_c = int(self._steps_limit_in_c())
+        if within_pass:
+            return
         receivers = self._receivers
         take = (self.state is PublicationState.ACTIVE and self._connected
                 and self.rate_control is None and self.flow_control.c_fast_path
                 and len(receivers) == 1 and not self.is_setup_elicited)
-        c = self.c
         c.python_send_position = self.python_send_position()
-        self._sync_limit_in_c()
         c.heartbeat_in_c = int(self._sends_heartbeats_in_c())
         if take:
             receiver_id, last_sm_ns = next(iter(receivers.items()))
@@ -536,15 +550,10 @@ class NetworkPublication:
         return (self.state is PublicationState.ACTIVE and self._connected
                 and self.cleaner.is_behind and not self._steps_limit_in_c())
 
-    def _sync_limit_in_c(self) -> None:
-        """At once where the rule below changes (also set after every pass, by
-        :meth:`sync_c_half`): a pass that fails after a credit stop or a refusal must not
-        leave the C half raising pub-lmt."""
-        self.c.limit_in_c = int(self._steps_limit_in_c())
-
     def _steps_limit_in_c(self) -> bool:
         """Whether the C half runs pub-lmt's rule (``c.limit_in_c``, which :meth:`sync_c_half`
-        sets after the pass): ACTIVE and connected, taking offers, credit not stopped."""
+        sets at once wherever this changes): ACTIVE and connected, taking offers, credit not
+        stopped."""
         return (self.state is PublicationState.ACTIVE and self._connected
                 and not self._refusing_offers and self.credit_stop_position is None)
 
@@ -689,7 +698,7 @@ class NetworkPublication:
                      and now_ns <= self._status_message_deadline_ns)
         if connected != self._connected:
             self._connected = connected
-            self._sync_limit_in_c()
+            self.sync_c_half(within_pass=True)
             if connected:
                 # The limit first: an offer that sees the stream connected under the limit it
                 # had while disconnected would record a hit and open a false episode.
@@ -724,7 +733,7 @@ class NetworkPublication:
         if refusing == self._refusing_offers:
             return
         self._refusing_offers = refusing
-        self._sync_limit_in_c()
+        self.sync_c_half(within_pass=True)
         if refusing:
             self._set_publisher_limit(min(self._last_publisher_limit,
                                           max(self.log.producer_position(),

@@ -1,0 +1,141 @@
+"""Who runs each per-stream rule, the C half or the Python half: the one table of it.
+
+A network stream's rules (status messages, heartbeats, pub-lmt's steps, cleaning, the rebuild
+pass and its NAKs, liveness) exist in both halves of the network thread: the Python half
+(:mod:`~slipstream.daemon.streams.publication`, :mod:`~slipstream.daemon.streams.image`) and
+the C half (daemon/network_*.c).  Each rule has an owner by default; a flag of the stream's C
+struct (``ss_send_publication_t``, ``ss_image_t``) hands it to the other half while the
+conditions of its row hold, and the Python half sets the flags in one function per stream
+type, which its transitions call:
+
+* :meth:`NetworkPublication.sync_c_half
+  <slipstream.daemon.streams.publication.NetworkPublication.sync_c_half>`, after every pass
+  of the sender's Python half; an event within a pass calls it for the rules decided at once
+  (:attr:`Rule.at_once`), which must not outlive a pass that fails after it;
+* :meth:`PublicationImage.sync_c_half
+  <slipstream.daemon.streams.image.PublicationImage.sync_c_half>`, at once, by every event
+  that moves what decides them: a subscriber added or removed, a transition, left behind.
+
+Where the C half adds conditions only it sees (a loss detector, subscribers, an EOS
+heartbeat), the flag is the Python half's part of the decision and an exported C function
+(:attr:`Rule.c_predicate`, declared in daemon/network.h) has the last word: the Python half
+asks it and never copies it, so the two halves cannot disagree.
+
+docs/ARCHITECTURE.md ("Who runs each rule: the C half and the Python half") shows this table
+as :func:`markdown` renders it; tests/test_ownership.py keeps the two the same, and checks
+that each flag is set by its stream's one function and nowhere else.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+PYTHON = "Python"
+C = "C"
+
+
+@attrs.frozen
+class Rule:
+    """One rule of a stream, and who runs it."""
+
+    stream: str
+    #: What the rule does.
+    rule: str
+    #: Who runs it while the flag is off (0).
+    default: str
+    #: The field of the stream's C struct that hands it over.
+    flag: str
+    #: The conditions under which the C half runs it.
+    c_runs_it: str
+    #: What hands it back (to the Python half, or from C for a rule C runs by default).
+    handed_back: str
+    #: Set at once by each event that changes it within a pass, not only after the pass.
+    at_once: bool
+    #: The exported C function (daemon/network.h) that has the last word, if any.
+    c_predicate: str = ""
+    #: Not the stream's one function's to set: who sets the flag instead.
+    set_elsewhere: str = ""
+
+    def when_set(self) -> str:
+        if self.set_elsewhere:
+            return self.set_elsewhere
+        if self.stream == IMAGE:
+            return "at once"
+        return "at once, and after each pass" if self.at_once else "after each pass"
+
+
+PUBLICATION = "publication"
+IMAGE = "image"
+
+RULES: tuple[Rule, ...] = (
+    Rule(PUBLICATION, "pub-lmt's steps, and cleaning the log one term behind snd-pos", PYTHON,
+         "limit_in_c",
+         "ACTIVE, connected, taking offers, no credit stop",
+         "close (DRAINING), the connection lost, the governor refusing offers, the drain's "
+         "credit stop",
+         at_once=True),
+    Rule(PUBLICATION, "heartbeats", PYTHON, "heartbeat_in_c",
+         "a socket, the first SM came, not at its end of stream",
+         "the end of stream (LINGER: the EOS-flagged heartbeats)",
+         at_once=False),
+    Rule(PUBLICATION, "status messages: snd-lmt", PYTHON, "sm_in_c",
+         "ACTIVE, connected, `fc=unicast`, no `rc=`, one live receiver, no SETUP elicited; "
+         "per SM, a valid one from that receiver with no flags and no group tag",
+         "any of those ending; any other SM goes up to Python",
+         at_once=False),
+    Rule(PUBLICATION, "the liveness timer of the receiver whose SMs C takes", PYTHON, "sm_in_c",
+         "with the status messages (Python is due when it expires)",
+         "with the status messages",
+         at_once=False),
+    Rule(PUBLICATION, "answering NAKs", C, "retransmit_delay_ns",
+         "no `retransmit_unicast_delay`; until DONE (`answers_naks`)",
+         "a delay (every NAK waits on Python's timer); DONE",
+         at_once=False,
+         set_elsewhere="when made (RetransmitHandler)"),
+    Rule(IMAGE, "the rebuild pass: gaps, NAK timers, NAKs, the loss report", PYTHON,
+         "rebuild_in_c",
+         "reliable, unicast NAK delay, static cc, not left behind, INIT/ACTIVE/DRAINING; "
+         "and C's: a loss detector, a subscriber, no EOS heartbeat, not `python_on_data`",
+         "left behind, LINGER, an EOS heartbeat, the last subscriber gone",
+         at_once=True, c_predicate="ss_image_rebuilt_in_c"),
+    Rule(IMAGE, "status messages: the 25 % rule's and the timer's", PYTHON, "sm_in_c",
+         "as the rebuild pass, and ACTIVE",
+         "DRAINING (SMs carry EOS), and as the rebuild pass; an SM C could not send "
+         "(`sm_unsent`) goes from Python",
+         at_once=True, c_predicate="ss_image_sends_status_messages"),
+    Rule(IMAGE, "cleaning the log behind the slowest subscriber", PYTHON, "sm_in_c",
+         "with the status messages (and a cleaner)",
+         "with the status messages",
+         at_once=True, c_predicate="ss_image_python_due_position"),
+    Rule(IMAGE, "the liveness timer (no packet for `image_liveness_timeout`)", PYTHON,
+         "sm_in_c",
+         "with the status messages (Python is due when it expires, and moves the state)",
+         "with the status messages",
+         at_once=True, c_predicate="ss_image_sends_status_messages"),
+    Rule(IMAGE, "data that arrives in order (no pass for it)", C, "python_on_data",
+         "static cc, a subscriber",
+         "congestion control to consult, no subscriber (SMs follow rcv-pos): a pass per "
+         "arrival",
+         at_once=True),
+)
+
+
+def rules_of(stream: str) -> tuple[Rule, ...]:
+    return tuple(rule for rule in RULES if rule.stream == stream)
+
+
+def flags_set_by_sync(stream: str) -> frozenset[str]:
+    """The flags the stream's one function (``sync_c_half``) sets, and nothing else does."""
+    return frozenset(rule.flag for rule in rules_of(stream) if not rule.set_elsewhere)
+
+
+def markdown() -> str:
+    """The table as docs/ARCHITECTURE.md shows it."""
+    lines = ["| stream | rule | by default | flag | the C half runs it while | handed back by "
+             "| flag set | C's last word |",
+             "|---|---|---|---|---|---|---|---|"]
+    for rule in RULES:
+        predicate = f"`{rule.c_predicate}`" if rule.c_predicate else ""
+        lines.append(f"| {rule.stream} | {rule.rule} | {rule.default} | `{rule.flag}` | "
+                     f"{rule.c_runs_it} | {rule.handed_back} | {rule.when_set()} | {predicate} |")
+    return "\n".join(lines) + "\n"
