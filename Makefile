@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test install install-service java aeron tools lint bench clean
+.PHONY: run test test-fast test-lane install install-service java aeron tools lint bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,24 @@ run: install
 test: install java aeron tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Every test is in one lane (tests/conftest.py says which and why): unit, sim (the simulator),
+# sockets (real driver processes on this host), hosts (root: namespaces, iptables, other users,
+# systemd), interop (the stock Aeron driver), spark (a SparkSession).  `make test` runs them
+# all; `make test-fast` the two that need nothing but the venv; `make test-lane LANE=sockets`
+# one lane, or a marker expression: LANE="hosts or interop".  A lane's tools come first.
+LANE ?=
+LANE_NEEDS_hosts   := tools
+LANE_NEEDS_interop := aeron
+LANE_NEEDS_spark   := java
+
+# On both cores (pytest-xdist): the simulator's scenarios are CPU-bound, in virtual time.
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 -m "unit or sim"
+
+test-lane: install $(foreach word,$(LANE),$(LANE_NEEDS_$(word)))
+	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark" >&2; exit 2; }
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "$(LANE)"
 
 lint: install
 	$(BIN)/ruff check .

@@ -67,3 +67,195 @@ def hosts(request: pytest.FixtureRequest, needs_hosts: None):  # -> Iterator[Nam
     count = getattr(request, "param", 2)
     with namespace.namespace_hosts(count) as made:
         yield made
+
+
+# -- lanes ----------------------------------------------------------------------------------
+#
+# Every test is in exactly one lane, a marker that pyproject.toml registers:
+#
+#   unit     logic in this process: no driver, no other process, nothing sent to another
+#            process (a socketpair or a UDP socket the test hands to C is still unit)
+#   sim      the simulator: virtual hosts, links and time (sim/)
+#   sockets  real driver processes (or a driver in this process serving its control socket),
+#            real sockets, shared memory between processes on this host
+#   hosts    root, network namespaces, iptables/tc, mounts, other Unix users, systemd
+#   interop  the stock Aeron Java driver (tests/aeron_peer/)
+#   spark    a SparkSession
+#
+# ``make test-fast`` runs ``-m "unit or sim"``, ``make test-lane LANE=x`` one lane, and
+# ``make test`` every lane.  A module's lane is MODULE_LANES'; a test of another lane says so
+# with its own ``@pytest.mark.<lane>`` (or its module's ``pytestmark``), or, in the modules
+# listed in TEST_LANES, there.  A module missing from MODULE_LANES fails the collection.
+
+LANES = ("unit", "sim", "sockets", "hosts", "interop", "spark")
+
+MODULE_LANES = {
+    "test_aeron_peer": "interop",
+    "test_async": "sockets",
+    "test_backpressure_units": "unit",
+    "test_bands": "unit",
+    "test_channel": "unit",
+    "test_chaos": "sockets",
+    "test_client_close": "sockets",
+    "test_client_group": "hosts",
+    "test_client_liveness": "sockets",
+    "test_config": "unit",
+    "test_control_plane": "sockets",
+    "test_counters": "unit",
+    "test_cubic": "unit",
+    "test_demo": "unit",
+    "test_demo_end_to_end": "sockets",
+    "test_docs": "unit",
+    "test_drain": "sockets",
+    "test_driver_config_cli": "sockets",
+    "test_driver_directory": "sockets",
+    "test_driver_errors": "sockets",
+    "test_driver_idle": "sockets",
+    "test_driver_process": "sockets",
+    "test_embedded": "sockets",
+    "test_flow_control": "unit",
+    "test_flow_hosts": "hosts",
+    "test_frames": "unit",
+    "test_hosts": "hosts",
+    "test_installed_package": "sockets",
+    "test_interop": "interop",
+    "test_ipc": "sockets",
+    "test_ipc_publication": "unit",
+    "test_layers": "unit",
+    "test_layout": "unit",
+    "test_log_cleaner": "unit",
+    "test_logbuffer": "unit",
+    "test_loss_detector": "unit",
+    "test_metrics": "sockets",
+    "test_names": "sockets",
+    "test_network_publication": "unit",
+    "test_ownership": "unit",
+    "test_params": "unit",
+    "test_policies": "sockets",
+    "test_protocol_pair": "unit",
+    "test_publication_image": "unit",
+    "test_rate_control": "unit",
+    "test_retransmit": "unit",
+    "test_sim_cli": "sim",
+    "test_sim_flow": "sim",
+    "test_sim_network": "sim",
+    "test_sim_protocol": "sim",
+    "test_sim_timing": "sim",
+    "test_spark_bridge": "spark",
+    "test_stat": "unit",
+    "test_status_messages_c": "unit",
+    "test_strategy_registration": "unit",
+    "test_systemd": "sockets",
+    "test_systemd_boot": "hosts",
+    "test_udp": "sockets",
+}
+
+#: The tests (by function name) whose lane is not their module's, for modules whose tests do
+#: not carry lane markers of their own.
+TEST_LANES = {
+    "test_bands": {
+        "test_in_the_simulator_band_4_takes_eight_ninths_of_a_bottleneck_link": "sim",
+        "test_in_the_simulator_a_deferred_band_waits_without_stalling_the_clock": "sim",
+        "test_in_the_simulator_the_lowest_band_refuses_offers_at_step_4_and_takes_them_after":
+            "sim",
+    },
+    "test_control_plane": {
+        "test_an_unexpected_failure_in_a_command_is_answered_and_counted": "unit",
+        "test_a_calm_governor_samples_on_the_timers_cycles_once_a_second": "unit",
+        "test_a_calm_governor_shares_the_timers_wake_ups": "unit",
+        "test_a_governor_under_pressure_samples_every_100_ms": "unit",
+        "test_a_calm_governor_never_samples_more_often_than_every_100_ms": "unit",
+        "test_the_default_directory_is_the_effective_users_whatever_user_says": "unit",
+        "test_the_control_socket_refuses_another_user_even_through_an_open_directory": "hosts",
+        "test_commands_run_by_a_uid_without_a_passwd_entry_find_their_directory": "hosts",
+        "test_a_client_of_another_user_is_told_whose_directory_it_is": "hosts",
+        "test_a_driver_of_another_user_refuses_the_client_and_the_error_says_so": "hosts",
+    },
+    "test_cubic": {
+        "test_multicast_receivers_measure_their_round_trip_too": "sim",
+    },
+    "test_demo": {
+        "test_the_demo_ends_with_an_error_when_its_driver_ends": "sockets",
+        "test_the_demo_ends_with_an_error_when_one_of_its_processes_dies": "sockets",
+    },
+    "test_embedded": {
+        "test_an_embedded_driver_refuses_the_settings_of_threads_it_does_not_have": "unit",
+        "test_closing_waits_for_a_subscriber_whose_process_has_the_applications_pid_elsewhere":
+            "hosts",
+    },
+    "test_flow_hosts": {
+        "test_a_host_run_refuses_what_real_links_cannot_do_by_name": "unit",
+    },
+    "test_installed_package": {
+        "test_another_user_can_run_the_installed_package": "hosts",
+        "test_the_floor_is_the_one_pyproject_pins": "unit",
+    },
+    "test_logbuffer": {
+        "test_concurrent_appends_from_several_processes_never_corrupt_or_lose_a_frame":
+            "sockets",
+    },
+    "test_policies": {
+        "test_a_bad_policy_names_the_part_and_the_problem": "unit",
+        "test_the_uri_form_of_a_policy_prints_back_the_same": "unit",
+        "test_every_error_an_application_can_meet_is_importable_from_slipstream_client": "unit",
+    },
+    "test_stat": {
+        "test_stat_of_another_users_directory_says_whose_it_is": "hosts",
+        "test_stat_shows_a_new_driver_in_the_directory_of_one_that_was_killed": "sockets",
+    },
+    "test_systemd": {
+        "test_the_unit_passes_systemd_analyze_verify": "hosts",
+        "test_the_units_exposure_is_under_three": "hosts",
+        "test_the_units_settings_are_the_drivers_and_its_sandbox_lets_it_serve_its_group":
+            "unit",
+        "test_watchdog_variables_meant_for_another_process_are_ignored": "unit",
+        "test_a_stale_network_thread_stops_the_pings": "unit",
+    },
+}
+
+_TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks every test of this folder with its lane; a module without one, a test with two,
+    or a table entry that names nothing stops the collection, saying what to fix."""
+    problems: list[str] = []
+    for name in sorted(set(MODULE_LANES) | set(TEST_LANES)):
+        if not (_TESTS / f"{name}.py").is_file():
+            problems.append(f"tests/conftest.py names tests/{name}.py, which does not exist: "
+                            "remove it from MODULE_LANES / TEST_LANES")
+    for name, lane in [*MODULE_LANES.items(),
+                       *((t, lane) for tests in TEST_LANES.values() for t, lane in tests.items())]:
+        if lane not in LANES:
+            problems.append(f"tests/conftest.py: {name}'s lane {lane!r} is not one of {LANES}")
+    unlisted: set[str] = set()
+    checked: set[str] = set()
+    for item in items:
+        if item.path.parent != _TESTS:
+            continue
+        module = item.path.stem
+        function = getattr(item, "originalname", item.name)
+        marked = sorted({mark.name for mark in item.iter_markers() if mark.name in LANES})
+        listed = TEST_LANES.get(module, {}).get(function)
+        if module not in checked:
+            checked.add(module)
+            python_module = getattr(item, "module", None)
+            for name in TEST_LANES.get(module, {}):
+                if python_module is not None and not hasattr(python_module, name):
+                    problems.append(f"TEST_LANES in tests/conftest.py names {module}.{name}, "
+                                    "which does not exist: remove or rename it there")
+        if module not in MODULE_LANES:
+            unlisted.add(module)
+        elif len(marked) > 1:
+            problems.append(f"{item.nodeid} is marked with {len(marked)} lanes ({marked}): "
+                            "a test is in exactly one")
+        elif marked and listed:
+            problems.append(f"{item.nodeid} has its lane twice: @pytest.mark.{marked[0]} and "
+                            "TEST_LANES in tests/conftest.py; keep one")
+        elif not marked:
+            item.add_marker(listed or MODULE_LANES[module])
+    problems += [f"tests/{module}.py is in no lane: add it to MODULE_LANES in tests/conftest.py "
+                 f"(one of {', '.join(LANES)}; see the lanes there)" for module in sorted(unlisted)]
+    if problems:
+        raise pytest.UsageError("\n".join(problems))

@@ -145,3 +145,12 @@ def as_another_user(uid: int) -> list[str]:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         lacking("needs root and setpriv, to run a process as another user")
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+
+
+def process_state(pid: int) -> str:
+    """The state letter in /proc/<pid>/stat (T: stopped, Z: a zombie; "": no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return ""

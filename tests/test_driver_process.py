@@ -1,0 +1,169 @@
+"""The driver process's life: SIGTERM and SIGINT stop it cleanly from its first heartbeat
+on; a launched driver goes with the process that started it (its standard input ends),
+without cutting a drain short; a second Ctrl-C stops it at once."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import process_state, wait_for
+
+from slipstream.client import Client
+from slipstream.client.counters import CountersFile
+from slipstream.daemon.driver import MediaDriver
+
+SLIPSTREAM = [sys.executable, "-m", "slipstream.daemon.cli"]
+
+
+def test_sigterm_stops_the_driver_and_removes_its_files(driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir) as driver:
+        with Client.connect(driver_dir) as client:
+            client.add_publication("aeron:ipc", 7)
+        assert driver.stop() == 0
+    assert not driver_dir.exists()
+
+
+def test_a_driver_stopped_as_soon_as_it_is_up_drains_and_exits_cleanly(driver_dir: Path) -> None:
+    """Up (its first heartbeat, what MediaDriver.start waits for) means its signals are
+    handled: a SIGTERM sent the moment the heartbeat shows drains and exits 0, never Python's
+    default death by the signal."""
+    for _ in range(5):
+        process = subprocess.Popen([*SLIPSTREAM, "driver", "--dir", str(driver_dir)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while not _heartbeat_shows(driver_dir / "counters.dat", process.pid):
+                assert time.monotonic() < deadline and process.poll() is None
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(20) == 0
+        finally:
+            process.kill()
+            process.wait()
+        assert not driver_dir.exists()
+
+
+def _heartbeat_shows(path: Path, pid: int) -> bool:
+    try:
+        counters = CountersFile(path, writable=False)
+    except (OSError, ValueError):
+        return False
+    try:
+        return counters.driver_pid == pid and counters.driver_heartbeat_ns > 0
+    finally:
+        counters.close()
+
+
+def test_sigint_stops_the_driver_too(driver_dir: Path) -> None:
+    with MediaDriver.launch(directory=driver_dir) as driver:
+        driver.process.send_signal(signal.SIGINT)
+        assert driver.process.wait(10) == 0
+    assert not driver_dir.exists()
+
+
+@pytest.mark.parametrize("forks", [False, True])
+def test_a_launched_driver_goes_with_the_process_that_started_it_even_killed(
+        driver_dir: Path, forks: bool) -> None:
+    """MediaDriver.launch's driver outlived a starter that was SIGKILLed (a test or a Spark
+    executor on timeout), holding its directory for good.  It now drains and stops when its
+    standard input, a pipe its starter holds, ends; a child the starter forked (as
+    multiprocessing does) does not keep it (its copy of the pipe is closed at the fork)."""
+    code = ("import os, sys, time\n"
+            "from slipstream.daemon.driver import MediaDriver\n"
+            f"launched = MediaDriver.launch(directory={str(driver_dir)!r})\n"
+            "driver = launched.__enter__()\n"
+            f"child = os.fork() if {forks} else -1\n"
+            "if child == 0:\n"
+            "    time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "print(driver.pid, child, flush=True)\n"
+            "time.sleep(120)\n")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child_pid = -1
+    try:
+        driver_pid, child_pid = map(int, starter.stdout.readline().split())
+        time.sleep(0.5)
+        assert process_state(driver_pid) not in ("Z", "X", "")
+        starter.kill()
+        starter.wait()
+        wait_for(lambda: process_state(driver_pid) in ("Z", "X", ""), timeout=20,
+                 what="the driver stopped")
+        assert not driver_dir.exists()  # it made the directory, and removed it as it stopped
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait()
+        if child_pid > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child_pid, signal.SIGKILL)
+
+
+def test_a_launched_driver_whose_starter_dies_while_it_drains_drains_on(
+        driver_dir: Path) -> None:
+    """The end of its standard input is the first stop, not the second: a drain under way
+    (SIGTERM, here with a subscriber that never reads: until drain_timeout) is not cut short
+    (it stopped 0.11 s after its starter died, with 7 s of drain left: a review's find)."""
+    with MediaDriver.launch(directory=driver_dir, drain_timeout="3s") as driver:
+        with Client.connect(driver_dir) as client:
+            subscription = client.add_subscription("aeron:ipc", 31)
+            publication = client.add_publication("aeron:ipc", 31)
+            assert publication.offer(b"unread") > 0 and subscription.images
+            driver.process.send_signal(signal.SIGTERM)
+            # Draining: the credit stopped (offers took more until then).
+            wait_for(lambda: publication.offer(b"probe") < 0, what="the drain began")
+            driver._close_stdin()  # as the starter's death closes it
+            time.sleep(1.0)
+            assert driver.process.poll() is None, "the drain was cut short"
+            driver.process.wait(10)
+            assert publication.offer(b"more") < 0
+
+
+_CTRL_C_STARTER = """
+import sys, time
+from slipstream.client import Client
+from slipstream.daemon.driver import MediaDriver
+with MediaDriver.launch(directory=sys.argv[1], drain_timeout="20s") as driver:
+    client = Client.connect(driver.directory)
+    subscription = client.add_subscription("aeron:ipc", 5)  # never reads: the drain waits
+    assert client.add_publication("aeron:ipc", 5).offer(b"unread") > 0
+    print(driver.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_ctrl_c_stops_a_launched_driver_at_once(driver_dir: Path) -> None:
+    """The first Ctrl-C drains it (its starter's stop()), the second stops it at once, as
+    for a driver in the foreground.  In its own session it never sees the terminal's SIGINT:
+    the second came to nothing, and it drained on for its drain_timeout, alone."""
+    starter = subprocess.Popen([sys.executable, "-c", _CTRL_C_STARTER, str(driver_dir)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        driver_pid = int(starter.stdout.readline())
+        starter.send_signal(signal.SIGINT)  # the first: stop() sends SIGTERM, it drains
+        time.sleep(1.0)
+        assert process_state(driver_pid) not in ("Z", "X", ""), "it did not drain"
+        starter.send_signal(signal.SIGINT)  # the second
+        wait_for(lambda: process_state(driver_pid) in ("Z", "X", ""), timeout=5,
+                 what="the driver stopped at the second Ctrl-C")
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        starter.wait()
+
+
+def test_stop_when_stdin_closes_refuses_a_stdin_that_is_not_a_pipe(driver_dir: Path) -> None:
+    """/dev/null would end at once (the driver stopping as it starts); a terminal never."""
+    result = subprocess.run([*SLIPSTREAM, "driver", "--dir", str(driver_dir),
+                             "--stop-when-stdin-closes"], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "--stop-when-stdin-closes: standard input is not a pipe" in result.stderr
+    assert not driver_dir.exists()
+
