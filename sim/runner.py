@@ -15,6 +15,7 @@ a temporary directory under /dev/shm (else the system temp dir), removed by :met
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -76,7 +77,9 @@ class Simulation:
         self.network = Network(self.loop, random.Random(f"{scenario.seed}/network"),
                                default_faults=scenario.faults, keep_trace=keep_trace)
         base = directory or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
-        self.directory = Path(tempfile.mkdtemp(prefix="slipstream-sim-", dir=base))
+        # The pid in the name says whose a directory is (a run ended by SIGKILL leaves it).
+        self.directory = Path(tempfile.mkdtemp(prefix=f"slipstream-sim-{os.getpid()}-",
+                                               dir=base))
         self.hosts: list[SimHost] = []
         try:  # a failure (or a SIGTERM's SystemExit) from here on leaves no directory
             self._pending_events = 0

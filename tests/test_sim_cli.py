@@ -369,17 +369,18 @@ def test_a_run_ended_by_sigterm_removes_its_directory(tmp_path: Path) -> None:
     import sys
     import time
 
-    before = set(Path("/dev/shm").glob("slipstream-sim-*"))
     run = subprocess.Popen([sys.executable, "-m", "slipstream.daemon.cli", "sim",
                             "--scenario", "examples/scenarios/paused_subscriber.toml"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            cwd=Path(__file__).parent.parent)
+    # Its own directory (the pid is in the name): another test's run may make one meanwhile.
+    ours = f"slipstream-sim-{run.pid}-*"
     try:
         deadline = time.monotonic() + 30
-        while not set(Path("/dev/shm").glob("slipstream-sim-*")) - before:
+        while not set(Path("/dev/shm").glob(ours)):
             assert run.poll() is None and time.monotonic() < deadline, "no run directory"
             time.sleep(0.05)
-        made = set(Path("/dev/shm").glob("slipstream-sim-*")) - before
+        made = set(Path("/dev/shm").glob(ours))
         run.send_signal(signal.SIGTERM)
         assert run.wait(30) == 128 + signal.SIGTERM
     finally:
