@@ -1,4 +1,4 @@
-"""Driver configuration: every setting, its default, range and meaning, defined once.
+"""A table, the driver's settings: each one's default, range and meaning, defined once.
 
 The class body of :class:`DriverSettings` *is* the table of settings: each field carries its kind
 (size, duration, int, bool, choice, text), default, accepted range and one-line doc in its attrs
