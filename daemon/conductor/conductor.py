@@ -39,8 +39,6 @@ from slipstream.daemon.conductor.network import (
     NetworkConductor,
     NetworkSubscription,
     NetworkTransports,
-    check_same_log,
-    check_same_watermarks,
 )
 from slipstream.daemon.conductor.resources import (
     LogBudget,
@@ -50,6 +48,7 @@ from slipstream.daemon.conductor.resources import (
     log_start,
     no_room_for_log,
 )
+from slipstream.daemon.conductor.sharing import check_same_log, check_same_watermarks
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.pressure.episodes import (
     EPISODE_SAMPLE_INTERVAL_NS,

@@ -27,7 +27,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -59,6 +59,14 @@ from slipstream.daemon.conductor.resources import (
     discard_log,
     log_start,
 )
+from slipstream.daemon.conductor.sharing import (
+    _destination,
+    _endpoint_key,
+    check_same_control,
+    check_same_log,
+    check_same_receive_params,
+    check_same_watermarks,
+)
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import congestion_control_for, flow_control_for
 from slipstream.daemon.media import names
@@ -75,7 +83,7 @@ from slipstream.daemon.pressure.episodes import (
     EpisodeEvent,
     watermarks_of,
 )
-from slipstream.daemon.protocol.params import PublicationParams, SocketParams, SubscriptionParams
+from slipstream.daemon.protocol.params import PublicationParams, SubscriptionParams
 from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 from slipstream.daemon.reports.loss_report import LossReport
@@ -867,105 +875,6 @@ def _resolved(channel: Channel) -> Channel:
         hostport = getattr(channel, part)
         channel = attrs.evolve(channel, **{part: attrs.evolve(hostport, host=address)})
     return channel
-
-
-def _destination(channel: Channel) -> Address:
-    """The endpoint as an IP literal and port (DNS, once, here); ChannelError when it is
-    missing or has no port."""
-    address = channel.endpoint_address()
-    if address is None or channel.endpoint is None:
-        raise ChannelError(str(channel), "endpoint",
-                           "a UDP channel needs endpoint=host:port (control-mode channels "
-                           "are not supported yet)")
-    if not channel.endpoint.port:
-        raise ChannelError(str(channel), "endpoint", "the endpoint needs a port")
-    return str(address), channel.endpoint.port
-
-
-def _endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
-    """Channels that name the same address (and interface) share one endpoint."""
-    interface = str(channel.interface) if channel.interface is not None else ""
-    return (address, interface)
-
-
-def check_same_log(channel: Channel, log_buffer: LogBuffer, session_id: int,
-                   stream_id: int) -> None:
-    """A second publisher of a shared publication (IPC or UDP) cannot ask for another log
-    shape or session (Aeron's publication parameter match): ChannelError names the part."""
-    for part, asked, actual in (("term-length", channel.term_length, log_buffer.term_length),
-                                ("mtu", channel.mtu, log_buffer.mtu),
-                                ("session-id", channel.session_id, session_id)):
-        if asked is not None and asked != actual:
-            raise ChannelError(str(channel), part,
-                               f"{asked} differs from the existing publication's {actual} on "
-                               f"stream {stream_id}")
-
-
-def check_same_watermarks(channel: Channel, episodes: BackPressureEpisodes,
-                          stream_id: int) -> None:
-    """A second publisher of a shared publication cannot ask for other watermarks: the
-    episodes are the stream's.  ChannelError names the part."""
-    if channel.watermarks is not None and channel.watermarks != episodes.watermarks:
-        high, low = episodes.watermarks
-        raise ChannelError(str(channel), "watermarks",
-                           f"{channel.watermarks[0]}/{channel.watermarks[1]} differs from the "
-                           f"existing publication's {high}/{low} on stream {stream_id}")
-
-
-def check_same_control(channel: Channel, existing: Channel, settings: DriverSettings,
-                       stream_id: int) -> None:
-    """A second publisher of a shared publication cannot ask for another flow control
-    (``fc=``) or send-rate control (``rc=``) than the stream has: the sender runs one of each
-    per publication.  Only what it asks for is compared (with the defaults resolved), so a
-    publisher that names neither joins any.  ChannelError names the part."""
-    asked = PublicationParams.for_network(channel, settings)
-    actual = PublicationParams.for_network(existing, settings)
-    for part, given, mine, theirs, shown in (
-            ("fc", channel.fc, asked.flow_control, actual.flow_control, existing.fc),
-            ("rc", channel.rc, asked.rate_control, actual.rate_control, existing.rc)):
-        if given is not None and mine != theirs:
-            raise ChannelError(str(channel), part,
-                               f"{given} differs from the existing publication's "
-                               f"{shown if shown is not None else 'default'} on stream "
-                               f"{stream_id}")
-
-
-#: What a subscription's URI may set for its endpoint's images and socket: (URI key, Channel
-#: field, the resolved value's attribute of SubscriptionParams or SocketParams).
-_RECEIVE_PARAMS: Final = (("reliable", "reliable", "reliable"), ("group", "group", "group"),
-                          ("gtag", "gtag", "group_tag"),
-                          ("rcv-wnd", "rcv_wnd", "receiver_window_length"),
-                          ("nak-delay", "nak_delay_ns", "nak_delay_ns"),
-                          ("sparse", "sparse", "sparse"), ("cc", "cc", "congestion_control"),
-                          ("so-rcvbuf", "so_rcvbuf", "so_rcvbuf"))
-
-
-def check_same_receive_params(channel: Channel, existing: Channel,
-                              settings: DriverSettings) -> None:
-    """A subscription on a receive endpoint that is already open cannot ask for other image or
-    socket parameters than the endpoint's first subscription gave it: its images and socket
-    are made with those.  Only what it asks for is compared (with the defaults resolved), so a
-    subscription that names none joins any endpoint.  ChannelError names the key."""
-    asked = (SubscriptionParams.resolve(channel, settings), SocketParams.resolve(channel, settings))
-    actual = (SubscriptionParams.resolve(existing, settings),
-              SocketParams.resolve(existing, settings))
-    for key, field, resolved in _RECEIVE_PARAMS:
-        if getattr(channel, field) is None:
-            continue
-        holder = 0 if hasattr(asked[0], resolved) else 1
-        mine, theirs = getattr(asked[holder], resolved), getattr(actual[holder], resolved)
-        if mine != theirs:
-            raise ChannelError(str(channel), key,
-                               f"{_shown(mine)} differs from {_shown(theirs)}, what this "
-                               f"endpoint's images and socket are made with (from {existing}, "
-                               f"its first subscription); slipstream makes them once per "
-                               f"endpoint: subscribe on another endpoint, or ask for the same")
-
-
-def _shown(value: object) -> str:
-    if value is None:
-        return "unset"
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _label_of(setup: Any, source: Address) -> str:
