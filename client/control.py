@@ -171,14 +171,12 @@ def _membership(gid: int) -> tuple[bool, bool]:
     rule of libzmq's IPC_FILTER_GID)."""
     holds = gid == os.getegid() or gid in os.getgroups()
     try:
-        user = pwd.getpwuid(os.geteuid())
-    except KeyError:
-        return holds, gid == os.getegid()
-    try:
-        listed = user.pw_name in grp.getgrgid(gid).gr_mem
+        listed = user_name(os.geteuid()) in grp.getgrgid(gid).gr_mem
     except KeyError:
         listed = False
-    return holds, listed or gid in (user.pw_gid, os.getegid())
+    # libzmq compares the peer's gid (SO_PEERCRED: its effective gid), then the group's
+    # member list; a primary group is neither when the process runs under another (sg).
+    return holds, listed or gid == os.getegid()
 
 
 def foreign_directory_error(directory: str | os.PathLike[str], uid: int) -> DriverError:
@@ -192,7 +190,7 @@ def foreign_directory_error(directory: str | os.PathLike[str], uid: int) -> Driv
         return DriverError(
             f"the driver directory {directory} or its {LOCK_FILE} is not readable by its own "
             f"user, {describe_user(uid)}: its mode was changed; a driver makes it 0700 "
-            f"(rwx for its user)")
+            f"(rwx for its user; 0750 with a client_group)")
     owner = describe_user(uid)
     if gid is not None:
         group, name, user = describe_group(gid), group_name(gid), user_name(os.geteuid())
@@ -203,6 +201,11 @@ def foreign_directory_error(directory: str | os.PathLike[str], uid: int) -> Driv
                 f"{serves}; {me} is a member, but this process does not hold the group (it "
                 f"was started before {user} joined it): start it from a new login session, "
                 f"or under `sg {name}`")
+        if holds and admitted:  # a member in every way: a file is not the group's
+            return DriverError(
+                f"{serves}, and this process holds the group, but the directory or its "
+                f"{LOCK_FILE} is not the group's to read: its mode or group was changed; a "
+                f"driver gives them to the group when it starts, so restart it")
         if holds and not admitted:
             return DriverError(
                 f"{serves}; this process holds the group, but the group database does not "

@@ -259,7 +259,7 @@ def _check_directory(value: str) -> str | None:
 def _check_group(value: str) -> str | None:
     if value == "":
         return None
-    if "\0" in value or ":" in value or value != value.strip() or not value:
+    if "\0" in value or ":" in value or value != value.strip():
         return "is not a group name or number"
     return None
 

@@ -124,10 +124,8 @@ class DriverDirectory:
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, control.lock_text(self._created, os.getpid()).encode(), 0)
-            os.fchmod(fd, self.file_mode(clients_write=False))  # clients probe it (flock)
+            self._give(fd, clients_write=False)  # clients probe it (flock)
             if self.group is not None:
-                if os.fstat(fd).st_gid != self.group:  # made before the directory was shared
-                    os.fchown(fd, -1, self.group)
                 self._share(self.path)
             elif self._created:
                 os.chmod(self.path, control.PRIVATE_DIRECTORY_MODE)
@@ -136,8 +134,12 @@ class DriverDirectory:
             with contextlib.suppress(FileNotFoundError):
                 os.replace(self.path / ERROR_LOG_FILE, self.path / PREVIOUS_ERROR_LOG_FILE)
             with contextlib.suppress(OSError):  # stat's readers: the group's, if it has one
-                _chmod_file(self.path / PREVIOUS_ERROR_LOG_FILE,
-                            self.file_mode(clients_write=False))
+                previous = os.open(self.path / PREVIOUS_ERROR_LOG_FILE,
+                                   os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                try:
+                    self._give(previous, clients_write=False)
+                finally:
+                    os.close(previous)
             self._remove_own_entries(keep=(PREVIOUS_ERROR_LOG_FILE,))
             for folder in LOG_FOLDERS:
                 (self.path / folder).mkdir(mode=control.PRIVATE_DIRECTORY_MODE, exist_ok=True)
@@ -163,6 +165,14 @@ class DriverDirectory:
                 f"cannot make its files that group's: add it (usermod -aG "
                 f"{control.group_name(self.group)} {control.user_name(os.geteuid())}, or "
                 f"SupplementaryGroups= in its unit) or name one of its groups")
+
+    def _give(self, fd: int, *, clients_write: bool) -> None:
+        """Give a file the driver made before its directory was shared (the lock, a dead
+        driver's error log) the group and the mode its others have: the group first, so the
+        mode never opens it to another group."""
+        if self.group is not None and os.fstat(fd).st_gid != self.group:
+            os.fchown(fd, -1, self.group)
+        os.fchmod(fd, self.file_mode(clients_write=clients_write))
 
     def _share(self, path: Path) -> None:
         """Give the directory ``path`` (the driver's own, or a log folder in it) to the group:
@@ -476,15 +486,6 @@ def _is_driver_entry(entry: Path) -> bool:
     if entry.name in LOG_FOLDERS and entry.is_dir() and not entry.is_symlink():
         return all(_is_driver_log(log_file) for log_file in entry.iterdir())
     return False
-
-
-def _chmod_file(path: Path, mode: int) -> None:
-    """Set the mode of one of the driver's files, never of what a link there points to."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
 
 
 def _remove_file(path: Path) -> None:

@@ -14,7 +14,6 @@ import signal
 import stat
 import subprocess
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -348,14 +347,22 @@ def test_without_a_client_group_the_directory_stays_its_users_alone(
     try:
         wait_for(lambda: (driver_dir / control.CONDUCTOR_SOCKET).exists(), timeout=30,
                  what="the driver")
-        time.sleep(0.2)
         assert driver_dir.stat().st_mode & 0o7777 == control.PRIVATE_DIRECTORY_MODE
-        assert {oct(path.lstat().st_mode & 0o777) for path in driver_dir.iterdir()
-                if path.is_file() or path.is_socket()} == {"0o600"}
+
+        def modes() -> set[str]:
+            return {oct(path.lstat().st_mode & 0o777) for path in driver_dir.iterdir()
+                    if path.is_file() or path.is_socket()}
+
+        # The socket is bound, then given its mode: what it settles at.
+        wait_for(lambda: modes() == {"0o600"}, what=f"0600 files (found {modes()})")
         answer = _answer(_client(installed_venv, accounts.primary, "connect", driver_dir,
                                  "aeron:ipc", 0))
         assert answer["error"] == "DriverError", answer
         assert "a driver serves only its own user's processes" in answer["message"], answer
     finally:
         process.send_signal(signal.SIGTERM)
-        process.wait(30)
+        try:
+            assert process.wait(30) == 0
+        finally:
+            process.kill()
+            process.wait()

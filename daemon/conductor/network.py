@@ -60,12 +60,12 @@ from slipstream.daemon.conductor.resources import (
     log_start,
 )
 from slipstream.daemon.conductor.sharing import (
-    _destination,
-    _endpoint_key,
     check_same_control,
     check_same_log,
     check_same_receive_params,
     check_same_watermarks,
+    destination_of,
+    endpoint_key,
 )
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import congestion_control_for, flow_control_for
@@ -271,8 +271,8 @@ class NetworkConductor:
         endpoint, stream and session, or makes one.  Returns it and the registration id of
         this publisher."""
         channel = _resolved(channel)
-        destination = _destination(channel)
-        key = (_endpoint_key(channel, destination), stream_id, channel.session_id)
+        destination = destination_of(channel)
+        key = (endpoint_key(channel, destination), stream_id, channel.session_id)
         entry = self._shared_publications.get(key)
         if entry is None:
             entry = self._create_publication(key, channel, stream_id, destination, now_ns)
@@ -396,8 +396,8 @@ class NetworkConductor:
         at once (the AVAILABLE_IMAGE messages are returned)."""
         channel = subscription.channel = _resolved(subscription.channel)
         SubscriptionParams.resolve(channel, self.settings)  # refused before a socket opens
-        bind = _destination(channel)
-        key = _endpoint_key(channel, bind)
+        bind = destination_of(channel)
+        key = endpoint_key(channel, bind)
         entry = self._receive_endpoints.get(key)
         if entry is not None:
             check_same_receive_params(channel, entry.endpoint.channel.channel, self.settings)

@@ -1,7 +1,7 @@
 """Which UDP channels share, and what a second user of a shared thing must ask for.
 
 Channels that name the same endpoint address (and interface) share one endpoint
-(:func:`_endpoint_key`); publishers of the same endpoint, stream and session share one
+(:func:`endpoint_key`); publishers of the same endpoint, stream and session share one
 publication.  A second publisher of a shared publication (IPC or UDP) or a second subscription on
 a receive endpoint already open cannot ask for another log shape, session, watermarks, flow or
 send-rate control, or image and socket parameters than it has (Aeron's publication parameter
@@ -23,7 +23,7 @@ from slipstream.daemon.protocol.params import PublicationParams, SocketParams, S
 from slipstream.daemon.protocol.types import Address
 
 
-def _destination(channel: Channel) -> Address:
+def destination_of(channel: Channel) -> Address:
     """The endpoint as an IP literal and port (DNS, once, here); ChannelError when it is
     missing or has no port."""
     address = channel.endpoint_address()
@@ -36,7 +36,7 @@ def _destination(channel: Channel) -> Address:
     return str(address), channel.endpoint.port
 
 
-def _endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
+def endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
     """Channels that name the same address (and interface) share one endpoint."""
     interface = str(channel.interface) if channel.interface is not None else ""
     return (address, interface)
