@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml setup.py client/native.c client/native.h client/fastpat
 	@touch $(STAMP)
 
 # The host's service (README, "Run it as a service"), as root, in a checkout at /opt/slipstream:
-# the slipstream user and group, .venv from SERVICE_PYTHON (not the dev venv above: the
-# distribution's python3, since the unit's ProtectHome=yes hides one under /root or /home), the
-# package installed as a wheel, the unit and /etc/slipstream/driver.toml.
+# the slipstream user and group, .venv made anew from SERVICE_PYTHON (in place of a dev venv
+# `make install` made there: the distribution's python3, since the unit's ProtectHome=yes hides
+# one under /root or /home), the package installed as a wheel, the unit and
+# /etc/slipstream/driver.toml.
 SERVICE_PYTHON ?= /usr/bin/python3
 install-service:
 	SERVICE_PYTHON=$(SERVICE_PYTHON) scripts/install-service
