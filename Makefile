@@ -62,7 +62,7 @@ LANE_NEEDS_spark   := java
 
 # On both cores (pytest-xdist): the simulator's scenarios are CPU-bound, in virtual time.
 test-fast: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 -m "unit or sim"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal -m "unit or sim"
 
 test-lane: install $(foreach word,$(LANE),$(LANE_NEEDS_$(word)))
 	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark" >&2; exit 2; }
