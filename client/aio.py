@@ -81,26 +81,27 @@ async def _park(wait: Callable[[int], Any], wake: Callable[[], None], slice_ns: 
         raise
 
 
-async def offer(publication: Publication, message: Buffer, timeout: float | None) -> int:
-    """``Publication.offer_async``: see there."""
+async def offer(publication: Publication, message: Buffer, timeout: float | None,
+                reserved_value: int = 0) -> int:
+    """``Publication.offer_async``: see there.  Every attempt carries ``reserved_value``."""
     attempt = publication._attempt
     policy = publication.policy
     # rate-limit paces these offers too, from the bucket the blocking ones draw on.
     bucket = publication._policy.bucket if publication._policy is not None else None
     if bucket is not None:
-        return await _paced_offer(publication, bucket, message, timeout)
+        return await _paced_offer(publication, bucket, message, timeout, reserved_value)
     # As trio's own sends: a cancellation is taken before the append, never after it (the
     # caller would think the message was not sent); after it, only a schedule point.
     due = _turn_is_due(publication)
     if due:
         await trio.lowlevel.checkpoint_if_cancelled()
-    result = attempt(message)
+    result = attempt(message, reserved_value)
     if result > 0:
         if due:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return result
     return await _wait_for_credit(publication, message, result, time.monotonic_ns(),
-                                  _timeout_ns(policy, timeout))
+                                  _timeout_ns(policy, timeout), reserved_value)
 
 
 def _timeout_ns(policy: PolicySpec | None, timeout: float | None) -> int:
@@ -112,7 +113,7 @@ def _timeout_ns(policy: PolicySpec | None, timeout: float | None) -> int:
 
 
 async def _paced_offer(publication: Publication, bucket: TokenBucket, message: Buffer,
-                       timeout: float | None) -> int:
+                       timeout: float | None, reserved_value: int) -> int:
     """``offer_async`` under ``rate-limit``: wait (cancellable) until the bucket lets the
     message go (the pacing is the rate asked for: ``timeout`` bounds only the wait for credit
     after it, and ``when-empty:refuse`` waits too, as ``offer_async`` always waits), then
@@ -135,10 +136,11 @@ async def _paced_offer(publication: Publication, bucket: TokenBucket, message: B
     due = due and not paced
     if due:
         await trio.lowlevel.checkpoint_if_cancelled()
-    result = publication._attempt(message)
+    result = publication._attempt(message, reserved_value)
     if result <= 0:
         result = await _wait_for_credit(publication, message, result, time.monotonic_ns(),
-                                        _timeout_ns(publication.policy, timeout))
+                                        _timeout_ns(publication.policy, timeout),
+                                        reserved_value)
     elif due:
         await trio.lowlevel.cancel_shielded_checkpoint()
     if result > 0:
@@ -155,9 +157,10 @@ def _back_pressured(publication: Publication, waited_ns: int, *,
 
 
 async def _wait_for_credit(publication: Publication, message: Buffer, result: int,
-                           started_ns: int, timeout_ns: int) -> int:
+                           started_ns: int, timeout_ns: int, reserved_value: int) -> int:
     """``offer_async`` after an attempt that found no credit (``result``): park without
-    blocking the event loop until an attempt appends it; the final result."""
+    blocking the event loop until an attempt appends it (with ``reserved_value``); the final
+    result."""
     attempt = publication._attempt
     deadline_ns = started_ns + timeout_ns
     appender = publication._appender
@@ -175,7 +178,7 @@ async def _wait_for_credit(publication: Publication, message: Buffer, result: in
         if result > 0:
             return result
         if result == _ADMIN_ACTION:
-            result = attempt(message)
+            result = attempt(message, reserved_value)
             continue
         if result == _CLOSED:
             client = publication._client
@@ -191,7 +194,7 @@ async def _wait_for_credit(publication: Publication, message: Buffer, result: in
                                   connected=result == _BACK_PRESSURED)
         await _park(wait, wake, min(remaining, PARK_SLICE_NS), invoker)
         await trio.lowlevel.checkpoint_if_cancelled()
-        result = attempt(message)
+        result = attempt(message, reserved_value)
 
 
 async def receive(subscription: Subscription, handler: FragmentHandler, fragment_limit: int,

@@ -4,9 +4,11 @@
  * cffi is the binding for everything else, but on these machines each cffi argument
  * conversion costs ~40-50 ns, which is most of a 32-byte offer.  These two functions take
  * their arguments as raw objects instead:
- *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None)(message) ->
- *   position or negative code (ss_offer), with the client's idle strategy (on_offer_result),
- *   or what on_refused(message, code) returns for a refused offer (a publication's policy)
+ *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None)(message,
+ *   reserved_value=0) -> position or negative code (ss_offer; ss_offer_rv for a reserved
+ *   value other than 0), with the client's idle strategy (on_offer_result), or what
+ *   on_refused(message, code, reserved_value) returns for a refused offer (a publication's
+ *   policy).  offer(message) alone parses nothing more.
  *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
  * The appender and the scan arrays are the cffi-owned structures of native.h, passed by
  * address; Python keeps them alive.
@@ -20,9 +22,11 @@
 #include "native.h"
 
 static PyObject *payload_name; /* interned "_payload": the Header flyweight's slot */
+static PyObject *reserved_value_name; /* interned "reserved_value": offer()'s keyword */
 static PyObject *failed_index; /* set by dispatch when the handler raised */
 
 static PyObject *message_too_long; /* slipstream.client.errors.MessageTooLongError */
+static PyObject *invalid_argument; /* slipstream.client.errors.InvalidArgumentError */
 
 /* An offer() bound to one publication's appender: calling it is the whole per-message cost. */
 typedef struct {
@@ -40,7 +44,8 @@ typedef struct {
  * in a row without credit, each further one gives the CPU up (sched_yield, the GIL released),
  * so that on a machine with fewer cores than busy threads the driver that raises the limit
  * gets to run.  A success resets the count. */
-static void on_offer_result(Offerer *offerer, int64_t result) {
+static inline __attribute__((always_inline)) void on_offer_result(Offerer *offerer,
+                                                                   int64_t result) {
     if (result > 0) {
         offerer->misses = 0;
     } else if ((result == SS_BACK_PRESSURED || result == SS_NOT_CONNECTED) &&
@@ -56,28 +61,98 @@ static void on_offer_result(Offerer *offerer, int64_t result) {
     }
 }
 
-static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t nargsf,
-                              PyObject *kwnames) {
-    Offerer *offerer = (Offerer *)self;
-    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
-        PyErr_SetString(PyExc_TypeError, "offer(message) takes one positional argument");
-        return NULL;
+/* InvalidArgumentError(field, problem), raised. */
+static void invalid_argument_error(const char *field, PyObject *problem) {
+    if (problem == NULL) return;
+    PyObject *error = PyObject_CallFunction(invalid_argument, "sO", field, problem);
+    Py_DECREF(problem);
+    if (error != NULL) {
+        PyErr_SetObject(invalid_argument, error);
+        Py_DECREF(error);
     }
-    PyObject *message = args[0];
+}
+
+/* The cold path of offer(): anything but offer(message).  The reserved value, positional or
+ * by keyword, into *reserved_value; -1 with an exception set when the call is not
+ * offer(message, reserved_value=0). */
+static int offer_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                           int64_t *reserved_value) {
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    PyObject *value = nargs == 2 ? args[1] : NULL;
+    if (nargs < 1 || nargs > 2) goto usage;
+    for (Py_ssize_t i = 0; i < keywords; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        /* A keyword in the caller's code is interned: the same object, mostly. */
+        if (name != reserved_value_name &&
+            PyUnicode_Compare(name, reserved_value_name) != 0) {
+            if (PyErr_Occurred()) return -1;
+            PyErr_Format(PyExc_TypeError, "offer() got an unexpected keyword argument %R: it "
+                         "takes offer(message, reserved_value=0)", name);
+            return -1;
+        }
+        if (value != NULL) {
+            PyErr_SetString(PyExc_TypeError, "offer() got reserved_value twice");
+            return -1;
+        }
+        value = args[nargs + i];
+    }
+    if (value == NULL) return 0;
+    int overflow = 0;
+    long long converted;
+    if (PyLong_CheckExact(value)) {
+        converted = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow == 0) {
+            *reserved_value = converted; /* -1 too: an exact int cannot fail otherwise */
+            return 0;
+        }
+        goto out_of_range;
+    }
+    if (!PyIndex_Check(value) || PyBool_Check(value)) {
+        invalid_argument_error("reserved_value", PyUnicode_FromFormat(
+            "%R is not an int64 (a signed 64-bit integer)", value));
+        return -1;
+    }
+    PyObject *number = PyNumber_Index(value);
+    if (number == NULL) return -1;
+    converted = PyLong_AsLongLongAndOverflow(number, &overflow);
+    Py_DECREF(number);
+    if (overflow != 0) goto out_of_range;
+    if (converted == -1 && PyErr_Occurred()) return -1;
+    *reserved_value = converted;
+    return 0;
+out_of_range:
+    invalid_argument_error("reserved_value", PyUnicode_FromFormat(
+        "%R is outside the int64 range [-2**63, 2**63 - 1]", value));
+    return -1;
+usage:
+    PyErr_SetString(PyExc_TypeError, "offer(message, reserved_value=0) takes one or two "
+                                     "positional arguments");
+    return -1;
+}
+
+/* One offer of `message` with `reserved_value`: offer()'s body, inlined in offerer_call with
+ * reserved_value 0, so that the common call, offer(message), is ss_offer as it always was, and
+ * in offer_with_value. */
+static inline __attribute__((always_inline)) PyObject *
+offer_one(Offerer *offerer, PyObject *message, int64_t reserved_value) {
     int64_t result;
     Py_ssize_t length;
     if (PyBytes_CheckExact(message)) {
         length = PyBytes_GET_SIZE(message);
         result = length > INT32_MAX ? SS_INVALID_LENGTH
-                                    : ss_offer(offerer->appender, PyBytes_AS_STRING(message),
-                                               (int32_t)length);
+               : reserved_value == 0 ? ss_offer(offerer->appender, PyBytes_AS_STRING(message),
+                                                (int32_t)length)
+               : ss_offer_rv(offerer->appender, PyBytes_AS_STRING(message), (int32_t)length,
+                             reserved_value);
     } else {
         Py_buffer view;
         if (PyObject_GetBuffer(message, &view, PyBUF_SIMPLE) < 0) return NULL;
         length = view.len;
         result = length > INT32_MAX ? SS_INVALID_LENGTH
-                                    : ss_offer(offerer->appender, (const char *)view.buf,
-                                               (int32_t)length);
+               : reserved_value == 0 ? ss_offer(offerer->appender, (const char *)view.buf,
+                                                (int32_t)length)
+               : ss_offer_rv(offerer->appender, (const char *)view.buf, (int32_t)length,
+                             reserved_value);
         PyBuffer_Release(&view);
     }
     if (result == SS_INVALID_LENGTH) {
@@ -92,12 +167,37 @@ static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t narg
     if (result < 0 && offerer->on_refused != NULL) {
         PyObject *code = PyLong_FromLongLong(result);
         if (code == NULL) return NULL;
-        PyObject *settled = PyObject_CallFunctionObjArgs(offerer->on_refused, message, code, NULL);
+        PyObject *value = PyLong_FromLongLong(reserved_value);
+        if (value == NULL) {
+            Py_DECREF(code);
+            return NULL;
+        }
+        PyObject *settled = PyObject_CallFunctionObjArgs(offerer->on_refused, message, code,
+                                                         value, NULL);
         Py_DECREF(code);
+        Py_DECREF(value);
         return settled;
     }
     on_offer_result(offerer, result);
     return PyLong_FromLongLong(result);
+}
+
+/* offer(message, reserved_value) and the other calls but offer(message): out of line, so that
+ * the common call's code stays as small as it was. */
+static __attribute__((noinline, cold)) PyObject *
+offer_with_value(Offerer *offerer, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    int64_t reserved_value = 0;
+    if (offer_arguments(args, nargs, kwnames, &reserved_value) < 0) return NULL;
+    return offer_one(offerer, args[0], reserved_value);
+}
+
+static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames) {
+    Offerer *offerer = (Offerer *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (__builtin_expect(nargs != 1 || kwnames != NULL, 0))
+        return offer_with_value(offerer, args, nargs, kwnames);
+    return offer_one(offerer, args[0], 0);
 }
 
 static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -111,7 +211,7 @@ static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         PyErr_SetString(PyExc_TypeError, "on_refused must be callable or None");
         return NULL;
     }
-    if (message_too_long == NULL) {
+    if (message_too_long == NULL || invalid_argument == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "call set_errors() first");
         return NULL;
     }
@@ -160,7 +260,7 @@ static PyTypeObject OffererType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "slipstream.client._fastpath.Offerer",
     .tp_doc = "Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None): "
-              "offer(message) -> position or negative code",
+              "offer(message, reserved_value=0) -> position or negative code",
     .tp_basicsize = sizeof(Offerer),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)offerer_traverse,
@@ -172,9 +272,15 @@ static PyTypeObject OffererType = {
     .tp_vectorcall_offset = offsetof(Offerer, vectorcall),
 };
 
-static PyObject *fast_set_errors(PyObject *module, PyObject *cls) {
+static PyObject *fast_set_errors(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    Py_XSETREF(message_too_long, Py_NewRef(cls));
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_errors(MessageTooLongError, InvalidArgumentError)");
+        return NULL;
+    }
+    Py_XSETREF(message_too_long, Py_NewRef(args[0]));
+    Py_XSETREF(invalid_argument, Py_NewRef(args[1]));
     Py_RETURN_NONE;
 }
 
@@ -225,8 +331,9 @@ static PyObject *fast_failed_index(PyObject *module, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
-    {"set_errors", fast_set_errors, METH_O,
-     "set_errors(MessageTooLongError): the exception an oversized offer raises"},
+    {"set_errors", (PyCFunction)(void (*)(void))fast_set_errors, METH_FASTCALL,
+     "set_errors(MessageTooLongError, InvalidArgumentError): the exceptions an oversized offer "
+     "and a bad reserved_value raise"},
     {"dispatch", (PyCFunction)(void (*)(void))fast_dispatch, METH_FASTCALL,
      "dispatch(handler, header, term, starts_address, ends_address, count) -> count"},
     {"failed_index", fast_failed_index, METH_NOARGS,
@@ -240,8 +347,9 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_fastpath",
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
     payload_name = PyUnicode_InternFromString("_payload");
+    reserved_value_name = PyUnicode_InternFromString("reserved_value");
     failed_index = PyLong_FromLong(-1);
-    if (payload_name == NULL || failed_index == NULL) return NULL;
+    if (payload_name == NULL || reserved_value_name == NULL || failed_index == NULL) return NULL;
     if (PyType_Ready(&OffererType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) return NULL;

@@ -325,8 +325,12 @@ static inline int64_t claim(const ss_appender_t *a, int32_t length, claim_t *out
     return 0;
 }
 
-/* One append attempt: returns the new position, or a negative code. */
-static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length) {
+/* One append attempt: returns the new position, or a negative code.  Every frame of the
+ * message carries reserved_value (Aeron calls its supplier per fragment; one value for all the
+ * fragments of one message here).  Inlined in append (reserved value 0: the plain offer's code
+ * as it was) and append_rv. */
+static inline __attribute__((always_inline)) int64_t
+append_frames(const ss_appender_t *a, const uint8_t *msg, int32_t length, int64_t reserved_value) {
     int32_t total = length <= a->max_payload ? align32(length + SS_HEADER_LENGTH) : fragmented_length(a, length);
     claim_t at;
     int64_t rc = claim(a, total, &at);
@@ -339,7 +343,7 @@ static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length
         int32_t frame_length = length + SS_HEADER_LENGTH;
         write_header(frame, frame_length, SS_UNFRAGMENTED, SS_HDR_TYPE_DATA, term_offset, a->session_id,
                      a->stream_id, term_id);
-        *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = 0;
+        *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = reserved_value;
         memcpy(frame + SS_HEADER_LENGTH, msg, (size_t)length);
         STORE_REL((int32_t *)frame, frame_length);
     } else {
@@ -351,7 +355,7 @@ static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length
             if (chunk == remaining) flags |= SS_END_FLAG;
             uint8_t *frame = term + offset;
             write_header(frame, frame_length, flags, SS_HDR_TYPE_DATA, offset, a->session_id, a->stream_id, term_id);
-            *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = 0;
+            *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = reserved_value;
             memcpy(frame + SS_HEADER_LENGTH, msg + consumed, (size_t)chunk);
             STORE_REL((int32_t *)frame, frame_length);
             consumed += chunk;
@@ -362,6 +366,15 @@ static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length
     }
     /* The position after this message, from where the claim actually landed. */
     return ((int64_t)at.term_count << a->position_bits) + term_offset + total;
+}
+
+static int64_t append(const ss_appender_t *a, const uint8_t *msg, int32_t length) {
+    return append_frames(a, msg, length, 0);
+}
+
+static int64_t append_rv(const ss_appender_t *a, const uint8_t *msg, int32_t length,
+                         int64_t reserved_value) {
+    return append_frames(a, msg, length, reserved_value);
 }
 
 int64_t ss_refine(ss_appender_t *a, int64_t result) {
@@ -464,10 +477,21 @@ int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length) {
     return ss_refine(a, result);
 }
 
+int64_t ss_offer_rv(ss_appender_t *a, const char *msg, int32_t length, int64_t reserved_value) {
+    if (a->closed) return SS_CLOSED;
+    if (length < 0 || length > a->max_message_length) return SS_INVALID_LENGTH;
+    int64_t result = append_rv(a, (const uint8_t *)msg, length, reserved_value);
+    if (result > 0) {
+        signal_readers(a);
+        return result;
+    }
+    return ss_refine(a, result);
+}
+
 /* Claim a run of unfragmented messages with one atomic add and write them; returns how many
  * were written (0: nothing fits here, the caller falls back to single appends). */
 static int32_t append_run(ss_appender_t *a, const uint8_t *data, const int32_t *lengths,
-                          int32_t count, int64_t *position_out) {
+                          const int64_t *reserved_values, int32_t count, int64_t *position_out) {
     uint8_t *meta = a->meta;
     int32_t term_count = active_term_count(meta);
     if (term_count < 0) return 0; /* the single appends say why */
@@ -507,7 +531,7 @@ static int32_t append_run(ss_appender_t *a, const uint8_t *data, const int32_t *
         uint8_t *frame = term + offset;
         write_header(frame, frame_length, SS_UNFRAGMENTED, SS_HDR_TYPE_DATA, offset, a->session_id,
                      a->stream_id, term_id);
-        *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = 0;
+        *(int64_t *)(frame + SS_RESERVED_VALUE_FIELD) = reserved_values ? reserved_values[i] : 0;
         memcpy(frame + SS_HEADER_LENGTH, data, (size_t)lengths[i]);
         STORE_REL((int32_t *)frame, frame_length);
         data += lengths[i];
@@ -519,6 +543,12 @@ static int32_t append_run(ss_appender_t *a, const uint8_t *data, const int32_t *
 
 int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
                        const int32_t *lengths, int32_t count, int64_t *result) {
+    return ss_offer_batch_rv(a, data, data_length, lengths, NULL, count, result);
+}
+
+int32_t ss_offer_batch_rv(ss_appender_t *a, const char *data, int64_t data_length,
+                          const int32_t *lengths, const int64_t *reserved_values, int32_t count,
+                          int64_t *result) {
     if (a->closed) { *result = SS_CLOSED; return 0; }
     int64_t needed = 0;
     for (int32_t i = 0; i < count; i++) {
@@ -531,7 +561,9 @@ int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
     const uint8_t *cursor = (const uint8_t *)data;
     while (done < count) {
         int64_t run_position = 0;
-        int32_t run = append_run(a, cursor, lengths + done, count - done, &run_position);
+        int32_t run = append_run(a, cursor, lengths + done,
+                                 reserved_values ? reserved_values + done : NULL, count - done,
+                                 &run_position);
         if (run > 0) {
             for (int32_t i = 0; i < run; i++) cursor += lengths[done + i];
             done += run;
@@ -540,7 +572,7 @@ int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
         }
         /* A fragmented message, the end of the term or the limit: one at a time. */
         int32_t length = lengths[done];
-        int64_t rc = append(a, cursor, length);
+        int64_t rc = append_rv(a, cursor, length, reserved_values ? reserved_values[done] : 0);
         if (rc == SS_ADMIN_ACTION) continue; /* the rotation is done: retry in the new term */
         if (rc < 0) { if (done == 0) last = ss_refine(a, rc); break; }
         last = rc;

@@ -113,6 +113,9 @@ void ss_signal(int32_t *signal, const int32_t *waiters);
 /* Append one message (reserved value 0); returns the new position or a negative code,
  * refined by ss_refine. */
 int64_t ss_offer(ss_appender_t *a, const char *msg, int32_t length);
+/* ss_offer with `reserved_value` in the reserved_value field (SS_RESERVED_VALUE_FIELD) of the
+ * message's frame, or of every frame of a fragmented message. */
+int64_t ss_offer_rv(ss_appender_t *a, const char *msg, int32_t length, int64_t reserved_value);
 /* Turn a raw append failure into the caller's code: CLOSED when closed, NOT_CONNECTED when no
  * subscriber, else BACK_PRESSURED.  Once per limit value reached it counts a back-pressure
  * event, records the limit and the time in the log (SS_META_LIMIT_HIT_*) and wakes the driver
@@ -138,9 +141,15 @@ int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
  * SS_INVALID_LENGTH: a length is out of range; SS_INVALID_BATCH: lengths exceed data_length. */
 int32_t ss_offer_batch(ss_appender_t *a, const char *data, int64_t data_length,
                        const int32_t *lengths, int32_t count, int64_t *result);
+/* ss_offer_batch with message i's frames carrying reserved_values[i] (`count` of them; NULL:
+ * 0 for every message, as ss_offer_batch). */
+int32_t ss_offer_batch_rv(ss_appender_t *a, const char *data, int64_t data_length,
+                          const int32_t *lengths, const int64_t *reserved_values, int32_t count,
+                          int64_t *result);
 
 /* Claim a single unfragmented frame of `length` payload bytes; on success *frame_offset is the
- * frame's offset from the start of the log (header included) and the new position is returned. */
+ * frame's offset from the start of the log (header included) and the new position is returned.
+ * Its reserved value is 0 until the claimer writes another before the commit. */
 int64_t ss_try_claim(ss_appender_t *a, int32_t length, int64_t *frame_offset);
 /* Publish (commit) or give up as padding (abort) the frame of a claim of frame_length bytes
  * (header included); 1 when done, 0 when the driver had already given the claim up. */

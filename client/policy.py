@@ -18,7 +18,8 @@ expect.  With one:
 
 ADMIN_ACTION (a term rotation) is retried at once under every policy; CLOSED and
 MAX_POSITION_EXCEEDED are returned as they are.  Successful offers pay nothing for a policy
-other than ``rate-limit``: the C offer calls into Python only when it was refused.
+other than ``rate-limit``: the C offer calls into Python only when it was refused.  A retried
+offer carries the reserved value (or values, for a batch) it was given.
 """
 
 from __future__ import annotations
@@ -161,8 +162,9 @@ class OfferPolicy:
     """Applies one publication's :class:`PolicySpec` to its refused offers (module doc)."""
 
     def __init__(self, spec: PolicySpec, publication: Publication,
-                 attempt: Callable[[Buffer], int]) -> None:
-        """``attempt``: one plain offer of the publication (no idle strategy, no policy)."""
+                 attempt: Callable[[Buffer, int], int]) -> None:
+        """``attempt(message, reserved_value)``: one plain offer of the publication (no idle
+        strategy, no policy)."""
         self.spec = spec
         self.name = spec.name
         self._publication = publication
@@ -179,31 +181,35 @@ class OfferPolicy:
         self.dropped = 0
 
     # -- one message --------------------------------------------------------------------------
-    def on_refused(self, message: Buffer, result: int) -> int:
-        """The C offer's hook: ``message`` was refused with ``result`` (< 0)."""
-        return self._settle(result, lambda: self._attempt(message), 1)
+    def on_refused(self, message: Buffer, result: int, reserved_value: int = 0) -> int:
+        """The C offer's hook: ``message`` (with ``reserved_value``) was refused with
+        ``result`` (< 0)."""
+        return self._settle(result, lambda: self._attempt(message, reserved_value), 1)
 
-    def offer(self, message: Buffer) -> int:
-        """``rate-limit``'s offer: pace, then append (with back pressure handled as above)."""
+    def offer(self, message: Buffer, reserved_value: int = 0) -> int:
+        """``rate-limit``'s offer: pace, then append (with back pressure handled as above);
+        ``reserved_value`` as ``Publication.offer``'s."""
         bucket = self.bucket
         assert bucket is not None
         length = len(message) if isinstance(message, bytes) else memoryview(message).nbytes
         refused = self._paced(bucket, 1, length)
         if refused:
             return refused
-        result = self._attempt(message)
+        result = self._attempt(message, reserved_value)
         if result < 0:
-            result = self._settle(result, lambda: self._attempt(message), 1)
+            result = self._settle(result, lambda: self._attempt(message, reserved_value), 1)
         if result > 0:
             bucket.take(1, length)
         return result
 
     # -- a batch ------------------------------------------------------------------------------
-    def offer_batch(self, data: Buffer, lengths: array | memoryview) -> int:
+    def offer_batch(self, data: Buffer, lengths: array | memoryview,
+                    reserved_values: array | memoryview | None = None) -> int:
         """``Publication.offer_batch`` under this policy: every message of the batch goes in
         (waiting as the policy says) or what did not is dropped (``drop-newest``: returns how
         many went in) or refused (``rate-limit`` with ``when-empty:refuse``: returns how many
-        went in, or BACK_PRESSURED when none did)."""
+        went in, or BACK_PRESSURED when none did).  ``reserved_values``: checked already,
+        one per message, or None."""
         publication = self._publication
         count = len(lengths)
         bucket = self.bucket
@@ -218,7 +224,8 @@ class OfferPolicy:
         started_ns = deadline_ns = 0
         while appended < count:
             rest = lengths[appended:]
-            done, code = publication._offer_batch_once(view[offset:], rest)
+            values = reserved_values[appended:] if reserved_values is not None else None
+            done, code = publication._offer_batch_once(view[offset:], rest, values)
             if done > 0:
                 offset += sum(rest[:done])
                 appended += done

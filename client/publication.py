@@ -10,11 +10,18 @@ the new stream position, or one of Aeron's negative codes:
 * ``MAX_POSITION_EXCEEDED`` (-5): the stream reached term_length * 2^31 bytes.
 
 Several publishers (threads or processes) may offer to the same stream concurrently.
+
+Every frame's header has a 64-bit ``reserved_value`` (Aeron's reserved value) that the
+application may set: ``offer(message, reserved_value=...)``, ``offer_batch(...,
+reserved_values=...)`` or :attr:`BufferClaim.reserved_value` (0 when not given).  Subscribers
+read it as ``header.reserved_value``; slipstream never looks at it, and it travels as it is
+over UDP, retransmissions included.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 from array import array
 from collections.abc import Callable, Sequence
@@ -26,14 +33,14 @@ from slipstream.client.channel import PolicySpec
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import InvalidArgumentError, MessageTooLongError, UsageError
 from slipstream.client.idle import SpinThenYield
-from slipstream.client.layout import HEADER_LENGTH
+from slipstream.client.layout import HEADER_LENGTH, INT64_MAX, INT64_MIN
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.policy import BackPressureEpisode, OfferPolicy
 
 if TYPE_CHECKING:
     from slipstream.client.client import Client
 
-_fastpath.set_errors(MessageTooLongError)
+_fastpath.set_errors(MessageTooLongError, InvalidArgumentError)
 log = logging.getLogger("slipstream.client")
 
 Buffer = bytes | bytearray | memoryview
@@ -63,7 +70,8 @@ class BufferClaim:
     """A claimed frame to fill in place, then :meth:`commit` (or :meth:`abort`).
 
     Reusable: pass the same object to every ``try_claim``.  ``buffer`` is a writable view of
-    exactly the claimed payload, valid until commit or abort.
+    exactly the claimed payload, valid until commit or abort; so is :attr:`reserved_value`, the
+    frame's reserved value (0 unless set before the commit).
     """
 
     __slots__ = ("_appender", "_frame", "buffer")
@@ -90,6 +98,24 @@ class BufferClaim:
         lib.ss_abort(self._appender, self._frame, self._frame_length())
         self._release()
 
+    @property
+    def reserved_value(self) -> int:
+        """The claimed frame's reserved value: 0 as claimed; set it before :meth:`commit` (as
+        Aeron's ``BufferClaim.reservedValue(long)``) and subscribers read it as
+        ``header.reserved_value``.  An int64; raises :class:`UsageError` when nothing is
+        claimed."""
+        return int(ffi.cast("int64_t *", self._claimed() + lib.SS_RESERVED_VALUE_FIELD)[0])
+
+    @reserved_value.setter
+    def reserved_value(self, value: int) -> None:
+        value = _int64("reserved_value", value)
+        ffi.cast("int64_t *", self._claimed() + lib.SS_RESERVED_VALUE_FIELD)[0] = value
+
+    def _claimed(self):  # -> the frame, a cffi uint8_t *
+        if self._frame == ffi.NULL:
+            raise UsageError("nothing claimed (or already committed)")
+        return self._frame
+
     def _frame_length(self) -> int:
         assert self.buffer is not None
         return HEADER_LENGTH + len(self.buffer)
@@ -107,6 +133,46 @@ class BufferClaim:
     def __exit__(self, exc_type: object, *_: object) -> None:
         if self._frame != ffi.NULL:
             self.abort() if exc_type is not None else self.commit()
+
+
+def _int64(name: str, value: int) -> int:
+    """``value`` as an int64, else InvalidArgumentError naming ``name`` (the C offer's words)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise InvalidArgumentError(name, f"{value!r} is not an int64 (a signed 64-bit integer)")
+    number = operator.index(value)
+    if not INT64_MIN <= number <= INT64_MAX:
+        raise InvalidArgumentError(name, f"{value!r} is outside the int64 range "
+                                         f"[-2**63, 2**63 - 1]")
+    return number
+
+
+def _int64_values(values: Sequence[int] | Buffer, count: int) -> array | memoryview:
+    """``offer_batch``'s ``reserved_values`` as ``count`` contiguous native int64s: a view of a
+    buffer that already holds them (``array('q')``, an int64 numpy array), else a converted
+    copy; InvalidArgumentError naming the argument otherwise."""
+    try:
+        view = memoryview(values)  # type: ignore[arg-type]
+    except TypeError:
+        view = None
+    converted: array | memoryview | None = None
+    if view is not None:
+        little = sys.byteorder == "little"
+        native = ("q", "=q", "l", "=l", "<q" if little else ">q", "<l" if little else ">l")
+        if view.ndim == 1 and view.itemsize == 8 and view.format in native and view.c_contiguous:
+            converted = view
+        elif view.format in ("B", "b", "c"):  # array("q", bytes) would read raw int64s
+            raise InvalidArgumentError("reserved_values", "a byte buffer is not a list of "
+                                                          "values: give ints, or an int64 array")
+    if converted is None:
+        try:
+            converted = array("q", values)  # type: ignore[arg-type]
+        except (TypeError, OverflowError, ValueError, NotImplementedError) as e:
+            raise InvalidArgumentError("reserved_values", f"not a sequence of int64 values: "
+                                                          f"{e}") from None
+    if len(converted) != count:
+        raise InvalidArgumentError("reserved_values", f"{len(converted)} values for {count} "
+                                                      f"messages (lengths): one per message")
+    return converted
 
 
 def _int32_lengths(lengths: Sequence[int] | Buffer) -> array | memoryview:
@@ -169,10 +235,16 @@ class Publication:
         self._async_turns = 0  # calls of the async API (aio.py)
         self._batch_result = ffi.new("int64_t *")
         self._claim_offset = ffi.new("int64_t *")
-        #: ``offer(message) -> int``: append one message; returns the new position (> 0) or a
-        #: negative code (module doc; under a :attr:`policy`, what it says); raises
-        #: :class:`MessageTooLongError` beyond ``max_message_length``.  A C callable bound to
-        #: this publication, so that a call costs about one C call.
+        #: ``offer(message, reserved_value=0) -> int``: append one message; returns the new
+        #: position (> 0) or a negative code (module doc; under a :attr:`policy`, what it
+        #: says); raises :class:`MessageTooLongError` beyond ``max_message_length``.
+        #: ``reserved_value`` (an int64, positional or by keyword) goes into the header of the
+        #: message's frame, and of every frame of a message fragmented over several (Aeron
+        #: calls its ``reservedValueSupplier`` once per fragment; here all the fragments of one
+        #: offer carry the same value); subscribers read it as ``header.reserved_value``; a
+        #: value that is not an int64 raises :class:`InvalidArgumentError`, appending nothing.
+        #: A C callable bound to this publication, so that a call costs about one C call
+        #: (``offer(message)`` parses nothing more).
         self._drops_cell = (client.counters.address(drops_counter_id)
                             if drops_counter_id is not None else None)
         spins = client.spins_before_yield
@@ -197,22 +269,30 @@ class Publication:
         self.last_episode: BackPressureEpisode | None = None
 
     # -- publishing ----------------------------------------------------------------------------
-    def offer_batch(self, data: Buffer, lengths: Sequence[int] | Buffer) -> int:
+    def offer_batch(self, data: Buffer, lengths: Sequence[int] | Buffer,
+                    reserved_values: Sequence[int] | Buffer | None = None) -> int:
         """Append many messages in one call: ``data`` holds them back to back, ``lengths`` their
         sizes (an ``array('i')`` or int32 numpy array avoids a conversion).
 
-        Returns how many messages were appended (a prefix of the batch: offer the rest again),
-        or a negative code when none was.  Under a :attr:`policy`, the whole batch goes in
-        (``block``, ``rate-limit``), or what did not fit is dropped (``drop-newest``) or raises
-        (``error``); see :mod:`slipstream.client.policy`.
+        ``reserved_values``: one int64 per message (an ``array('q')`` or int64 numpy array
+        avoids a conversion; any sequence of ints does), written into the header of each
+        frame of that message as ``offer(message, reserved_value)`` does; None: 0 for all.
+        :class:`InvalidArgumentError` names it when it does not hold ``len(lengths)`` int64s.
+
+        Returns how many messages were appended (a prefix of the batch: offer the rest again,
+        with the rest of its reserved values), or a negative code when none was.  Under a
+        :attr:`policy`, the whole batch goes in (``block``, ``rate-limit``), or what did not fit
+        is dropped (``drop-newest``) or raises (``error``); see :mod:`slipstream.client.policy`.
         """
         if not (isinstance(lengths, array) and lengths.typecode == "i"):
             lengths = _int32_lengths(lengths)
+        if reserved_values is not None:
+            reserved_values = _int64_values(reserved_values, len(lengths))
         if len(lengths) == 0:
             return 0
         if self._policy is not None:
-            return self._policy.offer_batch(data, lengths)
-        done, code = self._offer_batch_once(data, lengths)
+            return self._policy.offer_batch(data, lengths, reserved_values)
+        done, code = self._offer_batch_once(data, lengths, reserved_values)
         if done > 0:
             self._batch_idle.misses = 0
             return done
@@ -220,13 +300,14 @@ class Publication:
             self._batch_idle.idle()
         return code
 
-    async def offer_async(self, message: Buffer, *, timeout: float | None = None) -> int:
-        """Append one message from a trio task, waiting for credit without blocking the event
-        loop (``block``'s behaviour, whatever the :attr:`policy`; under ``rate-limit`` it is
-        paced by the publication's token bucket first, as :meth:`offer` is, and waits for the
-        bucket even with ``when-empty:refuse``): returns the new
-        position, or ``MAX_POSITION_EXCEEDED`` once the stream has reached its end (no wait
-        helps then: a new publication is needed).
+    async def offer_async(self, message: Buffer, reserved_value: int = 0, *,
+                          timeout: float | None = None) -> int:
+        """Append one message (with ``reserved_value`` in its frames' headers, as :meth:`offer`)
+        from a trio task, waiting for credit without blocking the event loop (``block``'s
+        behaviour, whatever the :attr:`policy`; under ``rate-limit`` it is paced by the
+        publication's token bucket first, as :meth:`offer` is, and waits for the bucket even
+        with ``when-empty:refuse``): returns the new position, or ``MAX_POSITION_EXCEEDED``
+        once the stream has reached its end (no wait helps then: a new publication is needed).
 
         Waits for credit at most ``timeout`` seconds (None: the policy's timeout if the
         publication has one, else 10 s), then raises :class:`BackPressuredError`; raises
@@ -237,14 +318,23 @@ class Publication:
 
         if timeout is not None:  # None is the policy's; a number is a finite wait
             timeout = control.check_timeout("timeout", timeout, forever=False)
-        return await aio.offer(self, message, timeout)
+        if type(reserved_value) is not int or not INT64_MIN <= reserved_value <= INT64_MAX:
+            reserved_value = _int64("reserved_value", reserved_value)  # before any wait
+        return await aio.offer(self, message, timeout, reserved_value)
 
-    def _offer_batch_once(self, data: Buffer, lengths: array | memoryview) -> tuple[int, int]:
-        """One C batch append: (messages appended, the refined code when none was)."""
+    def _offer_batch_once(self, data: Buffer, lengths: array | memoryview,
+                          reserved_values: array | memoryview | None = None) -> tuple[int, int]:
+        """One C batch append: (messages appended, the refined code when none was);
+        ``reserved_values``: as many int64s as ``lengths``, or None (0s)."""
         result = self._batch_result
         count = len(lengths)
         with ffi.from_buffer("int32_t[]", lengths) as sizes:
-            if isinstance(data, bytes):
+            if reserved_values is not None:
+                with ffi.from_buffer("int64_t[]", reserved_values) as values, \
+                        ffi.from_buffer(data) as source:
+                    done = lib.ss_offer_batch_rv(self._appender, source, len(source), sizes,
+                                                 values, count, result)
+            elif isinstance(data, bytes):
                 done = lib.ss_offer_batch(self._appender, data, len(data), sizes, count, result)
             else:
                 with ffi.from_buffer(data) as source:
@@ -267,11 +357,12 @@ class Publication:
 
     def try_claim(self, length: int, claim: BufferClaim) -> int:
         """Claim ``length`` bytes (≤ ``max_payload_length``) to fill in place; returns the new
-        position and sets up ``claim``, or a negative code.  Commit or abort promptly: readers
-        wait behind an open claim.  Raises :class:`InvalidArgumentError` when ``claim`` is
-        not a :class:`BufferClaim` and :class:`UsageError` when it still holds an open claim,
-        before anything is claimed: a claim taken and then lost stalls every reader of the
-        stream until the driver gives it up (``publication_unblock_timeout``)."""
+        position and sets up ``claim`` (its ``buffer``, and its ``reserved_value``, 0 until set
+        before the commit), or a negative code.  Commit or abort promptly: readers wait behind
+        an open claim.  Raises :class:`InvalidArgumentError` when ``claim`` is not a
+        :class:`BufferClaim` and :class:`UsageError` when it still holds an open claim, before
+        anything is claimed: a claim taken and then lost stalls every reader of the stream
+        until the driver gives it up (``publication_unblock_timeout``)."""
         if not isinstance(claim, BufferClaim):
             raise InvalidArgumentError("claim", f"{type(claim).__name__} is not a BufferClaim")
         if claim._frame != ffi.NULL:

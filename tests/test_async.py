@@ -19,6 +19,7 @@ from slipstream.client.errors import (
     BackPressuredError,
     ClosedError,
     DriverNotRunningError,
+    InvalidArgumentError,
     UsageError,
 )
 from slipstream.client.layout import META_PUBLISHER_WAITERS, META_READER_WAITERS
@@ -50,6 +51,49 @@ async def test_offer_async_waits_for_a_slow_reader_in_the_same_event_loop(client
             # Were the event loop blocked while this waits, read() could never run.
             assert await pub.offer_async(message(i, 96), timeout=20) > 0
     collector.assert_exactly(count)
+
+
+def reserved(i: int) -> int:
+    """A reserved value for message ``i``, anywhere in the int64 range (negatives too)."""
+    return (i * 0x9E3779B97F4A7C15) % 2**64 - 2**63
+
+
+@pytest.mark.parametrize("policy", [None, "rate-limit,messages:20000,burst:10ms"])
+async def test_offer_async_carries_its_reserved_value_through_its_waits(
+        client, policy: str | None) -> None:
+    """offer_async's reserved_value (by keyword or position) is what the subscriber's header
+    shows, also for the offers that waited for credit (a reader slower than the publisher)
+    or for a rate-limit bucket; a bad one is refused before any wait."""
+    stream_id = 75 if policy is None else 76
+    pub = client.add_publication(IPC, stream_id, policy=policy)
+    sub = client.add_subscription(IPC, stream_id)
+    wait_for(lambda: pub.is_connected, what="connected")
+    count = 1_500  # 6 windows
+    values: dict[int, int] = {}
+    collector = Collector(sub)
+
+    def on_message(data: memoryview, header) -> None:
+        collector.on_message(data, header)
+        values[collector.seen[-1]] = header.reserved_value
+
+    async def read() -> None:
+        while len(collector.seen) < count:
+            await sub.receive_async(on_message, 20)
+            await trio.sleep(0.0005)  # slower than the publisher
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        for i in range(count):
+            if i % 2:
+                assert await pub.offer_async(message(i, 96), reserved(i), timeout=20) > 0
+            else:
+                assert await pub.offer_async(message(i, 96), reserved_value=reserved(i),
+                                             timeout=20) > 0
+    collector.assert_exactly(count)
+    assert values == {i: reserved(i) for i in range(count)}
+    for bad in (1.5, 2**63, None):
+        with pytest.raises(InvalidArgumentError, match=r"^reserved_value: "):
+            await pub.offer_async(b"x", reserved_value=bad)
 
 
 async def test_offer_async_that_finds_credit_still_lets_other_tasks_run(client) -> None:

@@ -38,7 +38,7 @@ from slipstream.client.counters import (
     SystemCounter,
     read_system_counters,
 )
-from slipstream.client.layout import INT32_MAX, INT32_MIN
+from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.subscription import Image
 from slipstream.daemon.driver import MediaDriver
@@ -224,6 +224,111 @@ def test_batch_lengths_may_be_any_sequence_of_ints(client: Client, kind: str) ->
     assert [bytes(m) for m in batch] == messages
     with pytest.raises(ValueError, match="add up to 171 bytes"):
         publication.offer_batch(b"x" * 170, lengths)
+
+
+def reserved(i: int) -> int:
+    """A reserved value for message ``i``, anywhere in the int64 range (negatives too)."""
+    return (i * 0x9E3779B97F4A7C15) % 2**64 - 2**63
+
+
+def test_the_reserved_value_a_publisher_sets_is_the_one_its_subscribers_headers_show(
+        client: Client) -> None:
+    """offer's reserved_value (by keyword or position), offer_batch's reserved_values (a list,
+    array('q'), int64 numpy arrays, contiguous or not) and a claim's reserved_value reach the
+    subscriber's header in poll and in peek, also for messages fragmented over several frames;
+    0 when none is given."""
+    import numpy as np
+
+    subscription = client.add_subscription(CHANNEL, 1030)
+    publication = client.add_publication(CHANNEL, 1030)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    [image] = subscription.images
+    start = image.position
+    big = publication.max_payload_length * 3 + 5  # four frames
+    expected: list[tuple[bytes, int]] = []
+    for i, size in enumerate([0, 32, big, 1000, publication.max_payload_length + 1]):
+        data, value = bytes([i]) * size, reserved(i)
+        if i % 2:
+            assert publication.offer(data, value) > 0
+        else:
+            assert publication.offer(data, reserved_value=value) > 0
+        expected.append((data, value))
+    for value in (INT64_MIN, INT64_MAX, -1, np.int64(-3)):
+        assert publication.offer(b"edge", reserved_value=value) > 0
+        expected.append((b"edge", int(value)))
+    assert publication.offer(b"none") > 0
+    expected.append((b"none", 0))
+    sizes = [10, big, 0, 300]
+    for form in ("list", "array", "numpy", "strided numpy"):
+        first = 100 * len(expected)
+        values = [reserved(first + k) for k in range(len(sizes))]
+        given = {"list": values, "array": array("q", values),
+                 "numpy": np.array(values, dtype=np.int64),
+                 "strided numpy": np.array(values, dtype=np.int64).repeat(2)[::2]}[form]
+        messages = [bytes([k + 1]) * size for k, size in enumerate(sizes)]
+        assert publication.offer_batch(b"".join(messages), sizes, given) == len(sizes)
+        expected += zip(messages, values, strict=True)
+    claim = BufferClaim()
+    assert publication.try_claim(6, claim) > 0
+    assert claim.reserved_value == 0
+    claim.reserved_value = reserved(7)
+    claim.buffer[:] = b"claim!"
+    assert claim.reserved_value == reserved(7)
+    claim.commit()
+    expected.append((b"claim!", reserved(7)))
+    with pytest.raises(UsageError, match="nothing claimed"):
+        claim.reserved_value = 1  # committed: the frame is the readers' now
+
+    def reader(into: list[tuple[bytes, int]]):
+        return lambda data, header: into.append((bytes(data), header.reserved_value))
+
+    polled: list[tuple[bytes, int]] = []
+    while subscription.poll(reader(polled), 100):
+        pass
+    assert polled == expected
+    peeked: list[tuple[bytes, int]] = []
+    assert image.peek(start, reader(peeked), image.position) == image.position
+    assert peeked == expected
+
+
+def test_a_bad_reserved_value_is_refused_by_name_and_appends_nothing(client: Client) -> None:
+    import numpy as np
+
+    subscription = client.add_subscription(CHANNEL, 1031)
+    publication = client.add_publication(CHANNEL, 1031)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    before = publication.position
+    for bad in (1.5, "7", None, True, 2**63, -2**63 - 1, np.float64(2)):
+        with pytest.raises(InvalidArgumentError, match=r"^reserved_value: "):
+            publication.offer(b"x", reserved_value=bad)
+        with pytest.raises(InvalidArgumentError, match=r"^reserved_value: "):
+            publication.offer(b"x", bad)
+    with pytest.raises(TypeError, match="reserved_value=0"):
+        publication.offer(b"x", reserved=1)
+    with pytest.raises(TypeError, match="twice"):
+        publication.offer(b"x", 1, reserved_value=2)
+    with pytest.raises(TypeError, match="positional"):
+        publication.offer(b"x", 1, 2)
+    with pytest.raises(InvalidArgumentError, match=r"^reserved_values: 2 values for 3 messages"):
+        publication.offer_batch(b"abc", [1, 1, 1], [5, 6])
+    with pytest.raises(InvalidArgumentError, match=r"^reserved_values: 4 values for 3 messages"):
+        publication.offer_batch(b"abc", [1, 1, 1], np.arange(4))
+    for bad_values in ([1, 2, 2**63], [1.5, 2, 3], b"\x00" * 24, "abc", np.ones(3), 7):
+        with pytest.raises(InvalidArgumentError, match=r"^reserved_values: "):
+            publication.offer_batch(b"abc", [1, 1, 1], bad_values)
+    claim = BufferClaim()
+    with pytest.raises(UsageError, match="nothing claimed"):
+        claim.reserved_value = 1
+    with pytest.raises(UsageError, match="nothing claimed"):
+        _ = claim.reserved_value
+    assert publication.try_claim(4, claim) > 0
+    for bad in (1.5, 2**63, None):
+        with pytest.raises(InvalidArgumentError, match=r"^reserved_value: "):
+            claim.reserved_value = bad
+    assert claim.reserved_value == 0
+    claim.abort()
+    assert publication.position == before + 64  # the aborted claim's padding, nothing else
+    assert subscription.poll(lambda data, header: pytest.fail("nothing was published"), 10) == 0
 
 
 def test_receive_waits_for_data_and_times_out(client: Client) -> None:

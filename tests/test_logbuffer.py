@@ -28,6 +28,7 @@ from slipstream.client.layout import (
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,
+    INT64_MIN,
     META_ACTIVE_TERM_COUNT,
     PARTITION_COUNT,
     TERM_MIN_LENGTH,
@@ -163,6 +164,41 @@ def test_fragments_carry_begin_and_end_flags_and_fill_the_mtu(shm: Path) -> None
     lengths = [log.frame_header(0, off)[0] for off in (0, 128, 256)]
     assert flags == [0x80, 0x00, 0x40]
     assert lengths == [128, 128, 90]
+    log.close()
+
+
+def test_every_frame_of_a_message_carries_its_reserved_value(shm: Path) -> None:
+    """ss_offer_rv writes the value into each fragment's header; ss_offer_batch_rv one value per
+    message (in a run claimed at once, and in a fragmented message of the batch); ss_offer,
+    ss_offer_batch and ss_offer_batch_rv without values write 0.  Readers' headers show it."""
+    log = make_log(shm, mtu=128)  # 96 payload bytes a frame
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    assert lib.ss_offer_rv(appender, bytes(250), 250, -5) > 0  # 3 frames
+    assert lib.ss_offer(appender, b"zero", 4) > 0
+    lengths = [10, 200, 0, 20]  # 200: 3 frames
+    values = [INT64_MAX, INT64_MIN, 7, -1]
+    batch = bytes(sum(lengths))
+    result = ffi.new("int64_t *")
+    assert lib.ss_offer_batch_rv(appender, batch, len(batch), ffi.new("int32_t[]", lengths),
+                                 ffi.new("int64_t[]", values), 4, result) == 4
+    assert lib.ss_offer_batch_rv(appender, batch[:30], 30, ffi.new("int32_t[]", [10, 20]),
+                                 ffi.NULL, 2, result) == 2
+    assert lib.ss_offer_batch(appender, batch[:10], 10, ffi.new("int32_t[]", [10]), 1,
+                              result) == 1
+    frames = []
+    offset = 0
+    while (header := log.frame_header(0, offset))[0] > 0:
+        frames.append((header[2], header[8]))  # flags, reserved value
+        offset += (header[0] + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    assert frames == [(BEGIN_FLAG, -5), (0, -5), (END_FLAG, -5), (UNFRAGMENTED, 0),
+                      (UNFRAGMENTED, INT64_MAX), (BEGIN_FLAG, INT64_MIN), (0, INT64_MIN),
+                      (END_FLAG, INT64_MIN), (UNFRAGMENTED, 7), (UNFRAGMENTED, -1),
+                      (UNFRAGMENTED, 0), (UNFRAGMENTED, 0), (UNFRAGMENTED, 0)]
+    seen: list[int] = []
+    image = Image(log, ffi.new("int64_t *", 0), join_position=0)
+    while image.poll(lambda data, header: seen.append(header.reserved_value), 1000):
+        pass
+    assert seen == [-5, 0, INT64_MAX, INT64_MIN, 7, -1, 0, 0, 0]
     log.close()
 
 

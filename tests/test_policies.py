@@ -35,8 +35,8 @@ class SlowReader:
     every ``pause`` seconds, until it has ``count`` or is stopped."""
 
     def __init__(self, subscription, count: int, *, per_poll: int = 10,
-                 pause: float = 0.0005) -> None:
-        self.collector = Collector(subscription)
+                 pause: float = 0.0005, collector: Collector | None = None) -> None:
+        self.collector = collector if collector is not None else Collector(subscription)
         self.count = count
         self.stop = threading.Event()
         self._per_poll = per_poll
@@ -53,6 +53,23 @@ class SlowReader:
     def join(self, timeout: float = 30.0) -> None:
         self.thread.join(timeout)
         assert not self.thread.is_alive(), f"the reader has {len(self.collector.seen)}"
+
+
+class ValueCollector(Collector):
+    """A Collector that also keeps each message's reserved value, by sequence number."""
+
+    def __init__(self, subscription) -> None:
+        super().__init__(subscription)
+        self.values: dict[int, int] = {}
+
+    def on_message(self, data: memoryview, header) -> None:
+        super().on_message(data, header)
+        self.values[self.seen[-1]] = header.reserved_value
+
+
+def reserved(i: int) -> int:
+    """A reserved value for message ``i``, anywhere in the int64 range (negatives too)."""
+    return (i * 0x9E3779B97F4A7C15) % 2**64 - 2**63
 
 
 def counter_value(client: Client, type_id: int, stream_id: int) -> int:
@@ -161,6 +178,29 @@ def test_block_offer_batch_puts_the_whole_batch_in_across_windows(client) -> Non
     assert pub.offer_batch(batch, [96] * count) == count  # 12 windows in one call
     reader.join()
     reader.collector.assert_exactly(count)
+
+
+@pytest.mark.parametrize("spec", ["block,timeout:20s", "rate-limit,messages:100000,burst:10ms"])
+def test_offers_a_policy_retries_keep_their_reserved_values(client, spec: str) -> None:
+    """Under a policy that waits, an offer (and a batch) refused for credit is retried with
+    the reserved value (values) it was given: a slow reader makes most of them wait."""
+    stream_id = 18 if spec.startswith("block") else 19
+    pub = client.add_publication(IPC, stream_id, policy=spec)
+    sub = client.add_subscription(IPC, stream_id)
+    wait_for(lambda: pub.is_connected, what="connected")
+    singles, batched = 1_500, 1_500  # 6 windows each
+    reader = SlowReader(sub, singles + batched, per_poll=20, collector=ValueCollector(sub))
+    for i in range(singles):
+        if i % 2:
+            assert pub.offer(message(i, 96), reserved(i)) > 0
+        else:
+            assert pub.offer(message(i, 96), reserved_value=reserved(i)) > 0
+    batch = b"".join(message(i, 96) for i in range(singles, singles + batched))
+    values = [reserved(i) for i in range(singles, singles + batched)]
+    assert pub.offer_batch(batch, [96] * batched, values) == batched  # across windows
+    reader.join()
+    reader.collector.assert_exactly(singles + batched)
+    assert reader.collector.values == {i: reserved(i) for i in range(singles + batched)}
 
 
 def test_block_over_udp_holds_to_the_receiver_and_loses_nothing(network_client) -> None:

@@ -94,13 +94,17 @@ class Drainer(threading.Thread):
         super().__init__(daemon=True)
         self.subscription = subscription
         self.got: list[bytes] = []
+        self.reserved_values: list[int] = []  # each message's header.reserved_value
         self.running = True
         self.start()
 
     def run(self) -> None:
         while self.running:
-            self.subscription.receive(lambda data, header: self.got.append(bytes(data)), 1000,
-                                      timeout=0.05)
+            self.subscription.receive(self._on_message, 1000, timeout=0.05)
+
+    def _on_message(self, data: memoryview, header) -> None:
+        self.got.append(bytes(data))
+        self.reserved_values.append(header.reserved_value)
 
     def wait_for(self, count: int, timeout: float = 30.0,
                  last: bytes | None = None) -> list[bytes]:
@@ -199,15 +203,45 @@ def test_a_workers_cached_client_cut_off_by_a_driver_restart_is_closed_not_leake
 
 def test_rows_written_by_spark_are_read_by_a_client(spark) -> None:
     """Batch write: every row's value (string here) is one message, none lost or doubled
-    (1.28 MB through 32 KiB windows of 64 KiB terms: 39 windows, 19 term rotations)."""
+    (1.28 MB through 32 KiB windows of 64 KiB terms: 39 windows, 19 term rotations), stamped
+    with the time it was published (its reserved value: ns since the epoch)."""
     with running_driver("64k") as (directory, client):
         consumer = Drainer(client.add_subscription("aeron:ipc", 1001))
         frame = spark.range(20_000, numPartitions=2).selectExpr(
             "concat('row-', cast(id as string)) as value")
+        before = time.time_ns()
         (frame.write.format("slipstream").option("directory", str(directory))
          .option("streamId", "1001").mode("append").save())
+        after = time.time_ns()
         got = consumer.wait_for(20_000)
         assert sorted(got) == sorted(f"row-{i}".encode() for i in range(20_000))
+        assert before <= min(consumer.reserved_values) <= max(consumer.reserved_values) <= after
+
+
+def test_the_writer_stamps_each_message_with_the_time_its_offer_batch_began() -> None:
+    """publish_batches gives each message's reserved value the wall-clock ns at which the
+    offer_batch call that appended it began: within the write, never decreasing, and later for
+    the rows a back-pressured call left to the next (10,000 rows of 100 B, 4 record batches,
+    through 32 KiB windows)."""
+    import pyarrow as pa
+
+    from slipstream.spark_bridge.writer import publish_batches
+
+    rows = [f"row-{i:06}".encode() * 10 for i in range(10_000)]
+    with running_driver("64k") as (_directory, client):
+        consumer = Drainer(client.add_subscription("aeron:ipc", 1003))
+        publication = client.add_publication("aeron:ipc", 1003)
+        wait_connected(publication, timeout=5)
+        batches = [pa.RecordBatch.from_pydict({"value": pa.array(rows[k:k + 2_500],
+                                                                  pa.binary())})
+                   for k in range(0, 10_000, 2_500)]
+        before = time.time_ns()
+        assert publish_batches(publication, iter(batches), 10_000)[0] == 10_000
+        after = time.time_ns()
+        assert consumer.wait_for(10_000) == rows
+    stamps = consumer.reserved_values
+    assert before <= stamps[0] and stamps[-1] <= after and stamps == sorted(stamps)
+    assert len(set(stamps)) > len(batches)  # the windows split every batch over calls
 
 
 def test_writer_under_back_pressure_fails_after_offer_timeout(spark) -> None:

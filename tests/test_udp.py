@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import uuid
+from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from helpers import (
 
 from slipstream.client import (
     BACK_PRESSURED,
+    BufferClaim,
     ChannelRejectedError,
     Client,
     DataLossError,
@@ -611,6 +613,61 @@ def test_loss_is_repaired_by_naks_and_retransmits(launch, term: str) -> None:
     assert received["DEBUG_DATA_LOSS_DROPS"] > 0
     assert received["NAK_MESSAGES_SENT"] > 0 and sent["NAK_MESSAGES_RECEIVED"] > 0
     assert sent["RETRANSMITS_SENT"] > 0
+
+
+def reserved(i: int) -> int:
+    """A reserved value for message ``i``, anywhere in the int64 range (negatives too)."""
+    return (i * 0x9E3779B97F4A7C15) % 2**64 - 2**63
+
+
+def test_reserved_values_cross_the_network_with_their_messages_retransmits_too(launch) -> None:
+    """Each message's reserved value, set by offer, offer_batch or a claim, is what the
+    subscriber's header shows on the other driver: small, MTU-sized and fragmented messages,
+    at 5 % loss, so that many frames arrive in retransmits (copies of the sender's log)."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a = launch()
+    b = launch(debug_receive_data_loss=50_000, debug_receive_data_loss_seed=13)  # 5 %
+    count = 3_000
+
+    def size(i: int) -> int:
+        length = (32, 1376, 5000, 200)[i % 4]
+        by_claim = (i // 100) % 3 == 2  # runs of 100: offers, batches of 8, claims
+        return min(length, 1376) if by_claim else length
+
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 14)
+        publication = ca.add_publication(uri, 14)
+        connect(publication, subscription)
+        got: list[tuple[int, int, int]] = []  # sequence number, length, reserved value
+
+        def on_message(data: memoryview, header) -> None:
+            got.append((struct.unpack_from("<I", data)[0], len(data), header.reserved_value))
+
+        claim = BufferClaim()
+        sent = 0
+        deadline = time.monotonic() + 60
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"sent {sent}, received {len(got)}"
+            if sent < count:
+                run = (sent // 100) % 3
+                if run == 0:
+                    taken = publication.offer(message(sent, size(sent)),
+                                              reserved_value=reserved(sent)) > 0
+                elif run == 1:
+                    ids = range(sent, min(sent + 8, count, sent - sent % 100 + 100))
+                    taken = max(0, publication.offer_batch(
+                        b"".join(message(i, size(i)) for i in ids), [size(i) for i in ids],
+                        array("q", [reserved(i) for i in ids])))
+                elif (taken := publication.try_claim(size(sent), claim) > 0):
+                    claim.buffer[:] = message(sent, size(sent))
+                    claim.reserved_value = reserved(sent)
+                    claim.commit()
+                sent += taken
+            if not subscription.poll(on_message, 1000):
+                time.sleep(0)
+        assert got == [(i, size(i), reserved(i)) for i in range(count)]
+    sent_counters, received = counters_of(a), counters_of(b)
+    assert received["DEBUG_DATA_LOSS_DROPS"] > 0 and sent_counters["RETRANSMITS_SENT"] > 0
 
 
 def test_a_cubic_receiver_carries_a_lossy_stream_exactly_once(launch) -> None:
