@@ -142,6 +142,7 @@ MODULE_LANES = {
     "test_sim_protocol": "sim",
     "test_sim_timing": "sim",
     "test_spark_bridge": "spark",
+    "test_spark_cluster": "spark",
     "test_stat": "unit",
     "test_status_messages_c": "unit",
     "test_strategy_registration": "unit",

@@ -13,6 +13,16 @@ qdisc on its veth, :meth:`partition` drops everything between two hosts until he
 jitter, reordering and duplication need the userspace relay (:mod:`slipstream.sim.real.relay`);
 this kernel has no netem.
 
+``NamespaceHosts(count, isolated=True)`` makes hosts that are machines of their own to the
+processes in them: each also has a private /dev/shm (a tmpfs) and hostname, held by one holder
+process per host (``unshare --mount --uts`` inside its network namespace, then ``sleep``), and
+every process of the host runs through :meth:`Host.run` / :meth:`Host.popen` (``nsenter`` into
+the holder's network, mount and UTS namespaces).  Processes of one host share its /dev/shm;
+other hosts, and the test's own process, do not see it, so a driver there
+(:meth:`start_driver`) is reached only by clients run inside its host.  The rest of the file
+system is the machine's.  Names are IP addresses: the hostnames (:attr:`Host.hostname`) resolve
+nowhere, and nothing is written to /etc/hosts.
+
 Everything is removed by :meth:`close` (a context manager), and namespaces of an earlier run
 that died are removed by the next (they carry this module's prefix).  Needs root, ``ip`` and,
 for :meth:`drop`, ``iptables`` (:func:`ensure_iptables` installs Debian's when missing).
@@ -23,25 +33,43 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
+from slipstream.client import control
+from slipstream.client.counters import CountersFile
+from slipstream.client.errors import DriverError
+from slipstream.daemon import driver as driver_module
+from slipstream.daemon.config import load_settings
+from slipstream.daemon.driver import MediaDriver
+
 #: Namespaces of these hosts are ``ssh-<creator pid>-<run>-<i>`` (and ``...-br``); their veths
 #: ``ssh<run>v<i>`` (interface names have at most 15 characters).
 PREFIX: Final = "ssh"
+
+#: The end of the namespace names of isolated hosts (``ssh-<pid>-<run>-<i>-iso``): a stale one
+#: may still hold processes (its holder at least), which :func:`remove_stale` kills.
+ISOLATED_SUFFIX: Final = "-iso"
 
 
 class HostsError(RuntimeError):
     """The hosts cannot be made here (not root, no ``ip``, ...): the message says why."""
 
 
-def _run(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(command, capture_output=True, text=True)
+def _run(*command: str, check: bool = True, timeout: float | None = None,
+         env: Mapping[str, str] | None = None,
+         cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
+                            cwd=cwd)
     if check and result.returncode != 0:
         raise HostsError(f"{' '.join(command)} failed: {result.stderr.strip()}")
     return result
@@ -77,37 +105,130 @@ def remove_stale() -> None:
         try:
             os.kill(int(parts[1]), 0)
         except ProcessLookupError:
+            if name.endswith(ISOLATED_SUFFIX):
+                _kill_processes_in(name)
             _run("ip", "netns", "del", name, check=False)
         except PermissionError:
             pass
 
 
+def _kill_processes_in(namespace: str, timeout: float = 5.0) -> None:
+    """SIGKILL every process in network namespace ``namespace`` (``ip netns pids``), again
+    until none is left (one may fork while the others die) or ``timeout`` s have passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [int(p) for p in _run("ip", "netns", "pids", namespace, check=False).stdout.split()
+                if p.isdigit()]
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
 @attrs.define
 class Host:
-    """One test host: its namespace, veth and address."""
+    """One test host: its namespace, veth and address; for an isolated host also its hostname
+    and the holder process whose mount and UTS namespaces (private /dev/shm, hostname) every
+    process of the host joins."""
 
     index: int
     namespace: str
     veth: str
     address: str
+    hostname: str | None = None
+    holder: subprocess.Popen[bytes] | None = attrs.field(default=None, eq=False, repr=False)
 
-    def run(self, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run ``command`` inside the host's namespace."""
-        return _run("ip", "netns", "exec", self.namespace, *command, check=check)
+    @property
+    def isolated(self) -> bool:
+        """Whether the host has its own /dev/shm and hostname (its holder is running)."""
+        return self.holder is not None
+
+    def prefix(self) -> list[str]:
+        """The command prefix that runs a program inside this host: ``nsenter`` into the
+        holder's network, mount and UTS namespaces for an isolated host, ``ip netns exec``
+        (its network only) otherwise.  Both exec the program: its pid is the one started."""
+        if self.holder is not None:
+            return ["nsenter", "-t", str(self.holder.pid), "-n", "-m", "-u", "--"]
+        return ["ip", "netns", "exec", self.namespace]
+
+    def run(self, *command: str, check: bool = True, timeout: float | None = None,
+            env: Mapping[str, str] | None = None,
+            cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` inside the host and wait for it; its output is captured (text).
+        Raises :class:`HostsError` with its stderr when it fails and ``check``, and
+        :class:`subprocess.TimeoutExpired` after ``timeout`` s (the command is killed, not its
+        children).  ``env``: its whole environment (default: this process's)."""
+        return _run(*self.prefix(), *command, check=check, timeout=timeout, env=env, cwd=cwd)
+
+    def popen(self, *command: str, **popen_kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``command`` inside the host and return at once (``popen_kwargs`` are
+        :class:`subprocess.Popen`'s).  The caller stops it; :meth:`NamespaceHosts.close` kills
+        whatever of an isolated host is still running, children included."""
+        return subprocess.Popen([*self.prefix(), *command], **popen_kwargs)
+
+    def outside(self, path: str | os.PathLike[str]) -> Path:
+        """The path through which this process reaches ``path`` as the host sees it: for an
+        isolated host through the holder's root (``/proc/<holder>/root/...``, which resolves
+        in the host's mounts, its /dev/shm included); otherwise ``path`` itself.  For reading
+        files: shared memory mapped through it is the host's, but a client cannot connect
+        through it (the driver names its files by their paths inside the host)."""
+        if self.holder is None:
+            return Path(path)
+        return Path(f"/proc/{self.holder.pid}/root") / Path(path).relative_to("/")
+
+
+class HostDriver(MediaDriver):
+    """A driver inside an isolated host (:meth:`NamespaceHosts.start_driver`): ``directory``
+    is its path inside the host, what a client run there connects to; ``view`` the same
+    directory from this process (:meth:`Host.outside`), to read its files, e.g.
+    ``read_system_counters(driver.view)``.  Stopped and killed as any :class:`MediaDriver`."""
+
+    def __init__(self, directory: Path, process: subprocess.Popen[bytes],
+                 drain_timeout_s: float, view: Path) -> None:
+        super().__init__(directory, process, drain_timeout_s)
+        self.view = view
+
+    def _ready(self) -> bool:
+        # MediaDriver's readiness check, through the view: the directory itself is not
+        # visible from here.
+        counters_path = self.view / control.COUNTERS_FILE
+        if not (self.view / control.CONDUCTOR_SOCKET).exists() or not counters_path.exists():
+            return False
+        try:
+            counters = CountersFile(counters_path, writable=False)
+        except (OSError, ValueError):
+            return False
+        try:
+            return counters.driver_pid == self.process.pid and counters.driver_heartbeat_ns > 0
+        finally:
+            counters.close()
 
 
 class NamespaceHosts:
     """``count`` hosts on a bridge; see the module docstring."""
 
-    def __init__(self, count: int, *, net: int | None = None) -> None:
+    def __init__(self, count: int, *, net: int | None = None, isolated: bool = False) -> None:
+        """``count`` hosts on subnet ``10.<net>.0.0/24`` (default: one picked per run);
+        ``isolated``: each with its own /dev/shm and hostname ``sshost<i>-<run>`` (see the
+        module docstring; needs ``unshare`` and ``nsenter``)."""
         problem = unavailable()
+        if problem is None and isolated:
+            missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
+            if missing:
+                problem = f"isolated hosts need {' and '.join(missing)} (util-linux)"
         if problem is not None:
             raise HostsError(problem)
         run_id = uuid.uuid4().hex[:6]
         self.net = net if net is not None else 100 + int(run_id, 16) % 100
+        self.isolated = isolated
         stem = f"{PREFIX}-{os.getpid()}-{run_id}"
         self.bridge_namespace = f"{stem}-br"
-        self.hosts = [Host(i, f"{stem}-{i}", f"{PREFIX}{run_id}v{i}", f"10.{self.net}.0.{i}")
+        suffix = ISOLATED_SUFFIX if isolated else ""
+        self.hosts = [Host(i, f"{stem}-{i}{suffix}", f"{PREFIX}{run_id}v{i}",
+                           f"10.{self.net}.0.{i}",
+                           hostname=f"sshost{i}-{run_id}" if isolated else None)
                       for i in range(1, count + 1)]
         #: Each driver started here, and whether this object named its directory (only those
         #: are removed at close: a directory the caller gave is the caller's).
@@ -146,6 +267,36 @@ class NamespaceHosts:
             host.run("ip", "link", "set", host.veth, "up")
             host.run("ip", "link", "set", "lo", "up")
             host.run("ip", "route", "add", "224.0.0.0/4", "dev", host.veth)
+        if self.isolated:  # after the links: until its holder runs, a host is its namespace
+            for host in self.hosts:
+                host.holder = self._start_holder(host)
+
+    @staticmethod
+    def _start_holder(host: Host) -> subprocess.Popen[bytes]:
+        """The holder of ``host``: its own mount namespace (propagation private, so nothing
+        mounted there reaches the machine) with a tmpfs on /dev/shm, and its own UTS
+        namespace with the hostname; returned once both are in place, so that whatever joins
+        them sees them.  ``ip netns exec``, ``unshare`` and ``sh`` each exec the next: the pid
+        is the one that holds the namespaces."""
+        assert host.hostname is not None
+        script = (f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname {host.hostname} "
+                  "&& echo ready && exec sleep infinity </dev/null >/dev/null 2>&1")
+        # Its own session: a Ctrl-C at the terminal leaves it to close(), which kills what
+        # runs in the host first.
+        holder = subprocess.Popen(
+            ["ip", "netns", "exec", host.namespace, "unshare", "--mount", "--uts",
+             "--propagation", "private", "sh", "-c", script],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
+        assert holder.stdout is not None and holder.stderr is not None
+        ready = holder.stdout.readline()  # EOF (b"") if it failed before
+        if ready.strip() != b"ready":
+            holder.kill()
+            _, err = holder.communicate()
+            raise HostsError(f"cannot isolate host {host.index}: {err.decode().strip()}")
+        holder.stdout.close()
+        holder.stderr.close()
+        return holder
 
     def __enter__(self) -> NamespaceHosts:
         return self
@@ -162,13 +313,54 @@ class NamespaceHosts:
                      **settings: Any) -> Any:
         """A slipstream driver inside host ``index`` (a :class:`MediaDriver`, stopped by
         :meth:`close` if not before, which also removes what a crashed driver left in a
-        directory named here; a ``directory`` the caller gives is never removed)."""
-        from slipstream.daemon.driver import MediaDriver
+        directory named here; a ``directory`` the caller gives is never removed).
 
+        On isolated hosts a :class:`HostDriver` whose ``directory`` (default: the default
+        driver directory, ``/dev/shm/slipstream-<user>``, where ``Client.connect()`` looks
+        when ``$SLIPSTREAM_DIR`` is unset) is in the host's own /dev/shm: clients must run
+        inside the host; a second driver on the same host needs a ``directory`` of its own.
+        Its files go with the host's tmpfs at :meth:`close`."""
+        if self.isolated:
+            return self._start_isolated_driver(self[index], directory, settings)
         path = Path(directory) if directory is not None else (
             Path("/dev/shm") / f"slipstream-{self[index].namespace}-{uuid.uuid4().hex[:4]}")
         driver = MediaDriver.start(path, settings, netns=self[index].namespace)
         self._drivers.append((driver, directory is None))
+        return driver
+
+    def _start_isolated_driver(self, host: Host, directory: str | Path | None,
+                               settings: Mapping[str, Any], *,
+                               startup_timeout: float = 20.0) -> HostDriver:
+        # MediaDriver.start's child, run through the host's nsenter prefix, and its readiness
+        # read through the holder's root.
+        path = Path(directory) if directory is not None else control.default_driver_directory()
+        drain_timeout_s = load_settings(env={}, overrides=dict(settings)).drain_timeout / 1e9
+        args = [*host.prefix(), sys.executable, "-m", "slipstream.daemon.cli", "driver",
+                "--dir", str(path), "--stop-when-stdin-closes"]
+        for key, value in settings.items():
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            args += ["--set", f"{key}={value}"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")}
+        process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, env=env, start_new_session=True)
+        driver = HostDriver(path, process, drain_timeout_s, host.outside(path))
+        # As MediaDriver.start's: a child this process forks closes its copy of the stdin
+        # pipe, so the driver still goes with this process.
+        driver_module._LAUNCHED.add(driver)
+        self._drivers.append((driver, False))  # its files go with the host's /dev/shm
+        deadline = time.monotonic() + startup_timeout
+        while not driver._ready():
+            if process.poll() is not None:
+                err = process.stderr.read().decode(errors="replace") if process.stderr else ""
+                raise DriverError(f"the driver in host {host.index} exited with "
+                                  f"{process.returncode}: {err.strip()}")
+            if time.monotonic() > deadline:
+                driver.stop(timeout=2.0)
+                raise DriverError(f"the driver in host {host.index} did not start within "
+                                  f"{startup_timeout} s in {path}")
+            time.sleep(0.01)
+        threading.Thread(target=driver._drain_stderr, daemon=True).start()
         return driver
 
     # -- faults ----------------------------------------------------------------------------
@@ -225,6 +417,15 @@ class NamespaceHosts:
             if named_here:
                 shutil.rmtree(driver.directory, ignore_errors=True)
         self._drivers.clear()
+        # Whatever still runs in an isolated host (its holder too) goes before its namespace:
+        # with the last of them goes its mount namespace, and the tmpfs with it.
+        for host in self.hosts:
+            if host.holder is not None:
+                holder, host.holder = host.holder, None
+                _kill_processes_in(host.namespace)
+                with contextlib.suppress(ProcessLookupError):
+                    holder.kill()
+                holder.wait()
         for namespace in reversed(self._created):
             _run("ip", "netns", "del", namespace, check=False)
         self._created.clear()
