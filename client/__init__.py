@@ -36,7 +36,13 @@ from slipstream.client.publication import (
     Publication,
     result_name,
 )
-from slipstream.client.subscription import Header, Image, MessageBatch, Subscription
+from slipstream.client.subscription import (
+    GatheredMessages,
+    Header,
+    Image,
+    MessageBatch,
+    Subscription,
+)
 
 __all__ = [
     "ADMIN_ACTION",
@@ -58,6 +64,7 @@ __all__ = [
     "DriverError",
     "DriverNotRunningError",
     "DriverTimeoutError",
+    "GatheredMessages",
     "Header",
     "Image",
     "InvalidArgumentError",

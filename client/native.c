@@ -649,6 +649,28 @@ int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int3
     return count;
 }
 
+int32_t ss_gather_messages(const uint8_t *term, int32_t term_length, const int32_t *starts,
+                           const int32_t *ends, int32_t count, int64_t term_base, uint8_t *out,
+                           int64_t out_capacity, int32_t *offsets, int32_t *lengths,
+                           int64_t *positions, int64_t *reserved) {
+    int64_t used = 0;
+    offsets[0] = 0;
+    for (int32_t i = 0; i < count; i++) {
+        int32_t start = starts[i], end = ends[i];
+        if (start < SS_HEADER_LENGTH || end < start || end > term_length) return -1;
+        int64_t length = end - start;
+        if (used + length > out_capacity || used + length > INT32_MAX) return i;
+        memcpy(out + used, term + start, (size_t)length);
+        used += length;
+        offsets[i + 1] = (int32_t)used;
+        lengths[i] = (int32_t)length;
+        positions[i] = term_base + align32(end);
+        memcpy(&reserved[i], term + start - SS_HEADER_LENGTH + SS_RESERVED_VALUE_FIELD,
+               sizeof(int64_t));
+    }
+    return count;
+}
+
 /* ---------------------------------------------------------------- sender scan */
 int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t max_length, int32_t term_length,
                                  int32_t *padding) {

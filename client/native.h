@@ -178,6 +178,18 @@ void ss_advance_position(int64_t *position_counter, int64_t position, uint8_t *m
 int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int32_t max_frames,
                      int32_t *starts, int32_t *ends, int32_t *next_offset);
 
+/* Copies the payloads ss_term_read found in one term, term[starts[i]:ends[i]] for i < count,
+ * back to back into out (out_capacity bytes), and writes what an Arrow binary column and its
+ * neighbours need: offsets[0..count] (offsets[0] = 0), each message's length into lengths
+ * (what offer_batch takes), its stream position after it (term_base + its frame's aligned
+ * end) into positions, and its frame's reserved value into reserved.  Checks every start and
+ * end against term_length and the copy against out_capacity.  Returns the count copied (the
+ * messages that fit), or -1 for a start or end outside the term. */
+int32_t ss_gather_messages(const uint8_t *term, int32_t term_length, const int32_t *starts,
+                           const int32_t *ends, int32_t count, int64_t term_base, uint8_t *out,
+                           int64_t out_capacity, int32_t *offsets, int32_t *lengths,
+                           int64_t *positions, int64_t *reserved);
+
 /* What a parked reader watches for one image: the frame at its subscriber position. */
 typedef struct {
     const uint8_t *log;      /* start of term 0 */

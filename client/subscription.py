@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
-from slipstream.client.errors import ClosedError, DataLossError, InvalidArgumentError, UsageError
+from slipstream.client.errors import (
+    ClosedError,
+    DataLossError,
+    InvalidArgumentError,
+    SlipstreamError,
+    UsageError,
+)
 from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import (
     BEGIN_FLAG,
@@ -144,6 +150,30 @@ class MessageBatch:
         return sum(self.ends) - sum(self.starts)
 
 
+class GatheredMessages:
+    """Whole messages from one :meth:`Image.poll_gathered`, copied out of the log back to back:
+    message i is ``data[offsets[i]:offsets[i + 1]]`` (``lengths[i]`` bytes), ``positions[i]``
+    the stream position after it and ``reserved_values[i]`` its frame's reserved value.
+    ``data`` is a bytearray, ``offsets`` (len + 1 entries) and ``lengths`` ``array('i')``, the
+    other two ``array('q')``: the buffers of an Arrow binary column and two int64 columns as
+    they are (``pyarrow`` wraps them without a copy), and what ``offer_batch`` takes.  Owned by
+    the caller."""
+
+    __slots__ = ("data", "lengths", "offsets", "positions", "reserved_values", "session_id")
+
+    def __init__(self, data: bytearray, offsets: array, lengths: array, positions: array,
+                 reserved_values: array, session_id: int) -> None:
+        self.data = data
+        self.offsets = offsets
+        self.lengths = lengths
+        self.positions = positions
+        self.reserved_values = reserved_values
+        self.session_id = session_id
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+
 class Image:
     """One publication session as seen by one subscription."""
 
@@ -165,6 +195,10 @@ class Image:
         #: what it could resend.  The stream's next image starts where the sender is.
         self.lost_range: tuple[int, int] | None = None
         self.term_length = log.term_length
+        #: The term id the stream started at, and its MTU: with the session and the term
+        #: length, what frames its positions (a replay framed alike has the same positions).
+        self.initial_term_id = log.initial_term_id
+        self.mtu = log.mtu
         self._log = log
         self._position_bits = log.position_bits
         self._term_mask = log.term_length - 1
@@ -358,6 +392,66 @@ class Image:
             return MessageBatch(self._terms[index], self._starts_view[:count],
                                 self._ends_view[:count], self.session_id, self._position)
         return None
+
+    def poll_gathered(self, max_messages: int, limit_position: int | None = None
+                      ) -> GatheredMessages | None:
+        """Up to ``max_messages`` whole messages from this image's position, none past
+        ``limit_position`` (a message boundary, or None), copied out of the log in one C pass
+        (:class:`GatheredMessages`); moves the position past them.  None when nothing is
+        there (or the image is gone).  A fragmented message comes assembled, alone."""
+        if self._closed or self._gone:
+            return None
+        position = self._position
+        if limit_position is not None and position >= limit_position:
+            return None
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        offset = position & self._term_mask
+        scan_end = self.term_length if limit_position is None else \
+            min(self.term_length, offset + limit_position - position)
+        count = 0 if self._assembling else lib.ss_term_read(
+            self._term_ptrs[index], offset, scan_end, min(max_messages, _MAX_SCAN),
+            self._starts, self._ends, self._next_offset)
+        if self._assembling or count < 0:
+            return self._gather_fragmented(scan_end)
+        next_offset = self._next_offset[0]
+        if count == 0:
+            if next_offset == offset:
+                return None
+            self._advance(position + next_offset - offset)  # padding: on into the next term
+            return self.poll_gathered(max_messages, limit_position)
+        size = self._ends_view[count - 1] - self._starts_view[0]  # at least the payloads
+        data = bytearray(size)
+        offsets = array("i", [0]) * (count + 1)
+        lengths = array("i", [0]) * count
+        positions = array("q", [0]) * count
+        reserved = array("q", [0]) * count
+        with ffi.from_buffer(data) as out, ffi.from_buffer("int32_t[]", offsets) as offs, \
+                ffi.from_buffer("int32_t[]", lengths) as lens, \
+                ffi.from_buffer("int64_t[]", positions) as pos, \
+                ffi.from_buffer("int64_t[]", reserved) as res:
+            copied = lib.ss_gather_messages(self._term_ptrs[index], self.term_length,
+                                            self._starts, self._ends, count,
+                                            position - offset, out, size, offs, lens, pos, res)
+        if copied != count:
+            raise SlipstreamError(f"image {self.session_id}: a scan of the log gave frame "
+                                  f"bounds outside its term (gather: {copied} of {count})")
+        del data[offsets[count]:]
+        self._advance(position + next_offset - offset)
+        return GatheredMessages(data, offsets, lengths, positions, reserved, self.session_id)
+
+    def _gather_fragmented(self, scan_end: int) -> GatheredMessages | None:
+        """poll_gathered's cold path: one fragmented message, assembled."""
+        got: list[tuple[bytes, int, int]] = []
+        self._read_fragments(
+            lambda data, header: got.append((bytes(data), header.position,
+                                             header.reserved_value)),
+            1 << 30, scan_end, message_limit=1)
+        if not got:
+            return None
+        message, after, reserved = got[0]
+        return GatheredMessages(bytearray(message), array("i", [0, len(message)]),
+                                array("i", [len(message)]), array("q", [after]),
+                                array("q", [reserved]), self.session_id)
 
     def _assemble_batch(self) -> MessageBatch | None:
         """The next message is fragmented: assemble it (if complete) as a batch of one."""

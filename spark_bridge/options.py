@@ -9,6 +9,7 @@ frozen values, so they pickle to the executors with the reader and writer object
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Mapping
 
 from slipstream.client.channel import parse_channel
@@ -32,7 +33,8 @@ class OptionError(UsageError, ValueError):
 
 COMMON_OPTIONS = ("channel", "streamId", "directory")
 READ_OPTIONS = ("startingPosition", "maxMessagesPerTrigger", "maxBytesPerTrigger",
-                "failOnDataLoss")
+                "failOnDataLoss", "minPartitions", "holderAddress", "replayPort",
+                "replayTimeoutMs")
 WRITE_OPTIONS = ("offerTimeoutMs",)
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
@@ -41,6 +43,8 @@ _CANONICAL = {name.lower(): name
 
 DEFAULT_CHANNEL = "aeron:ipc"
 DEFAULT_OFFER_TIMEOUT_MS = 30_000
+DEFAULT_REPLAY_PORT = 40190
+DEFAULT_REPLAY_TIMEOUT_MS = 30_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +58,11 @@ class SourceOptions:
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     fail_on_data_loss: bool = True
+    min_partitions: int | None = None
     offer_timeout_ms: int = DEFAULT_OFFER_TIMEOUT_MS
+    holder_address: str | None = None  # None: found by the holder (reader.holder_address)
+    replay_port: int = DEFAULT_REPLAY_PORT
+    replay_timeout_ms: int = DEFAULT_REPLAY_TIMEOUT_MS
     given: frozenset[str] = frozenset()  # canonical names of the options the user set
 
     def check_direction(self, direction: str) -> None:
@@ -153,9 +161,34 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             raise OptionError("offerTimeoutMs", f"{offer_timeout_ms} is negative (accepted: "
                                                 f"milliseconds >= 0)")
 
+    min_partitions = None
+    if "minPartitions" in given:
+        min_partitions = _positive_int("minPartitions", given["minPartitions"])
+
+    holder_address = given.get("holderAddress")
+    if holder_address is not None:
+        holder_address = holder_address.strip()
+        try:
+            ipaddress.IPv4Address(holder_address)
+        except ValueError:
+            raise OptionError("holderAddress", f"{holder_address!r} is not an IPv4 address "
+                                               f"(accepted: the address executors reach this "
+                                               f"host at, e.g. 10.0.0.1)") from None
+    replay_port = DEFAULT_REPLAY_PORT
+    if "replayPort" in given:
+        replay_port = _positive_int("replayPort", given["replayPort"])
+        if replay_port > 65535:
+            raise OptionError("replayPort", f"{replay_port} is not a UDP port (accepted: "
+                                            f"1..65535)")
+    replay_timeout_ms = DEFAULT_REPLAY_TIMEOUT_MS
+    if "replayTimeoutMs" in given:
+        replay_timeout_ms = _positive_int("replayTimeoutMs", given["replayTimeoutMs"])
+
     return SourceOptions(
         stream_id=stream_id, channel=channel,
         directory=directory.strip() if directory else None,
         starting_position=starting, max_messages_per_trigger=max_messages,
         max_bytes_per_trigger=max_bytes, fail_on_data_loss=fail_text == "true",
-        offer_timeout_ms=offer_timeout_ms, given=frozenset(given))
+        min_partitions=min_partitions,
+        offer_timeout_ms=offer_timeout_ms, holder_address=holder_address,
+        replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, given=frozenset(given))

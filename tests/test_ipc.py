@@ -206,6 +206,45 @@ def test_poll_batch_hands_over_each_fragmented_message_once(client: Client) -> N
     assert got == messages
 
 
+def test_poll_gathered_copies_out_what_peek_delivers_across_terms_and_fragments(
+        client: Client) -> None:
+    """Messages of 0 B to 5 KiB (fragmented ones too) with reserved values, over four 64 KiB
+    terms: a detached reader's poll_gathered, never past its limit, gives exactly the payloads,
+    positions and reserved values a peek delivers, the offsets and lengths agreeing."""
+    subscription = client.add_subscription(CHANNEL, 1019)
+    publication = client.add_publication(f"{CHANNEL}?term-length=64k", 1019)
+    wait_for(lambda: subscription.images and publication.is_connected)
+    image = subscription.images[0]
+    reader = Image.detached(image.log_path, image.position)
+    expected: list[tuple[bytes, int, int]] = []
+    got: list[tuple[bytes, int, int]] = []
+    sizes = [(i * 911) % 5200 for i in range(160)]
+    for chunk in range(0, len(sizes), 4):  # at most 21 KB: within the 32 KiB window
+        for i in range(chunk, chunk + 4):
+            deadline = time.monotonic() + 10  # the driver raises the limit after a poll
+            while publication.offer(bytes([i % 256]) * sizes[i], reserved_value=-i) < 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.0005)
+        limit = image.available_position()
+        image.peek(reader.position, lambda d, h: expected.append(
+            (bytes(d), h.position, h.reserved_value)), limit)
+        while (batch := reader.poll_gathered(5, limit)) is not None:
+            assert len(batch.offsets) == len(batch) + 1 and batch.offsets[0] == 0
+            assert list(batch.lengths) == [batch.offsets[k + 1] - batch.offsets[k]
+                                           for k in range(len(batch))]
+            assert len(batch.data) == batch.offsets[-1]
+            got.extend((bytes(batch.data[batch.offsets[k]:batch.offsets[k + 1]]),
+                        batch.positions[k], batch.reserved_values[k])
+                       for k in range(len(batch)))
+            assert batch.positions[-1] <= limit
+        assert reader.position == limit
+        while subscription.images[0].position < limit:  # credit for the next chunk
+            subscription.poll(lambda d, h: None, 100)
+    assert reader.position > 4 * 64 * 1024
+    assert got == expected and len(got) == len(sizes)
+    assert [row[2] for row in got] == [-i for i in range(len(sizes))]
+
+
 @pytest.mark.parametrize("kind", ["list", "array", "int32 numpy", "int64 numpy"])
 def test_batch_lengths_may_be_any_sequence_of_ints(client: Client, kind: str) -> None:
     import numpy as np

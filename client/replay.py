@@ -1,0 +1,691 @@
+"""Replay: a range of a log sent again as a stream of its own, to a reader on another host.
+
+A log lives in the shared memory of the host whose driver holds it.  A reader elsewhere gets a
+position range of it as Aeron's archive replays a recording: it asks the **holder** (a process
+on the log's host that serves replays, :class:`ReplayServer`) through its own host's driver, and
+the holder publishes the range to a channel the reader names.  Everything travels over
+slipstream's own protocol, so the replay has flow control and NAK repair like any stream.
+
+The exchange (all of it UDP unicast between the two hosts' drivers):
+
+1. The reader subscribes, on its own host, at ``endpoint=<its address>:<port>`` to two fresh
+   stream ids: the **data** stream and the **response** stream.
+2. It publishes a :class:`ReplayRequest` (one JSON message) on the holder's **control** stream,
+   ``endpoint=<holder address>:<port>``.
+3. The holder answers one JSON message on the response stream: ``replaying`` from a position
+   (the start, or with ``skip_lost`` the first position the log still holds), or ``lost`` /
+   ``refused`` with the reason.
+4. It publishes the range on the data stream with a publication that starts at the range's
+   start position and has the source log's initial term id, term length and MTU
+   (``init-term-id``, ``term-id``, ``term-offset``, ``term-length``, ``mtu`` on its URI): every
+   message is framed as it was, so it has the same position in the replay as in the log.  The
+   reserved values go with the messages.  Then it closes the publication (the driver drains it
+   to the reader and lingers for repairs).  A range the log stops holding mid-replay ends the
+   data stream early and is answered ``lost`` on the response stream.
+
+The reader reads the data stream until the range's end position and checks that it got there
+(:class:`Replay`).  A replay is read once; a reader that failed asks again.  Requests are not
+authenticated, like the streams themselves: keep the port inside the cluster's network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from slipstream.client._native import ffi
+from slipstream.client.client import Client
+from slipstream.client.errors import DataLossError, SlipstreamError
+from slipstream.client.layout import (
+    BEGIN_FLAG,
+    DATA_HEADER,
+    FRAME_ALIGNMENT,
+    HDR_TYPE_PAD,
+    INT32_MAX,
+    PARTITION_COUNT,
+)
+from slipstream.client.logbuffer import LogBuffer, compute_term_id, index_by_position
+from slipstream.client.publication import Publication
+from slipstream.client.subscription import (
+    FragmentHandler,
+    GatheredMessages,
+    Image,
+    Subscription,
+)
+
+__all__ = [
+    "REPLAY_VERSION",
+    "LogIdentity",
+    "Replay",
+    "ReplayError",
+    "ReplayLostError",
+    "ReplayRequest",
+    "ReplayServer",
+    "earliest_position",
+    "first_retained",
+    "is_retained",
+    "local_address_towards",
+    "request_replay",
+    "skip_message",
+]
+
+log = logging.getLogger("slipstream.client.replay")
+
+#: The request format's version; a holder refuses requests of another.
+REPLAY_VERSION: Final = 1
+_CHUNK_MESSAGES: Final = 4096  # messages per offer_batch of a replay (at most one term's)
+_REPLAY_WINDOW: Final = 2 << 20  # the receiver window of a replay's data stream, bytes
+_CONNECT_TIMEOUT_S: Final = 10.0  # how long a holder waits for a reader's subscriptions
+
+
+class ReplayError(SlipstreamError):
+    """A replay could not be had: the holder did not answer, refused, or the stream ended
+    before the range did.  The message names the holder and the range."""
+
+
+class ReplayLostError(ReplayError):
+    """The holder's log no longer holds (part of) the range: ``lost`` is ``(from, to)``."""
+
+    def __init__(self, message: str, lost: tuple[int, int]) -> None:
+        self.lost = lost
+        super().__init__(message)
+
+
+# -- what a log still holds ---------------------------------------------------------------------
+def skip_message(data: memoryview, header: object) -> None:
+    """A peek handler for checks only."""
+
+
+def is_retained(image: Image, position: int) -> bool:
+    """Whether the log still holds the message boundary ``position`` (a peek of nothing)."""
+    try:
+        image.peek(position, skip_message, position)
+    except DataLossError:
+        return False
+    return True
+
+
+def _first_frame_in_term(image: Image, log_buffer: LogBuffer, start: int, end: int) -> int | None:
+    """The first frame boundary in ``[start, end)`` within ``start``'s term that the log still
+    holds, found by its header (length, term offset, session, stream and term id all match),
+    or None.  The driver cleans one term behind the slowest subscriber from an arbitrary
+    position, so what survives of a term begins anywhere, not at its start."""
+    term = image.term_length
+    term_start = start - start % term
+    view = log_buffer.term_view(index_by_position(start, log_buffer.position_bits))
+    term_id = compute_term_id(start, log_buffer.position_bits, log_buffer.initial_term_id)
+    stop = min(term, end - term_start)
+    for offset in range(start % term, stop, FRAME_ALIGNMENT):
+        length, _, _, _, frame_offset, session, stream, frame_term, _ = \
+            DATA_HEADER.unpack_from(view, offset)
+        if (length > 0 and frame_offset == offset and frame_term == term_id
+                and session == image.session_id and stream == image.stream_id
+                and is_retained(image, term_start + offset)):
+            return term_start + offset
+    return None
+
+
+def first_retained(image: Image, start: int, end: int) -> int:
+    """The first message position after ``start``, at most ``end``, that the log still holds.
+
+    Term starts are tried first (every term begins with a frame; a reader starting inside a
+    fragmented message skips its remaining fragments); within the term where cleaning
+    stopped, the first intact frame header; finally ``end`` itself.
+    """
+    term = image.term_length
+    log_buffer = LogBuffer(image.log_path, writable=False, populate=False)
+    try:
+        position = start + FRAME_ALIGNMENT  # the first frame boundary that can follow start
+        while position < end:
+            term_start = position - position % term
+            if term_start > start and is_retained(image, term_start):
+                return term_start
+            found = _first_frame_in_term(image, log_buffer, position, end)
+            if found is not None:
+                return found
+            position = term_start + term
+    finally:
+        log_buffer.close()
+    return end
+
+
+def message_start(image: Image, position: int, end: int) -> int:
+    """The first position at or after the frame boundary ``position``, before ``end``, where a
+    message begins (a DATA frame with the BEGIN flag), else ``end``: a range that starts inside
+    a fragmented message (where the cleaner stopped) is read from the next whole one."""
+    term = image.term_length
+    while position < end:
+        view = image._terms[(position // term) % PARTITION_COUNT]
+        length, _, flags, frame_type = DATA_HEADER.unpack_from(view, position % term)[:4]
+        if length <= 0:
+            return end  # not written yet: nothing begins before end
+        if frame_type != HDR_TYPE_PAD and flags & BEGIN_FLAG:
+            return position
+        position += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    return end
+
+
+def earliest_position(image: Image) -> int:
+    """The oldest message position the log still holds (at most ~3 terms back), at most the
+    image's position."""
+    term = image.term_length
+    lowest = max(0, (image.available_position() // term - (PARTITION_COUNT - 1)) * term)
+    return first_retained(image, lowest - FRAME_ALIGNMENT, image.position)
+
+
+# -- the request ----------------------------------------------------------------------------------
+@attrs.frozen
+class LogIdentity:
+    """What names one log's position space: a publication's session, its initial term id and
+    term length.  A log made anew (a publication added again, even with the same
+    ``session-id``) has another initial term id, unless ``init-term-id`` pins it."""
+
+    session_id: int
+    initial_term_id: int
+    term_length: int
+
+    @classmethod
+    def of(cls, image: Image) -> LogIdentity:
+        """The identity of ``image``'s log."""
+        return cls(image.session_id, image.initial_term_id, image.term_length)
+
+
+def _int_field(fields: dict[str, Any], name: str, low: int, high: int) -> int:
+    value = fields.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name!r} is {value!r}, not an integer in {low}..{high}")
+    return value
+
+
+@attrs.frozen
+class ReplayRequest:
+    """A reader's request: replay ``[start, end)`` of the log ``log`` of ``stream_id`` to
+    ``reply_channel``, data on ``data_stream_id`` and the answer on ``response_stream_id``.
+    ``skip_lost``: start at the first position still held when ``start`` is not (else the
+    answer is ``lost``)."""
+
+    stream_id: int
+    log: LogIdentity
+    start: int
+    end: int
+    reply_channel: str
+    data_stream_id: int
+    response_stream_id: int
+    skip_lost: bool = False
+
+    def encode(self) -> bytes:
+        return json.dumps({
+            "version": REPLAY_VERSION, "stream_id": self.stream_id,
+            "session_id": self.log.session_id, "initial_term_id": self.log.initial_term_id,
+            "term_length": self.log.term_length, "start": self.start, "end": self.end,
+            "reply_channel": self.reply_channel, "data_stream_id": self.data_stream_id,
+            "response_stream_id": self.response_stream_id, "skip_lost": self.skip_lost,
+        }).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> ReplayRequest:
+        """Parse and check a request; raises ValueError saying what is wrong with it."""
+        try:
+            fields = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"not a JSON request: {e}") from None
+        if not isinstance(fields, dict):
+            raise ValueError("not a JSON object")
+        if fields.get("version") != REPLAY_VERSION:
+            raise ValueError(f"version {fields.get('version')!r} (this holder speaks "
+                             f"{REPLAY_VERSION})")
+        int32 = (-INT32_MAX - 1, INT32_MAX)
+        start = _int_field(fields, "start", 0, 2**62)
+        end = _int_field(fields, "end", 0, 2**62)
+        term_length = _int_field(fields, "term_length", 1, 1 << 30)
+        if end < start or start % FRAME_ALIGNMENT or end % FRAME_ALIGNMENT:
+            raise ValueError(f"[{start}, {end}) is not a range of frame boundaries")
+        reply = fields.get("reply_channel")
+        if not isinstance(reply, str) or not reply.startswith("aeron:udp?"):
+            raise ValueError(f"reply_channel {reply!r} is not a UDP channel URI")
+        skip = fields.get("skip_lost", False)
+        if not isinstance(skip, bool):
+            raise ValueError(f"skip_lost {skip!r} is not a boolean")
+        return cls(_int_field(fields, "stream_id", *int32),
+                   LogIdentity(_int_field(fields, "session_id", *int32),
+                               _int_field(fields, "initial_term_id", *int32), term_length),
+                   start, end, reply, _int_field(fields, "data_stream_id", *int32),
+                   _int_field(fields, "response_stream_id", *int32), skip)
+
+
+def _response(status: str, **fields: object) -> bytes:
+    return json.dumps({"status": status, **fields}).encode()
+
+
+def _small(channel: str) -> str:
+    """``channel`` for the exchange's few small messages: a log of the shortest terms, made
+    at once (a default one is tens of MiB to prepare)."""
+    return f"{channel}|term-length=64k|sparse=true"
+
+
+def _positioned_channel(channel: str, log: LogIdentity, mtu: int, position: int) -> str:
+    """``channel`` with the URI keys that start a publication at ``position`` of a log
+    framed like ``log`` (same initial term id, term length and MTU: the same positions)."""
+    bits = log.term_length.bit_length() - 1
+    term_id = compute_term_id(position, bits, log.initial_term_id)
+    # Sparse: the log is as long as the source's (the positions need its term length), but a
+    # replay writes only its range; a dense one would be zeroed whole first.
+    return (f"{channel}|init-term-id={log.initial_term_id}|term-id={term_id}"
+            f"|term-offset={position % log.term_length}|term-length={log.term_length}"
+            f"|mtu={mtu}|sparse=true")
+
+
+# -- the holder -----------------------------------------------------------------------------------
+class _Session:
+    """One replay in progress at the holder: connect, answer, send, close."""
+
+    def __init__(self, request: ReplayRequest, image: Image, mtu: int, begin: int,
+                 response: Publication, deadline: float) -> None:
+        self.request = request
+        self.image = image
+        self.response = response
+        self.answer = _response("replaying", start=begin)
+        self.data: Publication | None = None
+        self.mtu = mtu
+        self.position = begin  # the next position to offer from
+        self.deadline = deadline
+        # The log read from ``begin`` on, with a position of its own.
+        self.probe = Image(image._log, ffi.new("int64_t *", begin), join_position=begin) \
+            if image is not None else None
+        self.pending: GatheredMessages | None = None  # a chunk not yet wholly offered
+        self.pending_from = 0  # how many messages of it went
+
+    def close(self) -> None:
+        for publication in (self.data, self.response):
+            if publication is not None:
+                publication.close()
+
+
+class ReplayServer:
+    """The holder's side: serves replays of the logs ``lookup`` names, requested on the
+    control stream ``control_stream_id`` at ``endpoint=address:port``.
+
+    ``lookup(stream_id, session_id)`` returns the image whose log to replay (an image of a
+    subscription that holds the range, or :meth:`Image.detached` on its log), or None.
+    :meth:`do_work` runs the exchange without blocking; call it from one thread, with a
+    client used by no other thread (:meth:`run` loops it).  ``served`` counts replays sent
+    whole, ``refused`` requests answered ``lost`` or ``refused`` or dropped as malformed.
+    """
+
+    def __init__(self, client: Client, address: str, port: int, control_stream_id: int,
+                 lookup: Callable[[int, int], Image | None]) -> None:
+        self.client = client
+        self.address = address
+        self.port = port
+        self.control_stream_id = control_stream_id
+        self.control_channel = f"aeron:udp?endpoint={address}:{port}"
+        self._lookup = lookup
+        self._control: Subscription = client.add_subscription(self.control_channel,
+                                                              control_stream_id)
+        self._sessions: list[_Session] = []
+        self._requests: list[bytes] = []
+        self.served = 0
+        self.refused = 0
+
+    @property
+    def replaying(self) -> int:
+        """How many replays are in progress (their images are being read)."""
+        return len(self._sessions)
+
+    def close(self) -> None:
+        """Stop serving: replays in progress end (their readers see the stream end early)."""
+        for session in self._sessions:
+            session.close()
+        self._sessions.clear()
+        self._control.close()
+
+    def run(self, stopping: Callable[[], bool], idle_s: float = 0.001,
+            parked_s: float = 0.5) -> None:
+        """Serve until ``stopping()`` is true.  With nothing to do, it waits for a request up to
+        ``idle_s`` while replays are in progress (their credit comes back unannounced), and
+        up to ``parked_s`` otherwise (a request wakes it at once): an idle holder costs no
+        CPU worth counting."""
+        while not stopping():
+            if self.do_work() == 0:
+                wait = idle_s if self._sessions else parked_s
+                self._control.wait_for_data(int(wait * 1e9))
+
+    def do_work(self) -> int:
+        """Take new requests, move every replay on; returns how much was done."""
+        work = self._control.poll(lambda data, _header: self._requests.append(bytes(data)), 16)
+        for data in self._requests:
+            self._start(data)
+        self._requests.clear()
+        for session in list(self._sessions):
+            try:
+                work += self._advance(session)
+            except SlipstreamError as e:  # this replay ends; the others go on
+                log.warning("slipstream replay: %s [%d, %d) ended: %s",
+                            session.request.reply_channel, session.request.start,
+                            session.request.end, e)
+                self.refused += 1
+                self._finish(session, served=False)
+        return work
+
+    def _refuse(self, why: str, request: ReplayRequest | None, status: str = "refused",
+                **fields: object) -> None:
+        self.refused += 1
+        log.warning("slipstream replay: request refused: %s", why)
+        if request is None:
+            return
+        try:  # an answer, so that the reader fails at once with the reason
+            response = self.client.add_publication(_small(request.reply_channel),
+                                                   request.response_stream_id)
+        except SlipstreamError as e:
+            log.warning("slipstream replay: cannot answer %s: %s", request.reply_channel, e)
+            return
+        session = _Session(request, None, 0, 0, response,  # type: ignore[arg-type]
+                           time.monotonic() + _CONNECT_TIMEOUT_S)
+        session.answer = _response(status, message=why, **fields)
+        session.position = request.end  # nothing to send
+        self._sessions.append(session)
+
+    def _start(self, data: bytes) -> None:
+        try:
+            request = ReplayRequest.decode(data)
+        except ValueError as e:
+            self._refuse(f"malformed request ({e})", None)
+            return
+        r = request
+        where = (f"stream {r.stream_id} session {r.log.session_id} [{r.start}, {r.end})")
+        image = self._lookup(r.stream_id, r.log.session_id)
+        if image is None:
+            why = (f"{where}: this holder holds no log of that session (its stream ended and "
+                   f"the log went)")
+            if r.skip_lost:
+                self._refuse(why, r, status="replaying", start=r.end, lost=[r.start, r.end])
+            else:
+                self._refuse(why, r, status="lost", lost=[r.start, r.end])
+            return
+        if LogIdentity.of(image) != r.log:
+            self._refuse(f"{where}: this holder's log of that session is another one "
+                         f"({LogIdentity.of(image)}, asked for {r.log})", r)
+            return
+        begin = r.start
+        if r.start < r.end and not is_retained(image, r.start):
+            producer = image._log.producer_position()
+            if not r.skip_lost:
+                self._refuse(f"{where}: the log no longer holds position {r.start} (the "
+                             f"publisher is at {producer})", r, status="lost",
+                             lost=[r.start, r.end], producer=producer)
+                return
+            begin = first_retained(image, r.start, r.end)
+        lost_to = begin
+        # The replay must begin where a message does: its first frame takes the position the
+        # publication starts at (what a peek skips, the rest of a cut message, it never sends).
+        begin = message_start(image, begin, r.end)
+        try:
+            response = self.client.add_publication(_small(r.reply_channel),
+                                                   r.response_stream_id)
+        except SlipstreamError as e:
+            self._refuse(f"{where}: cannot publish to {r.reply_channel}: {e}", None)
+            return
+        session = _Session(r, image, image.mtu, begin, response,
+                           time.monotonic() + _CONNECT_TIMEOUT_S)
+        if lost_to != r.start:
+            session.answer = _response("replaying", start=begin, lost=[r.start, lost_to])
+        if begin < r.end:
+            try:
+                session.data = self.client.add_publication(
+                    _positioned_channel(r.reply_channel, r.log, session.mtu, begin),
+                    r.data_stream_id)
+            except SlipstreamError as e:
+                response.close()
+                self._refuse(f"{where}: cannot publish the replay to {r.reply_channel}: {e}",
+                             None)
+                return
+        self._sessions.append(session)
+
+    def _finish(self, session: _Session, *, served: bool) -> None:
+        session.close()
+        self._sessions.remove(session)
+        if served:
+            self.served += 1
+
+    def _advance(self, session: _Session) -> int:
+        """Answer once the reader listens, then offer the range chunk by chunk."""
+        if session.answer is not None:
+            if not session.response.is_connected:
+                if time.monotonic() > session.deadline:
+                    log.warning("slipstream replay: the reader at %s never subscribed; "
+                                "dropped", session.request.reply_channel)
+                    self._finish(session, served=False)
+                return 0
+            if session.response.offer(session.answer) < 0:
+                return 0
+            session.answer = None
+        request = session.request
+        if session.data is None or (session.position >= request.end and session.pending is None):
+            self._finish(session, served=session.data is not None)
+            return 1
+        if not session.data.is_connected:
+            if time.monotonic() > session.deadline:
+                self._finish(session, served=False)
+            return 0
+        if session.pending is None:
+            try:
+                session.pending = self._chunk(session, request.end)
+            except DataLossError as e:
+                session.response.offer(_response(
+                    "lost", message=f"the log no longer holds position {session.position} "
+                                    f"(the publisher is at {e.producer_position})",
+                    lost=[session.position, request.end], producer=e.producer_position))
+                self.refused += 1
+                self._finish(session, served=False)
+                return 1
+            session.pending_from = 0
+        chunk, first = session.pending, session.pending_from
+        if first == 0:
+            done = session.data.offer_batch(chunk.data, chunk.lengths,
+                                            reserved_values=chunk.reserved_values)
+        else:  # the rest of a chunk the window cut
+            done = session.data.offer_batch(memoryview(chunk.data)[chunk.offsets[first]:],
+                                            chunk.lengths[first:],
+                                            reserved_values=chunk.reserved_values[first:])
+        if done <= 0:
+            return 0
+        session.pending_from += done
+        if session.pending_from == len(chunk):
+            session.position = chunk.positions[-1]
+            session.pending = None
+        return 1
+
+    @staticmethod
+    def _chunk(session: _Session, end: int) -> GatheredMessages:
+        """The next messages from the session's position (up to a chunk's worth), whole, in
+        one C pass.  Raises DataLossError when the log no longer holds them (checked after
+        the copy: a lapping writer would have torn it)."""
+        chunk = session.probe.poll_gathered(_CHUNK_MESSAGES, end)
+        session.image._check_retained(session.position)
+        if chunk is None:
+            raise ReplayError(f"no whole message at position {session.position} before {end}")
+        return chunk
+
+
+# -- the reader -----------------------------------------------------------------------------------
+def local_address_towards(address: str, port: int) -> str:
+    """The address of this host that the kernel would send from to reach ``address``: the
+    one a holder there can answer to.  Sends nothing."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((address, port))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+class Replay:
+    """A replay being received: read it with :meth:`poll` until :attr:`done`.
+
+    ``start`` is where it begins (the request's start, or past a loss the holder skipped:
+    ``lost`` is then that ``(from, to)``); messages carry their positions in the source log.
+    """
+
+    def __init__(self, request: ReplayRequest, holder: str, data: Subscription,
+                 response: Subscription, control: Publication, start: int,
+                 lost: tuple[int, int] | None) -> None:
+        self.request = request
+        self.holder = holder
+        self.start = start
+        self.lost = lost
+        self.position = start
+        self._data = data
+        self._response = response
+        self._control = control
+
+    @property
+    def done(self) -> bool:
+        return self.position >= self.request.end
+
+    def describe(self) -> str:
+        r = self.request
+        return (f"the replay of stream {r.stream_id} session {r.log.session_id} "
+                f"[{r.start}, {r.end}) from the holder at {self.holder}")
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int = 256) -> int:
+        """Deliver the next messages (``handler(data, header)``; ``header.position`` is the
+        source log's); returns how many fragments were read.  Raises :class:`ReplayLostError`
+        when the holder lost the range meanwhile, :class:`ReplayError` when the stream ended
+        before the range did or went past it."""
+        end = self.request.end
+        images = self._data.images
+        if not images:
+            self._check_response()
+            return 0
+        image = images[0]
+        if image.join_position != self.start and self.position == self.start:
+            raise ReplayError(f"{self.describe()} began at position {image.join_position}, "
+                              f"not {self.start}: the replay is framed otherwise than the log")
+        count = image.poll(handler, fragment_limit)
+        self.position = image.position
+        if self.position > end:
+            raise ReplayError(f"{self.describe()} went past its end, to {self.position}: the "
+                              f"replay is framed otherwise than the log")
+        if count == 0 and self.position < end:
+            self._check_response()
+            if image.is_end_of_stream:
+                raise ReplayError(f"{self.describe()} ended at position {self.position}")
+        return count
+
+    def poll_gathered(self, max_messages: int = 4096) -> GatheredMessages | None:
+        """The next messages, copied out in one C pass (:meth:`Image.poll_gathered`), or None;
+        raises as :meth:`poll` does."""
+        end = self.request.end
+        images = self._data.images
+        if not images:
+            self._check_response()
+            return None
+        image = images[0]
+        if image.join_position != self.start and self.position == self.start:
+            raise ReplayError(f"{self.describe()} began at position {image.join_position}, "
+                              f"not {self.start}: the replay is framed otherwise than the log")
+        chunk = image.poll_gathered(max_messages, end)
+        self.position = image.position
+        if chunk is None and self.position < end:
+            self._check_response()
+            if image.is_end_of_stream:
+                raise ReplayError(f"{self.describe()} ended at position {self.position}")
+        return chunk
+
+    def _check_response(self) -> None:
+        answers: list[dict[str, Any]] = []
+        self._response.poll(lambda data, _h: answers.append(json.loads(bytes(data))), 4)
+        for answer in answers:
+            if answer.get("status") == "lost":
+                lost = answer.get("lost") or [self.position, self.request.end]
+                raise ReplayLostError(f"{self.describe()}: {answer.get('message')}",
+                                      (int(lost[0]), int(lost[1])))
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for data; whether some came."""
+        return self._data.wait_for_data(int(timeout_s * 1e9))
+
+    def close(self) -> None:
+        for resource in (self._data, self._response, self._control):
+            resource.close()
+
+    def __enter__(self) -> Replay:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def request_replay(client: Client, holder_address: str, port: int, control_stream_id: int,
+                   stream_id: int, log_identity: LogIdentity, start: int, end: int, *,
+                   skip_lost: bool = False, timeout_s: float = 30.0,
+                   reply_address: str | None = None) -> Replay:
+    """Ask the holder at ``holder_address:port`` (control stream ``control_stream_id``) for
+    ``[start, end)`` of the log ``log_identity`` of ``stream_id``, to be received through
+    ``client``'s driver at ``reply_address`` (None: this host's address towards the holder,
+    :func:`local_address_towards`), same ``port``.
+
+    Returns the :class:`Replay` once the holder answered ``replaying``.  Raises
+    :class:`ReplayLostError` when it answers ``lost`` (and ``skip_lost`` is false or nothing
+    is left), :class:`ReplayError` when it refuses or does not answer within ``timeout_s``.
+    """
+    holder = f"{holder_address}:{port} (control stream {control_stream_id})"
+    if reply_address is None:
+        reply_address = local_address_towards(holder_address, port)
+    reply_channel = f"aeron:udp?endpoint={reply_address}:{port}"
+    # A replay is a burst: a window of up to 2 MiB (at most half a term) where the default is
+    # 128 KiB, and a sparse image log (as long as the source's, but only the range is written).
+    window = min(_REPLAY_WINDOW, log_identity.term_length // 2)
+    data_channel = f"{reply_channel}|rcv-wnd={window}|so-rcvbuf={2 * window}|sparse=true"
+    data_stream = random.randrange(1, INT32_MAX - 1)
+    request = ReplayRequest(stream_id, log_identity, start, end, reply_channel, data_stream,
+                            data_stream + 1, skip_lost)
+    data = client.add_subscription(data_channel, request.data_stream_id)
+    resources: list[Any] = [data]
+    try:
+        response = client.add_subscription(_small(reply_channel), request.response_stream_id)
+        resources.append(response)
+        control = client.add_publication(
+            _small(f"aeron:udp?endpoint={holder_address}:{port}"), control_stream_id)
+        resources.append(control)
+        deadline = time.monotonic() + timeout_s
+        while control.offer(request.encode()) < 0:
+            if time.monotonic() > deadline:
+                raise ReplayError(
+                    f"the replay holder at {holder} did not answer within {timeout_s:g} s: is "
+                    f"the process that holds the stream running, and UDP port {port} open "
+                    f"between this host and {holder_address}?")
+            time.sleep(0.001)
+        answers: list[dict[str, Any]] = []
+        while not answers:
+            response.poll(lambda payload, _h: answers.append(json.loads(bytes(payload))), 1)
+            if answers:
+                break
+            if time.monotonic() > deadline:
+                raise ReplayError(f"the replay holder at {holder} took the request for "
+                                  f"[{start}, {end}) but did not answer within {timeout_s:g} s")
+            response.wait_for_data(10_000_000)
+        answer = answers[0]
+        status = answer.get("status")
+        where = f"the holder at {holder}, stream {stream_id} session {log_identity.session_id}"
+        if status == "lost":
+            lost = answer.get("lost") or [start, end]
+            raise ReplayLostError(f"{where}: {answer.get('message')}",
+                                  (int(lost[0]), int(lost[1])))
+        if status != "replaying":
+            raise ReplayError(f"{where}: {answer.get('message', answer)}")
+        begin = int(answer["start"])
+        lost_range = answer.get("lost")
+        return Replay(request, holder, data, response, control, begin,
+                      (int(lost_range[0]), int(lost_range[1])) if lost_range else None)
+    except BaseException:
+        for resource in resources:
+            resource.close()
+        raise

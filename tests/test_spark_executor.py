@@ -1,0 +1,159 @@
+"""The streaming reader's executor side without a SparkSession: a read task's range read from
+the log on the holder's host, or replayed to a task on another host.
+
+Two drivers on this machine stand for two hosts: the holder's (replays served at 127.0.0.2)
+and the executor's (its replays arrive at 127.0.0.1, the address the kernel sends to
+127.0.0.2 from).  A task is on the holder's host when its driver is the one the partition
+names, whatever its directory's path.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import FAST_DRIVER_SETTINGS, wait_for
+
+from slipstream.client import Client, Image
+from slipstream.client.counters import CountersFile
+from slipstream.client.replay import ReplayServer, earliest_position
+from slipstream.daemon.driver import MediaDriver
+from slipstream.spark_bridge.reader import (
+    SlipstreamDataLossError,
+    SlipstreamPartition,
+    driver_instance,
+    read_range,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+PORT = 40196
+CONTROL = 5151
+STREAM = 88
+TERM = 64 * 1024
+PAYLOAD = 200
+
+
+class Hosts:
+    """The holder's driver with a replay server, the executor's driver, and a stream whose
+    log the holder's subscription holds."""
+
+    def __init__(self, holder_dir: Path, executor_dir: Path) -> None:
+        self.holder_dir, self.executor_dir = holder_dir, executor_dir
+        self.client = Client.connect(holder_dir)
+        self.server_client = Client.connect(holder_dir)
+        self.publication = self.client.add_publication(
+            f"aeron:ipc?term-length={TERM // 1024}k", STREAM)
+        self.keeper = self.client.add_subscription("aeron:ipc", STREAM)
+        wait_for(lambda: self.keeper.images, what="the holder's image")
+        self.image = self.keeper.images[0]
+        self.logs = {self.image.session_id: Image.detached(self.image.log_path, 0)}
+        self.server = ReplayServer(self.server_client, "127.0.0.2", PORT, CONTROL,
+                                   lambda _stream, session: self.logs.get(session))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.server.run, args=(self._stop.is_set,))
+        self._thread.start()
+        counters = CountersFile(holder_dir / "counters.dat")
+        self.driver = driver_instance(counters)
+        counters.close()
+
+    def publish(self, count: int, first: int = 0, consume: bool = False) -> None:
+        for i in range(first, first + count):
+            deadline = time.monotonic() + 10
+            while self.publication.offer(f"{i:08d}".encode().ljust(PAYLOAD, b"."),
+                                         reserved_value=(i + 1) * 1000) < 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.0005)
+            if consume:
+                self.keeper.poll(lambda d, h: None, 100)
+
+    def partition(self, directory: Path, start: int, end: int, *, fail: bool = True,
+                  holder: tuple[str, int, int] | None = ("127.0.0.2", PORT, CONTROL)
+                  ) -> SlipstreamPartition:
+        return SlipstreamPartition(
+            self.image.session_id, STREAM, self.image.log_path, start, end, str(directory),
+            fail, "holder-host", initial_term_id=self.image.initial_term_id,
+            term_length=self.image.term_length, driver=self.driver, holder=holder,
+            replay_timeout_ms=5000)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.server.close()
+        self.server_client.close()
+        self.client.close()
+
+
+@pytest.fixture
+def two_drivers() -> Iterator[Hosts]:
+    directories = [Path("/dev/shm") / f"slipstream-exec-{uuid.uuid4().hex[:6]}-{n}"
+                   for n in ("holder", "executor")]
+    try:
+        with MediaDriver.launch(directory=directories[0], **FAST_DRIVER_SETTINGS), \
+                MediaDriver.launch(directory=directories[1], **FAST_DRIVER_SETTINGS):
+            hosts = Hosts(*directories)
+            try:
+                yield hosts
+            finally:
+                hosts.close()
+    finally:
+        for directory in directories:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def rows(partition: SlipstreamPartition) -> list[tuple[bytes, int, int]]:
+    return [(value, position, stamp)
+            for batch in read_range(partition)
+            for value, position, stamp in zip(
+                batch.column("value").to_pylist(), batch.column("position").to_pylist(),
+                batch.column("timestamp").cast("int64").to_pylist(), strict=True)]
+
+
+def test_a_task_off_the_holders_host_reads_the_same_rows_as_one_on_it(two_drivers) -> None:
+    """Two windows' worth of messages: the replayed rows (another driver) are the local rows,
+    values, positions and publisher timestamps (the reserved values, µs) alike."""
+    hosts = two_drivers
+    hosts.publish(120)
+    start, end = hosts.image.position, hosts.image.available_position()
+    local = rows(hosts.partition(hosts.holder_dir, start, end))
+    replayed = rows(hosts.partition(hosts.executor_dir, start, end))
+    assert len(local) == 120
+    assert replayed == local
+    assert [stamp for _, _, stamp in replayed] == [i + 1 for i in range(120)]
+    wait_for(lambda: hosts.server.served == 1, what="the replay counted as served")
+
+
+def test_a_range_the_holder_no_longer_holds_is_data_loss_naming_it_or_skipped(
+        two_drivers) -> None:
+    """The holder's log moved four terms on (its subscriber read it all): a task off its host
+    asked for position 0 fails naming the range and the holder; with failOnDataLoss=false it
+    reads from the oldest message still held."""
+    hosts = two_drivers
+    hosts.publish(4 * TERM // (PAYLOAD + 32), consume=True)
+    while hosts.keeper.poll(lambda d, h: None, 1000):
+        pass
+    end = hosts.image.available_position()
+    with pytest.raises(SlipstreamDataLossError,
+                       match=rf"positions \[0, {end}\) are no longer in the log.*holder"):
+        rows(hosts.partition(hosts.executor_dir, 0, end))
+    lenient = rows(hosts.partition(hosts.executor_dir, 0, end, fail=False))
+    oldest = earliest_position(hosts.image)
+    assert lenient and lenient[-1][1] == end
+    assert lenient == rows(hosts.partition(hosts.holder_dir, oldest, end))
+
+
+def test_a_task_off_the_holders_host_without_a_holder_address_says_to_set_one(
+        two_drivers) -> None:
+    """A query whose holder found no address other hosts reach: a task elsewhere fails
+    saying so and naming the option, not reporting data loss."""
+    hosts = two_drivers
+    hosts.publish(3)
+    start, end = hosts.image.position, hosts.image.available_position()
+    with pytest.raises(Exception, match="set the reader's holderAddress option") as error:
+        rows(hosts.partition(hosts.executor_dir, start, end, holder=None))
+    assert not isinstance(error.value, SlipstreamDataLossError)

@@ -1,0 +1,191 @@
+"""The streaming reader's planning side without a SparkSession: its offsets, read limits and
+Trigger.AvailableNow, called as Spark calls them, on a real driver's streams."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
+from hypothesis import given
+from hypothesis import strategies as st
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
+
+from slipstream.client import Client
+from slipstream.daemon.driver import MediaDriver
+from slipstream.spark_bridge.options import parse_options
+from slipstream.spark_bridge.reader import (
+    SlipstreamStreamReader,
+    log_of,
+    position_of,
+    read_range,
+    shares,
+)
+
+STREAM = 3301
+FRAME = 128  # a 96-byte message with its header
+
+
+@given(st.integers(0, 10_000), st.dictionaries(st.text(max_size=3), st.integers(0, 1 << 40),
+                                               max_size=8))
+def test_shares_never_exceed_the_budget_and_follow_the_backlogs(
+        budget: int, backlogs: dict[str, int]) -> None:
+    result = shares(budget, backlogs)
+    assert set(result) == set(backlogs)
+    assert sum(result.values()) <= budget
+    assert all(value >= 0 for value in result.values())
+    waiting = [sid for sid, size in backlogs.items() if size > 0]
+    if budget >= len(waiting):
+        assert all(result[sid] >= 1 for sid in waiting), "a session with a backlog starved"
+    total = sum(backlogs.values())
+    if total and budget >= 2 * len(waiting):
+        for sid in waiting:  # proportional, but for the rounding and the one-each floor
+            assert abs(result[sid] - budget * backlogs[sid] / total) <= len(waiting) + 1
+
+
+def publish(publication, count: int, first: int = 0) -> None:
+    for i in range(first, first + count):
+        deadline = time.monotonic() + 10
+        while publication.offer(f"{i:08d}".encode().ljust(FRAME - 32, b".")) < 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+
+
+def reader(driver_dir, **options: str) -> SlipstreamStreamReader:
+    return SlipstreamStreamReader(parse_options({
+        "streamId": str(STREAM), "directory": str(driver_dir), "holderAddress": "127.0.0.1",
+        **options}))
+
+
+@pytest.fixture
+def two_sessions(driver, driver_dir, client):
+    """Two clients whose publications of one stream are two sessions: UDP publications from
+    this driver and from a second one, to one endpoint this driver subscribes to (the
+    planner's channel)."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    other_dir = Path("/dev/shm") / f"slipstream-planning-{uuid.uuid4().hex[:8]}"
+    with MediaDriver.launch(directory=other_dir, **FAST_DRIVER_SETTINGS), \
+            Client.connect(other_dir) as other:
+        yield channel, client, other
+    shutil.rmtree(other_dir, ignore_errors=True)
+
+
+def test_a_per_trigger_limit_is_shared_by_backlog_so_a_small_session_is_not_starved(
+        driver_dir, two_sessions) -> None:
+    """Two sessions with 90 and 10 messages waiting and maxMessagesPerTrigger=20: the batch
+    takes 18 and 2, not 20 from the first in session-id order; the same by bytes."""
+    channel, client, other = two_sessions
+    one, two = client.add_publication(channel, STREAM), other.add_publication(channel, STREAM)
+    planner = reader(driver_dir, channel=channel, maxMessagesPerTrigger="20")
+    try:
+        start = planner.initialOffset()
+        wait_for(lambda: len(planner._images()) == 2, what="both sessions")
+        entered = planner.latestOffset(start, planner.getDefaultReadLimit())
+        big, small = (str(one.session_id), str(two.session_id))
+        assert set(entered) == {big, small}
+        publish(one, 90)
+        publish(two, 10)
+        wait_for(lambda: all(image.available_position() - position_of(entered[sid]) ==
+                             (90 if sid == big else 10) * FRAME
+                             for sid, image in planner._images().items()),
+                 what="every message at the planner's host")
+
+        def taken(end: dict) -> dict[str, int]:
+            return {sid: (position_of(end[sid]) - position_of(entered[sid])) // FRAME
+                    for sid in end}
+
+        assert taken(planner.latestOffset(entered, ReadMaxRows(20))) == {big: 18, small: 2}
+        assert taken(planner.latestOffset(entered, ReadMaxBytes(10 * (FRAME - 32)))) == \
+            {big: 9, small: 1}
+        assert taken(planner.latestOffset(entered, ReadAllAvailable())) == {big: 90, small: 10}
+    finally:
+        planner.stop()
+
+
+def test_available_now_stops_at_what_existed_when_it_started(driver, driver_dir,
+                                                             two_sessions) -> None:
+    """Trigger.AvailableNow: messages published and sessions that appear after it starts are
+    not read, however many triggers it takes."""
+    channel, client, other = two_sessions
+    first = client.add_publication(channel, STREAM)
+    planner = reader(driver_dir, channel=channel)
+    try:
+        wait_for(lambda: planner._images(), what="the first session")
+        start = planner.latestOffset(planner.initialOffset(), ReadAllAvailable())
+        sid = str(first.session_id)
+        publish(first, 30)
+        wait_for(lambda: planner._images()[sid].available_position() ==
+                 position_of(start[sid]) + 30 * FRAME, what="the messages")
+        planner.prepareForTriggerAvailableNow()
+        publish(first, 5)
+        late = other.add_publication(channel, STREAM)
+        publish(late, 5)
+        wait_for(lambda: str(late.session_id) in planner._images(), what="the late session")
+        end = planner.latestOffset(start, ReadAllAvailable())
+        assert set(end) == {sid}
+        assert position_of(end[sid]) == position_of(start[sid]) + 30 * FRAME
+        assert planner.latestOffset(end, ReadAllAvailable()) == end  # the target holds
+    finally:
+        planner.stop()
+
+
+def test_offsets_name_their_log_and_a_checkpoint_of_another_log_is_refused(
+        driver, driver_dir, client) -> None:
+    """An offset's entry names its log (initial term id, term length); a checkpoint naming
+    another log of the same session id is refused however far the new log has grown, or read
+    from the oldest held message with failOnDataLoss=false.  Bare positions (older
+    checkpoints) are still read."""
+    publication = client.add_publication("aeron:ipc?session-id=7", STREAM)
+    planner = reader(driver_dir)
+    try:
+        start = planner.latestOffset(planner.initialOffset(), ReadAllAvailable())
+        publish(publication, 20)
+        end = planner.latestOffset(start, ReadAllAvailable())
+        assert log_of(end["7"]) == (publication.initial_term_id, publication.term_length)
+        assert end["7"]["holder"].startswith(planner._host + "/")
+        foreign = {"7": {**end["7"], "log": [publication.initial_term_id + 1,
+                                             publication.term_length]}}
+        with pytest.raises(Exception, match=r"is not a position of that session.s log.*"
+                                            "initial term id"):
+            planner.latestOffset(foreign, ReadAllAvailable())
+        bare = {"7": position_of(end["7"])}
+        assert position_of(planner.latestOffset(bare, ReadAllAvailable())["7"]) == \
+            position_of(end["7"])
+    finally:
+        planner.stop()
+    lenient = reader(driver_dir, failOnDataLoss="false")
+    try:
+        lenient.initialOffset()
+        again = lenient.latestOffset(foreign, ReadAllAvailable())
+        assert log_of(again["7"]) == (publication.initial_term_id, publication.term_length)
+    finally:
+        lenient.stop()
+
+
+def test_min_partitions_splits_a_long_range_at_message_boundaries_read_exactly_once(
+        driver_dir, client) -> None:
+    """One session, 3000 messages in a batch, minPartitions=4: four ranges that meet end to
+    end at message boundaries; read by the executor side, they give every message once."""
+    publication = client.add_publication("aeron:ipc?term-length=1m", STREAM)  # 384 KB: within
+    planner = reader(driver_dir, minPartitions="4")                       # the credit
+    try:
+        start = planner.latestOffset(planner.initialOffset(), ReadAllAvailable())
+        sid = str(publication.session_id)
+        publish(publication, 3000)
+        end = planner.latestOffset(start, ReadAllAvailable())
+        begin = position_of(start[sid])
+        assert position_of(end[sid]) - begin == 3000 * FRAME
+        batch_start = start
+        parts = planner.partitions(batch_start, end)
+        assert len(parts) == 4
+        assert parts[0].start == begin and parts[-1].end == position_of(end[sid])
+        assert all(a.end == b.start for a, b in itertools.pairwise(parts))
+        values = [value for part in parts for batch in read_range(part)
+                  for value in batch.column("value").to_pylist()]
+        assert values == [f"{i:08d}".encode().ljust(FRAME - 32, b".") for i in range(3000)]
+    finally:
+        planner.stop()
