@@ -140,19 +140,16 @@ def first_retained(image: Image, start: int, end: int) -> int:
     stopped, the first intact frame header; finally ``end`` itself.
     """
     term = image.term_length
-    log_buffer = LogBuffer(image.log_path, writable=False, populate=False)
-    try:
-        position = start + FRAME_ALIGNMENT  # the first frame boundary that can follow start
-        while position < end:
-            term_start = position - position % term
-            if term_start > start and is_retained(image, term_start):
-                return term_start
-            found = _first_frame_in_term(image, log_buffer, position, end)
-            if found is not None:
-                return found
-            position = term_start + term
-    finally:
-        log_buffer.close()
+    end = min(end, image._log.producer_position())  # nothing is held past the producer
+    position = start + FRAME_ALIGNMENT  # the first frame boundary that can follow start
+    while position < end:
+        term_start = position - position % term
+        if term_start > start and is_retained(image, term_start):
+            return term_start
+        found = _first_frame_in_term(image, image._log, position, end)
+        if found is not None:
+            return found
+        position = term_start + term
     return end
 
 
@@ -301,6 +298,8 @@ class _Session:
             if image is not None else None
         self.pending: GatheredMessages | None = None  # a chunk not yet wholly offered
         self.pending_from = 0  # how many messages of it went
+        self.last_end = begin  # the end of the last message offered
+        self.completed = False  # every message went; the answer says where the last ends
 
     def close(self) -> None:
         for publication in (self.data, self.response):
@@ -361,12 +360,15 @@ class ReplayServer:
         """Take new requests, move every replay on; returns how much was done."""
         work = self._control.poll(lambda data, _header: self._requests.append(bytes(data)), 16)
         for data in self._requests:
-            self._start(data)
+            try:
+                self._start(data)
+            except Exception as e:
+                self._refuse(f"the request could not be served ({type(e).__name__}: {e})", None)
         self._requests.clear()
         for session in list(self._sessions):
             try:
                 work += self._advance(session)
-            except SlipstreamError as e:  # this replay ends; the others go on
+            except Exception as e:
                 log.warning("slipstream replay: %s [%d, %d) ended: %s",
                             session.request.reply_channel, session.request.start,
                             session.request.end, e)
@@ -413,9 +415,12 @@ class ReplayServer:
             self._refuse(f"{where}: this holder's log of that session is another one "
                          f"({LogIdentity.of(image)}, asked for {r.log})", r)
             return
+        producer = image._log.producer_position()
+        if r.end > producer:
+            self._refuse(f"{where}: the log reaches only {producer}", r)
+            return
         begin = r.start
         if r.start < r.end and not is_retained(image, r.start):
-            producer = image._log.producer_position()
             if not r.skip_lost:
                 self._refuse(f"{where}: the log no longer holds position {r.start} (the "
                              f"publisher is at {producer})", r, status="lost",
@@ -442,10 +447,10 @@ class ReplayServer:
                     _positioned_channel(r.reply_channel, r.log, session.mtu, begin),
                     r.data_stream_id)
             except SlipstreamError as e:
-                response.close()
-                self._refuse(f"{where}: cannot publish the replay to {r.reply_channel}: {e}",
-                             None)
-                return
+                session.answer = _response("refused", message=f"{where}: cannot publish the "
+                                                              f"replay to {r.reply_channel}: {e}")
+                session.position = r.end
+                self.refused += 1
         self._sessions.append(session)
 
     def _finish(self, session: _Session, *, served: bool) -> None:
@@ -467,8 +472,8 @@ class ReplayServer:
                 return 0
             session.answer = None
         request = session.request
-        if session.data is None or (session.position >= request.end and session.pending is None):
-            self._finish(session, served=session.data is not None)
+        if session.data is None or session.completed:
+            self._finish(session, served=session.completed)
             return 1
         if not session.data.is_connected:
             if time.monotonic() > session.deadline:
@@ -485,6 +490,10 @@ class ReplayServer:
                 self.refused += 1
                 self._finish(session, served=False)
                 return 1
+            if session.pending is None:  # the range is sent: say where its last message ends
+                session.answer = _response("complete", end=session.last_end)
+                session.completed = True
+                return 1
             session.pending_from = 0
         chunk, first = session.pending, session.pending_from
         if first == 0:
@@ -498,19 +507,33 @@ class ReplayServer:
             return 0
         session.pending_from += done
         if session.pending_from == len(chunk):
-            session.position = chunk.positions[-1]
+            session.last_end = chunk.positions[-1]
+            session.position = session.probe.position
             session.pending = None
+            if session.data.position != session.last_end:
+                # Padding inside a term (an aborted claim, a message abandoned between its
+                # fragments) is not sent again: what follows it would land elsewhere.
+                session.answer = _response(
+                    "refused", message=f"the range holds padding inside a term before "
+                                       f"position {session.last_end}, which a replay does not "
+                                       f"reproduce: read it on the holder's host")
+                session.completed = False
+                session.data.close()
+                session.data = None
+                self.refused += 1
         return 1
 
     @staticmethod
-    def _chunk(session: _Session, end: int) -> GatheredMessages:
+    def _chunk(session: _Session, end: int) -> GatheredMessages | None:
         """The next messages from the session's position (up to a chunk's worth), whole, in
-        one C pass.  Raises DataLossError when the log no longer holds them (checked after
-        the copy: a lapping writer would have torn it)."""
-        chunk = session.probe.poll_gathered(_CHUNK_MESSAGES, end)
+        one C pass; None once the range is sent (padding at its end is stepped over).  Raises
+        DataLossError when the log no longer holds them (checked after the copy: a lapping
+        writer would have torn it)."""
+        probe = session.probe
+        chunk = probe.poll_gathered(_CHUNK_MESSAGES, end)
         session.image._check_retained(session.position)
-        if chunk is None:
-            raise ReplayError(f"no whole message at position {session.position} before {end}")
+        if chunk is None and probe.position < end:
+            raise ReplayError(f"no whole message at position {probe.position} before {end}")
         return chunk
 
 
@@ -541,13 +564,17 @@ class Replay:
         self.start = start
         self.lost = lost
         self.position = start
+        #: Where the last message ends, once the holder said it sent them all (a range may
+        #: end with padding, which a replay does not send).
+        self.complete_at: int | None = None
         self._data = data
         self._response = response
         self._control = control
 
     @property
     def done(self) -> bool:
-        return self.position >= self.request.end
+        return self.position >= self.request.end or (
+            self.complete_at is not None and self.position >= self.complete_at)
 
     def describe(self) -> str:
         r = self.request
@@ -573,9 +600,9 @@ class Replay:
         if self.position > end:
             raise ReplayError(f"{self.describe()} went past its end, to {self.position}: the "
                               f"replay is framed otherwise than the log")
-        if count == 0 and self.position < end:
+        if count == 0 and not self.done:
             self._check_response()
-            if image.is_end_of_stream:
+            if image.is_end_of_stream and not self.done:
                 raise ReplayError(f"{self.describe()} ended at position {self.position}")
         return count
 
@@ -593,9 +620,9 @@ class Replay:
                               f"not {self.start}: the replay is framed otherwise than the log")
         chunk = image.poll_gathered(max_messages, end)
         self.position = image.position
-        if chunk is None and self.position < end:
+        if chunk is None and not self.done:
             self._check_response()
-            if image.is_end_of_stream:
+            if image.is_end_of_stream and not self.done:
                 raise ReplayError(f"{self.describe()} ended at position {self.position}")
         return chunk
 
@@ -603,10 +630,15 @@ class Replay:
         answers: list[dict[str, Any]] = []
         self._response.poll(lambda data, _h: answers.append(json.loads(bytes(data))), 4)
         for answer in answers:
-            if answer.get("status") == "lost":
+            status = answer.get("status")
+            if status == "lost":
                 lost = answer.get("lost") or [self.position, self.request.end]
                 raise ReplayLostError(f"{self.describe()}: {answer.get('message')}",
                                       (int(lost[0]), int(lost[1])))
+            if status == "complete":
+                self.complete_at = int(answer["end"])
+            elif status == "refused":
+                raise ReplayError(f"{self.describe()}: {answer.get('message')}")
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for data; whether some came."""
@@ -640,10 +672,12 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
     if reply_address is None:
         reply_address = local_address_towards(holder_address, port)
     reply_channel = f"aeron:udp?endpoint={reply_address}:{port}"
-    # A replay is a burst: a window of up to 2 MiB (at most half a term) where the default is
-    # 128 KiB, and a sparse image log (as long as the source's, but only the range is written).
-    window = min(_REPLAY_WINDOW, log_identity.term_length // 2)
-    data_channel = f"{reply_channel}|rcv-wnd={window}|so-rcvbuf={2 * window}|sparse=true"
+    # A replay is a burst: a 2 MiB window where the default is 128 KiB (the image caps it at
+    # half a term), the same for every replay, since replays to this host share one endpoint
+    # and an endpoint has one receive window; and a sparse image log (as long as the source's,
+    # but only the range is written).
+    data_channel = (f"{reply_channel}|rcv-wnd={_REPLAY_WINDOW}|so-rcvbuf={2 * _REPLAY_WINDOW}"
+                    f"|sparse=true")
     data_stream = random.randrange(1, INT32_MAX - 1)
     request = ReplayRequest(stream_id, log_identity, start, end, reply_channel, data_stream,
                             data_stream + 1, skip_lost)

@@ -4,7 +4,8 @@ Two sides, two kinds of process:
 
 * The **planning side** (:class:`SlipstreamStreamReader` in Spark's streaming-source runner, a
   Python process beside the Spark driver) holds a client and a subscription.  Offsets are JSON
-  maps ``{"<session_id>": position}``, one entry per image (publication session).
+  maps ``{"<session_id>": {"position": p, "log": [...], "holder": "..."}}``, one entry per
+  image (publication session).
   ``latestOffset`` looks at :meth:`Image.available_position` (the position after the last
   whole ready message) and never consumes past its ``start``.  Moving the subscriber position
   is what returns credit to the publishers: until a batch is done, its data stays in the log
@@ -227,7 +228,9 @@ class _Holder:
     log paths (the planning thread replaces it as images come and go)."""
 
     def __init__(self, directory: str | None, address: str, port: int) -> None:
-        self.logs: dict[int, str] = {}
+        #: session id -> (log path, the subscription's join position: the log holds nothing
+        #: before it, whatever its frames there say).
+        self.logs: dict[int, tuple[str, int]] = {}
         self._images: dict[str, Image] = {}
         self._stopping = False
         self._client = Client.connect(directory)
@@ -246,16 +249,16 @@ class _Holder:
     def _lookup(self, stream_id: int, session_id: int) -> Image | None:
         logs = self.logs
         if not self.server.replaying:  # unmap the logs that left, none of them being read
-            for gone in set(self._images) - set(logs.values()):
+            for gone in set(self._images) - {path for path, _ in logs.values()}:
                 self._images.pop(gone)._log.close()
-        path = logs.get(session_id)
-        if path is None:
+        if session_id not in logs:
             return None
+        path, joined = logs[session_id]
         image = self._images.get(path)
         if image is None:
             try:
-                image = Image.detached(path, 0)
-            except FileNotFoundError:
+                image = Image.detached(path, joined)
+            except OSError:
                 return None
             self._images[path] = image
         return image if image.stream_id == stream_id else None
@@ -413,6 +416,14 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
             f"the query's holder has no address other hosts reach (its host name resolves to "
             f"a loopback address): set the reader's holderAddress option to the address of "
             f"{p.host} that the executors reach (docs/SPARK.md)")
+    if p.term_length == 0:  # the session's image was gone when the batch was planned
+        message = (loss_message(p.stream_id, p.session_id, p.start, p.end, None, None)
+                   + f" (no log of this session at the holder on {p.host})")
+        if p.fail_on_data_loss:
+            raise SlipstreamDataLossError(message)
+        log.warning("%s Skipping [%d, %d).", message, p.start, p.end)
+        _record_skip(p.directory)
+        return
     address, port, control_stream = p.holder
     identity = LogIdentity(p.session_id, p.initial_term_id, p.term_length)
     timeout_s = p.replay_timeout_ms / 1000
@@ -582,11 +593,11 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 try:
                     self._holder = _Holder(self.options.directory, address,
                                            self.options.replay_port)
-                except SlipstreamError as e:
-                    raise SlipstreamError(
-                        f"slipstream: the query's replay holder cannot listen at "
-                        f"{address}:{self.options.replay_port} ({e}); set replayPort to a free "
-                        f"UDP port, or holderAddress to this host's address") from e
+                except SlipstreamError as e:  # tasks on other hosts fail, saying so
+                    log.warning("slipstream: the query's replay holder cannot listen at %s:%d "
+                                "(%s): read tasks on other hosts will fail; set replayPort to "
+                                "a free UDP port, or holderAddress to this host's address",
+                                address, self.options.replay_port, e)
             deadline = time.monotonic() + _IMAGE_WAIT_S
             while not self._subscription.images and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -598,7 +609,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             subscription._release_retired()
         images = {str(image.session_id): image for image in subscription.images}
         if self._holder is not None:
-            self._holder.logs = {image.session_id: image.log_path for image in images.values()}
+            self._holder.logs = {image.session_id: (image.log_path, image.join_position)
+                                 for image in images.values()}
         return images
 
     def _default_start(self, image: Image) -> int:
@@ -672,7 +684,11 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         ranges: dict[str, tuple[int, int]] = {}  # sessions with something to read
         for sid, image in sorted(images.items()):
             if self._target is not None and sid not in self._target:
-                continue  # Trigger.AvailableNow: a session that appeared after it started
+                # Trigger.AvailableNow: a session that appeared after it started is not read
+                # (one already in the offsets stays where it is).
+                if sid in start:
+                    end[sid] = start[sid]
+                continue
             if sid not in start:
                 end[sid] = self._entry(image, self._default_start(image))
                 continue
@@ -757,9 +773,22 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         partitions = []
         for sid, (begin, stop) in ranges.items():
             image = images.get(sid)
+            named = log_of(end[sid])
+            if image is not None and named is not None and \
+                    named != (image.initial_term_id, image.term_length):
+                message = (f"slipstream stream {self.options.stream_id} session {sid}: the "
+                           f"batch's range [{begin}, {stop}) is of the log with initial term "
+                           f"id {named[0]} and term length {named[1]}; this session's log now "
+                           f"has {image.initial_term_id} and {image.term_length} (its "
+                           f"publisher was added again, with session-id set?)")
+                if self.options.fail_on_data_loss:
+                    raise SlipstreamDataLossError(message)
+                log.warning("%s: skipping the range (failOnDataLoss=false)", message)
+                _record_skip(self.options.directory)
+                continue
             initial_term_id, term_length = (
                 (image.initial_term_id, image.term_length) if image is not None
-                else log_of(end[sid]) or (0, 0))
+                else named or (0, 0))
             bounds = [begin, stop]
             if wanted is not None and image is not None and wanted > len(ranges):
                 pieces = max(1, round(wanted * (stop - begin) / total))

@@ -19,6 +19,7 @@ from slipstream.client import Client
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.options import parse_options
 from slipstream.spark_bridge.reader import (
+    SlipstreamDataLossError,
     SlipstreamStreamReader,
     log_of,
     position_of,
@@ -189,3 +190,29 @@ def test_min_partitions_splits_a_long_range_at_message_boundaries_read_exactly_o
         assert values == [f"{i:08d}".encode().ljust(FRAME - 32, b".") for i in range(3000)]
     finally:
         planner.stop()
+
+
+def test_a_batch_planned_again_over_another_log_is_refused_not_read(driver_dir,
+                                                                    client) -> None:
+    """A restarted query plans its uncommitted batch again from the offset log, without a
+    latestOffset: a range naming another log of the session is refused (data loss), and with
+    failOnDataLoss=false skipped, never read from the new log."""
+    publication = client.add_publication("aeron:ipc?session-id=8", STREAM)
+    planner = reader(driver_dir)
+    try:
+        start = planner.latestOffset(planner.initialOffset(), ReadAllAvailable())
+        publish(publication, 10)
+        end = planner.latestOffset(start, ReadAllAvailable())
+        other = [publication.initial_term_id + 1, publication.term_length]
+        start_x, end_x = ({"8": {**entry["8"], "log": other}} for entry in (start, end))
+        with pytest.raises(SlipstreamDataLossError, match="is of the log with initial term id"):
+            planner.partitions(start_x, end_x)
+        assert len(planner.partitions(start, end)) == 1
+    finally:
+        planner.stop()
+    lenient = reader(driver_dir, failOnDataLoss="false")
+    try:
+        lenient.initialOffset()
+        assert lenient.partitions(start_x, end_x) == []
+    finally:
+        lenient.stop()
