@@ -587,14 +587,9 @@ class Replay:
         when the holder lost the range meanwhile, :class:`ReplayError` when the stream ended
         before the range did or went past it."""
         end = self.request.end
-        images = self._data.images
-        if not images:
-            self._check_response()
+        image = self._image()
+        if image is None:
             return 0
-        image = images[0]
-        if image.join_position != self.start and self.position == self.start:
-            raise ReplayError(f"{self.describe()} began at position {image.join_position}, "
-                              f"not {self.start}: the replay is framed otherwise than the log")
         count = image.poll(handler, fragment_limit)
         self.position = image.position
         if self.position > end:
@@ -610,6 +605,19 @@ class Replay:
         """The next messages, copied out in one C pass (:meth:`Image.poll_gathered`), or None;
         raises as :meth:`poll` does."""
         end = self.request.end
+        image = self._image()
+        if image is None:
+            return None
+        chunk = image.poll_gathered(max_messages, end)
+        self.position = image.position
+        if chunk is None and not self.done:
+            self._check_response()
+            if image.is_end_of_stream and not self.done:
+                raise ReplayError(f"{self.describe()} ended at position {self.position}")
+        return chunk
+
+    def _image(self) -> Image | None:
+        """The replay's image once it is there (checking where it began), else None."""
         images = self._data.images
         if not images:
             self._check_response()
@@ -618,13 +626,7 @@ class Replay:
         if image.join_position != self.start and self.position == self.start:
             raise ReplayError(f"{self.describe()} began at position {image.join_position}, "
                               f"not {self.start}: the replay is framed otherwise than the log")
-        chunk = image.poll_gathered(max_messages, end)
-        self.position = image.position
-        if chunk is None and not self.done:
-            self._check_response()
-            if image.is_end_of_stream and not self.done:
-                raise ReplayError(f"{self.describe()} ended at position {self.position}")
-        return chunk
+        return image
 
     def _check_response(self) -> None:
         answers: list[dict[str, Any]] = []

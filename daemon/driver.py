@@ -163,9 +163,15 @@ class MediaDriver:
             driver.stop(timeout=2.0)
             raise
 
+    def _files(self) -> Path:
+        """Where this process sees the driver's directory (a driver in a host with a mount
+        namespace of its own is seen through its root)."""
+        return self.directory
+
     def _ready(self) -> bool:
-        counters_path = self.directory / control.COUNTERS_FILE
-        if not (self.directory / control.CONDUCTOR_SOCKET).exists() or not counters_path.exists():
+        files = self._files()
+        counters_path = files / control.COUNTERS_FILE
+        if not (files / control.CONDUCTOR_SOCKET).exists() or not counters_path.exists():
             return False
         try:
             counters = CountersFile(counters_path, writable=False)

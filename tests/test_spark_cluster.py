@@ -8,7 +8,13 @@ skips, under CI=true it fails.  40-70 s on 2 cores, most of it Spark's JVMs star
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 from helpers import lacking
@@ -95,3 +101,239 @@ def test_tasks_run_on_both_worker_hosts_each_beside_its_own_driver(isolated_host
             # nothing of the other hosts' or of the machine's.
             assert task["driver"] == drivers[i].pid, task
             assert task["shm"] == sorted([f"marker-{i}", drivers[i].directory.name]), task
+
+
+# -- reading on a cluster --------------------------------------------------------------------
+#
+# Host 1: the Spark master and a client-mode application whose streaming query reads a stream
+# published to host 1 (its driver holds the query's subscription and the log: the holder);
+# hosts 2 and 3: a worker each, so every read task runs on a host whose driver does not hold
+# the log; host 4: the publisher, and a client receiving what the query writes.  Every host has
+# its own /dev/shm, hostname and slipstream driver.
+
+DATA_PORT = 40456
+OUT_PORT = 40457
+WINDOW = 128 * 1024  # the receiver window of the default settings
+PAYLOAD = 1000
+#: Receiver windows the stream spans: each is at least one micro-batch, about 4 s of a loaded
+#: 2-core machine here, so ``make test`` runs a short length; SLIPSTREAM_CLUSTER_WINDOWS=51
+#: is the full one (about 8 minutes).
+WINDOWS = int(os.environ.get("SLIPSTREAM_CLUSTER_WINDOWS", "12"))
+MESSAGES = WINDOWS * WINDOW // (PAYLOAD + 32 + 24)  # 1056-byte frames
+
+#: Host 4: subscribes to the query's output, publishes MESSAGES to host 1 once the query's
+#: subscription is there (message i stamped i+1 s after the epoch), then receives until every
+#: input message came back (deduplicated by its input position: the writer is at least once)
+#: or the time is up, and prints what it got.
+HOST_4 = """
+import json, sys, time
+from collections import Counter
+from slipstream.client import Client
+
+data, out, progress = sys.argv[1], sys.argv[2], sys.argv[5]
+count, size = int(sys.argv[3]), int(sys.argv[4])
+received, firsts, keys = [], {}, set()
+
+sources = {}
+
+def take(payload, header):
+    text = bytes(payload).decode()
+    value, position, stamp, partition = text.split("|")
+    if header.session_id not in sources:  # the host whose driver sent it: the task's
+        sources.update((image.session_id, image.source_identity.split(":")[0])
+                       for image in output.images)
+    sender = sources[header.session_id]
+    received.append((value, position, sender, stamp))
+    if position not in keys:  # a first occurrence, by (output session, task's partition)
+        keys.add(position)
+        firsts.setdefault((header.session_id, partition), []).append(int(position))
+
+with Client.connect() as client:
+    output = client.add_subscription(out, 11)
+    publication = client.add_publication(data, 10)
+    deadline = time.monotonic() + 300
+    while not publication.is_connected:
+        assert time.monotonic() < deadline, "no subscriber came"
+        time.sleep(0.05)
+    for i in range(count):
+        message = f"m{i:08d}".encode().ljust(size, b".")
+        while publication.offer(message, reserved_value=(i + 1) * 1_000_000_000) < 0:
+            output.poll(take, 256)
+            time.sleep(0.0002)
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        if not output.poll(take, 256):
+            if len(keys) >= count:
+                break
+            with open(progress, "w") as f:
+                f.write(str(len(keys)))
+            time.sleep(0.05)
+rows = received
+expected = {f"m{i:08d}".ljust(size, ".") for i in range(count)}
+got = {row[0] for row in rows}
+print("RESULT", json.dumps({
+    "received": len(rows), "distinct": len(keys),
+    "missing": sorted(expected - got)[:5], "unexpected": sorted(got - expected)[:5],
+    "hosts": Counter(row[2] for row in rows),
+    "stamps": all(float(row[3]) == int(row[0][1:9]) + 1 for row in rows),
+    "in_order": all(p == sorted(p) for p in firsts.values()),
+    "sessions": len({session for session, _ in firsts})}))
+"""
+
+#: The query on host 1: reads with minPartitions=2 (tasks on both executors in a micro-batch),
+#: writes value|position|timestamp|partition to host 4 (through the driver of the host the
+#: task ran on: the output image's source address says which).  At a third of the input the
+#: test kills host 3's executor (the file ``kill`` appears); at two thirds the query is stopped
+#: and started again from its checkpoint; it ends once host 4 has everything.
+QUERY = """
+import json, os, sys, time
+from pyspark.sql import SparkSession, functions as F
+from slipstream.spark_bridge import register
+
+data, out, count, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+spark = SparkSession.builder.appName("slipstream-cluster-read").getOrCreate()
+register(spark)
+def start():
+    rows = (spark.readStream.format("slipstream").option("channel", data)
+            .option("streamId", "10").option("minPartitions", "2").load())
+    return (rows.select(F.concat_ws("|", F.col("value").cast("string"),
+                                    F.col("position").cast("string"),
+                                    F.col("timestamp").cast("double").cast("string"),
+                                    F.spark_partition_id().cast("string"))
+                        .alias("value"))
+            .writeStream.format("slipstream").option("channel", out).option("streamId", "11")
+            .option("checkpointLocation", os.path.join(work, "checkpoint")).start())
+
+def read_so_far(query, seen):
+    for progress in query.recentProgress:
+        seen[(query.runId, progress["batchId"])] = progress["numInputRows"]
+    return sum(seen.values())
+
+from slipstream.client import Client
+
+client = Client.connect()
+seen, restarts, events, bystander = {}, 0, [], None
+query = start()
+deadline = time.monotonic() + 450
+while time.monotonic() < deadline:
+    if query.exception() is not None:
+        raise query.exception()
+    total = read_so_far(query, seen)
+    if total >= count // 3 and not os.path.exists(os.path.join(work, "kill")):
+        open(os.path.join(work, "kill"), "w").close()
+        events.append(["kill", total])
+    if total >= 2 * count // 3 and not restarts:
+        # While the query is down, a subscription on this host keeps the stream's image (a
+        # UDP image goes with its last subscriber, and what it held with it): docs/SPARK.md.
+        bystander = client.add_subscription(data, 10)
+        while not bystander.images:
+            time.sleep(0.01)
+        query.stop()
+        events.append(["restart", total])
+        restarts += 1
+        query = start()
+    if restarts and bystander is not None and len(query.recentProgress) > 2:
+        bystander.close()  # the restarted query holds the stream from here
+        bystander = None
+    if os.path.exists(os.path.join(work, "done")):
+        break
+    print("read", total, "events", events, file=sys.stderr, flush=True)
+    time.sleep(0.2)
+query.stop()
+client.close()
+print("RESULT", json.dumps({"events": events, "read": read_so_far(query, seen)}))
+spark.stop()
+"""
+
+
+@pytest.fixture
+def four_isolated_hosts(needs_hosts):  # -> Iterator[NamespaceHosts]
+    """Four isolated hosts, each with a slipstream driver in the default directory."""
+    from spark_cluster import unavailable
+
+    from slipstream.sim.real.hosts import NamespaceHosts
+
+    missing = [tool for tool in ("nsenter", "unshare") if shutil.which(tool) is None]
+    if missing:
+        lacking(f"isolated test hosts need {' and '.join(missing)} (util-linux)")
+    problem = unavailable()
+    if problem is not None:
+        lacking(f"a Spark cluster: {problem}")
+    with NamespaceHosts(4, isolated=True) as hosts:
+        for i in (1, 2, 3, 4):
+            hosts.start_driver(i, client_liveness_timeout="5s")
+        yield hosts
+
+
+@pytest.mark.timeout(900)
+def test_a_query_reads_on_hosts_without_the_log_exactly_once_through_a_lost_worker_and_a_restart(
+        four_isolated_hosts, tmp_path) -> None:
+    """Host 4 publishes WINDOWS receiver windows to a query on host 1 (3 % of the datagrams into
+    host 1 dropped) whose read tasks all run on hosts 2 and 3, which get their ranges replayed
+    by the query's holder on host 1 (3 % of the replay datagrams into host 2 dropped); the
+    query writes each row, with where its task ran, to a client on host 4.  Host 3's executor
+    is killed a third of the way in (its tasks rerun), the query is stopped and restarted from
+    its checkpoint at two thirds (a subscription on host 1 keeping the image meanwhile, as
+    docs/SPARK.md says a restart needs).  Every message arrives, once per input position after
+    deduplication (the writer is at least once), in order per output session, read on both
+    worker hosts, with the publisher's timestamps."""
+    from spark_cluster import spark_cluster
+
+    hosts = four_isolated_hosts
+    hosts.drop(1, port=DATA_PORT, probability=0.03)
+    hosts.drop(2, port=40190, probability=0.03)  # replays into host 2 (replayPort)
+    data = f"aeron:udp?endpoint={hosts[1].address}:{DATA_PORT}"
+    out = f"aeron:udp?endpoint={hosts[4].address}:{OUT_PORT}"
+    progress = tmp_path / "received"
+    host_4 = hosts[4].popen(sys.executable, "-c", HOST_4, data, out, str(MESSAGES),
+                            str(PAYLOAD), str(progress), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    outputs: list[tuple[str, str]] = []
+
+    def collect_host_4() -> None:  # its output as it ends (a full pipe would block it)
+        outputs.append(host_4.communicate())
+        (tmp_path / "done").touch()  # the query stops
+
+    done_watch = threading.Thread(target=collect_host_4)
+    done_watch.start()
+    killer_stop = threading.Event()
+    killed: list[float] = []
+
+    def kill_host_3s_executor_when_asked() -> None:
+        while not killer_stop.wait(0.1):
+            if (tmp_path / "kill").exists():
+                # The hosts share one pid namespace: pick host 3's executor by its network's.
+                inside = set(subprocess.run(["ip", "netns", "pids", hosts[3].namespace],
+                                            capture_output=True, text=True).stdout.split())
+                executors = subprocess.run(["pgrep", "-f", "CoarseGrainedExecutorBackend"],
+                                           capture_output=True, text=True).stdout.split()
+                for pid in inside.intersection(executors):
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(int(pid))
+                return
+
+    killer = threading.Thread(target=kill_host_3s_executor_when_asked)
+    killer.start()
+    try:
+        with spark_cluster(hosts, tmp_path, master=1, workers=(2, 3)) as cluster:
+            query = cluster.run_app(QUERY, data, out, str(MESSAGES), str(tmp_path), host=1,
+                                    timeout=600).result()
+    finally:
+        killer_stop.set()
+        killer.join()
+        try:
+            host_4.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            host_4.kill()
+        done_watch.join(30)
+    stdout, stderr = outputs[0] if outputs else ("", "host 4 gave no output")
+    got = next((json.loads(line.removeprefix("RESULT "))
+                for line in stdout.splitlines() if line.startswith("RESULT ")), None)
+    assert got is not None, f"host 4: {stdout} {stderr}"
+    assert [event[0] for event in query["events"]] == ["kill", "restart"], query
+    assert killed, "host 3's executor was killed"
+    assert got["distinct"] == MESSAGES, (got["received"], got["distinct"], query)
+    assert not got["missing"] and not got["unexpected"], got
+    assert got["in_order"], "each task's rows arrive in input order"
+    assert set(got["hosts"]) == {hosts[2].address, hosts[3].address}, got["hosts"]
+    assert got["stamps"], "timestamp is the publisher's reserved value, through the replay"

@@ -46,7 +46,6 @@ from typing import Any, Final
 import attrs
 
 from slipstream.client import control
-from slipstream.client.counters import CountersFile
 from slipstream.client.errors import DriverError
 from slipstream.daemon import driver as driver_module
 from slipstream.daemon.config import load_settings
@@ -190,20 +189,8 @@ class HostDriver(MediaDriver):
         super().__init__(directory, process, drain_timeout_s)
         self.view = view
 
-    def _ready(self) -> bool:
-        # MediaDriver's readiness check, through the view: the directory itself is not
-        # visible from here.
-        counters_path = self.view / control.COUNTERS_FILE
-        if not (self.view / control.CONDUCTOR_SOCKET).exists() or not counters_path.exists():
-            return False
-        try:
-            counters = CountersFile(counters_path, writable=False)
-        except (OSError, ValueError):
-            return False
-        try:
-            return counters.driver_pid == self.process.pid and counters.driver_heartbeat_ns > 0
-        finally:
-            counters.close()
+    def _files(self) -> Path:
+        return self.view  # the directory itself is not visible from here
 
 
 class NamespaceHosts:
