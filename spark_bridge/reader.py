@@ -103,7 +103,7 @@ SCHEMA = "value binary, session_id int, stream_id int, position long, timestamp 
   the slipstream writer sets it); for a reserved value of 0, when the executor read it.
 """
 
-_ROWS_PER_BATCH = 16384  # rows per Arrow record batch leaving read()
+_ROWS_PER_BATCH = 4096  # rows per Arrow record batch leaving read(): one C scan's most
 _IMAGE_WAIT_S = 0.5  # how long a new subscription waits for its images to show up
 
 
