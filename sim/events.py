@@ -48,7 +48,7 @@ class EventLoop:
         self.now_ns = 0
         self._heap: list[tuple[int, int, int, Timer]] = []
         self._seq = 0
-        #: Actions executed so far (cancelled ones excluded).
+        #: Actions executed so far (cancelled ones excluded), as of the last :meth:`run`'s return.
         self.executed = 0
 
     def call_at(self, time_ns: int, action: Action, phase: int = PHASE_INPUT) -> Timer:
@@ -83,30 +83,33 @@ class EventLoop:
         """
         heap = self._heap
         pop = heapq.heappop
+        gap_ns = check_before_gap_ns if stop is not None else None
         count = 0
         unchecked = False  # actions ran since stop() was last asked
-        while heap:
-            entry = heap[0]
-            if (unchecked and check_before_gap_ns is not None and stop is not None
-                    and entry[0] - self.now_ns >= check_before_gap_ns):
-                unchecked = False
-                if stop():
-                    return True
-            if entry[0] > until_ns:
-                self.now_ns = until_ns
-                # Checked every check_every actions: it may have happened since the last.
-                return bool(stop is not None and stop())
-            pop(heap)
-            action = entry[3].action
-            if action is None:
-                continue
-            self.now_ns = entry[0]
-            action()
-            self.executed += 1
-            count += 1
-            unchecked = True
-            if stop is not None and count % check_every == 0:
-                unchecked = False
-                if stop():
-                    return True
-        return bool(stop is not None and stop())
+        try:
+            while heap:
+                entry = heap[0]
+                time_ns = entry[0]
+                if unchecked and gap_ns is not None and time_ns - self.now_ns >= gap_ns:
+                    unchecked = False
+                    if stop():
+                        return True
+                if time_ns > until_ns:
+                    self.now_ns = until_ns
+                    # Checked every check_every actions: it may have happened since the last.
+                    return bool(stop is not None and stop())
+                pop(heap)
+                action = entry[3].action
+                if action is None:
+                    continue
+                self.now_ns = time_ns
+                action()
+                count += 1
+                unchecked = True
+                if stop is not None and count % check_every == 0:
+                    unchecked = False
+                    if stop():
+                        return True
+            return bool(stop is not None and stop())
+        finally:
+            self.executed += count  # once per run, not per action

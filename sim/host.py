@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import CountersFile, SystemCounter
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.client.layout import NO_DEADLINE, PARTITION_COUNT
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
 from slipstream.client.subscription import Image
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
 MESSAGE_HEADER: Final = struct.Struct("<II")  # publisher id, sequence number
 MESSAGE_TRAILER: Final = struct.Struct("<I")  # the sequence number again, in the last 4 bytes
+_unpack_header = MESSAGE_HEADER.unpack_from  # bound once: they run once per message delivered
+_unpack_trailer = MESSAGE_TRAILER.unpack_from
 #: Messages per subscriber poll (the client's fragment limit).
 POLL_LIMIT: Final = 4096
 #: Duty cycles in one service pass before it yields to other hosts at the same instant.
@@ -108,6 +110,10 @@ class SimDriver:
         self.network = network
         self._on_message = on_message
         self._now_ns = host.sim.loop.now_ns
+        self._heartbeat_ns: int | None = None  # what the keepalive cell last got
+        self._sender_work = network.sender.do_work
+        self._receiver_work = network.receiver.do_work
+        self._conductor_work = self.conductor.do_work
         reply = self.command({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
                               "pid": 0, "process": 0})
         self._heartbeat = self.counters.address(reply["heartbeat_counter_id"])
@@ -127,14 +133,19 @@ class SimDriver:
         return answer
 
     def do_work(self, now_ns: int) -> int:
-        """One duty cycle of each agent and the conductor; returns the work done."""
+        """One duty cycle of each agent and the conductor at ``now_ns`` (virtual ns); returns
+        the work done (0: idle)."""
         self._now_ns = now_ns
-        lib.ss_store_release_i64(self._heartbeat, now_ns)  # the client's keepalive
-        work = self.network.sender.do_work(now_ns) + self.network.receiver.do_work(now_ns)
-        conductor_work, out = self.conductor.do_work(now_ns)
-        for _key, message in out:
-            self._on_message(message)
-        return work + conductor_work + len(out)
+        if now_ns != self._heartbeat_ns:  # the client's keepalive, once per instant
+            self._heartbeat_ns = now_ns
+            lib.ss_store_release_i64(self._heartbeat, now_ns)
+        work = self._sender_work(now_ns) + self._receiver_work(now_ns)
+        conductor_work, out = self._conductor_work(now_ns)
+        if out:
+            for _key, message in out:
+                self._on_message(message)
+            work += len(out)
+        return work + conductor_work
 
     def next_deadline_ns(self) -> int:
         return min(self.network.sender.next_deadline_ns(),
@@ -176,8 +187,9 @@ class SubscriberStats:
 
     def on_message(self, data: memoryview, _header: object) -> None:
         """The subscriber's fragment handler (one call per whole message)."""
-        pid, seq = MESSAGE_HEADER.unpack_from(data)
-        if seq >= self._capacity or MESSAGE_TRAILER.unpack_from(data, len(data) - 4)[0] != seq:
+        pid, seq = _unpack_header(data)
+        length = len(data)
+        if seq >= self._capacity or _unpack_trailer(data, length - 4)[0] != seq:
             self.corrupt += 1
             return
         seen = self.seen.get(pid)
@@ -190,7 +202,7 @@ class SubscriberStats:
             return
         seen[seq] = 1
         self.delivered += 1
-        self.delivered_bytes += len(data)
+        self.delivered_bytes += length
         if seq < self.highest[pid]:
             self.out_of_order += 1
             if seq < self.first_seq[pid]:
@@ -220,6 +232,28 @@ class SubscriberStats:
             seen = self.seen.get(pid)
             missing += (end - start) - (sum(seen[start:end]) if seen is not None else 0)
         return missing
+
+
+class _FrameProbe:
+    """Whether a reader has something to read: a committed frame (length > 0) at its
+    position, the first word its poll looks at (``ss_term_read`` stops at a length <= 0, and
+    the poll then returns 0 and moves nothing).  Valid while the log is mapped, as the
+    reader itself."""
+
+    __slots__ = ("_bits", "_mask", "_reader", "_term_words", "_words")
+
+    def __init__(self, log: LogBuffer, reader: Image) -> None:
+        self._reader = reader
+        self._words = ffi.cast("int32_t *", log.address)
+        self._term_words = log.term_length >> 2
+        self._mask = log.term_length - 1
+        self._bits = log.position_bits
+
+    def ready(self) -> bool:
+        """A frame starts at the reader's position."""
+        position = self._reader.position
+        return self._words[((position >> self._bits) % PARTITION_COUNT) * self._term_words
+                           + ((position & self._mask) >> 2)] > 0
 
 
 class SimHost:
@@ -319,13 +353,19 @@ class SimHost:
             self._passes_at_instant = 0
         driver = self.driver
         assert driver is not None
+        app_work = self._work
+        driver_work = driver.do_work
         deadline = now
         for _ in range(MAX_CYCLES_PER_PASS):
-            work = self._work(now) + driver.do_work(now)
+            if app_work(now) + driver_work(now):
+                deadline = now  # another cycle follows, whatever the deadlines say
+                continue
+            # Asked only after an idle cycle: after a busy one they decide nothing, and they
+            # cost a third of a cycle.
             deadline = min(driver.next_deadline_ns(), self._deadline(now))
-            if not work and deadline > now:
+            if deadline > now:
                 break
-        self._arm(now if work else deadline)
+        self._arm(deadline)
 
     def _arm(self, deadline: int) -> None:
         timer = self._timer
@@ -527,6 +567,8 @@ class SubscriberHost(SimHost):
         self.uri = sim.scenario.channel_uri(index)
         #: session id -> (image registration id, client reader, position cell)
         self.readers: dict[int, tuple[int, Image, Any]] = {}
+        #: session id -> the image's :class:`_FrameProbe` (what the reader would find next).
+        self._probes: dict[int, _FrameProbe] = {}
         self.images_seen = 0
         self.images_lost = 0  # UNAVAILABLE_IMAGE events
         self.unavailable_at_ns: list[int] = []
@@ -558,6 +600,7 @@ class SubscriberHost(SimHost):
         for _registration_id, reader, _cell in self.readers.values():
             reader._close()
         self.readers = {}
+        self._probes = {}
 
     def _on_message(self, message: dict[str, Any]) -> None:
         if message["type"] == control.AVAILABLE_IMAGE:
@@ -567,17 +610,19 @@ class SubscriberHost(SimHost):
             # The driver's own mapping (it outlives the reader: UNAVAILABLE_IMAGE, which
             # closes the reader, comes a linger before the driver lets the log go).
             log = self.driver.network.image_log(message["correlation_id"])
-            reader = Image(log.borrowed() if log is not None else LogBuffer(message["log_file"]),
-                           cell,
+            reader_log = log.borrowed() if log is not None else LogBuffer(message["log_file"])
+            reader = Image(reader_log, cell,
                            join_position=message["join_position"],
                            correlation_id=message["correlation_id"])
             self.readers[message["session_id"]] = (message["correlation_id"], reader, cell)
+            self._probes[message["session_id"]] = _FrameProbe(reader_log, reader)
         elif message["type"] == control.UNAVAILABLE_IMAGE:
             for session, (registration_id, reader, _cell) in list(self.readers.items()):
                 if registration_id == message["correlation_id"]:
                     self._drain(reader)
                     reader._close()
                     del self.readers[session]
+                    del self._probes[session]
             self.images_lost += 1
             self.unavailable_at_ns.append(self.sim.loop.now_ns)
             if "lost_from" in message:
@@ -602,25 +647,36 @@ class SubscriberHost(SimHost):
         return max(0, allowed - self._read_count)
 
     def _work(self, now_ns: int) -> int:
-        on_message = self.stats.on_message
         budget = self._read_budget(now_ns)
-        moved = 0
-        delivered = self.stats.delivered
         self._rate_bound = False
-        for _registration_id, reader, cell in self.readers.values():
+        probes = self._probes
+        if budget > 0:
+            for probe in probes.values():
+                if probe.ready():
+                    break
+            else:
+                return 0  # most cycles: nothing to read, and a poll would move nothing
+        stats = self.stats
+        on_message = stats.on_message
+        delivered = stats.delivered
+        moved = 0
+        for session, (_registration_id, reader, cell) in self.readers.items():
+            ready = probes[session].ready
             before = start = cell[0]
             while budget > 0:  # until the reader stops moving (padding moves it without messages)
+                if not ready():
+                    break  # the poll would find nothing and move nothing: spare the call
                 budget -= reader.poll(on_message, min(POLL_LIMIT, budget))
                 position = cell[0]
                 if position == before:
                     break
                 before = position
             else:
-                self._rate_bound = bool(self.readers)
+                self._rate_bound = True
             moved += cell[0] != start
-        if self.stats.delivered != delivered:
-            self._read_count += self.stats.delivered - delivered
-            self.stats.note_deliveries(now_ns)
+        if stats.delivered != delivered:
+            self._read_count += stats.delivered - delivered
+            stats.note_deliveries(now_ns)
         return moved
 
     def _deadline(self, now_ns: int) -> int:

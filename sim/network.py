@@ -47,7 +47,7 @@ import ipaddress
 import math
 import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final, TypeAlias
 
 import attrs
@@ -59,6 +59,8 @@ Address: TypeAlias = tuple[str, int]
 Receiver: TypeAlias = Callable[[bytes, Address, int], None]
 
 _MS: Final = 1_000_000
+#: Trace lines hashed together into the digest (bounds the memory they wait in).
+_DIGEST_BATCH: Final = 1024
 
 DROP_REASONS: Final = ("drop-loss", "drop-burst", "drop-queue", "drop-partition", "drop-down",
                        "drop-unbound", "drop-filter")
@@ -131,7 +133,8 @@ class LinkStats:
 class Link:
     """One direction ``src → dst`` with its faults, its random generator and its queue."""
 
-    __slots__ = ("_bad", "_busy_until_ns", "dst", "faults", "rng", "src", "stats")
+    __slots__ = ("_bad", "_busy_until_ns", "_delay_only_ns", "_faults", "dst", "rng", "src",
+                 "stats")
 
     def __init__(self, src: str, dst: str, faults: LinkFaults, rng: random.Random) -> None:
         self.src = src
@@ -141,6 +144,19 @@ class Link:
         self.stats = LinkStats()
         self._bad = False
         self._busy_until_ns = 0
+
+    @property
+    def faults(self) -> LinkFaults:
+        return self._faults
+
+    @faults.setter
+    def faults(self, faults: LinkFaults) -> None:
+        self._faults = faults
+        # A link with a delay and no other fault (most of them) decides a datagram's fate
+        # with no random number and no queue: transmit takes a shortcut, in ns.
+        plain = (faults.rate_mbit <= 0 and faults.burst is None and faults.loss <= 0
+                 and faults.duplicate <= 0 and faults.jitter_ms <= 0 and faults.reorder <= 0)
+        self._delay_only_ns = int(faults.delay_ms * _MS) if plain else None
 
     def backlog_bytes(self, now_ns: int) -> int | None:
         """Bytes waiting for the wire at ``now_ns`` (None: the link has no bandwidth limit)."""
@@ -160,9 +176,12 @@ class Link:
         Returns ``(drop_reason, [])`` or ``(None, arrival_times_ns)`` with one time, or two
         when the datagram is duplicated.  Draws the link's random numbers in a fixed order.
         """
-        f = self.faults
         stats = self.stats
         stats.offered += 1
+        if self._delay_only_ns is not None:
+            stats.delivered += 1
+            return None, [now_ns + self._delay_only_ns]
+        f = self._faults
         rng = self.rng
         departure = now_ns
         if f.rate_mbit > 0:
@@ -246,12 +265,14 @@ class Network:
         self._links: dict[tuple[str, str], Link] = {}
         self._bound: dict[Address, Receiver] = {}
         self._groups: dict[Address, dict[str, Receiver]] = {}
+        self._toward: dict[tuple[str, Address], tuple[Link, ...]] = {}  # see _links_toward
         self._up: dict[str, bool] = {}
         self.partitions: list[Partition] = []
         self.keep_trace = keep_trace
         #: ``(time_ns, event, "src", "dst", length, crc32)`` per event when ``keep_trace``.
         self.trace: list[tuple[int, str, str, str, int, int]] = []
         self._digest = hashlib.sha256()
+        self._digest_lines: list[str] = []  # trace lines the digest has yet to take in
         self.events = 0
         self.counts: dict[str, int] = {}
         self.observers: list[Observer] = []
@@ -297,13 +318,8 @@ class Network:
                       now_ns: int) -> int:
         """When every link from ``src_ip`` toward ``destination`` holds at most ``backlog``
         bytes (``now_ns`` if they do already or have no bandwidth limit)."""
-        if is_multicast(destination[0]):
-            targets = [ip for ip in self._groups.get(destination, ()) if ip != src_ip]
-        else:
-            targets = [destination[0]]
         when = now_ns
-        for ip in targets:
-            link = self.link(src_ip, ip)
+        for link in self._links_toward(src_ip, destination):
             waiting = link.backlog_bytes(now_ns)
             if waiting is not None and waiting > backlog:
                 when = max(when, now_ns + -(-(waiting - backlog) * 8000
@@ -314,13 +330,26 @@ class Network:
         """The most bytes waiting on a link from ``src_ip`` toward ``destination`` (each
         member of a multicast group), None when none of them has a bandwidth limit: what a
         sender's socket buffer holds while the link's queue drains it."""
-        if is_multicast(destination[0]):
-            targets = [ip for ip in self._groups.get(destination, ()) if ip != src_ip]
-        else:
-            targets = [destination[0]]
-        backlogs = [b for b in (self.link(src_ip, ip).backlog_bytes(now_ns) for ip in targets)
-                    if b is not None]
-        return max(backlogs) if backlogs else None
+        most = None
+        for link in self._links_toward(src_ip, destination):
+            backlog = link.backlog_bytes(now_ns)
+            if backlog is not None and (most is None or backlog > most):
+                most = backlog
+        return most
+
+    def _links_toward(self, src_ip: str, destination: Address) -> tuple[Link, ...]:
+        """The links a datagram from ``src_ip`` to ``destination`` takes (one per member of a
+        multicast group, in join order), kept until a host joins or leaves a group: a
+        sender asks every duty cycle."""
+        key = (src_ip, destination)
+        links = self._toward.get(key)
+        if links is None:
+            if is_multicast(destination[0]):
+                targets = [ip for ip in self._groups.get(destination, ()) if ip != src_ip]
+            else:
+                targets = [destination[0]]
+            links = self._toward[key] = tuple(self.link(src_ip, ip) for ip in targets)
+        return links
 
     def link(self, src: str, dst: str) -> Link:
         """The directed link src → dst (created on first use)."""
@@ -348,9 +377,11 @@ class Network:
         if not is_multicast(group[0]):
             raise ValueError(f"{group[0]} is not a multicast address")
         self._groups.setdefault(group, {})[ip] = receiver
+        self._toward.clear()
 
     def leave(self, group: Address, ip: str) -> None:
         self._groups.get(group, {}).pop(ip, None)
+        self._toward.clear()
 
     def add_partition(self, partition: Partition) -> None:
         self.partitions.append(partition)
@@ -360,35 +391,44 @@ class Network:
         """Send one datagram now from ``source`` (sender's ip, port)."""
         now = self.loop.now_ns
         src_ip = source[0]
-        if not self._up.get(src_ip, False):
+        up = self._up
+        if not up.get(src_ip, False):
             self._record(now, "drop-down", source, destination, data)
             return
         dst_ip = destination[0]
-        if dst_ip in self._up:
-            targets = [dst_ip]
+        if dst_ip in up:
+            targets: Iterable[str] = (dst_ip,)
         elif is_multicast(dst_ip):
             targets = [ip for ip in self._groups.get(destination, ()) if ip != src_ip]
         else:
             self._record(now, "drop-unbound", source, destination, data)
             return
+        partitions = self.partitions
+        filters = self.filters
+        links = self._links
+        call_at = self.loop.call_at
+        arrive = self._arrive
+        port = destination[1]
         for ip in targets:
-            target = (ip, destination[1])
-            if not self._up[ip]:
+            target = (ip, port)
+            if not up[ip]:
                 self._record(now, "drop-down", source, target, data)
                 continue
-            if any(p.separates(src_ip, ip, now) for p in self.partitions):
+            if partitions and any(p.separates(src_ip, ip, now) for p in partitions):
                 self._record(now, "drop-partition", source, target, data)
                 continue
-            if self.filters and any(f(now, source, target, data) for f in self.filters):
+            if filters and any(f(now, source, target, data) for f in filters):
                 self._record(now, "drop-filter", source, target, data)
                 continue
-            reason, arrivals = self.link(src_ip, ip).transmit(len(data), now)
+            link = links.get((src_ip, ip)) or self.link(src_ip, ip)
+            reason, arrivals = link.transmit(len(data), now)
             if reason is not None:
                 self._record(now, reason, source, target, data)
                 continue
             for arrival in arrivals:
-                self.loop.call_at(arrival, _Delivery(self, source, destination, target, data),
-                                  PHASE_INPUT)
+                # A partial, not a closure or an object with __call__: made and called in C.
+                call_at(arrival, functools.partial(arrive, source, destination, target, data),
+                        PHASE_INPUT)
 
     def _arrive(self, source: Address, destination: Address, target: Address,
                 data: bytes) -> None:
@@ -411,33 +451,30 @@ class Network:
         crc = zlib.crc32(data)
         src = _text(source)
         dst = _text(destination)
-        self._digest.update(f"{now} {event} {src} {dst} {len(data)} {crc:08x}\n".encode())
+        lines = self._digest_lines
+        lines.append(f"{now} {event} {src} {dst} {len(data)} {crc:08x}\n")
+        if len(lines) >= _DIGEST_BATCH:
+            self._fold_digest()
         self.events += 1
-        self.counts[event] = self.counts.get(event, 0) + 1
+        counts = self.counts
+        counts[event] = counts.get(event, 0) + 1
         if self.keep_trace:
             self.trace.append((now, event, src, dst, len(data), crc))
         for observer in self.observers:
             observer(now, event, source, destination, data)
 
+    def _fold_digest(self) -> None:
+        """Fold the trace lines not yet hashed into the digest (SHA-256 of the lines in order
+        is the same fed at once or one by one; at once costs one call per batch)."""
+        self._digest.update("".join(self._digest_lines).encode())
+        self._digest_lines = []
+
     def trace_digest(self) -> str:
         """SHA-256 (hex) of the trace so far: equal for equal runs."""
+        self._fold_digest()
         return self._digest.hexdigest()
 
     def trace_text(self) -> str:
         """The kept trace, one ``time_ns event src dst length crc32`` line per event."""
         return "".join(f"{t} {e} {s} {d} {n} {c:08x}\n" for t, e, s, d, n, c in self.trace)
 
-
-class _Delivery:
-    __slots__ = ("data", "destination", "network", "source", "target")
-
-    def __init__(self, network: Network, source: Address, destination: Address, target: Address,
-                 data: bytes) -> None:
-        self.network = network
-        self.source = source
-        self.destination = destination
-        self.target = target
-        self.data = data
-
-    def __call__(self) -> None:
-        self.network._arrive(self.source, self.destination, self.target, self.data)

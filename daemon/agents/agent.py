@@ -29,6 +29,11 @@ from slipstream.daemon._network import lib as network
 
 Endpoint = TypeVar("Endpoint")
 
+#: ``ss_agent_python_due``'s clock for "due whatever the time" (every timer in the future).
+_NEVER = -NO_DEADLINE
+#: Its reasons to run the Python half other than the Python half's timer.
+_DUE_BUT_TIMER = ~network.SS_DUE_TIMER
+
 
 class Agent(Generic[Endpoint]):
     """A duty-cycle agent (Aeron's Agent): single-threaded, except :meth:`submit`."""
@@ -135,8 +140,12 @@ class Agent(Generic[Endpoint]):
     def next_deadline_ns(self) -> int:
         """When a duty cycle is next due with no input (0: now; NO_DEADLINE: none): what the
         C half's rule says, given what the Python half last published."""
-        if self.has_commands:
+        # The simulator asks after every idle cycle of every host: locals, no property.
+        if self._commands:
             return 0
-        if network.ss_agent_python_due(self.c, -NO_DEADLINE) & ~network.SS_DUE_TIMER:
+        c = self.c
+        if network.ss_agent_python_due(c, _NEVER) & _DUE_BUT_TIMER:
             return 0
-        return min(self.c.python_deadline_ns, network.ss_agent_c_deadline(self.c))
+        c_deadline = network.ss_agent_c_deadline(c)
+        python_deadline = c.python_deadline_ns
+        return python_deadline if python_deadline < c_deadline else c_deadline

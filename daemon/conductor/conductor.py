@@ -520,8 +520,9 @@ class DriverConductor:
                 network_work, network_out = self.network.do_work(now_ns)
                 work += network_work
                 out.extend(network_out)
-            for publication_id, event in self.network.sample_episodes(now_ns):
-                out.extend(self._episode_messages(publication_id, event))
+            if self.network.publications:  # sampling none would still cost a call a cycle
+                for publication_id, event in self.network.sample_episodes(now_ns):
+                    out.extend(self._episode_messages(publication_id, event))
             # A calm governor samples on the timer's cycles too (one wake-up for both), but
             # never more often than a watched one: a short window reads a blip as busy.
             if now_ns >= self._next_governor_ns or (
@@ -634,15 +635,25 @@ class DriverConductor:
         return out
 
     def next_deadline_ns(self) -> int:
-        """When the conductor next needs a cycle even if nothing happens."""
-        if any(p.is_cleaning_behind for p in self.ipc_publications.values()) or (
-                self.network is not None and self.network.has_events):
-            return self._last_cycle_ns  # overdue: clean the next chunk after one yield
+        """When the conductor next needs a cycle even if nothing happens (ns, the clock of
+        :meth:`do_work`).  Asked after every idle duty cycle: plain loops, no generators."""
+        network = self.network
+        ipc_publications = self.ipc_publications.values()
+        for publication in ipc_publications:
+            if publication.is_cleaning_behind:
+                return self._last_cycle_ns  # overdue: clean the next chunk after one yield
+        if network is not None and network.has_events:
+            return self._last_cycle_ns
         deadline = self._next_timer_ns
-        if self.network is not None and (self.network.carries_streams or self.governor.step):
+        if network is not None and (network.carries_streams or self.governor.step):
             deadline = min(deadline, self._next_governor_ns)
-        if any(p.episodes.is_open for p in self.ipc_publications.values()) or (
-                self.network is not None and self.network.has_open_episode):
+        open_episode = network is not None and network.has_open_episode
+        if not open_episode:
+            for publication in ipc_publications:
+                if publication.episodes.is_open:
+                    open_episode = True
+                    break
+        if open_episode:
             # An open episode ends when the depth falls, which nothing signals: look again.
             return min(deadline, self._last_cycle_ns + EPISODE_SAMPLE_INTERVAL_NS)
         return deadline

@@ -81,6 +81,7 @@ from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.pressure.episodes import (
     BackPressureEpisodes,
     EpisodeEvent,
+    LogReadings,
     watermarks_of,
 )
 from slipstream.daemon.protocol.params import PublicationParams, SubscriptionParams
@@ -146,6 +147,7 @@ class _PublicationEntry:
     publisher_limit_id: int
     episodes: BackPressureEpisodes
     drops_counter_id: int
+    readings: LogReadings  # what the episodes are sampled from
     publisher_refs: int = 0
     closing: bool = False
 
@@ -348,7 +350,8 @@ class NetworkConductor:
         entry = _PublicationEntry(registration_id, key, channel, publication, endpoint,
                                   log_buffer, counter_ids, counter_ids[0], episodes,
                                   counter_ids[kinds.index((CounterType.PUBLISHER_DROPS,
-                                                           "pub-drops"))])
+                                                           "pub-drops"))],
+                                  LogReadings(log_buffer, cells[CounterType.PUBLISHER_LIMIT]))
         endpoint.publications += 1
         self.publications[registration_id] = entry
         self._shared_publications[key] = entry
@@ -681,8 +684,14 @@ class NetworkConductor:
 
     @property
     def carries_streams(self) -> bool:
-        """Whether it has publications or images (what the governor watches)."""
-        return bool(self.publications) or self.image_count > 0
+        """Whether it has publications or images (what the governor watches; asked after
+        every idle duty cycle, so a plain loop)."""
+        if self.publications:
+            return True
+        for entry in self._receive_endpoints.values():
+            if entry.images:
+                return True
+        return False
 
     def apply_pressure_step(self, step: int) -> None:
         """Hand the governor's step to the agents (on their thread)."""
@@ -692,18 +701,18 @@ class NetworkConductor:
     @property
     def has_open_episode(self) -> bool:
         """Whether a publication is in a back-pressure episode."""
-        return any(entry.episodes.is_open for entry in self.publications.values())
+        for entry in self.publications.values():
+            if entry.episodes.is_open:
+                return True
+        return False
 
     def sample_episodes(self, now_ns: int) -> list[tuple[int, EpisodeEvent]]:
         """Each publication's back-pressure episodes that began or ended since the last
         sample, with the publication's registration id."""
         events: list[tuple[int, EpisodeEvent]] = []
-        get = self.counters.get
         for entry in self.publications.values():
-            log_buffer = entry.log
             for event in entry.episodes.sample(
-                    now_ns, log_buffer.producer_position(), get(entry.publisher_limit_id),
-                    log_buffer.is_connected, *log_buffer.limit_hit(),
+                    now_ns, *entry.readings.read(),
                     window_start=entry.publication.sender_position):
                 events.append((entry.registration_id, event))
         return events

@@ -23,8 +23,17 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from slipstream.client._native import lib
+from slipstream.client._native import ffi, lib
 from slipstream.client.counters import CounterType
+from slipstream.client.layout import (
+    META_ACTIVE_TERM_COUNT,
+    META_IS_CONNECTED,
+    META_LIMIT_HIT_POSITION,
+    META_LIMIT_HIT_TIME,
+    META_TAIL_COUNTERS,
+    PARTITION_COUNT,
+)
+from slipstream.client.logbuffer import index_by_term_count, tail_term_offset
 
 #: How often the conductor samples while an episode is open (its end is seen within this).  An
 #: IPC stream near its limit keeps the conductor's cycle at a millisecond anyway; for a
@@ -34,6 +43,7 @@ EPISODE_SAMPLE_INTERVAL_NS = 10_000_000
 
 if TYPE_CHECKING:
     from slipstream.client.channel import Channel
+    from slipstream.client.logbuffer import LogBuffer
     from slipstream.daemon.config import DriverSettings
 
 
@@ -58,6 +68,41 @@ class EpisodeEvent:
     episodes: int
 
 
+class LogReadings:
+    """What :meth:`BackPressureEpisodes.sample` takes from one publication's log and its
+    pub-lmt counter, the values :class:`~slipstream.client.logbuffer.LogBuffer`'s accessors
+    give, each one acquire load through a pointer made once: those accessors make theirs on
+    every call, and the conductor samples every duty cycle.  Valid while the log is mapped
+    and the counter allocated."""
+
+    __slots__ = ("_active_term_count", "_connected", "_hit_position", "_hit_time", "_limit",
+                 "_position_bits", "_tails", "_term_length")
+
+    def __init__(self, log: LogBuffer, publisher_limit: object) -> None:
+        """``publisher_limit``: the cffi ``int64_t *`` of the publication's pub-lmt."""
+        meta = log.meta
+        self._active_term_count = ffi.cast("int32_t *", meta + META_ACTIVE_TERM_COUNT)
+        self._tails = tuple(ffi.cast("int64_t *", meta + META_TAIL_COUNTERS + 8 * index)
+                            for index in range(PARTITION_COUNT))
+        self._connected = ffi.cast("int32_t *", meta + META_IS_CONNECTED)
+        self._hit_position = ffi.cast("int64_t *", meta + META_LIMIT_HIT_POSITION)
+        self._hit_time = ffi.cast("int64_t *", meta + META_LIMIT_HIT_TIME)
+        self._limit = publisher_limit
+        self._term_length = log.term_length
+        self._position_bits = log.position_bits
+
+    def read(self) -> tuple[int, int, bool, int, int]:
+        """(producer position, pub-lmt, whether a subscriber is connected, the limit a
+        publisher last met, when: ns), positions in bytes, as ``sample`` takes them."""
+        load64 = lib.ss_load_acquire_i64
+        term_count = lib.ss_load_acquire_i32(self._active_term_count)
+        raw_tail = load64(self._tails[index_by_term_count(term_count)])
+        producer = ((term_count << self._position_bits)
+                    + tail_term_offset(raw_tail, self._term_length))
+        return (producer, load64(self._limit), lib.ss_load_acquire_i32(self._connected) == 1,
+                load64(self._hit_position), load64(self._hit_time))
+
+
 class BackPressureEpisodes:
     """One publication's episodes (module doc).  ``cells``: the counter cells by type (the
     types of :data:`~slipstream.client.counters.BACK_PRESSURE_TYPES`), or None (tests)."""
@@ -71,13 +116,19 @@ class BackPressureEpisodes:
         self.watermarks = (high_percent, low_percent)
         self.high = window * high_percent // 100
         self.low = window * low_percent // 100
-        self._cells = cells or {}
+        cells = cells or {}
+        self._episodes_cell = cells.get(CounterType.BP_EPISODES)
+        self._time_cell = cells.get(CounterType.BP_TIME)
+        self._depth_cell = cells.get(CounterType.BP_DEPTH)
+        self._peak_cell = cells.get(CounterType.BP_PEAK)
         self.episodes = 0
         self.total_ns = 0  # the ended episodes'
         self.peak = 0
         self.depth = 0
         self.started_ns: int | None = None  # the open episode's start
         self._seen_hit_ns = 0
+        #: The positions of the last sample (None: none yet); see :meth:`sample`.
+        self._last_inputs: tuple[int, int, bool, int, int, int | None] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -92,7 +143,18 @@ class BackPressureEpisodes:
         stream's limit moves in steps of an eighth of a window: its depth is the lead over
         snd-pos, or a drained stream could sit above a low watermark under 12.5 % for good).
         Returns the episodes that began or ended since the last sample (at most one of each,
-        a start first)."""
+        a start first).
+
+        The conductor samples every duty cycle, mostly to find the same positions again:
+        then no episode can begin (the met limit, if any, was seen already, and the depth
+        was under the high watermark or an episode is open) and one can end only at the
+        low watermark, so all that moves is the open episode's time."""
+        inputs = (producer, limit, connected, hit_position, hit_ns, window_start)
+        if inputs == self._last_inputs and (self.started_ns is None or self.depth > self.low):
+            if self.started_ns is not None and self._time_cell is not None:
+                lib.ss_store_release_i64(self._time_cell, self.time_in_episodes_ns(now_ns))
+            return []
+        self._last_inputs = inputs
         start = limit - self.window if window_start is None else window_start
         depth = min(max(producer - start, 0), self.window) if connected else 0
         met = hit_ns > self._seen_hit_ns and hit_position > 0
@@ -127,13 +189,12 @@ class BackPressureEpisodes:
         return self.total_ns + max(0, now_ns - self.started_ns)
 
     def _publish(self, now_ns: int) -> None:
-        cells = self._cells
-        if not cells:
-            return
-        for kind, value in ((CounterType.BP_EPISODES, self.episodes),
-                            (CounterType.BP_TIME, self.time_in_episodes_ns(now_ns)),
-                            (CounterType.BP_DEPTH, self.depth),
-                            (CounterType.BP_PEAK, self.peak)):
-            cell = cells.get(kind)
-            if cell is not None:
-                lib.ss_store_release_i64(cell, value)
+        store = lib.ss_store_release_i64
+        if self._episodes_cell is not None:
+            store(self._episodes_cell, self.episodes)
+        if self._time_cell is not None:
+            store(self._time_cell, self.time_in_episodes_ns(now_ns))
+        if self._depth_cell is not None:
+            store(self._depth_cell, self.depth)
+        if self._peak_cell is not None:
+            store(self._peak_cell, self.peak)
