@@ -26,6 +26,7 @@ from slipstream.client.errors import (
     SlipstreamError,
     UsageError,
 )
+from slipstream.client.messages import GatheredMessages, Header, MessageBatch
 from slipstream.client.publication import (
     ADMIN_ACTION,
     BACK_PRESSURED,
@@ -36,13 +37,7 @@ from slipstream.client.publication import (
     Publication,
     result_name,
 )
-from slipstream.client.subscription import (
-    GatheredMessages,
-    Header,
-    Image,
-    MessageBatch,
-    Subscription,
-)
+from slipstream.client.subscription import Image, Subscription
 
 __all__ = [
     "ADMIN_ACTION",

@@ -32,9 +32,10 @@ from slipstream.client.policy import (
 
 if TYPE_CHECKING:
     from slipstream.client.channel import PolicySpec
+    from slipstream.client.messages import FragmentHandler
     from slipstream.client.policy import TokenBucket
     from slipstream.client.publication import Buffer, Publication
-    from slipstream.client.subscription import FragmentHandler, Subscription
+    from slipstream.client.subscription import Subscription
 
 #: The longest one park in a worker thread lasts before the task looks again (a close, a lost
 #: driver and new images wake it sooner).

@@ -52,13 +52,9 @@ from slipstream.client.layout import (
     PARTITION_COUNT,
 )
 from slipstream.client.logbuffer import LogBuffer, compute_term_id, index_by_position
+from slipstream.client.messages import FragmentHandler, GatheredMessages
 from slipstream.client.publication import Publication
-from slipstream.client.subscription import (
-    FragmentHandler,
-    GatheredMessages,
-    Image,
-    Subscription,
-)
+from slipstream.client.subscription import Image, Subscription
 
 __all__ = [
     "REPLAY_VERSION",

@@ -19,7 +19,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath, control
@@ -44,6 +44,7 @@ from slipstream.client.layout import (
     align,
 )
 from slipstream.client.logbuffer import LogBuffer, compute_term_id
+from slipstream.client.messages import FragmentHandler, GatheredMessages, Header, MessageBatch
 
 if TYPE_CHECKING:
     from slipstream.client.client import Client
@@ -55,123 +56,6 @@ _MAX_SCAN = 4096  # frames per C scan; a poll's fragment limit is split into sca
 # (through the eventcounts), so this is a safety net; each wake-up of an idle vCPU costs
 # hundreds of µs of CPU here, so it is rare.
 _PARK_SLICE_NS = 1_000_000_000
-
-
-class Header:
-    """The header of the message being delivered (a flyweight: valid during the call only)."""
-
-    __slots__ = ("_image", "_payload", "_term", "_term_base")
-
-    def __init__(self, image: Image) -> None:
-        self._image = image
-        self._term: memoryview = memoryview(b"")
-        self._term_base = 0
-        self._payload = HEADER_LENGTH  # offset of the payload in the term
-
-    def _fields(self) -> tuple[int, ...]:
-        return DATA_HEADER.unpack_from(self._term, self._payload - HEADER_LENGTH)
-
-    @property
-    def frame_length(self) -> int:
-        return self._fields()[0]
-
-    @property
-    def flags(self) -> int:
-        return self._fields()[2]
-
-    @property
-    def term_offset(self) -> int:
-        return self._payload - HEADER_LENGTH
-
-    @property
-    def term_id(self) -> int:
-        return self._fields()[7]
-
-    @property
-    def session_id(self) -> int:
-        return self._image.session_id
-
-    @property
-    def stream_id(self) -> int:
-        return self._image.stream_id
-
-    @property
-    def reserved_value(self) -> int:
-        return self._fields()[8]
-
-    @property
-    def position(self) -> int:
-        """Stream position just after this message (aligned), as Aeron's Header.position()."""
-        length = self._fields()[0]
-        aligned = (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT  # inline: per call
-        return self._term_base + self._payload - HEADER_LENGTH + aligned
-
-    def __repr__(self) -> str:
-        return (f"Header(session_id={self.session_id}, stream_id={self.stream_id}, "
-                f"term_id={self.term_id}, term_offset={self.term_offset}, "
-                f"position={self.position})")
-
-
-FragmentHandler = Callable[[memoryview, Header], object]
-
-
-class MessageBatch:
-    """Whole messages from one poll_batch, in place: message i is ``buffer[starts[i]:ends[i]]``.
-
-    ``starts`` and ``ends`` are int32 memoryviews (``numpy.frombuffer(batch.starts, "i4")``
-    works), so a batch costs no Python work per message.  Valid until the next poll of the
-    same subscription.
-    """
-
-    __slots__ = ("buffer", "ends", "position", "session_id", "starts")
-
-    def __init__(self, buffer: memoryview, starts: memoryview, ends: memoryview,
-                 session_id: int, position: int) -> None:
-        self.buffer = buffer
-        self.starts = starts
-        self.ends = ends
-        self.session_id = session_id
-        self.position = position
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __iter__(self) -> Iterator[memoryview]:
-        buffer = self.buffer
-        for start, end in zip(self.starts, self.ends, strict=True):
-            yield buffer[start:end]
-
-    @property
-    def lengths(self) -> list[int]:
-        return [end - start for start, end in zip(self.starts, self.ends, strict=True)]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.ends) - sum(self.starts)
-
-
-class GatheredMessages:
-    """Whole messages from one :meth:`Image.poll_gathered`, copied out of the log back to back:
-    message i is ``data[offsets[i]:offsets[i + 1]]`` (``lengths[i]`` bytes), ``positions[i]``
-    the stream position after it and ``reserved_values[i]`` its frame's reserved value.
-    ``data`` is a bytearray, ``offsets`` (len + 1 entries) and ``lengths`` ``array('i')``, the
-    other two ``array('q')``: the buffers of an Arrow binary column and two int64 columns as
-    they are (``pyarrow`` wraps them without a copy), and what ``offer_batch`` takes.  Owned by
-    the caller."""
-
-    __slots__ = ("data", "lengths", "offsets", "positions", "reserved_values", "session_id")
-
-    def __init__(self, data: bytearray, offsets: array, lengths: array, positions: array,
-                 reserved_values: array, session_id: int) -> None:
-        self.data = data
-        self.offsets = offsets
-        self.lengths = lengths
-        self.positions = positions
-        self.reserved_values = reserved_values
-        self.session_id = session_id
-
-    def __len__(self) -> int:
-        return len(self.positions)
 
 
 class Image:
