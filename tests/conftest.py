@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, lacking
+from helpers import FAST_DRIVER_SETTINGS, NETWORK_SETTINGS, lacking
 
 pytest_plugins = ["installed"]  # the installed_venv fixture: the wheel in a fresh venv
 
@@ -36,6 +37,28 @@ def client(driver):  # -> Iterator[Client]
 
     with Client.connect(driver.directory) as connected:
         yield connected
+
+
+@pytest.fixture
+def launch():  # -> Iterator[Callable[..., MediaDriver]]
+    """Start drivers with the network settings (each in its own directory) that are stopped
+    after the test."""
+    from slipstream.daemon.driver import MediaDriver
+
+    drivers = []
+
+    def start(**settings: object) -> MediaDriver:
+        stack = contextlib.ExitStack()
+        directory = Path("/dev/shm") / f"slipstream-udp-{uuid.uuid4().hex[:12]}"
+        driver = stack.enter_context(MediaDriver.launch(
+            directory=directory, **{**NETWORK_SETTINGS, **settings}))
+        drivers.append((stack, driver))
+        return driver
+
+    yield start
+    for stack, driver in reversed(drivers):
+        stack.close()
+        shutil.rmtree(driver.directory, ignore_errors=True)
 
 
 @pytest.fixture
@@ -120,6 +143,9 @@ MODULE_LANES = {
     "test_installed_package": "sockets",
     "test_interop": "interop",
     "test_ipc": "sockets",
+    "test_ipc_client": "sockets",
+    "test_ipc_failures": "sockets",
+    "test_ipc_positions": "sockets",
     "test_ipc_publication": "unit",
     "test_layers": "unit",
     "test_layout": "unit",
@@ -152,6 +178,7 @@ MODULE_LANES = {
     "test_systemd": "sockets",
     "test_systemd_boot": "hosts",
     "test_udp": "sockets",
+    "test_udp_failures": "sockets",
 }
 
 #: The tests (by function name) whose lane is not their module's, for modules whose tests do

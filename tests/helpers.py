@@ -6,6 +6,8 @@ import os
 import shutil
 import socket
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -154,3 +156,56 @@ def process_state(pid: int) -> str:
             return stat_file.read().rpartition(")")[2].split()[0]
     except FileNotFoundError:
         return ""
+
+
+def offer_until(publication: Any, message: bytes, timeout: float = 5.0) -> int:
+    """Offer ``message`` until it is taken (its position), failing after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = publication.offer(message)
+        if result > 0:
+            return result
+        time.sleep(0.0005)
+    raise AssertionError(f"offer did not succeed within {timeout} s (last result {result})")
+
+
+def connect(publication: Any, *subscriptions: Any) -> None:
+    """Wait until ``publication`` is connected and every subscription has an image."""
+    wait_for(lambda: publication.is_connected
+             and all(s.images for s in subscriptions), what="the stream connected")
+
+
+Counters = dict[str, int]
+
+
+def stream_counted(a: Any, b: Any, uri: str, stream_id: int,
+                   count: int = 20_000) -> tuple[tuple[Counters, Counters],
+                                                 tuple[Counters, Counters], float]:
+    """``count`` MTU-sized messages (1376 B, a datagram each) from a client of ``a`` to one
+    of ``b``, checked exactly once and in order; returns both drivers' counters before and
+    after the stream, ``(a's, b's)`` each, and the seconds it took."""
+    from slipstream.client import Client
+
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, stream_id)
+        publication = ca.add_publication(uri, stream_id)
+        connect(publication, subscription)
+        before, started = (counters_of(a), counters_of(b)), time.monotonic()
+        collector = Collector(subscription)
+        stream(publication, [collector], count, lambda i: 1376)
+        collector.assert_exactly(count)
+        elapsed = time.monotonic() - started
+        # The sender counts a batch's bytes after its sendmmsg returns: on a slow host the
+        # subscriber may read the last datagrams before then (CI once saw 19,996 of 20,000).
+        wait_for(lambda: counters_of(a)["BYTES_SENT"] - before[0]["BYTES_SENT"]
+                 >= count * 1408, what="the sender's byte count of the whole stream")
+        return before, (counters_of(a), counters_of(b)), elapsed
+
+
+def run_stat(driver: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """``slipstream stat --once`` of ``driver``'s directory (and ``args``), which must succeed."""
+    result = subprocess.run([sys.executable, "-m", "slipstream.daemon.cli", "stat", "--dir",
+                             str(driver.directory), "--once", *args],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result
