@@ -56,13 +56,9 @@ APPLICATION = """
 """
 
 
-@pytest.fixture
-def isolated_hosts(needs_hosts):  # -> Iterator[tuple[NamespaceHosts, dict[int, HostDriver]]]
-    """Three isolated hosts, each with a slipstream driver in the default directory (by host)
-    and a marker file ``/dev/shm/marker-<i>``; removed afterwards."""
+def need_a_cluster() -> None:
+    """Isolated hosts and a Spark cluster can run here: skips without, fails under CI=true."""
     from spark_cluster import unavailable
-
-    from slipstream.sim.real.hosts import NamespaceHosts
 
     missing = [tool for tool in ("nsenter", "unshare") if shutil.which(tool) is None]
     if missing:
@@ -70,6 +66,15 @@ def isolated_hosts(needs_hosts):  # -> Iterator[tuple[NamespaceHosts, dict[int, 
     problem = unavailable()
     if problem is not None:
         lacking(f"a Spark cluster: {problem}")
+
+
+@pytest.fixture
+def isolated_hosts(needs_hosts):  # -> Iterator[tuple[NamespaceHosts, dict[int, HostDriver]]]
+    """Three isolated hosts, each with a slipstream driver in the default directory (by host)
+    and a marker file ``/dev/shm/marker-<i>``; removed afterwards."""
+    from slipstream.sim.real.hosts import NamespaceHosts
+
+    need_a_cluster()
     with NamespaceHosts(3, isolated=True) as hosts:
         drivers = {i: hosts.start_driver(i) for i in (1, 2, 3)}
         for i in (1, 2, 3):
@@ -249,16 +254,9 @@ spark.stop()
 @pytest.fixture
 def four_isolated_hosts(needs_hosts):  # -> Iterator[NamespaceHosts]
     """Four isolated hosts, each with a slipstream driver in the default directory."""
-    from spark_cluster import unavailable
-
     from slipstream.sim.real.hosts import NamespaceHosts
 
-    missing = [tool for tool in ("nsenter", "unshare") if shutil.which(tool) is None]
-    if missing:
-        lacking(f"isolated test hosts need {' and '.join(missing)} (util-linux)")
-    problem = unavailable()
-    if problem is not None:
-        lacking(f"a Spark cluster: {problem}")
+    need_a_cluster()
     with NamespaceHosts(4, isolated=True) as hosts:
         for i in (1, 2, 3, 4):
             hosts.start_driver(i, client_liveness_timeout="5s")
