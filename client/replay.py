@@ -43,6 +43,12 @@ import attrs
 from slipstream.client._native import ffi
 from slipstream.client.client import Client
 from slipstream.client.errors import DataLossError, SlipstreamError
+from slipstream.client.holding import (
+    Answers,
+    CallHandler,
+    decode_call,
+    reply_subscription_channel,
+)
 from slipstream.client.layout import (
     BEGIN_FLAG,
     DATA_HEADER,
@@ -77,7 +83,6 @@ log = logging.getLogger("slipstream.client.replay")
 #: The request format's version; a holder refuses requests of another.
 REPLAY_VERSION: Final = 1
 _CHUNK_MESSAGES: Final = 4096  # messages per offer_batch of a replay (at most one term's)
-_REPLAY_WINDOW: Final = 2 << 20  # the receiver window of a replay's data stream, bytes
 _CONNECT_TIMEOUT_S: Final = 10.0  # how long a holder waits for a reader's subscriptions
 
 
@@ -253,6 +258,15 @@ class ReplayRequest:
                    _int_field(fields, "response_stream_id", *int32), skip)
 
 
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    """``data`` as a JSON object, or None when it is none."""
+    try:
+        fields = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
 def _response(status: str, **fields: object) -> bytes:
     return json.dumps({"status": status, **fields}).encode()
 
@@ -315,13 +329,16 @@ class ReplayServer:
     """
 
     def __init__(self, client: Client, address: str, port: int, control_stream_id: int,
-                 lookup: Callable[[int, int], Image | None]) -> None:
+                 lookup: Callable[[int, int], Image | None],
+                 calls: CallHandler | None = None) -> None:
         self.client = client
         self.address = address
         self.port = port
         self.control_stream_id = control_stream_id
         self.control_channel = f"aeron:udp?endpoint={address}:{port}"
         self._lookup = lookup
+        self._calls = calls
+        self._answers = Answers(client)
         self._control: Subscription = client.add_subscription(self.control_channel,
                                                               control_stream_id)
         self._sessions: list[_Session] = []
@@ -339,6 +356,7 @@ class ReplayServer:
         for session in self._sessions:
             session.close()
         self._sessions.clear()
+        self._answers.close()
         self._control.close()
 
     def run(self, stopping: Callable[[], bool], idle_s: float = 0.001,
@@ -349,7 +367,7 @@ class ReplayServer:
         CPU worth counting."""
         while not stopping():
             if self.do_work() == 0:
-                wait = idle_s if self._sessions else parked_s
+                wait = idle_s if self._sessions or self._answers.pending else parked_s
                 self._control.wait_for_data(int(wait * 1e9))
 
     def do_work(self) -> int:
@@ -357,10 +375,15 @@ class ReplayServer:
         work = self._control.poll(lambda data, _header: self._requests.append(bytes(data)), 16)
         for data in self._requests:
             try:
-                self._start(data)
+                fields = _json_object(data)
+                if fields is not None and fields.get("kind") == "call":
+                    self._call(fields)
+                else:
+                    self._start(data)
             except Exception as e:
                 self._refuse(f"the request could not be served ({type(e).__name__}: {e})", None)
         self._requests.clear()
+        work += self._answers.do_work()
         for session in list(self._sessions):
             try:
                 work += self._advance(session)
@@ -371,6 +394,30 @@ class ReplayServer:
                 self.refused += 1
                 self._finish(session, served=False)
         return work
+
+    def _call(self, fields: dict[str, Any]) -> None:
+        """Answer a call (:mod:`slipstream.client.holding`): a malformed one is counted and
+        dropped, one this holder takes no calls of or that fails is answered with the error."""
+        try:
+            call_id, op, args, reply, stream = decode_call(fields)
+        except ValueError as e:
+            self._refuse(f"malformed call ({e})", None)
+            return
+        try:
+            if self._calls is None:
+                raise ValueError("this holder takes no calls, only replay requests")
+            answer = {"id": call_id, "status": "ok", "result": self._calls(op, args)}
+        except (ValueError, SlipstreamError) as e:
+            answer = {"id": call_id, "status": "error", "message": str(e)}
+        except Exception as e:  # the caller is told at once, not left to time out
+            log.exception("slipstream holder: the call %r failed", op)
+            answer = {"id": call_id, "status": "error",
+                      "message": f"the call {op!r} failed at the holder ({type(e).__name__}: "
+                                 f"{e}); its log says more"}
+        try:
+            self._answers.send(reply, stream, answer)
+        except SlipstreamError as e:
+            self._refuse(f"cannot answer {reply}: {e}", None)
 
     def _refuse(self, why: str, request: ReplayRequest | None, status: str = "refused",
                 **fields: object) -> None:
@@ -670,12 +717,7 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
     if reply_address is None:
         reply_address = local_address_towards(holder_address, port)
     reply_channel = f"aeron:udp?endpoint={reply_address}:{port}"
-    # A replay is a burst: a 2 MiB window where the default is 128 KiB (the image caps it at
-    # half a term), the same for every replay, since replays to this host share one endpoint
-    # and an endpoint has one receive window; and a sparse image log (as long as the source's,
-    # but only the range is written).
-    data_channel = (f"{reply_channel}|rcv-wnd={_REPLAY_WINDOW}|so-rcvbuf={2 * _REPLAY_WINDOW}"
-                    f"|sparse=true")
+    data_channel = reply_subscription_channel(reply_channel)
     data_stream = random.randrange(1, INT32_MAX - 1)
     request = ReplayRequest(stream_id, log_identity, start, end, reply_channel, data_stream,
                             data_stream + 1, skip_lost)

@@ -36,6 +36,7 @@ from pyspark.sql.datasource import DataSource
 from slipstream.spark_bridge.options import OptionError, SourceOptions, parse_options
 from slipstream.spark_bridge.reader import (
     SCHEMA,
+    SlipstreamBatchReader,
     SlipstreamDataLossError,
     SlipstreamPartition,
     SlipstreamStreamReader,
@@ -57,6 +58,7 @@ __all__ = [
     "SCHEMA",
     "OfferTimeoutError",
     "OptionError",
+    "SlipstreamBatchReader",
     "SlipstreamDataLossError",
     "SlipstreamDataSource",
     "SlipstreamPartition",
@@ -90,11 +92,13 @@ class SlipstreamDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> SlipstreamStreamReader:
         self.parsed.check_direction("read")
+        self.parsed.check_read_kind(streaming=True)
         return SlipstreamStreamReader(self.parsed)
 
-    def reader(self, schema: StructType) -> None:  # type: ignore[override]
-        raise OptionError("format", "slipstream is read as a stream only: use "
-                                    "spark.readStream.format('slipstream')")
+    def reader(self, schema: StructType) -> SlipstreamBatchReader:
+        self.parsed.check_direction("read")
+        self.parsed.check_read_kind(streaming=False)
+        return SlipstreamBatchReader(self.parsed)
 
     def writer(self, schema: StructType, overwrite: bool) -> SlipstreamWriter:
         self.parsed.check_direction("write")

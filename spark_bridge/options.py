@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 from collections.abc import Mapping
 
 from slipstream.client.channel import parse_channel
 from slipstream.client.errors import ChannelError, UsageError
-from slipstream.client.layout import INT32_MAX, INT32_MIN
+from slipstream.client.holder import DEFAULT_GROUP, HOLDER_PORT
+from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
 from slipstream.client.units import parse_size
 
 __all__ = ["READ_OPTIONS", "WRITE_OPTIONS", "OptionError", "SourceOptions", "parse_options"]
@@ -32,9 +34,9 @@ class OptionError(UsageError, ValueError):
 
 
 COMMON_OPTIONS = ("channel", "streamId", "directory")
-READ_OPTIONS = ("startingPosition", "maxMessagesPerTrigger", "maxBytesPerTrigger",
-                "failOnDataLoss", "minPartitions", "holderAddress", "replayPort",
-                "replayTimeoutMs")
+READ_OPTIONS = ("startingPosition", "endingPosition", "maxMessagesPerTrigger",
+                "maxBytesPerTrigger", "failOnDataLoss", "minPartitions", "holder",
+                "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs")
 WRITE_OPTIONS = ("offerTimeoutMs",)
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
@@ -43,7 +45,6 @@ _CANONICAL = {name.lower(): name
 
 DEFAULT_CHANNEL = "aeron:ipc"
 DEFAULT_OFFER_TIMEOUT_MS = 30_000
-DEFAULT_REPLAY_PORT = 40190
 DEFAULT_REPLAY_TIMEOUT_MS = 30_000
 
 
@@ -54,14 +55,21 @@ class SourceOptions:
     stream_id: int
     channel: str = DEFAULT_CHANNEL
     directory: str | None = None
-    starting_position: str = "latest"
+    #: ``latest``, ``earliest``, or (batch reads) per session the position to start at.
+    starting_position: str | dict[str, int] = "latest"
+    #: Batch reads: ``latest``, or per session the position to end at.
+    ending_position: str | dict[str, int] = "latest"
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     offer_timeout_ms: int = DEFAULT_OFFER_TIMEOUT_MS
     holder_address: str | None = None  # None: found by the holder (reader.holder_address)
-    replay_port: int = DEFAULT_REPLAY_PORT
+    replay_port: int = HOLDER_PORT
+    #: A standing holder's (address, port): the ingest host that holds the stream, or None
+    #: (the query holds it itself, on the Spark driver's host).
+    holder: tuple[str, int] | None = None
+    holder_group: str = DEFAULT_GROUP
     replay_timeout_ms: int = DEFAULT_REPLAY_TIMEOUT_MS
     given: frozenset[str] = frozenset()  # canonical names of the options the user set
 
@@ -76,6 +84,34 @@ class SourceOptions:
                                         f"{'reader' if direction == 'read' else 'writer'}")
 
 
+    def check_read_kind(self, *, streaming: bool) -> None:
+        """Raise :class:`OptionError` for a read option of the other kind of read: per-trigger
+        limits and per-session starting positions on a batch read, ``endingPosition`` on a
+        stream; and for ``holderAddress`` beside ``holder``, or a batch read without
+        ``holder`` (a batch read's planner ends before its tasks run, so only a standing
+        holder holds the range for them)."""
+        if "holder" in self.given and "holderAddress" in self.given:
+            raise OptionError("holderAddress", "is the address of a query that holds its stream "
+                                               "itself; with 'holder', the ingest host's "
+                                               "holder serves the reads: remove one")
+        if streaming:
+            if "endingPosition" in self.given:
+                raise OptionError("endingPosition", "applies to batch reads only "
+                                                    "(spark.read); a stream has no end")
+            if isinstance(self.starting_position, dict):
+                raise OptionError("startingPosition", "per-session positions apply to batch "
+                                                      "reads only (accepted on a stream: "
+                                                      "latest, earliest)")
+            return
+        for name in ("maxMessagesPerTrigger", "maxBytesPerTrigger"):
+            if name in self.given:
+                raise OptionError(name, "applies to streaming reads only (spark.readStream)")
+        if self.holder is None:
+            raise OptionError("holder", "is required by a batch read (spark.read): the ingest "
+                                        "host whose slipstream-holder holds the stream, "
+                                        "HOST[:PORT] (docs/SPARK.md)")
+
+
 def _positive_int(name: str, text: str) -> int:
     try:
         value = int(text.strip())
@@ -85,6 +121,48 @@ def _positive_int(name: str, text: str) -> int:
     if value < 1:
         raise OptionError(name, f"{value} is not >= 1 (accepted: a whole number >= 1)")
     return value
+
+
+def _positions(name: str, text: str, words: tuple[str, ...]) -> str | dict[str, int]:
+    """One of ``words``, or a JSON object of session id -> position (batch reads)."""
+    stripped = text.strip()
+    accepted = f"{', '.join(words)}, or a JSON object of session id to position"
+    if stripped.lower() in words:
+        return stripped.lower()
+    try:
+        positions = json.loads(stripped)
+    except json.JSONDecodeError:
+        raise OptionError(name, f"{text!r} is not accepted (accepted: {accepted})") from None
+    if not isinstance(positions, dict):
+        raise OptionError(name, f"{text!r} is not accepted (accepted: {accepted})")
+    result: dict[str, int] = {}
+    for session, position in positions.items():
+        try:
+            sid = int(session)
+        except ValueError:
+            raise OptionError(name, f"session {session!r} is not a session id") from None
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0 \
+                or position % FRAME_ALIGNMENT or not INT32_MIN <= sid <= INT32_MAX:
+            raise OptionError(name, f"session {session}: {position!r} is not a stream position "
+                                    f"(a multiple of {FRAME_ALIGNMENT}, >= 0)")
+        result[str(sid)] = position
+    return result
+
+
+def _holder(text: str, port: int) -> tuple[str, int]:
+    """``HOST[:PORT]`` of a standing holder (the port defaults to ``replayPort``)."""
+    host, _, port_text = text.strip().rpartition(":") if ":" in text else (text.strip(), "", "")
+    if port_text:
+        try:
+            port = int(port_text)
+        except ValueError:
+            port = 0
+        if not 1 <= port <= 65535:
+            raise OptionError("holder", f"{text!r}: {port_text!r} is not a UDP port (accepted: "
+                                        f"HOST or HOST:PORT, the ingest host's slipstream-holder)")
+    if not host:
+        raise OptionError("holder", f"{text!r} names no host (accepted: HOST or HOST:PORT)")
+    return host, port
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
@@ -124,11 +202,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     if directory is not None and not directory.strip():
         raise OptionError("directory", "is empty (accepted: the driver directory, a path)")
 
-    starting = given.get("startingPosition", "latest").strip().lower()
-    if starting not in ("latest", "earliest"):
-        raise OptionError("startingPosition",
-                          f"{given['startingPosition']!r} is not accepted (accepted: latest, "
-                          f"earliest)")
+    # A stream starts at latest by default; a batch read at earliest (check_read_kind).
+    starting = _positions("startingPosition", given.get("startingPosition", "latest"),
+                          ("latest", "earliest"))
+    ending = _positions("endingPosition", given.get("endingPosition", "latest"), ("latest",))
 
     max_messages = None
     if "maxMessagesPerTrigger" in given:
@@ -174,7 +251,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             raise OptionError("holderAddress", f"{holder_address!r} is not an IPv4 address "
                                                f"(accepted: the address executors reach this "
                                                f"host at, e.g. 10.0.0.1)") from None
-    replay_port = DEFAULT_REPLAY_PORT
+    replay_port = HOLDER_PORT
     if "replayPort" in given:
         replay_port = _positive_int("replayPort", given["replayPort"])
         if replay_port > 65535:
@@ -184,11 +261,20 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     if "replayTimeoutMs" in given:
         replay_timeout_ms = _positive_int("replayTimeoutMs", given["replayTimeoutMs"])
 
+    holder = None
+    if "holder" in given:
+        holder = _holder(given["holder"], replay_port)
+    group = given.get("holderGroup", DEFAULT_GROUP).strip()
+    if not group:
+        raise OptionError("holderGroup", "is empty (accepted: a name)")
+
     return SourceOptions(
         stream_id=stream_id, channel=channel,
         directory=directory.strip() if directory else None,
-        starting_position=starting, max_messages_per_trigger=max_messages,
+        starting_position=starting, ending_position=ending,
+        max_messages_per_trigger=max_messages,
         max_bytes_per_trigger=max_bytes, fail_on_data_loss=fail_text == "true",
         min_partitions=min_partitions,
         offer_timeout_ms=offer_timeout_ms, holder_address=holder_address,
-        replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, given=frozenset(given))
+        replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, holder=holder,
+        holder_group=group, given=frozenset(given))

@@ -55,7 +55,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -69,26 +69,27 @@ from slipstream.client import (
     DataLossError,
     GatheredMessages,
     Image,
-    InvalidArgumentError,
     SlipstreamError,
     Subscription,
     control,
 )
 from slipstream.client.counters import CountersFile
+from slipstream.client.holder import HOLDER_CONTROL_STREAM
+from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
+from slipstream.client.logview import ImageView, LogView, RemoteView
 from slipstream.client.replay import (
     LogIdentity,
     ReplayLostError,
     ReplayServer,
-    earliest_position,
     first_retained,
-    is_retained,
     message_start,
     request_replay,
 )
 from slipstream.spark_bridge.options import SourceOptions
 
-__all__ = ["SCHEMA", "SlipstreamDataLossError", "SlipstreamPartition", "SlipstreamStreamReader"]
+__all__ = ["SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError", "SlipstreamPartition",
+           "SlipstreamStreamReader"]
 
 log = logging.getLogger("slipstream.spark_bridge")
 
@@ -109,10 +110,6 @@ _IMAGE_WAIT_S = 0.5  # how long a new subscription waits for its images to show 
 
 class SlipstreamDataLossError(SlipstreamError):
     """Positions a query must read are no longer in the log (failOnDataLoss=true)."""
-
-
-class _Stop(Exception):
-    """Raised from a peek handler to end a scan after a whole message."""
 
 
 class SlipstreamPartition(InputPartition):
@@ -499,32 +496,6 @@ def shares(budget: int, backlogs: dict[str, int]) -> dict[str, int]:
     return result
 
 
-def split_points(image: Image, begin: int, stop: int, pieces: int) -> list[int]:
-    """Message boundaries strictly inside ``[begin, stop)`` that cut it into about ``pieces``
-    ranges of equal length, found by the C scan (64 messages per step, so a piece is at
-    least that long); fewer when the range is too short or the log no longer holds it."""
-    if pieces <= 1:
-        return []
-    step = (stop - begin) / pieces
-    probe = Image.detached(image.log_path, begin)
-    points: list[int] = []
-    try:
-        target = begin + step
-        while probe.position < stop and len(points) < pieces - 1:
-            before = probe.position
-            probe.poll_batch(64)
-            if probe.position == before or probe.position >= stop:
-                break
-            if probe.position >= target and not probe._assembling:
-                points.append(probe.position)
-                target = probe.position + step
-    finally:
-        probe._log.close()
-    if not is_retained(image, begin):  # lapped while scanning: the tasks report the loss
-        return []
-    return points
-
-
 def position_of(entry: object) -> int:
     """The position of an offset's entry: ``{"position": p, ...}``, or a bare position (the
     offsets of checkpoints written before entries named their log)."""
@@ -540,6 +511,151 @@ def log_of(entry: object) -> tuple[int, int] | None:
     return None
 
 
+class _OwnHold:
+    """The query holds its stream itself: a subscription through this host's driver, and a
+    replay holder (:class:`_Holder`) on a thread for read tasks on other hosts."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.client = Client.connect(options.directory)
+        try:
+            self.subscription: Subscription = self.client.add_subscription(options.channel,
+                                                                            options.stream_id)
+        except BaseException:
+            self.client.close()
+            raise
+        self.host = socket.gethostname()
+        self.driver = driver_instance(self.client.counters)
+        self.holder: _Holder | None = None
+        address = holder_address(options)
+        if address is not None:
+            try:
+                self.holder = _Holder(options.directory, address, options.replay_port)
+            except SlipstreamError as e:  # tasks on other hosts fail, saying so
+                log.warning("slipstream: the query's replay holder cannot listen at %s:%d "
+                            "(%s): read tasks on other hosts will fail; set replayPort to a "
+                            "free UDP port, or holderAddress to this host's address",
+                            address, options.replay_port, e)
+        deadline = time.monotonic() + _IMAGE_WAIT_S
+        while not self.subscription.images and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    @property
+    def holder_address(self) -> tuple[str, int, int] | None:
+        """Where tasks on other hosts ask for replays (address, port, control stream)."""
+        return self.holder.address if self.holder is not None else None
+
+    def views(self) -> dict[str, LogView]:
+        if self.client.is_closed:
+            raise self.client.driver_lost_error()
+        subscription = self.subscription
+        if subscription._before_read_due:
+            # The images of sessions that ended: this (planning) thread is the only one that
+            # reads them, and it never polls, so unmap them here or they stay mapped (their
+            # files already unlinked) for as long as the query runs.
+            subscription._release_retired()
+        images = subscription.images
+        if self.holder is not None:
+            self.holder.logs = {image.session_id: (image.log_path, image.join_position)
+                                for image in images}
+        return {str(image.session_id): ImageView(image) for image in images}
+
+    def close(self) -> None:
+        if self.holder is not None:
+            self.holder.close()
+        self.client.close()
+
+
+class _StandingHold:
+    """An ingest host's standing holder (``slipstream-holder``, the ``holder`` option) holds
+    the stream: the planner asks it, through this host's driver, what the logs hold and to
+    move the position on commit (:class:`~slipstream.client.logview.RemoteView`)."""
+
+    def __init__(self, options: SourceOptions, *, hold: bool = True) -> None:
+        assert options.holder is not None
+        name, port = options.holder
+        try:
+            address = socket.gethostbyname(name)
+        except OSError as e:
+            raise SlipstreamError(f"slipstream: the holder {name!r} (option holder) does not "
+                                  f"resolve: {e}") from None
+        self.client = Client.connect(options.directory)
+        try:
+            self.link = HolderLink(self.client, address, port, HOLDER_CONTROL_STREAM,
+                                   timeout_s=options.replay_timeout_ms / 1000)
+        except BaseException:
+            self.client.close()
+            raise
+        self.key = {"channel": options.channel, "stream_id": options.stream_id,
+                    "group": options.holder_group, "hold": hold}
+        self.holder_address: tuple[str, int, int] | None = (address, port,
+                                                              HOLDER_CONTROL_STREAM)
+        self.host = name
+        self.driver: str | None = None
+
+    def views(self) -> dict[str, LogView]:
+        if self.client.is_closed:
+            raise self.client.driver_lost_error()
+        state = self.link.call("state", **self.key)
+        self.host, self.driver = str(state["host"]), str(state["driver"])
+        key = {k: v for k, v in self.key.items() if k != "hold"}
+        return {sid: RemoteView(self.link, key, int(sid), fields)
+                for sid, fields in state["sessions"].items()}
+
+    def close(self) -> None:
+        self.link.close()
+        self.client.close()
+
+
+def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
+                    images: dict[str, LogView], start: dict[str, object],
+                    end: dict[str, object]) -> list[SlipstreamPartition]:
+    """The partitions of ``[start, end)`` (offsets: session id -> entry): one per session
+    with something to read, or with ``minPartitions`` long ranges split at message
+    boundaries so that there are about that many, each session's count in proportion to its
+    share of the bytes (:meth:`LogView.split_points`).  A range of a log that is not the
+    session's log now fails (or is skipped, ``failOnDataLoss=false``), naming both."""
+    ranges = {}
+    for sid, entry in sorted(end.items()):
+        stop = position_of(entry)
+        begin = position_of(start.get(sid, entry))
+        if stop > begin:
+            ranges[sid] = (begin, stop)
+    wanted = options.min_partitions
+    total = sum(stop - begin for begin, stop in ranges.values())
+    partitions = []
+    for sid, (begin, stop) in ranges.items():
+        image = images.get(sid)
+        named = log_of(end[sid])
+        if image is not None and named is not None and \
+                named != (image.initial_term_id, image.term_length):
+            message = (f"slipstream stream {options.stream_id} session {sid}: the "
+                       f"batch's range [{begin}, {stop}) is of the log with initial term "
+                       f"id {named[0]} and term length {named[1]}; this session's log now "
+                       f"has {image.initial_term_id} and {image.term_length} (its "
+                       f"publisher was added again, with session-id set?)")
+            if options.fail_on_data_loss:
+                raise SlipstreamDataLossError(message)
+            log.warning("%s: skipping the range (failOnDataLoss=false)", message)
+            _record_skip(options.directory)
+            continue
+        initial_term_id, term_length = (
+            (image.initial_term_id, image.term_length) if image is not None
+            else named or (0, 0))
+        bounds = [begin, stop]
+        if wanted is not None and image is not None and wanted > len(ranges):
+            pieces = max(1, round(wanted * (stop - begin) / total))
+            bounds = [begin, *image.split_points(begin, stop, pieces), stop]
+        for low, high in itertools.pairwise(bounds):
+            partitions.append(SlipstreamPartition(
+                int(sid), options.stream_id,
+                image.log_path if image is not None else "", low, high,
+                options.directory, options.fail_on_data_loss, hold.host,
+                initial_term_id=initial_term_id, term_length=term_length,
+                driver=hold.driver, holder=hold.holder_address,
+                replay_timeout_ms=options.replay_timeout_ms))
+    return partitions
+
+
 class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("slipstream")``: see the module documentation.
 
@@ -549,74 +665,38 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._client: Client | None = None
-        self._subscription: Subscription | None = None
+        self._hold: _OwnHold | _StandingHold | None = None
         self._target: dict[str, int] | None = None
-        self._host = socket.gethostname()
-        self._driver: str | None = None  # driver_instance() of the planner's driver
-        self._holder: _Holder | None = None
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
-        state["_client"] = state["_subscription"] = state["_holder"] = None
+        state["_hold"] = None
         return state
 
     # -- offsets -------------------------------------------------------------------------------
-    def _entry(self, image: Image, position: int) -> dict[str, object]:
-        """An offset's entry for ``image``: the position, and what it is a position of (the
-        log: initial term id and term length; the holder: host and driver run)."""
-        return {"position": int(position), "log": [image.initial_term_id, image.term_length],
-                "holder": f"{self._host}/{self._driver}"}
+    def _entry(self, view: LogView, position: int) -> dict[str, object]:
+        """An offset's entry for ``view``'s log: the position, and what it is a position of
+        (the log: initial term id and term length; the holder: host and driver run)."""
+        assert self._hold is not None
+        return {"position": int(position), "log": [view.initial_term_id, view.term_length],
+                "holder": f"{self._hold.host}/{self._hold.driver}"}
 
     # -- planning side -------------------------------------------------------------------------
-    def _images(self) -> dict[str, Image]:
-        """The subscription's images by session id (the subscription is made on first use).
-        Raises the client's DriverNotRunningError once the driver stopped or died: a query
-        that went on would see no stream, silently, and never the driver's successor."""
-        if self._client is not None and self._client.is_closed:
-            raise self._client.driver_lost_error()
-        if self._subscription is None:
-            import time
-
-            self._client = Client.connect(self.options.directory)
+    def _images(self) -> dict[str, LogView]:
+        """The held logs by session id (the hold is made on first use: a subscription here,
+        or the standing holder's).  Raises the client's DriverNotRunningError once this
+        host's driver stopped or died: a query that went on would see no stream, silently,
+        and never the driver's successor."""
+        if self._hold is None:
+            self._hold = (_StandingHold(self.options) if self.options.holder is not None
+                          else _OwnHold(self.options))
             _leave_the_driver_on_sigterm(self)
-            try:
-                self._subscription = self._client.add_subscription(self.options.channel,
-                                                                   self.options.stream_id)
-            except BaseException:
-                self._client.close()
-                self._client = None
-                raise
-            self._driver = driver_instance(self._client.counters)
-            address = holder_address(self.options)
-            if address is not None:
-                try:
-                    self._holder = _Holder(self.options.directory, address,
-                                           self.options.replay_port)
-                except SlipstreamError as e:  # tasks on other hosts fail, saying so
-                    log.warning("slipstream: the query's replay holder cannot listen at %s:%d "
-                                "(%s): read tasks on other hosts will fail; set replayPort to "
-                                "a free UDP port, or holderAddress to this host's address",
-                                address, self.options.replay_port, e)
-            deadline = time.monotonic() + _IMAGE_WAIT_S
-            while not self._subscription.images and time.monotonic() < deadline:
-                time.sleep(0.01)
-        subscription = self._subscription
-        if subscription._before_read_due:
-            # The images of sessions that ended: this (planning) thread is the only one that
-            # reads them, and it never polls, so unmap them here or they stay mapped (their
-            # files already unlinked) for as long as the query runs.
-            subscription._release_retired()
-        images = {str(image.session_id): image for image in subscription.images}
-        if self._holder is not None:
-            self._holder.logs = {image.session_id: (image.log_path, image.join_position)
-                                 for image in images.values()}
-        return images
+        return self._hold.views()
 
-    def _default_start(self, image: Image) -> int:
+    def _default_start(self, view: LogView) -> int:
         if self.options.starting_position == "earliest":
-            return earliest_position(image)
-        return image.position
+            return view.earliest_position()
+        return view.position
 
     def initialOffset(self) -> dict[str, object]:
         """Where a new query starts.  ``latest``: no session yet; each enters the offset log
@@ -630,8 +710,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         waiting a batch could lose it; planned anew, it is the oldest held then)."""
         images = self._images()  # connect: the subscription's position holds the stream
         if self.options.starting_position == "earliest":
-            return {sid: self._entry(image, earliest_position(image))
-                    for sid, image in images.items()}
+            return {sid: self._entry(view, view.earliest_position())
+                    for sid, view in images.items()}
         return {}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -693,7 +773,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 end[sid] = self._entry(image, self._default_start(image))
                 continue
             if sid in foreign:  # enters afresh, read from the next batch on
-                end[sid] = self._entry(image, earliest_position(image))
+                end[sid] = self._entry(image, image.earliest_position())
                 continue
             begin = position_of(start[sid])
             available = image.available_position()
@@ -702,12 +782,12 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if available <= begin:
                 end[sid] = self._entry(image, begin)
                 continue
-            if not is_retained(image, begin):
+            if not image.is_retained(begin):
                 if self.options.fail_on_data_loss:
                     raise SlipstreamDataLossError(loss_message(
                         image.stream_id, image.session_id, begin, available, None,
                         image.term_length))
-                begin = first_retained(image, begin, available)  # the executor counts the skip
+                begin = image.first_retained(begin, available)  # the executor counts the skip
             ranges[sid] = (begin, available)
             end[sid] = self._entry(image, available)
         if max_rows is None and max_bytes is None:
@@ -716,92 +796,26 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         row_shares = shares(max_rows, backlog) if max_rows is not None else {}
         byte_shares = shares(max_bytes, backlog) if max_bytes is not None else {}
         for sid, (begin, available) in ranges.items():
-            reached, _, _ = self._scan(images[sid], begin, available, row_shares.get(sid),
+            reached = images[sid].scan(begin, available, row_shares.get(sid),
                                        byte_shares.get(sid))
             end[sid] = self._entry(images[sid], reached)
         return end
 
-    @staticmethod
-    def _scan(image: Image, begin: int, available: int, max_rows: int | None,
-              max_bytes: int | None) -> tuple[int, int, int]:
-        """Find the boundary after at most ``max_rows`` messages / ``max_bytes`` payload bytes
-        (at least one message, so a query always progresses); returns (end, rows, bytes)."""
-        if max_rows == 0 or max_bytes == 0:
-            return begin, 0, 0
-        count = size = 0
-        last = begin
-
-        def handler(data: memoryview, header: object) -> None:
-            nonlocal count, size, last
-            if count and ((max_rows is not None and count >= max_rows)
-                          or (max_bytes is not None and size + len(data) > max_bytes)):
-                raise _Stop
-            count += 1
-            size += len(data)
-            last = header.position  # type: ignore[attr-defined]
-
-        try:
-            last = image.peek(begin, handler, available)
-        except _Stop:
-            pass
-        except DataLossError:
-            return available, 0, 0  # lapped while scanning: the executor reports it
-        return last, count, size
-
     def reportLatestOffset(self) -> dict[str, int] | None:
         """What is available now (shown in the query's progress)."""
-        if self._subscription is None:
+        if self._hold is None:
             return None
-        return {str(image.session_id): image.available_position()
-                for image in self._subscription.images}
+        return {sid: view.available_position() for sid, view in self._images().items()}
 
     def partitions(self, start: dict[str, object], end: dict[str, object]
                    ) -> list[SlipstreamPartition]:
         """One partition per image with something in ``[start, end)``; with ``minPartitions``,
         long ranges are split at message boundaries so that there are about that many, each
-        session's count in proportion to its share of the bytes (:func:`split_points`)."""
+        session's count in proportion to its share of the bytes
+        (:meth:`LogView.split_points`)."""
         images = self._images()
-        holder = self._holder.address if self._holder is not None else None
-        ranges = {}
-        for sid, entry in sorted(end.items()):
-            stop = position_of(entry)
-            begin = position_of(start.get(sid, entry))
-            if stop > begin:
-                ranges[sid] = (begin, stop)
-        wanted = self.options.min_partitions
-        total = sum(stop - begin for begin, stop in ranges.values())
-        partitions = []
-        for sid, (begin, stop) in ranges.items():
-            image = images.get(sid)
-            named = log_of(end[sid])
-            if image is not None and named is not None and \
-                    named != (image.initial_term_id, image.term_length):
-                message = (f"slipstream stream {self.options.stream_id} session {sid}: the "
-                           f"batch's range [{begin}, {stop}) is of the log with initial term "
-                           f"id {named[0]} and term length {named[1]}; this session's log now "
-                           f"has {image.initial_term_id} and {image.term_length} (its "
-                           f"publisher was added again, with session-id set?)")
-                if self.options.fail_on_data_loss:
-                    raise SlipstreamDataLossError(message)
-                log.warning("%s: skipping the range (failOnDataLoss=false)", message)
-                _record_skip(self.options.directory)
-                continue
-            initial_term_id, term_length = (
-                (image.initial_term_id, image.term_length) if image is not None
-                else named or (0, 0))
-            bounds = [begin, stop]
-            if wanted is not None and image is not None and wanted > len(ranges):
-                pieces = max(1, round(wanted * (stop - begin) / total))
-                bounds = [begin, *split_points(image, begin, stop, pieces), stop]
-            for low, high in itertools.pairwise(bounds):
-                partitions.append(SlipstreamPartition(
-                    int(sid), self.options.stream_id,
-                    image.log_path if image is not None else "", low, high,
-                    self.options.directory, self.options.fail_on_data_loss, self._host,
-                    initial_term_id=initial_term_id, term_length=term_length,
-                    driver=self._driver, holder=holder,
-                    replay_timeout_ms=self.options.replay_timeout_ms))
-        return partitions
+        assert self._hold is not None
+        return plan_partitions(self.options, self._hold, images, start, end)
 
     def commit(self, end: dict[str, object]) -> None:
         """Spark processed everything before ``end``: return its credit (see the module
@@ -812,7 +826,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                         "(%s): the subscriber position stays where it is", end[sid], sid, reason)
 
     @staticmethod
-    def _consumed(images: dict[str, Image], offsets: dict[str, object]) -> dict[str, str]:
+    def _consumed(images: dict[str, LogView], offsets: dict[str, object]) -> dict[str, str]:
         """The query is done with everything before ``offsets``: move each image's subscriber
         position there (never backwards), returning the credit to the publishers.
 
@@ -831,25 +845,91 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                 f"term length {named[1]}; this session's log has "
                                 f"{image.initial_term_id} and {image.term_length}")
                 continue
-            position = position_of(entry)
-            if position > image.position:
-                try:
-                    image.position = position
-                except InvalidArgumentError as error:
-                    foreign[sid] = str(error)
+            why = image.advance_to(position_of(entry))
+            if why is not None:
+                foreign[sid] = why
         return foreign
 
     def stop(self) -> None:
         """The query ended: leave the driver (the subscription stops holding publishers, the
         holder stops replaying)."""
-        holder, self._holder = self._holder, None
-        if holder is not None:
-            holder.close()
-        if self._client is not None:
-            self._client.close()
-        self._client = self._subscription = None
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.close()
 
     # -- executor side -------------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[object]:  # type: ignore[override]
+        """The partition's messages as Arrow record batches (see :func:`read_range`)."""
+        assert isinstance(partition, SlipstreamPartition)
+        return read_range(partition)
+
+
+class SlipstreamBatchReader(DataSourceReader):
+    """``spark.read.format("slipstream")``: per session of the stream, the messages from
+    ``startingPosition`` (default ``earliest``) to ``endingPosition`` (default ``latest``)
+    that the standing holder named by ``holder`` holds for ``holderGroup``.
+
+    A batch read moves no position: it reads what the holder's log holds, and the stream's
+    query (if any) commits as before.  Its planner (a Python worker that ends before the tasks
+    run) asks the holder once; the tasks read as a stream's do (:func:`read_range`).
+    """
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def _ranges(self, views: dict[str, LogView]) -> tuple[dict[str, object], dict[str, object]]:
+        options = self.options
+        starting = options.starting_position if "startingPosition" in options.given \
+            else "earliest"
+        ending = options.ending_position
+        named = {sid for positions in (starting, ending) if isinstance(positions, dict)
+                 for sid in positions}
+        absent = ", ".join(sorted(named - set(views)))
+        if absent:
+            raise SlipstreamError(
+                f"slipstream stream {options.stream_id}: no session {absent} at the holder "
+                f"{options.holder} (sessions there: {', '.join(sorted(views)) or 'none'})")
+        start: dict[str, object] = {}
+        end: dict[str, object] = {}
+        for sid, view in sorted(views.items()):
+            available = view.available_position()
+            stop = ending[sid] if isinstance(ending, dict) and sid in ending else available
+            if stop > available:
+                raise SlipstreamError(
+                    f"slipstream stream {options.stream_id} session {sid}: endingPosition "
+                    f"{stop} is past the last whole message its log holds ({available})")
+            if starting == "latest":
+                begin = stop
+            elif isinstance(starting, dict) and sid in starting:
+                begin = starting[sid]
+            else:
+                begin = view.earliest_position()
+            if begin > stop:
+                raise SlipstreamError(
+                    f"slipstream stream {options.stream_id} session {sid}: startingPosition "
+                    f"{begin} is after endingPosition {stop}")
+            if begin < stop and not view.is_retained(begin):
+                message = loss_message(options.stream_id, view.session_id, begin, stop, None,
+                                       view.term_length)
+                if options.fail_on_data_loss:
+                    raise SlipstreamDataLossError(message)
+                begin = view.first_retained(begin, stop)
+                log.warning("%s Skipping to %d (failOnDataLoss=false).", message, begin)
+                _record_skip(options.directory)
+            identity = [view.initial_term_id, view.term_length]
+            start[sid] = {"position": begin, "log": identity}
+            end[sid] = {"position": stop, "log": identity}
+        return start, end
+
+    def partitions(self) -> list[SlipstreamPartition]:  # type: ignore[override]
+        hold = _StandingHold(self.options, hold=False)
+        try:
+            views = hold.views()
+            start, end = self._ranges(views)
+            return plan_partitions(self.options, hold, views, start, end)
+        finally:
+            hold.close()
+
     def read(self, partition: InputPartition) -> Iterator[object]:  # type: ignore[override]
         """The partition's messages as Arrow record batches (see :func:`read_range`)."""
         assert isinstance(partition, SlipstreamPartition)

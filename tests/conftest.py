@@ -139,6 +139,7 @@ MODULE_LANES = {
     "test_flow_control": "unit",
     "test_flow_hosts": "hosts",
     "test_frames": "unit",
+    "test_holder": "sockets",
     "test_hosts": "hosts",
     "test_installed_package": "sockets",
     "test_interop": "interop",

@@ -342,6 +342,82 @@ class SparkCluster:
                                     f"{self.report(run)}")
         return run
 
+    def submit(self, script: str, *args: str, conf: Mapping[str, str] | None = None,
+               supervise: bool = True, timeout: float = 120.0) -> str:
+        """Submit a PySpark application in **cluster deploy mode** from the master's host:
+        the master starts its driver on a worker (1 core, 512 MiB of it), and with
+        ``supervise`` starts it again when it dies (on the same worker; on another, under a
+        new driver id, when the worker is lost).  Returns the driver id.
+
+        ``spark-submit app.py`` refuses cluster mode for Python on a standalone cluster
+        (SparkSubmit: "Cluster deploy mode is currently not supported for python
+        applications on standalone clusters"); the same machinery runs it when the main
+        resource is a jar every host has (Spark's own spark-tags) and the main class is
+        Spark's PythonRunner, whose arguments are the script, its py-files ("" for none) and
+        the application's.  The driver's environment is its worker's (:meth:`environment`:
+        PYSPARK_PYTHON, SPARK_LOCAL_IP); its output goes to
+        ``work-<i>/<driver id>/stdout`` and ``stderr`` (:meth:`driver_outputs`).
+        """
+        self._apps += 1
+        path = self.directory / "apps" / f"app-{self._apps}.py"
+        path.write_text(textwrap.dedent(script))
+        settings = {
+            "spark.pyspark.python": sys.executable,
+            "spark.executor.memory": self.executor_memory,
+            "spark.executor.cores": "1",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.extraJavaOptions": JAVA_OPTIONS,
+            "spark.executor.extraJavaOptions": JAVA_OPTIONS,
+            **(conf or {}),
+        }
+        jar = next((spark_home() / "jars").glob("spark-tags_*.jar"))
+        command = [str(spark_home() / "bin" / "spark-submit"), "--master", self.master_url,
+                   "--deploy-mode", "cluster", *(["--supervise"] if supervise else []),
+                   "--class", "org.apache.spark.deploy.PythonRunner",
+                   "--driver-memory", "512m", "--driver-cores", "1"]
+        for key, value in settings.items():
+            command += ["--conf", f"{key}={value}"]
+        command += [f"file://{jar}", str(path), "", *args]
+        result = self.master_host.run(*command, env=self.environment(self.master_host),
+                                      timeout=timeout, check=False)
+        found = re.search(r"Driver successfully submitted as (driver-\S+)",
+                          result.stdout + result.stderr)
+        if found is None:
+            raise SparkClusterError(f"spark-submit --deploy-mode cluster failed "
+                                    f"({result.returncode}):\n{_tail(result.stderr)}\n"
+                                    f"{self.report()}")
+        return found.group(1)
+
+    def driver_outputs(self) -> dict[str, tuple[int, str]]:
+        """Every cluster-mode driver run so far: driver id -> (the worker host's index, its
+        stdout, all its launches appended)."""
+        found = {}
+        for stdout in sorted(self.directory.glob("work-*/driver-*/stdout")):
+            host = int(stdout.parent.parent.name.removeprefix("work-"))
+            found[stdout.parent.name] = (host, stdout.read_text(errors="replace"))
+        return found
+
+    def lose_host(self, index: int) -> list[int]:
+        """The Spark side of worker host ``index`` dies at once (SIGKILL): its worker, and
+        every process of its network that is not a slipstream driver or holder (executors,
+        Python workers, cluster-mode drivers and their applications).  Returns the pids."""
+        host = self.hosts[index]
+        listed = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True,
+                                text=True, check=False).stdout.split()
+        killed = []
+        for pid in (int(p) for p in listed if p.isdigit()):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"slipstream.daemon.cli driver" in command or b"slipstream-holder" in command:
+                continue  # the host's slipstream side lives on
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        return killed
+
     def report(self, run: AppRun | None = None) -> str:
         """The tails of an application's output (``run``), the master's and workers' logs and
         every executor's stderr: what a failure message should carry."""
@@ -352,6 +428,8 @@ class SparkCluster:
             parts.append(f"--- {log.name}\n{_log_tail(log, 20)}")
         for stderr in sorted(self.directory.glob("work-*/*/*/stderr")):
             parts.append(f"--- {stderr.relative_to(self.directory)}\n{_log_tail(stderr, 20)}")
+        for stderr in sorted(self.directory.glob("work-*/driver-*/stderr")):
+            parts.append(f"--- {stderr.relative_to(self.directory)}\n{_log_tail(stderr, 30)}")
         return "\n".join(parts)
 
 

@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 from helpers import lacking
@@ -160,11 +162,16 @@ with Client.connect() as client:
     while not publication.is_connected:
         assert time.monotonic() < deadline, "no subscriber came"
         time.sleep(0.05)
+    reported = time.monotonic()
     for i in range(count):
         message = f"m{i:08d}".encode().ljust(size, b".")
         while publication.offer(message, reserved_value=(i + 1) * 1_000_000_000) < 0:
             output.poll(take, 256)
             time.sleep(0.0002)
+            if time.monotonic() - reported > 0.2:
+                with open(progress, "w") as f:
+                    f.write(str(len(keys)))
+                reported = time.monotonic()
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline:
         if not output.poll(take, 256):
@@ -335,3 +342,126 @@ def test_a_query_reads_on_hosts_without_the_log_exactly_once_through_a_lost_work
     assert got["in_order"], "each task's rows arrive in input order"
     assert set(got["hosts"]) == {hosts[2].address, hosts[3].address}, got["hosts"]
     assert got["stamps"], "timestamp is the publisher's reserved value, through the replay"
+
+
+# -- cluster deploy mode: an ingest host ------------------------------------------------------
+#
+# Host 1: the Spark master, the submitter, the publisher (to host 4) and the client that
+# receives what the query writes; hosts 2 and 3: a worker each, one of which the master picks
+# for the Spark driver; host 4: the ingest host, its slipstream driver and slipstream-holder.
+
+#: The query, submitted in cluster deploy mode with --supervise: it reads through the ingest
+#: host's holder and writes as the client-mode query does, until the file ``done`` appears.
+#: Each launch prints where it runs and the first batch it ran (a launch that resumed from the
+#: checkpoint starts past 0).
+CLUSTER_QUERY = """
+import json, os, socket, sys, time
+from pyspark.sql import SparkSession, functions as F
+from slipstream.spark_bridge import register
+
+data, out, holder, work = sys.argv[1:5]
+spark = SparkSession.builder.appName("slipstream-cluster-mode").getOrCreate()
+register(spark)
+print("LAUNCH", json.dumps({"host": socket.gethostname(),
+                            "mode": spark.conf.get("spark.submit.deployMode")}), flush=True)
+rows = (spark.readStream.format("slipstream").option("channel", data).option("streamId", "10")
+        .option("holder", holder).option("minPartitions", "2").load())
+query = (rows.select(F.concat_ws("|", F.col("value").cast("string"),
+                                 F.col("position").cast("string"),
+                                 F.col("timestamp").cast("double").cast("string"),
+                                 F.spark_partition_id().cast("string")).alias("value"))
+         .writeStream.format("slipstream").option("channel", out).option("streamId", "11")
+         .option("checkpointLocation", os.path.join(work, "checkpoint")).start())
+while not os.path.exists(os.path.join(work, "done")):
+    if query.exception() is not None:
+        raise query.exception()
+    time.sleep(0.2)
+batches = [progress["batchId"] for progress in query.recentProgress]
+query.stop()
+print("RESULT", json.dumps({"host": socket.gethostname(), "first_batch": min(batches)}),
+      flush=True)
+spark.stop()
+"""
+
+
+@pytest.mark.timeout(900)
+def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_the_driver_moves(
+        four_isolated_hosts, tmp_path) -> None:
+    """Host 1 publishes WINDOWS receiver windows to the ingest host 4, where slipstream-holder
+    holds the stream from its start; the query runs in cluster deploy mode with --supervise,
+    its Spark driver on a worker host the master picks, and finds the holder by its
+    ``holder`` option.  A third of the way in, that worker host's Spark dies (worker, driver,
+    executor: SIGKILL); the master starts the driver again on the other worker host, which
+    resumes from the checkpoint.  Every message reaches host 1's client, once per input
+    position after deduplication, in order per output session, with the publisher's
+    timestamps; the publisher never waited for more than the holder's window while the
+    query was gone."""
+    from spark_cluster import spark_cluster
+
+    hosts = four_isolated_hosts
+    data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
+    out = f"aeron:udp?endpoint={hosts[1].address}:{OUT_PORT}"
+    holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
+                            "--address", hosts[4].address, "--hold", data, "10",
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    progress = tmp_path / "received"
+    client = hosts[1].popen(sys.executable, "-c", HOST_4, data, out, str(MESSAGES),
+                            str(PAYLOAD), str(progress), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    outputs: list[tuple[str, str]] = []
+
+    def collect_client() -> None:
+        outputs.append(client.communicate())
+        (tmp_path / "done").touch()  # the query stops
+
+    watch = threading.Thread(target=collect_client)
+    watch.start()
+    lost: list[int] = []
+    try:
+        with spark_cluster(hosts, tmp_path, master=1, workers=(2, 3), worker_cores=2,
+                           worker_memory="2g") as cluster:
+            first = cluster.submit(CLUSTER_QUERY, data, out, hosts[4].address, str(tmp_path),
+                                   conf={"spark.cores.max": "2"})
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and not lost:
+                received = int(progress.read_text() or 0) if progress.exists() else 0
+                runs = cluster.driver_outputs()
+                if received >= MESSAGES // 3 and first in runs:
+                    lost = [runs[first][0]]  # the host of the first launch
+                    assert cluster.lose_host(lost[0])
+                time.sleep(0.2)
+            assert lost, f"the first third never arrived:\n{cluster.report()}"
+            while time.monotonic() < deadline:
+                runs = cluster.driver_outputs()
+                if any("RESULT " in text for _, text in runs.values()):
+                    break
+                time.sleep(0.5)
+            runs = cluster.driver_outputs()
+            report = cluster.report()
+    finally:
+        try:
+            client.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            client.kill()
+        watch.join(30)
+        holder.terminate()
+        holder_log, _ = holder.communicate(timeout=30)
+    launches = [(host, json.loads(line.removeprefix("LAUNCH ")))
+                for host, text in runs.values() for line in text.splitlines()
+                if line.startswith("LAUNCH ")]
+    results = [json.loads(line.removeprefix("RESULT "))
+               for _, text in runs.values() for line in text.splitlines()
+               if line.startswith("RESULT ")]
+    assert all(launch["mode"] == "cluster" for _, launch in launches), launches
+    assert lost[0] in (2, 3) and {host for host, _ in launches} == {2, 3}, (launches, report)
+    assert len(results) == 1 and results[0]["host"] == hosts[5 - lost[0]].hostname, results
+    assert results[0]["first_batch"] > 0, "the second launch resumed from the checkpoint"
+    stdout, stderr = outputs[0] if outputs else ("", "host 1's client gave no output")
+    got = next((json.loads(line.removeprefix("RESULT "))
+                for line in stdout.splitlines() if line.startswith("RESULT ")), None)
+    assert got is not None, f"host 1's client: {stdout} {stderr}\n{report}"
+    assert got["distinct"] == MESSAGES, (got, report)
+    assert not got["missing"] and not got["unexpected"], got
+    assert got["in_order"], "each task's rows arrive in input order"
+    assert got["stamps"], "timestamp is the publisher's reserved value"
+    assert "holding stream 10" in holder_log, holder_log

@@ -1,0 +1,283 @@
+"""The standing holder: an ingest host's process that holds streams for read queries.
+
+A read query's planner normally holds its stream itself, on the Spark driver's host.  That host
+is not fixed in cluster deploy mode (the Spark driver starts on any worker, and ``--supervise``
+restarts it on another), so publishers would not know where to send.  An **ingest host** fixes
+it: publishers send there, and ``slipstream-holder`` runs there beside its slipstream driver.
+
+The holder subscribes to each stream a query asks for (or that ``--hold`` names at start) and
+keeps the subscription for as long as it runs: its position, moved only when a query commits,
+holds every message the query has not committed, so a query may be down (stopped, restarting,
+its driver moving to another host) for as long as the publishers may wait (they are held back
+one receiver window past it, as by any slow subscriber).  A query finds the holder by its
+``holder`` option and asks it, through its own host's driver (calls,
+:mod:`slipstream.client.holding`), what the logs hold and to move the position on commit; read
+tasks on the ingest host read the log in shared memory, tasks elsewhere get replays
+(:mod:`slipstream.client.replay`) from it.
+
+Each held stream is named by ``(channel, stream id, group)``: queries of different groups
+(``holderGroup``) on one stream have a subscription, a position and a hold each.  A group
+whose queries stopped calling for ``--release-after`` seconds is released (never, by
+default): its subscription closes and stops holding publishers.
+
+It needs only the base install (no Spark): an ingest host need not have Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+import attrs
+
+from slipstream.client import Client, Image, SlipstreamError, Subscription
+from slipstream.client.channel import parse_channel
+from slipstream.client.errors import ChannelError
+from slipstream.client.layout import INT32_MAX, INT32_MIN
+from slipstream.client.logview import VIEW_OPERATIONS, ImageView, snapshot
+from slipstream.client.replay import LogIdentity, ReplayServer
+
+__all__ = ["DEFAULT_GROUP", "HOLDER_CONTROL_STREAM", "HOLDER_PORT", "StreamHolder", "main"]
+
+log = logging.getLogger("slipstream.client.holder")
+
+#: The UDP port a standing holder listens on by default (the readers' ``replayPort``).
+HOLDER_PORT: Final = 40190
+#: The stream id of a standing holder's control stream: fixed, so that a query finds the
+#: holder by address and port alone (a query's own holder draws one at random).
+HOLDER_CONTROL_STREAM: Final = 0x51_1DE0
+#: The group of a query that names none (``holderGroup``).
+DEFAULT_GROUP: Final = "spark"
+
+
+@attrs.define
+class _Held:
+    """One held stream: the subscription that holds it and when a query last called."""
+
+    channel: str
+    stream_id: int
+    group: str
+    subscription: Subscription
+    last_call: float
+
+
+def _key(args: dict[str, Any]) -> tuple[str, int, str]:
+    channel, stream_id, group = args.get("channel"), args.get("stream_id"), args.get("group")
+    if not isinstance(channel, str):
+        raise ValueError(f"channel {channel!r} is not a channel URI")
+    if isinstance(stream_id, bool) or not isinstance(stream_id, int) \
+            or not INT32_MIN <= stream_id <= INT32_MAX:
+        raise ValueError(f"stream_id {stream_id!r} is not a 32-bit integer")
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"group {group!r} is not a name")
+    return channel, stream_id, group
+
+
+def _view_args(method: str, args: object) -> dict[str, int | None]:
+    """The arguments of a view question, checked: the method's parameters, integers (None
+    only for a limit of ``scan``)."""
+    if method not in VIEW_OPERATIONS:
+        raise ValueError(f"method {method!r} is not one of {', '.join(VIEW_OPERATIONS)}")
+    names = VIEW_OPERATIONS[method]
+    if not isinstance(args, dict) or set(args) != set(names):
+        raise ValueError(f"{method} takes {', '.join(names)}, not {args!r}")
+    for name, value in args.items():
+        nullable = method == "scan" and name in ("max_rows", "max_bytes")
+        if value is None and nullable:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
+            raise ValueError(f"{method}: {name} {value!r} is not a position or count")
+    return args
+
+
+class StreamHolder:
+    """Holds streams in this host's driver (through ``client``) and answers their queries on
+    the control stream :data:`HOLDER_CONTROL_STREAM` at ``endpoint=address:port``: calls
+    (``state``, ``view``, ``release``) and replays.  :meth:`run` serves until stopped; use it
+    from one thread, with a client used by no other."""
+
+    def __init__(self, client: Client, address: str = "0.0.0.0", port: int = HOLDER_PORT, *,
+                 control_stream_id: int = HOLDER_CONTROL_STREAM,
+                 release_after_s: float | None = None) -> None:
+        self.client = client
+        self.release_after_s = release_after_s
+        self.host = socket.gethostname()
+        self.driver = f"{client.counters.driver_pid}@{client.counters.start_time_ns}"
+        self._held: dict[tuple[str, int, str], _Held] = {}
+        self._detached: dict[str, Image] = {}  # log path -> the replays' own mapping of it
+        self.server = ReplayServer(client, address, port, control_stream_id, self._lookup,
+                                   calls=self._call)
+
+    def hold(self, channel: str, stream_id: int, group: str = DEFAULT_GROUP) -> _Held:
+        """Hold ``stream_id`` on ``channel`` for ``group`` (at once, if not already held)."""
+        key = (channel, stream_id, group)
+        held = self._held.get(key)
+        if held is None:
+            try:
+                parse_channel(channel)
+            except ChannelError as e:
+                raise ValueError(f"channel {channel!r}: {e}") from None
+            subscription = self.client.add_subscription(channel, stream_id)
+            held = _Held(channel, stream_id, group, subscription, time.monotonic())
+            self._held[key] = held
+            log.info("holding stream %d on %s for group %r", stream_id, channel, group)
+        return held
+
+    @property
+    def held(self) -> list[tuple[str, int, str]]:
+        """The streams held: ``(channel, stream id, group)``."""
+        return list(self._held)
+
+    def _image(self, held: _Held, session_id: int) -> Image:
+        for image in held.subscription.images:
+            if image.session_id == session_id:
+                return image
+        raise ValueError(f"stream {held.stream_id} on {held.channel} has no session "
+                         f"{session_id} here (its publication ended and the log went)")
+
+    def _call(self, op: str, args: dict[str, Any]) -> Any:
+        key = _key(args)
+        if op == "release":
+            held = self._held.pop(key, None)
+            if held is not None:
+                held.subscription.close()
+                log.info("released stream %d on %s for group %r", key[1], key[0], key[2])
+            return held is not None
+        if args.get("hold") is False and key not in self._held:
+            held_here = ", ".join(f"{s} on {c} ({g})" for c, s, g in self._held) or "none"
+            raise ValueError(f"stream {key[1]} on {key[0]} is not held here for group "
+                             f"{key[2]!r} (held: {held_here})")
+        held = self.hold(*key)
+        held.last_call = time.monotonic()
+        if op == "state":
+            held.subscription._release_retired()
+            return {"host": self.host, "driver": self.driver,
+                    "sessions": {str(image.session_id): snapshot(ImageView(image))
+                                 for image in held.subscription.images}}
+        if op == "view":
+            session_id = args.get("session_id")
+            if isinstance(session_id, bool) or not isinstance(session_id, int):
+                raise ValueError(f"session_id {session_id!r} is not an integer")
+            image = self._image(held, session_id)
+            named = args.get("log")
+            if named != [image.initial_term_id, image.term_length]:
+                raise ValueError(f"session {session_id}'s log here has initial term id "
+                                 f"{image.initial_term_id} and term length {image.term_length}, "
+                                 f"not {named!r}")
+            method = str(args.get("method"))
+            checked = _view_args(method, args.get("args"))
+            return getattr(ImageView(image), method)(**checked)
+        raise ValueError(f"op {op!r} is not one of state, view, release")
+
+    def _lookup(self, stream_id: int, session_id: int) -> Image | None:
+        """The log a replay reads: a mapping of its own (an image of a held subscription is
+        unmapped when its session ends, under a replay that may still read it)."""
+        paths = {image.log_path: image for held in self._held.values()
+                 for image in held.subscription.images}
+        if not self.server.replaying:  # unmap the logs that left, none of them being read
+            for gone in set(self._detached) - set(paths):
+                self._detached.pop(gone)._log.close()
+        for path, image in paths.items():
+            if image.stream_id == stream_id and image.session_id == session_id:
+                detached = self._detached.get(path)
+                if detached is None:
+                    try:
+                        detached = Image.detached(path, image.join_position)
+                    except OSError:
+                        return None
+                    self._detached[path] = detached
+                if LogIdentity.of(detached) == LogIdentity.of(image):
+                    return detached
+        return None
+
+    def do_work(self) -> int:
+        """Serve what came; release groups idle longer than ``release_after_s``."""
+        work = self.server.do_work()
+        if self.release_after_s is not None:
+            now = time.monotonic()
+            for key, held in list(self._held.items()):
+                if now - held.last_call > self.release_after_s:
+                    self._call("release", {"channel": key[0], "stream_id": key[1],
+                                           "group": key[2]})
+        return work
+
+    def run(self, stopping: Any) -> None:
+        """Serve until ``stopping()`` is true (see :meth:`ReplayServer.run` for the waits)."""
+        while not stopping():
+            if self.do_work() == 0:
+                self.server._control.wait_for_data(
+                    1_000_000 if self.server.replaying or self.server._answers.pending
+                    else 100_000_000)
+
+    def close(self) -> None:
+        self.server.close()
+        for held in self._held.values():
+            held.subscription.close()
+        self._held.clear()
+        for image in self._detached.values():
+            image._log.close()
+        self._detached.clear()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slipstream-holder",
+        description="Hold streams for Spark read queries on this (ingest) host and serve their "
+                    "planning calls and replays (docs/SPARK.md, 'Cluster deploy mode').")
+    parser.add_argument("--dir", help="the driver directory (default: $SLIPSTREAM_DIR, else "
+                                      "/dev/shm/slipstream-<user>)")
+    parser.add_argument("--address", default="0.0.0.0",
+                        help="the address to listen on (default: every address)")
+    parser.add_argument("--port", type=int, default=HOLDER_PORT,
+                        help=f"the UDP port of the control stream (default {HOLDER_PORT})")
+    parser.add_argument("--hold", nargs=2, action="append", default=[],
+                        metavar=("CHANNEL", "STREAM_ID"),
+                        help=f"hold this stream from the start, for group {DEFAULT_GROUP!r} "
+                             f"(repeatable); others are held when a query first asks")
+    parser.add_argument("--release-after", type=float, default=None, metavar="SECONDS",
+                        help="release a group no query called for this long (default: never)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``slipstream-holder``: serve until SIGTERM or SIGINT; 1 when the driver goes away."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if not 1 <= args.port <= 65535:
+        _parser().error(f"--port {args.port} is not a UDP port (1..65535)")
+    stopping = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    client = Client.connect(args.dir)
+    try:
+        holder = StreamHolder(client, args.address, args.port,
+                              release_after_s=args.release_after)
+        try:
+            for channel, stream in args.hold:
+                holder.hold(channel, int(stream))
+            log.info("serving at %s:%d, control stream %d", args.address, args.port,
+                     HOLDER_CONTROL_STREAM)
+            holder.run(lambda: stopping)
+        finally:
+            holder.close()
+    except (SlipstreamError, ValueError) as e:
+        print(f"slipstream-holder: {e}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Calls to a holder: small request/answer exchanges over slipstream streams, beside replays.
+
+A holder (a process that holds streams in its host's shared memory and serves replays of them,
+:class:`~slipstream.client.replay.ReplayServer`) also answers **calls** on the same control
+stream: a planner on another host asks it what its logs hold, where a range of messages ends,
+or to move a subscriber position.  A call is one JSON message on the control stream, an answer
+one JSON message on the caller's response stream, matched by the call's ``id``::
+
+    {"version": 1, "kind": "call", "id": 7, "op": "state", "args": {...},
+     "reply_channel": "aeron:udp?endpoint=10.0.0.2:40190", "response_stream_id": 91}
+    {"id": 7, "status": "ok", "result": ...}  or  {"id": 7, "status": "error", "message": ...}
+
+Unlike a replay, a caller keeps its two streams (:class:`HolderLink`) and the holder its answer
+publication (:class:`Answers`) for as long as calls keep coming, so a call costs one round
+trip through the two hosts' drivers, not a stream's set-up.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from slipstream.client.client import Client
+from slipstream.client.errors import SlipstreamError
+from slipstream.client.layout import INT32_MAX
+from slipstream.client.publication import Publication
+from slipstream.client.subscription import Subscription
+
+__all__ = ["CALL_VERSION", "REPLY_WINDOW", "Answers", "CallError", "HolderLink",
+           "reply_subscription_channel", "small_channel"]
+
+#: The call format's version; a holder answers calls of another with an error.
+CALL_VERSION: Final = 1
+_ANSWER_IDLE_S: Final = 60.0  # an answer publication unused this long is closed
+_ANSWER_TIMEOUT_S: Final = 10.0  # an answer not sent by then (no caller listening) is dropped
+#: The receiver window of every subscription at a host's reply endpoint, bytes.  A replay is a
+#: burst: 2 MiB where the default is 128 KiB (an image caps it at half its term).  Replays
+#: and answers to one host share one endpoint, and an endpoint has one receive window, so
+#: every subscription there asks for the same.
+REPLY_WINDOW: Final = 2 << 20
+
+
+class CallError(SlipstreamError):
+    """A call failed: the holder did not answer in time, or answered with an error (the
+    message is the holder's, prefixed with who it is)."""
+
+
+def small_channel(channel: str) -> str:
+    """``channel`` for an exchange's few small messages: a log of the shortest terms, made at
+    once (a default one is tens of MiB to prepare)."""
+    return f"{channel}|term-length=64k|sparse=true"
+
+
+def reply_subscription_channel(reply_channel: str) -> str:
+    """The channel a reader or caller subscribes with at its reply endpoint ``reply_channel``:
+    the shared window (:data:`REPLY_WINDOW`) and a sparse image log (a replay's is as long as
+    the source's, but only its range is written)."""
+    return (f"{reply_channel}|rcv-wnd={REPLY_WINDOW}|so-rcvbuf={2 * REPLY_WINDOW}"
+            f"|sparse=true")
+
+
+def decode_call(fields: dict[str, Any]) -> tuple[int, str, dict[str, Any], str, int]:
+    """``(id, op, args, reply_channel, response_stream_id)`` of a call's JSON fields; raises
+    ValueError naming the field that is wrong."""
+    if fields.get("version") != CALL_VERSION:
+        raise ValueError(f"version {fields.get('version')!r} (this holder speaks "
+                         f"{CALL_VERSION})")
+    call_id, op, args = fields.get("id"), fields.get("op"), fields.get("args", {})
+    reply, stream = fields.get("reply_channel"), fields.get("response_stream_id")
+    if isinstance(call_id, bool) or not isinstance(call_id, int):
+        raise ValueError(f"id {call_id!r} is not an integer")
+    if not isinstance(op, str):
+        raise ValueError(f"op {op!r} is not a string")
+    if not isinstance(args, dict):
+        raise ValueError(f"args {args!r} is not an object")
+    if not isinstance(reply, str) or not reply.startswith("aeron:udp?"):
+        raise ValueError(f"reply_channel {reply!r} is not a UDP channel URI")
+    if isinstance(stream, bool) or not isinstance(stream, int) \
+            or not -INT32_MAX - 1 <= stream <= INT32_MAX:
+        raise ValueError(f"response_stream_id {stream!r} is not a 32-bit integer")
+    return call_id, op, args, reply, stream
+
+
+class Answers:
+    """The holder's side of calls: one answer publication per caller, kept while the caller
+    keeps calling.  An answer whose caller does not listen yet waits for it up to 10 s."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._publications: dict[tuple[str, int], tuple[Publication, float]] = {}
+        self._waiting: list[tuple[tuple[str, int], bytes, float]] = []
+
+    def send(self, reply_channel: str, stream_id: int, answer: dict[str, Any]) -> None:
+        """Queue ``answer`` to the caller at ``reply_channel`` / ``stream_id``; raises
+        SlipstreamError when no publication can be made there (the channel is refused)."""
+        key = (reply_channel, stream_id)
+        if key not in self._publications:
+            publication = self._client.add_publication(small_channel(reply_channel), stream_id)
+            self._publications[key] = (publication, time.monotonic())
+        self._waiting.append((key, json.dumps(answer).encode(),
+                              time.monotonic() + _ANSWER_TIMEOUT_S))
+        self.do_work()
+
+    def do_work(self) -> int:
+        """Offer what waits, close what is idle; returns how many answers went."""
+        now = time.monotonic()
+        sent = 0
+        still: list[tuple[tuple[str, int], bytes, float]] = []
+        for key, data, deadline in self._waiting:
+            publication, _ = self._publications[key]
+            if publication.offer(data) >= 0:
+                self._publications[key] = (publication, now)
+                sent += 1
+            elif now < deadline:
+                still.append((key, data, deadline))
+        self._waiting = still
+        waiting = {key for key, _, _ in still}
+        for key, (publication, used) in list(self._publications.items()):
+            if key not in waiting and now - used > _ANSWER_IDLE_S:
+                publication.close()
+                del self._publications[key]
+        return sent
+
+    @property
+    def pending(self) -> int:
+        """Answers not sent yet."""
+        return len(self._waiting)
+
+    def close(self) -> None:
+        for publication, _ in self._publications.values():
+            publication.close()
+        self._publications.clear()
+        self._waiting.clear()
+
+
+class HolderLink:
+    """A caller's standing link to a holder's control stream ``control_stream_id`` at
+    ``endpoint=address:port``: answers come back to this host's driver at ``reply_address``
+    (this host's address towards the holder when None), same port, on a stream of its own.
+
+    :meth:`call` sends one call and waits for its answer.  Use from one thread.
+    """
+
+    def __init__(self, client: Client, address: str, port: int, control_stream_id: int, *,
+                 timeout_s: float = 30.0, reply_address: str | None = None) -> None:
+        from slipstream.client.replay import local_address_towards
+
+        self.holder = f"{address}:{port} (control stream {control_stream_id})"
+        self.address = address
+        self.port = port
+        self.timeout_s = timeout_s
+        if reply_address is None:
+            reply_address = local_address_towards(address, port)
+        self.reply_channel = f"aeron:udp?endpoint={reply_address}:{port}"
+        self.response_stream_id = random.randrange(1, INT32_MAX)
+        self._next_id = 1
+        self._answers: dict[int, dict[str, Any]] = {}
+        self._response: Subscription = client.add_subscription(
+            reply_subscription_channel(self.reply_channel), self.response_stream_id)
+        try:
+            self._control: Publication = client.add_publication(
+                small_channel(f"aeron:udp?endpoint={address}:{port}"), control_stream_id)
+        except BaseException:
+            self._response.close()
+            raise
+
+    def call(self, op: str, **args: Any) -> Any:
+        """Call ``op`` with ``args`` (JSON values); returns the holder's result.  Raises
+        :class:`CallError` when the holder answers with an error or not within the link's
+        ``timeout_s``."""
+        call_id = self._next_id
+        self._next_id += 1
+        data = json.dumps({"version": CALL_VERSION, "kind": "call", "id": call_id, "op": op,
+                           "args": args, "reply_channel": self.reply_channel,
+                           "response_stream_id": self.response_stream_id}).encode()
+        deadline = time.monotonic() + self.timeout_s
+        while self._control.offer(data) < 0:
+            if time.monotonic() > deadline:
+                raise CallError(
+                    f"the holder at {self.holder} did not take the call {op!r} within "
+                    f"{self.timeout_s:g} s: is it running, and UDP port {self.port} open "
+                    f"between this host and {self.address} both ways?")
+            time.sleep(0.001)
+        while call_id not in self._answers:
+            self._response.poll(self._take, 16)
+            if call_id in self._answers:
+                break
+            if time.monotonic() > deadline:
+                raise CallError(f"the holder at {self.holder} took the call {op!r} but did not "
+                                f"answer within {self.timeout_s:g} s (is UDP port {self.port} "
+                                f"open towards this host?)")
+            self._response.wait_for_data(10_000_000)
+        answer = self._answers.pop(call_id)
+        self._answers.clear()  # answers to earlier calls that timed out
+        if answer.get("status") != "ok":
+            raise CallError(f"the holder at {self.holder}: {answer.get('message', answer)}")
+        return answer.get("result")
+
+    def _take(self, data: memoryview, _header: object) -> None:
+        try:
+            answer = json.loads(bytes(data))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return  # not an answer: the stream is ours, so nothing to tell anyone
+        if isinstance(answer, dict) and isinstance(answer.get("id"), int):
+            self._answers[answer["id"]] = answer
+
+    def close(self) -> None:
+        self._control.close()
+        self._response.close()
+
+
+CallHandler = Callable[[str, dict[str, Any]], Any]
+"""What a holder does with a call: ``handler(op, args)`` returns the result (a JSON value) or
+raises ValueError / SlipstreamError, whose message the caller gets."""

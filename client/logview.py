@@ -1,0 +1,228 @@
+"""What the planning side of a read sees of a session's log, wherever the log is.
+
+A read query plans its micro-batches from the logs of its stream's images: where each ends,
+how far back it still holds messages, where a read limit or a split falls.  The log is in the
+shared memory of the host that holds the stream: the planner's own host (:class:`ImageView`,
+over the planner's subscription) or an ingest host whose standing holder the planner calls
+(:class:`RemoteView`, answered by an :class:`ImageView` there: one implementation of every
+question).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slipstream.client import DataLossError, Image, InvalidArgumentError
+from slipstream.client.holding import HolderLink
+from slipstream.client.replay import earliest_position, first_retained, is_retained
+
+__all__ = ["VIEW_OPERATIONS", "ImageView", "LogView", "RemoteView", "snapshot"]
+
+
+class _Stop(Exception):
+    pass
+
+
+class LogView:
+    """One session's log as the planner sees it.  The attributes describe the log (its
+    identity, where it is) and the subscriber position that holds it, as of when the view was
+    taken; the methods ask the log itself."""
+
+    session_id: int
+    stream_id: int
+    initial_term_id: int
+    term_length: int
+    log_path: str
+    #: Where the holding subscription joined: the log holds nothing before it.
+    join_position: int
+    #: The holding subscriber's position: publishers are held back one window past it.
+    position: int
+
+    def available_position(self) -> int:
+        """The end of the last whole ready message."""
+        raise NotImplementedError
+
+    def earliest_position(self) -> int:
+        """The oldest message position the log still holds, at most :attr:`position`."""
+        raise NotImplementedError
+
+    def is_retained(self, position: int) -> bool:
+        """Whether the log still holds the message boundary ``position``."""
+        raise NotImplementedError
+
+    def first_retained(self, start: int, end: int) -> int:
+        """The first message position after ``start``, at most ``end``, the log still holds."""
+        raise NotImplementedError
+
+    def scan(self, begin: int, available: int, max_rows: int | None,
+             max_bytes: int | None) -> int:
+        """The message boundary after at most ``max_rows`` messages / ``max_bytes`` payload
+        bytes from ``begin`` (at least one message, so a query always progresses), at most
+        ``available``; ``available`` when the log was lapped meanwhile (the task reports it)."""
+        raise NotImplementedError
+
+    def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
+        """Message boundaries strictly inside ``[begin, stop)`` that cut it into about
+        ``pieces`` ranges of equal length (64 messages per step, so a piece is at least that
+        long); fewer when the range is too short or the log no longer holds it."""
+        raise NotImplementedError
+
+    def advance_to(self, position: int) -> str | None:
+        """Move the holding subscriber position to ``position`` (never backwards), returning
+        the credit before it to the publishers; why not, when ``position`` is no position of
+        this log (beyond what it holds, or where no message begins), else None."""
+        raise NotImplementedError
+
+
+class ImageView(LogView):
+    """A log in this host's shared memory, through an image of the holding subscription."""
+
+    def __init__(self, image: Image) -> None:
+        self.image = image
+        self.session_id = image.session_id
+        self.stream_id = image.stream_id
+        self.initial_term_id = image.initial_term_id
+        self.term_length = image.term_length
+        self.log_path = image.log_path
+        self.join_position = image.join_position
+
+    @property  # type: ignore[override]
+    def position(self) -> int:
+        return self.image.position
+
+    def available_position(self) -> int:
+        return self.image.available_position()
+
+    def earliest_position(self) -> int:
+        return earliest_position(self.image)
+
+    def is_retained(self, position: int) -> bool:
+        return is_retained(self.image, position)
+
+    def first_retained(self, start: int, end: int) -> int:
+        return first_retained(self.image, start, end)
+
+    def scan(self, begin: int, available: int, max_rows: int | None,
+             max_bytes: int | None) -> int:
+        if max_rows == 0 or max_bytes == 0:
+            return begin
+        count = size = 0
+        last = begin
+
+        def handler(data: memoryview, header: object) -> None:
+            nonlocal count, size, last
+            if count and ((max_rows is not None and count >= max_rows)
+                          or (max_bytes is not None and size + len(data) > max_bytes)):
+                raise _Stop
+            count += 1
+            size += len(data)
+            last = header.position  # type: ignore[attr-defined]
+
+        try:
+            last = self.image.peek(begin, handler, available)
+        except _Stop:
+            pass
+        except DataLossError:
+            return available
+        return last
+
+    def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
+        if pieces <= 1:
+            return []
+        step = (stop - begin) / pieces
+        probe = Image.detached(self.log_path, begin)
+        points: list[int] = []
+        try:
+            target = begin + step
+            while probe.position < stop and len(points) < pieces - 1:
+                before = probe.position
+                probe.poll_batch(64)
+                if probe.position == before or probe.position >= stop:
+                    break
+                if probe.position >= target and not probe._assembling:
+                    points.append(probe.position)
+                    target = probe.position + step
+        finally:
+            probe._log.close()
+        if not self.is_retained(begin):  # lapped while scanning: the tasks report the loss
+            return []
+        return points
+
+    def advance_to(self, position: int) -> str | None:
+        if position > self.image.position:
+            try:
+                self.image.position = position
+            except InvalidArgumentError as error:
+                return str(error)
+        return None
+
+
+#: The questions a :class:`RemoteView` puts to the holder: the name of the :class:`LogView`
+#: method and its parameters, all integers (or None for a limit).
+VIEW_OPERATIONS: dict[str, tuple[str, ...]] = {
+    "is_retained": ("position",),
+    "first_retained": ("start", "end"),
+    "scan": ("begin", "available", "max_rows", "max_bytes"),
+    "split_points": ("begin", "stop", "pieces"),
+    "advance_to": ("position",),
+}
+
+
+def snapshot(view: LogView) -> dict[str, Any]:
+    """What a holder tells a remote planner about one of its logs, as JSON values."""
+    return {"stream_id": view.stream_id, "initial_term_id": view.initial_term_id,
+            "term_length": view.term_length, "log_path": view.log_path,
+            "join_position": view.join_position, "position": view.position,
+            "available": view.available_position(), "earliest": view.earliest_position()}
+
+
+class RemoteView(LogView):
+    """A log at a standing holder on another host (or this one): the attributes as of the
+    holder's last ``state`` answer, the questions asked of the holder's own
+    :class:`ImageView` by a call (``view`` with the stream's ``key`` and this session)."""
+
+    def __init__(self, link: HolderLink, key: dict[str, Any], session_id: int,
+                 state: dict[str, Any]) -> None:
+        self._link = link
+        self._key = key
+        self.session_id = session_id
+        self.stream_id = int(state["stream_id"])
+        self.initial_term_id = int(state["initial_term_id"])
+        self.term_length = int(state["term_length"])
+        self.log_path = str(state["log_path"])
+        self.join_position = int(state["join_position"])
+        self.position = int(state["position"])
+        self._available = int(state["available"])
+        self._earliest = int(state["earliest"])
+
+    def _ask(self, method: str, **args: Any) -> Any:
+        return self._link.call("view", **self._key, session_id=self.session_id,
+                               log=[self.initial_term_id, self.term_length], method=method,
+                               args=args)
+
+    def available_position(self) -> int:
+        return self._available
+
+    def earliest_position(self) -> int:
+        return self._earliest
+
+    def is_retained(self, position: int) -> bool:
+        return bool(self._ask("is_retained", position=position))
+
+    def first_retained(self, start: int, end: int) -> int:
+        return int(self._ask("first_retained", start=start, end=end))
+
+    def scan(self, begin: int, available: int, max_rows: int | None,
+             max_bytes: int | None) -> int:
+        return int(self._ask("scan", begin=begin, available=available, max_rows=max_rows,
+                             max_bytes=max_bytes))
+
+    def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
+        return [int(p) for p in self._ask("split_points", begin=begin, stop=stop,
+                                          pieces=pieces)]
+
+    def advance_to(self, position: int) -> str | None:
+        why = self._ask("advance_to", position=position)
+        if why is None:
+            self.position = max(self.position, position)
+        return None if why is None else str(why)

@@ -1,0 +1,285 @@
+"""The standing holder (``slipstream-holder``, the ingest host's process) and a query planned
+through it, without a SparkSession: the planner and the read tasks are on another "host".
+
+Two drivers on this machine stand for two hosts: the ingest host's (the holder runs beside it
+as the real console script, listening at 127.0.0.2) and the Spark driver's, which also
+publishes the stream over UDP to the ingest host.  The planner reaches the holder only through
+its own driver; its tasks read the ranges by replay (another driver) or in place (the ingest
+driver's directory: the same driver run as the holder's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import FAST_DRIVER_SETTINGS, wait_for
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from slipstream.client import Client
+from slipstream.client.holder import HOLDER_CONTROL_STREAM
+from slipstream.client.holding import CallError, HolderLink, small_channel
+from slipstream.daemon.driver import MediaDriver
+from slipstream.spark_bridge.options import OptionError, parse_options
+from slipstream.spark_bridge.reader import (
+    SlipstreamBatchReader,
+    SlipstreamDataLossError,
+    SlipstreamStreamReader,
+    position_of,
+    read_range,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+HOLDER_PORT = 40197
+DATA_PORT = 40198
+STREAM = 4401
+CHANNEL = f"aeron:udp?endpoint=127.0.0.2:{DATA_PORT}"
+PAYLOAD = 100
+FRAME = 160  # a message's frame: 100 bytes and the 32-byte header, aligned to 32
+TERM = 64 * 1024  # the publication's: its receiver window is half of it
+
+
+class Ingest:
+    """The ingest host's driver and holder process, and the Spark host's driver with a
+    publisher sending the stream to the ingest host."""
+
+    def __init__(self, ingest_dir: Path, spark_dir: Path, *holder_args: str) -> None:
+        self.ingest_dir, self.spark_dir = ingest_dir, spark_dir
+        self.holder = subprocess.Popen(
+            [str(Path(sys.executable).parent / "slipstream-holder"), "--dir", str(ingest_dir),
+             "--address", "127.0.0.2", "--port", str(HOLDER_PORT), *holder_args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.client = Client.connect(spark_dir)
+        self.publication = self.client.add_publication(f"{CHANNEL}|term-length={TERM}",
+                                                       STREAM)
+        self.published = 0
+
+    def options(self, **extra: str) -> dict[str, str]:
+        return {"streamId": str(STREAM), "channel": CHANNEL, "directory": str(self.spark_dir),
+                "holder": f"127.0.0.2:{HOLDER_PORT}", "replayTimeoutMs": "10000", **extra}
+
+    def publish(self, count: int, *, timeout_s: float = 10.0) -> int:
+        """Offer ``count`` messages (numbered on from the last); returns how many went before
+        ``timeout_s`` of back pressure."""
+        for went in range(count):
+            deadline = time.monotonic() + timeout_s
+            message = f"{self.published:08d}".encode().ljust(PAYLOAD, b".")
+            stamp = (self.published + 1) * 1000  # ns: message n is stamped n + 1 µs
+            while self.publication.offer(message, reserved_value=stamp) < 0:
+                if time.monotonic() > deadline:
+                    return went
+                time.sleep(0.0005)
+            self.published += 1
+        return count
+
+    def close(self) -> None:
+        self.client.close()
+        if self.holder.poll() is None:
+            self.holder.send_signal(signal.SIGTERM)
+            try:
+                self.holder.wait(10)
+            except subprocess.TimeoutExpired:
+                self.holder.kill()
+                self.holder.wait()
+
+
+@pytest.fixture
+def ingest() -> Iterator[Ingest]:
+    directories = [Path("/dev/shm") / f"slipstream-hold-{uuid.uuid4().hex[:6]}-{n}"
+                   for n in ("ingest", "spark")]
+    try:
+        with MediaDriver.launch(directory=directories[0], **FAST_DRIVER_SETTINGS), \
+                MediaDriver.launch(directory=directories[1], **FAST_DRIVER_SETTINGS):
+            hosts = Ingest(*directories)
+            try:
+                yield hosts
+            finally:
+                hosts.close()
+                if hosts.holder.stdout is not None and not hosts.holder.stdout.closed:
+                    print(hosts.holder.stdout.read())
+    finally:
+        for directory in directories:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def values(partitions: list, directory: Path | None = None) -> list[tuple[bytes, int, int]]:
+    """The rows of ``partitions`` read by tasks on the host of ``directory`` (the partition's
+    own directory when None): value, position, reserved value (the publisher's stamp, µs)."""
+    rows = []
+    for partition in partitions:
+        if directory is not None:
+            partition.directory = str(directory)
+        for batch in read_range(partition):
+            rows.extend(zip(batch.column("value").to_pylist(),
+                            batch.column("position").to_pylist(),
+                            batch.column("timestamp").cast("int64").to_pylist(), strict=True))
+    return rows
+
+
+def numbers(rows: list[tuple[bytes, int, int]]) -> list[int]:
+    return [int(value[:8]) for value, _, _ in rows]
+
+
+def test_a_query_planned_through_the_holder_reads_every_message_once_across_a_restart(
+        ingest: Ingest) -> None:
+    """Ten receiver windows (five terms) published to the ingest host, read by a planner on
+    another host through the holder: every message once, in order, with the publisher's
+    stamps.  A planner stopped mid-stream and made anew from the last committed offsets (a
+    Spark driver restarted elsewhere) goes on where it stopped, and nothing published
+    meanwhile is lost: the holder's position held the stream, so the publisher got one window
+    (and its own half term) in, then waited."""
+    total = 10 * (TERM // 2) // FRAME
+    planner = SlipstreamStreamReader(parse_options(ingest.options(maxMessagesPerTrigger="150")))
+    start = planner.initialOffset()
+    sent = threading.Thread(target=ingest.publish, args=(total // 2, ), kwargs={"timeout_s": 60})
+    sent.start()
+    read: list[tuple[bytes, int, int]] = []
+    try:
+        while len(read) < total // 2:
+            end = planner.latestOffset(start, ReadMaxRows(150))
+            partitions = planner.partitions(start, end)
+            read.extend(values(partitions, ingest.spark_dir))  # replayed: another host
+            planner.commit(end)
+            start = end
+        sent.join(60)
+        assert not sent.is_alive()
+    finally:
+        planner.stop()
+    assert numbers(read) == list(range(total // 2))
+    # Down: the holder holds the stream; the publisher gets one window in, then waits.
+    in_while_down = ingest.publish(total, timeout_s=1.0)
+    assert 0 < in_while_down < total // 3, in_while_down
+    planner = SlipstreamStreamReader(parse_options(ingest.options()))
+    try:
+        rest_thread = threading.Thread(target=ingest.publish,
+                                       args=(total - total // 2 - in_while_down,),
+                                       kwargs={"timeout_s": 60})
+        rest_thread.start()
+        while len(read) < total:
+            end = planner.latestOffset(start, ReadAllAvailable())
+            partitions = planner.partitions(start, end)
+            # Half the tasks on the ingest host (in place), half elsewhere (replayed).
+            for i, partition in enumerate(partitions):
+                read.extend(values([partition], ingest.ingest_dir if i % 2 else
+                                   ingest.spark_dir))
+            planner.commit(end)
+            start = end
+        rest_thread.join(60)
+    finally:
+        planner.stop()
+    assert numbers(read) == list(range(total))
+    positions = [position for _, position, _ in read]
+    assert positions == sorted(set(positions))
+    assert [stamp for _, _, stamp in read] == [n + 1 for n in range(total)]
+
+
+def test_a_batch_read_reads_the_held_range_between_its_positions(ingest: Ingest) -> None:
+    """``spark.read`` through the holder: earliest to latest by default, or the per-session
+    positions given; an ending position past what the log holds, a session the holder has
+    not, and a stream it does not hold are refused naming them."""
+    with pytest.raises(Exception, match=f"stream {STREAM} on .* is not held here"):
+        SlipstreamBatchReader(parse_options(ingest.options())).partitions()
+    planner = SlipstreamStreamReader(parse_options(ingest.options()))
+    try:
+        planner.initialOffset()  # the query holds the stream at the holder
+        assert ingest.publish(50) == 50
+        wait_for(lambda: planner.reportLatestOffset(), what="the session at the holder")
+        sid = next(iter(planner.reportLatestOffset()))
+        wait_for(lambda: planner.reportLatestOffset()[sid] == 50 * FRAME,
+                 what="all 50 at the holder")
+        whole = values(SlipstreamBatchReader(parse_options(ingest.options())).partitions())
+        assert numbers(whole) == list(range(50))
+        middle = (whole[9][1], whole[19][1])
+        given = SlipstreamBatchReader(parse_options(ingest.options(
+            startingPosition=json.dumps({sid: middle[0]}),
+            endingPosition=json.dumps({sid: middle[1]}))))
+        assert numbers(values(given.partitions(), ingest.ingest_dir)) == list(range(10, 20))
+        with pytest.raises(Exception, match=r"endingPosition .* is past the last whole message"):
+            SlipstreamBatchReader(parse_options(ingest.options(
+                endingPosition=json.dumps({sid: whole[-1][1] + 4096})))).partitions()
+        with pytest.raises(Exception, match="no session 12345 at the holder"):
+            SlipstreamBatchReader(parse_options(ingest.options(
+                startingPosition=json.dumps({"12345": 0})))).partitions()
+    finally:
+        planner.stop()
+    with pytest.raises(OptionError, match="'holder': is required by a batch read"):
+        parse_options({"streamId": "1"}).check_read_kind(streaming=False)
+
+
+def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_call(
+        ingest: Ingest) -> None:
+    """A view question naming another log of the session is answered with an error naming
+    both logs; a call that is not JSON, or lacks its fields, is dropped (counted in the
+    holder's log) and the holder goes on answering."""
+    client = Client.connect(ingest.spark_dir)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, HOLDER_CONTROL_STREAM, timeout_s=10)
+    try:
+        key = {"channel": CHANNEL, "stream_id": STREAM, "group": "audit"}
+        link.call("state", **key)
+        ingest.publish(5)
+        wait_for(lambda: link.call("state", **key)["sessions"], what="the session")
+        sid, state = next(iter(link.call("state", **key)["sessions"].items()))
+        with pytest.raises(CallError, match=r"initial term id .* not \[1, 2\]"):
+            link.call("view", **key, session_id=int(sid), log=[1, 2], method="is_retained",
+                      args={"position": 0})
+        with pytest.raises(CallError, match="method 'unlink' is not one of"):
+            link.call("view", **key, session_id=int(sid),
+                      log=[state["initial_term_id"], state["term_length"]], method="unlink",
+                      args={})
+        control = client.add_publication(small_channel(
+            f"aeron:udp?endpoint=127.0.0.2:{HOLDER_PORT}"), HOLDER_CONTROL_STREAM)
+        wait_for(lambda: control.is_connected, what="the holder's control stream")
+        for junk in (b"\xff\x00 not json", b'{"kind": "call", "version": 1}', b"[]"):
+            while control.offer(junk) < 0:
+                time.sleep(0.001)
+        assert link.call("state", **key)["sessions"][sid]["stream_id"] == STREAM
+        control.close()
+    finally:
+        link.close()
+        client.close()
+    ingest.holder.send_signal(signal.SIGTERM)
+    output, _ = ingest.holder.communicate(timeout=10)
+    assert output.count("request refused: malformed") == 3, output
+    assert ingest.holder.returncode == 0
+
+
+def test_the_holder_process_says_why_it_cannot_start() -> None:
+    """No driver in the directory: the holder exits 1 naming it."""
+    missing = f"/dev/shm/slipstream-none-{uuid.uuid4().hex[:6]}"
+    result = subprocess.run([str(Path(sys.executable).parent / "slipstream-holder"), "--dir",
+                             missing], capture_output=True, text=True, timeout=30,
+                            env={**os.environ})
+    assert result.returncode == 1
+    assert missing in result.stderr
+
+
+def test_holder_options_are_checked() -> None:
+    assert parse_options({"streamId": "1", "holder": "10.1.2.3"}).holder == ("10.1.2.3", 40190)
+    assert parse_options({"streamId": "1", "holder": "ingest:4000",
+                          "replayPort": "5000"}).holder == ("ingest", 4000)
+    with pytest.raises(OptionError, match=r"'holder'.*not a UDP port"):
+        parse_options({"streamId": "1", "holder": "10.1.2.3:99999"})
+    with pytest.raises(OptionError, match=r"'holderAddress'.*remove one"):
+        parse_options({"streamId": "1", "holder": "10.1.2.3",
+                       "holderAddress": "10.1.2.4"}).check_read_kind(streaming=True)
+    with pytest.raises(OptionError, match="'endingPosition': applies to batch reads only"):
+        parse_options({"streamId": "1", "endingPosition": "latest"}
+                      ).check_read_kind(streaming=True)
+    with pytest.raises(OptionError, match=r"'startingPosition'.*not a stream position"):
+        parse_options({"streamId": "1", "startingPosition": '{"7": 13}'})
+    with pytest.raises(OptionError, match="'maxMessagesPerTrigger': applies to streaming"):
+        parse_options({"streamId": "1", "holder": "h", "maxMessagesPerTrigger": "5"}
+                      ).check_read_kind(streaming=False)
+    assert SlipstreamDataLossError  # the batch reader's loss error is the stream's
+    assert position_of({"position": 64}) == 64
