@@ -43,7 +43,8 @@ from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.logview import VIEW_OPERATIONS, ImageView, snapshot
 from slipstream.client.replay import LogIdentity, ReplayServer
 
-__all__ = ["DEFAULT_GROUP", "HOLDER_CONTROL_STREAM", "HOLDER_PORT", "StreamHolder", "main"]
+__all__ = ["DEFAULT_GROUP", "HOLDER_CONTROL_STREAM", "HOLDER_PORT", "DetachedLogs", "StreamHolder",
+           "main"]
 
 log = logging.getLogger("slipstream.client.holder")
 
@@ -96,6 +97,38 @@ def _view_args(method: str, args: object) -> dict[str, int | None]:
     return args
 
 
+class DetachedLogs:
+    """A replay server's own mappings of the logs it replays (:meth:`Image.detached`), by
+    path: an image of a live subscription is unmapped when its session ends, under a replay
+    that may still read it.  A mapping is dropped once its log left the subscriptions and no
+    replay in progress reads it."""
+
+    def __init__(self) -> None:
+        self._images: dict[str, Image] = {}
+
+    def get(self, path: str, join_position: int) -> Image | None:
+        """The mapping of the log at ``path`` (made at ``join_position``, before which it
+        holds nothing), or None when the file is gone."""
+        image = self._images.get(path)
+        if image is None:
+            try:
+                image = Image.detached(path, join_position)
+            except OSError:
+                return None
+            self._images[path] = image
+        return image
+
+    def prune(self, live: set[str], in_use: set[str]) -> None:
+        """Unmap the logs neither in ``live`` (still a subscription's) nor ``in_use``."""
+        for gone in set(self._images) - live - in_use:
+            self._images.pop(gone)._log.close()
+
+    def close(self) -> None:
+        for image in self._images.values():
+            image._log.close()
+        self._images.clear()
+
+
 class StreamHolder:
     """Holds streams in this host's driver (through ``client``) and answers their queries on
     the control stream :data:`HOLDER_CONTROL_STREAM` at ``endpoint=address:port``: calls
@@ -110,7 +143,7 @@ class StreamHolder:
         self.host = socket.gethostname()
         self.driver = f"{client.counters.driver_pid}@{client.counters.start_time_ns}"
         self._held: dict[tuple[str, int, str], _Held] = {}
-        self._detached: dict[str, Image] = {}  # log path -> the replays' own mapping of it
+        self._detached = DetachedLogs()
         self.server = ReplayServer(client, address, port, control_stream_id, self._lookup,
                                    calls=self._call)
 
@@ -180,19 +213,11 @@ class StreamHolder:
         unmapped when its session ends, under a replay that may still read it)."""
         paths = {image.log_path: image for held in self._held.values()
                  for image in held.subscription.images}
-        if not self.server.replaying:  # unmap the logs that left, none of them being read
-            for gone in set(self._detached) - set(paths):
-                self._detached.pop(gone)._log.close()
+        self._detached.prune(set(paths), self.server.logs_in_use)
         for path, image in paths.items():
             if image.stream_id == stream_id and image.session_id == session_id:
-                detached = self._detached.get(path)
-                if detached is None:
-                    try:
-                        detached = Image.detached(path, image.join_position)
-                    except OSError:
-                        return None
-                    self._detached[path] = detached
-                if LogIdentity.of(detached) == LogIdentity.of(image):
+                detached = self._detached.get(path, image.join_position)
+                if detached is not None and LogIdentity.of(detached) == LogIdentity.of(image):
                     return detached
         return None
 
@@ -220,9 +245,7 @@ class StreamHolder:
         for held in self._held.values():
             held.subscription.close()
         self._held.clear()
-        for image in self._detached.values():
-            image._log.close()
-        self._detached.clear()
+        self._detached.close()
 
 
 def _parser() -> argparse.ArgumentParser:

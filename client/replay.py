@@ -351,6 +351,13 @@ class ReplayServer:
         """How many replays are in progress (their images are being read)."""
         return len(self._sessions)
 
+    @property
+    def logs_in_use(self) -> set[str]:
+        """The paths of the logs replays in progress read: a lookup's mapping of one of these
+        must stay mapped until they end."""
+        return {session.image.log_path for session in self._sessions
+                if session.image is not None}
+
     def close(self) -> None:
         """Stop serving: replays in progress end (their readers see the stream end early)."""
         for session in self._sessions:

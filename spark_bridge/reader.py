@@ -74,7 +74,7 @@ from slipstream.client import (
     control,
 )
 from slipstream.client.counters import CountersFile
-from slipstream.client.holder import HOLDER_CONTROL_STREAM
+from slipstream.client.holder import HOLDER_CONTROL_STREAM, DetachedLogs
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logview import ImageView, LogView, RemoteView
@@ -228,7 +228,7 @@ class _Holder:
         #: session id -> (log path, the subscription's join position: the log holds nothing
         #: before it, whatever its frames there say).
         self.logs: dict[int, tuple[str, int]] = {}
-        self._images: dict[str, Image] = {}
+        self._images = DetachedLogs()
         self._stopping = False
         self._client = Client.connect(directory)
         try:
@@ -245,20 +245,11 @@ class _Holder:
 
     def _lookup(self, stream_id: int, session_id: int) -> Image | None:
         logs = self.logs
-        if not self.server.replaying:  # unmap the logs that left, none of them being read
-            for gone in set(self._images) - {path for path, _ in logs.values()}:
-                self._images.pop(gone)._log.close()
+        self._images.prune({path for path, _ in logs.values()}, self.server.logs_in_use)
         if session_id not in logs:
             return None
-        path, joined = logs[session_id]
-        image = self._images.get(path)
-        if image is None:
-            try:
-                image = Image.detached(path, joined)
-            except OSError:
-                return None
-            self._images[path] = image
-        return image if image.stream_id == stream_id else None
+        image = self._images.get(*logs[session_id])
+        return image if image is not None and image.stream_id == stream_id else None
 
     def _run(self) -> None:
         try:
@@ -267,9 +258,7 @@ class _Holder:
             log.exception("slipstream: the replay holder stopped")
         finally:
             self.server.close()
-            for image in self._images.values():
-                image._log.close()
-            self._images.clear()
+            self._images.close()
 
     def close(self) -> None:
         self._stopping = True
