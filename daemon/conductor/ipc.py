@@ -79,6 +79,8 @@ class IpcPublication:
     resting: list[IpcSubscriber] = attrs.Factory(list)
     _last_consumer_position: int = 0
     _time_of_last_consumer_change_ns: int = 0
+    #: The slowest subscriber's position at the last update_limits (bytes).
+    _last_limit_consumer: int = -1
     #: Set when the driver drains (SIGTERM): pub-lmt never rises past it again (bytes).
     credit_stop_position: int | None = None
 
@@ -261,9 +263,13 @@ class IpcPublication:
             self.log.is_connected = True
             self.log.signal_publishers()
             work += 1
-        if limit - producer < self.term_window_length // 2:
-            # Little headroom left: keep the duty cycle brisk.  With plenty the driver may back
-            # off; a publisher that does reach the limit wakes it through the eventcount.
+        consumer_moved = consumer != self._last_limit_consumer
+        self._last_limit_consumer = consumer
+        if consumer_moved and limit - producer < self.term_window_length // 2:
+            # Little headroom left while the subscribers read: keep the duty cycle brisk, so
+            # that the limit follows them.  With plenty, or with subscribers that stopped (a
+            # publisher parked at its limit behind a stalled query), the driver may back off;
+            # a publisher that does reach the limit wakes it through the eventcount.
             work += 1
         # A blocked claim (a publisher that died between claim and commit) holds the fastest
         # subscriber (aeron_ipc_publication_check_for_blocked_publisher); a slow one may lag
