@@ -147,6 +147,29 @@ int32_t ss_offer_batch_rv(ss_appender_t *a, const char *data, int64_t data_lengt
                           const int32_t *lengths, const int64_t *reserved_values, int32_t count,
                           int64_t *result);
 
+/* A replay's block append (Aeron's ExclusivePublication.offerBlock): copy the frames of
+ * `source`, one term of another log (source_term_length bytes, which must be this log's term
+ * length), from stream `position` into this log at the same position, which must be the
+ * publication's: its log has the source's initial term id and term length, and no other
+ * writer (nothing else appends to a replay's publication).  Copies whole committed frames,
+ * up to max_length bytes (at least the first frame), none at or past `end_position`, from
+ * the publication limit's point of view as a claim (the first frame goes when `position` is
+ * below it).  Stops before a frame that is not this term's (its term id and term offset
+ * fields), not DATA, longer than the publication's frames, or padding that does not end the
+ * term (that padding is copied: the next call rotates the log).  Each frame is written as
+ * the appender writes one: length, flags, type, reserved value and payload from the source;
+ * term offset, term id, session and stream id this log's.  The first frame is committed last,
+ * and only if the source still holds it after the copy (a writer lapping the log, or its
+ * cleaner, reaches it first); else nothing is published and the copy is zeroed again.
+ * Returns the bytes appended and stores the position after them in *result; or 0, with
+ * *result = 0 when nothing at `position` could be copied (not a frame this copies, or the
+ * source changed: the caller looks at what is there), SS_ADMIN_ACTION after a rotation (call
+ * again), SS_INVALID_BATCH when an argument is out of range or the publication is not at
+ * `position`, else the refined code of an offer. */
+int32_t ss_append_block(ss_appender_t *a, const uint8_t *source, int32_t source_term_length,
+                        int64_t position, int64_t end_position, int32_t max_length,
+                        int64_t *result);
+
 /* Claim a single unfragmented frame of `length` payload bytes; on success *frame_offset is the
  * frame's offset from the start of the log (header included) and the new position is returned.
  * Its reserved value is 0 until the claimer writes another before the commit. */

@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import attrs
 
-from slipstream.client._native import ffi
+from slipstream.client._native import ffi, lib
 from slipstream.client.client import Client
 from slipstream.client.errors import DataLossError, SlipstreamError
 from slipstream.client.holding import (
@@ -48,18 +48,20 @@ from slipstream.client.holding import (
     CallHandler,
     decode_call,
     reply_subscription_channel,
+    small_channel,
 )
 from slipstream.client.layout import (
     BEGIN_FLAG,
     DATA_HEADER,
     FRAME_ALIGNMENT,
     HDR_TYPE_PAD,
+    HEADER_LENGTH,
     INT32_MAX,
     PARTITION_COUNT,
 )
 from slipstream.client.logbuffer import LogBuffer, compute_term_id, index_by_position
 from slipstream.client.messages import FragmentHandler, GatheredMessages
-from slipstream.client.publication import Publication
+from slipstream.client.publication import ADMIN_ACTION, CLOSED, Publication
 from slipstream.client.subscription import Image, Subscription
 
 __all__ = [
@@ -83,6 +85,11 @@ log = logging.getLogger("slipstream.client.replay")
 #: The request format's version; a holder refuses requests of another.
 REPLAY_VERSION: Final = 1
 _CHUNK_MESSAGES: Final = 4096  # messages per offer_batch of a replay (at most one term's)
+#: The most a replay's log takes of the source's per block copy (``ss_append_block``), and
+#: per turn of the holder's loop: a block is published (the sender may send it) before the
+#: next is copied, and other replays get their turn.
+_BLOCK_BYTES: Final = 1 << 20
+_ADVANCE_BYTES: Final = 8 << 20
 _CONNECT_TIMEOUT_S: Final = 10.0  # how long a holder waits for a reader's subscriptions
 
 
@@ -271,12 +278,6 @@ def _response(status: str, **fields: object) -> bytes:
     return json.dumps({"status": status, **fields}).encode()
 
 
-def _small(channel: str) -> str:
-    """``channel`` for the exchange's few small messages: a log of the shortest terms, made
-    at once (a default one is tens of MiB to prepare)."""
-    return f"{channel}|term-length=64k|sparse=true"
-
-
 def _positioned_channel(channel: str, log: LogIdentity, mtu: int, position: int) -> str:
     """``channel`` with the URI keys that start a publication at ``position`` of a log
     framed like ``log`` (same initial term id, term length and MTU: the same positions)."""
@@ -287,6 +288,34 @@ def _positioned_channel(channel: str, log: LogIdentity, mtu: int, position: int)
     return (f"{channel}|init-term-id={log.initial_term_id}|term-id={term_id}"
             f"|term-offset={position % log.term_length}|term-length={log.term_length}"
             f"|mtu={mtu}|sparse=true")
+
+
+class _BlockError(ReplayError):
+    """The replay's log is not where the source's position is: the replay is refused."""
+
+
+def _padding_inside(position: int, where: str) -> str:
+    """Why a range with padding inside a term is refused."""
+    return (f"the range holds padding inside a term {where} position {position}, which a "
+            f"replay does not reproduce: read it on the holder's host")
+
+
+def _padding_end(image: Image, position: int, end: int) -> int | None:
+    """Where the padding from the frame boundary ``position`` ends, within its term and at most
+    ``end``; None when no padding is there.  Each length is checked against the term before it
+    is stepped over (another process wrote it)."""
+    term = image.term_length
+    view = image._terms[(position // term) % PARTITION_COUNT]
+    at = position
+    while at < end:
+        offset = at % term
+        length, _, _, frame_type = DATA_HEADER.unpack_from(view, offset)[:4]
+        if frame_type != HDR_TYPE_PAD or not HEADER_LENGTH <= length <= term - offset:
+            break
+        at += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        if at % term == 0:
+            break
+    return None if at == position else min(at, end)
 
 
 # -- the holder -----------------------------------------------------------------------------------
@@ -301,11 +330,12 @@ class _Session:
         self.answer = _response("replaying", start=begin)
         self.data: Publication | None = None
         self.mtu = mtu
-        self.position = begin  # the next position to offer from
+        self.position = begin  # the next position to copy or offer from
         self.deadline = deadline
-        # The log read from ``begin`` on, with a position of its own.
-        self.probe = Image(image._log, ffi.new("int64_t *", begin), join_position=begin) \
-            if image is not None else None
+        # Where a block cannot go, the log read message by message from ``position``, with a
+        # position of its own (made when needed: blocks move ``position`` without it).
+        self.probe: Image | None = None
+        self.result = ffi.new("int64_t *")  # ss_append_block's
         self.pending: GatheredMessages | None = None  # a chunk not yet wholly offered
         self.pending_from = 0  # how many messages of it went
         self.last_end = begin  # the end of the last message offered
@@ -433,7 +463,7 @@ class ReplayServer:
         if request is None:
             return
         try:  # an answer, so that the reader fails at once with the reason
-            response = self.client.add_publication(_small(request.reply_channel),
+            response = self.client.add_publication(small_channel(request.reply_channel),
                                                    request.response_stream_id)
         except SlipstreamError as e:
             log.warning("slipstream replay: cannot answer %s: %s", request.reply_channel, e)
@@ -482,7 +512,7 @@ class ReplayServer:
         # publication starts at (what a peek skips, the rest of a cut message, it never sends).
         begin = message_start(image, begin, r.end)
         try:
-            response = self.client.add_publication(_small(r.reply_channel),
+            response = self.client.add_publication(small_channel(r.reply_channel),
                                                    r.response_stream_id)
         except SlipstreamError as e:
             self._refuse(f"{where}: cannot publish to {r.reply_channel}: {e}", None)
@@ -510,7 +540,9 @@ class ReplayServer:
             self.served += 1
 
     def _advance(self, session: _Session) -> int:
-        """Answer once the reader listens, then offer the range chunk by chunk."""
+        """Answer once the reader listens, then copy the range into the replay block by block
+        (:meth:`_blocks`), and offer it chunk by chunk (:meth:`_chunk`) where a block cannot
+        go."""
         if session.answer is not None:
             if not session.response.is_connected:
                 if time.monotonic() > session.deadline:
@@ -531,7 +563,20 @@ class ReplayServer:
             return 0
         if session.pending is None:
             try:
-                session.pending = self._chunk(session, request.end)
+                moved = self._blocks(session, request.end)
+                if moved is None:
+                    after = _padding_end(session.image, session.position, request.end)
+                    if after is None:  # not padding: message by message from here
+                        session.pending = self._chunk(session, request.end)
+                    elif after < request.end:
+                        return self._stop_refused(session,
+                                                  _padding_inside(session.position, "at"))
+                    else:  # the range ends with padding: it is sent, up to its last message
+                        session.position = request.end
+                elif session.position < request.end:
+                    return 1 if moved else 0
+            except _BlockError as e:
+                return self._stop_refused(session, str(e))
             except DataLossError as e:
                 session.response.offer(_response(
                     "lost", message=f"the log no longer holds position {session.position} "
@@ -561,17 +606,61 @@ class ReplayServer:
             session.position = session.probe.position
             session.pending = None
             if session.data.position != session.last_end:
-                # Padding inside a term (an aborted claim, a message abandoned between its
-                # fragments) is not sent again: what follows it would land elsewhere.
-                session.answer = _response(
-                    "refused", message=f"the range holds padding inside a term before "
-                                       f"position {session.last_end}, which a replay does not "
-                                       f"reproduce: read it on the holder's host")
-                session.completed = False
-                session.data.close()
-                session.data = None
-                self.refused += 1
+                return self._stop_refused(session, _padding_inside(session.last_end, "before"))
         return 1
+
+    def _stop_refused(self, session: _Session, why: str) -> int:
+        """Stop sending the replay and tell the reader ``why``."""
+        session.answer = _response("refused", message=why)
+        session.completed = False
+        assert session.data is not None
+        session.data.close()
+        session.data = None
+        self.refused += 1
+        return 1
+
+    @staticmethod
+    def _blocks(session: _Session, end: int) -> int | None:
+        """Copy the range from the session's position into the replay's log as it is, frames
+        and padding at a term's end alike, a block (:data:`_BLOCK_BYTES`) per C call
+        (``ss_append_block``: Aeron's ``offerBlock``) and up to :data:`_ADVANCE_BYTES` per
+        call of this; returns the bytes copied (0: no credit now).  None when the frame at the
+        position is not one a block copies (padding inside a term, a frame not written): the
+        caller offers message by message from there.  Raises DataLossError when the log no
+        longer holds the position, _BlockError when the replay is not at the log's position
+        (each block checks it first), ReplayError when its publication is closed."""
+        data = session.data
+        assert data is not None
+        source = session.image._log
+        result = session.result
+        moved = 0
+        for _ in range(_ADVANCE_BYTES // _BLOCK_BYTES + PARTITION_COUNT):
+            position = session.position
+            if position >= end or moved >= _ADVANCE_BYTES:
+                break
+            term = source.term_address(index_by_position(position, source.position_bits))
+            copied = lib.ss_append_block(data._appender, term, source.term_length, position,
+                                         end, _BLOCK_BYTES, result)
+            if copied > 0:
+                session.position = session.last_end = result[0]
+                moved += copied
+                continue
+            code = result[0]
+            if code == ADMIN_ACTION:  # it rotated the replay's log into the next term
+                continue
+            if code == 0:  # not a frame a block copies, or the log changed under the copy
+                if moved:
+                    break
+                session.image._check_retained(position)
+                return None
+            if code == lib.SS_INVALID_BATCH:
+                raise _BlockError(f"the replay's log is at position {data.position}, not at "
+                                  f"the log's {position}: the replay is framed otherwise than "
+                                  f"the log")
+            if code == CLOSED:
+                raise ReplayError("the replay's publication was closed")
+            break  # no credit (back pressure, the reader not connected): later
+        return moved
 
     @staticmethod
     def _chunk(session: _Session, end: int) -> GatheredMessages | None:
@@ -580,6 +669,10 @@ class ReplayServer:
         DataLossError when the log no longer holds them (checked after the copy: a lapping
         writer would have torn it)."""
         probe = session.probe
+        if probe is None or probe.position != session.position:
+            probe = session.probe = Image(session.image._log,
+                                          ffi.new("int64_t *", session.position),
+                                          join_position=session.position)
         chunk = probe.poll_gathered(_CHUNK_MESSAGES, end)
         session.image._check_retained(session.position)
         if chunk is None and probe.position < end:
@@ -731,10 +824,10 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
     data = client.add_subscription(data_channel, request.data_stream_id)
     resources: list[Any] = [data]
     try:
-        response = client.add_subscription(_small(reply_channel), request.response_stream_id)
+        response = client.add_subscription(small_channel(reply_channel), request.response_stream_id)
         resources.append(response)
         control = client.add_publication(
-            _small(f"aeron:udp?endpoint={holder_address}:{port}"), control_stream_id)
+            small_channel(f"aeron:udp?endpoint={holder_address}:{port}"), control_stream_id)
         resources.append(control)
         deadline = time.monotonic() + timeout_s
         while control.offer(request.encode()) < 0:

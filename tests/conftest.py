@@ -166,6 +166,7 @@ MODULE_LANES = {
     "test_retransmit": "unit",
     "test_sim_cli": "sim",
     "test_sim_flow": "sim",
+    "test_replay_block": "unit",
     "test_sim_network": "sim",
     "test_sim_protocol": "sim",
     "test_sim_timing": "sim",

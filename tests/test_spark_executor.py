@@ -162,8 +162,8 @@ def test_a_task_off_the_holders_host_without_a_holder_address_says_to_set_one(
 
 def test_a_range_that_ends_after_a_terms_padding_is_replayed_whole(two_drivers) -> None:
     """1000-byte messages fill a 64 KiB term to 65,472; the range [0, 65536) ends after the
-    term's 64 bytes of padding, which a replay does not send: the holder says where its last
-    message ends, and the task reads the same 62 rows as on the holder's host."""
+    term's 64 bytes of padding (copied with the term's frames): the task reads the same 62
+    rows as on the holder's host, and the replay ends where the range does."""
     hosts = two_drivers
     for first in (0, 25):  # consumed (credit for the rest), but less than a term: not cleaned
         hosts.publish(25, first=first, size=1000)

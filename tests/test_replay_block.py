@@ -1,0 +1,405 @@
+"""A replay's block append (``ss_append_block``, client/native.c): a range of one log copied
+frame for frame into another that starts at the same position, as the replay holder sends a
+range (client/replay.py).  The copy must read back as the source does (payloads, positions,
+reserved values, fragments, the padding that ends a term), stop where a block cannot go, and
+take nothing from a source frame it has not checked."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import FAST_DRIVER_SETTINGS, wait_for
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from slipstream.client import BufferClaim, Client
+from slipstream.client._native import ffi, lib
+from slipstream.client.layout import (
+    BEGIN_FLAG,
+    DATA_HEADER,
+    END_FLAG,
+    FRAME_ALIGNMENT,
+    HDR_TYPE_DATA,
+    HDR_TYPE_PAD,
+    HEADER_LENGTH,
+    INT32_MAX,
+    INT32_MIN,
+    TERM_MIN_LENGTH,
+)
+from slipstream.client.logbuffer import LogBuffer, index_by_position, new_appender
+from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED
+from slipstream.client.replay import LogIdentity, Replay, ReplayError, ReplayServer, request_replay
+from slipstream.client.subscription import Image
+from slipstream.daemon.driver import MediaDriver
+
+TERM = TERM_MIN_LENGTH  # 64 KiB
+INITIAL_TERM_ID = 7
+UNLIMITED = 1 << 62
+FIXTURE_OK = [HealthCheck.function_scoped_fixture]
+
+
+def make_log(directory: Path, *, mtu: int = 1408, session_id: int = 42, stream_id: int = 1001,
+             position: int = 0) -> LogBuffer:
+    """A log of 64 KiB terms starting at ``position`` (a replay's publication starts where its
+    range does)."""
+    log = LogBuffer.create(directory / f"{uuid.uuid4().hex}.logbuffer", term_length=TERM,
+                           initial_term_id=INITIAL_TERM_ID, session_id=session_id,
+                           stream_id=stream_id, mtu=mtu, correlation_id=1,
+                           initial_term_count=position // TERM, initial_term_offset=position % TERM)
+    log.is_connected = True
+    return log
+
+
+def publish(log: LogBuffer, sizes: list[int], stop: int) -> None:
+    """Messages of ``sizes`` (message i carries byte i and reserved value 1000 i - 3), until the
+    log reaches ``stop``: fewer than three terms, so that nothing is reused."""
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    for i, size in enumerate(sizes):
+        if log.producer_position() >= stop:
+            break
+        while (result := lib.ss_offer_rv(appender, bytes([i % 251]) * size, size,
+                                         1000 * i - 3)) == ADMIN_ACTION:
+            pass
+        assert result > 0
+
+
+def frames(log: LogBuffer, start: int, end: int) -> list[tuple[int, tuple[int, ...], bytes]]:
+    """(position, header, payload) of each frame in [start, end); a PAD's payload is not read."""
+    found = []
+    position = start
+    while position < end:
+        index, offset = index_by_position(position, log.position_bits), position % TERM
+        header = log.frame_header(index, offset)
+        assert header[0] >= HEADER_LENGTH, (position, header)
+        base = index * TERM + offset
+        payload = bytes(log.view[base + HEADER_LENGTH:base + header[0]]) \
+            if header[3] == HDR_TYPE_DATA else b""
+        found.append((position, header, payload))
+        position += (header[0] + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    assert position == end
+    return found
+
+
+def read(log: LogBuffer, start: int, end: int) -> list[tuple[bytes, int, int]]:
+    """What a subscriber reads of [start, end): payload, position, reserved value."""
+    image = Image(log, ffi.new("int64_t *", start), join_position=start)
+    got: list[tuple[bytes, int, int]] = []
+    assert image.peek(start, lambda data, header: got.append(
+        (bytes(data), header.position, header.reserved_value)), end) == end
+    return got
+
+
+def copy_range(source: LogBuffer, replay: LogBuffer, start: int, end: int, block: int,
+               window: int) -> int:
+    """Copy [start, end) block by block under a publication limit ``window`` past the replay's
+    position (raised whenever it holds the copy back); returns the C calls made."""
+    limit = ffi.new("int64_t *", start + window)
+    appender = new_appender(replay, limit)
+    result = ffi.new("int64_t *")
+    position, calls = start, 0
+    while position < end:
+        calls += 1
+        assert calls < 100_000
+        term = source.term_address(index_by_position(position, source.position_bits))
+        copied = lib.ss_append_block(appender, term, TERM, position, end, block, result)
+        if copied > 0:
+            assert result[0] == position + copied <= end
+            first = source.frame_header(index_by_position(position, source.position_bits),
+                                        position % TERM)[0]
+            assert copied <= max(block, (first + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+            assert position // TERM == (result[0] - 1) // TERM  # a block stays in its term
+            position = result[0]
+            assert replay.producer_position() == position
+        elif result[0] == BACK_PRESSURED:
+            assert position >= limit[0]
+            limit[0] = position + window
+        else:
+            assert result[0] == ADMIN_ACTION, result[0]  # the replay rotated into the next term
+            assert position % TERM == 0
+    return calls
+
+
+def boundaries(log: LogBuffer, end: int) -> tuple[list[int], list[int]]:
+    """Where messages begin in [0, end), and where a range may end (after a message's last
+    frame, or after padding)."""
+    starts, ends = [], []
+    for position, header, _ in frames(log, 0, end):
+        length, flags, kind = header[0], header[2], header[3]
+        after = position + ((length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+        if kind == HDR_TYPE_DATA and flags & BEGIN_FLAG:
+            starts.append(position)
+        if kind == HDR_TYPE_PAD or flags & END_FLAG:
+            ends.append(after)
+    return starts, ends
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=120),
+       mtu=st.sampled_from([256, 1408]), wider=st.booleans(), data=st.data(),
+       block=st.integers(1, 1 << 17), window=st.integers(1, 1 << 16))
+@example(sizes=[1000] * 70, mtu=1408, wider=False, data=None, block=1 << 20, window=1 << 20)
+def test_a_range_copied_in_blocks_reads_back_as_the_source_frame_for_frame(
+        shm: Path, sizes: list[int], mtu: int, wider: bool, data: st.DataObject | None,
+        block: int, window: int) -> None:
+    """Any range of messages (fragmented ones too) over up to three terms, with the padding that
+    ends a term: copied in blocks of any size under any publication limit, into a log of the
+    same or a larger MTU, every frame is the source's but for its session and stream id, and a
+    subscriber reads the same payloads, positions and reserved values."""
+    source = make_log(shm, mtu=mtu)
+    publish(source, sizes, 2 * TERM + TERM // 2)
+    produced = source.producer_position()
+    starts, ends = boundaries(source, produced)
+    if data is None:  # the example: 62 messages of 1000 B fill a term to 65,472, then 64 of PAD
+        start, end = starts[30], TERM + 5 * 1056
+        assert end in ends and TERM in ends
+    else:
+        start = data.draw(st.sampled_from(starts))
+        end = data.draw(st.sampled_from([e for e in ends if e > start]))
+    replay = make_log(shm, mtu=4096 if wider else mtu, session_id=-9, stream_id=5,
+                      position=start)
+    calls = copy_range(source, replay, start, end, block << 5, window << 5)
+    assert calls >= 1
+    copied, original = frames(replay, start, end), frames(source, start, end)
+    assert [(position, header[:5] + header[7:], payload)
+            for position, header, payload in copied] == \
+        [(position, header[:5] + header[7:], payload) for position, header, payload in original]
+    assert {header[5:7] for _, header, _ in copied} == {(-9, 5)}
+    assert read(replay, start, end) == read(source, start, end)
+    # Nothing past the end: the next frame of the replay is not there.
+    index = index_by_position(end, replay.position_bits)
+    if end % TERM:
+        assert replay.frame_header(index, end % TERM)[0] == 0
+    source.close()
+    replay.close()
+
+
+def test_a_block_stops_before_padding_inside_a_term_and_copies_nothing_there(shm: Path) -> None:
+    """An aborted claim leaves padding inside the term: the block ends before it, and a block
+    asked for at the padding copies nothing and says so with no code (the caller looks)."""
+    source = make_log(shm)
+    appender = new_appender(source, ffi.new("int64_t *", UNLIMITED))
+    for _ in range(3):
+        assert lib.ss_offer(appender, b"a" * 100, 100) > 0
+    frame_offset = ffi.new("int64_t *")
+    assert lib.ss_try_claim(appender, 200, frame_offset) > 0
+    assert lib.ss_abort(appender, source.address + frame_offset[0], 232) == 1
+    assert lib.ss_offer(appender, b"b" * 100, 100) > 0
+    end = source.producer_position()
+    replay = make_log(shm, session_id=1, stream_id=2)
+    replay_appender = new_appender(replay, ffi.new("int64_t *", UNLIMITED))
+    result = ffi.new("int64_t *")
+    term = source.term_address(0)
+    assert lib.ss_append_block(replay_appender, term, TERM, 0, end, 1 << 20, result) == 3 * 160
+    assert result[0] == 3 * 160
+    assert lib.ss_append_block(replay_appender, term, TERM, 3 * 160, end, 1 << 20, result) == 0
+    assert result[0] == 0
+    assert replay.producer_position() == 3 * 160
+    assert replay.frame_header(0, 3 * 160)[0] == 0
+    assert read(replay, 0, 3 * 160) == read(source, 0, 3 * 160)
+    source.close()
+    replay.close()
+
+
+def test_a_block_refuses_a_replay_elsewhere_and_waits_for_credit(shm: Path) -> None:
+    """The replay must be at the block's position (else SS_INVALID_BATCH, nothing written); at
+    its limit it is back-pressured; the first frame goes whenever the position is below the
+    limit, as a claim does; a source of another term length is refused."""
+    source = make_log(shm)
+    publish(source, [1000] * 10, TERM)
+    end = source.producer_position()
+    replay = make_log(shm, session_id=1, stream_id=2, position=1056)
+    limit = ffi.new("int64_t *", 1056)
+    appender = new_appender(replay, limit)
+    result = ffi.new("int64_t *")
+    term = source.term_address(0)
+    assert lib.ss_append_block(appender, term, TERM, 0, end, 1 << 20, result) == 0
+    assert result[0] == lib.SS_INVALID_BATCH
+    assert lib.ss_append_block(appender, term, 2 * TERM, 1056, end, 1 << 20, result) == 0
+    assert result[0] == lib.SS_INVALID_BATCH
+    assert lib.ss_append_block(appender, term, TERM, 1056, 1056, 1 << 20, result) == 0
+    assert result[0] == lib.SS_INVALID_BATCH
+    assert lib.ss_append_block(appender, term, TERM, 1056, end, 1 << 20, result) == 0
+    assert result[0] == BACK_PRESSURED
+    limit[0] = 1056 + 32  # room for less than one frame: the first goes, as a claim's would
+    assert lib.ss_append_block(appender, term, TERM, 1056, end, 1 << 20, result) == 1056
+    limit[0] = UNLIMITED
+    assert lib.ss_append_block(appender, term, TERM, 2 * 1056, end, 3000, result) == 2 * 1056
+    assert lib.ss_append_block(appender, term, TERM, 4 * 1056, end, 1 << 20, result) == 6 * 1056
+    assert result[0] == end == replay.producer_position()
+    assert read(replay, 1056, end) == read(source, 1056, end)
+    source.close()
+    replay.close()
+
+
+def test_a_source_frame_of_another_term_is_not_copied(shm: Path) -> None:
+    """A frame whose term id or term offset is not its place's (a lapped or torn log) ends the
+    block before it; at the block's first frame nothing is copied and the replay is as it was."""
+    source = make_log(shm)
+    publish(source, [100] * 4, TERM)
+    view = source.view
+    DATA_HEADER.pack_into(view, 2 * 160, *source.frame_header(0, 2 * 160)[:7],
+                          INITIAL_TERM_ID + 3, 0)
+    replay = make_log(shm, session_id=1, stream_id=2)
+    appender = new_appender(replay, ffi.new("int64_t *", UNLIMITED))
+    result = ffi.new("int64_t *")
+    term = source.term_address(0)
+    assert lib.ss_append_block(appender, term, TERM, 0, 4 * 160, 1 << 20, result) == 2 * 160
+    assert lib.ss_append_block(appender, term, TERM, 2 * 160, 4 * 160, 1 << 20, result) == 0
+    assert result[0] == 0 and replay.producer_position() == 2 * 160
+    assert bytes(replay.view[2 * 160:4 * 160]) == bytes(2 * 160)
+    source.close()
+    replay.close()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(length=st.one_of(st.integers(0, 1500), st.none(), st.integers(INT32_MIN, INT32_MAX),
+                       st.integers(-64, 2 * TERM)),
+       kind=st.sampled_from([HDR_TYPE_DATA, HDR_TYPE_PAD, 2, 3]), flags=st.integers(0, 255),
+       offset_right=st.sampled_from([True, True, False]),
+       term_right=st.sampled_from([True, True, False]),
+       at=st.integers(0, TERM // FRAME_ALIGNMENT - 1).map(lambda v: v * FRAME_ALIGNMENT),
+       end_frames=st.integers(1, TERM // FRAME_ALIGNMENT))
+def test_a_block_takes_no_frame_whose_header_it_cannot_trust(
+        shm: Path, length: int | None, kind: int, flags: int, offset_right: bool,
+        term_right: bool, at: int, end_frames: int) -> None:
+    """Whatever header another process left at ``at`` (None: a length to the end of the term),
+    after valid frames: the copy stays in the range and the term, and what it copied is a chain
+    of whole frames a reader can walk."""
+    source = make_log(shm)
+    publish(source, [50] * 400, at)  # 96-byte frames up to about ``at``
+    at = source.producer_position()
+    if at >= TERM:
+        return
+    if length is None:
+        length = TERM - at
+    DATA_HEADER.pack_into(source.view, at, length, 0, flags, kind, at if offset_right else at + 32,
+                          42, 1001, INITIAL_TERM_ID if term_right else INITIAL_TERM_ID + 1, 0)
+    end = min(TERM, end_frames * FRAME_ALIGNMENT)
+    if end <= 0:
+        return
+    replay = make_log(shm, session_id=1, stream_id=2)
+    appender = new_appender(replay, ffi.new("int64_t *", UNLIMITED))
+    result = ffi.new("int64_t *")
+    copied = lib.ss_append_block(appender, source.term_address(0), TERM, 0, end, INT32_MAX,
+                                 result)
+    assert 0 <= copied <= end
+    if copied:
+        assert result[0] == copied == replay.producer_position()
+        frames(replay, 0, copied)  # whole frames, ending exactly where the copy does
+        event("copied past the crafted header" if copied > at else "stopped before it")
+        if copied > at:  # the header at ``at`` was one a block may copy
+            header = replay.frame_header(0, at)
+            assert header[0] == length and header[3] in (HDR_TYPE_DATA, HDR_TYPE_PAD)
+            assert offset_right and term_right
+            assert at + length <= end
+            assert header[3] == HDR_TYPE_DATA or at + ((length + 31) & -32) == TERM
+    assert replay.frame_header(0, copied % TERM)[0] == 0 or copied == TERM
+    source.close()
+    replay.close()
+
+
+# -- through two drivers -------------------------------------------------------------------------
+PORT = 40197
+CONTROL = 5353
+STREAM = 89
+
+
+@pytest.fixture
+def holder_and_reader() -> Iterator[tuple[object, object, Client, Image, ReplayServer]]:
+    """Two drivers on this machine: the holder's, whose subscription holds an IPC log of 64 KiB
+    terms and whose replay server answers at 127.0.0.2, and the reader's (at 127.0.0.1)."""
+    directories = [Path("/dev/shm") / f"slipstream-block-{uuid.uuid4().hex[:6]}-{n}"
+                   for n in ("holder", "reader")]
+    try:
+        with MediaDriver.launch(directory=directories[0], **FAST_DRIVER_SETTINGS), \
+                MediaDriver.launch(directory=directories[1], **FAST_DRIVER_SETTINGS), \
+                Client.connect(directories[0]) as local, \
+                Client.connect(directories[0]) as server_client, \
+                Client.connect(directories[1]) as remote:
+            publication = local.add_publication("aeron:ipc?term-length=64k", STREAM)
+            keeper = local.add_subscription("aeron:ipc", STREAM)
+            wait_for(lambda: keeper.images, what="the holder's image")
+            image = keeper.images[0]
+            logs = {image.session_id: Image.detached(image.log_path, 0)}
+            server = ReplayServer(server_client, "127.0.0.2", PORT, CONTROL,
+                                  lambda _stream, session: logs.get(session))
+            stop = threading.Event()
+            thread = threading.Thread(target=server.run, args=(stop.is_set,))
+            thread.start()
+            try:
+                yield publication, keeper, remote, image, server
+            finally:
+                stop.set()
+                thread.join(5)
+                server.close()
+    finally:
+        for directory in directories:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def replayed(remote: Client, image: Image, start: int, end: int,
+             got: list[tuple[bytes, int, int]] | None = None) -> list[tuple[bytes, int, int]]:
+    """The rows of a replay of [start, end), read whole (into ``got``)."""
+    replay: Replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
+                                    LogIdentity.of(image), start, end, timeout_s=10)
+    got = [] if got is None else got
+    deadline = time.monotonic() + 20
+    with replay:
+        while not replay.done:
+            if replay.poll(lambda d, h: got.append((bytes(d), h.position, h.reserved_value))) == 0:
+                assert time.monotonic() < deadline, f"the replay stalled at {replay.position}"
+                replay.wait(0.01)
+    return got
+
+
+@pytest.mark.sockets
+def test_padding_inside_a_term_is_refused_by_name_and_a_range_ending_in_it_is_replayed(
+        holder_and_reader) -> None:
+    """An aborted claim leaves padding inside a term: a range across it is refused naming the
+    padding, before anything past it is sent; a range that ends with it, or starts after it, is
+    replayed with the log's positions and reserved values; and one across a term's end, its
+    padding included, reads to its end."""
+    publication, keeper, remote, image, server = holder_and_reader
+    for i in range(10):
+        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
+    pad_at = publication.position
+    claim = BufferClaim()
+    assert publication.try_claim(200, claim) > 0
+    claim.abort()
+    after_pad = publication.position
+    assert after_pad == pad_at + 256
+    for i in range(10, 20):
+        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
+    end = publication.position
+    local = [(bytes(d), p, r) for d, p, r in source_rows(image, 0, end)]
+    assert replayed(remote, image, 0, pad_at) == local[:10]
+    assert replayed(remote, image, 0, after_pad) == local[:10]
+    assert replayed(remote, image, after_pad, end) == local[10:]
+    got: list[tuple[bytes, int, int]] = []
+    with pytest.raises(ReplayError, match=f"padding inside a term at position {pad_at}"):
+        replayed(remote, image, 0, end, got)
+    assert got == local[:len(got)] and len(got) <= 10
+    assert server.refused == 1
+    # 1000-byte messages: a term ends with 64 bytes of padding, which a block copies.  The
+    # keeper reads for credit, less than a term past the range: none of it is cleaned.
+    deadline = time.monotonic() + 10
+    while publication.position < 65536 + 3 * 1056:
+        while publication.offer(bytes(1000), reserved_value=7) < 0:
+            if keeper.poll(lambda d, h: None, 10) == 0:  # the driver raises the limit soon
+                assert time.monotonic() < deadline, "no credit for 10 s"
+                time.sleep(0.001)
+    assert image.position - after_pad < 65536
+    end = publication.position
+    assert replayed(remote, image, after_pad, end) == source_rows(image, after_pad, end)
+
+
+def source_rows(image: Image, start: int, end: int) -> list[tuple[bytes, int, int]]:
+    rows: list[tuple[bytes, int, int]] = []
+    image.peek(start, lambda d, h: rows.append((bytes(d), h.position, h.reserved_value)), end)
+    return rows
