@@ -91,6 +91,7 @@ _CHUNK_MESSAGES: Final = 4096  # messages per offer_batch of a replay (at most o
 _BLOCK_BYTES: Final = 1 << 20
 _ADVANCE_BYTES: Final = 8 << 20
 _CONNECT_TIMEOUT_S: Final = 10.0  # how long a holder waits for a reader's subscriptions
+_ANSWER_AFTER_END_S: Final = 1.0  # how long a reader waits for the answer to an early end
 
 
 class ReplayError(SlipstreamError):
@@ -741,7 +742,7 @@ class Replay:
         if count == 0 and not self.done:
             self._check_response()
             if image.is_end_of_stream and not self.done:
-                raise ReplayError(f"{self.describe()} ended at position {self.position}")
+                self._ended_early()
         return count
 
     def poll_gathered(self, max_messages: int = 4096) -> GatheredMessages | None:
@@ -756,7 +757,7 @@ class Replay:
         if chunk is None and not self.done:
             self._check_response()
             if image.is_end_of_stream and not self.done:
-                raise ReplayError(f"{self.describe()} ended at position {self.position}")
+                self._ended_early()
         return chunk
 
     def _image(self) -> Image | None:
@@ -770,6 +771,19 @@ class Replay:
             raise ReplayError(f"{self.describe()} began at position {image.join_position}, "
                               f"not {self.start}: the replay is framed otherwise than the log")
         return image
+
+    def _ended_early(self) -> None:
+        """The data stream ended before the range did.  The holder answers why (``lost``, or
+        ``complete`` where padding ends the range) on the response stream, which may arrive
+        after the end of the data stream: wait for it a moment, so that a loss is reported as
+        a loss.  Raises unless the answer says the replay is whole."""
+        deadline = time.monotonic() + _ANSWER_AFTER_END_S
+        while not self.done and time.monotonic() < deadline:
+            self._check_response()  # raises ReplayLostError / ReplayError on those answers
+            if not self.done:
+                self._response.wait_for_data(10_000_000)
+        if not self.done:
+            raise ReplayError(f"{self.describe()} ended at position {self.position}")
 
     def _check_response(self) -> None:
         answers: list[dict[str, Any]] = []
