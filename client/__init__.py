@@ -26,7 +26,12 @@ from slipstream.client.errors import (
     SlipstreamError,
     UsageError,
 )
-from slipstream.client.messages import GatheredMessages, Header, MessageBatch
+from slipstream.client.messages import (
+    ControlledPollAction,
+    GatheredMessages,
+    Header,
+    MessageBatch,
+)
 from slipstream.client.publication import (
     ADMIN_ACTION,
     BACK_PRESSURED,
@@ -53,6 +58,7 @@ __all__ = [
     "Client",
     "ClosedError",
     "ConfigurationError",
+    "ControlledPollAction",
     "DataLossError",
     "DriverAlreadyRunningError",
     "DriverDirectoryError",

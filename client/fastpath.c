@@ -1,8 +1,8 @@
 /*
- * slipstream._fastpath: the two per-message calls as plain CPython functions (METH_FASTCALL).
+ * slipstream._fastpath: the per-message calls as plain CPython functions (METH_FASTCALL).
  *
  * cffi is the binding for everything else, but on these machines each cffi argument
- * conversion costs ~40-50 ns, which is most of a 32-byte offer.  These two functions take
+ * conversion costs ~40-50 ns, which is most of a 32-byte offer.  These functions take
  * their arguments as raw objects instead:
  *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None)(message,
  *   reserved_value=0) -> position or negative code (ss_offer; ss_offer_rv for a reserved
@@ -10,6 +10,13 @@
  *   on_refused(message, code, reserved_value) returns for a refused offer (a publication's
  *   policy).  offer(message) alone parses nothing more.
  *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
+ *   controlled_dispatch(handler, header, term, starts_address, ends_address, first, count,
+ *   go_on, gone_address) -> (index, result): dispatch's loop for a controlled poll, from
+ *   message `first`, while the handler returns `go_on` (ControlledPollAction.CONTINUE, by
+ *   identity) and the image's gone flag (a uint8_t at gone_address, which closing its
+ *   subscription sets) is 0; it stops at the first message whose handler returns anything
+ *   else, returning its index and what the handler returned, or (index, go_on) before
+ *   delivering message `index` once the flag is set, (count, go_on) when every one went on.
  * The appender and the scan arrays are the cffi-owned structures of native.h, passed by
  * address; Python keeps them alive.
  */
@@ -284,6 +291,28 @@ static PyObject *fast_set_errors(PyObject *module, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+/* One message to the handler: the slice of the term and the header pointed at it.  What the
+ * handler returned (a new reference), or NULL with the exception set. */
+static inline __attribute__((always_inline)) PyObject *deliver(PyObject *handler,
+                                                              PyObject *header, PyObject *term,
+                                                              int32_t start, int32_t end) {
+    /* A slice of the term's memoryview: it pins the mapping for as long as anyone holds it,
+     * so a handler that keeps a view by mistake reads stale data, never freed memory. */
+    PyObject *data = PySequence_GetSlice(term, start, end);
+    if (data == NULL) return NULL;
+    PyObject *payload = PyLong_FromLong(start);
+    if (payload == NULL || PyObject_SetAttr(header, payload_name, payload) < 0) {
+        Py_XDECREF(payload);
+        Py_DECREF(data);
+        return NULL;
+    }
+    Py_DECREF(payload);
+    PyObject *call_args[2] = {data, header};
+    PyObject *result = PyObject_Vectorcall(handler, call_args, 2, NULL);
+    Py_DECREF(data);
+    return result;
+}
+
 static PyObject *fast_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 6) {
@@ -296,32 +325,50 @@ static PyObject *fast_dispatch(PyObject *module, PyObject *const *args, Py_ssize
     const int32_t *ends = (const int32_t *)PyLong_AsVoidPtr(args[4]);
     Py_ssize_t count = PyLong_AsSsize_t(args[5]);
     if (PyErr_Occurred()) return NULL;
-    PyObject *call_args[2];
     for (Py_ssize_t i = 0; i < count; i++) {
-        /* A slice of the term's memoryview: it pins the mapping for as long as anyone holds it,
-         * so a handler that keeps a view by mistake reads stale data, never freed memory. */
-        PyObject *data = PySequence_GetSlice(term, starts[i], ends[i]);
-        if (data == NULL) goto failed;
-        PyObject *payload = PyLong_FromLong(starts[i]);
-        if (payload == NULL || PyObject_SetAttr(header, payload_name, payload) < 0) {
-            Py_XDECREF(payload);
-            Py_DECREF(data);
-            goto failed;
+        PyObject *result = deliver(handler, header, term, starts[i], ends[i]);
+        if (result == NULL) {
+            /* The caller reads the index of the message that failed (it counts as consumed). */
+            Py_XSETREF(failed_index, PyLong_FromSsize_t(i));
+            return NULL;
         }
-        Py_DECREF(payload);
-        call_args[0] = data;
-        call_args[1] = header;
-        PyObject *result = PyObject_Vectorcall(handler, call_args, 2, NULL);
-        Py_DECREF(data);
-        if (result == NULL) goto failed;
         Py_DECREF(result);
-        continue;
-    failed:
-        /* The caller reads the index of the message that failed (it counts as consumed). */
-        Py_XSETREF(failed_index, PyLong_FromSsize_t(i));
-        return NULL;
     }
     return PyLong_FromSsize_t(count);
+}
+
+static PyObject *fast_controlled_dispatch(PyObject *module, PyObject *const *args,
+                                          Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "controlled_dispatch(handler, header, term, starts_address, "
+                        "ends_address, first, count, go_on, gone_address)");
+        return NULL;
+    }
+    PyObject *handler = args[0], *header = args[1], *term = args[2], *go_on = args[7];
+    const int32_t *starts = (const int32_t *)PyLong_AsVoidPtr(args[3]);
+    const int32_t *ends = (const int32_t *)PyLong_AsVoidPtr(args[4]);
+    Py_ssize_t first = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[6]);
+    /* Set (under the GIL) by whoever closes the subscription or removes the image, a handler
+     * included: re-read before each message, since each handler call may have set it. */
+    const volatile uint8_t *gone = (const volatile uint8_t *)PyLong_AsVoidPtr(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    for (Py_ssize_t i = first; i < count; i++) {
+        if (*gone) return Py_BuildValue("(nO)", i, go_on); /* read no further */
+        PyObject *result = deliver(handler, header, term, starts[i], ends[i]);
+        if (result == NULL) {
+            Py_XSETREF(failed_index, PyLong_FromSsize_t(i)); /* as dispatch */
+            return NULL;
+        }
+        if (result == go_on) {
+            Py_DECREF(result);
+            continue;
+        }
+        return Py_BuildValue("(nN)", i, result); /* N: the tuple takes the reference */
+    }
+    return Py_BuildValue("(nO)", count, go_on);
 }
 
 static PyObject *fast_failed_index(PyObject *module, PyObject *unused) {
@@ -336,8 +383,12 @@ static PyMethodDef methods[] = {
      "and a bad reserved_value raise"},
     {"dispatch", (PyCFunction)(void (*)(void))fast_dispatch, METH_FASTCALL,
      "dispatch(handler, header, term, starts_address, ends_address, count) -> count"},
+    {"controlled_dispatch", (PyCFunction)(void (*)(void))fast_controlled_dispatch,
+     METH_FASTCALL,
+     "controlled_dispatch(handler, header, term, starts_address, ends_address, first, count, "
+     "go_on, gone_address) -> (index, result)"},
     {"failed_index", fast_failed_index, METH_NOARGS,
-     "index of the message whose handler raised in the last failed dispatch"},
+     "index of the message whose handler raised in the last failed (controlled) dispatch"},
     {NULL, NULL, 0, NULL},
 };
 

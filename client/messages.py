@@ -1,11 +1,13 @@
 """What a read hands over: the :class:`Header` of the message a handler is given, a
 :class:`MessageBatch` of messages in place (valid until the next poll), and
 :class:`GatheredMessages` copied out of the log with their offsets, positions and reserved
-values (the caller's to keep).
+values (the caller's to keep); and what a controlled poll's handler hands back, a
+:class:`ControlledPollAction`.
 """
 
 from __future__ import annotations
 
+import enum
 from array import array
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -72,6 +74,32 @@ class Header:
 
 
 FragmentHandler = Callable[[memoryview, Header], object]
+
+
+class ControlledPollAction(enum.Enum):
+    """What a controlled poll's handler returns for the message it was given (Aeron's
+    ``ControlledFragmentHandler.Action``; its C++ client's ``ControlledPollAction``).
+
+    The subscriber position is what the publishers' flow control sees: it bounds how far they
+    may write.  ``Image.controlled_poll`` moves it past a consumed message at a COMMIT or a
+    BREAK, else at the latest at the end of the poll; a fragmented message's frames move it as
+    they are read (the fragments before its last are consumed as they are assembled, and its
+    last as its handler answers).  It never moves past a message whose handler has not
+    answered.
+    """
+
+    #: Do not consume this message and stop: the next poll delivers it again.
+    ABORT = "abort"
+    #: Consume this message and stop the poll here.
+    BREAK = "break"
+    #: Consume this message and move the subscriber position past it now, then go on.
+    COMMIT = "commit"
+    #: Consume this message and go on; the position moves past it at the latest at the end of
+    #: the poll.
+    CONTINUE = "continue"
+
+
+ControlledFragmentHandler = Callable[[memoryview, Header], ControlledPollAction]
 
 
 class MessageBatch:

@@ -5,6 +5,8 @@ log of the stream).  ``poll(handler, limit)`` makes one C scan per image and one
 per whole message; fragments are assembled first, so handlers only ever see whole messages.
 The subscriber's position counter advances after each scan, which is what returns credit to
 the publishers (the publication limit follows the slowest subscriber).
+``controlled_poll(handler, limit)`` reads the same scan, and its handler says per message
+whether to consume it (a :class:`ControlledPollAction`: Aeron's controlled poll).
 
 The ``data`` view and ``header`` passed to a handler are valid only during the call (as in
 Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next poll.
@@ -44,13 +46,23 @@ from slipstream.client.layout import (
     align,
 )
 from slipstream.client.logbuffer import LogBuffer, compute_term_id
-from slipstream.client.messages import FragmentHandler, GatheredMessages, Header, MessageBatch
+from slipstream.client.messages import (
+    ControlledFragmentHandler,
+    ControlledPollAction,
+    FragmentHandler,
+    GatheredMessages,
+    Header,
+    MessageBatch,
+)
 
 if TYPE_CHECKING:
     from slipstream.client.client import Client
 
 log = logging.getLogger("slipstream.client")
 _dispatch = _fastpath.dispatch
+_controlled_dispatch = _fastpath.controlled_dispatch
+_ABORT, _BREAK, _COMMIT, _CONTINUE = (ControlledPollAction.ABORT, ControlledPollAction.BREAK,
+                                      ControlledPollAction.COMMIT, ControlledPollAction.CONTINUE)
 _MAX_SCAN = 4096  # frames per C scan; a poll's fragment limit is split into scans this big
 # A parked receive re-checks its images at least this often.  Image changes wake it at once
 # (through the eventcounts), so this is a safety net; each wake-up of an idle vCPU costs
@@ -102,6 +114,9 @@ class Image:
         self._assembling = False
         self._assembly_start = 0  # the position of the BEGIN frame of the message assembling
         self._gone = False  # unavailable or its subscription closed: its counter is not ours
+        # _gone for a controlled poll's C loop, which reads it before each message.
+        self._gone_cell = ffi.new("uint8_t *")
+        self._gone_address = int(ffi.cast("uintptr_t", self._gone_cell))
         self._closed = False
         self._ended = False  # is_end_of_stream when it closed
         self._doorbell_fd = doorbell_fd
@@ -132,6 +147,12 @@ class Image:
         reader.waiters = self.waiters
         reader.term_length = self.term_length
         reader.position_bits = self._position_bits
+
+    def _go(self) -> None:
+        """The image is gone (unavailable, or its subscription closed): nothing more is read
+        from it, a controlled poll's C loop included."""
+        self._gone = True
+        self._gone_cell[0] = 1
 
     def _advance(self, position: int) -> None:
         self._position = position
@@ -202,22 +223,11 @@ class Image:
         for _ in range(fragment_limit):
             if self._gone:  # closed by a handler (or another thread): read no further
                 break
-            position = self._position
-            index = (position >> self._position_bits) % PARTITION_COUNT
-            offset = position & self._term_mask
-            if position >= limit or self._log.frame_length_volatile(index, offset) <= 0:
+            frame = self._cold_frame(limit, scan_end)
+            if frame is None:
                 break
-            term = self._terms[index]
-            frame_length, _, flags, frame_type = DATA_HEADER.unpack_from(term, offset)[:4]
-            if self._assembling and (frame_type == HDR_TYPE_PAD or flags == UNFRAGMENTED):
-                # The message being assembled was abandoned (its publisher died between
-                # fragments: the rest became padding, or others' messages follow).
-                self._assembling = False
-                self._assembly = bytearray()
-            if frame_type != HDR_TYPE_PAD and flags == UNFRAGMENTED:
-                break  # back to the fast path
-            if frame_length < HEADER_LENGTH or frame_length > scan_end - offset:
-                break  # not a frame, or one past the scan's end (as C): never past the term
+            term, offset, frame_length, flags, frame_type = frame
+            position = self._position
             self._advance(position + ((frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT))
             if frame_type == HDR_TYPE_PAD:
                 continue
@@ -232,6 +242,32 @@ class Image:
                 if delivered >= message_limit:
                     break
         return delivered
+
+    def _cold_frame(self, limit: int, scan_end: int
+                    ) -> tuple[memoryview, int, int, int, int] | None:
+        """The frame at this image's position for a cold path, as ``(term, offset,
+        frame_length, flags, frame_type)``; None where the cold path stops: nothing committed
+        there, the position at ``limit`` (a stream position), an unfragmented message (back to
+        the fast path), not a frame, or a frame past ``scan_end`` (an offset in the term, as
+        the C scan: never past the term).  A message being assembled whose remaining fragments
+        are gone (padding or an unfragmented frame where they would be) is dropped first."""
+        position = self._position
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        offset = position & self._term_mask
+        if position >= limit or self._log.frame_length_volatile(index, offset) <= 0:
+            return None
+        term = self._terms[index]
+        frame_length, _, flags, frame_type = DATA_HEADER.unpack_from(term, offset)[:4]
+        if self._assembling and (frame_type == HDR_TYPE_PAD or flags == UNFRAGMENTED):
+            # The message being assembled was abandoned (its publisher died between
+            # fragments: the rest became padding, or others' messages follow).
+            self._assembling = False
+            self._assembly = bytearray()
+        if frame_type != HDR_TYPE_PAD and flags == UNFRAGMENTED:
+            return None
+        if frame_length < HEADER_LENGTH or frame_length > scan_end - offset:
+            return None
+        return term, offset, frame_length, flags, frame_type
 
     def _assemble(self, payload: memoryview, flags: int, header: Header,
                   handler: FragmentHandler) -> bool:
@@ -251,6 +287,143 @@ class Image:
                 message.release()
             return True
         return False
+
+    def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int:
+        """Aeron's ``Image.controlledPoll``: deliver up to ``fragment_limit`` fragments as
+        whole messages, as :meth:`poll` does, and act on what ``handler(data, header)``
+        returns for each (a :class:`ControlledPollAction`):
+
+        * ``ABORT``: the message is not consumed and the poll stops; the next poll (controlled
+          or not) delivers it again, whole;
+        * ``BREAK``: consumed, and the poll stops;
+        * ``COMMIT``: consumed, and the subscriber position (what the publishers' flow
+          control sees) moves past it before the next message is handed over;
+        * ``CONTINUE``: consumed; the position moves past it at the latest at the end of the
+          poll (a fragmented message's frames move it as they are read).
+
+        Returns how many messages were consumed (an aborted one is not); 0 once the image is
+        gone.  A handler that closes the subscription (or an image that goes while a handler
+        runs) ends the read: no further message is handed over.  A handler that raises, or
+        returns anything but an action (:class:`UsageError`, raised after the message), has
+        consumed its message, as in :meth:`poll`.
+        """
+        if self._closed or self._gone:
+            return 0
+        if self._assembling:
+            # Inside a fragmented message (an aborted one, or one a poll began): the cold path.
+            count, stopped = self._controlled_fragments(handler, fragment_limit)
+            if count or stopped or self._assembling:
+                return count
+        position = self._position
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        offset = position & self._term_mask
+        count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
+                                 min(fragment_limit, _MAX_SCAN), self._starts, self._ends,
+                                 self._next_offset)
+        if count < 0:  # a fragment at the position
+            return self._controlled_fragments(handler, fragment_limit)[0]
+        next_offset = self._next_offset[0]
+        if next_offset == offset:
+            return 0
+        term_base = position - offset
+        first = 0
+        while first < count:
+            term = self._terms[index]
+            header = self._header
+            header._term = term
+            header._term_base = term_base
+            try:
+                # The loop in C: one slice and one handler call per message, until a handler
+                # returns something other than CONTINUE or the image is gone.
+                stop, action = _controlled_dispatch(handler, header, term, self._starts_address,
+                                                    self._ends_address, first, count, _CONTINUE,
+                                                    self._gone_address)
+            except BaseException:
+                # The failing message counts as consumed, as in poll (and Aeron).
+                self._advance(term_base + align(self._ends[_fastpath.failed_index()],
+                                                FRAME_ALIGNMENT))
+                raise
+            if action is _CONTINUE:  # every message up to `stop` went on
+                if stop == count:
+                    break
+                # The image is gone (a handler closed the subscription) before message
+                # `stop`: those before it were consumed, and nothing more is read.
+                if stop > first:
+                    self._advance(term_base + align(self._ends[stop - 1], FRAME_ALIGNMENT))
+                return stop
+            if action is _ABORT:
+                frame = term_base + self._starts[stop] - HEADER_LENGTH
+                if frame != self._position:  # what came before it was consumed
+                    self._advance(frame)
+                return stop
+            self._advance(term_base + align(self._ends[stop], FRAME_ALIGNMENT))
+            if action is _BREAK:
+                return stop + 1
+            if action is not _COMMIT:
+                raise _not_an_action(action)
+            first = stop + 1  # COMMIT: the position moved; on with the next message
+        self._advance(position + next_offset - offset)  # with the padding after the last
+        return count
+
+    def _controlled_fragments(self, handler: ControlledFragmentHandler,
+                              fragment_limit: int) -> tuple[int, bool]:
+        """controlled_poll's cold path: frames of fragmented messages, as Aeron's
+        ``ControlledFragmentAssembler`` takes them.  The fragments before a message's last
+        are consumed into the assembly; the handler's action applies to the last, so an
+        ABORT leaves the position on it and keeps what was assembled before it, and the next
+        read delivers the whole message again.  Returns the messages consumed, and whether a
+        BREAK or ABORT stopped the read; stops after ``fragment_limit`` frames."""
+        delivered = 0
+        header = self._header
+        limit = self._position - (self._position & self._term_mask) + self.term_length
+        for _ in range(fragment_limit):
+            if self._gone:  # closed by a handler (or another thread): read no further
+                break
+            frame = self._cold_frame(limit, self.term_length)
+            if frame is None:
+                break
+            term, offset, frame_length, flags, frame_type = frame
+            position = self._position
+            end = position + ((frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+            payload = term[offset + HEADER_LENGTH:offset + frame_length]
+            if frame_type == HDR_TYPE_PAD or not flags & END_FLAG or not self._assembling:
+                if frame_type != HDR_TYPE_PAD and flags & BEGIN_FLAG:
+                    self._assembly_start = position
+                    self._assembly = bytearray(payload)
+                    self._assembling = True
+                elif frame_type != HDR_TYPE_PAD and self._assembling:
+                    self._assembly += payload
+                # else: padding, or a fragment after a join: dropped until the next BEGIN
+                self._advance(end)
+                continue
+            kept = len(self._assembly)
+            self._assembly += payload
+            self._assembling = False
+            header._term = term
+            header._term_base = position - offset
+            header._payload = offset + HEADER_LENGTH
+            message = memoryview(self._assembly)
+            try:
+                action = handler(message, header)
+            except BaseException:
+                self._assembly = bytearray()
+                self._advance(end)  # consumed, as in poll
+                raise
+            finally:
+                message.release()
+            if action is _ABORT:
+                # A copy, not a cut in place: a view the handler kept would forbid the resize.
+                self._assembly = self._assembly[:kept]
+                self._assembling = True
+                return delivered, True
+            self._assembly = bytearray()
+            self._advance(end)
+            if action is _BREAK:
+                return delivered + 1, True
+            if action is not _COMMIT and action is not _CONTINUE:
+                raise _not_an_action(action)
+            delivered += 1
+        return delivered, False
 
     def poll_batch(self, max_messages: int) -> MessageBatch | None:
         """Up to ``max_messages`` whole messages in place, or None when nothing is there (or
@@ -474,6 +647,13 @@ class Image:
                 f"position={self._position}, source={self.source_identity!r})")
 
 
+def _not_an_action(result: object) -> UsageError:
+    """What a controlled poll raises for a handler that returned ``result``, not an action."""
+    return UsageError(f"a controlled poll's handler returned {result!r}, not a "
+                      f"ControlledPollAction: return CONTINUE to consume the message and go on "
+                      f"(the message was consumed)")
+
+
 def _check_fragment_limit(fragment_limit: int) -> None:
     """A wait for messages that may take none would spin until its timeout (poll may)."""
     if fragment_limit < 1:
@@ -555,6 +735,33 @@ class Subscription:
             moved = count or sum(image._position for image in images) != before
         if not moved:
             self._idle.idle()
+        elif self._idle.misses:
+            self._idle.misses = 0
+        return count
+
+    def controlled_poll(self, handler: ControlledFragmentHandler,
+                        fragment_limit: int = 10) -> int:
+        """Aeron's ``Subscription.controlledPoll``: :meth:`Image.controlled_poll` on each image
+        in turn (the first one rotates, as in :meth:`poll`) until ``fragment_limit``
+        fragments; ``handler(data, header)`` returns a :class:`ControlledPollAction` per whole
+        message.  An ABORT or BREAK stops the read of its image only; the next image is read
+        as in Aeron.  Returns the number of messages consumed.  Raises
+        :class:`DriverNotRunningError` once the client lost its driver."""
+        if self._driver_lost:
+            raise self._client.driver_lost_error()
+        if self._before_read_due:
+            self._before_read()
+        images = self._images
+        before = sum(image._position for image in images)
+        count = 0
+        start = self._round_robin = (self._round_robin + 1) % max(1, len(images))
+        for i in range(len(images)):
+            count += images[(start + i) % len(images)].controlled_poll(handler,
+                                                                       fragment_limit - count)
+            if count >= fragment_limit:
+                break
+        if not count and sum(image._position for image in images) == before:
+            self._idle.idle()  # a fragment or padding is progress; an ABORT alone is not
         elif self._idle.misses:
             self._idle.misses = 0
         return count
@@ -715,7 +922,7 @@ class Subscription:
             if self._closed:
                 # close() ran after the client looked: nothing can poll this image (it was
                 # never visible), and the linger that unmaps the others may be over already.
-                image._gone = True
+                image._go()
                 image._close()
                 return
             previous, self._images = self._images, (*self._images, image)
@@ -730,7 +937,7 @@ class Subscription:
             for image in self._images:
                 if image.correlation_id == correlation_id:
                     image.lost_range = lost
-                    image._gone = True
+                    image._go()
                     self._images = tuple(i for i in self._images if i is not image)
                     # Wake a receiver parked on this image so it notices; while the log is
                     # surely mapped (the polling thread unmaps retired images).
@@ -790,7 +997,7 @@ class Subscription:
             images, self._images = self._images, ()
             self._images_changed.notify_all()
             for image in images:  # a receive parked on an image's futex returns now
-                image._gone = True
+                image._go()
                 lib.ss_signal(image.signal, image.waiters)
             self._retired.extend(images)
             self._before_read_due = True
