@@ -39,6 +39,7 @@ from slipstream.client.publication import (
     MAX_POSITION_EXCEEDED,
     NOT_CONNECTED,
     BufferClaim,
+    ExclusivePublication,
     Publication,
     result_name,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "DriverError",
     "DriverNotRunningError",
     "DriverTimeoutError",
+    "ExclusivePublication",
     "GatheredMessages",
     "Header",
     "Image",

@@ -714,6 +714,17 @@ def parse_channel(uri: str) -> Channel:
     return channel
 
 
+def check_stream_id(channel: Channel, stream_id: int) -> None:
+    """Aeron's rule for ``stream-id=`` (its driver's ``PublicationParams``): the URI's stream
+    id, when it has one, is the stream id the channel is added with.  ChannelError naming
+    ``stream-id`` and both ids when it is not.  slipstream applies it to subscriptions too
+    (Aeron's driver to publications only, and a subscription's was ignored)."""
+    if channel.stream_id is not None and channel.stream_id != stream_id:
+        raise ChannelError(str(channel), "stream-id",
+                           f"{channel.stream_id} does not match the stream id {stream_id} the "
+                           f"channel is added with: leave stream-id out, or give the same")
+
+
 def _validate(uri: str, c: Channel) -> None:
     """The rules that involve several parameters."""
     if c.control_mode == "dynamic" and c.control is None:

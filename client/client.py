@@ -21,13 +21,18 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 
 from slipstream.client import control
 from slipstream.client._native import lib
-from slipstream.client.channel import PolicySpec, keys_for_the_other_side, parse_channel
+from slipstream.client.channel import (
+    PolicySpec,
+    check_stream_id,
+    keys_for_the_other_side,
+    parse_channel,
+)
 from slipstream.client.counters import CountersFile
 from slipstream.client.errors import (
     ChannelRejectedError,
@@ -41,10 +46,11 @@ from slipstream.client.errors import (
 )
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.policy import BackPressureEpisode, policy_of
-from slipstream.client.publication import Publication
+from slipstream.client.publication import ExclusivePublication, Publication
 from slipstream.client.subscription import Image, Subscription
 
 log = logging.getLogger("slipstream.client")
+_P = TypeVar("_P", bound=Publication)
 
 DEFAULT_IDLE_SPIN_NS = 1_000_000
 """How long a waiting receive spins before it parks.  A futex wake-up costs ~50 µs here, so
@@ -120,6 +126,7 @@ def _check_stream(channel: str, stream_id: int, *, publication: bool) -> None:
     control.check_channel("channel", channel)
     control.check_int32("stream_id", stream_id)
     parsed = parse_channel(channel)
+    check_stream_id(parsed, stream_id)
     ignored = keys_for_the_other_side(parsed, publication=publication)
     if ignored:
         this, other = ("publication", "subscription") if publication else (
@@ -149,7 +156,8 @@ _THREAD_NEW, _THREAD_RUNNING, _THREAD_ENDED, _THREAD_SKIPPED = range(4)
 
 class Client:
     """A connection to the driver.  Thread-safe for adding and closing resources; a single
-    Publication may be offered to from many threads; poll each Subscription from one thread."""
+    Publication may be offered to from many threads (an ExclusivePublication from one at a
+    time); poll each Subscription from one thread."""
 
     def __init__(self, directory: Path, *, request_timeout: float, idle_spin_ns: int,
                  spins_before_yield: int | None = DEFAULT_SPINS_BEFORE_YIELD,
@@ -523,9 +531,9 @@ class Client:
             raise self.driver_lost_error()
 
     def _doorbell_fd(self, channel: str, name: str) -> int:
-        """For a network channel, the fd of a socket connected to the driver's doorbell
-        ``name`` (opened once per client); -1 for IPC (nothing to ring)."""
-        if not channel.startswith("aeron:udp"):
+        """For a network channel (a spy's too), the fd of a socket connected to the driver's
+        doorbell ``name`` (opened once per client); -1 for IPC (nothing to ring)."""
+        if not channel.startswith(("aeron:udp", "aeron-spy:aeron:udp")):
             return -1
         with self._lock:
             if self._closing:  # its publication is closed as it is made: nothing to ring
@@ -583,15 +591,38 @@ class Client:
         stream begins or ends (on the client's conductor thread, as image callbacks)."""
         # Fails here, naming the bad part, before any I/O.
         _check_stream(channel, stream_id, publication=True)
+        return self._add_publication(control.ADD_PUBLICATION, Publication, channel, stream_id,
+                                     policy, on_back_pressure)
+
+    def add_exclusive_publication(
+            self, channel: str, stream_id: int, *, policy: str | PolicySpec | None = None,
+            on_back_pressure: Callable[[BackPressureEpisode], object] | None = None,
+    ) -> ExclusivePublication:
+        """Publish to ``stream_id`` on ``channel`` from one thread (Aeron's
+        ``addExclusivePublication``): each call makes a publication and log of its own, with
+        its own session id, that no other publisher joins, on ``aeron:ipc`` and ``aeron:udp``
+        alike, taking every URI key and argument :meth:`add_publication` takes.  Its offers
+        claim without an atomic add; it must be used from one thread at a time
+        (:class:`ExclusivePublication`).  ``session-id=`` fixes its session, which no open
+        publication of the stream there may have already: :class:`ChannelError` names
+        ``session-id`` otherwise.  Raises as :meth:`add_publication` does."""
+        _check_stream(channel, stream_id, publication=True)
+        return self._add_publication(control.ADD_EXCLUSIVE_PUBLICATION, ExclusivePublication,
+                                     channel, stream_id, policy, on_back_pressure)
+
+    def _add_publication(self, command: str, kind: type[_P], channel: str, stream_id: int,
+                         policy: str | PolicySpec | None,
+                         on_back_pressure: Callable[[BackPressureEpisode], object] | None,
+                         ) -> _P:
+        """Ask the driver for a publication (``command``) and map it as a ``kind``."""
         _check_callbacks(on_back_pressure=on_back_pressure)
         spec = policy_of(channel, policy)
-        reply = self._request({"type": control.ADD_PUBLICATION, "channel": channel,
-                               "stream_id": stream_id})
+        reply = self._request({"type": command, "channel": channel, "stream_id": stream_id})
         log_buffer = LogBuffer(reply["log_file"])
-        publication = Publication(self, channel, stream_id, reply["registration_id"], log_buffer,
-                                  reply["publication_limit_counter_id"],
-                                  self._doorbell_fd(channel, control.SENDER_DOORBELL),
-                                  policy=spec, drops_counter_id=reply.get("drops_counter_id"))
+        publication = kind(self, channel, stream_id, reply["registration_id"], log_buffer,
+                           reply["publication_limit_counter_id"],
+                           self._doorbell_fd(channel, control.SENDER_DOORBELL),
+                           policy=spec, drops_counter_id=reply.get("drops_counter_id"))
         publication.on_back_pressure = on_back_pressure
         with self._lock:
             if self._closing or self._driver_lost is not None:  # close() ran meanwhile

@@ -7,8 +7,10 @@ it creates resources and announces images.  Clients keep alive through a heartbe
 (as in Aeron): a timestamp the client writes into the counters file and the driver reads, so
 staying alive costs neither a message nor a wake-up of the driver.
 
-Commands (client → driver): CONNECT, ADD_PUBLICATION, REMOVE_PUBLICATION,
-ADD_SUBSCRIPTION, REMOVE_SUBSCRIPTION, CLOSE_CLIENT.
+Commands (client → driver): CONNECT, ADD_PUBLICATION, ADD_EXCLUSIVE_PUBLICATION,
+REMOVE_PUBLICATION, ADD_SUBSCRIPTION, REMOVE_SUBSCRIPTION, CLOSE_CLIENT.  An exclusive
+publication's command is its own type, as in Aeron, so that a driver that does not know it
+refuses it by name rather than hand out a shared log to a writer that claims without atomics.
 Answers and events (driver → client): CONNECTED, PUBLICATION_READY, SUBSCRIPTION_READY,
 OPERATION_SUCCESS, ERROR, AVAILABLE_IMAGE, UNAVAILABLE_IMAGE, CLIENT_TIMEOUT,
 DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.  PUBLICATION_READY and SUBSCRIPTION_READY carry
@@ -46,6 +48,7 @@ RECEIVER_DOORBELL = "receiver.doorbell"
 # Commands.
 CONNECT = "CONNECT"
 ADD_PUBLICATION = "ADD_PUBLICATION"
+ADD_EXCLUSIVE_PUBLICATION = "ADD_EXCLUSIVE_PUBLICATION"
 REMOVE_PUBLICATION = "REMOVE_PUBLICATION"
 ADD_SUBSCRIPTION = "ADD_SUBSCRIPTION"
 REMOVE_SUBSCRIPTION = "REMOVE_SUBSCRIPTION"
@@ -384,6 +387,8 @@ COMMAND_FIELDS: dict[str, dict[str, Any]] = {
     CONNECT: {"correlation_id": _int64, "version": _int64, "pid": _pid, "process": _int64},
     ADD_PUBLICATION: {"correlation_id": _int64, "channel": check_channel,
                       "stream_id": check_int32},
+    ADD_EXCLUSIVE_PUBLICATION: {"correlation_id": _int64, "channel": check_channel,
+                                "stream_id": check_int32},
     REMOVE_PUBLICATION: {"correlation_id": _int64, "registration_id": _int64},
     ADD_SUBSCRIPTION: {"correlation_id": _int64, "channel": check_channel,
                        "stream_id": check_int32},

@@ -296,8 +296,10 @@ typedef struct {
 
 /* Claim `length` aligned bytes in the active term: 0 on success (*out filled), or ADMIN_ACTION
  * (rotation in progress, or this claim crossed the term's end and rotated), BACK_PRESSURED,
- * MAX_POSITION_EXCEEDED.  The limit is checked before the atomic add, as Aeron does. */
-static inline int64_t claim(const ss_appender_t *a, int32_t length, claim_t *out) {
+ * MAX_POSITION_EXCEEDED.  The limit is checked before the atomic add, as Aeron does.  An
+ * exclusive appender (a->exclusive) claims with a release store of the tail instead. */
+static inline __attribute__((always_inline)) int64_t claim(const ss_appender_t *a, int32_t length,
+                                                          claim_t *out) {
     uint8_t *meta = a->meta;
     int32_t term_count = active_term_count(meta);
     if (term_count < 0) return SS_MAX_POSITION_EXCEEDED;
@@ -311,12 +313,22 @@ static inline int64_t claim(const ss_appender_t *a, int32_t length, claim_t *out
     int64_t position = ((int64_t)term_count << a->position_bits) + term_offset;
     if (position >= LOAD_ACQ(a->publication_limit)) return SS_BACK_PRESSURED;
 
-    raw = __atomic_fetch_add(tail, (int64_t)length, __ATOMIC_SEQ_CST);
-    term_id = (int32_t)(raw >> 32);
-    raw_offset = raw & 0xFFFFFFFFLL;
-    term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
     uint8_t *term = a->log + (int64_t)index * a->term_length;
-    if ((int64_t)term_offset + length > a->term_length) return end_of_term(a, term, term_offset, term_id, term_count);
+    if (a->exclusive) {
+        /* The log's only writer: the tail just read is still the tail, so the claim is a
+         * release store of the next one (Aeron's ExclusiveTermAppender), never an atomic add.
+         * The tail moves as the add would move it, past the term's end too (end_of_term pads
+         * the rest), so both leave the same log. */
+        STORE_REL(tail, raw + length);
+        if ((int64_t)term_offset + length > a->term_length)
+            return end_of_term(a, term, term_offset, term_id, term_count);
+    } else {
+        raw = __atomic_fetch_add(tail, (int64_t)length, __ATOMIC_SEQ_CST);
+        term_id = (int32_t)(raw >> 32);
+        raw_offset = raw & 0xFFFFFFFFLL;
+        term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
+        if ((int64_t)term_offset + length > a->term_length) return end_of_term(a, term, term_offset, term_id, term_count);
+    }
     out->term = term;
     out->term_offset = term_offset;
     out->term_id = term_id;
@@ -488,8 +500,9 @@ int64_t ss_offer_rv(ss_appender_t *a, const char *msg, int32_t length, int64_t r
     return ss_refine(a, result);
 }
 
-/* Claim a run of unfragmented messages with one atomic add and write them; returns how many
- * were written (0: nothing fits here, the caller falls back to single appends). */
+/* Claim a run of unfragmented messages with one atomic add (one store, exclusive) and write
+ * them; returns how many were written (0: nothing fits here, the caller falls back to single
+ * appends). */
 static int32_t append_run(ss_appender_t *a, const uint8_t *data, const int32_t *lengths,
                           const int64_t *reserved_values, int32_t count, int64_t *position_out) {
     uint8_t *meta = a->meta;
@@ -514,9 +527,14 @@ static int32_t append_run(ss_appender_t *a, const uint8_t *data, const int32_t *
         run++;
     }
     if (run == 0) return 0;
-    raw = __atomic_fetch_add(tail, total, __ATOMIC_SEQ_CST);
-    term_id = (int32_t)(raw >> 32);
-    raw_offset = raw & 0xFFFFFFFFLL;
+    if (a->exclusive) {
+        /* The only writer (claim()): the run fits in the term, and the tail moves by a store. */
+        STORE_REL(tail, raw + total);
+    } else {
+        raw = __atomic_fetch_add(tail, total, __ATOMIC_SEQ_CST);
+        term_id = (int32_t)(raw >> 32);
+        raw_offset = raw & 0xFFFFFFFFLL;
+    }
     int32_t term_offset = raw_offset > a->term_length ? a->term_length : (int32_t)raw_offset;
     uint8_t *term = a->log + (int64_t)index * a->term_length;
     if ((int64_t)term_offset + total > a->term_length) {

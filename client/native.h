@@ -89,6 +89,11 @@ typedef struct {
                                    * conductor raises the limit); 0: only a new limit hit */
     int64_t last_limit_hit;
     int32_t doorbell_fd;        /* network publications: the sender's doorbell socket, else -1 */
+    /* 1: an exclusive publication's appender (Aeron's ExclusivePublication): its log has one
+     * writer, this appender on one thread at a time, so a claim moves the term's tail with a
+     * release store of the next value rather than an atomic add.  0: shared (any number of
+     * writers, threads or processes).  Every append, batch and claim below takes either. */
+    int32_t exclusive;
 } ss_appender_t;
 
 /* ---- atomics on shared memory ---- */

@@ -9,7 +9,8 @@ the new stream position, or one of Aeron's negative codes:
 * ``CLOSED`` (-4): the publication (or its client, or the driver) is gone.
 * ``MAX_POSITION_EXCEEDED`` (-5): the stream reached term_length * 2^31 bytes.
 
-Several publishers (threads or processes) may offer to the same stream concurrently.
+Several publishers (threads or processes) may offer to the same stream concurrently.  An
+:class:`ExclusivePublication` has one writer instead, and claims with a plain store.
 
 Every frame's header has a 64-bit ``reserved_value`` (Aeron's reserved value) that the
 application may set: ``offer(message, reserved_value=...)``, ``offer_batch(...,
@@ -462,5 +463,38 @@ class Publication:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Publication(channel={self.channel!r}, stream_id={self.stream_id}, "
+        return (f"{type(self).__name__}(channel={self.channel!r}, stream_id={self.stream_id}, "
                 f"session_id={self.session_id}, position={self.position})")
+
+
+class ExclusivePublication(Publication):
+    """A publication with one writer (Aeron's ``ExclusivePublication``): create with
+    ``Client.add_exclusive_publication``.
+
+    The driver makes it a publication and log of its own, with its own session id, that no
+    other publisher joins (two adds of one channel and stream are two sessions, and a
+    subscriber sees two images).  Its log has one writer, this object, so a claim moves the
+    term's tail with a plain release store where a shared publication's takes an atomic add;
+    the frames, the positions and the wire are a shared publication's, and so is everything
+    else: :meth:`offer`, :meth:`offer_batch`, :meth:`try_claim`, reserved values, the codes,
+    policies, :meth:`offer_async`.
+
+    **One thread at a time.**  Offer, batch and claim from one thread (or hand the object
+    over under a lock).  Two threads appending at once is the caller's error, and is not
+    detected: ``offer_batch`` and ``try_claim`` run in C without the GIL, and two claims that
+    read the same tail write their frames over each other, which corrupts the stream for
+    every subscriber.  A forked child may not append to it either (its writes would land in
+    the parent's log).
+    """
+
+    def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
+                 log: LogBuffer, limit_counter_id: int, doorbell_fd: int = -1, *,
+                 policy: PolicySpec | None = None, drops_counter_id: int | None = None
+                 ) -> None:
+        """As :class:`Publication`'s; ``log`` is this publication's alone."""
+        super().__init__(client, channel, stream_id, registration_id, log, limit_counter_id,
+                         doorbell_fd, policy=policy, drops_counter_id=drops_counter_id)
+        self._appender.exclusive = 1  # before any append: claims are plain stores from now
+
+    def __enter__(self) -> ExclusivePublication:
+        return self

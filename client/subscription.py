@@ -79,7 +79,7 @@ class Image:
         """``position_counter`` is a cffi ``int64_t *``: this subscriber's position counter.
         ``doorbell_fd``: for an image of a network stream, the driver receiver's doorbell
         (rung when the receiver parks and this subscriber reaches the position it waits
-        for); -1 for IPC."""
+        for), for a spy's the sender's; -1 for IPC."""
         self.subscription = subscription
         self.session_id = log.session_id
         self.stream_id = log.stream_id
@@ -692,10 +692,13 @@ class Subscription:
 
     def _new_image(self, log: LogBuffer, position_counter_id: int, join_position: int,
                    correlation_id: int, source_identity: str) -> Image:
+        # A spy reads a publication's log in place: its sender moves pub-lmt behind the spy.
+        doorbell = (control.SENDER_DOORBELL if self.channel.startswith("aeron-spy:")
+                    else control.RECEIVER_DOORBELL)
         return Image(log, self._client.counters.address(position_counter_id),
                      join_position=join_position, correlation_id=correlation_id,
                      source_identity=source_identity, subscription=self,
-                     doorbell_fd=self._client._doorbell_fd(self.channel, control.RECEIVER_DOORBELL))
+                     doorbell_fd=self._client._doorbell_fd(self.channel, doorbell))
 
     @property
     def images(self) -> tuple[Image, ...]:

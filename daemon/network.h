@@ -229,7 +229,30 @@ typedef struct {
     int64_t term_window_length;
     int64_t trip_gain;
     ss_log_cleaner_t *cleaner;
+    /* Spies (aeron-spy: subscriptions of this host that read the log in place, as Aeron's
+     * NetworkPublication spyPositions): their sub-pos cells, which their clients write, hold
+     * pub-lmt and cleaning back as snd-pos does (ss_publication_consumer_position).  Python
+     * keeps the array (on the sender's thread).  spy_hold: a cell the conductor lowers to a
+     * spy's join position while it links one, so that the log is not cleaned under it before
+     * the spy's cell is in the array (INT64_MAX: no link pending; NULL: none).  Once every spy
+     * reached spy_python_position (SS_NO_DEADLINE: never), the Python half is due (a closed
+     * publication waits for its spies to read it all); while the sender parks, the log's
+     * driver wake position asks the spies to ring its doorbell there, or at pub-lmt's next
+     * step. */
+    int32_t spy_count;
+    int64_t **spy_positions;
+    int64_t *spy_hold;
+    int64_t spy_python_position;
 } ss_send_publication_t;
+
+/* The position p's log is consumed to, which pub-lmt and cleaning follow: the least of snd-pos,
+ * the spy hold and each spy's position (ss_subscriber_position_bounded by snd-pos).  Ordered
+ * after the caller's last store to snd-pos (a full fence) against the conductor's lowering of
+ * spy_hold: either the hold is seen here, or the conductor sees this snd-pos after it. */
+int64_t ss_publication_consumer_position(const ss_send_publication_t *p);
+/* The slowest spy's position, each bounded by `bound` (ss_subscriber_position_bounded);
+ * `bound` when there is none. */
+int64_t ss_publication_slowest_spy(const ss_send_publication_t *p, int64_t bound);
 
 /* Take every queued retransmission, then scan committed frames from snd-pos up to snd-lmt into
  * at most max_datagrams more spans of at most one MTU each (`spans` has room for

@@ -512,24 +512,51 @@ static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
     return sent;
 }
 
-/* Whether the C half's pub-lmt rule has work for p: snd-pos reached the next step, or
- * cleaning is behind. */
+int64_t ss_publication_slowest_spy(const ss_send_publication_t *p, int64_t bound) {
+    int64_t least = bound;
+    for (int32_t i = 0; i < p->spy_count; i++) {
+        const int64_t position =
+            ss_subscriber_position_bounded(LOAD_ACQ(p->spy_positions[i]), bound);
+        if (position < least) least = position;
+    }
+    return least;
+}
+
+/* The consumer position without the fence: a look whether a step may be due (the step itself
+ * takes ss_publication_consumer_position). */
+static inline int64_t consumer_position_seen(const ss_send_publication_t *p) {
+    int64_t position = LOAD_ACQ(p->sender_position);
+    if (p->spy_hold != NULL) {
+        const int64_t hold = LOAD_ACQ(p->spy_hold);
+        if (hold < position) position = hold;
+    }
+    return p->spy_count > 0 ? ss_publication_slowest_spy(p, position) : position;
+}
+
+int64_t ss_publication_consumer_position(const ss_send_publication_t *p) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* snd-pos stored before the hold is read */
+    return consumer_position_seen(p);
+}
+
+/* Whether the C half's pub-lmt rule has work for p: the consumer position (snd-pos, or a
+ * slower spy) reached the next step, or cleaning is behind. */
 static inline int limit_step_due(const ss_send_publication_t *p) {
     if (!p->limit_in_c || p->cleaner == NULL) return 0;
     return p->cleaner->position < p->cleaner->target ||
-           LOAD_ACQ(p->sender_position) >=
+           consumer_position_seen(p) >=
                p->last_publisher_limit + p->trip_gain - p->term_window_length;
 }
 
 /* pub-lmt's steps for the publications whose limit the C half moves (limit_in_c): clean a
- * chunk toward one term behind snd-pos, then raise pub-lmt to snd-pos + the term window,
- * never past what cleaning allows, once that is a step (trip_gain) above the last. */
+ * chunk toward one term behind the consumer position (snd-pos, or a slower spy), then raise
+ * pub-lmt to that position + the term window, never past what cleaning allows, once that is a
+ * step (trip_gain) above the last. */
 static int32_t publisher_limits(ss_agent_t *a) {
     int32_t work = 0;
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
         if (!limit_step_due(p)) continue;
-        const int64_t position = LOAD_ACQ(p->sender_position);
+        const int64_t position = ss_publication_consumer_position(p);
         work += ss_clean_toward(p->cleaner, p->log, p->term_length, p->position_bits, position);
         int64_t limit = position + p->term_window_length;
         const int64_t reusable = ss_reusable_limit(p->cleaner, p->term_length);
@@ -641,7 +668,9 @@ int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
         const ss_send_publication_t *p = a->publications[i];
         if (p->notice || (p->sent_since_python &&
                           LOAD_ACQ(p->sender_position) >= p->python_send_position) ||
-            (p->sm_in_c && now_ns > p->sm_time_ns + p->connection_timeout_ns)) {
+            (p->sm_in_c && now_ns > p->sm_time_ns + p->connection_timeout_ns) ||
+            (p->spy_count > 0 && p->spy_python_position != SS_NO_DEADLINE &&
+             ss_publication_slowest_spy(p, p->spy_python_position) >= p->spy_python_position)) {
             due |= SS_DUE_PUBLICATION;
             break;
         }
@@ -666,14 +695,28 @@ int32_t ss_has_data_ready(const ss_send_publication_t *p) {
 static int32_t *driver_waiters(uint8_t *meta) { return (int32_t *)(meta + SS_META_DRIVER_WAITERS); }
 
 /* Ask every client to ring the doorbell on news (publishers on new data, subscribers at the
- * position where a status message is due), then look once more; 0 when there is work after
- * all.  disarm (delta -1) undoes it. */
+ * position where a status message is due, spies where pub-lmt's next step or the Python half
+ * is due), then look once more; 0 when there is work after all.  disarm (delta -1) undoes
+ * it. */
 static int arm(ss_agent_t *a, int32_t delta, int64_t now_ns, int64_t *deadline) {
     int may_park = 1;
     for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
         if (p->meta == NULL) continue;
+        if (delta > 0 && p->spy_count > 0) {
+            /* Its spies ring where the Python half is due, or pub-lmt's next step once
+             * snd-pos has reached it: below, the step waits for the sender, not a spy, so a
+             * spy ahead of the sender would ring on every advance for nothing (the
+             * publishers ring at any position: they pass INT64_MAX). */
+            int64_t wake = p->spy_python_position;
+            const int64_t step = p->last_publisher_limit + p->trip_gain - p->term_window_length;
+            if (p->limit_in_c && step < wake && LOAD_ACQ(p->sender_position) >= step)
+                wake = step;
+            STORE_REL((int64_t *)(p->meta + SS_META_DRIVER_WAKE_POSITION), wake);
+        }
         __atomic_fetch_add(driver_waiters(p->meta), delta, __ATOMIC_SEQ_CST);
+        /* A spy that moved before it could see us parked did not ring. */
+        if (delta > 0 && p->spy_count > 0 && limit_step_due(p)) may_park = 0;
         /* Data of a deferred band waits for the governor's word (a command wakes us). */
         const int deferred = a->defer_lowest_band && p->retransmit_count == 0 &&
                              p->priority < 0;

@@ -12,11 +12,13 @@ transport schedules (``host.wake()``).
 
 from __future__ import annotations
 
+import ipaddress
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
+from slipstream.daemon.media.interfaces import IFF_MULTICAST, IFF_UP, InterfaceAddress
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.types import Address, Datagram
@@ -25,6 +27,9 @@ from slipstream.sim.network import is_multicast
 
 if TYPE_CHECKING:
     from slipstream.sim.host import SimHost
+
+#: The prefix of the simulated hosts' network: every host is 10.0.0.N (sim/host.py).
+SIM_PREFIX: Final = 24
 
 #: The first ephemeral port a host's send transports use; each incarnation takes a new one.
 SEND_PORT_BASE: Final = 50000
@@ -53,6 +58,12 @@ class VirtualTransports:
         transport = VirtualReceiveTransport(self.host, bind)
         self.receive_transports.append(transport)
         return transport
+
+    def local_addresses(self) -> list[InterfaceAddress]:
+        """The simulated host's one interface: its address in the simulator's network
+        (10.0.0.0/24), up and able to multicast; never the real machine's."""
+        return [InterfaceAddress("sim0", IFF_UP | IFF_MULTICAST,
+                                 ipaddress.ip_interface(f"{self.host.ip}/{SIM_PREFIX}"))]
 
 
 class _VirtualTransport:

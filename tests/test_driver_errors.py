@@ -44,9 +44,10 @@ def test_a_bad_channel_uri_names_the_bad_part(client: Client) -> None:
     assert "media" in str(error.value) or "tcp" in str(error.value)
 
 
-def test_spy_subscriptions_are_refused_by_name(client: Client) -> None:
+def test_a_spy_channel_only_subscribes(client: Client) -> None:
+    """A spy reads this driver's publications (tests/test_spy.py); it cannot publish."""
     with pytest.raises(RegistrationError, match="spy"):
-        client.add_subscription("aeron-spy:aeron:udp?endpoint=127.0.0.1:40123", 1)
+        client.add_publication("aeron-spy:aeron:udp?endpoint=127.0.0.1:40123", 1)
 
 
 def test_a_message_too_long_gives_the_limit(client: Client) -> None:

@@ -14,7 +14,8 @@ step.
 
 The agent is single-threaded: the driver's network thread (or the simulator) runs it; the
 conductor hands it work with :meth:`Sender.submit` and hears back through ``on_event``
-(:class:`PublicationDone`: its log and counters may go).
+(:class:`PublicationDone`: its log and counters may go; :class:`SpiesReleased`: a closed
+publication's spies read it all).
 """
 
 from __future__ import annotations
@@ -105,7 +106,16 @@ class PublicationRejected:
     rejections: tuple[tuple[Address, str], ...]  # (the receiver's address, its reason)
 
 
-SenderEvent = PublicationDone | PublicationRejected
+@attrs.frozen(eq=False)
+class SpiesReleased:
+    """A closed publication reached LINGER with spies, which have read it all: their images
+    may end (Aeron's DriverConductor.cleanupSpies)."""
+
+    endpoint: SendEndpoint
+    publication: NetworkPublication
+
+
+SenderEvent = PublicationDone | PublicationRejected | SpiesReleased
 
 
 class Sender(Agent[SendEndpoint]):
@@ -218,6 +228,9 @@ class Sender(Agent[SendEndpoint]):
                         work += len(out)
                     if publication.is_done:
                         done = [*(done or []), (publication, endpoint)]
+                if publication.spies_released:
+                    publication.spies_released = False
+                    self._on_event(SpiesReleased(endpoint, publication))
                 publication.sync_c_half()
             if done:
                 for publication, endpoint in done:

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from slipstream.client import control
-from slipstream.client.channel import SUBSCRIPTION_ONLY_KEYS, Channel, parse_channel
+from slipstream.client.channel import Channel, check_stream_id, parse_channel
 from slipstream.client.counters import (
     CountersFile,
     CountersFullError,
@@ -48,7 +48,11 @@ from slipstream.daemon.conductor.resources import (
     log_start,
     no_room_for_log,
 )
-from slipstream.daemon.conductor.sharing import check_same_log, check_same_watermarks
+from slipstream.daemon.conductor.sharing import (
+    check_same_log,
+    check_same_watermarks,
+    check_session_free,
+)
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.pressure.episodes import (
     EPISODE_SAMPLE_INTERVAL_NS,
@@ -225,11 +229,13 @@ class DriverConductor:
                                              "unknown client: connect first (or it timed out)"))]
             client.time_of_last_keepalive_ns = now_ns
             if (self.drain_phase is not DrainPhase.NONE
-                    and kind in (control.ADD_PUBLICATION, control.ADD_SUBSCRIPTION)):
+                    and kind in (control.ADD_PUBLICATION, control.ADD_EXCLUSIVE_PUBLICATION,
+                                 control.ADD_SUBSCRIPTION)):
                 return [(key, messages.error(correlation_id, control.ERR_GENERIC,
                                              "the driver is stopping (draining): no new streams"))]
-            if kind == control.ADD_PUBLICATION:
-                return self._on_add_publication(client, message, now_ns)
+            if kind in (control.ADD_PUBLICATION, control.ADD_EXCLUSIVE_PUBLICATION):
+                return self._on_add_publication(
+                    client, message, now_ns, exclusive=kind == control.ADD_EXCLUSIVE_PUBLICATION)
             if kind == control.REMOVE_PUBLICATION:
                 return self._on_remove_publication(client, message, now_ns)
             if kind == control.ADD_SUBSCRIPTION:
@@ -303,20 +309,27 @@ class DriverConductor:
         })]
 
     def _on_add_publication(self, client: ClientSession, message: dict[str, Any],
-                            now_ns: int) -> Outgoing:
+                            now_ns: int, *, exclusive: bool = False) -> Outgoing:
+        """A publisher: it joins the stream's shared publication, or makes it; an
+        ``exclusive`` one (ADD_EXCLUSIVE_PUBLICATION, Aeron's addExclusivePublication) always
+        makes a publication and log of its own, with its own session, that nobody joins."""
         correlation_id = message["correlation_id"]
         channel = _carried(parse_channel(message["channel"]), subscription=False)
         stream_id = message["stream_id"]
+        check_stream_id(channel, stream_id)
         if not channel.is_ipc:
             return self._on_add_network_publication(client, correlation_id, channel, stream_id,
-                                                    now_ns)
-        publication = self._ipc_by_stream.get(stream_id)
+                                                    now_ns, exclusive=exclusive)
+        publication = None if exclusive else self._ipc_by_stream.get(stream_id)
         out: Outgoing = []
         if publication is not None and publication.state is IpcPublicationState.ACTIVE:
             check_same_log(channel, publication.log, publication.session_id, stream_id)
             check_same_watermarks(channel, publication.episodes, stream_id)
         else:
-            publication = self._create_ipc_publication(channel, stream_id, now_ns)
+            check_session_free(channel, (p.session_id for p in self._active_ipc(stream_id)),
+                               stream_id)
+            publication = self._create_ipc_publication(channel, stream_id, now_ns,
+                                                       shared=not exclusive)
             try:
                 out.extend(self._link_subscriptions(publication))
             except OSError:  # counters full: no half-linked publication stays behind
@@ -334,11 +347,12 @@ class DriverConductor:
         return out
 
     def _on_add_network_publication(self, client: ClientSession, correlation_id: int,
-                                    channel: Channel, stream_id: int, now_ns: int) -> Outgoing:
+                                    channel: Channel, stream_id: int, now_ns: int, *,
+                                    exclusive: bool = False) -> Outgoing:
         if self.network is None or not channel.is_udp or channel.is_spy:
-            return [(client.key, _unsupported(correlation_id, channel))]
+            return [(client.key, _unsupported(correlation_id, channel, publication=True))]
         entry, registration_id = self.network.add_publication(client.key, channel, stream_id,
-                                                              now_ns)
+                                                              now_ns, exclusive=exclusive)
         client.publications[registration_id] = entry.registration_id
         return [(client.key, messages.publication_ready(
             correlation_id=correlation_id, registration_id=registration_id,
@@ -347,8 +361,16 @@ class DriverConductor:
             publisher_limit_counter_id=entry.publisher_limit_id,
             drops_counter_id=entry.drops_counter_id))]
 
-    def _create_ipc_publication(self, channel: Channel, stream_id: int,
-                                now_ns: int) -> IpcPublication:
+    def _active_ipc(self, stream_id: int) -> list[IpcPublication]:
+        """The ACTIVE IPC publications of ``stream_id``: its shared one, and its exclusive
+        ones (the ones a new subscription reads)."""
+        return [p for p in self.ipc_publications.values()
+                if p.stream_id == stream_id and p.state is IpcPublicationState.ACTIVE]
+
+    def _create_ipc_publication(self, channel: Channel, stream_id: int, now_ns: int, *,
+                                shared: bool = True) -> IpcPublication:
+        """A new IPC publication and log; ``shared``: the one later publishers of the stream
+        join (not an exclusive one's)."""
         settings = self.settings
         params = PublicationParams.for_ipc(channel, settings)
         term_length = params.term_length
@@ -376,9 +398,11 @@ class DriverConductor:
             self.budget.release(reserved)
             raise no_room_for_log(path, stream_id, term_length, e) from None
         self.ipc_publications[registration_id] = publication
-        self._ipc_by_stream[stream_id] = publication
-        log.info("created IPC publication %d stream=%d session=%d term_length=%d",
-                 registration_id, stream_id, session_id, term_length)
+        if shared:
+            self._ipc_by_stream[stream_id] = publication
+        log.info("created %s IPC publication %d stream=%d session=%d term_length=%d",
+                 "shared" if shared else "exclusive", registration_id, stream_id, session_id,
+                 term_length)
         return publication
 
     def _on_remove_publication(self, client: ClientSession, message: dict[str, Any],
@@ -409,9 +433,11 @@ class DriverConductor:
         correlation_id = message["correlation_id"]
         channel = _carried(parse_channel(message["channel"]), subscription=True)
         stream_id = message["stream_id"]
+        check_stream_id(channel, stream_id)
         if not channel.is_ipc:
-            if self.network is None or not channel.is_udp or channel.is_spy:
+            if self.network is None or not channel.is_udp:
                 return [(client.key, _unsupported(correlation_id, channel))]
+            # A spy (aeron-spy:) reads this driver's publications of the channel instead.
             network_subscription = NetworkSubscription(self._new_id(), client.client_id,
                                                        client.key, channel, stream_id)
             images = self.network.add_subscription(network_subscription, now_ns)
@@ -421,9 +447,17 @@ class DriverConductor:
         subscription = Subscription(self._new_id(), client.client_id, channel, stream_id)
         out: Outgoing = [(client.key, messages.subscription_ready(
             correlation_id, subscription.registration_id))]
-        publication = self._ipc_by_stream.get(stream_id)
-        if publication is not None and subscription.wants(publication.session_id, stream_id):
-            out.append(self._attach(publication, subscription, client))  # may fail: not kept
+        # The stream's shared publication and its exclusive ones: an image of each.
+        attached: list[IpcPublication] = []
+        try:
+            for publication in self._active_ipc(stream_id):
+                if subscription.wants(publication.session_id, stream_id):
+                    out.append(self._attach(publication, subscription, client))
+                    attached.append(publication)
+        except OSError:  # counters full: not kept, and no image of it stays behind
+            for publication in attached:
+                publication.remove_subscriber(subscription.registration_id)
+            raise
         client.subscriptions[subscription.registration_id] = subscription
         return out
 
@@ -533,6 +567,8 @@ class DriverConductor:
             self._next_timer_ns = now_ns + min(self.settings.timer_interval,
                                                self.settings.client_liveness_timeout // 4 or 1)
             out.extend(self._check_client_liveness(now_ns))
+            if self.network is not None and self.drain_phase is DrainPhase.NONE:
+                out.extend(self.network.check_spies(now_ns))
         return work, out
 
     def _govern(self, now_ns: int) -> None:
@@ -734,37 +770,75 @@ _STEP_COUNTERS = (None, SystemCounter.GOVERNOR_COALESCING, SystemCounter.GOVERNO
                   SystemCounter.GOVERNOR_LOWEST_DEFERRED, SystemCounter.GOVERNOR_LOWEST_REFUSED)
 
 # URI parameters this driver parses (they are Aeron's) but does not act on yet: a channel that
-# asks for them is refused, naming the part, rather than served without them.
-_NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel], bool], str], ...] = (
-    ("tether", lambda c: c.tether is False and not c.is_ipc,
-     "untethered subscriptions of aeron:udp (aeron:ipc has them)"),
+# asks for them is refused, naming the part, rather than served without them.  Each predicate
+# takes the channel and whether a subscription asks (else a publication), and says itself which
+# side it refuses: a key only a subscription acts on is a publication's to ignore (the client
+# warned of it).
+_NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] = (
+    # aeron:ipc subscriptions and spies (aeron-spy:) may be untethered.
+    ("tether", lambda c, subscription: (subscription and c.tether is False and not c.is_ipc
+                                        and not c.is_spy),
+     "untethered subscriptions of aeron:udp (aeron:ipc has them, and spies)"),
     ("untethered-window-limit-timeout",
-     lambda c: c.untethered_window_limit_timeout_ns is not None and not c.is_ipc,
-     "untethered subscriptions of aeron:udp (aeron:ipc has them)"),
+     lambda c, subscription: (subscription and not c.is_ipc and not c.is_spy
+                              and c.untethered_window_limit_timeout_ns is not None),
+     "untethered subscriptions of aeron:udp (aeron:ipc has them, and spies)"),
     ("untethered-resting-timeout",
-     lambda c: c.untethered_resting_timeout_ns is not None and not c.is_ipc,
-     "untethered subscriptions of aeron:udp (aeron:ipc has them)"),
-    ("rejoin", lambda c: c.rejoin is False, "rejoin=false"),
-    ("ssc", lambda c: bool(c.ssc), "spies that simulate a connection"),
-    ("control-mode", lambda c: c.control_mode is not None,
+     lambda c, subscription: (subscription and not c.is_ipc and not c.is_spy
+                              and c.untethered_resting_timeout_ns is not None),
+     "untethered subscriptions of aeron:udp (aeron:ipc has them, and spies)"),
+    ("rejoin", lambda c, subscription: subscription and c.rejoin is False, "rejoin=false"),
+    ("ssc", lambda c, _: bool(c.ssc), "spies that simulate a connection"),
+    ("control-mode", lambda c, _: c.control_mode is not None,
      "control modes (multi-destination-cast, response channels)"),
-    ("response-correlation-id", lambda c: c.response_correlation_id is not None,
+    # On a publication, control= pins its socket's local address (daemon/media/udp.py).
+    # A spy's control= is its publication's: accepted, not compared (the endpoint decides).
+    ("control", lambda c, subscription: subscription and not c.is_spy and c.control is not None,
+     "control= on a subscription (a receiver that joins a dynamic multi-destination-cast "
+     "publication by sending its status messages to that address)"),
+    ("response-correlation-id", lambda c, _: c.response_correlation_id is not None,
      "response channels"),
+    ("tags", lambda c, _: c.channel_tag is not None,
+     "channel tags (tags=: an endpoint, or a publication's session, found again by its tag)"),
+    ("session-id", lambda c, _: c.session_id_tag is not None,
+     "session-id=tag:N (the session of the publication tagged N)"),
 )
 
 
+# URI keys a spy (aeron-spy:) parses but does not act on: it has no receive socket, no image log
+# of its own and no status messages, and reads the publication's log as that was made.  Asked
+# for, they are refused by name, as the keys not carried yet are.  A spy acts on endpoint=,
+# interface= (the send endpoint it reads), session-id=, tether= and the untethered timeouts;
+# control= is accepted (its publication's), and the publication's only keys (fc=, linger=, ...:
+# client/channel.py, PUBLICATION_ONLY_KEYS) are the other side's, which the client warns of.
+_NOT_ON_A_SPY: tuple[tuple[str, Callable[[Channel], bool]], ...] = tuple(
+    (part, lambda c, field=field: getattr(c, field) is not None)
+    for part, field in (("reliable", "reliable"), ("rcv-wnd", "rcv_wnd"), ("cc", "cc"),
+                        ("nak-delay", "nak_delay_ns"), ("gtag", "gtag"), ("group", "group"),
+                        ("rejoin", "rejoin"), ("so-rcvbuf", "so_rcvbuf"),
+                        ("so-sndbuf", "so_sndbuf"), ("ttl", "ttl"),
+                        ("term-length", "term_length"), ("mtu", "mtu"), ("sparse", "sparse")))
+
+
 def _carried(channel: Channel, *, subscription: bool) -> Channel:
-    """``channel``, or ChannelError naming a part this driver does not carry yet.  A key only
-    a subscription acts on is a publication's to ignore (the client warned of it)."""
+    """``channel``, or ChannelError naming a part this driver does not carry yet on the side
+    that asks (``subscription``, else a publication), or that does nothing on a spy."""
     for part, asks, what in _NOT_CARRIED_YET:
-        if not subscription and part in SUBSCRIPTION_ONLY_KEYS:
-            continue
-        if asks(channel):
+        if asks(channel, subscription):
             raise ChannelError(str(channel), part, f"{what}: not supported by this driver yet")
+    if channel.is_spy:
+        for part, asks_spy in _NOT_ON_A_SPY:
+            if asks_spy(channel):
+                raise ChannelError(
+                    str(channel), part,
+                    "does nothing on a spy, which reads its publication's log in place (no "
+                    "socket, image log or status messages of its own): leave it out")
     return channel
 
 
-def _unsupported(correlation_id: int, channel: Channel) -> dict[str, Any]:
-    what = ("spy subscriptions (aeron-spy:) are not supported yet" if channel.is_spy
+def _unsupported(correlation_id: int, channel: Channel, *,
+                 publication: bool = False) -> dict[str, Any]:
+    what = ("a spy (aeron-spy:) only subscribes, to this driver's publications of the "
+            "aeron:udp channel it names: publish on that channel" if channel.is_spy and publication
             else "this conductor carries aeron:ipc streams only (no network transports)")
     return messages.error(correlation_id, control.ERR_UNSUPPORTED, f"{channel}: {what}")

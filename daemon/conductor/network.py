@@ -1,4 +1,4 @@
-"""The conductor's network half: UDP publications, subscriptions, images and endpoints.
+"""The conductor's network half: UDP publications, subscriptions, images, spies and endpoints.
 
 The :class:`~slipstream.daemon.conductor.conductor.DriverConductor` hands every ``aeron:udp``
 command here.  This object creates what the network agents need (logs, position counters, the
@@ -8,13 +8,15 @@ commands; the agents answer with events (a SETUP asks for an image, an image or 
 done, an endpoint was removed).  A resource is freed only on the event that says the agent no
 longer uses it, so the network thread never touches an unmapped log.  As in Aeron
 (DriverConductor / Sender / Receiver): the threads share no mutable object except through
-these queues, and position counters.
+these queues, and position counters (and each publication's spy hold, a position cell this
+thread lowers while it links a spy: docs/PROTOCOL.md §3.7).
 
 Names in a channel become IP literals here, once, when the channel is added (:func:`_resolved`;
 the driver shell resolved them in a thread first, :mod:`slipstream.daemon.media.names`); the
-protocol core only ever sees IP literals.  Sockets are opened by the injected
-:class:`NetworkTransports` (real UDP sockets in the driver, a virtual network in the
-simulator), so this module does no I/O of its own beyond creating log files.
+protocol core only ever sees IP literals.  Sockets are opened, and the host's interface
+addresses listed (for ``interface=`` as a subnet), by the injected :class:`NetworkTransports`
+(real UDP sockets and ``getifaddrs`` in the driver, a virtual network and the simulated host's
+address in the simulator), so this module does no I/O of its own beyond creating log files.
 
 Units: times in ns, sizes in bytes.
 """
@@ -22,16 +24,18 @@ Units: times in ns, sizes in bytes.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
 
 from slipstream.client import control
+from slipstream.client._native import lib as native
 from slipstream.client.channel import Channel
 from slipstream.client.counters import (
     BACK_PRESSURE_TYPES,
@@ -41,7 +45,9 @@ from slipstream.client.counters import (
     SystemCounter,
 )
 from slipstream.client.errors import ChannelError
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import LogBuffer, term_count
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver, ReceiveTransport
 from slipstream.daemon.agents.sender import (
     PublicationDone,
@@ -49,6 +55,7 @@ from slipstream.daemon.agents.sender import (
     SendEndpoint,
     Sender,
     SendTransport,
+    SpiesReleased,
 )
 from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.resources import (
@@ -64,12 +71,14 @@ from slipstream.daemon.conductor.sharing import (
     check_same_log,
     check_same_receive_params,
     check_same_watermarks,
+    check_session_free,
     destination_of,
     endpoint_key,
 )
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import congestion_control_for, flow_control_for
-from slipstream.daemon.media import names
+from slipstream.daemon.media import interfaces, names
+from slipstream.daemon.media.interfaces import InterfaceAddress
 from slipstream.daemon.media.receive_channel import (
     ImageDone,
     ImageRejected,
@@ -108,6 +117,12 @@ class NetworkTransports(Protocol):
 
     def open_receive(self, channel: Channel, bind: Address) -> ReceiveTransport:
         """A transport receiving at ``bind`` (the endpoint, or the multicast data group)."""
+        ...
+
+    def local_addresses(self) -> Sequence[InterfaceAddress]:
+        """This host's interface addresses, which ``interface=ADDRESS/PREFIX`` chooses among
+        (:mod:`slipstream.daemon.media.interfaces`); may raise OSError.  Called on the
+        conductor's thread as such a channel is added."""
         ...
 
 
@@ -150,6 +165,15 @@ class _PublicationEntry:
     readings: LogReadings  # what the episodes are sampled from
     publisher_refs: int = 0
     closing: bool = False
+    #: Spy subscriptions reading its log (Aeron's spy links), and how many of them the sender
+    #: has not taken yet (the publication's spy hold stays at their join positions until then).
+    spies: list[_SpyLink] = attrs.Factory(list)
+    spy_joins_pending: int = 0
+    #: Untethered spies left behind, resting until they rejoin: (the spy, since when, ns).
+    resting_spies: list[tuple[NetworkSubscription, int]] = attrs.Factory(list)
+    #: Spies that want it but found the counters full as it was made: linked on the
+    #: conductor's timer once there is room (:meth:`NetworkConductor.check_spies`).
+    missed_spies: list[NetworkSubscription] = attrs.Factory(list)
 
 
 @attrs.define(eq=False)
@@ -162,6 +186,39 @@ class NetworkSubscription(StreamInterest):
     channel: Channel
     stream_id: int
     endpoint: _ReceiveEndpointEntry | None = None
+    #: A spy's (``aeron-spy:``): the key of the send endpoint whose publications it reads.
+    spied_key: tuple[Any, ...] | None = None
+
+
+@attrs.define(eq=False)
+class _SpyLink:
+    """A spy subscription linked to a publication: its sub-pos counter (its client's to write)
+    and that counter's cell (cffi ``int64_t *``), which the publication's sender reads."""
+
+    subscription: NetworkSubscription
+    counter_id: int
+    cell: object
+    #: An untethered spy's (``tether=false``): since when it was clear of the window's end
+    #: (ACTIVE), or since it was left behind (lingering: its image gone, its position still
+    #: held for the window limit timeout, as Aeron's LINGER, so its client can stop reading).
+    since_ns: int = 0
+    lingering: bool = False
+
+
+@attrs.frozen(eq=False)
+class SpyLinked:
+    """The sender took a spy of ``entry`` into its publication (sent by the command itself):
+    the spy's position holds the log from now on, and the hold may go."""
+
+    entry: _PublicationEntry
+
+
+@attrs.frozen(eq=False)
+class SpyUnlinked:
+    """The sender dropped a spy's position cell (sent by the command itself): the spy's
+    sub-pos counter ``counter_id`` may be freed."""
+
+    counter_id: int
 
 
 @attrs.define(eq=False)
@@ -199,7 +256,8 @@ RECEIVER_IDS_KEPT = 1024
 EOS_HEARTBEATS_TO_END = 3
 
 NetworkEvent = (ImageRequested | ImageUnavailable | ImageDone | ImageRejected | PublicationDone
-                | PublicationRejected | EndpointRemoved)
+                | PublicationRejected | EndpointRemoved | SpiesReleased | SpyLinked
+                | SpyUnlinked)
 
 
 class NetworkConductor:
@@ -239,6 +297,13 @@ class NetworkConductor:
         self.publications: dict[int, _PublicationEntry] = {}
         self._shared_publications: dict[tuple[Any, ...], _PublicationEntry] = {}
         self.subscriptions: dict[int, NetworkSubscription] = {}
+        #: Spy subscriptions (``aeron-spy:``), by registration id; they have no endpoint.
+        self.spies: dict[int, NetworkSubscription] = {}
+        #: Messages to clients made outside a command's answer (the images of spies linked to
+        #: a new publication), sent on the next duty cycle.
+        self._spy_out: Outgoing = []
+        #: Sub-pos counters of unlinked spies the sender has not dropped yet (SpyUnlinked).
+        self._spy_counters_unlinking: set[int] = set()
 
     # -- plumbing -----------------------------------------------------------------------------
     def _post(self, event: NetworkEvent) -> None:
@@ -260,7 +325,7 @@ class NetworkConductor:
 
     @property
     def has_events(self) -> bool:
-        return bool(self._events)
+        return bool(self._events) or bool(self._spy_out)
 
     @property
     def used_session_ids(self) -> set[int]:
@@ -268,16 +333,21 @@ class NetworkConductor:
 
     # -- publications -------------------------------------------------------------------------
     def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
-                        now_ns: int) -> tuple[_PublicationEntry, int]:
+                        now_ns: int, *, exclusive: bool = False) -> tuple[_PublicationEntry, int]:
         """A publisher of ``stream_id`` on ``channel``: shares the publication of the same
-        endpoint, stream and session, or makes one.  Returns it and the registration id of
-        this publisher."""
-        channel = _resolved(channel)
+        endpoint, stream and session, or makes one; an ``exclusive`` one always makes a
+        publication of its own (its own session and log, which nobody joins).  Returns it and
+        the registration id of this publisher."""
+        channel = _resolved(channel, self.transports.local_addresses)
         destination = destination_of(channel)
         key = (endpoint_key(channel, destination), stream_id, channel.session_id)
-        entry = self._shared_publications.get(key)
+        entry = None if exclusive else self._shared_publications.get(key)
         if entry is None:
-            entry = self._create_publication(key, channel, stream_id, destination, now_ns)
+            check_session_free(channel, (e.publication.session_id
+                                         for e in self.publications.values()
+                                         if e.key[:2] == key[:2] and not e.closing), stream_id)
+            entry = self._create_publication(key, channel, stream_id, destination, now_ns,
+                                             shared=not exclusive)
         else:
             check_same_log(channel, entry.log, entry.publication.session_id, stream_id)
             check_same_watermarks(channel, entry.episodes, stream_id)
@@ -291,12 +361,15 @@ class NetworkConductor:
         return entry, self._new_id()
 
     def _create_publication(self, key: tuple[Any, ...], channel: Channel, stream_id: int,
-                            destination: Address, now_ns: int) -> _PublicationEntry:
+                            destination: Address, now_ns: int, *,
+                            shared: bool = True) -> _PublicationEntry:
+        """A new publication on its endpoint; ``shared``: the one later publishers of its
+        key join (not an exclusive one's)."""
         params = PublicationParams.for_network(channel, self.settings)  # before a socket
         endpoint = self._send_endpoint(key[0], channel, destination)
         try:
             return self._create_publication_on(endpoint, key, channel, params, stream_id,
-                                               destination, now_ns)
+                                               destination, now_ns, shared=shared)
         except BaseException:
             if endpoint.publications == 0:
                 self._close_endpoint(endpoint)  # opened (or revived) for nothing
@@ -304,7 +377,8 @@ class NetworkConductor:
 
     def _create_publication_on(self, endpoint: _SendEndpointEntry, key: tuple[Any, ...],
                                channel: Channel, params: PublicationParams, stream_id: int,
-                               destination: Address, now_ns: int) -> _PublicationEntry:
+                               destination: Address, now_ns: int, *,
+                               shared: bool = True) -> _PublicationEntry:
         settings = self.settings
         term_length = params.term_length
         registration_id = self._new_id()
@@ -354,10 +428,14 @@ class NetworkConductor:
                                   LogReadings(log_buffer, cells[CounterType.PUBLISHER_LIMIT]))
         endpoint.publications += 1
         self.publications[registration_id] = entry
-        self._shared_publications[key] = entry
+        if shared:
+            self._shared_publications[key] = entry
         self._submit_send(lambda _now: self.sender.add_publication(endpoint.endpoint, publication))
-        log.info("created network publication %d %s stream=%d session=%d term_length=%d",
-                 registration_id, channel, stream_id, session_id, term_length)
+        # After the publication: the sender runs the commands in order.
+        self._spy_out.extend(self._link_spies(entry, now_ns))
+        log.info("created %s network publication %d %s stream=%d session=%d term_length=%d",
+                 "shared" if shared else "exclusive", registration_id, channel, stream_id,
+                 session_id, term_length)
         return entry
 
     def _send_endpoint(self, key: tuple[Any, ...], channel: Channel,
@@ -390,14 +468,241 @@ class NetworkConductor:
         entry.closing = True
         if self._shared_publications.get(entry.key) is entry:
             del self._shared_publications[entry.key]
+        self._drop_spies_left_behind(entry)
         publication = entry.publication
         self._submit_send(lambda now: publication.close(now))
+
+    # -- spies --------------------------------------------------------------------------------
+    def _add_spy(self, spy: NetworkSubscription, now_ns: int) -> Outgoing:
+        """An ``aeron-spy:`` subscription: it reads every publication of this driver on its
+        channel's send endpoint (address and interface) whose stream, and session if it names
+        one, it wants, those present and those made later (Aeron's onAddSpySubscription and
+        linkSpies); the AVAILABLE_IMAGE messages of those present are returned.  A closing
+        publication takes no new spy."""
+        channel = spy.channel = _resolved(spy.channel, self.transports.local_addresses)
+        spy.spied_key = endpoint_key(channel, destination_of(channel))
+        self.spies[spy.registration_id] = spy
+        out: Outgoing = []
+        try:
+            for entry in list(self.publications.values()):
+                if _spies_on(spy, entry):
+                    out.append(self._link_spy(entry, spy, now_ns))
+        except CountersFullError:
+            # All or nothing, as add_subscription: a spy nobody owns would hold its
+            # publications back for good.
+            self.remove_subscription(spy.registration_id)
+            raise
+        return out
+
+    def _link_spies(self, entry: _PublicationEntry, now_ns: int) -> Outgoing:
+        """A new publication: every spy that wants it reads it (Aeron's linkSpies); one the
+        counters have no room for is logged and linked later, on the timer, once there is
+        room (:meth:`check_spies`)."""
+        out: Outgoing = []
+        for spy in list(self.spies.values()):
+            if _spies_on(spy, entry):
+                try:
+                    out.append(self._link_spy(entry, spy, now_ns))
+                except CountersFullError as e:
+                    self.counters.add(SystemCounter.ERRORS)
+                    log.error("cannot link spy subscription %d to publication %d yet (tried "
+                              "again on the timer): %s", spy.registration_id,
+                              entry.registration_id, e)
+                    entry.missed_spies.append(spy)
+        return out
+
+    def _link_spy(self, entry: _PublicationEntry, spy: NetworkSubscription,
+                  now_ns: int) -> tuple[bytes, dict[str, Any]]:
+        """A sub-pos counter for ``spy`` at the publication's sender position (Aeron's
+        linkSpy: a spy joins where the network is), handed to the sender, and the
+        AVAILABLE_IMAGE of it: the publication's own log, under the publication's
+        registration id."""
+        publication = entry.publication
+        join = self._hold_for_spy(entry)
+        try:
+            counter_id = self.counters.allocate(
+                CounterType.SUBSCRIBER_POSITION,
+                f"sub-pos: {spy.channel} stream={publication.stream_id} "
+                f"session={publication.session_id} sub={spy.registration_id}",
+                registration_id=spy.registration_id, session_id=publication.session_id,
+                stream_id=publication.stream_id, owner_id=spy.client_id, initial_value=join)
+        except CountersFullError:
+            self._on_spy_linked(entry)  # no link after all: its hold goes
+            raise
+        cell = self.counters.address(counter_id)
+        entry.spies.append(_SpyLink(spy, counter_id, cell, since_ns=now_ns))
+
+        def add_spy(_now: int) -> None:
+            try:
+                publication.add_spy(cell)
+            finally:
+                self._post(SpyLinked(entry))
+
+        self._submit_send(add_spy)
+        return (spy.client_key, messages.available_image(
+            image_registration_id=entry.registration_id,
+            subscription_registration_id=spy.registration_id,
+            session_id=publication.session_id, stream_id=publication.stream_id,
+            log_file=entry.log.path, subscriber_position_counter_id=counter_id,
+            join_position=join, source_identity=SPY_SOURCE_IDENTITY))
+
+    def _hold_for_spy(self, entry: _PublicationEntry) -> int:
+        """A spy's join position: the publication's sender position, which its log keeps
+        until the sender has taken the spy (:class:`SpyLinked`).  The publication's spy hold
+        is lowered to it with a full fence, then the sender position read again: cleaning
+        stays a term behind what the C half read, so unless the sender went a term further
+        meanwhile nothing from the join position on was cleaned, and from the hold on nothing
+        will be (network.h, ``spy_hold``).  Otherwise it tries again from there."""
+        publication = entry.publication
+        hold = publication.spy_hold
+        term_length = entry.log.term_length
+        entry.spy_joins_pending += 1
+        while True:
+            join = publication.sender_position
+            held = native.ss_load_acquire_i64(hold)
+            native.ss_cas_i64(hold, held, min(held, join))  # only this thread writes it
+            if publication.sender_position <= join + term_length:
+                return join
+
+    def _on_spy_linked(self, entry: _PublicationEntry) -> None:
+        """A spy link is no longer pending: once none is, the hold goes."""
+        entry.spy_joins_pending -= 1
+        if entry.spy_joins_pending == 0:
+            native.ss_store_release_i64(entry.publication.spy_hold, NO_DEADLINE)
+
+    def _unlink_spy(self, entry: _PublicationEntry, link: _SpyLink, *,
+                    tell: bool = False) -> Outgoing:
+        """The spy of ``link`` stops reading ``entry``'s publication: its position holds
+        nothing back from the sender's next command on; with ``tell``, its client hears that
+        the image is gone (UNAVAILABLE_IMAGE).  Its counter is freed once the sender has
+        dropped it (:class:`SpyUnlinked`), so the sender never reads a counter reused."""
+        entry.spies.remove(link)
+        publication, cell, counter_id = entry.publication, link.cell, link.counter_id
+        self._spy_counters_unlinking.add(counter_id)
+
+        def remove_spy(_now: int) -> None:
+            try:
+                publication.remove_spy(cell)
+            finally:
+                self._post(SpyUnlinked(counter_id))
+
+        self._submit_send(remove_spy)
+        if not tell:
+            return []
+        return [(link.subscription.client_key, messages.unavailable_image(
+            image_registration_id=entry.registration_id,
+            subscription_registration_id=link.subscription.registration_id,
+            stream_id=publication.stream_id))]
+
+    def _drop_spies_left_behind(self, entry: _PublicationEntry) -> None:
+        """``entry`` starts closing (before its close command goes to the sender): its
+        untethered spies left behind stop holding it at once (their clients were told as they
+        were left), and its resting ones will not rejoin it (a closing publication takes no
+        spy).  The timer leaves a closing publication alone, so a lingering spy kept would
+        hold its DRAINING for good."""
+        for link in [k for k in entry.spies if k.lingering]:
+            self._unlink_spy(entry, link)
+        entry.resting_spies.clear()
+
+    def _on_spies_released(self, publication: NetworkPublication) -> Outgoing:
+        """A closed publication's spies read it all (:class:`SpiesReleased`), or it is done:
+        their images end."""
+        entry = next((e for e in self.publications.values() if e.publication is publication),
+                     None)
+        if entry is None:
+            return []
+        out: Outgoing = []
+        for link in list(entry.spies):  # a lingering one's client was told already
+            out.extend(self._unlink_spy(entry, link, tell=not link.lingering))
+        entry.resting_spies.clear()
+        return out
+
+    def check_spies(self, now_ns: int) -> Outgoing:
+        """On the conductor's timer: the spies a publication missed as it was made (the
+        counters were full) are linked if there is room now, and untethered spies are looked
+        at (:meth:`check_untethered_spies`)."""
+        out: Outgoing = []
+        for entry in self.publications.values():
+            for spy in list(entry.missed_spies):
+                if entry.closing or self.spies.get(spy.registration_id) is not spy:
+                    entry.missed_spies.remove(spy)  # it takes no spy, or the spy went
+                    continue
+                try:
+                    out.append(self._link_spy(entry, spy, now_ns))
+                except CountersFullError:
+                    continue  # logged once, as it was missed
+                entry.missed_spies.remove(spy)
+        out.extend(self.check_untethered_spies(now_ns))
+        return out
+
+    def check_untethered_spies(self, now_ns: int) -> Outgoing:
+        """Aeron's untethered spies (``tether=false``; NetworkPublication
+        .checkUntetheredSubscriptions), on the conductor's timer: one within a quarter of a
+        window of the end of its publication's window (``snd-pos - window``: it is what holds
+        the publishers back) for longer than its window limit timeout is left behind: its
+        image goes, with the range it skips (from its position to snd-pos), and its position
+        holds on for that timeout again (its client stops reading), then goes; after its
+        resting timeout it rejoins at snd-pos with a new image.  Only while the publication
+        is open."""
+        out: Outgoing = []
+        settings = self.settings
+        for entry in self.publications.values():
+            if entry.closing:
+                continue
+            publication = entry.publication
+            sender_position = publication.sender_position
+            window = publication.term_window_length
+            window_end = sender_position - window + (window >> 2)
+            for link in list(entry.spies):
+                channel = link.subscription.channel
+                if channel.tether is not False:
+                    continue
+                timeout = (channel.untethered_window_limit_timeout_ns
+                           if channel.untethered_window_limit_timeout_ns is not None
+                           else settings.untethered_window_limit_timeout)
+                position = network.ss_subscriber_position_bounded(
+                    self.counters.get(link.counter_id), sender_position)
+                if link.lingering:
+                    if now_ns - link.since_ns > timeout:
+                        self._unlink_spy(entry, link)
+                        entry.resting_spies.append((link.subscription, now_ns))
+                elif position > window_end:
+                    link.since_ns = now_ns
+                elif now_ns - link.since_ns > timeout:
+                    self.counters.add(SystemCounter.UNTETHERED_SKIPS)
+                    self.counters.add(SystemCounter.UNTETHERED_SKIPPED_BYTES,
+                                      sender_position - position)
+                    log.info("untethered spy %d of publication %d left behind at %d (the "
+                             "sender at %d)", link.subscription.registration_id,
+                             entry.registration_id, position, sender_position)
+                    link.lingering, link.since_ns = True, now_ns
+                    out.append((link.subscription.client_key, messages.unavailable_image(
+                        image_registration_id=entry.registration_id,
+                        subscription_registration_id=link.subscription.registration_id,
+                        stream_id=publication.stream_id, lost=(position, sender_position))))
+            for spy, since_ns in list(entry.resting_spies):
+                resting = (spy.channel.untethered_resting_timeout_ns
+                           if spy.channel.untethered_resting_timeout_ns is not None
+                           else settings.untethered_resting_timeout)
+                if now_ns - since_ns >= resting:
+                    entry.resting_spies.remove((spy, since_ns))
+                    try:
+                        out.append(self._link_spy(entry, spy, now_ns))
+                    except CountersFullError as e:
+                        self.counters.add(SystemCounter.ERRORS)
+                        log.error("cannot link spy subscription %d to publication %d again: "
+                                  "%s", spy.registration_id, entry.registration_id, e)
+        return out
 
     # -- subscriptions ------------------------------------------------------------------------
     def add_subscription(self, subscription: NetworkSubscription, now_ns: int) -> Outgoing:
         """Receive ``subscription``'s stream at its endpoint; images already there are linked
-        at once (the AVAILABLE_IMAGE messages are returned)."""
-        channel = subscription.channel = _resolved(subscription.channel)
+        at once (the AVAILABLE_IMAGE messages are returned).  A spy (``aeron-spy:``) reads
+        this driver's publications instead (:meth:`_add_spy`)."""
+        if subscription.channel.is_spy:
+            return self._add_spy(subscription, now_ns)
+        channel = subscription.channel = _resolved(subscription.channel,
+                                                   self.transports.local_addresses)
         SubscriptionParams.resolve(channel, self.settings)  # refused before a socket opens
         bind = destination_of(channel)
         key = endpoint_key(channel, bind)
@@ -446,6 +751,13 @@ class NetworkConductor:
     def remove_subscription(self, registration_id: int) -> None:
         """The subscription goes: its positions stop holding images back; an endpoint left
         without subscriptions is removed."""
+        spy = self.spies.pop(registration_id, None)
+        if spy is not None:
+            for entry in self.publications.values():
+                for link in [k for k in entry.spies if k.subscription is spy]:
+                    self._unlink_spy(entry, link)
+                entry.resting_spies = [(s, t) for s, t in entry.resting_spies if s is not spy]
+            return
         subscription = self.subscriptions.pop(registration_id, None)
         if subscription is None or subscription.endpoint is None:
             return
@@ -625,8 +937,8 @@ class NetworkConductor:
     # -- duty cycle ---------------------------------------------------------------------------
     def do_work(self, now_ns: int) -> tuple[int, Outgoing]:
         """Handle the agents' events; returns (work done, messages to clients)."""
-        out: Outgoing = []
-        work = 0
+        out, self._spy_out = self._spy_out, []
+        work = len(out)
         events = self._events
         # Bounded: a flood of SETUPs must not hold the conductor (and its heartbeat) for long.
         while events and work < MAX_EVENTS_PER_CYCLE:
@@ -644,7 +956,15 @@ class NetworkConductor:
                     log.error("refused the image of %s: %s",
                               _label_of(event.setup, event.source), event.reason)
                 elif isinstance(event, PublicationDone):
-                    self._on_publication_done(event)
+                    out.extend(self._on_publication_done(event))
+                elif isinstance(event, SpiesReleased):
+                    out.extend(self._on_spies_released(event.publication))
+                elif isinstance(event, SpyLinked):
+                    self._on_spy_linked(event.entry)
+                elif isinstance(event, SpyUnlinked):
+                    if event.counter_id in self._spy_counters_unlinking:
+                        self._spy_counters_unlinking.discard(event.counter_id)
+                        self.counters.free(event.counter_id)
                 elif isinstance(event, PublicationRejected):  # once a second a receiver
                     for (host, port), reason in event.rejections:
                         self.counters.add(SystemCounter.ERRORS)
@@ -717,11 +1037,12 @@ class NetworkConductor:
                 events.append((entry.registration_id, event))
         return events
 
-    def _on_publication_done(self, event: PublicationDone) -> None:
+    def _on_publication_done(self, event: PublicationDone) -> Outgoing:
         entry = next((e for e in self.publications.values()
                       if e.publication is event.publication), None)
         if entry is None:
-            return
+            return []
+        out = self._on_spies_released(event.publication)  # any left (none once it lingered)
         del self.publications[entry.registration_id]
         if self._shared_publications.get(entry.key) is entry:
             del self._shared_publications[entry.key]
@@ -732,6 +1053,7 @@ class NetworkConductor:
         endpoint_entry.publications -= 1
         if endpoint_entry.publications == 0:
             self._close_endpoint(endpoint_entry)
+        return out
 
     def _close_endpoint(self, entry: _SendEndpointEntry | _ReceiveEndpointEntry) -> None:
         """Its agent (sender or receiver) drops the endpoint; then :class:`EndpointRemoved`
@@ -786,12 +1108,24 @@ class NetworkConductor:
             self._submit_send(lambda _now, p=publication: p.stop_credit())
 
     def is_flushed(self, *, closing_clients: frozenset[int] | None = None) -> bool:
-        """Every publication sent its log and its live receivers acknowledged the end
-        (``closing_clients``: an embedded driver closing with these clients of its own
-        process: not waiting for this driver's receivers that only they read from)."""
+        """Every publication sent its log, its live receivers acknowledged the end and its
+        spies read it to the end, as IPC subscribers are waited for (``closing_clients``: an
+        embedded driver closing with these clients of its own process: not waiting for this
+        driver's receivers that only they read from, nor for their spies)."""
         return all(entry.publication.is_flushed_except(
                        self._closing_receiver_ids(closing_clients, entry.publication))
+                   and self._spies_read_all(entry, closing_clients)
                    for entry in list(self.publications.values()))
+
+    def _spies_read_all(self, entry: _PublicationEntry,
+                        closing_clients: frozenset[int] | None) -> bool:
+        """Every spy of ``entry`` (but those of ``closing_clients``, and untethered ones left
+        behind) has read its log to the producer position."""
+        end = entry.log.producer_position()
+        return all(self.counters.get(link.counter_id) >= end for link in entry.spies
+                   if not link.lingering and (closing_clients is None
+                                              or link.subscription.client_id
+                                              not in closing_clients))
 
     def _closing_receiver_ids(self, closing_clients: frozenset[int] | None,
                               publication: NetworkPublication) -> frozenset[int]:
@@ -810,14 +1144,17 @@ class NetworkConductor:
         return frozenset(ours | self._closed_receiver_ids.keys())
 
     def end_streams(self) -> None:
-        """Close every publication still open: it sends end-of-stream (EOS heartbeats)."""
+        """Close every publication still open: it sends end-of-stream (EOS heartbeats).  No
+        publication's linger waits for its spies any more: the flush waited for them (but
+        for a closing process's own)."""
         for entry in self.publications.values():
             if not entry.closing:
                 entry.closing = True
                 if self._shared_publications.get(entry.key) is entry:
                     del self._shared_publications[entry.key]
-                publication = entry.publication
-                self._submit_send(lambda now, p=publication: p.close(now))
+                self._drop_spies_left_behind(entry)
+            publication = entry.publication
+            self._submit_send(lambda now, p=publication: p.close(now, wait_for_spies=False))
 
     def has_ended_streams(self, *, closing_clients: frozenset[int] | None = None) -> bool:
         """Every publication's receivers answered its end-of-stream (an EOS-flagged status
@@ -858,10 +1195,14 @@ class NetworkConductor:
         except Exception:  # the farewell only: what follows frees everything regardless
             log.exception("telling the senders this receiver leaves failed")
         for entry in list(self.publications.values()):
-            for counter_id in entry.counter_ids:
+            for counter_id in [*entry.counter_ids, *(link.counter_id for link in entry.spies)]:
                 self.counters.free(counter_id)
             discard_log(entry.log, self.budget)
+        for counter_id in self._spy_counters_unlinking:  # the sender stopped first
+            self.counters.free(counter_id)
+        self._spy_counters_unlinking.clear()
         self.publications.clear()
+        self.spies.clear()
         self._shared_publications.clear()
         for send_entry in self._send_endpoints.values():
             send_entry.endpoint.transport.close()
@@ -875,14 +1216,46 @@ class NetworkConductor:
         self.loss_report.close()
 
 
-def _resolved(channel: Channel) -> Channel:
+#: The source identity of a spy's image, as Aeron gives it (CommonContext.IPC_CHANNEL): the log
+#: is read in place on this host.
+SPY_SOURCE_IDENTITY = "aeron:ipc"
+
+
+def _spies_on(spy: NetworkSubscription, entry: _PublicationEntry) -> bool:
+    """Whether ``spy`` reads ``entry``'s publication (Aeron's SpySubscriptionLink.matches): the
+    same send endpoint, its stream, and its session if the spy names one; not once closing."""
+    return (not entry.closing and spy.spied_key == entry.endpoint.key
+            and spy.wants(entry.publication.session_id, entry.publication.stream_id))
+
+
+def _resolved(channel: Channel,
+              local_addresses: Callable[[], Sequence[InterfaceAddress]]) -> Channel:
     """The channel with the names in its endpoint and interface replaced by IP literals, as
     the channel is added (:mod:`slipstream.daemon.media.names`: the shell resolved them off the
-    loop): nothing downstream resolves again, inside the duty cycle."""
+    loop, so this looks them up in its cache): nothing downstream resolves again, inside the
+    duty cycle.  An interface given as a subnet (``interface=10.1.2.0/24``) becomes the address
+    of the local interface in it, chosen among ``local_addresses()`` (the transports':
+    :mod:`slipstream.daemon.media.interfaces`), so channels that name one interface either way
+    share its endpoints; that lists the host's interfaces here, on the conductor's thread, for
+    each such channel.  On a unicast channel a wildcard subnet (``interface=0.0.0.0/0``,
+    ``[::]/0``) stays the wildcard, without its prefix, and lists nothing (as Aeron's
+    ``UdpChannel.parse``: any local address)."""
     for part, host in names.names_of(channel):
         address = names.lookup(channel, part, host)
         hostport = getattr(channel, part)
         channel = attrs.evolve(channel, **{part: attrs.evolve(hostport, host=address)})
+    interface = channel.interface
+    if interface is not None and interface.prefix_length is not None:
+        ip = interface.ip
+        if ip is not None and ip.is_unspecified and not channel.is_multicast:
+            local = interface.host
+        else:
+            subnet = ipaddress.ip_network(f"{interface.host}/{interface.prefix_length}",
+                                          strict=False)
+            local = interfaces.address_in_subnet(channel, "interface", subnet,
+                                                 local_addresses)
+        channel = attrs.evolve(channel, interface=attrs.evolve(interface, host=local,
+                                                               prefix_length=None))
     return channel
 
 

@@ -2,16 +2,19 @@
 
 Channels that name the same endpoint address (and interface) share one endpoint
 (:func:`endpoint_key`); publishers of the same endpoint, stream and session share one
-publication.  A second publisher of a shared publication (IPC or UDP) or a second subscription on
-a receive endpoint already open cannot ask for another log shape, session, watermarks, flow or
-send-rate control, or image and socket parameters than it has (Aeron's publication parameter
-match): the checks here raise a ChannelError that names the part.  The
+publication, unless exclusive (``add_exclusive_publication``: a publication of its own, with
+its own session, :func:`check_session_free`).  A second publisher of a shared publication
+(IPC or UDP) or a second subscription on a receive endpoint already open cannot ask for
+another log shape, session, watermarks, flow or send-rate control, or image and socket
+parameters than it has (Aeron's publication parameter match): the checks here raise a
+ChannelError that names the part.  The
 :class:`~slipstream.daemon.conductor.network.NetworkConductor` and the IPC side of the
 :class:`~slipstream.daemon.conductor.conductor.DriverConductor` call them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 from slipstream.client.channel import Channel
@@ -53,6 +56,19 @@ def check_same_log(channel: Channel, log_buffer: LogBuffer, session_id: int,
             raise ChannelError(str(channel), part,
                                f"{asked} differs from the existing publication's {actual} on "
                                f"stream {stream_id}")
+
+
+def check_session_free(channel: Channel, sessions: Iterable[int], stream_id: int) -> None:
+    """A new publication (an exclusive one, or a shared one with none to join) that asks for
+    its session (``session-id=``) may not take one an open publication of its stream has
+    there (the same endpoint, or aeron:ipc): two logs of one session and stream would reach
+    the same subscribers as one stream (Aeron's ``checkForSessionClash``).  ``sessions``: the
+    open publications' session ids.  ChannelError names ``session-id``."""
+    if channel.session_id is not None and channel.session_id in set(sessions):
+        raise ChannelError(str(channel), "session-id",
+                           f"{channel.session_id} is the session of an open publication of "
+                           f"stream {stream_id} here (an exclusive publication has its own): "
+                           f"give another, or leave session-id out to draw a free one")
 
 
 def check_same_watermarks(channel: Channel, episodes: BackPressureEpisodes,

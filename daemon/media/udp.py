@@ -5,8 +5,9 @@ This is the I/O shell of the network stack (the sans-I/O core never sees a socke
 * a **send endpoint** (one per channel address a publication sends to) sends DATA and
   retransmissions through the C data path (``ss_send_data``: ``sendmmsg`` of iovecs into the
   log, runs of equal datagrams as one GSO send), control frames with ``send``, and receives
-  the status messages, NAKs and RTTMs that come back with ``recvmmsg`` in C.  Unicast: an
-  ephemeral local port (or ``control=``), connected to the endpoint.  Multicast (docs/PROTOCOL.md
+  the status messages, NAKs and RTTMs that come back with ``recvmmsg`` in C.  Unicast: bound
+  to ``control=``, else to ``interface=`` (its port, if it names one: Aeron's local address),
+  else to an ephemeral port, and connected to the endpoint.  Multicast (docs/PROTOCOL.md
   §7.2): bound to the control group (data group + 1, same port) which it joins, sending to the
   data group;
 * a **receive endpoint** (one per address subscribed to) receives with ``recvmmsg`` in C, which
@@ -38,7 +39,8 @@ from slipstream.client.errors import ChannelError
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.media import names
+from slipstream.daemon.media import interfaces, names
+from slipstream.daemon.media.interfaces import InterfaceAddress
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import SocketParams
@@ -80,6 +82,10 @@ class UdpTransports:
 
     def open_receive(self, channel: Channel, bind: Address) -> UdpReceiveTransport:
         return UdpReceiveTransport(self.settings, self.counters, channel, bind)
+
+    def local_addresses(self) -> list[InterfaceAddress]:
+        """This host's interface addresses (``getifaddrs``)."""
+        return interfaces.local_addresses()
 
 
 class _BatchReceiver:
@@ -240,8 +246,10 @@ class UdpSendTransport(_UdpTransport):
                 _set_multicast(sock, params, channel, group.host, interface)
                 self.connected = False
             else:
-                local = channel.control  # pins the local address (and port) if given
-                host = (local.host if local is not None else interface) or (
+                # control= pins the local address and port, else interface= (Aeron's
+                # localControl and localData addresses).
+                local = channel.control if channel.control is not None else channel.interface
+                host = (local.host if channel.control is not None else interface) or (
                     "::" if family == socket.AF_INET6 else "0.0.0.0")
                 port = (local.port or 0) if local is not None else 0
                 sock.bind((host, port))

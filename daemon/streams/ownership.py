@@ -68,7 +68,8 @@ PUBLICATION = "publication"
 IMAGE = "image"
 
 RULES: tuple[Rule, ...] = (
-    Rule(PUBLICATION, "pub-lmt's steps, and cleaning the log one term behind snd-pos", PYTHON,
+    Rule(PUBLICATION, "pub-lmt's steps, and cleaning the log one term behind snd-pos (or a "
+         "slower spy)", PYTHON,
          "limit_in_c",
          "ACTIVE, connected, taking offers, no credit stop",
          "close (DRAINING), the connection lost, the governor refusing offers, the drain's "

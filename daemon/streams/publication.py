@@ -42,6 +42,12 @@ C half runs that rule itself while it may (``limit_in_c``).  Not connected:
 ``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the publisher gets NOT_CONNECTED /
 BACK_PRESSURED).
 
+Spies (:meth:`NetworkPublication.add_spy`, docs/PROTOCOL.md §3.7): ``aeron-spy:``
+subscriptions of this host read the log in place.  Each holds pub-lmt and cleaning back as
+snd-pos does (both follow the consumer position, the slowest of snd-pos and the spies), never
+the sender, and a closed publication reaches LINGER only once they have read it all (Aeron's
+tethered spies).
+
 Who runs which rule, this object or the C half, is :mod:`~slipstream.daemon.streams.ownership`'s
 table; the flags that hand them to the C half are set in
 :meth:`NetworkPublication.sync_c_half` only.
@@ -230,6 +236,19 @@ class NetworkPublication:
         c.term_window_length = window
         c.trip_gain = self._trip_gain
         c.cleaner = self.cleaner.c
+        # Spies (add_spy): the sub-pos cells of the aeron-spy: subscriptions of this host that
+        # read the log in place; they hold pub-lmt and cleaning back as snd-pos does.
+        self._spies: list[object] = []
+        self._spy_array = network_ffi.NULL
+        #: The conductor's to lower while it links a spy (the join position), the C half's to
+        #: read (network.h, spy_hold); NO_DEADLINE while no link is pending.
+        self.spy_hold = network_ffi.new("int64_t *", NO_DEADLINE)
+        c.spy_hold = self.spy_hold
+        c.spy_python_position = NO_DEADLINE
+        #: Set as a closed publication that has spies reaches LINGER (they read it all): the
+        #: sender tells the conductor, which ends their images (Aeron's cleanupSpies).
+        self.spies_released = False
+        self._waits_for_spies = True  # close(wait_for_spies=False): the drain's ending
         self.has_initial_connection = False
         self.is_setup_elicited = False
         self.is_end_of_stream = False
@@ -268,13 +287,22 @@ class NetworkPublication:
         if self.state is PublicationState.LINGER:
             self._linger_start_ns = now_ns
             self.is_end_of_stream = True  # heartbeats now carry EOS (0xE0)
+            self.spies_released = bool(self._spies)
         elif self.state is PublicationState.DONE:
             self.retransmit_handler.stop()
 
-    def close(self, now_ns: int) -> None:
-        """The last publisher went away: send what is in the log, then EOS, then linger."""
+    def close(self, now_ns: int, *, wait_for_spies: bool = True) -> None:
+        """The last publisher went away: send what is in the log, then EOS, then linger.
+        ``wait_for_spies=False`` (the driver's drain, which waited for its spies while it
+        flushed): the linger does not wait for the spies to read the log to its end; it may
+        be given to a publication closed already."""
         self._next_due_ns = 0
+        if not wait_for_spies:
+            self._waits_for_spies = False
         if self.state is PublicationState.ACTIVE:
+            # Where its spies' images end (aeron_network_publication_decref): nothing is
+            # offered after the last publisher went.
+            self.log.end_of_stream_position = self.log.producer_position()
             self._transition("close", now_ns)
             self._conductor_duties(now_ns)
 
@@ -306,6 +334,63 @@ class NetworkPublication:
             acknowledged[c.sm_receiver_id] = max(acknowledged[c.sm_receiver_id], c.sm_position)
         return all(position >= end for receiver_id, position in acknowledged.items()
                    if receiver_id not in receiver_ids)
+
+    # -- spies ----------------------------------------------------------------------------
+    def add_spy(self, position_cell: object) -> None:
+        """A spy (an ``aeron-spy:`` subscription of this host) reads the log in place from
+        ``position_cell`` (a cffi ``int64_t *``, its sub-pos counter, which its client writes):
+        from now on it holds pub-lmt and cleaning back as snd-pos does, and once the
+        publication is closed its LINGER waits until the spy has read it all (Aeron's
+        NetworkPublication.addSubscriber, a tethered spy).  The sender never waits for it.  On
+        the sender's thread."""
+        self._spies.append(position_cell)
+        self._set_spies()
+
+    def remove_spy(self, position_cell: object) -> None:
+        """The spy of ``position_cell`` went (its subscription closed, or its image ended):
+        it holds nothing back from now on.  A cell not added is ignored."""
+        if position_cell in self._spies:
+            self._spies.remove(position_cell)
+            self._set_spies()
+
+    def _set_spies(self) -> None:
+        """Hand the spies to the C half (``spy_positions``, ``spy_count``) and look again at
+        once: a closed publication may have waited only for the one that went."""
+        c = self.c
+        c.spy_count = 0
+        self._spy_array = (network_ffi.new("int64_t *[]", self._spies) if self._spies
+                           else network_ffi.NULL)
+        c.spy_positions = self._spy_array
+        c.spy_count = len(self._spies)
+        c.spy_python_position = self._spy_python_position()
+        self._next_due_ns = 0
+
+    @property
+    def spy_count(self) -> int:
+        return len(self._spies)
+
+    def consumer_position(self) -> int:
+        """The position the log is consumed to (bytes), which pub-lmt and cleaning follow:
+        the least of snd-pos, each spy's and the conductor's hold while it links one
+        (``ss_publication_consumer_position``, which the C half's rule takes too)."""
+        return network.ss_publication_consumer_position(self.c)
+
+    def _spies_consumed(self, end: int) -> bool:
+        """Every spy has read the log to ``end`` (true without spies, or once the drain's
+        ending said not to wait for them)."""
+        return (not self._spies or not self._waits_for_spies
+                or network.ss_publication_slowest_spy(self.c, end) >= end)
+
+    def _spy_python_position(self) -> int:
+        """Where the slowest spy makes the Python half due (``c.spy_python_position``): the
+        end of a closed publication's log while its spies have not read it all (DRAINING
+        waits for them); never otherwise (the C half's pub-lmt rule takes the spies itself,
+        and a rule that could not move on would make every cycle a pass)."""
+        if self._spies and self.state is PublicationState.DRAINING:
+            end = self.log.producer_position()
+            if not self._spies_consumed(end):
+                return end
+        return NO_DEADLINE
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -452,6 +537,7 @@ class NetworkPublication:
                 and self.rate_control is None and self.flow_control.c_fast_path
                 and len(receivers) == 1 and not self.is_setup_elicited)
         c.python_send_position = self.python_send_position()
+        c.spy_python_position = self._spy_python_position()
         c.heartbeat_in_c = int(self._sends_heartbeats_in_c())
         if take:
             receiver_id, last_sm_ns = next(iter(receivers.items()))
@@ -712,12 +798,13 @@ class NetworkPublication:
 
     def _update_publisher_limit(self) -> None:
         """pub-lmt = snd-pos + term window, moved in steps of window/8 (Aeron's trip gain) and
-        never past what cleaning allows; the log is cleaned one term behind snd-pos first."""
-        sender_position = self.sender_position
-        self.cleaner.clean_toward(sender_position)
+        never past what cleaning allows; the log is cleaned one term behind snd-pos first.
+        A spy slower than snd-pos takes its place (:meth:`consumer_position`)."""
+        consumer_position = self.consumer_position()
+        self.cleaner.clean_toward(consumer_position)
         if self._refusing_offers:
             return
-        limit = min(sender_position + self.term_window_length, self.cleaner.reusable_limit())
+        limit = min(consumer_position + self.term_window_length, self.cleaner.reusable_limit())
         if self.credit_stop_position is not None:
             limit = min(limit, self.credit_stop_position)
         if limit >= self._last_publisher_limit + self._trip_gain:
@@ -757,8 +844,9 @@ class NetworkPublication:
             if self._connected:
                 self._update_publisher_limit()
         elif state is PublicationState.DRAINING:
-            if (self.log.producer_position() <= self.sender_position
-                    or not self._receivers):
+            end = self.log.producer_position()
+            if ((end <= self.sender_position or not self._receivers)
+                    and self._spies_consumed(end)):
                 self._transition("drained", now_ns)
         elif state is PublicationState.LINGER:
             if self.has_received_unicast_eos:
@@ -803,7 +891,9 @@ class NetworkPublication:
             deadline = min(deadline, self._time_of_last_sender_progress_ns
                            + self.unblock_timeout_ns + 1)
         if self.state is PublicationState.DRAINING:
-            if self.log.producer_position() <= self.sender_position or not self._receivers:
+            end = self.log.producer_position()
+            if ((end <= self.sender_position or not self._receivers)
+                    and self._spies_consumed(end)):
                 deadline = min(deadline, now)  # drained: move to LINGER
         elif self.state is PublicationState.LINGER:
             deadline = min(deadline, now if self.has_received_unicast_eos
