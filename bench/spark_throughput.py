@@ -2,6 +2,7 @@
 sources that do no work, in the same run.
 
     .venv/bin/python -m bench.spark_throughput [--rows N] [--read-rows N] [--cores C]
+                                               [--rounds R]
 
 Run it from the repository root: the two Python peers below are classes of this module, and
 Spark's Python workers import them as ``bench.spark_throughput`` (they start in the driver's
@@ -30,18 +31,24 @@ install; :func:`register_peers` registers the module's own classes, not those of
   (the JVM side warms up), and a 10-row warm-up does not cover that.  The ready batches live
   in the Python worker that built them (the in-memory warm-up): a measured query whose task
   ran in another worker (it reports so, and built them while timed) is discarded and run
-  again; the output says which query counted.
+  again; the output says which query counted.  A figure without the overhead is the
+  difference of two single triggers, whose one-row part alone varies by 200-300 ms between
+  queries on 2 busy cores: ``--rounds R`` (default 3) adds R rounds alternating the two
+  Python sources, a one-row and an N-row trigger each, and prints the medians beside the
+  single samples.
 
 The load average is printed at the start and the end: the ratios are only meaningful when
-nothing else competes for the cores.  A run takes one to two minutes on 2 cores.
+nothing else competes for the cores.  A run takes two to three minutes on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -334,11 +341,11 @@ def _rate_batch(spark, rows: int, checkpoint: str) -> tuple[int, float]:
     return _trigger_ms(query)
 
 
-def bench_read(spark, directory: Path, client: Client, rows: int, scratch: str
-               ) -> dict[str, tuple[float, ...]]:
+def bench_read(spark, directory: Path, client: Client, rows: int, scratch: str,
+               rounds: int = 0) -> dict[str, tuple[float, ...]]:
     """{source: (rows/s with the micro-batch overhead, rows/s without it)}; the in-memory
     source's entry adds the queries its N-row measurement took (see _memory_ready_batch)."""
-    cp = iter(f"{scratch}/cp{i}" for i in range(100))
+    cp = iter(f"{scratch}/cp{i}" for i in itertools.count())
     # Warm-up, N rows of each Python source: the first N-row reads of a session are several
     # times slower than the later ones whichever source they read (the JVM side of a Python
     # source's read warms up), so a source measured first would pay for it.  The in-memory
@@ -355,6 +362,28 @@ def bench_read(spark, directory: Path, client: Client, rows: int, scratch: str
     _, small = _rate_batch(spark, 1, next(cp))
     count, big = _rate_batch(spark, rows, next(cp))
     results["rate"] = (count / big * 1000, count / max(big - small, 1) * 1000)
+    # The figures above rest on one 1-row and one N-row trigger each: on these 2 vCPUs a
+    # 1-row trigger alone moves by 200-500 ms from query to query, as much as the N-row
+    # read it is subtracted from.  Rounds alternating the two sources give medians as well.
+    triggers: dict[str, tuple[list[float], list[float]]] = {"slipstream": ([], []),
+                                                            "memory": ([], [])}
+    stream_id = 8100
+    for round_ in range(rounds):
+        for source in ("slipstream", "memory") if round_ % 2 == 0 else ("memory", "slipstream"):
+            if source == "slipstream":
+                small = _slipstream_batch(spark, directory, client, stream_id, 1, next(cp))[1]
+                big = _slipstream_batch(spark, directory, client, stream_id + 1, rows,
+                                        next(cp))[1]
+                stream_id += 2
+            else:
+                small = _memory_ready_batch(spark, 1, cp)[1]
+                big = _memory_ready_batch(spark, rows, cp)[1]
+            triggers[source][0].append(small)
+            triggers[source][1].append(big)
+    for source, (smalls, bigs) in triggers.items():
+        if smalls:
+            small, big = statistics.median(smalls), statistics.median(bigs)
+            results[f"{source} median"] = (rows / big * 1000, rows / max(big - small, 1) * 1000)
     return results
 
 
@@ -365,6 +394,8 @@ def main() -> None:
     parser.add_argument("--arrow-batch", type=int, default=10_000,
                         help="spark.sql.execution.arrow.maxRecordsPerBatch (Spark's default)")
     parser.add_argument("--cores", type=int, default=2, help="local[N] executor cores")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="read rounds alternating the two Python sources, for medians")
     args = parser.parse_args()
     command = ["python", "-m", "bench.spark_throughput", *sys.argv[1:]]
     print(f"command: {' '.join(command)}")
@@ -385,7 +416,7 @@ def main() -> None:
         with MediaDriver.launch(directory=directory, ipc_term_buffer_length="256m"), \
                 Client.connect(directory) as client:
             write = bench_write(spark, directory, client, args.rows, args.cores)
-            read = bench_read(spark, directory, client, args.read_rows, scratch)
+            read = bench_read(spark, directory, client, args.read_rows, scratch, args.rounds)
     finally:
         spark.stop()
         shutil.rmtree(directory, ignore_errors=True)
@@ -413,6 +444,14 @@ def main() -> None:
           f"had the batches ready)")
     print(f"  rate-micro-batch    {r_with:>12,.0f} / {r_without:>12,.0f} rows/s  ratio "
           f"slipstream/rate {s_without / r_without:.2f}")
+    if "slipstream median" in read:
+        s_with, s_without = read["slipstream median"]
+        m_with, m_without = read["memory median"]
+        print(f"  medians of {args.rounds} alternating rounds (1-row and N-row trigger each):")
+        print(f"  slipstream          {s_with:>12,.0f} / {s_without:>12,.0f} rows/s")
+        print(f"  in-memory Arrow     {m_with:>12,.0f} / {m_without:>12,.0f} rows/s  ratio "
+              f"slipstream/in-memory {s_without / m_without:.2f} without (target >= 0.6), "
+              f"{s_with / m_with:.2f} with")
 
 
 if __name__ == "__main__":

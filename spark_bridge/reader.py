@@ -300,25 +300,35 @@ def loss_message(stream_id: int, session_id: int, start: int, end: int,
 
 
 def _arrow_batch(chunk: GatheredMessages, session_id: int, stream_id: int,
-                 schema: object) -> object:
-    """One record batch from messages copied out of the log: the values column wraps the
-    chunk's buffers, the others are computed for the whole batch at once (no Python per
-    message).  ``timestamp`` is the reserved value (ns since the epoch: the slipstream writer
-    stamps it), or the read time where that is 0."""
+                 schema: object, ids: dict[int, tuple[object, object]] | None = None) -> object:
+    """One record batch from messages copied out of the log: the values and position columns
+    wrap the chunk's buffers, the others are computed for the whole batch at once (no Python
+    per message).  ``timestamp`` is the reserved value (ns since the epoch: the slipstream writer
+    stamps it), or the read time where that is 0.  ``ids``: the session and stream id columns
+    by row count, kept by the caller across the batches of one range (they are the same for
+    every full batch)."""
     import numpy as np
     import pyarrow as pa
 
     n = len(chunk)
-    now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1_000_000)
+    id_columns = ids.get(n) if ids is not None else None
+    if id_columns is None:
+        id_columns = (pa.array(np.full(n, session_id, dtype=np.int32)),
+                      pa.array(np.full(n, stream_id, dtype=np.int32)))
+        if ids is not None:
+            ids[n] = id_columns
     published = np.frombuffer(chunk.reserved_values, dtype=np.int64) // 1000
+    if published.min() <= 0:  # not stamped (not the slipstream writer's): the read time
+        now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1_000_000)
+        published = np.where(published > 0, published, now)
     values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(chunk.offsets),
                                                     pa.py_buffer(chunk.data)])
     columns = [
         values,
-        pa.array(np.full(n, session_id, dtype=np.int32)),
-        pa.array(np.full(n, stream_id, dtype=np.int32)),
-        pa.array(np.frombuffer(chunk.positions, dtype=np.int64)),
-        pa.array(np.where(published > 0, published, now)).view(pa.timestamp("us", tz="UTC")),
+        *id_columns,
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(chunk.positions)]),
+        pa.Array.from_buffers(schema.field(4).type, n,  # type: ignore[attr-defined]
+                              [None, pa.py_buffer(published)]),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
@@ -349,6 +359,7 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
     C scan.  Each batch is checked after it is copied (a publisher lapping the reader
     meanwhile would have torn it)."""
     schema = _schema()
+    ids: dict[int, tuple[object, object]] = {}
     try:
         image = Image.detached(p.log_path, p.start)
     except FileNotFoundError:
@@ -379,7 +390,7 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
                 position = skip_to
                 continue
             if chunk is not None:
-                yield _arrow_batch(chunk, p.session_id, p.stream_id, schema)
+                yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
             elif image.position == position:
                 raise SlipstreamError(
                     f"slipstream stream {p.stream_id} session {p.session_id}: no whole message "
@@ -414,6 +425,7 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
     identity = LogIdentity(p.session_id, p.initial_term_id, p.term_length)
     timeout_s = p.replay_timeout_ms / 1000
     schema = _schema()
+    ids: dict[int, tuple[object, object]] = {}
     client = runtime.client_for(p.directory)
     position = p.start
 
@@ -440,7 +452,7 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
                 while not replay.done:
                     chunk = replay.poll_gathered(_ROWS_PER_BATCH)
                     if chunk is not None:
-                        yield _arrow_batch(chunk, p.session_id, p.stream_id, schema)
+                        yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
                         idle_since = time.monotonic()
                     elif time.monotonic() - idle_since > timeout_s:
                         raise SlipstreamError(
