@@ -45,6 +45,7 @@ from pathlib import Path
 
 from bench.ipc_throughput import (
     back_pressured,
+    join_run,
     machine,
     pin,
     positive_int,
@@ -184,16 +185,7 @@ def stream(directory: Path, size: int, count: int, exclusive: bool, first_progra
     publisher.start()
     time.sleep(0.2)
     start.set()
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    for process in (publisher, subscriber):
-        process.join(max(0.0, deadline - time.monotonic()))
-    stuck = [p for p in (publisher, subscriber) if p.is_alive()]
-    for process in stuck:
-        process.terminate()
-        process.join(5)
-    if stuck or publisher.exitcode or subscriber.exitcode:
-        print(f"# run did not finish: publisher exit {publisher.exitcode}, subscriber exit "
-              f"{subscriber.exitcode}", flush=True)
+    if not join_run(publisher, subscriber, RUN_TIMEOUT_S):
         return 0.0
     published_to, received_to, received = positions[:]
     if received != count or received_to != published_to:

@@ -237,10 +237,10 @@ def _first_program_subscriber(directory: str, channel: str, stream_id: int, coun
         positions[2] = counter[0]
 
 
-def _finish(publisher, subscriber, result) -> float:
-    """Join both sides within RUN_TIMEOUT_S; a run that does not finish is reported as 0 and
-    its processes stopped, so the benchmark never hangs."""
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+def join_run(publisher, subscriber, timeout_s: float = RUN_TIMEOUT_S) -> bool:
+    """Join both sides within ``timeout_s``; whether both finished and exited 0.  A run that
+    does not finish has its processes stopped and is reported, so a benchmark never hangs."""
+    deadline = time.monotonic() + timeout_s
     for process in (publisher, subscriber):
         process.join(max(0.0, deadline - time.monotonic()))
     stuck = [p for p in (publisher, subscriber) if p.is_alive()]
@@ -250,8 +250,13 @@ def _finish(publisher, subscriber, result) -> float:
     if stuck or publisher.exitcode or subscriber.exitcode:
         print(f"# run did not finish: publisher exit {publisher.exitcode}, subscriber exit "
               f"{subscriber.exitcode}", flush=True)
-        return 0.0
-    return result.value
+        return False
+    return True
+
+
+def _finish(publisher, subscriber, result) -> float:
+    """The run's result once both sides finished (:func:`join_run`), else 0."""
+    return result.value if join_run(publisher, subscriber) else 0.0
 
 
 # -- pyzmq -----------------------------------------------------------------------------------

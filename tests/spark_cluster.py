@@ -402,15 +402,8 @@ class SparkCluster:
         """The Spark side of worker host ``index`` dies at once (SIGKILL): its worker, and
         every process of its network that is not a slipstream driver or holder (executors,
         Python workers, cluster-mode drivers and their applications).  Returns the pids."""
-        host = self.hosts[index]
-        listed = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True,
-                                text=True, check=False).stdout.split()
         killed = []
-        for pid in (int(p) for p in listed if p.isdigit()):
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
+        for pid, command in host_processes(self.hosts[index]):
             if b"slipstream.daemon.cli driver" in command or b"slipstream-holder" in command:
                 continue  # the host's slipstream side lives on
             with contextlib.suppress(ProcessLookupError):
@@ -433,20 +426,23 @@ class SparkCluster:
         return "\n".join(parts)
 
 
+def host_processes(host: Host) -> Iterator[tuple[int, bytes]]:
+    """``(pid, command line)`` of every process in ``host``'s network namespace (the hosts
+    share one pid namespace: its network says which are the host's)."""
+    listed = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True,
+                            text=True, check=False).stdout.split()
+    for pid in (int(p) for p in listed if p.isdigit()):
+        try:
+            yield pid, Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue  # it ended meanwhile
+
+
 def _spark_processes(host: Host) -> list[int]:
     """The processes of ``host`` that are Spark's: JVMs of org.apache.spark, and PySpark's
     Python workers (``pyspark.daemon``, ``pyspark.worker``)."""
-    listed = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True,
-                            text=True, check=False).stdout.split()
-    found = []
-    for pid in (int(p) for p in listed if p.isdigit()):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"org.apache.spark" in command or b"pyspark." in command:
-            found.append(pid)
-    return found
+    return [pid for pid, command in host_processes(host)
+            if b"org.apache.spark" in command or b"pyspark." in command]
 
 
 def _kill_spark_processes(host: Host, grace: float) -> None:

@@ -282,7 +282,7 @@ def test_a_query_reads_on_hosts_without_the_log_exactly_once_through_a_lost_work
     docs/SPARK.md says a restart needs).  Every message arrives, once per input position after
     deduplication (the writer is at least once), in order per output session, read on both
     worker hosts, with the publisher's timestamps."""
-    from spark_cluster import spark_cluster
+    from spark_cluster import host_processes, spark_cluster
 
     hosts = four_isolated_hosts
     hosts.drop(1, port=DATA_PORT, probability=0.03)
@@ -307,14 +307,10 @@ def test_a_query_reads_on_hosts_without_the_log_exactly_once_through_a_lost_work
     def kill_host_3s_executor_when_asked() -> None:
         while not killer_stop.wait(0.1):
             if (tmp_path / "kill").exists():
-                # The hosts share one pid namespace: pick host 3's executor by its network's.
-                inside = set(subprocess.run(["ip", "netns", "pids", hosts[3].namespace],
-                                            capture_output=True, text=True).stdout.split())
-                executors = subprocess.run(["pgrep", "-f", "CoarseGrainedExecutorBackend"],
-                                           capture_output=True, text=True).stdout.split()
-                for pid in inside.intersection(executors):
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed.append(int(pid))
+                for pid, command in host_processes(hosts[3]):
+                    if b"CoarseGrainedExecutorBackend" in command:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
                 return
 
     killer = threading.Thread(target=kill_host_3s_executor_when_asked)
