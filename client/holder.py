@@ -38,13 +38,14 @@ import attrs
 
 from slipstream.client import Client, Image, SlipstreamError, Subscription
 from slipstream.client.channel import parse_channel
+from slipstream.client.counters import CountersFile
 from slipstream.client.errors import ChannelError
-from slipstream.client.layout import INT32_MAX, INT32_MIN
+from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
 from slipstream.client.logview import VIEW_OPERATIONS, ImageView, snapshot
-from slipstream.client.replay import LogIdentity, ReplayServer
+from slipstream.client.replay import ReplayServer
 
-__all__ = ["DEFAULT_GROUP", "HOLDER_CONTROL_STREAM", "HOLDER_PORT", "DetachedLogs", "StreamHolder",
-           "main"]
+__all__ = ["DEFAULT_GROUP", "HOLDER_CONTROL_STREAM", "HOLDER_PORT", "MAX_SPLIT_PIECES",
+           "DetachedLogs", "StreamHolder", "driver_instance", "main"]
 
 log = logging.getLogger("slipstream.client.holder")
 
@@ -80,9 +81,15 @@ def _key(args: dict[str, Any]) -> tuple[str, int, str]:
     return channel, stream_id, group
 
 
-def _view_args(method: str, args: object) -> dict[str, int | None]:
+#: The most pieces a ``split_points`` question may ask for (its answer lists them).
+MAX_SPLIT_PIECES: Final = 256
+
+
+def _view_args(method: str, args: object, image: Image) -> dict[str, int | None]:
     """The arguments of a view question, checked: the method's parameters, integers (None
-    only for a limit of ``scan``)."""
+    only for a limit of ``scan``); positions frame-aligned, from the image's join position to
+    its producer position (another process's log is scanned with them); at most
+    :data:`MAX_SPLIT_PIECES` pieces."""
     if method not in VIEW_OPERATIONS:
         raise ValueError(f"method {method!r} is not one of {', '.join(VIEW_OPERATIONS)}")
     names = VIEW_OPERATIONS[method]
@@ -94,7 +101,22 @@ def _view_args(method: str, args: object) -> dict[str, int | None]:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
             raise ValueError(f"{method}: {name} {value!r} is not a position or count")
+        if name in ("max_rows", "max_bytes"):
+            continue
+        if name == "pieces":
+            if value > MAX_SPLIT_PIECES:
+                raise ValueError(f"split_points: {value} pieces, over {MAX_SPLIT_PIECES}")
+            continue
+        low, high = image.join_position, image._log.producer_position()
+        if value % FRAME_ALIGNMENT or not low <= value <= high:
+            raise ValueError(f"{method}: {name} {value} is not a frame boundary of this log "
+                             f"held here, [{low}, {high}]")
     return args
+
+
+def driver_instance(counters: CountersFile) -> str:
+    """What names one run of one driver: its pid and start time (``pid@start_time_ns``)."""
+    return f"{counters.driver_pid}@{counters.start_time_ns}"
 
 
 class DetachedLogs:
@@ -141,7 +163,7 @@ class StreamHolder:
         self.client = client
         self.release_after_s = release_after_s
         self.host = socket.gethostname()
-        self.driver = f"{client.counters.driver_pid}@{client.counters.start_time_ns}"
+        self.driver = driver_instance(client.counters)
         self._held: dict[tuple[str, int, str], _Held] = {}
         self._detached = DetachedLogs()
         self.server = ReplayServer(client, address, port, control_stream_id, self._lookup,
@@ -182,10 +204,15 @@ class StreamHolder:
                 held.subscription.close()
                 log.info("released stream %d on %s for group %r", key[1], key[0], key[2])
             return held is not None
-        if args.get("hold") is False and key not in self._held:
-            held_here = ", ".join(f"{s} on {c} ({g})" for c, s, g in self._held) or "none"
+        if op not in ("state", "view"):
+            raise ValueError(f"op {op!r} is not one of state, view, release")
+        if key not in self._held and (op == "view" or args.get("hold") is False):
+            # Only a query's state call holds a stream: a question never makes a hold.
+            held_here = ", ".join(f"{s} on {c} ({g})" for c, s, g in self._held)
+            if len(held_here) > 1000:
+                held_here = f"{len(self._held)} streams"
             raise ValueError(f"stream {key[1]} on {key[0]} is not held here for group "
-                             f"{key[2]!r} (held: {held_here})")
+                             f"{key[2]!r} (held: {held_here or 'none'})")
         held = self.hold(*key)
         held.last_call = time.monotonic()
         if op == "state":
@@ -193,20 +220,18 @@ class StreamHolder:
             return {"host": self.host, "driver": self.driver,
                     "sessions": {str(image.session_id): snapshot(ImageView(image))
                                  for image in held.subscription.images}}
-        if op == "view":
-            session_id = args.get("session_id")
-            if isinstance(session_id, bool) or not isinstance(session_id, int):
-                raise ValueError(f"session_id {session_id!r} is not an integer")
-            image = self._image(held, session_id)
-            named = args.get("log")
-            if named != [image.initial_term_id, image.term_length]:
-                raise ValueError(f"session {session_id}'s log here has initial term id "
-                                 f"{image.initial_term_id} and term length {image.term_length}, "
-                                 f"not {named!r}")
-            method = str(args.get("method"))
-            checked = _view_args(method, args.get("args"))
-            return getattr(ImageView(image), method)(**checked)
-        raise ValueError(f"op {op!r} is not one of state, view, release")
+        session_id = args.get("session_id")
+        if isinstance(session_id, bool) or not isinstance(session_id, int):
+            raise ValueError(f"session_id {session_id!r} is not an integer")
+        image = self._image(held, session_id)
+        named = args.get("log")
+        if named != [image.initial_term_id, image.term_length]:
+            raise ValueError(f"session {session_id}'s log here has initial term id "
+                             f"{image.initial_term_id} and term length {image.term_length}, "
+                             f"not {named!r}")
+        method = str(args.get("method"))
+        checked = _view_args(method, args.get("args"), image)
+        return getattr(ImageView(image), method)(**checked)
 
     def _lookup(self, stream_id: int, session_id: int) -> Image | None:
         """The log a replay reads: a mapping of its own (an image of a held subscription is
@@ -216,9 +241,7 @@ class StreamHolder:
         self._detached.prune(set(paths), self.server.logs_in_use)
         for path, image in paths.items():
             if image.stream_id == stream_id and image.session_id == session_id:
-                detached = self._detached.get(path, image.join_position)
-                if detached is not None and LogIdentity.of(detached) == LogIdentity.of(image):
-                    return detached
+                return self._detached.get(path, image.join_position)
         return None
 
     def do_work(self) -> int:

@@ -100,8 +100,14 @@ class Answers:
         if key not in self._publications:
             publication = self._client.add_publication(small_channel(reply_channel), stream_id)
             self._publications[key] = (publication, time.monotonic())
-        self._waiting.append((key, json.dumps(answer).encode(),
-                              time.monotonic() + _ANSWER_TIMEOUT_S))
+        publication = self._publications[key][0]
+        data = json.dumps(answer).encode()
+        if len(data) > publication.max_message_length:  # told so, rather than never answered
+            data = json.dumps({
+                "id": answer.get("id"), "status": "error",
+                "message": f"the answer is {len(data)} bytes, over the answer stream's "
+                           f"{publication.max_message_length}: ask for less"}).encode()
+        self._waiting.append((key, data, time.monotonic() + _ANSWER_TIMEOUT_S))
         self.do_work()
 
     def do_work(self) -> int:

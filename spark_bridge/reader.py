@@ -74,7 +74,7 @@ from slipstream.client import (
     control,
 )
 from slipstream.client.counters import CountersFile
-from slipstream.client.holder import HOLDER_CONTROL_STREAM, DetachedLogs
+from slipstream.client.holder import HOLDER_CONTROL_STREAM, DetachedLogs, driver_instance
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logview import ImageView, LogView, RemoteView
@@ -174,11 +174,6 @@ def _leave_the_driver_on_sigterm(reader: SlipstreamStreamReader) -> None:
             os.kill(os.getpid(), signum)
 
     signal.signal(signal.SIGTERM, leave)
-
-
-def driver_instance(counters: CountersFile) -> str:
-    """What names one run of one driver: its pid and start time (``pid@start_time_ns``)."""
-    return f"{counters.driver_pid}@{counters.start_time_ns}"
 
 
 def local_driver_instance(directory: str | None) -> str | None:

@@ -220,8 +220,10 @@ def test_a_batch_read_reads_the_held_range_between_its_positions(ingest: Ingest)
 def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_call(
         ingest: Ingest) -> None:
     """A view question naming another log of the session is answered with an error naming
-    both logs; a call that is not JSON, or lacks its fields, is dropped (counted in the
-    holder's log) and the holder goes on answering."""
+    both logs; one whose position is no frame boundary of the held log, or that asks for too
+    many pieces, is refused, and one about a stream not held makes no hold; a call that is not
+    JSON, or lacks its fields, is dropped (counted in the holder's log) and the holder goes on
+    answering."""
     client = Client.connect(ingest.spark_dir)
     link = HolderLink(client, "127.0.0.2", HOLDER_PORT, HOLDER_CONTROL_STREAM, timeout_s=10)
     try:
@@ -237,6 +239,20 @@ def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_c
             link.call("view", **key, session_id=int(sid),
                       log=[state["initial_term_id"], state["term_length"]], method="unlink",
                       args={})
+        identity = [state["initial_term_id"], state["term_length"]]
+        with pytest.raises(CallError, match="position 13 is not a frame boundary"):
+            link.call("view", **key, session_id=int(sid), log=identity,
+                      method="is_retained", args={"position": 13})
+        with pytest.raises(CallError, match="10000 pieces, over 256"):
+            link.call("view", **key, session_id=int(sid), log=identity,
+                      method="split_points", args={"begin": 0, "stop": 32, "pieces": 10_000})
+        stranger = {**key, "group": "nobody"}
+        for _ in range(2):  # a question about a stream not held makes no hold
+            with pytest.raises(CallError, match="is not held here for group 'nobody'"):
+                link.call("view", **stranger, session_id=int(sid), log=identity,
+                          method="is_retained", args={"position": 0})
+        with pytest.raises(CallError, match="is not held here for group 'nobody'"):
+            link.call("state", **stranger, hold=False)
         control = client.add_publication(small_channel(
             f"aeron:udp?endpoint=127.0.0.2:{HOLDER_PORT}"), HOLDER_CONTROL_STREAM)
         wait_for(lambda: control.is_connected, what="the holder's control stream")
