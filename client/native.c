@@ -643,8 +643,11 @@ int32_t ss_append_block(ss_appender_t *a, const uint8_t *source, int32_t source_
                         int64_t position, int64_t end_position, int32_t max_length,
                         int64_t *result) {
     if (a->closed) { *result = SS_CLOSED; return 0; } /* before touching a log that may go */
-    if (source_term_length != a->term_length || position < 0 || end_position <= position ||
-        (position & (SS_FRAME_ALIGNMENT - 1)) != 0 || max_length <= 0) {
+    /* Only an exclusive publication's log: the block is written past the tail before the tail
+     * is claimed, which another writer's claim would interleave with. */
+    if (!a->exclusive || source_term_length != a->term_length || position < 0 ||
+        end_position <= position || (position & (SS_FRAME_ALIGNMENT - 1)) != 0 ||
+        (end_position & (SS_FRAME_ALIGNMENT - 1)) != 0 || max_length <= 0) {
         *result = SS_INVALID_BATCH;
         return 0;
     }
@@ -722,9 +725,7 @@ int32_t ss_append_block(ss_appender_t *a, const uint8_t *source, int32_t source_
      * or its cleaner reaches that one first); else the block is taken back, unpublished. */
     if (LOAD_ACQ((const int32_t *)source_first) != first_length ||
         *(const int32_t *)(source_first + SS_TERM_ID_FIELD) != term_id) {
-        STORE_REL((int32_t *)first, 0);
-        if (copied > SS_FRAME_ALIGNMENT) /* clean again past the tail, for the next append */
-            memset(first + SS_FRAME_ALIGNMENT, 0, (size_t)(copied - SS_FRAME_ALIGNMENT));
+        ss_clean(first, copied); /* clean again past the tail, for the next append */
         *result = 0;
         return 0;
     }

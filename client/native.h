@@ -169,8 +169,9 @@ int32_t ss_offer_batch_rv(ss_appender_t *a, const char *data, int64_t data_lengt
  * Returns the bytes appended and stores the position after them in *result; or 0, with
  * *result = 0 when nothing at `position` could be copied (not a frame this copies, or the
  * source changed: the caller looks at what is there), SS_ADMIN_ACTION after a rotation (call
- * again), SS_INVALID_BATCH when an argument is out of range or the publication is not at
- * `position`, else the refined code of an offer. */
+ * again), SS_INVALID_BATCH when an argument is out of range (positions not frame-aligned),
+ * the publication is not exclusive (ss_appender_t.exclusive) or not at `position`, else the
+ * refined code of an offer. */
 int32_t ss_append_block(ss_appender_t *a, const uint8_t *source, int32_t source_term_length,
                         int64_t position, int64_t end_position, int32_t max_length,
                         int64_t *result);

@@ -524,7 +524,8 @@ class ReplayServer:
             session.answer = _response("replaying", start=begin, lost=[r.start, lost_to])
         if begin < r.end:
             try:
-                session.data = self.client.add_publication(
+                # Exclusive: a block copy claims the tail after writing past it.
+                session.data = self.client.add_exclusive_publication(
                     _positioned_channel(r.reply_channel, r.log, session.mtu, begin),
                     r.data_stream_id)
             except SlipstreamError as e:
@@ -643,6 +644,9 @@ class ReplayServer:
             copied = lib.ss_append_block(data._appender, term, source.term_length, position,
                                          end, _BLOCK_BYTES, result)
             if copied > 0:
+                # Whole only if the log still held it all after the copy (the C half checks
+                # the first frame; a cleaner zeroes the rest first): else the range is lost.
+                session.image._check_retained(position)
                 session.position = session.last_end = result[0]
                 moved += copied
                 continue

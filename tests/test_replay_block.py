@@ -95,12 +95,20 @@ def read(log: LogBuffer, start: int, end: int) -> list[tuple[bytes, int, int]]:
     return got
 
 
+def replay_appender(replay: LogBuffer, limit: object):  # -> cffi ss_appender_t *
+    """The appender of a replay's log: an exclusive publication's (a block copy writes past
+    the tail before it claims it, which only a log's one writer may)."""
+    appender = new_appender(replay, limit)
+    appender.exclusive = 1
+    return appender
+
+
 def copy_range(source: LogBuffer, replay: LogBuffer, start: int, end: int, block: int,
                window: int) -> int:
     """Copy [start, end) block by block under a publication limit ``window`` past the replay's
     position (raised whenever it holds the copy back); returns the C calls made."""
     limit = ffi.new("int64_t *", start + window)
-    appender = new_appender(replay, limit)
+    appender = replay_appender(replay, limit)
     result = ffi.new("int64_t *")
     position, calls = start, 0
     while position < end:
@@ -192,12 +200,12 @@ def test_a_block_stops_before_padding_inside_a_term_and_copies_nothing_there(shm
     assert lib.ss_offer(appender, b"b" * 100, 100) > 0
     end = source.producer_position()
     replay = make_log(shm, session_id=1, stream_id=2)
-    replay_appender = new_appender(replay, ffi.new("int64_t *", UNLIMITED))
+    block_appender = replay_appender(replay, ffi.new("int64_t *", UNLIMITED))
     result = ffi.new("int64_t *")
     term = source.term_address(0)
-    assert lib.ss_append_block(replay_appender, term, TERM, 0, end, 1 << 20, result) == 3 * 160
+    assert lib.ss_append_block(block_appender, term, TERM, 0, end, 1 << 20, result) == 3 * 160
     assert result[0] == 3 * 160
-    assert lib.ss_append_block(replay_appender, term, TERM, 3 * 160, end, 1 << 20, result) == 0
+    assert lib.ss_append_block(block_appender, term, TERM, 3 * 160, end, 1 << 20, result) == 0
     assert result[0] == 0
     assert replay.producer_position() == 3 * 160
     assert replay.frame_header(0, 3 * 160)[0] == 0
@@ -215,7 +223,7 @@ def test_a_block_refuses_a_replay_elsewhere_and_waits_for_credit(shm: Path) -> N
     end = source.producer_position()
     replay = make_log(shm, session_id=1, stream_id=2, position=1056)
     limit = ffi.new("int64_t *", 1056)
-    appender = new_appender(replay, limit)
+    appender = replay_appender(replay, limit)
     result = ffi.new("int64_t *")
     term = source.term_address(0)
     assert lib.ss_append_block(appender, term, TERM, 0, end, 1 << 20, result) == 0
@@ -237,6 +245,30 @@ def test_a_block_refuses_a_replay_elsewhere_and_waits_for_credit(shm: Path) -> N
     replay.close()
 
 
+def test_a_block_is_refused_on_a_shared_log_and_at_an_unaligned_end(shm: Path) -> None:
+    """A block writes past the tail before it claims it: a shared publication's log (other
+    writers may claim meanwhile) is refused, and so is an end that is no frame boundary;
+    nothing is written either way."""
+    source = make_log(shm)
+    appender = new_appender(source, ffi.new("int64_t *", UNLIMITED))
+    for _ in range(3):
+        assert lib.ss_offer(appender, b"a" * 100, 100) > 0
+    end = source.producer_position()
+    replay = make_log(shm, session_id=1, stream_id=2)
+    result = ffi.new("int64_t *")
+    term = source.term_address(0)
+    shared = new_appender(replay, ffi.new("int64_t *", UNLIMITED))
+    assert lib.ss_append_block(shared, term, TERM, 0, end, 1 << 20, result) == 0
+    assert result[0] == lib.SS_INVALID_BATCH
+    exclusive = replay_appender(replay, ffi.new("int64_t *", UNLIMITED))
+    assert lib.ss_append_block(exclusive, term, TERM, 0, end - 8, 1 << 20, result) == 0
+    assert result[0] == lib.SS_INVALID_BATCH
+    assert replay.producer_position() == 0 and replay.frame_header(0, 0)[0] == 0
+    assert lib.ss_append_block(exclusive, term, TERM, 0, end, 1 << 20, result) == end
+    source.close()
+    replay.close()
+
+
 def test_a_source_frame_of_another_term_is_not_copied(shm: Path) -> None:
     """A frame whose term id or term offset is not its place's (a lapped or torn log) ends the
     block before it; at the block's first frame nothing is copied and the replay is as it was."""
@@ -246,7 +278,7 @@ def test_a_source_frame_of_another_term_is_not_copied(shm: Path) -> None:
     DATA_HEADER.pack_into(view, 2 * 160, *source.frame_header(0, 2 * 160)[:7],
                           INITIAL_TERM_ID + 3, 0)
     replay = make_log(shm, session_id=1, stream_id=2)
-    appender = new_appender(replay, ffi.new("int64_t *", UNLIMITED))
+    appender = replay_appender(replay, ffi.new("int64_t *", UNLIMITED))
     result = ffi.new("int64_t *")
     term = source.term_address(0)
     assert lib.ss_append_block(appender, term, TERM, 0, 4 * 160, 1 << 20, result) == 2 * 160
@@ -284,7 +316,7 @@ def test_a_block_takes_no_frame_whose_header_it_cannot_trust(
     if end <= 0:
         return
     replay = make_log(shm, session_id=1, stream_id=2)
-    appender = new_appender(replay, ffi.new("int64_t *", UNLIMITED))
+    appender = replay_appender(replay, ffi.new("int64_t *", UNLIMITED))
     result = ffi.new("int64_t *")
     copied = lib.ss_append_block(appender, source.term_address(0), TERM, 0, end, INT32_MAX,
                                  result)
