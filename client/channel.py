@@ -625,6 +625,11 @@ def keys_for_the_other_side(channel: Channel, *, publication: bool) -> list[str]
     return [key for key in keys if _PARAMS[key].text(channel) is not None]
 
 
+def keys_given(channel: Channel) -> frozenset[str]:
+    """The URI keys ``channel`` gives (Aeron's names)."""
+    return frozenset(key for key, param in _PARAMS.items() if param.text(channel) is not None)
+
+
 # Other spellings accepted for a key; canonical() prints the key.
 _ALIASES: Final = {"spies-simulate-connection": "ssc"}
 

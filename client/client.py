@@ -660,6 +660,17 @@ class Client:
             raise ClosedError("the client is closing")
         return subscription
 
+    def _destination_request(self, command: str, publication: Publication,
+                             endpoint_channel: str) -> None:
+        """ADD_DESTINATION or REMOVE_DESTINATION of ``publication``'s endpoint."""
+        if not isinstance(endpoint_channel, str):
+            raise TypeError(f"a destination is a channel URI (str), not "
+                            f"{type(endpoint_channel).__name__}")
+        if publication.is_closed:
+            raise ClosedError(f"{publication!r} is closed")
+        self._request({"type": command, "registration_id": publication.registration_id,
+                       "channel": endpoint_channel})
+
     def _release_publication(self, publication: Publication) -> None:
         self._release(self._publications, publication.registration_id,
                       control.REMOVE_PUBLICATION, publication._unmap)

@@ -8,7 +8,8 @@ it creates resources and announces images.  Clients keep alive through a heartbe
 staying alive costs neither a message nor a wake-up of the driver.
 
 Commands (client → driver): CONNECT, ADD_PUBLICATION, ADD_EXCLUSIVE_PUBLICATION,
-REMOVE_PUBLICATION, ADD_SUBSCRIPTION, REMOVE_SUBSCRIPTION, CLOSE_CLIENT.  An exclusive
+REMOVE_PUBLICATION, ADD_SUBSCRIPTION, REMOVE_SUBSCRIPTION, CLOSE_CLIENT, ADD_DESTINATION,
+REMOVE_DESTINATION (a ``control-mode=manual`` publication's destinations).  An exclusive
 publication's command is its own type, as in Aeron, so that a driver that does not know it
 refuses it by name rather than hand out a shared log to a writer that claims without atomics.
 Answers and events (driver → client): CONNECTED, PUBLICATION_READY, SUBSCRIPTION_READY,
@@ -53,6 +54,8 @@ REMOVE_PUBLICATION = "REMOVE_PUBLICATION"
 ADD_SUBSCRIPTION = "ADD_SUBSCRIPTION"
 REMOVE_SUBSCRIPTION = "REMOVE_SUBSCRIPTION"
 CLOSE_CLIENT = "CLOSE_CLIENT"
+ADD_DESTINATION = "ADD_DESTINATION"
+REMOVE_DESTINATION = "REMOVE_DESTINATION"
 
 # Answers and events.
 CONNECTED = "CONNECTED"
@@ -394,6 +397,10 @@ COMMAND_FIELDS: dict[str, dict[str, Any]] = {
                        "stream_id": check_int32},
     REMOVE_SUBSCRIPTION: {"correlation_id": _int64, "registration_id": _int64},
     CLOSE_CLIENT: {"correlation_id": _int64},
+    ADD_DESTINATION: {"correlation_id": _int64, "registration_id": _int64,
+                      "channel": check_channel},
+    REMOVE_DESTINATION: {"correlation_id": _int64, "registration_id": _int64,
+                         "channel": check_channel},
 }
 
 

@@ -87,6 +87,7 @@ class CounterType(enum.IntEnum):
     BP_DEPTH = 1004  # bp-depth: bytes of the publication's window in use now
     BP_PEAK = 1005  # bp-peak: the most bytes of its window ever in use
     PUBLISHER_DROPS = 1006  # pub-drops: offers policy=drop-newest dropped
+    MDC_DESTINATIONS = 1007  # mdc-destinations: a multi-destination-cast endpoint's, now
 
 
 class SystemCounter(enum.IntEnum):
@@ -140,6 +141,9 @@ class SystemCounter(enum.IntEnum):
     GOVERNOR_LOWEST_REFUSED = 44  # times step 4 (the lowest band's offers refused) was entered
     NETWORK_BUSY_NS = 45  # time the network threads spent in duty cycles that did work, ns
     RATE_SIGNALS_IGNORED = 46  # signals from receivers outside an fc=tagged sender's group
+    # status messages naming no publication of the send endpoint they reached (dropped: no
+    # multi-destination-cast destination is learned from one)
+    UNMATCHED_STATUS_MESSAGES = 47
 
     @property
     def label(self) -> str:

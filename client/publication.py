@@ -453,6 +453,20 @@ class Publication:
         self._mark_closed()
         self._client._release_publication(self)
 
+    def add_destination(self, endpoint_channel: str) -> None:
+        """Send this stream to ``endpoint_channel`` (``aeron:udp?endpoint=HOST:PORT``) too:
+        the publication's channel is ``control-mode=manual`` multi-destination-cast, whose
+        destinations are its publishers' to add (Aeron's ``Publication.addDestination``).  They
+        belong to the channel's send endpoint, so every publication of the same channel sends
+        to them.  Returns once the driver added it; ChannelRejectedError names the part it
+        refused (another control mode, a destination it has, a host that does not resolve)."""
+        self._client._destination_request(control.ADD_DESTINATION, self, endpoint_channel)
+
+    def remove_destination(self, endpoint_channel: str) -> None:
+        """Stop sending to ``endpoint_channel``, a destination :meth:`add_destination` added
+        (ChannelRejectedError if it is not one)."""
+        self._client._destination_request(control.REMOVE_DESTINATION, self, endpoint_channel)
+
     def _unmap(self) -> None:
         self._log.close()
 

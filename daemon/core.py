@@ -217,10 +217,11 @@ class _DriverCore:
 
 
 def _channel_of(message: dict[str, Any]) -> Channel | None:
-    """The channel an ADD command names, parsed (None for any other message, or one that
-    does not parse: the conductor answers that)."""
+    """The channel an ADD or destination command names, parsed (None for any other message,
+    or one that does not parse: the conductor answers that)."""
     if message.get("type") not in (control.ADD_PUBLICATION, control.ADD_EXCLUSIVE_PUBLICATION,
-                                   control.ADD_SUBSCRIPTION):
+                                   control.ADD_SUBSCRIPTION, control.ADD_DESTINATION,
+                                   control.REMOVE_DESTINATION):
         return None
     uri = message.get("channel")
     if not isinstance(uri, str) or len(uri) > MAX_URI_LENGTH:

@@ -117,6 +117,20 @@ typedef struct {
     int32_t next[5];
 } ss_band_round_t;
 
+/* A multi-destination-cast send endpoint's destinations (Aeron's destination tracker):
+ * every datagram its publications send goes to each, in order.  Python owns the table
+ * (daemon/media/destinations.py) and changes it only on the sender's thread, between duty
+ * cycles; every publication of the endpoint points at the one table. */
+typedef struct {
+    int32_t length;               /* of the struct sockaddr in address */
+    uint8_t address[128];         /* SS_SOCKADDR_MAX */
+} ss_destination_t;
+
+typedef struct {
+    ss_destination_t *entries;
+    int32_t count;
+} ss_destination_list_t;
+
 /* A network publication as the sender's data path sees it.  Python fills it when it makes the
  * publication, keeps resend_lookahead current (after each SM) and clears answers_naks when it
  * is done; the send endpoint's receive path and Python's control path both update the
@@ -143,6 +157,8 @@ typedef struct {
                                    * here when the path refuses it (see send_spans) */
     int32_t destination_length;   /* 0: the socket is connected */
     uint8_t destination[128];     /* SS_SOCKADDR_MAX (cffi wants a literal here) */
+    const ss_destination_list_t *destinations; /* multi-destination-cast: the endpoint's
+                                   * table, which replaces destination (NULL: not MDC) */
     int32_t retransmit_count;     /* spans of the log to send again (answers to NAKs), sent
                                    * ahead of new data by the next ss_send_data */
     ss_span_t retransmits[256];   /* SS_RETRANSMIT_MAX */

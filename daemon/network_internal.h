@@ -42,7 +42,15 @@ static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2)
 /* The send channel endpoint's: `messages` (count of them; each one datagram, or a run of
  * datagrams as one UDP GSO message) through the publication's socket (p->fd >= 0) to its
  * endpoint's destination (the connected peer when destination_length is 0).  Returns what
- * sendmmsg returns: the messages sent (a full socket takes the first ones), or -1 (errno). */
+ * sendmmsg returns: the messages sent (a full socket takes the first ones), or -1 (errno).
+ *
+ * Multi-destination-cast (p->destinations): the same messages to every destination, and the
+ * fewest any destination took is what was sent (the rest go again to all; a receiver drops
+ * what it has).  With no destinations every message counts as sent.  A destination the
+ * kernel refuses outright (unreachable, filtered) costs the others nothing: it is left out of
+ * that count, and its error counted here (send_errors, last_errno, notice), since its callers
+ * see only the whole; -1 when every destination failed, or at once for an error that every
+ * destination would meet (the path refusing GSO, which its caller answers). */
 SS_INTERNAL int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,
                                      uint32_t message_count);
 

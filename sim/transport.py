@@ -18,6 +18,11 @@ from typing import TYPE_CHECKING, Final
 
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
+from slipstream.daemon.media.destinations import (
+    MULTI_DESTINATION_MODES,
+    DestinationTable,
+    fan_out,
+)
 from slipstream.daemon.media.interfaces import IFF_MULTICAST, IFF_UP, InterfaceAddress
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.send_channel import SendChannel
@@ -120,37 +125,58 @@ class VirtualSendTransport(_VirtualTransport):
     """A send endpoint: an ephemeral address, and for multicast the control group joined."""
 
     def __init__(self, host: SimHost, address: Address, channel: Channel) -> None:
+        if channel.control_mode in MULTI_DESTINATION_MODES and channel.control is not None:
+            address = (host.ip, channel.control.port or address[1])  # bound to control=
         super().__init__(host, address)
         self._listen(address)
         group = channel.control_group
         if group is not None:
             self._listen((group.host, group.port or 0))
+        self._destinations: DestinationTable | None = None
 
     def attach(self, publication: NetworkPublication) -> None:
         publication.c.fd = -1  # the C data path returns spans; this transport copies them
+
+    def attach_channel(self, channel: SendChannel) -> None:
+        """A multi-destination-cast channel's table is where this transport sends."""
+        self._destinations = channel.destinations
+
+    def _targets(self, publication: NetworkPublication) -> list[Address]:
+        if self._destinations is not None:
+            return self._destinations.addresses
+        return [publication.destination]
 
     def room(self, publication: NetworkPublication, now_ns: int) -> int:
         """How many more datagrams this endpoint's "socket" takes now (-1: any number): a
         send buffer of ``socket_so_sndbuf`` (Linux's default when 0) that the link's queue
         drains at its bandwidth, so a sender behind a bottleneck finds it full, as a real
-        socket behind a qdisc does."""
-        backlog = self.host.sim.network.backlog_bytes(self.address[0], publication.destination,
-                                                      now_ns)
-        if backlog is None:
-            return -1
+        socket behind a qdisc does (the fullest link's, with several destinations)."""
         buffer = self.host.sim.settings.socket_so_sndbuf or DEFAULT_SO_SNDBUF
-        return max(0, (buffer - backlog) // publication.c.mtu)
+        rooms = []
+        for target in self._targets(publication):
+            backlog = self.host.sim.network.backlog_bytes(self.address[0], target, now_ns)
+            if backlog is not None:
+                rooms.append(max(0, (buffer - backlog) // publication.c.mtu))
+        return min(rooms, default=-1)
 
     def room_ready_ns(self, publication: NetworkPublication, now_ns: int) -> int:
         """When :meth:`room` is a datagram again (``now_ns``: it is)."""
         buffer = self.host.sim.settings.socket_so_sndbuf or DEFAULT_SO_SNDBUF
-        return self.host.sim.network.drained_by_ns(
-            self.address[0], publication.destination, buffer - publication.c.mtu, now_ns)
+        return max((self.host.sim.network.drained_by_ns(
+            self.address[0], target, buffer - publication.c.mtu, now_ns)
+            for target in self._targets(publication)), default=now_ns)
 
     def emit(self, publication: NetworkPublication, offset: int, length: int) -> None:
-        """One datagram the C data path sent: ``length`` bytes of the log at ``offset``."""
-        self.host.sim.network.send(self.address, publication.destination,
-                                   bytes(publication.log.view[offset:offset + length]))
+        """One datagram the C data path sent: ``length`` bytes of the log at ``offset`` (to
+        each destination of a multi-destination-cast endpoint)."""
+        data = bytes(publication.log.view[offset:offset + length])
+        for target in self._targets(publication):
+            self.host.sim.network.send(self.address, target, data)
+
+    def send(self, datagrams: list[Datagram]) -> None:
+        if self._destinations is not None:
+            datagrams = list(fan_out(datagrams, self._destinations))
+        super().send(datagrams)
 
     def on_notice(self, publication: NetworkPublication) -> None:
         """Nothing fails on the virtual network."""

@@ -184,6 +184,7 @@ MODULE_LANES = {
     "test_systemd": "sockets",
     "test_systemd_boot": "hosts",
     "test_udp": "sockets",
+    "test_mdc": "sockets",
     "test_udp_failures": "sockets",
 }
 

@@ -50,25 +50,31 @@ def test_channel_tags_are_refused_by_name_on_either_side(client: Client) -> None
     assert client.add_subscription("aeron:ipc", 1) is not None  # it serves on
 
 
-@pytest.mark.parametrize("endpoint", ["127.0.0.1", "224.0.1.3"])
-def test_control_on_a_subscription_is_refused_by_name_and_carried_on_a_publication(
-        launch, endpoint: str) -> None:
-    """On a subscription ``control=`` is dynamic multi-destination-cast's (the address its
-    status messages would go to), which the driver does not carry; on a publication it is
-    the socket's local address, and carried."""
+def test_control_on_a_subscription_joins_there_and_is_refused_on_multicast(launch) -> None:
+    """On a unicast subscription ``control=`` is the dynamic multi-destination-cast
+    publication it joins (tests/test_mdc.py); one endpoint joins one control address, so a
+    second subscription there that names another is refused by name; on a multicast
+    subscription (whose control group is the endpoint's) it is refused; on a publication it
+    is the socket's local address, and carried."""
     driver = launch()
     port, control_port = free_port(), free_port()
-    uri = f"aeron:udp?endpoint={endpoint}:{port}|interface=127.0.0.1"
+    uri = f"aeron:udp?endpoint=127.0.0.1:{port}|interface=127.0.0.1"
     with Client.connect(driver.directory) as client:
-        with pytest.raises(ChannelRejectedError, match=r"control: control= on a subscription "
-                                                       r".*not supported") as refused:
-            client.add_subscription(f"{uri}|control=127.0.0.1:{control_port}", 2)
+        with pytest.raises(ChannelRejectedError, match=r"control: control= on a multicast "
+                                                       r"subscription") as refused:
+            client.add_subscription(f"aeron:udp?endpoint=224.0.1.3:{port}|interface=127.0.0.1"
+                                    f"|control=127.0.0.1:{control_port}", 2)
         assert refused.value.part == "control"
-        if endpoint == "127.0.0.1":
-            subscription = client.add_subscription(uri, 2)
-            publication = client.add_publication(f"{uri}|control=127.0.0.1:{control_port}", 2)
-            connect(publication, subscription)
-            assert subscription.images[0].source_identity == f"127.0.0.1:{control_port}"
+        joining = client.add_subscription(f"{uri}|control=127.0.0.1:{control_port}", 3)
+        with pytest.raises(ChannelRejectedError, match="differs") as other:
+            client.add_subscription(f"{uri}|control=127.0.0.1:{free_port()}", 3)
+        assert other.value.part == "control"
+        joining.close()
+        uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|interface=127.0.0.1"
+        subscription = client.add_subscription(uri, 2)
+        publication = client.add_publication(f"{uri}|control=127.0.0.1:{control_port}", 2)
+        connect(publication, subscription)
+        assert subscription.images[0].source_identity == f"127.0.0.1:{control_port}"
 
 
 # -- stream-id ------------------------------------------------------------------------------

@@ -208,6 +208,7 @@ class Sender(Agent[SendEndpoint]):
             for endpoint in self.endpoints:
                 endpoint.channel.has_python_work = False
                 work += endpoint.transport.dispatch(endpoint.channel, now_ns)
+                work += len(endpoint.channel.expire_destinations(now_ns))
             done = None
             for publication, endpoint in self._publications:
                 c = publication.c
@@ -241,8 +242,11 @@ class Sender(Agent[SendEndpoint]):
         finally:
             # Also after a failure: a publication whose PublicationDone went to the conductor
             # may lose its log at any moment, and the C half must no longer see it.
-            self._sync_c(lambda: min((p.python_deadline_ns() for p, _ in self._publications),
-                                     default=NO_DEADLINE))
+            self._sync_c(lambda: min(
+                min((p.python_deadline_ns() for p, _ in self._publications),
+                    default=NO_DEADLINE),
+                min((e.channel.next_deadline_ns() for e in self.endpoints),
+                    default=NO_DEADLINE)))
         return work
 
     def next_deadline_ns(self) -> int:

@@ -245,6 +245,9 @@ class DriverConductor:
             if kind == control.CLOSE_CLIENT:
                 self._remove_client(client, now_ns)
                 return [(key, messages.operation_success(correlation_id))]
+            if kind in (control.ADD_DESTINATION, control.REMOVE_DESTINATION):
+                return self._on_destination(client, message, now_ns,
+                                            add=kind == control.ADD_DESTINATION)
             raise AssertionError(f"check_command let {kind!r} through")
         except ChannelError as e:
             refusal = messages.error(correlation_id, control.ERR_INVALID_CHANNEL, str(e))
@@ -414,6 +417,28 @@ class DriverConductor:
             return [(client.key, messages.error(correlation_id, control.ERR_UNKNOWN_PUBLICATION,
                                                 f"unknown publication {registration_id}"))]
         self._release_publication(publication_id, now_ns)
+        return [(client.key, messages.operation_success(correlation_id))]
+
+    def _on_destination(self, client: ClientSession, message: dict[str, Any], now_ns: int, *,
+                        add: bool) -> Outgoing:
+        """ADD_DESTINATION / REMOVE_DESTINATION: a destination of the send endpoint of one of
+        the client's publications (control-mode=manual multi-destination-cast)."""
+        correlation_id = message["correlation_id"]
+        registration_id = message["registration_id"]
+        publication_id = client.publications.get(registration_id)
+        if publication_id is None:
+            return [(client.key, messages.error(correlation_id, control.ERR_UNKNOWN_PUBLICATION,
+                                                f"unknown publication {registration_id}"))]
+        destination = parse_channel(message["channel"])
+        if self.network is None or publication_id in self.ipc_publications:
+            return [(client.key, messages.error(
+                correlation_id, control.ERR_INVALID_ARGUMENT,
+                f"publication {registration_id} is aeron:ipc: destinations belong to "
+                f"aeron:udp publications of control-mode=manual"))]
+        if add:
+            self.network.add_destination(publication_id, destination, now_ns)
+        else:
+            self.network.remove_destination(publication_id, destination)
         return [(client.key, messages.operation_success(correlation_id))]
 
     def _release_publication(self, publication_id: int, now_ns: int) -> None:
@@ -789,13 +814,19 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
      "untethered subscriptions of aeron:udp (aeron:ipc has them, and spies)"),
     ("rejoin", lambda c, subscription: subscription and c.rejoin is False, "rejoin=false"),
     ("ssc", lambda c, _: bool(c.ssc), "spies that simulate a connection"),
-    ("control-mode", lambda c, _: c.control_mode is not None,
-     "control modes (multi-destination-cast, response channels)"),
-    # On a publication, control= pins its socket's local address (daemon/media/udp.py).
-    # A spy's control= is its publication's: accepted, not compared (the endpoint decides).
-    ("control", lambda c, subscription: subscription and not c.is_spy and c.control is not None,
-     "control= on a subscription (a receiver that joins a dynamic multi-destination-cast "
-     "publication by sending its status messages to that address)"),
+    ("control-mode", lambda c, subscription: (c.control_mode == "response"
+                                              or (subscription and c.control_mode == "manual")),
+     "response channels, and multi-destination subscriptions (control-mode=manual on a "
+     "subscription)"),
+    # On a publication, control= pins its socket's local address (daemon/media/udp.py); on
+    # a unicast subscription it is the dynamic multi-destination-cast publication it joins
+    # (daemon/media/receive_channel.py).  A spy's control= is its publication's: accepted,
+    # not compared (the endpoint decides).
+    # (The group is an IP literal: a name in endpoint= is resolved off this loop, later.)
+    ("control", lambda c, subscription: (subscription and not c.is_spy and c.control is not None
+                                         and c.endpoint is not None and c.endpoint.ip is not None
+                                         and c.endpoint.ip.is_multicast),
+     "control= on a multicast subscription (its control group is the endpoint's)"),
     ("response-correlation-id", lambda c, _: c.response_correlation_id is not None,
      "response channels"),
     ("tags", lambda c, _: c.channel_tag is not None,

@@ -36,7 +36,7 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client._native import lib as native
-from slipstream.client.channel import Channel
+from slipstream.client.channel import Channel, keys_given
 from slipstream.client.counters import (
     BACK_PRESSURE_TYPES,
     CountersFile,
@@ -78,6 +78,7 @@ from slipstream.daemon.conductor.sharing import (
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import congestion_control_for, flow_control_for
 from slipstream.daemon.media import interfaces, names
+from slipstream.daemon.media.destinations import ALL_DESTINATIONS, ControlMode, DestinationTable
 from slipstream.daemon.media.interfaces import InterfaceAddress
 from slipstream.daemon.media.receive_channel import (
     ImageDone,
@@ -146,6 +147,11 @@ class _SendEndpointEntry:
     publications: int = 0
     state: _EndpointState = _EndpointState.OPEN
     generation: int = 0
+    #: A multi-destination-cast endpoint's mdc-destinations counter.
+    destinations_counter_id: int | None = None
+    #: control-mode=manual: its destinations as the conductor added them (the sender's
+    #: table follows by command; only the conductor changes a manual table).
+    manual_destinations: dict[Address, str] = attrs.Factory(dict)
 
 
 @attrs.define(eq=False)
@@ -446,13 +452,23 @@ class NetworkConductor:
                 entry.state = _EndpointState.OPEN
                 self._submit_send(lambda _now: self.sender.add_endpoint(entry.endpoint))
             return entry
+        counter_id = destinations = None
+        if destination == ALL_DESTINATIONS:
+            counter_id = self.counters.allocate(CounterType.MDC_DESTINATIONS,
+                                                f"mdc-destinations: {channel}")
+            destinations = DestinationTable(ControlMode(channel.control_mode),
+                                            count_cell=self.counters.address(counter_id))
         try:
             transport = self.transports.open_send(channel, destination)
         except OSError as e:
+            if counter_id is not None:
+                self.counters.free(counter_id)
             raise ResourceError(f"cannot open a send socket for {channel}: "
                                 f"{e.strerror or e}") from None
-        endpoint = SendEndpoint(SendChannel(counters=self.counters), transport)
-        entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint)
+        endpoint = SendEndpoint(SendChannel(counters=self.counters, destinations=destinations),
+                                transport)
+        entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint,
+                                                               destinations_counter_id=counter_id)
         self._submit_send(lambda _now: self.sender.add_endpoint(endpoint))
         return entry
 
@@ -471,6 +487,64 @@ class NetworkConductor:
         self._drop_spies_left_behind(entry)
         publication = entry.publication
         self._submit_send(lambda now: publication.close(now))
+
+    # -- multi-destination-cast -----------------------------------------------------------------
+    def add_destination(self, publication_id: int, destination: Channel, now_ns: int) -> None:
+        """Publication ``publication_id``'s endpoint sends to ``destination``
+        (``aeron:udp?endpoint=HOST:PORT``) too; ChannelError names what it refuses."""
+        endpoint, address, uri = self._manual_destination(publication_id, destination)
+        if address in endpoint.manual_destinations:
+            raise ChannelError(uri, "endpoint",
+                               f"{address[0]}:{address[1]} is a destination of "
+                               f"{self.publications[publication_id].channel} already")
+        endpoint.manual_destinations[address] = uri
+        table = endpoint.endpoint.channel.destinations
+        assert table is not None
+        self._submit_send(lambda now: table.add(address, now))
+        log.info("added destination %s:%d to %s", address[0], address[1], endpoint.key)
+
+    def remove_destination(self, publication_id: int, destination: Channel) -> None:
+        """Publication ``publication_id``'s endpoint no longer sends to ``destination``;
+        ChannelError when it was not one."""
+        endpoint, address, uri = self._manual_destination(publication_id, destination)
+        if endpoint.manual_destinations.pop(address, None) is None:
+            raise ChannelError(uri, "endpoint",
+                               f"{address[0]}:{address[1]} is not a destination of this "
+                               f"channel: nothing to remove")
+        table = endpoint.endpoint.channel.destinations
+        assert table is not None
+        self._submit_send(lambda _now: table.remove(address))
+        log.info("removed destination %s:%d from %s", address[0], address[1], endpoint.key)
+
+    def _manual_destination(self, publication_id: int,
+                            destination: Channel) -> tuple[_SendEndpointEntry, Address, str]:
+        """The endpoint of a control-mode=manual publication and the address of a destination
+        URI (one key: endpoint=, an IP or a name the shell resolved)."""
+        entry = self.publications[publication_id]
+        uri = str(destination)
+        if entry.channel.control_mode != ControlMode.MANUAL.value:
+            raise ChannelError(str(entry.channel), "control-mode",
+                               "destinations are added to and removed from a "
+                               "control-mode=manual publication only (a dynamic one learns "
+                               "them from its receivers' status messages)")
+        if not destination.is_udp or destination.is_spy:
+            raise ChannelError(uri, "aeron:udp", "a destination is aeron:udp?endpoint=HOST:PORT")
+        extra = keys_given(destination) - {"endpoint", "alias"}
+        if extra:
+            raise ChannelError(uri, sorted(extra)[0],
+                               "a destination takes endpoint= only; the other keys belong "
+                               "to the publication's channel")
+        destination = _resolved(destination, self.transports.local_addresses)
+        address = destination_of(destination, sending=False)
+        family = ipaddress.ip_address(address[0]).version
+        local = entry.channel.control or entry.channel.interface
+        local_ip = local.ip if local is not None else None
+        local_family = local_ip.version if local_ip is not None else 4
+        if family != local_family:
+            raise ChannelError(uri, "endpoint",
+                               f"an IPv{family} destination for a send socket of IPv"
+                               f"{local_family} (its control= or interface=)")
+        return entry.endpoint, address, uri
 
     # -- spies --------------------------------------------------------------------------------
     def _add_spy(self, spy: NetworkSubscription, now_ns: int) -> Outgoing:
@@ -704,11 +778,18 @@ class NetworkConductor:
         channel = subscription.channel = _resolved(subscription.channel,
                                                    self.transports.local_addresses)
         SubscriptionParams.resolve(channel, self.settings)  # refused before a socket opens
-        bind = destination_of(channel)
+        bind = destination_of(channel, sending=False)
         key = endpoint_key(channel, bind)
         entry = self._receive_endpoints.get(key)
         if entry is not None:
             check_same_receive_params(channel, entry.endpoint.channel.channel, self.settings)
+            existing = entry.endpoint.channel.channel.control
+            if channel.control != existing:
+                raise ChannelError(str(channel), "control",
+                                   f"{channel.control or 'none'} differs from "
+                                   f"{existing or 'none'}, the control address this endpoint "
+                                   f"joins (from {entry.endpoint.channel.channel}): subscribe "
+                                   f"on another endpoint, or name the same")
         if entry is None:
             try:
                 transport = self.transports.open_receive(channel, bind)
@@ -1090,6 +1171,8 @@ class NetworkConductor:
         entry.endpoint.transport.close()
         if isinstance(entry, _SendEndpointEntry):
             self._send_endpoints.pop(entry.key, None)
+            if entry.destinations_counter_id is not None:
+                self.counters.free(entry.destinations_counter_id)
             return
         self._receive_endpoints.pop(entry.key, None)
         self._closed_receiver_ids[entry.endpoint.channel.receiver_id] = None
@@ -1206,6 +1289,8 @@ class NetworkConductor:
         self._shared_publications.clear()
         for send_entry in self._send_endpoints.values():
             send_entry.endpoint.transport.close()
+            if send_entry.destinations_counter_id is not None:
+                self.counters.free(send_entry.destinations_counter_id)
         self._send_endpoints.clear()
         for receive_entry in self._receive_endpoints.values():
             receive_entry.endpoint.transport.close()

@@ -21,14 +21,26 @@ from slipstream.client.channel import Channel
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.media.destinations import ALL_DESTINATIONS, MULTI_DESTINATION_MODES
 from slipstream.daemon.pressure.episodes import BackPressureEpisodes
 from slipstream.daemon.protocol.params import PublicationParams, SocketParams, SubscriptionParams
 from slipstream.daemon.protocol.types import Address
 
 
-def destination_of(channel: Channel) -> Address:
+def destination_of(channel: Channel, *, sending: bool = True) -> Address:
     """The endpoint as an IP literal and port (DNS, once, here); ChannelError when it is
-    missing or has no port."""
+    missing or has no port.  ``sending`` (a publication's, or a spy's): a
+    multi-destination-cast channel (``control-mode=manual`` or ``dynamic``) has none, its
+    datagrams go to :data:`ALL_DESTINATIONS` of its endpoint, and an endpoint= beside the
+    control mode is refused by name."""
+    if sending and channel.control_mode in MULTI_DESTINATION_MODES:
+        if channel.endpoint is not None:
+            raise ChannelError(str(channel), "endpoint",
+                               f"a control-mode={channel.control_mode} channel sends to the "
+                               f"destinations its publication adds (manual) or that join it "
+                               f"(dynamic), not to an endpoint: leave endpoint= out (a "
+                               f"subscription names its own endpoint and control=)")
+        return ALL_DESTINATIONS
     address = channel.endpoint_address()
     if address is None or channel.endpoint is None:
         raise ChannelError(str(channel), "endpoint",
@@ -40,8 +52,13 @@ def destination_of(channel: Channel) -> Address:
 
 
 def endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
-    """Channels that name the same address (and interface) share one endpoint."""
+    """Channels that name the same address (and interface) share one endpoint; those of one
+    multi-destination-cast control mode and control address (and interface) share one, and
+    its destinations (as Aeron's send channel endpoints, by the channel's canonical form)."""
     interface = str(channel.interface) if channel.interface is not None else ""
+    if address == ALL_DESTINATIONS:
+        control = str(channel.control) if channel.control is not None else ""
+        return ("control-mode", channel.control_mode, control, interface)
     return (address, interface)
 
 

@@ -1,6 +1,6 @@
 """Host names in channel URIs, resolved off the conductor's loop.
 
-A name in ``endpoint=`` or ``interface=`` is resolved once, as the channel is added
+A name in ``endpoint=``, ``interface=`` or ``control=`` is resolved once, as the channel is added
 (:func:`slipstream.daemon.conductor.network._resolved` turns it into an IP literal), never
 inside the duty cycle.  ``getaddrinfo`` blocks, for as long as the resolver's timeouts (glibc:
 5 s per try, per name server), so the driver shell resolves a command's names in a thread
@@ -31,7 +31,8 @@ _lock = threading.Lock()
 
 def names_of(channel: Channel) -> list[tuple[str, str]]:
     """The (URI part, host) pairs of ``channel`` that are names, not IP literals."""
-    parts = [("endpoint", channel.endpoint), ("interface", channel.interface)]
+    parts = [("endpoint", channel.endpoint), ("interface", channel.interface),
+             ("control", channel.control)]
     return [(part, hp.host) for part, hp in parts if hp is not None and hp.ip is None]
 
 

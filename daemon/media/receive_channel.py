@@ -9,6 +9,10 @@ inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
 
 * DATA/PAD/heartbeat for a known image → the C data path (every frame validated, over- and
   under-runs dropped, the hwm raised); never Python;
+* with ``control=`` on a unicast endpoint (a dynamic multi-destination-cast receiver), a
+  setup-eliciting SM (S flag, session and stream 0) to the control address at once and every
+  second while it has subscriptions: the sender adds it as a destination and sends SETUP;
+  its images' SMs and NAKs go to the control address too;
 * DATA/heartbeat (not EOS) for a subscribed stream whose session has no image → an
   *elicited SETUP*: an SM with the S flag (0x80), term id/offset/window 0, to the source
   (or the control group for multicast); the session is then PENDING_SETUP for 1 s;
@@ -86,6 +90,10 @@ from slipstream.daemon.streams.image import (
 
 #: AERON_DRIVER_RECEIVER_PENDING_SETUP_TIMEOUT_NS
 PENDING_SETUP_TIMEOUT_NS = 1_000_000_000
+#: How often a dynamic multi-destination-cast receiver sends its setup-eliciting SM to the
+#: control address (Aeron's periodic pending setup, 1 s; the sender drops a destination
+#: silent for 5 s: daemon/media/destinations.py).
+ELICIT_SETUP_INTERVAL_NS = 1_000_000_000
 #: How long a removed image's session is ignored (slipstream choice, see module docstring).
 DEFAULT_COOL_DOWN_NS = 1_000_000_000
 #: How long a SETUP waits for the conductor's image before it may ask again.
@@ -154,9 +162,17 @@ class ReceiveChannel:
         self.status_interval_factor = 1
         self.cool_down_ns = cool_down_ns
         control = channel.control_group if channel.endpoint is not None else None
-        #: Multicast: where SMs/NAKs go (the control group); None: reply to the source.
+        if control is None and channel.control is not None:
+            control = channel.control
+        #: Where SMs/NAKs go: the control group (multicast) or the control= address (a
+        #: receiver of a dynamic multi-destination-cast channel); None: reply to the source.
         self.control_address: Address | None = (
             (control.host, control.port or 0) if control is not None else None)
+        #: A dynamic multi-destination-cast receiver (control= on a unicast endpoint): it
+        #: joins by sending setup-eliciting SMs to the control address while it has
+        #: subscriptions, every ELICIT_SETUP_INTERVAL_NS (:meth:`datagrams_to_send`).
+        self.joins_at_control = channel.control is not None and channel.control_group is None
+        self._next_join_ns = NO_DEADLINE
         self.images: dict[tuple[int, int], PublicationImage] = {}
         self._subscriptions: dict[int, set[int] | None] = {}  # stream -> sessions (None: all)
         self._pending_setup: dict[tuple[int, int], int] = {}  # -> expiry ns
@@ -233,6 +249,9 @@ class ReceiveChannel:
 
     def _sync_streams(self) -> None:
         streams = list(self._subscriptions)
+        if self.joins_at_control:
+            self._next_join_ns = (NO_DEADLINE if not streams
+                                  else min(self._next_join_ns, self._now_ns))
         if len(streams) > self.c.stream_capacity:
             capacity = 1 << (len(streams) - 1).bit_length()
             self._streams = network_ffi.new("int32_t[]", capacity)
@@ -442,15 +461,28 @@ class ReceiveChannel:
             if pending:
                 for key in [k for k, t in pending.items() if t <= now_ns]:
                     del pending[key]
+        if now_ns >= self._next_join_ns:
+            self._send_join(out, now_ns)
         return out
+
+    def _send_join(self, out: list[Datagram], now_ns: int) -> None:
+        """A setup-eliciting SM to the control address (session and stream 0, as Aeron's
+        receivers send it): the sender learns this endpoint as a destination, or keeps it,
+        and its publications send SETUP."""
+        assert self.control_address is not None
+        sm = StatusMessage(0, 0, 0, 0, 0, self.receiver_id, SM_SEND_SETUP_FLAG)
+        out.append(Datagram(sm.encode(), self.control_address))
+        self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
+        self._next_join_ns = now_ns + ELICIT_SETUP_INTERVAL_NS
 
     def next_deadline_ns(self) -> int:
         """Earliest deadline of the images, the C half's timers included (``<=`` now when
         output is queued)."""
         if self._outbox:
             return self._now_ns
-        return min((image.next_deadline_ns() for image in self.images.values()),
-                   default=NO_DEADLINE)
+        images = self.images.values()
+        return min(self._next_join_ns,
+                   min((image.next_deadline_ns() for image in images), default=NO_DEADLINE))
 
     def python_deadline_ns(self) -> int:
         """The agent's deadline for this channel: the images' Python halves
@@ -458,8 +490,9 @@ class ReceiveChannel:
         while output is queued."""
         if self._outbox:
             return self._now_ns
-        return min((image.python_deadline_ns() for image in self.images.values()),
-                   default=NO_DEADLINE)
+        images = self.images.values()
+        return min(self._next_join_ns,
+                   min((image.python_deadline_ns() for image in images), default=NO_DEADLINE))
 
     def poll_events(self) -> list[ReceiverEvent]:
         """Events since the last call, oldest first."""

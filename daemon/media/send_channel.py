@@ -17,21 +17,32 @@ from slipstream.client.frames import (
     StatusMessage,
     decode,
 )
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
+from slipstream.daemon.media.destinations import ControlMode, DestinationTable
 from slipstream.daemon.protocol.types import Address, ProtocolCounters, hash_table_slots
 from slipstream.daemon.streams.publication import NetworkPublication
 
 
 class SendChannel:
     """A send endpoint's dispatcher: routes SM/NAK/RTTM/ERR datagrams to publications by
-    (session_id, stream_id); malformed ones count ``INVALID_PACKETS``.  An S-flagged SM with
-    session = stream = 0 (MDC) elicits SETUP from every publication.  NAKs are answered by its
-    C dispatch (:attr:`c`); only those that need a timer (a retransmit delay), are malformed
-    or name no publication of the endpoint come to :meth:`on_control`."""
+    (session_id, stream_id); malformed ones count ``INVALID_PACKETS``, and a status message
+    that names no publication of the endpoint counts ``UNMATCHED_STATUS_MESSAGES``.  An
+    S-flagged SM of session 0 (a receiver that joins a multi-destination-cast channel before it
+    knows a session) elicits SETUP from the publications of its stream (of every stream when
+    its stream is 0).  NAKs are answered by its C dispatch (:attr:`c`); only those that need a
+    timer (a retransmit delay), are malformed or name no publication of the endpoint come to
+    :meth:`on_control`.
 
-    def __init__(self, *, counters: ProtocolCounters) -> None:
+    ``destinations``: a multi-destination-cast endpoint's table; in dynamic mode every status
+    message that names a stream of the endpoint keeps its source a destination
+    (:mod:`slipstream.daemon.media.destinations`)."""
+
+    def __init__(self, *, counters: ProtocolCounters,
+                 destinations: DestinationTable | None = None) -> None:
         self.counters = counters
+        self.destinations = destinations
         self.publications: dict[tuple[int, int], NetworkPublication] = {}
         #: The C dispatch of datagrams arriving at the endpoint (an ``ss_receiver_t`` without
         #: images): it answers NAKs for the publications of its table (:meth:`on_datagram`,
@@ -51,6 +62,9 @@ class SendChannel:
         self._sync_publications()
 
     def add_publication(self, publication: NetworkPublication) -> None:
+        destinations = self.destinations
+        publication.learns_destinations = (destinations is not None
+                                           and destinations.mode is ControlMode.DYNAMIC)
         self.publications[publication.session_id, publication.stream_id] = publication
         self._sync_publications()
 
@@ -99,8 +113,25 @@ class SendChannel:
         self.counters.add(SystemCounter.BYTES_RECEIVED, len(data))
         publication = self.publications.get((frame.session_id, frame.stream_id))
         if publication is not None:
+            if isinstance(frame, StatusMessage) and self.destinations is not None:
+                self.destinations.on_status_message(source, frame.receiver_id, now_ns)
             publication.on_frame(frame, source, now_ns)
-        elif (isinstance(frame, StatusMessage) and frame.is_setup_request
-              and frame.session_id == 0 and frame.stream_id == 0):
-            for each in self.publications.values():
+        elif isinstance(frame, StatusMessage):
+            eliciting = ([] if not frame.is_setup_request or frame.session_id != 0 else
+                         [each for each in self.publications.values()
+                          if frame.stream_id in (0, each.stream_id)])
+            if not eliciting:
+                self.counters.add(SystemCounter.UNMATCHED_STATUS_MESSAGES)
+                return
+            if self.destinations is not None:
+                self.destinations.on_status_message(source, frame.receiver_id, now_ns)
+            for each in eliciting:
                 each.on_frame(frame, source, now_ns)
+
+    def expire_destinations(self, now_ns: int) -> list[Address]:
+        """Dynamic multi-destination-cast: drop the destinations gone silent; returns them."""
+        return [] if self.destinations is None else self.destinations.expire(now_ns)
+
+    def next_deadline_ns(self) -> int:
+        """When :meth:`expire_destinations` is next due (NO_DEADLINE: never)."""
+        return NO_DEADLINE if self.destinations is None else self.destinations.next_expiry_ns()

@@ -40,6 +40,11 @@ from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media import interfaces, names
+from slipstream.daemon.media.destinations import (
+    MULTI_DESTINATION_MODES,
+    DestinationTable,
+    fan_out,
+)
 from slipstream.daemon.media.interfaces import InterfaceAddress
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.send_channel import SendChannel
@@ -234,13 +239,25 @@ class UdpSendTransport(_UdpTransport):
 
     def __init__(self, settings: DriverSettings, counters: CountersFile, channel: Channel,
                  destination: Address) -> None:
-        family = _family(destination[0])
         interface = _interface_address(channel)
+        #: Multi-destination-cast: every datagram to each destination of the endpoint's table
+        #: (set by attach_channel), none to ``destination`` (ALL_DESTINATIONS).
+        self.multi_destination = channel.control_mode in MULTI_DESTINATION_MODES
+        local_host = (channel.control.host if channel.control is not None else interface)
+        family = _family(local_host if self.multi_destination and local_host
+                         else destination[0])
         params = SocketParams.resolve(channel, settings)
         sock = _new_socket(family, params)
         try:
             group = channel.control_group
-            if group is not None:  # multicast: listen on the control group for SMs and NAKs
+            if self.multi_destination:
+                # Bound to control= (where dynamic receivers send their status messages),
+                # else to interface=, else anywhere; sends to each destination by address.
+                local = channel.control if channel.control is not None else channel.interface
+                host = local_host or ("::" if family == socket.AF_INET6 else "0.0.0.0")
+                sock.bind((host, (local.port or 0) if local is not None else 0))
+                self.connected = False
+            elif group is not None:  # multicast: listen on the control group for SMs and NAKs
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((group.host, destination[1]))
                 _set_multicast(sock, params, channel, group.host, interface)
@@ -263,12 +280,15 @@ class UdpSendTransport(_UdpTransport):
         self.gso = int(settings.socket_gso)
         self._gso_refused: weakref.WeakSet[NetworkPublication] = weakref.WeakSet()
         self._control: _BatchReceiver | None = None
+        self._destinations: DestinationTable | None = None
 
     def attach(self, publication: NetworkPublication) -> None:
         c = publication.c
         c.fd = self.fd
         c.gso = self.gso
-        if self.connected:
+        if self._destinations is not None:
+            c.destinations = self._destinations.c
+        elif self.connected:
             c.destination_length = 0
         else:
             raw = sockaddr(publication.destination)
@@ -287,6 +307,9 @@ class UdpSendTransport(_UdpTransport):
             log.warning("sending %s failed: %s", publication, os.strerror(code))
 
     def send(self, datagrams: list[Datagram]) -> None:
+        if self._destinations is not None:
+            super().send(list(fan_out(datagrams, self._destinations)))
+            return
         if not self.connected:
             super().send(datagrams)
             return
@@ -308,8 +331,12 @@ class UdpSendTransport(_UdpTransport):
     def attach_channel(self, channel: SendChannel) -> None:
         """Control frames: NAKs are answered in C (their retransmissions queued on the
         publications); SMs, RTTMs, ERRs and the NAKs C leaves (a retransmit delay, malformed,
-        an unknown session) go to ``channel.on_control`` (:meth:`dispatch`)."""
+        an unknown session) go to ``channel.on_control`` (:meth:`dispatch`).  A
+        multi-destination-cast channel's table is where this transport sends."""
         self._control = _BatchReceiver(channel.c, self.fd, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
+        if self.multi_destination:
+            assert channel.destinations is not None, "a multi-destination-cast endpoint"
+            self._destinations = channel.destinations
 
     def dispatch(self, channel: SendChannel, now_ns: int) -> int:
         if self._control is None:

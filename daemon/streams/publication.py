@@ -251,6 +251,9 @@ class NetworkPublication:
         self._waits_for_spies = True  # close(wait_for_spies=False): the drain's ending
         self.has_initial_connection = False
         self.is_setup_elicited = False
+        #: Its endpoint learns destinations from status messages (dynamic
+        #: multi-destination-cast): they all come to Python, which keeps them alive.
+        self.learns_destinations = False
         self.is_end_of_stream = False
         self.has_received_unicast_eos = False
         self.eos_heartbeats_sent = 0  # heartbeats since end-of-stream (flagged EOS)
@@ -535,7 +538,8 @@ class NetworkPublication:
         receivers = self._receivers
         take = (self.state is PublicationState.ACTIVE and self._connected
                 and self.rate_control is None and self.flow_control.c_fast_path
-                and len(receivers) == 1 and not self.is_setup_elicited)
+                and len(receivers) == 1 and not self.is_setup_elicited
+                and not self.learns_destinations)
         c.python_send_position = self.python_send_position()
         c.spy_python_position = self._spy_python_position()
         c.heartbeat_in_c = int(self._sends_heartbeats_in_c())

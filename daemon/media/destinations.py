@@ -1,0 +1,157 @@
+"""A multi-destination-cast send endpoint's destinations (Aeron's destination tracker), sans-I/O.
+
+A channel with ``control-mode=manual`` or ``control-mode=dynamic`` has no one endpoint: its send
+endpoint sends every datagram (data, retransmissions, heartbeats, SETUP) to each destination of
+its :class:`DestinationTable` (docs/PROTOCOL.md §7.3).
+
+* **manual**: the publication's ``add_destination`` / ``remove_destination`` change the list;
+  nothing else does, and a destination stays until it is removed.
+* **dynamic**: a receiver joins by sending status messages to the endpoint's control address
+  (its subscription names it with ``control=``); the source of each one that names a stream of
+  the endpoint is a destination, until none has come from there for
+  :data:`DESTINATION_TIMEOUT_NS`.
+
+The C half reads the table (``ss_destination_list_t``, ``ss_send_channel_send``); this object
+is its only writer, on the sender's thread.  Units: ns.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+from typing import Final
+
+import attrs
+
+from slipstream.client.layout import NO_DEADLINE
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon.protocol.types import Address, Datagram, sockaddr
+
+#: A dynamic destination with no status message for this long is dropped (Aeron's
+#: ``DESTINATION_TIMEOUT``, 5 s).
+DESTINATION_TIMEOUT_NS: Final = 5_000_000_000
+
+#: The address a publication of such an endpoint gives its control frames (SETUP, RTTM,
+#: heartbeats sent from Python): its transport sends them to every destination.
+ALL_DESTINATIONS: Final[Address] = ("0.0.0.0", 0)
+
+
+class ControlMode(enum.Enum):
+    MANUAL = "manual"
+    DYNAMIC = "dynamic"
+
+
+#: The ``control-mode=`` values of a multi-destination-cast channel.
+MULTI_DESTINATION_MODES: Final = frozenset(mode.value for mode in ControlMode)
+
+
+def fan_out(datagrams: Iterable[Datagram], table: DestinationTable) -> Iterator[Datagram]:
+    """``datagrams`` as sent from a multi-destination-cast endpoint: each one addressed to
+    :data:`ALL_DESTINATIONS` once per destination of ``table``, the others as they are."""
+    for datagram in datagrams:
+        if datagram.address == ALL_DESTINATIONS:
+            for address in table.addresses:
+                yield Datagram(datagram.data, address)
+        else:
+            yield datagram
+
+
+@attrs.define(eq=False)
+class _Destination:
+    address: Address
+    last_seen_ns: int  # dynamic: its last status message
+    receiver_id: int | None = None  # dynamic: the receiver of that status message
+
+
+class DestinationTable:
+    """The destinations of one multi-destination-cast send endpoint, and their C table.
+
+    ``count_cell``: an int64 cell (cffi) that shows how many there are (the endpoint's
+    ``mdc-destinations`` counter), or None."""
+
+    def __init__(self, mode: ControlMode, *, timeout_ns: int = DESTINATION_TIMEOUT_NS,
+                 count_cell: object = None) -> None:
+        self.mode = mode
+        self.timeout_ns = timeout_ns
+        self._count_cell = count_cell
+        self._destinations: dict[Address, _Destination] = {}
+        #: What every publication of the endpoint points at (``destinations``).
+        self.c = network_ffi.new("ss_destination_list_t *")
+        self._entries = network_ffi.new("ss_destination_t[]", 1)
+        self.c.entries = self._entries
+        self.c.count = 0
+
+    @property
+    def addresses(self) -> list[Address]:
+        """The destinations, in the order datagrams go to them."""
+        return list(self._destinations)
+
+    def __contains__(self, address: object) -> bool:
+        return address in self._destinations
+
+    def __len__(self) -> int:
+        return len(self._destinations)
+
+    def add(self, address: Address, now_ns: int) -> bool:
+        """Send to ``address`` too (manual mode's ``add_destination``); False if it is one
+        already."""
+        if address in self._destinations:
+            return False
+        self._destinations[address] = _Destination(address, now_ns)
+        self._sync()
+        return True
+
+    def remove(self, address: Address) -> bool:
+        """Stop sending to ``address``; False if it was not a destination."""
+        if self._destinations.pop(address, None) is None:
+            return False
+        self._sync()
+        return True
+
+    def on_status_message(self, source: Address, receiver_id: int, now_ns: int) -> bool:
+        """A status message that names a stream of the endpoint came from ``source``: in
+        dynamic mode it is a destination from now (or stays one).  Returns whether it is
+        new."""
+        if self.mode is not ControlMode.DYNAMIC:
+            return False
+        known = self._destinations.get(source)
+        if known is not None:
+            known.last_seen_ns = now_ns
+            known.receiver_id = receiver_id
+            return False
+        self._destinations[source] = _Destination(source, now_ns, receiver_id)
+        self._sync()
+        return True
+
+    def expire(self, now_ns: int) -> list[Address]:
+        """Dynamic mode: drop the destinations silent for ``timeout_ns``; returns them."""
+        if self.mode is not ControlMode.DYNAMIC:
+            return []
+        gone = [d.address for d in self._destinations.values()
+                if now_ns - d.last_seen_ns >= self.timeout_ns]
+        for address in gone:
+            del self._destinations[address]
+        if gone:
+            self._sync()
+        return gone
+
+    def next_expiry_ns(self) -> int:
+        """When :meth:`expire` may next drop one (NO_DEADLINE: never)."""
+        if self.mode is not ControlMode.DYNAMIC or not self._destinations:
+            return NO_DEADLINE
+        return min(d.last_seen_ns for d in self._destinations.values()) + self.timeout_ns
+
+    def _sync(self) -> None:
+        """A new C table: the old one is replaced whole, never changed under the data path
+        (which reads it on this thread only between calls anyway)."""
+        addresses = list(self._destinations)
+        entries = network_ffi.new("ss_destination_t[]", max(1, len(addresses)))
+        for entry, address in zip(entries, addresses, strict=False):
+            raw = sockaddr(address)
+            entry.length = len(raw)
+            network_ffi.memmove(entry.address, raw, len(raw))
+        self._entries = entries
+        self.c.entries = entries
+        self.c.count = len(addresses)
+        if self._count_cell is not None:
+            self._count_cell[0] = len(addresses)

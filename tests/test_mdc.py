@@ -1,0 +1,151 @@
+"""Multi-destination-cast (docs/PROTOCOL.md §7.3) between real driver processes on loopback:
+one publication's stream to several receive endpoints without multicast, manual
+(``add_destination``) and dynamic (receivers that join at the publication's control address).
+
+Every stream is checked message by message (helpers.Collector): each subscriber sees its
+messages in order, none missing or twice, from the one it joined at.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import Collector, counters_of, free_port, stream, wait_for
+
+from slipstream.client import ChannelRejectedError, Client, control
+from slipstream.client.counters import CountersFile, CounterType
+
+pytestmark = pytest.mark.timeout(120)
+
+STREAM = 1001
+
+
+def _destinations_counter(driver) -> int:
+    """The value of the driver's one mdc-destinations counter."""
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        values = [c.value for c in counters if c.type_id == CounterType.MDC_DESTINATIONS]
+    finally:
+        counters.close()
+    assert len(values) == 1, values
+    return values[0]
+
+
+def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
+    """Three receiving drivers, each its own port; the publication adds each as a
+    destination and streams 20,000 messages (terms of 64 KiB rotate many times): each
+    receiver gets all of them, once, in order.  A removed destination gets nothing more
+    while the others go on.  fc=min: with the default (max, as for multicast and in Aeron)
+    a receiver that falls half a term behind the fastest is past the resend window."""
+    sender = launch()
+    receivers = [launch() for _ in range(3)]
+    ports = [free_port() for _ in receivers]
+    clients = [Client.connect(d.directory) for d in (sender, *receivers)]
+    try:
+        subscriptions = [c.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+                         for c, port in zip(clients[1:], ports, strict=True)]
+        publication = clients[0].add_publication(
+            "aeron:udp?control-mode=manual|term-length=64k|fc=min", STREAM)
+        for port in ports:
+            publication.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+        wait_for(lambda: all(s.images for s in subscriptions) and publication.is_connected,
+                 timeout=10, what="every destination has an image")
+        assert _destinations_counter(sender) == 3
+        collectors = [Collector(s) for s in subscriptions]
+        stream(publication, collectors, 20_000, lambda i: (32, 1376, 5000)[i % 3])
+        for collector in collectors:
+            collector.assert_exactly(20_000)
+
+        publication.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[2]}")
+        assert _destinations_counter(sender) == 2
+        stream(publication, collectors[:2], 2_000, lambda i: 100, first=20_000)
+        for collector in collectors[:2]:
+            collector.assert_exactly(22_000)
+        collectors[2].poll()
+        assert len(collectors[2].seen) == 20_000
+    finally:
+        for client in clients:
+            client.close()
+    assert counters_of(sender)["SEND_ERRORS"] == 0
+
+
+def test_destination_errors_name_their_cause(launch) -> None:
+    """A duplicate add, the removal of a destination never added, a destination with keys
+    of its own, one on a publication that is not control-mode=manual: each refused by name,
+    and the stream to the real destination goes on."""
+    sender, receiver = launch(), launch()
+    port = free_port()
+    with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
+        subscription = b.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        publication = a.add_publication("aeron:udp?control-mode=manual", STREAM)
+        destination = f"aeron:udp?endpoint=127.0.0.1:{port}"
+        publication.add_destination(destination)
+        with pytest.raises(ChannelRejectedError, match="already") as duplicate:
+            publication.add_destination(destination)
+        assert duplicate.value.part == "endpoint"
+        with pytest.raises(ChannelRejectedError, match="not a destination") as unknown:
+            publication.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{free_port()}")
+        assert unknown.value.part == "endpoint"
+        with pytest.raises(ChannelRejectedError) as extra:
+            publication.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}|ttl=4")
+        assert extra.value.part == "ttl"
+        with pytest.raises(ChannelRejectedError) as unresolved:
+            publication.add_destination("aeron:udp?endpoint=no-such-host.invalid:4000")
+        assert unresolved.value.part == "endpoint"
+        unicast = a.add_publication(f"aeron:udp?endpoint=127.0.0.1:{free_port()}", STREAM)
+        with pytest.raises(ChannelRejectedError) as not_manual:
+            unicast.add_destination(destination)
+        assert not_manual.value.part == "control-mode"
+        wait_for(lambda: subscription.images and publication.is_connected, timeout=10,
+                 what="the destination has an image")
+        collector = Collector(subscription)
+        stream(publication, [collector], 2_000, lambda i: 64)
+        collector.assert_exactly(2_000)
+
+
+def test_dynamic_receivers_join_at_the_control_address_and_time_out_when_gone(launch) -> None:
+    """Receivers name the publication's control address (``control=``) and join by their
+    status messages alone: each gets the stream in order from its join; one that joins late
+    starts at the stream's position then; one whose driver stops is dropped as a destination
+    after the timeout (5 s), and the others go on meanwhile."""
+    sender = launch()
+    receivers = [launch() for _ in range(3)]
+    control_address = f"127.0.0.1:{free_port()}"
+    clients = [Client.connect(d.directory) for d in (sender, *receivers)]
+    try:
+        publication = clients[0].add_publication(
+            f"aeron:udp?control={control_address}|control-mode=dynamic|term-length=64k|fc=min",
+            STREAM)
+        subscriptions = [c.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control_address}", STREAM)
+            for c in clients[1:3]]
+        wait_for(lambda: all(s.images for s in subscriptions) and publication.is_connected,
+                 timeout=10, what="both receivers joined")
+        collectors = [Collector(s) for s in subscriptions]
+        stream(publication, collectors, 10_000, lambda i: (32, 1376, 5000)[i % 3])
+        for collector in collectors:
+            collector.assert_exactly(10_000)
+        assert _destinations_counter(sender) == 2
+
+        late = clients[3].add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control_address}", STREAM)
+        wait_for(lambda: late.images, timeout=10, what="the late receiver joined")
+        [image] = late.images
+        assert image.join_position == publication.position
+        collectors.append(Collector(late))
+        stream(publication, collectors, 10_000, lambda i: 200, first=10_000)
+        for collector in collectors[:2]:
+            collector.assert_exactly(20_000)
+        collectors[2].assert_exactly(10_000, first=10_000)
+        assert _destinations_counter(sender) == 3
+
+        clients[2].close()
+        receivers[1].stop()
+        wait_for(lambda: _destinations_counter(sender) == 2, timeout=10,
+                 what="the receiver that went was timed out")
+        kept = [collectors[0], collectors[2]]
+        stream(publication, kept, 2_000, lambda i: 64, first=20_000)
+        kept[0].assert_exactly(22_000)
+        kept[1].assert_exactly(12_000, first=10_000)
+    finally:
+        for client in clients:
+            client.close()
