@@ -116,6 +116,7 @@ MODULE_LANES = {
     "test_aeron_peer": "interop",
     "test_async": "sockets",
     "test_backpressure_units": "unit",
+    "test_destinations": "unit",
     "test_bands": "unit",
     "test_channel": "unit",
     "test_channel_keys": "sockets",

@@ -70,7 +70,8 @@ def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
 
 def test_destination_errors_name_their_cause(launch) -> None:
     """A duplicate add, the removal of a destination never added, a destination with keys
-    of its own, one on a publication that is not control-mode=manual: each refused by name,
+    of its own, a host that does not resolve, one on a publication that is not
+    control-mode=manual: each refused by name; a destination the kernel refuses is counted;
     and the stream to the real destination goes on."""
     sender, receiver = launch(), launch()
     port = free_port()
@@ -95,11 +96,15 @@ def test_destination_errors_name_their_cause(launch) -> None:
         with pytest.raises(ChannelRejectedError) as not_manual:
             unicast.add_destination(destination)
         assert not_manual.value.part == "control-mode"
+        # One the kernel refuses outright (a broadcast address, on a socket without
+        # SO_BROADCAST: EACCES, nothing leaves): counted, and the others do not stall.
+        publication.add_destination("aeron:udp?endpoint=255.255.255.255:9")
         wait_for(lambda: subscription.images and publication.is_connected, timeout=10,
                  what="the destination has an image")
         collector = Collector(subscription)
         stream(publication, [collector], 2_000, lambda i: 64)
         collector.assert_exactly(2_000)
+    assert counters_of(sender)["SEND_ERRORS"] > 0
 
 
 def test_dynamic_receivers_join_at_the_control_address_and_time_out_when_gone(launch) -> None:

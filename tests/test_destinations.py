@@ -1,0 +1,147 @@
+"""A multi-destination-cast endpoint's destination table (daemon/media/destinations.py) and
+how its dispatcher learns from status messages (daemon/media/send_channel.py), in process.
+
+The table is checked against a model under any sequence of operations (hypothesis): what
+it holds, what its C table holds (what ss_send_channel_send sends to), the mdc-destinations
+cell, and when a dynamic destination expires.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slipstream.client.channel import parse_channel
+from slipstream.client.counters import SystemCounter
+from slipstream.client.frames import StatusMessage
+from slipstream.client.layout import NO_DEADLINE, SM_SEND_SETUP_FLAG
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.media.destinations import (
+    ALL_DESTINATIONS,
+    DESTINATION_TIMEOUT_NS,
+    ControlMode,
+    DestinationTable,
+    fan_out,
+)
+from slipstream.daemon.media.send_channel import SendChannel
+from slipstream.daemon.protocol.params import PublicationParams
+from slipstream.daemon.protocol.types import Address, Datagram, LocalCounters, address_of
+from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+
+S = 1_000_000_000
+ADDRESSES = [("127.0.0.1", 40000 + i) for i in range(4)] + [("::1", 40100), ("10.0.0.3", 9)]
+
+
+def c_addresses(table: DestinationTable) -> list[Address]:
+    """What the C half sends to, in its order."""
+    c = table.c
+    return [address_of(bytes(network_ffi.buffer(c.entries[i].address, c.entries[i].length)))
+            for i in range(c.count)]
+
+
+operations = st.lists(st.tuples(st.sampled_from(["add", "remove", "sm", "expire"]),
+                                st.sampled_from(ADDRESSES),
+                                st.integers(min_value=0, max_value=3 * S)), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mode=st.sampled_from(list(ControlMode)), ops=operations)
+def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops) -> None:
+    cell = network_ffi.new("int64_t *")
+    table = DestinationTable(mode, count_cell=cell)
+    model: dict[Address, int] = {}  # address -> last seen
+    now = 0
+    for op, address, step in ops:
+        now += step
+        if op == "add":
+            assert table.add(address, now) == (address not in model)
+            model.setdefault(address, now)
+        elif op == "remove":
+            assert table.remove(address) == (address in model)
+            model.pop(address, None)
+        elif op == "sm":
+            new = table.on_status_message(address, 7, now)
+            if mode is ControlMode.DYNAMIC:
+                assert new == (address not in model)
+                model[address] = now
+            else:
+                assert not new  # a manual table learns nothing from status messages
+        else:
+            gone = table.expire(now)
+            expected = ([a for a, seen in model.items() if now - seen >= DESTINATION_TIMEOUT_NS]
+                        if mode is ControlMode.DYNAMIC else [])
+            assert sorted(gone) == sorted(expected)
+            for a in expected:
+                del model[a]
+        assert table.addresses == list(model)
+        assert c_addresses(table) == list(model)
+        assert cell[0] == len(model)
+        if mode is ControlMode.DYNAMIC and model:
+            assert table.next_expiry_ns() == min(model.values()) + DESTINATION_TIMEOUT_NS
+        else:
+            assert table.next_expiry_ns() == NO_DEADLINE
+
+
+def test_fan_out_sends_a_control_frame_to_each_destination_and_a_reply_to_its_peer() -> None:
+    table = DestinationTable(ControlMode.MANUAL)
+    for address in ADDRESSES[:3]:
+        table.add(address, 0)
+    setup, reply = Datagram(b"setup", ALL_DESTINATIONS), Datagram(b"rttm", ADDRESSES[5])
+    out = list(fan_out([setup, reply], table))
+    assert [(d.data, d.address) for d in out] == [
+        *((b"setup", a) for a in ADDRESSES[:3]), (b"rttm", ADDRESSES[5])]
+
+
+def _publication(shm: Path, counters: LocalCounters) -> NetworkPublication:
+    log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=64 * 1024,
+                           initial_term_id=10, session_id=5, stream_id=6, mtu=1408,
+                           correlation_id=1)
+    channel = parse_channel("aeron:udp?control=127.0.0.1:40456|control-mode=dynamic")
+    settings = DriverSettings(term_buffer_length=64 * 1024)
+    params = PublicationParams.for_network(channel, settings)
+    return NetworkPublication(log=log, params=params, settings=settings,
+                              positions=SenderPositions.in_process(),
+                              flow_control=flow_control_for(params), counters=counters,
+                              now_ns=0, destination=ALL_DESTINATIONS)
+
+
+def test_a_dynamic_endpoint_learns_only_from_status_messages_that_name_its_streams(
+        shm: Path) -> None:
+    """A setup-eliciting SM (session 0, stream 0 or the stream's id) and an SM of one of its
+    publications make their source a destination; an SM of a session it does not have (a
+    forged one) is counted and teaches nothing, and its publications take the SMs C would
+    otherwise take (``sm_in_c`` stays off: every SM keeps a destination alive)."""
+    counters = LocalCounters()
+    table = DestinationTable(ControlMode.DYNAMIC)
+    channel = SendChannel(counters=counters, destinations=table)
+    publication = _publication(shm, counters)
+    channel.add_publication(publication)
+    assert publication.learns_destinations
+    joining, member, forger = ("127.0.0.1", 50001), ("127.0.0.1", 50002), ("127.0.0.1", 50003)
+
+    forged = StatusMessage(999, 6, 10, 0, 65536, 3, 0)
+    channel.on_control(forged.encode(), forger, 1)
+    assert table.addresses == [] and counters[SystemCounter.UNMATCHED_STATUS_MESSAGES] == 1
+    other_stream = StatusMessage(0, 7, 0, 0, 0, 3, SM_SEND_SETUP_FLAG)
+    channel.on_control(other_stream.encode(), forger, 2)
+    assert table.addresses == [] and counters[SystemCounter.UNMATCHED_STATUS_MESSAGES] == 2
+
+    elicit = StatusMessage(0, 0, 0, 0, 0, 1, SM_SEND_SETUP_FLAG)
+    channel.on_control(elicit.encode(), joining, 3)
+    assert table.addresses == [joining] and publication.is_setup_elicited
+    sm = StatusMessage(5, 6, 10, 0, 65536, 2, 0)
+    channel.on_control(sm.encode(), member, 4)
+    assert table.addresses == [joining, member]
+
+    channel.on_control(sm.encode(), member, 4 * S)  # the member stays, the other goes quiet
+    assert channel.expire_destinations(5 * S + 2) == []
+    assert channel.expire_destinations(5 * S + 3) == [joining]
+    assert channel.next_deadline_ns() == 9 * S
+    publication.sync_c_half()
+    assert not publication.c.sm_in_c
