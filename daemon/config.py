@@ -672,16 +672,18 @@ class DriverSettings:
     )
     untethered_window_limit_timeout: int = _duration(
         5 * _S,
-        "An untethered subscription (tether=false, IPC) that stays within an eighth of a "
-        "window of holding its publishers back this long is left behind: its image goes, "
-        "with the range it skips (drop-oldest: docs/BACKPRESSURE.md), ns. A channel's "
+        "An untethered subscription (tether=false: IPC, a spy, a UDP image's) that stays "
+        "within a fraction of a window of holding its publishers (or its image) back this "
+        "long is left behind: its image goes, with the range it skips (drop-oldest: "
+        "docs/BACKPRESSURE.md), ns. A channel's "
         "untethered-window-limit-timeout= overrides it (Aeron's default).",
         low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
     )
     untethered_resting_timeout: int = _duration(
         10 * _S,
-        "How long a left-behind untethered subscription rests before it rejoins the stream at "
-        "the newest position, ns; 0 rejoins at once. A channel's "
+        "How long a left-behind untethered subscription rests before it rejoins the stream "
+        "(at the newest position; a UDP image's, where its slowest subscriber is), ns; 0 "
+        "rejoins at once. A channel's "
         "untethered-resting-timeout= overrides it (Aeron's default).",
         low=TIMEOUT_RANGE_NS[0], high=TIMEOUT_RANGE_NS[1],
     )

@@ -147,6 +147,7 @@ MODULE_LANES = {
     "test_hosts": "hosts",
     "test_installed_package": "sockets",
     "test_interop": "interop",
+    "test_interop_mdc": "interop",
     "test_ipc": "sockets",
     "test_ipc_client": "sockets",
     "test_ipc_failures": "sockets",
@@ -171,6 +172,7 @@ MODULE_LANES = {
     "test_retransmit": "unit",
     "test_sim_cli": "sim",
     "test_sim_flow": "sim",
+    "test_sim_mdc": "sim",
     "test_sim_network": "sim",
     "test_sim_protocol": "sim",
     "test_sim_timing": "sim",
@@ -187,6 +189,7 @@ MODULE_LANES = {
     "test_udp": "sockets",
     "test_mdc": "sockets",
     "test_udp_failures": "sockets",
+    "test_udp_untethered": "sockets",
 }
 
 #: The tests (by function name) whose lane is not their module's, for modules whose tests do

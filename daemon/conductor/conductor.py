@@ -800,19 +800,12 @@ _STEP_COUNTERS = (None, SystemCounter.GOVERNOR_COALESCING, SystemCounter.GOVERNO
 # side it refuses: a key only a subscription acts on is a publication's to ignore (the client
 # warned of it).
 _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] = (
-    # aeron:ipc subscriptions and spies (aeron-spy:) may be untethered.
-    ("tether", lambda c, subscription: (subscription and c.tether is False and not c.is_ipc
-                                        and not c.is_spy),
-     "untethered subscriptions of aeron:udp (aeron:ipc has them, and spies)"),
-    ("untethered-window-limit-timeout",
-     lambda c, subscription: (subscription and not c.is_ipc and not c.is_spy
-                              and c.untethered_window_limit_timeout_ns is not None),
-     "untethered subscriptions of aeron:udp (aeron:ipc has them, and spies)"),
-    ("untethered-resting-timeout",
-     lambda c, subscription: (subscription and not c.is_ipc and not c.is_spy
-                              and c.untethered_resting_timeout_ns is not None),
-     "untethered subscriptions of aeron:udp (aeron:ipc has them, and spies)"),
-    ("rejoin", lambda c, subscription: subscription and c.rejoin is False, "rejoin=false"),
+    # rejoin=false: a network image's session (daemon/media/receive_channel.py); IPC and a
+    # spy have no sessions that come back over a network.
+    ("rejoin", lambda c, subscription: (subscription and c.rejoin is False
+                                        and (c.is_ipc or c.is_spy)),
+     "rejoin=false on aeron:ipc and spies (a network subscription's: its sessions whose "
+     "image went do not come back)"),
     ("ssc", lambda c, _: bool(c.ssc), "spies that simulate a connection"),
     ("control-mode", lambda c, subscription: (c.control_mode == "response"
                                               or (subscription and c.control_mode == "manual")),

@@ -232,6 +232,12 @@ class _ImageLink:
     subscription: NetworkSubscription
     counter_id: int
     cell: object  # cffi int64_t * of the sub-pos counter
+    #: An untethered subscription's (``tether=false``), as a spy's (:class:`_SpyLink`):
+    #: since when it was clear of the window's end (0: not looked at yet), or since it was
+    #: left behind (lingering: its image gone, its position still held for the window limit
+    #: timeout, Aeron's LINGER).
+    since_ns: int = 0
+    lingering: bool = False
 
 
 @attrs.define(eq=False)
@@ -243,6 +249,8 @@ class _ImageEntry:
     source: Address
     links: list[_ImageLink] = attrs.Factory(list)
     lingering: bool = False
+    #: Untethered subscriptions left behind, resting until they rejoin: (it, since when).
+    resting: list[tuple[NetworkSubscription, int]] = attrs.Factory(list)
 
 
 @attrs.define(eq=False)
@@ -707,6 +715,97 @@ class NetworkConductor:
                     continue  # logged once, as it was missed
                 entry.missed_spies.remove(spy)
         out.extend(self.check_untethered_spies(now_ns))
+        out.extend(self.check_untethered_images(now_ns))
+        return out
+
+    def _untethered_timeouts(self, channel: Channel) -> tuple[int, int]:
+        """An untethered subscription's window limit and resting timeouts (ns): its URI's,
+        else the settings'."""
+        settings = self.settings
+        return ((channel.untethered_window_limit_timeout_ns
+                 if channel.untethered_window_limit_timeout_ns is not None
+                 else settings.untethered_window_limit_timeout),
+                (channel.untethered_resting_timeout_ns
+                 if channel.untethered_resting_timeout_ns is not None
+                 else settings.untethered_resting_timeout))
+
+    def check_untethered_images(self, now_ns: int) -> Outgoing:
+        """Aeron's untethered subscriptions of network images (``tether=false``;
+        PublicationImage.checkUntetheredSubscriptions), on the conductor's timer: one within a
+        quarter of a receiver window of the end of the image's window (the fastest
+        subscriber's position less the window: what the slowest may hold the sender to) for
+        longer than its window limit timeout is left behind: its image goes, with the range it
+        skips (from its position to the fastest's), and its position holds on for that
+        timeout again (its client stops reading), then goes; after its resting timeout it
+        rejoins where the image's slowest subscriber is, with a new image."""
+        out: Outgoing = []
+        for endpoint in self._receive_endpoints.values():
+            for image_entry in endpoint.images.values():
+                if image_entry.lingering:
+                    continue
+                if image_entry.resting:
+                    out.extend(self._rejoin_rested(image_entry, now_ns))
+                untethered = [link for link in image_entry.links
+                              if link.subscription.channel.tether is False]
+                if untethered:
+                    out.extend(self._check_untethered_links(image_entry, untethered, now_ns))
+        return out
+
+    def _check_untethered_links(self, image_entry: _ImageEntry, untethered: list[_ImageLink],
+                                now_ns: int) -> Outgoing:
+        out: Outgoing = []
+        image = image_entry.image
+        hwm = image.rcv_hwm
+        positions = {id(link): network.ss_subscriber_position_bounded(
+            self.counters.get(link.counter_id), hwm) for link in image_entry.links}
+        fastest = max(positions.values())
+        window = image.window
+        window_end = fastest - window + (window >> 2)
+        for link in untethered:
+            limit_timeout, _ = self._untethered_timeouts(link.subscription.channel)
+            position = positions[id(link)]
+            if link.since_ns == 0:
+                link.since_ns = now_ns
+            if link.lingering:
+                if now_ns - link.since_ns > limit_timeout:
+                    self._unlink(image_entry, link)
+                    image_entry.resting.append((link.subscription, now_ns))
+            elif position > window_end:
+                link.since_ns = now_ns
+            elif now_ns - link.since_ns > limit_timeout:
+                self.counters.add(SystemCounter.UNTETHERED_SKIPS)
+                self.counters.add(SystemCounter.UNTETHERED_SKIPPED_BYTES, fastest - position)
+                log.info("untethered subscription %d of image %d left behind at %d (the "
+                         "fastest at %d)", link.subscription.registration_id,
+                         image_entry.registration_id, position, fastest)
+                link.lingering, link.since_ns = True, now_ns
+                out.append((link.subscription.client_key, messages.unavailable_image(
+                    image_registration_id=image_entry.registration_id,
+                    subscription_registration_id=link.subscription.registration_id,
+                    stream_id=image.stream_id, lost=(position, fastest))))
+        return out
+
+    def _rejoin_rested(self, image_entry: _ImageEntry, now_ns: int) -> Outgoing:
+        """The resting subscriptions of ``image_entry`` whose resting timeout passed link
+        again at its join position (Aeron's: the slowest subscriber's, at most rcv-pos)."""
+        out: Outgoing = []
+        image = image_entry.image
+        for subscription, since_ns in list(image_entry.resting):
+            _, resting_timeout = self._untethered_timeouts(subscription.channel)
+            if now_ns - since_ns < resting_timeout:
+                continue
+            image_entry.resting.remove((subscription, since_ns))
+            if self.subscriptions.get(subscription.registration_id) is not subscription:
+                continue
+            hwm = image.rcv_hwm
+            join = min([image.rcv_pos, *(network.ss_subscriber_position_bounded(
+                self.counters.get(link.counter_id), hwm) for link in image_entry.links)])
+            try:
+                out.append(self._link(image_entry, subscription, join, submit=True))
+            except CountersFullError as e:
+                self.counters.add(SystemCounter.ERRORS)
+                log.error("cannot link subscription %d to image %d again: %s",
+                          subscription.registration_id, image_entry.registration_id, e)
         return out
 
     def check_untethered_spies(self, now_ns: int) -> Outgoing:
@@ -846,6 +945,8 @@ class NetworkConductor:
         for image_entry in entry.images.values():
             for link in [k for k in image_entry.links if k.subscription is subscription]:
                 self._unlink(image_entry, link)
+            image_entry.resting = [(s, t) for s, t in image_entry.resting
+                                   if s is not subscription]
         entry.subscriptions.remove(subscription)
         self._sync_interest(entry, subscription.stream_id)
         if not entry.subscriptions:

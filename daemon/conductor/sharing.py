@@ -124,6 +124,7 @@ _RECEIVE_PARAMS: Final = (("reliable", "reliable", "reliable"), ("group", "group
                           ("rcv-wnd", "rcv_wnd", "receiver_window_length"),
                           ("nak-delay", "nak_delay_ns", "nak_delay_ns"),
                           ("sparse", "sparse", "sparse"), ("cc", "cc", "congestion_control"),
+                          ("rejoin", "rejoin", "rejoin"),
                           ("so-rcvbuf", "so_rcvbuf", "so_rcvbuf"))
 
 

@@ -227,6 +227,8 @@ class ReceiveChannel:
         subscriber positions are removed)."""
         self._subscriptions.pop(stream_id, None)
         self._sync_streams()
+        for key in [k for k in self._cool_down if k[1] == stream_id and not self.params.rejoin]:
+            del self._cool_down[key]  # rejoin=false holds a session off while it is wanted
         for (_session, stream), image in self.images.items():
             if stream == stream_id and image.state is ImageState.INIT:
                 image.end_without_subscribers(self._now_ns)
@@ -452,9 +454,13 @@ class ReceiveChannel:
                 image = self.images.pop(key)
                 self._events.append(ImageDone(self, image))
                 # One left behind joins again at once, if it got anywhere: one left behind as
-                # it joined (a sender far ahead of its SETUP) waits, or it would loop.
+                # it joined (a sender far ahead of its SETUP) waits, or it would loop.  With
+                # rejoin=false the session never comes back (until its stream's interest
+                # goes: remove_subscription).
                 left = image.left_behind
-                if left is None or left[0] <= image.join_position:
+                if not self.params.rejoin:
+                    self._cool_down[key] = NO_DEADLINE
+                elif left is None or left[0] <= image.join_position:
                     self._cool_down[key] = now_ns + self.cool_down_ns
             self._sync_images()
         for pending in (self._pending_setup, self._pending_image, self._cool_down):

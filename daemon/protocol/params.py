@@ -219,6 +219,9 @@ class SubscriptionParams:
     receiver_window_length: int  # rcv-wnd, else the setting (the image caps it at term/2)
     nak_delay_ns: int  # unicast NAK delay (nak-delay=, else the setting)
     sparse: bool
+    #: rejoin= (else true): a session whose image went may come back; with false it never
+    #: does while the endpoint has subscriptions of its stream (Aeron's rejoin).
+    rejoin: bool
     congestion_control: str  # a registered strategy (cc=, else static)
     cubic_initial_rtt_ns: int  # cc=cubic: the settings' cubic_* keys
     cubic_measure_rtt: bool
@@ -248,6 +251,7 @@ class SubscriptionParams:
             receiver_window_length=window,
             nak_delay_ns=_or(channel.nak_delay_ns, settings.nak_unicast_delay),
             sparse=_or(channel.sparse, settings.term_buffer_sparse_file),
+            rejoin=channel.rejoin is not False,
             congestion_control=congestion_control,
             cubic_initial_rtt_ns=settings.cubic_initial_rtt,
             cubic_measure_rtt=settings.cubic_measure_rtt,
