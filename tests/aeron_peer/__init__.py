@@ -20,13 +20,16 @@ the interpreter's exit.  One module per job:
 * ``driver.py``: ``AeronDriver``, the Java media driver with its loss, flow-control and
   congestion-control settings;
 * ``samples.py``: Aeron's sample programs and what they print, parsed;
+* ``mdc.py``: ``MdcPublisher``, our own Java program (``java/MdcPublisher.java``) adding and
+  removing multi-destination-cast destinations and offering messages on command;
 * ``errors.py``: the errors, all ``AeronError``.
 """
 
 from .cnc import Counter, read_counters
 from .driver import FAST_TIMEOUTS, AeronDriver
 from .errors import AeronError, AeronNotInstalled, SampleFailed
-from .install import aeron_available
+from .install import aeron_available, peer_available
+from .mdc import MdcPublisher
 from .samples import (
     BasicSubscriber,
     ImageEvent,
@@ -54,6 +57,7 @@ __all__ = [
     "BasicSubscriber",
     "Counter",
     "ImageEvent",
+    "MdcPublisher",
     "PingResult",
     "Pong",
     "PublisherResult",
@@ -66,6 +70,7 @@ __all__ = [
     "basic_publisher",
     "basic_subscriber",
     "hold_connected_publication",
+    "peer_available",
     "ping",
     "pong",
     "rate_subscriber",

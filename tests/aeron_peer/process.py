@@ -74,7 +74,11 @@ class JavaProcess:
     graceful_signal: signal.Signals = signal.SIGTERM
 
     def __init__(self, name: str, main_class: str, props: Properties, *,
-                 stdin: bytes | None = None, jvm_args: Sequence[str] = ()) -> None:
+                 stdin: bytes | None = None, jvm_args: Sequence[str] = (),
+                 classpath: Sequence[os.PathLike[str] | str] = (),
+                 interactive: bool = False) -> None:
+        """``stdin`` is written and closed at start; ``interactive`` instead keeps stdin open
+        for ``write_line``.  ``classpath`` entries come before the Aeron jar."""
         self.name = name
         self.lines: list[str] = []
         self._stdout = bytearray()  # not yet parsed
@@ -83,7 +87,7 @@ class JavaProcess:
         self._cond = threading.Condition()
         self._eof = False
         command = [str(java_binary()), *_JVM_ARGS, *jvm_args, *_format_props(props),
-                   "-cp", str(aeron_jar()), main_class]
+                   "-cp", os.pathsep.join([*map(str, classpath), str(aeron_jar())]), main_class]
         # The group dies with us even on SIGKILL; PDEATHSIG follows the forking *thread*, so
         # only from the main thread (a pool thread may exit long before the test does).
         if shutil.which("setpriv") and threading.current_thread() is threading.main_thread():
@@ -91,7 +95,8 @@ class JavaProcess:
         self.command = command
         self.started = time.time()
         self._proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            command,
+            stdin=subprocess.PIPE if stdin is not None or interactive else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -107,6 +112,16 @@ class JavaProcess:
                 self._proc.stdin.close()
             except BrokenPipeError:
                 pass
+
+    def write_line(self, line: str) -> None:
+        """Send one line to an ``interactive`` process's stdin."""
+        if self._proc.stdin is None or self._proc.stdin.closed:
+            raise self.fail(f"{self.name}: stdin is not open (not interactive, or closed)")
+        try:
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError) as exc:
+            raise self.fail(f"{self.name}: cannot write {line!r} to stdin ({exc})") from exc
 
     # -- output ------------------------------------------------------------------------------
     @property
