@@ -585,7 +585,7 @@ _PARAMS: Final[dict[str, _Param]] = {
     "tether": _param("tether", _bool),
     "rejoin": _param("rejoin", _bool),
     "group": _param("group", _bool),
-    "ssc": _param("ssc", _bool),
+    "ssc": _param("ssc", _bool, udp_only=True),
     "session-id": _Param(("session_id", "session_id_tag"), _session_id,
                          formatter=_format_session_id),
     "fc": _param("fc", _strategy("fc"), udp_only=True),
@@ -612,7 +612,7 @@ _PARAMS: Final[dict[str, _Param]] = {
 # (ChannelWarning).
 PUBLICATION_ONLY_KEYS: Final = ("fc", "rc", "policy", "priority", "watermarks", "max-resend",
                                 "pub-wnd", "linger", "eos", "init-term-id", "term-id",
-                                "term-offset")
+                                "term-offset", "ssc")
 SUBSCRIPTION_ONLY_KEYS: Final = ("cc", "gtag", "rcv-wnd", "nak-delay", "reliable", "tether",
                                  "rejoin", "untethered-window-limit-timeout",
                                  "untethered-resting-timeout")

@@ -140,7 +140,8 @@ typedef struct {
     /* The driver's own positions live in its private memory (Python allocates the cells) and
      * are copied to their counters in the counters file, which every client maps writable:
      * the driver never reads back a value a client could have written (ss_publish_position). */
-    int64_t *sender_position;     /* snd-pos: advanced here only */
+    int64_t *sender_position;     /* snd-pos: advanced here (and by Python, on the sender's
+                                   * thread, to its spies' under ssc=true with no receiver) */
     int64_t *sender_limit;        /* snd-lmt: set by flow control in Python (may go back) */
     int64_t *sender_position_counter; /* their counters (NULL: none, e.g. in a unit test) */
     int64_t *sender_limit_counter;

@@ -132,6 +132,29 @@ def test_a_spy_added_before_the_publication_links_when_it_appears(launch) -> Non
         assert [i.session_id for i in one_session.images] == [4242]
 
 
+def test_with_ssc_its_spies_connect_a_publication_no_receiver_takes(launch) -> None:
+    """``ssc=true`` (Aeron's spies-simulate-connection): a publication nobody receives is
+    connected by its spy, which then sets its pace and reads every message, over many term
+    rotations; without ``ssc`` a spy alone does not connect its publication; once the spy
+    goes, the publication is not connected any more."""
+    uri = _uri()
+    a = launch()
+    with Client.connect(a.directory) as ca, Client.connect(a.directory) as spying:
+        simulated = ca.add_publication(f"{uri}|spies-simulate-connection=true|term-length=64k",
+                                       21)
+        plain = ca.add_publication(f"{uri}|term-length=64k", 22)
+        spy = spying.add_subscription(f"aeron-spy:{uri}", 21)
+        other_spy = spying.add_subscription(f"aeron-spy:{uri}", 22)
+        wait_for(lambda: simulated.is_connected and spy.images, what="the spy connected it")
+        time.sleep(0.3)
+        assert other_spy.images and not plain.is_connected
+        spied = Collector(spy)
+        stream(simulated, [spied], 5000, lambda _: 200)  # 64 KiB terms: ~16 rotations
+        spied.assert_exactly(5000)
+        spy.close()
+        wait_for(lambda: not simulated.is_connected, what="no spy: not connected")
+
+
 def test_a_spy_that_comes_late_joins_at_the_sender_position(launch) -> None:
     """A spy added to a publication that has sent joins where the sender is (Aeron's
     linkSpy: the publication's consumer position) and reads on from there."""
@@ -517,9 +540,8 @@ def test_a_spy_reads_what_its_publication_sends_to_a_stock_aeron_receiver(
 
 # -- what is refused --------------------------------------------------------------------------
 def test_what_spies_refuse_names_the_part(launch) -> None:
-    """A spy of aeron:ipc (Aeron's driver refuses it: UDP media only), a publication on a spy
-    channel, and spies that simulate a connection (``ssc``, which this driver does not carry)
-    are refused, naming the part."""
+    """A spy of aeron:ipc (Aeron's driver refuses it: UDP media only) and a publication on a
+    spy channel are refused, naming the part."""
     uri = _uri()
     a = launch()
     with Client.connect(a.directory) as client:
@@ -527,11 +549,6 @@ def test_what_spies_refuse_names_the_part(launch) -> None:
             client.add_subscription("aeron-spy:aeron:ipc", 1)
         with pytest.raises(RegistrationError, match="spy"):
             client.add_publication(f"aeron-spy:{uri}", 1)
-        for key in ("ssc=true", "spies-simulate-connection=true"):
-            with pytest.raises(RegistrationError, match="ssc"):
-                client.add_subscription(f"aeron-spy:{uri}|{key}", 1)
-            with pytest.raises(RegistrationError, match="ssc"):
-                client.add_publication(f"{uri}|{key}", 1)
 
 
 _NOT_ON_A_SPY = ("reliable=true", "rcv-wnd=64k", "cc=cubic", "nak-delay=1ms", "gtag=5",

@@ -806,7 +806,6 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
                                         and (c.is_ipc or c.is_spy)),
      "rejoin=false on aeron:ipc and spies (a network subscription's: its sessions whose "
      "image went do not come back)"),
-    ("ssc", lambda c, _: bool(c.ssc), "spies that simulate a connection"),
     ("control-mode", lambda c, subscription: (c.control_mode == "response"
                                               or (subscription and c.control_mode == "manual")),
      "response channels, and multi-destination subscriptions (control-mode=manual on a "

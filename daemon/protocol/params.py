@@ -152,6 +152,8 @@ class PublicationParams:
     flow_control: FlowControlParams | None = None
     rate_control: RateControlParams | None = None  # rc=, else none
     priority: int = 0  # priority=: its band in the sender (docs/BACKPRESSURE.md)
+    #: ssc= (Aeron's spies-simulate-connection): its spies connect it as receivers would.
+    spies_simulate_connection: bool = False
 
     @classmethod
     def for_network(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:
@@ -192,7 +194,8 @@ class PublicationParams:
             flow_control=FlowControlParams(name=name, **flow_control,
                                            options=flow_control_options),
             rate_control=rate_control,
-            priority=channel.priority or 0)
+            priority=channel.priority or 0,
+            spies_simulate_connection=channel.ssc is True)
 
     @classmethod
     def for_ipc(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:

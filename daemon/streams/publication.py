@@ -219,6 +219,9 @@ class NetworkPublication:
         self._refusing_offers = False
         #: priority= of its URI: its band in the sender's round robin (docs/BACKPRESSURE.md).
         self.priority = params.priority
+        #: ssc=true: its spies connect it as receivers would, and while it has no receiver
+        #: they move snd-pos on (Aeron's spiesSimulateConnection).
+        self.spies_simulate_connection = params.spies_simulate_connection
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
             # A group's receivers NAK a loss at random times up to nak_multicast_max_backoff
@@ -358,7 +361,8 @@ class NetworkPublication:
 
     def _set_spies(self) -> None:
         """Hand the spies to the C half (``spy_positions``, ``spy_count``) and look again at
-        once: a closed publication may have waited only for the one that went."""
+        once: a closed publication may have waited only for the one that went; one with
+        ``ssc=true`` is connected by its spies."""
         c = self.c
         c.spy_count = 0
         self._spy_array = (network_ffi.new("int64_t *[]", self._spies) if self._spies
@@ -367,6 +371,29 @@ class NetworkPublication:
         c.spy_count = len(self._spies)
         c.spy_python_position = self._spy_python_position()
         self._next_due_ns = 0
+        if self.spies_simulate_connection and self.state is PublicationState.ACTIVE:
+            self._update_connected(self._now_ns)
+
+    def _spies_connect(self) -> bool:
+        """ssc=true and a spy: connected whatever the receivers (Aeron's
+        spiesSimulateConnection)."""
+        return self.spies_simulate_connection and bool(self._spies)
+
+    def _spies_drive(self) -> bool:
+        """Connected by its spies alone (no receiver): they, not sends, move snd-pos on."""
+        return (self._spies_connect() and not self._receivers
+                and self.state is PublicationState.ACTIVE)
+
+    def _follow_spies(self) -> None:
+        """snd-pos to the fastest spy's position (Aeron's sender, idle with spies and no
+        receivers): what no receiver takes is consumed once a spy has read it.  The spies'
+        positions are their clients', bounded by what was published."""
+        end = self.log.producer_position()
+        fastest = max(network.ss_subscriber_position_bounded(cell[0], end)
+                      for cell in self._spies)
+        c = self.c
+        if fastest > c.sender_position[0]:
+            network.ss_publish_position(c.sender_position, c.sender_position_counter, fastest)
 
     @property
     def spy_count(self) -> int:
@@ -393,6 +420,8 @@ class NetworkPublication:
             end = self.log.producer_position()
             if not self._spies_consumed(end):
                 return end
+        if self._spies_drive():
+            return self.sender_position + 1  # every spy read past snd-pos: move it on
         return NO_DEADLINE
 
     # -- properties -----------------------------------------------------------------------
@@ -784,8 +813,9 @@ class NetworkPublication:
                 self._acknowledged.pop(rid, None)
 
     def _update_connected(self, now_ns: int) -> None:
-        connected = (bool(self._receivers) and self.flow_control.has_required_receivers()
-                     and now_ns <= self._status_message_deadline_ns)
+        connected = ((bool(self._receivers) and self.flow_control.has_required_receivers()
+                      and now_ns <= self._status_message_deadline_ns)
+                     or self._spies_connect())
         if connected != self._connected:
             self._connected = connected
             self.sync_c_half(within_pass=True)
@@ -845,6 +875,8 @@ class NetworkPublication:
             self._update_connected(now_ns)
         state = self.state
         if state is PublicationState.ACTIVE:
+            if self._spies_drive():
+                self._follow_spies()
             if self._connected:
                 self._update_publisher_limit()
         elif state is PublicationState.DRAINING:
