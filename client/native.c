@@ -741,6 +741,70 @@ int32_t ss_append_block(ss_appender_t *a, const uint8_t *source, int32_t source_
     return copied;
 }
 
+int64_t ss_offer_block(ss_appender_t *a, const uint8_t *block, int32_t length) {
+    if (a->closed) return SS_CLOSED; /* before touching a log that may go */
+    if (!a->exclusive || length < SS_HEADER_LENGTH || (length & (SS_FRAME_ALIGNMENT - 1)) != 0)
+        return SS_INVALID_BATCH;
+    uint8_t *meta = a->meta;
+    int32_t term_count = active_term_count(meta);
+    if (term_count < 0) return ss_refine(a, SS_MAX_POSITION_EXCEEDED);
+    int32_t index = term_count % SS_PARTITION_COUNT;
+    int64_t *tail = tail_counter(meta, index);
+    int64_t raw = LOAD_ACQ(tail);
+    int32_t term_id = (int32_t)(raw >> 32);
+    int64_t raw_offset = raw & 0xFFFFFFFFLL;
+    if (term_count != (int32_t)((uint32_t)term_id - (uint32_t)a->initial_term_id))
+        return SS_ADMIN_ACTION; /* a rotation half done: look again */
+    if (raw_offset >= a->term_length) { /* the last block or offer ended the term */
+        if (term_count == INT32_MAX) return ss_refine(a, SS_MAX_POSITION_EXCEEDED);
+        ss_rotate_log(meta, term_count, term_id);
+        return SS_ADMIN_ACTION;
+    }
+    const int32_t offset = (int32_t)raw_offset;
+    const int64_t position = ((int64_t)term_count << a->position_bits) + offset;
+    if (position >= a->max_position) return ss_refine(a, SS_MAX_POSITION_EXCEEDED);
+    if (length > a->term_length - offset) return SS_INVALID_BATCH;
+    if (position >= LOAD_ACQ(a->publication_limit)) return ss_refine(a, SS_BACK_PRESSURED);
+    /* The caller's memory: every field is checked before the block goes in. */
+    for (int32_t at = 0; at < length;) {
+        const uint8_t *frame = block + at;
+        int32_t frame_length;
+        memcpy(&frame_length, frame, 4);
+        if (frame_length < SS_HEADER_LENGTH || frame_length > length - at) return SS_INVALID_BATCH;
+        const int32_t aligned = align32(frame_length);
+        uint16_t type;
+        int32_t term_offset, session_id, stream_id, frame_term_id;
+        memcpy(&type, frame + SS_TYPE_FIELD, 2);
+        memcpy(&term_offset, frame + SS_TERM_OFFSET_FIELD, 4);
+        memcpy(&session_id, frame + SS_SESSION_ID_FIELD, 4);
+        memcpy(&stream_id, frame + SS_STREAM_ID_FIELD, 4);
+        memcpy(&frame_term_id, frame + SS_TERM_ID_FIELD, 4);
+        if (term_offset != offset + at || frame_term_id != term_id ||
+            session_id != a->session_id || stream_id != a->stream_id)
+            return SS_INVALID_BATCH;
+        if (type == SS_HDR_TYPE_PAD) {
+            if (at == 0 || offset + at + aligned != a->term_length) return SS_INVALID_BATCH;
+        } else if (type != SS_HDR_TYPE_DATA || frame_length - SS_HEADER_LENGTH > a->max_payload) {
+            return SS_INVALID_BATCH;
+        }
+        at += aligned;
+        if (at > length) return SS_INVALID_BATCH; /* the last frame's padding is the block's */
+    }
+    uint8_t *to = a->log + (int64_t)index * a->term_length + offset;
+    int32_t first_length;
+    memcpy(&first_length, block, 4);
+    /* All but the first frame's length, which publishes the block once the tail moved. */
+    memcpy(to + 4, block + 4, (size_t)length - 4);
+    if (!__atomic_compare_exchange_n(tail, &raw, raw + length, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST)) {
+        ss_clean(to, length); /* another writer: not an exclusive publication's use */
+        return SS_INVALID_BATCH;
+    }
+    STORE_REL((int32_t *)to, first_length);
+    signal_readers(a);
+    return position + length;
+}
+
 /* ---------------------------------------------------------------- reader */
 int32_t ss_term_read(const uint8_t *term, int32_t offset, int32_t scan_end, int32_t max_frames,
                      int32_t *starts, int32_t *ends, int32_t *next_offset) {

@@ -176,6 +176,17 @@ int32_t ss_append_block(ss_appender_t *a, const uint8_t *source, int32_t source_
                         int64_t position, int64_t end_position, int32_t max_length,
                         int64_t *result);
 
+/* Aeron's ExclusivePublication.offerBlock: append `block`, `length` bytes of whole frames the
+ * caller wrote, at the publication's position, whole or not at all.  Its frames follow each
+ * other from the term offset and term id of that position, each with this publication's
+ * session and stream ids: DATA frames of at most a frame's payload, and the last may be
+ * padding that ends the term.  The block must end within the term.  As an offer, it goes when
+ * the position is below the publication limit (then all of it, as Aeron's).  Only an
+ * exclusive publication's.  Returns the new position, SS_INVALID_BATCH when the block is not
+ * such (nothing appended; the caller names why), or an offer's refined code (SS_ADMIN_ACTION
+ * after a rotation: call again). */
+int64_t ss_offer_block(ss_appender_t *a, const uint8_t *block, int32_t length);
+
 /* Claim a single unfragmented frame of `length` payload bytes; on success *frame_offset is the
  * frame's offset from the start of the log (header included) and the new position is returned.
  * Its reserved value is 0 until the claimer writes another before the commit. */

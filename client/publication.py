@@ -35,7 +35,7 @@ from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import InvalidArgumentError, MessageTooLongError, UsageError
 from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import HEADER_LENGTH, INT64_MAX, INT64_MIN
-from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.client.logbuffer import LogBuffer, compute_term_id, new_appender
 from slipstream.client.policy import BackPressureEpisode, OfferPolicy
 
 if TYPE_CHECKING:
@@ -509,6 +509,34 @@ class ExclusivePublication(Publication):
         super().__init__(client, channel, stream_id, registration_id, log, limit_counter_id,
                          doorbell_fd, policy=policy, drops_counter_id=drops_counter_id)
         self._appender.exclusive = 1  # before any append: claims are plain stores from now
+
+    def offer_block(self, block: Buffer) -> int:
+        """Append ``block``, whole frames the caller wrote (Aeron's ``offerBlock``), at the
+        publication's position, whole or not at all: to move frames a recorder or archive has
+        as they are, without a call per message.  Its frames follow each other from the term
+        offset and term id of :attr:`position` (``term_offset``, ``term_id`` of
+        :class:`~slipstream.client.messages.Header` fields: the layout of docs/PROTOCOL.md
+        §1.2), each with this publication's session and stream ids, DATA frames of at most an
+        MTU, the last one possibly padding that ends the term; the block ends within the
+        term.  Returns the new position, or a negative code as :meth:`offer` (it goes when the
+        position is below the limit, then all of it).  A block that is not such raises
+        :class:`InvalidArgumentError` and appends nothing."""
+        with ffi.from_buffer(block) as data:
+            length = len(data)
+            for _ in range(2):  # once more after a rotation (ADMIN_ACTION)
+                result = lib.ss_offer_block(self._appender, data, length)
+                if result != ADMIN_ACTION:
+                    break
+        if result == lib.SS_INVALID_BATCH:
+            log, position = self._log, self.position
+            raise InvalidArgumentError(
+                "block", f"not {length} bytes of whole frames of session {self.session_id} "
+                f"stream {self.stream_id} from term offset {position & (log.term_length - 1)} "
+                f"of term {compute_term_id(position, log.position_bits, log.initial_term_id)} "
+                f"(each frame's term offset and term id its own, "
+                f"DATA of at most {log.mtu - HEADER_LENGTH} payload bytes, padding only to "
+                f"the term's end, the block within the term)")
+        return int(result)
 
     def __enter__(self) -> ExclusivePublication:
         return self

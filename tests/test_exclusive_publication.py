@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import struct
 import time
 from array import array
 from pathlib import Path
@@ -30,7 +31,16 @@ from slipstream.client import (
 )
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import CountersFile, CounterType
-from slipstream.client.layout import META_LIMIT_HIT_TIME, TERM_MIN_LENGTH
+from slipstream.client.errors import InvalidArgumentError
+from slipstream.client.layout import (
+    FRAME_ALIGNMENT,
+    HDR_TYPE_DATA,
+    HDR_TYPE_PAD,
+    HEADER_LENGTH,
+    META_LIMIT_HIT_TIME,
+    TERM_MIN_LENGTH,
+    UNFRAGMENTED,
+)
 from slipstream.client.logbuffer import LogBuffer, new_appender
 
 CHANNEL = "aeron:ipc"
@@ -442,3 +452,99 @@ def test_over_udp_exclusive_publications_reach_a_real_subscriber_exactly_once_in
                 time.sleep(0)
         assert got[second.session_id][:5000] == list(range(5000))
         assert got[first.session_id] == list(range(20_000, 20_000 + len(got[first.session_id])))
+
+
+# -- offer_block ----------------------------------------------------------------------------
+_DATA_HEADER = struct.Struct("<iBBHiiiiq")  # docs/PROTOCOL.md §1.2
+
+
+def _block(publication: ExclusivePublication, messages: list[tuple[int, int]], *,
+           pad_to_term_end: bool = False, session_id: int | None = None,
+           offset_error: int = 0) -> bytes:
+    """Whole frames at the publication's position: each (sequence, size) a DATA frame with
+    the sequence as its reserved value, then (``pad_to_term_end``) padding to the term's end."""
+    term_length = publication.term_length
+    position = publication.position
+    offset = position & (term_length - 1)
+    log = publication._log
+    term_id = log.initial_term_id + (position >> log.position_bits)
+    session = publication.session_id if session_id is None else session_id
+    out = bytearray()
+    for seq, size in messages:
+        payload = message(seq, size)
+        length = HEADER_LENGTH + len(payload)
+        frame = bytearray(_DATA_HEADER.pack(
+            length, 0, UNFRAGMENTED, HDR_TYPE_DATA, offset + len(out) + offset_error, session,
+            publication.stream_id, term_id, seq)) + payload
+        out += frame + bytes(-len(frame) % FRAME_ALIGNMENT)
+    if pad_to_term_end:
+        at = offset + len(out)
+        out += _DATA_HEADER.pack(term_length - at, 0, UNFRAGMENTED, HDR_TYPE_PAD, at, session,
+                                 publication.stream_id, term_id, 0)
+        out += bytes(term_length - at - HEADER_LENGTH)
+    return bytes(out)
+
+
+def test_offer_block_appends_whole_frames_over_term_rotations(client: Client) -> None:
+    """Blocks of frames written by the caller, each at the publication's position, the last
+    of each term padded to its end: a subscriber reads every message once, in order, with the
+    reserved value each frame carries; the terms (64 KiB) rotate several times."""
+    stream_id = next(_STREAMS)
+    subscription = client.add_subscription(CHANNEL, stream_id)
+    publication = client.add_exclusive_publication(CHANNEL, stream_id)
+    try:
+        connect(publication, subscription)
+        reader = _Reader(subscription)
+        seq = 0
+        start = publication.position
+        while publication.position - start < 4 * publication.term_length:
+            offset = publication.position & (publication.term_length - 1)
+            sizes = [(seq + k, 100 + (seq + k) % 900) for k in range(8)]
+            block = _block(publication, sizes)
+            end_of_term = offset + len(block) + 2048 > publication.term_length
+            if end_of_term:  # a message, then padding to the term's end
+                sizes = sizes[:1]
+                block = _block(publication, sizes, pad_to_term_end=True)
+            while (result := publication.offer_block(block)) == BACK_PRESSURED:
+                reader.poll(1000)
+            assert result > 0 and result == publication.position
+            seq += len(sizes)
+            reader.poll(1000)
+        wait_for(lambda: reader.poll(1000) >= 0 and len(reader.seen) == seq,
+                 what="every message read")
+        assert reader.torn == 0 and reader.seen == [(k, k) for k in range(seq)]
+    finally:
+        publication.close()
+        subscription.close()
+
+
+def test_offer_block_refuses_a_block_that_is_not_whole_frames_of_its_own(client: Client,
+                                                                         ) -> None:
+    """Another session, a frame at the wrong term offset, a cut frame, padding inside the
+    term, a block past the term's end: refused by name, nothing appended, and a good block
+    then goes (a shared publication, many writers, has no offer_block)."""
+    stream_id = next(_STREAMS)
+    subscription = client.add_subscription(CHANNEL, stream_id)
+    publication = client.add_exclusive_publication(CHANNEL, stream_id)
+    try:
+        connect(publication, subscription)
+        position = publication.position
+        good = _block(publication, [(0, 200), (1, 300)])
+        pad_inside = _block(publication, [(0, 200)]) + _DATA_HEADER.pack(
+            64, 0, UNFRAGMENTED, HDR_TYPE_PAD, (position & 0xFFFF) + 256,
+            publication.session_id, stream_id, 0, 0) + bytes(32)
+        for bad in (_block(publication, [(0, 200)], session_id=publication.session_id + 1),
+                    _block(publication, [(0, 200)], offset_error=32), good[:-32], good[:40],
+                    pad_inside, _block(publication, [(k, 1000) for k in range(70)])):
+            with pytest.raises(InvalidArgumentError) as refused:
+                publication.offer_block(bad)
+            assert refused.value.field == "block"
+            assert publication.position == position
+        assert not hasattr(client.add_publication(CHANNEL, stream_id), "offer_block")
+        assert publication.offer_block(good) == position + len(good)
+        reader = _Reader(subscription)
+        wait_for(lambda: reader.poll(10) >= 0 and len(reader.seen) == 2, what="the block read")
+        assert reader.seen == [(0, 0), (1, 1)]
+    finally:
+        publication.close()
+        subscription.close()
