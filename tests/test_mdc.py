@@ -62,6 +62,19 @@ def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
             collector.assert_exactly(22_000)
         collectors[2].poll()
         assert len(collectors[2].seen) == 20_000
+
+        # A destination added to the running stream joins where the sender is: its first
+        # data elicits the SETUP.
+        late_port = free_port()
+        late = clients[1].add_subscription(f"aeron:udp?endpoint=127.0.0.1:{late_port}", STREAM)
+        publication.add_destination(f"aeron:udp?endpoint=127.0.0.1:{late_port}")
+        wait_for(lambda: late.images, timeout=10, what="the late destination joined")
+        assert late.images[0].join_position == publication.position
+        collectors.append(Collector(late))
+        kept = [collectors[0], collectors[1], collectors[3]]
+        stream(publication, kept, 2_000, lambda i: 100, first=22_000)
+        kept[2].assert_exactly(2_000, first=22_000)
+        assert _destinations_counter(sender) == 3
     finally:
         for client in clients:
             client.close()
