@@ -13,6 +13,7 @@ from helpers import Collector, counters_of, free_port, stream, wait_for
 
 from slipstream.client import ChannelRejectedError, Client, control
 from slipstream.client.counters import CountersFile, CounterType
+from slipstream.daemon.ops.metrics import CountersCollector
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,6 +51,10 @@ def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
         wait_for(lambda: all(s.images for s in subscriptions) and publication.is_connected,
                  timeout=10, what="every destination has an image")
         assert _destinations_counter(sender) == 3
+        [family] = [f for f in CountersCollector(sender.directory).collect()
+                    if f.name == "slipstream_mdc_destinations"]
+        assert [(s.labels, s.value) for s in family.samples] == [
+            ({"channel": "aeron:udp?control-mode=manual|term-length=64k|fc=min"}, 3)]
         collectors = [Collector(s) for s in subscriptions]
         stream(publication, collectors, 20_000, lambda i: (32, 1376, 5000)[i % 3])
         for collector in collectors:

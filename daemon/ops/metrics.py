@@ -97,6 +97,9 @@ class CountersCollector(Collector):
             "slipstream_flow_control_receivers",
             "Receivers min / tagged flow control holds each publication to",
             labels=["channel", "stream", "session"])
+        destinations = GaugeMetricFamily(
+            "slipstream_mdc_destinations",
+            "Destinations of each multi-destination-cast send endpoint", labels=["channel"])
         image_labels = ["channel", "stream", "session", "source"]
         # An image's congestion-control counters by label kind, as their strategies declare
         # them: (family, scale to its unit).
@@ -160,6 +163,8 @@ class CountersCollector(Collector):
                               else receivers)
                     family.add_metric([parsed.channel, str(parsed.stream_id),
                                        str(parsed.session_id)], info.value)
+            elif info.type_id == CounterType.MDC_DESTINATIONS:
+                destinations.add_metric([info.label.partition(": ")[2]], info.value)
             elif info.type_id == CounterType.PER_IMAGE_INDICATOR:
                 parsed = parse_position_label(info.label)
                 if parsed is not None and parsed.kind in congestion:
@@ -178,6 +183,7 @@ class CountersCollector(Collector):
         yield from pressure.values()
         yield rate_limits
         yield receivers
+        yield destinations
         for family, _ in congestion.values():
             yield family
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
