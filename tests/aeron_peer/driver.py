@@ -141,7 +141,9 @@ class AeronDriver:
         return f"AeronDriver({str(self.directory)!r}, pid={pid})"
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> AeronDriver:
+    def start(self, *, wait: bool = True) -> AeronDriver:
+        """Start the driver and wait until it is ready; ``wait=False`` returns once the java
+        process runs (to start several drivers side by side), and :meth:`wait_ready` waits."""
         if self.process is not None:
             raise AeronError(f"{self!r} already started")
         existing = read_cnc(self.directory)
@@ -150,12 +152,18 @@ class AeronDriver:
         self.process = JavaProcess(f"MediaDriver[{self.directory.name}]",
                                    "io.aeron.driver.MediaDriver", self.properties,
                                    jvm_args=self.jvm_args)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        """Wait until the started driver is ready (see the module docstring); stop it and
+        raise if it does not get there within ``start_timeout``."""
         try:
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _wait_ready(self) -> None:
         assert self.process is not None
