@@ -14,7 +14,9 @@ from slipstream.daemon.cli import int_at_least, non_negative_number
 from slipstream.sim.host import CommandRefusedError
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.scenario import (
+    MDC_CONTROL_PORT,
     MIN_MESSAGE_SIZE,
+    TRANSPORTS,
     Event,
     Scenario,
     ScenarioError,
@@ -71,6 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--hosts", type=int_at_least(2), metavar="N",
         help=f"hosts: 1 publisher + N-1 subscribers; unicast when N = 2, multicast above "
              f"(default: {DEFAULTS['hosts']})")
+    add("--transport", choices=TRANSPORTS,
+        help=f"how the stream reaches the subscribers: multicast (unicast when N = 2), or mdc: "
+             f"dynamic multi-destination-cast, every subscriber joining at host 1's control "
+             f"address (10.0.0.1:{MDC_CONTROL_PORT}) (default: multicast)")
     add("--loss", type=_probability, metavar="P",
         help="random loss: probability that a datagram is dropped, 0..1 (default: 0)")
     add("--burst-loss", type=_burst, metavar="P,R",
@@ -182,7 +188,7 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
         hosts=DEFAULTS["hosts"], messages=DEFAULTS["messages"], size=DEFAULTS["size"],
         seed=DEFAULTS["seed"], faults=LinkFaults(delay_ms=DEFAULTS["delay"]))
     changes: dict[str, object] = {}
-    for name in ("hosts", "messages", "size", "seed"):
+    for name in ("hosts", "messages", "size", "seed", "transport"):
         value = getattr(args, name)
         if value is not None:
             changes[name] = value

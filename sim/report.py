@@ -57,6 +57,9 @@ class Report:
     drops: list[tuple[int, int]] = attrs.field(factory=list)
     #: ``(t_ns, snd-lmt, send-rate limit in bytes/s or 0)``, sampled with the positions.
     limits: list[tuple[int, int, int]] = attrs.field(factory=list)
+    #: ``(t_ns, destinations)`` of the publisher's multi-destination-cast endpoint (its
+    #: ``mdc-destinations`` counter), sampled with the positions (``transport = "mdc"``).
+    destinations: list[tuple[int, int]] = attrs.field(factory=list)
     #: Per subscriber: the longest virtual time between two deliveries (ns).
     longest_gaps_ns: list[int] = attrs.field(factory=list)
     #: Per subscriber: of ``missing``, the messages before the first it got (it joined late),

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from slipstream.client.channel import parse_channel
-from slipstream.client.counters import SystemCounter
+from slipstream.client.counters import CounterType, SystemCounter
 from slipstream.client.errors import ChannelError
 from slipstream.client.layout import DATA_HEADER, HDR_TYPE_DATA, HEADER_LENGTH, max_message_length
 from slipstream.daemon.config import DriverSettings
@@ -88,6 +88,9 @@ class Simulation:
             self.drops: list[tuple[int, int]] = []
             #: ``(t_ns, snd-lmt, send-rate limit or 0)``, sampled with the positions.
             self.limits: list[tuple[int, int, int]] = []
+            #: ``(t_ns, mdc-destinations)``, sampled with the positions (transport = "mdc").
+            self.destinations: list[tuple[int, int]] = []
+            self._destinations_counter: tuple[int, int] | None = None
             self.completed = False
             self.wall_seconds = 0.0
             for index in range(1, scenario.hosts + 1):
@@ -189,6 +192,27 @@ class Simulation:
         self.samples.append((self.loop.now_ns, sender, subs))
         if pub is not None and self.publisher.up:
             self.limits.append((self.loop.now_ns, pub.sender_limit, pub.c.rate_limit))
+            count = self.destination_count()
+            if count is not None:
+                self.destinations.append((self.loop.now_ns, count))
+
+    def destination_count(self) -> int | None:
+        """The publisher's ``mdc-destinations`` counter: how many destinations its
+        multi-destination-cast endpoint has now (None: it has none such, or is down)."""
+        driver = self.publisher.driver
+        if driver is None or not self.scenario.is_mdc:
+            return None
+        incarnation = self.publisher.incarnation
+        cached = self._destinations_counter  # (incarnation, counter id)
+        info = (driver.counters.info(cached[1])
+                if cached is not None and cached[0] == incarnation else None)
+        if info is None or info.type_id != CounterType.MDC_DESTINATIONS:
+            info = next((each for each in driver.counters
+                         if each.type_id == CounterType.MDC_DESTINATIONS), None)
+            if info is None:
+                return None
+            self._destinations_counter = (incarnation, info.counter_id)
+        return info.value
 
     def _on_network_event(self, now_ns: int, event: str, source: Address,
                           destination: Address, data: bytes) -> None:
@@ -277,6 +301,7 @@ class Simulation:
             samples=self.samples,
             drops=self.drops,
             limits=self.limits,
+            destinations=self.destinations,
         )
 
 

@@ -6,6 +6,8 @@ and reports a bad value as :class:`ScenarioError` naming the key.  The file form
     [scenario]
     hosts = 3              # host 1 (10.0.0.1) publishes, hosts 2..N (10.0.0.N) subscribe;
                            # unicast when hosts = 2, multicast (224.0.1.1:40456) above
+    transport = "mdc"      # or "multicast" (the default): dynamic multi-destination-cast,
+                           # each subscriber joins at host 1's control address (10.0.0.1:40124)
     messages = 20000       # messages to publish
     size = 1024            # bytes per message (>= 16: publisher id and sequence number)
     seed = 7               # every random choice derives from it
@@ -73,9 +75,16 @@ import attrs
 from slipstream.client.channel import PUBLICATION_ONLY_KEYS, SUBSCRIPTION_ONLY_KEYS
 from slipstream.sim.network import LinkFaults
 
-#: Where subscribers listen (unicast) and the multicast data group.
+#: Where subscribers listen (unicast, and each one's endpoint under MDC) and the multicast data
+#: group.
 UNICAST_PORT: Final = 40123
 MULTICAST_GROUP: Final = ("224.0.1.1", 40456)
+#: Under ``transport = "mdc"``: the port of host 1's control address, which its dynamic
+#: multi-destination-cast publication binds and its subscribers send their status messages to.
+MDC_CONTROL_PORT: Final = 40124
+#: The transports of a scenario: ``multicast`` (unicast when hosts = 2, a multicast group
+#: above) or ``mdc`` (dynamic multi-destination-cast: no multicast, whatever the hosts).
+TRANSPORTS: Final = ("multicast", "mdc")
 ACTIONS: Final = ("partition", "crash", "restart", "faults", "pause")
 MIN_MESSAGE_SIZE: Final = 16
 
@@ -132,6 +141,10 @@ class Scenario:
     read_rates: tuple[tuple[int, float], ...] = ()
     #: (host, extra channel URI parameters) of subscribers whose URI adds some (``gtag=``).
     subscriber_params: tuple[tuple[int, str], ...] = ()
+    #: One of :data:`TRANSPORTS`: ``multicast`` (unicast with 2 hosts) or ``mdc`` (host 1
+    #: publishes with ``control-mode=dynamic`` at its control address, each subscriber at its
+    #: own endpoint with ``control=`` that address).
+    transport: str = "multicast"
 
     def read_rate(self, index: int) -> float:
         """Messages per virtual second host ``index``'s subscriber reads (0: all it can)."""
@@ -143,6 +156,9 @@ class Scenario:
                                 f"not {self.hosts}")
         if self.hosts > 254:
             raise ScenarioError(f"hosts: at most 254, not {self.hosts}")
+        if self.transport not in TRANSPORTS:
+            raise ScenarioError(f"transport: {self.transport!r} is not one of "
+                                f"{', '.join(TRANSPORTS)}")
         if self.messages < 0:
             raise ScenarioError(f"messages: must be >= 0, not {self.messages}")
         if self.size < MIN_MESSAGE_SIZE:
@@ -194,15 +210,32 @@ class Scenario:
             raise ScenarioError(f"{key}: host {index} is not one of 1..{self.hosts}")
 
     @property
+    def is_mdc(self) -> bool:
+        """The stream goes by dynamic multi-destination-cast (``transport = "mdc"``)."""
+        return self.transport == "mdc"
+
+    @property
     def is_multicast(self) -> bool:
-        return self.hosts > 2
+        return self.hosts > 2 and not self.is_mdc
+
+    @property
+    def data_port(self) -> int:
+        """The port the stream's DATA arrives at on a subscriber host."""
+        return MULTICAST_GROUP[1] if self.is_multicast else UNICAST_PORT
 
     def channel_uri(self, index: int, address: str | None = None,
-                    destination: str | None = None) -> str:
-        """The channel URI as host ``index`` uses it (its own interface for multicast), with
-        the scenario's parameters and, for a subscriber, its own; ``address`` is host
-        ``index``'s and ``destination`` host 2's (default: the simulator's 10.0.0.N)."""
-        if self.is_multicast:
+                    destination: str | None = None, publisher: str | None = None) -> str:
+        """The channel URI as host ``index`` uses it (its own interface for multicast, its own
+        endpoint under MDC), with the scenario's parameters and, for a subscriber, its own;
+        ``address`` is host ``index``'s, ``destination`` host 2's and ``publisher`` host 1's,
+        whose control address MDC subscribers name (default: the simulator's 10.0.0.N)."""
+        if self.is_mdc and index == 1:
+            uri = (f"aeron:udp?control={publisher or address or host_ip(1)}:{MDC_CONTROL_PORT}"
+                   f"|control-mode=dynamic")
+        elif self.is_mdc:
+            uri = (f"aeron:udp?endpoint={address or host_ip(index)}:{UNICAST_PORT}"
+                   f"|control={publisher or host_ip(1)}:{MDC_CONTROL_PORT}")
+        elif self.is_multicast:
             uri = (f"aeron:udp?endpoint={MULTICAST_GROUP[0]}:{MULTICAST_GROUP[1]}"
                    f"|interface={address or host_ip(index)}")
         else:
@@ -220,7 +253,7 @@ class Scenario:
 
 _FAULT_KEYS: Final = {f.name for f in attrs.fields(LinkFaults)}
 _SCENARIO_KEYS: Final = {"hosts", "messages", "size", "seed", "channel", "publish_rate",
-                         "max_virtual_s", "initially_down", "stream_id"}
+                         "max_virtual_s", "initially_down", "stream_id", "transport"}
 
 
 def _host_index(key: str, value: Any, hosts: int) -> int:
@@ -297,6 +330,10 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
     channel = head.get("channel", "")
     if not isinstance(channel, str):
         raise ScenarioError(f"scenario.channel: expected a string, not {channel!r}")
+    transport = head.get("transport", "multicast")
+    if transport not in TRANSPORTS:
+        raise ScenarioError(f"scenario.transport: {transport!r} is not one of "
+                            f"{', '.join(repr(t) for t in TRANSPORTS)}")
     faults = make_faults("faults", _fault_values("faults", data.get("faults", {})))
     links = []
     for i, table in enumerate(data.get("link", [])):
@@ -403,6 +440,7 @@ def scenario_from_mapping(data: Mapping[str, Any], *, source: str = "scenario") 
         settings=settings,
         read_rates=tuple(read_rates),
         subscriber_params=tuple(subscriber_params),
+        transport=transport,
     )
 
 

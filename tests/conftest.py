@@ -188,6 +188,7 @@ MODULE_LANES = {
     "test_systemd_boot": "hosts",
     "test_udp": "sockets",
     "test_mdc": "sockets",
+    "test_mdc_hosts": "hosts",
     "test_udp_failures": "sockets",
     "test_udp_untethered": "sockets",
 }
@@ -227,6 +228,9 @@ TEST_LANES = {
     },
     "test_flow_hosts": {
         "test_a_host_run_refuses_what_real_links_cannot_do_by_name": "unit",
+    },
+    "test_mdc_hosts": {
+        "test_a_host_run_gives_a_publisher_link_its_own_loss_and_refuses_the_rest_by_name": "unit",
     },
     "test_installed_package": {
         "test_another_user_can_run_the_installed_package": "hosts",

@@ -121,7 +121,7 @@ def test_plot_writes_a_png(capsys, tmp_path):
     (["--partition", "100:400000"], "--partition: it ends at 400000 ms, after the run's "
                                     "max_virtual_s"),
     # Refused by the simulated driver itself, not by the URI parser: exit 2, no traceback.
-    (["--channel", "tether=false", "--messages", "10"], "tether"),
+    (["--channel", "tags=5", "--messages", "10"], "tags"),
 ])
 def test_bad_arguments_name_the_option(capsys, argv, named):
     status, out, err = sim(capsys, *argv)

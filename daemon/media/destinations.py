@@ -2,7 +2,7 @@
 
 A channel with ``control-mode=manual`` or ``control-mode=dynamic`` has no one endpoint: its send
 endpoint sends every datagram (data, retransmissions, heartbeats, SETUP) to each destination of
-its :class:`DestinationTable` (docs/PROTOCOL.md §7.3).
+its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).
 
 * **manual**: the publication's ``add_destination`` / ``remove_destination`` change the list;
   nothing else does, and a destination stays until it is removed.

@@ -352,13 +352,16 @@ class NamespaceHosts:
 
     # -- faults ----------------------------------------------------------------------------
     def drop(self, index: int, *, port: int | None = None, probability: float | None = None,
-             burst: tuple[int, int] | None = None, protocol: str = "udp") -> None:
-        """Drop packets of ``protocol`` arriving at host ``index`` (to ``port``, or any): at
-        random with ``probability``, or ``burst=(length, every)``: ``length`` consecutive
-        packets out of every ``every``."""
+             burst: tuple[int, int] | None = None, protocol: str = "udp",
+             source: int | None = None) -> None:
+        """Drop packets of ``protocol`` arriving at host ``index`` (to ``port``, or any; from
+        host ``source``, or any): at random with ``probability``, or ``burst=(length,
+        every)``: ``length`` consecutive packets out of every ``every``."""
         ensure_iptables()
         host = self[index]
         match = ["-p", protocol] + (["--dport", str(port)] if port is not None else [])
+        if source is not None:
+            match += ["-s", self[source].address]
         if probability is not None:
             host.run("iptables", "-A", "INPUT", *match, "-m", "statistic", "--mode", "random",
                      "--probability", f"{probability}", "-j", "DROP")

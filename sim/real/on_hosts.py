@@ -8,13 +8,20 @@ host 1's application publishes ``messages`` at ``publish_rate``, each other host
 real seconds, so ``--plot`` draws the same figure from a host run.
 
 What a real link can be given here is what the kernel has (no netem): ``faults.loss`` drops
-that share of datagrams at random with ``iptables -m statistic`` (DATA arriving at each
-subscriber host, and everything arriving at the publisher's), ``faults.rate_mbit`` is a ``tbf``
-on the publisher's veth (its uplink: the stream's bottleneck). Events: ``pause`` (a subscriber
-stops reading), ``crash`` (its driver is killed, SIGKILL) and ``partition`` (iptables between
-the side and the rest, healed at ``end_ms``). Any other fault or event is refused by name
-(:class:`ScenarioError`), except a delay or jitter, which the run leaves to the veths (and
-says so): reordering and delay need the relay, which carries one stream only.
+that share of datagrams at random with ``iptables -m statistic`` (DATA from the publisher
+arriving at each subscriber host, and everything from a subscriber arriving at the
+publisher's), ``faults.rate_mbit`` is a ``tbf`` on the publisher's veth (its uplink: the
+stream's bottleneck). A ``[[link]]`` between the publisher and a subscriber may give that
+direction a loss of its own (the same rules, for that host only). Events: ``pause`` (a
+subscriber stops reading), ``crash`` (its driver is killed, SIGKILL) and ``partition``
+(iptables between the side and the rest, healed at ``end_ms``). Any other fault or event is
+refused by name (:class:`ScenarioError`), except a delay or jitter, which the run leaves to the
+veths (and says so): reordering and delay need the relay, which carries one stream only.
+
+Under ``transport = "mdc"`` host 1's publication is bound to its control address on its own
+veth (``control=<host 1>:MDC_CONTROL_PORT|control-mode=dynamic``) and each subscriber joins
+it from its own address (``endpoint=<its address>:UNICAST_PORT|control=<host 1>:...``); the
+report's ``destinations`` sample the publisher's ``mdc-destinations`` counter.
 
 :func:`share_one_link` is the other host scenario: two streams from one host to another
 through one ``tbf`` bottleneck (how congestion control shares it).
@@ -29,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
@@ -37,6 +45,7 @@ import attrs
 from slipstream.client import Client, control
 from slipstream.client.counters import (
     CountersFile,
+    CounterType,
     SystemCounter,
     parse_position_label,
     read_system_counters,
@@ -48,7 +57,6 @@ from slipstream.sim.network import LinkFaults
 from slipstream.sim.real.hosts import NamespaceHosts
 from slipstream.sim.report import Report, subscriber_fields
 from slipstream.sim.scenario import (
-    MULTICAST_GROUP,
     UNICAST_PORT,
     Event,
     Scenario,
@@ -88,8 +96,16 @@ def check_applicable(scenario: Scenario) -> list[str]:
         raise ScenarioError(
             f"faults.{field.name}: a host run applies only {', '.join(APPLIED_FAULTS)} "
             f"(the kernel here has no netem; reordering needs the relay)")
-    if scenario.links:
-        raise ScenarioError("link: a host run applies faults to every subscriber alike")
+    for link in scenario.links:
+        if 1 not in (link.src, link.dst):
+            raise ScenarioError(f"link: a host run applies a link's faults between the "
+                                f"publisher (host 1) and a subscriber only, not from "
+                                f"{link.src} to {link.dst}")
+        for field in attrs.fields(LinkFaults):
+            if field.name != "loss" and getattr(link.faults, field.name) != getattr(
+                    scenario.faults, field.name):
+                raise ScenarioError(f"link.{field.name}: a host run gives a link a loss of "
+                                    f"its own, nothing else ([faults] is every link's)")
     if scenario.initially_down:
         raise ScenarioError("scenario.initially_down: a host run starts every host")
     for event in scenario.events:
@@ -152,7 +168,17 @@ def _settings(scenario: Scenario) -> dict[str, Any]:
 
 
 def _channel(scenario: Scenario, hosts: NamespaceHosts, index: int) -> str:
-    return scenario.channel_uri(index, hosts[index].address, hosts[2].address)
+    return scenario.channel_uri(index, hosts[index].address, hosts[2].address,
+                                publisher=hosts[1].address)
+
+
+def link_loss(scenario: Scenario, src: int, dst: int) -> float:
+    """The loss of the direction from host ``src`` to host ``dst``: its ``[[link]]``'s (the
+    last one given, as in the simulator), or else that of ``[faults]``."""
+    for link in reversed(scenario.links):
+        if (link.src, link.dst) == (src, dst):
+            return link.faults.loss
+    return scenario.faults.loss
 
 
 def _sender_counters(counters: CountersFile, session_id: int) -> dict[str, int]:
@@ -164,6 +190,15 @@ def _sender_counters(counters: CountersFile, session_id: int) -> dict[str, int]:
                 "snd-pos", "snd-lmt", "snd-rate"):
             found[label.kind] = info.counter_id
     return found
+
+
+def _stop_all(drivers: list[Any]) -> None:
+    """Stop ``drivers`` at once (each drains on its own; one after another, five took 2.5 s);
+    what fails here is left to the hosts' close(), which stops them again."""
+    with ThreadPoolExecutor(len(drivers)) as pool:
+        for future in [pool.submit(driver.stop) for driver in drivers]:
+            with contextlib.suppress(Exception):
+                future.result()
 
 
 def run_on_hosts(scenario: Scenario, *, sample_interval_ns: int | None = None) -> Report:
@@ -187,7 +222,13 @@ class _Run:
         self.hosts = hosts
         self.sample_interval = sample_interval_ns / 1e9 if sample_interval_ns else None
         settings = _settings(scenario)
-        self.drivers = [hosts.start_driver(i, **settings) for i in range(1, scenario.hosts + 1)]
+        # All at once: a driver's start is mostly its interpreter's imports (five one after
+        # another took 16 s of a busy 2-core machine, 6 s at once).  One that fails raises
+        # here once all have started, and the hosts' close() stops every one.
+        with ThreadPoolExecutor(scenario.hosts) as pool:
+            self.drivers = list(pool.map(lambda i: hosts.start_driver(i, **settings),
+                                         range(1, scenario.hosts + 1)))
+        stack.callback(_stop_all, self.drivers)  # after the clients and counters below
         self.counters = [stack.enter_context(contextlib.closing(CountersFile(
             Path(d.directory) / control.COUNTERS_FILE, writable=False))) for d in self.drivers]
         clients = [stack.enter_context(Client.connect(d.directory)) for d in self.drivers]
@@ -201,6 +242,8 @@ class _Run:
             raise ScenarioError(f"size: {scenario.size} bytes exceeds the maximum message "
                                 f"length of term length {self.publication.term_length}")
         self.sender_counters: dict[str, int] = {}  # snd-pos, snd-lmt, snd-rate: their ids
+        self.destinations_counter: int | None = None  # mdc-destinations (transport = "mdc")
+        self.destinations: list[tuple[int, int]] = []
         self.samples: list[tuple[int, int | None, list[int | None]]] = []
         self.limits: list[tuple[int, int, int]] = []
         self.sent = 0
@@ -213,14 +256,21 @@ class _Run:
                 raise TimeoutError(f"the stream did not connect in {CONNECT_TIMEOUT_S:.0f} s")
             time.sleep(0.01)
         self.sender_counters = _sender_counters(self.counters[0], self.publication.session_id)
+        if self.scenario.is_mdc:
+            self.destinations_counter = next(
+                (info.counter_id for info in self.counters[0]
+                 if info.type_id == CounterType.MDC_DESTINATIONS), None)
 
     def _apply_faults(self) -> None:
-        faults = self.scenario.faults
-        data_port = MULTICAST_GROUP[1] if self.scenario.is_multicast else UNICAST_PORT
-        if faults.loss:
-            for sub in self.subscribers:
-                self.hosts.drop(sub.index, port=data_port, probability=faults.loss)
-            self.hosts.drop(1, probability=faults.loss)
+        scenario = self.scenario
+        faults = scenario.faults
+        for sub in self.subscribers:
+            down = link_loss(scenario, 1, sub.index)  # DATA (and SETUP, ...) to it
+            if down:
+                self.hosts.drop(sub.index, port=scenario.data_port, probability=down, source=1)
+            up = link_loss(scenario, sub.index, 1)  # its SMs and NAKs (and signals)
+            if up:
+                self.hosts.drop(1, probability=up, source=sub.index)
         if faults.rate_mbit:
             self.hosts.rate_limit(1, faults.rate_mbit)
 
@@ -236,6 +286,8 @@ class _Run:
         if "snd-lmt" in ids:
             self.limits.append((t_ns, publisher.get(ids["snd-lmt"]),
                                 publisher.get(ids["snd-rate"]) if "snd-rate" in ids else 0))
+        if self.destinations_counter is not None:
+            self.destinations.append((t_ns, publisher.get(self.destinations_counter)))
 
     def _fire(self, event: Event, now: float) -> None:
         if event.action == "pause":
@@ -339,6 +391,7 @@ class _Run:
             counters=counters,
             samples=self.samples,
             limits=self.limits,
+            destinations=self.destinations,
             clock="real",
         )
 
