@@ -765,12 +765,16 @@ int64_t ss_offer_block(ss_appender_t *a, const uint8_t *block, int32_t length) {
     if (position >= a->max_position) return ss_refine(a, SS_MAX_POSITION_EXCEEDED);
     if (length > a->term_length - offset) return SS_INVALID_BATCH;
     if (position >= LOAD_ACQ(a->publication_limit)) return ss_refine(a, SS_BACK_PRESSURED);
-    /* The caller's memory: every field is checked before the block goes in. */
+    /* The caller's memory: every field is checked before the block goes in, and the first
+     * frame's length, which publishes it, is the one checked (another thread may write the
+     * buffer meanwhile: its bytes are the caller's to keep still). */
+    int32_t first_length = 0;
     for (int32_t at = 0; at < length;) {
         const uint8_t *frame = block + at;
         int32_t frame_length;
         memcpy(&frame_length, frame, 4);
         if (frame_length < SS_HEADER_LENGTH || frame_length > length - at) return SS_INVALID_BATCH;
+        if (at == 0) first_length = frame_length;
         const int32_t aligned = align32(frame_length);
         uint16_t type;
         int32_t term_offset, session_id, stream_id, frame_term_id;
@@ -791,8 +795,6 @@ int64_t ss_offer_block(ss_appender_t *a, const uint8_t *block, int32_t length) {
         if (at > length) return SS_INVALID_BATCH; /* the last frame's padding is the block's */
     }
     uint8_t *to = a->log + (int64_t)index * a->term_length + offset;
-    int32_t first_length;
-    memcpy(&first_length, block, 4);
     /* All but the first frame's length, which publishes the block once the tail moved. */
     memcpy(to + 4, block + 4, (size_t)length - 4);
     if (!__atomic_compare_exchange_n(tail, &raw, raw + length, 0, __ATOMIC_SEQ_CST,

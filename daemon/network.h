@@ -160,6 +160,7 @@ typedef struct {
     uint8_t destination[128];     /* SS_SOCKADDR_MAX (cffi wants a literal here) */
     const ss_destination_list_t *destinations; /* multi-destination-cast: the endpoint's
                                    * table, which replaces destination (NULL: not MDC) */
+    uint32_t next_destination;    /* where the next send starts in it (round robin) */
     int32_t retransmit_count;     /* spans of the log to send again (answers to NAKs), sent
                                    * ahead of new data by the next ss_send_data */
     ss_span_t retransmits[256];   /* SS_RETRANSMIT_MAX */

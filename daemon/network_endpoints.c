@@ -22,35 +22,64 @@
 
 #include <errno.h>
 
+/* The bytes of the first `taken` messages. */
+static int64_t bytes_of(const struct mmsghdr *messages, int taken) {
+    int64_t bytes = 0;
+    for (int i = 0; i < taken; i++)
+        for (size_t v = 0; v < messages[i].msg_hdr.msg_iovlen; v++)
+            bytes += (int64_t)messages[i].msg_hdr.msg_iov[v].iov_len;
+    return bytes;
+}
+
+static int carries_gso(const struct mmsghdr *messages, uint32_t message_count) {
+    for (uint32_t i = 0; i < message_count; i++)
+        if (messages[i].msg_hdr.msg_controllen > 0) return 1;
+    return 0;
+}
+
 static int send_to_destinations(ss_send_publication_t *p, struct mmsghdr *messages,
                                 uint32_t message_count) {
     const ss_destination_list_t *list = p->destinations;
-    int fewest = (int)message_count;
-    int failed = 0, error = 0;
-    for (int32_t d = 0; d < list->count; d++) {
+    const int32_t count_of = list->count;
+    if (count_of <= 0) return (int)message_count;
+    const uint32_t start = p->next_destination++ % (uint32_t)count_of;
+    int most = -1, full = 0, failed = 0, error = 0, shorter = 0;
+    int64_t bytes = 0;
+    for (int32_t k = 0; k < count_of; k++) {
+        const ss_destination_t *d = &list->entries[(start + (uint32_t)k) % (uint32_t)count_of];
         for (uint32_t i = 0; i < message_count; i++) {
-            messages[i].msg_hdr.msg_name = list->entries[d].address;
-            messages[i].msg_hdr.msg_namelen = (socklen_t)list->entries[d].length;
+            messages[i].msg_hdr.msg_name = (void *)d->address;
+            messages[i].msg_hdr.msg_namelen = (socklen_t)d->length;
         }
         const int rc = sendmmsg(p->fd, messages, message_count, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (rc >= 0) {
-            if (rc < fewest) fewest = rc;
+            if (rc < (int)message_count) shorter++;
+            if (rc > most) most = rc;
+            bytes += bytes_of(messages, rc);
         } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
-            fewest = 0; /* the socket is full: all of it again, later */
-        } else if (errno == EMSGSIZE || errno == EINVAL || errno == EIO) {
+            full++;
+        } else if ((errno == EMSGSIZE || errno == EINVAL || errno == EIO) && p->gso &&
+                   carries_gso(messages, message_count)) {
             return -1; /* the path refused GSO: its caller sends again without */
         } else {
             failed++;
             error = errno;
         }
     }
-    if (failed == 0) return fewest;
-    errno = error;
-    if (failed == list->count) return -1; /* its caller counts it */
-    count(p->send_errors, failed);
-    p->last_errno = error;
-    p->notice = 1; /* Python logs it */
-    return fewest;
+    if (failed > 0) {
+        if (most >= 0 || full > 0) count(p->send_errors, failed); /* else its caller counts */
+        if (error != p->last_errno) p->notice = 1; /* Python logs it */
+        p->last_errno = error;
+    }
+    if (most < 0) {
+        errno = full > 0 ? EAGAIN : error;
+        return -1;
+    }
+    /* The callers count the short send of the whole and the bytes of `most` messages once. */
+    if (full + shorter > (most < (int)message_count ? 1 : 0))
+        count(p->short_sends, full + shorter - (most < (int)message_count ? 1 : 0));
+    count(p->bytes_sent, bytes - bytes_of(messages, most));
+    return most;
 }
 
 int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,

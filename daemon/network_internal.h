@@ -44,13 +44,19 @@ static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2)
  * endpoint's destination (the connected peer when destination_length is 0).  Returns what
  * sendmmsg returns: the messages sent (a full socket takes the first ones), or -1 (errno).
  *
- * Multi-destination-cast (p->destinations): the same messages to every destination, and the
- * fewest any destination took is what was sent (the rest go again to all; a receiver drops
- * what it has).  With no destinations every message counts as sent.  A destination the
- * kernel refuses outright (unreachable, filtered) costs the others nothing: it is left out of
- * that count, and its error counted here (send_errors, last_errno, notice), since its callers
- * see only the whole; -1 when every destination failed, or at once for an error that every
- * destination would meet (the path refusing GSO, which its caller answers). */
+ * Multi-destination-cast (p->destinations): the same messages to every destination, starting
+ * one further along the table at each call, and the most any destination took is what was
+ * sent: a destination that took fewer (its share of a full socket) lost the rest, which its
+ * receiver asks for again (NAKs), as a datagram lost on the way; resending to all until the
+ * slowest took everything would starve the stream once the socket fills.  With no
+ * destinations every message counts as sent.  A destination the kernel refuses outright
+ * (unreachable, filtered, a bad address) costs the others nothing.  Counted here, since the
+ * callers see only the whole: the short sends and errors of single destinations (the last
+ * errno, and a notice for Python when it is a new one), and the bytes of each destination
+ * beyond the one the callers count.  -1 when no destination took anything (errno EAGAIN when
+ * one found the socket full, else the last error), or at once for an error every destination
+ * would meet (the path refusing GSO on a message that carries UDP_SEGMENT: its caller
+ * answers). */
 SS_INTERNAL int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,
                                      uint32_t message_count);
 

@@ -36,6 +36,10 @@ from slipstream.daemon.streams.publication import NetworkPublication, SenderPosi
 
 S = 1_000_000_000
 ADDRESSES = [("127.0.0.1", 40000 + i) for i in range(4)] + [("::1", 40100), ("10.0.0.3", 9)]
+#: Sources a dynamic table never learns: another IP version, port 0, a group, the broadcast
+#: address, the wildcard.
+NOT_DESTINATIONS = [("::1", 40100), ("127.0.0.1", 0), ("224.0.1.1", 40000),
+                    ("255.255.255.255", 9), ("0.0.0.0", 9)]
 
 
 def c_addresses(table: DestinationTable) -> list[Address]:
@@ -46,7 +50,7 @@ def c_addresses(table: DestinationTable) -> list[Address]:
 
 
 operations = st.lists(st.tuples(st.sampled_from(["add", "remove", "sm", "expire"]),
-                                st.sampled_from(ADDRESSES),
+                                st.sampled_from(ADDRESSES + NOT_DESTINATIONS),
                                 st.integers(min_value=0, max_value=3 * S)), max_size=40)
 
 
@@ -66,12 +70,13 @@ def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops)
             assert table.remove(address) == (address in model)
             model.pop(address, None)
         elif op == "sm":
-            new = table.on_status_message(address, 7, now)
-            if mode is ControlMode.DYNAMIC:
+            new = table.on_status_message(address, now)
+            if mode is ControlMode.DYNAMIC and (address in model
+                                                or address not in NOT_DESTINATIONS):
                 assert new == (address not in model)
                 model[address] = now
-            else:
-                assert not new  # a manual table learns nothing from status messages
+            else:  # a manual table learns nothing from status messages, nor from a bad source
+                assert not new
         else:
             gone = table.expire(now)
             expected = ([a for a, seen in model.items() if now - seen >= DESTINATION_TIMEOUT_NS]
@@ -114,9 +119,10 @@ def _publication(shm: Path, counters: LocalCounters) -> NetworkPublication:
 def test_a_dynamic_endpoint_learns_only_from_status_messages_that_name_its_streams(
         shm: Path) -> None:
     """A setup-eliciting SM (session 0, stream 0 or the stream's id) and an SM of one of its
-    publications make their source a destination; an SM of a session it does not have (a
-    forged one) is counted and teaches nothing, and its publications take the SMs C would
-    otherwise take (``sm_in_c`` stays off: every SM keeps a destination alive)."""
+    publications make their source a destination, unless it is no address to send to; an SM
+    of a session it does not have (a forged one) is counted and teaches nothing, and its
+    publications take the SMs C would otherwise take (``sm_in_c`` stays off: every SM keeps a
+    destination alive)."""
     counters = LocalCounters()
     table = DestinationTable(ControlMode.DYNAMIC)
     channel = SendChannel(counters=counters, destinations=table)
@@ -132,9 +138,14 @@ def test_a_dynamic_endpoint_learns_only_from_status_messages_that_name_its_strea
     channel.on_control(other_stream.encode(), forger, 2)
     assert table.addresses == [] and counters[SystemCounter.UNMATCHED_STATUS_MESSAGES] == 2
 
+    # A joining receiver is a destination; its session-0 SM elicits no SETUP (its data
+    # will, per session it wants): a SETUP here would hold fc=min for streams it never takes.
     elicit = StatusMessage(0, 0, 0, 0, 0, 1, SM_SEND_SETUP_FLAG)
+    for bad_source in (("127.0.0.1", 0), ("224.0.1.1", 5000), ("::1", 5000)):
+        channel.on_control(elicit.encode(), bad_source, 3)
+    assert table.addresses == [] and counters[SystemCounter.INVALID_PACKETS] == 3
     channel.on_control(elicit.encode(), joining, 3)
-    assert table.addresses == [joining] and publication.is_setup_elicited
+    assert table.addresses == [joining] and not publication.is_setup_elicited
     sm = StatusMessage(5, 6, 10, 0, 65536, 2, 0)
     channel.on_control(sm.encode(), member, 4)
     assert table.addresses == [joining, member]

@@ -530,12 +530,15 @@ def test_offer_block_refuses_a_block_that_is_not_whole_frames_of_its_own(client:
         connect(publication, subscription)
         position = publication.position
         good = _block(publication, [(0, 200), (1, 300)])
-        pad_inside = _block(publication, [(0, 200)]) + _DATA_HEADER.pack(
-            64, 0, UNFRAGMENTED, HDR_TYPE_PAD, (position & 0xFFFF) + 256,
-            publication.session_id, stream_id, 0, 0) + bytes(32)
+        first = _block(publication, [(0, 200)])
+        term_id = _DATA_HEADER.unpack_from(first)[7]
+        pad_inside = first + _DATA_HEADER.pack(
+            64, 0, UNFRAGMENTED, HDR_TYPE_PAD, (position & (publication.term_length - 1))
+            + len(first), publication.session_id, stream_id, term_id, 0) + bytes(32)
+        too_long = _block(publication, [(0, publication._log.mtu - HEADER_LENGTH + 8)])
         for bad in (_block(publication, [(0, 200)], session_id=publication.session_id + 1),
                     _block(publication, [(0, 200)], offset_error=32), good[:-32], good[:40],
-                    pad_inside, _block(publication, [(k, 1000) for k in range(70)])):
+                    pad_inside, too_long, _block(publication, [(k, 1000) for k in range(70)])):
             with pytest.raises(InvalidArgumentError) as refused:
                 publication.offer_block(bad)
             assert refused.value.field == "block"

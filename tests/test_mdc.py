@@ -8,8 +8,16 @@ messages in order, none missing or twice, from the one it joined at.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
-from helpers import Collector, counters_of, free_port, stream, wait_for
+from helpers import Collector, counters_of, free_port, lacking, stream, wait_for
 
 from slipstream.client import ChannelRejectedError, Client, control
 from slipstream.client.counters import CountersFile, CounterType
@@ -119,9 +127,12 @@ def test_destination_errors_name_their_cause(launch) -> None:
         publication.add_destination("aeron:udp?endpoint=255.255.255.255:9")
         wait_for(lambda: subscription.images and publication.is_connected, timeout=10,
                  what="the destination has an image")
-        collector = Collector(subscription)
-        stream(publication, [collector], 2_000, lambda i: 64)
+        # A spy names the publication's channel, control-mode=manual and all.
+        spy = a.add_subscription("aeron-spy:aeron:udp?control-mode=manual", STREAM)
+        collector, spied = Collector(subscription), Collector(spy)
+        stream(publication, [collector, spied], 2_000, lambda i: 64)
         collector.assert_exactly(2_000)
+        spied.assert_exactly(2_000)
     assert counters_of(sender)["SEND_ERRORS"] > 0
 
 
@@ -172,3 +183,53 @@ def test_dynamic_receivers_join_at_the_control_address_and_time_out_when_gone(la
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_dynamic_receiver_of_one_stream_does_not_hold_another_under_min(launch) -> None:
+    """Two streams on one control address under fc=min: a receiver that joins for one of
+    them becomes a destination of both (the endpoint's), yet never holds the other, which it
+    does not take (its session-0 joins elicit no SETUP of that stream)."""
+    sender, first, second = launch(), launch(), launch()
+    control_address = f"127.0.0.1:{free_port()}"
+    clients = [Client.connect(d.directory) for d in (sender, first, second)]
+    try:
+        uri = f"aeron:udp?control={control_address}|control-mode=dynamic|fc=min|term-length=64k"
+        taken = clients[0].add_publication(uri, 2)
+        other = clients[0].add_publication(uri, 1)
+        reader = clients[1].add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control_address}", 2)
+        wait_for(lambda: reader.images and taken.is_connected, timeout=10,
+                 what="the first receiver joined stream 2")
+        collector = Collector(reader)
+        stream(taken, [collector], 3000, lambda _: 500)
+        joining = clients[2].add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control_address}", 1)
+        wait_for(lambda: joining.images and other.is_connected
+                 and _destinations_counter(sender) == 2, timeout=10,
+                 what="the second receiver joined stream 1")
+        time.sleep(1.5)  # past a join SM of the second receiver's
+        stream(taken, [collector], 3000, lambda _: 500, first=3000, timeout=10)
+        collector.assert_exactly(6000)
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_a_send_socket_that_fills_slows_the_stream_to_every_destination_never_stops_it(
+        ) -> None:
+    """Eight destinations through a loopback rate-limited to 200 Mbit/s (in a network
+    namespace of the test's own: tests/mdc_full_socket.py): the socket fills again and again
+    (short sends), each destination's share of a full socket is lost and asked for again, and
+    every destination gets the whole stream in order.  A send that waited for the slowest
+    destination to take everything would resend to all and never move on."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("tc") is None:
+        lacking("a network namespace of the test's own (unshare -n) and tc: root")
+    script = Path(__file__).with_name("mdc_full_socket.py")
+    done = subprocess.run(["unshare", "-n", sys.executable, str(script), "8", "5000"],
+                          capture_output=True, text=True, timeout=150,
+                          env={**os.environ, "PYTHONPATH": str(script.parent)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["received"] == [5000] * 8 and all(result["in_order"]), result
+    assert result["counters"]["SHORT_SENDS"] > 0, result  # the socket filled
+    assert result["counters"]["SEND_ERRORS"] == 0, result

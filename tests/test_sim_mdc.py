@@ -219,15 +219,16 @@ def test_a_crashed_subscriber_host_is_timed_out_as_a_destination_and_the_others_
 def test_a_subscriber_host_that_comes_up_late_joins_where_the_stream_is_and_gets_the_rest(
         ) -> None:
     """Host 5 starts down and comes up at 1 s of a 2 s stream: its first status message makes
-    it a destination, the SETUP that answers it starts its image where the sender is then, a
-    round trip (1 ms: a message) after it came up, and it gets every message from there."""
+    it a destination, the first data it then gets elicits the SETUP that starts its image
+    where the sender is then, two round trips (1 ms each: a message) and the image's making
+    after it came up, and it gets every message from there."""
     restart = Event(1 * S, "restart", hosts=(5,))
     report, sim = run(messages=2000, publish_rate=1000, initially_down=(5,), events=(restart,))
     assert others(report.missing, 5) == [0, 0, 0], report.format_text()
     stats = sim.host(5).stats
     assert 995 <= stats.expected_from <= 1001  # what had been appended by 1 s
     [first] = stats.first_seq.values()
-    assert first - stats.expected_from <= 2, (first, stats.expected_from)
+    assert first - stats.expected_from <= 4, (first, stats.expected_from)
     # Everything from its join, once, in order: what it missed is what came before it.
     assert at(report.missing, 5) == at(report.joined_late, 5) == first - stats.expected_from
     assert at(report.delivered, 5) == 2000 - first

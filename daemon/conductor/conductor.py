@@ -806,8 +806,10 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
                                         and (c.is_ipc or c.is_spy)),
      "rejoin=false on aeron:ipc and spies (a network subscription's: its sessions whose "
      "image went do not come back)"),
+    # A spy names its publication's channel, control-mode=manual too.
     ("control-mode", lambda c, subscription: (c.control_mode == "response"
-                                              or (subscription and c.control_mode == "manual")),
+                                              or (subscription and not c.is_spy
+                                                  and c.control_mode == "manual")),
      "response channels, and multi-destination subscriptions (control-mode=manual on a "
      "subscription)"),
     # On a publication, control= pins its socket's local address (daemon/media/udp.py); on

@@ -78,7 +78,12 @@ from slipstream.daemon.conductor.sharing import (
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import congestion_control_for, flow_control_for
 from slipstream.daemon.media import interfaces, names
-from slipstream.daemon.media.destinations import ALL_DESTINATIONS, ControlMode, DestinationTable
+from slipstream.daemon.media.destinations import (
+    ALL_DESTINATIONS,
+    ControlMode,
+    DestinationTable,
+    ip_version_of,
+)
 from slipstream.daemon.media.interfaces import InterfaceAddress
 from slipstream.daemon.media.receive_channel import (
     ImageDone,
@@ -465,6 +470,7 @@ class NetworkConductor:
             counter_id = self.counters.allocate(CounterType.MDC_DESTINATIONS,
                                                 f"mdc-destinations: {channel}")
             destinations = DestinationTable(ControlMode(channel.control_mode),
+                                            ip_version=ip_version_of(channel),
                                             count_cell=self.counters.address(counter_id))
         try:
             transport = self.transports.open_send(channel, destination)
@@ -544,14 +550,17 @@ class NetworkConductor:
                                "to the publication's channel")
         destination = _resolved(destination, self.transports.local_addresses)
         address = destination_of(destination, sending=False)
-        family = ipaddress.ip_address(address[0]).version
-        local = entry.channel.control or entry.channel.interface
-        local_ip = local.ip if local is not None else None
-        local_family = local_ip.version if local_ip is not None else 4
-        if family != local_family:
+        ip = ipaddress.ip_address(address[0])
+        socket_version = ip_version_of(entry.channel)
+        if ip.version != socket_version:
             raise ChannelError(uri, "endpoint",
-                               f"an IPv{family} destination for a send socket of IPv"
-                               f"{local_family} (its control= or interface=)")
+                               f"an IPv{ip.version} destination for a send socket of IPv"
+                               f"{socket_version} (its control= or interface=)")
+        if ip.is_multicast:
+            raise ChannelError(uri, "endpoint",
+                               "a multicast group is not a destination: its receivers send "
+                               "their status messages to its control group, which this "
+                               "endpoint does not join (publish on the group's channel)")
         return entry.endpoint, address, uri
 
     # -- spies --------------------------------------------------------------------------------
@@ -818,7 +827,6 @@ class NetworkConductor:
         resting timeout it rejoins at snd-pos with a new image.  Only while the publication
         is open."""
         out: Outgoing = []
-        settings = self.settings
         for entry in self.publications.values():
             if entry.closing:
                 continue
@@ -830,9 +838,7 @@ class NetworkConductor:
                 channel = link.subscription.channel
                 if channel.tether is not False:
                     continue
-                timeout = (channel.untethered_window_limit_timeout_ns
-                           if channel.untethered_window_limit_timeout_ns is not None
-                           else settings.untethered_window_limit_timeout)
+                timeout, _ = self._untethered_timeouts(channel)
                 position = network.ss_subscriber_position_bounded(
                     self.counters.get(link.counter_id), sender_position)
                 if link.lingering:
@@ -854,9 +860,7 @@ class NetworkConductor:
                         subscription_registration_id=link.subscription.registration_id,
                         stream_id=publication.stream_id, lost=(position, sender_position))))
             for spy, since_ns in list(entry.resting_spies):
-                resting = (spy.channel.untethered_resting_timeout_ns
-                           if spy.channel.untethered_resting_timeout_ns is not None
-                           else settings.untethered_resting_timeout)
+                _, resting = self._untethered_timeouts(spy.channel)
                 if now_ns - since_ns >= resting:
                     entry.resting_spies.remove((spy, since_ns))
                     try:
@@ -1246,8 +1250,14 @@ class NetworkConductor:
 
         if isinstance(entry, _SendEndpointEntry):
             send_endpoint = entry.endpoint
+            # Its destinations go with it: a publication that revives it starts with none,
+            # as on a new endpoint.
+            entry.manual_destinations.clear()
+            table = send_endpoint.channel.destinations
 
             def remove_send(_now: int) -> None:
+                if table is not None:
+                    table.clear()
                 self.sender.remove_endpoint(send_endpoint)
                 self._post(EndpointRemoved(entry, generation))
 

@@ -44,8 +44,8 @@ def destination_of(channel: Channel, *, sending: bool = True) -> Address:
     address = channel.endpoint_address()
     if address is None or channel.endpoint is None:
         raise ChannelError(str(channel), "endpoint",
-                           "a UDP channel needs endpoint=host:port (control-mode channels "
-                           "are not supported yet)")
+                           "a UDP channel needs endpoint=host:port (a publication without one "
+                           "is control-mode=manual or dynamic multi-destination-cast)")
     if not channel.endpoint.port:
         raise ChannelError(str(channel), "endpoint", "the endpoint needs a port")
     return str(address), channel.endpoint.port

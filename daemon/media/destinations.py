@@ -18,11 +18,13 @@ is its only writer, on the sender's thread.  Units: ns.
 from __future__ import annotations
 
 import enum
+import ipaddress
 from collections.abc import Iterable, Iterator
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
+from slipstream.client.channel import Channel
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.protocol.types import Address, Datagram, sockaddr
@@ -56,11 +58,31 @@ def fan_out(datagrams: Iterable[Datagram], table: DestinationTable) -> Iterator[
             yield datagram
 
 
+def ip_version_of(channel: Channel) -> int:
+    """The IP version (4 or 6) of a multi-destination-cast endpoint's socket and so of its
+    destinations: its ``control=`` address's, else ``interface=``'s, else 4 (resolved
+    channels: IP literals)."""
+    local = channel.control if channel.control is not None else channel.interface
+    ip = local.ip if local is not None else None
+    return ip.version if ip is not None else 4
+
+
+def can_send_to(address: Address, ip_version: int) -> bool:
+    """Whether a dynamic destination may be ``address``: a unicast host of the socket's IP
+    version and a port (a status message's source could be anything: port 0, a group, the
+    broadcast address, which no send reaches or every one would)."""
+    try:
+        ip = ipaddress.ip_address(address[0])
+    except ValueError:
+        return False
+    return (ip.version == ip_version and 0 < address[1] < 65536 and not ip.is_multicast
+            and not ip.is_unspecified and str(ip) != "255.255.255.255")
+
+
 @attrs.define(eq=False)
 class _Destination:
     address: Address
     last_seen_ns: int  # dynamic: its last status message
-    receiver_id: int | None = None  # dynamic: the receiver of that status message
 
 
 class DestinationTable:
@@ -69,9 +91,11 @@ class DestinationTable:
     ``count_cell``: an int64 cell (cffi) that shows how many there are (the endpoint's
     ``mdc-destinations`` counter), or None."""
 
-    def __init__(self, mode: ControlMode, *, timeout_ns: int = DESTINATION_TIMEOUT_NS,
-                 count_cell: object = None) -> None:
+    def __init__(self, mode: ControlMode, *, ip_version: int = 4,
+                 timeout_ns: int = DESTINATION_TIMEOUT_NS, count_cell: Any = None) -> None:
         self.mode = mode
+        #: The socket's IP version: what a learned destination must be.
+        self.ip_version = ip_version
         self.timeout_ns = timeout_ns
         self._count_cell = count_cell
         self._destinations: dict[Address, _Destination] = {}
@@ -108,20 +132,27 @@ class DestinationTable:
         self._sync()
         return True
 
-    def on_status_message(self, source: Address, receiver_id: int, now_ns: int) -> bool:
+    def on_status_message(self, source: Address, now_ns: int) -> bool:
         """A status message that names a stream of the endpoint came from ``source``: in
-        dynamic mode it is a destination from now (or stays one).  Returns whether it is
-        new."""
+        dynamic mode it is a destination from now (or stays one), if it is an address to
+        send to (:func:`can_send_to`).  Returns whether it is new."""
         if self.mode is not ControlMode.DYNAMIC:
             return False
         known = self._destinations.get(source)
         if known is not None:
             known.last_seen_ns = now_ns
-            known.receiver_id = receiver_id
             return False
-        self._destinations[source] = _Destination(source, now_ns, receiver_id)
+        if not can_send_to(source, self.ip_version):
+            return False
+        self._destinations[source] = _Destination(source, now_ns)
         self._sync()
         return True
+
+    def clear(self) -> None:
+        """No destinations (its endpoint closes)."""
+        if self._destinations:
+            self._destinations.clear()
+            self._sync()
 
     def expire(self, now_ns: int) -> list[Address]:
         """Dynamic mode: drop the destinations silent for ``timeout_ns``; returns them."""

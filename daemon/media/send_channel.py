@@ -28,12 +28,12 @@ from slipstream.daemon.streams.publication import NetworkPublication
 class SendChannel:
     """A send endpoint's dispatcher: routes SM/NAK/RTTM/ERR datagrams to publications by
     (session_id, stream_id); malformed ones count ``INVALID_PACKETS``, and a status message
-    that names no publication of the endpoint counts ``UNMATCHED_STATUS_MESSAGES``.  An
-    S-flagged SM of session 0 (a receiver that joins a multi-destination-cast channel before it
-    knows a session) elicits SETUP from the publications of its stream (of every stream when
-    its stream is 0).  NAKs are answered by its C dispatch (:attr:`c`); only those that need a
-    timer (a retransmit delay), are malformed or name no publication of the endpoint come to
-    :meth:`on_control`.
+    that names no publication of the endpoint counts ``UNMATCHED_STATUS_MESSAGES``.  At a
+    dynamic multi-destination-cast endpoint an S-flagged SM of session 0 (a receiver that joins
+    before it knows a session) names a stream it publishes (any, for stream 0): its source is
+    a destination from then on.  NAKs are answered by its C dispatch (:attr:`c`); only those
+    that need a timer (a retransmit delay), are malformed or name no publication of the
+    endpoint come to :meth:`on_control`.
 
     ``destinations``: a multi-destination-cast endpoint's table; in dynamic mode every status
     message that names a stream of the endpoint keeps its source a destination
@@ -114,19 +114,24 @@ class SendChannel:
         publication = self.publications.get((frame.session_id, frame.stream_id))
         if publication is not None:
             if isinstance(frame, StatusMessage) and self.destinations is not None:
-                self.destinations.on_status_message(source, frame.receiver_id, now_ns)
+                self.destinations.on_status_message(source, now_ns)
             publication.on_frame(frame, source, now_ns)
         elif isinstance(frame, StatusMessage):
-            eliciting = ([] if not frame.is_setup_request or frame.session_id != 0 else
-                         [each for each in self.publications.values()
-                          if frame.stream_id in (0, each.stream_id)])
-            if not eliciting:
+            # A receiver that joins a dynamic multi-destination-cast endpoint (session 0):
+            # a destination from now on, whose first data then elicits each SETUP it wants
+            # (its session's own S-flagged SM): a SETUP here for every publication would hold
+            # min flow control for streams the receiver never takes.
+            joining = (frame.is_setup_request and frame.session_id == 0
+                       and self.destinations is not None
+                       and any(frame.stream_id in (0, each.stream_id)
+                               for each in self.publications.values()))
+            if not joining:
                 self.counters.add(SystemCounter.UNMATCHED_STATUS_MESSAGES)
                 return
-            if self.destinations is not None:
-                self.destinations.on_status_message(source, frame.receiver_id, now_ns)
-            for each in eliciting:
-                each.on_frame(frame, source, now_ns)
+            assert self.destinations is not None
+            if not self.destinations.on_status_message(source, now_ns) \
+                    and source not in self.destinations:
+                self.counters.add(SystemCounter.INVALID_PACKETS)  # not an address to send to
 
     def expire_destinations(self, now_ns: int) -> list[Address]:
         """Dynamic multi-destination-cast: drop the destinations gone silent; returns them."""

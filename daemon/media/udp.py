@@ -44,6 +44,7 @@ from slipstream.daemon.media.destinations import (
     MULTI_DESTINATION_MODES,
     DestinationTable,
     fan_out,
+    ip_version_of,
 )
 from slipstream.daemon.media.interfaces import InterfaceAddress
 from slipstream.daemon.media.receive_channel import ReceiveChannel
@@ -148,6 +149,9 @@ class _BatchReceiver:
         return count
 
 
+_IP_FAMILIES: Final = {4: socket.AF_INET, 6: socket.AF_INET6}
+
+
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
 
@@ -243,9 +247,8 @@ class UdpSendTransport(_UdpTransport):
         #: Multi-destination-cast: every datagram to each destination of the endpoint's table
         #: (set by attach_channel), none to ``destination`` (ALL_DESTINATIONS).
         self.multi_destination = channel.control_mode in MULTI_DESTINATION_MODES
-        local_host = (channel.control.host if channel.control is not None else interface)
-        family = _family(local_host if self.multi_destination and local_host
-                         else destination[0])
+        family = (_IP_FAMILIES[ip_version_of(channel)] if self.multi_destination
+                  else _family(destination[0]))
         params = SocketParams.resolve(channel, settings)
         sock = _new_socket(family, params)
         try:
@@ -254,7 +257,8 @@ class UdpSendTransport(_UdpTransport):
                 # Bound to control= (where dynamic receivers send their status messages),
                 # else to interface=, else anywhere; sends to each destination by address.
                 local = channel.control if channel.control is not None else channel.interface
-                host = local_host or ("::" if family == socket.AF_INET6 else "0.0.0.0")
+                host = ((channel.control.host if channel.control is not None else interface)
+                        or ("::" if family == socket.AF_INET6 else "0.0.0.0"))
                 sock.bind((host, (local.port or 0) if local is not None else 0))
                 self.connected = False
             elif group is not None:  # multicast: listen on the control group for SMs and NAKs
