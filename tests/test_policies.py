@@ -560,13 +560,17 @@ def test_a_tethered_slow_subscriber_still_holds_the_publisher(client) -> None:
     assert pub.dropped > 0 and pub.position <= WINDOW + 128
 
 
-def test_untethered_udp_subscriptions_are_refused_by_name(network_client) -> None:
+def test_rejoin_false_is_refused_by_name_where_no_session_comes_back(network_client) -> None:
+    """Untethered subscriptions work on aeron:udp too (tests/test_udp_untethered.py), and so
+    does rejoin=false; on aeron:ipc, whose sessions never come back over a network, rejoin=false
+    is refused naming the key."""
     from slipstream.client.errors import ChannelRejectedError
 
+    network_client.add_subscription(
+        f"aeron:udp?endpoint=127.0.0.1:{free_port()}|tether=false|rejoin=false", 73)
     with pytest.raises(ChannelRejectedError) as info:
-        network_client.add_subscription(
-            f"aeron:udp?endpoint=127.0.0.1:{free_port()}|tether=false", 73)
-    assert info.value.part == "tether" and "aeron:ipc has them" in str(info.value)
+        network_client.add_subscription("aeron:ipc?rejoin=false", 73)
+    assert info.value.part == "rejoin" and "network subscription" in str(info.value)
 
 
 def test_every_error_an_application_can_meet_is_importable_from_slipstream_client() -> None:
