@@ -229,16 +229,37 @@ class SparkCluster:
         # Workers after the master listens: one that finds no master retries only after
         # 5-15 s.
         self._wait_for_log("master", master, r"New state: ALIVE", deadline)
-        workers = []
-        for host in self.worker_hosts:
-            work_dir = self.directory / f"work-{host.index}"
-            work_dir.mkdir(exist_ok=True)
-            workers.append((f"worker-{host.index}", self._start_daemon(
-                f"worker-{host.index}", host, "org.apache.spark.deploy.worker.Worker",
-                self.master_url, "--host", host.address, "--cores", str(self.worker_cores),
-                "--memory", self.worker_memory, "--work-dir", str(work_dir))))
+        workers = [self._start_worker(host, f"worker-{host.index}")
+                   for host in self.worker_hosts]
         for name, process in workers:
             self._wait_for_log(name, process, r"Successfully registered with master", deadline)
+
+    def _start_worker(self, host: Host, name: str) -> tuple[str, subprocess.Popen[bytes]]:
+        work_dir = self.directory / f"work-{host.index}"
+        work_dir.mkdir(exist_ok=True)
+        return name, self._start_daemon(
+            name, host, "org.apache.spark.deploy.worker.Worker", self.master_url,
+            "--host", host.address, "--cores", str(self.worker_cores),
+            "--memory", self.worker_memory, "--work-dir", str(work_dir))
+
+    def restart_lost_workers(self, timeout: float = 120.0) -> list[int]:
+        """Start a worker again on each worker host whose worker has ended (:meth:`lose_host`),
+        each logging to ``worker-<i>.<n>.log``; return once every one is registered, with the
+        hosts' indices (none: the cluster was whole).  SparkClusterError as :meth:`start`."""
+        deadline = time.monotonic() + timeout
+        started = []
+        for entry in list(self._daemons):
+            name, host, process = entry
+            if name == "master" or process.poll() is None:
+                continue
+            self._daemons.remove(entry)
+            again = 1 + sum(other.startswith(f"worker-{host.index}.")
+                            for other in (p.name for p in self.directory.glob("*.log")))
+            started.append((host.index, self._start_worker(host,
+                                                           f"worker-{host.index}.{again}")))
+        for _index, (name, process) in started:
+            self._wait_for_log(name, process, r"Successfully registered with master", deadline)
+        return [index for index, _ in started]
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop the workers (whose shutdown kills their executors), then the master: SIGTERM,
@@ -401,11 +422,16 @@ class SparkCluster:
     def lose_host(self, index: int) -> list[int]:
         """The Spark side of worker host ``index`` dies at once (SIGKILL): its worker, and
         every process of its network that is not a slipstream driver or holder (executors,
-        Python workers, cluster-mode drivers and their applications).  Returns the pids."""
+        Python workers, cluster-mode drivers and their applications), nor the process that
+        holds the host's namespaces (which the host's next process joins: the host lives on,
+        and :meth:`restart_lost_workers` can start its worker again).  Returns the pids."""
+        host = self.hosts[index]
+        keep = {host.holder.pid} if host.holder is not None else set()
         killed = []
-        for pid, command in host_processes(self.hosts[index]):
-            if b"slipstream.daemon.cli driver" in command or b"slipstream-holder" in command:
-                continue  # the host's slipstream side lives on
+        for pid, command in host_processes(host):
+            if b"slipstream.daemon.cli driver" in command or b"slipstream-holder" in command \
+                    or pid in keep:
+                continue  # the host's slipstream side, and the host itself, live on
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)

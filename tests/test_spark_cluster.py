@@ -2,12 +2,19 @@
 standalone cluster whose executors run on hosts that each have their own /dev/shm, hostname
 and slipstream driver, as on separate machines.
 
-Needs root (namespace hosts), nsenter and unshare, pyspark and Java 17+: without them the test
-skips, under CI=true it fails.  40-70 s on 2 cores, most of it Spark's JVMs starting.
+The tests share one cluster on four hosts (:func:`cluster_hosts`: it starts once, in 10-20 s
+on 2 cores, more on a busy machine); each test has fresh slipstream drivers on the hosts, and
+finds the cluster whole (a worker a test lost is started again first) and without the faults
+an earlier test set.
+
+Needs root (namespace hosts), nsenter and unshare, pyspark and Java 17+: without them the
+tests skip, under CI=true they fail.  The first test takes 40-70 s on 2 cores, most of it
+Spark's JVMs starting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -70,30 +78,72 @@ def need_a_cluster() -> None:
         lacking(f"a Spark cluster: {problem}")
 
 
-@pytest.fixture
-def isolated_hosts(needs_hosts):  # -> Iterator[tuple[NamespaceHosts, dict[int, HostDriver]]]
-    """Three isolated hosts, each with a slipstream driver in the default directory (by host)
-    and a marker file ``/dev/shm/marker-<i>``; removed afterwards."""
-    from slipstream.sim.real.hosts import NamespaceHosts
-
-    need_a_cluster()
-    with NamespaceHosts(3, isolated=True) as hosts:
-        drivers = {i: hosts.start_driver(i) for i in (1, 2, 3)}
-        for i in (1, 2, 3):
-            hosts[i].run("touch", f"/dev/shm/marker-{i}")
-        yield hosts, drivers
+#: Every worker offers 2 cores (a cluster-mode driver needs one beside an executor); a
+#: client-mode application takes 2, which the master spreads: one 1-core executor per worker.
+ONE_EXECUTOR_PER_WORKER = {"spark.cores.max": "2"}
 
 
-def test_tasks_run_on_both_worker_hosts_each_beside_its_own_driver(isolated_hosts,
-                                                                   tmp_path) -> None:
+@pytest.fixture(scope="module")
+def cluster_hosts(tmp_path_factory):  # -> Iterator[tuple[NamespaceHosts, SparkCluster]]
+    """Four isolated hosts and the module's standalone cluster on them: the master on host 1,
+    a worker of 2 cores and 2 GiB on hosts 2 and 3; host 4 has no Spark process.  Stopped
+    and removed after the module's last test."""
     from spark_cluster import spark_cluster
 
-    hosts, drivers = isolated_hosts
-    # One path, three drivers: each host has its own /dev/shm.
+    from slipstream.sim.real import hosts as namespace
+
+    problem = namespace.unavailable()
+    if problem is not None:
+        lacking(f"test hosts: {problem}")
+    need_a_cluster()
+    with namespace.NamespaceHosts(4, isolated=True) as hosts, \
+            spark_cluster(hosts, tmp_path_factory.mktemp("spark-cluster"), master=1,
+                          workers=(2, 3), worker_cores=2, worker_memory="2g") as cluster:
+        yield hosts, cluster
+
+
+@pytest.fixture
+def cluster(cluster_hosts):  # -> Iterator[tuple[NamespaceHosts, SparkCluster, dict]]
+    """The module's hosts and cluster, with both workers registered (a worker an earlier test
+    lost is started again), and a fresh slipstream driver on each of the four hosts, in the
+    default directory (by host): the drivers are stopped after the test, and the faults it set
+    on the hosts removed."""
+    hosts, spark = cluster_hosts
+    spark.restart_lost_workers()
+    # The four start at once: each is a Python process importing the driver, seconds on a
+    # busy machine.
+    with ThreadPoolExecutor(4) as pool:
+        starts = {i: pool.submit(hosts.start_driver, i, client_liveness_timeout="5s")
+                  for i in (1, 2, 3, 4)}
+    drivers = {i: start.result() for i, start in starts.items() if not start.exception()}
+    try:
+        for start in starts.values():
+            start.result()  # the first that failed, after the others are in ``drivers``
+        yield hosts, spark, drivers
+    finally:
+        def stop(driver) -> None:
+            with contextlib.suppress(Exception):
+                driver.stop()
+
+        with ThreadPoolExecutor(4) as pool:
+            pool.map(stop, drivers.values())
+        for i in (1, 2, 3, 4):
+            hosts.clear_faults(i)
+
+
+def test_tasks_run_on_both_worker_hosts_each_beside_its_own_driver(cluster) -> None:
+    hosts, spark, drivers = cluster
+    # One path, four drivers: each host has its own /dev/shm.
     assert len({str(d.directory) for d in drivers.values()}) == 1
     directory = str(drivers[1].directory)
-    with spark_cluster(hosts, tmp_path, master=1, workers=(2, 3)) as cluster:
-        result = cluster.run_app(APPLICATION, directory, host=1, timeout=240).result()
+    for i in (1, 2, 3):
+        hosts[i].run("touch", f"/dev/shm/marker-{i}")
+    try:
+        result = spark.run_app(APPLICATION, directory, host=1, conf=ONE_EXECUTOR_PER_WORKER,
+                               timeout=240).result()
+    finally:
+        for i in (1, 2, 3):
+            hosts[i].run("rm", "-f", f"/dev/shm/marker-{i}", check=False)
 
     assert result["hostname"] == hosts[1].hostname  # the application ran on host 1
     tasks = result["tasks"]
@@ -258,21 +308,9 @@ spark.stop()
 """
 
 
-@pytest.fixture
-def four_isolated_hosts(needs_hosts):  # -> Iterator[NamespaceHosts]
-    """Four isolated hosts, each with a slipstream driver in the default directory."""
-    from slipstream.sim.real.hosts import NamespaceHosts
-
-    need_a_cluster()
-    with NamespaceHosts(4, isolated=True) as hosts:
-        for i in (1, 2, 3, 4):
-            hosts.start_driver(i, client_liveness_timeout="5s")
-        yield hosts
-
-
 @pytest.mark.timeout(900)
 def test_a_query_reads_on_hosts_without_the_log_exactly_once_through_a_lost_worker_and_a_restart(
-        four_isolated_hosts, tmp_path) -> None:
+        cluster, tmp_path) -> None:
     """Host 4 publishes WINDOWS receiver windows to a query on host 1 (3 % of the datagrams into
     host 1 dropped) whose read tasks all run on hosts 2 and 3, which get their ranges replayed
     by the query's holder on host 1 (3 % of the replay datagrams into host 2 dropped); the
@@ -282,9 +320,9 @@ def test_a_query_reads_on_hosts_without_the_log_exactly_once_through_a_lost_work
     docs/SPARK.md says a restart needs).  Every message arrives, once per input position after
     deduplication (the writer is at least once), in order per output session, read on both
     worker hosts, with the publisher's timestamps."""
-    from spark_cluster import host_processes, spark_cluster
+    from spark_cluster import host_processes
 
-    hosts = four_isolated_hosts
+    hosts, spark, _drivers = cluster
     hosts.drop(1, port=DATA_PORT, probability=0.03)
     hosts.drop(2, port=40190, probability=0.03)  # replays into host 2 (replayPort)
     data = f"aeron:udp?endpoint={hosts[1].address}:{DATA_PORT}"
@@ -316,9 +354,8 @@ def test_a_query_reads_on_hosts_without_the_log_exactly_once_through_a_lost_work
     killer = threading.Thread(target=kill_host_3s_executor_when_asked)
     killer.start()
     try:
-        with spark_cluster(hosts, tmp_path, master=1, workers=(2, 3)) as cluster:
-            query = cluster.run_app(QUERY, data, out, str(MESSAGES), str(tmp_path), host=1,
-                                    timeout=600).result()
+        query = spark.run_app(QUERY, data, out, str(MESSAGES), str(tmp_path), host=1,
+                              conf=ONE_EXECUTOR_PER_WORKER, timeout=600).result()
     finally:
         killer_stop.set()
         killer.join()
@@ -382,7 +419,7 @@ spark.stop()
 
 @pytest.mark.timeout(900)
 def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_the_driver_moves(
-        four_isolated_hosts, tmp_path) -> None:
+        cluster, tmp_path) -> None:
     """Host 1 publishes WINDOWS receiver windows to the ingest host 4, where slipstream-holder
     holds the stream from its start; the query runs in cluster deploy mode with --supervise,
     its Spark driver on a worker host the master picks, and finds the holder by its
@@ -392,9 +429,7 @@ def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_t
     position after deduplication, in order per output session, with the publisher's
     timestamps; the publisher never waited for more than the holder's window while the
     query was gone."""
-    from spark_cluster import spark_cluster
-
-    hosts = four_isolated_hosts
+    hosts, spark, _drivers = cluster
     data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
     out = f"aeron:udp?endpoint={hosts[1].address}:{OUT_PORT}"
     holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
@@ -414,26 +449,24 @@ def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_t
     watch.start()
     lost: list[int] = []
     try:
-        with spark_cluster(hosts, tmp_path, master=1, workers=(2, 3), worker_cores=2,
-                           worker_memory="2g") as cluster:
-            first = cluster.submit(CLUSTER_QUERY, data, out, hosts[4].address, str(tmp_path),
-                                   conf={"spark.cores.max": "2"})
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline and not lost:
-                received = int(progress.read_text() or 0) if progress.exists() else 0
-                runs = cluster.driver_outputs()
-                if received >= MESSAGES // 3 and first in runs:
-                    lost = [runs[first][0]]  # the host of the first launch
-                    assert cluster.lose_host(lost[0])
-                time.sleep(0.2)
-            assert lost, f"the first third never arrived:\n{cluster.report()}"
-            while time.monotonic() < deadline:
-                runs = cluster.driver_outputs()
-                if any("RESULT " in text for _, text in runs.values()):
-                    break
-                time.sleep(0.5)
-            runs = cluster.driver_outputs()
-            report = cluster.report()
+        first = spark.submit(CLUSTER_QUERY, data, out, hosts[4].address, str(tmp_path),
+                             conf={"spark.cores.max": "2"})
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not lost:
+            received = int(progress.read_text() or 0) if progress.exists() else 0
+            runs = spark.driver_outputs()
+            if received >= MESSAGES // 3 and first in runs:
+                lost = [runs[first][0]]  # the host of the first launch
+                assert spark.lose_host(lost[0])
+            time.sleep(0.2)
+        assert lost, f"the first third never arrived:\n{spark.report()}"
+        while time.monotonic() < deadline:
+            runs = spark.driver_outputs()
+            if any("RESULT " in text for _, text in runs.values()):
+                break
+            time.sleep(0.5)
+        runs = spark.driver_outputs()
+        report = spark.report()
     finally:
         try:
             client.wait(timeout=120)

@@ -12,6 +12,7 @@ tests check the data message by message, as tests/test_udp.py does.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 from helpers import (
     FAST_DRIVER_SETTINGS,
+    NETWORK_SETTINGS,
     Collector,
     connect,
     counters_of,
@@ -539,12 +541,26 @@ def test_a_spy_reads_what_its_publication_sends_to_a_stock_aeron_receiver(
 
 
 # -- what is refused --------------------------------------------------------------------------
-def test_what_spies_refuse_names_the_part(launch) -> None:
+@pytest.fixture(scope="module")
+def refusing_driver():  # -> Iterator[MediaDriver]
+    """One network test driver for the tests that add only what it refuses (each with a
+    client of its own): a refusal adds nothing to the driver, so each is refused as by a fresh
+    one, and the driver goes on refusing after the others."""
+    from slipstream.daemon.driver import MediaDriver
+
+    directory = Path("/dev/shm") / f"slipstream-udp-{uuid.uuid4().hex[:12]}"
+    try:
+        with MediaDriver.launch(directory=directory, **NETWORK_SETTINGS) as driver:
+            yield driver
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_what_spies_refuse_names_the_part(refusing_driver) -> None:
     """A spy of aeron:ipc (Aeron's driver refuses it: UDP media only) and a publication on a
     spy channel are refused, naming the part."""
     uri = _uri()
-    a = launch()
-    with Client.connect(a.directory) as client:
+    with Client.connect(refusing_driver.directory) as client:
         with pytest.raises(ChannelError, match="media"):
             client.add_subscription("aeron-spy:aeron:ipc", 1)
         with pytest.raises(RegistrationError, match="spy"):
@@ -557,14 +573,13 @@ _NOT_ON_A_SPY = ("reliable=true", "rcv-wnd=64k", "cc=cubic", "nak-delay=1ms", "g
 
 
 @pytest.mark.parametrize("key", _NOT_ON_A_SPY, ids=lambda k: k.split("=")[0])
-def test_a_key_that_does_nothing_on_a_spy_is_refused_by_name(launch, key: str) -> None:
+def test_a_key_that_does_nothing_on_a_spy_is_refused_by_name(refusing_driver, key: str) -> None:
     """The receiver's keys (a spy has no socket, image log or status messages of its own) and
     the log's (it reads its publication's as that was made) do nothing on a spy: refused,
     naming the key, as the house rule has it for a key slipstream parses and does not act
     on."""
     uri = _uri()
-    a = launch()
-    with Client.connect(a.directory) as client:
+    with Client.connect(refusing_driver.directory) as client:
         part = key.split("=")[0]
         with pytest.raises(RegistrationError, match=f"{part}: does nothing on a spy"):
             client.add_subscription(f"aeron-spy:{uri}|{key}", 1)
