@@ -10,6 +10,8 @@
  *   on_refused(message, code, reserved_value) returns for a refused offer (a publication's
  *   policy).  offer(message) alone parses nothing more.
  *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
+ *   payload_buffer(starts_address, ends_address, count) -> a bytearray as long as the
+ *   scanned messages' payloads, not zeroed: Image.poll_gathered's copy fills all of it.
  *   controlled_dispatch(handler, header, term, starts_address, ends_address, first, count,
  *   go_on, gone_address) -> (index, result): dispatch's loop for a controlled poll, from
  *   message `first`, while the handler returns `go_on` (ControlledPollAction.CONTINUE, by
@@ -371,6 +373,33 @@ static PyObject *fast_controlled_dispatch(PyObject *module, PyObject *const *arg
     return Py_BuildValue("(nO)", count, go_on);
 }
 
+static PyObject *fast_payload_buffer(PyObject *module, PyObject *const *args,
+                                     Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "payload_buffer(starts_address, ends_address, count)");
+        return NULL;
+    }
+    const int32_t *starts = (const int32_t *)PyLong_AsVoidPtr(args[0]);
+    const int32_t *ends = (const int32_t *)PyLong_AsVoidPtr(args[1]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    /* The bounds come from a scan of another process's log: a negative length counts as
+     * nothing here (ss_gather_messages refuses it), and the sum of lengths of frames that
+     * do not overlap within one term stays below 2^31. */
+    int64_t size = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t length = (int64_t)ends[i] - (int64_t)starts[i];
+        if (length > 0) size += length;
+    }
+    if (size > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "payload_buffer: the messages exceed 2 GiB");
+        return NULL;
+    }
+    /* Not zeroed (bytearray(n) is): the gather writes every byte of it. */
+    return PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
+}
+
 static PyObject *fast_failed_index(PyObject *module, PyObject *unused) {
     (void)module;
     (void)unused;
@@ -387,6 +416,9 @@ static PyMethodDef methods[] = {
      METH_FASTCALL,
      "controlled_dispatch(handler, header, term, starts_address, ends_address, first, count, "
      "go_on, gone_address) -> (index, result)"},
+    {"payload_buffer", (PyCFunction)(void (*)(void))fast_payload_buffer, METH_FASTCALL,
+     "payload_buffer(starts_address, ends_address, count) -> bytearray: as long as the "
+     "messages' payloads together (ends[i] - starts[i]), not zeroed: for a gather to fill"},
     {"failed_index", fast_failed_index, METH_NOARGS,
      "index of the message whose handler raised in the last failed (controlled) dispatch"},
     {NULL, NULL, 0, NULL},

@@ -8,13 +8,13 @@ slipstream's own protocol, so the replay has flow control and NAK repair like an
 
 The exchange (all of it UDP unicast between the two hosts' drivers):
 
-1. The reader subscribes, on its own host, at ``endpoint=<its address>:<port>`` to two fresh
-   stream ids: the **data** stream and the **response** stream.
+1. The reader subscribes, on its own host, at ``endpoint=<its address>:<port>`` to a fresh
+   **data** stream id, and to a **response** stream.
 2. It publishes a :class:`ReplayRequest` (one JSON message) on the holder's **control** stream,
    ``endpoint=<holder address>:<port>``.
 3. The holder answers one JSON message on the response stream: ``replaying`` from a position
-   (the start, or with ``skip_lost`` the first position the log still holds), or ``lost`` /
-   ``refused`` with the reason.
+   (the start, or with ``skip_lost`` the first position the log still holds) naming the data
+   stream's session, or ``lost`` / ``refused`` with the reason.
 4. It publishes the range on the data stream with a publication that starts at the range's
    start position and has the source log's initial term id, term length and MTU
    (``init-term-id``, ``term-id``, ``term-offset``, ``term-length``, ``mtu`` on its URI): every
@@ -23,6 +23,12 @@ The exchange (all of it UDP unicast between the two hosts' drivers):
    to the reader and lingers for repairs).  A range the log stops holding mid-replay ends the
    data stream early and is answered ``lost`` on the response stream.
 
+The control publication and the response subscription are the reader's **link** to the
+holder, kept from one replay to the next (as a caller keeps its link for calls,
+:mod:`slipstream.client.holding`), and the holder keeps its answer publication to such a
+reader: a request carries an id, which every answer repeats, so that a late answer to an
+earlier replay is told apart.  A replay then sets up only its data stream.
+
 The reader reads the data stream until the range's end position and checks that it got there
 (:class:`Replay`).  A replay is read once; a reader that failed asks again.  Requests are not
 authenticated, like the streams themselves: keep the port inside the cluster's network.
@@ -30,10 +36,12 @@ authenticated, like the streams themselves: keep the port inside the cluster's n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -90,8 +98,16 @@ _CHUNK_MESSAGES: Final = 4096  # messages per offer_batch of a replay (at most o
 #: next is copied, and other replays get their turn.
 _BLOCK_BYTES: Final = 1 << 20
 _ADVANCE_BYTES: Final = 8 << 20
+#: A replay's first block: the sender may start on it while the next (twice as long, up to
+#: :data:`_BLOCK_BYTES`) is copied, and the reader gets its first messages the sooner.
+_FIRST_BLOCK_BYTES: Final = 64 << 10
 _CONNECT_TIMEOUT_S: Final = 10.0  # how long a holder waits for a reader's subscriptions
 _ANSWER_AFTER_END_S: Final = 1.0  # how long a reader waits for the answer to an early end
+#: How long a holder keeps the answer publication of a reader that keeps its streams, after
+#: its last replay, and a reader keeps an idle link (:class:`_Link`).
+_RESPONSE_IDLE_S: Final = 60.0
+_LINK_IDLE_S: Final = 50.0
+_IDLE_LINKS: Final = 4  # idle links a process keeps per holder and reply endpoint
 
 
 class ReplayError(SlipstreamError):
@@ -225,15 +241,23 @@ class ReplayRequest:
     data_stream_id: int
     response_stream_id: int
     skip_lost: bool = False
+    #: Set by a reader that keeps its response stream from one replay to the next
+    #: (:class:`_Link`): the holder puts it in every answer, so that a late answer to an
+    #: earlier replay on that stream is told apart, and keeps its answer publication for
+    #: the next.  None: a response stream of this replay's own.
+    request_id: int | None = None
 
     def encode(self) -> bytes:
-        return json.dumps({
+        fields = {
             "version": REPLAY_VERSION, "stream_id": self.stream_id,
             "session_id": self.log.session_id, "initial_term_id": self.log.initial_term_id,
             "term_length": self.log.term_length, "start": self.start, "end": self.end,
             "reply_channel": self.reply_channel, "data_stream_id": self.data_stream_id,
             "response_stream_id": self.response_stream_id, "skip_lost": self.skip_lost,
-        }).encode()
+        }
+        if self.request_id is not None:
+            fields["request_id"] = self.request_id
+        return json.dumps(fields).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> ReplayRequest:
@@ -259,11 +283,13 @@ class ReplayRequest:
         skip = fields.get("skip_lost", False)
         if not isinstance(skip, bool):
             raise ValueError(f"skip_lost {skip!r} is not a boolean")
+        request_id = (None if fields.get("request_id") is None
+                      else _int_field(fields, "request_id", 0, 2**63 - 1))
         return cls(_int_field(fields, "stream_id", *int32),
                    LogIdentity(_int_field(fields, "session_id", *int32),
                                _int_field(fields, "initial_term_id", *int32), term_length),
                    start, end, reply, _int_field(fields, "data_stream_id", *int32),
-                   _int_field(fields, "response_stream_id", *int32), skip)
+                   _int_field(fields, "response_stream_id", *int32), skip, request_id)
 
 
 def _json_object(data: bytes) -> dict[str, Any] | None:
@@ -328,9 +354,10 @@ class _Session:
         self.request = request
         self.image = image
         self.response = response
-        self.answer = _response("replaying", start=begin)
+        self.answer: bytes | None = self.respond("replaying", start=begin)
         self.data: Publication | None = None
         self.mtu = mtu
+        self.begin = begin
         self.position = begin  # the next position to copy or offer from
         self.deadline = deadline
         # Where a block cannot go, the log read message by message from ``position``, with a
@@ -342,10 +369,72 @@ class _Session:
         self.last_end = begin  # the end of the last message offered
         self.completed = False  # every message went; the answer says where the last ends
 
+    def respond(self, status: str, **fields: object) -> bytes:
+        """An answer to this session's request (naming the request when it has an id)."""
+        if self.request.request_id is not None:
+            fields["request_id"] = self.request.request_id
+        return _response(status, **fields)
+
     def close(self) -> None:
-        for publication in (self.data, self.response):
-            if publication is not None:
-                publication.close()
+        """Close the replay's publication (the answer publication is the server's)."""
+        if self.data is not None:
+            self.data.close()
+
+
+class _Responses:
+    """The holder's answer publications, by reply channel and response stream.  A reader
+    that keeps its streams (its requests carry an id) keeps its response stream too: its
+    publication stays here while replays use it and up to :data:`_RESPONSE_IDLE_S` after,
+    so that the next replay's answer goes at once, on a connected stream.  One for a request
+    without an id goes when its replay does, as before."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        # key -> [publication, replays using it, when the last of them ended, kept]
+        self._entries: dict[tuple[str, int], list[Any]] = {}
+
+    def take(self, request: ReplayRequest) -> Publication:
+        """The answer publication of ``request`` (made when there is none); raises
+        SlipstreamError as ``add_publication`` does."""
+        key = (request.reply_channel, request.response_stream_id)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0].is_closed:
+            del self._entries[key]
+            entry = None
+        if entry is None:
+            publication = self._client.add_publication(small_channel(request.reply_channel),
+                                                       request.response_stream_id)
+            entry = self._entries[key] = [publication, 0, 0.0, False]
+        entry[1] += 1
+        entry[3] = entry[3] or request.request_id is not None
+        return entry[0]
+
+    def give_back(self, request: ReplayRequest) -> None:
+        """A replay that took ``request``'s publication ended."""
+        key = (request.reply_channel, request.response_stream_id)
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        entry[2] = time.monotonic()
+        if entry[1] <= 0 and not entry[3]:
+            entry[0].close()
+            del self._entries[key]
+
+    def do_work(self) -> None:
+        """Close what no replay used for :data:`_RESPONSE_IDLE_S`."""
+        if not self._entries:
+            return
+        now = time.monotonic()
+        for key, entry in list(self._entries.items()):
+            if entry[1] <= 0 and now - entry[2] > _RESPONSE_IDLE_S:
+                entry[0].close()
+                del self._entries[key]
+
+    def close(self) -> None:
+        for entry in self._entries.values():
+            entry[0].close()
+        self._entries.clear()
 
 
 class ReplayServer:
@@ -370,6 +459,7 @@ class ReplayServer:
         self._lookup = lookup
         self._calls = calls
         self._answers = Answers(client)
+        self._responses = _Responses(client)
         self._control: Subscription = client.add_subscription(self.control_channel,
                                                               control_stream_id)
         self._sessions: list[_Session] = []
@@ -395,6 +485,7 @@ class ReplayServer:
             session.close()
         self._sessions.clear()
         self._answers.close()
+        self._responses.close()
         self._control.close()
 
     def run(self, stopping: Callable[[], bool], idle_s: float = 0.001,
@@ -422,6 +513,7 @@ class ReplayServer:
                 self._refuse(f"the request could not be served ({type(e).__name__}: {e})", None)
         self._requests.clear()
         work += self._answers.do_work()
+        self._responses.do_work()
         for session in list(self._sessions):
             try:
                 work += self._advance(session)
@@ -464,14 +556,13 @@ class ReplayServer:
         if request is None:
             return
         try:  # an answer, so that the reader fails at once with the reason
-            response = self.client.add_publication(small_channel(request.reply_channel),
-                                                   request.response_stream_id)
+            response = self._responses.take(request)
         except SlipstreamError as e:
             log.warning("slipstream replay: cannot answer %s: %s", request.reply_channel, e)
             return
         session = _Session(request, None, 0, 0, response,  # type: ignore[arg-type]
                            time.monotonic() + _CONNECT_TIMEOUT_S)
-        session.answer = _response(status, message=why, **fields)
+        session.answer = session.respond(status, message=why, **fields)
         session.position = request.end  # nothing to send
         self._sessions.append(session)
 
@@ -513,15 +604,15 @@ class ReplayServer:
         # publication starts at (what a peek skips, the rest of a cut message, it never sends).
         begin = message_start(image, begin, r.end)
         try:
-            response = self.client.add_publication(small_channel(r.reply_channel),
-                                                   r.response_stream_id)
+            response = self._responses.take(r)
         except SlipstreamError as e:
             self._refuse(f"{where}: cannot publish to {r.reply_channel}: {e}", None)
             return
         session = _Session(r, image, image.mtu, begin, response,
                            time.monotonic() + _CONNECT_TIMEOUT_S)
+        replaying: dict[str, object] = {"start": begin}
         if lost_to != r.start:
-            session.answer = _response("replaying", start=begin, lost=[r.start, lost_to])
+            replaying["lost"] = [r.start, lost_to]
         if begin < r.end:
             try:
                 # Exclusive: a block copy claims the tail after writing past it.
@@ -529,14 +620,20 @@ class ReplayServer:
                     _positioned_channel(r.reply_channel, r.log, session.mtu, begin),
                     r.data_stream_id)
             except SlipstreamError as e:
-                session.answer = _response("refused", message=f"{where}: cannot publish the "
-                                                              f"replay to {r.reply_channel}: {e}")
+                session.answer = session.respond(
+                    "refused", message=f"{where}: cannot publish the replay to "
+                                       f"{r.reply_channel}: {e}")
                 session.position = r.end
                 self.refused += 1
+                self._sessions.append(session)
+                return
+            replaying["session_id"] = session.data.session_id  # its image at the reader
+        session.answer = session.respond("replaying", **replaying)
         self._sessions.append(session)
 
     def _finish(self, session: _Session, *, served: bool) -> None:
         session.close()
+        self._responses.give_back(session.request)
         self._sessions.remove(session)
         if served:
             self.served += 1
@@ -580,7 +677,7 @@ class ReplayServer:
             except _BlockError as e:
                 return self._stop_refused(session, str(e))
             except DataLossError as e:
-                session.response.offer(_response(
+                session.response.offer(session.respond(
                     "lost", message=f"the log no longer holds position {session.position} "
                                     f"(the publisher is at {e.producer_position})",
                     lost=[session.position, request.end], producer=e.producer_position))
@@ -588,7 +685,7 @@ class ReplayServer:
                 self._finish(session, served=False)
                 return 1
             if session.pending is None:  # the range is sent: say where its last message ends
-                session.answer = _response("complete", end=session.last_end)
+                session.answer = session.respond("complete", end=session.last_end)
                 session.completed = True
                 return 1
             session.pending_from = 0
@@ -613,7 +710,7 @@ class ReplayServer:
 
     def _stop_refused(self, session: _Session, why: str) -> int:
         """Stop sending the replay and tell the reader ``why``."""
-        session.answer = _response("refused", message=why)
+        session.answer = session.respond("refused", message=why)
         session.completed = False
         assert session.data is not None
         session.data.close()
@@ -641,8 +738,9 @@ class ReplayServer:
             if position >= end or moved >= _ADVANCE_BYTES:
                 break
             term = source.term_address(index_by_position(position, source.position_bits))
+            block = min(_BLOCK_BYTES, max(_FIRST_BLOCK_BYTES, position - session.begin))
             copied = lib.ss_append_block(data._appender, term, source.term_length, position,
-                                         end, _BLOCK_BYTES, result)
+                                         end, block, result)
             if copied > 0:
                 # Whole only if the log still held it all after the copy (the C half checks
                 # the first frame; a cleaner zeroes the rest first): else the range is lost.
@@ -697,27 +795,135 @@ def local_address_towards(address: str, port: int) -> str:
         probe.close()
 
 
+class _Link:
+    """A reader's streams to one holder, kept from one replay to the next as a
+    :class:`~slipstream.client.holding.HolderLink` keeps its call streams: the control
+    publication to the holder (connected: a request goes at once) and the response
+    subscription at this host's reply endpoint.  Each replay has a data subscription of its
+    own, closed when it ends: an ended image goes only once no subscription holds it, and a
+    kept one would hold its log (the range's pages, and a share of the driver's log memory
+    limit) for the image liveness timeout.
+
+    One replay uses a link at a time.  A link goes back to its pool (:func:`_take_link`) only
+    after a replay read to its end through a holder that names the request in its answers
+    (:attr:`ReplayRequest.request_id`): what is left of that replay on the link (its
+    ``complete`` answer) is then told apart from the next's answers.  Any other end closes
+    it."""
+
+    def __init__(self, client: Client, holder_address: str, port: int,
+                 control_stream_id: int, reply_channel: str) -> None:
+        self.client = client
+        self.key = (holder_address, port, control_stream_id, reply_channel)
+        self.reply_channel = reply_channel
+        self.response_stream_id = random.randrange(1, INT32_MAX)
+        self.idle_since = 0.0
+        # Every subscription at the reply endpoint asks for the same window (its first one
+        # makes it), as a HolderLink's does.
+        self.response = client.add_subscription(reply_subscription_channel(reply_channel),
+                                                self.response_stream_id)
+        try:
+            self.control = client.add_publication(
+                small_channel(f"aeron:udp?endpoint={holder_address}:{port}"),
+                control_stream_id)
+        except BaseException:
+            self.response.close()
+            raise
+
+    def data_subscription(self) -> tuple[Subscription, int]:
+        """A new subscription for one replay's data, and its stream id (not the response
+        stream's)."""
+        stream_id = random.randrange(1, INT32_MAX)
+        while stream_id == self.response_stream_id:
+            stream_id = random.randrange(1, INT32_MAX)
+        return (self.client.add_subscription(reply_subscription_channel(self.reply_channel),
+                                             stream_id), stream_id)
+
+    @property
+    def usable(self) -> bool:
+        return not (self.client.is_closed or self.response.is_closed or self.control.is_closed)
+
+    def close(self) -> None:
+        for resource in (self.response, self.control):
+            resource.close()
+
+
+_links: dict[tuple[int, str, int, int, str], list[_Link]] = {}
+_links_lock = threading.Lock()
+
+
+def _take_link(client: Client, holder_address: str, port: int, control_stream_id: int,
+               reply_channel: str) -> _Link:
+    """An idle link of ``client`` to the holder, else a new one.  Links idle longer than
+    :data:`_LINK_IDLE_S` are closed on the way (the holder drops their answer stream a little
+    later)."""
+    now = time.monotonic()
+    stale: list[_Link] = []
+    found: _Link | None = None
+    with _links_lock:
+        for key, idle in list(_links.items()):
+            keep = [link for link in idle
+                    if link.usable and now - link.idle_since <= _LINK_IDLE_S]
+            stale += [link for link in idle if link not in keep]
+            if keep:
+                _links[key] = keep
+            else:
+                del _links[key]
+        idle = _links.get((id(client), holder_address, port, control_stream_id, reply_channel))
+        while idle and found is None:
+            link = idle.pop()
+            if link.client is client:
+                found = link
+            else:
+                stale.append(link)
+    for link in stale:
+        with contextlib.suppress(SlipstreamError):
+            link.close()
+    if found is not None:
+        return found
+    return _Link(client, holder_address, port, control_stream_id, reply_channel)
+
+
+def _give_back(link: _Link) -> None:
+    """Keep ``link`` for the next replay (up to :data:`_IDLE_LINKS` per holder), else close
+    it."""
+    if link.usable:
+        link.idle_since = time.monotonic()
+        with _links_lock:
+            idle = _links.setdefault((id(link.client), *link.key), [])
+            if len(idle) < _IDLE_LINKS:
+                idle.append(link)
+                return
+    with contextlib.suppress(SlipstreamError):
+        link.close()
+
+
 class Replay:
     """A replay being received: read it with :meth:`poll` until :attr:`done`.
 
     ``start`` is where it begins (the request's start, or past a loss the holder skipped:
     ``lost`` is then that ``(from, to)``); messages carry their positions in the source log.
+    ``session_id``: the replay's session on the data stream, when the holder named it.
     """
 
-    def __init__(self, request: ReplayRequest, holder: str, data: Subscription,
-                 response: Subscription, control: Publication, start: int,
-                 lost: tuple[int, int] | None) -> None:
+    def __init__(self, request: ReplayRequest, holder: str, link: _Link, data: Subscription,
+                 start: int, lost: tuple[int, int] | None, session_id: int | None = None,
+                 reusable: bool = False) -> None:
         self.request = request
         self.holder = holder
         self.start = start
         self.lost = lost
         self.position = start
+        self.session_id = session_id
         #: Where the last message ends, once the holder said it sent them all (a range may
         #: end with padding, which a replay does not send).
         self.complete_at: int | None = None
+        self._link = link
         self._data = data
-        self._response = response
-        self._control = control
+        self._response = link.response
+        self._control = link.control
+        self._reusable = reusable  # the holder names the request in its answers: keep the link
+        self._failed = False
+        self._closed = False
 
     @property
     def done(self) -> bool:
@@ -741,6 +947,7 @@ class Replay:
         count = image.poll(handler, fragment_limit)
         self.position = image.position
         if self.position > end:
+            self._failed = True
             raise ReplayError(f"{self.describe()} went past its end, to {self.position}: the "
                               f"replay is framed otherwise than the log")
         if count == 0 and not self.done:
@@ -767,11 +974,19 @@ class Replay:
     def _image(self) -> Image | None:
         """The replay's image once it is there (checking where it began), else None."""
         images = self._data.images
-        if not images:
+        image = None
+        if self.session_id is None:
+            image = images[0] if images else None
+        else:  # the one the holder named (the only publication of the stream, but for a stray)
+            for candidate in images:
+                if candidate.session_id == self.session_id:
+                    image = candidate
+                    break
+        if image is None:
             self._check_response()
             return None
-        image = images[0]
         if image.join_position != self.start and self.position == self.start:
+            self._failed = True
             raise ReplayError(f"{self.describe()} began at position {image.join_position}, "
                               f"not {self.start}: the replay is framed otherwise than the log")
         return image
@@ -787,20 +1002,25 @@ class Replay:
             if not self.done:
                 self._response.wait_for_data(10_000_000)
         if not self.done:
+            self._failed = True
             raise ReplayError(f"{self.describe()} ended at position {self.position}")
 
     def _check_response(self) -> None:
         answers: list[dict[str, Any]] = []
         self._response.poll(lambda data, _h: answers.append(json.loads(bytes(data))), 4)
         for answer in answers:
+            if not _answers_request(answer, self.request):
+                continue  # what is left of an earlier replay on the link
             status = answer.get("status")
             if status == "lost":
+                self._failed = True
                 lost = answer.get("lost") or [self.position, self.request.end]
                 raise ReplayLostError(f"{self.describe()}: {answer.get('message')}",
                                       (int(lost[0]), int(lost[1])))
             if status == "complete":
                 self.complete_at = int(answer["end"])
             elif status == "refused":
+                self._failed = True
                 raise ReplayError(f"{self.describe()}: {answer.get('message')}")
 
     def wait(self, timeout_s: float) -> bool:
@@ -808,14 +1028,32 @@ class Replay:
         return self._data.wait_for_data(int(timeout_s * 1e9))
 
     def close(self) -> None:
-        for resource in (self._data, self._response, self._control):
-            resource.close()
+        """Done with the replay: its data subscription is closed; the link's streams are kept
+        for the next replay when this one was read to its end (and the holder names its
+        answers), else closed."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._data.close()
+        finally:
+            if self._reusable and self.done and not self._failed:
+                _give_back(self._link)
+            else:
+                self._link.close()
 
     def __enter__(self) -> Replay:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _answers_request(answer: dict[str, Any], request: ReplayRequest) -> bool:
+    """Whether ``answer`` is to ``request``: it names it, or names none (a holder that does
+    not name requests answers on fresh streams only)."""
+    named = answer.get("request_id")
+    return named is None or named == request.request_id
 
 
 def request_replay(client: Client, holder_address: str, port: int, control_stream_id: int,
@@ -827,6 +1065,9 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
     ``client``'s driver at ``reply_address`` (None: this host's address towards the holder,
     :func:`local_address_towards`), same ``port``.
 
+    The control and response streams are kept from one replay to the next (:class:`_Link`):
+    a replay after the first to the same holder sets up only its data stream.
+
     Returns the :class:`Replay` once the holder answered ``replaying``.  Raises
     :class:`ReplayLostError` when it answers ``lost`` (and ``skip_lost`` is false or nothing
     is left), :class:`ReplayError` when it refuses or does not answer within ``timeout_s``.
@@ -835,20 +1076,19 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
     if reply_address is None:
         reply_address = local_address_towards(holder_address, port)
     reply_channel = f"aeron:udp?endpoint={reply_address}:{port}"
-    data_channel = reply_subscription_channel(reply_channel)
-    data_stream = random.randrange(1, INT32_MAX - 1)
-    request = ReplayRequest(stream_id, log_identity, start, end, reply_channel, data_stream,
-                            data_stream + 1, skip_lost)
-    data = client.add_subscription(data_channel, request.data_stream_id)
-    resources: list[Any] = [data]
+    deadline = time.monotonic() + timeout_s
+    link = _take_link(client, holder_address, port, control_stream_id, reply_channel)
     try:
-        response = client.add_subscription(small_channel(reply_channel), request.response_stream_id)
-        resources.append(response)
-        control = client.add_publication(
-            small_channel(f"aeron:udp?endpoint={holder_address}:{port}"), control_stream_id)
-        resources.append(control)
-        deadline = time.monotonic() + timeout_s
-        while control.offer(request.encode()) < 0:
+        data, data_stream_id = link.data_subscription()
+    except BaseException:
+        link.close()
+        raise
+    request = ReplayRequest(stream_id, log_identity, start, end, reply_channel,
+                            data_stream_id, link.response_stream_id, skip_lost,
+                            random.randrange(1, 2**63))
+    keep_link = False  # an answer that names the request leaves nothing of it on the link
+    try:
+        while link.control.offer(request.encode()) < 0:
             if time.monotonic() > deadline:
                 raise ReplayError(
                     f"the replay holder at {holder} did not answer within {timeout_s:g} s: is "
@@ -856,16 +1096,22 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
                     f"between this host and {holder_address}?")
             time.sleep(0.001)
         answers: list[dict[str, Any]] = []
-        while not answers:
-            response.poll(lambda payload, _h: answers.append(json.loads(bytes(payload))), 1)
-            if answers:
+        answer: dict[str, Any] | None = None
+        while answer is None:
+            link.response.poll(lambda payload, _h: answers.append(json.loads(bytes(payload))),
+                               1)
+            while answers and answer is None:
+                candidate = answers.pop(0)
+                if _answers_request(candidate, request):
+                    answer = candidate
+            if answer is not None:
                 break
             if time.monotonic() > deadline:
                 raise ReplayError(f"the replay holder at {holder} took the request for "
                                   f"[{start}, {end}) but did not answer within {timeout_s:g} s")
-            response.wait_for_data(10_000_000)
-        answer = answers[0]
+            link.response.wait_for_data(10_000_000)
         status = answer.get("status")
+        keep_link = answer.get("request_id") == request.request_id
         where = f"the holder at {holder}, stream {stream_id} session {log_identity.session_id}"
         if status == "lost":
             lost = answer.get("lost") or [start, end]
@@ -875,9 +1121,15 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
             raise ReplayError(f"{where}: {answer.get('message', answer)}")
         begin = int(answer["start"])
         lost_range = answer.get("lost")
-        return Replay(request, holder, data, response, control, begin,
-                      (int(lost_range[0]), int(lost_range[1])) if lost_range else None)
+        session_id = answer.get("session_id")
+        return Replay(request, holder, link, data, begin,
+                      (int(lost_range[0]), int(lost_range[1])) if lost_range else None,
+                      session_id if isinstance(session_id, int) else None,
+                      reusable=keep_link)
     except BaseException:
-        for resource in resources:
-            resource.close()
+        data.close()
+        if keep_link:
+            _give_back(link)
+        else:
+            link.close()
         raise

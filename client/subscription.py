@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slipstream.client")
 _dispatch = _fastpath.dispatch
+_payload_buffer = _fastpath.payload_buffer
 _controlled_dispatch = _fastpath.controlled_dispatch
 _ABORT, _BREAK, _COMMIT, _CONTINUE = (ControlledPollAction.ABORT, ControlledPollAction.BREAK,
                                       ControlledPollAction.COMMIT, ControlledPollAction.CONTINUE)
@@ -476,8 +477,9 @@ class Image:
                 return None
             self._advance(position + next_offset - offset)  # padding: on into the next term
             return self.poll_gathered(max_messages, limit_position)
-        size = self._ends_view[count - 1] - self._starts_view[0]  # at least the payloads
-        data = bytearray(size)
+        # Exactly the payloads, not zeroed: the gather writes every byte (or this raises).
+        data = _payload_buffer(self._starts_address, self._ends_address, count)
+        size = len(data)
         offsets = array("i", [0]) * (count + 1)
         lengths = array("i", [0]) * count
         positions = array("q", [0]) * count
@@ -489,10 +491,9 @@ class Image:
             copied = lib.ss_gather_messages(self._term_ptrs[index], self.term_length,
                                             self._starts, self._ends, count,
                                             position - offset, out, size, offs, lens, pos, res)
-        if copied != count:
+        if copied != count or offsets[count] != size:
             raise SlipstreamError(f"image {self.session_id}: a scan of the log gave frame "
                                   f"bounds outside its term (gather: {copied} of {count})")
-        del data[offsets[count]:]
         self._advance(position + next_offset - offset)
         return GatheredMessages(data, offsets, lengths, positions, reserved, self.session_id)
 

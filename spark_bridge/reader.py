@@ -300,22 +300,31 @@ def _arrow_batch(chunk: GatheredMessages, session_id: int, stream_id: int,
     wrap the chunk's buffers, the others are computed for the whole batch at once (no Python
     per message).  ``timestamp`` is the reserved value (ns since the epoch: the slipstream writer
     stamps it), or the read time where that is 0.  ``ids``: the session and stream id columns
-    by row count, kept by the caller across the batches of one range (they are the same for
-    every full batch)."""
+    of a full batch (a shorter one takes slices of them), kept by the caller across the
+    batches of one range."""
     import numpy as np
     import pyarrow as pa
 
     n = len(chunk)
-    id_columns = ids.get(n) if ids is not None else None
+    size = max(n, _ROWS_PER_BATCH) if ids is not None else n
+    id_columns = ids.get(size) if ids is not None else None
     if id_columns is None:
-        id_columns = (pa.array(np.full(n, session_id, dtype=np.int32)),
-                      pa.array(np.full(n, stream_id, dtype=np.int32)))
+        id_columns = (pa.array(np.full(size, session_id, dtype=np.int32)),
+                      pa.array(np.full(size, stream_id, dtype=np.int32)))
         if ids is not None:
-            ids[n] = id_columns
-    published = np.frombuffer(chunk.reserved_values, dtype=np.int64) // 1000
-    if published.min() <= 0:  # not stamped (not the slipstream writer's): the read time
+            ids[size] = id_columns
+    if n < size:  # a shorter batch: zero-copy slices of the full batch's columns
+        id_columns = (id_columns[0].slice(0, n), id_columns[1].slice(0, n))
+    reserved = np.frombuffer(chunk.reserved_values, dtype=np.int64)
+    if reserved.min() >= 1000:  # every message stamped (ns): its time in us
+        published = reserved // 1000
+    else:  # some not stamped (not the slipstream writer's): the read time for those
         now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1_000_000)
-        published = np.where(published > 0, published, now)
+        if reserved.max() < 1000:  # none: no division to make
+            published = np.full(n, now, dtype=np.int64)
+        else:
+            published = reserved // 1000
+            published = np.where(published > 0, published, now)
     values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(chunk.offsets),
                                                     pa.py_buffer(chunk.data)])
     columns = [

@@ -6,6 +6,7 @@ take nothing from a source frame it has not checked."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from slipstream.client import BufferClaim, Client
 from slipstream.client._native import ffi, lib
+from slipstream.client.holding import small_channel
 from slipstream.client.layout import (
     BEGIN_FLAG,
     DATA_HEADER,
@@ -435,3 +437,60 @@ def source_rows(image: Image, start: int, end: int) -> list[tuple[bytes, int, in
     rows: list[tuple[bytes, int, int]] = []
     image.peek(start, lambda d, h: rows.append((bytes(d), h.position, h.reserved_value)), end)
     return rows
+
+
+@pytest.mark.sockets
+def test_replays_share_the_readers_link_and_pass_over_an_answer_to_another_request(
+        holder_and_reader) -> None:
+    """Replays one after the other through one client share its control and response streams
+    (and the holder its answer publication): only the data stream is new.  An answer on the
+    response stream that names another request (a late answer to an earlier replay) is read
+    and passed over; a replay left before its end closes the link it had."""
+    publication, _keeper, remote, image, server = holder_and_reader
+    for i in range(50):
+        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
+    end = publication.position
+    local = source_rows(image, 0, end)
+
+    def read(replay: Replay) -> list[tuple[bytes, int, int]]:
+        got: list[tuple[bytes, int, int]] = []
+        deadline = time.monotonic() + 20
+        with replay:
+            while not replay.done:
+                if replay.poll(lambda d, h: got.append((bytes(d), h.position,
+                                                        h.reserved_value))) == 0:
+                    assert time.monotonic() < deadline, f"stalled at {replay.position}"
+                    replay.wait(0.01)
+        return got
+
+    def request() -> Replay:
+        return request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
+                              LogIdentity.of(image), 0, end, timeout_s=10)
+
+    first = request()
+    link = first._link
+    assert read(first) == local
+    late = remote.add_publication(small_channel(link.reply_channel), link.response_stream_id)
+    wait_for(lambda: late.is_connected, what="the late answer's stream")
+    assert late.offer(json.dumps({"status": "refused", "message": "not yours",
+                                  "request_id": 1}).encode()) > 0
+
+    def late_image() -> Image | None:
+        return next((i for i in link.response.images if i.session_id == late.session_id), None)
+
+    wait_for(lambda: late_image() is not None and late_image().available_position() > 0,
+             what="the late answer at the reader")
+    second = request()
+    assert second._link is link and second._data is not first._data
+    assert read(second) == local
+    assert late_image().position == late_image().available_position()  # read, passed over
+    late.close()
+    wait_for(lambda: server.served == 2, what="two replays served")
+    assert len(server._responses._entries) == 1  # one answer publication for both
+    left = request()
+    assert left._link is link
+    left.close()  # before its end
+    assert link.control.is_closed and link.response.is_closed
+    fresh = request()
+    assert fresh._link is not link
+    assert read(fresh) == local
