@@ -218,6 +218,7 @@ MODULE_LANES = {
     "test_strategy_registration": "unit",
     "test_systemd": "sockets",
     "test_systemd_boot": "hosts",
+    "test_tether": "unit",
     "test_udp": "sockets",
     "test_mdc": "sockets",
     "test_mdc_hosts": "hosts",

@@ -61,6 +61,7 @@ from slipstream.daemon.pressure.episodes import (
 )
 from slipstream.daemon.pressure.governor import SAMPLE_INTERVAL_NS, PressureGovernor, pressure_of
 from slipstream.daemon.protocol.params import PublicationParams
+from slipstream.daemon.streams.tether import Tether
 
 log = logging.getLogger("slipstream.driver")
 
@@ -498,18 +499,13 @@ class DriverConductor:
 
     def _attach(self, publication: IpcPublication, subscription: Subscription,
                 client: ClientSession) -> tuple[bytes, dict[str, Any]]:
-        channel, settings = subscription.channel, self.settings
+        channel = subscription.channel
         subscriber = publication.add_subscriber(
             subscription.registration_id, client.client_id,
             f"aeron:ipc stream={publication.stream_id} session={publication.session_id} "
-            f"sub={subscription.registration_id}", now_ns=self._last_cycle_ns,
-            tethered=channel.tether is not False,
-            window_limit_timeout_ns=(channel.untethered_window_limit_timeout_ns
-                                     if channel.untethered_window_limit_timeout_ns is not None
-                                     else settings.untethered_window_limit_timeout),
-            resting_timeout_ns=(channel.untethered_resting_timeout_ns
-                                if channel.untethered_resting_timeout_ns is not None
-                                else settings.untethered_resting_timeout))
+            f"sub={subscription.registration_id}",
+            tether=(Tether.of(channel, self.settings, self._last_cycle_ns)
+                    if channel.tether is False else None))
         # Credit and is_connected now, not at the next duty cycle: an offer made as soon as
         # add_subscription (or add_publication) returns finds them (it got NOT_CONNECTED).
         publication.update_limits(self._last_cycle_ns)

@@ -27,6 +27,7 @@ from slipstream.client.logbuffer import LogBuffer, unblock
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.pressure.episodes import BackPressureEpisodes, EpisodeEvent
 from slipstream.daemon.protocol.log_cleaner import CLEAN_CHUNK_LENGTH, LogCleaner
+from slipstream.daemon.streams.tether import Tether, TetherState
 
 
 class IpcPublicationState(enum.Enum):
@@ -41,17 +42,13 @@ class IpcPublicationState(enum.Enum):
 @attrs.define
 class IpcSubscriber:
     """One subscription's view of the publication: its position counter.  An untethered one
-    (``tether=false``) does not hold publishers back for longer than its window limit
-    timeout: it is left behind, rests, and rejoins at the newest position."""
+    (``tether=false``: its :class:`Tether`) does not hold publishers back for longer than its
+    window limit timeout: it is left behind, rests, and rejoins at the newest position."""
 
     subscription_id: int
     client_id: int
     position_counter_id: int
-    tethered: bool = True
-    window_limit_timeout_ns: int = 0
-    resting_timeout_ns: int = 0
-    #: Untethered: when it was last clear of the window's end; resting: when it was left.
-    since_ns: int = 0
+    tether: Tether | None = None  # None: tethered
 
 
 @attrs.define(eq=False)
@@ -162,45 +159,42 @@ class IpcPublication:
         return self.log.producer_position()
 
     def add_subscriber(self, subscription_id: int, client_id: int, label: str, *,
-                       now_ns: int = 0, tethered: bool = True,
-                       window_limit_timeout_ns: int = 0,
-                       resting_timeout_ns: int = 0) -> IpcSubscriber:
-        """Give a subscription a position counter at the join position."""
+                       tether: Tether | None = None) -> IpcSubscriber:
+        """Give a subscription a position counter at the join position (untethered, with
+        ``tether``)."""
         position = self.join_position()
         counter_id = self.counters.allocate(
             CounterType.SUBSCRIBER_POSITION, f"sub-pos: {label}", registration_id=subscription_id,
             session_id=self.session_id, stream_id=self.stream_id, owner_id=client_id,
             initial_value=position)
-        subscriber = IpcSubscriber(subscription_id, client_id, counter_id, tethered,
-                                   window_limit_timeout_ns, resting_timeout_ns, now_ns)
+        subscriber = IpcSubscriber(subscription_id, client_id, counter_id, tether)
         self.subscribers.append(subscriber)
         return subscriber
 
     def check_untethered(self, now_ns: int) -> tuple[list[tuple[IpcSubscriber, int, int]],
                                                      list[IpcSubscriber]]:
-        """Aeron's untethered subscriptions, as drop-oldest: one within an eighth of a window
-        of the producer's window end (it is what holds publishers back) for longer than its
-        window limit timeout is left behind, its position dropped from the limit; after its
-        resting timeout it may rejoin.  Returns (left behind now, with the range of positions
-        it skips: from its position to the producer's), (ready to rejoin)."""
+        """Aeron's untethered subscriptions, as drop-oldest (:mod:`..streams.tether`): one
+        within an eighth of a window of the producer's window end (it is what holds
+        publishers back) for too long is left behind (LINGER), then unlinked (RESTING: its
+        position dropped from the limit, its counter freed), then may rejoin.  Returns (left
+        behind now, with the range of positions it skips: from its position to the
+        producer's), (done resting: to link anew, at the newest position)."""
         left: list[tuple[IpcSubscriber, int, int]] = []
-        if any(not s.tethered for s in self.subscribers):
-            producer = self.log.producer_position()
-            window = self.term_window_length
-            window_end = producer - window + (window >> 3)
-            for subscriber in list(self.subscribers):
-                if subscriber.tethered:
-                    continue
-                position = self._position_of(subscriber, producer)
-                if position > window_end:
-                    subscriber.since_ns = now_ns
-                elif now_ns - subscriber.since_ns > subscriber.window_limit_timeout_ns:
-                    self.subscribers.remove(subscriber)
-                    self.counters.free(subscriber.position_counter_id)
-                    subscriber.since_ns = now_ns
-                    self.resting.append(subscriber)
-                    left.append((subscriber, position, producer))
-        rejoin = [s for s in self.resting if now_ns - s.since_ns >= s.resting_timeout_ns]
+        producer = self.log.producer_position()
+        window = self.term_window_length
+        window_end = producer - window + (window >> 3)
+        for subscriber in list(self.subscribers):
+            if subscriber.tether is None:
+                continue
+            position = self._position_of(subscriber, producer)
+            entered = subscriber.tether.check(position, window_end, now_ns)
+            if entered is TetherState.LINGER:
+                left.append((subscriber, position, producer))
+            elif entered is TetherState.RESTING:
+                self.subscribers.remove(subscriber)
+                self.counters.free(subscriber.position_counter_id)
+                self.resting.append(subscriber)
+        rejoin = [s for s in self.resting if s.tether is not None and s.tether.rested(now_ns)]
         for subscriber in rejoin:
             self.resting.remove(subscriber)
         return left, rejoin
@@ -315,6 +309,18 @@ class IpcPublication:
         self.credit_stop_position = self.log.producer_position()
         self._set_limit(min(self.counters.get(self.publisher_limit_id),
                             self.credit_stop_position))
+        self._drop_left_behind()
+
+    def _drop_left_behind(self) -> None:
+        """The untethered timer stops (the publication drains, or the driver does): the
+        subscribers left behind (LINGER) stop holding the log at once, their clients told as
+        they were left, and the resting ones will not rejoin: kept, a lingering one's
+        position would hold the drain for good."""
+        for subscriber in [s for s in self.subscribers
+                           if s.tether is not None and s.tether.lingering]:
+            self.subscribers.remove(subscriber)
+            self.counters.free(subscriber.position_counter_id)
+        self.resting.clear()
 
     def is_consumed(self, *, except_clients: frozenset[int] = frozenset()) -> bool:
         """Every subscriber (but those of ``except_clients``) has read all the log holds
@@ -326,6 +332,7 @@ class IpcPublication:
     def start_draining(self) -> None:
         """The last publisher left: subscribers may read what is there, then the log goes."""
         self.state = IpcPublicationState.DRAINING
+        self._drop_left_behind()
         self.log.end_of_stream_position = self.log.producer_position()
         self.log.signal_readers()
 

@@ -105,6 +105,7 @@ from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 from slipstream.daemon.reports.loss_report import LossReport
 from slipstream.daemon.streams.image import ImagePositions, PublicationImage
 from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+from slipstream.daemon.streams.tether import Tether, TetherState
 
 log = logging.getLogger("slipstream.driver")
 
@@ -180,8 +181,8 @@ class _PublicationEntry:
     #: has not taken yet (the publication's spy hold stays at their join positions until then).
     spies: list[_SpyLink] = attrs.Factory(list)
     spy_joins_pending: int = 0
-    #: Untethered spies left behind, resting until they rejoin: (the spy, since when, ns).
-    resting_spies: list[tuple[NetworkSubscription, int]] = attrs.Factory(list)
+    #: Untethered spies left behind, resting until they rejoin (their tethers RESTING).
+    resting_spies: list[tuple[NetworkSubscription, Tether]] = attrs.Factory(list)
     #: Spies that want it but found the counters full as it was made: linked on the
     #: conductor's timer once there is room (:meth:`NetworkConductor.check_spies`).
     missed_spies: list[NetworkSubscription] = attrs.Factory(list)
@@ -209,11 +210,12 @@ class _SpyLink:
     subscription: NetworkSubscription
     counter_id: int
     cell: object
-    #: An untethered spy's (``tether=false``): since when it was clear of the window's end
-    #: (ACTIVE), or since it was left behind (lingering: its image gone, its position still
-    #: held for the window limit timeout, as Aeron's LINGER, so its client can stop reading).
-    since_ns: int = 0
-    lingering: bool = False
+    tether: Tether | None = None  # an untethered spy's (``tether=false``)
+
+    @property
+    def lingering(self) -> bool:
+        """Left behind: its image gone, its position still held a while (Aeron's LINGER)."""
+        return self.tether is not None and self.tether.lingering
 
 
 @attrs.frozen(eq=False)
@@ -237,12 +239,12 @@ class _ImageLink:
     subscription: NetworkSubscription
     counter_id: int
     cell: object  # cffi int64_t * of the sub-pos counter
-    #: An untethered subscription's (``tether=false``), as a spy's (:class:`_SpyLink`):
-    #: since when it was clear of the window's end (0: not looked at yet), or since it was
-    #: left behind (lingering: its image gone, its position still held for the window limit
-    #: timeout, Aeron's LINGER).
-    since_ns: int = 0
-    lingering: bool = False
+    tether: Tether | None = None  # an untethered subscription's (``tether=false``)
+
+    @property
+    def lingering(self) -> bool:
+        """Left behind: its image gone, its position still held a while (Aeron's LINGER)."""
+        return self.tether is not None and self.tether.lingering
 
 
 @attrs.define(eq=False)
@@ -254,8 +256,9 @@ class _ImageEntry:
     source: Address
     links: list[_ImageLink] = attrs.Factory(list)
     lingering: bool = False
-    #: Untethered subscriptions left behind, resting until they rejoin: (it, since when).
-    resting: list[tuple[NetworkSubscription, int]] = attrs.Factory(list)
+    #: Untethered subscriptions left behind, resting until they rejoin (their tethers
+    #: RESTING).
+    resting: list[tuple[NetworkSubscription, Tether]] = attrs.Factory(list)
 
 
 @attrs.define(eq=False)
@@ -621,7 +624,7 @@ class NetworkConductor:
             self._on_spy_linked(entry)  # no link after all: its hold goes
             raise
         cell = self.counters.address(counter_id)
-        entry.spies.append(_SpyLink(spy, counter_id, cell, since_ns=now_ns))
+        entry.spies.append(_SpyLink(spy, counter_id, cell, self._tether(spy, now_ns)))
 
         def add_spy(_now: int) -> None:
             try:
@@ -727,26 +730,20 @@ class NetworkConductor:
         out.extend(self.check_untethered_images(now_ns))
         return out
 
-    def _untethered_timeouts(self, channel: Channel) -> tuple[int, int]:
-        """An untethered subscription's window limit and resting timeouts (ns): its URI's,
-        else the settings'."""
-        settings = self.settings
-        return ((channel.untethered_window_limit_timeout_ns
-                 if channel.untethered_window_limit_timeout_ns is not None
-                 else settings.untethered_window_limit_timeout),
-                (channel.untethered_resting_timeout_ns
-                 if channel.untethered_resting_timeout_ns is not None
-                 else settings.untethered_resting_timeout))
+    def _tether(self, subscription: NetworkSubscription, now_ns: int) -> Tether | None:
+        """An untethered subscription's tether as it links (ACTIVE from ``now_ns``), None for
+        a tethered one."""
+        channel = subscription.channel
+        return Tether.of(channel, self.settings, now_ns) if channel.tether is False else None
 
     def check_untethered_images(self, now_ns: int) -> Outgoing:
         """Aeron's untethered subscriptions of network images (``tether=false``;
-        PublicationImage.checkUntetheredSubscriptions), on the conductor's timer: one within a
-        quarter of a receiver window of the end of the image's window (the fastest
-        subscriber's position less the window: what the slowest may hold the sender to) for
-        longer than its window limit timeout is left behind: its image goes, with the range it
-        skips (from its position to the fastest's), and its position holds on for that
-        timeout again (its client stops reading), then goes; after its resting timeout it
-        rejoins where the image's slowest subscriber is, with a new image."""
+        PublicationImage.checkUntetheredSubscriptions; the states are
+        :mod:`..streams.tether`'s), on the conductor's timer.  The end of the image's window
+        is the fastest subscriber's position less the receiver window, plus a quarter of it
+        (what the slowest may hold the sender to): one left behind there loses its image, with
+        the range it skips (from its position to the fastest's); it rejoins where the image's
+        slowest subscriber is, with a new image."""
         out: Outgoing = []
         for endpoint in self._receive_endpoints.values():
             for image_entry in endpoint.images.values():
@@ -754,14 +751,11 @@ class NetworkConductor:
                     continue
                 if image_entry.resting:
                     out.extend(self._rejoin_rested(image_entry, now_ns))
-                untethered = [link for link in image_entry.links
-                              if link.subscription.channel.tether is False]
-                if untethered:
-                    out.extend(self._check_untethered_links(image_entry, untethered, now_ns))
+                if any(link.tether is not None for link in image_entry.links):
+                    out.extend(self._check_untethered_links(image_entry, now_ns))
         return out
 
-    def _check_untethered_links(self, image_entry: _ImageEntry, untethered: list[_ImageLink],
-                                now_ns: int) -> Outgoing:
+    def _check_untethered_links(self, image_entry: _ImageEntry, now_ns: int) -> Outgoing:
         out: Outgoing = []
         image = image_entry.image
         hwm = image.rcv_hwm
@@ -770,24 +764,20 @@ class NetworkConductor:
         fastest = max(positions.values())
         window = image.window
         window_end = fastest - window + (window >> 2)
-        for link in untethered:
-            limit_timeout, _ = self._untethered_timeouts(link.subscription.channel)
+        for link in list(image_entry.links):
+            if link.tether is None:
+                continue
             position = positions[id(link)]
-            if link.since_ns == 0:
-                link.since_ns = now_ns
-            if link.lingering:
-                if now_ns - link.since_ns > limit_timeout:
-                    self._unlink(image_entry, link)
-                    image_entry.resting.append((link.subscription, now_ns))
-            elif position > window_end:
-                link.since_ns = now_ns
-            elif now_ns - link.since_ns > limit_timeout:
+            entered = link.tether.check(position, window_end, now_ns)
+            if entered is TetherState.RESTING:
+                self._unlink(image_entry, link)
+                image_entry.resting.append((link.subscription, link.tether))
+            elif entered is TetherState.LINGER:
                 self.counters.add(SystemCounter.UNTETHERED_SKIPS)
                 self.counters.add(SystemCounter.UNTETHERED_SKIPPED_BYTES, fastest - position)
                 log.info("untethered subscription %d of image %d left behind at %d (the "
                          "fastest at %d)", link.subscription.registration_id,
                          image_entry.registration_id, position, fastest)
-                link.lingering, link.since_ns = True, now_ns
                 out.append((link.subscription.client_key, messages.unavailable_image(
                     image_registration_id=image_entry.registration_id,
                     subscription_registration_id=link.subscription.registration_id,
@@ -799,18 +789,17 @@ class NetworkConductor:
         again at its join position (Aeron's: the slowest subscriber's, at most rcv-pos)."""
         out: Outgoing = []
         image = image_entry.image
-        for subscription, since_ns in list(image_entry.resting):
-            _, resting_timeout = self._untethered_timeouts(subscription.channel)
-            if now_ns - since_ns < resting_timeout:
+        for subscription, tether in list(image_entry.resting):
+            if not tether.rested(now_ns):
                 continue
-            image_entry.resting.remove((subscription, since_ns))
+            image_entry.resting.remove((subscription, tether))
             if self.subscriptions.get(subscription.registration_id) is not subscription:
                 continue
             hwm = image.rcv_hwm
             join = min([image.rcv_pos, *(network.ss_subscriber_position_bounded(
                 self.counters.get(link.counter_id), hwm) for link in image_entry.links)])
             try:
-                out.append(self._link(image_entry, subscription, join, submit=True))
+                out.append(self._link(image_entry, subscription, join, now_ns, submit=True))
             except CountersFullError as e:
                 self.counters.add(SystemCounter.ERRORS)
                 log.error("cannot link subscription %d to image %d again: %s",
@@ -819,13 +808,11 @@ class NetworkConductor:
 
     def check_untethered_spies(self, now_ns: int) -> Outgoing:
         """Aeron's untethered spies (``tether=false``; NetworkPublication
-        .checkUntetheredSubscriptions), on the conductor's timer: one within a quarter of a
-        window of the end of its publication's window (``snd-pos - window``: it is what holds
-        the publishers back) for longer than its window limit timeout is left behind: its
-        image goes, with the range it skips (from its position to snd-pos), and its position
-        holds on for that timeout again (its client stops reading), then goes; after its
-        resting timeout it rejoins at snd-pos with a new image.  Only while the publication
-        is open."""
+        .checkUntetheredSubscriptions; the states are :mod:`..streams.tether`'s), on the
+        conductor's timer.  The end of the publication's window is ``snd-pos`` less the
+        window, plus a quarter of it (what holds the publishers back): a spy left behind there
+        loses its image, with the range it skips (from its position to snd-pos); it rejoins at
+        snd-pos with a new image.  Only while the publication is open."""
         out: Outgoing = []
         for entry in self.publications.values():
             if entry.closing:
@@ -835,34 +822,28 @@ class NetworkConductor:
             window = publication.term_window_length
             window_end = sender_position - window + (window >> 2)
             for link in list(entry.spies):
-                channel = link.subscription.channel
-                if channel.tether is not False:
+                if link.tether is None:
                     continue
-                timeout, _ = self._untethered_timeouts(channel)
                 position = network.ss_subscriber_position_bounded(
                     self.counters.get(link.counter_id), sender_position)
-                if link.lingering:
-                    if now_ns - link.since_ns > timeout:
-                        self._unlink_spy(entry, link)
-                        entry.resting_spies.append((link.subscription, now_ns))
-                elif position > window_end:
-                    link.since_ns = now_ns
-                elif now_ns - link.since_ns > timeout:
+                entered = link.tether.check(position, window_end, now_ns)
+                if entered is TetherState.RESTING:
+                    self._unlink_spy(entry, link)
+                    entry.resting_spies.append((link.subscription, link.tether))
+                elif entered is TetherState.LINGER:
                     self.counters.add(SystemCounter.UNTETHERED_SKIPS)
                     self.counters.add(SystemCounter.UNTETHERED_SKIPPED_BYTES,
                                       sender_position - position)
                     log.info("untethered spy %d of publication %d left behind at %d (the "
                              "sender at %d)", link.subscription.registration_id,
                              entry.registration_id, position, sender_position)
-                    link.lingering, link.since_ns = True, now_ns
                     out.append((link.subscription.client_key, messages.unavailable_image(
                         image_registration_id=entry.registration_id,
                         subscription_registration_id=link.subscription.registration_id,
                         stream_id=publication.stream_id, lost=(position, sender_position))))
-            for spy, since_ns in list(entry.resting_spies):
-                _, resting = self._untethered_timeouts(spy.channel)
-                if now_ns - since_ns >= resting:
-                    entry.resting_spies.remove((spy, since_ns))
+            for spy, tether in list(entry.resting_spies):
+                if tether.rested(now_ns):
+                    entry.resting_spies.remove((spy, tether))
                     try:
                         out.append(self._link_spy(entry, spy, now_ns))
                     except CountersFullError as e:
@@ -924,7 +905,7 @@ class NetworkConductor:
                         and subscription.wants(image_entry.image.session_id,
                                                image_entry.image.stream_id)):
                     out.append(self._link(image_entry, subscription,
-                                          image_entry.image.rcv_pos, submit=True))
+                                          image_entry.image.rcv_pos, now_ns, submit=True))
         except CountersFullError:
             # All or nothing: a half-added subscription nobody owns would hold its images'
             # slowest position (and the senders) for good.
@@ -1035,7 +1016,7 @@ class NetworkConductor:
         out = []
         for subscription in subscribers:
             try:
-                out.append(self._link(image_entry, subscription, join, submit=False))
+                out.append(self._link(image_entry, subscription, join, now_ns, submit=False))
             except CountersFullError as e:
                 log.error("cannot link subscription %d to %s: %s",
                           subscription.registration_id, _label_of(setup, event.source), e)
@@ -1046,8 +1027,9 @@ class NetworkConductor:
         return out
 
     def _link(self, image_entry: _ImageEntry, subscription: NetworkSubscription,
-              position: int, *, submit: bool) -> tuple[bytes, dict[str, Any]]:
-        """A sub-pos counter for ``subscription`` on the image, and the AVAILABLE_IMAGE."""
+              position: int, now_ns: int, *, submit: bool) -> tuple[bytes, dict[str, Any]]:
+        """A sub-pos counter for ``subscription`` on the image (and its tether, untethered,
+        from ``now_ns``), and the AVAILABLE_IMAGE."""
         image = image_entry.image
         counter_id = self.counters.allocate(
             CounterType.SUBSCRIBER_POSITION,
@@ -1056,7 +1038,8 @@ class NetworkConductor:
             registration_id=subscription.registration_id, session_id=image.session_id,
             stream_id=image.stream_id, owner_id=subscription.client_id, initial_value=position)
         cell = self.counters.address(counter_id)
-        image_entry.links.append(_ImageLink(subscription, counter_id, cell))
+        image_entry.links.append(_ImageLink(subscription, counter_id, cell,
+                                            self._tether(subscription, now_ns)))
         if submit:
             self._submit_receive(lambda _now: image.add_subscriber_position(cell))
         else:

@@ -1,0 +1,125 @@
+"""The untethered subscription's states and timers (daemon/streams/tether.py), the one rule of
+IPC publications, spies and network images; and an IPC publication's use of it, sans-I/O."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from test_ipc_publication import make_publication, move_producer
+
+from slipstream.client.channel import parse_channel
+from slipstream.client.layout import TERM_MIN_LENGTH
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.streams.tether import Tether, TetherState
+
+MS = 1_000_000
+WINDOW_END = 1000  # a position at or below it holds the stream back
+
+
+def test_a_subscriber_near_the_window_end_lingers_then_rests_then_rejoins() -> None:
+    tether = Tether(window_limit_timeout_ns=50 * MS, resting_timeout_ns=100 * MS, since_ns=0)
+    assert tether.check(WINDOW_END, WINDOW_END, 50 * MS) is None  # not past the timeout yet
+    assert tether.check(WINDOW_END, WINDOW_END, 50 * MS + 1) is TetherState.LINGER
+    assert tether.lingering
+    # Lingering, its position holds the stream whatever it is, for the timeout again.
+    assert tether.check(WINDOW_END + 500, WINDOW_END, 100 * MS + 1) is None
+    assert tether.check(WINDOW_END + 500, WINDOW_END, 100 * MS + 2) is TetherState.RESTING
+    assert not tether.rested(200 * MS + 1)
+    assert tether.rested(200 * MS + 2)
+    assert tether.state is TetherState.ACTIVE and tether.since_ns == 200 * MS + 2
+    assert not tether.rested(10**12)  # once
+
+
+def test_a_subscriber_clear_of_the_window_end_starts_its_timer_again() -> None:
+    tether = Tether(window_limit_timeout_ns=50 * MS, resting_timeout_ns=0, since_ns=0)
+    assert tether.check(WINDOW_END, WINDOW_END, 40 * MS) is None
+    assert tether.check(WINDOW_END + 1, WINDOW_END, 45 * MS) is None  # clear: from 45 ms
+    assert tether.check(WINDOW_END, WINDOW_END, 95 * MS) is None
+    assert tether.check(WINDOW_END, WINDOW_END, 95 * MS + 1) is TetherState.LINGER
+
+
+@given(st.lists(st.tuples(st.integers(0, 2 * WINDOW_END), st.integers(0, 30 * MS)),
+                max_size=60))
+def test_states_follow_the_cycle_and_never_skip_one(steps: list[tuple[int, int]]) -> None:
+    """Whatever the positions and times: ACTIVE -> LINGER -> RESTING -> ACTIVE, each step
+    only after its timeout, and a subscriber clear of the window's end never leaves ACTIVE."""
+    tether = Tether(window_limit_timeout_ns=20 * MS, resting_timeout_ns=10 * MS, since_ns=0)
+    now = 0
+    following = {TetherState.ACTIVE: TetherState.LINGER, TetherState.LINGER: TetherState.RESTING}
+    for position, elapsed in steps:
+        now += elapsed
+        before, since = tether.state, tether.since_ns
+        if before is TetherState.RESTING:
+            rejoined = tether.rested(now)
+            assert rejoined == (now - since >= 10 * MS)
+            continue
+        entered = tether.check(position, WINDOW_END, now)
+        if entered is None:
+            assert tether.state is before
+        else:
+            assert entered is following[before] and tether.state is entered
+            assert now - since > 20 * MS
+            assert not (before is TetherState.ACTIVE and position > WINDOW_END)
+
+
+def test_the_uris_timeouts_stand_before_the_settings() -> None:
+    settings = DriverSettings()
+    given_ = Tether.of(parse_channel("aeron:ipc?tether=false|untethered-window-limit-timeout=7ms"
+                                     "|untethered-resting-timeout=9ms"), settings, 5)
+    assert (given_.window_limit_timeout_ns, given_.resting_timeout_ns, given_.since_ns) == (
+        7 * MS, 9 * MS, 5)
+    default = Tether.of(parse_channel("aeron:ipc?tether=false"), settings, 0)
+    assert (default.window_limit_timeout_ns, default.resting_timeout_ns) == (
+        settings.untethered_window_limit_timeout, settings.untethered_resting_timeout)
+
+
+def _ipc_with_an_untethered_subscriber(shm: Path):  # -> (IpcPublication, CountersFile, sub)
+    directory = shm / uuid.uuid4().hex
+    directory.mkdir()
+    publication, counters = make_publication(directory, term_length=TERM_MIN_LENGTH,
+                                             clean_chunk_length=4096)
+    subscriber = publication.add_subscriber(
+        7, client_id=1, label="untethered",
+        tether=Tether(window_limit_timeout_ns=10 * MS, resting_timeout_ns=10 * MS, since_ns=0))
+    return publication, counters, subscriber
+
+
+def test_an_ipc_subscriber_left_behind_holds_the_log_while_it_lingers_then_lets_go(
+        shm: Path) -> None:
+    """As Aeron's IpcPublication: the subscriber is told it is left behind (its image goes)
+    but its position holds the publishers for the window limit timeout again, so its client
+    stops writing a counter before the driver frees it; then the limit no longer counts it,
+    and after its rest it rejoins."""
+    publication, counters, subscriber = _ipc_with_an_untethered_subscriber(shm)
+    window = publication.term_window_length
+    move_producer(publication, window)  # it never read: at the end of the window
+    publication.update_limits(0)
+    assert counters.get(publication.publisher_limit_id) == window  # it holds the publishers
+    left, rejoin = publication.check_untethered(10 * MS + 1)
+    assert left == [(subscriber, 0, window)] and not rejoin
+    publication.update_limits(10 * MS + 1)
+    assert counters.get(publication.publisher_limit_id) == window  # still, while it lingers
+    assert publication.check_untethered(20 * MS + 2) == ([], [])
+    assert publication.subscribers == [] and publication.resting == [subscriber]
+    publication.update_limits(20 * MS + 2)  # no subscriber left: offers are NOT_CONNECTED
+    assert not publication.log.is_connected
+    assert publication.check_untethered(30 * MS + 2) == ([], [subscriber])
+    assert publication.resting == []
+    publication.close()
+
+
+def test_a_draining_ipc_log_does_not_wait_for_a_subscriber_left_behind(shm: Path) -> None:
+    """A lingering subscriber's client stopped reading: a log whose last publisher left must
+    not wait for it to be read, nor a resting one rejoin it."""
+    publication, _counters, _subscriber = _ipc_with_an_untethered_subscriber(shm)
+    move_producer(publication, publication.term_window_length)
+    publication.update_limits(0)
+    left, _ = publication.check_untethered(10 * MS + 1)
+    assert left
+    publication.start_draining()
+    assert publication.subscribers == [] and publication.resting == []
+    assert publication.is_drained()
+    publication.close()
