@@ -161,6 +161,8 @@ class SparkCluster:
         self.executor_memory = executor_memory
         self._daemons: list[tuple[str, Host, subprocess.Popen[bytes]]] = []
         self._apps = 0
+        self._submitted: list[str] = []  # cluster-mode driver ids since the last clearing
+        self._forgotten: set[str] = set()  # driver ids an earlier test ran
         (self.directory / "apps").mkdir(parents=True, exist_ok=True)
         self._conf_dir = self.directory / "conf"  # empty: no machine-wide Spark settings
         self._conf_dir.mkdir(exist_ok=True)
@@ -253,8 +255,7 @@ class SparkCluster:
             if name == "master" or process.poll() is None:
                 continue
             self._daemons.remove(entry)
-            again = 1 + sum(other.startswith(f"worker-{host.index}.")
-                            for other in (p.name for p in self.directory.glob("*.log")))
+            again = 2 + sum(1 for _ in self.directory.glob(f"worker-{host.index}.*.log"))
             started.append((host.index, self._start_worker(host,
                                                            f"worker-{host.index}.{again}")))
         for _index, (name, process) in started:
@@ -408,13 +409,39 @@ class SparkCluster:
             raise SparkClusterError(f"spark-submit --deploy-mode cluster failed "
                                     f"({result.returncode}):\n{_tail(result.stderr)}\n"
                                     f"{self.report()}")
+        self._submitted.append(found.group(1))
         return found.group(1)
 
+    def clear_applications(self) -> None:
+        """Between tests on one cluster: the cluster-mode drivers submitted so far are killed
+        through the master (which then starts no supervised one again), and every Spark
+        process of the hosts but the master and the workers (applications, executors, Python
+        workers an earlier test left) is killed; :meth:`driver_outputs` forgets the drivers
+        run so far."""
+        for driver_id in self._submitted:  # one that ended already is refused: no matter
+            self.master_host.run(str(spark_home() / "bin" / "spark-class"),
+                                 "org.apache.spark.deploy.Client", "kill", self.master_url,
+                                 driver_id, env=self.environment(self.master_host),
+                                 timeout=60, check=False)
+        self._submitted.clear()
+        for host in {self.master_host.index: self.master_host,
+                     **{h.index: h for h in self.worker_hosts}}.values():
+            for pid, command in host_processes(host):
+                if (b"org.apache.spark" in command or b"pyspark." in command) \
+                        and b"deploy.master.Master" not in command \
+                        and b"deploy.worker.Worker" not in command:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        self._forgotten |= {stdout.parent.name
+                            for stdout in self.directory.glob("work-*/driver-*/stdout")}
+
     def driver_outputs(self) -> dict[str, tuple[int, str]]:
-        """Every cluster-mode driver run so far: driver id -> (the worker host's index, its
-        stdout, all its launches appended)."""
+        """Every cluster-mode driver run since the last :meth:`clear_applications`: driver
+        id -> (the worker host's index, its stdout, all its launches appended)."""
         found = {}
         for stdout in sorted(self.directory.glob("work-*/driver-*/stdout")):
+            if stdout.parent.name in self._forgotten:
+                continue
             host = int(stdout.parent.parent.name.removeprefix("work-"))
             found[stdout.parent.name] = (host, stdout.read_text(errors="replace"))
         return found

@@ -105,10 +105,12 @@ def cluster_hosts(tmp_path_factory):  # -> Iterator[tuple[NamespaceHosts, SparkC
 @pytest.fixture
 def cluster(cluster_hosts):  # -> Iterator[tuple[NamespaceHosts, SparkCluster, dict]]
     """The module's hosts and cluster, with both workers registered (a worker an earlier test
-    lost is started again), and a fresh slipstream driver on each of the four hosts, in the
-    default directory (by host): the drivers are stopped after the test, and the faults it set
-    on the hosts removed."""
+    lost is started again) and no application of an earlier test left (its supervised
+    drivers, executors and Python workers killed), and a fresh slipstream driver on each of
+    the four hosts, in the default directory (by host): the drivers are stopped after the
+    test, and the faults it set on the hosts removed."""
     hosts, spark = cluster_hosts
+    spark.clear_applications()  # what an earlier test left, failed or not
     spark.restart_lost_workers()
     # The four start at once: each is a Python process importing the driver, seconds on a
     # busy machine.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_ipc_publication import make_publication, move_producer
@@ -95,31 +96,64 @@ def test_an_ipc_subscriber_left_behind_holds_the_log_while_it_lingers_then_lets_
     and after its rest it rejoins."""
     publication, counters, subscriber = _ipc_with_an_untethered_subscriber(shm)
     window = publication.term_window_length
-    move_producer(publication, window)  # it never read: at the end of the window
+    producer = window - window // 8  # it never read: at the end of the window
+    move_producer(publication, producer)
     publication.update_limits(0)
     assert counters.get(publication.publisher_limit_id) == window  # it holds the publishers
     left, rejoin = publication.check_untethered(10 * MS + 1)
-    assert left == [(subscriber, 0, window)] and not rejoin
+    assert left == [(subscriber, 0, producer)] and not rejoin
     publication.update_limits(10 * MS + 1)
-    assert counters.get(publication.publisher_limit_id) == window  # still, while it lingers
+    # Still, while it lingers (unheld, the limit would be the producer's position).
+    assert publication.subscribers == [subscriber] and publication.consumer_position() == 0
+    assert counters.get(publication.publisher_limit_id) == window
     assert publication.check_untethered(20 * MS + 2) == ([], [])
     assert publication.subscribers == [] and publication.resting == [subscriber]
+    assert counters.info(subscriber.position_counter_id) is None  # freed
     publication.update_limits(20 * MS + 2)  # no subscriber left: offers are NOT_CONNECTED
+    assert counters.get(publication.publisher_limit_id) == producer
     assert not publication.log.is_connected
     assert publication.check_untethered(30 * MS + 2) == ([], [subscriber])
     assert publication.resting == []
     publication.close()
 
 
-def test_a_draining_ipc_log_does_not_wait_for_a_subscriber_left_behind(shm: Path) -> None:
-    """A lingering subscriber's client stopped reading: a log whose last publisher left must
-    not wait for it to be read, nor a resting one rejoin it."""
-    publication, _counters, _subscriber = _ipc_with_an_untethered_subscriber(shm)
+def test_a_subscriber_removed_while_it_lingers_or_rests_goes_for_good(shm: Path) -> None:
+    """Its client closes it: a lingering one's counter is freed once (by the removal, not
+    again by the timer), and a resting one never rejoins."""
+    publication, counters, subscriber = _ipc_with_an_untethered_subscriber(shm)
+    move_producer(publication, publication.term_window_length)
+    publication.check_untethered(10 * MS + 1)  # lingering
+    assert publication.remove_subscriber(7) is subscriber
+    assert counters.info(subscriber.position_counter_id) is None
+    assert publication.check_untethered(40 * MS) == ([], [])
+    again = publication.add_subscriber(
+        8, client_id=1, label="untethered",
+        tether=Tether(window_limit_timeout_ns=10 * MS, resting_timeout_ns=10 * MS,
+                      since_ns=40 * MS))
+    move_producer(publication, 2 * publication.term_window_length)  # it joined at the first
+    publication.check_untethered(50 * MS + 1)
+    publication.check_untethered(60 * MS + 2)
+    assert publication.resting == [again]
+    assert publication.remove_subscriber(8) is again
+    assert publication.check_untethered(10**12) == ([], [])
+    publication.close()
+
+
+@pytest.mark.parametrize("drain", ["the last publisher leaves", "the driver drains"])
+def test_a_draining_ipc_log_does_not_wait_for_a_subscriber_left_behind(
+        shm: Path, drain: str) -> None:
+    """A lingering subscriber's client stopped reading: a log whose last publisher left, or
+    whose driver drains, must not wait for it to be read, nor a resting one rejoin it."""
+    publication, counters, subscriber = _ipc_with_an_untethered_subscriber(shm)
     move_producer(publication, publication.term_window_length)
     publication.update_limits(0)
     left, _ = publication.check_untethered(10 * MS + 1)
     assert left
+    if drain == "the driver drains":
+        publication.stop_credit()
+        assert publication.is_consumed()
     publication.start_draining()
     assert publication.subscribers == [] and publication.resting == []
+    assert counters.info(subscriber.position_counter_id) is None
     assert publication.is_drained()
     publication.close()
