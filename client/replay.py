@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import socket
 import threading
@@ -409,11 +410,12 @@ class _Responses:
         entry[3] = entry[3] or request.request_id is not None
         return entry[0]
 
-    def give_back(self, request: ReplayRequest) -> None:
-        """A replay that took ``request``'s publication ended."""
+    def give_back(self, request: ReplayRequest, publication: Publication) -> None:
+        """A replay that took ``publication`` for ``request`` ended (an entry made anew since,
+        for a publication that had closed, is not that replay's)."""
         key = (request.reply_channel, request.response_stream_id)
         entry = self._entries.get(key)
-        if entry is None:
+        if entry is None or entry[0] is not publication:
             return
         entry[1] -= 1
         entry[2] = time.monotonic()
@@ -422,12 +424,15 @@ class _Responses:
             del self._entries[key]
 
     def do_work(self) -> None:
-        """Close what no replay used for :data:`_RESPONSE_IDLE_S`."""
+        """Close what no replay used for :data:`_RESPONSE_IDLE_S`, or sooner once idle with
+        nobody at the other end (the reader closed its link: a failed replay does, and the
+        next asks on a new response stream)."""
         if not self._entries:
             return
         now = time.monotonic()
         for key, entry in list(self._entries.items()):
-            if entry[1] <= 0 and now - entry[2] > _RESPONSE_IDLE_S:
+            if entry[1] <= 0 and (now - entry[2] > _RESPONSE_IDLE_S
+                                  or (now - entry[2] > 1.0 and not entry[0].is_connected)):
                 entry[0].close()
                 del self._entries[key]
 
@@ -633,7 +638,7 @@ class ReplayServer:
 
     def _finish(self, session: _Session, *, served: bool) -> None:
         session.close()
-        self._responses.give_back(session.request)
+        self._responses.give_back(session.request, session.response)
         self._sessions.remove(session)
         if served:
             self.served += 1
@@ -849,25 +854,62 @@ class _Link:
 
 _links: dict[tuple[int, str, int, int, str], list[_Link]] = {}
 _links_lock = threading.Lock()
+_reaper: threading.Thread | None = None  # closes idle links while the pool holds any
+
+
+def _reset_links_after_fork() -> None:
+    """A forked child (a Spark Python worker) starts with no links: the parent's streams are
+    its client's, and a lock held at the fork would never be released in the child."""
+    global _links_lock, _reaper
+    _links.clear()
+    _links_lock = threading.Lock()
+    _reaper = None
+
+
+os.register_at_fork(after_in_child=_reset_links_after_fork)
+
+
+def _stale_links(now: float) -> list[_Link]:
+    """Take out of the pool (under ``_links_lock``) the links idle longer than
+    :data:`_LINK_IDLE_S` or no longer usable, for the caller to close."""
+    stale: list[_Link] = []
+    for key, idle in list(_links.items()):
+        keep = [link for link in idle if link.usable and now - link.idle_since <= _LINK_IDLE_S]
+        stale += [link for link in idle if link not in keep]
+        if keep:
+            _links[key] = keep
+        else:
+            del _links[key]
+    return stale
+
+
+def _close_links(links: list[_Link]) -> None:
+    for link in links:
+        with contextlib.suppress(SlipstreamError):
+            link.close()
+
+
+def _reap_idle_links() -> None:
+    """The reaper's loop: idle links are closed within :data:`_LINK_IDLE_S` plus a tenth of
+    it even when no replay comes to take one; it ends once the pool is empty."""
+    global _reaper
+    while True:
+        time.sleep(_LINK_IDLE_S / 10)
+        with _links_lock:
+            stale = _stale_links(time.monotonic())
+            if not _links:
+                _reaper = None
+        _close_links(stale)
+        if _reaper is not threading.current_thread():
+            return
 
 
 def _take_link(client: Client, holder_address: str, port: int, control_stream_id: int,
                reply_channel: str) -> _Link:
-    """An idle link of ``client`` to the holder, else a new one.  Links idle longer than
-    :data:`_LINK_IDLE_S` are closed on the way (the holder drops their answer stream a little
-    later)."""
-    now = time.monotonic()
-    stale: list[_Link] = []
+    """An idle link of ``client`` to the holder, else a new one."""
     found: _Link | None = None
     with _links_lock:
-        for key, idle in list(_links.items()):
-            keep = [link for link in idle
-                    if link.usable and now - link.idle_since <= _LINK_IDLE_S]
-            stale += [link for link in idle if link not in keep]
-            if keep:
-                _links[key] = keep
-            else:
-                del _links[key]
+        stale = _stale_links(time.monotonic())
         idle = _links.get((id(client), holder_address, port, control_stream_id, reply_channel))
         while idle and found is None:
             link = idle.pop()
@@ -875,23 +917,26 @@ def _take_link(client: Client, holder_address: str, port: int, control_stream_id
                 found = link
             else:
                 stale.append(link)
-    for link in stale:
-        with contextlib.suppress(SlipstreamError):
-            link.close()
+    _close_links(stale)
     if found is not None:
         return found
     return _Link(client, holder_address, port, control_stream_id, reply_channel)
 
 
 def _give_back(link: _Link) -> None:
-    """Keep ``link`` for the next replay (up to :data:`_IDLE_LINKS` per holder), else close
-    it."""
+    """Keep ``link`` for the next replay (up to :data:`_IDLE_LINKS` per holder; closed by the
+    reaper after :data:`_LINK_IDLE_S` idle), else close it."""
+    global _reaper
     if link.usable:
         link.idle_since = time.monotonic()
         with _links_lock:
             idle = _links.setdefault((id(link.client), *link.key), [])
             if len(idle) < _IDLE_LINKS:
                 idle.append(link)
+                if _reaper is None:
+                    _reaper = threading.Thread(target=_reap_idle_links,
+                                               name="slipstream-replay-links", daemon=True)
+                    _reaper.start()
                 return
     with contextlib.suppress(SlipstreamError):
         link.close()

@@ -180,6 +180,8 @@ class IpcPublication:
         behind now, with the range of positions it skips: from its position to the
         producer's), (done resting: to link anew, at the newest position)."""
         left: list[tuple[IpcSubscriber, int, int]] = []
+        if not self.resting and all(s.tether is None for s in self.subscribers):
+            return left, []
         producer = self.log.producer_position()
         window = self.term_window_length
         window_end = producer - window + (window >> 3)
