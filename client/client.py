@@ -660,15 +660,16 @@ class Client:
             raise ClosedError("the client is closing")
         return subscription
 
-    def _destination_request(self, command: str, publication: Publication,
+    def _destination_request(self, command: str, owner: Publication | Subscription,
                              endpoint_channel: str) -> None:
-        """ADD_DESTINATION or REMOVE_DESTINATION of ``publication``'s endpoint."""
+        """ADD_DESTINATION or REMOVE_DESTINATION of a publication's endpoint, or
+        ADD_RCV_DESTINATION or REMOVE_RCV_DESTINATION of a subscription's."""
         if not isinstance(endpoint_channel, str):
             raise TypeError(f"a destination is a channel URI (str), not "
                             f"{type(endpoint_channel).__name__}")
-        if publication.is_closed:
-            raise ClosedError(f"{publication!r} is closed")
-        self._request({"type": command, "registration_id": publication.registration_id,
+        if owner.is_closed:
+            raise ClosedError(f"{owner!r} is closed")
+        self._request({"type": command, "registration_id": owner.registration_id,
                        "channel": endpoint_channel})
 
     def _release_publication(self, publication: Publication) -> None:

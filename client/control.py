@@ -9,7 +9,8 @@ staying alive costs neither a message nor a wake-up of the driver.
 
 Commands (client → driver): CONNECT, ADD_PUBLICATION, ADD_EXCLUSIVE_PUBLICATION,
 REMOVE_PUBLICATION, ADD_SUBSCRIPTION, REMOVE_SUBSCRIPTION, CLOSE_CLIENT, ADD_DESTINATION,
-REMOVE_DESTINATION (a ``control-mode=manual`` publication's destinations).  An exclusive
+REMOVE_DESTINATION (a ``control-mode=manual`` publication's destinations), ADD_RCV_DESTINATION,
+REMOVE_RCV_DESTINATION (a ``control-mode=manual`` subscription's).  An exclusive
 publication's command is its own type, as in Aeron, so that a driver that does not know it
 refuses it by name rather than hand out a shared log to a writer that claims without atomics.
 Answers and events (driver → client): CONNECTED, PUBLICATION_READY, SUBSCRIPTION_READY,
@@ -56,6 +57,10 @@ REMOVE_SUBSCRIPTION = "REMOVE_SUBSCRIPTION"
 CLOSE_CLIENT = "CLOSE_CLIENT"
 ADD_DESTINATION = "ADD_DESTINATION"
 REMOVE_DESTINATION = "REMOVE_DESTINATION"
+#: A control-mode=manual subscription's receive destinations (Aeron's
+#: ADD_RCV_DESTINATION / REMOVE_RCV_DESTINATION).
+ADD_RCV_DESTINATION = "ADD_RCV_DESTINATION"
+REMOVE_RCV_DESTINATION = "REMOVE_RCV_DESTINATION"
 
 # Answers and events.
 CONNECTED = "CONNECTED"
@@ -401,6 +406,10 @@ COMMAND_FIELDS: dict[str, dict[str, Any]] = {
                       "channel": check_channel},
     REMOVE_DESTINATION: {"correlation_id": _int64, "registration_id": _int64,
                          "channel": check_channel},
+    ADD_RCV_DESTINATION: {"correlation_id": _int64, "registration_id": _int64,
+                          "channel": check_channel},
+    REMOVE_RCV_DESTINATION: {"correlation_id": _int64, "registration_id": _int64,
+                             "channel": check_channel},
 }
 
 

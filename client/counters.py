@@ -88,6 +88,7 @@ class CounterType(enum.IntEnum):
     BP_PEAK = 1005  # bp-peak: the most bytes of its window ever in use
     PUBLISHER_DROPS = 1006  # pub-drops: offers policy=drop-newest dropped
     MDC_DESTINATIONS = 1007  # mdc-destinations: a multi-destination-cast endpoint's, now
+    MDS_DESTINATIONS = 1008  # mds-destinations: a multi-destination subscription's, now
 
 
 class SystemCounter(enum.IntEnum):

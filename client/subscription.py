@@ -714,6 +714,25 @@ class Subscription:
     def is_closed(self) -> bool:
         return self._closed
 
+    def add_destination(self, endpoint_channel: str) -> None:
+        """Receive this subscription's streams on ``endpoint_channel`` too
+        (``aeron:udp?endpoint=HOST:PORT``, or a multicast group ``aeron:udp?endpoint=GROUP:PORT|
+        interface=IF``): the subscription's channel is ``control-mode=manual``, a
+        multi-destination subscription (Aeron's ``Subscription.addDestination``).  A stream
+        that arrives on several destinations is one image, each message once.  Destinations
+        belong to the channel's receive endpoint, so every subscription of the same channel
+        receives on them.  Returns once the driver added it; ChannelRejectedError names the
+        part it refused (another control mode, a destination it has, another key, a host
+        that does not resolve), ResourceError when the port cannot be bound."""
+        self._client._destination_request(control.ADD_RCV_DESTINATION, self, endpoint_channel)
+
+    def remove_destination(self, endpoint_channel: str) -> None:
+        """Stop receiving on ``endpoint_channel``, a destination :meth:`add_destination`
+        added (ChannelRejectedError if it is not one): its socket closes, and the status
+        messages and NAKs that went back that way stop."""
+        self._client._destination_request(control.REMOVE_RCV_DESTINATION, self,
+                                          endpoint_channel)
+
     def poll(self, handler: FragmentHandler, fragment_limit: int = 10) -> int:
         """Deliver up to ``fragment_limit`` fragments across images without blocking; returns
         the number of whole messages handed to ``handler(data, header)``.  Raises

@@ -221,7 +221,8 @@ def _channel_of(message: dict[str, Any]) -> Channel | None:
     or one that does not parse: the conductor answers that)."""
     if message.get("type") not in (control.ADD_PUBLICATION, control.ADD_EXCLUSIVE_PUBLICATION,
                                    control.ADD_SUBSCRIPTION, control.ADD_DESTINATION,
-                                   control.REMOVE_DESTINATION):
+                                   control.REMOVE_DESTINATION, control.ADD_RCV_DESTINATION,
+                                   control.REMOVE_RCV_DESTINATION):
         return None
     uri = message.get("channel")
     if not isinstance(uri, str) or len(uri) > MAX_URI_LENGTH:

@@ -24,6 +24,9 @@
 #define SS_RETRANSMIT_MAX 256
 #define SS_SOCKADDR_MAX 128
 #define SS_SIGNAL_PENDING_MAX 64
+/* A multi-destination subscription's receive destinations at most (each image keeps one
+ * connection slot per destination: ss_image_connection_t). */
+#define SS_RECEIVE_DESTINATIONS_MAX 16
 
 /* Store `value` in a position's private cell, then in its counter (NULL: none). */
 void ss_publish_position(int64_t *cell, int64_t *counter, int64_t value);
@@ -387,6 +390,18 @@ typedef struct {
     int64_t *short_sends;
 } ss_receiver_counters_t;
 
+/* One path of a multi-destination subscription's image (Aeron's ImageConnection): the
+ * destination (receive socket) its data arrived on, where its control frames go (the data's
+ * source, or a multicast destination's control group) and when data last came that way.
+ * The data path fills it (ss_receiver_t.destination); Python seeds it from the SETUP and
+ * clears it when its destination is removed (fd -1). */
+typedef struct {
+    int64_t time_of_last_frame_ns;
+    int32_t fd;                   /* the destination's socket (-1: none, not sent to) */
+    int32_t address_length;       /* of the struct sockaddr in address (0: none) */
+    uint8_t address[128];         /* SS_SOCKADDR_MAX */
+} ss_image_connection_t;
+
 /* An image as the receiver's data path sees it.  Python owns it and sets the SM fields after
  * each status message it sends (as the C half does after its own), and reads the rest on its
  * rebuild pass. */
@@ -444,7 +459,13 @@ typedef struct {
     uint8_t *loss_entry;          /* the image's loss report entry (NULL: none): C passes
                                    * record the gaps they see first there (ss_loss_record) */
     /* Where NAKs go (struct sockaddr), through the receive endpoint's socket (control_fd, -1:
-     * the simulator's) and counters; ss_receiver_set_images sets those two. */
+     * the simulator's) and counters; ss_receiver_set_images sets those two.  A
+     * multi-destination subscription's image (connections != NULL, connection_count slots,
+     * one per destination index) sends them instead to every connection with a socket whose
+     * data came within liveness_timeout_ns (network_endpoints.c), and takes data from any
+     * source (source_length 0). */
+    ss_image_connection_t *connections;
+    int32_t connection_count;
     uint8_t control_address[128]; /* SS_SOCKADDR_MAX */
     int32_t control_address_length;
     int32_t control_fd;
@@ -549,6 +570,14 @@ typedef struct {
     int32_t pending_count;
     int32_t *pending;
     int32_t failed;
+    /* One destination of a multi-destination subscription (-1: an endpoint of its own): its
+     * index in the images' connections.  Its table fields (slots, streams, counters) are
+     * its channel's, shared; the data of an image it reads records the connection there,
+     * with control_address as its control address when control_address_length > 0 (a
+     * multicast destination's control group), else the data's source. */
+    int32_t destination;
+    int32_t control_address_length;
+    uint8_t control_address[128]; /* SS_SOCKADDR_MAX */
 } ss_receiver_t;
 
 /* Rebuild the image table from `images` (count of them; the table must have room for them at

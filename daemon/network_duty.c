@@ -281,9 +281,8 @@ static inline void put_control_header(uint8_t *frame, int32_t frame_length, uint
 
 /* Send the queued NAKs through the image's socket; what failed with an error other than a
  * full socket stays queued, for the Python half to send and log. */
-static void send_naks(ss_image_t *image) {
-    if (image->control_fd < 0 || image->counters == NULL || image->control_address_length <= 0)
-        return;
+static void send_naks(ss_image_t *image, int64_t now_ns) {
+    if (!ss_receive_channel_can_send(image)) return;
     ss_receiver_counters_t *counters = image->counters;
     int32_t kept = 0;
     for (int32_t i = 0; i < image->nak_count; i++) {
@@ -295,7 +294,7 @@ static void send_naks(ss_image_t *image) {
         memcpy(frame + SS_NAK_TERM_ID_FIELD, &nak[0], 4);
         memcpy(frame + SS_NAK_TERM_OFFSET_FIELD, &nak[1], 4);
         memcpy(frame + SS_NAK_LENGTH_FIELD, &nak[2], 4);
-        const ssize_t sent = ss_receive_channel_send(image, frame, sizeof frame);
+        const ssize_t sent = ss_receive_channel_send(image, frame, sizeof frame, now_ns);
         if (sent >= 0) {
             count(counters->bytes_sent, sent);
             count(counters->nak_messages_sent, 1);
@@ -362,7 +361,7 @@ int32_t ss_image_rebuild(ss_image_t *image, int64_t now_ns) {
         ss_publish_position(image->receiver_position, image->receiver_position_counter, rcv_pos);
     if (rcv_pos > image->contiguous_position) image->contiguous_position = rcv_pos;
     image->loss_deadline_ns = ss_loss_next_deadline(d);
-    if (queued) send_naks(image);
+    if (queued) send_naks(image, now_ns);
     return queued;
 }
 
@@ -388,7 +387,7 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     image->overrun_threshold = overrun < image->reusable_limit ? overrun : image->reusable_limit;
     image->sm_due_position = position + (window >> 2) + 1;
     ss_receiver_counters_t *counters = image->counters;
-    if (image->control_fd < 0 || counters == NULL || image->control_address_length <= 0) {
+    if (!ss_receive_channel_can_send(image)) {
         image->sm_unsent = 1;
         return;
     }
@@ -406,7 +405,7 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     memcpy(frame + SS_SM_RECEIVER_WINDOW_FIELD, &window32, 4);
     memcpy(frame + SS_SM_RECEIVER_ID_FIELD, &image->receiver_id, 8);
     memcpy(frame + SS_SM_LENGTH, &image->group_tag, 8);
-    const ssize_t sent = ss_receive_channel_send(image, frame, (size_t)frame_length);
+    const ssize_t sent = ss_receive_channel_send(image, frame, (size_t)frame_length, now_ns);
     if (sent >= 0) {
         count(counters->bytes_sent, sent);
         count(counters->status_messages_sent, 1);

@@ -7,7 +7,8 @@
  *                            again datagram by datagram when the path refuses GSO) and its
  *                            heartbeats (network_duty.c's heartbeats);
  *   ss_receive_channel_send  an image's NAKs and status messages (network_duty.c's send_naks
- *                            and send_status_message).
+ *                            and send_status_message), to each live connection of a
+ *                            multi-destination subscription's image.
  *
  * The Python half's sends (SETUP, RTTM, ERR, and the NAKs, SMs and heartbeats it sends itself)
  * go through daemon/media/udp.py's transports, not here.
@@ -94,7 +95,37 @@ int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,
     return sendmmsg(p->fd, messages, message_count, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
-ssize_t ss_receive_channel_send(const ss_image_t *image, const uint8_t *frame, size_t length) {
+static ssize_t send_to_connections(const ss_image_t *image, const uint8_t *frame, size_t length,
+                                   int64_t now_ns) {
+    ssize_t most = 0;
+    int tried = 0, sent_any = 0, full = 0, error = 0;
+    const int32_t slots = image->connection_count < SS_RECEIVE_DESTINATIONS_MAX
+                              ? image->connection_count : SS_RECEIVE_DESTINATIONS_MAX;
+    for (int32_t i = 0; i < slots; i++) {
+        const ss_image_connection_t *c = &image->connections[i];
+        if (c->fd < 0 || c->address_length <= 0 || c->address_length > SS_SOCKADDR_MAX ||
+            now_ns - c->time_of_last_frame_ns > image->liveness_timeout_ns) continue;
+        tried++;
+        const ssize_t rc = sendto(c->fd, frame, length, MSG_DONTWAIT,
+                                  (const struct sockaddr *)(const void *)c->address,
+                                  (socklen_t)c->address_length);
+        if (rc >= 0) {
+            sent_any = 1;
+            if (rc > most) most = rc;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            full = 1;
+        } else {
+            error = errno;
+        }
+    }
+    if (tried == 0 || sent_any) return most;
+    errno = full ? EAGAIN : error;
+    return -1;
+}
+
+ssize_t ss_receive_channel_send(const ss_image_t *image, const uint8_t *frame, size_t length,
+                                int64_t now_ns) {
+    if (image->connections != NULL) return send_to_connections(image, frame, length, now_ns);
     return sendto(image->control_fd, frame, length, MSG_DONTWAIT,
                   (const struct sockaddr *)(const void *)image->control_address,
                   (socklen_t)image->control_address_length);

@@ -62,8 +62,22 @@ SS_INTERNAL int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *m
 
 /* The receive channel endpoint's control frames (NAKs, status messages): `frame` to the
  * image's control address through its endpoint's socket (image->control_fd >= 0).  Returns
- * what sendto returns: the bytes sent, or -1 (errno). */
+ * what sendto returns: the bytes sent, or -1 (errno).
+ *
+ * A multi-destination subscription's image (image->connections): to each connection that has
+ * a socket and whose data came within the image's liveness timeout at `now_ns`, through its
+ * destination's socket (Aeron's ImageConnection).  Returns the most bytes any took (0 when
+ * none is live: nothing to send to), or -1 when every live one failed (errno: EAGAIN if one
+ * found its socket full, else the last error). */
 SS_INTERNAL ssize_t ss_receive_channel_send(const ss_image_t *image, const uint8_t *frame,
-                                            size_t length);
+                                            size_t length, int64_t now_ns);
+
+/* Whether the C half can send an image's control frames itself (a socket and an address, or
+ * a multi-destination subscription's connections); else they wait for the Python half. */
+static inline int ss_receive_channel_can_send(const ss_image_t *image) {
+    if (image->counters == NULL) return 0;
+    if (image->connections != NULL) return 1;
+    return image->control_fd >= 0 && image->control_address_length > 0;
+}
 
 #endif

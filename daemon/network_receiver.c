@@ -302,6 +302,31 @@ static int32_t on_status_message(ss_receiver_t *r, const uint8_t *data, int32_t 
     return SS_RX_CONSUMED;
 }
 
+/* Data of a multi-destination subscription's image came through destination r: that path
+ * is live now, and its control frames go to the destination's control address (a multicast
+ * group's) or to where the data came from, through the destination's socket.  A receiver
+ * that is no destination (an endpoint of its own, or the simulator's) records nothing. */
+static void note_connection(const ss_receiver_t *r, ss_image_t *image, const uint8_t *source,
+                            int32_t source_length, int64_t now_ns) {
+    if (r->destination < 0 || r->destination >= image->connection_count ||
+        r->destination >= SS_RECEIVE_DESTINATIONS_MAX) return;
+    ss_image_connection_t *c = &image->connections[r->destination];
+    const uint8_t *address = source;
+    int32_t address_length = source_length;
+    if (r->control_address_length > 0) {
+        address = r->control_address;
+        address_length = r->control_address_length;
+    }
+    if (address_length <= 0 || address_length > SS_SOCKADDR_MAX) return;
+    if (c->fd != r->fd || c->address_length != address_length ||
+        memcmp(c->address, address, (size_t)address_length) != 0) {
+        memcpy(c->address, address, (size_t)address_length);
+        c->address_length = address_length;
+        c->fd = r->fd;
+    }
+    c->time_of_last_frame_ns = now_ns;
+}
+
 static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length,
                            const uint8_t *source, int32_t source_length, int64_t now_ns) {
     if (length < SS_FRAME_HEADER_LENGTH || data[SS_VERSION_FIELD] != SS_CURRENT_VERSION) {
@@ -349,6 +374,7 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
         return SS_RX_CONSUMED;
     }
     count(r->counters.bytes_received, length);
+    if (image->connections != NULL) note_connection(r, image, source, source_length, now_ns);
     insert_packet(r, image, data, length, padding, heartbeat, flags, term_id, term_offset, now_ns);
     return SS_RX_CONSUMED;
 }

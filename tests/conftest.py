@@ -221,6 +221,7 @@ MODULE_LANES = {
     "test_tether": "unit",
     "test_udp": "sockets",
     "test_mdc": "sockets",
+    "test_mds": "sockets",
     "test_mdc_hosts": "hosts",
     "test_udp_failures": "sockets",
     "test_udp_untethered": "sockets",

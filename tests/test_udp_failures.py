@@ -486,7 +486,7 @@ def test_dedicated_threads_carry_the_stream_too(launch) -> None:
 
 
 @pytest.mark.parametrize(("parameter", "part"), [
-    ("control-mode=manual", "control-mode"), ("control-mode=response", "control-mode"),
+    ("control-mode=response", "control-mode"),
 ])
 def test_what_the_driver_does_not_carry_yet_is_refused_by_name(launch, parameter: str,
                                                               part: str) -> None:

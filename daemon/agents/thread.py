@@ -89,7 +89,7 @@ class NetworkThread:
         self._epoll.register(self._wake_fd, select.EPOLLIN)
         for doorbell in self.doorbells:
             self._epoll.register(doorbell.fileno(), select.EPOLLIN)
-        self._registered: dict[int, int] = {}  # id(transport) -> fd
+        self._registered: dict[object, int] = {}  # id(transport) (or a socket of one) -> fd
         #: The C loop (ss_duty_loop_t): its agents' C halves, the idle strategy and the park.
         c, self._agents_c = new_duty_loop(self.agents, counters)
         self.c = c
@@ -179,12 +179,18 @@ class NetworkThread:
     def _sync_sockets(self) -> None:
         """Register the sockets of the agents' current endpoints with epoll (they come and go
         by the conductor's commands, run on this thread)."""
-        wanted: dict[int, int] = {}
+        wanted: dict[object, int] = {}
         for agent in self.agents:
             for endpoint in agent.endpoints:
-                fd = getattr(endpoint.transport, "fd", None)
+                transport = endpoint.transport
+                fd = getattr(transport, "fd", None)
                 if fd is not None:
-                    wanted[id(endpoint.transport)] = fd
+                    wanted[id(transport)] = fd
+                # A multi-destination subscription's sockets, keyed by its generation: a
+                # socket closed and another opened with its number is registered again.
+                generation = getattr(transport, "generation", None)
+                for fd in getattr(transport, "fds", ()):
+                    wanted[(id(transport), generation, fd)] = fd
         if wanted == self._registered:
             return
         for key, fd in self._registered.items():

@@ -249,6 +249,9 @@ class DriverConductor:
             if kind in (control.ADD_DESTINATION, control.REMOVE_DESTINATION):
                 return self._on_destination(client, message, now_ns,
                                             add=kind == control.ADD_DESTINATION)
+            if kind in (control.ADD_RCV_DESTINATION, control.REMOVE_RCV_DESTINATION):
+                return self._on_receive_destination(client, message,
+                                                    add=kind == control.ADD_RCV_DESTINATION)
             raise AssertionError(f"check_command let {kind!r} through")
         except ChannelError as e:
             refusal = messages.error(correlation_id, control.ERR_INVALID_CHANNEL, str(e))
@@ -440,6 +443,29 @@ class DriverConductor:
             self.network.add_destination(publication_id, destination, now_ns)
         else:
             self.network.remove_destination(publication_id, destination)
+        return [(client.key, messages.operation_success(correlation_id))]
+
+    def _on_receive_destination(self, client: ClientSession, message: dict[str, Any], *,
+                                add: bool) -> Outgoing:
+        """ADD_RCV_DESTINATION / REMOVE_RCV_DESTINATION: a destination of the receive
+        endpoint of one of the client's subscriptions (a control-mode=manual
+        multi-destination subscription)."""
+        correlation_id = message["correlation_id"]
+        registration_id = message["registration_id"]
+        subscription = client.subscriptions.get(registration_id)
+        if subscription is None:
+            return [(client.key, messages.error(correlation_id, control.ERR_UNKNOWN_SUBSCRIPTION,
+                                                f"unknown subscription {registration_id}"))]
+        destination = parse_channel(message["channel"])
+        if self.network is None or not isinstance(subscription, NetworkSubscription):
+            return [(client.key, messages.error(
+                correlation_id, control.ERR_INVALID_ARGUMENT,
+                f"subscription {registration_id} is aeron:ipc: destinations belong to "
+                f"aeron:udp subscriptions of control-mode=manual"))]
+        if add:
+            self.network.add_receive_destination(registration_id, destination)
+        else:
+            self.network.remove_receive_destination(registration_id, destination)
         return [(client.key, messages.operation_success(correlation_id))]
 
     def _release_publication(self, publication_id: int, now_ns: int) -> None:
@@ -802,12 +828,9 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
                                         and (c.is_ipc or c.is_spy)),
      "rejoin=false on aeron:ipc and spies (a network subscription's: its sessions whose "
      "image went do not come back)"),
-    # A spy names its publication's channel, control-mode=manual too.
-    ("control-mode", lambda c, subscription: (c.control_mode == "response"
-                                              or (subscription and not c.is_spy
-                                                  and c.control_mode == "manual")),
-     "response channels, and multi-destination subscriptions (control-mode=manual on a "
-     "subscription)"),
+    # control-mode=manual on a subscription is a multi-destination subscription
+    # (daemon/conductor/network.py, add_receive_destination).
+    ("control-mode", lambda c, _: c.control_mode == "response", "response channels"),
     # On a publication, control= pins its socket's local address (daemon/media/udp.py); on
     # a unicast subscription it is the dynamic multi-destination-cast publication it joins
     # (daemon/media/receive_channel.py).  A spy's control= is its publication's: accepted,

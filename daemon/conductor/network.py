@@ -126,6 +126,13 @@ class NetworkTransports(Protocol):
         """A transport receiving at ``bind`` (the endpoint, or the multicast data group)."""
         ...
 
+    def open_multi_destination_receive(self, channel: Channel) -> ReceiveTransport:
+        """A multi-destination subscription's endpoint (``control-mode=manual``): no socket of
+        its own; each destination is a transport of :meth:`open_receive`, which the receiver's
+        thread hands it (``add_destination``, ``remove_destination``).  A network without
+        one (the simulator's) has no such method: the subscription is refused by name."""
+        ...
+
     def local_addresses(self) -> Sequence[InterfaceAddress]:
         """This host's interface addresses, which ``interface=ADDRESS/PREFIX`` chooses among
         (:mod:`slipstream.daemon.media.interfaces`); may raise OSError.  Called on the
@@ -269,6 +276,10 @@ class _ReceiveEndpointEntry:
     images: dict[int, _ImageEntry] = attrs.Factory(dict)  # by image (id of the object)
     state: _EndpointState = _EndpointState.OPEN
     generation: int = 0
+    #: A multi-destination subscription's (control-mode=manual): its destinations, by
+    #: address, with each one's slot in its images' paths, and its mds-destinations counter.
+    destinations: dict[Address, int] = attrs.Factory(dict)
+    destinations_counter_id: int | None = None
 
 
 #: Receiver ids of this driver's closed endpoints kept (a closing embedded driver's drain looks
@@ -566,6 +577,114 @@ class NetworkConductor:
                                "endpoint does not join (publish on the group's channel)")
         return entry.endpoint, address, uri
 
+    # -- multi-destination subscriptions --------------------------------------------------------
+    def add_receive_destination(self, registration_id: int, destination: Channel) -> None:
+        """Subscription ``registration_id``'s endpoint (``control-mode=manual``) receives on
+        ``destination`` too (``aeron:udp?endpoint=HOST:PORT``, or a multicast group with
+        ``interface=``): its socket is opened here, then the receiver's thread reads it into
+        the endpoint's images.  ChannelError names what it refuses; ResourceError when the
+        socket cannot be opened (the port in use)."""
+        entry, address, uri, resolved = self._receive_destination(registration_id, destination)
+        if address in entry.destinations:
+            raise ChannelError(uri, "endpoint",
+                               f"{address[0]}:{address[1]} is a destination of "
+                               f"{entry.endpoint.channel.channel} already")
+        taken = set(entry.destinations.values())
+        free = [i for i in range(network.SS_RECEIVE_DESTINATIONS_MAX) if i not in taken]
+        if not free:
+            raise ChannelError(uri, "endpoint",
+                               f"a multi-destination subscription has at most "
+                               f"{network.SS_RECEIVE_DESTINATIONS_MAX} destinations")
+        versions = {ipaddress.ip_address(a[0]).version for a in entry.destinations}
+        version = ipaddress.ip_address(address[0]).version
+        if versions and version not in versions:
+            raise ChannelError(uri, "endpoint",
+                               f"an IPv{version} destination beside IPv{versions.pop()} ones: "
+                               f"one subscription's destinations share an IP version")
+        try:
+            transport = self.transports.open_receive(resolved, address)
+        except OSError as e:
+            raise ResourceError(f"cannot receive on {address[0]}:{address[1]} for {uri}: "
+                                f"{e.strerror or e}") from None
+        index = free[0]
+        entry.destinations[address] = index
+        group = resolved.control_group
+        control = (group.host, group.port or address[1]) if group is not None else None
+        endpoint = entry.endpoint
+        count, cell = len(entry.destinations), self._destinations_cell(entry)
+
+        def add(_now: int) -> None:
+            try:
+                endpoint.transport.add_destination(endpoint.channel, index, transport, control)
+            except BaseException:
+                transport.close()
+                raise
+            if cell is not None:
+                cell[0] = count
+
+        self._submit_receive(add)
+        log.info("added receive destination %s:%d to %s", address[0], address[1], entry.key)
+
+    def remove_receive_destination(self, registration_id: int, destination: Channel) -> None:
+        """Subscription ``registration_id``'s endpoint no longer receives on ``destination``:
+        its socket closes and its images' paths through it end (their status messages and
+        NAKs stop going that way).  ChannelError when it was not a destination."""
+        entry, address, uri, _ = self._receive_destination(registration_id, destination)
+        index = entry.destinations.pop(address, None)
+        if index is None:
+            raise ChannelError(uri, "endpoint",
+                               f"{address[0]}:{address[1]} is not a destination of this "
+                               f"subscription's channel: nothing to remove")
+        endpoint = entry.endpoint
+        count, cell = len(entry.destinations), self._destinations_cell(entry)
+
+        def remove(_now: int) -> None:
+            endpoint.transport.remove_destination(endpoint.channel, index)
+            if cell is not None:
+                cell[0] = count
+
+        self._submit_receive(remove)
+        log.info("removed receive destination %s:%d from %s", address[0], address[1],
+                 entry.key)
+
+    def _destinations_cell(self, entry: _ReceiveEndpointEntry):
+        """The mds-destinations counter's cell (cffi ``int64_t *``), or None."""
+        counter_id = entry.destinations_counter_id
+        return self.counters.address(counter_id) if counter_id is not None else None
+
+    def _receive_destination(self, registration_id: int, destination: Channel
+                             ) -> tuple[_ReceiveEndpointEntry, Address, str, Channel]:
+        """The endpoint of a control-mode=manual subscription, the address a destination URI
+        binds (names resolved), the URI, and the resolved destination channel."""
+        subscription = self.subscriptions.get(registration_id)
+        uri = str(destination)
+        if subscription is None or subscription.endpoint is None:
+            raise ChannelError(uri, "aeron:udp",
+                               f"subscription {registration_id} is not a network "
+                               f"subscription: destinations belong to aeron:udp "
+                               f"subscriptions of control-mode=manual")
+        if subscription.channel.control_mode != ControlMode.MANUAL.value:
+            raise ChannelError(str(subscription.channel), "control-mode",
+                               "destinations are added to and removed from a "
+                               "control-mode=manual subscription only")
+        if not destination.is_udp or destination.is_spy:
+            raise ChannelError(uri, "aeron:udp",
+                               "a destination is aeron:udp?endpoint=HOST:PORT (a multicast "
+                               "group with interface=)")
+        extra = keys_given(destination) - {"endpoint", "interface", "alias"}
+        if extra:
+            raise ChannelError(uri, sorted(extra)[0],
+                               "a receive destination takes endpoint= (and interface= for a "
+                               "multicast group) only; the other keys belong to the "
+                               "subscription's channel")
+        resolved = _resolved(destination, self.transports.local_addresses)
+        address = destination_of(resolved, sending=False)
+        if resolved.interface is not None and not ipaddress.ip_address(address[0]).is_multicast:
+            raise ChannelError(uri, "interface",
+                               "interface= chooses a multicast destination's interface; a "
+                               "unicast destination binds its endpoint=")
+        return subscription.endpoint, address, uri, resolved
+
     # -- spies --------------------------------------------------------------------------------
     def _add_spy(self, spy: NetworkSubscription, now_ns: int) -> Outgoing:
         """An ``aeron-spy:`` subscription: it reads every publication of this driver on its
@@ -862,7 +981,18 @@ class NetworkConductor:
         channel = subscription.channel = _resolved(subscription.channel,
                                                    self.transports.local_addresses)
         SubscriptionParams.resolve(channel, self.settings)  # refused before a socket opens
-        bind = destination_of(channel, sending=False)
+        multi_destination = channel.control_mode == ControlMode.MANUAL.value
+        if multi_destination and channel.endpoint is not None:
+            raise ChannelError(str(channel), "endpoint",
+                               "a control-mode=manual subscription receives on the "
+                               "destinations it adds (Subscription.add_destination), not on "
+                               "an endpoint of its own: leave endpoint= out")
+        if multi_destination and channel.control is not None:
+            raise ChannelError(str(channel), "control",
+                               "a control-mode=manual subscription answers each sender along "
+                               "the path its data came by, not at a control address: leave "
+                               "control= out")
+        bind = ALL_DESTINATIONS if multi_destination else destination_of(channel, sending=False)
         key = endpoint_key(channel, bind)
         entry = self._receive_endpoints.get(key)
         if entry is not None:
@@ -875,8 +1005,20 @@ class NetworkConductor:
                                    f"joins (from {entry.endpoint.channel.channel}): subscribe "
                                    f"on another endpoint, or name the same")
         if entry is None:
+            counter_id = None
             try:
-                transport = self.transports.open_receive(channel, bind)
+                if multi_destination:
+                    open_multi = getattr(self.transports, "open_multi_destination_receive",
+                                         None)
+                    if open_multi is None:
+                        raise ChannelError(str(channel), "control-mode",
+                                           "multi-destination subscriptions are not carried "
+                                           "on this network (the simulator's)")
+                    transport = open_multi(channel)
+                    counter_id = self.counters.allocate(CounterType.MDS_DESTINATIONS,
+                                                        f"mds-destinations: {channel}")
+                else:
+                    transport = self.transports.open_receive(channel, bind)
             except OSError as e:
                 raise ResourceError(f"cannot receive on {bind[0]}:{bind[1]} for {channel}: "
                                     f"{e.strerror or e}") from None
@@ -885,7 +1027,8 @@ class NetworkConductor:
                 receiver_id=self._rng.getrandbits(63), counters=self.counters, now_ns=now_ns,
                 rng=random.Random(self._rng.getrandbits(64)))
             endpoint = ReceiveEndpoint(receive_channel, transport)
-            entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(key, endpoint)
+            entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(
+                key, endpoint, destinations_counter_id=counter_id)
             self._submit_receive(lambda _now: self.receiver.add_endpoint(endpoint))
         elif entry.state is _EndpointState.CLOSING:
             entry.state = _EndpointState.OPEN
@@ -1247,12 +1390,24 @@ class NetworkConductor:
             self._submit_send(remove_send)
         else:
             receive_endpoint = entry.endpoint
+            # A multi-destination subscription's destinations go with it, as a send
+            # endpoint's: a subscription that revives it starts with none.
+            indexes = list(entry.destinations.values())
+            entry.destinations.clear()
+            cell = self._destinations_cell(entry)
 
             def remove_receive(now_ns: int) -> None:
                 try:
                     self.receiver.remove_endpoint(receive_endpoint, now_ns)
                 finally:  # its socket, logs and counters are freed whatever the farewell did
-                    self._post(EndpointRemoved(entry, generation))
+                    try:  # after the farewell, which leaves through the destinations
+                        transport = receive_endpoint.transport
+                        for index in indexes:
+                            transport.remove_destination(receive_endpoint.channel, index)
+                        if cell is not None:
+                            cell[0] = 0
+                    finally:
+                        self._post(EndpointRemoved(entry, generation))
 
             self._submit_receive(remove_receive)
 
@@ -1269,6 +1424,8 @@ class NetworkConductor:
                 self.counters.free(entry.destinations_counter_id)
             return
         self._receive_endpoints.pop(entry.key, None)
+        if entry.destinations_counter_id is not None:
+            self.counters.free(entry.destinations_counter_id)
         self._closed_receiver_ids[entry.endpoint.channel.receiver_id] = None
         while len(self._closed_receiver_ids) > RECEIVER_IDS_KEPT:
             del self._closed_receiver_ids[next(iter(self._closed_receiver_ids))]

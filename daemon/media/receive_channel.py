@@ -20,7 +20,12 @@ inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
   ``session-id=``, not cooling down) → an :class:`ImageRequested` event: the conductor makes
   the log and counters off the receive loop and answers with :meth:`add_image` (or
   :meth:`reject_image`); the session is PENDING_IMAGE meanwhile;
-* RTTM → the image; malformed datagrams → ``INVALID_PACKETS``, dropped, never raised.
+* RTTM → the image; malformed datagrams → ``INVALID_PACKETS``, dropped, never raised;
+* a multi-destination subscription (``control-mode=manual``, docs/PROTOCOL.md §7.5) has no
+  socket of its own: each destination's C receiver (:meth:`attach_destination`) reads its
+  socket into this channel's image table, its images take data from any source and keep a
+  path per destination, and what Python answers leaves through the destination it came by
+  (:attr:`arrival_destination`, ``Datagram.via``).
 
 When an image reaches LINGER an :class:`ImageUnavailable` event tells the conductor (which tells
 the subscribers); when it is DONE it is removed, :class:`ImageDone` lets the conductor free its
@@ -73,6 +78,7 @@ from slipstream.client.logbuffer import LogBuffer, check_mtu, check_term_length,
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.media.destinations import ControlMode
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
     Address,
@@ -113,6 +119,8 @@ class ImageRequested:
     channel: ReceiveChannel
     setup: Setup
     source: Address
+    #: The destination it came through (a multi-destination subscription's), else -1.
+    via: int = -1
 
 
 @attrs.frozen(eq=False)
@@ -172,6 +180,14 @@ class ReceiveChannel:
         #: joins by sending setup-eliciting SMs to the control address while it has
         #: subscriptions, every ELICIT_SETUP_INTERVAL_NS (:meth:`datagrams_to_send`).
         self.joins_at_control = channel.control is not None and channel.control_group is None
+        #: A multi-destination subscription (control-mode=manual, docs/PROTOCOL.md §7.5): no
+        #: socket of its own; each destination's C receiver (attach_destination) reads one
+        #: socket into this channel's images, and its images keep a path per destination.
+        self.multi_destination = channel.control_mode == ControlMode.MANUAL.value
+        self._destinations: dict[int, tuple[object, Address | None]] = {}  # -> (C, control)
+        #: The destination whose datagrams Python is handling now (its transport sets it
+        #: around dispatch): replies to them leave through it.  -1: none.
+        self.arrival_destination = -1
         self._next_join_ns = NO_DEADLINE
         self.images: dict[tuple[int, int], PublicationImage] = {}
         self._subscriptions: dict[int, set[int] | None] = {}  # stream -> sessions (None: all)
@@ -192,6 +208,7 @@ class ReceiveChannel:
         c.streams = self._streams
         c.stream_capacity = 16
         c.fd = -1  # until a transport with a socket attaches
+        c.destination = -1
         #: A datagram went to Python (on_control) since the last datagrams_to_send: the
         #: simulator's agent then runs its Python half.
         self.has_python_work = False
@@ -262,6 +279,7 @@ class ReceiveChannel:
         for i, stream_id in enumerate(streams):
             self._streams[i] = stream_id
         self.c.stream_count = len(streams)
+        self._share_tables()
 
     def wants(self, session_id: int, stream_id: int) -> bool:
         """Whether a subscription here takes ``session_id`` of ``stream_id``."""
@@ -273,16 +291,72 @@ class ReceiveChannel:
     def _reply_address(self, source: Address) -> Address:
         return self.control_address if self.control_address is not None else source
 
+    # -- destinations (a multi-destination subscription's) -----------------------------------
+    def attach_destination(self, index: int, receiver, control: Address | None) -> None:
+        """Destination ``index``'s C receiver (cffi ``ss_receiver_t *``, its socket and
+        buffers set by its transport) reads into this channel's images from now: it shares
+        the channel's image and stream tables and counters.  ``control``: where its paths'
+        control frames go (a multicast destination's control group), else each path's
+        source."""
+        if not 0 <= index < network.SS_RECEIVE_DESTINATIONS_MAX or index in self._destinations:
+            raise ValueError(f"destination slot {index} is taken or out of range")
+        receiver.destination = index
+        receiver.publications = network_ffi.NULL
+        if control is not None:
+            raw = sockaddr(control)
+            network_ffi.memmove(receiver.control_address, raw, len(raw))
+            receiver.control_address_length = len(raw)
+        self._destinations[index] = (receiver, control)
+        self._share_tables()
+
+    def detach_destination(self, index: int) -> None:
+        """Destination ``index`` is removed: its receiver no longer reads into the images, and
+        their paths through it end (no more status messages or NAKs that way)."""
+        if self._destinations.pop(index, None) is None:
+            return
+        for image in self.images.values():
+            image.drop_connection(index)
+
+    @property
+    def socket_receivers(self) -> list:
+        """The C receivers that read sockets into this channel's images (cffi
+        ``ss_receiver_t *``): its own, or a multi-destination subscription's destinations'."""
+        receivers = [self.c] if self.c.fd >= 0 else []
+        receivers.extend(receiver for receiver, _ in self._destinations.values()
+                         if receiver.fd >= 0)
+        return receivers
+
+    def _share_tables(self) -> None:
+        """Each destination's C receiver reads the channel's current tables (they are made
+        anew as images and streams come and go)."""
+        c = self.c
+        for receiver, _ in self._destinations.values():
+            receiver.slots = c.slots
+            receiver.slot_mask = c.slot_mask
+            receiver.streams = c.streams
+            receiver.stream_count = c.stream_count
+            receiver.stream_capacity = c.stream_capacity
+            receiver.counters = c.counters
+
     # -- images (commands from the conductor) ---------------------------------------------
     def new_image(self, request: ImageRequested, log: LogBuffer, positions: ImagePositions,
                   now_ns: int, loss_entry: LossEntry | None = None) -> PublicationImage:
         """The image for ``request`` over ``log`` (created for its SETUP): pure, so the
         conductor may build it on its own thread before :meth:`add_image` hands it over."""
+        destinations = network.SS_RECEIVE_DESTINATIONS_MAX if self.multi_destination else 0
         return PublicationImage(
             log=log, setup=request.setup, params=self.params, settings=self.settings,
             receiver_id=self.receiver_id, counters=self.counters, positions=positions,
-            control_address=self._reply_address(request.source), source=request.source,
-            now_ns=now_ns, rng=self.rng, loss_entry=loss_entry)
+            control_address=self._path_control(request.via, request.source),
+            source=request.source, now_ns=now_ns, rng=self.rng, loss_entry=loss_entry,
+            destinations=destinations, via=request.via)
+
+    def _path_control(self, via: int, source: Address) -> Address:
+        """Where control frames answering ``source``'s data on destination ``via`` go."""
+        destination = self._destinations.get(via)
+        if destination is not None and destination[1] is not None:
+            return destination[1]
+        return self._reply_address(source)
 
     def set_status_interval_factor(self, factor: int) -> None:
         """The pressure governor widens (or restores) the status-message interval of every
@@ -326,7 +400,9 @@ class ReceiveChannel:
         # The text is bytes on the wire: cut it there, at a character boundary.
         text = reason.encode()[:ERR_MAX_TEXT_LENGTH].decode(errors="ignore")
         error = ErrorFrame(key[0], key[1], self.receiver_id, code, text)
-        self._outbox.append(Datagram(error.encode(), self._reply_address(request.source)))
+        self._outbox.append(Datagram(error.encode(),
+                                     self._path_control(request.via, request.source),
+                                     request.via))
 
     def _sync_images(self) -> None:
         images = list(self.images.values())
@@ -338,6 +414,7 @@ class ReceiveChannel:
         table = network_ffi.new("ss_image_t *[]", [image.c for image in images] or 1)
         if network.ss_receiver_set_images(self.c, table, len(images)) != 0:
             raise AssertionError("two images of one (session, stream)")
+        self._share_tables()
 
     # -- input ----------------------------------------------------------------------------
     def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
@@ -380,7 +457,8 @@ class ReceiveChannel:
                 image.on_rttm(frame, now_ns)
         elif isinstance(frame, RateAnnounce):
             image = self.images.get((frame.session_id, frame.stream_id))
-            if image is not None and source == image.source:  # the image's sender only
+            # The image's sender only (any of its paths, for a multi-destination one).
+            if image is not None and (self.multi_destination or source == image.source):
                 image.on_rate_announce(frame, now_ns)
         elif isinstance(frame, RateSignal):
             return  # another receiver's, to a sender: not for a receiver
@@ -398,12 +476,21 @@ class ReceiveChannel:
             return
         self._pending_setup[key] = now_ns + PENDING_SETUP_TIMEOUT_NS
         sm = StatusMessage(session_id, stream_id, 0, 0, 0, self.receiver_id, SM_SEND_SETUP_FLAG)
-        self._outbox.append(Datagram(sm.encode(), self._reply_address(source)))
+        via = self.arrival_destination
+        self._outbox.append(Datagram(sm.encode(), self._path_control(via, source), via))
         self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
 
     def _on_setup(self, setup: Setup, source: Address, now_ns: int) -> None:
         key = (setup.session_id, setup.stream_id)
-        if key in self.images or not self.wants(*key):
+        image = self.images.get(key)
+        if image is not None:
+            # Another path of a multi-destination image (Aeron's addDestinationConnection):
+            # its control frames go that way too from now.
+            via = self.arrival_destination
+            if self.multi_destination and via >= 0:
+                image.seed_connection(via, self._path_control(via, source), now_ns)
+            return
+        if not self.wants(*key):
             return
         if now_ns < self._cool_down.get(key, -1) or now_ns < self._pending_image.get(key, -1):
             return
@@ -422,11 +509,12 @@ class ReceiveChannel:
         refusal = self._refusal(setup)
         if refusal is not None:
             reason, code = refusal
-            self.reject_image(ImageRequested(self, setup, source), now_ns, reason, code)
+            self.reject_image(ImageRequested(self, setup, source, self.arrival_destination),
+                              now_ns, reason, code)
             self._events.append(ImageRejected(self, setup, source, reason))
             return
         self._pending_image[key] = now_ns + PENDING_IMAGE_TIMEOUT_NS
-        self._events.append(ImageRequested(self, setup, source))
+        self._events.append(ImageRequested(self, setup, source, self.arrival_destination))
 
     # -- output ---------------------------------------------------------------------------
     def datagrams_to_send(self, now_ns: int) -> list[Datagram]:

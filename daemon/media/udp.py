@@ -89,6 +89,10 @@ class UdpTransports:
     def open_receive(self, channel: Channel, bind: Address) -> UdpReceiveTransport:
         return UdpReceiveTransport(self.settings, self.counters, channel, bind)
 
+    def open_multi_destination_receive(self, channel: Channel
+                                       ) -> MultiDestinationReceiveTransport:
+        return MultiDestinationReceiveTransport()
+
     def local_addresses(self) -> list[InterfaceAddress]:
         """This host's interface addresses (``getifaddrs``)."""
         return interfaces.local_addresses()
@@ -375,11 +379,97 @@ class UdpReceiveTransport(_UdpTransport):
     def attach_channel(self, channel: ReceiveChannel) -> None:
         """The channel's C receiver reads this socket into these buffers (the agent's C
         half); what it leaves for Python goes to ``channel.on_control`` (:meth:`dispatch`)."""
-        self._receive = _BatchReceiver(channel.c, self.fd, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
-        channel.c.loss_threshold = min(self._loss_threshold, (1 << 32) - 1)
-        channel.c.loss_state = self._loss_seed
+        self.attach_receiver(channel.c)
+
+    def attach_receiver(self, receiver) -> None:
+        """``receiver`` (cffi ``ss_receiver_t *``: a channel's, or a destination's of a
+        multi-destination subscription) reads this socket into these buffers."""
+        self._receive = _BatchReceiver(receiver, self.fd, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
+        receiver.loss_threshold = min(self._loss_threshold, (1 << 32) - 1)
+        receiver.loss_state = self._loss_seed
 
     def dispatch(self, channel: ReceiveChannel, now_ns: int) -> int:
+        return self.dispatch_receiver(channel.c, channel, now_ns)
+
+    def dispatch_receiver(self, receiver, channel: ReceiveChannel, now_ns: int) -> int:
+        """What ``receiver`` left for Python goes to ``channel.on_control``."""
         if self._receive is None:
             return 0
-        return self._receive.dispatch(channel.c, now_ns, channel.on_control)
+        return self._receive.dispatch(receiver, now_ns, channel.on_control)
+
+
+class MultiDestinationReceiveTransport:
+    """A multi-destination subscription's receive endpoint (``control-mode=manual``,
+    docs/PROTOCOL.md §7.5; Aeron's ReceiveChannelEndpoint over a MultiRcvDestination): no
+    socket of its own, one :class:`UdpReceiveTransport` per destination the subscriptions
+    add, each read by its own C receiver into the one channel's images.  The conductor opens
+    a destination's socket (:meth:`UdpTransports.open_receive`); the receiver's thread
+    attaches and detaches it (:meth:`add_destination`, :meth:`remove_destination`)."""
+
+    #: No socket of its own (the network thread polls :attr:`fds`).
+    fd = None
+
+    def __init__(self) -> None:
+        self._destinations: dict[int, tuple[UdpReceiveTransport, object]] = {}
+        #: Moves on with every change of :attr:`fds`: the network thread registers them anew
+        #: (a closed socket's number may come back as another's).
+        self.generation = 0
+
+    @property
+    def fds(self) -> list[int]:
+        """The destinations' sockets."""
+        return [transport.fd for transport, _ in self._destinations.values()]
+
+    def attach_channel(self, channel: ReceiveChannel) -> None:
+        """Nothing to attach until a destination comes (:meth:`add_destination`)."""
+
+    def add_destination(self, channel: ReceiveChannel, index: int,
+                        transport: UdpReceiveTransport, control: Address | None) -> None:
+        """Receive through ``transport`` (its socket bound to the destination) into
+        ``channel``'s images, as destination ``index``; ``control``: a multicast destination's
+        control group.  On the receiver's thread."""
+        receiver = network_ffi.new("ss_receiver_t *")
+        transport.attach_receiver(receiver)
+        channel.attach_destination(index, receiver, control)
+        self._destinations[index] = (transport, receiver)
+        self.generation += 1
+
+    def remove_destination(self, channel: ReceiveChannel, index: int) -> None:
+        """Stop receiving through destination ``index`` and close its socket.  On the
+        receiver's thread, whose C half stops reading it before it runs again."""
+        entry = self._destinations.pop(index, None)
+        channel.detach_destination(index)
+        if entry is not None:
+            self.generation += 1
+            entry[0].close()
+
+    def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
+        return 0  # its sockets are read by the C half
+
+    def dispatch(self, channel: ReceiveChannel, now_ns: int) -> int:
+        """Each destination's datagrams for Python go to ``channel``, which knows which
+        destination they came through (its replies leave through the same)."""
+        handled = 0
+        try:
+            for index, (transport, receiver) in list(self._destinations.items()):
+                channel.arrival_destination = index
+                handled += transport.dispatch_receiver(receiver, channel, now_ns)
+        finally:
+            channel.arrival_destination = -1
+        return handled
+
+    def send(self, datagrams: list[Datagram]) -> None:
+        """Each datagram through the destination it names (``via``), else the first."""
+        destinations = self._destinations
+        for datagram in datagrams:
+            entry = destinations.get(datagram.via)
+            if entry is None:
+                if not destinations:
+                    continue  # no socket to send from: no path to the sender either
+                entry = next(iter(destinations.values()))
+            entry[0].send([datagram])
+
+    def close(self) -> None:
+        for transport, _ in self._destinations.values():
+            transport.close()
+        self._destinations.clear()

@@ -100,6 +100,10 @@ class CountersCollector(Collector):
         destinations = GaugeMetricFamily(
             "slipstream_mdc_destinations",
             "Destinations of each multi-destination-cast send endpoint", labels=["channel"])
+        receive_destinations = GaugeMetricFamily(
+            "slipstream_mds_destinations",
+            "Destinations of each multi-destination subscription's receive endpoint",
+            labels=["channel"])
         image_labels = ["channel", "stream", "session", "source"]
         # An image's congestion-control counters by label kind, as their strategies declare
         # them: (family, scale to its unit).
@@ -165,6 +169,8 @@ class CountersCollector(Collector):
                                        str(parsed.session_id)], info.value)
             elif info.type_id == CounterType.MDC_DESTINATIONS:
                 destinations.add_metric([info.label.partition(": ")[2]], info.value)
+            elif info.type_id == CounterType.MDS_DESTINATIONS:
+                receive_destinations.add_metric([info.label.partition(": ")[2]], info.value)
             elif info.type_id == CounterType.PER_IMAGE_INDICATOR:
                 parsed = parse_position_label(info.label)
                 if parsed is not None and parsed.kind in congestion:
@@ -184,6 +190,7 @@ class CountersCollector(Collector):
         yield rate_limits
         yield receivers
         yield destinations
+        yield receive_destinations
         for family, _ in congestion.values():
             yield family
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",

@@ -35,11 +35,14 @@ class Datagram:
     """One UDP datagram to send: ``data`` (exactly the wire bytes) to ``address``.
 
     ``data`` may be a view of a buffer that is reused (a receive buffer, a log): send it
-    before the next duty cycle, or copy it (``bytes(data)``) to keep it.
+    before the next duty cycle, or copy it (``bytes(data)``) to keep it.  ``via``: the
+    receive destination (its index) of a multi-destination subscription whose socket it
+    leaves from, the path its answer belongs to; -1: the endpoint's own socket.
     """
 
     data: bytes | memoryview
     address: Address
+    via: int = -1
 
 
 class ProtocolCounters(Protocol):

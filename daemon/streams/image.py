@@ -105,6 +105,7 @@ from slipstream.daemon.protocol.types import (
     Address,
     Datagram,
     ProtocolCounters,
+    address_of,
     sockaddr,
 )
 from slipstream.daemon.reports.loss_report import LossEntry
@@ -155,11 +156,18 @@ class PublicationImage:
     def __init__(self, *, log: LogBuffer, setup: Setup, params: SubscriptionParams,
                  settings: DriverSettings, receiver_id: int, counters: ProtocolCounters,
                  positions: ImagePositions, control_address: Address, source: Address,
-                 now_ns: int, rng: random.Random, loss_entry: LossEntry | None = None) -> None:
+                 now_ns: int, rng: random.Random, loss_entry: LossEntry | None = None,
+                 destinations: int = 0, via: int = -1) -> None:
         """``log`` was created for ``setup`` (its term length, initial term id, join term and
         offset); SMs, NAKs and RTTM replies go to ``control_address`` (the SETUP's source for
         unicast, the control group for multicast).  ``params`` are the receive channel's;
-        ``settings`` give the timers."""
+        ``settings`` give the timers.
+
+        ``destinations`` > 0: an image of a multi-destination subscription with that many
+        destination slots (Aeron's ImageConnections): it takes data from any source, and its
+        control frames go to every path whose data came within the liveness timeout
+        (:meth:`control_datagrams`); the SETUP came through destination ``via`` from
+        ``control_address``, the first such path."""
         self.log = log
         self.counters = counters
         self.receiver_id = receiver_id
@@ -236,7 +244,17 @@ class PublicationImage:
         c.contiguous_position = join
         raw_source = sockaddr(source)
         c.source = raw_source
-        c.source_length = len(raw_source)
+        # A multi-destination image hears its sender on several paths, each from its own
+        # address (docs/PROTOCOL.md §7.5): its data is checked by session, not by source.
+        c.source_length = 0 if destinations else len(raw_source)
+        self._connections = None
+        if destinations:
+            self._connections = network_ffi.new("ss_image_connection_t[]", destinations)
+            for connection in self._connections:
+                connection.fd = -1
+            c.connections = self._connections
+            c.connection_count = destinations
+            self.seed_connection(via, control_address, now_ns)
         c.receiver_position = self._rcv_pos
         c.rate_signal_position = NO_DEADLINE
         c.overrun_position = join
@@ -278,6 +296,46 @@ class PublicationImage:
         self._outbox: list[Datagram] = []
         self._now_ns = now_ns
         log.is_connected = True
+
+    # -- paths of a multi-destination subscription ---------------------------------------
+    def seed_connection(self, via: int, address: Address, now_ns: int) -> None:
+        """A SETUP came through destination ``via`` from ``address``: that path is live, and
+        its control frames go there (the data path keeps it so while data comes)."""
+        connections = self._connections
+        if connections is None or not 0 <= via < len(connections):
+            return
+        connection = connections[via]
+        raw = sockaddr(address)
+        network_ffi.memmove(connection.address, raw, len(raw))
+        connection.address_length = len(raw)
+        connection.time_of_last_frame_ns = now_ns
+
+    def drop_connection(self, via: int) -> None:
+        """Destination ``via`` was removed: nothing more goes that way (a destination added
+        later in its slot starts afresh)."""
+        connections = self._connections
+        if connections is not None and 0 <= via < len(connections):
+            connection = connections[via]
+            connection.fd = -1
+            connection.address_length = 0
+            connection.time_of_last_frame_ns = 0
+
+    def control_datagrams(self, data: bytes) -> list[Datagram]:
+        """``data`` (a control frame) to where this image's control frames go: its control
+        address, or for a multi-destination subscription's image each path heard from within
+        the liveness timeout, through its destination (Aeron's ImageConnections)."""
+        connections = self._connections
+        if connections is None:
+            return [Datagram(data, self.control_address)]
+        now_ns = self._now_ns
+        out = []
+        for via, connection in enumerate(connections):
+            length = connection.address_length
+            if (0 < length <= network.SS_SOCKADDR_MAX
+                    and now_ns - connection.time_of_last_frame_ns <= self.liveness_timeout_ns):
+                address = address_of(bytes(network_ffi.buffer(connection.address, length)))
+                out.append(Datagram(data, address, via))
+        return out
 
     # -- positions ------------------------------------------------------------------------
     @property
@@ -459,7 +517,7 @@ class PublicationImage:
             if rttm.receiver_id in (0, self.receiver_id):
                 reply = Rttm(self.session_id, self.stream_id, rttm.echo_timestamp, 0,
                              self.receiver_id, 0)
-                self._outbox.append(Datagram(reply.encode(), self.control_address))
+                self._outbox.extend(self.control_datagrams(reply.encode()))
         elif rttm.receiver_id == self.receiver_id:
             rtt_ns = now_ns - rttm.echo_timestamp - rttm.reception_delta
             # A shorter round trip brings the next measurement forward: python_deadline_ns,
@@ -498,7 +556,7 @@ class PublicationImage:
             threshold, fill, rate = signalled
             signal = RateSignal(self.session_id, self.stream_id, fill, threshold, rate,
                                 self.group_tag)
-            self._outbox.append(Datagram(signal.encode(), self.control_address))
+            self._outbox.extend(self.control_datagrams(signal.encode()))
             self.counters.add(SystemCounter.RATE_SIGNALS_SENT)
         self.c.rate_signal_position = signaller.next_signal_position(consumption_position,
                                                                      self.window)
@@ -509,7 +567,7 @@ class PublicationImage:
             return  # what it lacks is gone from the sender: asking again would be in vain
         if self.reliable:
             nak = Nak(self.session_id, self.stream_id, term_id, term_offset, length)
-            self._outbox.append(Datagram(nak.encode(), self.control_address))
+            self._outbox.extend(self.control_datagrams(nak.encode()))
             self.counters.add(SystemCounter.NAK_MESSAGES_SENT)
         else:
             # Unreliable: skip the gap with a PAD frame (aeron_term_gap_filler).
@@ -560,7 +618,7 @@ class PublicationImage:
                     self.congestion_control.should_measure_rtt(now_ns)):
                 rttm = Rttm(self.session_id, self.stream_id, now_ns, 0, self.receiver_id,
                             RTTM_REPLY_FLAG)
-                out.append(Datagram(rttm.encode(), self.control_address))
+                out.extend(self.control_datagrams(rttm.encode()))
                 self.congestion_control.on_rtt_measurement_sent(now_ns)
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
             due = self.status_message_due_position()
@@ -635,7 +693,7 @@ class PublicationImage:
             sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
                                position & self._mask, c.sm_window, self.receiver_id, 0,
                                self.group_tag)
-            self._outbox.append(Datagram(sm.encode(), self.control_address))
+            self._outbox.extend(self.control_datagrams(sm.encode()))
             self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
 
     def _sync_cleaning_c(self) -> None:
@@ -660,7 +718,7 @@ class PublicationImage:
             naks = c.naks
             for i in range(0, 3 * c.nak_count, 3):
                 nak = Nak(self.session_id, self.stream_id, naks[i], naks[i + 1], naks[i + 2])
-                self._outbox.append(Datagram(nak.encode(), self.control_address))
+                self._outbox.extend(self.control_datagrams(nak.encode()))
             self.counters.add(SystemCounter.NAK_MESSAGES_SENT, c.nak_count)
             c.nak_count = 0
 
@@ -684,7 +742,7 @@ class PublicationImage:
         sm = StatusMessage(self.session_id, self.stream_id, self._term_id(position),
                            position & self._mask, self.c.sm_window, self.receiver_id, flags,
                            self.group_tag)
-        out.append(Datagram(sm.encode(), self.control_address))
+        out.extend(self.control_datagrams(sm.encode()))
         self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
         self._set_last_sm_position(position)
         self.c.sm_deadline_ns = now_ns + self.c.sm_interval_ns

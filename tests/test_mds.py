@@ -1,0 +1,350 @@
+"""Multi-destination subscriptions (docs/PROTOCOL.md §7.5) between real driver processes on
+loopback: one subscription of ``control-mode=manual`` that receives on several destinations
+(``Subscription.add_destination``), fed by a multi-destination-cast publication that sends to
+each of them, so every datagram arrives twice and the stream is one image.
+
+Every stream is checked message by message (helpers.Collector): the subscriber sees each
+message once, in order, none missing.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import pytest
+from helpers import Collector, counters_of, free_port, message, stream, wait_for
+
+from slipstream.client import ChannelRejectedError, Client, control
+from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client.frames import Data, Heartbeat, Nak, Setup, StatusMessage, decode
+from slipstream.daemon.ops.metrics import CountersCollector
+
+pytestmark = pytest.mark.timeout(120)
+
+STREAM = 1002
+MDS = "aeron:udp?control-mode=manual"
+
+
+def _counter(driver, type_id: int) -> list[int]:
+    """The values of the driver's counters of ``type_id``."""
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return [c.value for c in counters if c.type_id == type_id]
+    finally:
+        counters.close()
+
+
+def _two_paths(launch, **settings):
+    """A sender and a receiver driver; the receiver's MDS subscription on two ports, the
+    sender's MDC publication (fc=min, 64 KiB terms) sending to both."""
+    sender, receiver = launch(), launch(**settings)
+    ports = [free_port(), free_port()]
+    a, b = Client.connect(sender.directory), Client.connect(receiver.directory)
+    subscription = b.add_subscription(MDS, STREAM)
+    for port in ports:
+        subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+    publication = a.add_publication("aeron:udp?control-mode=manual|term-length=64k|fc=min",
+                                    STREAM)
+    for port in ports:
+        publication.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+    wait_for(lambda: subscription.images and publication.is_connected, timeout=10,
+             what="an image of the stream")
+    return sender, receiver, a, b, ports, subscription, publication
+
+
+def test_two_paths_make_one_image_each_message_once(launch) -> None:
+    """The publication sends every datagram to both destinations of one MDS subscription:
+    one image, and 20,000 messages (terms of 64 KiB rotating many times) each delivered once,
+    in order; the second copy of each is dropped as a duplicate.  mds-destinations counts
+    the destinations, and is exported."""
+    sender, receiver, a, b, _ports, subscription, publication = _two_paths(launch)
+    try:
+        collector = Collector(subscription)
+        stream(publication, [collector], 20_000, lambda i: (32, 1376, 3000)[i % 3])
+        collector.assert_exactly(20_000)
+        time.sleep(0.2)  # the second path's copies of the last messages
+        assert collector.poll() == 0
+        assert len(subscription.images) == 1
+        assert _counter(receiver, CounterType.MDS_DESTINATIONS) == [2]
+        [family] = [f for f in CountersCollector(receiver.directory).collect()
+                    if f.name == "slipstream_mds_destinations"]
+        assert [(s.labels, s.value) for s in family.samples] == [({"channel": MDS}, 2)]
+        # Both paths carried the stream: the receiver took (about) twice what was sent.
+        sent = counters_of(sender)["BYTES_SENT"]
+        assert counters_of(receiver)["BYTES_RECEIVED"] > 1.5 * sent / 2
+        assert publication.position > 3 * 64 * 1024
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_stream_goes_on_when_one_path_is_lost(launch) -> None:
+    """Mid-stream the publisher stops sending to one destination (that path is lost): the
+    stream goes on through the other without a message lost or repeated.  Then the publisher
+    sends to the first again and the subscriber drops the second destination: the stream
+    goes on through the first."""
+    _sender, receiver, a, b, ports, subscription, publication = _two_paths(launch)
+    try:
+        collector = Collector(subscription)
+        stream(publication, [collector], 3_000, lambda i: 500)
+        publication.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[0]}")
+        stream(publication, [collector], 3_000, lambda i: 500, first=3_000)
+        publication.add_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[0]}")
+        subscription.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[1]}")
+        assert _counter(receiver, CounterType.MDS_DESTINATIONS) == [1]
+        stream(publication, [collector], 3_000, lambda i: 500, first=6_000)
+        collector.assert_exactly(9_000)
+        assert len(subscription.images) == 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_removed_destination_gets_no_more_status_messages(launch) -> None:
+    """The subscriber's status messages go to every path it heard from: the publication's
+    destinations each see SMs; once the subscriber removes one destination, no SM leaves
+    through it (its socket is closed), and the sender keeps its receiver through the other:
+    the stream stays connected."""
+    _sender, receiver, a, b, ports, subscription, publication = _two_paths(launch)
+    try:
+        collector = Collector(subscription)
+        stream(publication, [collector], 1_000, lambda i: 200)
+        before = counters_of(receiver)["STATUS_MESSAGES_SENT"]
+        subscription.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[0]}")
+        time.sleep(0.5)  # SMs repeat every 200 ms
+        assert counters_of(receiver)["STATUS_MESSAGES_SENT"] > before
+        assert publication.is_connected
+        stream(publication, [collector], 1_000, lambda i: 200, first=1_000)
+        collector.assert_exactly(2_000)
+        # The port is free again: the destination's socket closed with it.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", ports[0]))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_destination_refusals_name_their_cause(launch) -> None:
+    """A duplicate add, the removal of a destination never added, a destination with keys of
+    its own, a host that does not resolve, an IPv6 destination beside IPv4 ones, interface=
+    on a unicast destination, destinations on a subscription that is not control-mode=manual,
+    and a control-mode=manual subscription with endpoint= or control=: each refused by name;
+    the subscription keeps working."""
+    sender, receiver = launch(), launch()
+    port = free_port()
+    with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
+        subscription = b.add_subscription(MDS, STREAM)
+        destination = f"aeron:udp?endpoint=127.0.0.1:{port}"
+        subscription.add_destination(destination)
+        refusals = {
+            "endpoint": [lambda: subscription.add_destination(destination),
+                         lambda: subscription.remove_destination(
+                             f"aeron:udp?endpoint=127.0.0.1:{free_port()}"),
+                         lambda: subscription.add_destination(
+                             "aeron:udp?endpoint=no-such-host.invalid:4000"),
+                         lambda: subscription.add_destination(
+                             f"aeron:udp?endpoint=[::1]:{free_port()}"),
+                         lambda: b.add_subscription(f"{MDS}|endpoint=127.0.0.1:{free_port()}",
+                                                    STREAM)],
+            "control": [lambda: b.add_subscription(f"{MDS}|control=127.0.0.1:{free_port()}",
+                                                   STREAM)],
+            "rcv-wnd": [lambda: subscription.add_destination(f"{destination}|rcv-wnd=64k")],
+            "fc": [lambda: subscription.add_destination(
+                f"aeron:udp?endpoint=127.0.0.1:{free_port()}|fc=min")],
+            "interface": [lambda: subscription.add_destination(
+                f"aeron:udp?endpoint=127.0.0.1:{free_port()}|interface=127.0.0.1")],
+        }
+        for part, calls in refusals.items():
+            for call in calls:
+                with pytest.raises(ChannelRejectedError) as refused:
+                    call()
+                assert refused.value.part == part, refused.value
+        unicast = b.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_port()}", STREAM)
+        with pytest.raises(ChannelRejectedError) as mode:
+            unicast.add_destination(f"aeron:udp?endpoint=127.0.0.1:{free_port()}")
+        assert mode.value.part == "control-mode"
+        unicast.close()
+        assert _counter(receiver, CounterType.MDS_DESTINATIONS) == [1]
+
+        publication = a.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        wait_for(lambda: subscription.images, timeout=10, what="an image")
+        collector = Collector(subscription)
+        stream(publication, [collector], 500, lambda i: 100)
+        collector.assert_exactly(500)
+
+
+def test_subscriptions_of_one_manual_channel_share_its_destinations(launch) -> None:
+    """Two subscriptions of the same control-mode=manual channel share one endpoint (as in
+    Aeron): a destination one adds feeds both, and the endpoint's destinations go with its
+    last subscription."""
+    sender, receiver = launch(), launch()
+    port = free_port()
+    with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
+        first = b.add_subscription(MDS, STREAM)
+        second = b.add_subscription(MDS, STREAM)
+        first.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+        with pytest.raises(ChannelRejectedError):  # the endpoint's, whoever added it
+            second.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+        publication = a.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        wait_for(lambda: first.images and second.images, timeout=10, what="images")
+        collectors = [Collector(first), Collector(second)]
+        stream(publication, collectors, 500, lambda i: 100)
+        for collector in collectors:
+            collector.assert_exactly(500)
+        first.close()
+        second.close()
+        wait_for(lambda: not _counter(receiver, CounterType.MDS_DESTINATIONS), timeout=10,
+                 what="the endpoint and its counter gone")
+        again = b.add_subscription(MDS, STREAM)
+        again.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")  # its port is free
+
+
+def _status_messages(sock) -> list[tuple[StatusMessage, tuple[str, int]]]:
+    """The status messages waiting at ``sock`` (non-blocking), with their sources."""
+    found = []
+    while True:
+        try:
+            data, source = sock.recvfrom(2048)
+        except BlockingIOError:
+            return found
+        frame = decode(data)
+        if isinstance(frame, StatusMessage):
+            found.append((frame, source))
+
+
+def test_status_messages_and_naks_go_to_every_live_path(launch) -> None:
+    """A hand-made sender reaches one MDS subscription on two paths, from two sockets: the
+    image takes the SETUP from one and data from both (a duplicate once), and its status
+    messages and NAKs go back along each path heard from within the liveness timeout (1 s),
+    each through its destination's socket (Aeron's ImageConnections).  A path silent longer
+    than that, and one whose destination is removed, get nothing more."""
+    receiver = launch()
+    ports = [free_port(), free_port()]
+    senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in ports]
+    with Client.connect(receiver.directory) as b:
+        try:
+            for sock in senders:
+                sock.bind(("127.0.0.1", 0))
+                sock.setblocking(False)
+            subscription = b.add_subscription(MDS, STREAM)
+            for port in ports:
+                subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+            session, term_id = 77, 5
+            setup = Setup(0, session, STREAM, term_id, term_id, 64 * 1024, 1408).encode()
+
+            def data(offset: int, payload: bytes = b"x" * 32) -> bytes:
+                return Data(offset, session, STREAM, term_id, payload).encode()
+
+            senders[0].sendto(setup, ("127.0.0.1", ports[0]))
+            wait_for(lambda: subscription.images, timeout=5, what="the image")
+            for sock, port in zip(senders, ports, strict=True):  # both paths carry offset 0
+                sock.sendto(data(0), ("127.0.0.1", port))
+            # A gap at 64: data at 128 on the second path only; the NAK goes both ways.
+            senders[1].sendto(data(128), ("127.0.0.1", ports[1]))
+            time.sleep(0.5)
+            got = []
+            for sock in senders:
+                answers = []
+                while True:
+                    try:
+                        answers.append(sock.recvfrom(2048))
+                    except BlockingIOError:
+                        break
+                got.append(answers)
+            for answers, port in zip(got, ports, strict=True):
+                frames = [decode(d) for d, _ in answers]
+                assert any(isinstance(f, StatusMessage) for f in frames), port
+                assert any(isinstance(f, Nak) and f.term_offset == 64 for f in frames), port
+                assert {source for _, source in answers} == {("127.0.0.1", port)}
+            assert len(subscription.images) == 1
+
+            # The first path goes silent (heartbeats on the second keep the image): after the
+            # liveness timeout its status messages stop.
+            deadline = time.monotonic() + 1.6
+            while time.monotonic() < deadline:
+                senders[1].sendto(Heartbeat(160, session, STREAM, term_id).encode(),
+                                  ("127.0.0.1", ports[1]))
+                time.sleep(0.05)
+            for sock in senders:  # what went before the timeout
+                _status_messages(sock)
+            time.sleep(0.5)
+            senders[1].sendto(Heartbeat(160, session, STREAM, term_id).encode(),
+                              ("127.0.0.1", ports[1]))
+            time.sleep(0.3)
+            assert not _status_messages(senders[0])
+            assert _status_messages(senders[1])
+
+            # Both paths live again; then the second destination is removed: SMs only along
+            # the first.
+            for sock, port in zip(senders, ports, strict=True):
+                sock.sendto(Heartbeat(160, session, STREAM, term_id).encode(),
+                            ("127.0.0.1", port))
+            time.sleep(0.3)
+            assert _status_messages(senders[0]) and _status_messages(senders[1])
+            subscription.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[1]}")
+            _status_messages(senders[1])
+            for _ in range(8):
+                senders[0].sendto(Heartbeat(160, session, STREAM, term_id).encode(),
+                                  ("127.0.0.1", ports[0]))
+                time.sleep(0.05)
+            assert _status_messages(senders[0])
+            assert not _status_messages(senders[1])
+        finally:
+            for sock in senders:
+                sock.close()
+
+
+def test_a_unicast_and_a_multicast_path_make_one_image(launch) -> None:
+    """A hand-made sender sends one stream on a unicast path and to a multicast group, each
+    datagram on both: an MDS subscription with a unicast and a multicast destination reads
+    it as one image, each message once, and answers each path along it: the unicast one to
+    its source, the multicast one to its control group (data group + 1, same port)."""
+    receiver = launch()
+    port, group_port = free_port(), free_port()
+    last = random.randrange(1, 250, 2)
+    group, control_group = f"224.0.4.{last}", f"224.0.4.{last + 1}"
+    unicast = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    multicast = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    control = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        unicast.bind(("127.0.0.1", 0))
+        multicast.bind(("127.0.0.1", 0))
+        multicast.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF,
+                             socket.inet_aton("127.0.0.1"))
+        control.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        control.bind((control_group, group_port))
+        control.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                           socket.inet_aton(control_group) + socket.inet_aton("127.0.0.1"))
+        for sock in (unicast, control):
+            sock.setblocking(False)
+        with Client.connect(receiver.directory) as b:
+            subscription = b.add_subscription(MDS, STREAM)
+            subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+            subscription.add_destination(
+                f"aeron:udp?endpoint={group}:{group_port}|interface=127.0.0.1")
+            session, term_id = 91, 3
+            paths = ((unicast, ("127.0.0.1", port)), (multicast, (group, group_port)))
+            multicast.sendto(Setup(0, session, STREAM, term_id, term_id, 64 * 1024,
+                                   1408).encode(), (group, group_port))
+            wait_for(lambda: subscription.images, timeout=5, what="the image")
+            collector = Collector(subscription)
+            for i in range(200):  # 200 messages of 288 B frames: most of a 64 KiB term
+                frame = Data(i * 288, session, STREAM, term_id, message(i, 256)).encode()
+                for sock, address in (paths if i % 2 else paths[::-1]):
+                    sock.sendto(frame, address)
+                if i % 16 == 15:
+                    collector.poll()
+                    time.sleep(0.002)  # within the window: the image's SMs keep up
+            wait_for(lambda: collector.poll() or len(collector.seen) >= 200, timeout=5,
+                     what="every message")
+            time.sleep(0.3)
+            collector.poll()
+            collector.assert_exactly(200)
+            assert len(subscription.images) == 1
+            for sock in (unicast, control):
+                assert _status_messages(sock), sock
+    finally:
+        for sock in (unicast, multicast, control):
+            sock.close()
