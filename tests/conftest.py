@@ -180,6 +180,7 @@ MODULE_LANES = {
     "test_installed_package": "sockets",
     "test_interop": "interop",
     "test_interop_mdc": "interop",
+    "test_interop_mds": "interop",
     "test_ipc": "sockets",
     "test_ipc_client": "sockets",
     "test_ipc_failures": "sockets",

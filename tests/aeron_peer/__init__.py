@@ -21,7 +21,8 @@ the interpreter's exit.  One module per job:
   congestion-control settings;
 * ``samples.py``: Aeron's sample programs and what they print, parsed;
 * ``mdc.py``: ``MdcPublisher``, our own Java program (``java/MdcPublisher.java``) adding and
-  removing multi-destination-cast destinations and offering messages on command;
+  removing multi-destination-cast destinations and offering messages on command, and
+  ``MdsSubscriber`` (``java/MdsSubscriber.java``), a multi-destination subscription's;
 * ``errors.py``: the errors, all ``AeronError``.
 """
 
@@ -29,7 +30,7 @@ from .cnc import Counter, read_counters
 from .driver import FAST_TIMEOUTS, AeronDriver
 from .errors import AeronError, AeronNotInstalled, SampleFailed
 from .install import aeron_available, peer_available
-from .mdc import MdcPublisher
+from .mdc import MdcPublisher, MdsStatus, MdsSubscriber
 from .samples import (
     BasicSubscriber,
     ImageEvent,
@@ -58,6 +59,8 @@ __all__ = [
     "Counter",
     "ImageEvent",
     "MdcPublisher",
+    "MdsStatus",
+    "MdsSubscriber",
     "PingResult",
     "Pong",
     "PublisherResult",
