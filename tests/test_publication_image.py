@@ -457,3 +457,62 @@ def test_a_datagram_over_a_shorter_one_already_there_does_not_carry_rcv_pos_over
     naks = [decode(d.data) for t in range(3, 300)
             for d in rc.datagrams_to_send(t * MS)]
     assert any(isinstance(n, Nak) and n.term_offset == 320 for n in naks)
+
+
+# -- a multi-destination subscription's image (docs/PROTOCOL.md §7.5) --------------------------
+def _via(receiver, frame: bytes, source: tuple[str, int], now_ns: int) -> int:
+    """``frame`` arriving through a destination's C receiver from ``source``."""
+    from slipstream.daemon._network import lib as network
+    from slipstream.daemon.protocol.types import sockaddr
+
+    raw = sockaddr(source)
+    return network.ss_receiver_on_datagram(receiver, frame, len(frame), raw, len(raw), now_ns)
+
+
+def test_a_multi_destination_image_takes_every_path_and_answers_the_live_ones(
+        shm: Path) -> None:
+    """Two destinations of one control-mode=manual channel feed one image: the SETUP through
+    the first makes it, data through the second from another address is taken (not a
+    foreign source), a copy of a frame already there changes nothing, and the status
+    messages go along each path heard from within the liveness timeout, the multicast one to
+    its control group, each through its destination; a path silent for longer, or whose
+    destination is removed, gets none."""
+    from slipstream.daemon._network import ffi as network_ffi
+
+    rc, counters = receive_channel(shm, "aeron:udp?control-mode=manual",
+                                   image_liveness_timeout=1_000 * MS)
+    first, second = (network_ffi.new("ss_receiver_t *") for _ in range(2))
+    for receiver in (first, second):
+        receiver.fd = -1
+    control_group = ("224.0.1.3", 4000)
+    rc.attach_destination(0, first, None)
+    rc.attach_destination(1, second, control_group)
+    with pytest.raises(ValueError):
+        rc.attach_destination(1, second, None)  # a slot taken
+    other = ("10.0.0.9", 6000)
+    rc.arrival_destination = 0
+    rc.on_control(setup(), SRC, 0)
+    rc.arrival_destination = -1
+    image, _cell = attach(rc)
+    [sm] = rc.datagrams_to_send(0)
+    assert (sm.address, sm.via) == (SRC, 0)
+
+    assert _via(second, data(0), other, 10) == 0
+    assert _via(first, data(0), SRC, 11) == 0  # the same frame again: a duplicate
+    assert counters[SystemCounter.FOREIGN_SOURCE_DROPS] == 0
+    assert image.rcv_hwm == 64
+    rc.datagrams_to_send(12)
+    sms = rc.datagrams_to_send(200 * MS + 20)
+    assert sorted((d.address, d.via) for d in sms) == [(SRC, 0), (control_group, 1)]
+
+    # Only the second path brings data for longer than the liveness timeout.
+    for t in range(1, 8):
+        _via(second, Heartbeat(64, 1, 2, 100).encode(), other, t * 200 * MS)
+        rc.datagrams_to_send(t * 200 * MS + 30)
+    sms = rc.datagrams_to_send(8 * 200 * MS + 40)
+    assert [(d.address, d.via) for d in sms] == [(control_group, 1)]
+    assert image.state is ImageState.ACTIVE
+
+    rc.detach_destination(1)
+    assert rc.datagrams_to_send(9 * 200 * MS + 50) == []
+    assert rc.socket_receivers == []  # neither destination has a socket here
