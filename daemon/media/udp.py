@@ -13,7 +13,11 @@ This is the I/O shell of the network stack (the sans-I/O core never sees a socke
 * a **receive endpoint** (one per address subscribed to) receives with ``recvmmsg`` in C, which
   validates every frame and inserts DATA into the images' logs; the rest goes up to the
   :class:`ReceiveChannel`.  Unicast: bound to the endpoint.  Multicast: bound to the data group,
-  joined on the interface, status messages and NAKs sent to the control group.
+  joined on the interface, status messages and NAKs sent to the control group;
+* a **multi-destination subscription's** receive endpoint (``control-mode=manual``,
+  :class:`MultiDestinationReceiveTransport`): no socket of its own, a receive socket per
+  destination its subscriptions add, each read by its own C receiver into the one channel's
+  images; what Python sends leaves through the destination it names (``Datagram.via``).
 
 Sockets are non-blocking; ``SO_RCVBUF``/``SO_SNDBUF`` come from the URI (``so-rcvbuf``,
 ``so-sndbuf``) or the settings, and a kernel that grants less than asked is logged once,
