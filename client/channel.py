@@ -75,6 +75,8 @@ SPY_PREFIX: Final = "aeron-spy:"
 SCHEME: Final = "aeron:"
 
 CONTROL_MODES: Final = ("manual", "dynamic", "response")
+#: The control mode of response channels (docs/PROTOCOL.md §7.5).
+RESPONSE_CONTROL_MODE: Final = CONTROL_MODES[2]
 # The shipped strategies' names (the settings' choices): fc=, cc= and rc= take these and any
 # strategy registered since (strategy_grammar.grammars).  RECEIVER_TIMEOUT_RANGE_NS, fc=min
 # and tagged's t: and the setting flow_control_receiver_timeout, is strategy_grammar's.
@@ -253,6 +255,12 @@ class Channel:
     @property
     def is_spy(self) -> bool:
         return self.spy
+
+    @property
+    def is_response(self) -> bool:
+        """``control-mode=response``: a response subscription (a client's) or a response
+        publication (a server's), docs/PROTOCOL.md §7.5."""
+        return self.control_mode == RESPONSE_CONTROL_MODE
 
     def endpoint_address(self) -> IPAddress | None:
         """The endpoint's IP address, or None without an endpoint.
@@ -612,7 +620,7 @@ _PARAMS: Final[dict[str, _Param]] = {
 # (ChannelWarning).
 PUBLICATION_ONLY_KEYS: Final = ("fc", "rc", "policy", "priority", "watermarks", "max-resend",
                                 "pub-wnd", "linger", "eos", "init-term-id", "term-id",
-                                "term-offset", "ssc")
+                                "term-offset", "ssc", "response-correlation-id")
 SUBSCRIPTION_ONLY_KEYS: Final = ("cc", "gtag", "rcv-wnd", "nak-delay", "reliable", "tether",
                                  "rejoin", "untethered-window-limit-timeout",
                                  "untethered-resting-timeout")

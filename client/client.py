@@ -588,7 +588,19 @@ class Client:
         ``"error"``, ``"rate-limit,messages:1000"``, ...: :mod:`slipstream.client.policy`), as
         ``policy=`` in the URI does; None: the URI's, else Aeron's codes.
         ``on_back_pressure``: called with a :class:`BackPressureEpisode` when an episode of the
-        stream begins or ends (on the client's conductor thread, as image callbacks)."""
+        stream begins or ends (on the client's conductor thread, as image callbacks).
+
+        Response channels (Aeron's, docs/PROTOCOL.md §7.5): a client's *request* publication
+        is ``aeron:udp?endpoint=SERVER:PORT|response-correlation-id=R``, R being the
+        ``registration_id`` of its response subscription (:meth:`add_subscription`) on this
+        client's driver; a server's *response* publication is
+        ``aeron:udp?control-mode=response|control=SERVER:CTRLPORT|response-correlation-id=C``,
+        C being the ``correlation_id`` of the request :class:`Image` it answers, which must
+        still be available.  :class:`ChannelError` names ``response-correlation-id`` or
+        ``control`` when they do not fit.  The response publication sends to the client only,
+        through the address its response subscription's status messages come from; close it
+        when the request image goes (``on_unavailable_image``), as Aeron's ResponseServer
+        does: the driver does not."""
         # Fails here, naming the bad part, before any I/O.
         _check_stream(channel, stream_id, publication=True)
         return self._add_publication(control.ADD_PUBLICATION, Publication, channel, stream_id,
@@ -637,7 +649,13 @@ class Client:
                          on_unavailable_image: Callable[[Image], object] | None = None,
                          ) -> Subscription:
         """Receive ``stream_id`` on ``channel``.  Image callbacks run on the client's conductor
-        thread as publications come and go."""
+        thread as publications come and go.
+
+        ``aeron:udp?control-mode=response|control=SERVER:CTRLPORT`` is a response
+        subscription (docs/PROTOCOL.md §7.5): no endpoint of its own (a port the system picks,
+        on ``interface=`` if given), and no image until a request publication naming its
+        ``registration_id`` (``response-correlation-id=``) is answered by the server's
+        response publication of this ``stream_id``; then one image, of that session only."""
         _check_stream(channel, stream_id, publication=False)
         _check_callbacks(on_available_image=on_available_image,
                          on_unavailable_image=on_unavailable_image)

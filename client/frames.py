@@ -24,10 +24,9 @@ Decoding (the receive path, once per datagram):
   behind a magic number; an EXT frame without it, or of an extension this version does not
   know, is rejected.
 
-Encoding: every frame class but :class:`ResponseSetup` (which slipstream never sends) has
-``encode() -> bytes``, exactly what goes on the wire; :func:`heartbeat` is the sender's
-heartbeat datagram.  Field values out of their wire range raise ``struct.error``: that is a
-caller bug, not a remote error.
+Encoding: every frame class has ``encode() -> bytes``, exactly what goes on the wire;
+:func:`heartbeat` is the sender's heartbeat datagram.  Field values out of their wire range
+raise ``struct.error``: that is a caller bug, not a remote error.
 """
 
 from __future__ import annotations
@@ -357,10 +356,10 @@ class ErrorFrame:
 
 @attrs.frozen
 class ResponseSetup:
-    """RSP_SETUP (20 bytes): the receiver tells a response publication which session to answer.
-
-    Decoded only: slipstream receives these and never sends one (it has no response channels).
-    """
+    """RSP_SETUP (20 bytes, docs/PROTOCOL.md §1.9), receiver to sender: the image of
+    (``session_id``, ``stream_id``), whose SETUP asked for responses, tells the request
+    publication's driver that ``response_session_id`` is the session of the response
+    publication made for it, so that the client's response subscription takes that session."""
 
     session_id: int
     stream_id: int
@@ -368,6 +367,11 @@ class ResponseSetup:
     flags: int = 0
 
     frame_length: ClassVar[int] = RSP_SETUP_LENGTH
+
+    def encode(self) -> bytes:
+        return RSP_SETUP_FRAME.pack(RSP_SETUP_LENGTH, CURRENT_VERSION, self.flags,
+                                    HDR_TYPE_RSP_SETUP, self.session_id, self.stream_id,
+                                    self.response_session_id)
 
 
 @attrs.frozen

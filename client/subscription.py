@@ -84,6 +84,10 @@ class Image:
         self.subscription = subscription
         self.session_id = log.session_id
         self.stream_id = log.stream_id
+        #: The image's registration id in its driver (Aeron's ``Image.correlationId``): a
+        #: server answers a request image by naming it in its response publication's URI,
+        #: ``aeron:udp?control-mode=response|control=HOST:PORT|response-correlation-id=``
+        #: this (docs/PROTOCOL.md §7.5).
         self.correlation_id = correlation_id
         self.join_position = join_position
         self.source_identity = source_identity

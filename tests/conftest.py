@@ -202,6 +202,7 @@ MODULE_LANES = {
     "test_rate_control": "unit",
     "test_replay": "hosts",
     "test_replay_block": "unit",
+    "test_response_channels": "sockets",
     "test_retransmit": "unit",
     "test_sim_cli": "sim",
     "test_sim_flow": "sim",

@@ -64,12 +64,7 @@ def _load(path: Path) -> list[dict[str, Any]]:
 
 
 def _encode(frame: Frame) -> bytes:
-    """``frame`` as it goes on the wire.  slipstream never sends RSP_SETUP, so its encoder is
-    here, for the decoder's tests."""
-    if isinstance(frame, ResponseSetup):
-        return RSP_SETUP_FRAME.pack(RSP_SETUP_LENGTH, CURRENT_VERSION, frame.flags,
-                                    HDR_TYPE_RSP_SETUP, frame.session_id, frame.stream_id,
-                                    frame.response_session_id)
+    """``frame`` as it goes on the wire."""
     return frame.encode()
 
 
@@ -211,6 +206,16 @@ def test_flag_properties() -> None:
     assert StatusMessage(1, 2, 3, 0, 0, 9, group_tag=5).frame_length == 44
     assert ErrorFrame(1, 2, 3, 13, "rejected", group_tag=1).flags == ERR_HAS_GROUP_TAG_FLAG
     assert ErrorFrame(1, 2, 3, 13, "rejected").flags == 0
+
+
+def test_rsp_setup_is_aerons_twenty_bytes() -> None:
+    # ResponseSetupFlyweight: session at 8, stream at 12, response session at 16.
+    wire = ResponseSetup(-7, 1002, 123456).encode()
+    assert len(wire) == RSP_SETUP_LENGTH == 20
+    assert RSP_SETUP_FRAME.unpack(wire) == (20, CURRENT_VERSION, 0, HDR_TYPE_RSP_SETUP, -7,
+                                            1002, 123456)
+    assert wire[6:8] == b"\x0b\x00"
+    assert decode(wire) == ResponseSetup(-7, 1002, 123456)
 
 
 def test_error_frame_text_limit_is_enforced_on_encode() -> None:

@@ -486,7 +486,8 @@ def test_dedicated_threads_carry_the_stream_too(launch) -> None:
 
 
 @pytest.mark.parametrize(("parameter", "part"), [
-    ("control-mode=response", "control-mode"),
+    ("tags=1001", "tags"),
+    ("session-id=tag:1001", "session-id"),
 ])
 def test_what_the_driver_does_not_carry_yet_is_refused_by_name(launch, parameter: str,
                                                               part: str) -> None:

@@ -29,7 +29,7 @@ from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.agent import Agent
-from slipstream.daemon.media.send_channel import SendChannel
+from slipstream.daemon.media.send_channel import ResponseSetupArrived, SendChannel
 from slipstream.daemon.protocol.types import Address, Datagram
 from slipstream.daemon.streams.publication import NetworkPublication
 
@@ -115,7 +115,7 @@ class SpiesReleased:
     publication: NetworkPublication
 
 
-SenderEvent = PublicationDone | PublicationRejected | SpiesReleased
+SenderEvent = PublicationDone | PublicationRejected | SpiesReleased | ResponseSetupArrived
 
 
 class Sender(Agent[SendEndpoint]):
@@ -209,6 +209,10 @@ class Sender(Agent[SendEndpoint]):
                 endpoint.channel.has_python_work = False
                 work += endpoint.transport.dispatch(endpoint.channel, now_ns)
                 work += len(endpoint.channel.expire_destinations(now_ns))
+                if endpoint.channel.response_setups:
+                    for arrived in endpoint.channel.response_setups:
+                        self._on_event(arrived)
+                    endpoint.channel.response_setups.clear()
             done = None
             for publication, endpoint in self._publications:
                 c = publication.c
@@ -223,7 +227,8 @@ class Sender(Agent[SendEndpoint]):
                     c.sent_since_python = 0
                     publication.on_data_sent(now_ns)
                 if publication.due(now_ns):
-                    out = publication.datagrams_to_send(now_ns)
+                    out = endpoint.channel.addressed(publication,
+                                                     publication.datagrams_to_send(now_ns))
                     if out:
                         endpoint.transport.send(out)
                         work += len(out)

@@ -830,7 +830,16 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
      "image went do not come back)"),
     # control-mode=manual on a subscription is a multi-destination subscription
     # (daemon/conductor/network.py, add_receive_destination).
-    ("control-mode", lambda c, _: c.control_mode == "response", "response channels"),
+    # Response channels are aeron:udp's here (docs/PROTOCOL.md §7.5); Aeron also has them
+    # between IPC publications and subscriptions.
+    ("control-mode", lambda c, _: c.is_response and c.is_ipc,
+     "response channels on aeron:ipc (control-mode=response: slipstream carries them on "
+     "aeron:udp)"),
+    ("response-correlation-id", lambda c, subscription: (not subscription and c.is_ipc
+                                                         and c.response_correlation_id
+                                                         is not None),
+     "response channels on aeron:ipc (response-correlation-id: slipstream carries them on "
+     "aeron:udp)"),
     # On a publication, control= pins its socket's local address (daemon/media/udp.py); on
     # a unicast subscription it is the dynamic multi-destination-cast publication it joins
     # (daemon/media/receive_channel.py).  A spy's control= is its publication's: accepted,
@@ -840,8 +849,6 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
                                          and c.endpoint is not None and c.endpoint.ip is not None
                                          and c.endpoint.ip.is_multicast),
      "control= on a multicast subscription (its control group is the endpoint's)"),
-    ("response-correlation-id", lambda c, _: c.response_correlation_id is not None,
-     "response channels"),
     ("tags", lambda c, _: c.channel_tag is not None,
      "channel tags (tags=: an endpoint, or a publication's session, found again by its tag)"),
     ("session-id", lambda c, _: c.session_id_tag is not None,
@@ -871,6 +878,16 @@ def _carried(channel: Channel, *, subscription: bool) -> Channel:
         if asks(channel, subscription):
             raise ChannelError(str(channel), part, f"{what}: not supported by this driver yet")
     if channel.is_spy:
+        # A response publication sends to its one client only; a spy would read a stream
+        # meant for that client alone, and a spy never sends (Aeron has no such spy either).
+        for part, asked in (("control-mode", channel.is_response),
+                            ("response-correlation-id",
+                             channel.response_correlation_id is not None)):
+            if asked:
+                raise ChannelError(str(channel), part,
+                                   "response channels are not spied on (a response "
+                                   "publication answers one client; a spy reads, it never "
+                                   "asks): leave it out")
         for part, asks_spy in _NOT_ON_A_SPY:
             if asks_spy(channel):
                 raise ChannelError(

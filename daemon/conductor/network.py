@@ -92,7 +92,7 @@ from slipstream.daemon.media.receive_channel import (
     ImageUnavailable,
     ReceiveChannel,
 )
-from slipstream.daemon.media.send_channel import SendChannel
+from slipstream.daemon.media.send_channel import ResponseSetupArrived, SendChannel
 from slipstream.daemon.pressure.episodes import (
     BackPressureEpisodes,
     EpisodeEvent,
@@ -193,6 +193,9 @@ class _PublicationEntry:
     #: Spies that want it but found the counters full as it was made: linked on the
     #: conductor's timer once there is room (:meth:`NetworkConductor.check_spies`).
     missed_spies: list[NetworkSubscription] = attrs.Factory(list)
+    #: A response publication's request image, while that sends RSP_SETUP (until this
+    #: publication is connected: :meth:`NetworkConductor._check_response_connections`).
+    response_image: PublicationImage | None = None
 
 
 @attrs.define(eq=False)
@@ -207,6 +210,15 @@ class NetworkSubscription(StreamInterest):
     endpoint: _ReceiveEndpointEntry | None = None
     #: A spy's (``aeron-spy:``): the key of the send endpoint whose publications it reads.
     spied_key: tuple[Any, ...] | None = None
+    #: A response subscription's (``control-mode=response``): the session of the response
+    #: publication its server made for it, as an RSP_SETUP named it; it takes no session
+    #: before that (Aeron's response subscription waits outside the receiver until then).
+    response_session_id: int | None = None
+
+    def wants(self, session_id: int, stream_id: int) -> bool:
+        if self.channel.is_response:
+            return stream_id == self.stream_id and session_id == self.response_session_id
+        return super().wants(session_id, stream_id)
 
 
 @attrs.define(eq=False)
@@ -337,6 +349,9 @@ class NetworkConductor:
         self._spy_out: Outgoing = []
         #: Sub-pos counters of unlinked spies the sender has not dropped yet (SpyUnlinked).
         self._spy_counters_unlinking: set[int] = set()
+        #: Response publications whose request images send RSP_SETUP for them, until they are
+        #: connected or closed (_check_response_connections).
+        self._answering: list[_PublicationEntry] = []
 
     # -- plumbing -----------------------------------------------------------------------------
     def _post(self, event: NetworkEvent) -> None:
@@ -373,7 +388,11 @@ class NetworkConductor:
         the registration id of this publisher."""
         channel = _resolved(channel, self.transports.local_addresses)
         destination = destination_of(channel)
-        key = (endpoint_key(channel, destination), stream_id, channel.session_id)
+        request_image = self._check_response_keys(channel)
+        # Publications with another response-correlation-id share nothing (Aeron's
+        # findPublication): each answers, or asks on behalf of, its own.
+        key = (endpoint_key(channel, destination), stream_id, channel.session_id,
+               channel.response_correlation_id)
         entry = None if exclusive else self._shared_publications.get(key)
         if entry is None:
             check_session_free(channel, (e.publication.session_id
@@ -381,6 +400,8 @@ class NetworkConductor:
                                          if e.key[:2] == key[:2] and not e.closing), stream_id)
             entry = self._create_publication(key, channel, stream_id, destination, now_ns,
                                              shared=not exclusive)
+            if request_image is not None:
+                self._start_response_setup(entry, request_image)
         else:
             check_same_log(channel, entry.log, entry.publication.session_id, stream_id)
             check_same_watermarks(channel, entry.episodes, stream_id)
@@ -392,6 +413,86 @@ class NetworkConductor:
                                    f"{stream_id}")
         entry.publisher_refs += 1
         return entry, self._new_id()
+
+    # -- response channels (docs/PROTOCOL.md §7.5) -------------------------------------------
+    def _check_response_keys(self, channel: Channel) -> _ImageEntry | None:
+        """A publication's response keys, checked before anything is made (Aeron's
+        validateResponseSubscription and findResponsePublicationImage): a response
+        publication (``control-mode=response``) names its control address and a request
+        image of this driver that asked for responses, and gets that image; a request
+        publication (``response-correlation-id=`` alone) names a response subscription of
+        this driver.  ChannelError names the key at fault."""
+        correlation_id = channel.response_correlation_id
+        if not channel.is_response:
+            if correlation_id is not None and not any(
+                    s.registration_id == correlation_id and s.channel.is_response
+                    for s in self.subscriptions.values()):
+                raise ChannelError(
+                    str(channel), "response-correlation-id",
+                    f"{correlation_id} is not the registration id of a response subscription "
+                    f"(control-mode=response) of this driver: add that subscription first "
+                    f"and give its registration_id")
+            return None
+        if channel.control is None or not channel.control.port:
+            raise ChannelError(str(channel), "control",
+                               "a response publication is bound to its response control "
+                               "address, where its client's response subscription sends its "
+                               "status messages: name it with a port (control=HOST:PORT)")
+        if correlation_id is None:
+            raise ChannelError(str(channel), "response-correlation-id",
+                               "a response publication answers one request image: give that "
+                               "image's correlation_id (control-mode=response was given "
+                               "without it)")
+        image_entry = next((e for endpoint in self._receive_endpoints.values()
+                            for e in endpoint.images.values()
+                            if e.registration_id == correlation_id), None)
+        if image_entry is None or image_entry.lingering:
+            raise ChannelError(str(channel), "response-correlation-id",
+                               f"{correlation_id} names no image of this driver (it has gone, "
+                               f"its client with it, or never was): answer an image while it "
+                               f"is available")
+        if not image_entry.image.wants_response:
+            what = _label_of(image_entry.image, image_entry.source)
+            raise ChannelError(str(channel), "response-correlation-id",
+                               f"image {correlation_id} ({what}) did not ask for responses: "
+                               f"its publication has no response-correlation-id")
+        return image_entry
+
+    def _start_response_setup(self, entry: _PublicationEntry, image_entry: _ImageEntry) -> None:
+        """The request image tells its client's driver the new response publication's session
+        (RSP_SETUP) until that publication is connected."""
+        image, session_id = image_entry.image, entry.publication.session_id
+        entry.response_image = image
+        self._answering.append(entry)
+        self._submit_receive(lambda now: image.set_response_session(session_id, now))
+
+    def _check_response_connections(self) -> None:
+        """A response publication connected (its log says so): its request image stops
+        sending RSP_SETUP (Aeron's responseConnected); so does one whose publication closes."""
+        if not self._answering:
+            return
+        for entry in [e for e in self._answering if e.log.is_connected or e.closing]:
+            self._answering.remove(entry)
+            image, entry.response_image = entry.response_image, None
+            if image is not None:
+                self._submit_receive(lambda now, image=image: image.set_response_session(None,
+                                                                                         now))
+
+    def _on_response_setup(self, event: ResponseSetupArrived) -> None:
+        """An RSP_SETUP reached a request publication: its response subscription takes the
+        session it names, and its endpoint asks that session's publication for SETUP (Aeron's
+        DriverConductor.responseSetup).  The first one counts, as in Aeron: the server repeats
+        it until its response publication is connected."""
+        subscription = self.subscriptions.get(event.response_correlation_id)
+        if (subscription is None or not subscription.channel.is_response
+                or subscription.response_session_id is not None
+                or subscription.endpoint is None):
+            return
+        subscription.response_session_id = event.response_session_id
+        self._sync_interest(subscription.endpoint, subscription.stream_id)
+        log.info("response subscription %d takes session %d of stream %d",
+                 subscription.registration_id, event.response_session_id,
+                 subscription.stream_id)
 
     def _create_publication(self, key: tuple[Any, ...], channel: Channel, stream_id: int,
                             destination: Address, now_ns: int, *,
@@ -480,7 +581,7 @@ class NetworkConductor:
                 self._submit_send(lambda _now: self.sender.add_endpoint(entry.endpoint))
             return entry
         counter_id = destinations = None
-        if destination == ALL_DESTINATIONS:
+        if destination == ALL_DESTINATIONS and not channel.is_response:
             counter_id = self.counters.allocate(CounterType.MDC_DESTINATIONS,
                                                 f"mdc-destinations: {channel}")
             destinations = DestinationTable(ControlMode(channel.control_mode),
@@ -493,8 +594,11 @@ class NetworkConductor:
                 self.counters.free(counter_id)
             raise ResourceError(f"cannot open a send socket for {channel}: "
                                 f"{e.strerror or e}") from None
-        endpoint = SendEndpoint(SendChannel(counters=self.counters, destinations=destinations),
-                                transport)
+        endpoint = SendEndpoint(
+            SendChannel(counters=self.counters, destinations=destinations,
+                        response_ip_version=(ip_version_of(channel) if channel.is_response
+                                             else None)),
+            transport)
         entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint,
                                                                destinations_counter_id=counter_id)
         self._submit_send(lambda _now: self.sender.add_endpoint(endpoint))
@@ -1086,6 +1190,13 @@ class NetworkConductor:
         for subscription in entry.subscriptions:
             if subscription.stream_id != stream_id:
                 continue
+            if subscription.channel.is_response:
+                # No session until an RSP_SETUP names one (_on_response_setup); a response
+                # endpoint has response subscriptions only (endpoint_key).
+                assert sessions is not None
+                if subscription.response_session_id is not None:
+                    sessions.add(subscription.response_session_id)
+                continue
             if subscription.channel.session_id is None:
                 sessions = None
                 break
@@ -1251,6 +1362,7 @@ class NetworkConductor:
         """Handle the agents' events; returns (work done, messages to clients)."""
         out, self._spy_out = self._spy_out, []
         work = len(out)
+        self._check_response_connections()
         events = self._events
         # Bounded: a flood of SETUPs must not hold the conductor (and its heartbeat) for long.
         while events and work < MAX_EVENTS_PER_CYCLE:
@@ -1285,6 +1397,8 @@ class NetworkConductor:
                                   event.publication.stream_id, reason)
                 elif isinstance(event, EndpointRemoved):
                     self._on_endpoint_removed(event)
+                elif isinstance(event, ResponseSetupArrived):
+                    self._on_response_setup(event)
             except Exception:  # a bug: counted and logged; the conductor serves on
                 self.counters.add(SystemCounter.ERRORS)
                 log.exception("handling %r failed", event)

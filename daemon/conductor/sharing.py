@@ -21,7 +21,7 @@ from slipstream.client.channel import Channel
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.media.destinations import ALL_DESTINATIONS, MULTI_DESTINATION_MODES
+from slipstream.daemon.media.destinations import ALL_DESTINATIONS, TABLE_MODES
 from slipstream.daemon.pressure.episodes import BackPressureEpisodes
 from slipstream.daemon.protocol.params import PublicationParams, SocketParams, SubscriptionParams
 from slipstream.daemon.protocol.types import Address
@@ -33,14 +33,17 @@ def destination_of(channel: Channel, *, sending: bool = True) -> Address:
     multi-destination-cast channel (``control-mode=manual`` or ``dynamic``) has none, its
     datagrams go to :data:`ALL_DESTINATIONS` of its endpoint, and an endpoint= beside the
     control mode is refused by name."""
-    if sending and channel.control_mode in MULTI_DESTINATION_MODES:
+    if sending and channel.control_mode in TABLE_MODES:
         if channel.endpoint is not None:
             raise ChannelError(str(channel), "endpoint",
                                f"a control-mode={channel.control_mode} channel sends to the "
-                               f"destinations its publication adds (manual) or that join it "
-                               f"(dynamic), not to an endpoint: leave endpoint= out (a "
-                               f"subscription names its own endpoint and control=)")
+                               f"destinations its publication adds (manual), that join it "
+                               f"(dynamic) or to the response subscription that asks (response), "
+                               f"not to an endpoint: leave endpoint= out (a subscription names "
+                               f"its own endpoint and control=)")
         return ALL_DESTINATIONS
+    if channel.is_response:  # a response subscription
+        return response_bind_address(channel)
     address = channel.endpoint_address()
     if address is None or channel.endpoint is None:
         raise ChannelError(str(channel), "endpoint",
@@ -51,12 +54,38 @@ def destination_of(channel: Channel, *, sending: bool = True) -> Address:
     return str(address), channel.endpoint.port
 
 
+def response_bind_address(channel: Channel) -> Address:
+    """Where a response subscription (``control-mode=response|control=SERVER:PORT``)
+    receives: ``interface=``'s address and port, else any address of the control address's
+    IP version, and a port the system picks (0).  Its server's response publication learns
+    the address from the status messages sent from there (docs/PROTOCOL.md §7.5), so it
+    names no endpoint of its own.  ChannelError names ``endpoint`` (given) or ``control``
+    (missing)."""
+    if channel.endpoint is not None:
+        raise ChannelError(str(channel), "endpoint",
+                           "a response subscription (control-mode=response) receives on a "
+                           "port of its own, which its server learns from the status messages "
+                           "it sends to control=: leave endpoint= out")
+    if channel.control is None or not channel.control.port:
+        raise ChannelError(str(channel), "control",
+                           "a response subscription needs its server's response control "
+                           "address and port (control=HOST:PORT), where the response "
+                           "publication is bound")
+    interface = channel.interface
+    if interface is not None and interface.ip is not None:
+        return str(interface.ip), interface.port or 0
+    control_ip = channel.control.ip
+    return ("::" if control_ip is not None and control_ip.version == 6 else "0.0.0.0"), 0
+
+
 def endpoint_key(channel: Channel, address: Address) -> tuple[Any, ...]:
     """Channels that name the same address (and interface) share one endpoint; those of one
     multi-destination-cast control mode and control address (and interface) share one, and
-    its destinations (as Aeron's send channel endpoints, by the channel's canonical form)."""
+    its destinations (as Aeron's send channel endpoints, by the channel's canonical form); so
+    do the response publications of one control address (each with a table of its own), and
+    the response subscriptions of one (docs/PROTOCOL.md §7.5)."""
     interface = str(channel.interface) if channel.interface is not None else ""
-    if address == ALL_DESTINATIONS:
+    if address == ALL_DESTINATIONS or channel.is_response:
         control = str(channel.control) if channel.control is not None else ""
         return ("control-mode", channel.control_mode, control, interface)
     return (address, interface)

@@ -2,7 +2,8 @@
 
 A channel with ``control-mode=manual`` or ``control-mode=dynamic`` has no one endpoint: its send
 endpoint sends every datagram (data, retransmissions, heartbeats, SETUP) to each destination of
-its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).
+its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).  A response publication
+(``control-mode=response``, §7.5) has a table of its own with at most one destination.
 
 * **manual**: the publication's ``add_destination`` / ``remove_destination`` change the list;
   nothing else does, and a destination stays until it is removed.
@@ -10,6 +11,10 @@ its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).
   (its subscription names it with ``control=``); the source of each one that names a stream of
   the endpoint is a destination, until none has come from there for
   :data:`DESTINATION_TIMEOUT_NS`.
+* **response**: the client's response subscription sends a setup-eliciting status message
+  naming the response publication's session to the control address; its source is the one
+  destination (:meth:`DestinationTable.learn_response_destination`), kept until a later one
+  replaces it or the publication goes.
 
 The C half reads the table (``ss_destination_list_t``, ``ss_send_channel_send``); this object
 is its only writer, on the sender's thread.  Units: ns.
@@ -41,10 +46,17 @@ ALL_DESTINATIONS: Final[Address] = ("0.0.0.0", 0)
 class ControlMode(enum.Enum):
     MANUAL = "manual"
     DYNAMIC = "dynamic"
+    #: A response publication's own table (docs/PROTOCOL.md §7.5): one destination, the
+    #: source of the latest setup-eliciting status message naming its session (its client's
+    #: response subscription), as Aeron's response publication keeps its endpoint address.
+    RESPONSE = "response"
 
 
 #: The ``control-mode=`` values of a multi-destination-cast channel.
-MULTI_DESTINATION_MODES: Final = frozenset(mode.value for mode in ControlMode)
+MULTI_DESTINATION_MODES: Final = frozenset((ControlMode.MANUAL.value, ControlMode.DYNAMIC.value))
+#: The control modes whose publications send to a table (:data:`ALL_DESTINATIONS`), not to
+#: an endpoint: the multi-destination-cast endpoint's, or a response publication's own.
+TABLE_MODES: Final = MULTI_DESTINATION_MODES | {ControlMode.RESPONSE.value}
 
 
 def fan_out(datagrams: Iterable[Datagram], table: DestinationTable) -> Iterator[Datagram]:
@@ -146,6 +158,19 @@ class DestinationTable:
             return False
         self._destinations[source] = _Destination(source, now_ns)
         self._sync()
+        return True
+
+    def learn_response_destination(self, source: Address) -> bool:
+        """Response mode: a setup-eliciting status message naming the table's publication came
+        from ``source``, its client's response subscription: the one destination from now on
+        (a later one replaces it, as a client's address may change behind a NAT).  False,
+        and nothing changes, when ``source`` is no address to send to (:func:`can_send_to`)."""
+        assert self.mode is ControlMode.RESPONSE
+        if not can_send_to(source, self.ip_version):
+            return False
+        if list(self._destinations) != [source]:
+            self._destinations = {source: _Destination(source, 0)}
+            self._sync()
         return True
 
     def clear(self) -> None:

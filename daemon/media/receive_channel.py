@@ -12,7 +12,9 @@ inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
 * with ``control=`` on a unicast endpoint (a dynamic multi-destination-cast receiver), a
   setup-eliciting SM (S flag, session and stream 0) to the control address at once and every
   second while it has subscriptions: the sender adds it as a destination and sends SETUP;
-  its images' SMs and NAKs go to the control address too;
+  its images' SMs and NAKs go to the control address too.  A response subscription's
+  endpoint (``control-mode=response``) names each session it wants and has no image of
+  instead (docs/PROTOCOL.md §7.5);
 * DATA/heartbeat (not EOS) for a subscribed stream whose session has no image → an
   *elicited SETUP*: an SM with the S flag (0x80), term id/offset/window 0, to the source
   (or the control group for multicast); the session is then PENDING_SETUP for 1 s;
@@ -188,6 +190,10 @@ class ReceiveChannel:
         #: The destination whose datagrams Python is handling now (its transport sets it
         #: around dispatch): replies to them leave through it.  -1: none.
         self.arrival_destination = -1
+        #: A response subscription's endpoint (control-mode=response, docs/PROTOCOL.md §7.6):
+        #: its joins name each session it was told of (RSP_SETUP) that has no image yet, not
+        #: session 0, since a response publication learns its one client from those.
+        self.is_response = channel.is_response
         self._next_join_ns = NO_DEADLINE
         self.images: dict[tuple[int, int], PublicationImage] = {}
         self._subscriptions: dict[int, set[int] | None] = {}  # stream -> sessions (None: all)
@@ -562,11 +568,22 @@ class ReceiveChannel:
     def _send_join(self, out: list[Datagram], now_ns: int) -> None:
         """A setup-eliciting SM to the control address (session and stream 0, as Aeron's
         receivers send it): the sender learns this endpoint as a destination, or keeps it,
-        and its publications send SETUP."""
+        and its publications send SETUP.  A response endpoint sends one per wanted session
+        without an image instead (Aeron's requestSetup): that session's response publication
+        learns this endpoint as its destination and sends SETUP."""
         assert self.control_address is not None
-        sm = StatusMessage(0, 0, 0, 0, 0, self.receiver_id, SM_SEND_SETUP_FLAG)
-        out.append(Datagram(sm.encode(), self.control_address))
-        self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
+        if self.is_response:
+            keys = [(session_id, stream_id)
+                    for stream_id, sessions in self._subscriptions.items()
+                    for session_id in sessions or ()
+                    if (session_id, stream_id) not in self.images]
+        else:
+            keys = [(0, 0)]
+        for session_id, stream_id in keys:
+            sm = StatusMessage(session_id, stream_id, 0, 0, 0, self.receiver_id,
+                               SM_SEND_SETUP_FLAG)
+            out.append(Datagram(sm.encode(), self.control_address))
+            self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
         self._next_join_ns = now_ns + ELICIT_SETUP_INTERVAL_NS
 
     def next_deadline_ns(self) -> int:

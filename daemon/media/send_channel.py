@@ -1,11 +1,15 @@
 """A send channel endpoint's dispatcher (sans-I/O): the status messages, NAKs, RTTMs, ERRs and
 NAK-strength signals arriving at a send endpoint go to its publications (Aeron's
-``aeron_send_channel_endpoint`` dispatch).
+``aeron_send_channel_endpoint`` dispatch); an RSP_SETUP for a request publication becomes a
+:class:`ResponseSetupArrived` for the conductor; a response publication learns its one
+destination here (docs/PROTOCOL.md §7.5).
 
 Units: times in ns.
 """
 
 from __future__ import annotations
+
+import attrs
 
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
@@ -13,6 +17,7 @@ from slipstream.client.frames import (
     Nak,
     RateSignal,
     Rejected,
+    ResponseSetup,
     Rttm,
     StatusMessage,
     decode,
@@ -20,9 +25,25 @@ from slipstream.client.frames import (
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.media.destinations import ControlMode, DestinationTable
-from slipstream.daemon.protocol.types import Address, ProtocolCounters, hash_table_slots
+from slipstream.daemon.media.destinations import ControlMode, DestinationTable, fan_out
+from slipstream.daemon.protocol.types import (
+    Address,
+    Datagram,
+    ProtocolCounters,
+    hash_table_slots,
+)
 from slipstream.daemon.streams.publication import NetworkPublication
+
+
+@attrs.frozen
+class ResponseSetupArrived:
+    """An RSP_SETUP for a request publication of this endpoint: the server made response
+    publication session ``response_session_id`` for it, and the response subscription whose
+    registration id is ``response_correlation_id`` is to take that session (Aeron's
+    DriverConductor.responseSetup)."""
+
+    response_correlation_id: int
+    response_session_id: int
 
 
 class SendChannel:
@@ -40,10 +61,19 @@ class SendChannel:
     (:mod:`slipstream.daemon.media.destinations`)."""
 
     def __init__(self, *, counters: ProtocolCounters,
-                 destinations: DestinationTable | None = None) -> None:
+                 destinations: DestinationTable | None = None,
+                 response_ip_version: int | None = None) -> None:
+        """``response_ip_version``: a response endpoint's (``control-mode=response``) socket's
+        IP version; each of its publications gets a table of its own, of one destination of
+        that version (None: not a response endpoint)."""
         self.counters = counters
         self.destinations = destinations
+        self.response_ip_version = response_ip_version
         self.publications: dict[tuple[int, int], NetworkPublication] = {}
+        #: A response endpoint's publications' own tables (each one's C half sends to it).
+        self._response_tables: dict[NetworkPublication, DestinationTable] = {}
+        #: RSP_SETUPs for request publications since the sender last looked.
+        self.response_setups: list[ResponseSetupArrived] = []
         #: The C dispatch of datagrams arriving at the endpoint (an ``ss_receiver_t`` without
         #: images): it answers NAKs for the publications of its table (:meth:`on_datagram`,
         #: and the socket's receive path).
@@ -66,6 +96,10 @@ class SendChannel:
         publication.learns_destinations = (destinations is not None
                                            and destinations.mode is ControlMode.DYNAMIC)
         self.publications[publication.session_id, publication.stream_id] = publication
+        if self.response_ip_version is not None:
+            table = DestinationTable(ControlMode.RESPONSE, ip_version=self.response_ip_version)
+            self._response_tables[publication] = table
+            publication.c.destinations = table.c
         self._sync_publications()
 
     def remove_publication(self, publication: NetworkPublication) -> None:
@@ -75,6 +109,21 @@ class SendChannel:
         if self.publications.get(key) is publication:
             del self.publications[key]
             self._sync_publications()
+        table = self._response_tables.pop(publication, None)
+        if table is not None:
+            table.clear()
+
+    def addressed(self, publication: NetworkPublication,
+                  datagrams: list[Datagram]) -> list[Datagram]:
+        """``publication``'s Python half's datagrams as they leave: a response publication's
+        to its one destination (none yet: dropped), the others as they are."""
+        table = self._response_tables.get(publication)
+        return datagrams if table is None else list(fan_out(datagrams, table))
+
+    def response_destination(self, publication: NetworkPublication) -> Address | None:
+        """A response publication's destination (None: not learned yet, or not one)."""
+        table = self._response_tables.get(publication)
+        return table.addresses[0] if table is not None and len(table) else None
 
     def _sync_publications(self) -> None:
         publications = list(self.publications.values())
@@ -108,13 +157,29 @@ class SendChannel:
         if isinstance(frame, Rejected):
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return
-        if not isinstance(frame, (StatusMessage, Nak, Rttm, ErrorFrame, RateSignal)):
+        if not isinstance(frame, (StatusMessage, Nak, Rttm, ErrorFrame, RateSignal,
+                                  ResponseSetup)):
             return  # not for a sender (e.g. our own multicast data looped back)
         self.counters.add(SystemCounter.BYTES_RECEIVED, len(data))
         publication = self.publications.get((frame.session_id, frame.stream_id))
+        if isinstance(frame, ResponseSetup):
+            # Aeron's onResponseSetup: only a request publication's has a use; another
+            # (stale, or for a publication without response-correlation-id) is dropped.
+            if publication is not None and publication.params.sends_response_setup:
+                correlation_id = publication.response_correlation_id
+                assert correlation_id is not None
+                self.response_setups.append(
+                    ResponseSetupArrived(correlation_id, frame.response_session_id))
+            return
         if publication is not None:
             if isinstance(frame, StatusMessage) and self.destinations is not None:
                 self.destinations.on_status_message(source, now_ns)
+            table = self._response_tables.get(publication)
+            if (table is not None and isinstance(frame, StatusMessage)
+                    and frame.is_setup_request
+                    and not table.learn_response_destination(source)):
+                self.counters.add(SystemCounter.INVALID_PACKETS)  # not an address to send to
+                return
             publication.on_frame(frame, source, now_ns)
         elif isinstance(frame, StatusMessage):
             # A receiver that joins a dynamic multi-destination-cast endpoint (session 0):

@@ -45,6 +45,7 @@ from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media import interfaces, names
 from slipstream.daemon.media.destinations import (
+    ALL_DESTINATIONS,
     MULTI_DESTINATION_MODES,
     DestinationTable,
     fan_out,
@@ -255,15 +256,19 @@ class UdpSendTransport(_UdpTransport):
         #: Multi-destination-cast: every datagram to each destination of the endpoint's table
         #: (set by attach_channel), none to ``destination`` (ALL_DESTINATIONS).
         self.multi_destination = channel.control_mode in MULTI_DESTINATION_MODES
-        family = (_IP_FAMILIES[ip_version_of(channel)] if self.multi_destination
+        # A response endpoint's publications each send to a table of their own
+        # (SendChannel.addressed, and their C halves' destinations).
+        to_tables = self.multi_destination or channel.is_response
+        family = (_IP_FAMILIES[ip_version_of(channel)] if to_tables
                   else _family(destination[0]))
         params = SocketParams.resolve(channel, settings)
         sock = _new_socket(family, params)
         try:
             group = channel.control_group
-            if self.multi_destination:
-                # Bound to control= (where dynamic receivers send their status messages),
-                # else to interface=, else anywhere; sends to each destination by address.
+            if to_tables:
+                # Bound to control= (where dynamic receivers, and response subscriptions,
+                # send their status messages), else to interface=, else anywhere; sends to
+                # each destination by address.
                 local = channel.control if channel.control is not None else channel.interface
                 host = ((channel.control.host if channel.control is not None else interface)
                         or ("::" if family == socket.AF_INET6 else "0.0.0.0"))
@@ -300,8 +305,8 @@ class UdpSendTransport(_UdpTransport):
         c.gso = self.gso
         if self._destinations is not None:
             c.destinations = self._destinations.c
-        elif self.connected:
-            c.destination_length = 0
+        elif self.connected or publication.destination == ALL_DESTINATIONS:
+            c.destination_length = 0  # connected, or a response publication's own table
         else:
             raw = sockaddr(publication.destination)
             c.destination = raw

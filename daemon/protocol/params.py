@@ -154,6 +154,13 @@ class PublicationParams:
     priority: int = 0  # priority=: its band in the sender (docs/BACKPRESSURE.md)
     #: ssc= (Aeron's spies-simulate-connection): its spies connect it as receivers would.
     spies_simulate_connection: bool = False
+    #: A request publication's (response-correlation-id= without control-mode=response):
+    #: its SETUP carries SEND_RESPONSE, and the RSP_SETUP its image's driver answers names
+    #: this response subscription's registration id (docs/PROTOCOL.md §7.5).
+    sends_response_setup: bool = False
+    #: response-correlation-id= (None without): a request publication's response
+    #: subscription, or a response publication's request image (their registration ids).
+    response_correlation_id: int | None = None
 
     @classmethod
     def for_network(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:
@@ -195,7 +202,10 @@ class PublicationParams:
                                            options=flow_control_options),
             rate_control=rate_control,
             priority=channel.priority or 0,
-            spies_simulate_connection=channel.ssc is True)
+            spies_simulate_connection=channel.ssc is True,
+            sends_response_setup=(channel.response_correlation_id is not None
+                                  and not channel.is_response),
+            response_correlation_id=channel.response_correlation_id)
 
     @classmethod
     def for_ipc(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:

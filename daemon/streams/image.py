@@ -77,6 +77,7 @@ from slipstream.client.frames import (
     Nak,
     RateAnnounce,
     RateSignal,
+    ResponseSetup,
     Rttm,
     Setup,
     StatusMessage,
@@ -295,6 +296,13 @@ class PublicationImage:
         self.is_end_of_stream = False  # EOS seen and everything up to it rebuilt
         self._outbox: list[Datagram] = []
         self._now_ns = now_ns
+        #: Its SETUP carried SEND_RESPONSE: a request stream, whose client wants a response
+        #: publication made for it (docs/PROTOCOL.md §7.5).
+        self.wants_response = setup.wants_response
+        #: The session of the response publication made for it, which RSP_SETUP tells the
+        #: client's driver (set_response_session), until that publication is connected.
+        self._response_session_id: int | None = None
+        self._response_setup_deadline_ns = NO_DEADLINE
         log.is_connected = True
 
     # -- paths of a multi-destination subscription ---------------------------------------
@@ -577,6 +585,22 @@ class PublicationImage:
             self.counters.add(SystemCounter.LOSS_GAP_FILLS)
             self.c.dirty = 1
 
+    def set_response_session(self, session_id: int | None, now_ns: int) -> None:
+        """A response publication of session ``session_id`` was made for this request image:
+        tell the client's driver with an RSP_SETUP to the control address at once and every
+        status-message timeout (Aeron sends one with each SM of its timer), until the
+        conductor sees that publication connected and calls this with None."""
+        self._response_session_id = session_id
+        self._response_setup_deadline_ns = NO_DEADLINE if session_id is None else now_ns
+        self._next_due_ns = min(self._next_due_ns, self._response_setup_deadline_ns)
+
+    def _response_setup_check(self, now_ns: int, out: list[Datagram]) -> None:
+        if now_ns < self._response_setup_deadline_ns or self._response_session_id is None:
+            return
+        frame = ResponseSetup(self.session_id, self.stream_id, self._response_session_id)
+        out.append(Datagram(frame.encode(), self.control_address))
+        self._response_setup_deadline_ns = now_ns + self.status_message_timeout_ns
+
     # -- output ---------------------------------------------------------------------------
     def due(self, now_ns: int) -> bool:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns``, cheaply: data
@@ -614,6 +638,7 @@ class PublicationImage:
         if self.state in (ImageState.INIT, ImageState.ACTIVE, ImageState.DRAINING):
             if now_ns >= self.c.sm_deadline_ns:
                 self._send_status_message(now_ns, out)
+            self._response_setup_check(now_ns, out)
             if self._consults_congestion_control and (
                     self.congestion_control.should_measure_rtt(now_ns)):
                 rttm = Rttm(self.session_id, self.stream_id, now_ns, 0, self.receiver_id,
@@ -831,6 +856,7 @@ class PublicationImage:
                                             and not self._sends_sm_in_c()):
             return self._now_ns  # (the C half cleans from clean_due_position by itself)
         deadline = self.c.sm_deadline_ns if c_timers or not self._sends_sm_in_c() else NO_DEADLINE
+        deadline = min(deadline, self._response_setup_deadline_ns)
         if c_timers or not self._rebuilt_in_c():
             deadline = min(deadline, self.loss_detector.next_deadline_ns())
         if self._consults_congestion_control:

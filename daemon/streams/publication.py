@@ -67,6 +67,7 @@ from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
     SETUP_GROUP_FLAG,
+    SETUP_SEND_RESPONSE_FLAG,
     ErrorFrame,
     Nak,
     RateSignal,
@@ -176,7 +177,13 @@ class NetworkPublication:
         self.is_unicast = not self.is_group
         #: DATA goes to a multicast group (not to one receiver).
         self._to_group = _is_multicast(destination[0])
-        self._setup_flags = SETUP_GROUP_FLAG if self.is_group else 0
+        # SEND_RESPONSE: a request publication asks its image's driver for an RSP_SETUP.
+        self._setup_flags = ((SETUP_GROUP_FLAG if self.is_group else 0)
+                             | (SETUP_SEND_RESPONSE_FLAG if params.sends_response_setup else 0))
+        #: response-correlation-id= (docs/PROTOCOL.md §7.5): a request publication's response
+        #: subscription (RSP_SETUP names it to the conductor), or a response publication's
+        #: request image; None without.
+        self.response_correlation_id = params.response_correlation_id
         self._ttl = params.setup_ttl
 
         self.state = PublicationState.ACTIVE

@@ -1,0 +1,264 @@
+"""Response channels (docs/PROTOCOL.md §7.5) between real driver processes on loopback, each
+driver a host: a client's request stream to a server, and the server's response stream back
+to the client through the address the client's response subscription sends from (what a NAT
+or firewall lets back in), never an endpoint the client names.
+
+Every stream is checked message by message (helpers.Collector): in order, none missing or
+twice.  Aeron's own peer here (1.15.1) predates response channels, so slipstream talks to
+slipstream only.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from helpers import Collector, counters_of, free_port, message, wait_for
+
+from slipstream.client import ChannelRejectedError, ChannelWarning, Client, control
+from slipstream.client.counters import CountersFile, CounterType
+
+pytestmark = pytest.mark.timeout(60)
+
+REQUESTS, RESPONSES = 1001, 1002
+
+
+def _response_subscription(client: Client, control_port: int):
+    return client.add_subscription(
+        f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}", RESPONSES)
+
+
+def _request_publication(client: Client, port: int, response_subscription):
+    return client.add_publication(
+        f"aeron:udp?endpoint=127.0.0.1:{port}"
+        f"|response-correlation-id={response_subscription.registration_id}", REQUESTS)
+
+
+def _response_publication(server: Client, control_port: int, image):
+    return server.add_publication(
+        f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}"
+        f"|response-correlation-id={image.correlation_id}", RESPONSES)
+
+
+class _Echo:
+    """The server's loop for one request image: each request goes back, as it came, on the
+    response publication made for that image (what the requests say is checked too)."""
+
+    def __init__(self, image, response) -> None:
+        self.image, self.response = image, response
+        self.requests = Collector(image)
+        self.echoed = 0
+
+    def poll(self) -> int:
+        work = self.requests.poll()
+        while self.echoed < len(self.requests.seen):
+            seq = self.requests.seen[self.echoed]
+            if self.response.offer(message(seq, _size(seq))) < 0:
+                break
+            self.echoed += 1
+        return work
+
+
+def _size(seq: int) -> int:
+    return (32, 700, 1376, 3000)[seq % 4]  # 3000: a message of three fragments
+
+
+def _exchange(pairs: list[tuple], echoes: list[_Echo], count: int, timeout: float = 30.0) -> None:
+    """Each (request publication, response collector, first) pair sends requests ``first ..
+    first + count - 1`` and gets each back, while the server echoes."""
+    sent = [0] * len(pairs)
+    deadline = time.monotonic() + timeout
+    while any(len(responses.seen) < count for _, responses, _ in pairs):
+        assert time.monotonic() < deadline, (
+            f"sent {sent}, answered {[len(r.seen) for _, r, _ in pairs]} of {count}")
+        work = 0
+        for i, (requests, _, first) in enumerate(pairs):
+            while sent[i] < count and requests.offer(message(first + sent[i],
+                                                             _size(first + sent[i]))) > 0:
+                sent[i] += 1
+                work += 1
+        work += sum(echo.poll() for echo in echoes)
+        work += sum(responses.poll() for _, responses, _ in pairs)
+        if not work:
+            time.sleep(0)
+
+
+def _answer(server: Client, requests, control_port: int, count: int) -> list[_Echo]:
+    """The server's part of the handshake: a response publication for each of ``count``
+    request images (Aeron's ResponseServer), by the image's correlation id."""
+    wait_for(lambda: len(requests.images) == count, timeout=10, what="the request images")
+    return [_Echo(image, _response_publication(server, control_port, image))
+            for image in requests.images]
+
+
+def test_a_request_and_response_exchange_crosses_many_terms_both_ways(launch) -> None:
+    """A client behind its own driver asks, the server answers on a response publication
+    made for the request image: 6,000 requests and 6,000 responses (terms of 64 KiB rotate
+    about 50 times each way), each stream exactly once and in order; the response stream
+    goes to the port the client's response subscription sends from, learned by the server."""
+    server_driver, client_driver = launch(), launch()
+    port, control_port = free_port(), free_port()
+    with Client.connect(server_driver.directory) as server, \
+            Client.connect(client_driver.directory) as client:
+        requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS)
+        responses = _response_subscription(client, control_port)
+        request_publication = _request_publication(client, port, responses)
+        [echo] = _answer(server, requests, control_port, 1)
+        wait_for(lambda: responses.images and echo.response.is_connected
+                 and request_publication.is_connected, timeout=10,
+                 what="the response stream connected")
+        [image] = responses.images
+        assert image.session_id == echo.response.session_id
+        assert image.source_identity == f"127.0.0.1:{control_port}"
+        collector = Collector(responses)
+        _exchange([(request_publication, collector, 0)], [echo], 6000)
+        echo.requests.assert_exactly(6000)
+        collector.assert_exactly(6000)
+        assert echo.response.position > 6 * 64 * 1024
+    for driver in (server_driver, client_driver):
+        counts = counters_of(driver)
+        assert counts["INVALID_PACKETS"] == 0 and counts["SEND_ERRORS"] == 0
+
+
+def test_two_clients_each_get_only_their_own_responses(launch) -> None:
+    """Two clients, each behind its own driver, ask one server on one request channel; the
+    server's two response publications share its control port.  Each client's response
+    subscription has one image, of its own response session, and gets exactly its own
+    answers (the two ask for different sequence numbers)."""
+    server_driver = launch()
+    client_drivers = [launch(), launch()]
+    port, control_port = free_port(), free_port()
+    clients = [Client.connect(d.directory) for d in client_drivers]
+    try:
+        with Client.connect(server_driver.directory) as server:
+            requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}",
+                                               REQUESTS)
+            responses = [_response_subscription(c, control_port) for c in clients]
+            publications = [_request_publication(c, port, r)
+                            for c, r in zip(clients, responses, strict=True)]
+            echoes = _answer(server, requests, control_port, 2)
+            wait_for(lambda: all(r.images for r in responses)
+                     and all(e.response.is_connected for e in echoes), timeout=10,
+                     what="both response streams connected")
+            assert sorted(r.images[0].session_id for r in responses) == sorted(
+                e.response.session_id for e in echoes)
+            collectors = [Collector(r) for r in responses]
+            firsts = (0, 1_000_000)
+            _exchange(list(zip(publications, collectors, firsts, strict=True)), echoes, 2000)
+            for collector, first in zip(collectors, firsts, strict=True):
+                collector.assert_exactly(2000, first=first)
+            assert [len(r.images) for r in responses] == [1, 1]
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _publications_of(driver) -> int:
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return sum(1 for c in counters if c.type_id == CounterType.PUBLISHER_LIMIT)
+    finally:
+        counters.close()
+
+
+def test_a_client_that_goes_away_leaves_nothing_at_the_server(launch) -> None:
+    """The client's host dies (its driver killed): the server's request image times out,
+    the server closes the response publication made for it on ``on_unavailable_image`` (as
+    Aeron's ResponseServer does), and that publication, its log and its control socket go;
+    the image's correlation id then names nothing, refused by name."""
+    server_driver, client_driver = launch(), launch()
+    port, control_port = free_port(), free_port()
+    gone = []
+    with Client.connect(server_driver.directory) as server:
+        requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS,
+                                           on_unavailable_image=gone.append)
+        client = Client.connect(client_driver.directory)
+        responses = _response_subscription(client, control_port)
+        _request_publication(client, port, responses)
+        [echo] = _answer(server, requests, control_port, 1)
+        wait_for(lambda: echo.response.is_connected and responses.images, timeout=10,
+                 what="the response stream connected")
+        assert _publications_of(server_driver) == 1
+        client_driver.kill()
+        wait_for(lambda: gone, timeout=10, what="the request image went")
+        echo.response.close()
+        wait_for(lambda: _publications_of(server_driver) == 0, timeout=10,
+                 what="the response publication freed")
+        with pytest.raises(ChannelRejectedError, match="names no image") as refused:
+            _response_publication(server, control_port, echo.image)
+        assert refused.value.part == "response-correlation-id"
+        client.close()  # its driver is gone: the client lets its resources go
+
+
+@pytest.mark.parametrize(("uri", "part", "problem"), [
+    ("aeron:ipc?control-mode=response", "control-mode", "aeron:ipc"),
+    ("aeron-spy:aeron:udp?control-mode=response|control=127.0.0.1:{control}", "control-mode",
+     "not spied on"),
+    ("aeron:udp?control-mode=response|endpoint=127.0.0.1:{port}|control=127.0.0.1:{control}",
+     "endpoint", "leave endpoint= out"),
+    ("aeron:udp?control-mode=response|interface=127.0.0.1", "control", "control=HOST:PORT"),
+])
+def test_a_response_subscription_that_cannot_work_is_refused_by_name(
+        launch, uri: str, part: str, problem: str) -> None:
+    driver = launch()
+    with Client.connect(driver.directory) as client:
+        with pytest.raises(ChannelRejectedError, match=problem) as refused:
+            client.add_subscription(uri.format(port=free_port(), control=free_port()),
+                                    RESPONSES)
+        assert refused.value.part == part
+
+
+def test_response_keys_that_name_nothing_are_refused_by_name(launch) -> None:
+    """A request publication naming no response subscription (or a plain one), a response
+    publication naming no image, an image that asked for no response, no image at all or
+    no control address; the response keys on aeron:ipc and on a spy: each refused, naming
+    the key, and nothing is made."""
+    server_driver, client_driver = launch(), launch()
+    port, control_port = free_port(), free_port()
+    with Client.connect(server_driver.directory) as server, \
+            Client.connect(client_driver.directory) as client:
+        plain = client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 7)
+        requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS)
+        refusals = [
+            (client.add_publication, f"aeron:udp?endpoint=127.0.0.1:{port}"
+             f"|response-correlation-id=424242", "response-correlation-id",
+             "not the registration id of a response subscription"),
+            (client.add_publication, f"aeron:udp?endpoint=127.0.0.1:{port}"
+             f"|response-correlation-id={plain.registration_id}", "response-correlation-id",
+             "not the registration id of a response subscription"),
+            (server.add_publication, f"aeron:udp?control-mode=response"
+             f"|control=127.0.0.1:{control_port}|response-correlation-id=424242",
+             "response-correlation-id", "names no image"),
+            (server.add_publication, f"aeron:udp?control-mode=response"
+             f"|control=127.0.0.1:{control_port}", "response-correlation-id",
+             "answers one request image"),
+            (server.add_publication, "aeron:udp?control-mode=response"
+             "|response-correlation-id=1", "control", "control=HOST:PORT"),
+            (server.add_publication, f"aeron:udp?control-mode=response|endpoint=127.0.0.1:"
+             f"{port}|control=127.0.0.1:{control_port}|response-correlation-id=1", "endpoint",
+             "leave endpoint= out"),
+            (server.add_publication, "aeron:ipc?control-mode=response"
+             "|response-correlation-id=1", "control-mode", "aeron:ipc"),
+            (server.add_publication, "aeron:ipc?response-correlation-id=1",
+             "response-correlation-id", "aeron:ipc"),
+        ]
+        for add, uri, part, problem in refusals:
+            with pytest.raises(ChannelRejectedError, match=problem) as refused:
+                add(uri, REQUESTS)
+            assert refused.value.part == part, uri
+        # The client warns that the key is a publication's; the driver refuses it on a spy.
+        with pytest.raises(ChannelRejectedError, match="not spied on") as spy, \
+                pytest.warns(ChannelWarning, match="publication key"):
+            server.add_subscription(f"aeron-spy:aeron:udp?control=127.0.0.1:{control_port}"
+                                    f"|response-correlation-id=1", RESPONSES)
+        assert spy.value.part == "response-correlation-id"
+
+        # An image whose publication asked for no response cannot be answered.
+        plain_request = client.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}",
+                                               REQUESTS)
+        wait_for(lambda: requests.images and plain_request.is_connected, timeout=10,
+                 what="the plain request stream")
+        with pytest.raises(ChannelRejectedError, match="did not ask for responses") as unasked:
+            _response_publication(server, control_port, requests.images[0])
+        assert unasked.value.part == "response-correlation-id"
+        assert _publications_of(server_driver) == 0
