@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
-from slipstream.client.frames import StatusMessage
+from slipstream.client.frames import ResponseSetup, StatusMessage
 from slipstream.client.layout import NO_DEADLINE, SM_SEND_SETUP_FLAG
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon._network import ffi as network_ffi
@@ -29,7 +29,7 @@ from slipstream.daemon.media.destinations import (
     DestinationTable,
     fan_out,
 )
-from slipstream.daemon.media.send_channel import SendChannel
+from slipstream.daemon.media.send_channel import ResponseSetupArrived, SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import Address, Datagram, LocalCounters, address_of
 from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
@@ -103,11 +103,13 @@ def test_fan_out_sends_a_control_frame_to_each_destination_and_a_reply_to_its_pe
         *((b"setup", a) for a in ADDRESSES[:3]), (b"rttm", ADDRESSES[5])]
 
 
-def _publication(shm: Path, counters: LocalCounters) -> NetworkPublication:
+def _publication(shm: Path, counters: LocalCounters,
+                 uri: str = "aeron:udp?control=127.0.0.1:40456|control-mode=dynamic",
+                 session_id: int = 5) -> NetworkPublication:
     log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=64 * 1024,
-                           initial_term_id=10, session_id=5, stream_id=6, mtu=1408,
+                           initial_term_id=10, session_id=session_id, stream_id=6, mtu=1408,
                            correlation_id=1)
-    channel = parse_channel("aeron:udp?control=127.0.0.1:40456|control-mode=dynamic")
+    channel = parse_channel(uri)
     settings = DriverSettings(term_buffer_length=64 * 1024)
     params = PublicationParams.for_network(channel, settings)
     return NetworkPublication(log=log, params=params, settings=settings,
@@ -156,3 +158,76 @@ def test_a_dynamic_endpoint_learns_only_from_status_messages_that_name_its_strea
     assert channel.next_deadline_ns() == 9 * S
     publication.sync_c_half()
     assert not publication.c.sm_in_c
+
+
+RESPONSE_URI = "aeron:udp?control-mode=response|control=127.0.0.1:40456|response-correlation-id=77"
+
+
+def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path) -> None:
+    """docs/PROTOCOL.md §7.5: at a response endpoint each publication has a table of its own
+    (its C half sends there); a setup-eliciting SM naming its session makes the SM's source
+    its one destination (a later one replaces it) and elicits SETUP; plain SMs teach nothing;
+    a source no send reaches is counted and teaches nothing; its Python half's datagrams go
+    to that destination only, or nowhere before it has one."""
+    counters = LocalCounters()
+    channel = SendChannel(counters=counters, response_ip_version=4)
+    first, second = (_publication(shm, counters, RESPONSE_URI, session_id=s) for s in (5, 8))
+    for publication in (first, second):
+        channel.add_publication(publication)
+        assert publication.c.destinations != network_ffi.NULL
+        assert not publication.learns_destinations
+    setup = Datagram(b"setup", ALL_DESTINATIONS)
+    assert channel.addressed(first, [setup]) == []
+    client_a, client_b = ("127.0.0.1", 50001), ("127.0.0.1", 50002)
+
+    channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(), client_a, 1)
+    assert channel.response_destination(first) == client_a and first.is_setup_elicited
+    assert channel.response_destination(second) is None
+    channel.on_control(StatusMessage(8, 6, 0, 0, 0, 2, SM_SEND_SETUP_FLAG).encode(), client_b, 2)
+    assert channel.response_destination(second) == client_b
+    assert channel.addressed(first, [setup]) == [Datagram(b"setup", client_a)]
+    assert channel.addressed(second, [setup]) == [Datagram(b"setup", client_b)]
+
+    channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 1, 0).encode(), client_b, 3)
+    assert channel.response_destination(first) == client_a  # a plain SM teaches nothing
+    channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(),
+                       ("224.0.1.1", 9), 4)
+    assert counters[SystemCounter.INVALID_PACKETS] == 1
+    assert channel.response_destination(first) == client_a
+    moved = ("127.0.0.1", 50003)  # the client's NAT gave it another port
+    channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(), moved, 5)
+    assert channel.response_destination(first) == moved
+    c = first.c.destinations
+    assert c.count == 1 and address_of(bytes(network_ffi.buffer(
+        c.entries[0].address, c.entries[0].length))) == moved
+    channel.remove_publication(first)
+    assert channel.response_destination(first) is None
+
+
+def test_an_rsp_setup_reaches_the_conductor_for_a_request_publication_only(
+        shm: Path) -> None:
+    """An RSP_SETUP naming a request publication of the endpoint (response-correlation-id=
+    without control-mode=response) becomes a ResponseSetupArrived naming its response
+    subscription; one for another session, or for a publication that asked for nothing, is
+    dropped; a malformed one (short, or a frame_length past the datagram) counts
+    INVALID_PACKETS and is dropped."""
+    counters = LocalCounters()
+    channel = SendChannel(counters=counters)
+    request = _publication(shm, counters, "aeron:udp?endpoint=127.0.0.1:40123"
+                           "|response-correlation-id=77", session_id=5)
+    plain = _publication(shm, counters, "aeron:udp?endpoint=127.0.0.1:40123", session_id=8)
+    for publication in (request, plain):
+        channel.add_publication(publication)
+    server = ("127.0.0.1", 40123)
+    channel.on_datagram(ResponseSetup(5, 6, 4242).encode(), server, 1)
+    assert channel.response_setups == [ResponseSetupArrived(77, 4242)]
+    channel.response_setups.clear()
+    for other in (ResponseSetup(8, 6, 1), ResponseSetup(5, 7, 1), ResponseSetup(9, 6, 1)):
+        channel.on_datagram(other.encode(), server, 2)
+    assert channel.response_setups == []
+    assert counters[SystemCounter.INVALID_PACKETS] == 0
+    wire = ResponseSetup(5, 6, 4242).encode()
+    channel.on_datagram(wire[:16], server, 3)
+    channel.on_datagram((24).to_bytes(4, "little") + wire[4:], server, 3)
+    assert counters[SystemCounter.INVALID_PACKETS] == 2
+    assert channel.response_setups == []

@@ -23,6 +23,7 @@ from slipstream.client.frames import (
     Nak,
     Pad,
     Rejected,
+    ResponseSetup,
     Rttm,
     Setup,
     StatusMessage,
@@ -255,6 +256,58 @@ def test_elicit_setup_for_unknown_session_and_session_filter(shm: Path) -> None:
     rc2.add_subscription(2, session_id=9)
     rc2.on_datagram(setup(), SRC, 0)
     assert rc2.poll_events() == []
+
+
+def test_a_request_image_sends_rsp_setup_until_its_response_publication_connects(
+        shm: Path) -> None:
+    """docs/PROTOCOL.md §7.5: an image whose SETUP carried SEND_RESPONSE (0x80) asked for a
+    response; once the conductor names the response publication's session, the image sends
+    RSP_SETUP (its own session and stream, and that session) to the SETUP's source at once
+    and every status-message timeout, until the conductor says it is connected."""
+    rc, _ = receive_channel(shm)
+    rc.on_datagram(setup(flags=0x80), SRC, 0)
+    image, _cell = attach(rc)
+    assert image.wants_response
+    rc.datagrams_to_send(0)
+    image.set_response_session(4242, 10)
+    assert rc.next_deadline_ns() == 10
+    frames = [(decode(d.data), d.address) for d in rc.datagrams_to_send(10)]
+    assert (ResponseSetup(1, 2, 4242), SRC) in frames
+    assert rc.next_deadline_ns() <= 10 + 200 * MS
+    frames = [decode(d.data) for d in rc.datagrams_to_send(10 + 200 * MS)]
+    assert ResponseSetup(1, 2, 4242) in frames
+    image.set_response_session(None, 300 * MS)
+    frames = [decode(d.data) for t in (400 * MS, 600 * MS) for d in rc.datagrams_to_send(t)]
+    assert frames and not any(isinstance(f, ResponseSetup) for f in frames)
+
+    rc2, _ = receive_channel(shm)
+    rc2.on_datagram(setup(), SRC, 0)
+    plain, _ = attach(rc2)
+    assert not plain.wants_response
+
+
+def test_a_response_endpoint_elicits_each_session_it_was_told_of(shm: Path) -> None:
+    """A response subscription's endpoint (control-mode=response) asks the control address
+    for SETUP of each session it wants and has no image of (session 0 would teach a
+    response publication nothing), at once and every second; none before it wants one."""
+    control = ("10.0.0.9", 7000)
+    counters = LocalCounters()
+    rc = ChannelWithLogs(channel=parse_channel("aeron:udp?control-mode=response"
+                                               "|control=10.0.0.9:7000"),
+                         settings=DriverSettings(), receiver_id=7, counters=counters,
+                         now_ns=0, rng=random.Random(1))
+    rc.log_directory = shm
+    assert rc.datagrams_to_send(0) == []
+    rc.set_interest(2, {1})
+    sent = [(decode(d.data), d.address) for d in rc.datagrams_to_send(0)]
+    assert sent == [(StatusMessage(1, 2, 0, 0, 0, 7, 0x80), control)]
+    assert rc.datagrams_to_send(500 * MS) == []
+    assert [decode(d.data) for d in rc.datagrams_to_send(10**9)] == [
+        StatusMessage(1, 2, 0, 0, 0, 7, 0x80)]
+    rc.on_datagram(setup(), control, 10**9 + 1)
+    attach(rc, now_ns=10**9 + 1)
+    assert not any(decode(d.data).is_setup_request
+                   for d in rc.datagrams_to_send(2 * 10**9 + 1))
 
 
 def test_rttm_reply_echoed(shm: Path) -> None:
