@@ -133,6 +133,18 @@ def counters_of(driver: Any) -> dict[str, int]:
     return {c.name: v for c, v in read_system_counters(driver.directory).items()}
 
 
+def publisher_limits(driver: Any) -> int:
+    """How many pub-lmt counters ``driver`` has: its publications that are not freed yet."""
+    from slipstream.client import control
+    from slipstream.client.counters import CountersFile, CounterType
+
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return sum(1 for info in counters if info.type_id == CounterType.PUBLISHER_LIMIT)
+    finally:
+        counters.close()
+
+
 def lacking(reason: str) -> NoReturn:
     """A test's need this machine does not meet: a skip, or under CI=true (which runs as
     root with everything ``make test`` installs) a failure, never a skip."""

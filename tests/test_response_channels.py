@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import Collector, counters_of, free_port, message, wait_for
+from helpers import Collector, counters_of, free_port, message, publisher_limits, wait_for
 
-from slipstream.client import ChannelRejectedError, ChannelWarning, Client, control
-from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client import ChannelRejectedError, ChannelWarning, Client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -153,14 +152,6 @@ def test_two_clients_each_get_only_their_own_responses(launch) -> None:
             client.close()
 
 
-def _publications_of(driver) -> int:
-    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-    try:
-        return sum(1 for c in counters if c.type_id == CounterType.PUBLISHER_LIMIT)
-    finally:
-        counters.close()
-
-
 def test_a_client_that_goes_away_leaves_nothing_at_the_server(launch) -> None:
     """The client's host dies (its driver killed): the server's request image times out,
     the server closes the response publication made for it on ``on_unavailable_image`` (as
@@ -178,11 +169,11 @@ def test_a_client_that_goes_away_leaves_nothing_at_the_server(launch) -> None:
         [echo] = _answer(server, requests, control_port, 1)
         wait_for(lambda: echo.response.is_connected and responses.images, timeout=10,
                  what="the response stream connected")
-        assert _publications_of(server_driver) == 1
+        assert publisher_limits(server_driver) == 1
         client_driver.kill()
         wait_for(lambda: gone, timeout=10, what="the request image went")
         echo.response.close()
-        wait_for(lambda: _publications_of(server_driver) == 0, timeout=10,
+        wait_for(lambda: publisher_limits(server_driver) == 0, timeout=10,
                  what="the response publication freed")
         with pytest.raises(ChannelRejectedError, match="names no image") as refused:
             _response_publication(server, control_port, echo.image)
@@ -261,4 +252,4 @@ def test_response_keys_that_name_nothing_are_refused_by_name(launch) -> None:
         with pytest.raises(ChannelRejectedError, match="did not ask for responses") as unasked:
             _response_publication(server, control_port, requests.images[0])
         assert unasked.value.part == "response-correlation-id"
-        assert _publications_of(server_driver) == 0
+        assert publisher_limits(server_driver) == 0

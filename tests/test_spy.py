@@ -34,6 +34,7 @@ from helpers import (
     message,
     offer_until,
     process_state,
+    publisher_limits,
     stream,
     wait_for,
 )
@@ -374,12 +375,12 @@ def test_a_publication_closed_after_its_untethered_spy_was_left_behind_ends(laun
             sent += 1
             received.poll()
         _catch_up(received, sent)
-        assert len(_logs(a)) == 1 and _publisher_limits(a) == 1
+        assert len(_logs(a)) == 1 and publisher_limits(a) == 1
         wait_for(lambda: left, timeout=5, what="the spy left behind")
         time.sleep(0.1)
         publication.close()
         closed = time.monotonic()
-        wait_for(lambda: not _logs(a) and not _publisher_limits(a), timeout=3,
+        wait_for(lambda: not _logs(a) and not publisher_limits(a), timeout=3,
                  what="the closed publication's log and pub-lmt freed")
         # The publication's linger (500 ms), not the spy's (1 s from being left behind).
         assert time.monotonic() - closed < 0.9 + 0.5
@@ -390,15 +391,6 @@ def test_a_publication_closed_after_its_untethered_spy_was_left_behind_ends(laun
 def _logs(driver) -> list[Path]:
     """The publication log files of ``driver``."""
     return list((driver.directory / control.PUBLICATIONS_DIR).iterdir())
-
-
-def _publisher_limits(driver) -> int:
-    """How many pub-lmt counters ``driver`` has."""
-    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-    try:
-        return sum(1 for info in counters if info.type_id == CounterType.PUBLISHER_LIMIT)
-    finally:
-        counters.close()
 
 
 def test_a_spy_the_counters_had_no_room_for_links_once_they_have(launch) -> None:
