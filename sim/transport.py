@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Final
 
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
+from slipstream.client.errors import ChannelError
 from slipstream.daemon.media.destinations import (
     MULTI_DESTINATION_MODES,
     DestinationTable,
@@ -54,12 +55,14 @@ class VirtualTransports:
         self.receive_transports: list[VirtualReceiveTransport] = []
 
     def open_send(self, channel: Channel, destination: Address) -> VirtualSendTransport:
+        _refuse_response_channels(channel)
         port = SEND_PORT_BASE + 100 * self.host.incarnation + len(self.send_transports)
         transport = VirtualSendTransport(self.host, (self.host.ip, port), channel)
         self.send_transports.append(transport)
         return transport
 
     def open_receive(self, channel: Channel, bind: Address) -> VirtualReceiveTransport:
+        _refuse_response_channels(channel)
         transport = VirtualReceiveTransport(self.host, bind)
         self.receive_transports.append(transport)
         return transport
@@ -69,6 +72,16 @@ class VirtualTransports:
         (10.0.0.0/24), up and able to multicast; never the real machine's."""
         return [InterfaceAddress("sim0", IFF_UP | IFF_MULTICAST,
                                  ipaddress.ip_interface(f"{self.host.ip}/{SIM_PREFIX}"))]
+
+
+def _refuse_response_channels(channel: Channel) -> None:
+    """The virtual transports have no ephemeral receive ports nor per-publication
+    destinations yet, which response channels (docs/PROTOCOL.md §7.5) need: refused by
+    name rather than sent nowhere."""
+    if channel.is_response:
+        raise ChannelError(str(channel), "control-mode",
+                           "response channels are not simulated yet: run them between "
+                           "driver processes (tests/test_response_channels.py)")
 
 
 class _VirtualTransport:
