@@ -194,6 +194,9 @@ class ReceiveChannel:
         #: its joins name each session it was told of (RSP_SETUP) that has no image yet, not
         #: session 0, since a response publication learns its one client from those.
         self.is_response = channel.is_response
+        #: A response endpoint's sessions that have had an image: asked for no more (their
+        #: response publication answered; one that closed would be asked for in vain).
+        self._answered: set[tuple[int, int]] = set()
         self._next_join_ns = NO_DEADLINE
         self.images: dict[tuple[int, int], PublicationImage] = {}
         self._subscriptions: dict[int, set[int] | None] = {}  # stream -> sessions (None: all)
@@ -250,6 +253,7 @@ class ReceiveChannel:
         subscriber positions are removed)."""
         self._subscriptions.pop(stream_id, None)
         self._sync_streams()
+        self._answered = {key for key in self._answered if key[1] != stream_id}
         for key in [k for k in self._cool_down if k[1] == stream_id and not self.params.rejoin]:
             del self._cool_down[key]  # rejoin=false holds a session off while it is wanted
         for (_session, stream), image in self.images.items():
@@ -271,6 +275,8 @@ class ReceiveChannel:
             return
         self._subscriptions[stream_id] = None if sessions is None else set(sessions)
         self._sync_streams()
+        if self._answered:  # only the sessions still wanted are remembered
+            self._answered = {key for key in self._answered if self.wants(*key)}
 
     def _sync_streams(self) -> None:
         streams = list(self._subscriptions)
@@ -377,6 +383,8 @@ class ReceiveChannel:
         key = (image.session_id, image.stream_id)
         self._pending_image.pop(key, None)
         self.images[key] = image
+        if self.is_response:
+            self._answered.add(key)
         self._sync_images()
 
     def _refusal(self, setup: Setup) -> tuple[str, int] | None:
@@ -569,14 +577,16 @@ class ReceiveChannel:
         """A setup-eliciting SM to the control address (session and stream 0, as Aeron's
         receivers send it): the sender learns this endpoint as a destination, or keeps it,
         and its publications send SETUP.  A response endpoint sends one per wanted session
-        without an image instead (Aeron's requestSetup): that session's response publication
-        learns this endpoint as its destination and sends SETUP."""
+        that has had no image yet instead (Aeron's requestSetup): that session's response
+        publication learns this endpoint as its destination and sends SETUP.  Once it had
+        one, its data elicits SETUP again if the image goes while the stream goes on (§4.1),
+        and a publication that closed is not asked for in vain."""
         assert self.control_address is not None
         if self.is_response:
             keys = [(session_id, stream_id)
                     for stream_id, sessions in self._subscriptions.items()
                     for session_id in sessions or ()
-                    if (session_id, stream_id) not in self.images]
+                    if (session_id, stream_id) not in self._answered]
         else:
             keys = [(0, 0)]
         for session_id, stream_id in keys:

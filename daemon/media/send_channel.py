@@ -111,7 +111,7 @@ class SendChannel:
             self._sync_publications()
         table = self._response_tables.pop(publication, None)
         if table is not None:
-            table.clear()
+            publication.c.destinations = network_ffi.NULL  # the table goes with it
 
     def addressed(self, publication: NetworkPublication,
                   datagrams: list[Datagram]) -> list[Datagram]:
