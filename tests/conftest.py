@@ -203,6 +203,7 @@ MODULE_LANES = {
     "test_replay": "hosts",
     "test_replay_block": "unit",
     "test_response_channels": "sockets",
+    "test_response_hosts": "hosts",
     "test_retransmit": "unit",
     "test_sim_cli": "sim",
     "test_sim_flow": "sim",
