@@ -27,16 +27,18 @@ def _response_subscription(client: Client, control_port: int):
         f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}", RESPONSES)
 
 
-def _request_publication(client: Client, port: int, response_subscription):
-    return client.add_publication(
-        f"aeron:udp?endpoint=127.0.0.1:{port}"
-        f"|response-correlation-id={response_subscription.registration_id}", REQUESTS)
+def _request_publication(client: Client, port: int, response_subscription, *,
+                         exclusive: bool = False):
+    add = client.add_exclusive_publication if exclusive else client.add_publication
+    return add(f"aeron:udp?endpoint=127.0.0.1:{port}"
+               f"|response-correlation-id={response_subscription.registration_id}", REQUESTS)
 
 
-def _response_publication(server: Client, control_port: int, image):
-    return server.add_publication(
-        f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}"
-        f"|response-correlation-id={image.correlation_id}", RESPONSES)
+def _response_publication(server: Client, control_port: int, image, *,
+                          exclusive: bool = False):
+    add = server.add_exclusive_publication if exclusive else server.add_publication
+    return add(f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}"
+               f"|response-correlation-id={image.correlation_id}", RESPONSES)
 
 
 class _Echo:
@@ -84,10 +86,11 @@ def _exchange(pairs: list[tuple], echoes: list[_Echo], count: int, timeout: floa
 
 def _answer(server: Client, requests, control_port: int, count: int) -> list[_Echo]:
     """The server's part of the handshake: a response publication for each of ``count``
-    request images (Aeron's ResponseServer), by the image's correlation id."""
+    request images (Aeron's ResponseServer), by the image's correlation id; the second, if
+    any, an exclusive one."""
     wait_for(lambda: len(requests.images) == count, timeout=10, what="the request images")
-    return [_Echo(image, _response_publication(server, control_port, image))
-            for image in requests.images]
+    return [_Echo(image, _response_publication(server, control_port, image, exclusive=i == 1))
+            for i, image in enumerate(requests.images)]
 
 
 def test_a_request_and_response_exchange_crosses_many_terms_both_ways(launch) -> None:
@@ -123,7 +126,8 @@ def test_two_clients_each_get_only_their_own_responses(launch) -> None:
     """Two clients, each behind its own driver, ask one server on one request channel; the
     server's two response publications share its control port.  Each client's response
     subscription has one image, of its own response session, and gets exactly its own
-    answers (the two ask for different sequence numbers)."""
+    answers (the two ask for different sequence numbers).  The second client's request
+    publication, and the server's second response publication, are exclusive ones."""
     server_driver = launch()
     client_drivers = [launch(), launch()]
     port, control_port = free_port(), free_port()
@@ -133,8 +137,8 @@ def test_two_clients_each_get_only_their_own_responses(launch) -> None:
             requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}",
                                                REQUESTS)
             responses = [_response_subscription(c, control_port) for c in clients]
-            publications = [_request_publication(c, port, r)
-                            for c, r in zip(clients, responses, strict=True)]
+            publications = [_request_publication(c, port, r, exclusive=i == 1)
+                            for i, (c, r) in enumerate(zip(clients, responses, strict=True))]
             echoes = _answer(server, requests, control_port, 2)
             wait_for(lambda: all(r.images for r in responses)
                      and all(e.response.is_connected for e in echoes), timeout=10,
