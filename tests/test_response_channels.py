@@ -66,12 +66,14 @@ def _size(seq: int) -> int:
 
 def _exchange(pairs: list[tuple], echoes: list[_Echo], count: int, timeout: float = 30.0) -> None:
     """Each (request publication, response collector, first) pair sends requests ``first ..
-    first + count - 1`` and gets each back, while the server echoes."""
+    first + count - 1`` and gets each back (``count`` more answers), while the server
+    echoes."""
     sent = [0] * len(pairs)
+    targets = [len(responses.seen) + count for _, responses, _ in pairs]
     deadline = time.monotonic() + timeout
-    while any(len(responses.seen) < count for _, responses, _ in pairs):
+    while any(len(r.seen) < t for (_, r, _), t in zip(pairs, targets, strict=True)):
         assert time.monotonic() < deadline, (
-            f"sent {sent}, answered {[len(r.seen) for _, r, _ in pairs]} of {count}")
+            f"sent {sent}, answered {[len(r.seen) for _, r, _ in pairs]} of {targets}")
         work = 0
         for i, (requests, _, first) in enumerate(pairs):
             while sent[i] < count and requests.offer(message(first + sent[i],
@@ -257,3 +259,32 @@ def test_response_keys_that_name_nothing_are_refused_by_name(launch) -> None:
             _response_publication(server, control_port, requests.images[0])
         assert unasked.value.part == "response-correlation-id"
         assert publisher_limits(server_driver) == 0
+
+
+def test_a_server_that_makes_its_response_publication_again_is_answered_again(launch) -> None:
+    """The server closes the response publication of a request image and makes another (a
+    new session): the client's response subscription, whose image of the first session went,
+    takes the new session from the new RSP_SETUP, and the exchange goes on."""
+    server_driver, client_driver = launch(), launch()
+    port, control_port = free_port(), free_port()
+    with Client.connect(server_driver.directory) as server, \
+            Client.connect(client_driver.directory) as client:
+        requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS)
+        responses = _response_subscription(client, control_port)
+        request_publication = _request_publication(client, port, responses)
+        [echo] = _answer(server, requests, control_port, 1)
+        wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
+                 what="the first response stream connected")
+        collector = Collector(responses)
+        _exchange([(request_publication, collector, 0)], [echo], 500)
+        first_session = echo.response.session_id
+        echo.response.close()
+        wait_for(lambda: not responses.images, timeout=10, what="the first response image went")
+        echo.response = _response_publication(server, control_port, echo.image)
+        assert echo.response.session_id != first_session
+        wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
+                 what="the second response stream connected")
+        assert [i.session_id for i in responses.images] == [echo.response.session_id]
+        _exchange([(request_publication, collector, 500)], [echo], 500)
+        echo.requests.assert_exactly(1000)
+        collector.assert_exactly(1000)

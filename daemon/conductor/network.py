@@ -481,13 +481,20 @@ class NetworkConductor:
     def _on_response_setup(self, event: ResponseSetupArrived) -> None:
         """An RSP_SETUP reached a request publication: its response subscription takes the
         session it names, and its endpoint asks that session's publication for SETUP (Aeron's
-        DriverConductor.responseSetup).  The first one counts, as in Aeron: the server repeats
-        it until its response publication is connected."""
+        DriverConductor.responseSetup).  The server repeats it until its response publication
+        is connected: a repeat changes nothing.  Another session replaces the one taken only
+        while the subscription has no image of that (the server closed that response
+        publication and made another; Aeron's keeps the first session for good)."""
         subscription = self.subscriptions.get(event.response_correlation_id)
         if (subscription is None or not subscription.channel.is_response
-                or subscription.response_session_id is not None
-                or subscription.endpoint is None):
+                or subscription.endpoint is None
+                or subscription.response_session_id == event.response_session_id):
             return
+        if subscription.response_session_id is not None and any(
+                link.subscription is subscription and not image_entry.lingering
+                for image_entry in subscription.endpoint.images.values()
+                for link in image_entry.links):
+            return  # its response stream is live: a stray or late RSP_SETUP
         subscription.response_session_id = event.response_session_id
         self._sync_interest(subscription.endpoint, subscription.stream_id)
         log.info("response subscription %d takes session %d of stream %d",
