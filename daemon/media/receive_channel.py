@@ -13,8 +13,8 @@ inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
   setup-eliciting SM (S flag, session and stream 0) to the control address at once and every
   second while it has subscriptions: the sender adds it as a destination and sends SETUP;
   its images' SMs and NAKs go to the control address too.  A response subscription's
-  endpoint (``control-mode=response``) names each session it wants and has no image of
-  instead (docs/PROTOCOL.md §7.5);
+  endpoint (``control-mode=response``) names each session it wants and has had no image
+  of instead (docs/PROTOCOL.md §7.5);
 * DATA/heartbeat (not EOS) for a subscribed stream whose session has no image → an
   *elicited SETUP*: an SM with the S flag (0x80), term id/offset/window 0, to the source
   (or the control group for multicast); the session is then PENDING_SETUP for 1 s;
@@ -191,8 +191,8 @@ class ReceiveChannel:
         #: around dispatch): replies to them leave through it.  -1: none.
         self.arrival_destination = -1
         #: A response subscription's endpoint (control-mode=response, docs/PROTOCOL.md §7.6):
-        #: its joins name each session it was told of (RSP_SETUP) that has no image yet, not
-        #: session 0, since a response publication learns its one client from those.
+        #: its joins name each session it was told of (RSP_SETUP) that has had no image yet,
+        #: not session 0, since a response publication learns its one client from those.
         self.is_response = channel.is_response
         #: A response endpoint's sessions that have had an image: asked for no more (their
         #: response publication answered; one that closed would be asked for in vain).
