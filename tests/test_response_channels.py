@@ -288,3 +288,29 @@ def test_a_server_that_makes_its_response_publication_again_is_answered_again(la
         _exchange([(request_publication, collector, 500)], [echo], 500)
         echo.requests.assert_exactly(1000)
         collector.assert_exactly(1000)
+
+
+def test_a_response_channel_over_ipv6(launch) -> None:
+    """The response subscription binds the wildcard of its control address's IP version, and
+    the response publication learns an IPv6 client: 200 requests answered over [::1]."""
+    server_driver, client_driver = launch(), launch()
+    port, control_port = free_port(), free_port()
+    with Client.connect(server_driver.directory) as server, \
+            Client.connect(client_driver.directory) as client:
+        requests = server.add_subscription(f"aeron:udp?endpoint=[::1]:{port}", REQUESTS)
+        responses = client.add_subscription(
+            f"aeron:udp?control-mode=response|control=[::1]:{control_port}", RESPONSES)
+        request_publication = client.add_publication(
+            f"aeron:udp?endpoint=[::1]:{port}"
+            f"|response-correlation-id={responses.registration_id}", REQUESTS)
+        wait_for(lambda: requests.images, timeout=10, what="the request image")
+        [image] = requests.images
+        echo = _Echo(image, server.add_publication(
+            f"aeron:udp?control-mode=response|control=[::1]:{control_port}"
+            f"|response-correlation-id={image.correlation_id}", RESPONSES))
+        wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
+                 what="the response stream connected")
+        assert responses.images[0].source_identity == f"::1:{control_port}"
+        collector = Collector(responses)
+        _exchange([(request_publication, collector, 0)], [echo], 200)
+        collector.assert_exactly(200)
