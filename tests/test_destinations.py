@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import SystemCounter
-from slipstream.client.frames import ResponseSetup, StatusMessage
+from slipstream.client.frames import ResponseSetup, Setup, StatusMessage, decode
 from slipstream.client.layout import NO_DEADLINE, SM_SEND_SETUP_FLAG
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon._network import ffi as network_ffi
@@ -206,11 +206,11 @@ def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path)
 
 def test_an_rsp_setup_reaches_the_conductor_for_a_request_publication_only(
         shm: Path) -> None:
-    """An RSP_SETUP naming a request publication of the endpoint (response-correlation-id=
-    without control-mode=response) becomes a ResponseSetupArrived naming its response
-    subscription; one for another session, or for a publication that asked for nothing, is
-    dropped; a malformed one (short, or a frame_length past the datagram) counts
-    INVALID_PACKETS and is dropped."""
+    """A request publication (response-correlation-id= without control-mode=response) sets
+    SEND_RESPONSE in its SETUP.  An RSP_SETUP naming one of the endpoint becomes a
+    ResponseSetupArrived naming its response subscription; one for another session, or for
+    a publication that asked for nothing, is dropped; a malformed one (short, or a
+    frame_length past the datagram) counts INVALID_PACKETS and is dropped."""
     counters = LocalCounters()
     channel = SendChannel(counters=counters)
     request = _publication(shm, counters, "aeron:udp?endpoint=127.0.0.1:40123"
@@ -218,6 +218,11 @@ def test_an_rsp_setup_reaches_the_conductor_for_a_request_publication_only(
     plain = _publication(shm, counters, "aeron:udp?endpoint=127.0.0.1:40123", session_id=8)
     for publication in (request, plain):
         channel.add_publication(publication)
+    # Only the request publication's SETUP asks for a response (SEND_RESPONSE, 0x80).
+    [request_setup] = [decode(d.data) for d in request.datagrams_to_send(0)]
+    [plain_setup] = [decode(d.data) for d in plain.datagrams_to_send(0)]
+    assert isinstance(request_setup, Setup) and request_setup.wants_response
+    assert isinstance(plain_setup, Setup) and not plain_setup.wants_response
     server = ("127.0.0.1", 40123)
     channel.on_datagram(ResponseSetup(5, 6, 4242).encode(), server, 1)
     assert channel.response_setups == [ResponseSetupArrived(77, 4242)]

@@ -141,6 +141,23 @@ def test_group_semantics_are_decided_by_one_rule_on_both_sides(
         assert network(uri).group is group
 
 
+@pytest.mark.parametrize(("uri", "asks", "correlation_id"), [
+    ("aeron:udp?endpoint=10.0.0.1:4000", False, None),
+    ("aeron:udp?endpoint=10.0.0.1:4000|response-correlation-id=42", True, 42),
+    ("aeron:udp?control-mode=response|control=10.0.0.1:4001|response-correlation-id=43",
+     False, 43),
+])
+def test_only_a_request_publication_asks_for_a_response(uri: str, asks: bool,
+                                                        correlation_id: int | None) -> None:
+    """docs/PROTOCOL.md §7.5: response-correlation-id= without control-mode=response is a
+    request publication's, whose SETUP asks for a response; a response publication's names
+    the image it answers and asks for nothing; neither is a group."""
+    params = network(uri)
+    assert params.sends_response_setup is asks
+    assert params.response_correlation_id == correlation_id
+    assert not params.group
+
+
 def test_a_subscription_takes_the_uri_values_before_the_settings() -> None:
     settings = DriverSettings(rcv_initial_window_length=128 * KIB, receiver_group_tag=5,
                               reliable_stream=True)
