@@ -75,7 +75,7 @@ SPY_PREFIX: Final = "aeron-spy:"
 SCHEME: Final = "aeron:"
 
 CONTROL_MODES: Final = ("manual", "dynamic", "response")
-#: The control mode of response channels (docs/PROTOCOL.md §7.5).
+#: The control mode of response channels (docs/PROTOCOL.md §7.6).
 RESPONSE_CONTROL_MODE: Final = CONTROL_MODES[2]
 # The shipped strategies' names (the settings' choices): fc=, cc= and rc= take these and any
 # strategy registered since (strategy_grammar.grammars).  RECEIVER_TIMEOUT_RANGE_NS, fc=min
@@ -259,7 +259,7 @@ class Channel:
     @property
     def is_response(self) -> bool:
         """``control-mode=response``: a response subscription (a client's) or a response
-        publication (a server's), docs/PROTOCOL.md §7.5."""
+        publication (a server's), docs/PROTOCOL.md §7.6."""
         return self.control_mode == RESPONSE_CONTROL_MODE
 
     def endpoint_address(self) -> IPAddress | None:

@@ -87,7 +87,7 @@ class Image:
         #: The image's registration id in its driver (Aeron's ``Image.correlationId``): a
         #: server answers a request image by naming it in its response publication's URI,
         #: ``aeron:udp?control-mode=response|control=HOST:PORT|response-correlation-id=``
-        #: this (docs/PROTOCOL.md §7.5).
+        #: this (docs/PROTOCOL.md §7.6).
         self.correlation_id = correlation_id
         self.join_position = join_position
         self.source_identity = source_identity

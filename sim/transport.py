@@ -76,7 +76,7 @@ class VirtualTransports:
 
 def _refuse_response_channels(channel: Channel) -> None:
     """The virtual transports have no ephemeral receive ports nor per-publication
-    destinations yet, which response channels (docs/PROTOCOL.md §7.5) need: refused by
+    destinations yet, which response channels (docs/PROTOCOL.md §7.6) need: refused by
     name rather than sent nowhere."""
     if channel.is_response:
         raise ChannelError(str(channel), "control-mode",

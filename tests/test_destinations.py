@@ -164,7 +164,7 @@ RESPONSE_URI = "aeron:udp?control-mode=response|control=127.0.0.1:40456|response
 
 
 def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path) -> None:
-    """docs/PROTOCOL.md §7.5: at a response endpoint each publication has a table of its own
+    """docs/PROTOCOL.md §7.6: at a response endpoint each publication has a table of its own
     (its C half sends there); a setup-eliciting SM naming its session makes the SM's source
     its one destination (a later one replaces it) and elicits SETUP; plain SMs teach nothing;
     a source no send reaches is counted and teaches nothing; its Python half's datagrams go

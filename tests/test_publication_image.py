@@ -260,7 +260,7 @@ def test_elicit_setup_for_unknown_session_and_session_filter(shm: Path) -> None:
 
 def test_a_request_image_sends_rsp_setup_until_its_response_publication_connects(
         shm: Path) -> None:
-    """docs/PROTOCOL.md §7.5: an image whose SETUP carried SEND_RESPONSE (0x80) asked for a
+    """docs/PROTOCOL.md §7.6: an image whose SETUP carried SEND_RESPONSE (0x80) asked for a
     response; once the conductor names the response publication's session, the image sends
     RSP_SETUP (its own session and stream, and that session) to the SETUP's source at once
     and every status-message timeout, until the conductor says it is connected."""

@@ -1,4 +1,4 @@
-"""Response channels (docs/PROTOCOL.md §7.5) between real driver processes on loopback, each
+"""Response channels (docs/PROTOCOL.md §7.6) between real driver processes on loopback, each
 driver a host: a client's request stream to a server, and the server's response stream back
 to the client through the address the client's response subscription sends from (what a NAT
 or firewall lets back in), never an endpoint the client names.

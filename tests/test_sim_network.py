@@ -236,7 +236,7 @@ def test_event_loop_orders_by_time_phase_and_sequence():
 @pytest.mark.parametrize("uri", ["aeron:udp?control-mode=response|control=10.0.0.1:9000"])
 def test_response_channels_are_refused_by_name_not_sent_nowhere(uri: str) -> None:
     """The virtual transports have no ephemeral receive ports nor per-publication
-    destinations: a response channel (docs/PROTOCOL.md §7.5) is refused, naming its key."""
+    destinations: a response channel (docs/PROTOCOL.md §7.6) is refused, naming its key."""
     from slipstream.client.channel import parse_channel
     from slipstream.client.errors import ChannelError
     from slipstream.daemon.media.destinations import ALL_DESTINATIONS

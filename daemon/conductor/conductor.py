@@ -830,7 +830,7 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
      "image went do not come back)"),
     # control-mode=manual on a subscription is a multi-destination subscription
     # (daemon/conductor/network.py, add_receive_destination).
-    # Response channels are aeron:udp's here (docs/PROTOCOL.md §7.5); Aeron also has them
+    # Response channels are aeron:udp's here (docs/PROTOCOL.md §7.6); Aeron also has them
     # between IPC publications and subscriptions.
     ("control-mode", lambda c, _: c.is_response and c.is_ipc,
      "response channels on aeron:ipc (control-mode=response: slipstream carries them on "

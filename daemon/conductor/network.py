@@ -414,7 +414,7 @@ class NetworkConductor:
         entry.publisher_refs += 1
         return entry, self._new_id()
 
-    # -- response channels (docs/PROTOCOL.md §7.5) -------------------------------------------
+    # -- response channels (docs/PROTOCOL.md §7.6) -------------------------------------------
     def _check_response_keys(self, channel: Channel) -> _ImageEntry | None:
         """A publication's response keys, checked before anything is made (Aeron's
         validateResponseSubscription and findResponsePublicationImage): a response

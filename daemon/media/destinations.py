@@ -3,7 +3,7 @@
 A channel with ``control-mode=manual`` or ``control-mode=dynamic`` has no one endpoint: its send
 endpoint sends every datagram (data, retransmissions, heartbeats, SETUP) to each destination of
 its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).  A response publication
-(``control-mode=response``, §7.5) has a table of its own with at most one destination.
+(``control-mode=response``, §7.6) has a table of its own with at most one destination.
 
 * **manual**: the publication's ``add_destination`` / ``remove_destination`` change the list;
   nothing else does, and a destination stays until it is removed.
@@ -46,7 +46,7 @@ ALL_DESTINATIONS: Final[Address] = ("0.0.0.0", 0)
 class ControlMode(enum.Enum):
     MANUAL = "manual"
     DYNAMIC = "dynamic"
-    #: A response publication's own table (docs/PROTOCOL.md §7.5): one destination, the
+    #: A response publication's own table (docs/PROTOCOL.md §7.6): one destination, the
     #: source of the latest setup-eliciting status message naming its session (its client's
     #: response subscription), as Aeron's response publication keeps its endpoint address.
     RESPONSE = "response"

@@ -14,7 +14,7 @@ inserts DATA without Python.  Dispatch rules (docs/PROTOCOL.md §4.1):
   second while it has subscriptions: the sender adds it as a destination and sends SETUP;
   its images' SMs and NAKs go to the control address too.  A response subscription's
   endpoint (``control-mode=response``) names each session it wants and has had no image
-  of instead (docs/PROTOCOL.md §7.5);
+  of instead (docs/PROTOCOL.md §7.6);
 * DATA/heartbeat (not EOS) for a subscribed stream whose session has no image → an
   *elicited SETUP*: an SM with the S flag (0x80), term id/offset/window 0, to the source
   (or the control group for multicast); the session is then PENDING_SETUP for 1 s;

@@ -2,7 +2,7 @@
 NAK-strength signals arriving at a send endpoint go to its publications (Aeron's
 ``aeron_send_channel_endpoint`` dispatch); an RSP_SETUP for a request publication becomes a
 :class:`ResponseSetupArrived` for the conductor; a response publication learns its one
-destination here (docs/PROTOCOL.md §7.5).
+destination here (docs/PROTOCOL.md §7.6).
 
 Units: times in ns.
 """

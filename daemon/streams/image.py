@@ -297,7 +297,7 @@ class PublicationImage:
         self._outbox: list[Datagram] = []
         self._now_ns = now_ns
         #: Its SETUP carried SEND_RESPONSE: a request stream, whose client wants a response
-        #: publication made for it (docs/PROTOCOL.md §7.5).
+        #: publication made for it (docs/PROTOCOL.md §7.6).
         self.wants_response = setup.wants_response
         #: The session of the response publication made for it, which RSP_SETUP tells the
         #: client's driver (set_response_session), until that publication is connected.

@@ -180,7 +180,7 @@ class NetworkPublication:
         # SEND_RESPONSE: a request publication asks its image's driver for an RSP_SETUP.
         self._setup_flags = ((SETUP_GROUP_FLAG if self.is_group else 0)
                              | (SETUP_SEND_RESPONSE_FLAG if params.sends_response_setup else 0))
-        #: response-correlation-id= (docs/PROTOCOL.md §7.5): a request publication's response
+        #: response-correlation-id= (docs/PROTOCOL.md §7.6): a request publication's response
         #: subscription (RSP_SETUP names it to the conductor), or a response publication's
         #: request image; None without.
         self.response_correlation_id = params.response_correlation_id
