@@ -124,6 +124,9 @@ FIXTURE_OK = [HealthCheck.function_scoped_fixture]
        mtu=st.sampled_from([64, 256, 1408, 4096]))
 @example(sizes=[8192] * 100, mtu=1408)  # 800 KiB: 13 terms, round the log's partitions 4 times
 @example(sizes=[8100, 0, 33, 8192] * 40, mtu=256)
+# The last message begins a term, after the padding that closes the one before.
+@example(sizes=[0, 0, 0, 417, 481, 481, 769, 2049, 3297, 3361, 6017, 7425, 8129, 353, 353, 417,
+                417, 833, 1089, 3361, 4257, 5377, 7873], mtu=64)
 def test_any_sequence_of_messages_reads_back_whole_and_in_order(
         shm: Path, sizes: list[int], mtu: int) -> None:
     """Appended under a publisher's limit (half a term past the reader, never past what the
