@@ -88,6 +88,19 @@ def _sub_positions(driver, registration_id: int) -> list[int]:
         counters.close()
 
 
+def _sender_position(driver, session_id: int, stream_id: int) -> int:
+    """The value of the snd-pos counter of publication ``session_id``/``stream_id`` at
+    ``driver``."""
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        [value] = [info.value for info in counters
+                   if info.type_id == CounterType.SENDER_POSITION
+                   and info.session_id == session_id and info.stream_id == stream_id]
+        return value
+    finally:
+        counters.close()
+
+
 # -- the stream -------------------------------------------------------------------------------
 def test_a_spy_reads_what_the_publication_sends_in_order_across_term_rotations(launch) -> None:
     """A spy and a real UDP subscriber (another driver) see the same stream, message for
@@ -169,6 +182,11 @@ def test_a_spy_that_comes_late_joins_at_the_sender_position(launch) -> None:
         connect(publication, subscription)
         received = Collector(subscription)
         stream(publication, [received], 500, lambda _: 100)
+        # The sender publishes snd-pos after its sendmmsg returns: the subscriber may have
+        # read the last batch before then (a sender thread descheduled for a few ms on a
+        # busy host), and the spy would join at the batch's start.
+        wait_for(lambda: _sender_position(a, publication.session_id, 3)
+                 == publication.position, what="snd-pos at the end of all of it sent")
         spy = ca.add_subscription(f"aeron-spy:{uri}", 3)
         [image] = spy.images  # linked in the subscription's answer
         assert image.join_position == publication.position  # all of it sent
