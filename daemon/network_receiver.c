@@ -189,14 +189,16 @@ static void note_overrun(ss_image_t *image, int64_t end) {
 }
 
 /* aeron_publication_image_insert_packet: the over-run, under-run and heartbeat rules of
- * docs/PROTOCOL.md §4.3, then the copy into the term (body first, header last). */
-static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *data, int32_t length,
-                          int32_t padding, int heartbeat, uint8_t flags, int32_t term_id,
-                          int32_t term_offset, int64_t now_ns) {
+ * docs/PROTOCOL.md §4.3, then the copy into the term (body first, header last).  Returns 1
+ * when the frame was inside the window (a multi-destination image's path is live then, as
+ * Aeron's trackConnection), 0 when a rule dropped it. */
+static int insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *data, int32_t length,
+                         int32_t padding, int heartbeat, uint8_t flags, int32_t term_id,
+                         int32_t term_offset, int64_t now_ns) {
     int32_t term_count = (int32_t)((uint32_t)term_id - (uint32_t)image->initial_term_id);
     if (term_count < 0) { /* a term before the initial term: no sender sends one */
         count(r->counters.invalid_packets, 1);
-        return;
+        return 0;
     }
     int64_t position = ((int64_t)term_count << image->position_bits) + term_offset;
     if (heartbeat) {
@@ -205,28 +207,27 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
         if (position > image->overrun_threshold) {
             count(r->counters.flow_control_over_runs, 1);
             note_overrun(image, position);
-            return;
+            return 0;
         }
         int64_t floor = image->last_sm_position - image->term_length;
-        if (position >= (floor > 0 ? floor : 0)) {
-            count(r->counters.heartbeats_received, 1);
-            image->time_of_last_packet_ns = now_ns;
-            if (raise_hwm(image, position)) image->dirty = 1;
-            if ((flags & SS_EOS_FLAG) && image->eos_position < 0) {
-                image->eos_position = position;
-                image->dirty = 1;
-            }
+        if (position < (floor > 0 ? floor : 0)) return 0;
+        count(r->counters.heartbeats_received, 1);
+        image->time_of_last_packet_ns = now_ns;
+        if (raise_hwm(image, position)) image->dirty = 1;
+        if ((flags & SS_EOS_FLAG) && image->eos_position < 0) {
+            image->eos_position = position;
+            image->dirty = 1;
         }
-        return;
+        return 1;
     }
     if (position + length > image->overrun_threshold) {
         count(r->counters.flow_control_over_runs, 1);
         note_overrun(image, position + length);
-        return;
+        return 0;
     }
     if (position < image->last_sm_position) {
         count(r->counters.flow_control_under_runs, 1);
-        return;
+        return 0;
     }
     image->time_of_last_packet_ns = now_ns;
     /* A PAD header stands for the rest of its term. */
@@ -256,6 +257,7 @@ static void insert_packet(ss_receiver_t *r, ss_image_t *image, const uint8_t *da
                                 proposed);
     }
     image->dirty = 1;
+    return 1;
 }
 
 /* Wake the readers of every image that got data since the last flush. */
@@ -302,10 +304,14 @@ static int32_t on_status_message(ss_receiver_t *r, const uint8_t *data, int32_t 
     return SS_RX_CONSUMED;
 }
 
-/* Data of a multi-destination subscription's image came through destination r: that path
- * is live now, and its control frames go to the destination's control address (a multicast
- * group's) or to where the data came from, through the destination's socket.  A receiver
- * that is no destination (an endpoint of its own, or the simulator's) records nothing. */
+/* Data of a multi-destination subscription's image came through destination r, inside the
+ * image's window (insert_packet took it): that path is live now, and its control frames go to
+ * the destination's control address (a multicast group's) or to where the data came from,
+ * through the destination's socket.  As Aeron's trackConnection, the address is set only when
+ * the slot has none (or its path went quiet past the liveness timeout): later data, from
+ * whatever source, only keeps the path live, so a datagram from elsewhere does not redirect
+ * it.  A receiver that is no destination (an endpoint of its own, or the simulator's) records
+ * nothing. */
 static void note_connection(const ss_receiver_t *r, ss_image_t *image, const uint8_t *source,
                             int32_t source_length, int64_t now_ns) {
     if (r->destination < 0 || r->destination >= image->connection_count ||
@@ -318,12 +324,11 @@ static void note_connection(const ss_receiver_t *r, ss_image_t *image, const uin
         address_length = r->control_address_length;
     }
     if (address_length <= 0 || address_length > SS_SOCKADDR_MAX) return;
-    if (c->fd != r->fd || c->address_length != address_length ||
-        memcmp(c->address, address, (size_t)address_length) != 0) {
+    if (c->address_length <= 0 || now_ns - c->time_of_last_frame_ns > image->liveness_timeout_ns) {
         memcpy(c->address, address, (size_t)address_length);
         c->address_length = address_length;
-        c->fd = r->fd;
     }
+    c->fd = r->fd;
     c->time_of_last_frame_ns = now_ns;
 }
 
@@ -374,8 +379,10 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
         return SS_RX_CONSUMED;
     }
     count(r->counters.bytes_received, length);
-    if (image->connections != NULL) note_connection(r, image, source, source_length, now_ns);
-    insert_packet(r, image, data, length, padding, heartbeat, flags, term_id, term_offset, now_ns);
+    if (insert_packet(r, image, data, length, padding, heartbeat, flags, term_id, term_offset,
+                      now_ns) &&
+        image->connections != NULL)
+        note_connection(r, image, source, source_length, now_ns);
     return SS_RX_CONSUMED;
 }
 

@@ -569,3 +569,97 @@ def test_a_multi_destination_image_takes_every_path_and_answers_the_live_ones(
     rc.detach_destination(1)
     assert rc.datagrams_to_send(9 * 200 * MS + 50) == []
     assert rc.socket_receivers == []  # neither destination has a socket here
+
+
+
+def test_a_datagram_from_elsewhere_does_not_redirect_a_live_path(shm: Path) -> None:
+    """A path's control address is set by the first frame (or SETUP) that comes its way and
+    only kept live after (Aeron's trackConnection): data from another address, inside the
+    window or not, and a SETUP from another address leave a live path where it is; a forged
+    frame outside the window does not even keep it live.  Once the path went quiet past the
+    liveness timeout, the next data in the window sets it anew."""
+    from slipstream.daemon._network import ffi as network_ffi
+
+    rc, counters = receive_channel(shm, "aeron:udp?control-mode=manual",
+                                   image_liveness_timeout=1_000 * MS)
+    first, second = (network_ffi.new("ss_receiver_t *") for _ in range(2))
+    for receiver in (first, second):
+        receiver.fd = -1
+    control_group = ("224.0.1.3", 4000)
+    rc.attach_destination(0, first, None)
+    rc.attach_destination(1, second, control_group)
+    forger = ("10.0.0.66", 6666)
+    rc.arrival_destination = 0
+    rc.on_control(setup(), SRC, 0)
+    rc.arrival_destination = -1
+    image, _cell = attach(rc)
+    [sm] = rc.datagrams_to_send(0)
+    assert (sm.address, sm.via) == (SRC, 0)
+
+    def sm_paths(now_ns: int) -> list:
+        return sorted((d.address, d.via) for d in rc.datagrams_to_send(now_ns)
+                      if isinstance(decode(d.data), StatusMessage))
+
+    # Over-runs from the forger (past the window, a term far ahead, a heartbeat past it).
+    over_runs = counters[SystemCounter.FLOW_CONTROL_OVER_RUNS]
+    assert _via(first, data(TERM // 2 + 1024), forger, 10) == 0
+    assert _via(first, data(0, term_id=140), forger, 11) == 0
+    assert _via(first, Heartbeat(TERM - 64, 1, 2, 100).encode(), forger, 12) == 0
+    assert counters[SystemCounter.FLOW_CONTROL_OVER_RUNS] == over_runs + 3
+    assert sm_paths(200 * MS + 20) == [(SRC, 0)]
+    # In the window, from the forger: taken, the path kept live, its address not moved.
+    assert _via(first, data(0), forger, 300 * MS) == 0
+    assert image.rcv_hwm == 64
+    assert sm_paths(400 * MS + 30) == [(SRC, 0)]
+    # A SETUP from the forger through the same destination: the live path stays.
+    rc.arrival_destination = 0
+    rc.on_control(setup(), forger, 500 * MS)
+    rc.arrival_destination = -1
+    assert sm_paths(600 * MS + 40) == [(SRC, 0)]
+    # Forged frames outside the window do not keep the path live (the sender's heartbeats
+    # on the second path keep the image live): past the timeout the first path gets none.
+    late = set()
+    for t in range(7, 16):
+        _via(first, data(TERM // 2 + 1024), forger, t * 100 * MS)
+        _via(second, Heartbeat(64, 1, 2, 100).encode(), SRC, t * 100 * MS)
+        paths = sm_paths(t * 100 * MS + 1)
+        if t >= 14:  # the first path last heard from in the window at 300 ms
+            late.update(paths)
+    assert late == {(control_group, 1)}
+    assert image.state is ImageState.ACTIVE
+    # Quiet past the timeout: the next data in the window sets where the path goes.
+    other = ("10.0.0.7", 7000)
+    assert _via(first, data(64), other, 1_600 * MS) == 0
+    _via(second, Heartbeat(128, 1, 2, 100).encode(), SRC, 1_700 * MS)
+    assert sm_paths(1_800 * MS + 50) == [(other, 0), (control_group, 1)]
+
+
+def test_a_path_seeded_by_its_setup_has_its_destinations_socket(shm: Path) -> None:
+    """The C half sends a path's control frames through its destination's socket: a path
+    that has had its SETUP and no data yet has that socket once its image is added (before,
+    the C half found no path to send on, and counted its status messages sent); one whose
+    destination went before the image was added is dropped."""
+    import socket
+
+    from slipstream.daemon._network import ffi as network_ffi
+
+    rc, _counters = receive_channel(shm, "aeron:udp?control-mode=manual")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        first, second = (network_ffi.new("ss_receiver_t *") for _ in range(2))
+        first.fd = sock.fileno()
+        second.fd = -1
+        rc.attach_destination(0, first, None)
+        rc.attach_destination(1, second, None)
+        rc.arrival_destination = 1
+        rc.on_control(setup(), ("10.0.0.8", 8000), 0)
+        rc.arrival_destination = -1
+        rc.detach_destination(1)  # after the SETUP, before the conductor's image comes
+        image, _cell = attach(rc)
+        connections = image.c.connections
+        assert (connections[1].fd, connections[1].address_length) == (-1, 0)
+        assert rc.datagrams_to_send(0) == []  # no path left
+        rc.arrival_destination = 0
+        rc.on_control(setup(), SRC, 1)
+        rc.arrival_destination = -1
+        assert connections[0].fd == sock.fileno()
+        assert connections[0].address_length > 0

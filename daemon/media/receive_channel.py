@@ -385,6 +385,9 @@ class ReceiveChannel:
         self.images[key] = image
         if self.is_response:
             self._answered.add(key)
+        if self.multi_destination:
+            image.attach_paths({index: receiver.fd
+                                for index, (receiver, _) in self._destinations.items()})
         self._sync_images()
 
     def _refusal(self, setup: Setup) -> tuple[str, int] | None:
@@ -501,8 +504,10 @@ class ReceiveChannel:
             # Another path of a multi-destination image (Aeron's addDestinationConnection):
             # its control frames go that way too from now.
             via = self.arrival_destination
-            if self.multi_destination and via >= 0:
-                image.seed_connection(via, self._path_control(via, source), now_ns)
+            destination = self._destinations.get(via)
+            if self.multi_destination and destination is not None:
+                image.seed_connection(via, self._path_control(via, source), now_ns,
+                                      destination[0].fd)
             return
         if not self.wants(*key):
             return

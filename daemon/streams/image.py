@@ -306,17 +306,43 @@ class PublicationImage:
         log.is_connected = True
 
     # -- paths of a multi-destination subscription ---------------------------------------
-    def seed_connection(self, via: int, address: Address, now_ns: int) -> None:
-        """A SETUP came through destination ``via`` from ``address``: that path is live, and
-        its control frames go there (the data path keeps it so while data comes)."""
+    def seed_connection(self, via: int, address: Address, now_ns: int, fd: int = -1) -> None:
+        """A SETUP came through destination ``via`` (its socket ``fd``, -1: not known yet)
+        from ``address``: that path is live, and its control frames go there (the data path
+        keeps it so while data comes).  As Aeron's trackConnection, a path that has an address
+        and was heard from within the liveness timeout keeps it: a SETUP from elsewhere does
+        not redirect it."""
         connections = self._connections
         if connections is None or not 0 <= via < len(connections):
             return
         connection = connections[via]
+        if (connection.address_length > 0
+                and now_ns - connection.time_of_last_frame_ns <= self.liveness_timeout_ns):
+            if connection.fd < 0:
+                connection.fd = fd
+            return
         raw = sockaddr(address)
         network_ffi.memmove(connection.address, raw, len(raw))
         connection.address_length = len(raw)
+        connection.fd = fd
         connection.time_of_last_frame_ns = now_ns
+
+    def attach_paths(self, fds: dict[int, int]) -> None:
+        """The image starts receiving (on the receiver's thread): ``fds`` are the attached
+        destinations' sockets by slot.  A path seeded before (its SETUP's) takes its
+        destination's socket, so the C half sends its control frames; one whose destination
+        was removed meanwhile is dropped."""
+        connections = self._connections
+        if connections is None:
+            return
+        for via, connection in enumerate(connections):
+            if connection.address_length <= 0:
+                continue
+            fd = fds.get(via)
+            if fd is None:
+                self.drop_connection(via)
+            else:
+                connection.fd = fd
 
     def drop_connection(self, via: int) -> None:
         """Destination ``via`` was removed: nothing more goes that way (a destination added
