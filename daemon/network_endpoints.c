@@ -118,8 +118,10 @@ static ssize_t send_to_connections(const ss_image_t *image, const uint8_t *frame
             error = errno;
         }
     }
-    if (tried == 0 || sent_any) return most;
-    errno = full ? EAGAIN : error;
+    if (sent_any) return most;
+    /* None tried (no path live with a socket): the Python half has the frame, and sends it
+     * wherever it can, rather than it counting as sent. */
+    errno = tried == 0 ? ENOTCONN : full ? EAGAIN : error;
     return -1;
 }
 
