@@ -423,6 +423,8 @@ class MultiDestinationReceiveTransport:
         #: Moves on with every change of :attr:`fds`: the network thread registers them anew
         #: (a closed socket's number may come back as another's).
         self.generation = 0
+        #: Datagrams :meth:`send` dropped: their destination was not attached.
+        self.dropped = 0
 
     @property
     def fds(self) -> list[int]:
@@ -468,14 +470,16 @@ class MultiDestinationReceiveTransport:
         return handled
 
     def send(self, datagrams: list[Datagram]) -> None:
-        """Each datagram through the destination it names (``via``), else the first."""
+        """Each datagram through the destination it names (``via``).  One whose destination
+        is no longer attached (removed since it was queued) or names none is dropped and
+        counted (:attr:`dropped`): another destination's socket would send it from an
+        address its sender never sent to, past the path it answers."""
         destinations = self._destinations
         for datagram in datagrams:
             entry = destinations.get(datagram.via)
             if entry is None:
-                if not destinations:
-                    continue  # no socket to send from: no path to the sender either
-                entry = next(iter(destinations.values()))
+                self.dropped += 1
+                continue
             entry[0].send([datagram])
 
     def close(self) -> None:
