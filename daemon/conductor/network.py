@@ -1668,6 +1668,8 @@ class NetworkConductor:
             receive_entry.endpoint.transport.close()
             for image_entry in receive_entry.images.values():
                 self._free_image(image_entry)
+            if receive_entry.destinations_counter_id is not None:
+                self.counters.free(receive_entry.destinations_counter_id)
         self._receive_endpoints.clear()
         self.subscriptions.clear()
         self.loss_report.close()
