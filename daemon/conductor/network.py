@@ -788,7 +788,12 @@ class NetworkConductor:
                                "a receive destination takes endpoint= (and interface= for a "
                                "multicast group) only; the other keys belong to the "
                                "subscription's channel")
-        resolved = _resolved(destination, self.transports.local_addresses)
+        # Its socket takes the subscription's socket options (so-rcvbuf=, so-sndbuf=, ttl=),
+        # which a destination URI cannot name.
+        channel = subscription.channel
+        resolved = attrs.evolve(_resolved(destination, self.transports.local_addresses),
+                                so_rcvbuf=channel.so_rcvbuf, so_sndbuf=channel.so_sndbuf,
+                                ttl=channel.ttl)
         address = destination_of(resolved, sending=False)
         if resolved.interface is not None and not ipaddress.ip_address(address[0]).is_multicast:
             raise ChannelError(uri, "interface",
