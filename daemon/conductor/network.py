@@ -153,6 +153,16 @@ class EndpointRemoved:
     generation: int
 
 
+@attrs.frozen(eq=False)
+class ReceiveDestinationFailed:
+    """The receiver's thread could not attach a destination the conductor opened: it is no
+    destination of ``entry`` after all (sent by the add command itself)."""
+
+    entry: object
+    address: tuple[str, int]
+    index: int
+
+
 @attrs.define(eq=False)
 class _SendEndpointEntry:
     key: tuple[Any, ...]
@@ -302,7 +312,7 @@ EOS_HEARTBEATS_TO_END = 3
 
 NetworkEvent = (ImageRequested | ImageUnavailable | ImageDone | ImageRejected | PublicationDone
                 | PublicationRejected | EndpointRemoved | SpiesReleased | SpyLinked
-                | SpyUnlinked)
+                | SpyUnlinked | ReceiveDestinationFailed)
 
 
 class NetworkConductor:
@@ -728,7 +738,10 @@ class NetworkConductor:
             try:
                 endpoint.transport.add_destination(endpoint.channel, index, transport, control)
             except BaseException:
-                transport.close()
+                transport.close()  # the conductor forgets it (ReceiveDestinationFailed)
+                # Not a destination after all: a later add of it is no duplicate (the
+                # conductor's thread takes it out, as it put it in).
+                self._post(ReceiveDestinationFailed(entry, address, index))
                 raise
             if cell is not None:
                 cell[0] = count
@@ -1409,6 +1422,13 @@ class NetworkConductor:
                                   event.publication.stream_id, reason)
                 elif isinstance(event, EndpointRemoved):
                     self._on_endpoint_removed(event)
+                elif isinstance(event, ReceiveDestinationFailed):
+                    failed: Any = event.entry
+                    if failed.destinations.get(event.address) == event.index:
+                        del failed.destinations[event.address]
+                        cell = self._destinations_cell(failed)
+                        if cell is not None:
+                            cell[0] = len(failed.destinations)
                 elif isinstance(event, ResponseSetupArrived):
                     self._on_response_setup(event)
             except Exception:  # a bug: counted and logged; the conductor serves on
