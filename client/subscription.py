@@ -725,15 +725,20 @@ class Subscription:
         multi-destination subscription (Aeron's ``Subscription.addDestination``).  A stream
         that arrives on several destinations is one image, each message once.  Destinations
         belong to the channel's receive endpoint, so every subscription of the same channel
-        receives on them.  Returns once the driver added it; ChannelRejectedError names the
-        part it refused (another control mode, a destination it has, another key, a host
-        that does not resolve), ResourceError when the port cannot be bound."""
+        receives on them.  Returns once the driver opened its socket (its receiver thread
+        reads it, and mds-destinations counts it, from its next duty cycle);
+        ChannelRejectedError names the part it refused (another control mode, a destination
+        it has, another key, a host that does not resolve, a 17th destination),
+        ResourceError when the port cannot be bound."""
         self._client._destination_request(control.ADD_RCV_DESTINATION, self, endpoint_channel)
 
     def remove_destination(self, endpoint_channel: str) -> None:
         """Stop receiving on ``endpoint_channel``, a destination :meth:`add_destination`
-        added (ChannelRejectedError if it is not one): its socket closes, and the status
-        messages and NAKs that went back that way stop."""
+        added (ChannelRejectedError if it is not one): its status messages and NAKs stop
+        going back that way.  Returns once the driver took the removal; its receiver thread
+        stops reading the socket and closes it (and mds-destinations follows) at its next
+        duty cycle.  Adding the same destination again at once takes that socket back, so
+        its port is never found in use."""
         self._client._destination_request(control.REMOVE_RCV_DESTINATION, self,
                                           endpoint_channel)
 

@@ -27,6 +27,7 @@ import enum
 import ipaddress
 import logging
 import random
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -302,6 +303,38 @@ class _ReceiveEndpointEntry:
     #: address, with each one's slot in its images' paths, and its mds-destinations counter.
     destinations: dict[Address, int] = attrs.Factory(dict)
     destinations_counter_id: int | None = None
+    #: Each destination's socket (its transport) and the channel it was opened for.
+    sockets: dict[Address, tuple[Any, Channel]] = attrs.Factory(dict)
+    #: Destinations removed whose socket the receiver's thread may not have closed yet: an
+    #: add of the same address takes the socket back rather than find its port in use.
+    removing: dict[Address, _RemovedDestination] = attrs.Factory(dict)
+
+
+@attrs.define(eq=False)
+class _RemovedDestination:
+    """A removed destination's socket, which the receiver's thread closes once it detached
+    it, unless an add of the same destination took it back first (under ``lock``)."""
+
+    transport: Any
+    channel: Channel
+    lock: threading.Lock = attrs.Factory(threading.Lock)
+    closed: bool = False
+    reclaimed: bool = False
+
+    def reclaim(self) -> Any | None:
+        """The socket, for the destination added again (None: closed already)."""
+        with self.lock:
+            if self.closed:
+                return None
+            self.reclaimed = True
+            return self.transport
+
+    def close(self) -> None:
+        """Close the socket unless it was taken back (on the receiver's thread)."""
+        with self.lock:
+            if not self.reclaimed:
+                self.closed = True
+                self.transport.close()
 
 
 #: Receiver ids of this driver's closed endpoints kept (a closing embedded driver's drain looks
@@ -702,9 +735,10 @@ class NetworkConductor:
     def add_receive_destination(self, registration_id: int, destination: Channel) -> None:
         """Subscription ``registration_id``'s endpoint (``control-mode=manual``) receives on
         ``destination`` too (``aeron:udp?endpoint=HOST:PORT``, or a multicast group with
-        ``interface=``): its socket is opened here, then the receiver's thread reads it into
-        the endpoint's images.  ChannelError names what it refuses; ResourceError when the
-        socket cannot be opened (the port in use)."""
+        ``interface=``): its socket is opened here (with the subscription's socket options),
+        or taken back from a removal of the same destination that has not closed it yet,
+        then the receiver's thread reads it into the endpoint's images.  ChannelError names
+        what it refuses; ResourceError when the socket cannot be opened (the port in use)."""
         entry, address, uri, resolved = self._receive_destination(registration_id, destination)
         if address in entry.destinations:
             raise ChannelError(uri, "endpoint",
@@ -722,13 +756,19 @@ class NetworkConductor:
             raise ChannelError(uri, "endpoint",
                                f"an IPv{version} destination beside IPv{versions.pop()} ones: "
                                f"one subscription's destinations share an IP version")
-        try:
-            transport = self.transports.open_receive(resolved, address)
-        except OSError as e:
-            raise ResourceError(f"cannot receive on {address[0]}:{address[1]} for {uri}: "
-                                f"{e.strerror or e}") from None
+        # Removed just before and not closed yet: the same socket again (its port is bound).
+        removed = entry.removing.pop(address, None)
+        transport = (removed.reclaim() if removed is not None and removed.channel == resolved
+                     else None)
+        if transport is None:
+            try:
+                transport = self.transports.open_receive(resolved, address)
+            except OSError as e:
+                raise ResourceError(f"cannot receive on {address[0]}:{address[1]} for {uri}: "
+                                    f"{e.strerror or e}") from None
         index = free[0]
         entry.destinations[address] = index
+        entry.sockets[address] = (transport, resolved)
         group = resolved.control_group
         control = (group.host, group.port or address[1]) if group is not None else None
         endpoint = entry.endpoint
@@ -751,19 +791,26 @@ class NetworkConductor:
 
     def remove_receive_destination(self, registration_id: int, destination: Channel) -> None:
         """Subscription ``registration_id``'s endpoint no longer receives on ``destination``:
-        its socket closes and its images' paths through it end (their status messages and
-        NAKs stop going that way).  ChannelError when it was not a destination."""
+        the receiver's thread detaches and closes its socket, and its images' paths through
+        it end (their status messages and NAKs stop going that way); an add of the same
+        destination before then takes the socket back.  ChannelError when it was not a
+        destination."""
         entry, address, uri, _ = self._receive_destination(registration_id, destination)
         index = entry.destinations.pop(address, None)
         if index is None:
             raise ChannelError(uri, "endpoint",
                                f"{address[0]}:{address[1]} is not a destination of this "
                                f"subscription's channel: nothing to remove")
+        transport, opened_for = entry.sockets.pop(address)
+        for gone in [a for a, r in entry.removing.items() if r.closed]:
+            del entry.removing[gone]
+        removed = entry.removing[address] = _RemovedDestination(transport, opened_for)
         endpoint = entry.endpoint
         count, cell = len(entry.destinations), self._destinations_cell(entry)
 
         def remove(_now: int) -> None:
-            endpoint.transport.remove_destination(endpoint.channel, index)
+            endpoint.transport.remove_destination(endpoint.channel, index, close=False)
+            removed.close()
             if cell is not None:
                 cell[0] = count
 
@@ -1426,6 +1473,7 @@ class NetworkConductor:
                     failed: Any = event.entry
                     if failed.destinations.get(event.address) == event.index:
                         del failed.destinations[event.address]
+                        failed.sockets.pop(event.address, None)
                         cell = self._destinations_cell(failed)
                         if cell is not None:
                             cell[0] = len(failed.destinations)
@@ -1540,6 +1588,8 @@ class NetworkConductor:
             # endpoint's: a subscription that revives it starts with none.
             indexes = list(entry.destinations.values())
             entry.destinations.clear()
+            entry.sockets.clear()
+            entry.removing.clear()  # their removals close them (none can take them back)
             cell = self._destinations_cell(entry)
 
             def remove_receive(now_ns: int) -> None:

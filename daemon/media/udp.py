@@ -445,14 +445,17 @@ class MultiDestinationReceiveTransport:
         self._destinations[index] = (transport, receiver)
         self.generation += 1
 
-    def remove_destination(self, channel: ReceiveChannel, index: int) -> None:
-        """Stop receiving through destination ``index`` and close its socket.  On the
+    def remove_destination(self, channel: ReceiveChannel, index: int, *,
+                           close: bool = True) -> None:
+        """Stop receiving through destination ``index`` and close its socket (unless not
+        ``close``: its caller closes it, or gives it to the destination added again).  On the
         receiver's thread, whose C half stops reading it before it runs again."""
         entry = self._destinations.pop(index, None)
         channel.detach_destination(index)
         if entry is not None:
             self.generation += 1
-            entry[0].close()
+            if close:
+                entry[0].close()
 
     def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
         return 0  # its sockets are read by the C half
