@@ -366,6 +366,69 @@ def test_a_unicast_and_a_multicast_path_make_one_image(launch) -> None:
             sock.close()
 
 
+def _drain(sock) -> list:
+    """What waits at ``sock`` (non-blocking), decoded."""
+    found = []
+    while True:
+        try:
+            data, _source = sock.recvfrom(2048)
+        except BlockingIOError:
+            return found
+        found.append(decode(data))
+
+
+def test_a_removed_path_gets_nothing_when_its_slot_is_reused(launch) -> None:
+    """A hand-made sender reaches one MDS subscription on two paths.  The subscriber removes
+    the second destination and adds a third at once, which takes the removed one's slot
+    (and likely its socket's number): the image's path through the removed destination is
+    gone, so its source gets no status message or NAK, neither through the new socket;
+    the new path gets them once its data comes."""
+    receiver = launch()
+    ports = [free_port(), free_port(), free_port()]
+    senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in ports]
+    with Client.connect(receiver.directory) as b:
+        try:
+            for sock in senders:
+                sock.bind(("127.0.0.1", 0))
+                sock.setblocking(False)
+            subscription = b.add_subscription(MDS, STREAM)
+            for port in ports[:2]:
+                subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+            session, term_id = 78, 5
+            senders[0].sendto(Setup(0, session, STREAM, term_id, term_id, 64 * 1024,
+                                    1408).encode(), ("127.0.0.1", ports[0]))
+            wait_for(lambda: subscription.images, timeout=5, what="the image")
+
+            def heartbeat(i: int) -> None:
+                senders[i].sendto(Heartbeat(0, session, STREAM, term_id).encode(),
+                                  ("127.0.0.1", ports[i]))
+
+            heartbeat(0)
+            heartbeat(1)
+            time.sleep(0.3)
+            assert _status_messages(senders[1])  # the second path is live
+            subscription.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[1]}")
+            subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[2]}")
+            wait_for(lambda: _counter(receiver, CounterType.MDS_DESTINATIONS) == [2],
+                     timeout=5, what="the removal and the add run")
+            time.sleep(0.05)
+            _drain(senders[1])  # what went before the removal ran
+            # Data past a gap on the first path (a NAK) and heartbeats on the third, for
+            # longer than the SM interval: nothing for the removed path's source.
+            senders[0].sendto(Data(128, session, STREAM, term_id, b"x" * 32).encode(),
+                              ("127.0.0.1", ports[0]))
+            for _ in range(10):
+                heartbeat(0)
+                heartbeat(2)
+                time.sleep(0.05)
+            assert _drain(senders[1]) == []
+            assert _status_messages(senders[0])
+            assert _status_messages(senders[2])
+        finally:
+            for sock in senders:
+                sock.close()
+
+
 def test_removing_and_adding_a_destination_again_at_once() -> None:
     """A destination removed and added again at once, before the receiver's thread closed
     its socket, is no port in use: the driver takes the same socket back.  An embedded
@@ -393,3 +456,22 @@ def test_removing_and_adding_a_destination_again_at_once() -> None:
             assert time.monotonic() < deadline, "no image"
             driver.do_work()
         assert _counter(driver, CounterType.MDS_DESTINATIONS) == [1]
+
+
+def test_a_seventeenth_destination_is_refused_by_name(launch) -> None:
+    """A multi-destination subscription has at most 16 destinations: the 17th is refused
+    (ChannelRejectedError naming endpoint=), and one of the 16 removed makes room again."""
+    receiver = launch()
+    with Client.connect(receiver.directory) as b:
+        subscription = b.add_subscription(MDS, STREAM)
+        destinations = [f"aeron:udp?endpoint=127.0.0.1:{free_port()}" for _ in range(17)]
+        for destination in destinations[:16]:
+            subscription.add_destination(destination)
+        with pytest.raises(ChannelRejectedError) as refused:
+            subscription.add_destination(destinations[16])
+        assert refused.value.part == "endpoint"
+        assert "at most 16" in str(refused.value)
+        subscription.remove_destination(destinations[0])
+        subscription.add_destination(destinations[16])
+        wait_for(lambda: _counter(receiver, CounterType.MDS_DESTINATIONS) == [16], timeout=5,
+                 what="16 destinations")
