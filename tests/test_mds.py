@@ -475,3 +475,18 @@ def test_a_seventeenth_destination_is_refused_by_name(launch) -> None:
         subscription.add_destination(destinations[16])
         wait_for(lambda: _counter(receiver, CounterType.MDS_DESTINATIONS) == [16], timeout=5,
                  what="16 destinations")
+
+
+def test_destination_sockets_take_the_subscriptions_socket_options() -> None:
+    """so-rcvbuf= on the control-mode=manual subscription is each destination's socket's
+    (a destination URI cannot name it)."""
+    directory = Path("/dev/shm") / f"slipstream-mds-{uuid.uuid4().hex[:12]}"
+    with MediaDriver.embedded(directory, **NETWORK_SETTINGS) as driver, \
+            Client.connect(driver.directory, invoker=driver.do_work) as client:
+        rcvbuf = 48 * 1024
+        subscription = client.add_subscription(f"{MDS}|so-rcvbuf={rcvbuf}|rcv-wnd=16k", STREAM)
+        subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{free_port()}")
+        [entry] = driver.conductor.network._receive_endpoints.values()
+        [(transport, _)] = entry.sockets.values()
+        # Linux reports twice what was set.
+        assert transport.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * rcvbuf
