@@ -490,3 +490,23 @@ def test_destination_sockets_take_the_subscriptions_socket_options() -> None:
         [(transport, _)] = entry.sockets.values()
         # Linux reports twice what was set.
         assert transport.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * rcvbuf
+
+
+def test_a_datagram_for_a_removed_destination_is_dropped() -> None:
+    """What the Python half queued for a destination removed since (or for none) is dropped
+    and counted, never sent through another destination's socket."""
+    from slipstream.daemon.media.udp import MultiDestinationReceiveTransport
+    from slipstream.daemon.protocol.types import Datagram
+
+    sent = []
+
+    class _Destination:
+        def send(self, datagrams):
+            sent.extend(datagrams)
+
+    transport = MultiDestinationReceiveTransport()
+    transport._destinations[0] = (_Destination(), None)
+    transport.send([Datagram(b"a", ("127.0.0.1", 9), 0), Datagram(b"b", ("127.0.0.1", 9), 1),
+                    Datagram(b"c", ("127.0.0.1", 9))])
+    assert [d.data for d in sent] == [b"a"]
+    assert transport.dropped == 2
