@@ -166,16 +166,17 @@ RESPONSE_URI = "aeron:udp?control-mode=response|control=127.0.0.1:40456|response
 def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path) -> None:
     """docs/PROTOCOL.md §7.6: at a response endpoint each publication has a table of its own
     (its C half sends there); a setup-eliciting SM naming its session makes the SM's source
-    its one destination (a later one replaces it) and elicits SETUP; plain SMs teach nothing;
-    a source no send reaches is counted and teaches nothing; its Python half's datagrams go
-    to that destination only, or nowhere before it has one."""
+    its one destination (a later one replaces it) and elicits SETUP; plain SMs teach nothing
+    until their receiver is the destination's; a source no send reaches is counted and
+    teaches nothing; its Python half's datagrams go to that destination only, or nowhere
+    before it has one.  Its SMs all come to Python (learns_destinations: their sources)."""
     counters = LocalCounters()
     channel = SendChannel(counters=counters, response_ip_version=4)
     first, second = (_publication(shm, counters, RESPONSE_URI, session_id=s) for s in (5, 8))
     for publication in (first, second):
         channel.add_publication(publication)
         assert publication.c.destinations != network_ffi.NULL
-        assert not publication.learns_destinations
+        assert publication.learns_destinations
     setup = Datagram(b"setup", ALL_DESTINATIONS)
     assert channel.addressed(first, [setup]) == []
     client_a, client_b = ("127.0.0.1", 50001), ("127.0.0.1", 50002)
@@ -202,6 +203,42 @@ def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path)
         c.entries[0].address, c.entries[0].length))) == moved
     channel.remove_publication(first)
     assert channel.response_destination(first) is None
+
+
+def test_a_response_publication_keeps_its_live_client_against_other_receivers(
+        shm: Path) -> None:
+    """docs/PROTOCOL.md §7.6: once the destination's receiver is live (its SMs within the
+    connection timeout), a setup-eliciting SM of another receiver from elsewhere (stray or
+    forged) is dropped (UNMATCHED_STATUS_MESSAGES) and moves nothing, nor does a plain SM of
+    another receiver reach the publication; any SM of the live receiver from a new source
+    moves the destination there (a NAT rebind).  Once that receiver has gone silent past the
+    connection timeout, another receiver's setup request is the client again."""
+    counters = LocalCounters()
+    channel = SendChannel(counters=counters, response_ip_version=4)
+    publication = _publication(shm, counters, RESPONSE_URI)
+    channel.add_publication(publication)
+    client, forger = ("127.0.0.1", 50001), ("127.0.0.1", 60000)
+    channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(), client, 1)
+    channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 1, 0).encode(), client, 2)
+    assert publication.has_live_receiver(1) and publication.is_connected
+
+    channel.on_control(StatusMessage(5, 6, 0, 0, 0, 9, SM_SEND_SETUP_FLAG).encode(), forger, 3)
+    channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 9, 0).encode(), forger, 4)
+    assert channel.response_destination(publication) == client
+    assert counters[SystemCounter.UNMATCHED_STATUS_MESSAGES] == 2
+    assert not publication.has_live_receiver(9)
+
+    rebound = ("127.0.0.1", 50002)  # the client's NAT gave it another port
+    channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 1, 0).encode(), rebound, 5)
+    assert channel.response_destination(publication) == rebound
+
+    later = 6 + publication.connection_timeout_ns + 1
+    publication._update_has_receivers(later)
+    assert not publication.has_live_receiver(1)
+    channel.on_control(StatusMessage(5, 6, 0, 0, 0, 9, SM_SEND_SETUP_FLAG).encode(), forger,
+                       later)
+    assert channel.response_destination(publication) == forger
+    channel.remove_publication(publication)
 
 
 def test_an_rsp_setup_reaches_the_conductor_for_a_request_publication_only(

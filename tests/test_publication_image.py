@@ -34,6 +34,7 @@ from slipstream.client.layout import ERR_MAX_TEXT_LENGTH
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media.receive_channel import (
+    RESPONSE_REQUEST_ROUNDS,
     ImageDone,
     ImageRejected,
     ImageRequested,
@@ -289,7 +290,10 @@ def test_a_request_image_sends_rsp_setup_until_its_response_publication_connects
 def test_a_response_endpoint_elicits_each_session_it_was_told_of(shm: Path) -> None:
     """A response subscription's endpoint (control-mode=response) asks the control address
     for SETUP of each session it wants and has no image of (session 0 would teach a
-    response publication nothing), at once and every second; none before it wants one."""
+    response publication nothing), at once and every second; none before it wants one.
+    While it has the image it asks every RESPONSE_REQUEST_ROUNDS seconds only (a response
+    publication that lost its address learns it again); once the image has gone, every
+    second again."""
     control = ("10.0.0.9", 7000)
     counters = LocalCounters()
     rc = ChannelWithLogs(channel=parse_channel("aeron:udp?control-mode=response"
@@ -306,8 +310,18 @@ def test_a_response_endpoint_elicits_each_session_it_was_told_of(shm: Path) -> N
         StatusMessage(1, 2, 0, 0, 0, 7, 0x80)]
     rc.on_datagram(setup(), control, 10**9 + 1)
     attach(rc, now_ns=10**9 + 1)
-    assert not any(decode(d.data).is_setup_request
-                   for d in rc.datagrams_to_send(2 * 10**9 + 1))
+
+    def asked(now_ns: int) -> bool:
+        return any(isinstance(f, StatusMessage) and f.is_setup_request
+                   for f in (decode(d.data) for d in rc.datagrams_to_send(now_ns)))
+
+    rounds = [asked(s * 10**9 + 1) for s in range(2, 2 + 2 * RESPONSE_REQUEST_ROUNDS)]
+    assert rounds.count(True) == 2 and rounds.index(True) == RESPONSE_REQUEST_ROUNDS - 3
+    second = 2 + 2 * RESPONSE_REQUEST_ROUNDS
+    while rc.images:  # no data: the image times out, lingers and goes
+        rounds.append(asked(second * 10**9 + 1))
+        second += 1
+    assert all(asked(s * 10**9 + 1) for s in range(second, second + 3))
 
 
 def test_rttm_reply_echoed(shm: Path) -> None:

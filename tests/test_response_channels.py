@@ -10,12 +10,16 @@ slipstream only.
 
 from __future__ import annotations
 
+import select
+import socket
+import threading
 import time
 
 import pytest
 from helpers import Collector, counters_of, free_port, message, publisher_limits, wait_for
 
 from slipstream.client import ChannelRejectedError, ChannelWarning, Client
+from slipstream.client.frames import SM_SEND_SETUP_FLAG, StatusMessage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,6 +43,67 @@ def _response_publication(server: Client, control_port: int, image, *,
     add = server.add_exclusive_publication if exclusive else server.add_publication
     return add(f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}"
                f"|response-correlation-id={image.correlation_id}", RESPONSES)
+
+
+class _Nat:
+    """A port-rewriting NAT in front of a client's response subscription, in a thread: the
+    subscription's control= address is the NAT's inside port; what the client sends there
+    goes on to the server's control port from the NAT's outside port, and what the server
+    sends to that outside port comes back to the client from the inside port.
+    :meth:`rebind` gives the mapping a new outside port (the old one then drops what
+    reaches it, as a NAT that forgot its mapping); :attr:`blocked` drops everything."""
+
+    def __init__(self, server: tuple[str, int]) -> None:
+        self.server = server
+        self.inside = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.inside.bind(("127.0.0.1", 0))
+        self.port = self.inside.getsockname()[1]
+        self.outside = self._outside()
+        self.client: tuple[str, int] | None = None
+        self.blocked = False
+        self._lock = threading.Lock()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _outside() -> socket.socket:
+        outside = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        outside.bind(("127.0.0.1", 0))
+        return outside
+
+    @property
+    def outside_port(self) -> int:
+        return self.outside.getsockname()[1]
+
+    def rebind(self) -> None:
+        with self._lock:
+            old, self.outside = self.outside, self._outside()
+        old.close()
+
+    def _run(self) -> None:
+        while not self._stop:
+            with self._lock:
+                outside = self.outside
+            try:
+                ready, _, _ = select.select([self.inside, outside], [], [], 0.05)
+                for sock in ready:
+                    data, source = sock.recvfrom(65536)
+                    if self.blocked:
+                        continue
+                    if sock is self.inside:
+                        self.client = source
+                        outside.sendto(data, self.server)
+                    elif self.client is not None:
+                        self.inside.sendto(data, self.client)
+            except OSError:
+                continue  # the outside socket closed under us (a rebind)
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+        self.inside.close()
+        self.outside.close()
 
 
 class _Echo:
@@ -315,3 +380,102 @@ def test_a_response_channel_over_ipv6(launch) -> None:
         collector = Collector(responses)
         _exchange([(request_publication, collector, 0)], [echo], 200)
         collector.assert_exactly(200)
+
+
+def _connected_through_nat(server: Client, client: Client, port: int, control_port: int,
+                           nat: _Nat):
+    """A request stream to ``port`` and a response stream back through ``nat``."""
+    requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS)
+    responses = _response_subscription(client, nat.port)
+    request_publication = _request_publication(client, port, responses)
+    [echo] = _answer(server, requests, control_port, 1)
+    wait_for(lambda: responses.images and echo.response.is_connected
+             and request_publication.is_connected, timeout=10,
+             what="the response stream connected through the NAT")
+    return responses, request_publication, echo
+
+
+def test_a_nat_rebind_mid_stream_moves_the_response_stream_to_the_new_port(launch) -> None:
+    """The client's NAT gives its response subscription a new outside port mid-stream (the
+    old one drops what still reaches it): the response publication takes the new port from
+    the client's next SMs (same receiver id), and the stream goes on exactly once, in order,
+    on the same image."""
+    server_driver, client_driver = launch(), launch()
+    port, control_port = free_port(), free_port()
+    nat = _Nat(("127.0.0.1", control_port))
+    try:
+        with Client.connect(server_driver.directory) as server, \
+                Client.connect(client_driver.directory) as client:
+            responses, request_publication, echo = _connected_through_nat(
+                server, client, port, control_port, nat)
+            [image] = responses.images
+            collector = Collector(responses)
+            _exchange([(request_publication, collector, 0)], [echo], 500)
+            nat.rebind()
+            _exchange([(request_publication, collector, 500)], [echo], 1500)
+            collector.assert_exactly(2000)
+            assert [i.session_id for i in responses.images] == [image.session_id]
+    finally:
+        nat.close()
+
+
+def test_a_forged_setup_request_does_not_take_the_response_stream(launch) -> None:
+    """Someone who knows the response session sends its publication setup-eliciting SMs of
+    another receiver id from elsewhere: the publication keeps its live client (counting
+    them UNMATCHED_STATUS_MESSAGES) and the stream goes on exactly once, in order."""
+    server_driver, client_driver = launch(), launch()
+    port, control_port = free_port(), free_port()
+    with Client.connect(server_driver.directory) as server, \
+            Client.connect(client_driver.directory) as client, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as forger:
+        requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS)
+        responses = _response_subscription(client, control_port)
+        request_publication = _request_publication(client, port, responses)
+        [echo] = _answer(server, requests, control_port, 1)
+        wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
+                 what="the response stream connected")
+        collector = Collector(responses)
+        _exchange([(request_publication, collector, 0)], [echo], 300)
+        forged = StatusMessage(echo.response.session_id, RESPONSES, 0, 0, 0, 0x5EED,
+                               SM_SEND_SETUP_FLAG).encode()
+        forger.bind(("127.0.0.1", 0))
+        unmatched = counters_of(server_driver)["UNMATCHED_STATUS_MESSAGES"]
+        for _ in range(3):
+            forger.sendto(forged, ("127.0.0.1", control_port))
+        wait_for(lambda: counters_of(server_driver)["UNMATCHED_STATUS_MESSAGES"]
+                 >= unmatched + 3, timeout=5, what="the forged SMs dropped")
+        _exchange([(request_publication, collector, 300)], [echo], 1000)
+        collector.assert_exactly(1300)
+        forger.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            forger.recv(65536)  # nothing of the stream came to the forger
+
+
+def test_an_image_lost_while_its_response_publication_stays_is_asked_for_again(
+        launch) -> None:
+    """Everything between the client and the server's response publication is dropped long
+    enough for the client's response image to time out (the publication stays open); once
+    the path is back, the client's endpoint asks for the session again and a new image of
+    it carries the exchange on."""
+    server_driver, client_driver = launch(), launch()
+    port, control_port = free_port(), free_port()
+    nat = _Nat(("127.0.0.1", control_port))
+    try:
+        with Client.connect(server_driver.directory) as server, \
+                Client.connect(client_driver.directory) as client:
+            responses, request_publication, echo = _connected_through_nat(
+                server, client, port, control_port, nat)
+            session_id = echo.response.session_id
+            _exchange([(request_publication, Collector(responses), 0)], [echo], 200)
+            nat.blocked = True
+            wait_for(lambda: not responses.images and not echo.response.is_connected,
+                     timeout=10, what="the response image went")
+            nat.blocked = False
+            wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
+                     what="the response stream back")
+            assert [i.session_id for i in responses.images] == [session_id]
+            collector = Collector(responses)
+            _exchange([(request_publication, collector, 200)], [echo], 300)
+            collector.assert_exactly(300, first=200)
+    finally:
+        nat.close()

@@ -102,6 +102,11 @@ PENDING_SETUP_TIMEOUT_NS = 1_000_000_000
 #: control address (Aeron's periodic pending setup, 1 s; the sender drops a destination
 #: silent for 5 s: daemon/media/destinations.py).
 ELICIT_SETUP_INTERVAL_NS = 1_000_000_000
+#: A response endpoint asks again for a session that has its image every this many
+#: ELICIT_SETUP_INTERVAL_NS (as Aeron's response subscription keeps asking): well within an
+#: image's liveness timeout, so that a response publication that lost its client's address
+#: (a NAT that moved the client's port) has it again before the image goes.
+RESPONSE_REQUEST_ROUNDS = 4
 #: How long a removed image's session is ignored (slipstream choice, see module docstring).
 DEFAULT_COOL_DOWN_NS = 1_000_000_000
 #: How long a SETUP waits for the conductor's image before it may ask again.
@@ -191,12 +196,14 @@ class ReceiveChannel:
         #: around dispatch): replies to them leave through it.  -1: none.
         self.arrival_destination = -1
         #: A response subscription's endpoint (control-mode=response, docs/PROTOCOL.md §7.6):
-        #: its joins name each session it was told of (RSP_SETUP) that has had no image yet,
+        #: its joins name each session it was told of (RSP_SETUP) that a subscription wants,
         #: not session 0, since a response publication learns its one client from those.
         self.is_response = channel.is_response
-        #: A response endpoint's sessions that have had an image: asked for no more (their
-        #: response publication answered; one that closed would be asked for in vain).
+        #: A response endpoint's sessions that have an image: asked for every
+        #: RESPONSE_REQUEST_ROUNDS joins only (their response publication answered); one
+        #: whose image goes is asked for every join again.
         self._answered: set[tuple[int, int]] = set()
+        self._join_round = 0
         self._next_join_ns = NO_DEADLINE
         self.images: dict[tuple[int, int], PublicationImage] = {}
         self._subscriptions: dict[int, set[int] | None] = {}  # stream -> sessions (None: all)
@@ -560,6 +567,7 @@ class ReceiveChannel:
             for key in done:
                 image = self.images.pop(key)
                 self._events.append(ImageDone(self, image))
+                self._answered.discard(key)  # a response session is asked for again
                 # One left behind joins again at once, if it got anywhere: one left behind as
                 # it joined (a sender far ahead of its SETUP) waits, or it would loop.  With
                 # rejoin=false the session never comes back (until its stream's interest
@@ -582,16 +590,19 @@ class ReceiveChannel:
         """A setup-eliciting SM to the control address (session and stream 0, as Aeron's
         receivers send it): the sender learns this endpoint as a destination, or keeps it,
         and its publications send SETUP.  A response endpoint sends one per wanted session
-        that has had no image yet instead (Aeron's requestSetup): that session's response
-        publication learns this endpoint as its destination and sends SETUP.  Once it had
-        one, its data elicits SETUP again if the image goes while the stream goes on (§4.1),
-        and a publication that closed is not asked for in vain."""
+        instead (Aeron's requestSetup): that session's response publication learns this
+        endpoint as its destination and sends SETUP; every join while the session has no
+        image, every RESPONSE_REQUEST_ROUNDS-th once it has one, as long as a subscription
+        wants it (as Aeron's response subscription, which keeps asking): a publication that
+        lost this endpoint's address (its NAT moved the port) learns it again."""
         assert self.control_address is not None
         if self.is_response:
+            self._join_round += 1
+            every = self._join_round % RESPONSE_REQUEST_ROUNDS == 0
             keys = [(session_id, stream_id)
                     for stream_id, sessions in self._subscriptions.items()
                     for session_id in sessions or ()
-                    if (session_id, stream_id) not in self._answered]
+                    if every or (session_id, stream_id) not in self._answered]
         else:
             keys = [(0, 0)]
         for session_id, stream_id in keys:

@@ -72,6 +72,8 @@ class SendChannel:
         self.publications: dict[tuple[int, int], NetworkPublication] = {}
         #: A response endpoint's publications' own tables (each one's C half sends to it).
         self._response_tables: dict[NetworkPublication, DestinationTable] = {}
+        #: The receiver id a response publication's destination was learned from.
+        self._response_receivers: dict[NetworkPublication, int] = {}
         #: RSP_SETUPs for request publications since the sender last looked.
         self.response_setups: list[ResponseSetupArrived] = []
         #: The C dispatch of datagrams arriving at the endpoint (an ``ss_receiver_t`` without
@@ -93,8 +95,11 @@ class SendChannel:
 
     def add_publication(self, publication: NetworkPublication) -> None:
         destinations = self.destinations
-        publication.learns_destinations = (destinations is not None
-                                           and destinations.mode is ControlMode.DYNAMIC)
+        # A response publication reads its SMs in Python too: each one's source may move its
+        # destination (_learn_response_destination).
+        publication.learns_destinations = (
+            (destinations is not None and destinations.mode is ControlMode.DYNAMIC)
+            or self.response_ip_version is not None)
         self.publications[publication.session_id, publication.stream_id] = publication
         if self.response_ip_version is not None:
             table = DestinationTable(ControlMode.RESPONSE, ip_version=self.response_ip_version)
@@ -109,6 +114,7 @@ class SendChannel:
         if self.publications.get(key) is publication:
             del self.publications[key]
             self._sync_publications()
+        self._response_receivers.pop(publication, None)
         table = self._response_tables.pop(publication, None)
         if table is not None:
             publication.c.destinations = network_ffi.NULL  # the table goes with it
@@ -176,9 +182,8 @@ class SendChannel:
                 self.destinations.on_status_message(source, now_ns)
             table = self._response_tables.get(publication)
             if (table is not None and isinstance(frame, StatusMessage)
-                    and frame.is_setup_request
-                    and not table.learn_response_destination(source)):
-                self.counters.add(SystemCounter.INVALID_PACKETS)  # not an address to send to
+                    and not self._learn_response_destination(publication, table, frame,
+                                                             source)):
                 return
             publication.on_frame(frame, source, now_ns)
         elif isinstance(frame, StatusMessage):
@@ -197,6 +202,29 @@ class SendChannel:
             if not self.destinations.on_status_message(source, now_ns) \
                     and source not in self.destinations:
                 self.counters.add(SystemCounter.INVALID_PACKETS)  # not an address to send to
+
+    def _learn_response_destination(self, publication: NetworkPublication,
+                                    table: DestinationTable, sm: StatusMessage,
+                                    source: Address) -> bool:
+        """A status message for response publication ``publication`` (docs/PROTOCOL.md §7.6):
+        whether it goes on to the publication.  A setup-eliciting one makes its source the one
+        destination, unless the destination has a live receiver and the SM is another
+        receiver's (a stray or forged one would take the stream from its client for good);
+        any SM of that live receiver from a new source moves the destination there (the
+        client's NAT gave it a new port)."""
+        receiver_id = self._response_receivers.get(publication)
+        live = receiver_id is not None and publication.has_live_receiver(receiver_id)
+        if live and sm.receiver_id != receiver_id:
+            # Another receiver's, while the stream has its client: a stray or forged one.
+            self.counters.add(SystemCounter.UNMATCHED_STATUS_MESSAGES)
+            return False
+        if not sm.is_setup_request and not live:
+            return True  # only a setup request names a new client
+        if not table.learn_response_destination(source):
+            self.counters.add(SystemCounter.INVALID_PACKETS)  # not an address to send to
+            return False
+        self._response_receivers[publication] = sm.receiver_id
+        return True
 
     def expire_destinations(self, now_ns: int) -> list[Address]:
         """Dynamic multi-destination-cast: drop the destinations gone silent; returns them."""

@@ -461,6 +461,10 @@ class NetworkPublication:
     def has_receivers(self) -> bool:
         return bool(self._receivers)
 
+    def has_live_receiver(self, receiver_id: int) -> bool:
+        """Whether ``receiver_id`` sent an SM within the connection timeout (and no EOS)."""
+        return receiver_id in self._receivers
+
     def has_receivers_except(self, receiver_ids: frozenset[int]) -> bool:
         """Whether a live receiver other than those of ``receiver_ids`` is known."""
         return any(receiver_id not in receiver_ids for receiver_id in self._receivers)
