@@ -244,8 +244,9 @@ def test_a_response_publication_keeps_its_live_client_against_other_receivers(
 def test_an_rsp_setup_reaches_the_conductor_for_a_request_publication_only(
         shm: Path) -> None:
     """A request publication (response-correlation-id= without control-mode=response) sets
-    SEND_RESPONSE in its SETUP.  An RSP_SETUP naming one of the endpoint becomes a
-    ResponseSetupArrived naming its response subscription; one for another session, or for
+    SEND_RESPONSE in its SETUP.  An RSP_SETUP naming one of the endpoint, from one of its
+    receivers (a source that sent it an SM), becomes a ResponseSetupArrived naming its
+    response subscription; one for another session, or for
     a publication that asked for nothing, is dropped; a malformed one (short, or a
     frame_length past the datagram) counts INVALID_PACKETS and is dropped."""
     counters = LocalCounters()
@@ -261,6 +262,13 @@ def test_an_rsp_setup_reaches_the_conductor_for_a_request_publication_only(
     assert isinstance(request_setup, Setup) and request_setup.wants_response
     assert isinstance(plain_setup, Setup) and not plain_setup.wants_response
     server = ("127.0.0.1", 40123)
+    channel.on_datagram(ResponseSetup(5, 6, 4242).encode(), server, 1)
+    assert channel.response_setups == []  # from no receiver of the publication (no SM yet)
+    for publication in (request, plain):
+        channel.on_datagram(StatusMessage(publication.session_id, 6, 10, 0, 65536, 3).encode(),
+                            server, 1)
+    channel.on_datagram(ResponseSetup(5, 6, 4242).encode(), ("127.0.0.1", 40999), 1)
+    assert channel.response_setups == []  # from another source than its receiver's
     channel.on_datagram(ResponseSetup(5, 6, 4242).encode(), server, 1)
     assert channel.response_setups == [ResponseSetupArrived(77, 4242)]
     channel.response_setups.clear()

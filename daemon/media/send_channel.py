@@ -170,8 +170,11 @@ class SendChannel:
         publication = self.publications.get((frame.session_id, frame.stream_id))
         if isinstance(frame, ResponseSetup):
             # Aeron's onResponseSetup: only a request publication's has a use; another
-            # (stale, or for a publication without response-correlation-id) is dropped.
-            if publication is not None and publication.params.sends_response_setup:
+            # (stale, or for a publication without response-correlation-id) is dropped, and
+            # so is one from a source that is none of its receivers (that sent it no SM: a
+            # multicast or multi-destination-cast socket takes datagrams from anyone).
+            if (publication is not None and publication.params.sends_response_setup
+                    and publication.has_receiver_at(source)):
                 correlation_id = publication.response_correlation_id
                 assert correlation_id is not None
                 self.response_setups.append(

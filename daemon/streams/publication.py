@@ -273,6 +273,8 @@ class NetworkPublication:
         log.is_connected = False
         self._receivers: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
         self._acknowledged: dict[int, int] = {}  # receiver_id -> position of its last SM
+        #: receiver_id -> where its last SM that Python read came from (RSP_SETUP's check).
+        self._receiver_sources: dict[int, Address] = {}
         self._status_message_deadline_ns = NO_DEADLINE
         self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
         self._time_of_last_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
@@ -465,6 +467,10 @@ class NetworkPublication:
         """Whether ``receiver_id`` sent an SM within the connection timeout (and no EOS)."""
         return receiver_id in self._receivers
 
+    def has_receiver_at(self, source: Address) -> bool:
+        """Whether a live receiver's status messages came from ``source``."""
+        return source in self._receiver_sources.values()
+
     def has_receivers_except(self, receiver_ids: frozenset[int]) -> bool:
         """Whether a live receiver other than those of ``receiver_ids`` is known."""
         return any(receiver_id not in receiver_ids for receiver_id in self._receivers)
@@ -534,6 +540,7 @@ class NetworkPublication:
             self._count_receivers()
             self._receivers.pop(frame.receiver_id, None)
             self._acknowledged.pop(frame.receiver_id, None)
+            self._receiver_sources.pop(frame.receiver_id, None)
             self._update_connected(now_ns)
 
     def take_c_status_messages(self) -> None:
@@ -616,6 +623,7 @@ class NetworkPublication:
         if sm.is_eos:
             self._receivers.pop(sm.receiver_id, None)
             self._acknowledged.pop(sm.receiver_id, None)
+            self._receiver_sources.pop(sm.receiver_id, None)
             if self.is_unicast:
                 self.has_received_unicast_eos = True
         else:
@@ -624,6 +632,7 @@ class NetworkPublication:
             # Acknowledged first: the conductor's thread reads both (a drain).
             self._acknowledged[sm.receiver_id] = position
             self._receivers[sm.receiver_id] = now_ns
+            self._receiver_sources[sm.receiver_id] = source
         self.has_initial_connection = True
         self.sender_limit = self.flow_control.on_status_message(
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
@@ -822,6 +831,7 @@ class NetworkPublication:
             for rid in expired:
                 del receivers[rid]
                 self._acknowledged.pop(rid, None)
+                self._receiver_sources.pop(rid, None)
 
     def _update_connected(self, now_ns: int) -> None:
         connected = ((bool(self._receivers) and self.flow_control.has_required_receivers()
