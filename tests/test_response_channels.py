@@ -10,16 +10,29 @@ slipstream only.
 
 from __future__ import annotations
 
+import contextlib
 import select
+import shutil
 import socket
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import pytest
-from helpers import Collector, counters_of, free_port, message, publisher_limits, wait_for
+from helpers import (
+    NETWORK_SETTINGS,
+    Collector,
+    counters_of,
+    free_port,
+    message,
+    publisher_limits,
+    wait_for,
+)
 
 from slipstream.client import ChannelRejectedError, ChannelWarning, Client
-from slipstream.client.frames import SM_SEND_SETUP_FLAG, StatusMessage
+from slipstream.client.frames import SM_SEND_SETUP_FLAG, ResponseSetup, StatusMessage, decode
+from slipstream.daemon.driver import MediaDriver
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -246,10 +259,93 @@ def test_a_client_that_goes_away_leaves_nothing_at_the_server(launch) -> None:
         echo.response.close()
         wait_for(lambda: publisher_limits(server_driver) == 0, timeout=10,
                  what="the response publication freed")
+        wait_for(lambda: _can_bind(control_port), timeout=10,
+                 what="the response publication's control socket closed")
         with pytest.raises(ChannelRejectedError, match="names no image") as refused:
             _response_publication(server, control_port, echo.image)
         assert refused.value.part == "response-correlation-id"
         client.close()  # its driver is gone: the client lets its resources go
+
+
+def _can_bind(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _response_setups(sock: socket.socket) -> int:
+    """How many RSP_SETUPs wait at ``sock`` (non-blocking), read off."""
+    count = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            count += isinstance(decode(sock.recv(65536)), ResponseSetup)
+    return count
+
+
+def test_a_request_image_that_goes_before_its_response_publication_connects(launch) -> None:
+    """The client's host dies just as the server makes the response publication for its
+    request image, which so never connects: while the image lives it sends RSP_SETUP to
+    the client's address; once it has gone it sends none, the server's conductor holds the
+    publication pending no more, and closing it frees its log and its control socket.  The
+    server's driver is embedded (run by this test), to look at its conductor."""
+    directory = Path("/dev/shm") / f"slipstream-embedded-{uuid.uuid4().hex[:12]}"
+    server_driver = MediaDriver.embedded(directory, **NETWORK_SETTINGS)
+    client_driver = launch()
+    port, control_port = free_port(), free_port()
+    gone: list = []
+
+    def run_until(condition, what: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"{what} did not come within {timeout} s"
+            if not server_driver.do_work():
+                time.sleep(0.0001)
+
+    try:
+        with Client.connect(server_driver.directory, invoker=server_driver.do_work) as server, \
+                socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client_address:
+            network = server_driver.conductor.network
+            requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}",
+                                               REQUESTS, on_unavailable_image=gone.append)
+            client = Client.connect(client_driver.directory)
+            responses = _response_subscription(client, control_port)
+            _request_publication(client, port, responses)
+            run_until(lambda: requests.images, "the request image")
+            [image] = requests.images
+            host, source_port = image.source_identity.rsplit(":", 1)
+            client_driver.kill()
+            client_address.bind((host, int(source_port)))  # where RSP_SETUPs go
+            client_address.setblocking(False)
+            response = _response_publication(server, control_port, image)
+            assert [e.publication.session_id for e in network._answering] == [
+                response.session_id]
+            setups = 0
+
+            def image_gone() -> bool:
+                nonlocal setups
+                setups += _response_setups(client_address)
+                return bool(gone)
+
+            run_until(image_gone, "the request image went")
+            assert setups >= 1 and not response.is_connected
+            assert network._answering == []
+            time.sleep(0.05)
+            _response_setups(client_address)  # any sent before it went
+            deadline = time.monotonic() + 1.5  # more than a status-message timeout
+            while time.monotonic() < deadline:
+                server_driver.do_work()
+                assert _response_setups(client_address) == 0
+                time.sleep(0.001)
+            response.close()
+            run_until(lambda: publisher_limits(server_driver) == 0
+                      and _can_bind(control_port), "the response publication freed")
+            client.close()
+    finally:
+        server_driver.close()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_a_response_subscription_that_cannot_work_is_refused_by_name(launch) -> None:

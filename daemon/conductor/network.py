@@ -1384,7 +1384,16 @@ class NetworkConductor:
         self._submit_receive(lambda _now: image.remove_subscriber_position(cell))
         self.counters.free(link.counter_id)  # reused after 1 s: a late write is harmless
 
+    def _forget_response_image(self, image: PublicationImage) -> None:
+        """A request image went (unavailable, or done): a response publication made for it
+        that is not connected yet is no longer pending (:meth:`_check_response_connections`);
+        the image sends no RSP_SETUP past ACTIVE/DRAINING, and the conductor holds it no more."""
+        for entry in [e for e in self._answering if e.response_image is image]:
+            self._answering.remove(entry)
+            entry.response_image = None
+
     def _on_image_unavailable(self, event: ImageUnavailable) -> Outgoing:
+        self._forget_response_image(event.image)
         entry = self._entry_of(event.channel)
         image_entry = entry.images.get(id(event.image)) if entry is not None else None
         if image_entry is None or image_entry.lingering:
@@ -1400,6 +1409,7 @@ class NetworkConductor:
         return out
 
     def _on_image_done(self, event: ImageDone) -> None:
+        self._forget_response_image(event.image)
         entry = self._entry_of(event.channel)
         image_entry = entry.images.pop(id(event.image), None) if entry is not None else None
         if image_entry is not None:
