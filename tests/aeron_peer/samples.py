@@ -203,6 +203,14 @@ class BasicSubscriber(JavaProcess):
         with self._cond:
             return list(self.messages)
 
+    def describe(self) -> str:
+        """The process and its output, with how many messages were parsed and every image
+        event (a stream cut short by an image that went shows there, not in the tail)."""
+        events = "".join(f"\n  {'available' if e.available else 'unavailable'} session "
+                         f"{e.session_id}" for e in self.images)
+        return (f"{super().describe()}\n--- {len(self.messages)} messages parsed; image "
+                f"events:{events or ' none'}")
+
     def wait_for_messages(self, count: int, timeout: float = 20.0) -> list[ReceivedMessage]:
         """Block until at least ``count`` messages arrived; return all so far."""
         self.wait_until(lambda: len(self.messages) >= count, timeout, f"{count} messages")
