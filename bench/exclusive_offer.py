@@ -20,6 +20,10 @@ Python, once per message:
   back: the offer is what is measured, not the read.
 * **stream, first program**: the same with the loop a first program writes and the client's
   defaults (``while sent < count: if offer(m) > 0: sent += 1``, nothing pinned).
+* **interpreter floor**: the burst's loop around ``id(m)``, a C builtin of one argument that
+  touches no memory and returns a fresh int as an offer returns its position: what any offer
+  called once per message from Python costs before it does anything.  ``shared / floor`` is
+  the most an exclusive offer could gain on the shared one's if its own work cost nothing.
 * **C loop**: ``ss_offer`` itself in a loop of C calls (bench/exclusive_offer.c, built with
   the system's C compiler and client/native.c), 64 MiB terms, no reader: what the store saves
   with no interpreter in the way.  Skipped without a compiler.
@@ -108,6 +112,27 @@ def _bursts(directory: Path, size: int, exclusive: bool, stream_id: int, rounds:
         publication.close()
         subscription.close()
     return best
+
+
+def interpreter_floor(size: int, rounds: int) -> float:
+    """Calls/s of the burst's loop around ``id(message)`` (pinned to core 0), the best of
+    ``rounds``: the interpreter's share of an offer, with no offer in it."""
+    aligned = ((size + 32 + 31) // 32) * 32
+    count = BURST_WINDOW_BYTES // aligned
+    message = bytes(size)
+    call = id  # a fresh int per call, as offer() returns a position (an int past 2**30)
+    cores = os.sched_getaffinity(0)
+    pin(0)
+    try:
+        best = 0.0
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for _ in range(count):
+                call(message)
+            best = max(best, count / (time.perf_counter() - started))
+        return best
+    finally:
+        os.sched_setaffinity(0, cores)
 
 
 def _publisher(directory: str, stream_id: int, size: int, count: int, exclusive: bool,
@@ -249,11 +274,13 @@ def main() -> int:
         rates: dict[str, dict[bool, list[float]]] = {
             name: {False: [], True: []}
             for name in ("burst", "stream, tight loop", "stream, first program")}
+        floors: list[float] = []
         for _ in range(args.repeat):
             for exclusive in (False, True):
                 stream_id += 1
                 rates["burst"][exclusive].append(
                     burst(driver.directory, args.size, exclusive, stream_id, rounds=3))
+            floors.append(interpreter_floor(args.size, rounds=3))
         for name, first_program in (("stream, tight loop", False),
                                     ("stream, first program", True)):
             for _ in range(args.repeat):
@@ -264,6 +291,12 @@ def main() -> int:
                         stream_id))
         for name, kinds in rates.items():
             print(_line(name, kinds), flush=True)
+        floor, shared = max(floors), max(rates["burst"][False])
+        if shared:
+            print(f"{'interpreter floor':<28} {floor / 1e6:6.2f} M calls/s "
+                  f"({1e9 / floor:5.0f} ns; median {1e9 / statistics.median(floors):5.0f} ns)"
+                  f"   an offer of no cost at most {floor / shared:4.2f}x the shared burst",
+                  flush=True)
     costs = c_loop(args.size, 2 * args.repeat)
     if costs is None:
         print("C loop                       skipped: no C compiler (cc, gcc or $CC)")
