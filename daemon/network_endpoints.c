@@ -97,7 +97,7 @@ int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,
 
 static ssize_t send_to_connections(const ss_image_t *image, const uint8_t *frame, size_t length,
                                    int64_t now_ns) {
-    ssize_t most = 0;
+    ssize_t total = 0; /* every path's bytes: BYTES_SENT counts what left the host */
     int tried = 0, sent_any = 0, full = 0, error = 0;
     const int32_t slots = image->connection_count < SS_RECEIVE_DESTINATIONS_MAX
                               ? image->connection_count : SS_RECEIVE_DESTINATIONS_MAX;
@@ -111,14 +111,14 @@ static ssize_t send_to_connections(const ss_image_t *image, const uint8_t *frame
                                   (socklen_t)c->address_length);
         if (rc >= 0) {
             sent_any = 1;
-            if (rc > most) most = rc;
+            total += rc;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             full = 1;
         } else {
             error = errno;
         }
     }
-    if (sent_any) return most;
+    if (sent_any) return total;
     /* None tried (no path live with a socket): the Python half has the frame, and sends it
      * wherever it can, rather than it counting as sent. */
     errno = tried == 0 ? ENOTCONN : full ? EAGAIN : error;

@@ -66,7 +66,7 @@ SS_INTERNAL int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *m
  *
  * A multi-destination subscription's image (image->connections): to each connection that has
  * a socket and whose data came within the image's liveness timeout at `now_ns`, through its
- * destination's socket (Aeron's ImageConnection).  Returns the most bytes any took, or -1
+ * destination's socket (Aeron's ImageConnection).  Returns the bytes all of them took, or -1
  * when every live one failed (errno: EAGAIN if one found its socket full, else the last
  * error) or none was live with a socket (errno ENOTCONN: the Python half then sends it). */
 SS_INTERNAL ssize_t ss_receive_channel_send(const ss_image_t *image, const uint8_t *frame,

@@ -30,6 +30,7 @@ from slipstream.client import ChannelRejectedError, Client, control
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.frames import Data, Heartbeat, Nak, Setup, StatusMessage, decode
+from slipstream.client.layout import NAK_LENGTH, SM_LENGTH
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.ops.metrics import CountersCollector
 
@@ -310,6 +311,29 @@ def test_status_messages_and_naks_go_to_every_live_path(launch) -> None:
         finally:
             for sock in senders:
                 sock.close()
+
+
+def test_control_frames_to_every_path_count_every_paths_bytes(launch) -> None:
+    """An SM or a NAK that goes along two live paths is two datagrams on the wire: the
+    receiving driver counts it once (``STATUS_MESSAGES_SENT``, ``NAK_MESSAGES_SENT``, as
+    Aeron counts an image's) and its ``BYTES_SENT`` counts both datagrams' bytes.  A stream
+    of 20,000 messages over both paths, the image's status messages sent by the C half."""
+    _sender, receiver, a, b, _ports, subscription, publication = _two_paths(launch)
+    try:
+        time.sleep(0.2)  # both paths heard from: the setup's heartbeats went to both
+        before = counters_of(receiver)
+        collector = Collector(subscription)
+        stream(publication, [collector], 20_000, lambda i: (32, 1376, 3000)[i % 3])
+        collector.assert_exactly(20_000)
+        after = counters_of(receiver)
+        status_messages = after["STATUS_MESSAGES_SENT"] - before["STATUS_MESSAGES_SENT"]
+        naks = after["NAK_MESSAGES_SENT"] - before["NAK_MESSAGES_SENT"]
+        assert status_messages > 10, status_messages
+        assert (after["BYTES_SENT"] - before["BYTES_SENT"]
+                == 2 * (status_messages * SM_LENGTH + naks * NAK_LENGTH))
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_unicast_and_a_multicast_path_make_one_image(launch) -> None:
