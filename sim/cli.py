@@ -15,6 +15,7 @@ from slipstream.sim.host import CommandRefusedError
 from slipstream.sim.network import LinkFaults
 from slipstream.sim.scenario import (
     MDC_CONTROL_PORT,
+    MDS_PORTS,
     MIN_MESSAGE_SIZE,
     TRANSPORTS,
     Event,
@@ -74,9 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"hosts: 1 publisher + N-1 subscribers; unicast when N = 2, multicast above "
              f"(default: {DEFAULTS['hosts']})")
     add("--transport", choices=TRANSPORTS,
-        help=f"how the stream reaches the subscribers: multicast (unicast when N = 2), or mdc: "
+        help=f"how the stream reaches the subscribers: multicast (unicast when N = 2); mdc: "
              f"dynamic multi-destination-cast, every subscriber joining at host 1's control "
-             f"address (10.0.0.1:{MDC_CONTROL_PORT}) (default: multicast)")
+             f"address (10.0.0.1:{MDC_CONTROL_PORT}); or mds: two paths to each subscriber, "
+             f"a multi-destination subscription on ports {MDS_PORTS[0]} and {MDS_PORTS[1]} "
+             f"that host 1 sends to (default: multicast)")
     add("--loss", type=_probability, metavar="P",
         help="random loss: probability that a datagram is dropped, 0..1 (default: 0)")
     add("--burst-loss", type=_burst, metavar="P,R",

@@ -409,6 +409,7 @@ class PublisherHost(SimHost):
         self.ranges: list[list[int]] = []
         self.blocked = 0  # offers refused (back pressure / not connected)
         self._registration_id = 0
+        self._publisher_id = 0
         self._limit: Any = None
         self._appender: Any = None
         self._message = bytearray(sim.scenario.size)
@@ -446,12 +447,23 @@ class PublisherHost(SimHost):
         reply = self.driver.command({"type": control.ADD_PUBLICATION, "channel": self.uri,
                                      "stream_id": self.sim.scenario.stream_id})
         self._registration_id = reply["original_registration_id"]
+        self._publisher_id = reply["registration_id"]  # this publisher's, as a client has it
+        for destination in self.sim.scenario.destinations(self.index):
+            self.destination(control.ADD_DESTINATION, destination)
         self.log = LogBuffer(reply["log_file"])
         self._limit = self.driver.counters.address(reply["publication_limit_counter_id"])
         self._appender = new_appender(self.log, self._limit)
         self.ranges.append([self.incarnation, self.next_seq, self.next_seq])
         self._blocked_at_limit = None
         self._start_ns = self.sim.loop.now_ns
+
+    def destination(self, command: str, uri: str) -> None:
+        """``ADD_DESTINATION`` or ``REMOVE_DESTINATION`` of ``uri`` for the publication (a
+        ``control-mode=manual`` one), as its application's ``add_destination`` and
+        ``remove_destination`` send them; a refusal raises :class:`CommandRefusedError`."""
+        assert self.driver is not None, "the publisher host is down"
+        self.driver.command({"type": command, "registration_id": self._publisher_id,
+                             "channel": uri})
 
     def _stop(self) -> None:
         self._appender = None
@@ -575,6 +587,7 @@ class SubscriberHost(SimHost):
         #: Stream positions (from, to) an image lost because it was left behind.
         self.lost_ranges: list[tuple[int, int]] = []
         self.read_rate = sim.scenario.read_rate(index)
+        self._registration_id = 0
         self._read_start_ns: int | None = None
         self._read_count = 0
         self._rate_bound = False  # the last pass stopped at read_rate, not for lack of data
@@ -593,8 +606,20 @@ class SubscriberHost(SimHost):
         if self.incarnation == 1:
             self.stats.expected_from = self.sim.publisher.next_seq
         assert self.driver is not None
-        self.driver.command({"type": control.ADD_SUBSCRIPTION, "channel": self.uri,
-                             "stream_id": self.sim.scenario.stream_id})
+        reply = self.driver.command({"type": control.ADD_SUBSCRIPTION, "channel": self.uri,
+                                     "stream_id": self.sim.scenario.stream_id})
+        self._registration_id = reply["registration_id"]
+        for destination in self.sim.scenario.destinations(self.index):
+            self.destination(control.ADD_RCV_DESTINATION, destination)
+
+    def destination(self, command: str, uri: str) -> None:
+        """``ADD_RCV_DESTINATION`` or ``REMOVE_RCV_DESTINATION`` of ``uri`` for the
+        subscription (a ``control-mode=manual`` one), as its application's
+        ``add_destination`` and ``remove_destination`` send them; a refusal raises
+        :class:`CommandRefusedError`."""
+        assert self.driver is not None, f"subscriber host {self.ip} is down"
+        self.driver.command({"type": command, "registration_id": self._registration_id,
+                             "channel": uri})
 
     def _stop(self) -> None:
         for _registration_id, reader, _cell in self.readers.values():

@@ -7,7 +7,9 @@ and reports a bad value as :class:`ScenarioError` naming the key.  The file form
     hosts = 3              # host 1 (10.0.0.1) publishes, hosts 2..N (10.0.0.N) subscribe;
                            # unicast when hosts = 2, multicast (224.0.1.1:40456) above
     transport = "mdc"      # or "multicast" (the default): dynamic multi-destination-cast,
-                           # each subscriber joins at host 1's control address (10.0.0.1:40124)
+                           # each subscriber joins at host 1's control address (10.0.0.1:40124);
+                           # or "mds": each subscriber receives on two ports (40123, 40125) of
+                           # a multi-destination subscription, host 1 sends to all of them
     messages = 20000       # messages to publish
     size = 1024            # bytes per message (>= 16: publisher id and sequence number)
     seed = 7               # every random choice derives from it
@@ -82,9 +84,14 @@ MULTICAST_GROUP: Final = ("224.0.1.1", 40456)
 #: Under ``transport = "mdc"``: the port of host 1's control address, which its dynamic
 #: multi-destination-cast publication binds and its subscribers send their status messages to.
 MDC_CONTROL_PORT: Final = 40124
+#: Under ``transport = "mds"``: the ports each subscriber host's multi-destination
+#: subscription receives the stream on, one path each, every one a destination of host 1's
+#: manual multi-destination-cast publication.
+MDS_PORTS: Final = (UNICAST_PORT, 40125)
 #: The transports of a scenario: ``multicast`` (unicast when hosts = 2, a multicast group
-#: above) or ``mdc`` (dynamic multi-destination-cast: no multicast, whatever the hosts).
-TRANSPORTS: Final = ("multicast", "mdc")
+#: above), ``mdc`` (dynamic multi-destination-cast: no multicast, whatever the hosts) or
+#: ``mds`` (each subscriber's stream on two paths: see :data:`MDS_PORTS`).
+TRANSPORTS: Final = ("multicast", "mdc", "mds")
 ACTIONS: Final = ("partition", "crash", "restart", "faults", "pause")
 MIN_MESSAGE_SIZE: Final = 16
 
@@ -141,9 +148,11 @@ class Scenario:
     read_rates: tuple[tuple[int, float], ...] = ()
     #: (host, extra channel URI parameters) of subscribers whose URI adds some (``gtag=``).
     subscriber_params: tuple[tuple[int, str], ...] = ()
-    #: One of :data:`TRANSPORTS`: ``multicast`` (unicast with 2 hosts) or ``mdc`` (host 1
+    #: One of :data:`TRANSPORTS`: ``multicast`` (unicast with 2 hosts), ``mdc`` (host 1
     #: publishes with ``control-mode=dynamic`` at its control address, each subscriber at its
-    #: own endpoint with ``control=`` that address).
+    #: own endpoint with ``control=`` that address) or ``mds`` (host 1 publishes with
+    #: ``control-mode=manual`` to every port of :data:`MDS_PORTS` of every subscriber, each
+    #: of which subscribes with ``control-mode=manual`` on those destinations).
     transport: str = "multicast"
 
     def read_rate(self, index: int) -> float:
@@ -215,8 +224,13 @@ class Scenario:
         return self.transport == "mdc"
 
     @property
+    def is_mds(self) -> bool:
+        """Each subscriber gets the stream on two paths (``transport = "mds"``)."""
+        return self.transport == "mds"
+
+    @property
     def is_multicast(self) -> bool:
-        return self.hosts > 2 and not self.is_mdc
+        return self.hosts > 2 and not self.is_mdc and not self.is_mds
 
     @property
     def data_port(self) -> int:
@@ -229,7 +243,9 @@ class Scenario:
         endpoint under MDC), with the scenario's parameters and, for a subscriber, its own;
         ``address`` is host ``index``'s, ``destination`` host 2's and ``publisher`` host 1's,
         whose control address MDC subscribers name (default: the simulator's 10.0.0.N)."""
-        if self.is_mdc and index == 1:
+        if self.is_mds:
+            uri = "aeron:udp?control-mode=manual"
+        elif self.is_mdc and index == 1:
             uri = (f"aeron:udp?control={publisher or address or host_ip(1)}:{MDC_CONTROL_PORT}"
                    f"|control-mode=dynamic")
         elif self.is_mdc:
@@ -247,6 +263,20 @@ class Scenario:
                          if p)
         params = [p for p in given.split("|") if p and p.partition("=")[0] not in other_side]
         return "|".join([uri, *params])
+
+    def destinations(self, index: int) -> list[str]:
+        """The destinations host ``index`` adds under ``transport = "mds"`` (none
+        otherwise): host 1's publication sends to each subscriber's :data:`MDS_PORTS`, and
+        each subscriber's subscription receives on its own."""
+        if not self.is_mds:
+            return []
+        hosts = range(2, self.hosts + 1) if index == 1 else (index,)
+        return [mds_destination(host, port) for host in hosts for port in MDS_PORTS]
+
+
+def mds_destination(index: int, port: int) -> str:
+    """The destination URI of port ``port`` of host ``index`` (``transport = "mds"``)."""
+    return f"aeron:udp?endpoint={host_ip(index)}:{port}"
 
 
 # -- TOML --------------------------------------------------------------------------------------

@@ -8,6 +8,12 @@ spans it returns onto the virtual network; a receive transport hands each arrivi
 the receive channel's C dispatch (``ss_receiver_on_datagram``), exactly as the socket path
 does after ``recvmmsg``.  Arrivals queue until the host's next service pass, which the
 transport schedules (``host.wake()``).
+
+A multi-destination subscription's endpoint (``control-mode=manual``) is the driver's own
+(:class:`~slipstream.daemon.media.receive_destinations.MultiDestinationReceiveTransport`):
+each destination is a :class:`VirtualReceiveTransport` bound to its address (or joined to
+its group) whose arrivals go through that destination's C receiver, and the status messages
+and NAKs of each path leave from the destination's address.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from slipstream.daemon.media.destinations import (
 )
 from slipstream.daemon.media.interfaces import IFF_MULTICAST, IFF_UP, InterfaceAddress
 from slipstream.daemon.media.receive_channel import ReceiveChannel
+from slipstream.daemon.media.receive_destinations import MultiDestinationReceiveTransport
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.types import Address, Datagram
 from slipstream.daemon.streams.publication import NetworkPublication
@@ -66,6 +73,12 @@ class VirtualTransports:
         transport = VirtualReceiveTransport(self.host, bind)
         self.receive_transports.append(transport)
         return transport
+
+    def open_multi_destination_receive(self, channel: Channel
+                                       ) -> MultiDestinationReceiveTransport:
+        """The driver's multi-destination receive endpoint; each destination it is handed is
+        one of :meth:`open_receive`."""
+        return MultiDestinationReceiveTransport()
 
     def local_addresses(self) -> list[InterfaceAddress]:
         """The simulated host's one interface: its address in the simulator's network
@@ -204,16 +217,35 @@ class VirtualSendTransport(_VirtualTransport):
 
 
 class VirtualReceiveTransport(_VirtualTransport):
-    """A receive endpoint bound to the channel's endpoint (or joined to its data group)."""
+    """A receive endpoint bound to the channel's endpoint (or joined to its data group), or
+    one destination of a multi-destination subscription's."""
+
+    #: No socket: the C receivers it is given read nothing by themselves.
+    fd = -1
 
     def __init__(self, host: SimHost, bind: Address) -> None:
         super().__init__(host, (host.ip, bind[1]))
         self._listen(bind)
 
     def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
+        return self.receive_destination(channel, -1, now_ns)
+
+    def attach_receiver(self, receiver) -> None:
+        """``receiver`` (cffi ``ss_receiver_t *``, a destination's) has no socket: its
+        images' paths through it send nothing from C, and the Python half sends their
+        control frames through :meth:`send`."""
+        receiver.fd = -1
+
+    def receive_destination(self, channel: ReceiveChannel, index: int, now_ns: int) -> int:
+        """Every arrival to ``channel`` through destination ``index``'s C receiver (-1: the
+        channel's own); returns how many there were."""
         inbox = self.inbox
         count = len(inbox)
         while inbox:
             data, source = inbox.popleft()
-            channel.on_datagram(data, source, now_ns)
+            channel.on_datagram(data, source, now_ns, index)
         return count
+
+    def dispatch_receiver(self, receiver, channel: ReceiveChannel, now_ns: int) -> int:
+        """Nothing waits in C for Python: :meth:`receive_destination` handed it over."""
+        return 0

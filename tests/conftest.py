@@ -208,6 +208,7 @@ MODULE_LANES = {
     "test_sim_cli": "sim",
     "test_sim_flow": "sim",
     "test_sim_mdc": "sim",
+    "test_sim_mds": "sim",
     "test_sim_network": "sim",
     "test_sim_protocol": "sim",
     "test_sim_timing": "sim",

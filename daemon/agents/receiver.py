@@ -130,7 +130,7 @@ class Receiver(Agent[ReceiveEndpoint]):
         python_input = False
         for endpoint in self.endpoints:
             channel = endpoint.channel
-            if channel.c.fd < 0 and not channel.multi_destination:
+            if channel.reads_without_sockets:
                 work += endpoint.transport.receive(channel, now_ns)
                 python_input |= channel.has_python_work
         return work, python_input
@@ -161,9 +161,7 @@ class Receiver(Agent[ReceiveEndpoint]):
         return work
 
     def _virtual_members(self) -> bool:
-        # A multi-destination subscription's sockets are its destinations' (socket_receivers).
-        return any(e.channel.c.fd < 0 and not e.channel.multi_destination
-                   for e in self.endpoints)
+        return any(e.channel.reads_without_sockets for e in self.endpoints)
 
     def _c_view(self) -> tuple[list, list, list]:
         return ([r for e in self.endpoints for r in e.channel.socket_receivers],

@@ -130,8 +130,8 @@ class NetworkTransports(Protocol):
     def open_multi_destination_receive(self, channel: Channel) -> ReceiveTransport:
         """A multi-destination subscription's endpoint (``control-mode=manual``): no socket of
         its own; each destination is a transport of :meth:`open_receive`, which the receiver's
-        thread hands it (``add_destination``, ``remove_destination``).  A network without
-        one (the simulator's) has no such method: the subscription is refused by name."""
+        thread hands it (``add_destination``, ``remove_destination``).  The driver's and the
+        simulator's are one class (:mod:`slipstream.daemon.media.receive_destinations`)."""
         ...
 
     def local_addresses(self) -> Sequence[InterfaceAddress]:
@@ -1184,13 +1184,7 @@ class NetworkConductor:
             counter_id = None
             try:
                 if multi_destination:
-                    open_multi = getattr(self.transports, "open_multi_destination_receive",
-                                         None)
-                    if open_multi is None:
-                        raise ChannelError(str(channel), "control-mode",
-                                           "multi-destination subscriptions are not carried "
-                                           "on this network (the simulator's)")
-                    transport = open_multi(channel)
+                    transport = self.transports.open_multi_destination_receive(channel)
                     counter_id = self.counters.allocate(CounterType.MDS_DESTINATIONS,
                                                         f"mds-destinations: {channel}")
                 else:

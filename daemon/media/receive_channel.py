@@ -345,6 +345,14 @@ class ReceiveChannel:
                          if receiver.fd >= 0)
         return receivers
 
+    @property
+    def reads_without_sockets(self) -> bool:
+        """Whether datagrams reach this channel through its transport's ``receive`` (the
+        simulator's: a C receiver with no socket) rather than the C half's socket reads."""
+        if self.multi_destination:
+            return any(receiver.fd < 0 for receiver, _ in self._destinations.values())
+        return self.c.fd < 0
+
     def _share_tables(self) -> None:
         """Each destination's C receiver reads the channel's current tables (they are made
         anew as images and streams come and go)."""
@@ -442,18 +450,32 @@ class ReceiveChannel:
 
     # -- input ----------------------------------------------------------------------------
     def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
-                    now_ns: int) -> None:
-        """One received datagram, through the C data path (as the socket path does) and, if it
-        is not data of a known image, :meth:`on_control`.  Never raises on malformed input."""
+                    now_ns: int, via: int = -1) -> None:
+        """One received datagram (a transport without a socket: the simulator's), through the
+        C data path as the socket path does and, if it is not data of a known image,
+        :meth:`on_control`.  ``via``: the destination it came through (a multi-destination
+        subscription's; its C receiver takes it, and Python's replies leave that way); one
+        not attached is dropped.  Never raises on malformed input."""
         self._now_ns = now_ns
+        if via < 0:
+            receiver = self.c
+        else:
+            destination = self._destinations.get(via)
+            if destination is None:
+                return
+            receiver = destination[0]
         raw = self._sockaddrs.get(source)
         if raw is None:
             raw = self._sockaddrs[source] = sockaddr(source)
         with network_ffi.from_buffer(data) as buffer:
-            verdict = network.ss_receiver_on_datagram(self.c, buffer, len(buffer), raw,
+            verdict = network.ss_receiver_on_datagram(receiver, buffer, len(buffer), raw,
                                                       len(raw), now_ns)
         if verdict == network.SS_RX_TO_PYTHON:
-            self.on_control(data, source, now_ns)
+            self.arrival_destination = via
+            try:
+                self.on_control(data, source, now_ns)
+            finally:
+                self.arrival_destination = -1
 
     def on_control(self, data: bytes | bytearray | memoryview, source: Address,
                    now_ns: int) -> None:

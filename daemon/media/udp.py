@@ -15,9 +15,11 @@ This is the I/O shell of the network stack (the sans-I/O core never sees a socke
   :class:`ReceiveChannel`.  Unicast: bound to the endpoint.  Multicast: bound to the data group,
   joined on the interface, status messages and NAKs sent to the control group;
 * a **multi-destination subscription's** receive endpoint (``control-mode=manual``,
-  :class:`MultiDestinationReceiveTransport`): no socket of its own, a receive socket per
-  destination its subscriptions add, each read by its own C receiver into the one channel's
-  images; what Python sends leaves through the destination it names (``Datagram.via``).
+  :class:`~slipstream.daemon.media.receive_destinations.MultiDestinationReceiveTransport`,
+  which the simulator shares): no socket of its own, a receive socket
+  (:class:`UdpReceiveTransport`) per destination its subscriptions add, each read by its own
+  C receiver into the one channel's images; what Python sends leaves through the destination
+  it names (``Datagram.via``).
 
 Sockets are non-blocking; ``SO_RCVBUF``/``SO_SNDBUF`` come from the URI (``so-rcvbuf``,
 ``so-sndbuf``) or the settings, and a kernel that grants less than asked is logged once,
@@ -53,6 +55,7 @@ from slipstream.daemon.media.destinations import (
 )
 from slipstream.daemon.media.interfaces import InterfaceAddress
 from slipstream.daemon.media.receive_channel import ReceiveChannel
+from slipstream.daemon.media.receive_destinations import MultiDestinationReceiveTransport
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import SocketParams
 from slipstream.daemon.protocol.types import Address, Datagram, address_of, sockaddr
@@ -406,86 +409,7 @@ class UdpReceiveTransport(_UdpTransport):
             return 0
         return self._receive.dispatch(receiver, now_ns, channel.on_control)
 
-
-class MultiDestinationReceiveTransport:
-    """A multi-destination subscription's receive endpoint (``control-mode=manual``,
-    docs/PROTOCOL.md §7.5; Aeron's ReceiveChannelEndpoint over a MultiRcvDestination): no
-    socket of its own, one :class:`UdpReceiveTransport` per destination the subscriptions
-    add, each read by its own C receiver into the one channel's images.  The conductor opens
-    a destination's socket (:meth:`UdpTransports.open_receive`); the receiver's thread
-    attaches and detaches it (:meth:`add_destination`, :meth:`remove_destination`)."""
-
-    #: No socket of its own (the network thread polls :attr:`fds`).
-    fd = None
-
-    def __init__(self) -> None:
-        self._destinations: dict[int, tuple[UdpReceiveTransport, object]] = {}
-        #: Moves on with every change of :attr:`fds`: the network thread registers them anew
-        #: (a closed socket's number may come back as another's).
-        self.generation = 0
-        #: Datagrams :meth:`send` dropped: their destination was not attached.
-        self.dropped = 0
-
-    @property
-    def fds(self) -> list[int]:
-        """The destinations' sockets."""
-        return [transport.fd for transport, _ in self._destinations.values()]
-
-    def attach_channel(self, channel: ReceiveChannel) -> None:
-        """Nothing to attach until a destination comes (:meth:`add_destination`)."""
-
-    def add_destination(self, channel: ReceiveChannel, index: int,
-                        transport: UdpReceiveTransport, control: Address | None) -> None:
-        """Receive through ``transport`` (its socket bound to the destination) into
-        ``channel``'s images, as destination ``index``; ``control``: a multicast destination's
-        control group.  On the receiver's thread."""
-        receiver = network_ffi.new("ss_receiver_t *")
-        transport.attach_receiver(receiver)
-        channel.attach_destination(index, receiver, control)
-        self._destinations[index] = (transport, receiver)
-        self.generation += 1
-
-    def remove_destination(self, channel: ReceiveChannel, index: int, *,
-                           close: bool = True) -> None:
-        """Stop receiving through destination ``index`` and close its socket (unless not
-        ``close``: its caller closes it, or gives it to the destination added again).  On the
-        receiver's thread, whose C half stops reading it before it runs again."""
-        entry = self._destinations.pop(index, None)
-        channel.detach_destination(index)
-        if entry is not None:
-            self.generation += 1
-            if close:
-                entry[0].close()
-
-    def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
-        return 0  # its sockets are read by the C half
-
-    def dispatch(self, channel: ReceiveChannel, now_ns: int) -> int:
-        """Each destination's datagrams for Python go to ``channel``, which knows which
-        destination they came through (its replies leave through the same)."""
-        handled = 0
-        try:
-            for index, (transport, receiver) in list(self._destinations.items()):
-                channel.arrival_destination = index
-                handled += transport.dispatch_receiver(receiver, channel, now_ns)
-        finally:
-            channel.arrival_destination = -1
-        return handled
-
-    def send(self, datagrams: list[Datagram]) -> None:
-        """Each datagram through the destination it names (``via``).  One whose destination
-        is no longer attached (removed since it was queued) or names none is dropped and
-        counted (:attr:`dropped`): another destination's socket would send it from an
-        address its sender never sent to, past the path it answers."""
-        destinations = self._destinations
-        for datagram in datagrams:
-            entry = destinations.get(datagram.via)
-            if entry is None:
-                self.dropped += 1
-                continue
-            entry[0].send([datagram])
-
-    def close(self) -> None:
-        for transport, _ in self._destinations.values():
-            transport.close()
-        self._destinations.clear()
+    def receive_destination(self, channel: ReceiveChannel, index: int, now_ns: int) -> int:
+        """Nothing: the C half reads this socket (a destination's transport without one
+        hands its datagrams over here)."""
+        return 0

@@ -108,6 +108,9 @@ def check_applicable(scenario: Scenario) -> list[str]:
                                     f"its own, nothing else ([faults] is every link's)")
     if scenario.initially_down:
         raise ScenarioError("scenario.initially_down: a host run starts every host")
+    if scenario.is_mds:
+        raise ScenarioError("scenario.transport: a host run plays multicast and mdc; mds is "
+                            "the simulator's (tests/test_mds.py runs it between drivers)")
     for event in scenario.events:
         if event.action not in APPLIED_EVENTS:
             raise ScenarioError(f"event.action: {event.action!r} is not played on hosts "
