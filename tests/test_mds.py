@@ -519,7 +519,7 @@ def test_destination_sockets_take_the_subscriptions_socket_options() -> None:
 def test_a_datagram_for_a_removed_destination_is_dropped() -> None:
     """What the Python half queued for a destination removed since (or for none) is dropped
     and counted, never sent through another destination's socket."""
-    from slipstream.daemon.media.udp import MultiDestinationReceiveTransport
+    from slipstream.daemon.media.receive_destinations import MultiDestinationReceiveTransport
     from slipstream.daemon.protocol.types import Datagram
 
     sent = []

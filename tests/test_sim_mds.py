@@ -167,3 +167,38 @@ def test_removing_a_destination_mid_stream_keeps_the_stream_on_the_other(removed
                 if r.t_ns > after and r.src == (SUBSCRIBER, kept)]
         if kept == LOSSY:
             assert [r for r in capture.select("NAK", src=SUBSCRIBER) if r.t_ns > after]
+
+
+def test_the_publisher_dropping_one_path_mid_stream_leaves_the_other_to_carry_it() -> None:
+    """At 300 ms the publisher stops sending to the clean path's destination (its manual
+    multi-destination-cast table loses it) while the other path loses a tenth: the stream
+    goes on over the lossy path, its losses repaired by NAKs along it, one image, every
+    message once and in order.  The subscriber keeps both destinations."""
+    with Simulation(scenario(6_000, publish_rate=10_000)) as sim:
+        lose_on_path(sim, LOSSY, 0.1)
+        capture = Capture().attach(sim.network)
+        sim.run_until(300 * MS)
+        naks_before = len(capture.select("NAK", src=SUBSCRIBER))
+        sim.publisher.destination(control.REMOVE_DESTINATION, mds_destination(2, CLEAN))
+        report = sim.run()
+        assert report.exactly_once_in_order, report.format_text()
+        host = subscriber(sim)
+        assert (host.images_seen, host.images_lost) == (1, 0)
+        assert naks_before == 0
+        assert [r for r in capture.select("NAK", src=SUBSCRIBER) if r.t_ns > 300 * MS]
+        # Past what was in flight (the link's 1 ms) as the sender's thread took the removal.
+        assert not [r for r in capture.select("DATA", delivered=None, src="10.0.0.1")
+                    if r.t_ns > 302 * MS and r.dst == (SUBSCRIBER, CLEAN)]
+        assert mds_destinations(sim) == [2]
+
+
+def test_the_same_seed_gives_the_same_run() -> None:
+    """Two paths with loss on both, twice with one seed: the same trace, byte for byte."""
+    lossy = LinkFaults(delay_ms=1.0, loss=0.1)
+    digests = []
+    for _ in range(2):
+        with Simulation(scenario(2_000, links=(LinkOverride(1, 2, lossy),))) as sim:
+            report = sim.run()
+        assert report.exactly_once_in_order, report.format_text()
+        digests.append(report.trace_digest)
+    assert digests[0] == digests[1] != ""
