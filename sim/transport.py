@@ -13,7 +13,11 @@ A multi-destination subscription's endpoint (``control-mode=manual``) is the dri
 (:class:`~slipstream.daemon.media.receive_destinations.MultiDestinationReceiveTransport`):
 each destination is a :class:`VirtualReceiveTransport` bound to its address (or joined to
 its group) whose arrivals go through that destination's C receiver, and the status messages
-and NAKs of each path leave from the destination's address.
+and NAKs of each path leave from the destination's address.  Response channels
+(docs/PROTOCOL.md §7.6) need two things of a network, which it has: a receive transport bound
+to port 0 takes a port of the host's picking (a response subscription's, whose server learns
+it from the status messages sent from there), and a response publication's datagrams go to
+its own table's one destination (none before its client asked).
 """
 
 from __future__ import annotations
@@ -24,9 +28,8 @@ from typing import TYPE_CHECKING, Final
 
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
-from slipstream.client.errors import ChannelError
 from slipstream.daemon.media.destinations import (
-    MULTI_DESTINATION_MODES,
+    TABLE_MODES,
     DestinationTable,
     fan_out,
 )
@@ -46,6 +49,11 @@ SIM_PREFIX: Final = 24
 
 #: The first ephemeral port a host's send transports use; each incarnation takes a new one.
 SEND_PORT_BASE: Final = 50000
+#: The first port a receive transport bound to port 0 (a response subscription's) takes;
+#: each incarnation takes new ones.
+RECEIVE_PORT_BASE: Final = 55000
+#: Ephemeral ports of each kind per incarnation.
+PORTS_PER_INCARNATION: Final = 100
 
 
 #: A UDP socket's send buffer when socket_so_sndbuf is 0: Linux's net.core.wmem_default.
@@ -60,17 +68,26 @@ class VirtualTransports:
         self.host = host
         self.send_transports: list[VirtualSendTransport] = []
         self.receive_transports: list[VirtualReceiveTransport] = []
+        self._ephemeral = 0  # receive ports bound to port 0 so far
 
     def open_send(self, channel: Channel, destination: Address) -> VirtualSendTransport:
-        _refuse_response_channels(channel)
-        port = SEND_PORT_BASE + 100 * self.host.incarnation + len(self.send_transports)
+        port = (SEND_PORT_BASE + PORTS_PER_INCARNATION * self.host.incarnation
+                + len(self.send_transports))
         transport = VirtualSendTransport(self.host, (self.host.ip, port), channel)
         self.send_transports.append(transport)
         return transport
 
     def open_receive(self, channel: Channel, bind: Address) -> VirtualReceiveTransport:
-        _refuse_response_channels(channel)
-        transport = VirtualReceiveTransport(self.host, bind)
+        """A receive transport at ``bind``; any address (``0.0.0.0``, ``::``) is the host's,
+        and port 0 an ephemeral one (a response subscription's, docs/PROTOCOL.md §7.6)."""
+        host, port = bind
+        if ipaddress.ip_address(host).is_unspecified:
+            host = self.host.ip
+        if port == 0:
+            self._ephemeral += 1
+            port = (RECEIVE_PORT_BASE + PORTS_PER_INCARNATION * self.host.incarnation
+                    + self._ephemeral)
+        transport = VirtualReceiveTransport(self.host, (host, port))
         self.receive_transports.append(transport)
         return transport
 
@@ -85,16 +102,6 @@ class VirtualTransports:
         (10.0.0.0/24), up and able to multicast; never the real machine's."""
         return [InterfaceAddress("sim0", IFF_UP | IFF_MULTICAST,
                                  ipaddress.ip_interface(f"{self.host.ip}/{SIM_PREFIX}"))]
-
-
-def _refuse_response_channels(channel: Channel) -> None:
-    """The virtual transports have no ephemeral receive ports nor per-publication
-    destinations yet, which response channels (docs/PROTOCOL.md §7.6) need: refused by
-    name rather than sent nowhere."""
-    if channel.is_response:
-        raise ChannelError(str(channel), "control-mode",
-                           "response channels are not simulated yet: run them between "
-                           "driver processes (tests/test_response_channels.py)")
 
 
 class _VirtualTransport:
@@ -148,10 +155,12 @@ class _VirtualTransport:
 
 
 class VirtualSendTransport(_VirtualTransport):
-    """A send endpoint: an ephemeral address, and for multicast the control group joined."""
+    """A send endpoint: an ephemeral address, and for multicast the control group joined.
+    A multi-destination-cast endpoint sends to its channel's table, a response endpoint's
+    publications each to their own (docs/PROTOCOL.md §7.4, §7.6)."""
 
     def __init__(self, host: SimHost, address: Address, channel: Channel) -> None:
-        if channel.control_mode in MULTI_DESTINATION_MODES and channel.control is not None:
+        if channel.control_mode in TABLE_MODES and channel.control is not None:
             address = (host.ip, channel.control.port or address[1])  # bound to control=
         super().__init__(host, address)
         self._listen(address)
@@ -159,17 +168,24 @@ class VirtualSendTransport(_VirtualTransport):
         if group is not None:
             self._listen((group.host, group.port or 0))
         self._destinations: DestinationTable | None = None
+        self._response_channel: SendChannel | None = None
 
     def attach(self, publication: NetworkPublication) -> None:
         publication.c.fd = -1  # the C data path returns spans; this transport copies them
 
     def attach_channel(self, channel: SendChannel) -> None:
-        """A multi-destination-cast channel's table is where this transport sends."""
+        """A multi-destination-cast channel's table is where this transport sends; a
+        response endpoint's publications' own tables are where each of them sends."""
         self._destinations = channel.destinations
+        if channel.response_ip_version is not None:
+            self._response_channel = channel
 
     def _targets(self, publication: NetworkPublication) -> list[Address]:
         if self._destinations is not None:
             return self._destinations.addresses
+        if self._response_channel is not None:  # none until its client asked
+            destination = self._response_channel.response_destination(publication)
+            return [destination] if destination is not None else []
         return [publication.destination]
 
     def room(self, publication: NetworkPublication, now_ns: int) -> int:
