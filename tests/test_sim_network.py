@@ -231,19 +231,3 @@ def test_event_loop_orders_by_time_phase_and_sequence():
     assert out == ["first"] and loop.now_ns == 4
     loop.run(until_ns=100)
     assert out == ["first", "a", "b", "c"]
-
-
-@pytest.mark.parametrize("uri", ["aeron:udp?control-mode=response|control=10.0.0.1:9000"])
-def test_response_channels_are_refused_by_name_not_sent_nowhere(uri: str) -> None:
-    """The virtual transports have no ephemeral receive ports nor per-publication
-    destinations: a response channel (docs/PROTOCOL.md §7.6) is refused, naming its key."""
-    from slipstream.client.channel import parse_channel
-    from slipstream.client.errors import ChannelError
-    from slipstream.daemon.media.destinations import ALL_DESTINATIONS
-    from slipstream.sim.transport import VirtualTransports
-
-    transports = VirtualTransports(host=None)  # type: ignore[arg-type]  # never reached
-    for open_transport in (transports.open_send, transports.open_receive):
-        with pytest.raises(ChannelError, match="not simulated") as refused:
-            open_transport(parse_channel(uri), ALL_DESTINATIONS)
-        assert refused.value.part == "control-mode"
