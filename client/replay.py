@@ -109,6 +109,12 @@ _ANSWER_AFTER_END_S: Final = 1.0  # how long a reader waits for the answer to an
 _RESPONSE_IDLE_S: Final = 60.0
 _LINK_IDLE_S: Final = 50.0
 _IDLE_LINKS: Final = 4  # idle links a process keeps per holder and reply endpoint
+#: How long the exchange's waits spin before they park (``spin_ns`` of ``wait_for_data``): not
+#: at all.  What they wait for takes milliseconds (another host's driver making a stream, an
+#: answer, the next stretch of a replay through two drivers), and the threads that bring it
+#: need the cores a spinner holds: on a 2-core host the client's default 1 ms spin made a
+#: replay of 100 messages take a median 23-25 ms instead of 13-17 (``bench.spark_replay``).
+_WAIT_SPIN_NS: Final = 0
 
 
 class ReplayError(SlipstreamError):
@@ -497,12 +503,12 @@ class ReplayServer:
             parked_s: float = 0.5) -> None:
         """Serve until ``stopping()`` is true.  With nothing to do, it waits for a request up to
         ``idle_s`` while replays are in progress (their credit comes back unannounced), and
-        up to ``parked_s`` otherwise (a request wakes it at once): an idle holder costs no
-        CPU worth counting."""
+        up to ``parked_s`` otherwise (a request wakes it at once), parked, never spinning
+        (:data:`_WAIT_SPIN_NS`): an idle holder costs no CPU worth counting."""
         while not stopping():
             if self.do_work() == 0:
                 wait = idle_s if self._sessions or self._answers.pending else parked_s
-                self._control.wait_for_data(int(wait * 1e9))
+                self._control.wait_for_data(int(wait * 1e9), _WAIT_SPIN_NS)
 
     def do_work(self) -> int:
         """Take new requests, move every replay on; returns how much was done."""
@@ -1045,7 +1051,7 @@ class Replay:
         while not self.done and time.monotonic() < deadline:
             self._check_response()  # raises ReplayLostError / ReplayError on those answers
             if not self.done:
-                self._response.wait_for_data(10_000_000)
+                self._response.wait_for_data(10_000_000, _WAIT_SPIN_NS)
         if not self.done:
             self._failed = True
             raise ReplayError(f"{self.describe()} ended at position {self.position}")
@@ -1069,8 +1075,9 @@ class Replay:
                 raise ReplayError(f"{self.describe()}: {answer.get('message')}")
 
     def wait(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for data; whether some came."""
-        return self._data.wait_for_data(int(timeout_s * 1e9))
+        """Wait up to ``timeout_s`` for data, parked at once (:data:`_WAIT_SPIN_NS`); whether
+        some came."""
+        return self._data.wait_for_data(int(timeout_s * 1e9), _WAIT_SPIN_NS)
 
     def close(self) -> None:
         """Done with the replay: its data subscription is closed; the link's streams are kept
@@ -1154,7 +1161,7 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
             if time.monotonic() > deadline:
                 raise ReplayError(f"the replay holder at {holder} took the request for "
                                   f"[{start}, {end}) but did not answer within {timeout_s:g} s")
-            link.response.wait_for_data(10_000_000)
+            link.response.wait_for_data(10_000_000, _WAIT_SPIN_NS)
         status = answer.get("status")
         keep_link = answer.get("request_id") == request.request_id
         where = f"the holder at {holder}, stream {stream_id} session {log_identity.session_id}"

@@ -37,7 +37,7 @@ from slipstream.client.layout import (
 from slipstream.client.logbuffer import LogBuffer, index_by_position, new_appender
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED
 from slipstream.client.replay import LogIdentity, Replay, ReplayError, ReplayServer, request_replay
-from slipstream.client.subscription import Image
+from slipstream.client.subscription import Image, Subscription
 from slipstream.daemon.driver import MediaDriver
 
 TERM = TERM_MIN_LENGTH  # 64 KiB
@@ -494,3 +494,27 @@ def test_replays_share_the_readers_link_and_pass_over_an_answer_to_another_reque
     fresh = request()
     assert fresh._link is not link
     assert read(fresh) == local
+
+
+@pytest.mark.sockets
+def test_the_replay_exchange_parks_its_waits_and_never_spins(holder_and_reader,
+                                                             monkeypatch) -> None:
+    """Every wait of a replay, the holder's for requests and credit, the reader's for the
+    answer and for the data, parks at once (``spin_ns`` 0): what they wait for takes
+    milliseconds, and a spinning waiter takes the core the drivers that bring it need."""
+    publication, _keeper, remote, image, server = holder_and_reader
+    for i in range(50):
+        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
+    end = publication.position
+    spins: dict[str, list[int | None]] = {"holder": [], "reader": []}
+    wait_for_data = Subscription.wait_for_data
+
+    def recorded(self: Subscription, timeout_ns: int, spin_ns: int | None = None) -> bool:
+        spins["holder" if self is server._control else "reader"].append(spin_ns)
+        return wait_for_data(self, timeout_ns, spin_ns)
+
+    monkeypatch.setattr(Subscription, "wait_for_data", recorded)
+    assert replayed(remote, image, 0, end) == source_rows(image, 0, end)
+    wait_for(lambda: spins["holder"], what="the holder waiting for its next request")
+    assert spins["reader"] and set(spins["reader"]) == {0}, spins["reader"]
+    assert set(spins["holder"]) == {0}, spins["holder"]
