@@ -153,6 +153,10 @@ def main() -> None:
                                                   term, HOLDER_CPU if args.pin else None),
                                daemon=True)
         holder.start()
+        while not here.poll(1.0):  # the holder publishes the range first
+            if not holder.is_alive():
+                raise SystemExit(f"the holder's process ended ({holder.exitcode}) before it "
+                                 f"held the range")
         log = here.recv()
         counters = CountersFile(Path(holder_dir) / "counters.dat")
         holder_driver = driver_instance(counters)
