@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, wait_for
 from hypothesis import HealthCheck, event, example, given, settings
@@ -36,7 +37,14 @@ from slipstream.client.layout import (
 )
 from slipstream.client.logbuffer import LogBuffer, index_by_position, new_appender
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED
-from slipstream.client.replay import LogIdentity, Replay, ReplayError, ReplayServer, request_replay
+from slipstream.client.replay import (
+    LogIdentity,
+    Replay,
+    ReplayError,
+    ReplayRequest,
+    ReplayServer,
+    request_replay,
+)
 from slipstream.client.subscription import Image, Subscription
 from slipstream.daemon.driver import MediaDriver
 
@@ -452,24 +460,13 @@ def test_replays_share_the_readers_link_and_pass_over_an_answer_to_another_reque
     end = publication.position
     local = source_rows(image, 0, end)
 
-    def read(replay: Replay) -> list[tuple[bytes, int, int]]:
-        got: list[tuple[bytes, int, int]] = []
-        deadline = time.monotonic() + 20
-        with replay:
-            while not replay.done:
-                if replay.poll(lambda d, h: got.append((bytes(d), h.position,
-                                                        h.reserved_value))) == 0:
-                    assert time.monotonic() < deadline, f"stalled at {replay.position}"
-                    replay.wait(0.01)
-        return got
-
     def request() -> Replay:
         return request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
                               LogIdentity.of(image), 0, end, timeout_s=10)
 
     first = request()
     link = first._link
-    assert read(first) == local
+    assert replayed_through(first) == local
     late = remote.add_publication(small_channel(link.reply_channel), link.response_stream_id)
     wait_for(lambda: late.is_connected, what="the late answer's stream")
     assert late.offer(json.dumps({"status": "refused", "message": "not yours",
@@ -482,7 +479,7 @@ def test_replays_share_the_readers_link_and_pass_over_an_answer_to_another_reque
              what="the late answer at the reader")
     second = request()
     assert second._link is link and second._data is not first._data
-    assert read(second) == local
+    assert replayed_through(second) == local
     assert late_image().position == late_image().available_position()  # read, passed over
     late.close()
     wait_for(lambda: server.served == 2, what="two replays served")
@@ -493,7 +490,46 @@ def test_replays_share_the_readers_link_and_pass_over_an_answer_to_another_reque
     assert link.control.is_closed and link.response.is_closed
     fresh = request()
     assert fresh._link is not link
-    assert read(fresh) == local
+    assert replayed_through(fresh) == local
+
+
+@pytest.mark.sockets
+def test_a_holder_that_names_no_request_is_read_and_its_link_not_kept(
+        holder_and_reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A holder older than request ids answers without ``request_id``, on an answer stream of
+    each replay's own: its answer is taken as the replay's and the range is read whole, but
+    the link is closed after the replay instead of kept (a late answer on it could not be
+    told from the next replay's), so the next replay sets up a link of its own."""
+    publication, _keeper, remote, image, server = holder_and_reader
+    decode = ReplayRequest.decode.__func__
+    monkeypatch.setattr(ReplayRequest, "decode", classmethod(
+        lambda cls, data: attrs.evolve(decode(cls, data), request_id=None)))
+    for i in range(20):
+        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
+    end = publication.position
+    local = source_rows(image, 0, end)
+    links = []
+    for _ in range(2):
+        replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
+                                LogIdentity.of(image), 0, end, timeout_s=10)
+        links.append(replay._link)
+        assert replayed_through(replay) == local
+        assert replay._link.control.is_closed and replay._link.response.is_closed
+    assert links[0] is not links[1]
+    wait_for(lambda: server.served == 2, what="two replays served")
+
+
+def replayed_through(replay: Replay) -> list[tuple[bytes, int, int]]:
+    """Every message of ``replay`` (bytes, position, reserved value), then the replay closed."""
+    got: list[tuple[bytes, int, int]] = []
+    deadline = time.monotonic() + 20
+    with replay:
+        while not replay.done:
+            if replay.poll(lambda d, h: got.append((bytes(d), h.position,
+                                                    h.reserved_value))) == 0:
+                assert time.monotonic() < deadline, f"stalled at {replay.position}"
+                replay.wait(0.01)
+    return got
 
 
 @pytest.mark.sockets
