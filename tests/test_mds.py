@@ -49,13 +49,14 @@ def _counter(driver, type_id: int) -> list[int]:
         counters.close()
 
 
-def _two_paths(launch, **settings):
-    """A sender and a receiver driver; the receiver's MDS subscription on two ports, the
-    sender's MDC publication (fc=min, 64 KiB terms) sending to both."""
+def _two_paths(launch, subscription_channel: str = MDS, **settings):
+    """A sender and a receiver driver; the receiver's MDS subscription (on
+    ``subscription_channel``) on two ports, the sender's MDC publication (fc=min, 64 KiB
+    terms) sending to both."""
     sender, receiver = launch(), launch(**settings)
     ports = [free_port(), free_port()]
     a, b = Client.connect(sender.directory), Client.connect(receiver.directory)
-    subscription = b.add_subscription(MDS, STREAM)
+    subscription = b.add_subscription(subscription_channel, STREAM)
     for port in ports:
         subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
     publication = a.add_publication("aeron:udp?control-mode=manual|term-length=64k|fc=min",
@@ -317,8 +318,16 @@ def test_control_frames_to_every_path_count_every_paths_bytes(launch) -> None:
     """An SM or a NAK that goes along two live paths is two datagrams on the wire: the
     receiving driver counts it once (``STATUS_MESSAGES_SENT``, ``NAK_MESSAGES_SENT``, as
     Aeron counts an image's) and its ``BYTES_SENT`` counts both datagrams' bytes.  A stream
-    of 20,000 messages over both paths, the image's status messages sent by the C half."""
-    _sender, receiver, a, b, _ports, subscription, publication = _two_paths(launch)
+    of 20,000 messages over both paths.  Both halves send them, each counting: ``group=``
+    decides which (a manual channel's images have group semantics, whose SMs and NAKs are
+    the Python half's; ``group=false`` gives them to the C half)."""
+    for group in ("", "|group=false"):
+        _check_control_bytes_on_two_paths(launch, MDS + group)
+
+
+def _check_control_bytes_on_two_paths(launch, subscription_channel: str) -> None:
+    _sender, receiver, a, b, _ports, subscription, publication = _two_paths(
+        launch, subscription_channel)
     try:
         time.sleep(0.2)  # both paths heard from: the setup's heartbeats went to both
         before = counters_of(receiver)
