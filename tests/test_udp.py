@@ -90,12 +90,12 @@ def test_a_stream_in_order_runs_the_network_threads_python_half_per_window_not_p
 
 def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> None:
     """The pressure governor's signals are the data path's: while both drivers' conductors
-    keep the GIL 20 ms in every 100 (debug_conductor_gil_hold), a ping-pong at 5k round
-    trips a second moves through the C loops, which need no GIL, and the ladder stays at
-    the bottom (the conductor's own lateness had read as pressure, held the ladder at steps
-    3-4 and coalesced every ping for 200 µs; a loop that yields its CPU between short cycles
-    had read as busy and climbed 3 times in 3 s).  One climb is allowed: a timed wake-up
-    the shared two cores ran 15 ms late is real lag."""
+    keep the GIL 20 ms in every 100 (debug_conductor_gil_hold), a ping-pong paced at up to
+    5k round trips a second moves through the C loops, which need no GIL, and the ladder
+    stays at the bottom (the conductor's own lateness had read as pressure, held the ladder
+    at steps 3-4 and coalesced every ping for 200 µs; a loop that yields its CPU between
+    short cycles had read as busy and climbed 3 times in 3 s).  One climb in each 3 s is
+    allowed: a timed wake-up the shared two cores ran 15 ms late is real lag."""
     ping_uri, pong_uri = (f"aeron:udp?endpoint=127.0.0.1:{free_port()}" for _ in range(2))
     a, b = (launch(debug_conductor_gil_hold="20ms") for _ in range(2))
     with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
@@ -128,8 +128,9 @@ def test_a_conductor_holding_the_gil_is_no_pressure_on_a_ping_pong(launch) -> No
                 lambda data, _h: answer.append(int.from_bytes(data, "little")), 1, timeout=1.0)
             assert answer == [rounds]
             rounds += 1
+        elapsed = time.monotonic() - (end - 3.0)
     for counters in (counters_of(a), counters_of(b)):
-        assert counters["GOVERNOR_CLIMBS"] <= 1, counters
+        assert counters["GOVERNOR_CLIMBS"] <= max(1, int(elapsed / 3.0)), (elapsed, counters)
         assert counters["GOVERNOR_STEP"] == 0 and counters["GOVERNOR_PRESSURE"] < 200, counters
 
 
