@@ -24,7 +24,7 @@ from pathlib import Path
 
 import aeron_peer
 import pytest
-from aeron_peer import AeronDriver, basic_subscriber, streaming_publisher
+from aeron_peer import DEFAULT_LIVENESS_NS, AeronDriver, basic_subscriber, streaming_publisher
 from helpers import FAST_DRIVER_SETTINGS, free_port, lacking, wait_for
 
 from slipstream.client import Client, control
@@ -305,15 +305,16 @@ def test_a_stock_aeron_cubic_receiver_measures_its_round_trip_through_a_slipstre
 
     Aeron 1.15.1's image drops data past its last SM's window, so a cut after a loss (a
     datagram its socket had no room for, on a busy machine) strands what was in flight until
-    the window grows back, seconds later (§4.5): its socket gets room for the whole window,
-    and its image Aeron's default liveness timeout rather than the tests' 2 s, which ended the
-    image and the subscriber missed the stranded messages."""
+    the window grows back, seconds later (§4.5): its socket is asked for 2 MiB (at least the
+    128 KiB window with room to spare, even where the kernel caps it lower), and its image
+    gets Aeron's default liveness timeout rather than the tests' 2 s, which ended the image
+    and the subscriber missed the stranded messages."""
     require_aeron()
     uri, messages = channel(kind), 20_000
     with AeronDriver(cubic=True,
                      properties={"aeron.CubicCongestionControl.measureRtt": True,
                                  "aeron.socket.so_rcvbuf": 2 * 1024 * 1024,
-                                 "aeron.image.liveness.timeout": 10_000_000_000}) as aeron, \
+                                 "aeron.image.liveness.timeout": DEFAULT_LIVENESS_NS}) as aeron, \
             basic_subscriber(aeron, uri, 1007) as subscriber, \
             Client.connect(slipstream_driver.directory) as client:
         publication = client.add_publication(uri + TERM, 1007)
@@ -477,7 +478,7 @@ def test_a_slipstream_sender_under_min_or_tagged_holds_to_a_stock_aeron_receiver
     # (2 s in the fast timeouts, keepalives every 500 ms) must outlast the 1.5 s stop with room
     # for a loaded machine, or the driver drops the client and its image, and the sender holds
     # to a receiver that is gone.
-    aeron_properties: dict[str, int | str] = {"aeron.client.liveness.timeout": 10_000_000_000}
+    aeron_properties: dict[str, int | str] = {"aeron.client.liveness.timeout": DEFAULT_LIVENESS_NS}
     if strategy == "tagged":
         aeron_properties["aeron.flow.control.sm.applicationSpecificFeedback"] = GROUP_TAG_ASF
         params = f"|fc=tagged,g:{GROUP_TAG}/1"

@@ -27,7 +27,7 @@ the interpreter's exit.  One module per job:
 """
 
 from .cnc import Counter, read_counters
-from .driver import FAST_TIMEOUTS, AeronDriver
+from .driver import DEFAULT_LIVENESS_NS, FAST_TIMEOUTS, AeronDriver
 from .errors import AeronError, AeronNotInstalled, SampleFailed
 from .install import aeron_available, peer_available
 from .mdc import MdcPublisher, MdsStatus, MdsSubscriber
@@ -51,6 +51,7 @@ from .samples import (
 )
 
 __all__ = [
+    "DEFAULT_LIVENESS_NS",
     "FAST_TIMEOUTS",
     "AeronDriver",
     "AeronError",

@@ -33,6 +33,8 @@ Driver -D properties used (names checked with ``javap -constants`` against the 1
   application-specific SM bytes of ``aeron.flow.control.sm.applicationSpecificFeedback``.
 - ``aeron.CongestionControl.supplier`` = ``io.aeron.driver.ext.CubicCongestionControlSupplier``
   (``aeron.CubicCongestionControl.measureRtt`` / ``.initialRtt`` / ``.tcpMode``).
+- ``aeron.socket.so_rcvbuf`` (bytes; capped by the kernel's ``net.core.rmem_max``, of which
+  Aeron only warns).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ _FLOW_CONTROL_SUPPLIERS: dict[str, str] = {
 _CUBIC_SUPPLIER = "io.aeron.driver.ext.CubicCongestionControlSupplier"
 _DEBUG_RECEIVE_SUPPLIER = "io.aeron.driver.ext.DebugReceiveChannelEndpointSupplier"
 _DEBUG_SEND_SUPPLIER = "io.aeron.driver.ext.DebugSendChannelEndpointSupplier"
+
+#: Aeron's default client and image liveness timeouts (ns), which FAST_TIMEOUTS shortens.
+DEFAULT_LIVENESS_NS = 10_000_000_000
 
 # Short timers so that resources of killed clients and finished streams go away quickly.
 FAST_TIMEOUTS: dict[str, PropertyValue] = {
