@@ -112,8 +112,9 @@ _IDLE_LINKS: Final = 4  # idle links a process keeps per holder and reply endpoi
 #: How long the exchange's waits spin before they park (``spin_ns`` of ``wait_for_data``): not
 #: at all.  What they wait for takes milliseconds (another host's driver making a stream, an
 #: answer, the next stretch of a replay through two drivers), and the threads that bring it
-#: need the cores a spinner holds: on a 2-core host the client's default 1 ms spin made a
-#: replay of 100 messages take a median 23-25 ms instead of 13-17 (``bench.spark_replay``).
+#: need the cores a spinner holds: on a 2-core host, with the client's default 1 ms spin, a
+#: replay of 100 messages took medians of 15-25 ms a run, parked 13-18 ms (five runs each,
+#: alternating, load 2.5-4).
 _WAIT_SPIN_NS: Final = 0
 
 
