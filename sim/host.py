@@ -409,7 +409,7 @@ class PublisherHost(SimHost):
         self.ranges: list[list[int]] = []
         self.blocked = 0  # offers refused (back pressure / not connected)
         self._registration_id = 0
-        self._publisher_id = 0
+        self._publication_registration_id = 0
         self._limit: Any = None
         self._appender: Any = None
         self._message = bytearray(sim.scenario.size)
@@ -447,7 +447,8 @@ class PublisherHost(SimHost):
         reply = self.driver.command({"type": control.ADD_PUBLICATION, "channel": self.uri,
                                      "stream_id": self.sim.scenario.stream_id})
         self._registration_id = reply["original_registration_id"]
-        self._publisher_id = reply["registration_id"]  # this publisher's, as a client has it
+        # This publisher's registration id, as its client has it.
+        self._publication_registration_id = reply["registration_id"]
         for destination in self.sim.scenario.destinations(self.index):
             self.destination(control.ADD_DESTINATION, destination)
         self.log = LogBuffer(reply["log_file"])
@@ -462,7 +463,7 @@ class PublisherHost(SimHost):
         ``control-mode=manual`` one), as its application's ``add_destination`` and
         ``remove_destination`` send them; a refusal raises :class:`CommandRefusedError`."""
         assert self.driver is not None, "the publisher host is down"
-        self.driver.command({"type": command, "registration_id": self._publisher_id,
+        self.driver.command({"type": command, "registration_id": self._publication_registration_id,
                              "channel": uri})
 
     def _stop(self) -> None:

@@ -22,6 +22,7 @@ its own table's one destination (none before its client asked).
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 from collections import deque
 from typing import TYPE_CHECKING, Final
@@ -70,9 +71,20 @@ class VirtualTransports:
         self.receive_transports: list[VirtualReceiveTransport] = []
         self._ephemeral = 0  # receive ports bound to port 0 so far
 
+    def _ephemeral_port(self, base: int, index: int) -> int:
+        """Port ``index`` of this incarnation's ephemeral ports from ``base``.  Raises OSError
+        (as a socket out of ports does) past :data:`PORTS_PER_INCARNATION` of them, where the
+        next incarnation's begin (a late datagram to the old one would reach the new), or
+        past 65535."""
+        port = base + PORTS_PER_INCARNATION * self.host.incarnation + index
+        if index >= PORTS_PER_INCARNATION or port > 65535:
+            raise OSError(errno.EADDRNOTAVAIL,
+                          f"host {self.host.ip} has no ephemeral port left in its incarnation "
+                          f"{self.host.incarnation} ({PORTS_PER_INCARNATION} from {base})")
+        return port
+
     def open_send(self, channel: Channel, destination: Address) -> VirtualSendTransport:
-        port = (SEND_PORT_BASE + PORTS_PER_INCARNATION * self.host.incarnation
-                + len(self.send_transports))
+        port = self._ephemeral_port(SEND_PORT_BASE, len(self.send_transports))
         transport = VirtualSendTransport(self.host, (self.host.ip, port), channel)
         self.send_transports.append(transport)
         return transport
@@ -85,8 +97,7 @@ class VirtualTransports:
             host = self.host.ip
         if port == 0:
             self._ephemeral += 1
-            port = (RECEIVE_PORT_BASE + PORTS_PER_INCARNATION * self.host.incarnation
-                    + self._ephemeral)
+            port = self._ephemeral_port(RECEIVE_PORT_BASE, self._ephemeral)
         transport = VirtualReceiveTransport(self.host, (host, port))
         self.receive_transports.append(transport)
         return transport

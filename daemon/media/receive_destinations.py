@@ -63,9 +63,9 @@ class MultiDestinationReceiveTransport:
 
     @property
     def fds(self) -> list[int]:
-        """The destinations' sockets."""
-        return [transport.fd for transport, _ in self._destinations.values()
-                if transport.fd >= 0]
+        """The destinations' sockets: those their C receivers read (``fd`` >= 0), the one
+        word that says whether a destination has a socket (ReceiveChannel asks it too)."""
+        return [receiver.fd for _, receiver in self._destinations.values() if receiver.fd >= 0]
 
     def attach_channel(self, channel: ReceiveChannel) -> None:
         """Nothing to attach until a destination comes (:meth:`add_destination`)."""
@@ -98,8 +98,8 @@ class MultiDestinationReceiveTransport:
         ``channel``, each datagram through its destination's C receiver; sockets are read by
         the C half.  Returns how many datagrams there were."""
         handled = 0
-        for index, (transport, _receiver) in list(self._destinations.items()):
-            if transport.fd < 0:
+        for index, (transport, receiver) in list(self._destinations.items()):
+            if receiver.fd < 0:
                 handled += transport.receive_destination(channel, index, now_ns)
         return handled
 
