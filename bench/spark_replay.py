@@ -47,7 +47,7 @@ STREAM = 77
 HOLDER_CPU, READER_CPU = 1, 0  # with --pin
 
 
-def pin(pid: int, cpu: int) -> None:
+def pin_process(pid: int, cpu: int) -> None:
     """Every thread of process ``pid`` on ``cpu`` (threads it starts later inherit it)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -131,8 +131,9 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true",
                         help="print the CPU of each thread per replayed read")
     args = parser.parse_args()
-    if args.pin and len(os.sched_getaffinity(0)) < 2:
-        parser.error("--pin needs two CPUs")
+    if args.pin and not {HOLDER_CPU, READER_CPU} <= os.sched_getaffinity(0):
+        parser.error(f"--pin needs CPUs {READER_CPU} and {HOLDER_CPU} (this process may run on "
+                     f"{sorted(os.sched_getaffinity(0))})")
     # Twice the data: an IPC publication may run half a term ahead of its slowest subscriber.
     term = 1 << max(16, (args.messages * (args.size + 32 + 31)).bit_length() + 1)
     directories = [Path("/dev/shm") / f"slipstream-bench-replay-{uuid.uuid4().hex[:6]}-{n}"
@@ -146,8 +147,8 @@ def main() -> None:
     try:
         drivers = [launch.__enter__() for launch in launches]
         if args.pin:
-            pin(drivers[0].pid, HOLDER_CPU)
-            pin(drivers[1].pid, READER_CPU)
+            pin_process(drivers[0].pid, HOLDER_CPU)
+            pin_process(drivers[1].pid, READER_CPU)
         holder_dir, executor_dir = (str(d) for d in directories)
         holder = spawn.Process(target=hold, args=(there, holder_dir, args.messages, args.size,
                                                   term, HOLDER_CPU if args.pin else None),
@@ -188,7 +189,7 @@ def main() -> None:
                 cpu[thread].append((ns - ns0, faults - faults0))
         here.send("stop")
         holder.join(10)
-        end = log["end"] - log["start"]
+        log_bytes = log["end"] - log["start"]
         local_best, local_first = max(local_runs)
         replayed_best, replayed_first = max(replayed_runs)
         local_median = statistics.median(rate for rate, _ in local_runs)
@@ -197,7 +198,7 @@ def main() -> None:
         print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
         layout = "pinned: the holder's side on CPU 1, the reader's on CPU 0"
         print(f"layout: {layout if args.pin else 'unpinned'}")
-        print(f"range: {args.messages} messages of {args.size} B ({end} bytes of log)")
+        print(f"range: {args.messages} messages of {args.size} B ({log_bytes} bytes of log)")
         print(f"local read   : {local_best / 1e6:.3f} M rows/s (first batch after "
               f"{local_first * 1e3:.1f} ms; median {local_median / 1e6:.3f})")
         print(f"replayed read: {replayed_best / 1e6:.3f} M rows/s (first batch after "
@@ -217,6 +218,8 @@ def main() -> None:
             holder.kill()
         for launch in reversed(launches):
             launch.__exit__(None, None, None)
+        here.close()
+        there.close()
         for directory in directories:
             shutil.rmtree(directory, ignore_errors=True)
 
