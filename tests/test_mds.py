@@ -9,10 +9,12 @@ message once, in order, none missing.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,21 @@ def _counter(driver, type_id: int) -> list[int]:
         return [c.value for c in counters if c.type_id == type_id]
     finally:
         counters.close()
+
+
+@contextlib.contextmanager
+def _senders(count: int) -> Iterator[list[socket.socket]]:
+    """``count`` hand-made senders: non-blocking UDP sockets bound to 127.0.0.1, closed at
+    the end."""
+    senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
+    try:
+        for sock in senders:
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+        yield senders
+    finally:
+        for sock in senders:
+            sock.close()
 
 
 def _two_paths(launch, subscription_channel: str = MDS, **settings):
@@ -237,81 +254,73 @@ def test_status_messages_and_naks_go_to_every_live_path(launch) -> None:
     than that, and one whose destination is removed, get nothing more."""
     receiver = launch()
     ports = [free_port(), free_port()]
-    senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in ports]
-    with Client.connect(receiver.directory) as b:
-        try:
-            for sock in senders:
-                sock.bind(("127.0.0.1", 0))
-                sock.setblocking(False)
-            subscription = b.add_subscription(MDS, STREAM)
-            for port in ports:
-                subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
-            session, term_id = 77, 5
-            setup = Setup(0, session, STREAM, term_id, term_id, 64 * 1024, 1408).encode()
+    with Client.connect(receiver.directory) as b, _senders(len(ports)) as senders:
+        subscription = b.add_subscription(MDS, STREAM)
+        for port in ports:
+            subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+        session, term_id = 77, 5
+        setup = Setup(0, session, STREAM, term_id, term_id, 64 * 1024, 1408).encode()
 
-            def data(offset: int, payload: bytes = b"x" * 32) -> bytes:
-                return Data(offset, session, STREAM, term_id, payload).encode()
+        def data(offset: int, payload: bytes = b"x" * 32) -> bytes:
+            return Data(offset, session, STREAM, term_id, payload).encode()
 
-            senders[0].sendto(setup, ("127.0.0.1", ports[0]))
-            wait_for(lambda: subscription.images, timeout=5, what="the image")
-            for sock, port in zip(senders, ports, strict=True):  # both paths carry offset 0
-                sock.sendto(data(0), ("127.0.0.1", port))
-            # A gap at 64: data at 128 on the second path only; the NAK goes both ways.
-            senders[1].sendto(data(128), ("127.0.0.1", ports[1]))
-            time.sleep(0.5)
-            got = []
-            for sock in senders:
-                answers = []
-                while True:
-                    try:
-                        answers.append(sock.recvfrom(2048))
-                    except BlockingIOError:
-                        break
-                got.append(answers)
-            for answers, port in zip(got, ports, strict=True):
-                frames = [decode(d) for d, _ in answers]
-                assert any(isinstance(f, StatusMessage) for f in frames), port
-                assert any(isinstance(f, Nak) and f.term_offset == 64 for f in frames), port
-                assert {source for _, source in answers} == {("127.0.0.1", port)}
-            assert len(subscription.images) == 1
+        senders[0].sendto(setup, ("127.0.0.1", ports[0]))
+        wait_for(lambda: subscription.images, timeout=5, what="the image")
+        for sock, port in zip(senders, ports, strict=True):  # both paths carry offset 0
+            sock.sendto(data(0), ("127.0.0.1", port))
+        # A gap at 64: data at 128 on the second path only; the NAK goes both ways.
+        senders[1].sendto(data(128), ("127.0.0.1", ports[1]))
+        time.sleep(0.5)
+        got = []
+        for sock in senders:
+            answers = []
+            while True:
+                try:
+                    answers.append(sock.recvfrom(2048))
+                except BlockingIOError:
+                    break
+            got.append(answers)
+        for answers, port in zip(got, ports, strict=True):
+            frames = [decode(d) for d, _ in answers]
+            assert any(isinstance(f, StatusMessage) for f in frames), port
+            assert any(isinstance(f, Nak) and f.term_offset == 64 for f in frames), port
+            assert {source for _, source in answers} == {("127.0.0.1", port)}
+        assert len(subscription.images) == 1
 
-            # The first path goes silent (heartbeats on the second keep the image): after the
-            # liveness timeout its status messages stop.
-            deadline = time.monotonic() + 1.6
-            while time.monotonic() < deadline:
-                senders[1].sendto(Heartbeat(160, session, STREAM, term_id).encode(),
-                                  ("127.0.0.1", ports[1]))
-                time.sleep(0.05)
-            for sock in senders:  # what went before the timeout
-                _status_messages(sock)
-            time.sleep(0.5)
+        # The first path goes silent (heartbeats on the second keep the image): after the
+        # liveness timeout its status messages stop.
+        deadline = time.monotonic() + 1.6
+        while time.monotonic() < deadline:
             senders[1].sendto(Heartbeat(160, session, STREAM, term_id).encode(),
                               ("127.0.0.1", ports[1]))
-            time.sleep(0.3)
-            assert not _status_messages(senders[0])
-            assert _status_messages(senders[1])
+            time.sleep(0.05)
+        for sock in senders:  # what went before the timeout
+            _status_messages(sock)
+        time.sleep(0.5)
+        senders[1].sendto(Heartbeat(160, session, STREAM, term_id).encode(),
+                          ("127.0.0.1", ports[1]))
+        time.sleep(0.3)
+        assert not _status_messages(senders[0])
+        assert _status_messages(senders[1])
 
-            # Both paths live again; then the second destination is removed: SMs only along
-            # the first.
-            for sock, port in zip(senders, ports, strict=True):
-                sock.sendto(Heartbeat(160, session, STREAM, term_id).encode(),
-                            ("127.0.0.1", port))
-            time.sleep(0.3)
-            assert _status_messages(senders[0]) and _status_messages(senders[1])
-            subscription.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[1]}")
-            # What went before the receiver's thread ran the removal (it counts it then).
-            wait_for(lambda: _counter(receiver, CounterType.MDS_DESTINATIONS) == [1],
-                     timeout=5, what="the removal run")
-            _status_messages(senders[1])
-            for _ in range(8):
-                senders[0].sendto(Heartbeat(160, session, STREAM, term_id).encode(),
-                                  ("127.0.0.1", ports[0]))
-                time.sleep(0.05)
-            assert _status_messages(senders[0])
-            assert not _status_messages(senders[1])
-        finally:
-            for sock in senders:
-                sock.close()
+        # Both paths live again; then the second destination is removed: SMs only along
+        # the first.
+        for sock, port in zip(senders, ports, strict=True):
+            sock.sendto(Heartbeat(160, session, STREAM, term_id).encode(),
+                        ("127.0.0.1", port))
+        time.sleep(0.3)
+        assert _status_messages(senders[0]) and _status_messages(senders[1])
+        subscription.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[1]}")
+        # What went before the receiver's thread ran the removal (it counts it then).
+        wait_for(lambda: _counter(receiver, CounterType.MDS_DESTINATIONS) == [1],
+                 timeout=5, what="the removal run")
+        _status_messages(senders[1])
+        for _ in range(8):
+            senders[0].sendto(Heartbeat(160, session, STREAM, term_id).encode(),
+                              ("127.0.0.1", ports[0]))
+            time.sleep(0.05)
+        assert _status_messages(senders[0])
+        assert not _status_messages(senders[1])
 
 
 def test_control_frames_to_every_path_count_every_paths_bytes(launch) -> None:
@@ -418,48 +427,40 @@ def test_a_removed_path_gets_nothing_when_its_slot_is_reused(launch) -> None:
     the new path gets them once its data comes."""
     receiver = launch()
     ports = [free_port(), free_port(), free_port()]
-    senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in ports]
-    with Client.connect(receiver.directory) as b:
-        try:
-            for sock in senders:
-                sock.bind(("127.0.0.1", 0))
-                sock.setblocking(False)
-            subscription = b.add_subscription(MDS, STREAM)
-            for port in ports[:2]:
-                subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
-            session, term_id = 78, 5
-            senders[0].sendto(Setup(0, session, STREAM, term_id, term_id, 64 * 1024,
-                                    1408).encode(), ("127.0.0.1", ports[0]))
-            wait_for(lambda: subscription.images, timeout=5, what="the image")
+    with Client.connect(receiver.directory) as b, _senders(len(ports)) as senders:
+        subscription = b.add_subscription(MDS, STREAM)
+        for port in ports[:2]:
+            subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+        session, term_id = 78, 5
+        senders[0].sendto(Setup(0, session, STREAM, term_id, term_id, 64 * 1024,
+                                1408).encode(), ("127.0.0.1", ports[0]))
+        wait_for(lambda: subscription.images, timeout=5, what="the image")
 
-            def heartbeat(i: int) -> None:
-                senders[i].sendto(Heartbeat(0, session, STREAM, term_id).encode(),
-                                  ("127.0.0.1", ports[i]))
+        def heartbeat(i: int) -> None:
+            senders[i].sendto(Heartbeat(0, session, STREAM, term_id).encode(),
+                              ("127.0.0.1", ports[i]))
 
+        heartbeat(0)
+        heartbeat(1)
+        time.sleep(0.3)
+        assert _status_messages(senders[1])  # the second path is live
+        subscription.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[1]}")
+        subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[2]}")
+        wait_for(lambda: _counter(receiver, CounterType.MDS_DESTINATIONS) == [2],
+                 timeout=5, what="the removal and the add run")
+        time.sleep(0.05)
+        _drain(senders[1])  # what went before the removal ran
+        # Data past a gap on the first path (a NAK) and heartbeats on the third, for
+        # longer than the SM interval: nothing for the removed path's source.
+        senders[0].sendto(Data(128, session, STREAM, term_id, b"x" * 32).encode(),
+                          ("127.0.0.1", ports[0]))
+        for _ in range(10):
             heartbeat(0)
-            heartbeat(1)
-            time.sleep(0.3)
-            assert _status_messages(senders[1])  # the second path is live
-            subscription.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[1]}")
-            subscription.add_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[2]}")
-            wait_for(lambda: _counter(receiver, CounterType.MDS_DESTINATIONS) == [2],
-                     timeout=5, what="the removal and the add run")
+            heartbeat(2)
             time.sleep(0.05)
-            _drain(senders[1])  # what went before the removal ran
-            # Data past a gap on the first path (a NAK) and heartbeats on the third, for
-            # longer than the SM interval: nothing for the removed path's source.
-            senders[0].sendto(Data(128, session, STREAM, term_id, b"x" * 32).encode(),
-                              ("127.0.0.1", ports[0]))
-            for _ in range(10):
-                heartbeat(0)
-                heartbeat(2)
-                time.sleep(0.05)
-            assert _drain(senders[1]) == []
-            assert _status_messages(senders[0])
-            assert _status_messages(senders[2])
-        finally:
-            for sock in senders:
-                sock.close()
+        assert _drain(senders[1]) == []
+        assert _status_messages(senders[0])
+        assert _status_messages(senders[2])
 
 
 def test_removing_and_adding_a_destination_again_at_once() -> None:

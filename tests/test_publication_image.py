@@ -536,14 +536,10 @@ def _via(receiver, frame: bytes, source: tuple[str, int], now_ns: int) -> int:
     return network.ss_receiver_on_datagram(receiver, frame, len(frame), raw, len(raw), now_ns)
 
 
-def test_a_multi_destination_image_takes_every_path_and_answers_the_live_ones(
-        shm: Path) -> None:
-    """Two destinations of one control-mode=manual channel feed one image: the SETUP through
-    the first makes it, data through the second from another address is taken (not a
-    foreign source), a copy of a frame already there changes nothing, and the status
-    messages go along each path heard from within the liveness timeout, the multicast one to
-    its control group, each through its destination; a path silent for longer, or whose
-    destination is removed, gets none."""
+def _two_destinations(shm: Path):
+    """A control-mode=manual channel (image liveness 1 s) with two destinations whose C
+    receivers have no socket: (channel, its counters, the first's receiver, the second's, the
+    second's control group).  The first is unicast, the second a multicast group's."""
     from slipstream.daemon._network import ffi as network_ffi
 
     rc, counters = receive_channel(shm, "aeron:udp?control-mode=manual",
@@ -554,6 +550,18 @@ def test_a_multi_destination_image_takes_every_path_and_answers_the_live_ones(
     control_group = ("224.0.1.3", 4000)
     rc.attach_destination(0, first, None)
     rc.attach_destination(1, second, control_group)
+    return rc, counters, first, second, control_group
+
+
+def test_a_multi_destination_image_takes_every_path_and_answers_the_live_ones(
+        shm: Path) -> None:
+    """Two destinations of one control-mode=manual channel feed one image: the SETUP through
+    the first makes it, data through the second from another address is taken (not a
+    foreign source), a copy of a frame already there changes nothing, and the status
+    messages go along each path heard from within the liveness timeout, the multicast one to
+    its control group, each through its destination; a path silent for longer, or whose
+    destination is removed, gets none."""
+    rc, counters, first, second, control_group = _two_destinations(shm)
     with pytest.raises(ValueError):
         rc.attach_destination(1, second, None)  # a slot taken
     other = ("10.0.0.9", 6000)
@@ -592,16 +600,7 @@ def test_a_datagram_from_elsewhere_does_not_redirect_a_live_path(shm: Path) -> N
     window or not, and a SETUP from another address leave a live path where it is; a forged
     frame outside the window does not even keep it live.  Once the path went quiet past the
     liveness timeout, the next data in the window sets it anew."""
-    from slipstream.daemon._network import ffi as network_ffi
-
-    rc, counters = receive_channel(shm, "aeron:udp?control-mode=manual",
-                                   image_liveness_timeout=1_000 * MS)
-    first, second = (network_ffi.new("ss_receiver_t *") for _ in range(2))
-    for receiver in (first, second):
-        receiver.fd = -1
-    control_group = ("224.0.1.3", 4000)
-    rc.attach_destination(0, first, None)
-    rc.attach_destination(1, second, control_group)
+    rc, counters, first, second, control_group = _two_destinations(shm)
     forger = ("10.0.0.66", 6666)
     rc.arrival_destination = 0
     rc.on_control(setup(), SRC, 0)

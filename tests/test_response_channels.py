@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ from helpers import (
 
 from slipstream.client import ChannelRejectedError, ChannelWarning, Client
 from slipstream.client.frames import SM_SEND_SETUP_FLAG, ResponseSetup, StatusMessage, decode
+from slipstream.client.publication import Publication
+from slipstream.client.subscription import Subscription
 from slipstream.daemon.driver import MediaDriver
 
 pytestmark = pytest.mark.timeout(60)
@@ -478,17 +481,29 @@ def test_a_response_channel_over_ipv6(launch) -> None:
         collector.assert_exactly(200)
 
 
-def _connected_through_nat(server: Client, client: Client, port: int, control_port: int,
-                           nat: _Nat):
-    """A request stream to ``port`` and a response stream back through ``nat``."""
-    requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", REQUESTS)
-    responses = _response_subscription(client, nat.port)
-    request_publication = _request_publication(client, port, responses)
-    [echo] = _answer(server, requests, control_port, 1)
-    wait_for(lambda: responses.images and echo.response.is_connected
-             and request_publication.is_connected, timeout=10,
-             what="the response stream connected through the NAT")
-    return responses, request_publication, echo
+@contextlib.contextmanager
+def _connected_through_nat(launch) -> Iterator[tuple[_Nat, Subscription, Publication, _Echo]]:
+    """A server's and a client's driver: a request stream to the server and a response
+    stream back through a NAT in front of the client's response subscription, connected:
+    (the NAT, the client's response subscription, its request publication, the server's
+    echo of it).  The NAT is closed at the end."""
+    server_driver, client_driver = launch(), launch()
+    port, control_port = free_port(), free_port()
+    nat = _Nat(("127.0.0.1", control_port))
+    try:
+        with Client.connect(server_driver.directory) as server, \
+                Client.connect(client_driver.directory) as client:
+            requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}",
+                                               REQUESTS)
+            responses = _response_subscription(client, nat.port)
+            request_publication = _request_publication(client, port, responses)
+            [echo] = _answer(server, requests, control_port, 1)
+            wait_for(lambda: responses.images and echo.response.is_connected
+                     and request_publication.is_connected, timeout=10,
+                     what="the response stream connected through the NAT")
+            yield nat, responses, request_publication, echo
+    finally:
+        nat.close()
 
 
 def test_a_nat_rebind_mid_stream_moves_the_response_stream_to_the_new_port(launch) -> None:
@@ -496,23 +511,14 @@ def test_a_nat_rebind_mid_stream_moves_the_response_stream_to_the_new_port(launc
     old one drops what still reaches it): the response publication takes the new port from
     the client's next SMs (same receiver id), and the stream goes on exactly once, in order,
     on the same image."""
-    server_driver, client_driver = launch(), launch()
-    port, control_port = free_port(), free_port()
-    nat = _Nat(("127.0.0.1", control_port))
-    try:
-        with Client.connect(server_driver.directory) as server, \
-                Client.connect(client_driver.directory) as client:
-            responses, request_publication, echo = _connected_through_nat(
-                server, client, port, control_port, nat)
-            [image] = responses.images
-            collector = Collector(responses)
-            _exchange([(request_publication, collector, 0)], [echo], 500)
-            nat.rebind()
-            _exchange([(request_publication, collector, 500)], [echo], 1500)
-            collector.assert_exactly(2000)
-            assert [i.session_id for i in responses.images] == [image.session_id]
-    finally:
-        nat.close()
+    with _connected_through_nat(launch) as (nat, responses, request_publication, echo):
+        [image] = responses.images
+        collector = Collector(responses)
+        _exchange([(request_publication, collector, 0)], [echo], 500)
+        nat.rebind()
+        _exchange([(request_publication, collector, 500)], [echo], 1500)
+        collector.assert_exactly(2000)
+        assert [i.session_id for i in responses.images] == [image.session_id]
 
 
 def test_a_forged_setup_request_does_not_take_the_response_stream(launch) -> None:
@@ -553,25 +559,16 @@ def test_an_image_lost_while_its_response_publication_stays_is_asked_for_again(
     enough for the client's response image to time out (the publication stays open); once
     the path is back, the client's endpoint asks for the session again and a new image of
     it carries the exchange on."""
-    server_driver, client_driver = launch(), launch()
-    port, control_port = free_port(), free_port()
-    nat = _Nat(("127.0.0.1", control_port))
-    try:
-        with Client.connect(server_driver.directory) as server, \
-                Client.connect(client_driver.directory) as client:
-            responses, request_publication, echo = _connected_through_nat(
-                server, client, port, control_port, nat)
-            session_id = echo.response.session_id
-            _exchange([(request_publication, Collector(responses), 0)], [echo], 200)
-            nat.blocked = True
-            wait_for(lambda: not responses.images and not echo.response.is_connected,
-                     timeout=10, what="the response image went")
-            nat.blocked = False
-            wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
-                     what="the response stream back")
-            assert [i.session_id for i in responses.images] == [session_id]
-            collector = Collector(responses)
-            _exchange([(request_publication, collector, 200)], [echo], 300)
-            collector.assert_exactly(300, first=200)
-    finally:
-        nat.close()
+    with _connected_through_nat(launch) as (nat, responses, request_publication, echo):
+        session_id = echo.response.session_id
+        _exchange([(request_publication, Collector(responses), 0)], [echo], 200)
+        nat.blocked = True
+        wait_for(lambda: not responses.images and not echo.response.is_connected,
+                 timeout=10, what="the response image went")
+        nat.blocked = False
+        wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
+                 what="the response stream back")
+        assert [i.session_id for i in responses.images] == [session_id]
+        collector = Collector(responses)
+        _exchange([(request_publication, collector, 200)], [echo], 300)
+        collector.assert_exactly(300, first=200)
