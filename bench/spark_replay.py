@@ -18,11 +18,16 @@ process (the reader) and the executor's driver on CPU 0 (every thread, as ``task
 Without it the scheduler places them on the machine's cores as it likes.  ``--cpu`` prints
 where a replayed read's CPU goes: per thread of the four processes (the median of the runs, ms
 of CPU from ``/proc/<pid>/task/<tid>/schedstat``, and its page faults).
+
+It also prints what writing the range's bytes costs in this machine's shared memory, into fresh
+pages and again into the same pages, resident: a replay writes its range into two new logs
+(the holder's replay publication and the executor's image), a local read into none.
 """
 
 from __future__ import annotations
 
 import argparse
+import mmap
 import multiprocessing
 import os
 import shutil
@@ -73,6 +78,30 @@ def thread_cpu(pids: dict[str, int]) -> dict[tuple[str, str], tuple[int, int]]:
             faults = int(stat[stat.rindex(")") + 2:].split()[7])
             seen[(label, f"{name}/{tid}")] = (ns, faults)
     return seen
+
+
+def page_cost(directory: Path, length: int, runs: int = 3) -> tuple[float, float]:
+    """Seconds to write ``length`` bytes in 1 MiB blocks into a new file's fresh shared-memory
+    pages in ``directory``, and to write them again into the same pages (resident, mapped):
+    the medians of ``runs``."""
+    block = b"\x01" * (1 << 20)
+    fresh: list[float] = []
+    resident: list[float] = []
+    path = directory / f"page-cost-{uuid.uuid4().hex[:6]}"
+    for _ in range(runs):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, length)
+            with mmap.mmap(fd, length) as mapped:
+                for times in (fresh, resident):
+                    began = time.perf_counter()
+                    for offset in range(0, length, len(block)):
+                        mapped[offset:offset + len(block)] = block[:length - offset]
+                    times.append(time.perf_counter() - began)
+        finally:
+            os.close(fd)
+            path.unlink()
+    return statistics.median(fresh), statistics.median(resident)
 
 
 def rows_of(partition: SlipstreamPartition) -> tuple[int, float, float]:
@@ -206,6 +235,11 @@ def main() -> None:
               f"{replayed_median / 1e6:.3f})")
         print(f"ratio replayed / local: {replayed_best / local_best:.2f} (medians "
               f"{replayed_median / local_median:.2f})")
+        fresh_s, resident_s = page_cost(directories[1], log_bytes)
+        print(f"shared memory, the range's bytes written once: into fresh pages "
+              f"{fresh_s * 1e3:.1f} ms, again into the same pages {resident_s * 1e3:.1f} ms "
+              f"(a replay fills two new logs; the best local read took "
+              f"{args.messages / local_best * 1e3:.1f} ms)")
         if args.cpu:
             print("CPU per replayed read (median of the runs; minor page faults):")
             for (label, name), samples in sorted(cpu.items()):
