@@ -42,6 +42,7 @@ import logging
 import os
 import random
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -67,6 +68,7 @@ from slipstream.client.layout import (
     HEADER_LENGTH,
     INT32_MAX,
     PARTITION_COUNT,
+    SESSION_ID_FIELD,
 )
 from slipstream.client.logbuffer import LogBuffer, compute_term_id, index_by_position
 from slipstream.client.messages import FragmentHandler, GatheredMessages
@@ -116,6 +118,8 @@ _IDLE_LINKS: Final = 4  # idle links a process keeps per holder and reply endpoi
 #: replay of 100 messages took medians of 15-25 ms a run, parked 13-18 ms (five runs each,
 #: alternating, load 2.5-4).
 _WAIT_SPIN_NS: Final = 0
+#: A DATA header's session id, stream id and term id, in a row from SESSION_ID_FIELD.
+_HEADER_IDS: Final = struct.Struct("<iii")
 
 
 class ReplayError(SlipstreamError):
@@ -149,32 +153,45 @@ def _first_frame_in_term(image: Image, log_buffer: LogBuffer, start: int, end: i
     """The first frame boundary in ``[start, end)`` within ``start``'s term that the log still
     holds, found by its header (length, term offset, session, stream and term id all match),
     or None.  The driver cleans one term behind the slowest subscriber from an arbitrary
-    position, so what survives of a term begins anywhere, not at its start."""
+    position, so what survives of a term begins anywhere, not at its start.  Candidates are
+    found by searching the mapping for the header's session, stream and term id (a C
+    ``memmem``, not a Python step per 32 bytes: a term is up to 1 GiB), then checked whole."""
     term = image.term_length
     term_start = start - start % term
-    view = log_buffer.term_view(index_by_position(start, log_buffer.position_bits))
+    index = index_by_position(start, log_buffer.position_bits)
+    view = log_buffer.term_view(index)
     term_id = compute_term_id(start, log_buffer.position_bits, log_buffer.initial_term_id)
+    ids = _HEADER_IDS.pack(image.session_id, image.stream_id, term_id)
+    base = index * term  # the term's offset in the log file
     stop = min(term, end - term_start)
-    for offset in range(start % term, stop, FRAME_ALIGNMENT):
-        length, _, _, _, frame_offset, session, stream, frame_term, _ = \
-            DATA_HEADER.unpack_from(view, offset)
-        if (length > 0 and frame_offset == offset and frame_term == term_id
-                and session == image.session_id and stream == image.stream_id
-                and is_retained(image, term_start + offset)):
-            return term_start + offset
+    found = log_buffer._map.find(ids, base + start % term + SESSION_ID_FIELD,
+                                 base + stop + SESSION_ID_FIELD)
+    while found >= 0:
+        offset = found - SESSION_ID_FIELD - base
+        if offset % FRAME_ALIGNMENT == 0:
+            length, _, _, _, frame_offset = DATA_HEADER.unpack_from(view, offset)[:5]
+            if (length > 0 and frame_offset == offset
+                    and is_retained(image, term_start + offset)):
+                return term_start + offset
+        found = log_buffer._map.find(ids, found + 1, base + stop + SESSION_ID_FIELD)
     return None
 
 
 def first_retained(image: Image, start: int, end: int) -> int:
     """The first message position after ``start``, at most ``end``, that the log still holds.
 
-    Term starts are tried first (every term begins with a frame; a reader starting inside a
-    fragmented message skips its remaining fragments); within the term where cleaning
-    stopped, the first intact frame header; finally ``end`` itself.
+    Only the terms the log's three partitions can still hold are looked at (the producer's
+    and the two before it: whatever lies before was written over); there, term starts are
+    tried first (every term begins with a frame; a reader starting inside a fragmented
+    message skips its remaining fragments); within the term where cleaning stopped, the
+    first intact frame header; finally ``end`` itself.
     """
     term = image.term_length
-    end = min(end, image._log.producer_position())  # nothing is held past the producer
-    position = start + FRAME_ALIGNMENT  # the first frame boundary that can follow start
+    producer = image._log.producer_position()
+    end = min(end, producer)  # nothing is held past the producer
+    # At a term boundary the producer may not have rotated yet: the term before it counts.
+    oldest = max(0, ((max(producer, 1) - 1) // term - (PARTITION_COUNT - 1)) * term)
+    position = max(start + FRAME_ALIGNMENT, oldest)  # the first boundary that can follow start
     while position < end:
         term_start = position - position % term
         if term_start > start and is_retained(image, term_start):
@@ -515,14 +532,22 @@ class ReplayServer:
         """Take new requests, move every replay on; returns how much was done."""
         work = self._control.poll(lambda data, _header: self._requests.append(bytes(data)), 16)
         for data in self._requests:
+            request: ReplayRequest | None = None
             try:
                 fields = _json_object(data)
                 if fields is not None and fields.get("kind") == "call":
                     self._call(fields)
-                else:
-                    self._start(data)
-            except Exception as e:
-                self._refuse(f"the request could not be served ({type(e).__name__}: {e})", None)
+                    continue
+                try:
+                    request = ReplayRequest.decode(data)
+                except ValueError as e:
+                    self._refuse(f"malformed request ({e})", None)
+                    continue
+                self._start(request)
+            except Exception as e:  # answered, so that the reader fails at once with it
+                log.exception("slipstream replay: a request could not be served")
+                self._refuse(f"the request could not be served ({type(e).__name__}: {e}); "
+                             f"the holder's log says more", request)
         self._requests.clear()
         work += self._answers.do_work()
         self._responses.do_work()
@@ -533,8 +558,13 @@ class ReplayServer:
                 log.warning("slipstream replay: %s [%d, %d) ended: %s",
                             session.request.reply_channel, session.request.start,
                             session.request.end, e)
-                self.refused += 1
-                self._finish(session, served=False)
+                if session.data is None:  # failed answering, or finishing: nothing to say
+                    self.refused += 1
+                    self._finish(session, served=False)
+                else:  # the reader is told why its data stream ends
+                    work += self._stop_refused(
+                        session, f"the replay failed at the holder ({type(e).__name__}: {e}); "
+                                 f"the holder's log says more")
         return work
 
     def _call(self, fields: dict[str, Any]) -> None:
@@ -578,13 +608,7 @@ class ReplayServer:
         session.position = request.end  # nothing to send
         self._sessions.append(session)
 
-    def _start(self, data: bytes) -> None:
-        try:
-            request = ReplayRequest.decode(data)
-        except ValueError as e:
-            self._refuse(f"malformed request ({e})", None)
-            return
-        r = request
+    def _start(self, r: ReplayRequest) -> None:
         where = (f"stream {r.stream_id} session {r.log.session_id} [{r.start}, {r.end})")
         image = self._lookup(r.stream_id, r.log.session_id)
         if image is None:
@@ -603,18 +627,24 @@ class ReplayServer:
         if r.end > producer:
             self._refuse(f"{where}: the log reaches only {producer}", r)
             return
-        begin = r.start
-        if r.start < r.end and not is_retained(image, r.start):
-            if not r.skip_lost:
-                self._refuse(f"{where}: the log no longer holds position {r.start} (the "
-                             f"publisher is at {producer})", r, status="lost",
-                             lost=[r.start, r.end], producer=producer)
-                return
-            begin = first_retained(image, r.start, r.end)
-        lost_to = begin
-        # The replay must begin where a message does: its first frame takes the position the
-        # publication starts at (what a peek skips, the rest of a cut message, it never sends).
-        begin = message_start(image, begin, r.end)
+        lost_to = r.start  # the first position the log still holds
+        while True:
+            if lost_to < r.end and not is_retained(image, lost_to):
+                if not r.skip_lost:
+                    self._refuse(f"{where}: the log no longer holds position {lost_to} (the "
+                                 f"publisher is at {producer})", r, status="lost",
+                                 lost=[r.start, r.end], producer=producer)
+                    return
+                lost_to = first_retained(image, lost_to, r.end)
+            # The replay must begin where a message does: its first frame takes the position
+            # the publication starts at (what a peek skips, the rest of a cut message, it
+            # never sends).
+            begin = message_start(image, lost_to, r.end)
+            # message_start read the frames from lost_to on; they were whole if the log still
+            # holds lost_to after it (the cleaner zeroes forward, and a frame it zeroed reads
+            # as not written yet, which would end the range there with nothing sent).
+            if lost_to >= r.end or is_retained(image, lost_to):
+                break
         try:
             response = self._responses.take(r)
         except SlipstreamError as e:
@@ -689,13 +719,10 @@ class ReplayServer:
             except _BlockError as e:
                 return self._stop_refused(session, str(e))
             except DataLossError as e:
-                session.response.offer(session.respond(
+                return self._stop(session, session.respond(
                     "lost", message=f"the log no longer holds position {session.position} "
                                     f"(the publisher is at {e.producer_position})",
                     lost=[session.position, request.end], producer=e.producer_position))
-                self.refused += 1
-                self._finish(session, served=False)
-                return 1
             if session.pending is None:  # the range is sent: say where its last message ends
                 session.answer = session.respond("complete", end=session.last_end)
                 session.completed = True
@@ -722,11 +749,17 @@ class ReplayServer:
 
     def _stop_refused(self, session: _Session, why: str) -> int:
         """Stop sending the replay and tell the reader ``why``."""
-        session.answer = session.respond("refused", message=why)
+        return self._stop(session, session.respond("refused", message=why))
+
+    def _stop(self, session: _Session, answer: bytes) -> int:
+        """Stop sending the replay (its data stream ends) and send the reader ``answer``, which
+        says why; the session ends once the answer went (:meth:`_advance` offers it until it
+        goes, as every answer)."""
+        session.answer = answer
         session.completed = False
-        assert session.data is not None
-        session.data.close()
-        session.data = None
+        if session.data is not None:
+            session.data.close()
+            session.data = None
         self.refused += 1
         return 1
 

@@ -471,6 +471,8 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
                     raise lost(e) from None
                 # Asked again from here with skip_lost, the holder skips what it lost.
             position = replay.position
+            if replay.complete_at is not None and position >= replay.complete_at:
+                break  # the holder sent every message: padding, never sent, ends the range
 
 
 def shares(budget: int, backlogs: dict[str, int]) -> dict[str, int]:

@@ -2,7 +2,9 @@
 frame for frame into another that starts at the same position, as the replay holder sends a
 range (client/replay.py).  The copy must read back as the source does (payloads, positions,
 reserved values, fragments, the padding that ends a term), stop where a block cannot go, and
-take nothing from a source frame it has not checked."""
+take nothing from a source frame it has not checked.  Where a range the log no longer holds
+resumes (``first_retained``) is found among the terms the log can still hold, and the holder
+answers every way a replay ends."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client import BufferClaim, Client
+from slipstream.client import replay as replay_module
 from slipstream.client._native import ffi, lib
+from slipstream.client.errors import DataLossError
 from slipstream.client.holding import small_channel
 from slipstream.client.layout import (
     BEGIN_FLAG,
@@ -36,13 +40,15 @@ from slipstream.client.layout import (
     TERM_MIN_LENGTH,
 )
 from slipstream.client.logbuffer import LogBuffer, index_by_position, new_appender
-from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED
+from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, Publication
 from slipstream.client.replay import (
     LogIdentity,
     Replay,
     ReplayError,
+    ReplayLostError,
     ReplayRequest,
     ReplayServer,
+    first_retained,
     request_replay,
 )
 from slipstream.client.subscription import Image, Subscription
@@ -346,6 +352,61 @@ def test_a_block_takes_no_frame_whose_header_it_cannot_trust(
     replay.close()
 
 
+def write_terms(log: LogBuffer, sizes: list[int], stop: int) -> None:
+    """Messages of ``sizes``, over and over, until the log reaches ``stop`` (past three terms):
+    each partition is zeroed before the log rotates into it again, as the driver's cleaner
+    leaves a partition a publisher enters."""
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    i = 0
+    while log.producer_position() < stop:
+        size = sizes[i % len(sizes)]
+        result = lib.ss_offer_rv(appender, bytes([i % 251]) * size, size, i)
+        if result == ADMIN_ACTION:  # rotated: the partition it enters holds a term 3 back
+            position = log.producer_position()
+            if position >= 3 * TERM:
+                log.term_view(index_by_position(position, log.position_bits))[:] = bytes(TERM)
+            continue
+        assert result > 0
+        i += 1
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=20),
+       stop=st.integers(3 * TERM + 1, 4 * TERM - 4096), cut=st.integers(0, TERM // 32),
+       start_at=st.floats(0, 1))
+@example(sizes=[100], stop=3 * TERM + 5000, cut=TERM // 32, start_at=0.0)
+def test_the_first_position_held_is_found_among_the_terms_the_log_can_still_hold(
+        shm: Path, monkeypatch: pytest.MonkeyPatch, sizes: list[int], stop: int, cut: int,
+        start_at: float) -> None:
+    """Past three terms, the oldest term the log holds is cleaned up to ``cut`` (32-byte
+    units): from any start, ``first_retained`` returns the first frame boundary after it that
+    the log still holds (the producer's position when none), and never looks into a term
+    that was written over, which could only cost time (a Python scan of it took seconds)."""
+    log = make_log(shm)
+    try:
+        write_terms(log, sizes, stop)
+        producer = log.producer_position()
+        held = [position for position, _, _ in frames(log, TERM, producer)]
+        oldest = log.term_view(index_by_position(TERM, log.position_bits))
+        oldest[:cut * FRAME_ALIGNMENT] = bytes(cut * FRAME_ALIGNMENT)
+        image = Image(log, ffi.new("int64_t *", producer), join_position=0)
+        looked_at: list[int] = []
+        scan = replay_module._first_frame_in_term
+
+        def recorded(image: Image, log_buffer: LogBuffer, start: int, end: int) -> int | None:
+            looked_at.append(start)
+            return scan(image, log_buffer, start, end)
+
+        monkeypatch.setattr(replay_module, "_first_frame_in_term", recorded)
+        start = int(start_at * (producer - FRAME_ALIGNMENT)) & -FRAME_ALIGNMENT
+        expected = min((p for p in held if p > start and p >= TERM + cut * FRAME_ALIGNMENT),
+                       default=producer)
+        assert first_retained(image, start, producer) == expected
+        assert all(position >= TERM for position in looked_at), looked_at
+    finally:
+        log.close()
+
+
 # -- through two drivers -------------------------------------------------------------------------
 PORT = 40197
 CONTROL = 5353
@@ -554,3 +615,127 @@ def test_the_replay_exchange_parks_its_waits_and_never_spins(holder_and_reader,
     wait_for(lambda: spins["holder"], what="the holder waiting for its next request")
     assert spins["reader"] and set(spins["reader"]) == {0}, spins["reader"]
     assert set(spins["holder"]) == {0}, spins["holder"]
+
+
+@pytest.mark.sockets
+def test_a_range_the_cleaner_takes_while_the_holder_looks_for_its_start_is_answered_lost(
+        holder_and_reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder finds the range's start held, then the cleaner zeroes it while the holder
+    walks to where a message begins: the answer is ``lost`` naming the range (a frame zeroed
+    reads as not written yet, and the range would have been answered as empty and read as
+    complete, nothing lost); asked again with skip_lost, the replay begins at the next
+    message."""
+    publication, keeper, remote, image, _server = holder_and_reader
+    deadline = time.monotonic() + 10
+    while image.position < 7 * TERM // 4:  # the keeper reads, a few messages at a time
+        while publication.offer(bytes(1000), reserved_value=5) > 0:
+            pass
+        if keeper.poll(lambda d, h: None, 8) == 0:
+            assert time.monotonic() < deadline, "no credit for 10 s"
+            time.sleep(0.001)
+    offered = time.monotonic()
+    while time.monotonic() - offered < 0.2:  # then the publisher runs half a term ahead
+        if publication.offer(bytes(1000), reserved_value=6) > 0:
+            offered = time.monotonic()
+        else:
+            time.sleep(0.001)
+    start, end = TERM, publication.position  # not cleaned, a whole term behind the producer
+    assert end - start >= TERM and image.position - start < TERM
+    writable = LogBuffer(image.log_path)
+    walk = replay_module.message_start
+    zeroed: list[int] = []
+
+    def cleaner_passes(image: Image, position: int, end: int) -> int:
+        if not zeroed:
+            index = index_by_position(position, writable.position_bits)
+            writable.term_view(index)[position % TERM:position % TERM + HEADER_LENGTH] = \
+                bytes(HEADER_LENGTH)
+            zeroed.append(position)
+        return walk(image, position, end)
+
+    monkeypatch.setattr(replay_module, "message_start", cleaner_passes)
+    try:
+        with pytest.raises(ReplayLostError) as lost:
+            request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM, LogIdentity.of(image),
+                           start, end, timeout_s=10)
+        assert zeroed == [start] and lost.value.lost == (start, end)
+        replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
+                                LogIdentity.of(image), start, end, skip_lost=True,
+                                timeout_s=10)
+        assert replay.lost == (start, start + 1056) and replay.start == start + 1056
+        assert replayed_through(replay) == source_rows(image, start + 1056, end)
+    finally:
+        writable.close()
+
+
+@pytest.mark.sockets
+def test_a_loss_while_replaying_is_answered_lost_even_when_the_answer_must_wait(
+        holder_and_reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log stops holding the range after the holder answered ``replaying``, and the answer
+    publication refuses the ``lost`` answer's first offer (back pressure, a term's rotation):
+    the holder offers it again until it goes, so the reader fails with the loss, naming the
+    range, not with a stream that merely ended."""
+    publication, _keeper, remote, image, server = holder_and_reader
+    for i in range(20):
+        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
+    end = publication.position
+
+    def log_moves_on(session: object, end: int) -> int | None:
+        raise DataLossError(0, end + 3 * TERM)
+
+    monkeypatch.setattr(ReplayServer, "_blocks", staticmethod(log_moves_on))
+    take = replay_module._Responses.take
+    refused: list[bytes] = []
+
+    def answers_refusing_once(self: object, request: ReplayRequest) -> Publication:
+        publication = take(self, request)
+        offer = publication.offer
+
+        def refuse_once(data: bytes, *args: object, **kwargs: object) -> int:
+            if b'"lost"' in bytes(data) and not refused:
+                refused.append(bytes(data))
+                return BACK_PRESSURED
+            return offer(data, *args, **kwargs)
+
+        publication.offer = refuse_once
+        return publication
+
+    monkeypatch.setattr(replay_module._Responses, "take", answers_refusing_once)
+    with pytest.raises(ReplayLostError) as lost:
+        replayed(remote, image, 0, end)
+    assert refused and lost.value.lost == (0, end)
+    assert "no longer holds position 0" in str(lost.value)
+    wait_for(lambda: server.refused == 1 and not server.replaying, what="the replay ended")
+
+
+@pytest.mark.sockets
+def test_a_holder_that_fails_serving_a_request_tells_the_reader_why(
+        holder_and_reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception at the holder, while it looks the log up or while it sends the range, is
+    answered to the reader with its reason (the reader fails at once saying so, not after
+    its timeout as if the holder were not there, nor with a stream that merely ended), and
+    the holder serves the next request."""
+    publication, _keeper, remote, image, server = holder_and_reader
+    for i in range(20):
+        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
+    end = publication.position
+    lookup = server._lookup
+
+    def lookup_fails(stream_id: int, session_id: int) -> Image | None:
+        raise RuntimeError("the lookup broke")
+
+    server._lookup = lookup_fails
+    with pytest.raises(ReplayError, match=r"could not be served \(RuntimeError: the lookup"):
+        replayed(remote, image, 0, end)
+    server._lookup = lookup
+    blocks = ReplayServer._blocks
+
+    def send_fails(session: object, end: int) -> int | None:
+        raise RuntimeError("the copy broke")
+
+    monkeypatch.setattr(ReplayServer, "_blocks", staticmethod(send_fails))
+    with pytest.raises(ReplayError, match=r"failed at the holder \(RuntimeError: the copy"):
+        replayed(remote, image, 0, end)
+    monkeypatch.setattr(ReplayServer, "_blocks", staticmethod(blocks))
+    assert replayed(remote, image, 0, end) == source_rows(image, 0, end)
+    assert server.refused == 2 and server.served == 1

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, wait_for
 
-from slipstream.client import Client, Image
+from slipstream.client import BufferClaim, Client, Image
 from slipstream.client.counters import CountersFile
 from slipstream.client.replay import ReplayServer, earliest_position
 from slipstream.daemon.driver import MediaDriver
+from slipstream.spark_bridge import reader
 from slipstream.spark_bridge.reader import (
     SlipstreamDataLossError,
     SlipstreamPartition,
@@ -174,3 +175,28 @@ def test_a_range_that_ends_after_a_terms_padding_is_replayed_whole(two_drivers) 
     local = rows(hosts.partition(hosts.holder_dir, 0, TERM))
     assert len(local) == 62 and local[-1][1] == 62 * 1056
     assert rows(hosts.partition(hosts.executor_dir, 0, TERM)) == local
+
+
+def test_a_range_that_ends_with_an_aborted_claims_padding_is_read_with_one_replay(
+        two_drivers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An aborted claim leaves padding inside a term at the end of the range: the holder sends
+    the messages before it and says where the last one ends; the task reads the same rows as
+    on the holder's host with that one replay, and does not ask again for the padding."""
+    hosts = two_drivers
+    hosts.publish(10)
+    claim = BufferClaim()
+    assert hosts.publication.try_claim(200, claim) > 0
+    claim.abort()
+    end = hosts.publication.position
+    local = rows(hosts.partition(hosts.holder_dir, 0, end))
+    assert len(local) == 10 and local[-1][1] < end
+    asked: list[tuple[int, int]] = []
+    ask = reader.request_replay
+
+    def counted(client: Client, *args: object, **kwargs: object) -> object:
+        asked.append((args[5], args[6]))
+        return ask(client, *args, **kwargs)
+
+    monkeypatch.setattr(reader, "request_replay", counted)
+    assert rows(hosts.partition(hosts.executor_dir, 0, end)) == local
+    assert asked == [(0, end)]
