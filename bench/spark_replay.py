@@ -13,6 +13,16 @@ batches included, and the ratio replayed / local.  The best of ``--runs``, with 
 first batch took (for a replay, its set-up: the request, the holder's answer and the streams
 between the two drivers), and the median of the runs beside it.
 
+Each run also measures the ceiling of any replay through these drivers: a warm, steady UDP
+stream of the same messages (as many, as long) from the holder's driver to the executor's,
+subscribed as a replay is (the drivers' defaults but the 2 MiB receiver window every reply
+endpoint asks for), read in this process by the same reader code as ``read_range``'s local
+path (C scans of up to 4096 messages, one Arrow batch each), parked when nothing is there as
+a replay's reader is.  The holder publishes the range twice in a row: the first pass writes
+every page of the stream's two logs, the second, the one timed, finds them all resident.
+A replay carries the same messages through the same two drivers, plus its set-up and two new
+logs, so it cannot beat this stream: the stream / local ratio bounds replayed / local.
+
 ``--pin`` gives each "host" a CPU of its own: the holder's process and driver on CPU 1, this
 process (the reader) and the executor's driver on CPU 0 (every thread, as ``taskset`` would).
 Without it the scheduler places them on the machine's cores as it likes.  ``--cpu`` prints
@@ -35,20 +45,42 @@ import statistics
 import threading
 import time
 import uuid
+from array import array
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.ipc_throughput import machine
-from slipstream.client import Client, Image
+from bench.ipc_throughput import BATCH, machine
+from bench.udp_throughput import free_port
+from slipstream.client import (
+    ADMIN_ACTION,
+    BACK_PRESSURED,
+    NOT_CONNECTED,
+    Client,
+    Image,
+    Publication,
+    Subscription,
+)
 from slipstream.client.counters import CountersFile
-from slipstream.client.replay import ReplayServer
+from slipstream.client.holding import REPLY_WINDOW, reply_subscription_channel
+from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
+from slipstream.client.replay import _WAIT_SPIN_NS, ReplayServer
+from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
-from slipstream.spark_bridge.reader import SlipstreamPartition, driver_instance, read_range
+from slipstream.spark_bridge.reader import (
+    _ROWS_PER_BATCH,
+    SlipstreamPartition,
+    _arrow_batch,
+    _schema,
+    driver_instance,
+    read_range,
+)
 
 PORT = 40195
 CONTROL = 4242
 STREAM = 77
+WARM_STREAM = 78  # the warm UDP stream's, the ceiling
+IDLE_LIMIT_S = 30  # the longest the warm stream's reader waits for its image, or a message
 HOLDER_CPU, READER_CPU = 1, 0  # with --pin
 
 
@@ -116,15 +148,69 @@ def rows_of(partition: SlipstreamPartition) -> tuple[int, float, float]:
     return rows, time.perf_counter() - began, first
 
 
+def publish_passes(publication: Publication, messages: int, size: int, passes: int) -> None:
+    """``passes`` times ``messages`` messages of ``size`` zero bytes in a row, offered in
+    batches of ``BATCH`` as bench.udp_throughput's publisher offers them; a batch that finds
+    no credit (or no subscriber yet) is offered again after 0.1 ms, one that rotated the term
+    at once."""
+    data, lengths = bytes(size * BATCH), array("i", [size] * BATCH)
+    left = passes * messages
+    while left:
+        if left < len(lengths):  # the last batch: as many messages as are left
+            data, lengths = data[:left * size], lengths[:left]
+        done = publication.offer_batch(data, lengths)
+        if done > 0:
+            left -= done
+        elif done in (BACK_PRESSURED, NOT_CONNECTED):
+            time.sleep(0.0001)
+        elif done != ADMIN_ACTION:
+            raise SystemExit(f"the warm stream's publication refused a batch ({done})")
+
+
+def read_warm_stream(connection: Any, subscription: Subscription, messages: int) -> float:
+    """Ask the holder (``connection``) for the range's messages twice on the warm stream and
+    read both passes from ``subscription``'s image as ``read_range`` reads a log locally: a C
+    scan of up to ``_ROWS_PER_BATCH`` messages, one Arrow batch of it; parked in
+    ``wait_for_data`` when nothing is there, as a replay's reader is.  Returns rows/s of the
+    second pass, timed from the end of the first (the holder offers on without a pause) to its
+    last message; checks that each pass brought ``messages`` rows and that the image ends at
+    the holder's publication position."""
+    image = subscription.images[0]
+    schema = _schema()
+    ids: dict[int, tuple[object, object]] = {}
+
+    def read_pass() -> None:
+        rows = 0
+        while rows < messages:  # no scan past the pass: the second is timed on its own
+            chunk = image.poll_gathered(min(_ROWS_PER_BATCH, messages - rows))
+            if chunk is not None:
+                rows += _arrow_batch(chunk, image.session_id, WARM_STREAM, schema, ids).num_rows
+            elif not subscription.wait_for_data(IDLE_LIMIT_S * 10**9, _WAIT_SPIN_NS):
+                raise SystemExit(f"the warm stream stopped for {IDLE_LIMIT_S} s after {rows} "
+                                 f"of {messages} messages of a pass, at {image.position}")
+
+    connection.send("stream")
+    read_pass()  # the pass that writes the pages of both logs
+    began = time.perf_counter()
+    read_pass()
+    seconds = time.perf_counter() - began
+    published = connection.recv()
+    assert image.position == published, (image.position, published)
+    return messages / seconds
+
+
 def hold(connection: Any, holder_dir: str, messages: int, size: int, term: int,
-         cpu: int | None) -> None:
+         warm_channel: str, cpu: int | None) -> None:
     """The holder's process: publish the range into an IPC log, hold it with a subscription
     that never reads, send its description to ``connection`` and serve replays of it until
-    ``connection`` says to stop."""
+    ``connection`` says "stop".  Each "stream" it gets meanwhile, it publishes the range's
+    messages twice on the warm stream (``warm_channel``, ``WARM_STREAM``) and answers its
+    publication's position once they are all offered."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     with Client.connect(holder_dir) as local, Client.connect(holder_dir) as server_client:
         publication = local.add_publication(f"aeron:ipc?term-length={term}", STREAM)
+        warm = local.add_publication(warm_channel, WARM_STREAM)
         keeper = local.add_subscription("aeron:ipc", STREAM)  # holds the range
         while not keeper.images:
             time.sleep(0.01)
@@ -143,7 +229,9 @@ def hold(connection: Any, holder_dir: str, messages: int, size: int, term: int,
                          "start": image.position, "end": image.available_position(),
                          "initial_term_id": image.initial_term_id,
                          "term_length": image.term_length})
-        connection.recv()  # stop
+        while connection.recv() == "stream":  # until "stop"
+            publish_passes(warm, messages, size, 2)
+            connection.send(warm.position)
         stop.set()
         thread.join(5)
         server.close()
@@ -165,6 +253,14 @@ def main() -> None:
                      f"{sorted(os.sched_getaffinity(0))})")
     # Twice the data: an IPC publication may run half a term ahead of its slowest subscriber.
     term = 1 << max(16, (args.messages * (args.size + 32 + 31)).bit_length() + 1)
+    # The warm stream's terms: the drivers' default, or the longest shorter one whose log (three
+    # terms) a pass of the range fills, so that the first pass writes every page of the holder's
+    # publication log and of the executor's image, and the second, timed, none fresh.  At least
+    # twice the replay's receiver window (an image caps its window at half a term).
+    range_bytes = args.messages * align(HEADER_LENGTH + args.size, FRAME_ALIGNMENT)
+    warm_term = max(2 * REPLY_WINDOW, min(DriverSettings().term_buffer_length,
+                                          1 << ((range_bytes // 3).bit_length() - 1)))
+    warm_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length={warm_term}"
     directories = [Path("/dev/shm") / f"slipstream-bench-replay-{uuid.uuid4().hex[:6]}-{n}"
                    for n in ("holder", "executor")]
     if args.pin:
@@ -173,6 +269,7 @@ def main() -> None:
     spawn = multiprocessing.get_context("spawn")
     here, there = spawn.Pipe()
     holder: Any = None
+    reader: Client | None = None
     try:
         drivers = [launch.__enter__() for launch in launches]
         if args.pin:
@@ -180,7 +277,8 @@ def main() -> None:
             pin_process(drivers[1].pid, READER_CPU)
         holder_dir, executor_dir = (str(d) for d in directories)
         holder = spawn.Process(target=hold, args=(there, holder_dir, args.messages, args.size,
-                                                  term, HOLDER_CPU if args.pin else None),
+                                                  term, warm_channel,
+                                                  HOLDER_CPU if args.pin else None),
                                daemon=True)
         holder.start()
         while not here.poll(1.0):  # the holder publishes the range first
@@ -188,6 +286,14 @@ def main() -> None:
                 raise SystemExit(f"the holder's process ended ({holder.exitcode}) before it "
                                  f"held the range")
         log = here.recv()
+        reader = Client.connect(executor_dir)
+        warm = reader.add_subscription(reply_subscription_channel(warm_channel), WARM_STREAM)
+        deadline = time.monotonic() + IDLE_LIMIT_S
+        while not warm.images:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no image of the warm stream ({warm_channel}) after "
+                                 f"{IDLE_LIMIT_S} s")
+            time.sleep(0.01)
         counters = CountersFile(Path(holder_dir) / "counters.dat")
         holder_driver = driver_instance(counters)
         counters.close()
@@ -203,6 +309,7 @@ def main() -> None:
 
         local_runs: list[tuple[float, float]] = []
         replayed_runs: list[tuple[float, float]] = []
+        stream_runs: list[float] = []
         cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
         for _ in range(args.runs):
             rows, seconds, first = rows_of(partition(holder_dir))
@@ -216,6 +323,7 @@ def main() -> None:
             for thread, (ns, faults) in after.items():
                 ns0, faults0 = before.get(thread, (0, 0))
                 cpu[thread].append((ns - ns0, faults - faults0))
+            stream_runs.append(read_warm_stream(here, warm, args.messages))
         here.send("stop")
         holder.join(10)
         log_bytes = log["end"] - log["start"]
@@ -223,6 +331,7 @@ def main() -> None:
         replayed_best, replayed_first = max(replayed_runs)
         local_median = statistics.median(rate for rate, _ in local_runs)
         replayed_median = statistics.median(rate for rate, _ in replayed_runs)
+        stream_best, stream_median = max(stream_runs), statistics.median(stream_runs)
         print(f"machine: {machine()}")
         print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
         layout = "pinned: the holder's side on CPU 1, the reader's on CPU 0"
@@ -235,6 +344,11 @@ def main() -> None:
               f"{replayed_median / 1e6:.3f})")
         print(f"ratio replayed / local: {replayed_best / local_best:.2f} (medians "
               f"{replayed_median / local_median:.2f})")
+        print(f"warm UDP stream through the same drivers: {stream_best / 1e6:.3f} M rows/s "
+              f"(median {stream_median / 1e6:.3f}; the second of two passes, "
+              f"{warm_term >> 20} MiB terms); stream / local {stream_best / local_best:.2f}, "
+              f"replayed / stream {replayed_best / stream_best:.2f} (medians "
+              f"{stream_median / local_median:.2f}, {replayed_median / stream_median:.2f})")
         fresh_s, resident_s = page_cost(directories[1], log_bytes)
         print(f"shared memory, the range's bytes written once: into fresh pages "
               f"{fresh_s * 1e3:.1f} ms, again into the same pages {resident_s * 1e3:.1f} ms "
@@ -248,6 +362,8 @@ def main() -> None:
                 if ms >= 0.5:
                     print(f"  {label:16} {name:24} {ms:7.1f} ms {faults:8.0f} faults")
     finally:
+        if reader is not None:
+            reader.close()
         if holder is not None and holder.is_alive():
             holder.kill()
         for launch in reversed(launches):
