@@ -352,6 +352,14 @@ class LogBuffer:
         """cffi pointer to the start of partition ``index``."""
         return self.address + index * self.term_length
 
+    def find_in_term(self, index: int, data: bytes, start: int, end: int) -> int:
+        """The lowest offset in partition ``index``, in ``[start, end)``, where ``data`` lies
+        whole, or -1: a C search of the mapping (``memmem``), not a Python step per byte.
+        ``end`` past the term is taken as the term's end."""
+        base = index * self.term_length
+        found = self._map.find(data, base + start, base + min(end, self.term_length))
+        return found - base if found >= 0 else -1
+
     def term_view(self, index: int) -> memoryview:
         """A writable view of partition ``index``."""
         start = index * self.term_length

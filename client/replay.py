@@ -162,19 +162,27 @@ def _first_frame_in_term(image: Image, log_buffer: LogBuffer, start: int, end: i
     view = log_buffer.term_view(index)
     term_id = compute_term_id(start, log_buffer.position_bits, log_buffer.initial_term_id)
     ids = _HEADER_IDS.pack(image.session_id, image.stream_id, term_id)
-    base = index * term  # the term's offset in the log file
-    stop = min(term, end - term_start)
-    found = log_buffer._map.find(ids, base + start % term + SESSION_ID_FIELD,
-                                 base + stop + SESSION_ID_FIELD)
+    # The ids of a header at offset o lie at o + SESSION_ID_FIELD: search for headers at
+    # start's offset up to (not at) the range's end, within the term.
+    search_end = min(term, end - term_start) + SESSION_ID_FIELD
+    found = log_buffer.find_in_term(index, ids, start % term + SESSION_ID_FIELD, search_end)
     while found >= 0:
-        offset = found - SESSION_ID_FIELD - base
+        offset = found - SESSION_ID_FIELD
         if offset % FRAME_ALIGNMENT == 0:
             length, _, _, _, frame_offset = DATA_HEADER.unpack_from(view, offset)[:5]
             if (length > 0 and frame_offset == offset
                     and is_retained(image, term_start + offset)):
                 return term_start + offset
-        found = log_buffer._map.find(ids, found + 1, base + stop + SESSION_ID_FIELD)
+        found = log_buffer.find_in_term(index, ids, found + 1, search_end)
     return None
+
+
+def _oldest_term_held(producer: int, term_length: int) -> int:
+    """Where the oldest term a log's partitions can still hold begins, its producer at
+    ``producer``: the producer's term and the :data:`PARTITION_COUNT` - 1 before it (at a
+    term's end the log may not have rotated yet, so that term counts as the producer's)."""
+    producer_term = (max(producer, 1) - 1) // term_length
+    return max(0, (producer_term - (PARTITION_COUNT - 1)) * term_length)
 
 
 def first_retained(image: Image, start: int, end: int) -> int:
@@ -189,9 +197,8 @@ def first_retained(image: Image, start: int, end: int) -> int:
     term = image.term_length
     producer = image._log.producer_position()
     end = min(end, producer)  # nothing is held past the producer
-    # At a term boundary the producer may not have rotated yet: the term before it counts.
-    oldest = max(0, ((max(producer, 1) - 1) // term - (PARTITION_COUNT - 1)) * term)
-    position = max(start + FRAME_ALIGNMENT, oldest)  # the first boundary that can follow start
+    # The first frame boundary that can follow start, in a term the log can still hold.
+    position = max(start + FRAME_ALIGNMENT, _oldest_term_held(producer, term))
     while position < end:
         term_start = position - position % term
         if term_start > start and is_retained(image, term_start):
@@ -222,9 +229,7 @@ def message_start(image: Image, position: int, end: int) -> int:
 def earliest_position(image: Image) -> int:
     """The oldest message position the log still holds (at most ~3 terms back), at most the
     image's position."""
-    term = image.term_length
-    lowest = max(0, (image.available_position() // term - (PARTITION_COUNT - 1)) * term)
-    return first_retained(image, lowest - FRAME_ALIGNMENT, image.position)
+    return first_retained(image, -FRAME_ALIGNMENT, image.position)
 
 
 # -- the request ----------------------------------------------------------------------------------
@@ -393,6 +398,7 @@ class _Session:
         self.pending_from = 0  # how many messages of it went
         self.last_end = begin  # the end of the last message offered
         self.completed = False  # every message went; the answer says where the last ends
+        self.refused = False  # counted in the server's ``refused`` (once per session)
 
     def respond(self, status: str, **fields: object) -> bytes:
         """An answer to this session's request (naming the request when it has an id)."""
@@ -559,7 +565,8 @@ class ReplayServer:
                             session.request.reply_channel, session.request.start,
                             session.request.end, e)
                 if session.data is None:  # failed answering, or finishing: nothing to say
-                    self.refused += 1
+                    if not session.refused:
+                        self.refused += 1
                     self._finish(session, served=False)
                 else:  # the reader is told why its data stream ends
                     work += self._stop_refused(
@@ -606,6 +613,7 @@ class ReplayServer:
                            time.monotonic() + _CONNECT_TIMEOUT_S)
         session.answer = session.respond(status, message=why, **fields)
         session.position = request.end  # nothing to send
+        session.refused = True
         self._sessions.append(session)
 
     def _start(self, r: ReplayRequest) -> None:
@@ -652,25 +660,31 @@ class ReplayServer:
             return
         session = _Session(r, image, image.mtu, begin, response,
                            time.monotonic() + _CONNECT_TIMEOUT_S)
-        replaying: dict[str, object] = {"start": begin}
-        if lost_to != r.start:
-            replaying["lost"] = [r.start, lost_to]
-        if begin < r.end:
-            try:
-                # Exclusive: a block copy claims the tail after writing past it.
-                session.data = self.client.add_exclusive_publication(
-                    _positioned_channel(r.reply_channel, r.log, session.mtu, begin),
-                    r.data_stream_id)
-            except SlipstreamError as e:
-                session.answer = session.respond(
-                    "refused", message=f"{where}: cannot publish the replay to "
-                                       f"{r.reply_channel}: {e}")
-                session.position = r.end
-                self.refused += 1
-                self._sessions.append(session)
-                return
-            replaying["session_id"] = session.data.session_id  # its image at the reader
-        session.answer = session.respond("replaying", **replaying)
+        try:
+            replaying: dict[str, object] = {"start": begin}
+            if lost_to != r.start:
+                replaying["lost"] = [r.start, lost_to]
+            if begin < r.end:
+                try:
+                    # Exclusive: a block copy claims the tail after writing past it.
+                    session.data = self.client.add_exclusive_publication(
+                        _positioned_channel(r.reply_channel, r.log, session.mtu, begin),
+                        r.data_stream_id)
+                except SlipstreamError as e:
+                    session.answer = session.respond(
+                        "refused", message=f"{where}: cannot publish the replay to "
+                                           f"{r.reply_channel}: {e}")
+                    session.position = r.end
+                    session.refused = True
+                    self.refused += 1
+                    self._sessions.append(session)
+                    return
+                replaying["session_id"] = session.data.session_id  # its image at the reader
+            session.answer = session.respond("replaying", **replaying)
+        except BaseException:  # the caller answers why: what this replay took goes back
+            session.close()
+            self._responses.give_back(r, response)
+            raise
         self._sessions.append(session)
 
     def _finish(self, session: _Session, *, served: bool) -> None:
@@ -760,7 +774,9 @@ class ReplayServer:
         if session.data is not None:
             session.data.close()
             session.data = None
-        self.refused += 1
+        if not session.refused:
+            session.refused = True
+            self.refused += 1
         return 1
 
     @staticmethod

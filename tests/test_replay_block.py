@@ -738,4 +738,5 @@ def test_a_holder_that_fails_serving_a_request_tells_the_reader_why(
         replayed(remote, image, 0, end)
     monkeypatch.setattr(ReplayServer, "_blocks", staticmethod(blocks))
     assert replayed(remote, image, 0, end) == source_rows(image, 0, end)
-    assert server.refused == 2 and server.served == 1
+    wait_for(lambda: server.refused == 2 and server.served == 1,
+             what="two requests refused, the third served")

@@ -9,6 +9,7 @@ names, whatever its directory's path.
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import threading
 import time
@@ -193,9 +194,10 @@ def test_a_range_that_ends_with_an_aborted_claims_padding_is_read_with_one_repla
     asked: list[tuple[int, int]] = []
     ask = reader.request_replay
 
-    def counted(client: Client, *args: object, **kwargs: object) -> object:
-        asked.append((args[5], args[6]))
-        return ask(client, *args, **kwargs)
+    def counted(*args: object, **kwargs: object) -> object:
+        call = inspect.signature(ask).bind(*args, **kwargs).arguments
+        asked.append((call["start"], call["end"]))
+        return ask(*args, **kwargs)
 
     monkeypatch.setattr(reader, "request_replay", counted)
     assert rows(hosts.partition(hosts.executor_dir, 0, end)) == local
