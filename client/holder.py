@@ -87,9 +87,10 @@ MAX_SPLIT_PIECES: Final = 256
 
 def _view_args(method: str, args: object, image: Image) -> dict[str, int | None]:
     """The arguments of a view question, checked: the method's parameters, integers (None
-    only for a limit of ``scan``); positions frame-aligned, from the image's join position to
-    its producer position (another process's log is scanned with them); at most
-    :data:`MAX_SPLIT_PIECES` pieces."""
+    only for a limit of ``scan``); positions frame-aligned, at most the producer position
+    (another process's log is scanned with them); at most :data:`MAX_SPLIT_PIECES` pieces.
+    A position before the group's own join is a question like any other: the log may still
+    hold it (another subscriber's position keeps it), and the view says when it does not."""
     if method not in VIEW_OPERATIONS:
         raise ValueError(f"method {method!r} is not one of {', '.join(VIEW_OPERATIONS)}")
     names = VIEW_OPERATIONS[method]
@@ -107,10 +108,10 @@ def _view_args(method: str, args: object, image: Image) -> dict[str, int | None]
             if value > MAX_SPLIT_PIECES:
                 raise ValueError(f"split_points: {value} pieces, over {MAX_SPLIT_PIECES}")
             continue
-        low, high = image.join_position, image._log.producer_position()
-        if value % FRAME_ALIGNMENT or not low <= value <= high:
+        high = image._log.producer_position()
+        if value % FRAME_ALIGNMENT or value > high:
             raise ValueError(f"{method}: {name} {value} is not a frame boundary of this log "
-                             f"held here, [{low}, {high}]")
+                             f"held here, [0, {high}]")
     return args
 
 

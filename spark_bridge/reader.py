@@ -74,7 +74,12 @@ from slipstream.client import (
     control,
 )
 from slipstream.client.counters import CountersFile
-from slipstream.client.holder import HOLDER_CONTROL_STREAM, DetachedLogs, driver_instance
+from slipstream.client.holder import (
+    HOLDER_CONTROL_STREAM,
+    MAX_SPLIT_PIECES,
+    DetachedLogs,
+    driver_instance,
+)
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logview import ImageView, LogView, RemoteView
@@ -358,21 +363,29 @@ def read_range(partition: SlipstreamPartition) -> Iterator[object]:
     return _read_replayed(p)
 
 
+def _no_log(p: SlipstreamPartition, why: str) -> None:
+    """The range of ``p`` is in no log (``why``): data loss, raised or (failOnDataLoss=false)
+    logged, counted and skipped."""
+    message = loss_message(p.stream_id, p.session_id, p.start, p.end, None, None) + f" ({why})"
+    if p.fail_on_data_loss:
+        raise SlipstreamDataLossError(message)
+    log.warning("%s Skipping [%d, %d).", message, p.start, p.end)
+    _record_skip(p.directory)
+
+
 def _read_local(p: SlipstreamPartition) -> Iterator[object]:
     """The range from the log in this host's shared memory, copied out batch by batch by the
     C scan.  Each batch is checked after it is copied (a publisher lapping the reader
     meanwhile would have torn it)."""
     schema = _schema()
     ids: dict[int, tuple[object, object]] = {}
+    if not p.log_path:  # the session's image was gone when the batch was planned
+        _no_log(p, f"no log of this session on {p.host} when the batch was planned")
+        return
     try:
         image = Image.detached(p.log_path, p.start)
     except FileNotFoundError:
-        if p.fail_on_data_loss:
-            raise SlipstreamDataLossError(
-                loss_message(p.stream_id, p.session_id, p.start, p.end, None, None)
-                + f" (the log file {p.log_path} is gone)") from None
-        log.warning("slipstream: log %s is gone; skipping [%d, %d)", p.log_path, p.start, p.end)
-        _record_skip(p.directory)
+        _no_log(p, f"the log file {p.log_path} is gone")
         return
     try:
         position = p.start
@@ -418,12 +431,7 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
             f"a loopback address): set the reader's holderAddress option to the address of "
             f"{p.host} that the executors reach (docs/SPARK.md)")
     if p.term_length == 0:  # the session's image was gone when the batch was planned
-        message = (loss_message(p.stream_id, p.session_id, p.start, p.end, None, None)
-                   + f" (no log of this session at the holder on {p.host})")
-        if p.fail_on_data_loss:
-            raise SlipstreamDataLossError(message)
-        log.warning("%s Skipping [%d, %d).", message, p.start, p.end)
-        _record_skip(p.directory)
+        _no_log(p, f"no log of this session at the holder on {p.host}")
         return
     address, port, control_stream = p.holder
     identity = LogIdentity(p.session_id, p.initial_term_id, p.term_length)
@@ -650,7 +658,8 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
             else named or (0, 0))
         bounds = [begin, stop]
         if wanted is not None and image is not None and wanted > len(ranges):
-            pieces = max(1, round(wanted * (stop - begin) / total))
+            # At most what a standing holder splits a range into (and plenty for a session).
+            pieces = min(MAX_SPLIT_PIECES, max(1, round(wanted * (stop - begin) / total)))
             bounds = [begin, *image.split_points(begin, stop, pieces), stop]
         for low, high in itertools.pairwise(bounds):
             partitions.append(SlipstreamPartition(

@@ -217,6 +217,61 @@ def test_a_batch_read_reads_the_held_range_between_its_positions(ingest: Ingest)
         parse_options({"streamId": "1"}).check_read_kind(streaming=False)
 
 
+def test_a_group_that_joins_later_reads_from_earliest_what_the_log_still_holds(
+        ingest: Ingest) -> None:
+    """One group holds the stream from its first message; a second group joins after 50, its
+    query starting at ``earliest``: the holder answers its questions about positions before
+    its own join (the log holds them: the first group's position keeps them), and its first
+    batch reads those 50 and the 20 after, once, in order."""
+    first = SlipstreamStreamReader(parse_options(ingest.options()))
+    try:
+        first.initialOffset()
+        assert ingest.publish(50) == 50
+        wait_for(lambda: list(first.reportLatestOffset().values()) == [50 * FRAME],
+                 what="the 50 at the holder")
+        second = SlipstreamStreamReader(parse_options(ingest.options(
+            holderGroup="audit", startingPosition="earliest")))
+        try:
+            start = second.initialOffset()
+            assert [position_of(entry) for entry in start.values()] == [0]
+            assert ingest.publish(20) == 20
+            wait_for(lambda: list(second.reportLatestOffset().values()) == [70 * FRAME],
+                     what="the 70 at the holder for the second group")
+            end = second.latestOffset(start, ReadAllAvailable())
+            assert numbers(values(second.partitions(start, end), ingest.spark_dir)) == \
+                list(range(70))
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+
+
+def test_a_query_asking_more_pieces_than_the_holder_splits_into_reads_every_message_once(
+        ingest: Ingest) -> None:
+    """``minPartitions`` over the most pieces a holder splits a session's range into (256):
+    the planner asks for that many, and the batch reads every message once, in order."""
+    planner = SlipstreamStreamReader(parse_options(ingest.options(minPartitions="300")))
+    try:
+        start = planner.initialOffset()
+        assert ingest.publish(150) == 150
+        wait_for(lambda: list(planner.reportLatestOffset().values()) == [150 * FRAME],
+                 what="the 150 at the holder")
+        read: list[tuple[bytes, int, int]] = []
+        tasks = []
+        deadline = time.monotonic() + 30
+        while len(read) < 150:  # the session enters in the first batch, is read in the next
+            assert time.monotonic() < deadline, f"read {len(read)} of 150"
+            end = planner.latestOffset(start, ReadAllAvailable())
+            partitions = planner.partitions(start, end)
+            tasks.append(len(partitions))
+            read.extend(values(partitions, ingest.spark_dir))
+            planner.commit(end)
+            start = end
+        assert numbers(read) == list(range(150)) and max(tasks) > 1
+    finally:
+        planner.stop()
+
+
 def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_call(
         ingest: Ingest) -> None:
     """A view question naming another log of the session is answered with an error naming

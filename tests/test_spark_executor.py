@@ -202,3 +202,22 @@ def test_a_range_that_ends_with_an_aborted_claims_padding_is_read_with_one_repla
     monkeypatch.setattr(reader, "request_replay", counted)
     assert rows(hosts.partition(hosts.executor_dir, 0, end)) == local
     assert asked == [(0, end)]
+
+
+def test_a_range_of_a_session_gone_at_planning_is_data_loss_on_the_holders_host_too(
+        two_drivers) -> None:
+    """A batch planned after its session's image went (a query restarted after the publisher
+    closed) has no log path, only the log its offsets name: a task on the holder's host
+    reports data loss naming the range, or skips it with failOnDataLoss=false, as a task
+    elsewhere is told by the holder (not an error about the path)."""
+    hosts = two_drivers
+    hosts.publish(3)
+    end = hosts.image.available_position()
+    gone = hosts.partition(hosts.holder_dir, 0, end)
+    gone.log_path = ""  # as planned for a session with no image: the offsets' log only
+    with pytest.raises(SlipstreamDataLossError,
+                       match=rf"positions \[0, {end}\).*no log of this session"):
+        rows(gone)
+    skipped = hosts.partition(hosts.holder_dir, 0, end, fail=False)
+    skipped.log_path = ""
+    assert rows(skipped) == []
