@@ -168,7 +168,7 @@ class StreamHolder:
         self._held: dict[tuple[str, int, str], _Held] = {}
         self._detached = DetachedLogs()
         self.server = ReplayServer(client, address, port, control_stream_id, self._lookup,
-                                   calls=self._call)
+                                   calls=self._call, housekeeping=self._prune_detached)
 
     def hold(self, channel: str, stream_id: int, group: str = DEFAULT_GROUP) -> _Held:
         """Hold ``stream_id`` on ``channel`` for ``group`` (at once, if not already held)."""
@@ -237,13 +237,20 @@ class StreamHolder:
     def _lookup(self, stream_id: int, session_id: int) -> Image | None:
         """The log a replay reads: a mapping of its own (an image of a held subscription is
         unmapped when its session ends, under a replay that may still read it)."""
-        paths = {image.log_path: image for held in self._held.values()
-                 for image in held.subscription.images}
-        self._detached.prune(set(paths), self.server.logs_in_use)
+        paths = self._prune_detached()
         for path, image in paths.items():
             if image.stream_id == stream_id and image.session_id == session_id:
                 return self._detached.get(path, image.join_position)
         return None
+
+    def _prune_detached(self) -> dict[str, Image]:
+        """Unmap the logs of sessions no held subscription has and no replay reads (their
+        files are gone: the mapping is all that keeps their memory); returns the held images
+        by log path."""
+        paths = {image.log_path: image for held in self._held.values()
+                 for image in held.subscription.images}
+        self._detached.prune(set(paths), self.server.logs_in_use)
+        return paths
 
     def do_work(self) -> int:
         """Serve what came; release groups idle longer than ``release_after_s``."""

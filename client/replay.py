@@ -111,6 +111,9 @@ _ANSWER_AFTER_END_S: Final = 1.0  # how long a reader waits for the answer to an
 _RESPONSE_IDLE_S: Final = 60.0
 _LINK_IDLE_S: Final = 50.0
 _IDLE_LINKS: Final = 4  # idle links a process keeps per holder and reply endpoint
+#: How often a server runs its owner's housekeeping (unmapping the logs of ended sessions),
+#: s: whether or not requests come.
+_HOUSEKEEPING_S: Final = 1.0
 #: How long the exchange's waits spin before they park (``spin_ns`` of ``wait_for_data``): not
 #: at all.  What they wait for takes milliseconds (another host's driver making a stream, an
 #: answer, the next stretch of a replay through two drivers), and the threads that bring it
@@ -479,13 +482,16 @@ class ReplayServer:
     ``lookup(stream_id, session_id)`` returns the image whose log to replay (an image of a
     subscription that holds the range, or :meth:`Image.detached` on its log), or None.
     :meth:`do_work` runs the exchange without blocking; call it from one thread, with a
-    client used by no other thread (:meth:`run` loops it).  ``served`` counts replays sent
-    whole, ``refused`` requests answered ``lost`` or ``refused`` or dropped as malformed.
+    client used by no other thread (:meth:`run` loops it); it calls ``housekeeping()``, the
+    owner's (drop what ``lookup`` mapped for sessions that ended), about once a second.
+    ``served`` counts replays sent whole, ``refused`` requests answered ``lost`` or
+    ``refused`` or dropped as malformed.
     """
 
     def __init__(self, client: Client, address: str, port: int, control_stream_id: int,
                  lookup: Callable[[int, int], Image | None],
-                 calls: CallHandler | None = None) -> None:
+                 calls: CallHandler | None = None,
+                 housekeeping: Callable[[], None] | None = None) -> None:
         self.client = client
         self.address = address
         self.port = port
@@ -493,6 +499,8 @@ class ReplayServer:
         self.control_channel = f"aeron:udp?endpoint={address}:{port}"
         self._lookup = lookup
         self._calls = calls
+        self._housekeeping = housekeeping
+        self._next_housekeeping = 0.0
         self._answers = Answers(client)
         self._responses = _Responses(client)
         self._control: Subscription = client.add_subscription(self.control_channel,
@@ -557,6 +565,9 @@ class ReplayServer:
         self._requests.clear()
         work += self._answers.do_work()
         self._responses.do_work()
+        if self._housekeeping is not None and time.monotonic() >= self._next_housekeeping:
+            self._next_housekeeping = time.monotonic() + _HOUSEKEEPING_S
+            self._housekeeping()
         for session in list(self._sessions):
             try:
                 work += self._advance(session)

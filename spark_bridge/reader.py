@@ -234,7 +234,7 @@ class _Holder:
         try:
             control_stream = random.randrange(1, INT32_MAX)
             self.server = ReplayServer(self._client, address, port, control_stream,
-                                       self._lookup)
+                                       self._lookup, housekeeping=self._prune)
         except BaseException:
             self._client.close()
             raise
@@ -243,9 +243,15 @@ class _Holder:
                                         daemon=True)
         self._thread.start()
 
-    def _lookup(self, stream_id: int, session_id: int) -> Image | None:
+    def _prune(self) -> dict[int, tuple[str, int]]:
+        """Unmap the logs of sessions no longer in :attr:`logs` that no replay reads (their
+        files are gone: the mapping is all that keeps their memory); returns :attr:`logs`."""
         logs = self.logs
         self._images.prune({path for path, _ in logs.values()}, self.server.logs_in_use)
+        return logs
+
+    def _lookup(self, stream_id: int, session_id: int) -> Image | None:
+        logs = self._prune()
         if session_id not in logs:
             return None
         image = self._images.get(*logs[session_id])
@@ -532,27 +538,27 @@ class _OwnHold:
 
     def __init__(self, options: SourceOptions) -> None:
         self.client = Client.connect(options.directory)
-        try:
+        self.holder: _Holder | None = None
+        try:  # whatever fails, what was made so far goes (not at the driver's timeout)
             self.subscription: Subscription = self.client.add_subscription(options.channel,
                                                                             options.stream_id)
+            self.host = socket.gethostname()
+            self.driver = driver_instance(self.client.counters)
+            address = holder_address(options)
+            if address is not None:
+                try:
+                    self.holder = _Holder(options.directory, address, options.replay_port)
+                except SlipstreamError as e:  # tasks on other hosts fail, saying so
+                    log.warning("slipstream: the query's replay holder cannot listen at "
+                                "%s:%d (%s): read tasks on other hosts will fail; set "
+                                "replayPort to a free UDP port, or holderAddress to this "
+                                "host's address", address, options.replay_port, e)
+            deadline = time.monotonic() + _IMAGE_WAIT_S
+            while not self.subscription.images and time.monotonic() < deadline:
+                time.sleep(0.01)
         except BaseException:
-            self.client.close()
+            self.close()
             raise
-        self.host = socket.gethostname()
-        self.driver = driver_instance(self.client.counters)
-        self.holder: _Holder | None = None
-        address = holder_address(options)
-        if address is not None:
-            try:
-                self.holder = _Holder(options.directory, address, options.replay_port)
-            except SlipstreamError as e:  # tasks on other hosts fail, saying so
-                log.warning("slipstream: the query's replay holder cannot listen at %s:%d "
-                            "(%s): read tasks on other hosts will fail; set replayPort to a "
-                            "free UDP port, or holderAddress to this host's address",
-                            address, options.replay_port, e)
-        deadline = time.monotonic() + _IMAGE_WAIT_S
-        while not self.subscription.images and time.monotonic() < deadline:
-            time.sleep(0.01)
 
     @property
     def holder_address(self) -> tuple[str, int, int] | None:

@@ -25,6 +25,7 @@ from slipstream.client.counters import CountersFile
 from slipstream.client.replay import ReplayServer, earliest_position
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge import reader
+from slipstream.spark_bridge.options import parse_options
 from slipstream.spark_bridge.reader import (
     SlipstreamDataLossError,
     SlipstreamPartition,
@@ -221,3 +222,52 @@ def test_a_range_of_a_session_gone_at_planning_is_data_loss_on_the_holders_host_
     skipped = hosts.partition(hosts.holder_dir, 0, end, fail=False)
     skipped.log_path = ""
     assert rows(skipped) == []
+
+
+def test_the_querys_holder_unmaps_a_replayed_log_once_its_session_ended(
+        two_drivers) -> None:
+    """The query's holder maps a log to replay it; once the session leaves the query's logs
+    (its image went) and no replay reads it, the mapping is dropped within about a second,
+    without waiting for another request (the file is gone: the mapping was all that kept its
+    memory)."""
+    hosts = two_drivers
+    hosts.publish(20)
+    end = hosts.image.available_position()
+    holder = reader._Holder(str(hosts.holder_dir), "127.0.0.2", PORT + 10)
+    try:
+        holder.logs = {hosts.image.session_id: (hosts.image.log_path, 0)}
+        gone = hosts.partition(hosts.executor_dir, 0, end)
+        gone.holder = holder.address
+        assert len(rows(gone)) == 20
+        assert list(holder._images._images) == [hosts.image.log_path]
+        holder.logs = {}  # the planning thread saw the session's image go
+        wait_for(lambda: not holder._images._images, timeout=5,
+                 what="the ended session's log unmapped")
+    finally:
+        holder.close()
+
+
+def test_a_query_whose_hold_fails_to_start_leaves_no_client_behind(
+        two_drivers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The query's own hold fails after its client connected (here its replay holder raises
+    what is not a slipstream error): the error goes up and the client is closed at once, not
+    left for the driver to time out."""
+    hosts = two_drivers
+    made: list[Client] = []
+    connect = Client.connect
+
+    def recorded(*args: object, **kwargs: object) -> Client:
+        made.append(connect(*args, **kwargs))
+        return made[-1]
+
+    def holder_fails(*args: object) -> None:
+        raise OSError("no such interface")
+
+    monkeypatch.setattr(reader.Client, "connect", recorded)
+    monkeypatch.setattr(reader, "_Holder", holder_fails)
+    monkeypatch.setattr(reader, "holder_address", lambda options: "127.0.0.2")
+    options = parse_options({"streamId": str(STREAM), "channel": "aeron:ipc",
+                             "directory": str(hosts.holder_dir)})
+    with pytest.raises(OSError, match="no such interface"):
+        reader._OwnHold(options)
+    assert len(made) == 1 and made[0].is_closed
