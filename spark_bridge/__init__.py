@@ -21,6 +21,7 @@ importing this package raises an ImportError naming the version needed
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -68,6 +69,7 @@ __all__ = [
     "SourceOptions",
     "ValueColumnError",
     "configure_environment",
+    "local_cores",
     "register",
     "run_until_stopped",
     "session",
@@ -136,6 +138,17 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(SlipstreamDataSource)
 
 
+def local_cores(master: str) -> int | None:
+    """The executor cores of a ``local``, ``local[N]``, ``local[*]`` or ``local[N,F]`` master
+    (F: the tries a task gets), as shuffle partitions: 4 for ``*``; None for any other
+    master (a cluster's, ``local-cluster[...]``)."""
+    found = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master.strip())
+    if found is None:
+        return None
+    cores = found.group(1) or "1"
+    return 4 if cores == "*" else int(cores)
+
+
 def session(master: str = "local[2]", app_name: str = "slipstream",
             config: Mapping[str, str] | None = None, log_level: str = "WARN") -> SparkSession:
     """A SparkSession set up for slipstream, with the data source registered.
@@ -150,8 +163,9 @@ def session(master: str = "local[2]", app_name: str = "slipstream",
     configure_environment(local=local)
     settings = {"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
     if local:
-        cores = master[len("local["):-1] if master.startswith("local[") else "1"
-        settings["spark.sql.shuffle.partitions"] = "4" if cores == "*" else cores
+        cores = local_cores(master)
+        if cores is not None:
+            settings["spark.sql.shuffle.partitions"] = str(cores)
         settings["spark.driver.host"] = "127.0.0.1"
         settings["spark.driver.bindAddress"] = "127.0.0.1"
     settings.update(config or {})

@@ -82,6 +82,13 @@ class SourceOptions:
                 other = "writing" if direction == "read" else "reading"
                 raise OptionError(name, f"applies to {other} only; remove it from this "
                                         f"{'reader' if direction == 'read' else 'writer'}")
+        if direction == "write" and parse_channel(self.channel).policy is not None:
+            # A policy answers back pressure in the offer itself (drop, error, block with a
+            # timeout of its own); the writer waits offerTimeoutMs and retries what was not
+            # appended, which a dropping policy would have counted as dropped.
+            raise OptionError("channel", "policy= does not apply to a writer, which waits up "
+                                         "to offerTimeoutMs under back pressure and then "
+                                         "fails the task: remove policy= from the channel")
 
 
     def check_read_kind(self, *, streaming: bool) -> None:

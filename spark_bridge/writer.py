@@ -37,6 +37,7 @@ from pyspark.sql.datasource import (
 from slipstream.client import (
     ADMIN_ACTION,
     BACK_PRESSURED,
+    CLOSED,
     NOT_CONNECTED,
     Publication,
     SlipstreamError,
@@ -171,10 +172,14 @@ def publish_batches(publication: Publication, batches: Iterator[pa.RecordBatch],
             if result == ADMIN_ACTION:
                 continue
             if result not in (BACK_PRESSURED, NOT_CONNECTED):
-                raise SlipstreamError(
+                failed = SlipstreamError(
                     f"slipstream writer: offer to {publication.channel} stream "
                     f"{publication.stream_id} failed with {result_name(result)} after "
                     f"{rows + done} rows")
+                client = publication._client
+                if result == CLOSED and client.is_closed:  # the driver went: say so
+                    raise client.driver_lost_error() from failed
+                raise failed
             now = time.monotonic_ns()
             if not stalled_since:
                 stalled_since = now

@@ -259,6 +259,53 @@ def test_writer_under_back_pressure_fails_after_offer_timeout(spark) -> None:
         assert time.monotonic() - started < 60
 
 
+def test_a_writer_whose_driver_stops_fails_naming_the_driver_not_a_closed_offer() -> None:
+    """The driver stops while a task's writer waits under back pressure: the task fails with
+    the error that names the driver and its directory (as a reader's does), the offer's
+    CLOSED kept as its cause."""
+    import pyarrow as pa
+
+    from slipstream.client.errors import DriverNotRunningError
+    from slipstream.spark_bridge.writer import publish_batches
+
+    settings = {"driver_timeout": "500ms", "client_keepalive_interval": "100ms"}
+    with launched_driver("64k", **settings) as (directory, driver, client):
+        client.add_subscription("aeron:ipc", 1004)  # never polled: back pressure
+        publication = client.add_publication("aeron:ipc", 1004)
+        wait_connected(publication, timeout=5)
+        batch = pa.RecordBatch.from_pydict({"value": pa.array([b"x" * 100] * 5_000,
+                                                               pa.binary())})
+        threading.Timer(0.5, driver.kill).start()
+        with pytest.raises(DriverNotRunningError, match=re.escape(str(directory))) as info:
+            publish_batches(publication, iter([batch]), 30_000)
+        assert "failed with CLOSED" in str(info.value.__cause__)
+
+
+def test_a_writer_refuses_a_back_pressure_policy_in_its_channel_naming_it() -> None:
+    """A ``policy=`` would answer back pressure inside the offer (drop, fail, or block on a
+    timeout of its own) where the writer waits offerTimeoutMs and retries: refused by name on
+    a writer, before any task."""
+    from slipstream.spark_bridge.options import OptionError, parse_options
+
+    for policy in ("drop-newest", "error", "block,timeout:2s"):
+        options = parse_options({"streamId": "1", "channel": f"aeron:ipc?policy={policy}"})
+        with pytest.raises(OptionError, match=r"'channel'.*policy= does not apply to a writer"):
+            options.check_direction("write")
+    parse_options({"streamId": "1", "channel": "aeron:ipc"}).check_direction("write")
+
+
+def test_a_local_masters_cores_are_read_with_and_without_task_tries() -> None:
+    """``local[N,F]`` (F tries a task gets, how local mode retries tasks) has N cores, as
+    ``local[N]`` has; ``local`` one, ``local[*]`` four shuffle partitions; other masters
+    none (their shuffle partitions are Spark's own)."""
+    from slipstream.spark_bridge import local_cores
+
+    assert [local_cores(m) for m in ("local", "local[3]", "local[2,3]", "local[*]",
+                                     "local[*,2]")] == [1, 3, 2, 4, 4]
+    assert local_cores("spark://host:7077") is None
+    assert local_cores("local-cluster[2,1,1024]") is None
+
+
 # -- reading --------------------------------------------------------------------------------
 def test_stream_read_then_streaming_write_end_to_end(spark, checkpoint: str) -> None:
     """Messages published by a client are read by a streaming query (columns as documented)
