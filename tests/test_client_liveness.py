@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import counters_of, process_state, wait_for
+from helpers import counters_of, lacking, process_state, publisher_limits, wait_for
 
 from slipstream.client import Client, DriverError, DriverNotRunningError, DriverTimeoutError
 from slipstream.client.counters import CountersFile, CounterType, SystemCounter
@@ -35,6 +36,44 @@ def test_an_idle_client_stays_alive_through_its_heartbeat_counter(driver, client
     assert client.add_publication("aeron:ipc", 79).stream_id == 79
     assert CountersFile(Path(driver.directory) / "counters.dat").get(
         SystemCounter.CLIENT_TIMEOUTS) == 0
+
+
+def in_time_namespace(offset_s: int) -> list[str]:
+    """The command prefix that runs a process with its CLOCK_MONOTONIC ``offset_s`` seconds
+    from this one's (a time namespace, as containers and checkpoint restores make).  Without
+    root or unshare the test skips, and under CI=true (which runs as root) it fails."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        lacking("needs root and unshare, to run a process in a time namespace")
+    return ["unshare", "--fork", "--kill-child", "--time", "--monotonic", str(offset_s)]
+
+
+@pytest.mark.parametrize("offset_s", [86_400, -30], ids=["a day ahead", "30 s behind"])
+def test_a_client_on_another_monotonic_clock_is_kept_while_it_beats_and_timed_out_after(
+        driver, offset_s: int) -> None:
+    """A client whose monotonic clock is not the driver's writes its heartbeat on its own
+    clock: the driver counts each change of it as a beat, on the driver's clock.  Alive, it is
+    kept through three liveness timeouts (30 s behind, it was timed out after one); killed,
+    it is timed out and its publication released (a day ahead, it was kept for a day)."""
+    code = (f"import sys, time\n"
+            f"from slipstream.client import Client\n"
+            f"client = Client.connect({str(driver.directory)!r})\n"
+            f"client.add_publication('aeron:ipc', 83)\n"
+            f"print(time.monotonic(), flush=True)\n"
+            f"time.sleep(600)\n")
+    child = subprocess.Popen([*in_time_namespace(offset_s), sys.executable, "-c", code],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        its_clock = float(child.stdout.readline())
+        assert abs(its_clock - time.monotonic() - offset_s) < 10  # in the namespace
+        time.sleep(3.0)  # three of the test driver's 1 s liveness timeouts
+        assert counters_of(driver)["CLIENT_TIMEOUTS"] == 0
+        assert publisher_limits(driver) == 1
+    finally:
+        child.kill()  # unshare --kill-child: the client goes with it, without closing
+        child.wait()
+    wait_for(lambda: counters_of(driver)["CLIENT_TIMEOUTS"] == 1, timeout=10,
+             what="the killed client timed out")
+    wait_for(lambda: publisher_limits(driver) == 0, timeout=10, what="its publication freed")
 
 
 def test_a_client_stays_alive_while_its_application_thread_holds_the_gil(

@@ -76,10 +76,13 @@ class ClientSession:
     key: bytes
     pid: int  # for people: logs and the heartbeat counter's label
     process: int  # control.process_token(): which process it is, across pid namespaces
-    time_of_last_keepalive_ns: int
-    heartbeat_counter_id: int  # CLIENT_HEARTBEAT: the client writes its monotonic ns there
+    time_of_last_keepalive_ns: int  # the driver's clock: a command, or the heartbeat moved
+    #: CLIENT_HEARTBEAT: the client writes its monotonic ns there, on its own clock (a time
+    #: namespace shifts it), so only a change of the value counts, timed by the driver.
+    heartbeat_counter_id: int
     publications: dict[int, int] = attrs.Factory(dict)  # registration id -> publication id
     subscriptions: dict[int, Subscription | NetworkSubscription] = attrs.Factory(dict)
+    last_heartbeat: int = 0  # the heartbeat counter's value when last looked at
 
 
 @attrs.define(eq=False)
@@ -705,9 +708,10 @@ class DriverConductor:
         out: Outgoing = []
         timeout = self.settings.client_liveness_timeout
         for client in list(self.clients.values()):
-            heartbeat_ns = self.counters.get(client.heartbeat_counter_id)
-            if heartbeat_ns > client.time_of_last_keepalive_ns:
-                client.time_of_last_keepalive_ns = heartbeat_ns
+            heartbeat = self.counters.get(client.heartbeat_counter_id)
+            if heartbeat != client.last_heartbeat:
+                client.last_heartbeat = heartbeat
+                client.time_of_last_keepalive_ns = now_ns
             if now_ns - client.time_of_last_keepalive_ns > timeout:
                 log.warning("client %d (pid %d) timed out; reclaiming its resources",
                             client.client_id, client.pid)
