@@ -11,7 +11,7 @@ from array import array
 from pathlib import Path
 
 import pytest
-from helpers import offer_until, wait_for
+from helpers import FAST_DRIVER_SETTINGS, counters_of, offer_until, wait_for
 
 from slipstream.client import (
     BACK_PRESSURED,
@@ -26,6 +26,7 @@ from slipstream.client.counters import (
     CounterType,
     SystemCounter,
 )
+from slipstream.daemon.driver import MediaDriver
 
 CHANNEL = "aeron:ipc"
 WINDOW = 32 * 1024  # 64 KiB IPC terms in the test driver: the window is half a term
@@ -338,3 +339,40 @@ def test_a_stream_between_two_processes_loses_and_reorders_nothing(driver) -> No
             subscription.receive(handler, 1000, timeout=1.0)
         publisher.join(30)
         assert expected[0] == count
+
+
+def test_an_untethered_subscriber_rejoining_with_the_counters_full_waits_and_rejoins_later(
+        driver_dir: Path) -> None:
+    """An untethered subscriber left behind rests, and its rest ends while the counters file
+    is full: the driver goes on (it crashed there), counts the error, and the subscriber
+    tries again after another resting timeout, rejoining once a counter is free."""
+    settings = {**FAST_DRIVER_SETTINGS, "counters_capacity": 256, "timer_interval": "100ms",
+                "ipc_term_buffer_length": "64k", "untethered_window_limit_timeout": "200ms",
+                "untethered_resting_timeout": "3s"}  # longer than filling the counters takes
+    with MediaDriver.launch(directory=driver_dir, **settings) as driver, \
+            Client.connect(driver_dir) as client:
+        publication = client.add_publication("aeron:ipc", 1)
+        tethered = client.add_subscription("aeron:ipc", 1)
+        untethered = client.add_subscription("aeron:ipc?tether=false", 1)
+        wait_for(lambda: tethered.images and untethered.images, what="both images")
+        deadline = time.monotonic() + 10
+        while untethered.images:  # it never reads: left behind, then unlinked
+            assert time.monotonic() < deadline, "the untethered subscriber was not left behind"
+            publication.offer(b"x" * 500)
+            tethered.poll(lambda data, header: None, 100)
+        filler_publication = client.add_publication("aeron:ipc", 2)
+        time.sleep(1.5)  # it rests, and the counter it let go is free again (after 1 s)
+        fillers = []
+        with pytest.raises(RegistrationError):
+            while True:  # every counter taken
+                fillers.append(client.add_subscription("aeron:ipc", 2))
+        errors = counters_of(driver)["ERRORS"]  # the refused subscription's among them
+        wait_for(lambda: driver.process.poll() is not None
+                 or counters_of(driver)["ERRORS"] > errors, timeout=10,
+                 what="the rest's end, with no counter for the subscriber")
+        assert driver.process.poll() is None, "the driver exited"
+        assert not untethered.images
+        for filler in fillers:
+            filler.close()
+        filler_publication.close()
+        wait_for(lambda: untethered.images, timeout=15, what="the subscriber rejoined")

@@ -676,8 +676,16 @@ class DriverConductor:
                             if client is not None else None)
             if (isinstance(subscription, Subscription)
                     and publication.state is IpcPublicationState.ACTIVE):
-                assert client is not None
-                out.append(self._attach(publication, subscription, client))
+                assert client is not None and subscriber.tether is not None
+                try:
+                    out.append(self._attach(publication, subscription, client))
+                except CountersFullError as e:  # the driver goes on; so does the subscription
+                    self.counters.add(SystemCounter.ERRORS)
+                    log.error("cannot attach untethered subscription %d to IPC stream %d "
+                              "again: %s; trying again after its resting timeout",
+                              subscription.registration_id, publication.stream_id, e)
+                    subscriber.tether.rest_again(now_ns)
+                    publication.resting.append(subscriber)
         return out
 
     def _episode_messages(self, publication_id: int, event: EpisodeEvent) -> Outgoing:

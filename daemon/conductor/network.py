@@ -1097,8 +1097,11 @@ class NetworkConductor:
                 out.append(self._link(image_entry, subscription, join, now_ns, submit=True))
             except CountersFullError as e:
                 self.counters.add(SystemCounter.ERRORS)
-                log.error("cannot link subscription %d to image %d again: %s",
-                          subscription.registration_id, image_entry.registration_id, e)
+                log.error("cannot link subscription %d to image %d again: %s; trying again "
+                          "after its resting timeout", subscription.registration_id,
+                          image_entry.registration_id, e)
+                tether.rest_again(now_ns)
+                image_entry.resting.append((subscription, tether))
         return out
 
     def check_untethered_spies(self, now_ns: int) -> Outgoing:
@@ -1144,7 +1147,10 @@ class NetworkConductor:
                     except CountersFullError as e:
                         self.counters.add(SystemCounter.ERRORS)
                         log.error("cannot link spy subscription %d to publication %d again: "
-                                  "%s", spy.registration_id, entry.registration_id, e)
+                                  "%s; trying again after its resting timeout",
+                                  spy.registration_id, entry.registration_id, e)
+                        tether.rest_again(now_ns)
+                        entry.resting_spies.append((spy, tether))
         return out
 
     # -- subscriptions ------------------------------------------------------------------------

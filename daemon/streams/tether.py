@@ -90,6 +90,11 @@ class Tether:
                 return TetherState.RESTING
         return None
 
+    def rest_again(self, now_ns: int) -> None:
+        """Back to RESTING as of ``now_ns``: linking it anew failed (no counter was free for
+        its position), so it tries again after another resting timeout, not at once."""
+        self.state, self.since_ns = TetherState.RESTING, now_ns
+
     def rested(self, now_ns: int) -> bool:
         """On the conductor's timer, while RESTING: whether its resting timeout has passed,
         when it becomes ACTIVE again as of ``now_ns`` (link it anew)."""
