@@ -187,6 +187,9 @@ class Client:
         self._pending: dict[int, dict[str, Any]] = {}
         self._images_seen = 0  # AVAILABLE_IMAGE events read, of any subscription
         self._reply_hooks: dict[int, Callable[[dict[str, Any]], object]] = {}
+        #: Requests this client stopped waiting for (DriverTimeoutError), by correlation id:
+        #: a late answer is dropped, and what it made is released (nothing holds it here).
+        self._abandoned: set[int] = set()
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -297,6 +300,10 @@ class Client:
             try:
                 reply = self._await_reply(message["type"], correlation_id, deadline, connecting)
                 self._await_images(reply.get("_images_until", 0), deadline)
+            except DriverTimeoutError:
+                self._reply_hooks.pop(correlation_id, None)
+                self._abandoned.add(correlation_id)
+                raise
             finally:
                 # zmq's FD is edge-triggered: after a send, only a read to EAGAIN makes it
                 # say again that messages came (the conductor thread waits on it).
@@ -421,6 +428,10 @@ class Client:
                 self._lose_driver(reason if isinstance(reason, str) else "the driver stopped")
             else:
                 correlation_id = message.get("correlation_id", 0)
+                if correlation_id in self._abandoned:
+                    self._abandoned.discard(correlation_id)
+                    self._release_abandoned(message)
+                    continue
                 hook = self._reply_hooks.pop(correlation_id, None)
                 if hook is not None:
                     hook(message)
@@ -430,6 +441,25 @@ class Client:
                 self._pending[correlation_id] = message
             if self._closed:  # a handler closed the client: read nothing more
                 return
+
+    def _release_abandoned(self, reply: dict[str, Any]) -> None:
+        """The late answer to a request this client gave up on (under the lock): what it made
+        (a publication or subscription the application never got) is released at once, or
+        it would hold its stream (a subscription nobody polls holds every publisher back)
+        until the client closes.  The release's own answer is dropped as well."""
+        release = {control.PUBLICATION_READY: control.REMOVE_PUBLICATION,
+                   control.SUBSCRIPTION_READY: control.REMOVE_SUBSCRIPTION}.get(reply["type"])
+        registration_id = reply.get("registration_id")
+        if release is None or not isinstance(registration_id, int):
+            return
+        log.warning("the driver answered a request after this client gave up on it; "
+                    "releasing what it made (registration %d)", registration_id)
+        correlation_id = next(self._correlation_ids)
+        self._abandoned.add(correlation_id)
+        with contextlib.suppress(zmq.ZMQError):
+            self._socket.send(control.encode({"type": release,
+                                              "registration_id": registration_id,
+                                              "correlation_id": correlation_id}))
 
     def _run_conductor(self) -> None:
         """Thread: the driver's events, and what the keepalive thread found, until close;

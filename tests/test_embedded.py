@@ -749,3 +749,48 @@ def test_wait_for_data_raises_once_the_embedded_driver_is_gone(embedded) -> None
         with pytest.raises(DriverNotRunningError):
             subscription.wait_for_data(5_000_000_000)
         assert time.monotonic() - started < 2.5
+
+
+def test_a_subscription_its_client_stopped_waiting_for_is_released_when_it_comes(
+        embedded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command whose channel names a host waits for the resolver (2 s here); a client whose
+    request timeout (1 s) passes first gets DriverTimeoutError, and when the driver's answer
+    comes, the client releases the subscription it made: nobody would ever poll it, and it
+    would hold the stream's publishers back until the client closed."""
+    from slipstream.client import DriverTimeoutError
+    from slipstream.daemon.media import names
+
+    driver = embedded()
+    resolve_host = names.resolve_host
+
+    def slow(host: str) -> str | None:
+        time.sleep(2.0)
+        return resolve_host(host)
+
+    monkeypatch.setattr(names, "resolve_host", slow)
+    monkeypatch.setattr(names, "_cache", {})  # no answer kept from an earlier test
+    stop = threading.Event()
+
+    def pump() -> None:  # the driver's duty cycle on a thread of its own
+        while not stop.is_set():
+            if not driver.do_work():
+                time.sleep(0.0005)
+
+    pumping = threading.Thread(target=pump)
+    pumping.start()
+    try:
+        with Client.connect(driver.directory, timeout=1.0) as client:
+            with pytest.raises(DriverTimeoutError):
+                client.add_subscription(f"aeron:udp?endpoint=localhost:{free_port()}", 7)
+            deadline = time.monotonic() + 10
+            while "localhost" not in names._cache:  # the resolver answered the driver
+                assert time.monotonic() < deadline, "the name was never resolved"
+                time.sleep(0.05)
+            time.sleep(0.5)  # the driver made the subscription and answered long since
+            deadline = time.monotonic() + 5
+            while driver.conductor.network.subscriptions:
+                assert time.monotonic() < deadline, "the late subscription was not released"
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        pumping.join(10)
