@@ -459,7 +459,7 @@ class Client:
         with contextlib.suppress(zmq.ZMQError):
             self._socket.send(control.encode({"type": release,
                                               "registration_id": registration_id,
-                                              "correlation_id": correlation_id}))
+                                              "correlation_id": correlation_id}), zmq.NOBLOCK)
 
     def _run_conductor(self) -> None:
         """Thread: the driver's events, and what the keepalive thread found, until close;

@@ -142,7 +142,7 @@ def local_cores(master: str) -> int | None:
     """The executor cores of a ``local``, ``local[N]``, ``local[*]`` or ``local[N,F]`` master
     (F: the tries a task gets), as shuffle partitions: 4 for ``*``; None for any other
     master (a cluster's, ``local-cluster[...]``)."""
-    found = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master.strip())
+    found = re.fullmatch(r"local(?:\[\s*(\d+|\*)\s*(?:,\s*\d+\s*)?\])?", master.strip())
     if found is None:
         return None
     cores = found.group(1) or "1"

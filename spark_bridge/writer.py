@@ -177,8 +177,13 @@ def publish_batches(publication: Publication, batches: Iterator[pa.RecordBatch],
                     f"{publication.stream_id} failed with {result_name(result)} after "
                     f"{rows + done} rows")
                 client = publication._client
-                if result == CLOSED and client.is_closed:  # the driver went: say so
-                    raise client.driver_lost_error() from failed
+                if result == CLOSED:
+                    # Losing the driver closes the publications before it marks the client:
+                    # under its lock, the two are seen together.
+                    with client._lock:
+                        driver_lost = client.is_closed
+                    if driver_lost:  # the driver went: say so
+                        raise client.driver_lost_error() from failed
                 raise failed
             now = time.monotonic_ns()
             if not stalled_since:

@@ -348,7 +348,7 @@ def test_an_untethered_subscriber_rejoining_with_the_counters_full_waits_and_rej
     tries again after another resting timeout, rejoining once a counter is free."""
     settings = {**FAST_DRIVER_SETTINGS, "counters_capacity": 256, "timer_interval": "100ms",
                 "ipc_term_buffer_length": "64k", "untethered_window_limit_timeout": "200ms",
-                "untethered_resting_timeout": "3s"}  # longer than filling the counters takes
+                "untethered_resting_timeout": "6s"}  # longer than filling the counters takes
     with MediaDriver.launch(directory=driver_dir, **settings) as driver, \
             Client.connect(driver_dir) as client:
         publication = client.add_publication("aeron:ipc", 1)
@@ -361,18 +361,24 @@ def test_an_untethered_subscriber_rejoining_with_the_counters_full_waits_and_rej
             publication.offer(b"x" * 500)
             tethered.poll(lambda data, header: None, 100)
         filler_publication = client.add_publication("aeron:ipc", 2)
-        time.sleep(1.5)  # it rests, and the counter it let go is free again (after 1 s)
+
+        def its_position_counter() -> list[object]:
+            return [c for c in client.counters if c.type_id == CounterType.SUBSCRIBER_POSITION
+                    and c.registration_id == untethered.registration_id]
+
+        wait_for(lambda: not its_position_counter(), timeout=5, what="it rests (unlinked)")
+        time.sleep(1.2)  # the counter it let go is free again (after 1 s): fill that one too
         fillers = []
         with pytest.raises(RegistrationError):
             while True:  # every counter taken
                 fillers.append(client.add_subscription("aeron:ipc", 2))
         errors = counters_of(driver)["ERRORS"]  # the refused subscription's among them
         wait_for(lambda: driver.process.poll() is not None
-                 or counters_of(driver)["ERRORS"] > errors, timeout=10,
+                 or counters_of(driver)["ERRORS"] > errors, timeout=15,
                  what="the rest's end, with no counter for the subscriber")
         assert driver.process.poll() is None, "the driver exited"
         assert not untethered.images
         for filler in fillers:
             filler.close()
         filler_publication.close()
-        wait_for(lambda: untethered.images, timeout=15, what="the subscriber rejoined")
+        wait_for(lambda: untethered.images, timeout=20, what="the subscriber rejoined")

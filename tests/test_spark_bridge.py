@@ -301,7 +301,7 @@ def test_a_local_masters_cores_are_read_with_and_without_task_tries() -> None:
     from slipstream.spark_bridge import local_cores
 
     assert [local_cores(m) for m in ("local", "local[3]", "local[2,3]", "local[*]",
-                                     "local[*,2]")] == [1, 3, 2, 4, 4]
+                                     "local[*,2]", "local[2, 3]")] == [1, 3, 2, 4, 4, 2]
     assert local_cores("spark://host:7077") is None
     assert local_cores("local-cluster[2,1,1024]") is None
 

@@ -303,7 +303,8 @@ class DriverConductor:
         heartbeat_id = self.counters.allocate(
             CounterType.CLIENT_HEARTBEAT, f"client-heartbeat: {client_id} pid={pid}",
             registration_id=client_id, owner_id=client_id, initial_value=now_ns)
-        client = ClientSession(client_id, key, pid, message["process"], now_ns, heartbeat_id)
+        client = ClientSession(client_id, key, pid, message["process"], now_ns, heartbeat_id,
+                               last_heartbeat=now_ns)  # the counter's initial value
         self.clients[client.client_id] = client
         self._clients_by_key[key] = client
         return [(key, {
