@@ -35,7 +35,7 @@ from typing import NamedTuple
 from .driver import AeronDriver
 from .errors import SampleFailed
 from .install import peer_classes
-from .process import JavaProcess, Properties, PropertyValue
+from .process import START_TIMEOUT_S, JavaProcess, Properties, PropertyValue
 from .samples import DEFAULT_STREAM_ID, _client_props
 
 _READY = re.compile(r"ready sessionId=(-?\d+) streamId=(-?\d+) registrationId=(-?\d+)$")
@@ -111,7 +111,8 @@ class MdsSubscriber(_CommandProgram):
     thread, checking that the message indexes follow each other.  A context manager."""
 
     def __init__(self, directory: Path | str | AeronDriver, channel: str,
-                 stream_id: int = DEFAULT_STREAM_ID, *, start_timeout: float = 15.0) -> None:
+                 stream_id: int = DEFAULT_STREAM_ID, *,
+                 start_timeout: float = START_TIMEOUT_S) -> None:
         self.channel = channel
         self.stream_id = stream_id
         self._command_lock = threading.Lock()
@@ -144,7 +145,8 @@ class MdcPublisher(_CommandProgram):
     def __init__(self, directory: Path | str | AeronDriver, channel: str,
                  stream_id: int = DEFAULT_STREAM_ID, *, message_length: int = 32,
                  exclusive: bool = False, offer_timeout: float = 10.0,
-                 start_timeout: float = 15.0, properties: Properties | None = None) -> None:
+                 start_timeout: float = START_TIMEOUT_S,
+                 properties: Properties | None = None) -> None:
         if message_length < 8:
             raise ValueError("MdcPublisher needs messages of at least 8 bytes")
         self.channel = channel

@@ -25,6 +25,9 @@ from .install import aeron_jar, java_binary
 
 PropertyValue = str | int | float | bool
 Properties = Mapping[str, PropertyValue]
+#: How long a sample's JVM may take to start and reach its driver, s: seconds on a loaded
+#: 2-core machine, whatever the timeout the test gives what comes after.
+START_TIMEOUT_S = 15.0
 
 # Serial GC: the driver and samples allocate next to nothing once running, and it keeps GC
 # threads off small machines.  Agrona maps files through sun.nio.ch reflection: open that to

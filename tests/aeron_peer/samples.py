@@ -94,7 +94,7 @@ from pathlib import Path
 
 from .cnc import has_connected_publication
 from .driver import AeronDriver
-from .process import JavaProcess, Properties, PropertyValue
+from .process import START_TIMEOUT_S, JavaProcess, Properties, PropertyValue
 
 DEFAULT_STREAM_ID = 10
 
@@ -299,8 +299,9 @@ def hold_connected_publication(directory: Path | str | AeronDriver, channel: str
     holder = JavaProcess(f"publication holder[{channel} {stream_id}]", "io.aeron.samples.Ping",
                          props)
     try:
+        # The JVM's start is not the subscriber's: ``timeout`` is for the connection.
         holder.wait_until(lambda: "Waiting for new image from Pong..." in holder.lines,
-                          timeout, "publication")
+                          max(timeout, START_TIMEOUT_S), "publication")
         deadline = time.monotonic() + timeout
         # Prefer the log buffer the holder created; an already existing publication of the
         # same channel and stream is shared, so then any connected one of that stream counts.
