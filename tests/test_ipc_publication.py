@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import lib
+from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile
 from slipstream.client.layout import (
     FRAME_ALIGNMENT,
@@ -31,6 +32,7 @@ from slipstream.client.logbuffer import (
 )
 from slipstream.client.publication import ADMIN_ACTION
 from slipstream.client.subscription import Image
+from slipstream.daemon.conductor.conductor import Subscription
 from slipstream.daemon.conductor.ipc import IpcPublication
 
 SEQUENCE = struct.Struct("<q")
@@ -46,6 +48,12 @@ def make_publication(directory: Path, *, term_length: int, clean_chunk_length: i
         unblock_timeout_ns=10**12, linger_timeout_ns=10**9, now_ns=0,
         initial_term_offset=initial_term_offset, clean_chunk_length=clean_chunk_length)
     return publication, counters
+
+
+def subscription(registration_id: int, client_id: int = 1) -> Subscription:
+    """A client's IPC subscription of the stream :func:`make_publication` makes."""
+    return Subscription(registration_id, client_id, f"client-{client_id}".encode(),
+                        parse_channel("aeron:ipc"), 1001)
 
 
 def move_producer(publication: IpcPublication, position: int) -> None:
@@ -100,8 +108,8 @@ def test_a_subscriber_never_reads_old_frames_while_cleaning_lags(
         example, term_length=term_length, clean_chunk_length=clean_chunk_length,
         initial_term_offset=initial_term_offset)
     try:
-        subscriber = publication.add_subscriber(7, client_id=1, label="test")
-        position_ptr = counters.address(subscriber.position_counter_id)
+        subscriber = publication.add_subscriber(subscription(7), label="test")
+        position_ptr = counters.address(subscriber.counter_id)
         image = Image(publication.log, position_ptr, join_position=publication.join_position())
         limit_ptr = counters.address(publication.publisher_limit_id)
         appender = new_appender(publication.log, limit_ptr)
@@ -146,10 +154,10 @@ def test_cleaning_is_bounded_per_duty_cycle_and_asks_for_the_next_at_once(shm: P
     publication, counters = make_publication(shm, term_length=term_length,
                                              clean_chunk_length=chunk)
     try:
-        subscriber = publication.add_subscriber(7, client_id=1, label="test")
+        subscriber = publication.add_subscriber(subscription(7), label="test")
         # The subscriber is far ahead (as after a catch-up): two terms are cleanable.
         move_producer(publication, 3 * term_length)
-        counters.set(subscriber.position_counter_id, 3 * term_length)
+        counters.set(subscriber.counter_id, 3 * term_length)
         cycles = 0
         while True:
             before = publication.clean_position
@@ -172,16 +180,16 @@ def test_a_subscriber_position_past_the_producer_is_taken_at_the_producer(shm: P
     publication, counters = make_publication(shm, term_length=term_length,
                                              clean_chunk_length=64 * 1024)
     try:
-        subscriber = publication.add_subscriber(7, client_id=1, label="test")
+        subscriber = publication.add_subscriber(subscription(7), label="test")
         move_producer(publication, term_length)
-        counters.set(subscriber.position_counter_id, 3 * term_length)
+        counters.set(subscriber.counter_id, 3 * term_length)
         for _ in range(64):
             publication.update_limits(now_ns=0)
         assert publication.consumer_position() == term_length
         assert publication.clean_position <= term_length
         assert counters.get(publication.publisher_limit_id) == term_length + term_length // 2
         assert publication.is_consumed()
-        counters.set(subscriber.position_counter_id, -4096)
+        counters.set(subscriber.counter_id, -4096)
         assert publication.consumer_position() == 0 and not publication.is_consumed()
     finally:
         publication.close()
@@ -194,9 +202,9 @@ def test_a_lagging_cleaner_stops_asking_for_cycles_when_the_last_subscriber_leav
     publication, counters = make_publication(shm, term_length=term_length,
                                              clean_chunk_length=64 * 1024)
     try:
-        subscriber = publication.add_subscriber(7, client_id=1, label="test")
+        subscriber = publication.add_subscriber(subscription(7), label="test")
         move_producer(publication, 3 * term_length)
-        counters.set(subscriber.position_counter_id, 3 * term_length)
+        counters.set(subscriber.counter_id, 3 * term_length)
         publication.update_limits(now_ns=0)
         assert publication.is_cleaning_behind
         publication.remove_subscriber(7)

@@ -91,6 +91,7 @@ class Subscription(StreamInterest):
 
     registration_id: int
     client_id: int
+    client_key: bytes
     channel: Channel
     stream_id: int
 
@@ -500,7 +501,8 @@ class DriverConductor:
             client.subscriptions[network_subscription.registration_id] = network_subscription
             return [(client.key, messages.subscription_ready(
                 correlation_id, network_subscription.registration_id)), *images]
-        subscription = Subscription(self._new_id(), client.client_id, channel, stream_id)
+        subscription = Subscription(self._new_id(), client.client_id, client.key, channel,
+                                    stream_id)
         out: Outgoing = [(client.key, messages.subscription_ready(
             correlation_id, subscription.registration_id))]
         # The stream's shared publication and its exclusive ones: an image of each.
@@ -531,7 +533,7 @@ class DriverConductor:
                 client: ClientSession) -> tuple[bytes, dict[str, Any]]:
         channel = subscription.channel
         subscriber = publication.add_subscriber(
-            subscription.registration_id, client.client_id,
+            subscription,
             f"aeron:ipc stream={publication.stream_id} session={publication.session_id} "
             f"sub={subscription.registration_id}",
             tether=(Tether.of(channel, self.settings, self._last_cycle_ns)
@@ -544,8 +546,8 @@ class DriverConductor:
             subscription_registration_id=subscription.registration_id,
             session_id=publication.session_id, stream_id=publication.stream_id,
             log_file=publication.log.path,
-            subscriber_position_counter_id=subscriber.position_counter_id,
-            join_position=self.counters.get(subscriber.position_counter_id),
+            subscriber_position_counter_id=subscriber.counter_id,
+            join_position=self.counters.get(subscriber.counter_id),
             source_identity="aeron:ipc"))
 
     def _on_remove_subscription(self, client: ClientSession, message: dict[str, Any]) -> Outgoing:
@@ -657,37 +659,15 @@ class DriverConductor:
     def _check_untethered(self, publication: IpcPublication, now_ns: int) -> Outgoing:
         """Untethered subscribers left behind lose their image, with the range they skip;
         those done resting rejoin at the newest position (a new image)."""
-        out: Outgoing = []
-        left, rejoining = publication.check_untethered(now_ns)
-        for subscriber, lost_from, lost_to in left:
-            self.counters.add(SystemCounter.UNTETHERED_SKIPS)
-            self.counters.add(SystemCounter.UNTETHERED_SKIPPED_BYTES, lost_to - lost_from)
-            log.info("untethered subscription %d of IPC stream %d left behind at %d (the "
-                     "producer at %d)", subscriber.subscription_id, publication.stream_id,
-                     lost_from, lost_to)
-            client = self.clients.get(subscriber.client_id)
-            if client is not None:
-                out.append((client.key, messages.unavailable_image(
-                    image_registration_id=publication.registration_id,
-                    subscription_registration_id=subscriber.subscription_id,
-                    stream_id=publication.stream_id, lost=(lost_from, lost_to))))
-        for subscriber in rejoining:
-            client = self.clients.get(subscriber.client_id)
-            subscription = (client.subscriptions.get(subscriber.subscription_id)
-                            if client is not None else None)
-            if (isinstance(subscription, Subscription)
-                    and publication.state is IpcPublicationState.ACTIVE):
-                assert client is not None and subscriber.tether is not None
-                try:
-                    out.append(self._attach(publication, subscription, client))
-                except CountersFullError as e:  # the driver goes on; so does the subscription
-                    self.counters.add(SystemCounter.ERRORS)
-                    log.error("cannot attach untethered subscription %d to IPC stream %d "
-                              "again: %s; trying again after its resting timeout",
-                              subscription.registration_id, publication.stream_id, e)
-                    subscriber.tether.rest_again(now_ns)
-                    publication.resting.append(subscriber)
-        return out
+
+        def relink(subscription: Subscription) -> tuple[bytes, dict[str, Any]] | None:
+            client = self.clients.get(subscription.client_id)
+            if client is None or client.subscriptions.get(
+                    subscription.registration_id) is not subscription:
+                return None  # it went
+            return self._attach(publication, subscription, client)
+
+        return publication.check_untethered(relink, now_ns)
 
     def _episode_messages(self, publication_id: int, event: EpisodeEvent) -> Outgoing:
         """Tell every client that publishes through ``publication_id`` (once per publisher it
@@ -700,11 +680,11 @@ class DriverConductor:
     def _close_publication(self, publication: IpcPublication) -> Iterable[tuple[bytes, dict]]:
         out = []
         for subscriber in publication.subscribers:
-            client = self.clients.get(subscriber.client_id)
+            client = self.clients.get(subscriber.subscription.client_id)
             if client is not None:
                 out.append((client.key, messages.unavailable_image(
                     image_registration_id=publication.registration_id,
-                    subscription_registration_id=subscriber.subscription_id,
+                    subscription_registration_id=subscriber.subscription.registration_id,
                     stream_id=publication.stream_id)))
         del self.ipc_publications[publication.registration_id]
         if self._ipc_by_stream.get(publication.stream_id) is publication:

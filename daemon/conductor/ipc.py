@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -25,9 +27,10 @@ from slipstream.client.counters import (
 )
 from slipstream.client.logbuffer import LogBuffer, unblock
 from slipstream.daemon._network import lib as network
+from slipstream.daemon.conductor.untethered import UntetheredStream, check_untethered
 from slipstream.daemon.pressure.episodes import BackPressureEpisodes, EpisodeEvent
 from slipstream.daemon.protocol.log_cleaner import CLEAN_CHUNK_LENGTH, LogCleaner
-from slipstream.daemon.streams.tether import Tether, TetherState
+from slipstream.daemon.streams.tether import Subscriber, Tether, TetherablePosition
 
 
 class IpcPublicationState(enum.Enum):
@@ -37,18 +40,6 @@ class IpcPublicationState(enum.Enum):
     ACTIVE = "active"
     DRAINING = "draining"
     DONE = "done"
-
-
-@attrs.define
-class IpcSubscriber:
-    """One subscription's view of the publication: its position counter.  An untethered one
-    (``tether=false``: its :class:`Tether`) does not hold publishers back for longer than its
-    window limit timeout: it is left behind, rests, and rejoins at the newest position."""
-
-    subscription_id: int
-    client_id: int
-    position_counter_id: int
-    tether: Tether | None = None  # None: tethered
 
 
 @attrs.define(eq=False)
@@ -71,9 +62,12 @@ class IpcPublication:
     other_counter_ids: list[int]  # the episodes' and pub-drops
     publisher_refs: int = 0
     state: IpcPublicationState = IpcPublicationState.ACTIVE
-    subscribers: list[IpcSubscriber] = attrs.Factory(list)
+    #: Each subscription's link: its position counter, and its tether if it is untethered
+    #: (``tether=false``: it does not hold publishers back for longer than its window limit
+    #: timeout; it is left behind, rests, and rejoins at the newest position).
+    subscribers: list[TetherablePosition[Subscriber]] = attrs.Factory(list)
     #: Untethered subscribers left behind, waiting out their resting timeout (no counter).
-    resting: list[IpcSubscriber] = attrs.Factory(list)
+    resting: list[TetherablePosition[Subscriber]] = attrs.Factory(list)
     _last_consumer_position: int = 0
     _time_of_last_consumer_change_ns: int = 0
     #: The slowest subscriber's position at the last update_limits (bytes).
@@ -158,68 +152,62 @@ class IpcPublication:
         """Where a new subscriber starts: the current producer position."""
         return self.log.producer_position()
 
-    def add_subscriber(self, subscription_id: int, client_id: int, label: str, *,
-                       tether: Tether | None = None) -> IpcSubscriber:
+    def add_subscriber(self, subscription: Subscriber, label: str, *,
+                       tether: Tether | None = None) -> TetherablePosition[Subscriber]:
         """Give a subscription a position counter at the join position (untethered, with
         ``tether``)."""
         position = self.join_position()
         counter_id = self.counters.allocate(
-            CounterType.SUBSCRIBER_POSITION, f"sub-pos: {label}", registration_id=subscription_id,
-            session_id=self.session_id, stream_id=self.stream_id, owner_id=client_id,
-            initial_value=position)
-        subscriber = IpcSubscriber(subscription_id, client_id, counter_id, tether)
+            CounterType.SUBSCRIBER_POSITION, f"sub-pos: {label}",
+            registration_id=subscription.registration_id, session_id=self.session_id,
+            stream_id=self.stream_id, owner_id=subscription.client_id, initial_value=position)
+        subscriber = TetherablePosition(subscription, counter_id, self.counters.address(counter_id),
+                                        tether)
         self.subscribers.append(subscriber)
         return subscriber
 
-    def check_untethered(self, now_ns: int) -> tuple[list[tuple[IpcSubscriber, int, int]],
-                                                     list[IpcSubscriber]]:
-        """Aeron's untethered subscriptions, as drop-oldest (:mod:`..streams.tether`): one
-        within an eighth of a window of the producer's window end (it is what holds
-        publishers back) for too long is left behind (LINGER), then unlinked (RESTING: its
-        position dropped from the limit, its counter freed), then may rejoin.  Returns (left
-        behind now, with the range of positions it skips: from its position to the
-        producer's), (done resting: to link anew, at the newest position)."""
-        left: list[tuple[IpcSubscriber, int, int]] = []
+    def check_untethered(
+            self, relink: Callable[[Subscriber], tuple[bytes, dict[str, Any]] | None],
+            now_ns: int) -> list[tuple[bytes, dict[str, Any]]]:
+        """Aeron's untethered subscriptions, as drop-oldest (:mod:`.untethered`), against the
+        producer's position: one left behind loses its image with the range from its position
+        to the producer's; one unlinked (RESTING) no longer counts for the limit and its
+        counter is freed; one done resting is linked anew by ``relink`` (at the newest
+        position, :meth:`add_subscriber`).  Returns the messages for the clients."""
         if not self.resting and all(s.tether is None for s in self.subscribers):
-            return left, []
+            return []
         producer = self.log.producer_position()
-        window = self.term_window_length
-        window_end = producer - window + (window >> 3)
-        for subscriber in list(self.subscribers):
-            if subscriber.tether is None:
-                continue
-            position = self._position_of(subscriber, producer)
-            entered = subscriber.tether.check(position, window_end, now_ns)
-            if entered is TetherState.LINGER:
-                left.append((subscriber, position, producer))
-            elif entered is TetherState.RESTING:
-                self.subscribers.remove(subscriber)
-                self.counters.free(subscriber.position_counter_id)
-                self.resting.append(subscriber)
-        rejoin = [s for s in self.resting if s.tether is not None and s.tether.rested(now_ns)]
-        for subscriber in rejoin:
-            self.resting.remove(subscriber)
-        return left, rejoin
+        return check_untethered(
+            UntetheredStream(f"IPC stream {self.stream_id}", self.registration_id,
+                             self.stream_id, producer, self.term_window_length,
+                             self._unlink, relink),
+            [(s, self._position_of(s, producer)) for s in self.subscribers
+             if s.tether is not None],
+            self.resting, self.counters, now_ns)
 
-    def remove_subscriber(self, subscription_id: int) -> IpcSubscriber | None:
+    def remove_subscriber(self, subscription_id: int) -> TetherablePosition[Subscriber] | None:
         for subscriber in self.resting:
-            if subscriber.subscription_id == subscription_id:
+            if subscriber.subscription.registration_id == subscription_id:
                 self.resting.remove(subscriber)
                 return subscriber
         for subscriber in self.subscribers:
-            if subscriber.subscription_id == subscription_id:
-                self.subscribers.remove(subscriber)
-                self.counters.free(subscriber.position_counter_id)
+            if subscriber.subscription.registration_id == subscription_id:
+                self._unlink(subscriber)
                 return subscriber
         return None
 
-    def _position_of(self, subscriber: IpcSubscriber, producer: int) -> int:
+    def _unlink(self, subscriber: TetherablePosition[Subscriber]) -> None:
+        """The subscriber's position holds the log no more, and its counter is freed."""
+        self.subscribers.remove(subscriber)
+        self.counters.free(subscriber.counter_id)
+
+    def _position_of(self, subscriber: TetherablePosition[Subscriber], producer: int) -> int:
         """A subscriber's position as the driver takes it: its client writes the counter, so
         within [0, the producer's position] and on the frame alignment
         (``ss_subscriber_position_bounded``, as for a network image's subscribers): one past
         the producer would have the log cleaned under the others and their data overwritten."""
         return network.ss_subscriber_position_bounded(
-            self.counters.get(subscriber.position_counter_id), producer)
+            self.counters.get(subscriber.counter_id), producer)
 
     def consumer_position(self) -> int | None:
         """The slowest subscriber's position, None without subscribers."""
@@ -318,10 +306,8 @@ class IpcPublication:
         subscribers left behind (LINGER) stop holding the log at once, their clients told as
         they were left, and the resting ones will not rejoin: kept, a lingering one's
         position would hold the drain for good."""
-        for subscriber in [s for s in self.subscribers
-                           if s.tether is not None and s.tether.lingering]:
-            self.subscribers.remove(subscriber)
-            self.counters.free(subscriber.position_counter_id)
+        for subscriber in [s for s in self.subscribers if s.lingering]:
+            self._unlink(subscriber)
         self.resting.clear()
 
     def is_consumed(self, *, except_clients: frozenset[int] = frozenset()) -> bool:
@@ -329,7 +315,7 @@ class IpcPublication:
         (true without subscribers: nobody is owed anything)."""
         end = self.log.producer_position()
         return all(self._position_of(s, end) >= end
-                   for s in self.subscribers if s.client_id not in except_clients)
+                   for s in self.subscribers if s.subscription.client_id not in except_clients)
 
     def start_draining(self) -> None:
         """The last publisher left: subscribers may read what is there, then the log goes."""
@@ -348,7 +334,7 @@ class IpcPublication:
         """Free the counters and delete the log file (mapped readers keep their pages)."""
         self.state = IpcPublicationState.DONE
         for subscriber in self.subscribers:
-            self.counters.free(subscriber.position_counter_id)
+            self.counters.free(subscriber.counter_id)
         self.subscribers.clear()
         for counter_id in (self.publisher_limit_id, self.publisher_position_id,
                            *self.other_counter_ids):

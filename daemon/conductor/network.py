@@ -24,6 +24,7 @@ Units: times in ns, sizes in bytes.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import logging
 import random
@@ -76,6 +77,7 @@ from slipstream.daemon.conductor.sharing import (
     destination_of,
     endpoint_key,
 )
+from slipstream.daemon.conductor.untethered import UntetheredStream, check_untethered
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import congestion_control_for, flow_control_for
 from slipstream.daemon.media import interfaces, names
@@ -106,7 +108,7 @@ from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 from slipstream.daemon.reports.loss_report import LossReport
 from slipstream.daemon.streams.image import ImagePositions, PublicationImage
 from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
-from slipstream.daemon.streams.tether import Tether, TetherState
+from slipstream.daemon.streams.tether import Tether, TetherablePosition
 
 log = logging.getLogger("slipstream.driver")
 
@@ -197,10 +199,10 @@ class _PublicationEntry:
     closing: bool = False
     #: Spy subscriptions reading its log (Aeron's spy links), and how many of them the sender
     #: has not taken yet (the publication's spy hold stays at their join positions until then).
-    spies: list[_SpyLink] = attrs.Factory(list)
+    spies: list[TetherablePosition[NetworkSubscription]] = attrs.Factory(list)
     spy_joins_pending: int = 0
     #: Untethered spies left behind, resting until they rejoin (their tethers RESTING).
-    resting_spies: list[tuple[NetworkSubscription, Tether]] = attrs.Factory(list)
+    resting_spies: list[TetherablePosition[NetworkSubscription]] = attrs.Factory(list)
     #: Spies that want it but found the counters full as it was made: linked on the
     #: conductor's timer once there is room (:meth:`NetworkConductor.check_spies`).
     missed_spies: list[NetworkSubscription] = attrs.Factory(list)
@@ -232,22 +234,6 @@ class NetworkSubscription(StreamInterest):
         return super().wants(session_id, stream_id)
 
 
-@attrs.define(eq=False)
-class _SpyLink:
-    """A spy subscription linked to a publication: its sub-pos counter (its client's to write)
-    and that counter's cell (cffi ``int64_t *``), which the publication's sender reads."""
-
-    subscription: NetworkSubscription
-    counter_id: int
-    cell: object
-    tether: Tether | None = None  # an untethered spy's (``tether=false``)
-
-    @property
-    def lingering(self) -> bool:
-        """Left behind: its image gone, its position still held a while (Aeron's LINGER)."""
-        return self.tether is not None and self.tether.lingering
-
-
 @attrs.frozen(eq=False)
 class SpyLinked:
     """The sender took a spy of ``entry`` into its publication (sent by the command itself):
@@ -265,30 +251,17 @@ class SpyUnlinked:
 
 
 @attrs.define(eq=False)
-class _ImageLink:
-    subscription: NetworkSubscription
-    counter_id: int
-    cell: object  # cffi int64_t * of the sub-pos counter
-    tether: Tether | None = None  # an untethered subscription's (``tether=false``)
-
-    @property
-    def lingering(self) -> bool:
-        """Left behind: its image gone, its position still held a while (Aeron's LINGER)."""
-        return self.tether is not None and self.tether.lingering
-
-
-@attrs.define(eq=False)
 class _ImageEntry:
     registration_id: int
     image: PublicationImage
     log: LogBuffer
     counter_ids: list[int]
     source: Address
-    links: list[_ImageLink] = attrs.Factory(list)
+    links: list[TetherablePosition[NetworkSubscription]] = attrs.Factory(list)
     lingering: bool = False
     #: Untethered subscriptions left behind, resting until they rejoin (their tethers
     #: RESTING).
-    resting: list[tuple[NetworkSubscription, Tether]] = attrs.Factory(list)
+    resting: list[TetherablePosition[NetworkSubscription]] = attrs.Factory(list)
 
 
 @attrs.define(eq=False)
@@ -919,7 +892,7 @@ class NetworkConductor:
             self._on_spy_linked(entry)  # no link after all: its hold goes
             raise
         cell = self.counters.address(counter_id)
-        entry.spies.append(_SpyLink(spy, counter_id, cell, self._tether(spy, now_ns)))
+        entry.spies.append(TetherablePosition(spy, counter_id, cell, self._tether(spy, now_ns)))
 
         def add_spy(_now: int) -> None:
             try:
@@ -959,7 +932,8 @@ class NetworkConductor:
         if entry.spy_joins_pending == 0:
             native.ss_store_release_i64(entry.publication.spy_hold, NO_DEADLINE)
 
-    def _unlink_spy(self, entry: _PublicationEntry, link: _SpyLink, *,
+    def _unlink_spy(self, entry: _PublicationEntry,
+                    link: TetherablePosition[NetworkSubscription], *,
                     tell: bool = False) -> Outgoing:
         """The spy of ``link`` stops reading ``entry``'s publication: its position holds
         nothing back from the sender's next command on; with ``tell``, its client hears that
@@ -1033,124 +1007,71 @@ class NetworkConductor:
 
     def check_untethered_images(self, now_ns: int) -> Outgoing:
         """Aeron's untethered subscriptions of network images (``tether=false``;
-        PublicationImage.checkUntetheredSubscriptions; the states are
-        :mod:`..streams.tether`'s), on the conductor's timer.  The end of the image's window
-        is the fastest subscriber's position less the receiver window, plus a quarter of it
-        (what the slowest may hold the sender to): one left behind there loses its image, with
-        the range it skips (from its position to the fastest's); it rejoins where the image's
-        slowest subscriber is, with a new image."""
+        PublicationImage.checkUntetheredSubscriptions; :mod:`.untethered`), on the conductor's
+        timer.  An image's head is its fastest subscriber, its window the receiver window: one
+        left behind loses its image, with the range it skips (from its position to the
+        fastest's); it rejoins where the image's slowest subscriber is, with a new image."""
         out: Outgoing = []
         for endpoint in self._receive_endpoints.values():
             for image_entry in endpoint.images.values():
-                if image_entry.lingering:
-                    continue
-                if image_entry.resting:
-                    out.extend(self._rejoin_rested(image_entry, now_ns))
-                if any(link.tether is not None for link in image_entry.links):
+                if not image_entry.lingering and (
+                        image_entry.resting
+                        or any(link.tether is not None for link in image_entry.links)):
                     out.extend(self._check_untethered_links(image_entry, now_ns))
         return out
 
     def _check_untethered_links(self, image_entry: _ImageEntry, now_ns: int) -> Outgoing:
-        out: Outgoing = []
         image = image_entry.image
-        hwm = image.rcv_hwm
-        positions = {id(link): network.ss_subscriber_position_bounded(
-            self.counters.get(link.counter_id), hwm) for link in image_entry.links}
-        fastest = max(positions.values())
-        window = image.window
-        window_end = fastest - window + (window >> 2)
-        for link in list(image_entry.links):
-            if link.tether is None:
-                continue
-            position = positions[id(link)]
-            entered = link.tether.check(position, window_end, now_ns)
-            if entered is TetherState.RESTING:
-                self._unlink(image_entry, link)
-                image_entry.resting.append((link.subscription, link.tether))
-            elif entered is TetherState.LINGER:
-                self.counters.add(SystemCounter.UNTETHERED_SKIPS)
-                self.counters.add(SystemCounter.UNTETHERED_SKIPPED_BYTES, fastest - position)
-                log.info("untethered subscription %d of image %d left behind at %d (the "
-                         "fastest at %d)", link.subscription.registration_id,
-                         image_entry.registration_id, position, fastest)
-                out.append((link.subscription.client_key, messages.unavailable_image(
-                    image_registration_id=image_entry.registration_id,
-                    subscription_registration_id=link.subscription.registration_id,
-                    stream_id=image.stream_id, lost=(position, fastest))))
-        return out
+        positions = self._image_positions(image_entry)
+        return check_untethered(
+            UntetheredStream(f"image {image_entry.registration_id}",
+                             image_entry.registration_id, image.stream_id,
+                             max((p for _, p in positions), default=image.rcv_pos),
+                             image.window, functools.partial(self._unlink, image_entry),
+                             functools.partial(self._rejoin_rested, image_entry, now_ns)),
+            positions, image_entry.resting, self.counters, now_ns)
 
-    def _rejoin_rested(self, image_entry: _ImageEntry, now_ns: int) -> Outgoing:
-        """The resting subscriptions of ``image_entry`` whose resting timeout passed link
-        again at its join position (Aeron's: the slowest subscriber's, at most rcv-pos)."""
-        out: Outgoing = []
-        image = image_entry.image
-        for subscription, tether in list(image_entry.resting):
-            if not tether.rested(now_ns):
-                continue
-            image_entry.resting.remove((subscription, tether))
-            if self.subscriptions.get(subscription.registration_id) is not subscription:
-                continue
-            hwm = image.rcv_hwm
-            join = min([image.rcv_pos, *(network.ss_subscriber_position_bounded(
-                self.counters.get(link.counter_id), hwm) for link in image_entry.links)])
-            try:
-                out.append(self._link(image_entry, subscription, join, now_ns, submit=True))
-            except CountersFullError as e:
-                self.counters.add(SystemCounter.ERRORS)
-                log.error("cannot link subscription %d to image %d again: %s; trying again "
-                          "after its resting timeout", subscription.registration_id,
-                          image_entry.registration_id, e)
-                tether.rest_again(now_ns)
-                image_entry.resting.append((subscription, tether))
-        return out
+    def _image_positions(self, image_entry: _ImageEntry
+                         ) -> list[tuple[TetherablePosition[NetworkSubscription], int]]:
+        """Each link of the image with its subscriber's position (within the image's
+        ``rcv-hwm``)."""
+        hwm = image_entry.image.rcv_hwm
+        return [(link, network.ss_subscriber_position_bounded(
+            self.counters.get(link.counter_id), hwm)) for link in image_entry.links]
+
+    def _rejoin_rested(self, image_entry: _ImageEntry, now_ns: int,
+                       subscription: NetworkSubscription) -> tuple[bytes, dict[str, Any]] | None:
+        """A resting subscription of ``image_entry`` links again at its join position (Aeron's:
+        the slowest subscriber's, at most rcv-pos); None if the subscription went."""
+        if self.subscriptions.get(subscription.registration_id) is not subscription:
+            return None
+        join = min([image_entry.image.rcv_pos,
+                    *(p for _, p in self._image_positions(image_entry))])
+        return self._link(image_entry, subscription, join, now_ns, submit=True)
 
     def check_untethered_spies(self, now_ns: int) -> Outgoing:
         """Aeron's untethered spies (``tether=false``; NetworkPublication
-        .checkUntetheredSubscriptions; the states are :mod:`..streams.tether`'s), on the
-        conductor's timer.  The end of the publication's window is ``snd-pos`` less the
-        window, plus a quarter of it (what holds the publishers back): a spy left behind there
-        loses its image, with the range it skips (from its position to snd-pos); it rejoins at
+        .checkUntetheredSubscriptions; :mod:`.untethered`), on the conductor's timer.  A
+        publication's head is ``snd-pos``, its window the term window: a spy left behind loses
+        its image, with the range it skips (from its position to snd-pos); it rejoins at
         snd-pos with a new image.  Only while the publication is open."""
         out: Outgoing = []
         for entry in self.publications.values():
-            if entry.closing:
+            if entry.closing or not (entry.resting_spies
+                                     or any(k.tether is not None for k in entry.spies)):
                 continue
             publication = entry.publication
             sender_position = publication.sender_position
-            window = publication.term_window_length
-            window_end = sender_position - window + (window >> 2)
-            for link in list(entry.spies):
-                if link.tether is None:
-                    continue
-                position = network.ss_subscriber_position_bounded(
-                    self.counters.get(link.counter_id), sender_position)
-                entered = link.tether.check(position, window_end, now_ns)
-                if entered is TetherState.RESTING:
-                    self._unlink_spy(entry, link)
-                    entry.resting_spies.append((link.subscription, link.tether))
-                elif entered is TetherState.LINGER:
-                    self.counters.add(SystemCounter.UNTETHERED_SKIPS)
-                    self.counters.add(SystemCounter.UNTETHERED_SKIPPED_BYTES,
-                                      sender_position - position)
-                    log.info("untethered spy %d of publication %d left behind at %d (the "
-                             "sender at %d)", link.subscription.registration_id,
-                             entry.registration_id, position, sender_position)
-                    out.append((link.subscription.client_key, messages.unavailable_image(
-                        image_registration_id=entry.registration_id,
-                        subscription_registration_id=link.subscription.registration_id,
-                        stream_id=publication.stream_id, lost=(position, sender_position))))
-            for spy, tether in list(entry.resting_spies):
-                if tether.rested(now_ns):
-                    entry.resting_spies.remove((spy, tether))
-                    try:
-                        out.append(self._link_spy(entry, spy, now_ns))
-                    except CountersFullError as e:
-                        self.counters.add(SystemCounter.ERRORS)
-                        log.error("cannot link spy subscription %d to publication %d again: "
-                                  "%s; trying again after its resting timeout",
-                                  spy.registration_id, entry.registration_id, e)
-                        tether.rest_again(now_ns)
-                        entry.resting_spies.append((spy, tether))
+            out.extend(check_untethered(
+                UntetheredStream(f"publication {entry.registration_id} (a spy)",
+                                 entry.registration_id, publication.stream_id, sender_position,
+                                 publication.term_window_length,
+                                 functools.partial(self._unlink_spy, entry),
+                                 functools.partial(self._link_spy, entry, now_ns=now_ns)),
+                [(link, network.ss_subscriber_position_bounded(
+                    self.counters.get(link.counter_id), sender_position))
+                 for link in entry.spies if link.tether is not None],
+                entry.resting_spies, self.counters, now_ns))
         return out
 
     # -- subscriptions ------------------------------------------------------------------------
@@ -1240,7 +1161,7 @@ class NetworkConductor:
             for entry in self.publications.values():
                 for link in [k for k in entry.spies if k.subscription is spy]:
                     self._unlink_spy(entry, link)
-                entry.resting_spies = [(s, t) for s, t in entry.resting_spies if s is not spy]
+                entry.resting_spies = [k for k in entry.resting_spies if k.subscription is not spy]
             return
         subscription = self.subscriptions.pop(registration_id, None)
         if subscription is None or subscription.endpoint is None:
@@ -1249,8 +1170,8 @@ class NetworkConductor:
         for image_entry in entry.images.values():
             for link in [k for k in image_entry.links if k.subscription is subscription]:
                 self._unlink(image_entry, link)
-            image_entry.resting = [(s, t) for s, t in image_entry.resting
-                                   if s is not subscription]
+            image_entry.resting = [k for k in image_entry.resting
+                                   if k.subscription is not subscription]
         entry.subscriptions.remove(subscription)
         self._sync_interest(entry, subscription.stream_id)
         if not entry.subscriptions:
@@ -1364,8 +1285,8 @@ class NetworkConductor:
             registration_id=subscription.registration_id, session_id=image.session_id,
             stream_id=image.stream_id, owner_id=subscription.client_id, initial_value=position)
         cell = self.counters.address(counter_id)
-        image_entry.links.append(_ImageLink(subscription, counter_id, cell,
-                                            self._tether(subscription, now_ns)))
+        image_entry.links.append(TetherablePosition(subscription, counter_id, cell,
+                                                    self._tether(subscription, now_ns)))
         if submit:
             self._submit_receive(lambda _now: image.add_subscriber_position(cell))
         else:
@@ -1378,7 +1299,8 @@ class NetworkConductor:
             join_position=position,
             source_identity=f"{image_entry.source[0]}:{image_entry.source[1]}"))
 
-    def _unlink(self, image_entry: _ImageEntry, link: _ImageLink) -> None:
+    def _unlink(self, image_entry: _ImageEntry,
+                link: TetherablePosition[NetworkSubscription]) -> None:
         image_entry.links.remove(link)
         image, cell = image_entry.image, link.cell
         self._submit_receive(lambda _now: image.remove_subscriber_position(cell))

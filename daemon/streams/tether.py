@@ -14,17 +14,30 @@ RESTING  --resting_timeout------------------------------->  ACTIVE   (link it ag
 ```
 
 In LINGER its position still holds the stream, so that its client, told the image is gone,
-stops writing a position counter that the driver is about to free.  Each kind of stream says
-where the end of its window is and where a subscriber rejoins; this module owns the states and
-the timers.  All times are monotonic ns.
+stops writing a position counter that the driver is about to free.  A subscriber's link to a
+stream is one :class:`TetherablePosition` whatever the stream; the end of the window is one
+rule, :func:`untethered_window_end`, from where each kind of stream is (its *head*).  This
+module owns the links, the states, the timers and that rule; the conductor's check that acts on
+them is :mod:`slipstream.daemon.conductor.untethered`.  All times are monotonic ns, positions
+in bytes.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import attrs
+
+
+def untethered_window_end(head: int, window: int) -> int:
+    """The end of a stream's window as the untethered check sees it: a subscriber at or below
+    it holds the stream back.  ``head`` is where the stream is (an IPC log's producer
+    position, a network publication's ``snd-pos``, an image's fastest subscriber), ``window``
+    the window its slowest subscriber may hold it to (the term window; an image's receiver
+    window).  Aeron's rule since 1.30 for all three: the bottom quarter of the window, that is
+    a subscriber within a quarter of a window of ``head - window`` (docs/PROTOCOL.md §4.7)."""
+    return head - window + (window >> 2)
 
 
 class TetherState(enum.Enum):
@@ -103,3 +116,39 @@ class Tether:
             return False
         self.state, self.since_ns = TetherState.ACTIVE, now_ns
         return True
+
+
+class Subscriber(Protocol):
+    """What a link needs of its subscription (the conductor's IPC and network ones)."""
+
+    @property
+    def registration_id(self) -> int: ...
+
+    @property
+    def client_id(self) -> int: ...
+
+    @property
+    def client_key(self) -> bytes: ...  # its client's on the command socket
+
+
+S = TypeVar("S", bound=Subscriber)
+
+
+@attrs.define(eq=False)
+class TetherablePosition(Generic[S]):
+    """A subscription's link to one stream (Aeron's ``aeron_tetherable_position_t``), for an
+    IPC log, a network publication's spy and a network image alike: the ``sub-pos`` counter
+    its client writes and that counter's ``cell`` (cffi ``int64_t *``, which the agent that
+    reads the stream's positions holds), and its :class:`Tether` if it is untethered
+    (``tether=false``; None: tethered).  A resting one keeps its link object with its counter
+    freed; it links anew, with a new counter, when it rejoins."""
+
+    subscription: S
+    counter_id: int
+    cell: object
+    tether: Tether | None = None
+
+    @property
+    def lingering(self) -> bool:
+        """Left behind: its image gone, its position still held a while (Aeron's LINGER)."""
+        return self.tether is not None and self.tether.lingering
