@@ -165,6 +165,7 @@ MODULE_LANES = {
     "test_demo_end_to_end": "sockets",
     "test_docs": "unit",
     "test_drain": "sockets",
+    "test_drain_threads": "unit",
     "test_driver_config_cli": "sockets",
     "test_driver_directory": "sockets",
     "test_driver_errors": "sockets",

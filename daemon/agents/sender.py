@@ -238,6 +238,7 @@ class Sender(Agent[SendEndpoint]):
                     publication.spies_released = False
                     self._on_event(SpiesReleased(endpoint, publication))
                 publication.sync_c_half()
+                publication.publish_status()
             if done:
                 for publication, endpoint in done:
                     self._publications.remove((publication, endpoint))

@@ -105,7 +105,11 @@ from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 from slipstream.daemon.reports.loss_report import LossReport
 from slipstream.daemon.streams.image import ImagePositions, PublicationImage
-from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+from slipstream.daemon.streams.publication import (
+    NetworkPublication,
+    PublicationStatus,
+    SenderPositions,
+)
 from slipstream.daemon.streams.tether import Tether, TetherState
 
 log = logging.getLogger("slipstream.driver")
@@ -1651,11 +1655,23 @@ class NetworkConductor:
         """Every publication sent its log, its live receivers acknowledged the end and its
         spies read it to the end, as IPC subscribers are waited for (``closing_clients``: an
         embedded driver closing with these clients of its own process: not waiting for this
-        driver's receivers that only they read from, nor for their spies)."""
-        return all(entry.publication.is_flushed_except(
-                       self._closing_receiver_ids(closing_clients, entry.publication))
+        driver's receivers that only they read from, nor for their spies).  From what the
+        sender published (:class:`PublicationStatus`) and the counters only."""
+        return all(self._flushed(entry, entry.publication.status,
+                                 self._closing_receiver_ids(closing_clients, entry.publication))
                    and self._spies_read_all(entry, closing_clients)
                    for entry in list(self.publications.values()))
+
+    @staticmethod
+    def _flushed(entry: _PublicationEntry, status: PublicationStatus,
+                 ignored: frozenset[int]) -> bool:
+        """:meth:`PublicationStatus.is_flushed_except` of ``entry``'s publication, from
+        ``status`` (its last) and its counters."""
+        publication = entry.publication
+        end = entry.log.producer_position()
+        return status.is_flushed_except(
+            ignored, end=end, sender_position=publication.sender_position,
+            c_acknowledged=publication.c_acknowledged())
 
     def _spies_read_all(self, entry: _PublicationEntry,
                         closing_clients: frozenset[int] | None) -> bool:
@@ -1702,13 +1718,14 @@ class NetworkConductor:
         heartbeats and is still flushed (an offer that passed its limit check as the credit
         stopped is acknowledged too; receivers that do not answer EOS, as Aeron 1.15's, then
         miss it only if all of them are lost), or it is gone."""
-        def ended(publication: NetworkPublication) -> bool:
-            ignored = self._closing_receiver_ids(closing_clients, publication)
-            return not publication.has_receivers_except(ignored) or (
-                publication.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
-                and publication.is_flushed_except(ignored))
+        def ended(entry: _PublicationEntry) -> bool:
+            ignored = self._closing_receiver_ids(closing_clients, entry.publication)
+            status = entry.publication.status
+            return not status.has_receivers_except(ignored) or (
+                status.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
+                and self._flushed(entry, status, ignored))
 
-        return all(ended(entry.publication) for entry in list(self.publications.values()))
+        return all(ended(entry) for entry in list(self.publications.values()))
 
     # -- helpers ------------------------------------------------------------------------------
     def _allocate_counters(self, kinds: list[tuple[Any, ...]], label: str,
