@@ -225,6 +225,7 @@ MODULE_LANES = {
     "test_systemd": "sockets",
     "test_systemd_boot": "hosts",
     "test_tether": "unit",
+    "test_thread_ownership": "unit",
     "test_udp": "sockets",
     "test_mdc": "sockets",
     "test_mds": "sockets",

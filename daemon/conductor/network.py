@@ -1406,7 +1406,7 @@ class NetworkConductor:
         backlog = 0.0
         for entry in self.publications.values():
             publication = entry.publication
-            if (deferring and publication.priority < 0) or publication.c.rate_limit > 0:
+            if (deferring and publication.priority < 0) or publication.is_rate_limited:
                 continue  # waits on purpose: deferred, or paced by its send-rate limit
             if not publication.has_data_ready():
                 continue  # e.g. the window's rest is shorter than the next frame: nothing to send

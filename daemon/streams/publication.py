@@ -504,6 +504,11 @@ class NetworkPublication:
         network.ss_publish_position(self._snd_lmt, self._snd_lmt_counter, position)
 
     @property
+    def is_rate_limited(self) -> bool:
+        """Its sends are paced by a send-rate limit (``rc=``) now: a word its sender writes."""
+        return self.c.rate_limit > 0
+
+    @property
     def _last_publisher_limit(self) -> int:
         """The pub-lmt last published (bytes), by this half or the C half."""
         return self.c.last_publisher_limit
