@@ -79,7 +79,7 @@ class Agent(Generic[Endpoint, Command]):
 
     def _run_commands(self, now_ns: int) -> int:
         """Run the queued commands; returns how many ran."""
-        self.c.commands = 0  # before the queue: a command submitted meanwhile raises it again
+        self.c.commands = 0  # before the queue: a command queued meanwhile raises it again
         ran = 0
         commands = self._commands
         try:
