@@ -29,7 +29,8 @@ from slipstream.daemon.media.destinations import (
     DestinationTable,
     fan_out,
 )
-from slipstream.daemon.media.send_channel import ResponseSetupArrived, SendChannel
+from slipstream.daemon.media.events import ResponseSetupArrived
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import Address, Datagram, LocalCounters, address_of
 from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions

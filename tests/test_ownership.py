@@ -33,7 +33,8 @@ from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import flow_control_for
-from slipstream.daemon.media.receive_channel import ImageRequested, ReceiveChannel
+from slipstream.daemon.media.events import ImageRequested
+from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import LocalCounters
 from slipstream.daemon.streams import ownership

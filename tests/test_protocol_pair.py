@@ -53,7 +53,8 @@ from slipstream.daemon.agents.sender import SendEndpoint, Sender
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.congestion_control import CongestionControl
 from slipstream.daemon.flow.registry import CONGESTION_CONTROLS, flow_control_for
-from slipstream.daemon.media.receive_channel import ImageRequested, ImageUnavailable, ReceiveChannel
+from slipstream.daemon.media.events import ImageRequested, ImageUnavailable
+from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import Address, Datagram, LocalCounters

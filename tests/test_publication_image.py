@@ -33,14 +33,13 @@ from slipstream.client.frames import (
 from slipstream.client.layout import ERR_MAX_TEXT_LENGTH
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.media.receive_channel import (
-    RESPONSE_REQUEST_ROUNDS,
+from slipstream.daemon.media.events import (
     ImageDone,
     ImageRejected,
     ImageRequested,
     ImageUnavailable,
-    ReceiveChannel,
 )
+from slipstream.daemon.media.receive_channel import RESPONSE_REQUEST_ROUNDS, ReceiveChannel
 from slipstream.daemon.protocol.loss_detector import (
     OptimalMulticastDelayGenerator,
     StaticDelayGenerator,

@@ -346,7 +346,7 @@ def test_a_repeated_image_request_for_a_session_already_served_makes_no_second_i
     """The receiver asks again when the conductor took longer than its pending-setup timeout:
     the conductor must not make (and leak) a second image of the same session."""
     from slipstream.client.frames import Setup
-    from slipstream.daemon.media.receive_channel import ImageRequested
+    from slipstream.daemon.media.events import ImageRequested
 
     scenario = Scenario(hosts=2, messages=100, faults=LinkFaults(delay_ms=1))
     with Simulation(scenario) as sim:

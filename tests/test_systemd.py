@@ -24,6 +24,7 @@ import trio
 from helpers import FAST_DRIVER_SETTINGS, counters_of, lacking, wait_for
 
 from slipstream.client import Client
+from slipstream.daemon.agents.commands import SetPressureStep
 from slipstream.daemon.agents.sender import Sender
 from slipstream.daemon.config import load_settings
 from slipstream.daemon.driver import MediaDriver
@@ -233,7 +234,8 @@ async def test_no_watchdog_ping_while_the_network_loop_is_stuck(
             await nursery.start(_DriverShell(settings).run)
             await trio.sleep(1.0)
             stuck.set()
-            senders[0].submit(lambda _now: None)  # the sender's Python half runs next
+            # A command that changes nothing: the sender's Python half runs next.
+            senders[0].enqueue(SetPressureStep(senders[0].pressure_step))
             await trio.sleep(3.5)
             nursery.cancel_scope.cancel()
     finally:

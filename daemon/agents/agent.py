@@ -1,5 +1,5 @@
-"""What the sender and receiver agents share: the endpoints they serve, the commands other
-threads hand them, and their two halves.
+"""What the sender and receiver agents share: the endpoints they serve, the commands the
+conductor queues for them (:mod:`slipstream.daemon.agents.commands`), and their two halves.
 
 An agent's duty cycle has a C half and a Python half (docs/ARCHITECTURE.md, Threads).  The C
 half (``ss_agent_do_work`` over :attr:`Agent.c`) does the per-datagram work of the endpoints
@@ -28,6 +28,7 @@ from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 
 Endpoint = TypeVar("Endpoint")
+Command = TypeVar("Command")
 
 #: ``ss_agent_python_due``'s clock for "due whatever the time" (every timer in the future).
 _NEVER = -NO_DEADLINE
@@ -35,15 +36,15 @@ _NEVER = -NO_DEADLINE
 _DUE_BUT_TIMER = ~network.SS_DUE_TIMER
 
 
-class Agent(Generic[Endpoint]):
-    """A duty-cycle agent (Aeron's Agent): single-threaded, except :meth:`submit`."""
+class Agent(Generic[Endpoint, Command]):
+    """A duty-cycle agent (Aeron's Agent): single-threaded, except :meth:`enqueue`."""
 
     def __init__(self, *, is_sender: bool, max_datagrams: int = 0,
                  status_poll_ratio: int = 1) -> None:
         """``max_datagrams``: datagrams one publication sends per duty cycle;
         ``status_poll_ratio``: a busy sender reads control input after 2 x this datagrams."""
         self.endpoints: list[Endpoint] = []
-        self._commands: deque[Callable[[int], None]] = deque()
+        self._commands: deque[Command] = deque()
         #: The C half's view of this agent (ss_agent_t); :meth:`_sync_c` keeps it current.
         self.c = c = network_ffi.new("ss_agent_t *")
         c.is_sender = int(is_sender)
@@ -57,11 +58,16 @@ class Agent(Generic[Endpoint]):
         #: Some endpoint or publication has no socket (the simulator's): see _virtual_io.
         self._has_virtual_io = True
 
-    def submit(self, command: Callable[[int], None]) -> None:
-        """Run ``command(now_ns)`` on the agent's thread at its next duty cycle (thread-safe;
-        the caller then wakes a parked thread)."""
+    def enqueue(self, command: Command) -> None:
+        """Queue ``command`` for the agent's next Python pass, which runs it with that pass's
+        ``now`` (:meth:`on_command`), in order (thread-safe; the caller then wakes a parked
+        thread: the proxies of :mod:`~slipstream.daemon.agents.commands` do both)."""
         self._commands.append(command)
         self.c.commands = 1
+
+    def on_command(self, command: Command, now_ns: int) -> None:
+        """Run one command on the agent's thread: the agent's one dispatch of them."""
+        raise NotImplementedError
 
     def add_endpoint(self, endpoint: Endpoint) -> None:
         self.endpoints.append(endpoint)
@@ -72,13 +78,13 @@ class Agent(Generic[Endpoint]):
             self.endpoints.remove(endpoint)
 
     def _run_commands(self, now_ns: int) -> int:
-        """Run the submitted commands; returns how many ran."""
-        self.c.commands = 0  # before the queue: a command submitted meanwhile raises it again
+        """Run the queued commands; returns how many ran."""
+        self.c.commands = 0  # before the queue: a command queued meanwhile raises it again
         ran = 0
         commands = self._commands
         try:
             while commands:
-                commands.popleft()(now_ns)
+                self.on_command(commands.popleft(), now_ns)
                 ran += 1
         finally:
             if commands:  # one raised: the rest run at the next pass, not at some timer

@@ -6,7 +6,8 @@ each endpoint's socket is read, every frame checked and DATA inserted into its i
 congestion control it also runs the rebuild pass (the gaps, their NAK timers, the NAKs, the
 loss report), sends the status messages (the 25 % rule's and the timer's), cleans the log
 and keeps the liveness timer.  Its Python half
-(:meth:`Receiver.do_python_work`) runs when due: the commands the conductor submitted, the
+(:meth:`Receiver.do_python_work`) runs when due: the commands the conductor queued (its
+:class:`~slipstream.daemon.agents.commands.ReceiverProxy`; :meth:`Receiver.on_command`), the
 datagrams left for Python (SETUP, RTTM, a new session's data) go to the
 :class:`~slipstream.daemon.media.receive_channel.ReceiveChannel`, the images run what C does
 not (end of stream, a liveness timeout once it came, and the whole rebuild pass, SMs,
@@ -26,7 +27,26 @@ import attrs
 
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon.agents.agent import Agent
-from slipstream.daemon.media.receive_channel import ReceiveChannel, ReceiverEvent
+from slipstream.daemon.agents.commands import (
+    AddPublicationImage,
+    AddReceiveDestination,
+    AddReceiveEndpoint,
+    AddSubscriber,
+    ReceiverCommand,
+    RejectImage,
+    RemoveReceiveDestination,
+    RemoveReceiveEndpoint,
+    RemoveSubscriber,
+    SetInterest,
+    SetPressureStep,
+    SetResponseSession,
+)
+from slipstream.daemon.media.events import (
+    EndpointRemoved,
+    ReceiveDestinationFailed,
+    ReceiverEvent,
+)
+from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.pressure.governor import STATUS_INTERVAL_FACTOR
 from slipstream.daemon.protocol.types import Datagram
 
@@ -66,19 +86,78 @@ class ReceiveEndpoint:
     transport: ReceiveTransport
 
 
-class Receiver(Agent[ReceiveEndpoint]):
+class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
     """The receiver agent: every receive endpoint's input, images and timers.
 
     Single-threaded: the driver's network thread runs it (its C half in the thread's C loop,
-    then :meth:`do_python_work`), or the simulator through :meth:`do_work`; other threads hand
-    it work with :meth:`submit`; its events (an image requested, unavailable
-    or done) go to the ``on_event`` callback it was given.
+    then :meth:`do_python_work`), or the simulator through :meth:`do_work`; the conductor
+    queues it commands (:meth:`on_command` runs each); its events (an image requested,
+    unavailable or done, ...) go to the ``on_event`` callback it was given.
     """
 
     def __init__(self, *, on_event: Callable[[ReceiverEvent], None]) -> None:
         super().__init__(is_sender=False)
         self._on_event = on_event
         self._status_interval_factor = 1
+
+    def on_command(self, command: ReceiverCommand, now_ns: int) -> None:
+        """Run one of the conductor's commands (see their records)."""
+        match command:
+            case AddPublicationImage(channel, image):
+                channel.add_image(image)
+            case RejectImage(request, reason):
+                request.channel.reject_image(request, now_ns, reason)
+            case AddSubscriber(image, position_cell):
+                image.add_subscriber_position(position_cell)
+            case RemoveSubscriber(image, position_cell):
+                image.remove_subscriber_position(position_cell)
+            case SetInterest(channel, stream_id, sessions):
+                channel.set_interest(stream_id, sessions)
+            case SetResponseSession(image, session_id):
+                image.set_response_session(session_id, now_ns)
+            case AddReceiveDestination():
+                self._add_destination(command)
+            case RemoveReceiveDestination(endpoint, index, removed, cell, count):
+                endpoint.transport.remove_destination(endpoint.channel, index, close=False)
+                removed.close()
+                if cell is not None:
+                    cell[0] = count
+            case AddReceiveEndpoint(endpoint):
+                self.add_endpoint(endpoint)
+            case RemoveReceiveEndpoint():
+                self._remove_endpoint(command, now_ns)
+            case SetPressureStep(step):
+                self.set_pressure_step(step)
+            case _:
+                raise TypeError(f"not a receiver command: {command!r}")
+
+    def _add_destination(self, command: AddReceiveDestination) -> None:
+        endpoint, transport = command.endpoint, command.transport
+        try:
+            endpoint.transport.add_destination(endpoint.channel, command.index, transport,
+                                               command.control)
+        except BaseException:
+            transport.close()  # the conductor forgets it (ReceiveDestinationFailed)
+            # Not a destination after all: a later add of it is no duplicate (the
+            # conductor's thread takes it out, as it put it in).
+            self._on_event(ReceiveDestinationFailed(endpoint.channel, command.address,
+                                                    command.index))
+            raise
+        if command.destinations_cell is not None:
+            command.destinations_cell[0] = command.count
+
+    def _remove_endpoint(self, command: RemoveReceiveEndpoint, now_ns: int) -> None:
+        endpoint = command.endpoint
+        try:
+            self.remove_endpoint(endpoint, now_ns)
+        finally:  # its socket, logs and counters are freed whatever the farewell did
+            try:  # after the farewell, which leaves through the destinations
+                for index in command.destinations:
+                    endpoint.transport.remove_destination(endpoint.channel, index)
+                if command.destinations_cell is not None:
+                    command.destinations_cell[0] = 0
+            finally:
+                self._on_event(EndpointRemoved(endpoint.channel, command.generation))
 
     def add_endpoint(self, endpoint: ReceiveEndpoint) -> None:
         endpoint.transport.attach_channel(endpoint.channel)

@@ -13,9 +13,10 @@ publication whose pub-lmt C does not move, the publisher limit once snd-pos reac
 step.
 
 The agent is single-threaded: the driver's network thread (or the simulator) runs it; the
-conductor hands it work with :meth:`Sender.submit` and hears back through ``on_event``
-(:class:`PublicationDone`: its log and counters may go; :class:`SpiesReleased`: a closed
-publication's spies read it all).
+conductor hands it work through a :class:`~slipstream.daemon.agents.commands.SenderProxy`
+(:meth:`Sender.on_command` runs each) and hears back through ``on_event``
+(:mod:`slipstream.daemon.media.events`: ``PublicationDone``, its log and counters may go;
+``SpiesReleased``, a closed publication's spies read it all; ...).
 """
 
 from __future__ import annotations
@@ -29,8 +30,30 @@ from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.agent import Agent
-from slipstream.daemon.media.send_channel import ResponseSetupArrived, SendChannel
-from slipstream.daemon.protocol.types import Address, Datagram
+from slipstream.daemon.agents.commands import (
+    AddPublication,
+    AddSendDestination,
+    AddSendEndpoint,
+    AddSpy,
+    ClosePublication,
+    RemoveSendDestination,
+    RemoveSendEndpoint,
+    RemoveSpy,
+    SenderCommand,
+    SetPressureStep,
+    StopCredit,
+)
+from slipstream.daemon.media.events import (
+    EndpointRemoved,
+    PublicationDone,
+    PublicationRejected,
+    SenderEvent,
+    SpiesReleased,
+    SpyLinked,
+    SpyUnlinked,
+)
+from slipstream.daemon.media.send_channel import SendChannel
+from slipstream.daemon.protocol.types import Datagram
 from slipstream.daemon.streams.publication import NetworkPublication
 
 
@@ -89,36 +112,7 @@ class SendEndpoint:
     transport: SendTransport
 
 
-@attrs.frozen(eq=False)
-class PublicationDone:
-    """A publication finished (drained and lingered): its log and counters may go."""
-
-    endpoint: SendEndpoint
-    publication: NetworkPublication
-
-
-@attrs.frozen(eq=False)
-class PublicationRejected:
-    """Receivers refused a publication's image (ERR frames): the conductor logs why."""
-
-    endpoint: SendEndpoint
-    publication: NetworkPublication
-    rejections: tuple[tuple[Address, str], ...]  # (the receiver's address, its reason)
-
-
-@attrs.frozen(eq=False)
-class SpiesReleased:
-    """A closed publication reached LINGER with spies, which have read it all: their images
-    may end (Aeron's DriverConductor.cleanupSpies)."""
-
-    endpoint: SendEndpoint
-    publication: NetworkPublication
-
-
-SenderEvent = PublicationDone | PublicationRejected | SpiesReleased | ResponseSetupArrived
-
-
-class Sender(Agent[SendEndpoint]):
+class Sender(Agent[SendEndpoint, SenderCommand]):
     """The sender agent.  See the module docstring."""
 
     def __init__(self, *, on_event: Callable[[SenderEvent], None],
@@ -144,6 +138,43 @@ class Sender(Agent[SendEndpoint]):
         self._on_event = on_event
 
     # -- commands (run on the agent's thread) -----------------------------------------------
+    def on_command(self, command: SenderCommand, now_ns: int) -> None:
+        """Run one of the conductor's commands (see their records)."""
+        match command:
+            case AddPublication(endpoint, publication):
+                self.add_publication(endpoint, publication)
+            case ClosePublication(publication, wait_for_spies):
+                publication.close(now_ns, wait_for_spies=wait_for_spies)
+            case StopCredit(publication):
+                publication.stop_credit()
+            case AddSpy(publication, position_cell, registration_id):
+                try:
+                    publication.add_spy(position_cell)
+                finally:  # the conductor's hold goes whatever happened
+                    self._on_event(SpyLinked(registration_id))
+            case RemoveSpy(publication, position_cell, counter_id):
+                try:
+                    publication.remove_spy(position_cell)
+                finally:  # the counter is freed whatever happened
+                    self._on_event(SpyUnlinked(counter_id))
+            case AddSendDestination(channel, address):
+                assert channel.destinations is not None
+                channel.destinations.add(address, now_ns)
+            case RemoveSendDestination(channel, address):
+                assert channel.destinations is not None
+                channel.destinations.remove(address)
+            case AddSendEndpoint(endpoint):
+                self.add_endpoint(endpoint)
+            case RemoveSendEndpoint(endpoint, generation):
+                if endpoint.channel.destinations is not None:
+                    endpoint.channel.destinations.clear()
+                self.remove_endpoint(endpoint)
+                self._on_event(EndpointRemoved(endpoint.channel, generation))
+            case SetPressureStep(step):
+                self.set_pressure_step(step)
+            case _:
+                raise TypeError(f"not a sender command: {command!r}")
+
     def add_endpoint(self, endpoint: SendEndpoint) -> None:
         endpoint.transport.attach_channel(endpoint.channel)
         super().add_endpoint(endpoint)
@@ -217,7 +248,7 @@ class Sender(Agent[SendEndpoint]):
             for publication, endpoint in self._publications:
                 c = publication.c
                 if publication.rejections:
-                    self._on_event(PublicationRejected(endpoint, publication,
+                    self._on_event(PublicationRejected(publication,
                                                        tuple(publication.rejections)))
                     publication.rejections.clear()
                 if c.notice:
@@ -236,13 +267,14 @@ class Sender(Agent[SendEndpoint]):
                         done = [*(done or []), (publication, endpoint)]
                 if publication.spies_released:
                     publication.spies_released = False
-                    self._on_event(SpiesReleased(endpoint, publication))
+                    self._on_event(SpiesReleased(publication))
                 publication.sync_c_half()
+                publication.publish_status()
             if done:
                 for publication, endpoint in done:
                     self._publications.remove((publication, endpoint))
                     endpoint.channel.remove_publication(publication)
-                    self._on_event(PublicationDone(endpoint, publication))
+                    self._on_event(PublicationDone(publication))
                 work += len(done)
         finally:
             # Also after a failure: a publication whose PublicationDone went to the conductor

@@ -28,7 +28,6 @@ import functools
 import ipaddress
 import logging
 import random
-import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,15 +49,9 @@ from slipstream.client.errors import ChannelError
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.client.logbuffer import LogBuffer, term_count
 from slipstream.daemon._network import lib as network
+from slipstream.daemon.agents.commands import ReceiverProxy, RemovedDestination, SenderProxy
 from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver, ReceiveTransport
-from slipstream.daemon.agents.sender import (
-    PublicationDone,
-    PublicationRejected,
-    SendEndpoint,
-    Sender,
-    SendTransport,
-    SpiesReleased,
-)
+from slipstream.daemon.agents.sender import SendEndpoint, Sender, SendTransport
 from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.resources import (
     LogBudget,
@@ -87,15 +80,24 @@ from slipstream.daemon.media.destinations import (
     DestinationTable,
     ip_version_of,
 )
-from slipstream.daemon.media.interfaces import InterfaceAddress
-from slipstream.daemon.media.receive_channel import (
+from slipstream.daemon.media.events import (
+    EndpointRemoved,
     ImageDone,
     ImageRejected,
     ImageRequested,
     ImageUnavailable,
-    ReceiveChannel,
+    NetworkEvent,
+    PublicationDone,
+    PublicationRejected,
+    ReceiveDestinationFailed,
+    ResponseSetupArrived,
+    SpiesReleased,
+    SpyLinked,
+    SpyUnlinked,
 )
-from slipstream.daemon.media.send_channel import ResponseSetupArrived, SendChannel
+from slipstream.daemon.media.interfaces import InterfaceAddress
+from slipstream.daemon.media.receive_channel import ReceiveChannel
+from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.pressure.episodes import (
     BackPressureEpisodes,
     EpisodeEvent,
@@ -107,7 +109,11 @@ from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
 from slipstream.daemon.reports.loss_report import LossReport
 from slipstream.daemon.streams.image import ImagePositions, PublicationImage
-from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+from slipstream.daemon.streams.publication import (
+    NetworkPublication,
+    PublicationStatus,
+    SenderPositions,
+)
 from slipstream.daemon.streams.tether import Tether, TetherablePosition
 
 log = logging.getLogger("slipstream.driver")
@@ -146,24 +152,6 @@ class NetworkTransports(Protocol):
 class _EndpointState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"  # the agent was asked to remove it; a new user may still revive it
-
-
-@attrs.frozen(eq=False)
-class EndpointRemoved:
-    """The agent no longer uses the endpoint (sent by the removal command itself)."""
-
-    entry: object
-    generation: int
-
-
-@attrs.frozen(eq=False)
-class ReceiveDestinationFailed:
-    """The receiver's thread could not attach a destination the conductor opened: it is no
-    destination of ``entry`` after all (sent by the add command itself)."""
-
-    entry: object
-    address: tuple[str, int]
-    index: int
 
 
 @attrs.define(eq=False)
@@ -234,20 +222,6 @@ class NetworkSubscription(StreamInterest):
         return super().wants(session_id, stream_id)
 
 
-@attrs.frozen(eq=False)
-class SpyLinked:
-    """The sender took a spy of ``entry`` into its publication (sent by the command itself):
-    the spy's position holds the log from now on, and the hold may go."""
-
-    entry: _PublicationEntry
-
-
-@attrs.frozen(eq=False)
-class SpyUnlinked:
-    """The sender dropped a spy's position cell (sent by the command itself): the spy's
-    sub-pos counter ``counter_id`` may be freed."""
-
-    counter_id: int
 
 
 @attrs.define(eq=False)
@@ -280,34 +254,7 @@ class _ReceiveEndpointEntry:
     sockets: dict[Address, tuple[Any, Channel]] = attrs.Factory(dict)
     #: Destinations removed whose socket the receiver's thread may not have closed yet: an
     #: add of the same address takes the socket back rather than find its port in use.
-    removing: dict[Address, _RemovedDestination] = attrs.Factory(dict)
-
-
-@attrs.define(eq=False)
-class _RemovedDestination:
-    """A removed destination's socket, which the receiver's thread closes once it detached
-    it, unless an add of the same destination took it back first (under ``lock``)."""
-
-    transport: Any
-    channel: Channel
-    lock: threading.Lock = attrs.Factory(threading.Lock)
-    closed: bool = False
-    reclaimed: bool = False
-
-    def reclaim(self) -> Any | None:
-        """The socket, for the destination added again (None: closed already)."""
-        with self.lock:
-            if self.closed:
-                return None
-            self.reclaimed = True
-            return self.transport
-
-    def close(self) -> None:
-        """Close the socket unless it was taken back (on the receiver's thread)."""
-        with self.lock:
-            if not self.reclaimed:
-                self.closed = True
-                self.transport.close()
+    removing: dict[Address, RemovedDestination] = attrs.Factory(dict)
 
 
 #: Receiver ids of this driver's closed endpoints kept (a closing embedded driver's drain looks
@@ -315,11 +262,6 @@ class _RemovedDestination:
 RECEIVER_IDS_KEPT = 1024
 #: EOS heartbeats (100 ms apart) a draining driver sends before it stops waiting for answers.
 EOS_HEARTBEATS_TO_END = 3
-
-NetworkEvent = (ImageRequested | ImageUnavailable | ImageDone | ImageRejected | PublicationDone
-                | PublicationRejected | EndpointRemoved | SpiesReleased | SpyLinked
-                | SpyUnlinked | ReceiveDestinationFailed)
-
 
 class NetworkConductor:
     """Owns the driver's network resources.  Single-threaded: the conductor's thread calls it;
@@ -338,7 +280,6 @@ class NetworkConductor:
         self._rng = rng
         self._new_id = new_id
         self._new_session_id = new_session_id
-        self._wake_network = wake_network
         self._wake_conductor = wake_conductor
         self._events: deque[NetworkEvent] = deque()
         self.loss_report = LossReport(directory / LOSS_REPORT_FILE,
@@ -348,6 +289,9 @@ class NetworkConductor:
             max_datagrams_per_send=settings.network_publication_max_messages_per_send,
             status_poll_ratio=settings.send_to_status_poll_ratio)
         self.receiver = Receiver(on_event=self._post)
+        #: The conductor's only way to ask the agents for work (their command queues).
+        self.sender_proxy = SenderProxy(self.sender.enqueue, wake_network)
+        self.receiver_proxy = ReceiverProxy(self.receiver.enqueue, wake_network)
         self._send_endpoints: dict[tuple[Any, ...], _SendEndpointEntry] = {}
         self._receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry] = {}
         #: Receiver ids of this driver's receive endpoints that closed (random 63-bit: no
@@ -374,14 +318,6 @@ class NetworkConductor:
         """An agent's event (any thread): queued for the conductor's next duty cycle."""
         self._events.append(event)
         self._wake_conductor()
-
-    def _submit_send(self, command: Callable[[int], None]) -> None:
-        self.sender.submit(command)
-        self._wake_network()
-
-    def _submit_receive(self, command: Callable[[int], None]) -> None:
-        self.receiver.submit(command)
-        self._wake_network()
 
     @property
     def image_count(self) -> int:
@@ -480,7 +416,7 @@ class NetworkConductor:
         image, session_id = image_entry.image, entry.publication.session_id
         entry.response_image = image
         self._answering.append(entry)
-        self._submit_receive(lambda now: image.set_response_session(session_id, now))
+        self.receiver_proxy.on_set_response_session(image, session_id)
 
     def _check_response_connections(self) -> None:
         """A response publication connected (its log says so): its request image stops
@@ -491,8 +427,7 @@ class NetworkConductor:
             self._answering.remove(entry)
             image, entry.response_image = entry.response_image, None
             if image is not None:
-                self._submit_receive(lambda now, image=image: image.set_response_session(None,
-                                                                                         now))
+                self.receiver_proxy.on_set_response_session(image, None)
 
     def _on_response_setup(self, event: ResponseSetupArrived) -> None:
         """An RSP_SETUP reached a request publication: its response subscription takes the
@@ -587,7 +522,7 @@ class NetworkConductor:
         self.publications[registration_id] = entry
         if shared:
             self._shared_publications[key] = entry
-        self._submit_send(lambda _now: self.sender.add_publication(endpoint.endpoint, publication))
+        self.sender_proxy.on_add_publication(endpoint.endpoint, publication)
         # After the publication: the sender runs the commands in order.
         self._spy_out.extend(self._link_spies(entry, now_ns))
         log.info("created %s network publication %d %s stream=%d session=%d term_length=%d",
@@ -601,7 +536,7 @@ class NetworkConductor:
         if entry is not None:
             if entry.state is _EndpointState.CLOSING:  # revive it: the removal is undone
                 entry.state = _EndpointState.OPEN
-                self._submit_send(lambda _now: self.sender.add_endpoint(entry.endpoint))
+                self.sender_proxy.on_add_endpoint(entry.endpoint)
             return entry
         counter_id = destinations = None
         if destination == ALL_DESTINATIONS and not channel.is_response:
@@ -624,7 +559,7 @@ class NetworkConductor:
             transport)
         entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint,
                                                                destinations_counter_id=counter_id)
-        self._submit_send(lambda _now: self.sender.add_endpoint(endpoint))
+        self.sender_proxy.on_add_endpoint(endpoint)
         return entry
 
     def release_publication(self, registration_id: int, now_ns: int) -> None:
@@ -641,7 +576,7 @@ class NetworkConductor:
             del self._shared_publications[entry.key]
         self._drop_spies_left_behind(entry)
         publication = entry.publication
-        self._submit_send(lambda now: publication.close(now))
+        self.sender_proxy.on_close_publication(publication)
 
     # -- multi-destination-cast -----------------------------------------------------------------
     def add_destination(self, publication_id: int, destination: Channel, now_ns: int) -> None:
@@ -653,9 +588,9 @@ class NetworkConductor:
                                f"{address[0]}:{address[1]} is a destination of "
                                f"{self.publications[publication_id].channel} already")
         endpoint.manual_destinations[address] = uri
-        table = endpoint.endpoint.channel.destinations
-        assert table is not None
-        self._submit_send(lambda now: table.add(address, now))
+        channel = endpoint.endpoint.channel
+        assert channel.destinations is not None
+        self.sender_proxy.on_add_destination(channel, address)
         log.info("added destination %s:%d to %s", address[0], address[1], endpoint.key)
 
     def remove_destination(self, publication_id: int, destination: Channel) -> None:
@@ -666,9 +601,9 @@ class NetworkConductor:
             raise ChannelError(uri, "endpoint",
                                f"{address[0]}:{address[1]} is not a destination of this "
                                f"channel: nothing to remove")
-        table = endpoint.endpoint.channel.destinations
-        assert table is not None
-        self._submit_send(lambda _now: table.remove(address))
+        channel = endpoint.endpoint.channel
+        assert channel.destinations is not None
+        self.sender_proxy.on_remove_destination(channel, address)
         log.info("removed destination %s:%d from %s", address[0], address[1], endpoint.key)
 
     def _manual_destination(self, publication_id: int,
@@ -744,22 +679,9 @@ class NetworkConductor:
         entry.sockets[address] = (transport, resolved)
         group = resolved.control_group
         control = (group.host, group.port or address[1]) if group is not None else None
-        endpoint = entry.endpoint
-        count, cell = len(entry.destinations), self._destinations_cell(entry)
-
-        def add(_now: int) -> None:
-            try:
-                endpoint.transport.add_destination(endpoint.channel, index, transport, control)
-            except BaseException:
-                transport.close()  # the conductor forgets it (ReceiveDestinationFailed)
-                # Not a destination after all: a later add of it is no duplicate (the
-                # conductor's thread takes it out, as it put it in).
-                self._post(ReceiveDestinationFailed(entry, address, index))
-                raise
-            if cell is not None:
-                cell[0] = count
-
-        self._submit_receive(add)
+        self.receiver_proxy.on_add_destination(entry.endpoint, index, transport, control,
+                                               address, self._destinations_cell(entry),
+                                               len(entry.destinations))
         log.info("added receive destination %s:%d to %s", address[0], address[1], entry.key)
 
     def remove_receive_destination(self, registration_id: int, destination: Channel) -> None:
@@ -777,17 +699,10 @@ class NetworkConductor:
         transport, opened_for = entry.sockets.pop(address)
         for gone in [a for a, r in entry.removing.items() if r.closed]:
             del entry.removing[gone]
-        removed = entry.removing[address] = _RemovedDestination(transport, opened_for)
-        endpoint = entry.endpoint
-        count, cell = len(entry.destinations), self._destinations_cell(entry)
-
-        def remove(_now: int) -> None:
-            endpoint.transport.remove_destination(endpoint.channel, index, close=False)
-            removed.close()
-            if cell is not None:
-                cell[0] = count
-
-        self._submit_receive(remove)
+        removed = entry.removing[address] = RemovedDestination(transport, opened_for)
+        self.receiver_proxy.on_remove_destination(entry.endpoint, index, removed,
+                                                  self._destinations_cell(entry),
+                                                  len(entry.destinations))
         log.info("removed receive destination %s:%d from %s", address[0], address[1],
                  entry.key)
 
@@ -893,14 +808,7 @@ class NetworkConductor:
             raise
         cell = self.counters.address(counter_id)
         entry.spies.append(TetherablePosition(spy, counter_id, cell, self._tether(spy, now_ns)))
-
-        def add_spy(_now: int) -> None:
-            try:
-                publication.add_spy(cell)
-            finally:
-                self._post(SpyLinked(entry))
-
-        self._submit_send(add_spy)
+        self.sender_proxy.on_add_spy(publication, cell, entry.registration_id)
         return (spy.client_key, messages.available_image(
             image_registration_id=entry.registration_id,
             subscription_registration_id=spy.registration_id,
@@ -942,14 +850,7 @@ class NetworkConductor:
         entry.spies.remove(link)
         publication, cell, counter_id = entry.publication, link.cell, link.counter_id
         self._spy_counters_unlinking.add(counter_id)
-
-        def remove_spy(_now: int) -> None:
-            try:
-                publication.remove_spy(cell)
-            finally:
-                self._post(SpyUnlinked(counter_id))
-
-        self._submit_send(remove_spy)
+        self.sender_proxy.on_remove_spy(publication, cell, counter_id)
         if not tell:
             return []
         return [(link.subscription.client_key, messages.unavailable_image(
@@ -1008,7 +909,8 @@ class NetworkConductor:
     def check_untethered_images(self, now_ns: int) -> Outgoing:
         """Aeron's untethered subscriptions of network images (``tether=false``;
         PublicationImage.checkUntetheredSubscriptions; :mod:`.untethered`), on the conductor's
-        timer.  An image's head is its fastest subscriber, its window the receiver window: one
+        timer.  An image's head is its fastest subscriber, its window the receiver window (the
+        most congestion control lets it grow to, a value the receiver never changes): one
         left behind loses its image, with the range it skips (from its position to the
         fastest's); it rejoins where the image's slowest subscriber is, with a new image."""
         out: Outgoing = []
@@ -1027,7 +929,7 @@ class NetworkConductor:
             UntetheredStream(f"image {image_entry.registration_id}",
                              image_entry.registration_id, image.stream_id,
                              max((p for _, p in positions), default=image.rcv_pos),
-                             image.window, functools.partial(self._unlink, image_entry),
+                             image.max_window, functools.partial(self._unlink, image_entry),
                              functools.partial(self._rejoin_rested, image_entry, now_ns)),
             positions, image_entry.resting, self.counters, now_ns)
 
@@ -1126,11 +1028,10 @@ class NetworkConductor:
             endpoint = ReceiveEndpoint(receive_channel, transport)
             entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(
                 key, endpoint, destinations_counter_id=counter_id)
-            self._submit_receive(lambda _now: self.receiver.add_endpoint(endpoint))
+            self.receiver_proxy.on_add_endpoint(endpoint)
         elif entry.state is _EndpointState.CLOSING:
             entry.state = _EndpointState.OPEN
-            revived = entry.endpoint
-            self._submit_receive(lambda _now: self.receiver.add_endpoint(revived))
+            self.receiver_proxy.on_add_endpoint(entry.endpoint)
         subscription.endpoint = entry
         entry.subscriptions.append(subscription)
         self.subscriptions[subscription.registration_id] = subscription
@@ -1196,7 +1097,8 @@ class NetworkConductor:
             assert sessions is not None
             sessions.add(subscription.channel.session_id)
         channel = entry.endpoint.channel
-        self._submit_receive(lambda _now: channel.set_interest(stream_id, sessions))
+        self.receiver_proxy.on_set_interest(
+            channel, stream_id, None if sessions is None else frozenset(sessions))
 
     # -- images -------------------------------------------------------------------------------
     def _on_image_requested(self, event: ImageRequested, now_ns: int) -> Outgoing:
@@ -1248,8 +1150,7 @@ class NetworkConductor:
             # The budget's refusal names the image already.
             log.error("cannot create %s", reason if reason.startswith(what)
                       else f"{what}: {reason}")
-            receive_channel = event.channel
-            self._submit_receive(lambda now: receive_channel.reject_image(event, now, reason))
+            self.receiver_proxy.on_reject_image(event, reason)
             return []
         hwm, position, *indicator_cells = (self.counters.address(i) for i in counter_ids)
         positions = ImagePositions(hwm, position, tuple(indicator_cells))
@@ -1267,8 +1168,7 @@ class NetworkConductor:
             except CountersFullError as e:
                 log.error("cannot link subscription %d to %s: %s",
                           subscription.registration_id, _label_of(setup, event.source), e)
-        receive_channel = event.channel
-        self._submit_receive(lambda _now: receive_channel.add_image(image))
+        self.receiver_proxy.on_add_publication_image(event.channel, image)
         log.info("image %d of %s: join position %d, %d subscriber(s)", registration_id,
                  _label_of(setup, event.source), join, len(image_entry.links))
         return out
@@ -1288,7 +1188,7 @@ class NetworkConductor:
         image_entry.links.append(TetherablePosition(subscription, counter_id, cell,
                                                     self._tether(subscription, now_ns)))
         if submit:
-            self._submit_receive(lambda _now: image.add_subscriber_position(cell))
+            self.receiver_proxy.on_add_subscriber(image, cell)
         else:
             image.add_subscriber_position(cell)  # not handed to the receiver yet
         return (subscription.client_key, messages.available_image(
@@ -1303,7 +1203,7 @@ class NetworkConductor:
                 link: TetherablePosition[NetworkSubscription]) -> None:
         image_entry.links.remove(link)
         image, cell = image_entry.image, link.cell
-        self._submit_receive(lambda _now: image.remove_subscriber_position(cell))
+        self.receiver_proxy.on_remove_subscriber(image, cell)
         self.counters.free(link.counter_id)  # reused after 1 s: a late write is harmless
 
     def _forget_response_image(self, image: PublicationImage) -> None:
@@ -1326,7 +1226,7 @@ class NetworkConductor:
             out.append((link.subscription.client_key, messages.unavailable_image(
                 image_registration_id=image_entry.registration_id,
                 subscription_registration_id=link.subscription.registration_id,
-                stream_id=event.image.stream_id, lost=event.image.left_behind)))
+                stream_id=event.image.stream_id, lost=event.lost)))
             self._unlink(image_entry, link)
         return out
 
@@ -1388,7 +1288,9 @@ class NetworkConductor:
                 elif isinstance(event, SpiesReleased):
                     out.extend(self._on_spies_released(event.publication))
                 elif isinstance(event, SpyLinked):
-                    self._on_spy_linked(event.entry)
+                    linked = self.publications.get(event.registration_id)
+                    if linked is not None:  # else it is done, and its hold gone with it
+                        self._on_spy_linked(linked)
                 elif isinstance(event, SpyUnlinked):
                     if event.counter_id in self._spy_counters_unlinking:
                         self._spy_counters_unlinking.discard(event.counter_id)
@@ -1402,8 +1304,9 @@ class NetworkConductor:
                 elif isinstance(event, EndpointRemoved):
                     self._on_endpoint_removed(event)
                 elif isinstance(event, ReceiveDestinationFailed):
-                    failed: Any = event.entry
-                    if failed.destinations.get(event.address) == event.index:
+                    failed = self._entry_of(event.channel)
+                    if (failed is not None
+                            and failed.destinations.get(event.address) == event.index):
                         del failed.destinations[event.address]
                         failed.sockets.pop(event.address, None)
                         cell = self._destinations_cell(failed)
@@ -1428,7 +1331,7 @@ class NetworkConductor:
         backlog = 0.0
         for entry in self.publications.values():
             publication = entry.publication
-            if (deferring and publication.priority < 0) or publication.c.rate_limit > 0:
+            if (deferring and publication.priority < 0) or publication.is_rate_limited:
                 continue  # waits on purpose: deferred, or paced by its send-rate limit
             if not publication.has_data_ready():
                 continue  # e.g. the window's rest is shorter than the next frame: nothing to send
@@ -1453,8 +1356,8 @@ class NetworkConductor:
 
     def apply_pressure_step(self, step: int) -> None:
         """Hand the governor's step to the agents (on their thread)."""
-        self._submit_send(lambda _now: self.sender.set_pressure_step(step))
-        self._submit_receive(lambda _now: self.receiver.set_pressure_step(step))
+        self.sender_proxy.on_pressure_step(step)
+        self.receiver_proxy.on_pressure_step(step)
 
     @property
     def has_open_episode(self) -> bool:
@@ -1501,47 +1404,28 @@ class NetworkConductor:
         generation = entry.generation
 
         if isinstance(entry, _SendEndpointEntry):
-            send_endpoint = entry.endpoint
             # Its destinations go with it: a publication that revives it starts with none,
             # as on a new endpoint.
             entry.manual_destinations.clear()
-            table = send_endpoint.channel.destinations
-
-            def remove_send(_now: int) -> None:
-                if table is not None:
-                    table.clear()
-                self.sender.remove_endpoint(send_endpoint)
-                self._post(EndpointRemoved(entry, generation))
-
-            self._submit_send(remove_send)
+            self.sender_proxy.on_remove_endpoint(entry.endpoint, generation)
         else:
-            receive_endpoint = entry.endpoint
             # A multi-destination subscription's destinations go with it, as a send
             # endpoint's: a subscription that revives it starts with none.
-            indexes = list(entry.destinations.values())
+            indexes = tuple(entry.destinations.values())
             entry.destinations.clear()
             entry.sockets.clear()
             entry.removing.clear()  # their removals close them (none can take them back)
-            cell = self._destinations_cell(entry)
-
-            def remove_receive(now_ns: int) -> None:
-                try:
-                    self.receiver.remove_endpoint(receive_endpoint, now_ns)
-                finally:  # its socket, logs and counters are freed whatever the farewell did
-                    try:  # after the farewell, which leaves through the destinations
-                        transport = receive_endpoint.transport
-                        for index in indexes:
-                            transport.remove_destination(receive_endpoint.channel, index)
-                        if cell is not None:
-                            cell[0] = 0
-                    finally:
-                        self._post(EndpointRemoved(entry, generation))
-
-            self._submit_receive(remove_receive)
+            self.receiver_proxy.on_remove_endpoint(entry.endpoint, indexes,
+                                                   self._destinations_cell(entry), generation)
 
     def _on_endpoint_removed(self, event: EndpointRemoved) -> None:
-        entry = event.entry
-        if not isinstance(entry, _SendEndpointEntry | _ReceiveEndpointEntry):
+        entry: _SendEndpointEntry | _ReceiveEndpointEntry | None
+        if isinstance(event.channel, SendChannel):
+            entry = next((e for e in self._send_endpoints.values()
+                          if e.endpoint.channel is event.channel), None)
+        else:
+            entry = self._entry_of(event.channel)
+        if entry is None:
             return
         if entry.state is not _EndpointState.CLOSING or entry.generation != event.generation:
             return  # revived since
@@ -1566,18 +1450,29 @@ class NetworkConductor:
         """Every network publication stops granting credit (on the sender's thread, which
         owns pub-lmt)."""
         for entry in self.publications.values():
-            publication = entry.publication
-            self._submit_send(lambda _now, p=publication: p.stop_credit())
+            self.sender_proxy.on_stop_credit(entry.publication)
 
     def is_flushed(self, *, closing_clients: frozenset[int] | None = None) -> bool:
         """Every publication sent its log, its live receivers acknowledged the end and its
         spies read it to the end, as IPC subscribers are waited for (``closing_clients``: an
         embedded driver closing with these clients of its own process: not waiting for this
-        driver's receivers that only they read from, nor for their spies)."""
-        return all(entry.publication.is_flushed_except(
-                       self._closing_receiver_ids(closing_clients, entry.publication))
+        driver's receivers that only they read from, nor for their spies).  From what the
+        sender published (:class:`PublicationStatus`) and the counters only."""
+        return all(self._flushed(entry, entry.publication.status,
+                                 self._closing_receiver_ids(closing_clients, entry.publication))
                    and self._spies_read_all(entry, closing_clients)
                    for entry in list(self.publications.values()))
+
+    @staticmethod
+    def _flushed(entry: _PublicationEntry, status: PublicationStatus,
+                 ignored: frozenset[int]) -> bool:
+        """:meth:`PublicationStatus.is_flushed_except` of ``entry``'s publication, from
+        ``status`` (its last) and its counters."""
+        publication = entry.publication
+        end = entry.log.producer_position()
+        return status.is_flushed_except(
+            ignored, end=end, sender_position=publication.sender_position,
+            c_acknowledged=publication.c_acknowledged())
 
     def _spies_read_all(self, entry: _PublicationEntry,
                         closing_clients: frozenset[int] | None) -> bool:
@@ -1615,8 +1510,7 @@ class NetworkConductor:
                 if self._shared_publications.get(entry.key) is entry:
                     del self._shared_publications[entry.key]
                 self._drop_spies_left_behind(entry)
-            publication = entry.publication
-            self._submit_send(lambda now, p=publication: p.close(now, wait_for_spies=False))
+            self.sender_proxy.on_close_publication(entry.publication, wait_for_spies=False)
 
     def has_ended_streams(self, *, closing_clients: frozenset[int] | None = None) -> bool:
         """Every publication's receivers answered its end-of-stream (an EOS-flagged status
@@ -1624,13 +1518,14 @@ class NetworkConductor:
         heartbeats and is still flushed (an offer that passed its limit check as the credit
         stopped is acknowledged too; receivers that do not answer EOS, as Aeron 1.15's, then
         miss it only if all of them are lost), or it is gone."""
-        def ended(publication: NetworkPublication) -> bool:
-            ignored = self._closing_receiver_ids(closing_clients, publication)
-            return not publication.has_receivers_except(ignored) or (
-                publication.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
-                and publication.is_flushed_except(ignored))
+        def ended(entry: _PublicationEntry) -> bool:
+            ignored = self._closing_receiver_ids(closing_clients, entry.publication)
+            status = entry.publication.status
+            return not status.has_receivers_except(ignored) or (
+                status.eos_heartbeats_sent >= EOS_HEARTBEATS_TO_END
+                and self._flushed(entry, status, ignored))
 
-        return all(ended(entry.publication) for entry in list(self.publications.values()))
+        return all(ended(entry) for entry in list(self.publications.values()))
 
     # -- helpers ------------------------------------------------------------------------------
     def _allocate_counters(self, kinds: list[tuple[Any, ...]], label: str,

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import random
 
-import attrs
-
 from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
@@ -81,6 +79,13 @@ from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media.destinations import ControlMode
+from slipstream.daemon.media.events import (
+    ImageDone,
+    ImageRejected,
+    ImageRequested,
+    ImageUnavailable,
+    ReceiverEvent,
+)
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
     Address,
@@ -118,46 +123,6 @@ ERROR_CODE_IMAGE_REJECTED = 13
 _NOT_FOR_A_RECEIVER = frozenset((HDR_TYPE_NAK, HDR_TYPE_SM, HDR_TYPE_ERR, HDR_TYPE_RSP_SETUP))
 
 
-@attrs.frozen(eq=False)
-class ImageRequested:
-    """A SETUP for a wanted stream: the conductor creates the image's log and counters and
-    answers with :meth:`ReceiveChannel.add_image` (or :meth:`ReceiveChannel.reject_image`)."""
-
-    channel: ReceiveChannel
-    setup: Setup
-    source: Address
-    #: The destination it came through (a multi-destination subscription's), else -1.
-    via: int = -1
-
-
-@attrs.frozen(eq=False)
-class ImageUnavailable:
-    """An image ended (EOS consumed, liveness timeout, or no subscribers): it lingers."""
-
-    channel: ReceiveChannel
-    image: PublicationImage
-
-
-@attrs.frozen(eq=False)
-class ImageDone:
-    """An image was removed; its log and counters may go."""
-
-    channel: ReceiveChannel
-    image: PublicationImage
-
-
-@attrs.frozen(eq=False)
-class ImageRejected:
-    """The receiver refused a SETUP itself (its term is longer than this driver takes): the
-    conductor logs why, since the operator sees only a counter otherwise."""
-
-    channel: ReceiveChannel
-    setup: Setup
-    source: Address
-    reason: str
-
-
-ReceiverEvent = ImageRequested | ImageUnavailable | ImageDone | ImageRejected
 
 
 class ReceiveChannel:
@@ -580,10 +545,10 @@ class ReceiveChannel:
             image.datagrams_to_send(now_ns, out)
             after = image.state
             if after is not before and after is ImageState.LINGER:
-                self._events.append(ImageUnavailable(self, image))
+                self._events.append(ImageUnavailable(self, image, image.left_behind))
             if after is ImageState.DONE:
                 if before is not ImageState.LINGER and before is not ImageState.DONE:
-                    self._events.append(ImageUnavailable(self, image))
+                    self._events.append(ImageUnavailable(self, image, image.left_behind))
                 done.append(key)
         if done:
             for key in done:

@@ -9,8 +9,6 @@ Units: times in ns.
 
 from __future__ import annotations
 
-import attrs
-
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
     ErrorFrame,
@@ -26,6 +24,7 @@ from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.destinations import ControlMode, DestinationTable, fan_out
+from slipstream.daemon.media.events import ResponseSetupArrived
 from slipstream.daemon.protocol.types import (
     Address,
     Datagram,
@@ -33,17 +32,6 @@ from slipstream.daemon.protocol.types import (
     hash_table_slots,
 )
 from slipstream.daemon.streams.publication import NetworkPublication
-
-
-@attrs.frozen
-class ResponseSetupArrived:
-    """An RSP_SETUP for a request publication of this endpoint: the server made response
-    publication session ``response_session_id`` for it, and the response subscription whose
-    registration id is ``response_correlation_id`` is to take that session (Aeron's
-    DriverConductor.responseSetup)."""
-
-    response_correlation_id: int
-    response_session_id: int
 
 
 class SendChannel:

@@ -195,6 +195,9 @@ class PublicationImage:
         self.congestion_control = cc = congestion_control_for(params, term_length, setup.mtu,
                                                               now_ns)
         self.window = cc.initial_window_length()
+        #: The most the window may grow to (congestion control's maximum; fixed): what the
+        #: conductor's untethered check measures the image's window by.
+        self.max_window = cc.max_window_length()
         self._consults_congestion_control = not cc.is_static
         self._published_indicators: tuple[int, ...] = ()
         self._publish_indicators()

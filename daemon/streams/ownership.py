@@ -1,4 +1,6 @@
-"""Who runs each per-stream rule, the C half or the Python half: the one table of it.
+"""Who runs each per-stream rule, the C half or the Python half: the one table of it; and
+which thread owns each field and method of a stream object (:data:`PUBLICATION_THREADS`,
+:data:`IMAGE_THREADS`; tests/test_thread_ownership.py holds the conductor to them).
 
 A network stream's rules (status messages, heartbeats, pub-lmt's steps, cleaning, the rebuild
 pass and its NAKs, liveness) exist in both halves of the network thread: the Python half
@@ -140,3 +142,64 @@ def markdown() -> str:
         lines.append(f"| {rule.stream} | {rule.rule} | {rule.default} | `{rule.flag}` | "
                      f"{rule.c_runs_it} | {rule.handed_back} | {rule.when_set()} | {predicate} |")
     return "\n".join(lines) + "\n"
+
+
+# -- who may touch what: the threads --------------------------------------------------------
+#: The threads (and the two kinds of shared state) that a stream object's fields and methods
+#: belong to, as aeron_network_publication.h groups its fields.  The conductor makes a
+#: publication or an image, then hands it to its agent with a command; from then on:
+CONDUCTOR = "conductor"  # the conductor's thread alone
+SENDER = "sender"  # the sender's thread alone (its Python half, and its C half's words)
+RECEIVER = "receiver"  # the receiver's thread alone
+FIXED = "fixed"  # set as it is made, never changed: any thread reads it
+SAMPLED = "sampled"  # a counter, or a word or snapshot its owner publishes whole: any thread
+#                      reads it, a sample's worth (never a collection the owner changes)
+
+
+def _owned(**groups: str) -> dict[str, str]:
+    """``owner="name name ..."`` -> {name: owner}, each name once."""
+    table: dict[str, str] = {}
+    for owner, names in groups.items():
+        for name in names.split():
+            assert name not in table, f"{name} is in two groups"
+            table[name] = owner
+    return table
+
+
+#: Every public field and method of
+#: :class:`~slipstream.daemon.streams.publication.NetworkPublication`, by owner.
+PUBLICATION_THREADS: dict[str, str] = _owned(
+    fixed="""session_id stream_id initial_term_id term_length position_bits mtu
+        term_window_length params destination is_group is_unicast linger_timeout_ns
+        connection_timeout_ns unblock_timeout_ns signal_eos response_correlation_id priority
+        spies_simulate_connection positions publisher_limit log counters""",
+    sampled="sender_position sender_limit status c_acknowledged has_data_ready is_rate_limited",
+    conductor="spy_hold",  # lowered while a spy links; the C half reads it (network.h)
+    sender="""c cleaner close stop_credit add_spy remove_spy apply_pressure_step
+        datagrams_to_send due next_deadline_ns next_due_ns python_deadline_ns
+        python_send_position on_data_sent on_frame take_c_status_messages sync_c_half
+        publish_status state is_done is_connected is_flushed is_end_of_stream
+        is_setup_elicited has_initial_connection has_live_receiver has_receiver_at
+        has_receivers has_received_unicast_eos learns_destinations credit_stop_position
+        eos_heartbeats_sent flow_control rate_control retransmit_handler rejections
+        spies_released spy_count consumer_position active_term_id term_offset""",
+)
+
+#: Every public field and method of :class:`~slipstream.daemon.streams.image.PublicationImage`,
+#: by owner.
+IMAGE_THREADS: dict[str, str] = _owned(
+    fixed="""session_id stream_id initial_term_id term_length position_bits join_position
+        max_window wants_response log positions counters""",
+    sampled="rcv_pos rcv_hwm",
+    receiver="""c cleaner congestion_control loss_detector rate_signaller state is_done
+        is_end_of_stream left_behind window add_subscriber_position remove_subscriber_position
+        subscriber_count min_subscriber_position set_response_session attach_paths
+        control_address control_datagrams datagrams_to_send due next_deadline_ns
+        python_deadline_ns drop_connection end_without_subscribers leave on_rate_announce
+        on_rttm seed_connection sync_c_half status_interval_factor
+        status_message_due_position status_message_timeout_ns last_sm_position
+        liveness_timeout_ns group_tag is_group reliable receiver_id sender_mtu source""",
+)
+
+#: What the conductor's thread may touch of a handed-over stream object.
+CONDUCTOR_MAY = frozenset((CONDUCTOR, FIXED, SAMPLED))

@@ -141,6 +141,47 @@ class SenderPositions:
         return cls(*(ffi.new("int64_t *") for _ in range(5)))
 
 
+@attrs.frozen
+class PublicationStatus:
+    """What a graceful drain needs of a network publication, as its sender's thread last
+    published it (:meth:`NetworkPublication.publish_status`): one immutable record, swapped
+    whole, which the conductor's thread reads while the sender's thread changes the
+    publication.  The drain decides from it and from counters (the log's producer position,
+    snd-pos, the C half's last status message), never from the publication's own fields."""
+
+    #: The sender's thread has stopped the publication's credit (pub-lmt holds).
+    credit_stopped: bool = False
+    #: Live receivers: a status message within the connection timeout, and no EOS.
+    receiver_ids: frozenset[int] = frozenset()
+    #: (receiver id, the position its last status message acknowledged, bytes).
+    acknowledged: tuple[tuple[int, int], ...] = ()
+    #: Heartbeats sent since the end of stream (EOS-flagged).
+    eos_heartbeats_sent: int = 0
+
+    def has_receivers_except(self, receiver_ids: frozenset[int]) -> bool:
+        """Whether a live receiver other than those of ``receiver_ids`` is known."""
+        return not self.receiver_ids <= receiver_ids
+
+    def is_flushed_except(self, receiver_ids: frozenset[int], *, end: int, sender_position: int,
+                          c_acknowledged: tuple[int, int] | None) -> bool:
+        """The credit is stopped, the log up to ``end`` (its producer position) was sent
+        (``sender_position``: snd-pos) and every live receiver's status message is at
+        ``end`` (true without receivers: nobody is left to take it), not waiting for the
+        receivers of ``receiver_ids``.  ``c_acknowledged``: (receiver id, position) of the
+        status message the C half took last (:meth:`NetworkPublication.c_acknowledged`),
+        which counts too."""
+        if not self.credit_stopped:
+            return False
+        if sender_position < end and self.has_receivers_except(receiver_ids):
+            return False
+        acknowledged = dict(self.acknowledged)
+        if c_acknowledged is not None and c_acknowledged[0] in acknowledged:
+            receiver_id, position = c_acknowledged
+            acknowledged[receiver_id] = max(acknowledged[receiver_id], position)
+        return all(position >= end for receiver_id, position in acknowledged.items()
+                   if receiver_id not in receiver_ids)
+
+
 class NetworkPublication:
     """Sender state of one (session, stream) on a UDP channel.  See the module docstring."""
 
@@ -272,6 +313,8 @@ class NetworkPublication:
         self._connected = False
         log.is_connected = False
         self._receivers: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
+        #: What the drain reads on the conductor's thread (publish_status).
+        self.status = PublicationStatus()
         self._acknowledged: dict[int, int] = {}  # receiver_id -> position of its last SM
         #: receiver_id -> where its last SM that Python read came from (RSP_SETUP's check).
         self._receiver_sources: dict[int, Address] = {}
@@ -333,22 +376,34 @@ class NetworkPublication:
     @property
     def is_flushed(self) -> bool:
         """The credit is stopped, everything the log holds was sent and every live receiver's
-        status message is at its end (true without receivers: nobody is left to take it)."""
-        return self.is_flushed_except(frozenset())
+        status message is at its end (true without receivers: nobody is left to take it):
+        :meth:`PublicationStatus.is_flushed_except`'s rule, on the sender's thread."""
+        return self._status().is_flushed_except(
+            frozenset(), end=self.log.producer_position(),
+            sender_position=self.sender_position, c_acknowledged=self.c_acknowledged())
 
-    def is_flushed_except(self, receiver_ids: frozenset[int]) -> bool:
-        """:attr:`is_flushed`, not waiting for the receivers of ``receiver_ids``."""
-        if self.credit_stop_position is None:
-            return False  # the sender thread has not stopped the credit yet
-        end = self.log.producer_position()
-        if self.sender_position < end and self.has_receivers_except(receiver_ids):
-            return False
-        acknowledged = dict(self._acknowledged)
-        c = self.c  # an SM the C control path took since the sender's last pass counts too
-        if c.sm_count and c.sm_receiver_id in acknowledged:
-            acknowledged[c.sm_receiver_id] = max(acknowledged[c.sm_receiver_id], c.sm_position)
-        return all(position >= end for receiver_id, position in acknowledged.items()
-                   if receiver_id not in receiver_ids)
+    def _status(self) -> PublicationStatus:
+        return PublicationStatus(self.credit_stop_position is not None,
+                                 frozenset(self._receivers), tuple(self._acknowledged.items()),
+                                 self.eos_heartbeats_sent)
+
+    def publish_status(self) -> None:
+        """Publish :attr:`status` for the drain (the sender's thread, after each pass).  Only
+        once the credit is stopped: the drain, its only reader, waits for that first."""
+        if self.credit_stop_position is not None:
+            self.status = self._status()
+
+    def c_acknowledged(self) -> tuple[int, int] | None:
+        """(receiver id, position) of the last status message the C half took (``sm_in_c``)
+        since the receiver it takes them from was last chosen, or None: words the C half
+        writes, read from any thread.  Read twice around the position: the sender's
+        thread may choose another receiver meanwhile (it zeroes the count, then names it)."""
+        c = self.c
+        receiver_id = c.sm_receiver_id
+        position = c.sm_position
+        if not c.sm_count or c.sm_receiver_id != receiver_id:
+            return None
+        return receiver_id, position
 
     # -- spies ----------------------------------------------------------------------------
     def add_spy(self, position_cell: object) -> None:
@@ -449,6 +504,11 @@ class NetworkPublication:
         network.ss_publish_position(self._snd_lmt, self._snd_lmt_counter, position)
 
     @property
+    def is_rate_limited(self) -> bool:
+        """Its sends are paced by a send-rate limit (``rc=``) now: a word its sender writes."""
+        return self.c.rate_limit > 0
+
+    @property
     def _last_publisher_limit(self) -> int:
         """The pub-lmt last published (bytes), by this half or the C half."""
         return self.c.last_publisher_limit
@@ -470,10 +530,6 @@ class NetworkPublication:
     def has_receiver_at(self, source: Address) -> bool:
         """Whether a live receiver's status messages came from ``source``."""
         return source in self._receiver_sources.values()
-
-    def has_receivers_except(self, receiver_ids: frozenset[int]) -> bool:
-        """Whether a live receiver other than those of ``receiver_ids`` is known."""
-        return any(receiver_id not in receiver_ids for receiver_id in self._receivers)
 
     @property
     def is_done(self) -> bool:

@@ -1,0 +1,149 @@
+"""Every event the network agents (the sender and the receiver) send the conductor, in one
+place: what the conductor is told, and nothing it must look up on the agents' objects.
+
+An event carries what the conductor itself made (a publication, an image, a receive or send
+channel, a registration or counter id) and values; never a conductor-private record.  The
+agents hand them to the conductor's queue (``on_event``), which it drains on its thread
+(``NetworkConductor.do_work``).  Most come from a duty cycle (a SETUP, an image's or a
+publication's state); those named "the command's answer" are sent by the command that the
+conductor queued (:mod:`slipstream.daemon.agents.commands`) once the agent ran it.
+
+The module is in the media layer, below the agents, because the receive and send channels'
+dispatchers (``receive_channel.py``, ``send_channel.py``) make some of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from slipstream.client.frames import Setup
+from slipstream.daemon.protocol.types import Address
+
+if TYPE_CHECKING:
+    from slipstream.daemon.media.receive_channel import ReceiveChannel
+    from slipstream.daemon.media.send_channel import SendChannel
+    from slipstream.daemon.streams.image import PublicationImage
+    from slipstream.daemon.streams.publication import NetworkPublication
+
+
+# -- the receiver's ---------------------------------------------------------------------------
+@attrs.frozen(eq=False)
+class ImageRequested:
+    """A SETUP for a wanted stream: the conductor creates the image's log and counters and
+    answers with the receiver's ``on_add_publication_image`` (or ``on_reject_image``)."""
+
+    channel: ReceiveChannel
+    setup: Setup
+    source: Address
+    #: The destination it came through (a multi-destination subscription's), else -1.
+    via: int = -1
+
+
+@attrs.frozen(eq=False)
+class ImageUnavailable:
+    """An image ended (EOS consumed, liveness timeout, or no subscribers): it lingers.
+    ``lost``: the range of stream positions it lost, as it ended because its subscribers
+    were left behind (the image's ``left_behind`` then), else None."""
+
+    channel: ReceiveChannel
+    image: PublicationImage
+    lost: tuple[int, int] | None = None
+
+
+@attrs.frozen(eq=False)
+class ImageDone:
+    """An image was removed; its log and counters may go."""
+
+    channel: ReceiveChannel
+    image: PublicationImage
+
+
+@attrs.frozen(eq=False)
+class ImageRejected:
+    """The receiver refused a SETUP itself (its term is longer than this driver takes): the
+    conductor logs why, since the operator sees only a counter otherwise."""
+
+    channel: ReceiveChannel
+    setup: Setup
+    source: Address
+    reason: str
+
+
+@attrs.frozen(eq=False)
+class ReceiveDestinationFailed:
+    """The receiver's thread could not attach a destination the conductor opened: it is no
+    destination of ``channel``'s endpoint after all (the command's answer)."""
+
+    channel: ReceiveChannel
+    address: Address
+    index: int
+
+
+# -- the sender's -----------------------------------------------------------------------------
+@attrs.frozen(eq=False)
+class PublicationDone:
+    """A publication finished (drained and lingered): its log and counters may go."""
+
+    publication: NetworkPublication
+
+
+@attrs.frozen(eq=False)
+class PublicationRejected:
+    """Receivers refused a publication's image (ERR frames): the conductor logs why."""
+
+    publication: NetworkPublication
+    rejections: tuple[tuple[Address, str], ...]  # (the receiver's address, its reason)
+
+
+@attrs.frozen(eq=False)
+class SpiesReleased:
+    """A closed publication reached LINGER with spies, which have read it all: their images
+    may end (Aeron's DriverConductor.cleanupSpies)."""
+
+    publication: NetworkPublication
+
+
+@attrs.frozen
+class ResponseSetupArrived:
+    """An RSP_SETUP for a request publication of this endpoint: the server made response
+    publication session ``response_session_id`` for it, and the response subscription whose
+    registration id is ``response_correlation_id`` is to take that session (Aeron's
+    DriverConductor.responseSetup)."""
+
+    response_correlation_id: int
+    response_session_id: int
+
+
+@attrs.frozen(eq=False)
+class SpyLinked:
+    """The sender took a spy into publication ``registration_id`` (the command's answer):
+    the spy's position holds the log from now on, and the conductor's hold may go."""
+
+    registration_id: int
+
+
+@attrs.frozen(eq=False)
+class SpyUnlinked:
+    """The sender dropped a spy's position cell (the command's answer): the spy's sub-pos
+    counter ``counter_id`` may be freed."""
+
+    counter_id: int
+
+
+# -- either's ---------------------------------------------------------------------------------
+@attrs.frozen(eq=False)
+class EndpointRemoved:
+    """The agent no longer uses ``channel``'s endpoint (the command's answer): its socket may
+    close, unless the conductor revived it since (``generation``: the removal's)."""
+
+    channel: SendChannel | ReceiveChannel
+    generation: int
+
+
+ReceiverEvent = (ImageRequested | ImageUnavailable | ImageDone | ImageRejected
+                 | ReceiveDestinationFailed | EndpointRemoved)
+SenderEvent = (PublicationDone | PublicationRejected | SpiesReleased | ResponseSetupArrived
+               | SpyLinked | SpyUnlinked | EndpointRemoved)
+NetworkEvent = ReceiverEvent | SenderEvent
