@@ -3,12 +3,15 @@
 network data path) and the two per-message calls as a plain CPython extension
 (slipstream.client._fastpath), all compiled at install time."""
 
+import runpy
 import tomllib
 from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
 
 HERE = Path(__file__).resolve().parent
+#: The client's hot paths' build (client/_native_build.py): _fastpath compiles its SOURCES in too.
+NATIVE = runpy.run_path(str(HERE / "client" / "_native_build.py"))
 
 
 def find_slipstream_packages() -> list[str]:
@@ -32,7 +35,8 @@ setup(
     ext_modules=[
         Extension(
             "slipstream.client._fastpath",
-            sources=["client/fastpath.c", "client/native.c"],
+            sources=["client/fastpath.c", *(f"client/{name}" for name in NATIVE["SOURCES"])],
+            depends=[f"client/{name}" for name in NATIVE["HEADERS"]],
             include_dirs=["client"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall"],
         )

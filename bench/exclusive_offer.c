@@ -1,7 +1,7 @@
-/* The offer of client/native.c in a loop of C calls, a shared appender's against an exclusive
- * one's (bench/exclusive_offer.py builds this with client/native.c included and runs it): what
- * the exclusive claim, a store of the tail where the shared one takes an atomic add, saves
- * with no interpreter in the way.
+/* The offer of client/native_appender.c in a loop of C calls, a shared appender's against an
+ * exclusive one's (bench/exclusive_offer.py builds this with the client's C files that an offer
+ * runs included, and runs it): what the exclusive claim, a store of the tail where the shared
+ * one takes an atomic add, saves with no interpreter in the way.
  *
  *   exclusive_offer TERM_BITS SIZE MESSAGES ROUNDS
  *
@@ -11,8 +11,13 @@
  * both meet the same term rotations).  Prints one line: "shared_ns exclusive_ns", the best
  * round of each, ns per offer. */
 #include "native.c"
+#include "native_appender.c"
+#include "native_logbuffer.c"
+#include "native_park.c"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 
 static int64_t now_ns(void) {
     struct timespec t;

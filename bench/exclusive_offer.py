@@ -4,10 +4,10 @@
     .venv/bin/python -m bench.exclusive_offer [--messages N] [--size 32] [--repeat R]
 
 An exclusive publication (``Client.add_exclusive_publication``) claims with a release store of
-the term's tail where a shared one takes an atomic add (``claim`` in client/native.c); the rest
-of an offer is the same code.  Each figure is the publisher's rate, offers taken per second of
-the publisher's own loop (its ns per offer beside it), with ``offer(message)`` called from
-Python, once per message:
+the term's tail where a shared one takes an atomic add (``claim`` in client/native_appender.c);
+the rest of an offer is the same code.  Each figure is the publisher's rate, offers taken per
+second of the publisher's own loop (its ns per offer beside it), with ``offer(message)`` called
+from Python, once per message:
 
 * **burst**: one process, the subscriber idle while the publisher offers 25.6 MB, what the
   window holds (the driver's term window is half a 64 MiB term), in ``for _ in range(n):
@@ -25,8 +25,8 @@ Python, once per message:
   called once per message from Python costs before it does anything.  ``shared / floor`` is
   the most an exclusive offer could gain on the shared one's if its own work cost nothing.
 * **C loop**: ``ss_offer`` itself in a loop of C calls (bench/exclusive_offer.c, built with
-  the system's C compiler and client/native.c), 64 MiB terms, no reader: what the store saves
-  with no interpreter in the way.  Skipped without a compiler.
+  the system's C compiler and the client's C files an offer runs), 64 MiB terms, no reader:
+  what the store saves with no interpreter in the way.  Skipped without a compiler.
 
 Shared and exclusive runs alternate, ``--repeat`` times each; the best rate of each kind is
 reported (background load penalises neither in particular), and the median beside it.  A
