@@ -123,9 +123,9 @@ typedef struct {
 /* A transport binding (Aeron's aeron_udp_channel_transport_bindings_t): the table of
  * functions below the channel endpoints' sends (network_endpoints.c) that makes the system
  * call.  ss_udp_binding() sends through the socket (sendmmsg); ss_virtual_binding() hands
- * each datagram, with its destination, to the simulator's network (the callback
- * ss_virtual_datagram, which daemon/media/send_point.py defines).  Opaque to Python, which only
- * chooses one (NULL: the UDP one). */
+ * each datagram, with its destination, to a virtual network, the simulator's (the callback
+ * ss_virtual_datagram, which daemon/media/send_point.py defines).  Opaque to Python, which
+ * only chooses one (NULL: the UDP one). */
 typedef struct ss_transport_binding ss_transport_binding_t;
 const ss_transport_binding_t *ss_udp_binding(void);
 const ss_transport_binding_t *ss_virtual_binding(void);
@@ -179,7 +179,7 @@ typedef struct {
                                    * replaces destination (NULL: neither) */
     uint32_t next_destination;    /* where the next send starts in it (round robin) */
     const ss_transport_binding_t *binding; /* below the send (NULL: ss_udp_binding) */
-    void *binding_context;        /* the binding's (the simulator's: its transport) */
+    void *binding_context;        /* the binding's (the virtual one's: its port) */
     int32_t retransmit_count;     /* spans of the log to send again (answers to NAKs), sent
                                    * ahead of new data by the next ss_send_data */
     ss_span_t retransmits[256];   /* SS_RETRANSMIT_MAX */
@@ -595,7 +595,7 @@ typedef struct {
     int32_t control_address_length;
     uint8_t control_address[128]; /* SS_SOCKADDR_MAX */
     /* Below the endpoint's sends of the Python half's frames (NULL: ss_udp_binding through
-     * fd), and the binding's context (the simulator's: its transport). */
+     * fd), and the binding's context (the virtual one's: its port). */
     const ss_transport_binding_t *binding;
     void *binding_context;
 } ss_receiver_t;

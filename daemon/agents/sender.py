@@ -155,8 +155,8 @@ class Sender(Agent[SendEndpoint]):
     # -- duty cycle -------------------------------------------------------------------------
     def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
         """The simulator's endpoints: the C data path sends by the same rules as for sockets
-        (the bands, each transport's room) through its binding onto the network, and control input
-        is read by the same status-poll rule (``ss_sender_status_poll_due``)."""
+        (the bands, each transport's room) through the virtual binding onto the network, and
+        control input is read by the same status-poll rule (``ss_sender_status_poll_due``)."""
         self._now_ns = now_ns
         sent_total = self._send_virtual(now_ns, retransmits_only=False)
         received = 0
