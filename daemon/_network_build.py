@@ -25,8 +25,16 @@ NATIVE = _native_build()
 SOURCES = ("network.c", "network_sender.c", "network_retransmit.c", "network_loss.c",
            "network_cleaner.c", "network_receiver.c", "network_endpoints.c", "network_duty.c")
 
+#: The simulator's transport binding calls back into Python with each datagram
+#: (network_endpoints.c's virtual binding; daemon/media/send_point.py defines it).  "Python+C": the
+#: data path's own C files call it, not only this module's.
+VIRTUAL_DATAGRAM = ('extern "Python+C" int32_t ss_virtual_datagram(void *context, '
+                    'const uint8_t *address, int32_t address_length, const uint8_t *data, '
+                    'int32_t length);')
+
 ffibuilder = FFI()
-ffibuilder.cdef(NATIVE.cdef_from_header((HERE / "network.h").read_text()))
+ffibuilder.cdef(NATIVE.cdef_from_header((HERE / "network.h").read_text())
+                + "\n" + VIRTUAL_DATAGRAM)
 ffibuilder.set_source(
     "slipstream.daemon._network",
     '#include "native.h"\n#include "network.h"',

@@ -120,10 +120,22 @@ typedef struct {
     int32_t next[5];
 } ss_band_round_t;
 
-/* A multi-destination-cast send endpoint's destinations (Aeron's destination tracker):
- * every datagram its publications send goes to each, in order.  Python owns the table
- * (daemon/media/destinations.py) and changes it only on the sender's thread, between duty
- * cycles; every publication of the endpoint points at the one table. */
+/* A transport binding (Aeron's aeron_udp_channel_transport_bindings_t): the table of
+ * functions below the channel endpoints' sends (network_endpoints.c) that makes the system
+ * call.  ss_udp_binding() sends through the socket (sendmmsg); ss_virtual_binding() hands
+ * each datagram, with its destination, to a virtual network, the simulator's (the callback
+ * ss_virtual_datagram, which daemon/media/send_point.py defines).  Opaque to Python, which
+ * only chooses one (NULL: the UDP one). */
+typedef struct ss_transport_binding ss_transport_binding_t;
+const ss_transport_binding_t *ss_udp_binding(void);
+const ss_transport_binding_t *ss_virtual_binding(void);
+
+/* A send endpoint's destinations (Aeron's destination tracker): every datagram its
+ * publications send to the endpoint goes to each, in order.  A multi-destination-cast
+ * endpoint's table (every publication of the endpoint points at the one table), or a
+ * response publication's own (at most one destination, learned from its client's status
+ * message).  Python owns it (daemon/media/destinations.py: which destinations exist) and
+ * changes it only on the sender's thread, between duty cycles. */
 typedef struct {
     int32_t length;               /* of the struct sockaddr in address */
     uint8_t address[128];         /* SS_SOCKADDR_MAX */
@@ -155,15 +167,19 @@ typedef struct {
     int32_t term_length;
     int32_t position_bits;
     int32_t mtu;
-    int32_t fd;                   /* the send socket; -1: fill spans only (the simulator) */
+    int32_t fd;                   /* the send socket; -1: the simulator's (sent through
+                                   * binding, else only filled into spans) */
     int32_t last_errno;           /* of the last failed send, for the driver's log */
     int32_t gso;                  /* 1: runs of equal datagrams go as one UDP GSO send; cleared
                                    * here when the path refuses it (see send_spans) */
     int32_t destination_length;   /* 0: the socket is connected */
     uint8_t destination[128];     /* SS_SOCKADDR_MAX (cffi wants a literal here) */
-    const ss_destination_list_t *destinations; /* multi-destination-cast: the endpoint's
-                                   * table, which replaces destination (NULL: not MDC) */
+    const ss_destination_list_t *destinations; /* the endpoint's table (multi-destination-
+                                   * cast) or its own (a response publication), which
+                                   * replaces destination (NULL: neither) */
     uint32_t next_destination;    /* where the next send starts in it (round robin) */
+    const ss_transport_binding_t *binding; /* below the send (NULL: ss_udp_binding) */
+    void *binding_context;        /* the binding's (the virtual one's: its port) */
     int32_t retransmit_count;     /* spans of the log to send again (answers to NAKs), sent
                                    * ahead of new data by the next ss_send_data */
     ss_span_t retransmits[256];   /* SS_RETRANSMIT_MAX */
@@ -578,7 +594,34 @@ typedef struct {
     int32_t destination;
     int32_t control_address_length;
     uint8_t control_address[128]; /* SS_SOCKADDR_MAX */
+    /* Below the endpoint's sends of the Python half's frames (NULL: ss_udp_binding through
+     * fd), and the binding's context (the virtual one's: its port). */
+    const ss_transport_binding_t *binding;
+    void *binding_context;
 } ss_receiver_t;
+
+/* ------------------------------------------------- the channel endpoints' sends, for Python */
+/* The one point every datagram of the driver leaves by is a channel endpoint's send
+ * (network_endpoints.c); these are its doors for the frames the Python half sends.
+ *
+ * A send endpoint's (SETUP, RTTM, heartbeats, rate announcements; p is the endpoint as its
+ * publication sees it): `frame` (length bytes) to `address` (a struct sockaddr of
+ * address_length bytes), or with address_length 0 to where the endpoint sends its data (its
+ * destination, the connected peer, or each destination of its table, as
+ * ss_send_channel_send).  Counts as the data path does: the bytes sent, a short send (a full
+ * socket), an error other than ECONNREFUSED (the ICMP answer to an earlier datagram: nobody
+ * listens there yet), a new kind of which raises p->notice for Python to log.  Returns the
+ * bytes sent (0: a table without destinations), or -1 (errno). */
+int32_t ss_send_channel_send_frame(ss_send_publication_t *p, const uint8_t *frame,
+                                   int32_t length, const uint8_t *address,
+                                   int32_t address_length);
+/* A receive endpoint's (NAKs, status messages, ERRs; r is the endpoint's, or a
+ * multi-destination subscription's destination's): `frame` to `address` through r's socket
+ * (r->fd) and binding.  Counts the bytes sent and a short send in r->counters; returns the
+ * bytes sent, or -1 (errno; the caller counts and logs an error other than a full socket). */
+int32_t ss_receive_channel_send_frame(const ss_receiver_t *r, const uint8_t *frame,
+                                      int32_t length, const uint8_t *address,
+                                      int32_t address_length);
 
 /* Rebuild the image table from `images` (count of them; the table must have room for them at
  * a load of at most one half).  Returns 0, or -1 when a (session, stream) repeats. */
@@ -649,12 +692,6 @@ typedef struct {
     /* The pressure governor: the lowest band (priority < 0) gets no turn and does not age (its
      * new data waits in the log; its retransmissions still go). */
     int32_t defer_lowest_band;
-    /* ss_send_virtual's output (the simulator copies these spans onto its network): each
-     * span sent and the index in `publications` of the publication it is of. */
-    ss_span_t *virtual_spans;
-    int32_t *virtual_owners;
-    int32_t virtual_count;
-    int32_t virtual_capacity;
 } ss_agent_t;
 
 /* One duty cycle at now_ns: a receiver reads every endpoint with a socket (fd >= 0); a sender
@@ -664,8 +701,9 @@ typedef struct {
 int32_t ss_agent_do_work(ss_agent_t *a, int64_t now_ns);
 /* The sender's sends of its publications without a socket (the simulator's), by the same rules
  * as ss_agent_do_work's for sockets (retransmissions first, the bands, each one's
- * virtual_room): the spans go to virtual_spans/virtual_owners (virtual_count of them).
- * Returns the datagrams sent. */
+ * virtual_room): the datagrams leave through the send channel endpoint's send, to each
+ * publication's binding (ss_virtual_binding: the simulator's network).  Returns the
+ * datagrams sent. */
 int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only);
 /* The sender's rule for reading control input (status messages, NAKs) after a cycle that sent
  * `sent` datagrams: every cycle that sent nothing, else every 2 x status_poll_ratio datagrams

@@ -62,26 +62,10 @@ static inline int on_socket(const ss_send_publication_t *p, int32_t fd, int virt
     return in_pass(p, virtual) && (virtual || p->fd == fd);
 }
 
-/* One ss_send_data of publication i; a virtual one's spans go to the agent's virtual output
- * (*full when it has no room left for another send). */
-static int32_t send_one(ss_agent_t *a, int32_t i, int64_t now_ns, int32_t budget, int virtual,
-                        int *full) {
-    ss_send_publication_t *p = a->publications[i];
-    if (virtual) {
-        const int32_t room = a->virtual_capacity - a->virtual_count - SS_RETRANSMIT_MAX;
-        if (room <= 0) {
-            *full = 1;
-            return 0;
-        }
-        if (budget > room) budget = room;
-    }
-    const int32_t sent = ss_send_data(p, now_ns, budget, a->spans);
-    if (virtual && sent > 0) {
-        memcpy(a->virtual_spans + a->virtual_count, a->spans, sizeof(ss_span_t) * (size_t)sent);
-        for (int32_t k = 0; k < sent; k++) a->virtual_owners[a->virtual_count + k] = i;
-        a->virtual_count += sent;
-    }
-    return sent;
+/* One ss_send_data of publication i (its datagrams leave through its endpoint's send, to
+ * its binding: a socket's, or the simulator's network). */
+static int32_t send_one(ss_agent_t *a, int32_t i, int64_t now_ns, int32_t budget) {
+    return ss_send_data(a->publications[i], now_ns, budget, a->spans);
 }
 
 /* Serve band b's publications on socket fd that have data, from its turn's start, as long as
@@ -99,7 +83,7 @@ static int32_t serve_band(ss_agent_t *a, ss_band_round_t *round, int32_t fd, int
         while (round->deficit[b] > 0) {
             int64_t budget = round->deficit[b];
             if (budget > a->max_datagrams) budget = a->max_datagrams;
-            const int32_t sent = send_one(a, i, now_ns, (int32_t)budget, virtual, full);
+            const int32_t sent = send_one(a, i, now_ns, (int32_t)budget);
             if (sent > 0) {
                 sent_total += sent;
                 round->deficit[b] -= sent;
@@ -151,19 +135,17 @@ static int32_t send_publications(ss_agent_t *a, int64_t now_ns, int retransmits_
     int32_t sent_total = 0;
     /* Repairs first, of every publication whatever its band or the governor's deferral: a gap
      * pins the receiver's window.  A budget of 0 sends the retransmissions only. */
-    int full = 0;
-    for (int32_t i = 0; i < a->publication_count && !full; i++) {
+    for (int32_t i = 0; i < a->publication_count; i++) {
         ss_send_publication_t *p = a->publications[i];
         if (!in_pass(p, virtual) || p->retransmit_count <= 0) continue;
-        const int32_t sent = send_one(a, i, now_ns, 0, virtual, &full);
-        if (sent > 0) sent_total += sent;
-        if (!virtual) full = 0; /* a full socket stops only its own publications */
+        const int32_t sent = send_one(a, i, now_ns, 0);
+        if (sent > 0) sent_total += sent; /* a full socket stops only its own publications */
     }
-    if (retransmits_only || full) return sent_total;
+    if (retransmits_only) return sent_total;
     if (a->publication_count == 1) { /* nobody to share with */
         ss_send_publication_t *p = a->publications[0];
         if (in_pass(p, virtual) && !(a->defer_lowest_band && p->priority < 0)) {
-            const int32_t sent = send_one(a, 0, now_ns, a->max_datagrams, virtual, &full);
+            const int32_t sent = send_one(a, 0, now_ns, a->max_datagrams);
             if (sent > 0) sent_total += sent;
         }
         return sent_total;
@@ -206,7 +188,6 @@ int32_t ss_sender_status_poll_due(ss_agent_t *a, int32_t sent) {
 }
 
 int32_t ss_send_virtual(ss_agent_t *a, int64_t now_ns, int32_t retransmits_only) {
-    a->virtual_count = 0;
     return send_publications(a, now_ns, retransmits_only, 1);
 }
 
@@ -487,25 +468,12 @@ static int32_t heartbeats(ss_agent_t *a, int64_t now_ns) {
         memcpy(frame + SS_SESSION_ID_FIELD, &p->session_id, 4);
         memcpy(frame + SS_STREAM_ID_FIELD, &p->stream_id, 4);
         memcpy(frame + SS_TERM_ID_FIELD, &term_id, 4);
-        /* One message of one datagram, through the endpoint's send as the data goes. */
-        struct iovec vector = {.iov_base = frame, .iov_len = sizeof frame};
-        struct mmsghdr message;
-        memset(&message, 0, sizeof message);
-        message.msg_hdr.msg_iov = &vector;
-        message.msg_hdr.msg_iovlen = 1;
-        const ssize_t result =
-            ss_send_channel_send(p, &message, 1) < 0 ? -1 : (ssize_t)message.msg_len;
+        /* Through the endpoint's send as the data goes, counted there. */
+        const int32_t result = ss_send_channel_send_frame(p, frame, sizeof frame, NULL, 0);
         p->time_of_last_send_ns = now_ns; /* the next in a timeout, whatever became of this */
         if (result >= 0) {
-            count(p->bytes_sent, result);
             count(p->heartbeats_sent, 1);
             sent++;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            count(p->short_sends, 1);
-        } else if (errno != ECONNREFUSED) { /* an earlier datagram's ICMP error: no one yet */
-            count(p->send_errors, 1);
-            p->last_errno = errno;
-            p->notice = 1; /* Python logs it */
         }
     }
     return sent;

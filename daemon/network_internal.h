@@ -34,17 +34,30 @@ static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2)
 
 /* ------------------------------------------------------------ the channel endpoints' sends */
 /* One function per direction of endpoint (network_endpoints.c), as Aeron's
- * aeron_send_channel_endpoint_send and aeron_receive_channel_endpoint_send: nothing else in
- * the C half calls sendmmsg, sendmsg, sendto or send for a datagram.  They only send; what a
- * send counts (bytes sent, short sends, errors) and what follows from its result (the GSO
- * fallback, retransmissions kept queued, a NAK or SM left to Python) stay with the callers. */
+ * aeron_send_channel_send and aeron_receive_channel_endpoint_send, with the frame doors of
+ * network.h (ss_send_channel_send_frame, ss_receive_channel_send_frame) beside them: every
+ * datagram the driver sends, from either half, leaves through them, and below them a
+ * transport binding's `send` makes the system call (nothing else calls sendmmsg, sendmsg,
+ * sendto or send for a datagram).  These two only send; what a send counts (bytes sent,
+ * short sends, errors) and what follows from its result (the GSO fallback, retransmissions
+ * kept queued, a NAK or SM left to Python) stay with the callers. */
+
+/* A transport binding's table (network.h): the system calls below the sends.  `send` has
+ * sendmmsg's contract on `fd` (each message's msg_name its destination, NULL on a connected
+ * socket; a UDP_SEGMENT control message makes it a run of datagrams): the messages sent, or
+ * -1 (errno).  `context` is the sender's binding_context. */
+struct ss_transport_binding {
+    int (*send)(void *context, int32_t fd, struct mmsghdr *messages, uint32_t message_count);
+};
 
 /* The send channel endpoint's: `messages` (count of them; each one datagram, or a run of
- * datagrams as one UDP GSO message) through the publication's socket (p->fd >= 0) to its
- * endpoint's destination (the connected peer when destination_length is 0).  Returns what
- * sendmmsg returns: the messages sent (a full socket takes the first ones), or -1 (errno).
+ * datagrams as one UDP GSO message) through the publication's binding and socket (p->fd) to
+ * its endpoint's destination (the connected peer when destination_length is 0).  Returns
+ * what sendmmsg returns: the messages sent (a full socket takes the first ones), or -1
+ * (errno).
  *
- * Multi-destination-cast (p->destinations): the same messages to every destination, starting
+ * A table of destinations (p->destinations: multi-destination-cast, or a response
+ * publication's): the same messages to every destination, starting
  * one further along the table at each call, and the most any destination took is what was
  * sent: a destination that took fewer (its share of a full socket) lost the rest, which its
  * receiver asks for again (NAKs), as a datagram lost on the way; resending to all until the
@@ -60,8 +73,9 @@ static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2)
 SS_INTERNAL int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,
                                      uint32_t message_count);
 
-/* The receive channel endpoint's control frames (NAKs, status messages): `frame` to the
- * image's control address through its endpoint's socket (image->control_fd >= 0).  Returns
+/* The receive channel endpoint's control frames (NAKs, status messages) from the C half:
+ * `frame` to the image's control address through its endpoint's socket (image->control_fd
+ * >= 0; the UDP binding: an image's C half sends only through sockets).  Returns
  * what sendto returns: the bytes sent, or -1 (errno).
  *
  * A multi-destination subscription's image (image->connections): to each connection that has

@@ -194,19 +194,24 @@ int32_t ss_send_data(ss_send_publication_t *p, int64_t now_ns, int32_t max_datag
             return -1;
         }
         if (sent < n) count(p->short_sends, 1);
-    } else if (p->virtual_room >= 0) {
-        /* The simulator's socket takes virtual_room datagrams (what its link's queue holds),
-         * as a socket whose send buffer fills takes what fits. */
-        if (sent > p->virtual_room) sent = p->virtual_room;
-        const int32_t taken = sent < retransmits ? sent : retransmits;
-        memcpy(p->retransmits, spans + taken, sizeof(ss_span_t) * (size_t)(retransmits - taken));
-        p->retransmit_count = retransmits - taken;
-        p->socket_full = sent < n;
-        p->virtual_room -= sent;
-        if (sent < n) count(p->short_sends, 1);
-        if (sent == 0) return 0;
     } else {
-        p->socket_full = 0;
+        if (p->virtual_room >= 0) {
+            /* The simulator's socket takes virtual_room datagrams (what its link's queue
+             * holds), as a socket whose send buffer fills takes what fits. */
+            if (sent > p->virtual_room) sent = p->virtual_room;
+            const int32_t taken = sent < retransmits ? sent : retransmits;
+            memcpy(p->retransmits, spans + taken,
+                   sizeof(ss_span_t) * (size_t)(retransmits - taken));
+            p->retransmit_count = retransmits - taken;
+            p->socket_full = sent < n;
+            p->virtual_room -= sent;
+            if (sent < n) count(p->short_sends, 1);
+            if (sent == 0) return 0;
+        } else {
+            p->socket_full = 0;
+        }
+        /* Its network takes them all (without a binding the spans are only filled). */
+        if (p->binding != NULL) send_spans(p, spans, sent);
     }
     int64_t sent_position = start;
     int64_t bytes = 0;

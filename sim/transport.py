@@ -2,22 +2,25 @@
 (``daemon/media/udp.py``).
 
 A driver in the simulator is the real conductor and the real sender and receiver agents; only
-the transports they send and receive through are virtual.  A send transport runs the same C
-data path as a socket does (``ss_send_data``), with no socket (``fd = -1``), and copies the
-spans it returns onto the virtual network; a receive transport hands each arriving datagram to
-the receive channel's C dispatch (``ss_receiver_on_datagram``), exactly as the socket path
-does after ``recvmmsg``.  Arrivals queue until the host's next service pass, which the
-transport schedules (``host.wake()``).
+the transports they send and receive through are virtual.  Every datagram leaves through the
+same channel endpoints' sends in C as a socket's (``daemon/network_endpoints.c``: the data
+path's ``ss_send_data``, the Python half's frames through
+:mod:`~slipstream.daemon.media.send_point`, a multi-destination-cast table's fan-out), with no
+socket (``fd = -1``) and the simulator's transport binding below them
+(``ss_virtual_binding``), which hands each datagram with its destination to the transport
+(:meth:`_VirtualTransport.put_datagram`) and so onto the virtual network, from its address.  A
+receive transport hands each arriving datagram to the receive channel's C dispatch
+(``ss_receiver_on_datagram``), exactly as the socket path does after ``recvmmsg``.  Arrivals
+queue until the host's next service pass, which the transport schedules (``host.wake()``).
 
 A multi-destination subscription's endpoint (``control-mode=manual``) is the driver's own
 (:class:`~slipstream.daemon.media.receive_destinations.MultiDestinationReceiveTransport`):
 each destination is a :class:`VirtualReceiveTransport` bound to its address (or joined to
 its group) whose arrivals go through that destination's C receiver, and the status messages
 and NAKs of each path leave from the destination's address.  Response channels
-(docs/PROTOCOL.md §7.6) need two things of a network, which it has: a receive transport bound
-to port 0 takes a port of the host's picking (a response subscription's, whose server learns
-it from the status messages sent from there), and a response publication's datagrams go to
-its own table's one destination (none before its client asked).
+(docs/PROTOCOL.md §7.6) need of a network that a receive transport bound to port 0 takes a
+port of the host's picking (a response subscription's, whose server learns it from the
+status messages sent from there), which it does.
 """
 
 from __future__ import annotations
@@ -28,12 +31,9 @@ from collections import deque
 from typing import TYPE_CHECKING, Final
 
 from slipstream.client.channel import Channel
-from slipstream.client.counters import SystemCounter
-from slipstream.daemon.media.destinations import (
-    TABLE_MODES,
-    DestinationTable,
-    fan_out,
-)
+from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon.media import send_point
+from slipstream.daemon.media.destinations import TABLE_MODES, DestinationTable
 from slipstream.daemon.media.interfaces import IFF_MULTICAST, IFF_UP, InterfaceAddress
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.receive_destinations import MultiDestinationReceiveTransport
@@ -59,7 +59,6 @@ PORTS_PER_INCARNATION: Final = 100
 
 #: A UDP socket's send buffer when socket_so_sndbuf is 0: Linux's net.core.wmem_default.
 DEFAULT_SO_SNDBUF = 212_992
-
 
 class VirtualTransports:
     """The :class:`~slipstream.daemon.conductor.network.NetworkTransports` of one simulated
@@ -122,6 +121,8 @@ class _VirtualTransport:
         self.inbox: deque[tuple[bytes, Address]] = deque()
         self._joined: list[Address] = []
         self._bound: Address | None = None
+        #: The virtual binding's context (send_point.VirtualPort): this transport.
+        self.binding_handle = network_ffi.new_handle(self)
 
     def _listen(self, address: Address) -> None:
         network = self.host.sim.network
@@ -132,23 +133,13 @@ class _VirtualTransport:
             network.bind(address, self._arrive)
             self._bound = address
 
+    def put_datagram(self, address: Address, data: bytes) -> None:
+        """What this transport sent (the virtual binding's), onto the network from here."""
+        self.host.sim.network.send(self.address, address, data)
+
     def _arrive(self, data: bytes, source: Address, _now_ns: int) -> None:
         self.inbox.append((data, source))
         self.host.wake()
-
-    def send(self, datagrams: list[Datagram]) -> None:
-        send = self.host.sim.network.send
-        counters = self.host.driver.counters if self.host.driver is not None else None
-        for datagram in datagrams:
-            # A copy: a retransmission is a view of the log, which moves on while in flight.
-            data = bytes(datagram.data)
-            send(self.address, datagram.address, data)
-            if counters is not None:
-                counters.add(SystemCounter.BYTES_SENT, len(data))
-
-    def attach_channel(self, channel: object) -> None:
-        """No socket: the channel's C dispatch stays at fd -1 and arrivals come through
-        :meth:`receive`."""
 
     def dispatch(self, channel: object, now_ns: int) -> int:
         """Nothing waits in C for Python: :meth:`receive` handed everything over."""
@@ -179,25 +170,18 @@ class VirtualSendTransport(_VirtualTransport):
         if group is not None:
             self._listen((group.host, group.port or 0))
         self._destinations: DestinationTable | None = None
-        self._response_channel: SendChannel | None = None
 
     def attach(self, publication: NetworkPublication) -> None:
-        publication.c.fd = -1  # the C data path returns spans; this transport copies them
+        """No socket: the publication's sends go through the simulator's binding, from this
+        transport's address."""
+        send_point.attach_publication(publication, fd=-1, table=self._destinations,
+                                      virtual=self)
 
     def attach_channel(self, channel: SendChannel) -> None:
-        """A multi-destination-cast channel's table is where this transport sends; a
-        response endpoint's publications' own tables are where each of them sends."""
+        """No socket: the channel's C dispatch stays at fd -1 and arrivals come through
+        :meth:`receive`.  A multi-destination-cast channel's table is where its publications
+        send (a response endpoint's publications get their own from the channel)."""
         self._destinations = channel.destinations
-        if channel.response_ip_version is not None:
-            self._response_channel = channel
-
-    def _targets(self, publication: NetworkPublication) -> list[Address]:
-        if self._destinations is not None:
-            return self._destinations.addresses
-        if self._response_channel is not None:  # none until its client asked
-            destination = self._response_channel.response_destination(publication)
-            return [destination] if destination is not None else []
-        return [publication.destination]
 
     def room(self, publication: NetworkPublication, now_ns: int) -> int:
         """How many more datagrams this endpoint's "socket" takes now (-1: any number): a
@@ -206,7 +190,7 @@ class VirtualSendTransport(_VirtualTransport):
         socket behind a qdisc does (the fullest link's, with several destinations)."""
         buffer = self.host.sim.settings.socket_so_sndbuf or DEFAULT_SO_SNDBUF
         rooms = []
-        for target in self._targets(publication):
+        for target in send_point.destinations_of(publication):
             backlog = self.host.sim.network.backlog_bytes(self.address[0], target, now_ns)
             if backlog is not None:
                 rooms.append(max(0, (buffer - backlog) // publication.c.mtu))
@@ -217,19 +201,7 @@ class VirtualSendTransport(_VirtualTransport):
         buffer = self.host.sim.settings.socket_so_sndbuf or DEFAULT_SO_SNDBUF
         return max((self.host.sim.network.drained_by_ns(
             self.address[0], target, buffer - publication.c.mtu, now_ns)
-            for target in self._targets(publication)), default=now_ns)
-
-    def emit(self, publication: NetworkPublication, offset: int, length: int) -> None:
-        """One datagram the C data path sent: ``length`` bytes of the log at ``offset`` (to
-        each destination of a multi-destination-cast endpoint)."""
-        data = bytes(publication.log.view[offset:offset + length])
-        for target in self._targets(publication):
-            self.host.sim.network.send(self.address, target, data)
-
-    def send(self, datagrams: list[Datagram]) -> None:
-        if self._destinations is not None:
-            datagrams = list(fan_out(datagrams, self._destinations))
-        super().send(datagrams)
+            for target in send_point.destinations_of(publication)), default=now_ns)
 
     def on_notice(self, publication: NetworkPublication) -> None:
         """Nothing fails on the virtual network."""
@@ -253,6 +225,18 @@ class VirtualReceiveTransport(_VirtualTransport):
     def __init__(self, host: SimHost, bind: Address) -> None:
         super().__init__(host, (host.ip, bind[1]))
         self._listen(bind)
+        self._receiver = None  # cffi ss_receiver_t *: whose send this transport's frames take
+
+    def attach_channel(self, channel: ReceiveChannel) -> None:
+        """No socket: the channel's C dispatch stays at fd -1 and arrivals come through
+        :meth:`receive`; its frames leave through the simulator's binding."""
+        self.attach_receiver(channel.c)
+
+    def send(self, datagrams: list[Datagram]) -> None:
+        """The Python half's frames through the receive endpoint's send (its C receiver's):
+        the virtual network takes every one."""
+        assert self._receiver is not None, "attached before it sends"
+        send_point.send_receiver_frames(self._receiver, datagrams)
 
     def receive(self, channel: ReceiveChannel, now_ns: int) -> int:
         return self.receive_destination(channel, -1, now_ns)
@@ -260,8 +244,10 @@ class VirtualReceiveTransport(_VirtualTransport):
     def attach_receiver(self, receiver) -> None:
         """``receiver`` (cffi ``ss_receiver_t *``, a destination's) has no socket: its
         images' paths through it send nothing from C, and the Python half sends their
-        control frames through :meth:`send`."""
+        control frames through :meth:`send`, through the simulator's binding."""
         receiver.fd = -1
+        self._receiver = receiver
+        send_point.attach_receiver(receiver, virtual=self)
 
     def receive_destination(self, channel: ReceiveChannel, index: int, now_ns: int) -> int:
         """Every arrival to ``channel`` through destination ``index``'s C receiver (-1: the

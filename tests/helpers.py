@@ -47,7 +47,8 @@ def wait_for(predicate: Callable[[], object], timeout: float = 5.0,
 
 def data_datagrams(publication, now_ns: int, budget: int = 64) -> list:
     """What the C data path sends of ``publication`` now (``ss_send_data`` with no socket),
-    as Datagrams copied out of its log, as the simulator's transport does.  The caller tells
+    as Datagrams copied out of its log (a publication with no binding only fills the spans;
+    the simulator's binding would put each on its network).  The caller tells
     the publication (``on_data_sent``), as the sender agent does."""
     from slipstream.daemon._network import ffi as network_ffi
     from slipstream.daemon._network import lib as network

@@ -8,6 +8,7 @@ cell, and when a dynamic destination expires.
 
 from __future__ import annotations
 
+import socket
 import uuid
 from pathlib import Path
 
@@ -22,12 +23,12 @@ from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.media import send_point
 from slipstream.daemon.media.destinations import (
     ALL_DESTINATIONS,
     DESTINATION_TIMEOUT_NS,
     ControlMode,
     DestinationTable,
-    fan_out,
 )
 from slipstream.daemon.media.events import ResponseSetupArrived
 from slipstream.daemon.media.send_channel import SendChannel
@@ -94,16 +95,6 @@ def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops)
             assert table.next_expiry_ns() == NO_DEADLINE
 
 
-def test_fan_out_sends_a_control_frame_to_each_destination_and_a_reply_to_its_peer() -> None:
-    table = DestinationTable(ControlMode.MANUAL)
-    for address in ADDRESSES[:3]:
-        table.add(address, 0)
-    setup, reply = Datagram(b"setup", ALL_DESTINATIONS), Datagram(b"rttm", ADDRESSES[5])
-    out = list(fan_out([setup, reply], table))
-    assert [(d.data, d.address) for d in out] == [
-        *((b"setup", a) for a in ADDRESSES[:3]), (b"rttm", ADDRESSES[5])]
-
-
 def _publication(shm: Path, counters: LocalCounters,
                  uri: str = "aeron:udp?control=127.0.0.1:40456|control-mode=dynamic",
                  session_id: int = 5) -> NetworkPublication:
@@ -161,6 +152,58 @@ def test_a_dynamic_endpoint_learns_only_from_status_messages_that_name_its_strea
     assert not publication.c.sm_in_c
 
 
+def _receive_all(sock: socket.socket) -> list[bytes]:
+    sock.settimeout(0.5)
+    out = []
+    try:
+        while True:
+            out.append(sock.recv(2048))
+            sock.settimeout(0.05)
+    except TimeoutError:
+        return out
+
+
+def test_the_python_halfs_frames_go_to_each_destination_through_the_c_send(
+        shm: Path) -> None:
+    """The send channel endpoint's send in C fans the Python half's frames out
+    (daemon/media/send_point.py): one to the publication's destination (SETUP,
+    ALL_DESTINATIONS) reaches every destination of the table, one to its own address (an
+    RTTM reply to its receiver) that address only; each is counted as sent; a table without
+    destinations sends nothing (a response publication before its client asked)."""
+    counters = LocalCounters()
+    receivers = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(4)]
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for sock in receivers:
+            sock.bind(("127.0.0.1", 0))
+        addresses = [sock.getsockname() for sock in receivers]
+        table = DestinationTable(ControlMode.MANUAL)
+        publication = _publication(shm, counters, "aeron:udp?control-mode=manual")
+        send_point.attach_publication(publication, fd=sender.fileno(), table=table)
+        send_point.send_publication_frames(publication, [Datagram(b"none", ALL_DESTINATIONS)])
+        assert counters[SystemCounter.BYTES_SENT] == 0
+
+        for address in addresses[:3]:
+            table.add(address, 0)
+        assert send_point.destinations_of(publication) == addresses[:3]
+        send_point.send_publication_frames(publication, [
+            Datagram(b"setup", ALL_DESTINATIONS), Datagram(b"rttm", addresses[3])])
+        assert [_receive_all(sock) for sock in receivers] == [
+            [b"setup"], [b"setup"], [b"setup"], [b"rttm"]]
+        assert counters[SystemCounter.BYTES_SENT] == 3 * len(b"setup") + len(b"rttm")
+        assert counters[SystemCounter.SEND_ERRORS] == 0
+    finally:
+        for sock in (*receivers, sender):
+            sock.close()
+
+
+def _destination_of(publication: NetworkPublication) -> Address | None:
+    """Where a response publication's C half sends (None: nowhere yet)."""
+    destinations = send_point.destinations_of(publication)
+    assert len(destinations) <= 1
+    return destinations[0] if destinations else None
+
+
 RESPONSE_URI = "aeron:udp?control-mode=response|control=127.0.0.1:40456|response-correlation-id=77"
 
 
@@ -169,8 +212,9 @@ def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path)
     (its C half sends there); a setup-eliciting SM naming its session makes the SM's source
     its one destination (a later one replaces it) and elicits SETUP; plain SMs teach nothing
     until their receiver is the destination's; a source no send reaches is counted and
-    teaches nothing; its Python half's datagrams go to that destination only, or nowhere
-    before it has one.  Its SMs all come to Python (learns_destinations: their sources)."""
+    teaches nothing; its C half (and so its Python half's frames, which leave through the
+    same send) sends to that destination only, or nowhere before it has one.  Its SMs all
+    come to Python (learns_destinations: their sources)."""
     counters = LocalCounters()
     channel = SendChannel(counters=counters, response_ip_version=4)
     first, second = (_publication(shm, counters, RESPONSE_URI, session_id=s) for s in (5, 8))
@@ -178,32 +222,26 @@ def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path)
         channel.add_publication(publication)
         assert publication.c.destinations != network_ffi.NULL
         assert publication.learns_destinations
-    setup = Datagram(b"setup", ALL_DESTINATIONS)
-    assert channel.addressed(first, [setup]) == []
+    assert _destination_of(first) is None
     client_a, client_b = ("127.0.0.1", 50001), ("127.0.0.1", 50002)
 
     channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(), client_a, 1)
-    assert channel.response_destination(first) == client_a and first.is_setup_elicited
-    assert channel.response_destination(second) is None
+    assert _destination_of(first) == client_a and first.is_setup_elicited
+    assert _destination_of(second) is None
     channel.on_control(StatusMessage(8, 6, 0, 0, 0, 2, SM_SEND_SETUP_FLAG).encode(), client_b, 2)
-    assert channel.response_destination(second) == client_b
-    assert channel.addressed(first, [setup]) == [Datagram(b"setup", client_a)]
-    assert channel.addressed(second, [setup]) == [Datagram(b"setup", client_b)]
+    assert _destination_of(second) == client_b
 
     channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 1, 0).encode(), client_b, 3)
-    assert channel.response_destination(first) == client_a  # a plain SM teaches nothing
+    assert _destination_of(first) == client_a  # a plain SM teaches nothing
     channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(),
                        ("224.0.1.1", 9), 4)
     assert counters[SystemCounter.INVALID_PACKETS] == 1
-    assert channel.response_destination(first) == client_a
+    assert _destination_of(first) == client_a
     moved = ("127.0.0.1", 50003)  # the client's NAT gave it another port
     channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(), moved, 5)
-    assert channel.response_destination(first) == moved
-    c = first.c.destinations
-    assert c.count == 1 and address_of(bytes(network_ffi.buffer(
-        c.entries[0].address, c.entries[0].length))) == moved
+    assert _destination_of(first) == moved
     channel.remove_publication(first)
-    assert channel.response_destination(first) is None
+    assert _destination_of(first) is None
 
 
 def test_a_response_publication_keeps_its_live_client_against_other_receivers(
@@ -225,20 +263,20 @@ def test_a_response_publication_keeps_its_live_client_against_other_receivers(
 
     channel.on_control(StatusMessage(5, 6, 0, 0, 0, 9, SM_SEND_SETUP_FLAG).encode(), forger, 3)
     channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 9, 0).encode(), forger, 4)
-    assert channel.response_destination(publication) == client
+    assert _destination_of(publication) == client
     assert counters[SystemCounter.UNMATCHED_STATUS_MESSAGES] == 2
     assert not publication.has_live_receiver(9)
 
     rebound = ("127.0.0.1", 50002)  # the client's NAT gave it another port
     channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 1, 0).encode(), rebound, 5)
-    assert channel.response_destination(publication) == rebound
+    assert _destination_of(publication) == rebound
 
     later = 6 + publication.connection_timeout_ns + 1
     publication._update_has_receivers(later)
     assert not publication.has_live_receiver(1)
     channel.on_control(StatusMessage(5, 6, 0, 0, 0, 9, SM_SEND_SETUP_FLAG).encode(), forger,
                        later)
-    assert channel.response_destination(publication) == forger
+    assert _destination_of(publication) == forger
     channel.remove_publication(publication)
 
 

@@ -30,9 +30,12 @@ from slipstream.client.frames import (
     decode_datagram,
 )
 from slipstream.client.logbuffer import LogBuffer, new_appender
+from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.media import send_point
+from slipstream.daemon.media.destinations import ControlMode, DestinationTable
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import LocalCounters
@@ -124,6 +127,44 @@ def test_data_batched_to_mtu_and_budget(shm: Path) -> None:
     decoded = decode_datagram(out[0].data)
     assert all(isinstance(f, Data) for f in decoded)
     assert counters[SystemCounter.BYTES_SENT] == 6400
+
+
+class Port:
+    """A virtual network's end (send_point.VirtualPort): what the virtual binding hands it."""
+
+    def __init__(self) -> None:
+        self.binding_handle = network_ffi.new_handle(self)
+        self.taken: list[tuple[tuple[str, int], bytes]] = []
+
+    def put_datagram(self, address: tuple[str, int], data: bytes) -> None:
+        self.taken.append((address, data))
+
+
+def test_the_virtual_binding_takes_each_datagram_of_a_gso_run_to_each_destination(
+        shm: Path) -> None:
+    """Below the send channel endpoint's send (its fan-out to a table's destinations), the
+    virtual binding hands each datagram with its destination to its port, as the kernel
+    would cut a UDP GSO run: the simulator sees what a socket would put on the wire.  Each
+    destination's bytes are counted."""
+    pub, _log, _limit, appender, counters = make(shm)
+    port = Port()
+    table = DestinationTable(ControlMode.MANUAL)
+    others = [("10.0.0.3", 40123), ("10.0.0.4", 40123)]
+    for address in others:
+        table.add(address, 0)
+    send_point.attach_publication(pub, fd=-1, table=table, virtual=port)
+    pub.c.gso = 1  # runs of equal datagrams as one message
+    pub.c.virtual_room = -1
+    pub.on_frame(sm(window=TERM // 2), DEST, 0)
+    pub.datagrams_to_send(0)
+    port.taken.clear()  # the SETUP
+    for _ in range(40):
+        assert lib.ss_offer(appender, b"m" * 100, 100) > 0  # 160 B frames, 8 per datagram
+    before = counters[SystemCounter.BYTES_SENT]
+    out = send(pub, 1)
+    assert [len(d.data) for d in out] == [1280] * 5
+    assert port.taken == [(address, d.data) for address in others for d in out]
+    assert counters[SystemCounter.BYTES_SENT] - before == 2 * 5 * 1280
 
 
 def test_sender_stops_at_limit(shm: Path) -> None:

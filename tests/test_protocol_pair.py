@@ -47,12 +47,14 @@ from slipstream.client.layout import (
 )
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.subscription import Image
+from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network_lib
 from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver
 from slipstream.daemon.agents.sender import SendEndpoint, Sender
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.flow.congestion_control import CongestionControl
 from slipstream.daemon.flow.registry import CONGESTION_CONTROLS, flow_control_for
+from slipstream.daemon.media import send_point
 from slipstream.daemon.media.events import ImageRequested, ImageUnavailable
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.send_channel import SendChannel
@@ -82,9 +84,10 @@ class LinkTransport:
         self.direction = direction
         self.peer = peer
         self.inbox: list[bytes] = []
+        self.binding_handle = network_ffi.new_handle(self)  # a send_point.VirtualPort
 
     def attach(self, publication: NetworkPublication) -> None:
-        publication.c.fd = -1
+        send_point.attach_publication(publication, fd=-1, virtual=self)
 
     def room(self, publication: NetworkPublication, now_ns: int) -> int:
         return -1  # the test's link takes every datagram
@@ -92,9 +95,8 @@ class LinkTransport:
     def room_ready_ns(self, publication: NetworkPublication, now_ns: int) -> int:
         return now_ns
 
-    def emit(self, publication: NetworkPublication, offset: int, length: int) -> None:
-        data = bytes(publication.log.view[offset:offset + length])
-        self.pair._emit(self.direction, [Datagram(data, publication.destination)])
+    def put_datagram(self, address: Address, data: bytes) -> None:
+        self.pair._emit(self.direction, [Datagram(data, address)])
 
     def send(self, datagrams: list[Datagram]) -> None:
         self.pair._emit(self.direction, [Datagram(bytes(d.data), d.address) for d in datagrams])

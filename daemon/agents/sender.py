@@ -27,7 +27,6 @@ from typing import Protocol
 import attrs
 
 from slipstream.client.layout import NO_DEADLINE
-from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.agent import Agent
 from slipstream.daemon.agents.commands import (
@@ -53,7 +52,7 @@ from slipstream.daemon.media.events import (
     SpyUnlinked,
 )
 from slipstream.daemon.media.send_channel import SendChannel
-from slipstream.daemon.protocol.types import Datagram
+from slipstream.daemon.media.send_point import send_publication_frames
 from slipstream.daemon.streams.publication import NetworkPublication
 
 
@@ -62,7 +61,9 @@ class SendTransport(Protocol):
     simulator's virtual network."""
 
     def attach(self, publication: NetworkPublication) -> None:
-        """Point the publication's C data path at this transport (socket, destination)."""
+        """Point the publication's C half at this transport (socket, binding, destinations:
+        :func:`~slipstream.daemon.media.send_point.attach_publication`); every datagram it
+        sends, the Python half's too, leaves through its endpoint's send in C."""
         ...
 
     def room(self, publication: NetworkPublication, now_ns: int) -> int:
@@ -72,15 +73,6 @@ class SendTransport(Protocol):
 
     def room_ready_ns(self, publication: NetworkPublication, now_ns: int) -> int:
         """A transport without a socket: when it takes a datagram again (``now_ns``: now)."""
-        ...
-
-    def emit(self, publication: NetworkPublication, offset: int, length: int) -> None:
-        """A transport without a socket: put on its network the datagram the C data path
-        sent, ``length`` bytes of the publication's log at ``offset``."""
-        ...
-
-    def send(self, datagrams: list[Datagram]) -> None:
-        """Send control frames now (data and retransmissions go through the C data path)."""
         ...
 
     def attach_channel(self, channel: SendChannel) -> None:
@@ -128,13 +120,6 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
         self._now_ns = 0  # the simulator's clock at its last virtual I/O
         #: What the C half's publications array holds, in its order (set by _c_view).
         self._c_pairs: list[tuple[NetworkPublication, SendEndpoint]] = []
-        # ss_send_virtual's output: room for a cycle of many publications' sends.
-        capacity = 64 * max(1, max_datagrams_per_send) + network.SS_RETRANSMIT_MAX
-        self._virtual_spans = network_ffi.new("ss_span_t[]", capacity)
-        self._virtual_owners = network_ffi.new("int32_t[]", capacity)
-        self.c.virtual_spans = self._virtual_spans
-        self.c.virtual_owners = self._virtual_owners
-        self.c.virtual_capacity = capacity
         self._on_event = on_event
 
     # -- commands (run on the agent's thread) -----------------------------------------------
@@ -200,8 +185,8 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
     # -- duty cycle -------------------------------------------------------------------------
     def _virtual_io(self, now_ns: int) -> tuple[int, bool]:
         """The simulator's endpoints: the C data path sends by the same rules as for sockets
-        (the bands, each transport's room) into spans the transports copy, and control input
-        is read by the same status-poll rule (``ss_sender_status_poll_due``)."""
+        (the bands, each transport's room) through the virtual binding onto the network, and
+        control input is read by the same status-poll rule (``ss_sender_status_poll_due``)."""
         self._now_ns = now_ns
         sent_total = self._send_virtual(now_ns, retransmits_only=False)
         received = 0
@@ -214,21 +199,15 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
         return sent_total + received, any(e.channel.has_python_work for e in self.endpoints)
 
     def _send_virtual(self, now_ns: int, *, retransmits_only: bool) -> int:
-        """``ss_send_virtual`` over the publications without a socket, then their transports
-        put the spans on the virtual network."""
+        """``ss_send_virtual`` over the publications without a socket, each given its
+        transport's room first."""
         pairs = self._c_pairs
         if not any(publication.c.fd < 0 for publication, _ in pairs):
             return 0
         for publication, endpoint in pairs:
             if publication.c.fd < 0:
                 publication.c.virtual_room = endpoint.transport.room(publication, now_ns)
-        c = self.c
-        sent = network.ss_send_virtual(c, now_ns, int(retransmits_only))
-        spans, owners = c.virtual_spans, c.virtual_owners
-        for k in range(c.virtual_count):
-            publication, endpoint = pairs[owners[k]]
-            endpoint.transport.emit(publication, spans[k].log_offset, spans[k].length)
-        return max(0, sent)
+        return max(0, network.ss_send_virtual(self.c, now_ns, int(retransmits_only)))
 
     def do_python_work(self, now_ns: int) -> int:
         """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,
@@ -258,10 +237,9 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                     c.sent_since_python = 0
                     publication.on_data_sent(now_ns)
                 if publication.due(now_ns):
-                    out = endpoint.channel.addressed(publication,
-                                                     publication.datagrams_to_send(now_ns))
+                    out = publication.datagrams_to_send(now_ns)
                     if out:
-                        endpoint.transport.send(out)
+                        send_publication_frames(publication, out)
                         work += len(out)
                     if publication.is_done:
                         done = [*(done or []), (publication, endpoint)]

@@ -16,15 +16,17 @@ its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).  A response publication
   destination (:meth:`DestinationTable.learn_response_destination`), kept until a later one
   replaces it or the publication goes.
 
-The C half reads the table (``ss_destination_list_t``, ``ss_send_channel_send``); this object
-is its only writer, on the sender's thread.  Units: ns.
+This module decides which destinations exist (the policy, per status message and timer);
+the fan-out is the C half's: the send channel endpoint's send (``ss_send_channel_send``,
+daemon/network_endpoints.c) sends every datagram, the Python half's included, to each
+destination of the table (``ss_destination_list_t``), which this object writes, on the
+sender's thread.  Units: ns.
 """
 
 from __future__ import annotations
 
 import enum
 import ipaddress
-from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 import attrs
@@ -32,14 +34,15 @@ import attrs
 from slipstream.client.channel import Channel
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
-from slipstream.daemon.protocol.types import Address, Datagram, sockaddr
+from slipstream.daemon.protocol.types import Address, sockaddr
 
 #: A dynamic destination with no status message for this long is dropped (Aeron's
 #: ``DESTINATION_TIMEOUT``, 5 s).
 DESTINATION_TIMEOUT_NS: Final = 5_000_000_000
 
 #: The address a publication of such an endpoint gives its control frames (SETUP, RTTM,
-#: heartbeats sent from Python): its transport sends them to every destination.
+#: heartbeats sent from Python): its endpoint's send in C sends them to every destination
+#: (daemon/media/send_point.py).
 ALL_DESTINATIONS: Final[Address] = ("0.0.0.0", 0)
 
 
@@ -57,17 +60,6 @@ MULTI_DESTINATION_MODES: Final = frozenset((ControlMode.MANUAL.value, ControlMod
 #: The control modes whose publications send to a table (:data:`ALL_DESTINATIONS`), not to
 #: an endpoint: the multi-destination-cast endpoint's, or a response publication's own.
 TABLE_MODES: Final = MULTI_DESTINATION_MODES | {ControlMode.RESPONSE.value}
-
-
-def fan_out(datagrams: Iterable[Datagram], table: DestinationTable) -> Iterator[Datagram]:
-    """``datagrams`` as sent from a multi-destination-cast endpoint: each one addressed to
-    :data:`ALL_DESTINATIONS` once per destination of ``table``, the others as they are."""
-    for datagram in datagrams:
-        if datagram.address == ALL_DESTINATIONS:
-            for address in table.addresses:
-                yield Datagram(datagram.data, address)
-        else:
-            yield datagram
 
 
 def ip_version_of(channel: Channel) -> int:

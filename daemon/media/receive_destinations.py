@@ -5,7 +5,9 @@ The endpoint has no socket of its own: each destination its subscriptions add is
 transport of its own (a UDP socket, ``daemon/media/udp.py``, or the simulator's virtual one,
 ``sim/transport.py``), read by a C receiver of its own into the channel's one image table
 (:meth:`~slipstream.daemon.media.receive_channel.ReceiveChannel.attach_destination`).  What
-the channel's Python half sends leaves through the destination it names (``Datagram.via``).
+the channel's Python half sends leaves through the destination it names (``Datagram.via``):
+that destination's transport hands it to its C receiver's send
+(:func:`~slipstream.daemon.media.send_point.send_receiver_frames`), from its socket.
 The driver and the simulator run this one class; only the destinations' transports differ.
 """
 
@@ -39,7 +41,9 @@ class DestinationTransport(Protocol):
         """What ``receiver``'s C half left for Python goes to ``channel``; returns how many."""
         ...
 
-    def send(self, datagrams: list[Datagram]) -> None: ...
+    def send(self, datagrams: list[Datagram]) -> None:
+        """Through the send of the C receiver it was given (:meth:`attach_receiver`)."""
+        ...
 
     def close(self) -> None: ...
 

@@ -23,11 +23,10 @@ from slipstream.client.frames import (
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.media.destinations import ControlMode, DestinationTable, fan_out
+from slipstream.daemon.media.destinations import ControlMode, DestinationTable
 from slipstream.daemon.media.events import ResponseSetupArrived
 from slipstream.daemon.protocol.types import (
     Address,
-    Datagram,
     ProtocolCounters,
     hash_table_slots,
 )
@@ -106,18 +105,6 @@ class SendChannel:
         table = self._response_tables.pop(publication, None)
         if table is not None:
             publication.c.destinations = network_ffi.NULL  # the table goes with it
-
-    def addressed(self, publication: NetworkPublication,
-                  datagrams: list[Datagram]) -> list[Datagram]:
-        """``publication``'s Python half's datagrams as they leave: a response publication's
-        to its one destination (none yet: dropped), the others as they are."""
-        table = self._response_tables.get(publication)
-        return datagrams if table is None else list(fan_out(datagrams, table))
-
-    def response_destination(self, publication: NetworkPublication) -> Address | None:
-        """A response publication's destination (None: not learned yet, or not one)."""
-        table = self._response_tables.get(publication)
-        return table.addresses[0] if table is not None and len(table) else None
 
     def _sync_publications(self) -> None:
         publications = list(self.publications.values())

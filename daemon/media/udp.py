@@ -4,7 +4,8 @@ This is the I/O shell of the network stack (the sans-I/O core never sees a socke
 
 * a **send endpoint** (one per channel address a publication sends to) sends DATA and
   retransmissions through the C data path (``ss_send_data``: ``sendmmsg`` of iovecs into the
-  log, runs of equal datagrams as one GSO send), control frames with ``send``, and receives
+  log, runs of equal datagrams as one GSO send) and the Python half's control frames
+  through the same send point in C (:mod:`~slipstream.daemon.media.send_point`), and receives
   the status messages, NAKs and RTTMs that come back with ``recvmmsg`` in C.  Unicast: bound
   to ``control=``, else to ``interface=`` (its port, if it names one: Aeron's local address),
   else to an ephemeral port, and connected to the endpoint.  Multicast (docs/PROTOCOL.md
@@ -20,6 +21,10 @@ This is the I/O shell of the network stack (the sans-I/O core never sees a socke
   (:class:`UdpReceiveTransport`) per destination its subscriptions add, each read by its own
   C receiver into the one channel's images; what Python sends leaves through the destination
   it names (``Datagram.via``).
+
+Every datagram leaves through a channel endpoint's send in C with the UDP transport binding
+below it (sendmmsg on the socket); these transports open the sockets and point the C halves
+at them, and never send themselves.
 
 Sockets are non-blocking; ``SO_RCVBUF``/``SO_SNDBUF`` come from the URI (``so-rcvbuf``,
 ``so-sndbuf``) or the settings, and a kernel that grants less than asked is logged once,
@@ -45,12 +50,10 @@ from slipstream.client.errors import ChannelError
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.config import DriverSettings
-from slipstream.daemon.media import interfaces, names
+from slipstream.daemon.media import interfaces, names, send_point
 from slipstream.daemon.media.destinations import (
-    ALL_DESTINATIONS,
     MULTI_DESTINATION_MODES,
     DestinationTable,
-    fan_out,
     ip_version_of,
 )
 from slipstream.daemon.media.interfaces import InterfaceAddress
@@ -58,7 +61,7 @@ from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.receive_destinations import MultiDestinationReceiveTransport
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import SocketParams
-from slipstream.daemon.protocol.types import Address, Datagram, address_of, sockaddr
+from slipstream.daemon.protocol.types import Address, Datagram, address_of
 from slipstream.daemon.streams.publication import NetworkPublication
 
 log = logging.getLogger("slipstream.driver")
@@ -229,22 +232,12 @@ class _UdpTransport:
         self.counters = counters
         self._errors_logged: set[int] = set()
 
-    def send(self, datagrams: list[Datagram]) -> None:
-        sock = self.sock
-        for datagram in datagrams:
-            try:
-                self.counters.add(SystemCounter.BYTES_SENT, sock.sendto(datagram.data,
-                                                                        datagram.address))
-            except BlockingIOError:
-                self.counters.add(SystemCounter.SHORT_SENDS)
-            except OSError as e:
-                self._send_error(e, datagram.address)
-
-    def _send_error(self, error: OSError, address: Address) -> None:
+    def _send_error(self, code: int, address: Address) -> None:
         self.counters.add(SystemCounter.SEND_ERRORS)
-        if error.errno not in self._errors_logged:
-            self._errors_logged.add(error.errno or 0)
-            log.warning("sending to %s:%d failed: %s", address[0], address[1], error.strerror)
+        if code not in self._errors_logged:
+            self._errors_logged.add(code)
+            log.warning("sending to %s:%d failed: %s", address[0], address[1],
+                        os.strerror(code))
 
     def close(self) -> None:
         self.sock.close()
@@ -296,24 +289,15 @@ class UdpSendTransport(_UdpTransport):
             sock.close()
             raise
         super().__init__(sock, counters)
-        self.destination = destination
         self.gso = int(settings.socket_gso)
         self._gso_refused: weakref.WeakSet[NetworkPublication] = weakref.WeakSet()
         self._control: _BatchReceiver | None = None
         self._destinations: DestinationTable | None = None
 
     def attach(self, publication: NetworkPublication) -> None:
-        c = publication.c
-        c.fd = self.fd
-        c.gso = self.gso
-        if self._destinations is not None:
-            c.destinations = self._destinations.c
-        elif self.connected or publication.destination == ALL_DESTINATIONS:
-            c.destination_length = 0  # connected, or a response publication's own table
-        else:
-            raw = sockaddr(publication.destination)
-            c.destination = raw
-            c.destination_length = len(raw)
+        send_point.attach_publication(publication, fd=self.fd, table=self._destinations,
+                                      connected=self.connected)
+        publication.c.gso = self.gso
 
     def on_notice(self, publication: NetworkPublication) -> None:
         c = publication.c
@@ -326,33 +310,11 @@ class UdpSendTransport(_UdpTransport):
             self._errors_logged.add(code)
             log.warning("sending %s failed: %s", publication, os.strerror(code))
 
-    def send(self, datagrams: list[Datagram]) -> None:
-        if self._destinations is not None:
-            super().send(list(fan_out(datagrams, self._destinations)))
-            return
-        if not self.connected:
-            super().send(datagrams)
-            return
-        sock = self.sock
-        for datagram in datagrams:
-            try:
-                if datagram.address == self.destination:
-                    sent = sock.send(datagram.data)
-                else:
-                    sent = sock.sendto(datagram.data, datagram.address)
-                self.counters.add(SystemCounter.BYTES_SENT, sent)
-            except BlockingIOError:
-                self.counters.add(SystemCounter.SHORT_SENDS)
-            except ConnectionRefusedError:
-                pass  # an ICMP error of an earlier datagram: nobody listens there (yet)
-            except OSError as e:
-                self._send_error(e, datagram.address)
-
     def attach_channel(self, channel: SendChannel) -> None:
         """Control frames: NAKs are answered in C (their retransmissions queued on the
         publications); SMs, RTTMs, ERRs and the NAKs C leaves (a retransmit delay, malformed,
         an unknown session) go to ``channel.on_control`` (:meth:`dispatch`).  A
-        multi-destination-cast channel's table is where this transport sends."""
+        multi-destination-cast channel's table is where its publications send."""
         self._control = _BatchReceiver(channel.c, self.fd, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
         if self.multi_destination:
             assert channel.destinations is not None, "a multi-destination-cast endpoint"
@@ -385,6 +347,7 @@ class UdpReceiveTransport(_UdpTransport):
             raise
         super().__init__(sock, counters)
         self._receive: _BatchReceiver | None = None
+        self._receiver = None  # cffi ss_receiver_t *: whose send this transport's frames take
         self._loss_threshold = settings.debug_receive_data_loss * (1 << 32) // 1_000_000
         self._loss_seed = settings.debug_receive_data_loss_seed
 
@@ -397,8 +360,16 @@ class UdpReceiveTransport(_UdpTransport):
         """``receiver`` (cffi ``ss_receiver_t *``: a channel's, or a destination's of a
         multi-destination subscription) reads this socket into these buffers."""
         self._receive = _BatchReceiver(receiver, self.fd, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
+        self._receiver = receiver
+        send_point.attach_receiver(receiver)
         receiver.loss_threshold = min(self._loss_threshold, (1 << 32) - 1)
         receiver.loss_state = self._loss_seed
+
+    def send(self, datagrams: list[Datagram]) -> None:
+        """The Python half's frames through the receive endpoint's send (its C receiver's)."""
+        assert self._receiver is not None, "attached before it sends"
+        for address, code in send_point.send_receiver_frames(self._receiver, datagrams):
+            self._send_error(code, address)
 
     def dispatch(self, channel: ReceiveChannel, now_ns: int) -> int:
         return self.dispatch_receiver(channel.c, channel, now_ns)
