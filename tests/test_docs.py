@@ -202,7 +202,8 @@ def test_the_checks_catch_what_they_are_for() -> None:
         "against-stock-aeron-1151-teststest_interoppy"
     assert broken("README.md", "https://example.com/x.png") is None
     assert broken("README.md", "docs/SPARK.md#offsets-credit-and-commit") is None
-    assert broken("docs/FLOW.md", "../README.md#spark") is None
+    assert broken("docs/FLOW.md", "../README.md#a-first-program") is None
+    assert broken("docs/FLOW.md", "../README.md#spark") is not None  # a heading that went
     assert broken("docs/FLOW.md", "PROTOCOL.md") is None
     assert broken("README.md", "examples/spark_pipeline/") is None
     assert broken("README.md", "docs/SPARK.md#no-such-heading") is not None
