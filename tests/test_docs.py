@@ -1,24 +1,37 @@
-"""Every relative link and image in the tracked Markdown files resolves in a clone.
+"""The documents hold: every relative link resolves in a clone, and every code block of the
+README and the tutorial runs and prints what the page says (or is marked as not run).
 
 A link's target (without its ``#anchor``) must be a file or a directory that git tracks, and be
 in the work tree: a file that is only on this disk (ignored, or never added) is not in a clone,
 and an exists() check alone would pass it.  An anchor into a Markdown file must name one of its
 headings, slugged as GitHub does.  Absolute URLs (``http:``, ``https:``, ``mailto:``, ...) are
 not checked; code blocks and code spans are not links.
+
+The code blocks' runs (below) are in the sockets lane, the Spark program's in the spark lane;
+the checks of links and marks are unit.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import posixpath
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
 import unicodedata
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from helpers import free_port, lacking
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -211,3 +224,279 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert broken("README.md", ".venv/") is not None  # on this disk, ignored by git
     assert broken("docs/FLOW.md", "../../outside.md") is not None
     assert links("docs/FLOW.md")  # it has links, the parser sees them
+
+
+# -- the code blocks of the README and the tutorial, run ------------------------------------
+#
+# Every fenced block of RUN_DOCS carries a mark on the line above it (an HTML comment, which
+# the rendered page does not show):
+#
+#   <!-- block: NAME -->     run by the test that RUNS names for it; a python block named
+#                            *.py is also a file the shell blocks of its page may run
+#   <!-- output: NAME -->    what block NAME prints, compared with what it printed
+#   <!-- not run: WHY -->    deliberately not run here, saying why
+#
+# The blocks run as written, in real driver processes, with three exceptions that keep runs
+# apart from each other and from a reader's own driver: the driver directory is a private one
+# ($SLIPSTREAM_DIR; /dev/shm/tutorial-... becomes a private prefix too), the ports the pages
+# use are free ones, and the drivers have small terms and a short drain (their settings'
+# environment variables), which no block's output depends on.
+
+RUN_DOCS = ("README.md", "docs/TUTORIAL.md")
+
+#: The blocks the tests below run, each with the test that runs it.
+RUNS = {
+    "first-driver": "test_the_readmes_first_program_prints_what_the_readme_says",
+    "first-program": "test_the_readmes_first_program_prints_what_the_readme_says",
+    "driver": "test_the_tutorials_one_host_blocks_print_what_it_says",
+    "subscriber.py": "test_the_tutorials_one_host_blocks_print_what_it_says",
+    "publisher.py": "test_the_tutorials_one_host_blocks_print_what_it_says",
+    "ipc-run": "test_the_tutorials_one_host_blocks_print_what_it_says",
+    "back-pressure": "test_the_tutorials_one_host_blocks_print_what_it_says",
+    "invoker": "test_the_tutorials_one_host_blocks_print_what_it_says",
+    "driver-a": "test_the_tutorials_two_host_blocks_print_what_it_says",
+    "driver-b": "test_the_tutorials_two_host_blocks_print_what_it_says",
+    "udp-run": "test_the_tutorials_two_host_blocks_print_what_it_says",
+    "mdc-run": "test_the_tutorials_two_host_blocks_print_what_it_says",
+    "spark": "test_the_tutorials_spark_program_prints_what_it_says",
+}
+_RUNNABLE = {"python", "sh"}
+_MARK = re.compile(r"^<!-- (block|output|not run): *(.*?) *-->$")
+#: What the pages name that a run replaces with its own.
+_PAGE_DIRECTORY_PREFIX = "/dev/shm/tutorial-"
+_PAGE_PORTS = ("40123", "40124", "40456", "40457")
+#: The drivers' settings in the runs (SLIPSTREAM_<KEY>): small terms, a short drain.
+_RUN_SETTINGS = {"SLIPSTREAM_IPC_TERM_BUFFER_LENGTH": "1m",
+                 "SLIPSTREAM_TERM_BUFFER_LENGTH": "1m",
+                 "SLIPSTREAM_DRAIN_TIMEOUT": "2s"}
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block of a Markdown page and its mark (None when it has none)."""
+
+    path: str
+    line: int  # of the opening fence, from 1
+    language: str  # the fence's info string: "python", "sh", "text" or ""
+    text: str
+    mark: str | None  # "block", "output" or "not run"
+    name: str  # the block's name, the name of the block whose output it is, or why not run
+
+
+def code_blocks(path: str, text: str | None = None) -> list[Block]:
+    """The fenced code blocks of the page ``path`` (its text in the work tree, or ``text``)."""
+    lines = (text if text is not None else (ROOT / path).read_text(encoding="utf-8")).split("\n")
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        fence = opening.group(1)
+        end = i + 1
+        while end < len(lines):
+            closing = _FENCE.match(lines[end])
+            if closing and closing.group(1)[0] == fence[0] \
+                    and len(closing.group(1)) >= len(fence) \
+                    and not lines[end].strip()[len(closing.group(1)):].strip():
+                break
+            end += 1
+        above = next((line.strip() for line in reversed(lines[:i]) if line.strip()), "")
+        mark = _MARK.match(above)
+        blocks.append(Block(path, i + 1, lines[i].strip()[len(fence):].strip(),
+                            "\n".join(lines[i + 1:end]) + "\n",
+                            mark.group(1) if mark else None, mark.group(2) if mark else ""))
+        i = end + 1
+    return blocks
+
+
+def unmarked_or_unrun(path: str, text: str | None = None) -> list[str]:
+    """What is wrong with the marks of ``path``'s blocks: a block neither run nor marked as not
+    run, a name no test runs or one used twice, an output of no block, a reason missing."""
+    problems = []
+    blocks = code_blocks(path, text)
+    named = [block.name for block in blocks if block.mark == "block"]
+    for block in blocks:
+        where = f"{path}:{block.line}"
+        if block.mark is None:
+            problems.append(f"{where}: a block with no mark: run it (<!-- block: NAME --> and "
+                            "a test in tests/test_docs.py) or say <!-- not run: WHY -->")
+        elif block.mark == "block":
+            if block.name not in RUNS:
+                problems.append(f"{where}: block {block.name!r} is run by no test (RUNS)")
+            if named.count(block.name) > 1:
+                problems.append(f"{where}: block {block.name!r} is named twice")
+            if block.language not in _RUNNABLE:
+                problems.append(f"{where}: block {block.name!r} is {block.language or 'plain'}"
+                                f"; a run block is one of {sorted(_RUNNABLE)}")
+        elif block.mark == "output" and block.name not in named:
+            problems.append(f"{where}: the output of {block.name!r}, which is no block here")
+        elif block.mark == "not run" and not block.name:
+            problems.append(f"{where}: a block not run must say why")
+    return problems
+
+
+def test_every_block_of_the_readme_and_the_tutorial_is_run_or_marked_not_run() -> None:
+    problems = [problem for path in RUN_DOCS for problem in unmarked_or_unrun(path)]
+    named = {block.name for path in RUN_DOCS for block in code_blocks(path)
+             if block.mark == "block"}
+    problems += [f"RUNS names block {name!r}, which no page has" for name in set(RUNS) - named]
+    problems += [f"RUNS says {test} runs {name!r}, and there is no such test"
+                 for name, test in RUNS.items() if test not in globals()]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_block_marks_are_checked() -> None:
+    """The checker itself: each kind of mistake is found."""
+    good = "<!-- block: ipc-run -->\n```sh\ntrue\n```\n\n<!-- output: ipc-run -->\n```\nx\n```\n"
+    assert unmarked_or_unrun("X.md", good) == []
+    assert [b.name for b in code_blocks("X.md", good)] == ["ipc-run", "ipc-run"]
+    assert code_blocks("X.md", good)[0].text == "true\n"
+    for bad in ("```sh\ntrue\n```\n",  # no mark
+                "<!-- block: no-such-run -->\n```sh\ntrue\n```\n",
+                "<!-- block: ipc-run -->\n```text\ntrue\n```\n",  # not runnable
+                good + "<!-- block: ipc-run -->\n```sh\ntrue\n```\n",  # twice
+                "<!-- output: ipc-run -->\n```\nx\n```\n",  # of no block
+                "<!-- not run: -->\n```\nmake test\n```\n"):  # no reason
+        assert unmarked_or_unrun("X.md", bad), bad
+
+
+def _block(path: str, name: str, mark: str = "block") -> Block:
+    [block] = [b for b in code_blocks(path) if b.mark == mark and b.name == name]
+    return block
+
+
+class _PageRun:
+    """The blocks of one page run as a reader runs them, in a private directory with private
+    drivers; :meth:`close` stops the drivers the run started."""
+
+    def __init__(self, path: str, work: Path) -> None:
+        self.path = path
+        self.work = work
+        self.prefix = f"/dev/shm/slipstream-doc-{uuid.uuid4().hex[:10]}-"
+        self.ports = {port: str(free_port()) for port in _PAGE_PORTS}
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")},
+                    **_RUN_SETTINGS, "SLIPSTREAM_DIR": f"{self.prefix}default",
+                    "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+        self.drivers: list[tuple[subprocess.Popen[bytes], Path]] = []
+        for block in code_blocks(path):  # the page's programs, as files its commands run
+            if block.mark == "block" and block.name.endswith(".py"):
+                (work / block.name).write_text(self.own(block.text))
+
+    def own(self, text: str) -> str:
+        """``text`` with the page's directories and ports replaced by the run's."""
+        text = text.replace(_PAGE_DIRECTORY_PREFIX, self.prefix)
+        for port, free in self.ports.items():
+            text = text.replace(port, free)
+        return text
+
+    def command(self, block: Block) -> list[str]:
+        assert block.language in _RUNNABLE, block
+        if block.language == "python":
+            return [sys.executable, "-c", self.own(block.text)]
+        return ["bash", "-euo", "pipefail", "-c", self.own(block.text)]
+
+    def start_driver(self, name: str) -> None:
+        """Run the block ``name`` (a driver, which runs until stopped) until it serves."""
+        log = self.work / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(self.command(_block(self.path, name)), cwd=self.work,
+                                       env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        self.drivers.append((process, log))
+        deadline = time.monotonic() + 60
+        while "running in" not in log.read_text(errors="replace"):
+            assert process.poll() is None and time.monotonic() < deadline, \
+                f"{self.path}: block {name!r} did not start a driver:\n{log.read_text()}"
+            time.sleep(0.05)
+
+    def check(self, name: str, text: str | None = None, timeout: float = 60) -> None:
+        """Run the block ``name`` (or ``text`` in its place) to its end, and compare what it
+        printed with the page's output of it."""
+        block = _block(self.path, name)
+        if text is not None:
+            block = Block(block.path, block.line, block.language, text, block.mark, block.name)
+        # A session of its own: what a shell block started in the background goes with it.
+        process = subprocess.Popen(self.command(block), cwd=self.work, env=self.env,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+            ended = f"exited {process.returncode}"
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            ended = f"did not end in {timeout} s"
+        expected = _block(self.path, name, "output").text
+        assert (process.returncode, stdout) == (0, expected), (
+            f"{self.path}:{block.line}: block {name!r} {ended} and printed\n{stdout}\n"
+            f"instead of\n{expected}\nstderr:\n{stderr[-4000:]}")
+
+    def close(self) -> None:
+        for process, _log in reversed(self.drivers):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)  # a reader's Ctrl-C: the driver drains
+        for process, log in self.drivers:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                raise AssertionError(f"a driver did not stop:\n{log.read_text()}") from None
+        for leftover in Path("/dev/shm").glob(f"{Path(self.prefix).name}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+@pytest.fixture
+def page_run(tmp_path: Path) -> Iterator[Callable[[str], _PageRun]]:
+    runs: list[_PageRun] = []
+
+    def start(path: str) -> _PageRun:
+        runs.append(_PageRun(path, tmp_path))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.close()
+
+
+@pytest.mark.sockets
+def test_the_readmes_first_program_prints_what_the_readme_says(page_run) -> None:
+    run = page_run("README.md")
+    run.start_driver("first-driver")
+    run.check("first-program")
+    # A change to the program that changes what it prints fails the comparison.
+    broken_program = _block("README.md", "first-program").text.replace('b"hello"', 'b"hullo"')
+    with pytest.raises(AssertionError, match="hullo"):
+        run.check("first-program", broken_program)
+
+
+@pytest.mark.sockets
+def test_the_tutorials_one_host_blocks_print_what_it_says(page_run) -> None:
+    run = page_run("docs/TUTORIAL.md")
+    run.start_driver("driver")
+    run.check("ipc-run")
+    run.check("back-pressure")
+    run.check("invoker")
+
+
+@pytest.mark.sockets
+def test_the_tutorials_two_host_blocks_print_what_it_says(page_run) -> None:
+    run = page_run("docs/TUTORIAL.md")
+    run.start_driver("driver-a")
+    run.start_driver("driver-b")
+    run.check("udp-run")
+    run.check("mdc-run")
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_the_tutorials_spark_program_prints_what_it_says(page_run) -> None:
+    if importlib.util.find_spec("pyspark") is None:
+        lacking("pyspark is not installed (make install installs it)")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        lacking("no Java for Spark (make java)")
+    run = page_run("docs/TUTORIAL.md")
+    run.start_driver("driver")
+    run.check("spark", timeout=500)
