@@ -231,8 +231,8 @@ def test_the_checks_catch_what_they_are_for() -> None:
 # Every fenced block of RUN_DOCS carries a mark on the line above it (an HTML comment, which
 # the rendered page does not show):
 #
-#   <!-- block: NAME -->     run by the test that RUNS names for it; a python block named
-#                            *.py is also a file the shell blocks of its page may run
+#   <!-- block: NAME -->     run by a run of PAGE_RUNS; a python block named *.py is a
+#                            file that the page's shell blocks run
 #   <!-- output: NAME -->    what block NAME prints, compared with what it printed
 #   <!-- not run: WHY -->    deliberately not run here, saying why
 #
@@ -244,21 +244,14 @@ def test_the_checks_catch_what_they_are_for() -> None:
 
 RUN_DOCS = ("README.md", "docs/TUTORIAL.md")
 
-#: The blocks the tests below run, each with the test that runs it.
-RUNS = {
-    "first-driver": "test_the_readmes_first_program_prints_what_the_readme_says",
-    "first-program": "test_the_readmes_first_program_prints_what_the_readme_says",
-    "driver": "test_the_tutorials_one_host_blocks_print_what_it_says",
-    "subscriber.py": "test_the_tutorials_one_host_blocks_print_what_it_says",
-    "publisher.py": "test_the_tutorials_one_host_blocks_print_what_it_says",
-    "ipc-run": "test_the_tutorials_one_host_blocks_print_what_it_says",
-    "back-pressure": "test_the_tutorials_one_host_blocks_print_what_it_says",
-    "invoker": "test_the_tutorials_one_host_blocks_print_what_it_says",
-    "driver-a": "test_the_tutorials_two_host_blocks_print_what_it_says",
-    "driver-b": "test_the_tutorials_two_host_blocks_print_what_it_says",
-    "udp-run": "test_the_tutorials_two_host_blocks_print_what_it_says",
-    "mdc-run": "test_the_tutorials_two_host_blocks_print_what_it_says",
-    "spark": "test_the_tutorials_spark_program_prints_what_it_says",
+#: The runs of the pages' blocks: the page, the blocks that start its drivers (they run until
+#: the run ends), and the blocks run to their end in this order, each printing what the page
+#: shows as its output.  A python block named *.py is run by the blocks that name it.
+PAGE_RUNS = {
+    "first-program": ("README.md", ("first-driver",), ("first-program",)),
+    "one-host": ("docs/TUTORIAL.md", ("driver",), ("ipc-run", "back-pressure", "invoker")),
+    "two-hosts": ("docs/TUTORIAL.md", ("driver-a", "driver-b"), ("udp-run", "mdc-run")),
+    "spark": ("docs/TUTORIAL.md", ("driver",), ("spark",)),
 }
 _RUNNABLE = {"python", "sh"}
 _MARK = re.compile(r"^<!-- (block|output|not run): *(.*?) *-->$")
@@ -311,20 +304,35 @@ def code_blocks(path: str, text: str | None = None) -> list[Block]:
     return blocks
 
 
-def unmarked_or_unrun(path: str, text: str | None = None) -> list[str]:
+def runs_of(path: str, text: str | None = None) -> set[str]:
+    """The names of the blocks of ``path`` that PAGE_RUNS runs."""
+    run: set[str] = set()
+    for page, drivers, checked in PAGE_RUNS.values():
+        if page == path:
+            run.update(drivers, checked)
+    ran = [block.text for block in code_blocks(path, text) if block.name in run]
+    run.update(block.name for block in code_blocks(path, text)
+               if block.name.endswith(".py") and any(block.name in code for code in ran))
+    return run
+
+
+def unmarked_or_unrun(path: str, text: str | None = None,
+                      run: set[str] | None = None) -> list[str]:
     """What is wrong with the marks of ``path``'s blocks: a block neither run nor marked as not
-    run, a name no test runs or one used twice, an output of no block, a reason missing."""
+    run, a name no run runs (``run``, default :func:`runs_of`) or one used twice, an output of
+    no block, a reason missing."""
     problems = []
     blocks = code_blocks(path, text)
+    run = runs_of(path, text) if run is None else run
     named = [block.name for block in blocks if block.mark == "block"]
     for block in blocks:
         where = f"{path}:{block.line}"
         if block.mark is None:
             problems.append(f"{where}: a block with no mark: run it (<!-- block: NAME --> and "
-                            "a test in tests/test_docs.py) or say <!-- not run: WHY -->")
+                            "a run in PAGE_RUNS) or say <!-- not run: WHY -->")
         elif block.mark == "block":
-            if block.name not in RUNS:
-                problems.append(f"{where}: block {block.name!r} is run by no test (RUNS)")
+            if block.name not in run:
+                problems.append(f"{where}: block {block.name!r} is in no run of PAGE_RUNS")
             if named.count(block.name) > 1:
                 problems.append(f"{where}: block {block.name!r} is named twice")
             if block.language not in _RUNNABLE:
@@ -339,18 +347,20 @@ def unmarked_or_unrun(path: str, text: str | None = None) -> list[str]:
 
 def test_every_block_of_the_readme_and_the_tutorial_is_run_or_marked_not_run() -> None:
     problems = [problem for path in RUN_DOCS for problem in unmarked_or_unrun(path)]
-    named = {block.name for path in RUN_DOCS for block in code_blocks(path)
-             if block.mark == "block"}
-    problems += [f"RUNS names block {name!r}, which no page has" for name in set(RUNS) - named]
-    problems += [f"RUNS says {test} runs {name!r}, and there is no such test"
-                 for name, test in RUNS.items() if test not in globals()]
+    for run, (path, drivers, checked) in PAGE_RUNS.items():
+        named = {block.name for block in code_blocks(path) if block.mark == "block"}
+        outputs = {block.name for block in code_blocks(path) if block.mark == "output"}
+        problems += [f"PAGE_RUNS[{run!r}] runs {name!r}, which {path} has no block for"
+                     for name in (*drivers, *checked) if name not in named]
+        problems += [f"PAGE_RUNS[{run!r}] checks {name!r}, which {path} shows no output of"
+                     for name in checked if name not in outputs]
     assert not problems, "\n".join(problems)
 
 
 def test_the_block_marks_are_checked() -> None:
     """The checker itself: each kind of mistake is found."""
     good = "<!-- block: ipc-run -->\n```sh\ntrue\n```\n\n<!-- output: ipc-run -->\n```\nx\n```\n"
-    assert unmarked_or_unrun("X.md", good) == []
+    assert unmarked_or_unrun("X.md", good, run={"ipc-run"}) == []
     assert [b.name for b in code_blocks("X.md", good)] == ["ipc-run", "ipc-run"]
     assert code_blocks("X.md", good)[0].text == "true\n"
     for bad in ("```sh\ntrue\n```\n",  # no mark
@@ -359,7 +369,7 @@ def test_the_block_marks_are_checked() -> None:
                 good + "<!-- block: ipc-run -->\n```sh\ntrue\n```\n",  # twice
                 "<!-- output: ipc-run -->\n```\nx\n```\n",  # of no block
                 "<!-- not run: -->\n```\nmake test\n```\n"):  # no reason
-        assert unmarked_or_unrun("X.md", bad), bad
+        assert unmarked_or_unrun("X.md", bad, run={"ipc-run"}), bad
 
 
 def _block(path: str, name: str, mark: str = "block") -> Block:
@@ -461,33 +471,25 @@ def page_run(tmp_path: Path) -> Iterator[Callable[[str], _PageRun]]:
         run.close()
 
 
-@pytest.mark.sockets
-def test_the_readmes_first_program_prints_what_the_readme_says(page_run) -> None:
-    run = page_run("README.md")
-    run.start_driver("first-driver")
-    run.check("first-program")
-    # A change to the program that changes what it prints fails the comparison.
-    broken_program = _block("README.md", "first-program").text.replace('b"hello"', 'b"hullo"')
-    with pytest.raises(AssertionError, match="hullo"):
-        run.check("first-program", broken_program)
+def _run(page_run: Callable[[str], _PageRun], name: str, timeout: float = 60) -> _PageRun:
+    path, drivers, checked = PAGE_RUNS[name]
+    run = page_run(path)
+    for driver in drivers:
+        run.start_driver(driver)
+    for block in checked:
+        run.check(block, timeout=timeout)
+    return run
 
 
 @pytest.mark.sockets
-def test_the_tutorials_one_host_blocks_print_what_it_says(page_run) -> None:
-    run = page_run("docs/TUTORIAL.md")
-    run.start_driver("driver")
-    run.check("ipc-run")
-    run.check("back-pressure")
-    run.check("invoker")
-
-
-@pytest.mark.sockets
-def test_the_tutorials_two_host_blocks_print_what_it_says(page_run) -> None:
-    run = page_run("docs/TUTORIAL.md")
-    run.start_driver("driver-a")
-    run.start_driver("driver-b")
-    run.check("udp-run")
-    run.check("mdc-run")
+@pytest.mark.parametrize("name", [name for name in PAGE_RUNS if name != "spark"])
+def test_the_pages_blocks_print_what_the_pages_say(page_run, name: str) -> None:
+    run = _run(page_run, name)
+    if name == "first-program":
+        # A change to the program that changes what it prints fails the comparison.
+        changed = _block("README.md", "first-program").text.replace('b"hello"', 'b"hullo"')
+        with pytest.raises(AssertionError, match="hullo"):
+            run.check("first-program", changed)
 
 
 @pytest.mark.spark
@@ -497,6 +499,4 @@ def test_the_tutorials_spark_program_prints_what_it_says(page_run) -> None:
         lacking("pyspark is not installed (make install installs it)")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         lacking("no Java for Spark (make java)")
-    run = page_run("docs/TUTORIAL.md")
-    run.start_driver("driver")
-    run.check("spark", timeout=500)
+    _run(page_run, "spark", timeout=500)
