@@ -1,24 +1,37 @@
-"""Every relative link and image in the tracked Markdown files resolves in a clone.
+"""The documents hold: every relative link resolves in a clone, and every code block of the
+README and the tutorial runs and prints what the page says (or is marked as not run).
 
 A link's target (without its ``#anchor``) must be a file or a directory that git tracks, and be
 in the work tree: a file that is only on this disk (ignored, or never added) is not in a clone,
 and an exists() check alone would pass it.  An anchor into a Markdown file must name one of its
 headings, slugged as GitHub does.  Absolute URLs (``http:``, ``https:``, ``mailto:``, ...) are
 not checked; code blocks and code spans are not links.
+
+The code blocks' runs (below) are in the sockets lane, the Spark program's in the spark lane;
+the checks of links and marks are unit.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import posixpath
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
 import unicodedata
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from helpers import free_port, lacking
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,7 +215,8 @@ def test_the_checks_catch_what_they_are_for() -> None:
         "against-stock-aeron-1151-teststest_interoppy"
     assert broken("README.md", "https://example.com/x.png") is None
     assert broken("README.md", "docs/SPARK.md#offsets-credit-and-commit") is None
-    assert broken("docs/FLOW.md", "../README.md#spark") is None
+    assert broken("docs/FLOW.md", "../README.md#a-first-program") is None
+    assert broken("docs/FLOW.md", "../README.md#spark") is not None  # a heading that went
     assert broken("docs/FLOW.md", "PROTOCOL.md") is None
     assert broken("README.md", "examples/spark_pipeline/") is None
     assert broken("README.md", "docs/SPARK.md#no-such-heading") is not None
@@ -210,3 +224,279 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert broken("README.md", ".venv/") is not None  # on this disk, ignored by git
     assert broken("docs/FLOW.md", "../../outside.md") is not None
     assert links("docs/FLOW.md")  # it has links, the parser sees them
+
+
+# -- the code blocks of the README and the tutorial, run ------------------------------------
+#
+# Every fenced block of RUN_DOCS carries a mark on the line above it (an HTML comment, which
+# the rendered page does not show):
+#
+#   <!-- block: NAME -->     run by a run of PAGE_RUNS; a python block named *.py is a
+#                            file that the page's shell blocks run
+#   <!-- output: NAME -->    what block NAME prints, compared with what it printed
+#   <!-- not run: WHY -->    deliberately not run here, saying why
+#
+# The blocks run as written, in real driver processes, with three exceptions that keep runs
+# apart from each other and from a reader's own driver: the driver directory is a private one
+# ($SLIPSTREAM_DIR; /dev/shm/tutorial-... becomes a private prefix too), the ports the pages
+# use are free ones, and the drivers have small terms and a short drain (their settings'
+# environment variables), which no block's output depends on.
+
+RUN_DOCS = ("README.md", "docs/TUTORIAL.md")
+
+#: The runs of the pages' blocks: the page, the blocks that start its drivers (they run until
+#: the run ends), and the blocks run to their end in this order, each printing what the page
+#: shows as its output.  A python block named *.py is run by the blocks that name it.
+PAGE_RUNS = {
+    "first-program": ("README.md", ("first-driver",), ("first-program",)),
+    "one-host": ("docs/TUTORIAL.md", ("driver",), ("ipc-run", "back-pressure", "invoker")),
+    "two-hosts": ("docs/TUTORIAL.md", ("driver-a", "driver-b"), ("udp-run", "mdc-run")),
+    "spark": ("docs/TUTORIAL.md", ("driver",), ("spark",)),
+}
+_RUNNABLE = {"python", "sh"}
+_MARK = re.compile(r"^<!-- (block|output|not run): *(.*?) *-->$")
+#: What the pages name that a run replaces with its own.
+_PAGE_DIRECTORY_PREFIX = "/dev/shm/tutorial-"
+_PAGE_PORTS = ("40123", "40124", "40456", "40457")
+#: The drivers' settings in the runs (SLIPSTREAM_<KEY>): small terms, a short drain.
+_RUN_SETTINGS = {"SLIPSTREAM_IPC_TERM_BUFFER_LENGTH": "1m",
+                 "SLIPSTREAM_TERM_BUFFER_LENGTH": "1m",
+                 "SLIPSTREAM_DRAIN_TIMEOUT": "2s"}
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block of a Markdown page and its mark (None when it has none)."""
+
+    path: str
+    line: int  # of the opening fence, from 1
+    language: str  # the fence's info string: "python", "sh", "text" or ""
+    text: str
+    mark: str | None  # "block", "output" or "not run"
+    name: str  # the block's name, the name of the block whose output it is, or why not run
+
+
+def code_blocks(path: str, text: str | None = None) -> list[Block]:
+    """The fenced code blocks of the page ``path`` (its text in the work tree, or ``text``)."""
+    lines = (text if text is not None else (ROOT / path).read_text(encoding="utf-8")).split("\n")
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        fence = opening.group(1)
+        end = i + 1
+        while end < len(lines):
+            closing = _FENCE.match(lines[end])
+            if closing and closing.group(1)[0] == fence[0] \
+                    and len(closing.group(1)) >= len(fence) \
+                    and not lines[end].strip()[len(closing.group(1)):].strip():
+                break
+            end += 1
+        above = next((line.strip() for line in reversed(lines[:i]) if line.strip()), "")
+        mark = _MARK.match(above)
+        blocks.append(Block(path, i + 1, lines[i].strip()[len(fence):].strip(),
+                            "\n".join(lines[i + 1:end]) + "\n",
+                            mark.group(1) if mark else None, mark.group(2) if mark else ""))
+        i = end + 1
+    return blocks
+
+
+def runs_of(path: str, text: str | None = None) -> set[str]:
+    """The names of the blocks of ``path`` that PAGE_RUNS runs."""
+    run: set[str] = set()
+    for page, drivers, checked in PAGE_RUNS.values():
+        if page == path:
+            run.update(drivers, checked)
+    ran = [block.text for block in code_blocks(path, text) if block.name in run]
+    run.update(block.name for block in code_blocks(path, text)
+               if block.name.endswith(".py") and any(block.name in code for code in ran))
+    return run
+
+
+def unmarked_or_unrun(path: str, text: str | None = None,
+                      run: set[str] | None = None) -> list[str]:
+    """What is wrong with the marks of ``path``'s blocks: a block neither run nor marked as not
+    run, a name no run runs (``run``, default :func:`runs_of`) or one used twice, an output of
+    no block, a reason missing."""
+    problems = []
+    blocks = code_blocks(path, text)
+    run = runs_of(path, text) if run is None else run
+    named = [block.name for block in blocks if block.mark == "block"]
+    for block in blocks:
+        where = f"{path}:{block.line}"
+        if block.mark is None:
+            problems.append(f"{where}: a block with no mark: run it (<!-- block: NAME --> and "
+                            "a run in PAGE_RUNS) or say <!-- not run: WHY -->")
+        elif block.mark == "block":
+            if block.name not in run:
+                problems.append(f"{where}: block {block.name!r} is in no run of PAGE_RUNS")
+            if named.count(block.name) > 1:
+                problems.append(f"{where}: block {block.name!r} is named twice")
+            if block.language not in _RUNNABLE:
+                problems.append(f"{where}: block {block.name!r} is {block.language or 'plain'}"
+                                f"; a run block is one of {sorted(_RUNNABLE)}")
+        elif block.mark == "output" and block.name not in named:
+            problems.append(f"{where}: the output of {block.name!r}, which is no block here")
+        elif block.mark == "not run" and not block.name:
+            problems.append(f"{where}: a block not run must say why")
+    return problems
+
+
+def test_every_block_of_the_readme_and_the_tutorial_is_run_or_marked_not_run() -> None:
+    problems = [problem for path in RUN_DOCS for problem in unmarked_or_unrun(path)]
+    for run, (path, drivers, checked) in PAGE_RUNS.items():
+        named = {block.name for block in code_blocks(path) if block.mark == "block"}
+        outputs = {block.name for block in code_blocks(path) if block.mark == "output"}
+        problems += [f"PAGE_RUNS[{run!r}] runs {name!r}, which {path} has no block for"
+                     for name in (*drivers, *checked) if name not in named]
+        problems += [f"PAGE_RUNS[{run!r}] checks {name!r}, which {path} shows no output of"
+                     for name in checked if name not in outputs]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_block_marks_are_checked() -> None:
+    """The checker itself: each kind of mistake is found."""
+    good = "<!-- block: ipc-run -->\n```sh\ntrue\n```\n\n<!-- output: ipc-run -->\n```\nx\n```\n"
+    assert unmarked_or_unrun("X.md", good, run={"ipc-run"}) == []
+    assert [b.name for b in code_blocks("X.md", good)] == ["ipc-run", "ipc-run"]
+    assert code_blocks("X.md", good)[0].text == "true\n"
+    for bad in ("```sh\ntrue\n```\n",  # no mark
+                "<!-- block: no-such-run -->\n```sh\ntrue\n```\n",
+                "<!-- block: ipc-run -->\n```text\ntrue\n```\n",  # not runnable
+                good + "<!-- block: ipc-run -->\n```sh\ntrue\n```\n",  # twice
+                "<!-- output: ipc-run -->\n```\nx\n```\n",  # of no block
+                "<!-- not run: -->\n```\nmake test\n```\n"):  # no reason
+        assert unmarked_or_unrun("X.md", bad, run={"ipc-run"}), bad
+
+
+def _block(path: str, name: str, mark: str = "block") -> Block:
+    [block] = [b for b in code_blocks(path) if b.mark == mark and b.name == name]
+    return block
+
+
+class _PageRun:
+    """The blocks of one page run as a reader runs them, in a private directory with private
+    drivers; :meth:`close` stops the drivers the run started."""
+
+    def __init__(self, path: str, work: Path) -> None:
+        self.path = path
+        self.work = work
+        self.prefix = f"/dev/shm/slipstream-doc-{uuid.uuid4().hex[:10]}-"
+        self.ports = {port: str(free_port()) for port in _PAGE_PORTS}
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLIPSTREAM_")},
+                    **_RUN_SETTINGS, "SLIPSTREAM_DIR": f"{self.prefix}default",
+                    "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+        self.drivers: list[tuple[subprocess.Popen[bytes], Path]] = []
+        for block in code_blocks(path):  # the page's programs, as files its commands run
+            if block.mark == "block" and block.name.endswith(".py"):
+                (work / block.name).write_text(self.own(block.text))
+
+    def own(self, text: str) -> str:
+        """``text`` with the page's directories and ports replaced by the run's."""
+        text = text.replace(_PAGE_DIRECTORY_PREFIX, self.prefix)
+        for port, free in self.ports.items():
+            text = text.replace(port, free)
+        return text
+
+    def command(self, block: Block) -> list[str]:
+        assert block.language in _RUNNABLE, block
+        if block.language == "python":
+            return [sys.executable, "-c", self.own(block.text)]
+        return ["bash", "-euo", "pipefail", "-c", self.own(block.text)]
+
+    def start_driver(self, name: str) -> None:
+        """Run the block ``name`` (a driver, which runs until stopped) until it serves."""
+        log = self.work / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(self.command(_block(self.path, name)), cwd=self.work,
+                                       env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        self.drivers.append((process, log))
+        deadline = time.monotonic() + 60
+        while "running in" not in log.read_text(errors="replace"):
+            assert process.poll() is None and time.monotonic() < deadline, \
+                f"{self.path}: block {name!r} did not start a driver:\n{log.read_text()}"
+            time.sleep(0.05)
+
+    def check(self, name: str, text: str | None = None, timeout: float = 60) -> None:
+        """Run the block ``name`` (or ``text`` in its place) to its end, and compare what it
+        printed with the page's output of it."""
+        block = _block(self.path, name)
+        if text is not None:
+            block = Block(block.path, block.line, block.language, text, block.mark, block.name)
+        # A session of its own: what a shell block started in the background goes with it.
+        process = subprocess.Popen(self.command(block), cwd=self.work, env=self.env,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+            ended = f"exited {process.returncode}"
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            ended = f"did not end in {timeout} s"
+        expected = _block(self.path, name, "output").text
+        assert (process.returncode, stdout) == (0, expected), (
+            f"{self.path}:{block.line}: block {name!r} {ended} and printed\n{stdout}\n"
+            f"instead of\n{expected}\nstderr:\n{stderr[-4000:]}")
+
+    def close(self) -> None:
+        for process, _log in reversed(self.drivers):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)  # a reader's Ctrl-C: the driver drains
+        for process, log in self.drivers:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                raise AssertionError(f"a driver did not stop:\n{log.read_text()}") from None
+        for leftover in Path("/dev/shm").glob(f"{Path(self.prefix).name}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+@pytest.fixture
+def page_run(tmp_path: Path) -> Iterator[Callable[[str], _PageRun]]:
+    runs: list[_PageRun] = []
+
+    def start(path: str) -> _PageRun:
+        runs.append(_PageRun(path, tmp_path))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.close()
+
+
+def _run(page_run: Callable[[str], _PageRun], name: str, timeout: float = 60) -> _PageRun:
+    path, drivers, checked = PAGE_RUNS[name]
+    run = page_run(path)
+    for driver in drivers:
+        run.start_driver(driver)
+    for block in checked:
+        run.check(block, timeout=timeout)
+    return run
+
+
+@pytest.mark.sockets
+@pytest.mark.parametrize("name", [name for name in PAGE_RUNS if name != "spark"])
+def test_the_pages_blocks_print_what_the_pages_say(page_run, name: str) -> None:
+    run = _run(page_run, name)
+    if name == "first-program":
+        # A change to the program that changes what it prints fails the comparison.
+        changed = _block("README.md", "first-program").text.replace('b"hello"', 'b"hullo"')
+        with pytest.raises(AssertionError, match="hullo"):
+            run.check("first-program", changed)
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_the_tutorials_spark_program_prints_what_it_says(page_run) -> None:
+    if importlib.util.find_spec("pyspark") is None:
+        lacking("pyspark is not installed (make install installs it)")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        lacking("no Java for Spark (make java)")
+    _run(page_run, "spark", timeout=500)
