@@ -2,8 +2,8 @@
 
 ``[term 0][term 1][term 2][metadata 4096 B]``, file length ``align(3 * term_length + 4096,
 page_size)``.  The driver creates log files; publishers append to them and subscribers read
-them in place.  The hot paths (append, scan, rebuild) are in C (``native.c``); this module holds
-the position arithmetic and the Python view that the driver, tests and tools use.  The layout
+them in place.  The hot paths (append, scan, rebuild) are in C (``native_*.c``, one file per
+piece); this module holds the position arithmetic and the Python view that the driver, tests and tools use.  The layout
 (offsets, lengths, limits) is :mod:`~slipstream.client.layout`'s.
 
 Positions are byte offsets in the stream: ``position = term_count << bits | term_offset`` with

@@ -381,7 +381,7 @@ _PROBE_RETRY_S = 0.001
 def _flock(fd: int, path: Path) -> None:
     """Take the driver lock, or DriverAlreadyRunningError naming the holder.  A running
     driver holds it exclusively for its whole life; a client looking for a driver
-    (client.py, native.c) holds it shared for a moment, which is waited out."""
+    (client.py, native_keeper.c) holds it shared for a moment, which is waited out."""
     deadline = time.monotonic() + _PROBE_WAIT_S
     while True:
         try:
