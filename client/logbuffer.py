@@ -3,8 +3,8 @@
 ``[term 0][term 1][term 2][metadata 4096 B]``, file length ``align(3 * term_length + 4096,
 page_size)``.  The driver creates log files; publishers append to them and subscribers read
 them in place.  The hot paths (append, scan, rebuild) are in C (``native_*.c``, one file per
-piece); this module holds the position arithmetic and the Python view that the driver, tests and tools use.  The layout
-(offsets, lengths, limits) is :mod:`~slipstream.client.layout`'s.
+piece); this module holds the position arithmetic and the Python view that the driver, tests
+and tools use.  The layout (offsets, lengths, limits) is :mod:`~slipstream.client.layout`'s.
 
 Positions are byte offsets in the stream: ``position = term_count << bits | term_offset`` with
 ``term_count = term_id - initial_term_id`` (32-bit wrap-around) and ``bits = log2(term_length)``.
