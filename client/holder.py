@@ -108,7 +108,7 @@ def _view_args(method: str, args: object, image: Image) -> dict[str, int | None]
             if value > MAX_SPLIT_PIECES:
                 raise ValueError(f"split_points: {value} pieces, over {MAX_SPLIT_PIECES}")
             continue
-        high = image._log.producer_position()
+        high = image.producer_position()
         if value % FRAME_ALIGNMENT or value > high:
             raise ValueError(f"{method}: {name} {value} is not a frame boundary of this log "
                              f"held here, [0, {high}]")
@@ -144,11 +144,11 @@ class DetachedLogs:
     def prune(self, live: set[str], in_use: set[str]) -> None:
         """Unmap the logs neither in ``live`` (still a subscription's) nor ``in_use``."""
         for gone in set(self._images) - live - in_use:
-            self._images.pop(gone)._log.close()
+            self._images.pop(gone).close()
 
     def close(self) -> None:
         for image in self._images.values():
-            image._log.close()
+            image.close()
         self._images.clear()
 
 

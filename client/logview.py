@@ -139,11 +139,11 @@ class ImageView(LogView):
                 probe.poll_batch(64)
                 if probe.position == before or probe.position >= stop:
                     break
-                if probe.position >= target and not probe._assembling:
+                if probe.position >= target and probe.at_message_boundary:
                     points.append(probe.position)
                     target = probe.position + step
         finally:
-            probe._log.close()
+            probe.close()
         if not self.is_retained(begin):  # lapped while scanning: the tasks report the loss
             return []
         return points

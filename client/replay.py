@@ -62,7 +62,6 @@ from slipstream.client.holding import (
 )
 from slipstream.client.layout import (
     BEGIN_FLAG,
-    DATA_HEADER,
     FRAME_ALIGNMENT,
     HDR_TYPE_PAD,
     HEADER_LENGTH,
@@ -70,7 +69,7 @@ from slipstream.client.layout import (
     PARTITION_COUNT,
     SESSION_ID_FIELD,
 )
-from slipstream.client.logbuffer import LogBuffer, compute_term_id, index_by_position
+from slipstream.client.logbuffer import LogIdentity, compute_term_id, index_by_position
 from slipstream.client.messages import FragmentHandler, GatheredMessages
 from slipstream.client.publication import ADMIN_ACTION, CLOSED, Publication
 from slipstream.client.subscription import Image, Subscription
@@ -152,17 +151,17 @@ def is_retained(image: Image, position: int) -> bool:
     return True
 
 
-def _first_frame_in_term(image: Image, log_buffer: LogBuffer, start: int, end: int) -> int | None:
+def _first_frame_in_term(image: Image, start: int, end: int) -> int | None:
     """The first frame boundary in ``[start, end)`` within ``start``'s term that the log still
     holds, found by its header (length, term offset, session, stream and term id all match),
     or None.  The driver cleans one term behind the slowest subscriber from an arbitrary
     position, so what survives of a term begins anywhere, not at its start.  Candidates are
     found by searching the mapping for the header's session, stream and term id (a C
     ``memmem``, not a Python step per 32 bytes: a term is up to 1 GiB), then checked whole."""
+    log_buffer = image.log_buffer
     term = image.term_length
     term_start = start - start % term
     index = index_by_position(start, log_buffer.position_bits)
-    view = log_buffer.term_view(index)
     term_id = compute_term_id(start, log_buffer.position_bits, log_buffer.initial_term_id)
     ids = _HEADER_IDS.pack(image.session_id, image.stream_id, term_id)
     # The ids of a header at offset o lie at o + SESSION_ID_FIELD: search for headers at
@@ -172,7 +171,7 @@ def _first_frame_in_term(image: Image, log_buffer: LogBuffer, start: int, end: i
     while found >= 0:
         offset = found - SESSION_ID_FIELD
         if offset % FRAME_ALIGNMENT == 0:
-            length, _, _, _, frame_offset = DATA_HEADER.unpack_from(view, offset)[:5]
+            length, _, _, _, frame_offset = image.frame_header(term_start + offset)[:5]
             if (length > 0 and frame_offset == offset
                     and is_retained(image, term_start + offset)):
                 return term_start + offset
@@ -198,7 +197,7 @@ def first_retained(image: Image, start: int, end: int) -> int:
     first intact frame header; finally ``end`` itself.
     """
     term = image.term_length
-    producer = image._log.producer_position()
+    producer = image.producer_position()
     end = min(end, producer)  # nothing is held past the producer
     # The first frame boundary that can follow start, in a term the log can still hold.
     position = max(start + FRAME_ALIGNMENT, _oldest_term_held(producer, term))
@@ -206,7 +205,7 @@ def first_retained(image: Image, start: int, end: int) -> int:
         term_start = position - position % term
         if term_start > start and is_retained(image, term_start):
             return term_start
-        found = _first_frame_in_term(image, image._log, position, end)
+        found = _first_frame_in_term(image, position, end)
         if found is not None:
             return found
         position = term_start + term
@@ -217,10 +216,8 @@ def message_start(image: Image, position: int, end: int) -> int:
     """The first position at or after the frame boundary ``position``, before ``end``, where a
     message begins (a DATA frame with the BEGIN flag), else ``end``: a range that starts inside
     a fragmented message (where the cleaner stopped) is read from the next whole one."""
-    term = image.term_length
     while position < end:
-        view = image._terms[(position // term) % PARTITION_COUNT]
-        length, _, flags, frame_type = DATA_HEADER.unpack_from(view, position % term)[:4]
+        length, _, flags, frame_type = image.frame_header(position)[:4]
         if length <= 0:
             return end  # not written yet: nothing begins before end
         if frame_type != HDR_TYPE_PAD and flags & BEGIN_FLAG:
@@ -236,22 +233,6 @@ def earliest_position(image: Image) -> int:
 
 
 # -- the request ----------------------------------------------------------------------------------
-@attrs.frozen
-class LogIdentity:
-    """What names one log's position space: a publication's session, its initial term id and
-    term length.  A log made anew (a publication added again, even with the same
-    ``session-id``) has another initial term id, unless ``init-term-id`` pins it."""
-
-    session_id: int
-    initial_term_id: int
-    term_length: int
-
-    @classmethod
-    def of(cls, image: Image) -> LogIdentity:
-        """The identity of ``image``'s log."""
-        return cls(image.session_id, image.initial_term_id, image.term_length)
-
-
 def _int_field(fields: dict[str, Any], name: str, low: int, high: int) -> int:
     value = fields.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -365,11 +346,10 @@ def _padding_end(image: Image, position: int, end: int) -> int | None:
     ``end``; None when no padding is there.  Each length is checked against the term before it
     is stepped over (another process wrote it)."""
     term = image.term_length
-    view = image._terms[(position // term) % PARTITION_COUNT]
     at = position
     while at < end:
         offset = at % term
-        length, _, _, frame_type = DATA_HEADER.unpack_from(view, offset)[:4]
+        length, _, _, frame_type = image.frame_header(at)[:4]
         if frame_type != HDR_TYPE_PAD or not HEADER_LENGTH <= length <= term - offset:
             break
         at += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
@@ -638,11 +618,11 @@ class ReplayServer:
             else:
                 self._refuse(why, r, status="lost", lost=[r.start, r.end])
             return
-        if LogIdentity.of(image) != r.log:
+        if image.identity != r.log:
             self._refuse(f"{where}: this holder's log of that session is another one "
-                         f"({LogIdentity.of(image)}, asked for {r.log})", r)
+                         f"({image.identity}, asked for {r.log})", r)
             return
-        producer = image._log.producer_position()
+        producer = image.producer_position()
         if r.end > producer:
             self._refuse(f"{where}: the log reaches only {producer}", r)
             return
@@ -802,7 +782,7 @@ class ReplayServer:
         (each block checks it first), ReplayError when its publication is closed."""
         data = session.data
         assert data is not None
-        source = session.image._log
+        source = session.image.log_buffer
         result = session.result
         moved = 0
         for _ in range(_ADVANCE_BYTES // _BLOCK_BYTES + PARTITION_COUNT):
@@ -816,7 +796,7 @@ class ReplayServer:
             if copied > 0:
                 # Whole only if the log still held it all after the copy (the C half checks
                 # the first frame; a cleaner zeroes the rest first): else the range is lost.
-                session.image._check_retained(position)
+                session.image.check_retained(position)
                 session.position = session.last_end = result[0]
                 moved += copied
                 continue
@@ -826,7 +806,7 @@ class ReplayServer:
             if code == 0:  # not a frame a block copies, or the log changed under the copy
                 if moved:
                     break
-                session.image._check_retained(position)
+                session.image.check_retained(position)
                 return None
             if code == lib.SS_INVALID_BATCH:
                 raise _BlockError(f"the replay's log is at position {data.position}, not at "
@@ -845,11 +825,9 @@ class ReplayServer:
         writer would have torn it)."""
         probe = session.probe
         if probe is None or probe.position != session.position:
-            probe = session.probe = Image(session.image._log,
-                                          ffi.new("int64_t *", session.position),
-                                          join_position=session.position)
+            probe = session.probe = session.image.reader_at(session.position)
         chunk = probe.poll_gathered(_CHUNK_MESSAGES, end)
-        session.image._check_retained(session.position)
+        session.image.check_retained(session.position)
         if chunk is None and probe.position < end:
             raise ReplayError(f"no whole message at position {probe.position} before {end}")
         return chunk

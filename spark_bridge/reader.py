@@ -397,9 +397,9 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
         position = p.start
         while position < p.end:
             try:
-                image._check_retained(position)
+                image.check_retained(position)
                 chunk = image.poll_gathered(_ROWS_PER_BATCH, p.end)
-                image._check_retained(position)  # still held after the copy: not torn
+                image.check_retained(position)  # still held after the copy: not torn
             except DataLossError as e:
                 message = loss_message(p.stream_id, p.session_id, position, p.end,
                                        e.producer_position, image.term_length)
@@ -408,7 +408,7 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
                 skip_to = message_start(image, first_retained(image, position, p.end), p.end)
                 log.warning("%s Skipping to %d (failOnDataLoss=false).", message, skip_to)
                 _record_skip(p.directory)
-                image._log.close()
+                image.close()
                 image = Image.detached(p.log_path, skip_to)
                 position = skip_to
                 continue
@@ -420,7 +420,7 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
                     f"at position {position} before {p.end}; the offsets do not match this log")
             position = image.position
     finally:
-        image._log.close()
+        image.close()
 
 
 def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:

@@ -42,7 +42,6 @@ from slipstream.client.layout import (
 from slipstream.client.logbuffer import LogBuffer, index_by_position, new_appender
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, Publication
 from slipstream.client.replay import (
-    LogIdentity,
     Replay,
     ReplayError,
     ReplayLostError,
@@ -393,9 +392,9 @@ def test_the_first_position_held_is_found_among_the_terms_the_log_can_still_hold
         looked_at: list[int] = []
         scan = replay_module._first_frame_in_term
 
-        def recorded(image: Image, log_buffer: LogBuffer, start: int, end: int) -> int | None:
+        def recorded(image: Image, start: int, end: int) -> int | None:
             looked_at.append(start)
-            return scan(image, log_buffer, start, end)
+            return scan(image, start, end)
 
         monkeypatch.setattr(replay_module, "_first_frame_in_term", recorded)
         start = int(start_at * (producer - FRAME_ALIGNMENT)) & -FRAME_ALIGNMENT
@@ -450,7 +449,7 @@ def replayed(remote: Client, image: Image, start: int, end: int,
              got: list[tuple[bytes, int, int]] | None = None) -> list[tuple[bytes, int, int]]:
     """The rows of a replay of [start, end), read whole (into ``got``)."""
     replay: Replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                                    LogIdentity.of(image), start, end, timeout_s=10)
+                                    image.identity, start, end, timeout_s=10)
     got = [] if got is None else got
     deadline = time.monotonic() + 20
     with replay:
@@ -523,7 +522,7 @@ def test_replays_share_the_readers_link_and_pass_over_an_answer_to_another_reque
 
     def request() -> Replay:
         return request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                              LogIdentity.of(image), 0, end, timeout_s=10)
+                              image.identity, 0, end, timeout_s=10)
 
     first = request()
     link = first._link
@@ -572,7 +571,7 @@ def test_a_holder_that_names_no_request_is_read_and_its_link_not_kept(
     links = []
     for _ in range(2):
         replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                                LogIdentity.of(image), 0, end, timeout_s=10)
+                                image.identity, 0, end, timeout_s=10)
         links.append(replay._link)
         assert replayed_through(replay) == local
         assert replay._link.control.is_closed and replay._link.response.is_closed
@@ -656,11 +655,11 @@ def test_a_range_the_cleaner_takes_while_the_holder_looks_for_its_start_is_answe
     monkeypatch.setattr(replay_module, "message_start", cleaner_passes)
     try:
         with pytest.raises(ReplayLostError) as lost:
-            request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM, LogIdentity.of(image),
+            request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM, image.identity,
                            start, end, timeout_s=10)
         assert zeroed == [start] and lost.value.lost == (start, end)
         replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                                LogIdentity.of(image), start, end, skip_lost=True,
+                                image.identity, start, end, skip_lost=True,
                                 timeout_s=10)
         assert replay.lost == (start, start + 1056) and replay.start == start + 1056
         assert replayed_through(replay) == source_rows(image, start + 1056, end)
