@@ -230,8 +230,7 @@ def hold(connection: Any, holder_dir: str, messages: int, size: int, term: int,
         thread.start()
         connection.send({"session_id": image.session_id, "log_path": image.log_path,
                          "start": image.position, "end": image.available_position(),
-                         "initial_term_id": image.initial_term_id,
-                         "term_length": image.term_length})
+                         "identity": image.identity})
         while connection.recv() == "stream":  # until "stop"
             publish_passes(warm, messages, size, 1)
             connection.recv()  # "go": the reader has read the first pass
@@ -308,8 +307,7 @@ def main() -> None:
         def partition(directory: str) -> SlipstreamPartition:
             return SlipstreamPartition(
                 log["session_id"], STREAM, log["log_path"], log["start"], log["end"],
-                directory, True, "holder", initial_term_id=log["initial_term_id"],
-                term_length=log["term_length"], driver=holder_driver,
+                directory, True, "holder", log=log["identity"], driver=holder_driver,
                 holder=("127.0.0.2", PORT, CONTROL), replay_timeout_ms=30_000)
 
         local_runs: list[tuple[float, float]] = []

@@ -226,10 +226,9 @@ class StreamHolder:
             raise ValueError(f"session_id {session_id!r} is not an integer")
         image = self._image(held, session_id)
         named = args.get("log")
-        if named != [image.initial_term_id, image.term_length]:
-            raise ValueError(f"session {session_id}'s log here has initial term id "
-                             f"{image.initial_term_id} and term length {image.term_length}, "
-                             f"not {named!r}")
+        if named != [*image.identity.framing]:
+            raise ValueError(f"session {session_id}'s log here has "
+                             f"{image.identity.describe()}, not {named!r}")
         method = str(args.get("method"))
         checked = _view_args(method, args.get("args"), image)
         return getattr(ImageView(image), method)(**checked)
