@@ -66,7 +66,8 @@ from slipstream.client import (
 from slipstream.client.counters import CountersFile
 from slipstream.client.holding import REPLY_WINDOW, reply_subscription_channel
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
-from slipstream.client.replay import _WAIT_SPIN_NS, ReplayServer
+from slipstream.client.replay import ReplayServer
+from slipstream.client.replay.protocol import WAIT_SPIN_NS
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.reader import (
@@ -187,7 +188,7 @@ def read_warm_stream(connection: Any, subscription: Subscription, messages: int)
             chunk = image.poll_gathered(min(_ROWS_PER_BATCH, messages - rows))
             if chunk is not None:
                 rows += _arrow_batch(chunk, image.session_id, WARM_STREAM, schema, ids).num_rows
-            elif not subscription.wait_for_data(IDLE_LIMIT_S * 10**9, _WAIT_SPIN_NS):
+            elif not subscription.wait_for_data(IDLE_LIMIT_S * 10**9, WAIT_SPIN_NS):
                 raise SystemExit(f"the warm stream stopped for {IDLE_LIMIT_S} s after {rows} "
                                  f"of {messages} messages of a pass, at {image.position}")
 

@@ -15,7 +15,7 @@ from typing import Any
 from slipstream.client import DataLossError, Image, InvalidArgumentError
 from slipstream.client.holding import HolderLink
 from slipstream.client.logbuffer import LogIdentity
-from slipstream.client.replay import earliest_position, first_retained, is_retained
+from slipstream.client.retention import earliest_position, first_retained, is_retained
 
 __all__ = ["VIEW_OPERATIONS", "ImageView", "LogView", "RemoteView", "snapshot"]
 

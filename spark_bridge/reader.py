@@ -82,15 +82,10 @@ from slipstream.client.holder import (
 )
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
+from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.logview import ImageView, LogView, RemoteView
-from slipstream.client.replay import (
-    LogIdentity,
-    ReplayLostError,
-    ReplayServer,
-    first_retained,
-    message_start,
-    request_replay,
-)
+from slipstream.client.replay import ReplayLostError, ReplayServer, request_replay
+from slipstream.client.retention import first_retained, message_start
 from slipstream.spark_bridge.options import SourceOptions
 
 __all__ = ["SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError", "SlipstreamPartition",
