@@ -266,9 +266,7 @@ class StreamHolder:
         """Serve until ``stopping()`` is true (see :meth:`ReplayServer.run` for the waits)."""
         while not stopping():
             if self.do_work() == 0:
-                self.server._control.wait_for_data(
-                    1_000_000 if self.server.replaying or self.server._answers.pending
-                    else 100_000_000)
+                self.server.wait_for_request(0.001, 0.1, spin_ns=None)
 
     def close(self) -> None:
         self.server.close()

@@ -245,8 +245,16 @@ class ReplayServer:
         (:data:`WAIT_SPIN_NS`): an idle holder costs no CPU worth counting."""
         while not stopping():
             if self.do_work() == 0:
-                wait = idle_s if self._sessions or self._answers.pending else parked_s
-                self._control.wait_for_data(int(wait * 1e9), WAIT_SPIN_NS)
+                self.wait_for_request(idle_s, parked_s)
+
+    def wait_for_request(self, idle_s: float, parked_s: float,
+                         spin_ns: int | None = WAIT_SPIN_NS) -> None:
+        """Wait for a request on the control stream up to ``idle_s`` while replays or answers
+        are in progress (their credit comes back unannounced), else up to ``parked_s`` (a
+        request wakes it at once); ``spin_ns`` as :meth:`Subscription.wait_for_data` takes it
+        (None: the client's), by default none."""
+        wait = idle_s if self._sessions or self._answers.pending else parked_s
+        self._control.wait_for_data(int(wait * 1e9), spin_ns)
 
     def do_work(self) -> int:
         """Take new requests, move every replay on; returns how much was done."""
