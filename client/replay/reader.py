@@ -184,16 +184,29 @@ class Replay:
 
     def __init__(self, exchange: ReplayExchange, link: _Link, data: Subscription) -> None:
         self.request = exchange.request
-        self.holder = exchange.holder
-        self.start = exchange.start
-        self.lost = exchange.lost
+        #: How far the replay was read (a position of the source log).
         self.position = exchange.start
-        self.session_id = exchange.session_id
         self._exchange = exchange
         self._link = link
         self._data = data
         self._response = link.response
         self._closed = False
+
+    @property
+    def holder(self) -> str:
+        return self._exchange.holder
+
+    @property
+    def start(self) -> int:
+        return self._exchange.start
+
+    @property
+    def lost(self) -> tuple[int, int] | None:
+        return self._exchange.lost
+
+    @property
+    def session_id(self) -> int | None:
+        return self._exchange.session_id
 
     @property
     def complete_at(self) -> int | None:
