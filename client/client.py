@@ -735,7 +735,7 @@ class Client:
     def _release_subscription(self, subscription: Subscription) -> None:
         # A poll may be running in C on the polling thread: its images' logs linger too.
         self._release(self._subscriptions, subscription.registration_id,
-                      control.REMOVE_SUBSCRIPTION, subscription._release_retired)
+                      control.REMOVE_SUBSCRIPTION, subscription.release_gone_images)
 
     def _release(self, table: dict[int, Any], registration_id: int, command: str,
                  unmap: Callable[[], None]) -> None:

@@ -217,7 +217,7 @@ class StreamHolder:
         held = self.hold(*key)
         held.last_call = time.monotonic()
         if op == "state":
-            held.subscription._release_retired()
+            held.subscription.release_gone_images()
             return {"host": self.host, "driver": self.driver,
                     "sessions": {str(image.session_id): snapshot(ImageView(image))
                                  for image in held.subscription.images}}

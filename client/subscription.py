@@ -1057,9 +1057,14 @@ class Subscription:
             raise UsageError(
                 f"{len(self._async_pending)} messages that a messages() loop polled and did "
                 f"not yield (it was left early) come first: read them with messages()")
-        self._release_retired()
+        self.release_gone_images()
 
-    def _release_retired(self) -> None:
+    def release_gone_images(self) -> None:
+        """Unmap the logs of the images that went (unavailable, or the subscription closed).
+        A read does it first, on the reading thread; a thread that uses the images without
+        polling them (a planner that peeks and moves positions) calls this, or their logs
+        stay mapped, their files unlinked, for as long as the subscription lives.  Call it
+        from the thread that reads the images, never under one of its polls."""
         with self._images_changed:
             retired, self._retired = self._retired, []
             self._before_read_due = bool(self._async_pending)

@@ -564,11 +564,9 @@ class _OwnHold:
         if self.client.is_closed:
             raise self.client.driver_lost_error()
         subscription = self.subscription
-        if subscription._before_read_due:
-            # The images of sessions that ended: this (planning) thread is the only one that
-            # reads them, and it never polls, so unmap them here or they stay mapped (their
-            # files already unlinked) for as long as the query runs.
-            subscription._release_retired()
+        # The images of sessions that ended: this (planning) thread is the only one that
+        # reads them, and it never polls.
+        subscription.release_gone_images()
         images = subscription.images
         if self.holder is not None:
             self.holder.logs = {image.session_id: (image.log_path, image.join_position)
