@@ -9,14 +9,19 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from slipstream.client._native import ffi, lib
+from slipstream.client._native import lib
 from slipstream.client.client import Client
 from slipstream.client.errors import DataLossError, SlipstreamError
 from slipstream.client.holding import Answers, CallHandler, decode_call, small_channel
 from slipstream.client.layout import FRAME_ALIGNMENT, HDR_TYPE_PAD, HEADER_LENGTH, PARTITION_COUNT
-from slipstream.client.logbuffer import LogIdentity, compute_term_id, index_by_position
+from slipstream.client.logbuffer import LogIdentity, compute_term_id
 from slipstream.client.messages import GatheredMessages
-from slipstream.client.publication import ADMIN_ACTION, CLOSED, Publication
+from slipstream.client.publication import (
+    ADMIN_ACTION,
+    CLOSED,
+    ExclusivePublication,
+    Publication,
+)
 from slipstream.client.replay.protocol import (
     COMPLETE,
     LOST,
@@ -100,7 +105,7 @@ class _Session:
         self.image = image
         self.response = response
         self.answer: bytes | None = self.request.answer(REPLAYING, start=begin)
-        self.data: Publication | None = None
+        self.data: ExclusivePublication | None = None
         self.mtu = mtu
         self.begin = begin
         self.position = begin  # the next position to copy or offer from
@@ -108,7 +113,6 @@ class _Session:
         # Where a block cannot go, the log read message by message from ``position``, with a
         # position of its own (made when needed: blocks move ``position`` without it).
         self.probe: Image | None = None
-        self.result = ffi.new("int64_t *")  # ss_append_block's
         self.pending: GatheredMessages | None = None  # a chunk not yet wholly offered
         self.pending_from = 0  # how many messages of it went
         self.last_end = begin  # the end of the last message offered
@@ -517,24 +521,20 @@ class ReplayServer:
         data = session.data
         assert data is not None
         source = session.image.log_buffer
-        result = session.result
         moved = 0
         for _ in range(_ADVANCE_BYTES // _BLOCK_BYTES + PARTITION_COUNT):
             position = session.position
             if position >= end or moved >= _ADVANCE_BYTES:
                 break
-            term = source.term_address(index_by_position(position, source.position_bits))
             block = min(_BLOCK_BYTES, max(_FIRST_BLOCK_BYTES, position - session.begin))
-            copied = lib.ss_append_block(data._appender, term, source.term_length, position,
-                                         end, block, result)
+            copied, code = data.append_block_from(source, position, end, block)
             if copied > 0:
                 # Whole only if the log still held it all after the copy (the C half checks
                 # the first frame; a cleaner zeroes the rest first): else the range is lost.
                 session.image.check_retained(position)
-                session.position = session.last_end = result[0]
+                session.position = session.last_end = code  # copied: the position after
                 moved += copied
                 continue
-            code = result[0]
             if code == ADMIN_ACTION:  # it rotated the replay's log into the next term
                 continue
             if code == 0:  # not a frame a block copies, or the log changed under the copy
