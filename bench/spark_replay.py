@@ -66,7 +66,8 @@ from slipstream.client import (
 from slipstream.client.counters import CountersFile
 from slipstream.client.holding import REPLY_WINDOW, reply_subscription_channel
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
-from slipstream.client.replay import _WAIT_SPIN_NS, ReplayServer
+from slipstream.client.replay import ReplayServer
+from slipstream.client.replay.protocol import WAIT_SPIN_NS
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.reader import (
@@ -187,7 +188,7 @@ def read_warm_stream(connection: Any, subscription: Subscription, messages: int)
             chunk = image.poll_gathered(min(_ROWS_PER_BATCH, messages - rows))
             if chunk is not None:
                 rows += _arrow_batch(chunk, image.session_id, WARM_STREAM, schema, ids).num_rows
-            elif not subscription.wait_for_data(IDLE_LIMIT_S * 10**9, _WAIT_SPIN_NS):
+            elif not subscription.wait_for_data(IDLE_LIMIT_S * 10**9, WAIT_SPIN_NS):
                 raise SystemExit(f"the warm stream stopped for {IDLE_LIMIT_S} s after {rows} "
                                  f"of {messages} messages of a pass, at {image.position}")
 
@@ -230,8 +231,7 @@ def hold(connection: Any, holder_dir: str, messages: int, size: int, term: int,
         thread.start()
         connection.send({"session_id": image.session_id, "log_path": image.log_path,
                          "start": image.position, "end": image.available_position(),
-                         "initial_term_id": image.initial_term_id,
-                         "term_length": image.term_length})
+                         "identity": image.identity})
         while connection.recv() == "stream":  # until "stop"
             publish_passes(warm, messages, size, 1)
             connection.recv()  # "go": the reader has read the first pass
@@ -308,8 +308,7 @@ def main() -> None:
         def partition(directory: str) -> SlipstreamPartition:
             return SlipstreamPartition(
                 log["session_id"], STREAM, log["log_path"], log["start"], log["end"],
-                directory, True, "holder", initial_term_id=log["initial_term_id"],
-                term_length=log["term_length"], driver=holder_driver,
+                directory, True, "holder", log=log["identity"], driver=holder_driver,
                 holder=("127.0.0.2", PORT, CONTROL), replay_timeout_ms=30_000)
 
         local_runs: list[tuple[float, float]] = []

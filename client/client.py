@@ -142,6 +142,14 @@ def _check_stream(channel: str, stream_id: int, *, publication: bool) -> None:
             f"subscriber has read it all)"), stacklevel=3)
 
 
+def _after_linger(release: Callable[[], None]) -> None:
+    """Run ``release`` (an unmapping, a close) on a timer thread after
+    :data:`RESOURCE_LINGER_S`, once no thread can still be inside C on what it releases."""
+    timer = threading.Timer(RESOURCE_LINGER_S, release)
+    timer.daemon = True
+    timer.start()
+
+
 def _check_callbacks(**callbacks: object) -> None:
     """Each callback is None or callable: one that is not would fail only later, on the
     client's conductor thread, where nobody sees it."""
@@ -727,7 +735,7 @@ class Client:
     def _release_subscription(self, subscription: Subscription) -> None:
         # A poll may be running in C on the polling thread: its images' logs linger too.
         self._release(self._subscriptions, subscription.registration_id,
-                      control.REMOVE_SUBSCRIPTION, subscription._release_retired)
+                      control.REMOVE_SUBSCRIPTION, subscription.release_gone_images)
 
     def _release(self, table: dict[int, Any], registration_id: int, command: str,
                  unmap: Callable[[], None]) -> None:
@@ -744,9 +752,7 @@ class Client:
                     with contextlib.suppress(*_RELEASE_ERRORS):
                         self._request({"type": command, "registration_id": registration_id})
         finally:  # whatever happened to the request, the logs go after the linger
-            timer = threading.Timer(RESOURCE_LINGER_S, unmap)
-            timer.daemon = True
-            timer.start()
+            _after_linger(unmap)
 
     @property
     def is_closed(self) -> bool:
@@ -870,9 +876,7 @@ class Client:
                 doorbell.close()
             counters.close()
 
-        linger = threading.Timer(RESOURCE_LINGER_S, release)
-        linger.daemon = True
-        linger.start()
+        _after_linger(release)
 
     def __enter__(self) -> Client:
         return self

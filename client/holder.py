@@ -108,7 +108,7 @@ def _view_args(method: str, args: object, image: Image) -> dict[str, int | None]
             if value > MAX_SPLIT_PIECES:
                 raise ValueError(f"split_points: {value} pieces, over {MAX_SPLIT_PIECES}")
             continue
-        high = image._log.producer_position()
+        high = image.producer_position()
         if value % FRAME_ALIGNMENT or value > high:
             raise ValueError(f"{method}: {name} {value} is not a frame boundary of this log "
                              f"held here, [0, {high}]")
@@ -144,11 +144,11 @@ class DetachedLogs:
     def prune(self, live: set[str], in_use: set[str]) -> None:
         """Unmap the logs neither in ``live`` (still a subscription's) nor ``in_use``."""
         for gone in set(self._images) - live - in_use:
-            self._images.pop(gone)._log.close()
+            self._images.pop(gone).close()
 
     def close(self) -> None:
         for image in self._images.values():
-            image._log.close()
+            image.close()
         self._images.clear()
 
 
@@ -217,7 +217,7 @@ class StreamHolder:
         held = self.hold(*key)
         held.last_call = time.monotonic()
         if op == "state":
-            held.subscription._release_retired()
+            held.subscription.release_gone_images()
             return {"host": self.host, "driver": self.driver,
                     "sessions": {str(image.session_id): snapshot(ImageView(image))
                                  for image in held.subscription.images}}
@@ -226,10 +226,9 @@ class StreamHolder:
             raise ValueError(f"session_id {session_id!r} is not an integer")
         image = self._image(held, session_id)
         named = args.get("log")
-        if named != [image.initial_term_id, image.term_length]:
-            raise ValueError(f"session {session_id}'s log here has initial term id "
-                             f"{image.initial_term_id} and term length {image.term_length}, "
-                             f"not {named!r}")
+        if named != [*image.identity.framing]:
+            raise ValueError(f"session {session_id}'s log here has "
+                             f"{image.identity.describe()}, not {named!r}")
         method = str(args.get("method"))
         checked = _view_args(method, args.get("args"), image)
         return getattr(ImageView(image), method)(**checked)
@@ -267,9 +266,7 @@ class StreamHolder:
         """Serve until ``stopping()`` is true (see :meth:`ReplayServer.run` for the waits)."""
         while not stopping():
             if self.do_work() == 0:
-                self.server._control.wait_for_data(
-                    1_000_000 if self.server.replaying or self.server._answers.pending
-                    else 100_000_000)
+                self.server.wait_for_request(0.001, 0.1, spin_ns=None)
 
     def close(self) -> None:
         self.server.close()

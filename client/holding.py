@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -30,6 +31,7 @@ from slipstream.client.publication import Publication
 from slipstream.client.subscription import Subscription
 
 __all__ = ["CALL_VERSION", "REPLY_WINDOW", "Answers", "CallError", "HolderLink",
+           "local_address_towards", "offer_until", "open_holder_streams",
            "reply_subscription_channel", "small_channel"]
 
 #: The call format's version; a holder answers calls of another with an error.
@@ -60,6 +62,48 @@ def reply_subscription_channel(reply_channel: str) -> str:
     the source's, but only its range is written)."""
     return (f"{reply_channel}|rcv-wnd={REPLY_WINDOW}|so-rcvbuf={2 * REPLY_WINDOW}"
             f"|sparse=true")
+
+
+def local_address_towards(address: str, port: int) -> str:
+    """The address of this host that the kernel would send from to reach ``address``: the
+    one a holder there can answer to.  Sends nothing."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((address, port))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def open_holder_streams(client: Client, address: str, port: int, control_stream_id: int,
+                        reply_channel: str, response_stream_id: int
+                        ) -> tuple[Subscription, Publication]:
+    """A caller's or reader's two streams to the holder at ``address:port``: the response
+    subscription at its reply endpoint ``reply_channel`` (``response_stream_id``) and the
+    control publication to the holder's ``control_stream_id``; neither is left open when the
+    other cannot be made."""
+    # Every subscription at the reply endpoint asks for the same window (its first one makes
+    # it): reply_subscription_channel.
+    response = client.add_subscription(reply_subscription_channel(reply_channel),
+                                       response_stream_id)
+    try:
+        control = client.add_publication(small_channel(f"aeron:udp?endpoint={address}:{port}"),
+                                         control_stream_id)
+    except BaseException:
+        response.close()
+        raise
+    return response, control
+
+
+def offer_until(publication: Publication, data: bytes, deadline: float) -> bool:
+    """Offer ``data`` until ``publication`` takes it (True) or ``time.monotonic()`` passes
+    ``deadline`` (False), trying again every millisecond: for an exchange's request, whose
+    publication is refused until the holder's subscription connects."""
+    while publication.offer(data) < 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def decode_call(fields: dict[str, Any]) -> tuple[int, str, dict[str, Any], str, int]:
@@ -152,8 +196,6 @@ class HolderLink:
 
     def __init__(self, client: Client, address: str, port: int, control_stream_id: int, *,
                  timeout_s: float = 30.0, reply_address: str | None = None) -> None:
-        from slipstream.client.replay import local_address_towards
-
         self.holder = f"{address}:{port} (control stream {control_stream_id})"
         self.address = address
         self.port = port
@@ -164,14 +206,9 @@ class HolderLink:
         self.response_stream_id = random.randrange(1, INT32_MAX)
         self._next_id = 1
         self._answers: dict[int, dict[str, Any]] = {}
-        self._response: Subscription = client.add_subscription(
-            reply_subscription_channel(self.reply_channel), self.response_stream_id)
-        try:
-            self._control: Publication = client.add_publication(
-                small_channel(f"aeron:udp?endpoint={address}:{port}"), control_stream_id)
-        except BaseException:
-            self._response.close()
-            raise
+        self._response, self._control = open_holder_streams(
+            client, address, port, control_stream_id, self.reply_channel,
+            self.response_stream_id)
 
     def call(self, op: str, **args: Any) -> Any:
         """Call ``op`` with ``args`` (JSON values); returns the holder's result.  Raises
@@ -183,13 +220,11 @@ class HolderLink:
                            "args": args, "reply_channel": self.reply_channel,
                            "response_stream_id": self.response_stream_id}).encode()
         deadline = time.monotonic() + self.timeout_s
-        while self._control.offer(data) < 0:
-            if time.monotonic() > deadline:
-                raise CallError(
-                    f"the holder at {self.holder} did not take the call {op!r} within "
-                    f"{self.timeout_s:g} s: is it running, and UDP port {self.port} open "
-                    f"between this host and {self.address} both ways?")
-            time.sleep(0.001)
+        if not offer_until(self._control, data, deadline):
+            raise CallError(
+                f"the holder at {self.holder} did not take the call {op!r} within "
+                f"{self.timeout_s:g} s: is it running, and UDP port {self.port} open "
+                f"between this host and {self.address} both ways?")
         while call_id not in self._answers:
             self._response.poll(self._take, 16)
             if call_id in self._answers:

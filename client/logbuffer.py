@@ -18,6 +18,8 @@ import os
 import struct
 from pathlib import Path
 
+import attrs
+
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
 from slipstream.client.layout import (
@@ -152,6 +154,28 @@ def pack_tail(term_id: int, term_offset: int) -> int:
 def tail_term_offset(raw_tail: int, term_length: int) -> int:
     """Offset from a raw tail, capped at the term length (writers may overshoot)."""
     return min(raw_tail & 0xFFFFFFFF, term_length)
+
+
+@attrs.frozen
+class LogIdentity:
+    """What names one log's position space: a publication's session, its initial term id and
+    term length.  A log made anew (a publication added again, even with the same
+    ``session-id``) has another initial term id, unless ``init-term-id`` pins it."""
+
+    session_id: int
+    initial_term_id: int
+    term_length: int
+
+    @property
+    def framing(self) -> tuple[int, int]:
+        """``(initial term id, term length)``: what tells one log of a session from another.
+        Offsets and calls that name the session already carry it as the JSON list ``"log":
+        [initial_term_id, term_length]``."""
+        return self.initial_term_id, self.term_length
+
+    def describe(self) -> str:
+        """The framing in words, for messages that compare two logs."""
+        return f"initial term id {self.initial_term_id} and term length {self.term_length}"
 
 
 class LogBuffer:

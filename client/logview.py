@@ -14,7 +14,8 @@ from typing import Any
 
 from slipstream.client import DataLossError, Image, InvalidArgumentError
 from slipstream.client.holding import HolderLink
-from slipstream.client.replay import earliest_position, first_retained, is_retained
+from slipstream.client.logbuffer import LogIdentity
+from slipstream.client.retention import earliest_position, first_retained, is_retained
 
 __all__ = ["VIEW_OPERATIONS", "ImageView", "LogView", "RemoteView", "snapshot"]
 
@@ -30,8 +31,8 @@ class LogView:
 
     session_id: int
     stream_id: int
-    initial_term_id: int
-    term_length: int
+    #: Which log of the session it is (a session's log made anew is another).
+    identity: LogIdentity
     log_path: str
     #: Where the holding subscription joined: the log holds nothing before it.
     join_position: int
@@ -81,8 +82,7 @@ class ImageView(LogView):
         self.image = image
         self.session_id = image.session_id
         self.stream_id = image.stream_id
-        self.initial_term_id = image.initial_term_id
-        self.term_length = image.term_length
+        self.identity = image.identity
         self.log_path = image.log_path
         self.join_position = image.join_position
 
@@ -139,11 +139,11 @@ class ImageView(LogView):
                 probe.poll_batch(64)
                 if probe.position == before or probe.position >= stop:
                     break
-                if probe.position >= target and not probe._assembling:
+                if probe.position >= target and probe.at_message_boundary:
                     points.append(probe.position)
                     target = probe.position + step
         finally:
-            probe._log.close()
+            probe.close()
         if not self.is_retained(begin):  # lapped while scanning: the tasks report the loss
             return []
         return points
@@ -170,8 +170,8 @@ VIEW_OPERATIONS: dict[str, tuple[str, ...]] = {
 
 def snapshot(view: LogView) -> dict[str, Any]:
     """What a holder tells a remote planner about one of its logs, as JSON values."""
-    return {"stream_id": view.stream_id, "initial_term_id": view.initial_term_id,
-            "term_length": view.term_length, "log_path": view.log_path,
+    return {"stream_id": view.stream_id, "initial_term_id": view.identity.initial_term_id,
+            "term_length": view.identity.term_length, "log_path": view.log_path,
             "join_position": view.join_position, "position": view.position,
             "available": view.available_position(), "earliest": view.earliest_position()}
 
@@ -187,8 +187,8 @@ class RemoteView(LogView):
         self._key = key
         self.session_id = session_id
         self.stream_id = int(state["stream_id"])
-        self.initial_term_id = int(state["initial_term_id"])
-        self.term_length = int(state["term_length"])
+        self.identity = LogIdentity(session_id, int(state["initial_term_id"]),
+                                    int(state["term_length"]))
         self.log_path = str(state["log_path"])
         self.join_position = int(state["join_position"])
         self.position = int(state["position"])
@@ -197,7 +197,7 @@ class RemoteView(LogView):
 
     def _ask(self, method: str, **args: Any) -> Any:
         return self._link.call("view", **self._key, session_id=self.session_id,
-                               log=[self.initial_term_id, self.term_length], method=method,
+                               log=[*self.identity.framing], method=method,
                                args=args)
 
     def available_position(self) -> int:

@@ -35,7 +35,12 @@ from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import InvalidArgumentError, MessageTooLongError, UsageError
 from slipstream.client.idle import SpinThenYield
 from slipstream.client.layout import HEADER_LENGTH, INT64_MAX, INT64_MIN
-from slipstream.client.logbuffer import LogBuffer, compute_term_id, new_appender
+from slipstream.client.logbuffer import (
+    LogBuffer,
+    compute_term_id,
+    index_by_position,
+    new_appender,
+)
 from slipstream.client.policy import BackPressureEpisode, OfferPolicy
 
 if TYPE_CHECKING:
@@ -509,6 +514,7 @@ class ExclusivePublication(Publication):
         super().__init__(client, channel, stream_id, registration_id, log, limit_counter_id,
                          doorbell_fd, policy=policy, drops_counter_id=drops_counter_id)
         self._appender.exclusive = 1  # before any append: claims are plain stores from now
+        self._block_result = ffi.new("int64_t *")
 
     def offer_block(self, block: Buffer) -> int:
         """Append ``block``, whole frames the caller wrote (Aeron's ``offerBlock``), at the
@@ -537,6 +543,25 @@ class ExclusivePublication(Publication):
                 f"DATA of at most {log.mtu - HEADER_LENGTH} payload bytes, padding only to "
                 f"the term's end, the block within the term)")
         return int(result)
+
+    def append_block_from(self, source: LogBuffer, position: int, end: int,
+                          max_length: int) -> tuple[int, int]:
+        """Copy the frames of ``source``, another log framed alike (the same initial term id,
+        term length and MTU), from ``position``, this publication's position, as they are:
+        up to ``max_length`` bytes (at least the first frame), none at or past ``end``,
+        within the term, in one C call (``ss_append_block``: Aeron's ``offerBlock`` from a
+        log, for a replay).  It stops before a frame that is not the term's, not DATA, or
+        padding inside the term; padding that ends the term is copied.
+
+        Returns ``(bytes appended, the position after them)``; or ``(0, code)``: 0 when
+        nothing at ``position`` could be copied (not a frame this copies, or the source
+        changed under the copy: look at what is there), ``ADMIN_ACTION`` after a rotation
+        (call again), ``lib.SS_INVALID_BATCH`` when this publication is not at ``position``,
+        else an offer's code (no credit, CLOSED)."""
+        term = source.term_address(index_by_position(position, source.position_bits))
+        copied = lib.ss_append_block(self._appender, term, source.term_length, position, end,
+                                     max_length, self._block_result)
+        return copied, self._block_result[0]
 
     def __enter__(self) -> ExclusivePublication:
         return self

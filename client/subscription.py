@@ -45,7 +45,12 @@ from slipstream.client.layout import (
     UNFRAGMENTED,
     align,
 )
-from slipstream.client.logbuffer import LogBuffer, compute_term_id
+from slipstream.client.logbuffer import (
+    LogBuffer,
+    LogIdentity,
+    compute_term_id,
+    index_by_position,
+)
 from slipstream.client.messages import (
     ControlledFragmentHandler,
     ControlledPollAction,
@@ -171,6 +176,19 @@ class Image:
             lib.ss_advance_position(self._position_ptr, position, self._log.meta,
                                     self._doorbell_fd)
 
+    def _scan(self, scan_end: int, frame_limit: int) -> tuple[int, int, int]:
+        """One C scan of the term at this image's position, up to the term offset
+        ``scan_end`` and at most ``frame_limit`` frames (and :data:`_MAX_SCAN`): ``(partition
+        index, the position's term offset, frames found)``, their bounds in ``_starts`` and
+        ``_ends``, the offset after them in ``_next_offset``.  A negative count: a fragment
+        is at the position (the cold path reads it)."""
+        offset = self._position & self._term_mask
+        index = index_by_position(self._position, self._position_bits)
+        count = lib.ss_term_read(self._term_ptrs[index], offset, scan_end,
+                                 min(frame_limit, _MAX_SCAN), self._starts, self._ends,
+                                 self._next_offset)
+        return index, offset, count
+
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
         """Deliver up to ``fragment_limit`` fragments; returns how many messages were handled
         (0 once the image is gone, as for a closed subscription)."""
@@ -189,11 +207,7 @@ class Image:
                 return count
             # It was dropped at an unfragmented frame: read on at once.
         position = self._position
-        index = (position >> self._position_bits) % PARTITION_COUNT
-        offset = position & self._term_mask
-        count = lib.ss_term_read(self._term_ptrs[index], offset, scan_end,
-                                 min(fragment_limit, _MAX_SCAN), self._starts, self._ends,
-                                 self._next_offset)
+        index, offset, count = self._scan(scan_end, fragment_limit)
         if count < 0:  # a fragment at the position
             return self._read_fragments(handler, fragment_limit, scan_end)
         next_offset = self._next_offset[0]
@@ -257,7 +271,7 @@ class Image:
         the C scan: never past the term).  A message being assembled whose remaining fragments
         are gone (padding or an unfragmented frame where they would be) is dropped first."""
         position = self._position
-        index = (position >> self._position_bits) % PARTITION_COUNT
+        index = index_by_position(position, self._position_bits)
         offset = position & self._term_mask
         if position >= limit or self._log.frame_length_volatile(index, offset) <= 0:
             return None
@@ -320,11 +334,7 @@ class Image:
             if count or stopped or self._assembling:
                 return count
         position = self._position
-        index = (position >> self._position_bits) % PARTITION_COUNT
-        offset = position & self._term_mask
-        count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
-                                 min(fragment_limit, _MAX_SCAN), self._starts, self._ends,
-                                 self._next_offset)
+        index, offset, count = self._scan(self.term_length, fragment_limit)
         if count < 0:  # a fragment at the position
             return self._controlled_fragments(handler, fragment_limit)[0]
         next_offset = self._next_offset[0]
@@ -440,11 +450,7 @@ class Image:
             if batch is not None or self._assembling:
                 return batch
         position = self._position
-        index = (position >> self._position_bits) % PARTITION_COUNT
-        offset = position & self._term_mask
-        count = lib.ss_term_read(self._term_ptrs[index], offset, self.term_length,
-                                 min(max_messages, _MAX_SCAN), self._starts, self._ends,
-                                 self._next_offset)
+        index, offset, count = self._scan(self.term_length, max_messages)
         if count < 0:  # a fragment at the position
             return self._assemble_batch()
         next_offset = self._next_offset[0]
@@ -466,14 +472,13 @@ class Image:
         position = self._position
         if limit_position is not None and position >= limit_position:
             return None
-        index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
         scan_end = self.term_length if limit_position is None else \
             min(self.term_length, offset + limit_position - position)
-        count = 0 if self._assembling else lib.ss_term_read(
-            self._term_ptrs[index], offset, scan_end, min(max_messages, _MAX_SCAN),
-            self._starts, self._ends, self._next_offset)
-        if self._assembling or count < 0:
+        if self._assembling:
+            return self._gather_fragmented(scan_end)
+        index, offset, count = self._scan(scan_end, max_messages)
+        if count < 0:  # a fragment at the position
             return self._gather_fragmented(scan_end)
         next_offset = self._next_offset[0]
         if count == 0:
@@ -531,28 +536,65 @@ class Image:
     @classmethod
     def detached(cls, log_path: str, position: int) -> Image:
         """An image of the log at ``log_path`` with a private position, for readers that are not
-        the subscriber (e.g. Spark executors reading a range the subscriber will commit)."""
+        the subscriber (e.g. Spark executors reading a range the subscriber will commit).  Its
+        mapping is the caller's: :meth:`close` it when done."""
         # Not populated: a short-lived reader touches only the range it reads.
         log = LogBuffer(log_path, populate=False)
         return cls(log, ffi.new("int64_t *", position), join_position=position)
+
+    def reader_at(self, position: int) -> Image:
+        """Another reader of this image's log, with a private position starting at
+        ``position`` (a message boundary): it moves no subscriber position and returns no
+        credit.  It shares this image's mapping, so it is usable while this image is and is
+        never closed itself."""
+        return Image(self._log, ffi.new("int64_t *", position), join_position=position)
 
     @property
     def log_path(self) -> str:
         """The log file, for :meth:`detached` readers in other processes."""
         return str(self._log.path)
 
+    @property
+    def log_buffer(self) -> LogBuffer:
+        """The mapped log this image reads (its terms, metadata and position arithmetic), for
+        readers of the log as it is (retention, replay); valid until the image is closed."""
+        return self._log
+
+    @property
+    def identity(self) -> LogIdentity:
+        """What names this image's log: its session, initial term id and term length."""
+        return LogIdentity(self.session_id, self.initial_term_id, self.term_length)
+
+    def producer_position(self) -> int:
+        """The position the log's producer (the publisher, or the receiver rebuilding it)
+        reached: nothing past it is written yet."""
+        return self._log.producer_position()
+
+    @property
+    def at_message_boundary(self) -> bool:
+        """Whether this reader's position is a message boundary: not inside a fragmented
+        message whose first fragments it read."""
+        return not self._assembling
+
+    def frame_header(self, position: int) -> tuple[int, ...]:
+        """The header fields of the frame at ``position`` as the log holds them now
+        (:data:`~slipstream.client.layout.DATA_HEADER`'s: frame length, version, flags,
+        type, term offset, session id, stream id, term id, reserved value).  Another process
+        writes them: check them before stepping by a length."""
+        return self._log.frame_header(index_by_position(position, self._position_bits),
+                                      position & self._term_mask)
+
     def available_position(self) -> int:
         """How far committed frames reach from this reader's position (not consuming them):
         the position after the last whole message that is ready.  Raises
         :class:`ClosedError` once the image is gone."""
         self._check_open()
-        probe = Image(self._log, ffi.new("int64_t *", self._position),
-                      join_position=self._position)
+        probe = self.reader_at(self._position)
         boundary = probe._position
         while True:
             before = probe._position
             probe.poll_batch(_MAX_SCAN)
-            if not probe._assembling:  # mid-message positions are not boundaries
+            if probe.at_message_boundary:  # mid-message positions are not boundaries
                 boundary = probe._position
             if probe._position == before:
                 return boundary
@@ -567,8 +609,8 @@ class Image:
         :class:`ClosedError` when the image is gone.
         """
         self._check_open()
-        self._check_retained(position)
-        reader = Image(self._log, ffi.new("int64_t *", position), join_position=position)
+        self.check_retained(position)
+        reader = self.reader_at(position)
         while reader._position < limit_position:
             offset = reader._position & self._term_mask
             scan_end = min(self.term_length, offset + limit_position - reader._position)
@@ -576,16 +618,16 @@ class Image:
             reader._read(handler, _MAX_SCAN, scan_end)
             if reader._position == before:
                 break
-        self._check_retained(position)  # a writer may have lapped the reader meanwhile
+        self.check_retained(position)  # a writer may have lapped the reader meanwhile
         # A message the limit cut: its first frame is the boundary (what was delivered ends
         # there), so a commit of this position never skips it.
         return reader._assembly_start if reader._assembling else reader._position
 
-    def _check_retained(self, position: int) -> None:
-        """Raise DataLossError unless the log still holds the frame at ``position``."""
-        index = (position >> self._position_bits) % PARTITION_COUNT
-        offset = position & self._term_mask
-        fields = DATA_HEADER.unpack_from(self._terms[index], offset)
+    def check_retained(self, position: int) -> None:
+        """Raise :class:`DataLossError` unless the log still holds the frame at ``position``
+        (a frame boundary): a copy of frames read from there is whole if this passes after
+        the copy (a writer lapping the reader cleans and rewrites the term first)."""
+        fields = self.frame_header(position)
         frame_length, frame_term_id = fields[0], fields[7]
         expected_term_id = compute_term_id(position, self._position_bits,
                                            self._log.initial_term_id)
@@ -626,18 +668,21 @@ class Image:
         if new_position < written:
             # A frame that is there must begin here (its header says where it is), or the
             # position lies inside one.
-            offset = new_position & self._term_mask
-            fields = DATA_HEADER.unpack_from(
-                self._terms[(new_position >> self._position_bits) % PARTITION_COUNT], offset)
-            if fields[0] != 0 and (fields[4] != offset or fields[7] != compute_term_id(
-                    new_position, self._position_bits, self._log.initial_term_id)):
+            fields = self.frame_header(new_position)
+            if fields[0] != 0 and (fields[4] != new_position & self._term_mask
+                                   or fields[7] != compute_term_id(
+                                       new_position, self._position_bits,
+                                       self._log.initial_term_id)):
                 raise InvalidArgumentError(
                     "position", f"{new_position} is not where a message begins")
         self._assembling = False  # a message being assembled is left behind with the rest
         self._assembly = bytearray()
         self._advance(new_position)
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Unmap the image's log; further reads find nothing.  A subscription closes its
+        images itself (after the client's resource linger); a :meth:`detached` image is its
+        caller's to close."""
         if self._closed:
             return
         self._ended = self._position >= self._log.end_of_stream_position
@@ -646,6 +691,8 @@ class Image:
         self._term_ptrs = []
         self._header._term = memoryview(b"")
         self._log.close()
+
+    _close = close  # the simulator's host (sim/host.py) calls it by this name
 
     def __repr__(self) -> str:
         return (f"Image(session_id={self.session_id}, stream_id={self.stream_id}, "
@@ -955,7 +1002,7 @@ class Subscription:
                 # close() ran after the client looked: nothing can poll this image (it was
                 # never visible), and the linger that unmaps the others may be over already.
                 image._go()
-                image._close()
+                image.close()
                 return
             previous, self._images = self._images, (*self._images, image)
             self._images_changed.notify_all()
@@ -1010,14 +1057,19 @@ class Subscription:
             raise UsageError(
                 f"{len(self._async_pending)} messages that a messages() loop polled and did "
                 f"not yield (it was left early) come first: read them with messages()")
-        self._release_retired()
+        self.release_gone_images()
 
-    def _release_retired(self) -> None:
+    def release_gone_images(self) -> None:
+        """Unmap the logs of the images that went (unavailable, or the subscription closed).
+        A read does it first, on the reading thread; a thread that uses the images without
+        polling them (a planner that peeks and moves positions) calls this, or their logs
+        stay mapped, their files unlinked, for as long as the subscription lives.  Call it
+        from the thread that reads the images, never under one of its polls."""
         with self._images_changed:
             retired, self._retired = self._retired, []
             self._before_read_due = bool(self._async_pending)
         for image in retired:
-            image._close()
+            image.close()
 
     def close(self) -> None:
         """Stop receiving: the driver drops this subscriber's position (it no longer holds

@@ -82,15 +82,10 @@ from slipstream.client.holder import (
 )
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
+from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.logview import ImageView, LogView, RemoteView
-from slipstream.client.replay import (
-    LogIdentity,
-    ReplayLostError,
-    ReplayServer,
-    first_retained,
-    message_start,
-    request_replay,
-)
+from slipstream.client.replay import ReplayLostError, ReplayServer, request_replay
+from slipstream.client.retention import first_retained, message_start
 from slipstream.spark_bridge.options import SourceOptions
 
 __all__ = ["SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError", "SlipstreamPartition",
@@ -120,16 +115,16 @@ class SlipstreamDataLossError(SlipstreamError):
 class SlipstreamPartition(InputPartition):
     """One image's range ``[start, end)`` of one micro-batch, read by one task (picklable).
 
-    It names what it reads: the log (``session_id`` with ``initial_term_id`` and
-    ``term_length``), where it lives (``log_path`` on the host ``host`` whose driver is
-    ``driver``, ``pid@start_time_ns`` of that driver) and the holder that replays it to
-    tasks on other hosts (``holder``: address, port, control stream id; None when the
-    holder has no address other hosts reach).
+    It names what it reads: the log (``log``, its identity; None when the session's log was
+    gone when the batch was planned), where it lives (``log_path`` on the host ``host``
+    whose driver is ``driver``, ``pid@start_time_ns`` of that driver) and the holder that
+    replays it to tasks on other hosts (``holder``: address, port, control stream id; None
+    when the holder has no address other hosts reach).
     """
 
     def __init__(self, session_id: int, stream_id: int, log_path: str, start: int, end: int,
                  directory: str | None, fail_on_data_loss: bool, host: str, *,
-                 initial_term_id: int, term_length: int, driver: str | None,
+                 log: LogIdentity | None, driver: str | None,
                  holder: tuple[str, int, int] | None, replay_timeout_ms: int) -> None:
         super().__init__(None)
         self.session_id = session_id
@@ -140,8 +135,7 @@ class SlipstreamPartition(InputPartition):
         self.directory = directory
         self.fail_on_data_loss = fail_on_data_loss
         self.host = host
-        self.initial_term_id = initial_term_id
-        self.term_length = term_length
+        self.log = log
         self.driver = driver
         self.holder = holder
         self.replay_timeout_ms = replay_timeout_ms
@@ -397,9 +391,9 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
         position = p.start
         while position < p.end:
             try:
-                image._check_retained(position)
+                image.check_retained(position)
                 chunk = image.poll_gathered(_ROWS_PER_BATCH, p.end)
-                image._check_retained(position)  # still held after the copy: not torn
+                image.check_retained(position)  # still held after the copy: not torn
             except DataLossError as e:
                 message = loss_message(p.stream_id, p.session_id, position, p.end,
                                        e.producer_position, image.term_length)
@@ -408,7 +402,7 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
                 skip_to = message_start(image, first_retained(image, position, p.end), p.end)
                 log.warning("%s Skipping to %d (failOnDataLoss=false).", message, skip_to)
                 _record_skip(p.directory)
-                image._log.close()
+                image.close()
                 image = Image.detached(p.log_path, skip_to)
                 position = skip_to
                 continue
@@ -420,7 +414,7 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
                     f"at position {position} before {p.end}; the offsets do not match this log")
             position = image.position
     finally:
-        image._log.close()
+        image.close()
 
 
 def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
@@ -436,11 +430,12 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
             f"the query's holder has no address other hosts reach (its host name resolves to "
             f"a loopback address): set the reader's holderAddress option to the address of "
             f"{p.host} that the executors reach (docs/SPARK.md)")
-    if p.term_length == 0:  # the session's image was gone when the batch was planned
+    if p.log is None:  # the session's image was gone when the batch was planned
         _no_log(p, f"no log of this session at the holder on {p.host}")
         return
+    identity = p.log
+    term_length = identity.term_length
     address, port, control_stream = p.holder
-    identity = LogIdentity(p.session_id, p.initial_term_id, p.term_length)
     timeout_s = p.replay_timeout_ms / 1000
     schema = _schema()
     ids: dict[int, tuple[object, object]] = {}
@@ -449,7 +444,7 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
 
     def lost(e: ReplayLostError) -> SlipstreamDataLossError:
         return SlipstreamDataLossError(
-            loss_message(p.stream_id, p.session_id, e.lost[0], e.lost[1], None, p.term_length)
+            loss_message(p.stream_id, p.session_id, e.lost[0], e.lost[1], None, term_length)
             + f" (at the holder on {p.host}: {e})")
 
     while position < p.end:
@@ -462,7 +457,7 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
         with replay:
             if replay.lost is not None:
                 log.warning("%s Skipping to %d (failOnDataLoss=false).", loss_message(
-                    p.stream_id, p.session_id, *replay.lost, None, p.term_length),
+                    p.stream_id, p.session_id, *replay.lost, None, term_length),
                     replay.start)
                 _record_skip(p.directory)
             idle_since = time.monotonic()
@@ -476,7 +471,7 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
                         raise SlipstreamError(
                             f"{replay.describe()}: nothing arrived for {timeout_s:g} s, at "
                             f"position {replay.position} (this host's driver log says why "
-                            f"when it refused the replay: a term length of {p.term_length} "
+                            f"when it refused the replay: a term length of {term_length} "
                             f"over its image_term_buffer_length_max, for one)")
                     else:
                         replay.wait(0.01)
@@ -569,11 +564,9 @@ class _OwnHold:
         if self.client.is_closed:
             raise self.client.driver_lost_error()
         subscription = self.subscription
-        if subscription._before_read_due:
-            # The images of sessions that ended: this (planning) thread is the only one that
-            # reads them, and it never polls, so unmap them here or they stay mapped (their
-            # files already unlinked) for as long as the query runs.
-            subscription._release_retired()
+        # The images of sessions that ended: this (planning) thread is the only one that
+        # reads them, and it never polls.
+        subscription.release_gone_images()
         images = subscription.images
         if self.holder is not None:
             self.holder.logs = {image.session_id: (image.log_path, image.join_position)
@@ -647,21 +640,19 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
     for sid, (begin, stop) in ranges.items():
         image = images.get(sid)
         named = log_of(end[sid])
-        if image is not None and named is not None and \
-                named != (image.initial_term_id, image.term_length):
+        if image is not None and named is not None and named != image.identity.framing:
             message = (f"slipstream stream {options.stream_id} session {sid}: the "
                        f"batch's range [{begin}, {stop}) is of the log with initial term "
                        f"id {named[0]} and term length {named[1]}; this session's log now "
-                       f"has {image.initial_term_id} and {image.term_length} (its "
-                       f"publisher was added again, with session-id set?)")
+                       f"has {image.identity.describe()} (its publisher was added again, "
+                       f"with session-id set?)")
             if options.fail_on_data_loss:
                 raise SlipstreamDataLossError(message)
             log.warning("%s: skipping the range (failOnDataLoss=false)", message)
             _record_skip(options.directory)
             continue
-        initial_term_id, term_length = (
-            (image.initial_term_id, image.term_length) if image is not None
-            else named or (0, 0))
+        identity = (image.identity if image is not None
+                    else LogIdentity(int(sid), *named) if named is not None else None)
         bounds = [begin, stop]
         if wanted is not None and image is not None and wanted > len(ranges):
             # At most what a standing holder splits a range into (and plenty for a session).
@@ -672,8 +663,7 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
                 int(sid), options.stream_id,
                 image.log_path if image is not None else "", low, high,
                 options.directory, options.fail_on_data_loss, hold.host,
-                initial_term_id=initial_term_id, term_length=term_length,
-                driver=hold.driver, holder=hold.holder_address,
+                log=identity, driver=hold.driver, holder=hold.holder_address,
                 replay_timeout_ms=options.replay_timeout_ms))
     return partitions
 
@@ -700,7 +690,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """An offset's entry for ``view``'s log: the position, and what it is a position of
         (the log: initial term id and term length; the holder: host and driver run)."""
         assert self._hold is not None
-        return {"position": int(position), "log": [view.initial_term_id, view.term_length],
+        return {"position": int(position), "log": [*view.identity.framing],
                 "holder": f"{self._hold.host}/{self._hold.driver}"}
 
     # -- planning side -------------------------------------------------------------------------
@@ -808,7 +798,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 if self.options.fail_on_data_loss:
                     raise SlipstreamDataLossError(loss_message(
                         image.stream_id, image.session_id, begin, available, None,
-                        image.term_length))
+                        image.identity.term_length))
                 begin = image.first_retained(begin, available)  # the executor counts the skip
             ranges[sid] = (begin, available)
             end[sid] = self._entry(image, available)
@@ -862,10 +852,10 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if image is None:
                 continue
             named = log_of(entry)
-            if named is not None and named != (image.initial_term_id, image.term_length):
+            if named is not None and named != image.identity.framing:
                 foreign[sid] = (f"the offset is of the log with initial term id {named[0]} and "
                                 f"term length {named[1]}; this session's log has "
-                                f"{image.initial_term_id} and {image.term_length}")
+                                f"{image.identity.describe()}")
                 continue
             why = image.advance_to(position_of(entry))
             if why is not None:
@@ -932,13 +922,13 @@ class SlipstreamBatchReader(DataSourceReader):
                     f"{begin} is after endingPosition {stop}")
             if begin < stop and not view.is_retained(begin):
                 message = loss_message(options.stream_id, view.session_id, begin, stop, None,
-                                       view.term_length)
+                                       view.identity.term_length)
                 if options.fail_on_data_loss:
                     raise SlipstreamDataLossError(message)
                 begin = view.first_retained(begin, stop)
                 log.warning("%s Skipping to %d (failOnDataLoss=false).", message, begin)
                 _record_skip(options.directory)
-            identity = [view.initial_term_id, view.term_length]
+            identity = [*view.identity.framing]
             start[sid] = {"position": begin, "log": identity}
             end[sid] = {"position": stop, "log": identity}
         return start, end

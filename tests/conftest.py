@@ -203,6 +203,7 @@ MODULE_LANES = {
     "test_rate_control": "unit",
     "test_replay": "hosts",
     "test_replay_block": "unit",
+    "test_replay_protocol": "unit",
     "test_response_channels": "sockets",
     "test_response_hosts": "hosts",
     "test_retransmit": "unit",

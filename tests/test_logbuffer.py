@@ -25,6 +25,7 @@ from slipstream.client.layout import (
     FRAME_HEADER,
     HDR_TYPE_DATA,
     HDR_TYPE_PAD,
+    HEADER_LENGTH,
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,
@@ -36,6 +37,7 @@ from slipstream.client.layout import (
 )
 from slipstream.client.logbuffer import (
     LogBuffer,
+    LogIdentity,
     compute_log_length,
     compute_position,
     compute_term_id,
@@ -565,7 +567,7 @@ def test_a_borrowed_handle_reads_the_same_mapping_and_closing_it_leaves_the_mapp
     image = Image(borrowed, ffi.new("int64_t *", 0), join_position=0)
     seen: list[bytes] = []
     image.poll(lambda data, header: seen.append(bytes(data)), 10)
-    image._close()  # as a reader whose image went: the owner's mapping stays
+    image.close()  # as a reader whose image went: the owner's mapping stays
     assert borrowed.closed and not log.closed
     assert offer(appender, b"second") > 0
     assert seen == [b"first"] and read_all(log) == [b"first", b"second"]
@@ -591,3 +593,31 @@ def test_a_term_read_that_starts_at_a_fragment_says_so_and_one_that_reaches_it_s
     assert next_offset[0] == 128
     assert lib.ss_term_read(pointer, 128, TERM_MIN_LENGTH, 0, starts, ends, next_offset) == 0
     assert lib.ss_term_read(pointer, 224, TERM_MIN_LENGTH, 8, starts, ends, next_offset) == 0
+
+
+def test_an_image_says_what_its_log_is_and_where_its_frames_are(shm: Path) -> None:
+    """What retention and replay read of an image: its log's identity, the producer
+    position, a frame's header by position, a reader of its own position, and a detached
+    image's mapping, which closing it releases."""
+    log = make_log(shm, initial_term_id=-5)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    first = offer(appender, b"x" * 2000)  # fragmented with an MTU of 1408
+    assert offer(appender, b"second") > first
+    image = Image.detached(str(log.path), 0)
+    try:
+        assert image.identity == LogIdentity(42, -5, TERM_MIN_LENGTH)
+        assert image.identity.framing == (-5, TERM_MIN_LENGTH)
+        assert image.producer_position() == log.producer_position()
+        length, _, _, _, term_offset, session, stream, term_id = image.frame_header(first)[:8]
+        assert (length, term_offset, session, stream, term_id) == (
+            HEADER_LENGTH + len(b"second"), first, 42, 1001, -5)
+        reader = image.reader_at(first)
+        reader.poll(lambda data, header: None, 10)
+        assert reader.position == log.producer_position() and image.position == 0
+        image.poll(lambda data, header: None, 1)  # the first fragment only
+        assert not image.at_message_boundary
+        image.check_retained(first)
+    finally:
+        image.close()
+    assert image.log_buffer.closed and not log.closed
+    log.close()

@@ -120,7 +120,7 @@ def test_a_replayed_range_has_the_logs_messages_positions_and_reserved_values_un
         end = image.available_position()
         assert start // TERM < (end - 1) // TERM
         replay = request_replay(remote, hosts[1].address, PORT, CONTROL_STREAM, STREAM,
-                                LogIdentity.of(image), start, end,
+                                image.identity, start, end,
                                 reply_address=hosts[2].address)
         with replay:
             got = read_all(replay)
@@ -149,11 +149,11 @@ def test_a_range_the_log_no_longer_holds_is_answered_lost_or_skipped_to_what_it_
         end = image.available_position()
         with pytest.raises(ReplayLostError) as lost:
             request_replay(remote, hosts[1].address, PORT, CONTROL_STREAM, STREAM,
-                           LogIdentity.of(image), 0, end, reply_address=hosts[2].address)
+                           image.identity, 0, end, reply_address=hosts[2].address)
         assert lost.value.lost == (0, end)
         assert "no longer holds position 0" in str(lost.value)
         with request_replay(remote, hosts[1].address, PORT, CONTROL_STREAM, STREAM,
-                            LogIdentity.of(image), 0, end, skip_lost=True,
+                            image.identity, 0, end, skip_lost=True,
                             reply_address=hosts[2].address) as replay:
             assert replay.lost[0] == 0 and 0 < replay.lost[1] <= replay.start < end
             got = read_all(replay)
@@ -174,7 +174,7 @@ def test_bad_requests_are_refused_and_counted_and_the_holder_serves_the_next(
         image = keeper.images[0]
         holder.logs[image.session_id] = Image.detached(image.log_path, 0)
         end = image.available_position()
-        identity = LogIdentity.of(image)
+        identity = image.identity
         other = LogIdentity(identity.session_id, identity.initial_term_id + 1,
                             identity.term_length)
         with pytest.raises(ReplayError, match="log of that session is another one"):

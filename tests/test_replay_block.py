@@ -22,8 +22,7 @@ from helpers import FAST_DRIVER_SETTINGS, wait_for
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from slipstream.client import BufferClaim, Client
-from slipstream.client import replay as replay_module
+from slipstream.client import BufferClaim, Client, retention
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import DataLossError
 from slipstream.client.holding import small_channel
@@ -42,7 +41,6 @@ from slipstream.client.layout import (
 from slipstream.client.logbuffer import LogBuffer, index_by_position, new_appender
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, Publication
 from slipstream.client.replay import (
-    LogIdentity,
     Replay,
     ReplayError,
     ReplayLostError,
@@ -51,6 +49,7 @@ from slipstream.client.replay import (
     first_retained,
     request_replay,
 )
+from slipstream.client.replay import server as replay_server
 from slipstream.client.subscription import Image, Subscription
 from slipstream.daemon.driver import MediaDriver
 
@@ -391,13 +390,13 @@ def test_the_first_position_held_is_found_among_the_terms_the_log_can_still_hold
         oldest[:cut * FRAME_ALIGNMENT] = bytes(cut * FRAME_ALIGNMENT)
         image = Image(log, ffi.new("int64_t *", producer), join_position=0)
         looked_at: list[int] = []
-        scan = replay_module._first_frame_in_term
+        scan = retention._first_frame_in_term
 
-        def recorded(image: Image, log_buffer: LogBuffer, start: int, end: int) -> int | None:
+        def recorded(image: Image, start: int, end: int) -> int | None:
             looked_at.append(start)
-            return scan(image, log_buffer, start, end)
+            return scan(image, start, end)
 
-        monkeypatch.setattr(replay_module, "_first_frame_in_term", recorded)
+        monkeypatch.setattr(retention, "_first_frame_in_term", recorded)
         start = int(start_at * (producer - FRAME_ALIGNMENT)) & -FRAME_ALIGNMENT
         expected = min((p for p in held if p > start and p >= TERM + cut * FRAME_ALIGNMENT),
                        default=producer)
@@ -450,7 +449,7 @@ def replayed(remote: Client, image: Image, start: int, end: int,
              got: list[tuple[bytes, int, int]] | None = None) -> list[tuple[bytes, int, int]]:
     """The rows of a replay of [start, end), read whole (into ``got``)."""
     replay: Replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                                    LogIdentity.of(image), start, end, timeout_s=10)
+                                    image.identity, start, end, timeout_s=10)
     got = [] if got is None else got
     deadline = time.monotonic() + 20
     with replay:
@@ -523,7 +522,7 @@ def test_replays_share_the_readers_link_and_pass_over_an_answer_to_another_reque
 
     def request() -> Replay:
         return request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                              LogIdentity.of(image), 0, end, timeout_s=10)
+                              image.identity, 0, end, timeout_s=10)
 
     first = request()
     link = first._link
@@ -572,7 +571,7 @@ def test_a_holder_that_names_no_request_is_read_and_its_link_not_kept(
     links = []
     for _ in range(2):
         replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                                LogIdentity.of(image), 0, end, timeout_s=10)
+                                image.identity, 0, end, timeout_s=10)
         links.append(replay._link)
         assert replayed_through(replay) == local
         assert replay._link.control.is_closed and replay._link.response.is_closed
@@ -642,7 +641,7 @@ def test_a_range_the_cleaner_takes_while_the_holder_looks_for_its_start_is_answe
     start, end = TERM, publication.position  # not cleaned, a whole term behind the producer
     assert end - start >= TERM and image.position - start < TERM
     writable = LogBuffer(image.log_path)
-    walk = replay_module.message_start
+    walk = retention.message_start
     zeroed: list[int] = []
 
     def cleaner_passes(image: Image, position: int, end: int) -> int:
@@ -653,14 +652,14 @@ def test_a_range_the_cleaner_takes_while_the_holder_looks_for_its_start_is_answe
             zeroed.append(position)
         return walk(image, position, end)
 
-    monkeypatch.setattr(replay_module, "message_start", cleaner_passes)
+    monkeypatch.setattr(replay_server, "message_start", cleaner_passes)
     try:
         with pytest.raises(ReplayLostError) as lost:
-            request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM, LogIdentity.of(image),
+            request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM, image.identity,
                            start, end, timeout_s=10)
         assert zeroed == [start] and lost.value.lost == (start, end)
         replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                                LogIdentity.of(image), start, end, skip_lost=True,
+                                image.identity, start, end, skip_lost=True,
                                 timeout_s=10)
         assert replay.lost == (start, start + 1056) and replay.start == start + 1056
         assert replayed_through(replay) == source_rows(image, start + 1056, end)
@@ -684,7 +683,7 @@ def test_a_loss_while_replaying_is_answered_lost_even_when_the_answer_must_wait(
         raise DataLossError(0, end + 3 * TERM)
 
     monkeypatch.setattr(ReplayServer, "_blocks", staticmethod(log_moves_on))
-    take = replay_module._Responses.take
+    take = replay_server._Responses.take
     refused: list[bytes] = []
 
     def answers_refusing_once(self: object, request: ReplayRequest) -> Publication:
@@ -700,7 +699,7 @@ def test_a_loss_while_replaying_is_answered_lost_even_when_the_answer_must_wait(
         publication.offer = refuse_once
         return publication
 
-    monkeypatch.setattr(replay_module._Responses, "take", answers_refusing_once)
+    monkeypatch.setattr(replay_server._Responses, "take", answers_refusing_once)
     with pytest.raises(ReplayLostError) as lost:
         replayed(remote, image, 0, end)
     assert refused and lost.value.lost == (0, end)

@@ -81,8 +81,7 @@ class Hosts:
                   ) -> SlipstreamPartition:
         return SlipstreamPartition(
             self.image.session_id, STREAM, self.image.log_path, start, end, str(directory),
-            fail, "holder-host", initial_term_id=self.image.initial_term_id,
-            term_length=self.image.term_length, driver=self.driver, holder=holder,
+            fail, "holder-host", log=self.image.identity, driver=self.driver, holder=holder,
             replay_timeout_ms=5000)
 
     def close(self) -> None:

@@ -1,0 +1,126 @@
+"""What a log still holds, and from where: its earliest position, the first position it
+holds after one it lost, where a message begins.
+
+The driver cleans a log one term behind its slowest subscriber, from wherever that one stands,
+and a publisher writes over the oldest of the three partitions as it rotates, so what a log
+holds of its past is a moving window of at most three terms whose start may lie in the middle
+of a term, or of a fragmented message.  These functions read the log through an
+:class:`~slipstream.client.subscription.Image` (its subscriber's, or a detached one) and never
+move its position; a replay's holder and a read's planner ask them alike.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from slipstream.client.errors import DataLossError
+from slipstream.client.layout import (
+    BEGIN_FLAG,
+    FRAME_ALIGNMENT,
+    HDR_TYPE_PAD,
+    PARTITION_COUNT,
+    SESSION_ID_FIELD,
+)
+from slipstream.client.logbuffer import compute_term_id, index_by_position
+from slipstream.client.subscription import Image
+
+__all__ = ["earliest_position", "first_retained", "is_retained", "message_start",
+           "skip_message"]
+
+#: A DATA header's session id, stream id and term id, in a row from SESSION_ID_FIELD.
+_HEADER_IDS: Final = struct.Struct("<iii")
+
+
+def skip_message(data: memoryview, header: object) -> None:
+    """A peek handler for checks only."""
+
+
+def is_retained(image: Image, position: int) -> bool:
+    """Whether the log still holds the message boundary ``position`` (a peek of nothing)."""
+    try:
+        image.peek(position, skip_message, position)
+    except DataLossError:
+        return False
+    return True
+
+
+def _first_frame_in_term(image: Image, start: int, end: int) -> int | None:
+    """The first frame boundary in ``[start, end)`` within ``start``'s term that the log still
+    holds, found by its header (length, term offset, session, stream and term id all match),
+    or None.  The driver cleans one term behind the slowest subscriber from an arbitrary
+    position, so what survives of a term begins anywhere, not at its start.  Candidates are
+    found by searching the mapping for the header's session, stream and term id (a C
+    ``memmem``, not a Python step per 32 bytes: a term is up to 1 GiB), then checked whole."""
+    log_buffer = image.log_buffer
+    term = image.term_length
+    term_start = start - start % term
+    index = index_by_position(start, log_buffer.position_bits)
+    term_id = compute_term_id(start, log_buffer.position_bits, log_buffer.initial_term_id)
+    ids = _HEADER_IDS.pack(image.session_id, image.stream_id, term_id)
+    # The ids of a header at offset o lie at o + SESSION_ID_FIELD: search for headers at
+    # start's offset up to (not at) the range's end, within the term.
+    search_end = min(term, end - term_start) + SESSION_ID_FIELD
+    found = log_buffer.find_in_term(index, ids, start % term + SESSION_ID_FIELD, search_end)
+    while found >= 0:
+        offset = found - SESSION_ID_FIELD
+        if offset % FRAME_ALIGNMENT == 0:
+            length, _, _, _, frame_offset = image.frame_header(term_start + offset)[:5]
+            if (length > 0 and frame_offset == offset
+                    and is_retained(image, term_start + offset)):
+                return term_start + offset
+        found = log_buffer.find_in_term(index, ids, found + 1, search_end)
+    return None
+
+
+def _oldest_term_held(producer: int, term_length: int) -> int:
+    """Where the oldest term a log's partitions can still hold begins, its producer at
+    ``producer``: the producer's term and the :data:`PARTITION_COUNT` - 1 before it (at a
+    term's end the log may not have rotated yet, so that term counts as the producer's)."""
+    producer_term = (max(producer, 1) - 1) // term_length
+    return max(0, (producer_term - (PARTITION_COUNT - 1)) * term_length)
+
+
+def first_retained(image: Image, start: int, end: int) -> int:
+    """The first message position after ``start``, at most ``end``, that the log still holds.
+
+    Only the terms the log's three partitions can still hold are looked at (the producer's
+    and the two before it: whatever lies before was written over); there, term starts are
+    tried first (every term begins with a frame; a reader starting inside a fragmented
+    message skips its remaining fragments); within the term where cleaning stopped, the
+    first intact frame header; finally ``end`` itself.
+    """
+    term = image.term_length
+    producer = image.producer_position()
+    end = min(end, producer)  # nothing is held past the producer
+    # The first frame boundary that can follow start, in a term the log can still hold.
+    position = max(start + FRAME_ALIGNMENT, _oldest_term_held(producer, term))
+    while position < end:
+        term_start = position - position % term
+        if term_start > start and is_retained(image, term_start):
+            return term_start
+        found = _first_frame_in_term(image, position, end)
+        if found is not None:
+            return found
+        position = term_start + term
+    return end
+
+
+def message_start(image: Image, position: int, end: int) -> int:
+    """The first position at or after the frame boundary ``position``, before ``end``, where a
+    message begins (a DATA frame with the BEGIN flag), else ``end``: a range that starts inside
+    a fragmented message (where the cleaner stopped) is read from the next whole one."""
+    while position < end:
+        length, _, flags, frame_type = image.frame_header(position)[:4]
+        if length <= 0:
+            return end  # not written yet: nothing begins before end
+        if frame_type != HDR_TYPE_PAD and flags & BEGIN_FLAG:
+            return position
+        position += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    return end
+
+
+def earliest_position(image: Image) -> int:
+    """The oldest message position the log still holds (at most ~3 terms back), at most the
+    image's position."""
+    return first_retained(image, -FRAME_ALIGNMENT, image.position)
