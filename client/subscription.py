@@ -692,7 +692,6 @@ class Image:
         self._header._term = memoryview(b"")
         self._log.close()
 
-    _close = close  # the simulator's host (sim/host.py) calls it by this name
 
     def __repr__(self) -> str:
         return (f"Image(session_id={self.session_id}, stream_id={self.stream_id}, "

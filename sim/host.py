@@ -624,7 +624,7 @@ class SubscriberHost(SimHost):
 
     def _stop(self) -> None:
         for _registration_id, reader, _cell in self.readers.values():
-            reader._close()
+            reader.close()
         self.readers = {}
         self._probes = {}
 
@@ -646,7 +646,7 @@ class SubscriberHost(SimHost):
             for session, (registration_id, reader, _cell) in list(self.readers.items()):
                 if registration_id == message["correlation_id"]:
                     self._drain(reader)
-                    reader._close()
+                    reader.close()
                     del self.readers[session]
                     del self._probes[session]
             self.images_lost += 1
