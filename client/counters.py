@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import errno
-import mmap
 import os
 import re
 import struct
@@ -34,6 +33,7 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
+from slipstream.client.mapping import map_shared, unmap
 
 MAGIC = 0x53504C53  # "SLPS"
 VERSION = 1
@@ -229,8 +229,7 @@ class CountersFile:
             self._file_identity = (stat.st_dev, stat.st_ino)
             if size < HEADER_LENGTH:
                 raise ValueError(f"{self.path} is not a counters file ({size} bytes)")
-            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+            self._map = map_shared(fd, size, writable=writable)
         finally:
             os.close(fd)
         magic, version, capacity = struct.unpack_from("<iii", self._map, 0)
@@ -439,11 +438,7 @@ class CountersFile:
             return
         for stop in self._keeper_stops:
             stop()
-        ffi.release(self._cdata)
-        try:
-            self._map.close()
-        except BufferError:
-            pass
+        unmap(self._map, self._cdata)
         self._map = None  # type: ignore[assignment]
 
 

@@ -13,7 +13,6 @@ Positions are byte offsets in the stream: ``position = term_count << bits | term
 from __future__ import annotations
 
 import copy
-import mmap
 import os
 import struct
 from pathlib import Path
@@ -63,6 +62,7 @@ from slipstream.client.layout import (
     align,
     max_message_length,
 )
+from slipstream.client.mapping import map_shared, unmap
 
 #: A PAD header but its frame length, which goes last (version .. term_id).
 _PAD_AFTER_LENGTH = struct.Struct("<" + DATA_HEADER.format[2:-1])
@@ -195,8 +195,7 @@ class LogBuffer:
         fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             length = os.fstat(fd).st_size
-            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            self._map = mmap.mmap(fd, length, mmap.MAP_SHARED, prot)
+            self._map = map_shared(fd, length, writable=writable)
         finally:
             os.close(fd)
         self.length = length
@@ -470,11 +469,7 @@ class LogBuffer:
             self._map = None  # type: ignore[assignment]
             return
         self.view.release()
-        ffi.release(self._cdata)
-        try:
-            self._map.close()
-        except BufferError:
-            pass
+        unmap(self._map, self._cdata)
         self._map = None  # type: ignore[assignment]
 
     @property

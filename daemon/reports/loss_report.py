@@ -15,7 +15,6 @@ keeps the history of the driver's life.  When the file is full, new images are n
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from pathlib import Path
@@ -25,6 +24,7 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client._native import ffi
+from slipstream.client.mapping import map_shared, unmap
 from slipstream.daemon._network import lib as network
 
 FILE = "loss-report.dat"
@@ -81,7 +81,7 @@ class LossReport:
         fd = control.create_file(self.path, os.O_RDWR | os.O_TRUNC, mode)
         try:
             os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
+            self._map = map_shared(fd, size, writable=True)
         finally:
             os.close(fd)
         _HEADER.pack_into(self._map, 0, MAGIC, VERSION, capacity, 0)
@@ -101,8 +101,7 @@ class LossReport:
         return LossEntry(self._cdata + offset)
 
     def close(self) -> None:
-        ffi.release(self._cdata)
-        self._map.close()
+        unmap(self._map, self._cdata)
 
 
 def read_loss_report(directory: str | os.PathLike[str]) -> list[LossObservation]:
