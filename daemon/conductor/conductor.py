@@ -35,6 +35,7 @@ from slipstream.client.errors import ChannelError, InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.ipc import IpcPublication, IpcPublicationState
+from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.network import (
     NetworkConductor,
     NetworkSubscription,
@@ -64,9 +65,6 @@ from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.streams.tether import Tether
 
 log = logging.getLogger("slipstream.driver")
-
-Outgoing = list[tuple[bytes, dict[str, Any]]]
-
 
 @attrs.define(eq=False)
 class ClientSession:
@@ -530,7 +528,7 @@ class DriverConductor:
         return out
 
     def _attach(self, publication: IpcPublication, subscription: Subscription,
-                client: ClientSession) -> tuple[bytes, dict[str, Any]]:
+                client: ClientSession) -> ClientMessage:
         channel = subscription.channel
         subscriber = publication.add_subscriber(
             subscription,
@@ -660,7 +658,7 @@ class DriverConductor:
         """Untethered subscribers left behind lose their image, with the range they skip;
         those done resting rejoin at the newest position (a new image)."""
 
-        def relink(subscription: Subscription) -> tuple[bytes, dict[str, Any]] | None:
+        def relink(subscription: Subscription) -> ClientMessage | None:
             client = self.clients.get(subscription.client_id)
             if client is None or client.subscriptions.get(
                     subscription.registration_id) is not subscription:
@@ -677,7 +675,7 @@ class DriverConductor:
                 for registration_id, target in client.publications.items()
                 if target == publication_id]
 
-    def _close_publication(self, publication: IpcPublication) -> Iterable[tuple[bytes, dict]]:
+    def _close_publication(self, publication: IpcPublication) -> Iterable[ClientMessage]:
         out = []
         for subscriber in publication.subscribers:
             client = self.clients.get(subscriber.subscription.client_id)

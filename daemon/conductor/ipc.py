@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 
@@ -27,6 +26,7 @@ from slipstream.client.counters import (
 )
 from slipstream.client.logbuffer import LogBuffer, unblock
 from slipstream.daemon._network import lib as network
+from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.untethered import UntetheredStream, check_untethered
 from slipstream.daemon.pressure.episodes import BackPressureEpisodes, EpisodeEvent
 from slipstream.daemon.protocol.log_cleaner import CLEAN_CHUNK_LENGTH, LogCleaner
@@ -167,8 +167,8 @@ class IpcPublication:
         return subscriber
 
     def check_untethered(
-            self, relink: Callable[[Subscriber], tuple[bytes, dict[str, Any]] | None],
-            now_ns: int) -> list[tuple[bytes, dict[str, Any]]]:
+            self, relink: Callable[[Subscriber], ClientMessage | None],
+            now_ns: int) -> Outgoing:
         """Aeron's untethered subscriptions, as drop-oldest (:mod:`.untethered`), against the
         producer's position: one left behind loses its image with the range from its position
         to the producer's; one unlinked (RESTING) no longer counts for the limit and its

@@ -9,6 +9,11 @@ from typing import Any
 from slipstream.client import control
 from slipstream.daemon.pressure.episodes import EpisodeEvent
 
+#: One message to one client: the client's key (its control-socket identity) and the message.
+ClientMessage = tuple[bytes, dict[str, Any]]
+#: What a conductor step sends clients, in order.
+Outgoing = list[ClientMessage]
+
 
 def publication_ready(*, correlation_id: int, registration_id: int,
                       original_registration_id: int, log_file: Path, session_id: int,

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Generic
+from typing import Generic
 
 import attrs
 
 from slipstream.client.counters import CountersFile, CountersFullError, SystemCounter
 from slipstream.daemon.conductor import messages
+from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.streams.tether import (
     S,
     TetherablePosition,
@@ -51,13 +52,13 @@ class UntetheredStream(Generic[S]):
     head: int
     window: int
     unlink: Callable[[TetherablePosition[S]], object]
-    relink: Callable[[S], tuple[bytes, dict[str, Any]] | None]
+    relink: Callable[[S], ClientMessage | None]
 
 
 def check_untethered(stream: UntetheredStream[S],
                      positions: Iterable[tuple[TetherablePosition[S], int]],
                      resting: list[TetherablePosition[S]], counters: CountersFile,
-                     now_ns: int) -> list[tuple[bytes, dict[str, Any]]]:
+                     now_ns: int) -> Outgoing:
     """Run the tethers of ``stream``'s links at ``positions`` (link, its position; tethered
     links are passed over) and of its ``resting`` links, as of ``now_ns``; returns the
     messages for the clients.
@@ -67,7 +68,7 @@ def check_untethered(stream: UntetheredStream[S],
     ``head``).  One whose linger ended (RESTING) is unlinked and joins ``resting``.  One done
     resting leaves ``resting`` and is linked anew; if the counters have no room for it, that
     counts an error and it rests again for another resting timeout, not at once."""
-    out: list[tuple[bytes, dict[str, Any]]] = []
+    out: Outgoing = []
     window_end = untethered_window_end(stream.head, stream.window)
     for link, position in positions:
         if link.tether is None:
