@@ -909,8 +909,8 @@ class NetworkConductor:
     def check_untethered_images(self, now_ns: int) -> Outgoing:
         """Aeron's untethered subscriptions of network images (``tether=false``;
         PublicationImage.checkUntetheredSubscriptions; :mod:`.untethered`), on the conductor's
-        timer.  An image's head is its fastest subscriber, its window the receiver window (the
-        most congestion control lets it grow to, a value the receiver never changes): one
+        timer.  An image's head is its fastest subscriber, its window the receiver window
+        congestion control gives it now (a sample of what the receiver sets): one
         left behind loses its image, with the range it skips (from its position to the
         fastest's); it rejoins where the image's slowest subscriber is, with a new image."""
         out: Outgoing = []
@@ -929,7 +929,7 @@ class NetworkConductor:
             UntetheredStream(f"image {image_entry.registration_id}",
                              image_entry.registration_id, image.stream_id,
                              max((p for _, p in positions), default=image.rcv_pos),
-                             image.max_window, functools.partial(self._unlink, image_entry),
+                             image.window, functools.partial(self._unlink, image_entry),
                              functools.partial(self._rejoin_rested, image_entry, now_ns)),
             positions, image_entry.resting, self.counters, now_ns)
 

@@ -194,10 +194,9 @@ class PublicationImage:
         self.group_tag = params.group_tag
         self.congestion_control = cc = congestion_control_for(params, term_length, setup.mtu,
                                                               now_ns)
+        #: The receiver window congestion control gives now (bytes); the receiver rebinds it,
+        #: the conductor's untethered check reads it as a sample.
         self.window = cc.initial_window_length()
-        #: The most the window may grow to (congestion control's maximum; fixed): what the
-        #: conductor's untethered check measures the image's window by.
-        self.max_window = cc.max_window_length()
         self._consults_congestion_control = not cc.is_static
         self._published_indicators: tuple[int, ...] = ()
         self._publish_indicators()

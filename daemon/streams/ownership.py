@@ -189,10 +189,12 @@ PUBLICATION_THREADS: dict[str, str] = _owned(
 #: by owner.
 IMAGE_THREADS: dict[str, str] = _owned(
     fixed="""session_id stream_id initial_term_id term_length position_bits join_position
-        max_window wants_response log positions counters""",
-    sampled="rcv_pos rcv_hwm",
+        wants_response log positions counters""",
+    # window: an int the receiver rebinds as congestion control moves it (Aeron's
+    # nextSmReceiverWindowLength, which its conductor reads the same way).
+    sampled="rcv_pos rcv_hwm window",
     receiver="""c cleaner congestion_control loss_detector rate_signaller state is_done
-        is_end_of_stream left_behind window add_subscriber_position remove_subscriber_position
+        is_end_of_stream left_behind add_subscriber_position remove_subscriber_position
         subscriber_count min_subscriber_position set_response_session attach_paths
         control_address control_datagrams datagrams_to_send due next_deadline_ns
         python_deadline_ns drop_connection end_without_subscribers leave on_rate_announce
