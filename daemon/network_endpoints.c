@@ -48,7 +48,8 @@ static int udp_send(void *context, int32_t fd, struct mmsghdr *messages, uint32_
 }
 
 /* cffi's extern "Python+C" (_network_build.py): the virtual network takes one datagram
- * from `context` (the sending transport) to `address`.  Returns what it took (length). */
+ * from `context` (the sending transport) to `address`.  Returns what it took (length), or
+ * -1 when the port raised (the exception is kept for the Python caller). */
 int32_t ss_virtual_datagram(void *context, const uint8_t *address, int32_t address_length,
                             const uint8_t *data, int32_t length);
 
@@ -84,8 +85,14 @@ static int virtual_send(void *context, int32_t fd, struct mmsghdr *messages,
         const size_t step = segment > 0 ? segment : length;
         for (size_t offset = 0; offset < length; offset += step) {
             const size_t piece = length - offset < step ? length - offset : step;
-            ss_virtual_datagram(context, header->msg_name, (int32_t)header->msg_namelen,
-                                data + offset, (int32_t)piece);
+            if (ss_virtual_datagram(context, header->msg_name, (int32_t)header->msg_namelen,
+                                    data + offset, (int32_t)piece) < 0) {
+                /* The port raised: its exception waits for the Python caller of this send
+                 * (send_point.raise_port_errors), and the datagram counts as not sent. */
+                if (i > 0) return (int)i;
+                errno = EIO;
+                return -1;
+            }
         }
         messages[i].msg_len = (unsigned int)length;
     }
@@ -164,7 +171,9 @@ static int send_to_destinations(ss_send_publication_t *p, struct mmsghdr *messag
         }
     }
     if (failed > 0) {
-        if (most >= 0 || full > 0) count(p->send_errors, failed); /* else its caller counts */
+        /* One count per failed destination; when every one failed, the caller counts the
+         * last as it counts a failed send to one address. */
+        count(p->send_errors, most >= 0 || full > 0 ? failed : failed - 1);
         if (error != p->last_errno) p->notice = 1; /* Python logs it */
         p->last_errno = error;
     }

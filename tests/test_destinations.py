@@ -12,6 +12,7 @@ import socket
 import uuid
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -320,3 +321,45 @@ def test_an_rsp_setup_reaches_the_conductor_for_a_request_publication_only(
     channel.on_datagram((24).to_bytes(4, "little") + wire[4:], server, 3)
     assert counters[SystemCounter.INVALID_PACKETS] == 2
     assert channel.response_setups == []
+
+
+class _BrokenPort:
+    """A virtual network end that raises on every datagram."""
+
+    def __init__(self) -> None:
+        self.binding_handle = network_ffi.new_handle(self)
+        self.calls = 0
+
+    def put_datagram(self, address: Address, data: bytes) -> None:
+        self.calls += 1
+        raise RuntimeError("the virtual network broke")
+
+
+def test_what_a_virtual_port_raises_reaches_the_caller_and_nothing_counts_as_sent(
+        shm: Path) -> None:
+    counters = LocalCounters()
+    table = DestinationTable(ControlMode.MANUAL)
+    table.add(("10.0.0.2", 4000), 0)
+    publication = _publication(shm, counters, "aeron:udp?control-mode=manual")
+    port = _BrokenPort()
+    send_point.attach_publication(publication, fd=-1, table=table, virtual=port)
+    with pytest.raises(RuntimeError, match="the virtual network broke"):
+        send_point.send_publication_frames(publication, [Datagram(b"setup", ALL_DESTINATIONS)])
+    assert port.calls == 1
+    assert counters[SystemCounter.BYTES_SENT] == 0
+    send_point.raise_port_errors()  # raised once: nothing is left to raise
+
+
+def test_each_destination_a_frame_fails_to_reach_counts_one_send_error(shm: Path) -> None:
+    counters = LocalCounters()
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # no SO_BROADCAST: EACCES
+    try:
+        table = DestinationTable(ControlMode.MANUAL)
+        for port in (4000, 4001, 4002):
+            table.add(("255.255.255.255", port), 0)
+        publication = _publication(shm, counters, "aeron:udp?control-mode=manual")
+        send_point.attach_publication(publication, fd=sender.fileno(), table=table)
+        send_point.send_publication_frames(publication, [Datagram(b"setup", ALL_DESTINATIONS)])
+        assert counters[SystemCounter.SEND_ERRORS] == 3
+    finally:
+        sender.close()

@@ -26,6 +26,7 @@ from typing import Generic, TypeVar
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
+from slipstream.daemon.media import send_point
 
 Endpoint = TypeVar("Endpoint")
 Command = TypeVar("Command")
@@ -103,6 +104,7 @@ class Agent(Generic[Endpoint, Command]):
         c = self.c
         work, python_input = self._virtual_io(now_ns) if self._has_virtual_io else (0, False)
         work += network.ss_agent_do_work(c, now_ns)
+        send_point.raise_port_errors()  # the C half's sends through the simulator's ports
         if c.due or python_input:
             work += self.do_python_work(now_ns)
         return work

@@ -42,6 +42,7 @@ from slipstream.daemon.agents.commands import (
     SetPressureStep,
     StopCredit,
 )
+from slipstream.daemon.media import send_point
 from slipstream.daemon.media.events import (
     EndpointRemoved,
     PublicationDone,
@@ -207,7 +208,9 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
         for publication, endpoint in pairs:
             if publication.c.fd < 0:
                 publication.c.virtual_room = endpoint.transport.room(publication, now_ns)
-        return max(0, network.ss_send_virtual(self.c, now_ns, int(retransmits_only)))
+        sent = network.ss_send_virtual(self.c, now_ns, int(retransmits_only))
+        send_point.raise_port_errors()
+        return max(0, sent)
 
     def do_python_work(self, now_ns: int) -> int:
         """The Python half (see :class:`~slipstream.daemon.agents.agent.Agent`): commands,

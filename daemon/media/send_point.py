@@ -53,7 +53,27 @@ class VirtualPort(Protocol):
         ...
 
 
-@network_ffi.def_extern()
+#: What a VirtualPort raised inside the virtual binding, which cffi cannot raise through C:
+#: :func:`raise_port_errors` raises it in the Python caller of the C send.  Only the
+#: simulator's single thread sends through the virtual binding.
+_port_errors: list[BaseException] = []
+
+
+def _keep_port_error(_type: type, value: BaseException, _traceback: Any) -> int:
+    _port_errors.append(value)
+    return -1  # ss_virtual_datagram's "not taken": the C send fails the datagram
+
+
+def raise_port_errors() -> None:
+    """Raise the first exception a :class:`VirtualPort` raised in the C sends since the last
+    call (the others are dropped with it); nothing if none did."""
+    if _port_errors:
+        error = _port_errors[0]
+        _port_errors.clear()
+        raise error
+
+
+@network_ffi.def_extern(onerror=_keep_port_error)
 def ss_virtual_datagram(context, address, address_length: int, data, length: int) -> int:
     """The virtual binding (``ss_virtual_binding``): one datagram a channel endpoint's send
     sent, ``length`` bytes at ``data`` to the struct sockaddr at ``address``, goes to its
@@ -116,6 +136,7 @@ def send_publication_frames(publication: NetworkPublication,
             else:
                 raw = _sockaddr(datagram.address)
                 network.ss_send_channel_send_frame(c, frame, len(frame), raw, len(raw))
+    raise_port_errors()
 
 
 def send_receiver_frames(receiver: Any, datagrams: Iterable[Datagram]
@@ -132,6 +153,7 @@ def send_receiver_frames(receiver: Any, datagrams: Iterable[Datagram]
                 code = network_ffi.errno
                 if code != errno.EAGAIN:
                     failed.append((datagram.address, code))
+    raise_port_errors()
     return failed
 
 
