@@ -42,9 +42,11 @@ from slipstream.daemon.conductor.network_records import (
     _allocate_counters,
     _EndpointState,
     _ImageEntry,
+    _is_removed_by,
     _label_of,
     _ReceiveEndpointEntry,
     _resolved,
+    _start_closing,
 )
 from slipstream.daemon.conductor.resources import LogBudget, ResourceError, create_log, discard_log
 from slipstream.daemon.conductor.sharing import (
@@ -538,9 +540,7 @@ class ReceiveSide:
     def _close_endpoint(self, entry: _ReceiveEndpointEntry) -> None:
         """The receiver drops the endpoint; then :class:`EndpointRemoved` closes its socket
         (unless a new subscription revived it meanwhile)."""
-        entry.state = _EndpointState.CLOSING
-        entry.generation += 1
-        generation = entry.generation
+        generation = _start_closing(entry)
         # A multi-destination subscription's destinations go with it, as a send
         # endpoint's: a subscription that revives it starts with none.
         indexes = tuple(entry.destinations.values())
@@ -555,10 +555,8 @@ class ReceiveSide:
         images are freed, and its receiver id is remembered (the drain may meet it), unless a
         new subscription revived it since."""
         entry = self._entry_of(event.channel)
-        if entry is None:
+        if entry is None or not _is_removed_by(entry, event):
             return
-        if entry.state is not _EndpointState.CLOSING or entry.generation != event.generation:
-            return  # revived since
         entry.endpoint.transport.close()
         self._receive_endpoints.pop(entry.key, None)
         if entry.destinations_counter_id is not None:

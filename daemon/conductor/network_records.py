@@ -8,7 +8,8 @@ The parts (:mod:`.network_send`, :mod:`.network_receive`, :mod:`.network_spies`,
 all of it runs on the conductor's thread.  A record holds an agent's objects (its endpoint, its
 publication or image), whose fields belong to the agent's thread but those
 :mod:`slipstream.daemon.streams.ownership` gives the conductor.  Names with an underscore are
-the network side's own: its modules share them, nothing else uses them.
+the network side's own: its modules (and tests) share them; nothing else in the driver uses
+them.
 
 Units: times in ns, sizes in bytes.
 """
@@ -30,6 +31,7 @@ from slipstream.daemon.agents.receiver import ReceiveEndpoint, ReceiveTransport
 from slipstream.daemon.agents.sender import SendEndpoint, SendTransport
 from slipstream.daemon.conductor.resources import StreamInterest
 from slipstream.daemon.media import interfaces, names
+from slipstream.daemon.media.events import EndpointRemoved
 from slipstream.daemon.media.interfaces import InterfaceAddress
 from slipstream.daemon.pressure.episodes import BackPressureEpisodes, LogReadings
 from slipstream.daemon.protocol.types import Address
@@ -171,6 +173,21 @@ class _ReceiveEndpointEntry:
     #: Destinations removed whose socket the receiver's thread may not have closed yet: an
     #: add of the same address takes the socket back rather than find its port in use.
     removing: dict[Address, RemovedDestination] = attrs.Factory(dict)
+
+
+def _start_closing(entry: _SendEndpointEntry | _ReceiveEndpointEntry) -> int:
+    """``entry``'s agent is to drop its endpoint: it is CLOSING, in a new generation, which
+    is returned for the command (the agent's :class:`EndpointRemoved` names it back)."""
+    entry.state = _EndpointState.CLOSING
+    entry.generation += 1
+    return entry.generation
+
+
+def _is_removed_by(entry: _SendEndpointEntry | _ReceiveEndpointEntry,
+                   event: EndpointRemoved) -> bool:
+    """Whether ``event`` ends ``entry``: it is still CLOSING in the generation the event
+    names, not revived by a new user since."""
+    return entry.state is _EndpointState.CLOSING and entry.generation == event.generation
 
 
 def _allocate_counters(counters: CountersFile, kinds: list[tuple[Any, ...]], label: str,

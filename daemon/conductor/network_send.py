@@ -44,11 +44,13 @@ from slipstream.daemon.conductor.network_records import (
     _allocate_counters,
     _EndpointState,
     _ImageEntry,
+    _is_removed_by,
     _label_of,
     _PublicationEntry,
     _ReceiveEndpointEntry,
     _resolved,
     _SendEndpointEntry,
+    _start_closing,
 )
 from slipstream.daemon.conductor.network_spies import SpySubscriptions
 from slipstream.daemon.conductor.resources import (
@@ -317,9 +319,7 @@ class SendSide:
     def _close_endpoint(self, entry: _SendEndpointEntry) -> None:
         """The sender drops the endpoint; then :class:`EndpointRemoved` closes its socket
         (unless a new publication revived it meanwhile)."""
-        entry.state = _EndpointState.CLOSING
-        entry.generation += 1
-        generation = entry.generation
+        generation = _start_closing(entry)
         # Its destinations go with it: a publication that revives it starts with none,
         # as on a new endpoint.
         entry.manual_destinations.clear()
@@ -330,10 +330,8 @@ class SendSide:
         unless a new publication revived it since."""
         entry = next((e for e in self._send_endpoints.values()
                       if e.endpoint.channel is event.channel), None)
-        if entry is None:
+        if entry is None or not _is_removed_by(entry, event):
             return
-        if entry.state is not _EndpointState.CLOSING or entry.generation != event.generation:
-            return  # revived since
         entry.endpoint.transport.close()
         self._send_endpoints.pop(entry.key, None)
         if entry.destinations_counter_id is not None:
