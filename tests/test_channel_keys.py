@@ -243,7 +243,7 @@ def test_ipv6_link_local_addresses_are_left_out_and_a_link_local_subnet_is_refus
 def test_the_subnet_is_chosen_among_the_addresses_the_transports_give() -> None:
     """The conductor asks its transports for the host's addresses (the simulator gives its
     host's own); a unicast wildcard subnet stays the wildcard and asks for none."""
-    from slipstream.daemon.conductor.network import _resolved
+    from slipstream.daemon.conductor.network_records import _resolved
 
     host = [_address("sim0", "10.0.0.3/24")]
 

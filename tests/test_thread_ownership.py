@@ -30,7 +30,7 @@ _KIND_OF_ANNOTATION = {"NetworkPublication": PUBLICATION, "PublicationImage": IM
 ALLOWED = {
     # The image is the conductor's until on_add_publication_image hands it over: its first
     # subscribers are added as it is made (submit=False).
-    ("_link", IMAGE, "add_subscriber_position"),
+    ("link", IMAGE, "add_subscriber_position"),
 }
 
 

@@ -499,7 +499,7 @@ def test_what_the_driver_does_not_carry_yet_is_refused_by_name(launch, parameter
 
 def test_a_channel_named_by_host_name_is_resolved_once_as_it_is_added(launch) -> None:
     from slipstream.client.channel import parse_channel
-    from slipstream.daemon.conductor.network import _resolved
+    from slipstream.daemon.conductor.network_records import _resolved
 
     named = parse_channel("aeron:udp?endpoint=localhost:40123|term-length=64k")
     resolved = _resolved(named, lambda: [])  # no interface=: the host's addresses unasked

@@ -9,25 +9,47 @@ window, and how a link of it unlinks and links anew.  The states and timers are
 :func:`~slipstream.daemon.streams.tether.untethered_window_end`; what is done about them (the
 counters, the log lines, the client's UNAVAILABLE_IMAGE, resting again when the counters are
 full) is here, once.  Positions in bytes, times in monotonic ns.
+
+The network's streams call it from here too (:class:`NetworkUntethered`): a network
+publication's spies and an image's subscriptions; an IPC publication calls it itself
+(:meth:`~slipstream.daemon.conductor.ipc.IpcPublication.check_untethered`).  All of it runs on
+the conductor's thread; a network link is unlinked and linked anew through the part that owns
+it (:mod:`.network_spies`: the sender lets the spy's position go or takes it;
+:mod:`.network_receive`: the receiver does the image's), each by a command to its agent.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable
-from typing import Generic
+from typing import TYPE_CHECKING, Any, Generic
 
 import attrs
 
+from slipstream.client.channel import Channel
 from slipstream.client.counters import CountersFile, CountersFullError, SystemCounter
+from slipstream.daemon._network import lib as network
 from slipstream.daemon.conductor import messages
 from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
+from slipstream.daemon.conductor.network_records import (
+    NetworkSubscription,
+    _ImageEntry,
+    _PublicationEntry,
+    _ReceiveEndpointEntry,
+)
+from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.streams.tether import (
     S,
+    Tether,
     TetherablePosition,
     TetherState,
     untethered_window_end,
 )
+
+if TYPE_CHECKING:
+    from slipstream.daemon.conductor.network_receive import ReceiveSide
+    from slipstream.daemon.conductor.network_spies import SpySubscriptions
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +127,100 @@ def check_untethered(stream: UntetheredStream[S],
         if available is not None:
             out.append(available)
     return out
+
+
+def tether_for(channel: Channel, settings: DriverSettings, now_ns: int) -> Tether | None:
+    """A subscription's tether as it links, ACTIVE from ``now_ns``: an untethered one's
+    (``tether=false`` in ``channel``), None for a tethered one."""
+    return Tether.of(channel, settings, now_ns) if channel.tether is False else None
+
+
+class NetworkUntethered:
+    """The untethered check of the network's streams, on the conductor's timer: each network
+    publication's spies (:meth:`check_untethered_spies`) and each image's subscriptions
+    (:meth:`check_untethered_images`).  It unlinks and links anew through the parts that own
+    the links, which ask the agents: the spies' (the sender) and the receive side's (the
+    receiver)."""
+
+    def __init__(self, *, counters: CountersFile, publications: dict[int, _PublicationEntry],
+                 receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
+                 subscriptions: dict[int, NetworkSubscription],
+                 spy_subscriptions: SpySubscriptions, receive_side: ReceiveSide) -> None:
+        self.counters = counters
+        self.publications = publications
+        self._receive_endpoints = receive_endpoints
+        self.subscriptions = subscriptions
+        self._spy_subscriptions = spy_subscriptions
+        self._receive_side = receive_side
+
+    def check_untethered_images(self, now_ns: int) -> Outgoing:
+        """Aeron's untethered subscriptions of network images (``tether=false``;
+        PublicationImage.checkUntetheredSubscriptions), on the conductor's timer.  An image's
+        head is its fastest subscriber, its window the receiver window
+        congestion control gives it now (a sample of what the receiver sets): one left behind
+        loses its image, with the range it skips (from its position to the fastest's); it rejoins
+        where the image's slowest subscriber is, with a new image."""
+        out: Outgoing = []
+        for endpoint in self._receive_endpoints.values():
+            for image_entry in endpoint.images.values():
+                if not image_entry.lingering and (
+                        image_entry.resting
+                        or any(link.tether is not None for link in image_entry.links)):
+                    out.extend(self._check_untethered_links(image_entry, now_ns))
+        return out
+
+    def _check_untethered_links(self, image_entry: _ImageEntry, now_ns: int) -> Outgoing:
+        image = image_entry.image
+        positions = self._image_positions(image_entry)
+        return check_untethered(
+            UntetheredStream(f"image {image_entry.registration_id}",
+                             image_entry.registration_id, image.stream_id,
+                             max((p for _, p in positions), default=image.rcv_pos),
+                             image.window,
+                             functools.partial(self._receive_side.unlink, image_entry),
+                             functools.partial(self._rejoin_rested, image_entry, now_ns)),
+            positions, image_entry.resting, self.counters, now_ns)
+
+    def _image_positions(self, image_entry: _ImageEntry
+                         ) -> list[tuple[TetherablePosition[NetworkSubscription], int]]:
+        """Each link of the image with its subscriber's position (within the image's
+        ``rcv-hwm``)."""
+        hwm = image_entry.image.rcv_hwm
+        return [(link, network.ss_subscriber_position_bounded(
+            self.counters.get(link.counter_id), hwm)) for link in image_entry.links]
+
+    def _rejoin_rested(self, image_entry: _ImageEntry, now_ns: int,
+                       subscription: NetworkSubscription) -> ClientMessage | None:
+        """A resting subscription of ``image_entry`` links again at its join position (Aeron's:
+        the slowest subscriber's, at most rcv-pos); None if the subscription went."""
+        if self.subscriptions.get(subscription.registration_id) is not subscription:
+            return None
+        join = min([image_entry.image.rcv_pos,
+                    *(p for _, p in self._image_positions(image_entry))])
+        return self._receive_side.link(image_entry, subscription, join, now_ns, submit=True)
+
+    def check_untethered_spies(self, now_ns: int) -> Outgoing:
+        """Aeron's untethered spies (``tether=false``; NetworkPublication
+        .checkUntetheredSubscriptions), on the conductor's timer.  A publication's head is
+        ``snd-pos``, its window the term window: a spy left behind loses its image, with the
+        range it skips (from its position to snd-pos); it rejoins at snd-pos with a new image.
+        Only while the publication is open."""
+        out: Outgoing = []
+        for entry in self.publications.values():
+            if entry.closing or not (entry.resting_spies
+                                     or any(k.tether is not None for k in entry.spies)):
+                continue
+            publication = entry.publication
+            sender_position = publication.sender_position
+            out.extend(check_untethered(
+                UntetheredStream(f"publication {entry.registration_id} (a spy)",
+                                 entry.registration_id, publication.stream_id, sender_position,
+                                 publication.term_window_length,
+                                 functools.partial(self._spy_subscriptions.unlink_spy, entry),
+                                 functools.partial(self._spy_subscriptions.link_spy, entry,
+                                                   now_ns=now_ns)),
+                [(link, network.ss_subscriber_position_bounded(
+                    self.counters.get(link.counter_id), sender_position))
+                 for link in entry.spies if link.tether is not None],
+                entry.resting_spies, self.counters, now_ns))
+        return out

@@ -1,0 +1,581 @@
+"""The network side's receive half: network subscriptions, their receive endpoints, a
+multi-destination subscription's destinations (``control-mode=manual``: a socket each), and
+the images of the streams they receive, with each image's subscriber positions.
+
+Owns what the conductor keeps of each receive endpoint (:class:`_ReceiveEndpointEntry`: its
+subscriptions, images and destinations), image (:class:`_ImageEntry`: its log, counters and
+links) and subscription (:class:`NetworkSubscription`), in the dictionaries the facade
+(:class:`~slipstream.daemon.conductor.network.NetworkConductor`) hands it.  Runs on the
+conductor's thread.  It asks the receiver, through the
+:class:`~slipstream.daemon.agents.commands.ReceiverProxy`, to take or drop an endpoint, a
+destination, an image and a subscriber's position, and which sessions each endpoint's
+subscriptions want; the receiver asks it for an image (:class:`ImageRequested`), and tells it
+when an image is unavailable or done, an endpoint removed and a destination failed.  Spies
+(``aeron-spy:``) are :mod:`.network_spies`'; response subscriptions take their session here, as
+an RSP_SETUP names it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from slipstream.client import control
+from slipstream.client.channel import Channel, keys_given
+from slipstream.client.counters import CountersFile, CountersFullError, CounterType, SystemCounter
+from slipstream.client.errors import ChannelError
+from slipstream.client.logbuffer import LogBuffer, term_count
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.agents.commands import ReceiverProxy, RemovedDestination
+from slipstream.daemon.agents.receiver import ReceiveEndpoint
+from slipstream.daemon.conductor import messages
+from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
+from slipstream.daemon.conductor.network_records import (
+    NetworkSubscription,
+    NetworkTransports,
+    _allocate_counters,
+    _EndpointState,
+    _ImageEntry,
+    _is_removed_by,
+    _label_of,
+    _ReceiveEndpointEntry,
+    _resolved,
+    _start_closing,
+)
+from slipstream.daemon.conductor.resources import LogBudget, ResourceError, create_log, discard_log
+from slipstream.daemon.conductor.sharing import (
+    check_same_receive_params,
+    destination_of,
+    endpoint_key,
+)
+from slipstream.daemon.conductor.untethered import tether_for
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow.registry import congestion_control_for
+from slipstream.daemon.media.destinations import ALL_DESTINATIONS, ControlMode
+from slipstream.daemon.media.events import (
+    EndpointRemoved,
+    ImageDone,
+    ImageRejected,
+    ImageRequested,
+    ImageUnavailable,
+    ReceiveDestinationFailed,
+    ResponseSetupArrived,
+)
+from slipstream.daemon.media.receive_channel import ReceiveChannel
+from slipstream.daemon.protocol.params import SubscriptionParams
+from slipstream.daemon.protocol.types import Address
+from slipstream.daemon.reports.loss_report import LossReport
+from slipstream.daemon.streams.image import ImagePositions
+from slipstream.daemon.streams.tether import TetherablePosition
+
+log = logging.getLogger("slipstream.driver")
+
+#: Receiver ids of this driver's closed endpoints kept (a closing embedded driver's drain looks
+#: them up): the newest this many, so that endpoint churn does not grow the set.
+RECEIVER_IDS_KEPT = 1024
+
+
+class ReceiveSide:
+    """The network subscriptions, their receive endpoints and images (see the module's
+    docstring)."""
+
+    def __init__(self, *, settings: DriverSettings, directory: Path, counters: CountersFile,
+                 transports: NetworkTransports, budget: LogBudget, rng: random.Random,
+                 new_id: Callable[[], int], receiver_proxy: ReceiverProxy,
+                 loss_report: LossReport,
+                 receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
+                 closed_receiver_ids: dict[int, None],
+                 subscriptions: dict[int, NetworkSubscription]) -> None:
+        self.settings = settings
+        self.directory = directory
+        self.counters = counters
+        self.transports = transports
+        self.budget = budget
+        self._rng = rng
+        self._new_id = new_id
+        self.receiver_proxy = receiver_proxy
+        self.loss_report = loss_report
+        self._receive_endpoints = receive_endpoints
+        #: Written here as an endpoint is removed, read by the drain (an ordered set).
+        self._closed_receiver_ids = closed_receiver_ids
+        self.subscriptions = subscriptions
+
+    # -- subscriptions ------------------------------------------------------------------------
+    def add_subscription(self, subscription: NetworkSubscription, now_ns: int) -> Outgoing:
+        """Receive ``subscription``'s stream at its endpoint; images already there are linked
+        at once (the AVAILABLE_IMAGE messages are returned).  Not a spy's (``aeron-spy:``):
+        :meth:`.SpySubscriptions.add_spy`."""
+        channel = subscription.channel = _resolved(subscription.channel,
+                                                   self.transports.local_addresses)
+        SubscriptionParams.resolve(channel, self.settings)  # refused before a socket opens
+        multi_destination = channel.control_mode == ControlMode.MANUAL.value
+        if multi_destination and channel.endpoint is not None:
+            raise ChannelError(str(channel), "endpoint",
+                               "a control-mode=manual subscription receives on the "
+                               "destinations it adds (Subscription.add_destination), not on "
+                               "an endpoint of its own: leave endpoint= out")
+        if multi_destination and channel.control is not None:
+            raise ChannelError(str(channel), "control",
+                               "a control-mode=manual subscription answers each sender along "
+                               "the path its data came by, not at a control address: leave "
+                               "control= out")
+        bind = ALL_DESTINATIONS if multi_destination else destination_of(channel, sending=False)
+        key = endpoint_key(channel, bind)
+        entry = self._receive_endpoints.get(key)
+        if entry is not None:
+            check_same_receive_params(channel, entry.endpoint.channel.channel, self.settings)
+            existing = entry.endpoint.channel.channel.control
+            if channel.control != existing:
+                raise ChannelError(str(channel), "control",
+                                   f"{channel.control or 'none'} differs from "
+                                   f"{existing or 'none'}, the control address this endpoint "
+                                   f"joins (from {entry.endpoint.channel.channel}): subscribe "
+                                   f"on another endpoint, or name the same")
+        if entry is None:
+            counter_id = None
+            try:
+                if multi_destination:
+                    transport = self.transports.open_multi_destination_receive(channel)
+                    counter_id = self.counters.allocate(CounterType.MDS_DESTINATIONS,
+                                                        f"mds-destinations: {channel}")
+                else:
+                    transport = self.transports.open_receive(channel, bind)
+            except OSError as e:
+                raise ResourceError(f"cannot receive on {bind[0]}:{bind[1]} for {channel}: "
+                                    f"{e.strerror or e}") from None
+            receive_channel = ReceiveChannel(
+                channel=channel, settings=self.settings,
+                receiver_id=self._rng.getrandbits(63), counters=self.counters, now_ns=now_ns,
+                rng=random.Random(self._rng.getrandbits(64)))
+            endpoint = ReceiveEndpoint(receive_channel, transport)
+            entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(
+                key, endpoint, destinations_counter_id=counter_id)
+            self.receiver_proxy.on_add_endpoint(endpoint)
+        elif entry.state is _EndpointState.CLOSING:
+            entry.state = _EndpointState.OPEN
+            self.receiver_proxy.on_add_endpoint(entry.endpoint)
+        subscription.endpoint = entry
+        entry.subscriptions.append(subscription)
+        self.subscriptions[subscription.registration_id] = subscription
+        self._sync_interest(entry, subscription.stream_id)
+        out: Outgoing = []
+        try:
+            for image_entry in list(entry.images.values()):
+                # As Aeron's isAcceptingSubscriptions: an image whose last subscriber left is
+                # on its way out (its receiver stopped taking its data); the session gets a
+                # new image when its SETUP comes again.
+                if (not image_entry.lingering and image_entry.links
+                        and subscription.wants(image_entry.image.session_id,
+                                               image_entry.image.stream_id)):
+                    out.append(self.link(image_entry, subscription,
+                                         image_entry.image.rcv_pos, now_ns, submit=True))
+        except CountersFullError:
+            # All or nothing: a half-added subscription nobody owns would hold its images'
+            # slowest position (and the senders) for good.
+            self.remove_subscription(subscription.registration_id)
+            raise
+        return out
+
+    def remove_subscription(self, registration_id: int) -> None:
+        """The subscription goes: its positions stop holding images back; an endpoint left
+        without subscriptions is removed."""
+        subscription = self.subscriptions.pop(registration_id, None)
+        if subscription is None or subscription.endpoint is None:
+            return
+        entry = subscription.endpoint
+        for image_entry in entry.images.values():
+            for link in [k for k in image_entry.links if k.subscription is subscription]:
+                self.unlink(image_entry, link)
+            image_entry.resting = [k for k in image_entry.resting
+                                   if k.subscription is not subscription]
+        entry.subscriptions.remove(subscription)
+        self._sync_interest(entry, subscription.stream_id)
+        if not entry.subscriptions:
+            self._close_endpoint(entry)
+
+    def _sync_interest(self, entry: _ReceiveEndpointEntry, stream_id: int) -> None:
+        """Tell the receive channel which sessions of ``stream_id`` its subscriptions want."""
+        sessions: set[int] | None = set()
+        for subscription in entry.subscriptions:
+            if subscription.stream_id != stream_id:
+                continue
+            if subscription.channel.is_response:
+                # No session until an RSP_SETUP names one (on_response_setup); a response
+                # endpoint has response subscriptions only (endpoint_key).
+                assert sessions is not None
+                if subscription.response_session_id is not None:
+                    sessions.add(subscription.response_session_id)
+                continue
+            if subscription.channel.session_id is None:
+                sessions = None
+                break
+            assert sessions is not None
+            sessions.add(subscription.channel.session_id)
+        channel = entry.endpoint.channel
+        self.receiver_proxy.on_set_interest(
+            channel, stream_id, None if sessions is None else frozenset(sessions))
+
+    # -- response subscriptions (docs/PROTOCOL.md §7.6) --------------------------------------
+    def on_response_setup(self, event: ResponseSetupArrived) -> None:
+        """An RSP_SETUP reached a request publication: its response subscription takes the
+        session it names, and its endpoint asks that session's publication for SETUP (Aeron's
+        DriverConductor.responseSetup).  The server repeats it until its response publication
+        is connected: a repeat changes nothing.  Another session replaces the one taken only
+        while the subscription has no image of that (the server closed that response
+        publication and made another; Aeron's keeps the first session for good)."""
+        subscription = self.subscriptions.get(event.response_correlation_id)
+        if (subscription is None or not subscription.channel.is_response
+                or subscription.endpoint is None
+                or subscription.response_session_id == event.response_session_id):
+            return
+        if subscription.response_session_id is not None and any(
+                link.subscription is subscription and not image_entry.lingering
+                for image_entry in subscription.endpoint.images.values()
+                for link in image_entry.links):
+            return  # its response stream is live: a stray or late RSP_SETUP
+        subscription.response_session_id = event.response_session_id
+        self._sync_interest(subscription.endpoint, subscription.stream_id)
+        log.info("response subscription %d takes session %d of stream %d",
+                 subscription.registration_id, event.response_session_id,
+                 subscription.stream_id)
+
+    # -- multi-destination subscriptions --------------------------------------------------------
+    def add_receive_destination(self, registration_id: int, destination: Channel) -> None:
+        """Subscription ``registration_id``'s endpoint (``control-mode=manual``) receives on
+        ``destination`` too (``aeron:udp?endpoint=HOST:PORT``, or a multicast group with
+        ``interface=``): its socket is opened here (with the subscription's socket options),
+        or taken back from a removal of the same destination that has not closed it yet,
+        then the receiver's thread reads it into the endpoint's images.  ChannelError names
+        what it refuses; ResourceError when the socket cannot be opened (the port in use)."""
+        entry, address, uri, resolved = self._receive_destination(registration_id, destination)
+        if address in entry.destinations:
+            raise ChannelError(uri, "endpoint",
+                               f"{address[0]}:{address[1]} is a destination of "
+                               f"{entry.endpoint.channel.channel} already")
+        taken = set(entry.destinations.values())
+        free = [i for i in range(network.SS_RECEIVE_DESTINATIONS_MAX) if i not in taken]
+        if not free:
+            raise ChannelError(uri, "endpoint",
+                               f"a multi-destination subscription has at most "
+                               f"{network.SS_RECEIVE_DESTINATIONS_MAX} destinations")
+        versions = {ipaddress.ip_address(a[0]).version for a in entry.destinations}
+        version = ipaddress.ip_address(address[0]).version
+        if versions and version not in versions:
+            raise ChannelError(uri, "endpoint",
+                               f"an IPv{version} destination beside IPv{versions.pop()} ones: "
+                               f"one subscription's destinations share an IP version")
+        # Removed just before and not closed yet: the same socket again (its port is bound).
+        removed = entry.removing.pop(address, None)
+        transport = (removed.reclaim() if removed is not None and removed.channel == resolved
+                     else None)
+        if transport is None:
+            try:
+                transport = self.transports.open_receive(resolved, address)
+            except OSError as e:
+                raise ResourceError(f"cannot receive on {address[0]}:{address[1]} for {uri}: "
+                                    f"{e.strerror or e}") from None
+        index = free[0]
+        entry.destinations[address] = index
+        entry.sockets[address] = (transport, resolved)
+        group = resolved.control_group
+        control = (group.host, group.port or address[1]) if group is not None else None
+        self.receiver_proxy.on_add_destination(entry.endpoint, index, transport, control,
+                                               address, self._destinations_cell(entry),
+                                               len(entry.destinations))
+        log.info("added receive destination %s:%d to %s", address[0], address[1], entry.key)
+
+    def remove_receive_destination(self, registration_id: int, destination: Channel) -> None:
+        """Subscription ``registration_id``'s endpoint no longer receives on ``destination``:
+        the receiver's thread detaches and closes its socket, and its images' paths through
+        it end (their status messages and NAKs stop going that way); an add of the same
+        destination before then takes the socket back.  ChannelError when it was not a
+        destination."""
+        entry, address, uri, _ = self._receive_destination(registration_id, destination)
+        index = entry.destinations.pop(address, None)
+        if index is None:
+            raise ChannelError(uri, "endpoint",
+                               f"{address[0]}:{address[1]} is not a destination of this "
+                               f"subscription's channel: nothing to remove")
+        transport, opened_for = entry.sockets.pop(address)
+        for gone in [a for a, r in entry.removing.items() if r.closed]:
+            del entry.removing[gone]
+        removed = entry.removing[address] = RemovedDestination(transport, opened_for)
+        self.receiver_proxy.on_remove_destination(entry.endpoint, index, removed,
+                                                  self._destinations_cell(entry),
+                                                  len(entry.destinations))
+        log.info("removed receive destination %s:%d from %s", address[0], address[1],
+                 entry.key)
+
+    def _destinations_cell(self, entry: _ReceiveEndpointEntry):
+        """The mds-destinations counter's cell (cffi ``int64_t *``), or None."""
+        counter_id = entry.destinations_counter_id
+        return self.counters.address(counter_id) if counter_id is not None else None
+
+    def _receive_destination(self, registration_id: int, destination: Channel
+                             ) -> tuple[_ReceiveEndpointEntry, Address, str, Channel]:
+        """The endpoint of a control-mode=manual subscription, the address a destination URI
+        binds (names resolved), the URI, and the resolved destination channel."""
+        subscription = self.subscriptions.get(registration_id)
+        uri = str(destination)
+        if subscription is None or subscription.endpoint is None:
+            raise ChannelError(uri, "aeron:udp",
+                               f"subscription {registration_id} is not a network "
+                               f"subscription: destinations belong to aeron:udp "
+                               f"subscriptions of control-mode=manual")
+        if subscription.channel.control_mode != ControlMode.MANUAL.value:
+            raise ChannelError(str(subscription.channel), "control-mode",
+                               "destinations are added to and removed from a "
+                               "control-mode=manual subscription only")
+        if not destination.is_udp or destination.is_spy:
+            raise ChannelError(uri, "aeron:udp",
+                               "a destination is aeron:udp?endpoint=HOST:PORT (a multicast "
+                               "group with interface=)")
+        extra = keys_given(destination) - {"endpoint", "interface", "alias"}
+        if extra:
+            raise ChannelError(uri, sorted(extra)[0],
+                               "a receive destination takes endpoint= (and interface= for a "
+                               "multicast group) only; the other keys belong to the "
+                               "subscription's channel")
+        # Its socket takes the subscription's socket options (so-rcvbuf=, so-sndbuf=, ttl=),
+        # which a destination URI cannot name.
+        channel = subscription.channel
+        resolved = attrs.evolve(_resolved(destination, self.transports.local_addresses),
+                                so_rcvbuf=channel.so_rcvbuf, so_sndbuf=channel.so_sndbuf,
+                                ttl=channel.ttl)
+        address = destination_of(resolved, sending=False)
+        if resolved.interface is not None and not ipaddress.ip_address(address[0]).is_multicast:
+            raise ChannelError(uri, "interface",
+                               "interface= chooses a multicast destination's interface; a "
+                               "unicast destination binds its endpoint=")
+        return subscription.endpoint, address, uri, resolved
+
+    def on_destination_failed(self, event: ReceiveDestinationFailed) -> None:
+        """The receiver could not read a destination's socket and dropped it: the destination
+        is forgotten, unless it was removed (or added again) since."""
+        failed = self._entry_of(event.channel)
+        if (failed is not None
+                and failed.destinations.get(event.address) == event.index):
+            del failed.destinations[event.address]
+            failed.sockets.pop(event.address, None)
+            cell = self._destinations_cell(failed)
+            if cell is not None:
+                cell[0] = len(failed.destinations)
+
+    # -- images -------------------------------------------------------------------------------
+    def on_image_requested(self, event: ImageRequested, now_ns: int) -> Outgoing:
+        """A SETUP asks for an image: one is made (its log, its counters) for the subscriptions
+        that want the session, and handed to the receiver; their AVAILABLE_IMAGE messages are
+        returned.  A log or counters the driver cannot make refuse the image (the receiver
+        hears why)."""
+        entry = self._entry_of(event.channel)
+        if entry is None or entry.state is not _EndpointState.OPEN:
+            return []
+        setup = event.setup
+        subscribers = [s for s in entry.subscriptions
+                       if s.wants(setup.session_id, setup.stream_id)]
+        if not subscribers:
+            return []
+        if any(not e.lingering and e.image.session_id == setup.session_id
+               and e.image.stream_id == setup.stream_id for e in entry.images.values()):
+            return []  # a repeat of a request already served (the receiver asked again)
+        registration_id = self._new_id()
+        path = self.directory / control.IMAGES_DIR / f"{registration_id}.logbuffer"
+        channel = entry.endpoint.channel.channel
+        params = entry.endpoint.channel.params
+        # Congestion control's counters start at what the image's will be: none reads a 0.
+        strategy = congestion_control_for(params, setup.term_length, setup.mtu, now_ns)
+        indicators = zip((counter.label for counter in strategy.counters),
+                         strategy.indicator_values(), strict=True)
+        what = f"the image of {_label_of(setup, event.source)}"
+        try:
+            log_buffer = create_log(
+                path, self.budget, what,
+                term_length=setup.term_length,
+                initial_term_id=setup.initial_term_id, session_id=setup.session_id,
+                stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=registration_id,
+                initial_term_count=term_count(setup.active_term_id, setup.initial_term_id),
+                initial_term_offset=setup.term_offset,
+                group=params.image_is_group(setup.is_group), sparse=params.sparse,
+                mode=self.settings.file_mode(clients_write=True))
+            label = (f"{channel} stream={setup.stream_id} session={setup.session_id} "
+                     f"source={event.source[0]}:{event.source[1]}")
+            try:
+                counter_ids = _allocate_counters(
+                    self.counters,
+                    [(CounterType.RECEIVER_HWM, "rcv-hwm"),
+                     (CounterType.RECEIVER_POSITION, "rcv-pos"),
+                     *((CounterType.PER_IMAGE_INDICATOR, name, value)
+                       for name, value in indicators)],
+                    label, registration_id, setup.session_id, setup.stream_id)
+            except CountersFullError:
+                discard_log(log_buffer, self.budget)
+                raise
+        except (ResourceError, OSError) as e:
+            reason = str(e) if isinstance(e, ResourceError) else (e.strerror or str(e))
+            self.counters.add(SystemCounter.ERRORS)  # as every error-log entry
+            # The budget's refusal names the image already.
+            log.error("cannot create %s", reason if reason.startswith(what)
+                      else f"{what}: {reason}")
+            self.receiver_proxy.on_reject_image(event, reason)
+            return []
+        hwm, position, *indicator_cells = (self.counters.address(i) for i in counter_ids)
+        positions = ImagePositions(hwm, position, tuple(indicator_cells))
+        loss_entry = self.loss_report.add(setup.session_id, setup.stream_id,
+                                          f"{channel} source={event.source[0]}:"
+                                          f"{event.source[1]}")
+        image = event.channel.new_image(event, log_buffer, positions, now_ns, loss_entry)
+        image_entry = _ImageEntry(registration_id, image, log_buffer, counter_ids, event.source)
+        entry.images[id(image)] = image_entry
+        join = image.join_position
+        out = []
+        for subscription in subscribers:
+            try:
+                out.append(self.link(image_entry, subscription, join, now_ns, submit=False))
+            except CountersFullError as e:
+                log.error("cannot link subscription %d to %s: %s",
+                          subscription.registration_id, _label_of(setup, event.source), e)
+        self.receiver_proxy.on_add_publication_image(event.channel, image)
+        log.info("image %d of %s: join position %d, %d subscriber(s)", registration_id,
+                 _label_of(setup, event.source), join, len(image_entry.links))
+        return out
+
+    def link(self, image_entry: _ImageEntry, subscription: NetworkSubscription,
+             position: int, now_ns: int, *, submit: bool) -> ClientMessage:
+        """A sub-pos counter for ``subscription`` on the image (and its tether, untethered,
+        from ``now_ns``), and the AVAILABLE_IMAGE."""
+        image = image_entry.image
+        counter_id = self.counters.allocate(
+            CounterType.SUBSCRIBER_POSITION,
+            f"sub-pos: {subscription.channel} stream={image.stream_id} "
+            f"session={image.session_id} sub={subscription.registration_id}",
+            registration_id=subscription.registration_id, session_id=image.session_id,
+            stream_id=image.stream_id, owner_id=subscription.client_id, initial_value=position)
+        cell = self.counters.address(counter_id)
+        tether = tether_for(subscription.channel, self.settings, now_ns)
+        image_entry.links.append(TetherablePosition(subscription, counter_id, cell, tether))
+        if submit:
+            self.receiver_proxy.on_add_subscriber(image, cell)
+        else:
+            image.add_subscriber_position(cell)  # not handed to the receiver yet
+        return (subscription.client_key, messages.available_image(
+            image_registration_id=image_entry.registration_id,
+            subscription_registration_id=subscription.registration_id,
+            session_id=image.session_id, stream_id=image.stream_id,
+            log_file=image_entry.log.path, subscriber_position_counter_id=counter_id,
+            join_position=position,
+            source_identity=f"{image_entry.source[0]}:{image_entry.source[1]}"))
+
+    def unlink(self, image_entry: _ImageEntry,
+               link: TetherablePosition[NetworkSubscription]) -> None:
+        """The subscription of ``link`` stops reading the image: the receiver drops its
+        position, and its counter is freed."""
+        image_entry.links.remove(link)
+        image, cell = image_entry.image, link.cell
+        self.receiver_proxy.on_remove_subscriber(image, cell)
+        self.counters.free(link.counter_id)  # reused after 1 s: a late write is harmless
+
+    def on_image_rejected(self, event: ImageRejected) -> None:
+        """The receiver refused a SETUP's image (at most once a second a session): an error,
+        counted and logged."""
+        self.counters.add(SystemCounter.ERRORS)  # as every error-log entry
+        log.error("refused the image of %s: %s",
+                  _label_of(event.setup, event.source), event.reason)
+
+    def on_image_unavailable(self, event: ImageUnavailable) -> Outgoing:
+        """An image is no longer available (its sender went, or its liveness timed out): its
+        subscriptions are unlinked and their clients told (UNAVAILABLE_IMAGE); it lingers
+        until :class:`ImageDone`."""
+        entry = self._entry_of(event.channel)
+        image_entry = entry.images.get(id(event.image)) if entry is not None else None
+        if image_entry is None or image_entry.lingering:
+            return []
+        image_entry.lingering = True
+        out: Outgoing = []
+        for link in list(image_entry.links):
+            out.append((link.subscription.client_key, messages.unavailable_image(
+                image_registration_id=image_entry.registration_id,
+                subscription_registration_id=link.subscription.registration_id,
+                stream_id=event.image.stream_id, lost=event.lost)))
+            self.unlink(image_entry, link)
+        return out
+
+    def on_image_done(self, event: ImageDone) -> None:
+        """The receiver let an image go: its counters and log are freed."""
+        entry = self._entry_of(event.channel)
+        image_entry = entry.images.pop(id(event.image), None) if entry is not None else None
+        if image_entry is not None:
+            self._free_image(image_entry)
+
+    def _free_image(self, image_entry: _ImageEntry) -> None:
+        for link in image_entry.links:
+            self.counters.free(link.counter_id)
+        image_entry.links.clear()
+        for counter_id in image_entry.counter_ids:
+            self.counters.free(counter_id)
+        discard_log(image_entry.log, self.budget)
+
+    def image_log(self, registration_id: int) -> LogBuffer | None:
+        """The driver's mapping of image ``registration_id``'s log (None once it is gone),
+        for a reader in this process: the simulator's subscribers read through it (a second
+        mapping of every log would double what a many-host run holds)."""
+        for entry in self._receive_endpoints.values():
+            for image_entry in entry.images.values():
+                if image_entry.registration_id == registration_id:
+                    return image_entry.log
+        return None
+
+    def _entry_of(self, channel: ReceiveChannel) -> _ReceiveEndpointEntry | None:
+        for entry in self._receive_endpoints.values():
+            if entry.endpoint.channel is channel:
+                return entry
+        return None
+
+    # -- endpoints ----------------------------------------------------------------------------
+    def _close_endpoint(self, entry: _ReceiveEndpointEntry) -> None:
+        """The receiver drops the endpoint; then :class:`EndpointRemoved` closes its socket
+        (unless a new subscription revived it meanwhile)."""
+        generation = _start_closing(entry)
+        # A multi-destination subscription's destinations go with it, as a send
+        # endpoint's: a subscription that revives it starts with none.
+        indexes = tuple(entry.destinations.values())
+        entry.destinations.clear()
+        entry.sockets.clear()
+        entry.removing.clear()  # their removals close them (none can take them back)
+        self.receiver_proxy.on_remove_endpoint(entry.endpoint, indexes,
+                                               self._destinations_cell(entry), generation)
+
+    def on_endpoint_removed(self, event: EndpointRemoved) -> None:
+        """The receiver dropped a receive endpoint: its socket closes, its counter and its
+        images are freed, and its receiver id is remembered (the drain may meet it), unless a
+        new subscription revived it since."""
+        entry = self._entry_of(event.channel)
+        if entry is None or not _is_removed_by(entry, event):
+            return
+        entry.endpoint.transport.close()
+        self._receive_endpoints.pop(entry.key, None)
+        if entry.destinations_counter_id is not None:
+            self.counters.free(entry.destinations_counter_id)
+        self._closed_receiver_ids[entry.endpoint.channel.receiver_id] = None
+        while len(self._closed_receiver_ids) > RECEIVER_IDS_KEPT:
+            del self._closed_receiver_ids[next(iter(self._closed_receiver_ids))]
+        for image_entry in entry.images.values():
+            self._free_image(image_entry)
+        entry.images.clear()
+
+    def close(self) -> None:
+        """Close every receive endpoint's socket and free its images and counter, and forget
+        every subscription (the network thread has stopped)."""
+        for receive_entry in self._receive_endpoints.values():
+            receive_entry.endpoint.transport.close()
+            for image_entry in receive_entry.images.values():
+                self._free_image(image_entry)
+            if receive_entry.destinations_counter_id is not None:
+                self.counters.free(receive_entry.destinations_counter_id)
+        self._receive_endpoints.clear()
+        self.subscriptions.clear()

@@ -1,0 +1,534 @@
+"""The network side's send half: network publications, their send endpoints, a
+multi-destination-cast endpoint's destinations (manual ones added by the client; dynamic ones
+the sender learns), response publications (docs/PROTOCOL.md §7.6), and what the pressure
+governor samples of the publications.
+
+Owns what the conductor keeps of each publication (:class:`_PublicationEntry`: its log, its
+counters, its back-pressure episodes, its publishers) and of each send endpoint
+(:class:`_SendEndpointEntry`), in the dictionaries the facade
+(:class:`~slipstream.daemon.conductor.network.NetworkConductor`) hands it.  Runs on the
+conductor's thread.  It asks the sender, through the
+:class:`~slipstream.daemon.agents.commands.SenderProxy`, to take or drop an endpoint, a
+publication and a manual destination, and the receiver, through the
+:class:`~slipstream.daemon.agents.commands.ReceiverProxy`, to have a request image send
+RSP_SETUP for a response publication; it frees a publication on :class:`PublicationDone` and an
+endpoint on :class:`EndpointRemoved`.  A new publication's spies are linked by
+:mod:`.network_spies`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slipstream.client import control
+from slipstream.client.channel import Channel, keys_given
+from slipstream.client.counters import (
+    BACK_PRESSURE_TYPES,
+    CountersFile,
+    CountersFullError,
+    CounterType,
+    SystemCounter,
+)
+from slipstream.client.errors import ChannelError
+from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
+from slipstream.daemon.agents.sender import SendEndpoint
+from slipstream.daemon.conductor.messages import Outgoing
+from slipstream.daemon.conductor.network_records import (
+    NetworkSubscription,
+    NetworkTransports,
+    _allocate_counters,
+    _EndpointState,
+    _ImageEntry,
+    _is_removed_by,
+    _label_of,
+    _PublicationEntry,
+    _ReceiveEndpointEntry,
+    _resolved,
+    _SendEndpointEntry,
+    _start_closing,
+)
+from slipstream.daemon.conductor.network_spies import SpySubscriptions
+from slipstream.daemon.conductor.resources import (
+    LogBudget,
+    ResourceError,
+    create_log,
+    discard_log,
+    log_start,
+)
+from slipstream.daemon.conductor.sharing import (
+    check_same_control,
+    check_same_log,
+    check_same_watermarks,
+    check_session_free,
+    destination_of,
+    endpoint_key,
+)
+from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.flow.registry import flow_control_for
+from slipstream.daemon.media.destinations import (
+    ALL_DESTINATIONS,
+    ControlMode,
+    DestinationTable,
+    ip_version_of,
+)
+from slipstream.daemon.media.events import EndpointRemoved, PublicationDone, PublicationRejected
+from slipstream.daemon.media.send_channel import SendChannel
+from slipstream.daemon.pressure.episodes import (
+    BackPressureEpisodes,
+    EpisodeEvent,
+    LogReadings,
+    watermarks_of,
+)
+from slipstream.daemon.protocol.params import PublicationParams
+from slipstream.daemon.protocol.types import Address
+from slipstream.daemon.streams.image import PublicationImage
+from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
+
+log = logging.getLogger("slipstream.driver")
+
+class SendSide:
+    """The network publications and their send endpoints (see the module's docstring)."""
+
+    def __init__(self, *, settings: DriverSettings, directory: Path, counters: CountersFile,
+                 transports: NetworkTransports, budget: LogBudget, rng: random.Random,
+                 new_id: Callable[[], int], new_session_id: Callable[[], int],
+                 sender_proxy: SenderProxy, receiver_proxy: ReceiverProxy,
+                 send_endpoints: dict[tuple[Any, ...], _SendEndpointEntry],
+                 publications: dict[int, _PublicationEntry],
+                 shared_publications: dict[tuple[Any, ...], _PublicationEntry],
+                 answering: list[_PublicationEntry],
+                 subscriptions: dict[int, NetworkSubscription],
+                 receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
+                 spy_subscriptions: SpySubscriptions) -> None:
+        self.settings = settings
+        self.directory = directory
+        self.counters = counters
+        self.transports = transports
+        self.budget = budget
+        self._rng = rng
+        self._new_id = new_id
+        self._new_session_id = new_session_id
+        self.sender_proxy = sender_proxy
+        self.receiver_proxy = receiver_proxy
+        self._send_endpoints = send_endpoints
+        self.publications = publications
+        self._shared_publications = shared_publications
+        self._answering = answering
+        #: Read only: a request publication names a response subscription, a response
+        #: publication a request image (_check_response_keys).
+        self.subscriptions = subscriptions
+        self._receive_endpoints = receive_endpoints
+        self._spy_subscriptions = spy_subscriptions
+
+    # -- publications and their send endpoints ------------------------------------------------
+    def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
+                        now_ns: int, *, exclusive: bool = False) -> tuple[_PublicationEntry, int]:
+        """A publisher of ``stream_id`` on ``channel``: shares the publication of the same
+        endpoint, stream and session, or makes one; an ``exclusive`` one always makes a
+        publication of its own (its own session and log, which nobody joins).  Returns it and
+        the registration id of this publisher."""
+        channel = _resolved(channel, self.transports.local_addresses)
+        destination = destination_of(channel)
+        request_image = self._check_response_keys(channel)
+        # Publications with another response-correlation-id share nothing (Aeron's
+        # findPublication): each answers, or asks on behalf of, its own.
+        key = (endpoint_key(channel, destination), stream_id, channel.session_id,
+               channel.response_correlation_id)
+        entry = None if exclusive else self._shared_publications.get(key)
+        if entry is None:
+            check_session_free(channel, (e.publication.session_id
+                                         for e in self.publications.values()
+                                         if e.key[:2] == key[:2] and not e.closing), stream_id)
+            entry = self._create_publication(key, channel, stream_id, destination, now_ns,
+                                             shared=not exclusive)
+            if request_image is not None:
+                self._start_response_setup(entry, request_image)
+        else:
+            check_same_log(channel, entry.log, entry.publication.session_id, stream_id)
+            check_same_watermarks(channel, entry.episodes, stream_id)
+            check_same_control(channel, entry.channel, self.settings, stream_id)
+            if channel.priority is not None and channel.priority != entry.publication.priority:
+                raise ChannelError(str(channel), "priority",
+                                   f"{channel.priority} differs from the existing "
+                                   f"publication's {entry.publication.priority} on stream "
+                                   f"{stream_id}")
+        entry.publisher_refs += 1
+        return entry, self._new_id()
+
+    def _create_publication(self, key: tuple[Any, ...], channel: Channel, stream_id: int,
+                            destination: Address, now_ns: int, *,
+                            shared: bool = True) -> _PublicationEntry:
+        """A new publication on its endpoint; ``shared``: the one later publishers of its
+        key join (not an exclusive one's)."""
+        params = PublicationParams.for_network(channel, self.settings)  # before a socket
+        endpoint = self._send_endpoint(key[0], channel, destination)
+        try:
+            return self._create_publication_on(endpoint, key, channel, params, stream_id,
+                                               destination, now_ns, shared=shared)
+        except BaseException:
+            if endpoint.publications == 0:
+                self._close_endpoint(endpoint)  # opened (or revived) for nothing
+            raise
+
+    def _create_publication_on(self, endpoint: _SendEndpointEntry, key: tuple[Any, ...],
+                               channel: Channel, params: PublicationParams, stream_id: int,
+                               destination: Address, now_ns: int, *,
+                               shared: bool = True) -> _PublicationEntry:
+        settings = self.settings
+        term_length = params.term_length
+        registration_id = self._new_id()
+        session_id = (params.session_id if params.session_id is not None
+                      else self._new_session_id())
+        path = self.directory / control.PUBLICATIONS_DIR / f"{registration_id}.logbuffer"
+        log_buffer = create_log(
+            path, self.budget, f"stream {stream_id} on {channel}",
+            term_length=term_length, session_id=session_id, stream_id=stream_id,
+            mtu=params.mtu, correlation_id=registration_id,
+            term_window_length=params.term_window_length, group=params.group,
+            linger_timeout_ns=params.linger_timeout_ns, sparse=params.sparse,
+            mode=settings.file_mode(clients_write=True), **log_start(params, self._rng))
+        label = f"{channel} stream={stream_id} session={session_id}"
+        try:
+            flow_control = flow_control_for(params)
+            kinds = [(CounterType.PUBLISHER_LIMIT, "pub-lmt"),
+                     (CounterType.SENDER_POSITION, "snd-pos"),
+                     (CounterType.SENDER_LIMIT, "snd-lmt")]
+            if params.rate_control is not None:
+                kinds.append((CounterType.SENDER_RATE_LIMIT, "snd-rate"))
+            if flow_control.tracks_receivers:
+                kinds.append((CounterType.FC_RECEIVERS, "fc-receivers"))
+            kinds.extend(BACK_PRESSURE_TYPES)
+            counter_ids = _allocate_counters(self.counters, kinds, label, registration_id,
+                                             session_id, stream_id)
+        except CountersFullError:
+            discard_log(log_buffer, self.budget)
+            raise
+        cells = {kind: self.counters.address(counter_id)
+                 for (kind, _), counter_id in zip(kinds, counter_ids, strict=True)}
+        positions = SenderPositions(
+            cells[CounterType.PUBLISHER_LIMIT], cells[CounterType.SENDER_POSITION],
+            cells[CounterType.SENDER_LIMIT], cells.get(CounterType.SENDER_RATE_LIMIT),
+            cells.get(CounterType.FC_RECEIVERS))
+        publication = NetworkPublication(
+            log=log_buffer, params=params, settings=settings, positions=positions,
+            flow_control=flow_control, counters=self.counters,
+            now_ns=now_ns, destination=destination)
+        episodes = BackPressureEpisodes(
+            params.term_window_length, *watermarks_of(channel, settings),
+            {kind: cells[kind] for kind, _ in BACK_PRESSURE_TYPES})
+        entry = _PublicationEntry(registration_id, key, channel, publication, endpoint,
+                                  log_buffer, counter_ids, counter_ids[0], episodes,
+                                  counter_ids[kinds.index((CounterType.PUBLISHER_DROPS,
+                                                           "pub-drops"))],
+                                  LogReadings(log_buffer, cells[CounterType.PUBLISHER_LIMIT]))
+        endpoint.publications += 1
+        self.publications[registration_id] = entry
+        if shared:
+            self._shared_publications[key] = entry
+        self.sender_proxy.on_add_publication(endpoint.endpoint, publication)
+        # After the publication: the sender runs the commands in order.
+        self._spy_subscriptions.link_spies(entry, now_ns)
+        log.info("created %s network publication %d %s stream=%d session=%d term_length=%d",
+                 "shared" if shared else "exclusive", registration_id, channel, stream_id,
+                 session_id, term_length)
+        return entry
+
+    def _send_endpoint(self, key: tuple[Any, ...], channel: Channel,
+                       destination: Address) -> _SendEndpointEntry:
+        entry = self._send_endpoints.get(key)
+        if entry is not None:
+            if entry.state is _EndpointState.CLOSING:  # revive it: the removal is undone
+                entry.state = _EndpointState.OPEN
+                self.sender_proxy.on_add_endpoint(entry.endpoint)
+            return entry
+        counter_id = destinations = None
+        if destination == ALL_DESTINATIONS and not channel.is_response:
+            counter_id = self.counters.allocate(CounterType.MDC_DESTINATIONS,
+                                                f"mdc-destinations: {channel}")
+            destinations = DestinationTable(ControlMode(channel.control_mode),
+                                            ip_version=ip_version_of(channel),
+                                            count_cell=self.counters.address(counter_id))
+        try:
+            transport = self.transports.open_send(channel, destination)
+        except OSError as e:
+            if counter_id is not None:
+                self.counters.free(counter_id)
+            raise ResourceError(f"cannot open a send socket for {channel}: "
+                                f"{e.strerror or e}") from None
+        endpoint = SendEndpoint(
+            SendChannel(counters=self.counters, destinations=destinations,
+                        response_ip_version=(ip_version_of(channel) if channel.is_response
+                                             else None)),
+            transport)
+        entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint,
+                                                               destinations_counter_id=counter_id)
+        self.sender_proxy.on_add_endpoint(endpoint)
+        return entry
+
+    def release_publication(self, registration_id: int, now_ns: int) -> None:
+        """One publisher left; the last one closes the publication (it drains, then lingers,
+        then :class:`PublicationDone` frees it)."""
+        entry = self.publications.get(registration_id)
+        if entry is None or entry.closing:
+            return
+        entry.publisher_refs -= 1
+        if entry.publisher_refs > 0:
+            return
+        entry.closing = True
+        if self._shared_publications.get(entry.key) is entry:
+            del self._shared_publications[entry.key]
+        self._spy_subscriptions.drop_spies_left_behind(entry)
+        publication = entry.publication
+        self.sender_proxy.on_close_publication(publication)
+
+    def on_publication_done(self, event: PublicationDone) -> Outgoing:
+        """A publication is done (the sender let it go): its spies' images end, its counters and
+        log are freed, and its endpoint closes if it was the last there."""
+        entry = next((e for e in self.publications.values()
+                      if e.publication is event.publication), None)
+        if entry is None:
+            return []
+        # Any spies left (none once it lingered).
+        out = self._spy_subscriptions.on_spies_released(event.publication)
+        del self.publications[entry.registration_id]
+        if self._shared_publications.get(entry.key) is entry:
+            del self._shared_publications[entry.key]
+        for counter_id in entry.counter_ids:
+            self.counters.free(counter_id)
+        discard_log(entry.log, self.budget)
+        endpoint_entry = entry.endpoint
+        endpoint_entry.publications -= 1
+        if endpoint_entry.publications == 0:
+            self._close_endpoint(endpoint_entry)
+        return out
+
+    def on_publication_rejected(self, event: PublicationRejected) -> None:
+        """A receiver refused a publication's image (at most once a second a receiver): an
+        error, counted and logged."""
+        for (host, port), reason in event.rejections:
+            self.counters.add(SystemCounter.ERRORS)
+            log.error("the receiver at %s:%d refused the image of session %d "
+                      "stream %d: %s", host, port, event.publication.session_id,
+                      event.publication.stream_id, reason)
+
+    def _close_endpoint(self, entry: _SendEndpointEntry) -> None:
+        """The sender drops the endpoint; then :class:`EndpointRemoved` closes its socket
+        (unless a new publication revived it meanwhile)."""
+        generation = _start_closing(entry)
+        # Its destinations go with it: a publication that revives it starts with none,
+        # as on a new endpoint.
+        entry.manual_destinations.clear()
+        self.sender_proxy.on_remove_endpoint(entry.endpoint, generation)
+
+    def on_endpoint_removed(self, event: EndpointRemoved) -> None:
+        """The sender dropped a send endpoint: its socket closes and its counter is freed,
+        unless a new publication revived it since."""
+        entry = next((e for e in self._send_endpoints.values()
+                      if e.endpoint.channel is event.channel), None)
+        if entry is None or not _is_removed_by(entry, event):
+            return
+        entry.endpoint.transport.close()
+        self._send_endpoints.pop(entry.key, None)
+        if entry.destinations_counter_id is not None:
+            self.counters.free(entry.destinations_counter_id)
+
+    # -- response channels (docs/PROTOCOL.md §7.6) -------------------------------------------
+    def _check_response_keys(self, channel: Channel) -> _ImageEntry | None:
+        """A publication's response keys, checked before anything is made (Aeron's
+        validateResponseSubscription and findResponsePublicationImage): a response
+        publication (``control-mode=response``) names its control address and a request
+        image of this driver that asked for responses, and gets that image; a request
+        publication (``response-correlation-id=`` alone) names a response subscription of
+        this driver.  ChannelError names the key at fault."""
+        correlation_id = channel.response_correlation_id
+        if not channel.is_response:
+            if correlation_id is not None and not any(
+                    s.registration_id == correlation_id and s.channel.is_response
+                    for s in self.subscriptions.values()):
+                raise ChannelError(
+                    str(channel), "response-correlation-id",
+                    f"{correlation_id} is not the registration id of a response subscription "
+                    f"(control-mode=response) of this driver: add that subscription first "
+                    f"and give its registration_id")
+            return None
+        if channel.control is None or not channel.control.port:
+            raise ChannelError(str(channel), "control",
+                               "a response publication is bound to its response control "
+                               "address, where its client's response subscription sends its "
+                               "status messages: name it with a port (control=HOST:PORT)")
+        if correlation_id is None:
+            raise ChannelError(str(channel), "response-correlation-id",
+                               "a response publication answers one request image: give that "
+                               "image's correlation_id (control-mode=response was given "
+                               "without it)")
+        image_entry = next((e for endpoint in self._receive_endpoints.values()
+                            for e in endpoint.images.values()
+                            if e.registration_id == correlation_id), None)
+        if image_entry is None or image_entry.lingering:
+            raise ChannelError(str(channel), "response-correlation-id",
+                               f"{correlation_id} names no image of this driver (it has gone, "
+                               f"its client with it, or never was): answer an image while it "
+                               f"is available")
+        if not image_entry.image.wants_response:
+            what = _label_of(image_entry.image, image_entry.source)
+            raise ChannelError(str(channel), "response-correlation-id",
+                               f"image {correlation_id} ({what}) did not ask for responses: "
+                               f"its publication has no response-correlation-id")
+        return image_entry
+
+    def _start_response_setup(self, entry: _PublicationEntry, image_entry: _ImageEntry) -> None:
+        """The request image tells its client's driver the new response publication's session
+        (RSP_SETUP) until that publication is connected."""
+        image, session_id = image_entry.image, entry.publication.session_id
+        entry.response_image = image
+        self._answering.append(entry)
+        self.receiver_proxy.on_set_response_session(image, session_id)
+
+    def check_response_connections(self) -> None:
+        """A response publication connected (its log says so): its request image stops
+        sending RSP_SETUP (Aeron's responseConnected); so does one whose publication closes."""
+        if not self._answering:
+            return
+        for entry in [e for e in self._answering if e.log.is_connected or e.closing]:
+            self._answering.remove(entry)
+            image, entry.response_image = entry.response_image, None
+            if image is not None:
+                self.receiver_proxy.on_set_response_session(image, None)
+
+    def forget_response_image(self, image: PublicationImage) -> None:
+        """A request image went (unavailable, or done): a response publication made for it
+        that is not connected yet is no longer pending (:meth:`check_response_connections`);
+        the image sends no RSP_SETUP past ACTIVE/DRAINING, and the conductor holds it no more."""
+        for entry in [e for e in self._answering if e.response_image is image]:
+            self._answering.remove(entry)
+            entry.response_image = None
+
+    # -- multi-destination-cast -----------------------------------------------------------------
+    def add_destination(self, publication_id: int, destination: Channel, now_ns: int) -> None:
+        """Publication ``publication_id``'s endpoint sends to ``destination``
+        (``aeron:udp?endpoint=HOST:PORT``) too; ChannelError names what it refuses."""
+        endpoint, address, uri = self._manual_destination(publication_id, destination)
+        if address in endpoint.manual_destinations:
+            raise ChannelError(uri, "endpoint",
+                               f"{address[0]}:{address[1]} is a destination of "
+                               f"{self.publications[publication_id].channel} already")
+        endpoint.manual_destinations[address] = uri
+        channel = endpoint.endpoint.channel
+        assert channel.destinations is not None
+        self.sender_proxy.on_add_destination(channel, address)
+        log.info("added destination %s:%d to %s", address[0], address[1], endpoint.key)
+
+    def remove_destination(self, publication_id: int, destination: Channel) -> None:
+        """Publication ``publication_id``'s endpoint no longer sends to ``destination``;
+        ChannelError when it was not one."""
+        endpoint, address, uri = self._manual_destination(publication_id, destination)
+        if endpoint.manual_destinations.pop(address, None) is None:
+            raise ChannelError(uri, "endpoint",
+                               f"{address[0]}:{address[1]} is not a destination of this "
+                               f"channel: nothing to remove")
+        channel = endpoint.endpoint.channel
+        assert channel.destinations is not None
+        self.sender_proxy.on_remove_destination(channel, address)
+        log.info("removed destination %s:%d from %s", address[0], address[1], endpoint.key)
+
+    def _manual_destination(self, publication_id: int,
+                            destination: Channel) -> tuple[_SendEndpointEntry, Address, str]:
+        """The endpoint of a control-mode=manual publication and the address of a destination
+        URI (one key: endpoint=, an IP or a name the shell resolved)."""
+        entry = self.publications[publication_id]
+        uri = str(destination)
+        if entry.channel.control_mode != ControlMode.MANUAL.value:
+            raise ChannelError(str(entry.channel), "control-mode",
+                               "destinations are added to and removed from a "
+                               "control-mode=manual publication only (a dynamic one learns "
+                               "them from its receivers' status messages)")
+        if not destination.is_udp or destination.is_spy:
+            raise ChannelError(uri, "aeron:udp", "a destination is aeron:udp?endpoint=HOST:PORT")
+        extra = keys_given(destination) - {"endpoint", "alias"}
+        if extra:
+            raise ChannelError(uri, sorted(extra)[0],
+                               "a destination takes endpoint= only; the other keys belong "
+                               "to the publication's channel")
+        destination = _resolved(destination, self.transports.local_addresses)
+        address = destination_of(destination, sending=False)
+        ip = ipaddress.ip_address(address[0])
+        socket_version = ip_version_of(entry.channel)
+        if ip.version != socket_version:
+            raise ChannelError(uri, "endpoint",
+                               f"an IPv{ip.version} destination for a send socket of IPv"
+                               f"{socket_version} (its control= or interface=)")
+        if ip.is_multicast:
+            raise ChannelError(uri, "endpoint",
+                               "a multicast group is not a destination: its receivers send "
+                               "their status messages to its control group, which this "
+                               "endpoint does not join (publish on the group's channel)")
+        return entry.endpoint, address, uri
+
+    # -- what the pressure governor samples ---------------------------------------------------
+    def send_backlog(self, *, deferring: bool) -> float:
+        """The governor's send backlog: of each publication, the data its flow control lets it
+        send but the sender has not sent, as a share of what flow control lets it send; the
+        largest (0 without publications: a sender that keeps up leaves next to nothing).  A
+        publication counts only while the sender could send it something (its next frame fits
+        in the window: a subscriber that stopped reading leaves a rest shorter than a frame,
+        which is no backlog); one whose data waits on purpose does not count: one paced by
+        its send-rate limit (``rc=``), and with ``deferring`` one of the lowest band.  (Its
+        ``c`` belongs to the sender's thread: words read across threads, a sample's worth.)"""
+        backlog = 0.0
+        for entry in self.publications.values():
+            publication = entry.publication
+            if (deferring and publication.priority < 0) or publication.is_rate_limited:
+                continue  # waits on purpose: deferred, or paced by its send-rate limit
+            if not publication.has_data_ready():
+                continue  # e.g. the window's rest is shorter than the next frame: nothing to send
+            sender_position = publication.sender_position
+            sender_limit = publication.sender_limit
+            sendable = min(entry.log.producer_position(), sender_limit)
+            if sendable > sender_position:
+                backlog = max(backlog, (sendable - sender_position)
+                              / (sender_limit - sender_position))
+        return backlog
+
+    @property
+    def has_open_episode(self) -> bool:
+        """Whether a publication is in a back-pressure episode."""
+        for entry in self.publications.values():
+            if entry.episodes.is_open:
+                return True
+        return False
+
+    def sample_episodes(self, now_ns: int) -> list[tuple[int, EpisodeEvent]]:
+        """Each publication's back-pressure episodes that began or ended since the last
+        sample, with the publication's registration id."""
+        events: list[tuple[int, EpisodeEvent]] = []
+        for entry in self.publications.values():
+            for event in entry.episodes.sample(
+                    now_ns, *entry.readings.read(),
+                    window_start=entry.publication.sender_position):
+                events.append((entry.registration_id, event))
+        return events
+
+    # -- closing ------------------------------------------------------------------------------
+    def free_publications(self) -> None:
+        """Free every publication's counters (its spies' too) and log (the network thread has
+        stopped)."""
+        for entry in list(self.publications.values()):
+            for counter_id in [*entry.counter_ids, *(link.counter_id for link in entry.spies)]:
+                self.counters.free(counter_id)
+            discard_log(entry.log, self.budget)
+        self.publications.clear()
+        self._shared_publications.clear()
+
+    def close_endpoints(self) -> None:
+        """Close every send endpoint's socket and free its counter (the network thread has
+        stopped)."""
+        for send_entry in self._send_endpoints.values():
+            send_entry.endpoint.transport.close()
+            if send_entry.destinations_counter_id is not None:
+                self.counters.free(send_entry.destinations_counter_id)
+        self._send_endpoints.clear()
