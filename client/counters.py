@@ -25,7 +25,7 @@ import re
 import struct
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -395,6 +395,24 @@ class CountersFile:
             return counter_id
         raise CountersFullError(errno.ENOSPC, f"all {self.capacity} counters are in use or "
                                               f"freed less than 1 s ago (raise counters_capacity)")
+
+    def allocate_all(self, kinds: Iterable[tuple[Any, ...]], label: str, *,
+                     registration_id: int, session_id: int, stream_id: int) -> list[int]:
+        """One counter of each ``(type_id, label kind[, initial value])``, labelled ``"kind:
+        label"``, in order; all of them or none (:class:`CountersFullError`, nothing left
+        allocated).  Driver only, as :meth:`allocate`."""
+        allocated: list[int] = []
+        try:
+            for type_id, name, *initial in kinds:
+                allocated.append(self.allocate(
+                    type_id, f"{name}: {label}", registration_id=registration_id,
+                    session_id=session_id, stream_id=stream_id,
+                    initial_value=initial[0] if initial else 0))
+        except CountersFullError:
+            for counter_id in allocated:
+                self.free(counter_id)
+            raise
+        return allocated
 
     def free(self, counter_id: int) -> None:
         """Release a counter (driver only); the slot is reused after FREE_TO_REUSE_TIMEOUT_NS."""

@@ -54,6 +54,7 @@ from slipstream.daemon.conductor.sharing import (
     check_same_watermarks,
     check_session_free,
 )
+from slipstream.daemon.conductor.untethered import tether_for
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.pressure.episodes import (
     EPISODE_SAMPLE_INTERVAL_NS,
@@ -62,7 +63,6 @@ from slipstream.daemon.pressure.episodes import (
 )
 from slipstream.daemon.pressure.governor import SAMPLE_INTERVAL_NS, PressureGovernor, pressure_of
 from slipstream.daemon.protocol.params import PublicationParams
-from slipstream.daemon.streams.tether import Tether
 
 log = logging.getLogger("slipstream.driver")
 
@@ -534,8 +534,7 @@ class DriverConductor:
             subscription,
             f"aeron:ipc stream={publication.stream_id} session={publication.session_id} "
             f"sub={subscription.registration_id}",
-            tether=(Tether.of(channel, self.settings, self._last_cycle_ns)
-                    if channel.tether is False else None))
+            tether=tether_for(channel, self.settings, self._last_cycle_ns))
         # Credit and is_connected now, not at the next duty cycle: an offer made as soon as
         # add_subscription (or add_publication) returns finds them (it got NOT_CONNECTED).
         publication.update_limits(self._last_cycle_ns)
@@ -820,7 +819,7 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
      "rejoin=false on aeron:ipc and spies (a network subscription's: its sessions whose "
      "image went do not come back)"),
     # control-mode=manual on a subscription is a multi-destination subscription
-    # (daemon/conductor/network.py, add_receive_destination).
+    # (daemon/conductor/network_receive.py, add_receive_destination).
     # Response channels are aeron:udp's here (docs/PROTOCOL.md §7.6); Aeron also has them
     # between IPC publications and subscriptions.
     ("control-mode", lambda c, _: c.is_response and c.is_ipc,

@@ -19,8 +19,8 @@ import attrs
 
 from slipstream.client.counters import (
     BACK_PRESSURE_TYPES,
-    POSITION_TYPES,
     CountersFile,
+    CountersFullError,
     CounterType,
     SystemCounter,
 )
@@ -115,18 +115,13 @@ class IpcPublication:
         )
         label = f"{channel} stream={stream_id} session={session_id}"
         start = log.producer_position()
-        allocated: list[int] = []
         try:
-            for kind, name in ((CounterType.PUBLISHER_LIMIT, "pub-lmt"),
-                               (CounterType.PUBLISHER_POSITION, "pub-pos"),
-                               *BACK_PRESSURE_TYPES):
-                allocated.append(counters.allocate(
-                    kind, f"{name}: {label}", registration_id=registration_id,
-                    session_id=session_id, stream_id=stream_id,
-                    initial_value=start if kind in POSITION_TYPES else 0))
-        except OSError:  # the counters are full: leave nothing behind
-            for counter_id in allocated:
-                counters.free(counter_id)
+            allocated = counters.allocate_all(
+                [(CounterType.PUBLISHER_LIMIT, "pub-lmt", start),
+                 (CounterType.PUBLISHER_POSITION, "pub-pos", start), *BACK_PRESSURE_TYPES],
+                label, registration_id=registration_id, session_id=session_id,
+                stream_id=stream_id)
+        except CountersFullError:  # leave nothing behind
             log.close()
             os.unlink(path)
             raise

@@ -39,7 +39,6 @@ from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
     NetworkTransports,
-    _allocate_counters,
     _EndpointState,
     _ImageEntry,
     _is_removed_by,
@@ -406,13 +405,13 @@ class ReceiveSide:
             label = (f"{channel} stream={setup.stream_id} session={setup.session_id} "
                      f"source={event.source[0]}:{event.source[1]}")
             try:
-                counter_ids = _allocate_counters(
-                    self.counters,
+                counter_ids = self.counters.allocate_all(
                     [(CounterType.RECEIVER_HWM, "rcv-hwm"),
                      (CounterType.RECEIVER_POSITION, "rcv-pos"),
                      *((CounterType.PER_IMAGE_INDICATOR, name, value)
                        for name, value in indicators)],
-                    label, registration_id, setup.session_id, setup.stream_id)
+                    label, registration_id=registration_id, session_id=setup.session_id,
+                    stream_id=setup.stream_id)
             except CountersFullError:
                 discard_log(log_buffer, self.budget)
                 raise

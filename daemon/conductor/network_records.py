@@ -24,7 +24,6 @@ from typing import Any, Protocol
 import attrs
 
 from slipstream.client.channel import Channel
-from slipstream.client.counters import CountersFile, CountersFullError
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.commands import RemovedDestination
 from slipstream.daemon.agents.receiver import ReceiveEndpoint, ReceiveTransport
@@ -185,23 +184,6 @@ def _is_removed_by(entry: _SendEndpointEntry | _ReceiveEndpointEntry,
     """Whether ``event`` ends ``entry``: it is still CLOSING in the generation the event
     names, not revived by a new user since."""
     return entry.state is _EndpointState.CLOSING and entry.generation == event.generation
-
-
-def _allocate_counters(counters: CountersFile, kinds: list[tuple[Any, ...]], label: str,
-                       registration_id: int, session_id: int, stream_id: int) -> list[int]:
-    """One counter of each ``(CounterType, label kind[, initial value])``, or none."""
-    allocated: list[int] = []
-    try:
-        for kind, name, *initial in kinds:
-            allocated.append(counters.allocate(
-                kind, f"{name}: {label}", registration_id=registration_id,
-                session_id=session_id, stream_id=stream_id,
-                initial_value=initial[0] if initial else 0))
-    except CountersFullError:
-        for counter_id in allocated:
-            counters.free(counter_id)
-        raise
-    return allocated
 
 
 def _resolved(channel: Channel,

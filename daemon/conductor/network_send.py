@@ -41,7 +41,6 @@ from slipstream.daemon.conductor.messages import Outgoing
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
     NetworkTransports,
-    _allocate_counters,
     _EndpointState,
     _ImageEntry,
     _is_removed_by,
@@ -203,8 +202,9 @@ class SendSide:
             if flow_control.tracks_receivers:
                 kinds.append((CounterType.FC_RECEIVERS, "fc-receivers"))
             kinds.extend(BACK_PRESSURE_TYPES)
-            counter_ids = _allocate_counters(self.counters, kinds, label, registration_id,
-                                             session_id, stream_id)
+            counter_ids = self.counters.allocate_all(
+                kinds, label, registration_id=registration_id, session_id=session_id,
+                stream_id=stream_id)
         except CountersFullError:
             discard_log(log_buffer, self.budget)
             raise
