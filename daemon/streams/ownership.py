@@ -1,6 +1,7 @@
 """Who runs each per-stream rule, the C half or the Python half: the one table of it; and
 which thread owns each field and method of a stream object (:data:`PUBLICATION_THREADS`,
-:data:`IMAGE_THREADS`; tests/test_thread_ownership.py holds the conductor to them).
+:data:`IMAGE_THREADS`; tests/test_thread_ownership.py holds the conductor to them, and the
+stream objects' code to sections headed by those owners, :data:`SECTION_HEADINGS`).
 
 A network stream's rules (status messages, heartbeats, pub-lmt's steps, cleaning, the rebuild
 pass and its NAKs, liveness) exist in both halves of the network thread: the Python half
@@ -203,3 +204,13 @@ IMAGE_THREADS: dict[str, str] = _owned(
 
 #: What the conductor's thread may touch of a handed-over stream object.
 CONDUCTOR_MAY = frozenset((CONDUCTOR, FIXED, SAMPLED))
+
+#: How the code of a stream object heads each section of its ``__init__`` and of its methods
+#: (``# -- <heading>: <what>``): by the owner of what follows, as the tables have it.
+SECTION_HEADINGS: dict[str, str] = {
+    FIXED: "fixed at creation",
+    SAMPLED: "sampled",
+    CONDUCTOR: "the conductor thread's",
+    SENDER: "the sender thread's",
+    RECEIVER: "the receiver thread's",
+}

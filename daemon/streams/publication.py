@@ -50,7 +50,9 @@ tethered spies).
 
 Who runs which rule, this object or the C half, is :mod:`~slipstream.daemon.streams.ownership`'s
 table; the flags that hand them to the C half are set in
-:meth:`NetworkPublication.sync_c_half` only.
+:meth:`NetworkPublication.sync_c_half` only.  Which thread may touch each field and method is
+its table :data:`~slipstream.daemon.streams.ownership.PUBLICATION_THREADS`: the class sets its
+fields, and defines its methods, in sections headed by that owner.
 
 Units: times in ns (monotonic), positions/offsets/lengths in bytes.
 """
@@ -193,9 +195,9 @@ class NetworkPublication:
         if (params.term_length, params.mtu) != (log.term_length, log.mtu):
             raise ValueError(f"the log ({log.term_length}, mtu {log.mtu}) was not made with "
                              f"these parameters ({params.term_length}, mtu {params.mtu})")
+        # -- fixed at creation: any thread reads them --------------------------------------
         self.log = log
         self.params = params
-        self.flow_control = flow_control
         self.counters = counters
         self.destination = destination
         self.positions = positions
@@ -226,8 +228,13 @@ class NetworkPublication:
         #: request image; None without.
         self.response_correlation_id = params.response_correlation_id
         self._ttl = params.setup_ttl
+        #: priority= of its URI: its band in the sender's round robin (docs/BACKPRESSURE.md).
+        self.priority = params.priority
+        #: ssc=true: its spies connect it as receivers would, and while it has no receiver
+        #: they move snd-pos on (Aeron's spiesSimulateConnection).
+        self.spies_simulate_connection = params.spies_simulate_connection
 
-        self.state = PublicationState.ACTIVE
+        # -- sampled: counters and words the sender publishes; any thread reads them -------
         join = log.producer_position()
         lib.ss_store_release_i64(positions.publisher_limit, join)
         # snd-pos and snd-lmt live in the driver's own memory: their counters, which every
@@ -237,6 +244,16 @@ class NetworkPublication:
         self._snd_lmt_counter = positions.sender_limit
         network.ss_publish_position(self._snd_pos, positions.sender_position, join)
         network.ss_publish_position(self._snd_lmt, positions.sender_limit, join)
+        #: What the drain reads on the conductor's thread (publish_status).
+        self.status = PublicationStatus()
+
+        # -- the conductor thread's --------------------------------------------------------
+        #: The conductor's to lower while it links a spy (the join position), the C half's to
+        #: read (network.h, spy_hold); NO_DEADLINE while no link is pending.
+        self.spy_hold = network_ffi.new("int64_t *", NO_DEADLINE)
+
+        # -- the sender thread's: the C half's struct and the strategies -------------------
+        self.flow_control = flow_control
         #: What the C data path (``ss_send_data``) works from; the send endpoint sets ``fd``
         #: and the destination when it takes the publication on.
         self.c = c = network_ffi.new("ss_send_publication_t *")
@@ -264,12 +281,6 @@ class NetworkPublication:
         c.heartbeats_sent = counters.address(SystemCounter.HEARTBEATS_SENT)
         c.connection_timeout_ns = self.connection_timeout_ns
         self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
-        self._refusing_offers = False
-        #: priority= of its URI: its band in the sender's round robin (docs/BACKPRESSURE.md).
-        self.priority = params.priority
-        #: ssc=true: its spies connect it as receivers would, and while it has no receiver
-        #: they move snd-pos on (Aeron's spiesSimulateConnection).
-        self.spies_simulate_connection = params.spies_simulate_connection
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
             # A group's receivers NAK a loss at random times up to nak_multicast_max_backoff
@@ -287,15 +298,19 @@ class NetworkPublication:
         c.term_window_length = window
         c.trip_gain = self._trip_gain
         c.cleaner = self.cleaner.c
+        c.spy_hold = self.spy_hold
+        c.spy_python_position = NO_DEADLINE
+        #: NAK-strength send-rate adaptation (rc=), None without; it announces itself to the
+        #: receivers every ANNOUNCE_INTERVAL_NS and at once to a new one.
+        self.rate_control = rate_control_for(params, now_ns, join)
+
+        # -- the sender thread's: state, receivers and spies -------------------------------
+        self.state = PublicationState.ACTIVE
+        self._refusing_offers = False
         # Spies (add_spy): the sub-pos cells of the aeron-spy: subscriptions of this host that
         # read the log in place; they hold pub-lmt and cleaning back as snd-pos does.
         self._spies: list[object] = []
         self._spy_array = network_ffi.NULL
-        #: The conductor's to lower while it links a spy (the join position), the C half's to
-        #: read (network.h, spy_hold); NO_DEADLINE while no link is pending.
-        self.spy_hold = network_ffi.new("int64_t *", NO_DEADLINE)
-        c.spy_hold = self.spy_hold
-        c.spy_python_position = NO_DEADLINE
         #: Set as a closed publication that has spies reaches LINGER (they read it all): the
         #: sender tells the conductor, which ends their images (Aeron's cleanupSpies).
         self.spies_released = False
@@ -313,28 +328,63 @@ class NetworkPublication:
         self._connected = False
         log.is_connected = False
         self._receivers: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
-        #: What the drain reads on the conductor's thread (publish_status).
-        self.status = PublicationStatus()
         self._acknowledged: dict[int, int] = {}  # receiver_id -> position of its last SM
         #: receiver_id -> where its last SM that Python read came from (RSP_SETUP's check).
         self._receiver_sources: dict[int, Address] = {}
+        #: ERR frames since the sender last looked: (the receiver's address, its reason).
+        self.rejections: list[tuple[Address, str]] = []
+
+        # -- the sender thread's: timers ---------------------------------------------------
         self._status_message_deadline_ns = NO_DEADLINE
         self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
         self._time_of_last_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
         self._linger_start_ns = 0
         self._outbox: list[Datagram] = []  # RTTM replies made in on_frame
-        #: ERR frames since the sender last looked: (the receiver's address, its reason).
-        self.rejections: list[tuple[Address, str]] = []
         self._now_ns = now_ns
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
         self._last_sender_position = join  # and when it last moved: _check_for_blocked_publisher
         self._time_of_last_sender_progress_ns = now_ns
-        #: NAK-strength send-rate adaptation (rc=), None without; it announces itself to the
-        #: receivers every ANNOUNCE_INTERVAL_NS and at once to a new one.
-        self.rate_control = rate_control_for(params, now_ns, join)
         self._announce_deadline_ns = now_ns if self.rate_control else NO_DEADLINE
 
-    # -- state machine --------------------------------------------------------------------
+    # -- sampled: counters and words the sender publishes; any thread reads them -----------
+    @property
+    def sender_position(self) -> int:
+        """snd-pos: everything before it has been sent (bytes)."""
+        return self._snd_pos[0]
+
+    @property
+    def sender_limit(self) -> int:
+        """snd-lmt: flow control lets data go out up to here (bytes)."""
+        return self._snd_lmt[0]
+
+    @sender_limit.setter
+    def sender_limit(self, position: int) -> None:
+        network.ss_publish_position(self._snd_lmt, self._snd_lmt_counter, position)
+
+    @property
+    def is_rate_limited(self) -> bool:
+        """Its sends are paced by a send-rate limit (``rc=``) now: a word its sender writes."""
+        return self.c.rate_limit > 0
+
+    def has_data_ready(self) -> bool:
+        """Retransmissions are queued, or a committed frame at snd-pos fits in the window: what
+        the C data path would send next (``ss_has_data_ready``, a parking thread's last look
+        after it told publishers to wake it)."""
+        return self.state is not PublicationState.DONE and bool(network.ss_has_data_ready(self.c))
+
+    def c_acknowledged(self) -> tuple[int, int] | None:
+        """(receiver id, position) of the last status message the C half took (``sm_in_c``)
+        since the receiver it takes them from was last chosen, or None: words the C half
+        writes, read from any thread.  Read twice around the position: the sender's
+        thread may choose another receiver meanwhile (it zeroes the count, then names it)."""
+        c = self.c
+        receiver_id = c.sm_receiver_id
+        position = c.sm_position
+        if not c.sm_count or c.sm_receiver_id != receiver_id:
+            return None
+        return receiver_id, position
+
+    # -- the sender thread's: the state machine, and the drain's credit stop ---------------
     def _transition(self, event: str, now_ns: int) -> None:
         try:
             self.state = _TRANSITIONS[self.state, event]
@@ -393,19 +443,7 @@ class NetworkPublication:
         if self.credit_stop_position is not None:
             self.status = self._status()
 
-    def c_acknowledged(self) -> tuple[int, int] | None:
-        """(receiver id, position) of the last status message the C half took (``sm_in_c``)
-        since the receiver it takes them from was last chosen, or None: words the C half
-        writes, read from any thread.  Read twice around the position: the sender's
-        thread may choose another receiver meanwhile (it zeroes the count, then names it)."""
-        c = self.c
-        receiver_id = c.sm_receiver_id
-        position = c.sm_position
-        if not c.sm_count or c.sm_receiver_id != receiver_id:
-            return None
-        return receiver_id, position
-
-    # -- spies ----------------------------------------------------------------------------
+    # -- the sender thread's: spies --------------------------------------------------------
     def add_spy(self, position_cell: object) -> None:
         """A spy (an ``aeron-spy:`` subscription of this host) reads the log in place from
         ``position_cell`` (a cffi ``int64_t *``, its sub-pos counter, which its client writes):
@@ -488,26 +526,7 @@ class NetworkPublication:
             return self.sender_position + 1  # every spy read past snd-pos: move it on
         return NO_DEADLINE
 
-    # -- properties -----------------------------------------------------------------------
-    @property
-    def sender_position(self) -> int:
-        """snd-pos: everything before it has been sent (bytes)."""
-        return self._snd_pos[0]
-
-    @property
-    def sender_limit(self) -> int:
-        """snd-lmt: flow control lets data go out up to here (bytes)."""
-        return self._snd_lmt[0]
-
-    @sender_limit.setter
-    def sender_limit(self, position: int) -> None:
-        network.ss_publish_position(self._snd_lmt, self._snd_lmt_counter, position)
-
-    @property
-    def is_rate_limited(self) -> bool:
-        """Its sends are paced by a send-rate limit (``rc=``) now: a word its sender writes."""
-        return self.c.rate_limit > 0
-
+    # -- the sender thread's: properties ---------------------------------------------------
     @property
     def _last_publisher_limit(self) -> int:
         """The pub-lmt last published (bytes), by this half or the C half."""
@@ -549,7 +568,7 @@ class NetworkPublication:
     def _position(self, term_id: int, term_offset: int) -> int:
         return compute_position(term_id, term_offset, self.position_bits, self.initial_term_id)
 
-    # -- input ----------------------------------------------------------------------------
+    # -- the sender thread's: input --------------------------------------------------------
     def on_frame(self, frame: object, source: Address, now_ns: int) -> None:
         """A decoded SM, NAK, RTTM or ERR frame for this publication from ``source``."""
         self.take_c_status_messages()
@@ -702,7 +721,7 @@ class NetworkPublication:
         if cell is not None:
             lib.ss_store_release_i64(cell, self.flow_control.receiver_count())
 
-    # -- output ---------------------------------------------------------------------------
+    # -- the sender thread's: output -------------------------------------------------------
     def on_data_sent(self, now_ns: int) -> None:
         """The C data path sent (new data, advancing snd-pos, or queued retransmissions): raise
         pub-lmt (cleaning first) and see whether a draining publication has sent everything."""
@@ -846,12 +865,6 @@ class NetworkPublication:
         if self.positions.sender_rate_limit is not None:
             lib.ss_store_release_i64(self.positions.sender_rate_limit, limit)
 
-    def has_data_ready(self) -> bool:
-        """Retransmissions are queued, or a committed frame at snd-pos fits in the window: what
-        the C data path would send next (``ss_has_data_ready``, a parking thread's last look
-        after it told publishers to wake it)."""
-        return self.state is not PublicationState.DONE and bool(network.ss_has_data_ready(self.c))
-
     @property
     def _time_of_last_data_or_heartbeat_ns(self) -> int:
         return max(self._time_of_last_heartbeat_ns, self.c.time_of_last_send_ns)
@@ -878,7 +891,7 @@ class NetworkPublication:
             self.counters.add(SystemCounter.HEARTBEATS_SENT)
             self._time_of_last_heartbeat_ns = now_ns
 
-    # -- liveness, limits and state (the conductor's duties in Aeron) -----------------------
+    # -- the sender thread's: liveness, limits and state (the conductor's duties in Aeron) ---
     def _update_has_receivers(self, now_ns: int) -> None:
         timeout = self.connection_timeout_ns
         receivers = self._receivers
@@ -967,7 +980,7 @@ class NetworkPublication:
             elif now_ns - self._linger_start_ns >= self.linger_timeout_ns:
                 self._transition("linger_expired", now_ns)
 
-    # -- timers ---------------------------------------------------------------------------
+    # -- the sender thread's: timers -------------------------------------------------------
     def next_deadline_ns(self, *, c_timers: bool = True) -> int:
         """The earliest time :meth:`datagrams_to_send` has something to do; a value ``<=``
         the last ``now`` means "now" (cleaning to catch up, a drained publication to move on).
