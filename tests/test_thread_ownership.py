@@ -114,6 +114,12 @@ def violations(source: str, filename: str) -> list[str]:
     return sorted(found.values())
 
 
+def test_the_architecture_page_shows_the_tables() -> None:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    assert ownership.threads_markdown() in text, (
+        "paste ownership.threads_markdown() into docs/ARCHITECTURE.md")
+
+
 def test_the_conductor_touches_only_what_its_thread_may_of_publications_and_images() -> None:
     found = [v for path in sorted(CONDUCTOR.glob("*.py"))
              for v in violations(path.read_text(), str(path.relative_to(ROOT)))]
