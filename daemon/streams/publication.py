@@ -35,12 +35,12 @@ States (the only place they change is :meth:`_transition`; h11 style)::
     LINGER --linger timeout, or EOS-flagged SM (unicast)--> DONE
 
 Connection (docs/PROTOCOL.md §3.3, §5): a receiver is live while its SMs arrive within
-``publication_connection_timeout`` (5 s).  The publication is *connected* while it has live
-receivers that flow control accepts; then ``pub-lmt = snd-pos + term window`` and the log is
-cleaned one term behind ``snd-pos`` (a chunk at a time, :class:`LogCleaner`); the sender's
-C half runs that rule itself while it may (``limit_in_c``).  Not connected:
-``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the publisher gets NOT_CONNECTED /
-BACK_PRESSURED).
+``publication_connection_timeout`` (5 s; :mod:`~slipstream.daemon.streams.receivers`).  The
+publication is *connected* while it has live receivers that flow control accepts; then
+``pub-lmt = snd-pos + term window`` and the log is cleaned one term behind ``snd-pos`` (a
+chunk at a time, :class:`LogCleaner`); the sender's C half runs that rule itself while it may
+(``limit_in_c``).  Not connected: ``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the
+publisher gets NOT_CONNECTED / BACK_PRESSURED).
 
 Spies (:meth:`NetworkPublication.add_spy`, docs/PROTOCOL.md §3.7): ``aeron-spy:``
 subscriptions of this host read the log in place.  Each holds pub-lmt and cleaning back as
@@ -101,6 +101,7 @@ from slipstream.daemon.protocol.types import (
     Datagram,
     ProtocolCounters,
 )
+from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
 
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
@@ -141,47 +142,6 @@ class SenderPositions:
     def in_process(cls) -> SenderPositions:
         """Cells in this process's memory, for tests."""
         return cls(*(ffi.new("int64_t *") for _ in range(5)))
-
-
-@attrs.frozen
-class PublicationStatus:
-    """What a graceful drain needs of a network publication, as its sender's thread last
-    published it (:meth:`NetworkPublication.publish_status`): one immutable record, swapped
-    whole, which the conductor's thread reads while the sender's thread changes the
-    publication.  The drain decides from it and from counters (the log's producer position,
-    snd-pos, the C half's last status message), never from the publication's own fields."""
-
-    #: The sender's thread has stopped the publication's credit (pub-lmt holds).
-    credit_stopped: bool = False
-    #: Live receivers: a status message within the connection timeout, and no EOS.
-    receiver_ids: frozenset[int] = frozenset()
-    #: (receiver id, the position its last status message acknowledged, bytes).
-    acknowledged: tuple[tuple[int, int], ...] = ()
-    #: Heartbeats sent since the end of stream (EOS-flagged).
-    eos_heartbeats_sent: int = 0
-
-    def has_receivers_except(self, receiver_ids: frozenset[int]) -> bool:
-        """Whether a live receiver other than those of ``receiver_ids`` is known."""
-        return not self.receiver_ids <= receiver_ids
-
-    def is_flushed_except(self, receiver_ids: frozenset[int], *, end: int, sender_position: int,
-                          c_acknowledged: tuple[int, int] | None) -> bool:
-        """The credit is stopped, the log up to ``end`` (its producer position) was sent
-        (``sender_position``: snd-pos) and every live receiver's status message is at
-        ``end`` (true without receivers: nobody is left to take it), not waiting for the
-        receivers of ``receiver_ids``.  ``c_acknowledged``: (receiver id, position) of the
-        status message the C half took last (:meth:`NetworkPublication.c_acknowledged`),
-        which counts too."""
-        if not self.credit_stopped:
-            return False
-        if sender_position < end and self.has_receivers_except(receiver_ids):
-            return False
-        acknowledged = dict(self.acknowledged)
-        if c_acknowledged is not None and c_acknowledged[0] in acknowledged:
-            receiver_id, position = c_acknowledged
-            acknowledged[receiver_id] = max(acknowledged[receiver_id], position)
-        return all(position >= end for receiver_id, position in acknowledged.items()
-                   if receiver_id not in receiver_ids)
 
 
 class NetworkPublication:
@@ -327,10 +287,7 @@ class NetworkPublication:
         self.credit_stop_position: int | None = None
         self._connected = False
         log.is_connected = False
-        self._receivers: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
-        self._acknowledged: dict[int, int] = {}  # receiver_id -> position of its last SM
-        #: receiver_id -> where its last SM that Python read came from (RSP_SETUP's check).
-        self._receiver_sources: dict[int, Address] = {}
+        self._receivers = PublicationReceivers()
         #: ERR frames since the sender last looked: (the receiver's address, its reason).
         self.rejections: list[tuple[Address, str]] = []
 
@@ -433,9 +390,8 @@ class NetworkPublication:
             sender_position=self.sender_position, c_acknowledged=self.c_acknowledged())
 
     def _status(self) -> PublicationStatus:
-        return PublicationStatus(self.credit_stop_position is not None,
-                                 frozenset(self._receivers), tuple(self._acknowledged.items()),
-                                 self.eos_heartbeats_sent)
+        return self._receivers.status(credit_stopped=self.credit_stop_position is not None,
+                                      eos_heartbeats_sent=self.eos_heartbeats_sent)
 
     def publish_status(self) -> None:
         """Publish :attr:`status` for the drain (the sender's thread, after each pass).  Only
@@ -548,7 +504,7 @@ class NetworkPublication:
 
     def has_receiver_at(self, source: Address) -> bool:
         """Whether a live receiver's status messages came from ``source``."""
-        return source in self._receiver_sources.values()
+        return self._receivers.has_source(source)
 
     @property
     def is_done(self) -> bool:
@@ -613,9 +569,7 @@ class NetworkPublication:
             self.rejections.append((source, frame.message))
             self.flow_control.on_error(frame, now_ns)
             self._count_receivers()
-            self._receivers.pop(frame.receiver_id, None)
-            self._acknowledged.pop(frame.receiver_id, None)
-            self._receiver_sources.pop(frame.receiver_id, None)
+            self._receivers.remove(frame.receiver_id)
             self._update_connected(now_ns)
 
     def take_c_status_messages(self) -> None:
@@ -628,11 +582,7 @@ class NetworkPublication:
         self._c_sm_seen = c.sm_count
         taken_ns = c.sm_time_ns
         self._status_message_deadline_ns = taken_ns + self.connection_timeout_ns
-        receiver_id = c.sm_receiver_id
-        if receiver_id in self._receivers:
-            # Acknowledged first: the conductor's thread reads both (a drain).
-            self._acknowledged[receiver_id] = c.sm_position
-            self._receivers[receiver_id] = taken_ns
+        self._receivers.on_c_status_message(c.sm_receiver_id, c.sm_position, taken_ns)
         self.flow_control.receiver_window = c.sm_window
         self.retransmit_handler.set_resend_lookahead(
             self.flow_control.retransmission_lookahead(self.mtu))
@@ -657,16 +607,16 @@ class NetworkPublication:
         c.limit_in_c = int(self._steps_limit_in_c())
         if within_pass:
             return
-        receivers = self._receivers
+        sole = self._receivers.sole()
         take = (self.state is PublicationState.ACTIVE and self._connected
                 and self.rate_control is None and self.flow_control.c_fast_path
-                and len(receivers) == 1 and not self.is_setup_elicited
+                and sole is not None and not self.is_setup_elicited
                 and not self.learns_destinations)
         c.python_send_position = self.python_send_position()
         c.spy_python_position = self._spy_python_position()
         c.heartbeat_in_c = int(self._sends_heartbeats_in_c())
-        if take:
-            receiver_id, last_sm_ns = next(iter(receivers.items()))
+        if take and sole is not None:
+            receiver_id, last_sm_ns = sole
             if receiver_id != c.sm_receiver_id:  # what C took was another receiver's
                 c.sm_count = c.sm_position = self._c_sm_seen = 0
                 c.sm_receiver_id = receiver_id
@@ -696,18 +646,13 @@ class NetworkPublication:
             sm = attrs.evolve(sm, receiver_window=self.term_length >> 1)
         self._status_message_deadline_ns = now_ns + self.connection_timeout_ns
         if sm.is_eos:
-            self._receivers.pop(sm.receiver_id, None)
-            self._acknowledged.pop(sm.receiver_id, None)
-            self._receiver_sources.pop(sm.receiver_id, None)
+            self._receivers.remove(sm.receiver_id)
             if self.is_unicast:
                 self.has_received_unicast_eos = True
         else:
             if self.rate_control is not None and sm.receiver_id not in self._receivers:
                 self._announce_deadline_ns = now_ns  # a new receiver: tell it to signal
-            # Acknowledged first: the conductor's thread reads both (a drain).
-            self._acknowledged[sm.receiver_id] = position
-            self._receivers[sm.receiver_id] = now_ns
-            self._receiver_sources[sm.receiver_id] = source
+            self._receivers.on_status_message(sm.receiver_id, position, source, now_ns)
         self.has_initial_connection = True
         self.sender_limit = self.flow_control.on_status_message(
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
@@ -893,14 +838,7 @@ class NetworkPublication:
 
     # -- the sender thread's: liveness, limits and state (the conductor's duties in Aeron) ---
     def _update_has_receivers(self, now_ns: int) -> None:
-        timeout = self.connection_timeout_ns
-        receivers = self._receivers
-        if receivers:
-            expired = [rid for rid, t in receivers.items() if now_ns - t > timeout]
-            for rid in expired:
-                del receivers[rid]
-                self._acknowledged.pop(rid, None)
-                self._receiver_sources.pop(rid, None)
+        self._receivers.expire(now_ns, self.connection_timeout_ns)
 
     def _update_connected(self, now_ns: int) -> None:
         connected = ((bool(self._receivers) and self.flow_control.has_required_receivers()
@@ -1009,7 +947,7 @@ class NetworkPublication:
             if self._connected:
                 deadline = min(deadline, self._status_message_deadline_ns + 1)
             if self._receivers:
-                deadline = min(deadline, min(self._receivers.values())
+                deadline = min(deadline, self._receivers.earliest_status_message_ns()
                                + self.connection_timeout_ns + 1)
         if (self.state in (PublicationState.ACTIVE, PublicationState.DRAINING)
                 and self.log.producer_position() > self.sender_position):
