@@ -42,11 +42,8 @@ chunk at a time, :class:`LogCleaner`); the sender's C half runs that rule itself
 (``limit_in_c``).  Not connected: ``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the
 publisher gets NOT_CONNECTED / BACK_PRESSURED).
 
-Spies (:meth:`NetworkPublication.add_spy`, docs/PROTOCOL.md §3.7): ``aeron-spy:``
-subscriptions of this host read the log in place.  Each holds pub-lmt and cleaning back as
-snd-pos does (both follow the consumer position, the slowest of snd-pos and the spies), never
-the sender, and a closed publication reaches LINGER only once they have read it all (Aeron's
-tethered spies).
+Spies (:meth:`NetworkPublication.add_spy`, :mod:`~slipstream.daemon.streams.spies`) read the
+log in place and hold pub-lmt and cleaning back as snd-pos does, never the sender.
 
 Who runs which rule, this object or the C half, is :mod:`~slipstream.daemon.streams.ownership`'s
 table; the flags that hand them to the C half are set in
@@ -102,6 +99,7 @@ from slipstream.daemon.protocol.types import (
     ProtocolCounters,
 )
 from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
+from slipstream.daemon.streams.spies import PublicationSpies
 
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
@@ -267,14 +265,10 @@ class NetworkPublication:
         # -- the sender thread's: state, receivers and spies -------------------------------
         self.state = PublicationState.ACTIVE
         self._refusing_offers = False
-        # Spies (add_spy): the sub-pos cells of the aeron-spy: subscriptions of this host that
-        # read the log in place; they hold pub-lmt and cleaning back as snd-pos does.
-        self._spies: list[object] = []
-        self._spy_array = network_ffi.NULL
+        self._spies = PublicationSpies(c, log)
         #: Set as a closed publication that has spies reaches LINGER (they read it all): the
         #: sender tells the conductor, which ends their images (Aeron's cleanupSpies).
         self.spies_released = False
-        self._waits_for_spies = True  # close(wait_for_spies=False): the drain's ending
         self.has_initial_connection = False
         self.is_setup_elicited = False
         #: Its endpoint learns destinations from status messages (dynamic
@@ -363,7 +357,7 @@ class NetworkPublication:
         be given to a publication closed already."""
         self._next_due_ns = 0
         if not wait_for_spies:
-            self._waits_for_spies = False
+            self._spies.waited_for = False
         if self.state is PublicationState.ACTIVE:
             # Where its spies' images end (aeron_network_publication_decref): nothing is
             # offered after the last publisher went.
@@ -407,27 +401,19 @@ class NetworkPublication:
         publication is closed its LINGER waits until the spy has read it all (Aeron's
         NetworkPublication.addSubscriber, a tethered spy).  The sender never waits for it.  On
         the sender's thread."""
-        self._spies.append(position_cell)
-        self._set_spies()
+        self._spies.add(position_cell)
+        self._on_spies_changed()
 
     def remove_spy(self, position_cell: object) -> None:
         """The spy of ``position_cell`` went (its subscription closed, or its image ended):
         it holds nothing back from now on.  A cell not added is ignored."""
-        if position_cell in self._spies:
-            self._spies.remove(position_cell)
-            self._set_spies()
+        if self._spies.remove(position_cell):
+            self._on_spies_changed()
 
-    def _set_spies(self) -> None:
-        """Hand the spies to the C half (``spy_positions``, ``spy_count``) and look again at
-        once: a closed publication may have waited only for the one that went; one with
-        ``ssc=true`` is connected by its spies."""
-        c = self.c
-        c.spy_count = 0
-        self._spy_array = (network_ffi.new("int64_t *[]", self._spies) if self._spies
-                           else network_ffi.NULL)
-        c.spy_positions = self._spy_array
-        c.spy_count = len(self._spies)
-        c.spy_python_position = self._spy_python_position()
+    def _on_spies_changed(self) -> None:
+        """Look again at once: a closed publication may have waited only for the spy that
+        went; one with ``ssc=true`` is connected by its spies."""
+        self.c.spy_python_position = self._spy_python_position()
         self._next_due_ns = 0
         if self.spies_simulate_connection and self.state is PublicationState.ACTIVE:
             self._update_connected(self._now_ns)
@@ -442,17 +428,6 @@ class NetworkPublication:
         return (self._spies_connect() and not self._receivers
                 and self.state is PublicationState.ACTIVE)
 
-    def _follow_spies(self) -> None:
-        """snd-pos to the fastest spy's position (Aeron's sender, idle with spies and no
-        receivers): what no receiver takes is consumed once a spy has read it.  The spies'
-        positions are their clients', bounded by what was published."""
-        end = self.log.producer_position()
-        fastest = max(network.ss_subscriber_position_bounded(cell[0], end)
-                      for cell in self._spies)
-        c = self.c
-        if fastest > c.sender_position[0]:
-            network.ss_publish_position(c.sender_position, c.sender_position_counter, fastest)
-
     @property
     def spy_count(self) -> int:
         return len(self._spies)
@@ -463,24 +438,11 @@ class NetworkPublication:
         (``ss_publication_consumer_position``, which the C half's rule takes too)."""
         return network.ss_publication_consumer_position(self.c)
 
-    def _spies_consumed(self, end: int) -> bool:
-        """Every spy has read the log to ``end`` (true without spies, or once the drain's
-        ending said not to wait for them)."""
-        return (not self._spies or not self._waits_for_spies
-                or network.ss_publication_slowest_spy(self.c, end) >= end)
-
     def _spy_python_position(self) -> int:
-        """Where the slowest spy makes the Python half due (``c.spy_python_position``): the
-        end of a closed publication's log while its spies have not read it all (DRAINING
-        waits for them); never otherwise (the C half's pub-lmt rule takes the spies itself,
-        and a rule that could not move on would make every cycle a pass)."""
-        if self._spies and self.state is PublicationState.DRAINING:
-            end = self.log.producer_position()
-            if not self._spies_consumed(end):
-                return end
-        if self._spies_drive():
-            return self.sender_position + 1  # every spy read past snd-pos: move it on
-        return NO_DEADLINE
+        """:meth:`PublicationSpies.python_position
+        <slipstream.daemon.streams.spies.PublicationSpies.python_position>` in this state."""
+        return self._spies.python_position(draining=self.state is PublicationState.DRAINING,
+                                           driving=self._spies_drive())
 
     # -- the sender thread's: properties ---------------------------------------------------
     @property
@@ -904,13 +866,13 @@ class NetworkPublication:
         state = self.state
         if state is PublicationState.ACTIVE:
             if self._spies_drive():
-                self._follow_spies()
+                self._spies.follow()
             if self._connected:
                 self._update_publisher_limit()
         elif state is PublicationState.DRAINING:
             end = self.log.producer_position()
             if ((end <= self.sender_position or not self._receivers)
-                    and self._spies_consumed(end)):
+                    and self._spies.consumed(end)):
                 self._transition("drained", now_ns)
         elif state is PublicationState.LINGER:
             if self.has_received_unicast_eos:
@@ -957,7 +919,7 @@ class NetworkPublication:
         if self.state is PublicationState.DRAINING:
             end = self.log.producer_position()
             if ((end <= self.sender_position or not self._receivers)
-                    and self._spies_consumed(end)):
+                    and self._spies.consumed(end)):
                 deadline = min(deadline, now)  # drained: move to LINGER
         elif self.state is PublicationState.LINGER:
             deadline = min(deadline, now if self.has_received_unicast_eos
