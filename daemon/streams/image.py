@@ -49,30 +49,20 @@ window) and signals the thresholds it crosses
 pass when the fill's top (``ss_image_rate_signal_top``) reaches the next threshold
 (``rate_signal_position``).
 
-States (changed only in :meth:`_transition`)::
-
-    INIT --first subscriber--> ACTIVE
-    INIT/ACTIVE --no packet for image_liveness_timeout, EOS rebuilt, or last subscriber
-                  removed--> DRAINING          (SMs now carry EOS 0x40)
-    ACTIVE --left behind: what it lacks left the sender's resend window--> DRAINING
-                 (it ends where its data ends; see _check_left_behind)
-    DRAINING --subscribers consumed everything and 5 SM timeouts passed (left behind:
-               at once)--> LINGER
-    LINGER --no subscribers, or image_liveness_timeout--> DONE
+States: :data:`~slipstream.daemon.streams.states.IMAGE_TRANSITIONS`, the only place they
+change being :meth:`PublicationImage._transition`.
 
 Units: times in ns, positions/offsets/lengths in bytes.
 """
 
 from __future__ import annotations
 
-import enum
 import random
 
 import attrs
 
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import SystemCounter
-from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
     RTTM_REPLY_FLAG,
     SM_EOS_FLAG,
@@ -112,28 +102,7 @@ from slipstream.daemon.protocol.types import (
     sockaddr,
 )
 from slipstream.daemon.reports.loss_report import LossEntry
-
-
-class ImageState(enum.Enum):
-    INIT = "init"
-    ACTIVE = "active"
-    DRAINING = "draining"
-    LINGER = "linger"
-    DONE = "done"
-
-
-_S = ImageState
-# (state, event) -> next state; anything missing is a LocalProtocolError.
-_TRANSITIONS: dict[tuple[ImageState, str], ImageState] = {
-    (_S.INIT, "subscriber_added"): _S.ACTIVE,
-    (_S.INIT, "liveness_timeout"): _S.DRAINING,
-    (_S.INIT, "end_of_stream"): _S.DRAINING,
-    (_S.ACTIVE, "liveness_timeout"): _S.DRAINING,
-    (_S.ACTIVE, "end_of_stream"): _S.DRAINING,
-    (_S.ACTIVE, "no_subscribers"): _S.DRAINING,
-    (_S.DRAINING, "drained"): _S.LINGER,
-    (_S.LINGER, "done"): _S.DONE,
-}
+from slipstream.daemon.streams.states import IMAGE_TRANSITIONS, ImageState, next_state
 
 
 @attrs.frozen
@@ -542,11 +511,7 @@ class PublicationImage:
 
     # -- the receiver thread's: state machine ----------------------------------------------
     def _transition(self, event: str, now_ns: int) -> None:
-        try:
-            self.state = _TRANSITIONS[self.state, event]
-        except KeyError:
-            raise LocalProtocolError(
-                f"{event!r} is not allowed in state {self.state.name}") from None
+        self.state = next_state(IMAGE_TRANSITIONS, self.state, event)
         self._time_of_last_state_change_ns = now_ns
         self.sync_c_half()
         if self.state is ImageState.DRAINING:

@@ -29,10 +29,8 @@ Retransmits (from NAKs, through :class:`RetransmitHandler`) are spans of the log
 :attr:`NetworkPublication.c`: the data path sends them ahead of new data, in its own
 ``sendmmsg``.
 
-States (the only place they change is :meth:`_transition`; h11 style)::
-
-    ACTIVE --close()--> DRAINING --all sent, or no receivers--> LINGER
-    LINGER --linger timeout, or EOS-flagged SM (unicast)--> DONE
+States: :data:`~slipstream.daemon.streams.states.PUBLICATION_TRANSITIONS`, the only place
+they change being :meth:`NetworkPublication._transition`.
 
 Connection (docs/PROTOCOL.md §3.3, §5): a receiver is live while its SMs arrive within
 ``publication_connection_timeout`` (5 s; :mod:`~slipstream.daemon.streams.receivers`).  The
@@ -56,14 +54,12 @@ Units: times in ns (monotonic), positions/offsets/lengths in bytes.
 
 from __future__ import annotations
 
-import enum
 import ipaddress
 
 import attrs
 
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import SystemCounter
-from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
     SETUP_GROUP_FLAG,
     SETUP_SEND_RESPONSE_FLAG,
@@ -100,26 +96,16 @@ from slipstream.daemon.protocol.types import (
 )
 from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
 from slipstream.daemon.streams.spies import PublicationSpies
+from slipstream.daemon.streams.states import (
+    PUBLICATION_TRANSITIONS,
+    PublicationState,
+    next_state,
+)
 
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
 
-
-class PublicationState(enum.Enum):
-    ACTIVE = "active"
-    DRAINING = "draining"
-    LINGER = "linger"
-    DONE = "done"
-
-
-# (state, event) -> next state.  Anything missing is a LocalProtocolError.
-_TRANSITIONS: dict[tuple[PublicationState, str], PublicationState] = {
-    (PublicationState.ACTIVE, "close"): PublicationState.DRAINING,
-    (PublicationState.DRAINING, "drained"): PublicationState.LINGER,
-    (PublicationState.LINGER, "linger_expired"): PublicationState.DONE,
-    (PublicationState.LINGER, "unicast_eos"): PublicationState.DONE,
-}
 
 @attrs.frozen
 class SenderPositions:
@@ -337,11 +323,7 @@ class NetworkPublication:
 
     # -- the sender thread's: the state machine, and the drain's credit stop ---------------
     def _transition(self, event: str, now_ns: int) -> None:
-        try:
-            self.state = _TRANSITIONS[self.state, event]
-        except KeyError:
-            raise LocalProtocolError(
-                f"{event!r} is not allowed in state {self.state.name}") from None
+        self.state = next_state(PUBLICATION_TRANSITIONS, self.state, event)
         self.sync_c_half(within_pass=True)
         if self.state is PublicationState.LINGER:
             self._linger_start_ns = now_ns
