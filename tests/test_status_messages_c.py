@@ -176,8 +176,8 @@ def test_the_c_half_takes_a_plain_sm_of_its_receiver_raising_the_limit_to_positi
         1, position, WINDOW + 4096, sender.now_ns)
     assert sender.counted() == (invalid, received + 1, bytes_received + SM_LENGTH)
     sender.pub.take_c_status_messages()
-    assert sender.pub._acknowledged == {RECEIVER: position}
-    assert sender.pub._receivers == {RECEIVER: sender.now_ns}
+    assert sender.pub._receivers.acknowledged() == {RECEIVER: position}
+    assert sender.pub._receivers.last_status_message_ns() == {RECEIVER: sender.now_ns}
     assert sender.pub.flow_control.receiver_window == WINDOW + 4096
     assert sender.pub.c.resend_lookahead == (WINDOW + 4096) * 16
 
@@ -200,7 +200,7 @@ def test_an_sm_that_goes_backwards_never_lowers_the_sender_limit(sender: Sender)
     assert sender.passed_up == [] and sender.c_took == 5 + 1
     assert sender.counters[SystemCounter.INVALID_PACKETS] == 0
     sender.pub.take_c_status_messages()
-    assert sender.pub._acknowledged[RECEIVER] == top - 32
+    assert sender.pub._receivers.acknowledged()[RECEIVER] == top - 32
 
     sender.deliver(sm(top - 32, HALF_TERM + 64))  # clamped to half a term: top - 32 + 32K
     assert sender.snd_lmt == limit
@@ -226,14 +226,14 @@ def test_an_sm_past_the_sender_position_is_handed_to_python_which_counts_and_dro
     beyond snd-pos (in this term, the next or a later one) is not taken in C but handed up,
     and the Python half counts it in INVALID_PACKETS and drops it; snd-lmt, the acknowledged
     position and the state kept for the Python half stay as they were."""
-    limit, taken, acknowledged = sender.snd_lmt, sender.c_took, dict(sender.pub._acknowledged)
+    limit, taken, acknowledged = sender.snd_lmt, sender.c_took, sender.pub._receivers.acknowledged()
     invalid = sender.counters[SystemCounter.INVALID_PACKETS]
     frame = sm(sender.snd_pos + beyond, WINDOW)
     sender.deliver(frame)
     assert sender.passed_up == [frame.encode()]
     assert sender.c_took == taken and sender.snd_lmt == limit
     assert sender.counters[SystemCounter.INVALID_PACKETS] == invalid + 1
-    assert sender.pub._acknowledged == acknowledged
+    assert sender.pub._receivers.acknowledged() == acknowledged
     assert sender.pub.c.sm_in_c  # nothing of it changed who takes the next one
 
 
@@ -300,7 +300,7 @@ def test_an_sm_for_another_session_or_stream_is_handed_up_and_ignored(
     assert sender.passed_up == frames
     assert sender.snd_lmt == limit and sender.c_took == taken
     assert sender.counted() == (invalid, received, bytes_received + len(frames) * SM_LENGTH)
-    assert sender.pub._acknowledged == {RECEIVER: sender.snd_pos}
+    assert sender.pub._receivers.acknowledged() == {RECEIVER: sender.snd_pos}
 
 
 def test_an_sm_of_another_receiver_goes_to_python_and_takes_the_sms_from_the_c_half(
@@ -314,7 +314,7 @@ def test_an_sm_of_another_receiver_goes_to_python_and_takes_the_sms_from_the_c_h
     sender.deliver(frame)
     assert sender.passed_up == [frame.encode()] and sender.c_took == taken
     assert sender.snd_lmt == max(limit, sender.snd_pos - 64 + HALF_TERM)
-    assert set(sender.pub._receivers) == {RECEIVER, RECEIVER + 1}
+    assert set(sender.pub._receivers.last_status_message_ns()) == {RECEIVER, RECEIVER + 1}
     sender.sync()
     assert not sender.pub.c.sm_in_c
     mine = sm(sender.snd_pos, HALF_TERM)
@@ -392,13 +392,13 @@ def test_an_sm_whose_term_fields_no_term_holds_is_counted_invalid_and_dropped(
     within the term (0..term_length); anything else it hands up, and the Python half counts it
     in INVALID_PACKETS and drops it (§3.3): no receiver reports a position outside the stream,
     and one taken would be a receiver a drain waits on."""
-    limit, acknowledged = sender.snd_lmt, dict(sender.pub._acknowledged)
+    limit, acknowledged = sender.snd_lmt, sender.pub._receivers.acknowledged()
     invalid = sender.counters[SystemCounter.INVALID_PACKETS]
     frame = StatusMessage(SESSION, STREAM, term_id, term_offset, WINDOW, RECEIVER)
     sender.deliver(frame)
     assert sender.passed_up == [frame.encode()] and sender.c_took == 0
     assert sender.counters[SystemCounter.INVALID_PACKETS] == invalid + 1
-    assert sender.pub._acknowledged == acknowledged and sender.snd_lmt == limit
+    assert sender.pub._receivers.acknowledged() == acknowledged and sender.snd_lmt == limit
 
 
 # -- the C half against the Python half ------------------------------------------------------
@@ -455,8 +455,9 @@ def test_the_c_half_and_the_python_half_agree_on_any_sequence_of_sms(
             assert c_half.snd_lmt == python.snd_lmt == model_limit, step
             assert c_half.counted() == python.counted(), step
             a, b = c_half.pub, python.pub
-            assert a._acknowledged == b._acknowledged, step
-            assert a._receivers == b._receivers, step
+            assert a._receivers.acknowledged() == b._receivers.acknowledged(), step
+            assert (a._receivers.last_status_message_ns()
+                    == b._receivers.last_status_message_ns()), step
             assert a._status_message_deadline_ns == b._status_message_deadline_ns, step
             assert a.flow_control.receiver_window == b.flow_control.receiver_window, step
             assert a.c.resend_lookahead == b.c.resend_lookahead, step

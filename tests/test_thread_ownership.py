@@ -6,11 +6,16 @@ the receiver's thread, which the conductor asks by command (daemon/agents/comman
 The check reads the conductor's modules: an attribute of an expression that is a publication
 (``<x>.publication``, or a name bound to one) or an image (``<x>.image``, ``<x>.response_image``,
 ``new_image(...)``, or a name bound to one) must be in the table, with an owner the conductor
-may touch."""
+may touch.
+
+The stream objects' code is grouped the same way: their ``__init__`` sets the fields, and the
+class defines the methods, in sections headed by their owner (``SECTION_HEADINGS``), checked
+against the tables."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -109,6 +114,12 @@ def violations(source: str, filename: str) -> list[str]:
     return sorted(found.values())
 
 
+def test_the_architecture_page_shows_the_tables() -> None:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    assert ownership.threads_markdown() in text, (
+        "paste ownership.threads_markdown() into docs/ARCHITECTURE.md")
+
+
 def test_the_conductor_touches_only_what_its_thread_may_of_publications_and_images() -> None:
     found = [v for path in sorted(CONDUCTOR.glob("*.py"))
              for v in violations(path.read_text(), str(path.relative_to(ROOT)))]
@@ -153,3 +164,71 @@ def test_every_public_field_and_method_has_an_owner(cls: type, table: dict[str, 
                and not n.attr.startswith("_")}
     assert public == set(table), (f"no owner: {sorted(public - set(table))}; "
                                   f"not in the class: {sorted(set(table) - public)}")
+
+
+_HEADING = re.compile(r"^\s+# -- (.+?)(?: -+)?$")
+
+
+def misplaced(source: str, class_name: str, table: dict[str, str]) -> list[str]:
+    """Every public field that ``class_name``'s ``__init__`` sets, and every public method of
+    it, under a section heading (``# -- ...``) whose owner is not the table's; and every
+    heading of the class that names no owner.  ``line name: under <owner>, the table's
+    <owner>``."""
+    lines = source.splitlines()
+    node = next(n for n in ast.parse(source).body
+                if isinstance(n, ast.ClassDef) and n.name == class_name)
+    headings: list[tuple[int, str | None]] = []  # (line, the owner it names)
+    found = []
+    for number in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+        match = _HEADING.match(lines[number - 1])
+        if match:
+            owner = next((owner for owner, heading in ownership.SECTION_HEADINGS.items()
+                          if match.group(1).startswith(heading)), None)
+            headings.append((number, owner))
+            if owner is None:
+                found.append(f"{number} heading {match.group(1)!r}: names no owner")
+
+    def under(number: int) -> str | None:
+        owners = [owner for line, owner in headings if line < number]
+        return owners[-1] if owners else None
+
+    named: list[tuple[int, str]] = []
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef):
+            if not item.name.startswith("_"):
+                named.append((item.lineno, item.name))
+            elif item.name == "__init__":
+                named += [(n.lineno, n.attr) for n in ast.walk(item)
+                          if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                          and n.value.id == "self" and isinstance(n.ctx, ast.Store)
+                          and not n.attr.startswith("_")]
+    for number, name in named:
+        owner = under(number)
+        if owner != table.get(name):
+            found.append(f"{number} {name}: under {owner}, the table's {table.get(name)}")
+    return found
+
+
+@pytest.mark.parametrize(("cls", "table"), [(NetworkPublication, ownership.PUBLICATION_THREADS),
+                                            (PublicationImage, ownership.IMAGE_THREADS)])
+def test_the_code_groups_fields_and_methods_by_their_owner(cls: type,
+                                                           table: dict[str, str]) -> None:
+    """The stream object's ``__init__`` sets its fields, and the class defines its methods,
+    in sections headed by their owner (as aeron_network_publication.h groups its fields), so
+    that a reader sees who may touch what; the owners are the table's."""
+    path = Path(__import__(cls.__module__, fromlist=["_"]).__file__ or "")
+    found = misplaced(path.read_text(), cls.__name__, table)
+    assert not found, "in the wrong section (or a heading without an owner):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ("class P:\n    def __init__(self):\n        # -- fixed at creation\n        self.a = 1\n"
+     "        # -- the sender thread's: its state\n        self.b = 2\n", "6 b: under sender"),
+    ("class P:\n    # -- sampled: counters\n    def a(self):\n        pass\n",
+     "3 a: under sampled"),
+    ("class P:\n    # -- the spies ---\n    def b(self):\n        pass\n", "names no owner"),
+])
+def test_the_section_check_finds_a_field_or_method_out_of_place(source: str,
+                                                                  expected: str) -> None:
+    found = misplaced(source, "P", {"a": ownership.FIXED, "b": ownership.FIXED})
+    assert any(expected in line for line in found), found

@@ -38,7 +38,9 @@ this object then takes their output at its next pass and keeps liveness and end 
 Who runs which rule is :mod:`~slipstream.daemon.streams.ownership`'s table; the flags that
 hand them to the C half are set in :meth:`PublicationImage.sync_c_half` only, and where the C
 half has the last word this object asks it (``ss_image_rebuilt_in_c``,
-``ss_image_sends_status_messages``, ``ss_image_python_due_position``).
+``ss_image_sends_status_messages``, ``ss_image_python_due_position``).  Which thread may touch
+each field and method is :data:`~slipstream.daemon.streams.ownership.IMAGE_THREADS`: the class
+sets its fields, and defines its methods, in sections headed by that owner.
 
 NAK-strength signals (``rc=`` on the sender, which announces it): each rebuild pass measures
 how full the image is (what its slowest subscriber could have read and did not, against the
@@ -47,30 +49,20 @@ window) and signals the thresholds it crosses
 pass when the fill's top (``ss_image_rate_signal_top``) reaches the next threshold
 (``rate_signal_position``).
 
-States (changed only in :meth:`_transition`)::
-
-    INIT --first subscriber--> ACTIVE
-    INIT/ACTIVE --no packet for image_liveness_timeout, EOS rebuilt, or last subscriber
-                  removed--> DRAINING          (SMs now carry EOS 0x40)
-    ACTIVE --left behind: what it lacks left the sender's resend window--> DRAINING
-                 (it ends where its data ends; see _check_left_behind)
-    DRAINING --subscribers consumed everything and 5 SM timeouts passed (left behind:
-               at once)--> LINGER
-    LINGER --no subscribers, or image_liveness_timeout--> DONE
+States: :data:`~slipstream.daemon.streams.states.IMAGE_TRANSITIONS`, the only place they
+change being :meth:`PublicationImage._transition`.
 
 Units: times in ns, positions/offsets/lengths in bytes.
 """
 
 from __future__ import annotations
 
-import enum
 import random
 
 import attrs
 
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import SystemCounter
-from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
     RTTM_REPLY_FLAG,
     SM_EOS_FLAG,
@@ -110,28 +102,7 @@ from slipstream.daemon.protocol.types import (
     sockaddr,
 )
 from slipstream.daemon.reports.loss_report import LossEntry
-
-
-class ImageState(enum.Enum):
-    INIT = "init"
-    ACTIVE = "active"
-    DRAINING = "draining"
-    LINGER = "linger"
-    DONE = "done"
-
-
-_S = ImageState
-# (state, event) -> next state; anything missing is a LocalProtocolError.
-_TRANSITIONS: dict[tuple[ImageState, str], ImageState] = {
-    (_S.INIT, "subscriber_added"): _S.ACTIVE,
-    (_S.INIT, "liveness_timeout"): _S.DRAINING,
-    (_S.INIT, "end_of_stream"): _S.DRAINING,
-    (_S.ACTIVE, "liveness_timeout"): _S.DRAINING,
-    (_S.ACTIVE, "end_of_stream"): _S.DRAINING,
-    (_S.ACTIVE, "no_subscribers"): _S.DRAINING,
-    (_S.DRAINING, "drained"): _S.LINGER,
-    (_S.LINGER, "done"): _S.DONE,
-}
+from slipstream.daemon.streams.states import IMAGE_TRANSITIONS, ImageState, next_state
 
 
 @attrs.frozen
@@ -169,40 +140,54 @@ class PublicationImage:
         control frames go to every path whose data came within the liveness timeout
         (:meth:`control_datagrams`); the SETUP came through destination ``via`` from
         ``control_address``, the first such path."""
+        # -- fixed at creation: any thread reads them --------------------------------------
         self.log = log
         self.counters = counters
-        self.receiver_id = receiver_id
-        self.control_address = control_address
-        self.source = source
+        self.positions = positions
         self.session_id = setup.session_id
         self.stream_id = setup.stream_id
         self.initial_term_id = setup.initial_term_id
         self.term_length = term_length = setup.term_length
         self.position_bits = term_length.bit_length() - 1
         self._mask = term_length - 1
-        self.sender_mtu = setup.mtu
         self.join_position = join = self._position(setup.active_term_id, setup.term_offset)
-        self.positions = positions
+        cc = congestion_control_for(params, term_length, setup.mtu, now_ns)
+        #: Its SETUP carried SEND_RESPONSE: a request stream, whose client wants a response
+        #: publication made for it (docs/PROTOCOL.md §7.6).
+        self.wants_response = setup.wants_response
+
+        # -- sampled: counters the receiver publishes; any thread reads them ---------------
         # rcv-hwm and rcv-pos live in the driver's own memory: their counters, which every
         # client maps writable, are copies (network.h, ss_publish_position).
         self._rcv_hwm = network_ffi.new("int64_t *")
         self._rcv_pos = network_ffi.new("int64_t *")
         network.ss_publish_position(self._rcv_hwm, positions.receiver_hwm, join)
         network.ss_publish_position(self._rcv_pos, positions.receiver_position, join)
+        #: The receiver window congestion control gives now (bytes): the receiver rebinds it,
+        #: the conductor's untethered check reads it as a sample.
+        self.window = cc.initial_window_length()
+
+        # -- the receiver thread's: set as it is made --------------------------------------
+        self.receiver_id = receiver_id
+        self.control_address = control_address
+        self.source = source
+        self.sender_mtu = setup.mtu
         self.reliable = params.reliable
         self.is_group = params.image_is_group(setup.is_group)
         self.group_tag = params.group_tag
-        self.congestion_control = cc = congestion_control_for(params, term_length, setup.mtu,
-                                                              now_ns)
-        #: The receiver window congestion control gives now (bytes); the receiver rebinds it,
-        #: the conductor's untethered check reads it as a sample.
-        self.window = cc.initial_window_length()
+        self.status_message_timeout_ns = settings.status_message_timeout
+        self.liveness_timeout_ns = settings.image_liveness_timeout
+        #: What a sender still resends behind its position (its resend window, docs/PROTOCOL.md
+        #: §3.5): a receiver that lacks data further back than this is left behind.
+        self._resend_reach = resend_reach(term_length)
+        self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
+
+        # -- the receiver thread's: the strategies, loss and cleaning ----------------------
+        self.congestion_control = cc
         self._consults_congestion_control = not cc.is_static
         self._published_indicators: tuple[int, ...] = ()
         self._publish_indicators()
-        self.status_message_timeout_ns = settings.status_message_timeout
         self._status_interval_factor = 1  # the governor's (status_interval_factor)
-        self.liveness_timeout_ns = settings.image_liveness_timeout
         if self.is_group:
             generator: StaticDelayGenerator | OptimalMulticastDelayGenerator = (
                 OptimalMulticastDelayGenerator(settings.nak_multicast_max_backoff,
@@ -215,19 +200,29 @@ class PublicationImage:
             generator, self._on_loss, loss_entry.record if loss_entry is not None else None,
             adapt_retry=not self.is_group)
         self._loss_entry = loss_entry
-        #: What a sender still resends behind its position (its resend window, docs/PROTOCOL.md
-        #: §3.5): a receiver that lacks data further back than this is left behind.
-        self._resend_reach = resend_reach(term_length)
+        self.cleaner = LogCleaner(log, join)
+        #: NAK-strength signals (rc=), once the sender announced it adapts to them.
+        self.rate_signaller: NakStrengthSignaller | None = None
+
+        # -- the receiver thread's: state and subscribers ----------------------------------
+        self.state = ImageState.INIT
+        self._time_of_last_state_change_ns = now_ns
+        self.is_end_of_stream = False  # EOS seen and everything up to it rebuilt
         #: ``(from, to)`` stream positions this image lost because it was left behind (under
         #: fc=max, or rc=, a slow receiver can fall out of the sender's resend window); None
         #: while it is not.  Its subscribers read up to ``from``, then the image goes and the
         #: stream is joined again where the sender is.
         self.left_behind: tuple[int, int] | None = None
-        self._term_ptrs = [log.term_address(i) for i in range(PARTITION_COUNT)]
         self._subscriber_positions: list = []  # cffi int64_t * cells
-        self.state = ImageState.INIT
+        #: The session of the response publication made for it, which RSP_SETUP tells the
+        #: client's driver (set_response_session), until that publication is connected.
+        self._response_session_id: int | None = None
+        self._response_setup_deadline_ns = NO_DEADLINE
+        self._outbox: list[Datagram] = []
+        self._now_ns = now_ns
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
-        self.cleaner = LogCleaner(log, join)
+
+        # -- the receiver thread's: the C half's struct ------------------------------------
         #: What the C data path works from (ss_image_t): the last SM sent bounds what it
         #: accepts (over- and under-runs); it reports packets, the hwm and EOS back.
         self.c = c = network_ffi.new("ss_image_t *")
@@ -289,25 +284,23 @@ class PublicationImage:
         c.cleaner = self.cleaner.c  # the C half cleans with it while it sends the SMs
         c.reusable_limit = self.cleaner.reusable_limit()
         c.clean_due_position = NO_DEADLINE
-        #: NAK-strength signals (rc=), once the sender announced it adapts to them.
-        self.rate_signaller: NakStrengthSignaller | None = None
         self._sync_subscribers_c()
         c.sm_due_position = self.status_message_due_position()
         self._set_last_sm_position(join)
-        self._time_of_last_state_change_ns = now_ns
-        self.is_end_of_stream = False  # EOS seen and everything up to it rebuilt
-        self._outbox: list[Datagram] = []
-        self._now_ns = now_ns
-        #: Its SETUP carried SEND_RESPONSE: a request stream, whose client wants a response
-        #: publication made for it (docs/PROTOCOL.md §7.6).
-        self.wants_response = setup.wants_response
-        #: The session of the response publication made for it, which RSP_SETUP tells the
-        #: client's driver (set_response_session), until that publication is connected.
-        self._response_session_id: int | None = None
-        self._response_setup_deadline_ns = NO_DEADLINE
         log.is_connected = True
 
-    # -- paths of a multi-destination subscription ---------------------------------------
+    # -- sampled: counters the receiver publishes; any thread reads them -------------------
+    @property
+    def rcv_hwm(self) -> int:
+        """The receiver high-water mark: the highest position data arrived for (bytes)."""
+        return self.c.receiver_hwm[0]
+
+    @property
+    def rcv_pos(self) -> int:
+        """The receiver position: everything below is in the log, no gap (bytes)."""
+        return self._rcv_pos[0]
+
+    # -- the receiver thread's: paths of a multi-destination subscription ------------------
     def seed_connection(self, via: int, address: Address, now_ns: int, fd: int = -1) -> None:
         """A SETUP came through destination ``via`` (its socket ``fd``, -1: not known yet)
         from ``address``: that path is live, and its control frames go there (the data path
@@ -373,17 +366,7 @@ class PublicationImage:
                 out.append(Datagram(data, address, via))
         return out
 
-    # -- positions ------------------------------------------------------------------------
-    @property
-    def rcv_hwm(self) -> int:
-        """The receiver high-water mark: the highest position data arrived for (bytes)."""
-        return self.c.receiver_hwm[0]
-
-    @property
-    def rcv_pos(self) -> int:
-        """The receiver position: everything below is in the log, no gap (bytes)."""
-        return self._rcv_pos[0]
-
+    # -- the receiver thread's: positions --------------------------------------------------
     @property
     def last_sm_position(self) -> int:
         """The position of the last status message sent (bytes)."""
@@ -411,7 +394,7 @@ class PublicationImage:
     def _term_id(self, position: int) -> int:
         return compute_term_id(position, self.position_bits, self.initial_term_id)
 
-    # -- subscribers ----------------------------------------------------------------------
+    # -- the receiver thread's: subscribers (the conductor adds the first ones) ------------
     def add_subscriber_position(self, cell) -> None:
         """Track a subscriber's position (cffi ``int64_t *``); it should start at
         :attr:`join_position`."""
@@ -525,13 +508,9 @@ class PublicationImage:
         values = [bounded(load(c), hwm) for c in cells]
         return min(values), max(values)
 
-    # -- state machine --------------------------------------------------------------------
+    # -- the receiver thread's: state machine ----------------------------------------------
     def _transition(self, event: str, now_ns: int) -> None:
-        try:
-            self.state = _TRANSITIONS[self.state, event]
-        except KeyError:
-            raise LocalProtocolError(
-                f"{event!r} is not allowed in state {self.state.name}") from None
+        self.state = next_state(IMAGE_TRANSITIONS, self.state, event)
         self._time_of_last_state_change_ns = now_ns
         self.sync_c_half()
         if self.state is ImageState.DRAINING:
@@ -544,7 +523,7 @@ class PublicationImage:
     def is_done(self) -> bool:
         return self.state is ImageState.DONE
 
-    # -- input ----------------------------------------------------------------------------
+    # -- the receiver thread's: input ------------------------------------------------------
     def on_rttm(self, rttm: Rttm, now_ns: int) -> None:
         """Echo a REPLY-flagged RTTM from the sender; an unflagged one addressed to this
         receiver is the sender's echo of ours: a round trip for congestion control
@@ -597,7 +576,7 @@ class PublicationImage:
         self.c.rate_signal_position = signaller.next_signal_position(consumption_position,
                                                                      self.window)
 
-    # -- loss -----------------------------------------------------------------------------
+    # -- the receiver thread's: loss -------------------------------------------------------
     def _on_loss(self, term_id: int, term_offset: int, length: int) -> None:
         if self.left_behind is not None:
             return  # what it lacks is gone from the sender: asking again would be in vain
@@ -629,7 +608,7 @@ class PublicationImage:
         out.append(Datagram(frame.encode(), self.control_address))
         self._response_setup_deadline_ns = now_ns + self.status_message_timeout_ns
 
-    # -- output ---------------------------------------------------------------------------
+    # -- the receiver thread's: output -----------------------------------------------------
     def due(self, now_ns: int) -> bool:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns``, cheaply: data
         arrived, output is queued (here, or NAKs and an SM the C half left), a timer is due,

@@ -1,6 +1,7 @@
 """Who runs each per-stream rule, the C half or the Python half: the one table of it; and
 which thread owns each field and method of a stream object (:data:`PUBLICATION_THREADS`,
-:data:`IMAGE_THREADS`; tests/test_thread_ownership.py holds the conductor to them).
+:data:`IMAGE_THREADS`; tests/test_thread_ownership.py holds the conductor to them, and the
+stream objects' code to sections headed by those owners, :data:`SECTION_HEADINGS`).
 
 A network stream's rules (status messages, heartbeats, pub-lmt's steps, cleaning, the rebuild
 pass and its NAKs, liveness) exist in both halves of the network thread: the Python half
@@ -25,7 +26,9 @@ asks it and never copies it, so the two halves cannot disagree.
 
 docs/ARCHITECTURE.md ("Who runs each rule: the C half and the Python half") shows this table
 as :func:`markdown` renders it; tests/test_ownership.py keeps the two the same, and checks
-that each flag is set by its stream's one function and nowhere else.
+that each flag is set by its stream's one function and nowhere else.  The same page (Threads)
+shows the threads' tables as :func:`threads_markdown` renders them, which
+tests/test_thread_ownership.py keeps the same.
 """
 
 from __future__ import annotations
@@ -147,13 +150,23 @@ def markdown() -> str:
 # -- who may touch what: the threads --------------------------------------------------------
 #: The threads (and the two kinds of shared state) that a stream object's fields and methods
 #: belong to, as aeron_network_publication.h groups its fields.  The conductor makes a
-#: publication or an image, then hands it to its agent with a command; from then on:
-CONDUCTOR = "conductor"  # the conductor's thread alone
-SENDER = "sender"  # the sender's thread alone (its Python half, and its C half's words)
-RECEIVER = "receiver"  # the receiver's thread alone
-FIXED = "fixed"  # set as it is made, never changed: any thread reads it
-SAMPLED = "sampled"  # a counter, or a word or snapshot its owner publishes whole: any thread
-#                      reads it, a sample's worth (never a collection the owner changes)
+#: publication or an image, then hands it to its agent with a command; from then on,
+#: :data:`OWNERS` says who may touch what each owner has.
+CONDUCTOR = "conductor"
+SENDER = "sender"
+RECEIVER = "receiver"
+FIXED = "fixed"
+SAMPLED = "sampled"
+
+#: owner -> who may touch what it has, in the order docs/ARCHITECTURE.md shows them.
+OWNERS: dict[str, str] = {
+    FIXED: "set as it is made, never changed: any thread reads it",
+    SAMPLED: "a counter, or a word or snapshot its owner publishes whole: any thread reads "
+             "it, a sample's worth (never a collection the owner changes)",
+    CONDUCTOR: "the conductor's thread alone",
+    SENDER: "the sender's thread alone (its Python half, and its C half's words)",
+    RECEIVER: "the receiver's thread alone",
+}
 
 
 def _owned(**groups: str) -> dict[str, str]:
@@ -205,3 +218,25 @@ IMAGE_THREADS: dict[str, str] = _owned(
 
 #: What the conductor's thread may touch of a handed-over stream object.
 CONDUCTOR_MAY = frozenset((CONDUCTOR, FIXED, SAMPLED))
+
+#: How the code of a stream object heads each section of its ``__init__`` and of its methods
+#: (``# -- <heading>: <what>``): by the owner of what follows, as the tables have it.
+SECTION_HEADINGS: dict[str, str] = {
+    FIXED: "fixed at creation",
+    SAMPLED: "sampled",
+    CONDUCTOR: "the conductor thread's",
+    SENDER: "the sender thread's",
+    RECEIVER: "the receiver thread's",
+}
+
+
+def threads_markdown() -> str:
+    """:data:`PUBLICATION_THREADS` and :data:`IMAGE_THREADS` as docs/ARCHITECTURE.md shows
+    them: a row per stream object and owner."""
+    lines = ["| stream | owner | who may touch it | fields and methods |", "|---|---|---|---|"]
+    for stream, table in ((PUBLICATION, PUBLICATION_THREADS), (IMAGE, IMAGE_THREADS)):
+        for owner, meaning in OWNERS.items():
+            names = ", ".join(f"`{name}`" for name, o in table.items() if o == owner)
+            if names:
+                lines.append(f"| {stream} | {owner} | {meaning} | {names} |")
+    return "\n".join(lines) + "\n"

@@ -29,42 +29,37 @@ Retransmits (from NAKs, through :class:`RetransmitHandler`) are spans of the log
 :attr:`NetworkPublication.c`: the data path sends them ahead of new data, in its own
 ``sendmmsg``.
 
-States (the only place they change is :meth:`_transition`; h11 style)::
-
-    ACTIVE --close()--> DRAINING --all sent, or no receivers--> LINGER
-    LINGER --linger timeout, or EOS-flagged SM (unicast)--> DONE
+States: :data:`~slipstream.daemon.streams.states.PUBLICATION_TRANSITIONS`, the only place
+they change being :meth:`NetworkPublication._transition`.
 
 Connection (docs/PROTOCOL.md §3.3, §5): a receiver is live while its SMs arrive within
-``publication_connection_timeout`` (5 s).  The publication is *connected* while it has live
-receivers that flow control accepts; then ``pub-lmt = snd-pos + term window`` and the log is
-cleaned one term behind ``snd-pos`` (a chunk at a time, :class:`LogCleaner`); the sender's
-C half runs that rule itself while it may (``limit_in_c``).  Not connected:
-``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the publisher gets NOT_CONNECTED /
-BACK_PRESSURED).
+``publication_connection_timeout`` (5 s; :mod:`~slipstream.daemon.streams.receivers`).  The
+publication is *connected* while it has live receivers that flow control accepts; then
+``pub-lmt = snd-pos + term window`` and the log is cleaned one term behind ``snd-pos`` (a
+chunk at a time, :class:`LogCleaner`); the sender's C half runs that rule itself while it may
+(``limit_in_c``).  Not connected: ``log.is_connected = False`` and ``pub-lmt = snd-pos`` (the
+publisher gets NOT_CONNECTED / BACK_PRESSURED).
 
-Spies (:meth:`NetworkPublication.add_spy`, docs/PROTOCOL.md §3.7): ``aeron-spy:``
-subscriptions of this host read the log in place.  Each holds pub-lmt and cleaning back as
-snd-pos does (both follow the consumer position, the slowest of snd-pos and the spies), never
-the sender, and a closed publication reaches LINGER only once they have read it all (Aeron's
-tethered spies).
+Spies (:meth:`NetworkPublication.add_spy`, :mod:`~slipstream.daemon.streams.spies`) read the
+log in place and hold pub-lmt and cleaning back as snd-pos does, never the sender.
 
 Who runs which rule, this object or the C half, is :mod:`~slipstream.daemon.streams.ownership`'s
 table; the flags that hand them to the C half are set in
-:meth:`NetworkPublication.sync_c_half` only.
+:meth:`NetworkPublication.sync_c_half` only.  Which thread may touch each field and method is
+its table :data:`~slipstream.daemon.streams.ownership.PUBLICATION_THREADS`: the class sets its
+fields, and defines its methods, in sections headed by that owner.
 
 Units: times in ns (monotonic), positions/offsets/lengths in bytes.
 """
 
 from __future__ import annotations
 
-import enum
 import ipaddress
 
 import attrs
 
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import SystemCounter
-from slipstream.client.errors import LocalProtocolError
 from slipstream.client.frames import (
     SETUP_GROUP_FLAG,
     SETUP_SEND_RESPONSE_FLAG,
@@ -99,26 +94,18 @@ from slipstream.daemon.protocol.types import (
     Datagram,
     ProtocolCounters,
 )
+from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
+from slipstream.daemon.streams.spies import PublicationSpies
+from slipstream.daemon.streams.states import (
+    PUBLICATION_TRANSITIONS,
+    PublicationState,
+    next_state,
+)
 
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
 
-
-class PublicationState(enum.Enum):
-    ACTIVE = "active"
-    DRAINING = "draining"
-    LINGER = "linger"
-    DONE = "done"
-
-
-# (state, event) -> next state.  Anything missing is a LocalProtocolError.
-_TRANSITIONS: dict[tuple[PublicationState, str], PublicationState] = {
-    (PublicationState.ACTIVE, "close"): PublicationState.DRAINING,
-    (PublicationState.DRAINING, "drained"): PublicationState.LINGER,
-    (PublicationState.LINGER, "linger_expired"): PublicationState.DONE,
-    (PublicationState.LINGER, "unicast_eos"): PublicationState.DONE,
-}
 
 @attrs.frozen
 class SenderPositions:
@@ -141,47 +128,6 @@ class SenderPositions:
         return cls(*(ffi.new("int64_t *") for _ in range(5)))
 
 
-@attrs.frozen
-class PublicationStatus:
-    """What a graceful drain needs of a network publication, as its sender's thread last
-    published it (:meth:`NetworkPublication.publish_status`): one immutable record, swapped
-    whole, which the conductor's thread reads while the sender's thread changes the
-    publication.  The drain decides from it and from counters (the log's producer position,
-    snd-pos, the C half's last status message), never from the publication's own fields."""
-
-    #: The sender's thread has stopped the publication's credit (pub-lmt holds).
-    credit_stopped: bool = False
-    #: Live receivers: a status message within the connection timeout, and no EOS.
-    receiver_ids: frozenset[int] = frozenset()
-    #: (receiver id, the position its last status message acknowledged, bytes).
-    acknowledged: tuple[tuple[int, int], ...] = ()
-    #: Heartbeats sent since the end of stream (EOS-flagged).
-    eos_heartbeats_sent: int = 0
-
-    def has_receivers_except(self, receiver_ids: frozenset[int]) -> bool:
-        """Whether a live receiver other than those of ``receiver_ids`` is known."""
-        return not self.receiver_ids <= receiver_ids
-
-    def is_flushed_except(self, receiver_ids: frozenset[int], *, end: int, sender_position: int,
-                          c_acknowledged: tuple[int, int] | None) -> bool:
-        """The credit is stopped, the log up to ``end`` (its producer position) was sent
-        (``sender_position``: snd-pos) and every live receiver's status message is at
-        ``end`` (true without receivers: nobody is left to take it), not waiting for the
-        receivers of ``receiver_ids``.  ``c_acknowledged``: (receiver id, position) of the
-        status message the C half took last (:meth:`NetworkPublication.c_acknowledged`),
-        which counts too."""
-        if not self.credit_stopped:
-            return False
-        if sender_position < end and self.has_receivers_except(receiver_ids):
-            return False
-        acknowledged = dict(self.acknowledged)
-        if c_acknowledged is not None and c_acknowledged[0] in acknowledged:
-            receiver_id, position = c_acknowledged
-            acknowledged[receiver_id] = max(acknowledged[receiver_id], position)
-        return all(position >= end for receiver_id, position in acknowledged.items()
-                   if receiver_id not in receiver_ids)
-
-
 class NetworkPublication:
     """Sender state of one (session, stream) on a UDP channel.  See the module docstring."""
 
@@ -193,9 +139,9 @@ class NetworkPublication:
         if (params.term_length, params.mtu) != (log.term_length, log.mtu):
             raise ValueError(f"the log ({log.term_length}, mtu {log.mtu}) was not made with "
                              f"these parameters ({params.term_length}, mtu {params.mtu})")
+        # -- fixed at creation: any thread reads them --------------------------------------
         self.log = log
         self.params = params
-        self.flow_control = flow_control
         self.counters = counters
         self.destination = destination
         self.positions = positions
@@ -226,8 +172,13 @@ class NetworkPublication:
         #: request image; None without.
         self.response_correlation_id = params.response_correlation_id
         self._ttl = params.setup_ttl
+        #: priority= of its URI: its band in the sender's round robin (docs/BACKPRESSURE.md).
+        self.priority = params.priority
+        #: ssc=true: its spies connect it as receivers would, and while it has no receiver
+        #: they move snd-pos on (Aeron's spiesSimulateConnection).
+        self.spies_simulate_connection = params.spies_simulate_connection
 
-        self.state = PublicationState.ACTIVE
+        # -- sampled: counters and words the sender publishes; any thread reads them -------
         join = log.producer_position()
         lib.ss_store_release_i64(positions.publisher_limit, join)
         # snd-pos and snd-lmt live in the driver's own memory: their counters, which every
@@ -237,6 +188,16 @@ class NetworkPublication:
         self._snd_lmt_counter = positions.sender_limit
         network.ss_publish_position(self._snd_pos, positions.sender_position, join)
         network.ss_publish_position(self._snd_lmt, positions.sender_limit, join)
+        #: What the drain reads on the conductor's thread (publish_status).
+        self.status = PublicationStatus()
+
+        # -- the conductor thread's --------------------------------------------------------
+        #: The conductor's to lower while it links a spy (the join position), the C half's to
+        #: read (network.h, spy_hold); NO_DEADLINE while no link is pending.
+        self.spy_hold = network_ffi.new("int64_t *", NO_DEADLINE)
+
+        # -- the sender thread's: the C half's struct and the strategies -------------------
+        self.flow_control = flow_control
         #: What the C data path (``ss_send_data``) works from; the send endpoint sets ``fd``
         #: and the destination when it takes the publication on.
         self.c = c = network_ffi.new("ss_send_publication_t *")
@@ -264,12 +225,6 @@ class NetworkPublication:
         c.heartbeats_sent = counters.address(SystemCounter.HEARTBEATS_SENT)
         c.connection_timeout_ns = self.connection_timeout_ns
         self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
-        self._refusing_offers = False
-        #: priority= of its URI: its band in the sender's round robin (docs/BACKPRESSURE.md).
-        self.priority = params.priority
-        #: ssc=true: its spies connect it as receivers would, and while it has no receiver
-        #: they move snd-pos on (Aeron's spiesSimulateConnection).
-        self.spies_simulate_connection = params.spies_simulate_connection
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
             # A group's receivers NAK a loss at random times up to nak_multicast_max_backoff
@@ -287,19 +242,19 @@ class NetworkPublication:
         c.term_window_length = window
         c.trip_gain = self._trip_gain
         c.cleaner = self.cleaner.c
-        # Spies (add_spy): the sub-pos cells of the aeron-spy: subscriptions of this host that
-        # read the log in place; they hold pub-lmt and cleaning back as snd-pos does.
-        self._spies: list[object] = []
-        self._spy_array = network_ffi.NULL
-        #: The conductor's to lower while it links a spy (the join position), the C half's to
-        #: read (network.h, spy_hold); NO_DEADLINE while no link is pending.
-        self.spy_hold = network_ffi.new("int64_t *", NO_DEADLINE)
         c.spy_hold = self.spy_hold
         c.spy_python_position = NO_DEADLINE
+        #: NAK-strength send-rate adaptation (rc=), None without; it announces itself to the
+        #: receivers every ANNOUNCE_INTERVAL_NS and at once to a new one.
+        self.rate_control = rate_control_for(params, now_ns, join)
+
+        # -- the sender thread's: state, receivers and spies -------------------------------
+        self.state = PublicationState.ACTIVE
+        self._refusing_offers = False
+        self._spies = PublicationSpies(c, log)
         #: Set as a closed publication that has spies reaches LINGER (they read it all): the
         #: sender tells the conductor, which ends their images (Aeron's cleanupSpies).
         self.spies_released = False
-        self._waits_for_spies = True  # close(wait_for_spies=False): the drain's ending
         self.has_initial_connection = False
         self.is_setup_elicited = False
         #: Its endpoint learns destinations from status messages (dynamic
@@ -312,35 +267,63 @@ class NetworkPublication:
         self.credit_stop_position: int | None = None
         self._connected = False
         log.is_connected = False
-        self._receivers: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
-        #: What the drain reads on the conductor's thread (publish_status).
-        self.status = PublicationStatus()
-        self._acknowledged: dict[int, int] = {}  # receiver_id -> position of its last SM
-        #: receiver_id -> where its last SM that Python read came from (RSP_SETUP's check).
-        self._receiver_sources: dict[int, Address] = {}
+        self._receivers = PublicationReceivers()
+        #: ERR frames since the sender last looked: (the receiver's address, its reason).
+        self.rejections: list[tuple[Address, str]] = []
+
+        # -- the sender thread's: timers ---------------------------------------------------
         self._status_message_deadline_ns = NO_DEADLINE
         self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS  # first SETUP at once
         self._time_of_last_heartbeat_ns = now_ns - HEARTBEAT_TIMEOUT_NS
         self._linger_start_ns = 0
         self._outbox: list[Datagram] = []  # RTTM replies made in on_frame
-        #: ERR frames since the sender last looked: (the receiver's address, its reason).
-        self.rejections: list[tuple[Address, str]] = []
         self._now_ns = now_ns
         self._next_due_ns = now_ns  # next_deadline_ns() as of the last datagrams_to_send
         self._last_sender_position = join  # and when it last moved: _check_for_blocked_publisher
         self._time_of_last_sender_progress_ns = now_ns
-        #: NAK-strength send-rate adaptation (rc=), None without; it announces itself to the
-        #: receivers every ANNOUNCE_INTERVAL_NS and at once to a new one.
-        self.rate_control = rate_control_for(params, now_ns, join)
         self._announce_deadline_ns = now_ns if self.rate_control else NO_DEADLINE
 
-    # -- state machine --------------------------------------------------------------------
+    # -- sampled: counters and words the sender publishes; any thread reads them -----------
+    @property
+    def sender_position(self) -> int:
+        """snd-pos: everything before it has been sent (bytes)."""
+        return self._snd_pos[0]
+
+    @property
+    def sender_limit(self) -> int:
+        """snd-lmt: flow control lets data go out up to here (bytes)."""
+        return self._snd_lmt[0]
+
+    @sender_limit.setter
+    def sender_limit(self, position: int) -> None:
+        network.ss_publish_position(self._snd_lmt, self._snd_lmt_counter, position)
+
+    @property
+    def is_rate_limited(self) -> bool:
+        """Its sends are paced by a send-rate limit (``rc=``) now: a word its sender writes."""
+        return self.c.rate_limit > 0
+
+    def has_data_ready(self) -> bool:
+        """Retransmissions are queued, or a committed frame at snd-pos fits in the window: what
+        the C data path would send next (``ss_has_data_ready``, a parking thread's last look
+        after it told publishers to wake it)."""
+        return self.state is not PublicationState.DONE and bool(network.ss_has_data_ready(self.c))
+
+    def c_acknowledged(self) -> tuple[int, int] | None:
+        """(receiver id, position) of the last status message the C half took (``sm_in_c``)
+        since the receiver it takes them from was last chosen, or None: words the C half
+        writes, read from any thread.  Read twice around the position: the sender's
+        thread may choose another receiver meanwhile (it zeroes the count, then names it)."""
+        c = self.c
+        receiver_id = c.sm_receiver_id
+        position = c.sm_position
+        if not c.sm_count or c.sm_receiver_id != receiver_id:
+            return None
+        return receiver_id, position
+
+    # -- the sender thread's: the state machine, and the drain's credit stop ---------------
     def _transition(self, event: str, now_ns: int) -> None:
-        try:
-            self.state = _TRANSITIONS[self.state, event]
-        except KeyError:
-            raise LocalProtocolError(
-                f"{event!r} is not allowed in state {self.state.name}") from None
+        self.state = next_state(PUBLICATION_TRANSITIONS, self.state, event)
         self.sync_c_half(within_pass=True)
         if self.state is PublicationState.LINGER:
             self._linger_start_ns = now_ns
@@ -356,7 +339,7 @@ class NetworkPublication:
         be given to a publication closed already."""
         self._next_due_ns = 0
         if not wait_for_spies:
-            self._waits_for_spies = False
+            self._spies.waited_for = False
         if self.state is PublicationState.ACTIVE:
             # Where its spies' images end (aeron_network_publication_decref): nothing is
             # offered after the last publisher went.
@@ -383,9 +366,8 @@ class NetworkPublication:
             sender_position=self.sender_position, c_acknowledged=self.c_acknowledged())
 
     def _status(self) -> PublicationStatus:
-        return PublicationStatus(self.credit_stop_position is not None,
-                                 frozenset(self._receivers), tuple(self._acknowledged.items()),
-                                 self.eos_heartbeats_sent)
+        return self._receivers.status(credit_stopped=self.credit_stop_position is not None,
+                                      eos_heartbeats_sent=self.eos_heartbeats_sent)
 
     def publish_status(self) -> None:
         """Publish :attr:`status` for the drain (the sender's thread, after each pass).  Only
@@ -393,19 +375,7 @@ class NetworkPublication:
         if self.credit_stop_position is not None:
             self.status = self._status()
 
-    def c_acknowledged(self) -> tuple[int, int] | None:
-        """(receiver id, position) of the last status message the C half took (``sm_in_c``)
-        since the receiver it takes them from was last chosen, or None: words the C half
-        writes, read from any thread.  Read twice around the position: the sender's
-        thread may choose another receiver meanwhile (it zeroes the count, then names it)."""
-        c = self.c
-        receiver_id = c.sm_receiver_id
-        position = c.sm_position
-        if not c.sm_count or c.sm_receiver_id != receiver_id:
-            return None
-        return receiver_id, position
-
-    # -- spies ----------------------------------------------------------------------------
+    # -- the sender thread's: spies --------------------------------------------------------
     def add_spy(self, position_cell: object) -> None:
         """A spy (an ``aeron-spy:`` subscription of this host) reads the log in place from
         ``position_cell`` (a cffi ``int64_t *``, its sub-pos counter, which its client writes):
@@ -413,27 +383,19 @@ class NetworkPublication:
         publication is closed its LINGER waits until the spy has read it all (Aeron's
         NetworkPublication.addSubscriber, a tethered spy).  The sender never waits for it.  On
         the sender's thread."""
-        self._spies.append(position_cell)
-        self._set_spies()
+        self._spies.add(position_cell)
+        self._on_spies_changed()
 
     def remove_spy(self, position_cell: object) -> None:
         """The spy of ``position_cell`` went (its subscription closed, or its image ended):
         it holds nothing back from now on.  A cell not added is ignored."""
-        if position_cell in self._spies:
-            self._spies.remove(position_cell)
-            self._set_spies()
+        if self._spies.remove(position_cell):
+            self._on_spies_changed()
 
-    def _set_spies(self) -> None:
-        """Hand the spies to the C half (``spy_positions``, ``spy_count``) and look again at
-        once: a closed publication may have waited only for the one that went; one with
-        ``ssc=true`` is connected by its spies."""
-        c = self.c
-        c.spy_count = 0
-        self._spy_array = (network_ffi.new("int64_t *[]", self._spies) if self._spies
-                           else network_ffi.NULL)
-        c.spy_positions = self._spy_array
-        c.spy_count = len(self._spies)
-        c.spy_python_position = self._spy_python_position()
+    def _on_spies_changed(self) -> None:
+        """Look again at once: a closed publication may have waited only for the spy that
+        went; one with ``ssc=true`` is connected by its spies."""
+        self.c.spy_python_position = self._spy_python_position()
         self._next_due_ns = 0
         if self.spies_simulate_connection and self.state is PublicationState.ACTIVE:
             self._update_connected(self._now_ns)
@@ -448,17 +410,6 @@ class NetworkPublication:
         return (self._spies_connect() and not self._receivers
                 and self.state is PublicationState.ACTIVE)
 
-    def _follow_spies(self) -> None:
-        """snd-pos to the fastest spy's position (Aeron's sender, idle with spies and no
-        receivers): what no receiver takes is consumed once a spy has read it.  The spies'
-        positions are their clients', bounded by what was published."""
-        end = self.log.producer_position()
-        fastest = max(network.ss_subscriber_position_bounded(cell[0], end)
-                      for cell in self._spies)
-        c = self.c
-        if fastest > c.sender_position[0]:
-            network.ss_publish_position(c.sender_position, c.sender_position_counter, fastest)
-
     @property
     def spy_count(self) -> int:
         return len(self._spies)
@@ -469,45 +420,13 @@ class NetworkPublication:
         (``ss_publication_consumer_position``, which the C half's rule takes too)."""
         return network.ss_publication_consumer_position(self.c)
 
-    def _spies_consumed(self, end: int) -> bool:
-        """Every spy has read the log to ``end`` (true without spies, or once the drain's
-        ending said not to wait for them)."""
-        return (not self._spies or not self._waits_for_spies
-                or network.ss_publication_slowest_spy(self.c, end) >= end)
-
     def _spy_python_position(self) -> int:
-        """Where the slowest spy makes the Python half due (``c.spy_python_position``): the
-        end of a closed publication's log while its spies have not read it all (DRAINING
-        waits for them); never otherwise (the C half's pub-lmt rule takes the spies itself,
-        and a rule that could not move on would make every cycle a pass)."""
-        if self._spies and self.state is PublicationState.DRAINING:
-            end = self.log.producer_position()
-            if not self._spies_consumed(end):
-                return end
-        if self._spies_drive():
-            return self.sender_position + 1  # every spy read past snd-pos: move it on
-        return NO_DEADLINE
+        """:meth:`PublicationSpies.python_position
+        <slipstream.daemon.streams.spies.PublicationSpies.python_position>` in this state."""
+        return self._spies.python_position(draining=self.state is PublicationState.DRAINING,
+                                           driving=self._spies_drive())
 
-    # -- properties -----------------------------------------------------------------------
-    @property
-    def sender_position(self) -> int:
-        """snd-pos: everything before it has been sent (bytes)."""
-        return self._snd_pos[0]
-
-    @property
-    def sender_limit(self) -> int:
-        """snd-lmt: flow control lets data go out up to here (bytes)."""
-        return self._snd_lmt[0]
-
-    @sender_limit.setter
-    def sender_limit(self, position: int) -> None:
-        network.ss_publish_position(self._snd_lmt, self._snd_lmt_counter, position)
-
-    @property
-    def is_rate_limited(self) -> bool:
-        """Its sends are paced by a send-rate limit (``rc=``) now: a word its sender writes."""
-        return self.c.rate_limit > 0
-
+    # -- the sender thread's: properties ---------------------------------------------------
     @property
     def _last_publisher_limit(self) -> int:
         """The pub-lmt last published (bytes), by this half or the C half."""
@@ -529,7 +448,7 @@ class NetworkPublication:
 
     def has_receiver_at(self, source: Address) -> bool:
         """Whether a live receiver's status messages came from ``source``."""
-        return source in self._receiver_sources.values()
+        return self._receivers.has_source(source)
 
     @property
     def is_done(self) -> bool:
@@ -549,7 +468,7 @@ class NetworkPublication:
     def _position(self, term_id: int, term_offset: int) -> int:
         return compute_position(term_id, term_offset, self.position_bits, self.initial_term_id)
 
-    # -- input ----------------------------------------------------------------------------
+    # -- the sender thread's: input --------------------------------------------------------
     def on_frame(self, frame: object, source: Address, now_ns: int) -> None:
         """A decoded SM, NAK, RTTM or ERR frame for this publication from ``source``."""
         self.take_c_status_messages()
@@ -594,9 +513,7 @@ class NetworkPublication:
             self.rejections.append((source, frame.message))
             self.flow_control.on_error(frame, now_ns)
             self._count_receivers()
-            self._receivers.pop(frame.receiver_id, None)
-            self._acknowledged.pop(frame.receiver_id, None)
-            self._receiver_sources.pop(frame.receiver_id, None)
+            self._receivers.remove(frame.receiver_id)
             self._update_connected(now_ns)
 
     def take_c_status_messages(self) -> None:
@@ -609,11 +526,7 @@ class NetworkPublication:
         self._c_sm_seen = c.sm_count
         taken_ns = c.sm_time_ns
         self._status_message_deadline_ns = taken_ns + self.connection_timeout_ns
-        receiver_id = c.sm_receiver_id
-        if receiver_id in self._receivers:
-            # Acknowledged first: the conductor's thread reads both (a drain).
-            self._acknowledged[receiver_id] = c.sm_position
-            self._receivers[receiver_id] = taken_ns
+        self._receivers.on_c_status_message(c.sm_receiver_id, c.sm_position, taken_ns)
         self.flow_control.receiver_window = c.sm_window
         self.retransmit_handler.set_resend_lookahead(
             self.flow_control.retransmission_lookahead(self.mtu))
@@ -638,16 +551,16 @@ class NetworkPublication:
         c.limit_in_c = int(self._steps_limit_in_c())
         if within_pass:
             return
-        receivers = self._receivers
+        sole = self._receivers.sole()
         take = (self.state is PublicationState.ACTIVE and self._connected
                 and self.rate_control is None and self.flow_control.c_fast_path
-                and len(receivers) == 1 and not self.is_setup_elicited
+                and sole is not None and not self.is_setup_elicited
                 and not self.learns_destinations)
         c.python_send_position = self.python_send_position()
         c.spy_python_position = self._spy_python_position()
         c.heartbeat_in_c = int(self._sends_heartbeats_in_c())
-        if take:
-            receiver_id, last_sm_ns = next(iter(receivers.items()))
+        if take and sole is not None:
+            receiver_id, last_sm_ns = sole
             if receiver_id != c.sm_receiver_id:  # what C took was another receiver's
                 c.sm_count = c.sm_position = self._c_sm_seen = 0
                 c.sm_receiver_id = receiver_id
@@ -677,18 +590,13 @@ class NetworkPublication:
             sm = attrs.evolve(sm, receiver_window=self.term_length >> 1)
         self._status_message_deadline_ns = now_ns + self.connection_timeout_ns
         if sm.is_eos:
-            self._receivers.pop(sm.receiver_id, None)
-            self._acknowledged.pop(sm.receiver_id, None)
-            self._receiver_sources.pop(sm.receiver_id, None)
+            self._receivers.remove(sm.receiver_id)
             if self.is_unicast:
                 self.has_received_unicast_eos = True
         else:
             if self.rate_control is not None and sm.receiver_id not in self._receivers:
                 self._announce_deadline_ns = now_ns  # a new receiver: tell it to signal
-            # Acknowledged first: the conductor's thread reads both (a drain).
-            self._acknowledged[sm.receiver_id] = position
-            self._receivers[sm.receiver_id] = now_ns
-            self._receiver_sources[sm.receiver_id] = source
+            self._receivers.on_status_message(sm.receiver_id, position, source, now_ns)
         self.has_initial_connection = True
         self.sender_limit = self.flow_control.on_status_message(
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
@@ -702,7 +610,7 @@ class NetworkPublication:
         if cell is not None:
             lib.ss_store_release_i64(cell, self.flow_control.receiver_count())
 
-    # -- output ---------------------------------------------------------------------------
+    # -- the sender thread's: output -------------------------------------------------------
     def on_data_sent(self, now_ns: int) -> None:
         """The C data path sent (new data, advancing snd-pos, or queued retransmissions): raise
         pub-lmt (cleaning first) and see whether a draining publication has sent everything."""
@@ -846,12 +754,6 @@ class NetworkPublication:
         if self.positions.sender_rate_limit is not None:
             lib.ss_store_release_i64(self.positions.sender_rate_limit, limit)
 
-    def has_data_ready(self) -> bool:
-        """Retransmissions are queued, or a committed frame at snd-pos fits in the window: what
-        the C data path would send next (``ss_has_data_ready``, a parking thread's last look
-        after it told publishers to wake it)."""
-        return self.state is not PublicationState.DONE and bool(network.ss_has_data_ready(self.c))
-
     @property
     def _time_of_last_data_or_heartbeat_ns(self) -> int:
         return max(self._time_of_last_heartbeat_ns, self.c.time_of_last_send_ns)
@@ -878,16 +780,9 @@ class NetworkPublication:
             self.counters.add(SystemCounter.HEARTBEATS_SENT)
             self._time_of_last_heartbeat_ns = now_ns
 
-    # -- liveness, limits and state (the conductor's duties in Aeron) -----------------------
+    # -- the sender thread's: liveness, limits and state (the conductor's duties in Aeron) ---
     def _update_has_receivers(self, now_ns: int) -> None:
-        timeout = self.connection_timeout_ns
-        receivers = self._receivers
-        if receivers:
-            expired = [rid for rid, t in receivers.items() if now_ns - t > timeout]
-            for rid in expired:
-                del receivers[rid]
-                self._acknowledged.pop(rid, None)
-                self._receiver_sources.pop(rid, None)
+        self._receivers.expire(now_ns, self.connection_timeout_ns)
 
     def _update_connected(self, now_ns: int) -> None:
         connected = ((bool(self._receivers) and self.flow_control.has_required_receivers()
@@ -953,13 +848,13 @@ class NetworkPublication:
         state = self.state
         if state is PublicationState.ACTIVE:
             if self._spies_drive():
-                self._follow_spies()
+                self._spies.follow()
             if self._connected:
                 self._update_publisher_limit()
         elif state is PublicationState.DRAINING:
             end = self.log.producer_position()
             if ((end <= self.sender_position or not self._receivers)
-                    and self._spies_consumed(end)):
+                    and self._spies.consumed(end)):
                 self._transition("drained", now_ns)
         elif state is PublicationState.LINGER:
             if self.has_received_unicast_eos:
@@ -967,7 +862,7 @@ class NetworkPublication:
             elif now_ns - self._linger_start_ns >= self.linger_timeout_ns:
                 self._transition("linger_expired", now_ns)
 
-    # -- timers ---------------------------------------------------------------------------
+    # -- the sender thread's: timers -------------------------------------------------------
     def next_deadline_ns(self, *, c_timers: bool = True) -> int:
         """The earliest time :meth:`datagrams_to_send` has something to do; a value ``<=``
         the last ``now`` means "now" (cleaning to catch up, a drained publication to move on).
@@ -996,7 +891,7 @@ class NetworkPublication:
             if self._connected:
                 deadline = min(deadline, self._status_message_deadline_ns + 1)
             if self._receivers:
-                deadline = min(deadline, min(self._receivers.values())
+                deadline = min(deadline, self._receivers.earliest_status_message_ns()
                                + self.connection_timeout_ns + 1)
         if (self.state in (PublicationState.ACTIVE, PublicationState.DRAINING)
                 and self.log.producer_position() > self.sender_position):
@@ -1006,7 +901,7 @@ class NetworkPublication:
         if self.state is PublicationState.DRAINING:
             end = self.log.producer_position()
             if ((end <= self.sender_position or not self._receivers)
-                    and self._spies_consumed(end)):
+                    and self._spies.consumed(end)):
                 deadline = min(deadline, now)  # drained: move to LINGER
         elif self.state is PublicationState.LINGER:
             deadline = min(deadline, now if self.has_received_unicast_eos
