@@ -182,9 +182,9 @@ async def _wait_for_credit(publication: Publication, message: Buffer, result: in
             result = attempt(message, reserved_value)
             continue
         if result == _CLOSED:
-            client = publication._client
-            if client._driver_lost is not None:
-                raise client.driver_lost_error()
+            cut_off = publication._client.cut_off_error()
+            if cut_off is not None:
+                raise cut_off
             raise ClosedError(f"the publication of stream {publication.stream_id} on "
                               f"{publication.channel} is closed")
         if result not in (_BACK_PRESSURED, _NOT_CONNECTED):

@@ -562,6 +562,15 @@ class Client:
         return DriverNotRunningError(str(self.directory), self._driver_lost or "",
                                      still_running=self._driver_still_running)
 
+    def cut_off_error(self) -> DriverNotRunningError | ClosedError | None:
+        """Why an offer of this client said CLOSED, when the client is the reason: the driver
+        went (:class:`DriverNotRunningError`) or the client closed (:class:`ClosedError`);
+        None when the client is open and its publication alone was closed.  Losing the driver
+        closes the publications before it marks the client: this looks under the client's
+        lock, which shows the two together."""
+        with self._lock:
+            return self.driver_lost_error() if self.is_closed else None
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the client is closed")

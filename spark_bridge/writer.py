@@ -176,14 +176,10 @@ def publish_batches(publication: Publication, batches: Iterator[pa.RecordBatch],
                     f"slipstream writer: offer to {publication.channel} stream "
                     f"{publication.stream_id} failed with {result_name(result)} after "
                     f"{rows + done} rows")
-                client = publication._client
                 if result == CLOSED:
-                    # Losing the driver closes the publications before it marks the client:
-                    # under its lock, the two are seen together.
-                    with client._lock:
-                        driver_lost = client.is_closed
-                    if driver_lost:  # the driver went: say so
-                        raise client.driver_lost_error() from failed
+                    cut_off = publication._client.cut_off_error()
+                    if cut_off is not None:  # the driver went: say so
+                        raise cut_off from failed
                 raise failed
             now = time.monotonic_ns()
             if not stalled_since:
