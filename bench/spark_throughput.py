@@ -68,8 +68,8 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from bench.ipc_throughput import machine
 from slipstream.client import ADMIN_ACTION, Client
+from slipstream.client.image import _MAX_SCAN
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH
-from slipstream.client.subscription import _MAX_SCAN
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge import SCHEMA, session
 from slipstream.spark_bridge.reader import _ROWS_PER_BATCH

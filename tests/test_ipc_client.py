@@ -30,9 +30,9 @@ from slipstream.client.counters import (
     SystemCounter,
     read_system_counters,
 )
+from slipstream.client.image import Image
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.logbuffer import LogBuffer
-from slipstream.client.subscription import Image
 from slipstream.daemon.driver import MediaDriver
 
 CHANNEL = "aeron:ipc"
