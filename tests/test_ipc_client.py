@@ -39,6 +39,14 @@ CHANNEL = "aeron:ipc"
 WINDOW = 32 * 1024  # 64 KiB IPC terms in the test driver: the window is half a term
 
 
+def test_image_is_still_importable_from_the_subscription_module() -> None:
+    """Image lives in slipstream.client.image; applications import it from
+    slipstream.client.subscription too, as the same class."""
+    from slipstream.client import subscription
+
+    assert subscription.Image is Image
+
+
 def test_logs_are_dense_unless_the_uri_asks_for_sparse(client: Client) -> None:
     dense = client.add_publication("aeron:ipc?term-length=64k", 1030)
     sparse = client.add_publication("aeron:ipc?term-length=64k|sparse=true", 1031)
