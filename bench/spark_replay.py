@@ -64,18 +64,18 @@ from slipstream.client import (
     Subscription,
 )
 from slipstream.client.counters import CountersFile
+from slipstream.client.holder import driver_instance
 from slipstream.client.holding import REPLY_WINDOW, reply_subscription_channel
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
 from slipstream.client.replay import ReplayServer
 from slipstream.client.replay.protocol import WAIT_SPIN_NS
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
-from slipstream.spark_bridge.reader import (
+from slipstream.spark_bridge.read_task import (
     _ROWS_PER_BATCH,
     SlipstreamPartition,
     _arrow_batch,
     _schema,
-    driver_instance,
     read_range,
 )
 

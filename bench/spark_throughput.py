@@ -68,11 +68,11 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from bench.ipc_throughput import machine
 from slipstream.client import ADMIN_ACTION, Client
+from slipstream.client.image import _MAX_SCAN
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH
-from slipstream.client.subscription import _MAX_SCAN
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge import SCHEMA, session
-from slipstream.spark_bridge.reader import _ROWS_PER_BATCH
+from slipstream.spark_bridge.read_task import _ROWS_PER_BATCH
 
 PAYLOAD = 100
 FRAME = (HEADER_LENGTH + PAYLOAD + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT  # position step
@@ -94,7 +94,7 @@ def ready_batches(start: int, end: int, batch_rows: int) -> list:
     import numpy as np
     import pyarrow as pa
 
-    from slipstream.spark_bridge.reader import _schema
+    from slipstream.spark_bridge.read_task import _schema
 
     schema = _schema()
     now = int(time.time_ns() // 1000)

@@ -26,6 +26,7 @@ from slipstream.client.errors import (
     SlipstreamError,
     UsageError,
 )
+from slipstream.client.image import Image
 from slipstream.client.messages import (
     ControlledPollAction,
     GatheredMessages,
@@ -43,7 +44,7 @@ from slipstream.client.publication import (
     Publication,
     result_name,
 )
-from slipstream.client.subscription import Image, Subscription
+from slipstream.client.subscription import Subscription
 
 __all__ = [
     "ADMIN_ACTION",

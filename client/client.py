@@ -44,10 +44,11 @@ from slipstream.client.errors import (
     RegistrationError,
     UsageError,
 )
+from slipstream.client.image import Image
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.policy import BackPressureEpisode, policy_of
 from slipstream.client.publication import ExclusivePublication, Publication
-from slipstream.client.subscription import Image, Subscription
+from slipstream.client.subscription import Subscription
 
 log = logging.getLogger("slipstream.client")
 _P = TypeVar("_P", bound=Publication)

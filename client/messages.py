@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from slipstream.client.layout import DATA_HEADER, FRAME_ALIGNMENT, HEADER_LENGTH
 
 if TYPE_CHECKING:
-    from slipstream.client.subscription import Image
+    from slipstream.client.image import Image
 
 
 class Header:

@@ -5,7 +5,7 @@ The driver cleans a log one term behind its slowest subscriber, from wherever th
 and a publisher writes over the oldest of the three partitions as it rotates, so what a log
 holds of its past is a moving window of at most three terms whose start may lie in the middle
 of a term, or of a fragmented message.  These functions read the log through an
-:class:`~slipstream.client.subscription.Image` (its subscriber's, or a detached one) and never
+:class:`~slipstream.client.image.Image` (its subscriber's, or a detached one) and never
 move its position; a replay's holder and a read's planner ask them alike.
 """
 
@@ -15,6 +15,7 @@ import struct
 from typing import Final
 
 from slipstream.client.errors import DataLossError
+from slipstream.client.image import Image
 from slipstream.client.layout import (
     BEGIN_FLAG,
     FRAME_ALIGNMENT,
@@ -23,7 +24,6 @@ from slipstream.client.layout import (
     SESSION_ID_FIELD,
 )
 from slipstream.client.logbuffer import compute_term_id, index_by_position
-from slipstream.client.subscription import Image
 
 __all__ = ["earliest_position", "first_retained", "is_retained", "message_start",
            "skip_message"]

@@ -13,7 +13,7 @@ counter files it names):
 * :class:`PublisherHost`: one publication; the C appender (``ss_offer``) appends numbered
   messages as fast as the publisher limit allows (or at a set rate);
 * :class:`SubscriberHost`: one subscription; one client
-  :class:`~slipstream.client.subscription.Image` reader per image, on its ``sub-pos`` counter.
+  :class:`~slipstream.client.image.Image` reader per image, on its ``sub-pos`` counter.
 
 A *service pass* of a host runs the applications, then the driver's duty cycles (sender,
 receiver, conductor) until they report no work, and arms a timer at the earliest deadline.
@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any, Final
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import CountersFile, SystemCounter
+from slipstream.client.image import Image
 from slipstream.client.layout import NO_DEADLINE, PARTITION_COUNT
 from slipstream.client.logbuffer import LogBuffer, new_appender
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, NOT_CONNECTED
-from slipstream.client.subscription import Image
 from slipstream.daemon.conductor.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.protocol.types import Address

@@ -10,8 +10,9 @@ no socket on the data path.
 ...     .option("checkpointLocation", "/tmp/cp").start())
 
 ``register(spark)`` registers the source on an existing session.  Options, guarantees and
-limits: docs/SPARK.md.  Reading: :mod:`slipstream.spark_bridge.reader`; writing:
-:mod:`slipstream.spark_bridge.writer`.
+limits: docs/SPARK.md.  Reading: :mod:`slipstream.spark_bridge.reader` (what its planner
+decides: :mod:`~slipstream.spark_bridge.planning`; what its executors' tasks run:
+:mod:`~slipstream.spark_bridge.read_task`); writing: :mod:`slipstream.spark_bridge.writer`.
 
 Needs pyspark 4.2 or later (``pip install 'slipstream[spark]'``): with a missing or older one,
 importing this package raises an ImportError naming the version needed
@@ -35,13 +36,12 @@ from slipstream.spark_bridge import _requirements  # noqa: F401
 from pyspark.sql.datasource import DataSource
 
 from slipstream.spark_bridge.options import OptionError, SourceOptions, parse_options
-from slipstream.spark_bridge.reader import (
+from slipstream.spark_bridge.read_task import (
     SCHEMA,
-    SlipstreamBatchReader,
     SlipstreamDataLossError,
     SlipstreamPartition,
-    SlipstreamStreamReader,
 )
+from slipstream.spark_bridge.reader import SlipstreamBatchReader, SlipstreamStreamReader
 from slipstream.spark_bridge.writer import (
     OfferTimeoutError,
     SlipstreamStreamWriter,

@@ -64,7 +64,7 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     offer_timeout_ms: int = DEFAULT_OFFER_TIMEOUT_MS
-    holder_address: str | None = None  # None: found by the holder (reader.holder_address)
+    holder_address: str | None = None  # None: found by the holder (planning.holder_address)
     replay_port: int = HOLDER_PORT
     #: A standing holder's (address, port): the ingest host that holds the stream, or None
     #: (the query holds it itself, on the Spark driver's host).

@@ -23,8 +23,8 @@ from slipstream.client import (
     MessageBatch,
     UsageError,
 )
+from slipstream.client.image import Image
 from slipstream.client.layout import INT64_MAX, INT64_MIN
-from slipstream.client.subscription import Image
 from slipstream.daemon.driver import MediaDriver
 
 CHANNEL = "aeron:ipc"

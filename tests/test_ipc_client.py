@@ -30,13 +30,21 @@ from slipstream.client.counters import (
     SystemCounter,
     read_system_counters,
 )
+from slipstream.client.image import Image
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.logbuffer import LogBuffer
-from slipstream.client.subscription import Image
 from slipstream.daemon.driver import MediaDriver
 
 CHANNEL = "aeron:ipc"
 WINDOW = 32 * 1024  # 64 KiB IPC terms in the test driver: the window is half a term
+
+
+def test_image_is_still_importable_from_the_subscription_module() -> None:
+    """Image lives in slipstream.client.image; applications import it from
+    slipstream.client.subscription too, as the same class."""
+    from slipstream.client import subscription
+
+    assert subscription.Image is Image
 
 
 def test_logs_are_dense_unless_the_uri_asks_for_sparse(client: Client) -> None:

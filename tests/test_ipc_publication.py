@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from slipstream.client._native import lib
 from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile
+from slipstream.client.image import Image
 from slipstream.client.layout import (
     FRAME_ALIGNMENT,
     META_ACTIVE_TERM_COUNT,
@@ -31,7 +32,6 @@ from slipstream.client.logbuffer import (
     pack_tail,
 )
 from slipstream.client.publication import ADMIN_ACTION
-from slipstream.client.subscription import Image
 from slipstream.daemon.conductor.conductor import Subscription
 from slipstream.daemon.conductor.ipc import IpcPublication
 

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import ffi, lib
+from slipstream.client.image import Image
 from slipstream.client.layout import (
     BEGIN_FLAG,
     CURRENT_VERSION,
@@ -49,7 +50,6 @@ from slipstream.client.logbuffer import (
     unblock,
 )
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, MAX_POSITION_EXCEEDED
-from slipstream.client.subscription import Image
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 
 UNLIMITED = 1 << 62

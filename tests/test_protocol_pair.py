@@ -35,6 +35,7 @@ from slipstream.client.frames import (
     decode,
     decode_datagram,
 )
+from slipstream.client.image import Image
 from slipstream.client.layout import (
     CURRENT_VERSION,
     DATA_HEADER,
@@ -46,7 +47,6 @@ from slipstream.client.layout import (
     NO_DEADLINE,
 )
 from slipstream.client.logbuffer import LogBuffer, new_appender
-from slipstream.client.subscription import Image
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network_lib
 from slipstream.daemon.agents.receiver import ReceiveEndpoint, Receiver

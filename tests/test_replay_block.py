@@ -26,6 +26,7 @@ from slipstream.client import BufferClaim, Client, retention
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import DataLossError
 from slipstream.client.holding import small_channel
+from slipstream.client.image import Image
 from slipstream.client.layout import (
     BEGIN_FLAG,
     DATA_HEADER,
@@ -50,7 +51,7 @@ from slipstream.client.replay import (
     request_replay,
 )
 from slipstream.client.replay import server as replay_server
-from slipstream.client.subscription import Image, Subscription
+from slipstream.client.subscription import Subscription
 from slipstream.daemon.driver import MediaDriver
 
 TERM = TERM_MIN_LENGTH  # 64 KiB

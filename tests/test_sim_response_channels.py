@@ -14,8 +14,8 @@ from typing import Any
 
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
+from slipstream.client.image import Image
 from slipstream.client.logbuffer import LogBuffer, new_appender
-from slipstream.client.subscription import Image
 from slipstream.sim.capture import Capture
 from slipstream.sim.host import SimHost
 from slipstream.sim.network import LinkFaults

@@ -24,7 +24,7 @@ from slipstream.client import BufferClaim, Client, Image
 from slipstream.client.counters import CountersFile
 from slipstream.client.replay import ReplayServer, earliest_position
 from slipstream.daemon.driver import MediaDriver
-from slipstream.spark_bridge import reader
+from slipstream.spark_bridge import planning, read_task
 from slipstream.spark_bridge.options import parse_options
 from slipstream.spark_bridge.reader import (
     SlipstreamDataLossError,
@@ -192,14 +192,14 @@ def test_a_range_that_ends_with_an_aborted_claims_padding_is_read_with_one_repla
     local = rows(hosts.partition(hosts.holder_dir, 0, end))
     assert len(local) == 10 and local[-1][1] < end
     asked: list[tuple[int, int]] = []
-    ask = reader.request_replay
+    ask = read_task.request_replay
 
     def counted(*args: object, **kwargs: object) -> object:
         call = inspect.signature(ask).bind(*args, **kwargs).arguments
         asked.append((call["start"], call["end"]))
         return ask(*args, **kwargs)
 
-    monkeypatch.setattr(reader, "request_replay", counted)
+    monkeypatch.setattr(read_task, "request_replay", counted)
     assert rows(hosts.partition(hosts.executor_dir, 0, end)) == local
     assert asked == [(0, end)]
 
@@ -232,7 +232,7 @@ def test_the_querys_holder_unmaps_a_replayed_log_once_its_session_ended(
     hosts = two_drivers
     hosts.publish(20)
     end = hosts.image.available_position()
-    holder = reader._Holder(str(hosts.holder_dir), "127.0.0.2", PORT + 10)
+    holder = planning._Holder(str(hosts.holder_dir), "127.0.0.2", PORT + 10)
     try:
         holder.logs = {hosts.image.session_id: (hosts.image.log_path, 0)}
         gone = hosts.partition(hosts.executor_dir, 0, end)
@@ -262,11 +262,11 @@ def test_a_query_whose_hold_fails_to_start_leaves_no_client_behind(
     def holder_fails(*args: object) -> None:
         raise OSError("no such interface")
 
-    monkeypatch.setattr(reader.Client, "connect", recorded)
-    monkeypatch.setattr(reader, "_Holder", holder_fails)
-    monkeypatch.setattr(reader, "holder_address", lambda options: "127.0.0.2")
+    monkeypatch.setattr(planning.Client, "connect", recorded)
+    monkeypatch.setattr(planning, "_Holder", holder_fails)
+    monkeypatch.setattr(planning, "holder_address", lambda options: "127.0.0.2")
     options = parse_options({"streamId": str(STREAM), "channel": "aeron:ipc",
                              "directory": str(hosts.holder_dir)})
     with pytest.raises(OSError, match="no such interface"):
-        reader._OwnHold(options)
+        planning._OwnHold(options)
     assert len(made) == 1 and made[0].is_closed

@@ -19,6 +19,7 @@ from slipstream.client.holding import (
     open_holder_streams,
     reply_subscription_channel,
 )
+from slipstream.client.image import Image
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.messages import FragmentHandler, GatheredMessages
@@ -29,7 +30,7 @@ from slipstream.client.replay.protocol import (
     ReplayExchange,
     ReplayRequest,
 )
-from slipstream.client.subscription import Image, Subscription
+from slipstream.client.subscription import Subscription
 
 __all__ = ["Replay", "request_replay"]
 

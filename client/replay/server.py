@@ -13,6 +13,7 @@ from slipstream.client._native import lib
 from slipstream.client.client import Client
 from slipstream.client.errors import DataLossError, SlipstreamError
 from slipstream.client.holding import Answers, CallHandler, decode_call, small_channel
+from slipstream.client.image import Image
 from slipstream.client.layout import FRAME_ALIGNMENT, HDR_TYPE_PAD, HEADER_LENGTH, PARTITION_COUNT
 from slipstream.client.logbuffer import LogIdentity, compute_term_id
 from slipstream.client.messages import GatheredMessages
@@ -33,7 +34,7 @@ from slipstream.client.replay.protocol import (
     json_object,
 )
 from slipstream.client.retention import first_retained, is_retained, message_start
-from slipstream.client.subscription import Image, Subscription
+from slipstream.client.subscription import Subscription
 
 __all__ = ["ReplayServer"]
 

@@ -8,7 +8,7 @@ straight into the image's log at their term offset (body first, header last with
 store) and raises the receiver high-water mark ``rcv-hwm``; this object finds the gaps
 between the rebuild position and the hwm (:class:`LossDetector`, up to 256) and NAKs them,
 and tells the sender where its subscribers are with status messages.  Subscribers read the log
-in place (``client.subscription.Image``) and publish their positions in int64 cells
+in place (``client.image.Image``) and publish their positions in int64 cells
 (``sub-pos`` counters) that this object reads.  Frames for the image from an address other
 than its SETUP's are dropped (FOREIGN_SOURCE_DROPS).
 

@@ -1,0 +1,305 @@
+"""What the planning side decides: the query's hold on its stream and each batch's partitions.
+
+The hold is either the query's own (:class:`_OwnHold`: a subscription through this host's
+driver and a replay holder for read tasks on other hosts) or an ingest host's standing holder
+(:class:`_StandingHold`).  From the logs it holds, :func:`plan_partitions` cuts a batch's
+offsets into partitions (:class:`~slipstream.spark_bridge.read_task.SlipstreamPartition`),
+and :func:`shares` splits a per-trigger budget over sessions.  Offsets' entries are read with
+:func:`position_of` and :func:`log_of`.  The whole read: :mod:`slipstream.spark_bridge.reader`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+
+from slipstream.client import Client, Image, SlipstreamError, Subscription
+from slipstream.client.holder import (
+    HOLDER_CONTROL_STREAM,
+    MAX_SPLIT_PIECES,
+    DetachedLogs,
+    driver_instance,
+)
+from slipstream.client.holding import HolderLink
+from slipstream.client.layout import INT32_MAX
+from slipstream.client.logbuffer import LogIdentity
+from slipstream.client.logview import ImageView, LogView, RemoteView
+from slipstream.client.replay import ReplayServer
+from slipstream.spark_bridge.options import SourceOptions
+from slipstream.spark_bridge.read_task import (
+    SlipstreamDataLossError,
+    SlipstreamPartition,
+    _record_skip,
+)
+
+__all__ = ["holder_address", "log_of", "plan_partitions", "position_of", "shares"]
+
+log = logging.getLogger("slipstream.spark_bridge")
+
+_IMAGE_WAIT_S = 0.5  # how long a new subscription waits for its images to show up
+
+
+def holder_address(options: SourceOptions) -> str | None:
+    """The address executors on other hosts reach this host at: ``holderAddress``, else
+    ``SPARK_LOCAL_IP``, else what the host name resolves to; None when that is a loopback
+    address (tasks on other hosts then fail, saying to set ``holderAddress``)."""
+    candidates = [options.holder_address, os.environ.get("SPARK_LOCAL_IP")]
+    try:
+        candidates.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    for candidate in candidates:
+        if not candidate:
+            continue
+        try:
+            address = ipaddress.IPv4Address(candidate.strip())
+        except ValueError:
+            continue
+        if not address.is_loopback and not address.is_unspecified:
+            return str(address)
+    return None
+
+
+class _Holder:
+    """The query's replay server (:class:`~slipstream.client.replay.ReplayServer`) on a
+    thread of the planning process, with a client of its own: it replays the ranges the
+    query's subscription holds to read tasks on other hosts.  ``logs`` maps session ids to
+    log paths (the planning thread replaces it as images come and go)."""
+
+    def __init__(self, directory: str | None, address: str, port: int) -> None:
+        #: session id -> (log path, the subscription's join position: the log holds nothing
+        #: before it, whatever its frames there say).
+        self.logs: dict[int, tuple[str, int]] = {}
+        self._images = DetachedLogs()
+        self._stopping = False
+        self._client = Client.connect(directory)
+        try:
+            control_stream = random.randrange(1, INT32_MAX)
+            self.server = ReplayServer(self._client, address, port, control_stream,
+                                       self._lookup, housekeeping=self._prune)
+        except BaseException:
+            self._client.close()
+            raise
+        self.address = (address, port, control_stream)
+        self._thread = threading.Thread(target=self._run, name="slipstream-replay-holder",
+                                        daemon=True)
+        self._thread.start()
+
+    def _prune(self) -> dict[int, tuple[str, int]]:
+        """Unmap the logs of sessions no longer in :attr:`logs` that no replay reads (their
+        files are gone: the mapping is all that keeps their memory); returns :attr:`logs`."""
+        logs = self.logs
+        self._images.prune({path for path, _ in logs.values()}, self.server.logs_in_use)
+        return logs
+
+    def _lookup(self, stream_id: int, session_id: int) -> Image | None:
+        logs = self._prune()
+        if session_id not in logs:
+            return None
+        image = self._images.get(*logs[session_id])
+        return image if image is not None and image.stream_id == stream_id else None
+
+    def _run(self) -> None:
+        try:
+            self.server.run(lambda: self._stopping)
+        except Exception:  # the tasks that need it fail naming it
+            log.exception("slipstream: the replay holder stopped")
+        finally:
+            self.server.close()
+            self._images.close()
+
+    def close(self) -> None:
+        self._stopping = True
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._client.close()
+
+
+def shares(budget: int, backlogs: dict[str, int]) -> dict[str, int]:
+    """Split a per-trigger ``budget`` (messages or bytes) over sessions in proportion to their
+    ``backlogs`` (bytes of log not yet read), by largest remainders: the shares add up to at
+    most ``budget``, a session with a backlog gets at least 1 while the budget lasts (largest
+    backlog first), so no session starves behind the others."""
+    total = sum(backlogs.values())
+    if total <= 0:
+        return {sid: 0 for sid in backlogs}
+    exact = {sid: budget * size / total for sid, size in backlogs.items()}
+    result = {sid: int(share) for sid, share in exact.items()}
+    left = budget - sum(result.values())
+    by_remainder = sorted(backlogs, key=lambda sid: (exact[sid] - result[sid], backlogs[sid]),
+                          reverse=True)
+    for sid in by_remainder:
+        if left <= 0:
+            break
+        result[sid] += 1
+        left -= 1
+    for sid in sorted(backlogs, key=lambda sid: backlogs[sid], reverse=True):
+        if result[sid] == 0 and backlogs[sid] > 0:  # at least one, taken from the largest
+            donor = max(result, key=lambda other: result[other])
+            if result[donor] <= 1:
+                break
+            result[donor] -= 1
+            result[sid] = 1
+    return result
+
+
+def position_of(entry: object) -> int:
+    """The position of an offset's entry: ``{"position": p, ...}``, or a bare position (the
+    offsets of checkpoints written before entries named their log)."""
+    if isinstance(entry, dict):
+        return int(entry["position"])
+    return int(entry)  # type: ignore[call-overload]
+
+
+def log_of(entry: object) -> tuple[int, int] | None:
+    """(initial term id, term length) of the log an offset's entry names, or None."""
+    if isinstance(entry, dict) and isinstance(entry.get("log"), list) and len(entry["log"]) == 2:
+        return int(entry["log"][0]), int(entry["log"][1])
+    return None
+
+
+class _OwnHold:
+    """The query holds its stream itself: a subscription through this host's driver, and a
+    replay holder (:class:`_Holder`) on a thread for read tasks on other hosts."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.client = Client.connect(options.directory)
+        self.holder: _Holder | None = None
+        try:  # whatever fails, what was made so far goes (not at the driver's timeout)
+            self.subscription: Subscription = self.client.add_subscription(options.channel,
+                                                                            options.stream_id)
+            self.host = socket.gethostname()
+            self.driver = driver_instance(self.client.counters)
+            address = holder_address(options)
+            if address is not None:
+                try:
+                    self.holder = _Holder(options.directory, address, options.replay_port)
+                except SlipstreamError as e:  # tasks on other hosts fail, saying so
+                    log.warning("slipstream: the query's replay holder cannot listen at "
+                                "%s:%d (%s): read tasks on other hosts will fail; set "
+                                "replayPort to a free UDP port, or holderAddress to this "
+                                "host's address", address, options.replay_port, e)
+            deadline = time.monotonic() + _IMAGE_WAIT_S
+            while not self.subscription.images and time.monotonic() < deadline:
+                time.sleep(0.01)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def holder_address(self) -> tuple[str, int, int] | None:
+        """Where tasks on other hosts ask for replays (address, port, control stream)."""
+        return self.holder.address if self.holder is not None else None
+
+    def views(self) -> dict[str, LogView]:
+        if self.client.is_closed:
+            raise self.client.driver_lost_error()
+        subscription = self.subscription
+        # The images of sessions that ended: this (planning) thread is the only one that
+        # reads them, and it never polls.
+        subscription.release_gone_images()
+        images = subscription.images
+        if self.holder is not None:
+            self.holder.logs = {image.session_id: (image.log_path, image.join_position)
+                                for image in images}
+        return {str(image.session_id): ImageView(image) for image in images}
+
+    def close(self) -> None:
+        if self.holder is not None:
+            self.holder.close()
+        self.client.close()
+
+
+class _StandingHold:
+    """An ingest host's standing holder (``slipstream-holder``, the ``holder`` option) holds
+    the stream: the planner asks it, through this host's driver, what the logs hold and to
+    move the position on commit (:class:`~slipstream.client.logview.RemoteView`)."""
+
+    def __init__(self, options: SourceOptions, *, hold: bool = True) -> None:
+        assert options.holder is not None
+        name, port = options.holder
+        try:
+            address = socket.gethostbyname(name)
+        except OSError as e:
+            raise SlipstreamError(f"slipstream: the holder {name!r} (option holder) does not "
+                                  f"resolve: {e}") from None
+        self.client = Client.connect(options.directory)
+        try:
+            self.link = HolderLink(self.client, address, port, HOLDER_CONTROL_STREAM,
+                                   timeout_s=options.replay_timeout_ms / 1000)
+        except BaseException:
+            self.client.close()
+            raise
+        self.key = {"channel": options.channel, "stream_id": options.stream_id,
+                    "group": options.holder_group, "hold": hold}
+        self.holder_address: tuple[str, int, int] | None = (address, port,
+                                                              HOLDER_CONTROL_STREAM)
+        self.host = name
+        self.driver: str | None = None
+
+    def views(self) -> dict[str, LogView]:
+        if self.client.is_closed:
+            raise self.client.driver_lost_error()
+        state = self.link.call("state", **self.key)
+        self.host, self.driver = str(state["host"]), str(state["driver"])
+        key = {k: v for k, v in self.key.items() if k != "hold"}
+        return {sid: RemoteView(self.link, key, int(sid), fields)
+                for sid, fields in state["sessions"].items()}
+
+    def close(self) -> None:
+        self.link.close()
+        self.client.close()
+
+
+def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
+                    images: dict[str, LogView], start: dict[str, object],
+                    end: dict[str, object]) -> list[SlipstreamPartition]:
+    """The partitions of ``[start, end)`` (offsets: session id -> entry): one per session
+    with something to read, or with ``minPartitions`` long ranges split at message
+    boundaries so that there are about that many, each session's count in proportion to its
+    share of the bytes (:meth:`LogView.split_points`).  A range of a log that is not the
+    session's log now fails (or is skipped, ``failOnDataLoss=false``), naming both."""
+    ranges = {}
+    for sid, entry in sorted(end.items()):
+        stop = position_of(entry)
+        begin = position_of(start.get(sid, entry))
+        if stop > begin:
+            ranges[sid] = (begin, stop)
+    wanted = options.min_partitions
+    total = sum(stop - begin for begin, stop in ranges.values())
+    partitions = []
+    for sid, (begin, stop) in ranges.items():
+        image = images.get(sid)
+        named = log_of(end[sid])
+        if image is not None and named is not None and named != image.identity.framing:
+            message = (f"slipstream stream {options.stream_id} session {sid}: the "
+                       f"batch's range [{begin}, {stop}) is of the log with initial term "
+                       f"id {named[0]} and term length {named[1]}; this session's log now "
+                       f"has {image.identity.describe()} (its publisher was added again, "
+                       f"with session-id set?)")
+            if options.fail_on_data_loss:
+                raise SlipstreamDataLossError(message)
+            log.warning("%s: skipping the range (failOnDataLoss=false)", message)
+            _record_skip(options.directory)
+            continue
+        identity = (image.identity if image is not None
+                    else LogIdentity(int(sid), *named) if named is not None else None)
+        bounds = [begin, stop]
+        if wanted is not None and image is not None and wanted > len(ranges):
+            # At most what a standing holder splits a range into (and plenty for a session).
+            pieces = min(MAX_SPLIT_PIECES, max(1, round(wanted * (stop - begin) / total)))
+            bounds = [begin, *image.split_points(begin, stop, pieces), stop]
+        for low, high in itertools.pairwise(bounds):
+            partitions.append(SlipstreamPartition(
+                int(sid), options.stream_id,
+                image.log_path if image is not None else "", low, high,
+                options.directory, options.fail_on_data_loss, hold.host,
+                log=identity, driver=hold.driver, holder=hold.holder_address,
+                replay_timeout_ms=options.replay_timeout_ms))
+    return partitions

@@ -1,0 +1,316 @@
+"""What an executor's read task runs: a partition's range of a log, as Arrow record batches.
+
+A :class:`SlipstreamPartition` names one image's range ``[start, end)`` and where its log
+lives; :func:`read_range` reads it on the host whose driver holds the log (mapping the log
+and peeking the range, never moving the subscriber) or asks the query's holder to replay it
+to this host's driver.  Loss (a range the log no longer holds) fails the task with
+:class:`SlipstreamDataLossError` or is skipped and counted, as ``failOnDataLoss`` says.  The
+planner's side is :mod:`slipstream.spark_bridge.planning`; the whole read:
+:mod:`slipstream.spark_bridge.reader`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pyspark.sql.datasource import InputPartition
+
+from slipstream.client import DataLossError, GatheredMessages, Image, SlipstreamError, control
+from slipstream.client.counters import CountersFile
+from slipstream.client.holder import driver_instance
+from slipstream.client.logbuffer import LogIdentity
+from slipstream.client.replay import ReplayLostError, request_replay
+from slipstream.client.retention import first_retained, message_start
+
+__all__ = ["SCHEMA", "SlipstreamDataLossError", "SlipstreamPartition", "loss_message",
+           "read_range"]
+
+log = logging.getLogger("slipstream.spark_bridge")
+
+SCHEMA = "value binary, session_id int, stream_id int, position long, timestamp timestamp"
+"""The columns of a slipstream stream read (the Kafka connector's conventions):
+
+* ``value``: the message.
+* ``session_id``, ``stream_id``: the publication session (image) and the stream.
+* ``position``: the stream position just after the message (Aeron's ``Header.position``):
+  unique and increasing within a session; the offset a query resumes from after it.
+* ``timestamp``: the publisher's time, from the frame's reserved value (ns since the epoch:
+  the slipstream writer sets it); for a reserved value of 0, when the executor read it.
+"""
+
+_ROWS_PER_BATCH = 4096  # rows per Arrow record batch leaving read(): one C scan's most
+
+
+class SlipstreamDataLossError(SlipstreamError):
+    """Positions a query must read are no longer in the log (failOnDataLoss=true)."""
+
+
+class SlipstreamPartition(InputPartition):
+    """One image's range ``[start, end)`` of one micro-batch, read by one task (picklable).
+
+    It names what it reads: the log (``log``, its identity; None when the session's log was
+    gone when the batch was planned), where it lives (``log_path`` on the host ``host``
+    whose driver is ``driver``, ``pid@start_time_ns`` of that driver) and the holder that
+    replays it to tasks on other hosts (``holder``: address, port, control stream id; None
+    when the holder has no address other hosts reach).
+    """
+
+    def __init__(self, session_id: int, stream_id: int, log_path: str, start: int, end: int,
+                 directory: str | None, fail_on_data_loss: bool, host: str, *,
+                 log: LogIdentity | None, driver: str | None,
+                 holder: tuple[str, int, int] | None, replay_timeout_ms: int) -> None:
+        super().__init__(None)
+        self.session_id = session_id
+        self.stream_id = stream_id
+        self.log_path = log_path
+        self.start = start
+        self.end = end
+        self.directory = directory
+        self.fail_on_data_loss = fail_on_data_loss
+        self.host = host
+        self.log = log
+        self.driver = driver
+        self.holder = holder
+        self.replay_timeout_ms = replay_timeout_ms
+
+    def __repr__(self) -> str:
+        return (f"SlipstreamPartition(stream={self.stream_id}, session={self.session_id}, "
+                f"[{self.start}, {self.end}))")
+
+
+def local_driver_instance(directory: str | None) -> str | None:
+    """:func:`driver_instance` of the driver in this host's ``directory`` (None: the client
+    default), or None when there is none."""
+    from slipstream.client import default_directory
+
+    path = (Path(directory) if directory else default_directory()) / control.COUNTERS_FILE
+    try:
+        counters = CountersFile(path)
+    except (OSError, ValueError):
+        return None
+    try:
+        return driver_instance(counters)
+    finally:
+        counters.close()
+
+
+def _record_skip(directory: str | None) -> None:
+    """Add one to the driver's ``data loss skips`` counter (best effort)."""
+    try:
+        from slipstream.client import control, default_directory
+        from slipstream.client.counters import CountersFile, SystemCounter
+
+        path = Path(directory) if directory else default_directory()
+        counters = CountersFile(path / control.COUNTERS_FILE)
+        try:
+            counters.add(SystemCounter.DATA_LOSS_SKIPS)
+        finally:
+            counters.close()
+    except (OSError, ValueError, ImportError) as e:  # the warning is logged anyway
+        log.warning("could not count a data loss skip in %s: %s", directory, e)
+
+
+def loss_message(stream_id: int, session_id: int, start: int, end: int,
+                 producer: int | None, term_length: int | None) -> str:
+    """The text of a data loss error: which stream, session and positions, why, and what to
+    do.  ``term_length`` None: the log itself is gone."""
+    at = f" (the publisher is at {producer})" if producer is not None else ""
+    why = (f"a log holds one term ({term_length} bytes) behind its slowest reading "
+           f"subscriber, and this query fell further behind (or was stopped that long)"
+           if term_length is not None else
+           "the log is gone: its stream ended and the subscribers it had read it all, or its "
+           "driver stopped, while this query was stopped")
+    return (f"slipstream stream {stream_id} session {session_id}: the messages at positions "
+            f"[{start}, {end}) are no longer in the log{at}; {why}.  Set failOnDataLoss=false "
+            f"to skip to the oldest position still held (counted in the driver's 'data loss "
+            f"skips' counter).")
+
+
+def _arrow_batch(chunk: GatheredMessages, session_id: int, stream_id: int,
+                 schema: object, ids: dict[int, tuple[object, object]] | None = None) -> object:
+    """One record batch from messages copied out of the log: the values and position columns
+    wrap the chunk's buffers, the others are computed for the whole batch at once (no Python
+    per message).  ``timestamp`` is the reserved value (ns since the epoch: the slipstream writer
+    stamps it), or the read time where that is 0.  ``ids``: the session and stream id columns
+    of a full batch (a shorter one takes slices of them), kept by the caller across the
+    batches of one range."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(chunk)
+    size = max(n, _ROWS_PER_BATCH) if ids is not None else n
+    id_columns = ids.get(size) if ids is not None else None
+    if id_columns is None:
+        id_columns = (pa.array(np.full(size, session_id, dtype=np.int32)),
+                      pa.array(np.full(size, stream_id, dtype=np.int32)))
+        if ids is not None:
+            ids[size] = id_columns
+    if n < size:  # a shorter batch: zero-copy slices of the full batch's columns
+        id_columns = (id_columns[0].slice(0, n), id_columns[1].slice(0, n))
+    reserved = np.frombuffer(chunk.reserved_values, dtype=np.int64)
+    if reserved.min() >= 1000:  # every message stamped (ns): its time in us
+        published = reserved // 1000
+    else:  # some not stamped (not the slipstream writer's): the read time for those
+        now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1_000_000)
+        if reserved.max() < 1000:  # none: no division to make
+            published = np.full(n, now, dtype=np.int64)
+        else:
+            published = reserved // 1000
+            published = np.where(published > 0, published, now)
+    values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(chunk.offsets),
+                                                    pa.py_buffer(chunk.data)])
+    columns = [
+        values,
+        *id_columns,
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(chunk.positions)]),
+        pa.Array.from_buffers(schema.field(4).type, n,  # type: ignore[attr-defined]
+                              [None, pa.py_buffer(published)]),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _schema() -> object:
+    import pyarrow as pa
+
+    return pa.schema([("value", pa.binary()), ("session_id", pa.int32()),
+                      ("stream_id", pa.int32()), ("position", pa.int64()),
+                      ("timestamp", pa.timestamp("us", tz="UTC"))])  # SCHEMA, as Arrow
+
+
+def read_range(partition: SlipstreamPartition) -> Iterator[object]:
+    """Executor side: the rows of ``partition`` as Arrow record batches, in stream order.
+
+    On the host whose driver holds the log (the same driver run as the planner's), the task
+    maps the log and peeks the range; anywhere else it asks the holder for a replay through
+    its own host's driver (:func:`_read_replayed`).  Loss follows ``fail_on_data_loss``.
+    """
+    p = partition
+    if p.driver is not None and local_driver_instance(p.directory) == p.driver:
+        return _read_local(p)
+    return _read_replayed(p)
+
+
+def _no_log(p: SlipstreamPartition, why: str) -> None:
+    """The range of ``p`` is in no log (``why``): data loss, raised or (failOnDataLoss=false)
+    logged, counted and skipped."""
+    message = loss_message(p.stream_id, p.session_id, p.start, p.end, None, None) + f" ({why})"
+    if p.fail_on_data_loss:
+        raise SlipstreamDataLossError(message)
+    log.warning("%s Skipping [%d, %d).", message, p.start, p.end)
+    _record_skip(p.directory)
+
+
+def _read_local(p: SlipstreamPartition) -> Iterator[object]:
+    """The range from the log in this host's shared memory, copied out batch by batch by the
+    C scan.  Each batch is checked after it is copied (a publisher lapping the reader
+    meanwhile would have torn it)."""
+    schema = _schema()
+    ids: dict[int, tuple[object, object]] = {}
+    if not p.log_path:  # the session's image was gone when the batch was planned
+        _no_log(p, f"no log of this session on {p.host} when the batch was planned")
+        return
+    try:
+        image = Image.detached(p.log_path, p.start)
+    except FileNotFoundError:
+        _no_log(p, f"the log file {p.log_path} is gone")
+        return
+    try:
+        position = p.start
+        while position < p.end:
+            try:
+                image.check_retained(position)
+                chunk = image.poll_gathered(_ROWS_PER_BATCH, p.end)
+                image.check_retained(position)  # still held after the copy: not torn
+            except DataLossError as e:
+                message = loss_message(p.stream_id, p.session_id, position, p.end,
+                                       e.producer_position, image.term_length)
+                if p.fail_on_data_loss:
+                    raise SlipstreamDataLossError(message) from None
+                skip_to = message_start(image, first_retained(image, position, p.end), p.end)
+                log.warning("%s Skipping to %d (failOnDataLoss=false).", message, skip_to)
+                _record_skip(p.directory)
+                image.close()
+                image = Image.detached(p.log_path, skip_to)
+                position = skip_to
+                continue
+            if chunk is not None:
+                yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
+            elif image.position == position:
+                raise SlipstreamError(
+                    f"slipstream stream {p.stream_id} session {p.session_id}: no whole message "
+                    f"at position {position} before {p.end}; the offsets do not match this log")
+            position = image.position
+    finally:
+        image.close()
+
+
+def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
+    """The range replayed by the query's holder to this host's driver
+    (:mod:`slipstream.client.replay`): the same messages, positions and reserved values."""
+    from slipstream.spark_bridge import runtime
+
+    here = socket.gethostname()
+    if p.holder is None:
+        raise SlipstreamError(
+            f"slipstream stream {p.stream_id} session {p.session_id}: this read task runs on "
+            f"{here}, whose slipstream driver does not hold the log (it is on {p.host}), and "
+            f"the query's holder has no address other hosts reach (its host name resolves to "
+            f"a loopback address): set the reader's holderAddress option to the address of "
+            f"{p.host} that the executors reach (docs/SPARK.md)")
+    if p.log is None:  # the session's image was gone when the batch was planned
+        _no_log(p, f"no log of this session at the holder on {p.host}")
+        return
+    identity = p.log
+    term_length = identity.term_length
+    address, port, control_stream = p.holder
+    timeout_s = p.replay_timeout_ms / 1000
+    schema = _schema()
+    ids: dict[int, tuple[object, object]] = {}
+    client = runtime.client_for(p.directory)
+    position = p.start
+
+    def lost(e: ReplayLostError) -> SlipstreamDataLossError:
+        return SlipstreamDataLossError(
+            loss_message(p.stream_id, p.session_id, e.lost[0], e.lost[1], None, term_length)
+            + f" (at the holder on {p.host}: {e})")
+
+    while position < p.end:
+        try:
+            replay = request_replay(client, address, port, control_stream, p.stream_id,
+                                    identity, position, p.end,
+                                    skip_lost=not p.fail_on_data_loss, timeout_s=timeout_s)
+        except ReplayLostError as e:
+            raise lost(e) from None
+        with replay:
+            if replay.lost is not None:
+                log.warning("%s Skipping to %d (failOnDataLoss=false).", loss_message(
+                    p.stream_id, p.session_id, *replay.lost, None, term_length),
+                    replay.start)
+                _record_skip(p.directory)
+            idle_since = time.monotonic()
+            try:
+                while not replay.done:
+                    chunk = replay.poll_gathered(_ROWS_PER_BATCH)
+                    if chunk is not None:
+                        yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
+                        idle_since = time.monotonic()
+                    elif time.monotonic() - idle_since > timeout_s:
+                        raise SlipstreamError(
+                            f"{replay.describe()}: nothing arrived for {timeout_s:g} s, at "
+                            f"position {replay.position} (this host's driver log says why "
+                            f"when it refused the replay: a term length of {term_length} "
+                            f"over its image_term_buffer_length_max, for one)")
+                    else:
+                        replay.wait(0.01)
+            except ReplayLostError as e:
+                if p.fail_on_data_loss:
+                    raise lost(e) from None
+                # Asked again from here with skip_lost, the holder skips what it lost.
+            position = replay.position
+            if replay.complete_at is not None and position >= replay.complete_at:
+                break  # the holder sent every message: padding, never sent, ends the range
