@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.client._native import ffi, lib
+from slipstream.client.errors import ClosedError
 from slipstream.client.image import Image
 from slipstream.client.layout import (
     BEGIN_FLAG,
@@ -620,4 +621,25 @@ def test_an_image_says_what_its_log_is_and_where_its_frames_are(shm: Path) -> No
     finally:
         image.close()
     assert image.log_buffer.closed and not log.closed
+    log.close()
+
+
+def test_an_image_refuses_reads_once_closed_and_its_readers_leave_its_mapping(
+        shm: Path) -> None:
+    """A closed image's log is unmapped: what reads it raises ClosedError (the producer
+    position read the unmapped page and crashed the process); a reader_at() reader borrows the
+    mapping, and closing it leaves the image's alone."""
+    log = make_log(shm)
+    appender = new_appender(log, ffi.new("int64_t *", UNLIMITED))
+    offer(appender, b"first")
+    image = Image.detached(str(log.path), 0)
+    reader = image.reader_at(0)
+    reader.close()
+    assert not image.log_buffer.closed
+    assert image.frame_header(0)[0] == HEADER_LENGTH + len(b"first")
+    image.close()
+    for read in (image.producer_position, lambda: image.frame_header(0),
+                 lambda: image.check_retained(0)):
+        with pytest.raises(ClosedError):
+            read()
     log.close()
