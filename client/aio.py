@@ -182,7 +182,9 @@ async def _wait_for_credit(publication: Publication, message: Buffer, result: in
             result = attempt(message, reserved_value)
             continue
         if result == _CLOSED:
-            cut_off = publication._client.cut_off_error()
+            # The client's lock may be held a whole request long by another thread: ask in a
+            # worker thread, not on the event loop (CLOSED comes once; the hop costs nothing).
+            cut_off = await trio.to_thread.run_sync(publication._client.cut_off_error)
             if cut_off is not None:
                 raise cut_off
             raise ClosedError(f"the publication of stream {publication.stream_id} on "
