@@ -11,14 +11,8 @@ install: $(STAMP)
 
 # Editable install: the cffi extension is compiled in place at install, and again whenever
 # the C sources or the packaging change.
-$(STAMP): pyproject.toml setup.py client/native.c client/native_appender.c client/native_block_appender.c \
-          client/native_reader.c client/native_scanner.c client/native_rebuilder.c \
-          client/native_gap_scanner.c client/native_logbuffer.c client/native_park.c \
-          client/native_keeper.c client/native_thread.c client/native.h client/native_internal.h \
-          client/fastpath.c client/_native_build.py \
-          daemon/network.c daemon/network_sender.c daemon/network_retransmit.c daemon/network_loss.c \
-          daemon/network_cleaner.c daemon/network_receiver.c daemon/network_endpoints.c \
-          daemon/network_duty.c daemon/network.h daemon/network_internal.h daemon/_network_build.py
+$(STAMP): pyproject.toml setup.py $(wildcard client/*.c client/*.h daemon/*.c daemon/*.h) \
+          client/_native_build.py daemon/_network_build.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench,sim,spark]'

@@ -196,8 +196,8 @@ class Image:
                 return count
             # It was dropped at an unfragmented frame: read on at once.
         position = self._position
-        # _scan's steps, written out: this is every poll's path, where the call cost a
-        # one-message poll about 8 % (about 110 ns).
+        # _scan's steps (and index_by_position's arithmetic), written out: this is every
+        # poll's path, where the calls cost a one-message poll about 8 % (about 110 ns).
         index = (position >> self._position_bits) % PARTITION_COUNT
         offset = position & self._term_mask
         count = lib.ss_term_read(self._term_ptrs[index], offset, scan_end,

@@ -58,7 +58,6 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from slipstream.client import SlipstreamError
-from slipstream.client.holder import driver_instance  # noqa: F401 (users import it from here)
 from slipstream.client.logview import LogView
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.planning import (

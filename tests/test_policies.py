@@ -574,7 +574,7 @@ def test_rejoin_false_is_refused_by_name_where_no_session_comes_back(network_cli
 
 
 def test_every_error_an_application_can_meet_is_importable_from_slipstream_client() -> None:
-    """The README names them from ``slipstream.client`` (BackPressuredError was missing)."""
+    """The tutorial names them from ``slipstream.client`` (BackPressuredError was missing)."""
     import slipstream.client
     from slipstream.client import errors
 

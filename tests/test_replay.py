@@ -1,4 +1,4 @@
-"""Replay of a log range to another host (client/replay.py): a holder on host 1 serves ranges
+"""Replay of a log range to another host (client/replay/): a holder on host 1 serves ranges
 of a log its subscription holds; a reader on host 2 asks through its own driver and receives
 them over UDP between real drivers in network namespaces, with the kernel dropping datagrams.
 

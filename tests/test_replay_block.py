@@ -1,10 +1,10 @@
-"""A replay's block append (``ss_append_block``, client/native.c): a range of one log copied
-frame for frame into another that starts at the same position, as the replay holder sends a
-range (client/replay.py).  The copy must read back as the source does (payloads, positions,
-reserved values, fragments, the padding that ends a term), stop where a block cannot go, and
-take nothing from a source frame it has not checked.  Where a range the log no longer holds
-resumes (``first_retained``) is found among the terms the log can still hold, and the holder
-answers every way a replay ends."""
+"""A replay's block append (``ss_append_block``, client/native_block_appender.c): a range of
+one log copied frame for frame into another that starts at the same position, as the replay
+holder sends a range (client/replay/server.py).  The copy must read back as the source does
+(payloads, positions, reserved values, fragments, the padding that ends a term), stop where a
+block cannot go, and take nothing from a source frame it has not checked.  Where a range the
+log no longer holds resumes (``first_retained``) is found among the terms the log can still
+hold, and the holder answers every way a replay ends."""
 
 from __future__ import annotations
 

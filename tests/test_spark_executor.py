@@ -22,6 +22,7 @@ from helpers import FAST_DRIVER_SETTINGS, wait_for
 
 from slipstream.client import BufferClaim, Client, Image
 from slipstream.client.counters import CountersFile
+from slipstream.client.holder import driver_instance
 from slipstream.client.replay import ReplayServer, earliest_position
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge import planning, read_task
@@ -29,7 +30,6 @@ from slipstream.spark_bridge.options import parse_options
 from slipstream.spark_bridge.reader import (
     SlipstreamDataLossError,
     SlipstreamPartition,
-    driver_instance,
     read_range,
 )
 

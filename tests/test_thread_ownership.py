@@ -34,7 +34,7 @@ _KIND_OF_ANNOTATION = {"NetworkPublication": PUBLICATION, "PublicationImage": IM
 #: (function, kind, attribute) the check lets be, each with its reason.
 ALLOWED = {
     # The image is the conductor's until on_add_publication_image hands it over: its first
-    # subscribers are added as it is made (submit=False).
+    # subscribers are added as it is made (handed_over=False).
     ("link", IMAGE, "add_subscriber_position"),
 }
 

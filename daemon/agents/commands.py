@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 
@@ -262,19 +262,25 @@ class RemovedDestination:
 
 
 # -- the proxies ------------------------------------------------------------------------------
-class SenderProxy:
-    """The conductor's handle on the sender (Aeron's aeron_driver_sender_proxy): each method
-    queues one command and wakes the network thread.  The conductor's thread only."""
+Command = TypeVar("Command")
 
-    def __init__(self, enqueue: Callable[[SenderCommand], None],
-                 wake: Callable[[], None]) -> None:
-        """``enqueue``: the sender's queue (thread-safe); ``wake``: wakes its thread."""
+
+class _Proxy(Generic[Command]):
+    """What both proxies do with a command: queue it on the agent, then wake its thread."""
+
+    def __init__(self, enqueue: Callable[[Command], None], wake: Callable[[], None]) -> None:
+        """``enqueue``: the agent's queue (thread-safe); ``wake``: wakes its thread."""
         self._enqueue = enqueue
         self._wake = wake
 
-    def _send(self, command: SenderCommand) -> None:
+    def _send(self, command: Command) -> None:
         self._enqueue(command)
         self._wake()
+
+
+class SenderProxy(_Proxy[SenderCommand]):
+    """The conductor's handle on the sender (Aeron's aeron_driver_sender_proxy): each method
+    queues one command and wakes the network thread.  The conductor's thread only."""
 
     def on_add_endpoint(self, endpoint: SendEndpoint) -> None:
         self._send(AddSendEndpoint(endpoint))
@@ -311,19 +317,9 @@ class SenderProxy:
         self._send(SetPressureStep(step))
 
 
-class ReceiverProxy:
+class ReceiverProxy(_Proxy[ReceiverCommand]):
     """The conductor's handle on the receiver (Aeron's aeron_driver_receiver_proxy): each
     method queues one command and wakes the network thread.  The conductor's thread only."""
-
-    def __init__(self, enqueue: Callable[[ReceiverCommand], None],
-                 wake: Callable[[], None]) -> None:
-        """``enqueue``: the receiver's queue (thread-safe); ``wake``: wakes its thread."""
-        self._enqueue = enqueue
-        self._wake = wake
-
-    def _send(self, command: ReceiverCommand) -> None:
-        self._enqueue(command)
-        self._wake()
 
     def on_add_endpoint(self, endpoint: ReceiveEndpoint) -> None:
         self._send(AddReceiveEndpoint(endpoint))

@@ -19,7 +19,8 @@ from slipstream.client.counters import CountersFile
 from slipstream.daemon.agents.commands import SenderProxy
 from slipstream.daemon.conductor.network_records import _PublicationEntry, _ReceiveEndpointEntry
 from slipstream.daemon.conductor.network_spies import SpySubscriptions
-from slipstream.daemon.streams.publication import NetworkPublication, PublicationStatus
+from slipstream.daemon.streams.publication import NetworkPublication
+from slipstream.daemon.streams.receivers import PublicationStatus
 
 #: EOS heartbeats (100 ms apart) a draining driver sends before it stops waiting for answers.
 EOS_HEARTBEATS_TO_END = 3

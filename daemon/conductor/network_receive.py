@@ -173,7 +173,7 @@ class ReceiveSide:
                         and subscription.wants(image_entry.image.session_id,
                                                image_entry.image.stream_id)):
                     out.append(self.link(image_entry, subscription,
-                                         image_entry.image.rcv_pos, now_ns, submit=True))
+                                         image_entry.image.rcv_pos, now_ns, handed_over=True))
         except CountersFullError:
             # All or nothing: a half-added subscription nobody owns would hold its images'
             # slowest position (and the senders) for good.
@@ -435,7 +435,7 @@ class ReceiveSide:
         out = []
         for subscription in subscribers:
             try:
-                out.append(self.link(image_entry, subscription, join, now_ns, submit=False))
+                out.append(self.link(image_entry, subscription, join, now_ns, handed_over=False))
             except CountersFullError as e:
                 log.error("cannot link subscription %d to %s: %s",
                           subscription.registration_id, _label_of(setup, event.source), e)
@@ -445,9 +445,10 @@ class ReceiveSide:
         return out
 
     def link(self, image_entry: _ImageEntry, subscription: NetworkSubscription,
-             position: int, now_ns: int, *, submit: bool) -> ClientMessage:
+             position: int, now_ns: int, *, handed_over: bool) -> ClientMessage:
         """A sub-pos counter for ``subscription`` on the image (and its tether, untethered,
-        from ``now_ns``), and the AVAILABLE_IMAGE."""
+        from ``now_ns``), and the AVAILABLE_IMAGE.  ``handed_over``: the receiver has the
+        image (ask it to add the position); else the image is still this thread's."""
         image = image_entry.image
         counter_id = self.counters.allocate(
             CounterType.SUBSCRIBER_POSITION,
@@ -458,7 +459,7 @@ class ReceiveSide:
         cell = self.counters.address(counter_id)
         tether = tether_for(subscription.channel, self.settings, now_ns)
         image_entry.links.append(TetherablePosition(subscription, counter_id, cell, tether))
-        if submit:
+        if handed_over:
             self.receiver_proxy.on_add_subscriber(image, cell)
         else:
             image.add_subscriber_position(cell)  # not handed to the receiver yet

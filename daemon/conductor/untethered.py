@@ -197,7 +197,7 @@ class NetworkUntethered:
             return None
         join = min([image_entry.image.rcv_pos,
                     *(p for _, p in self._image_positions(image_entry))])
-        return self._receive_side.link(image_entry, subscription, join, now_ns, submit=True)
+        return self._receive_side.link(image_entry, subscription, join, now_ns, handed_over=True)
 
     def check_untethered_spies(self, now_ns: int) -> Outgoing:
         """Aeron's untethered spies (``tether=false``; NetworkPublication

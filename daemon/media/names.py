@@ -4,7 +4,7 @@ A name in ``endpoint=``, ``interface=`` or ``control=`` is resolved once, as the
 (:func:`slipstream.daemon.conductor.network_records._resolved` turns it into an IP literal),
 never inside the duty cycle.  ``getaddrinfo`` blocks, for as long as the resolver's timeouts (glibc:
 5 s per try, per name server), so the driver shell resolves a command's names in a thread
-first (:func:`prefetch`) and hands the command to the conductor once they are known; the
+first (:func:`resolve`) and hands the command to the conductor once they are known; the
 conductor then finds them here (:func:`lookup`).  A blocked resolver delays that one command,
 never the heartbeats, status messages or the systemd watchdog.
 """

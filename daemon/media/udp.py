@@ -252,8 +252,8 @@ class UdpSendTransport(_UdpTransport):
         #: Multi-destination-cast: every datagram to each destination of the endpoint's table
         #: (set by attach_channel), none to ``destination`` (ALL_DESTINATIONS).
         self.multi_destination = channel.control_mode in MULTI_DESTINATION_MODES
-        # A response endpoint's publications each send to a table of their own
-        # (SendChannel.addressed, and their C halves' destinations).
+        # A response endpoint's publications each send to a table of their own (their C
+        # halves' destinations: send_point.attach_publication).
         to_tables = self.multi_destination or channel.is_response
         family = (_IP_FAMILIES[ip_version_of(channel)] if to_tables
                   else _family(destination[0]))
