@@ -41,7 +41,7 @@ from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile
 from slipstream.client.errors import ChannelError
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
-from slipstream.client.logview import VIEW_OPERATIONS, ImageView, snapshot
+from slipstream.client.logview import VIEW_OPERATIONS, ImageView, SessionEnds, snapshot
 from slipstream.client.replay import ReplayServer
 
 __all__ = ["DEFAULT_GROUP", "HOLDER_CONTROL_STREAM", "HOLDER_PORT", "MAX_SPLIT_PIECES",
@@ -60,12 +60,14 @@ DEFAULT_GROUP: Final = "spark"
 
 @attrs.define
 class _Held:
-    """One held stream: the subscription that holds it and when a query last called."""
+    """One held stream: the subscription that holds it, how its sessions that went ended,
+    and when a query last called."""
 
     channel: str
     stream_id: int
     group: str
     subscription: Subscription
+    ends: SessionEnds
     last_call: float
 
 
@@ -179,8 +181,10 @@ class StreamHolder:
                 parse_channel(channel)
             except ChannelError as e:
                 raise ValueError(f"channel {channel!r}: {e}") from None
-            subscription = self.client.add_subscription(channel, stream_id)
-            held = _Held(channel, stream_id, group, subscription, time.monotonic())
+            ends = SessionEnds()
+            subscription = self.client.add_subscription(channel, stream_id,
+                                                        on_unavailable_image=ends.record)
+            held = _Held(channel, stream_id, group, subscription, ends, time.monotonic())
             self._held[key] = held
             log.info("holding stream %d on %s for group %r", stream_id, channel, group)
         return held
@@ -190,12 +194,11 @@ class StreamHolder:
         """The streams held: ``(channel, stream id, group)``."""
         return list(self._held)
 
-    def _image(self, held: _Held, session_id: int) -> Image:
+    def _image(self, held: _Held, session_id: int) -> Image | None:
         for image in held.subscription.images:
             if image.session_id == session_id:
                 return image
-        raise ValueError(f"stream {held.stream_id} on {held.channel} has no session "
-                         f"{session_id} here (its publication ended and the log went)")
+        return None
 
     def _call(self, op: str, args: dict[str, Any]) -> Any:
         key = _key(args)
@@ -218,14 +221,29 @@ class StreamHolder:
         held.last_call = time.monotonic()
         if op == "state":
             held.subscription.release_gone_images()
-            return {"host": self.host, "driver": self.driver,
-                    "sessions": {str(image.session_id): snapshot(ImageView(image))
-                                 for image in held.subscription.images}}
+            sessions = {str(image.session_id): snapshot(ImageView(image))
+                        for image in held.subscription.images}
+            return {"host": self.host, "driver": self.driver, "sessions": sessions,
+                    "ended": {sid: end.to_json() for sid, end in held.ends.snapshot().items()
+                              if sid not in sessions}}
         session_id = args.get("session_id")
         if isinstance(session_id, bool) or not isinstance(session_id, int):
             raise ValueError(f"session_id {session_id!r} is not an integer")
-        image = self._image(held, session_id)
         named = args.get("log")
+        image = self._image(held, session_id)
+        if image is None:
+            end = held.ends.get(session_id)
+            position = args.get("args", {}).get("position") \
+                if isinstance(args.get("args"), dict) else None
+            if end is not None and named == [*end.framing] and \
+                    args.get("method") == "advance_to" and isinstance(position, int) and \
+                    not isinstance(position, bool) and position <= end.position:
+                # The session went after the caller's last state (it read to its end, or
+                # the image went without it): there is no position left to move.
+                return None
+            raise ValueError(f"stream {held.stream_id} on {held.channel} has no session "
+                             f"{session_id} here" + (f": {end.describe()}" if end is not None
+                                                     else ""))
         if named != [*image.identity.framing]:
             raise ValueError(f"session {session_id}'s log here has "
                              f"{image.identity.describe()}, not {named!r}")

@@ -31,7 +31,7 @@ from slipstream.client.publication import Publication
 from slipstream.client.subscription import Subscription
 
 __all__ = ["CALL_VERSION", "REPLY_WINDOW", "Answers", "CallError", "HolderLink",
-           "local_address_towards", "offer_until", "open_holder_streams",
+           "local_address_towards", "offer_until", "open_holder_streams", "reply_channel_towards",
            "reply_subscription_channel", "small_channel"]
 
 #: The call format's version; a holder answers calls of another with an error.
@@ -73,6 +73,44 @@ def local_address_towards(address: str, port: int) -> str:
         return probe.getsockname()[0]
     finally:
         probe.close()
+
+
+#: The reply port of this process for each holder on its own host, (address, port) -> port.
+_own_host_reply_ports: dict[tuple[str, int], int] = {}
+
+
+def _free_udp_port(address: str) -> int | None:
+    """A UDP port free at ``address`` now, or None when ``address`` is not this host's."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+    except OSError:
+        return None
+    finally:
+        probe.close()
+
+
+def reply_channel_towards(address: str, port: int, reply_address: str | None = None) -> str:
+    """The channel a caller or replay reader on this host gets the holder's answers at, the
+    holder listening at ``address:port``: this host's address towards it
+    (:func:`local_address_towards`, or ``reply_address``) and the same port, so that one
+    UDP port open between two hosts serves both ways.  On the holder's own host (``address``
+    is one of this host's) that port is the holder's own endpoint, whose receive window is
+    not a reply endpoint's (or, bound to every address, which no other endpoint may share):
+    there, a port that was free, drawn once per holder for this process."""
+    if reply_address is None:
+        reply_address = local_address_towards(address, port)
+    reply_port = _own_host_reply_ports.get((address, port))
+    if reply_port is None:
+        if _free_udp_port(address) is None:  # another host's: the holder's port is free here
+            return f"aeron:udp?endpoint={reply_address}:{port}"
+        reply_port = _free_udp_port(reply_address)
+        if reply_port is None:
+            raise SlipstreamError(f"no free UDP port at {reply_address} for the answers of "
+                                  f"the holder at {address}:{port}")
+        _own_host_reply_ports[(address, port)] = reply_port
+    return f"aeron:udp?endpoint={reply_address}:{reply_port}"
 
 
 def open_holder_streams(client: Client, address: str, port: int, control_stream_id: int,
@@ -200,9 +238,7 @@ class HolderLink:
         self.address = address
         self.port = port
         self.timeout_s = timeout_s
-        if reply_address is None:
-            reply_address = local_address_towards(address, port)
-        self.reply_channel = f"aeron:udp?endpoint={reply_address}:{port}"
+        self.reply_channel = reply_channel_towards(address, port, reply_address)
         self.response_stream_id = random.randrange(1, INT32_MAX)
         self._next_id = 1
         self._answers: dict[int, dict[str, Any]] = {}

@@ -10,14 +10,120 @@ question).
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, Final
+
+import attrs
 
 from slipstream.client import DataLossError, Image, InvalidArgumentError
 from slipstream.client.holding import HolderLink
+from slipstream.client.layout import INT64_MAX
 from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.retention import earliest_position, first_retained, is_retained
 
-__all__ = ["VIEW_OPERATIONS", "ImageView", "LogView", "RemoteView", "snapshot"]
+__all__ = ["VIEW_OPERATIONS", "ImageView", "LogView", "RemoteView", "SessionEnd", "SessionEnds",
+           "end_of_stream", "snapshot"]
+
+
+def end_of_stream(image: Image) -> int | None:
+    """Where ``image``'s stream ended with its end-of-stream mark (the publisher closed it, or
+    the receiver was left behind there), once its log says so; else None."""
+    position = image.log_buffer.end_of_stream_position
+    return position if position < INT64_MAX else None
+
+
+@attrs.frozen
+class SessionEnd:
+    """How a session's image went from the subscription that held it: what its log held
+    (up to ``position``), whether the stream ended there with its end-of-stream mark, and the
+    range its receiver lost when it was left behind (the sender moved past what it could
+    resend)."""
+
+    session_id: int
+    #: (initial term id, term length) of the log that ended.
+    framing: tuple[int, int]
+    #: The end of what the log held when the image went: the end-of-stream position, or
+    #: where the receiver had rebuilt the stream to.
+    position: int
+    #: True when the stream ended with its mark (its publication closed, or its receiver
+    #: was left behind: then :attr:`lost` says what it lost); False when the image went
+    #: without it: nothing arrived for the image liveness timeout (the publisher's driver
+    #: or host stopped, or the network between went down), so whatever its publisher had
+    #: accepted past :attr:`position` never reached this host.
+    end_of_stream: bool
+    lost: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, image: Image) -> SessionEnd:
+        """The end of ``image``, which is going (an ``on_unavailable_image`` handler: its
+        log is still mapped)."""
+        eos = end_of_stream(image)
+        return cls(image.session_id, image.identity.framing,
+                   eos if eos is not None else image.producer_position(), eos is not None,
+                   image.lost_range)
+
+    @property
+    def complete(self) -> bool:
+        """The stream ended with its mark and lost nothing: a reader at :attr:`position`
+        read all of it."""
+        return self.end_of_stream and self.lost is None
+
+    def describe(self) -> str:
+        """How it ended, in words, for a reader that had not read all of it."""
+        if self.lost is not None:
+            return (f"its receiver was left behind: the sender moved past what it could "
+                    f"resend, and the messages at [{self.lost[0]}, {self.lost[1]}) never "
+                    f"arrived")
+        if self.end_of_stream:
+            return f"its publication ended at position {self.position}"
+        return (f"its image went at position {self.position} without the stream's "
+                f"end-of-stream mark: nothing arrived for the image liveness timeout (the "
+                f"publisher's driver or host stopped, or the network between went down), so "
+                f"whatever its publisher accepted past {self.position} never arrived")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"log": [*self.framing], "position": self.position,
+                "end_of_stream": self.end_of_stream,
+                "lost": None if self.lost is None else [*self.lost]}
+
+    @classmethod
+    def from_json(cls, session_id: int, fields: dict[str, Any]) -> SessionEnd:
+        lost = fields.get("lost")
+        return cls(session_id, (int(fields["log"][0]), int(fields["log"][1])),
+                   int(fields["position"]), bool(fields["end_of_stream"]),
+                   None if lost is None else (int(lost[0]), int(lost[1])))
+
+
+#: How many ended sessions a :class:`SessionEnds` remembers (the oldest are forgotten).
+SESSION_ENDS_KEPT: Final = 4096
+
+
+class SessionEnds:
+    """The sessions whose images left a subscription, as they left (pass :meth:`record` as
+    the subscription's ``on_unavailable_image``), the latest :data:`SESSION_ENDS_KEPT`:
+    what tells a reader whose offsets name a session that is gone whether it read all of
+    it.  Recorded on the client's conductor thread, read from any."""
+
+    def __init__(self) -> None:
+        self._ends: dict[int, SessionEnd] = {}
+        self._lock = threading.Lock()
+
+    def record(self, image: Image) -> None:
+        end = SessionEnd.of(image)
+        with self._lock:
+            self._ends.pop(end.session_id, None)
+            self._ends[end.session_id] = end
+            while len(self._ends) > SESSION_ENDS_KEPT:
+                del self._ends[next(iter(self._ends))]
+
+    def get(self, session_id: int) -> SessionEnd | None:
+        with self._lock:
+            return self._ends.get(session_id)
+
+    def snapshot(self) -> dict[str, SessionEnd]:
+        """By session id as offsets name them (decimal strings)."""
+        with self._lock:
+            return {str(sid): end for sid, end in self._ends.items()}
 
 
 class _Stop(Exception):
@@ -38,6 +144,8 @@ class LogView:
     join_position: int
     #: The holding subscriber's position: publishers are held back one window past it.
     position: int
+    #: Where the stream ended with its end-of-stream mark, once the log says so, else None.
+    end_of_stream: int | None
 
     def available_position(self) -> int:
         """The end of the last whole ready message."""
@@ -89,6 +197,10 @@ class ImageView(LogView):
     @property  # type: ignore[override]
     def position(self) -> int:
         return self.image.position
+
+    @property  # type: ignore[override]
+    def end_of_stream(self) -> int | None:
+        return end_of_stream(self.image)
 
     def available_position(self) -> int:
         return self.image.available_position()
@@ -173,7 +285,8 @@ def snapshot(view: LogView) -> dict[str, Any]:
     return {"stream_id": view.stream_id, "initial_term_id": view.identity.initial_term_id,
             "term_length": view.identity.term_length, "log_path": view.log_path,
             "join_position": view.join_position, "position": view.position,
-            "available": view.available_position(), "earliest": view.earliest_position()}
+            "available": view.available_position(), "earliest": view.earliest_position(),
+            "end_of_stream": view.end_of_stream}
 
 
 class RemoteView(LogView):
@@ -194,6 +307,8 @@ class RemoteView(LogView):
         self.position = int(state["position"])
         self._available = int(state["available"])
         self._earliest = int(state["earliest"])
+        eos = state.get("end_of_stream")  # a holder of an earlier version says nothing
+        self.end_of_stream = None if eos is None else int(eos)
 
     def _ask(self, method: str, **args: Any) -> Any:
         return self._link.call("view", **self._key, session_id=self.session_id,

@@ -29,13 +29,14 @@ from slipstream.client.holder import (
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logbuffer import LogIdentity
-from slipstream.client.logview import ImageView, LogView, RemoteView
+from slipstream.client.logview import ImageView, LogView, RemoteView, SessionEnd, SessionEnds
 from slipstream.client.replay import ReplayServer
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.read_task import (
     SlipstreamDataLossError,
     SlipstreamPartition,
     _record_skip,
+    loss_message,
 )
 
 __all__ = ["holder_address", "log_of", "plan_partitions", "position_of", "shares"]
@@ -171,9 +172,10 @@ class _OwnHold:
     def __init__(self, options: SourceOptions) -> None:
         self.client = Client.connect(options.directory)
         self.holder: _Holder | None = None
+        self.ends = SessionEnds()
         try:  # whatever fails, what was made so far goes (not at the driver's timeout)
-            self.subscription: Subscription = self.client.add_subscription(options.channel,
-                                                                            options.stream_id)
+            self.subscription: Subscription = self.client.add_subscription(
+                options.channel, options.stream_id, on_unavailable_image=self.ends.record)
             self.host = socket.gethostname()
             self.driver = driver_instance(self.client.counters)
             address = holder_address(options)
@@ -210,6 +212,17 @@ class _OwnHold:
                                 for image in images}
         return {str(image.session_id): ImageView(image) for image in images}
 
+    def ended(self) -> dict[str, SessionEnd]:
+        """How the sessions whose images left the subscription ended, by session id."""
+        return self.ends.snapshot()
+
+    def made_anew(self, join_position: int) -> str:
+        """Why this host's log of a session holds nothing before ``join_position``."""
+        return (f"its image on {self.host} was made anew at position {join_position}: the "
+                f"one that held the earlier positions went while nothing subscribed to it (the "
+                f"query was down, and no other subscriber or standing holder kept it), and "
+                f"what it held went with it")
+
     def close(self) -> None:
         if self.holder is not None:
             self.holder.close()
@@ -242,15 +255,30 @@ class _StandingHold:
                                                               HOLDER_CONTROL_STREAM)
         self.host = name
         self.driver: str | None = None
+        self._ended: dict[str, SessionEnd] = {}
 
     def views(self) -> dict[str, LogView]:
         if self.client.is_closed:
             raise self.client.driver_lost_error()
         state = self.link.call("state", **self.key)
         self.host, self.driver = str(state["host"]), str(state["driver"])
+        self._ended = {sid: SessionEnd.from_json(int(sid), fields)
+                       for sid, fields in state.get("ended", {}).items()}
         key = {k: v for k, v in self.key.items() if k != "hold"}
         return {sid: RemoteView(self.link, key, int(sid), fields)
                 for sid, fields in state["sessions"].items()}
+
+    def ended(self) -> dict[str, SessionEnd]:
+        """How the sessions whose images left the holder's subscription ended (as of the
+        last :meth:`views`), by session id."""
+        return self._ended
+
+    def made_anew(self, join_position: int) -> str:
+        """Why the holder's log of a session holds nothing before ``join_position``."""
+        return (f"the standing holder on {self.host} holds it only from position "
+                f"{join_position} on: its subscription joined there (the holder or its "
+                f"host's driver restarted, or its group was released, after the query's "
+                f"last commit), and nothing held the earlier positions meanwhile")
 
     def close(self) -> None:
         self.link.close()
@@ -288,6 +316,21 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
             log.warning("%s: skipping the range (failOnDataLoss=false)", message)
             _record_skip(options.directory)
             continue
+        if image is not None and begin < image.join_position and \
+                not image.is_retained(begin):
+            # A batch planned before this log was made (a restart re-runs it): the tasks
+            # would find the range's start missing, and could not tell why.
+            # The whole loss, which may reach past this batch, is named.
+            held_from = image.first_retained(begin, max(stop, image.available_position()))
+            message = loss_message(options.stream_id, int(sid), begin, held_from, None,
+                                   None, why=hold.made_anew(image.join_position))
+            if options.fail_on_data_loss:
+                raise SlipstreamDataLossError(message)
+            log.warning("%s Skipping to %d (failOnDataLoss=false).", message, held_from)
+            _record_skip(options.directory)
+            if held_from >= stop:
+                continue
+            begin = held_from
         identity = (image.identity if image is not None
                     else LogIdentity(int(sid), *named) if named is not None else None)
         bounds = [begin, stop]

@@ -116,15 +116,18 @@ def _record_skip(directory: str | None) -> None:
 
 
 def loss_message(stream_id: int, session_id: int, start: int, end: int,
-                 producer: int | None, term_length: int | None) -> str:
+                 producer: int | None, term_length: int | None, *, why: str | None = None
+                 ) -> str:
     """The text of a data loss error: which stream, session and positions, why, and what to
-    do.  ``term_length`` None: the log itself is gone."""
+    do.  ``why`` None: the log was cleaned past ``start`` (``term_length``: the log's), or
+    (``term_length`` None too) the log itself is gone."""
     at = f" (the publisher is at {producer})" if producer is not None else ""
-    why = (f"a log holds one term ({term_length} bytes) behind its slowest reading "
-           f"subscriber, and this query fell further behind (or was stopped that long)"
-           if term_length is not None else
-           "the log is gone: its stream ended and the subscribers it had read it all, or its "
-           "driver stopped, while this query was stopped")
+    if why is None:
+        why = (f"a log holds one term ({term_length} bytes) behind its slowest reading "
+               f"subscriber, and this query fell further behind"
+               if term_length is not None else
+               "the log is gone: its stream ended and the subscribers it had read it all, or "
+               "its driver stopped, while this query was stopped")
     return (f"slipstream stream {stream_id} session {session_id}: the messages at positions "
             f"[{start}, {end}) are no longer in the log{at}; {why}.  Set failOnDataLoss=false "
             f"to skip to the oldest position still held (counted in the driver's 'data loss "

@@ -58,7 +58,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from slipstream.client import SlipstreamError
-from slipstream.client.logview import LogView
+from slipstream.client.logview import LogView, SessionEnd
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.planning import (
     _OwnHold,
@@ -135,8 +135,12 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """An offset's entry for ``view``'s log: the position, and what it is a position of
         (the log: initial term id and term length; the holder: host and driver run)."""
         assert self._hold is not None
-        return {"position": int(position), "log": [*view.identity.framing],
-                "holder": f"{self._hold.host}/{self._hold.driver}"}
+        entry: dict[str, object] = {"position": int(position), "log": [*view.identity.framing],
+                                    "holder": f"{self._hold.host}/{self._hold.driver}"}
+        eos = view.end_of_stream
+        if eos is not None:  # a restarted query that finds the session gone reads it here
+            entry["end"] = eos
+        return entry
 
     # -- planning side -------------------------------------------------------------------------
     def _images(self) -> dict[str, LogView]:
@@ -192,9 +196,14 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
         A session not in ``start`` enters at its starting position without being read in
         this batch, so that its start is recorded in the offset log and replays read the same
-        range.  Sessions whose image is gone are dropped.
+        range.  A session whose image is gone leaves the offsets: in silence when it was read
+        to its end-of-stream mark, else as data loss naming how it ended (:meth:`_gone`).
         """
         images = self._images()
+        assert self._hold is not None
+        ended = self._hold.ended()
+        for sid in sorted(set(start) - set(images)):
+            self._gone(sid, start[sid], ended.get(sid))
         # Batches before start ran and are in the commit log.
         foreign = self._consumed(images, start)
         for sid, reason in foreign.items():
@@ -240,11 +249,14 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 end[sid] = self._entry(image, begin)
                 continue
             if not image.is_retained(begin):
+                held_from = image.first_retained(begin, available)
                 if self.options.fail_on_data_loss:
                     raise SlipstreamDataLossError(loss_message(
-                        image.stream_id, image.session_id, begin, available, None,
-                        image.identity.term_length))
-                begin = image.first_retained(begin, available)  # the executor counts the skip
+                        image.stream_id, image.session_id, begin, held_from, None,
+                        image.identity.term_length,
+                        why=self._hold.made_anew(image.join_position)
+                        if begin < image.join_position else None))
+                begin = held_from  # the executor or plan_partitions counts the skip
             ranges[sid] = (begin, available)
             end[sid] = self._entry(image, available)
         if max_rows is None and max_bytes is None:
@@ -257,6 +269,50 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                        byte_shares.get(sid))
             end[sid] = self._entry(images[sid], reached)
         return end
+
+    def _gone(self, sid: str, entry: object, end: SessionEnd | None) -> None:
+        """The session ``sid``, at ``entry`` in the offsets, has no image at the hold any
+        more.  It leaves the offsets in silence when it was read to its end-of-stream mark
+        (``end`` says so, or the entry recorded the mark); otherwise what it had past the
+        entry is lost, and how it ended is reported: ``failOnDataLoss=true`` fails the
+        query, ``false`` logs it, counts it and goes on."""
+        assert self._hold is not None
+        position = position_of(entry)
+        named = log_of(entry)
+        if end is not None and named is not None and named != end.framing:
+            end = None  # the end of another log of this session id
+        if end is not None and end.complete and position >= end.position:
+            return
+        marked = entry.get("end") if isinstance(entry, dict) else None
+        if end is None and isinstance(marked, int) and position >= marked:
+            return
+        where = f"at {self._hold.host}"
+        if end is None:
+            why = (f"it has no log {where} any more, and none ended there while this query "
+                   f"ran: it went while the query was down and nothing held it (without a "
+                   f"standing holder, a query's subscription is what holds its streams); "
+                   f"whatever it held past {position} is gone, and how much that was is not "
+                   f"known here")
+            lost = f"from position {position} on"
+        else:
+            why = f"its log {where} went: {end.describe()}"
+            unread = f"[{position}, {end.position})" if position < end.position else None
+            if end.lost is not None:
+                lost = f"[{max(position, end.lost[0])}, {end.lost[1]})"
+            elif end.end_of_stream:
+                lost = unread or f"from position {position} on"
+            else:
+                lost = (f"{unread} and" if unread else "") + \
+                    f" whatever its publisher accepted after position {end.position}"
+        message = (f"slipstream stream {self.options.stream_id} session {sid}: the offsets "
+                   f"are at position {position}, and the messages {lost.strip()} will never "
+                   f"be read; {why}.")
+        if self.options.fail_on_data_loss:
+            raise SlipstreamDataLossError(
+                f"{message}  Set failOnDataLoss=false to go on without them (counted in the "
+                f"driver's 'data loss skips' counter).")
+        log.warning("%s The session leaves the offsets (failOnDataLoss=false).", message)
+        _record_skip(self.options.directory)
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         """What is available now (shown in the query's progress)."""

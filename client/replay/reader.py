@@ -14,9 +14,9 @@ from typing import Final
 from slipstream.client.client import Client
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import (
-    local_address_towards,
     offer_until,
     open_holder_streams,
+    reply_channel_towards,
     reply_subscription_channel,
 )
 from slipstream.client.image import Image
@@ -333,8 +333,9 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
                    reply_address: str | None = None) -> Replay:
     """Ask the holder at ``holder_address:port`` (control stream ``control_stream_id``) for
     ``[start, end)`` of the log ``log_identity`` of ``stream_id``, to be received through
-    ``client``'s driver at ``reply_address`` (None: this host's address towards the holder,
-    :func:`~slipstream.client.holding.local_address_towards`), same ``port``.
+    ``client``'s driver at ``reply_address`` (None: this host's address towards the holder),
+    same ``port`` (on the holder's own host, another:
+    :func:`~slipstream.client.holding.reply_channel_towards`).
 
     The control and response streams are kept from one replay to the next (:class:`_Link`):
     a replay after the first to the same holder sets up only its data stream.
@@ -343,9 +344,7 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
     :class:`ReplayLostError` when it answers ``lost`` (and ``skip_lost`` is false or nothing
     is left), :class:`ReplayError` when it refuses or does not answer within ``timeout_s``.
     """
-    if reply_address is None:
-        reply_address = local_address_towards(holder_address, port)
-    reply_channel = f"aeron:udp?endpoint={reply_address}:{port}"
+    reply_channel = reply_channel_towards(holder_address, port, reply_address)
     deadline = time.monotonic() + timeout_s
     link = _take_link(client, holder_address, port, control_stream_id, reply_channel)
     try:

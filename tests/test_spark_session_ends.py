@@ -1,0 +1,344 @@
+"""A read query whose sessions end or whose logs are made anew, without a SparkSession: the
+planner called as Spark calls it, on real drivers (one per "host", on this machine).
+
+Every way a session leaves a query's offsets is either complete (read to its end-of-stream
+mark) or reported as loss naming how it ended and what went: never in silence, never as a
+failed call, never with another cause.  And a planner on the holder's own host reaches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import NETWORK_SETTINGS, free_port, wait_for
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from slipstream.client import Client
+from slipstream.client.counters import SystemCounter, read_system_counters
+from slipstream.client.holder import HOLDER_CONTROL_STREAM, StreamHolder
+from slipstream.client.holding import HolderLink
+from slipstream.client.replay import request_replay
+from slipstream.daemon.driver import MediaDriver
+from slipstream.spark_bridge.options import parse_options
+from slipstream.spark_bridge.reader import (
+    SlipstreamDataLossError,
+    SlipstreamStreamReader,
+    position_of,
+    read_range,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+STREAM = 5501
+PAYLOAD = 100
+FRAME = 160  # a message's frame: 100 bytes and the 32-byte header, aligned to 32
+TERM = 64 * 1024
+
+
+class Hosts:
+    """Drivers standing for hosts: ``ingest`` (where the stream is sent and held),
+    ``publisher`` (killable: the publishing host's driver) and ``spark`` (the planner's)."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self.directories: dict[str, Path] = {}
+        self.drivers: dict[str, MediaDriver] = {}
+        for name in ("ingest", "publisher", "spark"):
+            self.start(name)
+        self.port = free_port()
+        self.channel = f"aeron:udp?endpoint=127.0.0.1:{self.port}"
+        self.published = 0
+        self.publisher: Client | None = None
+        self.publication = None
+
+    def start(self, name: str) -> None:
+        directory = self.directories.setdefault(
+            name, Path("/dev/shm") / f"slipstream-ends-{uuid.uuid4().hex[:6]}-{name}")
+        self.drivers[name] = self._stack.enter_context(
+            MediaDriver.launch(directory=directory, **NETWORK_SETTINGS))
+
+    def publish_from(self, name: str) -> None:
+        self.publisher = self._stack.enter_context(Client.connect(self.directories[name]))
+        self.publication = self.publisher.add_publication(
+            f"{self.channel}|term-length={TERM}", STREAM)
+
+    def publish(self, count: int, *, timeout_s: float = 10.0) -> int:
+        """Offer ``count`` numbered messages; how many went before ``timeout_s`` of back
+        pressure (or of no subscriber)."""
+        assert self.publication is not None
+        for went in range(count):
+            deadline = time.monotonic() + timeout_s
+            data = f"{self.published:08d}".encode().ljust(PAYLOAD, b".")
+            while self.publication.offer(data) < 0:
+                if time.monotonic() > deadline:
+                    return went
+                time.sleep(0.0005)
+            self.published += 1
+        return count
+
+
+@pytest.fixture
+def hosts() -> Iterator[Hosts]:
+    with contextlib.ExitStack() as stack:
+        made = Hosts(stack)
+        try:
+            yield made
+        finally:
+            stack.close()
+            for directory in made.directories.values():
+                shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def holder(hosts: Hosts) -> Iterator[int]:
+    """The standing holder process beside the ingest driver, at 127.0.0.2; its port."""
+    port = free_port()
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "slipstream-holder"), "--dir",
+         str(hosts.directories["ingest"]), "--address", "127.0.0.2", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield port
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        assert process.stdout is not None
+        print(process.stdout.read())
+
+
+def numbers(partitions: list, directory: Path) -> list[int]:
+    """The message numbers ``partitions`` hold, read by tasks on the host of ``directory``."""
+    found = []
+    for partition in partitions:
+        partition.directory = str(directory)
+        for batch in read_range(partition):
+            found += [int(value[:8]) for value in batch.column("value").to_pylist()]
+    return found
+
+
+def run_batches(planner: SlipstreamStreamReader, start: dict, read: list[int],
+                directory: Path, until: float) -> dict:
+    """Plan, read and commit batches as Spark does until ``until`` (monotonic); returns the
+    last committed offsets.  Raises what the planner raises."""
+    while time.monotonic() < until:
+        end = planner.latestOffset(start, ReadAllAvailable())
+        if end != start:
+            read += numbers(planner.partitions(start, end), directory)
+            planner.commit(end)
+            start = end
+        time.sleep(0.05)
+    return start
+
+
+def standing_planner(hosts: Hosts, port: int, **options: str) -> SlipstreamStreamReader:
+    return SlipstreamStreamReader(parse_options({
+        "streamId": str(STREAM), "channel": f"aeron:udp?endpoint=127.0.0.2:{hosts.port}",
+        "directory": str(hosts.directories["spark"]), "holder": f"127.0.0.2:{port}",
+        "replayTimeoutMs": "10000", **options}))
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_session_whose_publishing_driver_died_while_the_query_was_down_is_reported(
+        hosts: Hosts, holder: int, fail_on_data_loss: bool) -> None:
+    """A standing holder holds the stream while the query is down; the publisher goes on
+    until it is held back, then its host's driver is killed (what its log held past the
+    holder's window is gone with it) and started again.  The restarted query reads what the
+    holder received, once, and then reports the session as ended without its end-of-stream
+    mark: failOnDataLoss=true fails naming it, false counts a skip and goes on.  Never does
+    the session just leave the offsets."""
+    hosts.channel = f"aeron:udp?endpoint=127.0.0.2:{hosts.port}"
+    hosts.publish_from("publisher")
+    planner = standing_planner(hosts, holder, failOnDataLoss=str(fail_on_data_loss).lower())
+    read: list[int] = []
+    try:
+        start = planner.initialOffset()
+        wait_for(lambda: planner._images(), what="the session at the holder")
+        assert hosts.publish(200) == 200
+        deadline = time.monotonic() + 10
+        while len(read) < 200:
+            start = run_batches(planner, start, read, hosts.directories["spark"],
+                                time.monotonic() + 0.1)
+            assert time.monotonic() < deadline, "the first messages were not read"
+    finally:
+        planner.stop()
+    # Down: the holder keeps the position; the publisher gets one window in, then waits.
+    held_back = hosts.publish(10_000, timeout_s=1.0)
+    assert held_back < 10_000, "the holder did not hold the publisher back"
+    assert hosts.publication is not None
+    session = str(hosts.publication.session_id)
+    hosts.drivers["publisher"].kill()
+    hosts.start("publisher")
+    skips_before = read_system_counters(hosts.directories["spark"])[
+        SystemCounter.DATA_LOSS_SKIPS]
+    planner = standing_planner(hosts, holder, failOnDataLoss=str(fail_on_data_loss).lower())
+    try:
+        if fail_on_data_loss:
+            with pytest.raises(SlipstreamDataLossError) as failed:
+                start = run_batches(planner, start, read, hosts.directories["spark"],
+                                    time.monotonic() + 15)
+            message = str(failed.value)
+            assert f"session {session}" in message
+            assert "without the stream's end-of-stream mark" in message
+            assert "whatever its publisher accepted after position" in message
+        else:
+            start = run_batches(planner, start, read, hosts.directories["spark"],
+                                time.monotonic() + 8)
+            assert session not in start
+            assert read_system_counters(hosts.directories["spark"])[
+                SystemCounter.DATA_LOSS_SKIPS] == skips_before + 1
+    finally:
+        planner.stop()
+    # What reached the holder was read, once, in order: the first 200 and some of the rest.
+    assert read == list(range(len(read)))
+    assert 200 < len(read) < 200 + held_back
+
+
+def test_a_publisher_that_ends_normally_leaves_the_offsets_in_silence(
+        hosts: Hosts, holder: int) -> None:
+    """The publisher closes its publication mid-query: the query reads every message once,
+    the session leaves the offsets once its image goes at the holder, and a view taken
+    before it went still moves its position (to the end, where there is nothing left to
+    hold) without failing the batch."""
+    hosts.channel = f"aeron:udp?endpoint=127.0.0.2:{hosts.port}"
+    hosts.publish_from("publisher")
+    planner = standing_planner(hosts, holder)
+    read: list[int] = []
+    try:
+        start = planner.initialOffset()
+        wait_for(lambda: planner._images(), what="the session at the holder")
+        assert hosts.publish(300) == 300
+        assert hosts.publication is not None
+        session = str(hosts.publication.session_id)
+        start = run_batches(planner, start, read, hosts.directories["spark"],
+                            time.monotonic() + 1)
+        stale = planner._images()[session]  # the state as a batch saw it
+        hosts.publication.close()
+        start = run_batches(planner, start, read, hosts.directories["spark"],
+                            time.monotonic() + 1)
+        assert read == list(range(300))
+        wait_for(lambda: session not in planner._images(), timeout=10,
+                 what="the session's image gone at the holder")
+        assert stale.advance_to(position_of(start[session])) is None
+        start = run_batches(planner, start, read, hosts.directories["spark"],
+                            time.monotonic() + 1)
+        assert session not in start
+    finally:
+        planner.stop()
+    assert read == list(range(300))
+
+
+def test_a_log_made_anew_after_the_query_went_names_that_cause_and_the_whole_range(
+        hosts: Hosts) -> None:
+    """No standing holder: the query's own subscription is what holds the stream.  The
+    planner goes (its Spark driver died), its image goes with it, and a new one joins where
+    the publisher is when the query comes back.  The loss is reported as that, naming the
+    range from the committed offset to where the new log begins: at planning for a batch
+    planned before (Spark runs it again), and in latestOffset."""
+    hosts.publish_from("publisher")
+    options = {"streamId": str(STREAM), "channel": hosts.channel,
+               "directory": str(hosts.directories["spark"]), "holderAddress": "127.0.0.1"}
+    planner = SlipstreamStreamReader(parse_options(options))
+    read: list[int] = []
+    try:
+        start = planner.initialOffset()
+        wait_for(lambda: planner._images(), what="the session at the planner's host")
+        hosts.publish(100)
+        start = run_batches(planner, start, read, hosts.directories["spark"],
+                            time.monotonic() + 1)
+        assert read == list(range(100))
+        hosts.publish(50)
+        wait_for(lambda: all(v.available_position() > position_of(start[s])
+                             for s, v in planner._images().items()), what="more to read")
+        in_flight = planner.latestOffset(start, ReadAllAvailable())  # planned, not run
+        assert in_flight != start
+    finally:
+        planner.stop()
+    session = next(iter(start))
+    committed = position_of(start[session])
+    hosts.publish(400, timeout_s=3.0)  # into the publisher's log, nowhere else
+    planner = SlipstreamStreamReader(parse_options(options))
+    try:
+        planner.initialOffset()
+        wait_for(lambda: planner._images(), what="the new image")
+        hosts.publish(10)
+        image = planner._images()[session]
+        joined = image.join_position
+        assert joined > committed
+        with pytest.raises(SlipstreamDataLossError) as again:
+            planner.partitions(start, in_flight)
+        with pytest.raises(SlipstreamDataLossError) as latest:
+            planner.latestOffset(start, ReadAllAvailable())
+    finally:
+        planner.stop()
+    for failure in (again, latest):
+        message = str(failure.value)
+        assert f"[{committed}, {joined})" in message, message
+        assert "made anew" in message and "fell further behind" not in message
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1", "0.0.0.0"])
+def test_a_planner_and_a_replay_reader_on_the_holders_own_host_reach_it(
+        hosts: Hosts, listen: str) -> None:
+    """A holder listening at this host's address (or at every address), and a caller and a
+    replay reader on this same host, through the same driver: they get their answers at a
+    port of their own, not at the holder's endpoint (whose receive window is not a reply
+    endpoint's, or which no other endpoint may share)."""
+    ingest = hosts.directories["ingest"]
+    port = free_port()
+    with Client.connect(ingest) as holding, Client.connect(ingest) as calling:
+        holder = StreamHolder(holding, listen, port)
+        try:
+            held = holder.hold(hosts.channel, STREAM)
+            with Client.connect(hosts.directories["publisher"]) as publishing:
+                publication = publishing.add_publication(f"{hosts.channel}|term-length={TERM}",
+                                                         STREAM)
+                wait_for(lambda: (holder.do_work(), publication.is_connected)[1],
+                         what="the holder's image")
+                while publication.offer(b"x" * PAYLOAD) < 0:
+                    holder.do_work()
+                wait_for(lambda: (holder.do_work(), held.subscription.images and
+                                  held.subscription.images[0].available_position() > 0)[1],
+                         what="a message at the holder")
+                link = HolderLink(calling, "127.0.0.1", port, HOLDER_CONTROL_STREAM,
+                                  timeout_s=10)
+                answers = []
+                caller = threading.Thread(target=lambda: answers.append(link.call(
+                    "state", channel=hosts.channel, stream_id=STREAM, group="spark")))
+                caller.start()
+                while caller.is_alive():
+                    holder.do_work()
+                link.close()
+                assert answers and list(answers[0]["sessions"]) == [
+                    str(publication.session_id)]
+                image = held.subscription.images[0]
+                replays = []
+                reader = threading.Thread(target=lambda: replays.append(request_replay(
+                    calling, "127.0.0.1", port, HOLDER_CONTROL_STREAM, STREAM,
+                    image.identity, image.join_position, image.available_position(),
+                    timeout_s=10)))
+                reader.start()
+                while reader.is_alive():
+                    holder.do_work()
+                assert replays
+                with replays[0] as replay:
+                    deadline = time.monotonic() + 10
+                    while not replay.done:
+                        holder.do_work()
+                        replay.poll(lambda data, header: None)
+                        assert time.monotonic() < deadline
+        finally:
+            holder.close()
