@@ -7,6 +7,7 @@
 """
 
 from slipstream.client.client import Client, default_directory
+from slipstream.client.counters import Counter, CounterReader
 from slipstream.client.errors import (
     BackPressuredError,
     ChannelError,
@@ -61,6 +62,8 @@ __all__ = [
     "ClosedError",
     "ConfigurationError",
     "ControlledPollAction",
+    "Counter",
+    "CounterReader",
     "DataLossError",
     "DriverAlreadyRunningError",
     "DriverDirectoryError",

@@ -33,7 +33,13 @@ from slipstream.client.channel import (
     keys_for_the_other_side,
     parse_channel,
 )
-from slipstream.client.counters import CountersFile
+from slipstream.client.counters import (
+    Counter,
+    CountersFile,
+    check_client_type_id,
+    check_counter_key,
+    encode_counter_label,
+)
 from slipstream.client.errors import (
     ChannelRejectedError,
     ChannelWarning,
@@ -71,7 +77,7 @@ EVENTS_SAFETY_NET_S = 5.0
 _RELEASE_ERRORS = (DriverTimeoutError, DriverNotRunningError, RegistrationError, ClosedError)
 #: The requests a closing client still makes.
 _RELEASES = frozenset({control.REMOVE_PUBLICATION, control.REMOVE_SUBSCRIPTION,
-                       control.CLOSE_CLIENT})
+                       control.REMOVE_COUNTER, control.CLOSE_CLIENT})
 
 
 DEFAULT_SPINS_BEFORE_YIELD: int | None = 16
@@ -193,6 +199,7 @@ class Client:
         self._driver_timeout_ns = 0  # the driver's driver_timeout, from its CONNECT reply
         self._publications: dict[int, Publication] = {}
         self._subscriptions: dict[int, Subscription] = {}
+        self._counters: dict[int, Counter] = {}  # by registration id
         self._pending: dict[int, dict[str, Any]] = {}
         self._images_seen = 0  # AVAILABLE_IMAGE events read, of any subscription
         self._reply_hooks: dict[int, Callable[[dict[str, Any]], object]] = {}
@@ -457,7 +464,8 @@ class Client:
         it would hold its stream (a subscription nobody polls holds every publisher back)
         until the client closes.  The release's own answer is dropped as well."""
         release = {control.PUBLICATION_READY: control.REMOVE_PUBLICATION,
-                   control.SUBSCRIPTION_READY: control.REMOVE_SUBSCRIPTION}.get(reply["type"])
+                   control.SUBSCRIPTION_READY: control.REMOVE_SUBSCRIPTION,
+                   control.COUNTER_READY: control.REMOVE_COUNTER}.get(reply["type"])
         registration_id = reply.get("registration_id")
         if release is None or not isinstance(registration_id, int):
             return
@@ -546,8 +554,11 @@ class Client:
                       "no longer serves this client" if still_running else "is gone", reason)
 
     def _cut_off_resources(self) -> None:
-        """Offers return CLOSED and polls raise from now on; a parked receive is woken."""
+        """Offers return CLOSED and polls raise from now on; a parked receive is woken; the
+        client's counters are closed (the driver frees them, or has)."""
         self._cut_off_publications()
+        for counter in list(self._counters.values()):
+            counter._mark_closed()
         for subscription in list(self._subscriptions.values()):
             subscription._lose_driver()
 
@@ -726,6 +737,46 @@ class Client:
             raise ClosedError("the client is closing")
         return subscription
 
+    def add_counter(self, type_id: int, label: str, key: bytes = b"") -> Counter:
+        """A counter this client owns (Aeron's ``addCounter``), in the driver's counters file
+        where ``slipstream stat``, the metrics exporter and other processes read it
+        (``CountersFile.find(type_id, key)``).  ``type_id``: what it counts, an int in
+        0..2**31-1 that is not one of the driver's own (``counters.DRIVER_TYPE_IDS``: 0..99
+        and 1000..1099); ``label``: for people, at most ``counters.LABEL_MAX_LENGTH`` bytes of
+        UTF-8; ``key``: what a reader finds it by (a recording id, say), at most
+        ``counters.KEY_MAX_LENGTH`` bytes.  Each is refused by name
+        (:class:`InvalidArgumentError`) before the driver is asked.
+
+        The driver frees it when it is closed, when this client closes, or when the driver
+        times this client out (a killed process leaks none).  Raises
+        :class:`RegistrationError` (code ``resource``) when the counters file is full."""
+        check_client_type_id("type_id", type_id)
+        encode_counter_label("label", label)
+        key = check_counter_key("key", key)
+        reply = self._request({"type": control.ADD_COUNTER, "type_id": type_id,
+                               "label": label, "key": key.hex()})
+        counter = Counter(self.counters, reply["counter_id"], reply["registration_id"],
+                          type_id=type_id, label=label, key=key, release=self._release_counter)
+        with self._lock:
+            if self._closing or self._driver_lost is not None:  # close() ran meanwhile
+                counter._mark_closed()
+                self._check_open()
+                raise ClosedError("the client is closing")
+            self._counters[counter.registration_id] = counter
+        return counter
+
+    def _release_counter(self, counter: Counter) -> None:
+        """REMOVE_COUNTER (unless closed or cut off: the driver frees it with the client).  No
+        linger: the counters file stays mapped while the client is open."""
+        if os.getpid() != self._pid:
+            return
+        with self._lock:
+            self._counters.pop(counter.registration_id, None)
+            if not self._closed and self._driver_lost is None:
+                with contextlib.suppress(*_RELEASE_ERRORS):
+                    self._request({"type": control.REMOVE_COUNTER,
+                                   "registration_id": counter.registration_id})
+
     def _destination_request(self, command: str, owner: Publication | Subscription,
                              endpoint_channel: str) -> None:
         """ADD_DESTINATION or REMOVE_DESTINATION of a publication's endpoint, or
@@ -821,6 +872,10 @@ class Client:
             for subscription in list(self._subscriptions.values()):
                 subscription.close()
             with self._lock:
+                # CLOSE_CLIENT frees them all: no request each.
+                for counter in list(self._counters.values()):
+                    counter._mark_closed()
+                self._counters.clear()
                 if self._driver_lost is None:
                     with contextlib.suppress(*_RELEASE_ERRORS, ClosedError):
                         self._request({"type": control.CLOSE_CLIENT})

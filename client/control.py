@@ -10,11 +10,13 @@ staying alive costs neither a message nor a wake-up of the driver.
 Commands (client → driver): CONNECT, ADD_PUBLICATION, ADD_EXCLUSIVE_PUBLICATION,
 REMOVE_PUBLICATION, ADD_SUBSCRIPTION, REMOVE_SUBSCRIPTION, CLOSE_CLIENT, ADD_DESTINATION,
 REMOVE_DESTINATION (a ``control-mode=manual`` publication's destinations), ADD_RCV_DESTINATION,
-REMOVE_RCV_DESTINATION (a ``control-mode=manual`` subscription's).  An exclusive
+REMOVE_RCV_DESTINATION (a ``control-mode=manual`` subscription's), ADD_COUNTER,
+REMOVE_COUNTER (a counter the client owns: Aeron's, with CounterMessageFlyweight's type id,
+key and label; the key as hex, since messages are JSON).  An exclusive
 publication's command is its own type, as in Aeron, so that a driver that does not know it
 refuses it by name rather than hand out a shared log to a writer that claims without atomics.
 Answers and events (driver → client): CONNECTED, PUBLICATION_READY, SUBSCRIPTION_READY,
-OPERATION_SUCCESS, ERROR, AVAILABLE_IMAGE, UNAVAILABLE_IMAGE, CLIENT_TIMEOUT,
+COUNTER_READY, OPERATION_SUCCESS, ERROR, AVAILABLE_IMAGE, UNAVAILABLE_IMAGE, CLIENT_TIMEOUT,
 DRIVER_SHUTDOWN, BACK_PRESSURE_EPISODE.  PUBLICATION_READY and SUBSCRIPTION_READY carry
 ``images_following``: the AVAILABLE_IMAGE events queued right behind them for the same client
 (of the IPC stream just joined), which the client reads before the call returns.
@@ -35,7 +37,7 @@ from slipstream.client.channel import MAX_URI_LENGTH
 from slipstream.client.errors import DriverError, InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5  # 5: client counters, and the counters file's version 2
 
 CONDUCTOR_SOCKET = "conductor.sock"
 COUNTERS_FILE = "counters.dat"
@@ -61,11 +63,16 @@ REMOVE_DESTINATION = "REMOVE_DESTINATION"
 #: ADD_RCV_DESTINATION / REMOVE_RCV_DESTINATION).
 ADD_RCV_DESTINATION = "ADD_RCV_DESTINATION"
 REMOVE_RCV_DESTINATION = "REMOVE_RCV_DESTINATION"
+#: A counter the client owns (Aeron's ADD_COUNTER / REMOVE_COUNTER): the driver allocates it,
+#: answers COUNTER_READY, and frees it on REMOVE_COUNTER or when the client goes.
+ADD_COUNTER = "ADD_COUNTER"
+REMOVE_COUNTER = "REMOVE_COUNTER"
 
 # Answers and events.
 CONNECTED = "CONNECTED"
 PUBLICATION_READY = "PUBLICATION_READY"
 SUBSCRIPTION_READY = "SUBSCRIPTION_READY"
+COUNTER_READY = "COUNTER_READY"
 OPERATION_SUCCESS = "OPERATION_SUCCESS"
 ERROR = "ERROR"
 AVAILABLE_IMAGE = "AVAILABLE_IMAGE"
@@ -80,6 +87,7 @@ ERR_GENERIC = "generic"
 ERR_INVALID_CHANNEL = "invalid_channel"
 ERR_UNKNOWN_PUBLICATION = "unknown_publication"
 ERR_UNKNOWN_SUBSCRIPTION = "unknown_subscription"
+ERR_UNKNOWN_COUNTER = "unknown_counter"
 ERR_UNKNOWN_CLIENT = "unknown_client"
 ERR_RESOURCE = "resource"
 ERR_UNSUPPORTED = "unsupported"
@@ -370,6 +378,26 @@ def _pid(field: str, value: object) -> object:
     return _check_int(field, value, (0, INT32_MAX))
 
 
+# A counter's fields are checked by the counters file's own rules (its layout's limits): the
+# module imports this one, so it is imported when a command is checked.
+def _counter_type_id(field: str, value: object) -> object:
+    from slipstream.client.counters import check_client_type_id
+
+    return check_client_type_id(field, value)
+
+
+def _counter_label(field: str, value: object) -> object:
+    from slipstream.client.counters import encode_counter_label
+
+    return encode_counter_label(field, value)
+
+
+def _counter_key(field: str, value: object) -> object:
+    from slipstream.client.counters import decode_counter_key
+
+    return decode_counter_key(field, value)
+
+
 _process_token = secrets.randbits(63)
 
 
@@ -410,6 +438,9 @@ COMMAND_FIELDS: dict[str, dict[str, Any]] = {
                           "channel": check_channel},
     REMOVE_RCV_DESTINATION: {"correlation_id": _int64, "registration_id": _int64,
                              "channel": check_channel},
+    ADD_COUNTER: {"correlation_id": _int64, "type_id": _counter_type_id,
+                  "label": _counter_label, "key": _counter_key},
+    REMOVE_COUNTER: {"correlation_id": _int64, "registration_id": _int64},
 }
 
 

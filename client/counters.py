@@ -6,14 +6,21 @@ The same file is what ``slipstream stat`` and the Prometheus exporter read.
 
 Layout of ``counters.dat`` (all little-endian)::
 
-    [header 4096 B][metadata: capacity x 256 B][values: capacity x 128 B]
+    [header 4096 B][metadata: capacity x 512 B][values: capacity x 128 B]
 
 Header: magic, version, capacity, driver pid, start time, the driver heartbeat (epoch ns of
 its last duty cycle, which clients use to tell a live driver from a dead one) and the driver's
 eventcount (signal + waiters) that a back-pressured IPC publisher uses to wake a parked driver.
-Metadata per counter: state, type id, registration id, session id, stream id, owner client id
-and a label.  Each value sits alone on its own 128-byte slot so that writers in different
-processes never share a cache line (nor the adjacent line the prefetcher pairs with it).
+Metadata per counter (512 B, Aeron's record size): state, type id, registration id, session
+id, stream id, owner client id, label length, key length (40 B), then a key of up to
+:data:`KEY_MAX_LENGTH` bytes (Aeron's 112) that a reader in another process finds the counter
+by, then a label of up to :data:`LABEL_MAX_LENGTH` bytes.  Each value sits alone on its own
+128-byte slot so that writers in different processes never share a cache line (nor the
+adjacent line the prefetcher pairs with it).
+
+The driver allocates and frees every counter, its own and those clients add
+(``Client.add_counter``, Aeron's addCounter): a client's counter is freed when the client
+closes it, closes, or is timed out, so a killed client leaks none.
 """
 
 from __future__ import annotations
@@ -33,14 +40,15 @@ import attrs
 
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
+from slipstream.client.errors import ClosedError, InvalidArgumentError
+from slipstream.client.layout import INT32_MAX
 from slipstream.client.mapping import map_shared, unmap
 
 MAGIC = 0x53504C53  # "SLPS"
-VERSION = 1
+VERSION = 2  # 2: 512-byte metadata records with a key
 HEADER_LENGTH = 4096
-METADATA_LENGTH = 256
+METADATA_LENGTH = 512
 VALUE_LENGTH = 128
-LABEL_MAX_LENGTH = 200
 
 # Header fields.
 _MAGIC_OFFSET = 0
@@ -59,15 +67,27 @@ _STATE_RECLAIMED = -1  # freed; reusable once the deadline in its registration f
 # A process that has not yet learned its counter was freed may still write it once or twice
 # (a heartbeat, a position): a freed slot waits this long before it is handed out again.
 FREE_TO_REUSE_TIMEOUT_NS = 1_000_000_000
-_META = struct.Struct("<iiqiiqi")  # state, type, registration, session, stream, owner, label len
-_LABEL_OFFSET = _META.size
+# state, type, registration, session, stream, owner, label length, key length
+_META = struct.Struct("<iiqiiqii")
+_KEY_OFFSET = _META.size
+#: The longest key a counter carries, bytes (Aeron's MAX_KEY_LENGTH).
+KEY_MAX_LENGTH: Final = 112
+_LABEL_OFFSET = _KEY_OFFSET + KEY_MAX_LENGTH
+#: The longest label a counter carries, bytes of UTF-8: what the record leaves after the key.
+LABEL_MAX_LENGTH: Final = METADATA_LENGTH - _LABEL_OFFSET  # 360
 # The offsets of _META's first three fields (a client's keepalive thread reads them from C).
 _STATE_OFFSET, _TYPE_OFFSET, _REGISTRATION_OFFSET = (
     struct.calcsize(_META.format[:n]) for n in (1, 2, 3))
 
 
 class CounterType(enum.IntEnum):
-    """What a counter measures (ids follow Aeron's where Aeron has one)."""
+    """What a counter measures (ids follow Aeron's where Aeron has one).
+
+    Type ids are the driver's or its clients': the driver keeps :data:`DRIVER_TYPE_IDS`
+    (Aeron's 0..99 and slipstream's own 1000..1099) for its own counters and refuses them to
+    ``Client.add_counter``, which takes any other id in 0..2**31-1.  Aeron's archive
+    (100..199) and cluster (200..299) are clients of the driver and number theirs there, as
+    :attr:`RECORDING_POSITION` does; an application's own are best from 1100 up."""
 
     SYSTEM = 0
     PUBLISHER_LIMIT = 1
@@ -89,6 +109,77 @@ class CounterType(enum.IntEnum):
     PUBLISHER_DROPS = 1006  # pub-drops: offers policy=drop-newest dropped
     MDC_DESTINATIONS = 1007  # mdc-destinations: a multi-destination-cast endpoint's, now
     MDS_DESTINATIONS = 1008  # mds-destinations: a multi-destination subscription's, now
+    # A client's (the archive's), not the driver's: a recording's position, bytes (Aeron's
+    # RecordingPos, type 100); its key: recording id, session id, source identity.
+    RECORDING_POSITION = 100
+
+
+#: The type ids of the driver's own counters (:class:`CounterType`): a client may not add one.
+DRIVER_TYPE_IDS: Final = (range(0, 100), range(1000, 1100))
+
+
+def is_driver_type(type_id: int) -> bool:
+    """Whether ``type_id`` is one of the driver's own (:data:`DRIVER_TYPE_IDS`), not a
+    client's counter."""
+    return any(type_id in ids for ids in DRIVER_TYPE_IDS)
+
+
+def check_client_type_id(field: str, value: object) -> int:
+    """``value`` if it is a type id a client may add a counter of (an int in 0..2**31-1
+    outside :data:`DRIVER_TYPE_IDS`), else :class:`InvalidArgumentError` naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(field, f"{value!r} is not an integer")
+    if not 0 <= value <= INT32_MAX:
+        raise InvalidArgumentError(field, f"{value} is outside 0..{INT32_MAX}")
+    if is_driver_type(value):
+        reserved = " and ".join(f"{r.start}..{r.stop - 1}" for r in DRIVER_TYPE_IDS)
+        raise InvalidArgumentError(field, f"{value} is reserved for the driver's own counters "
+                                          f"({reserved}); use another, e.g. from 1100 up")
+    return value
+
+
+def encode_counter_label(field: str, value: object) -> bytes:
+    """A client counter's label as stored: its UTF-8, at most :data:`LABEL_MAX_LENGTH` bytes,
+    else :class:`InvalidArgumentError` naming ``field`` (a driver's own labels are cut
+    instead: they repeat a channel URI of up to 4095 characters)."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(field, f"{value!r} is not a string")
+    try:
+        encoded = value.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate, which JSON can carry
+        raise InvalidArgumentError(field, f"not valid Unicode text: {e.reason}") from None
+    if len(encoded) > LABEL_MAX_LENGTH:
+        raise InvalidArgumentError(field, f"{len(encoded)} bytes of UTF-8 exceed the counters "
+                                          f"file's {LABEL_MAX_LENGTH}-byte label")
+    return encoded
+
+
+def check_counter_key(field: str, value: object) -> bytes:
+    """A counter's key: bytes of at most :data:`KEY_MAX_LENGTH`, else
+    :class:`InvalidArgumentError` naming ``field``."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(field, f"{type(value).__name__} is not bytes")
+    key = bytes(value)
+    if len(key) > KEY_MAX_LENGTH:
+        raise InvalidArgumentError(field, f"{len(key)} bytes exceed the counters file's "
+                                          f"{KEY_MAX_LENGTH}-byte key")
+    return key
+
+
+def decode_counter_key(field: str, value: object) -> bytes:
+    """A key as a control message carries it (hex, messages being JSON), checked as
+    :func:`check_counter_key`."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(field, f"{value!r} is not a hex string")
+    if len(value) > 2 * KEY_MAX_LENGTH:  # before decoding: a long one costs nothing
+        raise InvalidArgumentError(field, f"{len(value) // 2} bytes exceed the counters "
+                                          f"file's {KEY_MAX_LENGTH}-byte key")
+    try:
+        return check_counter_key(field, bytes.fromhex(value))
+    except ValueError as e:
+        if isinstance(e, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(field, f"not hex: {e}") from None
 
 
 class SystemCounter(enum.IntEnum):
@@ -163,6 +254,7 @@ class CounterInfo:
     owner_id: int
     label: str
     value: int
+    key: bytes = b""
 
 
 POSITION_TYPES = frozenset((CounterType.PUBLISHER_LIMIT, CounterType.PUBLISHER_POSITION,
@@ -374,8 +466,12 @@ class CountersFile:
         stream_id: int = 0,
         owner_id: int = -1,
         initial_value: int = 0,
+        key: bytes = b"",
     ) -> int:
-        """Allocate a counter (driver only, single-threaded) and return its id."""
+        """Allocate a counter (driver only, single-threaded) and return its id.  ``label`` is
+        cut to :data:`LABEL_MAX_LENGTH` bytes; a ``key`` longer than :data:`KEY_MAX_LENGTH`
+        is :class:`InvalidArgumentError`."""
+        key = check_counter_key("key", key)
         now_ns = time.monotonic_ns()
         for i in range(self.capacity):
             counter_id = (self._next_free_hint + i) % self.capacity
@@ -387,7 +483,9 @@ class CountersFile:
             encoded = label.encode("utf-8", "replace")[:LABEL_MAX_LENGTH]
             lib.ss_store_release_i64(self.address(counter_id), initial_value)
             struct.pack_into(_META.format, self._map, offset, _STATE_FREE, type_id,
-                             registration_id, session_id, stream_id, owner_id, len(encoded))
+                             registration_id, session_id, stream_id, owner_id, len(encoded),
+                             len(key))
+            self._map[offset + _KEY_OFFSET:offset + _KEY_OFFSET + len(key)] = key
             self._map[offset + _LABEL_OFFSET:offset + _LABEL_OFFSET + len(encoded)] = encoded
             # Publish the slot last so readers never see a half-written record.
             lib.ss_store_release_i32(ffi.cast("int32_t *", self._base + offset), _STATE_ALLOCATED)
@@ -434,22 +532,67 @@ class CountersFile:
         return lib.ss_get_and_add_i64(self.address(counter_id), delta)
 
     def info(self, counter_id: int) -> CounterInfo | None:
-        """Snapshot of one counter, or None when the slot is free."""
+        """Snapshot of one counter, or None when the slot is free (or being changed)."""
+        if not 0 <= counter_id < self.capacity:
+            raise IndexError(f"counter id {counter_id} outside 0..{self.capacity - 1}")
         offset = self._meta_offset(counter_id)
-        state, type_id, registration, session, stream, owner, label_length = _META.unpack_from(
-            self._map, offset)
+        state, type_id, registration, session, stream, owner, label_length, key_length = (
+            _META.unpack_from(self._map, offset))
         if state != _STATE_ALLOCATED:
             return None
+        # The lengths come from a file every client of the driver may write: kept to the
+        # record, so that a damaged one never reads into the next.
+        label_length = min(max(label_length, 0), LABEL_MAX_LENGTH)
+        key_length = min(max(key_length, 0), KEY_MAX_LENGTH)
         label = bytes(self._map[offset + _LABEL_OFFSET:offset + _LABEL_OFFSET + label_length])
-        return CounterInfo(counter_id, type_id, registration, session, stream, owner,
-                           label.decode("utf-8", "replace"), self.get(counter_id))
+        key = bytes(self._map[offset + _KEY_OFFSET:offset + _KEY_OFFSET + key_length])
+        info = CounterInfo(counter_id, type_id, registration, session, stream, owner,
+                           label.decode("utf-8", "replace"), self.get(counter_id), key)
+        # Freed (and maybe handed out again) while it was read: no snapshot of a mix.
+        return info if self.holds(counter_id, registration) else None
+
+    def holds(self, counter_id: int, registration_id: int) -> bool:
+        """Whether slot ``counter_id`` is allocated to the counter registered as
+        ``registration_id`` now: False once that counter was freed, also when the slot went
+        to another counter since (Aeron's ``getCounterRegistrationId`` compared)."""
+        if not 0 <= counter_id < self.capacity:
+            return False
+        record = self._base + self._meta_offset(counter_id)
+        state = ffi.cast("int32_t *", record + _STATE_OFFSET)
+        if lib.ss_load_acquire_i32(state) != _STATE_ALLOCATED:
+            return False
+        registration = lib.ss_load_acquire_i64(
+            ffi.cast("int64_t *", record + _REGISTRATION_OFFSET))
+        # The driver writes the registration field before it publishes a slot, and (with the
+        # reuse deadline) before it frees one: a second look at the state closes the race.
+        return registration == registration_id and (
+            lib.ss_load_acquire_i32(state) == _STATE_ALLOCATED)
 
     def __iter__(self) -> Iterator[CounterInfo]:
-        """Every allocated counter, in id order."""
+        """Every allocated counter, in id order (Aeron's CountersReader.forEach)."""
         for counter_id in range(self.capacity):
             info = self.info(counter_id)
             if info is not None:
                 yield info
+
+    def find(self, type_id: int, key: bytes | None = None, *,
+             registration_id: int | None = None) -> CounterInfo | None:
+        """The first allocated counter of ``type_id`` whose key is ``key`` and whose
+        registration is ``registration_id`` (either None: any), or None (Aeron's
+        findByTypeIdAndRegistrationId, and a lookup by key, which a recording's counter is
+        found by).  A reader keeps what it found with :meth:`reader`."""
+        for info in self:
+            if (info.type_id == type_id and (key is None or info.key == key)
+                    and (registration_id is None or info.registration_id == registration_id)):
+                return info
+        return None
+
+    def reader(self, counter_id: int, registration_id: int) -> CounterReader:
+        """Read counter ``counter_id`` while it is the one registered as ``registration_id``
+        (:attr:`CounterReader.is_allocated` says when it no longer is)."""
+        if not 0 <= counter_id < self.capacity:
+            raise IndexError(f"counter id {counter_id} outside 0..{self.capacity - 1}")
+        return CounterReader(self, counter_id, registration_id)
 
     def close(self) -> None:
         if self._map is None:
@@ -458,6 +601,90 @@ class CountersFile:
             stop()
         unmap(self._map, self._cdata)
         self._map = None  # type: ignore[assignment]
+
+
+class CounterReader:
+    """One counter as another process reads it: its slot and the registration it holds.  A
+    reader that keeps an id across time asks :attr:`is_allocated` before it trusts a value:
+    the driver frees a counter when its owner closes it or goes, and hands the slot to
+    another counter later."""
+
+    def __init__(self, counters: CountersFile, counter_id: int, registration_id: int) -> None:
+        self._counters = counters
+        self.counter_id = counter_id
+        self.registration_id = registration_id
+
+    @property
+    def is_allocated(self) -> bool:
+        """Whether the slot still holds this registration's counter."""
+        return self._counters.holds(self.counter_id, self.registration_id)
+
+    def get(self) -> int:
+        """The value (an acquire load); meaningful while :attr:`is_allocated`."""
+        return self._counters.get(self.counter_id)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(counter_id={self.counter_id}, "
+                f"registration_id={self.registration_id})")
+
+
+class Counter(CounterReader):
+    """A counter this client added (``Client.add_counter``, Aeron's Counter): the driver
+    allocated it and frees it when it is closed, when its client closes, or when the driver
+    times the client out.  ``set`` is an ordered (release) store and ``add`` an atomic add,
+    safe from any thread and any process that maps the file; once closed, every call but
+    :meth:`close` raises :class:`ClosedError`."""
+
+    def __init__(self, counters: CountersFile, counter_id: int, registration_id: int, *,
+                 type_id: int, label: str, key: bytes,
+                 release: Callable[[Counter], None]) -> None:
+        super().__init__(counters, counter_id, registration_id)
+        self.type_id = type_id
+        self.label = label
+        self.key = key
+        self._release = release
+        self._closed = False
+
+    @property
+    def is_closed(self) -> bool:
+        """Closed by :meth:`close`, or with its client (or the client cut off)."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"counter {self.counter_id} (registration "
+                              f"{self.registration_id}) is closed")
+
+    def get(self) -> int:
+        self._check_open()
+        return super().get()
+
+    def set(self, value: int) -> None:
+        """Store ``value`` (an int64), ordered after every write before it."""
+        self._check_open()
+        self._counters.set(self.counter_id, value)
+
+    def add(self, delta: int = 1) -> int:
+        """Add ``delta`` atomically; returns the value before."""
+        self._check_open()
+        return self._counters.add(self.counter_id, delta)
+
+    def close(self) -> None:
+        """Ask the driver to free it (once; later calls do nothing)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._release(self)
+
+    def _mark_closed(self) -> None:
+        """Closed with its client: the driver frees it with the client's other resources."""
+        self._closed = True
+
+    def __enter__(self) -> Counter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def read_system_counters(directory: str | os.PathLike[str]) -> dict[SystemCounter, int]:

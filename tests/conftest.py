@@ -154,6 +154,7 @@ MODULE_LANES = {
     "test_channel_keys": "sockets",
     "test_chaos": "sockets",
     "test_client_close": "sockets",
+    "test_client_counters": "sockets",
     "test_client_group": "hosts",
     "test_client_liveness": "sockets",
     "test_config": "unit",

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
@@ -222,3 +226,54 @@ def run_stat(driver: Any, *args: str) -> subprocess.CompletedProcess[str]:
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     return result
+
+
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> str:
+    """A metrics exporter's page at ``port``, as Prometheus scrapes it."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def value(text: str, series: str) -> float:
+    """The value of ``series`` (its name and labels) in a scrape."""
+    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{series} not in the scrape"
+    return float(match[1])
+
+
+class RawClient:
+    """A client that speaks the control protocol by hand (zmq DEALER, JSON frames)."""
+
+    def __init__(self, directory: Path) -> None:
+        import zmq
+
+        from slipstream.client import control
+
+        self._zmq, self._control = zmq, control
+        self.socket = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(control.conductor_endpoint(directory))
+
+    def send_raw(self, *frames: bytes) -> None:
+        self.socket.send_multipart(list(frames))
+
+    def request(self, message: dict) -> dict:
+        self.send_raw(json.dumps(message).encode())
+        return self.reply()
+
+    def reply(self, timeout_ms: int = 5000) -> dict:
+        assert self.socket.poll(timeout_ms, self._zmq.POLLIN), "the driver did not answer"
+        return self._control.decode(self.socket.recv())
+
+    def silent(self, timeout_ms: int = 300) -> bool:
+        return not self.socket.poll(timeout_ms, self._zmq.POLLIN)
+
+    def close(self) -> None:
+        self.socket.close(0)

@@ -17,39 +17,13 @@ from pathlib import Path
 
 import pytest
 import zmq
-from helpers import as_another_user, lacking, wait_for
+from helpers import RawClient, as_another_user, lacking, wait_for
 
 from slipstream.client import Client, InvalidArgumentError, control
 from slipstream.client.counters import CountersFile, SystemCounter, read_system_counters
 from slipstream.daemon.conductor.conductor import DriverConductor
 from slipstream.daemon.config import DriverSettings
 from slipstream.sim.real.fuzz import CommandFuzzer
-
-
-class RawClient:
-    """A client that speaks the control protocol by hand (zmq DEALER, JSON frames)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.socket = zmq.Context.instance().socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(control.conductor_endpoint(directory))
-
-    def send_raw(self, *frames: bytes) -> None:
-        self.socket.send_multipart(list(frames))
-
-    def request(self, message: dict) -> dict:
-        self.send_raw(json.dumps(message).encode())
-        return self.reply()
-
-    def reply(self, timeout_ms: int = 5000) -> dict:
-        assert self.socket.poll(timeout_ms, zmq.POLLIN), "the driver did not answer"
-        return control.decode(self.socket.recv())
-
-    def silent(self, timeout_ms: int = 300) -> bool:
-        return not self.socket.poll(timeout_ms, zmq.POLLIN)
-
-    def close(self) -> None:
-        self.socket.close(0)
 
 
 def _still_serves(directory: Path) -> None:
@@ -117,6 +91,46 @@ def test_a_malformed_frame_is_counted_and_dropped(driver, frames: list[bytes]) -
     finally:
         raw.close()
     assert _errors(driver.directory) > before
+    _still_serves(driver.directory)
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("type_id", 0, "reserved for the driver's own counters"),
+    ("type_id", 1001, "reserved for the driver's own counters"),
+    ("type_id", "1100", "is not an integer"),
+    ("type_id", -1, "outside 0..2147483647"),
+    ("label", "x" * 361, "361 bytes of UTF-8 exceed the counters file's 360-byte label"),
+    ("label", "\ud800", "not valid Unicode text"),
+    ("label", 7, "is not a string"),
+    ("key", "ab" * 113, "113 bytes exceed the counters file's 112-byte key"),
+    ("key", "not hex", "not hex"),
+    ("key", "abc", "not hex"),
+    ("key", 12, "is not a hex string"),
+])
+def test_a_malformed_add_counter_is_refused_by_field_and_counted(
+        driver, field: str, value: object, problem: str) -> None:
+    """What Client.add_counter checks, the driver checks again: a raw client's command with a
+    reserved type, or a label or key the record cannot hold, takes no counter."""
+    raw = RawClient(driver.directory)
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        reply = raw.request({"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
+                             "pid": 1, "process": 1, "correlation_id": 1})
+        assert reply["type"] == control.CONNECTED
+        command = {"type": control.ADD_COUNTER, "type_id": 1100, "label": "ok", "key": "07",
+                   "correlation_id": 2}
+        assert raw.request(command)["type"] == control.COUNTER_READY  # the well-formed one
+        allocated = len(list(counters))
+        before = _errors(driver.directory)
+        reply = raw.request({**command, field: value, "correlation_id": 3})
+        assert (reply["type"], reply["code"]) == (control.ERROR, control.ERR_INVALID_ARGUMENT)
+        assert reply["message"].startswith(f"malformed ADD_COUNTER command: {field}: ")
+        assert problem in reply["message"]
+        assert _errors(driver.directory) == before + 1
+        assert len(list(counters)) == allocated
+    finally:
+        counters.close()
+        raw.close()
     _still_serves(driver.directory)
 
 

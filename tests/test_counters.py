@@ -12,15 +12,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from slipstream.client import counters as counters_module
 from slipstream.client._native import ffi, lib
 from slipstream.client.counters import (
+    KEY_MAX_LENGTH,
+    LABEL_MAX_LENGTH,
+    METADATA_LENGTH,
     CountersFile,
     CountersFullError,
     CounterType,
     SystemCounter,
 )
+from slipstream.client.errors import InvalidArgumentError
 
 
 @pytest.fixture
@@ -43,6 +49,67 @@ def test_a_freed_counter_is_not_handed_out_again_at_once(counters: CountersFile,
     monkeypatch.setattr(counters_module, "FREE_TO_REUSE_TIMEOUT_NS", 0)
     counters.free(second)
     assert counters.allocate(CounterType.SUBSCRIBER_POSITION, "d", registration_id=4) == second
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.binary(max_size=KEY_MAX_LENGTH), label=st.text(max_size=LABEL_MAX_LENGTH + 40),
+       neighbour=st.binary(min_size=KEY_MAX_LENGTH, max_size=KEY_MAX_LENGTH))
+def test_a_counters_key_and_label_read_back_and_never_spill_into_the_next(
+        counters: CountersFile, monkeypatch, key: bytes, label: str, neighbour: bytes) -> None:
+    """Any key the record holds reads back whole, a label cut to LABEL_MAX_LENGTH bytes (never
+    into the next record), and the next counter's full key and label stay its own."""
+    # The slots are reused at once between examples (the delay is for other processes).
+    monkeypatch.setattr(counters_module, "FREE_TO_REUSE_TIMEOUT_NS", 0)
+    first = counters.allocate(1100, label, registration_id=1, key=key)
+    second = counters.allocate(1101, "z" * (LABEL_MAX_LENGTH + 1), registration_id=2,
+                               key=neighbour)
+    try:
+        info = counters.info(first)
+        assert info.key == key
+        assert info.label.encode()[:LABEL_MAX_LENGTH] == info.label.encode()
+        assert label.encode().startswith(info.label.encode().rstrip(b"\xef\xbf\xbd"))
+        assert (counters.info(second).key, counters.info(second).label) == (
+            neighbour, "z" * LABEL_MAX_LENGTH)
+        assert counters.find(1100, key) == info
+    finally:
+        counters.free(first)
+        counters.free(second)
+
+
+def test_a_key_longer_than_the_record_is_refused(counters: CountersFile) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"exceed the counters file's {KEY_MAX_LENGTH}"):
+        counters.allocate(1100, "k", key=bytes(KEY_MAX_LENGTH + 1))
+
+
+def test_a_damaged_records_lengths_read_within_the_record(counters: CountersFile) -> None:
+    """The file is every client's to write: lengths past the record, or negative, are cut to
+    it rather than read into the next record."""
+    counter_id = counters.allocate(1100, "label", registration_id=1, key=b"key")
+    offset = counters_module.HEADER_LENGTH + counter_id * METADATA_LENGTH
+    counters._map[offset + 32:offset + 40] = (10_000).to_bytes(4, "little", signed=True) + (
+        -5).to_bytes(4, "little", signed=True)
+    info = counters.info(counter_id)
+    assert info.key == b"" and len(info.label.encode()) <= LABEL_MAX_LENGTH
+    assert info.label.startswith("label")
+
+
+def test_a_reader_sees_its_counter_freed_and_its_slot_given_to_another(
+        counters: CountersFile, monkeypatch) -> None:
+    counter_id = counters.allocate(1100, "first", registration_id=10)
+    counters.allocate(1100, "the other free slot", registration_id=9)
+    kept = counters.reader(counter_id, 10)
+    counters.set(counter_id, 5)
+    assert kept.is_allocated and kept.get() == 5
+    monkeypatch.setattr(counters_module, "FREE_TO_REUSE_TIMEOUT_NS", 0)
+    counters.free(counter_id)
+    assert not kept.is_allocated
+    assert counters.allocate(1100, "second", registration_id=11) == counter_id
+    assert not kept.is_allocated  # the same slot, another registration
+    assert counters.reader(counter_id, 11).is_allocated
+    assert counters.find(1100, registration_id=10) is None
+    assert counters.find(1100, registration_id=11).label == "second"
+    with pytest.raises(IndexError):
+        counters.reader(counters.capacity, 11)
 
 
 @pytest.fixture

@@ -7,31 +7,13 @@ import re
 import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
+from helpers import FAST_DRIVER_SETTINGS, free_port, free_tcp_port, scrape, value, wait_for
 
 from slipstream.client import Client
 from slipstream.daemon.driver import MediaDriver
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return response.read().decode()
-
-
-def value(text: str, series: str) -> float:
-    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
-    assert match, f"{series} not in the scrape"
-    return float(match[1])
 
 
 def test_the_driver_serves_its_counters_to_prometheus(driver_dir: Path) -> None:

@@ -6,9 +6,10 @@ calls ``do_work`` on its duty cycle.  Time is always an argument (monotonic ns),
 object runs under tests with a fake clock.
 
 Resources per client (as Aeron's DriverConductor): publications (registrations on a shared IPC
-log), subscriptions (with one position counter per image).  A client whose heartbeat counter
-(or any command) has not moved for ``client_liveness_timeout`` is timed out and its resources
-are reclaimed, so a killed subscriber stops holding back its publishers.
+log), subscriptions (with one position counter per image), counters it added (ADD_COUNTER).  A
+client whose heartbeat counter (or any command) has not moved for ``client_liveness_timeout``
+is timed out and its resources are reclaimed, so a killed subscriber stops holding back its
+publishers and a killed client's counters are freed.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class ClientSession:
     heartbeat_counter_id: int
     publications: dict[int, int] = attrs.Factory(dict)  # registration id -> publication id
     subscriptions: dict[int, Subscription | NetworkSubscription] = attrs.Factory(dict)
+    counters: dict[int, int] = attrs.Factory(dict)  # registration id -> counter id (ADD_COUNTER)
     last_heartbeat: int = 0  # the heartbeat counter's value when last looked at
 
 
@@ -245,6 +247,10 @@ class DriverConductor:
                 return self._on_add_subscription(client, message, now_ns)
             if kind == control.REMOVE_SUBSCRIPTION:
                 return self._on_remove_subscription(client, message)
+            if kind == control.ADD_COUNTER:
+                return self._on_add_counter(client, message)
+            if kind == control.REMOVE_COUNTER:
+                return self._on_remove_counter(client, message)
             if kind == control.CLOSE_CLIENT:
                 self._remove_client(client, now_ns)
                 return [(key, messages.operation_success(correlation_id))]
@@ -547,6 +553,29 @@ class DriverConductor:
             join_position=self.counters.get(subscriber.counter_id),
             source_identity="aeron:ipc"))
 
+    def _on_add_counter(self, client: ClientSession, message: dict[str, Any]) -> Outgoing:
+        """A counter the client owns (Aeron's on_add_counter): allocated here, with a new
+        registration id and the client as its owner, freed by REMOVE_COUNTER or with the
+        client.  Its fields were checked (type id not the driver's, label and key within
+        the record: :func:`control.check_command`); a full file is ERR_RESOURCE."""
+        registration_id = self._new_id()
+        counter_id = self.counters.allocate(
+            message["type_id"], message["label"], registration_id=registration_id,
+            owner_id=client.client_id, key=bytes.fromhex(message["key"]))
+        client.counters[registration_id] = counter_id
+        return [(client.key, messages.counter_ready(message["correlation_id"], registration_id,
+                                                    counter_id))]
+
+    def _on_remove_counter(self, client: ClientSession, message: dict[str, Any]) -> Outgoing:
+        correlation_id = message["correlation_id"]
+        registration_id = message["registration_id"]
+        counter_id = client.counters.pop(registration_id, None)
+        if counter_id is None:  # only the client's own: another's registration is unknown here
+            return [(client.key, messages.error(correlation_id, control.ERR_UNKNOWN_COUNTER,
+                                                f"unknown counter {registration_id}"))]
+        self.counters.free(counter_id)
+        return [(client.key, messages.operation_success(correlation_id))]
+
     def _on_remove_subscription(self, client: ClientSession, message: dict[str, Any]) -> Outgoing:
         correlation_id = message["correlation_id"]
         registration_id = message["registration_id"]
@@ -572,6 +601,9 @@ class DriverConductor:
         for subscription in client.subscriptions.values():
             self._detach(subscription)
         client.subscriptions.clear()
+        for counter_id in client.counters.values():
+            self.counters.free(counter_id)
+        client.counters.clear()
         self.clients.pop(client.client_id, None)
         self._clients_by_key.pop(client.key, None)
         self.counters.free(client.heartbeat_counter_id)

@@ -44,6 +44,13 @@ def subscription_ready(correlation_id: int, registration_id: int) -> dict[str, A
             "registration_id": registration_id}
 
 
+def counter_ready(correlation_id: int, registration_id: int, counter_id: int) -> dict[str, Any]:
+    """A client's counter was allocated: slot ``counter_id``, registered as
+    ``registration_id`` (Aeron's ON_COUNTER_READY)."""
+    return {"type": control.COUNTER_READY, "correlation_id": correlation_id,
+            "registration_id": registration_id, "counter_id": counter_id}
+
+
 def operation_success(correlation_id: int) -> dict[str, Any]:
     """The command ``correlation_id`` (a removal, a close) is done."""
     return {"type": control.OPERATION_SUCCESS, "correlation_id": correlation_id}

@@ -24,6 +24,11 @@ Series (names and units as Prometheus expects):
 * each image's congestion-control counters, ``{channel, stream, session, source}``, under
   the names and types their strategy declares (``counters`` on its class,
   daemon/flow/strategy.py), for every strategy registered (daemon/flow/registry.py);
+* each counter a client added (``Client.add_counter``) as a gauge of its type,
+  ``slipstream_<type name>`` for a type :class:`CounterType` names
+  (``slipstream_recording_position``), else ``slipstream_client_counter_<type id>``, labelled
+  ``{label, client, registration, key}`` (the owner's client id, the key in hex): one series
+  per counter, one family per type, so that a sum over a family adds like things;
 * ``slipstream_clients``: clients connected; ``slipstream_driver_heartbeat_age_seconds``.
 """
 
@@ -44,6 +49,7 @@ from slipstream.client.counters import (
     CountersFile,
     CounterType,
     SystemCounter,
+    is_driver_type,
     parse_position_label,
 )
 from slipstream.client.errors import ConfigurationError
@@ -60,6 +66,14 @@ def metric_name(counter: SystemCounter) -> str:
     if counter is SystemCounter.BYTES_RECEIVED:
         return "slipstream_received_bytes"
     return f"slipstream_{counter.name.lower()}"
+
+
+def client_counter_metric_name(type_id: int) -> str:
+    """The Prometheus family of the counters clients added of ``type_id``."""
+    try:
+        return f"slipstream_{CounterType(type_id).name.lower()}"
+    except ValueError:
+        return f"slipstream_client_counter_{type_id}"
 
 
 def metrics_url(server: Any) -> str:
@@ -131,8 +145,18 @@ class CountersCollector(Collector):
                 labels=labels),
         }
         clients = 0
+        owned: dict[int, GaugeMetricFamily] = {}  # the counters clients added, by type id
         for info in counters:
-            if info.type_id == CounterType.SYSTEM:
+            if not is_driver_type(info.type_id):
+                family = owned.get(info.type_id)
+                if family is None:
+                    family = owned[info.type_id] = GaugeMetricFamily(
+                        client_counter_metric_name(info.type_id),
+                        f"Counters of type {info.type_id} that clients added",
+                        labels=["label", "client", "registration", "key"])
+                family.add_metric([info.label, str(info.owner_id), str(info.registration_id),
+                                   info.key.hex()], info.value)
+            elif info.type_id == CounterType.SYSTEM:
                 try:
                     counter = SystemCounter(info.counter_id)
                 except ValueError:
@@ -193,6 +217,7 @@ class CountersCollector(Collector):
         yield receive_destinations
         for family, _ in congestion.values():
             yield family
+        yield from owned.values()
         yield GaugeMetricFamily("slipstream_clients", "Clients connected to the driver",
                                 value=clients)
         yield GaugeMetricFamily(

@@ -1,6 +1,6 @@
 """``slipstream stat``: the driver's counters as a live table (Aeron's AeronStat and LossStat).
 
-Six sections, each read from the files the driver maps (it is never asked anything):
+Seven sections, each read from the files the driver maps (it is never asked anything):
 
 * **streams**: one row per stream (its medium: ``aeron:ipc`` or the UDP endpoint; stream id;
   session) with its positions in bytes:
@@ -10,6 +10,8 @@ Six sections, each read from the files the driver maps (it is never asked anythi
 * **back pressure**: one row per publication with its episodes (docs/BACKPRESSURE.md): how
   many began, the time spent in them, the bytes of its window in use now and at most, and the
   offers ``policy=drop-newest`` dropped;
+* **client counters**: the counters clients added (``Client.add_counter``): id, type, value,
+  the client that owns it (and its pid), its registration, label and key;
 * **driver**: the system counters (bytes, NAKs sent and received, retransmits, status
   messages, heartbeats, short sends, invalid packets, errors, ...) with rates per second;
 * **loss**: the loss report, per image: gaps seen, bytes lost, first and last time;
@@ -47,6 +49,7 @@ from slipstream.client.counters import (
     CountersFile,
     CounterType,
     SystemCounter,
+    is_driver_type,
     parse_position_label,
 )
 from slipstream.client.errors import DriverNotRunningError
@@ -78,6 +81,40 @@ class BackPressureRow:
     stream_id: int
     session_id: int
     counters: dict[str, int] = attrs.Factory(dict)
+
+
+@attrs.define
+class ClientCounterRow:
+    """A counter a client added: its owner is client ``owner_id`` (process ``owner_pid``,
+    None when its heartbeat is not among the counters shown); ``key`` in hex."""
+
+    counter_id: int
+    type_id: int
+    type_name: str
+    value: int
+    owner_id: int
+    owner_pid: int | None
+    registration_id: int
+    label: str
+    key: str
+
+
+_HEARTBEAT_PID = re.compile(r"pid=(\d+)")
+
+
+def client_counter_rows(counters: list[CounterInfo]) -> list[ClientCounterRow]:
+    """The counters clients added (a type id not the driver's), with the pid of each owner
+    from its heartbeat counter (registered as the client id, labelled ``pid=``)."""
+    pids: dict[int, int] = {}
+    for info in counters:
+        if info.type_id == CounterType.CLIENT_HEARTBEAT:
+            match = _HEARTBEAT_PID.search(info.label)
+            if match is not None:
+                pids[info.registration_id] = int(match[1])
+    return [ClientCounterRow(info.counter_id, info.type_id, _type_name(info.type_id), info.value,
+                             info.owner_id, pids.get(info.owner_id), info.registration_id,
+                             info.label, info.key.hex())
+            for info in counters if not is_driver_type(info.type_id)]
 
 
 def _type_name(type_id: int) -> str:
@@ -164,7 +201,7 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
            losses: list[LossObservation] | None = None,
            errors: list[ErrorEntry] | None = None,
            previous_errors: list[ErrorEntry] | None = None) -> str:
-    """The five sections (module docstring).  Rates are per second since ``previous`` (values
+    """The sections (module docstring).  Rates are per second since ``previous`` (values
     by counter id, ``elapsed_s`` ago); a client heartbeat (a monotonic timestamp) shows as its
     age at ``now_ns`` (default: now)."""
     now_ns = time.monotonic_ns() if now_ns is None else now_ns
@@ -193,6 +230,18 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
                          f"{values.get('bp-time', 0) / 1e9:>12.3f} s "
                          f"{values.get('bp-depth', 0):>13,} {values.get('bp-peak', 0):>13,} "
                          f"{values.get('pub-drops', 0):>12,}  {row.channel}")
+
+    owned = client_counter_rows(counters)
+    lines += ["", f"client counters ({len(owned)})"]
+    if owned:
+        lines.append(f"  {'id':>5} {'type':<20} {'value':>20} {'owner':<26} {'registration':>14}"
+                     f"  label")
+        for row in owned:
+            owner = f"client {row.owner_id}" + (f" pid {row.owner_pid}"
+                                                 if row.owner_pid is not None else "")
+            key = f"  key={row.key}" if row.key else ""
+            lines.append(f"  {row.counter_id:>5} {row.type_name:<20} {row.value:>20,} "
+                         f"{owner:<26} {row.registration_id:>14}  {row.label}{key}")
 
     lines += ["", "driver"]
     for info in counters:
@@ -244,10 +293,11 @@ def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *,
         "heartbeat_age_s": heartbeat_age_s,
         "streams": [attrs.asdict(row) for row in stream_rows(counters)],
         "back_pressure": [attrs.asdict(row) for row in back_pressure_rows(counters)],
+        "client_counters": [attrs.asdict(row) for row in client_counter_rows(counters)],
         "driver": system,
         "loss_report": [attrs.asdict(loss) for loss in losses],
         "errors": [attrs.asdict(error) for error in errors or []],
-        "counters": [attrs.asdict(info) for info in counters],
+        "counters": [{**attrs.asdict(info), "key": info.key.hex()} for info in counters],
     }
 
 

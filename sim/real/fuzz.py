@@ -192,6 +192,8 @@ class CommandFuzzer:
         {"type": control.ADD_SUBSCRIPTION, "channel": "aeron:ipc", "stream_id": 7},
         {"type": control.REMOVE_PUBLICATION, "registration_id": 1},
         {"type": control.REMOVE_SUBSCRIPTION, "registration_id": 1},
+        {"type": control.ADD_COUNTER, "type_id": 1100, "label": "fuzz", "key": "07"},
+        {"type": control.REMOVE_COUNTER, "registration_id": 1},
         {"type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1,
          "process": 1},
     )
