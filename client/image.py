@@ -46,6 +46,7 @@ from slipstream.client.logbuffer import (
     index_by_position,
 )
 from slipstream.client.messages import (
+    BlockHandler,
     ControlledFragmentHandler,
     ControlledPollAction,
     FragmentHandler,
@@ -108,6 +109,7 @@ class Image:
         self._starts_address = int(ffi.cast("uintptr_t", self._starts))
         self._ends_address = int(ffi.cast("uintptr_t", self._ends))
         self._next_offset = ffi.new("int32_t *")
+        self._padding_cell = ffi.new("int32_t *")  # block_poll's: a padding frame's rest
         self._header = Header(self)
         self._assembly = bytearray()
         self._assembling = False
@@ -301,6 +303,38 @@ class Image:
                 message.release()
             return True
         return False
+
+    def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int:
+        """Hand ``handler`` the next block of whole committed frames as the log holds them
+        (Aeron's ``Image.blockPoll``): contiguous frames from this image's position within one
+        term, headers and alignment included, at most ``block_length_limit`` bytes (but at
+        least one frame when one is there); a padding frame goes whole, alone, at a term's
+        end.  ``handler(block, position)`` gets a view of the log (valid only during the
+        call: copy or write it out) and the stream position of its first byte.  The position
+        moves past the block after the handler returns; if it raises, it does not move.
+        Returns the block's length in bytes (0 when nothing is there, or the image is gone).
+        For recorders of the stream as it is framed (the archive); messages are not assembled,
+        so do not mix it with the message polls on one image."""
+        if self._closed or self._gone:
+            return 0
+        if block_length_limit < FRAME_ALIGNMENT:
+            raise InvalidArgumentError("block_length_limit",
+                                       f"{block_length_limit} is less than a frame's alignment "
+                                       f"({FRAME_ALIGNMENT} bytes)")
+        position = self._position
+        index = (position >> self._position_bits) % PARTITION_COUNT
+        offset = position & self._term_mask
+        # The sender's scan: whole aligned frames; a padding frame at the position comes back
+        # as its header, with the rest of its length in the padding cell.
+        length = lib.ss_scan_for_availability(self._term_ptrs[index], offset,
+                                              block_length_limit, self.term_length,
+                                              self._padding_cell)
+        length += self._padding_cell[0]
+        if length <= 0:
+            return 0
+        handler(self._terms[index][offset:offset + length], position)
+        self._advance(position + length)
+        return length
 
     def controlled_poll(self, handler: ControlledFragmentHandler, fragment_limit: int) -> int:
         """Aeron's ``Image.controlledPoll``: deliver up to ``fragment_limit`` fragments as

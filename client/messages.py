@@ -74,6 +74,10 @@ class Header:
 
 
 FragmentHandler = Callable[[memoryview, Header], object]
+#: What :meth:`Image.block_poll` hands whole frames to: ``(block, position)``, a view of the
+#: log's bytes (headers included) valid during the call and the stream position of its start
+#: (Aeron's ``BlockHandler``).
+BlockHandler = Callable[[memoryview, int], object]
 
 
 class ControlledPollAction(enum.Enum):

@@ -252,6 +252,24 @@ int ss_await_frames(const ss_reader_t *readers, int32_t count, int64_t spin_ns, 
 int32_t ss_scan_for_availability(const uint8_t *term, int32_t offset, int32_t max_length,
                                  int32_t term_length, int32_t *padding);
 
+/* ---- the archive's recovery and verify scan: the whole frames of a recorded segment ----
+ * A segment is a file of whole terms laid out as in the log, its first byte at stream position
+ * segment_base (a multiple of term_length).  From segment offset `from` (frame-aligned, at
+ * most `size`), step over frames while each one is whole and valid: its header lies within
+ * `size` bytes, its frame_length is at least the header, it is DATA or PAD, its term offset,
+ * term id (initial_term_id + position >> position_bits), session id and stream id fields are
+ * those of its place, it does not cross the end of its term, and its aligned end is within
+ * `size` (the file's size).  Returns the segment offset after the last such frame; *reason says
+ * why it stopped: SS_SCAN_END (a zero length, or `size` reached exactly), SS_SCAN_TORN (a
+ * frame whose end, or header, lies past `size`), SS_SCAN_INVALID (a header that is no frame
+ * of this place); *frames counts the frames stepped over. */
+#define SS_SCAN_END 0
+#define SS_SCAN_TORN 1
+#define SS_SCAN_INVALID 2
+int64_t ss_scan_recorded(const uint8_t *segment, int64_t from, int64_t size, int64_t segment_base,
+                         int32_t term_length, int32_t position_bits, int32_t initial_term_id,
+                         int32_t session_id, int32_t stream_id, int32_t *reason, int64_t *frames);
+
 /* ---- receiver: rebuild and gap scan (TermRebuilder, TermGapScanner) ---- */
 /* Copy a datagram of frames into the term at offset, only where the first frame is not yet
  * there; the body goes first and the first 8 header bytes last with a release store.  Returns

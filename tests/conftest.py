@@ -146,6 +146,9 @@ LANES = ("unit", "sim", "sockets", "hosts", "interop", "spark")
 
 MODULE_LANES = {
     "test_aeron_peer": "interop",
+    "test_archive": "sockets",
+    "test_archive_disk_full": "hosts",
+    "test_archive_units": "unit",
     "test_async": "sockets",
     "test_backpressure_units": "unit",
     "test_destinations": "unit",

@@ -75,3 +75,29 @@ def test_the_client_library_imports_nothing_of_the_driver_or_the_tools() -> None
                           if m.startswith(("slipstream.daemon", "slipstream.sim",
                                            "slipstream.spark_bridge"))]
     assert not offending, "\n".join(offending)
+
+
+def _imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import in ``path``, lazy ones too."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            yield node.lineno, node.module or ""
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
+def test_the_archive_is_a_client_of_the_driver_and_nothing_more() -> None:
+    """The archive service is a client of its host's driver, as Aeron Archive is: it imports
+    the client library (and itself), nothing of the driver, the simulator or the Spark
+    bridge; and the client library imports nothing of the archive."""
+    offending = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+                 for path in sorted((ROOT / "archive").rglob("*.py"))
+                 for line, module in _imports(path)
+                 if module.startswith("slipstream.") and
+                 not module.startswith(("slipstream.client", "slipstream.archive"))]
+    offending += [f"{path.relative_to(ROOT)}:{line} imports {module}"
+                  for path in sorted((ROOT / "client").rglob("*.py"))
+                  for line, module in _imports(path)
+                  if module.startswith("slipstream.archive")]
+    assert not offending, "\n".join(offending)

@@ -1,0 +1,58 @@
+"""slipstream's archive: streams recorded to segment files on disk (Aeron Archive's shape).
+
+One service per host (``slipstream-archive run``), a client of the host's driver, records
+streams from their logs into ``<recording id>-<segment base position>.rec`` segment files laid
+out exactly as the log's terms, with a catalog of fixed-size descriptors updated in place.
+docs/ARCHIVE.md is the operator's and the format's reference.
+
+The public names for the pieces that build on the recordings (replay, a second archive):
+
+- :class:`Catalog`, :class:`RecordingDescriptor`, :class:`RecordingState`, :class:`EndReason`:
+  what was recorded, where it starts and stops, how it ended;
+- :func:`segment_file_name`, :func:`parse_segment_file_name`, :func:`segment_base`,
+  :func:`segment_files`, :func:`scan_segment`: the segment files and their frames;
+- :class:`ArchiveSettings`, :func:`load_settings`: the service's settings;
+- :class:`ArchiveService` and :class:`Recording`: the recording side.
+"""
+
+from slipstream.archive.catalog import (
+    Catalog,
+    CatalogError,
+    EndReason,
+    RecordingDescriptor,
+    RecordingState,
+)
+from slipstream.archive.segments import (
+    ScanResult,
+    parse_segment_file_name,
+    scan_segment,
+    segment_base,
+    segment_file_name,
+    segment_files,
+)
+from slipstream.archive.settings import (
+    ArchiveSettings,
+    ArchiveSettingsError,
+    RecordSpec,
+    SyncPolicy,
+    load_settings,
+)
+
+__all__ = [
+    "ArchiveSettings",
+    "ArchiveSettingsError",
+    "Catalog",
+    "CatalogError",
+    "EndReason",
+    "RecordSpec",
+    "RecordingDescriptor",
+    "RecordingState",
+    "ScanResult",
+    "SyncPolicy",
+    "load_settings",
+    "parse_segment_file_name",
+    "scan_segment",
+    "segment_base",
+    "segment_file_name",
+    "segment_files",
+]

@@ -1,0 +1,288 @@
+"""Recording one image: its blocks of frames into segment files (Aeron Archive's
+``RecordingWriter`` and ``RecordingSession``).
+
+:class:`SegmentWriter` writes the blocks of one recording, front to back, into its segment
+files and makes them durable by the sync policy; :class:`Recording` reads an image in blocks
+(:meth:`Image.block_poll <slipstream.client.image.Image.block_poll>`: whole frames, per-frame
+work in C) into a writer, and keeps the recording's descriptor in the catalog.  Both run on
+the archive service's one thread.
+
+The seam for counters: :attr:`Recording.recorded_position` is the position reported outward
+(the durable one under the sync policy; under ``none``, the written one), and the service's
+``on_position(recording, position)`` is called each time it moves.  A later change maps it to
+a recording-position counter in the driver's counters file (``slipstream stat``, Prometheus).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from slipstream.archive.catalog import Catalog, EndReason, RecordingDescriptor
+from slipstream.archive.segments import segment_base, segment_file_name
+from slipstream.archive.settings import SyncPolicy
+from slipstream.client.image import Image
+
+log = logging.getLogger("slipstream.archive")
+
+#: Blocks one :meth:`Recording.poll` writes at most before the service looks at its other
+#: recordings (each up to the block length).
+_BLOCKS_PER_POLL = 8
+
+
+def epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class SegmentWriter:
+    """Writes one recording's bytes, from its start position on, into its segment files in
+    ``directory``.  ``position`` is how far it has written (the page cache has it);
+    ``durable_position`` how far the sync policy has made durable (under ``none``: the
+    written position, durable against the archive's death but not the machine's)."""
+
+    def __init__(self, directory: Path, descriptor: RecordingDescriptor, sync: SyncPolicy,
+                 sync_interval_ns: int, position: int | None = None) -> None:
+        self.directory = directory
+        self.recording_id = descriptor.recording_id
+        self.start_position = descriptor.start_position
+        self.term_length = descriptor.term_length
+        self.segment_length = descriptor.segment_length
+        self.sync = sync
+        self.sync_interval_ns = sync_interval_ns
+        self.position = descriptor.start_position if position is None else position
+        self.durable_position = self.position
+        self._fd = -1
+        self._base = 0
+        self._segment_end = 0
+        self._synced_at_ns = time.monotonic_ns()
+
+    @property
+    def writing_base(self) -> int | None:
+        """The base position of the segment being written, if one is open."""
+        return self._base if self._fd >= 0 else None
+
+    @property
+    def segment_path(self) -> Path | None:
+        """The segment file being written, if one is open."""
+        if self._fd < 0:
+            return None
+        return self.directory / segment_file_name(self.recording_id, self._base)
+
+    def write(self, block: memoryview, position: int) -> None:
+        """Write ``block`` (whole frames, within one term) at stream ``position``, which must
+        be where the last write ended.  Raises :class:`OSError` when the write fails (the
+        bytes of the block that did land stay past :attr:`position`: see :meth:`cut_back`)."""
+        if position != self.position:
+            raise ValueError(f"recording {self.recording_id}: a block at {position}, "
+                             f"the recording is at {self.position}")
+        if self._fd < 0 or position >= self._segment_end:
+            self._next_segment(position)
+        offset = position - self._base
+        length = len(block)
+        done = 0
+        while done < length:  # a regular file writes whole or raises; loop for a signal's cut
+            done += os.pwrite(self._fd, block[done:], offset + done)
+        self.position = position + length
+        if self.sync is SyncPolicy.NONE:
+            self.durable_position = self.position
+
+    def _next_segment(self, position: int) -> None:
+        if self._fd >= 0:
+            self._close_segment()
+        self._base = segment_base(self.start_position, position, self.term_length,
+                                  self.segment_length)
+        self._segment_end = self._base + self.segment_length
+        path = self.directory / segment_file_name(self.recording_id, self._base)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        if self.sync is not SyncPolicy.NONE:
+            _sync_directory(self.directory)  # the new file's name, durable
+
+    def _close_segment(self) -> None:
+        """A full segment (or the last at stop): durable first under segment and interval."""
+        if self.sync is not SyncPolicy.NONE and self.durable_position < self.position:
+            os.fdatasync(self._fd)
+            self.durable_position = self.position
+            self._synced_at_ns = time.monotonic_ns()
+        os.close(self._fd)
+        self._fd = -1
+
+    def tick(self, now_ns: int) -> bool:
+        """Sync under ``interval`` when the interval has passed and something is not yet
+        durable; returns whether the durable position moved."""
+        if self.sync is not SyncPolicy.INTERVAL or self._fd < 0 or \
+                self.durable_position >= self.position or \
+                now_ns - self._synced_at_ns < self.sync_interval_ns:
+            return False
+        os.fdatasync(self._fd)
+        self.durable_position = self.position
+        self._synced_at_ns = now_ns
+        return True
+
+    def cut_back(self) -> None:
+        """After a failed write: drop whatever the segment holds past :attr:`position` (a
+        partial block), so the file ends at the last whole frame written."""
+        if self._fd >= 0:
+            os.ftruncate(self._fd, self.position - self._base)
+
+    def close(self) -> None:
+        """Close the segment being written, durable first unless the policy is ``none``."""
+        if self._fd >= 0:
+            self._close_segment()
+
+    def abandon(self) -> None:
+        """Close without syncing (after a failed write)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+#: Called with a recording and its new recorded position (the counters' seam).
+PositionListener = Callable[["Recording", int], object]
+
+
+class Recording:
+    """One image recorded: its descriptor in the catalog, its writer, its state.  Made by the
+    service as the image becomes available; :meth:`poll` records what is there; it ends with
+    :meth:`stop` (the service stops it), at end of stream, when its image goes, or when a
+    write fails (:attr:`error` says why)."""
+
+    def __init__(self, catalog: Catalog, directory: Path, image: Image, channel: str, *,
+                 segment_length: int, sync: SyncPolicy, sync_interval_ns: int,
+                 block_length: int, on_position: PositionListener | None = None) -> None:
+        self._catalog = catalog
+        self.image = image
+        self.channel = channel
+        self.block_length = block_length
+        self._on_position = on_position
+        # Aeron's rule: a segment holds one term at least.
+        segment_length = max(segment_length, image.term_length)
+        descriptor = catalog.add(
+            start_position=image.position, start_time_ms=epoch_ms(),
+            initial_term_id=image.initial_term_id, term_length=image.term_length,
+            segment_length=segment_length, mtu=image.mtu, session_id=image.session_id,
+            stream_id=image.stream_id, channel=channel, source_identity=image.source_identity)
+        if sync is not SyncPolicy.NONE:
+            catalog.sync()
+        self.recording_id = descriptor.recording_id
+        self.writer = SegmentWriter(directory, descriptor, sync, sync_interval_ns)
+        self.error: str | None = None
+        self._ended = False
+        self._reported = self.writer.durable_position
+        log.info("recording %d: %s stream %d session %d from position %d",
+                 self.recording_id, channel, image.stream_id, image.session_id,
+                 descriptor.start_position)
+
+    @property
+    def descriptor(self) -> RecordingDescriptor:
+        """The recording's descriptor as the catalog holds it now (retention may have moved
+        its start)."""
+        descriptor = self._catalog.get(self.recording_id)
+        assert descriptor is not None
+        return descriptor
+
+    @property
+    def is_active(self) -> bool:
+        """Not yet ended (by stop, end of stream, its image going, a failed write)."""
+        return not self._ended
+
+    @property
+    def recorded_position(self) -> int:
+        """The position reported outward: durable under the sync policy (under ``none``:
+        written to the page cache)."""
+        return self.writer.durable_position
+
+    def poll(self) -> int:
+        """Record what the image holds now, up to a few blocks; returns the bytes written.
+        A failed write stops the recording (:attr:`error`, the catalog says WRITE_FAILED at
+        the last whole frame written); the image at end of stream stops it too."""
+        if not self.is_active:
+            return 0
+        written = 0
+        write = self.writer.write
+        try:
+            for _ in range(_BLOCKS_PER_POLL):
+                length = self.image.block_poll(write, self.block_length)
+                if length == 0:
+                    break
+                written += length
+        except OSError as e:
+            self._write_failed(e)
+            return written
+        if written == 0 and self.image.is_end_of_stream:
+            self.stop(EndReason.END_OF_STREAM)
+        self._report()
+        return written
+
+    def tick(self, now_ns: int) -> None:
+        """The sync policy's timer (``interval``)."""
+        if not self.is_active:
+            return
+        try:
+            if self.writer.tick(now_ns):
+                self._report()
+        except OSError as e:
+            self._write_failed(e)
+
+    def _report(self) -> None:
+        position = self.writer.durable_position
+        if position != self._reported:
+            self._reported = position
+            if self._on_position is not None:
+                self._on_position(self, position)
+
+    def _write_failed(self, error: OSError) -> None:
+        reason = "the disk is full" if error.errno == errno.ENOSPC else \
+            f"{error.strerror or error} (errno {error.errno})"
+        self.error = (f"recording {self.recording_id} ({self.channel} stream "
+                      f"{self.image.stream_id} session {self.image.session_id}): a write "
+                      f"failed at position {self.writer.position}: {reason}; stopped at the "
+                      f"last whole frame written, {self.writer.position}")
+        log.error("%s", self.error)
+        try:
+            self.writer.cut_back()
+        except OSError as e:
+            log.error("recording %d: cutting the segment back failed: %s", self.recording_id, e)
+        self.writer.abandon()
+        # What was written whole is what the page cache holds: the recorded position.
+        self.writer.durable_position = self.writer.position
+        self._finish(EndReason.WRITE_FAILED)
+
+    def stop(self, reason: EndReason = EndReason.STOPPED) -> None:
+        """End the recording at what it has written: the segment made durable (unless the
+        policy is ``none``), then the descriptor's stop position, time and reason, then the
+        catalog synced (likewise)."""
+        if not self.is_active:
+            return
+        try:
+            self.writer.close()
+        except OSError as e:
+            self._write_failed(e)
+            return
+        self._finish(reason)
+
+    def _finish(self, reason: EndReason) -> None:
+        self._ended = True
+        descriptor = self.descriptor.evolve(
+            stop_position=self.writer.position, stop_time_ms=epoch_ms(), end_reason=reason)
+        try:
+            self._catalog.update(descriptor)
+            if self.writer.sync is not SyncPolicy.NONE:
+                self._catalog.sync()
+        except OSError as e:
+            log.error("recording %d: the catalog could not be updated (%s); the next start "
+                      "recovers it", self.recording_id, e)
+        self._report()
+        log.info("recording %d ended (%s) at position %d", self.recording_id,
+                 reason.name.lower(), self.writer.position)

@@ -1,0 +1,134 @@
+"""Retention by total size and by age, and the purge of one recording.
+
+Only whole segment files go, and only files the archive made: a name of its pattern
+(``<recording id>-<base>.rec``) whose recording is in its catalog.  A recording loses its
+segments from its start, oldest first, so what is left is one contiguous range; the
+descriptor's start position moves past a segment before the file is removed (a crash between
+leaves a file behind its start, which the next pass removes).  A live recording's segment being
+written is never removed.  Order: segments older than ``max_age`` go first; then, while the
+total size is above ``max_bytes``, the oldest (by last write) of stopped recordings' first
+segments, and only then live recordings' older ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slipstream.archive.catalog import Catalog, RecordingDescriptor, RecordingState
+from slipstream.archive.segments import segment_files
+
+log = logging.getLogger("slipstream.archive")
+
+
+@dataclass(frozen=True)
+class _Segment:
+    base: int
+    path: Path
+    size: int
+    mtime_ns: int
+
+
+def _segments(descriptor: RecordingDescriptor, directory: Path) -> list[_Segment]:
+    found = []
+    for base, path in segment_files(directory, descriptor.recording_id):
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        found.append(_Segment(base, path, stat.st_size, stat.st_mtime_ns))
+    return found
+
+
+def _remove(catalog: Catalog, descriptor: RecordingDescriptor, segment: _Segment
+            ) -> RecordingDescriptor:
+    """The descriptor's start past ``segment``, then the file gone."""
+    end = segment.base + descriptor.segment_length
+    if descriptor.start_position < end:
+        new_start = end if descriptor.is_active else min(end, descriptor.stop_position)
+        descriptor = descriptor.evolve(start_position=new_start)
+        catalog.update(descriptor)
+    segment.path.unlink(missing_ok=True)
+    log.info("retention: %s removed (%d bytes); recording %d starts at %d", segment.path.name,
+             segment.size, descriptor.recording_id, descriptor.start_position)
+    return descriptor
+
+
+def apply_retention(catalog: Catalog, directory: Path, *, max_bytes: int, max_age_ns: int,
+                    live: Mapping[int, int], now_ns: int) -> list[Path]:
+    """Remove segments by age (older than ``max_age_ns`` by their last write; 0: no limit)
+    and then by total size (above ``max_bytes``; 0: no limit), as the module says.
+    ``live`` maps each live recording's id to the base of the segment it writes, which
+    stays (and so does everything after it).  ``now_ns`` is epoch ns.  Returns the files
+    removed."""
+    removed: list[Path] = []
+    queues: dict[int, list[_Segment]] = {}
+    descriptors: dict[int, RecordingDescriptor] = {}
+    total = 0
+    for descriptor in catalog.recordings():
+        segments = _segments(descriptor, directory)
+        total += sum(s.size for s in segments)
+        writing = live.get(descriptor.recording_id)
+        if writing is None and descriptor.is_active:
+            continue  # active in the catalog, not in this service: recovery's, not ours
+        candidates = [s for s in segments if writing is None or s.base < writing]
+        descriptors[descriptor.recording_id] = descriptor
+        queues[descriptor.recording_id] = candidates
+    # Left behind a start (a crash between the catalog's update and the removal): gone first.
+    for recording_id, queue in queues.items():
+        descriptor = descriptors[recording_id]
+        while queue and queue[0].base + descriptor.segment_length <= descriptor.start_position \
+                and descriptor.start_position > queue[0].base:
+            segment = queue.pop(0)
+            segment.path.unlink(missing_ok=True)
+            total -= segment.size
+            removed.append(segment.path)
+    if max_age_ns > 0:
+        for recording_id, queue in queues.items():
+            while queue and now_ns - queue[0].mtime_ns > max_age_ns:
+                segment = queue.pop(0)
+                descriptors[recording_id] = _remove(catalog, descriptors[recording_id], segment)
+                total -= segment.size
+                removed.append(segment.path)
+    if max_bytes > 0 and total > max_bytes:
+        heap = [(recording_id in live, queue[0].mtime_ns, recording_id)
+                for recording_id, queue in queues.items() if queue]
+        heapq.heapify(heap)
+        while heap and total > max_bytes:
+            is_live, _, recording_id = heapq.heappop(heap)
+            queue = queues[recording_id]
+            segment = queue.pop(0)
+            descriptors[recording_id] = _remove(catalog, descriptors[recording_id], segment)
+            total -= segment.size
+            removed.append(segment.path)
+            if queue:
+                heapq.heappush(heap, (is_live, queue[0].mtime_ns, recording_id))
+    if removed:
+        catalog.sync()
+    return removed
+
+
+def purge(catalog: Catalog, directory: Path, recording_id: int) -> list[Path]:
+    """Remove recording ``recording_id``: its descriptor marked deleted (its id is never
+    reused), then its segment files.  Raises ``KeyError`` naming an id the catalog does not
+    hold (or holds deleted).  The caller holds the archive lock: no service records it."""
+    descriptor = catalog.get(recording_id)
+    if descriptor is None or descriptor.state != RecordingState.VALID:
+        raise KeyError(f"no recording {recording_id} in {catalog.path}")
+    catalog.update(descriptor.evolve(state=RecordingState.DELETED))
+    catalog.sync()
+    removed = []
+    for _, path in segment_files(directory, recording_id):
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    if removed:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return removed

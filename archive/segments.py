@@ -1,0 +1,130 @@
+"""Segment files: their names, where a position lies in them, and the checked scan of their
+frames.
+
+A recording's bytes are kept in segment files named ``<recording id>-<segment base
+position>.rec`` in the archive directory.  A segment's length is a power-of-two multiple of
+the stream's term length, and the frame at stream position ``p`` lies at offset ``p - base``
+of the segment whose base is ``p`` rounded down to the segment length on the grid of the
+recording's first term (Aeron's ``segmentFileBasePosition``): a segment holds whole terms laid
+out exactly as in the log, headers, alignment and padding included, so a reader maps it and
+scans it as a term.  The first segment of a recording that joined its stream mid-term begins
+at the recording's start position: the bytes before it are a hole (zeros), never data.
+
+A segment is written front to back and never rewritten, so its size is how far it was
+written; :func:`scan_segment` trusts nothing it reads (docs/ARCHIVE.md, "Recovery").
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from slipstream.client._native import ffi, lib
+from slipstream.client.layout import FRAME_ALIGNMENT, TERM_MAX_LENGTH, TERM_MIN_LENGTH
+
+SEGMENT_SUFFIX: Final = ".rec"
+#: A segment file's name: the recording id and the segment's base position, both decimal.
+_SEGMENT_NAME: Final = re.compile(r"^(0|[1-9][0-9]*)-(0|[1-9][0-9]*)\.rec$")
+#: Aeron Archive's default segment file length.
+DEFAULT_SEGMENT_LENGTH: Final = 128 * 1024 * 1024
+#: A segment holds one term at least, and at most 1 GiB (the longest term).
+MIN_SEGMENT_LENGTH: Final = TERM_MIN_LENGTH
+MAX_SEGMENT_LENGTH: Final = TERM_MAX_LENGTH
+
+#: Why a scan stopped (ss_scan_recorded's reasons).
+SCAN_END: Final = "end"  # a zero length where the next frame would be, or the file's end
+SCAN_TORN: Final = "torn"  # a frame (or its header) reaching past the file's end
+SCAN_INVALID: Final = "invalid"  # a header that is no frame of this recording at this place
+_REASONS: Final = {lib.SS_SCAN_END: SCAN_END, lib.SS_SCAN_TORN: SCAN_TORN,
+                   lib.SS_SCAN_INVALID: SCAN_INVALID}
+
+
+def segment_file_name(recording_id: int, base_position: int) -> str:
+    """``<recording id>-<segment base position>.rec``."""
+    return f"{recording_id}-{base_position}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_file_name(name: str) -> tuple[int, int] | None:
+    """``(recording id, base position)`` of a segment file's name, or None for any other name
+    (the archive never touches a file whose name is not one of its segments')."""
+    match = _SEGMENT_NAME.match(name)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
+def segment_base(start_position: int, position: int, term_length: int,
+                 segment_length: int) -> int:
+    """The base position of the segment that holds stream ``position`` of a recording that
+    started at ``start_position``: segments follow each other from the start of the
+    recording's first term, ``segment_length`` bytes each (Aeron's
+    ``segmentFileBasePosition``)."""
+    start_term_base = start_position - (start_position & (term_length - 1))
+    from_base = position - start_term_base
+    return start_term_base + from_base - (from_base & (segment_length - 1))
+
+
+def segment_files(directory: Path, recording_id: int) -> list[tuple[int, Path]]:
+    """The segment files of ``recording_id`` in ``directory``, as ``(base position, path)``
+    in the order of their positions."""
+    found = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        parsed = parse_segment_file_name(name)
+        if parsed is not None and parsed[0] == recording_id:
+            found.append((parsed[1], directory / name))
+    found.sort()
+    return found
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """What :func:`scan_segment` found: the segment offset after the last whole valid frame
+    (``end``), why it stopped there (:data:`SCAN_END`, :data:`SCAN_TORN`,
+    :data:`SCAN_INVALID`), how many frames it stepped over and the file's size."""
+
+    end: int
+    reason: str
+    frames: int
+    size: int
+
+    @property
+    def clean(self) -> bool:
+        """Nothing but zeros or the file's end after the last whole frame."""
+        return self.reason == SCAN_END
+
+
+def scan_segment(path: Path, from_offset: int, base_position: int, *, term_length: int,
+                 initial_term_id: int, session_id: int, stream_id: int) -> ScanResult:
+    """Scan the segment file at ``path`` (base position ``base_position``) frame by frame, in
+    C, from segment offset ``from_offset`` (a frame boundary): stop at the first frame whose
+    header is not a frame of this recording at its place (length below the header, crossing
+    its term's end, an unknown type, a term offset, term id, session or stream id not its
+    place's) or whose aligned end lies past the file's size (torn).  Changes nothing."""
+    if from_offset < 0 or from_offset & (FRAME_ALIGNMENT - 1):
+        raise ValueError(f"segment offset {from_offset} is not a frame boundary")
+    if term_length & (term_length - 1) or not TERM_MIN_LENGTH <= term_length <= TERM_MAX_LENGTH:
+        raise ValueError(f"term length {term_length} is not a power of two in "
+                         f"[{TERM_MIN_LENGTH}, {TERM_MAX_LENGTH}]")
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size <= from_offset:  # nothing written from there
+            return ScanResult(from_offset, SCAN_END, 0, size)
+        reason = ffi.new("int32_t *")
+        frames = ffi.new("int64_t *")
+        with mmap.mmap(file.fileno(), size, prot=mmap.PROT_READ) as mapped:
+            view = ffi.from_buffer(mapped)
+            try:
+                end = lib.ss_scan_recorded(view, from_offset, size, base_position, term_length,
+                                           term_length.bit_length() - 1, initial_term_id,
+                                           session_id, stream_id, reason, frames)
+            finally:
+                ffi.release(view)
+    return ScanResult(end, _REASONS[reason[0]], frames[0], size)

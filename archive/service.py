@@ -1,0 +1,253 @@
+"""The archive service: a client of this host's driver that records the configured streams
+(Aeron Archive's ``ArchiveConductor`` with its recorder, on one thread).
+
+At start it takes the archive directory's lock (one service per directory), opens the
+catalog and recovers what a previous run left active (:mod:`.recovery`), then subscribes to
+each ``[[record]]`` stream: a local UDP stream through a spy on its publication's log, IPC
+directly, a remote stream with a plain subscription.  Every image of those subscriptions (one
+per publisher session) becomes a :class:`~slipstream.archive.recorder.Recording`.  Its loop
+records what the images hold, runs the sync policy's timer and retention, and ends each
+recording as its image ends.  A write that fails (the disk full) ends that recording and
+closes its subscription, so the archive holds no publisher it cannot record; the other
+recordings and the service go on.  :meth:`ArchiveService.stop` (SIGTERM) stops every
+recording (synced under the policy) and the catalog says where each ended.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from slipstream.archive.catalog import Catalog, EndReason
+from slipstream.archive.recorder import PositionListener, Recording
+from slipstream.archive.recovery import recover
+from slipstream.archive.retention import apply_retention
+from slipstream.archive.settings import ArchiveSettings, RecordSpec
+from slipstream.client import Client
+from slipstream.client.image import Image
+from slipstream.client.subscription import Subscription
+
+log = logging.getLogger("slipstream.archive")
+
+LOCK_FILE: Final = "archive.lock"
+#: Polls that found nothing, in a row, before the loop sleeps between looks (it yields the CPU
+#: before that: on a busy machine the publisher and the driver need the cores).
+_SPINS_BEFORE_SLEEP = 200
+_IDLE_SLEEP_S = 0.001
+
+
+class ArchiveLockedError(RuntimeError):
+    """Another archive process holds the directory."""
+
+
+def lock_directory(directory: Path) -> int:
+    """Take the archive directory's lock (an flock of ``archive.lock``), or raise
+    :class:`ArchiveLockedError`; returns the lock's fd (closing it lets go)."""
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ArchiveLockedError(f"another archive process holds {directory} "
+                                 f"({directory / LOCK_FILE})") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+class _Source:
+    """One ``[[record]]`` entry's subscription and the images it made."""
+
+    def __init__(self, spec: RecordSpec) -> None:
+        self.spec = spec
+        self.subscription: Subscription | None = None
+        self.failed = False
+
+
+class ArchiveService:
+    """Records ``settings.records`` from the driver of ``settings.driver_dir`` into
+    ``settings.dir``.  ``on_position(recording, position)`` is told each recording's recorded
+    position as it moves (the seam for the counters a later change adds)."""
+
+    def __init__(self, settings: ArchiveSettings, *,
+                 on_position: PositionListener | None = None,
+                 client: Client | None = None) -> None:
+        self.settings = settings
+        self.directory = settings.dir
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_directory(self.directory)
+        self._on_position = on_position
+        self.recordings: dict[int, Recording] = {}
+        self._source_of: dict[int, _Source] = {}
+        self._events: queue.SimpleQueue[tuple[str, _Source, Image]] = queue.SimpleQueue()
+        self._sources: list[_Source] = []
+        try:
+            self.catalog = Catalog.open(self.directory)
+            self.recovered = recover(self.catalog, self.directory)
+            self._own_client = client is None
+            self.client = client if client is not None else Client.connect(settings.driver_dir)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._next_retention_ns = 0
+        self._closed = False
+        for spec in settings.records:
+            self.record(spec)
+
+    def record(self, spec: RecordSpec) -> None:
+        """Subscribe to ``spec``'s stream; each of its images is recorded from where it
+        joins."""
+        source = _Source(spec)
+        self._sources.append(source)
+
+        def available(image: Image) -> None:  # the client's conductor thread
+            self._events.put(("available", source, image))
+
+        def unavailable(image: Image) -> None:
+            self._events.put(("unavailable", source, image))
+
+        source.subscription = self.client.add_subscription(
+            spec.subscription_channel, spec.stream_id, on_available_image=available,
+            on_unavailable_image=unavailable)
+        log.info("subscribed to %s stream %d", spec.subscription_channel, spec.stream_id)
+
+    def _recording_of(self, image: Image) -> Recording | None:
+        for recording in self.recordings.values():
+            if recording.image is image and recording.is_active:
+                return recording
+        return None
+
+    def _handle_events(self) -> None:
+        while True:
+            try:
+                kind, source, image = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "available":
+                if source.failed or source.subscription is None or \
+                        source.subscription.is_closed:
+                    continue
+                try:
+                    recording = Recording(
+                        self.catalog, self.directory, image, source.spec.channel,
+                        segment_length=self.settings.segment_length, sync=self.settings.sync,
+                        sync_interval_ns=self.settings.sync_interval_ns,
+                        block_length=self.settings.block_length, on_position=self._on_position)
+                except OSError as e:
+                    log.error("%s stream %d session %d: no recording started: the catalog "
+                              "could not be written (%s)", source.spec.channel,
+                              source.spec.stream_id, image.session_id, e)
+                    self._fail_source(source)
+                    continue
+                self.recordings[recording.recording_id] = recording
+                self._source_of[recording.recording_id] = source
+            else:
+                recording = self._recording_of(image)
+                if recording is not None:
+                    # Whatever it still holds first (gone images read nothing more).
+                    recording.poll()
+                    if recording.is_active:
+                        recording.stop(EndReason.END_OF_STREAM if image.is_end_of_stream
+                                       else EndReason.ENDED_ABRUPTLY)
+
+    def _fail_source(self, source: _Source) -> None:
+        """A write for ``source`` failed: stop its other recordings and close its
+        subscription, so the archive holds none of its publishers."""
+        if source.failed:
+            return
+        source.failed = True
+        for recording in self.recordings.values():
+            if self._source_of[recording.recording_id] is source and recording.is_active:
+                recording.stop(EndReason.STOPPED)
+        if source.subscription is not None:
+            source.subscription.close()
+        log.error("%s stream %d: no longer recorded (its subscription is closed); restart the "
+                  "archive once the cause is fixed", source.spec.channel, source.spec.stream_id)
+
+    def do_work(self, now_ns: int | None = None) -> int:
+        """One pass: image events, every active recording polled, the sync timer, retention
+        when due.  Returns the bytes recorded."""
+        if now_ns is None:
+            now_ns = time.monotonic_ns()
+        self._handle_events()
+        work = 0
+        for recording in list(self.recordings.values()):
+            if not recording.is_active:
+                continue
+            work += recording.poll()
+            recording.tick(now_ns)
+            if recording.error is not None:
+                self._fail_source(self._source_of[recording.recording_id])
+        if now_ns >= self._next_retention_ns:
+            self._next_retention_ns = now_ns + self.settings.retention_check_interval_ns
+            self.run_retention()
+        return work
+
+    def run_retention(self) -> list[Path]:
+        """Apply the retention settings now; returns the files removed."""
+        if not (self.settings.retention_max_bytes or self.settings.retention_max_age_ns):
+            return []
+        live = {}
+        for recording in self.recordings.values():
+            if recording.is_active:
+                base = recording.writer.writing_base
+                # No segment open yet: the one its position falls in comes next; keep it.
+                live[recording.recording_id] = recording.writer.position if base is None \
+                    else base
+        try:
+            return apply_retention(self.catalog, self.directory,
+                                   max_bytes=self.settings.retention_max_bytes,
+                                   max_age_ns=self.settings.retention_max_age_ns, live=live,
+                                   now_ns=time.time_ns())
+        except OSError as e:
+            log.error("retention: %s", e)
+            return []
+
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Record until ``stopping()`` says so (checked every pass), then :meth:`stop`."""
+        misses = 0
+        try:
+            while not stopping():
+                if self.do_work():
+                    misses = 0
+                    continue
+                error = self.client.cut_off_error()
+                if error is not None:
+                    raise error
+                misses += 1
+                if misses < _SPINS_BEFORE_SLEEP:
+                    os.sched_yield()
+                else:
+                    time.sleep(_IDLE_SLEEP_S)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop every recording (durable under the sync policy, the catalog updated), close
+        the subscriptions and the client, let go of the lock."""
+        if self._closed:
+            return
+        self._closed = True
+        for recording in self.recordings.values():
+            if recording.is_active:
+                recording.poll()
+                recording.stop(EndReason.STOPPED)
+        for source in self._sources:
+            if source.subscription is not None and not source.subscription.is_closed:
+                source.subscription.close()
+        if self._own_client:
+            self.client.close()
+        self.catalog.close()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> ArchiveService:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

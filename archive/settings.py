@@ -1,0 +1,223 @@
+"""The archive service's settings: one table, read from a TOML file (config/archive.toml has
+every key, documented).  A value that is not one the key takes, and a key not in the table,
+are refused naming the key."""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from slipstream.archive.segments import (
+    DEFAULT_SEGMENT_LENGTH,
+    MAX_SEGMENT_LENGTH,
+    MIN_SEGMENT_LENGTH,
+)
+from slipstream.client.channel import SPY_PREFIX, parse_channel
+from slipstream.client.errors import SlipstreamError
+from slipstream.client.layout import INT32_MAX, INT32_MIN
+from slipstream.client.units import parse_duration_ns, parse_size
+
+
+class ArchiveSettingsError(ValueError):
+    """A setting the archive refuses; ``key`` names it."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"archive setting {key!r}: {reason}")
+        self.key = key
+
+
+class SyncPolicy(enum.Enum):
+    """When recorded bytes are made durable (docs/ARCHIVE.md, "Sync policy")."""
+
+    NONE = "none"  # the page cache: survives the archive's death, not the machine's
+    SEGMENT = "segment"  # fdatasync as each segment fills and at stop; the catalog after
+    INTERVAL = "interval"  # fdatasync at most every sync_interval
+
+
+class Source(enum.Enum):
+    """Where a recorded stream comes from (Aeron's SourceLocation)."""
+
+    LOCAL = "local"  # a publication of this host's driver: its own log (spy or IPC)
+    REMOTE = "remote"  # another host's: a plain subscription to the channel
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    """One ``[[record]]`` entry: record every session of ``stream_id`` on ``channel``."""
+
+    channel: str
+    stream_id: int
+    source: Source = Source.LOCAL
+
+    @property
+    def subscription_channel(self) -> str:
+        """What the archive subscribes to: a local UDP stream through a spy on its
+        publication's log (no copy through the network), IPC as it is, a remote one as a
+        plain subscription."""
+        if self.source is Source.LOCAL and self.channel.startswith("aeron:udp"):
+            return SPY_PREFIX + self.channel
+        return self.channel
+
+
+def _positive_size(name: str, low: int, high: int, power_of_two: bool = False
+                   ) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            size = parse_size(value)
+        except ValueError as e:
+            raise ArchiveSettingsError(name, str(e)) from None
+        if not low <= size <= high:
+            raise ArchiveSettingsError(name, f"{size} is outside [{low}, {high}] bytes")
+        if power_of_two and size & (size - 1):
+            raise ArchiveSettingsError(name, f"{size} is not a power of two")
+        return size
+    return parse
+
+
+def _size(name: str) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            return parse_size(value)
+        except ValueError as e:
+            raise ArchiveSettingsError(name, str(e)) from None
+    return parse
+
+
+def _duration(name: str) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            return parse_duration_ns(value)
+        except ValueError as e:
+            raise ArchiveSettingsError(name, str(e)) from None
+    return parse
+
+
+def _path(name: str, *, optional: bool = False) -> Callable[[Any], Path | None]:
+    def parse(value: Any) -> Path | None:
+        if optional and value == "":
+            return None
+        if not isinstance(value, str) or not value:
+            raise ArchiveSettingsError(name, f"{value!r} is not a path")
+        return Path(value)
+    return parse
+
+
+def _sync(value: Any) -> SyncPolicy:
+    try:
+        return SyncPolicy(value)
+    except ValueError:
+        raise ArchiveSettingsError(
+            "sync", f"{value!r} is not one of {', '.join(p.value for p in SyncPolicy)}"
+        ) from None
+
+
+#: Every top-level key: (its parser, its default).  config/archive.toml documents each one.
+SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
+    "dir": (_path("dir"), "/var/lib/slipstream-archive"),
+    "driver_dir": (_path("driver_dir", optional=True), ""),
+    "segment_length": (_positive_size("segment_length", MIN_SEGMENT_LENGTH, MAX_SEGMENT_LENGTH,
+                                      power_of_two=True), DEFAULT_SEGMENT_LENGTH),
+    "sync": (_sync, "none"),
+    "sync_interval": (_duration("sync_interval"), "100ms"),
+    "block_length": (_positive_size("block_length", 4096, 64 * 1024 * 1024), "1m"),
+    "retention_max_bytes": (_size("retention_max_bytes"), 0),
+    "retention_max_age": (_duration("retention_max_age"), 0),
+    "retention_check_interval": (_duration("retention_check_interval"), "10s"),
+}
+_RECORD_KEYS: Final = ("channel", "stream_id", "source")
+
+
+@dataclass(frozen=True)
+class ArchiveSettings:
+    """The archive's settings (defaults: :data:`SETTINGS`).  Sizes in bytes, durations in
+    nanoseconds; 0 for a retention limit is none."""
+
+    dir: Path = Path("/var/lib/slipstream-archive")
+    driver_dir: Path | None = None
+    segment_length: int = DEFAULT_SEGMENT_LENGTH
+    sync: SyncPolicy = SyncPolicy.NONE
+    sync_interval_ns: int = 100_000_000
+    block_length: int = 1 << 20
+    retention_max_bytes: int = 0
+    retention_max_age_ns: int = 0
+    retention_check_interval_ns: int = 10_000_000_000
+    records: tuple[RecordSpec, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ArchiveSettings:
+        """Settings from a TOML document's table; raises :class:`ArchiveSettingsError` naming
+        an unknown key or a bad value."""
+        parsed: dict[str, Any] = {}
+        for key in values:
+            if key != "record" and key not in SETTINGS:
+                raise ArchiveSettingsError(
+                    key, f"unknown key (known: {', '.join([*SETTINGS, 'record'])})")
+        for key, (parse, default) in SETTINGS.items():
+            value = values.get(key, default)
+            parsed[key] = parse(value)
+        if parsed["sync_interval"] <= 0 and parsed["sync"] is SyncPolicy.INTERVAL:
+            raise ArchiveSettingsError("sync_interval", "must be > 0 with sync = \"interval\"")
+        if parsed["retention_check_interval"] <= 0:
+            raise ArchiveSettingsError("retention_check_interval", "must be > 0")
+        return cls(dir=parsed["dir"], driver_dir=parsed["driver_dir"],
+                   segment_length=parsed["segment_length"], sync=parsed["sync"],
+                   sync_interval_ns=parsed["sync_interval"],
+                   block_length=parsed["block_length"],
+                   retention_max_bytes=parsed["retention_max_bytes"],
+                   retention_max_age_ns=parsed["retention_max_age"],
+                   retention_check_interval_ns=parsed["retention_check_interval"],
+                   records=_records(values.get("record", [])))
+
+
+def _records(entries: Any) -> tuple[RecordSpec, ...]:
+    if not isinstance(entries, list):
+        raise ArchiveSettingsError("record", "not an array of tables ([[record]])")
+    specs = []
+    for number, entry in enumerate(entries, start=1):
+        where = f"record #{number}"
+        if not isinstance(entry, dict):
+            raise ArchiveSettingsError("record", f"{where} is not a table")
+        for key in entry:
+            if key not in _RECORD_KEYS:
+                raise ArchiveSettingsError(f"record.{key}", f"unknown key in {where} (known: "
+                                           f"{', '.join(_RECORD_KEYS)})")
+        channel = entry.get("channel")
+        if not isinstance(channel, str):
+            raise ArchiveSettingsError("record.channel", f"{where}: {channel!r} is not a "
+                                       f"channel URI")
+        try:
+            parsed = parse_channel(channel)
+        except (SlipstreamError, ValueError) as e:
+            raise ArchiveSettingsError("record.channel", f"{where}: {e}") from None
+        if parsed.spy:
+            raise ArchiveSettingsError("record.channel", f"{where}: name the publication's "
+                                       f"channel; the archive adds {SPY_PREFIX} itself")
+        stream_id = entry.get("stream_id")
+        if isinstance(stream_id, bool) or not isinstance(stream_id, int) or \
+                not INT32_MIN <= stream_id <= INT32_MAX:
+            raise ArchiveSettingsError("record.stream_id", f"{where}: {stream_id!r} is not a "
+                                       f"stream id (an int32)")
+        try:
+            source = Source(entry.get("source", "local"))
+        except ValueError:
+            raise ArchiveSettingsError("record.source", f"{where}: {entry.get('source')!r} is "
+                                       f"not local or remote") from None
+        if source is Source.REMOTE and parsed.media == "ipc":
+            raise ArchiveSettingsError("record.source", f"{where}: aeron:ipc is always local")
+        specs.append(RecordSpec(channel, stream_id, source))
+    return tuple(specs)
+
+
+def load_settings(path: str | Path) -> ArchiveSettings:
+    """The settings of the TOML file at ``path``; raises :class:`ArchiveSettingsError` for a
+    bad key or value, and for a file that is not TOML (naming it)."""
+    try:
+        with open(path, "rb") as file:
+            values = tomllib.load(file)
+    except tomllib.TOMLDecodeError as e:
+        raise ArchiveSettingsError("(file)", f"{path} is not TOML: {e}") from None
+    return ArchiveSettings.from_mapping(values)

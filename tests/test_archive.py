@@ -1,0 +1,281 @@
+"""The archive service against real driver processes: streams recorded across segments and
+term rotations, byte for byte at their positions; killed mid-recording and recovered; its
+command line (docs/ARCHIVE.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from helpers import Collector, free_port, message, wait_for
+
+from slipstream.archive import (
+    Catalog,
+    EndReason,
+    RecordingDescriptor,
+    segment_base,
+    segment_file_name,
+    segment_files,
+)
+from slipstream.archive.catalog import CATALOG_FILE
+from slipstream.archive.recovery import verify
+from slipstream.client import Client
+from slipstream.client.layout import (
+    BEGIN_FLAG,
+    DATA_HEADER,
+    END_FLAG,
+    FRAME_ALIGNMENT,
+    HDR_TYPE_PAD,
+    HEADER_LENGTH,
+    align,
+)
+
+TERM = 64 * 1024  # the test drivers' term length (helpers.FAST_DRIVER_SETTINGS, NETWORK_...)
+SEGMENT = 2 * TERM
+
+
+def write_config(path: Path, archive_dir: Path, driver_dir: Path,
+                 records: list[tuple[str, int]], **settings: str) -> Path:
+    lines = [f'dir = "{archive_dir}"', f'driver_dir = "{driver_dir}"',
+             f'segment_length = "{SEGMENT // 1024}k"']
+    lines += [f'{key} = "{value}"' for key, value in settings.items()]
+    for channel, stream_id in records:
+        lines += ["[[record]]", f'channel = "{channel}"', f"stream_id = {stream_id}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@contextmanager
+def archive_process(config: Path, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``slipstream-archive run --config``, a real process, stopped (SIGKILL) if a test left
+    it running."""
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "slipstream.archive.cli", "run", "--config", str(config)],
+            stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def recordings(archive_dir: Path) -> list[RecordingDescriptor]:
+    if not (archive_dir / CATALOG_FILE).exists():
+        return []
+    with Catalog.open(archive_dir, writable=False) as catalog:
+        return catalog.recordings()
+
+
+def wait_for_recording(archive_dir: Path, index: int = 0, timeout: float = 20.0,
+                       ended: bool = False) -> RecordingDescriptor:
+    found: list[RecordingDescriptor] = []
+
+    def there() -> bool:
+        found[:] = recordings(archive_dir)
+        return len(found) > index and (not ended or not found[index].is_active)
+
+    wait_for(there, timeout=timeout, what=f"recording {index} {'ended' if ended else 'made'}")
+    return found[index]
+
+
+def recorded_messages(descriptor: RecordingDescriptor, archive_dir: Path
+                      ) -> list[tuple[bytes, int]]:
+    """Every whole message the recording holds, from its segment files, with the stream
+    position after it: the frames walked from the start position (a reader of the format,
+    written apart from the archive's)."""
+    out: list[tuple[bytes, int]] = []
+    position = descriptor.start_position
+    assembling: bytearray | None = None
+    segment_length = descriptor.segment_length
+    while position < descriptor.stop_position:
+        base = segment_base(descriptor.start_position, position, descriptor.term_length,
+                            segment_length)
+        data = (archive_dir / segment_file_name(descriptor.recording_id, base)).read_bytes()
+        while position < min(descriptor.stop_position, base + segment_length):
+            at = position - base
+            (length, _, flags, frame_type, term_offset, session, stream,
+             term_id, _) = DATA_HEADER.unpack_from(data, at)
+            assert term_offset == position % descriptor.term_length
+            assert term_id == descriptor.initial_term_id + position // descriptor.term_length
+            assert (session, stream) == (descriptor.session_id, descriptor.stream_id)
+            position += align(length, FRAME_ALIGNMENT)
+            if frame_type == HDR_TYPE_PAD:
+                continue
+            payload = data[at + HEADER_LENGTH:at + length]
+            if flags & BEGIN_FLAG:
+                assembling = bytearray()
+            assert assembling is not None, f"a middle fragment at {position}"
+            assembling += payload
+            if flags & END_FLAG:
+                out.append((bytes(assembling), position))
+                assembling = None
+    return out
+
+
+def size_of(seq: int) -> int:
+    """Sizes from 8 bytes to beyond the MTU: some messages are fragmented."""
+    return 8 + (seq * 97) % 2600
+
+
+def publish(publication, count: int, collectors: list[Collector] = (), first: int = 0,
+            timeout: float = 60.0) -> list[int]:
+    """Offer messages ``first ..`` while polling ``collectors``; the position after each."""
+    positions = []
+    deadline = time.monotonic() + timeout
+    seq = first
+    while seq < first + count:
+        assert time.monotonic() < deadline, f"{seq - first} of {count} offered"
+        result = publication.offer(message(seq, size_of(seq)))
+        if result > 0:
+            positions.append(result)
+            seq += 1
+        else:
+            time.sleep(0)
+        for collector in collectors:
+            collector.poll()
+    return positions
+
+
+def check_recording(descriptor: RecordingDescriptor, archive_dir: Path,
+                    positions: list[int], first: int = 0) -> None:
+    """The recording holds exactly messages ``first ..`` at their positions."""
+    got = recorded_messages(descriptor, archive_dir)
+    assert len(got) == len(positions), f"{len(got)} messages recorded of {len(positions)}"
+    for i, ((data, position), expected) in enumerate(zip(got, positions, strict=True)):
+        assert data == message(first + i, size_of(first + i)), f"message {i} differs"
+        assert position == expected, f"message {i} ends at {position}, published to {expected}"
+
+
+def test_an_ipc_stream_is_recorded_across_segments_and_terms_byte_for_byte(
+        driver, tmp_path: Path) -> None:
+    """An IPC stream recorded from its log: 12 segments of two terms, every message at the
+    position the publisher got for it; the publisher's close ends the recording at end of
+    stream, and verify finds every frame whole."""
+    archive_dir = tmp_path / "archive"
+    config = write_config(tmp_path / "archive.toml", archive_dir, driver.directory,
+                          [("aeron:ipc", 10)])
+    with Client.connect(driver.directory) as client, \
+            archive_process(config, tmp_path / "archive.log") as archive:
+        publication = client.add_publication("aeron:ipc", 10)
+        wait_for_recording(archive_dir)
+        positions = publish(publication, 2400)
+        publication.close()
+        descriptor = wait_for_recording(archive_dir, ended=True)
+        assert archive.poll() is None
+    assert descriptor.end_reason is EndReason.END_OF_STREAM
+    assert (descriptor.start_position, descriptor.stop_position) == (0, positions[-1])
+    assert positions[-1] > 12 * SEGMENT
+    assert len(segment_files(archive_dir, 0)) == positions[-1] // SEGMENT + 1
+    check_recording(descriptor, archive_dir, positions)
+    report = verify(descriptor, archive_dir)
+    assert report.ok, report.problems
+    cli = subprocess.run([sys.executable, "-m", "slipstream.archive.cli", "verify", "0",
+                          "--dir", str(archive_dir)], capture_output=True, text=True,
+                         timeout=60)
+    assert cli.returncode == 0 and "recording 0: ok" in cli.stdout, cli
+    listing = subprocess.run([sys.executable, "-m", "slipstream.archive.cli", "list",
+                              "--dir", str(archive_dir)], capture_output=True, text=True,
+                             timeout=60)
+    assert "end_of_stream" in listing.stdout and "aeron:ipc" in listing.stdout, listing
+
+
+def test_a_local_udp_stream_is_recorded_through_a_spy(launch, tmp_path: Path) -> None:
+    """A UDP publication of this host recorded from its own log through an aeron-spy:
+    subscription, while a receiver reads it over the network: both get every message; the
+    recording holds them at their positions across segments and term rotations."""
+    driver = launch()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    archive_dir = tmp_path / "archive"
+    config = write_config(tmp_path / "archive.toml", archive_dir, driver.directory,
+                          [(channel, 20)])
+    with Client.connect(driver.directory) as client, \
+            archive_process(config, tmp_path / "archive.log"):
+        publication = client.add_publication(channel, 20)
+        receiver = Collector(client.add_subscription(channel, 20))
+        wait_for(lambda: publication.is_connected, what="the receiver connected")
+        descriptor = wait_for_recording(archive_dir)
+        assert descriptor.source_identity  # the spy's image names its source
+        positions = publish(publication, 1500, [receiver])
+        wait_for(lambda: receiver.poll() >= 0 and len(receiver.seen) >= 1500, timeout=30,
+                 what="the receiver read everything")
+        publication.close()
+        descriptor = wait_for_recording(archive_dir, ended=True)
+    receiver.assert_exactly(1500)
+    assert descriptor.end_reason is EndReason.END_OF_STREAM
+    assert descriptor.stop_position == positions[-1] > 8 * SEGMENT
+    check_recording(descriptor, archive_dir, positions)
+
+
+def test_killed_mid_recording_the_archive_recovers_to_its_last_whole_frame(
+        driver, tmp_path: Path) -> None:
+    """kill -9 of the archive while it records; at its next start it ends the recording at
+    the last whole frame its segments hold (RECOVERED), and those frames are exactly the
+    first messages published, at their positions; SIGTERM then stops it cleanly."""
+    archive_dir = tmp_path / "archive"
+    config = write_config(tmp_path / "archive.toml", archive_dir, driver.directory,
+                          [("aeron:ipc", 30)])
+    with Client.connect(driver.directory) as client:
+        with archive_process(config, tmp_path / "archive.log") as archive:
+            publication = client.add_publication("aeron:ipc", 30)
+            wait_for_recording(archive_dir)
+            positions = publish(publication, 600)
+            # Still publishing while it dies: frames in flight.
+            seq = 600
+            deadline = time.monotonic() + 30
+            while sum(p.stat().st_size for _, p in segment_files(archive_dir, 0)) < 3 * SEGMENT:
+                assert time.monotonic() < deadline
+                result = publication.offer(message(seq, size_of(seq)))
+                if result > 0:
+                    positions.append(result)
+                    seq += 1
+            os.kill(archive.pid, signal.SIGKILL)
+            archive.wait(timeout=10)
+        publication.close()
+        assert recordings(archive_dir)[0].is_active  # it died with the recording open
+        restart = write_config(tmp_path / "restart.toml", archive_dir, driver.directory, [])
+        with archive_process(restart, tmp_path / "archive.log") as archive:
+            descriptor = wait_for_recording(archive_dir, ended=True)
+            archive.send_signal(signal.SIGTERM)
+            assert archive.wait(timeout=20) == 0
+    assert descriptor.end_reason is EndReason.RECOVERED
+    assert descriptor.stop_position in positions, "not at a message boundary"
+    recorded = positions[:positions.index(descriptor.stop_position) + 1]
+    assert 3 * SEGMENT <= descriptor.stop_position < positions[-1]
+    check_recording(descriptor, archive_dir, recorded)
+    assert verify(descriptor, archive_dir).ok
+    log = (tmp_path / "archive.log").read_text()
+    assert "recovered, stopped at position" in log
+
+
+def test_a_second_archive_on_the_same_directory_is_refused(driver, tmp_path: Path) -> None:
+    archive_dir = tmp_path / "archive"
+    config = write_config(tmp_path / "archive.toml", archive_dir, driver.directory, [])
+    with archive_process(config, tmp_path / "one.log") as first:
+        wait_for(lambda: (archive_dir / CATALOG_FILE).exists(), what="the first started")
+        second = subprocess.run([sys.executable, "-m", "slipstream.archive.cli", "run",
+                                 "--config", str(config)], capture_output=True, text=True,
+                                timeout=60)
+        assert second.returncode == 1
+        assert "another archive process holds" in second.stderr
+        purge = subprocess.run([sys.executable, "-m", "slipstream.archive.cli", "purge", "0",
+                                "--dir", str(archive_dir)], capture_output=True, text=True,
+                               timeout=60)
+        assert purge.returncode == 1 and "another archive process holds" in purge.stderr
+        assert first.poll() is None
+
+
+def test_the_command_line_refuses_a_bad_setting_by_name(tmp_path: Path) -> None:
+    config = tmp_path / "archive.toml"
+    config.write_text('dir = "/tmp/x"\nsync = "sometimes"\n')
+    run = subprocess.run([sys.executable, "-m", "slipstream.archive.cli", "run", "--config",
+                          str(config)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "archive setting 'sync'" in run.stderr and "sometimes" in run.stderr
