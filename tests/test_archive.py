@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -228,16 +229,27 @@ def test_killed_mid_recording_the_archive_recovers_to_its_last_whole_frame(
             wait_for_recording(archive_dir)
             positions = publish(publication, 600)
             # Still publishing while it dies: frames in flight.
-            seq = 600
+            killed = threading.Event()
+
+            def publish_on() -> None:
+                seq = 600
+                while not killed.is_set():
+                    result = publication.offer(message(seq, size_of(seq)))
+                    if result > 0:
+                        positions.append(result)
+                        seq += 1
+
+            publisher = threading.Thread(target=publish_on)
+            publisher.start()
             deadline = time.monotonic() + 30
             while sum(p.stat().st_size for _, p in segment_files(archive_dir, 0)) < 3 * SEGMENT:
                 assert time.monotonic() < deadline
-                result = publication.offer(message(seq, size_of(seq)))
-                if result > 0:
-                    positions.append(result)
-                    seq += 1
+                time.sleep(0.001)
             os.kill(archive.pid, signal.SIGKILL)
             archive.wait(timeout=10)
+            time.sleep(0.05)  # the publisher goes on a little past the kill
+            killed.set()
+            publisher.join(10)
         publication.close()
         assert recordings(archive_dir)[0].is_active  # it died with the recording open
         restart = write_config(tmp_path / "restart.toml", archive_dir, driver.directory, [])
