@@ -7,10 +7,9 @@ files and makes them durable by the sync policy; :class:`Recording` reads an ima
 work in C) into a writer, and keeps the recording's descriptor in the catalog.  Both run on
 the archive service's one thread.
 
-The seam for counters: :attr:`Recording.recorded_position` is the position reported outward
-(the durable one under the sync policy; under ``none``, the written one), and the service's
-``on_position(recording, position)`` is called each time it moves.  A later change maps it to
-a recording-position counter in the driver's counters file (``slipstream stat``, Prometheus).
+:attr:`Recording.recorded_position` is the position reported outward (the durable one under
+the sync policy; under ``none``, the written one); ``on_position(recording, position)`` is
+called each time it moves (the service sets the recording's position counter there).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import fcntl
 import logging
 import os
 import queue
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,8 @@ from slipstream.archive.recorder import PositionListener, Recording
 from slipstream.archive.recovery import recover
 from slipstream.archive.retention import apply_retention
 from slipstream.archive.settings import ArchiveSettings, RecordSpec
-from slipstream.client import Client
+from slipstream.client import Client, SlipstreamError
+from slipstream.client.counters import Counter, CounterType
 from slipstream.client.image import Image
 from slipstream.client.subscription import Subscription
 
@@ -70,10 +72,19 @@ class _Source:
         self.failed = False
 
 
+def recording_position_key(recording_id: int, session_id: int, stream_id: int) -> bytes:
+    """The key of a recording's position counter (type ``RECORDING_POSITION``): recording
+    id (int64), session id and stream id (int32), little-endian, as a reader finds it with
+    ``CountersFile.find(CounterType.RECORDING_POSITION, key)``."""
+    return struct.pack("<qii", recording_id, session_id, stream_id)
+
+
 class ArchiveService:
     """Records ``settings.records`` from the driver of ``settings.driver_dir`` into
-    ``settings.dir``.  ``on_position(recording, position)`` is told each recording's recorded
-    position as it moves (the seam for the counters a later change adds)."""
+    ``settings.dir``.  Each active recording's recorded position is a counter in the driver's
+    counters file (``RECORDING_POSITION``, keyed by :func:`recording_position_key`; `slipstream
+    stat` and the metrics exporter show it), freed when the recording ends;
+    ``on_position(recording, position)`` is told it too as it moves."""
 
     def __init__(self, settings: ArchiveSettings, *,
                  on_position: PositionListener | None = None,
@@ -83,6 +94,7 @@ class ArchiveService:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_directory(self.directory)
         self._on_position = on_position
+        self._counters: dict[int, Counter] = {}
         self.recordings: dict[int, Recording] = {}
         self._source_of: dict[int, _Source] = {}
         self._events: queue.SimpleQueue[tuple[str, _Source, Image]] = queue.SimpleQueue()
@@ -138,7 +150,7 @@ class ArchiveService:
                         self.catalog, self.directory, image, source.spec.channel,
                         segment_length=self.settings.segment_length, sync=self.settings.sync,
                         sync_interval_ns=self.settings.sync_interval_ns,
-                        block_length=self.settings.block_length, on_position=self._on_position)
+                        block_length=self.settings.block_length, on_position=self._moved)
                 except OSError as e:
                     log.error("%s stream %d session %d: no recording started: the catalog "
                               "could not be written (%s)", source.spec.channel,
@@ -147,6 +159,7 @@ class ArchiveService:
                     continue
                 self.recordings[recording.recording_id] = recording
                 self._source_of[recording.recording_id] = source
+                self._add_counter(recording)
             else:
                 recording = self._recording_of(image)
                 if recording is not None:
@@ -155,6 +168,33 @@ class ArchiveService:
                     if recording.is_active:
                         recording.stop(EndReason.END_OF_STREAM if image.is_end_of_stream
                                        else EndReason.ENDED_ABRUPTLY)
+
+    def _add_counter(self, recording: Recording) -> None:
+        image = recording.image
+        try:
+            counter = self.client.add_counter(
+                CounterType.RECORDING_POSITION,
+                f"rec-pos: {recording.recording_id} {image.session_id} {image.stream_id} "
+                f"{recording.channel}"[:300],
+                recording_position_key(recording.recording_id, image.session_id,
+                                       image.stream_id))
+        except SlipstreamError as e:  # the recording goes on; only the counter is missing
+            log.error("recording %d: no position counter (%s)", recording.recording_id, e)
+            return
+        counter.set(recording.recorded_position)
+        self._counters[recording.recording_id] = counter
+
+    def _moved(self, recording: Recording, position: int) -> None:
+        counter = self._counters.get(recording.recording_id)
+        if counter is not None:
+            counter.set(position)
+        if self._on_position is not None:
+            self._on_position(recording, position)
+
+    def _release_counters(self) -> None:
+        """Free the position counters of the recordings that ended."""
+        for recording_id in [r for r in self._counters if not self.recordings[r].is_active]:
+            self._counters.pop(recording_id).close()
 
     def _fail_source(self, source: _Source) -> None:
         """A write for ``source`` failed: stop its other recordings and close its
@@ -184,6 +224,7 @@ class ArchiveService:
             recording.tick(now_ns)
             if recording.error is not None:
                 self._fail_source(self._source_of[recording.recording_id])
+        self._release_counters()
         if now_ns >= self._next_retention_ns:
             self._next_retention_ns = now_ns + self.settings.retention_check_interval_ns
             self.run_retention()
@@ -238,6 +279,7 @@ class ArchiveService:
             if recording.is_active:
                 recording.poll()
                 recording.stop(EndReason.STOPPED)
+        self._release_counters()
         for source in self._sources:
             if source.subscription is not None and not source.subscription.is_closed:
                 source.subscription.close()

@@ -26,7 +26,10 @@ from slipstream.archive import (
 )
 from slipstream.archive.catalog import CATALOG_FILE
 from slipstream.archive.recovery import verify
+from slipstream.archive.service import recording_position_key
 from slipstream.client import Client
+from slipstream.client.control import COUNTERS_FILE
+from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.layout import (
     BEGIN_FLAG,
     DATA_HEADER,
@@ -291,3 +294,31 @@ def test_the_command_line_refuses_a_bad_setting_by_name(tmp_path: Path) -> None:
                           str(config)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "archive setting 'sync'" in run.stderr and "sometimes" in run.stderr
+
+
+def test_a_recordings_position_is_a_counter_while_it_records(driver, tmp_path: Path) -> None:
+    """While a recording is active its recorded position is a RECORDING_POSITION counter in
+    the driver's counters file, found by recording, session and stream id, and it reaches
+    what the publisher published; it is freed when the recording ends."""
+    archive_dir = tmp_path / "archive"
+    config = write_config(tmp_path / "archive.toml", archive_dir, driver.directory,
+                          [("aeron:ipc", 40)])
+    counters = CountersFile(Path(driver.directory) / COUNTERS_FILE, writable=False)
+    try:
+        with Client.connect(driver.directory) as client, \
+                archive_process(config, tmp_path / "archive.log"):
+            publication = client.add_publication("aeron:ipc", 40)
+            wait_for_recording(archive_dir)
+            positions = publish(publication, 300)
+            key = recording_position_key(0, publication.session_id, 40)
+            wait_for(lambda: counters.find(CounterType.RECORDING_POSITION, key) is not None,
+                     what="the recording's counter")
+            info = counters.find(CounterType.RECORDING_POSITION, key)
+            assert info is not None and info.label.startswith("rec-pos: 0 ")
+            position = counters.reader(info.counter_id, info.registration_id)
+            wait_for(lambda: position.get() == positions[-1], what="the recorded position")
+            publication.close()
+            wait_for(lambda: not position.is_allocated, what="the counter freed at the end")
+            assert wait_for_recording(archive_dir, ended=True).stop_position == positions[-1]
+    finally:
+        counters.close()
