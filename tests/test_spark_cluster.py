@@ -496,3 +496,129 @@ def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_t
     assert got["in_order"], "each task's rows arrive in input order"
     assert got["stamps"], "timestamp is the publisher's reserved value"
     assert "holding stream 10" in holder_log, holder_log
+
+
+# -- the Spark driver on the ingest host; a publisher that ends -------------------------------
+#
+# Host 4: the ingest host (its driver and slipstream-holder) and the client-mode application:
+# its Spark driver beside the holder, its executors on hosts 2 and 3 (replays from host 4);
+# host 1: two publishers (two sessions) sending to host 4, one of which ends normally halfway.
+
+#: Host 1: two sessions on the stream to host 4; the first closes normally after ``count``
+#: messages, the second goes on to ``2 * count`` and stays open until the query stopped.
+#: Prints its sessions.
+TWO_PUBLISHERS = """
+import json, os, sys, time
+from slipstream.client import Client
+
+data, count, size, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+with Client.connect() as client:
+    ending = client.add_exclusive_publication(data, 10)
+    going = client.add_exclusive_publication(data, 10)
+    print("RESULT", json.dumps({"ending": ending.session_id, "going": going.session_id}),
+          flush=True)
+    deadline = time.monotonic() + 300
+    while not (ending.is_connected and going.is_connected):
+        assert time.monotonic() < deadline, "no subscriber came"
+        time.sleep(0.05)
+    for i in range(2 * count):
+        publication = ending if i < 2 * count // 2 and i % 2 == 0 else going
+        message = f"m{i:08d}".encode().ljust(size, b".")
+        while publication.offer(message) < 0:
+            assert time.monotonic() < deadline, "held back for good"
+            time.sleep(0.0002)
+        if i == 2 * count // 2:
+            ending.close()  # normally: the stream ends with its end-of-stream mark
+    while not os.path.exists(os.path.join(work, "stopped")):
+        assert time.monotonic() < deadline + 300, "the query never stopped"
+        time.sleep(0.1)
+"""
+
+#: The query on the ingest host: reads through the holder there, writes each batch's rows to
+#: a file named by its batch id (written again when a batch runs again: idempotent), until
+#: ``expected`` distinct messages are in, then reports what the last offsets name.
+INGEST_QUERY = """
+import glob, json, os, sys, time
+from pyspark.sql import SparkSession
+from slipstream.spark_bridge import register
+
+data, holder, expected, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+spark = SparkSession.builder.appName("slipstream-ingest-host").getOrCreate()
+register(spark)
+os.makedirs(os.path.join(work, "batches"), exist_ok=True)
+
+def sink(frame, batch_id):
+    rows = [[bytes(r.value[:9]).decode(), r.session_id, r.position] for r in frame.collect()]
+    path = os.path.join(work, "batches", f"{batch_id}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(rows, f)
+    os.replace(path + ".tmp", path)
+
+def seen():
+    values = []
+    for path in glob.glob(os.path.join(work, "batches", "*.json")):
+        with open(path) as f:
+            values += [row[0] for row in json.load(f)]
+    return values
+
+query = (spark.readStream.format("slipstream").option("channel", data)
+         .option("streamId", "10").option("holder", holder).option("minPartitions", "2")
+         .load().writeStream.foreachBatch(sink)
+         .option("checkpointLocation", os.path.join(work, "checkpoint")).start())
+deadline = time.monotonic() + 400
+while time.monotonic() < deadline and len(set(seen())) < expected:
+    if query.exception() is not None:
+        raise query.exception()
+    time.sleep(0.5)
+time.sleep(8)  # the ended session's image goes at the holder; it leaves the offsets
+if query.exception() is not None:
+    raise query.exception()
+query.stop()
+open(os.path.join(work, "stopped"), "w").close()
+offsets = sorted(glob.glob(os.path.join(work, "checkpoint", "offsets", "[0-9]*")),
+                 key=lambda path: int(os.path.basename(path)))
+with open(offsets[-1]) as f:
+    last = f.read().splitlines()[-1]
+values = seen()
+print("RESULT", json.dumps({"rows": len(values), "distinct": len(set(values)),
+                            "last_offsets": last}), flush=True)
+spark.stop()
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_query_beside_the_ingest_holder_reads_every_message_once_as_a_publisher_ends(
+        cluster, tmp_path) -> None:
+    """The Spark driver on the ingest host (client mode, beside slipstream-holder), its read
+    tasks on hosts 2 and 3; host 1 publishes two sessions to host 4, and one of them ends
+    normally halfway.  The planner reaches its own host's holder, the query never fails, every
+    message is read once into an idempotent sink, and the ended session leaves the offsets."""
+    hosts, spark, _drivers = cluster
+    data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
+    holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
+                            "--address", hosts[4].address, "--hold", data, "10",
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    count = MESSAGES // 2
+    publisher = hosts[1].popen(sys.executable, "-c", TWO_PUBLISHERS, data, str(count),
+                               str(PAYLOAD), str(tmp_path), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        run = spark.run_app(INGEST_QUERY, data, hosts[4].address, str(2 * count),
+                            str(tmp_path), host=4, conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
+        query = run.result()
+    finally:
+        (tmp_path / "stopped").touch()
+        try:
+            published, errors = publisher.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            publisher.kill()
+            published, errors = publisher.communicate()
+        holder.terminate()
+        holder_log, _ = holder.communicate(timeout=30)
+    sessions = next((json.loads(line.removeprefix("RESULT "))
+                     for line in published.splitlines() if line.startswith("RESULT ")), None)
+    assert sessions is not None and publisher.returncode == 0, (published, errors)
+    assert query["distinct"] == query["rows"] == 2 * count, query
+    assert str(sessions["ending"]) not in query["last_offsets"], query
+    assert str(sessions["going"]) in query["last_offsets"], query
+    assert "holding stream 10" in holder_log, holder_log
