@@ -534,15 +534,17 @@ with Client.connect() as client:
         time.sleep(0.1)
 """
 
-#: The query on the ingest host: reads through the holder there, writes each batch's rows to
-#: a file named by its batch id (written again when a batch runs again: idempotent), until
-#: ``expected`` distinct messages are in, then reports what the last offsets name.
+#: The query: reads through the holder, writes each batch's rows to a file named by its batch
+#: id (written again when a batch runs again: idempotent), until ``expected`` distinct
+#: messages starting with ``prefix`` are in, then reports what the last offsets name.
 INGEST_QUERY = """
 import glob, json, os, sys, time
 from pyspark.sql import SparkSession
 from slipstream.spark_bridge import register
 
 data, holder, expected, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+prefix, fail_on_data_loss = sys.argv[5], sys.argv[6]
+gone = sys.argv[7] if len(sys.argv) > 7 else None  # a session to see leave the offsets
 spark = SparkSession.builder.appName("slipstream-ingest-host").getOrCreate()
 register(spark)
 os.makedirs(os.path.join(work, "batches"), exist_ok=True)
@@ -563,25 +565,30 @@ def seen():
 
 query = (spark.readStream.format("slipstream").option("channel", data)
          .option("streamId", "10").option("holder", holder).option("minPartitions", "2")
+         .option("failOnDataLoss", fail_on_data_loss)
          .load().writeStream.foreachBatch(sink)
          .option("checkpointLocation", os.path.join(work, "checkpoint")).start())
 deadline = time.monotonic() + 400
-while time.monotonic() < deadline and len(set(seen())) < expected:
+while time.monotonic() < deadline and \
+        len({v for v in seen() if v.startswith(prefix)}) < expected:
     if query.exception() is not None:
         raise query.exception()
     time.sleep(0.5)
+def last_offsets():
+    paths = glob.glob(os.path.join(work, "checkpoint", "offsets", "[0-9]*"))
+    with open(max(paths, key=lambda path: int(os.path.basename(path)))) as f:
+        return f.read().splitlines()[-1]
+
 time.sleep(8)  # the ended session's image goes at the holder; it leaves the offsets
+while gone is not None and f'"{gone}"' in last_offsets() and time.monotonic() < deadline:
+    time.sleep(0.5)
 if query.exception() is not None:
     raise query.exception()
 query.stop()
 open(os.path.join(work, "stopped"), "w").close()
-offsets = sorted(glob.glob(os.path.join(work, "checkpoint", "offsets", "[0-9]*")),
-                 key=lambda path: int(os.path.basename(path)))
-with open(offsets[-1]) as f:
-    last = f.read().splitlines()[-1]
 values = seen()
 print("RESULT", json.dumps({"rows": len(values), "distinct": len(set(values)),
-                            "last_offsets": last}), flush=True)
+                            "last_offsets": last_offsets()}), flush=True)
 spark.stop()
 """
 
@@ -604,7 +611,8 @@ def test_a_query_beside_the_ingest_holder_reads_every_message_once_as_a_publishe
                                stderr=subprocess.PIPE, text=True)
     try:
         run = spark.run_app(INGEST_QUERY, data, hosts[4].address, str(2 * count),
-                            str(tmp_path), host=4, conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
+                            str(tmp_path), "m", "true", host=4, conf=ONE_EXECUTOR_PER_WORKER,
+                            timeout=600)
         query = run.result()
     finally:
         (tmp_path / "stopped").touch()
@@ -622,3 +630,115 @@ def test_a_query_beside_the_ingest_holder_reads_every_message_once_as_a_publishe
     assert str(sessions["ending"]) not in query["last_offsets"], query
     assert str(sessions["going"]) in query["last_offsets"], query
     assert "holding stream 10" in holder_log, holder_log
+
+
+#: Host 1: publishes ``prefix``-numbered messages to the ingest host until ``count`` went or
+#: its driver goes (then it reports how many ``offer`` accepted), and stays open until the
+#: file ``stopped``.  Writes how many went so far to ``progress``.
+PUBLISHER = """
+import json, os, sys, time
+from slipstream.client import Client, SlipstreamError
+
+data, count, size, work, prefix = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                   sys.argv[4], sys.argv[5])
+accepted = 0
+try:
+    with Client.connect() as client:
+        publication = client.add_exclusive_publication(data, 10)
+        print("SESSION", publication.session_id, flush=True)
+        while not publication.is_connected:
+            time.sleep(0.05)
+        for i in range(count):
+            message = f"{prefix}{i:08d}".encode().ljust(size, b".")
+            while publication.offer(message) < 0:
+                error = client.cut_off_error()
+                if error is not None:  # its driver went
+                    raise error
+                time.sleep(0.0002)
+            accepted += 1
+            if accepted % 50 == 0:
+                with open(os.path.join(work, f"progress-{prefix}"), "w") as f:
+                    f.write(str(accepted))
+        while not os.path.exists(os.path.join(work, "stopped")):
+            time.sleep(0.1)
+except SlipstreamError as e:
+    print("ENDED", repr(e), flush=True)
+print("RESULT", json.dumps({"accepted": accepted}), flush=True)
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_publishing_host_restarted_while_the_query_was_down_is_reported_never_silent(
+        cluster, tmp_path) -> None:
+    """The stream is held by the ingest host's holder; the query (client mode, on host 1)
+    reads some and stops.  Host 1's publisher goes on until held back, then host 1's
+    slipstream driver is killed (what its log held past the holder's window goes with it)
+    and started again, and a new publisher there sends a new session.  The query, restarted
+    from its checkpoint with failOnDataLoss=false, reads what the holder received of the old
+    session once and in order, reports the old session as ended without its end-of-stream
+    mark (a warning and a 'data loss skips' count, not silence), and reads the new session
+    once."""
+    from slipstream.client.counters import SystemCounter, read_system_counters
+
+    hosts, spark, drivers = cluster
+    data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
+    holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
+                            "--address", hosts[4].address, "--hold", data, "10",
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = hosts[1].popen(sys.executable, "-c", PUBLISHER, data, str(10 * MESSAGES),
+                           str(PAYLOAD), str(tmp_path), "m", stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    second = None
+    restarted = None
+    first_out = first_err = ""
+    try:
+        spark.run_app(INGEST_QUERY, data, hosts[4].address, str(MESSAGES // 4),
+                      str(tmp_path), "m", "false", host=1, conf=ONE_EXECUTOR_PER_WORKER,
+                      timeout=600)
+        progress = tmp_path / "progress-m"
+        before, deadline = -1, time.monotonic() + 60
+        while time.monotonic() < deadline:  # held back: the holder's window is full
+            time.sleep(1.0)
+            now = int(progress.read_text() or 0)
+            if now == before:
+                break
+            before = now
+        drivers[1].kill()
+        first_out, first_err = first.communicate(timeout=60)
+        restarted = hosts.start_driver(1, client_liveness_timeout="5s")
+        old_session = next(line.split()[1] for line in first_out.splitlines()
+                           if line.startswith("SESSION "))
+        (tmp_path / "stopped").unlink()  # the first run's
+        second = hosts[1].popen(sys.executable, "-c", PUBLISHER, data, str(MESSAGES // 2),
+                                str(PAYLOAD), str(tmp_path), "n", stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        run = spark.run_app(INGEST_QUERY, data, hosts[4].address, str(MESSAGES // 2),
+                            str(tmp_path), "n", "false", old_session, host=1,
+                            conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
+        skips = read_system_counters(hosts[1].outside(restarted.directory))[
+            SystemCounter.DATA_LOSS_SKIPS]
+    finally:
+        (tmp_path / "stopped").touch()
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                try:
+                    process.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+        holder.terminate()
+        holder.communicate(timeout=30)
+        if restarted is not None:
+            restarted.stop()
+    accepted = json.loads(next(line for line in first_out.splitlines()
+                               if line.startswith("RESULT "))[7:])["accepted"]
+    rows = []
+    for path in (tmp_path / "batches").glob("*.json"):
+        rows += [row[0] for row in json.loads(path.read_text())]
+    old = sorted(int(v[1:]) for v in rows if v.startswith("m"))
+    new = sorted(int(v[1:]) for v in rows if v.startswith("n"))
+    assert old == list(range(len(old))), "the old session's rows once, none missing"
+    assert MESSAGES // 4 <= len(old) < accepted, (len(old), accepted, first_err)
+    assert new == list(range(MESSAGES // 2)), "the new session's rows once"
+    assert "without the stream's end-of-stream mark" in run.stderr, run.stderr[-3000:]
+    assert f'"{old_session}"' not in run.result()["last_offsets"]
+    assert skips >= 1
