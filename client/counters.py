@@ -110,8 +110,12 @@ class CounterType(enum.IntEnum):
     MDC_DESTINATIONS = 1007  # mdc-destinations: a multi-destination-cast endpoint's, now
     MDS_DESTINATIONS = 1008  # mds-destinations: a multi-destination subscription's, now
     # A client's (the archive's), not the driver's: a recording's position, bytes (Aeron's
-    # RecordingPos, type 100); its key: recording id, session id, source identity.
+    # RecordingPos, type 100); its key: recording id, session id, stream id
+    # (slipstream.archive.service.recording_position_key).
     RECORDING_POSITION = 100
+    # A client's (a Spark read query's planner): the bytes its sessions hold past what the
+    # query committed, summed over the sessions (its label names the query).
+    SPARK_READ_LAG = 1100
 
 
 #: The type ids of the driver's own counters (:class:`CounterType`): a client may not add one.

@@ -170,6 +170,11 @@ class LogView:
         ``available``; ``available`` when the log was lapped meanwhile (the task reports it)."""
         raise NotImplementedError
 
+    def count_messages(self, begin: int, end: int, limit: int) -> int:
+        """How many whole messages ``[begin, end)`` holds, counting up to ``limit`` (at most
+        that is returned); 0 when the log was lapped meanwhile."""
+        raise NotImplementedError
+
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         """Message boundaries strictly inside ``[begin, stop)`` that cut it into about
         ``pieces`` ranges of equal length (64 messages per step, so a piece is at least that
@@ -238,6 +243,23 @@ class ImageView(LogView):
             return available
         return last
 
+    def count_messages(self, begin: int, end: int, limit: int) -> int:
+        count = 0
+
+        def handler(data: memoryview, header: object) -> None:
+            nonlocal count
+            if count >= limit:
+                raise _Stop
+            count += 1
+
+        try:
+            self.image.peek(begin, handler, end)
+        except _Stop:
+            pass
+        except DataLossError:
+            return 0
+        return count
+
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         if pieces <= 1:
             return []
@@ -275,6 +297,7 @@ VIEW_OPERATIONS: dict[str, tuple[str, ...]] = {
     "is_retained": ("position",),
     "first_retained": ("start", "end"),
     "scan": ("begin", "available", "max_rows", "max_bytes"),
+    "count_messages": ("begin", "end", "limit"),
     "split_points": ("begin", "stop", "pieces"),
     "advance_to": ("position",),
 }
@@ -331,6 +354,9 @@ class RemoteView(LogView):
              max_bytes: int | None) -> int:
         return int(self._ask("scan", begin=begin, available=available, max_rows=max_rows,
                              max_bytes=max_bytes))
+
+    def count_messages(self, begin: int, end: int, limit: int) -> int:
+        return int(self._ask("count_messages", begin=begin, end=end, limit=limit))
 
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         return [int(p) for p in self._ask("split_points", begin=begin, stop=stop,

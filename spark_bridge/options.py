@@ -17,7 +17,7 @@ from slipstream.client.channel import parse_channel
 from slipstream.client.errors import ChannelError, UsageError
 from slipstream.client.holder import DEFAULT_GROUP, HOLDER_PORT
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
-from slipstream.client.units import parse_size
+from slipstream.client.units import parse_duration_ns, parse_size
 
 __all__ = ["READ_OPTIONS", "WRITE_OPTIONS", "OptionError", "SourceOptions", "parse_options"]
 
@@ -35,7 +35,8 @@ class OptionError(UsageError, ValueError):
 
 COMMON_OPTIONS = ("channel", "streamId", "directory")
 READ_OPTIONS = ("startingPosition", "endingPosition", "maxMessagesPerTrigger",
-                "maxBytesPerTrigger", "failOnDataLoss", "minPartitions", "holder",
+                "maxBytesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay",
+                "failOnDataLoss", "minPartitions", "holder",
                 "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs")
 WRITE_OPTIONS = ("offerTimeoutMs",)
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
@@ -46,6 +47,9 @@ _CANONICAL = {name.lower(): name
 DEFAULT_CHANNEL = "aeron:ipc"
 DEFAULT_OFFER_TIMEOUT_MS = 30_000
 DEFAULT_REPLAY_TIMEOUT_MS = 30_000
+#: How long a trigger waits for minMessagesPerTrigger before it reads what there is (Kafka's
+#: maxTriggerDelay default).
+DEFAULT_MAX_TRIGGER_DELAY_NS = 15 * 60 * 10**9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +65,10 @@ class SourceOptions:
     ending_position: str | dict[str, int] = "latest"
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
+    #: A micro-batch waits for this many messages in all, unless ``max_trigger_delay_ns``
+    #: passed since the last batch that read (Kafka's minOffsetsPerTrigger).
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay_ns: int = DEFAULT_MAX_TRIGGER_DELAY_NS
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     offer_timeout_ms: int = DEFAULT_OFFER_TIMEOUT_MS
@@ -71,6 +79,8 @@ class SourceOptions:
     holder: tuple[str, int] | None = None
     holder_group: str = DEFAULT_GROUP
     replay_timeout_ms: int = DEFAULT_REPLAY_TIMEOUT_MS
+    #: The reader's ``queryName`` option, if given: it names the query's lag counter.
+    query_name: str | None = None
     given: frozenset[str] = frozenset()  # canonical names of the options the user set
 
     def check_direction(self, direction: str) -> None:
@@ -110,7 +120,8 @@ class SourceOptions:
                                                       "reads only (accepted on a stream: "
                                                       "latest, earliest)")
             return
-        for name in ("maxMessagesPerTrigger", "maxBytesPerTrigger"):
+        for name in ("maxMessagesPerTrigger", "maxBytesPerTrigger", "minMessagesPerTrigger",
+                     "maxTriggerDelay"):
             if name in self.given:
                 raise OptionError(name, "applies to streaming reads only (spark.readStream)")
         if self.holder is None:
@@ -228,6 +239,28 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         if max_bytes < 1:
             raise OptionError("maxBytesPerTrigger", f"{text!r} is not >= 1 byte")
 
+    min_messages = None
+    if "minMessagesPerTrigger" in given:
+        min_messages = _positive_int("minMessagesPerTrigger", given["minMessagesPerTrigger"])
+        if max_messages is not None and min_messages > max_messages:
+            raise OptionError("minMessagesPerTrigger", f"{min_messages} is over "
+                                                       f"maxMessagesPerTrigger {max_messages}")
+    max_delay_ns = DEFAULT_MAX_TRIGGER_DELAY_NS
+    if "maxTriggerDelay" in given:
+        text = given["maxTriggerDelay"]
+        if "minMessagesPerTrigger" not in given:
+            raise OptionError("maxTriggerDelay", "bounds the wait for minMessagesPerTrigger, "
+                                                 "which is not set")
+        try:
+            if text.strip().isdigit():  # a bare number would be nanoseconds
+                raise ValueError(text)
+            max_delay_ns = parse_duration_ns(text.strip())
+        except ValueError:
+            raise OptionError("maxTriggerDelay", f"{text!r} is not a duration (accepted: "
+                                                 f"e.g. 500ms, 30s, 15m)") from None
+        if max_delay_ns <= 0:
+            raise OptionError("maxTriggerDelay", f"{text!r} is not > 0")
+
     fail_text = given.get("failOnDataLoss", "true").strip().lower()
     if fail_text not in ("true", "false"):
         raise OptionError("failOnDataLoss",
@@ -280,8 +313,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         directory=directory.strip() if directory else None,
         starting_position=starting, ending_position=ending,
         max_messages_per_trigger=max_messages,
-        max_bytes_per_trigger=max_bytes, fail_on_data_loss=fail_text == "true",
+        max_bytes_per_trigger=max_bytes, min_messages_per_trigger=min_messages,
+        max_trigger_delay_ns=max_delay_ns, fail_on_data_loss=fail_text == "true",
         min_partitions=min_partitions,
         offer_timeout_ms=offer_timeout_ms, holder_address=holder_address,
         replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, holder=holder,
-        holder_group=group, given=frozenset(given))
+        holder_group=group, query_name=given.get("queryName", "").strip() or None,
+        given=frozenset(given))

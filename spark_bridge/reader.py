@@ -45,7 +45,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import struct
 import threading
+import time
 from collections.abc import Iterator
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -58,6 +60,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from slipstream.client import SlipstreamError
+from slipstream.client.counters import LABEL_MAX_LENGTH, Counter, CounterType
 from slipstream.client.logview import LogView, SessionEnd
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.planning import (
@@ -124,11 +127,34 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.options = options
         self._hold: _OwnHold | _StandingHold | None = None
         self._target: dict[str, int] | None = None
+        #: When the last micro-batch that read was planned (monotonic ns): minMessagesPerTrigger
+        #: waits at most maxTriggerDelay from there.
+        self._last_read_ns: int | None = None
+        self._lag: Counter | None = None
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
-        state["_hold"] = None
+        state["_hold"] = state["_lag"] = None
         return state
+
+    def _report_lag(self, images: dict[str, LogView], start: dict[str, object]) -> None:
+        """Set the query's lag counter (made on first use, in this host's driver's counters
+        file: ``slipstream stat``, ``slipstream_spark_read_lag`` in the metrics): the bytes
+        the sessions hold past the committed offsets."""
+        assert self._hold is not None
+        if self._lag is None:
+            name = self.options.query_name or f"stream {self.options.stream_id}"
+            label = (f"spark-read-lag: {name} {self.options.channel} "
+                     f"group {self.options.holder_group}")
+            try:
+                self._lag = self._hold.client.add_counter(
+                    CounterType.SPARK_READ_LAG, label[:LABEL_MAX_LENGTH],
+                    struct.pack("<i", self.options.stream_id))
+            except SlipstreamError as e:  # the query goes on without its gauge
+                log.warning("slipstream: no lag counter for the query (%s)", e)
+                return
+        self._lag.set(sum(max(0, view.available_position() - position_of(start[sid]))
+                          for sid, view in images.items() if sid in start))
 
     # -- offsets -------------------------------------------------------------------------------
     def _entry(self, view: LogView, position: int) -> dict[str, object]:
@@ -201,6 +227,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """
         images = self._images()
         assert self._hold is not None
+        self._report_lag(images, start)
         ended = self._hold.ended()
         for sid in sorted(set(start) - set(images)):
             self._gone(sid, start[sid], ended.get(sid))
@@ -259,6 +286,12 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 begin = held_from  # the executor or plan_partitions counts the skip
             ranges[sid] = (begin, available)
             end[sid] = self._entry(image, available)
+        if ranges and self._too_few(images, ranges):
+            for sid in ranges:  # the batch waits: nothing read, the offsets unchanged
+                end[sid] = start[sid]
+            return end
+        if ranges:
+            self._last_read_ns = time.monotonic_ns()
         if max_rows is None and max_bytes is None:
             return end
         backlog = {sid: stop - begin for sid, (begin, stop) in ranges.items()}
@@ -269,6 +302,25 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                        byte_shares.get(sid))
             end[sid] = self._entry(images[sid], reached)
         return end
+
+    def _too_few(self, images: dict[str, LogView], ranges: dict[str, tuple[int, int]]) -> bool:
+        """Whether the batch should wait for minMessagesPerTrigger: fewer messages than that
+        in ``ranges``, and maxTriggerDelay not yet passed since the last batch that read (or
+        since the first look).  Never under Trigger.AvailableNow, which would wait for good."""
+        wanted = self.options.min_messages_per_trigger
+        if wanted is None or self._target is not None:
+            return False
+        now = time.monotonic_ns()
+        if self._last_read_ns is None:
+            self._last_read_ns = now
+        if now - self._last_read_ns >= self.options.max_trigger_delay_ns:
+            return False
+        found = 0
+        for sid, (begin, stop) in ranges.items():
+            found += images[sid].count_messages(begin, stop, wanted - found)
+            if found >= wanted:
+                return False
+        return True
 
     def _gone(self, sid: str, entry: object, end: SessionEnd | None) -> None:
         """The session ``sid``, at ``entry`` in the offsets, has no image at the hold any
@@ -367,6 +419,9 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """The query ended: leave the driver (the subscription stops holding publishers, the
         holder stops replaying)."""
         hold, self._hold = self._hold, None
+        lag, self._lag = self._lag, None
+        if lag is not None and not lag.is_closed:
+            lag.close()
         if hold is not None:
             hold.close()
 

@@ -748,6 +748,12 @@ def test_a_pipeline_reads_from_one_host_and_writes_to_another_over_udp(
     ({"streamId": "1", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
     ({"streamId": "1", "maxMessagesPerTrigger": "0"}, "maxMessagesPerTrigger"),
     ({"streamId": "1", "channel": "aeron:tcp"}, "channel"),
+    ({"streamId": "1", "minMessagesPerTrigger": "many"}, "minMessagesPerTrigger"),
+    ({"streamId": "1", "minMessagesPerTrigger": "50", "maxMessagesPerTrigger": "10"},
+     "minMessagesPerTrigger"),
+    ({"streamId": "1", "maxTriggerDelay": "5s"}, "maxTriggerDelay"),
+    ({"streamId": "1", "minMessagesPerTrigger": "5", "maxTriggerDelay": "500"},
+     "maxTriggerDelay"),
 ])
 def test_bad_read_options_are_errors_naming_the_option(spark, options: dict[str, str],
                                                         named: str) -> None:

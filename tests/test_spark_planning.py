@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 
 from slipstream.client import Client
+from slipstream.client.counters import CounterType
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.options import parse_options
 from slipstream.spark_bridge.reader import (
@@ -133,6 +134,74 @@ def test_available_now_stops_at_what_existed_when_it_started(driver, driver_dir,
         assert planner.latestOffset(end, ReadAllAvailable()) == end  # the target holds
     finally:
         planner.stop()
+
+
+def test_a_trigger_waits_for_min_messages_until_the_max_delay_passes(
+        driver, driver_dir, client) -> None:
+    """minMessagesPerTrigger=100, maxTriggerDelay=1500ms: with 60 messages waiting the batch
+    waits (the offsets stay), and reads them once the delay since the last read passed; with
+    100 it reads at once, and the delay counts again from there."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    publication = client.add_publication(channel, STREAM)
+    planner = reader(driver_dir, channel=channel, minMessagesPerTrigger="100",
+                     maxTriggerDelay="1500ms")
+    try:
+        start = planner.initialOffset()
+        wait_for(lambda: planner._images(), what="the session")
+        start = planner.latestOffset(start, ReadAllAvailable())  # it enters, unread
+        sid = str(publication.session_id)
+        first_look = time.monotonic()
+        publish(publication, 60)
+        wait_for(lambda: planner._images()[sid].available_position() ==
+                 position_of(start[sid]) + 60 * FRAME, what="the messages")
+        while time.monotonic() - first_look < 1.2:
+            assert planner.latestOffset(start, ReadAllAvailable()) == start
+            time.sleep(0.1)
+        deadline = time.monotonic() + 5
+        while (end := planner.latestOffset(start, ReadAllAvailable())) == start:
+            assert time.monotonic() < deadline, "the delay passed and nothing was read"
+            time.sleep(0.05)
+        assert time.monotonic() - first_look >= 1.5
+        assert position_of(end[sid]) == position_of(start[sid]) + 60 * FRAME
+        publish(publication, 100)
+        wait_for(lambda: planner._images()[sid].available_position() ==
+                 position_of(end[sid]) + 100 * FRAME, what="a hundred more")
+        later = planner.latestOffset(end, ReadAllAvailable())
+        assert position_of(later[sid]) == position_of(end[sid]) + 100 * FRAME
+        publish(publication, 10)
+        assert planner.latestOffset(later, ReadAllAvailable()) == later  # waits again
+    finally:
+        planner.stop()
+
+
+def test_a_querys_lag_is_a_labelled_counter_of_the_bytes_past_its_commit(
+        driver, driver_dir, client) -> None:
+    """The planner's lag counter (SPARK_READ_LAG, labelled with the reader's queryName):
+    the bytes the sessions hold past the committed offsets, as of each latestOffset; freed
+    when the query stops."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    publication = client.add_publication(channel, STREAM)
+    planner = reader(driver_dir, channel=channel, queryName="alerts")
+    counters = client.counters
+    try:
+        start = planner.latestOffset(planner.initialOffset(), ReadAllAvailable())
+        wait_for(lambda: planner._images(), what="the session")
+        start = planner.latestOffset(start, ReadAllAvailable())
+        sid = str(publication.session_id)
+        publish(publication, 40)
+        wait_for(lambda: planner._images()[sid].available_position() ==
+                 position_of(start[sid]) + 40 * FRAME, what="the messages")
+        end = planner.latestOffset(start, ReadAllAvailable())
+        info = counters.find(CounterType.SPARK_READ_LAG)
+        assert info is not None and info.label.startswith("spark-read-lag: alerts ")
+        assert counters.get(info.counter_id) == 40 * FRAME
+        planner.commit(end)
+        planner.latestOffset(end, ReadAllAvailable())
+        assert counters.get(info.counter_id) == 0
+        lag = counters.reader(info.counter_id, info.registration_id)
+    finally:
+        planner.stop()
+    assert not lag.is_allocated
 
 
 def test_offsets_name_their_log_and_a_checkpoint_of_another_log_is_refused(
