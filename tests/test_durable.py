@@ -256,3 +256,39 @@ def test_the_driver_refuses_durable_on_a_subscription_from_any_client() -> None:
     with pytest.raises(ChannelError) as raised:
         _carried(parse_channel("aeron:udp?endpoint=127.0.0.1:9|durable=1/1"), subscription=True)
     assert raised.value.part == "durable"
+
+
+@pytest.mark.spark
+def test_the_spark_writer_commits_a_task_only_once_its_last_message_is_durable(
+        launch) -> None:
+    import pyarrow as pa
+
+    from slipstream.spark_bridge.options import OptionError, parse_options
+    from slipstream.spark_bridge.writer import (
+        DurableTimeoutError,
+        publish_batches,
+        wait_until_durable,
+    )
+
+    with pytest.raises(OptionError, match=r"'durableTimeoutMs'.*no durable= key"):
+        parse_options({"streamId": "1", "channel": "aeron:udp?endpoint=127.0.0.1:9",
+                       "durableTimeoutMs": "100"}).check_direction("write")
+    with pytest.raises(OptionError, match=r"'durableTimeoutMs'.*negative"):
+        parse_options({"streamId": "1", "durableTimeoutMs": "-1"})
+    options = parse_options({"streamId": "1", "durableTimeoutMs": "250",
+                             "channel": "aeron:udp?endpoint=127.0.0.1:9|durable=7/1"})
+    options.check_direction("write")
+    assert options.durable_timeout_ms == 250
+
+    with unicast(launch, "|durable=7/1", "|gtag=7") as (_, _, publication, subscription):
+        batch = pa.RecordBatch.from_pydict({"value": [message(i, SIZE) for i in range(20)]})
+        rows, _, last = publish_batches(publication, iter([batch]), 5_000)
+        assert rows == 20 and last == publication.position
+        with pytest.raises(DurableTimeoutError, match="durableTimeoutMs=250 ms: the tagged "
+                                                      "receivers have not consumed"):
+            wait_until_durable(publication, last, 250)
+        done = 0
+        while done < 20:
+            done += subscription.poll(lambda *_: None, 20)
+        wait_until_durable(publication, last, 5_000)
+        assert publication.durable_position == last
