@@ -200,6 +200,31 @@ async def _wait_for_credit(publication: Publication, message: Buffer, result: in
         result = attempt(message, reserved_value)
 
 
+async def wait_durable(publication: Publication, position: int, timeout_ns: int) -> bool:
+    """``Publication.wait_durable_async``: see there."""
+    cells = publication._durable_cells
+    assert cells is not None
+    deadline_ns = time.monotonic_ns() + timeout_ns
+    appender = publication._appender
+    invoker = publication._client.invoker
+
+    def wait(slice_ns: int) -> None:
+        lib.ss_await_durable(appender, cells[0], position, BLOCK_SPIN_NS, BLOCK_YIELD_NS,
+                             slice_ns)
+
+    await trio.lowlevel.checkpoint()
+    while True:
+        durable = publication.durable_position
+        assert durable is not None
+        if durable >= position:
+            return True
+        remaining = deadline_ns - time.monotonic_ns()
+        if remaining <= 0 or publication.is_closed:
+            return False
+        await _park(wait, publication._wake_durable_waiters, min(remaining, PARK_SLICE_NS),
+                    invoker)
+
+
 async def receive(subscription: Subscription, handler: FragmentHandler, fragment_limit: int,
                   timeout: float | None) -> int:
     """``Subscription.receive_async``: see there."""

@@ -228,6 +228,7 @@ class Channel:
     session_id_tag: int | None = None  # session-id=tag:N
     fc: FlowControlSpec | None = None
     gtag: int | None = None
+    durable: DurableSpec | None = None  # durable=TAG/N (a publication's, docs/PROTOCOL.md §7.7)
     cc: CongestionControlSpec | None = None
     rc: RateControlSpec | None = None
     policy: PolicySpec | None = None
@@ -327,6 +328,37 @@ def _control_group_of(uri: str, address: IPAddress) -> str:
                            f"control group is the data group + 1)")
     packed[-1] = (packed[-1] + 1) & 0xFF  # wraps within the byte, as Aeron's C driver does
     return str(ipaddress.ip_address(bytes(packed)))
+
+
+@attrs.frozen
+class DurableSpec:
+    """``durable=TAG/N``: a message is durable once ``count`` receivers whose status messages
+    carry the group tag ``group_tag`` (their subscriptions' ``gtag=TAG``) have reported a
+    consumption position past it (docs/PROTOCOL.md §7.7).  ``str()`` is the URI's form."""
+
+    group_tag: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.group_tag}/{self.count}"
+
+
+#: The most receivers ``durable=TAG/N`` may require: more than any group a sender tracks.
+DURABLE_COUNT_MAX: Final = 1024
+
+
+def _durable(text: str) -> DurableSpec:
+    tag_text, slash, count_text = text.partition("/")
+    if not slash:
+        # A bare count ("any N receivers") is refused: any subscriber, a monitoring tool's
+        # too, would then make a message "durable"; durability is a promise of named
+        # receivers (archives), so the tag names them.
+        raise _Bad(f"{text!r} is not <group tag>/<receivers>, e.g. durable=7/2: name the "
+                   f"receivers that make a message durable by the gtag= of their "
+                   f"subscriptions")
+    if not tag_text:
+        raise _Bad(f"{text!r} has no group tag before '/': durable=<gtag>/<receivers>")
+    return DurableSpec(_int64(tag_text), _int(count_text, 1, DURABLE_COUNT_MAX))
 
 
 # -- value parsers (raise _Bad with the problem; the caller adds the key) ----------------------
@@ -598,6 +630,7 @@ _PARAMS: Final[dict[str, _Param]] = {
                          formatter=_format_session_id),
     "fc": _param("fc", _strategy("fc"), udp_only=True),
     "gtag": _param("gtag", _int64, udp_only=True),
+    "durable": _param("durable", _durable, udp_only=True),
     "cc": _param("cc", _strategy("cc"), udp_only=True),
     "rc": _param("rc", _strategy("rc"), udp_only=True),
     "policy": _param("policy", _policy),
@@ -624,6 +657,20 @@ PUBLICATION_ONLY_KEYS: Final = ("fc", "rc", "policy", "priority", "watermarks", 
 SUBSCRIPTION_ONLY_KEYS: Final = ("cc", "gtag", "rcv-wnd", "nak-delay", "reliable", "tether",
                                  "rejoin", "untethered-window-limit-timeout",
                                  "untethered-resting-timeout")
+# Publication keys refused on a subscription rather than warned of: a subscription that asks
+# for them expects something (durable=: that what it reads is safe) no subscription gives.
+REFUSED_ON_SUBSCRIPTIONS: Final = ("durable",)
+
+
+def check_subscription_keys(channel: Channel) -> None:
+    """ChannelError naming the first key of :data:`REFUSED_ON_SUBSCRIPTIONS` ``channel``
+    gives: the client checks it before asking, the driver again for any client."""
+    for key in REFUSED_ON_SUBSCRIPTIONS:
+        if _PARAMS[key].text(channel) is not None:
+            raise ChannelError(str(channel), key,
+                               "is a publication's: it names the receivers whose status "
+                               "messages make its messages durable; a subscription is made "
+                               "one of them by gtag=")
 
 
 def keys_for_the_other_side(channel: Channel, *, publication: bool) -> list[str]:

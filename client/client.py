@@ -30,6 +30,7 @@ from slipstream.client._native import lib
 from slipstream.client.channel import (
     PolicySpec,
     check_stream_id,
+    check_subscription_keys,
     keys_for_the_other_side,
     parse_channel,
 )
@@ -134,6 +135,8 @@ def _check_stream(channel: str, stream_id: int, *, publication: bool) -> None:
     control.check_int32("stream_id", stream_id)
     parsed = parse_channel(channel)
     check_stream_id(parsed, stream_id)
+    if not publication:
+        check_subscription_keys(parsed)
     ignored = keys_for_the_other_side(parsed, publication=publication)
     if ignored:
         this, other = ("publication", "subscription") if publication else (
@@ -147,6 +150,14 @@ def _check_stream(channel: str, stream_id: int, *, publication: bool) -> None:
         warnings.warn(ChannelWarning(
             f"{channel!r}: linger does nothing on aeron:ipc (its log goes once every "
             f"subscriber has read it all)"), stacklevel=3)
+
+
+def _durable_counter_ids(reply: dict) -> tuple[int, int] | None:
+    """A durable= publication's pub-durable and durable-rcv counter ids from its
+    PUBLICATION_READY (None without)."""
+    if "durable_counter_id" not in reply:
+        return None
+    return int(reply["durable_counter_id"]), int(reply["durable_receivers_counter_id"])
 
 
 def _after_linger(release: Callable[[], None]) -> None:
@@ -693,7 +704,8 @@ class Client:
         publication = kind(self, channel, stream_id, reply["registration_id"], log_buffer,
                            reply["publication_limit_counter_id"],
                            self._doorbell_fd(channel, control.SENDER_DOORBELL),
-                           policy=spec, drops_counter_id=reply.get("drops_counter_id"))
+                           policy=spec, drops_counter_id=reply.get("drops_counter_id"),
+                           durable_counter_ids=_durable_counter_ids(reply))
         publication.on_back_pressure = on_back_pressure
         with self._lock:
             if self._closing or self._driver_lost is not None:  # close() ran meanwhile

@@ -109,6 +109,9 @@ class CounterType(enum.IntEnum):
     PUBLISHER_DROPS = 1006  # pub-drops: offers policy=drop-newest dropped
     MDC_DESTINATIONS = 1007  # mdc-destinations: a multi-destination-cast endpoint's, now
     MDS_DESTINATIONS = 1008  # mds-destinations: a multi-destination subscription's, now
+    # slipstream's, a durable= publication's (docs/PROTOCOL.md §7.7)
+    PUBLISHER_DURABLE = 1009  # pub-durable: the position N tagged receivers consumed to
+    DURABLE_RECEIVERS = 1010  # durable-rcv: tagged receivers heard within their timeout
     # A client's (the archive's), not the driver's: a recording's position, bytes (Aeron's
     # RecordingPos, type 100); its key: recording id, session id, stream id
     # (slipstream.archive.service.recording_position_key).

@@ -201,6 +201,10 @@ META_PUBLISHER_WAITERS: Final = 1344
 META_LIMIT_HIT_POSITION: Final = 1408
 META_LIMIT_HIT_TIME: Final = 1472
 META_LIMIT_MOVED_TIME: Final = 1536  # when the driver last moved pub-lmt
+#: The eventcount publishers waiting for a durable position park on (durable=; the driver bumps
+#: it as it moves pub-durable), and how many are parked.
+META_DURABLE_SIGNAL: Final = 1600
+META_DURABLE_WAITERS: Final = 1664
 
 
 #: A publication's ``priority=`` (its band in the sender, docs/BACKPRESSURE.md; C SS_PRIORITY_*).

@@ -36,6 +36,8 @@ from slipstream.client.layout import (
     META_DEFAULT_FRAME_HEADER,
     META_DRIVER_WAITERS,
     META_DRIVER_WAKE_POSITION,
+    META_DURABLE_SIGNAL,
+    META_DURABLE_WAITERS,
     META_END_OF_STREAM_POSITION,
     META_FLAGS,
     META_INITIAL_TERM_ID,
@@ -424,6 +426,12 @@ class LogBuffer:
 
     def publisher_waiters(self):  # -> cffi int32_t *
         return ffi.cast("int32_t *", self.meta + META_PUBLISHER_WAITERS)
+
+    def signal_durable_waiters(self) -> None:
+        """Wake publishers parked for a durable position (after the driver moved
+        pub-durable, or the publication closed; one load when none is parked)."""
+        lib.ss_signal(ffi.cast("int32_t *", self.meta + META_DURABLE_SIGNAL),
+                      ffi.cast("int32_t *", self.meta + META_DURABLE_WAITERS))
 
     def signal_publishers(self) -> None:
         """Wake publishers parked for credit (after the driver moved pub-lmt or

@@ -56,6 +56,10 @@
 #define SS_META_LIMIT_HIT_POSITION 1408
 #define SS_META_LIMIT_HIT_TIME 1472
 #define SS_META_LIMIT_MOVED_TIME 1536 /* when the driver last moved pub-lmt (CLOCK_MONOTONIC ns) */
+/* Publishers that wait for a durable position (durable=) park on this eventcount; the driver
+ * bumps it whenever it moves the publication's pub-durable counter. */
+#define SS_META_DURABLE_SIGNAL 1600
+#define SS_META_DURABLE_WAITERS 1664
 
 /* offer() results, as Aeron */
 #define SS_NOT_CONNECTED (-1)
@@ -139,6 +143,12 @@ int ss_has_credit(const ss_appender_t *a);
  * or a signal interrupts the park.  Returns 1 when credit is (probably) there, 0 otherwise. */
 int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
                     int64_t timeout_ns);
+/* Spin for up to spin_ns, then yield between looks for up to yield_ns more, then park on the
+ * log's durable eventcount, until *durable (the pub-durable counter) reaches `target`,
+ * timeout_ns passes (-1: no timeout), a signal interrupts the park, or the publication is
+ * closed.  Returns 1 when reached, 0 otherwise (the caller looks at why). */
+int ss_await_durable(const ss_appender_t *a, const int64_t *durable, int64_t target,
+                     int64_t spin_ns, int64_t yield_ns, int64_t timeout_ns);
 /* Append `count` messages packed back to back in `data` (data_length bytes) with their lengths
  * in `lengths`.  Runs of unfragmented messages are claimed with one atomic add.  Stops early at
  * the publication limit; rotates terms itself.  Returns how many were appended and stores the

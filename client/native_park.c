@@ -213,3 +213,51 @@ int ss_await_credit(const ss_appender_t *a, int64_t spin_ns, int64_t yield_ns,
     __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
     return result;
 }
+
+static inline int durable_reached(const ss_appender_t *a, const int64_t *durable, int64_t target) {
+    return LOAD_ACQ(durable) >= target || LOAD_ACQ(&a->closed);
+}
+
+int ss_await_durable(const ss_appender_t *a, const int64_t *durable, int64_t target,
+                     int64_t spin_ns, int64_t yield_ns, int64_t timeout_ns) {
+    /* As ss_await_credit: a status message moves the position every quarter window, so a
+     * pipelined publisher finds it moved within a short spin; a lone one parks. */
+    int64_t start = monotonic_ns();
+    int64_t deadline = timeout_ns < 0 ? -1 : start + timeout_ns;
+    for (uint32_t n = 0;; n++) {
+        if (durable_reached(a, durable, target)) return LOAD_ACQ(durable) >= target;
+        if ((n & 63) == 63) {
+            int64_t now = monotonic_ns();
+            if (now - start >= spin_ns) break;
+            if (deadline >= 0 && now >= deadline) return 0;
+        }
+        cpu_relax();
+    }
+    for (;;) {
+        if (durable_reached(a, durable, target)) return LOAD_ACQ(durable) >= target;
+        int64_t now = monotonic_ns();
+        if (now - start >= spin_ns + yield_ns) break;
+        if (deadline >= 0 && now >= deadline) return 0;
+        sched_yield();
+    }
+    int32_t *signal = (int32_t *)(a->meta + SS_META_DURABLE_SIGNAL);
+    int32_t *waiters = (int32_t *)(a->meta + SS_META_DURABLE_WAITERS);
+    __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        int32_t seen = __atomic_load_n(signal, __ATOMIC_SEQ_CST);
+        /* Registered, then re-checked: the driver stores the position, then reads the
+         * waiters (ss_signal), so either it sees us or we see its position. */
+        if (durable_reached(a, durable, target)) break;
+        int64_t remaining = -1;
+        if (deadline >= 0) {
+            remaining = deadline - monotonic_ns();
+            if (remaining <= 0) break;
+        }
+        int rc = ss_futex_wait(signal, seen, remaining);
+        if (rc == EAGAIN) continue; /* the word moved before we slept: look again */
+        if (rc == ETIMEDOUT || rc == EINTR) break;
+        /* Woken: the position moved, maybe not far enough yet: look again. */
+    }
+    __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
+    return LOAD_ACQ(durable) >= target;
+}

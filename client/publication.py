@@ -21,6 +21,7 @@ over UDP, retransmissions included.
 
 from __future__ import annotations
 
+import enum
 import logging
 import operator
 import sys
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
-from slipstream.client.channel import PolicySpec
+from slipstream.client.channel import PolicySpec, parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import InvalidArgumentError, MessageTooLongError, UsageError
 from slipstream.client.idle import SpinThenYield
@@ -41,7 +42,12 @@ from slipstream.client.logbuffer import (
     index_by_position,
     new_appender,
 )
-from slipstream.client.policy import BackPressureEpisode, OfferPolicy
+from slipstream.client.policy import (
+    BLOCK_SPIN_NS,
+    BLOCK_YIELD_NS,
+    BackPressureEpisode,
+    OfferPolicy,
+)
 
 if TYPE_CHECKING:
     from slipstream.client.client import Client
@@ -65,6 +71,19 @@ _RESULT_NAMES = {
     CLOSED: "CLOSED",
     MAX_POSITION_EXCEEDED: "MAX_POSITION_EXCEEDED",
 }
+
+
+class NotDurable(enum.Enum):
+    """Why a position is not durable yet (:meth:`Publication.why_not_durable`)."""
+
+    #: Fewer tagged receivers than ``durable=TAG/N`` names were heard within their timeout:
+    #: none connected, or some went silent or left.  Waiting helps only once they are back.
+    TOO_FEW_RECEIVERS = "too few tagged receivers heard within their timeout"
+    #: Enough tagged receivers are there, and have not consumed that far yet (or their
+    #: status messages saying so are still to come).
+    BEHIND = "the tagged receivers have not consumed that far yet"
+    #: The publication is closed: its durable position no longer moves.
+    CLOSED = "the publication is closed"
 
 
 def result_name(result: int) -> str:
@@ -206,11 +225,12 @@ class Publication:
 
     def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
                  log: LogBuffer, limit_counter_id: int, doorbell_fd: int = -1, *,
-                 policy: PolicySpec | None = None, drops_counter_id: int | None = None
-                 ) -> None:
+                 policy: PolicySpec | None = None, drops_counter_id: int | None = None,
+                 durable_counter_ids: tuple[int, int] | None = None) -> None:
         """``doorbell_fd``: for a network stream, the driver sender's doorbell (rung on new
         data while the sender is parked); -1 for IPC.  ``policy``: what an offer does without
-        credit (None: Aeron's codes); ``drops_counter_id``: the stream's ``pub-drops``."""
+        credit (None: Aeron's codes); ``drops_counter_id``: the stream's ``pub-drops``;
+        ``durable_counter_ids``: with ``durable=``, its ``pub-durable`` and ``durable-rcv``."""
         self.channel = channel
         self.stream_id = stream_id
         self.registration_id = registration_id
@@ -253,6 +273,13 @@ class Publication:
         #: (``offer(message)`` parses nothing more).
         self._drops_cell = (client.counters.address(drops_counter_id)
                             if drops_counter_id is not None else None)
+        durable = parse_channel(channel).durable
+        #: durable=TAG/N of the channel: how many tagged receivers make a message durable
+        #: (None without the key).
+        self.durable_required = durable.count if durable is not None else None
+        self._durable_cells = None if durable_counter_ids is None else tuple(
+            client.counters.address(counter_id) for counter_id in durable_counter_ids)
+        self._last_durable = (-1, 0)  # (pub-durable, durable-rcv) as last read before close
         spins = client.spins_before_yield
         address = int(ffi.cast("uintptr_t", appender))
         #: The publication's back-pressure policy (None: Aeron's codes).
@@ -408,6 +435,92 @@ class Publication:
         """Position beyond which offers are back-pressured (0 once closed)."""
         return 0 if self.is_closed else lib.ss_load_acquire_i64(self._limit)
 
+    # -- durability (durable=TAG/N, docs/PROTOCOL.md §7.7) --------------------------------------
+    def _durable_values(self) -> tuple[int, int]:
+        cells = self._durable_cells
+        if cells is None:
+            raise UsageError(f"{self.channel!r} has no durable= key: name the receivers that "
+                             f"make a message durable, e.g. durable=<gtag>/1, and subscribe "
+                             f"them with gtag=<gtag>")
+        if not self.is_closed:  # the counters go with the publication
+            self._last_durable = (lib.ss_load_acquire_i64(cells[0]),
+                                  lib.ss_load_acquire_i64(cells[1]))
+        return self._last_durable
+
+    @property
+    def durable_position(self) -> int | None:
+        """The stream position (bytes) that N receivers tagged ``gtag=TAG`` have reported
+        consuming, for ``durable=TAG/N``: every message whose offer returned a position at or
+        below it is held by N of them (each as its own subscriber promises: an archive's,
+        written and synced under its sync policy).  It never goes back; it starts at the
+        position the publication started at.  None when the channel has no ``durable=`` key
+        (the last known value once closed).  Read from a counter: no round trip."""
+        if self._durable_cells is None:
+            return None
+        return self._durable_values()[0]
+
+    @property
+    def durable_receivers(self) -> int | None:
+        """How many receivers tagged ``durable=``'s TAG the driver heard from within their
+        timeout (the flow control receiver timeout, 5 s by default); None without the key."""
+        if self._durable_cells is None:
+            return None
+        return self._durable_values()[1]
+
+    def why_not_durable(self, position: int) -> NotDurable | None:
+        """None when ``position`` (an offer's result) is durable, else why not: too few tagged
+        receivers, the receivers are behind, or the publication is closed.  UsageError
+        without a ``durable=`` key."""
+        durable, receivers = self._durable_values()
+        if durable >= position:
+            return None
+        if self.is_closed:
+            return NotDurable.CLOSED
+        assert self.durable_required is not None
+        if receivers < self.durable_required:
+            return NotDurable.TOO_FEW_RECEIVERS
+        return NotDurable.BEHIND
+
+    def wait_durable(self, position: int, timeout_s: float) -> bool:
+        """Wait until :attr:`durable_position` reaches ``position`` (an offer's result, or
+        :attr:`position` for everything offered so far): True once it did, False when
+        ``timeout_s`` seconds passed first or the publication closed
+        (:meth:`why_not_durable` says which, and whether tagged receivers are missing).
+        Spins briefly, yields, then parks on the log's durable eventcount, which the driver
+        bumps as status messages move the position; the GIL is released meanwhile.  A
+        pipelined publisher waits for message k while it offers k + window: each status
+        message of the tagged receivers (one per quarter of their window, or every 200 ms)
+        moves the position.  UsageError without a ``durable=`` key."""
+        cells = self._durable_cells
+        # Reached already: one load (a pipelined publisher calls this once per message).
+        if (cells is not None and type(position) is int
+                and lib.ss_load_acquire_i64(cells[0]) >= position and not self.is_closed):
+            return True
+        position = control.check_int64("position", position)
+        timeout_s = control.check_timeout("timeout_s", timeout_s, forever=False)
+        assert timeout_s is not None
+        self._durable_values()  # raises without the key
+        assert cells is not None
+        if self.is_closed:
+            return self._last_durable[0] >= position
+        return bool(lib.ss_await_durable(self._appender, cells[0], position, BLOCK_SPIN_NS,
+                                         BLOCK_YIELD_NS, int(timeout_s * 1e9)))
+
+    async def wait_durable_async(self, position: int, timeout_s: float) -> bool:
+        """:meth:`wait_durable` from a trio task, without blocking the event loop (the park
+        runs in a worker thread, in slices; cancelling the task ends it at once)."""
+        from slipstream.client import aio
+
+        position = control.check_int64("position", position)
+        timeout_s = control.check_timeout("timeout_s", timeout_s, forever=False)
+        assert timeout_s is not None
+        self._durable_values()  # raises without the key
+        return await aio.wait_durable(self, position, int(timeout_s * 1e9))
+
+    def _wake_durable_waiters(self) -> None:
+        if not self.is_closed:
+            self._log.signal_durable_waiters()
+
     @property
     def is_connected(self) -> bool:
         """Whether at least one subscriber is connected (offers can succeed)."""
@@ -445,8 +558,11 @@ class Publication:
         if self.is_closed:
             return
         self._last_position = self._log.producer_position()
+        if self._durable_cells is not None:
+            self._durable_values()  # the last values, kept: the counters go with it
         self._appender.closed = 1
         self._log.signal_publishers()  # the log is still mapped: it is unmapped after a linger
+        self._log.signal_durable_waiters()
 
     def close(self) -> None:
         """Release the publication; further offers return CLOSED.  Its log is unmapped after
@@ -508,11 +624,12 @@ class ExclusivePublication(Publication):
 
     def __init__(self, client: Client, channel: str, stream_id: int, registration_id: int,
                  log: LogBuffer, limit_counter_id: int, doorbell_fd: int = -1, *,
-                 policy: PolicySpec | None = None, drops_counter_id: int | None = None
-                 ) -> None:
+                 policy: PolicySpec | None = None, drops_counter_id: int | None = None,
+                 durable_counter_ids: tuple[int, int] | None = None) -> None:
         """As :class:`Publication`'s; ``log`` is this publication's alone."""
         super().__init__(client, channel, stream_id, registration_id, log, limit_counter_id,
-                         doorbell_fd, policy=policy, drops_counter_id=drops_counter_id)
+                         doorbell_fd, policy=policy, drops_counter_id=drops_counter_id,
+                         durable_counter_ids=durable_counter_ids)
         self._appender.exclusive = 1  # before any append: claims are plain stores from now
         self._block_result = ffi.new("int64_t *")
 

@@ -38,7 +38,7 @@ READ_OPTIONS = ("startingPosition", "endingPosition", "maxMessagesPerTrigger",
                 "maxBytesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay",
                 "failOnDataLoss", "minPartitions", "holder",
                 "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs")
-WRITE_OPTIONS = ("offerTimeoutMs",)
+WRITE_OPTIONS = ("offerTimeoutMs", "durableTimeoutMs")
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
 _CANONICAL = {name.lower(): name
@@ -46,6 +46,8 @@ _CANONICAL = {name.lower(): name
 
 DEFAULT_CHANNEL = "aeron:ipc"
 DEFAULT_OFFER_TIMEOUT_MS = 30_000
+#: How long a writer's task waits for its last message to be durable (channel durable=).
+DEFAULT_DURABLE_TIMEOUT_MS = 30_000
 DEFAULT_REPLAY_TIMEOUT_MS = 30_000
 #: How long a trigger waits for minMessagesPerTrigger before it reads what there is (Kafka's
 #: maxTriggerDelay default).
@@ -72,6 +74,9 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     offer_timeout_ms: int = DEFAULT_OFFER_TIMEOUT_MS
+    #: With the channel's durable=: how long a task waits, after its last offer, for its last
+    #: message to be durable before it fails (0: it does not wait).
+    durable_timeout_ms: int = DEFAULT_DURABLE_TIMEOUT_MS
     holder_address: str | None = None  # None: found by the holder (planning.holder_address)
     replay_port: int = HOLDER_PORT
     #: A standing holder's (address, port): the ingest host that holds the stream, or None
@@ -99,6 +104,12 @@ class SourceOptions:
             raise OptionError("channel", "policy= does not apply to a writer, which waits up "
                                          "to offerTimeoutMs under back pressure and then "
                                          "fails the task: remove policy= from the channel")
+        if (direction == "write" and "durableTimeoutMs" in self.given
+                and parse_channel(self.channel).durable is None):
+            raise OptionError("durableTimeoutMs", "waits for the channel's durable= receivers, "
+                                                  "and this channel has no durable= key: add "
+                                                  "durable=<gtag>/<receivers> to it, or remove "
+                                                  "durableTimeoutMs")
 
 
     def check_read_kind(self, *, streaming: bool) -> None:
@@ -266,17 +277,9 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         raise OptionError("failOnDataLoss",
                           f"{given['failOnDataLoss']!r} is not accepted (accepted: true, false)")
 
-    offer_timeout_ms = DEFAULT_OFFER_TIMEOUT_MS
-    if "offerTimeoutMs" in given:
-        text = given["offerTimeoutMs"]
-        try:
-            offer_timeout_ms = int(text.strip())
-        except ValueError:
-            raise OptionError("offerTimeoutMs", f"{text!r} is not an integer (accepted: "
-                                                f"milliseconds >= 0)") from None
-        if offer_timeout_ms < 0:
-            raise OptionError("offerTimeoutMs", f"{offer_timeout_ms} is negative (accepted: "
-                                                f"milliseconds >= 0)")
+    offer_timeout_ms = _milliseconds(given, "offerTimeoutMs", DEFAULT_OFFER_TIMEOUT_MS)
+    durable_timeout_ms = _milliseconds(given, "durableTimeoutMs", DEFAULT_DURABLE_TIMEOUT_MS)
+
 
     min_partitions = None
     if "minPartitions" in given:
@@ -316,7 +319,24 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         max_bytes_per_trigger=max_bytes, min_messages_per_trigger=min_messages,
         max_trigger_delay_ns=max_delay_ns, fail_on_data_loss=fail_text == "true",
         min_partitions=min_partitions,
-        offer_timeout_ms=offer_timeout_ms, holder_address=holder_address,
+        offer_timeout_ms=offer_timeout_ms, durable_timeout_ms=durable_timeout_ms,
+        holder_address=holder_address,
         replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, holder=holder,
         holder_group=group, query_name=given.get("queryName", "").strip() or None,
         given=frozenset(given))
+
+
+def _milliseconds(given: dict[str, str], name: str, default: int) -> int:
+    """The option ``name`` as milliseconds >= 0 (``default`` when not given); OptionError
+    naming it otherwise."""
+    if name not in given:
+        return default
+    text = given[name]
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise OptionError(name, f"{text!r} is not an integer (accepted: milliseconds >= 0)"
+                          ) from None
+    if value < 0:
+        raise OptionError(name, f"{value} is negative (accepted: milliseconds >= 0)")
+    return value

@@ -17,6 +17,13 @@ again when they are offered again.  A reader can turn it into a ``timestamp`` co
 (``reserved_value // 1000`` microseconds, UTC); a message from a publisher that sets no
 reserved value carries 0.
 
+With ``durable=TAG/N`` on the channel (docs/PROTOCOL.md §7.7), a task returns its commit
+message only once its last message is durable: held by N receivers subscribed with
+``gtag=TAG`` (archives on other hosts), as their status messages report.  It waits up to
+``durableTimeoutMs`` (30 s; 0: it does not wait) after its last offer, then fails with
+:class:`DurableTimeoutError`, saying whether tagged receivers were missing or behind, so that
+Spark retries it; ``durableTimeoutMs`` without ``durable=`` is refused by name.
+
 Guarantee: at least once.  A task that fails and is retried, or a streaming batch replayed after
 a restart, publishes its rows again (as Spark's Kafka sink does), stamped with the new time.
 """
@@ -52,14 +59,19 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-__all__ = ["OfferTimeoutError", "SlipstreamStreamWriter", "SlipstreamWriter", "ValueColumnError",
-           "check_schema", "publish_batches"]
+__all__ = ["DurableTimeoutError", "OfferTimeoutError", "SlipstreamStreamWriter",
+           "SlipstreamWriter", "ValueColumnError", "check_schema", "publish_batches",
+           "wait_until_durable"]
 
 _CHUNK = 8192  # messages per offer_batch call
 
 
 class OfferTimeoutError(SlipstreamError):
     """No message could be appended for ``offerTimeoutMs``: back pressure or no subscriber."""
+
+
+class DurableTimeoutError(SlipstreamError):
+    """A task's last message was not durable within ``durableTimeoutMs``."""
 
 
 @dataclasses.dataclass
@@ -201,6 +213,22 @@ def publish_batches(publication: Publication, batches: Iterator[pa.RecordBatch],
     return rows, total, last_position
 
 
+def wait_until_durable(publication: Publication, position: int, timeout_ms: int) -> None:
+    """Return once ``position`` (a task's last) is durable on ``publication`` (its channel's
+    durable=); :class:`DurableTimeoutError` saying why not after ``timeout_ms``."""
+    if publication.wait_durable(position, timeout_ms / 1000):
+        return
+    why = publication.why_not_durable(position)
+    if why is None:  # reached as the wait gave up
+        return
+    raise DurableTimeoutError(
+        f"slipstream writer: {publication.channel} stream {publication.stream_id}: position "
+        f"{position} was not durable within durableTimeoutMs={timeout_ms} ms: {why.value} "
+        f"(durable position {publication.durable_position}, tagged receivers "
+        f"{publication.durable_receivers} of {publication.durable_required} required); the "
+        f"task fails so that Spark retries it")
+
+
 class _PublishingWriter:
     """The shared part of the batch and streaming writers (pickled to the executors)."""
 
@@ -211,6 +239,8 @@ class _PublishingWriter:
         options = self.options
         publication = publication_for(options.directory, options.channel, options.stream_id)
         rows, total, last = publish_batches(publication, iterator, options.offer_timeout_ms)
+        if publication.durable_required is not None and options.durable_timeout_ms > 0:
+            wait_until_durable(publication, last, options.durable_timeout_ms)
         return PublishedMessage(rows, total, publication.session_id, last)
 
 

@@ -168,6 +168,7 @@ MODULE_LANES = {
     "test_demo": "unit",
     "test_demo_end_to_end": "sockets",
     "test_docs": "unit",
+    "test_durable": "sockets",
     "test_drain": "sockets",
     "test_drain_threads": "unit",
     "test_driver_config_cli": "sockets",

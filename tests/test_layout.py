@@ -111,7 +111,8 @@ def test_the_metadata_fields_fit_their_page() -> None:
     local = (layout.META_READER_SIGNAL, layout.META_READER_WAITERS, layout.META_DRIVER_WAITERS,
              layout.META_DRIVER_WAKE_POSITION, layout.META_PUBLISHER_SIGNAL,
              layout.META_PUBLISHER_WAITERS, layout.META_LIMIT_HIT_POSITION,
-             layout.META_LIMIT_HIT_TIME, layout.META_LIMIT_MOVED_TIME)
+             layout.META_LIMIT_HIT_TIME, layout.META_LIMIT_MOVED_TIME,
+             layout.META_DURABLE_SIGNAL, layout.META_DURABLE_WAITERS)
     assert layout.META_FLAGS + 8 <= local[0]
     assert all(a % 64 == 0 for a in local) and all(b - a >= 64 for a, b in pairwise(local))
     assert local[-1] + 8 <= layout.LOG_META_DATA_LENGTH

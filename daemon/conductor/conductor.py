@@ -25,7 +25,12 @@ from typing import Any
 import attrs
 
 from slipstream.client import control
-from slipstream.client.channel import Channel, check_stream_id, parse_channel
+from slipstream.client.channel import (
+    Channel,
+    check_stream_id,
+    check_subscription_keys,
+    parse_channel,
+)
 from slipstream.client.counters import (
     CountersFile,
     CountersFullError,
@@ -375,7 +380,8 @@ class DriverConductor:
             original_registration_id=entry.registration_id, log_file=entry.log.path,
             session_id=entry.publication.session_id, stream_id=stream_id,
             publisher_limit_counter_id=entry.publisher_limit_id,
-            drops_counter_id=entry.drops_counter_id))]
+            drops_counter_id=entry.drops_counter_id,
+            durable_counter_ids=entry.durable_counter_ids))]
 
     def _active_ipc(self, stream_id: int) -> list[IpcPublication]:
         """The ACTIVE IPC publications of ``stream_id``: its shared one, and its exclusive
@@ -899,6 +905,8 @@ def _carried(channel: Channel, *, subscription: bool) -> Channel:
     for part, asks, what in _NOT_CARRIED_YET:
         if asks(channel, subscription):
             raise ChannelError(str(channel), part, f"{what}: not supported by this driver yet")
+    if subscription:
+        check_subscription_keys(channel)
     if channel.is_spy:
         # A response publication sends to its one client only; a spy would read a stream
         # meant for that client alone, and a spy never sends (Aeron has no such spy either).

@@ -18,11 +18,16 @@ Outgoing = list[ClientMessage]
 def publication_ready(*, correlation_id: int, registration_id: int,
                       original_registration_id: int, log_file: Path, session_id: int,
                       stream_id: int, publisher_limit_counter_id: int,
-                      drops_counter_id: int) -> dict[str, Any]:
+                      drops_counter_id: int,
+                      durable_counter_ids: tuple[int, int] | None = None) -> dict[str, Any]:
     """A publisher was added: ``registration_id`` is this publisher's,
     ``original_registration_id`` the (shared) publication's; ``drops_counter_id`` is the
-    stream's ``pub-drops`` (policy=drop-newest counts there)."""
-    return {"type": control.PUBLICATION_READY, "correlation_id": correlation_id,
+    stream's ``pub-drops`` (policy=drop-newest counts there); ``durable_counter_ids``, a
+    durable= publication's pub-durable and durable-rcv (absent without)."""
+    durable = {} if durable_counter_ids is None else {
+        "durable_counter_id": durable_counter_ids[0],
+        "durable_receivers_counter_id": durable_counter_ids[1]}
+    return {**durable, "type": control.PUBLICATION_READY, "correlation_id": correlation_id,
             "registration_id": registration_id,
             "original_registration_id": original_registration_id, "log_file": str(log_file),
             "session_id": session_id, "stream_id": stream_id,

@@ -99,6 +99,8 @@ class _PublicationEntry:
     episodes: BackPressureEpisodes
     drops_counter_id: int
     readings: LogReadings  # what the episodes are sampled from
+    #: durable=: the ids of its pub-durable and durable-rcv counters (None without).
+    durable_counter_ids: tuple[int, int] | None = None
     publisher_refs: int = 0
     closing: bool = False
     #: Spy subscriptions reading its log (Aeron's spy links), and how many of them the sender

@@ -201,6 +201,9 @@ class SendSide:
                 kinds.append((CounterType.SENDER_RATE_LIMIT, "snd-rate"))
             if flow_control.tracks_receivers:
                 kinds.append((CounterType.FC_RECEIVERS, "fc-receivers"))
+            if params.durable is not None:
+                kinds.append((CounterType.PUBLISHER_DURABLE, "pub-durable"))
+                kinds.append((CounterType.DURABLE_RECEIVERS, "durable-rcv"))
             kinds.extend(BACK_PRESSURE_TYPES)
             counter_ids = self.counters.allocate_all(
                 kinds, label, registration_id=registration_id, session_id=session_id,
@@ -213,7 +216,8 @@ class SendSide:
         positions = SenderPositions(
             cells[CounterType.PUBLISHER_LIMIT], cells[CounterType.SENDER_POSITION],
             cells[CounterType.SENDER_LIMIT], cells.get(CounterType.SENDER_RATE_LIMIT),
-            cells.get(CounterType.FC_RECEIVERS))
+            cells.get(CounterType.FC_RECEIVERS), cells.get(CounterType.PUBLISHER_DURABLE),
+            cells.get(CounterType.DURABLE_RECEIVERS))
         publication = NetworkPublication(
             log=log_buffer, params=params, settings=settings, positions=positions,
             flow_control=flow_control, counters=self.counters,
@@ -225,7 +229,8 @@ class SendSide:
                                   log_buffer, counter_ids, counter_ids[0], episodes,
                                   counter_ids[kinds.index((CounterType.PUBLISHER_DROPS,
                                                            "pub-drops"))],
-                                  LogReadings(log_buffer, cells[CounterType.PUBLISHER_LIMIT]))
+                                  LogReadings(log_buffer, cells[CounterType.PUBLISHER_LIMIT]),
+                                  durable_counter_ids=_durable_ids(kinds, counter_ids))
         endpoint.publications += 1
         self.publications[registration_id] = entry
         if shared:
@@ -532,3 +537,12 @@ class SendSide:
             if send_entry.destinations_counter_id is not None:
                 self.counters.free(send_entry.destinations_counter_id)
         self._send_endpoints.clear()
+
+
+def _durable_ids(kinds: list[tuple[CounterType, str]],
+                 counter_ids: list[int]) -> tuple[int, int] | None:
+    """(pub-durable, durable-rcv) of a durable= publication's counters, None without."""
+    ids = {kind: counter_id for (kind, _), counter_id in zip(kinds, counter_ids, strict=True)}
+    if CounterType.PUBLISHER_DURABLE not in ids:
+        return None
+    return ids[CounterType.PUBLISHER_DURABLE], ids[CounterType.DURABLE_RECEIVERS]

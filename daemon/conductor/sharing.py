@@ -131,14 +131,15 @@ def check_same_watermarks(channel: Channel, episodes: BackPressureEpisodes,
 def check_same_control(channel: Channel, existing: Channel, settings: DriverSettings,
                        stream_id: int) -> None:
     """A second publisher of a shared publication cannot ask for another flow control
-    (``fc=``) or send-rate control (``rc=``) than the stream has: the sender runs one of each
-    per publication.  Only what it asks for is compared (with the defaults resolved), so a
-    publisher that names neither joins any.  ChannelError names the part."""
+    (``fc=``), send-rate control (``rc=``) or durability (``durable=``) than the stream has:
+    the sender runs one of each per publication.  Only what it asks for is compared (with the
+    defaults resolved), so a publisher that names none joins any.  ChannelError names the part."""
     asked = PublicationParams.for_network(channel, settings)
     actual = PublicationParams.for_network(existing, settings)
     for part, given, mine, theirs, shown in (
             ("fc", channel.fc, asked.flow_control, actual.flow_control, existing.fc),
-            ("rc", channel.rc, asked.rate_control, actual.rate_control, existing.rc)):
+            ("rc", channel.rc, asked.rate_control, actual.rate_control, existing.rc),
+            ("durable", channel.durable, asked.durable, actual.durable, existing.durable)):
         if given is not None and mine != theirs:
             raise ChannelError(str(channel), part,
                                f"{given} differs from the existing publication's "

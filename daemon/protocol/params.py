@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import attrs
 
 from slipstream.client import strategy_grammar
-from slipstream.client.channel import Channel
+from slipstream.client.channel import Channel, DurableSpec
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import (
     check_mtu,
@@ -161,6 +161,12 @@ class PublicationParams:
     #: response-correlation-id= (None without): a request publication's response
     #: subscription, or a response publication's request image (their registration ids).
     response_correlation_id: int | None = None
+    #: durable=TAG/N (None without): which receivers' status messages make a message
+    #: durable, and how many of them (daemon/streams/durable.py).
+    durable: DurableSpec | None = None
+    #: A tagged receiver silent this long stops counting toward durable= (ns): the flow
+    #: control receiver timeout (``flow_control_receiver_timeout``, 5 s).
+    durable_receiver_timeout_ns: int = 0
 
     @classmethod
     def for_network(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:
@@ -205,7 +211,9 @@ class PublicationParams:
             spies_simulate_connection=channel.ssc is True,
             sends_response_setup=(channel.response_correlation_id is not None
                                   and not channel.is_response),
-            response_correlation_id=channel.response_correlation_id)
+            response_correlation_id=channel.response_correlation_id,
+            durable=channel.durable,
+            durable_receiver_timeout_ns=settings.flow_control_receiver_timeout)
 
     @classmethod
     def for_ipc(cls, channel: Channel, settings: DriverSettings) -> PublicationParams:

@@ -94,6 +94,7 @@ from slipstream.daemon.protocol.types import (
     Datagram,
     ProtocolCounters,
 )
+from slipstream.daemon.streams.durable import DurablePosition
 from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
 from slipstream.daemon.streams.spies import PublicationSpies
 from slipstream.daemon.streams.states import (
@@ -114,18 +115,21 @@ class SenderPositions:
     ``snd-lmt`` (copies of the publication's private cells, which the C data path and flow
     control move: network.h, ss_publish_position); with ``rc=``, ``snd-rate``
     (the send-rate limit in bytes/s, 0 for none; None without ``rc=``); with a strategy that
-    tracks receivers (min, tagged), ``fc-receivers`` (how many; None otherwise)."""
+    tracks receivers (min, tagged), ``fc-receivers`` (how many; None otherwise); with
+    ``durable=``, ``pub-durable`` and ``durable-rcv`` (None otherwise)."""
 
     publisher_limit: object
     sender_position: object
     sender_limit: object
     sender_rate_limit: object = None
     flow_control_receivers: object = None
+    durable_position: object = None
+    durable_receivers: object = None
 
     @classmethod
     def in_process(cls) -> SenderPositions:
         """Cells in this process's memory, for tests."""
-        return cls(*(ffi.new("int64_t *") for _ in range(5)))
+        return cls(*(ffi.new("int64_t *") for _ in range(7)))
 
 
 class NetworkPublication:
@@ -268,6 +272,10 @@ class NetworkPublication:
         self._connected = False
         log.is_connected = False
         self._receivers = PublicationReceivers()
+        #: durable=: the position its tagged receivers consumed to (None without).
+        self.durable = (DurablePosition(params.durable, params.durable_receiver_timeout_ns,
+                                        join) if params.durable is not None else None)
+        self._publish_durable()
         #: ERR frames since the sender last looked: (the receiver's address, its reason).
         self.rejections: list[tuple[Address, str]] = []
 
@@ -514,6 +522,8 @@ class NetworkPublication:
             self.flow_control.on_error(frame, now_ns)
             self._count_receivers()
             self._receivers.remove(frame.receiver_id)
+            if self.durable is not None and self.durable.on_error(frame.receiver_id):
+                self._publish_durable()
             self._update_connected(now_ns)
 
     def take_c_status_messages(self) -> None:
@@ -597,6 +607,9 @@ class NetworkPublication:
             if self.rate_control is not None and sm.receiver_id not in self._receivers:
                 self._announce_deadline_ns = now_ns  # a new receiver: tell it to signal
             self._receivers.on_status_message(sm.receiver_id, position, source, now_ns)
+        if self.durable is not None and self.durable.on_status_message(
+                sm.receiver_id, source, sm.group_tag, position, sm.is_eos, now_ns):
+            self._publish_durable()
         self.has_initial_connection = True
         self.sender_limit = self.flow_control.on_status_message(
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
@@ -604,6 +617,16 @@ class NetworkPublication:
             self.flow_control.retransmission_lookahead(self.mtu))
         self._count_receivers()
         self._update_connected(now_ns)
+
+    def _publish_durable(self) -> None:
+        """Store the durable position and its receivers' count in their counters, then wake
+        the publishers parked for it (``Publication.wait_durable``)."""
+        durable = self.durable
+        if durable is None or self.positions.durable_position is None:
+            return
+        lib.ss_store_release_i64(self.positions.durable_receivers, durable.receiver_count)
+        lib.ss_store_release_i64(self.positions.durable_position, durable.position)
+        self.log.signal_durable_waiters()
 
     def _count_receivers(self) -> None:
         cell = self.positions.flow_control_receivers
@@ -689,6 +712,8 @@ class NetworkPublication:
             now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
         self._count_receivers()
         self._update_has_receivers(now_ns)
+        if self.durable is not None and self.durable.expire(now_ns):
+            self._publish_durable()
         self.retransmit_handler.process_timeouts(now_ns)
         self._conductor_duties(now_ns)
         if self.state is PublicationState.ACTIVE or self.state is PublicationState.DRAINING:
@@ -884,6 +909,8 @@ class NetworkPublication:
             deadline = min(deadline,
                            self._time_of_last_data_or_heartbeat_ns + HEARTBEAT_TIMEOUT_NS)
         deadline = min(deadline, self.flow_control.next_deadline_ns())
+        if self.durable is not None:
+            deadline = min(deadline, self.durable.next_deadline_ns())
         if self.rate_control is not None:
             deadline = min(deadline, self.rate_control.next_deadline_ns(),
                            self._announce_deadline_ns)

@@ -1,0 +1,294 @@
+"""durable=TAG/N (docs/PROTOCOL.md §7.7): a publication's durable position is what N receivers
+tagged gtag=TAG consumed, as their status messages report; real drivers on loopback.
+
+Each driver has 64 KiB terms (a receiver window of 32 KiB), so the streams below cross several
+terms and windows."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+import trio
+from helpers import Collector, connect, free_port, message, run_stat, wait_for
+
+from slipstream.client import Client, Publication, Subscription
+from slipstream.client.errors import ChannelError, UsageError
+from slipstream.client.publication import NotDurable
+from slipstream.daemon.driver import MediaDriver
+
+SIZE = 1000  # bytes of each message: 1,056 with its header
+
+
+def _counter(driver: MediaDriver, prefix: str) -> int:
+    from slipstream.client import control
+    from slipstream.client.counters import CountersFile
+
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        [value] = [c.value for c in counters if c.label.startswith(prefix)]
+    finally:
+        counters.close()
+    return value
+
+
+def _offer(publication: Publication, first: int, count: int) -> list[int]:
+    """Offer messages ``first ..`` until ``count`` were taken: their positions."""
+    positions = []
+    deadline = time.monotonic() + 10
+    while len(positions) < count:
+        result = publication.offer(message(first + len(positions), SIZE))
+        if result > 0:
+            positions.append(result)
+        else:
+            assert time.monotonic() < deadline, f"offer refused: {result}"
+            time.sleep(0.0005)
+    return positions
+
+
+@contextlib.contextmanager
+def unicast(launch, durable: str, gtag: str) -> Iterator[
+        tuple[MediaDriver, MediaDriver, Publication, Subscription]]:
+    """A publisher's driver with ``durable`` and a subscriber's driver with ``gtag`` (either
+    may be empty), stream 3 connected."""
+    port = free_port()
+    a, b = launch(), launch()
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}{gtag}", 3)
+        publication = ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}{durable}", 3)
+        connect(publication, subscription)
+        yield a, b, publication, subscription
+
+
+def test_the_durable_position_follows_what_the_tagged_subscriber_consumed_not_received(
+        launch) -> None:
+    with unicast(launch, "|durable=7/1", "|gtag=7") as (a, b, publication, subscription):
+        assert (publication.durable_position, publication.durable_receivers) == (0, 1)
+        positions = _offer(publication, 0, 20)  # 21 KiB: inside the receiver's window
+        wait_for(lambda: _counter(b, "rcv-pos") == positions[-1], what="all received")
+        time.sleep(0.3)  # past the status-message timer (200 ms): an SM went meanwhile
+        assert publication.durable_position == 0
+        assert publication.why_not_durable(positions[0]) is NotDurable.BEHIND
+        assert subscription.poll(lambda *_: None, 10) == 10
+        assert publication.wait_durable(positions[9], 2.0)
+        time.sleep(0.3)
+        assert publication.durable_position == positions[9]  # no further: not consumed
+        assert not publication.wait_durable(positions[10], 0.2)
+        # The rest, and 400 more across six 64 KiB terms, each position waited for.
+        collector = Collector(subscription)
+        done = 10
+        for i in range(20, 420, 20):
+            positions += _offer(publication, i, 20)
+            while done < len(positions):
+                done += subscription.poll(lambda *_: None, 100)
+            assert publication.wait_durable(positions[-1], 5.0)
+        assert publication.durable_position == positions[-1] == publication.position
+        assert positions[-1] > 6 * 65536
+        assert run_stat(a).stdout.count("pub-durable: ") == 1
+        assert _counter(a, "pub-durable: ") == positions[-1]
+        del collector
+
+
+def test_an_untagged_or_other_tagged_subscriber_makes_nothing_durable(launch) -> None:
+    for gtag in ("", "|gtag=8"):
+        with unicast(launch, "|durable=7/1", gtag) as (_, _, publication, subscription):
+            positions = _offer(publication, 0, 50)
+            done = 0
+            while done < 50:
+                done += subscription.poll(lambda *_: None, 100)
+            started = time.monotonic()
+            assert not publication.wait_durable(positions[-1], 0.5)
+            assert time.monotonic() - started >= 0.5
+            assert publication.durable_position == 0 and publication.durable_receivers == 0
+            assert publication.why_not_durable(positions[-1]) is NotDurable.TOO_FEW_RECEIVERS
+
+
+@contextlib.contextmanager
+def multicast(launch, params: str, gtags: list[str], **settings: object) -> Iterator[
+        tuple[MediaDriver, list[MediaDriver], Publication, list[Subscription]]]:
+    endpoint = f"224.0.1.{random.randrange(1, 250, 2)}:{free_port()}"
+    uri = f"aeron:udp?endpoint={endpoint}|interface=127.0.0.1"
+    publisher = launch(**settings)
+    subscribers = [launch() for _ in gtags]
+    with contextlib.ExitStack() as stack:
+        pc = stack.enter_context(Client.connect(publisher.directory))
+        clients = [stack.enter_context(Client.connect(d.directory)) for d in subscribers]
+        subscriptions = [c.add_subscription(uri + gtag, 7) for c, gtag in
+                         zip(clients, gtags, strict=True)]
+        publication = pc.add_publication(f"{uri}|{params}", 7)
+        connect(publication, *subscriptions)
+        yield publisher, subscribers, publication, subscriptions
+
+
+def test_with_two_required_the_durable_position_stops_at_the_subscriber_that_stopped(
+        launch) -> None:
+    # fc=tagged,g:7/2 holds the sender to the two tagged receivers, as durable= wants (a
+    # receiver joining after data went out never counts).
+    with multicast(launch, "durable=7/2|fc=tagged,g:7/2", ["|gtag=7", "|gtag=7", ""]) as (
+            _, _, publication, subscriptions):
+        polled = [0, 0, 0]
+
+        def poll(which: list[int], until: int) -> None:
+            deadline = time.monotonic() + 10
+            while any(polled[i] < until for i in which):
+                assert time.monotonic() < deadline, polled
+                for i in which:
+                    polled[i] += subscriptions[i].poll(lambda *_: None, until - polled[i])
+
+        positions = _offer(publication, 0, 30)  # inside the unread receiver's 32 KiB window
+        poll([0, 2], 30)
+        assert not publication.wait_durable(positions[14], 0.3)  # one tagged receiver of two
+        assert publication.why_not_durable(positions[14]) is NotDurable.BEHIND
+        assert publication.durable_receivers == 2
+        poll([1], 15)
+        assert publication.wait_durable(positions[14], 2.0)
+        time.sleep(0.3)
+        assert publication.durable_position == positions[14]
+        # The second stops at 15: offers go on within flow control (the sender is held to its
+        # window, the publisher a window beyond), the others read what was sent (its window
+        # past it), and the durable position stays.
+        more = []
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            result = publication.offer(message(30 + len(more), SIZE))
+            if result > 0:
+                more.append(result)
+            for i in (0, 2):
+                polled[i] += subscriptions[i].poll(lambda *_: None, 100)
+            time.sleep(0)
+        assert len(more) >= 10 and polled[0] == polled[2] >= 15 + 25
+        assert publication.durable_position == positions[14]
+        assert not publication.wait_durable(positions[15], 0.2)
+        # It reads again: everything becomes durable, across several terms.
+        positions += more
+        poll([0, 1, 2], len(positions))
+        assert publication.wait_durable(positions[-1], 5.0)
+        while len(positions) < 500:
+            positions += _offer(publication, len(positions), 20)
+            poll([0, 1, 2], len(positions))
+            assert publication.wait_durable(positions[-1], 5.0)
+        assert publication.durable_position == positions[-1] > 6 * 65536
+
+
+def test_a_tagged_receiver_that_went_away_stops_counting_after_its_timeout(launch) -> None:
+    with multicast(launch, "durable=7/1", ["|gtag=7"],
+                   flow_control_receiver_timeout="1s") as (_, [subscriber], publication, [sub]):
+        positions = _offer(publication, 0, 11)
+        done = 0
+        while done < 10:
+            done += sub.poll(lambda *_: None, 10 - done)
+        assert publication.wait_durable(positions[9], 2.0)
+        os.kill(subscriber.pid, signal.SIGKILL)  # no EOS: it just goes silent
+        subscriber.process.wait(timeout=10)
+        gone = time.monotonic()
+        wait_for(lambda: publication.durable_receivers == 0, timeout=5,
+                 what="the silent receiver stopped counting")
+        assert time.monotonic() - gone >= 0.7  # its timeout (1 s) less an SM interval
+        assert not publication.wait_durable(positions[10], 0.3)
+        assert publication.why_not_durable(positions[10]) is NotDurable.TOO_FEW_RECEIVERS
+        assert publication.durable_position == positions[9]  # never goes back
+
+
+def test_wait_durable_async_under_trio(launch) -> None:
+    with unicast(launch, "|durable=7/1", "|gtag=7") as (_, _, publication, subscription):
+        positions = _offer(publication, 0, 30)
+
+        async def main() -> tuple[bool, bool, float]:
+            async with trio.open_nursery() as nursery:
+                results: list[bool] = []
+
+                async def waiter() -> None:
+                    results.append(await publication.wait_durable_async(positions[-1], 5.0))
+
+                nursery.start_soon(waiter)
+                await trio.sleep(0.2)
+                assert not results  # parked, the loop free: this task ran
+                done = 0
+                while done < 30:
+                    done += subscription.poll(lambda *_: None, 30)
+            started = time.monotonic()
+            late = await publication.wait_durable_async(positions[-1] + 1, 0.3)
+            return results[0], late, time.monotonic() - started
+
+        reached, late, waited = trio.run(main)
+        assert reached and not late and waited >= 0.3
+
+
+def test_durable_keys_are_refused_by_name(launch) -> None:
+    port = free_port()
+    driver = launch()
+    with Client.connect(driver.directory) as client:
+        for uri in (f"aeron:udp?endpoint=127.0.0.1:{port}|durable=7/1",
+                    f"aeron:udp?endpoint=127.0.0.1:{port}|gtag=7|durable=7/1"):
+            with pytest.raises(ChannelError, match="durable") as raised:
+                client.add_subscription(uri, 1)
+            assert raised.value.part == "durable"
+        for uri, problem in (
+                ("aeron:ipc?durable=7/1", "aeron:udp only"),
+                (f"aeron:udp?endpoint=127.0.0.1:{port}|durable=2", "<group tag>/<receivers>"),
+                (f"aeron:udp?endpoint=127.0.0.1:{port}|durable=7/0", "out of range"),
+                (f"aeron:udp?endpoint=127.0.0.1:{port}|durable=/1", "no group tag"),
+                (f"aeron:udp?endpoint=127.0.0.1:{port}|durable=x/1", "not an integer"),
+                (f"aeron:udp?endpoint=127.0.0.1:{port}|durable=7/1025", "out of range")):
+            with pytest.raises(ChannelError, match=problem) as raised:
+                client.add_publication(uri, 1)
+            assert raised.value.part == "durable"
+        # A second publisher of the shared publication cannot ask for another.
+        first = client.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|durable=7/1", 2)
+        with pytest.raises(ChannelError, match="durable"):
+            client.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|durable=7/2", 2)
+        plain = client.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", 4)
+        assert plain.durable_position is None and plain.durable_receivers is None
+        with pytest.raises(UsageError, match="no durable= key"):
+            plain.wait_durable(1, 0.1)
+        first.close()
+
+
+def test_the_driver_refuses_durable_on_a_subscription_from_any_client() -> None:
+    from slipstream.client.channel import parse_channel
+    from slipstream.daemon.conductor.conductor import _carried
+
+    with pytest.raises(ChannelError) as raised:
+        _carried(parse_channel("aeron:udp?endpoint=127.0.0.1:9|durable=1/1"), subscription=True)
+    assert raised.value.part == "durable"
+
+
+@pytest.mark.spark
+def test_the_spark_writer_commits_a_task_only_once_its_last_message_is_durable(
+        launch) -> None:
+    import pyarrow as pa
+
+    from slipstream.spark_bridge.options import OptionError, parse_options
+    from slipstream.spark_bridge.writer import (
+        DurableTimeoutError,
+        publish_batches,
+        wait_until_durable,
+    )
+
+    with pytest.raises(OptionError, match=r"'durableTimeoutMs'.*no durable= key"):
+        parse_options({"streamId": "1", "channel": "aeron:udp?endpoint=127.0.0.1:9",
+                       "durableTimeoutMs": "100"}).check_direction("write")
+    with pytest.raises(OptionError, match=r"'durableTimeoutMs'.*negative"):
+        parse_options({"streamId": "1", "durableTimeoutMs": "-1"})
+    options = parse_options({"streamId": "1", "durableTimeoutMs": "250",
+                             "channel": "aeron:udp?endpoint=127.0.0.1:9|durable=7/1"})
+    options.check_direction("write")
+    assert options.durable_timeout_ms == 250
+
+    with unicast(launch, "|durable=7/1", "|gtag=7") as (_, _, publication, subscription):
+        batch = pa.RecordBatch.from_pydict({"value": [message(i, SIZE) for i in range(20)]})
+        rows, _, last = publish_batches(publication, iter([batch]), 5_000)
+        assert rows == 20 and last == publication.position
+        with pytest.raises(DurableTimeoutError, match="durableTimeoutMs=250 ms: the tagged "
+                                                      "receivers have not consumed"):
+            wait_until_durable(publication, last, 250)
+        done = 0
+        while done < 20:
+            done += subscription.poll(lambda *_: None, 20)
+        wait_until_durable(publication, last, 5_000)
+        assert publication.durable_position == last
