@@ -487,7 +487,10 @@ class CountersFile:
             if not (state == _STATE_FREE
                     or (state == _STATE_RECLAIMED and now_ns >= reusable_at_ns)):
                 continue
-            encoded = label.encode("utf-8", "replace")[:LABEL_MAX_LENGTH]
+            # Cut at a character's start: a label read back never ends in half of one.
+            encoded = label.encode("utf-8", "replace")[:LABEL_MAX_LENGTH + 1]
+            encoded = encoded[:LABEL_MAX_LENGTH].decode("utf-8", "ignore").encode() \
+                if len(encoded) > LABEL_MAX_LENGTH else encoded
             lib.ss_store_release_i64(self.address(counter_id), initial_value)
             struct.pack_into(_META.format, self._map, offset, _STATE_FREE, type_id,
                              registration_id, session_id, stream_id, owner_id, len(encoded),
