@@ -44,8 +44,8 @@ from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
 from slipstream.client.logview import VIEW_OPERATIONS, ImageView, SessionEnds, snapshot
 from slipstream.client.replay import ReplayServer
 
-__all__ = ["DEFAULT_GROUP", "HOLDER_CONTROL_STREAM", "HOLDER_PORT", "MAX_SPLIT_PIECES",
-           "DetachedLogs", "StreamHolder", "driver_instance", "main"]
+__all__ = ["DEFAULT_GROUP", "HOLDER_CONTROL_STREAM", "HOLDER_PORT", "MAX_ENDED_ASKED",
+           "MAX_SPLIT_PIECES", "DetachedLogs", "StreamHolder", "driver_instance", "main"]
 
 log = logging.getLogger("slipstream.client.holder")
 
@@ -69,6 +69,7 @@ class _Held:
     subscription: Subscription
     ends: SessionEnds
     last_call: float
+    since: float = attrs.field(factory=time.monotonic)  # when the hold was made
 
 
 def _key(args: dict[str, Any]) -> tuple[str, int, str]:
@@ -85,6 +86,9 @@ def _key(args: dict[str, Any]) -> tuple[str, int, str]:
 
 #: The most pieces a ``split_points`` question may ask for (its answer lists them).
 MAX_SPLIT_PIECES: Final = 256
+#: The most sessions an ``ended`` question may ask about (its answer, about 110 bytes a
+#: session, fits an answer stream's message).
+MAX_ENDED_ASKED: Final = 32
 
 
 def _view_args(method: str, args: object, image: Image) -> dict[str, int | None]:
@@ -208,9 +212,9 @@ class StreamHolder:
                 held.subscription.close()
                 log.info("released stream %d on %s for group %r", key[1], key[0], key[2])
             return held is not None
-        if op not in ("state", "view"):
-            raise ValueError(f"op {op!r} is not one of state, view, release")
-        if key not in self._held and (op == "view" or args.get("hold") is False):
+        if op not in ("state", "view", "ended"):
+            raise ValueError(f"op {op!r} is not one of state, view, ended, release")
+        if key not in self._held and (op in ("view", "ended") or args.get("hold") is False):
             # Only a query's state call holds a stream: a question never makes a hold.
             held_here = ", ".join(f"{s} on {c} ({g})" for c, s, g in self._held)
             if len(held_here) > 1000:
@@ -224,8 +228,15 @@ class StreamHolder:
             sessions = {str(image.session_id): snapshot(ImageView(image))
                         for image in held.subscription.images}
             return {"host": self.host, "driver": self.driver, "sessions": sessions,
-                    "ended": {sid: end.to_json() for sid, end in held.ends.snapshot().items()
-                              if sid not in sessions}}
+                    "held_for": time.monotonic() - held.since}
+        if op == "ended":
+            asked = args.get("sessions")
+            if not isinstance(asked, list) or len(asked) > MAX_ENDED_ASKED or not all(
+                    isinstance(sid, int) and not isinstance(sid, bool) for sid in asked):
+                raise ValueError(f"ended: sessions {asked!r} is not a list of at most "
+                                 f"{MAX_ENDED_ASKED} session ids")
+            ends = {str(sid): held.ends.get(sid) for sid in asked}
+            return {sid: end.to_json() for sid, end in ends.items() if end is not None}
         session_id = args.get("session_id")
         if isinstance(session_id, bool) or not isinstance(session_id, int):
             raise ValueError(f"session_id {session_id!r} is not an integer")

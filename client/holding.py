@@ -25,14 +25,16 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from slipstream.client.client import Client
-from slipstream.client.errors import SlipstreamError
+from slipstream.client.errors import RegistrationError, SlipstreamError
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.publication import Publication
 from slipstream.client.subscription import Subscription
 
-__all__ = ["CALL_VERSION", "REPLY_WINDOW", "Answers", "CallError", "HolderLink",
-           "local_address_towards", "offer_until", "open_holder_streams", "reply_channel_towards",
-           "reply_subscription_channel", "small_channel"]
+__all__ = ["ANSWER_TERM_LENGTH", "CALL_VERSION", "REPLY_WINDOW", "Answers", "CallError",
+           "HolderLink", "answer_channel", "forget_reply_port", "local_address_towards",
+           "offer_until",
+           "open_holder_streams", "reply_channel_towards", "reply_subscription_channel",
+           "small_channel"]
 
 #: The call format's version; a holder answers calls of another with an error.
 CALL_VERSION: Final = 1
@@ -56,6 +58,17 @@ def small_channel(channel: str) -> str:
     return f"{channel}|term-length=64k|sparse=true"
 
 
+#: The term length of a holder's answer streams: an answer is at most an eighth of it (128
+#: KiB: the state of about 500 sessions), and the log is sparse, so only what is sent costs.
+ANSWER_TERM_LENGTH: Final = "1m"
+
+
+def answer_channel(channel: str) -> str:
+    """``channel`` for a holder's answers to one caller: sparse terms long enough for the
+    state of a stream with hundreds of sessions (:data:`ANSWER_TERM_LENGTH`)."""
+    return f"{channel}|term-length={ANSWER_TERM_LENGTH}|sparse=true"
+
+
 def reply_subscription_channel(reply_channel: str) -> str:
     """The channel a reader or caller subscribes with at its reply endpoint ``reply_channel``:
     the shared window (:data:`REPLY_WINDOW`) and a sparse image log (a replay's is as long as
@@ -75,8 +88,9 @@ def local_address_towards(address: str, port: int) -> str:
         probe.close()
 
 
-#: The reply port of this process for each holder on its own host, (address, port) -> port.
-_own_host_reply_ports: dict[tuple[str, int], int] = {}
+#: The reply port of this process for each holder on its own host, by (the client's driver
+#: directory, holder address, holder port).
+_own_host_reply_ports: dict[tuple[str, str, int], int] = {}
 
 
 def _free_udp_port(address: str) -> int | None:
@@ -91,26 +105,35 @@ def _free_udp_port(address: str) -> int | None:
         probe.close()
 
 
-def reply_channel_towards(address: str, port: int, reply_address: str | None = None) -> str:
-    """The channel a caller or replay reader on this host gets the holder's answers at, the
-    holder listening at ``address:port``: this host's address towards it
-    (:func:`local_address_towards`, or ``reply_address``) and the same port, so that one
-    UDP port open between two hosts serves both ways.  On the holder's own host (``address``
-    is one of this host's) that port is the holder's own endpoint, whose receive window is
-    not a reply endpoint's (or, bound to every address, which no other endpoint may share):
-    there, a port that was free, drawn once per holder for this process."""
+def reply_channel_towards(client: Client, address: str, port: int,
+                          reply_address: str | None = None) -> str:
+    """The channel a caller or replay reader using ``client`` gets the answers of the holder
+    at ``address:port`` at: this host's address towards it (:func:`local_address_towards`,
+    or ``reply_address``) and the same port, so that one UDP port open between two hosts
+    serves both ways.  On the holder's own host (``address`` is one of this host's) that
+    port is the holder's own endpoint, whose receive window is not a reply endpoint's (or,
+    bound to every address, which no other endpoint may share): there, a port that was free,
+    drawn once per holder and driver for this process (:func:`forget_reply_port` draws
+    another)."""
     if reply_address is None:
         reply_address = local_address_towards(address, port)
-    reply_port = _own_host_reply_ports.get((address, port))
+    key = (str(client.directory), address, port)
+    reply_port = _own_host_reply_ports.get(key)
     if reply_port is None:
         if _free_udp_port(address) is None:  # another host's: the holder's port is free here
             return f"aeron:udp?endpoint={reply_address}:{port}"
         reply_port = _free_udp_port(reply_address)
         if reply_port is None:
-            raise SlipstreamError(f"no free UDP port at {reply_address} for the answers of "
-                                  f"the holder at {address}:{port}")
-        _own_host_reply_ports[(address, port)] = reply_port
+            raise SlipstreamError(f"the reply address {reply_address} for the answers of the "
+                                  f"holder at {address}:{port} is not an address of this host")
+        _own_host_reply_ports[key] = reply_port
     return f"aeron:udp?endpoint={reply_address}:{reply_port}"
+
+
+def forget_reply_port(client: Client, address: str, port: int) -> bool:
+    """Forget the reply port drawn for the holder at ``address:port`` (something else took it
+    since it was drawn); whether there was one (then a retry draws another)."""
+    return _own_host_reply_ports.pop((str(client.directory), address, port), None) is not None
 
 
 def open_holder_streams(client: Client, address: str, port: int, control_stream_id: int,
@@ -180,7 +203,8 @@ class Answers:
         SlipstreamError when no publication can be made there (the channel is refused)."""
         key = (reply_channel, stream_id)
         if key not in self._publications:
-            publication = self._client.add_publication(small_channel(reply_channel), stream_id)
+            publication = self._client.add_publication(answer_channel(reply_channel),
+                                                       stream_id)
             self._publications[key] = (publication, time.monotonic())
         publication = self._publications[key][0]
         data = json.dumps(answer).encode()
@@ -227,7 +251,8 @@ class Answers:
 class HolderLink:
     """A caller's standing link to a holder's control stream ``control_stream_id`` at
     ``endpoint=address:port``: answers come back to this host's driver at ``reply_address``
-    (this host's address towards the holder when None), same port, on a stream of its own.
+    (this host's address towards the holder when None), at the holder's port (another on the
+    holder's own host: :func:`reply_channel_towards`), on a stream of its own.
 
     :meth:`call` sends one call and waits for its answer.  Use from one thread.
     """
@@ -238,13 +263,19 @@ class HolderLink:
         self.address = address
         self.port = port
         self.timeout_s = timeout_s
-        self.reply_channel = reply_channel_towards(address, port, reply_address)
         self.response_stream_id = random.randrange(1, INT32_MAX)
         self._next_id = 1
         self._answers: dict[int, dict[str, Any]] = {}
-        self._response, self._control = open_holder_streams(
-            client, address, port, control_stream_id, self.reply_channel,
-            self.response_stream_id)
+        for attempt in range(2):  # a second, after a port drawn here was taken
+            self.reply_channel = reply_channel_towards(client, address, port, reply_address)
+            try:
+                self._response, self._control = open_holder_streams(
+                    client, address, port, control_stream_id, self.reply_channel,
+                    self.response_stream_id)
+                break
+            except RegistrationError:
+                if attempt or not forget_reply_port(client, address, port):
+                    raise  # not a port drawn here, or taken again
 
     def call(self, op: str, **args: Any) -> Any:
         """Call ``op`` with ``args`` (JSON values); returns the holder's result.  Raises

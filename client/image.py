@@ -35,6 +35,7 @@ from slipstream.client.layout import (
     FRAME_ALIGNMENT,
     HDR_TYPE_PAD,
     HEADER_LENGTH,
+    INT64_MAX,
     PARTITION_COUNT,
     UNFRAGMENTED,
     align,
@@ -90,6 +91,11 @@ class Image:
         #: the ``(from, to)`` stream positions it lost, because the sender had moved on past
         #: what it could resend.  The stream's next image starts where the sender is.
         self.lost_range: tuple[int, int] | None = None
+        #: Set as the image goes (before ``on_unavailable_image``, while its log is surely
+        #: mapped): where its log ended (its end-of-stream position, else what its producer
+        #: had written), and whether the stream ended there with its end-of-stream mark.
+        self.final_position: int | None = None
+        self.ended_with_mark = False
         self.term_length = log.term_length
         #: The term id the stream started at, and its MTU: with the session and the term
         #: length, what frames its positions (a replay framed alike has the same positions).
@@ -148,6 +154,15 @@ class Image:
         reader.waiters = self.waiters
         reader.term_length = self.term_length
         reader.position_bits = self._position_bits
+
+    def _record_end(self) -> None:
+        """Note where the log ended (:attr:`final_position`): called as the image goes,
+        before it is retired (a reading thread unmaps retired images)."""
+        if self._closed:
+            return
+        eos = self._log.end_of_stream_position
+        self.ended_with_mark = eos < INT64_MAX
+        self.final_position = eos if self.ended_with_mark else self._log.producer_position()
 
     def _go(self) -> None:
         """The image is gone (unavailable, or its subscription closed): nothing more is read

@@ -43,7 +43,7 @@ class SessionEnd:
     #: (initial term id, term length) of the log that ended.
     framing: tuple[int, int]
     #: The end of what the log held when the image went: the end-of-stream position, or
-    #: where the receiver had rebuilt the stream to.
+    #: how far its producer (the receiver) had written, past any gap it had not repaired.
     position: int
     #: True when the stream ended with its mark (its publication closed, or its receiver
     #: was left behind: then :attr:`lost` says what it lost); False when the image went
@@ -55,12 +55,11 @@ class SessionEnd:
 
     @classmethod
     def of(cls, image: Image) -> SessionEnd:
-        """The end of ``image``, which is going (an ``on_unavailable_image`` handler: its
-        log is still mapped)."""
-        eos = end_of_stream(image)
+        """The end of ``image``, which went (in an ``on_unavailable_image`` handler: the
+        subscription noted where its log ended as it went)."""
         return cls(image.session_id, image.identity.framing,
-                   eos if eos is not None else image.producer_position(), eos is not None,
-                   image.lost_range)
+                   image.final_position if image.final_position is not None
+                   else image.join_position, image.ended_with_mark, image.lost_range)
 
     @property
     def complete(self) -> bool:
@@ -70,10 +69,14 @@ class SessionEnd:
 
     def describe(self) -> str:
         """How it ended, in words, for a reader that had not read all of it."""
-        if self.lost is not None:
+        if self.lost is not None and self.end_of_stream:
             return (f"its receiver was left behind: the sender moved past what it could "
                     f"resend, and the messages at [{self.lost[0]}, {self.lost[1]}) never "
                     f"arrived")
+        if self.lost is not None:
+            return (f"this subscription fell further behind the stream than its untethered "
+                    f"window allows (tether=false) and was let go: the messages at "
+                    f"[{self.lost[0]}, {self.lost[1]}) went past it")
         if self.end_of_stream:
             return f"its publication ended at position {self.position}"
         return (f"its image went at position {self.position} without the stream's "

@@ -349,6 +349,7 @@ class Subscription:
             for image in self._images:
                 if image.correlation_id == correlation_id:
                     image.lost_range = lost
+                    image._record_end()
                     image._go()
                     self._images = tuple(i for i in self._images if i is not image)
                     # Wake a receiver parked on this image so it notices; while the log is

@@ -18,10 +18,13 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Iterable
+from typing import Final
 
 from slipstream.client import Client, Image, SlipstreamError, Subscription
 from slipstream.client.holder import (
     HOLDER_CONTROL_STREAM,
+    MAX_ENDED_ASKED,
     MAX_SPLIT_PIECES,
     DetachedLogs,
     driver_instance,
@@ -173,6 +176,7 @@ class _OwnHold:
         self.client = Client.connect(options.directory)
         self.holder: _Holder | None = None
         self.ends = SessionEnds()
+        self.since = time.monotonic()
         try:  # whatever fails, what was made so far goes (not at the driver's timeout)
             self.subscription: Subscription = self.client.add_subscription(
                 options.channel, options.stream_id, on_unavailable_image=self.ends.record)
@@ -212,9 +216,14 @@ class _OwnHold:
                                 for image in images}
         return {str(image.session_id): ImageView(image) for image in images}
 
-    def ended(self) -> dict[str, SessionEnd]:
-        """How the sessions whose images left the subscription ended, by session id."""
-        return self.ends.snapshot()
+    def ended(self, session_ids: Iterable[str]) -> dict[str, SessionEnd]:
+        """How those of ``session_ids`` whose images left the subscription ended."""
+        ends = {sid: self.ends.get(int(sid)) for sid in session_ids}
+        return {sid: end for sid, end in ends.items() if end is not None}
+
+    def age_s(self) -> float:
+        """How long the subscription has held the stream, seconds."""
+        return time.monotonic() - self.since
 
     def made_anew(self, join_position: int) -> str:
         """Why this host's log of a session holds nothing before ``join_position``."""
@@ -222,6 +231,11 @@ class _OwnHold:
                 f"one that held the earlier positions went while nothing subscribed to it (the "
                 f"query was down, and no other subscriber or standing holder kept it), and "
                 f"what it held went with it")
+
+    def no_record(self) -> str:
+        """Why a session may be gone with no record of its end."""
+        return (f"it went while the query was down and nothing held it (without a standing "
+                f"holder, a query's subscription on {self.host} is what holds its streams)")
 
     def close(self) -> None:
         if self.holder is not None:
@@ -255,23 +269,40 @@ class _StandingHold:
                                                               HOLDER_CONTROL_STREAM)
         self.host = name
         self.driver: str | None = None
-        self._ended: dict[str, SessionEnd] = {}
+        self._since = time.monotonic()
 
     def views(self) -> dict[str, LogView]:
         if self.client.is_closed:
             raise self.client.driver_lost_error()
         state = self.link.call("state", **self.key)
         self.host, self.driver = str(state["host"]), str(state["driver"])
-        self._ended = {sid: SessionEnd.from_json(int(sid), fields)
-                       for sid, fields in state.get("ended", {}).items()}
+        # A holder of an earlier version says nothing: as if it had held the stream for ever.
+        self._since = time.monotonic() - float(state.get("held_for", float("inf")))
         key = {k: v for k, v in self.key.items() if k != "hold"}
         return {sid: RemoteView(self.link, key, int(sid), fields)
                 for sid, fields in state["sessions"].items()}
 
-    def ended(self) -> dict[str, SessionEnd]:
-        """How the sessions whose images left the holder's subscription ended (as of the
-        last :meth:`views`), by session id."""
-        return self._ended
+    def ended(self, session_ids: Iterable[str]) -> dict[str, SessionEnd]:
+        """How those of ``session_ids`` whose images left the holder's subscription ended,
+        as far as the holder remembers (asked :data:`MAX_ENDED_ASKED` at a time)."""
+        key = {k: v for k, v in self.key.items() if k != "hold"}
+        asked = sorted(int(sid) for sid in session_ids)
+        ends: dict[str, SessionEnd] = {}
+        for i in range(0, len(asked), MAX_ENDED_ASKED):
+            answer = self.link.call("ended", **key, sessions=asked[i:i + MAX_ENDED_ASKED])
+            ends.update({sid: SessionEnd.from_json(int(sid), fields)
+                         for sid, fields in answer.items()})
+        return ends
+
+    def age_s(self) -> float:
+        """How long the holder has held the stream for the group, seconds (as of the last
+        :meth:`views`)."""
+        return time.monotonic() - self._since
+
+    def no_record(self) -> str:
+        """Why a session may be gone with no record of its end."""
+        return (f"the standing holder on {self.host} has no record of how it ended (the "
+                f"holder restarted, or released its group, since the query last read it)")
 
     def made_anew(self, join_position: int) -> str:
         """Why the holder's log of a session holds nothing before ``join_position``."""
@@ -285,14 +316,90 @@ class _StandingHold:
         self.client.close()
 
 
+#: How long a hold may have existed before a session of the offsets that it has no image of,
+#: and no record of how it ended, is reported gone: its image may still be on its way.
+GONE_GRACE_S: Final = 5.0
+
+
+class LossReports:
+    """What a query will never read, reported by the planning side: ``failOnDataLoss=true``
+    raises :class:`SlipstreamDataLossError`; ``false`` logs a warning and counts a skip in
+    the driver's ``data loss skips`` counter, once per loss however many batches meet it."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._reported: set[tuple[object, ...]] = set()
+
+    def report(self, key: tuple[object, ...], message: str, skip: str) -> None:
+        """Report the loss ``key`` (what names it: a session and where it begins), whose text
+        is ``message``; ``skip`` says what a query that goes on does instead."""
+        if self.options.fail_on_data_loss:
+            raise SlipstreamDataLossError(message)
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        log.warning("%s %s (failOnDataLoss=false).", message, skip)
+        _record_skip(self.options.directory)
+
+
+def why_not_held(hold: _OwnHold | _StandingHold, view: LogView, begin: int,
+                 end: SessionEnd | None) -> str | None:
+    """Why ``view``'s log does not hold ``begin``: its previous image was left behind (``end``,
+    how the session's last image ended), or the log was made anew after it; None when it was
+    cleaned (:func:`loss_message`'s own words)."""
+    if end is not None and end.framing == view.identity.framing and end.lost is not None \
+            and begin < end.lost[1]:
+        return (f"its image at {hold.host} went ({end.describe()}), and the next one began at "
+                f"position {view.join_position}")
+    if begin < view.join_position and view.earliest_position() >= view.join_position:
+        return hold.made_anew(view.join_position)
+    return None
+
+
+def gone_message(options: SourceOptions, hold: _OwnHold | _StandingHold, sid: str,
+                 entry: object, end: SessionEnd | None) -> str | None:
+    """What a query loses of session ``sid``, at ``entry`` in its offsets, whose image the
+    hold no longer has (``end``: how it ended, if the hold remembers); None when it was read
+    to its end-of-stream mark (``end`` says so, or the entry recorded the mark)."""
+    position = position_of(entry)
+    named = log_of(entry)
+    if end is not None and named is not None and named != end.framing:
+        end = None  # the end of another log of this session id
+    if end is not None and end.complete and position >= end.position:
+        return None
+    marked = entry.get("end") if isinstance(entry, dict) else None
+    if end is None and isinstance(marked, int) and position >= marked:
+        return None
+    if end is None:
+        why = (f"it has no log at {hold.host} any more: {hold.no_record()}; whatever it held "
+               f"past {position} is gone, and how much that was is not known here")
+        lost = f"from position {position} on"
+    else:
+        why = f"its log at {hold.host} went: {end.describe()}"
+        unread = f"[{position}, {end.position})" if position < end.position else None
+        if end.lost is not None:
+            lost = f"[{max(position, end.lost[0])}, {end.lost[1]})"
+        elif end.end_of_stream:
+            lost = unread or f"from position {position} on"
+        else:
+            lost = (f"{unread} and " if unread else "") + \
+                f"whatever its publisher accepted after position {end.position}"
+    return (f"slipstream stream {options.stream_id} session {sid}: the offsets are at position "
+            f"{position}, and the messages {lost} will never be read; {why}.  Set "
+            f"failOnDataLoss=false to go on without them (counted in the driver's 'data loss "
+            f"skips' counter).")
+
+
 def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
                     images: dict[str, LogView], start: dict[str, object],
-                    end: dict[str, object]) -> list[SlipstreamPartition]:
+                    end: dict[str, object], losses: LossReports) -> list[SlipstreamPartition]:
     """The partitions of ``[start, end)`` (offsets: session id -> entry): one per session
     with something to read, or with ``minPartitions`` long ranges split at message
     boundaries so that there are about that many, each session's count in proportion to its
     share of the bytes (:meth:`LogView.split_points`).  A range of a log that is not the
-    session's log now fails (or is skipped, ``failOnDataLoss=false``), naming both."""
+    session's log now fails (or is skipped, ``failOnDataLoss=false``), naming both; so does
+    a range the hold's log cannot have (its image went, or was made anew after the range's
+    start: a batch planned before, which Spark runs again), naming why (``losses``)."""
     ranges = {}
     for sid, entry in sorted(end.items()):
         stop = position_of(entry)
@@ -316,18 +423,25 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
             log.warning("%s: skipping the range (failOnDataLoss=false)", message)
             _record_skip(options.directory)
             continue
-        if image is not None and begin < image.join_position and \
-                not image.is_retained(begin):
+        if image is None:
+            # Its image went after the batch was planned: decided here, not in the tasks.
+            entry = start.get(sid, end[sid])
+            message = gone_message(options, hold, sid, entry,
+                                   hold.ended([sid]).get(sid))
+            if message is not None:
+                losses.report(("gone", sid, log_of(entry)), message,
+                              "The session leaves the offsets")
+            continue
+        if begin < image.join_position and not image.is_retained(begin):
             # A batch planned before this log was made (a restart re-runs it): the tasks
-            # would find the range's start missing, and could not tell why.
-            # The whole loss, which may reach past this batch, is named.
+            # would find the range's start missing, and could not tell why.  The whole
+            # loss, which may reach past this batch, is named.
             held_from = image.first_retained(begin, max(stop, image.available_position()))
-            message = loss_message(options.stream_id, int(sid), begin, held_from, None,
-                                   None, why=hold.made_anew(image.join_position))
-            if options.fail_on_data_loss:
-                raise SlipstreamDataLossError(message)
-            log.warning("%s Skipping to %d (failOnDataLoss=false).", message, held_from)
-            _record_skip(options.directory)
+            why = why_not_held(hold, image, begin, hold.ended([sid]).get(sid))
+            losses.report(("held", sid, held_from),
+                          loss_message(options.stream_id, int(sid), begin, held_from, None,
+                                       image.identity.term_length, why=why),
+                          f"Skipping to {held_from}")
             if held_from >= stop:
                 continue
             begin = held_from

@@ -61,21 +61,24 @@ from pyspark.sql.streaming.datasource import (
 
 from slipstream.client import SlipstreamError
 from slipstream.client.counters import LABEL_MAX_LENGTH, Counter, CounterType
-from slipstream.client.logview import LogView, SessionEnd
+from slipstream.client.logview import LogView
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.planning import (
+    GONE_GRACE_S,
+    LossReports,
     _OwnHold,
     _StandingHold,
+    gone_message,
     log_of,
     plan_partitions,
     position_of,
     shares,
+    why_not_held,
 )
 from slipstream.spark_bridge.read_task import (
     SCHEMA,
     SlipstreamDataLossError,
     SlipstreamPartition,
-    _record_skip,
     loss_message,
     read_range,
 )
@@ -131,6 +134,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         #: waits at most maxTriggerDelay from there.
         self._last_read_ns: int | None = None
         self._lag: Counter | None = None
+        self._losses = LossReports(options)
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
@@ -226,11 +230,20 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         to its end-of-stream mark, else as data loss naming how it ended (:meth:`_gone`).
         """
         images = self._images()
-        assert self._hold is not None
+        hold = self._hold
+        assert hold is not None
         self._report_lag(images, start)
-        ended = self._hold.ended()
-        for sid in sorted(set(start) - set(images)):
-            self._gone(sid, start[sid], ended.get(sid))
+        end: dict[str, object] = {}
+        missing = sorted(set(start) - set(images))
+        ended = hold.ended(missing) if missing else {}
+        for sid in missing:
+            if sid not in ended and hold.age_s() < GONE_GRACE_S:
+                end[sid] = start[sid]  # its image may be on its way to a hold just made
+                continue
+            message = gone_message(self.options, hold, sid, start[sid], ended.get(sid))
+            if message is not None:
+                self._losses.report(("gone", sid, log_of(start[sid])), message,
+                                    "The session leaves the offsets")
         # Batches before start ran and are in the commit log.
         foreign = self._consumed(images, start)
         for sid, reason in foreign.items():
@@ -253,7 +266,6 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 max_rows = limit.max_rows
             elif isinstance(limit, ReadMaxBytes):
                 max_bytes = limit.max_bytes
-        end: dict[str, object] = {}
         ranges: dict[str, tuple[int, int]] = {}  # sessions with something to read
         for sid, image in sorted(images.items()):
             if self._target is not None and sid not in self._target:
@@ -281,8 +293,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     raise SlipstreamDataLossError(loss_message(
                         image.stream_id, image.session_id, begin, held_from, None,
                         image.identity.term_length,
-                        why=self._hold.made_anew(image.join_position)
-                        if begin < image.join_position else None))
+                        why=why_not_held(hold, image, begin, hold.ended([sid]).get(sid))))
                 begin = held_from  # the executor or plan_partitions counts the skip
             ranges[sid] = (begin, available)
             end[sid] = self._entry(image, available)
@@ -322,50 +333,6 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 return False
         return True
 
-    def _gone(self, sid: str, entry: object, end: SessionEnd | None) -> None:
-        """The session ``sid``, at ``entry`` in the offsets, has no image at the hold any
-        more.  It leaves the offsets in silence when it was read to its end-of-stream mark
-        (``end`` says so, or the entry recorded the mark); otherwise what it had past the
-        entry is lost, and how it ended is reported: ``failOnDataLoss=true`` fails the
-        query, ``false`` logs it, counts it and goes on."""
-        assert self._hold is not None
-        position = position_of(entry)
-        named = log_of(entry)
-        if end is not None and named is not None and named != end.framing:
-            end = None  # the end of another log of this session id
-        if end is not None and end.complete and position >= end.position:
-            return
-        marked = entry.get("end") if isinstance(entry, dict) else None
-        if end is None and isinstance(marked, int) and position >= marked:
-            return
-        where = f"at {self._hold.host}"
-        if end is None:
-            why = (f"it has no log {where} any more, and none ended there while this query "
-                   f"ran: it went while the query was down and nothing held it (without a "
-                   f"standing holder, a query's subscription is what holds its streams); "
-                   f"whatever it held past {position} is gone, and how much that was is not "
-                   f"known here")
-            lost = f"from position {position} on"
-        else:
-            why = f"its log {where} went: {end.describe()}"
-            unread = f"[{position}, {end.position})" if position < end.position else None
-            if end.lost is not None:
-                lost = f"[{max(position, end.lost[0])}, {end.lost[1]})"
-            elif end.end_of_stream:
-                lost = unread or f"from position {position} on"
-            else:
-                lost = (f"{unread} and" if unread else "") + \
-                    f" whatever its publisher accepted after position {end.position}"
-        message = (f"slipstream stream {self.options.stream_id} session {sid}: the offsets "
-                   f"are at position {position}, and the messages {lost.strip()} will never "
-                   f"be read; {why}.")
-        if self.options.fail_on_data_loss:
-            raise SlipstreamDataLossError(
-                f"{message}  Set failOnDataLoss=false to go on without them (counted in the "
-                f"driver's 'data loss skips' counter).")
-        log.warning("%s The session leaves the offsets (failOnDataLoss=false).", message)
-        _record_skip(self.options.directory)
-
     def reportLatestOffset(self) -> dict[str, int] | None:
         """What is available now (shown in the query's progress)."""
         if self._hold is None:
@@ -379,8 +346,16 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         session's count in proportion to its share of the bytes
         (:meth:`LogView.split_points`)."""
         images = self._images()
-        assert self._hold is not None
-        return plan_partitions(self.options, self._hold, images, start, end)
+        hold = self._hold
+        assert hold is not None
+        # A range whose session has no image yet, at a hold just made: its image may be on
+        # its way (a restarted query plans its last batch again at once).
+        while hold.age_s() < GONE_GRACE_S and any(
+                sid not in images and position_of(end[sid]) > position_of(start.get(sid, 0))
+                for sid in end):
+            time.sleep(0.05)
+            images = self._images()
+        return plan_partitions(self.options, hold, images, start, end, self._losses)
 
     def commit(self, end: dict[str, object]) -> None:
         """Spark processed everything before ``end``: return its credit (see the module
@@ -445,7 +420,8 @@ class SlipstreamBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
-    def _ranges(self, views: dict[str, LogView]) -> tuple[dict[str, object], dict[str, object]]:
+    def _ranges(self, hold: _StandingHold, views: dict[str, LogView], losses: LossReports
+                ) -> tuple[dict[str, object], dict[str, object]]:
         options = self.options
         starting = options.starting_position if "startingPosition" in options.given \
             else "earliest"
@@ -477,13 +453,12 @@ class SlipstreamBatchReader(DataSourceReader):
                     f"slipstream stream {options.stream_id} session {sid}: startingPosition "
                     f"{begin} is after endingPosition {stop}")
             if begin < stop and not view.is_retained(begin):
-                message = loss_message(options.stream_id, view.session_id, begin, stop, None,
-                                       view.identity.term_length)
-                if options.fail_on_data_loss:
-                    raise SlipstreamDataLossError(message)
-                begin = view.first_retained(begin, stop)
-                log.warning("%s Skipping to %d (failOnDataLoss=false).", message, begin)
-                _record_skip(options.directory)
+                held_from = view.first_retained(begin, stop)
+                losses.report(("held", sid, held_from), loss_message(
+                    options.stream_id, view.session_id, begin, held_from, None,
+                    view.identity.term_length, why=why_not_held(hold, view, begin, None)),
+                    f"Skipping to {held_from}")
+                begin = held_from
             identity = [*view.identity.framing]
             start[sid] = {"position": begin, "log": identity}
             end[sid] = {"position": stop, "log": identity}
@@ -493,8 +468,9 @@ class SlipstreamBatchReader(DataSourceReader):
         hold = _StandingHold(self.options, hold=False)
         try:
             views = hold.views()
-            start, end = self._ranges(views)
-            return plan_partitions(self.options, hold, views, start, end)
+            losses = LossReports(self.options)
+            start, end = self._ranges(hold, views, losses)
+            return plan_partitions(self.options, hold, views, start, end, losses)
         finally:
             hold.close()
 

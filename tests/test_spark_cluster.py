@@ -627,8 +627,8 @@ def test_a_query_beside_the_ingest_holder_reads_every_message_once_as_a_publishe
                      for line in published.splitlines() if line.startswith("RESULT ")), None)
     assert sessions is not None and publisher.returncode == 0, (published, errors)
     assert query["distinct"] == query["rows"] == 2 * count, query
-    assert str(sessions["ending"]) not in query["last_offsets"], query
-    assert str(sessions["going"]) in query["last_offsets"], query
+    last = json.loads(query["last_offsets"])
+    assert str(sessions["ending"]) not in last and str(sessions["going"]) in last, query
     assert "holding stream 10" in holder_log, holder_log
 
 
@@ -740,5 +740,5 @@ def test_a_publishing_host_restarted_while_the_query_was_down_is_reported_never_
     assert MESSAGES // 4 <= len(old) < accepted, (len(old), accepted, first_err)
     assert new == list(range(MESSAGES // 2)), "the new session's rows once"
     assert "without the stream's end-of-stream mark" in run.stderr, run.stderr[-3000:]
-    assert f'"{old_session}"' not in run.result()["last_offsets"]
+    assert old_session not in json.loads(run.result()["last_offsets"])
     assert skips >= 1

@@ -99,25 +99,34 @@ def hosts() -> Iterator[Hosts]:
                 shutil.rmtree(directory, ignore_errors=True)
 
 
+def start_holder(hosts: Hosts, port: int) -> subprocess.Popen[str]:
+    """The standing holder process beside the ingest driver, at 127.0.0.2:``port``."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "slipstream-holder"), "--dir",
+         str(hosts.directories["ingest"]), "--address", "127.0.0.2", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def stop_holder(process: subprocess.Popen[str]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    assert process.stdout is not None
+    print(process.stdout.read())
+
+
 @pytest.fixture
 def holder(hosts: Hosts) -> Iterator[int]:
     """The standing holder process beside the ingest driver, at 127.0.0.2; its port."""
     port = free_port()
-    process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "slipstream-holder"), "--dir",
-         str(hosts.directories["ingest"]), "--address", "127.0.0.2", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = start_holder(hosts, port)
     try:
         yield port
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        assert process.stdout is not None
-        print(process.stdout.read())
+        stop_holder(process)
 
 
 def numbers(partitions: list, directory: Path) -> list[int]:
@@ -270,16 +279,16 @@ def test_a_log_made_anew_after_the_query_went_names_that_cause_and_the_whole_ran
     session = next(iter(start))
     committed = position_of(start[session])
     hosts.publish(400, timeout_s=3.0)  # into the publisher's log, nowhere else
+    hosts.publish(10, timeout_s=0.1)
     planner = SlipstreamStreamReader(parse_options(options))
     try:
-        planner.initialOffset()
-        wait_for(lambda: planner._images(), what="the new image")
-        hosts.publish(10)
+        # As Spark restarts a query: the batch planned before first, at once (its image is
+        # not there yet), then the next.
+        with pytest.raises(SlipstreamDataLossError) as again:
+            planner.partitions(start, in_flight)
         image = planner._images()[session]
         joined = image.join_position
         assert joined > committed
-        with pytest.raises(SlipstreamDataLossError) as again:
-            planner.partitions(start, in_flight)
         with pytest.raises(SlipstreamDataLossError) as latest:
             planner.latestOffset(start, ReadAllAvailable())
     finally:
@@ -288,6 +297,43 @@ def test_a_log_made_anew_after_the_query_went_names_that_cause_and_the_whole_ran
         message = str(failure.value)
         assert f"[{committed}, {joined})" in message, message
         assert "made anew" in message and "fell further behind" not in message
+
+
+def test_a_restarted_query_waits_for_its_sessions_images_before_calling_them_gone(
+        hosts: Hosts) -> None:
+    """A query restarted (its own hold) calls latestOffset at once with offsets whose session
+    has no image yet: the session stays where it is (its image is on its way), and is then
+    read on; it is not reported gone."""
+    hosts.publish_from("publisher")
+    options = {"streamId": str(STREAM), "channel": hosts.channel,
+               "directory": str(hosts.directories["spark"]), "holderAddress": "127.0.0.1"}
+    first = SlipstreamStreamReader(parse_options(options))
+    read: list[int] = []
+    keeper = Client.connect(hosts.directories["spark"])
+    try:
+        start = first.initialOffset()
+        wait_for(lambda: first._images(), what="the session")
+        # Another subscriber keeps the image while the query is down: nothing is lost.
+        kept = keeper.add_subscription(hosts.channel, STREAM)
+        hosts.publish(50)
+        start = run_batches(first, start, read, hosts.directories["spark"],
+                            time.monotonic() + 1)
+        first.stop()
+        hosts.publish(50)
+        second = SlipstreamStreamReader(parse_options(options))
+        try:
+            end = second.latestOffset(start, ReadAllAvailable())  # at once
+            assert set(end) == set(start)
+            read += numbers(second.partitions(start, end), hosts.directories["spark"])
+            second.commit(end)
+            start = run_batches(second, end, read, hosts.directories["spark"],
+                                time.monotonic() + 2)
+        finally:
+            second.stop()
+        kept.close()
+    finally:
+        keeper.close()
+    assert read == list(range(100))
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1", "0.0.0.0"])
@@ -342,3 +388,85 @@ def test_a_planner_and_a_replay_reader_on_the_holders_own_host_reach_it(
                         assert time.monotonic() < deadline
         finally:
             holder.close()
+
+
+def test_a_restarted_holder_is_given_time_to_hold_again_and_its_loss_named_so(
+        hosts: Hosts) -> None:
+    """The standing holder restarts while the query is down: its new subscription has no
+    image yet when the restarted query asks at once, then joins where the stream is.  The
+    query waits for the image (the session is not called gone) and then reports the loss
+    as the holder's: its subscription joined after the query's last commit."""
+    hosts.channel = f"aeron:udp?endpoint=127.0.0.2:{hosts.port}"
+    hosts.publish_from("publisher")
+    port = free_port()
+    holder = start_holder(hosts, port)
+    read: list[int] = []
+    try:
+        planner = standing_planner(hosts, port)
+        try:
+            start = planner.initialOffset()
+            wait_for(lambda: planner._images(), what="the session at the holder")
+            hosts.publish(100)
+            start = run_batches(planner, start, read, hosts.directories["spark"],
+                                time.monotonic() + 1)
+            assert read == list(range(100))
+        finally:
+            planner.stop()
+        assert hosts.publish(50) == 50  # into the holder's log, not read
+        wait_for(lambda: not hosts.publication.is_connected or  # type: ignore[union-attr]
+                 hosts.publication.position >= 150 * FRAME,  # type: ignore[union-attr]
+                 what="the 50 sent")
+        stop_holder(holder)
+        time.sleep(3)  # the image with no subscriber goes (image liveness 1 s, its linger)
+        holder = start_holder(hosts, port)
+        planner = standing_planner(hosts, port)
+        try:
+            deadline = time.monotonic() + 20
+            with pytest.raises(SlipstreamDataLossError) as lost:
+                while time.monotonic() < deadline:
+                    assert planner.latestOffset(start, ReadAllAvailable()) == start
+                    hosts.publish(1, timeout_s=0.01)
+                    time.sleep(0.1)
+        finally:
+            planner.stop()
+    finally:
+        stop_holder(holder)
+    message = str(lost.value)
+    assert "the standing holder on" in message and "holds it only from position" in message
+    assert f"[{100 * FRAME}, " in message and "has no log" not in message
+
+
+def test_many_ended_sessions_never_outgrow_the_holders_answers(hosts: Hosts,
+                                                             holder: int) -> None:
+    """80 publishers of a stream come and go at a standing holder: its state answer stays
+    the size of the live sessions (the ends are asked for by session, a few dozen a call),
+    and a planner asking how each ended gets every one."""
+    hosts.channel = f"aeron:udp?endpoint=127.0.0.2:{hosts.port}"
+    planner = standing_planner(hosts, holder)
+    sessions = []
+    try:
+        planner.initialOffset()
+        with Client.connect(hosts.directories["publisher"]) as publishing:
+            for _ in range(80):
+                publication = publishing.add_exclusive_publication(
+                    f"{hosts.channel}|term-length={TERM}", STREAM)
+                sessions.append(str(publication.session_id))
+                wait_for(lambda p=publication: p.is_connected, what="the holder's image")
+                while publication.offer(b"x" * PAYLOAD) < 0:
+                    time.sleep(0.001)
+        start = {}
+        deadline = time.monotonic() + 60
+        while True:  # each session enters, is read, and goes
+            end = planner.latestOffset(start, ReadAllAvailable())
+            planner.commit(end)
+            start = end
+            if not planner._images() and time.monotonic() > deadline - 55:
+                break
+            assert time.monotonic() < deadline, "the sessions never went"
+            time.sleep(0.2)
+        assert planner._hold is not None
+        ends = planner._hold.ended(sessions)
+    finally:
+        planner.stop()
+    assert sorted(ends) == sorted(sessions)
+    assert all(end.complete for end in ends.values())

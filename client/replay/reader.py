@@ -12,8 +12,9 @@ import time
 from typing import Final
 
 from slipstream.client.client import Client
-from slipstream.client.errors import SlipstreamError
+from slipstream.client.errors import RegistrationError, SlipstreamError
 from slipstream.client.holding import (
+    forget_reply_port,
     offer_until,
     open_holder_streams,
     reply_channel_towards,
@@ -344,9 +345,15 @@ def request_replay(client: Client, holder_address: str, port: int, control_strea
     :class:`ReplayLostError` when it answers ``lost`` (and ``skip_lost`` is false or nothing
     is left), :class:`ReplayError` when it refuses or does not answer within ``timeout_s``.
     """
-    reply_channel = reply_channel_towards(holder_address, port, reply_address)
     deadline = time.monotonic() + timeout_s
-    link = _take_link(client, holder_address, port, control_stream_id, reply_channel)
+    for attempt in range(2):  # a second, after a port drawn here was taken
+        reply_channel = reply_channel_towards(client, holder_address, port, reply_address)
+        try:
+            link = _take_link(client, holder_address, port, control_stream_id, reply_channel)
+            break
+        except RegistrationError:
+            if attempt or not forget_reply_port(client, holder_address, port):
+                raise  # not a port drawn here, or taken again
     try:
         data, data_stream_id = link.data_subscription()
     except BaseException:
