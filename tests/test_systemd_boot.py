@@ -683,6 +683,89 @@ def test_the_running_units_exposure_stays_under_two(host: Container) -> None:
     assert float(match.group(1)) < 2.0, result.stdout
 
 
+#: Offers N sequence-numbered messages on aeron:ipc stream 300 once a subscriber (the
+#: archive's) is there, and says so.
+RECORDED = r"""
+import struct, sys, time
+from slipstream.client import Client
+n = int(sys.argv[1])
+with Client.connect("/dev/shm/slipstream", timeout=10) as client:
+    publication = client.add_publication("aeron:ipc", 300)
+    deadline = time.monotonic() + 30
+    while not publication.is_connected:
+        assert time.monotonic() < deadline, "the archive did not subscribe"
+        time.sleep(0.01)
+    sent = 0
+    while sent < n:
+        if publication.offer(struct.pack("<Q", sent) + bytes(120)) > 0:
+            sent += 1
+        else:
+            assert time.monotonic() < deadline, f"offered only {sent}"
+            time.sleep(0.0001)
+    print("offered", n, "to", publication.position, flush=True)
+    if len(sys.argv) > 2:
+        sys.stdin.read()  # the stream stays open: the recording goes on
+"""
+
+ARCHIVE_UNIT = "slipstream-archive.service"
+ARCHIVE_DIR = "/var/lib/slipstream-archive"
+
+
+def test_the_archive_records_under_systemd_and_recovers_after_a_kill(
+        host: Container) -> None:
+    """The README's archive block: the unit installed beside the driver's records an IPC
+    stream of an application user into its state directory, shows its position as a counter,
+    is restarted after a kill -9 and recovers the recording it had open, and stops cleanly."""
+    host.run("printf '\\n[[record]]\\nchannel = \"aeron:ipc\"\\nstream_id = 300\\n' "
+             ">> /etc/slipstream/archive.toml")
+
+    def archive_state() -> dict[str, str]:
+        out = host.run(f"systemctl show {ARCHIVE_UNIT} -p ActiveState -p MainPID -p Result")
+        return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+
+    [enable, listing] = _readme_blocks()[2]
+    host.run(enable)
+    deadline = time.monotonic() + 30
+    while archive_state()["ActiveState"] != "active" or \
+            host.run(f"test -e {ARCHIVE_DIR}/archive.catalog", check=False).returncode:
+        assert time.monotonic() < deadline, host.run(
+            f"journalctl -u {ARCHIVE_UNIT} --no-pager -n 40", check=False).stdout
+        time.sleep(0.2)
+    pid = archive_state()["MainPID"]
+    publisher = host.background(RECORDED, "3000", "stay")
+    try:
+        publisher.wait_for("offered")
+        deadline = time.monotonic() + 20
+        while "active" not in host.run(listing).stdout:
+            assert time.monotonic() < deadline, host.run(listing).stdout
+            time.sleep(0.2)
+        stat = host.run(f"runuser -u slipstream -- {PREFIX}/.venv/bin/slipstream stat "
+                        f"--dir {DIRECTORY} --once").stdout
+        assert "rec-pos: 0 " in stat, stat
+        host.run(f"kill -9 {pid}")
+        deadline = time.monotonic() + 30
+        while True:  # Restart=on-failure brings it back; it recovers the open recording
+            now = archive_state()
+            if now["MainPID"] not in (pid, "0") and now["ActiveState"] == "active" and \
+                    "recovered" in host.run(listing).stdout:
+                break
+            assert time.monotonic() < deadline, (now, host.run(listing).stdout)
+            time.sleep(0.2)
+    finally:
+        publisher.end()
+    listed = host.run(listing).stdout
+    assert "recovered" in listed, listed
+    stopped = host.run(f"systemctl stop {ARCHIVE_UNIT}", check=False, timeout=60)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    final = archive_state()
+    assert (final["ActiveState"], final["Result"]) == ("inactive", "success"), final
+    journal = host.run(f"journalctl -u {ARCHIVE_UNIT} --no-pager", check=False).stdout
+    assert "status=9/KILL" in journal, journal[-3000:]
+    exposure = host.run(f"systemd-analyze security {ARCHIVE_UNIT} --no-pager").stdout
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", exposure)
+    assert match and float(match.group(1)) < 2.0, exposure[-2000:]
+
+
 def _read_at_least(subscriber: Background, count: int) -> bool:
     progress = [line for line in subscriber.lines if line.startswith("progress")]
     return bool(progress) and min(map(int, progress[-1].split()[1:])) >= count
