@@ -108,7 +108,7 @@ def _view_args(method: str, args: object, image: Image) -> dict[str, int | None]
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
             raise ValueError(f"{method}: {name} {value!r} is not a position or count")
-        if name in ("max_rows", "max_bytes", "limit"):
+        if name in ("max_rows", "max_bytes", "limit", "time_ns"):
             continue
         if name == "pieces":
             if value > MAX_SPLIT_PIECES:

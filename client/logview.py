@@ -178,6 +178,13 @@ class LogView:
         that is returned); 0 when the log was lapped meanwhile."""
         raise NotImplementedError
 
+    def position_at_time(self, begin: int, end: int, time_ns: int) -> int:
+        """Where the first message of ``[begin, end)`` stamped at or after ``time_ns`` begins
+        (its reserved value, ns since the epoch, as the slipstream writer stamps it; a message
+        without a stamp counts as older than any time), else ``end``; ``end`` too when the
+        log was lapped meanwhile."""
+        raise NotImplementedError
+
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         """Message boundaries strictly inside ``[begin, stop)`` that cut it into about
         ``pieces`` ranges of equal length (64 messages per step, so a piece is at least that
@@ -263,6 +270,25 @@ class ImageView(LogView):
             return 0
         return count
 
+    def position_at_time(self, begin: int, end: int, time_ns: int) -> int:
+        found = end
+        before = begin
+
+        def handler(data: memoryview, header: object) -> None:
+            nonlocal found, before
+            if header.reserved_value >= time_ns:  # type: ignore[attr-defined]
+                found = before
+                raise _Stop
+            before = header.position  # type: ignore[attr-defined]
+
+        try:
+            self.image.peek(begin, handler, end)
+        except _Stop:
+            pass
+        except DataLossError:
+            return end
+        return found
+
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         if pieces <= 1:
             return []
@@ -301,6 +327,7 @@ VIEW_OPERATIONS: dict[str, tuple[str, ...]] = {
     "first_retained": ("start", "end"),
     "scan": ("begin", "available", "max_rows", "max_bytes"),
     "count_messages": ("begin", "end", "limit"),
+    "position_at_time": ("begin", "end", "time_ns"),
     "split_points": ("begin", "stop", "pieces"),
     "advance_to": ("position",),
 }
@@ -360,6 +387,9 @@ class RemoteView(LogView):
 
     def count_messages(self, begin: int, end: int, limit: int) -> int:
         return int(self._ask("count_messages", begin=begin, end=end, limit=limit))
+
+    def position_at_time(self, begin: int, end: int, time_ns: int) -> int:
+        return int(self._ask("position_at_time", begin=begin, end=end, time_ns=time_ns))
 
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         return [int(p) for p in self._ask("split_points", begin=begin, stop=stop,

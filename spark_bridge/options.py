@@ -34,7 +34,8 @@ class OptionError(UsageError, ValueError):
 
 
 COMMON_OPTIONS = ("channel", "streamId", "directory")
-READ_OPTIONS = ("startingPosition", "endingPosition", "maxMessagesPerTrigger",
+READ_OPTIONS = ("startingPosition", "endingPosition", "startingTimestamp", "endingTimestamp",
+                "maxMessagesPerTrigger",
                 "maxBytesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay",
                 "failOnDataLoss", "minPartitions", "holder",
                 "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs")
@@ -65,6 +66,11 @@ class SourceOptions:
     starting_position: str | dict[str, int] = "latest"
     #: Batch reads: ``latest``, or per session the position to end at.
     ending_position: str | dict[str, int] = "latest"
+    #: Start each session at its first message stamped at or after this time (ns since the
+    #: epoch; the option is in ms, as Kafka's), in place of ``starting_position``.
+    starting_timestamp_ns: int | None = None
+    #: Batch reads: end each session before its first message stamped at or after this.
+    ending_timestamp_ns: int | None = None
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     #: A micro-batch waits for this many messages in all, unless ``max_trigger_delay_ns``
@@ -122,10 +128,16 @@ class SourceOptions:
             raise OptionError("holderAddress", "is the address of a query that holds its stream "
                                                "itself; with 'holder', the ingest host's "
                                                "holder serves the reads: remove one")
+        for position, timestamp in (("startingPosition", "startingTimestamp"),
+                                    ("endingPosition", "endingTimestamp")):
+            if position in self.given and timestamp in self.given:
+                raise OptionError(timestamp, f"and {position} both say where to "
+                                             f"{position[:-8]}: give one")
         if streaming:
-            if "endingPosition" in self.given:
-                raise OptionError("endingPosition", "applies to batch reads only "
-                                                    "(spark.read); a stream has no end")
+            for name in ("endingPosition", "endingTimestamp"):
+                if name in self.given:
+                    raise OptionError(name, "applies to batch reads only (spark.read); a "
+                                            "stream has no end")
             if isinstance(self.starting_position, dict):
                 raise OptionError("startingPosition", "per-session positions apply to batch "
                                                       "reads only (accepted on a stream: "
@@ -236,6 +248,20 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
                           ("latest", "earliest"))
     ending = _positions("endingPosition", given.get("endingPosition", "latest"), ("latest",))
 
+    timestamps: dict[str, int | None] = {}
+    for name in ("startingTimestamp", "endingTimestamp"):
+        timestamps[name] = None
+        if name in given:
+            text = given[name].strip()
+            try:
+                milliseconds = int(text)
+            except ValueError:
+                milliseconds = -1
+            if milliseconds < 0:
+                raise OptionError(name, f"{given[name]!r} is not accepted (accepted: "
+                                        f"milliseconds since the epoch, >= 0)")
+            timestamps[name] = milliseconds * 1_000_000
+
     max_messages = None
     if "maxMessagesPerTrigger" in given:
         max_messages = _positive_int("maxMessagesPerTrigger", given["maxMessagesPerTrigger"])
@@ -315,6 +341,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         stream_id=stream_id, channel=channel,
         directory=directory.strip() if directory else None,
         starting_position=starting, ending_position=ending,
+        starting_timestamp_ns=timestamps["startingTimestamp"],
+        ending_timestamp_ns=timestamps["endingTimestamp"],
         max_messages_per_trigger=max_messages,
         max_bytes_per_trigger=max_bytes, min_messages_per_trigger=min_messages,
         max_trigger_delay_ns=max_delay_ns, fail_on_data_loss=fail_text == "true",

@@ -185,6 +185,9 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return self._hold.views()
 
     def _default_start(self, view: LogView) -> int:
+        if self.options.starting_timestamp_ns is not None:
+            return view.position_at_time(view.earliest_position(), view.available_position(),
+                                         self.options.starting_timestamp_ns)
         if self.options.starting_position == "earliest":
             return view.earliest_position()
         return view.position
@@ -200,8 +203,9 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         log holds, read at once (that range is not held by this subscription's credit, so
         waiting a batch could lose it; planned anew, it is the oldest held then)."""
         images = self._images()  # connect: the subscription's position holds the stream
-        if self.options.starting_position == "earliest":
-            return {sid: self._entry(view, view.earliest_position())
+        if self.options.starting_position == "earliest" or \
+                self.options.starting_timestamp_ns is not None:
+            return {sid: self._entry(view, self._default_start(view))
                     for sid, view in images.items()}
         return {}
 
@@ -442,7 +446,13 @@ class SlipstreamBatchReader(DataSourceReader):
                 raise SlipstreamError(
                     f"slipstream stream {options.stream_id} session {sid}: endingPosition "
                     f"{stop} is past the last whole message its log holds ({available})")
-            if starting == "latest":
+            if options.ending_timestamp_ns is not None:
+                stop = view.position_at_time(view.earliest_position(), stop,
+                                             options.ending_timestamp_ns)
+            if options.starting_timestamp_ns is not None:
+                begin = view.position_at_time(view.earliest_position(), stop,
+                                              options.starting_timestamp_ns)
+            elif starting == "latest":
                 begin = stop
             elif isinstance(starting, dict) and sid in starting:
                 begin = starting[sid]

@@ -217,6 +217,36 @@ def test_a_batch_read_reads_the_held_range_between_its_positions(ingest: Ingest)
         parse_options({"streamId": "1"}).check_read_kind(streaming=False)
 
 
+def test_a_batch_read_between_two_timestamps_reads_the_messages_stamped_between(
+        ingest: Ingest) -> None:
+    """startingTimestamp / endingTimestamp (ms since the epoch) on a batch read: each session
+    from its first message stamped at or after the start to its first at or after the end;
+    either with its position option is refused by name."""
+    planner = SlipstreamStreamReader(parse_options(ingest.options()))
+    base_ms = 1_700_000_000_000
+    try:
+        planner.initialOffset()
+        for i in range(150):  # message i stamped i ms after base
+            data = f"{i:08d}".encode().ljust(PAYLOAD, b".")
+            deadline = time.monotonic() + 10
+            while ingest.publication.offer(data, reserved_value=(base_ms + i) * 10**6) < 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        wait_for(lambda: next(iter((planner.reportLatestOffset() or {0: 0}).values())) ==
+                 150 * FRAME, what="all at the holder")
+        between = SlipstreamBatchReader(parse_options(ingest.options(
+            startingTimestamp=str(base_ms + 40), endingTimestamp=str(base_ms + 90))))
+        assert numbers(values(between.partitions())) == list(range(40, 90))
+        for given in ({"startingTimestamp": "1", "startingPosition": "earliest"},
+                      {"endingTimestamp": "1", "endingPosition": "latest"}):
+            with pytest.raises(OptionError, match=f"'{next(iter(given))}'"):
+                parse_options(ingest.options(**given)).check_read_kind(streaming=False)
+        with pytest.raises(OptionError, match="'endingTimestamp': applies to batch reads"):
+            parse_options(ingest.options(endingTimestamp="1")).check_read_kind(streaming=True)
+    finally:
+        planner.stop()
+
+
 def test_a_group_that_joins_later_reads_from_earliest_what_the_log_still_holds(
         ingest: Ingest) -> None:
     """One group holds the stream from its first message; a second group joins after 50, its

@@ -204,6 +204,42 @@ def test_a_querys_lag_is_a_labelled_counter_of_the_bytes_past_its_commit(
     assert not lag.is_allocated
 
 
+def test_a_stream_from_a_timestamp_starts_each_session_at_its_first_message_then(
+        driver, driver_dir, client) -> None:
+    """startingTimestamp on a stream: the initial offsets start each session at its first
+    message stamped at or after it, read at once, and the messages before are not read."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    publication = client.add_publication(channel, STREAM)
+    base_ms = 1_700_000_000_000
+    holder = reader(driver_dir, channel=channel)  # holds the stream from the first message
+    try:
+        holder.initialOffset()
+        wait_for(lambda: holder._images(), what="the session")
+        for i in range(100):  # message i stamped i ms after base
+            data = f"{i:08d}".encode().ljust(FRAME - 32, b".")
+            while publication.offer(data, reserved_value=(base_ms + i) * 1_000_000) < 0:
+                time.sleep(0.001)
+        sid = str(publication.session_id)
+        wait_for(lambda: holder._images()[sid].available_position() == 100 * FRAME,
+                 what="the messages")
+        planner = reader(driver_dir, channel=channel, startingTimestamp=str(base_ms + 40),
+                         startingPosition="earliest")
+        with pytest.raises(Exception, match="'startingTimestamp'"):
+            planner.options.check_read_kind(streaming=True)
+        planner = reader(driver_dir, channel=channel, startingTimestamp=str(base_ms + 40))
+        try:
+            start = planner.initialOffset()
+            assert position_of(start[sid]) == 40 * FRAME
+            end = planner.latestOffset(start, ReadAllAvailable())
+            rows = [int(bytes(v)[:8]) for p in planner.partitions(start, end)
+                    for batch in read_range(p) for v in batch.column("value").to_pylist()]
+            assert rows == list(range(40, 100))
+        finally:
+            planner.stop()
+    finally:
+        holder.stop()
+
+
 def test_offsets_name_their_log_and_a_checkpoint_of_another_log_is_refused(
         driver, driver_dir, client) -> None:
     """An offset's entry names its log (initial term id, term length); a checkpoint naming
