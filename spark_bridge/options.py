@@ -59,7 +59,11 @@ DEFAULT_MAX_TRIGGER_DELAY_NS = 15 * 60 * 10**9
 class SourceOptions:
     """The validated options (the defaults are the documented ones)."""
 
+    #: The (first) stream: a writer's, and a reader's of one stream.
     stream_id: int
+    #: A reader's streams, on ``channel`` (``streamId`` may list several: ``10,11``); their
+    #: sessions' offsets are keyed ``"<stream>:<session>"`` when there are several.
+    stream_ids: tuple[int, ...] = ()
     channel: str = DEFAULT_CHANNEL
     directory: str | None = None
     #: ``latest``, ``earliest``, or (batch reads) per session the position to start at.
@@ -97,6 +101,8 @@ class SourceOptions:
     def check_direction(self, direction: str) -> None:
         """Raise :class:`OptionError` for an option of the other direction (``"read"`` or
         ``"write"``): ``offerTimeoutMs`` on a reader is a mistake worth reporting."""
+        if direction == "write" and len(self.stream_ids) > 1:
+            raise OptionError("streamId", "a writer publishes to one stream: name one")
         foreign = WRITE_OPTIONS if direction == "read" else READ_OPTIONS
         for name in foreign:
             if name in self.given:
@@ -178,15 +184,19 @@ def _positions(name: str, text: str, words: tuple[str, ...]) -> str | dict[str, 
         raise OptionError(name, f"{text!r} is not accepted (accepted: {accepted})")
     result: dict[str, int] = {}
     for session, position in positions.items():
+        # A session id, or STREAM:SESSION in a read of several streams (the offsets' keys).
+        stream, _, session_text = session.rpartition(":")
         try:
-            sid = int(session)
+            sid = int(session_text)
+            key = f"{int(stream)}:{sid}" if stream else str(sid)
         except ValueError:
-            raise OptionError(name, f"session {session!r} is not a session id") from None
+            raise OptionError(name, f"session {session!r} is not a session id (or "
+                                    f"STREAM:SESSION)") from None
         if isinstance(position, bool) or not isinstance(position, int) or position < 0 \
                 or position % FRAME_ALIGNMENT or not INT32_MIN <= sid <= INT32_MAX:
             raise OptionError(name, f"session {session}: {position!r} is not a stream position "
                                     f"(a multiple of {FRAME_ALIGNMENT}, >= 0)")
-        result[str(sid)] = position
+        result[key] = position
     return result
 
 
@@ -223,15 +233,20 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 
     if "streamId" not in given:
         raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
-    text = given["streamId"]
-    try:
-        stream_id = int(text.strip())
-    except ValueError:
-        raise OptionError("streamId", f"{text!r} is not an integer (accepted: "
-                                      f"{INT32_MIN}..{INT32_MAX})") from None
-    if not INT32_MIN <= stream_id <= INT32_MAX:
-        raise OptionError("streamId", f"{stream_id} is out of range (accepted: "
-                                      f"{INT32_MIN}..{INT32_MAX})")
+    stream_ids: list[int] = []
+    for text in given["streamId"].split(","):
+        try:
+            stream_id = int(text.strip())
+        except ValueError:
+            raise OptionError("streamId", f"{text!r} is not an integer (accepted: "
+                                          f"{INT32_MIN}..{INT32_MAX}, or a reader's list of "
+                                          f"them: 10,11)") from None
+        if not INT32_MIN <= stream_id <= INT32_MAX:
+            raise OptionError("streamId", f"{stream_id} is out of range (accepted: "
+                                          f"{INT32_MIN}..{INT32_MAX})")
+        if stream_id in stream_ids:
+            raise OptionError("streamId", f"{stream_id} is named twice")
+        stream_ids.append(stream_id)
 
     channel = given.get("channel", DEFAULT_CHANNEL).strip()
     try:
@@ -338,7 +353,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         raise OptionError("holderGroup", "is empty (accepted: a name)")
 
     return SourceOptions(
-        stream_id=stream_id, channel=channel,
+        stream_id=stream_ids[0], stream_ids=tuple(stream_ids), channel=channel,
         directory=directory.strip() if directory else None,
         starting_position=starting, ending_position=ending,
         starting_timestamp_ns=timestamps["startingTimestamp"],

@@ -31,7 +31,6 @@ from slipstream.client.holder import (
 )
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
-from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.logview import ImageView, LogView, RemoteView, SessionEnd, SessionEnds
 from slipstream.client.replay import ReplayServer
 from slipstream.spark_bridge.options import SourceOptions
@@ -73,13 +72,13 @@ def holder_address(options: SourceOptions) -> str | None:
 class _Holder:
     """The query's replay server (:class:`~slipstream.client.replay.ReplayServer`) on a
     thread of the planning process, with a client of its own: it replays the ranges the
-    query's subscription holds to read tasks on other hosts.  ``logs`` maps session ids to
-    log paths (the planning thread replaces it as images come and go)."""
+    query's subscriptions hold to read tasks on other hosts.  ``logs`` maps (stream id,
+    session id) to log paths (the planning thread replaces it as images come and go)."""
 
     def __init__(self, directory: str | None, address: str, port: int) -> None:
-        #: session id -> (log path, the subscription's join position: the log holds nothing
-        #: before it, whatever its frames there say).
-        self.logs: dict[int, tuple[str, int]] = {}
+        #: (stream id, session id) -> (log path, the subscription's join position: the log
+        #: holds nothing before it, whatever its frames there say).
+        self.logs: dict[tuple[int, int], tuple[str, int]] = {}
         self._images = DetachedLogs()
         self._stopping = False
         self._client = Client.connect(directory)
@@ -95,7 +94,7 @@ class _Holder:
                                         daemon=True)
         self._thread.start()
 
-    def _prune(self) -> dict[int, tuple[str, int]]:
+    def _prune(self) -> dict[tuple[int, int], tuple[str, int]]:
         """Unmap the logs of sessions no longer in :attr:`logs` that no replay reads (their
         files are gone: the mapping is all that keeps their memory); returns :attr:`logs`."""
         logs = self.logs
@@ -104,9 +103,9 @@ class _Holder:
 
     def _lookup(self, stream_id: int, session_id: int) -> Image | None:
         logs = self._prune()
-        if session_id not in logs:
+        if (stream_id, session_id) not in logs:
             return None
-        image = self._images.get(*logs[session_id])
+        image = self._images.get(*logs[(stream_id, session_id)])
         return image if image is not None and image.stream_id == stream_id else None
 
     def _run(self) -> None:
@@ -168,18 +167,35 @@ def log_of(entry: object) -> tuple[int, int] | None:
     return None
 
 
+def offset_key(options: SourceOptions, stream_id: int, session_id: int) -> str:
+    """The key of a session in the offsets: its session id, or ``"<stream>:<session>"`` in
+    a query of several streams (a session id names a publication of one stream only)."""
+    if len(options.stream_ids) > 1:
+        return f"{stream_id}:{session_id}"
+    return str(session_id)
+
+
+def key_parts(options: SourceOptions, key: str) -> tuple[int, int]:
+    """(stream id, session id) of an offsets key (:func:`offset_key`)."""
+    stream, _, session = key.rpartition(":")
+    return (int(stream) if stream else options.stream_id), int(session)
+
+
 class _OwnHold:
-    """The query holds its stream itself: a subscription through this host's driver, and a
-    replay holder (:class:`_Holder`) on a thread for read tasks on other hosts."""
+    """The query holds its streams itself: a subscription each through this host's driver,
+    and a replay holder (:class:`_Holder`) on a thread for read tasks on other hosts."""
 
     def __init__(self, options: SourceOptions) -> None:
+        self.options = options
         self.client = Client.connect(options.directory)
         self.holder: _Holder | None = None
-        self.ends = SessionEnds()
+        self.ends = {stream_id: SessionEnds() for stream_id in options.stream_ids}
         self.since = time.monotonic()
+        self.subscriptions: dict[int, Subscription] = {}
         try:  # whatever fails, what was made so far goes (not at the driver's timeout)
-            self.subscription: Subscription = self.client.add_subscription(
-                options.channel, options.stream_id, on_unavailable_image=self.ends.record)
+            for stream_id in options.stream_ids:
+                self.subscriptions[stream_id] = self.client.add_subscription(
+                    options.channel, stream_id, on_unavailable_image=self.ends[stream_id].record)
             self.host = socket.gethostname()
             self.driver = driver_instance(self.client.counters)
             address = holder_address(options)
@@ -192,7 +208,8 @@ class _OwnHold:
                                 "replayPort to a free UDP port, or holderAddress to this "
                                 "host's address", address, options.replay_port, e)
             deadline = time.monotonic() + _IMAGE_WAIT_S
-            while not self.subscription.images and time.monotonic() < deadline:
+            while not all(sub.images for sub in self.subscriptions.values()) and \
+                    time.monotonic() < deadline:
                 time.sleep(0.01)
         except BaseException:
             self.close()
@@ -206,20 +223,28 @@ class _OwnHold:
     def views(self) -> dict[str, LogView]:
         if self.client.is_closed:
             raise self.client.driver_lost_error()
-        subscription = self.subscription
-        # The images of sessions that ended: this (planning) thread is the only one that
-        # reads them, and it never polls.
-        subscription.release_gone_images()
-        images = subscription.images
+        images = []
+        for subscription in self.subscriptions.values():
+            # The images of sessions that ended: this (planning) thread is the only one that
+            # reads them, and it never polls.
+            subscription.release_gone_images()
+            images += subscription.images
         if self.holder is not None:
-            self.holder.logs = {image.session_id: (image.log_path, image.join_position)
-                                for image in images}
-        return {str(image.session_id): ImageView(image) for image in images}
+            self.holder.logs = {(image.stream_id, image.session_id):
+                                (image.log_path, image.join_position) for image in images}
+        return {offset_key(self.options, image.stream_id, image.session_id): ImageView(image)
+                for image in images}
 
-    def ended(self, session_ids: Iterable[str]) -> dict[str, SessionEnd]:
-        """How those of ``session_ids`` whose images left the subscription ended."""
-        ends = {sid: self.ends.get(int(sid)) for sid in session_ids}
-        return {sid: end for sid, end in ends.items() if end is not None}
+    def ended(self, keys: Iterable[str]) -> dict[str, SessionEnd]:
+        """How those of the sessions ``keys`` (offsets keys) whose images left the
+        subscriptions ended."""
+        ends = {}
+        for key in keys:
+            stream_id, session_id = key_parts(self.options, key)
+            end = self.ends[stream_id].get(session_id) if stream_id in self.ends else None
+            if end is not None:
+                ends[key] = end
+        return ends
 
     def age_s(self) -> float:
         """How long the subscription has held the stream, seconds."""
@@ -263,8 +288,10 @@ class _StandingHold:
         except BaseException:
             self.client.close()
             raise
-        self.key = {"channel": options.channel, "stream_id": options.stream_id,
-                    "group": options.holder_group, "hold": hold}
+        self.options = options
+        self.keys = {stream_id: {"channel": options.channel, "stream_id": stream_id,
+                                 "group": options.holder_group, "hold": hold}
+                     for stream_id in options.stream_ids}
         self.holder_address: tuple[str, int, int] | None = (address, port,
                                                               HOLDER_CONTROL_STREAM)
         self.host = name
@@ -274,24 +301,39 @@ class _StandingHold:
     def views(self) -> dict[str, LogView]:
         if self.client.is_closed:
             raise self.client.driver_lost_error()
-        state = self.link.call("state", **self.key)
-        self.host, self.driver = str(state["host"]), str(state["driver"])
-        # A holder of an earlier version says nothing: as if it had held the stream for ever.
-        self._since = time.monotonic() - float(state.get("held_for", float("inf")))
-        key = {k: v for k, v in self.key.items() if k != "hold"}
-        return {sid: RemoteView(self.link, key, int(sid), fields)
-                for sid, fields in state["sessions"].items()}
+        views: dict[str, LogView] = {}
+        held_for = float("inf")
+        for stream_id, key in self.keys.items():
+            state = self.link.call("state", **key)
+            self.host, self.driver = str(state["host"]), str(state["driver"])
+            # A holder of an earlier version says nothing: as if it had held it for ever.
+            held_for = min(held_for, float(state.get("held_for", float("inf"))))
+            asked = {k: v for k, v in key.items() if k != "hold"}
+            views.update({offset_key(self.options, stream_id, int(sid)):
+                          RemoteView(self.link, asked, int(sid), fields)
+                          for sid, fields in state["sessions"].items()})
+        self._since = time.monotonic() - held_for
+        return views
 
-    def ended(self, session_ids: Iterable[str]) -> dict[str, SessionEnd]:
-        """How those of ``session_ids`` whose images left the holder's subscription ended,
-        as far as the holder remembers (asked :data:`MAX_ENDED_ASKED` at a time)."""
-        key = {k: v for k, v in self.key.items() if k != "hold"}
-        asked = sorted(int(sid) for sid in session_ids)
+    def ended(self, keys: Iterable[str]) -> dict[str, SessionEnd]:
+        """How those of the sessions ``keys`` (offsets keys) whose images left the holder's
+        subscriptions ended, as far as the holder remembers (asked :data:`MAX_ENDED_ASKED` at
+        a time)."""
+        by_stream: dict[int, list[int]] = {}
+        for key in keys:
+            stream_id, session_id = key_parts(self.options, key)
+            by_stream.setdefault(stream_id, []).append(session_id)
         ends: dict[str, SessionEnd] = {}
-        for i in range(0, len(asked), MAX_ENDED_ASKED):
-            answer = self.link.call("ended", **key, sessions=asked[i:i + MAX_ENDED_ASKED])
-            ends.update({sid: SessionEnd.from_json(int(sid), fields)
-                         for sid, fields in answer.items()})
+        for stream_id, asked in by_stream.items():
+            if stream_id not in self.keys:
+                continue
+            key = {k: v for k, v in self.keys[stream_id].items() if k != "hold"}
+            asked.sort()
+            for i in range(0, len(asked), MAX_ENDED_ASKED):
+                answer = self.link.call("ended", **key, sessions=asked[i:i + MAX_ENDED_ASKED])
+                ends.update({offset_key(self.options, stream_id, int(sid)):
+                             SessionEnd.from_json(int(sid), fields)
+                             for sid, fields in answer.items()})
         return ends
 
     def age_s(self) -> float:
@@ -384,7 +426,8 @@ def gone_message(options: SourceOptions, hold: _OwnHold | _StandingHold, sid: st
         else:
             lost = (f"{unread} and " if unread else "") + \
                 f"whatever its publisher accepted after position {end.position}"
-    return (f"slipstream stream {options.stream_id} session {sid}: the offsets are at position "
+    stream_id, session_id = key_parts(options, sid)
+    return (f"slipstream stream {stream_id} session {session_id}: the offsets are at position "
             f"{position}, and the messages {lost} will never be read; {why}.  Set "
             f"failOnDataLoss=false to go on without them (counted in the driver's 'data loss "
             f"skips' counter).")
@@ -413,7 +456,7 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
         image = images.get(sid)
         named = log_of(end[sid])
         if image is not None and named is not None and named != image.identity.framing:
-            message = (f"slipstream stream {options.stream_id} session {sid}: the "
+            message = (f"slipstream stream {image.stream_id} session {image.session_id}: the "
                        f"batch's range [{begin}, {stop}) is of the log with initial term "
                        f"id {named[0]} and term length {named[1]}; this session's log now "
                        f"has {image.identity.describe()} (its publisher was added again, "
@@ -439,23 +482,22 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
             held_from = image.first_retained(begin, max(stop, image.available_position()))
             why = why_not_held(hold, image, begin, hold.ended([sid]).get(sid))
             losses.report(("held", sid, held_from),
-                          loss_message(options.stream_id, int(sid), begin, held_from, None,
+                          loss_message(image.stream_id, image.session_id, begin, held_from,
+                                       None,
                                        image.identity.term_length, why=why),
                           f"Skipping to {held_from}")
             if held_from >= stop:
                 continue
             begin = held_from
-        identity = (image.identity if image is not None
-                    else LogIdentity(int(sid), *named) if named is not None else None)
+        identity = image.identity
         bounds = [begin, stop]
-        if wanted is not None and image is not None and wanted > len(ranges):
+        if wanted is not None and wanted > len(ranges):
             # At most what a standing holder splits a range into (and plenty for a session).
             pieces = min(MAX_SPLIT_PIECES, max(1, round(wanted * (stop - begin) / total)))
             bounds = [begin, *image.split_points(begin, stop, pieces), stop]
         for low, high in itertools.pairwise(bounds):
             partitions.append(SlipstreamPartition(
-                int(sid), options.stream_id,
-                image.log_path if image is not None else "", low, high,
+                image.session_id, image.stream_id, image.log_path, low, high,
                 options.directory, options.fail_on_data_loss, hold.host,
                 log=identity, driver=hold.driver, holder=hold.holder_address,
                 replay_timeout_ms=options.replay_timeout_ms))

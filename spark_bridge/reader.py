@@ -147,7 +147,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         the sessions hold past the committed offsets."""
         assert self._hold is not None
         if self._lag is None:
-            name = self.options.query_name or f"stream {self.options.stream_id}"
+            streams = ",".join(map(str, self.options.stream_ids))
+            name = self.options.query_name or f"stream {streams}"
             label = (f"spark-read-lag: {name} {self.options.channel} "
                      f"group {self.options.holder_group}")
             try:
@@ -435,7 +436,8 @@ class SlipstreamBatchReader(DataSourceReader):
         absent = ", ".join(sorted(named - set(views)))
         if absent:
             raise SlipstreamError(
-                f"slipstream stream {options.stream_id}: no session {absent} at the holder "
+                f"slipstream stream {','.join(map(str, options.stream_ids))} on "
+                f"{options.channel}: no session {absent} at the holder "
                 f"{options.holder} (sessions there: {', '.join(sorted(views)) or 'none'})")
         start: dict[str, object] = {}
         end: dict[str, object] = {}
@@ -444,7 +446,8 @@ class SlipstreamBatchReader(DataSourceReader):
             stop = ending[sid] if isinstance(ending, dict) and sid in ending else available
             if stop > available:
                 raise SlipstreamError(
-                    f"slipstream stream {options.stream_id} session {sid}: endingPosition "
+                    f"slipstream stream {view.stream_id} session {view.session_id}: "
+                    f"endingPosition "
                     f"{stop} is past the last whole message its log holds ({available})")
             if options.ending_timestamp_ns is not None:
                 stop = view.position_at_time(view.earliest_position(), stop,
@@ -460,12 +463,13 @@ class SlipstreamBatchReader(DataSourceReader):
                 begin = view.earliest_position()
             if begin > stop:
                 raise SlipstreamError(
-                    f"slipstream stream {options.stream_id} session {sid}: startingPosition "
+                    f"slipstream stream {view.stream_id} session {view.session_id}: "
+                    f"startingPosition "
                     f"{begin} is after endingPosition {stop}")
             if begin < stop and not view.is_retained(begin):
                 held_from = view.first_retained(begin, stop)
                 losses.report(("held", sid, held_from), loss_message(
-                    options.stream_id, view.session_id, begin, held_from, None,
+                    view.stream_id, view.session_id, begin, held_from, None,
                     view.identity.term_length, why=why_not_held(hold, view, begin, None)),
                     f"Skipping to {held_from}")
                 begin = held_from

@@ -234,7 +234,7 @@ def test_the_querys_holder_unmaps_a_replayed_log_once_its_session_ended(
     end = hosts.image.available_position()
     holder = planning._Holder(str(hosts.holder_dir), "127.0.0.2", PORT + 10)
     try:
-        holder.logs = {hosts.image.session_id: (hosts.image.log_path, 0)}
+        holder.logs = {(hosts.image.stream_id, hosts.image.session_id): (hosts.image.log_path, 0)}
         gone = hosts.partition(hosts.executor_dir, 0, end)
         gone.holder = holder.address
         assert len(rows(gone)) == 20

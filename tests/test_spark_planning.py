@@ -240,6 +240,45 @@ def test_a_stream_from_a_timestamp_starts_each_session_at_its_first_message_then
         holder.stop()
 
 
+def test_one_query_reads_several_streams_each_session_keyed_by_its_stream(
+        driver, driver_dir, client) -> None:
+    """streamId=A,B: one subscription each on the channel; the offsets key each session as
+    STREAM:SESSION (a session id names a publication of one stream), every message of both
+    streams is read once, each row with its stream id; a writer refuses a list."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    first = client.add_publication(channel, STREAM)
+    second = client.add_publication(channel, STREAM + 1)
+    planner = reader(driver_dir, channel=channel, streamId=f"{STREAM},{STREAM + 1}",
+                     startingPosition="earliest")
+    try:
+        start = planner.initialOffset()
+        wait_for(lambda: len(planner._images()) == 2, what="both streams' sessions")
+        publish(first, 30)
+        publish(second, 20)
+        keys = {f"{STREAM}:{first.session_id}", f"{STREAM + 1}:{second.session_id}"}
+        wait_for(lambda: sum(v.available_position() for v in planner._images().values()) ==
+                 50 * FRAME, what="the messages")
+        rows: dict[int, list[int]] = {STREAM: [], STREAM + 1: []}
+        deadline = time.monotonic() + 10
+        while sum(map(len, rows.values())) < 50:
+            end = planner.latestOffset(start, ReadAllAvailable())
+            for partition in planner.partitions(start, end):
+                for batch in read_range(partition):
+                    for value, stream in zip(batch.column("value").to_pylist(),
+                                             batch.column("stream_id").to_pylist(), strict=True):
+                        rows[stream].append(int(bytes(value)[:8]))
+            planner.commit(end)
+            start = end
+            assert time.monotonic() < deadline
+        assert set(start) == keys
+        assert rows == {STREAM: list(range(30)), STREAM + 1: list(range(20))}
+    finally:
+        planner.stop()
+    options = parse_options({"streamId": f"{STREAM},{STREAM + 1}", "channel": channel})
+    with pytest.raises(Exception, match="'streamId': a writer publishes to one stream"):
+        options.check_direction("write")
+
+
 def test_offsets_name_their_log_and_a_checkpoint_of_another_log_is_refused(
         driver, driver_dir, client) -> None:
     """An offset's entry names its log (initial term id, term length); a checkpoint naming
