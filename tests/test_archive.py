@@ -45,9 +45,12 @@ SEGMENT = 2 * TERM
 
 
 def write_config(path: Path, archive_dir: Path, driver_dir: Path,
-                 records: list[tuple[str, int]], **settings: str) -> Path:
+                 records: list[tuple[str, int]], *, control_port: int = 0,
+                 **settings: str) -> Path:
+    """An archive's settings; no control stream unless ``control_port`` (tests run in
+    parallel: each takes a free port)."""
     lines = [f'dir = "{archive_dir}"', f'driver_dir = "{driver_dir}"',
-             f'segment_length = "{SEGMENT // 1024}k"']
+             f'segment_length = "{SEGMENT // 1024}k"', f"control_port = {control_port}"]
     lines += [f'{key} = "{value}"' for key, value in settings.items()]
     for channel, stream_id in records:
         lines += ["[[record]]", f'channel = "{channel}"', f"stream_id = {stream_id}"]
