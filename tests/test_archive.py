@@ -25,6 +25,7 @@ from slipstream.archive import (
     segment_files,
 )
 from slipstream.archive.catalog import CATALOG_FILE
+from slipstream.archive.catalog import HEADER_LENGTH as CATALOG_HEADER_LENGTH
 from slipstream.archive.recovery import verify
 from slipstream.archive.service import recording_position_key
 from slipstream.client import Client
@@ -75,7 +76,9 @@ def archive_process(config: Path, log_path: Path) -> Iterator[subprocess.Popen[b
 
 
 def recordings(archive_dir: Path) -> list[RecordingDescriptor]:
-    if not (archive_dir / CATALOG_FILE).exists():
+    path = archive_dir / CATALOG_FILE
+    # Made but not yet written: the service creates the file, then writes its header.
+    if not path.exists() or path.stat().st_size < CATALOG_HEADER_LENGTH:
         return []
     with Catalog.open(archive_dir, writable=False) as catalog:
         return catalog.recordings()

@@ -6,9 +6,6 @@ name; the local reader, the same as a replay and never past the recorded positio
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,7 +13,6 @@ import pytest
 from helpers import free_port, message, wait_for
 from test_archive import (
     SEGMENT,
-    TERM,
     archive_process,
     publish,
     size_of,
@@ -24,13 +20,10 @@ from test_archive import (
     write_config,
 )
 
-from slipstream.archive import EndReason, segment_files
+from slipstream.archive import segment_files
 from slipstream.archive.client import ArchiveClient
 from slipstream.archive.reading import RecordingLostError, RecordingReader
 from slipstream.client import Client
-from slipstream.client.control import COUNTERS_FILE
-from slipstream.client.counters import CountersFile, CounterType
-from slipstream.archive.service import recording_position_key
 
 CONTROL_STREAM = 10
 
@@ -94,3 +87,126 @@ def test_a_stopped_recording_is_replayed_whole_in_part_and_from_a_time(
             with archive.replay(0, from_time_ms=between_ms) as replay:
                 assert replay.start == positions[1199]
                 assert replayed(replay) == expected(1200, positions[1200:])
+
+
+def test_a_live_recording_is_followed_until_it_stops_and_stop_replay_ends_a_replay(
+        driver, tmp_path: Path) -> None:
+    """A replay with no end follows the recording while the publisher goes on, across term
+    and segment boundaries, and ends with it at its stop position; a second one, stopped by
+    stop_replay mid-stream, ends early with exactly a prefix of the messages."""
+    archive_dir = tmp_path / "archive"
+    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 11)])
+    with Client.connect(driver.directory) as client, process:
+        publication = client.add_publication("aeron:ipc", 11)
+        wait_for_recording(archive_dir)
+        positions = publish(publication, 100)
+        with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive:
+            assert archive.recording_position(0)[1] is True
+            follow = archive.replay(0)
+            stopped = archive.replay(0)
+            got: list[tuple[bytes, int]] = []
+            cut: list[tuple[bytes, int]] = []
+            for seq in range(100, 1300, 100):  # the replays read while the publisher goes on
+                positions += publish(publication, 100, first=seq)
+                follow.poll(lambda d, h: got.append((bytes(d), h.position)), 1000)
+                if seq == 300:
+                    stopped.poll(lambda d, h: cut.append((bytes(d), h.position)), 1000)
+                    assert archive.stop_replay(stopped.replay_id) is True
+            assert not follow.done
+            publication.close()
+            stop = wait_for_recording(archive_dir, ended=True).stop_position
+            assert stop == positions[-1] > 5 * SEGMENT
+            while not follow.done:
+                follow.poll(lambda d, h: got.append((bytes(d), h.position)), 1000)
+            assert got == expected(0, positions)
+            with pytest.raises(Exception, match="ended at position"):
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    stopped.poll(lambda d, h: cut.append((bytes(d), h.position)), 1000)
+            assert 0 < len(cut) < len(positions)
+            assert cut == expected(0, positions[:len(cut)])
+            follow.close()
+            stopped.close()
+
+
+def test_a_range_not_held_is_refused_as_lost_naming_what_is_held(
+        driver, tmp_path: Path) -> None:
+    """Retention removed the recording's first segments: a replay from 0 is refused
+    ``lost`` with the range the archive holds, and so is one past the stop; what is held
+    replays."""
+    archive_dir = tmp_path / "archive"
+    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 12)],
+                                  retention_max_bytes=f"{3 * SEGMENT // 1024}k",
+                                  retention_check_interval="50ms")
+    with Client.connect(driver.directory) as client, process:
+        publication = client.add_publication("aeron:ipc", 12)
+        wait_for_recording(archive_dir)
+        positions = publish(publication, 1000)
+        publication.close()
+        stop = wait_for_recording(archive_dir, ended=True).stop_position
+        wait_for(lambda: wait_for_recording(archive_dir).start_position > stop - 3 * SEGMENT,
+                 timeout=10, what="retention moved the start")
+        start = wait_for_recording(archive_dir).start_position
+        assert start % SEGMENT == 0
+        with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive:
+            with pytest.raises(RecordingLostError, match=f"holds \\[{start}, {stop}\\)") as lost:
+                archive.start_replay(0, "aeron:ipc", 99, start=0)
+            assert lost.value.held == (start, stop)
+            with pytest.raises(RecordingLostError) as lost:
+                archive.start_replay(0, "aeron:ipc", 99, start=start, end=stop + 32)
+            assert lost.value.held == (start, stop)
+            first = next(i for i, p in enumerate(positions) if p > start)
+            with archive.replay(0, start=start) as replay:
+                got = replayed(replay)
+            # The segment began inside a message or at one: whole messages from the first
+            # that begins at or after it.
+            assert got[-len(positions[first + 1:]):] == expected(first + 1,
+                                                                 positions[first + 1:])
+        with pytest.raises(RecordingLostError):
+            RecordingReader(archive_dir, 0, start=0)
+
+
+def test_the_local_reader_reads_what_a_replay_does_and_never_past_the_recorded_position(
+        driver, tmp_path: Path) -> None:
+    """sync = "interval" with a long interval: the segment file holds frames the recorded
+    position (the counter) does not cover yet; the local reader reads none of them.  Once
+    the recording stops it reads every message, the same as a replay, payloads and
+    positions."""
+    archive_dir = tmp_path / "archive"
+    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 13)],
+                                  sync="interval", sync_interval="1h")
+    with Client.connect(driver.directory) as client, process:
+        publication = client.add_publication("aeron:ipc", 13)
+        wait_for_recording(archive_dir)
+        positions = publish(publication, 60)
+        assert positions[-1] < SEGMENT  # within the first segment: not synced yet
+        wait_for(lambda: sum(p.stat().st_size for _, p in segment_files(archive_dir, 0))
+                 >= positions[-1], what="the frames written to the segment")
+        with RecordingReader(archive_dir, 0, driver_dir=driver.directory) as reader:
+            assert reader.recorded_position == 0
+            for _ in range(20):
+                assert reader.poll(lambda d, h: None, 100) == 0
+                assert reader.poll_gathered() is None
+            assert reader.position == 0
+            positions += publish(publication, 600, first=60)  # fills segments: synced
+            got: list[tuple[bytes, int]] = []
+            deadline = time.monotonic() + 20
+            while reader.position < 2 * SEGMENT:
+                assert time.monotonic() < deadline
+                reader.poll(lambda d, h: got.append((bytes(d), h.position)), 100)
+                assert reader.position <= reader.recorded_position
+            publication.close()
+            wait_for_recording(archive_dir, ended=True)
+            got += replayed(reader)
+        assert got == expected(0, positions)
+        with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive, \
+                archive.replay(0) as replay:
+            assert replayed(replay) == got
+        gathered = []
+        with RecordingReader(archive_dir, 0) as reader:
+            while not reader.done:
+                chunk = reader.poll_gathered(50)
+                if chunk is not None:
+                    gathered += [(bytes(chunk.data[chunk.offsets[i]:chunk.offsets[i + 1]]),
+                                  chunk.positions[i]) for i in range(len(chunk))]
+        assert gathered == got
