@@ -150,6 +150,7 @@ MODULE_LANES = {
     "test_archive_disk_full": "hosts",
     "test_archive_units": "unit",
     "test_archive_replay": "sockets",
+    "test_archive_merge_hosts": "hosts",
     "test_async": "sockets",
     "test_backpressure_units": "unit",
     "test_destinations": "unit",
