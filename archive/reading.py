@@ -63,8 +63,8 @@ from slipstream.client.mapping import unmap
 from slipstream.client.messages import FragmentHandler, GatheredMessages, Header
 
 __all__ = ["TIME_INDEX_INTERVAL_MS", "RecordingLostError", "RecordingReader", "SegmentMap",
-           "TimeIndexWriter", "frame_at", "position_at_time", "read_descriptor",
-           "recording_position_key", "time_index_path"]
+           "Segments", "TimeIndexWriter", "frame_at", "live_positions", "position_at_time",
+           "read_descriptor", "recording_position_key", "time_index_path"]
 
 #: How often at most the service adds a time index entry for a recording, ms: the resolution
 #: of a replay "from time T" (at most this much earlier comes too).
@@ -104,6 +104,21 @@ def read_descriptor(directory: Path, recording_id: int) -> RecordingDescriptor |
     if descriptor is None or descriptor.recording_id != recording_id:
         return None
     return descriptor
+
+
+def live_positions(driver_dir: Path) -> dict[int, int]:
+    """The recorded positions of the live recordings whose counters are in the counters file
+    of the driver at ``driver_dir``, by recording id (for ``list`` and ``describe``); empty
+    when there is no driver there."""
+    try:
+        counters = CountersFile(Path(driver_dir) / COUNTERS_FILE, writable=False)
+    except (OSError, ValueError):
+        return {}
+    try:
+        return {struct.unpack_from("<q", info.key)[0]: info.value for info in counters
+                if info.type_id == CounterType.RECORDING_POSITION and len(info.key) >= 8}
+    finally:
+        counters.close()
 
 
 # -- the time index --------------------------------------------------------------------------

@@ -6,6 +6,8 @@ name; the local reader, the same as a replay and never past the recorded positio
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -210,3 +212,50 @@ def test_the_local_reader_reads_what_a_replay_does_and_never_past_the_recorded_p
                     gathered += [(bytes(chunk.data[chunk.offsets[i]:chunk.offsets[i + 1]]),
                                   chunk.positions[i]) for i in range(len(chunk))]
         assert gathered == got
+
+
+def test_the_command_line_lists_live_positions_and_prints_or_forwards_a_replay(
+        driver, tmp_path: Path) -> None:
+    """``list`` shows a live recording's recorded position from its counter; ``replay``
+    prints a range's messages with their positions, and ``--channel/--stream`` has the
+    archive send it to a subscriber there; a range past a stopped recording's stop is
+    refused, exit status 1, naming it lost."""
+    archive_dir = tmp_path / "archive"
+    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 14)])
+    config = tmp_path / "archive.toml"
+    cli = [sys.executable, "-m", "slipstream.archive.cli"]
+    with Client.connect(driver.directory) as client, process:
+        publication = client.add_publication("aeron:ipc", 14)
+        wait_for_recording(archive_dir)
+        positions = publish(publication, 40)
+        with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive:
+            wait_for(lambda: archive.recording_position(0) == (positions[-1], True),
+                     what="recorded")
+        listing = subprocess.run([*cli, "list", "--config", str(config)], capture_output=True,
+                                 text=True, timeout=60)
+        assert listing.returncode == 0, listing.stderr
+        row = listing.stdout.splitlines()[1].split()
+        assert row[0] == "0" and row[6] == "-" and row[7] == str(positions[-1]), listing.stdout
+        printed = subprocess.run([*cli, "replay", "0", "--config", str(config), "--from",
+                                  str(positions[4]), "--to", str(positions[14])],
+                                 capture_output=True, text=True, timeout=60)
+        assert printed.returncode == 0, printed.stderr
+        rows = [line.split() for line in printed.stdout.splitlines()[2:]]
+        assert [int(r[0]) for r in rows] == positions[5:15]
+        assert [int(r[1]) for r in rows] == [size_of(seq) for seq in range(5, 15)]
+        target = client.add_subscription("aeron:ipc", 77)
+        forwarded = subprocess.run([*cli, "replay", "0", "--config", str(config), "--to",
+                                    str(positions[-1]), "--channel", "aeron:ipc", "--stream",
+                                    "77"], capture_output=True, text=True, timeout=60)
+        assert forwarded.returncode == 0, forwarded.stderr
+        assert "replay 2: recording 0 from 0" in forwarded.stdout
+        got: list[tuple[bytes, int]] = []
+        wait_for(lambda: target.poll(lambda d, h: got.append((bytes(d), h.position)), 100)
+                 >= 0 and len(got) == 40, timeout=20, what="the forwarded replay")
+        assert got == expected(0, positions)
+        publication.close()
+        wait_for_recording(archive_dir, ended=True)  # stopped: nothing past its stop is held
+        lost = subprocess.run([*cli, "replay", "0", "--config", str(config), "--from", "0",
+                               "--to", str(positions[-1] + 4096)], capture_output=True,
+                              text=True, timeout=60)
+        assert lost.returncode == 1 and "lost" in lost.stderr, lost
