@@ -222,7 +222,6 @@ class ArchiveControl:
         return out
 
     def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
-        descriptor = self._descriptor(args)
         channel = args.get("channel")
         if not isinstance(channel, str) or not channel.startswith(("aeron:udp", "aeron:ipc")):
             raise CallRefused(f"channel {channel!r} is not an aeron:udp or aeron:ipc URI")
@@ -235,6 +234,7 @@ class ArchiveControl:
             raise CallRefused(f"channel {channel!r} sets {', '.join(set_here)}: a replay's "
                               f"framing is the recording's, which the archive sets")
         stream_id = _int_arg(args, "stream_id", -INT32_MAX - 1, INT32_MAX)
+        descriptor = self._descriptor(args)
         recorded, stopped = self._recorded(descriptor.recording_id)
         held = [descriptor.start_position, descriptor.stop_position]
         from_time = _int_arg(args, "from_time_ms", 0, 2**62, optional=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,10 +23,12 @@ from test_archive import (
     write_config,
 )
 
-from slipstream.archive import segment_files
+from slipstream.archive import ArchiveSettings, segment_files
 from slipstream.archive.client import ArchiveClient
 from slipstream.archive.reading import RecordingLostError, RecordingReader
+from slipstream.archive.service import ArchiveService
 from slipstream.client import Client
+from slipstream.client.holding import CallError, small_channel
 
 CONTROL_STREAM = 10
 
@@ -259,3 +262,36 @@ def test_the_command_line_lists_live_positions_and_prints_or_forwards_a_replay(
                                "--to", str(positions[-1] + 4096)], capture_output=True,
                               text=True, timeout=60)
         assert lost.returncode == 1 and "lost" in lost.stderr, lost
+
+
+def test_bad_calls_are_counted_or_answered_naming_their_cause(driver, tmp_path: Path) -> None:
+    """A control message that is not a call is counted and dropped, and the archive answers
+    the next call; an unknown operation, a replay channel that sets the recording's framing
+    and a recording that does not exist are answered with errors naming them."""
+    port = free_port()
+    settings = ArchiveSettings(dir=tmp_path / "archive", driver_dir=driver.directory,
+                               control_port=port)
+    stopping = threading.Event()
+    with ArchiveService(settings) as service:
+        runner = threading.Thread(target=service.run, args=(stopping.is_set,))
+        runner.start()
+        try:
+            with Client.connect(driver.directory) as client:
+                # As a caller's link publishes its calls (one publication of the channel).
+                garbage = client.add_publication(
+                    small_channel(f"aeron:udp?endpoint=127.0.0.1:{port}"), CONTROL_STREAM)
+                wait_for(lambda: garbage.offer(b"\xffnot json") > 0, what="garbage offered")
+                with ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM) as archive:
+                    assert archive.list_recordings() == []
+                    with pytest.raises(CallError, match="no operation 'replay_all'"):
+                        archive._call("replay_all")
+                    with pytest.raises(CallError, match="no recording 5"):
+                        archive.start_replay(5, "aeron:ipc", 1)
+                    with pytest.raises(CallError, match="term-length"):
+                        archive._link.call("replay", recording_id=0, stream_id=1,
+                                           channel="aeron:ipc?term-length=64k")
+                assert service.control is not None and service.control.malformed == 1
+                garbage.close()
+        finally:
+            stopping.set()
+            runner.join(10)
