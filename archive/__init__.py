@@ -12,7 +12,10 @@ The public names for the pieces that build on the recordings (replay, a second a
 - :func:`segment_file_name`, :func:`parse_segment_file_name`, :func:`segment_base`,
   :func:`segment_files`, :func:`scan_segment`: the segment files and their frames;
 - :class:`ArchiveSettings`, :func:`load_settings`: the service's settings;
-- :class:`ArchiveService` and :class:`Recording`: the recording side.
+- :class:`ArchiveService` and :class:`Recording`: the recording side;
+- :class:`ArchiveClient` (the control stream's calls, replays), :class:`RecordingReader` (the
+  local reader of segment files), :class:`ReplayMerge` (a late subscriber caught up from a
+  replay, then live), :class:`RecordingLostError` (a range not held).
 """
 
 from slipstream.archive.catalog import (
@@ -22,6 +25,9 @@ from slipstream.archive.catalog import (
     RecordingDescriptor,
     RecordingState,
 )
+from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
+from slipstream.archive.merge import MergeState, ReplayMerge
+from slipstream.archive.reading import RecordingLostError, RecordingReader
 from slipstream.archive.segments import (
     ScanResult,
     parse_segment_file_name,
@@ -39,14 +45,21 @@ from slipstream.archive.settings import (
 )
 
 __all__ = [
+    "ArchiveClient",
+    "ArchiveReplay",
     "ArchiveSettings",
     "ArchiveSettingsError",
     "Catalog",
     "CatalogError",
     "EndReason",
+    "ListedRecording",
+    "MergeState",
     "RecordSpec",
     "RecordingDescriptor",
+    "RecordingLostError",
+    "RecordingReader",
     "RecordingState",
+    "ReplayMerge",
     "ScanResult",
     "SyncPolicy",
     "load_settings",

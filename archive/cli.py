@@ -2,7 +2,9 @@
 
     slipstream-archive run --config FILE      record the configured streams until SIGTERM
     slipstream-archive list [--dir DIR | --config FILE]
-    slipstream-archive describe ID [...]
+    slipstream-archive describe ID [...]       (list and describe: live positions too)
+    slipstream-archive replay ID [--channel URI --stream N] [--from POS | --from-time ISO]
+                       [--to POS] [--config FILE]   print a replay, or have it sent there
     slipstream-archive verify [ID] [...]       scan segments for torn or invalid frames
     slipstream-archive purge ID [...]          delete a recording (the service stopped)
 
@@ -28,10 +30,14 @@ from slipstream.archive.catalog import (
     CatalogError,
     RecordingDescriptor,
 )
+from slipstream.archive.client import ArchiveClient
+from slipstream.archive.reading import RecordingLostError, live_positions
 from slipstream.archive.recovery import verify
 from slipstream.archive.retention import purge
 from slipstream.archive.service import ArchiveService, lock_directory
 from slipstream.archive.settings import ArchiveSettings, ArchiveSettingsError, load_settings
+from slipstream.client import Client
+from slipstream.client.control import default_driver_directory
 from slipstream.client.errors import SlipstreamError
 
 PROG = "slipstream-archive"
@@ -60,6 +66,23 @@ def _parser() -> argparse.ArgumentParser:
         where.add_argument("--config", type=Path, help="the settings whose dir to use")
         if name == "list":
             command.add_argument("--all", action="store_true", help="deleted ones too")
+    replay = commands.add_parser("replay", help="replay a recording through the running "
+                                 "archive: printed here, or sent to --channel/--stream")
+    replay.add_argument("id", type=int, help="recording id")
+    replay.add_argument("--config", type=Path, help="the archive's settings (its control "
+                        "stream and driver directory; default: the defaults)")
+    replay.add_argument("--channel", help="send the replay to this channel (a subscriber "
+                        "there reads it) instead of printing it")
+    replay.add_argument("--stream", type=int, help="the stream id on --channel")
+    start = replay.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="start", type=int, help="start position (default: the "
+                       "recording's start)")
+    start.add_argument("--from-time", help="start at the time index's position for this "
+                       "time (ISO 8601, e.g. 2026-11-28T08:00:00Z)")
+    replay.add_argument("--to", type=int, help="end position (default: follow the recording "
+                        "until it stops)")
+    replay.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the "
+                        "archive's answer")
     return parser
 
 
@@ -105,6 +128,76 @@ def _open_catalog(directory: Path, *, writable: bool = False) -> Catalog:
     return Catalog.open(directory, writable=writable)
 
 
+def _settings(args: argparse.Namespace) -> ArchiveSettings:
+    config = getattr(args, "config", None)
+    return load_settings(config) if config is not None else ArchiveSettings()
+
+
+def _live_positions(args: argparse.Namespace) -> dict[int, int]:
+    """The live recordings' recorded positions from the driver's counters (the driver of
+    the settings named, else the default one); none when no driver is there."""
+    settings = _settings(args)
+    return live_positions(settings.driver_dir or default_driver_directory())
+
+
+def _recorded(descriptor: RecordingDescriptor, live: dict[int, int]) -> str:
+    """How far a recording is recorded: a stopped one's stop, a live one's counter (``?``
+    when its counter is not found: the archive is not running, or another driver's)."""
+    if descriptor.stop_position != NULL_POSITION:
+        return str(descriptor.stop_position)
+    return str(live.get(descriptor.recording_id, "?"))
+
+
+def _epoch_ms(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ArchiveSettingsError("--from-time", f"{text!r} is not an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """``replay``: forwarded to --channel/--stream, or received here and printed, one line
+    per message (its end position, length and first bytes), until its end (or the
+    recording's stop; Ctrl-C stops it)."""
+    settings = _settings(args)
+    if (args.channel is None) != (args.stream is None):
+        raise ArchiveSettingsError("--stream", "give --channel and --stream together")
+    if not settings.control_port:
+        raise ArchiveSettingsError("control_port", "0: the archive takes no calls")
+    from_time = None if args.from_time is None else _epoch_ms(args.from_time)
+    with Client.connect(settings.driver_dir) as client, \
+            ArchiveClient(client, settings.control_address, settings.control_port,
+                          settings.control_stream_id, timeout_s=args.timeout) as archive:
+        if args.channel is not None:
+            started = archive.start_replay(args.id, args.channel, args.stream,
+                                           start=args.start, end=args.to,
+                                           from_time_ms=from_time)
+            end = "its stop" if started.end is None else started.end
+            print(f"replay {started.replay_id}: recording {args.id} from {started.start} to "
+                  f"{end}, to {args.channel} stream {args.stream} (session "
+                  f"{started.session_id})")
+            return 0
+
+        def show(data: memoryview, header: object) -> None:
+            head = bytes(data[:24])
+            print(f"{header.position:>14} {len(data):>8}  {head.hex()}")  # type: ignore[attr-defined]
+
+        with archive.replay(args.id, start=args.start, end=args.to,
+                            from_time_ms=from_time) as replay:
+            print(f"replay {replay.replay_id}: recording {args.id} from {replay.start}")
+            print(f"{'position':>14} {'length':>8}  first bytes")
+            try:
+                while not replay.done:
+                    if replay.poll(show, 256) == 0:
+                        replay.wait(0.1)
+            except KeyboardInterrupt:
+                pass
+    return 0
+
+
 def _run(config: Path) -> int:
     settings = load_settings(config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -130,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args.config)
+        if args.command == "replay":
+            return _replay(args)
         directory = _directory(args)
         if args.command == "purge":
             with _open_catalog(directory, writable=True) as catalog:
@@ -142,19 +237,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         with _open_catalog(directory) as catalog:
             if args.command == "list":
+                live = _live_positions(args)
                 print(f"{'id':>6} {'state':8} {'ended':16} {'stream':>8} {'session':>11} "
-                      f"{'start':>14} {'stop':>14}  channel")
+                      f"{'start':>14} {'stop':>14} {'recorded':>14}  channel")
                 for d in catalog.recordings(include_deleted=args.all):
                     stop = "-" if d.stop_position == NULL_POSITION else d.stop_position
                     print(f"{d.recording_id:>6} {d.state.name.lower():8} "
                           f"{d.end_reason.name.lower():16} {d.stream_id:>8} {d.session_id:>11}"
-                          f" {d.start_position:>14} {stop!s:>14}  {d.channel}")
+                          f" {d.start_position:>14} {stop!s:>14} {_recorded(d, live):>14}"
+                          f"  {d.channel}")
                 return 0
             if args.command == "describe":
                 descriptor = catalog.get(args.id)
                 if descriptor is None:
                     raise KeyError(f"no recording {args.id} in {catalog.path}")
                 print(_describe(descriptor))
+                print(f"{'recorded':16} {_recorded(descriptor, _live_positions(args))}")
                 return 0
             # verify
             if args.id is not None:
@@ -180,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyError as e:
         print(f"{PROG}: {e.args[0]}", file=sys.stderr)
+        return 1
+    except RecordingLostError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
         return 1
     except (CatalogError, OSError, SlipstreamError, RuntimeError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)

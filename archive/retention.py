@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slipstream.archive.catalog import Catalog, RecordingDescriptor, RecordingState
+from slipstream.archive.reading import time_index_path
 from slipstream.archive.segments import segment_files
 
 log = logging.getLogger("slipstream.archive")
@@ -125,6 +126,10 @@ def purge(catalog: Catalog, directory: Path, recording_id: int) -> list[Path]:
     for _, path in segment_files(directory, recording_id):
         path.unlink(missing_ok=True)
         removed.append(path)
+    index = time_index_path(directory, recording_id)  # the archive's own, named by the id
+    if index.exists():
+        index.unlink()
+        removed.append(index)
     if removed:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:

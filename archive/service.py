@@ -19,13 +19,14 @@ import fcntl
 import logging
 import os
 import queue
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
 from slipstream.archive.catalog import Catalog, EndReason
+from slipstream.archive.control import ArchiveControl
+from slipstream.archive.reading import TimeIndexWriter, recording_position_key
 from slipstream.archive.recorder import PositionListener, Recording
 from slipstream.archive.recovery import recover
 from slipstream.archive.retention import apply_retention
@@ -72,13 +73,6 @@ class _Source:
         self.failed = False
 
 
-def recording_position_key(recording_id: int, session_id: int, stream_id: int) -> bytes:
-    """The key of a recording's position counter (type ``RECORDING_POSITION``): recording
-    id (int64), session id and stream id (int32), little-endian, as a reader finds it with
-    ``CountersFile.find(CounterType.RECORDING_POSITION, key)``."""
-    return struct.pack("<qii", recording_id, session_id, stream_id)
-
-
 class ArchiveService:
     """Records ``settings.records`` from the driver of ``settings.driver_dir`` into
     ``settings.dir``.  Each active recording's recorded position is a counter in the driver's
@@ -95,6 +89,8 @@ class ArchiveService:
         self._lock_fd = lock_directory(self.directory)
         self._on_position = on_position
         self._counters: dict[int, Counter] = {}
+        self._time_indexes: dict[int, TimeIndexWriter] = {}
+        self.control: ArchiveControl | None = None
         self.recordings: dict[int, Recording] = {}
         self._source_of: dict[int, _Source] = {}
         self._events: queue.SimpleQueue[tuple[str, _Source, Image]] = queue.SimpleQueue()
@@ -109,8 +105,15 @@ class ArchiveService:
             raise
         self._next_retention_ns = 0
         self._closed = False
-        for spec in settings.records:
-            self.record(spec)
+        try:
+            if settings.control_port:
+                self.control = ArchiveControl(self, settings.control_address,
+                                              settings.control_port, settings.control_stream_id)
+            for spec in settings.records:
+                self.record(spec)
+        except BaseException:
+            self.stop()
+            raise
 
     def record(self, spec: RecordSpec) -> None:
         """Subscribe to ``spec``'s stream; each of its images is recorded from where it
@@ -188,13 +191,35 @@ class ArchiveService:
         counter = self._counters.get(recording.recording_id)
         if counter is not None:
             counter.set(position)
+        index = self._time_indexes.get(recording.recording_id)
+        if index is None:
+            try:
+                index = self._time_indexes[recording.recording_id] = TimeIndexWriter(
+                    self.directory, recording.recording_id)
+            except OSError as e:
+                log.error("recording %d: no time index (%s)", recording.recording_id, e)
+        if index is not None:
+            self._index(index, recording)
         if self._on_position is not None:
             self._on_position(recording, position)
+
+    @staticmethod
+    def _index(index: TimeIndexWriter, recording: Recording) -> None:
+        """The recording's time index told its recorded position now."""
+        try:
+            index.moved(time.time_ns() // 1_000_000, recording.recorded_position,
+                        force=not recording.is_active)
+        except OSError as e:  # the recording goes on; a replay from a time is coarser
+            log.error("recording %d: the time index could not be written (%s)",
+                      recording.recording_id, e)
 
     def _release_counters(self) -> None:
         """Free the position counters of the recordings that ended."""
         for recording_id in [r for r in self._counters if not self.recordings[r].is_active]:
             self._counters.pop(recording_id).close()
+        for recording_id in [r for r in self._time_indexes
+                             if not self.recordings[r].is_active]:
+            self._time_indexes.pop(recording_id).close()
 
     def _fail_source(self, source: _Source) -> None:
         """A write for ``source`` failed: stop its other recordings and close its
@@ -222,9 +247,14 @@ class ArchiveService:
                 continue
             work += recording.poll()
             recording.tick(now_ns)
+            index = self._time_indexes.get(recording.recording_id)
+            if index is not None and recording.is_active:
+                self._index(index, recording)
             if recording.error is not None:
                 self._fail_source(self._source_of[recording.recording_id])
         self._release_counters()
+        if self.control is not None:
+            work += self.control.do_work()
         if now_ns >= self._next_retention_ns:
             self._next_retention_ns = now_ns + self.settings.retention_check_interval_ns
             self.run_retention()
@@ -275,6 +305,8 @@ class ArchiveService:
         if self._closed:
             return
         self._closed = True
+        if self.control is not None:
+            self.control.close()
         for recording in self.recordings.values():
             if recording.is_active:
                 recording.poll()

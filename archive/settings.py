@@ -5,6 +5,7 @@ are refused naming the key."""
 from __future__ import annotations
 
 import enum
+import ipaddress
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -115,6 +116,30 @@ def _sync(value: Any) -> SyncPolicy:
         ) from None
 
 
+def _address(value: Any) -> str:
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except (ipaddress.AddressValueError, ValueError):
+        raise ArchiveSettingsError("control_address", f"{value!r} is not an IPv4 address "
+                                   f"of this host") from None
+
+
+def _port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ArchiveSettingsError("control_port", f"{value!r} is not a UDP port (0..65535; "
+                                   f"0: no control stream)")
+    return value
+
+
+def _stream_id(name: str) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or \
+                not INT32_MIN <= value <= INT32_MAX:
+            raise ArchiveSettingsError(name, f"{value!r} is not a stream id (an int32)")
+        return value
+    return parse
+
+
 #: Every top-level key: (its parser, its default).  config/archive.toml documents each one.
 SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "dir": (_path("dir"), "/var/lib/slipstream-archive"),
@@ -127,6 +152,9 @@ SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "retention_max_bytes": (_size("retention_max_bytes"), 0),
     "retention_max_age": (_duration("retention_max_age"), 0),
     "retention_check_interval": (_duration("retention_check_interval"), "10s"),
+    "control_address": (_address, "127.0.0.1"),
+    "control_port": (_port, 8010),
+    "control_stream_id": (_stream_id("control_stream_id"), 10),
 }
 _RECORD_KEYS: Final = ("channel", "stream_id", "source")
 
@@ -145,6 +173,9 @@ class ArchiveSettings:
     retention_max_bytes: int = 0
     retention_max_age_ns: int = 0
     retention_check_interval_ns: int = 10_000_000_000
+    control_address: str = "127.0.0.1"
+    control_port: int = 8010
+    control_stream_id: int = 10
     records: tuple[RecordSpec, ...] = field(default_factory=tuple)
 
     @classmethod
@@ -170,6 +201,9 @@ class ArchiveSettings:
                    retention_max_bytes=parsed["retention_max_bytes"],
                    retention_max_age_ns=parsed["retention_max_age"],
                    retention_check_interval_ns=parsed["retention_check_interval"],
+                   control_address=parsed["control_address"],
+                   control_port=parsed["control_port"],
+                   control_stream_id=parsed["control_stream_id"],
                    records=_records(values.get("record", [])))
 
 

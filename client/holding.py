@@ -49,7 +49,12 @@ REPLY_WINDOW: Final = 2 << 20
 
 class CallError(SlipstreamError):
     """A call failed: the holder did not answer in time, or answered with an error (the
-    message is the holder's, prefixed with who it is)."""
+    message is the holder's, prefixed with who it is; ``answer`` is the holder's whole
+    answer, with any fields it added, or None when there was none)."""
+
+    def __init__(self, message: str, answer: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.answer = answer
 
 
 def small_channel(channel: str) -> str:
@@ -304,7 +309,8 @@ class HolderLink:
         answer = self._answers.pop(call_id)
         self._answers.clear()  # answers to earlier calls that timed out
         if answer.get("status") != "ok":
-            raise CallError(f"the holder at {self.holder}: {answer.get('message', answer)}")
+            raise CallError(f"the holder at {self.holder}: {answer.get('message', answer)}",
+                            answer)
         return answer.get("result")
 
     def _take(self, data: memoryview, _header: object) -> None:

@@ -535,25 +535,13 @@ class Image:
                 return None
             self._advance(position + next_offset - offset)  # padding: on into the next term
             return self.poll_gathered(max_messages, limit_position)
-        # Exactly the payloads, not zeroed: the gather writes every byte (or this raises).
-        data = _payload_buffer(self._starts_address, self._ends_address, count)
-        size = len(data)
-        offsets = array("i", [0]) * (count + 1)
-        lengths = array("i", [0]) * count
-        positions = array("q", [0]) * count
-        reserved = array("q", [0]) * count
-        with ffi.from_buffer(data) as out, ffi.from_buffer("int32_t[]", offsets) as offs, \
-                ffi.from_buffer("int32_t[]", lengths) as lens, \
-                ffi.from_buffer("int64_t[]", positions) as pos, \
-                ffi.from_buffer("int64_t[]", reserved) as res:
-            copied = lib.ss_gather_messages(self._term_ptrs[index], self.term_length,
-                                            self._starts, self._ends, count,
-                                            position - offset, out, size, offs, lens, pos, res)
-        if copied != count or offsets[count] != size:
+        gathered = gather_scanned(self._term_ptrs[index], self.term_length, position - offset,
+                                  self._starts, self._ends, count, self.session_id)
+        if gathered is None:
             raise SlipstreamError(f"image {self.session_id}: a scan of the log gave frame "
-                                  f"bounds outside its term (gather: {copied} of {count})")
+                                  f"bounds outside its term")
         self._advance(position + next_offset - offset)
-        return GatheredMessages(data, offsets, lengths, positions, reserved, self.session_id)
+        return gathered
 
     def _gather_fragmented(self, scan_end: int) -> GatheredMessages | None:
         """poll_gathered's cold path: one fragmented message, assembled."""
@@ -564,10 +552,7 @@ class Image:
             1 << 30, scan_end, message_limit=1)
         if not got:
             return None
-        message, after, reserved = got[0]
-        return GatheredMessages(bytearray(message), array("i", [0, len(message)]),
-                                array("i", [len(message)]), array("q", [after]),
-                                array("q", [reserved]), self.session_id)
+        return GatheredMessages.one(*got[0], self.session_id)
 
     def _assemble_batch(self) -> MessageBatch | None:
         """The next message is fragmented: assemble it (if complete) as a batch of one."""
@@ -750,6 +735,33 @@ class Image:
     def __repr__(self) -> str:
         return (f"Image(session_id={self.session_id}, stream_id={self.stream_id}, "
                 f"position={self._position}, source={self.source_identity!r})")
+
+
+def gather_scanned(term, term_length: int, term_base: int, starts, ends, count: int,
+                   session_id: int) -> GatheredMessages | None:
+    """The payloads of the ``count`` messages ``ss_term_read`` found in ``term`` (a cffi
+    ``uint8_t *``, readable for ``term_length`` bytes; its first byte at stream position
+    ``term_base``), bounds in ``starts``/``ends`` (cffi ``int32_t[]``), copied out in one C
+    pass (``ss_gather_messages``) with their positions and reserved values; None when a bound
+    lies outside the term (the caller names what it read)."""
+    starts_address = int(ffi.cast("uintptr_t", starts))
+    ends_address = int(ffi.cast("uintptr_t", ends))
+    # Exactly the payloads, not zeroed: the gather writes every byte (or this returns None).
+    data = _payload_buffer(starts_address, ends_address, count)
+    size = len(data)
+    offsets = array("i", [0]) * (count + 1)
+    lengths = array("i", [0]) * count
+    positions = array("q", [0]) * count
+    reserved = array("q", [0]) * count
+    with ffi.from_buffer(data) as out, ffi.from_buffer("int32_t[]", offsets) as offs, \
+            ffi.from_buffer("int32_t[]", lengths) as lens, \
+            ffi.from_buffer("int64_t[]", positions) as pos, \
+            ffi.from_buffer("int64_t[]", reserved) as res:
+        copied = lib.ss_gather_messages(term, term_length, starts, ends, count, term_base, out,
+                                        size, offs, lens, pos, res)
+    if copied != count or offsets[count] != size:
+        return None
+    return GatheredMessages(data, offsets, lengths, positions, reserved, session_id)
 
 
 def _not_an_action(result: object) -> UsageError:

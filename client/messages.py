@@ -161,5 +161,12 @@ class GatheredMessages:
         self.reserved_values = reserved_values
         self.session_id = session_id
 
+    @classmethod
+    def one(cls, message: bytes, position: int, reserved_value: int,
+            session_id: int) -> GatheredMessages:
+        """One message (an assembled fragmented one), ending at stream ``position``."""
+        return cls(bytearray(message), array("i", [0, len(message)]), array("i", [len(message)]),
+                   array("q", [position]), array("q", [reserved_value]), session_id)
+
     def __len__(self) -> int:
         return len(self.positions)

@@ -27,7 +27,7 @@ import operator
 import sys
 from array import array
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
@@ -676,7 +676,15 @@ class ExclusivePublication(Publication):
         (call again), ``lib.SS_INVALID_BATCH`` when this publication is not at ``position``,
         else an offer's code (no credit, CLOSED)."""
         term = source.term_address(index_by_position(position, source.position_bits))
-        copied = lib.ss_append_block(self._appender, term, source.term_length, position, end,
+        return self.append_block_from_term(term, source.term_length, position, end, max_length)
+
+    def append_block_from_term(self, term: Any, term_length: int, position: int, end: int,
+                               max_length: int) -> tuple[int, int]:
+        """:meth:`append_block_from` with the source term given by its address (a cffi
+        ``uint8_t *`` to the first byte of the term that holds ``position``, of
+        ``term_length`` bytes, readable at least up to ``end``'s offset in it): a term of a
+        recording's segment file, mapped.  The same returns."""
+        copied = lib.ss_append_block(self._appender, term, term_length, position, end,
                                      max_length, self._block_result)
         return copied, self._block_result[0]
 

@@ -149,6 +149,8 @@ MODULE_LANES = {
     "test_archive": "sockets",
     "test_archive_disk_full": "hosts",
     "test_archive_units": "unit",
+    "test_archive_replay": "sockets",
+    "test_archive_merge_hosts": "hosts",
     "test_async": "sockets",
     "test_backpressure_units": "unit",
     "test_destinations": "unit",

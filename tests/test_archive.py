@@ -25,6 +25,7 @@ from slipstream.archive import (
     segment_files,
 )
 from slipstream.archive.catalog import CATALOG_FILE
+from slipstream.archive.catalog import HEADER_LENGTH as CATALOG_HEADER_LENGTH
 from slipstream.archive.recovery import verify
 from slipstream.archive.service import recording_position_key
 from slipstream.client import Client
@@ -45,9 +46,12 @@ SEGMENT = 2 * TERM
 
 
 def write_config(path: Path, archive_dir: Path, driver_dir: Path,
-                 records: list[tuple[str, int]], **settings: str) -> Path:
+                 records: list[tuple[str, int]], *, control_port: int = 0,
+                 **settings: str) -> Path:
+    """An archive's settings; no control stream unless ``control_port`` (tests run in
+    parallel: each takes a free port)."""
     lines = [f'dir = "{archive_dir}"', f'driver_dir = "{driver_dir}"',
-             f'segment_length = "{SEGMENT // 1024}k"']
+             f'segment_length = "{SEGMENT // 1024}k"', f"control_port = {control_port}"]
     lines += [f'{key} = "{value}"' for key, value in settings.items()]
     for channel, stream_id in records:
         lines += ["[[record]]", f'channel = "{channel}"', f"stream_id = {stream_id}"]
@@ -72,7 +76,9 @@ def archive_process(config: Path, log_path: Path) -> Iterator[subprocess.Popen[b
 
 
 def recordings(archive_dir: Path) -> list[RecordingDescriptor]:
-    if not (archive_dir / CATALOG_FILE).exists():
+    path = archive_dir / CATALOG_FILE
+    # Made but not yet written: the service creates the file, then writes its header.
+    if not path.exists() or path.stat().st_size < CATALOG_HEADER_LENGTH:
         return []
     with Catalog.open(archive_dir, writable=False) as catalog:
         return catalog.recordings()

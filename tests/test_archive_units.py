@@ -244,6 +244,10 @@ def test_the_shipped_settings_file_names_every_key_at_its_default() -> None:
      "record.channel"),
     ('[[record]]\nchannel = "aeron:ipc"\nstream_id = 1\nsource = "remote"', "record.source"),
     ('[[record]]\nchannel = "aeron:ipc"\nstream_id = 1\nstreamid = 2', "record.streamid"),
+    ('control_address = "localhost:8010"', "control_address"),
+    ('control_port = 70000', "control_port"),
+    ('control_port = "8010"', "control_port"),
+    ('control_stream_id = 2147483648', "control_stream_id"),
 ])
 def test_a_bad_setting_is_refused_by_name(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "archive.toml"

@@ -36,7 +36,7 @@ from slipstream.client.replay.protocol import (
 from slipstream.client.retention import first_retained, is_retained, message_start
 from slipstream.client.subscription import Subscription
 
-__all__ = ["ReplayServer"]
+__all__ = ["ReplayServer", "positioned_channel"]
 
 log = logging.getLogger("slipstream.client.replay")
 
@@ -58,14 +58,15 @@ _RESPONSE_IDLE_S: Final = 60.0
 _HOUSEKEEPING_S: Final = 1.0
 
 
-def _positioned_channel(channel: str, log: LogIdentity, mtu: int, position: int) -> str:
+def positioned_channel(channel: str, log: LogIdentity, mtu: int, position: int) -> str:
     """``channel`` with the URI keys that start a publication at ``position`` of a log
     framed like ``log`` (same initial term id, term length and MTU: the same positions)."""
     bits = log.term_length.bit_length() - 1
     term_id = compute_term_id(position, bits, log.initial_term_id)
     # Sparse: the log is as long as the source's (the positions need its term length), but a
     # replay writes only its range; a dense one would be zeroed whole first.
-    return (f"{channel}|init-term-id={log.initial_term_id}|term-id={term_id}"
+    joint = "|" if "?" in channel else "?"  # aeron:ipc has no parameters yet
+    return (f"{channel}{joint}init-term-id={log.initial_term_id}|term-id={term_id}"
             f"|term-offset={position % log.term_length}|term-length={log.term_length}"
             f"|mtu={mtu}|sparse=true")
 
@@ -398,7 +399,7 @@ class ReplayServer:
                 try:
                     # Exclusive: a block copy claims the tail after writing past it.
                     session.data = self.client.add_exclusive_publication(
-                        _positioned_channel(r.reply_channel, r.log, session.mtu, begin),
+                        positioned_channel(r.reply_channel, r.log, session.mtu, begin),
                         r.data_stream_id)
                 except SlipstreamError as e:
                     session.answer = session.request.answer(

@@ -1,0 +1,276 @@
+"""The caller's side of the archive's control stream: :class:`ArchiveClient` (Aeron Archive's
+``AeronArchive``), through this host's driver, and :class:`ArchiveReplay`, a replay read
+where the caller is.
+
+The calls are :mod:`slipstream.client.holding`'s (a :class:`HolderLink` to the archive's
+control stream): one JSON message each way, the answers at this host's reply endpoint
+(:func:`~slipstream.client.holding.reply_channel_towards`).  The operations are
+:mod:`slipstream.archive.control`'s.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor, RecordingState
+from slipstream.archive.control import LOST
+from slipstream.archive.reading import RecordingLostError
+from slipstream.client.client import Client
+from slipstream.client.errors import SlipstreamError
+from slipstream.client.holding import CallError, HolderLink, reply_subscription_channel
+from slipstream.client.image import Image
+from slipstream.client.layout import INT32_MAX
+from slipstream.client.messages import FragmentHandler, GatheredMessages
+from slipstream.client.subscription import Subscription
+
+__all__ = ["ArchiveClient", "ArchiveReplay", "ListedRecording", "ReplayStarted"]
+
+
+@dataclass(frozen=True)
+class ListedRecording:
+    """A recording as the archive lists it: its descriptor and how far it is recorded now
+    (a live one's recorded position; a stopped one's stop)."""
+
+    descriptor: RecordingDescriptor
+    recorded_position: int
+
+    @property
+    def recording_id(self) -> int:
+        return self.descriptor.recording_id
+
+    @property
+    def is_active(self) -> bool:
+        return self.descriptor.is_active
+
+
+@dataclass(frozen=True)
+class ReplayStarted:
+    """The archive's answer to a replay: its id (for ``stop_replay``), the session id of its
+    stream on the channel named, and its range (``end`` None: it follows the recording)."""
+
+    replay_id: int
+    session_id: int
+    start: int
+    end: int | None
+    recording_id: int
+
+
+def _listed(fields: dict[str, Any]) -> ListedRecording:
+    descriptor = RecordingDescriptor(
+        fields["recording_id"], RecordingState[fields["state"].upper()],
+        EndReason[fields["end_reason"].upper()], fields["start_position"],
+        fields["stop_position"], fields["start_time_ms"], fields["stop_time_ms"],
+        fields["initial_term_id"], fields["term_length"], fields["segment_length"],
+        fields["mtu"], fields["session_id"], fields["stream_id"], fields["channel"],
+        fields["source_identity"])
+    return ListedRecording(descriptor, fields["recorded_position"])
+
+
+class ArchiveClient:
+    """A standing link to the archive whose control stream is ``control_stream_id`` at
+    ``address:port`` (its settings' ``control_*``), through ``client``'s driver; answers
+    come back at ``reply_address`` (this host's address towards the archive when None).
+    Use from one thread.  Raises :class:`~slipstream.client.holding.CallError` for a call the
+    archive refuses or does not answer in ``timeout_s``, :class:`RecordingLostError` for a
+    range it does not hold."""
+
+    def __init__(self, client: Client, address: str = "127.0.0.1", port: int = 8010,
+                 control_stream_id: int = 10, *, timeout_s: float = 30.0,
+                 reply_address: str | None = None) -> None:
+        self.client = client
+        self._link = HolderLink(client, address, port, control_stream_id,
+                                timeout_s=timeout_s, reply_address=reply_address)
+
+    @property
+    def reply_channel(self) -> str:
+        """This host's endpoint where the archive's answers (and replays, by default) come."""
+        return self._link.reply_channel
+
+    def _call(self, op: str, **args: Any) -> Any:
+        try:
+            return self._link.call(op, **args)
+        except CallError as e:
+            answer = e.answer or {}
+            if answer.get("reason") == LOST:
+                held = answer.get("held") or [NULL_POSITION, NULL_POSITION]
+                raise RecordingLostError(str(e), (int(held[0]), int(held[1]))) from None
+            raise
+
+    def list_recordings(self, *, channel: str | None = None, stream_id: int | None = None,
+                        from_id: int = 0, count: int | None = None) -> list[ListedRecording]:
+        """The recordings whose channel contains ``channel`` and whose stream is
+        ``stream_id`` (each optional), from id ``from_id``, at most ``count`` (the archive's
+        default when None)."""
+        args: dict[str, Any] = {"from_id": from_id}
+        if channel is not None:
+            args["channel"] = channel
+        if stream_id is not None:
+            args["stream_id"] = stream_id
+        if count is not None:
+            args["count"] = count
+        return [_listed(fields) for fields in self._call("list", **args)]
+
+    def describe(self, recording_id: int) -> ListedRecording:
+        return _listed(self._call("describe", recording_id=recording_id))
+
+    def recording_position(self, recording_id: int) -> tuple[int, bool]:
+        """``(position, active)``: a live recording's recorded position, or a stopped one's
+        stop position."""
+        answer = self._call("recording_position", recording_id=recording_id)
+        return int(answer["position"]), bool(answer["active"])
+
+    def start_replay(self, recording_id: int, channel: str, stream_id: int, *,
+                     start: int | None = None, end: int | None = None,
+                     from_time_ms: int | None = None) -> ReplayStarted:
+        """Have the archive replay ``[start, end)`` of the recording (``start`` None: its
+        start, or where the time index puts ``from_time_ms``, epoch ms; ``end`` None: follow
+        it until it stops) to ``channel`` / ``stream_id``, whose subscriber it waits for up
+        to 10 s.  Messages keep their recorded positions."""
+        args: dict[str, Any] = {"recording_id": recording_id, "channel": channel,
+                                "stream_id": stream_id}
+        for name, value in (("start", start), ("end", end), ("from_time_ms", from_time_ms)):
+            if value is not None:
+                args[name] = value
+        answer = self._call("replay", **args)
+        return ReplayStarted(int(answer["replay_id"]), int(answer["session_id"]),
+                             int(answer["start"]),
+                             None if answer.get("end") is None else int(answer["end"]),
+                             int(answer["recording_id"]))
+
+    def stop_replay(self, replay_id: int) -> bool:
+        """Stop a replay; whether it was still running."""
+        return bool(self._call("stop_replay", replay_id=replay_id)["stopped"])
+
+    def replay(self, recording_id: int, *, start: int | None = None, end: int | None = None,
+               from_time_ms: int | None = None, channel: str | None = None,
+               stream_id: int | None = None) -> ArchiveReplay:
+        """A replay read here: a subscription at ``channel`` (default this host's reply
+        endpoint) on ``stream_id`` (default a fresh one), then :meth:`start_replay` to it.
+        Read it with :meth:`ArchiveReplay.poll` until :attr:`ArchiveReplay.done`."""
+        if stream_id is None:
+            stream_id = random.randrange(1, INT32_MAX)
+            while stream_id == self._link.response_stream_id:
+                stream_id = random.randrange(1, INT32_MAX)
+        if channel is None:
+            channel = self.reply_channel
+            subscription_channel = reply_subscription_channel(channel)
+        else:
+            subscription_channel = channel
+        subscription = self.client.add_subscription(subscription_channel, stream_id)
+        try:
+            started = self.start_replay(recording_id, channel, stream_id, start=start, end=end,
+                                        from_time_ms=from_time_ms)
+        except BaseException:
+            subscription.close()
+            raise
+        return ArchiveReplay(self, subscription, started)
+
+    def close(self) -> None:
+        self._link.close()
+
+    def __enter__(self) -> ArchiveClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class ArchiveReplay:
+    """A replay being read where it was asked for (:meth:`ArchiveClient.replay`): ``poll``
+    and ``poll_gathered`` as an image's, positions the recording's, until :attr:`done`.
+    A stream that ends before the range does (the replay failed or was stopped) raises
+    :class:`~slipstream.client.errors.SlipstreamError` naming where."""
+
+    def __init__(self, archive: ArchiveClient, subscription: Subscription,
+                 started: ReplayStarted) -> None:
+        self.archive = archive
+        self.subscription = subscription
+        self.started = started
+        self.replay_id = started.replay_id
+        self.start = started.start
+        self.end = started.end
+        self.position = started.start
+        self._stop_position: int | None = None  # a followed recording's, once it stopped
+        self._closed = False
+
+    def image(self) -> Image | None:
+        for candidate in self.subscription.images:
+            if candidate.session_id == self.started.session_id:
+                return candidate
+        return None
+
+    @property
+    def done(self) -> bool:
+        if self.end is not None:
+            return self.position >= self.end
+        return self._stop_position is not None and self.position >= self._stop_position
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int = 256) -> int:
+        image = self.image()
+        if image is None:
+            return 0
+        count = image.poll(handler, fragment_limit)
+        self.position = image.position
+        if count == 0:
+            self._check_end(image)
+        return count
+
+    def poll_gathered(self, max_messages: int = 4096) -> GatheredMessages | None:
+        image = self.image()
+        if image is None:
+            return None
+        chunk = image.poll_gathered(max_messages)
+        self.position = image.position
+        if chunk is None:
+            self._check_end(image)
+        return chunk
+
+    def _check_end(self, image: Image) -> None:
+        if not image.is_end_of_stream or self.done:
+            return
+        if self.end is None:  # followed: whole if the recording stopped where it ended
+            position, active = self.archive.recording_position(self.started.recording_id)
+            if not active:
+                self._stop_position = position
+                if self.done:
+                    return
+        raise SlipstreamError(f"the replay {self.replay_id} of recording "
+                              f"{self.started.recording_id} ended at position {self.position}, "
+                              f"before {self.end if self.end is not None else 'its stop'}: "
+                              f"stopped, or failed (the archive's log says why)")
+
+    def wait(self, timeout_s: float) -> bool:
+        return self.subscription.wait_for_data(int(timeout_s * 1e9), 0)
+
+    def read_all(self, handler: FragmentHandler, timeout_s: float = 60.0) -> None:
+        """Poll until :attr:`done`; raises TimeoutError when it is not within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.done:
+            if self.poll(handler, 4096) == 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the replay {self.replay_id} is at {self.position} "
+                                       f"after {timeout_s:g} s")
+                self.wait(0.01)
+
+    def close(self) -> None:
+        """Stop the replay at the archive if it is not done, and close the subscription."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self.done:
+                try:
+                    self.archive.stop_replay(self.replay_id)
+                except SlipstreamError:
+                    pass  # the archive ends a replay whose requester went, in time
+        finally:
+            self.subscription.close()
+
+    def __enter__(self) -> ArchiveReplay:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

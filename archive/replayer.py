@@ -1,0 +1,193 @@
+"""Replays: a range of a recording published again from its segment files, as a new stream to
+the channel and stream id the requester names (Aeron Archive's ``ReplaySession``).
+
+The replay's publication is exclusive and positioned (:func:`positioned_channel`: the
+recording's initial term id, term length and MTU, and the term id and offset of the range's
+start), so every message has the position it had in the recording.  The frames go from the
+mapped segment into the publication's log a block at a time, as they are
+(``ss_append_block``: Aeron's ``offerBlock``; per-frame work in C), as fast as the
+publication's limit lets them: flow control paces a replay, the disk or the page cache
+feeds it.
+
+A replay's states (one place, :data:`_TRANSITIONS`)::
+
+    CONNECTING --the requester's subscription connected--> REPLAYING
+    CONNECTING --not within the connect timeout--> FAILED
+    REPLAYING  --the range's end, or the stop of a recording followed to it--> DONE
+    REPLAYING  --stop_replay, the service stopping--> STOPPED
+    REPLAYING  --a segment gone (retention), a frame not the recording's, the requester gone
+                 for the connect timeout--> FAILED
+    CONNECTING --stop_replay, the service stopping--> STOPPED
+
+DONE, STOPPED and FAILED close the publication: the driver drains what it holds to the
+requester (a DONE replay's requester sees the stream end at the range's end) and lingers for
+repairs.  ``end`` None follows a live recording: the replay goes as far as the recorded
+position, waits there for more, and is DONE at the recording's stop.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from pathlib import Path
+from typing import Final
+
+from slipstream.archive.catalog import RecordingDescriptor
+from slipstream.archive.reading import RecordingLostError, Segments
+from slipstream.client import Client
+from slipstream.client._native import lib
+from slipstream.client.logbuffer import LogIdentity
+from slipstream.client.publication import ADMIN_ACTION, CLOSED, ExclusivePublication
+from slipstream.client.replay.server import positioned_channel
+
+log = logging.getLogger("slipstream.archive")
+
+#: The most one block copy takes (``ss_append_block``), and one turn of the service's loop per
+#: replay: a block is published (the sender may send it) before the next is copied, and the
+#: other replays and recordings get their turn.
+BLOCK_BYTES: Final = 1 << 20
+ADVANCE_BYTES: Final = 8 << 20
+#: How long a replay waits for its requester's subscription, and for it to come back.
+CONNECT_TIMEOUT_S: Final = 10.0
+#: The channel keys the archive sets on a replay's channel itself (the requester may not).
+POSITIONING_KEYS: Final = ("init-term-id", "term-id", "term-offset", "term-length", "mtu",
+                           "sparse")
+
+
+class ReplayState(enum.Enum):
+    CONNECTING = "connecting"
+    REPLAYING = "replaying"
+    DONE = "done"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+_TRANSITIONS: Final = {
+    ReplayState.CONNECTING: {ReplayState.REPLAYING, ReplayState.FAILED, ReplayState.STOPPED},
+    ReplayState.REPLAYING: {ReplayState.DONE, ReplayState.STOPPED, ReplayState.FAILED},
+    ReplayState.DONE: set(),
+    ReplayState.STOPPED: set(),
+    ReplayState.FAILED: set(),
+}
+
+
+class ReplaySession:
+    """One replay of ``[start, end)`` of a recording (``end`` None: follow it) to ``channel``
+    / ``stream_id``.  Made by the service for a ``replay`` call; :meth:`do_work` moves it,
+    told how far the recording is recorded.  Raises the client's errors where the
+    publication cannot be made (the call is answered with them)."""
+
+    def __init__(self, replay_id: int, client: Client, directory: Path,
+                 descriptor: RecordingDescriptor, start: int, end: int | None, channel: str,
+                 stream_id: int, now: float) -> None:
+        self.replay_id = replay_id
+        self.recording_id = descriptor.recording_id
+        self.descriptor = descriptor
+        self.start = start
+        self.end = end
+        self.channel = channel
+        self.stream_id = stream_id
+        self.position = start
+        self.state = ReplayState.CONNECTING
+        self.reason = ""
+        self._segments = Segments(directory, descriptor)
+        identity = LogIdentity(descriptor.session_id, descriptor.initial_term_id,
+                               descriptor.term_length)
+        self.publication: ExclusivePublication = client.add_exclusive_publication(
+            positioned_channel(channel, identity, descriptor.mtu, start), stream_id)
+        self.session_id = self.publication.session_id
+        self._deadline = now + CONNECT_TIMEOUT_S
+        self._disconnected_since: float | None = None
+
+    @property
+    def is_over(self) -> bool:
+        return not _TRANSITIONS[self.state]
+
+    def _go(self, state: ReplayState, reason: str = "") -> None:
+        if state not in _TRANSITIONS[self.state]:
+            raise RuntimeError(f"replay {self.replay_id}: {self.state.value} -> {state.value} "
+                               f"is not a transition")
+        self.state = state
+        self.reason = reason
+        if self.is_over:
+            self.publication.close()
+            self._segments.close()
+            level = logging.WARNING if state is ReplayState.FAILED else logging.INFO
+            log.log(level, "replay %d of recording %d to %s stream %d: %s at position %d%s",
+                    self.replay_id, self.recording_id, self.channel, self.stream_id,
+                    state.value, self.position, f" ({reason})" if reason else "")
+
+    def stop(self, reason: str = "stopped") -> None:
+        """stop_replay, or the service stopping."""
+        if not self.is_over:
+            self._go(ReplayState.STOPPED, reason)
+
+    def do_work(self, recorded: int, stopped: bool, now: float) -> int:
+        """Copy what flow control lets go, up to ``recorded`` (the recording's recorded
+        position; ``stopped``: it is its stop position); returns the bytes copied."""
+        if self.is_over:
+            return 0
+        if self.state is ReplayState.CONNECTING:
+            if not self.publication.is_connected:
+                if now > self._deadline:
+                    self._go(ReplayState.FAILED, f"the requester's subscription at "
+                                                 f"{self.channel} stream {self.stream_id} did "
+                                                 f"not connect within {CONNECT_TIMEOUT_S:g} s")
+                return 0
+            self._go(ReplayState.REPLAYING)
+        target = recorded if self.end is None else min(self.end, recorded)
+        try:
+            moved = self._copy(target)
+        except RecordingLostError as e:
+            self._go(ReplayState.FAILED, f"lost: {e}")
+            return 0
+        except _FramingError as e:
+            self._go(ReplayState.FAILED, str(e))
+            return 0
+        if self.state is ReplayState.REPLAYING:
+            if (self.end is not None and self.position >= self.end) or \
+                    (stopped and self.position >= recorded):
+                self._go(ReplayState.DONE)
+            elif moved == 0 and not self.publication.is_connected:
+                if self._disconnected_since is None:
+                    self._disconnected_since = now
+                elif now - self._disconnected_since > CONNECT_TIMEOUT_S:
+                    self._go(ReplayState.FAILED, "the requester went (its subscription "
+                                                 "disconnected)")
+            else:
+                self._disconnected_since = None
+        return moved
+
+    def _copy(self, target: int) -> int:
+        term_length = self.descriptor.term_length
+        publication = self.publication
+        moved = 0
+        while moved < ADVANCE_BYTES and self.position < target:
+            position = self.position
+            term_base = position - position % term_length
+            block_end = min(target, term_base + term_length)
+            segment = self._segments.at(position, block_end)
+            copied, code = publication.append_block_from_term(
+                segment.term(term_base), term_length, position, block_end, BLOCK_BYTES)
+            if copied > 0:
+                self.position = code
+                moved += copied
+                continue
+            if code == ADMIN_ACTION:  # the replay's log rotated into the next term
+                continue
+            if code == 0 or code == lib.SS_INVALID_BATCH:
+                raise _FramingError(
+                    f"recording {self.recording_id}: no frame of the recording a replay "
+                    f"copies at position {position} (padding inside a term, or a frame not "
+                    f"its place's): the segment is not as recorded; verify it"
+                    if code == 0 else
+                    f"the replay's log is at {publication.position}, not at the recording's "
+                    f"{position}")
+            if code == CLOSED:
+                self._go(ReplayState.FAILED, "the replay's publication was closed")
+            break  # back pressure, or not connected: later
+        return moved
+
+
+class _FramingError(Exception):
+    """The segment's frames are not where the recording's positions say."""
