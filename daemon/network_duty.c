@@ -577,7 +577,7 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
             deadline = image->loss_deadline_ns;
         /* Caught up within the interval: the catch-up SM goes at its end, whichever half
          * sends it (the Python half's is due then: image_needs_python). */
-        if (image->sm_catch_up_ns < deadline &&
+        if (image->has_group_tag && image->sm_catch_up_ns < deadline &&
             min_subscriber_position(image) >= catch_up_position(image))
             deadline = image->sm_catch_up_ns;
         if (!sends_status_messages(image)) continue;
