@@ -9,10 +9,17 @@ another driver, three ways in the same run, and the ratio to plain offers:
 
 Two drivers on loopback (each its own process; the subscriber polls in a third), not namespace
 hosts: the figure is what the driver and the status messages cost, without a link's delay.
-The subscriber's driver sends a status message each quarter of its window consumed, or every
-``status_message_timeout`` (200 ms): the naive loop waits for that timer on every message.
+The subscriber's driver sends a status message each quarter of its window consumed, every
+``status_message_timeout`` (200 ms), and, its subscription being tagged, as soon as the
+subscriber has consumed all it received (at most one per
+``status_message_catch_up_interval``, 1 ms: docs/PROTOCOL.md §4.6): the naive loop waits for
+that one, where it waited for the timer on every message before.
 
     .venv/bin/python -m bench.durable_publish [--messages N] [--window W] [--naive N]
+        [--set KEY=VALUE ...]
+
+``--set status_message_catch_up_interval=1s`` (its most) all but turns the catch-up rule off,
+for a comparison in the same session.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import socket
 import time
 import uuid
 from pathlib import Path
+
+from bench.ipc_throughput import driver_setting
 
 SIZE = 1024
 STREAM = 11
@@ -107,13 +116,17 @@ def main() -> int:
                         help="messages in flight before the pipelined loop waits")
     parser.add_argument("--naive", type=int, default=20, help="messages of the naive loop")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        type=driver_setting, metavar="KEY=VALUE",
+                        help="a setting of both drivers (repeatable)")
     args = parser.parse_args()
 
     from slipstream.daemon.driver import MediaDriver
 
     directories = [Path("/dev/shm") / f"slipstream-bench-durable-{uuid.uuid4().hex[:8]}"
                    for _ in range(2)]
-    settings = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m"}
+    settings = {"rcv_initial_window_length": "2m", "socket_so_rcvbuf": "4m",
+                **dict(args.settings)}
     try:
         with contextlib.ExitStack() as stack:
             a, b = (stack.enter_context(MediaDriver.launch(directory=d, **settings))

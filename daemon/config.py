@@ -479,6 +479,14 @@ class DriverSettings:
         "keeps sender credit and liveness fresh.",
         low=1,
     )
+    status_message_catch_up_interval: int = _duration(
+        1 * _MS,
+        "slipstream: shortest gap before a status message a tagged image (gtag=) sends because "
+        "its subscribers consumed all it received, ns; a publisher waiting for a message to be "
+        "durable hears within this, not the status_message_timeout, while a subscriber that "
+        "keeps up with a steady stream costs its sender at most one such message each.",
+        low=1, high=_S,
+    )
     nak_unicast_delay: int = _duration(
         100 * _US,
         "Delay before a unicast receiver NAKs a gap, ns; short because one receiver cannot "

@@ -507,6 +507,13 @@ typedef struct {
     int64_t sm_position;
     int64_t sm_deadline_ns;
     int64_t sm_interval_ns;       /* status_message_timeout x the governor's factor */
+    /* The catch-up rule (ss_image_catch_up_due): an image with a group tag sends an SM as
+     * soon as its slowest subscriber has consumed everything it received (rcv-hwm, past the
+     * last scheduled SM), but not before sm_catch_up_ns, which every SM sent moves to
+     * sm_catch_up_interval_ns after it (status_message_catch_up_interval x the governor's
+     * factor). */
+    int64_t sm_catch_up_ns;
+    int64_t sm_catch_up_interval_ns;
     int64_t reusable_limit;
     int64_t clean_due_position;   /* SS_NO_DEADLINE: none */
     /* The image's cleaner (Python's LogCleaner.c): while the C half sends the SMs, it also
@@ -544,6 +551,12 @@ int32_t ss_image_sends_status_messages(const ss_image_t *image);
 /* The slowest subscriber's position from which its Python half is due: the 25 % rule's
  * (sm_due_position), or cleaning's (clean_due_position) when the C half does not clean. */
 int64_t ss_image_python_due_position(const ss_image_t *image);
+/* 1 when the catch-up rule's status message is due at now_ns: the image has a group tag
+ * (its receivers are the ones that make messages durable, docs/PROTOCOL.md §7.7), its
+ * slowest subscriber consumed all the image received (rcv-hwm) and more than the last
+ * scheduled SM reported, and no SM went within sm_catch_up_interval_ns.  The C half sends it
+ * with the 25 % rule's while it sends the SMs; otherwise the Python half asks this. */
+int32_t ss_image_catch_up_due(const ss_image_t *image, int64_t now_ns);
 
 
 /* A receive endpoint's image table and receive buffers, all memory owned by Python. */

@@ -354,6 +354,27 @@ static inline int sends_status_messages(const ss_image_t *image) {
            image->eos_position < 0;
 }
 
+/* The catch-up rule's position: an image with a group tag (its receivers are those that make
+ * a publisher's messages durable, docs/PROTOCOL.md §7.7) owes its sender an SM once its
+ * slowest subscriber has consumed all it received, rcv-hwm, when that is past the last
+ * scheduled SM.  A publisher waiting for its last message would otherwise wait for the timer
+ * (200 ms): one message never moves consumption by the 25 % rule's quarter window.  Untagged
+ * images keep Aeron's two rules: a subscriber that keeps up would make an SM per receive
+ * batch, a load on every sender (an SM each, where the 25 % rule sends one per quarter
+ * window) that only a durable publisher repays.  SS_NO_DEADLINE: none owed. */
+static inline int64_t catch_up_position(const ss_image_t *image) {
+    if (!image->has_group_tag || image->subscriber_count <= 0) return SS_NO_DEADLINE;
+    const int64_t hwm = LOAD_ACQ(image->receiver_hwm);
+    return hwm > image->sm_position ? hwm : SS_NO_DEADLINE;
+}
+
+/* The catch-up rule: at the catch-up position, and no SM within sm_catch_up_interval_ns (a
+ * subscriber that keeps up with a steady stream catches up on every batch: the interval
+ * bounds those SMs to one per interval). */
+static inline int catch_up_due(const ss_image_t *image, int64_t slowest, int64_t now_ns) {
+    return slowest >= catch_up_position(image) && now_ns >= image->sm_catch_up_ns;
+}
+
 /* The 25 % rule's status message, at the slowest subscriber's position: scheduled here, and
  * sent through the image's socket (else left to the Python half: sm_unsent). */
 static int64_t allowed_window(const ss_image_t *image, int64_t position);
@@ -363,6 +384,7 @@ static void send_status_message(ss_image_t *image, int64_t position, int64_t now
     image->sm_position = position;
     image->sm_window = (int32_t)window;
     image->sm_deadline_ns = now_ns + image->sm_interval_ns;
+    image->sm_catch_up_ns = now_ns + image->sm_catch_up_interval_ns;
     image->last_sm_position = position;
     const int64_t overrun = position + image->term_length / 2;
     image->overrun_threshold = overrun < image->reusable_limit ? overrun : image->reusable_limit;
@@ -416,7 +438,7 @@ static void clean_image(ss_image_t *image, int64_t slowest) {
 }
 
 /* The C half's status messages and cleaning: the slowest subscriber reached the 25 % rule's
- * position, or cleaning's. */
+ * position, the catch-up rule's (a tagged image), or cleaning's. */
 static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
     int32_t work = 0;
     for (int32_t i = 0; i < a->image_count; i++) {
@@ -435,7 +457,7 @@ static int32_t status_messages(ss_agent_t *a, int64_t now_ns) {
             }
         }
         if (image->sm_unsent) continue;
-        if (slowest >= image->sm_due_position) {
+        if (slowest >= image->sm_due_position || catch_up_due(image, slowest, now_ns)) {
             send_status_message(image, slowest, now_ns);
             work++;
         } else if (now_ns >= image->sm_deadline_ns) {
@@ -553,6 +575,11 @@ int64_t ss_agent_c_deadline(const ss_agent_t *a) {
         const ss_image_t *image = a->images[i];
         if (rebuilt_in_c(image) && image->loss_deadline_ns < deadline)
             deadline = image->loss_deadline_ns;
+        /* Caught up within the interval: the catch-up SM goes at its end, whichever half
+         * sends it (the Python half's is due then: image_needs_python). */
+        if (image->has_group_tag && image->sm_catch_up_ns < deadline &&
+            min_subscriber_position(image) >= catch_up_position(image))
+            deadline = image->sm_catch_up_ns;
         if (!sends_status_messages(image)) continue;
         if (!image->sm_unsent && image->sm_deadline_ns < deadline)
             deadline = image->sm_deadline_ns;
@@ -604,6 +631,10 @@ int64_t ss_image_python_due_position(const ss_image_t *image) {
     return python_due_position(image);
 }
 
+int32_t ss_image_catch_up_due(const ss_image_t *image, int64_t now_ns) {
+    return catch_up_due(image, min_subscriber_position(image), now_ns);
+}
+
 static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
     if (image->nak_count > 0 || image->sm_unsent) return 1;
     /* Sums, not differences: ss_agent_python_due is asked at now = -INT64_MAX too. */
@@ -618,7 +649,8 @@ static int image_needs_python(const ss_image_t *image, int64_t now_ns) {
     if (image->subscriber_count <= 0) return 0;
     /* An SM the C half sends usually went in this cycle, before this rule is asked
      * (ss_agent_do_work); a subscriber that moved since costs one Python pass. */
-    return min_subscriber_position(image) >= python_due_position(image);
+    const int64_t slowest = min_subscriber_position(image);
+    return slowest >= python_due_position(image) || catch_up_due(image, slowest, now_ns);
 }
 
 int32_t ss_agent_python_due(ss_agent_t *a, int64_t now_ns) {
@@ -699,8 +731,10 @@ static int arm(ss_agent_t *a, int32_t delta, int64_t now_ns, int64_t *deadline) 
     for (int32_t i = 0; i < a->image_count; i++) {
         ss_image_t *image = a->images[i];
         if (delta > 0) {
-            const int64_t wake = image->sm_due_position < image->clean_due_position
-                                     ? image->sm_due_position : image->clean_due_position;
+            int64_t wake = image->sm_due_position < image->clean_due_position
+                               ? image->sm_due_position : image->clean_due_position;
+            const int64_t catch_up = catch_up_position(image);
+            if (catch_up < wake) wake = catch_up;
             STORE_REL((int64_t *)(image->meta + SS_META_DRIVER_WAKE_POSITION), wake);
         }
         __atomic_fetch_add(driver_waiters(image->meta), delta, __ATOMIC_SEQ_CST);

@@ -67,6 +67,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "cubic_measure_rtt": True,  # Aeron: false (docs/FLOW.md says why not here)
     "cubic_tcp_mode": True,  # Aeron: false
     "status_message_timeout": 200 * MS,
+    "status_message_catch_up_interval": MS,  # slipstream
     "nak_unicast_delay": 100 * US,
     "nak_unicast_retry_delay_ratio": 100,
     "nak_multicast_max_backoff": 10 * MS,

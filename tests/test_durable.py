@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 import trio
-from helpers import Collector, connect, free_port, message, run_stat, wait_for
+from helpers import Collector, connect, counters_of, free_port, message, run_stat, wait_for
 
 from slipstream.client import Client, Publication, Subscription
 from slipstream.client.errors import ChannelError, UsageError
@@ -37,12 +37,12 @@ def _counter(driver: MediaDriver, prefix: str) -> int:
     return value
 
 
-def _offer(publication: Publication, first: int, count: int) -> list[int]:
+def _offer(publication: Publication, first: int, count: int, size: int = SIZE) -> list[int]:
     """Offer messages ``first ..`` until ``count`` were taken: their positions."""
     positions = []
     deadline = time.monotonic() + 10
     while len(positions) < count:
-        result = publication.offer(message(first + len(positions), SIZE))
+        result = publication.offer(message(first + len(positions), size))
         if result > 0:
             positions.append(result)
         else:
@@ -51,13 +51,21 @@ def _offer(publication: Publication, first: int, count: int) -> list[int]:
     return positions
 
 
+def _read_one(subscription: Subscription) -> None:
+    """Poll until one message was read."""
+    deadline = time.monotonic() + 5
+    while not subscription.poll(lambda *_: None, 1):
+        assert time.monotonic() < deadline, "no message came"
+
+
 @contextlib.contextmanager
-def unicast(launch, durable: str, gtag: str) -> Iterator[
+def unicast(launch, durable: str, gtag: str, publisher: dict | None = None,
+            subscriber: dict | None = None) -> Iterator[
         tuple[MediaDriver, MediaDriver, Publication, Subscription]]:
     """A publisher's driver with ``durable`` and a subscriber's driver with ``gtag`` (either
-    may be empty), stream 3 connected."""
+    may be empty; each driver with the settings given), stream 3 connected."""
     port = free_port()
-    a, b = launch(), launch()
+    a, b = launch(**(publisher or {})), launch(**(subscriber or {}))
     with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
         subscription = cb.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}{gtag}", 3)
         publication = ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}{durable}", 3)
@@ -106,6 +114,28 @@ def test_an_untagged_or_other_tagged_subscriber_makes_nothing_durable(launch) ->
             assert time.monotonic() - started >= 0.5
             assert publication.durable_position == 0 and publication.durable_receivers == 0
             assert publication.why_not_durable(positions[-1]) is NotDurable.TOO_FEW_RECEIVERS
+
+
+def _offer_then_wait_each(publication: Publication, subscription: Subscription,
+                          count: int) -> tuple[float, int]:
+    """The loop a first program writes: offer a message, wait until it is durable, the next;
+    the tagged subscriber reads each as it comes.  Seconds taken, and the last position."""
+    started = time.monotonic()
+    for i in range(count):
+        [position] = _offer(publication, i, 1)
+        _read_one(subscription)
+        assert publication.wait_durable(position, 2.0), publication.why_not_durable(position)
+    return time.monotonic() - started, position
+
+
+def test_offer_then_wait_each_message_hears_the_catch_up_sm_not_the_timer(launch) -> None:
+    # The subscriber's driver sends the SMs in C (a reliable unicast image).  Waiting for the
+    # status-message timer (200 ms) each, 200 messages would take 40 s.
+    with unicast(launch, "|durable=7/1", "|gtag=7") as (_, _, publication, subscription):
+        elapsed, last = _offer_then_wait_each(publication, subscription, 200)
+        assert elapsed < 5.0, f"{elapsed:.2f} s for 200 messages"
+        assert last > 3 * 65536  # across three term rotations
+        assert publication.durable_position == last
 
 
 @contextlib.contextmanager
@@ -173,6 +203,48 @@ def test_with_two_required_the_durable_position_stops_at_the_subscriber_that_sto
             poll([0, 1, 2], len(positions))
             assert publication.wait_durable(positions[-1], 5.0)
         assert publication.durable_position == positions[-1] > 6 * 65536
+
+
+def test_offer_then_wait_each_over_multicast_hears_the_catch_up_sm(launch) -> None:
+    # A multicast image is a group's: its SMs go from the Python half, which asks C's rule.
+    with multicast(launch, "durable=7/1|fc=tagged,g:7/1", ["|gtag=7"]) as (
+            _, _, publication, [subscription]):
+        elapsed, last = _offer_then_wait_each(publication, subscription, 200)
+        assert elapsed < 5.0, f"{elapsed:.2f} s for 200 messages"
+        assert last > 3 * 65536
+        assert publication.durable_position == last
+
+
+def test_catch_up_sms_go_at_most_once_an_interval_and_never_from_an_untagged_image(
+        launch) -> None:
+    # 100-byte messages, 10 ms apart, each read as it comes: the 25 % rule (8 KiB) never
+    # fires in 40 of them, so every SM is the timer's (1 s here) or the catch-up rule's (at
+    # most one each 50 ms, the one held back going at the interval's end).
+    sms: dict[str, tuple[int, float]] = {}
+    for gtag in ("", "|gtag=7"):
+        with unicast(launch, "|durable=7/1", gtag,
+                     publisher={"publication_connection_timeout": "5s"},
+                     subscriber={"status_message_timeout": "1s",
+                                 "status_message_catch_up_interval": "50ms"}) as (
+                _, b, publication, subscription):
+            time.sleep(0.1)  # the SMs of the connection went
+            before = counters_of(b)["STATUS_MESSAGES_SENT"]
+            started = time.monotonic()
+            for i in range(40):
+                [position] = _offer(publication, i, 1, size=100)
+                _read_one(subscription)
+                if gtag:
+                    waited = time.monotonic()
+                    assert publication.wait_durable(position, 0.5)  # not the 1 s timer
+                    assert time.monotonic() - waited < 0.5
+                time.sleep(0.01)
+            elapsed = time.monotonic() - started
+            sms[gtag] = (counters_of(b)["STATUS_MESSAGES_SENT"] - before, elapsed)
+    untagged, untagged_s = sms[""]
+    assert untagged <= untagged_s / 1.0 + 1, sms  # the timer's alone
+    tagged, tagged_s = sms["|gtag=7"]
+    assert tagged >= 40, sms  # one per message: each was awaited
+    assert tagged <= tagged_s / 0.05 + 1, sms  # never two within the interval
 
 
 def test_a_tagged_receiver_that_went_away_stops_counting_after_its_timeout(launch) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import random
+import re
 import socket
 import uuid
 from pathlib import Path
@@ -115,10 +116,10 @@ def test_the_c_predicates_of_the_table_are_exported_and_the_image_asks_them() ->
     image_source = (ROOT / "daemon" / "streams" / "image.py").read_text()
     predicates = {rule.c_predicate for rule in ownership.RULES if rule.c_predicate}
     assert predicates == {"ss_image_rebuilt_in_c", "ss_image_sends_status_messages",
-                          "ss_image_python_due_position"}
+                          "ss_image_python_due_position", "ss_image_catch_up_due"}
     for name in predicates:
         assert hasattr(network, name)
-        assert f" {name}(const ss_image_t *image);" in header
+        assert re.search(rf" {name}\(const ss_image_t \*image(, int64_t now_ns)?\);", header)
         assert f"network.{name}(" in image_source
     assert "eos_position < 0" not in image_source  # no copy of a C predicate left
 

@@ -30,10 +30,14 @@ NAK delay (static 100 µs for unicast; optimal multicast backoff for group image
 for ``reliable=false`` (LOSS_GAP_FILLS).  Then schedule an SM when the minimum subscriber
 position moved past ``last scheduled + window/4`` (the 25 % rule) or the window changed; a
 scheduled SM goes at once, and one goes every ``status_message_timeout`` (200 ms) at the
-position subscribers have reached by then.  Window (static congestion control) =
-``min(rcv-wnd or 128 KiB, term_length/2)``.  For a reliable unicast image with static
-congestion control the C half runs the rebuild pass (``ss_image_rebuild``, the same rule) and
-sends the 25 % rule's and the timer's SMs and cleans the log (see :meth:`sync_c_half`);
+position subscribers have reached by then.  An image with a group tag (``gtag=``, the
+receivers that make messages durable, docs/PROTOCOL.md §7.7) also sends one as soon as its
+slowest subscriber consumed all it received (the catch-up rule, at most one per
+``status_message_catch_up_interval``; the C half's, ``ss_image_catch_up_due``).  Window
+(static congestion control) = ``min(rcv-wnd or 128 KiB, term_length/2)``.  For a reliable
+unicast image with static congestion control the C half runs the rebuild pass
+(``ss_image_rebuild``, the same rule) and sends the 25 % rule's, the catch-up rule's and the
+timer's SMs and cleans the log (see :meth:`sync_c_half`);
 this object then takes their output at its next pass and keeps liveness and end of stream.
 Who runs which rule is :mod:`~slipstream.daemon.streams.ownership`'s table; the flags that
 hand them to the C half are set in :meth:`PublicationImage.sync_c_half` only, and where the C
@@ -276,6 +280,10 @@ class PublicationImage:
         c.sm_window = self.window
         c.sm_deadline_ns = now_ns
         c.sm_interval_ns = self.status_message_timeout_ns
+        # The catch-up rule's (a tagged image's, ss_image_catch_up_due): the first may go at once.
+        self._catch_up_interval_ns = settings.status_message_catch_up_interval
+        c.sm_catch_up_ns = now_ns
+        c.sm_catch_up_interval_ns = self._catch_up_interval_ns
         c.window = self.window
         c.receiver_id = receiver_id
         if self.group_tag is not None:
@@ -473,6 +481,7 @@ class PublicationImage:
     def status_interval_factor(self, factor: int) -> None:
         self._status_interval_factor = factor
         self.c.sm_interval_ns = self.status_message_timeout_ns * factor
+        self.c.sm_catch_up_interval_ns = self._catch_up_interval_ns * factor
 
     def _sends_sm_in_c(self) -> bool:
         """Whether the C half sends the SMs, cleans and keeps the liveness timer now: its own
@@ -613,7 +622,8 @@ class PublicationImage:
         """Whether :meth:`datagrams_to_send` has something to do at ``now_ns``, cheaply: data
         arrived, output is queued (here, or NAKs and an SM the C half left), a timer is due,
         the fill's top reached the next NAK-strength threshold, or a subscriber reached the position
-        where the 25 % rule schedules a status message or where cleaning is due."""
+        where the 25 % rule schedules a status message or where cleaning is due, or the catch-up
+        rule's status message is due (a tagged image)."""
         c = self.c
         if c.dirty or self._outbox or c.nak_count or c.sm_unsent or now_ns >= self._next_due_ns:
             return True
@@ -621,6 +631,8 @@ class PublicationImage:
                 and network.ss_image_rate_signal_top(c) >= c.rate_signal_position):
             return True
         cells = self._subscriber_positions
+        if c.has_group_tag and network.ss_image_catch_up_due(c, now_ns):
+            return True
         # The C half's rule, asked: the 25 % rule's SM, and cleaning's unless the C half cleans.
         due_position = network.ss_image_python_due_position(c)
         if len(cells) == 1:
@@ -661,6 +673,7 @@ class PublicationImage:
         else:  # no rebuild pass and no SM any more: nothing in C makes this due again
             self.c.dirty = 0
             self.c.sm_due_position = NO_DEADLINE
+            self.c.sm_catch_up_ns = NO_DEADLINE
             self.c.rate_signal_position = NO_DEADLINE
         self._next_due_ns = self.next_deadline_ns()
 
@@ -697,8 +710,9 @@ class PublicationImage:
             self.is_end_of_stream = True
             self.log.end_of_stream_position = eos
             self.log.signal_readers()
-        # SM scheduling: congestion control asks for one, the 25 % rule, or a change of the
-        # window (which cleaning may hold back, see _allowed_window).
+        # SM scheduling: congestion control asks for one, the 25 % rule, the catch-up rule (a
+        # tagged image's subscribers consumed all it received: the C half's, asked), or a
+        # change of the window (which cleaning may hold back, see _allowed_window).
         force_sm = False
         if self._consults_congestion_control:
             force_sm, self.window = self.congestion_control.on_track_rebuild(
@@ -710,6 +724,7 @@ class PublicationImage:
             self._signal_rate(now_ns, min_sub)
         self.cleaner.clean_toward(min_sub)
         if (force_sm or min_sub > self.c.sm_position + (self.c.sm_window >> 2)
+                or network.ss_image_catch_up_due(c, now_ns)
                 or self._allowed_window(self.c.sm_position) != self.c.sm_window):
             self.c.sm_position = min_sub
             self.c.sm_window = self._allowed_window(min_sub)
@@ -778,6 +793,7 @@ class PublicationImage:
         self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
         self._set_last_sm_position(position)
         self.c.sm_deadline_ns = now_ns + self.c.sm_interval_ns
+        self.c.sm_catch_up_ns = now_ns + self.c.sm_catch_up_interval_ns
 
     def _check_left_behind(self) -> None:
         """Whether the sender has moved so far on that the data this image lacks (from

@@ -109,6 +109,12 @@ RULES: tuple[Rule, ...] = (
          "DRAINING (SMs carry EOS), and as the rebuild pass; an SM C could not send "
          "(`sm_unsent`) goes from Python",
          at_once=True, c_predicate="ss_image_sends_status_messages"),
+    Rule(IMAGE, "status messages: the catch-up rule's (a tagged image whose subscribers "
+         "consumed all it received, at most one per `status_message_catch_up_interval`)",
+         PYTHON, "sm_in_c",
+         "with the status messages",
+         "with the status messages; the Python half asks C's rule, which keeps the interval",
+         at_once=True, c_predicate="ss_image_catch_up_due"),
     Rule(IMAGE, "cleaning the log behind the slowest subscriber", PYTHON, "sm_in_c",
          "with the status messages (and a cleaner)",
          "with the status messages",
