@@ -17,6 +17,7 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath
@@ -735,6 +736,26 @@ class Image:
     def __repr__(self) -> str:
         return (f"Image(session_id={self.session_id}, stream_id={self.stream_id}, "
                 f"position={self._position}, source={self.source_identity!r})")
+
+
+def await_frames(images: Sequence[Image], timeout_ns: int, spin_ns: int = 0) -> bool:
+    """Wait until a frame is committed at the position of any of ``images`` (each one's
+    own: a :meth:`~Image.reader_at` or :meth:`~Image.detached` reader waits at its private
+    position), or ``timeout_ns`` passed: spin ``spin_ns`` first (yielding the CPU every few
+    microseconds), then park on the logs' eventcounts (futexes the publishers and receivers
+    bump), costing no CPU.  Returns whether a frame is there (a signal, or an image change a
+    subscription wakes its waiters for, may end the wait early with nothing).  For a loop
+    that reads many images, or readers that are not a subscription's (the archive); a
+    subscription's own readers wait with :meth:`Subscription.wait_for_data
+    <slipstream.client.subscription.Subscription.wait_for_data>`.  Raises
+    :class:`ClosedError` for an image that is closed (its log is no longer mapped)."""
+    if not images:
+        return False
+    readers = ffi.new("ss_reader_t[]", len(images))
+    for reader, image in zip(readers, images, strict=True):
+        image._check_open()
+        image._describe(reader)
+    return bool(lib.ss_await_frames(readers, len(images), spin_ns, timeout_ns))
 
 
 def _not_an_action(result: object) -> UsageError:
