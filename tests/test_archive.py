@@ -270,6 +270,9 @@ def test_killed_mid_recording_the_archive_recovers_to_its_last_whole_frame(
     assert 3 * SEGMENT <= descriptor.stop_position < positions[-1]
     check_recording(descriptor, archive_dir, recorded)
     assert verify(descriptor, archive_dir).ok
+    # The blocks the dead archive had reserved past the last segment's end are given back.
+    last = segment_files(archive_dir, 0)[-1][1]
+    assert os.stat(last).st_blocks * 512 <= align(last.stat().st_size, 4096)
     log = (tmp_path / "archive.log").read_text()
     assert "recovered, stopped at position" in log
 
@@ -385,6 +388,9 @@ def test_the_subscriber_position_never_passes_what_the_recording_made_durable(
                     ahead_of_durable += 1
                 if at_recorded != before:
                     durable_moves.append((at_recorded, recording.reader.position))
+            # The segment being written has its blocks reserved ahead of the writes.
+            writing = recording.writer.segment_path
+            assert writing is not None and os.stat(writing).st_blocks * 512 >= SEGMENT
             if sync != "none":
                 assert ahead_of_durable > 10, "never a written byte that was not yet durable"
                 for durable, read in durable_moves:  # a segment's end, or all it had read
@@ -400,3 +406,6 @@ def test_the_subscriber_position_never_passes_what_the_recording_made_durable(
     assert descriptor.stop_position == positions[-1] > 5 * SEGMENT
     assert len(segment_files(settings.dir, 0)) == positions[-1] // SEGMENT + 1
     check_recording(descriptor, settings.dir, positions, sizes=lambda seq: 1000)
+    # What was reserved past the last segment's end was given back when it closed.
+    last = segment_files(settings.dir, 0)[-1][1]
+    assert os.stat(last).st_blocks * 512 <= align(last.stat().st_size, 4096) < SEGMENT
