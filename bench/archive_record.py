@@ -45,7 +45,7 @@ import time
 from array import array
 from pathlib import Path
 
-from slipstream.archive import Catalog
+from slipstream.archive import Catalog, EndReason
 from slipstream.archive.catalog import CATALOG_FILE
 from slipstream.archive.segments import release_reserved, reserve
 from slipstream.archive.service import recording_position_key
@@ -200,9 +200,10 @@ def run(driver: MediaDriver, work: Path, mode: str, args: argparse.Namespace,
                               f'sync = "{args.sync}"\nsegment_length = "{args.segment_length}"\n'
                               f'block_length = "{args.block_length}"\n'
                               f'[[record]]\nchannel = "aeron:ipc"\nstream_id = {STREAM}\n')
-            archive = subprocess.Popen(
-                [sys.executable, "-m", "slipstream.archive.cli", "run", "--config", str(config)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(work / "archive.log", "ab") as archive_log:
+                archive = subprocess.Popen(
+                    [sys.executable, "-m", "slipstream.archive.cli", "run", "--config",
+                     str(config)], stdout=subprocess.DEVNULL, stderr=archive_log)
             if profile_out is not None:
                 profiler = _profiler(archive.pid, args.profile_archive, profile_out)
             _wait(lambda: (archive_dir / CATALOG_FILE).exists(), 30, "the archive's start")
@@ -245,6 +246,10 @@ def run(driver: MediaDriver, work: Path, mode: str, args: argparse.Namespace,
                 break
             if not allocated:  # the recording ended (end of stream): the catalog says where
                 done = _recordings(archive_dir)[0]
+                if done.end_reason is not EndReason.END_OF_STREAM or archive.poll() is not None:
+                    log = (work / "archive.log").read_text()[-2000:]
+                    raise RuntimeError(f"the recording ended {done.end_reason.name} before the "
+                                       f"publisher did (archive exit {archive.poll()}):\n{log}")
                 result.record_s = done.stop_time_ms / 1000 - (
                     pub_out[0] - time.monotonic() + time.time())
                 result.recorded = done.stop_position - done.start_position
