@@ -706,10 +706,12 @@ class Image:
             raise InvalidArgumentError(
                 "position", f"{new_position} is beyond what the log holds ({written})")
         if new_position < written:
-            # A frame that is there must begin here (its header says where it is), or the
-            # position lies inside one.
+            # A committed frame that is there must begin here (its header says where it is),
+            # or the position lies inside one.  A frame being written has a length of zero
+            # or below (a writer stores the negative length first, then the other fields,
+            # then the length), so its other fields say nothing yet.
             fields = self.frame_header(new_position)
-            if fields[0] != 0 and (fields[4] != new_position & self._term_mask
+            if fields[0] > 0 and (fields[4] != new_position & self._term_mask
                                    or fields[7] != compute_term_id(
                                        new_position, self._position_bits,
                                        self._log.initial_term_id)):
