@@ -19,6 +19,7 @@ from slipstream.archive.recorder import epoch_ms
 from slipstream.archive.segments import (
     SCAN_END,
     ScanResult,
+    release_reserved,
     scan_segment,
     segment_base,
     segment_file_name,
@@ -59,6 +60,10 @@ def recover(catalog: Catalog, directory: Path) -> list[RecordingDescriptor]:
         if not descriptor.is_active:
             continue
         stop, path, result = recovered_stop_position(descriptor, directory)
+        if path is not None:
+            # What the archive reserved past the segment's size when it died: given back.
+            with open(path, "r+b") as file:
+                release_reserved(file.fileno())
         if path is not None and result is not None and result.size > result.end:
             # A torn frame, or whatever lies past the last whole one: never served, so gone.
             with open(path, "r+b") as file:

@@ -11,17 +11,23 @@ scans it as a term.  The first segment of a recording that joined its stream mid
 at the recording's start position: the bytes before it are a hole (zeros), never data.
 
 A segment is written front to back and never rewritten, so its size is how far it was
-written; :func:`scan_segment` trusts nothing it reads (docs/ARCHIVE.md, "Recovery").
+written; :func:`scan_segment` trusts nothing it reads (docs/ARCHIVE.md, "Recovery").  Its
+blocks may be reserved ahead of the writes (:func:`reserve`: ``fallocate`` keeping the size,
+which spares the file system an allocation per page written) and the reservation past the
+size is given back when the segment is closed or recovered (:func:`release_reserved`).
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+import cffi
 
 from slipstream.client._native import ffi, lib
 from slipstream.client.layout import FRAME_ALIGNMENT, TERM_MAX_LENGTH, TERM_MIN_LENGTH
@@ -41,6 +47,34 @@ SCAN_TORN: Final = "torn"  # a frame (or its header) reaching past the file's en
 SCAN_INVALID: Final = "invalid"  # a header that is no frame of this recording at this place
 _REASONS: Final = {lib.SS_SCAN_END: SCAN_END, lib.SS_SCAN_TORN: SCAN_TORN,
                    lib.SS_SCAN_INVALID: SCAN_INVALID}
+
+
+# fallocate(2), which Python's os module lacks (os.posix_fallocate changes the size); ABI
+# mode: one call per segment, nothing to build.
+_libc_ffi = cffi.FFI()
+_libc_ffi.cdef("int fallocate(int fd, int mode, int64_t offset, int64_t len);")
+_libc = _libc_ffi.dlopen(None)
+_FALLOC_FL_KEEP_SIZE: Final = 0x01
+
+
+def reserve(fd: int, length: int) -> bool:
+    """Reserve the blocks of a segment's first ``length`` bytes without changing its size
+    (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``); returns whether it did.  A file system that
+    cannot, or a disk without the room (the writes then fail where the disk is full, as
+    without a reservation), leaves the file as it was."""
+    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, 0, length) == 0:
+        return True
+    code = _libc_ffi.errno
+    if code in (errno.ENOSPC, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EDQUOT):
+        return False
+    raise OSError(code, os.strerror(code))
+
+
+def release_reserved(fd: int) -> None:
+    """Give back the blocks reserved past the segment's size: a truncation to the size it
+    has (which file systems take as the cue to drop blocks past the end; a hole punched there
+    is not, on ext4)."""
+    os.ftruncate(fd, os.fstat(fd).st_size)
 
 
 def segment_file_name(recording_id: int, base_position: int) -> str:

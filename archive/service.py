@@ -33,16 +33,19 @@ from slipstream.archive.retention import apply_retention
 from slipstream.archive.settings import ArchiveSettings, RecordSpec
 from slipstream.client import Client, SlipstreamError
 from slipstream.client.counters import Counter, CounterType
-from slipstream.client.image import Image
+from slipstream.client.image import Image, await_frames
 from slipstream.client.subscription import Subscription
 
 log = logging.getLogger("slipstream.archive")
 
 LOCK_FILE: Final = "archive.lock"
-#: Polls that found nothing, in a row, before the loop sleeps between looks (it yields the CPU
-#: before that: on a busy machine the publisher and the driver need the cores).
-_SPINS_BEFORE_SLEEP = 200
-_IDLE_SLEEP_S = 0.001
+#: An idle loop (a pass that recorded nothing) waits for the next frame of any recording: it
+#: spins this long first (yielding the CPU every few microseconds: the publisher and the driver
+#: need the cores of a small machine), as a stream in flight brings the next block within it...
+_IDLE_SPIN_NS = 50_000
+#: ...then parks on the logs' eventcounts (no CPU) for at most this long, so that new images,
+#: the retention timer and a stop are seen within it (a signal ends the park at once).
+_IDLE_PARK_NS = 10_000_000
 
 
 class ArchiveLockedError(RuntimeError):
@@ -282,22 +285,26 @@ class ArchiveService:
 
     def run(self, stopping: Callable[[], bool]) -> None:
         """Record until ``stopping()`` says so (checked every pass), then :meth:`stop`."""
-        misses = 0
         try:
             while not stopping():
                 if self.do_work():
-                    misses = 0
                     continue
                 error = self.client.cut_off_error()
                 if error is not None:
                     raise error
-                misses += 1
-                if misses < _SPINS_BEFORE_SLEEP:
-                    os.sched_yield()
-                else:
-                    time.sleep(_IDLE_SLEEP_S)
+                self.idle()
         finally:
             self.stop()
+
+    def idle(self) -> None:
+        """Wait for the next frame of any active recording (at its reader's position): spin
+        briefly, then park on the logs' eventcounts, at most :data:`_IDLE_PARK_NS`."""
+        readers = [r.reader for r in self.recordings.values()
+                   if r.is_active and not r.image.is_closed]
+        if readers:
+            await_frames(readers, _IDLE_PARK_NS, _IDLE_SPIN_NS)
+        else:
+            time.sleep(_IDLE_PARK_NS / 1e9)
 
     def stop(self) -> None:
         """Stop every recording (durable under the sync policy, the catalog updated), close

@@ -35,8 +35,10 @@ class SyncPolicy(enum.Enum):
     """When recorded bytes are made durable (docs/ARCHIVE.md, "Sync policy")."""
 
     NONE = "none"  # the page cache: survives the archive's death, not the machine's
+    # Both also fdatasync when the archive caught up with the stream (its subscriber
+    # position, which holds the publisher, never passes what was synced).
     SEGMENT = "segment"  # fdatasync as each segment fills and at stop; the catalog after
-    INTERVAL = "interval"  # fdatasync at most every sync_interval
+    INTERVAL = "interval"  # fdatasync at least every sync_interval while bytes wait
 
 
 class Source(enum.Enum):

@@ -35,9 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
 from pathlib import Path
 
-from bench.archive_record import SIZE, STREAM, _recordings, _wait, aeron_sample, publish
+from bench.archive_record import SIZE, STREAM, _recordings, _wait, aeron_sample
 from slipstream.archive import segment_files
 from slipstream.archive.client import ArchiveClient
 from slipstream.archive.reading import RecordingReader
@@ -46,6 +47,25 @@ from slipstream.daemon.driver import MediaDriver
 
 MIB = 1 << 20
 _HEADER = struct.Struct("<iBBhiiiiq")
+
+
+#: Messages per offer_batch of the recording's publisher.
+PUBLISH_BATCH = 64
+
+
+def publish(publication, messages: int) -> float:
+    """Offer ``messages`` 1 KiB messages in batches; returns when the last was taken."""
+    data = bytes(SIZE * PUBLISH_BATCH)
+    lengths = array("i", [SIZE] * PUBLISH_BATCH)
+    sent = 0
+    while sent < messages:
+        n = min(PUBLISH_BATCH, messages - sent)
+        taken = publication.offer_batch(memoryview(data)[:n * SIZE], lengths[:n])
+        if taken > 0:
+            sent += taken
+        else:
+            os.sched_yield()
+    return time.monotonic()
 
 
 def _free_port() -> int:

@@ -17,6 +17,7 @@ Aeron): copy what you keep.  A :class:`MessageBatch` is valid until the next pol
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from slipstream.client import _fastpath
@@ -705,10 +706,12 @@ class Image:
             raise InvalidArgumentError(
                 "position", f"{new_position} is beyond what the log holds ({written})")
         if new_position < written:
-            # A frame that is there must begin here (its header says where it is), or the
-            # position lies inside one.
+            # A committed frame that is there must begin here (its header says where it is),
+            # or the position lies inside one.  A frame being written has a length of zero
+            # or below (a writer stores the negative length first, then the other fields,
+            # then the length), so its other fields say nothing yet.
             fields = self.frame_header(new_position)
-            if fields[0] != 0 and (fields[4] != new_position & self._term_mask
+            if fields[0] > 0 and (fields[4] != new_position & self._term_mask
                                    or fields[7] != compute_term_id(
                                        new_position, self._position_bits,
                                        self._log.initial_term_id)):
@@ -762,6 +765,26 @@ def gather_scanned(term, term_length: int, term_base: int, starts, ends, count: 
     if copied != count or offsets[count] != size:
         return None
     return GatheredMessages(data, offsets, lengths, positions, reserved, session_id)
+
+
+def await_frames(images: Sequence[Image], timeout_ns: int, spin_ns: int = 0) -> bool:
+    """Wait until a frame is committed at the position of any of ``images`` (each one's
+    own: a :meth:`~Image.reader_at` or :meth:`~Image.detached` reader waits at its private
+    position), or ``timeout_ns`` passed: spin ``spin_ns`` first (yielding the CPU every few
+    microseconds), then park on the logs' eventcounts (futexes the publishers and receivers
+    bump), costing no CPU.  Returns whether a frame is there (a signal, or an image change a
+    subscription wakes its waiters for, may end the wait early with nothing).  For a loop
+    that reads many images, or readers that are not a subscription's (the archive); a
+    subscription's own readers wait with :meth:`Subscription.wait_for_data
+    <slipstream.client.subscription.Subscription.wait_for_data>`.  Raises
+    :class:`ClosedError` for an image that is closed (its log is no longer mapped)."""
+    if not images:
+        return False
+    readers = ffi.new("ss_reader_t[]", len(images))
+    for reader, image in zip(readers, images, strict=True):
+        image._check_open()
+        image._describe(reader)
+    return bool(lib.ss_await_frames(readers, len(images), spin_ns, timeout_ns))
 
 
 def _not_an_action(result: object) -> UsageError:

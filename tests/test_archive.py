@@ -10,10 +10,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from helpers import Collector, free_port, message, wait_for
 
 from slipstream.archive import (
@@ -27,7 +28,8 @@ from slipstream.archive import (
 from slipstream.archive.catalog import CATALOG_FILE
 from slipstream.archive.catalog import HEADER_LENGTH as CATALOG_HEADER_LENGTH
 from slipstream.archive.recovery import verify
-from slipstream.archive.service import recording_position_key
+from slipstream.archive.service import ArchiveService, recording_position_key
+from slipstream.archive.settings import ArchiveSettings, RecordSpec, SyncPolicy
 from slipstream.client import Client
 from slipstream.client.control import COUNTERS_FILE
 from slipstream.client.counters import CountersFile, CounterType
@@ -155,12 +157,14 @@ def publish(publication, count: int, collectors: list[Collector] = (), first: in
 
 
 def check_recording(descriptor: RecordingDescriptor, archive_dir: Path,
-                    positions: list[int], first: int = 0) -> None:
-    """The recording holds exactly messages ``first ..`` at their positions."""
+                    positions: list[int], first: int = 0,
+                    sizes: Callable[[int], int] = size_of) -> None:
+    """The recording holds exactly messages ``first ..`` (of ``sizes(seq)`` bytes) at their
+    positions."""
     got = recorded_messages(descriptor, archive_dir)
     assert len(got) == len(positions), f"{len(got)} messages recorded of {len(positions)}"
     for i, ((data, position), expected) in enumerate(zip(got, positions, strict=True)):
-        assert data == message(first + i, size_of(first + i)), f"message {i} differs"
+        assert data == message(first + i, sizes(first + i)), f"message {i} differs"
         assert position == expected, f"message {i} ends at {position}, published to {expected}"
 
 
@@ -272,6 +276,9 @@ def test_killed_mid_recording_the_archive_recovers_to_its_last_whole_frame(
     assert 3 * SEGMENT <= descriptor.stop_position < positions[-1]
     check_recording(descriptor, archive_dir, recorded)
     assert verify(descriptor, archive_dir).ok
+    # The blocks the dead archive had reserved past the last segment's end are given back.
+    last = segment_files(archive_dir, 0)[-1][1]
+    assert os.stat(last).st_blocks * 512 <= align(last.stat().st_size, 4096)
     log = (tmp_path / "archive.log").read_text()
     assert "recovered, stopped at position" in log
 
@@ -328,3 +335,83 @@ def test_a_recordings_position_is_a_counter_while_it_records(driver, tmp_path: P
             assert wait_for_recording(archive_dir, ended=True).stop_position == positions[-1]
     finally:
         counters.close()
+
+
+@pytest.mark.parametrize("sync", ["none", "segment", "interval"])
+def test_the_subscriber_position_never_passes_what_the_recording_made_durable(
+        driver, tmp_path: Path, sync: str) -> None:
+    """The archive's subscriber position (what holds the IPC publisher, read from the
+    driver's counters file) never passes the recording's position counter, which under
+    ``segment`` and ``interval`` moves only when the segment was synced (to a segment's end,
+    or to all the archive had read when it caught up with the stream) and under ``none`` is
+    what was written.  The service's passes are the test's, so every state between two
+    passes is looked at; the stream crosses five segments with a publisher window (half a
+    64 KiB term) smaller than a segment, which holding it to synced segments alone would
+    deadlock."""
+    settings = ArchiveSettings(
+        dir=tmp_path / "archive", driver_dir=Path(driver.directory), segment_length=SEGMENT,
+        sync=SyncPolicy(sync), sync_interval_ns=50_000_000, block_length=4096,
+        records=(RecordSpec("aeron:ipc", 50),))
+    counters = CountersFile(Path(driver.directory) / COUNTERS_FILE, writable=False)
+    service = ArchiveService(settings)
+    try:
+        with Client.connect(driver.directory) as client:
+            publication = client.add_publication("aeron:ipc", 50)
+            deadline = time.monotonic() + 20
+            while not service.recordings:
+                assert time.monotonic() < deadline, "no recording"
+                service.do_work()
+            recording = next(iter(service.recordings.values()))
+            key = recording_position_key(recording.recording_id, publication.session_id, 50)
+            recorded_info = counters.find(CounterType.RECORDING_POSITION, key)
+            subscriber_info = next(i for i in counters if i.stream_id == 50 and
+                                   i.type_id == CounterType.SUBSCRIBER_POSITION)
+            assert recorded_info is not None
+            recorded = counters.reader(recorded_info.counter_id, recorded_info.registration_id)
+            subscriber = counters.reader(subscriber_info.counter_id,
+                                         subscriber_info.registration_id)
+            positions: list[int] = []
+            ahead_of_durable = 0
+            durable_moves: list[tuple[int, int]] = []  # (durable position, read position)
+            seq = 0
+            while seq < 700 or recording.reader.position < positions[-1]:
+                assert time.monotonic() < deadline, f"{seq} offered, held at {subscriber.get()}"
+                while seq < 700:  # fill the window the archive leaves the publisher
+                    result = publication.offer(message(seq, 1000))
+                    if result < 0:
+                        break
+                    positions.append(result)
+                    seq += 1
+                before = recorded.get()
+                service.do_work()
+                # The subscriber first, then the recording: it may only have moved further.
+                at_subscriber, at_recorded = subscriber.get(), recorded.get()
+                assert at_subscriber <= at_recorded == recording.recorded_position
+                written = recording.writer.position
+                if sync == "none":
+                    assert at_subscriber == at_recorded == written
+                elif written > at_recorded:
+                    ahead_of_durable += 1
+                if at_recorded != before:
+                    durable_moves.append((at_recorded, recording.reader.position))
+            # The segment being written has its blocks reserved ahead of the writes.
+            writing = recording.writer.segment_path
+            assert writing is not None and os.stat(writing).st_blocks * 512 >= SEGMENT
+            if sync != "none":
+                assert ahead_of_durable > 10, "never a written byte that was not yet durable"
+                for durable, read in durable_moves:  # a segment's end, or all it had read
+                    assert durable % SEGMENT == 0 or durable == read, (durable, read)
+            publication.close()
+            while recording.is_active:
+                assert time.monotonic() < deadline, "no end of stream"
+                service.do_work()
+    finally:
+        service.stop()
+        counters.close()
+    descriptor = recordings(settings.dir)[0]
+    assert descriptor.stop_position == positions[-1] > 5 * SEGMENT
+    assert len(segment_files(settings.dir, 0)) == positions[-1] // SEGMENT + 1
+    check_recording(descriptor, settings.dir, positions, sizes=lambda seq: 1000)
+    # What was reserved past the last segment's end was given back when it closed.
+    last = segment_files(settings.dir, 0)[-1][1]
+    assert os.stat(last).st_blocks * 512 <= align(last.stat().st_size, 4096) < SEGMENT
