@@ -185,7 +185,14 @@ class Catalog:
         while at + DESCRIPTOR_LENGTH <= len(data):
             descriptor = RecordingDescriptor.decode(view[at:at + DESCRIPTOR_LENGTH])
             if descriptor is None or descriptor.recording_id != len(descriptors):
-                break
+                if at + DESCRIPTOR_LENGTH < len(data):
+                    # Not the last: a crash cuts only the last append, so this is damage, and
+                    # cutting it off would lose every recording after it.
+                    raise CatalogError(
+                        f"{path}: the descriptor of recording {len(descriptors)} (at byte "
+                        f"{at}) is damaged, and recordings follow it: nothing was changed; "
+                        f"restore the catalog from a copy")
+                break  # the last append, torn by a crash: opened writable, it is cut off
             descriptors.append(descriptor)
             at += DESCRIPTOR_LENGTH
         return descriptors

@@ -227,12 +227,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replay(args)
         directory = _directory(args)
         if args.command == "purge":
-            with _open_catalog(directory, writable=True) as catalog:
-                lock = lock_directory(directory)
-                try:
+            # The lock first: opened writable, the catalog cuts a torn last descriptor,
+            # which must not be one a running service is writing.
+            lock = lock_directory(directory)
+            try:
+                with _open_catalog(directory, writable=True) as catalog:
                     removed = purge(catalog, directory, args.id)
-                finally:
-                    os.close(lock)
+            finally:
+                os.close(lock)
             print(f"recording {args.id} purged: {len(removed)} segment files removed")
             return 0
         with _open_catalog(directory) as catalog:

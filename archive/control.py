@@ -254,11 +254,15 @@ class ArchiveControl:
                               f"{where}", reason=LOST, held=held)
         if start % FRAME_ALIGNMENT or (end is not None and end % FRAME_ALIGNMENT):
             raise CallRefused(f"[{start}, {end}) is not a range of frame boundaries")
-        if start < recorded and start != descriptor.start_position:
-            segments_check = _FrameCheck(self.directory, descriptor, start)
+        for name, position in (("start", start), ("end", end)):
+            # A bound inside a frame would copy nothing from there: refused naming it.
+            if position is None or position >= recorded or \
+                    position == descriptor.start_position:
+                continue
+            segments_check = _FrameCheck(self.directory, descriptor, position)
             if not segments_check.ok:
-                raise CallRefused(f"no frame of recording {descriptor.recording_id} begins at "
-                                  f"{start}: {segments_check.why}",
+                raise CallRefused(f"{name}: no frame of recording {descriptor.recording_id} "
+                                  f"begins at {position}: {segments_check.why}",
                                   **({"reason": LOST, "held": held} if segments_check.lost
                                      else {}))
         replay_id = self._next_replay_id

@@ -368,6 +368,19 @@ class RecordingReader:
                 f"{self.start} there to read from", (descriptor.start_position, held_to))
         self.position = self.start
         self._segments = Segments(self.directory, descriptor)
+        if self.start < self._limit and self.start != descriptor.start_position:
+            try:  # a start inside a frame would read payload bytes as headers
+                segment = self._segments.at(self.start, self.start + FRAME_ALIGNMENT)
+                inside = frame_at(segment, self.start, descriptor) is None
+            except RecordingLostError:
+                self.close()
+                raise
+            if inside:
+                self.close()
+                raise RecordingLostError(
+                    f"recording {recording_id}: no frame begins at {self.start} (it lies "
+                    f"inside a frame): start at a message's position",
+                    (descriptor.start_position, held_to))
         self._starts = ffi.new("int32_t[]", _MAX_SCAN)
         self._ends = ffi.new("int32_t[]", _MAX_SCAN)
         self._starts_address = int(ffi.cast("uintptr_t", self._starts))

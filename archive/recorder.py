@@ -38,6 +38,7 @@ from slipstream.archive.segments import (
     reserve,
     segment_base,
     segment_file_name,
+    sync_directory,
 )
 from slipstream.archive.settings import SyncPolicy
 from slipstream.client.errors import ClosedError
@@ -119,7 +120,7 @@ class SegmentWriter:
         # cache takes the writes: a third less of the archive's CPU per byte here.
         self._reserved = reserve(self._fd, self.segment_length)
         if self.sync is not SyncPolicy.NONE:
-            _sync_directory(self.directory)  # the new file's name, durable
+            sync_directory(self.directory)  # the new file's name, durable
 
     def _close_segment(self) -> None:
         """A full segment (or the last at stop): durable first under segment and interval;
@@ -166,6 +167,32 @@ class SegmentWriter:
         if self._fd >= 0:
             os.ftruncate(self._fd, self.position - self._base)
 
+    def salvage(self) -> None:
+        """After a failed write: the segment cut to the last whole frame written and, unless
+        the policy is ``none``, synced, so :attr:`durable_position` covers it; if that fails
+        too, cut back to what was last synced (what the page cache held past it may be gone),
+        so that nothing past :attr:`durable_position` is claimed.  Under ``none`` what was
+        written whole is what is recorded."""
+        if self._fd < 0:
+            if self.sync is SyncPolicy.NONE:
+                self.durable_position = self.position
+            return
+        try:
+            self.cut_back()
+            if self.sync is not SyncPolicy.NONE:
+                os.fdatasync(self._fd)
+            self.durable_position = self.position
+        except OSError as e:
+            log.error("recording %d: the segment could not be made durable after the failed "
+                      "write (%s): it ends at %d, the last position synced",
+                      self.recording_id, e, self.durable_position)
+            self.position = self.durable_position
+            if self._base is not None and self.position >= self._base:
+                try:
+                    os.ftruncate(self._fd, self.position - self._base)
+                except OSError:
+                    pass  # recovery is not needed: the descriptor stops at durable_position
+
     def close(self) -> None:
         """Close the segment being written, durable first unless the policy is ``none``."""
         if self._fd >= 0:
@@ -181,14 +208,6 @@ class SegmentWriter:
                           "back: %s", self.recording_id, e)
             os.close(self._fd)
             self._fd = -1
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 #: Called with a recording and its new recorded position (the counters' seam).
@@ -309,19 +328,16 @@ class Recording:
     def _write_failed(self, error: OSError) -> None:
         reason = "the disk is full" if error.errno == errno.ENOSPC else \
             f"{error.strerror or error} (errno {error.errno})"
+        failed_at = self.writer.position
+        # The recorded position: what is durable now (the subscriber position stays where it
+        # was; the service closes the subscription).
+        self.writer.salvage()
+        self.writer.abandon()
         self.error = (f"recording {self.recording_id} ({self.channel} stream "
                       f"{self.image.stream_id} session {self.image.session_id}): a write "
-                      f"failed at position {self.writer.position}: {reason}; stopped at the "
-                      f"last whole frame written, {self.writer.position}")
+                      f"failed at position {failed_at}: {reason}; stopped at the last whole "
+                      f"frame recorded, {self.writer.position}")
         log.error("%s", self.error)
-        try:
-            self.writer.cut_back()
-        except OSError as e:
-            log.error("recording %d: cutting the segment back failed: %s", self.recording_id, e)
-        self.writer.abandon()
-        # What was written whole is what the page cache holds: the recorded position (the
-        # subscriber position stays where it was synced; the service closes the subscription).
-        self.writer.durable_position = self.writer.position
         self._finish(EndReason.WRITE_FAILED, release=False)
 
     def stop(self, reason: EndReason = EndReason.STOPPED) -> None:

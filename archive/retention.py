@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from slipstream.archive.catalog import Catalog, RecordingDescriptor, RecordingState
 from slipstream.archive.reading import time_index_path
-from slipstream.archive.segments import segment_files
+from slipstream.archive.segments import segment_files, sync_directory
 
 log = logging.getLogger("slipstream.archive")
 
@@ -47,15 +46,16 @@ def _segments(descriptor: RecordingDescriptor, directory: Path) -> list[_Segment
 
 def _remove(catalog: Catalog, descriptor: RecordingDescriptor, segment: _Segment
             ) -> RecordingDescriptor:
-    """The descriptor's start past ``segment``, then the file gone."""
+    """The descriptor's start past ``segment`` (its file is removed by the caller once the
+    catalog is synced: a crash never leaves the catalog naming a file that is gone)."""
     end = segment.base + descriptor.segment_length
     if descriptor.start_position < end:
         new_start = end if descriptor.is_active else min(end, descriptor.stop_position)
         descriptor = descriptor.evolve(start_position=new_start)
         catalog.update(descriptor)
-    segment.path.unlink(missing_ok=True)
-    log.info("retention: %s removed (%d bytes); recording %d starts at %d", segment.path.name,
-             segment.size, descriptor.recording_id, descriptor.start_position)
+    log.info("retention: removing %s (%d bytes); recording %d starts at %d",
+             segment.path.name, segment.size, descriptor.recording_id,
+             descriptor.start_position)
     return descriptor
 
 
@@ -67,6 +67,7 @@ def apply_retention(catalog: Catalog, directory: Path, *, max_bytes: int, max_ag
     stays (and so does everything after it).  ``now_ns`` is epoch ns.  Returns the files
     removed."""
     removed: list[Path] = []
+    unlink_after_sync: list[Path] = []  # the segments whose descriptors moved past them
     queues: dict[int, list[_Segment]] = {}
     descriptors: dict[int, RecordingDescriptor] = {}
     total = 0
@@ -94,7 +95,7 @@ def apply_retention(catalog: Catalog, directory: Path, *, max_bytes: int, max_ag
                 segment = queue.pop(0)
                 descriptors[recording_id] = _remove(catalog, descriptors[recording_id], segment)
                 total -= segment.size
-                removed.append(segment.path)
+                unlink_after_sync.append(segment.path)
     if max_bytes > 0 and total > max_bytes:
         heap = [(recording_id in live, queue[0].mtime_ns, recording_id)
                 for recording_id, queue in queues.items() if queue]
@@ -105,11 +106,16 @@ def apply_retention(catalog: Catalog, directory: Path, *, max_bytes: int, max_ag
             segment = queue.pop(0)
             descriptors[recording_id] = _remove(catalog, descriptors[recording_id], segment)
             total -= segment.size
-            removed.append(segment.path)
+            unlink_after_sync.append(segment.path)
             if queue:
                 heapq.heappush(heap, (is_live, queue[0].mtime_ns, recording_id))
-    if removed:
+    if unlink_after_sync:
         catalog.sync()
+        for path in unlink_after_sync:
+            path.unlink(missing_ok=True)
+        removed += unlink_after_sync
+    if removed:
+        sync_directory(directory)
     return removed
 
 
@@ -131,9 +137,5 @@ def purge(catalog: Catalog, directory: Path, recording_id: int) -> list[Path]:
         index.unlink()
         removed.append(index)
     if removed:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_directory(directory)
     return removed

@@ -162,3 +162,12 @@ def scan_segment(path: Path, from_offset: int, base_position: int, *, term_lengt
             finally:
                 ffi.release(view)
     return ScanResult(end, _REASONS[reason[0]], frames[0], size)
+
+
+def sync_directory(directory: Path) -> None:
+    """fsync ``directory``: the names made or removed in it are durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -32,7 +32,7 @@ from slipstream.archive.recovery import recover
 from slipstream.archive.retention import apply_retention
 from slipstream.archive.settings import ArchiveSettings, RecordSpec
 from slipstream.client import Client, SlipstreamError
-from slipstream.client.counters import Counter, CounterType
+from slipstream.client.counters import Counter, CounterType, fit_label
 from slipstream.client.image import Image, await_frames
 from slipstream.client.subscription import Subscription
 
@@ -172,16 +172,24 @@ class ArchiveService:
                     # Whatever it still holds first (gone images read nothing more).
                     recording.poll()
                     if recording.is_active:
-                        recording.stop(EndReason.END_OF_STREAM if image.is_end_of_stream
+                        # Where the subscription noted the log ended, not the gone image's
+                        # own position (which the recording may hold back to what it synced).
+                        complete = image.ended_with_mark and image.final_position is not None \
+                            and recording.writer.position >= image.final_position
+                        recording.stop(EndReason.END_OF_STREAM if complete
                                        else EndReason.ENDED_ABRUPTLY)
+                if source.subscription is not None and not source.subscription.is_closed:
+                    # The gone image's log (its file unlinked) is unmapped here, on the
+                    # thread that reads the images, now the recording let go of it.
+                    source.subscription.release_gone_images()
 
     def _add_counter(self, recording: Recording) -> None:
         image = recording.image
         try:
             counter = self.client.add_counter(
                 CounterType.RECORDING_POSITION,
-                f"rec-pos: {recording.recording_id} {image.session_id} {image.stream_id} "
-                f"{recording.channel}"[:300],
+                fit_label(f"rec-pos: {recording.recording_id} {image.session_id} "
+                          f"{image.stream_id} {recording.channel}"),
                 recording_position_key(recording.recording_id, image.session_id,
                                        image.stream_id))
         except SlipstreamError as e:  # the recording goes on; only the counter is missing
@@ -217,12 +225,17 @@ class ArchiveService:
                       recording.recording_id, e)
 
     def _release_counters(self) -> None:
-        """Free the position counters of the recordings that ended."""
-        for recording_id in [r for r in self._counters if not self.recordings[r].is_active]:
-            self._counters.pop(recording_id).close()
-        for recording_id in [r for r in self._time_indexes
-                             if not self.recordings[r].is_active]:
-            self._time_indexes.pop(recording_id).close()
+        """Let go of the recordings that ended: their position counters freed, their time
+        indexes closed, and the recordings themselves (the catalog says where they stopped)."""
+        for recording_id in [r for r, rec in self.recordings.items() if not rec.is_active]:
+            counter = self._counters.pop(recording_id, None)
+            if counter is not None:
+                counter.close()
+            index = self._time_indexes.pop(recording_id, None)
+            if index is not None:
+                index.close()
+            del self.recordings[recording_id]
+            self._source_of.pop(recording_id, None)
 
     def _fail_source(self, source: _Source) -> None:
         """A write for ``source`` failed: stop its other recordings and close its

@@ -145,6 +145,15 @@ def check_client_type_id(field: str, value: object) -> int:
     return value
 
 
+def fit_label(text: str) -> str:
+    """``text`` cut to a counter label's :data:`LABEL_MAX_LENGTH` bytes of UTF-8, at a
+    character's start (for labels that repeat a channel URI, which may be longer)."""
+    encoded = text.encode("utf-8", "replace")
+    if len(encoded) <= LABEL_MAX_LENGTH:
+        return text
+    return encoded[:LABEL_MAX_LENGTH].decode("utf-8", "ignore")
+
+
 def encode_counter_label(field: str, value: object) -> bytes:
     """A client counter's label as stored: its UTF-8, at most :data:`LABEL_MAX_LENGTH` bytes,
     else :class:`InvalidArgumentError` naming ``field`` (a driver's own labels are cut
@@ -488,9 +497,7 @@ class CountersFile:
                     or (state == _STATE_RECLAIMED and now_ns >= reusable_at_ns)):
                 continue
             # Cut at a character's start: a label read back never ends in half of one.
-            encoded = label.encode("utf-8", "replace")[:LABEL_MAX_LENGTH + 1]
-            encoded = encoded[:LABEL_MAX_LENGTH].decode("utf-8", "ignore").encode() \
-                if len(encoded) > LABEL_MAX_LENGTH else encoded
+            encoded = fit_label(label).encode("utf-8", "replace")
             lib.ss_store_release_i64(self.address(counter_id), initial_value)
             struct.pack_into(_META.format, self._map, offset, _STATE_FREE, type_id,
                              registration_id, session_id, stream_id, owner_id, len(encoded),

@@ -76,9 +76,11 @@ _RESULT_NAMES = {
 class NotDurable(enum.Enum):
     """Why a position is not durable yet (:meth:`Publication.why_not_durable`)."""
 
-    #: Fewer tagged receivers than ``durable=TAG/N`` names were heard within their timeout:
-    #: none connected, or some went silent or left.  Waiting helps only once they are back.
-    TOO_FEW_RECEIVERS = "too few tagged receivers heard within their timeout"
+    #: Fewer tagged receivers than ``durable=TAG/N`` names count: none connected, some went
+    #: silent or left, or one joined after what it would have to hold (it holds nothing
+    #: before where it joined).  Waiting helps only once enough hold the stream.
+    TOO_FEW_RECEIVERS = ("too few tagged receivers count (heard within their timeout, and "
+                         "joined before the position)")
     #: Enough tagged receivers are there, and have not consumed that far yet (or their
     #: status messages saying so are still to come).
     BEHIND = "the tagged receivers have not consumed that far yet"

@@ -60,7 +60,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from slipstream.client import SlipstreamError
-from slipstream.client.counters import LABEL_MAX_LENGTH, Counter, CounterType
+from slipstream.client.counters import Counter, CounterType, fit_label
 from slipstream.client.logview import LogView
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.planning import (
@@ -153,7 +153,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                      f"group {self.options.holder_group}")
             try:
                 self._lag = self._hold.client.add_counter(
-                    CounterType.SPARK_READ_LAG, label[:LABEL_MAX_LENGTH],
+                    CounterType.SPARK_READ_LAG, fit_label(label),
                     struct.pack("<i", self.options.stream_id))
             except SlipstreamError as e:  # the query goes on without its gauge
                 log.warning("slipstream: no lag counter for the query (%s)", e)

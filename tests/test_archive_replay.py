@@ -29,6 +29,14 @@ from slipstream.archive.reading import RecordingLostError, RecordingReader
 from slipstream.archive.service import ArchiveService
 from slipstream.client import Client
 from slipstream.client.holding import CallError, small_channel
+from slipstream.client.layout import (
+    DATA_HEADER,
+    FRAME_ALIGNMENT,
+    HDR_TYPE_DATA,
+    HEADER_LENGTH,
+    UNFRAGMENTED,
+    align,
+)
 
 CONTROL_STREAM = 10
 
@@ -288,3 +296,34 @@ def test_bad_calls_are_counted_or_answered_naming_their_cause(driver, tmp_path: 
         finally:
             stopping.set()
             runner.join(10)
+
+
+def test_the_local_reader_never_reads_a_frame_past_the_recorded_stop(driver,
+                                                                    tmp_path: Path) -> None:
+    """A whole, valid frame lies in the segment file just past where the recording stopped
+    (as a write past the recorded position would leave it): the local reader reads every
+    recorded message and stops at the stop position, never delivering that frame."""
+    archive_dir = tmp_path / "archive"
+    _, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", 14)])
+    with Client.connect(driver.directory) as client, process:
+        publication = client.add_publication("aeron:ipc", 14)
+        wait_for_recording(archive_dir)
+        positions = publish(publication, 40)
+        publication.close()
+        descriptor = wait_for_recording(archive_dir, ended=True)
+    stop = descriptor.stop_position
+    assert stop == positions[-1]
+    base, path = next((b, p) for b, p in segment_files(archive_dir, 0)
+                      if b <= stop < b + max(SEGMENT, descriptor.term_length))
+    payload = message(40, 8)
+    term_id = descriptor.initial_term_id + stop // descriptor.term_length
+    frame = DATA_HEADER.pack(HEADER_LENGTH + len(payload), 0, UNFRAGMENTED, HDR_TYPE_DATA,
+                             stop % descriptor.term_length, descriptor.session_id,
+                             descriptor.stream_id, term_id, 0) + payload
+    with open(path, "r+b") as segment:
+        segment.seek(stop - base)
+        segment.write(frame.ljust(align(len(frame), FRAME_ALIGNMENT), b"\0"))
+    with RecordingReader(archive_dir, 0) as reader:
+        got = replayed(reader)
+        assert reader.position == stop
+    assert got == expected(0, positions)

@@ -364,3 +364,30 @@ def test_the_spark_writer_commits_a_task_only_once_its_last_message_is_durable(
             done += subscription.poll(lambda *_: None, 20)
         wait_until_durable(publication, last, 5_000)
         assert publication.durable_position == last
+
+
+def test_a_receiver_that_comes_back_as_a_new_image_counts_only_from_where_it_joined() -> None:
+    """The rule's own bookkeeping (daemon/streams/durable.py): a tagged receiver heard again
+    after its timeout, or further on than its window let it receive since its last status
+    message (a new image of it: left behind, or rejoined), holds nothing of what lay between,
+    so its first status message after that does not move the durable position past it."""
+    from slipstream.client.channel import DurableSpec
+    from slipstream.daemon.streams.durable import DurablePosition
+
+    source = ("10.0.0.2", 40123)
+    durable = DurablePosition(DurableSpec(7, 1), receiver_timeout_ns=1_000, start=0)
+    assert durable.on_status_message(1, source, 7, 0, False, 0, 65536)  # heard from the start
+    assert durable.on_status_message(1, source, 7, 4096, False, 1, 65536)
+    assert durable.position == 4096
+    # Further on than its window allowed since its last SM: a new image, joined at 200k.
+    durable.on_status_message(1, source, 7, 200_000, False, 10, 65536)
+    assert durable.position == 4096 and durable.receiver_count == 0
+    # Heard again after its timeout: the same.
+    durable.expire(2_000)
+    durable.on_status_message(1, source, 7, 300_000, False, 2_001, 65536)
+    assert durable.position == 4096 and durable.receiver_count == 0
+    # A receiver heard from the start moves it, within its window.
+    other = ("10.0.0.3", 40123)
+    assert durable.on_status_message(2, other, 7, 0, False, 2_002, 65536)
+    assert durable.on_status_message(2, other, 7, 60_000, False, 2_003, 65536)
+    assert durable.position == 60_000

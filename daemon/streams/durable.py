@@ -19,8 +19,10 @@ Rules:
   left (an EOS status message, an ERR naming it) at once; with fewer than N it stays;
 * a receiver counts only if the first position it was heard at is at or below the durable
   position: one that joined later holds nothing of what lies between, so it cannot make that
-  durable (it never counts on this publication; its first heard position is kept across its
-  silences, and forgotten when it leaves).  Nothing is sent before a receiver is heard under
+  durable (it never counts on this publication; its first heard position is forgotten when it
+  leaves, and set anew when it is heard after its timeout or further on than its window
+  allowed since its last SM: a new image of it, which may have missed what lay between).
+  Nothing is sent before a receiver is heard under
   unicast, or before N tagged receivers are there under ``fc=tagged,g:TAG/N``, so there the
   receivers count from the start; under ``max`` or ``min`` a tagged receiver that joins after
   data went out never counts;
@@ -70,9 +72,11 @@ class DurablePosition:
         return self._first_heard[key] <= self.position
 
     def on_status_message(self, receiver_id: int, source: Address, group_tag: int | None,
-                          position: int, is_eos: bool, now_ns: int) -> bool:
-        """A (checked, not S-flagged) status message at consumption ``position``; True when
-        the durable position or the receiver count changed."""
+                          position: int, is_eos: bool, now_ns: int,
+                          window: int | None = None) -> bool:
+        """A (checked, not S-flagged) status message at consumption ``position`` (its
+        receiver window ``window``, bytes); True when the durable position or the receiver
+        count changed."""
         if group_tag != self.group_tag:
             return False
         key = (receiver_id, source)
@@ -80,6 +84,13 @@ class DurablePosition:
             self._first_heard.pop(key, None)
             return self._receivers.pop(key, None) is not None
         count = self.receiver_count
+        last = self._receivers.get(key)
+        if key in self._first_heard and (
+                last is None or (window is not None and position > last[0] + window)):
+            # Heard again after its timeout, or further on than its window let it receive
+            # since its last SM: a new image of that receiver (it rejoined, or was left behind
+            # and joined where the sender was), which holds nothing of what lay between.
+            del self._first_heard[key]
         if key not in self._first_heard:
             if len(self._first_heard) >= FIRST_HEARD_KEPT:
                 silent = next((k for k in self._first_heard if k not in self._receivers), None)

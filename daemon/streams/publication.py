@@ -608,7 +608,8 @@ class NetworkPublication:
                 self._announce_deadline_ns = now_ns  # a new receiver: tell it to signal
             self._receivers.on_status_message(sm.receiver_id, position, source, now_ns)
         if self.durable is not None and self.durable.on_status_message(
-                sm.receiver_id, source, sm.group_tag, position, sm.is_eos, now_ns):
+                sm.receiver_id, source, sm.group_tag, position, sm.is_eos, now_ns,
+                sm.receiver_window):
             self._publish_durable()
         self.has_initial_connection = True
         self.sender_limit = self.flow_control.on_status_message(
