@@ -271,6 +271,14 @@ class ImageView(LogView):
         return count
 
     def position_at_time(self, begin: int, end: int, time_ns: int) -> int:
+        for _ in range(3):  # a start the cleaner passed meanwhile: again from what is held
+            try:
+                return self._position_at_time(begin, end, time_ns)
+            except DataLossError:
+                begin = self.first_retained(begin, end)
+        return end
+
+    def _position_at_time(self, begin: int, end: int, time_ns: int) -> int:
         found = end
         before = begin
 
@@ -285,8 +293,6 @@ class ImageView(LogView):
             self.image.peek(begin, handler, end)
         except _Stop:
             pass
-        except DataLossError:
-            return end
         return found
 
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:

@@ -53,6 +53,9 @@ DEFAULT_REPLAY_TIMEOUT_MS = 30_000
 #: How long a trigger waits for minMessagesPerTrigger before it reads what there is (Kafka's
 #: maxTriggerDelay default).
 DEFAULT_MAX_TRIGGER_DELAY_NS = 15 * 60 * 10**9
+#: A timestamp option's bound, ms: in ns it stays below a position's 2**62, as a standing
+#: holder's questions require.
+_TIMESTAMP_MS_LIMIT = 2**62 // 10**6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,9 +275,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
                 milliseconds = int(text)
             except ValueError:
                 milliseconds = -1
-            if milliseconds < 0:
+            if not 0 <= milliseconds < _TIMESTAMP_MS_LIMIT:
                 raise OptionError(name, f"{given[name]!r} is not accepted (accepted: "
-                                        f"milliseconds since the epoch, >= 0)")
+                                        f"milliseconds since the epoch, 0 to "
+                                        f"{_TIMESTAMP_MS_LIMIT - 1})")
             timestamps[name] = milliseconds * 1_000_000
 
     max_messages = None

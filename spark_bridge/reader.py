@@ -69,7 +69,9 @@ from slipstream.spark_bridge.planning import (
     _OwnHold,
     _StandingHold,
     gone_message,
+    key_parts,
     log_of,
+    offset_key,
     plan_partitions,
     position_of,
     shares,
@@ -87,6 +89,10 @@ __all__ = ["SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError", "Slipst
            "SlipstreamStreamReader"]
 
 log = logging.getLogger("slipstream.spark_bridge")
+
+#: How long a session of the offsets is missing with no recorded end before it is called gone
+#: (its end is recorded on the client's conductor thread just after the image leaves).
+_NO_RECORD_S = 1.0
 
 
 def _leave_the_driver_on_sigterm(reader: SlipstreamStreamReader) -> None:
@@ -135,11 +141,25 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._last_read_ns: int | None = None
         self._lag: Counter | None = None
         self._losses = LossReports(options)
+        #: Sessions of the offsets with no image and no recorded end, since when (monotonic s).
+        self._missing_since: dict[str, float] = {}
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["_hold"] = state["_lag"] = None
         return state
+
+    def _rekeyed(self, offsets: dict[str, object]) -> dict[str, object]:
+        """``offsets`` (a checkpoint's) keyed as this query keys them: a query whose
+        ``streamId`` list grew from one stream or shrank to one reads its checkpoint's
+        sessions under their keys now (a bare session id is of the first stream), and the
+        entries of streams it no longer reads are left out."""
+        rekeyed: dict[str, object] = {}
+        for key, entry in offsets.items():
+            stream_id, session_id = key_parts(self.options, key)
+            if stream_id in self.options.stream_ids:
+                rekeyed[offset_key(self.options, stream_id, session_id)] = entry
+        return rekeyed
 
     def _report_lag(self, images: dict[str, LogView], start: dict[str, object]) -> None:
         """Set the query's lag counter (made on first use, in this host's driver's counters
@@ -154,7 +174,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             try:
                 self._lag = self._hold.client.add_counter(
                     CounterType.SPARK_READ_LAG, fit_label(label),
-                    struct.pack("<i", self.options.stream_id))
+                    struct.pack(f"<{min(len(self.options.stream_ids), 28)}i",
+                                *self.options.stream_ids[:28]))
             except SlipstreamError as e:  # the query goes on without its gauge
                 log.warning("slipstream: no lag counter for the query (%s)", e)
                 return
@@ -234,6 +255,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         range.  A session whose image is gone leaves the offsets: in silence when it was read
         to its end-of-stream mark, else as data loss naming how it ended (:meth:`_gone`).
         """
+        start = self._rekeyed(start)
         images = self._images()
         hold = self._hold
         assert hold is not None
@@ -241,9 +263,16 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         end: dict[str, object] = {}
         missing = sorted(set(start) - set(images))
         ended = hold.ended(missing) if missing else {}
+        now = time.monotonic()
+        for sid in list(self._missing_since):
+            if sid not in missing:
+                del self._missing_since[sid]
         for sid in missing:
-            if sid not in ended and hold.age_s() < GONE_GRACE_S:
-                end[sid] = start[sid]  # its image may be on its way to a hold just made
+            since = self._missing_since.setdefault(sid, now)
+            if sid not in ended and (hold.age_s() < GONE_GRACE_S or now - since < _NO_RECORD_S):
+                # Its image may be on its way to a hold just made, or its end about to be
+                # recorded (the subscription drops an image before its handler runs).
+                end[sid] = start[sid]
                 continue
             message = gone_message(self.options, hold, sid, start[sid], ended.get(sid))
             if message is not None:
@@ -273,6 +302,11 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 max_bytes = limit.max_bytes
         ranges: dict[str, tuple[int, int]] = {}  # sessions with something to read
         for sid, image in sorted(images.items()):
+            if self._target is not None and sid not in self._target and sid in start and \
+                    hold.age_s() < GONE_GRACE_S:
+                # A checkpoint's session whose image came after AvailableNow's snapshot, at a
+                # hold just made: what it had then is part of what the run reads.
+                self._target[sid] = image.available_position()
             if self._target is not None and sid not in self._target:
                 # Trigger.AvailableNow: a session that appeared after it started is not read
                 # (one already in the offsets stays where it is).
@@ -327,8 +361,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if wanted is None or self._target is not None:
             return False
         now = time.monotonic_ns()
-        if self._last_read_ns is None:
-            self._last_read_ns = now
+        if self._last_read_ns is None:  # the first trigger (of a run) reads at once, as Kafka's
+            return False
         if now - self._last_read_ns >= self.options.max_trigger_delay_ns:
             return False
         found = 0
@@ -350,14 +384,15 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         long ranges are split at message boundaries so that there are about that many, each
         session's count in proportion to its share of the bytes
         (:meth:`LogView.split_points`)."""
+        start, end = self._rekeyed(start), self._rekeyed(end)
         images = self._images()
         hold = self._hold
         assert hold is not None
         # A range whose session has no image yet, at a hold just made: its image may be on
         # its way (a restarted query plans its last batch again at once).
         while hold.age_s() < GONE_GRACE_S and any(
-                sid not in images and position_of(end[sid]) > position_of(start.get(sid, 0))
-                for sid in end):
+                sid not in images and position_of(end[sid]) >
+                position_of(start.get(sid, end[sid])) for sid in end):
             time.sleep(0.05)
             images = self._images()
         return plan_partitions(self.options, hold, images, start, end, self._losses)
@@ -365,7 +400,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def commit(self, end: dict[str, object]) -> None:
         """Spark processed everything before ``end``: return its credit (see the module
         documentation for why ``latestOffset`` does so too)."""
-        for sid, reason in self._consumed(self._images(), end).items():
+        for sid, reason in self._consumed(self._images(), self._rekeyed(end)).items():
             # latestOffset(start=end) says what to do about it, in the next batch.
             log.warning("commit: the offset %s of session %s is not a position of its log "
                         "(%s): the subscriber position stays where it is", end[sid], sid, reason)

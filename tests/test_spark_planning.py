@@ -138,9 +138,10 @@ def test_available_now_stops_at_what_existed_when_it_started(driver, driver_dir,
 
 def test_a_trigger_waits_for_min_messages_until_the_max_delay_passes(
         driver, driver_dir, client) -> None:
-    """minMessagesPerTrigger=100, maxTriggerDelay=1500ms: with 60 messages waiting the batch
-    waits (the offsets stay), and reads them once the delay since the last read passed; with
-    100 it reads at once, and the delay counts again from there."""
+    """minMessagesPerTrigger=100, maxTriggerDelay=1500ms: the first batch of a run reads at
+    once (as Kafka's); then with 60 messages waiting the batch waits (the offsets stay), and
+    reads them once the delay since the last read passed; with 100 it reads at once, and the
+    delay counts again from there."""
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     publication = client.add_publication(channel, STREAM)
     planner = reader(driver_dir, channel=channel, minMessagesPerTrigger="100",
@@ -150,8 +151,13 @@ def test_a_trigger_waits_for_min_messages_until_the_max_delay_passes(
         wait_for(lambda: planner._images(), what="the session")
         start = planner.latestOffset(start, ReadAllAvailable())  # it enters, unread
         sid = str(publication.session_id)
+        publish(publication, 10)
+        wait_for(lambda: planner._images()[sid].available_position() ==
+                 position_of(start[sid]) + 10 * FRAME, what="the first messages")
+        start = planner.latestOffset(start, ReadAllAvailable())  # the first batch: at once
+        assert position_of(start[sid]) == 10 * FRAME
         first_look = time.monotonic()
-        publish(publication, 60)
+        publish(publication, 60, first=10)
         wait_for(lambda: planner._images()[sid].available_position() ==
                  position_of(start[sid]) + 60 * FRAME, what="the messages")
         while time.monotonic() - first_look < 1.2:
@@ -272,8 +278,30 @@ def test_one_query_reads_several_streams_each_session_keyed_by_its_stream(
             assert time.monotonic() < deadline
         assert set(start) == keys
         assert rows == {STREAM: list(range(30)), STREAM + 1: list(range(20))}
+        keeper = client.add_subscription(channel, STREAM)  # keeps the image meanwhile
+        wait_for(lambda: keeper.images, what="the keeper's image")
     finally:
         planner.stop()
+    # The list shrinks to the first stream: the checkpoint's entry of it reads on under its
+    # key now (a bare session id), the other stream's is left out; no session is lost.
+    alone = reader(driver_dir, channel=channel)
+    try:
+        wait_for(lambda: alone._images(), what="the image")
+        publish(first, 5, first=30)
+        deadline = time.monotonic() + 10
+        while True:
+            end = alone.latestOffset(start, ReadAllAvailable())
+            if position_of(end.get(str(first.session_id), 0)) == 35 * FRAME:
+                break
+            assert time.monotonic() < deadline, end
+            time.sleep(0.05)
+        assert set(end) == {str(first.session_id)}
+        got = [int(bytes(v)[:8]) for p in alone.partitions(start, end)
+               for batch in read_range(p) for v in batch.column("value").to_pylist()]
+        assert got == list(range(30, 35))
+    finally:
+        alone.stop()
+        keeper.close()
     options = parse_options({"streamId": f"{STREAM},{STREAM + 1}", "channel": channel})
     with pytest.raises(Exception, match="'streamId': a writer publishes to one stream"):
         options.check_direction("write")
