@@ -18,6 +18,7 @@ from typing import Any
 from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor, RecordingState
 from slipstream.archive.control import LOST
 from slipstream.archive.reading import RecordingLostError
+from slipstream.archive.settings import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_STREAM_ID
 from slipstream.client.client import Client
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import CallError, HolderLink, reply_subscription_channel
@@ -77,8 +78,9 @@ class ArchiveClient:
     archive refuses or does not answer in ``timeout_s``, :class:`RecordingLostError` for a
     range it does not hold."""
 
-    def __init__(self, client: Client, address: str = "127.0.0.1", port: int = 8010,
-                 control_stream_id: int = 10, *, timeout_s: float = 30.0,
+    def __init__(self, client: Client, address: str = "127.0.0.1",
+                 port: int = DEFAULT_CONTROL_PORT,
+                 control_stream_id: int = DEFAULT_CONTROL_STREAM_ID, *, timeout_s: float = 30.0,
                  reply_address: str | None = None) -> None:
         self.client = client
         self._link = HolderLink(client, address, port, control_stream_id,

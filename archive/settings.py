@@ -143,6 +143,11 @@ def _stream_id(name: str) -> Callable[[Any], int]:
 
 
 #: Every top-level key: (its parser, its default).  config/archive.toml documents each one.
+#: Where an archive takes calls unless its settings say otherwise: Aeron Archive's control
+#: request channel (localhost:8010, stream 10).
+DEFAULT_CONTROL_PORT: Final = 8010
+DEFAULT_CONTROL_STREAM_ID: Final = 10
+
 SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "dir": (_path("dir"), "/var/lib/slipstream-archive"),
     "driver_dir": (_path("driver_dir", optional=True), ""),
@@ -155,8 +160,8 @@ SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "retention_max_age": (_duration("retention_max_age"), 0),
     "retention_check_interval": (_duration("retention_check_interval"), "10s"),
     "control_address": (_address, "127.0.0.1"),
-    "control_port": (_port, 8010),
-    "control_stream_id": (_stream_id("control_stream_id"), 10),
+    "control_port": (_port, DEFAULT_CONTROL_PORT),
+    "control_stream_id": (_stream_id("control_stream_id"), DEFAULT_CONTROL_STREAM_ID),
 }
 _RECORD_KEYS: Final = ("channel", "stream_id", "source")
 
@@ -176,8 +181,8 @@ class ArchiveSettings:
     retention_max_age_ns: int = 0
     retention_check_interval_ns: int = 10_000_000_000
     control_address: str = "127.0.0.1"
-    control_port: int = 8010
-    control_stream_id: int = 10
+    control_port: int = DEFAULT_CONTROL_PORT
+    control_stream_id: int = DEFAULT_CONTROL_STREAM_ID
     records: tuple[RecordSpec, ...] = field(default_factory=tuple)
 
     @classmethod

@@ -13,6 +13,7 @@ import ipaddress
 import json
 from collections.abc import Mapping
 
+from slipstream.archive.settings import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_STREAM_ID
 from slipstream.client.channel import parse_channel
 from slipstream.client.errors import ChannelError, UsageError
 from slipstream.client.holder import DEFAULT_GROUP, HOLDER_PORT
@@ -38,7 +39,8 @@ READ_OPTIONS = ("startingPosition", "endingPosition", "startingTimestamp", "endi
                 "maxMessagesPerTrigger",
                 "maxBytesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay",
                 "failOnDataLoss", "minPartitions", "holder",
-                "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs")
+                "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs", "archive",
+                "archiveDir")
 WRITE_OPTIONS = ("offerTimeoutMs", "durableTimeoutMs")
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
@@ -97,6 +99,13 @@ class SourceOptions:
     holder: tuple[str, int] | None = None
     holder_group: str = DEFAULT_GROUP
     replay_timeout_ms: int = DEFAULT_REPLAY_TIMEOUT_MS
+    #: Archives that record the stream (``archive``: their control endpoints, address, port
+    #: and control stream id, the first preferred): ranges the live log no longer holds are
+    #: read from them.
+    archives: tuple[tuple[str, int, int], ...] = ()
+    #: ``archiveDir``: the archive directory on the archives' hosts; a task on such a host
+    #: reads a recording there in place.
+    archive_dir: str | None = None
     #: The reader's ``queryName`` option, if given: it names the query's lag counter.
     query_name: str | None = None
     given: frozenset[str] = frozenset()  # canonical names of the options the user set
@@ -217,6 +226,29 @@ def _holder(text: str, port: int) -> tuple[str, int]:
     if not host:
         raise OptionError("holder", f"{text!r} names no host (accepted: HOST or HOST:PORT)")
     return host, port
+
+
+def _archives(text: str) -> tuple[tuple[str, int, int], ...]:
+    """``HOST[:PORT[/STREAM]][,...]``: archives' control endpoints (the port and control
+    stream default to an archive's own defaults).  Host names resolve where the query plans."""
+    accepted = ("accepted: HOST[:PORT[/STREAM]], comma-separated, the control endpoints of "
+                "archives that record the stream, e.g. 10.0.0.3:8010")
+    archives = []
+    for item in text.split(","):
+        item = item.strip()
+        where, _, stream_text = item.partition("/")
+        host, _, port_text = where.rpartition(":") if ":" in where else (where, "", "")
+        try:
+            port = int(port_text) if port_text else DEFAULT_CONTROL_PORT
+            stream = int(stream_text) if stream_text else DEFAULT_CONTROL_STREAM_ID
+        except ValueError:
+            raise OptionError("archive", f"{item!r} is not accepted ({accepted})") from None
+        if not host or not 1 <= port <= 65535 or not INT32_MIN <= stream <= INT32_MAX:
+            raise OptionError("archive", f"{item!r} is not accepted ({accepted})")
+        if (host, port, stream) in archives:
+            raise OptionError("archive", f"{item!r} is named twice")
+        archives.append((host, port, stream))
+    return tuple(archives)
 
 
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
@@ -352,6 +384,14 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     holder = None
     if "holder" in given:
         holder = _holder(given["holder"], replay_port)
+    archives = _archives(given["archive"]) if "archive" in given else ()
+    archive_dir = given.get("archiveDir", "").strip() or None
+    if "archiveDir" in given and archive_dir is None:
+        raise OptionError("archiveDir", "is empty (accepted: the archive directory on the "
+                                        "archives' hosts, a path)")
+    if archive_dir is not None and not archives:
+        raise OptionError("archiveDir", "names where the archives of the 'archive' option "
+                                        "keep their recordings, and 'archive' is not set")
     group = given.get("holderGroup", DEFAULT_GROUP).strip()
     if not group:
         raise OptionError("holderGroup", "is empty (accepted: a name)")
@@ -369,7 +409,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         offer_timeout_ms=offer_timeout_ms, durable_timeout_ms=durable_timeout_ms,
         holder_address=holder_address,
         replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, holder=holder,
-        holder_group=group, query_name=given.get("queryName", "").strip() or None,
+        holder_group=group, archives=archives, archive_dir=archive_dir,
+        query_name=given.get("queryName", "").strip() or None,
         given=frozenset(given))
 
 

@@ -18,7 +18,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from slipstream.client import Client, Image, SlipstreamError, Subscription
@@ -33,6 +33,7 @@ from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logview import ImageView, LogView, RemoteView, SessionEnd, SessionEnds
 from slipstream.client.replay import ReplayServer
+from slipstream.spark_bridge.archived import ArchivedSource, Archives
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.read_task import (
     SlipstreamDataLossError,
@@ -41,7 +42,8 @@ from slipstream.spark_bridge.read_task import (
     loss_message,
 )
 
-__all__ = ["holder_address", "log_of", "plan_partitions", "position_of", "shares"]
+__all__ = ["archived_partitions", "holder_address", "log_of", "plan_partitions", "position_of",
+           "shares"]
 
 log = logging.getLogger("slipstream.spark_bridge")
 
@@ -433,16 +435,64 @@ def gone_message(options: SourceOptions, hold: _OwnHold | _StandingHold, sid: st
             f"skips' counter).")
 
 
+def archive_read_end(view: LogView, begin: int, stop: int) -> int:
+    """Where a range ``[begin, stop)`` of ``view``'s session that begins before what the
+    hold's position protects (its join position) or before what the log holds stops being
+    read from the archives: the join position, or the first position the log holds when
+    that is later, at most ``stop``."""
+    held_from = view.first_retained(begin, max(stop, view.available_position()))
+    return min(stop, max(held_from, view.join_position))
+
+
+def archived_partitions(options: SourceOptions, archives: Archives, stream_id: int,
+                        session_id: int, framing: tuple[int, int], begin: int, stop: int,
+                        losses: LossReports, why: str,
+                        live: Callable[[int, int], list[SlipstreamPartition]] | None = None
+                        ) -> list[SlipstreamPartition]:
+    """Partitions reading ``[begin, stop)`` of a session from the archives, one per piece a
+    recording holds (:meth:`Archives.pieces`).  What none holds is read from the live log
+    where ``live`` (partitions of a range the log still holds, or None) has it, and is
+    otherwise reported as loss (``losses``), saying ``why`` the live log lacks it."""
+    pieces = archives.pieces(stream_id, session_id, framing, begin, stop)
+    partitions = []
+    position = begin
+    for piece in [*pieces, None]:
+        hole_end = stop if piece is None else piece.start
+        from_log = live(position, hole_end) if live is not None and hole_end > position \
+            else None
+        if from_log is not None:
+            partitions += from_log
+        elif hole_end > position:
+            held = ", ".join(f"{a}:{p}" for a, p, _ in archives.endpoints)
+            losses.report(("archived", stream_id, session_id, position),
+                          loss_message(stream_id, session_id, position, hole_end, None, None,
+                                       why=f"{why}; and the archives ({held}) that answered "
+                                           f"hold none of them"),
+                          f"Skipping to {hole_end}")
+        if piece is None:
+            break
+        partitions.append(SlipstreamPartition(
+            session_id, stream_id, "", piece.start, piece.end, options.directory,
+            options.fail_on_data_loss, f"the archive at {piece.archive[0]}:{piece.archive[1]}",
+            log=None, driver=None, holder=None, replay_timeout_ms=options.replay_timeout_ms,
+            archived=ArchivedSource(piece.archive, piece.recording_id, framing,
+                                    archives.endpoints, options.archive_dir)))
+        position = piece.end
+    return partitions
+
+
 def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
                     images: dict[str, LogView], start: dict[str, object],
-                    end: dict[str, object], losses: LossReports) -> list[SlipstreamPartition]:
+                    end: dict[str, object], losses: LossReports,
+                    archives: Archives | None = None) -> list[SlipstreamPartition]:
     """The partitions of ``[start, end)`` (offsets: session id -> entry): one per session
     with something to read, or with ``minPartitions`` long ranges split at message
     boundaries so that there are about that many, each session's count in proportion to its
     share of the bytes (:meth:`LogView.split_points`).  A range of a log that is not the
     session's log now fails (or is skipped, ``failOnDataLoss=false``), naming both; so does
     a range the hold's log cannot have (its image went, or was made anew after the range's
-    start: a batch planned before, which Spark runs again), naming why (``losses``)."""
+    start: a batch planned before, which Spark runs again), naming why (``losses``), unless
+    ``archives`` hold it: that part is read from them (:func:`archived_partitions`)."""
     ranges = {}
     for sid, entry in sorted(end.items()):
         stop = position_of(entry)
@@ -469,13 +519,43 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
         if image is None:
             # Its image went after the batch was planned: decided here, not in the tasks.
             entry = start.get(sid, end[sid])
+            stream_id, session_id = key_parts(options, sid)
+            if archives is not None and named is not None:
+                partitions += archived_partitions(
+                    options, archives, stream_id, session_id, named, begin, stop, losses,
+                    f"its log at {hold.host} is gone")
+                continue
             message = gone_message(options, hold, sid, entry,
                                    hold.ended([sid]).get(sid))
             if message is not None:
                 losses.report(("gone", sid, log_of(entry)), message,
                               "The session leaves the offsets")
             continue
-        if begin < image.join_position and not image.is_retained(begin):
+        if archives is not None and (begin < image.join_position or
+                                     not image.is_retained(begin)):
+            # Before the join position the log holds a range only while another subscriber
+            # does (this hold's position does not): the archives are read up to there.
+            live_from = archive_read_end(image, begin, stop)
+            why = why_not_held(hold, image, begin, hold.ended([sid]).get(sid)) or \
+                f"its log at {hold.host} holds it from position {live_from} on"
+
+            def from_log(low: int, high: int, view: LogView = image
+                         ) -> list[SlipstreamPartition] | None:
+                if not view.is_retained(low):
+                    return None
+                return [SlipstreamPartition(
+                    view.session_id, view.stream_id, view.log_path, low, high,
+                    options.directory, options.fail_on_data_loss, hold.host,
+                    log=view.identity, driver=hold.driver, holder=hold.holder_address,
+                    replay_timeout_ms=options.replay_timeout_ms)]
+
+            partitions += archived_partitions(
+                options, archives, image.stream_id, image.session_id, image.identity.framing,
+                begin, live_from, losses, why, from_log)
+            if live_from >= stop:
+                continue
+            begin = live_from
+        elif begin < image.join_position and not image.is_retained(begin):
             # A batch planned before this log was made (a restart re-runs it): the tasks
             # would find the range's start missing, and could not tell why.  The whole
             # loss, which may reach past this batch, is named.

@@ -20,12 +20,14 @@ from pathlib import Path
 
 from pyspark.sql.datasource import InputPartition
 
+from slipstream.archive.reading import RecordingLostError
 from slipstream.client import DataLossError, GatheredMessages, Image, SlipstreamError, control
 from slipstream.client.counters import CountersFile
 from slipstream.client.holder import driver_instance
 from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.replay import ReplayLostError, request_replay
 from slipstream.client.retention import first_retained, message_start
+from slipstream.spark_bridge.archived import ArchivedSource, read_archived
 
 __all__ = ["SCHEMA", "SlipstreamDataLossError", "SlipstreamPartition", "loss_message",
            "read_range"]
@@ -57,13 +59,16 @@ class SlipstreamPartition(InputPartition):
     gone when the batch was planned), where it lives (``log_path`` on the host ``host``
     whose driver is ``driver``, ``pid@start_time_ns`` of that driver) and the holder that
     replays it to tasks on other hosts (``holder``: address, port, control stream id; None
-    when the holder has no address other hosts reach).
+    when the holder has no address other hosts reach).  A range read from an archive names
+    its recording instead (``archived``, :class:`~slipstream.spark_bridge.archived.
+    ArchivedSource`), and ``log_path`` is empty.
     """
 
     def __init__(self, session_id: int, stream_id: int, log_path: str, start: int, end: int,
                  directory: str | None, fail_on_data_loss: bool, host: str, *,
                  log: LogIdentity | None, driver: str | None,
-                 holder: tuple[str, int, int] | None, replay_timeout_ms: int) -> None:
+                 holder: tuple[str, int, int] | None, replay_timeout_ms: int,
+                 archived: ArchivedSource | None = None) -> None:
         super().__init__(None)
         self.session_id = session_id
         self.stream_id = stream_id
@@ -77,10 +82,13 @@ class SlipstreamPartition(InputPartition):
         self.driver = driver
         self.holder = holder
         self.replay_timeout_ms = replay_timeout_ms
+        self.archived = archived
 
     def __repr__(self) -> str:
+        source = "" if self.archived is None else \
+            f", archived recording {self.archived.recording_id}"
         return (f"SlipstreamPartition(stream={self.stream_id}, session={self.session_id}, "
-                f"[{self.start}, {self.end}))")
+                f"[{self.start}, {self.end}){source})")
 
 
 def local_driver_instance(directory: str | None) -> str | None:
@@ -193,9 +201,34 @@ def read_range(partition: SlipstreamPartition) -> Iterator[object]:
     its own host's driver (:func:`_read_replayed`).  Loss follows ``fail_on_data_loss``.
     """
     p = partition
+    if p.archived is not None:
+        return _read_archived(p)
     if p.driver is not None and local_driver_instance(p.directory) == p.driver:
         return _read_local(p)
     return _read_replayed(p)
+
+
+def _read_archived(p: SlipstreamPartition) -> Iterator[object]:
+    """The range from an archive's recording: in place on an archive's host, else replayed
+    here (:func:`~slipstream.spark_bridge.archived.read_archived`).  A position no archive
+    holds any more (retention removed it after planning) is loss, as ``failOnDataLoss``
+    says."""
+    assert p.archived is not None
+    schema = _schema()
+    ids: dict[int, tuple[object, object]] = {}
+    reached = p.start
+    try:
+        for chunk, _ in read_archived(p.archived, p.session_id, p.stream_id, p.start, p.end,
+                                      p.directory, p.replay_timeout_ms / 1000):
+            reached = chunk.positions[-1]  # type: ignore[attr-defined]
+            yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)  # type: ignore[arg-type]
+    except RecordingLostError as e:
+        message = loss_message(p.stream_id, p.session_id, reached, p.end, None, None,
+                               why=f"the archives no longer hold them ({e})")
+        if p.fail_on_data_loss:
+            raise SlipstreamDataLossError(message) from None
+        log.warning("%s Skipping the rest of the range (failOnDataLoss=false).", message)
+        _record_skip(p.directory)
 
 
 def _no_log(p: SlipstreamPartition, why: str) -> None:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import struct
 import threading
 import time
@@ -59,15 +60,18 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from slipstream.archive.catalog import EndReason
 from slipstream.client import SlipstreamError
 from slipstream.client.counters import Counter, CounterType, fit_label
 from slipstream.client.logview import LogView
+from slipstream.spark_bridge.archived import Archives, Endpoint
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.planning import (
     GONE_GRACE_S,
     LossReports,
     _OwnHold,
     _StandingHold,
+    archive_read_end,
     gone_message,
     key_parts,
     log_of,
@@ -93,6 +97,26 @@ log = logging.getLogger("slipstream.spark_bridge")
 #: How long a session of the offsets is missing with no recorded end before it is called gone
 #: (its end is recorded on the client's conductor thread just after the image leaves).
 _NO_RECORD_S = 1.0
+
+
+#: How a recording that ended without the stream's end-of-stream mark ended, in a loss report.
+_ENDED: dict[EndReason, str] = {
+    EndReason.ENDED_ABRUPTLY: "its image went without the stream's end-of-stream mark: the "
+                              "publisher's driver or host stopped, or the network went down",
+    EndReason.RECOVERED: "the archive died while recording it",
+    EndReason.STOPPED: "the archive was stopped",
+    EndReason.WRITE_FAILED: "a write failed at the archive (its disk full?)",
+}
+
+
+def _resolved(endpoint: Endpoint) -> Endpoint:
+    """``endpoint`` with its host name resolved (the archive option may name hosts)."""
+    host, port, stream = endpoint
+    try:
+        return socket.gethostbyname(host), port, stream
+    except OSError as e:
+        raise SlipstreamError(f"slipstream: the archive {host!r} (option archive) does not "
+                              f"resolve: {e}") from None
 
 
 def _leave_the_driver_on_sigterm(reader: SlipstreamStreamReader) -> None:
@@ -143,10 +167,12 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._losses = LossReports(options)
         #: Sessions of the offsets with no image and no recorded end, since when (monotonic s).
         self._missing_since: dict[str, float] = {}
+        #: The archives of the ``archive`` option (made with the hold), or None.
+        self._archives: Archives | None = None
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
-        state["_hold"] = state["_lag"] = None
+        state["_hold"] = state["_lag"] = state["_archives"] = None
         return state
 
     def _rekeyed(self, offsets: dict[str, object]) -> dict[str, object]:
@@ -204,6 +230,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._hold = (_StandingHold(self.options) if self.options.holder is not None
                           else _OwnHold(self.options))
             _leave_the_driver_on_sigterm(self)
+            if self.options.archives:
+                self._archives = Archives(self._hold.client,
+                                          [_resolved(endpoint)
+                                           for endpoint in self.options.archives],
+                                          self.options.replay_timeout_ms / 1000)
+        if self._archives is not None:
+            self._archives.refresh()  # asked again once per planning call
         return self._hold.views()
 
     def _default_start(self, view: LogView) -> int:
@@ -211,8 +244,60 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return view.position_at_time(view.earliest_position(), view.available_position(),
                                          self.options.starting_timestamp_ns)
         if self.options.starting_position == "earliest":
-            return view.earliest_position()
+            return self._earliest(view)
         return view.position
+
+    def _earliest(self, view: LogView) -> int:
+        """The oldest position of ``view``'s session that the log, or the archives before it
+        without a hole, hold."""
+        earliest = view.earliest_position()
+        if self._archives is None:
+            return earliest
+        archived = self._archives.earliest(view.stream_id, view.session_id,
+                                           view.identity.framing, earliest)
+        return earliest if archived is None else min(archived, earliest)
+
+    def _archived_session(self, sid: str, entry: object) -> dict[str, object] | bool | None:
+        """What becomes of session ``sid`` (at ``entry`` in the offsets) whose image is gone,
+        by what the archives recorded of its log: an entry to read on to (what they hold past
+        it, or the entry itself while they still record it); False when it leaves the
+        offsets (read to the end of its recording: in silence after an end-of-stream mark,
+        else reported as loss past what was recorded); None when no archive has a recording
+        of it (:func:`gone_message` decides)."""
+        assert self._archives is not None and self._hold is not None
+        framing = log_of(entry)
+        if framing is None:
+            return None
+        stream_id, session_id = key_parts(self.options, sid)
+        position = position_of(entry)
+        recordings = [r for r in self._archives.recorded_sessions(stream_id).get(session_id, [])
+                      if (r.descriptor.initial_term_id, r.descriptor.term_length) == framing]
+        if not recordings:
+            return None
+        kept: dict[str, object] = dict(entry) if isinstance(entry, dict) else \
+            {"position": position, "log": [*framing]}
+        pieces = self._archives.pieces(stream_id, session_id, framing, position, None)
+        if pieces:
+            kept["position"] = pieces[-1].end
+            return kept
+        if any(r.is_active for r in recordings):
+            return kept  # still recorded: more may come
+        if any(r.descriptor.end_reason == EndReason.END_OF_STREAM and
+               r.recorded_position <= position for r in recordings):
+            return False  # read to the end of the stream
+        last = max(recordings, key=lambda r: r.recorded_position)
+        how = _ENDED.get(last.descriptor.end_reason, last.descriptor.end_reason.name.lower())
+        recorded = last.recorded_position
+        unread = f"[{position}, {recorded}) and " if recorded > position else ""
+        self._losses.report(
+            ("unrecorded", sid, tuple(framing)),
+            f"slipstream stream {stream_id} session {session_id}: the offsets are at position "
+            f"{position}, and the messages {unread}whatever its publisher accepted after "
+            f"position {recorded} will never be read: its log at {self._hold.host} is gone, "
+            f"and the archives recorded it up to {recorded}, where its recording ended ({how}). "
+            f" Set failOnDataLoss=false to go on without them (counted in the driver's 'data "
+            f"loss skips' counter).", "The session leaves the offsets")
+        return False
 
     def initialOffset(self) -> dict[str, object]:
         """Where a new query starts.  ``latest``: no session yet; each enters the offset log
@@ -274,6 +359,12 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 # recorded (the subscription drops an image before its handler runs).
                 end[sid] = start[sid]
                 continue
+            if self._archives is not None:
+                archived = self._archived_session(sid, start[sid])
+                if archived is not None:
+                    if archived:
+                        end[sid] = archived
+                    continue
             message = gone_message(self.options, hold, sid, start[sid], ended.get(sid))
             if message is not None:
                 self._losses.report(("gone", sid, log_of(start[sid])), message,
@@ -301,6 +392,9 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             elif isinstance(limit, ReadMaxBytes):
                 max_bytes = limit.max_bytes
         ranges: dict[str, tuple[int, int]] = {}  # sessions with something to read
+        # Sessions whose range begins before what their log holds, read from the archives up
+        # to where it does (the ranges above then begin there).
+        archived: dict[str, int] = {}
         for sid, image in sorted(images.items()):
             if self._target is not None and sid not in self._target and sid in start and \
                     hold.age_s() < GONE_GRACE_S:
@@ -326,6 +420,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if available <= begin:
                 end[sid] = self._entry(image, begin)
                 continue
+            if self._archives is not None and (begin < image.join_position or
+                                               not image.is_retained(begin)):
+                # plan_partitions reads it from the archives, reporting what none holds
+                archived[sid] = begin
+                ranges[sid] = (archive_read_end(image, begin, available), available)
+                end[sid] = self._entry(image, available)
+                continue
             if not image.is_retained(begin):
                 held_from = image.first_retained(begin, available)
                 if self.options.fail_on_data_loss:
@@ -336,11 +437,11 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 begin = held_from  # the executor or plan_partitions counts the skip
             ranges[sid] = (begin, available)
             end[sid] = self._entry(image, available)
-        if ranges and self._too_few(images, ranges):
+        if ranges and not archived and self._too_few(images, ranges):
             for sid in ranges:  # the batch waits: nothing read, the offsets unchanged
                 end[sid] = start[sid]
             return end
-        if ranges:
+        if ranges or archived:
             self._last_read_ns = time.monotonic_ns()
         if max_rows is None and max_bytes is None:
             return end
@@ -348,6 +449,9 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         row_shares = shares(max_rows, backlog) if max_rows is not None else {}
         byte_shares = shares(max_bytes, backlog) if max_bytes is not None else {}
         for sid, (begin, available) in ranges.items():
+            if sid in archived:  # this batch reads what the archives hold; the log next
+                end[sid] = self._entry(images[sid], begin)
+                continue
             reached = images[sid].scan(begin, available, row_shares.get(sid),
                                        byte_shares.get(sid))
             end[sid] = self._entry(images[sid], reached)
@@ -395,7 +499,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 position_of(start.get(sid, end[sid])) for sid in end):
             time.sleep(0.05)
             images = self._images()
-        return plan_partitions(self.options, hold, images, start, end, self._losses)
+        return plan_partitions(self.options, hold, images, start, end, self._losses,
+                               self._archives)
 
     def commit(self, end: dict[str, object]) -> None:
         """Spark processed everything before ``end``: return its credit (see the module
@@ -435,6 +540,9 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         holder stops replaying)."""
         hold, self._hold = self._hold, None
         lag, self._lag = self._lag, None
+        archives, self._archives = self._archives, None
+        if archives is not None:
+            archives.close()
         if lag is not None and not lag.is_closed:
             lag.close()
         if hold is not None:

@@ -227,6 +227,7 @@ MODULE_LANES = {
     "test_spark_executor": "sockets",
     "test_spark_planning": "sockets",
     "test_spark_session_ends": "sockets",
+    "test_spark_archive": "sockets",
     "test_spy": "sockets",
     "test_stat": "unit",
     "test_status_messages_c": "unit",

@@ -1,0 +1,380 @@
+"""Reads of ranges the live log no longer holds, from archives (the reader's ``archive`` option).
+
+The planning side asks the archives named by ``archive`` (their control endpoints, the first
+preferred) what they recorded of a stream, once per trigger (:class:`Archives`), and cuts
+what a session must read into pieces (:func:`stitch`), each held by one recording of one
+archive.  A piece becomes a partition that names its archive and recording
+(:class:`ArchivedSource`); the task reads it in place when the recording is in this host's
+archive directory (``archiveDir``: :class:`~slipstream.archive.RecordingReader`, the log's C
+scan over the segment files, no network), and otherwise has the archive replay it to this
+host's driver (:meth:`~slipstream.archive.ArchiveClient.replay`), falling over to the next
+archive that holds the rest when one stops answering (:func:`read_archived`).  Positions are
+the recording's, so a range read from an archive is the same messages, positions and
+timestamps as the live log had.  docs/SPARK.md, "Reading older ranges from an archive".
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from slipstream.archive.catalog import CATALOG_FILE, EndReason, RecordingState
+from slipstream.archive.client import ArchiveClient, ListedRecording
+from slipstream.archive.reading import RecordingLostError, RecordingReader, read_descriptor
+from slipstream.client import Client, SlipstreamError
+
+__all__ = ["ArchivedSource", "Archives", "Piece", "archive_client_for", "read_archived",
+           "stitch"]
+
+log = logging.getLogger("slipstream.spark_bridge")
+
+#: An archive's control endpoint: address, port, control stream id.
+Endpoint = tuple[str, int, int]
+
+_LIST_PAGE = 64  # the most recordings one ``list`` call answers (the archive's limit)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """``[start, end)`` of a session held by one recording of one archive (``end``: the
+    recorded position when asked, final once ``stopped``; ``end_reason`` the recording's)."""
+
+    archive: Endpoint
+    recording_id: int
+    start: int
+    end: int
+    stopped: bool
+    end_reason: EndReason
+
+
+def _holds(recording: ListedRecording, session_id: int, framing: tuple[int, int]) -> bool:
+    d = recording.descriptor
+    return (d.session_id == session_id and d.state == RecordingState.VALID
+            and (d.initial_term_id, d.term_length) == framing)
+
+
+def stitch(listed: Sequence[tuple[Endpoint, Sequence[ListedRecording]]], session_id: int,
+           framing: tuple[int, int], start: int, end: int | None) -> list[Piece]:
+    """The pieces, in position order, that hold as much of ``[start, end)`` (``end`` None: as
+    far as anything is recorded) of the session ``session_id`` whose log is ``framing``
+    (initial term id, term length) as the recordings ``listed`` (per archive, the preferred
+    first) hold.  At each position the first archive that holds it gives the piece, from its
+    recording that reaches furthest; adjacent pieces meet exactly, and a range none holds
+    is absent between them (a hole the caller reports as loss)."""
+    candidates = [(rank, archive, recording)
+                  for rank, (archive, recordings) in enumerate(listed)
+                  for recording in recordings if _holds(recording, session_id, framing)]
+    pieces: list[Piece] = []
+    position = start
+    while end is None or position < end:
+        holding = [(rank, -recording.recorded_position, archive, recording)
+                   for rank, archive, recording in candidates
+                   if recording.descriptor.start_position <= position
+                   < recording.recorded_position]
+        if not holding:
+            later = [recording.descriptor.start_position for _, _, recording in candidates
+                     if recording.descriptor.start_position > position]
+            if not later or (end is not None and min(later) >= end):
+                break
+            position = min(later)  # a hole: the next piece begins where a recording does
+            continue
+        _, _, archive, recording = min(holding, key=lambda h: (h[0], h[1]))
+        stop = recording.recorded_position if end is None else \
+            min(end, recording.recorded_position)
+        d = recording.descriptor
+        pieces.append(Piece(archive, d.recording_id, position, stop, not d.is_active,
+                            d.end_reason))
+        position = stop
+    return pieces
+
+
+class Archives:
+    """The planning side's link to the archives of the ``archive`` option, through ``client``
+    (its host's driver): what they recorded of each stream, asked once per trigger
+    (:meth:`refresh`).  An archive that does not answer in ``timeout_s`` is left out of that
+    trigger's answers (logged); the others still serve."""
+
+    def __init__(self, client: Client, endpoints: Sequence[Endpoint], timeout_s: float) -> None:
+        self.client = client
+        self.endpoints = tuple(endpoints)
+        self.timeout_s = timeout_s
+        self._links: dict[Endpoint, ArchiveClient] = {}
+        self._listed: dict[int, list[tuple[Endpoint, list[ListedRecording]]]] = {}
+        self._silent: set[Endpoint] = set()
+
+    def refresh(self) -> None:
+        """Forget what the archives said: the next questions ask them again."""
+        self._listed.clear()
+
+    def _link(self, endpoint: Endpoint) -> ArchiveClient:
+        link = self._links.get(endpoint)
+        if link is None:
+            link = ArchiveClient(self.client, *endpoint, timeout_s=self.timeout_s)
+            self._links[endpoint] = link
+        return link
+
+    def recordings(self, stream_id: int) -> list[tuple[Endpoint, list[ListedRecording]]]:
+        """Per archive that answered (in the option's order), its recordings of
+        ``stream_id``."""
+        listed = self._listed.get(stream_id)
+        if listed is not None:
+            return listed
+        listed = []
+        for endpoint in self.endpoints:
+            try:
+                link = self._link(endpoint)
+                recordings: list[ListedRecording] = []
+                while True:
+                    page = link.list_recordings(stream_id=stream_id,
+                                                from_id=recordings[-1].recording_id + 1
+                                                if recordings else 0, count=_LIST_PAGE)
+                    recordings += page
+                    if len(page) < _LIST_PAGE:
+                        break
+            except SlipstreamError as e:
+                link = self._links.pop(endpoint, None)
+                if link is not None:
+                    link.close()
+                if endpoint not in self._silent:
+                    self._silent.add(endpoint)
+                    log.warning("slipstream: the archive at %s:%d (control stream %d) did not "
+                                "answer (%s): reading older ranges from the other archives "
+                                "named by the archive option, if any", *endpoint, e)
+                continue
+            self._silent.discard(endpoint)
+            listed.append((endpoint, recordings))
+        self._listed[stream_id] = listed
+        return listed
+
+    def pieces(self, stream_id: int, session_id: int, framing: tuple[int, int], start: int,
+               end: int | None) -> list[Piece]:
+        """:func:`stitch` over what the archives recorded of ``stream_id``."""
+        return stitch(self.recordings(stream_id), session_id, framing, start, end)
+
+    def earliest(self, stream_id: int, session_id: int, framing: tuple[int, int],
+                 reaching: int) -> int | None:
+        """The earliest position from which the archives hold the session without a hole up
+        to ``reaching`` (a position the live log holds), or None when they do not reach it."""
+        starts = [recording.descriptor.start_position
+                  for _, recordings in self.recordings(stream_id)
+                  for recording in recordings if _holds(recording, session_id, framing)]
+        for start in sorted(starts):
+            pieces = self.pieces(stream_id, session_id, framing, start, reaching)
+            if pieces and pieces[0].start == start and pieces[-1].end >= reaching and all(
+                    a.end == b.start for a, b in itertools.pairwise(pieces)):
+                return start
+        return None
+
+    def recorded_sessions(self, stream_id: int) -> dict[int, list[ListedRecording]]:
+        """The recordings of ``stream_id`` by session id, of every archive that answered."""
+        sessions: dict[int, list[ListedRecording]] = {}
+        for _, recordings in self.recordings(stream_id):
+            for recording in recordings:
+                if recording.descriptor.state == RecordingState.VALID:
+                    sessions.setdefault(recording.descriptor.session_id, []).append(recording)
+        return sessions
+
+    def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+
+
+@dataclass(frozen=True)
+class ArchivedSource:
+    """Where a partition's range is read from: a recording (``recording_id``) of the archive
+    at ``archive``, of the log ``framing`` (initial term id, term length); ``archives`` every
+    archive of the query's option (the others are tried, in order, when that one stops
+    answering); ``directory`` the archive directory on its host (``archiveDir``: a task
+    there reads the segment files in place), or None."""
+
+    archive: Endpoint
+    recording_id: int
+    framing: tuple[int, int]
+    archives: tuple[Endpoint, ...]
+    directory: str | None
+
+
+_lock = threading.Lock()
+_archive_clients: dict[tuple[int, str, Endpoint], ArchiveClient] = {}
+
+
+def _reset_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _archive_clients.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def archive_client_for(client: Client, directory: str | None, endpoint: Endpoint,
+                       timeout_s: float) -> ArchiveClient:
+    """This process's link to the archive at ``endpoint`` through ``client`` (the driver in
+    ``directory``), made once and kept while the worker lives and the link works."""
+    key = (os.getpid(), directory or "", endpoint)
+    with _lock:
+        link = _archive_clients.get(key)
+        if link is not None and link.client is client and not client.is_closed:
+            return link
+    link = ArchiveClient(client, *endpoint, timeout_s=timeout_s)
+    with _lock:
+        _archive_clients[key] = link
+    return link
+
+
+def _forget(directory: str | None, endpoint: Endpoint) -> None:
+    with _lock:
+        link = _archive_clients.pop((os.getpid(), directory or "", endpoint), None)
+    if link is not None:
+        try:
+            link.close()
+        except SlipstreamError:
+            pass
+
+
+def _in_place(source: ArchivedSource, session_id: int, stream_id: int, start: int,
+              end: int) -> int | None:
+    """The id of a recording in this host's archive directory that holds ``[start, end)`` of
+    the session (the partition's own recording first, else any of the same log), or None."""
+    if source.directory is None or not (Path(source.directory) / CATALOG_FILE).exists():
+        return None
+    directory = Path(source.directory)
+
+    def fits(recording_id: int) -> bool:
+        d = read_descriptor(directory, recording_id)
+        if d is None or d.state != RecordingState.VALID or d.session_id != session_id or \
+                d.stream_id != stream_id or (d.initial_term_id, d.term_length) != \
+                source.framing or d.start_position > start:
+            return False
+        return d.is_active or d.stop_position >= end
+
+    if fits(source.recording_id):
+        return source.recording_id
+    recording_id = 0
+    while True:
+        d = read_descriptor(directory, recording_id)
+        if d is None:
+            return None
+        if recording_id != source.recording_id and fits(recording_id):
+            return recording_id
+        recording_id += 1
+
+
+def read_archived(source: ArchivedSource, session_id: int, stream_id: int, start: int,
+                  end: int, directory: str | None, timeout_s: float
+                  ) -> Iterator[tuple[object, str]]:
+    """The messages of ``[start, end)`` as :class:`~slipstream.client.GatheredMessages`
+    chunks, each with where it was read (for errors), from the archives of ``source``: in
+    place when this host's archive directory holds the range, else replayed to this host's
+    driver (``directory``) by the partition's archive, then by the next ones in turn for
+    what is left when one fails.  Raises :class:`RecordingLostError` when no archive holds
+    a position of the range (the caller reports the loss), and
+    :class:`~slipstream.client.SlipstreamError` when none answers."""
+    from slipstream.spark_bridge import runtime
+
+    position = start
+    here = socket.gethostname()
+    local = _in_place(source, session_id, stream_id, start, end)
+    if local is not None:
+        with RecordingReader(source.directory, local, start=start, end=end,  # type: ignore[arg-type]
+                             driver_dir=directory or _default_dir()) as reader:
+            where = f"recording {local} in {source.directory} on {here}"
+            idle_since = time.monotonic()
+            while not reader.done:
+                chunk = reader.poll_gathered(4096)
+                if chunk is not None:
+                    yield chunk, where
+                    idle_since = time.monotonic()
+                    continue
+                if reader.position >= reader.recorded_position and \
+                        not reader.descriptor.is_active:
+                    raise RecordingLostError(
+                        f"{where} stopped at {reader.descriptor.stop_position}, before "
+                        f"{end}", (reader.descriptor.start_position,
+                                   reader.descriptor.stop_position))
+                if time.monotonic() - idle_since > timeout_s:
+                    raise SlipstreamError(f"{where}: nothing recorded past {reader.position} "
+                                          f"for {timeout_s:g} s (the range ends at {end})")
+                time.sleep(0.001)
+        return
+    client = runtime.client_for(directory)
+    order = [source.archive] + [a for a in source.archives if a != source.archive]
+    failures: list[str] = []
+    lost: RecordingLostError | None = None
+    for endpoint in order:
+        if position >= end:
+            break
+        try:
+            link = archive_client_for(client, directory, endpoint, timeout_s)
+            if endpoint == source.archive:
+                recording_id: int | None = source.recording_id
+            else:
+                recordings = []
+                while True:
+                    page = link.list_recordings(stream_id=stream_id, count=_LIST_PAGE,
+                                                from_id=recordings[-1].recording_id + 1
+                                                if recordings else 0)
+                    recordings += page
+                    if len(page) < _LIST_PAGE:
+                        break
+                pieces = stitch([(endpoint, recordings)], session_id, source.framing,
+                                position, end)
+                recording_id = pieces[0].recording_id if pieces and \
+                    pieces[0].start == position else None
+                if recording_id is None:
+                    failures.append(f"{endpoint[0]}:{endpoint[1]} holds no recording of "
+                                    f"position {position}")
+                    continue
+            for chunk, where, reached in _replayed(link, recording_id, position, end,
+                                                   endpoint, timeout_s):
+                position = reached
+                yield chunk, where
+        except RecordingLostError as e:
+            lost = e
+            failures.append(f"{endpoint[0]}:{endpoint[1]}: {e}")
+        except SlipstreamError as e:
+            _forget(directory, endpoint)
+            failures.append(f"{endpoint[0]}:{endpoint[1]}: {e}")
+            log.warning("slipstream: reading [%d, %d) of stream %d session %d from the archive "
+                        "at %s:%d failed at %d (%s); trying the next archive", start, end,
+                        stream_id, session_id, endpoint[0], endpoint[1], position, e)
+    if position < end:
+        if lost is not None:
+            raise RecordingLostError(f"no archive holds position {position}: "
+                                     + "; ".join(failures), lost.held)
+        raise SlipstreamError(f"slipstream stream {stream_id} session {session_id}: no archive "
+                              f"replayed [{position}, {end}) to {here}: "
+                              + "; ".join(failures))
+
+
+def _replayed(link: ArchiveClient, recording_id: int, start: int, end: int,
+              endpoint: Endpoint, timeout_s: float) -> Iterator[tuple[object, str, int]]:
+    """``[start, end)`` of the recording as the archive replays it here: chunks, where they
+    were read, and the position after each.  A replay whose stream ends early raises."""
+    where = f"recording {recording_id} replayed by the archive at {endpoint[0]}:{endpoint[1]}"
+    with link.replay(recording_id, start=start, end=end) as replay:
+        idle_since = time.monotonic()
+        while not replay.done:
+            chunk = replay.poll_gathered(4096)
+            if chunk is not None:
+                yield chunk, where, replay.position
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > timeout_s:
+                raise SlipstreamError(f"{where}: nothing arrived for {timeout_s:g} s, at "
+                                      f"position {replay.position}")
+            else:
+                replay.wait(0.01)
+
+
+def _default_dir() -> str:
+    from slipstream.client import default_directory
+
+    return str(default_directory())

@@ -1,0 +1,296 @@
+"""A read query on an archived stream, without a SparkSession: the planner called as Spark
+calls it, on real drivers (one per "host", on this machine) and real ``slipstream-archive``
+processes recording the stream.
+
+A range the live log no longer holds (the query was down for longer than a term, its
+session's log went) is read from an archive: in place on the archive's host, replayed to
+the task's host elsewhere, from the next archive when the first stops answering.  Every
+message once, in order; what no archive recorded is reported as loss naming how the
+recording ended (docs/SPARK.md, "Reading older ranges from an archive").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import free_port, wait_for
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+from test_archive import recorded_messages, recordings
+from test_spark_session_ends import FRAME, STREAM, TERM, Hosts, hosts  # noqa: F401  (a fixture)
+
+from slipstream.archive import EndReason
+from slipstream.client.counters import SystemCounter, read_system_counters
+from slipstream.spark_bridge.options import parse_options
+from slipstream.spark_bridge.reader import (
+    SlipstreamDataLossError,
+    SlipstreamStreamReader,
+    read_range,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+MESSAGES_PER_TERM = TERM // FRAME
+
+
+class Archive:
+    """A ``slipstream-archive run`` process beside the ingest driver, recording the stream
+    as it arrives there (source remote), with a control stream on a port of its own."""
+
+    def __init__(self, hosts: Hosts, directory: Path) -> None:  # noqa: F811
+        self.directory = directory / "recordings"
+        self.port = free_port()
+        self.config = directory / "archive.toml"
+        self.config.write_text("\n".join([
+            f'dir = "{self.directory}"', f'driver_dir = "{hosts.directories["ingest"]}"',
+            'segment_length = "128k"', f"control_port = {self.port}", "[[record]]",
+            f'channel = "{hosts.channel}"', f"stream_id = {STREAM}", 'source = "remote"',
+        ]) + "\n")
+        self.log = directory / "archive.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "slipstream.archive.cli", "run", "--config",
+                 str(self.config)], stdout=log_file, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def archives(hosts: Hosts, tmp_path: Path) -> Iterator[list[Archive]]:  # noqa: F811
+    made: list[Archive] = []
+    with contextlib.ExitStack() as stack:
+        for name in ("first", "second"):
+            (tmp_path / name).mkdir()
+            archive = Archive(hosts, tmp_path / name)
+            stack.callback(archive.kill)
+            made.append(archive)
+        yield made
+
+
+def planner(hosts: Hosts, archives: list[Archive], *, in_place: bool,  # noqa: F811
+            **options: str) -> SlipstreamStreamReader:
+    """The query's planner on the ingest host (the Spark driver placed beside the archive),
+    holding the stream itself; ``in_place``: tasks there read recordings in place."""
+    given = {"streamId": str(STREAM), "channel": hosts.channel,
+             "directory": str(hosts.directories["ingest"]), "replayTimeoutMs": "3000",
+             "holderAddress": "127.0.0.1",
+             "archive": ",".join(archive.endpoint for archive in archives), **options}
+    if in_place:
+        given["archiveDir"] = str(archives[0].directory)
+    return SlipstreamStreamReader(parse_options(given))
+
+
+def numbers(partitions: list, hosts: Hosts, archived_on: str) -> list[int]:  # noqa: F811
+    """The message numbers the partitions hold: live ranges read by tasks on the ingest host,
+    archived ones by tasks on ``archived_on``."""
+    found = []
+    for partition in partitions:
+        host = archived_on if partition.archived is not None else "ingest"
+        partition.directory = str(hosts.directories[host])
+        for batch in read_range(partition):
+            found += [int(value[:8]) for value in batch.column("value").to_pylist()]
+    return found
+
+
+def run_batches(query: SlipstreamStreamReader, start: dict, read: list[int],
+                hosts: Hosts, archived_on: str, until: float, *,  # noqa: F811
+                stop_when: int | None = None, sources: list[str] | None = None) -> dict:
+    """Plan, read and commit batches as Spark does until ``until`` (or ``stop_when``
+    messages were read); returns the last committed offsets."""
+    while time.monotonic() < until and (stop_when is None or len(read) < stop_when):
+        end = query.latestOffset(start, ReadAllAvailable())
+        if end != start:
+            partitions = query.partitions(start, end)
+            if sources is not None:
+                sources += ["archive" if p.archived is not None else "log" for p in partitions]
+            read += numbers(partitions, hosts, archived_on)
+            query.commit(end)
+            start = end
+        time.sleep(0.05)
+    return start
+
+
+def first_batches(hosts: Hosts, archives: list[Archive], count: int, **options: str  # noqa: F811
+                  ) -> tuple[dict, list[int]]:
+    """A query that reads the first ``count`` messages and stops (its Spark driver went)."""
+    query = planner(hosts, archives, in_place=True, **options)
+    read: list[int] = []
+    try:
+        start = query.initialOffset()
+        wait_for(lambda: query._images(), what="the session at the query's subscription")
+        for archive in archives:
+            wait_for(lambda a=archive: recordings(a.directory), timeout=20,
+                     what="the archives recording")
+        assert hosts.publish(count) == count
+        start = run_batches(query, start, read, hosts, "ingest", time.monotonic() + 20,
+                            stop_when=count)
+    finally:
+        query.stop()
+    assert read == list(range(count))
+    return start, read
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "replayed"])
+def test_a_query_down_for_several_terms_reads_the_gap_from_the_archive_exactly_once(
+        hosts: Hosts, archives: list[Archive], in_place: bool) -> None:  # noqa: F811
+    """The query goes; the archives' subscriptions keep the stream flowing for several terms,
+    so the log no longer holds the committed offset when it comes back.  The restarted query
+    reads that range from the archive (in place on its host, or replayed to a task's host)
+    and the rest from the log: every message once, in order."""
+    hosts.publish_from("publisher")
+    start, read = first_batches(hosts, archives, 200)
+    down = 6 * MESSAGES_PER_TERM
+    assert hosts.publish(down) == down  # the archives keep the publisher going
+    total = 200 + down
+    query = planner(hosts, archives, in_place=in_place)
+    sources: list[str] = []
+    try:
+        view = query._images()[str(hosts.publication.session_id)]  # type: ignore[union-attr]
+        committed = int(start[str(hosts.publication.session_id)]["position"])  # type: ignore[union-attr]
+        assert not view.is_retained(committed), "the log still holds the committed offset"
+        assert hosts.publish(100) == 100  # and the stream goes on meanwhile
+        total += 100
+        start = run_batches(query, start, read, hosts, "ingest" if in_place else "spark",
+                            time.monotonic() + 30, stop_when=total, sources=sources)
+    finally:
+        query.stop()
+    assert read == list(range(total))
+    assert "archive" in sources and "log" in sources
+
+
+@pytest.mark.parametrize("ending", ["closed", "host died"])
+def test_a_session_gone_while_the_query_was_down_is_read_from_the_archive_to_its_end(
+        hosts: Hosts, archives: list[Archive], ending: str) -> None:  # noqa: F811
+    """The session's publisher goes while the query is down (its publication closed, or its
+    host's driver killed) and its image goes at the ingest host with what it held.  The
+    restarted query reads the session from the archive up to where it was recorded; then a
+    session closed normally leaves the offsets in silence, and one whose publisher died is
+    reported as loss past the recorded position, naming how the recording ended."""
+    hosts.publish_from("publisher")
+    start, read = first_batches(hosts, archives, 200)
+    session = str(hosts.publication.session_id)  # type: ignore[union-attr]
+    down = 3 * MESSAGES_PER_TERM
+    assert hosts.publish(down) == down
+    total = 200 + down
+    if ending == "closed":
+        hosts.publication.close()  # type: ignore[union-attr]
+    else:
+        hosts.drivers["publisher"].kill()
+    for archive in archives:
+        wait_for(lambda a=archive: not recordings(a.directory)[0].is_active, timeout=20,
+                 what="the recording ended")
+    reason = recordings(archives[0].directory)[0].end_reason
+    assert reason == (EndReason.END_OF_STREAM if ending == "closed" else
+                      EndReason.ENDED_ABRUPTLY)
+    skips_before = read_system_counters(hosts.directories["ingest"])[
+        SystemCounter.DATA_LOSS_SKIPS]
+    if ending != "closed":  # what its driver had not sent yet went with it
+        total = len(recorded_messages(recordings(archives[0].directory)[0],
+                                      archives[0].directory))
+    query = planner(hosts, archives, in_place=True, failOnDataLoss="false")
+    try:
+        start = run_batches(query, start, read, hosts, "ingest", time.monotonic() + 12)
+        assert session not in start, "the session stayed in the offsets"
+    finally:
+        query.stop()
+    assert read == list(range(total))
+    skips = read_system_counters(hosts.directories["ingest"])[
+        SystemCounter.DATA_LOSS_SKIPS] - skips_before
+    assert skips == (0 if ending == "closed" else 1)
+
+
+def test_a_recording_that_ended_abruptly_fails_the_query_naming_the_recorded_position(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """failOnDataLoss=true: the query reads what the archive recorded, then fails saying the
+    messages after the recorded position will never be read, and why."""
+    hosts.publish_from("publisher")
+    start, read = first_batches(hosts, archives, 100)
+    assert hosts.publish(MESSAGES_PER_TERM) == MESSAGES_PER_TERM
+    hosts.drivers["publisher"].kill()
+    wait_for(lambda: not recordings(archives[0].directory)[0].is_active, timeout=20,
+             what="the recording ended")
+    recording = recordings(archives[0].directory)[0]
+    stop = recording.stop_position
+    query = planner(hosts, archives, in_place=True)
+    try:
+        with pytest.raises(SlipstreamDataLossError) as failed:
+            run_batches(query, start, read, hosts, "ingest", time.monotonic() + 12)
+    finally:
+        query.stop()
+    # All that was recorded, once (its driver died with what it had not sent yet).
+    assert read == list(range(len(recorded_messages(recording, archives[0].directory))))
+    message = str(failed.value)
+    assert f"whatever its publisher accepted after position {stop}" in message
+    assert "without the stream's end-of-stream mark" in message
+
+
+def test_a_task_falls_over_to_the_second_archive_when_the_first_stops_answering(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """Both archives record the stream; the first (preferred) is killed after the batch was
+    planned from it: the tasks get the range replayed by the second, and the next triggers
+    plan from the second alone.  Every message once, in order."""
+    hosts.publish_from("publisher")
+    start, read = first_batches(hosts, archives, 200)
+    down = 4 * MESSAGES_PER_TERM
+    assert hosts.publish(down) == down
+    total = 200 + down
+    query = planner(hosts, archives, in_place=False)
+    try:
+        end = query.latestOffset(start, ReadAllAvailable())
+        partitions = query.partitions(start, end)
+        first = archives[0].endpoint
+        assert any(p.archived is not None and f"{p.archived.archive[0]}:"
+                   f"{p.archived.archive[1]}" == first for p in partitions)
+        archives[0].kill()
+        read += numbers(partitions, hosts, "spark")
+        query.commit(end)
+        assert hosts.publish(50) == 50
+        total += 50
+        run_batches(query, end, read, hosts, "spark", time.monotonic() + 20, stop_when=total)
+    finally:
+        query.stop()
+    assert read == list(range(total))
+
+
+def test_earliest_starts_a_new_query_at_the_archive_s_first_position(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """startingPosition=earliest, the log having rotated several terms: a new query reads
+    the session from the first position the archive recorded, not the log's oldest."""
+    hosts.publish_from("publisher")
+    total = 4 * MESSAGES_PER_TERM
+    assert hosts.publish(total) == total  # the archive is the stream's receiver
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    query = planner(hosts, archives[:1], in_place=True, startingPosition="earliest")
+    read: list[int] = []
+    try:
+        start = query.initialOffset()
+        assert int(next(iter(start.values()))["position"]) == 0
+        run_batches(query, start, read, hosts, "ingest", time.monotonic() + 20,
+                    stop_when=total)
+    finally:
+        query.stop()
+    assert read == list(range(total))
