@@ -50,6 +50,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from typing import Final
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -61,6 +62,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from slipstream.archive.catalog import EndReason
+from slipstream.archive.client import ListedRecording
 from slipstream.client import SlipstreamError
 from slipstream.client.counters import Counter, CounterType, fit_label
 from slipstream.client.logview import LogView
@@ -97,6 +99,22 @@ log = logging.getLogger("slipstream.spark_bridge")
 #: How long a session of the offsets is missing with no recorded end before it is called gone
 #: (its end is recorded on the client's conductor thread just after the image leaves).
 _NO_RECORD_S = 1.0
+
+
+#: The offsets' key (not a session's) of when the query began, epoch ms, with archives: a
+#: session the archives began recording after it is read from its first recorded message.
+ARCHIVED_SINCE: Final = "@archived-since"
+#: An offsets entry's flag: the session was read to its end (or its loss reported); the entry
+#: stays while an archive holds a recording of it, so that the recording never brings it back.
+_FINISHED: Final = "finished"
+
+
+def _is_finished(entry: object) -> bool:
+    return isinstance(entry, dict) and bool(entry.get(_FINISHED))
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 #: How a recording that ended without the stream's end-of-stream mark ended, in a loss report.
@@ -160,6 +178,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.options = options
         self._hold: _OwnHold | _StandingHold | None = None
         self._target: dict[str, int] | None = None
+        self._target_ms = 0  # when Trigger.AvailableNow took its snapshot (epoch ms)
         #: When the last micro-batch that read was planned (monotonic ns): minMessagesPerTrigger
         #: waits at most maxTriggerDelay from there.
         self._last_read_ns: int | None = None
@@ -182,6 +201,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         entries of streams it no longer reads are left out."""
         rekeyed: dict[str, object] = {}
         for key, entry in offsets.items():
+            if key.startswith("@"):  # not a session: ARCHIVED_SINCE
+                continue
             stream_id, session_id = key_parts(self.options, key)
             if stream_id in self.options.stream_ids:
                 rekeyed[offset_key(self.options, stream_id, session_id)] = entry
@@ -257,6 +278,54 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                            view.identity.framing, earliest)
         return earliest if archived is None else min(archived, earliest)
 
+    def _recordings_of(self, sid: str, entry: object) -> list[ListedRecording]:
+        """The archives' recordings of session ``sid`` of the log ``entry`` names."""
+        assert self._archives is not None
+        framing = log_of(entry)
+        stream_id, session_id = key_parts(self.options, sid)
+        return [r for r in self._archives.recorded_sessions(stream_id).get(session_id, [])
+                if (r.descriptor.initial_term_id, r.descriptor.term_length) == framing]
+
+    def _entering_at(self, view: LogView, since: int | None) -> int:
+        """Where a session that appears in the hold enters the offsets: its starting
+        position; or, when the archives began recording it after ``since`` (epoch ms: when
+        the query began, :data:`ARCHIVED_SINCE`), the first position they hold of it without
+        a hole up to the hold's position: a session that began while the query was down is
+        read from its first message."""
+        default = self._default_start(view)
+        if self._archives is None or since is None or \
+                self.options.starting_timestamp_ns is not None:
+            return default
+        sid = offset_key(self.options, view.stream_id, view.session_id)
+        recordings = self._recordings_of(sid, {"position": 0, "log": [*view.identity.framing]})
+        if not recordings or min(r.descriptor.start_time_ms for r in recordings) < since:
+            return default
+        earliest = self._archives.earliest(view.stream_id, view.session_id,
+                                           view.identity.framing, view.position)
+        return default if earliest is None else min(earliest, default)
+
+    def _enter_recorded(self, images: dict[str, LogView], start: dict[str, object],
+                        finished: dict[str, object], end: dict[str, object],
+                        since: int) -> None:
+        """Sessions that only the archives hold (they began and went while the query was
+        down), recorded after ``since``: they enter ``end`` at their first recorded
+        position, unread, and are read from the archives from the next batch on."""
+        assert self._archives is not None and self._hold is not None
+        for stream_id in self.options.stream_ids:
+            for session_id, recordings in self._archives.recorded_sessions(stream_id).items():
+                sid = offset_key(self.options, stream_id, session_id)
+                if sid in start or sid in finished or sid in images:
+                    continue
+                newest = max(recordings, key=lambda r: r.descriptor.start_time_ms).descriptor
+                framing = (newest.initial_term_id, newest.term_length)
+                of_log = [r.descriptor for r in recordings
+                          if (r.descriptor.initial_term_id, r.descriptor.term_length) == framing]
+                began = min(d.start_time_ms for d in of_log)
+                if began < since or (self._target is not None and began > self._target_ms):
+                    continue  # read before, or after Trigger.AvailableNow's snapshot
+                end[sid] = {"position": min(d.start_position for d in of_log),
+                            "log": [*framing], "holder": f"{self._hold.host}/{self._hold.driver}"}
+
     def _archived_session(self, sid: str, entry: object) -> dict[str, object] | bool | None:
         """What becomes of session ``sid`` (at ``entry`` in the offsets) whose image is gone,
         by what the archives recorded of its log: an entry to read on to (what they hold past
@@ -270,8 +339,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return None
         stream_id, session_id = key_parts(self.options, sid)
         position = position_of(entry)
-        recordings = [r for r in self._archives.recorded_sessions(stream_id).get(session_id, [])
-                      if (r.descriptor.initial_term_id, r.descriptor.term_length) == framing]
+        recordings = self._recordings_of(sid, entry)
         if not recordings:
             return None
         kept: dict[str, object] = dict(entry) if isinstance(entry, dict) else \
@@ -310,11 +378,17 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         log holds, read at once (that range is not held by this subscription's credit, so
         waiting a batch could lose it; planned anew, it is the oldest held then)."""
         images = self._images()  # connect: the subscription's position holds the stream
+        offsets: dict[str, object] = {}
         if self.options.starting_position == "earliest" or \
                 self.options.starting_timestamp_ns is not None:
-            return {sid: self._entry(view, self._default_start(view))
-                    for sid, view in images.items()}
-        return {}
+            offsets = {sid: self._entry(view, self._default_start(view))
+                       for sid, view in images.items()}
+        if self._archives is not None:
+            # Sessions recorded from now on are read from their first message; with
+            # earliest, every session the archives hold is.
+            offsets[ARCHIVED_SINCE] = 0 if self.options.starting_position == "earliest" \
+                and self.options.starting_timestamp_ns is None else _now_ms()
+        return offsets
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """maxMessagesPerTrigger (also applies maxBytesPerTrigger if set), else
@@ -329,6 +403,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Trigger.AvailableNow: read up to what is available now, nothing later: neither the
         messages published after this call nor the sessions that appear after it."""
         self._target = {sid: image.available_position() for sid, image in self._images().items()}
+        self._target_ms = _now_ms()
 
     def latestOffset(self, start: dict[str, object], limit: ReadLimit) -> dict[str, object]:
         """The end of the next micro-batch: per image, the last whole ready message, capped by
@@ -340,12 +415,25 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         range.  A session whose image is gone leaves the offsets: in silence when it was read
         to its end-of-stream mark, else as data loss naming how it ended (:meth:`_gone`).
         """
+        since = start.get(ARCHIVED_SINCE)
         start = self._rekeyed(start)
+        finished = {sid: entry for sid, entry in start.items() if _is_finished(entry)}
+        start = {sid: entry for sid, entry in start.items() if sid not in finished}
         images = self._images()
         hold = self._hold
         assert hold is not None
         self._report_lag(images, start)
         end: dict[str, object] = {}
+        if self._archives is not None:
+            # A checkpoint of the query before it named archives: sessions from now on.
+            since = int(since) if isinstance(since, int) else _now_ms()  # type: ignore[arg-type]
+            end[ARCHIVED_SINCE] = since
+            self._enter_recorded(images, start, finished, end, since)
+            for sid, entry in finished.items():  # remembered while an archive holds it
+                if sid not in images and self._recordings_of(sid, entry):
+                    end[sid] = entry
+        else:
+            since = None
         missing = sorted(set(start) - set(images))
         ended = hold.ended(missing) if missing else {}
         now = time.monotonic()
@@ -362,8 +450,10 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if self._archives is not None:
                 archived = self._archived_session(sid, start[sid])
                 if archived is not None:
-                    if archived:
-                        end[sid] = archived
+                    # Read on; or finished, and remembered so that the archives' recordings
+                    # of it never bring it back.
+                    end[sid] = archived or {**dict(start[sid]),  # type: ignore[call-overload]
+                                            _FINISHED: True}
                     continue
             message = gone_message(self.options, hold, sid, start[sid], ended.get(sid))
             if message is not None:
@@ -408,7 +498,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     end[sid] = start[sid]
                 continue
             if sid not in start:
-                end[sid] = self._entry(image, self._default_start(image))
+                end[sid] = self._entry(image, self._entering_at(image, since))
                 continue
             if sid in foreign:  # enters afresh, read from the next batch on
                 end[sid] = self._entry(image, image.earliest_position())
