@@ -27,7 +27,12 @@ from pathlib import Path
 
 from slipstream.archive.catalog import CATALOG_FILE, EndReason, RecordingState
 from slipstream.archive.client import ArchiveClient, ListedRecording
-from slipstream.archive.reading import RecordingLostError, RecordingReader, read_descriptor
+from slipstream.archive.reading import (
+    RecordingLostError,
+    RecordingReader,
+    live_positions,
+    read_descriptor,
+)
 from slipstream.client import Client, SlipstreamError
 
 __all__ = ["ArchivedSource", "Archives", "Piece", "archive_client_for", "read_archived",
@@ -65,9 +70,10 @@ def stitch(listed: Sequence[tuple[Endpoint, Sequence[ListedRecording]]], session
     """The pieces, in position order, that hold as much of ``[start, end)`` (``end`` None: as
     far as anything is recorded) of the session ``session_id`` whose log is ``framing``
     (initial term id, term length) as the recordings ``listed`` (per archive, the preferred
-    first) hold.  At each position the first archive that holds it gives the piece, from its
-    recording that reaches furthest; adjacent pieces meet exactly, and a range none holds
-    is absent between them (a hole the caller reports as loss)."""
+    first) hold.  A piece begins with the first archive that holds its start, in its
+    recording that reaches furthest, and runs to that recording's end; adjacent pieces meet
+    exactly, and a range none holds is absent between them (a hole the caller reports as
+    loss)."""
     candidates = [(rank, archive, recording)
                   for rank, (archive, recordings) in enumerate(listed)
                   for recording in recordings if _holds(recording, session_id, framing)]
@@ -241,20 +247,30 @@ def _forget(directory: str | None, endpoint: Endpoint) -> None:
 
 
 def _in_place(source: ArchivedSource, session_id: int, stream_id: int, start: int,
-              end: int) -> int | None:
+              end: int, driver_dir: str) -> int | None:
     """The id of a recording in this host's archive directory that holds ``[start, end)`` of
-    the session (the partition's own recording first, else any of the same log), or None."""
+    the session (the partition's own recording first, else any of the same log; a live one
+    only if its archive is a client of the driver at ``driver_dir``), or None."""
     if source.directory is None or not (Path(source.directory) / CATALOG_FILE).exists():
         return None
     directory = Path(source.directory)
 
+    live: dict[int, int] | None = None
+
     def fits(recording_id: int) -> bool:
+        nonlocal live
         d = read_descriptor(directory, recording_id)
         if d is None or d.state != RecordingState.VALID or d.session_id != session_id or \
                 d.stream_id != stream_id or (d.initial_term_id, d.term_length) != \
                 source.framing or d.start_position > start:
             return False
-        return d.is_active or d.stop_position >= end
+        if not d.is_active:
+            return d.stop_position >= end
+        # A live recording is followed by its position counter: only where the archive is a
+        # client of this host's driver (the task's), else a replay serves.
+        if live is None:
+            live = live_positions(Path(driver_dir))
+        return recording_id in live
 
     if fits(source.recording_id):
         return source.recording_id
@@ -282,10 +298,11 @@ def read_archived(source: ArchivedSource, session_id: int, stream_id: int, start
 
     position = start
     here = socket.gethostname()
-    local = _in_place(source, session_id, stream_id, start, end)
+    driver_dir = directory or _default_dir()
+    local = _in_place(source, session_id, stream_id, start, end, driver_dir)
     if local is not None:
         with RecordingReader(source.directory, local, start=start, end=end,  # type: ignore[arg-type]
-                             driver_dir=directory or _default_dir()) as reader:
+                             driver_dir=driver_dir) as reader:
             where = f"recording {local} in {source.directory} on {here}"
             idle_since = time.monotonic()
             while not reader.done:

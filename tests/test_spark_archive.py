@@ -12,6 +12,7 @@ recording ended (docs/SPARK.md, "Reading older ranges from an archive").
 from __future__ import annotations
 
 import contextlib
+import itertools
 import subprocess
 import sys
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import pytest
 from helpers import free_port, wait_for
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from test_archive import recorded_messages, recordings
 from test_spark_session_ends import FRAME, STREAM, TERM, Hosts, hosts  # noqa: F401  (a fixture)
@@ -338,3 +341,67 @@ def test_sessions_that_began_while_the_query_was_down_are_read_from_their_first_
     for first in (0, 100_000, 200_000):  # each session in order
         ours = [n for n in read if first <= n < first + 100_000]
         assert ours == sorted(ours)
+
+
+def _listed(recording_id: int, session_id: int, framing: tuple[int, int], start: int,
+            stop: int, active: bool):
+    from slipstream.archive.catalog import RecordingDescriptor, RecordingState
+    from slipstream.archive.client import ListedRecording
+
+    descriptor = RecordingDescriptor(
+        recording_id, RecordingState.VALID,
+        EndReason.ACTIVE if active else EndReason.END_OF_STREAM, start,
+        -1 if active else stop, 0, -1 if active else 1, framing[0], framing[1], 4 * TERM,
+        1408, session_id, STREAM, "aeron:ipc", "test")
+    return ListedRecording(descriptor, stop)
+
+
+@st.composite
+def archives_listed(draw):
+    """Per archive (one to three), recordings of session 7 of the log (5, TERM) at random
+    aligned ranges, some of another session or log among them."""
+    listed = []
+    recording_id = 0
+    for rank in range(draw(st.integers(1, 3))):
+        recordings = []
+        for _ in range(draw(st.integers(0, 4))):
+            start = draw(st.integers(0, 64)) * 32
+            stop = start + draw(st.integers(1, 64)) * 32
+            session, framing = draw(st.sampled_from([(7, (5, TERM)), (7, (5, TERM)),
+                                                     (8, (5, TERM)), (7, (6, TERM))]))
+            recordings.append(_listed(recording_id, session, framing, start, stop,
+                                      draw(st.booleans())))
+            recording_id += 1
+        listed.append(((f"10.0.0.{rank + 1}", 8010, 10), recordings))
+    return listed
+
+
+@given(archives_listed(), st.integers(0, 80).map(lambda n: n * 32),
+       st.one_of(st.none(), st.integers(1, 80).map(lambda n: n * 32)))
+def test_stitched_pieces_hold_exactly_what_the_archives_hold_preferring_the_first(
+        listed, start: int, length: int | None) -> None:
+    """The pieces are in order, meet or leave holes only where no recording of the session's
+    log holds a position, each lies in its recording, and each position comes from the first
+    archive that holds it."""
+    from slipstream.spark_bridge.archived import stitch
+
+    end = None if length is None else start + length
+    pieces = stitch(listed, 7, (5, TERM), start, end)
+    ours = [(rank, archive, r) for rank, (archive, recordings) in enumerate(listed)
+            for r in recordings
+            if r.descriptor.session_id == 7 and r.descriptor.initial_term_id == 5]
+    held = {p for _, _, r in ours
+            for p in range(r.descriptor.start_position, r.recorded_position, 32)
+            if p >= start and (end is None or p < end)}
+    covered = {p for piece in pieces for p in range(piece.start, piece.end, 32)}
+    assert covered == held
+    for a, b in itertools.pairwise(pieces):
+        assert a.end <= b.start
+    by_id = {r.recording_id: (rank, r) for rank, _, r in ours}
+    for piece in pieces:
+        rank, recording = by_id[piece.recording_id]
+        assert listed[rank][0] == piece.archive
+        assert recording.descriptor.start_position <= piece.start < piece.end \
+            <= recording.recorded_position
+        assert not any(other < rank and r.descriptor.start_position <= piece.start
+                       < r.recorded_position for other, _, r in ours)

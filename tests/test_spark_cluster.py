@@ -742,3 +742,173 @@ def test_a_publishing_host_restarted_while_the_query_was_down_is_reported_never_
     assert "without the stream's end-of-stream mark" in run.stderr, run.stderr[-3000:]
     assert old_session not in json.loads(run.result()["last_offsets"])
     assert skips >= 1
+
+
+#: Host 1: publishes ``prefix``-numbered messages with ``durable=7/1`` on its channel at about
+#: 400 messages/s, waiting (pipelined: once per 50 messages) until the archive's tagged
+#: receiver has them; writes how many are durable to ``durable-<prefix>``.  Runs until its
+#: driver goes or the file ``stopped``, then reports how many ``offer`` accepted and how many
+#: it knew durable.
+DURABLE_PUBLISHER = """
+import json, os, sys, time
+from slipstream.client import Client, SlipstreamError
+
+data, work, prefix = sys.argv[1], sys.argv[2], sys.argv[3]
+accepted = durable = 0
+try:
+    with Client.connect() as client:
+        publication = client.add_exclusive_publication(data + "|durable=7/1", 10)
+        print("SESSION", publication.session_id, flush=True)
+        while not publication.is_connected:
+            time.sleep(0.05)
+        while not os.path.exists(os.path.join(work, "stopped")):
+            message = f"{prefix}{accepted:08d}".encode().ljust(100, b".")
+            while (position := publication.offer(message)) < 0:
+                error = client.cut_off_error()
+                if error is not None:  # its driver went
+                    raise error
+                time.sleep(0.0002)
+            accepted += 1
+            if accepted % 50 == 0:
+                if not publication.wait_durable(position, 30):
+                    raise RuntimeError(f"not durable: {publication.why_not_durable(position)}")
+                durable = accepted
+                with open(os.path.join(work, f"durable-{prefix}.tmp"), "w") as f:
+                    f.write(str(durable))
+                os.replace(os.path.join(work, f"durable-{prefix}.tmp"),
+                           os.path.join(work, f"durable-{prefix}"))
+            time.sleep(0.0025)
+except (SlipstreamError, RuntimeError) as e:
+    print("ENDED", repr(e), flush=True)
+print("RESULT", json.dumps({"accepted": accepted, "durable": durable}), flush=True)
+"""
+
+#: The Spark driver on the archive host, holding the stream itself (no standing holder):
+#: reads ``expected`` rows with ``prefix`` from the earliest the archive holds into an
+#: idempotent sink, ranges its log no longer holds from the archive; with ``gone``, also waits
+#: until that session is finished in the offsets.
+ARCHIVE_QUERY = """
+import glob, json, os, sys, time
+from pyspark.sql import SparkSession
+from slipstream.spark_bridge import register
+
+data, archive, expected, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+prefix, gone = sys.argv[5], (sys.argv[6] if len(sys.argv) > 6 else None)
+spark = SparkSession.builder.appName("slipstream-archive-host").getOrCreate()
+register(spark)
+os.makedirs(os.path.join(work, "batches"), exist_ok=True)
+
+def sink(frame, batch_id):
+    rows = [[bytes(r.value[:9]).decode(), r.session_id, r.position] for r in frame.collect()]
+    path = os.path.join(work, "batches", f"{batch_id}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(rows, f)
+    os.replace(path + ".tmp", path)
+
+def seen():
+    values = []
+    for path in glob.glob(os.path.join(work, "batches", "*.json")):
+        with open(path) as f:
+            values += [row[0] for row in json.load(f)]
+    return values
+
+def last_offsets():
+    paths = glob.glob(os.path.join(work, "checkpoint", "offsets", "[0-9]*"))
+    if not paths:
+        return "{}"
+    with open(max(paths, key=lambda path: int(os.path.basename(path)))) as f:
+        return f.read().splitlines()[-1]
+
+def finished():
+    entry = json.loads(last_offsets()).get(gone)
+    return isinstance(entry, dict) and entry.get("finished") is True
+
+query = (spark.readStream.format("slipstream").option("channel", data)
+         .option("streamId", "10").option("archive", archive)
+         .option("startingPosition", "earliest")
+         .option("failOnDataLoss", "false").option("replayTimeoutMs", "10000")
+         .load().writeStream.foreachBatch(sink)
+         .option("checkpointLocation", os.path.join(work, "checkpoint")).start())
+deadline = time.monotonic() + 400
+while time.monotonic() < deadline and (
+        len({v for v in seen() if v.startswith(prefix)}) < expected or
+        (gone is not None and not finished())):
+    if query.exception() is not None:
+        raise query.exception()
+    time.sleep(0.5)
+if query.exception() is not None:
+    raise query.exception()
+query.stop()
+values = seen()
+print("RESULT", json.dumps({"rows": len(values), "distinct": len(set(values)),
+                            "last_offsets": last_offsets()}), flush=True)
+spark.stop()
+"""
+
+
+@pytest.mark.timeout(900)
+def test_durable_messages_are_read_once_through_downtime_and_the_publishing_host_s_crash(
+        cluster, tmp_path) -> None:
+    """The archive records the stream on host 4, where it arrives, as the durable publisher's
+    tagged receiver (``gtag=7``); the Spark driver runs on host 4 too, holding the stream
+    itself, its read tasks on hosts 2 and 3.  The query reads some and stops; the archive
+    keeps the stream flowing for several terms (64 KiB) while it is down; then host 1's
+    slipstream driver is killed mid-stream.  The restarted query reads what its log no
+    longer holds from the archive (replayed to the executors' hosts): every message once and
+    in order, every one the publisher was told was durable among them; and the session,
+    whose recording ended without the end-of-stream mark, is reported as loss past the
+    recorded position, then finished in the offsets."""
+    hosts, spark, drivers = cluster
+    data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}|gtag=7"
+    archive_dir = tmp_path / "archive"
+    config = tmp_path / "archive.toml"
+    config.write_text(
+        f'dir = "{archive_dir}"\nsegment_length = "256k"\n'
+        f'control_address = "{hosts[4].address}"\ncontrol_port = 8010\n'
+        f'[[record]]\nchannel = "{data}"\nstream_id = 10\nsource = "remote"\n')
+    archive_log = open(tmp_path / "archive.log", "wb")
+    archive = hosts[4].popen(sys.executable, "-m", "slipstream.archive.cli", "run",
+                             "--config", str(config), stdout=archive_log,
+                             stderr=subprocess.STDOUT)
+    publisher = hosts[1].popen(sys.executable, "-c", DURABLE_PUBLISHER,
+                               f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
+                               f"|term-length=64k", str(tmp_path), "d",
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    published = errors = ""
+    try:
+        spark.run_app(ARCHIVE_QUERY, data, f"{hosts[4].address}:8010", "300", str(tmp_path),
+                      "d", host=4, conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
+        progress = tmp_path / "durable-d"
+        at_stop = int(progress.read_text())
+        deadline = time.monotonic() + 60
+        while int(progress.read_text()) < at_stop + 3 * (64 * 1024 // 160):  # 3 terms
+            assert time.monotonic() < deadline, "the publisher did not go on while down"
+            time.sleep(0.2)
+        drivers[1].kill()
+        published, errors = publisher.communicate(timeout=60)
+        session = next(line.split()[1] for line in published.splitlines()
+                       if line.startswith("SESSION "))
+        run = spark.run_app(ARCHIVE_QUERY, data, f"{hosts[4].address}:8010", "300",
+                            str(tmp_path), "d", session, host=4,
+                            conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
+        query = run.result()
+    finally:
+        (tmp_path / "stopped").touch()
+        if publisher.poll() is None:
+            publisher.kill()
+            publisher.communicate()
+        archive.terminate()
+        archive.wait(timeout=30)
+        archive_log.close()
+    told = json.loads(next(line for line in published.splitlines()
+                           if line.startswith("RESULT "))[7:])
+    rows = []
+    for path in (tmp_path / "batches").glob("*.json"):
+        rows += [row[0] for row in json.loads(path.read_text())]
+    numbers = sorted(int(v[1:]) for v in rows)
+    assert numbers == list(range(len(numbers))), "every row once, none missing"
+    assert told["durable"] <= len(numbers) <= told["accepted"], (told, len(numbers), errors)
+    assert query["distinct"] == query["rows"] == len(numbers), query
+    assert "whatever its publisher accepted after position" in run.stderr, run.stderr[-3000:]
+    replays = (tmp_path / "archive.log").read_text()
+    assert "replay " in replays, "nothing was read from the archive: " + replays[-2000:]
