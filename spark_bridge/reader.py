@@ -650,6 +650,9 @@ class SlipstreamBatchReader(DataSourceReader):
     ``startingPosition`` (default ``earliest``) to ``endingPosition`` (default ``latest``)
     that the standing holder named by ``holder`` holds for ``holderGroup``.
 
+    With ``archive``, ``earliest`` reaches back as far as the archives hold each session
+    without a hole, and what the log no longer holds is read from them.
+
     A batch read moves no position: it reads what the holder's log holds, and the stream's
     query (if any) commits as before.  Its planner (a Python worker that ends before the tasks
     run) asks the holder once; the tasks read as a stream's do (:func:`read_range`).
@@ -658,7 +661,8 @@ class SlipstreamBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
-    def _ranges(self, hold: _StandingHold, views: dict[str, LogView], losses: LossReports
+    def _ranges(self, hold: _StandingHold, views: dict[str, LogView], losses: LossReports,
+                archives: Archives | None = None
                 ) -> tuple[dict[str, object], dict[str, object]]:
         options = self.options
         starting = options.starting_position if "startingPosition" in options.given \
@@ -694,12 +698,15 @@ class SlipstreamBatchReader(DataSourceReader):
                 begin = starting[sid]
             else:
                 begin = view.earliest_position()
+                archived = None if archives is None else archives.earliest(
+                    view.stream_id, view.session_id, view.identity.framing, begin)
+                begin = begin if archived is None else min(begin, archived)
             if begin > stop:
                 raise SlipstreamError(
                     f"slipstream stream {view.stream_id} session {view.session_id}: "
                     f"startingPosition "
                     f"{begin} is after endingPosition {stop}")
-            if begin < stop and not view.is_retained(begin):
+            if begin < stop and not view.is_retained(begin) and archives is None:
                 held_from = view.first_retained(begin, stop)
                 losses.report(("held", sid, held_from), loss_message(
                     view.stream_id, view.session_id, begin, held_from, None,
@@ -713,12 +720,19 @@ class SlipstreamBatchReader(DataSourceReader):
 
     def partitions(self) -> list[SlipstreamPartition]:  # type: ignore[override]
         hold = _StandingHold(self.options, hold=False)
+        archives = None
         try:
             views = hold.views()
             losses = LossReports(self.options)
-            start, end = self._ranges(hold, views, losses)
-            return plan_partitions(self.options, hold, views, start, end, losses)
+            if self.options.archives:
+                archives = Archives(hold.client, [_resolved(endpoint)
+                                                  for endpoint in self.options.archives],
+                                    self.options.replay_timeout_ms / 1000)
+            start, end = self._ranges(hold, views, losses, archives)
+            return plan_partitions(self.options, hold, views, start, end, losses, archives)
         finally:
+            if archives is not None:
+                archives.close()
             hold.close()
 
     def read(self, partition: InputPartition) -> Iterator[object]:  # type: ignore[override]

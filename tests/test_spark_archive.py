@@ -25,7 +25,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from test_archive import recorded_messages, recordings
-from test_spark_session_ends import FRAME, STREAM, TERM, Hosts, hosts  # noqa: F401  (a fixture)
+from test_spark_session_ends import (  # noqa: F401  (hosts: a fixture)
+    FRAME,
+    STREAM,
+    TERM,
+    Hosts,
+    hosts,
+    standing_planner,
+    start_holder,
+    stop_holder,
+)
 
 from slipstream.archive import EndReason
 from slipstream.client.counters import SystemCounter, read_system_counters
@@ -405,3 +414,50 @@ def test_stitched_pieces_hold_exactly_what_the_archives_hold_preferring_the_firs
             <= recording.recorded_position
         assert not any(other < rank and r.descriptor.start_position <= piece.start
                        < r.recorded_position for other, _, r in ours)
+
+
+def test_a_standing_holder_restarted_while_the_query_was_down_is_bridged_by_the_archive(
+        hosts: Hosts, tmp_path: Path) -> None:  # noqa: F811
+    """The stream is held by the ingest host's standing holder and recorded by an archive
+    there.  While the query is down the holder is restarted (it forgets its group's
+    position), the archive keeps the stream flowing for several terms, and the new hold
+    joins where the publisher is.  The restarted query reads the range between its
+    checkpoint and that join from the archive (replayed to the planner's host) and the
+    rest through the holder: every message once, in order, no loss reported."""
+    hosts.channel = f"aeron:udp?endpoint=127.0.0.2:{hosts.port}"
+    archive = Archive(hosts, tmp_path)
+    port = free_port()
+    holder = start_holder(hosts, port)
+    options = {"archive": archive.endpoint, "replayTimeoutMs": "3000"}
+    try:
+        hosts.publish_from("publisher")
+        query = standing_planner(hosts, port, **options)
+        read: list[int] = []
+        try:
+            start = query.initialOffset()
+            wait_for(lambda: query._images(), what="the session at the holder")
+            wait_for(lambda: recordings(archive.directory), timeout=20, what="the recording")
+            assert hosts.publish(200) == 200
+            start = run_batches(query, start, read, hosts, "spark", time.monotonic() + 20,
+                                stop_when=200)
+        finally:
+            query.stop()
+        stop_holder(holder)
+        down = 6 * MESSAGES_PER_TERM
+        assert hosts.publish(down) == down  # the archive keeps the publisher going
+        holder = start_holder(hosts, port)
+        total = 200 + down
+        query = standing_planner(hosts, port, **options)
+        sources: list[str] = []
+        try:
+            assert hosts.publish(100) == 100
+            total += 100
+            start = run_batches(query, start, read, hosts, "spark", time.monotonic() + 30,
+                                stop_when=total, sources=sources)
+        finally:
+            query.stop()
+    finally:
+        stop_holder(holder)
+        archive.kill()
+    assert read == list(range(total))
+    assert "archive" in sources

@@ -792,8 +792,10 @@ import glob, json, os, sys, time
 from pyspark.sql import SparkSession
 from slipstream.spark_bridge import register
 
-data, archive, expected, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+data, archive, expected, work = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 prefix, gone = sys.argv[5], (sys.argv[6] if len(sys.argv) > 6 else None)
+# "+N": N more than the publisher had made durable when the first batch was written
+relative, expected = expected.startswith("+"), int(expected.lstrip("+"))
 spark = SparkSession.builder.appName("slipstream-archive-host").getOrCreate()
 register(spark)
 os.makedirs(os.path.join(work, "batches"), exist_ok=True)
@@ -830,6 +832,12 @@ query = (spark.readStream.format("slipstream").option("channel", data)
          .load().writeStream.foreachBatch(sink)
          .option("checkpointLocation", os.path.join(work, "checkpoint")).start())
 deadline = time.monotonic() + 400
+while relative and time.monotonic() < deadline:
+    if seen():
+        with open(os.path.join(work, f"durable-{prefix}")) as f:
+            expected += int(f.read())
+        break
+    time.sleep(0.2)
 while time.monotonic() < deadline and (
         len({v for v in seen() if v.startswith(prefix)}) < expected or
         (gone is not None and not finished())):
@@ -857,7 +865,8 @@ def test_durable_messages_are_read_once_through_downtime_and_the_publishing_host
     longer holds from the archive (replayed to the executors' hosts): every message once and
     in order, every one the publisher was told was durable among them; and the session,
     whose recording ended without the end-of-stream mark, is reported as loss past the
-    recorded position, then finished in the offsets."""
+    recorded position, then finished in the offsets.  Mid-way through the first run, host 2's
+    slipstream driver is killed and started again: its tasks fail and run again."""
     hosts, spark, drivers = cluster
     data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}|gtag=7"
     archive_dir = tmp_path / "archive"
@@ -875,9 +884,26 @@ def test_durable_messages_are_read_once_through_downtime_and_the_publishing_host
                                f"|term-length=64k", str(tmp_path), "d",
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     published = errors = ""
+    worker_driver: list = []
+
+    def kill_a_worker_s_driver() -> None:
+        """Once the query has committed a few batches: host 2's driver killed, restarted."""
+        deadline = time.monotonic() + 300
+        while len(list((tmp_path / "batches").glob("*.json"))) < 2:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
+        drivers.pop(2).kill()
+        time.sleep(1.0)
+        worker_driver.append(hosts.start_driver(2, client_liveness_timeout="5s"))
+
+    killer = threading.Thread(target=kill_a_worker_s_driver, daemon=True)
+    killer.start()
     try:
-        spark.run_app(ARCHIVE_QUERY, data, f"{hosts[4].address}:8010", "300", str(tmp_path),
+        spark.run_app(ARCHIVE_QUERY, data, f"{hosts[4].address}:8010", "+3000", str(tmp_path),
                       "d", host=4, conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
+        killer.join(timeout=60)
+        assert worker_driver, "the worker's driver was not killed mid-query"
         progress = tmp_path / "durable-d"
         at_stop = int(progress.read_text())
         deadline = time.monotonic() + 60
@@ -900,6 +926,8 @@ def test_durable_messages_are_read_once_through_downtime_and_the_publishing_host
         archive.terminate()
         archive.wait(timeout=30)
         archive_log.close()
+        for driver in worker_driver:
+            driver.stop()
     told = json.loads(next(line for line in published.splitlines()
                            if line.startswith("RESULT "))[7:])
     rows = []
