@@ -537,18 +537,11 @@ with Client.connect() as client:
 #: The query: reads through the holder, writes each batch's rows to a file named by its batch
 #: id (written again when a batch runs again: idempotent), until ``expected`` distinct
 #: messages starting with ``prefix`` are in, then reports what the last offsets name.
-INGEST_QUERY = """
-import glob, json, os, sys, time
-from pyspark.sql import SparkSession
-from slipstream.spark_bridge import register
-
-data, holder, expected, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-prefix, fail_on_data_loss = sys.argv[5], sys.argv[6]
-gone = sys.argv[7] if len(sys.argv) > 7 else None  # a session to see leave the offsets
-spark = SparkSession.builder.appName("slipstream-ingest-host").getOrCreate()
-register(spark)
-os.makedirs(os.path.join(work, "batches"), exist_ok=True)
-
+#: The sink of the query applications below: each batch's rows (the first 9 bytes of the
+#: value, the session, the position) written to ``batches/<batch id>.json`` under ``work``,
+#: replaced whole (idempotent: a batch run again writes the same file); ``seen`` reads them
+#: back, ``last_offsets`` the checkpoint's last offsets line.
+SINK_HELPERS = """
 def sink(frame, batch_id):
     rows = [[bytes(r.value[:9]).decode(), r.session_id, r.position] for r in frame.collect()]
     path = os.path.join(work, "batches", f"{batch_id}.json")
@@ -563,6 +556,28 @@ def seen():
             values += [row[0] for row in json.load(f)]
     return values
 
+def last_offsets():
+    paths = glob.glob(os.path.join(work, "checkpoint", "offsets", "[0-9]*"))
+    if not paths:
+        return "{}"
+    with open(max(paths, key=lambda path: int(os.path.basename(path)))) as f:
+        return f.read().splitlines()[-1]
+"""
+
+
+INGEST_QUERY = """
+import glob, json, os, sys, time
+from pyspark.sql import SparkSession
+from slipstream.spark_bridge import register
+
+data, holder, expected, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+prefix, fail_on_data_loss = sys.argv[5], sys.argv[6]
+gone = sys.argv[7] if len(sys.argv) > 7 else None  # a session to see leave the offsets
+spark = SparkSession.builder.appName("slipstream-ingest-host").getOrCreate()
+register(spark)
+os.makedirs(os.path.join(work, "batches"), exist_ok=True)
+
+""" + SINK_HELPERS + """
 query = (spark.readStream.format("slipstream").option("channel", data)
          .option("streamId", "10").option("holder", holder).option("minPartitions", "2")
          .option("failOnDataLoss", fail_on_data_loss)
@@ -574,10 +589,6 @@ while time.monotonic() < deadline and \
     if query.exception() is not None:
         raise query.exception()
     time.sleep(0.5)
-def last_offsets():
-    paths = glob.glob(os.path.join(work, "checkpoint", "offsets", "[0-9]*"))
-    with open(max(paths, key=lambda path: int(os.path.basename(path)))) as f:
-        return f.read().splitlines()[-1]
 
 time.sleep(8)  # the ended session's image goes at the holder; it leaves the offsets
 while gone is not None and f'"{gone}"' in last_offsets() and time.monotonic() < deadline:
@@ -800,26 +811,7 @@ spark = SparkSession.builder.appName("slipstream-archive-host").getOrCreate()
 register(spark)
 os.makedirs(os.path.join(work, "batches"), exist_ok=True)
 
-def sink(frame, batch_id):
-    rows = [[bytes(r.value[:9]).decode(), r.session_id, r.position] for r in frame.collect()]
-    path = os.path.join(work, "batches", f"{batch_id}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(rows, f)
-    os.replace(path + ".tmp", path)
-
-def seen():
-    values = []
-    for path in glob.glob(os.path.join(work, "batches", "*.json")):
-        with open(path) as f:
-            values += [row[0] for row in json.load(f)]
-    return values
-
-def last_offsets():
-    paths = glob.glob(os.path.join(work, "checkpoint", "offsets", "[0-9]*"))
-    if not paths:
-        return "{}"
-    with open(max(paths, key=lambda path: int(os.path.basename(path)))) as f:
-        return f.read().splitlines()[-1]
+""" + SINK_HELPERS + """
 
 def finished():
     entry = json.loads(last_offsets()).get(gone)
