@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slipstream.archive.catalog import CATALOG_FILE, EndReason, RecordingState
+from slipstream.archive.catalog import CATALOG_FILE, NULL_POSITION, EndReason, RecordingState
 from slipstream.archive.client import ArchiveClient, ListedRecording
 from slipstream.archive.reading import (
     RecordingLostError,
@@ -44,6 +44,7 @@ log = logging.getLogger("slipstream.spark_bridge")
 Endpoint = tuple[str, int, int]
 
 _LIST_PAGE = 64  # the most recordings one ``list`` call answers (the archive's limit)
+_SILENT_S = 30.0  # how long an archive that did not answer is not asked again
 
 
 @dataclass(frozen=True)
@@ -71,19 +72,26 @@ def stitch(listed: Sequence[tuple[Endpoint, Sequence[ListedRecording]]], session
     far as anything is recorded) of the session ``session_id`` whose log is ``framing``
     (initial term id, term length) as the recordings ``listed`` (per archive, the preferred
     first) hold.  A piece begins with the first archive that holds its start, in its
-    recording that reaches furthest, and runs to that recording's end; adjacent pieces meet
-    exactly, and a range none holds is absent between them (a hole the caller reports as
-    loss)."""
+    recording that reaches furthest, and runs to that recording's end (a live recording's
+    reaches ``end``, when given: it will be recorded, and the task follows it); adjacent
+    pieces meet exactly, and a range none holds is absent between them (a hole the caller
+    reports as loss)."""
     candidates = [(rank, archive, recording)
                   for rank, (archive, recordings) in enumerate(listed)
                   for recording in recordings if _holds(recording, session_id, framing)]
+    def reach(recording: ListedRecording) -> int:
+        # A live recording will hold what a bounded range asks for: its task follows it there
+        # (its recorded position now may fall between a message's fragments).
+        if end is not None and recording.descriptor.is_active:
+            return end
+        return recording.recorded_position
+
     pieces: list[Piece] = []
     position = start
     while end is None or position < end:
-        holding = [(rank, -recording.recorded_position, archive, recording)
+        holding = [(rank, -reach(recording), archive, recording)
                    for rank, archive, recording in candidates
-                   if recording.descriptor.start_position <= position
-                   < recording.recorded_position]
+                   if recording.descriptor.start_position <= position < reach(recording)]
         if not holding:
             later = [recording.descriptor.start_position for _, _, recording in candidates
                      if recording.descriptor.start_position > position]
@@ -92,9 +100,8 @@ def stitch(listed: Sequence[tuple[Endpoint, Sequence[ListedRecording]]], session
             position = min(later)  # a hole: the next piece begins where a recording does
             continue
         _, _, archive, recording = min(holding, key=lambda h: (h[0], h[1]))
-        stop = recording.recorded_position if end is None else \
-            min(end, recording.recorded_position)
         d = recording.descriptor
+        stop = reach(recording) if end is None else min(end, reach(recording))
         pieces.append(Piece(archive, d.recording_id, position, stop, not d.is_active,
                             d.end_reason))
         position = stop
@@ -113,7 +120,8 @@ class Archives:
         self.timeout_s = timeout_s
         self._links: dict[Endpoint, ArchiveClient] = {}
         self._listed: dict[int, list[tuple[Endpoint, list[ListedRecording]]]] = {}
-        self._silent: set[Endpoint] = set()
+        #: Archives that did not answer, and until when (monotonic s) they are not asked.
+        self._silent: dict[Endpoint, float] = {}
 
     def refresh(self) -> None:
         """Forget what the archives said: the next questions ask them again."""
@@ -134,6 +142,8 @@ class Archives:
             return listed
         listed = []
         for endpoint in self.endpoints:
+            if self._silent.get(endpoint, 0.0) > time.monotonic():
+                continue  # not asked again for a while: each try costs timeout_s
             try:
                 link = self._link(endpoint)
                 recordings: list[ListedRecording] = []
@@ -149,15 +159,26 @@ class Archives:
                 if link is not None:
                     link.close()
                 if endpoint not in self._silent:
-                    self._silent.add(endpoint)
                     log.warning("slipstream: the archive at %s:%d (control stream %d) did not "
                                 "answer (%s): reading older ranges from the other archives "
                                 "named by the archive option, if any", *endpoint, e)
+                self._silent[endpoint] = time.monotonic() + _SILENT_S
                 continue
-            self._silent.discard(endpoint)
+            self._silent.pop(endpoint, None)
             listed.append((endpoint, recordings))
         self._listed[stream_id] = listed
         return listed
+
+    def answered(self, stream_id: int) -> bool:
+        """Whether every archive answered what it recorded of ``stream_id``: when one did
+        not, what the others lack is not known to be lost (the caller waits, or fails naming
+        it, rather than report loss)."""
+        return len(self.recordings(stream_id)) == len(self.endpoints)
+
+    def silent(self, stream_id: int) -> list[Endpoint]:
+        """The archives that did not answer what they recorded of ``stream_id``."""
+        answered = {endpoint for endpoint, _ in self.recordings(stream_id)}
+        return [endpoint for endpoint in self.endpoints if endpoint not in answered]
 
     def pieces(self, stream_id: int, session_id: int, framing: tuple[int, int], start: int,
                end: int | None) -> list[Piece]:
@@ -289,52 +310,63 @@ def read_archived(source: ArchivedSource, session_id: int, stream_id: int, start
                   ) -> Iterator[tuple[object, str]]:
     """The messages of ``[start, end)`` as :class:`~slipstream.client.GatheredMessages`
     chunks, each with where it was read (for errors), from the archives of ``source``: in
-    place when this host's archive directory holds the range, else replayed to this host's
-    driver (``directory``) by the partition's archive, then by the next ones in turn for
-    what is left when one fails.  Raises :class:`RecordingLostError` when no archive holds
-    a position of the range (the caller reports the loss), and
-    :class:`~slipstream.client.SlipstreamError` when none answers."""
+    place when this host's archive directory holds the range, else (or from where that read
+    failed) replayed to this host's driver (``directory``) by the partition's archive, then
+    by the next ones in turn for what is left when one fails.  Raises
+    :class:`RecordingLostError` when every archive answered and none holds a position of
+    the range (the caller reports the loss), and :class:`~slipstream.client.SlipstreamError`
+    when one that might did not answer (the task fails, and Spark runs it again)."""
     from slipstream.spark_bridge import runtime
 
     position = start
     here = socket.gethostname()
     driver_dir = directory or _default_dir()
+    failures: list[str] = []
     local = _in_place(source, session_id, stream_id, start, end, driver_dir)
     if local is not None:
-        with RecordingReader(source.directory, local, start=start, end=end,  # type: ignore[arg-type]
-                             driver_dir=driver_dir) as reader:
-            where = f"recording {local} in {source.directory} on {here}"
-            idle_since = time.monotonic()
-            while not reader.done:
-                chunk = reader.poll_gathered(4096)
-                if chunk is not None:
-                    yield chunk, where
-                    idle_since = time.monotonic()
-                    continue
-                if reader.position >= reader.recorded_position and \
-                        not reader.descriptor.is_active:
-                    raise RecordingLostError(
-                        f"{where} stopped at {reader.descriptor.stop_position}, before "
-                        f"{end}", (reader.descriptor.start_position,
-                                   reader.descriptor.stop_position))
-                if time.monotonic() - idle_since > timeout_s:
-                    raise SlipstreamError(f"{where}: nothing recorded past {reader.position} "
-                                          f"for {timeout_s:g} s (the range ends at {end})")
-                time.sleep(0.001)
-        return
+        where = f"recording {local} in {source.directory} on {here}"
+        try:
+            with RecordingReader(source.directory, local,  # type: ignore[arg-type]
+                                 start=start, end=end, driver_dir=driver_dir) as reader:
+                idle_since = time.monotonic()
+                while not reader.done:
+                    chunk = reader.poll_gathered(4096)
+                    if chunk is not None:
+                        position = reader.position
+                        yield chunk, where
+                        idle_since = time.monotonic()
+                        continue
+                    position = reader.position
+                    if position >= reader.recorded_position and \
+                            not reader.descriptor.is_active:
+                        raise RecordingLostError(
+                            f"it stopped at {reader.descriptor.stop_position}",
+                            (reader.descriptor.start_position,
+                             reader.descriptor.stop_position))
+                    if time.monotonic() - idle_since > timeout_s:
+                        raise SlipstreamError(f"nothing recorded past {position} for "
+                                              f"{timeout_s:g} s")
+                    time.sleep(0.001)
+                return
+        except (SlipstreamError, OSError) as e:  # RecordingLostError too: replays may hold it
+            failures.append(f"{where}: {e}")
+            log.warning("slipstream: reading [%d, %d) of stream %d session %d in place from "
+                        "%s failed at %d (%s); asking the archives for the rest", start, end,
+                        stream_id, session_id, where, position, e)
     client = runtime.client_for(directory)
     order = [source.archive] + [a for a in source.archives if a != source.archive]
-    failures: list[str] = []
     lost: RecordingLostError | None = None
+    unanswered = False
     for endpoint in order:
         if position >= end:
             break
+        named = f"the archive at {endpoint[0]}:{endpoint[1]}"
         try:
             link = archive_client_for(client, directory, endpoint, timeout_s)
             if endpoint == source.archive:
-                recording_id: int | None = source.recording_id
+                pieces = [(source.recording_id, end)]
             else:
-                recordings = []
+                recordings: list[ListedRecording] = []
                 while True:
                     page = link.list_recordings(stream_id=stream_id, count=_LIST_PAGE,
                                                 from_id=recordings[-1].recording_id + 1
@@ -342,34 +374,36 @@ def read_archived(source: ArchivedSource, session_id: int, stream_id: int, start
                     recordings += page
                     if len(page) < _LIST_PAGE:
                         break
-                pieces = stitch([(endpoint, recordings)], session_id, source.framing,
-                                position, end)
-                recording_id = pieces[0].recording_id if pieces and \
-                    pieces[0].start == position else None
-                if recording_id is None:
-                    failures.append(f"{endpoint[0]}:{endpoint[1]} holds no recording of "
-                                    f"position {position}")
-                    continue
-            for chunk, where, reached in _replayed(link, recording_id, position, end,
-                                                   endpoint, timeout_s):
-                position = reached
-                yield chunk, where
+                pieces = [(piece.recording_id, piece.end) for piece in stitch(
+                    [(endpoint, recordings)], session_id, source.framing, position, end)
+                    if piece.start >= position]
+            for recording_id, piece_end in pieces:
+                for chunk, where, reached in _replayed(link, recording_id, position,
+                                                       piece_end, endpoint, timeout_s):
+                    position = reached
+                    yield chunk, where
+                if position < piece_end:
+                    break
+            if position < end:
+                lost = lost or RecordingLostError(f"{named} holds no recording of {position}",
+                                                  (NULL_POSITION, NULL_POSITION))
+                failures.append(f"{named} holds no recording of position {position}")
         except RecordingLostError as e:
             lost = e
-            failures.append(f"{endpoint[0]}:{endpoint[1]}: {e}")
+            failures.append(f"{named}: {e}")
         except SlipstreamError as e:
+            unanswered = True
             _forget(directory, endpoint)
-            failures.append(f"{endpoint[0]}:{endpoint[1]}: {e}")
-            log.warning("slipstream: reading [%d, %d) of stream %d session %d from the archive "
-                        "at %s:%d failed at %d (%s); trying the next archive", start, end,
-                        stream_id, session_id, endpoint[0], endpoint[1], position, e)
+            failures.append(f"{named}: {e}")
+            log.warning("slipstream: reading [%d, %d) of stream %d session %d from %s failed "
+                        "at %d (%s); trying the next archive", start, end, stream_id,
+                        session_id, named, position, e)
     if position < end:
-        if lost is not None:
+        if lost is not None and not unanswered:
             raise RecordingLostError(f"no archive holds position {position}: "
                                      + "; ".join(failures), lost.held)
         raise SlipstreamError(f"slipstream stream {stream_id} session {session_id}: no archive "
-                              f"replayed [{position}, {end}) to {here}: "
-                              + "; ".join(failures))
+                              f"gave [{position}, {end}) to {here}: " + "; ".join(failures))
 
 
 def _replayed(link: ArchiveClient, recording_id: int, start: int, end: int,

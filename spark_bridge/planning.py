@@ -438,10 +438,10 @@ def gone_message(options: SourceOptions, hold: _OwnHold | _StandingHold, sid: st
 def archive_read_end(view: LogView, begin: int, stop: int) -> int:
     """Where a range ``[begin, stop)`` of ``view``'s session that begins before what the
     hold's position protects (its join position) or before what the log holds stops being
-    read from the archives: the join position, or the first position the log holds when
-    that is later, at most ``stop``."""
-    held_from = view.first_retained(begin, max(stop, view.available_position()))
-    return min(stop, max(held_from, view.join_position))
+    read from the archives: the first message the log holds at or after the join position
+    (which may fall between a message's fragments) and ``begin``, at most ``stop``."""
+    return min(stop, view.first_retained(max(begin, view.join_position),
+                                         max(stop, view.available_position())))
 
 
 def archived_partitions(options: SourceOptions, archives: Archives, stream_id: int,
@@ -463,11 +463,21 @@ def archived_partitions(options: SourceOptions, archives: Archives, stream_id: i
         if from_log is not None:
             partitions += from_log
         elif hole_end > position:
+            silent = archives.silent(stream_id)
+            if silent:  # not known to be lost: the archive that did not answer may hold it
+                raise SlipstreamError(
+                    f"slipstream stream {stream_id} session {session_id}: the messages at "
+                    f"positions [{position}, {hole_end}) are not in the log ({why}), and the "
+                    f"archive{'s' if len(silent) > 1 else ''} "
+                    f"{', '.join(f'{a}:{p}' for a, p, _ in silent)} that may hold them did "
+                    f"not answer within replayTimeoutMs: is it running, and its control "
+                    f"port open?  The query can be restarted from its checkpoint once it "
+                    f"answers")
             held = ", ".join(f"{a}:{p}" for a, p, _ in archives.endpoints)
             losses.report(("archived", stream_id, session_id, position),
                           loss_message(stream_id, session_id, position, hole_end, None, None,
-                                       why=f"{why}; and the archives ({held}) that answered "
-                                           f"hold none of them"),
+                                       why=f"{why}; and the archives ({held}) hold none "
+                                           f"of them"),
                           f"Skipping to {hole_end}")
         if piece is None:
             break

@@ -256,9 +256,12 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                           [_resolved(endpoint)
                                            for endpoint in self.options.archives],
                                           self.options.replay_timeout_ms / 1000)
-        if self._archives is not None:
-            self._archives.refresh()  # asked again once per planning call
         return self._hold.views()
+
+    def _ask_archives_again(self) -> None:
+        """The archives are asked again by the next question (once per planning call)."""
+        if self._archives is not None:
+            self._archives.refresh()
 
     def _default_start(self, view: LogView) -> int:
         if self.options.starting_timestamp_ns is not None:
@@ -340,16 +343,21 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         stream_id, session_id = key_parts(self.options, sid)
         position = position_of(entry)
         recordings = self._recordings_of(sid, entry)
-        if not recordings:
-            return None
         kept: dict[str, object] = dict(entry) if isinstance(entry, dict) else \
             {"position": position, "log": [*framing]}
+        if not self._archives.answered(stream_id):
+            return kept  # an archive that did not answer may hold it: asked again next time
+        if not recordings:
+            return None
+        if any(r.is_active for r in recordings):
+            # Still recorded (the image lives on where an archive records it): read once
+            # the recording stops, to its stop (a live recorded position may fall between a
+            # message's fragments; a stop is where the stream, or the recording, ended).
+            return kept
         pieces = self._archives.pieces(stream_id, session_id, framing, position, None)
         if pieces:
             kept["position"] = pieces[-1].end
             return kept
-        if any(r.is_active for r in recordings):
-            return kept  # still recorded: more may come
         if any(r.descriptor.end_reason == EndReason.END_OF_STREAM and
                r.recorded_position <= position for r in recordings):
             return False  # read to the end of the stream
@@ -378,6 +386,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         log holds, read at once (that range is not held by this subscription's credit, so
         waiting a batch could lose it; planned anew, it is the oldest held then)."""
         images = self._images()  # connect: the subscription's position holds the stream
+        self._ask_archives_again()
         offsets: dict[str, object] = {}
         if self.options.starting_position == "earliest" or \
                 self.options.starting_timestamp_ns is not None:
@@ -420,6 +429,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         finished = {sid: entry for sid, entry in start.items() if _is_finished(entry)}
         start = {sid: entry for sid, entry in start.items() if sid not in finished}
         images = self._images()
+        self._ask_archives_again()
         hold = self._hold
         assert hold is not None
         self._report_lag(images, start)
@@ -429,8 +439,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             since = int(since) if isinstance(since, int) else _now_ms()  # type: ignore[arg-type]
             end[ARCHIVED_SINCE] = since
             self._enter_recorded(images, start, finished, end, since)
-            for sid, entry in finished.items():  # remembered while an archive holds it
-                if sid not in images and self._recordings_of(sid, entry):
+            for sid, entry in finished.items():
+                # Remembered while an archive holds it (or may: one did not answer), or its
+                # image lingers: what is read is never read again.
+                image = images.get(sid)
+                if (image is not None and [*image.identity.framing] == entry["log"]) or \
+                        self._recordings_of(sid, entry) or \
+                        not self._archives.answered(key_parts(self.options, sid)[0]):
                     end[sid] = entry
         else:
             since = None
@@ -441,8 +456,9 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if sid not in missing:
                 del self._missing_since[sid]
         for sid in missing:
-            since = self._missing_since.setdefault(sid, now)
-            if sid not in ended and (hold.age_s() < GONE_GRACE_S or now - since < _NO_RECORD_S):
+            missing_since = self._missing_since.setdefault(sid, now)
+            if sid not in ended and (hold.age_s() < GONE_GRACE_S or
+                                     now - missing_since < _NO_RECORD_S):
                 # Its image may be on its way to a hold just made, or its end about to be
                 # recorded (the subscription drops an image before its handler runs).
                 end[sid] = start[sid]
@@ -497,6 +513,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 if sid in start:
                     end[sid] = start[sid]
                 continue
+            if sid in finished and end.get(sid) is finished[sid]:
+                continue  # read to its end; its image lingers
             if sid not in start:
                 end[sid] = self._entry(image, self._entering_at(image, since))
                 continue
@@ -580,6 +598,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         (:meth:`LogView.split_points`)."""
         start, end = self._rekeyed(start), self._rekeyed(end)
         images = self._images()
+        self._ask_archives_again()
         hold = self._hold
         assert hold is not None
         # A range whose session has no image yet, at a hold just made: its image may be on

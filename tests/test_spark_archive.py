@@ -228,6 +228,18 @@ def test_a_session_gone_while_the_query_was_down_is_read_from_the_archive_to_its
         start = run_batches(query, start, read, hosts, "ingest", time.monotonic() + 12)
         # Finished: remembered (never read again) while the archives hold it.
         assert start[session]["finished"] is True
+        if ending == "closed":
+            # Archives that do not answer forget nothing: the session stays finished, and
+            # is not read again once they answer again.
+            for archive in archives:
+                archive.kill()
+            start = run_batches(query, start, read, hosts, "ingest", time.monotonic() + 8)
+            assert start[session]["finished"] is True
+            for archive in archives:
+                archive.start()
+            query._archives._silent.clear()  # asked again at once, not after the back-off
+            start = run_batches(query, start, read, hosts, "ingest", time.monotonic() + 4)
+            assert start[session]["finished"] is True
     finally:
         query.stop()
     assert read == list(range(total))
@@ -390,8 +402,8 @@ def archives_listed(draw):
 def test_stitched_pieces_hold_exactly_what_the_archives_hold_preferring_the_first(
         listed, start: int, length: int | None) -> None:
     """The pieces are in order, meet or leave holes only where no recording of the session's
-    log holds a position, each lies in its recording, and each position comes from the first
-    archive that holds it."""
+    log holds a position (a live one holds a bounded range to its end: it will), each lies
+    in its recording, and each begins in the first archive that holds its start."""
     from slipstream.spark_bridge.archived import stitch
 
     end = None if length is None else start + length
@@ -399,8 +411,12 @@ def test_stitched_pieces_hold_exactly_what_the_archives_hold_preferring_the_firs
     ours = [(rank, archive, r) for rank, (archive, recordings) in enumerate(listed)
             for r in recordings
             if r.descriptor.session_id == 7 and r.descriptor.initial_term_id == 5]
+
+    def reach(r) -> int:  # a live recording will hold what a bounded range asks for
+        return end if end is not None and r.descriptor.is_active else r.recorded_position
+
     held = {p for _, _, r in ours
-            for p in range(r.descriptor.start_position, r.recorded_position, 32)
+            for p in range(r.descriptor.start_position, max(reach(r), 0), 32)
             if p >= start and (end is None or p < end)}
     covered = {p for piece in pieces for p in range(piece.start, piece.end, 32)}
     assert covered == held
@@ -411,9 +427,9 @@ def test_stitched_pieces_hold_exactly_what_the_archives_hold_preferring_the_firs
         rank, recording = by_id[piece.recording_id]
         assert listed[rank][0] == piece.archive
         assert recording.descriptor.start_position <= piece.start < piece.end \
-            <= recording.recorded_position
+            <= reach(recording)
         assert not any(other < rank and r.descriptor.start_position <= piece.start
-                       < r.recorded_position for other, _, r in ours)
+                       < reach(r) for other, _, r in ours)
 
 
 def test_a_standing_holder_restarted_while_the_query_was_down_is_bridged_by_the_archive(
