@@ -49,10 +49,11 @@ _REASONS: Final = {lib.SS_SCAN_END: SCAN_END, lib.SS_SCAN_TORN: SCAN_TORN,
                    lib.SS_SCAN_INVALID: SCAN_INVALID}
 
 
-# fallocate(2), which Python's os module lacks (os.posix_fallocate changes the size); ABI
-# mode: one call per segment, nothing to build.
+# fallocate(2) and sync_file_range(2), which Python's os module lacks (os.posix_fallocate
+# changes the size); ABI mode: one call per segment or per chunk, nothing to build.
 _libc_ffi = cffi.FFI()
-_libc_ffi.cdef("int fallocate(int fd, int mode, int64_t offset, int64_t len);")
+_libc_ffi.cdef("int fallocate(int fd, int mode, int64_t offset, int64_t len);\n"
+               "int sync_file_range(int fd, int64_t offset, int64_t nbytes, unsigned int flags);")
 _libc = _libc_ffi.dlopen(None)
 _FALLOC_FL_KEEP_SIZE: Final = 0x01
 
@@ -67,6 +68,59 @@ def reserve(fd: int, length: int) -> bool:
     code = _libc_ffi.errno
     if code in (errno.ENOSPC, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EDQUOT):
         return False
+    raise OSError(code, os.strerror(code))
+
+
+_SYNC_FILE_RANGE_WAIT_BEFORE: Final = 1
+_SYNC_FILE_RANGE_WRITE: Final = 2
+_SYNC_FILE_RANGE_WAIT_AFTER: Final = 4
+
+
+class WriteBehind:
+    """Write-behind for one file written front to back (PostgreSQL's ``*_flush_after``,
+    RocksDB's ``bytes_per_sync``): each time ``chunk`` more bytes were written the kernel is
+    asked to start writing them to the disk (``sync_file_range``, not waiting), and the chunk
+    before, waited for, is dropped from the page cache (``POSIX_FADV_DONTNEED``).  So the
+    cache a recording holds stays about two chunks, the next writes reuse its pages instead of
+    taking new ones (which the kernel must find, and a VM's host must back, at a third to a
+    tenth of the rate here: docs/ARCHIVE.md, "Figures"), and a writer that outruns the disk
+    waits for it a chunk at a time instead of all at once when the dirty pages hit the
+    kernel's limit.  Not durability: the disk's cache and the file's metadata are not flushed
+    (the sync policy's fdatasync does that).  On a file system without writeback (tmpfs) both
+    calls do nothing."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
+        self._fd = -1
+        self._started = 0  # offsets in the file: writeback asked for [_dropped, _started)
+        self._dropped = 0
+
+    def restart(self, fd: int, offset: int) -> None:
+        """A new file ``fd`` whose writes begin at ``offset``."""
+        self._fd = fd
+        self._started = self._dropped = offset
+
+    def written(self, end: int) -> None:
+        """The file holds what was written up to ``end``; raises :class:`OSError` when the
+        disk reported an error writing back an earlier chunk."""
+        if end - self._started < self.chunk:
+            return
+        if _libc.sync_file_range(self._fd, self._started, end - self._started,
+                                 _SYNC_FILE_RANGE_WRITE) != 0:
+            _raise_errno()
+        if self._started > self._dropped:
+            if _libc.sync_file_range(self._fd, self._dropped, self._started - self._dropped,
+                                     _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
+                                     | _SYNC_FILE_RANGE_WAIT_AFTER) != 0:
+                _raise_errno()
+            os.posix_fadvise(self._fd, self._dropped, self._started - self._dropped,
+                             os.POSIX_FADV_DONTNEED)
+            self._dropped = self._started
+        self._started = end
+
+
+def _raise_errno() -> None:
+    code = _libc_ffi.errno
     raise OSError(code, os.strerror(code))
 
 
