@@ -76,47 +76,57 @@ _SYNC_FILE_RANGE_WRITE: Final = 2
 _SYNC_FILE_RANGE_WAIT_AFTER: Final = 4
 
 
+#: Chunks of write-behind under way before the oldest is waited for: with one the archive
+#: waited on the disk at nearly every chunk and recorded at 545 MB/s where four gave 1,003
+#: (twelve: 1,008), 8 MiB chunks, 2026-11-28 (docs/ARCHIVE.md, "Figures").
+WRITE_BEHIND_DEPTH: Final = 4
+
+
 class WriteBehind:
     """Write-behind for one file written front to back (PostgreSQL's ``*_flush_after``,
     RocksDB's ``bytes_per_sync``): each time ``chunk`` more bytes were written the kernel is
-    asked to start writing them to the disk (``sync_file_range``, not waiting), and the chunk
-    before, waited for, is dropped from the page cache (``POSIX_FADV_DONTNEED``).  So the
-    cache a recording holds stays about two chunks, the next writes reuse its pages instead of
-    taking new ones (which the kernel must find, and a VM's host must back, at a third to a
-    tenth of the rate here: docs/ARCHIVE.md, "Figures"), and a writer that outruns the disk
-    waits for it a chunk at a time instead of all at once when the dirty pages hit the
-    kernel's limit.  Not durability: the disk's cache and the file's metadata are not flushed
-    (the sync policy's fdatasync does that).  On a file system without writeback (tmpfs) both
-    calls do nothing."""
+    asked to start writing them to the disk (``sync_file_range``, not waiting); once more
+    than ``depth`` chunks are under way the oldest is waited for and dropped from the page
+    cache (``POSIX_FADV_DONTNEED``).  So the cache a recording holds stays about ``depth +
+    1`` chunks, the next writes reuse its pages instead of taking new ones (which the kernel
+    must find, and a VM's host must back, at a fraction of the rate: docs/ARCHIVE.md,
+    "Figures"), and a writer that outruns the disk waits for it a chunk at a time, not for
+    seconds when the dirty pages reach the kernel's limit; one that does not outrun it finds
+    the oldest chunk written by then and does not wait.  Not durability: the disk's cache and
+    the file's metadata are not flushed (the sync policy's fdatasync does that).  On a file
+    system without writeback (tmpfs) both calls do nothing."""
 
-    def __init__(self, chunk: int) -> None:
+    def __init__(self, chunk: int, depth: int = WRITE_BEHIND_DEPTH) -> None:
         self.chunk = chunk
+        self.depth = depth
         self._fd = -1
-        self._started = 0  # offsets in the file: writeback asked for [_dropped, _started)
-        self._dropped = 0
+        self._started: list[int] = []  # the end offsets of the chunks under way, oldest first
+        self._dropped = 0  # offsets before it are written and dropped (or not this file's)
 
     def restart(self, fd: int, offset: int) -> None:
         """A new file ``fd`` whose writes begin at ``offset``."""
         self._fd = fd
-        self._started = self._dropped = offset
+        self._started.clear()
+        self._dropped = offset
 
     def written(self, end: int) -> None:
         """The file holds what was written up to ``end``; raises :class:`OSError` when the
         disk reported an error writing back an earlier chunk."""
-        if end - self._started < self.chunk:
+        begin = self._started[-1] if self._started else self._dropped
+        if end - begin < self.chunk:
             return
-        if _libc.sync_file_range(self._fd, self._started, end - self._started,
-                                 _SYNC_FILE_RANGE_WRITE) != 0:
+        if _libc.sync_file_range(self._fd, begin, end - begin, _SYNC_FILE_RANGE_WRITE) != 0:
             _raise_errno()
-        if self._started > self._dropped:
-            if _libc.sync_file_range(self._fd, self._dropped, self._started - self._dropped,
+        self._started.append(end)
+        if len(self._started) > self.depth:
+            oldest = self._started.pop(0)
+            if _libc.sync_file_range(self._fd, self._dropped, oldest - self._dropped,
                                      _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
                                      | _SYNC_FILE_RANGE_WAIT_AFTER) != 0:
                 _raise_errno()
-            os.posix_fadvise(self._fd, self._dropped, self._started - self._dropped,
+            os.posix_fadvise(self._fd, self._dropped, oldest - self._dropped,
                              os.POSIX_FADV_DONTNEED)
-            self._dropped = self._started
-        self._started = end
+            self._dropped = oldest
 
 
 def _raise_errno() -> None:
