@@ -5,6 +5,7 @@
 
     .venv/bin/python -m bench.archive_record [--messages N] [--rounds R] [--dir DIR]
         [--sync POLICY] [--loops bench|first|both] [--profile-archive py-spy|perf]
+        [--write-behind SIZE] [--keep] [--modes alone,archive,both,aeron]
 
 Each round runs, in an order that rotates from round to round:
 
@@ -14,7 +15,10 @@ Each round runs, in an order that rotates from round to round:
 * ``both``: publisher -> archive and live subscriber (the live subscriber beside the archive,
   and the recording rate with a live subscriber);
 * ``disk``: the same bytes written from Python in the archive's write size into new files of
-  the segment length in the same directory, with the same sync policy, then removed;
+  the segment length in the same directory, with the same sync policy and write-behind, then
+  removed; run twice before each ``archive`` run and the second timed, so that it, like the
+  recording after it, writes into pages just freed (on a VM, pages freed seconds before were
+  handed back to the host, and a write into them runs at a fraction of the rate);
 * ``aeron``: Aeron Archive's sample, when the jar and Java 11 are there (``make aeron``).
 
 The recording rate is the bytes recorded over the time from the publisher's first offer to
@@ -24,7 +28,10 @@ pipeline, log to segment files, under its sync policy.  The live subscriber's ra
 messages over the time from the first offer to its last message.  ``--loops first`` runs the
 loops a first program writes (``offer`` per message, ``poll(handler, 1000)``, the client's
 defaults); ``bench`` runs ``offer_batch`` / ``poll_batch`` with a yielding idle loop.  The
-archive runs with its configuration's defaults but for the sizes given here.
+archive runs with its configuration's defaults but for the sizes given here (and
+``--write-behind``).  ``--keep`` keeps every run's recordings and disk files to the end, as an
+archive keeps what it records: the page cache then grows with each run instead of reusing the
+pages of files just removed, and the disk run is not repeated.
 """
 
 from __future__ import annotations

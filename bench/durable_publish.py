@@ -83,6 +83,18 @@ def _subscribe(directory: str, uri: str, stream_id: int, count: int, ready) -> N
         time.sleep(1.0)  # its last status messages go out
 
 
+def _connected_publication(client, uri: str, mode: str):
+    """A publication on ``uri`` (with ``durable=7/1`` unless ``mode`` is plain), once its
+    subscriber is connected."""
+    durable = "" if mode == "plain" else "|durable=7/1"
+    publication = client.add_publication(uri + durable, STREAM)
+    deadline = time.monotonic() + 30
+    while not publication.is_connected:
+        assert time.monotonic() < deadline, "not connected"
+        time.sleep(0.01)
+    return publication
+
+
 def _publish(publication, mode: str, count: int, window: int) -> tuple[float, float]:
     """Offer ``count`` 1 KiB messages on ``publication`` the ``mode``'s way (plain, pipelined,
     naive); returns the seconds from the first offer to the last offer returned (plain) or
@@ -125,13 +137,8 @@ def _run(mode: str, publisher_dir: Path, subscriber_dir: Path, count: int,
     subscriber.start()
     try:
         ready.wait(30)
-        durable = "" if mode == "plain" else "|durable=7/1"
         with Client.connect(publisher_dir) as client:
-            publication = client.add_publication(uri + durable, STREAM)
-            deadline = time.monotonic() + 30
-            while not publication.is_connected:
-                assert time.monotonic() < deadline, "not connected"
-                time.sleep(0.01)
+            publication = _connected_publication(client, uri, mode)
             elapsed, _ = _publish(publication, mode, count, window)
             publication.close()
     finally:
@@ -180,13 +187,8 @@ def _hosts_run(mode: str, publisher_dir: Path, uri: str, count: int, window: int
     from slipstream.client import Client
     from slipstream.client.counters import SystemCounter, read_system_counters
 
-    durable = "" if mode == "plain" else "|durable=7/1"
     with Client.connect(publisher_dir) as client:
-        publication = client.add_publication(uri + durable, STREAM)
-        deadline = time.monotonic() + 30
-        while not publication.is_connected:
-            assert time.monotonic() < deadline, "not connected"
-            time.sleep(0.01)
+        publication = _connected_publication(client, uri, mode)
         sms = read_system_counters(publisher_dir)[SystemCounter.STATUS_MESSAGES_RECEIVED]
         cpu = {name: _cpu_s(pid) for name, pid in pids.items()} | {"publisher": _cpu_s()}
         started = time.monotonic()
