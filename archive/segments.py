@@ -14,12 +14,15 @@ A segment is written front to back and never rewritten, so its size is how far i
 written; :func:`scan_segment` trusts nothing it reads (docs/ARCHIVE.md, "Recovery").  Its
 blocks may be reserved ahead of the writes (:func:`reserve`: ``fallocate`` keeping the size,
 which spares the file system an allocation per page written) and the reservation past the
-size is given back when the segment is closed or recovered (:func:`release_reserved`).
+size is given back when the segment is closed or recovered (:func:`release_reserved`); what
+was written may be sent to the disk and dropped from the page cache as the writes go on
+(:class:`WriteBehind`).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import re
@@ -109,29 +112,43 @@ class WriteBehind:
         self._started.clear()
         self._dropped = offset
 
+    @property
+    def active(self) -> bool:
+        """False once the file system refused ``sync_file_range`` (the page cache then keeps
+        everything, as without write-behind)."""
+        return self.chunk > 0
+
     def written(self, end: int) -> None:
         """The file holds what was written up to ``end``; raises :class:`OSError` when the
-        disk reported an error writing back an earlier chunk."""
+        disk reported an error writing back an earlier chunk.  A file that cannot be synced
+        by range (EINVAL, ESPIPE: some file systems, a pipe) turns write-behind off."""
         begin = self._started[-1] if self._started else self._dropped
-        if end - begin < self.chunk:
+        if not self.active or end - begin < self.chunk:
             return
-        if _libc.sync_file_range(self._fd, begin, end - begin, _SYNC_FILE_RANGE_WRITE) != 0:
-            _raise_errno()
+        if not self._sync_range(begin, end - begin, _SYNC_FILE_RANGE_WRITE):
+            return
         self._started.append(end)
         if len(self._started) > self.depth:
             oldest = self._started.pop(0)
-            if _libc.sync_file_range(self._fd, self._dropped, oldest - self._dropped,
-                                     _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
-                                     | _SYNC_FILE_RANGE_WAIT_AFTER) != 0:
-                _raise_errno()
+            if not self._sync_range(self._dropped, oldest - self._dropped,
+                                    _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
+                                    | _SYNC_FILE_RANGE_WAIT_AFTER):
+                return
             os.posix_fadvise(self._fd, self._dropped, oldest - self._dropped,
                              os.POSIX_FADV_DONTNEED)
             self._dropped = oldest
 
-
-def _raise_errno() -> None:
-    code = _libc_ffi.errno
-    raise OSError(code, os.strerror(code))
+    def _sync_range(self, offset: int, length: int, flags: int) -> bool:
+        if _libc.sync_file_range(self._fd, offset, length, flags) == 0:
+            return True
+        code = _libc_ffi.errno
+        if code in (errno.EINVAL, errno.ESPIPE, errno.EOPNOTSUPP, errno.ENOSYS):
+            logging.getLogger("slipstream.archive").warning(
+                "write-behind off for this recording: its file system refuses sync_file_range "
+                "(%s); the page cache keeps what is written", os.strerror(code))
+            self.chunk = 0
+            return False
+        raise OSError(code, os.strerror(code))
 
 
 def release_reserved(fd: int) -> None:

@@ -34,6 +34,7 @@ from slipstream.archive.segments import (
     SCAN_INVALID,
     SCAN_TORN,
     WRITE_BEHIND_DEPTH,
+    WriteBehind,
 )
 from slipstream.archive.settings import SETTINGS, SyncPolicy
 from slipstream.client.layout import (
@@ -288,6 +289,21 @@ def test_write_behind_keeps_a_few_chunks_of_a_segment_in_the_page_cache(
     read = b"".join((tmp_path / segment_file_name(0, base)).read_bytes()
                     for base in range(0, len(data), segment))
     assert read == data
+
+
+def test_write_behind_turns_itself_off_on_a_file_that_cannot_sync_by_range() -> None:
+    """sync_file_range refused (a pipe: ESPIPE, as some file systems refuse it) is no write
+    error: the writes go on, write-behind off."""
+    read_end, write_end = os.pipe()
+    try:
+        behind = WriteBehind(64 * 1024)
+        behind.restart(write_end, 0)
+        for end in range(16 * 1024, 256 * 1024 + 1, 16 * 1024):  # past several chunks
+            behind.written(end)
+        assert not behind.active
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 # -- settings -----------------------------------------------------------------------------
