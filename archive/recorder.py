@@ -34,6 +34,7 @@ from pathlib import Path
 
 from slipstream.archive.catalog import Catalog, EndReason, RecordingDescriptor
 from slipstream.archive.segments import (
+    WriteBehind,
     release_reserved,
     reserve,
     segment_base,
@@ -62,7 +63,8 @@ class SegmentWriter:
     written position, durable against the archive's death but not the machine's)."""
 
     def __init__(self, directory: Path, descriptor: RecordingDescriptor, sync: SyncPolicy,
-                 sync_interval_ns: int, position: int | None = None) -> None:
+                 sync_interval_ns: int, position: int | None = None,
+                 write_behind: int = 0) -> None:
         self.directory = directory
         self.recording_id = descriptor.recording_id
         self.start_position = descriptor.start_position
@@ -77,6 +79,8 @@ class SegmentWriter:
         self._base = 0
         self._segment_end = 0
         self._synced_at_ns = time.monotonic_ns()
+        #: ``write_behind`` bytes a chunk (segments.WriteBehind); 0: the page cache keeps all.
+        self._behind = WriteBehind(write_behind) if write_behind else None
 
     @property
     def writing_base(self) -> int | None:
@@ -105,6 +109,8 @@ class SegmentWriter:
         while done < length:  # a regular file writes whole or raises; loop for a signal's cut
             done += os.pwrite(self._fd, block[done:], offset + done)
         self.position = position + length
+        if self._behind is not None:
+            self._behind.written(offset + length)
         if self.sync is SyncPolicy.NONE:
             self.durable_position = self.position
 
@@ -119,6 +125,8 @@ class SegmentWriter:
         # The file system allocates the segment's blocks at once, not per page as the page
         # cache takes the writes: a third less of the archive's CPU per byte here.
         self._reserved = reserve(self._fd, self.segment_length)
+        if self._behind is not None:
+            self._behind.restart(self._fd, position - self._base)
         if self.sync is not SyncPolicy.NONE:
             sync_directory(self.directory)  # the new file's name, durable
 
@@ -222,7 +230,8 @@ class Recording:
 
     def __init__(self, catalog: Catalog, directory: Path, image: Image, channel: str, *,
                  segment_length: int, sync: SyncPolicy, sync_interval_ns: int,
-                 block_length: int, on_position: PositionListener | None = None) -> None:
+                 block_length: int, on_position: PositionListener | None = None,
+                 write_behind: int = 0) -> None:
         self._catalog = catalog
         self.image = image
         self.channel = channel
@@ -238,7 +247,8 @@ class Recording:
         if sync is not SyncPolicy.NONE:
             catalog.sync()
         self.recording_id = descriptor.recording_id
-        self.writer = SegmentWriter(directory, descriptor, sync, sync_interval_ns)
+        self.writer = SegmentWriter(directory, descriptor, sync, sync_interval_ns,
+                                    write_behind=write_behind)
         #: Reads the image ahead of its subscriber position (see the module's docstring).
         self.reader = image.reader_at(image.position)
         self.error: str | None = None

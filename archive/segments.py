@@ -14,12 +14,15 @@ A segment is written front to back and never rewritten, so its size is how far i
 written; :func:`scan_segment` trusts nothing it reads (docs/ARCHIVE.md, "Recovery").  Its
 blocks may be reserved ahead of the writes (:func:`reserve`: ``fallocate`` keeping the size,
 which spares the file system an allocation per page written) and the reservation past the
-size is given back when the segment is closed or recovered (:func:`release_reserved`).
+size is given back when the segment is closed or recovered (:func:`release_reserved`); what
+was written may be sent to the disk and dropped from the page cache as the writes go on
+(:class:`WriteBehind`).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import re
@@ -49,10 +52,11 @@ _REASONS: Final = {lib.SS_SCAN_END: SCAN_END, lib.SS_SCAN_TORN: SCAN_TORN,
                    lib.SS_SCAN_INVALID: SCAN_INVALID}
 
 
-# fallocate(2), which Python's os module lacks (os.posix_fallocate changes the size); ABI
-# mode: one call per segment, nothing to build.
+# fallocate(2) and sync_file_range(2), which Python's os module lacks (os.posix_fallocate
+# changes the size); ABI mode: one call per segment or per chunk, nothing to build.
 _libc_ffi = cffi.FFI()
-_libc_ffi.cdef("int fallocate(int fd, int mode, int64_t offset, int64_t len);")
+_libc_ffi.cdef("int fallocate(int fd, int mode, int64_t offset, int64_t len);\n"
+               "int sync_file_range(int fd, int64_t offset, int64_t nbytes, unsigned int flags);")
 _libc = _libc_ffi.dlopen(None)
 _FALLOC_FL_KEEP_SIZE: Final = 0x01
 
@@ -68,6 +72,83 @@ def reserve(fd: int, length: int) -> bool:
     if code in (errno.ENOSPC, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.EDQUOT):
         return False
     raise OSError(code, os.strerror(code))
+
+
+_SYNC_FILE_RANGE_WAIT_BEFORE: Final = 1
+_SYNC_FILE_RANGE_WRITE: Final = 2
+_SYNC_FILE_RANGE_WAIT_AFTER: Final = 4
+
+
+#: Chunks of write-behind under way before the oldest is waited for: with one the archive
+#: waited on the disk at nearly every chunk and recorded at 545 MB/s where four gave 1,003
+#: (twelve: 1,008), 8 MiB chunks, 2026-11-28 (docs/ARCHIVE.md, "Figures").
+WRITE_BEHIND_DEPTH: Final = 4
+
+
+class WriteBehind:
+    """Write-behind for one file written front to back (PostgreSQL's ``*_flush_after``,
+    RocksDB's ``bytes_per_sync``): each time ``chunk`` more bytes were written the kernel is
+    asked to start writing them to the disk (``sync_file_range``, not waiting); once more
+    than ``depth`` chunks are under way the oldest is waited for and dropped from the page
+    cache (``POSIX_FADV_DONTNEED``).  So the cache a recording holds stays about ``depth +
+    1`` chunks, the next writes reuse its pages instead of taking new ones (which the kernel
+    must find, and a VM's host must back, at a fraction of the rate: docs/ARCHIVE.md,
+    "Figures"), and a writer that outruns the disk waits for it a chunk at a time, not for
+    seconds when the dirty pages reach the kernel's limit; one that does not outrun it finds
+    the oldest chunk written by then and does not wait.  Not durability: the disk's cache and
+    the file's metadata are not flushed (the sync policy's fdatasync does that).  On a file
+    system without writeback (tmpfs) both calls do nothing."""
+
+    def __init__(self, chunk: int, depth: int = WRITE_BEHIND_DEPTH) -> None:
+        self.chunk = chunk
+        self.depth = depth
+        self._fd = -1
+        self._started: list[int] = []  # the end offsets of the chunks under way, oldest first
+        self._dropped = 0  # offsets before it are written and dropped (or not this file's)
+
+    def restart(self, fd: int, offset: int) -> None:
+        """A new file ``fd`` whose writes begin at ``offset``."""
+        self._fd = fd
+        self._started.clear()
+        self._dropped = offset
+
+    @property
+    def active(self) -> bool:
+        """False once the file system refused ``sync_file_range`` (the page cache then keeps
+        everything, as without write-behind)."""
+        return self.chunk > 0
+
+    def written(self, end: int) -> None:
+        """The file holds what was written up to ``end``; raises :class:`OSError` when the
+        disk reported an error writing back an earlier chunk.  A file that cannot be synced
+        by range (EINVAL, ESPIPE: some file systems, a pipe) turns write-behind off."""
+        begin = self._started[-1] if self._started else self._dropped
+        if not self.active or end - begin < self.chunk:
+            return
+        if not self._sync_range(begin, end - begin, _SYNC_FILE_RANGE_WRITE):
+            return
+        self._started.append(end)
+        if len(self._started) > self.depth:
+            oldest = self._started.pop(0)
+            if not self._sync_range(self._dropped, oldest - self._dropped,
+                                    _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
+                                    | _SYNC_FILE_RANGE_WAIT_AFTER):
+                return
+            os.posix_fadvise(self._fd, self._dropped, oldest - self._dropped,
+                             os.POSIX_FADV_DONTNEED)
+            self._dropped = oldest
+
+    def _sync_range(self, offset: int, length: int, flags: int) -> bool:
+        if _libc.sync_file_range(self._fd, offset, length, flags) == 0:
+            return True
+        code = _libc_ffi.errno
+        if code in (errno.EINVAL, errno.ESPIPE, errno.EOPNOTSUPP, errno.ENOSYS):
+            logging.getLogger("slipstream.archive").warning(
+                "write-behind off for this recording: its file system refuses sync_file_range "
+                "(%s); the page cache keeps what is written", os.strerror(code))
+            self.chunk = 0
+            return False
+        raise OSError(code, os.strerror(code))
 
 
 def release_reserved(fd: int) -> None:

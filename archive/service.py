@@ -156,7 +156,8 @@ class ArchiveService:
                         self.catalog, self.directory, image, source.spec.channel,
                         segment_length=self.settings.segment_length, sync=self.settings.sync,
                         sync_interval_ns=self.settings.sync_interval_ns,
-                        block_length=self.settings.block_length, on_position=self._moved)
+                        block_length=self.settings.block_length, on_position=self._moved,
+                        write_behind=self.settings.write_behind)
                 except OSError as e:
                     log.error("%s stream %d session %d: no recording started: the catalog "
                               "could not be written (%s)", source.spec.channel,

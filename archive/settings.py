@@ -109,6 +109,16 @@ def _path(name: str, *, optional: bool = False) -> Callable[[Any], Path | None]:
     return parse
 
 
+def _write_behind(value: Any) -> int:
+    """0 (off), or a chunk of at least 64 KiB (fewer bytes a call would cost more calls than
+    the writes they follow) and at most 1 GiB."""
+    size = _size("write_behind")(value)
+    if size != 0 and not 64 * 1024 <= size <= 1 << 30:
+        raise ArchiveSettingsError("write_behind", f"{size} is neither 0 nor within "
+                                   f"[65536, {1 << 30}] bytes")
+    return size
+
+
 def _sync(value: Any) -> SyncPolicy:
     try:
         return SyncPolicy(value)
@@ -156,6 +166,7 @@ SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "sync": (_sync, "none"),
     "sync_interval": (_duration("sync_interval"), "100ms"),
     "block_length": (_positive_size("block_length", 4096, 64 * 1024 * 1024), "1m"),
+    "write_behind": (_write_behind, "8m"),
     "retention_max_bytes": (_size("retention_max_bytes"), 0),
     "retention_max_age": (_duration("retention_max_age"), 0),
     "retention_check_interval": (_duration("retention_check_interval"), "10s"),
@@ -177,6 +188,7 @@ class ArchiveSettings:
     sync: SyncPolicy = SyncPolicy.NONE
     sync_interval_ns: int = 100_000_000
     block_length: int = 1 << 20
+    write_behind: int = 8 << 20
     retention_max_bytes: int = 0
     retention_max_age_ns: int = 0
     retention_check_interval_ns: int = 10_000_000_000
@@ -205,6 +217,7 @@ class ArchiveSettings:
                    segment_length=parsed["segment_length"], sync=parsed["sync"],
                    sync_interval_ns=parsed["sync_interval"],
                    block_length=parsed["block_length"],
+                   write_behind=parsed["write_behind"],
                    retention_max_bytes=parsed["retention_max_bytes"],
                    retention_max_age_ns=parsed["retention_max_age"],
                    retention_check_interval_ns=parsed["retention_check_interval"],

@@ -5,6 +5,7 @@
 
     .venv/bin/python -m bench.archive_record [--messages N] [--rounds R] [--dir DIR]
         [--sync POLICY] [--loops bench|first|both] [--profile-archive py-spy|perf]
+        [--write-behind SIZE] [--keep] [--modes alone,archive,both,aeron]
 
 Each round runs, in an order that rotates from round to round:
 
@@ -14,7 +15,10 @@ Each round runs, in an order that rotates from round to round:
 * ``both``: publisher -> archive and live subscriber (the live subscriber beside the archive,
   and the recording rate with a live subscriber);
 * ``disk``: the same bytes written from Python in the archive's write size into new files of
-  the segment length in the same directory, with the same sync policy, then removed;
+  the segment length in the same directory, with the same sync policy and write-behind, then
+  removed; run twice before each ``archive`` run and the second timed, so that it, like the
+  recording after it, writes into pages just freed (on a VM, pages freed seconds before were
+  handed back to the host, and a write into them runs at a fraction of the rate);
 * ``aeron``: Aeron Archive's sample, when the jar and Java 11 are there (``make aeron``).
 
 The recording rate is the bytes recorded over the time from the publisher's first offer to
@@ -24,7 +28,10 @@ pipeline, log to segment files, under its sync policy.  The live subscriber's ra
 messages over the time from the first offer to its last message.  ``--loops first`` runs the
 loops a first program writes (``offer`` per message, ``poll(handler, 1000)``, the client's
 defaults); ``bench`` runs ``offer_batch`` / ``poll_batch`` with a yielding idle loop.  The
-archive runs with its configuration's defaults but for the sizes given here.
+archive runs with its configuration's defaults but for the sizes given here (and
+``--write-behind``).  ``--keep`` keeps every run's recordings and disk files to the end, as an
+archive keeps what it records: the page cache then grows with each run instead of reusing the
+pages of files just removed, and the disk run is not repeated.
 """
 
 from __future__ import annotations
@@ -47,8 +54,9 @@ from pathlib import Path
 
 from slipstream.archive import Catalog, EndReason
 from slipstream.archive.catalog import CATALOG_FILE
-from slipstream.archive.segments import release_reserved, reserve
+from slipstream.archive.segments import WriteBehind, release_reserved, reserve
 from slipstream.archive.service import recording_position_key
+from slipstream.archive.settings import ArchiveSettings
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.units import parse_duration_ns, parse_size
 from slipstream.daemon.driver import MediaDriver
@@ -199,7 +207,9 @@ def run(driver: MediaDriver, work: Path, mode: str, args: argparse.Namespace,
             config.write_text(f'dir = "{archive_dir}"\ndriver_dir = "{driver.directory}"\n'
                               f'sync = "{args.sync}"\nsegment_length = "{args.segment_length}"\n'
                               f'block_length = "{args.block_length}"\n'
-                              f'[[record]]\nchannel = "aeron:ipc"\nstream_id = {STREAM}\n')
+                              + (f'write_behind = "{args.write_behind}"\n'
+                                 if args.write_behind is not None else "")
+                              + f'[[record]]\nchannel = "aeron:ipc"\nstream_id = {STREAM}\n')
             with open(work / "archive.log", "ab") as archive_log:
                 archive = subprocess.Popen(
                     [sys.executable, "-m", "slipstream.archive.cli", "run", "--config",
@@ -290,22 +300,26 @@ def run(driver: MediaDriver, work: Path, mode: str, args: argparse.Namespace,
             except subprocess.TimeoutExpired:
                 archive.kill()
                 archive.wait()
-        shutil.rmtree(archive_dir, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(archive_dir, ignore_errors=True)
     return result
 
 
 def disk_rate(directory: Path, total: int, write: int, sync: str, segment: int,
-              interval_s: float, window: int) -> float:
+              interval_s: float, window: int, keep: bool = False,
+              write_behind: int = 0) -> float:
     """Seconds to write ``total`` bytes in ``write``-byte ``pwrite`` calls into new files of
     ``segment`` bytes each (their blocks reserved as the archive reserves a segment's),
     under ``sync`` as the archive applies it with a publisher held ``window`` bytes ahead of
     its durable position (none: no sync; segment: fdatasync as each file fills, and every
     ``window`` bytes, when a held publisher has the archive catch up; interval: the same,
-    and at most ``interval_s`` apart), then removed (not timed)."""
+    and at most ``interval_s`` apart), with the archive's write-behind of ``write_behind``
+    bytes a chunk (0: none), then removed (not timed) unless ``keep``."""
     # The bytes come from a term-sized buffer of written (not zero) pages, read through as
     # the archive reads a log: a buffer of zeros would be the kernel's one zero page, in cache.
     source = memoryview(bytearray(os.urandom(4096)) * (max(window * 2, write) // 4096))
     paths = []
+    behind = WriteBehind(write_behind) if write_behind else None
     started = time.monotonic()
     last_sync = started
     written = unsynced = 0
@@ -318,13 +332,17 @@ def disk_rate(directory: Path, total: int, write: int, sync: str, segment: int,
                         os.fdatasync(fd)
                     release_reserved(fd)
                     os.close(fd)
-                paths.append(directory / f"bench-disk-rate-{len(paths)}.tmp")
+                paths.append(directory / f"bench-disk-rate-{time.monotonic_ns()}.tmp")
                 fd = os.open(paths[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 reserve(fd, segment)
+                if behind is not None:
+                    behind.restart(fd, 0)
                 unsynced = 0
             n = min(write, total - written, segment - written % segment)
             at = written % (len(source) - write + 1)
             os.pwrite(fd, source[at:at + n], written % segment)
+            if behind is not None:
+                behind.written(written % segment + n)
             written += n
             unsynced += n
             if sync != "none" and (unsynced >= window or (
@@ -339,7 +357,7 @@ def disk_rate(directory: Path, total: int, write: int, sync: str, segment: int,
     finally:
         if fd >= 0:
             os.close(fd)
-        for path in paths:
+        for path in paths if not keep else ():
             path.unlink(missing_ok=True)
 
 
@@ -409,6 +427,14 @@ def main() -> None:
     parser.add_argument("--term-length", default="16m")
     parser.add_argument("--loops", default="both", choices=["bench", "first", "both"])
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--modes", default="alone,archive,both,aeron",
+                        help="which runs each round has (a subset of the default, in order)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep each run's recordings (and the disk runs' files) until the "
+                             "end, as an archive keeps what it recorded: the page cache grows "
+                             "with them instead of reusing the pages of the files just removed")
+    parser.add_argument("--write-behind", default=None,
+                        help="the archive's write_behind setting (default: its own)")
     parser.add_argument("--profile-archive", choices=["py-spy", "perf"],
                         help="profile the archive process of the first archive run (output "
                              "in the current directory)")
@@ -416,14 +442,17 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="slipstream-archive-bench-", dir=args.dir))
     driver_dir = Path("/dev/shm") / f"slipstream-archive-bench-{os.getpid()}"
     loops = ["bench", "first"] if args.loops == "both" else [args.loops]
-    modes = ["alone", "archive", "both", "aeron"]
-    if args.no_peer:
-        modes.remove("aeron")
+    modes = [mode for mode in args.modes.split(",") if not (args.no_peer and mode == "aeron")]
     rates: dict[str, list[float]] = {}
     profiled = False
+    write_behind = ArchiveSettings.from_mapping(
+        {} if args.write_behind is None else {"write_behind": args.write_behind}).write_behind
     print(f"archive recording, {args.messages:,} messages of {SIZE} B over IPC, sync "
           f"{args.sync}, segment {args.segment_length}, block {args.block_length}, term "
-          f"{args.term_length}, in {args.dir} ({platform.node()}, {os.cpu_count()} CPUs, "
+          f"{args.term_length}, write-behind {write_behind:,} B"
+          f"{' (the default)' if args.write_behind is None else ''}"
+          f"{', recordings kept' if args.keep else ''}, in {args.dir} ({platform.node()}, "
+          f"{os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.1f})", flush=True)
     try:
         with MediaDriver.launch(directory=driver_dir, ipc_term_buffer_length=args.term_length
@@ -438,13 +467,20 @@ def main() -> None:
                         continue
                     for args.loops_now in loops:
                         if mode == "archive":
-                            # The disk right before each recording, in the same state (the
-                            # previous run's files just removed): the two are paired.
+                            # The disk right before each recording, in the same state: the
+                            # recording takes the pages of the disk run's files just removed,
+                            # so the disk run timed takes those of a run just before it (on
+                            # this VM a write into pages freed seconds ago, which the host
+                            # took back, runs at a fraction of one into pages just freed).
+                            # With --keep neither reuses pages: no run before.
                             total = args.messages * (SIZE + 32)
-                            seconds = disk_rate(work, total, parse_size(args.block_length),
-                                                args.sync, parse_size(args.segment_length),
-                                                parse_duration_ns(args.sync_interval) / 1e9,
-                                                window=parse_size(args.term_length) // 2)
+                            for _ in range(1 if args.keep else 2):
+                                seconds = disk_rate(
+                                    work, total, parse_size(args.block_length), args.sync,
+                                    parse_size(args.segment_length),
+                                    parse_duration_ns(args.sync_interval) / 1e9,
+                                    window=parse_size(args.term_length) // 2, keep=args.keep,
+                                    write_behind=write_behind)
                             rates.setdefault("disk", []).append(total / 1e6 / seconds)
                         profile_out = None
                         if args.profile_archive and not profiled and mode == "archive":
@@ -481,7 +517,8 @@ def main() -> None:
 
 def report(rates: dict[str, list[float]], loops: list[str]) -> None:
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"  disk, same write size and sync: {_spread(rates.get('disk', []), 'MB/s')}")
+    print(f"  disk, same writes (size, reservation, sync, write-behind): "
+          f"{_spread(rates.get('disk', []), 'MB/s')}")
     print(f"  Aeron Archive 1.15.1 EmbeddedRecordingThroughput: "
           f"{_spread(rates.get('aeron', []), 'MB/s')}")
     for loop in loops:

@@ -3,10 +3,12 @@ the catalog's file, the settings, retention and purge (docs/ARCHIVE.md)."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import tomllib
 from pathlib import Path
 
+import cffi
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,10 +26,17 @@ from slipstream.archive import (
     segment_file_name,
 )
 from slipstream.archive.catalog import CATALOG_FILE, DESCRIPTOR_LENGTH, HEADER_LENGTH
+from slipstream.archive.recorder import SegmentWriter
 from slipstream.archive.recovery import recover, verify
 from slipstream.archive.retention import apply_retention, purge
-from slipstream.archive.segments import SCAN_END, SCAN_INVALID, SCAN_TORN
-from slipstream.archive.settings import SETTINGS
+from slipstream.archive.segments import (
+    SCAN_END,
+    SCAN_INVALID,
+    SCAN_TORN,
+    WRITE_BEHIND_DEPTH,
+    WriteBehind,
+)
+from slipstream.archive.settings import SETTINGS, SyncPolicy
 from slipstream.client.layout import (
     DATA_HEADER,
     FRAME_ALIGNMENT,
@@ -44,6 +53,10 @@ TERM = 64 * 1024
 # Every byte of each identifying field is non-zero, so zeros over any of them change it.
 SESSION, STREAM, INITIAL_TERM_ID = 0x1A2B3C4D, 0x21324354, 0x11223344
 ROOT = Path(__file__).resolve().parent.parent
+
+_mincore_ffi = cffi.FFI()
+_mincore_ffi.cdef("int mincore(void *addr, size_t length, unsigned char *vec);")
+_libc = _mincore_ffi.dlopen(None)
 
 
 def recorded_frames(base: int, payload_lengths: list[int]) -> tuple[bytearray, list[int]]:
@@ -219,6 +232,80 @@ def test_recovery_ends_an_active_recording_at_its_last_whole_frame(tmp_path: Pat
     assert report.frames == 151  # padding frames included
 
 
+# -- write-behind ---------------------------------------------------------------------------
+
+
+def _resident_bytes(path: Path) -> int:
+    """How many bytes of ``path`` the page cache holds now (mincore on a mapping of it, which
+    faults nothing in)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as view:
+            pages = -(-size // mmap.PAGESIZE)
+            vec = _mincore_ffi.new("unsigned char[]", pages)
+            with _mincore_ffi.from_buffer(view) as address:
+                assert _libc.mincore(address, size, vec) == 0
+            return sum(vec[i] & 1 for i in range(pages)) * mmap.PAGESIZE
+
+
+def _file_system_type(path: Path) -> str:
+    mounts = {}
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        mounts[fields[1]] = fields[2]
+    while str(path) not in mounts:
+        path = path.parent
+    return mounts[str(path)]
+
+
+@pytest.mark.parametrize("write_behind", [0, 64 * 1024])
+def test_write_behind_keeps_a_few_chunks_of_a_segment_in_the_page_cache(
+        tmp_path: Path, write_behind: int) -> None:
+    """With write-behind each segment written (four of 1 MiB, in 64 KiB blocks) keeps at most
+    its depth and one more of 64 KiB chunks in the page cache and reads back whole; without
+    it the page cache keeps all of each (the control: what the test tells apart)."""
+    if _file_system_type(tmp_path) in ("tmpfs", "ramfs"):
+        from tests.helpers import lacking
+        lacking(f"{tmp_path} is on a file system without writeback: its pages cannot leave")
+    segment = 16 * TERM  # 1 MiB: twice what write-behind holds
+    assert (WRITE_BEHIND_DEPTH + 1) * 64 * 1024 <= segment // 2
+    data, _ = recorded_frames(0, [1000] * 3900)  # 3.9 segments and more
+    data = data[:len(data) - len(data) % TERM]  # whole terms: each block one term
+    with Catalog.open(tmp_path) as catalog:
+        descriptor = _add(catalog, segment_length=segment)
+    writer = SegmentWriter(tmp_path, descriptor, SyncPolicy.NONE, 0, write_behind=write_behind)
+    for offset in range(0, len(data), TERM):
+        writer.write(memoryview(data)[offset:offset + TERM], offset)
+    writer.close()
+    full = [tmp_path / segment_file_name(0, base)
+            for base in range(0, len(data) - segment + 1, segment)]
+    assert len(full) == 3
+    for path in full:
+        resident = _resident_bytes(path)
+        if write_behind:
+            assert resident <= (WRITE_BEHIND_DEPTH + 1) * write_behind, (path.name, resident)
+        else:
+            assert resident >= segment - 4 * TERM, (path.name, resident)
+    read = b"".join((tmp_path / segment_file_name(0, base)).read_bytes()
+                    for base in range(0, len(data), segment))
+    assert read == data
+
+
+def test_write_behind_turns_itself_off_on_a_file_that_cannot_sync_by_range() -> None:
+    """sync_file_range refused (a pipe: ESPIPE, as some file systems refuse it) is no write
+    error: the writes go on, write-behind off."""
+    read_end, write_end = os.pipe()
+    try:
+        behind = WriteBehind(64 * 1024)
+        behind.restart(write_end, 0)
+        for end in range(16 * 1024, 256 * 1024 + 1, 16 * 1024):  # past several chunks
+            behind.written(end)
+        assert not behind.active
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
 # -- settings -----------------------------------------------------------------------------
 
 
@@ -237,6 +324,8 @@ def test_the_shipped_settings_file_names_every_key_at_its_default() -> None:
     ('sync = "interval"\nsync_interval = 0', "sync_interval"),
     ('retention_max_age = "ten days"', "retention_max_age"),
     ('block_length = "1k"', "block_length"),
+    ('write_behind = "4k"', "write_behind"),
+    ('write_behind = "2g"', "write_behind"),
     ('dir = 5', "dir"),
     ('[[record]]\nchannel = "aeron:ipc"\nstream_id = "one"', "record.stream_id"),
     ('[[record]]\nchannel = "aeron:tcp"\nstream_id = 1', "record.channel"),
