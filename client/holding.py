@@ -313,6 +313,12 @@ class HolderLink:
                             answer)
         return answer.get("result")
 
+    @property
+    def is_connected(self) -> bool:
+        """Whether the holder's control stream has a subscriber (its status messages come):
+        a call to a holder that is not running waits for the link's timeout."""
+        return self._control.is_connected
+
     def _take(self, data: memoryview, _header: object) -> None:
         try:
             answer = json.loads(bytes(data))

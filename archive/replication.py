@@ -1,0 +1,317 @@
+"""Catch-up from peer archives: what another archive recorded of this archive's streams and
+this one does not hold is fetched and recorded here, as a recording of its own (a replica;
+docs/ARCHIVE.md, "Two archives").
+
+Every ``replication_interval`` the service's :class:`Replicator` lists each peer's
+recordings of the stream ids its ``[[record]]`` tables name, and for each one works out what
+of its range this archive does not hold: the ranges of its own recordings of the same session
+(same stream id, session id, initial term id and term length) taken away, an active one
+counting as held from its start on (it records what comes).  The first range missing,
+``[a, b)``, is fetched: the peer replays it (the ``replay`` call, positioned, from ``a`` to
+``b``) to this host's reply endpoint for that peer, on the stream's own stream id and with
+the recording's own session id, so that the frames come as they were recorded, byte for
+byte; a :class:`~slipstream.archive.recorder.Recording` of that replay image writes them
+into a new recording here, at the same positions.  Its catalog descriptor names the peer and
+its recording in ``source_identity`` (``replica of recording N at address:port/stream``).
+
+One fetch runs at a time (two replays of one session to one endpoint would collide); a fetch
+that completes lets the next look happen at once, so holes are filled back to back.  A fetch
+ends with the replay's end of stream or its image going:
+
+* at ``b`` where ``b`` is the peer recording's stop: the replica stops with the peer's end
+  reason when that is *end of stream* or *ended abruptly* (the session's end, carried over),
+  else *stopped*;
+* at ``b`` short of the peer's stop (a hole before this archive's own later recording):
+  *stopped*;
+* short of ``b`` (the peer died or stopped mid-fetch): *stopped* at the last whole frame
+  recorded, which stays valid (a replica is a recording like any: recovered at start if this
+  archive died while writing it); the rest is missing still, and fetched at a later look.
+
+A range is never written twice into one recording (a replica is a new recording; its frames
+come in order from the replay), and a hole is only ever filled with the peer's frames at
+their positions (the replay is positioned; the image's identity is checked against the
+peer's recording before anything is written).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor
+from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
+from slipstream.archive.recorder import Recording
+from slipstream.archive.settings import Peer, RecordSpec
+from slipstream.client.errors import SlipstreamError
+
+if TYPE_CHECKING:
+    from slipstream.archive.service import ArchiveService
+
+log = logging.getLogger("slipstream.archive")
+
+#: How long a fetch waits for its replay's image, and for its position to move, before it is
+#: given up (and tried again at a later look).
+FETCH_STALL_S: Final = 10.0
+#: Recordings one ``list`` call answers at most (the control op's limit).
+_LIST_PAGE: Final = 64
+#: A peer's end reasons that are the session's end, carried over to the replica's stop.
+_SESSION_ENDS: Final = (EndReason.END_OF_STREAM, EndReason.ENDED_ABRUPTLY)
+
+SessionKey = tuple[int, int, int, int]  # stream id, session id, initial term id, term length
+
+
+def session_key(descriptor: RecordingDescriptor) -> SessionKey:
+    """What makes two recordings the same session's, at the same positions."""
+    return (descriptor.stream_id, descriptor.session_id, descriptor.initial_term_id,
+            descriptor.term_length)
+
+
+def missing_ranges(want: tuple[int, int], held: list[tuple[int, int | None]]
+                   ) -> list[tuple[int, int]]:
+    """``want`` less every range of ``held`` (``(start, end)``, ``end`` None: from ``start``
+    on), in position order."""
+    out = []
+    position, end = want
+    for start, stop in sorted(held, key=lambda r: r[0]):
+        if position >= end:
+            break
+        if stop is not None and stop <= position:
+            continue
+        if start > position:
+            out.append((position, min(start, end)))
+        if stop is None:
+            position = end
+            break
+        position = max(position, stop)
+    if position < end:
+        out.append((position, end))
+    return out
+
+
+@dataclass
+class _Fetch:
+    """One range being fetched from a peer."""
+
+    peer: _Peer
+    source: ListedRecording
+    spec: RecordSpec
+    start: int
+    end: int
+    replay: ArchiveReplay
+    since: float
+    recording: Recording | None = None
+    moved_at: float = 0.0
+    last_position: int = -1
+
+
+class _Peer:
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.link: ArchiveClient | None = None
+
+
+class Replicator:
+    """The service's catch-up from ``service.settings.peers`` (see the module); runs on the
+    service's thread, from :meth:`do_work`."""
+
+    def __init__(self, service: ArchiveService) -> None:
+        settings = service.settings
+        self._service = service
+        self._peers = [_Peer(peer) for peer in settings.peers]
+        self._interval_ns = settings.replication_interval_ns
+        self._timeout_s = settings.replication_timeout_ns / 1e9
+        self._reply_address = settings.replication_address
+        self._next_look_ns = time.monotonic_ns() + self._interval_ns
+        self._fetch: _Fetch | None = None
+        self.fetched = 0  # fetches that completed their range
+        self.cut_short = 0  # fetches that ended before their range's end
+
+    @property
+    def fetching(self) -> bool:
+        return self._fetch is not None
+
+    def do_work(self, now_ns: int) -> int:
+        """Move the fetch in progress, or look at the peers when it is time; returns the work
+        done (0: none)."""
+        if self._fetch is not None:
+            return self._move(self._fetch, time.monotonic())
+        if now_ns < self._next_look_ns:
+            return 0
+        self._next_look_ns = now_ns + self._interval_ns
+        for peer in self._peers:
+            if self._look(peer):
+                return 1
+        return 0
+
+    # -- planning ------------------------------------------------------------------------
+    def _link(self, peer: _Peer) -> ArchiveClient | None:
+        if peer.link is None:
+            try:
+                peer.link = ArchiveClient(self._service.client, peer.peer.address,
+                                          peer.peer.port, peer.peer.control_stream_id,
+                                          timeout_s=self._timeout_s,
+                                          reply_address=self._reply_address)
+            except (SlipstreamError, OSError) as e:
+                log.warning("replication: no link to the peer %s: %s", peer.peer, e)
+                return None
+        return peer.link
+
+    def _spec_for(self, descriptor: RecordingDescriptor) -> RecordSpec | None:
+        """The ``[[record]]`` a peer's recording is one of this archive's streams by: the
+        same stream id (the channels may differ: with MDC or multicast each host subscribes
+        at its own endpoint), the same channel where several tables share the stream id."""
+        specs = [s for s in self._service.settings.records
+                 if s.stream_id == descriptor.stream_id]
+        if len(specs) > 1:
+            specs = [s for s in specs if s.channel == descriptor.channel]
+        return specs[0] if len(specs) == 1 else None
+
+    def _held_here(self, key: SessionKey) -> list[tuple[int, int | None]]:
+        held: list[tuple[int, int | None]] = []
+        for descriptor in self._service.catalog.recordings():
+            if session_key(descriptor) != key:
+                continue
+            if descriptor.stop_position == NULL_POSITION:
+                held.append((descriptor.start_position, None))  # it records what comes
+            elif descriptor.stop_position > descriptor.start_position:
+                held.append((descriptor.start_position, descriptor.stop_position))
+        return held
+
+    def _listed(self, link: ArchiveClient, stream_id: int) -> list[ListedRecording]:
+        out: list[ListedRecording] = []
+        from_id = 0
+        while True:
+            page = link.list_recordings(stream_id=stream_id, from_id=from_id, count=_LIST_PAGE)
+            out += page
+            if len(page) < _LIST_PAGE:
+                return out
+            from_id = page[-1].recording_id + 1
+
+    def _look(self, peer: _Peer) -> bool:
+        """Start fetching the first range ``peer`` holds and this archive lacks; whether one
+        was started."""
+        link = self._link(peer)
+        if link is None or not link.is_connected:
+            return False
+        stream_ids = sorted({spec.stream_id for spec in self._service.settings.records})
+        try:
+            for stream_id in stream_ids:
+                for listed in self._listed(link, stream_id):
+                    descriptor = listed.descriptor
+                    spec = self._spec_for(descriptor)
+                    if spec is None:
+                        continue
+                    end = descriptor.stop_position if not descriptor.is_active \
+                        else listed.recorded_position
+                    missing = missing_ranges((descriptor.start_position, end),
+                                             self._held_here(session_key(descriptor)))
+                    if missing:
+                        self._start(peer, link, listed, spec, *missing[0])
+                        return True
+        except SlipstreamError as e:  # CallError, RecordingLostError: a later look
+            log.warning("replication: the peer %s: %s", peer.peer, e)
+        except (KeyError, ValueError, TypeError) as e:
+            log.warning("replication: the peer %s answered what this archive cannot read "
+                        "(%s: %s)", peer.peer, type(e).__name__, e)
+        return False
+
+    def _start(self, peer: _Peer, link: ArchiveClient, source: ListedRecording,
+               spec: RecordSpec, start: int, end: int) -> None:
+        descriptor = source.descriptor
+        replay = link.replay(descriptor.recording_id, start=start, end=end,
+                             stream_id=descriptor.stream_id, session_id=descriptor.session_id)
+        now = time.monotonic()
+        self._fetch = _Fetch(peer, source, spec, start, end, replay, now, moved_at=now)
+        log.info("replication: fetching [%d, %d) of session %d stream %d from recording %d "
+                 "at the peer %s", start, end, descriptor.session_id, descriptor.stream_id,
+                 descriptor.recording_id, peer.peer)
+
+    # -- the fetch -------------------------------------------------------------------------
+    def _move(self, fetch: _Fetch, now: float) -> int:
+        image = fetch.replay.image()
+        if fetch.recording is None:
+            if image is None:
+                if now - fetch.since > FETCH_STALL_S:
+                    self._end(fetch, f"its replay did not come within {FETCH_STALL_S:g} s")
+                return 0
+            return self._begin(fetch, image)
+        recording = fetch.recording
+        if not recording.is_active:  # a write failed: the service logged why
+            self._end(fetch, recording.error or "the replica stopped")
+            return 0
+        position = recording.writer.position
+        if position != fetch.last_position:
+            fetch.last_position = position
+            fetch.moved_at = now
+        if image is None or image.is_closed:
+            self._end(fetch, "its replay's image went (the peer stopped answering)")
+        elif image.is_end_of_stream:
+            self._end(fetch, None if position >= fetch.end else
+                      "its replay ended early (the peer stopped it, or went)")
+        elif now - fetch.moved_at > FETCH_STALL_S:
+            self._end(fetch, f"its replay did not move for {FETCH_STALL_S:g} s")
+        return 0
+
+    def _begin(self, fetch: _Fetch, image) -> int:  # image: slipstream.client.image.Image
+        descriptor = fetch.source.descriptor
+        found = (image.stream_id, image.session_id, image.initial_term_id, image.term_length,
+                 image.position)
+        wanted = (*session_key(descriptor), fetch.start)
+        if found != wanted:
+            # Not the recording's frames at its positions: nothing of it is written.
+            self._end(fetch, f"its replay is stream, session, initial term id, term length "
+                             f"and position {found}, not the recording's {wanted}")
+            return 0
+        service = self._service
+        settings = service.settings
+        peer = fetch.peer.peer
+        recording = Recording(
+            service.catalog, service.directory, image, fetch.spec.channel,
+            segment_length=settings.segment_length, sync=settings.sync,
+            sync_interval_ns=settings.sync_interval_ns, block_length=settings.block_length,
+            on_position=service.position_moved,
+            source_identity=f"replica of recording {descriptor.recording_id} at {peer}",
+            stops_at_end_of_stream=False)
+        fetch.recording = recording
+        service.adopt(recording)
+        return 1
+
+    def _end(self, fetch: _Fetch, failure: str | None) -> None:
+        """End ``fetch``: its replica stopped with the reason its end gives, its replay's
+        subscription closed; ``failure`` says why it ended short (None: it is whole)."""
+        self._fetch = None
+        recording = fetch.recording
+        source = fetch.source.descriptor
+        if recording is not None and recording.is_active:
+            recording.poll()  # whatever the image still holds
+            position = recording.writer.position
+            reason = EndReason.STOPPED
+            if position == source.stop_position and source.end_reason in _SESSION_ENDS:
+                reason = source.end_reason
+            recording.stop(reason)
+        reached = recording.writer.position if recording is not None else fetch.start
+        link = fetch.peer.link
+        fetch.replay.close(stop_at_archive=failure is not None and link is not None
+                           and link.is_connected)
+        if failure is None:
+            self.fetched += 1
+            self._next_look_ns = 0  # the next hole at once
+            log.info("replication: fetched [%d, %d) of session %d from the peer %s into "
+                     "recording %d", fetch.start, fetch.end, source.session_id,
+                     fetch.peer.peer, recording.recording_id if recording else -1)
+        else:
+            self.cut_short += 1
+            log.warning("replication: the fetch of [%d, %d) of session %d from the peer %s "
+                        "ended at %d: %s; the rest at a later look", fetch.start, fetch.end,
+                        source.session_id, fetch.peer.peer, reached, failure)
+
+    def close(self) -> None:
+        """Stop a fetch in progress (its replica stopped where it is) and the links."""
+        if self._fetch is not None:
+            self._end(self._fetch, "the archive stopped")
+        for peer in self._peers:
+            if peer.link is not None:
+                peer.link.close()
+                peer.link = None
