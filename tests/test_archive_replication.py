@@ -1,0 +1,281 @@
+"""Two archives, no single copy (docs/ARCHIVE.md, "Two archives"): :func:`locate`'s stitching
+of the pieces several recordings and archives hold, and an archive that was killed catching
+up from its peer (real driver and archive processes, real segment files) until it alone
+serves the whole session, every message once, in order, at its position."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from helpers import free_port, message, wait_for
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_archive import archive_process, publish, size_of, wait_for_recording
+
+from slipstream.archive import ArchiveClient, EndReason, HeldRange, locate
+from slipstream.archive.locate import stitch
+from slipstream.archive.replication import missing_ranges
+from slipstream.client import Client
+from slipstream.client.layout import (
+    BEGIN_FLAG,
+    DATA_HEADER,
+    END_FLAG,
+    FRAME_ALIGNMENT,
+    HDR_TYPE_PAD,
+    HEADER_LENGTH,
+    align,
+)
+
+CONTROL_STREAM = 10
+TERM = 64 * 1024
+
+# -- the stitching, against a model ----------------------------------------------------------
+
+
+def _piece(archive: int, recording: int, start: int, length: int) -> HeldRange:
+    return HeldRange(("10.0.0.1", 8000 + archive, 10), recording, start, start + length,
+                     True, int(EndReason.STOPPED))
+
+
+@st.composite
+def archives_held(draw) -> list[list[HeldRange]]:
+    """Up to 3 archives, each holding up to 4 recordings of one session (overlapping, with
+    holes), positions in units of 32 bytes."""
+    out = []
+    for archive in range(draw(st.integers(1, 3))):
+        pieces = []
+        for recording in range(draw(st.integers(0, 4))):
+            start = draw(st.integers(0, 40)) * 32
+            pieces.append(_piece(archive, recording, start, draw(st.integers(1, 20)) * 32))
+        out.append(pieces)
+    return out
+
+
+def _holder(held: Sequence[Sequence[HeldRange]], position: int) -> int | None:
+    """The model: the first archive that holds ``position``."""
+    for index, pieces in enumerate(held):
+        if any(p.start <= position < p.end for p in pieces):
+            return index
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(held=archives_held(), start=st.integers(0, 70), end=st.one_of(st.none(),
+                                                                        st.integers(0, 70)))
+def test_stitched_pieces_hold_exactly_what_the_first_archive_holding_each_position_holds(
+        held: list[list[HeldRange]], start: int, end: int | None) -> None:
+    """Every 32-byte unit of [start, end) that some archive holds is in exactly one piece,
+    the piece is of the first archive that holds it and of a recording of that archive that
+    holds it; pieces are in order, meet exactly or leave a hole nobody holds, and lie in
+    [start, end)."""
+    start *= 32
+    end = None if end is None else end * 32
+    pieces = stitch(held, start, end)
+    top = max((p.end for ps in held for p in ps), default=0)
+    for a, b in itertools.pairwise(pieces):
+        assert a.end <= b.start
+        assert all(_holder(held, u) is None for u in range(a.end, b.start, 32))
+    covered = {}
+    for piece in pieces:
+        assert piece.start < piece.end and piece.start >= start
+        assert end is None or piece.end <= end
+        archive = piece.archive[1] - 8000
+        recording = next(p for p in held[archive] if p.recording_id == piece.recording_id)
+        assert recording.start <= piece.start and piece.end <= recording.end
+        for unit in range(piece.start, piece.end, 32):
+            covered[unit] = archive
+    for unit in range(start, top if end is None else end, 32):
+        assert covered.get(unit) == _holder(held, unit), unit
+
+
+def test_a_piece_of_a_less_preferred_archive_gives_way_where_the_first_holds_again() -> None:
+    """Archive 0 holds [0, 100) and [200, 300), archive 1 [0, 300): the middle comes from
+    archive 1, cut exactly at 100 and 200; with no end the last piece is archive 0's to its
+    recording's end."""
+    first = [_piece(0, 0, 0, 100), _piece(0, 1, 200, 100)]
+    second = [_piece(1, 7, 0, 300)]
+    assert [(p.archive[1], p.recording_id, p.start, p.end)
+            for p in stitch([first, second], 0, None)] == [
+        (8000, 0, 0, 100), (8001, 7, 100, 200), (8000, 1, 200, 300)]
+    # One archive: its own earlier recording, a replica, its own later one, overlapping.
+    one = [_piece(0, 0, 0, 96), _piece(0, 1, 64, 96), _piece(0, 2, 160, 64)]
+    assert [(p.recording_id, p.start, p.end) for p in stitch([one], 32, 200)] == [
+        (0, 32, 96), (1, 96, 160), (2, 160, 200)]
+
+
+@given(want=st.tuples(st.integers(0, 50), st.integers(0, 50)),
+       held=st.lists(st.tuples(st.integers(0, 50), st.one_of(st.none(), st.integers(0, 50))),
+                     max_size=5))
+def test_missing_ranges_are_exactly_what_no_held_range_covers(
+        want: tuple[int, int], held: list[tuple[int, int | None]]) -> None:
+    held = [(s, e) for s, e in held if e is None or e > s]
+    missing = missing_ranges(want, held)
+    units = {u for a, b in missing for u in range(a, b)}
+    assert all(a < b for a, b in missing)
+    assert all(m[1] < n[0] for m, n in itertools.pairwise(missing))
+    for unit in range(*want):
+        covered = any(s <= unit and (e is None or unit < e) for s, e in held)
+        assert (unit in units) != covered
+
+
+# -- reading pieces across recordings, frame by frame ----------------------------------------
+
+
+def read_pieces(pieces: Sequence[HeldRange], archives: dict[tuple[str, int, int], ArchiveClient],
+                timeout: float = 60.0) -> list[tuple[bytes, int]]:
+    """Every whole message in the pieces, with the position after it: each piece replayed
+    ``[start, end)`` from its archive and read frame by frame (``block_poll``), so that a
+    message whose fragments two pieces share is assembled across them."""
+    out: list[tuple[bytes, int]] = []
+    assembling: bytearray | None = None
+    position = pieces[0].start if pieces else 0
+    for piece in pieces:
+        assert piece.start == position, f"a hole at [{position}, {piece.start})"
+        archive = archives[piece.archive]
+        with archive.replay(piece.recording_id, start=piece.start, end=piece.end) as replay:
+            deadline = time.monotonic() + timeout
+
+            def frames(block: memoryview, at: int) -> None:
+                nonlocal assembling, position
+                assert at == position
+                offset = 0
+                while offset < len(block):
+                    length, _, flags, frame_type = DATA_HEADER.unpack_from(block, offset)[:4]
+                    if frame_type != HDR_TYPE_PAD:
+                        payload = bytes(block[offset + HEADER_LENGTH:offset + length])
+                        if flags & BEGIN_FLAG:
+                            assembling = bytearray()
+                        if assembling is not None:
+                            assembling += payload
+                            if flags & END_FLAG:
+                                out.append((bytes(assembling),
+                                            at + offset + align(length, FRAME_ALIGNMENT)))
+                                assembling = None
+                    offset += align(length, FRAME_ALIGNMENT)
+                position = at + len(block)
+
+            while position < piece.end:
+                image = replay.image()
+                if image is None or image.block_poll(frames, 1 << 20) == 0:
+                    assert time.monotonic() < deadline, f"the replay of {piece} at {position}"
+                    time.sleep(0.001)
+    return out
+
+
+def checksum(messages: Sequence[tuple[bytes, int]]) -> int:
+    crc = 0
+    for data, _ in messages:
+        crc = zlib.crc32(data, crc)
+    return crc
+
+
+def archive_config(path: Path, archive_dir: Path, driver_dir: Path, port: int,
+                   records: Sequence[tuple[str, int, str]], peers: Sequence[str] = (),
+                   address: str = "127.0.0.1", reply_address: str = "") -> Path:
+    """An archive's settings with a control stream and ``peers`` (two archives: 64k terms
+    and 128k segments, a replication look every 300 ms)."""
+    lines = [f'dir = "{archive_dir}"', f'driver_dir = "{driver_dir}"',
+             'segment_length = "128k"', f'control_address = "{address}"',
+             f"control_port = {port}", f"control_stream_id = {CONTROL_STREAM}",
+             f"peers = [{', '.join(repr(p).replace(chr(39), chr(34)) for p in peers)}]",
+             'replication_interval = "300ms"', 'replication_timeout = "2s"',
+             f'replication_address = "{reply_address}"']
+    for channel, stream_id, source in records:
+        lines += ["[[record]]", f'channel = "{channel}"', f"stream_id = {stream_id}",
+                  f'source = "{source}"']
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def whole_at(archive: ArchiveClient, stream_id: int, session_id: int,
+             framing: tuple[int, int], start: int, stop: int) -> bool:
+    """Whether ``archive`` alone holds [start, stop) of the session, its last piece stopped
+    there for good."""
+    pieces = locate([archive], stream_id, session_id, framing, start, None)
+    return bool(pieces) and pieces[0].start == start and pieces[-1].end == stop and \
+        pieces[-1].stopped and all(a.end == b.start for a, b in itertools.pairwise(pieces))
+
+
+def test_an_archive_killed_mid_stream_catches_up_from_its_peer(driver, tmp_path: Path) -> None:
+    """Archives A and B record one IPC stream (64k terms, 128k segments); B is killed (-9) a
+    third in and restarted after more than a term was published.  B recovers its recording,
+    records the stream again from where it rejoins, and fetches what it missed from A into a
+    replica; after the publisher's close B alone holds the whole session (A stopped), each
+    message once, in order, at its position, the replica's descriptor naming A and its stop
+    the end of stream carried over where it reaches A's stop."""
+    port_a, port_b = free_port(), free_port()
+    records = [("aeron:ipc", 20, "local")]
+    config_a = archive_config(tmp_path / "a.toml", tmp_path / "a", driver.directory, port_a,
+                              records)
+    config_b = archive_config(tmp_path / "b.toml", tmp_path / "b", driver.directory, port_b,
+                              records, peers=[f"127.0.0.1:{port_a}"])
+    total = 3000
+    with Client.connect(driver.directory) as client, \
+            archive_process(config_a, tmp_path / "a.log") as process_a:
+        b = archive_process(config_b, tmp_path / "b.log")
+        process_b = b.__enter__()
+        try:
+            publication = client.add_publication("aeron:ipc", 20)
+            wait_for_recording(tmp_path / "a")
+            wait_for_recording(tmp_path / "b")
+            positions = publish(publication, total // 3)
+            os.kill(process_b.pid, signal.SIGKILL)
+            process_b.wait(10)
+            b.__exit__(None, None, None)
+            before = positions[-1]
+            # A second session of the stream, whole while B is down: B fetches all of it.
+            other = client.add_exclusive_publication("aeron:ipc", 20)
+            other_positions = publish(other, 300, first=total)
+            other_identity = (other.session_id, (other.initial_term_id, other.term_length))
+            other.close()
+            positions += publish(publication, total // 3, first=total // 3)
+            assert positions[-1] - before > TERM  # more than a term published while B was down
+            b = archive_process(config_b, tmp_path / "b.log")
+            process_b = b.__enter__()
+            wait_for_recording(tmp_path / "b", index=1)  # B records the stream again
+            positions += publish(publication, total - len(positions), first=len(positions))
+            session_id = publication.session_id
+            framing = (publication.initial_term_id, publication.term_length)
+            publication.close()
+            stop = positions[-1]
+            with ArchiveClient(client, "127.0.0.1", port_b, CONTROL_STREAM,
+                               timeout_s=5) as archive_b:
+                wait_for(lambda: whole_at(archive_b, 20, session_id, framing, 0, stop),
+                         timeout=60, what="B holds the whole session")
+                other_session, other_framing = other_identity
+                wait_for(lambda: whole_at(archive_b, 20, other_session, other_framing, 0,
+                                          other_positions[-1]),
+                         timeout=30, what="B holds the session it missed whole")
+                process_a.send_signal(signal.SIGTERM)
+                process_a.wait(20)
+                pieces = locate([archive_b], 20, session_id, framing, 0, None)
+                listed = {r.recording_id: r.descriptor for r in archive_b.list_recordings()}
+                got = read_pieces(pieces, {archive_b.archive: archive_b})
+                other_pieces = locate([archive_b], 20, other_session, other_framing, 0, None)
+                got_other = read_pieces(other_pieces, {archive_b.archive: archive_b})
+        finally:
+            b.__exit__(None, None, None)
+    want = [(message(seq, size_of(seq)), p) for seq, p in enumerate(positions)]
+    assert got == want
+    assert checksum(got) == checksum(want)
+    assert len(pieces) >= 3, pieces  # B's first recording, a replica, B's second recording
+    replicas = [d for d in listed.values() if d.source_identity.startswith("replica of ")]
+    assert replicas and all(f"127.0.0.1:{port_a}/" in d.source_identity for d in replicas)
+    assert listed[0].end_reason is EndReason.RECOVERED and listed[0].stop_position <= before
+    assert listed[pieces[-1].recording_id].end_reason is EndReason.END_OF_STREAM
+    # The session B never saw: one replica, whole, its end of stream carried over from A's.
+    assert got_other == [(message(total + i, size_of(total + i)), p)
+                         for i, p in enumerate(other_positions)]
+    assert len(other_pieces) == 1
+    assert listed[other_pieces[0].recording_id].source_identity.startswith("replica of ")
+    assert other_pieces[0].end_reason == EndReason.END_OF_STREAM
+
+
+pytestmark = pytest.mark.timeout(180)
