@@ -14,6 +14,14 @@ byte; a :class:`~slipstream.archive.recorder.Recording` of that replay image wri
 into a new recording here, at the same positions.  Its catalog descriptor names the peer and
 its recording in ``source_identity`` (``replica of recording N at address:port/stream``).
 
+**Whole messages at the seams.**  A recording that stopped (a crash: at the last whole
+frame) or joined the live stream (at the image's join position) may hold only some
+fragments of a message there.  A fetch that meets such a recording of this archive takes the
+whole message: it starts at the first fragment of the message its start falls in, and ends
+after the message its end falls in, so the replica overlaps the recording by the fragments it
+has.  A reader that goes from piece to piece then finds every message whole in one
+recording (:class:`~slipstream.archive.merge.ReplayMerge` relies on it when it fails over).
+
 One fetch runs at a time (two replays of one session to one endpoint would collide); a fetch
 that completes lets the next look happen at once, so holes are filled back to back.  A fetch
 ends with the replay's end of stream or its image going:
@@ -38,13 +46,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
+from slipstream.archive.reading import RecordingLostError, Segments, frame_at
 from slipstream.archive.recorder import Recording
 from slipstream.archive.settings import Peer, RecordSpec
 from slipstream.client.errors import SlipstreamError
+from slipstream.client.layout import BEGIN_FLAG, END_FLAG, FRAME_ALIGNMENT, HDR_TYPE_DATA
 
 if TYPE_CHECKING:
     from slipstream.archive.service import ArchiveService
@@ -88,6 +99,56 @@ def missing_ranges(want: tuple[int, int], held: list[tuple[int, int | None]]
     if position < end:
         out.append((position, end))
     return out
+
+
+def _frames(directory: Path, descriptor: RecordingDescriptor, start: int, end: int):
+    """``(position, flags, type, length)`` of the recording's frames from ``start`` (a frame
+    boundary) until ``end``; stops early where a frame is not the recording's or not there.
+    A one-off look at the seams of a fetch (at most a term's frames), not a data path."""
+    segments = Segments(directory, descriptor)
+    try:
+        at = start
+        while at < end:
+            frame = frame_at(segments.at(at, min(end, at + FRAME_ALIGNMENT)), at, descriptor)
+            if frame is None:
+                return
+            length, flags, frame_type = frame
+            yield at, flags, frame_type, length
+            at += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    except RecordingLostError:
+        return
+    finally:
+        segments.close()
+
+
+def message_start(directory: Path, descriptor: RecordingDescriptor, position: int) -> int:
+    """Where the message that the recording's stop ``position`` cuts begins (``position``
+    itself when it is a message boundary, or when the recording does not hold the
+    message's first fragment).  A message never crosses a term: the frames are walked from
+    its term's start."""
+    term_start = position - position % descriptor.term_length
+    begun: int | None = None
+    reached = max(term_start, descriptor.start_position)
+    for at, flags, frame_type, length in _frames(directory, descriptor, reached, position):
+        if frame_type == HDR_TYPE_DATA:
+            if flags & BEGIN_FLAG:
+                begun = at
+            if flags & END_FLAG:
+                begun = None
+        reached = at + ((length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+    # Only a walk that reached the stop knows which message it cuts.
+    return begun if begun is not None and reached == position else position
+
+
+def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
+                recorded: int) -> int:
+    """Where the first message that begins at or after ``position`` does (``position``
+    itself when it is a boundary, or when the recording does not yet hold such a frame, up
+    to ``recorded``)."""
+    for at, flags, frame_type, _ in _frames(directory, descriptor, position, recorded):
+        if frame_type == HDR_TYPE_DATA and flags & BEGIN_FLAG:
+            return at
+    return position
 
 
 @dataclass
@@ -208,7 +269,8 @@ class Replicator:
                     missing = missing_ranges((descriptor.start_position, end),
                                              self._held_here(session_key(descriptor)))
                     if missing:
-                        self._start(peer, link, listed, spec, *missing[0])
+                        start, end = self._whole_messages(descriptor, *missing[0])
+                        self._start(peer, link, listed, spec, start, end)
                         return True
         except SlipstreamError as e:  # CallError, RecordingLostError: a later look
             log.warning("replication: the peer %s: %s", peer.peer, e)
@@ -216,6 +278,29 @@ class Replicator:
             log.warning("replication: the peer %s answered what this archive cannot read "
                         "(%s: %s)", peer.peer, type(e).__name__, e)
         return False
+
+    def _whole_messages(self, source: RecordingDescriptor, start: int, end: int
+                        ) -> tuple[int, int]:
+        """``[start, end)`` widened to whole messages where a recording of this archive
+        stops at ``start`` or begins at ``end`` inside one (see the module), within the
+        peer's recording ``source``."""
+        service = self._service
+        key = session_key(source)
+        for descriptor in service.catalog.recordings():
+            if session_key(descriptor) != key:
+                continue
+            if descriptor.stop_position == start and start > source.start_position:
+                start = max(message_start(service.directory, descriptor, start),
+                            source.start_position)
+            if descriptor.start_position == end:
+                recording = service.recordings.get(descriptor.recording_id)
+                recorded = recording.recorded_position if recording is not None else \
+                    descriptor.stop_position
+                end = message_end(service.directory, descriptor, end, recorded)
+        peer_end = source.stop_position if not source.is_active else None
+        if peer_end is not None:
+            end = min(end, peer_end)
+        return start, end
 
     def _start(self, peer: _Peer, link: ArchiveClient, source: ListedRecording,
                spec: RecordSpec, start: int, end: int) -> None:
