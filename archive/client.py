@@ -73,7 +73,8 @@ def _listed(fields: dict[str, Any]) -> ListedRecording:
 class ArchiveClient:
     """A standing link to the archive whose control stream is ``control_stream_id`` at
     ``address:port`` (its settings' ``control_*``), through ``client``'s driver; answers
-    come back at ``reply_address`` (this host's address towards the archive when None).
+    come back at ``reply_address`` (this host's address towards the archive when None), at
+    the archive's port, or ``reply_port``.
     Use from one thread.  Raises :class:`~slipstream.client.holding.CallError` for a call the
     archive refuses or does not answer in ``timeout_s``, :class:`RecordingLostError` for a
     range it does not hold."""
@@ -81,12 +82,13 @@ class ArchiveClient:
     def __init__(self, client: Client, address: str = "127.0.0.1",
                  port: int = DEFAULT_CONTROL_PORT,
                  control_stream_id: int = DEFAULT_CONTROL_STREAM_ID, *, timeout_s: float = 30.0,
-                 reply_address: str | None = None) -> None:
+                 reply_address: str | None = None, reply_port: int | None = None) -> None:
         self.client = client
         #: Which archive this is: its control address, port and control stream id.
         self.archive: tuple[str, int, int] = (address, port, control_stream_id)
         self._link = HolderLink(client, address, port, control_stream_id,
-                                timeout_s=timeout_s, reply_address=reply_address)
+                                timeout_s=timeout_s, reply_address=reply_address,
+                                reply_port=reply_port)
 
     @property
     def timeout_s(self) -> float:

@@ -220,7 +220,10 @@ class ReplayMerge:
         assert live is not None and self.join_position is not None
         delivered = 0
         replay = self._replay
-        if replay is not None:
+        limit = self.join_position if switch is None else switch
+        # A replay that ends or goes once it is at the limit is not needed (unless S, known
+        # later, lies past it: then it is looked at again, and failed over from).
+        if replay is not None and self.position < limit:
             image = replay.image()
             now = time.monotonic()
             if image is None or image.is_closed:
@@ -231,7 +234,6 @@ class ReplayMerge:
                                     self.position)
                 return 0
             self._replay_seen = True
-            limit = self.join_position if switch is None else switch
             if image.position < limit:
                 cap = min(limit, image.position + max(1 << 20, image.term_length))
                 counted = [0]
@@ -268,7 +270,11 @@ class ReplayMerge:
                 return delivered  # S's frame was seen: the log reaches it; a look again
             live.position = switch
         if replay is not None:
-            replay.close()  # stops the replay at the archive
+            image = replay.image()
+            # Stopped at the archive, unless it ended or its archive went.
+            replay.close(stop_at_archive=image is not None and not image.is_closed
+                         and image.end_of_stream_position is None
+                         and self.archive.is_connected)
             self._replay = None
         self.state = MergeState.LIVE
         return delivered

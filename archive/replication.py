@@ -184,6 +184,10 @@ class Replicator:
         self._interval_ns = settings.replication_interval_ns
         self._timeout_s = settings.replication_timeout_ns / 1e9
         self._reply_address = settings.replication_address
+        # Not the peer's port, as a caller elsewhere would: that is this archive's own
+        # control port too when both use the same (the usual case).
+        self._reply_port = settings.replication_port or \
+            (settings.control_port + 1 if settings.control_port else None)
         self._next_look_ns = time.monotonic_ns() + self._interval_ns
         self._fetch: _Fetch | None = None
         self.fetched = 0  # fetches that completed their range
@@ -213,7 +217,8 @@ class Replicator:
                 peer.link = ArchiveClient(self._service.client, peer.peer.address,
                                           peer.peer.port, peer.peer.control_stream_id,
                                           timeout_s=self._timeout_s,
-                                          reply_address=self._reply_address)
+                                          reply_address=self._reply_address,
+                                          reply_port=self._reply_port)
             except (SlipstreamError, OSError) as e:
                 log.warning("replication: no link to the peer %s: %s", peer.peer, e)
                 return None

@@ -187,6 +187,13 @@ def _optional_address(value: Any) -> str | None:
                                    f"of this host (\"\": the one towards each peer)") from None
 
 
+def _replication_port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ArchiveSettingsError("replication_port", f"{value!r} is not a UDP port (1..65535;"
+                                   f" 0: control_port + 1)")
+    return value
+
+
 #: Every top-level key: (its parser, its default).  config/archive.toml documents each one.
 #: Where an archive takes calls unless its settings say otherwise: Aeron Archive's control
 #: request channel (localhost:8010, stream 10).
@@ -211,6 +218,7 @@ SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "replication_interval": (_duration("replication_interval"), "5s"),
     "replication_timeout": (_duration("replication_timeout"), "2s"),
     "replication_address": (_optional_address, ""),
+    "replication_port": (_replication_port, 0),
 }
 _RECORD_KEYS: Final = ("channel", "stream_id", "source")
 
@@ -236,6 +244,7 @@ class ArchiveSettings:
     replication_interval_ns: int = 5_000_000_000
     replication_timeout_ns: int = 2_000_000_000
     replication_address: str | None = None
+    replication_port: int = 0
     records: tuple[RecordSpec, ...] = field(default_factory=tuple)
 
     @classmethod
@@ -269,6 +278,7 @@ class ArchiveSettings:
                    replication_interval_ns=parsed["replication_interval"],
                    replication_timeout_ns=parsed["replication_timeout"],
                    replication_address=parsed["replication_address"],
+                   replication_port=parsed["replication_port"],
                    records=_records(values.get("record", [])))
 
 

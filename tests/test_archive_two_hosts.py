@@ -1,0 +1,170 @@
+"""Two archives, no single copy, on namespace hosts (docs/ARCHIVE.md, "Two archives"): host 1
+publishes by dynamic MDC to hosts 2 and 3, each running ``slipstream-archive run`` (a real
+process) beside its driver (a real process), each recording the stream.  Archive 3 is killed
+(-9) mid-stream and restarted after more than a term was published: it catches up from
+archive 2.  A replay merge on host 1 reading from archive 2 fails over to archive 3 when
+archive 2 is killed mid-replay.  Afterwards archive 3 alone serves the whole session."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from helpers import NETWORK_SETTINGS, message, wait_for
+from test_archive import publish, size_of, wait_for_recording
+from test_archive_replication import archive_config, checksum, read_pieces, whole_at
+
+from slipstream.archive import ArchiveClient, EndReason, MergeState, ReplayMerge, locate
+from slipstream.client import Client
+
+pytestmark = pytest.mark.timeout(300)
+
+CONTROL_PORT = 40311  # each archive's, on its own host
+MDC_CONTROL_PORT = 40312  # the publisher's, on host 1
+LIVE_PORT = 40313  # each subscriber's, on its own host
+MERGE_PORT = 40314  # the merging reader's live endpoint on host 1
+STREAM = 60
+CONTROL_STREAM = 10
+TERM = 64 * 1024
+
+
+@contextmanager
+def archive_on(hosts, index: int, config: Path, log_path: Path
+               ) -> Iterator[subprocess.Popen[bytes]]:
+    """``slipstream-archive run`` inside host ``index``; killed (-9) if still running at
+    the end."""
+    with open(log_path, "ab") as log_file:
+        process = hosts[index].popen(sys.executable, "-m", "slipstream.archive.cli", "run",
+                                     "--config", str(config), stdout=log_file,
+                                     stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def kill(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+@pytest.mark.parametrize("hosts", [3], indirect=True)
+def test_archives_on_two_hosts_catch_up_and_serve_a_reader_that_fails_over(
+        hosts, tmp_path: Path) -> None:
+    """MDC from host 1 (64k terms, 128k segments, fragmented messages) recorded on hosts 2
+    and 3.  Archive 3 killed after 900 messages, 300 more (over a term) published, archive 3
+    restarted: it records the stream again and fetches what it missed from archive 2.  A
+    replay merge on host 1 from position 0, given archives 2 and 3, is 500 messages in when
+    archive 2 is killed: it fails over to archive 3 and goes live, every message once, in
+    order, at its position.  After the publisher's close archive 3 alone (archive 2 dead)
+    holds the whole session: read piece by piece, every message once, in order,
+    checksummed."""
+    drivers = {i: hosts.start_driver(i, **NETWORK_SETTINGS) for i in (1, 2, 3)}
+    one = hosts[1].address
+    publication_channel = (f"aeron:udp?control={one}:{MDC_CONTROL_PORT}|control-mode=dynamic"
+                           f"|fc=min,t:1s")
+
+    def subscriber(index: int, port: int = LIVE_PORT) -> str:
+        return (f"aeron:udp?endpoint={hosts[index].address}:{port}"
+                f"|control={one}:{MDC_CONTROL_PORT}")
+
+    configs = {}
+    for index, other in ((2, 3), (3, 2)):
+        configs[index] = archive_config(
+            tmp_path / f"archive{index}.toml", tmp_path / f"archive{index}",
+            drivers[index].directory, CONTROL_PORT, [(subscriber(index), STREAM, "remote")],
+            peers=[f"{hosts[other].address}:{CONTROL_PORT}"], address=hosts[index].address)
+    dirs = {i: tmp_path / f"archive{i}" for i in (2, 3)}
+    logs = {i: tmp_path / f"archive{i}.log" for i in (2, 3)}
+    total = 1800
+    with Client.connect(drivers[1].directory) as local, \
+            archive_on(hosts, 2, configs[2], logs[2]) as archive2:
+        archive3_run = archive_on(hosts, 3, configs[3], logs[3])
+        archive3 = archive3_run.__enter__()
+        try:
+            publication = local.add_publication(publication_channel, STREAM)
+            wait_for_recording(dirs[2], timeout=30)
+            wait_for_recording(dirs[3], timeout=30)
+            session_id = publication.session_id
+            framing = (publication.initial_term_id, publication.term_length)
+            positions = publish(publication, 900)
+            kill(archive3)
+            archive3_run.__exit__(None, None, None)
+            down_at = positions[-1]
+            positions += publish(publication, 300, first=900)
+            assert positions[-1] - down_at > TERM
+            archive3_run = archive_on(hosts, 3, configs[3], logs[3])
+            archive3 = archive3_run.__enter__()
+            rejoined = wait_for_recording(dirs[3], index=1, timeout=30)
+            assert rejoined.session_id == session_id and rejoined.start_position > down_at
+            with ArchiveClient(local, hosts[2].address, CONTROL_PORT, CONTROL_STREAM,
+                               timeout_s=2, reply_address=one) as at2, \
+                    ArchiveClient(local, hosts[3].address, CONTROL_PORT, CONTROL_STREAM,
+                                  timeout_s=2, reply_address=one) as at3:
+
+                def caught_up() -> bool:
+                    pieces = locate([at3], STREAM, session_id, framing, 0, None)
+                    return bool(pieces) and pieces[0].start == 0 and all(
+                        a.end == b.start for a, b in itertools.pairwise(pieces)) \
+                        and pieces[-1].end >= rejoined.start_position
+                wait_for(caught_up, timeout=60, what="archive 3 caught up from archive 2")
+
+                # A late reader on host 1 merges from archive 2, which dies mid-replay.
+                live = local.add_subscription(subscriber(1, MERGE_PORT), STREAM)
+                recording = at2.list_recordings(stream_id=STREAM, session_id=session_id)[0]
+                merge = ReplayMerge([at2, at3], live, recording.recording_id, 0,
+                                    stall_timeout_s=5)
+                merged: list[tuple[bytes, int]] = []
+
+                def take(data: memoryview, header) -> None:
+                    merged.append((bytes(data), header.position))
+
+                deadline = time.monotonic() + 120
+                while len(merged) < 500:
+                    assert time.monotonic() < deadline, f"merged {len(merged)}, {merge.state}"
+                    if merge.poll(take, 20) == 0:
+                        time.sleep(0.001)
+                assert merge.state is MergeState.CATCHING_UP and merge.archive is at2
+                kill(archive2)
+                sent = len(positions)
+                while len(merged) < total:
+                    assert time.monotonic() < deadline, (f"merged {len(merged)} of {total}, "
+                                                        f"{merge.state}")
+                    while sent < total:  # on while the merge catches up: it joins live
+                        result = publication.offer(message(sent, size_of(sent)))
+                        if result < 0:
+                            break
+                        positions.append(result)
+                        sent += 1
+                    if merge.poll(take, 256) == 0:
+                        time.sleep(0.001)
+                assert merge.failovers >= 1 and merge.is_live
+                merge.close()
+                publication.close()
+                stop = positions[-1]
+                wait_for(lambda: whole_at(at3, STREAM, session_id, framing, 0, stop),
+                         timeout=30, what="archive 3 holds the whole session")
+                pieces = locate([at2, at3], STREAM, session_id, framing, 0, None)
+                listed = {r.recording_id: r.descriptor for r in at3.list_recordings()}
+                got = read_pieces(pieces, {at3.archive: at3})
+        finally:
+            archive3_run.__exit__(None, None, None)
+    want = [(message(seq, size_of(seq)), p) for seq, p in enumerate(positions)]
+    assert merged == want, "the merged reader"
+    assert got == want, "archive 3 alone"
+    assert checksum(got) == checksum(want)
+    assert {p.archive for p in pieces} == {at3.archive}  # archive 2 no longer answers
+    replicas = [listed[p.recording_id] for p in pieces
+                if listed[p.recording_id].source_identity.startswith("replica of ")]
+    assert replicas, pieces
+    assert listed[pieces[0].recording_id].end_reason is EndReason.RECOVERED
+    assert listed[pieces[-1].recording_id].end_reason is EndReason.END_OF_STREAM
