@@ -44,10 +44,12 @@ peer's recording before anything is written).
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
@@ -55,6 +57,7 @@ from slipstream.archive.reading import RecordingLostError, Segments, frame_at
 from slipstream.archive.recorder import Recording
 from slipstream.archive.settings import Peer, RecordSpec
 from slipstream.client.errors import SlipstreamError
+from slipstream.client.image import Image
 from slipstream.client.layout import BEGIN_FLAG, END_FLAG, FRAME_ALIGNMENT, HDR_TYPE_DATA
 
 if TYPE_CHECKING:
@@ -153,15 +156,15 @@ def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
 
 @dataclass
 class _Fetch:
-    """One range being fetched from a peer."""
+    """One range being fetched from a peer (``replay`` None until the peer answered)."""
 
     peer: _Peer
     source: ListedRecording
     spec: RecordSpec
     start: int
     end: int
-    replay: ArchiveReplay
     since: float
+    replay: ArchiveReplay | None = None
     recording: Recording | None = None
     moved_at: float = 0.0
     last_position: int = -1
@@ -170,12 +173,44 @@ class _Fetch:
 class _Peer:
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
-        self.link: ArchiveClient | None = None
+        self.link: ArchiveClient | None = None  # the caller thread's
+
+
+class _Caller:
+    """The thread that makes the calls to the peers (each waits for an answer, up to
+    ``replication_timeout``), so that a peer that stops answering never holds the service's
+    thread and its recordings.  It takes requests and hands back results through queues;
+    the links are its own."""
+
+    def __init__(self, replicator: Replicator) -> None:
+        self._replicator = replicator
+        self.requests: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="archive-replication",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            request = self.requests.get()
+            if request is None:
+                break
+            try:
+                self.results.put(self._replicator.call(*request))
+            except Exception as e:  # told to the service's thread, never lost here
+                log.exception("replication: a call failed")
+                self.results.put(("failed", request, e))
+        self._replicator.close_links()
+
+    def stop(self, timeout_s: float) -> None:
+        self.requests.put(None)
+        self._thread.join(timeout_s)
 
 
 class Replicator:
-    """The service's catch-up from ``service.settings.peers`` (see the module); runs on the
-    service's thread, from :meth:`do_work`."""
+    """The service's catch-up from ``service.settings.peers`` (see the module): planning and
+    the replica on the service's thread (:meth:`do_work`), the calls to the peers on a
+    thread of its own."""
 
     def __init__(self, service: ArchiveService) -> None:
         settings = service.settings
@@ -189,28 +224,68 @@ class Replicator:
         self._reply_port = settings.replication_port or \
             (settings.control_port + 1 if settings.control_port else None)
         self._next_look_ns = time.monotonic_ns() + self._interval_ns
+        self._looking = 0  # peers asked for their recordings, answers not yet in
         self._fetch: _Fetch | None = None
         self.fetched = 0  # fetches that completed their range
         self.cut_short = 0  # fetches that ended before their range's end
+        self._caller = _Caller(self)
 
     @property
     def fetching(self) -> bool:
         return self._fetch is not None
 
     def do_work(self, now_ns: int) -> int:
-        """Move the fetch in progress, or look at the peers when it is time; returns the work
-        done (0: none)."""
+        """Take the peers' answers, move the fetch in progress, or ask the peers for their
+        recordings when it is time; returns the work done (0: none)."""
+        work = self._take_results()
         if self._fetch is not None:
-            return self._move(self._fetch, time.monotonic())
-        if now_ns < self._next_look_ns:
-            return 0
+            return work + self._move(self._fetch, time.monotonic())
+        if now_ns < self._next_look_ns or self._looking:
+            return work
         self._next_look_ns = now_ns + self._interval_ns
-        for peer in self._peers:
-            if self._look(peer):
-                return 1
-        return 0
+        for index in range(len(self._peers)):
+            self._looking += 1
+            self._caller.requests.put(("list", index))
+        return work + 1
 
-    # -- planning ------------------------------------------------------------------------
+    # -- the calls (the caller's thread) ----------------------------------------------------
+    def call(self, op: str, index: int, *args: Any) -> tuple[Any, ...]:
+        """One request of the caller's thread: ``("list", peer)`` → the peer's recordings of
+        this archive's stream ids (None: not connected); ``("replay", peer, recording id,
+        start, end, stream id, session id)`` → the replay; ``("close", peer, replay,
+        stop)``."""
+        peer = self._peers[index]
+        if op == "close":
+            replay, stop = args
+            try:
+                replay.close(stop_at_archive=stop and peer.link is not None
+                             and peer.link.is_connected)
+            except SlipstreamError as e:
+                log.warning("replication: the peer %s: %s", peer.peer, e)
+            return ("closed", index)
+        link = self._link(peer)
+        if op == "list":
+            if link is None or not link.is_connected:
+                return ("listed", index, None)
+            stream_ids = sorted({spec.stream_id for spec in self._service.settings.records})
+            try:
+                return ("listed", index, [r for stream_id in stream_ids
+                                          for r in self._listed(link, stream_id)])
+            except SlipstreamError as e:  # CallError: not answering; a later look
+                log.warning("replication: the peer %s: %s", peer.peer, e)
+            except (KeyError, ValueError, TypeError) as e:
+                log.warning("replication: the peer %s answered what this archive cannot read "
+                            "(%s: %s)", peer.peer, type(e).__name__, e)
+            return ("listed", index, None)
+        recording_id, start, end, stream_id, session_id = args
+        if link is None:
+            return ("replay", index, SlipstreamError("no link"))
+        try:
+            return ("replay", index, link.replay(recording_id, start=start, end=end,
+                                                 stream_id=stream_id, session_id=session_id))
+        except SlipstreamError as e:
+            return ("replay", index, e)
+
     def _link(self, peer: _Peer) -> ArchiveClient | None:
         if peer.link is None:
             try:
@@ -223,6 +298,55 @@ class Replicator:
                 log.warning("replication: no link to the peer %s: %s", peer.peer, e)
                 return None
         return peer.link
+
+    @staticmethod
+    def _listed(link: ArchiveClient, stream_id: int) -> list[ListedRecording]:
+        out: list[ListedRecording] = []
+        from_id = 0
+        while True:
+            page = link.list_recordings(stream_id=stream_id, from_id=from_id, count=_LIST_PAGE)
+            out += page
+            if len(page) < _LIST_PAGE:
+                return out
+            from_id = page[-1].recording_id + 1
+
+    def close_links(self) -> None:
+        """The caller's thread, as it ends."""
+        for peer in self._peers:
+            if peer.link is not None:
+                peer.link.close()
+                peer.link = None
+
+    # -- planning (the service's thread) ----------------------------------------------------
+    def _take_results(self) -> int:
+        work = 0
+        while True:
+            try:
+                result = self._caller.results.get_nowait()
+            except queue.Empty:
+                return work
+            work += 1
+            kind = result[0]
+            if kind == "listed":
+                self._looking -= 1
+                _, index, listed = result
+                if listed is not None and self._fetch is None:
+                    self._plan(index, listed)
+            elif kind == "replay":
+                _, index, answer = result
+                fetch = self._fetch
+                if fetch is None or fetch.replay is not None:
+                    continue
+                if isinstance(answer, Exception):
+                    self._end(fetch, f"the peer refused the replay: {answer}")
+                else:
+                    fetch.replay = answer
+                    fetch.since = fetch.moved_at = time.monotonic()
+            elif kind == "failed":
+                if result[1][0] == "list":
+                    self._looking -= 1
+                elif result[1][0] == "replay" and self._fetch is not None:
+                    self._end(self._fetch, f"the call failed: {result[2]}")
 
     def _spec_for(self, descriptor: RecordingDescriptor) -> RecordSpec | None:
         """The ``[[record]]`` a peer's recording is one of this archive's streams by: the
@@ -245,44 +369,28 @@ class Replicator:
                 held.append((descriptor.start_position, descriptor.stop_position))
         return held
 
-    def _listed(self, link: ArchiveClient, stream_id: int) -> list[ListedRecording]:
-        out: list[ListedRecording] = []
-        from_id = 0
-        while True:
-            page = link.list_recordings(stream_id=stream_id, from_id=from_id, count=_LIST_PAGE)
-            out += page
-            if len(page) < _LIST_PAGE:
-                return out
-            from_id = page[-1].recording_id + 1
-
-    def _look(self, peer: _Peer) -> bool:
-        """Start fetching the first range ``peer`` holds and this archive lacks; whether one
-        was started."""
-        link = self._link(peer)
-        if link is None or not link.is_connected:
-            return False
-        stream_ids = sorted({spec.stream_id for spec in self._service.settings.records})
-        try:
-            for stream_id in stream_ids:
-                for listed in self._listed(link, stream_id):
-                    descriptor = listed.descriptor
-                    spec = self._spec_for(descriptor)
-                    if spec is None:
-                        continue
-                    end = descriptor.stop_position if not descriptor.is_active \
-                        else listed.recorded_position
-                    missing = missing_ranges((descriptor.start_position, end),
-                                             self._held_here(session_key(descriptor)))
-                    if missing:
-                        start, end = self._whole_messages(descriptor, *missing[0])
-                        self._start(peer, link, listed, spec, start, end)
-                        return True
-        except SlipstreamError as e:  # CallError, RecordingLostError: a later look
-            log.warning("replication: the peer %s: %s", peer.peer, e)
-        except (KeyError, ValueError, TypeError) as e:
-            log.warning("replication: the peer %s answered what this archive cannot read "
-                        "(%s: %s)", peer.peer, type(e).__name__, e)
-        return False
+    def _plan(self, index: int, listed: list[ListedRecording]) -> None:
+        """Ask the peer for the first range it holds and this archive lacks, if any."""
+        for source in listed:
+            descriptor = source.descriptor
+            spec = self._spec_for(descriptor)
+            if spec is None:
+                continue
+            end = descriptor.stop_position if not descriptor.is_active \
+                else source.recorded_position
+            missing = missing_ranges((descriptor.start_position, end),
+                                     self._held_here(session_key(descriptor)))
+            if not missing:
+                continue
+            start, end = self._whole_messages(descriptor, *missing[0])
+            peer = self._peers[index]
+            self._fetch = _Fetch(peer, source, spec, start, end, time.monotonic())
+            self._caller.requests.put(("replay", index, descriptor.recording_id, start, end,
+                                       descriptor.stream_id, descriptor.session_id))
+            log.info("replication: fetching [%d, %d) of session %d stream %d from recording "
+                     "%d at the peer %s", start, end, descriptor.session_id,
+                     descriptor.stream_id, descriptor.recording_id, peer.peer)
+            return
 
     def _whole_messages(self, source: RecordingDescriptor, start: int, end: int
                         ) -> tuple[int, int]:
@@ -307,19 +415,12 @@ class Replicator:
             end = min(end, peer_end)
         return start, end
 
-    def _start(self, peer: _Peer, link: ArchiveClient, source: ListedRecording,
-               spec: RecordSpec, start: int, end: int) -> None:
-        descriptor = source.descriptor
-        replay = link.replay(descriptor.recording_id, start=start, end=end,
-                             stream_id=descriptor.stream_id, session_id=descriptor.session_id)
-        now = time.monotonic()
-        self._fetch = _Fetch(peer, source, spec, start, end, replay, now, moved_at=now)
-        log.info("replication: fetching [%d, %d) of session %d stream %d from recording %d "
-                 "at the peer %s", start, end, descriptor.session_id, descriptor.stream_id,
-                 descriptor.recording_id, peer.peer)
-
-    # -- the fetch -------------------------------------------------------------------------
+    # -- the fetch (the service's thread) ---------------------------------------------------
     def _move(self, fetch: _Fetch, now: float) -> int:
+        if fetch.replay is None:  # the peer's answer not in yet (the caller's timeout)
+            if now - fetch.since > FETCH_STALL_S + self._timeout_s:
+                self._end(fetch, "the peer did not answer")
+            return 0
         image = fetch.replay.image()
         if fetch.recording is None:
             if image is None:
@@ -344,7 +445,7 @@ class Replicator:
             self._end(fetch, f"its replay did not move for {FETCH_STALL_S:g} s")
         return 0
 
-    def _begin(self, fetch: _Fetch, image) -> int:  # image: slipstream.client.image.Image
+    def _begin(self, fetch: _Fetch, image: Image) -> int:
         descriptor = fetch.source.descriptor
         found = (image.stream_id, image.session_id, image.initial_term_id, image.term_length,
                  image.position)
@@ -382,9 +483,9 @@ class Replicator:
                 reason = source.end_reason
             recording.stop(reason)
         reached = recording.writer.position if recording is not None else fetch.start
-        link = fetch.peer.link
-        fetch.replay.close(stop_at_archive=failure is not None and link is not None
-                           and link.is_connected)
+        if fetch.replay is not None:
+            index = self._peers.index(fetch.peer)
+            self._caller.requests.put(("close", index, fetch.replay, failure is not None))
         if failure is None:
             self.fetched += 1
             self._next_look_ns = 0  # the next hole at once
@@ -398,10 +499,8 @@ class Replicator:
                         source.session_id, fetch.peer.peer, reached, failure)
 
     def close(self) -> None:
-        """Stop a fetch in progress (its replica stopped where it is) and the links."""
+        """Stop a fetch in progress (its replica stopped where it is), then the caller's
+        thread and its links (waiting at most a call's timeout for it)."""
         if self._fetch is not None:
             self._end(self._fetch, "the archive stopped")
-        for peer in self._peers:
-            if peer.link is not None:
-                peer.link.close()
-                peer.link = None
+        self._caller.stop(self._timeout_s + 1.0)
