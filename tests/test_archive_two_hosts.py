@@ -10,15 +10,12 @@ from __future__ import annotations
 import itertools
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from helpers import NETWORK_SETTINGS, message, wait_for
-from test_archive import publish, size_of, wait_for_recording
+from test_archive import archive_process, publish, size_of, wait_for_recording
 from test_archive_replication import archive_config, checksum, read_pieces, whole_at
 
 from slipstream.archive import ArchiveClient, EndReason, MergeState, ReplayMerge, locate
@@ -35,21 +32,10 @@ CONTROL_STREAM = 10
 TERM = 64 * 1024
 
 
-@contextmanager
-def archive_on(hosts, index: int, config: Path, log_path: Path
-               ) -> Iterator[subprocess.Popen[bytes]]:
-    """``slipstream-archive run`` inside host ``index``; killed (-9) if still running at
-    the end."""
-    with open(log_path, "ab") as log_file:
-        process = hosts[index].popen(sys.executable, "-m", "slipstream.archive.cli", "run",
-                                     "--config", str(config), stdout=log_file,
-                                     stderr=subprocess.STDOUT)
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
+def archive_on(hosts, index: int, config: Path, log_path: Path):
+    """``slipstream-archive run`` inside host ``index`` (killed, -9, if still running at the
+    end)."""
+    return archive_process(config, log_path, hosts[index].prefix())
 
 
 def kill(process: subprocess.Popen[bytes]) -> None:
