@@ -154,3 +154,81 @@ def test_archives_on_two_hosts_catch_up_and_serve_a_reader_that_fails_over(
     assert replicas, pieces
     assert listed[pieces[0].recording_id].end_reason is EndReason.RECOVERED
     assert listed[pieces[-1].recording_id].end_reason is EndReason.END_OF_STREAM
+
+
+@pytest.mark.parametrize("hosts", [3], indirect=True)
+def test_a_fetch_the_peers_death_cuts_keeps_what_came_and_fetches_the_rest_later(
+        hosts, tmp_path: Path) -> None:
+    """Archive 3 misses 1600 messages (about 2 MB); its fetch from archive 2 runs over a link
+    held to 8 Mbit/s, and archive 2 is killed (-9) mid-fetch.  The replica stops where its
+    replay ended, *stopped*, short of the range; archive 2 restarted (recovered), archive 3
+    fetches the rest into a second replica, and then alone serves the whole session, every
+    message once, in order."""
+    drivers = {i: hosts.start_driver(i, **NETWORK_SETTINGS) for i in (1, 2, 3)}
+    one = hosts[1].address
+    publication_channel = (f"aeron:udp?control={one}:{MDC_CONTROL_PORT}|control-mode=dynamic"
+                           f"|fc=min,t:1s")
+    configs = {}
+    for index, other in ((2, 3), (3, 2)):
+        configs[index] = archive_config(
+            tmp_path / f"archive{index}.toml", tmp_path / f"archive{index}",
+            drivers[index].directory, CONTROL_PORT,
+            [(f"aeron:udp?endpoint={hosts[index].address}:{LIVE_PORT}"
+              f"|control={one}:{MDC_CONTROL_PORT}", STREAM, "remote")],
+            peers=[f"{hosts[other].address}:{CONTROL_PORT}"] if index == 3 else [],
+            address=hosts[index].address)
+    dirs = {i: tmp_path / f"archive{i}" for i in (2, 3)}
+    logs = {i: tmp_path / f"archive{i}.log" for i in (2, 3)}
+    runs = {i: archive_on(hosts, i, configs[i], logs[i]) for i in (2, 3)}
+    processes = {i: runs[i].__enter__() for i in (2, 3)}
+    try:
+        with Client.connect(drivers[1].directory) as local:
+            publication = local.add_publication(publication_channel, STREAM)
+            wait_for_recording(dirs[2], timeout=30)
+            wait_for_recording(dirs[3], timeout=30)
+            session_id = publication.session_id
+            framing = (publication.initial_term_id, publication.term_length)
+            positions = publish(publication, 200)
+            kill(processes[3])
+            positions += publish(publication, 1600, first=200)
+            hosts.rate_limit(2, mbit=8)  # what host 2 sends: the fetch, about 1 MB/s
+            runs[3] = archive_on(hosts, 3, configs[3], logs[3])
+            processes[3] = runs[3].__enter__()
+            wait_for_recording(dirs[3], index=1, timeout=30)
+            with ArchiveClient(local, hosts[3].address, CONTROL_PORT, CONTROL_STREAM,
+                               timeout_s=2, reply_address=one) as at3:
+
+                def replicas() -> list:
+                    return [r for r in at3.list_recordings(stream_id=STREAM)
+                            if r.descriptor.source_identity.startswith("replica of ")]
+
+                wait_for(lambda: any(r.recorded_position - r.descriptor.start_position
+                                     > 256 * 1024 for r in replicas()),
+                         timeout=30, what="a quarter MB fetched")
+                kill(processes[2])
+                cut = wait_for_recording(dirs[3], index=2, timeout=30, ended=True)
+                fetching_to = rejoined_at = wait_for_recording(dirs[3], index=1).start_position
+                assert cut.end_reason is EndReason.STOPPED
+                assert cut.stop_position < fetching_to, "the fetch was not cut short"
+                hosts[2].run("tc", "qdisc", "del", "dev", hosts[2].veth, "root")
+                runs[2].__exit__(None, None, None)
+                runs[2] = archive_on(hosts, 2, configs[2], logs[2])
+                processes[2] = runs[2].__enter__()
+                positions += publish(publication, 200, first=1800)
+                publication.close()
+                stop = positions[-1]
+                wait_for(lambda: whole_at(at3, STREAM, session_id, framing, 0, stop),
+                         timeout=60, what="archive 3 holds the whole session")
+                kill(processes[2])
+                pieces = locate([at3], STREAM, session_id, framing, 0, None)
+                got = read_pieces(pieces, {at3.archive: at3})
+                fetched = [r.descriptor for r in replicas()]
+    finally:
+        for run in runs.values():
+            run.__exit__(None, None, None)
+    assert got == [(message(seq, size_of(seq)), p) for seq, p in enumerate(positions)]
+    assert len(fetched) == 2, fetched
+    first, second = fetched
+    # The second goes on where the first stopped (from the start of a message it cut).
+    assert first.start_position < second.start_position <= first.stop_position
+    assert second.stop_position >= rejoined_at
