@@ -86,6 +86,9 @@ class ArchiveClient:
         self.client = client
         #: Which archive this is: its control address, port and control stream id.
         self.archive: tuple[str, int, int] = (address, port, control_stream_id)
+        #: Whether :attr:`is_connected` was ever seen true (a link that was connected and is
+        #: not lost its archive; one never connected may be one just made).
+        self.was_connected = False
         self._link = HolderLink(client, address, port, control_stream_id,
                                 timeout_s=timeout_s, reply_address=reply_address,
                                 reply_port=reply_port)
@@ -102,9 +105,21 @@ class ArchiveClient:
     @property
     def is_connected(self) -> bool:
         """Whether the archive's control stream has a subscriber now (its driver says so):
-        False when the archive is not running, or not yet known to be, and a call would wait
-        for its timeout."""
-        return self._link.is_connected
+        False when the archive is not running, or not yet known to be (a link just made),
+        and a call would wait for its timeout."""
+        connected = self._link.is_connected
+        if connected:
+            self.was_connected = True
+        return connected
+
+    def await_connected(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for :attr:`is_connected`; whether it is."""
+        deadline = time.monotonic() + timeout_s
+        while not self.is_connected:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     @property
     def reply_channel(self) -> str:

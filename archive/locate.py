@@ -29,6 +29,19 @@ __all__ = ["HeldRange", "held_ranges", "locate", "stitch"]
 
 #: Recordings one ``list`` call answers at most (the control op's limit).
 _LIST_PAGE = 64
+#: How long a link never yet connected (one just made) is given to connect, seconds (at most
+#: its call timeout): its archive's status messages come within milliseconds when it runs.
+_FIRST_CONNECT_S = 1.0
+
+
+def _reachable(archive: ArchiveClient) -> bool:
+    """Whether ``archive``'s control stream has a subscriber; a link never connected gets
+    :data:`_FIRST_CONNECT_S` for it, one that lost its archive none."""
+    if archive.is_connected:
+        return True
+    if archive.was_connected:
+        return False
+    return archive.await_connected(min(archive.timeout_s, _FIRST_CONNECT_S))
 
 
 @attrs.frozen
@@ -126,11 +139,12 @@ def locate(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
 
     ``framing`` is the session's log's ``(initial_term_id, term_length)``: recordings of
     another log are not the session's.  An archive whose control stream has no subscriber
-    (:attr:`ArchiveClient.is_connected`) is skipped without a call; one that does not answer
-    costs its client's ``timeout_s``.  Pieces meet at frame boundaries (see the module)."""
+    (:attr:`ArchiveClient.is_connected`) is skipped without a call (a link just made gets up
+    to a second to connect); one that does not answer costs its client's ``timeout_s``.
+    Pieces meet at frame boundaries (see the module)."""
     held: list[list[HeldRange]] = []
     for archive in archives:
-        if not archive.is_connected:
+        if not _reachable(archive):
             held.append([])
             continue
         try:
