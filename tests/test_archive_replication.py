@@ -17,7 +17,13 @@ import pytest
 from helpers import free_port, message, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_archive import archive_process, publish, size_of, wait_for_recording
+from test_archive import (
+    archive_process,
+    publish,
+    recorded_messages,
+    size_of,
+    wait_for_recording,
+)
 
 from slipstream.archive import ArchiveClient, EndReason, HeldRange, locate
 from slipstream.archive.locate import stitch
@@ -176,6 +182,13 @@ def checksum(messages: Sequence[tuple[bytes, int]]) -> int:
     return crc
 
 
+def check_whole_messages(replica, archive_dir: Path) -> None:
+    """A replica holds whole messages: its first frame begins one (the frames walked from its
+    start meet no middle fragment first) and its last message ends at its stop."""
+    messages = recorded_messages(replica, archive_dir)  # asserts on a middle fragment first
+    assert messages and messages[-1][1] == replica.stop_position, replica
+
+
 def archive_config(path: Path, archive_dir: Path, driver_dir: Path, port: int,
                    records: Sequence[tuple[str, int, str]], peers: Sequence[str] = (),
                    address: str = "127.0.0.1", reply_address: str = "") -> Path:
@@ -268,6 +281,8 @@ def test_an_archive_killed_mid_stream_catches_up_from_its_peer(driver, tmp_path:
     assert len(pieces) >= 3, pieces  # B's first recording, a replica, B's second recording
     replicas = [d for d in listed.values() if d.source_identity.startswith("replica of ")]
     assert replicas and all(f"127.0.0.1:{port_a}/" in d.source_identity for d in replicas)
+    for replica in replicas:
+        check_whole_messages(replica, tmp_path / "b")
     assert listed[0].end_reason is EndReason.RECOVERED and listed[0].stop_position <= before
     assert listed[pieces[-1].recording_id].end_reason is EndReason.END_OF_STREAM
     # The session B never saw: one replica, whole, its end of stream carried over from A's.

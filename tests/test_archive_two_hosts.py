@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 from helpers import NETWORK_SETTINGS, message, wait_for
 from test_archive import archive_process, publish, size_of, wait_for_recording
-from test_archive_replication import archive_config, checksum, read_pieces, whole_at
+from test_archive_replication import (
+    archive_config,
+    check_whole_messages,
+    checksum,
+    read_pieces,
+    whole_at,
+)
 
 from slipstream.archive import ArchiveClient, EndReason, MergeState, ReplayMerge, locate
 from slipstream.client import Client
@@ -152,6 +158,8 @@ def test_archives_on_two_hosts_catch_up_and_serve_a_reader_that_fails_over(
     replicas = [listed[p.recording_id] for p in pieces
                 if listed[p.recording_id].source_identity.startswith("replica of ")]
     assert replicas, pieces
+    for replica in replicas:  # whole messages at the seams with archive 3's own recordings
+        check_whole_messages(replica, dirs[3])
     assert listed[pieces[0].recording_id].end_reason is EndReason.RECOVERED
     assert listed[pieces[-1].recording_id].end_reason is EndReason.END_OF_STREAM
 
