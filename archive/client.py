@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor, RecordingState
-from slipstream.archive.control import LOST
+from slipstream.archive.control import LIST_MAX, LOST
 from slipstream.archive.reading import RecordingLostError
 from slipstream.archive.settings import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_STREAM_ID
 from slipstream.client.client import Client
@@ -152,6 +152,20 @@ class ArchiveClient:
         if count is not None:
             args["count"] = count
         return [_listed(fields) for fields in self._call("list", **args)]
+
+    def list_all_recordings(self, *, stream_id: int | None = None,
+                            session_id: int | None = None) -> list[ListedRecording]:
+        """Every recording of ``stream_id`` and ``session_id`` (each optional), in id order:
+        :meth:`list_recordings` page after page."""
+        out: list[ListedRecording] = []
+        from_id = 0
+        while True:
+            page = self.list_recordings(stream_id=stream_id, session_id=session_id,
+                                        from_id=from_id, count=LIST_MAX)
+            out += page
+            if len(page) < LIST_MAX:
+                return out
+            from_id = page[-1].recording_id + 1
 
     def describe(self, recording_id: int) -> ListedRecording:
         return _listed(self._call("describe", recording_id=recording_id))

@@ -61,6 +61,8 @@ log = logging.getLogger("slipstream.archive")
 #: Recordings a ``list`` answers at most by default (one answer is one message of a small
 #: channel's log: about 8 KiB).
 LIST_COUNT: Final = 12
+#: The most a ``list`` call may ask for.
+LIST_MAX: Final = 64
 LOST: Final = "lost"
 
 
@@ -210,7 +212,7 @@ class ArchiveControl:
         stream_id = _int_arg(args, "stream_id", -INT32_MAX - 1, INT32_MAX, optional=True)
         session_id = _int_arg(args, "session_id", -INT32_MAX - 1, INT32_MAX, optional=True)
         from_id = _int_arg(args, "from_id", 0, 2**63 - 1, 0)
-        count = _int_arg(args, "count", 1, 64, LIST_COUNT)
+        count = _int_arg(args, "count", 1, LIST_MAX, LIST_COUNT)
         out = []
         for descriptor in self._service.catalog.recordings():
             if descriptor.recording_id < from_id:  # type: ignore[operator]

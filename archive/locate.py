@@ -27,8 +27,6 @@ from slipstream.client.errors import SlipstreamError
 
 __all__ = ["HeldRange", "held_ranges", "locate", "stitch"]
 
-#: Recordings one ``list`` call answers at most (the control op's limit).
-_LIST_PAGE = 64
 #: How long a link never yet connected (one just made) is given to connect, seconds (at most
 #: its call timeout): its archive's status messages come within milliseconds when it runs.
 _FIRST_CONNECT_S = 1.0
@@ -67,18 +65,10 @@ def held_ranges(archive: ArchiveClient, stream_id: int, session_id: int,
     """Every recording of the session at ``archive`` (``framing``: initial term id, term
     length), whole, as pieces in recording id order; empty ones left out.  Raises what the
     calls raise (:class:`~slipstream.client.holding.CallError` and the client's errors)."""
-    out: list[HeldRange] = []
-    from_id = 0
-    while True:
-        page = archive.list_recordings(stream_id=stream_id, session_id=session_id,
-                                       from_id=from_id, count=_LIST_PAGE)
-        for listed in page:
-            piece = _piece(archive.archive, listed, framing)
-            if piece is not None:
-                out.append(piece)
-        if len(page) < _LIST_PAGE:
-            return out
-        from_id = page[-1].recording_id + 1
+    pieces = (_piece(archive.archive, listed, framing)
+              for listed in archive.list_all_recordings(stream_id=stream_id,
+                                                        session_id=session_id))
+    return [piece for piece in pieces if piece is not None]
 
 
 def _piece(where: tuple[str, int, int], listed: ListedRecording,

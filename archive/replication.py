@@ -68,8 +68,6 @@ log = logging.getLogger("slipstream.archive")
 #: How long a fetch waits for its replay's image, and for its position to move, before it is
 #: given up (and tried again at a later look).
 FETCH_STALL_S: Final = 10.0
-#: Recordings one ``list`` call answers at most (the control op's limit).
-_LIST_PAGE: Final = 64
 #: A peer's end reasons that are the session's end, carried over to the replica's stop.
 _SESSION_ENDS: Final = (EndReason.END_OF_STREAM, EndReason.ENDED_ABRUPTLY)
 
@@ -270,7 +268,8 @@ class Replicator:
             stream_ids = sorted({spec.stream_id for spec in self._service.settings.records})
             try:
                 return ("listed", index, [r for stream_id in stream_ids
-                                          for r in self._listed(link, stream_id)])
+                                          for r in link.list_all_recordings(
+                                              stream_id=stream_id)])
             except SlipstreamError as e:  # CallError: not answering; a later look
                 log.warning("replication: the peer %s: %s", peer.peer, e)
             except (KeyError, ValueError, TypeError) as e:
@@ -298,17 +297,6 @@ class Replicator:
                 log.warning("replication: no link to the peer %s: %s", peer.peer, e)
                 return None
         return peer.link
-
-    @staticmethod
-    def _listed(link: ArchiveClient, stream_id: int) -> list[ListedRecording]:
-        out: list[ListedRecording] = []
-        from_id = 0
-        while True:
-            page = link.list_recordings(stream_id=stream_id, from_id=from_id, count=_LIST_PAGE)
-            out += page
-            if len(page) < _LIST_PAGE:
-                return out
-            from_id = page[-1].recording_id + 1
 
     def close_links(self) -> None:
         """The caller's thread, as it ends."""
