@@ -36,12 +36,49 @@ MERGE_PORT = 40314  # the merging reader's live endpoint on host 1
 STREAM = 60
 CONTROL_STREAM = 10
 TERM = 64 * 1024
+#: Host 1's MDC publication: receivers join by their status messages; the slowest holds it
+#: (min), a receiver silent for 1 s no longer does (an archive killed).
+PUBLICATION_CHANNEL = ("aeron:udp?control={one}:" + str(MDC_CONTROL_PORT) +
+                       "|control-mode=dynamic|fc=min,t:1s")
 
 
 def archive_on(hosts, index: int, config: Path, log_path: Path):
     """``slipstream-archive run`` inside host ``index`` (killed, -9, if still running at the
     end)."""
     return archive_process(config, log_path, hosts[index].prefix())
+
+
+def subscriber(hosts, index: int, port: int = LIVE_PORT) -> str:
+    """Host ``index``'s subscription to the MDC stream of host 1."""
+    return (f"aeron:udp?endpoint={hosts[index].address}:{port}"
+            f"|control={hosts[1].address}:{MDC_CONTROL_PORT}")
+
+
+def two_archives(hosts, tmp_path: Path, drivers: dict, peered: tuple[int, ...]
+                 ) -> tuple[dict[int, Path], dict[int, Path], dict[int, Path]]:
+    """The settings of archives on hosts 2 and 3, each recording its subscription to the
+    stream; those in ``peered`` take the other as their peer.  Returns their settings files,
+    directories and logs, by host."""
+    configs = {}
+    for index, other in ((2, 3), (3, 2)):
+        configs[index] = archive_config(
+            tmp_path / f"archive{index}.toml", tmp_path / f"archive{index}",
+            drivers[index].directory, CONTROL_PORT, [(subscriber(hosts, index), STREAM,
+                                                      "remote")],
+            peers=[f"{hosts[other].address}:{CONTROL_PORT}"] if index in peered else [],
+            address=hosts[index].address)
+    return (configs, {i: tmp_path / f"archive{i}" for i in (2, 3)},
+            {i: tmp_path / f"archive{i}.log" for i in (2, 3)})
+
+
+def start_stream(local: Client, one: str, dirs: dict[int, Path]):
+    """Host 1's publication, once both archives record it: ``(publication, session id,
+    framing)``."""
+    publication = local.add_publication(PUBLICATION_CHANNEL.format(one=one), STREAM)
+    for index in (2, 3):
+        wait_for_recording(dirs[index], timeout=30)
+    return publication, publication.session_id, (publication.initial_term_id,
+                                                 publication.term_length)
 
 
 def kill(process: subprocess.Popen[bytes]) -> None:
@@ -62,32 +99,14 @@ def test_archives_on_two_hosts_catch_up_and_serve_a_reader_that_fails_over(
     checksummed."""
     drivers = {i: hosts.start_driver(i, **NETWORK_SETTINGS) for i in (1, 2, 3)}
     one = hosts[1].address
-    publication_channel = (f"aeron:udp?control={one}:{MDC_CONTROL_PORT}|control-mode=dynamic"
-                           f"|fc=min,t:1s")
-
-    def subscriber(index: int, port: int = LIVE_PORT) -> str:
-        return (f"aeron:udp?endpoint={hosts[index].address}:{port}"
-                f"|control={one}:{MDC_CONTROL_PORT}")
-
-    configs = {}
-    for index, other in ((2, 3), (3, 2)):
-        configs[index] = archive_config(
-            tmp_path / f"archive{index}.toml", tmp_path / f"archive{index}",
-            drivers[index].directory, CONTROL_PORT, [(subscriber(index), STREAM, "remote")],
-            peers=[f"{hosts[other].address}:{CONTROL_PORT}"], address=hosts[index].address)
-    dirs = {i: tmp_path / f"archive{i}" for i in (2, 3)}
-    logs = {i: tmp_path / f"archive{i}.log" for i in (2, 3)}
+    configs, dirs, logs = two_archives(hosts, tmp_path, drivers, peered=(2, 3))
     total = 1800
     with Client.connect(drivers[1].directory) as local, \
             archive_on(hosts, 2, configs[2], logs[2]) as archive2:
         archive3_run = archive_on(hosts, 3, configs[3], logs[3])
         archive3 = archive3_run.__enter__()
         try:
-            publication = local.add_publication(publication_channel, STREAM)
-            wait_for_recording(dirs[2], timeout=30)
-            wait_for_recording(dirs[3], timeout=30)
-            session_id = publication.session_id
-            framing = (publication.initial_term_id, publication.term_length)
+            publication, session_id, framing = start_stream(local, one, dirs)
             positions = publish(publication, 900)
             kill(archive3)
             archive3_run.__exit__(None, None, None)
@@ -111,7 +130,7 @@ def test_archives_on_two_hosts_catch_up_and_serve_a_reader_that_fails_over(
                 wait_for(caught_up, timeout=60, what="archive 3 caught up from archive 2")
 
                 # A late reader on host 1 merges from archive 2, which dies mid-replay.
-                live = local.add_subscription(subscriber(1, MERGE_PORT), STREAM)
+                live = local.add_subscription(subscriber(hosts, 1, MERGE_PORT), STREAM)
                 recording = at2.list_recordings(stream_id=STREAM, session_id=session_id)[0]
                 merge = ReplayMerge([at2, at3], live, recording.recording_id, 0,
                                     stall_timeout_s=5)
@@ -174,28 +193,12 @@ def test_a_fetch_the_peers_death_cuts_keeps_what_came_and_fetches_the_rest_later
     message once, in order."""
     drivers = {i: hosts.start_driver(i, **NETWORK_SETTINGS) for i in (1, 2, 3)}
     one = hosts[1].address
-    publication_channel = (f"aeron:udp?control={one}:{MDC_CONTROL_PORT}|control-mode=dynamic"
-                           f"|fc=min,t:1s")
-    configs = {}
-    for index, other in ((2, 3), (3, 2)):
-        configs[index] = archive_config(
-            tmp_path / f"archive{index}.toml", tmp_path / f"archive{index}",
-            drivers[index].directory, CONTROL_PORT,
-            [(f"aeron:udp?endpoint={hosts[index].address}:{LIVE_PORT}"
-              f"|control={one}:{MDC_CONTROL_PORT}", STREAM, "remote")],
-            peers=[f"{hosts[other].address}:{CONTROL_PORT}"] if index == 3 else [],
-            address=hosts[index].address)
-    dirs = {i: tmp_path / f"archive{i}" for i in (2, 3)}
-    logs = {i: tmp_path / f"archive{i}.log" for i in (2, 3)}
+    configs, dirs, logs = two_archives(hosts, tmp_path, drivers, peered=(3,))
     runs = {i: archive_on(hosts, i, configs[i], logs[i]) for i in (2, 3)}
     processes = {i: runs[i].__enter__() for i in (2, 3)}
     try:
         with Client.connect(drivers[1].directory) as local:
-            publication = local.add_publication(publication_channel, STREAM)
-            wait_for_recording(dirs[2], timeout=30)
-            wait_for_recording(dirs[3], timeout=30)
-            session_id = publication.session_id
-            framing = (publication.initial_term_id, publication.term_length)
+            publication, session_id, framing = start_stream(local, one, dirs)
             positions = publish(publication, 200)
             kill(processes[3])
             positions += publish(publication, 1600, first=200)
