@@ -62,6 +62,9 @@ __all__ = ["MergeState", "ReplayMerge"]
 
 #: Frames the search for the switch position looks at per poll (fragments of one message).
 _FRAMES_PER_LOOK: Final = 256
+#: Continuations from one recording at one position that may follow each other before the
+#: merge gives up (a stall may pass; a segment that is gone does not).
+_MAX_REPEATS: Final = 2
 
 
 class MergeState(enum.Enum):
@@ -100,6 +103,10 @@ class ReplayMerge:
         self._replay_seen = False
         self._replay_since = 0.0
         self._moved_at = 0.0
+        # The last continuation (archive, recording, position) and how often it came again:
+        # a replay that fails where it starts (a segment gone) is not asked for forever.
+        self._last_continuation: tuple[object, int, int] | None = None
+        self._repeats = 0
         self.position = start_position
         self.state = MergeState.AWAIT_LIVE
         self.join_position: int | None = None  # J
@@ -186,6 +193,12 @@ class ReplayMerge:
                 self._fail(f"the message at {self.position} lies across two recordings, the "
                            f"first ending at {reached} ({why}); none that holds its rest "
                            f"holds its start")
+        again = (archive.archive, piece.recording_id, self.position)
+        self._repeats = self._repeats + 1 if again == self._last_continuation else 0
+        self._last_continuation = again
+        if self._repeats >= _MAX_REPEATS:
+            self._fail(f"the replay of recording {piece.recording_id} at {piece.archive} failed "
+                       f"at {self.position} {_MAX_REPEATS + 1} times running ({why})")
         self.failovers += 1
         try:
             self._open_replay(archive, piece.recording_id)
