@@ -8,8 +8,13 @@ what it missed, its own recording after it rejoined) and in several archives.  P
 the stream's in all of them, so a piece of one recording and the next piece of another meet
 at a position that means the same frame in both: a reader goes from one to the next with no
 gap and no duplicate.  Pieces meet at frame boundaries, which may lie inside a fragmented
-message (a recording that stopped, or joined, between its fragments): a reader that
-assembles messages across pieces reads their frames (``Image.block_poll``).
+message (a recording that stopped, or joined, between its fragments).  A reader that
+assembles messages across pieces either reads their frames (``Image.block_poll``), or, at a
+seam that cuts a message, goes on from the message's first fragment in the next piece's
+recording when that recording holds it (its start, from ``describe``, at or before it): a
+replica that catch-up made holds whole messages at its seams with its archive's own
+recordings (:mod:`.replication`), and :class:`~slipstream.archive.merge.ReplayMerge` reads
+that way.
 
 The Spark reader and :class:`~slipstream.archive.merge.ReplayMerge` both find their ranges
 here.
