@@ -23,7 +23,9 @@ has.  A reader that goes from piece to piece then finds every message whole in o
 recording (:class:`~slipstream.archive.merge.ReplayMerge` relies on it when it fails over).
 
 One fetch runs at a time (two replays of one session to one endpoint would collide); a fetch
-that completes lets the next look happen at once, so holes are filled back to back.  A fetch
+that completes lets the next look happen as soon as its replay's image has gone (at most
+:data:`DRAIN_S`: the same session id to the same endpoint must not meet the last one's
+image), so holes are filled back to back.  A fetch
 ends with the replay's end of stream or its image going:
 
 * at ``b`` where ``b`` is the peer recording's stop: the replica stops with the peer's end
@@ -68,6 +70,9 @@ log = logging.getLogger("slipstream.archive")
 #: How long a fetch waits for its replay's image, and for its position to move, before it is
 #: given up (and tried again at a later look).
 FETCH_STALL_S: Final = 10.0
+#: How long a completed fetch's replay subscription is kept at most for its image to go (its
+#: peer's publication ended) before the next fetch begins.
+DRAIN_S: Final = 15.0
 #: A peer's end reasons that are the session's end, carried over to the replica's stop.
 _SESSION_ENDS: Final = (EndReason.END_OF_STREAM, EndReason.ENDED_ABRUPTLY)
 
@@ -224,6 +229,8 @@ class Replicator:
         self._next_look_ns = time.monotonic_ns() + self._interval_ns
         self._looking = 0  # peers asked for their recordings, answers not yet in
         self._fetch: _Fetch | None = None
+        # A fetch's replay kept until its image goes: (peer, replay, deadline, stop it).
+        self._draining: tuple[int, ArchiveReplay, float, bool] | None = None
         self.fetched = 0  # fetches that completed their range
         self.cut_short = 0  # fetches that ended before their range's end
         self._caller = _Caller(self)
@@ -236,6 +243,13 @@ class Replicator:
         """Take the peers' answers, move the fetch in progress, or ask the peers for their
         recordings when it is time; returns the work done (0: none)."""
         work = self._take_results()
+        if self._draining is not None:
+            index, replay, deadline, stop = self._draining
+            image = replay.image()
+            if image is not None and not image.is_closed and time.monotonic() < deadline:
+                return work
+            self._draining = None
+            self._caller.requests.put(("close", index, replay, stop))
         if self._fetch is not None:
             return work + self._move(self._fetch, time.monotonic())
         if now_ns < self._next_look_ns or self._looking:
@@ -473,7 +487,12 @@ class Replicator:
         reached = recording.writer.position if recording is not None else fetch.start
         if fetch.replay is not None:
             index = self._peers.index(fetch.peer)
-            self._caller.requests.put(("close", index, fetch.replay, failure is not None))
+            # Kept until its image goes: the receiver tells the peer the stream ended (so its
+            # publication goes at once), and the next fetch of the session, with the same
+            # session id to the same endpoint, meets no image of this one.  A fetch that
+            # failed has its replay stopped at the peer then, if it still runs.
+            self._draining = (index, fetch.replay, time.monotonic() + DRAIN_S,
+                              failure is not None)
         if failure is None:
             self.fetched += 1
             self._next_look_ns = 0  # the next hole at once
@@ -491,4 +510,8 @@ class Replicator:
         thread and its links (waiting at most a call's timeout for it)."""
         if self._fetch is not None:
             self._end(self._fetch, "the archive stopped")
+        if self._draining is not None:
+            index, replay, _, stop = self._draining
+            self._draining = None
+            self._caller.requests.put(("close", index, replay, stop))
         self._caller.stop(self._timeout_s + 1.0)

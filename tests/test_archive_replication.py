@@ -220,9 +220,10 @@ def test_an_archive_killed_mid_stream_catches_up_from_its_peer(driver, tmp_path:
     """Archives A and B record one IPC stream (64k terms, 128k segments); B is killed (-9) a
     third in and restarted after more than a term was published.  B recovers its recording,
     records the stream again from where it rejoins, and fetches what it missed from A into a
-    replica; after the publisher's close B alone holds the whole session (A stopped), each
-    message once, in order, at its position, the replica's descriptor naming A and its stop
-    the end of stream carried over where it reaches A's stop."""
+    replica.  Killed again, B misses the session's end: restarted, it fetches the rest up to
+    A's stop, the end of stream carried over.  Then B alone holds the whole session (A
+    stopped), each message once, in order, at its position, the replicas naming A; and a
+    second session published whole while B was down, in one replica."""
     port_a, port_b = free_port(), free_port()
     records = [("aeron:ipc", 20, "local")]
     config_a = archive_config(tmp_path / "a.toml", tmp_path / "a", driver.directory, port_a,
@@ -253,11 +254,18 @@ def test_an_archive_killed_mid_stream_catches_up_from_its_peer(driver, tmp_path:
             b = archive_process(config_b, tmp_path / "b.log")
             process_b = b.__enter__()
             wait_for_recording(tmp_path / "b", index=1)  # B records the stream again
+            positions += publish(publication, total // 6, first=len(positions))
+            os.kill(process_b.pid, signal.SIGKILL)  # again: the session ends while B is down
+            process_b.wait(10)
+            b.__exit__(None, None, None)
             positions += publish(publication, total - len(positions), first=len(positions))
             session_id = publication.session_id
             framing = (publication.initial_term_id, publication.term_length)
             publication.close()
             stop = positions[-1]
+            wait_for_recording(tmp_path / "a", ended=True)
+            b = archive_process(config_b, tmp_path / "b.log")
+            process_b = b.__enter__()
             with ArchiveClient(client, "127.0.0.1", port_b, CONTROL_STREAM,
                                timeout_s=5) as archive_b:
                 wait_for(lambda: whole_at(archive_b, 20, session_id, framing, 0, stop),
@@ -278,12 +286,19 @@ def test_an_archive_killed_mid_stream_catches_up_from_its_peer(driver, tmp_path:
     want = [(message(seq, size_of(seq)), p) for seq, p in enumerate(positions)]
     assert got == want
     assert checksum(got) == checksum(want)
-    assert len(pieces) >= 3, pieces  # B's first recording, a replica, B's second recording
+    # B's first recording, a replica, B's second, a replica up to A's stop (at least).
+    assert len(pieces) >= 4, pieces
+    assert listed[pieces[-1].recording_id].source_identity.startswith("replica of ")
     replicas = [d for d in listed.values() if d.source_identity.startswith("replica of ")]
     assert replicas and all(f"127.0.0.1:{port_a}/" in d.source_identity for d in replicas)
     for replica in replicas:
         check_whole_messages(replica, tmp_path / "b")
     assert listed[0].end_reason is EndReason.RECOVERED and listed[0].stop_position <= before
+    # A healthy peer's fetches all complete (two fetches of one session back to back among
+    # them, the same session id to the same endpoint): none was cut short or stalled.
+    log_text = (tmp_path / "b.log").read_text()
+    assert log_text.count("replication: fetched [") == 3
+    assert "replication: the fetch of" not in log_text
     assert listed[pieces[-1].recording_id].end_reason is EndReason.END_OF_STREAM
     # The session B never saw: one replica, whole, its end of stream carried over from A's.
     assert got_other == [(message(total + i, size_of(total + i)), p)
