@@ -254,6 +254,7 @@ TEST_LANES = {
             "unit",
         "test_a_piece_of_a_less_preferred_archive_gives_way_where_the_first_holds_again": "unit",
         "test_missing_ranges_are_exactly_what_no_held_range_covers": "unit",
+        "test_a_seam_inside_a_message_widens_to_the_whole_message": "unit",
     },
     "test_bands": {
         "test_in_the_simulator_band_4_takes_eight_ninths_of_a_bottleneck_link": "sim",

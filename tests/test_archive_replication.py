@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers import free_port, message, wait_for
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_archive import (
     archive_process,
@@ -25,15 +25,24 @@ from test_archive import (
     wait_for_recording,
 )
 
-from slipstream.archive import ArchiveClient, EndReason, HeldRange, locate
+from slipstream.archive import (
+    ArchiveClient,
+    EndReason,
+    HeldRange,
+    RecordingDescriptor,
+    RecordingState,
+    locate,
+    segment_file_name,
+)
 from slipstream.archive.locate import stitch
-from slipstream.archive.replication import missing_ranges
+from slipstream.archive.replication import message_end, message_start, missing_ranges
 from slipstream.client import Client
 from slipstream.client.layout import (
     BEGIN_FLAG,
     DATA_HEADER,
     END_FLAG,
     FRAME_ALIGNMENT,
+    HDR_TYPE_DATA,
     HDR_TYPE_PAD,
     HEADER_LENGTH,
     align,
@@ -129,6 +138,73 @@ def test_missing_ranges_are_exactly_what_no_held_range_covers(
     for unit in range(*want):
         covered = any(s <= unit and (e is None or unit < e) for s, e in held)
         assert (unit in units) != covered
+
+
+# -- whole messages at a fetch's seams, over real segment files -----------------------------
+
+SEAM_TERM = 64 * 1024
+SEAM_SESSION, SEAM_STREAM, SEAM_TERM_ID = 0x1A2B3C4D, 33, 7
+
+
+def _seam_recording(directory: Path, messages: list[list[int]]
+                    ) -> tuple[RecordingDescriptor, list[int], list[tuple[int, int]]]:
+    """A recording from 0 of ``messages`` (each a list of fragment payload lengths), laid
+    out as the log lays them out (a message never crosses a term: padding first), in one
+    segment of 4 terms; returns its descriptor, every frame's position, and every message's
+    ``[begin, end)``."""
+    data = bytearray()
+    frames: list[int] = []
+    spans: list[tuple[int, int]] = []
+
+    def frame(length: int, flags: int, frame_type: int) -> None:
+        at = len(data)
+        data.extend(DATA_HEADER.pack(length, 0, flags, frame_type, at % SEAM_TERM,
+                                     SEAM_SESSION, SEAM_STREAM,
+                                     SEAM_TERM_ID + at // SEAM_TERM, 0).ljust(
+            align(length, FRAME_ALIGNMENT), b"\x5a"))
+        frames.append(at)
+
+    for fragments in messages:
+        total = sum(align(HEADER_LENGTH + f, FRAME_ALIGNMENT) for f in fragments)
+        room = SEAM_TERM - len(data) % SEAM_TERM
+        if total > room:
+            if len(data) + room > 4 * SEAM_TERM - SEAM_TERM // 2:
+                break
+            frame(room, BEGIN_FLAG | END_FLAG, HDR_TYPE_PAD)
+        begin = len(data)
+        for i, payload in enumerate(fragments):
+            flags = (BEGIN_FLAG if i == 0 else 0) | (END_FLAG if i == len(fragments) - 1
+                                                    else 0)
+            frame(HEADER_LENGTH + payload, flags, HDR_TYPE_DATA)
+        spans.append((begin, len(data)))
+    (directory / segment_file_name(0, 0)).write_bytes(bytes(data))
+    descriptor = RecordingDescriptor(0, RecordingState.VALID, EndReason.STOPPED, 0, len(data),
+                                     0, 0, SEAM_TERM_ID, SEAM_TERM, 4 * SEAM_TERM, 1408,
+                                     SEAM_SESSION, SEAM_STREAM, "aeron:ipc", "")
+    return descriptor, frames, spans
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=st.lists(st.lists(st.integers(0, 1400), min_size=1, max_size=4),
+                         min_size=1, max_size=150),
+       cut=st.floats(0, 1))
+def test_a_seam_inside_a_message_widens_to_the_whole_message(
+        tmp_path: Path, messages: list[list[int]], cut: float) -> None:
+    """At any frame boundary p of a recording of fragmented messages (over term ends and
+    their padding): the message a stop at p cuts begins where ``message_start`` says (p at a
+    message boundary), and the first message that begins at or after p is where
+    ``message_end`` says (p when none is recorded yet)."""
+    for old in tmp_path.glob("*.rec"):
+        old.unlink()
+    descriptor, frames, spans = _seam_recording(tmp_path, messages)
+    p = frames[min(int(cut * len(frames)), len(frames) - 1)]
+    cut_message = [begin for begin, end in spans if begin < p < end]
+    begins_after = [begin for begin, _ in spans if begin >= p]
+    stopped_at_p = descriptor.evolve(stop_position=p)
+    assert message_start(tmp_path, stopped_at_p, p) == (cut_message[0] if cut_message else p)
+    assert message_end(tmp_path, descriptor, p, descriptor.stop_position) == \
+        (begins_after[0] if begins_after else p)
 
 
 # -- reading pieces across recordings, frame by frame ----------------------------------------
