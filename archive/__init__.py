@@ -18,7 +18,8 @@ The public names for the pieces that build on the recordings (replay, a second a
   replay, then live, failing over between archives), :class:`RecordingLostError` (a range
   not held);
 - :func:`locate` and :class:`HeldRange`: where a session's range is held, over several
-  recordings and archives (a second archive's replicas, docs/ARCHIVE.md "Two archives").
+  recordings and archives (a second archive's replicas, docs/ARCHIVE.md "Two archives");
+  :func:`read_session`: its messages read across them.
 """
 
 from slipstream.archive.catalog import (
@@ -29,7 +30,7 @@ from slipstream.archive.catalog import (
     RecordingState,
 )
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
-from slipstream.archive.locate import HeldRange, locate
+from slipstream.archive.locate import HeldRange, locate, read_session
 from slipstream.archive.merge import MergeState, ReplayMerge
 from slipstream.archive.reading import RecordingLostError, RecordingReader
 from slipstream.archive.segments import (
@@ -70,6 +71,7 @@ __all__ = [
     "load_settings",
     "locate",
     "parse_segment_file_name",
+    "read_session",
     "scan_segment",
     "segment_base",
     "segment_file_name",

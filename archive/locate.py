@@ -22,15 +22,18 @@ here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import attrs
 
 from slipstream.archive.catalog import NULL_POSITION, EndReason
 from slipstream.archive.client import ArchiveClient, ListedRecording
+from slipstream.archive.reading import RecordingLostError
 from slipstream.client.errors import SlipstreamError
+from slipstream.client.messages import FragmentHandler
 
-__all__ = ["HeldRange", "held_ranges", "locate", "stitch"]
+__all__ = ["HeldRange", "held_ranges", "locate", "read_session", "stitch"]
 
 #: How long a link never yet connected (one just made) is given to connect, seconds (at most
 #: its call timeout): its archive's status messages come within milliseconds when it runs.
@@ -147,3 +150,50 @@ def locate(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
         except (SlipstreamError, TimeoutError, OSError, KeyError, ValueError):
             held.append([])  # it does not answer (CallError is a SlipstreamError): the next
     return stitch(held, start, end)
+
+
+def read_session(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
+                 framing: tuple[int, int], start: int, end: int | None,
+                 handler: FragmentHandler, *, timeout_s: float = 60.0) -> int:
+    """Hand ``handler(data, header)`` every whole message of the session in ``[start, end)``
+    (``start`` a message boundary; ``end`` None: as far as the archives hold when asked), in
+    order, each once, replaying the pieces :func:`locate` names one after the other; returns
+    the position after the last message.  At a seam that cuts a message the next piece's
+    recording is replayed from the message's first fragment (it must hold it: a replica does
+    at its seams).  Raises :class:`RecordingLostError` for a range no archive holds (naming
+    it), :class:`TimeoutError` when a piece does not come within ``timeout_s``."""
+    by_archive = {archive.archive: archive for archive in archives}
+    position = reached = start  # the last whole message's end; the frames' end
+    header_position = [start]
+
+    def deliver(data: memoryview, header) -> None:  # header: slipstream.client.messages.Header
+        header_position[0] = header.position
+        handler(data, header)
+
+    for piece in locate(archives, stream_id, session_id, framing, start, end):
+        if piece.start > reached:
+            raise RecordingLostError(
+                f"session {session_id} stream {stream_id}: [{reached}, {piece.start}) is held "
+                f"by none of the archives", (piece.start, piece.end))
+        archive = by_archive[piece.archive]
+        if position < piece.start:  # the last piece ended inside the message at position
+            held_from = archive.describe(piece.recording_id).descriptor.start_position
+            if held_from > position:
+                raise RecordingLostError(
+                    f"session {session_id} stream {stream_id}: the message at {position} lies "
+                    f"across two recordings and none holds it whole", (piece.start, piece.end))
+        with archive.replay(piece.recording_id, start=position, end=piece.end) as replay:
+            deadline = time.monotonic() + timeout_s
+            while not replay.done:
+                if replay.poll(deliver, 256) == 0:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the replay of recording {piece.recording_id} at "
+                                           f"{piece.archive} is at {replay.position} after "
+                                           f"{timeout_s:g} s")
+                    replay.wait(0.01)
+            reached = replay.position  # the frames' end: the piece's
+        position = header_position[0]  # the last whole message's end: reached, or its start
+    if end is not None and reached < end:
+        raise RecordingLostError(f"session {session_id} stream {stream_id}: [{reached}, {end}) "
+                                 f"is held by none of the archives", (start, reached))
+    return position

@@ -154,27 +154,30 @@ class Peer:
         return f"{self.address}:{self.port}/{self.control_stream_id}"
 
 
+def parse_peer(entry: Any, key: str = "peers") -> Peer:
+    """``"address:port"`` or ``"address:port/stream_id"`` (the stream id defaults to Aeron
+    Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`); raises
+    :class:`ArchiveSettingsError` naming ``key``."""
+    endpoint, _, stream = entry.partition("/") if isinstance(entry, str) else ("", "", "")
+    address, _, port = endpoint.rpartition(":")
+    try:
+        peer = Peer(str(ipaddress.IPv4Address(address)), int(port),
+                    int(stream) if stream else DEFAULT_CONTROL_STREAM_ID)
+    except ValueError:
+        raise ArchiveSettingsError(key, f"{entry!r} is not \"address:port\" or "
+                                   f"\"address:port/stream_id\" (an IPv4 address)") from None
+    if not 0 < peer.port <= 65535 or not INT32_MIN <= peer.control_stream_id <= INT32_MAX:
+        raise ArchiveSettingsError(key, f"{entry!r}: the port is not in 1..65535, or the "
+                                   f"stream id not an int32")
+    return peer
+
+
 def _peers(value: Any) -> tuple[Peer, ...]:
-    """``["address:port", "address:port/stream_id", ...]``: the stream id defaults to Aeron
-    Archive's control stream (:data:`DEFAULT_CONTROL_STREAM_ID`)."""
+    """``["address:port", "address:port/stream_id", ...]`` (:func:`parse_peer`)."""
     if not isinstance(value, list):
         raise ArchiveSettingsError("peers", f"{value!r} is not a list of \"address:port\" "
                                    f"strings")
-    peers = []
-    for entry in value:
-        endpoint, _, stream = entry.partition("/") if isinstance(entry, str) else ("", "", "")
-        address, _, port = endpoint.rpartition(":")
-        try:
-            peer = Peer(str(ipaddress.IPv4Address(address)), int(port),
-                        int(stream) if stream else DEFAULT_CONTROL_STREAM_ID)
-        except ValueError:
-            raise ArchiveSettingsError("peers", f"{entry!r} is not \"address:port\" or "
-                                       f"\"address:port/stream_id\" (an IPv4 address)") from None
-        if not 0 < peer.port <= 65535 or not INT32_MIN <= peer.control_stream_id <= INT32_MAX:
-            raise ArchiveSettingsError("peers", f"{entry!r}: the port is not in 1..65535, or "
-                                       f"the stream id not an int32")
-        peers.append(peer)
-    return tuple(peers)
+    return tuple(parse_peer(entry) for entry in value)
 
 
 def _optional_address(value: Any) -> str | None:

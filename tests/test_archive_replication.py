@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Sequence
@@ -34,7 +36,7 @@ from slipstream.archive import (
     locate,
     segment_file_name,
 )
-from slipstream.archive.locate import stitch
+from slipstream.archive.locate import read_session, stitch
 from slipstream.archive.replication import message_end, message_start, missing_ranges
 from slipstream.client import Client
 from slipstream.client.layout import (
@@ -355,12 +357,23 @@ def test_an_archive_killed_mid_stream_catches_up_from_its_peer(driver, tmp_path:
                 pieces = locate([archive_b], 20, session_id, framing, 0, None)
                 listed = {r.recording_id: r.descriptor for r in archive_b.list_recordings()}
                 got = read_pieces(pieces, {archive_b.archive: archive_b})
+                whole: list[tuple[bytes, int]] = []  # message by message, across the seams
+                read_session([archive_b], 20, session_id, framing, 0, None,
+                             lambda data, header: whole.append((bytes(data), header.position)))
                 other_pieces = locate([archive_b], 20, other_session, other_framing, 0, None)
                 got_other = read_pieces(other_pieces, {archive_b.archive: archive_b})
+            # The command line, given B and A (stopped): B's pieces, one line per message.
+            printed = subprocess.run(
+                [sys.executable, "-m", "slipstream.archive.cli", "replay", "0", "--config",
+                 str(config_b), "--archive", f"127.0.0.1:{port_a}", "--timeout", "3"],
+                capture_output=True, text=True, timeout=120)
         finally:
             b.__exit__(None, None, None)
     want = [(message(seq, size_of(seq)), p) for seq, p in enumerate(positions)]
     assert got == want
+    assert whole == want
+    assert printed.returncode == 0, printed.stderr
+    assert [int(line.split()[0]) for line in printed.stdout.splitlines()[2:]] == positions
     assert checksum(got) == checksum(want)
     # B's first recording, a replica, B's second, a replica up to A's stop (at least).
     assert len(pieces) >= 4, pieces
