@@ -15,7 +15,11 @@ The public names for the pieces that build on the recordings (replay, a second a
 - :class:`ArchiveService` and :class:`Recording`: the recording side;
 - :class:`ArchiveClient` (the control stream's calls, replays), :class:`RecordingReader` (the
   local reader of segment files), :class:`ReplayMerge` (a late subscriber caught up from a
-  replay, then live), :class:`RecordingLostError` (a range not held).
+  replay, then live, failing over between archives), :class:`RecordingLostError` (a range
+  not held);
+- :func:`locate` and :class:`HeldRange`: where a session's range is held, over several
+  recordings and archives (a second archive's replicas, docs/ARCHIVE.md "Two archives");
+  :func:`read_session`: its messages read across them.
 """
 
 from slipstream.archive.catalog import (
@@ -26,6 +30,7 @@ from slipstream.archive.catalog import (
     RecordingState,
 )
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
+from slipstream.archive.locate import HeldRange, locate, read_session
 from slipstream.archive.merge import MergeState, ReplayMerge
 from slipstream.archive.reading import RecordingLostError, RecordingReader
 from slipstream.archive.segments import (
@@ -52,6 +57,7 @@ __all__ = [
     "Catalog",
     "CatalogError",
     "EndReason",
+    "HeldRange",
     "ListedRecording",
     "MergeState",
     "RecordSpec",
@@ -63,7 +69,9 @@ __all__ = [
     "ScanResult",
     "SyncPolicy",
     "load_settings",
+    "locate",
     "parse_segment_file_name",
+    "read_session",
     "scan_segment",
     "segment_base",
     "segment_file_name",

@@ -5,6 +5,7 @@
     slipstream-archive describe ID [...]       (list and describe: live positions too)
     slipstream-archive replay ID [--channel URI --stream N] [--from POS | --from-time ISO]
                        [--to POS] [--config FILE]   print a replay, or have it sent there
+                       [--archive ADDR:PORT[/STREAM] ...]   its session from several archives
     slipstream-archive verify [ID] [...]       scan segments for torn or invalid frames
     slipstream-archive purge ID [...]          delete a recording (the service stopped)
 
@@ -15,6 +16,7 @@ settings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -31,11 +33,17 @@ from slipstream.archive.catalog import (
     RecordingDescriptor,
 )
 from slipstream.archive.client import ArchiveClient
+from slipstream.archive.locate import read_session
 from slipstream.archive.reading import RecordingLostError, live_positions
 from slipstream.archive.recovery import verify
 from slipstream.archive.retention import purge
 from slipstream.archive.service import ArchiveService, lock_directory
-from slipstream.archive.settings import ArchiveSettings, ArchiveSettingsError, load_settings
+from slipstream.archive.settings import (
+    ArchiveSettings,
+    ArchiveSettingsError,
+    load_settings,
+    parse_peer,
+)
 from slipstream.client import Client
 from slipstream.client.control import default_driver_directory
 from slipstream.client.errors import SlipstreamError
@@ -83,6 +91,10 @@ def _parser() -> argparse.ArgumentParser:
                         "until it stops)")
     replay.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the "
                         "archive's answer")
+    replay.add_argument("--archive", action="append", default=[], metavar="ADDR:PORT[/STREAM]",
+                        help="another archive recording the same stream (repeatable): the "
+                        "recording's session is read from --from to --to (or as far as "
+                        "recorded) piece by piece from whichever holds it, this one first")
     return parser
 
 
@@ -168,6 +180,11 @@ def _replay(args: argparse.Namespace) -> int:
     if not settings.control_port:
         raise ArchiveSettingsError("control_port", "0: the archive takes no calls")
     from_time = None if args.from_time is None else _epoch_ms(args.from_time)
+    if args.archive:
+        if args.channel is not None or from_time is not None:
+            raise ArchiveSettingsError("--archive", "reads here, by position: not with "
+                                       "--channel or --from-time")
+        return _replay_session(args, settings)
     with Client.connect(settings.driver_dir) as client, \
             ArchiveClient(client, settings.control_address, settings.control_port,
                           settings.control_stream_id, timeout_s=args.timeout) as archive:
@@ -181,20 +198,46 @@ def _replay(args: argparse.Namespace) -> int:
                   f"{started.session_id})")
             return 0
 
-        def show(data: memoryview, header: object) -> None:
-            head = bytes(data[:24])
-            print(f"{header.position:>14} {len(data):>8}  {head.hex()}")  # type: ignore[attr-defined]
-
         with archive.replay(args.id, start=args.start, end=args.to,
                             from_time_ms=from_time) as replay:
             print(f"replay {replay.replay_id}: recording {args.id} from {replay.start}")
             print(f"{'position':>14} {'length':>8}  first bytes")
             try:
                 while not replay.done:
-                    if replay.poll(show, 256) == 0:
+                    if replay.poll(_show, 256) == 0:
                         replay.wait(0.1)
             except KeyboardInterrupt:
                 pass
+    return 0
+
+
+def _show(data: memoryview, header: object) -> None:
+    """One line per message: its end position, length and first bytes."""
+    head = bytes(data[:24])
+    print(f"{header.position:>14} {len(data):>8}  {head.hex()}")  # type: ignore[attr-defined]
+
+
+def _replay_session(args: argparse.Namespace, settings: ArchiveSettings) -> int:
+    """``replay ID --archive ...``: the session of recording ID read from this archive and
+    the others, failing over (:func:`~slipstream.archive.locate.read_session`)."""
+    peers = [parse_peer(text, "--archive") for text in args.archive]
+    with Client.connect(settings.driver_dir) as client, contextlib.ExitStack() as links:
+        archives = [links.enter_context(ArchiveClient(
+            client, settings.control_address, settings.control_port,
+            settings.control_stream_id, timeout_s=args.timeout))]
+        archives += [links.enter_context(ArchiveClient(
+            client, peer.address, peer.port, peer.control_stream_id, timeout_s=args.timeout))
+            for peer in peers]
+        d = archives[0].describe(args.id).descriptor
+        start = d.start_position if args.start is None else args.start
+        print(f"session {d.session_id} of recording {args.id}, from {start}, from "
+              f"{len(archives)} archives")
+        print(f"{'position':>14} {'length':>8}  first bytes")
+        try:
+            read_session(archives, d.stream_id, d.session_id,
+                         (d.initial_term_id, d.term_length), start, args.to, _show)
+        except KeyboardInterrupt:
+            pass
     return 0
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor, RecordingState
-from slipstream.archive.control import LOST
+from slipstream.archive.control import LIST_MAX, LOST
 from slipstream.archive.reading import RecordingLostError
 from slipstream.archive.settings import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_STREAM_ID
 from slipstream.client.client import Client
@@ -73,7 +73,8 @@ def _listed(fields: dict[str, Any]) -> ListedRecording:
 class ArchiveClient:
     """A standing link to the archive whose control stream is ``control_stream_id`` at
     ``address:port`` (its settings' ``control_*``), through ``client``'s driver; answers
-    come back at ``reply_address`` (this host's address towards the archive when None).
+    come back at ``reply_address`` (this host's address towards the archive when None), at
+    the archive's port, or ``reply_port``.
     Use from one thread.  Raises :class:`~slipstream.client.holding.CallError` for a call the
     archive refuses or does not answer in ``timeout_s``, :class:`RecordingLostError` for a
     range it does not hold."""
@@ -81,10 +82,44 @@ class ArchiveClient:
     def __init__(self, client: Client, address: str = "127.0.0.1",
                  port: int = DEFAULT_CONTROL_PORT,
                  control_stream_id: int = DEFAULT_CONTROL_STREAM_ID, *, timeout_s: float = 30.0,
-                 reply_address: str | None = None) -> None:
+                 reply_address: str | None = None, reply_port: int | None = None) -> None:
         self.client = client
+        #: Which archive this is: its control address, port and control stream id.
+        self.archive: tuple[str, int, int] = (address, port, control_stream_id)
+        #: Whether :attr:`is_connected` was ever seen true (a link that was connected and is
+        #: not lost its archive; one never connected may be one just made).
+        self.was_connected = False
         self._link = HolderLink(client, address, port, control_stream_id,
-                                timeout_s=timeout_s, reply_address=reply_address)
+                                timeout_s=timeout_s, reply_address=reply_address,
+                                reply_port=reply_port)
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a call waits for the archive's answer, seconds."""
+        return self._link.timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        self._link.timeout_s = value
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the archive's control stream has a subscriber now (its driver says so):
+        False when the archive is not running, or not yet known to be (a link just made),
+        and a call would wait for its timeout."""
+        connected = self._link.is_connected
+        if connected:
+            self.was_connected = True
+        return connected
+
+    def await_connected(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for :attr:`is_connected`; whether it is."""
+        deadline = time.monotonic() + timeout_s
+        while not self.is_connected:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     @property
     def reply_channel(self) -> str:
@@ -102,18 +137,35 @@ class ArchiveClient:
             raise
 
     def list_recordings(self, *, channel: str | None = None, stream_id: int | None = None,
-                        from_id: int = 0, count: int | None = None) -> list[ListedRecording]:
-        """The recordings whose channel contains ``channel`` and whose stream is
-        ``stream_id`` (each optional), from id ``from_id``, at most ``count`` (the archive's
-        default when None)."""
+                        session_id: int | None = None, from_id: int = 0,
+                        count: int | None = None) -> list[ListedRecording]:
+        """The recordings whose channel contains ``channel``, whose stream is ``stream_id``
+        and whose session is ``session_id`` (each optional), from id ``from_id``, at most
+        ``count`` (the archive's default when None)."""
         args: dict[str, Any] = {"from_id": from_id}
         if channel is not None:
             args["channel"] = channel
         if stream_id is not None:
             args["stream_id"] = stream_id
+        if session_id is not None:
+            args["session_id"] = session_id
         if count is not None:
             args["count"] = count
         return [_listed(fields) for fields in self._call("list", **args)]
+
+    def list_all_recordings(self, *, stream_id: int | None = None,
+                            session_id: int | None = None) -> list[ListedRecording]:
+        """Every recording of ``stream_id`` and ``session_id`` (each optional), in id order:
+        :meth:`list_recordings` page after page."""
+        out: list[ListedRecording] = []
+        from_id = 0
+        while True:
+            page = self.list_recordings(stream_id=stream_id, session_id=session_id,
+                                        from_id=from_id, count=LIST_MAX)
+            out += page
+            if len(page) < LIST_MAX:
+                return out
+            from_id = page[-1].recording_id + 1
 
     def describe(self, recording_id: int) -> ListedRecording:
         return _listed(self._call("describe", recording_id=recording_id))
@@ -148,10 +200,12 @@ class ArchiveClient:
 
     def replay(self, recording_id: int, *, start: int | None = None, end: int | None = None,
                from_time_ms: int | None = None, channel: str | None = None,
-               stream_id: int | None = None) -> ArchiveReplay:
+               stream_id: int | None = None, session_id: int | None = None) -> ArchiveReplay:
         """A replay read here: a subscription at ``channel`` (default this host's reply
         endpoint) on ``stream_id`` (default a fresh one), then :meth:`start_replay` to it.
-        Read it with :meth:`ArchiveReplay.poll` until :attr:`ArchiveReplay.done`."""
+        ``session_id``: the replay's stream has that session id (the recording's own, so that
+        its frames are the recorded ones byte for byte; default one the archive's driver
+        draws).  Read it with :meth:`ArchiveReplay.poll` until :attr:`ArchiveReplay.done`."""
         if stream_id is None:
             stream_id = random.randrange(1, INT32_MAX)
             while stream_id == self._link.response_stream_id:
@@ -161,6 +215,8 @@ class ArchiveClient:
             subscription_channel = reply_subscription_channel(channel)
         else:
             subscription_channel = channel
+        if session_id is not None:
+            channel = f"{channel}{'|' if '?' in channel else '?'}session-id={session_id}"
         subscription = self.client.add_subscription(subscription_channel, stream_id)
         try:
             started = self.start_replay(recording_id, channel, stream_id, start=start, end=end,
@@ -257,13 +313,15 @@ class ArchiveReplay:
                                        f"after {timeout_s:g} s")
                 self.wait(0.01)
 
-    def close(self) -> None:
-        """Stop the replay at the archive if it is not done, and close the subscription."""
+    def close(self, *, stop_at_archive: bool = True) -> None:
+        """Stop the replay at the archive if it is not done (unless not ``stop_at_archive``:
+        an archive that stopped answering is not called, its replay ends when its requester
+        goes), and close the subscription."""
         if self._closed:
             return
         self._closed = True
         try:
-            if not self.done:
+            if stop_at_archive and not self.done:
                 try:
                     self.archive.stop_replay(self.replay_id)
                 except SlipstreamError:

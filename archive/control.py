@@ -7,8 +7,9 @@ settings), its answer one JSON message on the caller's response stream, matched 
 :class:`~slipstream.archive.client.ArchiveClient` is the caller's side.  The operations (their
 arguments; the result):
 
-``list`` (``channel``, ``stream_id``, ``from_id``, ``count``, all optional)
-    the recordings whose channel contains ``channel`` and whose stream is ``stream_id``, from
+``list`` (``channel``, ``stream_id``, ``session_id``, ``from_id``, ``count``, all optional)
+    the recordings whose channel contains ``channel``, whose stream is ``stream_id`` and
+    whose session is ``session_id``, from
     id ``from_id``, at most ``count`` (default :data:`LIST_COUNT`: an answer is one small
     message); each a descriptor's fields and ``recorded_position``.
 ``describe`` (``recording_id``)
@@ -60,6 +61,8 @@ log = logging.getLogger("slipstream.archive")
 #: Recordings a ``list`` answers at most by default (one answer is one message of a small
 #: channel's log: about 8 KiB).
 LIST_COUNT: Final = 12
+#: The most a ``list`` call may ask for.
+LIST_MAX: Final = 64
 LOST: Final = "lost"
 
 
@@ -207,14 +210,16 @@ class ArchiveControl:
         if channel is not None and not isinstance(channel, str):
             raise CallRefused(f"channel {channel!r} is not a string")
         stream_id = _int_arg(args, "stream_id", -INT32_MAX - 1, INT32_MAX, optional=True)
+        session_id = _int_arg(args, "session_id", -INT32_MAX - 1, INT32_MAX, optional=True)
         from_id = _int_arg(args, "from_id", 0, 2**63 - 1, 0)
-        count = _int_arg(args, "count", 1, 64, LIST_COUNT)
+        count = _int_arg(args, "count", 1, LIST_MAX, LIST_COUNT)
         out = []
         for descriptor in self._service.catalog.recordings():
             if descriptor.recording_id < from_id:  # type: ignore[operator]
                 continue
             if (channel is not None and channel not in descriptor.channel) or \
-                    (stream_id is not None and descriptor.stream_id != stream_id):
+                    (stream_id is not None and descriptor.stream_id != stream_id) or \
+                    (session_id is not None and descriptor.session_id != session_id):
                 continue
             out.append(self._listed(descriptor))
             if len(out) >= count:  # type: ignore[operator]

@@ -29,14 +29,28 @@ States (:class:`MergeState`), one transition each::
     any         --the replay or the live image ended first--> FAILED (raises)
 
 Loss on either stream is repaired below the merge, by the streams' own NAKs.
+
+**Failing over between archives.**  Given several archives (the first preferred), the merge
+goes on from another one when the archive it replays from stops answering: its replay's
+image goes, or does not come, or does not move for ``stall_timeout_s``, or its stream ends
+before the switch position (the archive stopped it, or the recording it replays ends there:
+a recovered recording, a replica piece).  :func:`~slipstream.archive.locate.locate`, the
+failed archive asked last, names the recording that holds the position the merge reached,
+and a replay of it goes on from there: the positions are the recording's in every archive,
+so no gap and no duplicate.  Where a message's fragments lie across two recordings (the
+first ended between them) the replay goes on from the message's start in a recording that
+holds all of it, or the merge fails naming it.
 """
 
 from __future__ import annotations
 
 import enum
+import time
+from collections.abc import Sequence
 from typing import Final
 
 from slipstream.archive.client import ArchiveClient, ArchiveReplay
+from slipstream.archive.locate import locate
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
 from slipstream.client.layout import BEGIN_FLAG, FRAME_ALIGNMENT, HDR_TYPE_PAD, HEADER_LENGTH
@@ -48,6 +62,9 @@ __all__ = ["MergeState", "ReplayMerge"]
 
 #: Frames the search for the switch position looks at per poll (fragments of one message).
 _FRAMES_PER_LOOK: Final = 256
+#: Continuations from one recording at one position that may follow each other before the
+#: merge gives up (a stall may pass; a segment that is gone does not).
+_MAX_REPEATS: Final = 2
 
 
 class MergeState(enum.Enum):
@@ -63,14 +80,33 @@ class ReplayMerge:
     the recorded stream's live channel (made before this; not polled by the caller while the
     merge runs).  Read with :meth:`poll` as an image; ``header.position`` is the stream's.
     The replay comes to ``replay_channel`` (default this host's reply endpoint of the
-    archive link).  One thread."""
+    archive link).  One thread.
 
-    def __init__(self, archive: ArchiveClient, live: Subscription, recording_id: int,
-                 start_position: int, *, replay_channel: str | None = None) -> None:
-        self.archive = archive
+    ``archive`` may be several archives recording the same stream, the first preferred
+    (``recording_id`` is the first one's): the replay fails over to the next (see the
+    module).  A replay that does not move for ``stall_timeout_s`` seconds counts as
+    failed; an archive that does not answer a call costs its client's ``timeout_s``."""
+
+    def __init__(self, archive: ArchiveClient | Sequence[ArchiveClient], live: Subscription,
+                 recording_id: int, start_position: int, *,
+                 replay_channel: str | None = None, stall_timeout_s: float = 10.0) -> None:
+        self.archives: list[ArchiveClient] = [archive] if isinstance(archive, ArchiveClient) \
+            else list(archive)
+        if not self.archives:
+            raise ValueError("a replay merge needs an archive")
+        self.archive = self.archives[0]  # the one replaying now
         self.live = live
-        self.recording_id = recording_id
-        self.descriptor = archive.describe(recording_id).descriptor
+        self.recording_id = recording_id  # the first archive's
+        self.descriptor = self.archive.describe(recording_id).descriptor
+        self.stall_timeout_s = stall_timeout_s
+        self.failovers = 0  # replays continued from another archive or recording
+        self._replay_seen = False
+        self._replay_since = 0.0
+        self._moved_at = 0.0
+        # The last continuation (archive, recording, position) and how often it came again:
+        # a replay that fails where it starts (a segment gone) is not asked for forever.
+        self._last_continuation: tuple[object, int, int] | None = None
+        self._repeats = 0
         self.position = start_position
         self.state = MergeState.AWAIT_LIVE
         self.join_position: int | None = None  # J
@@ -119,9 +155,57 @@ class ReplayMerge:
             self.switch_position = self.position
             self.state = MergeState.CATCHING_UP
             return
-        self._replay = self.archive.replay(self.recording_id, start=self.position,
-                                           channel=self._replay_channel)
+        self._open_replay(self.archive, self.recording_id)
         self.state = MergeState.CATCHING_UP
+
+    def _open_replay(self, archive: ArchiveClient, recording_id: int) -> None:
+        self._replay = archive.replay(recording_id, start=self.position,
+                                      channel=self._replay_channel)
+        self.archive = archive
+        self._replay_seen = False
+        self._replay_since = self._moved_at = time.monotonic()
+
+    def _fail_over(self, why: str, reached: int) -> None:
+        """The replay failed (``why``) with its frames at ``reached`` (past :attr:`position`
+        when its recording ended inside a message): on from :attr:`position` in the
+        recording that :func:`locate` names, the failed archive asked last."""
+        failed = self.archive
+        replay, self._replay = self._replay, None
+        if replay is not None:
+            replay.close(stop_at_archive=False)  # it may not answer; a replay whose
+            # requester went ends at the archive
+        order = [a for a in self.archives if a is not failed] + [failed]
+        d = self.descriptor
+        pieces = locate(order, d.stream_id, d.session_id, (d.initial_term_id, d.term_length),
+                        reached, None)
+        if not pieces or pieces[0].start != reached:
+            self._fail(f"the replay failed at {self.position} ({why}), and no archive holds "
+                       f"position {reached} of session {d.session_id}")
+        piece = pieces[0]
+        archive = next(a for a in order if a.archive == piece.archive)
+        if reached > self.position:
+            # The message at position lies across two recordings: one holding it whole?
+            try:
+                start = archive.describe(piece.recording_id).descriptor.start_position
+            except SlipstreamError as e:
+                self._fail(f"the replay failed at {self.position} ({why}): {e}")
+            if start > self.position:
+                self._fail(f"the message at {self.position} lies across two recordings, the "
+                           f"first ending at {reached} ({why}); none that holds its rest "
+                           f"holds its start")
+        again = (archive.archive, piece.recording_id, self.position)
+        self._repeats = self._repeats + 1 if again == self._last_continuation else 0
+        self._last_continuation = again
+        if self._repeats >= _MAX_REPEATS:
+            self._fail(f"the replay of recording {piece.recording_id} at {piece.archive} failed "
+                       f"at {self.position} {_MAX_REPEATS + 1} times running ({why})")
+        self.failovers += 1
+        try:
+            self._open_replay(archive, piece.recording_id)
+        except SlipstreamError as e:
+            self._fail(f"the replay failed at {self.position} ({why}), and its continuation "
+                       f"from recording {piece.recording_id} at {piece.archive} was refused: "
+                       f"{e}")
 
     def _find_switch(self) -> int | None:
         """S: the first position at or after J where a message begins in the live image, once
@@ -149,11 +233,20 @@ class ReplayMerge:
         assert live is not None and self.join_position is not None
         delivered = 0
         replay = self._replay
-        if replay is not None:
+        limit = self.join_position if switch is None else switch
+        # A replay that ends or goes once it is at the limit is not needed (unless S, known
+        # later, lies past it: then it is looked at again, and failed over from).
+        if replay is not None and self.position < limit:
             image = replay.image()
-            if image is None:
+            now = time.monotonic()
+            if image is None or image.is_closed:
+                if self._replay_seen:
+                    self._fail_over("its image went", self.position)
+                elif now - self._replay_since > self.stall_timeout_s:
+                    self._fail_over(f"it did not come within {self.stall_timeout_s:g} s",
+                                    self.position)
                 return 0
-            limit = self.join_position if switch is None else switch
+            self._replay_seen = True
             if image.position < limit:
                 cap = min(limit, image.position + max(1 << 20, image.term_length))
                 counted = [0]
@@ -170,9 +263,18 @@ class ReplayMerge:
                     image.position = after
                 self.position = image.position
                 delivered = counted[0]
-                if delivered == 0 and image.is_end_of_stream:
-                    self._fail(f"the replay ended at {image.position}, before the switch to "
-                               f"live at {limit}")
+                if delivered:
+                    self._moved_at = now
+                else:
+                    ended = image.end_of_stream_position
+                    # Ended, and every frame of it here: nothing more comes of this replay.
+                    if ended is not None and image.producer_position() >= ended:
+                        self._fail_over(f"its stream ended at {ended}, before the switch to "
+                                        f"live at {limit}", max(ended, self.position))
+                    elif now - self._moved_at > self.stall_timeout_s:
+                        self._fail_over(f"it did not move for {self.stall_timeout_s:g} s",
+                                        self.position)
+                    return 0
         if switch is None or self.position < switch:
             return delivered
         # The replay delivered [start, S): the live image goes on from S.
@@ -181,7 +283,11 @@ class ReplayMerge:
                 return delivered  # S's frame was seen: the log reaches it; a look again
             live.position = switch
         if replay is not None:
-            replay.close()  # stops the replay at the archive
+            image = replay.image()
+            # Stopped at the archive, unless it ended or its archive went.
+            replay.close(stop_at_archive=image is not None and not image.is_closed
+                         and image.end_of_stream_position is None
+                         and self.archive.is_connected)
             self._replay = None
         self.state = MergeState.LIVE
         return delivered
@@ -191,6 +297,6 @@ class ReplayMerge:
         if self._replay is not None:
             replay, self._replay = self._replay, None
             try:
-                replay.close()
+                replay.close(stop_at_archive=self.archive.is_connected)
             except SlipstreamError:
                 pass

@@ -231,8 +231,13 @@ class Recording:
     def __init__(self, catalog: Catalog, directory: Path, image: Image, channel: str, *,
                  segment_length: int, sync: SyncPolicy, sync_interval_ns: int,
                  block_length: int, on_position: PositionListener | None = None,
-                 write_behind: int = 0) -> None:
+                 write_behind: int = 0, source_identity: str | None = None,
+                 stops_at_end_of_stream: bool = True) -> None:
+        """``source_identity``: the catalog's (default the image's: where its frames came
+        from); ``stops_at_end_of_stream`` False: the owner stops the recording at the image's
+        end of stream with a reason of its own (a replica, :mod:`.replication`)."""
         self._catalog = catalog
+        self._stops_at_end_of_stream = stops_at_end_of_stream
         self.image = image
         self.channel = channel
         self.block_length = block_length
@@ -243,7 +248,9 @@ class Recording:
             start_position=image.position, start_time_ms=epoch_ms(),
             initial_term_id=image.initial_term_id, term_length=image.term_length,
             segment_length=segment_length, mtu=image.mtu, session_id=image.session_id,
-            stream_id=image.stream_id, channel=channel, source_identity=image.source_identity)
+            stream_id=image.stream_id, channel=channel,
+            source_identity=image.source_identity if source_identity is None else
+            source_identity)
         if sync is not SyncPolicy.NONE:
             catalog.sync()
         self.recording_id = descriptor.recording_id
@@ -305,7 +312,7 @@ class Recording:
             self._write_failed(e)
             return written
         self._report()
-        if written == 0 and self.image.is_end_of_stream:
+        if written == 0 and self.image.is_end_of_stream and self._stops_at_end_of_stream:
             self.stop(EndReason.END_OF_STREAM)
         return written
 

@@ -29,6 +29,7 @@ from slipstream.archive.control import ArchiveControl
 from slipstream.archive.reading import TimeIndexWriter, recording_position_key
 from slipstream.archive.recorder import PositionListener, Recording
 from slipstream.archive.recovery import recover
+from slipstream.archive.replication import Replicator
 from slipstream.archive.retention import apply_retention
 from slipstream.archive.settings import ArchiveSettings, RecordSpec
 from slipstream.client import Client, SlipstreamError
@@ -94,6 +95,7 @@ class ArchiveService:
         self._counters: dict[int, Counter] = {}
         self._time_indexes: dict[int, TimeIndexWriter] = {}
         self.control: ArchiveControl | None = None
+        self.replicator: Replicator | None = None
         self.recordings: dict[int, Recording] = {}
         self._source_of: dict[int, _Source] = {}
         self._events: queue.SimpleQueue[tuple[str, _Source, Image]] = queue.SimpleQueue()
@@ -112,6 +114,8 @@ class ArchiveService:
             if settings.control_port:
                 self.control = ArchiveControl(self, settings.control_address,
                                               settings.control_port, settings.control_stream_id)
+            if settings.peers:
+                self.replicator = Replicator(self)
             for spec in settings.records:
                 self.record(spec)
         except BaseException:
@@ -156,7 +160,8 @@ class ArchiveService:
                         self.catalog, self.directory, image, source.spec.channel,
                         segment_length=self.settings.segment_length, sync=self.settings.sync,
                         sync_interval_ns=self.settings.sync_interval_ns,
-                        block_length=self.settings.block_length, on_position=self._moved,
+                        block_length=self.settings.block_length,
+                        on_position=self.position_moved,
                         write_behind=self.settings.write_behind)
                 except OSError as e:
                     log.error("%s stream %d session %d: no recording started: the catalog "
@@ -164,9 +169,8 @@ class ArchiveService:
                               source.spec.stream_id, image.session_id, e)
                     self._fail_source(source)
                     continue
-                self.recordings[recording.recording_id] = recording
                 self._source_of[recording.recording_id] = source
-                self._add_counter(recording)
+                self.adopt(recording)
             else:
                 recording = self._recording_of(image)
                 if recording is not None:
@@ -184,6 +188,12 @@ class ArchiveService:
                     # thread that reads the images, now the recording let go of it.
                     source.subscription.release_gone_images()
 
+    def adopt(self, recording: Recording) -> None:
+        """Record ``recording`` in this service's loop from now on, with its position counter
+        (a stream's, or a replica the :class:`Replicator` made)."""
+        self.recordings[recording.recording_id] = recording
+        self._add_counter(recording)
+
     def _add_counter(self, recording: Recording) -> None:
         image = recording.image
         try:
@@ -199,7 +209,9 @@ class ArchiveService:
         counter.set(recording.recorded_position)
         self._counters[recording.recording_id] = counter
 
-    def _moved(self, recording: Recording, position: int) -> None:
+    def position_moved(self, recording: Recording, position: int) -> None:
+        """A recording's recorded position moved: its counter, its time index, the
+        listener."""
         counter = self._counters.get(recording.recording_id)
         if counter is not None:
             counter.set(position)
@@ -245,7 +257,7 @@ class ArchiveService:
             return
         source.failed = True
         for recording in self.recordings.values():
-            if self._source_of[recording.recording_id] is source and recording.is_active:
+            if self._source_of.get(recording.recording_id) is source and recording.is_active:
                 recording.stop(EndReason.STOPPED)
         if source.subscription is not None:
             source.subscription.close()
@@ -267,8 +279,11 @@ class ArchiveService:
             index = self._time_indexes.get(recording.recording_id)
             if index is not None and recording.is_active:
                 self._index(index, recording)
-            if recording.error is not None:
-                self._fail_source(self._source_of[recording.recording_id])
+            source = self._source_of.get(recording.recording_id)
+            if recording.error is not None and source is not None:  # a replica: none
+                self._fail_source(source)
+        if self.replicator is not None:
+            work += self.replicator.do_work(now_ns)
         self._release_counters()
         if self.control is not None:
             work += self.control.do_work()
@@ -326,6 +341,8 @@ class ArchiveService:
         if self._closed:
             return
         self._closed = True
+        if self.replicator is not None:
+            self.replicator.close()
         if self.control is not None:
             self.control.close()
         for recording in self.recordings.values():

@@ -152,6 +152,61 @@ def _stream_id(name: str) -> Callable[[Any], int]:
     return parse
 
 
+@dataclass(frozen=True)
+class Peer:
+    """Another archive's control stream (a ``peers`` entry): its address, port and stream."""
+
+    address: str
+    port: int
+    control_stream_id: int
+
+    def __str__(self) -> str:
+        return f"{self.address}:{self.port}/{self.control_stream_id}"
+
+
+def parse_peer(entry: Any, key: str = "peers") -> Peer:
+    """``"address:port"`` or ``"address:port/stream_id"`` (the stream id defaults to Aeron
+    Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`); raises
+    :class:`ArchiveSettingsError` naming ``key``."""
+    endpoint, _, stream = entry.partition("/") if isinstance(entry, str) else ("", "", "")
+    address, _, port = endpoint.rpartition(":")
+    try:
+        peer = Peer(str(ipaddress.IPv4Address(address)), int(port),
+                    int(stream) if stream else DEFAULT_CONTROL_STREAM_ID)
+    except ValueError:
+        raise ArchiveSettingsError(key, f"{entry!r} is not \"address:port\" or "
+                                   f"\"address:port/stream_id\" (an IPv4 address)") from None
+    if not 0 < peer.port <= 65535 or not INT32_MIN <= peer.control_stream_id <= INT32_MAX:
+        raise ArchiveSettingsError(key, f"{entry!r}: the port is not in 1..65535, or the "
+                                   f"stream id not an int32")
+    return peer
+
+
+def _peers(value: Any) -> tuple[Peer, ...]:
+    """``["address:port", "address:port/stream_id", ...]`` (:func:`parse_peer`)."""
+    if not isinstance(value, list):
+        raise ArchiveSettingsError("peers", f"{value!r} is not a list of \"address:port\" "
+                                   f"strings")
+    return tuple(parse_peer(entry) for entry in value)
+
+
+def _optional_address(value: Any) -> str | None:
+    if value == "":
+        return None
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except (ipaddress.AddressValueError, ValueError):
+        raise ArchiveSettingsError("replication_address", f"{value!r} is not an IPv4 address "
+                                   f"of this host (\"\": the one towards each peer)") from None
+
+
+def _replication_port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ArchiveSettingsError("replication_port", f"{value!r} is not a UDP port (1..65535;"
+                                   f" 0: control_port + 1)")
+    return value
+
+
 #: Every top-level key: (its parser, its default).  config/archive.toml documents each one.
 #: Where an archive takes calls unless its settings say otherwise: Aeron Archive's control
 #: request channel (localhost:8010, stream 10).
@@ -173,6 +228,11 @@ SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "control_address": (_address, "127.0.0.1"),
     "control_port": (_port, DEFAULT_CONTROL_PORT),
     "control_stream_id": (_stream_id("control_stream_id"), DEFAULT_CONTROL_STREAM_ID),
+    "peers": (_peers, []),
+    "replication_interval": (_duration("replication_interval"), "5s"),
+    "replication_timeout": (_duration("replication_timeout"), "2s"),
+    "replication_address": (_optional_address, ""),
+    "replication_port": (_replication_port, 0),
 }
 _RECORD_KEYS: Final = ("channel", "stream_id", "source")
 
@@ -195,6 +255,11 @@ class ArchiveSettings:
     control_address: str = "127.0.0.1"
     control_port: int = DEFAULT_CONTROL_PORT
     control_stream_id: int = DEFAULT_CONTROL_STREAM_ID
+    peers: tuple[Peer, ...] = ()
+    replication_interval_ns: int = 5_000_000_000
+    replication_timeout_ns: int = 2_000_000_000
+    replication_address: str | None = None
+    replication_port: int = 0
     records: tuple[RecordSpec, ...] = field(default_factory=tuple)
 
     @classmethod
@@ -211,8 +276,9 @@ class ArchiveSettings:
             parsed[key] = parse(value)
         if parsed["sync_interval"] <= 0 and parsed["sync"] is SyncPolicy.INTERVAL:
             raise ArchiveSettingsError("sync_interval", "must be > 0 with sync = \"interval\"")
-        if parsed["retention_check_interval"] <= 0:
-            raise ArchiveSettingsError("retention_check_interval", "must be > 0")
+        for key in ("retention_check_interval", "replication_interval", "replication_timeout"):
+            if parsed[key] <= 0:
+                raise ArchiveSettingsError(key, "must be > 0")
         return cls(dir=parsed["dir"], driver_dir=parsed["driver_dir"],
                    segment_length=parsed["segment_length"], sync=parsed["sync"],
                    sync_interval_ns=parsed["sync_interval"],
@@ -224,6 +290,11 @@ class ArchiveSettings:
                    control_address=parsed["control_address"],
                    control_port=parsed["control_port"],
                    control_stream_id=parsed["control_stream_id"],
+                   peers=parsed["peers"],
+                   replication_interval_ns=parsed["replication_interval"],
+                   replication_timeout_ns=parsed["replication_timeout"],
+                   replication_address=parsed["replication_address"],
+                   replication_port=parsed["replication_port"],
                    records=_records(values.get("record", [])))
 
 

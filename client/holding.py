@@ -257,13 +257,16 @@ class HolderLink:
     """A caller's standing link to a holder's control stream ``control_stream_id`` at
     ``endpoint=address:port``: answers come back to this host's driver at ``reply_address``
     (this host's address towards the holder when None), at the holder's port (another on the
-    holder's own host: :func:`reply_channel_towards`), on a stream of its own.
+    holder's own host: :func:`reply_channel_towards`), on a stream of its own; or at
+    ``reply_port``, where the holder's port is taken here (a holder calling another on the
+    same port).
 
     :meth:`call` sends one call and waits for its answer.  Use from one thread.
     """
 
     def __init__(self, client: Client, address: str, port: int, control_stream_id: int, *,
-                 timeout_s: float = 30.0, reply_address: str | None = None) -> None:
+                 timeout_s: float = 30.0, reply_address: str | None = None,
+                 reply_port: int | None = None) -> None:
         self.holder = f"{address}:{port} (control stream {control_stream_id})"
         self.address = address
         self.port = port
@@ -272,7 +275,13 @@ class HolderLink:
         self._next_id = 1
         self._answers: dict[int, dict[str, Any]] = {}
         for attempt in range(2):  # a second, after a port drawn here was taken
-            self.reply_channel = reply_channel_towards(client, address, port, reply_address)
+            if reply_port is not None:  # the caller's own: e.g. a holder calling a holder
+                self.reply_channel = (f"aeron:udp?endpoint="
+                                      f"{reply_address or local_address_towards(address, port)}"
+                                      f":{reply_port}")
+            else:
+                self.reply_channel = reply_channel_towards(client, address, port,
+                                                           reply_address)
             try:
                 self._response, self._control = open_holder_streams(
                     client, address, port, control_stream_id, self.reply_channel,
@@ -312,6 +321,12 @@ class HolderLink:
             raise CallError(f"the holder at {self.holder}: {answer.get('message', answer)}",
                             answer)
         return answer.get("result")
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the holder's control stream has a subscriber (its status messages come):
+        a call to a holder that is not running waits for the link's timeout."""
+        return self._control.is_connected
 
     def _take(self, data: memoryview, _header: object) -> None:
         try:

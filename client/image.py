@@ -143,6 +143,15 @@ class Image:
             return self._ended
         return self._position >= self._log.end_of_stream_position
 
+    @property
+    def end_of_stream_position(self) -> int | None:
+        """Where the publisher ended the stream (its end-of-stream mark), or None while it
+        has not (or once the image is gone: see :attr:`final_position`)."""
+        if self._closed:
+            return None
+        eos = self._log.end_of_stream_position
+        return eos if eos < INT64_MAX else None
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the image is gone: its log is no longer mapped")

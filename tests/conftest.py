@@ -151,6 +151,8 @@ MODULE_LANES = {
     "test_archive_units": "unit",
     "test_archive_replay": "sockets",
     "test_archive_merge_hosts": "hosts",
+    "test_archive_replication": "sockets",
+    "test_archive_two_hosts": "hosts",
     "test_async": "sockets",
     "test_backpressure_units": "unit",
     "test_destinations": "unit",
@@ -247,6 +249,13 @@ MODULE_LANES = {
 #: The tests (by function name) whose lane is not their module's, for modules whose tests do
 #: not carry lane markers of their own.
 TEST_LANES = {
+    "test_archive_replication": {
+        "test_stitched_pieces_hold_exactly_what_the_first_archive_holding_each_position_holds":
+            "unit",
+        "test_a_piece_of_a_less_preferred_archive_gives_way_where_the_first_holds_again": "unit",
+        "test_missing_ranges_are_exactly_what_no_held_range_covers": "unit",
+        "test_a_seam_inside_a_message_widens_to_the_whole_message": "unit",
+    },
     "test_bands": {
         "test_in_the_simulator_band_4_takes_eight_ninths_of_a_bottleneck_link": "sim",
         "test_in_the_simulator_a_deferred_band_waits_without_stalling_the_clock": "sim",

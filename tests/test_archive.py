@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,13 +62,14 @@ def write_config(path: Path, archive_dir: Path, driver_dir: Path,
 
 
 @contextmanager
-def archive_process(config: Path, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``slipstream-archive run --config``, a real process, stopped (SIGKILL) if a test left
-    it running."""
+def archive_process(config: Path, log_path: Path, prefix: Sequence[str] = ()
+                    ) -> Iterator[subprocess.Popen[bytes]]:
+    """``slipstream-archive run --config``, a real process (run through ``prefix``: a test
+    host's, ``Host.prefix()``), stopped (SIGKILL) if a test left it running."""
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "slipstream.archive.cli", "run", "--config", str(config)],
-            stdout=log_file, stderr=subprocess.STDOUT)
+            [*prefix, sys.executable, "-m", "slipstream.archive.cli", "run", "--config",
+             str(config)], stdout=log_file, stderr=subprocess.STDOUT)
     try:
         yield process
     finally:

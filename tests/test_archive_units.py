@@ -316,6 +316,14 @@ def test_the_shipped_settings_file_names_every_key_at_its_default() -> None:
     assert load_settings(ROOT / "config" / "archive.toml") == ArchiveSettings()
 
 
+def test_peers_are_read_with_their_control_stream_defaulting_to_10(tmp_path: Path) -> None:
+    path = tmp_path / "archive.toml"
+    path.write_text('peers = ["10.0.0.2:8010", "10.0.0.3:9000/12"]\nreplication_port = 8020\n')
+    settings = load_settings(path)
+    assert [str(p) for p in settings.peers] == ["10.0.0.2:8010/10", "10.0.0.3:9000/12"]
+    assert settings.replication_port == 8020 and settings.replication_address is None
+
+
 @pytest.mark.parametrize(("text", "key"), [
     ('segmnt_length = "1m"', "segmnt_length"),
     ('segment_length = "96k"', "segment_length"),
@@ -337,6 +345,14 @@ def test_the_shipped_settings_file_names_every_key_at_its_default() -> None:
     ('control_port = 70000', "control_port"),
     ('control_port = "8010"', "control_port"),
     ('control_stream_id = 2147483648', "control_stream_id"),
+    ('peers = "10.0.0.2:8010"', "peers"),
+    ('peers = ["archive-b:8010"]', "peers"),
+    ('peers = ["10.0.0.2"]', "peers"),
+    ('peers = ["10.0.0.2:0"]', "peers"),
+    ('peers = ["10.0.0.2:8010/x"]', "peers"),
+    ('replication_interval = 0', "replication_interval"),
+    ('replication_address = "b"', "replication_address"),
+    ('replication_port = 65536', "replication_port"),
 ])
 def test_a_bad_setting_is_refused_by_name(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "archive.toml"

@@ -1,0 +1,517 @@
+"""Catch-up from peer archives: what another archive recorded of this archive's streams and
+this one does not hold is fetched and recorded here, as a recording of its own (a replica;
+docs/ARCHIVE.md, "Two archives").
+
+Every ``replication_interval`` the service's :class:`Replicator` lists each peer's
+recordings of the stream ids its ``[[record]]`` tables name, and for each one works out what
+of its range this archive does not hold: the ranges of its own recordings of the same session
+(same stream id, session id, initial term id and term length) taken away, an active one
+counting as held from its start on (it records what comes).  The first range missing,
+``[a, b)``, is fetched: the peer replays it (the ``replay`` call, positioned, from ``a`` to
+``b``) to this host's reply endpoint for that peer, on the stream's own stream id and with
+the recording's own session id, so that the frames come as they were recorded, byte for
+byte; a :class:`~slipstream.archive.recorder.Recording` of that replay image writes them
+into a new recording here, at the same positions.  Its catalog descriptor names the peer and
+its recording in ``source_identity`` (``replica of recording N at address:port/stream``).
+
+**Whole messages at the seams.**  A recording that stopped (a crash: at the last whole
+frame) or joined the live stream (at the image's join position) may hold only some
+fragments of a message there.  A fetch that meets such a recording of this archive takes the
+whole message: it starts at the first fragment of the message its start falls in, and ends
+after the message its end falls in, so the replica overlaps the recording by the fragments it
+has.  A reader that goes from piece to piece then finds every message whole in one
+recording (:class:`~slipstream.archive.merge.ReplayMerge` relies on it when it fails over).
+
+One fetch runs at a time (two replays of one session to one endpoint would collide); a fetch
+that completes lets the next look happen as soon as its replay's image has gone (at most
+:data:`DRAIN_S`: the same session id to the same endpoint must not meet the last one's
+image), so holes are filled back to back.  A fetch
+ends with the replay's end of stream or its image going:
+
+* at ``b`` where ``b`` is the peer recording's stop: the replica stops with the peer's end
+  reason when that is *end of stream* or *ended abruptly* (the session's end, carried over),
+  else *stopped*;
+* at ``b`` short of the peer's stop (a hole before this archive's own later recording):
+  *stopped*;
+* short of ``b`` (the peer died or stopped mid-fetch): *stopped* at the last whole frame
+  recorded, which stays valid (a replica is a recording like any: recovered at start if this
+  archive died while writing it); the rest is missing still, and fetched at a later look.
+
+A range is never written twice into one recording (a replica is a new recording; its frames
+come in order from the replay), and a hole is only ever filled with the peer's frames at
+their positions (the replay is positioned; the image's identity is checked against the
+peer's recording before anything is written).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor
+from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
+from slipstream.archive.reading import RecordingLostError, Segments, frame_at
+from slipstream.archive.recorder import Recording
+from slipstream.archive.settings import Peer, RecordSpec
+from slipstream.client.errors import SlipstreamError
+from slipstream.client.image import Image
+from slipstream.client.layout import BEGIN_FLAG, END_FLAG, FRAME_ALIGNMENT, HDR_TYPE_DATA
+
+if TYPE_CHECKING:
+    from slipstream.archive.service import ArchiveService
+
+log = logging.getLogger("slipstream.archive")
+
+#: How long a fetch waits for its replay's image, and for its position to move, before it is
+#: given up (and tried again at a later look).
+FETCH_STALL_S: Final = 10.0
+#: How long a completed fetch's replay subscription is kept at most for its image to go (its
+#: peer's publication ended) before the next fetch begins.
+DRAIN_S: Final = 15.0
+#: A peer's end reasons that are the session's end, carried over to the replica's stop.
+_SESSION_ENDS: Final = (EndReason.END_OF_STREAM, EndReason.ENDED_ABRUPTLY)
+
+SessionKey = tuple[int, int, int, int]  # stream id, session id, initial term id, term length
+
+
+def session_key(descriptor: RecordingDescriptor) -> SessionKey:
+    """What makes two recordings the same session's, at the same positions."""
+    return (descriptor.stream_id, descriptor.session_id, descriptor.initial_term_id,
+            descriptor.term_length)
+
+
+def missing_ranges(want: tuple[int, int], held: list[tuple[int, int | None]]
+                   ) -> list[tuple[int, int]]:
+    """``want`` less every range of ``held`` (``(start, end)``, ``end`` None: from ``start``
+    on), in position order."""
+    out = []
+    position, end = want
+    for start, stop in sorted(held, key=lambda r: r[0]):
+        if position >= end:
+            break
+        if stop is not None and stop <= position:
+            continue
+        if start > position:
+            out.append((position, min(start, end)))
+        if stop is None:
+            position = end
+            break
+        position = max(position, stop)
+    if position < end:
+        out.append((position, end))
+    return out
+
+
+def _frames(directory: Path, descriptor: RecordingDescriptor, start: int, end: int):
+    """``(position, flags, type, length)`` of the recording's frames from ``start`` (a frame
+    boundary) until ``end``; stops early where a frame is not the recording's or not there.
+    A one-off look at the seams of a fetch (at most a term's frames), not a data path."""
+    segments = Segments(directory, descriptor)
+    try:
+        at = start
+        while at < end:
+            frame = frame_at(segments.at(at, min(end, at + FRAME_ALIGNMENT)), at, descriptor)
+            if frame is None:
+                return
+            length, flags, frame_type = frame
+            yield at, flags, frame_type, length
+            at += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    except RecordingLostError:
+        return
+    finally:
+        segments.close()
+
+
+def message_start(directory: Path, descriptor: RecordingDescriptor, position: int) -> int:
+    """Where the message that the recording's stop ``position`` cuts begins (``position``
+    itself when it is a message boundary, or when the recording does not hold the
+    message's first fragment).  A message never crosses a term: the frames are walked from
+    its term's start."""
+    term_start = position - position % descriptor.term_length
+    begun: int | None = None
+    reached = max(term_start, descriptor.start_position)
+    for at, flags, frame_type, length in _frames(directory, descriptor, reached, position):
+        if frame_type == HDR_TYPE_DATA:
+            if flags & BEGIN_FLAG:
+                begun = at
+            if flags & END_FLAG:
+                begun = None
+        reached = at + ((length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+    # Only a walk that reached the stop knows which message it cuts.
+    return begun if begun is not None and reached == position else position
+
+
+def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
+                recorded: int) -> int:
+    """Where the first message that begins at or after ``position`` does (``position``
+    itself when it is a boundary, or when the recording does not yet hold such a frame, up
+    to ``recorded``)."""
+    for at, flags, frame_type, _ in _frames(directory, descriptor, position, recorded):
+        if frame_type == HDR_TYPE_DATA and flags & BEGIN_FLAG:
+            return at
+    return position
+
+
+@dataclass
+class _Fetch:
+    """One range being fetched from a peer (``replay`` None until the peer answered)."""
+
+    peer: _Peer
+    source: ListedRecording
+    spec: RecordSpec
+    start: int
+    end: int
+    since: float
+    replay: ArchiveReplay | None = None
+    recording: Recording | None = None
+    moved_at: float = 0.0
+    last_position: int = -1
+
+
+class _Peer:
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.link: ArchiveClient | None = None  # the caller thread's
+
+
+class _Caller:
+    """The thread that makes the calls to the peers (each waits for an answer, up to
+    ``replication_timeout``), so that a peer that stops answering never holds the service's
+    thread and its recordings.  It takes requests and hands back results through queues;
+    the links are its own."""
+
+    def __init__(self, replicator: Replicator) -> None:
+        self._replicator = replicator
+        self.requests: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="archive-replication",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            request = self.requests.get()
+            if request is None:
+                break
+            try:
+                self.results.put(self._replicator.call(*request))
+            except Exception as e:  # told to the service's thread, never lost here
+                log.exception("replication: a call failed")
+                self.results.put(("failed", request, e))
+        self._replicator.close_links()
+
+    def stop(self, timeout_s: float) -> None:
+        self.requests.put(None)
+        self._thread.join(timeout_s)
+
+
+class Replicator:
+    """The service's catch-up from ``service.settings.peers`` (see the module): planning and
+    the replica on the service's thread (:meth:`do_work`), the calls to the peers on a
+    thread of its own."""
+
+    def __init__(self, service: ArchiveService) -> None:
+        settings = service.settings
+        self._service = service
+        self._peers = [_Peer(peer) for peer in settings.peers]
+        self._interval_ns = settings.replication_interval_ns
+        self._timeout_s = settings.replication_timeout_ns / 1e9
+        self._reply_address = settings.replication_address
+        # Not the peer's port, as a caller elsewhere would: that is this archive's own
+        # control port too when both use the same (the usual case).
+        self._reply_port = settings.replication_port or \
+            (settings.control_port + 1 if settings.control_port else None)
+        self._next_look_ns = time.monotonic_ns() + self._interval_ns
+        self._looking = 0  # peers asked for their recordings, answers not yet in
+        self._fetch: _Fetch | None = None
+        # A fetch's replay kept until its image goes: (peer, replay, deadline, stop it).
+        self._draining: tuple[int, ArchiveReplay, float, bool] | None = None
+        self.fetched = 0  # fetches that completed their range
+        self.cut_short = 0  # fetches that ended before their range's end
+        self._caller = _Caller(self)
+
+    @property
+    def fetching(self) -> bool:
+        return self._fetch is not None
+
+    def do_work(self, now_ns: int) -> int:
+        """Take the peers' answers, move the fetch in progress, or ask the peers for their
+        recordings when it is time; returns the work done (0: none)."""
+        work = self._take_results()
+        if self._draining is not None:
+            index, replay, deadline, stop = self._draining
+            image = replay.image()
+            if image is not None and not image.is_closed and time.monotonic() < deadline:
+                return work
+            self._draining = None
+            self._caller.requests.put(("close", index, replay, stop))
+        if self._fetch is not None:
+            return work + self._move(self._fetch, time.monotonic())
+        if now_ns < self._next_look_ns or self._looking:
+            return work
+        self._next_look_ns = now_ns + self._interval_ns
+        for index in range(len(self._peers)):
+            self._looking += 1
+            self._caller.requests.put(("list", index))
+        return work + 1
+
+    # -- the calls (the caller's thread) ----------------------------------------------------
+    def call(self, op: str, index: int, *args: Any) -> tuple[Any, ...]:
+        """One request of the caller's thread: ``("list", peer)`` → the peer's recordings of
+        this archive's stream ids (None: not connected); ``("replay", peer, recording id,
+        start, end, stream id, session id)`` → the replay; ``("close", peer, replay,
+        stop)``."""
+        peer = self._peers[index]
+        if op == "close":
+            replay, stop = args
+            try:
+                replay.close(stop_at_archive=stop and peer.link is not None
+                             and peer.link.is_connected)
+            except SlipstreamError as e:
+                log.warning("replication: the peer %s: %s", peer.peer, e)
+            return ("closed", index)
+        link = self._link(peer)
+        if op == "list":
+            if link is None or not link.is_connected:
+                return ("listed", index, None)
+            stream_ids = sorted({spec.stream_id for spec in self._service.settings.records})
+            try:
+                return ("listed", index, [r for stream_id in stream_ids
+                                          for r in link.list_all_recordings(
+                                              stream_id=stream_id)])
+            except SlipstreamError as e:  # CallError: not answering; a later look
+                log.warning("replication: the peer %s: %s", peer.peer, e)
+            except (KeyError, ValueError, TypeError) as e:
+                log.warning("replication: the peer %s answered what this archive cannot read "
+                            "(%s: %s)", peer.peer, type(e).__name__, e)
+            return ("listed", index, None)
+        recording_id, start, end, stream_id, session_id = args
+        if link is None:
+            return ("replay", index, SlipstreamError("no link"))
+        try:
+            return ("replay", index, link.replay(recording_id, start=start, end=end,
+                                                 stream_id=stream_id, session_id=session_id))
+        except SlipstreamError as e:
+            return ("replay", index, e)
+
+    def _link(self, peer: _Peer) -> ArchiveClient | None:
+        if peer.link is None:
+            try:
+                peer.link = ArchiveClient(self._service.client, peer.peer.address,
+                                          peer.peer.port, peer.peer.control_stream_id,
+                                          timeout_s=self._timeout_s,
+                                          reply_address=self._reply_address,
+                                          reply_port=self._reply_port)
+            except (SlipstreamError, OSError) as e:
+                log.warning("replication: no link to the peer %s: %s", peer.peer, e)
+                return None
+        return peer.link
+
+    def close_links(self) -> None:
+        """The caller's thread, as it ends."""
+        for peer in self._peers:
+            if peer.link is not None:
+                peer.link.close()
+                peer.link = None
+
+    # -- planning (the service's thread) ----------------------------------------------------
+    def _take_results(self) -> int:
+        work = 0
+        while True:
+            try:
+                result = self._caller.results.get_nowait()
+            except queue.Empty:
+                return work
+            work += 1
+            kind = result[0]
+            if kind == "listed":
+                self._looking -= 1
+                _, index, listed = result
+                if listed is not None and self._fetch is None:
+                    self._plan(index, listed)
+            elif kind == "replay":
+                _, index, answer = result
+                fetch = self._fetch
+                if fetch is None or fetch.replay is not None:
+                    continue
+                if isinstance(answer, Exception):
+                    self._end(fetch, f"the peer refused the replay: {answer}")
+                else:
+                    fetch.replay = answer
+                    fetch.since = fetch.moved_at = time.monotonic()
+            elif kind == "failed":
+                if result[1][0] == "list":
+                    self._looking -= 1
+                elif result[1][0] == "replay" and self._fetch is not None:
+                    self._end(self._fetch, f"the call failed: {result[2]}")
+
+    def _spec_for(self, descriptor: RecordingDescriptor) -> RecordSpec | None:
+        """The ``[[record]]`` a peer's recording is one of this archive's streams by: the
+        same stream id (the channels may differ: with MDC or multicast each host subscribes
+        at its own endpoint), the same channel where several tables share the stream id."""
+        specs = [s for s in self._service.settings.records
+                 if s.stream_id == descriptor.stream_id]
+        if len(specs) > 1:
+            specs = [s for s in specs if s.channel == descriptor.channel]
+        return specs[0] if len(specs) == 1 else None
+
+    def _held_here(self, key: SessionKey) -> list[tuple[int, int | None]]:
+        held: list[tuple[int, int | None]] = []
+        for descriptor in self._service.catalog.recordings():
+            if session_key(descriptor) != key:
+                continue
+            if descriptor.stop_position == NULL_POSITION:
+                held.append((descriptor.start_position, None))  # it records what comes
+            elif descriptor.stop_position > descriptor.start_position:
+                held.append((descriptor.start_position, descriptor.stop_position))
+        return held
+
+    def _plan(self, index: int, listed: list[ListedRecording]) -> None:
+        """Ask the peer for the first range it holds and this archive lacks, if any."""
+        for source in listed:
+            descriptor = source.descriptor
+            spec = self._spec_for(descriptor)
+            if spec is None:
+                continue
+            end = descriptor.stop_position if not descriptor.is_active \
+                else source.recorded_position
+            missing = missing_ranges((descriptor.start_position, end),
+                                     self._held_here(session_key(descriptor)))
+            if not missing:
+                continue
+            start, end = self._whole_messages(descriptor, *missing[0])
+            peer = self._peers[index]
+            self._fetch = _Fetch(peer, source, spec, start, end, time.monotonic())
+            self._caller.requests.put(("replay", index, descriptor.recording_id, start, end,
+                                       descriptor.stream_id, descriptor.session_id))
+            log.info("replication: fetching [%d, %d) of session %d stream %d from recording "
+                     "%d at the peer %s", start, end, descriptor.session_id,
+                     descriptor.stream_id, descriptor.recording_id, peer.peer)
+            return
+
+    def _whole_messages(self, source: RecordingDescriptor, start: int, end: int
+                        ) -> tuple[int, int]:
+        """``[start, end)`` widened to whole messages where a recording of this archive
+        stops at ``start`` or begins at ``end`` inside one (see the module), within the
+        peer's recording ``source``."""
+        service = self._service
+        key = session_key(source)
+        for descriptor in service.catalog.recordings():
+            if session_key(descriptor) != key:
+                continue
+            if descriptor.stop_position == start and start > source.start_position:
+                start = max(message_start(service.directory, descriptor, start),
+                            source.start_position)
+            if descriptor.start_position == end:
+                recording = service.recordings.get(descriptor.recording_id)
+                recorded = recording.recorded_position if recording is not None else \
+                    descriptor.stop_position
+                end = message_end(service.directory, descriptor, end, recorded)
+        peer_end = source.stop_position if not source.is_active else None
+        if peer_end is not None:
+            end = min(end, peer_end)
+        return start, end
+
+    # -- the fetch (the service's thread) ---------------------------------------------------
+    def _move(self, fetch: _Fetch, now: float) -> int:
+        if fetch.replay is None:  # the peer's answer not in yet (the caller's timeout)
+            if now - fetch.since > FETCH_STALL_S + self._timeout_s:
+                self._end(fetch, "the peer did not answer")
+            return 0
+        image = fetch.replay.image()
+        if fetch.recording is None:
+            if image is None:
+                if now - fetch.since > FETCH_STALL_S:
+                    self._end(fetch, f"its replay did not come within {FETCH_STALL_S:g} s")
+                return 0
+            return self._begin(fetch, image)
+        recording = fetch.recording
+        if not recording.is_active:  # a write failed: the service logged why
+            self._end(fetch, recording.error or "the replica stopped")
+            return 0
+        position = recording.writer.position
+        if position != fetch.last_position:
+            fetch.last_position = position
+            fetch.moved_at = now
+        if image is None or image.is_closed:
+            self._end(fetch, "its replay's image went (the peer stopped answering)")
+        elif image.is_end_of_stream:
+            self._end(fetch, None if position >= fetch.end else
+                      "its replay ended early (the peer stopped it, or went)")
+        elif now - fetch.moved_at > FETCH_STALL_S:
+            self._end(fetch, f"its replay did not move for {FETCH_STALL_S:g} s")
+        return 0
+
+    def _begin(self, fetch: _Fetch, image: Image) -> int:
+        descriptor = fetch.source.descriptor
+        found = (image.stream_id, image.session_id, image.initial_term_id, image.term_length,
+                 image.position)
+        wanted = (*session_key(descriptor), fetch.start)
+        if found != wanted:
+            # Not the recording's frames at its positions: nothing of it is written.
+            self._end(fetch, f"its replay is stream, session, initial term id, term length "
+                             f"and position {found}, not the recording's {wanted}")
+            return 0
+        service = self._service
+        settings = service.settings
+        peer = fetch.peer.peer
+        recording = Recording(
+            service.catalog, service.directory, image, fetch.spec.channel,
+            segment_length=settings.segment_length, sync=settings.sync,
+            sync_interval_ns=settings.sync_interval_ns, block_length=settings.block_length,
+            on_position=service.position_moved, write_behind=settings.write_behind,
+            source_identity=f"replica of recording {descriptor.recording_id} at {peer}",
+            stops_at_end_of_stream=False)
+        fetch.recording = recording
+        service.adopt(recording)
+        return 1
+
+    def _end(self, fetch: _Fetch, failure: str | None) -> None:
+        """End ``fetch``: its replica stopped with the reason its end gives, its replay's
+        subscription closed; ``failure`` says why it ended short (None: it is whole)."""
+        self._fetch = None
+        recording = fetch.recording
+        source = fetch.source.descriptor
+        if recording is not None and recording.is_active:
+            recording.poll()  # whatever the image still holds
+            position = recording.writer.position
+            reason = EndReason.STOPPED
+            if position == source.stop_position and source.end_reason in _SESSION_ENDS:
+                reason = source.end_reason
+            recording.stop(reason)
+        reached = recording.writer.position if recording is not None else fetch.start
+        if fetch.replay is not None:
+            index = self._peers.index(fetch.peer)
+            # Kept until its image goes: the receiver tells the peer the stream ended (so its
+            # publication goes at once), and the next fetch of the session, with the same
+            # session id to the same endpoint, meets no image of this one.  A fetch that
+            # failed has its replay stopped at the peer then, if it still runs.
+            self._draining = (index, fetch.replay, time.monotonic() + DRAIN_S,
+                              failure is not None)
+        if failure is None:
+            self.fetched += 1
+            self._next_look_ns = 0  # the next hole at once
+            log.info("replication: fetched [%d, %d) of session %d from the peer %s into "
+                     "recording %d", fetch.start, fetch.end, source.session_id,
+                     fetch.peer.peer, recording.recording_id if recording else -1)
+        else:
+            self.cut_short += 1
+            log.warning("replication: the fetch of [%d, %d) of session %d from the peer %s "
+                        "ended at %d: %s; the rest at a later look", fetch.start, fetch.end,
+                        source.session_id, fetch.peer.peer, reached, failure)
+
+    def close(self) -> None:
+        """Stop a fetch in progress (its replica stopped where it is), then the caller's
+        thread and its links (waiting at most a call's timeout for it)."""
+        if self._fetch is not None:
+            self._end(self._fetch, "the archive stopped")
+        if self._draining is not None:
+            index, replay, _, stop = self._draining
+            self._draining = None
+            self._caller.requests.put(("close", index, replay, stop))
+        self._caller.stop(self._timeout_s + 1.0)
