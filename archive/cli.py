@@ -146,10 +146,11 @@ def _settings(args: argparse.Namespace) -> ArchiveSettings:
 
 
 def _live_positions(args: argparse.Namespace) -> dict[int, int]:
-    """The live recordings' recorded positions from the driver's counters (the driver of
-    the settings named, else the default one); none when no driver is there."""
+    """The archive's live recordings' recorded positions from the driver's counters (the
+    driver of the settings named, else the default one); none when no driver is there."""
     settings = _settings(args)
-    return live_positions(settings.driver_dir or default_driver_directory())
+    return live_positions(settings.driver_dir or default_driver_directory(),
+                          _directory(args))
 
 
 def _recorded(descriptor: RecordingDescriptor, live: dict[int, int]) -> str:

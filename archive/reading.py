@@ -25,6 +25,7 @@ one interval's earlier messages come too.  A recording's start is its first entr
 from __future__ import annotations
 
 import bisect
+import hashlib
 import mmap
 import os
 import struct
@@ -62,9 +63,21 @@ from slipstream.client.layout import (
 from slipstream.client.mapping import unmap
 from slipstream.client.messages import FragmentHandler, GatheredMessages, Header
 
-__all__ = ["TIME_INDEX_INTERVAL_MS", "RecordingLostError", "RecordingReader", "SegmentMap",
-           "Segments", "TimeIndexWriter", "frame_at", "live_positions", "position_at_time",
-           "read_descriptor", "recording_position_key", "time_index_path"]
+__all__ = [
+    "TIME_INDEX_INTERVAL_MS",
+    "RecordingLostError",
+    "RecordingReader",
+    "SegmentMap",
+    "Segments",
+    "TimeIndexWriter",
+    "archive_identity",
+    "frame_at",
+    "live_positions",
+    "position_at_time",
+    "read_descriptor",
+    "recording_position_key",
+    "time_index_path",
+]
 
 #: How often at most the service adds a time index entry for a recording, ms: the resolution
 #: of a replay "from time T" (at most this much earlier comes too).
@@ -83,11 +96,21 @@ class RecordingLostError(SlipstreamError):
         self.held = held
 
 
-def recording_position_key(recording_id: int, session_id: int, stream_id: int) -> bytes:
+def archive_identity(directory: str | os.PathLike[str]) -> bytes:
+    """Which archive a counter is of: 8 bytes of the BLAKE2b digest of its directory's
+    resolved path (two archives may be clients of one driver, each with a recording 0)."""
+    path = str(Path(directory).resolve())
+    return hashlib.blake2b(path.encode(), digest_size=8).digest()
+
+
+def recording_position_key(recording_id: int, session_id: int, stream_id: int,
+                           directory: str | os.PathLike[str]) -> bytes:
     """The key of a recording's position counter (type ``RECORDING_POSITION``): recording
-    id (int64), session id and stream id (int32), little-endian, as a reader finds it with
-    ``CountersFile.find(CounterType.RECORDING_POSITION, key)``."""
-    return struct.pack("<qii", recording_id, session_id, stream_id)
+    id (int64), session id and stream id (int32), little-endian, then the archive's
+    :func:`archive_identity` (``directory``: its archive directory), as a reader finds it
+    with ``CountersFile.find(CounterType.RECORDING_POSITION, key)``."""
+    return struct.pack("<qii", recording_id, session_id, stream_id) + \
+        archive_identity(directory)
 
 
 def read_descriptor(directory: Path, recording_id: int) -> RecordingDescriptor | None:
@@ -106,17 +129,19 @@ def read_descriptor(directory: Path, recording_id: int) -> RecordingDescriptor |
     return descriptor
 
 
-def live_positions(driver_dir: Path) -> dict[int, int]:
-    """The recorded positions of the live recordings whose counters are in the counters file
-    of the driver at ``driver_dir``, by recording id (for ``list`` and ``describe``); empty
-    when there is no driver there."""
+def live_positions(driver_dir: Path, directory: str | os.PathLike[str]) -> dict[int, int]:
+    """The recorded positions of the live recordings of the archive at ``directory`` whose
+    counters are in the counters file of the driver at ``driver_dir``, by recording id (for
+    ``list`` and ``describe``); empty when there is no driver there."""
     try:
         counters = CountersFile(Path(driver_dir) / COUNTERS_FILE, writable=False)
     except (OSError, ValueError):
         return {}
+    identity = archive_identity(directory)
     try:
         return {struct.unpack_from("<q", info.key)[0]: info.value for info in counters
-                if info.type_id == CounterType.RECORDING_POSITION and len(info.key) >= 8}
+                if info.type_id == CounterType.RECORDING_POSITION and len(info.key) == 24
+                and info.key[16:] == identity}
     finally:
         counters.close()
 
@@ -405,7 +430,7 @@ class RecordingReader:
                 return d.stop_position
             assert self._counters is not None
             info = self._counters.find(CounterType.RECORDING_POSITION, recording_position_key(
-                d.recording_id, d.session_id, d.stream_id))
+                d.recording_id, d.session_id, d.stream_id, self.directory))
             if info is None:  # not added yet (or the archive is not running): as known
                 return self._limit
             self._counter = self._counters.reader(info.counter_id, info.registration_id)

@@ -202,7 +202,7 @@ class ArchiveService:
                 fit_label(f"rec-pos: {recording.recording_id} {image.session_id} "
                           f"{image.stream_id} {recording.channel}"),
                 recording_position_key(recording.recording_id, image.session_id,
-                                       image.stream_id))
+                                       image.stream_id, self.directory))
         except SlipstreamError as e:  # the recording goes on; only the counter is missing
             log.error("recording %d: no position counter (%s)", recording.recording_id, e)
             return

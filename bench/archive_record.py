@@ -237,7 +237,7 @@ def run(driver: MediaDriver, work: Path, mode: str, args: argparse.Namespace,
             recording = _wait(lambda: _recordings(archive_dir), 30, "the recording's start")[0]
             counters = CountersFile(Path(driver.directory) / "counters.dat", writable=False)
             key = recording_position_key(recording.recording_id, recording.session_id,
-                                         STREAM)
+                                         STREAM, archive_dir)
             info = _wait(lambda: counters.find(CounterType.RECORDING_POSITION, key), 10,
                          "the recording's position counter")
             counter = counters.reader(info.counter_id, info.registration_id)

@@ -169,7 +169,7 @@ def _recording_end(archive_dir: Path, counters, session_id: int, end: int,
                 if found[0].stop_position is not None and found[0].stop_position >= end:
                     return time.monotonic()
                 info = counters.find(CounterType.RECORDING_POSITION, recording_position_key(
-                    found[0].recording_id, session_id, STREAM))
+                    found[0].recording_id, session_id, STREAM, archive_dir))
                 if info is not None:
                     reader = counters.reader(info.counter_id, info.registration_id)
         if reader is not None and reader.is_allocated and reader.get() >= end:

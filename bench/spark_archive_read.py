@@ -79,7 +79,7 @@ def main() -> None:
             _wait(lambda: subscription.images, 10, "the image")
             view = ImageView(subscription.images[0])
             recording = _recordings(archive_dir)[0]
-            _wait(lambda: live_positions(Path(driver.directory)).get(
+            _wait(lambda: live_positions(Path(driver.directory), archive_dir).get(
                 recording.recording_id, 0) >= end, 60, "the range recorded")
             common = dict(directory=str(driver.directory), fail_on_data_loss=True,
                           host="here", replay_timeout_ms=30_000, holder=None)

@@ -113,8 +113,8 @@ class CounterType(enum.IntEnum):
     PUBLISHER_DURABLE = 1009  # pub-durable: the position N tagged receivers consumed to
     DURABLE_RECEIVERS = 1010  # durable-rcv: tagged receivers heard within their timeout
     # A client's (the archive's), not the driver's: a recording's position, bytes (Aeron's
-    # RecordingPos, type 100); its key: recording id, session id, stream id
-    # (slipstream.archive.service.recording_position_key).
+    # RecordingPos, type 100); its key: recording id, session id, stream id, the archive's
+    # identity (slipstream.archive.reading.recording_position_key).
     RECORDING_POSITION = 100
     # A client's (a Spark read query's planner): the bytes its sessions hold past what the
     # query committed, summed over the sessions (its label names the query).

@@ -25,8 +25,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slipstream.archive.catalog import CATALOG_FILE, NULL_POSITION, EndReason, RecordingState
+from slipstream.archive.catalog import CATALOG_FILE, NULL_POSITION, RecordingState
 from slipstream.archive.client import ArchiveClient, ListedRecording
+from slipstream.archive.locate import HeldRange
+from slipstream.archive.locate import stitch as stitch_held
 from slipstream.archive.reading import (
     RecordingLostError,
     RecordingReader,
@@ -35,77 +37,42 @@ from slipstream.archive.reading import (
 )
 from slipstream.client import Client, SlipstreamError
 
-__all__ = ["ArchivedSource", "Archives", "Piece", "archive_client_for", "read_archived",
-           "stitch"]
+__all__ = ["ArchivedSource", "Archives", "archive_client_for", "read_archived", "stitch"]
 
 log = logging.getLogger("slipstream.spark_bridge")
 
 #: An archive's control endpoint: address, port, control stream id.
 Endpoint = tuple[str, int, int]
 
-_LIST_PAGE = 64  # the most recordings one ``list`` call answers (the archive's limit)
 _SILENT_S = 30.0  # how long an archive that did not answer is not asked again
 
 
-@dataclass(frozen=True)
-class Piece:
-    """``[start, end)`` of a session held by one recording of one archive (``end``: the
-    recorded position when asked, final once ``stopped``; ``end_reason`` the recording's)."""
-
-    archive: Endpoint
-    recording_id: int
-    start: int
-    end: int
-    stopped: bool
-    end_reason: EndReason
-
-
-def _holds(recording: ListedRecording, session_id: int, framing: tuple[int, int]) -> bool:
-    d = recording.descriptor
-    return (d.session_id == session_id and d.state == RecordingState.VALID
-            and (d.initial_term_id, d.term_length) == framing)
-
-
 def stitch(listed: Sequence[tuple[Endpoint, Sequence[ListedRecording]]], session_id: int,
-           framing: tuple[int, int], start: int, end: int | None) -> list[Piece]:
+           framing: tuple[int, int], start: int, end: int | None) -> list[HeldRange]:
     """The pieces, in position order, that hold as much of ``[start, end)`` (``end`` None: as
     far as anything is recorded) of the session ``session_id`` whose log is ``framing``
     (initial term id, term length) as the recordings ``listed`` (per archive, the preferred
-    first) hold.  A piece begins with the first archive that holds its start, in its
-    recording that reaches furthest, and runs to that recording's end (a live recording's
-    reaches ``end``, when given: it will be recorded, and the task follows it); adjacent
-    pieces meet exactly, and a range none holds is absent between them (a hole the caller
-    reports as loss)."""
-    candidates = [(rank, archive, recording)
-                  for rank, (archive, recordings) in enumerate(listed)
-                  for recording in recordings if _holds(recording, session_id, framing)]
-    def reach(recording: ListedRecording) -> int:
-        # A live recording will hold what a bounded range asks for: its task follows it there
-        # (its recorded position now may fall between a message's fragments).
-        if end is not None and recording.descriptor.is_active:
-            return end
-        return recording.recorded_position
-
-    pieces: list[Piece] = []
-    position = start
-    while end is None or position < end:
-        holding = [(rank, -reach(recording), archive, recording)
-                   for rank, archive, recording in candidates
-                   if recording.descriptor.start_position <= position < reach(recording)]
-        if not holding:
-            later = [recording.descriptor.start_position for _, _, recording in candidates
-                     if recording.descriptor.start_position > position]
-            if not later or (end is not None and min(later) >= end):
-                break
-            position = min(later)  # a hole: the next piece begins where a recording does
-            continue
-        _, _, archive, recording = min(holding, key=lambda h: (h[0], h[1]))
-        d = recording.descriptor
-        stop = reach(recording) if end is None else min(end, reach(recording))
-        pieces.append(Piece(archive, d.recording_id, position, stop, not d.is_active,
-                            d.end_reason))
-        position = stop
-    return pieces
+    first) hold: :func:`slipstream.archive.locate.stitch` over them, where a live
+    recording holds a bounded range to its ``end`` (it will be recorded, and the task
+    follows it there: its recorded position now may fall between a message's fragments).
+    Adjacent pieces meet exactly; a range none holds is absent between them (a hole the
+    caller reports as loss)."""
+    held = []
+    for archive, recordings in listed:
+        ranges = []
+        for recording in recordings:
+            d = recording.descriptor
+            if d.session_id != session_id or d.state != RecordingState.VALID or \
+                    (d.initial_term_id, d.term_length) != tuple(framing):
+                continue
+            reach = d.stop_position if not d.is_active else \
+                recording.recorded_position if end is None else \
+                max(recording.recorded_position, end)
+            if reach > d.start_position:
+                ranges.append(HeldRange(archive, d.recording_id, d.start_position, reach,
+                                        not d.is_active, int(d.end_reason)))
+        held.append(ranges)
+    return stitch_held(held, start, end)
 
 
 class Archives:
@@ -145,15 +112,7 @@ class Archives:
             if self._silent.get(endpoint, 0.0) > time.monotonic():
                 continue  # not asked again for a while: each try costs timeout_s
             try:
-                link = self._link(endpoint)
-                recordings: list[ListedRecording] = []
-                while True:
-                    page = link.list_recordings(stream_id=stream_id,
-                                                from_id=recordings[-1].recording_id + 1
-                                                if recordings else 0, count=_LIST_PAGE)
-                    recordings += page
-                    if len(page) < _LIST_PAGE:
-                        break
+                recordings = self._link(endpoint).list_all_recordings(stream_id=stream_id)
             except SlipstreamError as e:
                 link = self._links.pop(endpoint, None)
                 if link is not None:
@@ -181,7 +140,7 @@ class Archives:
         return [endpoint for endpoint in self.endpoints if endpoint not in answered]
 
     def pieces(self, stream_id: int, session_id: int, framing: tuple[int, int], start: int,
-               end: int | None) -> list[Piece]:
+               end: int | None) -> list[HeldRange]:
         """:func:`stitch` over what the archives recorded of ``stream_id``."""
         return stitch(self.recordings(stream_id), session_id, framing, start, end)
 
@@ -191,7 +150,10 @@ class Archives:
         to ``reaching`` (a position the live log holds), or None when they do not reach it."""
         starts = [recording.descriptor.start_position
                   for _, recordings in self.recordings(stream_id)
-                  for recording in recordings if _holds(recording, session_id, framing)]
+                  for recording in recordings
+                  if recording.descriptor.session_id == session_id and
+                  (recording.descriptor.initial_term_id,
+                   recording.descriptor.term_length) == tuple(framing)]
         for start in sorted(starts):
             pieces = self.pieces(stream_id, session_id, framing, start, reaching)
             if pieces and pieces[0].start == start and pieces[-1].end >= reaching and all(
@@ -290,7 +252,7 @@ def _in_place(source: ArchivedSource, session_id: int, stream_id: int, start: in
         # A live recording is followed by its position counter: only where the archive is a
         # client of this host's driver (the task's), else a replay serves.
         if live is None:
-            live = live_positions(Path(driver_dir))
+            live = live_positions(Path(driver_dir), directory)
         return recording_id in live
 
     if fits(source.recording_id):
@@ -366,14 +328,8 @@ def read_archived(source: ArchivedSource, session_id: int, stream_id: int, start
             if endpoint == source.archive:
                 pieces = [(source.recording_id, end)]
             else:
-                recordings: list[ListedRecording] = []
-                while True:
-                    page = link.list_recordings(stream_id=stream_id, count=_LIST_PAGE,
-                                                from_id=recordings[-1].recording_id + 1
-                                                if recordings else 0)
-                    recordings += page
-                    if len(page) < _LIST_PAGE:
-                        break
+                recordings = link.list_all_recordings(stream_id=stream_id,
+                                                      session_id=session_id)
                 pieces = [(piece.recording_id, piece.end) for piece in stitch(
                     [(endpoint, recordings)], session_id, source.framing, position, end)
                     if piece.start >= position]

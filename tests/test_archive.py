@@ -324,7 +324,7 @@ def test_a_recordings_position_is_a_counter_while_it_records(driver, tmp_path: P
             publication = client.add_publication("aeron:ipc", 40)
             wait_for_recording(archive_dir)
             positions = publish(publication, 300)
-            key = recording_position_key(0, publication.session_id, 40)
+            key = recording_position_key(0, publication.session_id, 40, archive_dir)
             wait_for(lambda: counters.find(CounterType.RECORDING_POSITION, key) is not None,
                      what="the recording's counter")
             info = counters.find(CounterType.RECORDING_POSITION, key)
@@ -363,7 +363,8 @@ def test_the_subscriber_position_never_passes_what_the_recording_made_durable(
                 assert time.monotonic() < deadline, "no recording"
                 service.do_work()
             recording = next(iter(service.recordings.values()))
-            key = recording_position_key(recording.recording_id, publication.session_id, 50)
+            key = recording_position_key(recording.recording_id, publication.session_id, 50,
+                                         settings.dir)
             recorded_info = counters.find(CounterType.RECORDING_POSITION, key)
             subscriber_info = next(i for i in counters if i.stream_id == 50 and
                                    i.type_id == CounterType.SUBSCRIBER_POSITION)

@@ -477,3 +477,32 @@ def test_a_standing_holder_restarted_while_the_query_was_down_is_bridged_by_the_
         archive.kill()
     assert read == list(range(total))
     assert "archive" in sources
+
+
+def test_two_archives_on_one_driver_have_a_position_counter_each(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """Both archives record the stream through the ingest driver, each as its recording 0:
+    each has a position counter of its own, told apart by the archive's identity in its key,
+    so a reader of one archive's segment files never follows the other's position."""
+    from slipstream.archive.reading import live_positions, recording_position_key
+    from slipstream.client.control import COUNTERS_FILE
+    from slipstream.client.counters import CountersFile, CounterType
+
+    hosts.publish_from("publisher")
+    for archive in archives:
+        wait_for(lambda a=archive: recordings(a.directory), timeout=20, what="recording")
+    assert hosts.publish(100) == 100
+    assert hosts.publication is not None
+    session = hosts.publication.session_id
+    ingest = hosts.directories["ingest"]
+    for archive in archives:
+        wait_for(lambda a=archive: 0 in live_positions(ingest, a.directory), timeout=10,
+                 what="the archive's counter")
+    counters = CountersFile(ingest / COUNTERS_FILE, writable=False)
+    try:
+        found = [counters.find(CounterType.RECORDING_POSITION,
+                               recording_position_key(0, session, STREAM, archive.directory))
+                 for archive in archives]
+    finally:
+        counters.close()
+    assert all(found) and found[0].counter_id != found[1].counter_id
