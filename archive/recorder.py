@@ -81,6 +81,10 @@ class SegmentWriter:
         self._synced_at_ns = time.monotonic_ns()
         #: ``write_behind`` bytes a chunk (segments.WriteBehind); 0: the page cache keeps all.
         self._behind = WriteBehind(write_behind) if write_behind else None
+        #: The disk reported an error writing back this file's bytes (fdatasync or
+        #: write-behind's sync_file_range): the kernel cleared the file's error mark as it
+        #: reported it, so no later sync may be taken as making anything durable.
+        self.writeback_failed = False
 
     @property
     def writing_base(self) -> int | None:
@@ -110,7 +114,11 @@ class SegmentWriter:
             done += os.pwrite(self._fd, block[done:], offset + done)
         self.position = position + length
         if self._behind is not None:
-            self._behind.written(offset + length)
+            try:
+                self._behind.written(offset + length)
+            except OSError:
+                self.writeback_failed = True
+                raise
         if self.sync is SyncPolicy.NONE:
             self.durable_position = self.position
 
@@ -134,7 +142,7 @@ class SegmentWriter:
         """A full segment (or the last at stop): durable first under segment and interval;
         the blocks reserved past what was written given back."""
         if self.sync is not SyncPolicy.NONE and self.durable_position < self.position:
-            os.fdatasync(self._fd)
+            self._fdatasync()
             self.durable_position = self.position
             self._synced_at_ns = time.monotonic_ns()
         self._release_reserved()
@@ -152,7 +160,7 @@ class SegmentWriter:
         if self.sync is SyncPolicy.NONE or self._fd < 0 or \
                 self.durable_position >= self.position:
             return False
-        os.fdatasync(self._fd)
+        self._fdatasync()
         self.durable_position = self.position
         self._synced_at_ns = time.monotonic_ns()
         return True
@@ -164,7 +172,7 @@ class SegmentWriter:
                 self.durable_position >= self.position or \
                 now_ns - self._synced_at_ns < self.sync_interval_ns:
             return False
-        os.fdatasync(self._fd)
+        self._fdatasync()
         self.durable_position = self.position
         self._synced_at_ns = now_ns
         return True
@@ -175,31 +183,47 @@ class SegmentWriter:
         if self._fd >= 0:
             os.ftruncate(self._fd, self.position - self._base)
 
+    def _fdatasync(self) -> None:
+        try:
+            os.fdatasync(self._fd)
+        except OSError:
+            self.writeback_failed = True
+            raise
+
     def salvage(self) -> None:
         """After a failed write: the segment cut to the last whole frame written and, unless
-        the policy is ``none``, synced, so :attr:`durable_position` covers it; if that fails
-        too, cut back to what was last synced (what the page cache held past it may be gone),
-        so that nothing past :attr:`durable_position` is claimed.  Under ``none`` what was
-        written whole is what is recorded."""
+        the policy is ``none``, synced, so :attr:`durable_position` covers it.  After a
+        write-back error (:attr:`writeback_failed`), or when that sync fails, nothing is
+        synced again: the segment is cut back to what the disk last confirmed (the last
+        successful sync; under ``none``, what write-behind last saw written, if it runs),
+        and :attr:`position` and :attr:`durable_position` are that.  Under ``none`` without
+        write-behind what was written whole is what is recorded."""
         if self._fd < 0:
-            if self.sync is SyncPolicy.NONE:
+            if self.sync is SyncPolicy.NONE and not self.writeback_failed:
                 self.durable_position = self.position
             return
-        try:
-            self.cut_back()
-            if self.sync is not SyncPolicy.NONE:
-                os.fdatasync(self._fd)
-            self.durable_position = self.position
-        except OSError as e:
-            log.error("recording %d: the segment could not be made durable after the failed "
-                      "write (%s): it ends at %d, the last position synced",
-                      self.recording_id, e, self.durable_position)
-            self.position = self.durable_position
-            if self._base is not None and self.position >= self._base:
-                try:
-                    os.ftruncate(self._fd, self.position - self._base)
-                except OSError:
-                    pass  # recovery is not needed: the descriptor stops at durable_position
+        if not self.writeback_failed:
+            try:
+                self.cut_back()
+                if self.sync is not SyncPolicy.NONE:
+                    self._fdatasync()
+                self.durable_position = self.position
+                return
+            except OSError as e:
+                log.error("recording %d: the segment could not be made durable after the "
+                          "failed write (%s)", self.recording_id, e)
+        confirmed = self.durable_position
+        if self.sync is SyncPolicy.NONE and self._behind is not None:
+            confirmed = min(confirmed, self._base + self._behind.confirmed)
+        log.error("recording %d: the disk failed to write back what was written; the "
+                  "recording ends at %d, the last position the disk confirmed",
+                  self.recording_id, confirmed)
+        self.position = self.durable_position = confirmed
+        if self.position >= self._base:
+            try:
+                os.ftruncate(self._fd, self.position - self._base)
+            except OSError:
+                pass  # recovery is not needed: the descriptor stops at durable_position
 
     def close(self) -> None:
         """Close the segment being written, durable first unless the policy is ``none``."""

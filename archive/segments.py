@@ -106,6 +106,12 @@ class WriteBehind:
         self._started: list[int] = []  # the end offsets of the chunks under way, oldest first
         self._dropped = 0  # offsets before it are written and dropped (or not this file's)
 
+    @property
+    def confirmed(self) -> int:
+        """The file offset up to which the disk reported the writes done without an error
+        (waited for; or where the file's writes began)."""
+        return self._dropped
+
     def restart(self, fd: int, offset: int) -> None:
         """A new file ``fd`` whose writes begin at ``offset``."""
         self._fd = fd
@@ -120,7 +126,9 @@ class WriteBehind:
 
     def written(self, end: int) -> None:
         """The file holds what was written up to ``end``; raises :class:`OSError` when the
-        disk reported an error writing back an earlier chunk.  A file that cannot be synced
+        disk reported an error writing back an earlier chunk (a write-back error: the
+        kernel has cleared the file's error mark by then, so a later fdatasync may succeed
+        without those bytes on the disk).  A file that cannot be synced
         by range (EINVAL, ESPIPE: some file systems, a pipe) turns write-behind off."""
         begin = self._started[-1] if self._started else self._dropped
         if not self.active or end - begin < self.chunk:

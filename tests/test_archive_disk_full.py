@@ -5,6 +5,7 @@ unharmed: its publisher goes on at full rate to its other subscriber (docs/ARCHI
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -16,7 +17,10 @@ from helpers import Collector, lacking, message, wait_for
 from test_archive import archive_process, recorded_messages, wait_for_recording, write_config
 
 from slipstream.archive import EndReason
+from slipstream.archive.catalog import Catalog
+from slipstream.archive.recorder import SegmentWriter
 from slipstream.archive.recovery import verify
+from slipstream.archive.settings import SyncPolicy
 from slipstream.client import Client
 
 SIZE = 1024  # 1 KiB messages
@@ -37,6 +41,116 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+class FailingWriteBack:
+    """An ext4 file system (no journal) on a loop device whose backing file lies on a small
+    tmpfs: :meth:`fail_unwritten` punches out of the backing file the blocks a file has
+    reserved but not yet written, then fills the tmpfs, so that the disk's write-back of
+    those blocks fails (ENOSPC from the loop device) while the file system's own blocks,
+    already written, stay writable.  A real write-back error on a real file: the kernel
+    reports it once (fdatasync or sync_file_range) and clears it, so the next fdatasync of
+    the same file succeeds."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        for tool in ("mount", "losetup", "mkfs.ext4", "filefrag", "fallocate"):
+            if os.geteuid() != 0 or shutil.which(tool) is None:
+                lacking(f"needs root and {tool}, for a disk whose write-back fails")
+        self.backing = tmp_path / "backing"
+        self.mount_point = tmp_path / "disk"
+        self.backing.mkdir()
+        self.mount_point.mkdir()
+        self.loop: str | None = None
+        self._run("mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(self.backing))
+        image = self.backing / "image"
+        image.write_bytes(bytes(32 << 20))  # every block there: only punched ones fail
+        self._run("mkfs.ext4", "-q", "-F", "-b", "4096", "-O", "^has_journal", "-E", "nodiscard",
+                  str(image))
+        self.loop = self._run("losetup", "-f", "--show", str(image)).strip()
+        self._run("mount", "-o", "errors=continue", self.loop, str(self.mount_point))
+
+    def _run(self, *command: str) -> str:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            lacking(f"{' '.join(command)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def fail_unwritten(self, path: Path) -> int:
+        """Make the write-back of ``path``'s reserved, unwritten blocks fail; returns how
+        many blocks."""
+        listed = subprocess.run(["filefrag", "-v", "-b4096", str(path)], check=True,
+                                capture_output=True, text=True).stdout
+        blocks = 0
+        for extent in re.finditer(r"\d+\.\.\s*\d+:\s+(\d+)\.\.\s*(\d+):.*unwritten",
+                                  listed):
+            first, last = int(extent.group(1)), int(extent.group(2))
+            subprocess.run(["fallocate", "-p", "-o", str(first * 4096), "-l",
+                            str((last - first + 1) * 4096), str(self.backing / "image")],
+                           check=True)
+            blocks += last - first + 1
+        subprocess.run(["dd", "if=/dev/zero", f"of={self.backing / 'filler'}", "bs=64k"],
+                       capture_output=True, check=False)  # ends at ENOSPC
+        return blocks
+
+    def close(self) -> None:
+        subprocess.run(["umount", str(self.mount_point)], check=False)
+        if self.loop is not None:
+            subprocess.run(["losetup", "-d", self.loop], check=False)
+        subprocess.run(["umount", "-l", str(self.backing)], check=False)
+
+
+@pytest.fixture
+def failing_write_back(tmp_path: Path) -> Iterator[FailingWriteBack]:
+    disk = FailingWriteBack(tmp_path)
+    try:
+        yield disk
+    finally:
+        disk.close()
+
+
+@pytest.mark.parametrize("sync, write_behind", [(SyncPolicy.SEGMENT, 0),
+                                                (SyncPolicy.INTERVAL, 64 * 1024),
+                                                (SyncPolicy.NONE, 64 * 1024)])
+def test_a_write_back_error_cuts_the_recording_back_to_what_the_disk_confirmed(
+        failing_write_back: FailingWriteBack, sync: SyncPolicy, write_behind: int) -> None:
+    """The disk fails to write back a recording's bytes (reported once by fdatasync or by
+    write-behind's waiting sync_file_range, then cleared by the kernel): the writer claims
+    nothing past the last position the disk confirmed, although a sync after the error
+    succeeds, and the segment is cut back to it."""
+    directory = failing_write_back.mount_point
+    with Catalog.open(directory) as catalog:
+        descriptor = catalog.add(
+            start_position=0, start_time_ms=1_700_000_000_000, initial_term_id=7,
+            term_length=1 << 20, segment_length=16 << 20, mtu=1408, session_id=1,
+            stream_id=40, channel="aeron:ipc", source_identity="aeron:ipc")
+    writer = SegmentWriter(directory, descriptor, sync, 0, write_behind=write_behind)
+    block = memoryview(bytes(range(256)) * 256)  # 64 KiB
+    position = 0
+    for _ in range(8):  # under write-behind: more chunks than its depth, all waited for
+        writer.write(block, position)
+        position += len(block)
+    if sync is not SyncPolicy.NONE:
+        assert writer.make_durable()
+    confirmed = position if sync is not SyncPolicy.NONE else writer.durable_position
+    segment = writer.segment_path
+    assert segment is not None
+    assert failing_write_back.fail_unwritten(segment) > 0
+    with pytest.raises(OSError):
+        for _ in range(64):  # 4 MiB more: the write-behind's wait, or the sync, fails
+            writer.write(block, position)
+            position += len(block)
+        writer.make_durable()
+    assert writer.writeback_failed
+    writer.salvage()
+    writer.abandon()
+    if sync is SyncPolicy.NONE:
+        # What write-behind saw written before the failure, no more.
+        assert writer.durable_position <= confirmed
+    else:
+        assert writer.durable_position == confirmed
+    assert writer.position == writer.durable_position
+    assert segment.stat().st_size == writer.position
+    assert segment.read_bytes() == bytes(block) * (writer.position // len(block))
 
 
 def stream_to(publication, collector: Collector, first: int, count: int) -> float:
