@@ -285,6 +285,19 @@ def archive_config(path: Path, archive_dir: Path, driver_dir: Path, port: int,
     return path
 
 
+def peered_archives(tmp_path: Path, driver_dir: Path, b_dir: Path | None = None
+                    ) -> tuple[int, int, Path, Path]:
+    """Settings of archives A (``tmp_path``/a) and B (``b_dir``, default ``tmp_path``/b),
+    both recording IPC stream 20, B catching up from A: their control ports and settings
+    files."""
+    port_a, port_b = free_port(), free_port()
+    records = [("aeron:ipc", 20, "local")]
+    config_a = archive_config(tmp_path / "a.toml", tmp_path / "a", driver_dir, port_a, records)
+    config_b = archive_config(tmp_path / "b.toml", b_dir or tmp_path / "b", driver_dir, port_b,
+                              records, peers=[f"127.0.0.1:{port_a}"])
+    return port_a, port_b, config_a, config_b
+
+
 def whole_at(archive: ArchiveClient, stream_id: int, session_id: int,
              framing: tuple[int, int], start: int, stop: int) -> bool:
     """Whether ``archive`` alone holds [start, stop) of the session, its last piece stopped
@@ -302,12 +315,7 @@ def test_an_archive_killed_mid_stream_catches_up_from_its_peer(driver, tmp_path:
     A's stop, the end of stream carried over.  Then B alone holds the whole session (A
     stopped), each message once, in order, at its position, the replicas naming A; and a
     second session published whole while B was down, in one replica."""
-    port_a, port_b = free_port(), free_port()
-    records = [("aeron:ipc", 20, "local")]
-    config_a = archive_config(tmp_path / "a.toml", tmp_path / "a", driver.directory, port_a,
-                              records)
-    config_b = archive_config(tmp_path / "b.toml", tmp_path / "b", driver.directory, port_b,
-                              records, peers=[f"127.0.0.1:{port_a}"])
+    port_a, port_b, config_a, config_b = peered_archives(tmp_path, driver.directory)
     total = 3000
     with Client.connect(driver.directory) as client, \
             archive_process(config_a, tmp_path / "a.log") as process_a:
