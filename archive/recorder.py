@@ -276,7 +276,18 @@ class Recording:
             source_identity=image.source_identity if source_identity is None else
             source_identity)
         if sync is not SyncPolicy.NONE:
-            catalog.sync()
+            try:
+                catalog.sync()
+            except OSError:
+                # Not left active in the catalog with nothing behind it (a reader, and the
+                # catch-up, would take it for a recording of what comes).
+                try:
+                    catalog.update(descriptor.evolve(
+                        stop_position=descriptor.start_position, stop_time_ms=epoch_ms(),
+                        end_reason=EndReason.WRITE_FAILED))
+                except OSError:
+                    pass  # the next start's recovery ends it
+                raise
         self.recording_id = descriptor.recording_id
         self.writer = SegmentWriter(directory, descriptor, sync, sync_interval_ns,
                                     write_behind=write_behind)

@@ -384,7 +384,12 @@ class Replicator:
                                      self._held_here(session_key(descriptor)))
             if not missing:
                 continue
-            start, end = self._whole_messages(descriptor, *missing[0])
+            try:
+                start, end = self._whole_messages(descriptor, *missing[0])
+            except (OSError, ValueError) as e:  # this archive's own segments unreadable
+                log.warning("replication: the seams of [%d, %d) of session %d could not be "
+                            "read here: %s", *missing[0], descriptor.session_id, e)
+                continue
             peer = self._peers[index]
             self._fetch = _Fetch(peer, source, spec, start, end, time.monotonic())
             self._caller.requests.put(("replay", index, descriptor.recording_id, start, end,
@@ -460,13 +465,20 @@ class Replicator:
         service = self._service
         settings = service.settings
         peer = fetch.peer.peer
-        recording = Recording(
-            service.catalog, service.directory, image, fetch.spec.channel,
-            segment_length=settings.segment_length, sync=settings.sync,
-            sync_interval_ns=settings.sync_interval_ns, block_length=settings.block_length,
-            on_position=service.position_moved, write_behind=settings.write_behind,
-            source_identity=f"replica of recording {descriptor.recording_id} at {peer}",
-            stops_at_end_of_stream=False)
+        try:
+            recording = Recording(
+                service.catalog, service.directory, image, fetch.spec.channel,
+                segment_length=settings.segment_length, sync=settings.sync,
+                sync_interval_ns=settings.sync_interval_ns,
+                block_length=settings.block_length, on_position=service.position_moved,
+                write_behind=settings.write_behind,
+                source_identity=f"replica of recording {descriptor.recording_id} at {peer}",
+                stops_at_end_of_stream=False)
+        except (OSError, ValueError, SlipstreamError) as e:
+            # The catalog full or failing (a full disk): this fetch ends, the archive and its
+            # live recordings go on; the range is tried again later.
+            self._end(fetch, f"its replica could not be made here: {e}")
+            return 0
         fetch.recording = recording
         service.adopt(recording)
         return 1

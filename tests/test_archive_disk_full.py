@@ -14,9 +14,16 @@ from pathlib import Path
 
 import pytest
 from helpers import Collector, lacking, message, wait_for
-from test_archive import archive_process, recorded_messages, wait_for_recording, write_config
+from test_archive import (
+    archive_process,
+    publish,
+    recorded_messages,
+    wait_for_recording,
+    write_config,
+)
+from test_archive_replication import CONTROL_STREAM, peered_archives
 
-from slipstream.archive import EndReason
+from slipstream.archive import ArchiveClient, EndReason
 from slipstream.archive.catalog import Catalog
 from slipstream.archive.recorder import SegmentWriter
 from slipstream.archive.recovery import verify
@@ -200,3 +207,58 @@ def test_a_full_disk_stops_the_recording_not_the_stream(driver, small_disk: Path
     assert verify(descriptor, archive_dir).ok
     # Full rate: within a factor of the publisher alone (2 shared cores: lenient).
     assert after < 3 * alone + 0.5, f"{after:.3f} s after the failure, {alone:.3f} s alone"
+
+
+def test_a_full_disk_ends_a_fetch_not_the_archive_and_its_recordings(
+        driver, small_disk: Path, tmp_path: Path) -> None:
+    """B (its directory on a 1 MiB tmpfs) records a live session and would fetch from A a
+    session it missed, but its disk is full when it looks: the replica's descriptor cannot
+    be added to the catalog (the fourth crosses into a page the tmpfs has no room for).  The
+    fetch ends with the error logged, B keeps running and its live recording records on
+    (into its segment's reserved blocks)."""
+    _, port_b, config_a, config_b = peered_archives(tmp_path, driver.directory,
+                                                    small_disk / "b")
+    # B's first look at A comes after its disk is full.
+    config_b.write_text(config_b.read_text().replace('replication_interval = "300ms"',
+                                                     'replication_interval = "4s"'))
+    with Client.connect(driver.directory) as client, \
+            archive_process(config_a, tmp_path / "a.log"):
+        missed = client.add_exclusive_publication("aeron:ipc", 20)
+        wait_for_recording(tmp_path / "a")
+        publish(missed, 50)
+        missed.close()
+        wait_for_recording(tmp_path / "a", ended=True)
+        with archive_process(config_b, tmp_path / "b.log") as process_b:
+            for index in range(2):  # B's descriptors 0 and 1: ended sessions
+                ended = client.add_exclusive_publication("aeron:ipc", 20)
+                wait_for_recording(small_disk / "b", index=index)
+                publish(ended, 10)
+                ended.close()
+                wait_for_recording(small_disk / "b", index=index, ended=True)
+            live = client.add_exclusive_publication("aeron:ipc", 20)
+            wait_for_recording(small_disk / "b", index=2)  # descriptor 2, live
+            publish(live, 10)
+            with open(small_disk / "filler", "wb", buffering=0) as filler:
+                try:
+                    while True:
+                        filler.write(bytes(4096))
+                except OSError:
+                    pass  # the disk is full
+            log_path = tmp_path / "b.log"
+            wait_for(lambda: "its replica could not be made here" in log_path.read_text(),
+                     timeout=20, what="B's fetch ended by its full disk")
+            assert process_b.poll() is None, log_path.read_text()
+            with ArchiveClient(client, "127.0.0.1", port_b, CONTROL_STREAM,
+                               timeout_s=5) as archive_b:
+                def recorded() -> int:
+                    listed = archive_b.list_recordings(stream_id=20)
+                    return next(r.recorded_position for r in listed
+                                if r.descriptor.session_id == live.session_id)
+
+                before = recorded()
+                positions = publish(live, 10, first=10)
+                wait_for(lambda: recorded() == positions[-1], what="B recording on")
+                assert before < positions[-1]
+                listed = archive_b.list_recordings(stream_id=20)
+            assert process_b.poll() is None, log_path.read_text()
+    assert len(listed) == 3  # no replica half made
