@@ -73,6 +73,14 @@ FETCH_STALL_S: Final = 10.0
 #: How long a completed fetch's replay subscription is kept at most for its image to go (its
 #: peer's publication ended) before the next fetch begins.
 DRAIN_S: Final = 15.0
+#: A range whose fetch failed (nothing fetched) is not asked for again before
+#: ``RETRY_BASE_S * 2 ** (failures - 1)`` seconds (at most :data:`RETRY_MAX_S`); other
+#: missing ranges are fetched meanwhile.  After :data:`MAX_FAILURES` it is given up until the
+#: archive restarts (an error logged): a peer that keeps refusing, or a truncated segment of
+#: its, never holds the catch-up of the rest.
+RETRY_BASE_S: Final = 5.0
+RETRY_MAX_S: Final = 300.0
+MAX_FAILURES: Final = 6
 #: A peer's end reasons that are the session's end, carried over to the replica's stop.
 _SESSION_ENDS: Final = (EndReason.END_OF_STREAM, EndReason.ENDED_ABRUPTLY)
 
@@ -159,8 +167,11 @@ def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
 
 @dataclass
 class _Fetch:
-    """One range being fetched from a peer (``replay`` None until the peer answered)."""
+    """One range being fetched from a peer (``replay`` None until the peer answered);
+    ``key`` names the missing range (peer, peer's recording, start) for the retry
+    schedule."""
 
+    key: tuple[int, int, int]
     peer: _Peer
     source: ListedRecording
     spec: RecordSpec
@@ -229,6 +240,9 @@ class Replicator:
         self._next_look_ns = time.monotonic_ns() + self._interval_ns
         self._looking = 0  # peers asked for their recordings, answers not yet in
         self._fetch: _Fetch | None = None
+        # Ranges whose fetch failed: (peer, peer's recording, start) -> (failures, the
+        # monotonic time before which it is not asked for again).
+        self._failures: dict[tuple[int, int, int], tuple[int, float]] = {}
         # A fetch's replay kept until its image goes: (peer, replay, deadline, stop it).
         self._draining: tuple[int, ArchiveReplay, float, bool] | None = None
         self.fetched = 0  # fetches that completed their range
@@ -372,7 +386,9 @@ class Replicator:
         return held
 
     def _plan(self, index: int, listed: list[ListedRecording]) -> None:
-        """Ask the peer for the first range it holds and this archive lacks, if any."""
+        """Ask the peer for the first range it holds and this archive lacks, if any, leaving
+        out the ranges waiting to be tried again after a failure and those given up."""
+        now = time.monotonic()
         for source in listed:
             descriptor = source.descriptor
             spec = self._spec_for(descriptor)
@@ -382,22 +398,45 @@ class Replicator:
                 else source.recorded_position
             missing = missing_ranges((descriptor.start_position, end),
                                      self._held_here(session_key(descriptor)))
-            if not missing:
-                continue
-            try:
-                start, end = self._whole_messages(descriptor, *missing[0])
-            except (OSError, ValueError) as e:  # this archive's own segments unreadable
-                log.warning("replication: the seams of [%d, %d) of session %d could not be "
-                            "read here: %s", *missing[0], descriptor.session_id, e)
-                continue
-            peer = self._peers[index]
-            self._fetch = _Fetch(peer, source, spec, start, end, time.monotonic())
-            self._caller.requests.put(("replay", index, descriptor.recording_id, start, end,
-                                       descriptor.stream_id, descriptor.session_id))
-            log.info("replication: fetching [%d, %d) of session %d stream %d from recording "
-                     "%d at the peer %s", start, end, descriptor.session_id,
-                     descriptor.stream_id, descriptor.recording_id, peer.peer)
-            return
+            for missing_start, missing_end in missing:
+                key = (index, descriptor.recording_id, missing_start)
+                failures, retry_at = self._failures.get(key, (0, 0.0))
+                if failures >= MAX_FAILURES or now < retry_at:
+                    continue
+                try:
+                    widened = self._whole_messages(descriptor, missing_start, missing_end)
+                except (OSError, ValueError) as e:  # this archive's own segments unreadable
+                    self._failed(key, f"its seams could not be read here: {e}")
+                    continue
+                self._start(index, key, source, spec, *widened)
+                return
+
+    def _start(self, index: int, key: tuple[int, int, int], source: ListedRecording,
+               spec: RecordSpec, start: int, end: int) -> None:
+        descriptor = source.descriptor
+        peer = self._peers[index]
+        self._fetch = _Fetch(key, peer, source, spec, start, end, time.monotonic())
+        self._caller.requests.put(("replay", index, descriptor.recording_id, start, end,
+                                   descriptor.stream_id, descriptor.session_id))
+        log.info("replication: fetching [%d, %d) of session %d stream %d from recording %d "
+                 "at the peer %s", start, end, descriptor.session_id, descriptor.stream_id,
+                 descriptor.recording_id, peer.peer)
+
+    def _failed(self, key: tuple[int, int, int], why: str) -> None:
+        """A fetch of the range ``key`` names brought nothing: it waits before it is asked
+        for again, longer each time, and is given up after :data:`MAX_FAILURES`."""
+        failures = self._failures.get(key, (0, 0.0))[0] + 1
+        delay = min(RETRY_BASE_S * 2 ** (failures - 1), RETRY_MAX_S)
+        self._failures[key] = (failures, time.monotonic() + delay)
+        peer = self._peers[key[0]].peer
+        if failures >= MAX_FAILURES:
+            log.error("replication: gave up fetching from position %d of recording %d at the "
+                      "peer %s after %d failures (the last: %s); the rest is fetched, this "
+                      "range not until the archive restarts", key[2], key[1], peer, failures,
+                      why)
+        else:
+            log.warning("replication: the fetch from position %d of recording %d at the peer "
+                        "%s failed (%s); tried again in %g s", key[2], key[1], peer, why, delay)
 
     def _whole_messages(self, source: RecordingDescriptor, start: int, end: int
                         ) -> tuple[int, int]:
@@ -430,11 +469,19 @@ class Replicator:
             return 0
         image = fetch.replay.image()
         if fetch.recording is None:
-            if image is None:
-                if now - fetch.since > FETCH_STALL_S:
-                    self._end(fetch, f"its replay did not come within {FETCH_STALL_S:g} s")
-                return 0
-            return self._begin(fetch, image)
+            if image is not None and not image.is_closed:
+                try:
+                    holds = image.producer_position() > fetch.start
+                except SlipstreamError:  # ClosedError: it went meanwhile
+                    holds = False
+                if holds:  # the replica is made (in the catalog) once there is data for it
+                    return self._begin(fetch, image)
+                if image.is_end_of_stream:
+                    self._end(fetch, "its replay ended with nothing")
+                    return 0
+            if now - fetch.since > FETCH_STALL_S:
+                self._end(fetch, f"its replay brought nothing within {FETCH_STALL_S:g} s")
+            return 0
         recording = fetch.recording
         if not recording.is_active:  # a write failed: the service logged why
             self._end(fetch, recording.error or "the replica stopped")
@@ -497,6 +544,8 @@ class Replicator:
                 reason = source.end_reason
             recording.stop(reason)
         reached = recording.writer.position if recording is not None else fetch.start
+        if failure is not None and reached <= fetch.start:
+            self._failed(fetch.key, failure)
         if fetch.replay is not None:
             index = self._peers.index(fetch.peer)
             # Kept until its image goes: the receiver tells the peer the stream ended (so its

@@ -35,6 +35,7 @@ from slipstream.archive import (
     RecordingState,
     locate,
     segment_file_name,
+    segment_files,
 )
 from slipstream.archive.locate import read_session, stitch
 from slipstream.archive.replication import message_end, message_start, missing_ranges
@@ -403,6 +404,43 @@ def test_an_archive_killed_mid_stream_catches_up_from_its_peer(driver, tmp_path:
     assert len(other_pieces) == 1
     assert listed[other_pieces[0].recording_id].source_identity.startswith("replica of ")
     assert other_pieces[0].end_reason == EndReason.END_OF_STREAM
+
+
+
+def test_a_range_the_peer_cannot_give_waits_while_the_rest_is_fetched(driver,
+                                                                     tmp_path: Path) -> None:
+    """A holds two stopped sessions; the first one's segments are gone (A cannot replay
+    it).  B, catching up from A, fails on the first session's range, backs off from it
+    (once in the first few seconds, not at every 300 ms look), fetches the second session
+    whole meanwhile, and adds no empty replica for the fetch that brought nothing."""
+    _, port_b, config_a, config_b = peered_archives(tmp_path, driver.directory)
+    with Client.connect(driver.directory) as client, \
+            archive_process(config_a, tmp_path / "a.log"):
+        sessions = []
+        for index, first in enumerate((0, 500)):
+            publication = client.add_exclusive_publication("aeron:ipc", 20)
+            wait_for_recording(tmp_path / "a", index=index)
+            positions = publish(publication, 300, first=first)
+            sessions.append((publication.session_id,
+                             (publication.initial_term_id, publication.term_length),
+                             positions[-1]))
+            publication.close()
+            wait_for_recording(tmp_path / "a", index=index, ended=True)
+        for _base, path in segment_files(tmp_path / "a", 0):
+            path.unlink()  # A's own recording 0 lost: its replay cannot be served
+        with archive_process(config_b, tmp_path / "b.log"), \
+                ArchiveClient(client, "127.0.0.1", port_b, CONTROL_STREAM,
+                              timeout_s=5) as archive_b:
+            good_session, good_framing, good_stop = sessions[1]
+            wait_for(lambda: whole_at(archive_b, 20, good_session, good_framing, 0, good_stop),
+                     timeout=30, what="B holds the session A can give")
+            time.sleep(3)  # more looks: the failed range waits out its back-off (5 s)
+            listed = archive_b.list_recordings()
+    log_text = (tmp_path / "b.log").read_text()
+    failed = log_text.count("replication: the fetch from position 0 of recording 0 at the peer")
+    assert 1 <= failed <= 2, log_text
+    bad_session = sessions[0][0]
+    assert not [r for r in listed if r.descriptor.session_id == bad_session], listed
 
 
 pytestmark = pytest.mark.timeout(180)
