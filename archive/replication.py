@@ -168,9 +168,11 @@ def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
 @dataclass
 class _Fetch:
     """One range being fetched from a peer (``replay`` None until the peer answered);
-    ``key`` names the missing range (peer, peer's recording, start) for the retry
+    ``fetch_id`` tags its replay request, so that a late answer to an earlier one is told
+    apart; ``key`` names the missing range (peer, peer's recording, start) for the retry
     schedule."""
 
+    fetch_id: int
     key: tuple[int, int, int]
     peer: _Peer
     source: ListedRecording
@@ -240,6 +242,7 @@ class Replicator:
         self._next_look_ns = time.monotonic_ns() + self._interval_ns
         self._looking = 0  # peers asked for their recordings, answers not yet in
         self._fetch: _Fetch | None = None
+        self._fetch_ids = 0  # the last fetch's id
         # Ranges whose fetch failed: (peer, peer's recording, start) -> (failures, the
         # monotonic time before which it is not asked for again).
         self._failures: dict[tuple[int, int, int], tuple[int, float]] = {}
@@ -277,8 +280,8 @@ class Replicator:
     # -- the calls (the caller's thread) ----------------------------------------------------
     def call(self, op: str, index: int, *args: Any) -> tuple[Any, ...]:
         """One request of the caller's thread: ``("list", peer)`` → the peer's recordings of
-        this archive's stream ids (None: not connected); ``("replay", peer, recording id,
-        start, end, stream id, session id)`` → the replay; ``("close", peer, replay,
+        this archive's stream ids (None: not connected); ``("replay", peer, fetch id,
+        recording id, start, end, stream id, session id)`` → the replay; ``("close", peer, replay,
         stop)``."""
         peer = self._peers[index]
         if op == "close":
@@ -304,14 +307,15 @@ class Replicator:
                 log.warning("replication: the peer %s answered what this archive cannot read "
                             "(%s: %s)", peer.peer, type(e).__name__, e)
             return ("listed", index, None)
-        recording_id, start, end, stream_id, session_id = args
+        fetch_id, recording_id, start, end, stream_id, session_id = args
         if link is None:
-            return ("replay", index, SlipstreamError("no link"))
+            return ("replay", index, fetch_id, SlipstreamError("no link"))
         try:
-            return ("replay", index, link.replay(recording_id, start=start, end=end,
-                                                 stream_id=stream_id, session_id=session_id))
+            return ("replay", index, fetch_id,
+                    link.replay(recording_id, start=start, end=end, stream_id=stream_id,
+                                session_id=session_id))
         except SlipstreamError as e:
-            return ("replay", index, e)
+            return ("replay", index, fetch_id, e)
 
     def _link(self, peer: _Peer) -> ArchiveClient | None:
         if peer.link is None:
@@ -346,12 +350,17 @@ class Replicator:
             if kind == "listed":
                 self._looking -= 1
                 _, index, listed = result
-                if listed is not None and self._fetch is None:
+                # Not while a replay drains: the next fetch might be the same session's, to
+                # the same endpoint (a later look plans it).
+                if listed is not None and self._fetch is None and self._draining is None:
                     self._plan(index, listed)
             elif kind == "replay":
-                _, index, answer = result
+                _, index, fetch_id, answer = result
                 fetch = self._fetch
-                if fetch is None or fetch.replay is not None:
+                if fetch is None or fetch.fetch_id != fetch_id or fetch.replay is not None:
+                    # The answer to a fetch given up meanwhile: its replay is nobody's.
+                    if not isinstance(answer, Exception):
+                        self._caller.requests.put(("close", index, answer, True))
                     continue
                 if isinstance(answer, Exception):
                     self._end(fetch, f"the peer refused the replay: {answer}")
@@ -361,7 +370,8 @@ class Replicator:
             elif kind == "failed":
                 if result[1][0] == "list":
                     self._looking -= 1
-                elif result[1][0] == "replay" and self._fetch is not None:
+                elif result[1][0] == "replay" and self._fetch is not None and \
+                        self._fetch.fetch_id == result[1][2]:
                     self._end(self._fetch, f"the call failed: {result[2]}")
 
     def _spec_for(self, descriptor: RecordingDescriptor) -> RecordSpec | None:
@@ -415,9 +425,11 @@ class Replicator:
                spec: RecordSpec, start: int, end: int) -> None:
         descriptor = source.descriptor
         peer = self._peers[index]
-        self._fetch = _Fetch(key, peer, source, spec, start, end, time.monotonic())
-        self._caller.requests.put(("replay", index, descriptor.recording_id, start, end,
-                                   descriptor.stream_id, descriptor.session_id))
+        self._fetch_ids += 1
+        self._fetch = _Fetch(self._fetch_ids, key, peer, source, spec, start, end,
+                             time.monotonic())
+        self._caller.requests.put(("replay", index, self._fetch_ids, descriptor.recording_id,
+                                   start, end, descriptor.stream_id, descriptor.session_id))
         log.info("replication: fetching [%d, %d) of session %d stream %d from recording %d "
                  "at the peer %s", start, end, descriptor.session_id, descriptor.stream_id,
                  descriptor.recording_id, peer.peer)
