@@ -154,15 +154,23 @@ def message_start(directory: Path, descriptor: RecordingDescriptor, position: in
     return begun if begun is not None and reached == position else position
 
 
+def first_message_start(directory: Path, descriptor: RecordingDescriptor, position: int,
+                        recorded: int) -> int | None:
+    """Where the first message that begins at or after ``position`` does, among the frames
+    the recording holds up to ``recorded``; None when it holds no such frame (yet)."""
+    for at, flags, frame_type, _ in _frames(directory, descriptor, position, recorded):
+        if frame_type == HDR_TYPE_DATA and flags & BEGIN_FLAG:
+            return at
+    return None
+
+
 def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
                 recorded: int) -> int:
     """Where the first message that begins at or after ``position`` does (``position``
     itself when it is a boundary, or when the recording does not yet hold such a frame, up
     to ``recorded``)."""
-    for at, flags, frame_type, _ in _frames(directory, descriptor, position, recorded):
-        if frame_type == HDR_TYPE_DATA and flags & BEGIN_FLAG:
-            return at
-    return position
+    found = first_message_start(directory, descriptor, position, recorded)
+    return position if found is None else found
 
 
 @dataclass
@@ -418,6 +426,8 @@ class Replicator:
                 except (OSError, ValueError) as e:  # this archive's own segments unreadable
                     self._failed(key, f"its seams could not be read here: {e}")
                     continue
+                if widened is None:
+                    continue  # postponed: see _whole_messages
                 self._start(index, key, source, spec, *widened)
                 return
 
@@ -451,10 +461,12 @@ class Replicator:
                         "%s failed (%s); tried again in %g s", key[2], key[1], peer, why, delay)
 
     def _whole_messages(self, source: RecordingDescriptor, start: int, end: int
-                        ) -> tuple[int, int]:
+                        ) -> tuple[int, int] | None:
         """``[start, end)`` widened to whole messages where a recording of this archive
         stops at ``start`` or begins at ``end`` inside one (see the module), within the
-        peer's recording ``source``."""
+        peer's recording ``source``; None (fetch it later) while a live recording of this
+        archive beginning at ``end`` holds frames from there but no message's first
+        fragment yet: the replica would otherwise stop inside a message for good."""
         service = self._service
         key = session_key(source)
         for descriptor in service.catalog.recordings():
@@ -465,9 +477,17 @@ class Replicator:
                             source.start_position)
             if descriptor.start_position == end:
                 recording = service.recordings.get(descriptor.recording_id)
+                live = recording is not None and recording.is_active
                 recorded = recording.recorded_position if recording is not None else \
                     descriptor.stop_position
-                end = message_end(service.directory, descriptor, end, recorded)
+                found = first_message_start(service.directory, descriptor, end, recorded)
+                if found is None and live and recorded > end:
+                    # Frames past J and none begins a message: J lies inside one whose
+                    # rest is recorded, and the next message is still to come.  (Nothing
+                    # past J: the publisher has sent nothing since J, which it offered
+                    # whole, so J is taken as the boundary it almost always is.)
+                    return None
+                end = end if found is None else found
         peer_end = source.stop_position if not source.is_active else None
         if peer_end is not None:
             end = min(end, peer_end)

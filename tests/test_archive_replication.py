@@ -38,7 +38,12 @@ from slipstream.archive import (
     segment_files,
 )
 from slipstream.archive.locate import read_session, stitch
-from slipstream.archive.replication import message_end, message_start, missing_ranges
+from slipstream.archive.replication import (
+    first_message_start,
+    message_end,
+    message_start,
+    missing_ranges,
+)
 from slipstream.client import Client
 from slipstream.client.layout import (
     BEGIN_FLAG,
@@ -208,6 +213,10 @@ def test_a_seam_inside_a_message_widens_to_the_whole_message(
     assert message_start(tmp_path, stopped_at_p, p) == (cut_message[0] if cut_message else p)
     assert message_end(tmp_path, descriptor, p, descriptor.stop_position) == \
         (begins_after[0] if begins_after else p)
+    # None, not p, when no message begins there yet: the catch-up then waits (a live
+    # recording) rather than end a replica inside the message.
+    assert first_message_start(tmp_path, descriptor, p, descriptor.stop_position) == \
+        (begins_after[0] if begins_after else None)
 
 
 # -- reading pieces across recordings, frame by frame ----------------------------------------
