@@ -49,6 +49,7 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
+from slipstream.archive.catalog import RecordingDescriptor
 from slipstream.archive.client import ArchiveClient, ArchiveReplay
 from slipstream.archive.locate import locate
 from slipstream.client.errors import SlipstreamError
@@ -83,12 +84,16 @@ class ReplayMerge:
     archive link).  One thread.
 
     ``archive`` may be several archives recording the same stream, the first preferred
-    (``recording_id`` is the first one's): the replay fails over to the next (see the
-    module).  A replay that does not move for ``stall_timeout_s`` seconds counts as
-    failed; an archive that does not answer a call costs its client's ``timeout_s``."""
+    (``recording`` is the first one's: its id, asked of the first archive, or its
+    descriptor, from any archive's list, which spares that call): the replay fails over
+    to the next (see the module), its first one too.  A replay that does not move for
+    ``stall_timeout_s`` seconds while its archive has not sent up to the position the
+    merge reads to counts as failed (not one waiting, as the live image does, for the
+    publisher to send the rest of a message); an archive that does not answer a call
+    costs its client's ``timeout_s``."""
 
     def __init__(self, archive: ArchiveClient | Sequence[ArchiveClient], live: Subscription,
-                 recording_id: int, start_position: int, *,
+                 recording: int | RecordingDescriptor, start_position: int, *,
                  replay_channel: str | None = None, stall_timeout_s: float = 10.0) -> None:
         self.archives: list[ArchiveClient] = [archive] if isinstance(archive, ArchiveClient) \
             else list(archive)
@@ -96,13 +101,23 @@ class ReplayMerge:
             raise ValueError("a replay merge needs an archive")
         self.archive = self.archives[0]  # the one replaying now
         self.live = live
-        self.recording_id = recording_id  # the first archive's
-        self.descriptor = self.archive.describe(recording_id).descriptor
+        if isinstance(recording, RecordingDescriptor):
+            self.descriptor = recording
+        else:
+            try:
+                self.descriptor = self.archive.describe(recording).descriptor
+            except SlipstreamError as e:
+                raise SlipstreamError(
+                    f"replay merge of recording {recording}: the first archive does not "
+                    f"describe it ({e}); give the recording's descriptor (any archive's "
+                    f"list_recordings) to start from another archive") from e
+        self.recording_id = self.descriptor.recording_id  # the first archive's
         self.stall_timeout_s = stall_timeout_s
         self.failovers = 0  # replays continued from another archive or recording
         self._replay_seen = False
         self._replay_since = 0.0
         self._moved_at = 0.0
+        self._replay_producer = -1  # the replay image's producer position when last looked
         # The last continuation (archive, recording, position) and how often it came again:
         # a replay that fails where it starts (a segment gone) is not asked for forever.
         self._last_continuation: tuple[object, int, int] | None = None
@@ -155,14 +170,18 @@ class ReplayMerge:
             self.switch_position = self.position
             self.state = MergeState.CATCHING_UP
             return
-        self._open_replay(self.archive, self.recording_id)
         self.state = MergeState.CATCHING_UP
+        try:
+            self._open_replay(self.archive, self.recording_id)
+        except SlipstreamError as e:  # the first archive down: another holds the start
+            self._fail_over(f"the first archive refused the replay: {e}", self.position)
 
     def _open_replay(self, archive: ArchiveClient, recording_id: int) -> None:
         self._replay = archive.replay(recording_id, start=self.position,
                                       channel=self._replay_channel)
         self.archive = archive
         self._replay_seen = False
+        self._replay_producer = -1
         self._replay_since = self._moved_at = time.monotonic()
 
     def _fail_over(self, why: str, reached: int) -> None:
@@ -267,11 +286,17 @@ class ReplayMerge:
                     self._moved_at = now
                 else:
                     ended = image.end_of_stream_position
+                    producer = image.producer_position()
+                    if producer != self._replay_producer:  # the archive sends: no stall
+                        self._replay_producer = producer
+                        self._moved_at = now
                     # Ended, and every frame of it here: nothing more comes of this replay.
-                    if ended is not None and image.producer_position() >= ended:
+                    if ended is not None and producer >= ended:
                         self._fail_over(f"its stream ended at {ended}, before the switch to "
                                         f"live at {limit}", max(ended, self.position))
-                    elif now - self._moved_at > self.stall_timeout_s:
+                    # A replay that sent up to the limit waits, as the live image does, for
+                    # the publisher (J inside a message, S not yet there): no stall.
+                    elif producer < limit and now - self._moved_at > self.stall_timeout_s:
                         self._fail_over(f"it did not move for {self.stall_timeout_s:g} s",
                                         self.position)
                     return 0

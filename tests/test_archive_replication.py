@@ -38,6 +38,7 @@ from slipstream.archive import (
     segment_files,
 )
 from slipstream.archive.locate import read_session, stitch
+from slipstream.archive.merge import ReplayMerge
 from slipstream.archive.replication import (
     first_message_start,
     message_end,
@@ -451,5 +452,57 @@ def test_a_range_the_peer_cannot_give_waits_while_the_rest_is_fetched(driver,
     bad_session = sessions[0][0]
     assert not [r for r in listed if r.descriptor.session_id == bad_session], listed
 
+
+@pytest.mark.parametrize("made", ["before A died (its id)", "after (A's descriptor)"])
+def test_a_replay_merge_starts_from_the_second_archive_when_the_first_is_down(
+        driver, tmp_path: Path, made: str) -> None:
+    """Archives A and B record one IPC stream; A is killed.  A replay merge given A first
+    and B (made with the recording's id while A answered, or after, with A's descriptor of
+    it) opens its first replay at B, through locate, and then goes live: every message
+    once, in order, at its position."""
+    port_a, port_b = free_port(), free_port()
+    records = [("aeron:ipc", 20, "local")]
+    configs = [archive_config(tmp_path / f"{n}.toml", tmp_path / n, driver.directory, port,
+                              records) for n, port in (("a", port_a), ("b", port_b))]
+    with Client.connect(driver.directory) as client, \
+            archive_process(configs[0], tmp_path / "a.log") as process_a, \
+            archive_process(configs[1], tmp_path / "b.log"):
+        publication = client.add_publication("aeron:ipc", 20)
+        wait_for_recording(tmp_path / "a")
+        wait_for_recording(tmp_path / "b")
+        positions = publish(publication, 400)
+        with ArchiveClient(client, "127.0.0.1", port_a, CONTROL_STREAM,
+                           timeout_s=2) as archive_a, \
+                ArchiveClient(client, "127.0.0.1", port_b, CONTROL_STREAM,
+                              timeout_s=5) as archive_b:
+            recording = archive_a.list_recordings(stream_id=20)[0]
+            wait_for(lambda: whole_at(archive_b, 20, publication.session_id,
+                                      (publication.initial_term_id, publication.term_length),
+                                      0, positions[-1]) or
+                     archive_b.list_recordings(stream_id=20)[0].recorded_position >=
+                     positions[-1], what="B recorded what was published")
+            live = client.add_subscription("aeron:ipc", 20)
+            if made.startswith("before"):
+                merge = ReplayMerge([archive_a, archive_b], live, recording.recording_id, 0)
+            os.kill(process_a.pid, signal.SIGKILL)
+            process_a.wait(10)
+            if made.startswith("after"):
+                merge = ReplayMerge([archive_a, archive_b], live, recording.descriptor, 0)
+            merged: list[tuple[bytes, int]] = []
+            total = 800
+            deadline = time.monotonic() + 60
+            while len(merged) < total:
+                assert time.monotonic() < deadline, (len(merged), merge.state)
+                if len(positions) < total:  # offered as the merge lets the stream go on
+                    seq = len(positions)
+                    result = publication.offer(message(seq, size_of(seq)))
+                    if result > 0:
+                        positions.append(result)
+                if merge.poll(lambda d, h: merged.append((bytes(d), h.position)), 256) == 0:
+                    time.sleep(0.001)
+            assert merge.is_live and merge.failovers >= 1
+            assert merge.archive is archive_b
+            merge.close()
+    assert merged == [(message(seq, size_of(seq)), p) for seq, p in enumerate(positions)]
 
 pytestmark = pytest.mark.timeout(180)
