@@ -145,6 +145,12 @@ class SegmentWriter:
             self._fdatasync()
             self.durable_position = self.position
             self._synced_at_ns = time.monotonic_ns()
+        if self._behind is not None:
+            try:
+                self._behind.finish(self.position - self._base)
+            except OSError:
+                self.writeback_failed = True
+                raise
         self._release_reserved()
         os.close(self._fd)
         self._fd = -1

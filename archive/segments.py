@@ -146,6 +146,22 @@ class WriteBehind:
                              os.POSIX_FADV_DONTNEED)
             self._dropped = oldest
 
+    def finish(self, end: int) -> None:
+        """The file is closed with ``end`` bytes written: what is still under way (up to
+        ``depth`` chunks, and the tail short of a chunk) is waited for and dropped from the
+        page cache, so that a closed segment keeps none of it.  Under the sync policies'
+        fdatasync just before, the wait is for nothing.  Raises :class:`OSError` as
+        :meth:`written` does."""
+        if not self.active or end <= self._dropped:
+            return
+        if not self._sync_range(self._dropped, end - self._dropped,
+                                _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE
+                                | _SYNC_FILE_RANGE_WAIT_AFTER):
+            return
+        os.posix_fadvise(self._fd, self._dropped, end - self._dropped, os.POSIX_FADV_DONTNEED)
+        self._started.clear()
+        self._dropped = end
+
     def _sync_range(self, offset: int, length: int, flags: int) -> bool:
         if _libc.sync_file_range(self._fd, offset, length, flags) == 0:
             return True

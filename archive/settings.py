@@ -276,6 +276,12 @@ class ArchiveSettings:
             parsed[key] = parse(value)
         if parsed["sync_interval"] <= 0 and parsed["sync"] is SyncPolicy.INTERVAL:
             raise ArchiveSettingsError("sync_interval", "must be > 0 with sync = \"interval\"")
+        if parsed["write_behind"] >= parsed["segment_length"] and "write_behind" not in values:
+            parsed["write_behind"] = 0  # the default's chunk does not fit a short segment
+        if parsed["write_behind"] >= parsed["segment_length"]:
+            raise ArchiveSettingsError(
+                "write_behind", f"{parsed['write_behind']} bytes is not below segment_length "
+                f"({parsed['segment_length']} bytes): a chunk must fit in a segment (0 = off)")
         for key in ("retention_check_interval", "replication_interval", "replication_timeout"):
             if parsed[key] <= 0:
                 raise ArchiveSettingsError(key, "must be > 0")

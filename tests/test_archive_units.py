@@ -261,9 +261,10 @@ def _file_system_type(path: Path) -> str:
 @pytest.mark.parametrize("write_behind", [0, 64 * 1024])
 def test_write_behind_keeps_a_few_chunks_of_a_segment_in_the_page_cache(
         tmp_path: Path, write_behind: int) -> None:
-    """With write-behind each segment written (four of 1 MiB, in 64 KiB blocks) keeps at most
-    its depth and one more of 64 KiB chunks in the page cache and reads back whole; without
-    it the page cache keeps all of each (the control: what the test tells apart)."""
+    """With write-behind a segment being written (four of 1 MiB, in 64 KiB blocks) keeps at
+    most its depth and one more of 64 KiB chunks in the page cache, and one closed keeps
+    none; all read back whole.  Without it the page cache keeps all of each (the control:
+    what the test tells apart)."""
     if _file_system_type(tmp_path) in ("tmpfs", "ramfs"):
         from tests.helpers import lacking
         lacking(f"{tmp_path} is on a file system without writeback: its pages cannot leave")
@@ -274,16 +275,21 @@ def test_write_behind_keeps_a_few_chunks_of_a_segment_in_the_page_cache(
     with Catalog.open(tmp_path) as catalog:
         descriptor = _add(catalog, segment_length=segment)
     writer = SegmentWriter(tmp_path, descriptor, SyncPolicy.NONE, 0, write_behind=write_behind)
+    most_while_written = 0
     for offset in range(0, len(data), TERM):
         writer.write(memoryview(data)[offset:offset + TERM], offset)
+        assert writer.segment_path is not None
+        most_while_written = max(most_while_written, _resident_bytes(writer.segment_path))
     writer.close()
+    if write_behind:
+        assert most_while_written <= (WRITE_BEHIND_DEPTH + 1) * write_behind
     full = [tmp_path / segment_file_name(0, base)
             for base in range(0, len(data) - segment + 1, segment)]
     assert len(full) == 3
     for path in full:
         resident = _resident_bytes(path)
         if write_behind:
-            assert resident <= (WRITE_BEHIND_DEPTH + 1) * write_behind, (path.name, resident)
+            assert resident == 0, (path.name, resident)  # closed: nothing left behind
         else:
             assert resident >= segment - 4 * TERM, (path.name, resident)
     read = b"".join((tmp_path / segment_file_name(0, base)).read_bytes()
@@ -353,6 +359,7 @@ def test_peers_are_read_with_their_control_stream_defaulting_to_10(tmp_path: Pat
     ('replication_interval = 0', "replication_interval"),
     ('replication_address = "b"', "replication_address"),
     ('replication_port = 65536', "replication_port"),
+    ('segment_length = "1m"\nwrite_behind = "1m"', "write_behind"),
 ])
 def test_a_bad_setting_is_refused_by_name(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "archive.toml"
