@@ -6,12 +6,13 @@ Every ``replication_interval`` the service's :class:`Replicator` lists each peer
 recordings of the stream ids its ``[[record]]`` tables name, and for each one works out what
 of its range this archive does not hold: the ranges of its own recordings of the same session
 (same stream id, session id, initial term id and term length) taken away, an active one
-counting as held from its start on (it records what comes).  The first range missing,
-``[a, b)``, is fetched: the peer replays it (the ``replay`` call, positioned, from ``a`` to
-``b``) to this host's reply endpoint for that peer, on the stream's own stream id and with
-the recording's own session id, so that the frames come as they were recorded, byte for
-byte; a :class:`~slipstream.archive.recorder.Recording` of that replay image writes them
-into a new recording here, at the same positions.  Its catalog descriptor names the peer and
+counting as held from its start on (it records what comes).  The first range missing that
+is not waiting after a failed fetch (:data:`RETRY_BASE_S`), ``[a, b)``, is fetched: the
+peer replays it (the ``replay`` call, positioned, from ``a`` to ``b``) to this host's reply
+endpoint for that peer, on the stream's own stream id and with the recording's own session
+id, so that the frames come as they were recorded, byte for byte; a
+:class:`~slipstream.archive.recorder.Recording` of that replay image writes them into a new
+recording here, at the same positions.  Its catalog descriptor names the peer and
 its recording in ``source_identity`` (``replica of recording N at address:port/stream``).
 
 **Whole messages at the seams.**  A recording that stopped (a crash: at the last whole
