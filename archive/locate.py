@@ -152,6 +152,21 @@ def locate(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
     return stitch(held, start, end)
 
 
+def _holding_across(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
+                    framing: tuple[int, int], position: int, seam: int) -> HeldRange | None:
+    """A recording, of any of ``archives`` that answers, that holds ``position`` and reaches
+    past ``seam`` (the message at ``position`` whole across it), the first archive's first."""
+    for archive in archives:
+        try:
+            held = held_ranges(archive, stream_id, session_id, framing)
+        except SlipstreamError:
+            continue
+        for piece in held:
+            if piece.start <= position and piece.end > seam:
+                return piece
+    return None
+
+
 def read_session(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
                  framing: tuple[int, int], start: int, end: int | None,
                  handler: FragmentHandler, *, timeout_s: float = 60.0) -> int:
@@ -170,6 +185,19 @@ def read_session(archives: Sequence[ArchiveClient], stream_id: int, session_id: 
         header_position[0] = header.position
         handler(data, header)
 
+    def replay(archive: ArchiveClient, recording_id: int, begin: int, stop: int) -> int:
+        """Replay ``[begin, stop)`` of the recording to ``deliver``; the frames' end."""
+        with archive.replay(recording_id, start=begin, end=stop) as replay:
+            deadline = time.monotonic() + timeout_s
+            while not replay.done:
+                if replay.poll(deliver, 256) == 0:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the replay of recording {recording_id} at "
+                                           f"{archive.archive} is at {replay.position} after "
+                                           f"{timeout_s:g} s")
+                    replay.wait(0.01)
+            return replay.position
+
     for piece in locate(archives, stream_id, session_id, framing, start, end):
         if piece.start > reached:
             raise RecordingLostError(
@@ -179,19 +207,26 @@ def read_session(archives: Sequence[ArchiveClient], stream_id: int, session_id: 
         if position < piece.start:  # the last piece ended inside the message at position
             held_from = archive.describe(piece.recording_id).descriptor.start_position
             if held_from > position:
-                raise RecordingLostError(
-                    f"session {session_id} stream {stream_id}: the message at {position} lies "
-                    f"across two recordings and none holds it whole", (piece.start, piece.end))
-        with archive.replay(piece.recording_id, start=position, end=piece.end) as replay:
-            deadline = time.monotonic() + timeout_s
-            while not replay.done:
-                if replay.poll(deliver, 256) == 0:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"the replay of recording {piece.recording_id} at "
-                                           f"{piece.archive} is at {replay.position} after "
-                                           f"{timeout_s:g} s")
-                    replay.wait(0.01)
-            reached = replay.position  # the frames' end: the piece's
+                # Another recording that holds the message whole reads it across the seam
+                # (the stitching may have cut where a preferred archive holds again).
+                across = _holding_across(archives, stream_id, session_id, framing, position,
+                                         piece.start)
+                if across is None:
+                    raise RecordingLostError(
+                        f"session {session_id} stream {stream_id}: the message at {position} "
+                        f"lies across two recordings and none holds it whole",
+                        (piece.start, piece.end))
+                reached = replay(by_archive[across.archive], across.recording_id, position,
+                                 min(across.end, piece.end))
+                position = header_position[0]
+                if reached >= piece.end:
+                    continue
+                if position < reached:  # it ended inside a message again: as at a seam
+                    raise RecordingLostError(
+                        f"session {session_id} stream {stream_id}: the message at {position} "
+                        f"lies across two recordings and none holds it whole",
+                        (piece.start, piece.end))
+        reached = replay(archive, piece.recording_id, position, piece.end)
         position = header_position[0]  # the last whole message's end: reached, or its start
     if end is not None and reached < end:
         raise RecordingLostError(f"session {session_id} stream {stream_id}: [{reached}, {end}) "
