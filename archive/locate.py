@@ -218,7 +218,7 @@ def read_session(archives: Sequence[ArchiveClient], stream_id: int, session_id: 
                         (piece.start, piece.end))
                 reached = replay(by_archive[across.archive], across.recording_id, position,
                                  min(across.end, piece.end))
-                position = header_position[0]
+                position = reached if reached % framing[1] == 0 else header_position[0]
                 if reached >= piece.end:
                     continue
                 if position < reached:  # it ended inside a message again: as at a seam
@@ -228,6 +228,10 @@ def read_session(archives: Sequence[ArchiveClient], stream_id: int, session_id: 
                         (piece.start, piece.end))
         reached = replay(archive, piece.recording_id, position, piece.end)
         position = header_position[0]  # the last whole message's end: reached, or its start
+        if reached % framing[1] == 0:
+            # A message never crosses a term: frames past the last message up to a term's
+            # end are its padding, not a message cut.
+            position = reached
     if end is not None and reached < end:
         raise RecordingLostError(f"session {session_id} stream {stream_id}: [{reached}, {end}) "
                                  f"is held by none of the archives", (start, reached))

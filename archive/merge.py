@@ -202,6 +202,10 @@ class ReplayMerge:
                        f"position {reached} of session {d.session_id}")
         piece = pieces[0]
         archive = next(a for a in order if a.archive == piece.archive)
+        if reached > self.position and reached % d.term_length == 0:
+            # A message never crosses a term: what lies between the last message and a
+            # term's end is its padding, not a message cut.
+            self.position = reached
         if reached > self.position:
             # The message at position lies across two recordings: one holding it whole?
             try:
