@@ -257,7 +257,7 @@ def test_a_full_disk_ends_a_fetch_not_the_archive_and_its_recordings(
 
                 before = recorded()
                 positions = publish(live, 10, first=10)
-                wait_for(lambda: recorded() == positions[-1], what="B recording on")
+                wait_for(lambda: recorded() == positions[-1], timeout=30, what="B recording on")
                 assert before < positions[-1]
                 listed = archive_b.list_recordings(stream_id=20)
             assert process_b.poll() is None, log_path.read_text()

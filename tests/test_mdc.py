@@ -69,7 +69,9 @@ def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
             collector.assert_exactly(20_000)
 
         publication.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[2]}")
-        assert _destinations_counter(sender) == 2
+        # The sender's duty cycle sets the gauge after the conductor took the removal.
+        wait_for(lambda: _destinations_counter(sender) == 2, timeout=10,
+                 what="the destinations gauge at 2")
         stream(publication, collectors[:2], 2_000, lambda i: 100, first=20_000)
         for collector in collectors[:2]:
             collector.assert_exactly(22_000)
