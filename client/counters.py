@@ -258,6 +258,22 @@ class SystemCounter(enum.IntEnum):
         return self.name.lower().replace("_", " ")
 
 
+#: The system counters that count what the driver received and dropped, by cause: the name
+#: ``slipstream stat`` shows in its "drops by cause" section and the Prometheus exporter gives
+#: as the ``cause`` label of ``slipstream_drops_total`` (docs/SECURITY.md lists what each
+#: means and which host can cause it).  A counter of a drop is in this table, so that one
+#: scrape sees every reason the driver turned input away.
+DROP_CAUSES: Final[dict[SystemCounter, str]] = {
+    SystemCounter.INVALID_PACKETS: "malformed",
+    SystemCounter.FOREIGN_SOURCE_DROPS: "foreign-source",
+    SystemCounter.IMAGES_REJECTED: "image-rejected",
+    SystemCounter.UNMATCHED_STATUS_MESSAGES: "unmatched-status-message",
+    SystemCounter.RATE_SIGNALS_IGNORED: "rate-signal-outside-group",
+    SystemCounter.RETRANSMIT_OVERFLOW: "nak-resend-queue-full",
+    SystemCounter.DEBUG_DATA_LOSS_DROPS: "debug-loss",
+}
+
+
 @attrs.frozen
 class CounterInfo:
     """A snapshot of one allocated counter, for tools."""

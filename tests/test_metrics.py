@@ -134,3 +134,37 @@ def test_a_cubic_images_round_trip_and_window_are_metrics(driver_dir: Path) -> N
     assert 0 < value(text, "slipstream_image_cubic_rtt_seconds" + series) < 0.1
     window = value(text, "slipstream_image_cubic_window_bytes" + series)
     assert window % 1408 == 0 and 1408 <= window <= 128 * 1024  # up to the static window
+
+
+def test_a_dropped_datagram_shows_by_cause_in_stat_and_prometheus(driver_dir: Path) -> None:
+    """A datagram the driver turns away is counted under its cause: ``slipstream stat``'s
+    drops-by-cause section (and ``--json``'s ``drops``) and ``slipstream_drops_total``."""
+    import json
+
+    port = free_tcp_port()
+    udp_port = free_port()
+    with MediaDriver.launch(directory=driver_dir, metrics_address=f"127.0.0.1:{port}",
+                            **FAST_DRIVER_SETTINGS), Client.connect(driver_dir) as client:
+        client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{udp_port}", 7)
+        attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+        def malformed_counted() -> bool:
+            # Sent until counted: the receive endpoint binds on the receiver's thread.
+            # Shorter than a frame header.
+            attacker.sendto(b"\x01\x02\x03", ("127.0.0.1", udp_port))
+            return value(scrape(port), 'slipstream_drops_total{cause="malformed"}') >= 3
+
+        with attacker:
+            wait_for(malformed_counted, what="three malformed datagrams counted")
+        text = scrape(port)
+        assert "# TYPE slipstream_drops_total counter" in text
+        assert value(text, 'slipstream_drops_total{cause="foreign-source"}') == 0
+        result = subprocess.run([sys.executable, "-m", "slipstream.daemon.cli", "stat", "--once",
+                                 "--json", "--dir", str(driver_dir)],
+                                capture_output=True, text=True, timeout=30, check=True)
+        assert json.loads(result.stdout)["drops"]["malformed"] >= 3
+        table = subprocess.run([sys.executable, "-m", "slipstream.daemon.cli", "stat", "--once",
+                                "--dir", str(driver_dir)],
+                               capture_output=True, text=True, timeout=30, check=True).stdout
+    section = table.split("drops by cause", 1)[1].split("\n\n", 1)[0]
+    assert re.search(r"^\s+malformed\s+[3-9]", section, re.M), section

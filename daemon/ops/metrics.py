@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from slipstream.client import control
 from slipstream.client.counters import (
+    DROP_CAUSES,
     POSITION_TYPES,
     CountersFile,
     CounterType,
@@ -144,6 +145,9 @@ class CountersCollector(Collector):
                 "slipstream_publication_drops", "Offers policy=drop-newest dropped",
                 labels=labels),
         }
+        drops = CounterMetricFamily(
+            "slipstream_drops", "What the driver received and dropped, by cause "
+            "(docs/SECURITY.md)", labels=["cause"])
         clients = 0
         owned: dict[int, GaugeMetricFamily] = {}  # the counters clients added, by type id
         for info in counters:
@@ -161,6 +165,8 @@ class CountersCollector(Collector):
                     counter = SystemCounter(info.counter_id)
                 except ValueError:
                     continue
+                if counter in DROP_CAUSES:
+                    drops.add_metric([DROP_CAUSES[counter]], info.value)
                 if counter is SystemCounter.CONDUCTOR_MAX_CYCLE_TIME_NS:
                     yield GaugeMetricFamily("slipstream_conductor_max_cycle_seconds",
                                             "The conductor's longest duty cycle",
@@ -209,6 +215,7 @@ class CountersCollector(Collector):
                              else info.value)
                     pressure[CounterType(info.type_id)].add_metric(
                         [parsed.channel, str(parsed.stream_id), str(parsed.session_id)], value)
+        yield drops
         yield positions
         yield from pressure.values()
         yield rate_limits

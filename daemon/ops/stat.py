@@ -1,6 +1,6 @@
 """``slipstream stat``: the driver's counters as a live table (Aeron's AeronStat and LossStat).
 
-Seven sections, each read from the files the driver maps (it is never asked anything):
+Eight sections, each read from the files the driver maps (it is never asked anything):
 
 * **streams**: one row per stream (its medium: ``aeron:ipc`` or the UDP endpoint; stream id;
   session) with its positions in bytes:
@@ -14,6 +14,8 @@ Seven sections, each read from the files the driver maps (it is never asked anyt
   the client that owns it (and its pid), its registration, label and key;
 * **driver**: the system counters (bytes, NAKs sent and received, retransmits, status
   messages, heartbeats, short sends, invalid packets, errors, ...) with rates per second;
+* **drops by cause**: what the driver received and dropped, by cause (``DROP_CAUSES``: the
+  same system counters under the names docs/SECURITY.md explains);
 * **loss**: the loss report, per image: gaps seen, bytes lost, first and last time;
 * **errors**: the error log, distinct errors with their count and first and last time (also
   shown when the driver has died: the log outlives it until the next driver cleans up);
@@ -44,6 +46,7 @@ from slipstream.client.channel import Channel, ChannelError, parse_channel
 from slipstream.client.client import _driver_holds_lock, default_directory
 from slipstream.client.counters import (
     BACK_PRESSURE_TYPES,
+    DROP_CAUSES,
     POSITION_TYPES,
     CounterInfo,
     CountersFile,
@@ -249,6 +252,12 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
             rate = _rate(info.value, previous.get(info.counter_id), elapsed_s)
             lines.append(f"  {info.label:<28} {info.value:>20,} {rate:>14}")
 
+    drops = drop_rows(counters)
+    lines += ["", f"drops by cause ({sum(1 for info in drops.values() if info.value)} seen)"]
+    for cause, info in drops.items():
+        rate = _rate(info.value, previous.get(info.counter_id), elapsed_s)
+        lines.append(f"  {cause:<28} {info.value:>20,} {rate:>14}")
+
     losses = losses or []
     lines += ["", f"loss report ({len(losses)} image(s) with gaps)"]
     if losses:
@@ -277,6 +286,13 @@ def render(counters: list[CounterInfo], previous: dict[int, int], elapsed_s: flo
     return "\n".join(lines)
 
 
+def drop_rows(counters: list[CounterInfo]) -> dict[str, CounterInfo]:
+    """The system counters of :data:`DROP_CAUSES`, by cause, in the order of the table."""
+    by_id = {info.counter_id: info for info in counters if info.type_id == CounterType.SYSTEM}
+    return {cause: by_id[counter.value] for counter, cause in DROP_CAUSES.items()
+            if counter.value in by_id}
+
+
 def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *, pid: int,
                   heartbeat_age_s: float,
                   errors: list[ErrorEntry] | None = None) -> dict[str, Any]:
@@ -295,6 +311,7 @@ def snapshot_json(counters: list[CounterInfo], losses: list[LossObservation], *,
         "back_pressure": [attrs.asdict(row) for row in back_pressure_rows(counters)],
         "client_counters": [attrs.asdict(row) for row in client_counter_rows(counters)],
         "driver": system,
+        "drops": {cause: info.value for cause, info in drop_rows(counters).items()},
         "loss_report": [attrs.asdict(loss) for loss in losses],
         "errors": [attrs.asdict(error) for error in errors or []],
         "counters": [{**attrs.asdict(info), "key": info.key.hex()} for info in counters],
