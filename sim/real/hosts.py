@@ -196,10 +196,15 @@ class HostDriver(MediaDriver):
 class NamespaceHosts:
     """``count`` hosts on a bridge; see the module docstring."""
 
-    def __init__(self, count: int, *, net: int | None = None, isolated: bool = False) -> None:
+    def __init__(self, count: int, *, net: int | None = None, isolated: bool = False,
+                 shared_segment: bool = False) -> None:
         """``count`` hosts on subnet ``10.<net>.0.0/24`` (default: one picked per run);
         ``isolated``: each with its own /dev/shm and hostname ``sshost<i>-<run>`` (see the
-        module docstring; needs ``unshare`` and ``nsenter``)."""
+        module docstring; needs ``unshare`` and ``nsenter``); ``shared_segment``: the bridge
+        learns no addresses, so it floods every frame to every host, as a hub or a switch
+        whose table overflowed does: any host sees the others' traffic
+        (:mod:`slipstream.sim.real.attacker` sniffs it), though its kernel still takes only
+        what is addressed to it."""
         problem = unavailable()
         if problem is None and isolated:
             missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
@@ -210,6 +215,7 @@ class NamespaceHosts:
         run_id = uuid.uuid4().hex[:6]
         self.net = net if net is not None else 100 + int(run_id, 16) % 100
         self.isolated = isolated
+        self.shared_segment = shared_segment
         stem = f"{PREFIX}-{os.getpid()}-{run_id}"
         self.bridge_namespace = f"{stem}-br"
         suffix = ISOLATED_SUFFIX if isolated else ""
@@ -233,7 +239,8 @@ class NamespaceHosts:
         _run("ip", "netns", "add", bridge_ns)
         self._created.append(bridge_ns)
         in_bridge = ("ip", "netns", "exec", bridge_ns)
-        _run(*in_bridge, "ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
+        _run(*in_bridge, "ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0",
+             *(("ageing_time", "0") if self.shared_segment else ()))
         _run(*in_bridge, "ip", "link", "set", "br0", "up")
         _run(*in_bridge, "ip", "link", "set", "lo", "up")
         for host in self.hosts:
