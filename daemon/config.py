@@ -597,12 +597,13 @@ class DriverSettings:
         low=1, high=65536,
     )
     mdc_validation_timeout: int = _duration(
-        2 * _S,
+        3 * _S,
         "A source of status messages at a dynamic multi-destination-cast endpoint that has not "
-        "proved within this that it receives what is sent to its address (it echoes an RTTM "
-        "token sent there) is dropped and counted (mdc unvalidated drops), ns. Until then it "
-        "is sent at most 3x the bytes that came from it (RFC 9000 8.1) and no data "
-        "(slipstream).",
+        "proved within this that it receives what is sent to its address (its receiver asks "
+        "for the SETUP of the random session of a heartbeat sent there) is dropped and "
+        "counted (mdc unvalidated drops), ns. Until then it is sent at most 3x the bytes that "
+        "came from it (RFC 9000 8.1) and no data. A receiver joins by a status message a "
+        "second, so 3 s is three tries (slipstream).",
         low=_MS, high=_HOUR,
     )
     debug_receive_data_loss: int = _int(

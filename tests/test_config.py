@@ -86,7 +86,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "max_resend": 16,
     "mdc_join": "",
     "mdc_candidates_max": 64,
-    "mdc_validation_timeout": 2 * S,
+    "mdc_validation_timeout": 3 * S,
     "debug_receive_data_loss": 0,  # Aeron: aeron.debug.receive.data.loss.rate, off
     "debug_receive_data_loss_seed": 1,
     "debug_conductor_gil_hold": 0,

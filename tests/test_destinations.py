@@ -23,6 +23,7 @@ from slipstream.client.channel import parse_channel, parse_join
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
     ErrorFrame,
+    Heartbeat,
     ResponseSetup,
     Rttm,
     Setup,
@@ -31,7 +32,6 @@ from slipstream.client.frames import (
 )
 from slipstream.client.layout import (
     NO_DEADLINE,
-    RTTM_LENGTH,
     RTTM_REPLY_FLAG,
     SM_LENGTH,
     SM_SEND_SETUP_FLAG,
@@ -75,8 +75,8 @@ operations = st.lists(st.tuples(st.sampled_from(["add", "remove", "sm", "echo", 
 
 
 def _token(address: Address) -> int:
-    """The token a test table gives ``address`` (a real one draws 63 random bits)."""
-    return hash(address) & (2**63 - 1)
+    """The token a test table gives ``address`` (a real one draws 32 random bits)."""
+    return (hash(address) & 0x7FFF_FFFF) | 1
 
 
 @settings(max_examples=200, deadline=None)
@@ -117,12 +117,12 @@ def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops,
             else:
                 assert heard is Heard.FULL
         elif op == "echo":
-            validated = table.on_rttm_reply(address, _token(address), RTTM_LENGTH, now)
+            assert not table.on_token(address, _token(address) ^ 2, now)
+            validated = table.on_token(address, _token(address), now)
             assert validated == (address in candidates and address not in model)
             if validated:
                 del candidates[address]
                 model[address] = now
-            assert not table.on_rttm_reply(address, _token(address) ^ 1, RTTM_LENGTH, now)
         elif op == "expire":
             unvalidated = table.expire_candidates(now)
             assert sorted(unvalidated) == sorted(
@@ -150,9 +150,10 @@ def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops,
 
 def _publication(shm: Path, counters: LocalCounters,
                  uri: str = "aeron:udp?control=127.0.0.1:40456|control-mode=dynamic",
-                 session_id: int = 5) -> NetworkPublication:
+                 session_id: int = 5, stream_id: int = 6) -> NetworkPublication:
     log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=64 * 1024,
-                           initial_term_id=10, session_id=session_id, stream_id=6, mtu=1408,
+                           initial_term_id=10, session_id=session_id, stream_id=stream_id,
+                           mtu=1408,
                            correlation_id=1)
     channel = parse_channel(uri)
     settings = DriverSettings(term_buffer_length=64 * 1024)
@@ -172,20 +173,22 @@ def _validating_channel(shm: Path, counters: LocalCounters, **table: Any
     return channel, destinations, publication
 
 
-TOKEN = 0x1234_5678_9ABC
+TOKEN = -0x1234_5678
 ELICIT = StatusMessage(0, 0, 0, 0, 0, 1, SM_SEND_SETUP_FLAG)  # a joining receiver's
-ECHO = Rttm(5, 6, TOKEN, 0, 1, 0)  # the image's reply to the token's RTTM request
+PROBE = Heartbeat(0, TOKEN, 6, 0)  # the validation probe of stream 6
+#: A receiver's answer to the probe (a heartbeat of session TOKEN): it asks for that SETUP.
+ECHO = StatusMessage(TOKEN, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG)
 
 
 def test_a_dynamic_endpoint_sends_a_new_source_only_the_validation_exchange_until_it_echoes(
         shm: Path) -> None:
     """A setup-eliciting SM (session 0, stream 0 or the stream's id) or an SM of one of its
-    publications makes its source a candidate, never a destination: it is answered by a SETUP
-    (when it asks for one) and an RTTM request carrying its token, to its address only; the
-    publication hears none of it (no receiver, no SETUP elicited for everyone).  The token's
-    echo from that address, and only from there, makes it a destination, whose SMs then go
-    on to the publication.  An SM of a session the endpoint does not have teaches nothing;
-    a candidate that does not validate in time is dropped and counted."""
+    publications makes its source a candidate, never a destination: it is answered by a
+    heartbeat of the stream whose session is the candidate's token, to its address only; the
+    publication hears none of it (no receiver, no SETUP elicited).  The SM asking for that
+    session's SETUP from that address, and only from there, makes it a destination, whose SMs
+    then go on to the publication.  An SM of a session the endpoint does not have teaches
+    nothing; a candidate that does not validate in time is dropped and counted."""
     counters = LocalCounters()
     channel, table, publication = _validating_channel(shm, counters)
     assert publication.learns_destinations
@@ -201,15 +204,13 @@ def test_a_dynamic_endpoint_sends_a_new_source_only_the_validation_exchange_unti
 
     channel.on_control(ELICIT.encode(), joining, 3)
     assert table.addresses == [] and table.candidates == [joining]
-    sent = [(p, d.address, decode(d.data)) for p, d in channel.challenges]
-    assert [(p, a) for p, a, _ in sent] == [(publication, joining)] * 2
-    setup, request = sent[0][2], sent[1][2]
-    assert isinstance(setup, Setup) and (setup.session_id, setup.stream_id) == (5, 6)
-    assert request == Rttm(5, 6, TOKEN, 0, 0, RTTM_REPLY_FLAG)
+    assert [(p, d.address, decode(d.data)) for p, d in channel.challenges] == [
+        (publication, joining, PROBE)]
     assert not publication.is_setup_elicited
     assert counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 0
 
-    channel.on_control(attrs.evolve(ECHO, echo_timestamp=TOKEN + 1).encode(), joining, 4)
+    channel.on_control(attrs.evolve(ECHO, session_id=TOKEN + 1).encode(), joining, 4)
+    channel.on_control(attrs.evolve(ECHO, flags=0).encode(), joining, 4)
     channel.on_control(ECHO.encode(), forger, 4)  # the token, from elsewhere
     assert table.addresses == [] and table.candidates == [joining]
     channel.on_control(ECHO.encode(), joining, 5)
@@ -219,13 +220,12 @@ def test_a_dynamic_endpoint_sends_a_new_source_only_the_validation_exchange_unti
     assert counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 1  # now the publication's
 
     channel.challenges.clear()
-    channel.on_control(sm.encode(), member, 7)  # has an image already: the RTTM only
-    assert [decode(d.data) for _, d in channel.challenges] == [
-        Rttm(5, 6, TOKEN, 0, 0, RTTM_REPLY_FLAG)]
+    channel.on_control(sm.encode(), member, 7)  # has an image already: probed as well
+    assert [decode(d.data) for _, d in channel.challenges] == [PROBE]
     assert table.candidates == [member]
-    assert channel.expire_destinations(2 * S + 6) == []
+    assert channel.expire_destinations(3 * S + 6) == []
     assert counters[SystemCounter.MDC_UNVALIDATED_DROPS] == 0
-    assert channel.expire_destinations(2 * S + 7) == []  # the member never echoed
+    assert channel.expire_destinations(3 * S + 7) == []  # the member never answered
     assert table.candidates == [] and counters[SystemCounter.MDC_UNVALIDATED_DROPS] == 1
 
     channel.on_control(sm.encode(), joining, 4 * S)
@@ -251,9 +251,9 @@ def test_join_subnets_and_the_candidate_bound_refuse_by_cause(shm: Path) -> None
         channel.on_control(ELICIT.encode(), ("10.1.7.7", port), 2)
     assert table.candidates == [("10.1.7.7", 4001), ("10.1.7.7", 4002)]
     assert counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
-    assert len(channel.challenges) == 4
+    assert len(channel.challenges) == 2
     channel.on_control(ELICIT.encode(), ("10.1.7.7", 4001), 3)
-    assert len(channel.challenges) == 6 and counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
+    assert len(channel.challenges) == 3 and counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
 
 
 SOURCES = [("127.0.0.1", 50001 + i) for i in range(3)]
@@ -264,7 +264,8 @@ INPUTS = [ELICIT, StatusMessage(0, 0, 0, 0, 0, 1, SM_SEND_SETUP_FLAG, group_tag=
           StatusMessage(5, 6, 10, 0, 65536, 1, 0),
           StatusMessage(5, 6, 10, 0, 65536, 1, SM_SEND_SETUP_FLAG),
           StatusMessage(9, 6, 10, 0, 65536, 1, 0),
-          ECHO, attrs.evolve(ECHO, echo_timestamp=1), Rttm(5, 6, 77, 0, 1, RTTM_REPLY_FLAG),
+          ECHO, attrs.evolve(ECHO, session_id=1), Rttm(5, 6, 77, 0, 1, RTTM_REPLY_FLAG),
+          Rttm(5, 6, 77, 0, 1, 0),
           ErrorFrame(5, 6, 1, 0, "no")]
 
 
@@ -285,8 +286,9 @@ def test_a_never_validated_address_is_sent_at_most_three_times_what_came_from_it
 def _never_more_than_three_times(shm: Path, steps, echoes: bool) -> None:
     counters = LocalCounters()
     channel, table, publication = _validating_channel(shm, counters)
-    for session_id in (7, 8):  # a joiner's SM (stream 0) asks more of these than 3x allows
-        channel.add_publication(_publication(shm, counters, session_id=session_id))
+    for session_id in (7, 8, 9):  # a joiner's SM (stream 0) asks more than 3x allows
+        channel.add_publication(_publication(shm, counters, session_id=session_id,
+                                             stream_id=session_id))
     arrived = dict.fromkeys(SOURCES, 0)
     sent = dict.fromkeys(SOURCES, 0)
     validated: set[Address] = set()
@@ -315,20 +317,21 @@ def _never_more_than_three_times(shm: Path, steps, echoes: bool) -> None:
 
 def test_what_does_not_fit_in_three_times_what_arrived_is_withheld_and_counted(
         shm: Path) -> None:
-    """A joining receiver's SM (36 bytes, stream 0: every stream) at an endpoint of three
-    publications would be answered by 3 SETUPs and 3 RTTMs (240 bytes): what fits in 108
-    goes, the rest is withheld and counted; its next SM earns the next part."""
+    """A joining receiver's SM (36 bytes, stream 0: every stream) at an endpoint of four
+    streams would be answered by four probes (128 bytes): the three that fit in 108 go, the
+    fourth is withheld and counted; so again for the next (192 of 216 sent)."""
     counters = LocalCounters()
     channel, _, _ = _validating_channel(shm, counters)
-    for session_id in (7, 8):
-        channel.add_publication(_publication(shm, counters, session_id=session_id))
+    for session_id, stream_id in ((7, 7), (8, 8), (9, 9)):
+        channel.add_publication(_publication(shm, counters, session_id=session_id,
+                                             stream_id=stream_id))
     joining = ("127.0.0.1", 50001)
     channel.on_control(ELICIT.encode(), joining, 1)
-    assert [len(d.data) for _, d in channel.challenges] == [40, 40]  # 80 of 108
-    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 4
+    assert [len(d.data) for _, d in channel.challenges] == [32, 32, 32]  # 96 of 108
+    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 1
     channel.on_control(ELICIT.encode(), joining, 2)
-    assert sum(len(d.data) for _, d in channel.challenges) == 200  # of 216
-    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 4 + 3
+    assert sum(len(d.data) for _, d in channel.challenges) == 192
+    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 2
 
 
 def _receive_all(sock: socket.socket) -> list[bytes]:

@@ -20,23 +20,19 @@ its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).  A response publication
 Address validation (dynamic mode; RFC 9000 section 8.1's rule, docs/PROTOCOL.md §7.4.1).  A
 status message's source address can be forged, so a source is not sent the stream on its
 word: a candidate is in no C table (the data path never sends to it), and what the endpoint
-sends it (the validation exchange: a SETUP, then an RTTM request) is charged against three
-times the bytes that arrived from it (:meth:`DestinationTable.may_send`).  The RTTM request's
-echo timestamp is the candidate's *token*, 63 random bits drawn for it and sent to its
-address only; a receiver with an image of the stream echoes it in its RTTM reply (Aeron's
-``aeron_data_packet_dispatcher_on_rttm``, and slipstream's image).  A reply from the
-candidate's address carrying its token proves a host that reads datagrams sent to that
-address answered: the candidate becomes a destination
-(:meth:`DestinationTable.on_rttm_reply`).  A candidate that has not done so within
-``validation_timeout_ns`` is dropped, and at most ``max_candidates`` wait at once, so forged
-source addresses cannot grow the table.  ``join``: when given, only sources within these
-subnets are heard at all (:meth:`DestinationTable.admits`).
-
-This module decides which destinations exist (the policy, per status message and timer);
-the fan-out is the C half's: the send channel endpoint's send (``ss_send_channel_send``,
-daemon/network_endpoints.c) sends every datagram, the Python half's included, to each
-destination of the table (``ss_destination_list_t``), which this object writes, on the
-sender's thread.  Units: ns.
+sends it (the validation probe) is charged against three times the bytes that arrived from it
+(:meth:`DestinationTable.may_send`).  The probe is a heartbeat (an empty DATA frame) of the
+stream whose session id is the candidate's *token*, 32 random bits drawn for it and sent to
+its address only.  A receiver that subscribes to the stream and has no image of that session
+asks for its SETUP: a setup-eliciting status message naming the token (Aeron's
+``aeron_data_packet_dispatcher_elicit_setup_from_source``, slipstream's receive channel).  That
+answer from the candidate's address proves a host that reads datagrams sent to that address
+answered: the candidate becomes a destination (:meth:`DestinationTable.on_token`), its data
+then elicits its real session's SETUP as any receiver's does, and its image starts where the
+stream is then.  A candidate that has not done so within ``validation_timeout_ns`` is dropped,
+and at most ``max_candidates`` wait at once, so forged source addresses cannot grow the
+table.  ``join``: when given, only sources within these subnets are heard at all
+(:meth:`DestinationTable.admits`).
 """
 
 from __future__ import annotations
@@ -97,6 +93,14 @@ def ip_version_of(channel: Channel) -> int:
     return ip.version if ip is not None else 4
 
 
+def _random_token() -> int:
+    """32 random bits as an int32 session id other than 0 (a joining receiver's)."""
+    while True:
+        token = secrets.randbits(32) - (1 << 31)
+        if token != 0:
+            return token
+
+
 def can_send_to(address: Address, ip_version: int) -> bool:
     """Whether a dynamic destination may be ``address``: a unicast host of the socket's IP
     version and a port (a status message's source could be anything: port 0, a group, the
@@ -137,7 +141,7 @@ class _Candidate:
 
     address: Address
     since_ns: int  # when its first status message arrived
-    token: int  # the echo timestamp only a datagram to its address carried
+    token: int  # the session id only a datagram to its address carried
     bytes_in: int = 0
     bytes_out: int = 0
 
@@ -153,12 +157,13 @@ class DestinationTable:
                  join: Sequence[Subnet] = (),
                  max_candidates: int = _DEFAULTS.mdc_candidates_max.default,
                  validation_timeout_ns: int = _DEFAULTS.mdc_validation_timeout.default,
-                 token_source: Callable[[], int] = lambda: secrets.randbits(63)) -> None:
+                 token_source: Callable[[], int] = lambda: _random_token()) -> None:
         """``join``: dynamic mode hears only sources within these subnets (empty: any);
         ``max_candidates``: at most this many sources validate at once;
         ``validation_timeout_ns``: a candidate not validated within it is dropped;
-        ``token_source``: a candidate's token, unpredictable to anyone who does not read what
-        is sent to its address (a test gives a fixed one)."""
+        ``token_source``: a candidate's token (an int32 session id, never 0: a joining
+        receiver's), unpredictable to anyone who does not read what is sent to its address
+        (a test gives a fixed one)."""
         self.mode = mode
         #: The socket's IP version: what a learned destination must be.
         self.ip_version = ip_version
@@ -256,16 +261,12 @@ class DestinationTable:
         entry.bytes_out += length
         return True
 
-    def on_rttm_reply(self, source: Address, echo_timestamp: int, length: int,
-                      now_ns: int) -> bool:
-        """An RTTM reply (``length`` bytes) from ``source``: if it is a candidate and the
-        reply carries its token, it is a destination from now on.  Returns whether it
-        validated."""
+    def on_token(self, source: Address, token: int, now_ns: int) -> bool:
+        """A setup-eliciting status message naming session ``token`` came from ``source``: if
+        it is a candidate and that is its token, it is a destination from now on.  Returns
+        whether it validated."""
         entry = self._candidates.get(source)
-        if entry is None:
-            return False
-        entry.bytes_in += length
-        if echo_timestamp != entry.token:
+        if entry is None or token != entry.token:
             return False
         del self._candidates[source]
         self._destinations[source] = _Destination(source, now_ns)

@@ -14,6 +14,7 @@ import logging
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
     ErrorFrame,
+    Heartbeat,
     Nak,
     RateSignal,
     Rejected,
@@ -22,7 +23,7 @@ from slipstream.client.frames import (
     StatusMessage,
     decode,
 )
-from slipstream.client.layout import NO_DEADLINE, RTTM_REPLY_FLAG
+from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.destinations import ControlMode, DestinationTable, Heard
@@ -52,7 +53,7 @@ class SendChannel:
     message that names a stream of the endpoint keeps its source a destination, or makes it a
     candidate, which must validate first (:mod:`slipstream.daemon.media.destinations`): until
     then what comes from it goes no further than this object, and it is sent the validation
-    exchange only (:attr:`challenges`)."""
+    probe only (:attr:`challenges`)."""
 
     def __init__(self, *, counters: ProtocolCounters,
                  destinations: DestinationTable | None = None,
@@ -70,7 +71,7 @@ class SendChannel:
         self._response_receivers: dict[NetworkPublication, int] = {}
         #: RSP_SETUPs for request publications since the sender last looked.
         self.response_setups: list[ResponseSetupArrived] = []
-        #: The validation exchange for the dynamic table's candidates since the sender last
+        #: The validation probes for the dynamic table's candidates since the sender last
         #: looked: each frame to one candidate, sent through its publication's send (past the
         #: endpoint's destinations), already charged to the candidate's 3x allowance.
         self.challenges: list[tuple[NetworkPublication, Datagram]] = []
@@ -211,16 +212,20 @@ class SendChannel:
         """A control frame at a dynamic endpoint from ``source``, no validated destination
         (docs/PROTOCOL.md §7.4.1).  Outside the ``join=`` subnets it is dropped.  A status
         message naming a stream of the endpoint makes its source a candidate (or adds to one's
-        allowance) and is answered, within the 3x allowance, by the validation exchange: a
-        SETUP where it asks for one (S flag: its receiver has no image yet), and an RTTM
-        request carrying the candidate's token, which the image that SETUP made echoes; the
-        echo validates it.  Nothing of it reaches a publication (its flow control would count
-        a receiver the data does not reach).  An RTTM request is not answered (the echo would
-        go to an unvalidated address); NAKs, ERRs and rate signals go on as from anyone."""
+        allowance) and is answered, within the 3x allowance, by the validation probe: a
+        heartbeat of each stream it names whose session id is the candidate's token.  The
+        setup-eliciting SM that names the token, from the candidate's address, validates it.
+        Nothing of it reaches a publication (its flow control would count a receiver the data
+        does not reach, and a SETUP would make an image where the stream has not been).  An
+        RTTM is not answered (the echo would go to an unvalidated address); NAKs, ERRs and
+        rate signals go on as from anyone."""
         if not table.admits(source):
             self.counters.add(SystemCounter.MDC_JOIN_SUBNET_DROPS)
             return
         if isinstance(frame, StatusMessage):
+            if frame.is_setup_request and table.on_token(source, frame.session_id, now_ns):
+                log.info("dynamic destination %s:%d validated", source[0], source[1])
+                return
             publications = self._joined_publications(frame)
             if not publications:
                 self.counters.add(SystemCounter.UNMATCHED_STATUS_MESSAGES)
@@ -232,18 +237,14 @@ class SendChannel:
                 self.counters.add(SystemCounter.INVALID_PACKETS)  # not an address to send to
             elif heard is Heard.CANDIDATE:
                 token = table.token_of(source)
+                probed = set()
                 for publication in publications:
-                    if frame.is_setup_request:
-                        self._challenge(table, publication, publication.setup_frame(), source)
-                    request = Rttm(publication.session_id, publication.stream_id, token, 0, 0,
-                                   RTTM_REPLY_FLAG)
-                    self._challenge(table, publication, request.encode(), source)
+                    if publication.stream_id not in probed:
+                        probed.add(publication.stream_id)
+                        probe = Heartbeat(0, token, publication.stream_id, 0)
+                        self._challenge(table, publication, probe.encode(), source)
         elif isinstance(frame, Rttm):
-            if frame.is_reply:
-                self.counters.add(SystemCounter.MDC_AMPLIFICATION_DROPS)  # its echo, withheld
-            elif ((frame.session_id, frame.stream_id) in self.publications
-                  and table.on_rttm_reply(source, frame.echo_timestamp, length, now_ns)):
-                log.info("dynamic destination %s:%d validated", source[0], source[1])
+            self.counters.add(SystemCounter.MDC_AMPLIFICATION_DROPS)  # no echo or measure
         elif not isinstance(frame, ResponseSetup):
             publication = self.publications.get((frame.session_id, frame.stream_id))
             if publication is not None:
