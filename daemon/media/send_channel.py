@@ -2,7 +2,8 @@
 NAK-strength signals arriving at a send endpoint go to its publications (Aeron's
 ``aeron_send_channel_endpoint`` dispatch); an RSP_SETUP for a request publication becomes a
 :class:`ResponseSetupArrived` for the conductor; a response publication learns its one
-destination here (docs/PROTOCOL.md §7.6).
+destination here (docs/PROTOCOL.md §7.6); a dynamic multi-destination-cast endpoint's new
+sources validate here before they are destinations (§7.4.1).
 
 Units: times in ns.
 """
@@ -45,9 +46,9 @@ class SendChannel:
     that names no publication of the endpoint counts ``UNMATCHED_STATUS_MESSAGES``.  At a
     dynamic multi-destination-cast endpoint an S-flagged SM of session 0 (a receiver that joins
     before it knows a session) names a stream it publishes (any, for stream 0): its source is
-    a destination from then on.  NAKs are answered by its C dispatch (:attr:`c`); only those
-    that need a timer (a retransmit delay), are malformed or name no publication of the
-    endpoint come to :meth:`on_control`.
+    a candidate, a destination once validated.  NAKs are answered by its C dispatch
+    (:attr:`c`); only those that need a timer (a retransmit delay), are malformed or name no
+    publication of the endpoint come to :meth:`on_control`.
 
     ``destinations``: a multi-destination-cast endpoint's table; in dynamic mode every status
     message that names a stream of the endpoint keeps its source a destination, or makes it a
