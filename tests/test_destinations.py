@@ -178,6 +178,8 @@ ELICIT = StatusMessage(0, 0, 0, 0, 0, 1, SM_SEND_SETUP_FLAG)  # a joining receiv
 PROBE = Heartbeat(0, TOKEN, 6, 0)  # the validation probe of stream 6
 #: A receiver's answer to the probe (a heartbeat of session TOKEN): it asks for that SETUP.
 ECHO = StatusMessage(TOKEN, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG)
+#: A receiver's reply to the RTTM probe (sent to one with an image): the token echoed.
+RTTM_ECHO = Rttm(5, 6, TOKEN, 0, 1, 0)
 
 
 def test_a_dynamic_endpoint_sends_a_new_source_only_the_validation_exchange_until_it_echoes(
@@ -220,9 +222,13 @@ def test_a_dynamic_endpoint_sends_a_new_source_only_the_validation_exchange_unti
     assert counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 1  # now the publication's
 
     channel.challenges.clear()
-    channel.on_control(sm.encode(), member, 7)  # has an image already: probed as well
-    assert [decode(d.data) for _, d in channel.challenges] == [PROBE]
+    channel.on_control(sm.encode(), member, 7)  # has an image: an RTTM with the token
+    assert [decode(d.data) for _, d in channel.challenges] == [
+        Rttm(5, 6, TOKEN, 0, 0, RTTM_REPLY_FLAG)]
+    channel.on_control(attrs.evolve(RTTM_ECHO, echo_timestamp=TOKEN + 1).encode(), member, 7)
+    channel.on_control(attrs.evolve(RTTM_ECHO, flags=RTTM_REPLY_FLAG).encode(), member, 7)
     assert table.candidates == [member]
+    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 1  # the request's echo
     assert channel.expire_destinations(3 * S + 6) == []
     assert counters[SystemCounter.MDC_UNVALIDATED_DROPS] == 0
     assert channel.expire_destinations(3 * S + 7) == []  # the member never answered
@@ -234,6 +240,36 @@ def test_a_dynamic_endpoint_sends_a_new_source_only_the_validation_exchange_unti
     assert channel.expire_destinations(9 * S) == [joining]
     publication.sync_c_half()
     assert not publication.c.sm_in_c
+
+
+def test_a_receiver_of_one_session_validates_by_the_rttm_echo(shm: Path) -> None:
+    """A receiver that takes one session only answers no heartbeat of another: from a
+    candidate's second joining SM on, each publication's SETUP goes to it too (and only to it);
+    an SM asking for that session's SETUP gets it; the image it makes sends SMs of the
+    session, answered by an RTTM request with the token, whose echo validates it."""
+    counters = LocalCounters()
+    channel, table, publication = _validating_channel(shm, counters)
+    one = ("127.0.0.1", 50004)
+    channel.on_control(ELICIT.encode(), one, 1)
+    assert [decode(d.data) for _, d in channel.challenges] == [PROBE]
+    channel.challenges.clear()
+    channel.on_control(ELICIT.encode(), one, 1 * S)  # no answer came: its second
+    sent = [decode(d.data) for _, d in channel.challenges]
+    assert sent[0] == PROBE and isinstance(sent[1], Setup) and len(sent) == 2
+    assert (sent[1].session_id, sent[1].stream_id) == (5, 6)
+    assert {d.address for _, d in channel.challenges} == {one}
+    channel.challenges.clear()
+    channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(), one, 2)
+    [(_, setup)] = channel.challenges
+    assert isinstance(decode(setup.data), Setup)
+    channel.challenges.clear()
+    channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 1, 0).encode(), one, 3)
+    [(_, request)] = channel.challenges
+    assert decode(request.data) == Rttm(5, 6, TOKEN, 0, 0, RTTM_REPLY_FLAG)
+    assert table.addresses == [] and counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 0
+    channel.on_control(RTTM_ECHO.encode(), one, 4)
+    assert table.addresses == [one] and table.candidates == []
+    assert not publication.is_setup_elicited
 
 
 def test_join_subnets_and_the_candidate_bound_refuse_by_cause(shm: Path) -> None:
@@ -252,8 +288,8 @@ def test_join_subnets_and_the_candidate_bound_refuse_by_cause(shm: Path) -> None
     assert table.candidates == [("10.1.7.7", 4001), ("10.1.7.7", 4002)]
     assert counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
     assert len(channel.challenges) == 2
-    channel.on_control(ELICIT.encode(), ("10.1.7.7", 4001), 3)
-    assert len(channel.challenges) == 3 and counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
+    channel.on_control(ELICIT.encode(), ("10.1.7.7", 4001), 3)  # its second: + the SETUP
+    assert len(channel.challenges) == 4 and counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
 
 
 SOURCES = [("127.0.0.1", 50001 + i) for i in range(3)]
@@ -265,6 +301,7 @@ INPUTS = [ELICIT, StatusMessage(0, 0, 0, 0, 0, 1, SM_SEND_SETUP_FLAG, group_tag=
           StatusMessage(5, 6, 10, 0, 65536, 1, SM_SEND_SETUP_FLAG),
           StatusMessage(9, 6, 10, 0, 65536, 1, 0),
           ECHO, attrs.evolve(ECHO, session_id=1), Rttm(5, 6, 77, 0, 1, RTTM_REPLY_FLAG),
+          RTTM_ECHO, attrs.evolve(RTTM_ECHO, echo_timestamp=2),
           Rttm(5, 6, 77, 0, 1, 0),
           ErrorFrame(5, 6, 1, 0, "no")]
 
@@ -294,12 +331,12 @@ def _never_more_than_three_times(shm: Path, steps, echoes: bool) -> None:
     validated: set[Address] = set()
     now = 0
     for source, frame, step in steps:
-        if not echoes and frame == ECHO:
+        if not echoes and frame in (ECHO, RTTM_ECHO):
             continue
         now += step
         data = frame.encode()
         arrived[source] += len(data)
-        echoed = source in table.candidates and frame == ECHO
+        echoed = source in table.candidates and frame in (ECHO, RTTM_ECHO)
         channel.on_control(data, source, now)
         channel.expire_destinations(now)
         for _, datagram in channel.challenges:
@@ -319,7 +356,8 @@ def test_what_does_not_fit_in_three_times_what_arrived_is_withheld_and_counted(
         shm: Path) -> None:
     """A joining receiver's SM (36 bytes, stream 0: every stream) at an endpoint of four
     streams would be answered by four probes (128 bytes): the three that fit in 108 go, the
-    fourth is withheld and counted; so again for the next (192 of 216 sent)."""
+    fourth is withheld and counted; so again for the next (192 of 216 sent), and its four
+    SETUPs (for a receiver of one session) do not fit either."""
     counters = LocalCounters()
     channel, _, _ = _validating_channel(shm, counters)
     for session_id, stream_id in ((7, 7), (8, 8), (9, 9)):
@@ -331,7 +369,7 @@ def test_what_does_not_fit_in_three_times_what_arrived_is_withheld_and_counted(
     assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 1
     channel.on_control(ELICIT.encode(), joining, 2)
     assert sum(len(d.data) for _, d in channel.challenges) == 192
-    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 2
+    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 1 + 1 + 4
 
 
 def _receive_all(sock: socket.socket) -> list[bytes]:

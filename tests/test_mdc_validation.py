@@ -53,6 +53,27 @@ def test_a_slipstream_receiver_validates_and_joins_where_the_stream_is(launch) -
             client.close()
 
 
+def test_a_receiver_of_one_session_validates_by_its_image_and_loses_nothing(launch) -> None:
+    """A subscription with ``session-id=`` answers no heartbeat of another session: it is sent
+    the SETUP once it asked twice, and validates by echoing the token in an RTTM from the
+    image that SETUP made; it then gets the stream from that image's position, once and in
+    order, while the publication was idle or not."""
+    sender, receiver = launch(), launch()
+    control_address = f"127.0.0.1:{free_port()}"
+    with Client.connect(sender.directory) as a, Client.connect(receiver.directory) as b:
+        publication = a.add_publication(
+            f"aeron:udp?control={control_address}|control-mode=dynamic", STREAM)
+        subscription = b.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control_address}"
+            f"|session-id={publication.session_id}", STREAM)
+        wait_for(lambda: subscription.images and publication.is_connected, timeout=10,
+                 what="the one-session receiver joined")
+        collector = Collector(subscription)
+        stream(publication, [collector], 3_000, lambda i: 300)
+        collector.assert_exactly(3_000)
+        assert counters_of(sender).get("MDC_UNVALIDATED_DROPS", 0) == 0
+
+
 @pytest.mark.parametrize("where", ["channel", "setting"])
 def test_a_receiver_outside_the_join_subnets_never_joins_and_is_counted(launch, where) -> None:
     """``join=10.9.0.0/16`` on the channel, or ``mdc_join`` in the driver's settings: a

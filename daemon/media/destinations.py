@@ -20,18 +20,26 @@ its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).  A response publication
 Address validation (dynamic mode; RFC 9000 section 8.1's rule, docs/PROTOCOL.md §7.4.1).  A
 status message's source address can be forged, so a source is not sent the stream on its
 word: a candidate is in no C table (the data path never sends to it), and what the endpoint
-sends it (the validation probe) is charged against three times the bytes that arrived from it
-(:meth:`DestinationTable.may_send`).  The probe is a heartbeat (an empty DATA frame) of the
-stream whose session id is the candidate's *token*, 32 random bits drawn for it and sent to
-its address only.  A receiver that subscribes to the stream and has no image of that session
-asks for its SETUP: a setup-eliciting status message naming the token (Aeron's
-``aeron_data_packet_dispatcher_elicit_setup_from_source``, slipstream's receive channel).  That
-answer from the candidate's address proves a host that reads datagrams sent to that address
-answered: the candidate becomes a destination (:meth:`DestinationTable.on_token`), its data
-then elicits its real session's SETUP as any receiver's does, and its image starts where the
-stream is then.  A candidate that has not done so within ``validation_timeout_ns`` is dropped,
-and at most ``max_candidates`` wait at once, so forged source addresses cannot grow the
-table.  ``join``: when given, only sources within these subnets are heard at all
+sends it (the validation probes) is charged against three times the bytes that arrived from it
+(:meth:`DestinationTable.may_send`).  Each candidate has a *token*, 32 random bits drawn for it
+and sent to its address only, in one of two probes:
+
+* a heartbeat (an empty DATA frame) of the stream whose session id is the token: a receiver
+  that takes any session of the stream and has no image of that one asks for its SETUP, a
+  setup-eliciting status message naming the token (Aeron's
+  ``aeron_data_packet_dispatcher_elicit_setup_from_source``, slipstream's receive channel);
+  its image is then made from the SETUP its real session's data elicits once it is a
+  destination, where the stream is then;
+* an RTTM request whose echo timestamp is the token, to a receiver with an image of the
+  session (one whose SMs name it): its reply echoes the token (Aeron's
+  ``aeron_data_packet_dispatcher_on_rttm``).  A receiver that takes one session only (and
+  ignores the heartbeat) gets that image from a SETUP sent to it alone once it asks again.
+
+Either answer from the candidate's address proves that a host reading datagrams sent to that
+address answered: the candidate becomes a destination (:meth:`DestinationTable.on_token`).  A
+candidate that has not done so within ``validation_timeout_ns`` is dropped, and at most
+``max_candidates`` wait at once, so forged source addresses cannot grow the table.  ``join``:
+when given, only sources within these subnets are heard at all
 (:meth:`DestinationTable.admits`).
 """
 
@@ -141,9 +149,10 @@ class _Candidate:
 
     address: Address
     since_ns: int  # when its first status message arrived
-    token: int  # the session id only a datagram to its address carried
+    token: int  # the session id (or RTTM echo) only a datagram to its address carried
     bytes_in: int = 0
     bytes_out: int = 0
+    status_messages: int = 0  # heard from it
 
 
 class DestinationTable:
@@ -245,11 +254,16 @@ class DestinationTable:
             candidate = self._candidates[source] = _Candidate(source, now_ns,
                                                               self._token_source())
         candidate.bytes_in += length
+        candidate.status_messages += 1
         return Heard.CANDIDATE
 
     def token_of(self, candidate: Address) -> int:
         """The token of ``candidate`` (KeyError if it is none)."""
         return self._candidates[candidate].token
+
+    def status_messages_of(self, candidate: Address) -> int:
+        """How many status messages came from ``candidate`` (KeyError if it is none)."""
+        return self._candidates[candidate].status_messages
 
     def may_send(self, candidate: Address, length: int) -> bool:
         """Whether ``length`` more bytes may go to ``candidate`` (then charged to it): what
@@ -262,9 +276,9 @@ class DestinationTable:
         return True
 
     def on_token(self, source: Address, token: int, now_ns: int) -> bool:
-        """A setup-eliciting status message naming session ``token`` came from ``source``: if
-        it is a candidate and that is its token, it is a destination from now on.  Returns
-        whether it validated."""
+        """A setup-eliciting status message naming session ``token``, or an RTTM reply echoing
+        ``token``, came from ``source``: if it is a candidate and that is its token, it is a
+        destination from now on.  Returns whether it validated."""
         entry = self._candidates.get(source)
         if entry is None or token != entry.token:
             return False

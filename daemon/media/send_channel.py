@@ -24,7 +24,7 @@ from slipstream.client.frames import (
     StatusMessage,
     decode,
 )
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.client.layout import NO_DEADLINE, RTTM_REPLY_FLAG
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.destinations import ControlMode, DestinationTable, Heard
@@ -213,13 +213,16 @@ class SendChannel:
         """A control frame at a dynamic endpoint from ``source``, no validated destination
         (docs/PROTOCOL.md §7.4.1).  Outside the ``join=`` subnets it is dropped.  A status
         message naming a stream of the endpoint makes its source a candidate (or adds to one's
-        allowance) and is answered, within the 3x allowance, by the validation probe: a
-        heartbeat of each stream it names whose session id is the candidate's token.  The
-        setup-eliciting SM that names the token, from the candidate's address, validates it.
-        Nothing of it reaches a publication (its flow control would count a receiver the data
-        does not reach, and a SETUP would make an image where the stream has not been).  An
-        RTTM is not answered (the echo would go to an unvalidated address); NAKs, ERRs and
-        rate signals go on as from anyone."""
+        allowance) and is answered, within the 3x allowance, by a probe carrying the
+        candidate's token: a joining receiver's (session 0) by a heartbeat of each stream it
+        names whose session is the token, and from its second on also by each publication's
+        SETUP (a receiver that takes one session only answers no heartbeat of another); an
+        SM of a session asking for its SETUP by that SETUP; any other SM of a session (its
+        receiver has an image) by an RTTM request echoing the token.  The SM asking for the
+        token's SETUP, or the RTTM echo of the token, from the candidate's address validates
+        it.  Nothing of a candidate's reaches a publication (its flow control would count a
+        receiver the data does not reach).  An RTTM request is not answered (the echo would
+        go to an unvalidated address); NAKs, ERRs and rate signals go on as from anyone."""
         if not table.admits(source):
             self.counters.add(SystemCounter.MDC_JOIN_SUBNET_DROPS)
             return
@@ -237,19 +240,42 @@ class SendChannel:
             elif heard is Heard.UNSENDABLE:
                 self.counters.add(SystemCounter.INVALID_PACKETS)  # not an address to send to
             elif heard is Heard.CANDIDATE:
-                token = table.token_of(source)
-                probed = set()
-                for publication in publications:
-                    if publication.stream_id not in probed:
-                        probed.add(publication.stream_id)
-                        probe = Heartbeat(0, token, publication.stream_id, 0)
-                        self._challenge(table, publication, probe.encode(), source)
+                self._probe(table, frame, publications, source)
         elif isinstance(frame, Rttm):
-            self.counters.add(SystemCounter.MDC_AMPLIFICATION_DROPS)  # no echo or measure
+            if (not frame.is_reply and (frame.session_id, frame.stream_id) in self.publications
+                    and table.on_token(source, frame.echo_timestamp, now_ns)):
+                log.info("dynamic destination %s:%d validated", source[0], source[1])
+            elif frame.is_reply:
+                self.counters.add(SystemCounter.MDC_AMPLIFICATION_DROPS)  # its echo, withheld
         elif not isinstance(frame, ResponseSetup):
             publication = self.publications.get((frame.session_id, frame.stream_id))
             if publication is not None:
                 publication.on_frame(frame, source, now_ns)
+
+    def _probe(self, table: DestinationTable, sm: StatusMessage,
+               publications: list[NetworkPublication], candidate: Address) -> None:
+        """Answer candidate ``candidate``'s status message ``sm`` (naming ``publications``)
+        with the probes :meth:`_from_unvalidated` describes."""
+        token = table.token_of(candidate)
+        if sm.session_id == 0:
+            probed = set()
+            for publication in publications:
+                if publication.stream_id not in probed:
+                    probed.add(publication.stream_id)
+                    probe = Heartbeat(0, token, publication.stream_id, 0)
+                    self._challenge(table, publication, probe.encode(), candidate)
+            if table.status_messages_of(candidate) < 2:
+                return  # a receiver of any session answers the heartbeat at once
+            for publication in publications:
+                self._challenge(table, publication, publication.setup_frame(), candidate)
+        elif sm.is_setup_request:
+            [publication] = publications
+            self._challenge(table, publication, publication.setup_frame(), candidate)
+        else:
+            [publication] = publications
+            request = Rttm(publication.session_id, publication.stream_id, token, 0, 0,
+                           RTTM_REPLY_FLAG)
+            self._challenge(table, publication, request.encode(), candidate)
 
     def _challenge(self, table: DestinationTable, publication: NetworkPublication,
                    frame: bytes, candidate: Address) -> None:
