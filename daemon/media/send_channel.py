@@ -54,7 +54,7 @@ class SendChannel:
     message that names a stream of the endpoint keeps its source a destination, or makes it a
     candidate, which must validate first (:mod:`slipstream.daemon.media.destinations`): until
     then what comes from it goes no further than this object, and it is sent the validation
-    probe only (:attr:`challenges`)."""
+    probes only (:attr:`challenges`)."""
 
     def __init__(self, *, counters: ProtocolCounters,
                  destinations: DestinationTable | None = None,
