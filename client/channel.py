@@ -243,6 +243,9 @@ class Channel:
     entity_tag: int | None = None
     stream_id: int | None = None
     response_correlation_id: int | None = None
+    # join=: the subnets a dynamic multi-destination-cast publication hears status messages
+    # from (docs/PROTOCOL.md §7.4.1)
+    join: tuple[Subnet, ...] | None = None
     uri: str = attrs.field(default="", eq=False)  # as given to parse_channel
 
     @property
@@ -548,6 +551,29 @@ def _session_id(text: str) -> tuple[int | None, int | None]:
     return _int32(text), None
 
 
+#: A subnet a ``join=`` list names.
+Subnet = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_join(text: str) -> tuple[Subnet, ...]:
+    """A ``join=`` value (or the ``mdc_join`` setting): subnets separated by commas
+    (``10.1.0.0/16,fd00::/8``; a bare address is its own /32 or /128).  BadValue naming the
+    bad item otherwise."""
+    subnets = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            subnets.append(ipaddress.ip_network(item, strict=True))
+        except ValueError as e:
+            raise _Bad(f"{item!r} is not a subnet (ADDRESS/PREFIX, no host bits set): "
+                       f"{e}") from None
+    return tuple(subnets)
+
+
+def _format_join(channel: Channel) -> str | None:
+    return None if channel.join is None else ",".join(str(each) for each in channel.join)
+
+
 # -- the parameter table ----------------------------------------------------------------------
 
 
@@ -645,6 +671,7 @@ _PARAMS: Final[dict[str, _Param]] = {
     "tags": _Param(("channel_tag", "entity_tag"), _tags, formatter=_format_tags),
     "stream-id": _param("stream_id", _int32),
     "response-correlation-id": _param("response_correlation_id", _int64),
+    "join": _Param(("join",), parse_join, udp_only=True, formatter=_format_join),
 }
 
 # The keys only one side of a stream acts on (a publication's sender and flow control, or a
@@ -653,7 +680,7 @@ _PARAMS: Final[dict[str, _Param]] = {
 # (ChannelWarning).
 PUBLICATION_ONLY_KEYS: Final = ("fc", "rc", "policy", "priority", "watermarks", "max-resend",
                                 "pub-wnd", "linger", "eos", "init-term-id", "term-id",
-                                "term-offset", "ssc", "response-correlation-id")
+                                "term-offset", "ssc", "response-correlation-id", "join")
 SUBSCRIPTION_ONLY_KEYS: Final = ("cc", "gtag", "rcv-wnd", "nak-delay", "reliable", "tether",
                                  "rejoin", "untethered-window-limit-timeout",
                                  "untethered-resting-timeout")
@@ -793,6 +820,9 @@ def _validate(uri: str, c: Channel) -> None:
             and c.control_mode not in ("manual", "response"):
         raise ChannelError(uri, "endpoint", "aeron:udp needs endpoint, control, tags or "
                                             "control-mode=manual|response")
+    if c.join is not None and c.control_mode != "dynamic":
+        raise ChannelError(uri, "join", "names who may join a control-mode=dynamic "
+                                        "publication; this channel has no such thing")
     if c.is_ipc and c.control_mode not in (None, "response"):
         raise ChannelError(uri, "control-mode", f"{c.control_mode!r} applies to aeron:udp only; "
                                                 f"aeron:ipc takes response only")

@@ -252,6 +252,19 @@ class SystemCounter(enum.IntEnum):
     # status messages naming no publication of the send endpoint they reached (dropped: no
     # multi-destination-cast destination is learned from one)
     UNMATCHED_STATUS_MESSAGES = 47
+    # issue 59, mdcvalid: a dynamic multi-destination-cast endpoint's address validation
+    # status messages (and any control frame) from a source outside the endpoint's join=
+    # subnets, dropped unread
+    MDC_JOIN_SUBNET_DROPS = 48
+    # candidate destinations (learned from a status message) dropped because they did not
+    # prove within mdc_validation_timeout that they receive what is sent to their address
+    MDC_UNVALIDATED_DROPS = 49
+    # status messages from a new source refused as a candidate: the endpoint already has
+    # mdc_candidates_max candidates waiting to validate
+    MDC_CANDIDATES_REFUSED = 50
+    # datagrams not sent to an unvalidated address because they would take what was sent to
+    # it past 3x what arrived from it (RFC 9000 section 8's anti-amplification limit)
+    MDC_AMPLIFICATION_DROPS = 51
 
     @property
     def label(self) -> str:

@@ -45,6 +45,7 @@ from slipstream.client.channel import (
     RECEIVER_WINDOW_RANGE,
     SOCKET_BUFFER_RANGE,
     TIMEOUT_RANGE_NS,
+    parse_join,
 )
 from slipstream.client.control import default_driver_directory, file_mode
 from slipstream.client.errors import ConfigurationError
@@ -226,6 +227,16 @@ def _toml_string(text: str) -> str:
             out.append(ch)
     out.append('"')
     return "".join(out)
+
+
+def _check_join(value: str) -> str | None:
+    if value == "":
+        return None
+    try:
+        parse_join(value)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _check_host_port(value: str) -> str | None:
@@ -569,6 +580,31 @@ class DriverSettings:
     )
     max_resend: int = _int(
         16, "Concurrent retransmit actions per publication (count).", low=1, high=256
+    )
+    mdc_join: str = _text(
+        "",
+        "The subnets a dynamic multi-destination-cast publication (control-mode=dynamic) hears "
+        "status messages from, comma-separated (10.1.0.0/16,fd00::/8), for a channel without "
+        'join=; "" = any address. A status message from outside is dropped and counted '
+        "(mdc join subnet drops) (slipstream).",
+        check=_check_join, accepted_text='"" (any) or subnets ADDRESS/PREFIX separated by commas',
+    )
+    mdc_candidates_max: int = _int(
+        64,
+        "Sources a dynamic multi-destination-cast endpoint validates at once (count): a "
+        "status message from a new source while this many wait is dropped and counted (mdc "
+        "candidates refused), so forged source addresses cannot grow its state (slipstream).",
+        low=1, high=65536,
+    )
+    mdc_validation_timeout: int = _duration(
+        3 * _S,
+        "A source of status messages at a dynamic multi-destination-cast endpoint that has not "
+        "proved within this that it receives what is sent to its address (its receiver asks "
+        "for the SETUP of the random session of a heartbeat sent there) is dropped and "
+        "counted (mdc unvalidated drops), ns. Until then it is sent at most 3x the bytes that "
+        "came from it (RFC 9000 8.1) and no data. A receiver joins by a status message a "
+        "second, so 3 s is three tries (slipstream).",
+        low=_MS, high=_HOUR,
     )
     debug_receive_data_loss: int = _int(
         0,

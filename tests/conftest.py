@@ -242,6 +242,8 @@ MODULE_LANES = {
     "test_mdc": "sockets",
     "test_mds": "sockets",
     "test_mdc_hosts": "hosts",
+    "test_mdc_validation": "sockets",
+    "test_mdc_validation_hosts": "hosts",
     "test_udp_failures": "sockets",
     "test_udp_untethered": "sockets",
 }

@@ -84,6 +84,9 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "retransmit_unicast_delay": 0,
     "retransmit_unicast_linger": 200 * US,
     "max_resend": 16,
+    "mdc_join": "",
+    "mdc_candidates_max": 64,
+    "mdc_validation_timeout": 3 * S,
     "debug_receive_data_loss": 0,  # Aeron: aeron.debug.receive.data.loss.rate, off
     "debug_receive_data_loss_seed": 1,
     "debug_conductor_gil_hold": 0,
@@ -143,6 +146,8 @@ def _alternative(key: str) -> Any:
         candidates = ["127.0.0.1:9100"]
     elif key == "client_group":
         candidates = ["slipstream"]
+    elif key == "mdc_join":
+        candidates = ["10.1.0.0/16,fd00::/8"]
     elif spec.kind is Kind.BOOL:
         candidates = [not d]
     elif spec.kind is Kind.CHOICE:
@@ -283,6 +288,8 @@ BAD_VALUES = [
     ("mtu_length", 65536, "64k is not a multiple of 32 in 64..65504"),
     ("max_resend", 0, "0 is not an integer in 1..256"),
     ("max_resend", 257, "257 is not an integer in 1..256"),
+    ("mdc_join", "10.1.0.1/16", "host bits set"),
+    ("mdc_join", "10.1.0.0/16,nowhere", "'nowhere' is not a subnet"),
     ("counters_capacity", "lots", "expected an integer in 256..1000000"),
     ("counters_capacity", "64", "64 is not an integer in 256..1000000"),  # held one stream
     ("status_message_timeout", "-5s", "expected a duration in 1ns..1h"),
@@ -482,6 +489,8 @@ def _valid_values(key: str) -> st.SearchStrategy[Any]:
         return st.sampled_from(["", "127.0.0.1:9100", "[::1]:0", "host.example:65535"])
     if key == "client_group":
         return st.sampled_from(["", "slipstream", "1001", "spark-users"])
+    if key == "mdc_join":
+        return st.sampled_from(["", "10.1.0.0/16", "10.1.0.0/16,10.2.0.0/24", "fd00::/8"])
     if spec.kind is Kind.BOOL:
         return st.booleans()
     if spec.kind is Kind.CHOICE:

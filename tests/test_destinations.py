@@ -9,17 +9,33 @@ cell, and when a dynamic destination expires.
 from __future__ import annotations
 
 import socket
+import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slipstream.client.channel import parse_channel
+from slipstream.client.channel import parse_channel, parse_join
 from slipstream.client.counters import SystemCounter
-from slipstream.client.frames import ResponseSetup, Setup, StatusMessage, decode
-from slipstream.client.layout import NO_DEADLINE, SM_SEND_SETUP_FLAG
+from slipstream.client.frames import (
+    ErrorFrame,
+    Heartbeat,
+    ResponseSetup,
+    Rttm,
+    Setup,
+    StatusMessage,
+    decode,
+)
+from slipstream.client.layout import (
+    NO_DEADLINE,
+    RTTM_REPLY_FLAG,
+    SM_LENGTH,
+    SM_SEND_SETUP_FLAG,
+)
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.config import DriverSettings
@@ -30,6 +46,7 @@ from slipstream.daemon.media.destinations import (
     DESTINATION_TIMEOUT_NS,
     ControlMode,
     DestinationTable,
+    Heard,
 )
 from slipstream.daemon.media.events import ResponseSetupArrived
 from slipstream.daemon.media.send_channel import SendChannel
@@ -52,35 +69,66 @@ def c_addresses(table: DestinationTable) -> list[Address]:
             for i in range(c.count)]
 
 
-operations = st.lists(st.tuples(st.sampled_from(["add", "remove", "sm", "expire"]),
+operations = st.lists(st.tuples(st.sampled_from(["add", "remove", "sm", "echo", "expire"]),
                                 st.sampled_from(ADDRESSES + NOT_DESTINATIONS),
                                 st.integers(min_value=0, max_value=3 * S)), max_size=40)
 
 
+def _token(address: Address) -> int:
+    """The token a test table gives ``address`` (a real one draws 32 random bits)."""
+    return (hash(address) & 0x7FFF_FFFF) | 1
+
+
 @settings(max_examples=200, deadline=None)
-@given(mode=st.sampled_from(list(ControlMode)), ops=operations)
-def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops) -> None:
+@given(mode=st.sampled_from([ControlMode.MANUAL, ControlMode.DYNAMIC]), ops=operations,
+       max_candidates=st.integers(min_value=1, max_value=4))
+def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops,
+                                                         max_candidates: int) -> None:
+    """A dynamic table sends (its C view holds) only what was added or validated: a status
+    message's source is a candidate, at most ``max_candidates`` at once, until it echoes its
+    token (``echo``) or its validation time runs out."""
     cell = network_ffi.new("int64_t *")
-    table = DestinationTable(mode, count_cell=cell)
+    tokens = iter([])
+    table = DestinationTable(mode, count_cell=cell, max_candidates=max_candidates,
+                             token_source=lambda: next(tokens))
     model: dict[Address, int] = {}  # address -> last seen
+    candidates: dict[Address, int] = {}  # address -> first seen
     now = 0
     for op, address, step in ops:
         now += step
         if op == "add":
             assert table.add(address, now) == (address not in model)
             model.setdefault(address, now)
+            candidates.pop(address, None)  # an added one is no longer validating
         elif op == "remove":
             assert table.remove(address) == (address in model)
             model.pop(address, None)
-        elif op == "sm":
-            new = table.on_status_message(address, now)
-            if mode is ControlMode.DYNAMIC and (address in model
-                                                or address not in NOT_DESTINATIONS):
-                assert new == (address not in model)
+        elif op == "sm" and mode is ControlMode.DYNAMIC:
+            tokens = iter([_token(address)])
+            heard = table.on_status_message(address, now, SM_LENGTH)
+            if address in model:
+                assert heard is Heard.DESTINATION
                 model[address] = now
-            else:  # a manual table learns nothing from status messages, nor from a bad source
-                assert not new
-        else:
+            elif address in NOT_DESTINATIONS:
+                assert heard is Heard.UNSENDABLE
+            elif address in candidates or len(candidates) < max_candidates:
+                assert heard is Heard.CANDIDATE
+                candidates.setdefault(address, now)
+            else:
+                assert heard is Heard.FULL
+        elif op == "echo":
+            assert not table.on_token(address, _token(address) ^ 2, now)
+            validated = table.on_token(address, _token(address), now)
+            assert validated == (address in candidates and address not in model)
+            if validated:
+                del candidates[address]
+                model[address] = now
+        elif op == "expire":
+            unvalidated = table.expire_candidates(now)
+            assert sorted(unvalidated) == sorted(
+                a for a, since in candidates.items() if now - since >= table.validation_timeout_ns)
+            for a in unvalidated:
+                del candidates[a]
             gone = table.expire(now)
             expected = ([a for a, seen in model.items() if now - seen >= DESTINATION_TIMEOUT_NS]
                         if mode is ControlMode.DYNAMIC else [])
@@ -89,18 +137,23 @@ def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops)
                 del model[a]
         assert table.addresses == list(model)
         assert c_addresses(table) == list(model)
+        assert sorted(table.candidates) == sorted(a for a in candidates if a not in model)
         assert cell[0] == len(model)
-        if mode is ControlMode.DYNAMIC and model:
-            assert table.next_expiry_ns() == min(model.values()) + DESTINATION_TIMEOUT_NS
+        deadlines = ([seen + DESTINATION_TIMEOUT_NS for seen in model.values()]
+                     + [since + table.validation_timeout_ns for a, since in candidates.items()
+                        if a not in model])
+        if mode is ControlMode.DYNAMIC and deadlines:
+            assert table.next_expiry_ns() == min(deadlines)
         else:
             assert table.next_expiry_ns() == NO_DEADLINE
 
 
 def _publication(shm: Path, counters: LocalCounters,
                  uri: str = "aeron:udp?control=127.0.0.1:40456|control-mode=dynamic",
-                 session_id: int = 5) -> NetworkPublication:
+                 session_id: int = 5, stream_id: int = 6) -> NetworkPublication:
     log = LogBuffer.create(shm / f"{uuid.uuid4().hex}.log", term_length=64 * 1024,
-                           initial_term_id=10, session_id=session_id, stream_id=6, mtu=1408,
+                           initial_term_id=10, session_id=session_id, stream_id=stream_id,
+                           mtu=1408,
                            correlation_id=1)
     channel = parse_channel(uri)
     settings = DriverSettings(term_buffer_length=64 * 1024)
@@ -111,46 +164,212 @@ def _publication(shm: Path, counters: LocalCounters,
                               now_ns=0, destination=ALL_DESTINATIONS)
 
 
-def test_a_dynamic_endpoint_learns_only_from_status_messages_that_name_its_streams(
-        shm: Path) -> None:
-    """A setup-eliciting SM (session 0, stream 0 or the stream's id) and an SM of one of its
-    publications make their source a destination, unless it is no address to send to; an SM
-    of a session it does not have (a forged one) is counted and teaches nothing, and its
-    publications take the SMs C would otherwise take (``sm_in_c`` stays off: every SM keeps a
-    destination alive)."""
-    counters = LocalCounters()
-    table = DestinationTable(ControlMode.DYNAMIC)
-    channel = SendChannel(counters=counters, destinations=table)
+def _validating_channel(shm: Path, counters: LocalCounters, **table: Any
+                        ) -> tuple[SendChannel, DestinationTable, NetworkPublication]:
+    destinations = DestinationTable(ControlMode.DYNAMIC, token_source=lambda: TOKEN, **table)
+    channel = SendChannel(counters=counters, destinations=destinations)
     publication = _publication(shm, counters)
     channel.add_publication(publication)
+    return channel, destinations, publication
+
+
+TOKEN = -0x1234_5678
+ELICIT = StatusMessage(0, 0, 0, 0, 0, 1, SM_SEND_SETUP_FLAG)  # a joining receiver's
+PROBE = Heartbeat(0, TOKEN, 6, 0)  # the validation probe of stream 6
+#: A receiver's answer to the probe (a heartbeat of session TOKEN): it asks for that SETUP.
+ECHO = StatusMessage(TOKEN, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG)
+#: A receiver's reply to the RTTM probe (sent to one with an image): the token echoed.
+RTTM_ECHO = Rttm(5, 6, TOKEN, 0, 1, 0)
+
+
+def test_a_dynamic_endpoint_sends_a_new_source_only_the_validation_exchange_until_it_echoes(
+        shm: Path) -> None:
+    """A setup-eliciting SM (session 0, stream 0 or the stream's id) or an SM of one of its
+    publications makes its source a candidate, never a destination: it is answered by a
+    heartbeat of the stream whose session is the candidate's token, to its address only; the
+    publication hears none of it (no receiver, no SETUP elicited).  The SM asking for that
+    session's SETUP from that address, and only from there, makes it a destination, whose SMs
+    then go on to the publication.  An SM of a session the endpoint does not have teaches
+    nothing; a candidate that does not validate in time is dropped and counted."""
+    counters = LocalCounters()
+    channel, table, publication = _validating_channel(shm, counters)
     assert publication.learns_destinations
     joining, member, forger = ("127.0.0.1", 50001), ("127.0.0.1", 50002), ("127.0.0.1", 50003)
 
-    forged = StatusMessage(999, 6, 10, 0, 65536, 3, 0)
-    channel.on_control(forged.encode(), forger, 1)
-    assert table.addresses == [] and counters[SystemCounter.UNMATCHED_STATUS_MESSAGES] == 1
-    other_stream = StatusMessage(0, 7, 0, 0, 0, 3, SM_SEND_SETUP_FLAG)
-    channel.on_control(other_stream.encode(), forger, 2)
-    assert table.addresses == [] and counters[SystemCounter.UNMATCHED_STATUS_MESSAGES] == 2
-
-    # A joining receiver is a destination; its session-0 SM elicits no SETUP (its data
-    # will, per session it wants): a SETUP here would hold fc=min for streams it never takes.
-    elicit = StatusMessage(0, 0, 0, 0, 0, 1, SM_SEND_SETUP_FLAG)
+    channel.on_control(StatusMessage(999, 6, 10, 0, 65536, 3, 0).encode(), forger, 1)
+    channel.on_control(StatusMessage(0, 7, 0, 0, 0, 3, SM_SEND_SETUP_FLAG).encode(), forger, 2)
+    assert table.candidates == [] and counters[SystemCounter.UNMATCHED_STATUS_MESSAGES] == 2
     for bad_source in (("127.0.0.1", 0), ("224.0.1.1", 5000), ("::1", 5000)):
-        channel.on_control(elicit.encode(), bad_source, 3)
-    assert table.addresses == [] and counters[SystemCounter.INVALID_PACKETS] == 3
-    channel.on_control(elicit.encode(), joining, 3)
-    assert table.addresses == [joining] and not publication.is_setup_elicited
-    sm = StatusMessage(5, 6, 10, 0, 65536, 2, 0)
-    channel.on_control(sm.encode(), member, 4)
-    assert table.addresses == [joining, member]
+        channel.on_control(ELICIT.encode(), bad_source, 3)
+    assert table.candidates == [] and counters[SystemCounter.INVALID_PACKETS] == 3
+    assert channel.challenges == []
 
-    channel.on_control(sm.encode(), member, 4 * S)  # the member stays, the other goes quiet
-    assert channel.expire_destinations(5 * S + 2) == []
-    assert channel.expire_destinations(5 * S + 3) == [joining]
+    channel.on_control(ELICIT.encode(), joining, 3)
+    assert table.addresses == [] and table.candidates == [joining]
+    assert [(p, d.address, decode(d.data)) for p, d in channel.challenges] == [
+        (publication, joining, PROBE)]
+    assert not publication.is_setup_elicited
+    assert counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 0
+
+    channel.on_control(attrs.evolve(ECHO, session_id=TOKEN + 1).encode(), joining, 4)
+    channel.on_control(attrs.evolve(ECHO, flags=0).encode(), joining, 4)
+    channel.on_control(ECHO.encode(), forger, 4)  # the token, from elsewhere
+    assert table.addresses == [] and table.candidates == [joining]
+    channel.on_control(ECHO.encode(), joining, 5)
+    assert table.addresses == [joining] and table.candidates == []
+    sm = StatusMessage(5, 6, 10, 0, 65536, 2, 0)
+    channel.on_control(sm.encode(), joining, 6)
+    assert counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 1  # now the publication's
+
+    channel.challenges.clear()
+    channel.on_control(sm.encode(), member, 7)  # has an image: an RTTM with the token
+    assert [decode(d.data) for _, d in channel.challenges] == [
+        Rttm(5, 6, TOKEN, 0, 0, RTTM_REPLY_FLAG)]
+    channel.on_control(attrs.evolve(RTTM_ECHO, echo_timestamp=TOKEN + 1).encode(), member, 7)
+    channel.on_control(attrs.evolve(RTTM_ECHO, flags=RTTM_REPLY_FLAG).encode(), member, 7)
+    assert table.candidates == [member]
+    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 1  # the request's echo
+    assert channel.expire_destinations(3 * S + 6) == []
+    assert counters[SystemCounter.MDC_UNVALIDATED_DROPS] == 0
+    assert channel.expire_destinations(3 * S + 7) == []  # the member never answered
+    assert table.candidates == [] and counters[SystemCounter.MDC_UNVALIDATED_DROPS] == 1
+
+    channel.on_control(sm.encode(), joining, 4 * S)
     assert channel.next_deadline_ns() == 9 * S
+    assert channel.expire_destinations(9 * S - 1) == []
+    assert channel.expire_destinations(9 * S) == [joining]
     publication.sync_c_half()
     assert not publication.c.sm_in_c
+
+
+def test_a_receiver_of_one_session_validates_by_the_rttm_echo(shm: Path) -> None:
+    """A receiver that takes one session only answers no heartbeat of another: from a
+    candidate's second joining SM on, each publication's SETUP goes to it too (and only to it);
+    an SM asking for that session's SETUP gets it; the image it makes sends SMs of the
+    session, answered by an RTTM request with the token, whose echo validates it."""
+    counters = LocalCounters()
+    channel, table, publication = _validating_channel(shm, counters)
+    one = ("127.0.0.1", 50004)
+    channel.on_control(ELICIT.encode(), one, 1)
+    assert [decode(d.data) for _, d in channel.challenges] == [PROBE]
+    channel.challenges.clear()
+    channel.on_control(ELICIT.encode(), one, 1 * S)  # no answer came: its second
+    sent = [decode(d.data) for _, d in channel.challenges]
+    assert sent[0] == PROBE and isinstance(sent[1], Setup) and len(sent) == 2
+    assert (sent[1].session_id, sent[1].stream_id) == (5, 6)
+    assert {d.address for _, d in channel.challenges} == {one}
+    channel.challenges.clear()
+    channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(), one, 2)
+    [(_, setup)] = channel.challenges
+    assert isinstance(decode(setup.data), Setup)
+    channel.challenges.clear()
+    channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 1, 0).encode(), one, 3)
+    [(_, request)] = channel.challenges
+    assert decode(request.data) == Rttm(5, 6, TOKEN, 0, 0, RTTM_REPLY_FLAG)
+    assert table.addresses == [] and counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 0
+    channel.on_control(RTTM_ECHO.encode(), one, 4)
+    assert table.addresses == [one] and table.candidates == []
+    assert not publication.is_setup_elicited
+
+
+def test_join_subnets_and_the_candidate_bound_refuse_by_cause(shm: Path) -> None:
+    """``join=``: a source outside the subnets is dropped unanswered, whatever it sends; at
+    most ``max_candidates`` sources validate at once, a new one beyond is refused (while a
+    candidate's own SMs go on being answered)."""
+    counters = LocalCounters()
+    channel, table, _ = _validating_channel(
+        shm, counters, join=parse_join("10.1.0.0/16,fd00::/8"), max_candidates=2)
+    channel.on_control(ELICIT.encode(), ("10.2.0.1", 4000), 1)
+    channel.on_control(ECHO.encode(), ("10.2.0.1", 4000), 1)
+    assert counters[SystemCounter.MDC_JOIN_SUBNET_DROPS] == 2
+    assert table.candidates == [] and channel.challenges == []
+    for port in (4001, 4002, 4003):
+        channel.on_control(ELICIT.encode(), ("10.1.7.7", port), 2)
+    assert table.candidates == [("10.1.7.7", 4001), ("10.1.7.7", 4002)]
+    assert counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
+    assert len(channel.challenges) == 2
+    channel.on_control(ELICIT.encode(), ("10.1.7.7", 4001), 3)  # its second: + the SETUP
+    assert len(channel.challenges) == 4 and counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
+
+
+SOURCES = [("127.0.0.1", 50001 + i) for i in range(3)]
+#: What any host may send a dynamic endpoint: SMs of every kind (a joiner's, its session's
+#: with and without S, a forged session's, tagged), RTTM echoes with the token or not, RTTM
+#: requests, and others' control frames.
+INPUTS = [ELICIT, StatusMessage(0, 0, 0, 0, 0, 1, SM_SEND_SETUP_FLAG, group_tag=7),
+          StatusMessage(5, 6, 10, 0, 65536, 1, 0),
+          StatusMessage(5, 6, 10, 0, 65536, 1, SM_SEND_SETUP_FLAG),
+          StatusMessage(9, 6, 10, 0, 65536, 1, 0),
+          ECHO, attrs.evolve(ECHO, session_id=1), Rttm(5, 6, 77, 0, 1, RTTM_REPLY_FLAG),
+          RTTM_ECHO, attrs.evolve(RTTM_ECHO, echo_timestamp=2),
+          Rttm(5, 6, 77, 0, 1, 0),
+          ErrorFrame(5, 6, 1, 0, "no")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(SOURCES), st.sampled_from(INPUTS),
+                                st.integers(min_value=0, max_value=S)), max_size=60),
+       echoes=st.booleans())
+def test_a_never_validated_address_is_sent_at_most_three_times_what_came_from_it(
+        steps, echoes: bool) -> None:
+    """For any sequence of control frames from any sources, the bytes the endpoint sends an
+    address that never validated stay within 3x the bytes that arrived from it (RFC 9000
+    8.1), and nothing goes to any address through the data path's table before it echoed
+    its token.  (``echoes`` off: the token frames are left out, so nothing validates.)"""
+    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="slipstream-test-") as shm:
+        _never_more_than_three_times(Path(shm), steps, echoes)
+
+
+def _never_more_than_three_times(shm: Path, steps, echoes: bool) -> None:
+    counters = LocalCounters()
+    channel, table, publication = _validating_channel(shm, counters)
+    for session_id in (7, 8, 9):  # a joiner's SM (stream 0) asks more than 3x allows
+        channel.add_publication(_publication(shm, counters, session_id=session_id,
+                                             stream_id=session_id))
+    arrived = dict.fromkeys(SOURCES, 0)
+    sent = dict.fromkeys(SOURCES, 0)
+    validated: set[Address] = set()
+    now = 0
+    for source, frame, step in steps:
+        if not echoes and frame in (ECHO, RTTM_ECHO):
+            continue
+        now += step
+        data = frame.encode()
+        arrived[source] += len(data)
+        echoed = source in table.candidates and frame in (ECHO, RTTM_ECHO)
+        channel.on_control(data, source, now)
+        channel.expire_destinations(now)
+        for _, datagram in channel.challenges:
+            sent[datagram.address] += len(datagram.data)
+        channel.challenges.clear()
+        if echoed:
+            validated.add(source)
+        assert set(table.addresses) <= validated
+        assert set(send_point.destinations_of(publication) if publication.c.destinations
+                   else []) <= validated
+        for address in SOURCES:
+            if address not in validated:
+                assert sent[address] <= 3 * arrived[address]
+
+
+def test_what_does_not_fit_in_three_times_what_arrived_is_withheld_and_counted(
+        shm: Path) -> None:
+    """A joining receiver's SM (36 bytes, stream 0: every stream) at an endpoint of four
+    streams would be answered by four probes (128 bytes): the three that fit in 108 go, the
+    fourth is withheld and counted; so again for the next (192 of 216 sent), and its four
+    SETUPs (for a receiver of one session) do not fit either."""
+    counters = LocalCounters()
+    channel, _, _ = _validating_channel(shm, counters)
+    for session_id, stream_id in ((7, 7), (8, 8), (9, 9)):
+        channel.add_publication(_publication(shm, counters, session_id=session_id,
+                                             stream_id=stream_id))
+    joining = ("127.0.0.1", 50001)
+    channel.on_control(ELICIT.encode(), joining, 1)
+    assert [len(d.data) for _, d in channel.challenges] == [32, 32, 32]  # 96 of 108
+    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 1
+    channel.on_control(ELICIT.encode(), joining, 2)
+    assert sum(len(d.data) for _, d in channel.challenges) == 192
+    assert counters[SystemCounter.MDC_AMPLIFICATION_DROPS] == 1 + 1 + 4
 
 
 def _receive_all(sock: socket.socket) -> list[bytes]:

@@ -221,6 +221,11 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
             for endpoint in self.endpoints:
                 endpoint.channel.has_python_work = False
                 work += endpoint.transport.dispatch(endpoint.channel, now_ns)
+                if endpoint.channel.challenges:
+                    for publication, datagram in endpoint.channel.challenges:
+                        send_publication_frames(publication, (datagram,))
+                    work += len(endpoint.channel.challenges)
+                    endpoint.channel.challenges.clear()
                 work += len(endpoint.channel.expire_destinations(now_ns))
                 if endpoint.channel.response_setups:
                     for arrived in endpoint.channel.response_setups:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.client import control
-from slipstream.client.channel import Channel, keys_given
+from slipstream.client.channel import Channel, Subnet, keys_given, parse_join
 from slipstream.client.counters import (
     BACK_PRESSURE_TYPES,
     CountersFile,
@@ -246,7 +246,14 @@ class SendSide:
     def _send_endpoint(self, key: tuple[Any, ...], channel: Channel,
                        destination: Address) -> _SendEndpointEntry:
         entry = self._send_endpoints.get(key)
+        join = self._join_of(channel)
         if entry is not None:
+            table = entry.endpoint.channel.destinations
+            if table is not None and table.mode is ControlMode.DYNAMIC and table.join != join:
+                raise ChannelError(str(channel), "join",
+                                   "differs from the join= of the other publications of its "
+                                   "control address, which share one endpoint and one list "
+                                   "of who may join")
             if entry.state is _EndpointState.CLOSING:  # revive it: the removal is undone
                 entry.state = _EndpointState.OPEN
                 self.sender_proxy.on_add_endpoint(entry.endpoint)
@@ -255,9 +262,11 @@ class SendSide:
         if destination == ALL_DESTINATIONS and not channel.is_response:
             counter_id = self.counters.allocate(CounterType.MDC_DESTINATIONS,
                                                 f"mdc-destinations: {channel}")
-            destinations = DestinationTable(ControlMode(channel.control_mode),
-                                            ip_version=ip_version_of(channel),
-                                            count_cell=self.counters.address(counter_id))
+            destinations = DestinationTable(
+                ControlMode(channel.control_mode), ip_version=ip_version_of(channel),
+                count_cell=self.counters.address(counter_id), join=join,
+                max_candidates=self.settings.mdc_candidates_max,
+                validation_timeout_ns=self.settings.mdc_validation_timeout)
         try:
             transport = self.transports.open_send(channel, destination)
         except OSError as e:
@@ -274,6 +283,15 @@ class SendSide:
                                                                destinations_counter_id=counter_id)
         self.sender_proxy.on_add_endpoint(endpoint)
         return entry
+
+    def _join_of(self, channel: Channel) -> tuple[Subnet, ...]:
+        """Who may join a dynamic endpoint: the channel's ``join=``, else the ``mdc_join``
+        setting's subnets (none: anyone)."""
+        if channel.control_mode != ControlMode.DYNAMIC.value:
+            return ()
+        if channel.join is not None:
+            return channel.join
+        return parse_join(self.settings.mdc_join) if self.settings.mdc_join else ()
 
     def release_publication(self, registration_id: int, now_ns: int) -> None:
         """One publisher left; the last one closes the publication (it drains, then lingers,

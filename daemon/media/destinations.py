@@ -9,36 +9,66 @@ its :class:`DestinationTable` (docs/PROTOCOL.md §7.4).  A response publication
   nothing else does, and a destination stays until it is removed.
 * **dynamic**: a receiver joins by sending status messages to the endpoint's control address
   (its subscription names it with ``control=``); the source of each one that names a stream of
-  the endpoint is a destination, until none has come from there for
+  the endpoint is first a *candidate*, and a destination once it has proved that it receives
+  what is sent to its address (below), until none has come from there for
   :data:`DESTINATION_TIMEOUT_NS`.
 * **response**: the client's response subscription sends a setup-eliciting status message
   naming the response publication's session to the control address; its source is the one
   destination (:meth:`DestinationTable.learn_response_destination`), kept until a later one
   replaces it or the publication goes.
 
-This module decides which destinations exist (the policy, per status message and timer);
-the fan-out is the C half's: the send channel endpoint's send (``ss_send_channel_send``,
-daemon/network_endpoints.c) sends every datagram, the Python half's included, to each
-destination of the table (``ss_destination_list_t``), which this object writes, on the
-sender's thread.  Units: ns.
+Address validation (dynamic mode; RFC 9000 section 8.1's rule, docs/PROTOCOL.md §7.4.1).  A
+status message's source address can be forged, so a source is not sent the stream on its
+word: a candidate is in no C table (the data path never sends to it), and what the endpoint
+sends it (the validation probes) is charged against three times the bytes that arrived from it
+(:meth:`DestinationTable.may_send`).  Each candidate has a *token*, 32 random bits drawn for it
+and sent to its address only, in one of two probes:
+
+* a heartbeat (an empty DATA frame) of the stream whose session id is the token: a receiver
+  that takes any session of the stream and has no image of that one asks for its SETUP, a
+  setup-eliciting status message naming the token (Aeron's
+  ``aeron_data_packet_dispatcher_elicit_setup_from_source``, slipstream's receive channel);
+  its image is then made from the SETUP its real session's data elicits once it is a
+  destination, where the stream is then;
+* an RTTM request whose echo timestamp is the token, to a receiver with an image of the
+  session (one whose SMs name it): its reply echoes the token (Aeron's
+  ``aeron_data_packet_dispatcher_on_rttm``).  A receiver that takes one session only (and
+  ignores the heartbeat) gets that image from a SETUP sent to it alone once it asks again.
+
+Either answer from the candidate's address proves that a host reading datagrams sent to that
+address answered: the candidate becomes a destination (:meth:`DestinationTable.on_token`).  A
+candidate that has not done so within ``validation_timeout_ns`` is dropped, and at most
+``max_candidates`` wait at once, so forged source addresses cannot grow the table.  ``join``:
+when given, only sources within these subnets are heard at all
+(:meth:`DestinationTable.admits`).
 """
 
 from __future__ import annotations
 
 import enum
 import ipaddress
+import secrets
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import attrs
 
-from slipstream.client.channel import Channel
+from slipstream.client.channel import Channel, Subnet
 from slipstream.client.layout import NO_DEADLINE
 from slipstream.daemon._network import ffi as network_ffi
+from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.protocol.types import Address, sockaddr
 
 #: A dynamic destination with no status message for this long is dropped (Aeron's
 #: ``DESTINATION_TIMEOUT``, 5 s).
 DESTINATION_TIMEOUT_NS: Final = 5_000_000_000
+
+#: What a dynamic endpoint sends an address that has not proved it receives there, at most,
+#: per byte that arrived from it (RFC 9000 section 8.1's anti-amplification limit).
+AMPLIFICATION_FACTOR: Final = 3
+
+#: The settings' defaults (a table made without them, as in unit tests).
+_DEFAULTS: Final = attrs.fields(DriverSettings)
 
 #: The address a publication of such an endpoint gives its control frames (SETUP, RTTM,
 #: heartbeats sent from Python): its endpoint's send in C sends them to every destination
@@ -71,6 +101,14 @@ def ip_version_of(channel: Channel) -> int:
     return ip.version if ip is not None else 4
 
 
+def _random_token() -> int:
+    """32 random bits as an int32 session id other than 0 (a joining receiver's)."""
+    while True:
+        token = secrets.randbits(32) - (1 << 31)
+        if token != 0:
+            return token
+
+
 def can_send_to(address: Address, ip_version: int) -> bool:
     """Whether a dynamic destination may be ``address``: a unicast host of the socket's IP
     version and a port (a status message's source could be anything: port 0, a group, the
@@ -83,10 +121,38 @@ def can_send_to(address: Address, ip_version: int) -> bool:
             and not ip.is_unspecified and str(ip) != "255.255.255.255")
 
 
+class Heard(enum.Enum):
+    """What a status message's source is to a dynamic table
+    (:meth:`DestinationTable.on_status_message`)."""
+
+    #: A validated destination: its status messages go on to the publications.
+    DESTINATION = "destination"
+    #: A candidate (new, or one still validating): only the validation exchange.
+    CANDIDATE = "candidate"
+    #: Outside the ``join=`` subnets: dropped.
+    OUTSIDE_JOIN = "outside join"
+    #: A new source while ``max_candidates`` candidates wait: refused.
+    FULL = "full"
+    #: No address to send to (:func:`can_send_to`).
+    UNSENDABLE = "unsendable"
+
+
 @attrs.define(eq=False)
 class _Destination:
     address: Address
     last_seen_ns: int  # dynamic: its last status message
+
+
+@attrs.define(eq=False)
+class _Candidate:
+    """A source not yet validated: what arrived from it and what went to it, bytes."""
+
+    address: Address
+    since_ns: int  # when its first status message arrived
+    token: int  # the session id (or RTTM echo) only a datagram to its address carried
+    bytes_in: int = 0
+    bytes_out: int = 0
+    status_messages: int = 0  # heard from it
 
 
 class DestinationTable:
@@ -96,13 +162,28 @@ class DestinationTable:
     ``mdc-destinations`` counter), or None."""
 
     def __init__(self, mode: ControlMode, *, ip_version: int = 4,
-                 timeout_ns: int = DESTINATION_TIMEOUT_NS, count_cell: Any = None) -> None:
+                 timeout_ns: int = DESTINATION_TIMEOUT_NS, count_cell: Any = None,
+                 join: Sequence[Subnet] = (),
+                 max_candidates: int = _DEFAULTS.mdc_candidates_max.default,
+                 validation_timeout_ns: int = _DEFAULTS.mdc_validation_timeout.default,
+                 token_source: Callable[[], int] = lambda: _random_token()) -> None:
+        """``join``: dynamic mode hears only sources within these subnets (empty: any);
+        ``max_candidates``: at most this many sources validate at once;
+        ``validation_timeout_ns``: a candidate not validated within it is dropped;
+        ``token_source``: a candidate's token (an int32 session id, never 0: a joining
+        receiver's), unpredictable to anyone who does not read what is sent to its address
+        (a test gives a fixed one)."""
         self.mode = mode
         #: The socket's IP version: what a learned destination must be.
         self.ip_version = ip_version
         self.timeout_ns = timeout_ns
+        self.join = tuple(join)
+        self.max_candidates = max_candidates
+        self.validation_timeout_ns = validation_timeout_ns
+        self._token_source = token_source
         self._count_cell = count_cell
         self._destinations: dict[Address, _Destination] = {}
+        self._candidates: dict[Address, _Candidate] = {}
         #: What every publication of the endpoint points at (``destinations``).
         self.c = network_ffi.new("ss_destination_list_t *")
         self._entries = network_ffi.new("ss_destination_t[]", 1)
@@ -123,6 +204,7 @@ class DestinationTable:
     def add(self, address: Address, now_ns: int) -> bool:
         """Send to ``address`` too (manual mode's ``add_destination``); False if it is one
         already."""
+        self._candidates.pop(address, None)  # sent to as the application says, from now
         if address in self._destinations:
             return False
         self._destinations[address] = _Destination(address, now_ns)
@@ -136,21 +218,83 @@ class DestinationTable:
         self._sync()
         return True
 
-    def on_status_message(self, source: Address, now_ns: int) -> bool:
-        """A status message that names a stream of the endpoint came from ``source``: in
-        dynamic mode it is a destination from now (or stays one), if it is an address to
-        send to (:func:`can_send_to`).  Returns whether it is new."""
-        if self.mode is not ControlMode.DYNAMIC:
+    @property
+    def candidates(self) -> list[Address]:
+        """The sources validating now, oldest first."""
+        return list(self._candidates)
+
+    def admits(self, source: Address) -> bool:
+        """Whether ``source`` is within the ``join=`` subnets (True when there are none)."""
+        if not self.join:
+            return True
+        try:
+            ip = ipaddress.ip_address(source[0])
+        except ValueError:
             return False
+        return any(ip in subnet for subnet in self.join)
+
+    def on_status_message(self, source: Address, now_ns: int, length: int) -> Heard:
+        """Dynamic mode: a status message (``length`` bytes) that names a stream of the
+        endpoint came from ``source``.  A destination's keeps it alive; a new source within
+        the ``join=`` subnets that is an address to send to becomes a candidate, unless
+        ``max_candidates`` wait already; a candidate's adds to what it may be sent."""
+        assert self.mode is ControlMode.DYNAMIC
         known = self._destinations.get(source)
         if known is not None:
             known.last_seen_ns = now_ns
+            return Heard.DESTINATION
+        if not self.admits(source):
+            return Heard.OUTSIDE_JOIN
+        candidate = self._candidates.get(source)
+        if candidate is None:
+            if not can_send_to(source, self.ip_version):
+                return Heard.UNSENDABLE
+            if len(self._candidates) >= self.max_candidates:
+                return Heard.FULL
+            candidate = self._candidates[source] = _Candidate(source, now_ns,
+                                                              self._token_source())
+        candidate.bytes_in += length
+        candidate.status_messages += 1
+        return Heard.CANDIDATE
+
+    def token_of(self, candidate: Address) -> int:
+        """The token of ``candidate`` (KeyError if it is none)."""
+        return self._candidates[candidate].token
+
+    def status_messages_of(self, candidate: Address) -> int:
+        """How many status messages came from ``candidate`` (KeyError if it is none)."""
+        return self._candidates[candidate].status_messages
+
+    def may_send(self, candidate: Address, length: int) -> bool:
+        """Whether ``length`` more bytes may go to ``candidate`` (then charged to it): what
+        went to it stays within :data:`AMPLIFICATION_FACTOR` x what arrived from it.  False
+        for an address that is no candidate."""
+        entry = self._candidates.get(candidate)
+        if entry is None or entry.bytes_out + length > AMPLIFICATION_FACTOR * entry.bytes_in:
             return False
-        if not can_send_to(source, self.ip_version):
+        entry.bytes_out += length
+        return True
+
+    def on_token(self, source: Address, token: int, now_ns: int) -> bool:
+        """A setup-eliciting status message naming session ``token``, or an RTTM reply echoing
+        ``token``, came from ``source``: if it is a candidate and that is its token, it is a
+        destination from now on.  Returns whether it validated."""
+        entry = self._candidates.get(source)
+        if entry is None or token != entry.token:
             return False
+        del self._candidates[source]
         self._destinations[source] = _Destination(source, now_ns)
         self._sync()
         return True
+
+    def expire_candidates(self, now_ns: int) -> list[Address]:
+        """Drop the candidates that did not validate within ``validation_timeout_ns``;
+        returns them."""
+        gone = [c.address for c in self._candidates.values()
+                if now_ns - c.since_ns >= self.validation_timeout_ns]
+        for address in gone:
+            del self._candidates[address]
+        return gone
 
     def learn_response_destination(self, source: Address) -> bool:
         """Response mode: a setup-eliciting status message naming the table's publication came
@@ -167,6 +311,7 @@ class DestinationTable:
 
     def clear(self) -> None:
         """No destinations (its endpoint closes)."""
+        self._candidates.clear()
         if self._destinations:
             self._destinations.clear()
             self._sync()
@@ -184,10 +329,14 @@ class DestinationTable:
         return gone
 
     def next_expiry_ns(self) -> int:
-        """When :meth:`expire` may next drop one (NO_DEADLINE: never)."""
-        if self.mode is not ControlMode.DYNAMIC or not self._destinations:
+        """When :meth:`expire` or :meth:`expire_candidates` may next drop one (NO_DEADLINE:
+        never)."""
+        if self.mode is not ControlMode.DYNAMIC:
             return NO_DEADLINE
-        return min(d.last_seen_ns for d in self._destinations.values()) + self.timeout_ns
+        return min(min((d.last_seen_ns + self.timeout_ns for d in self._destinations.values()),
+                       default=NO_DEADLINE),
+                   min((c.since_ns + self.validation_timeout_ns
+                        for c in self._candidates.values()), default=NO_DEADLINE))
 
     def _sync(self) -> None:
         """A new C table: the old one is replaced whole, never changed under the data path

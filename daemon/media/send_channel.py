@@ -2,16 +2,20 @@
 NAK-strength signals arriving at a send endpoint go to its publications (Aeron's
 ``aeron_send_channel_endpoint`` dispatch); an RSP_SETUP for a request publication becomes a
 :class:`ResponseSetupArrived` for the conductor; a response publication learns its one
-destination here (docs/PROTOCOL.md §7.6).
+destination here (docs/PROTOCOL.md §7.6); a dynamic multi-destination-cast endpoint's new
+sources validate here before they are destinations (§7.4.1).
 
 Units: times in ns.
 """
 
 from __future__ import annotations
 
+import logging
+
 from slipstream.client.counters import SystemCounter
 from slipstream.client.frames import (
     ErrorFrame,
+    Heartbeat,
     Nak,
     RateSignal,
     Rejected,
@@ -20,17 +24,20 @@ from slipstream.client.frames import (
     StatusMessage,
     decode,
 )
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.client.layout import NO_DEADLINE, RTTM_REPLY_FLAG
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon._network import lib as network
-from slipstream.daemon.media.destinations import ControlMode, DestinationTable
+from slipstream.daemon.media.destinations import ControlMode, DestinationTable, Heard
 from slipstream.daemon.media.events import ResponseSetupArrived
 from slipstream.daemon.protocol.types import (
     Address,
+    Datagram,
     ProtocolCounters,
     hash_table_slots,
 )
 from slipstream.daemon.streams.publication import NetworkPublication
+
+log = logging.getLogger("slipstream.driver")
 
 
 class SendChannel:
@@ -39,13 +46,15 @@ class SendChannel:
     that names no publication of the endpoint counts ``UNMATCHED_STATUS_MESSAGES``.  At a
     dynamic multi-destination-cast endpoint an S-flagged SM of session 0 (a receiver that joins
     before it knows a session) names a stream it publishes (any, for stream 0): its source is
-    a destination from then on.  NAKs are answered by its C dispatch (:attr:`c`); only those
-    that need a timer (a retransmit delay), are malformed or name no publication of the
-    endpoint come to :meth:`on_control`.
+    a candidate, a destination once validated.  NAKs are answered by its C dispatch
+    (:attr:`c`); only those that need a timer (a retransmit delay), are malformed or name no
+    publication of the endpoint come to :meth:`on_control`.
 
     ``destinations``: a multi-destination-cast endpoint's table; in dynamic mode every status
-    message that names a stream of the endpoint keeps its source a destination
-    (:mod:`slipstream.daemon.media.destinations`)."""
+    message that names a stream of the endpoint keeps its source a destination, or makes it a
+    candidate, which must validate first (:mod:`slipstream.daemon.media.destinations`): until
+    then what comes from it goes no further than this object, and it is sent the validation
+    probes only (:attr:`challenges`)."""
 
     def __init__(self, *, counters: ProtocolCounters,
                  destinations: DestinationTable | None = None,
@@ -63,6 +72,10 @@ class SendChannel:
         self._response_receivers: dict[NetworkPublication, int] = {}
         #: RSP_SETUPs for request publications since the sender last looked.
         self.response_setups: list[ResponseSetupArrived] = []
+        #: The validation probes for the dynamic table's candidates since the sender last
+        #: looked: each frame to one candidate, sent through its publication's send (past the
+        #: endpoint's destinations), already charged to the candidate's 3x allowance.
+        self.challenges: list[tuple[NetworkPublication, Datagram]] = []
         #: The C dispatch of datagrams arriving at the endpoint (an ``ss_receiver_t`` without
         #: images): it answers NAKs for the publications of its table (:meth:`on_datagram`,
         #: and the socket's receive path).
@@ -142,6 +155,11 @@ class SendChannel:
                                   ResponseSetup)):
             return  # not for a sender (e.g. our own multicast data looped back)
         self.counters.add(SystemCounter.BYTES_RECEIVED, len(data))
+        table = self.destinations
+        if (table is not None and table.mode is ControlMode.DYNAMIC
+                and source not in table):
+            self._from_unvalidated(table, frame, len(data), source, now_ns)
+            return
         publication = self.publications.get((frame.session_id, frame.stream_id))
         if isinstance(frame, ResponseSetup):
             # Aeron's onResponseSetup: only a request publication's has a use; another
@@ -156,30 +174,116 @@ class SendChannel:
                     ResponseSetupArrived(correlation_id, frame.response_session_id))
             return
         if publication is not None:
-            if isinstance(frame, StatusMessage) and self.destinations is not None:
-                self.destinations.on_status_message(source, now_ns)
-            table = self._response_tables.get(publication)
-            if (table is not None and isinstance(frame, StatusMessage)
-                    and not self._learn_response_destination(publication, table, frame,
-                                                             source)):
+            if (isinstance(frame, StatusMessage) and table is not None
+                    and table.mode is ControlMode.DYNAMIC):
+                table.on_status_message(source, now_ns, len(data))  # a destination's: alive
+            response_table = self._response_tables.get(publication)
+            if (response_table is not None and isinstance(frame, StatusMessage)
+                    and not self._learn_response_destination(publication, response_table,
+                                                             frame, source)):
                 return
             publication.on_frame(frame, source, now_ns)
         elif isinstance(frame, StatusMessage):
-            # A receiver that joins a dynamic multi-destination-cast endpoint (session 0):
-            # a destination from now on, whose first data then elicits each SETUP it wants
-            # (its session's own S-flagged SM): a SETUP here for every publication would hold
-            # min flow control for streams the receiver never takes.
-            joining = (frame.is_setup_request and frame.session_id == 0
-                       and self.destinations is not None
-                       and any(frame.stream_id in (0, each.stream_id)
-                               for each in self.publications.values()))
-            if not joining:
+            # A validated receiver of a dynamic endpoint that joins another stream (session
+            # 0): it stays a destination, whose data then elicits each SETUP it wants (its
+            # session's own S-flagged SM): a SETUP here for every publication would hold min
+            # flow control for streams the receiver never takes.
+            if not self._joined_publications(frame):
                 self.counters.add(SystemCounter.UNMATCHED_STATUS_MESSAGES)
                 return
-            assert self.destinations is not None
-            if not self.destinations.on_status_message(source, now_ns) \
-                    and source not in self.destinations:
+            assert table is not None
+            table.on_status_message(source, now_ns, len(data))
+
+    def _joined_publications(self, sm: StatusMessage) -> list[NetworkPublication]:
+        """The publications a dynamic endpoint's status message names: its session's, or for
+        a joining receiver's (S-flagged, session 0) each of its stream (any, for stream
+        0)."""
+        if self.destinations is None or self.destinations.mode is not ControlMode.DYNAMIC:
+            return []
+        named = self.publications.get((sm.session_id, sm.stream_id))
+        if named is not None:
+            return [named]
+        if not (sm.is_setup_request and sm.session_id == 0):
+            return []
+        return [each for each in self.publications.values()
+                if sm.stream_id in (0, each.stream_id)]
+
+    def _from_unvalidated(self, table: DestinationTable, frame: object, length: int,
+                          source: Address, now_ns: int) -> None:
+        """A control frame at a dynamic endpoint from ``source``, no validated destination
+        (docs/PROTOCOL.md §7.4.1).  Outside the ``join=`` subnets it is dropped.  A status
+        message naming a stream of the endpoint makes its source a candidate (or adds to one's
+        allowance) and is answered, within the 3x allowance, by a probe carrying the
+        candidate's token: a joining receiver's (session 0) by a heartbeat of each stream it
+        names whose session is the token, and from its second on also by each publication's
+        SETUP (a receiver that takes one session only answers no heartbeat of another); an
+        SM of a session asking for its SETUP by that SETUP; any other SM of a session (its
+        receiver has an image) by an RTTM request echoing the token.  The SM asking for the
+        token's SETUP, or the RTTM echo of the token, from the candidate's address validates
+        it.  Nothing of a candidate's reaches a publication (its flow control would count a
+        receiver the data does not reach).  An RTTM request is not answered (the echo would
+        go to an unvalidated address); NAKs, ERRs and rate signals go on as from anyone."""
+        if not table.admits(source):
+            self.counters.add(SystemCounter.MDC_JOIN_SUBNET_DROPS)
+            return
+        if isinstance(frame, StatusMessage):
+            if frame.is_setup_request and table.on_token(source, frame.session_id, now_ns):
+                log.info("dynamic destination %s:%d validated", source[0], source[1])
+                return
+            publications = self._joined_publications(frame)
+            if not publications:
+                self.counters.add(SystemCounter.UNMATCHED_STATUS_MESSAGES)
+                return
+            heard = table.on_status_message(source, now_ns, length)
+            if heard is Heard.FULL:
+                self.counters.add(SystemCounter.MDC_CANDIDATES_REFUSED)
+            elif heard is Heard.UNSENDABLE:
                 self.counters.add(SystemCounter.INVALID_PACKETS)  # not an address to send to
+            elif heard is Heard.CANDIDATE:
+                self._probe(table, frame, publications, source)
+        elif isinstance(frame, Rttm):
+            if (not frame.is_reply and (frame.session_id, frame.stream_id) in self.publications
+                    and table.on_token(source, frame.echo_timestamp, now_ns)):
+                log.info("dynamic destination %s:%d validated", source[0], source[1])
+            elif frame.is_reply:
+                self.counters.add(SystemCounter.MDC_AMPLIFICATION_DROPS)  # its echo, withheld
+        elif not isinstance(frame, ResponseSetup):
+            publication = self.publications.get((frame.session_id, frame.stream_id))
+            if publication is not None:
+                publication.on_frame(frame, source, now_ns)
+
+    def _probe(self, table: DestinationTable, sm: StatusMessage,
+               publications: list[NetworkPublication], candidate: Address) -> None:
+        """Answer candidate ``candidate``'s status message ``sm`` (naming ``publications``)
+        with the probes :meth:`_from_unvalidated` describes."""
+        token = table.token_of(candidate)
+        if sm.session_id == 0:
+            probed = set()
+            for publication in publications:
+                if publication.stream_id not in probed:
+                    probed.add(publication.stream_id)
+                    probe = Heartbeat(0, token, publication.stream_id, 0)
+                    self._challenge(table, publication, probe.encode(), candidate)
+            if table.status_messages_of(candidate) < 2:
+                return  # a receiver of any session answers the heartbeat at once
+            for publication in publications:
+                self._challenge(table, publication, publication.setup_frame(), candidate)
+        elif sm.is_setup_request:
+            [publication] = publications
+            self._challenge(table, publication, publication.setup_frame(), candidate)
+        else:
+            [publication] = publications
+            request = Rttm(publication.session_id, publication.stream_id, token, 0, 0,
+                           RTTM_REPLY_FLAG)
+            self._challenge(table, publication, request.encode(), candidate)
+
+    def _challenge(self, table: DestinationTable, publication: NetworkPublication,
+                   frame: bytes, candidate: Address) -> None:
+        """Send ``frame`` to ``candidate`` if its 3x allowance has room, else count it."""
+        if table.may_send(candidate, len(frame)):
+            self.challenges.append((publication, Datagram(frame, candidate)))
+        else:
+            self.counters.add(SystemCounter.MDC_AMPLIFICATION_DROPS)
 
     def _learn_response_destination(self, publication: NetworkPublication,
                                     table: DestinationTable, sm: StatusMessage,
@@ -205,8 +309,15 @@ class SendChannel:
         return True
 
     def expire_destinations(self, now_ns: int) -> list[Address]:
-        """Dynamic multi-destination-cast: drop the destinations gone silent; returns them."""
-        return [] if self.destinations is None else self.destinations.expire(now_ns)
+        """Dynamic multi-destination-cast: drop the destinations gone silent, and the
+        candidates that did not validate in time (counted); returns the destinations."""
+        table = self.destinations
+        if table is None:
+            return []
+        unvalidated = table.expire_candidates(now_ns)
+        if unvalidated:
+            self.counters.add(SystemCounter.MDC_UNVALIDATED_DROPS, len(unvalidated))
+        return table.expire(now_ns)
 
     def next_deadline_ns(self) -> int:
         """When :meth:`expire_destinations` is next due (NO_DEADLINE: never)."""

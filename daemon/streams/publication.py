@@ -740,14 +740,18 @@ class NetworkPublication:
                 self.counters.add(SystemCounter.UNBLOCKED_PUBLICATIONS)
             self._time_of_last_sender_progress_ns = now_ns
 
+    def setup_frame(self) -> bytes:
+        """A SETUP for the stream as it is now (at snd-pos): what a receiver makes its image
+        from."""
+        position = self.sender_position
+        return Setup(position & self._mask, self.session_id, self.stream_id,
+                     self.initial_term_id, self._term_id(position), self.term_length, self.mtu,
+                     self._ttl, self._setup_flags).encode()
+
     def _setup_message_check(self, now_ns: int, out: list[Datagram]) -> None:
         if now_ns - self._time_of_last_setup_ns < SETUP_TIMEOUT_NS:
             return
-        position = self.sender_position
-        setup = Setup(position & self._mask, self.session_id, self.stream_id,
-                      self.initial_term_id, self._term_id(position), self.term_length, self.mtu,
-                      self._ttl, self._setup_flags)
-        out.append(Datagram(setup.encode(), self.destination))
+        out.append(Datagram(self.setup_frame(), self.destination))
         self._time_of_last_setup_ns = now_ns
         self.flow_control.on_setup(now_ns, self.sender_limit)
         if self._receivers:
