@@ -45,6 +45,7 @@ from slipstream.client.layout import (
     MAX_UDP_PAYLOAD_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    SEALED_OVERHEAD,
     TERM_MAX_LENGTH,
     TERM_MIN_LENGTH,
     max_message_length,
@@ -243,6 +244,7 @@ class Channel:
     entity_tag: int | None = None
     stream_id: int | None = None
     response_correlation_id: int | None = None
+    key: str | None = None  # key=NAME: an encrypted channel (docs/PROTOCOL.md, Encrypted streams)
     uri: str = attrs.field(default="", eq=False)  # as given to parse_channel
 
     @property
@@ -408,6 +410,17 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
 
 def _text(text: str) -> str:
+    return text
+
+
+#: A key's name (key=NAME): its file is NAME.key in the driver's keys_dir, so no path.
+_KEY_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _key_name(text: str) -> str:
+    if not _KEY_NAME.fullmatch(text):
+        raise _Bad(f"{text!r} is not a key name (letters, digits, '.', '_', '-'; at most 64, "
+                   f"the first a letter or digit)")
     return text
 
 
@@ -645,6 +658,7 @@ _PARAMS: Final[dict[str, _Param]] = {
     "tags": _Param(("channel_tag", "entity_tag"), _tags, formatter=_format_tags),
     "stream-id": _param("stream_id", _int32),
     "response-correlation-id": _param("response_correlation_id", _int64),
+    "key": _param("key", _key_name, udp_only=True),
 }
 
 # The keys only one side of a stream acts on (a publication's sender and flow control, or a
@@ -817,6 +831,13 @@ def _validate(uri: str, c: Channel) -> None:
         if (c.term_id - c.init_term_id) & 0xFFFFFFFF >= 1 << 31:
             raise ChannelError(uri, "term-id",
                                f"{c.term_id} is before init-term-id {c.init_term_id}")
+    if c.key is not None and c.spy:
+        raise ChannelError(uri, "key", "a spy reads its publication's log, which holds the "
+                                       "stream in plain text: leave key= out")
+    if c.key is not None and c.mtu is not None and c.mtu > MAX_UDP_PAYLOAD_LENGTH - SEALED_OVERHEAD:
+        raise ChannelError(uri, "mtu", f"{c.mtu} leaves no room for the {SEALED_OVERHEAD} bytes "
+                                       f"sealing adds to each datagram of an encrypted channel: "
+                                       f"at most {MAX_UDP_PAYLOAD_LENGTH - SEALED_OVERHEAD}")
     if c.mtu is not None and c.term_length is not None:
         max_message = max_message_length(c.term_length)
         if c.mtu > max_message:

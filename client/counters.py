@@ -252,6 +252,14 @@ class SystemCounter(enum.IntEnum):
     # status messages naming no publication of the send endpoint they reached (dropped: no
     # multi-destination-cast destination is learned from one)
     UNMATCHED_STATUS_MESSAGES = 47
+    # issue 59, crypto: datagrams an encrypted channel's endpoint drops, by cause
+    # (docs/PROTOCOL.md, "Encrypted streams"):
+    CRYPTO_PLAIN_DROPS = 48  # a datagram without a seal at an encrypted endpoint: a plain peer
+    CRYPTO_UNKNOWN_KEY_DROPS = 49  # sealed under a key id the endpoint's key file does not hold
+    CRYPTO_AUTH_DROPS = 50  # failed to open: tampered, truncated, or sealed under another key
+    CRYPTO_REPLAY_DROPS = 51  # a sender's counter already opened, or below its replay window
+    CRYPTO_SEAL_REFUSED = 52  # datagrams not sent: the endpoint had no key to seal with
+    CRYPTO_SEALED_AT_PLAIN_DROPS = 53  # a sealed datagram at a plain endpoint (a key it lacks)
 
     @property
     def label(self) -> str:

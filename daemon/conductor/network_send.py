@@ -61,6 +61,7 @@ from slipstream.daemon.conductor.resources import (
 )
 from slipstream.daemon.conductor.sharing import (
     check_same_control,
+    check_same_key,
     check_same_log,
     check_same_watermarks,
     check_session_free,
@@ -247,6 +248,7 @@ class SendSide:
                        destination: Address) -> _SendEndpointEntry:
         entry = self._send_endpoints.get(key)
         if entry is not None:
+            check_same_key(channel, entry.channel.key, entry.channel)
             if entry.state is _EndpointState.CLOSING:  # revive it: the removal is undone
                 entry.state = _EndpointState.OPEN
                 self.sender_proxy.on_add_endpoint(entry.endpoint)
@@ -270,7 +272,7 @@ class SendSide:
                         response_ip_version=(ip_version_of(channel) if channel.is_response
                                              else None)),
             transport)
-        entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint,
+        entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint, channel,
                                                                destinations_counter_id=counter_id)
         self.sender_proxy.on_add_endpoint(endpoint)
         return entry
