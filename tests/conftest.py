@@ -240,6 +240,8 @@ MODULE_LANES = {
     "test_thread_ownership": "unit",
     "test_udp": "sockets",
     "test_mdc": "sockets",
+    "test_sealing": "unit",
+    "test_encrypted_streams": "sockets",
     "test_mds": "sockets",
     "test_mdc_hosts": "hosts",
     "test_udp_failures": "sockets",

@@ -89,6 +89,10 @@ def read_key_file(path: Path) -> list[tuple[int, bytes]]:
     return keys
 
 
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
 class Sealing:
     """One endpoint's C context (``ss_crypto_t *`` in :attr:`c`): its keys, its sender id and
     counter, the senders it opened.  Freed with the object."""
@@ -141,8 +145,9 @@ class KeyRing:
     def __init__(self, keys_dir: str | None, counters: CountersFile | None) -> None:
         self.keys_dir = Path(keys_dir) if keys_dir else None
         self.counters = counters
-        #: Each name's file as last read: (identity, keys); identity (inode, size, mtime).
-        self._files: dict[str, tuple[tuple[int, int, int], list[tuple[int, bytes]]]] = {}
+        #: Each name's file as last read: (identity, keys); identity (inode, size, mtime,
+        #: ctime: a chmod changes the last).
+        self._files: dict[str, tuple[tuple[int, ...], list[tuple[int, bytes]]]] = {}
         self._contexts: dict[str, weakref.WeakSet[Sealing]] = {}
         self._complaints: dict[str, str] = {}
 
@@ -168,8 +173,7 @@ class KeyRing:
     def _read(self, name: str) -> list[tuple[int, bytes]]:
         path = self.path_of(name)
         keys = read_key_file(path)
-        info = path.stat()
-        self._files[name] = ((info.st_ino, info.st_size, info.st_mtime_ns), keys)
+        self._files[name] = (_identity(path.stat()), keys)
         return keys
 
     def reload(self) -> int:
@@ -185,8 +189,7 @@ class KeyRing:
             path = self.path_of(name)
             try:
                 info = path.stat(follow_symlinks=False)
-                identity = (info.st_ino, info.st_size, info.st_mtime_ns)
-                if name in self._files and self._files[name][0] == identity:
+                if name in self._files and self._files[name][0] == _identity(info):
                     continue
                 before = self._files.get(name, (None, None))[1]
                 keys = self._read(name)

@@ -1,0 +1,290 @@
+"""Encrypted streams between real driver processes on loopback (docs/PROTOCOL.md, "Encrypted
+streams"): a stream with key= carried exactly once across term rotations and loss; a plain
+peer, a peer with another key and a channel that mixes are refused, each with its counted,
+named reason; tampered, truncated and replayed datagrams change nothing and are counted; a
+key rotated mid-stream loses nothing.
+
+Every stream is checked message by message (helpers.Collector), as in test_udp.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import Collector, connect, counters_of, free_port, stream, wait_for
+
+from slipstream.client import ChannelRejectedError, Client
+from slipstream.client.layout import FLAGS_FIELD, HDR_TYPE_EXT, SEALED_OVERHEAD
+
+KEY_A = bytes(range(32))
+KEY_B = bytes(range(100, 132))
+DROPS = ("CRYPTO_PLAIN_DROPS", "CRYPTO_UNKNOWN_KEY_DROPS", "CRYPTO_AUTH_DROPS",
+         "CRYPTO_REPLAY_DROPS", "CRYPTO_SEAL_REFUSED", "CRYPTO_SEALED_AT_PLAIN_DROPS")
+
+
+def write_keys(directory: Path, name: str, keys: list[tuple[int, bytes]]) -> None:
+    """The key file, replaced whole (a new file renamed over the old: a reader never sees
+    half of it), for the driver's user and group alone."""
+    directory.mkdir(mode=0o750, exist_ok=True)
+    temporary = directory / f".{name}.key.new"
+    temporary.write_text("".join(f"{key_id} {key.hex()}\n" for key_id, key in keys))
+    temporary.chmod(0o640)
+    os.replace(temporary, directory / f"{name}.key")
+
+
+def drops(driver) -> dict[str, int]:
+    counters = counters_of(driver)
+    return {name: counters[name] for name in DROPS}
+
+
+@pytest.fixture
+def hosts(launch, tmp_path: Path):
+    """Two drivers, each with its own keys_dir holding key ``k`` = KEY_A (id 1)."""
+    def start(name: str, keys: list[tuple[int, bytes]] | None = None, **settings):
+        directory = tmp_path / f"keys-{name}"
+        write_keys(directory, "k", keys if keys is not None else [(1, KEY_A)])
+        return launch(keys_dir=str(directory), **settings), directory
+    return start
+
+
+def test_an_encrypted_stream_is_carried_once_in_order_across_terms_and_loss(hosts) -> None:
+    """20,000 messages (32 B to 5 KB: fragments too) over 64 KiB terms (many rotations), 5 %
+    of the data lost on the way in: every message once, in order; retransmissions (new
+    counters for the same frames) open, and nothing is dropped as a replay or a forgery."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length=64k|key=k"
+    a, _ = hosts("a")
+    b, _ = hosts("b", debug_receive_data_loss=50_000, debug_receive_data_loss_seed=7)
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 10)
+        publication = ca.add_publication(uri, 10)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 20_000, lambda i: (32, 1000, 5000, 200)[i % 4],
+               timeout=90)
+        collector.assert_exactly(20_000)
+    sent, received = counters_of(a), counters_of(b)
+    assert received["DEBUG_DATA_LOSS_DROPS"] > 0 and sent["RETRANSMITS_SENT"] > 0
+    assert drops(a) == drops(b) == dict.fromkeys(DROPS, 0)
+
+
+class Sniffer:
+    """A UDP relay between a publisher and its subscriber (the publisher's endpoint is the
+    relay's port; the subscriber's status messages and NAKs go back through it), keeping a
+    copy of every datagram towards the subscriber, and doing to each what ``mangle`` says:
+    a list of datagrams to send in its place (the datagram itself, copies, changed ones)."""
+
+    def __init__(self, target: int, mangle) -> None:
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.front.bind(("127.0.0.1", 0))
+        self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.back.bind(("127.0.0.1", 0))
+        self.port = self.front.getsockname()[1]
+        self.target = ("127.0.0.1", target)
+        self.mangle = mangle
+        self.captured: list[bytes] = []
+        self.publisher: tuple[str, int] | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import select
+        while not self._stop:
+            ready, _, _ = select.select([self.front, self.back], [], [], 0.05)
+            for sock in ready:
+                data, source = sock.recvfrom(70_000)
+                if sock is self.front:
+                    self.publisher = source
+                    self.captured.append(data)
+                    for out in self.mangle(data):
+                        self.back.sendto(out, self.target)
+                elif self.publisher is not None:
+                    self.front.sendto(data, self.publisher)
+
+    def replay(self, datagrams: list[bytes]) -> None:
+        """``datagrams`` again from the relay, paced (a burst would overflow the receiving
+        socket's buffer, and a datagram the kernel drops is counted by no one)."""
+        for i, data in enumerate(datagrams):
+            self.back.sendto(data, self.target)
+            if i % 32 == 31:
+                time.sleep(0.001)
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+        self.front.close()
+        self.back.close()
+
+
+@pytest.fixture
+def sniffer() -> Iterator:
+    made: list[Sniffer] = []
+
+    def make(target: int, mangle) -> Sniffer:
+        made.append(Sniffer(target, mangle))
+        return made[-1]
+    yield make
+    for each in made:
+        each.close()
+
+
+def test_tampered_truncated_and_replayed_datagrams_change_nothing_and_are_counted(
+        hosts, sniffer) -> None:
+    """Between the drivers, every datagram also arrives again at once (a replay), every
+    7th after a copy with a bit flipped in its ciphertext, its clear header or its tag,
+    every 11th after a copy cut short; after the stream, everything captured arrives
+    again.  The subscriber gets every message once, in order, and counts each forgery and
+    each replay."""
+    port = free_port()
+    rng = random.Random(59)
+    forged = {"auth": 0, "replays": 0}
+
+    def mangle(data: bytes) -> list[bytes]:
+        # Forgeries ahead of the datagram they copy: after it, its counter is one the window
+        # saw, and the copy a replay before it is a forgery.
+        out = []
+        forged["replays"] += 1
+        if rng.random() < 1 / 7:
+            changed = bytearray(data)
+            # The sender id, the ciphertext or the tag (a changed counter may name one the
+            # window saw: a replay drop, not a forgery's).
+            changed[rng.choice([rng.randrange(16, 24), rng.randrange(32, len(data)),
+                                len(data) - 1])] ^= 1 << rng.randrange(8)
+            out.append(bytes(changed))
+            forged["auth"] += 1
+        if rng.random() < 1 / 11:
+            out.append(data[:rng.randrange(SEALED_OVERHEAD, len(data))])
+            forged["auth"] += 1
+        return [*out, data, data]
+
+    relay = sniffer(port, mangle)
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    publish = f"aeron:udp?endpoint=127.0.0.1:{relay.port}|term-length=64k|key=k"
+    subscribe = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k"
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(subscribe, 11)
+        publication = ca.add_publication(publish, 11)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 5_000, lambda i: 100 + i % 1200, timeout=60)
+        captured = list(relay.captured)
+        assert all(int.from_bytes(d[6:8], "little") == HDR_TYPE_EXT for d in captured)
+        relay.replay(captured)
+        # Each copy is a replay (one lost to a full socket buffer would have opened in its
+        # original's place), and so is every captured datagram again.
+        wait_for(lambda: drops(b)["CRYPTO_REPLAY_DROPS"]
+                 >= 0.95 * (len(captured) + forged["replays"]),
+                 what=f"the replays counted ({len(captured)} + {forged['replays']})")
+        collector.poll()
+        collector.assert_exactly(5_000)
+    counted = drops(b)
+    assert 0.95 * forged["auth"] <= counted["CRYPTO_AUTH_DROPS"] <= forged["auth"]
+    assert counted["CRYPTO_PLAIN_DROPS"] == counted["CRYPTO_UNKNOWN_KEY_DROPS"] == 0
+
+
+def test_a_plain_peer_is_refused_both_ways_with_named_counted_reasons(hosts, launch) -> None:
+    """A plain publisher to an encrypted subscription: its datagrams are plain drops, no
+    image.  An encrypted publisher to a plain subscription: its sealed datagrams are counted
+    at the plain endpoint, no image, and the publication never connects."""
+    a, _ = hosts("a")
+    plain = launch()
+    port = free_port()
+    with Client.connect(a.directory) as ca, Client.connect(plain.directory) as cp:
+        subscription = ca.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|key=k", 12)
+        publication = cp.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}", 12)
+        wait_for(lambda: drops(a)["CRYPTO_PLAIN_DROPS"] >= 3, what="plain datagrams dropped")
+        assert not subscription.images and not publication.is_connected
+        other = free_port()
+        subscription = cp.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{other}", 13)
+        publication = ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{other}|key=k", 13)
+        wait_for(lambda: drops(plain)["CRYPTO_SEALED_AT_PLAIN_DROPS"] >= 3,
+                 what="sealed datagrams counted at the plain endpoint")
+        assert not subscription.images and not publication.is_connected
+
+
+@pytest.mark.parametrize("keys, reason", [([(1, KEY_B)], "CRYPTO_AUTH_DROPS"),
+                                          ([(2, KEY_A)], "CRYPTO_UNKNOWN_KEY_DROPS")])
+def test_a_peer_with_another_key_is_refused_with_a_named_counted_reason(
+        hosts, keys, reason) -> None:
+    """The same key id with other key bytes fails to open (AUTH); another id is a key the
+    endpoint does not hold (UNKNOWN_KEY).  Either way no image and no connection."""
+    a, _ = hosts("a")
+    b, _ = hosts("b", keys)
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=k"
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 14)
+        publication = ca.add_publication(uri, 14)
+        wait_for(lambda: drops(b)[reason] >= 3, what=reason)
+        time.sleep(0.3)
+        assert not subscription.images and not publication.is_connected
+        assert drops(a)["CRYPTO_PLAIN_DROPS"] == 0
+
+
+def test_a_channel_that_mixes_plain_and_encrypted_on_one_endpoint_is_refused(
+        hosts, tmp_path: Path) -> None:
+    a, directory = hosts("a")
+    write_keys(directory, "other", [(1, KEY_B)])
+    port = free_port()
+    with Client.connect(a.directory) as ca:
+        ca.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|key=k", 15)
+        for uri in (f"aeron:udp?endpoint=127.0.0.1:{port}",
+                    f"aeron:udp?endpoint=127.0.0.1:{port}|key=other"):
+            with pytest.raises(ChannelRejectedError, match="key") as raised:
+                ca.add_subscription(uri, 16)
+            assert "encrypted on every endpoint" in str(raised.value)
+        with pytest.raises(ChannelRejectedError, match=r"no-such-key\.key cannot be read"):
+            ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=no-such-key",
+                               17)
+
+
+def test_a_world_readable_key_file_is_refused_naming_it(hosts) -> None:
+    a, directory = hosts("a")
+    (directory / "k.key").chmod(0o644)
+    with Client.connect(a.directory) as ca, pytest.raises(ChannelRejectedError,
+                                                          match="may be read by others"):
+        ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=k", 18)
+
+
+def test_a_key_rotated_mid_stream_loses_nothing(hosts, sniffer) -> None:
+    """While messages flow, the key files of both hosts go through the three steps: the new
+    key added (accepted), swapped to the front (sealing), the old one removed.  Every message
+    arrives once, in order, and no datagram is dropped on the way; the wire (through a relay)
+    shows the publisher sealing with the old key id first and the new one at the end."""
+    fast = {"keys_reload_interval": "50ms", "timer_interval": "50ms"}
+    a, dir_a = hosts("a", **fast)
+    b, dir_b = hosts("b", **fast)
+    port = free_port()
+    relay = sniffer(port, lambda data: [data])
+    steps = [[(1, KEY_A), (2, KEY_B)], [(2, KEY_B), (1, KEY_A)], [(2, KEY_B)]]
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k", 19)
+        publication = ca.add_publication(
+            f"aeron:udp?endpoint=127.0.0.1:{relay.port}|term-length=64k|key=k", 19)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        first = 0
+        for keys in [None, *steps]:
+            if keys is not None:
+                # One host, then the other, as an operator's rollout would.
+                write_keys(dir_b, "k", keys)
+                stream(publication, [collector], 1_000, lambda i: 300, first=first)
+                first += 1_000
+                write_keys(dir_a, "k", keys)
+            stream(publication, [collector], 3_000, lambda i: 300, first=first)
+            first += 3_000
+            time.sleep(0.3)  # a few reloads
+        stream(publication, [collector], 3_000, lambda i: 300, first=first)
+        first += 3_000
+        collector.assert_exactly(first)
+    key_ids = [data[FLAGS_FIELD] for data in relay.captured]
+    assert key_ids[0] == 1 and key_ids[-100:] == [2] * 100
+    assert drops(a) == drops(b) == dict.fromkeys(DROPS, 0)
