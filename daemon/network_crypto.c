@@ -96,6 +96,10 @@ struct ss_crypto {
     uint8_t *frame;               /* one sealed control frame */
     struct mmsghdr messages[SEAL_BATCH];
     struct iovec vectors[SEAL_BATCH];
+    union {
+        char buffer[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } controls[SEAL_BATCH];           /* a sealed GSO run's UDP_SEGMENT */
     /* Opening (the receiving thread). */
     peer_t peers[PEERS_MAX];
     uint64_t tick;
@@ -301,14 +305,39 @@ static size_t gso_segment(const struct msghdr *header) {
     return 0;
 }
 
+/* One sealed message of the batch: `length` bytes at `out`, a GSO run of `segment`-byte
+ * datagrams when segment > 0. */
+static void add_message(ss_crypto_t *c, uint32_t index, uint8_t *out, size_t length,
+                        size_t segment, const struct msghdr *plain) {
+    struct mmsghdr *m = &c->messages[index];
+    memset(m, 0, sizeof *m);
+    c->vectors[index].iov_base = out;
+    c->vectors[index].iov_len = length;
+    m->msg_hdr.msg_iov = &c->vectors[index];
+    m->msg_hdr.msg_iovlen = 1;
+    m->msg_hdr.msg_name = plain->msg_name;
+    m->msg_hdr.msg_namelen = plain->msg_namelen;
+    if (segment > 0) {
+        m->msg_hdr.msg_control = c->controls[index].buffer;
+        m->msg_hdr.msg_controllen = sizeof c->controls[index].buffer;
+        struct cmsghdr *cmsg = CMSG_FIRSTHDR(&m->msg_hdr);
+        cmsg->cmsg_level = SOL_UDP;
+        cmsg->cmsg_type = UDP_SEGMENT;
+        cmsg->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        const uint16_t size = (uint16_t)segment;
+        memcpy(CMSG_DATA(cmsg), &size, sizeof size);
+    }
+}
+
 int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_count,
                    int (*send)(void *, struct mmsghdr *, uint32_t), void *context) {
     take_keys(c);
     uint32_t done = 0; /* the caller's messages sent whole */
     while (done < message_count) {
-        /* Seal as many whole messages as the arena and the batch take; a GSO run becomes
-         * its datagrams, each sealed (their lengths stay equal, but the caller's run was cut
-         * for the plain size: they go one by one). */
+        /* Seal as many whole messages as the arena and the batch take.  A GSO run stays one:
+         * its datagrams sealed back to back are equal still (each SS_SEALED_OVERHEAD longer),
+         * the kernel cuts it at the sealed size, and the receiver's GRO coalesces them again;
+         * a run the seal makes too long for one send goes as two or more. */
         uint32_t sealed_count = 0, taken = 0;
         uint32_t ends[SEAL_BATCH]; /* the sealed count after each message taken */
         size_t used = 0;
@@ -316,44 +345,47 @@ int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_co
             const struct msghdr *header = &messages[i].msg_hdr;
             size_t total = 0;
             for (size_t v = 0; v < header->msg_iovlen; v++) total += header->msg_iov[v].iov_len;
-            const size_t segment = header->msg_iovlen == 1 ? gso_segment(header) : 0;
-            const size_t step = segment > 0 ? segment : (total > 0 ? total : 1);
-            const uint32_t pieces = total == 0 ? 1 : (uint32_t)((total + step - 1) / step);
-            if (sealed_count + pieces > SEAL_BATCH ||
-                used + total + (size_t)pieces * (SS_SEALED_OVERHEAD + 8) > ARENA_LENGTH) {
+            size_t segment = header->msg_iovlen == 1 ? gso_segment(header) : 0;
+            if (segment >= total) segment = 0;
+            const size_t pieces = segment > 0 ? (total + segment - 1) / segment : 1;
+            const size_t sealed_segment = segment + SS_SEALED_OVERHEAD;
+            size_t per_send = segment > 0 ? SS_GSO_MAX_BYTES / sealed_segment : 1;
+            if (per_send < 1) per_send = 1;
+            if (per_send > SS_GSO_MAX_SEGMENTS) per_send = SS_GSO_MAX_SEGMENTS;
+            const size_t sends = (pieces + per_send - 1) / per_send;
+            if (sealed_count + sends > SEAL_BATCH ||
+                used + total + pieces * SS_SEALED_OVERHEAD + 8 > ARENA_LENGTH) {
                 if (taken == 0) { errno = EMSGSIZE; return done > 0 ? (int)done : -1; }
                 break;
             }
-            for (uint32_t k = 0; k < pieces; k++) {
-                struct iovec piece;
-                const struct iovec *vectors = header->msg_iov;
-                size_t vector_count = header->msg_iovlen, length = total;
-                if (segment > 0) {
-                    const size_t offset = (size_t)k * step;
-                    length = total - offset < step ? total - offset : step;
-                    piece.iov_base = (uint8_t *)header->msg_iov[0].iov_base + offset;
-                    piece.iov_len = length;
-                    vectors = &piece;
-                    vector_count = 1;
-                }
+            if (segment == 0) {
                 uint8_t *out = c->arena + used;
-                const int32_t sealed = seal_vectors(c, vectors, vector_count, length, out,
-                                                    ARENA_LENGTH - used);
-                if (sealed < 0) {
-                    if (c->counters.seal_failures != NULL) count(c->counters.seal_failures, 1);
-                    errno = ENOKEY;
-                    return done > 0 ? (int)done : -1;
-                }
-                struct mmsghdr *m = &c->messages[sealed_count];
-                memset(m, 0, sizeof *m);
-                c->vectors[sealed_count].iov_base = out;
-                c->vectors[sealed_count].iov_len = (size_t)sealed;
-                m->msg_hdr.msg_iov = &c->vectors[sealed_count];
-                m->msg_hdr.msg_iovlen = 1;
-                m->msg_hdr.msg_name = header->msg_name;
-                m->msg_hdr.msg_namelen = header->msg_namelen;
-                sealed_count++;
+                const int32_t sealed = seal_vectors(c, header->msg_iov, header->msg_iovlen,
+                                                    total, out, ARENA_LENGTH - used);
+                if (sealed < 0) goto refused;
+                add_message(c, sealed_count++, out, (size_t)sealed, 0, header);
                 used += ((size_t)sealed + 7) & ~(size_t)7;
+            } else {
+                const uint8_t *base = header->msg_iov[0].iov_base;
+                for (size_t first = 0; first < pieces; first += per_send) {
+                    uint8_t *out = c->arena + used;
+                    size_t length = 0;
+                    const size_t last = first + per_send < pieces ? first + per_send : pieces;
+                    for (size_t k = first; k < last; k++) {
+                        const size_t offset = k * segment;
+                        struct iovec piece = {
+                            .iov_base = (void *)(base + offset),
+                            .iov_len = total - offset < segment ? total - offset : segment};
+                        const int32_t sealed = seal_vectors(c, &piece, 1, piece.iov_len,
+                                                            out + length,
+                                                            ARENA_LENGTH - used - length);
+                        if (sealed < 0) goto refused;
+                        length += (size_t)sealed;
+                    }
+                    add_message(c, sealed_count++, out, length,
+                                last - first > 1 ? sealed_segment : 0, header);
+                    used += (length + 7) & ~(size_t)7;
+                }
             }
             ends[taken++] = sealed_count;
         }
@@ -372,6 +404,10 @@ int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_co
         if ((uint32_t)rc < sealed_count) break; /* the socket is full */
     }
     return (int)done;
+refused: /* no key to seal with: nothing of this batch goes */
+    count(c->counters.seal_failures, 1);
+    errno = ENOKEY;
+    return done > 0 ? (int)done : -1;
 }
 
 /* ------------------------------------------------------------------------- opening */

@@ -321,9 +321,7 @@ class UdpSendTransport(_UdpTransport):
     def attach(self, publication: NetworkPublication) -> None:
         send_point.attach_publication(publication, fd=self.fd, table=self._destinations,
                                       connected=self.connected)
-        # Sealed datagrams leave one by one (their run, cut for the plain size, would not be
-        # the kernel's to cut again).
-        publication.c.gso = self.gso if self.sealing is None else 0
+        publication.c.gso = self.gso
         publication.c.crypto = self.sealing.c if self.sealing is not None else network_ffi.NULL
 
     def on_notice(self, publication: NetworkPublication) -> None:
