@@ -6,7 +6,11 @@ EVP), all measured in the same run.  Prints messages/s, MB/s and the ratios; the
 encrypted >= 0.8x plain.
 
     .venv/bin/python -m bench.encrypted_throughput [--sizes 1024,65536] [--bytes N]
-        [--repeat R] [--set KEY=VALUE ...]
+        [--repeat R] [--set KEY=VALUE ...] [--latency-rate 10000] [--latency-seconds 5]
+
+Then the round trip: bench/udp_latency.py's paced ping-pong (32-byte messages, pinger on one
+driver, ponger on the other) encrypted and plain, R runs each in turns, their medians
+compared (the target: p99 encrypted <= 1.1x plain); --latency-seconds 0 leaves it out.
 
 Each figure is the best of R runs, and a slipstream run counts only if the stream arrived
 whole.  Both streams use the same MTU: 64 KiB messages go with the largest MTU an encrypted
@@ -16,8 +20,10 @@ datagram leaves room for (65440: 65504 less the 48 bytes of the seal, aligned to
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +77,10 @@ def main() -> int:
                         help="message sizes in bytes")
     parser.add_argument("--repeat", type=positive_int, default=3,
                         help="runs per contender; best kept")
+    parser.add_argument("--latency-rate", type=positive_int, default=10_000,
+                        help="round trips per second of the ping-pong")
+    parser.add_argument("--latency-seconds", type=float, default=5.0,
+                        help="measured seconds of each ping-pong (0: none)")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         type=driver_setting, metavar="KEY=VALUE",
                         help="a slipstream driver setting (repeatable)")
@@ -118,8 +128,38 @@ def main() -> int:
                       if crypto else ""]
             lines.append("    " + "   ".join(r for r in ratios if r))
             print("\n".join(lines), flush=True)
+        if args.latency_seconds > 0:
+            round_trips(a.directory, b.directory, args)
     scratch.cleanup()
     return 0
+
+
+def round_trips(ping_directory: Path, pong_directory: Path, args: argparse.Namespace) -> None:
+    """The paced ping-pong between the two drivers, plain and encrypted in turns."""
+    from bench.ipc_latency import WARMUP, _line, _run, _ss_pinger, _ss_ponger
+
+    rounds = WARMUP + int(args.latency_rate * args.latency_seconds)
+    runs: dict[str, list] = {"plain": [], "encrypted": []}
+    for _ in range(args.repeat):
+        for name, key in (("plain", ""), ("encrypted", "|key=bench")):
+            ping = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{key}"
+            pong = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{key}"
+            idle = multiprocessing.get_context("spawn").Value("d", -1.0)  # not measured
+            runs[name].append(_run(_ss_pinger, _ss_ponger,
+                                   (str(ping_directory), rounds, args.latency_rate),
+                                   (str(pong_directory), rounds, idle), (ping, pong)))
+    print(f"# round trips at {args.latency_rate:,}/s, 32 B, {args.latency_seconds:g} s each",
+          flush=True)
+    for name, histograms in runs.items():
+        for histogram in histograms:
+            print(_line(f"{name} aeron:udp", histogram))
+
+    def median(name: str, percentile: float) -> float:
+        return statistics.median(h.get_value_at_percentile(percentile) for h in runs[name])
+
+    print("    encrypted / plain (medians of " + str(args.repeat) + " runs): " + ", ".join(
+        f"p{p:g} {median('encrypted', p) / median('plain', p):.2f}x" for p in (50, 99, 99.9)),
+        flush=True)
 
 
 if __name__ == "__main__":

@@ -244,7 +244,7 @@ class Channel:
     entity_tag: int | None = None
     stream_id: int | None = None
     response_correlation_id: int | None = None
-    key: str | None = None  # key=NAME: an encrypted channel (docs/PROTOCOL.md, Encrypted streams)
+    key: str | None = None  # key=NAME: an encrypted channel (docs/PROTOCOL.md §7.8)
     uri: str = attrs.field(default="", eq=False)  # as given to parse_channel
 
     @property

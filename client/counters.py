@@ -253,7 +253,7 @@ class SystemCounter(enum.IntEnum):
     # multi-destination-cast destination is learned from one)
     UNMATCHED_STATUS_MESSAGES = 47
     # issue 59, crypto: datagrams an encrypted channel's endpoint drops, by cause
-    # (docs/PROTOCOL.md, "Encrypted streams"):
+    # (docs/PROTOCOL.md §7.8):
     CRYPTO_PLAIN_DROPS = 48  # a datagram without a seal at an encrypted endpoint: a plain peer
     CRYPTO_UNKNOWN_KEY_DROPS = 49  # sealed under a key id the endpoint's key file does not hold
     CRYPTO_AUTH_DROPS = 50  # failed to open: tampered, truncated, or sealed under another key

@@ -432,7 +432,7 @@ class RateAnnounce:
 
 @attrs.frozen
 class Sealed:
-    """A sealed datagram of an encrypted channel (docs/PROTOCOL.md, "Encrypted streams"), as
+    """A sealed datagram of an encrypted channel (docs/PROTOCOL.md §7.8), as
     a plain endpoint sees it: its frames are ciphertext, opened only by an endpoint that
     holds the key (``key_id``, the header's flags byte)."""
 

@@ -135,7 +135,7 @@ EXT_TYPE_RATE_ANNOUNCE: Final = 2  # sender -> receivers: signal me, at these th
 EXT_MAGIC_FIELD, EXT_TYPE_FIELD, EXT_VERSION_FIELD = _field_offsets(EXT_HEADER)[4:]  # 8 12 14
 EXT_TYPE_SEALED: Final = 3  # either way, on an encrypted channel: one datagram sealed whole
 
-# A sealed datagram (docs/PROTOCOL.md, "Encrypted streams"): the EXT header, whose flags byte
+# A sealed datagram (docs/PROTOCOL.md §7.8): the EXT header, whose flags byte
 # is the key id, then the sender id and the sender's datagram counter (the clear header, the
 # AEAD's associated data), then the datagram's frames encrypted, then the AEAD tag.
 SEALED_HEADER: Final = struct.Struct("<iBBHiHHQQ")

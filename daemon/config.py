@@ -711,8 +711,8 @@ class DriverSettings:
         None,
         "Directory of the named keys of encrypted channels (key=NAME reads NAME.key there: one "
         "or two lines '<id 0-255> <64 hex digits>', the first seals, both open); each file "
-        "must be a regular file the driver's user and group alone may read (docs/PROTOCOL.md, "
-        "Encrypted streams).  Unset: a channel with key= is refused (slipstream).",
+        "must be a regular file the driver's user and group alone may read (docs/PROTOCOL.md "
+        "§7.8). Unset: a channel with key= is refused (slipstream).",
         optional=True, check=_check_directory,
         accepted_text='a directory path, or "" for none (key= refused)',
         section="Encrypted channels",

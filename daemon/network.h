@@ -30,7 +30,7 @@
 
 /* ------------------------------------------------------------------ sealed datagrams */
 /* An encrypted channel's endpoints seal every datagram they send and open every one they
- * receive (network_crypto.c; docs/PROTOCOL.md, "Encrypted streams"): the layout, as
+ * receive (network_crypto.c; docs/PROTOCOL.md §7.8): the layout, as
  * slipstream.client.layout's SEALED_* and EXT_*. */
 #define SS_HDR_TYPE_EXT 0xFFFF
 #define SS_EXT_MAGIC 0x534C5053

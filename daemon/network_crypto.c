@@ -1,5 +1,5 @@
 /* slipstream's network data path: sealed datagrams, the encrypted streams of
- * docs/PROTOCOL.md ("Encrypted streams"), after QUIC's packet protection (RFC 9001 section
+ * docs/PROTOCOL.md §7.8, after QUIC's packet protection (RFC 9001 section
  * 5: an AEAD per packet, the nonce from a packet number, the clear header as associated
  * data), SRT's two keys at once, and WireGuard's counters as nonces with a sliding
  * anti-replay window (RFC 6479).  The primitives are OpenSSL libcrypto's: AES-256-GCM

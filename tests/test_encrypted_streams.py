@@ -1,5 +1,5 @@
-"""Encrypted streams between real driver processes on loopback (docs/PROTOCOL.md, "Encrypted
-streams"): a stream with key= carried exactly once across term rotations and loss; a plain
+"""Encrypted streams between real driver processes on loopback (docs/PROTOCOL.md §7.8): a
+stream with key= carried exactly once across term rotations and loss; a plain
 peer, a peer with another key and a channel that mixes are refused, each with its counted,
 named reason; tampered, truncated and replayed datagrams change nothing and are counted; a
 key rotated mid-stream loses nothing.
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from helpers import Collector, connect, counters_of, free_port, stream, wait_for
 
-from slipstream.client import ChannelRejectedError, Client
+from slipstream.client import ChannelError, ChannelRejectedError, Client, control
+from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.layout import FLAGS_FIELD, HDR_TYPE_EXT, SEALED_OVERHEAD
 
 KEY_A = bytes(range(32))
@@ -288,3 +289,91 @@ def test_a_key_rotated_mid_stream_loses_nothing(hosts, sniffer) -> None:
     key_ids = [data[FLAGS_FIELD] for data in relay.captured]
     assert key_ids[0] == 1 and key_ids[-100:] == [2] * 100
     assert drops(a) == drops(b) == dict.fromkeys(DROPS, 0)
+
+
+def test_an_encrypted_multicast_stream_reaches_each_subscriber_driver_once(hosts) -> None:
+    """Multicast on loopback: the data group and the control group carry sealed datagrams;
+    two subscriber drivers (fc=min: both hold the sender) get every message once, in
+    order; nothing is dropped."""
+    uri = (f"aeron:udp?endpoint=224.0.1.{random.randrange(1, 250, 2)}:{free_port()}"
+           f"|interface=127.0.0.1|fc=min,g:/2|term-length=64k|key=k")
+    publisher, _ = hosts("p")
+    subscribers = [hosts(f"s{i}")[0] for i in range(2)]
+    clients = [Client.connect(d.directory) for d in (publisher, *subscribers)]
+    try:
+        subscriptions = [c.add_subscription(uri, 20) for c in clients[1:]]
+        publication = clients[0].add_publication(uri, 20)
+        connect(publication, *subscriptions)
+        collectors = [Collector(s) for s in subscriptions]
+        stream(publication, collectors, 10_000, lambda i: 100 + i % 1300, timeout=60)
+        for collector in collectors:
+            collector.assert_exactly(10_000)
+    finally:
+        for client in clients:
+            client.close()
+    for driver in (publisher, *subscribers):
+        assert drops(driver) == dict.fromkeys(DROPS, 0)
+
+
+def test_only_receivers_with_the_key_join_an_encrypted_dynamic_mdc_stream(
+        hosts, launch) -> None:
+    """Dynamic multi-destination-cast: two receivers with the key join by their status
+    messages and get every message once; a plain receiver naming the same control address
+    is no destination (its SMs are plain drops at the sender), gets no image, and costs the
+    stream nothing."""
+    sender, _ = hosts("sender")
+    receivers = [hosts(f"r{i}")[0] for i in range(2)]
+    outsider = launch()
+    control = f"127.0.0.1:{free_port()}"
+    clients = [Client.connect(d.directory) for d in (sender, *receivers, outsider)]
+    try:
+        publication = clients[0].add_publication(
+            f"aeron:udp?control={control}|control-mode=dynamic|fc=min|term-length=64k|key=k",
+            21)
+        subscriptions = [c.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control}|key=k", 21)
+            for c in clients[1:3]]
+        plain = clients[3].add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control}", 21)
+        wait_for(lambda: all(s.images for s in subscriptions) and publication.is_connected,
+                 timeout=10, what="both receivers joined")
+        collectors = [Collector(s) for s in subscriptions]
+        stream(publication, collectors, 10_000, lambda i: (32, 1376, 5000)[i % 3])
+        for collector in collectors:
+            collector.assert_exactly(10_000)
+        wait_for(lambda: drops(sender)["CRYPTO_PLAIN_DROPS"] >= 3,
+                 what="the outsider's status messages dropped")
+        assert not plain.images
+        assert mdc_destinations(sender) == 2
+    finally:
+        for client in clients:
+            client.close()
+
+
+def mdc_destinations(driver) -> int:
+    """The value of the driver's one mdc-destinations counter."""
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        [value] = [c.value for c in counters if c.type_id == CounterType.MDC_DESTINATIONS]
+    finally:
+        counters.close()
+    return value
+
+
+def test_a_spy_reads_an_encrypted_publication_in_plain_text(hosts) -> None:
+    """A spy on the publisher's host reads the publication's log, which holds the stream
+    in plain text: it names no key (a spy with key= is refused by name)."""
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    endpoint = f"127.0.0.1:{free_port()}"
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(f"aeron:udp?endpoint={endpoint}|key=k", 22)
+        publication = ca.add_publication(f"aeron:udp?endpoint={endpoint}|key=k", 22)
+        spy = ca.add_subscription(f"aeron-spy:aeron:udp?endpoint={endpoint}", 22)
+        connect(publication, subscription, spy)
+        collectors = [Collector(subscription), Collector(spy)]
+        stream(publication, collectors, 5_000, lambda i: 500)
+        for collector in collectors:
+            collector.assert_exactly(5_000)
+        with pytest.raises(ChannelError, match="key"):
+            ca.add_subscription(f"aeron-spy:aeron:udp?endpoint={endpoint}|key=k", 22)
