@@ -22,7 +22,9 @@ from helpers import Collector, connect, counters_of, free_port, stream, wait_for
 
 from slipstream.client import ChannelError, ChannelRejectedError, Client, control
 from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client.frames import ErrorFrame, Nak, StatusMessage
 from slipstream.client.layout import FLAGS_FIELD, HDR_TYPE_EXT, SEALED_OVERHEAD
+from slipstream.daemon.media.sealing import Sealing
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(100, 132))
@@ -377,3 +379,60 @@ def test_a_spy_reads_an_encrypted_publication_in_plain_text(hosts) -> None:
             collector.assert_exactly(5_000)
         with pytest.raises(ChannelError, match="key"):
             ca.add_subscription(f"aeron-spy:aeron:udp?endpoint={endpoint}|key=k", 22)
+
+
+def test_forged_control_from_the_receivers_address_changes_nothing_at_the_publisher(
+        hosts, sniffer) -> None:
+    """From the relay's port (the address the publisher's socket is connected to: the
+    receiver's, as the publisher sees it), every few ms a plain NAK of the whole window, a
+    plain ERR naming the stream, a plain SM of a zero window, and the same SM sealed under
+    another key.  The publisher drops and counts each (plain, unknown key), answers no NAK
+    (no retransmission on a lossless loopback), stays connected, and the subscriber gets
+    every message once."""
+    port = free_port()
+    relay = sniffer(port, lambda data: [data])
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    outsider = Sealing("k", None)
+    outsider.set_keys([(9, KEY_B)])
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k", 23)
+        publication = ca.add_publication(
+            f"aeron:udp?endpoint=127.0.0.1:{relay.port}|term-length=64k|key=k", 23)
+        connect(publication, subscription)
+        session, term_id = publication.session_id, publication.initial_term_id
+        forged = [Nak(session, 23, term_id, 0, 32 * 1024).encode(),
+                  ErrorFrame(session, 23, 1, 1, "forged: go away").encode(),
+                  StatusMessage(session, 23, term_id, 0, 0, 1).encode()]
+        forged.append(outsider.seal(forged[-1]))
+        stop = threading.Event()
+        sent = [0]
+
+        def forge() -> None:
+            while not stop.is_set():
+                assert relay.publisher is not None
+                for data in forged:
+                    relay.front.sendto(data, relay.publisher)
+                sent[0] += 1
+                time.sleep(0.002)
+
+        before = counters_of(a)
+        forger = threading.Thread(target=forge, daemon=True)
+        forger.start()
+        try:
+            collector = Collector(subscription)
+            stream(publication, [collector], 20_000, lambda i: 300, timeout=60)
+            collector.assert_exactly(20_000)
+            assert publication.is_connected
+        finally:
+            stop.set()
+            forger.join()
+    after = counters_of(a)
+    assert after["CRYPTO_PLAIN_DROPS"] - before["CRYPTO_PLAIN_DROPS"] >= 0.9 * 3 * sent[0]
+    assert after["CRYPTO_UNKNOWN_KEY_DROPS"] - before["CRYPTO_UNKNOWN_KEY_DROPS"] \
+        >= 0.9 * sent[0]
+    assert sent[0] > 50
+    assert after["NAK_MESSAGES_RECEIVED"] == before["NAK_MESSAGES_RECEIVED"]
+    assert after["RETRANSMITS_SENT"] == before["RETRANSMITS_SENT"]
+    assert after["ERRORS"] == before["ERRORS"]
