@@ -32,16 +32,10 @@
 #define _GNU_SOURCE
 #include "network_internal.h"
 
-#include <netinet/in.h>
-#include <netinet/udp.h>
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
 #include <stdlib.h>
 #include <sys/random.h>
-
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103 /* linux/udp.h, Linux 4.18 */
-#endif
 
 #define KEY_LENGTH 32
 #define IV_LENGTH 12
@@ -291,20 +285,6 @@ const uint8_t *ss_crypto_seal_frame(ss_crypto_t *c, const uint8_t *frame, int32_
     return c->frame;
 }
 
-/* The UDP GSO segment of a message (0: none). */
-static size_t gso_segment(const struct msghdr *header) {
-    if (header->msg_controllen == 0) return 0;
-    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR((struct msghdr *)header); cmsg != NULL;
-         cmsg = CMSG_NXTHDR((struct msghdr *)header, cmsg)) {
-        if (cmsg->cmsg_level == SOL_UDP && cmsg->cmsg_type == UDP_SEGMENT) {
-            uint16_t size;
-            memcpy(&size, CMSG_DATA(cmsg), sizeof size);
-            return size;
-        }
-    }
-    return 0;
-}
-
 /* One sealed message of the batch: `length` bytes at `out`, a GSO run of `segment`-byte
  * datagrams when segment > 0. */
 static void add_message(ss_crypto_t *c, uint32_t index, uint8_t *out, size_t length,
@@ -345,7 +325,7 @@ int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_co
             const struct msghdr *header = &messages[i].msg_hdr;
             size_t total = 0;
             for (size_t v = 0; v < header->msg_iovlen; v++) total += header->msg_iov[v].iov_len;
-            size_t segment = header->msg_iovlen == 1 ? gso_segment(header) : 0;
+            size_t segment = header->msg_iovlen == 1 ? ss_gso_segment(header) : 0;
             if (segment >= total) segment = 0;
             const size_t pieces = segment > 0 ? (total + segment - 1) / segment : 1;
             const size_t sealed_segment = segment + SS_SEALED_OVERHEAD;

@@ -33,12 +33,6 @@
 #include "network_internal.h"
 
 #include <errno.h>
-#include <netinet/in.h>
-#include <netinet/udp.h>
-
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103 /* linux/udp.h, Linux 4.18 */
-#endif
 
 /* ------------------------------------------------------------------- transport bindings */
 
@@ -52,20 +46,6 @@ static int udp_send(void *context, int32_t fd, struct mmsghdr *messages, uint32_
  * -1 when the port raised (the exception is kept for the Python caller). */
 int32_t ss_virtual_datagram(void *context, const uint8_t *address, int32_t address_length,
                             const uint8_t *data, int32_t length);
-
-/* The segment size of a UDP GSO message (0: one datagram). */
-static size_t segment_of(const struct msghdr *header) {
-    if (header->msg_controllen == 0) return 0;
-    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR((struct msghdr *)header); cmsg != NULL;
-         cmsg = CMSG_NXTHDR((struct msghdr *)header, cmsg)) {
-        if (cmsg->cmsg_level == SOL_UDP && cmsg->cmsg_type == UDP_SEGMENT) {
-            uint16_t size;
-            memcpy(&size, CMSG_DATA(cmsg), sizeof size);
-            return size;
-        }
-    }
-    return 0;
-}
 
 /* Each message as the datagrams the kernel would make of it (a GSO run cut at its segment
  * size), to the network; the senders give each message one iovec. */
@@ -81,7 +61,7 @@ static int virtual_send(void *context, int32_t fd, struct mmsghdr *messages,
         }
         const uint8_t *data = header->msg_iov[0].iov_base;
         const size_t length = header->msg_iov[0].iov_len;
-        const size_t segment = segment_of(header);
+        const size_t segment = ss_gso_segment(header);
         const size_t step = segment > 0 ? segment : length;
         for (size_t offset = 0; offset < length; offset += step) {
             const size_t piece = length - offset < step ? length - offset : step;

@@ -18,10 +18,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import Collector, connect, counters_of, free_port, stream, wait_for
+from helpers import (
+    Collector,
+    connect,
+    counters_of,
+    free_port,
+    mdc_destinations,
+    stream,
+    wait_for,
+)
 
-from slipstream.client import ChannelError, ChannelRejectedError, Client, control
-from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client import ChannelError, ChannelRejectedError, Client
 from slipstream.client.frames import ErrorFrame, Nak, StatusMessage
 from slipstream.client.layout import FLAGS_FIELD, HDR_TYPE_EXT, SEALED_OVERHEAD
 from slipstream.daemon.media.sealing import Sealing
@@ -350,16 +357,6 @@ def test_only_receivers_with_the_key_join_an_encrypted_dynamic_mdc_stream(
     finally:
         for client in clients:
             client.close()
-
-
-def mdc_destinations(driver) -> int:
-    """The value of the driver's one mdc-destinations counter."""
-    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-    try:
-        [value] = [c.value for c in counters if c.type_id == CounterType.MDC_DESTINATIONS]
-    finally:
-        counters.close()
-    return value
 
 
 def test_a_spy_reads_an_encrypted_publication_in_plain_text(hosts) -> None:
