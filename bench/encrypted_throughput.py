@@ -38,16 +38,11 @@ from bench.ipc_throughput import (
     sizes_up_to,
 )
 from bench.udp_throughput import DEFAULT_SETTINGS, free_port, free_tcp_port
-from slipstream.client.layout import (
-    FRAME_ALIGNMENT,
-    MAX_UDP_PAYLOAD_LENGTH,
-    SEALED_OVERHEAD,
-    TERM_MAX_LENGTH,
-)
+from slipstream.client.layout import SEALED_MTU_MAX, TERM_MAX_LENGTH
 
 SOURCE = Path(__file__).with_name("aes_gcm_rate.c")
-#: The largest MTU of an encrypted channel, aligned: used by both streams of large messages.
-LARGE_MTU = (MAX_UDP_PAYLOAD_LENGTH - SEALED_OVERHEAD) // FRAME_ALIGNMENT * FRAME_ALIGNMENT
+#: The largest MTU of an encrypted channel: used by both streams of large messages.
+LARGE_MTU = SEALED_MTU_MAX
 
 
 def aes_gcm_rate(directory: Path, size: int, count: int) -> float | None:

@@ -45,6 +45,7 @@ from slipstream.client.layout import (
     MAX_UDP_PAYLOAD_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    SEALED_MTU_MAX,
     SEALED_OVERHEAD,
     TERM_MAX_LENGTH,
     TERM_MIN_LENGTH,
@@ -834,10 +835,10 @@ def _validate(uri: str, c: Channel) -> None:
     if c.key is not None and c.spy:
         raise ChannelError(uri, "key", "a spy reads its publication's log, which holds the "
                                        "stream in plain text: leave key= out")
-    if c.key is not None and c.mtu is not None and c.mtu > MAX_UDP_PAYLOAD_LENGTH - SEALED_OVERHEAD:
+    if c.key is not None and c.mtu is not None and c.mtu > SEALED_MTU_MAX:
         raise ChannelError(uri, "mtu", f"{c.mtu} leaves no room for the {SEALED_OVERHEAD} bytes "
                                        f"sealing adds to each datagram of an encrypted channel: "
-                                       f"at most {MAX_UDP_PAYLOAD_LENGTH - SEALED_OVERHEAD}")
+                                       f"at most {SEALED_MTU_MAX}")
     if c.mtu is not None and c.term_length is not None:
         max_message = max_message_length(c.term_length)
         if c.mtu > max_message:

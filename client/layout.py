@@ -171,6 +171,9 @@ RATE_SIGNAL_MAX_RATE: Final = 1 << 40
 
 #: The largest UDP payload, so the largest MTU (65535 - 8 UDP - 20 IP, aligned down to 32).
 MAX_UDP_PAYLOAD_LENGTH: Final = 65504
+#: The largest MTU of an encrypted channel: its sealed datagrams within the largest UDP payload.
+SEALED_MTU_MAX: Final = ((MAX_UDP_PAYLOAD_LENGTH - SEALED_OVERHEAD)
+                          // FRAME_ALIGNMENT * FRAME_ALIGNMENT)  # 65440
 #: A message is at most min(term_length / 8, this).
 MAX_MESSAGE_LENGTH: Final = 16 * 1024 * 1024
 

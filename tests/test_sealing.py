@@ -13,8 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slipstream.client.channel import parse_channel
+from slipstream.client.errors import ChannelError
 from slipstream.client.frames import Sealed, decode
-from slipstream.client.layout import SEALED_EPOCH_BITS, SEALED_HEADER, SEALED_OVERHEAD
+from slipstream.client.layout import (
+    SEALED_EPOCH_BITS,
+    SEALED_HEADER,
+    SEALED_MTU_MAX,
+    SEALED_OVERHEAD,
+)
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.sealing import KeyFileError, KeyRing, Sealing, read_key_file
 
@@ -214,3 +221,22 @@ def test_the_ring_hands_a_changed_file_to_its_endpoints_and_keeps_keys_when_it_g
     path.chmod(stat.S_IRUSR | stat.S_IROTH)
     assert ring.reload() == 0  # refused: the old keys stay
     assert peer.open(endpoint.seal(b"c")) == b"c"
+
+
+# ------------------------------------------------------------------------- the URI key
+
+
+def test_key_names_a_key_and_is_refused_where_nothing_would_use_it() -> None:
+    assert parse_channel("aeron:udp?endpoint=h:1|key=prod.feed-2").key == "prod.feed-2"
+    for uri, key, cause in [
+            ("aeron:udp?endpoint=h:1|key=../etc/passwd", "key", "is not a key name"),
+            ("aeron:udp?endpoint=h:1|key=.hidden", "key", "is not a key name"),
+            ("aeron:ipc?key=k", "key", "applies to aeron:udp only"),
+            ("aeron-spy:aeron:udp?endpoint=h:1|key=k", "key", "holds the stream in plain text"),
+            (f"aeron:udp?endpoint=h:1|key=k|mtu={SEALED_MTU_MAX + 32}", "mtu",
+             f"at most {SEALED_MTU_MAX}")]:
+        with pytest.raises(ChannelError, match=cause) as raised:
+            parse_channel(uri)
+        assert raised.value.part == key
+    assert SEALED_MTU_MAX + SEALED_OVERHEAD <= 65504
+    assert parse_channel(f"aeron:udp?endpoint=h:1|key=k|mtu={SEALED_MTU_MAX}").mtu == SEALED_MTU_MAX
