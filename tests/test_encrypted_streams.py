@@ -433,3 +433,10 @@ def test_forged_control_from_the_receivers_address_changes_nothing_at_the_publis
     assert after["NAK_MESSAGES_RECEIVED"] == before["NAK_MESSAGES_RECEIVED"]
     assert after["RETRANSMITS_SENT"] == before["RETRANSMITS_SENT"]
     assert after["ERRORS"] == before["ERRORS"]
+
+
+def test_an_mtu_setting_too_large_to_seal_is_refused_naming_mtu(hosts) -> None:
+    a, _ = hosts("a", mtu_length="65504", term_buffer_length="1m")
+    with Client.connect(a.directory) as ca, pytest.raises(ChannelRejectedError,
+                                                          match="mtu_length"):
+        ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=k", 24)

@@ -35,6 +35,7 @@ from slipstream.client.counters import (
     SystemCounter,
 )
 from slipstream.client.errors import ChannelError
+from slipstream.client.layout import SEALED_MTU_MAX, SEALED_OVERHEAD
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
 from slipstream.daemon.agents.sender import SendEndpoint
 from slipstream.daemon.conductor.messages import Outgoing
@@ -166,6 +167,12 @@ class SendSide:
         """A new publication on its endpoint; ``shared``: the one later publishers of its
         key join (not an exclusive one's)."""
         params = PublicationParams.for_network(channel, self.settings)  # before a socket
+        if channel.key is not None and params.mtu > SEALED_MTU_MAX:
+            # The URI's mtu= is checked as it is parsed; the setting's is checked here.
+            raise ChannelError(str(channel), "mtu",
+                               f"{params.mtu} (mtu_length) leaves no room for the "
+                               f"{SEALED_OVERHEAD} bytes sealing adds to each datagram of an "
+                               f"encrypted channel: give mtu= of at most {SEALED_MTU_MAX}")
         endpoint = self._send_endpoint(key[0], channel, destination)
         try:
             return self._create_publication_on(endpoint, key, channel, params, stream_id,
