@@ -440,3 +440,37 @@ def test_an_mtu_setting_too_large_to_seal_is_refused_naming_mtu(hosts) -> None:
     with Client.connect(a.directory) as ca, pytest.raises(ChannelRejectedError,
                                                           match="mtu_length"):
         ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=k", 24)
+
+
+def test_the_archive_records_an_encrypted_stream_from_its_plain_log(hosts, tmp_path) -> None:
+    """An archive beside the publisher records the encrypted publication through a spy on
+    its log (the archive drops key= from the spy's URI), while a receiver on another driver
+    reads it over the encrypted network: both have every message, the recording at the
+    publisher's positions."""
+    from test_archive import (
+        archive_process,
+        check_recording,
+        publish,
+        wait_for_recording,
+        write_config,
+    )
+
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=k"  # 64 KiB terms: hosts'
+    archive_dir = tmp_path / "archive"
+    config = write_config(tmp_path / "archive.toml", archive_dir, a.directory, [(channel, 25)])
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb, \
+            archive_process(config, tmp_path / "archive.log"):
+        receiver = Collector(cb.add_subscription(channel, 25))
+        publication = ca.add_publication(channel, 25)
+        wait_for(lambda: publication.is_connected, what="the receiver connected")
+        wait_for_recording(archive_dir)
+        positions = publish(publication, 1500, [receiver])
+        wait_for(lambda: receiver.poll() >= 0 and len(receiver.seen) >= 1500, timeout=30,
+                 what="the receiver read everything")
+        publication.close()
+        descriptor = wait_for_recording(archive_dir, ended=True)
+    receiver.assert_exactly(1500)
+    check_recording(descriptor, archive_dir, positions)
+    assert drops(a) == drops(b) == dict.fromkeys(DROPS, 0)
