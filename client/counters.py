@@ -258,7 +258,7 @@ class SystemCounter(enum.IntEnum):
     CRYPTO_UNKNOWN_KEY_DROPS = 49  # sealed under a key id the endpoint's key file does not hold
     CRYPTO_AUTH_DROPS = 50  # failed to open: tampered, truncated, or sealed under another key
     CRYPTO_REPLAY_DROPS = 51  # a sender's counter already opened, or below its replay window
-    CRYPTO_SEAL_REFUSED = 52  # datagrams not sent: the endpoint had no key to seal with
+    CRYPTO_SEAL_REFUSED = 52  # datagrams not sent: they could not be sealed (too long, libcrypto)
     CRYPTO_SEALED_AT_PLAIN_DROPS = 53  # a sealed datagram at a plain endpoint (a key it lacks)
 
     @property

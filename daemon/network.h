@@ -61,7 +61,7 @@ typedef struct {
     int64_t *unknown_key_drops;   /* sealed under a key id the endpoint does not hold */
     int64_t *auth_drops;          /* failed to open: tampered, truncated, another key */
     int64_t *replay_drops;        /* a counter the sender's window has seen, or below it */
-    int64_t *seal_failures;       /* datagrams not sent: no key to seal with */
+    int64_t *seal_failures;       /* datagrams not sent: not sealed (too long, libcrypto) */
 } ss_crypto_counters_t;
 
 /* A context with a random sender id and no keys (NULL: out of memory, or no randomness). */

@@ -280,7 +280,10 @@ int32_t ss_crypto_seal(ss_crypto_t *c, const uint8_t *plain, int32_t length, uin
 
 const uint8_t *ss_crypto_seal_frame(ss_crypto_t *c, const uint8_t *frame, int32_t *length) {
     const int32_t sealed = ss_crypto_seal(c, frame, *length, c->frame, SS_SEALED_FRAME_MAX);
-    if (sealed < 0) return NULL;
+    if (sealed < 0) {
+        count(c->counters.seal_failures, 1);
+        return NULL;
+    }
     *length = sealed;
     return c->frame;
 }
@@ -384,7 +387,7 @@ int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_co
         if ((uint32_t)rc < sealed_count) break; /* the socket is full */
     }
     return (int)done;
-refused: /* no key to seal with: nothing of this batch goes */
+refused: /* a datagram could not be sealed: nothing of this batch goes */
     count(c->counters.seal_failures, 1);
     errno = ENOKEY;
     return done > 0 ? (int)done : -1;

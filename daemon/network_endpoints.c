@@ -200,8 +200,7 @@ int32_t ss_send_channel_send_frame(ss_send_publication_t *p, const uint8_t *fram
     const int32_t plain_length = length;
     if (p->crypto != NULL) {
         frame = ss_crypto_seal_frame(p->crypto, frame, &length);
-        if (frame == NULL) {
-            count(p->send_errors, 1);
+        if (frame == NULL) { /* counted there */
             errno = ENOKEY;
             return -1;
         }

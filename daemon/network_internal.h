@@ -117,14 +117,14 @@ static inline int ss_receive_channel_can_send(const ss_image_t *image) {
 
 /* ------------------------------------------------------------------ sealed datagrams */
 /* An encrypted endpoint's sends (network_crypto.c): `messages` (each one datagram, or a UDP
- * GSO run, cut here into its datagrams) sealed into the context's arena and handed to `send`
- * (sendmmsg's contract) in batches.  Returns the caller's messages sent whole (their msg_len
- * set to their plain bytes), or -1 (errno: the send's, or ENOKEY when there is no key to seal
- * with).  The sending thread's alone. */
+ * GSO run) sealed into the context's arena, a GSO run as a run of sealed datagrams, and handed
+ * to `send` (sendmmsg's contract) in batches.  Returns the caller's messages sent whole (their
+ * msg_len set to their plain bytes), or -1 (errno: the send's, or ENOKEY when a datagram
+ * could not be sealed).  The sending thread's alone. */
 SS_INTERNAL int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_count,
                                int (*send)(void *, struct mmsghdr *, uint32_t), void *context);
 /* One frame sealed into the context's frame buffer (valid until the next call): the buffer,
- * with *length the sealed length, or NULL (no key). */
+ * with *length the sealed length, or NULL (not sealed: counted in seal_failures). */
 SS_INTERNAL const uint8_t *ss_crypto_seal_frame(ss_crypto_t *c, const uint8_t *frame,
                                                 int32_t *length);
 
