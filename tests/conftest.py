@@ -242,6 +242,7 @@ MODULE_LANES = {
     "test_mdc": "sockets",
     "test_sealing": "unit",
     "test_encrypted_streams": "sockets",
+    "test_encrypted_hosts": "hosts",
     "test_mds": "sockets",
     "test_mdc_hosts": "hosts",
     "test_udp_failures": "sockets",
