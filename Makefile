@@ -10,9 +10,11 @@ DIR    ?=
 install: $(STAMP)
 
 # Editable install: the cffi extension is compiled in place at install, and again whenever
-# the C sources or the packaging change.
+# the C sources or the packaging change.  The data path links OpenSSL's libcrypto (encrypted
+# channels): scripts/ensure-libssl installs libssl-dev when its headers are missing.
 $(STAMP): pyproject.toml setup.py $(wildcard client/*.c client/*.h daemon/*.c daemon/*.h) \
           client/_native_build.py daemon/_network_build.py
+	@scripts/ensure-libssl
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench,sim,spark]'

@@ -60,9 +60,12 @@ class RecordSpec:
     def subscription_channel(self) -> str:
         """What the archive subscribes to: a local UDP stream through a spy on its
         publication's log (no copy through the network), IPC as it is, a remote one as a
-        plain subscription."""
+        plain subscription.  An encrypted channel's spy names no key (``key=``): the log it
+        reads holds the stream in plain text (docs/PROTOCOL.md §7.8)."""
         if self.source is Source.LOCAL and self.channel.startswith("aeron:udp"):
-            return SPY_PREFIX + self.channel
+            media, _, query = self.channel.partition("?")
+            kept = [item for item in query.split("|") if not item.startswith("key=")]
+            return SPY_PREFIX + media + "?" + "|".join(kept)
         return self.channel
 
 

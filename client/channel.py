@@ -45,6 +45,8 @@ from slipstream.client.layout import (
     MAX_UDP_PAYLOAD_LENGTH,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    SEALED_MTU_MAX,
+    SEALED_OVERHEAD,
     TERM_MAX_LENGTH,
     TERM_MIN_LENGTH,
     max_message_length,
@@ -246,6 +248,7 @@ class Channel:
     # join=: the subnets a dynamic multi-destination-cast publication hears status messages
     # from (docs/PROTOCOL.md §7.4.1)
     join: tuple[Subnet, ...] | None = None
+    key: str | None = None  # key=NAME: an encrypted channel (docs/PROTOCOL.md §7.8)
     uri: str = attrs.field(default="", eq=False)  # as given to parse_channel
 
     @property
@@ -411,6 +414,17 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
 
 def _text(text: str) -> str:
+    return text
+
+
+#: A key's name (key=NAME): its file is NAME.key in the driver's keys_dir, so no path.
+_KEY_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _key_name(text: str) -> str:
+    if not _KEY_NAME.fullmatch(text):
+        raise _Bad(f"{text!r} is not a key name (letters, digits, '.', '_', '-'; at most 64, "
+                   f"the first a letter or digit)")
     return text
 
 
@@ -672,6 +686,7 @@ _PARAMS: Final[dict[str, _Param]] = {
     "stream-id": _param("stream_id", _int32),
     "response-correlation-id": _param("response_correlation_id", _int64),
     "join": _Param(("join",), parse_join, udp_only=True, formatter=_format_join),
+    "key": _param("key", _key_name, udp_only=True),
 }
 
 # The keys only one side of a stream acts on (a publication's sender and flow control, or a
@@ -847,6 +862,13 @@ def _validate(uri: str, c: Channel) -> None:
         if (c.term_id - c.init_term_id) & 0xFFFFFFFF >= 1 << 31:
             raise ChannelError(uri, "term-id",
                                f"{c.term_id} is before init-term-id {c.init_term_id}")
+    if c.key is not None and c.spy:
+        raise ChannelError(uri, "key", "a spy reads its publication's log, which holds the "
+                                       "stream in plain text: leave key= out")
+    if c.key is not None and c.mtu is not None and c.mtu > SEALED_MTU_MAX:
+        raise ChannelError(uri, "mtu", f"{c.mtu} leaves no room for the {SEALED_OVERHEAD} bytes "
+                                       f"sealing adds to each datagram of an encrypted channel: "
+                                       f"at most {SEALED_MTU_MAX}")
     if c.mtu is not None and c.term_length is not None:
         max_message = max_message_length(c.term_length)
         if c.mtu > max_message:

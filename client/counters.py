@@ -265,6 +265,14 @@ class SystemCounter(enum.IntEnum):
     # datagrams not sent to an unvalidated address because they would take what was sent to
     # it past 3x what arrived from it (RFC 9000 section 8's anti-amplification limit)
     MDC_AMPLIFICATION_DROPS = 51
+    # issue 59, crypto: datagrams an encrypted channel's endpoint drops, by cause
+    # (docs/PROTOCOL.md §7.8):
+    CRYPTO_PLAIN_DROPS = 52  # a datagram without a seal at an encrypted endpoint: a plain peer
+    CRYPTO_UNKNOWN_KEY_DROPS = 53  # sealed under a key id the endpoint's key file does not hold
+    CRYPTO_AUTH_DROPS = 54  # failed to open: tampered, truncated, or sealed under another key
+    CRYPTO_REPLAY_DROPS = 55  # a sender's counter already opened, or below its replay window
+    CRYPTO_SEAL_REFUSED = 56  # datagrams not sent: they could not be sealed (too long, libcrypto)
+    CRYPTO_SEALED_AT_PLAIN_DROPS = 57  # a sealed datagram at a plain endpoint (a key it lacks)
 
     @property
     def label(self) -> str:
@@ -288,6 +296,11 @@ DROP_CAUSES: Final[dict[SystemCounter, str]] = {
     SystemCounter.MDC_UNVALIDATED_DROPS: "mdc-unvalidated",
     SystemCounter.MDC_CANDIDATES_REFUSED: "mdc-candidates-full",
     SystemCounter.MDC_AMPLIFICATION_DROPS: "mdc-amplification-limit",
+    SystemCounter.CRYPTO_PLAIN_DROPS: "crypto-plain-at-encrypted",
+    SystemCounter.CRYPTO_UNKNOWN_KEY_DROPS: "crypto-unknown-key",
+    SystemCounter.CRYPTO_AUTH_DROPS: "crypto-authentication-failed",
+    SystemCounter.CRYPTO_REPLAY_DROPS: "crypto-replay",
+    SystemCounter.CRYPTO_SEALED_AT_PLAIN_DROPS: "crypto-sealed-at-plain",
 }
 
 

@@ -49,6 +49,7 @@ from slipstream.client.layout import (
     EXT_MAGIC,
     EXT_TYPE_RATE_ANNOUNCE,
     EXT_TYPE_RATE_SIGNAL,
+    EXT_TYPE_SEALED,
     EXT_VERSION,
     FRAME_ALIGNMENT,
     FRAME_HEADER,
@@ -84,6 +85,7 @@ from slipstream.client.layout import (
     RTTM_FRAME,
     RTTM_LENGTH,
     RTTM_REPLY_FLAG,
+    SEALED_OVERHEAD,
     SETUP_FRAME,
     SETUP_GROUP_FLAG,
     SETUP_LENGTH,
@@ -428,8 +430,17 @@ class RateAnnounce:
                                         *padded)
 
 
+@attrs.frozen
+class Sealed:
+    """A sealed datagram of an encrypted channel (docs/PROTOCOL.md §7.8), as
+    a plain endpoint sees it: its frames are ciphertext, opened only by an endpoint that
+    holds the key (``key_id``, the header's flags byte)."""
+
+    key_id: int
+
+
 Frame: TypeAlias = (Data | Heartbeat | Pad | Setup | StatusMessage | Nak | Rttm | ErrorFrame
-                    | ResponseSetup | RateSignal | RateAnnounce)
+                    | ResponseSetup | RateSignal | RateAnnounce | Sealed)
 
 
 def heartbeat(session_id: int, stream_id: int, term_id: int, term_offset: int,
@@ -606,6 +617,10 @@ def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,
             return Rejected(f"rate announce window {window_us} us or thresholds {raw} "
                             f"out of range")
         return RateAnnounce(session_id, stream_id, window_us, thresholds)
+    if ext_type == EXT_TYPE_SEALED:
+        if remaining < SEALED_OVERHEAD or frame_length != remaining:
+            return Rejected(f"sealed datagram of {remaining} bytes, frame length {frame_length}")
+        return Sealed(flags)
     return Rejected(f"unknown slipstream extension type {ext_type}")
 
 

@@ -132,6 +132,23 @@ EXT_MAGIC: Final = 0x534C5053  # "SLPS" read as a little-endian int32
 EXT_VERSION: Final = 1
 EXT_TYPE_RATE_SIGNAL: Final = 1  # receiver -> sender: how full the receiver's image is
 EXT_TYPE_RATE_ANNOUNCE: Final = 2  # sender -> receivers: signal me, at these thresholds
+EXT_MAGIC_FIELD, EXT_TYPE_FIELD, EXT_VERSION_FIELD = _field_offsets(EXT_HEADER)[4:]  # 8 12 14
+EXT_TYPE_SEALED: Final = 3  # either way, on an encrypted channel: one datagram sealed whole
+
+# A sealed datagram (docs/PROTOCOL.md §7.8): the EXT header, whose flags byte
+# is the key id, then the sender id and the sender's datagram counter (the clear header, the
+# AEAD's associated data), then the datagram's frames encrypted, then the AEAD tag.
+SEALED_HEADER: Final = struct.Struct("<iBBHiHHQQ")
+SEALED_HEADER_LENGTH: Final = SEALED_HEADER.size  # 32
+SEALED_SENDER_ID_FIELD, SEALED_COUNTER_FIELD = _field_offsets(SEALED_HEADER)[7:]  # 16 24
+SEALED_TAG_LENGTH: Final = 16  # AES-256-GCM's
+#: What sealing adds to a datagram, bytes.
+SEALED_OVERHEAD: Final = SEALED_HEADER_LENGTH + SEALED_TAG_LENGTH  # 48
+#: A sender derives a fresh AEAD key every 2^SEALED_EPOCH_BITS datagrams (RFC 9001 section
+#: 6.6: AES-GCM's confidentiality limit, 2^23 packets per key).
+SEALED_EPOCH_BITS: Final = 23
+#: The largest datagram an encrypted endpoint seals (a plain one's largest, sealed).
+SEALED_FRAME_MAX: Final = 65536 + SEALED_OVERHEAD
 
 # header, then session_id stream_id fill_permille threshold_percent consumption_rate (bytes/s)
 # (and the receiver's group tag when it has one, as an SM's)
@@ -154,6 +171,9 @@ RATE_SIGNAL_MAX_RATE: Final = 1 << 40
 
 #: The largest UDP payload, so the largest MTU (65535 - 8 UDP - 20 IP, aligned down to 32).
 MAX_UDP_PAYLOAD_LENGTH: Final = 65504
+#: The largest MTU of an encrypted channel: its sealed datagrams within the largest UDP payload.
+SEALED_MTU_MAX: Final = ((MAX_UDP_PAYLOAD_LENGTH - SEALED_OVERHEAD)
+                          // FRAME_ALIGNMENT * FRAME_ALIGNMENT)  # 65440
 #: A message is at most min(term_length / 8, this).
 MAX_MESSAGE_LENGTH: Final = 16 * 1024 * 1024
 

@@ -23,7 +23,8 @@ def _native_build():  # the client's build module: its header-to-cdef rule, its 
 NATIVE = _native_build()
 #: The data path's C files (network_internal.h is what they share; the Makefile lists them too).
 SOURCES = ("network.c", "network_sender.c", "network_retransmit.c", "network_loss.c",
-           "network_cleaner.c", "network_receiver.c", "network_endpoints.c", "network_duty.c")
+           "network_cleaner.c", "network_receiver.c", "network_endpoints.c", "network_duty.c",
+           "network_crypto.c")
 
 #: The simulator's transport binding calls back into Python with each datagram
 #: (network_endpoints.c's virtual binding; daemon/media/send_point.py defines it).  "Python+C": the
@@ -43,6 +44,8 @@ ffibuilder.set_source(
     depends=[os.path.relpath(HERE / name) for name in ("network.h", "network_internal.h")],
     include_dirs=[str(HERE), str(CLIENT)],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-unused-function"],
+    # libcrypto (OpenSSL): the AEAD and HKDF of encrypted channels (network_crypto.c).
+    libraries=["crypto"],
 )
 
 if __name__ == "__main__":

@@ -742,6 +742,23 @@ class DriverSettings:
         1000, "High end (inclusive) of the reserved session ids.",
         low=INT32_MIN, high=INT32_MAX,
     )
+    # ---------------------------------------------------------------- encrypted channels
+    keys_dir: str | None = _text(
+        None,
+        "Directory of the named keys of encrypted channels (key=NAME reads NAME.key there: one "
+        "or two lines '<id 0-255> <64 hex digits>', the first seals, both open); each file "
+        "must be a regular file the driver's user and group alone may read (docs/PROTOCOL.md "
+        "§7.8). Unset: a channel with key= is refused (slipstream).",
+        optional=True, check=_check_directory,
+        accepted_text='a directory path, or "" for none (key= refused)',
+        section="Encrypted channels",
+    )
+    keys_reload_interval: int = _duration(
+        _S,
+        "How often the driver reads the key files of its encrypted channels again, so that a "
+        "key added or swapped for rotation is taken up with no loss, ns (slipstream).",
+        low=10 * _MS, high=_HOUR,
+    )
 
     sources: Mapping[str, str] = attrs.field(
         factory=dict, converter=_freeze_sources, eq=False, repr=False

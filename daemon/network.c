@@ -9,6 +9,8 @@
  *   network_endpoints.c   the send and receive channel endpoints' sends: where every datagram
  *                         the C half sends leaves
  *   network_duty.c        the duty cycle (the agents' C halves, the Python-due rule, the loop)
+ *   network_crypto.c      an encrypted endpoint's sealed datagrams (libcrypto's AEAD and HKDF,
+ *                         the anti-replay windows; docs/PROTOCOL.md §7.8)
  * and this file, the positions they all publish and read. */
 #define _GNU_SOURCE
 #include "network_internal.h"

@@ -28,6 +28,63 @@
  * connection slot per destination: ss_image_connection_t). */
 #define SS_RECEIVE_DESTINATIONS_MAX 16
 
+/* ------------------------------------------------------------------ sealed datagrams */
+/* An encrypted channel's endpoints seal every datagram they send and open every one they
+ * receive (network_crypto.c; docs/PROTOCOL.md §7.8): the layout, as
+ * slipstream.client.layout's SEALED_* and EXT_*. */
+#define SS_HDR_TYPE_EXT 0xFFFF
+#define SS_EXT_MAGIC 0x534C5053
+#define SS_EXT_VERSION 1
+#define SS_EXT_MAGIC_FIELD 8
+#define SS_EXT_TYPE_FIELD 12
+#define SS_EXT_VERSION_FIELD 14
+#define SS_EXT_TYPE_SEALED 3
+#define SS_SEALED_HEADER_LENGTH 32
+#define SS_SEALED_SENDER_ID_FIELD 16
+#define SS_SEALED_COUNTER_FIELD 24
+#define SS_SEALED_TAG_LENGTH 16
+#define SS_SEALED_OVERHEAD 48
+#define SS_SEALED_EPOCH_BITS 23
+#define SS_SEALED_FRAME_MAX 65584
+/* ss_crypto_open's verdicts (each counted by its cause). */
+#define SS_OPEN_PLAIN (-1)
+#define SS_OPEN_UNKNOWN_KEY (-2)
+#define SS_OPEN_FAILED (-3)
+#define SS_OPEN_REPLAY (-4)
+
+/* An endpoint's keys, its sealing state and what it knows of each sender it opened
+ * (opaque: made and freed here). */
+typedef struct ss_crypto ss_crypto_t;
+/* The system counters an endpoint's opening counts drops in (NULL: not counted). */
+typedef struct {
+    int64_t *plain_drops;         /* datagrams without a seal (a plain peer) */
+    int64_t *unknown_key_drops;   /* sealed under a key id the endpoint does not hold */
+    int64_t *auth_drops;          /* failed to open: tampered, truncated, another key */
+    int64_t *replay_drops;        /* a counter the sender's window has seen, or below it */
+    int64_t *seal_failures;       /* datagrams not sent: not sealed (too long, libcrypto) */
+} ss_crypto_counters_t;
+
+/* A context with a random sender id and no keys (NULL: out of memory, or no randomness). */
+ss_crypto_t *ss_crypto_new(void);
+void ss_crypto_free(ss_crypto_t *c);
+ss_crypto_counters_t *ss_crypto_counters(ss_crypto_t *c);
+uint64_t ss_crypto_sender_id(const ss_crypto_t *c);
+/* The next datagram's counter (a test's: counters never repeat under one sender id). */
+void ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter);
+/* The keys, from any thread (count 1 or 2; ids[i] and 32 bytes at keys + 32 i): the first
+ * seals, both open; the data path takes them over at its next datagram.  0, or -1 for a
+ * count outside 1-2 or two equal ids. */
+int32_t ss_crypto_set_keys(ss_crypto_t *c, const uint8_t *ids, const uint8_t *keys,
+                           int32_t count);
+/* Seal `length` bytes into `out` (capacity bytes, length + SS_SEALED_OVERHEAD needed): the
+ * sealed length, or -1 (no key, no room). */
+int32_t ss_crypto_seal(ss_crypto_t *c, const uint8_t *plain, int32_t length, uint8_t *out,
+                       int32_t capacity);
+/* Open a datagram in place: its frames are then at data + SS_SEALED_HEADER_LENGTH and the
+ * result is their length; or an SS_OPEN_* verdict (< 0), counted by its cause.  A datagram
+ * opens at most once per sender and counter within the sender's window. */
+int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length);
+
 /* Store `value` in a position's private cell, then in its counter (NULL: none). */
 void ss_publish_position(int64_t *cell, int64_t *counter, int64_t value);
 /* A subscriber's position (a cell its client writes) as the driver takes it: within
@@ -280,6 +337,8 @@ typedef struct {
     int64_t **spy_positions;
     int64_t *spy_hold;
     int64_t spy_python_position;
+    /* An encrypted channel's endpoint: every datagram sealed (NULL: plain, one branch). */
+    ss_crypto_t *crypto;
 } ss_send_publication_t;
 
 /* The position p's log is consumed to, which pub-lmt and cleaning follow: the least of snd-pos,
@@ -521,6 +580,8 @@ typedef struct {
      * reusable_limit and clean_due_position on (an SM goes at once when that widened the
      * window it advertised); otherwise the Python half cleans from that position. */
     ss_log_cleaner_t *cleaner;
+    /* Its receive endpoint's (ss_receiver_set_images copies it): control frames sealed. */
+    ss_crypto_t *crypto;
 } ss_image_t;
 
 /* The rebuild pass (docs/PROTOCOL.md §4.4, aeron_publication_image_track_rebuild): scan from
@@ -611,6 +672,9 @@ typedef struct {
      * fd), and the binding's context (the virtual one's: its port). */
     const ss_transport_binding_t *binding;
     void *binding_context;
+    /* An encrypted channel's endpoint: every datagram opened before dispatch, every frame
+     * sent sealed (NULL: plain, one branch). */
+    ss_crypto_t *crypto;
 } ss_receiver_t;
 
 /* ------------------------------------------------- the channel endpoints' sends, for Python */

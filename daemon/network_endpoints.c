@@ -33,12 +33,6 @@
 #include "network_internal.h"
 
 #include <errno.h>
-#include <netinet/in.h>
-#include <netinet/udp.h>
-
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103 /* linux/udp.h, Linux 4.18 */
-#endif
 
 /* ------------------------------------------------------------------- transport bindings */
 
@@ -52,20 +46,6 @@ static int udp_send(void *context, int32_t fd, struct mmsghdr *messages, uint32_
  * -1 when the port raised (the exception is kept for the Python caller). */
 int32_t ss_virtual_datagram(void *context, const uint8_t *address, int32_t address_length,
                             const uint8_t *data, int32_t length);
-
-/* The segment size of a UDP GSO message (0: one datagram). */
-static size_t segment_of(const struct msghdr *header) {
-    if (header->msg_controllen == 0) return 0;
-    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR((struct msghdr *)header); cmsg != NULL;
-         cmsg = CMSG_NXTHDR((struct msghdr *)header, cmsg)) {
-        if (cmsg->cmsg_level == SOL_UDP && cmsg->cmsg_type == UDP_SEGMENT) {
-            uint16_t size;
-            memcpy(&size, CMSG_DATA(cmsg), sizeof size);
-            return size;
-        }
-    }
-    return 0;
-}
 
 /* Each message as the datagrams the kernel would make of it (a GSO run cut at its segment
  * size), to the network; the senders give each message one iovec. */
@@ -81,7 +61,7 @@ static int virtual_send(void *context, int32_t fd, struct mmsghdr *messages,
         }
         const uint8_t *data = header->msg_iov[0].iov_base;
         const size_t length = header->msg_iov[0].iov_len;
-        const size_t segment = segment_of(header);
+        const size_t segment = ss_gso_segment(header);
         const size_t step = segment > 0 ? segment : length;
         for (size_t offset = 0; offset < length; offset += step) {
             const size_t piece = length - offset < step ? length - offset : step;
@@ -188,8 +168,9 @@ static int send_to_destinations(ss_send_publication_t *p, struct mmsghdr *messag
     return most;
 }
 
-int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,
-                         uint32_t message_count) {
+/* The send of a plain endpoint, and below the sealing of an encrypted one. */
+static int send_plain(ss_send_publication_t *p, struct mmsghdr *messages,
+                      uint32_t message_count) {
     if (p->destinations != NULL) return send_to_destinations(p, messages, message_count);
     if (p->destination_length > 0) { /* else connected: msg_name stays NULL */
         for (uint32_t i = 0; i < message_count; i++) {
@@ -201,9 +182,29 @@ int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,
                                             message_count);
 }
 
+static int send_sealed(void *p, struct mmsghdr *messages, uint32_t message_count) {
+    return send_plain((ss_send_publication_t *)p, messages, message_count);
+}
+
+int ss_send_channel_send(ss_send_publication_t *p, struct mmsghdr *messages,
+                         uint32_t message_count) {
+    if (p->crypto != NULL) return ss_crypto_send(p->crypto, messages, message_count, send_sealed, p);
+    return send_plain(p, messages, message_count);
+}
+
 int32_t ss_send_channel_send_frame(ss_send_publication_t *p, const uint8_t *frame,
                                    int32_t length, const uint8_t *address,
                                    int32_t address_length) {
+    if (address_length <= 0 && p->destinations != NULL && p->destinations->count <= 0)
+        return 0;
+    const int32_t plain_length = length;
+    if (p->crypto != NULL) {
+        frame = ss_crypto_seal_frame(p->crypto, frame, &length);
+        if (frame == NULL) { /* counted there */
+            errno = ENOKEY;
+            return -1;
+        }
+    }
     struct iovec vector;
     struct mmsghdr message;
     frame_message(&message, &vector, frame, (size_t)length, address, address_length);
@@ -211,12 +212,11 @@ int32_t ss_send_channel_send_frame(ss_send_publication_t *p, const uint8_t *fram
     if (address_length > 0) { /* to one address: past the endpoint's destinations */
         rc = binding_or_udp(p->binding)->send(p->binding_context, p->fd, &message, 1);
     } else {
-        if (p->destinations != NULL && p->destinations->count <= 0) return 0;
-        rc = ss_send_channel_send(p, &message, 1);
+        rc = send_plain(p, &message, 1);
     }
     if (rc > 0) {
         count(p->bytes_sent, (int64_t)message.msg_len);
-        return (int32_t)message.msg_len;
+        return p->crypto != NULL ? plain_length : (int32_t)message.msg_len;
     }
     if (rc == 0 || errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
         count(p->short_sends, 1);
@@ -277,6 +277,15 @@ static ssize_t send_to_connections(const ss_image_t *image, const uint8_t *frame
  * binding. */
 ssize_t ss_receive_channel_send(const ss_image_t *image, const uint8_t *frame, size_t length,
                                 int64_t now_ns) {
+    if (image->crypto != NULL) {
+        int32_t sealed = (int32_t)length;
+        frame = ss_crypto_seal_frame(image->crypto, frame, &sealed);
+        if (frame == NULL) {
+            errno = ENOKEY;
+            return -1;
+        }
+        length = (size_t)sealed;
+    }
     if (image->connections != NULL) return send_to_connections(image, frame, length, now_ns);
     return send_frame(NULL, NULL, image->control_fd, frame, length, image->control_address,
                       image->control_address_length);
@@ -285,6 +294,13 @@ ssize_t ss_receive_channel_send(const ss_image_t *image, const uint8_t *frame, s
 int32_t ss_receive_channel_send_frame(const ss_receiver_t *r, const uint8_t *frame,
                                       int32_t length, const uint8_t *address,
                                       int32_t address_length) {
+    if (r->crypto != NULL) {
+        frame = ss_crypto_seal_frame(r->crypto, frame, &length);
+        if (frame == NULL) {
+            errno = ENOKEY;
+            return -1;
+        }
+    }
     const ssize_t sent = send_frame(r->binding, r->binding_context, r->fd, frame,
                                     (size_t)length, address, address_length);
     if (sent >= 0) {

@@ -17,8 +17,15 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <netinet/in.h>
+#include <netinet/udp.h>
+
 #include "native.h"
 #include "network.h"
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103 /* linux/udp.h, Linux 4.18 */
+#endif
 
 #define LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
@@ -31,6 +38,20 @@ static inline void count(int64_t *counter, int64_t delta) {
 
 static inline int32_t read_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 static inline uint16_t read_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* The segment size of a UDP GSO message (its UDP_SEGMENT control message), 0: one datagram. */
+static inline size_t ss_gso_segment(const struct msghdr *header) {
+    if (header->msg_controllen == 0) return 0;
+    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR((struct msghdr *)header); cmsg != NULL;
+         cmsg = CMSG_NXTHDR((struct msghdr *)header, cmsg)) {
+        if (cmsg->cmsg_level == SOL_UDP && cmsg->cmsg_type == UDP_SEGMENT) {
+            uint16_t size;
+            memcpy(&size, CMSG_DATA(cmsg), sizeof size);
+            return size;
+        }
+    }
+    return 0;
+}
 
 /* ------------------------------------------------------------ the channel endpoints' sends */
 /* One function per direction of endpoint (network_endpoints.c), as Aeron's
@@ -93,5 +114,18 @@ static inline int ss_receive_channel_can_send(const ss_image_t *image) {
     if (image->connections != NULL) return 1;
     return image->control_fd >= 0 && image->control_address_length > 0;
 }
+
+/* ------------------------------------------------------------------ sealed datagrams */
+/* An encrypted endpoint's sends (network_crypto.c): `messages` (each one datagram, or a UDP
+ * GSO run) sealed into the context's arena, a GSO run as a run of sealed datagrams, and handed
+ * to `send` (sendmmsg's contract) in batches.  Returns the caller's messages sent whole (their
+ * msg_len set to their plain bytes), or -1 (errno: the send's, or ENOKEY when a datagram
+ * could not be sealed).  The sending thread's alone. */
+SS_INTERNAL int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_count,
+                               int (*send)(void *, struct mmsghdr *, uint32_t), void *context);
+/* One frame sealed into the context's frame buffer (valid until the next call): the buffer,
+ * with *length the sealed length, or NULL (not sealed: counted in seal_failures). */
+SS_INTERNAL const uint8_t *ss_crypto_seal_frame(ss_crypto_t *c, const uint8_t *frame,
+                                                int32_t *length);
 
 #endif

@@ -31,6 +31,7 @@ int32_t ss_receiver_set_images(ss_receiver_t *r, ss_image_t **images, int32_t co
         r->slots[slot] = image;
         image->control_fd = r->fd;
         image->counters = &r->counters;
+        image->crypto = r->crypto;
     }
     return 0;
 }
@@ -474,8 +475,18 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
         int unknown_seen = 0;
         for (int32_t offset = 0; offset < length || length == 0; offset += segment) {
             const int32_t rest = length - offset;
-            const int32_t datagram_length = rest < segment ? rest : segment;
+            int32_t datagram_length = rest < segment ? rest : segment;
             const uint8_t *datagram = buffer + offset;
+            if (r->crypto != NULL) { /* an encrypted endpoint: opened in place, or dropped */
+                const int32_t opened = ss_crypto_open(r->crypto, (uint8_t *)datagram,
+                                                      datagram_length);
+                if (opened < 0) {
+                    if (length == 0) break;
+                    continue;
+                }
+                datagram += SS_SEALED_HEADER_LENGTH;
+                datagram_length = opened;
+            }
             int up = !debug_drop(r, datagram, datagram_length) &&
                      on_datagram(r, datagram, datagram_length, source, source_length, now_ns) ==
                          SS_RX_TO_PYTHON;

@@ -31,6 +31,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Final
 
 from slipstream.client.channel import Channel
+from slipstream.client.errors import ChannelError
 from slipstream.daemon._network import ffi as network_ffi
 from slipstream.daemon.media import send_point
 from slipstream.daemon.media.destinations import TABLE_MODES, DestinationTable
@@ -82,7 +83,15 @@ class VirtualTransports:
                           f"{self.host.incarnation} ({PORTS_PER_INCARNATION} from {base})")
         return port
 
+    @staticmethod
+    def _plain(channel: Channel) -> None:
+        if channel.key is not None:
+            raise ChannelError(str(channel), "key", "the simulator carries no encrypted "
+                                                    "channels (their sealing needs a socket "
+                                                    "endpoint): leave key= out")
+
     def open_send(self, channel: Channel, destination: Address) -> VirtualSendTransport:
+        self._plain(channel)
         port = self._ephemeral_port(SEND_PORT_BASE, len(self.send_transports))
         transport = VirtualSendTransport(self.host, (self.host.ip, port), channel)
         self.send_transports.append(transport)
@@ -91,6 +100,7 @@ class VirtualTransports:
     def open_receive(self, channel: Channel, bind: Address) -> VirtualReceiveTransport:
         """A receive transport at ``bind``; any address (``0.0.0.0``, ``::``) is the host's,
         and port 0 an ephemeral one (a response subscription's, docs/PROTOCOL.md §7.6)."""
+        self._plain(channel)
         host, port = bind
         if ipaddress.ip_address(host).is_unspecified:
             host = self.host.ip
@@ -106,6 +116,9 @@ class VirtualTransports:
         """The driver's multi-destination receive endpoint; each destination it is handed is
         one of :meth:`open_receive`."""
         return MultiDestinationReceiveTransport()
+
+    def reload_keys(self, now_ns: int) -> None:
+        """Nothing: the simulator has no keys (:meth:`_plain`)."""
 
     def local_addresses(self) -> list[InterfaceAddress]:
         """The simulated host's one interface: its address in the simulator's network

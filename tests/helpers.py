@@ -186,6 +186,21 @@ def offer_until(publication: Any, message: bytes, timeout: float = 5.0) -> int:
     raise AssertionError(f"offer did not succeed within {timeout} s (last result {result})")
 
 
+def mdc_destinations(driver: Any) -> int:
+    """The value of the driver's one mdc-destinations counter (a multi-destination-cast
+    endpoint's destinations)."""
+    from slipstream.client import control
+    from slipstream.client.counters import CountersFile, CounterType
+
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        values = [c.value for c in counters if c.type_id == CounterType.MDC_DESTINATIONS]
+    finally:
+        counters.close()
+    assert len(values) == 1, values
+    return values[0]
+
+
 def connect(publication: Any, *subscriptions: Any) -> None:
     """Wait until ``publication`` is connected and every subscription has an image."""
     wait_for(lambda: publication.is_connected

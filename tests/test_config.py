@@ -110,6 +110,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "untethered_resting_timeout": 10 * S,
     "publication_reserved_session_id_low": -1,
     "publication_reserved_session_id_high": 1000,
+    "keys_dir": None,  # no encrypted channels
+    "keys_reload_interval": S,
 }
 
 
@@ -140,7 +142,7 @@ def _alternative(key: str) -> Any:
     """A valid value for ``key`` other than its default (given default values elsewhere)."""
     spec = SETTINGS[key]
     d = spec.default
-    if key == "dir":
+    if key in ("dir", "keys_dir"):
         candidates: list[Any] = ["/tmp/slipstream-test"]
     elif key == "metrics_address":
         candidates = ["127.0.0.1:9100"]
@@ -483,7 +485,7 @@ def test_format_settings_round_trips_every_key_changed(tmp_path: Path) -> None:
 
 def _valid_values(key: str) -> st.SearchStrategy[Any]:
     spec = SETTINGS[key]
-    if key == "dir":
+    if key in ("dir", "keys_dir"):
         return st.sampled_from([None, "/tmp/slip", "/dev/shm/a b", 'odd"dir\\x', "/tmp/ünï\tx"])
     if key == "metrics_address":
         return st.sampled_from(["", "127.0.0.1:9100", "[::1]:0", "host.example:65535"])

@@ -96,6 +96,9 @@ class _Transports:
     def local_addresses(self) -> list:
         return []
 
+    def reload_keys(self, now_ns: int) -> None:
+        pass
+
 
 @pytest.fixture
 def fast_switching() -> Iterator[None]:

@@ -37,6 +37,7 @@ C_ONLY = {
     "KEEPER_DRIVER_EXITED", "KEEPER_DRIVER_STOPPED", "KEEPER_DRIVER_REPLACED",  # the keeper's
     "RATE_SIGNAL_GAP_NAKS",  # network.h: the NAK-strength fill's (ss_image_rate_signal_top)
     "RECEIVE_DESTINATIONS_MAX",  # network.h: read as lib.SS_RECEIVE_DESTINATIONS_MAX (MDS)
+    "OPEN_PLAIN", "OPEN_UNKNOWN_KEY", "OPEN_FAILED", "OPEN_REPLAY",  # network.h: ss_crypto_open's
     "SCAN_END", "SCAN_TORN", "SCAN_INVALID",  # native.h: ss_scan_recorded's, for the archive
 }
 

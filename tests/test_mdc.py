@@ -17,26 +17,22 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import Collector, counters_of, free_port, lacking, stream, wait_for
+from helpers import (
+    Collector,
+    counters_of,
+    free_port,
+    lacking,
+    mdc_destinations,
+    stream,
+    wait_for,
+)
 
-from slipstream.client import ChannelRejectedError, Client, control
-from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client import ChannelRejectedError, Client
 from slipstream.daemon.ops.metrics import CountersCollector
 
 pytestmark = pytest.mark.timeout(120)
 
 STREAM = 1001
-
-
-def _destinations_counter(driver) -> int:
-    """The value of the driver's one mdc-destinations counter."""
-    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-    try:
-        values = [c.value for c in counters if c.type_id == CounterType.MDC_DESTINATIONS]
-    finally:
-        counters.close()
-    assert len(values) == 1, values
-    return values[0]
 
 
 def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
@@ -58,7 +54,7 @@ def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
             publication.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
         wait_for(lambda: all(s.images for s in subscriptions) and publication.is_connected,
                  timeout=10, what="every destination has an image")
-        assert _destinations_counter(sender) == 3
+        assert mdc_destinations(sender) == 3
         [family] = [f for f in CountersCollector(sender.directory).collect()
                     if f.name == "slipstream_mdc_destinations"]
         assert [(s.labels, s.value) for s in family.samples] == [
@@ -70,7 +66,7 @@ def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
 
         publication.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{ports[2]}")
         # The sender's duty cycle sets the gauge after the conductor took the removal.
-        wait_for(lambda: _destinations_counter(sender) == 2, timeout=10,
+        wait_for(lambda: mdc_destinations(sender) == 2, timeout=10,
                  what="the destinations gauge at 2")
         stream(publication, collectors[:2], 2_000, lambda i: 100, first=20_000)
         for collector in collectors[:2]:
@@ -89,7 +85,7 @@ def test_manual_destinations_each_get_the_whole_stream_in_order(launch) -> None:
         kept = [collectors[0], collectors[1], collectors[3]]
         stream(publication, kept, 2_000, lambda i: 100, first=22_000)
         kept[2].assert_exactly(2_000, first=22_000)
-        assert _destinations_counter(sender) == 3
+        assert mdc_destinations(sender) == 3
     finally:
         for client in clients:
             client.close()
@@ -160,7 +156,7 @@ def test_dynamic_receivers_join_at_the_control_address_and_time_out_when_gone(la
         stream(publication, collectors, 10_000, lambda i: (32, 1376, 5000)[i % 3])
         for collector in collectors:
             collector.assert_exactly(10_000)
-        assert _destinations_counter(sender) == 2
+        assert mdc_destinations(sender) == 2
 
         late = clients[3].add_subscription(
             f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control_address}", STREAM)
@@ -172,11 +168,11 @@ def test_dynamic_receivers_join_at_the_control_address_and_time_out_when_gone(la
         for collector in collectors[:2]:
             collector.assert_exactly(20_000)
         collectors[2].assert_exactly(10_000, first=10_000)
-        assert _destinations_counter(sender) == 3
+        assert mdc_destinations(sender) == 3
 
         clients[2].close()
         receivers[1].stop()
-        wait_for(lambda: _destinations_counter(sender) == 2, timeout=10,
+        wait_for(lambda: mdc_destinations(sender) == 2, timeout=10,
                  what="the receiver that went was timed out")
         kept = [collectors[0], collectors[2]]
         stream(publication, kept, 2_000, lambda i: 64, first=20_000)
@@ -207,7 +203,7 @@ def test_a_dynamic_receiver_of_one_stream_does_not_hold_another_under_min(launch
         joining = clients[2].add_subscription(
             f"aeron:udp?endpoint=127.0.0.1:{free_port()}|control={control_address}", 1)
         wait_for(lambda: joining.images and other.is_connected
-                 and _destinations_counter(sender) == 2, timeout=10,
+                 and mdc_destinations(sender) == 2, timeout=10,
                  what="the second receiver joined stream 1")
         time.sleep(1.5)  # past a join SM of the second receiver's
         stream(taken, [collector], 3000, lambda _: 500, first=3000, timeout=10)

@@ -657,6 +657,8 @@ class DriverConductor:
             out.extend(self._check_client_liveness(now_ns))
             if self.network is not None and self.drain_phase is DrainPhase.NONE:
                 out.extend(self.network.check_spies(now_ns))
+            if self.network is not None:
+                self.network.transports.reload_keys(now_ns)
         return work, out
 
     def _govern(self, now_ns: int) -> None:

@@ -49,6 +49,7 @@ from slipstream.daemon.conductor.network_records import (
 )
 from slipstream.daemon.conductor.resources import LogBudget, ResourceError, create_log, discard_log
 from slipstream.daemon.conductor.sharing import (
+    check_same_key,
     check_same_receive_params,
     destination_of,
     endpoint_key,
@@ -129,6 +130,8 @@ class ReceiveSide:
         entry = self._receive_endpoints.get(key)
         if entry is not None:
             check_same_receive_params(channel, entry.endpoint.channel.channel, self.settings)
+            check_same_key(channel, entry.endpoint.channel.channel.key,
+                           entry.endpoint.channel.channel)
             existing = entry.endpoint.channel.channel.control
             if channel.control != existing:
                 raise ChannelError(str(channel), "control",

@@ -58,6 +58,11 @@ class NetworkTransports(Protocol):
         simulator's are one class (:mod:`slipstream.daemon.media.receive_destinations`)."""
         ...
 
+    def reload_keys(self, now_ns: int) -> None:
+        """Read the key files of the encrypted channels in use again when they changed, at
+        most every ``keys_reload_interval`` (called on the conductor's timer)."""
+        ...
+
     def local_addresses(self) -> Sequence[InterfaceAddress]:
         """This host's interface addresses, which ``interface=ADDRESS/PREFIX`` chooses among
         (:mod:`slipstream.daemon.media.interfaces`); may raise OSError.  Called on the
@@ -74,6 +79,8 @@ class _EndpointState(enum.Enum):
 class _SendEndpointEntry:
     key: tuple[Any, ...]
     endpoint: SendEndpoint
+    #: The channel that opened it; its key= (an encrypted endpoint's) binds every later user.
+    channel: Channel
     publications: int = 0
     state: _EndpointState = _EndpointState.OPEN
     generation: int = 0

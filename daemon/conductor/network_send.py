@@ -35,6 +35,7 @@ from slipstream.client.counters import (
     SystemCounter,
 )
 from slipstream.client.errors import ChannelError
+from slipstream.client.layout import SEALED_MTU_MAX, SEALED_OVERHEAD
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
 from slipstream.daemon.agents.sender import SendEndpoint
 from slipstream.daemon.conductor.messages import Outgoing
@@ -61,6 +62,7 @@ from slipstream.daemon.conductor.resources import (
 )
 from slipstream.daemon.conductor.sharing import (
     check_same_control,
+    check_same_key,
     check_same_log,
     check_same_watermarks,
     check_session_free,
@@ -165,6 +167,12 @@ class SendSide:
         """A new publication on its endpoint; ``shared``: the one later publishers of its
         key join (not an exclusive one's)."""
         params = PublicationParams.for_network(channel, self.settings)  # before a socket
+        if channel.key is not None and params.mtu > SEALED_MTU_MAX:
+            # The URI's mtu= is checked as it is parsed; the setting's is checked here.
+            raise ChannelError(str(channel), "mtu",
+                               f"{params.mtu} (mtu_length) leaves no room for the "
+                               f"{SEALED_OVERHEAD} bytes sealing adds to each datagram of an "
+                               f"encrypted channel: give mtu= of at most {SEALED_MTU_MAX}")
         endpoint = self._send_endpoint(key[0], channel, destination)
         try:
             return self._create_publication_on(endpoint, key, channel, params, stream_id,
@@ -254,6 +262,7 @@ class SendSide:
                                    "differs from the join= of the other publications of its "
                                    "control address, which share one endpoint and one list "
                                    "of who may join")
+            check_same_key(channel, entry.channel.key, entry.channel)
             if entry.state is _EndpointState.CLOSING:  # revive it: the removal is undone
                 entry.state = _EndpointState.OPEN
                 self.sender_proxy.on_add_endpoint(entry.endpoint)
@@ -279,7 +288,7 @@ class SendSide:
                         response_ip_version=(ip_version_of(channel) if channel.is_response
                                              else None)),
             transport)
-        entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint,
+        entry = self._send_endpoints[key] = _SendEndpointEntry(key, endpoint, channel,
                                                                destinations_counter_id=counter_id)
         self.sender_proxy.on_add_endpoint(endpoint)
         return entry

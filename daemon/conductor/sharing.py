@@ -180,6 +180,21 @@ def check_same_receive_params(channel: Channel, existing: Channel,
                                f"endpoint: subscribe on another endpoint, or ask for the same")
 
 
+def check_same_key(channel: Channel, endpoint_key_name: str | None, existing: Channel) -> None:
+    """A channel on an endpoint that is already open must be as encrypted as it is, under
+    the same key (``key=``): an endpoint seals and opens every datagram, or none, so a
+    stream that is encrypted is encrypted on every endpoint it uses.  ChannelError names
+    ``key``."""
+    if channel.key == endpoint_key_name:
+        return
+    actual = "plain" if endpoint_key_name is None else f"encrypted with key {endpoint_key_name}"
+    raise ChannelError(str(channel), "key",
+                       f"{'none' if channel.key is None else channel.key} differs from this "
+                       f"endpoint's (it is {actual}, from {existing}): an endpoint seals every "
+                       f"datagram or none, so a stream is encrypted on every endpoint it uses, "
+                       f"with one key; use another endpoint, or the same key=")
+
+
 def _shown(value: object) -> str:
     if value is None:
         return "unset"

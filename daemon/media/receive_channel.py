@@ -51,6 +51,7 @@ from slipstream.client.frames import (
     RateAnnounce,
     RateSignal,
     Rttm,
+    Sealed,
     Setup,
     StatusMessage,
     decode,
@@ -473,6 +474,8 @@ class ReceiveChannel:
                 image.on_rate_announce(frame, now_ns)
         elif isinstance(frame, RateSignal):
             return  # another receiver's, to a sender: not for a receiver
+        elif isinstance(frame, Sealed):  # an encrypted channel's, at this plain endpoint
+            self.counters.add(SystemCounter.CRYPTO_SEALED_AT_PLAIN_DROPS)
         else:
             self.counters.add(SystemCounter.INVALID_PACKETS)
 

@@ -21,6 +21,7 @@ from slipstream.client.frames import (
     Rejected,
     ResponseSetup,
     Rttm,
+    Sealed,
     StatusMessage,
     decode,
 )
@@ -148,6 +149,9 @@ class SendChannel:
         signal, or a NAK that needs a timer or is malformed."""
         self.has_python_work = True
         frame = decode(data)
+        if isinstance(frame, Sealed):  # an encrypted channel's, at this plain endpoint
+            self.counters.add(SystemCounter.CRYPTO_SEALED_AT_PLAIN_DROPS)
+            return
         if isinstance(frame, Rejected):
             self.counters.add(SystemCounter.INVALID_PACKETS)
             return

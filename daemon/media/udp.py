@@ -59,6 +59,7 @@ from slipstream.daemon.media.destinations import (
 from slipstream.daemon.media.interfaces import InterfaceAddress
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.media.receive_destinations import MultiDestinationReceiveTransport
+from slipstream.daemon.media.sealing import KeyRing, Sealing
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import SocketParams
 from slipstream.daemon.protocol.types import Address, Datagram, address_of
@@ -93,16 +94,36 @@ class UdpTransports:
     def __init__(self, settings: DriverSettings, counters: CountersFile) -> None:
         self.settings = settings
         self.counters = counters
+        #: Encrypted channels' keys (key=NAME) and their endpoints' contexts.
+        self.keys = KeyRing(settings.keys_dir, counters)
+        self._next_reload_ns = 0
+
+    def _sealing(self, channel: Channel) -> Sealing | None:
+        return (None if channel.key is None
+                else self.keys.sealing_for(str(channel), channel.key))
 
     def open_send(self, channel: Channel, destination: Address) -> UdpSendTransport:
-        return UdpSendTransport(self.settings, self.counters, channel, destination)
+        return UdpSendTransport(self.settings, self.counters, channel, destination,
+                                sealing=self._sealing(channel))
 
     def open_receive(self, channel: Channel, bind: Address) -> UdpReceiveTransport:
-        return UdpReceiveTransport(self.settings, self.counters, channel, bind)
+        return UdpReceiveTransport(self.settings, self.counters, channel, bind,
+                                   sealing=self._sealing(channel))
 
     def open_multi_destination_receive(self, channel: Channel
                                        ) -> MultiDestinationReceiveTransport:
+        if channel.key is not None:
+            raise ChannelError(str(channel), "key", "a multi-destination subscription "
+                                                    "(control-mode=manual) is not encrypted "
+                                                    "yet: leave key= out")
         return MultiDestinationReceiveTransport()
+
+    def reload_keys(self, now_ns: int) -> None:
+        """Every ``keys_reload_interval``: the key files in use read again if they changed
+        (the conductor's timer)."""
+        if now_ns >= self._next_reload_ns:
+            self._next_reload_ns = now_ns + self.settings.keys_reload_interval
+            self.keys.reload()
 
     def local_addresses(self) -> list[InterfaceAddress]:
         """This host's interface addresses (``getifaddrs``)."""
@@ -247,7 +268,10 @@ class UdpSendTransport(_UdpTransport):
     """A send endpoint's socket (see the module docstring)."""
 
     def __init__(self, settings: DriverSettings, counters: CountersFile, channel: Channel,
-                 destination: Address) -> None:
+                 destination: Address, *, sealing: Sealing | None = None) -> None:
+        """``sealing``: an encrypted channel's context: every datagram sent sealed, every one
+        received opened (None: plain)."""
+        self.sealing = sealing
         interface = _interface_address(channel)
         #: Multi-destination-cast: every datagram to each destination of the endpoint's table
         #: (set by attach_channel), none to ``destination`` (ALL_DESTINATIONS).
@@ -298,6 +322,7 @@ class UdpSendTransport(_UdpTransport):
         send_point.attach_publication(publication, fd=self.fd, table=self._destinations,
                                       connected=self.connected)
         publication.c.gso = self.gso
+        publication.c.crypto = self.sealing.c if self.sealing is not None else network_ffi.NULL
 
     def on_notice(self, publication: NetworkPublication) -> None:
         c = publication.c
@@ -316,6 +341,7 @@ class UdpSendTransport(_UdpTransport):
         an unknown session) go to ``channel.on_control`` (:meth:`dispatch`).  A
         multi-destination-cast channel's table is where its publications send."""
         self._control = _BatchReceiver(channel.c, self.fd, CONTROL_BATCH, CONTROL_BUFFER_LENGTH)
+        channel.c.crypto = self.sealing.c if self.sealing is not None else network_ffi.NULL
         if self.multi_destination:
             assert channel.destinations is not None, "a multi-destination-cast endpoint"
             self._destinations = channel.destinations
@@ -330,7 +356,9 @@ class UdpReceiveTransport(_UdpTransport):
     """A receive endpoint's socket (see the module docstring)."""
 
     def __init__(self, settings: DriverSettings, counters: CountersFile, channel: Channel,
-                 bind: Address) -> None:
+                 bind: Address, *, sealing: Sealing | None = None) -> None:
+        """``sealing``: as :class:`UdpSendTransport`'s."""
+        self.sealing = sealing
         params = SocketParams.resolve(channel, settings)
         sock = _new_socket(_family(bind[0]), params)
         try:
@@ -361,6 +389,7 @@ class UdpReceiveTransport(_UdpTransport):
         multi-destination subscription) reads this socket into these buffers."""
         self._receive = _BatchReceiver(receiver, self.fd, RECEIVE_BATCH, RECEIVE_BUFFER_LENGTH)
         self._receiver = receiver
+        receiver.crypto = self.sealing.c if self.sealing is not None else network_ffi.NULL
         send_point.attach_receiver(receiver)
         receiver.loss_threshold = min(self._loss_threshold, (1 << 32) - 1)
         receiver.loss_state = self._loss_seed

@@ -1,0 +1,161 @@
+"""Encrypted UDP throughput on loopback (docs/PROTOCOL.md §7.8): the same stream between two
+drivers with ``key=`` and without, the loops a first program writes (``offer`` / ``poll``,
+the client's defaults, no pinning), against pyzmq PUB/SUB over tcp and the machine's
+AES-256-GCM rate (bench/aes_gcm_rate.c: a C loop sealing the same bytes through OpenSSL's
+EVP), all measured in the same run.  Prints messages/s, MB/s and the ratios; the target is
+encrypted >= 0.8x plain.
+
+    .venv/bin/python -m bench.encrypted_throughput [--sizes 1024,65536] [--bytes N]
+        [--repeat R] [--set KEY=VALUE ...] [--latency-rate 10000] [--latency-seconds 5]
+
+Then the round trip: bench/udp_latency.py's paced ping-pong (32-byte messages, pinger on one
+driver, ponger on the other) encrypted and plain, R runs each in turns, their medians
+compared (the target: p99 encrypted <= 1.1x plain); --latency-seconds 0 leaves it out.
+
+Each figure is the best of R runs, and a slipstream run counts only if the stream arrived
+whole.  Both streams use the same MTU: 64 KiB messages go with the largest MTU an encrypted
+datagram leaves room for (65440: 65504 less the 48 bytes of the seal, aligned to 32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.ipc_throughput import (
+    driver_setting,
+    machine,
+    positive_int,
+    run_slipstream,
+    run_zmq,
+    scratch_directory,
+    sizes_up_to,
+)
+from bench.udp_throughput import DEFAULT_SETTINGS, free_port, free_tcp_port
+from slipstream.client.layout import SEALED_MTU_MAX, TERM_MAX_LENGTH
+
+SOURCE = Path(__file__).with_name("aes_gcm_rate.c")
+#: The largest MTU of an encrypted channel: used by both streams of large messages.
+LARGE_MTU = SEALED_MTU_MAX
+
+
+def aes_gcm_rate(directory: Path, size: int, count: int) -> float | None:
+    """Messages/s of the C sealing loop (None: no C compiler or no libcrypto to link)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    binary = directory / "aes_gcm_rate"
+    if not binary.exists():
+        built = subprocess.run([compiler, "-O2", "-o", str(binary), str(SOURCE), "-lcrypto"],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            print(f"# aes_gcm_rate.c did not build: {built.stderr.strip()}", flush=True)
+            return None
+    out = subprocess.run([str(binary), str(size), str(count)], check=True, capture_output=True,
+                         text=True)
+    return float(out.stdout.split()[0])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bytes", type=positive_int, default=1 << 30,
+                        help="bytes per run (each size sends this many)")
+    parser.add_argument("--sizes", default="1024,65536",
+                        type=sizes_up_to(TERM_MAX_LENGTH, "any log"),
+                        help="message sizes in bytes")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="runs per contender; best kept")
+    parser.add_argument("--latency-rate", type=positive_int, default=10_000,
+                        help="round trips per second of the ping-pong")
+    parser.add_argument("--latency-seconds", type=float, default=5.0,
+                        help="measured seconds of each ping-pong (0: none)")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        type=driver_setting, metavar="KEY=VALUE",
+                        help="a slipstream driver setting (repeatable)")
+    args = parser.parse_args()
+
+    from slipstream.daemon.driver import MediaDriver
+
+    settings = {**DEFAULT_SETTINGS, **dict(args.settings)}
+    print(f"# encrypted UDP throughput over loopback, {machine()}")
+    print(f"# command: python -m bench.encrypted_throughput {' '.join(sys.argv[1:])}")
+    print(f"# slipstream settings: {settings}; first program's loops (offer/poll)")
+    scratch = scratch_directory()
+    directory = Path(scratch.name)
+    keys = directory / "keys"
+    keys.mkdir(mode=0o750)
+    (keys / "bench.key").write_text(f"1 {os.urandom(32).hex()}\n")
+    (keys / "bench.key").chmod(0o640)
+    with MediaDriver.launch(directory=directory / "a", keys_dir=str(keys), **settings) as a, \
+            MediaDriver.launch(directory=directory / "b", keys_dir=str(keys), **settings) as b:
+        stream_id = 2000
+        for size in args.sizes:
+            count = max(1, args.bytes // size)
+            mtu = f"|mtu={LARGE_MTU}" if size > 16 * 1024 else ""
+            best = {"plain": 0.0, "encrypted": 0.0, "zmq": 0.0}
+            for _ in range(args.repeat):
+                best["zmq"] = max(best["zmq"], run_zmq(
+                    directory, size, count, f"tcp://127.0.0.1:{free_tcp_port()}"))
+                for name, key in (("plain", ""), ("encrypted", "|key=bench")):
+                    stream_id += 1
+                    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{mtu}{key}"
+                    best[name] = max(best[name], run_slipstream(
+                        a.directory, size, count, False, stream_id, channel=uri,
+                        subscriber_directory=b.directory, first_program=True))
+            crypto = aes_gcm_rate(directory, size, count)
+            lines = [f"{size:>6} B  ({count:,} messages{mtu and ', mtu ' + str(LARGE_MTU)})"]
+            rows = [*best.items(), *([("aes-gcm C loop", crypto)] if crypto else [])]
+            for name, rate in rows:
+                lines.append(f"    {name:<16} {rate / 1e6:8.3f} M msg/s "
+                             f"{rate * size / 1e6:9.1f} MB/s")
+            ratios = [f"encrypted / plain {best['encrypted'] / best['plain']:.2f}x"
+                      if best["plain"] else "",
+                      f"encrypted / pyzmq tcp {best['encrypted'] / best['zmq']:.2f}x"
+                      if best["zmq"] else "",
+                      f"encrypted / aes-gcm loop {best['encrypted'] / crypto:.2f}x"
+                      if crypto else ""]
+            lines.append("    " + "   ".join(r for r in ratios if r))
+            print("\n".join(lines), flush=True)
+        if args.latency_seconds > 0:
+            round_trips(a.directory, b.directory, args)
+    scratch.cleanup()
+    return 0
+
+
+def round_trips(ping_directory: Path, pong_directory: Path, args: argparse.Namespace) -> None:
+    """The paced ping-pong between the two drivers, plain and encrypted in turns."""
+    from bench.ipc_latency import WARMUP, _line, _run, _ss_pinger, _ss_ponger
+
+    rounds = WARMUP + int(args.latency_rate * args.latency_seconds)
+    runs: dict[str, list] = {"plain": [], "encrypted": []}
+    for _ in range(args.repeat):
+        for name, key in (("plain", ""), ("encrypted", "|key=bench")):
+            ping = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{key}"
+            pong = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{key}"
+            idle = multiprocessing.get_context("spawn").Value("d", -1.0)  # not measured
+            runs[name].append(_run(_ss_pinger, _ss_ponger,
+                                   (str(ping_directory), rounds, args.latency_rate),
+                                   (str(pong_directory), rounds, idle), (ping, pong)))
+    print(f"# round trips at {args.latency_rate:,}/s, 32 B, {args.latency_seconds:g} s each",
+          flush=True)
+    for name, histograms in runs.items():
+        for histogram in histograms:
+            print(_line(f"{name} aeron:udp", histogram))
+
+    def median(name: str, percentile: float) -> float:
+        return statistics.median(h.get_value_at_percentile(percentile) for h in runs[name])
+
+    print("    encrypted / plain (medians of " + str(args.repeat) + " runs): " + ", ".join(
+        f"p{p:g} {median('encrypted', p) / median('plain', p):.2f}x" for p in (50, 99, 99.9)),
+        flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

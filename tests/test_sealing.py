@@ -1,0 +1,242 @@
+"""Sealed datagrams of encrypted channels (daemon/network_crypto.c through
+slipstream.daemon.media.sealing; docs/PROTOCOL.md §7.8): the codec, the
+anti-replay window, two keys at once, and the key files' checks.  No sockets: one context
+seals, another opens, as two endpoints would."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slipstream.client.channel import parse_channel
+from slipstream.client.errors import ChannelError
+from slipstream.client.frames import Sealed, decode
+from slipstream.client.layout import (
+    SEALED_EPOCH_BITS,
+    SEALED_HEADER,
+    SEALED_MTU_MAX,
+    SEALED_OVERHEAD,
+)
+from slipstream.daemon._network import lib as network
+from slipstream.daemon.media.sealing import KeyFileError, KeyRing, Sealing, read_key_file
+
+KEY_A = bytes(range(32))
+KEY_B = bytes(range(100, 132))
+#: The window's span: RFC 6479's bitmap (4096 counters) less a word.
+WINDOW = 4096 - 64
+
+
+def pair(sender_keys: list[tuple[int, bytes]], receiver_keys: list[tuple[int, bytes]]
+         ) -> tuple[Sealing, Sealing]:
+    sender, receiver = Sealing("test", None), Sealing("test", None)
+    sender.set_keys(sender_keys)
+    receiver.set_keys(receiver_keys)
+    return sender, receiver
+
+
+@given(st.binary(max_size=2000))
+def test_a_sealed_datagram_opens_to_its_frames_once(plain: bytes) -> None:
+    sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    sealed = sender.seal(plain)
+    assert len(sealed) == len(plain) + SEALED_OVERHEAD
+    if len(plain) >= 16:
+        assert plain not in sealed  # the frames travel encrypted
+    assert receiver.open(sealed) == plain
+    assert receiver.open(sealed) == network.SS_OPEN_REPLAY
+
+
+@settings(max_examples=300)
+@given(st.binary(min_size=1, max_size=300), st.data())
+def test_any_change_to_a_sealed_datagram_makes_it_fail_to_open(plain: bytes, data) -> None:
+    """A flipped bit anywhere (the clear header is associated data), a cut at either end, or
+    bytes added: none of it opens."""
+    sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    sealed = bytearray(sender.seal(plain))
+    how = data.draw(st.sampled_from(["flip", "truncate", "extend", "drop-front"]))
+    if how == "flip":
+        at = data.draw(st.integers(0, len(sealed) - 1))
+        sealed[at] ^= data.draw(st.integers(1, 255))
+    elif how == "truncate":
+        del sealed[data.draw(st.integers(0, len(sealed) - 1)):]
+    elif how == "extend":
+        sealed += data.draw(st.binary(min_size=1, max_size=64))
+    else:
+        del sealed[:data.draw(st.integers(1, len(sealed)))]
+    assert receiver.open(bytes(sealed)) in (network.SS_OPEN_PLAIN, network.SS_OPEN_FAILED,
+                                            network.SS_OPEN_UNKNOWN_KEY)
+
+
+@given(st.permutations(list(range(64))), st.integers(0, 2**62))
+def test_the_window_opens_each_counter_once_in_any_order(order: list[int], base: int) -> None:
+    """Datagrams reordered within the window each open once; every repeat is a replay."""
+    sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    sealed = {}
+    for i in range(64):
+        network.ss_crypto_set_counter(sender.c, base + i * 37)
+        sealed[i] = sender.seal(i.to_bytes(4, "little"))
+    for i in order:
+        assert receiver.open(sealed[i]) == i.to_bytes(4, "little")
+    for i in order:
+        assert receiver.open(sealed[i]) == network.SS_OPEN_REPLAY
+
+
+def test_a_counter_below_the_window_is_refused_even_unseen() -> None:
+    sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    network.ss_crypto_set_counter(sender.c, 10)
+    old = sender.seal(b"old")
+    network.ss_crypto_set_counter(sender.c, 10 + WINDOW)
+    assert receiver.open(sender.seal(b"new")) == b"new"
+    assert receiver.open(old) == network.SS_OPEN_REPLAY
+    network.ss_crypto_set_counter(sender.c, 11)  # just within: unseen, so it opens
+    assert receiver.open(sender.seal(b"late")) == b"late"
+
+
+def test_a_sender_crosses_an_epoch_and_its_datagrams_still_open() -> None:
+    """Every 2^23 datagrams a sender derives a new AEAD key; a late datagram of the epoch
+    before still opens (once)."""
+    sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    network.ss_crypto_set_counter(sender.c, (1 << SEALED_EPOCH_BITS) - 3)
+    sealed = [sender.seal(bytes([i]) * 40) for i in range(6)]
+    for i in (0, 1, 3, 4, 2, 5):
+        assert receiver.open(sealed[i]) == bytes([i]) * 40
+    assert all(receiver.open(s) == network.SS_OPEN_REPLAY for s in sealed)
+
+
+def test_a_receiver_holding_two_keys_opens_either_and_refuses_a_third() -> None:
+    receiver = Sealing("test", None)
+    receiver.set_keys([(2, KEY_B), (1, KEY_A)])
+    old, new, other = Sealing("t", None), Sealing("t", None), Sealing("t", None)
+    old.set_keys([(1, KEY_A)])
+    new.set_keys([(2, KEY_B)])
+    other.set_keys([(3, KEY_A)])
+    assert receiver.open(old.seal(b"a")) == b"a"
+    assert receiver.open(new.seal(b"b")) == b"b"
+    assert receiver.open(other.seal(b"c")) == network.SS_OPEN_UNKNOWN_KEY
+
+
+def test_the_same_key_id_with_other_key_bytes_fails_to_open() -> None:
+    sender, receiver = pair([(1, KEY_B)], [(1, KEY_A)])
+    assert receiver.open(sender.seal(b"forged")) == network.SS_OPEN_FAILED
+
+
+def test_a_plain_frame_at_an_encrypted_endpoint_is_a_plain_drop() -> None:
+    _, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    heartbeat = bytes(32)
+    assert receiver.open(heartbeat) == network.SS_OPEN_PLAIN
+
+
+def test_a_forged_datagram_does_not_evict_a_sender_it_names() -> None:
+    """A forged datagram with a known sender id and a fresh counter fails, and the sender's
+    window is as it was: its next datagram opens, its last one is still a replay."""
+    sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    first = sender.seal(b"one")
+    assert receiver.open(first) == b"one"
+    forged = bytearray(sender.seal(b"two"))
+    forged[-1] ^= 1
+    assert receiver.open(bytes(forged)) == network.SS_OPEN_FAILED
+    assert receiver.open(first) == network.SS_OPEN_REPLAY
+    assert receiver.open(sender.seal(b"three")) == b"three"
+
+
+def test_a_restarted_sender_has_a_new_id_so_its_counters_start_again_safely() -> None:
+    first, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    second = Sealing("test", None)
+    second.set_keys([(1, KEY_A)])
+    a, b = first.seal(b"x"), second.seal(b"x")
+    id_a = SEALED_HEADER.unpack_from(a)[7]
+    id_b = SEALED_HEADER.unpack_from(b)[7]
+    assert id_a != id_b and a != b
+    assert receiver.open(a) == b"x" and receiver.open(b) == b"x"
+
+
+def test_a_plain_endpoint_decodes_a_sealed_datagram_as_sealed() -> None:
+    sender, _ = pair([(7, KEY_A)], [(7, KEY_A)])
+    assert decode(sender.seal(b"frames")) == Sealed(7)
+
+
+# ----------------------------------------------------------------------------- key files
+
+
+def key_file(directory: Path, name: str, lines: list[str], mode: int = 0o640) -> Path:
+    path = directory / f"{name}.key"
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(mode)
+    return path
+
+
+def test_a_key_file_gives_its_keys_sealing_key_first(tmp_path: Path) -> None:
+    path = key_file(tmp_path, "k", ["# rotation: 2 seals", f"2 {KEY_B.hex()}", "",
+                                    f"1 {KEY_A.hex()}  # the old one"])
+    assert read_key_file(path) == [(2, KEY_B), (1, KEY_A)]
+
+
+@pytest.mark.parametrize("lines, mode, cause", [
+    ([f"1 {KEY_A.hex()}"], 0o644, "may be read by others"),
+    ([f"1 {KEY_A.hex()}"], 0o602, "may be read by others"),
+    ([f"1 {KEY_A.hex()[:-2]}"], 0o600, "is not '<id 0-255> <64 hex digits>'"),
+    ([f"256 {KEY_A.hex()}"], 0o600, "is not '<id 0-255> <64 hex digits>'"),
+    ([f"1 {KEY_A.hex()}", f"1 {KEY_B.hex()}"], 0o600, "key id 1 is given twice"),
+    ([f"{i} {KEY_A.hex()}" for i in range(3)], 0o600, "at most 2"),
+    (["# nothing"], 0o600, "holds no key"),
+])
+def test_a_bad_key_file_is_refused_naming_it_and_why(tmp_path: Path, lines: list[str],
+                                                     mode: int, cause: str) -> None:
+    path = key_file(tmp_path, "k", lines, mode)
+    with pytest.raises(KeyFileError, match=cause) as raised:
+        read_key_file(path)
+    assert str(path) in str(raised.value)
+
+
+def test_a_link_or_a_directory_is_no_key_file(tmp_path: Path) -> None:
+    target = key_file(tmp_path, "real", [f"1 {KEY_A.hex()}"])
+    (tmp_path / "link.key").symlink_to(target)
+    with pytest.raises(KeyFileError, match="symbolic link"):
+        read_key_file(tmp_path / "link.key")
+    (tmp_path / "dir.key").mkdir()
+    with pytest.raises(KeyFileError, match="not a regular file"):
+        read_key_file(tmp_path / "dir.key")
+    os.mkfifo(tmp_path / "fifo.key", 0o600)
+    with pytest.raises(KeyFileError, match="not a regular file"):
+        read_key_file(tmp_path / "fifo.key")
+
+
+def test_the_ring_hands_a_changed_file_to_its_endpoints_and_keeps_keys_when_it_goes_bad(
+        tmp_path: Path) -> None:
+    key_file(tmp_path, "k", [f"1 {KEY_A.hex()}"])
+    ring = KeyRing(str(tmp_path), None)
+    endpoint = ring.sealing_for("aeron:udp?endpoint=x:1|key=k", "k")
+    peer = Sealing("k", None)
+    peer.set_keys([(2, KEY_B), (1, KEY_A)])
+    assert peer.open(endpoint.seal(b"a")) == b"a"
+    assert ring.reload() == 0  # unchanged
+    path = key_file(tmp_path, "k", [f"2 {KEY_B.hex()}", f"1 {KEY_A.hex()}"])
+    assert ring.reload() == 1
+    sealed = endpoint.seal(b"b")
+    assert sealed[5] == 2 and peer.open(sealed) == b"b"  # the key id is the flags byte
+    path.chmod(stat.S_IRUSR | stat.S_IROTH)
+    assert ring.reload() == 0  # refused: the old keys stay
+    assert peer.open(endpoint.seal(b"c")) == b"c"
+
+
+# ------------------------------------------------------------------------- the URI key
+
+
+def test_key_names_a_key_and_is_refused_where_nothing_would_use_it() -> None:
+    assert parse_channel("aeron:udp?endpoint=h:1|key=prod.feed-2").key == "prod.feed-2"
+    for uri, key, cause in [
+            ("aeron:udp?endpoint=h:1|key=../etc/passwd", "key", "is not a key name"),
+            ("aeron:udp?endpoint=h:1|key=.hidden", "key", "is not a key name"),
+            ("aeron:ipc?key=k", "key", "applies to aeron:udp only"),
+            ("aeron-spy:aeron:udp?endpoint=h:1|key=k", "key", "holds the stream in plain text"),
+            (f"aeron:udp?endpoint=h:1|key=k|mtu={SEALED_MTU_MAX + 32}", "mtu",
+             f"at most {SEALED_MTU_MAX}")]:
+        with pytest.raises(ChannelError, match=cause) as raised:
+            parse_channel(uri)
+        assert raised.value.part == key
+    assert SEALED_MTU_MAX + SEALED_OVERHEAD <= 65504
+    assert parse_channel(f"aeron:udp?endpoint=h:1|key=k|mtu={SEALED_MTU_MAX}").mtu == SEALED_MTU_MAX
