@@ -8,7 +8,7 @@ for ``seconds``:
 * as the subscriber, to the publisher: plain SMs of a zero window and of a huge one, NAKs of
   a whole term, ERRs naming the stream.
 
-IPv4 with IP_HDRINCL (the kernel fills in the IP checksum; the UDP checksum is 0: none).
+Its datagrams go through sim/real/attacker.py's RawSender.
 Prints the datagrams it sent.
 
     python tests/spoofer.py PUB_IP PUB_PORT SUB_IP SUB_PORT SESSION STREAM TERM_ID RATE SECONDS
@@ -17,8 +17,6 @@ Prints the datagrams it sent.
 from __future__ import annotations
 
 import os
-import socket
-import struct
 import sys
 import time
 
@@ -30,17 +28,9 @@ from slipstream.client.layout import (
     UNFRAGMENTED,
 )
 from slipstream.daemon.media.sealing import Sealing
+from slipstream.sim.real.attacker import RawSender
 
 TERM = 64 * 1024
-
-
-def udp(source: tuple[str, int], destination: tuple[str, int], payload: bytes,
-        ident: int) -> bytes:
-    length = 8 + len(payload)
-    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + length, ident & 0xFFFF, 0, 64,
-                         socket.IPPROTO_UDP, 0, socket.inet_aton(source[0]),
-                         socket.inet_aton(destination[0]))
-    return header + struct.pack("!HHHH", source[1], destination[1], length, 0) + payload
 
 
 def data(session: int, stream: int, term_id: int, term_offset: int) -> bytes:
@@ -56,7 +46,7 @@ def main() -> int:
     session_id, stream_id, term, per_second = int(session), int(stream), int(term_id), int(rate)
     own = Sealing("attacker", None)
     own.set_keys([(1, os.urandom(32))])  # the stream's key id, another key
-    sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    raw = RawSender()
     sent = 0
     start = time.monotonic()
     end = start + float(seconds)
@@ -71,14 +61,15 @@ def main() -> int:
                         Nak(session_id, stream_id, term, 0, TERM).encode(),
                         ErrorFrame(session_id, stream_id, 7, 1, "spoofed").encode()]
         for payload in to_subscriber:
-            sock.sendto(udp(publisher, subscriber, payload, n), subscriber)
+            raw.send(publisher, subscriber, payload)
         for payload in to_publisher:
-            sock.sendto(udp(subscriber, publisher, payload, n), publisher)
+            raw.send(subscriber, publisher, payload)
         sent += len(to_subscriber) + len(to_publisher)
         n += 1
         pause = start + n / per_second - time.monotonic()
         if pause > 0:
             time.sleep(pause)
+    raw.close()
     print(sent, flush=True)
     return 0
 
