@@ -252,6 +252,27 @@ class SystemCounter(enum.IntEnum):
     # status messages naming no publication of the send endpoint they reached (dropped: no
     # multi-destination-cast destination is learned from one)
     UNMATCHED_STATUS_MESSAGES = 47
+    # issue 59, ctrlbind:
+    # status messages naming a live receiver from an address other than the one its status
+    # messages are bound to (dropped: a forged or stray one moves nothing)
+    SM_SOURCE_MISMATCH_DROPS = 48
+    # status messages claiming a position beyond what the publication sent (dropped)
+    SM_AHEAD_OF_SENDER_DROPS = 49
+    # NAKs from an address no live receiver of the publication sends its status messages from
+    NAK_UNKNOWN_SOURCE_DROPS = 50
+    # NAKs beyond the publication's retransmit budget (retransmit_budget per interval)
+    NAK_BUDGET_DROPS = 51
+    # ERR frames not from the address of a live receiver they name, when that receiver is
+    # bound elsewhere (dropped: they change nothing and are not logged)
+    ERR_SOURCE_MISMATCH_DROPS = 52
+    # NAK-strength rate signals from an address no live receiver sends its status messages from
+    RATE_SIGNAL_UNKNOWN_SOURCE_DROPS = 53
+    # NAK-strength rate signals claiming a backlog that the receiver's own status messages do
+    # not show (snd-pos minus its acknowledged position below the claimed fill)
+    RATE_SIGNAL_UNBACKED_DROPS = 54
+    # log lines of text from the network (an ERR frame's message) not written: their source
+    # had its lines for the interval already
+    REMOTE_TEXT_SUPPRESSED_DROPS = 55
 
     @property
     def label(self) -> str:

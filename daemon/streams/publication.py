@@ -88,11 +88,12 @@ from slipstream.daemon.flow.registry import rate_control_for
 from slipstream.daemon.pressure.governor import COALESCE_NS, TOP_STEP
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.params import PublicationParams
-from slipstream.daemon.protocol.retransmit import RetransmitHandler
+from slipstream.daemon.protocol.retransmit import RetransmitBudget, RetransmitHandler
 from slipstream.daemon.protocol.types import (
     Address,
     Datagram,
     ProtocolCounters,
+    sockaddr,
 )
 from slipstream.daemon.streams.durable import DurablePosition
 from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
@@ -106,6 +107,8 @@ from slipstream.daemon.streams.states import (
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
+#: ERR reasons a publication keeps for the conductor between two passes of its sender.
+REJECTIONS_PER_PASS_MAX = 16
 
 
 @attrs.frozen
@@ -228,6 +231,9 @@ class NetworkPublication:
         c.status_messages_received = counters.address(SystemCounter.STATUS_MESSAGES_RECEIVED)
         c.heartbeats_sent = counters.address(SystemCounter.HEARTBEATS_SENT)
         c.connection_timeout_ns = self.connection_timeout_ns
+        c.nak_unknown_source_drops = counters.address(SystemCounter.NAK_UNKNOWN_SOURCE_DROPS)
+        c.control_source_count = 0  # no receiver yet: no NAK counts
+        self._c_sources_version = 0  # of the receivers' bound addresses in the C table
         self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
@@ -236,7 +242,9 @@ class NetworkPublication:
             linger_ns=(max(settings.retransmit_unicast_linger, settings.nak_multicast_max_backoff)
                        if self.is_group else settings.retransmit_unicast_linger),
             has_group_semantics=self.is_group,
-            max_resend=params.max_resend)
+            max_resend=params.max_resend,
+            budget=RetransmitBudget(settings.retransmit_budget_percent,
+                                    settings.retransmit_budget_interval, window, join, now_ns))
         self.retransmit_handler.set_resend_lookahead(
             flow_control.retransmission_lookahead(log.mtu))
         self.cleaner = LogCleaner(log, join)
@@ -271,7 +279,10 @@ class NetworkPublication:
         self.credit_stop_position: int | None = None
         self._connected = False
         log.is_connected = False
-        self._receivers = PublicationReceivers()
+        # At most half the connection timeout: a receiver that moved is bound anew before
+        # the publication (and its image, by its own liveness) counts it gone.
+        self._receivers = PublicationReceivers(min(settings.receiver_rebind_timeout,
+                                                   self.connection_timeout_ns // 2))
         #: durable=: the position its tagged receivers consumed to (None without).
         self.durable = (DurablePosition(params.durable, params.durable_receiver_timeout_ns,
                                         join) if params.durable is not None else None)
@@ -484,13 +495,18 @@ class NetworkPublication:
         self._next_due_ns = 0
         if isinstance(frame, StatusMessage):
             self.counters.add(SystemCounter.STATUS_MESSAGES_RECEIVED)
+            if not self.admits_status_message(frame, source, now_ns):
+                return
             if frame.is_setup_request:
                 self._on_trigger_send_setup(frame, source, now_ns)
             else:
                 self._on_status_message(frame, source, now_ns)
         elif isinstance(frame, Nak):
             self.counters.add(SystemCounter.NAK_MESSAGES_RECEIVED)
-            if self.state is not PublicationState.DONE:
+            if not self._receivers.has_source(source):
+                # A NAK names no receiver: only a live receiver's address may ask for data.
+                self.counters.add(SystemCounter.NAK_UNKNOWN_SOURCE_DROPS)
+            elif self.state is not PublicationState.DONE:
                 self.retransmit_handler.on_nak(frame.term_id, frame.term_offset, frame.length,
                                                now_ns)
         elif isinstance(frame, Rttm):
@@ -506,7 +522,7 @@ class NetworkPublication:
         elif isinstance(frame, RateSignal):
             self.counters.add(SystemCounter.RATE_SIGNALS_RECEIVED)
             rate_control = self.rate_control
-            if rate_control is not None:
+            if rate_control is not None and self._rate_signal_counts(frame, source):
                 if not self.flow_control.heeds_rate_signal(frame.group_tag):
                     # fc=tagged: a receiver outside the group never holds the sender back,
                     # nor does its signal.
@@ -516,15 +532,73 @@ class NetworkPublication:
                     self.counters.add(SystemCounter.RATE_CUTS)
                     self._apply_rate_limit(now_ns)
         elif isinstance(frame, ErrorFrame):
+            bound = self._receivers.bound_source(frame.receiver_id)
+            if bound is not None and bound != source:
+                # Naming a live receiver from elsewhere: forged or stray, it changes nothing.
+                self.counters.add(SystemCounter.ERR_SOURCE_MISMATCH_DROPS)
+                return
             # For the conductor to log (Sender: PublicationRejected): the operator of this
-            # host sees the stream stay unconnected, and this is the only word why.
-            self.rejections.append((source, frame.message))
+            # host sees the stream stay unconnected, and this is the only word why.  The
+            # conductor logs a few a second at most; more in one pass are not kept.
+            if len(self.rejections) < REJECTIONS_PER_PASS_MAX:
+                self.rejections.append((source, frame.message))
+            else:
+                self.counters.add(SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS)
+            if bound is None:
+                return  # no live receiver of that id: nothing of the stream changes
             self.flow_control.on_error(frame, now_ns)
             self._count_receivers()
             self._receivers.remove(frame.receiver_id)
             if self.durable is not None and self.durable.on_error(frame.receiver_id):
                 self._publish_durable()
             self._update_connected(now_ns)
+        self._sync_control_sources()
+
+    def admits_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> bool:
+        """Whether a status message naming ``sm.receiver_id`` from ``source`` may count
+        (:meth:`PublicationReceivers.admits
+        <slipstream.daemon.streams.receivers.PublicationReceivers.admits>`): a live
+        receiver's from another address is counted (``SM_SOURCE_MISMATCH_DROPS``) and
+        dropped.  Its endpoint asks before anything else reads the SM (its destinations)."""
+        self.take_c_status_messages()
+        if self._receivers.admits(sm.receiver_id, source, now_ns):
+            return True
+        self.counters.add(SystemCounter.SM_SOURCE_MISMATCH_DROPS)
+        return False
+
+    def _rate_signal_counts(self, signal: RateSignal, source: Address) -> bool:
+        """Whether a NAK-strength signal from ``source`` may slow the sender: it comes from a
+        live receiver's address, and that receiver's own status messages show the backlog it
+        claims (snd-pos minus what it acknowledged, at least half the claimed threshold of
+        its window: an honest receiver's acknowledged position is at or behind its slowest
+        subscriber, its top at or behind snd-pos).  Each refusal is counted by its cause."""
+        if not self._receivers.has_source(source):
+            self.counters.add(SystemCounter.RATE_SIGNAL_UNKNOWN_SOURCE_DROPS)
+            return False
+        backlog, window = self._receivers.backlog_at(source, self.sender_position)
+        if backlog * 200 < signal.threshold * window:
+            self.counters.add(SystemCounter.RATE_SIGNAL_UNBACKED_DROPS)
+            return False
+        return True
+
+    def _sync_control_sources(self) -> None:
+        """Hand the live receivers' bound addresses to the C half (the NAK rule), when they
+        changed since the last time."""
+        receivers = self._receivers
+        if receivers.version == self._c_sources_version:
+            return
+        self._c_sources_version = receivers.version
+        c = self.c
+        sources = sorted(receivers.sources())
+        if len(sources) > network.SS_CONTROL_SOURCES_MAX:
+            c.control_source_count = network.SS_CONTROL_SOURCES_UNKNOWN  # Python checks
+            return
+        c.control_source_count = 0  # while it is rewritten: no NAK counts in between
+        for i, source in enumerate(sources):
+            raw = sockaddr(source)
+            network_ffi.memmove(c.control_sources[i], raw, len(raw))
+            c.control_source_lengths[i] = len(raw)
+        c.control_source_count = len(sources)
 
     def take_c_status_messages(self) -> None:
         """Record the status messages the C control path took since the last look (see
@@ -575,6 +649,11 @@ class NetworkPublication:
                 c.sm_count = c.sm_position = self._c_sm_seen = 0
                 c.sm_receiver_id = receiver_id
                 c.sm_time_ns = last_sm_ns
+            # Only from the address it is bound to (a rebind moves it).
+            bound = self._receivers.bound_source(receiver_id)
+            raw = sockaddr(bound) if bound is not None else b""
+            network_ffi.memmove(c.sm_source, raw, len(raw))
+            c.sm_source_length = len(raw)
             # The C half's liveness rule reads it: an SM this half took counts too.
             c.sm_time_ns = max(c.sm_time_ns, last_sm_ns)
         c.sm_in_c = int(take)
@@ -593,8 +672,11 @@ class NetworkPublication:
         # no receiver has: counted and dropped, as the C half hands it here.
         position = self._position(sm.consumption_term_id, sm.consumption_term_offset)
         if (position < 0 or not 0 <= sm.consumption_term_offset <= self.term_length
-                or position > self.sender_position or sm.receiver_window < 0):
+                or sm.receiver_window < 0):
             self.counters.add(SystemCounter.INVALID_PACKETS)
+            return
+        if position > self.sender_position:
+            self.counters.add(SystemCounter.SM_AHEAD_OF_SENDER_DROPS)
             return
         if sm.receiver_window > self.term_length >> 1:
             sm = attrs.evolve(sm, receiver_window=self.term_length >> 1)
@@ -606,12 +688,14 @@ class NetworkPublication:
         else:
             if self.rate_control is not None and sm.receiver_id not in self._receivers:
                 self._announce_deadline_ns = now_ns  # a new receiver: tell it to signal
-            self._receivers.on_status_message(sm.receiver_id, position, source, now_ns)
+            self._receivers.on_status_message(sm.receiver_id, position, source, now_ns,
+                                              sm.receiver_window)
         if self.durable is not None and self.durable.on_status_message(
                 sm.receiver_id, source, sm.group_tag, position, sm.is_eos, now_ns,
                 sm.receiver_window):
             self._publish_durable()
         self.has_initial_connection = True
+        self.flow_control.sender_position = self.sender_position
         self.sender_limit = self.flow_control.on_status_message(
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
         self.retransmit_handler.set_resend_lookahead(
@@ -709,6 +793,7 @@ class NetworkPublication:
         self._heartbeat_check(now_ns, out)
         if self.rate_control is not None:
             self._rate_control_check(now_ns, out)
+        self.flow_control.sender_position = self.sender_position
         self.sender_limit = self.flow_control.on_idle(
             now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
         self._count_receivers()
@@ -809,6 +894,7 @@ class NetworkPublication:
     # -- the sender thread's: liveness, limits and state (the conductor's duties in Aeron) ---
     def _update_has_receivers(self, now_ns: int) -> None:
         self._receivers.expire(now_ns, self.connection_timeout_ns)
+        self._sync_control_sources()
 
     def _update_connected(self, now_ns: int) -> None:
         connected = ((bool(self._receivers) and self.flow_control.has_required_receivers()

@@ -62,14 +62,57 @@ class PublicationStatus:
 
 class PublicationReceivers:
     """The live receivers of one network publication, by receiver id: when each last sent a
-    status message, the position it acknowledged and where it sent it from.  True while it
-    has one; ``receiver_id in receivers`` while that one is live."""
+    status message, the position it acknowledged, its window and the address its status
+    messages are bound to.  True while it has one; ``receiver_id in receivers`` while that
+    one is live.
 
-    def __init__(self) -> None:
+    The binding (docs/PROTOCOL.md §5.7): a receiver's first status message binds its id to
+    its source address; while it is live, a status message naming it counts only from that
+    address (:meth:`admits`), and control frames that name no receiver (NAKs, rate signals)
+    count only from the address of a live receiver (:meth:`has_source`).  A receiver whose
+    address legitimately changes (a NAT gave it a new port) is bound to the new one once
+    the old one sent nothing for ``rebind_timeout_ns``: a forger cannot take the id of a
+    receiver that keeps sending, and a receiver that moved waits that long, sending on."""
+
+    def __init__(self, rebind_timeout_ns: int = 0) -> None:
         self._last_sm_ns: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
         self._acknowledged: dict[int, int] = {}  # receiver_id -> position of its last SM
-        #: receiver_id -> where its last SM that Python read came from (RSP_SETUP's check).
+        #: receiver_id -> the address its status messages are bound to.
         self._sources: dict[int, Address] = {}
+        self._windows: dict[int, int] = {}  # receiver_id -> the window of its last SM
+        self.rebind_timeout_ns = rebind_timeout_ns
+        #: Bumped whenever the set of bound addresses may have changed (the C half's table
+        #: follows it).
+        self.version = 0
+
+    def admits(self, receiver_id: int, source: Address, now_ns: int) -> bool:
+        """Whether a status message naming ``receiver_id`` from ``source`` may count at
+        ``now_ns``: the receiver is not live (it binds), ``source`` is its bound address, or
+        that address was silent for ``rebind_timeout_ns`` (it rebinds)."""
+        bound = self._sources.get(receiver_id)
+        if bound is None or bound == source:
+            return True
+        return now_ns - self._last_sm_ns[receiver_id] >= self.rebind_timeout_ns
+
+    def bound_source(self, receiver_id: int) -> Address | None:
+        """The address a live receiver's status messages are bound to (None: not live)."""
+        return self._sources.get(receiver_id)
+
+    def sources(self) -> set[Address]:
+        """The live receivers' bound addresses."""
+        return set(self._sources.values())
+
+    def backlog_at(self, source: Address, sender_position: int) -> tuple[int, int]:
+        """(bytes, window): the most a live receiver bound to ``source`` has outstanding by
+        its last status message (``sender_position`` minus what it acknowledged), and that
+        receiver's window ((0, 0) with none)."""
+        best = (0, 0)
+        for receiver_id, bound in self._sources.items():
+            if bound == source:
+                backlog = sender_position - self._acknowledged.get(receiver_id, sender_position)
+                if backlog >= best[0]:
+                    best = (backlog, self._windows.get(receiver_id, 0))
+        return best
 
     def __len__(self) -> int:
         return len(self._last_sm_ns)
@@ -78,13 +121,17 @@ class PublicationReceivers:
         return receiver_id in self._last_sm_ns
 
     def on_status_message(self, receiver_id: int, position: int, source: Address,
-                          now_ns: int) -> None:
-        """A status message (not EOS) from ``source`` acknowledged ``position``: the receiver
-        is live from ``now_ns``."""
+                          now_ns: int, window: int = 0) -> None:
+        """A status message (not EOS) from ``source`` acknowledged ``position`` with
+        ``window``: the receiver is live from ``now_ns``, bound to ``source`` (which
+        :meth:`admits` allowed)."""
         # Acknowledged first: the conductor's thread reads both (a drain).
         self._acknowledged[receiver_id] = position
         self._last_sm_ns[receiver_id] = now_ns
-        self._sources[receiver_id] = source
+        self._windows[receiver_id] = window
+        if self._sources.get(receiver_id) != source:
+            self._sources[receiver_id] = source
+            self.version += 1
 
     def on_c_status_message(self, receiver_id: int, position: int, taken_ns: int) -> None:
         """The C half took a status message of ``receiver_id`` at ``taken_ns`` that
@@ -99,7 +146,9 @@ class PublicationReceivers:
         """``receiver_id`` ended (EOS, an ERR): not live from now on.  Unknown: ignored."""
         self._last_sm_ns.pop(receiver_id, None)
         self._acknowledged.pop(receiver_id, None)
-        self._sources.pop(receiver_id, None)
+        self._windows.pop(receiver_id, None)
+        if self._sources.pop(receiver_id, None) is not None:
+            self.version += 1
 
     def expire(self, now_ns: int, timeout_ns: int) -> None:
         """Remove every receiver whose last status message is more than ``timeout_ns`` old."""
@@ -109,7 +158,10 @@ class PublicationReceivers:
             for rid in expired:
                 del last_sm_ns[rid]
                 self._acknowledged.pop(rid, None)
+                self._windows.pop(rid, None)
                 self._sources.pop(rid, None)
+            if expired:
+                self.version += 1
 
     def last_status_message_ns(self) -> dict[int, int]:
         """receiver id -> when its last status message came (ns): a copy."""
