@@ -166,6 +166,7 @@ MODULE_LANES = {
     "test_client_liveness": "sockets",
     "test_config": "unit",
     "test_control_plane": "sockets",
+    "test_control_binding": "unit",
     "test_controlled_poll": "sockets",
     "test_counters": "unit",
     "test_cubic": "unit",

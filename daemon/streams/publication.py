@@ -581,13 +581,25 @@ class NetworkPublication:
             return False
         return True
 
+    def _set_c_sm_source(self) -> None:
+        """The C half takes SMs of its receiver only from the address it is bound to now (none
+        while it is not live: then every SM goes to this half)."""
+        c = self.c
+        bound = self._receivers.bound_source(c.sm_receiver_id)
+        raw = sockaddr(bound) if bound is not None else b""
+        c.sm_source_length = 0
+        network_ffi.memmove(c.sm_source, raw, len(raw))
+        c.sm_source_length = len(raw)
+
     def _sync_control_sources(self) -> None:
-        """Hand the live receivers' bound addresses to the C half (the NAK rule), when they
-        changed since the last time."""
+        """Hand the live receivers' bound addresses to the C half (the NAK rule, and the
+        address its SMs come from), when they changed since the last time: at once, since the
+        C half reads the rest of a batch before the pass ends."""
         receivers = self._receivers
         if receivers.version == self._c_sources_version:
             return
         self._c_sources_version = receivers.version
+        self._set_c_sm_source()
         c = self.c
         sources = sorted(receivers.sources())
         if len(sources) > network.SS_CONTROL_SOURCES_MAX:
@@ -649,11 +661,7 @@ class NetworkPublication:
                 c.sm_count = c.sm_position = self._c_sm_seen = 0
                 c.sm_receiver_id = receiver_id
                 c.sm_time_ns = last_sm_ns
-            # Only from the address it is bound to (a rebind moves it).
-            bound = self._receivers.bound_source(receiver_id)
-            raw = sockaddr(bound) if bound is not None else b""
-            network_ffi.memmove(c.sm_source, raw, len(raw))
-            c.sm_source_length = len(raw)
+            self._set_c_sm_source()
             # The C half's liveness rule reads it: an SM this half took counts too.
             c.sm_time_ns = max(c.sm_time_ns, last_sm_ns)
         c.sm_in_c = int(take)
