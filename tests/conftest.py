@@ -218,6 +218,7 @@ MODULE_LANES = {
     "test_response_hosts": "hosts",
     "test_retransmit": "unit",
     "test_sim_cli": "sim",
+    "test_sim_control": "sim",
     "test_sim_flow": "sim",
     "test_sim_mdc": "sim",
     "test_sim_mds": "sim",
