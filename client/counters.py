@@ -273,6 +273,9 @@ class SystemCounter(enum.IntEnum):
     # log lines of text from the network (an ERR frame's message) not written: their source
     # had its lines for the interval already
     REMOTE_TEXT_SUPPRESSED_DROPS = 55
+    # ERR frames naming a live receiver from its address that its status messages went on
+    # to contradict within the grace (dropped: they change nothing)
+    ERR_CONTRADICTED_DROPS = 56
 
     @property
     def label(self) -> str:

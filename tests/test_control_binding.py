@@ -283,7 +283,7 @@ def test_an_err_naming_the_receiver_from_another_address_changes_nothing(
         directory: Path) -> None:
     """An ERR naming the live receiver from another host is dropped (not logged either) and
     counted ERR_SOURCE_MISMATCH_DROPS: the publication stays connected.  One naming no live
-    receiver reaches the log and changes nothing; the receiver's own disconnects it."""
+    receiver reaches the log and changes nothing."""
     sender = Sender(directory)
     pub = sender.pub
     sender.deliver(ErrorFrame(SESSION, STREAM, RECEIVER, 1, "forged\nERROR x"), ATTACKER)
@@ -291,7 +291,30 @@ def test_an_err_naming_the_receiver_from_another_address_changes_nothing(
     assert sender[SystemCounter.ERR_SOURCE_MISMATCH_DROPS] == 1
     sender.deliver(ErrorFrame(SESSION, STREAM, 12345, 1, "who?"), ATTACKER)
     assert pub.is_connected and pub.rejections == [(ATTACKER, "who?")]
+
+
+@pytest.mark.parametrize("c_takes_sms", [True, False])
+def test_an_err_from_the_receivers_address_counts_only_if_its_sms_stop(
+        directory: Path, c_takes_sms: bool) -> None:
+    """An ERR naming the live receiver from its own address (a spoofed one, or its own)
+    disconnects nothing at once: if an SM of that receiver follows within the grace (two
+    status message timeouts), taken by either half, the ERR is dropped and counted
+    ERR_CONTRADICTED_DROPS; if none does, the receiver rejected the image and is gone then."""
+    sender = Sender(directory)
+    pub = sender.pub
+    if not c_takes_sms:
+        pub.c.sm_in_c = 0
+    grace = 2 * sender.settings.status_message_timeout
+    sender.deliver(ErrorFrame(SESSION, STREAM, RECEIVER, 1, "spoofed"), RECEIVER_ADDRESS)
+    sender.deliver(sm(pub.sender_position), RECEIVER_ADDRESS)
+    pub.datagrams_to_send(sender.tick(grace + 1))
+    assert pub.is_connected and pub.has_live_receiver(RECEIVER)
+    assert sender[SystemCounter.ERR_CONTRADICTED_DROPS] == 1
     sender.deliver(ErrorFrame(SESSION, STREAM, RECEIVER, 1, "no"), RECEIVER_ADDRESS)
+    pub.datagrams_to_send(sender.tick(grace // 2))
+    assert pub.is_connected
+    assert pub.next_deadline_ns() <= sender.now_ns + grace // 2 + 1
+    pub.datagrams_to_send(sender.tick(grace // 2 + 1))
     assert not pub.is_connected and not pub.has_live_receiver(RECEIVER)
 
 

@@ -289,6 +289,11 @@ class NetworkPublication:
         self._publish_durable()
         #: ERR frames since the sender last looked: (the receiver's address, its reason).
         self.rejections: list[tuple[Address, str]] = []
+        #: ERRs naming a live receiver, from its address: receiver id -> (the ERR, when it
+        #: came); each counts _error_grace_ns later unless an SM of that receiver comes
+        #: first.
+        self._pending_errors: dict[int, tuple[ErrorFrame, int]] = {}
+        self._error_grace_ns = 2 * settings.status_message_timeout
 
         # -- the sender thread's: timers ---------------------------------------------------
         self._status_message_deadline_ns = NO_DEADLINE
@@ -546,12 +551,10 @@ class NetworkPublication:
                 self.counters.add(SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS)
             if bound is None:
                 return  # no live receiver of that id: nothing of the stream changes
-            self.flow_control.on_error(frame, now_ns)
-            self._count_receivers()
-            self._receivers.remove(frame.receiver_id)
-            if self.durable is not None and self.durable.on_error(frame.receiver_id):
-                self._publish_durable()
-            self._update_connected(now_ns)
+            # A live receiver's: it counts once the receiver's SMs stop (a receiver that
+            # rejected the image sends none for it), within the grace; an SM of it after the
+            # ERR says it is still there, and the ERR (forged from its address) is dropped.
+            self._pending_errors.setdefault(frame.receiver_id, (frame, now_ns))
         self._sync_control_sources()
 
     def admits_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> bool:
@@ -623,6 +626,10 @@ class NetworkPublication:
         taken_ns = c.sm_time_ns
         self._status_message_deadline_ns = taken_ns + self.connection_timeout_ns
         self._receivers.on_c_status_message(c.sm_receiver_id, c.sm_position, taken_ns)
+        pending = self._pending_errors.get(c.sm_receiver_id)
+        if pending is not None and taken_ns > pending[1]:
+            del self._pending_errors[c.sm_receiver_id]  # it went on: not its ERR
+            self.counters.add(SystemCounter.ERR_CONTRADICTED_DROPS)
         self.flow_control.receiver_window = c.sm_window
         self.retransmit_handler.set_resend_lookahead(
             self.flow_control.retransmission_lookahead(self.mtu))
@@ -694,6 +701,9 @@ class NetworkPublication:
             if self.is_unicast:
                 self.has_received_unicast_eos = True
         else:
+            if self._pending_errors.pop(sm.receiver_id, None) is not None:
+                # It goes on after its ERR: the ERR was not its (forged from its address).
+                self.counters.add(SystemCounter.ERR_CONTRADICTED_DROPS)
             if self.rate_control is not None and sm.receiver_id not in self._receivers:
                 self._announce_deadline_ns = now_ns  # a new receiver: tell it to signal
             self._receivers.on_status_message(sm.receiver_id, position, source, now_ns,
@@ -959,8 +969,26 @@ class NetworkPublication:
         self.c.last_publisher_limit = limit
         self.log.publish_limit(self.publisher_limit, limit)
 
+    def _apply_errors(self, now_ns: int) -> None:
+        """The ERRs whose grace passed with no SM of their receiver: that receiver rejected
+        the image, and is gone (Aeron's onError, one grace late)."""
+        grace = self._error_grace_ns
+        due = [rid for rid, (_, at) in self._pending_errors.items() if now_ns >= at + grace]
+        for receiver_id in due:
+            frame, _ = self._pending_errors.pop(receiver_id)
+            self.flow_control.on_error(frame, now_ns)
+            self._count_receivers()
+            self._receivers.remove(receiver_id)
+            if self.durable is not None and self.durable.on_error(receiver_id):
+                self._publish_durable()
+        if due:
+            self._update_connected(now_ns)
+            self._sync_control_sources()
+
     def _conductor_duties(self, now_ns: int) -> None:
         self.take_c_status_messages()  # the receivers' liveness first
+        if self._pending_errors:
+            self._apply_errors(now_ns)
         if self._connected and (now_ns > self._status_message_deadline_ns
                                 or not self._receivers):
             self._update_has_receivers(now_ns)
@@ -1004,6 +1032,9 @@ class NetworkPublication:
             deadline = min(deadline,
                            self._time_of_last_data_or_heartbeat_ns + HEARTBEAT_TIMEOUT_NS)
         deadline = min(deadline, self.flow_control.next_deadline_ns())
+        if self._pending_errors:
+            deadline = min(deadline, min(at for _, at in self._pending_errors.values())
+                           + self._error_grace_ns)
         if self.durable is not None:
             deadline = min(deadline, self.durable.next_deadline_ns())
         if self.rate_control is not None:
