@@ -581,7 +581,7 @@ class DriverSettings:
         low=0, high=10_000,
     )
     retransmit_budget_interval: int = _duration(
-        100 * _MS,
+        1 * _S,
         "The retransmit budget grows by one term window per this, whatever is sent (a stream "
         "that stopped still repairs its tail), ns.",
         low=_MS, high=_HOUR,

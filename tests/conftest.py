@@ -167,6 +167,7 @@ MODULE_LANES = {
     "test_config": "unit",
     "test_control_plane": "sockets",
     "test_control_binding": "unit",
+    "test_control_hosts": "hosts",
     "test_controlled_poll": "sockets",
     "test_counters": "unit",
     "test_cubic": "unit",

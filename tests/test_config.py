@@ -85,7 +85,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "retransmit_unicast_linger": 200 * US,
     "max_resend": 16,
     "retransmit_budget_percent": 100,  # issue 59: NAKs at most double what is sent
-    "retransmit_budget_interval": 100 * MS,
+    "retransmit_budget_interval": 1 * S,
     "debug_receive_data_loss": 0,  # Aeron: aeron.debug.receive.data.loss.rate, off
     "debug_receive_data_loss_seed": 1,
     "debug_conductor_gil_hold": 0,

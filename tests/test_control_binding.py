@@ -241,7 +241,7 @@ def test_a_nak_flood_from_the_receivers_address_is_held_to_the_budget(
             resent += sender.take_retransmits()
         return resent
 
-    budgeted = Sender(directory, sent=2 * TERM)
+    budgeted = Sender(directory, sent=2 * TERM, retransmit_budget_interval="100ms")
     window = budgeted.pub.term_window_length
     interval = budgeted.settings.retransmit_budget_interval
     elapsed = budgeted.now_ns
@@ -251,7 +251,8 @@ def test_a_nak_flood_from_the_receivers_address_is_held_to_the_budget(
     assert window * elapsed // interval > 5 * window  # the flood crossed several intervals
     assert 0 < resent <= allowed, (resent, allowed)
     assert budgeted[SystemCounter.NAK_BUDGET_DROPS] > 10_000
-    unbounded = Sender(directory, sent=2 * TERM, retransmit_budget_percent=0)
+    unbounded = Sender(directory, sent=2 * TERM, retransmit_budget_percent=0,
+                       retransmit_budget_interval="100ms")
     assert flood(unbounded) == 16_000 * FRAME
     assert unbounded[SystemCounter.NAK_BUDGET_DROPS] == 0
     # The flood stops: within an interval the credit is back.

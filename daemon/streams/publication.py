@@ -572,14 +572,20 @@ class NetworkPublication:
     def _rate_signal_counts(self, signal: RateSignal, source: Address) -> bool:
         """Whether a NAK-strength signal from ``source`` may slow the sender: it comes from a
         live receiver's address, and that receiver's own status messages show the backlog it
-        claims (snd-pos minus what it acknowledged, at least half the claimed threshold of
-        its window: an honest receiver's acknowledged position is at or behind its slowest
-        subscriber, its top at or behind snd-pos).  Each refusal is counted by its cause."""
+        claims (snd-pos minus what it acknowledged, at least the claimed threshold of its
+        window: an honest receiver's acknowledged position is at or behind its slowest
+        subscriber, its top at or behind snd-pos, and its SMs leave in order with its
+        signals) and no more than its window beyond the
+        resend window.  Each refusal is counted by its cause."""
         if not self._receivers.has_source(source):
             self.counters.add(SystemCounter.RATE_SIGNAL_UNKNOWN_SOURCE_DROPS)
             return False
         backlog, window = self._receivers.backlog_at(source, self.sender_position)
-        if backlog * 200 < signal.threshold * window:
+        # Nor more than a receiver can hold and still be repaired: its window beyond what the
+        # publication can resend (half a term); one that far behind is left behind, and SMs
+        # frozen that far back are a forger's.
+        if (backlog * 100 < signal.threshold * window
+                or backlog > window + (self.term_length >> 1)):
             self.counters.add(SystemCounter.RATE_SIGNAL_UNBACKED_DROPS)
             return False
         return True
