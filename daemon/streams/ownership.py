@@ -86,7 +86,8 @@ RULES: tuple[Rule, ...] = (
          at_once=False),
     Rule(PUBLICATION, "status messages: snd-lmt", PYTHON, "sm_in_c",
          "ACTIVE, connected, `fc=unicast`, no `rc=`, one live receiver, no SETUP elicited; "
-         "per SM, a valid one from that receiver with no flags and no group tag",
+         "per SM, a valid one from that receiver's bound address (§5.7) with no flags and no "
+         "group tag",
          "any of those ending; any other SM goes up to Python",
          at_once=False),
     Rule(PUBLICATION, "the liveness timer of the receiver whose SMs C takes", PYTHON, "sm_in_c",
