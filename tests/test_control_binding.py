@@ -11,9 +11,7 @@ queued for the data path and the counters.
 
 from __future__ import annotations
 
-import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,9 +80,9 @@ class Sender:
     at least ``sent`` bytes to its receiver :data:`RECEIVER` at :data:`RECEIVER_ADDRESS`, whose
     last SM acknowledged ``acknowledged`` of them (all, by default)."""
 
-    def __init__(self, directory: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", *,
+    def __init__(self, shm: Path, uri: str = "aeron:udp?endpoint=10.0.0.2:40123", *,
                  sent: int = TERM, acknowledged: int | None = None, **settings: object) -> None:
-        self.path = directory / f"{uuid.uuid4().hex}.log"
+        self.path = shm / f"{uuid.uuid4().hex}.log"
         log = LogBuffer.create(self.path, term_length=TERM, initial_term_id=INITIAL_TERM_ID,
                                session_id=SESSION, stream_id=STREAM, mtu=1408, correlation_id=1)
         positions = SenderPositions.in_process()
@@ -136,24 +134,16 @@ class Sender:
         return self.counters[counter]
 
 
-@pytest.fixture
-def directory() -> Iterator[Path]:
-    path = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 # -- status messages ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("c_takes_sms", [True, False])
 def test_an_sm_naming_the_live_receiver_from_another_address_moves_nothing(
-        directory: Path, c_takes_sms: bool) -> None:
+        shm: Path, c_takes_sms: bool) -> None:
     """A forged SM naming the live receiver (a window as large as allowed, at snd-pos; or
     frozen behind it, with no window) from another host is dropped, through the C half's
     path or the Python half's, and counted SM_SOURCE_MISMATCH_DROPS: snd-lmt, what the
     receiver acknowledged and its liveness stay as they were."""
-    sender = Sender(directory)
+    sender = Sender(shm)
     pub = sender.pub
     if not c_takes_sms:
         pub.c.sm_in_c = 0
@@ -170,11 +160,11 @@ def test_an_sm_naming_the_live_receiver_from_another_address_moves_nothing(
 
 
 def test_a_receiver_that_moved_is_bound_anew_once_its_address_went_quiet(
-        directory: Path) -> None:
+        shm: Path) -> None:
     """A receiver's SMs from a new port (its NAT rebound) are dropped while its bound
     address still speaks; once that address sent nothing for the rebind timeout, the new one
     takes the binding, and from then on the old address is the stranger."""
-    sender = Sender(directory)
+    sender = Sender(shm)
     pub = sender.pub
     quiet = min(sender.settings.receiver_rebind_timeout, pub.connection_timeout_ns // 2)
     sender.deliver(sm(pub.sender_position), MOVED)
@@ -192,8 +182,8 @@ def test_a_receiver_that_moved_is_bound_anew_once_its_address_went_quiet(
 
 
 def test_an_sm_ahead_of_what_was_sent_is_dropped_and_counted_by_its_cause(
-        directory: Path) -> None:
-    sender = Sender(directory)
+        shm: Path) -> None:
+    sender = Sender(shm)
     limit = sender.pub.sender_limit
     sender.deliver(sm(sender.pub.sender_position + 32), RECEIVER_ADDRESS)
     assert sender[SystemCounter.SM_AHEAD_OF_SENDER_DROPS] == 1
@@ -203,11 +193,11 @@ def test_an_sm_ahead_of_what_was_sent_is_dropped_and_counted_by_its_cause(
 # -- NAKs -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("delay", ["0ns", "1ms"])
-def test_a_nak_counts_only_from_a_live_receivers_address(directory: Path, delay: str) -> None:
+def test_a_nak_counts_only_from_a_live_receivers_address(shm: Path, delay: str) -> None:
     """A NAK names no receiver: from another host it is dropped and counted
     NAK_UNKNOWN_SOURCE_DROPS (answered in C without a delay, in Python with one); from the
     receiver's address it is answered.  Once the receiver timed out, no NAK counts."""
-    sender = Sender(directory, retransmit_unicast_delay=delay)
+    sender = Sender(shm, retransmit_unicast_delay=delay)
     pub = sender.pub
     sender.deliver(nak(recent(sender, 4), 2048), ATTACKER)
     pub.datagrams_to_send(sender.tick(2 * MS))
@@ -225,7 +215,7 @@ def test_a_nak_counts_only_from_a_live_receivers_address(directory: Path, delay:
 
 
 def test_a_nak_flood_from_the_receivers_address_is_held_to_the_budget(
-        directory: Path) -> None:
+        shm: Path) -> None:
     """16,000 NAKs spoofed as the receiver, each for another frame of the resend window, over
     one second, ten budget intervals (the stream sends nothing meanwhile): what they make
     the publication resend is at most its term window to start plus a window per interval
@@ -241,7 +231,7 @@ def test_a_nak_flood_from_the_receivers_address_is_held_to_the_budget(
             resent += sender.take_retransmits()
         return resent
 
-    budgeted = Sender(directory, sent=2 * TERM, retransmit_budget_interval="100ms")
+    budgeted = Sender(shm, sent=2 * TERM, retransmit_budget_interval="100ms")
     window = budgeted.pub.term_window_length
     interval = budgeted.settings.retransmit_budget_interval
     elapsed = budgeted.now_ns
@@ -251,7 +241,7 @@ def test_a_nak_flood_from_the_receivers_address_is_held_to_the_budget(
     assert window * elapsed // interval > 5 * window  # the flood crossed several intervals
     assert 0 < resent <= allowed, (resent, allowed)
     assert budgeted[SystemCounter.NAK_BUDGET_DROPS] > 10_000
-    unbounded = Sender(directory, sent=2 * TERM, retransmit_budget_percent=0,
+    unbounded = Sender(shm, sent=2 * TERM, retransmit_budget_percent=0,
                        retransmit_budget_interval="100ms")
     assert flood(unbounded) == 16_000 * FRAME
     assert unbounded[SystemCounter.NAK_BUDGET_DROPS] == 0
@@ -261,10 +251,10 @@ def test_a_nak_flood_from_the_receivers_address_is_held_to_the_budget(
     assert budgeted.take_retransmits() == FRAME
 
 
-def test_the_budget_grows_with_the_data_sent(directory: Path) -> None:
+def test_the_budget_grows_with_the_data_sent(shm: Path) -> None:
     """Credit is earned at retransmit_budget_percent of each byte sent: a publication that
     spent its credit and sends a term more may resend that share of it at once."""
-    sender = Sender(directory, sent=TERM, retransmit_budget_percent=50)
+    sender = Sender(shm, sent=TERM, retransmit_budget_percent=50)
     c = sender.pub.c
     now = sender.now_ns
     c.retransmit_credit = 0
@@ -281,11 +271,11 @@ def test_the_budget_grows_with_the_data_sent(directory: Path) -> None:
 # -- ERRs -----------------------------------------------------------------------------------
 
 def test_an_err_naming_the_receiver_from_another_address_changes_nothing(
-        directory: Path) -> None:
+        shm: Path) -> None:
     """An ERR naming the live receiver from another host is dropped (not logged either) and
     counted ERR_SOURCE_MISMATCH_DROPS: the publication stays connected.  One naming no live
     receiver reaches the log and changes nothing."""
-    sender = Sender(directory)
+    sender = Sender(shm)
     pub = sender.pub
     sender.deliver(ErrorFrame(SESSION, STREAM, RECEIVER, 1, "forged\nERROR x"), ATTACKER)
     assert pub.is_connected and pub.has_live_receiver(RECEIVER) and not pub.rejections
@@ -296,12 +286,12 @@ def test_an_err_naming_the_receiver_from_another_address_changes_nothing(
 
 @pytest.mark.parametrize("c_takes_sms", [True, False])
 def test_an_err_from_the_receivers_address_counts_only_if_its_sms_stop(
-        directory: Path, c_takes_sms: bool) -> None:
+        shm: Path, c_takes_sms: bool) -> None:
     """An ERR naming the live receiver from its own address (a spoofed one, or its own)
     disconnects nothing at once: if an SM of that receiver follows within the grace (two
     status message timeouts), taken by either half, the ERR is dropped and counted
     ERR_CONTRADICTED_DROPS; if none does, the receiver rejected the image and is gone then."""
-    sender = Sender(directory)
+    sender = Sender(shm)
     pub = sender.pub
     if not c_takes_sms:
         pub.c.sm_in_c = 0
@@ -322,13 +312,13 @@ def test_an_err_from_the_receivers_address_counts_only_if_its_sms_stop(
 # -- rate signals ---------------------------------------------------------------------------
 
 def test_a_rate_signal_counts_only_from_a_receiver_whose_sms_show_the_backlog(
-        directory: Path) -> None:
+        shm: Path) -> None:
     """Under rc=nak-strength a signal from another host is dropped
     (RATE_SIGNAL_UNKNOWN_SOURCE_DROPS); one from the receiver's address claiming a 75 %
     backlog while its SMs acknowledge all that was sent is dropped
     (RATE_SIGNAL_UNBACKED_DROPS); neither cuts the rate.  Once its SMs show the backlog,
     the signal cuts."""
-    sender = Sender(directory, "aeron:udp?endpoint=10.0.0.2:40123|rc=nak-strength")
+    sender = Sender(shm, "aeron:udp?endpoint=10.0.0.2:40123|rc=nak-strength")
     pub = sender.pub
     signal = RateSignal(SESSION, STREAM, 800, 75, 1_000_000)
     sender.deliver(signal, ATTACKER)
