@@ -47,7 +47,8 @@ WINDOW = 16 * 1024
 MS = 1_000_000
 RECEIVER_ADDRESS = ("10.0.0.2", 40123)
 ATTACKER = ("10.0.0.66", 40123)  # another host, the same port
-MOVED = ("10.0.0.2", 50999)  # the receiver's host, a port its NAT gave it later
+MOVED = ("10.0.9.2", 40123)  # the receiver's public address, after its NAT changed it
+OTHER_PORT = ("10.0.0.2", 50999)  # the receiver's host, another port (its NAT's, an endpoint)
 
 
 def sm(position: int, window: int = WINDOW, *, receiver_id: int = RECEIVER,
@@ -161,9 +162,9 @@ def test_an_sm_naming_the_live_receiver_from_another_address_moves_nothing(
 
 def test_a_receiver_that_moved_is_bound_anew_once_its_address_went_quiet(
         shm: Path) -> None:
-    """A receiver's SMs from a new port (its NAT rebound) are dropped while its bound
-    address still speaks; once that address sent nothing for the rebind timeout, the new one
-    takes the binding, and from then on the old address is the stranger."""
+    """A receiver's SMs from another host (its NAT changed its public address) are dropped
+    while its bound host still speaks; once that host sent nothing for the rebind timeout,
+    the new one takes the binding, and from then on the old host is the stranger."""
     sender = Sender(shm)
     pub = sender.pub
     quiet = min(sender.settings.receiver_rebind_timeout, pub.connection_timeout_ns // 2)
@@ -179,6 +180,24 @@ def test_a_receiver_that_moved_is_bound_anew_once_its_address_went_quiet(
     assert sender[SystemCounter.NAK_UNKNOWN_SOURCE_DROPS] == 1
     sender.deliver(nak(recent(sender, 4), FRAME), MOVED)
     assert sender.take_retransmits() == FRAME
+
+
+def test_a_receiver_id_counts_from_any_port_of_its_host(shm: Path) -> None:
+    """Stock Aeron gives every endpoint of a driver the driver's one receiver id, and a NAT
+    may give a receiver a new port: SMs naming the receiver from another port of its bound
+    host count, and so do NAKs from each port its SMs came from; a port that sent none does
+    not."""
+    sender = Sender(shm)
+    pub = sender.pub
+    sender.deliver(sm(pub.sender_position, WINDOW + 1024), OTHER_PORT)
+    assert sender[SystemCounter.SM_SOURCE_MISMATCH_DROPS] == 0
+    assert pub.sender_limit == pub.sender_position + WINDOW + 1024
+    for source in (RECEIVER_ADDRESS, OTHER_PORT):
+        sender.deliver(nak(recent(sender, 3), FRAME), source, ns=1_000_000)
+        assert sender.take_retransmits() == FRAME
+    sender.deliver(nak(recent(sender, 3), FRAME), ("10.0.0.2", 7), ns=1_000_000)
+    assert sender.take_retransmits() == 0
+    assert sender[SystemCounter.NAK_UNKNOWN_SOURCE_DROPS] == 1
 
 
 def test_an_sm_ahead_of_what_was_sent_is_dropped_and_counted_by_its_cause(

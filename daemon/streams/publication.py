@@ -537,9 +537,9 @@ class NetworkPublication:
                     self.counters.add(SystemCounter.RATE_CUTS)
                     self._apply_rate_limit(now_ns)
         elif isinstance(frame, ErrorFrame):
-            bound = self._receivers.bound_source(frame.receiver_id)
-            if bound is not None and bound != source:
-                # Naming a live receiver from elsewhere: forged or stray, it changes nothing.
+            bound = self._receivers.bound_host(frame.receiver_id)
+            if bound is not None and bound != source[0]:
+                # Naming a live receiver from another host: forged or stray, it changes nothing.
                 self.counters.add(SystemCounter.ERR_SOURCE_MISMATCH_DROPS)
                 return
             # For the conductor to log (Sender: PublicationRejected): the operator of this
@@ -561,7 +561,7 @@ class NetworkPublication:
         """Whether a status message naming ``sm.receiver_id`` from ``source`` may count
         (:meth:`PublicationReceivers.admits
         <slipstream.daemon.streams.receivers.PublicationReceivers.admits>`): a live
-        receiver's from another address is counted (``SM_SOURCE_MISMATCH_DROPS``) and
+        receiver's from another host is counted (``SM_SOURCE_MISMATCH_DROPS``) and
         dropped.  Its endpoint asks before anything else reads the SM (its destinations)."""
         self.take_c_status_messages()
         if self._receivers.admits(sm.receiver_id, source, now_ns):
