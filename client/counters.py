@@ -253,7 +253,7 @@ class SystemCounter(enum.IntEnum):
     # multi-destination-cast destination is learned from one)
     UNMATCHED_STATUS_MESSAGES = 47
     # issue 59, ctrlbind:
-    # status messages naming a live receiver from an address other than the one its status
+    # status messages naming a live receiver from another host than the one its status
     # messages are bound to (dropped: a forged or stray one moves nothing)
     SM_SOURCE_MISMATCH_DROPS = 48
     # status messages claiming a position beyond what the publication sent (dropped)
@@ -262,8 +262,8 @@ class SystemCounter(enum.IntEnum):
     NAK_UNKNOWN_SOURCE_DROPS = 50
     # NAKs beyond the publication's retransmit budget (retransmit_budget per interval)
     NAK_BUDGET_DROPS = 51
-    # ERR frames not from the address of a live receiver they name, when that receiver is
-    # bound elsewhere (dropped: they change nothing and are not logged)
+    # ERR frames naming a live receiver from another host than its bound one (dropped: they
+    # change nothing and are not logged)
     ERR_SOURCE_MISMATCH_DROPS = 52
     # NAK-strength rate signals from an address no live receiver sends its status messages from
     RATE_SIGNAL_UNKNOWN_SOURCE_DROPS = 53

@@ -656,10 +656,10 @@ class DriverSettings:
     )
     receiver_rebind_timeout: int = _duration(
         1 * _S,
-        "slipstream: a publication binds each receiver id to the address of its first status "
-        "message; while the receiver is live, status messages naming it from another address "
-        "are dropped (counted), unless its bound address sent none for this long (a NAT gave "
-        "the receiver a new port): then the new address takes the binding, ns; at most half "
+        "slipstream: a publication binds each receiver id to the host of its first status "
+        "message; while the receiver is live, status messages naming it from another host "
+        "are dropped (counted), unless its bound host sent none for this long (a NAT changed "
+        "the receiver's public address): then the new host takes the binding, ns; at most half "
         "publication_connection_timeout.  Above status_message_timeout, so that a receiver "
         "that keeps sending keeps its binding.",
         low=_MS, high=_HOUR,

@@ -132,8 +132,8 @@ class PublicationReceivers:
     def on_status_message(self, receiver_id: int, position: int, source: Address,
                           now_ns: int, window: int = 0) -> None:
         """A status message (not EOS) from ``source`` acknowledged ``position`` with
-        ``window``: the receiver is live from ``now_ns``, bound to ``source`` (which
-        :meth:`admits` allowed)."""
+        ``window``: the receiver is live from ``now_ns``, bound to ``source``'s host (which
+        :meth:`admits` allowed), and ``source`` is one of its addresses."""
         # Acknowledged first: the conductor's thread reads both (a drain).
         self._acknowledged[receiver_id] = position
         self._last_sm_ns[receiver_id] = now_ns
