@@ -18,7 +18,8 @@ attacker sends from its own address, which is why the spoofed frames are the att
 Meanwhile the publisher offers 1 KiB messages at a steady 4,000 a second.  Proof: every
 message arrives once and in order, the publisher is never NOT_CONNECTED, its rate under each
 attack stays within 10 % of the rate without, the NAK flood costs at most the retransmit
-budget, and each drop is counted by its cause.  The figures go to the test's output (``-s``).
+budget, each drop is counted by its cause, and the ERRs' text reaches the driver's error log
+escaped, a few lines at most.  The figures go to the test's output (``-s``).
 
 Needs root (CI runs as root): skips without it, fails under CI=true.
 """
@@ -35,6 +36,7 @@ from helpers import NETWORK_SETTINGS, Collector, counters_of, message, wait_for
 
 from slipstream.client import NOT_CONNECTED, Client
 from slipstream.client.frames import ErrorFrame, RateSignal, StatusMessage
+from slipstream.daemon.reports.error_log import read_error_log
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -224,6 +226,8 @@ def test_forged_control_from_the_segment_changes_nothing(needs_hosts) -> None:
                 assert time.monotonic() < deadline, (len(stream.collector.seen), stream.sent)
                 stream.collector.poll()
             stream.collector.assert_exactly(stream.sent)
+            refusals = [e for e in read_error_log(publisher_driver.directory)
+                        if "refused the image" in e.message]
 
         def extra(a: dict, b: dict, data_messages: int) -> int:
             """Bytes sent beyond the new data (retransmissions, control)."""
@@ -253,6 +257,10 @@ def test_forged_control_from_the_segment_changes_nothing(needs_hosts) -> None:
         for cause in ("RATE_SIGNAL_UNBACKED_DROPS", "ERR_CONTRADICTED_DROPS",
                       "NAK_BUDGET_DROPS", "REMOTE_TEXT_SUPPRESSED_DROPS"):
             assert drops.get(cause, 0) > 0, (cause, drops)
+        # The forged ERRs' text reached the log escaped, a few lines for the host at most.
+        [refusal] = refusals
+        assert refusal.count <= 5 and "\\x1b[31mERROR" in refusal.message, refusal
+        assert "\n" not in refusal.message and "\x1b" not in refusal.message
         # The flood cost at most the budget: a term window (512 KiB) to start, one more per
         # second of it, and what the stream itself earned (100 % of its data).
         flood_s = PHASE_S + 0.5 + 2.0
