@@ -89,8 +89,16 @@ else:
     def send(payload):
         s.sendto(payload, target)
 track = args.get("track")  # NAKs just behind where the stream is now (it moves steadily)
+freeze = args.get("freeze")  # SMs of a new receiver at where the stream was at the start
 if track:
-    from slipstream.client.frames import Nak
+    from slipstream.client.frames import Nak, StatusMessage
+    if freeze:
+        now = track["position"] + int((time.monotonic() - track["at"]) * track["bytes_per_s"])
+        now -= now % track["term"] % 1056
+        frames = [StatusMessage(track["session"], track["stream"],
+                                track["term_id"] + now // track["term"], now % track["term"],
+                                freeze["window"], freeze["receiver_id"], 0).encode()]
+        track = None
 start = time.monotonic()
 for i in range(count):
     if track:
@@ -139,10 +147,11 @@ class Stream:
 
 
 def attack(host, frames: list[bytes], target: tuple[str, int], *, count: int, rate: float,
-           spoof: tuple[str, int] | None = None, track: dict | None = None) -> subprocess.Popen:
+           spoof: tuple[str, int] | None = None, track: dict | None = None,
+           freeze: dict | None = None) -> subprocess.Popen:
     args = json.dumps({"frames": [f.hex() for f in frames], "target": list(target),
                        "spoof": list(spoof) if spoof else None, "count": count, "rate": rate,
-                       "track": track})
+                       "track": track, "freeze": freeze})
     return host.popen(sys.executable, "-c", ATTACKER, args)
 
 
@@ -266,3 +275,76 @@ def test_forged_control_from_the_segment_changes_nothing(needs_hosts) -> None:
         flood_s = PHASE_S + 0.5 + 2.0
         allowed = (TERM // 2) * (2 + flood_s) + (stream.sent - sent_before) * FRAME
         assert figures["bytes beyond data, NAK flood"] <= allowed, figures
+
+
+def test_forged_control_from_the_attackers_own_address_on_multicast(needs_hosts) -> None:
+    """A multicast publication's control socket (its control group) takes datagrams from
+    anyone: here the attacker sends from its own address, with no raw socket.  NAKs, rate
+    signals and ERRs naming the real receiver are dropped by their causes
+    (NAK_UNKNOWN_SOURCE_DROPS, RATE_SIGNAL_UNKNOWN_SOURCE_DROPS, ERR_SOURCE_MISMATCH_DROPS),
+    SMs naming the real receiver too (SM_SOURCE_MISMATCH_DROPS); then SMs of a new receiver
+    at the stream's position when it starts, frozen there, are never admitted under fc=min
+    (Aeron's rule alone, ``flow_control_admission_interval = 0``, takes it and the stream
+    stalls for the receiver timeout): the publisher's rate stays where it was, no offer is
+    NOT_CONNECTED, every message arrives once and in order."""
+    from slipstream.sim.real.hosts import namespace_hosts
+
+    with namespace_hosts(3) as hosts:
+        publisher_driver = hosts.start_driver(1, **SETTINGS)
+        subscriber_driver = hosts.start_driver(2, **SETTINGS)
+        group, control = "224.0.9.1", ("224.0.9.2", PORT)
+        uri = f"aeron:udp?endpoint={group}:{PORT}|term-length=1m"
+        with Client.connect(publisher_driver.directory) as a, \
+                Client.connect(subscriber_driver.directory) as b:
+            subscription = b.add_subscription(f"{uri}|interface={hosts[2].address}", 8)
+            publication = a.add_publication(
+                f"{uri}|interface={hosts[1].address}|fc=min|rc=nak-strength", 8)
+            wait_for(lambda: publication.is_connected and subscription.images, timeout=15,
+                     what="the stream connected")
+            [image] = subscription.images
+            stream = Stream(publication, Collector(subscription))
+            sniffer = hosts[1].popen(sys.executable, "-c", SNIFFER, str(PORT),
+                                     hosts[2].address, stdout=subprocess.PIPE, text=True)
+            stream.run(1.0)
+            out, _ = sniffer.communicate(timeout=15)
+            receiver_id = json.loads(out)["receiver_id"]
+            session, term_id0 = image.session_id, image.initial_term_id
+            figures: dict[str, object] = {"rate without attacks (msg/s)": round(
+                stream.run(PHASE_S))}
+
+            track = {"position": publication.position, "at": time.monotonic(),
+                     "bytes_per_s": RATE * FRAME, "term": TERM, "term_id": term_id0,
+                     "session": session, "stream": 8}
+            naks = attack(hosts[3], [], control, count=16_000, rate=8000, track=track)
+            signal = RateSignal(session, 8, 1000, 100, 1024).encode()
+            err = ErrorFrame(session, 8, receiver_id, 1, "go away").encode()
+            position = (term_id0 + (1 << 16) // TERM, (1 << 16) % TERM)
+            named = StatusMessage(session, 8, *position, 0, receiver_id, 0).encode()
+            others = attack(hosts[3], [signal, err, named], control, count=600, rate=300)
+            figures["rate under forged NAKs, signals, ERRs, SMs"] = round(
+                stream.run(PHASE_S, naks))
+            others.wait(timeout=10)
+            # A newcomer at the front when it starts (as Aeron would take it), then frozen.
+            track = {**track, "position": publication.position, "at": time.monotonic()}
+            newcomer = attack(hosts[3], [], control, count=400, rate=200, track=track,
+                              freeze={"receiver_id": 0xBAD, "window": 128 * 1024})
+            figures["rate under a frozen newcomer"] = round(stream.run(PHASE_S, newcomer))
+            after = counters_of(publisher_driver)
+            deadline = time.monotonic() + 20
+            while len(stream.collector.seen) < stream.sent:
+                assert time.monotonic() < deadline, (len(stream.collector.seen), stream.sent)
+                stream.collector.poll()
+            stream.collector.assert_exactly(stream.sent)
+
+        drops = {k: v for k, v in after.items() if k.endswith("_DROPS") and v}
+        figures["drops"] = drops
+        print("\nforged control figures (multicast):", json.dumps(figures, indent=1))
+        assert stream.not_connected == 0
+        for key in ("rate under forged NAKs, signals, ERRs, SMs",
+                    "rate under a frozen newcomer"):
+            assert figures[key] >= 0.9 * figures["rate without attacks (msg/s)"], figures
+        assert after["RATE_CUTS"] <= counters_of(subscriber_driver)["RATE_SIGNALS_SENT"]
+        assert after["RETRANSMITS_SENT"] <= counters_of(subscriber_driver)["NAK_MESSAGES_SENT"]
+        for cause in ("NAK_UNKNOWN_SOURCE_DROPS", "RATE_SIGNAL_UNKNOWN_SOURCE_DROPS",
+                      "ERR_SOURCE_MISMATCH_DROPS", "SM_SOURCE_MISMATCH_DROPS"):
+            assert drops.get(cause, 0) > 0, (cause, drops)
