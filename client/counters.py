@@ -273,6 +273,30 @@ class SystemCounter(enum.IntEnum):
     CRYPTO_REPLAY_DROPS = 55  # a sender's counter already opened, or below its replay window
     CRYPTO_SEAL_REFUSED = 56  # datagrams not sent: they could not be sealed (too long, libcrypto)
     CRYPTO_SEALED_AT_PLAIN_DROPS = 57  # a sealed datagram at a plain endpoint (a key it lacks)
+    # issue 59, ctrlbind:
+    # status messages naming a live receiver from another host than the one its status
+    # messages are bound to (dropped: a forged or stray one moves nothing)
+    SM_SOURCE_MISMATCH_DROPS = 58
+    # status messages claiming a position beyond what the publication sent (dropped)
+    SM_AHEAD_OF_SENDER_DROPS = 59
+    # NAKs from an address no live receiver of the publication sends its status messages from
+    NAK_UNKNOWN_SOURCE_DROPS = 60
+    # NAKs beyond the publication's retransmit budget (retransmit_budget per interval)
+    NAK_BUDGET_DROPS = 61
+    # ERR frames naming a live receiver from another host than its bound one (dropped: they
+    # change nothing and are not logged)
+    ERR_SOURCE_MISMATCH_DROPS = 62
+    # NAK-strength rate signals from an address no live receiver sends its status messages from
+    RATE_SIGNAL_UNKNOWN_SOURCE_DROPS = 63
+    # NAK-strength rate signals claiming a backlog that the receiver's own status messages do
+    # not show (snd-pos minus its acknowledged position below the claimed fill)
+    RATE_SIGNAL_UNBACKED_DROPS = 64
+    # log lines of text from the network (an ERR frame's message) not written: their source
+    # had its lines for the interval already
+    REMOTE_TEXT_SUPPRESSED_DROPS = 65
+    # ERR frames naming a live receiver from its address that its status messages went on
+    # to contradict within the grace (dropped: they change nothing)
+    ERR_CONTRADICTED_DROPS = 66
 
     @property
     def label(self) -> str:
@@ -301,6 +325,15 @@ DROP_CAUSES: Final[dict[SystemCounter, str]] = {
     SystemCounter.CRYPTO_AUTH_DROPS: "crypto-authentication-failed",
     SystemCounter.CRYPTO_REPLAY_DROPS: "crypto-replay",
     SystemCounter.CRYPTO_SEALED_AT_PLAIN_DROPS: "crypto-sealed-at-plain",
+    SystemCounter.SM_SOURCE_MISMATCH_DROPS: "status-message-from-another-host",
+    SystemCounter.SM_AHEAD_OF_SENDER_DROPS: "status-message-ahead-of-sender",
+    SystemCounter.NAK_UNKNOWN_SOURCE_DROPS: "nak-from-no-receiver",
+    SystemCounter.NAK_BUDGET_DROPS: "nak-over-retransmit-budget",
+    SystemCounter.ERR_SOURCE_MISMATCH_DROPS: "err-from-another-host",
+    SystemCounter.ERR_CONTRADICTED_DROPS: "err-contradicted",
+    SystemCounter.RATE_SIGNAL_UNKNOWN_SOURCE_DROPS: "rate-signal-from-no-receiver",
+    SystemCounter.RATE_SIGNAL_UNBACKED_DROPS: "rate-signal-unbacked",
+    SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS: "remote-text-suppressed",
 }
 
 

@@ -606,6 +606,22 @@ class DriverSettings:
         "second, so 3 s is three tries (slipstream).",
         low=_MS, high=_HOUR,
     )
+    retransmit_budget_percent: int = _int(
+        100,
+        "slipstream: what NAKs may make a publication resend, as a percentage of the new data "
+        "it sends (credit earned per byte sent), plus one term window per "
+        "retransmit_budget_interval, held to one term window; a NAK that finds no credit "
+        "left is dropped and counted (nak budget drops).  100 lets a NAK flood at most "
+        "double what the stream puts on the wire; a receiver losing 20 % needs about 25.  0 "
+        "= no budget (Aeron's: only max_resend and the resend window bound it).",
+        low=0, high=10_000,
+    )
+    retransmit_budget_interval: int = _duration(
+        1 * _S,
+        "The retransmit budget grows by one term window per this, whatever is sent (a stream "
+        "that stopped still repairs its tail), ns.",
+        low=_MS, high=_HOUR,
+    )
     debug_receive_data_loss: int = _int(
         0,
         "A test hook (as Aeron's debug receive channel endpoint): DATA datagrams arriving on "
@@ -674,6 +690,16 @@ class DriverSettings:
     image_liveness_timeout: int = _duration(
         10 * _S, "An image with no packets this long drains and closes, ns.", low=_MS
     )
+    receiver_rebind_timeout: int = _duration(
+        1 * _S,
+        "slipstream: a publication binds each receiver id to the host of its first status "
+        "message; while the receiver is live, status messages naming it from another host "
+        "are dropped (counted), unless its bound host sent none for this long (a NAT changed "
+        "the receiver's public address): then the new host takes the binding, ns; at most half "
+        "publication_connection_timeout.  Above status_message_timeout, so that a receiver "
+        "that keeps sending keeps its binding.",
+        low=_MS, high=_HOUR,
+    )
     # ---------------------------------------------------------------- flow control
     unicast_flow_control: str = _choice(
         "unicast", FLOW_CONTROLS,
@@ -699,6 +725,15 @@ class DriverSettings:
         0,
         "Receivers a min/tagged publication needs before it counts as connected (count).",
         low=0, high=INT32_MAX,
+    )
+    flow_control_admission_interval: int = _duration(
+        100 * _MS,
+        "slipstream: a new receiver holds a min/tagged publication back only once it was "
+        "heard consistently: three status messages over at least this, each within its "
+        "window of the sender limit and none ahead of what was sent; until then it does not "
+        "gate the sender (docs/PROTOCOL.md 5.7), ns.  0 admits at the first status message "
+        "(Aeron's).",
+        low=0, high=_HOUR,
     )
     # ---------------------------------------------------------------- back pressure
     backpressure_high_watermark: int = _int(

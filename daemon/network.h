@@ -339,7 +339,44 @@ typedef struct {
     int64_t spy_python_position;
     /* An encrypted channel's endpoint: every datagram sealed (NULL: plain, one branch). */
     ss_crypto_t *crypto;
+    /* Control only from the receivers' addresses (docs/PROTOCOL.md §5.7): the addresses the
+     * live receivers' status messages are bound to, which Python keeps (on the sender's
+     * thread) as its receivers come and go.  A NAK from another address is dropped here and
+     * counted (nak_unknown_source_drops); SS_CONTROL_SOURCES_UNKNOWN: more receivers than
+     * fit, every NAK goes up to Python, which checks it.  An SM taken here (sm_in_c) must
+     * come from sm_source, the address sm_receiver_id is bound to; one from elsewhere goes
+     * up to Python, which drops and counts it. */
+    int32_t control_source_count;
+    int32_t control_source_lengths[32];    /* SS_CONTROL_SOURCES_MAX */
+    uint8_t control_sources[32][32];       /* SS_CONTROL_SOURCES_MAX x SS_CONTROL_SOURCE_LENGTH */
+    int32_t sm_source_length;
+    uint8_t sm_source[32];                 /* SS_CONTROL_SOURCE_LENGTH */
+    int64_t *nak_unknown_source_drops;     /* system counter */
+    /* The retransmit budget (docs/PROTOCOL.md §5.7): credit in bytes that the resends of NAKs
+     * draw on.  It grows by retransmit_budget_percent % of each byte of new data sent (snd-pos
+     * since retransmit_credit_position) and by retransmit_budget_cap bytes per
+     * retransmit_budget_interval_ns of time, up to retransmit_budget_cap bytes; a NAK that
+     * finds none left is dropped and counted (nak_budget_drops).  retransmit_budget_cap 0:
+     * no budget (Aeron's behaviour). */
+    int64_t retransmit_budget_cap;
+    int64_t retransmit_budget_percent;
+    int64_t retransmit_budget_interval_ns;
+    int64_t retransmit_credit;
+    int64_t retransmit_credit_position;
+    int64_t retransmit_credit_time_ns;
+    int64_t *nak_budget_drops;             /* system counter */
 } ss_send_publication_t;
+#define SS_CONTROL_SOURCES_MAX 32
+#define SS_CONTROL_SOURCE_LENGTH 32
+#define SS_CONTROL_SOURCES_UNKNOWN -1
+
+/* Whether `source` (a struct sockaddr of source_length bytes) may send p control frames that
+ * name no receiver (NAKs): it is one of control_sources, or control_source_count is
+ * SS_CONTROL_SOURCES_UNKNOWN (1: Python decides).  A NULL source is never one. */
+int32_t ss_publication_control_source_known(const ss_send_publication_t *p, const uint8_t *source,
+                                            int32_t source_length);
+/* Fill p's retransmit credit to now_ns (see retransmit_budget_cap) and return it (bytes). */
+int64_t ss_retransmit_credit(ss_send_publication_t *p, int64_t now_ns);
 
 /* The position p's log is consumed to, which pub-lmt and cleaning follow: the least of snd-pos,
  * the spy hold and each spy's position (ss_subscriber_position_bounded by snd-pos).  Ordered

@@ -64,10 +64,28 @@ static ss_send_publication_t *find_publication(const ss_receiver_t *r, int32_t s
     }
 }
 
+static int same_source(const uint8_t *a, int32_t a_length, const uint8_t *b, int32_t b_length);
+
+int32_t ss_publication_control_source_known(const ss_send_publication_t *p, const uint8_t *source,
+                                            int32_t source_length) {
+    if (p->control_source_count == SS_CONTROL_SOURCES_UNKNOWN) return 1;
+    if (source == NULL) return 0;
+    const int32_t n = p->control_source_count < SS_CONTROL_SOURCES_MAX ? p->control_source_count
+                                                                       : SS_CONTROL_SOURCES_MAX;
+    for (int32_t i = 0; i < n; i++) {
+        if (same_source(p->control_sources[i], p->control_source_lengths[i], source,
+                        source_length)) return 1;
+    }
+    return 0;
+}
+
 /* A NAK at a send endpoint: answered here when its publication is in the table and needs no
- * timer; anything else (malformed, unknown, a delayed resend) goes up to Python, which
+ * timer, and it came from one of the publication's receivers (a NAK names none: its source
+ * must be the address a live receiver's status messages come from, else it is dropped and
+ * counted); anything else (malformed, unknown, a delayed resend) goes up to Python, which
  * counts or answers it with the same rules. */
-static int32_t on_nak(ss_receiver_t *r, const uint8_t *data, int32_t length, int64_t now_ns) {
+static int32_t on_nak(ss_receiver_t *r, const uint8_t *data, int32_t length,
+                      const uint8_t *source, int32_t source_length, int64_t now_ns) {
     if (length < SS_NAK_LENGTH) return SS_RX_TO_PYTHON;
     const int32_t frame_length = read_i32(data);
     if (frame_length < SS_NAK_LENGTH || frame_length > length) return SS_RX_TO_PYTHON;
@@ -76,6 +94,10 @@ static int32_t on_nak(ss_receiver_t *r, const uint8_t *data, int32_t length, int
     if (p == NULL || !p->answers_naks || p->retransmit_delay_ns != 0) return SS_RX_TO_PYTHON;
     count(r->counters.bytes_received, length);
     count(p->naks_received, 1);
+    if (!ss_publication_control_source_known(p, source, source_length)) {
+        count(p->nak_unknown_source_drops, 1);
+        return SS_RX_CONSUMED;
+    }
     ss_retransmit_on_nak(p, read_i32(data + SS_NAK_TERM_ID_FIELD), read_i32(data + SS_NAK_TERM_OFFSET_FIELD),
                          read_i32(data + SS_NAK_LENGTH_FIELD), now_ns);
     return SS_RX_CONSUMED;
@@ -100,6 +122,7 @@ static int is_subscribed(const ss_receiver_t *r, int32_t stream_id) {
 
 /* The address part of a struct sockaddr (family, port, address; not padding or scope). */
 static int same_source(const uint8_t *a, int32_t a_length, const uint8_t *b, int32_t b_length) {
+    if (a == NULL || b == NULL) return 0;
     if (a_length < 2 || b_length < 2) return 0;
     sa_family_t family_a, family_b;
     memcpy(&family_a, a, sizeof family_a);
@@ -273,9 +296,10 @@ static void flush_signals(ss_receiver_t *r) {
 }
 
 /* A status message at a send endpoint: taken here when its publication reads SMs in C
- * (ss_send_publication_t.sm_in_c), else up to Python (which also counts what is invalid). */
+ * (ss_send_publication_t.sm_in_c) and it came from the address its receiver is bound to
+ * (sm_source), else up to Python (which also counts what is invalid or forged). */
 static int32_t on_status_message(ss_receiver_t *r, const uint8_t *data, int32_t length,
-                                 int64_t now_ns) {
+                                 const uint8_t *source, int32_t source_length, int64_t now_ns) {
     if (length < SS_SM_LENGTH || read_i32(data) != SS_SM_LENGTH || data[SS_FLAGS_FIELD] != 0)
         return SS_RX_TO_PYTHON;
     ss_send_publication_t *p = find_publication(r, read_i32(data + SS_SM_SESSION_ID_FIELD),
@@ -287,7 +311,9 @@ static int32_t on_status_message(ss_receiver_t *r, const uint8_t *data, int32_t 
     int32_t window = read_i32(data + SS_SM_RECEIVER_WINDOW_FIELD);
     const int32_t term_count = (int32_t)((uint32_t)read_i32(data + SS_SM_CONSUMPTION_TERM_ID_FIELD) -
                                          (uint32_t)p->initial_term_id);
-    if (receiver_id != p->sm_receiver_id || term_count < 0 || term_offset < 0 ||
+    if (receiver_id != p->sm_receiver_id ||
+        !same_source(p->sm_source, p->sm_source_length, source, source_length) ||
+        term_count < 0 || term_offset < 0 ||
         term_offset > p->term_length || window < 0)
         return SS_RX_TO_PYTHON;
     const int64_t position = ((int64_t)term_count << p->position_bits) + term_offset;
@@ -340,8 +366,9 @@ static int32_t on_datagram(ss_receiver_t *r, const uint8_t *data, int32_t length
         return SS_RX_CONSUMED;
     }
     uint16_t type = read_u16(data + SS_TYPE_FIELD);
-    if (type == SS_HDR_TYPE_NAK) return on_nak(r, data, length, now_ns);
-    if (type == SS_HDR_TYPE_SM) return on_status_message(r, data, length, now_ns);
+    if (type == SS_HDR_TYPE_NAK) return on_nak(r, data, length, source, source_length, now_ns);
+    if (type == SS_HDR_TYPE_SM)
+        return on_status_message(r, data, length, source, source_length, now_ns);
     if (type != SS_HDR_TYPE_DATA && type != SS_HDR_TYPE_PAD) return SS_RX_TO_PYTHON;
     if (length < SS_HEADER_LENGTH) {
         count(r->counters.invalid_packets, 1);

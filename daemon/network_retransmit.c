@@ -44,7 +44,43 @@ int32_t ss_resend(ss_send_publication_t *p, int32_t term_id, int32_t term_offset
         remaining -= (int64_t)available + padding;
     }
     if (total > 0) count(p->retransmits_sent, 1);
+    if (p->retransmit_budget_cap > 0 && total > 0) {
+        /* In debt by at most a cap: the resends of one NAK may outrun what was left. */
+        p->retransmit_credit -= total;
+        if (p->retransmit_credit < -p->retransmit_budget_cap)
+            p->retransmit_credit = -p->retransmit_budget_cap;
+    }
     return offset - term_offset;
+}
+
+int64_t ss_retransmit_credit(ss_send_publication_t *p, int64_t now_ns) {
+    const int64_t cap = p->retransmit_budget_cap;
+    if (cap <= 0) return INT64_MAX;
+    int64_t credit = p->retransmit_credit;
+    const int64_t position = LOAD_ACQ(p->sender_position);
+    const int64_t sent = position - p->retransmit_credit_position;
+    if (sent > 0) {
+        /* A share of the new data sent: what a receiver may have lost of it. */
+        if (sent / 100 >= cap) credit = cap;
+        else credit += sent / 100 * p->retransmit_budget_percent +
+                       sent % 100 * p->retransmit_budget_percent / 100;
+        p->retransmit_credit_position = position;
+    }
+    const int64_t elapsed = now_ns - p->retransmit_credit_time_ns;
+    if (elapsed > 0 && p->retransmit_budget_interval_ns > 0) {
+        /* And a cap per interval, so that a stream that stopped still repairs its tail.  The
+         * clock moves on only with whole bytes credited (frequent calls lose nothing). */
+        int64_t earned = elapsed >= p->retransmit_budget_interval_ns
+                             ? cap
+                             : (int64_t)((__int128)cap * elapsed / p->retransmit_budget_interval_ns);
+        if (earned > 0) {
+            credit += earned;
+            p->retransmit_credit_time_ns = now_ns;
+        }
+    }
+    if (credit > cap) credit = cap;
+    p->retransmit_credit = credit;
+    return credit;
 }
 
 static void resent(ss_send_publication_t *p, ss_retransmit_action_t *action, int32_t taken,
@@ -118,6 +154,12 @@ void ss_retransmit_on_nak(ss_send_publication_t *p, int32_t term_id, int32_t ter
     }
     if (available == NULL) {
         count(p->retransmit_overflow, 1);
+        return;
+    }
+    /* The budget (network.h, retransmit_budget_cap): a NAK beyond it is dropped, however
+     * many come; the receiver's next NAK, once credit came back, is answered. */
+    if (p->retransmit_budget_cap > 0 && ss_retransmit_credit(p, now_ns) <= 0) {
+        count(p->nak_budget_drops, 1);
         return;
     }
     if (available->state == SS_ACTION_INACTIVE) p->active_count++;

@@ -87,6 +87,8 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "mdc_join": "",
     "mdc_candidates_max": 64,
     "mdc_validation_timeout": 3 * S,
+    "retransmit_budget_percent": 100,  # issue 59: NAKs at most double what is sent
+    "retransmit_budget_interval": 1 * S,
     "debug_receive_data_loss": 0,  # Aeron: aeron.debug.receive.data.loss.rate, off
     "debug_receive_data_loss_seed": 1,
     "debug_conductor_gil_hold": 0,
@@ -99,11 +101,13 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "publication_unblock_timeout": 15 * S,
     "publication_connection_timeout": 5 * S,
     "image_liveness_timeout": 10 * S,
+    "receiver_rebind_timeout": 1 * S,
     "unicast_flow_control": "unicast",
     "multicast_flow_control": "max",
     "flow_control_receiver_timeout": 5 * S,
     "flow_control_group_tag": -1,
     "flow_control_group_min_size": 0,
+    "flow_control_admission_interval": 100 * MS,
     "backpressure_high_watermark": 100,  # slipstream's (docs/BACKPRESSURE.md)
     "backpressure_low_watermark": 50,
     "untethered_window_limit_timeout": 5 * S,

@@ -451,7 +451,8 @@ def test_each_response_publication_sends_to_the_one_client_that_asked(shm: Path)
     channel.on_control(StatusMessage(8, 6, 0, 0, 0, 2, SM_SEND_SETUP_FLAG).encode(), client_b, 2)
     assert _destination_of(second) == client_b
 
-    channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 1, 0).encode(), client_b, 3)
+    # (Of another receiver: one of receiver 1 would bind it to its host, §5.7.)
+    channel.on_control(StatusMessage(5, 6, 10, 0, 65536, 7, 0).encode(), client_b, 3)
     assert _destination_of(first) == client_a  # a plain SM teaches nothing
     channel.on_control(StatusMessage(5, 6, 0, 0, 0, 1, SM_SEND_SETUP_FLAG).encode(),
                        ("224.0.1.1", 9), 4)

@@ -391,7 +391,11 @@ def test_an_event_within_a_pass_sets_the_rules_set_at_once_and_no_other(
         elif event == "refuse_offers":
             pub.apply_pressure_step(4)
         else:
+            # The receiver's ERR counts once its grace passed with no SM of it (§5.7): the
+            # pass that finds it so is the event.
             pub.on_frame(ErrorFrame(5, 6, 99, 1, "no"), DEST, 2)
+            assert pub.is_connected
+            pub.datagrams_to_send(2 + 2 * DriverSettings().status_message_timeout)
             assert not pub.is_connected
         after = _publication_fields(pub)
         changed = {name for name in before if before[name] != after[name]}

@@ -108,10 +108,12 @@ def test_a_window_the_receive_buffer_cannot_hold_names_the_key_as_the_setting_do
 def test_flow_control_comes_from_fc_else_the_setting_for_the_channel_kind() -> None:
     assert network("aeron:udp?endpoint=10.0.0.1:4000").flow_control == FlowControlParams(
         "unicast", SETTINGS.flow_control_group_tag, SETTINGS.flow_control_group_min_size,
-        SETTINGS.flow_control_receiver_timeout)
+        SETTINGS.flow_control_receiver_timeout,
+        admission_interval_ns=SETTINGS.flow_control_admission_interval)
     assert network("aeron:udp?endpoint=224.0.1.1:4000").flow_control.name == "max"
     tagged = network("aeron:udp?endpoint=224.0.1.1:4000|fc=tagged,g:99/2,t:1s").flow_control
-    assert tagged == FlowControlParams("tagged", 99, 2, 1000 * MS)
+    assert tagged == FlowControlParams("tagged", 99, 2, 1000 * MS,
+                                       admission_interval_ns=100 * MS)
 
 
 def test_rate_control_comes_from_rc_with_seed_001s_values_for_what_it_leaves_out() -> None:

@@ -267,7 +267,7 @@ def _fake_driver_directory(path: Path) -> int:
     fd = os.open(path / "driver.lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.pwrite(fd, f"slipstream driver directory\ncreated: yes\npid: {os.getpid()}\n".encode(), 0)
-    counters = CountersFile.create(path / "counters.dat", 64)
+    counters = CountersFile.create(path / "counters.dat", 256)
     counters.beat(time.time_ns())
     counters.close()
     report = LossReport(path / "loss-report.dat", capacity=4)

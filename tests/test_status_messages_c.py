@@ -224,15 +224,15 @@ def test_an_sm_past_the_sender_position_is_handed_to_python_which_counts_and_dro
         sender: Sender, beyond: int) -> None:
     """No honest receiver acknowledges what was never sent (§3.3): an SM whose position is
     beyond snd-pos (in this term, the next or a later one) is not taken in C but handed up,
-    and the Python half counts it in INVALID_PACKETS and drops it; snd-lmt, the acknowledged
-    position and the state kept for the Python half stay as they were."""
+    and the Python half counts it in SM_AHEAD_OF_SENDER_DROPS and drops it; snd-lmt, the
+    acknowledged position and the state kept for the Python half stay as they were."""
     limit, taken, acknowledged = sender.snd_lmt, sender.c_took, sender.pub._receivers.acknowledged()
-    invalid = sender.counters[SystemCounter.INVALID_PACKETS]
+    ahead = sender.counters[SystemCounter.SM_AHEAD_OF_SENDER_DROPS]
     frame = sm(sender.snd_pos + beyond, WINDOW)
     sender.deliver(frame)
     assert sender.passed_up == [frame.encode()]
     assert sender.c_took == taken and sender.snd_lmt == limit
-    assert sender.counters[SystemCounter.INVALID_PACKETS] == invalid + 1
+    assert sender.counters[SystemCounter.SM_AHEAD_OF_SENDER_DROPS] == ahead + 1
     assert sender.pub._receivers.acknowledged() == acknowledged
     assert sender.pub.c.sm_in_c  # nothing of it changed who takes the next one
 

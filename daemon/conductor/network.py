@@ -276,7 +276,7 @@ class NetworkConductor:
         elif isinstance(event, SpyUnlinked):
             self._spy_subscriptions.on_spy_unlinked(event)
         elif isinstance(event, PublicationRejected):
-            self._send_side.on_publication_rejected(event)
+            self._send_side.on_publication_rejected(event, now_ns)
         elif isinstance(event, EndpointRemoved):
             if isinstance(event.channel, SendChannel):
                 self._send_side.on_endpoint_removed(event)

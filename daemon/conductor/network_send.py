@@ -87,6 +87,7 @@ from slipstream.daemon.pressure.episodes import (
 )
 from slipstream.daemon.protocol.params import PublicationParams
 from slipstream.daemon.protocol.types import Address
+from slipstream.daemon.reports.error_log import RemoteTextLimiter, escape_remote_text
 from slipstream.daemon.streams.image import PublicationImage
 from slipstream.daemon.streams.publication import NetworkPublication, SenderPositions
 
@@ -125,6 +126,8 @@ class SendSide:
         self.subscriptions = subscriptions
         self._receive_endpoints = receive_endpoints
         self._spy_subscriptions = spy_subscriptions
+        #: How much of the text receivers send (ERR reasons) reaches the log.
+        self._remote_text = RemoteTextLimiter()
 
     # -- publications and their send endpoints ------------------------------------------------
     def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
@@ -339,14 +342,19 @@ class SendSide:
             self._close_endpoint(endpoint_entry)
         return out
 
-    def on_publication_rejected(self, event: PublicationRejected) -> None:
-        """A receiver refused a publication's image (at most once a second a receiver): an
-        error, counted and logged."""
+    def on_publication_rejected(self, event: PublicationRejected, now_ns: int) -> None:
+        """A receiver refused a publication's image: an error, counted and logged, its
+        reason (text the remote host chose) escaped and cut, at most
+        REMOTE_LINES_PER_INTERVAL lines per host per REMOTE_INTERVAL_NS; the lines past
+        that count REMOTE_TEXT_SUPPRESSED_DROPS."""
         for (host, port), reason in event.rejections:
             self.counters.add(SystemCounter.ERRORS)
+            if not self._remote_text.allow(host, now_ns):
+                self.counters.add(SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS)
+                continue
             log.error("the receiver at %s:%d refused the image of session %d "
                       "stream %d: %s", host, port, event.publication.session_id,
-                      event.publication.stream_id, reason)
+                      event.publication.stream_id, escape_remote_text(reason))
 
     def _close_endpoint(self, entry: _SendEndpointEntry) -> None:
         """The sender drops the endpoint; then :class:`EndpointRemoved` closes its socket

@@ -47,6 +47,9 @@ class FlowControl(Strategy):
     def __init__(self) -> None:
         #: The last receiver window seen in an SM (bytes); bounds retransmissions.
         self.receiver_window = 0
+        #: snd-pos as the publication last told it (bytes): it sets it before each SM and
+        #: idle pass (min and tagged admission read it).
+        self.sender_position = 0
 
     @classmethod
     @abc.abstractmethod

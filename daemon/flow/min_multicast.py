@@ -13,6 +13,24 @@ from slipstream.daemon.protocol.types import Address
 
 # (aeron_flow_control.h AERON_MIN_FLOW_CONTROL_RETRANSMIT_RECEIVER_WINDOW_MULTIPLE)
 MIN_RETRANSMIT_WINDOW_MULTIPLE = 16
+#: Status messages a new receiver sends, over at least the admission interval, before it
+#: may hold the sender back (docs/PROTOCOL.md §5.7).
+ADMISSION_STATUS_MESSAGES = 3
+#: Receivers being heard at once at most: an SM naming yet another new receiver waits until
+#: one is admitted or forgotten (a flood of receiver ids costs bounded memory).
+ADMISSION_CANDIDATES_MAX = 1024
+
+
+class _Candidate:
+    """A receiver not admitted yet: since when it has been heard consistently, how many
+    status messages, and its last position + window."""
+
+    __slots__ = ("count", "first_ns", "last_ns", "limit")
+
+    def __init__(self, limit: int, now_ns: int) -> None:
+        self.first_ns = self.last_ns = now_ns
+        self.count = 1
+        self.limit = limit
 
 
 class _Receiver:
@@ -43,6 +61,15 @@ class MinMulticastFlowControl(FlowControl):
     * :meth:`on_idle` drops receivers silent for ``receiver_timeout_ns`` and those flagged
       end-of-stream (an EOS SM or an ERR naming them: they stay counted until then), and
       gives the minimum itself, so a receiver that joined behind pulls the limit back;
+    * admission (slipstream's, docs/PROTOCOL.md §5.7; ``admission_interval_ns`` 0 turns it
+      off, as Aeron): a new receiver is tracked only once it was heard consistently, three
+      SMs over at least ``admission_interval_ns``, each one past the last or with all that
+      was sent (``sender_position``), none a window behind the one before (none ahead of
+      snd-pos reaches it); until then it does not hold the sender back.  A receiver of the
+      stream's start (its SM before the stream sent its first window, with all of it) is
+      admitted at once: the receivers of a new stream join together, and one slower than
+      the stream would be over-run while it waited.  A receiver admitted that then stops
+      still holds the sender until ``receiver_timeout_ns``: that is what min means;
     * join protection: after an S-flagged SM from a receiver it does not track, the limit at
       the next SETUP caps the computed limit until a new receiver is added or one receiver
       timeout passes, so a newcomer can join before the window moves on (Aeron caps on any
@@ -54,11 +81,16 @@ class MinMulticastFlowControl(FlowControl):
     retransmit_window_multiple = MIN_RETRANSMIT_WINDOW_MULTIPLE
     tracks_receivers = True
 
-    def __init__(self, *, receiver_timeout_ns: int, group_min_size: int = 0) -> None:
+    def __init__(self, *, receiver_timeout_ns: int, group_min_size: int = 0,
+                 admission_interval_ns: int = 0) -> None:
         super().__init__()
         self.receiver_timeout_ns = receiver_timeout_ns
         self.group_min_size = group_min_size
+        self.admission_interval_ns = admission_interval_ns
         self.receivers: dict[int, _Receiver] = {}
+        #: Receivers being heard before they are admitted (admission_interval_ns > 0).
+        self.candidates: dict[int, _Candidate] = {}
+        self._start_position: int | None = None  # snd-pos at the first SM
         #: Receivers that asked for a SETUP (S-flagged SM) and are not tracked yet.
         self._setup_requesters: set[int] = set()
         self._last_setup_limit: int | None = None
@@ -67,7 +99,45 @@ class MinMulticastFlowControl(FlowControl):
     @classmethod
     def from_params(cls, params: FlowControlParams) -> Self:
         return cls(receiver_timeout_ns=params.receiver_timeout_ns,
-                   group_min_size=params.group_min_size)
+                   group_min_size=params.group_min_size,
+                   admission_interval_ns=params.admission_interval_ns)
+
+    def _admitted(self, sm: StatusMessage, limit: int, now_ns: int) -> bool:
+        """Whether a new receiver's SM (``limit``: its position + window) completes its
+        admission; records it as a candidate otherwise."""
+        if self.admission_interval_ns <= 0:
+            return True
+        window = sm.receiver_window
+        position = limit - window
+        if self._start_position is None:
+            self._start_position = self.sender_position
+        if (self.sender_position - self._start_position <= window
+                and position >= self.sender_position):
+            # The stream has not sent its first window yet, and it has all of it: a receiver
+            # of the stream's start (they join together, with the SETUP), admitted at once.
+            self.candidates.pop(sm.receiver_id, None)
+            return True
+        candidate = self.candidates.get(sm.receiver_id)
+        # Consistent: it moved on since its last SM, or it has all that was sent, and it
+        # never went a window backwards.
+        consistent = candidate is None or (
+            (limit > candidate.limit or position >= self.sender_position)
+            and limit >= candidate.limit - window)
+        if not consistent:
+            self.candidates.pop(sm.receiver_id, None)
+            return False
+        if candidate is None:
+            if len(self.candidates) < ADMISSION_CANDIDATES_MAX:
+                self.candidates[sm.receiver_id] = _Candidate(limit, now_ns)
+            return False
+        candidate.count += 1
+        candidate.last_ns = now_ns
+        candidate.limit = limit
+        if (candidate.count < ADMISSION_STATUS_MESSAGES
+                or now_ns - candidate.first_ns < self.admission_interval_ns):
+            return False
+        del self.candidates[sm.receiver_id]
+        return True
 
     def _matches(self, sm: StatusMessage) -> bool:
         return True
@@ -100,7 +170,7 @@ class MinMulticastFlowControl(FlowControl):
                 receiver.time_of_last_sm_ns = now_ns
                 receiver.source = source
                 receiver.eos_flagged = sm.is_eos
-            elif not sm.is_eos:
+            elif not sm.is_eos and self._admitted(sm, limit, now_ns):
                 current = self._minimum(now_ns)
                 if current is None or limit >= current - sm.receiver_window:
                     self.receivers[sm.receiver_id] = _Receiver(sm.receiver_id, limit, now_ns,
@@ -122,6 +192,9 @@ class MinMulticastFlowControl(FlowControl):
                 if r.eos_flagged or r.time_of_last_sm_ns + timeout - now_ns < 0]
         for rid in gone:
             del self.receivers[rid]
+        silent = [rid for rid, c in self.candidates.items() if c.last_ns + timeout - now_ns < 0]
+        for rid in silent:
+            del self.candidates[rid]
         if not self.receivers or len(self.receivers) < self.group_min_size:
             return sender_limit
         minimum = self._minimum(now_ns)
@@ -142,6 +215,7 @@ class MinMulticastFlowControl(FlowControl):
         self._setup_requesters.clear()
 
     def on_error(self, err: ErrorFrame, now_ns: int) -> None:
+        self.candidates.pop(err.receiver_id, None)
         receiver = self.receivers.get(err.receiver_id)
         if receiver is not None:
             receiver.eos_flagged = True

@@ -21,14 +21,16 @@ class TaggedMulticastFlowControl(MinMulticastFlowControl):
     uri = strategy_grammar.TAGGED
 
     def __init__(self, *, group_tag: int, receiver_timeout_ns: int,
-                 group_min_size: int = 0) -> None:
-        super().__init__(receiver_timeout_ns=receiver_timeout_ns, group_min_size=group_min_size)
+                 group_min_size: int = 0, admission_interval_ns: int = 0) -> None:
+        super().__init__(receiver_timeout_ns=receiver_timeout_ns, group_min_size=group_min_size,
+                         admission_interval_ns=admission_interval_ns)
         self.group_tag = group_tag
 
     @classmethod
     def from_params(cls, params: FlowControlParams) -> Self:
         return cls(group_tag=params.group_tag, receiver_timeout_ns=params.receiver_timeout_ns,
-                   group_min_size=params.group_min_size)
+                   group_min_size=params.group_min_size,
+                   admission_interval_ns=params.admission_interval_ns)
 
     def _matches(self, sm: StatusMessage) -> bool:
         return sm.group_tag == self.group_tag

@@ -35,6 +35,7 @@ from slipstream.daemon.protocol.types import (
     Datagram,
     ProtocolCounters,
     hash_table_slots,
+    sockaddr,
 )
 from slipstream.daemon.streams.publication import NetworkPublication
 
@@ -135,11 +136,12 @@ class SendChannel:
     def on_datagram(self, data: bytes | bytearray | memoryview, source: Address,
                     now_ns: int) -> None:
         """One datagram arriving at the endpoint, through the C dispatch (as the socket path
-        does) and, unless it answered it there (a NAK), :meth:`on_control`.  The dispatch has
-        no images, so it never reads the source address."""
+        does) and, unless it answered it there (a NAK), :meth:`on_control`.  The dispatch
+        reads the source address: a NAK counts only from a receiver's."""
+        raw = sockaddr(source)
         with network_ffi.from_buffer(data) as buffer:
-            verdict = network.ss_receiver_on_datagram(self.c, buffer, len(buffer),
-                                                      network_ffi.NULL, 0, now_ns)
+            verdict = network.ss_receiver_on_datagram(self.c, buffer, len(buffer), raw,
+                                                      len(raw), now_ns)
         if verdict == network.SS_RX_TO_PYTHON:
             self.on_control(data, source, now_ns)
 
@@ -178,6 +180,9 @@ class SendChannel:
                     ResponseSetupArrived(correlation_id, frame.response_session_id))
             return
         if publication is not None:
+            if isinstance(frame, StatusMessage) and not publication.admits_status_message(
+                    frame, source, now_ns):
+                return  # a live receiver's id from another address: forged or stray, counted
             if (isinstance(frame, StatusMessage) and table is not None
                     and table.mode is ControlMode.DYNAMIC):
                 table.on_status_message(source, now_ns, len(data))  # a destination's: alive

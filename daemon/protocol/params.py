@@ -84,6 +84,8 @@ class FlowControlParams:
     group_min_size: int  # min, tagged: receivers required before the sender moves
     receiver_timeout_ns: int  # min, tagged: how long a silent receiver still counts
     options: StrategyOptions = StrategyOptions()
+    #: min, tagged: how long a new receiver is heard before it may hold the sender back.
+    admission_interval_ns: int = 0
 
 
 @attrs.frozen
@@ -204,8 +206,9 @@ class PublicationParams:
             signal_eos=_or(channel.eos, True),
             setup_ttl=channel.ttl or 0,
             max_resend=channel.max_resend or settings.max_resend,
-            flow_control=FlowControlParams(name=name, **flow_control,
-                                           options=flow_control_options),
+            flow_control=FlowControlParams(
+                name=name, **flow_control, options=flow_control_options,
+                admission_interval_ns=settings.flow_control_admission_interval),
             rate_control=rate_control,
             priority=channel.priority or 0,
             spies_simulate_connection=channel.ssc is True,

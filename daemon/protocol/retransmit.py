@@ -25,11 +25,18 @@ a NAK is per-datagram work, and the send endpoint's C dispatch answers it (for t
 socket and the simulator's virtual network alike) without a trip through Python; NAKs it leaves
 (a retransmit delay needs a timer) come to the publication's Python, which calls the same
 functions through this class.  Times in ns, offsets and lengths in bytes.
+
+The budget (:class:`RetransmitBudget`, slipstream's; Aeron bounds resends only by
+``aeron.max.resend`` and the resend window): a NAK that arrives when the publication has
+resent its credit is dropped (``NAK_BUDGET_DROPS``), so that NAKs, which cost a sender 32
+bytes each to receive, cannot make it send more than the budget allows.
 """
 
 from __future__ import annotations
 
 import enum
+
+import attrs
 
 from slipstream.client.counters import SystemCounter
 from slipstream.daemon._network import lib as network
@@ -42,6 +49,21 @@ class ActionState(enum.IntEnum):
     LINGERING = network.SS_ACTION_LINGERING
 
 
+@attrs.frozen
+class RetransmitBudget:
+    """What NAKs may make one publication resend (docs/PROTOCOL.md §5.7): a bucket of
+    ``cap`` bytes (its term window), full at the start, that earns ``percent`` % of each
+    byte of new data sent and ``cap`` bytes per ``interval_ns``; a NAK that finds it empty is
+    dropped and counted (``NAK_BUDGET_DROPS``).  ``position`` and ``now_ns``: where and when
+    it starts."""
+
+    percent: int
+    interval_ns: int
+    cap: int
+    position: int
+    now_ns: int
+
+
 class RetransmitHandler:
     """NAK → resend policy for one publication, kept in its C struct ``c``.
 
@@ -49,7 +71,9 @@ class RetransmitHandler:
     """
 
     def __init__(self, c, *, counters: ProtocolCounters, delay_ns: int, linger_ns: int,
-                 has_group_semantics: bool = False, max_resend: int = 16) -> None:
+                 has_group_semantics: bool = False, max_resend: int = 16,
+                 budget: RetransmitBudget | None = None) -> None:
+        """``budget``: what NAKs may make it resend per interval (None: no budget)."""
         if not 1 <= max_resend <= network.SS_RETRANSMIT_ACTIONS_MAX:
             raise ValueError(f"max_resend {max_resend} is not in "
                              f"[1, {network.SS_RETRANSMIT_ACTIONS_MAX}]")
@@ -64,6 +88,18 @@ class RetransmitHandler:
         c.retransmits_sent = counters.address(SystemCounter.RETRANSMITS_SENT)
         c.retransmit_overflow = counters.address(SystemCounter.RETRANSMIT_OVERFLOW)
         c.invalid_packets = counters.address(SystemCounter.INVALID_PACKETS)
+        c.nak_budget_drops = counters.address(SystemCounter.NAK_BUDGET_DROPS)
+        if budget is not None and budget.percent > 0:
+            c.retransmit_budget_cap = budget.cap
+            c.retransmit_budget_percent = budget.percent
+            c.retransmit_budget_interval_ns = budget.interval_ns
+            c.retransmit_credit = budget.cap  # a full bucket to start
+            c.retransmit_credit_position = budget.position
+            c.retransmit_credit_time_ns = budget.now_ns
+
+    def credit(self, now_ns: int) -> int:
+        """The retransmit credit left at ``now_ns`` (bytes; very large without a budget)."""
+        return network.ss_retransmit_credit(self.c, now_ns)
 
     @property
     def active_count(self) -> int:

@@ -17,6 +17,7 @@ Conventions used across the core:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import struct
@@ -90,6 +91,7 @@ _SOCKADDR_IN = struct.Struct("=H2s4s8x")  # family (native), port (network order
 _SOCKADDR_IN6 = struct.Struct("=H2sI16sI")  # family, port, flow info, address, scope id
 
 
+@functools.lru_cache(maxsize=1024)  # a send endpoint's control comes from a few receivers
 def sockaddr(address: Address) -> bytes:
     """``(ip, port)`` (an IP literal, v4 or v6) as a ``struct sockaddr_in``/``_in6``."""
     host, port = address

@@ -38,6 +38,66 @@ _NUMBER = re.compile(r"\d+")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")  # reprs of objects: one error, wherever they live
 
 
+#: Text a remote host chose (an ERR frame's message) goes to the log at most this long, in
+#: characters, escaped (:func:`escape_remote_text`).
+REMOTE_TEXT_MAX = 200
+#: Lines of such text per source host per interval (:class:`RemoteTextLimiter`).
+REMOTE_LINES_PER_INTERVAL = 5
+REMOTE_INTERVAL_NS = 10_000_000_000
+#: Source hosts the limiter remembers at once: past it, those of past intervals go first.
+REMOTE_SOURCES_MAX = 1024
+
+
+def escape_remote_text(text: str, limit: int = REMOTE_TEXT_MAX) -> str:
+    """``text`` as a log line may hold text another host chose: printable ASCII as it is
+    (a backslash doubled), everything else escaped (``\\n``, ``\\xNN``, ``\\uNNNN``), cut
+    to ``limit`` characters with ``...`` when longer.  No line break, terminal escape or
+    look-alike character reaches the log."""
+    out: list[str] = []
+    length = 0
+    for character in text:
+        if character == "\\":
+            piece = "\\\\"
+        elif " " <= character <= "~":
+            piece = character
+        else:
+            piece = character.encode("unicode_escape").decode("ascii")
+        if length + len(piece) > limit:
+            out.append("...")
+            break
+        out.append(piece)
+        length += len(piece)
+    return "".join(out)
+
+
+class RemoteTextLimiter:
+    """At most ``lines`` log lines of remote text per source host per ``interval_ns``
+    (sans-I/O: the caller passes the time)."""
+
+    def __init__(self, lines: int = REMOTE_LINES_PER_INTERVAL,
+                 interval_ns: int = REMOTE_INTERVAL_NS,
+                 sources_max: int = REMOTE_SOURCES_MAX) -> None:
+        self.lines = lines
+        self.interval_ns = interval_ns
+        self.sources_max = sources_max
+        self._windows: dict[str, tuple[int, int]] = {}  # host -> (interval start, lines)
+
+    def allow(self, host: str, now_ns: int) -> bool:
+        """Whether a line from ``host`` may go to the log at ``now_ns`` (counts it if so)."""
+        start, lines = self._windows.get(host, (now_ns, 0))
+        if now_ns - start >= self.interval_ns:
+            start, lines = now_ns, 0
+        if lines >= self.lines:
+            return False
+        if host not in self._windows and len(self._windows) >= self.sources_max:
+            self._windows = {h: w for h, w in self._windows.items()
+                             if now_ns - w[0] < self.interval_ns}
+            if len(self._windows) >= self.sources_max:
+                return False  # that many hosts at once: the rest wait for the interval
+        self._windows[host] = (start, lines + 1)
+        return True
+
+
 @attrs.define
 class ErrorEntry:
     """One distinct error: how often, first and last time (epoch ns), the last message."""

@@ -86,7 +86,8 @@ RULES: tuple[Rule, ...] = (
          at_once=False),
     Rule(PUBLICATION, "status messages: snd-lmt", PYTHON, "sm_in_c",
          "ACTIVE, connected, `fc=unicast`, no `rc=`, one live receiver, no SETUP elicited; "
-         "per SM, a valid one from that receiver with no flags and no group tag",
+         "per SM, a valid one from that receiver's bound address (§5.7) with no flags and no "
+         "group tag",
          "any of those ending; any other SM goes up to Python",
          at_once=False),
     Rule(PUBLICATION, "the liveness timer of the receiver whose SMs C takes", PYTHON, "sm_in_c",
@@ -196,7 +197,8 @@ PUBLICATION_THREADS: dict[str, str] = _owned(
     conductor="spy_hold",  # lowered while a spy links; the C half reads it (network.h)
     sender="""c cleaner close stop_credit add_spy remove_spy apply_pressure_step
         datagrams_to_send due next_deadline_ns next_due_ns python_deadline_ns
-        python_send_position on_data_sent on_frame take_c_status_messages sync_c_half
+        python_send_position on_data_sent on_frame admits_status_message take_c_status_messages
+        sync_c_half
         publish_status state is_done is_connected is_flushed is_end_of_stream
         is_setup_elicited has_initial_connection has_live_receiver has_receiver_at
         has_receivers has_received_unicast_eos learns_destinations credit_stop_position

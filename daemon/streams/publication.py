@@ -88,11 +88,12 @@ from slipstream.daemon.flow.registry import rate_control_for
 from slipstream.daemon.pressure.governor import COALESCE_NS, TOP_STEP
 from slipstream.daemon.protocol.log_cleaner import LogCleaner
 from slipstream.daemon.protocol.params import PublicationParams
-from slipstream.daemon.protocol.retransmit import RetransmitHandler
+from slipstream.daemon.protocol.retransmit import RetransmitBudget, RetransmitHandler
 from slipstream.daemon.protocol.types import (
     Address,
     Datagram,
     ProtocolCounters,
+    sockaddr,
 )
 from slipstream.daemon.streams.durable import DurablePosition
 from slipstream.daemon.streams.receivers import PublicationReceivers, PublicationStatus
@@ -106,6 +107,8 @@ from slipstream.daemon.streams.states import (
 #: AERON_NETWORK_PUBLICATION_SETUP_TIMEOUT_NS / _HEARTBEAT_TIMEOUT_NS.
 SETUP_TIMEOUT_NS = 100_000_000
 HEARTBEAT_TIMEOUT_NS = network.SS_HEARTBEAT_TIMEOUT_NS
+#: ERR reasons a publication keeps for the conductor between two passes of its sender.
+REJECTIONS_PER_PASS_MAX = 16
 
 
 @attrs.frozen
@@ -228,6 +231,9 @@ class NetworkPublication:
         c.status_messages_received = counters.address(SystemCounter.STATUS_MESSAGES_RECEIVED)
         c.heartbeats_sent = counters.address(SystemCounter.HEARTBEATS_SENT)
         c.connection_timeout_ns = self.connection_timeout_ns
+        c.nak_unknown_source_drops = counters.address(SystemCounter.NAK_UNKNOWN_SOURCE_DROPS)
+        c.control_source_count = 0  # no receiver yet: no NAK counts
+        self._c_sources_version = 0  # of the receivers' bound addresses in the C table
         self._c_sm_seen = 0  # the C control path's SMs already taken (sm_count)
         self.retransmit_handler = RetransmitHandler(
             c, counters=counters, delay_ns=settings.retransmit_unicast_delay,
@@ -236,7 +242,9 @@ class NetworkPublication:
             linger_ns=(max(settings.retransmit_unicast_linger, settings.nak_multicast_max_backoff)
                        if self.is_group else settings.retransmit_unicast_linger),
             has_group_semantics=self.is_group,
-            max_resend=params.max_resend)
+            max_resend=params.max_resend,
+            budget=RetransmitBudget(settings.retransmit_budget_percent,
+                                    settings.retransmit_budget_interval, window, join, now_ns))
         self.retransmit_handler.set_resend_lookahead(
             flow_control.retransmission_lookahead(log.mtu))
         self.cleaner = LogCleaner(log, join)
@@ -271,13 +279,21 @@ class NetworkPublication:
         self.credit_stop_position: int | None = None
         self._connected = False
         log.is_connected = False
-        self._receivers = PublicationReceivers()
+        # At most half the connection timeout: a receiver that moved is bound anew before
+        # the publication (and its image, by its own liveness) counts it gone.
+        self._receivers = PublicationReceivers(min(settings.receiver_rebind_timeout,
+                                                   self.connection_timeout_ns // 2))
         #: durable=: the position its tagged receivers consumed to (None without).
         self.durable = (DurablePosition(params.durable, params.durable_receiver_timeout_ns,
                                         join) if params.durable is not None else None)
         self._publish_durable()
         #: ERR frames since the sender last looked: (the receiver's address, its reason).
         self.rejections: list[tuple[Address, str]] = []
+        #: ERRs naming a live receiver, from its address: receiver id -> (the ERR, when it
+        #: came); each counts _error_grace_ns later unless an SM of that receiver comes
+        #: first.
+        self._pending_errors: dict[int, tuple[ErrorFrame, int]] = {}
+        self._error_grace_ns = 2 * settings.status_message_timeout
 
         # -- the sender thread's: timers ---------------------------------------------------
         self._status_message_deadline_ns = NO_DEADLINE
@@ -484,13 +500,18 @@ class NetworkPublication:
         self._next_due_ns = 0
         if isinstance(frame, StatusMessage):
             self.counters.add(SystemCounter.STATUS_MESSAGES_RECEIVED)
+            if not self.admits_status_message(frame, source, now_ns):
+                return
             if frame.is_setup_request:
                 self._on_trigger_send_setup(frame, source, now_ns)
             else:
                 self._on_status_message(frame, source, now_ns)
         elif isinstance(frame, Nak):
             self.counters.add(SystemCounter.NAK_MESSAGES_RECEIVED)
-            if self.state is not PublicationState.DONE:
+            if not self._receivers.has_source(source):
+                # A NAK names no receiver: only a live receiver's address may ask for data.
+                self.counters.add(SystemCounter.NAK_UNKNOWN_SOURCE_DROPS)
+            elif self.state is not PublicationState.DONE:
                 self.retransmit_handler.on_nak(frame.term_id, frame.term_offset, frame.length,
                                                now_ns)
         elif isinstance(frame, Rttm):
@@ -506,7 +527,7 @@ class NetworkPublication:
         elif isinstance(frame, RateSignal):
             self.counters.add(SystemCounter.RATE_SIGNALS_RECEIVED)
             rate_control = self.rate_control
-            if rate_control is not None:
+            if rate_control is not None and self._rate_signal_counts(frame, source):
                 if not self.flow_control.heeds_rate_signal(frame.group_tag):
                     # fc=tagged: a receiver outside the group never holds the sender back,
                     # nor does its signal.
@@ -516,15 +537,89 @@ class NetworkPublication:
                     self.counters.add(SystemCounter.RATE_CUTS)
                     self._apply_rate_limit(now_ns)
         elif isinstance(frame, ErrorFrame):
+            bound = self._receivers.bound_host(frame.receiver_id)
+            if bound is not None and bound != source[0]:
+                # Naming a live receiver from another host: forged or stray, it changes nothing.
+                self.counters.add(SystemCounter.ERR_SOURCE_MISMATCH_DROPS)
+                return
             # For the conductor to log (Sender: PublicationRejected): the operator of this
-            # host sees the stream stay unconnected, and this is the only word why.
-            self.rejections.append((source, frame.message))
-            self.flow_control.on_error(frame, now_ns)
-            self._count_receivers()
-            self._receivers.remove(frame.receiver_id)
-            if self.durable is not None and self.durable.on_error(frame.receiver_id):
-                self._publish_durable()
-            self._update_connected(now_ns)
+            # host sees the stream stay unconnected, and this is the only word why.  The
+            # conductor logs a few a second at most; more in one pass are not kept.
+            if len(self.rejections) < REJECTIONS_PER_PASS_MAX:
+                self.rejections.append((source, frame.message))
+            else:
+                self.counters.add(SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS)
+            if bound is None:
+                return  # no live receiver of that id: nothing of the stream changes
+            # A live receiver's: it counts once the receiver's SMs stop (a receiver that
+            # rejected the image sends none for it), within the grace; an SM of it after the
+            # ERR says it is still there, and the ERR (forged from its address) is dropped.
+            self._pending_errors.setdefault(frame.receiver_id, (frame, now_ns))
+        self._sync_control_sources()
+
+    def admits_status_message(self, sm: StatusMessage, source: Address, now_ns: int) -> bool:
+        """Whether a status message naming ``sm.receiver_id`` from ``source`` may count
+        (:meth:`PublicationReceivers.admits
+        <slipstream.daemon.streams.receivers.PublicationReceivers.admits>`): a live
+        receiver's from another host is counted (``SM_SOURCE_MISMATCH_DROPS``) and
+        dropped.  Its endpoint asks before anything else reads the SM (its destinations)."""
+        self.take_c_status_messages()
+        if self._receivers.admits(sm.receiver_id, source, now_ns):
+            return True
+        self.counters.add(SystemCounter.SM_SOURCE_MISMATCH_DROPS)
+        return False
+
+    def _rate_signal_counts(self, signal: RateSignal, source: Address) -> bool:
+        """Whether a NAK-strength signal from ``source`` may slow the sender: it comes from a
+        live receiver's address, and that receiver's own status messages show the backlog it
+        claims (snd-pos minus what it acknowledged, at least the claimed threshold of its
+        window: an honest receiver's acknowledged position is at or behind its slowest
+        subscriber, its top at or behind snd-pos, and its SMs leave in order with its
+        signals) and no more than its window beyond the
+        resend window.  Each refusal is counted by its cause."""
+        if not self._receivers.has_source(source):
+            self.counters.add(SystemCounter.RATE_SIGNAL_UNKNOWN_SOURCE_DROPS)
+            return False
+        backlog, window = self._receivers.backlog_at(source, self.sender_position)
+        # Nor more than a receiver can hold and still be repaired: its window beyond what the
+        # publication can resend (half a term); one that far behind is left behind, and SMs
+        # frozen that far back are a forger's.
+        if (backlog * 100 < signal.threshold * window
+                or backlog > window + (self.term_length >> 1)):
+            self.counters.add(SystemCounter.RATE_SIGNAL_UNBACKED_DROPS)
+            return False
+        return True
+
+    def _set_c_sm_source(self) -> None:
+        """The C half takes SMs of its receiver only from the address it is bound to now (none
+        while it is not live: then every SM goes to this half)."""
+        c = self.c
+        bound = self._receivers.bound_source(c.sm_receiver_id)
+        raw = sockaddr(bound) if bound is not None else b""
+        c.sm_source_length = 0
+        network_ffi.memmove(c.sm_source, raw, len(raw))
+        c.sm_source_length = len(raw)
+
+    def _sync_control_sources(self) -> None:
+        """Hand the live receivers' bound addresses to the C half (the NAK rule, and the
+        address its SMs come from), when they changed since the last time: at once, since the
+        C half reads the rest of a batch before the pass ends."""
+        receivers = self._receivers
+        if receivers.version == self._c_sources_version:
+            return
+        self._c_sources_version = receivers.version
+        self._set_c_sm_source()
+        c = self.c
+        sources = sorted(receivers.sources())
+        if len(sources) > network.SS_CONTROL_SOURCES_MAX:
+            c.control_source_count = network.SS_CONTROL_SOURCES_UNKNOWN  # Python checks
+            return
+        c.control_source_count = 0  # while it is rewritten: no NAK counts in between
+        for i, source in enumerate(sources):
+            raw = sockaddr(source)
+            network_ffi.memmove(c.control_sources[i], raw, len(raw))
+            c.control_source_lengths[i] = len(raw)
+        c.control_source_count = len(sources)
 
     def take_c_status_messages(self) -> None:
         """Record the status messages the C control path took since the last look (see
@@ -537,6 +632,10 @@ class NetworkPublication:
         taken_ns = c.sm_time_ns
         self._status_message_deadline_ns = taken_ns + self.connection_timeout_ns
         self._receivers.on_c_status_message(c.sm_receiver_id, c.sm_position, taken_ns)
+        pending = self._pending_errors.get(c.sm_receiver_id)
+        if pending is not None and taken_ns > pending[1]:
+            del self._pending_errors[c.sm_receiver_id]  # it went on: not its ERR
+            self.counters.add(SystemCounter.ERR_CONTRADICTED_DROPS)
         self.flow_control.receiver_window = c.sm_window
         self.retransmit_handler.set_resend_lookahead(
             self.flow_control.retransmission_lookahead(self.mtu))
@@ -575,6 +674,7 @@ class NetworkPublication:
                 c.sm_count = c.sm_position = self._c_sm_seen = 0
                 c.sm_receiver_id = receiver_id
                 c.sm_time_ns = last_sm_ns
+            self._set_c_sm_source()
             # The C half's liveness rule reads it: an SM this half took counts too.
             c.sm_time_ns = max(c.sm_time_ns, last_sm_ns)
         c.sm_in_c = int(take)
@@ -593,8 +693,11 @@ class NetworkPublication:
         # no receiver has: counted and dropped, as the C half hands it here.
         position = self._position(sm.consumption_term_id, sm.consumption_term_offset)
         if (position < 0 or not 0 <= sm.consumption_term_offset <= self.term_length
-                or position > self.sender_position or sm.receiver_window < 0):
+                or sm.receiver_window < 0):
             self.counters.add(SystemCounter.INVALID_PACKETS)
+            return
+        if position > self.sender_position:
+            self.counters.add(SystemCounter.SM_AHEAD_OF_SENDER_DROPS)
             return
         if sm.receiver_window > self.term_length >> 1:
             sm = attrs.evolve(sm, receiver_window=self.term_length >> 1)
@@ -604,14 +707,19 @@ class NetworkPublication:
             if self.is_unicast:
                 self.has_received_unicast_eos = True
         else:
+            if self._pending_errors.pop(sm.receiver_id, None) is not None:
+                # It goes on after its ERR: the ERR was not its (forged from its address).
+                self.counters.add(SystemCounter.ERR_CONTRADICTED_DROPS)
             if self.rate_control is not None and sm.receiver_id not in self._receivers:
                 self._announce_deadline_ns = now_ns  # a new receiver: tell it to signal
-            self._receivers.on_status_message(sm.receiver_id, position, source, now_ns)
+            self._receivers.on_status_message(sm.receiver_id, position, source, now_ns,
+                                              sm.receiver_window)
         if self.durable is not None and self.durable.on_status_message(
                 sm.receiver_id, source, sm.group_tag, position, sm.is_eos, now_ns,
                 sm.receiver_window):
             self._publish_durable()
         self.has_initial_connection = True
+        self.flow_control.sender_position = self.sender_position
         self.sender_limit = self.flow_control.on_status_message(
             sm, source, self.sender_limit, self.initial_term_id, self.position_bits, now_ns)
         self.retransmit_handler.set_resend_lookahead(
@@ -709,6 +817,7 @@ class NetworkPublication:
         self._heartbeat_check(now_ns, out)
         if self.rate_control is not None:
             self._rate_control_check(now_ns, out)
+        self.flow_control.sender_position = self.sender_position
         self.sender_limit = self.flow_control.on_idle(
             now_ns, self.sender_limit, self.sender_position, self.is_end_of_stream)
         self._count_receivers()
@@ -813,6 +922,7 @@ class NetworkPublication:
     # -- the sender thread's: liveness, limits and state (the conductor's duties in Aeron) ---
     def _update_has_receivers(self, now_ns: int) -> None:
         self._receivers.expire(now_ns, self.connection_timeout_ns)
+        self._sync_control_sources()
 
     def _update_connected(self, now_ns: int) -> None:
         connected = ((bool(self._receivers) and self.flow_control.has_required_receivers()
@@ -869,8 +979,26 @@ class NetworkPublication:
         self.c.last_publisher_limit = limit
         self.log.publish_limit(self.publisher_limit, limit)
 
+    def _apply_errors(self, now_ns: int) -> None:
+        """The ERRs whose grace passed with no SM of their receiver: that receiver rejected
+        the image, and is gone (Aeron's onError, one grace late)."""
+        grace = self._error_grace_ns
+        due = [rid for rid, (_, at) in self._pending_errors.items() if now_ns >= at + grace]
+        for receiver_id in due:
+            frame, _ = self._pending_errors.pop(receiver_id)
+            self.flow_control.on_error(frame, now_ns)
+            self._count_receivers()
+            self._receivers.remove(receiver_id)
+            if self.durable is not None and self.durable.on_error(receiver_id):
+                self._publish_durable()
+        if due:
+            self._update_connected(now_ns)
+            self._sync_control_sources()
+
     def _conductor_duties(self, now_ns: int) -> None:
         self.take_c_status_messages()  # the receivers' liveness first
+        if self._pending_errors:
+            self._apply_errors(now_ns)
         if self._connected and (now_ns > self._status_message_deadline_ns
                                 or not self._receivers):
             self._update_has_receivers(now_ns)
@@ -914,6 +1042,9 @@ class NetworkPublication:
             deadline = min(deadline,
                            self._time_of_last_data_or_heartbeat_ns + HEARTBEAT_TIMEOUT_NS)
         deadline = min(deadline, self.flow_control.next_deadline_ns())
+        if self._pending_errors:
+            deadline = min(deadline, min(at for _, at in self._pending_errors.values())
+                           + self._error_grace_ns)
         if self.durable is not None:
             deadline = min(deadline, self.durable.next_deadline_ns())
         if self.rate_control is not None:

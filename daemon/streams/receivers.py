@@ -62,14 +62,66 @@ class PublicationStatus:
 
 class PublicationReceivers:
     """The live receivers of one network publication, by receiver id: when each last sent a
-    status message, the position it acknowledged and where it sent it from.  True while it
-    has one; ``receiver_id in receivers`` while that one is live."""
+    status message, the position it acknowledged, its window, the host its status messages
+    are bound to and the addresses on that host they came from.  True while it has one;
+    ``receiver_id in receivers`` while that one is live.
 
-    def __init__(self) -> None:
+    The binding (docs/PROTOCOL.md §5.7): a receiver's first status message binds its id to
+    the host (IP address) it came from; while it is live, a status message naming it counts
+    only from that host (:meth:`admits`), from any port there: stock Aeron gives every
+    endpoint of a driver the driver's one receiver id, and a NAT may give a receiver a new
+    port.  Control frames that name no receiver (NAKs, rate signals) count only from an
+    address a live receiver's status messages came from (:meth:`has_source`).  A receiver
+    that moved to another host (a NAT that changed its public address) is bound to it once
+    the old one sent nothing for ``rebind_timeout_ns``: a forger on another host cannot take
+    the id of a receiver that keeps sending."""
+
+    def __init__(self, rebind_timeout_ns: int = 0) -> None:
         self._last_sm_ns: dict[int, int] = {}  # receiver_id -> time of last SM (liveness)
         self._acknowledged: dict[int, int] = {}  # receiver_id -> position of its last SM
-        #: receiver_id -> where its last SM that Python read came from (RSP_SETUP's check).
+        #: receiver_id -> the address its last SM came from (the C half takes SMs from it).
         self._sources: dict[int, Address] = {}
+        #: receiver_id -> {address on its bound host: when an SM last came from there}.
+        self._addresses: dict[int, dict[Address, int]] = {}
+        self._windows: dict[int, int] = {}  # receiver_id -> the window of its last SM
+        self.rebind_timeout_ns = rebind_timeout_ns
+        #: Bumped whenever the set of addresses may have changed (the C half's table follows
+        #: it).
+        self.version = 0
+
+    def admits(self, receiver_id: int, source: Address, now_ns: int) -> bool:
+        """Whether a status message naming ``receiver_id`` from ``source`` may count at
+        ``now_ns``: the receiver is not live (it binds), ``source`` is on its bound host, or
+        that host was silent for ``rebind_timeout_ns`` (it rebinds)."""
+        bound = self.bound_host(receiver_id)
+        if bound is None or bound == source[0]:
+            return True
+        return now_ns - self._last_sm_ns[receiver_id] >= self.rebind_timeout_ns
+
+    def bound_host(self, receiver_id: int) -> str | None:
+        """The host a live receiver's status messages are bound to (None: not live)."""
+        source = self._sources.get(receiver_id)
+        return None if source is None else source[0]
+
+    def bound_source(self, receiver_id: int) -> Address | None:
+        """The address a live receiver's last status message came from (None: not live)."""
+        return self._sources.get(receiver_id)
+
+    def sources(self) -> set[Address]:
+        """Every address a live receiver's status messages came from."""
+        return {address for addresses in self._addresses.values() for address in addresses}
+
+    def backlog_at(self, source: Address, sender_position: int) -> tuple[int, int]:
+        """(bytes, window): the most a live receiver whose SMs came from ``source`` has
+        outstanding by its last status message (``sender_position`` minus what it
+        acknowledged), and that receiver's window ((0, 0) with none)."""
+        best = (0, 0)
+        for receiver_id, addresses in self._addresses.items():
+            if source in addresses:
+                backlog = sender_position - self._acknowledged.get(receiver_id, sender_position)
+                if backlog >= best[0]:
+                    best = (backlog, self._windows.get(receiver_id, 0))
+        return best
 
     def __len__(self) -> int:
         return len(self._last_sm_ns)
@@ -78,12 +130,20 @@ class PublicationReceivers:
         return receiver_id in self._last_sm_ns
 
     def on_status_message(self, receiver_id: int, position: int, source: Address,
-                          now_ns: int) -> None:
-        """A status message (not EOS) from ``source`` acknowledged ``position``: the receiver
-        is live from ``now_ns``."""
+                          now_ns: int, window: int = 0) -> None:
+        """A status message (not EOS) from ``source`` acknowledged ``position`` with
+        ``window``: the receiver is live from ``now_ns``, bound to ``source``'s host (which
+        :meth:`admits` allowed), and ``source`` is one of its addresses."""
         # Acknowledged first: the conductor's thread reads both (a drain).
         self._acknowledged[receiver_id] = position
         self._last_sm_ns[receiver_id] = now_ns
+        self._windows[receiver_id] = window
+        addresses = self._addresses.get(receiver_id)
+        if addresses is None or self.bound_host(receiver_id) != source[0]:
+            addresses = self._addresses[receiver_id] = {}  # bound, or bound anew
+        if source not in addresses or self._sources.get(receiver_id) != source:
+            self.version += 1
+        addresses[source] = now_ns
         self._sources[receiver_id] = source
 
     def on_c_status_message(self, receiver_id: int, position: int, taken_ns: int) -> None:
@@ -99,7 +159,10 @@ class PublicationReceivers:
         """``receiver_id`` ended (EOS, an ERR): not live from now on.  Unknown: ignored."""
         self._last_sm_ns.pop(receiver_id, None)
         self._acknowledged.pop(receiver_id, None)
-        self._sources.pop(receiver_id, None)
+        self._windows.pop(receiver_id, None)
+        self._addresses.pop(receiver_id, None)
+        if self._sources.pop(receiver_id, None) is not None:
+            self.version += 1
 
     def expire(self, now_ns: int, timeout_ns: int) -> None:
         """Remove every receiver whose last status message is more than ``timeout_ns`` old."""
@@ -109,7 +172,22 @@ class PublicationReceivers:
             for rid in expired:
                 del last_sm_ns[rid]
                 self._acknowledged.pop(rid, None)
+                self._windows.pop(rid, None)
                 self._sources.pop(rid, None)
+                self._addresses.pop(rid, None)
+            if expired:
+                self.version += 1
+        # An address of a live receiver that went silent (a port its NAT let go) goes too;
+        # the one its last SM came from stays (the C half's SMs refresh the receiver only).
+        for rid, addresses in self._addresses.items():
+            if len(addresses) > 1:
+                latest = self._sources[rid]
+                stale = [a for a, t in addresses.items()
+                         if a != latest and now_ns - t > timeout_ns]
+                for address in stale:
+                    del addresses[address]
+                if stale:
+                    self.version += 1
 
     def last_status_message_ns(self) -> dict[int, int]:
         """receiver id -> when its last status message came (ns): a copy."""
@@ -121,7 +199,7 @@ class PublicationReceivers:
 
     def has_source(self, source: Address) -> bool:
         """Whether a live receiver's status messages came from ``source``."""
-        return source in self._sources.values()
+        return any(source in addresses for addresses in self._addresses.values())
 
     def sole(self) -> tuple[int, int] | None:
         """(receiver id, time of its last status message) of the one live receiver; None
