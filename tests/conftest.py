@@ -189,6 +189,7 @@ MODULE_LANES = {
     "test_frames": "unit",
     "test_holder": "sockets",
     "test_hosts": "hosts",
+    "test_hostile_network": "hosts",
     "test_installed_package": "sockets",
     "test_interop": "interop",
     "test_interop_mdc": "interop",

@@ -41,10 +41,13 @@ class StreamReport:
     subscriber_heartbeat_age_s: float
     publisher_heartbeat_age_s: float
     buckets: list[int]
+    #: How long before the publisher began the subscriber began counting (s).
+    lead_s: float
 
     def rate(self, start_s: float, end_s: float) -> float:
         """Messages a second delivered between ``start_s`` and ``end_s`` after the
-        subscriber's start (whole 100 ms buckets)."""
+        publisher began (whole 100 ms buckets)."""
+        start_s, end_s = start_s + self.lead_s, end_s + self.lead_s
         i0, i1 = int(start_s * 10) + 1, int(end_s * 10) - 1
         return (self.buckets[i1] - self.buckets[i0]) / ((i1 - i0) / 10)
 
@@ -56,6 +59,9 @@ def _publisher(directory: str, channel: str, stream_id: int, rate: float, second
 
     with Client.connect(directory) as client:
         publication = client.add_publication(channel, stream_id)
+        deadline = time.monotonic() + 30
+        while not publication.is_connected and time.monotonic() < deadline:
+            time.sleep(0.01)
         ready.set()
         go.wait(60)
         start = time.monotonic()
@@ -82,8 +88,8 @@ def _publisher(directory: str, channel: str, stream_id: int, rate: float, second
         time.sleep(2.0)
 
 
-def _subscriber(directory: str, channel: str, stream_id: int, seconds: float, out: Any,
-                buckets: Any, ready: Any) -> None:
+def _subscriber(directory: str, channel: str, stream_id: int, out: Any, buckets: Any,
+                ready: Any, stop: Any) -> None:
     from slipstream.client import Client
 
     with Client.connect(directory) as client:
@@ -107,12 +113,15 @@ def _subscriber(directory: str, channel: str, stream_id: int, seconds: float, ou
 
         ready.set()
         start = time.monotonic()
+        out[5] = time.monotonic_ns()
         worst = 0.0
-        while (now := time.monotonic()) - start < seconds:
+        while not stop.is_set():
             subscription.poll(handler, 256)
+            now = time.monotonic()
             index = int((now - start) * 10)
             if index < len(buckets):
                 buckets[index] = state["received"]
+            out[0] = state["received"]
             beat = client.counters.driver_heartbeat_ns
             worst = max(worst, (time.time_ns() - beat) / 1e9 if beat else 0.0)
             time.sleep(0.0002)
@@ -132,12 +141,13 @@ class LegitStream:
                  seconds: float = 10.0, drain_s: float = 4.0) -> None:
         ctx = multiprocessing.get_context("fork")
         self._pub_out = ctx.Array("q", 3)
-        self._sub_out = ctx.Array("q", 5)
+        self._sub_out = ctx.Array("q", 6)
         self._buckets = ctx.Array("q", int((seconds + drain_s + 30) * 10))
         sub_ready, self._pub_ready, self._go = ctx.Event(), ctx.Event(), ctx.Event()
+        self._stop = ctx.Event()
         self._subscriber = ctx.Process(target=_subscriber, args=(
-            subscriber_dir, subscription, stream_id, seconds + drain_s + 3, self._sub_out,
-            self._buckets, sub_ready), daemon=True)
+            subscriber_dir, subscription, stream_id, self._sub_out, self._buckets, sub_ready,
+            self._stop), daemon=True)
         self._publisher = ctx.Process(target=_publisher, args=(
             publisher_dir, channel, stream_id, rate, seconds, self._pub_out, self._pub_ready,
             self._go), daemon=True)
@@ -145,17 +155,27 @@ class LegitStream:
         if not sub_ready.wait(30):
             raise AssertionError("the subscriber did not start")
         self._publisher.start()
-        if not self._pub_ready.wait(30):
+        if not self._pub_ready.wait(40):
             raise AssertionError("the publisher did not start")
         self.seconds = seconds
+        self.drain_s = drain_s
+        self._began_ns = 0
 
     def start(self) -> float:
-        """The publisher begins; returns when, on the monotonic clock."""
+        """The publisher (connected, or given up on after 30 s) begins; returns when, on the
+    monotonic clock."""
+        self._began_ns = time.monotonic_ns()
         self._go.set()
-        return time.monotonic()
+        return self._began_ns / 1e9
 
     def report(self, timeout: float = 120.0) -> StreamReport:
+        """Once the publisher is done, the subscriber reads until it has every message offered
+        or ``drain_s`` passed; what both saw."""
         self._publisher.join(timeout)
+        deadline = time.monotonic() + self.drain_s
+        while self._sub_out[0] < self._pub_out[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop.set()
         self._subscriber.join(timeout)
         for process in (self._publisher, self._subscriber):
             if process.is_alive():
@@ -170,7 +190,7 @@ class LegitStream:
             out_of_order=self._sub_out[2], forged=self._sub_out[3],
             subscriber_heartbeat_age_s=self._sub_out[4] / 1e6,
             publisher_heartbeat_age_s=self._pub_out[2] / 1e6,
-            buckets=list(self._buckets))
+            buckets=list(self._buckets), lead_s=(self._began_ns - self._sub_out[5]) / 1e9)
 
 
 def attack(host: Any, name: str, timeout: float = 120.0, **args: Any) -> dict[str, Any]:

@@ -1,0 +1,172 @@
+"""Every attack of issue 59 against an encrypted stream, from a host on a shared segment.
+
+Three namespace hosts on a bridge that floods every frame (``shared_segment=True``): the
+publisher's driver on host 1, the subscriber's on host 2, the attacker on host 3
+(sim/real/attacker.py, raw sockets, told everything of the stream but its key: both
+addresses and ports, the session, the term).  A 1 KiB stream at 2,000 messages a second
+(tests/hostile.py) runs through the attacks in turn, at the rates the issue measured them
+at: SETUP floods with 128 MiB and 64 KiB terms, 16,000 NAKs, ERRs and rate signals spoofed as
+the receiver, DATA spoofed as the publisher, and status messages of a receiver that tracks
+and then freezes from the attacker's own address; and, on a dynamic multi-destination-cast
+stream, 1,600 joining status messages from 200 spoofed ports.
+
+What each shows (docs/SECURITY.md): every message once, in order, nothing forged delivered;
+the publisher's rate, its offers (no NOT_CONNECTED) and both drivers' heartbeats unchanged;
+nothing sent back to the spoofed addresses; and the drops counted by cause.  The plain-stream
+side of each attack is in the tests of its defence: tests/test_setup_flood_hosts.py,
+tests/test_mdc_validation_hosts.py, tests/test_control_hosts.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import LegitStream, attack
+
+from slipstream.sim.real.hosts import NamespaceHosts
+
+pytestmark = pytest.mark.timeout(300)
+
+STREAM = 31
+PORT = 40311  # the subscriber's endpoint, on host 2
+CONTROL_PORT = 40312  # the publisher's socket, on host 1 (control= pins it)
+SESSION = 424242
+TERM_ID = 1000
+TERM_LENGTH = 1 << 20
+RATE = 2000
+KEY = bytes(range(32)).hex()
+
+
+def _keys(tmp_path: Path) -> dict[str, Any]:
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o750)
+    (keys / "k.key").write_text(f"1 {KEY}\n")
+    (keys / "k.key").chmod(0o640)
+    return {"keys_dir": str(keys)}
+
+
+def _drops(directory: Path) -> dict[str, int]:
+    result = subprocess.run([sys.executable, "-m", "slipstream.daemon.cli", "stat", "--once",
+                             "--json", "--dir", str(directory)],
+                            capture_output=True, text=True, timeout=30, check=True)
+    return {cause: n for cause, n in json.loads(result.stdout)["drops"].items() if n}
+
+
+@pytest.fixture
+def segment():
+    with NamespaceHosts(3, shared_segment=True) as hosts:
+        yield hosts
+
+
+def test_an_encrypted_stream_delivers_every_message_once_through_every_attack(
+        segment: NamespaceHosts, tmp_path: Path) -> None:
+    settings = _keys(tmp_path)
+    publisher = segment.start_driver(1, **settings)
+    subscriber = segment.start_driver(2, **settings)
+    one, two, attacker = segment[1].address, segment[2].address, segment[3]
+    start = f"session-id={SESSION}|init-term-id={TERM_ID}|term-id={TERM_ID}|term-offset=0"
+    stream = LegitStream(
+        str(publisher.directory),
+        f"aeron:udp?endpoint={two}:{PORT}|control={one}:{CONTROL_PORT}|key=k|"
+        f"term-length={TERM_LENGTH}|{start}",
+        str(subscriber.directory), f"aeron:udp?endpoint={two}:{PORT}|key=k", STREAM,
+        rate=RATE, seconds=40.0)
+    known = {"session_id": SESSION, "publisher": [one, CONTROL_PORT],
+             "subscriber": [two, PORT], "receiver": [two, PORT], "receiver_id": 1,
+             "term_id": TERM_ID, "term_offset": 0, "term_length": TERM_LENGTH}
+    began = stream.start()
+    time.sleep(4.0)  # quiet: the rate to compare with
+    attacks_began = time.monotonic() - began
+    sent = {
+        "setups, 128 MiB terms": attack(attacker, "setup-flood", target=f"{two}:{PORT}",
+                                        stream_id=STREAM, term_length=128 << 20, rate=10,
+                                        seconds=3)["sent"],
+        "setups, 64 KiB terms": attack(attacker, "setup-flood", target=f"{two}:{PORT}",
+                                       stream_id=STREAM, term_length=64 << 10, rate=250,
+                                       seconds=4)["sent"],
+        "NAKs as the receiver": attack(attacker, "forge-control", stream_id=STREAM,
+                                       kind="nak", count=16_000, seconds=4,
+                                       known=known)["sent"],
+        "ERRs as the receiver": attack(attacker, "forge-control", stream_id=STREAM,
+                                       kind="err", count=600, seconds=2, known=known)["sent"],
+        "rate signals as the receiver": attack(attacker, "forge-control", stream_id=STREAM,
+                                               kind="rate", count=1000, seconds=2,
+                                               known=known)["sent"],
+        "DATA as the publisher": attack(attacker, "forge-data", stream_id=STREAM, count=2000,
+                                        seconds=2, known=known)["sent"],
+        "a receiver that freezes": attack(attacker, "forge-control", stream_id=STREAM,
+                                          kind="freeze", count=300, seconds=3, spoof=False,
+                                          freeze_after_s=1.0, known=known)["sent"],
+    }
+    attacks_ended = time.monotonic() - began
+    assert attacks_ended < 38, f"the attacks took {attacks_ended:.1f} s of the stream's 40"
+    report = stream.report()
+
+    assert all(n > 0 for n in sent.values()), sent
+    assert report.forged == 0
+    assert report.duplicates == 0 and report.out_of_order == 0
+    assert report.received == report.offered, (report.received, report.offered)
+    assert report.not_connected == 0
+    assert report.offered >= 0.97 * RATE * 40
+    quiet = report.rate(1.0, attacks_began)
+    attacked = report.rate(attacks_began, attacks_ended)
+    assert attacked >= 0.9 * quiet, (attacked, quiet)
+    # The driver beats at least once a second, idle or not: a flood that held its conductor
+    # would show here as it did to the clients that saw their driver dead.
+    assert report.subscriber_heartbeat_age_s < 2.0
+    assert report.publisher_heartbeat_age_s < 2.0
+    at_subscriber, at_publisher = _drops(subscriber.directory), _drops(publisher.directory)
+    # The SETUPs and the forged DATA reached the subscriber's endpoint in plain text; the
+    # forged control, the publisher's.
+    assert at_subscriber.get("crypto-plain-at-encrypted", 0) >= 0.9 * (
+        sent["setups, 128 MiB terms"] + sent["setups, 64 KiB terms"]
+        + sent["DATA as the publisher"]), at_subscriber
+    assert at_publisher.get("crypto-plain-at-encrypted", 0) >= 0.9 * (
+        sent["NAKs as the receiver"] + sent["ERRs as the receiver"]
+        + sent["rate signals as the receiver"] + sent["a receiver that freezes"]), at_publisher
+    print(f"\nencrypted stream under attack: quiet {quiet:,.0f} msg/s, attacked "
+          f"{attacked:,.0f} msg/s ({attacked / quiet:.3f}x); sent {sent}; drops at the "
+          f"subscriber {at_subscriber}, at the publisher {at_publisher}")
+
+
+def test_an_encrypted_dynamic_mdc_stream_reflects_nothing_to_forged_joins(
+        segment: NamespaceHosts, tmp_path: Path) -> None:
+    settings = _keys(tmp_path)
+    publisher = segment.start_driver(1, **settings)
+    subscriber = segment.start_driver(2, **settings)
+    one, two, attacker = segment[1].address, segment[2].address, segment[3]
+    attacker.run("iptables", "-A", "INPUT", "-p", "udp", "--dport", "20000:20199", "-j", "DROP")
+    stream = LegitStream(
+        str(publisher.directory),
+        f"aeron:udp?control={one}:{CONTROL_PORT}|control-mode=dynamic|key=k",
+        str(subscriber.directory),
+        f"aeron:udp?endpoint={two}:{PORT}|control={one}:{CONTROL_PORT}|key=k", STREAM,
+        rate=RATE, seconds=14.0)
+    began = stream.start()
+    time.sleep(3.0)
+    attacks_began = time.monotonic() - began
+    own = attack(attacker, "status-flood", control=f"{one}:{CONTROL_PORT}", stream_id=STREAM,
+                 count=160, seconds=2, listen_s=1.0)
+    spoofed = attack(attacker, "status-flood", control=f"{one}:{CONTROL_PORT}",
+                     stream_id=STREAM, count=1600, seconds=4, spoof_host=attacker.address,
+                     spoof_ports=200)
+    attacks_ended = time.monotonic() - began
+    report = stream.report()
+    rules = attacker.run("iptables", "-L", "INPUT", "-v", "-x", "-n").stdout
+    reflected = sum(int(line.split()[1]) for line in rules.splitlines()
+                    if "dpts:20000:20199" in line)
+
+    assert own["sent"] == 160 and own["received_bytes"] == 0, own
+    assert spoofed["sent"] == 1600
+    assert reflected == 0
+    assert report.forged == 0 and report.duplicates == 0 and report.out_of_order == 0
+    assert report.received == report.offered and report.not_connected == 0
+    quiet, attacked = report.rate(1.0, attacks_began), report.rate(attacks_began, attacks_ended)
+    assert attacked >= 0.9 * quiet, (attacked, quiet)
+    assert _drops(publisher.directory).get("crypto-plain-at-encrypted", 0) >= 0.9 * 1760
