@@ -252,6 +252,14 @@ class SystemCounter(enum.IntEnum):
     # status messages naming no publication of the send endpoint they reached (dropped: no
     # multi-destination-cast destination is learned from one)
     UNMATCHED_STATUS_MESSAGES = 47
+    # issue 59, setupflood: SETUPs that made no image, by cause (docs/PROTOCOL.md §1.3.1)
+    IMAGE_TERM_LENGTH_REFUSED = 48  # SETUPs whose term is longer than the subscription allows
+    IMAGE_SOURCE_IMAGES_REFUSED = 49  # SETUPs from a source at image_source_max_images
+    IMAGE_SOURCE_MEMORY_REFUSED = 50  # SETUPs whose log would pass image_source_memory_limit
+    IMAGE_PENDING_REFUSED = 51  # SETUPs while image_pending_max logs were being made
+    # logs made for an image no longer wanted when done (its subscription or endpoint went,
+    # or its source stopped asking): freed, never attached
+    IMAGE_LOGS_ABANDONED = 52
 
     @property
     def label(self) -> str:

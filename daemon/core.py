@@ -106,7 +106,7 @@ class _DriverCore:
         self.conductor = DriverConductor(
             self.settings, self.driver_directory.path, counters,
             transports=UdpTransports(self.settings, counters),
-            wake_network=wake_network, wake_conductor=wake_conductor)
+            wake_network=wake_network, wake_conductor=wake_conductor, threaded_logs=True)
         self._opened.append("conductor")
         assert self.conductor.network is not None
         return self.conductor.network

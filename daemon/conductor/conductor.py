@@ -116,10 +116,12 @@ class DriverConductor:
                  *, rng: random.Random | None = None,
                  transports: NetworkTransports | None = None,
                  wake_network: Callable[[], None] = lambda: None,
-                 wake_conductor: Callable[[], None] = lambda: None) -> None:
+                 wake_conductor: Callable[[], None] = lambda: None,
+                 threaded_logs: bool = False) -> None:
         """``transports`` opens UDP endpoints (None: this conductor carries IPC only);
         ``wake_network`` and ``wake_conductor`` are called (from any thread) when the network
-        agents or the conductor have new work."""
+        agents or the conductor have new work; ``threaded_logs``: images' logs are made off
+        this thread (a driver's; the simulator makes them inline)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -137,7 +139,8 @@ class DriverConductor:
                 transports=transports, budget=self.budget,
                 rng=random.Random(self._rng.getrandbits(64)),
                 new_id=self._new_id, new_session_id=self._new_session_id,
-                wake_network=wake_network, wake_conductor=wake_conductor)
+                wake_network=wake_network, wake_conductor=wake_conductor,
+                threaded_logs=threaded_logs)
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
         self.drain_phase = DrainPhase.NONE
@@ -893,6 +896,7 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
 _NOT_ON_A_SPY: tuple[tuple[str, Callable[[Channel], bool]], ...] = tuple(
     (part, lambda c, field=field: getattr(c, field) is not None)
     for part, field in (("reliable", "reliable"), ("rcv-wnd", "rcv_wnd"), ("cc", "cc"),
+                        ("max-term-length", "max_term_length"),
                         ("nak-delay", "nak_delay_ns"), ("gtag", "gtag"), ("group", "group"),
                         ("rejoin", "rejoin"), ("so-rcvbuf", "so_rcvbuf"),
                         ("so-sndbuf", "so_sndbuf"), ("ttl", "ttl"),

@@ -105,7 +105,10 @@ class NetworkConductor:
                  transports: NetworkTransports, budget: LogBudget, rng: random.Random,
                  new_id: Callable[[], int], new_session_id: Callable[[], int],
                  wake_network: Callable[[], None] = lambda: None,
-                 wake_conductor: Callable[[], None] = lambda: None) -> None:
+                 wake_conductor: Callable[[], None] = lambda: None,
+                 threaded_logs: bool = False) -> None:
+        """``threaded_logs``: images' logs are made on a worker thread (a driver's), else
+        at once on this thread (the simulator's, deterministic): :mod:`.image_logs`."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -155,7 +158,8 @@ class NetworkConductor:
             settings=settings, directory=directory, counters=counters, transports=transports,
             budget=budget, rng=rng, new_id=new_id, receiver_proxy=self.receiver_proxy,
             loss_report=self.loss_report, receive_endpoints=self._receive_endpoints,
-            closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions)
+            closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions,
+            threaded_logs=threaded_logs, wake=wake_conductor)
         self._untethered = NetworkUntethered(
             counters=counters, publications=self.publications,
             receive_endpoints=self._receive_endpoints, subscriptions=self.subscriptions,
@@ -179,7 +183,8 @@ class NetworkConductor:
 
     @property
     def has_events(self) -> bool:
-        return bool(self._events) or self._spy_subscriptions.has_messages
+        return (bool(self._events) or self._spy_subscriptions.has_messages
+                or self._receive_side.log_maker.has_done)
 
     @property
     def used_session_ids(self) -> set[int]:
@@ -243,6 +248,15 @@ class NetworkConductor:
         out = self._spy_subscriptions.take_messages()
         work = len(out)
         self._send_side.check_response_connections()
+        if self._receive_side.log_maker.has_done:
+            try:
+                attached = self._receive_side.attach_done(now_ns)
+            except Exception:  # a bug: counted and logged; the conductor serves on
+                self.counters.add(SystemCounter.ERRORS)
+                log.exception("attaching the images whose logs were made failed")
+                attached = []
+            work += 1 + len(attached)
+            out.extend(attached)
         events = self._events
         # Bounded: a flood of SETUPs must not hold the conductor (and its heartbeat) for long.
         while events and work < MAX_EVENTS_PER_CYCLE:

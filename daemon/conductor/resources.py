@@ -92,11 +92,19 @@ def create_log(path: Path, budget: LogBudget, what: str, **kwargs: Any) -> LogBu
     and leaves no file behind."""
     length = budget.reserve(kwargs["term_length"], what)
     try:
-        check_room_for_log(path, length)
-        return LogBuffer.create(path, **kwargs)
+        return make_log_file(path, length, **kwargs)
     except OSError as e:
         budget.release(length)
         raise no_room_for_log(path, kwargs["stream_id"], kwargs["term_length"], e) from None
+
+
+def make_log_file(path: Path, length: int, **kwargs: Any) -> LogBuffer:
+    """The file of a log of ``length`` bytes (reserved in the budget already), if its
+    filesystem has room (:func:`check_room_for_log`): ``LogBuffer.create(path, **kwargs)``.
+    OSError when it cannot be made, leaving no file behind.  Any thread: it touches nothing
+    but the file (an image's log is made on a worker: :mod:`.image_logs`)."""
+    check_room_for_log(path, length)
+    return LogBuffer.create(path, **kwargs)
 
 
 def discard_log(log_buffer: LogBuffer, budget: LogBudget) -> None:

@@ -1,0 +1,124 @@
+"""Image logs made off the conductor's thread.
+
+A SETUP from the network asks for an image, and an image needs a log: a file of three terms
+in the driver directory, allocated and mapped in place (up to 3 GiB, seconds of work for
+large terms).  Made on the conductor's thread, a flood of SETUPs held it for as long as the
+files took, and its clients saw no heartbeat and deemed the driver dead.  So the conductor
+hands each log to :class:`ImageLogMaker`, whose one worker thread makes the files in turn
+(``ftruncate``, ``posix_fallocate`` and the populating map release the GIL), and takes the
+finished ones back in a later duty cycle (:meth:`ImageLogMaker.take_done`), where it attaches
+the image, or frees a log nobody wants any more.
+
+The conductor reserves a log's memory in its budget before it submits it and gives it back
+for every log that fails, is abandoned or is still queued at :meth:`ImageLogMaker.close`;
+the maker never touches the budget.  The simulator's drivers make their logs inline
+(``threaded=False``): the same calls, done at submit, so a run stays deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.daemon.conductor.resources import make_log_file
+
+log = logging.getLogger("slipstream.driver")
+
+
+@attrs.define(eq=False)
+class LogJob:
+    """One log to make: its file, its length in bytes (reserved in the budget) and the
+    keyword arguments of LogBuffer.create; ``request`` is the caller's (what the log is
+    for).  The maker fills ``result``: the log, or the exception that stopped it."""
+
+    path: Path
+    length: int
+    kwargs: dict[str, Any]
+    request: Any
+    result: LogBuffer | BaseException | None = None
+
+
+class ImageLogMaker:
+    """Makes :class:`LogJob` logs on one worker thread (``threaded``) or at once; see the
+    module docstring.  ``wake`` is called (from the worker) when a log is done."""
+
+    def __init__(self, *, threaded: bool, wake: Callable[[], None] = lambda: None) -> None:
+        self.threaded = threaded
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._queued: deque[LogJob] = deque()
+        self._done: list[LogJob] = []
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def has_done(self) -> bool:
+        """Whether a log is done (made or failed) and not taken yet."""
+        return bool(self._done)
+
+    def submit(self, job: LogJob) -> None:
+        """Make ``job``'s log: now (inline), else queued for the worker."""
+        if not self.threaded:
+            _make(job)
+            self._done.append(job)
+            return
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the image log maker is closed")
+            self._queued.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ss-image-logs",
+                                                daemon=True)
+                self._thread.start()
+            self._work.notify()
+
+    def take_done(self) -> list[LogJob]:
+        """The jobs done since the last call, in the order they finished."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def close(self) -> list[LogJob]:
+        """Stop: the queued jobs are not made (their ``result`` stays None), the one being
+        made is waited for.  Returns every job not taken: done ones (their logs to free) and
+        the unmade ones (their budget to give back)."""
+        with self._lock:
+            self._closing = True
+            unmade = list(self._queued)
+            self._queued.clear()
+            self._work.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        return self.take_done() + unmade
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queued and not self._closing:
+                    self._work.wait()
+                if not self._queued:
+                    return
+                job = self._queued.popleft()
+            _make(job)
+            with self._lock:
+                self._done.append(job)
+            try:
+                self._wake()
+            except Exception:  # the conductor still finds it at its next cycle
+                log.exception("waking the conductor for a made image log failed")
+
+
+def _make(job: LogJob) -> None:
+    try:
+        job.result = make_log_file(job.path, job.length, **job.kwargs)
+    except Exception as e:  # handed to the conductor, which says what failed
+        job.result = e
