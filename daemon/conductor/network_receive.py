@@ -520,7 +520,7 @@ class ReceiveSide:
                 continue
             if not self._still_wanted(pending, now_ns):
                 self.counters.add(SystemCounter.IMAGE_LOGS_ABANDONED)
-                discard_log(result, self.budget)
+                self._discard(result)
                 self._charge(pending.host, -1, -job.length)
                 continue
             out.extend(self._attach(pending, result, now_ns))
@@ -562,7 +562,7 @@ class ReceiveSide:
                 label, registration_id=registration_id, session_id=setup.session_id,
                 stream_id=setup.stream_id)
         except CountersFullError as e:
-            discard_log(log_buffer, self.budget)
+            self._discard(log_buffer)
             self._charge(pending.host, -1, -log_buffer.length)
             self._refuse(event, str(e), now_ns, error=True)
             return []
@@ -666,7 +666,13 @@ class ReceiveSide:
         for counter_id in image_entry.counter_ids:
             self.counters.free(counter_id)
         self._charge(image_entry.source[0], -1, -image_entry.log.length)
-        discard_log(image_entry.log, self.budget)
+        self._discard(image_entry.log)
+
+    def _discard(self, log_buffer: LogBuffer) -> None:
+        """An image's log goes: its memory back in the budget now, its file unmapped and
+        deleted off this thread (:meth:`ImageLogMaker.discard`)."""
+        self.budget.release(log_buffer.length)
+        self.log_maker.discard(log_buffer)
 
     def image_log(self, registration_id: int) -> LogBuffer | None:
         """The driver's mapping of image ``registration_id``'s log (None once it is gone),

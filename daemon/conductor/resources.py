@@ -110,8 +110,14 @@ def make_log_file(path: Path, length: int, **kwargs: Any) -> LogBuffer:
 def discard_log(log_buffer: LogBuffer, budget: LogBudget) -> None:
     """Unmap the driver's view of a log, delete its file (clients keep their mappings) and
     give its memory back to ``budget``."""
-    path = log_buffer.path
     budget.release(log_buffer.length)
+    discard_file(log_buffer)
+
+
+def discard_file(log_buffer: LogBuffer) -> None:
+    """Unmap the driver's view of a log and delete its file (clients keep their mappings);
+    its memory is the caller's to give back.  Any thread."""
+    path = log_buffer.path
     log_buffer.close()
     try:
         os.unlink(path)

@@ -1,0 +1,223 @@
+"""SETUPs from a host that is no sender, at a real driver process over loopback (issue 59, the
+SETUP flood): crafted frames from plain UDP sockets (a source address each, 127.0.0.x) at the
+port of a real subscription.
+
+* a term longer than the subscription allows makes no image: counted by cause, logged once
+  per source per interval however many come; ``max-term-length=`` lowers or raises it;
+* one source host's images, and their log memory, are bounded; another host still gets its
+  image; past the logs being made at once, a SETUP is refused;
+* a log of 3 x 128 MiB is made off the conductor's thread: its cycle, the heartbeat clients
+  read and their commands go on meanwhile; a log whose subscription went while it was made
+  is freed, and so are those of a driver that stops while they are being made.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from helpers import counters_of, free_port, wait_for
+
+from slipstream.client import Client, control
+from slipstream.client.frames import Setup
+from slipstream.client.logbuffer import compute_log_length
+from slipstream.daemon.driver import MediaDriver
+from slipstream.daemon.reports.error_log import read_error_log
+
+KIB = 1024
+MIB = 1024 * KIB
+STREAM = 59
+#: Images stay while the test counts them (the SETUPs' sources send no data).
+SLOW_LIVENESS = {"image_liveness_timeout": "20s"}
+
+
+def setup_frame(session_id: int, term_length: int, stream_id: int = STREAM) -> bytes:
+    """A valid SETUP of a new session at the start of its first term."""
+    return Setup(term_offset=0, session_id=session_id, stream_id=stream_id, initial_term_id=7,
+                 active_term_id=7, term_length=term_length, mtu=1408).encode()
+
+
+def send_setups(port: int, sessions: range, term_length: int, *,
+                source: str = "127.0.0.1", gap_s: float = 0.0) -> None:
+    """One SETUP per session in ``sessions``, from ``source`` to 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((source, 0))
+        for session_id in sessions:
+            s.sendto(setup_frame(session_id, term_length), ("127.0.0.1", port))
+            if gap_s:
+                time.sleep(gap_s)
+
+
+def image_logs(driver: MediaDriver) -> list[Path]:
+    return sorted((driver.directory / control.IMAGES_DIR).glob("*.logbuffer"))
+
+
+def refusals_logged(driver: MediaDriver, words: str) -> list[str]:
+    return [e.message for e in read_error_log(driver.directory) if words in e.message]
+
+
+def test_a_term_longer_than_the_subscription_allows_makes_no_image_and_is_logged_once(
+        launch) -> None:
+    """The default allows 16 MiB: 200 SETUPs of 128 MiB terms from one source make no log,
+    count 200 refusals by cause, and leave one line in the error log (its next, after the
+    interval, says how many were held back)."""
+    driver = launch(**SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client:
+        client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        send_setups(port, range(1, 201), 128 * MIB)
+        wait_for(lambda: counters_of(driver)["IMAGE_TERM_LENGTH_REFUSED"] == 200, timeout=10,
+                 what="200 refusals counted")
+        assert image_logs(driver) == []
+        counters = counters_of(driver)
+        assert counters["IMAGES_REJECTED"] == 200
+        wait_for(lambda: refusals_logged(driver, "refused the image"), what="the refusal logged")
+        time.sleep(0.5)  # nothing more comes
+        lines = refusals_logged(driver, "refused the image")
+        assert len(lines) == 1, lines
+        assert "term length 134217728 is over this receiver's image_term_buffer_length_max" \
+            in lines[0]
+
+
+def test_max_term_length_on_a_subscription_lowers_and_raises_the_bound(launch) -> None:
+    driver = launch(**SLOW_LIVENESS)
+    low, high = free_port(), free_port()
+    with Client.connect(driver.directory) as client:
+        client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{low}|max-term-length=64k",
+                                STREAM)
+        client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{high}|max-term-length=32m|sparse=true", STREAM)
+        send_setups(low, range(1, 3), 128 * KIB)  # over 64k: refused
+        wait_for(lambda: counters_of(driver)["IMAGE_TERM_LENGTH_REFUSED"] == 2,
+                 what="two refusals")
+        send_setups(high, range(3, 4), 32 * MIB)  # over the driver's 16m, within the URI's
+        wait_for(lambda: len(image_logs(driver)) == 1, what="the 32 MiB-term image's log")
+        assert image_logs(driver)[0].stat().st_size == compute_log_length(32 * MIB)
+        assert counters_of(driver)["IMAGE_TERM_LENGTH_REFUSED"] == 2
+        wait_for(lambda: refusals_logged(driver, "max-term-length of 65536"),
+                 what="the refusal naming the subscription's key")
+
+
+def test_one_source_host_has_at_most_image_source_max_images(launch) -> None:
+    """12 sessions from 127.0.0.1 (several ports) with a bound of 5: 5 images, 7 refused by
+    cause; another host (127.0.0.2) still gets its image."""
+    driver = launch(image_source_max_images=5, **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        for first in (1, 5, 9):  # from three source ports of one host
+            send_setups(port, range(first, first + 4), 64 * KIB, gap_s=0.01)
+        wait_for(lambda: counters_of(driver)["IMAGE_SOURCE_IMAGES_REFUSED"] >= 7,
+                 what="7 refusals")
+        wait_for(lambda: len(subscription.images) == 5, what="5 images")
+        assert len(image_logs(driver)) == 5
+        send_setups(port, range(100, 101), 64 * KIB, source="127.0.0.2")
+        wait_for(lambda: len(subscription.images) == 6, what="the other host's image")
+        assert counters_of(driver)["IMAGE_SOURCE_IMAGES_REFUSED"] == 7
+        lines = refusals_logged(driver, "image_source_max_images")
+        assert lines == [], "a bound's refusal is a warning, not an error"
+
+
+def test_one_source_hosts_images_take_at_most_image_source_memory_limit(launch) -> None:
+    log_length = compute_log_length(64 * KIB)
+    driver = launch(image_source_memory_limit=f"{3 * log_length + 1}", **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        send_setups(port, range(1, 9), 64 * KIB, gap_s=0.01)
+        wait_for(lambda: counters_of(driver)["IMAGE_SOURCE_MEMORY_REFUSED"] == 5,
+                 what="5 refusals")
+        wait_for(lambda: len(subscription.images) == 3, what="3 images")
+        assert sum(p.stat().st_size for p in image_logs(driver)) == 3 * log_length
+
+
+def test_setups_past_the_logs_being_made_at_once_are_refused(launch) -> None:
+    """One log at a time (image_pending_max=1), each of 3 x 64 MiB allocated in full: a burst
+    of SETUPs gets the first image made and the others refused by cause; their senders ask
+    again (the session cools down for a second) and get theirs then."""
+    driver = launch(image_pending_max=1, **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=64m", STREAM)
+        send_setups(port, range(1, 4), 64 * MIB)
+        wait_for(lambda: counters_of(driver)["IMAGE_PENDING_REFUSED"] >= 1, timeout=10,
+                 what="a refusal while a log is made")
+        wait_for(lambda: len(subscription.images) >= 1, timeout=10, what="the first image")
+        time.sleep(1.2)  # past the cool-down
+        send_setups(port, range(1, 4), 64 * MIB, gap_s=0.5)
+        wait_for(lambda: len(subscription.images) == 3, timeout=20, what="all three images")
+
+
+def test_a_big_log_is_made_while_the_conductor_serves_clients(launch) -> None:
+    """Three SETUPs of 128 MiB terms (the subscription allows them), logs allocated in full:
+    3 x 384 MiB written and mapped, about 0.3 s each here (made on the conductor's thread, one
+    cycle took them all).  Meanwhile the conductor's cycles stay short (its heartbeat is
+    beaten every cycle) and a client's commands are answered."""
+    driver = launch(**SLOW_LIVENESS)
+    port = free_port()
+    # The commands come from a client of their own: the subscriber's client maps each
+    # image's 384 MiB as it hears of it, before it reads the answers behind that.
+    with Client.connect(driver.directory) as subscriber, \
+            Client.connect(driver.directory) as client:
+        subscription = subscriber.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=128m", STREAM)
+        before = counters_of(driver)["CONDUCTOR_MAX_CYCLE_TIME_NS"]
+        started = time.monotonic()
+        send_setups(port, range(1, 4), 128 * MIB)
+        answers: list[float] = []
+        while not (len(subscription.images) == 3 and len(image_logs(driver)) == 3):
+            asked = time.monotonic()
+            client.add_publication("aeron:ipc?term-length=64k", 7).close()
+            answers.append(time.monotonic() - asked)
+            assert time.monotonic() - started < 60, "the images never came"
+        made_s = time.monotonic() - started
+        worst_cycle_ns = counters_of(driver)["CONDUCTOR_MAX_CYCLE_TIME_NS"]
+        print(f"3 logs of 384 MiB made in {made_s:.2f} s; {len(answers)} commands answered "
+              f"meanwhile, slowest {max(answers) * 1e3:.1f} ms; conductor's longest cycle "
+              f"{worst_cycle_ns / 1e6:.1f} ms (before: {before / 1e6:.1f} ms)")
+        # Made on the conductor's thread, the three took one cycle of about made_s.
+        assert made_s > 0.5, "the logs were made too fast to show anything"
+        assert len(answers) >= 3
+        assert max(answers) < 0.5  # a 2-core machine shared with other work
+        assert worst_cycle_ns < 250_000_000
+
+
+def test_a_log_whose_subscription_went_while_it_was_made_is_freed(launch) -> None:
+    """The subscription closes while its image's 384 MiB log is made: the log is freed (no
+    file, counted), and its memory is back in the budget, which holds one such log only: a
+    new subscription's image of another session gets one."""
+    driver = launch(log_buffer_memory_limit="400m", **SLOW_LIVENESS)
+    port = free_port()
+    uri = f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=128m"
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(uri, STREAM)
+        send_setups(port, range(1, 2), 128 * MIB)
+        subscription.close()
+        wait_for(lambda: counters_of(driver)["IMAGE_LOGS_ABANDONED"] == 1, timeout=20,
+                 what="the log abandoned")
+        wait_for(lambda: image_logs(driver) == [], what="its file deleted")
+        subscription = client.add_subscription(uri, STREAM)
+        send_setups(port, range(2, 3), 128 * MIB)
+        wait_for(lambda: len(subscription.images) == 1, timeout=20, what="the next image")
+        assert counters_of(driver)["IMAGES_REJECTED"] == 0
+
+
+@pytest.mark.parametrize("count", [1, 6])
+def test_a_driver_stopping_while_logs_are_made_leaves_none(tmp_path: Path, count: int) -> None:
+    """The driver stops (SIGTERM) while one log of 384 MiB is being made and others wait:
+    it stops, and leaves no log file behind."""
+    from helpers import NETWORK_SETTINGS
+
+    directory = Path("/dev/shm") / f"slipstream-flood-{tmp_path.name[-20:]}"
+    port = free_port()
+    with MediaDriver.launch(directory=directory, **{**NETWORK_SETTINGS, **SLOW_LIVENESS}) \
+            as driver:
+        with Client.connect(driver.directory) as client:
+            client.add_subscription(
+                f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=128m", STREAM)
+            send_setups(port, range(1, count + 1), 128 * MIB)
+            wait_for(lambda: image_logs(driver), what="a log begun")
+    assert not directory.exists() or not list(directory.rglob("*.logbuffer"))
