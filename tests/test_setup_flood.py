@@ -195,6 +195,7 @@ def test_a_log_whose_subscription_went_while_it_was_made_is_freed(launch) -> Non
     with Client.connect(driver.directory) as client:
         subscription = client.add_subscription(uri, STREAM)
         send_setups(port, range(1, 2), 128 * MIB)
+        wait_for(lambda: image_logs(driver), what="its log begun")  # it takes ~0.3 s
         subscription.close()
         wait_for(lambda: counters_of(driver)["IMAGE_LOGS_ABANDONED"] == 1, timeout=20,
                  what="the log abandoned")
