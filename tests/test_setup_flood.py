@@ -222,3 +222,67 @@ def test_a_driver_stopping_while_logs_are_made_leaves_none(tmp_path: Path, count
             send_setups(port, range(1, count + 1), 128 * MIB)
             wait_for(lambda: image_logs(driver), what="a log begun")
     assert not directory.exists() or not list(directory.rglob("*.logbuffer"))
+
+
+def test_a_conductor_closing_with_logs_being_made_gives_their_memory_back(shm: Path) -> None:
+    """In this process: six SETUPs' logs of 3 x 64 MiB submitted to the worker, the conductor
+    closed while the first is being made.  The budget held all six at once; after the close
+    it holds none, and no log file is left (made, being made or never begun)."""
+    from slipstream.client.counters import CountersFile
+    from slipstream.daemon.conductor.conductor import DriverConductor
+    from slipstream.daemon.config import DriverSettings
+    from slipstream.daemon.media.events import ImageRequested
+    from slipstream.daemon.media.udp import UdpTransports
+
+    settings = DriverSettings(dir=str(shm))
+    for folder in (control.PUBLICATIONS_DIR, control.IMAGES_DIR):
+        (shm / folder).mkdir()
+    counters = CountersFile.create(shm / "counters.dat", 256)
+    conductor = DriverConductor(settings, shm, counters,
+                                transports=UdpTransports(settings, counters), threaded_logs=True)
+    network = conductor.network
+    assert network is not None
+    now = time.monotonic_ns()
+    try:
+        conductor.on_command(b"k", {"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
+                                    "pid": 1, "process": 1, "correlation_id": 1}, now)
+        replies = conductor.on_command(b"k", {
+            "type": control.ADD_SUBSCRIPTION, "stream_id": STREAM, "correlation_id": 2,
+            "channel": f"aeron:udp?endpoint=127.0.0.1:{free_port()}|max-term-length=64m"}, now)
+        assert replies[0][1]["type"] == control.SUBSCRIPTION_READY, replies
+        (entry,) = network._receive_endpoints.values()
+        for session_id in range(1, 7):
+            setup = Setup(term_offset=0, session_id=session_id, stream_id=STREAM,
+                          initial_term_id=7, active_term_id=7, term_length=64 * MIB, mtu=1408)
+            network._post(ImageRequested(entry.endpoint.channel, setup, ("127.0.0.9", 4000)))
+        conductor.do_work(now)
+        assert conductor.budget.used == 6 * compute_log_length(64 * MIB)
+        wait_for(lambda: list((shm / control.IMAGES_DIR).iterdir()), what="a log begun")
+    finally:
+        conductor.close(time.monotonic_ns())
+        counters.close()
+    assert conductor.budget.used == 0
+    assert list((shm / control.IMAGES_DIR).iterdir()) == []
+
+
+@pytest.mark.unit
+def test_notices_are_told_once_per_source_per_interval_with_what_was_held_back() -> None:
+    from slipstream.daemon.protocol.notices import SourceNotices
+
+    notices = SourceNotices(interval_ns=100, capacity=2)
+    assert notices.tell("a", 0) == 0
+    assert [notices.tell("a", t) for t in (1, 50, 99)] == [None, None, None]
+    assert notices.tell("b", 10) == 0
+    assert notices.tell("c", 20) is None  # the table is full: held back, counted
+    assert notices.tell("a", 100) == 3 + 1  # a's three, and c's
+    assert notices.tell("c", 120) == 0  # b's interval ended with nothing held: room again
+
+
+@pytest.mark.unit
+def test_notices_keep_a_bounded_table_whatever_the_sources() -> None:
+    from slipstream.daemon.protocol.notices import SourceNotices
+
+    notices = SourceNotices(interval_ns=1_000, capacity=64)
+    told = sum(notices.tell(f"10.0.{i // 256}.{i % 256}", i) is not None for i in range(10_000))
+    assert len(notices._sources) <= 64
+    assert told <= 64 * (10_000 // 1_000 + 1)  # at most the table's worth per interval
