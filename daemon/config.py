@@ -469,10 +469,10 @@ class DriverSettings:
     image_pending_max: int = _int(
         16,
         "The most images whose logs are queued or being made at once (off the conductor's "
-        "thread, by one worker): a SETUP past it makes no image (counted as image pending "
-        "refused; its sender asks again within a second), so SETUPs from spoofed addresses "
-        "cannot queue unbounded work. A log of default terms is made in tens of ms "
-        "(slipstream).",
+        "thread, by one worker), and one source address half of them: a SETUP past either "
+        "makes no image (counted as image pending refused; its sender asks again within a "
+        "second), so SETUPs from spoofed addresses cannot queue unbounded work, nor one host "
+        "take all the room. A log of default terms is made in tens of ms (slipstream).",
         low=1, high=65536,
     )
     rcv_initial_window_length: int = _size(

@@ -151,6 +151,21 @@ def test_setups_past_the_logs_being_made_at_once_are_refused(launch) -> None:
         wait_for(lambda: len(subscription.images) == 3, timeout=20, what="all three images")
 
 
+def test_one_source_host_takes_at_most_half_of_the_logs_being_made(launch) -> None:
+    """image_pending_max=4: a burst of four 3 x 64 MiB logs from one host gets two queued and
+    two refused; another host's SETUP right after still finds room."""
+    driver = launch(image_pending_max=4, **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=64m", STREAM)
+        send_setups(port, range(1, 5), 64 * MIB)
+        send_setups(port, range(100, 101), 64 * MIB, source="127.0.0.2")
+        wait_for(lambda: len(subscription.images) == 3, timeout=20, what="three images")
+        assert counters_of(driver)["IMAGE_PENDING_REFUSED"] == 2
+        assert 100 in {image.session_id for image in subscription.images}
+
+
 def test_a_big_log_is_made_while_the_conductor_serves_clients(launch) -> None:
     """Three SETUPs of 128 MiB terms (the subscription allows them), logs allocated in full:
     3 x 384 MiB written and mapped, about 0.3 s each here (made on the conductor's thread, one

@@ -131,7 +131,8 @@ class ReceiveSide:
         #: The images whose logs are being made, by (id of their ReceiveChannel, session,
         #: stream).
         self._pending: dict[tuple[int, int, int], LogJob] = {}
-        #: Each source host's images (being made, live and lingering) and their logs' bytes.
+        #: Each source host's images (being made, live and lingering), their logs' bytes and
+        #: how many of those logs are being made.
         self._source_use: dict[str, list[int]] = {}
         #: Refused images are logged once per source host per interval.
         self._refusal_notices = SourceNotices()
@@ -447,8 +448,8 @@ class ReceiveSide:
              "mode": self.settings.file_mode(clients_write=True)},
             _PendingImage(event, entry, registration_id, key, host, now_ns))
         self._pending[key] = job
-        self._source_use.setdefault(host, [0, 0])
-        self._charge(host, 1, length)
+        self._source_use.setdefault(host, [0, 0, 0])
+        self._charge(host, 1, length, pending=1)
         self.log_maker.submit(job)
         return self.attach_done(now_ns)
 
@@ -459,7 +460,12 @@ class ReceiveSide:
         if len(self._pending) >= settings.image_pending_max:
             return (SystemCounter.IMAGE_PENDING_REFUSED,
                     f"{len(self._pending)} image logs are being made, image_pending_max")
-        images, used = self._source_use.get(host, (0, 0))
+        images, used, pending = self._source_use.get(host, (0, 0, 0))
+        # One address may hold half of the logs being made: a flood from one host leaves
+        # room for the others' SETUPs.
+        if pending >= max(1, settings.image_pending_max // 2):
+            return (SystemCounter.IMAGE_PENDING_REFUSED,
+                    f"{host} has {pending} image logs being made, half of image_pending_max")
         if images >= settings.image_source_max_images:
             return (SystemCounter.IMAGE_SOURCE_IMAGES_REFUSED,
                     f"{host} has {images} images here, image_source_max_images")
@@ -471,11 +477,13 @@ class ReceiveSide:
                     f" MiB)")
         return None
 
-    def _charge(self, host: str, images: int, length: int) -> None:
-        """Count (or with negative values, uncount) images and log bytes of ``host``."""
+    def _charge(self, host: str, images: int, length: int, *, pending: int = 0) -> None:
+        """Count (or with negative values, uncount) images, log bytes and logs being made
+        of ``host``."""
         use = self._source_use[host]
         use[0] += images
         use[1] += length
+        use[2] += pending
         if use[0] <= 0:
             del self._source_use[host]
 
@@ -508,6 +516,7 @@ class ReceiveSide:
         for job in self.log_maker.take_done():
             pending: _PendingImage = job.request
             del self._pending[pending.key]
+            self._charge(pending.host, 0, 0, pending=-1)
             result = job.result
             if not isinstance(result, LogBuffer):
                 self.budget.release(job.length)
@@ -732,7 +741,7 @@ class ReceiveSide:
                 discard_log(job.result, self.budget)
             else:
                 self.budget.release(job.length)
-            self._charge(job.request.host, -1, -job.length)
+            self._charge(job.request.host, -1, -job.length, pending=-1)
         for receive_entry in self._receive_endpoints.values():
             receive_entry.endpoint.transport.close()
             for image_entry in receive_entry.images.values():
