@@ -13,6 +13,7 @@ port of a real subscription.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from helpers import counters_of, free_port, wait_for
 
 from slipstream.client import Client, control
-from slipstream.client.frames import Setup
+from slipstream.client.frames import Setup, decode
 from slipstream.client.logbuffer import compute_log_length
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.reports.error_log import read_error_log
@@ -61,15 +62,24 @@ def refusals_logged(driver: MediaDriver, words: str) -> list[str]:
 def test_a_term_longer_than_the_subscription_allows_makes_no_image_and_is_logged_once(
         launch) -> None:
     """The default allows 16 MiB: 200 SETUPs of 128 MiB terms from one source make no log,
-    count 200 refusals by cause, and leave one line in the error log (its next, after the
-    interval, says how many were held back)."""
+    count 200 refusals by cause, get one ERR frame back and leave one line in the error log
+    (its next, after the interval, says how many were held back)."""
     driver = launch(**SLOW_LIVENESS)
     port = free_port()
-    with Client.connect(driver.directory) as client:
+    with Client.connect(driver.directory) as client, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
         client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
-        send_setups(port, range(1, 201), 128 * MIB)
+        sender.bind(("127.0.0.1", 0))
+        for session_id in range(1, 201):
+            sender.sendto(setup_frame(session_id, 128 * MIB), ("127.0.0.1", port))
         wait_for(lambda: counters_of(driver)["IMAGE_TERM_LENGTH_REFUSED"] == 200, timeout=10,
                  what="200 refusals counted")
+        sender.settimeout(0.5)
+        answers = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                answers.append(sender.recv(2048))
+        assert [decode(a).__class__.__name__ for a in answers] == ["ErrorFrame"]
         assert image_logs(driver) == []
         counters = counters_of(driver)
         assert counters["IMAGES_REJECTED"] == 200
