@@ -253,7 +253,7 @@ def test_a_conductor_closing_with_logs_being_made_gives_their_memory_back(shm: P
     """In this process: six SETUPs' logs of 3 x 64 MiB submitted to the worker, the conductor
     closed while the first is being made.  The budget held all six at once; after the close
     it holds none, and no log file is left (made, being made or never begun)."""
-    from slipstream.client.counters import CountersFile
+    from slipstream.client.counters import CountersFile, SystemCounter
     from slipstream.daemon.conductor.conductor import DriverConductor
     from slipstream.daemon.config import DriverSettings
     from slipstream.daemon.media.events import ImageRequested
@@ -282,6 +282,11 @@ def test_a_conductor_closing_with_logs_being_made_gives_their_memory_back(shm: P
             network._post(ImageRequested(entry.endpoint.channel, setup, ("127.0.0.9", 4000)))
         conductor.do_work(now)
         assert conductor.budget.used == 6 * compute_log_length(64 * MIB)
+        # The sender asks again while its log is made (after the receiver's second): noted.
+        network._post(ImageRequested(entry.endpoint.channel, setup, ("127.0.0.9", 4000)))
+        conductor.do_work(now + 1_100_000_000)
+        assert conductor.budget.used == 6 * compute_log_length(64 * MIB)
+        assert counters.get(SystemCounter.ERRORS) == 0
         wait_for(lambda: list((shm / control.IMAGES_DIR).iterdir()), what="a log begun")
     finally:
         conductor.close(time.monotonic_ns())

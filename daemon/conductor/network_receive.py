@@ -417,9 +417,9 @@ class ReceiveSide:
                and e.image.stream_id == setup.stream_id for e in entry.images.values()):
             return []  # a repeat of a request already served (the receiver asked again)
         key = (id(event.channel), setup.session_id, setup.stream_id)
-        pending = self._pending.get(key)
-        if pending is not None:  # its log is being made: the sender still asks
-            pending.last_asked_ns = now_ns
+        job = self._pending.get(key)
+        if job is not None:  # its log is being made: the sender still asks
+            job.request.last_asked_ns = now_ns
             return []
         host = event.source[0]
         length = compute_log_length(setup.term_length)
