@@ -249,14 +249,14 @@ def test_a_driver_stopping_while_logs_are_made_leaves_none(tmp_path: Path, count
     assert not directory.exists() or not list(directory.rglob("*.logbuffer"))
 
 
-def test_a_conductor_closing_with_logs_being_made_gives_their_memory_back(shm: Path) -> None:
-    """In this process: six SETUPs' logs of 3 x 64 MiB submitted to the worker, the conductor
-    closed while the first is being made.  The budget held all six at once; after the close
-    it holds none, and no log file is left (made, being made or never begun)."""
-    from slipstream.client.counters import CountersFile, SystemCounter
+def _conductor_with_a_subscription(shm: Path):  # -> (conductor, counters, channel, heartbeat)
+    """In this process: a conductor whose image logs are made on its worker, one client and
+    one subscription (allowing 64 MiB terms); its receive channel, to post SETUPs' image
+    requests to as its receiver would (the agents do not run), and the client's heartbeat
+    counter."""
+    from slipstream.client.counters import CountersFile
     from slipstream.daemon.conductor.conductor import DriverConductor
     from slipstream.daemon.config import DriverSettings
-    from slipstream.daemon.media.events import ImageRequested
     from slipstream.daemon.media.udp import UdpTransports
 
     settings = DriverSettings(dir=str(shm))
@@ -268,22 +268,41 @@ def test_a_conductor_closing_with_logs_being_made_gives_their_memory_back(shm: P
     network = conductor.network
     assert network is not None
     now = time.monotonic_ns()
+    ((_, connected),) = conductor.on_command(b"k", {
+        "type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1, "process": 1,
+        "correlation_id": 1}, now)
+    replies = conductor.on_command(b"k", {
+        "type": control.ADD_SUBSCRIPTION, "stream_id": STREAM, "correlation_id": 2,
+        "channel": f"aeron:udp?endpoint=127.0.0.1:{free_port()}|max-term-length=64m"}, now)
+    assert replies[0][1]["type"] == control.SUBSCRIPTION_READY, replies
+    (entry,) = network._receive_endpoints.values()
+    return conductor, counters, entry.endpoint.channel, connected["heartbeat_counter_id"]
+
+
+def _request(channel, session_id: int, term_length: int):  # -> ImageRequested
+    from slipstream.daemon.media.events import ImageRequested
+
+    setup = Setup(term_offset=0, session_id=session_id, stream_id=STREAM, initial_term_id=7,
+                  active_term_id=7, term_length=term_length, mtu=1408)
+    return ImageRequested(channel, setup, ("127.0.0.9", 4000))
+
+
+def test_a_conductor_closing_with_logs_being_made_gives_their_memory_back(shm: Path) -> None:
+    """Six SETUPs' logs of 3 x 64 MiB submitted to the worker, the conductor closed while the
+    first is being made.  The budget held all six at once; after the close it holds none,
+    and no log file is left (made, being made or never begun)."""
+    from slipstream.client.counters import SystemCounter
+
+    conductor, counters, channel, _ = _conductor_with_a_subscription(shm)
+    network = conductor.network
+    now = time.monotonic_ns()
     try:
-        conductor.on_command(b"k", {"type": control.CONNECT, "version": control.PROTOCOL_VERSION,
-                                    "pid": 1, "process": 1, "correlation_id": 1}, now)
-        replies = conductor.on_command(b"k", {
-            "type": control.ADD_SUBSCRIPTION, "stream_id": STREAM, "correlation_id": 2,
-            "channel": f"aeron:udp?endpoint=127.0.0.1:{free_port()}|max-term-length=64m"}, now)
-        assert replies[0][1]["type"] == control.SUBSCRIPTION_READY, replies
-        (entry,) = network._receive_endpoints.values()
         for session_id in range(1, 7):
-            setup = Setup(term_offset=0, session_id=session_id, stream_id=STREAM,
-                          initial_term_id=7, active_term_id=7, term_length=64 * MIB, mtu=1408)
-            network._post(ImageRequested(entry.endpoint.channel, setup, ("127.0.0.9", 4000)))
+            network._post(_request(channel, session_id, 64 * MIB))
         conductor.do_work(now)
         assert conductor.budget.used == 6 * compute_log_length(64 * MIB)
         # The sender asks again while its log is made (after the receiver's second): noted.
-        network._post(ImageRequested(entry.endpoint.channel, setup, ("127.0.0.9", 4000)))
+        network._post(_request(channel, 6, 64 * MIB))
         conductor.do_work(now + 1_100_000_000)
         assert conductor.budget.used == 6 * compute_log_length(64 * MIB)
         assert counters.get(SystemCounter.ERRORS) == 0
@@ -293,6 +312,35 @@ def test_a_conductor_closing_with_logs_being_made_gives_their_memory_back(shm: P
         counters.close()
     assert conductor.budget.used == 0
     assert list((shm / control.IMAGES_DIR).iterdir()) == []
+
+
+def test_a_log_made_for_a_sender_that_stopped_asking_is_freed(shm: Path) -> None:
+    """Its log (3 x 64 MiB: made in tens of ms, after the conductor's cycle that asked for
+    it) is done after the sender's last SETUP is older than image_liveness_timeout: no
+    image, the log freed and counted, the budget whole again."""
+    from slipstream.client.counters import SystemCounter
+
+    conductor, counters, channel, heartbeat = _conductor_with_a_subscription(shm)
+    network = conductor.network
+    now = time.monotonic_ns()
+    try:
+        network._post(_request(channel, 1, 64 * MIB))
+        conductor.do_work(now)
+        wait_for(lambda: network.has_events, what="the log made")
+        late = now + conductor.settings.image_liveness_timeout + 1
+        counters.set(heartbeat, late)  # the client is alive
+        conductor.do_work(late)
+        assert counters.get(SystemCounter.IMAGE_LOGS_ABANDONED) == 1
+        assert network.image_count == 0 and conductor.budget.used == 0
+        wait_for(lambda: not list((shm / control.IMAGES_DIR).iterdir()), what="its file gone")
+        network._post(_request(channel, 2, 64 * MIB))  # one whose sender is there: attached
+        conductor.do_work(late)
+        wait_for(lambda: network.has_events, what="the log made")
+        conductor.do_work(late + 1)
+        assert network.image_count == 1
+    finally:
+        conductor.close(time.monotonic_ns())
+        counters.close()
 
 
 @pytest.mark.unit
