@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from helpers import counters_of, free_port, wait_for
 
-from slipstream.client import Client, control
+from slipstream.client import ChannelError, ChannelRejectedError, ChannelWarning, Client, control
+from slipstream.client.channel import parse_channel
 from slipstream.client.frames import Setup, decode
 from slipstream.client.logbuffer import compute_log_length
 from slipstream.daemon.driver import MediaDriver
@@ -364,3 +365,26 @@ def test_notices_keep_a_bounded_table_whatever_the_sources() -> None:
     told = sum(notices.tell(f"10.0.{i // 256}.{i % 256}", i) is not None for i in range(10_000))
     assert len(notices._sources) <= 64
     assert told <= 64 * (10_000 // 1_000 + 1)  # at most the table's worth per interval
+
+
+def test_max_term_length_is_refused_by_name_where_it_does_nothing_or_differs(launch) -> None:
+    """Not a power of two, or on aeron:ipc: the client refuses it; on a spy, or a second
+    subscription of an endpoint asking for another bound: the driver; on a publication it is
+    the other side's key (a warning)."""
+    driver = launch()
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with Client.connect(driver.directory) as client:
+        for channel in (f"{uri}|max-term-length=100k", "aeron:ipc?max-term-length=64m"):
+            with pytest.raises(ChannelError) as refused:
+                parse_channel(channel)
+            assert refused.value.part == "max-term-length"
+        first = client.add_subscription(f"{uri}|max-term-length=32m", 1)
+        for channel, words in ((f"{uri}|max-term-length=64m", "differs from"),
+                               (f"aeron-spy:{uri}|max-term-length=64m", "does nothing on a spy")):
+            with pytest.raises(ChannelRejectedError, match=words) as rejected:
+                client.add_subscription(channel, 2)
+            assert rejected.value.part == "max-term-length"
+        client.add_subscription(f"{uri}|max-term-length=32m", 3).close()  # the same: joins
+        with pytest.warns(ChannelWarning, match="max-term-length is a subscription key"):
+            client.add_publication(f"{uri}|max-term-length=32m", 4).close()
+        first.close()
