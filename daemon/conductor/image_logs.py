@@ -8,12 +8,15 @@ hands each log to :class:`ImageLogMaker`, whose one worker thread makes the file
 (``ftruncate``, ``posix_fallocate`` and the populating map release the GIL), and takes the
 finished ones back in a later duty cycle (:meth:`ImageLogMaker.take_done`), where it attaches
 the image, or frees a log nobody wants any more.  Unmapping and deleting a log costs as much
-(about 0.1 s for 3 x 128 MiB): the worker does that too (:meth:`ImageLogMaker.discard`).
+(about 0.1 s for 3 x 128 MiB): the worker does that too (:meth:`ImageLogMaker.discard`), and
+hands back the caller's ``gone`` callback to run on its thread once the file is deleted (so
+that memory counts as used for as long as its file exists).
 
 The conductor reserves a log's memory in its budget before it submits it and gives it back
-for every log that fails, is abandoned or is still queued at :meth:`ImageLogMaker.close`;
-the maker never touches the budget.  The simulator's drivers make their logs inline
-(``threaded=False``): the same calls, done at submit, so a run stays deterministic.
+for every log that fails or is still queued at :meth:`ImageLogMaker.close`, and for every
+log discarded once it is gone; the maker never touches the budget.  The simulator's drivers
+make their logs inline (``threaded=False``): the same calls, done at submit, so a run stays
+deterministic.
 """
 
 from __future__ import annotations
@@ -56,15 +59,16 @@ class ImageLogMaker:
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._queued: deque[LogJob] = deque()
-        self._discards: deque[LogBuffer] = deque()
+        self._discards: deque[tuple[LogBuffer, Callable[[], None]]] = deque()
+        self._gone: list[Callable[[], None]] = []
         self._done: list[LogJob] = []
         self._closing = False
         self._thread: threading.Thread | None = None
 
     @property
     def has_done(self) -> bool:
-        """Whether a log is done (made or failed) and not taken yet."""
-        return bool(self._done)
+        """Whether a log is done (made or failed, or discarded) and not taken yet."""
+        return bool(self._done or self._gone)
 
     def submit(self, job: LogJob) -> None:
         """Make ``job``'s log: now (inline), else queued for the worker."""
@@ -79,19 +83,29 @@ class ImageLogMaker:
             self._start()
             self._work.notify()
 
-    def discard(self, log_buffer: LogBuffer) -> None:
-        """Unmap ``log_buffer`` and delete its file (its memory is back in the budget
-        already: the caller's): now (inline), else on the worker, before the logs queued."""
+    def discard(self, log_buffer: LogBuffer, gone: Callable[[], None]) -> None:
+        """Unmap ``log_buffer`` and delete its file, then ``gone`` (on the caller's thread:
+        at once inline or after a close, else from :meth:`take_gone`); on the worker before
+        the logs queued."""
         if not self.threaded:
             _discard(log_buffer)
+            gone()
             return
         with self._lock:
-            if self._closing:
-                _discard(log_buffer)
-                return
-            self._discards.append(log_buffer)
-            self._start()
-            self._work.notify()
+            closing = self._closing
+            if not closing:
+                self._discards.append((log_buffer, gone))
+                self._start()
+                self._work.notify()
+        if closing:
+            _discard(log_buffer)
+            gone()
+
+    def take_gone(self) -> list[Callable[[], None]]:
+        """The ``gone`` callbacks of the logs the worker deleted since the last call."""
+        with self._lock:
+            gone, self._gone = self._gone, []
+        return gone
 
     def _start(self) -> None:
         if self._thread is None:
@@ -107,9 +121,9 @@ class ImageLogMaker:
 
     def close(self) -> list[LogJob]:
         """Stop: the queued jobs are not made (their ``result`` stays None), the one being
-        made is waited for, and every log to discard is discarded.  Returns every job not
-        taken: done ones (their logs to free) and the unmade ones (their budget to give
-        back)."""
+        made is waited for, and every log to discard is discarded (their ``gone`` callbacks
+        wait in :meth:`take_gone`).  Returns every job not taken: done ones (their logs to
+        free) and the unmade ones (their budget to give back)."""
         with self._lock:
             self._closing = True
             unmade = list(self._queued)
@@ -119,7 +133,9 @@ class ImageLogMaker:
         if thread is not None:
             thread.join()
         while self._discards:
-            _discard(self._discards.popleft())
+            log_buffer, gone = self._discards.popleft()
+            _discard(log_buffer)
+            self._gone.append(gone)
         return self.take_done() + unmade
 
     def _run(self) -> None:
@@ -128,21 +144,28 @@ class ImageLogMaker:
                 while not self._queued and not self._discards and not self._closing:
                     self._work.wait()
                 if self._discards:
-                    discarded: LogBuffer | None = self._discards.popleft()
+                    discarded: tuple[LogBuffer, Callable[[], None]] | None = (
+                        self._discards.popleft())
                 elif self._queued:
                     discarded, job = None, self._queued.popleft()
                 else:
                     return  # closing: close() discards what is left
             if discarded is not None:
-                _discard(discarded)
+                _discard(discarded[0])
+                with self._lock:
+                    self._gone.append(discarded[1])
+                self._wake_conductor()
                 continue
             _make(job)
             with self._lock:
                 self._done.append(job)
-            try:
-                self._wake()
-            except Exception:  # the conductor still finds it at its next cycle
-                log.exception("waking the conductor for a made image log failed")
+            self._wake_conductor()
+
+    def _wake_conductor(self) -> None:
+        try:
+            self._wake()
+        except Exception:  # the conductor still finds it at its next cycle
+            log.exception("waking the conductor for an image log failed")
 
 
 def _discard(log_buffer: LogBuffer) -> None:

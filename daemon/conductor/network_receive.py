@@ -506,12 +506,15 @@ class ReceiveSide:
             log.warning("refused %s%s", text, more)
 
     def attach_done(self, now_ns: int) -> Outgoing:
-        """The image logs made since the last call: each image still wanted is made (its
+        """The image logs deleted since the last call give their memory back, and of those
+        made since, each image still wanted is made (its
         counters, linked to the subscriptions that want it) and handed to the receiver, and
         their AVAILABLE_IMAGE messages are returned; a log no longer wanted (its endpoint or
         subscriptions went, another image of its session came, or its source stopped
         asking for image_liveness_timeout) is freed and counted; a log or counters the driver
         could not make refuse the image."""
+        for gone in self.log_maker.take_gone():
+            gone()
         out: Outgoing = []
         for job in self.log_maker.take_done():
             pending: _PendingImage = job.request
@@ -529,8 +532,7 @@ class ReceiveSide:
                 continue
             if not self._still_wanted(pending, now_ns):
                 self.counters.add(SystemCounter.IMAGE_LOGS_ABANDONED)
-                self._discard(result)
-                self._charge(pending.host, -1, -job.length)
+                self._discard(result, pending.host)
                 continue
             out.extend(self._attach(pending, result, now_ns))
         return out
@@ -571,8 +573,7 @@ class ReceiveSide:
                 label, registration_id=registration_id, session_id=setup.session_id,
                 stream_id=setup.stream_id)
         except CountersFullError as e:
-            self._discard(log_buffer)
-            self._charge(pending.host, -1, -log_buffer.length)
+            self._discard(log_buffer, pending.host)
             self._refuse(event, str(e), now_ns, error=True)
             return []
         hwm, position, *indicator_cells = (self.counters.address(i) for i in counter_ids)
@@ -674,14 +675,19 @@ class ReceiveSide:
         image_entry.links.clear()
         for counter_id in image_entry.counter_ids:
             self.counters.free(counter_id)
-        self._charge(image_entry.source[0], -1, -image_entry.log.length)
-        self._discard(image_entry.log)
+        self._discard(image_entry.log, image_entry.source[0])
 
-    def _discard(self, log_buffer: LogBuffer) -> None:
-        """An image's log goes: its memory back in the budget now, its file unmapped and
-        deleted off this thread (:meth:`ImageLogMaker.discard`)."""
-        self.budget.release(log_buffer.length)
-        self.log_maker.discard(log_buffer)
+    def _discard(self, log_buffer: LogBuffer, host: str) -> None:
+        """An image's log goes: unmapped and deleted off this thread
+        (:meth:`ImageLogMaker.discard`); its memory counts, in the budget and as ``host``'s,
+        until its file is gone."""
+        length = log_buffer.length
+
+        def gone() -> None:
+            self.budget.release(length)
+            self._charge(host, -1, -length)
+
+        self.log_maker.discard(log_buffer, gone)
 
     def image_log(self, registration_id: int) -> LogBuffer | None:
         """The driver's mapping of image ``registration_id``'s log (None once it is gone),
@@ -742,6 +748,8 @@ class ReceiveSide:
             else:
                 self.budget.release(job.length)
             self._charge(job.request.host, -1, -job.length, pending=-1)
+        for gone in self.log_maker.take_gone():
+            gone()
         for receive_entry in self._receive_endpoints.values():
             receive_entry.endpoint.transport.close()
             for image_entry in receive_entry.images.values():
