@@ -80,13 +80,19 @@ def shm_bytes(directory: Path) -> int:
 
 
 @pytest.mark.parametrize("hosts", [3], indirect=True)
-def test_a_setup_flood_from_one_host_neither_stalls_the_driver_nor_the_stream(hosts) -> None:
+@pytest.mark.parametrize("allowed_term", [None, "128m"])
+def test_a_setup_flood_from_one_host_neither_stalls_the_driver_nor_the_stream(
+        hosts, allowed_term: str | None) -> None:
+    """``allowed_term``: the subscription's ``max-term-length=``.  With 128m the 128 MiB
+    SETUPs are taken: their logs (384 MiB each, allocated in full) are made by the worker
+    until the source's memory bound (image_source_memory_limit, 2 GiB) refuses them."""
     publisher_driver = hosts.start_driver(1)
     subscriber_driver = hosts.start_driver(2)
     defaults = DriverSettings()
     port = free_port()
     uri = f"aeron:udp?endpoint={hosts[2].address}:{port}"
     publication_uri = f"{uri}|term-length={TERM}"
+    subscription_uri = uri if allowed_term is None else f"{uri}|max-term-length={allowed_term}"
     received: list[tuple[int, float]] = []  # (sequence number, when)
     problems: list[BaseException] = []
     heartbeat_ages: list[int] = []  # ns, sampled every 10 ms
@@ -95,7 +101,7 @@ def test_a_setup_flood_from_one_host_neither_stalls_the_driver_nor_the_stream(ho
 
     with Client.connect(publisher_driver.directory) as pub_client, \
             Client.connect(subscriber_driver.directory) as sub_client:
-        subscription = sub_client.add_subscription(uri, STREAM)
+        subscription = sub_client.add_subscription(subscription_uri, STREAM)
         publication = pub_client.add_publication(publication_uri, STREAM)
         wait_for(lambda: publication.is_connected and subscription.images, timeout=10,
                  what="the stream connected")
@@ -145,7 +151,8 @@ def test_a_setup_flood_from_one_host_neither_stalls_the_driver_nor_the_stream(ho
                         stdout=-1, text=True)
                 if new_publication is None and now - started >= NEW_STREAM_AT_S:
                     asked = time.monotonic()
-                    new_subscription = sub_client.add_subscription(uri, NEW_STREAM)
+                    new_subscription = sub_client.add_subscription(subscription_uri,
+                                                                   NEW_STREAM)
                     new_publication = pub_client.add_publication(publication_uri, NEW_STREAM)
                 if (connected_in_s is None and new_publication is not None
                         and new_publication.is_connected and new_subscription.images):
@@ -176,9 +183,10 @@ def test_a_setup_flood_from_one_host_neither_stalls_the_driver_nor_the_stream(ho
         # the settings let one source's images take, and the pages of the counters file
         # (made sparse, filled as counters are taken: the images' take 0.5 MiB).
         counters_file = subscriber_driver.directory / control.COUNTERS_FILE
+        smallest = compute_log_length(64 * KIB if allowed_term is None else 128 * MIB)
         allowed = (shm_before + compute_log_length(TERM)
                    + min(defaults.image_source_memory_limit,
-                         defaults.image_source_max_images * compute_log_length(64 * KIB))
+                         defaults.image_source_max_images * smallest)
                    + counters_file.stat().st_size)
         print(f"\nattacker sent {sent} SETUPs; legitimate rate {rate_before:.0f}/s before, "
               f"{rate_during:.0f}/s during ({rate_during / rate_before:.3f}x); new stream "
@@ -198,7 +206,11 @@ def test_a_setup_flood_from_one_host_neither_stalls_the_driver_nor_the_stream(ho
         # driver_timeout (its clients' limit): the flood changes nothing of that.
         assert max(heartbeat_ages) < defaults.driver_timeout // 4 + 500_000_000
         assert shm_peak[0] <= allowed
-        assert counters["IMAGE_TERM_LENGTH_REFUSED"] >= 40  # of 50 (UDP may lose a few)
+        if allowed_term is None:
+            assert counters["IMAGE_TERM_LENGTH_REFUSED"] >= 40  # of 50 (UDP may lose a few)
+        else:  # 5 logs of 384 MiB fit in 2 GiB
+            assert counters["IMAGE_TERM_LENGTH_REFUSED"] == 0
+            assert counters["IMAGE_SOURCE_MEMORY_REFUSED"] >= 35
         assert counters["IMAGE_SOURCE_IMAGES_REFUSED"] >= 2000  # of 2,500: 256 are made
         # The client still has its driver.
-        sub_client.add_subscription(uri, 1003).close()
+        sub_client.add_subscription(subscription_uri, 1003).close()
