@@ -260,6 +260,7 @@ def _conductor_with_a_subscription(shm: Path):  # -> (conductor, counters, chann
     counter."""
     from slipstream.client.counters import CountersFile
     from slipstream.daemon.conductor.conductor import DriverConductor
+    from slipstream.daemon.conductor.image_logs import LogMaking
     from slipstream.daemon.config import DriverSettings
     from slipstream.daemon.media.udp import UdpTransports
 
@@ -268,7 +269,8 @@ def _conductor_with_a_subscription(shm: Path):  # -> (conductor, counters, chann
         (shm / folder).mkdir()
     counters = CountersFile.create(shm / "counters.dat", 256)
     conductor = DriverConductor(settings, shm, counters,
-                                transports=UdpTransports(settings, counters), threaded_logs=True)
+                                transports=UdpTransports(settings, counters),
+                                image_logs=LogMaking.THREADED)
     network = conductor.network
     assert network is not None
     now = time.monotonic_ns()
@@ -395,3 +397,31 @@ def test_max_term_length_is_refused_by_name_where_it_does_nothing_or_differs(lau
         with pytest.warns(ChannelWarning, match="max-term-length is a subscription key"):
             client.add_publication(f"{uri}|max-term-length=32m", 4).close()
         first.close()
+
+
+def test_an_embedded_driver_makes_one_image_log_per_call(tmp_path: Path) -> None:
+    """An embedded driver has no thread of its own: three SETUPs of 3 x 64 MiB logs are made
+    by three of its application's do_work() calls, one each, not by one call that would hold
+    the application (and the driver's heartbeat) for all three; no worker thread starts."""
+    import threading
+
+    from helpers import NETWORK_SETTINGS
+
+    directory = Path("/dev/shm") / f"slipstream-flood-{tmp_path.name[-20:]}"
+    port = free_port()
+    with MediaDriver.embedded(directory, **{**NETWORK_SETTINGS, **SLOW_LIVENESS}) as driver, \
+            Client.connect(driver.directory, invoker=driver.do_work) as client:
+        subscription = client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=64m", STREAM)
+        send_setups(port, range(1, 4), 64 * MIB)
+        calls: list[float] = []
+        deadline = time.monotonic() + 20
+        while len(subscription.images) < 3:
+            assert time.monotonic() < deadline, "the images never came"
+            started = time.monotonic()
+            client.do_work()  # the client's events, and the driver's cycle (its invoker)
+            calls.append(time.monotonic() - started)
+        slow = sorted(calls)[-3:]
+        print(f"the three longest calls: {[f'{c * 1e3:.0f} ms' for c in slow]}")
+        assert max(calls) < 0.6 * sum(slow), "one call made more than one log"
+        assert not any(t.name == "ss-image-logs" for t in threading.enumerate())

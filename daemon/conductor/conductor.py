@@ -40,6 +40,7 @@ from slipstream.client.counters import (
 from slipstream.client.errors import ChannelError, InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.daemon.conductor import messages
+from slipstream.daemon.conductor.image_logs import LogMaking
 from slipstream.daemon.conductor.ipc import IpcPublication, IpcPublicationState
 from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.network import (
@@ -117,11 +118,12 @@ class DriverConductor:
                  transports: NetworkTransports | None = None,
                  wake_network: Callable[[], None] = lambda: None,
                  wake_conductor: Callable[[], None] = lambda: None,
-                 threaded_logs: bool = False) -> None:
+                 image_logs: LogMaking = LogMaking.INLINE) -> None:
         """``transports`` opens UDP endpoints (None: this conductor carries IPC only);
         ``wake_network`` and ``wake_conductor`` are called (from any thread) when the network
-        agents or the conductor have new work; ``threaded_logs``: images' logs are made off
-        this thread (a driver's; the simulator makes them inline)."""
+        agents or the conductor have new work; ``image_logs``: where images' logs are made
+        (a driver process: a worker thread; an embedded driver: one a cycle; the simulator:
+        at once)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -140,7 +142,7 @@ class DriverConductor:
                 rng=random.Random(self._rng.getrandbits(64)),
                 new_id=self._new_id, new_session_id=self._new_session_id,
                 wake_network=wake_network, wake_conductor=wake_conductor,
-                threaded_logs=threaded_logs)
+                image_logs=image_logs)
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
         self.drain_phase = DrainPhase.NONE

@@ -54,6 +54,7 @@ from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
 from slipstream.daemon.agents.receiver import Receiver
 from slipstream.daemon.agents.sender import Sender
+from slipstream.daemon.conductor.image_logs import LogMaking
 from slipstream.daemon.conductor.messages import Outgoing
 from slipstream.daemon.conductor.network_drain import NetworkDrain
 from slipstream.daemon.conductor.network_receive import ReceiveSide
@@ -106,9 +107,10 @@ class NetworkConductor:
                  new_id: Callable[[], int], new_session_id: Callable[[], int],
                  wake_network: Callable[[], None] = lambda: None,
                  wake_conductor: Callable[[], None] = lambda: None,
-                 threaded_logs: bool = False) -> None:
-        """``threaded_logs``: images' logs are made on a worker thread (a driver's), else
-        at once on this thread (the simulator's, deterministic): :mod:`.image_logs`."""
+                 image_logs: LogMaking = LogMaking.INLINE) -> None:
+        """``image_logs``: where images' logs are made (:mod:`.image_logs`): on a worker
+        thread (a driver process's), one per cycle on this thread (an embedded driver's),
+        or at once (the simulator's, deterministic)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -159,7 +161,7 @@ class NetworkConductor:
             budget=budget, rng=rng, new_id=new_id, receiver_proxy=self.receiver_proxy,
             loss_report=self.loss_report, receive_endpoints=self._receive_endpoints,
             closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions,
-            threaded_logs=threaded_logs, wake=wake_conductor)
+            image_logs=image_logs, wake=wake_conductor)
         self._untethered = NetworkUntethered(
             counters=counters, publications=self.publications,
             receive_endpoints=self._receive_endpoints, subscriptions=self.subscriptions,
@@ -250,6 +252,7 @@ class NetworkConductor:
         self._send_side.check_response_connections()
         if self._receive_side.log_maker.has_done:
             try:
+                self._receive_side.log_maker.step()  # an embedded driver's: one a cycle
                 attached = self._receive_side.attach_done(now_ns)
             except Exception:  # a bug: counted and logged; the conductor serves on
                 self.counters.add(SystemCounter.ERRORS)

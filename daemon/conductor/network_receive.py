@@ -35,7 +35,7 @@ from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.commands import ReceiverProxy, RemovedDestination
 from slipstream.daemon.agents.receiver import ReceiveEndpoint
 from slipstream.daemon.conductor import messages
-from slipstream.daemon.conductor.image_logs import ImageLogMaker, LogJob
+from slipstream.daemon.conductor.image_logs import ImageLogMaker, LogJob, LogMaking
 from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
@@ -111,7 +111,8 @@ class ReceiveSide:
                  loss_report: LossReport,
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
                  closed_receiver_ids: dict[int, None],
-                 subscriptions: dict[int, NetworkSubscription], threaded_logs: bool = False,
+                 subscriptions: dict[int, NetworkSubscription],
+                 image_logs: LogMaking = LogMaking.INLINE,
                  wake: Callable[[], None] = lambda: None) -> None:
         self.settings = settings
         self.directory = directory
@@ -126,8 +127,8 @@ class ReceiveSide:
         #: Written here as an endpoint is removed, read by the drain (an ordered set).
         self._closed_receiver_ids = closed_receiver_ids
         self.subscriptions = subscriptions
-        #: Makes the images' logs (off this thread in a driver: ``threaded_logs``).
-        self.log_maker = ImageLogMaker(threaded=threaded_logs, wake=wake)
+        #: Makes the images' logs (off this thread in a driver process: ``image_logs``).
+        self.log_maker = ImageLogMaker(making=image_logs, wake=wake)
         #: The images whose logs are being made, by (id of their ReceiveChannel, session,
         #: stream).
         self._pending: dict[tuple[int, int, int], LogJob] = {}
