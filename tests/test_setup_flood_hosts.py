@@ -211,6 +211,11 @@ def test_a_setup_flood_from_one_host_neither_stalls_the_driver_nor_the_stream(
         else:  # 5 logs of 384 MiB fit in 2 GiB
             assert counters["IMAGE_TERM_LENGTH_REFUSED"] == 0
             assert counters["IMAGE_SOURCE_MEMORY_REFUSED"] >= 35
-        assert counters["IMAGE_SOURCE_IMAGES_REFUSED"] >= 2000  # of 2,500: 256 are made
+        # Of the 2,500 SETUPs of 64 KiB terms at most 256 make images (fewer once the 128 MiB
+        # ones took the memory); the others are refused by the source's image count, or
+        # while its logs are being made, however the timing splits them.
+        assert counters["IMAGE_SOURCE_IMAGES_REFUSED"] >= 1000
+        assert (counters["IMAGE_SOURCE_IMAGES_REFUSED"] + counters["IMAGE_PENDING_REFUSED"]
+                >= 2000)
         # The client still has its driver.
         sub_client.add_subscription(subscription_uri, 1003).close()
