@@ -453,8 +453,9 @@ class DriverSettings:
         "The most images one source address (an IP, any port) may have on this driver at "
         "once, those whose logs are being made included: a SETUP past it makes no image "
         "(counted as image source images refused). A host rarely sends one receiving host "
-        "more than a few dozen streams; this bounds what one unauthenticated host makes "
-        "this driver hold (slipstream).",
+        "more than a few dozen streams (streams over loopback all come from one source, "
+        "127.0.0.1); this bounds what one unauthenticated host makes this driver hold "
+        "(slipstream).",
         low=1, high=1 << 20,
     )
     image_source_memory_limit: int = _size(
