@@ -212,6 +212,9 @@ class Channel:
     term_length: int | None = None  # bytes
     mtu: int | None = None  # bytes
     rcv_wnd: int | None = None  # bytes
+    #: A subscription's longest image term, bytes: a SETUP with a longer term makes no image
+    #: (max-term-length=, else image_term_buffer_length_max; docs/PROTOCOL.md §1.3).
+    max_term_length: int | None = None
     pub_wnd: int | None = None  # bytes
     so_sndbuf: int | None = None  # bytes
     so_rcvbuf: int | None = None  # bytes
@@ -648,6 +651,7 @@ _PARAMS: Final[dict[str, _Param]] = {
     "term-length": _param("term_length", _term_length),
     "mtu": _param("mtu", _mtu),
     "rcv-wnd": _param("rcv_wnd", _in(_size, RECEIVER_WINDOW_RANGE), udp_only=True),
+    "max-term-length": _param("max_term_length", _term_length, udp_only=True),
     # Their settings' 0 ("half a term", "the kernel's") has no URI spelling: a URI without
     # the key takes the setting.
     "pub-wnd": _param("pub_wnd", _in(_size, (1, PUBLICATION_WINDOW_RANGE[1]))),
@@ -697,7 +701,7 @@ PUBLICATION_ONLY_KEYS: Final = ("fc", "rc", "policy", "priority", "watermarks", 
                                 "pub-wnd", "linger", "eos", "init-term-id", "term-id",
                                 "term-offset", "ssc", "response-correlation-id", "join")
 SUBSCRIPTION_ONLY_KEYS: Final = ("cc", "gtag", "rcv-wnd", "nak-delay", "reliable", "tether",
-                                 "rejoin", "untethered-window-limit-timeout",
+                                 "rejoin", "max-term-length", "untethered-window-limit-timeout",
                                  "untethered-resting-timeout")
 # Publication keys refused on a subscription rather than warned of: a subscription that asks
 # for them expects something (durable=: that what it reads is safe) no subscription gives.

@@ -297,6 +297,14 @@ class SystemCounter(enum.IntEnum):
     # ERR frames naming a live receiver from its address that its status messages went on
     # to contradict within the grace (dropped: they change nothing)
     ERR_CONTRADICTED_DROPS = 66
+    # issue 59, setupflood: SETUPs that made no image, by cause (docs/PROTOCOL.md §4.2.1)
+    IMAGE_TERM_LENGTH_REFUSED = 67  # SETUPs whose term is longer than the subscription allows
+    IMAGE_SOURCE_IMAGES_REFUSED = 68  # SETUPs from a source at image_source_max_images
+    IMAGE_SOURCE_MEMORY_REFUSED = 69  # SETUPs whose log would pass image_source_memory_limit
+    IMAGE_PENDING_REFUSED = 70  # SETUPs while image_pending_max logs were being made
+    # logs made for an image no longer wanted when done (its subscription or endpoint went,
+    # or its source stopped asking): freed, never attached
+    IMAGE_LOGS_ABANDONED = 71
 
     @property
     def label(self) -> str:
@@ -334,6 +342,10 @@ DROP_CAUSES: Final[dict[SystemCounter, str]] = {
     SystemCounter.RATE_SIGNAL_UNKNOWN_SOURCE_DROPS: "rate-signal-from-no-receiver",
     SystemCounter.RATE_SIGNAL_UNBACKED_DROPS: "rate-signal-unbacked",
     SystemCounter.REMOTE_TEXT_SUPPRESSED_DROPS: "remote-text-suppressed",
+    SystemCounter.IMAGE_TERM_LENGTH_REFUSED: "setup-term-length-not-allowed",
+    SystemCounter.IMAGE_SOURCE_IMAGES_REFUSED: "setup-source-images-full",
+    SystemCounter.IMAGE_SOURCE_MEMORY_REFUSED: "setup-source-memory-full",
+    SystemCounter.IMAGE_PENDING_REFUSED: "setup-pending-logs-full",
 }
 
 

@@ -74,12 +74,19 @@ def answer_channel(channel: str) -> str:
     return f"{channel}|term-length={ANSWER_TERM_LENGTH}|sparse=true"
 
 
+#: The longest term a replay's image may have at a reader: a replay's terms are its source
+#: log's (an IPC stream's are 64 MiB by default), longer than a driver takes from the
+#: network unless a subscription says so (image_term_buffer_length_max, 16 MiB).
+REPLY_MAX_TERM_LENGTH: Final = 128 << 20
+
+
 def reply_subscription_channel(reply_channel: str) -> str:
     """The channel a reader or caller subscribes with at its reply endpoint ``reply_channel``:
-    the shared window (:data:`REPLY_WINDOW`) and a sparse image log (a replay's is as long as
-    the source's, but only its range is written)."""
+    the shared window (:data:`REPLY_WINDOW`), a sparse image log (a replay's is as long as
+    the source's, but only its range is written) and terms up to
+    :data:`REPLY_MAX_TERM_LENGTH`."""
     return (f"{reply_channel}|rcv-wnd={REPLY_WINDOW}|so-rcvbuf={2 * REPLY_WINDOW}"
-            f"|sparse=true")
+            f"|sparse=true|max-term-length={REPLY_MAX_TERM_LENGTH}")
 
 
 def local_address_towards(address: str, port: int) -> str:

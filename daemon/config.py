@@ -372,8 +372,8 @@ class DriverSettings:
     counters_capacity: int = _int(
         4096,
         "Counter slots in the counters file (count); each stream uses a few (positions, limits), "
-        "so 4096 serves hundreds of streams, and the least, 256, holds the driver's own 47 "
-        "and a few dozen streams (slipstream).",
+        "so 4096 serves hundreds of streams, and the least, 256, holds the driver's own 72 "
+        "system counters and a few dozen streams (slipstream).",
         low=256, high=1_000_000,
     )
     threading_mode: str = _choice(
@@ -449,12 +449,43 @@ class DriverSettings:
     )
     # ---------------------------------------------------------------- receiver
     image_term_buffer_length_max: int = _size(
-        128 * _MiB,
-        "The longest term a receiver accepts in a SETUP, bytes: an image's log is three such "
-        "terms, made when the SETUP arrives, so a longer one is refused (counted as an image "
-        "rejected, and the sender told by an ERR frame). Aeron accepts up to 1 GiB "
+        16 * _MiB,
+        "The longest term a receiver accepts in a SETUP, bytes, unless the subscription's "
+        "max-term-length= says otherwise: an image's log is three such terms, made when a "
+        "SETUP arrives from anyone, so a longer one is refused (no log is made; counted as "
+        "image term length refused, logged once per source per 10 s, and the sender told by "
+        "an ERR frame). 16 MiB covers this driver's term_buffer_length default and Aeron's "
+        "publication terms (64 KiB-16 MiB by default); Aeron accepts up to 1 GiB "
         "(slipstream).",
         low=64 * _KiB, high=_GiB, power_of_two=True, section="Receiver",
+    )
+    image_source_max_images: int = _int(
+        256,
+        "The most images one source address (an IP, any port) may have on this driver at "
+        "once, those whose logs are being made included: a SETUP past it makes no image "
+        "(counted as image source images refused). A host rarely sends one receiving host "
+        "more than a few dozen streams (streams over loopback all come from one source, "
+        "127.0.0.1); this bounds what one unauthenticated host makes this driver hold "
+        "(slipstream).",
+        low=1, high=1 << 20,
+    )
+    image_source_memory_limit: int = _size(
+        2 * _GiB,
+        "The most log memory the images of one source address (an IP) may take together, "
+        "bytes, those being made included: a SETUP whose log would go past it makes no image "
+        "(counted as image source memory refused). Half of log_buffer_memory_limit's "
+        "default: 42 images of 16 MiB terms, so one host cannot take all of the driver's "
+        "log memory (slipstream).",
+        low=64 * _KiB, high=1 << 50,
+    )
+    image_pending_max: int = _int(
+        16,
+        "The most images whose logs are queued or being made at once (off the conductor's "
+        "thread, by one worker), and one source address half of them: a SETUP past either "
+        "makes no image (counted as image pending refused; its sender asks again within a "
+        "second), so SETUPs from spoofed addresses cannot queue unbounded work, nor one host "
+        "take all the room. A log of default terms is made in tens of ms (slipstream).",
+        low=1, high=65536,
     )
     rcv_initial_window_length: int = _size(
         128 * _KiB,

@@ -20,6 +20,7 @@ from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.client.errors import ChannelError
 from slipstream.daemon.agents.thread import open_doorbell
 from slipstream.daemon.conductor.conductor import DriverConductor, Outgoing
+from slipstream.daemon.conductor.image_logs import LogMaking
 from slipstream.daemon.conductor.network import NetworkConductor
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.directory import DriverDirectory
@@ -81,9 +82,10 @@ class _DriverCore:
             self._exporter = None
 
     def _open(self, *, wake_network: Callable[[], object],
-              wake_conductor: Callable[[], object]) -> NetworkConductor:
+              wake_conductor: Callable[[], object], image_logs: LogMaking) -> NetworkConductor:
         """The command socket (not bound yet), the counters file, the doorbells and the
-        conductor over UDP transports; returns the conductor's network side."""
+        conductor over UDP transports (``image_logs``: where it makes images' logs); returns
+        the conductor's network side."""
         self.context = zmq.Context()
         self._opened.append("context")
         self.sock = sock = self.context.socket(zmq.ROUTER)
@@ -106,7 +108,7 @@ class _DriverCore:
         self.conductor = DriverConductor(
             self.settings, self.driver_directory.path, counters,
             transports=UdpTransports(self.settings, counters),
-            wake_network=wake_network, wake_conductor=wake_conductor)
+            wake_network=wake_network, wake_conductor=wake_conductor, image_logs=image_logs)
         self._opened.append("conductor")
         assert self.conductor.network is not None
         return self.conductor.network

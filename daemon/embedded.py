@@ -26,6 +26,7 @@ from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import ClosedError, UsageError
 from slipstream.daemon._network import lib as network_lib
 from slipstream.daemon.agents.thread import new_duty_loop
+from slipstream.daemon.conductor.image_logs import LogMaking
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.core import ACTIVE_CYCLE_S, ConductorPacing, _DriverCore
 from slipstream.daemon.media import names
@@ -92,7 +93,9 @@ class EmbeddedDriver(_DriverCore):
         self._error_log: ErrorLogHandler | None = None
         self._loop: Any = None  # the C duty loop, once made
         try:
-            network = self._open(wake_network=lambda: None, wake_conductor=self._post)
+            # No thread of its own: image logs are made one per conductor cycle.
+            network = self._open(wake_network=lambda: None, wake_conductor=self._post,
+                                 image_logs=LogMaking.DEFERRED)
             self._agents = (network.receiver, network.sender)
             # The application runs these cycles, as often and as densely as its loop calls:
             # the time they take says how busy the application is, not whether the driver

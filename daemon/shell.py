@@ -36,6 +36,7 @@ from slipstream.client.channel import Channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import DriverError
 from slipstream.daemon.agents.thread import MAX_PARK_S, NetworkThread
+from slipstream.daemon.conductor.image_logs import LogMaking
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.core import ACTIVE_CYCLE_S, ConductorPacing, _DriverCore
 from slipstream.daemon.media import names
@@ -73,7 +74,8 @@ class _DriverShell(_DriverCore):
         token = trio.lowlevel.current_trio_token()
         threads: list[NetworkThread] = []
         network = self._open(wake_network=lambda: [thread.wake() for thread in threads],
-                             wake_conductor=lambda: self._wake_from_thread(token))
+                             wake_conductor=lambda: self._wake_from_thread(token),
+                             image_logs=LogMaking.THREADED)
         counters, doorbells = self.counters, self.doorbells
         spin = self.settings.network_idle_spin
         interval_ns = watchdog_interval_ns()

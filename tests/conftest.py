@@ -219,6 +219,8 @@ MODULE_LANES = {
     "test_response_channels": "sockets",
     "test_response_hosts": "hosts",
     "test_retransmit": "unit",
+    "test_setup_flood": "sockets",
+    "test_setup_flood_hosts": "hosts",
     "test_sim_cli": "sim",
     "test_sim_control": "sim",
     "test_sim_flow": "sim",

@@ -61,7 +61,10 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "ipc_mtu_length": 1408,
     "publication_term_window_length": 0,
     "ipc_publication_term_window_length": 0,
-    "image_term_buffer_length_max": 128 * MiB,  # slipstream; Aeron takes up to 1 GiB
+    "image_term_buffer_length_max": 16 * MiB,  # slipstream; Aeron takes up to 1 GiB
+    "image_source_max_images": 256,  # slipstream (issue 59: the SETUP flood)
+    "image_source_memory_limit": 2048 * MiB,  # slipstream
+    "image_pending_max": 16,  # slipstream
     "rcv_initial_window_length": 128 * KiB,
     "cubic_initial_rtt": 100 * US,  # Aeron: AERON_CUBICCONGESTIONCONTROL_INITIALRTT
     "cubic_measure_rtt": True,  # Aeron: false (docs/FLOW.md says why not here)

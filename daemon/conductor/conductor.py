@@ -40,6 +40,7 @@ from slipstream.client.counters import (
 from slipstream.client.errors import ChannelError, InvalidArgumentError
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.daemon.conductor import messages
+from slipstream.daemon.conductor.image_logs import LogMaking
 from slipstream.daemon.conductor.ipc import IpcPublication, IpcPublicationState
 from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.network import (
@@ -116,10 +117,13 @@ class DriverConductor:
                  *, rng: random.Random | None = None,
                  transports: NetworkTransports | None = None,
                  wake_network: Callable[[], None] = lambda: None,
-                 wake_conductor: Callable[[], None] = lambda: None) -> None:
+                 wake_conductor: Callable[[], None] = lambda: None,
+                 image_logs: LogMaking = LogMaking.INLINE) -> None:
         """``transports`` opens UDP endpoints (None: this conductor carries IPC only);
         ``wake_network`` and ``wake_conductor`` are called (from any thread) when the network
-        agents or the conductor have new work."""
+        agents or the conductor have new work; ``image_logs``: where images' logs are made
+        (a driver process: a worker thread; an embedded driver: one a cycle; the simulator:
+        at once)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -137,7 +141,8 @@ class DriverConductor:
                 transports=transports, budget=self.budget,
                 rng=random.Random(self._rng.getrandbits(64)),
                 new_id=self._new_id, new_session_id=self._new_session_id,
-                wake_network=wake_network, wake_conductor=wake_conductor)
+                wake_network=wake_network, wake_conductor=wake_conductor,
+                image_logs=image_logs)
         self._next_timer_ns = 0
         self._last_cycle_ns = 0
         self.drain_phase = DrainPhase.NONE
@@ -895,6 +900,7 @@ _NOT_CARRIED_YET: tuple[tuple[str, Callable[[Channel, bool], bool], str], ...] =
 _NOT_ON_A_SPY: tuple[tuple[str, Callable[[Channel], bool]], ...] = tuple(
     (part, lambda c, field=field: getattr(c, field) is not None)
     for part, field in (("reliable", "reliable"), ("rcv-wnd", "rcv_wnd"), ("cc", "cc"),
+                        ("max-term-length", "max_term_length"),
                         ("nak-delay", "nak_delay_ns"), ("gtag", "gtag"), ("group", "group"),
                         ("rejoin", "rejoin"), ("so-rcvbuf", "so_rcvbuf"),
                         ("so-sndbuf", "so_sndbuf"), ("ttl", "ttl"),

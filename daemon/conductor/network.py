@@ -54,6 +54,7 @@ from slipstream.client.logbuffer import LogBuffer
 from slipstream.daemon.agents.commands import ReceiverProxy, SenderProxy
 from slipstream.daemon.agents.receiver import Receiver
 from slipstream.daemon.agents.sender import Sender
+from slipstream.daemon.conductor.image_logs import LogMaking
 from slipstream.daemon.conductor.messages import Outgoing
 from slipstream.daemon.conductor.network_drain import NetworkDrain
 from slipstream.daemon.conductor.network_receive import ReceiveSide
@@ -105,7 +106,11 @@ class NetworkConductor:
                  transports: NetworkTransports, budget: LogBudget, rng: random.Random,
                  new_id: Callable[[], int], new_session_id: Callable[[], int],
                  wake_network: Callable[[], None] = lambda: None,
-                 wake_conductor: Callable[[], None] = lambda: None) -> None:
+                 wake_conductor: Callable[[], None] = lambda: None,
+                 image_logs: LogMaking = LogMaking.INLINE) -> None:
+        """``image_logs``: where images' logs are made (:mod:`.image_logs`): on a worker
+        thread (a driver process's), one per cycle on this thread (an embedded driver's),
+        or at once (the simulator's, deterministic)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -155,7 +160,8 @@ class NetworkConductor:
             settings=settings, directory=directory, counters=counters, transports=transports,
             budget=budget, rng=rng, new_id=new_id, receiver_proxy=self.receiver_proxy,
             loss_report=self.loss_report, receive_endpoints=self._receive_endpoints,
-            closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions)
+            closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions,
+            image_logs=image_logs, wake=wake_conductor)
         self._untethered = NetworkUntethered(
             counters=counters, publications=self.publications,
             receive_endpoints=self._receive_endpoints, subscriptions=self.subscriptions,
@@ -179,7 +185,8 @@ class NetworkConductor:
 
     @property
     def has_events(self) -> bool:
-        return bool(self._events) or self._spy_subscriptions.has_messages
+        return (bool(self._events) or self._spy_subscriptions.has_messages
+                or self._receive_side.log_maker.has_done)
 
     @property
     def used_session_ids(self) -> set[int]:
@@ -243,6 +250,16 @@ class NetworkConductor:
         out = self._spy_subscriptions.take_messages()
         work = len(out)
         self._send_side.check_response_connections()
+        if self._receive_side.log_maker.has_done:
+            try:
+                self._receive_side.log_maker.step()  # an embedded driver's: one a cycle
+                attached = self._receive_side.attach_done(now_ns)
+            except Exception:  # a bug: counted and logged; the conductor serves on
+                self.counters.add(SystemCounter.ERRORS)
+                log.exception("attaching the images whose logs were made failed")
+                attached = []
+            work += 1 + len(attached)
+            out.extend(attached)
         events = self._events
         # Bounded: a flood of SETUPs must not hold the conductor (and its heartbeat) for long.
         while events and work < MAX_EVENTS_PER_CYCLE:

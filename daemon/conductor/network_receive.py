@@ -30,11 +30,12 @@ from slipstream.client import control
 from slipstream.client.channel import Channel, keys_given
 from slipstream.client.counters import CountersFile, CountersFullError, CounterType, SystemCounter
 from slipstream.client.errors import ChannelError
-from slipstream.client.logbuffer import LogBuffer, term_count
+from slipstream.client.logbuffer import LogBuffer, compute_log_length, term_count
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.commands import ReceiverProxy, RemovedDestination
 from slipstream.daemon.agents.receiver import ReceiveEndpoint
 from slipstream.daemon.conductor import messages
+from slipstream.daemon.conductor.image_logs import ImageLogMaker, LogJob, LogMaking
 from slipstream.daemon.conductor.messages import ClientMessage, Outgoing
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
@@ -47,7 +48,12 @@ from slipstream.daemon.conductor.network_records import (
     _resolved,
     _start_closing,
 )
-from slipstream.daemon.conductor.resources import LogBudget, ResourceError, create_log, discard_log
+from slipstream.daemon.conductor.resources import (
+    LogBudget,
+    ResourceError,
+    discard_log,
+    no_room_for_log,
+)
 from slipstream.daemon.conductor.sharing import (
     check_same_key,
     check_same_receive_params,
@@ -68,6 +74,7 @@ from slipstream.daemon.media.events import (
     ResponseSetupArrived,
 )
 from slipstream.daemon.media.receive_channel import ReceiveChannel
+from slipstream.daemon.protocol.notices import SourceNotices
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import LossReport
@@ -81,6 +88,20 @@ log = logging.getLogger("slipstream.driver")
 RECEIVER_IDS_KEPT = 1024
 
 
+@attrs.define(eq=False)
+class _PendingImage:
+    """An image whose log is being made (a :class:`LogJob`'s request): the SETUP's event,
+    its endpoint, the image's registration id, its key in ``ReceiveSide._pending``, the
+    source host it is charged to, and when its sender last asked (ns)."""
+
+    event: ImageRequested
+    entry: _ReceiveEndpointEntry
+    registration_id: int
+    key: tuple[int, int, int]
+    host: str
+    last_asked_ns: int
+
+
 class ReceiveSide:
     """The network subscriptions, their receive endpoints and images (see the module's
     docstring)."""
@@ -91,7 +112,9 @@ class ReceiveSide:
                  loss_report: LossReport,
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
                  closed_receiver_ids: dict[int, None],
-                 subscriptions: dict[int, NetworkSubscription]) -> None:
+                 subscriptions: dict[int, NetworkSubscription],
+                 image_logs: LogMaking = LogMaking.INLINE,
+                 wake: Callable[[], None] = lambda: None) -> None:
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -105,6 +128,16 @@ class ReceiveSide:
         #: Written here as an endpoint is removed, read by the drain (an ordered set).
         self._closed_receiver_ids = closed_receiver_ids
         self.subscriptions = subscriptions
+        #: Makes the images' logs (off this thread in a driver process: ``image_logs``).
+        self.log_maker = ImageLogMaker(making=image_logs, wake=wake)
+        #: The images whose logs are being made, by (id of their ReceiveChannel, session,
+        #: stream).
+        self._pending: dict[tuple[int, int, int], LogJob] = {}
+        #: Each source host's images (being made, live and lingering), their logs' bytes and
+        #: how many of those logs are being made.
+        self._source_use: dict[str, list[int]] = {}
+        #: Refused images are logged once per source host per interval.
+        self._refusal_notices = SourceNotices()
 
     # -- subscriptions ------------------------------------------------------------------------
     def add_subscription(self, subscription: NetworkSubscription, now_ns: int) -> Outgoing:
@@ -371,60 +404,181 @@ class ReceiveSide:
 
     # -- images -------------------------------------------------------------------------------
     def on_image_requested(self, event: ImageRequested, now_ns: int) -> Outgoing:
-        """A SETUP asks for an image: one is made (its log, its counters) for the subscriptions
-        that want the session, and handed to the receiver; their AVAILABLE_IMAGE messages are
-        returned.  A log or counters the driver cannot make refuse the image (the receiver
-        hears why)."""
+        """A SETUP asks for an image.  Unless the driver's bounds refuse it (the images
+        being made, its source's images and their memory, the log budget: counted by cause,
+        logged once per source per interval, and the receiver told), its log is made off
+        this thread (:mod:`.image_logs`); :meth:`attach_done` makes the image (its counters)
+        for the subscriptions that want the session when the log is done, hands it to the
+        receiver and returns their AVAILABLE_IMAGE messages (here already, when the logs
+        are made inline)."""
         entry = self._entry_of(event.channel)
         if entry is None or entry.state is not _EndpointState.OPEN:
             return []
         setup = event.setup
-        subscribers = [s for s in entry.subscriptions
-                       if s.wants(setup.session_id, setup.stream_id)]
-        if not subscribers:
+        if not any(s.wants(setup.session_id, setup.stream_id) for s in entry.subscriptions):
             return []
         if any(not e.lingering and e.image.session_id == setup.session_id
                and e.image.stream_id == setup.stream_id for e in entry.images.values()):
             return []  # a repeat of a request already served (the receiver asked again)
+        key = (id(event.channel), setup.session_id, setup.stream_id)
+        job = self._pending.get(key)
+        if job is not None:  # its log is being made: the sender still asks
+            job.request.last_asked_ns = now_ns
+            return []
+        host = event.source[0]
+        length = compute_log_length(setup.term_length)
+        refusal = self._bounds_refusal(host, length)
+        if refusal is not None:
+            counter, reason = refusal
+            self.counters.add(counter)
+            self._refuse(event, reason, now_ns, error=False)
+            return []
+        what = f"the image of {_label_of(setup, event.source)}"
+        try:
+            self.budget.reserve(setup.term_length, what)
+        except ResourceError as e:
+            self._refuse(event, str(e), now_ns, error=True)
+            return []
         registration_id = self._new_id()
-        path = self.directory / control.IMAGES_DIR / f"{registration_id}.logbuffer"
+        params = entry.endpoint.channel.params
+        job = LogJob(
+            self.directory / control.IMAGES_DIR / f"{registration_id}.logbuffer", length,
+            {"term_length": setup.term_length, "initial_term_id": setup.initial_term_id,
+             "session_id": setup.session_id, "stream_id": setup.stream_id, "mtu": setup.mtu,
+             "correlation_id": registration_id,
+             "initial_term_count": term_count(setup.active_term_id, setup.initial_term_id),
+             "initial_term_offset": setup.term_offset,
+             "group": params.image_is_group(setup.is_group), "sparse": params.sparse,
+             "mode": self.settings.file_mode(clients_write=True)},
+            _PendingImage(event, entry, registration_id, key, host, now_ns))
+        self._pending[key] = job
+        self._source_use.setdefault(host, [0, 0, 0])
+        self._charge(host, 1, length, pending=1)
+        self.log_maker.submit(job)
+        return self.attach_done(now_ns)
+
+    def _bounds_refusal(self, host: str, length: int) -> tuple[SystemCounter, str] | None:
+        """Which bound a new image of ``host`` with a log of ``length`` bytes would pass (its
+        counter and the reason), or None."""
+        settings = self.settings
+        if len(self._pending) >= settings.image_pending_max:
+            return (SystemCounter.IMAGE_PENDING_REFUSED,
+                    f"{len(self._pending)} image logs are being made, image_pending_max")
+        images, used, pending = self._source_use.get(host, (0, 0, 0))
+        # One address may hold half of the logs being made: a flood from one host leaves
+        # room for the others' SETUPs.
+        if pending >= max(1, settings.image_pending_max // 2):
+            return (SystemCounter.IMAGE_PENDING_REFUSED,
+                    f"{host} has {pending} image logs being made, half of image_pending_max")
+        if images >= settings.image_source_max_images:
+            return (SystemCounter.IMAGE_SOURCE_IMAGES_REFUSED,
+                    f"{host} has {images} images here, image_source_max_images")
+        if used + length > settings.image_source_memory_limit:
+            return (SystemCounter.IMAGE_SOURCE_MEMORY_REFUSED,
+                    f"its log of {length / 2**20:g} MiB would take the logs of {host}'s "
+                    f"images to {(used + length) / 2**20:g} MiB, past "
+                    f"image_source_memory_limit ({settings.image_source_memory_limit / 2**20:g}"
+                    f" MiB)")
+        return None
+
+    def _charge(self, host: str, images: int, length: int, *, pending: int = 0) -> None:
+        """Count (or with negative values, uncount) images, log bytes and logs being made
+        of ``host``."""
+        use = self._source_use[host]
+        use[0] += images
+        use[1] += length
+        use[2] += pending
+        if use[0] <= 0:
+            del self._source_use[host]
+
+    def _refuse(self, event: ImageRequested, reason: str, now_ns: int, *, error: bool) -> None:
+        """The image of ``event`` is not made: the receiver cools the session down and tells
+        the sender (an ERR frame, once per source per interval), and the log says why once
+        per source per interval (an ``error`` as every error-log entry is counted; a bound's
+        refusal is counted by its cause instead)."""
+        self.receiver_proxy.on_reject_image(event, reason)
+        held = self._refusal_notices.tell(event.source[0], now_ns)
+        if held is None:
+            return
+        what = f"the image of {_label_of(event.setup, event.source)}"
+        text = reason if reason.startswith(what) else f"{what}: {reason}"
+        more = f" ({held} more of {event.source[0]} held back since)" if held else ""
+        if error:
+            self.counters.add(SystemCounter.ERRORS)
+            log.error("cannot create %s%s", text, more)
+        else:
+            log.warning("refused %s%s", text, more)
+
+    def attach_done(self, now_ns: int) -> Outgoing:
+        """The image logs deleted since the last call give their memory back, and of those
+        made since, each image still wanted is made (its
+        counters, linked to the subscriptions that want it) and handed to the receiver, and
+        their AVAILABLE_IMAGE messages are returned; a log no longer wanted (its endpoint or
+        subscriptions went, another image of its session came, or its source stopped
+        asking for image_liveness_timeout) is freed and counted; a log or counters the driver
+        could not make refuse the image."""
+        for gone in self.log_maker.take_gone():
+            gone()
+        out: Outgoing = []
+        for job in self.log_maker.take_done():
+            pending: _PendingImage = job.request
+            del self._pending[pending.key]
+            self._charge(pending.host, 0, 0, pending=-1)
+            result = job.result
+            if not isinstance(result, LogBuffer):
+                self.budget.release(job.length)
+                self._charge(pending.host, -1, -job.length)
+                setup = pending.event.setup
+                reason = (str(no_room_for_log(job.path, setup.stream_id, setup.term_length,
+                                              result))
+                          if isinstance(result, OSError) else repr(result))
+                self._refuse(pending.event, reason, now_ns, error=True)
+                continue
+            if not self._still_wanted(pending, now_ns):
+                self.counters.add(SystemCounter.IMAGE_LOGS_ABANDONED)
+                self._discard(result, pending.host)
+                continue
+            out.extend(self._attach(pending, result, now_ns))
+        return out
+
+    def _still_wanted(self, pending: _PendingImage, now_ns: int) -> bool:
+        entry = pending.entry
+        setup = pending.event.setup
+        if (self._receive_endpoints.get(entry.key) is not entry
+                or entry.state is not _EndpointState.OPEN
+                or not any(s.wants(setup.session_id, setup.stream_id)
+                           for s in entry.subscriptions)):
+            return False
+        if any(not e.lingering and e.image.session_id == setup.session_id
+               and e.image.stream_id == setup.stream_id for e in entry.images.values()):
+            return False
+        return now_ns - pending.last_asked_ns <= self.settings.image_liveness_timeout
+
+    def _attach(self, pending: _PendingImage, log_buffer: LogBuffer,
+                now_ns: int) -> Outgoing:
+        """The image over its made ``log_buffer``: its counters, its links, handed to the
+        receiver."""
+        event, entry, registration_id = pending.event, pending.entry, pending.registration_id
+        setup = event.setup
         channel = entry.endpoint.channel.channel
         params = entry.endpoint.channel.params
         # Congestion control's counters start at what the image's will be: none reads a 0.
         strategy = congestion_control_for(params, setup.term_length, setup.mtu, now_ns)
         indicators = zip((counter.label for counter in strategy.counters),
                          strategy.indicator_values(), strict=True)
-        what = f"the image of {_label_of(setup, event.source)}"
+        label = (f"{channel} stream={setup.stream_id} session={setup.session_id} "
+                 f"source={event.source[0]}:{event.source[1]}")
         try:
-            log_buffer = create_log(
-                path, self.budget, what,
-                term_length=setup.term_length,
-                initial_term_id=setup.initial_term_id, session_id=setup.session_id,
-                stream_id=setup.stream_id, mtu=setup.mtu, correlation_id=registration_id,
-                initial_term_count=term_count(setup.active_term_id, setup.initial_term_id),
-                initial_term_offset=setup.term_offset,
-                group=params.image_is_group(setup.is_group), sparse=params.sparse,
-                mode=self.settings.file_mode(clients_write=True))
-            label = (f"{channel} stream={setup.stream_id} session={setup.session_id} "
-                     f"source={event.source[0]}:{event.source[1]}")
-            try:
-                counter_ids = self.counters.allocate_all(
-                    [(CounterType.RECEIVER_HWM, "rcv-hwm"),
-                     (CounterType.RECEIVER_POSITION, "rcv-pos"),
-                     *((CounterType.PER_IMAGE_INDICATOR, name, value)
-                       for name, value in indicators)],
-                    label, registration_id=registration_id, session_id=setup.session_id,
-                    stream_id=setup.stream_id)
-            except CountersFullError:
-                discard_log(log_buffer, self.budget)
-                raise
-        except (ResourceError, OSError) as e:
-            reason = str(e) if isinstance(e, ResourceError) else (e.strerror or str(e))
-            self.counters.add(SystemCounter.ERRORS)  # as every error-log entry
-            # The budget's refusal names the image already.
-            log.error("cannot create %s", reason if reason.startswith(what)
-                      else f"{what}: {reason}")
-            self.receiver_proxy.on_reject_image(event, reason)
+            counter_ids = self.counters.allocate_all(
+                [(CounterType.RECEIVER_HWM, "rcv-hwm"),
+                 (CounterType.RECEIVER_POSITION, "rcv-pos"),
+                 *((CounterType.PER_IMAGE_INDICATOR, name, value)
+                   for name, value in indicators)],
+                label, registration_id=registration_id, session_id=setup.session_id,
+                stream_id=setup.stream_id)
+        except CountersFullError as e:
+            self._discard(log_buffer, pending.host)
+            self._refuse(event, str(e), now_ns, error=True)
             return []
         hwm, position, *indicator_cells = (self.counters.address(i) for i in counter_ids)
         positions = ImagePositions(hwm, position, tuple(indicator_cells))
@@ -436,7 +590,9 @@ class ReceiveSide:
         entry.images[id(image)] = image_entry
         join = image.join_position
         out = []
-        for subscription in subscribers:
+        for subscription in entry.subscriptions:
+            if not subscription.wants(setup.session_id, setup.stream_id):
+                continue
             try:
                 out.append(self.link(image_entry, subscription, join, now_ns, handed_over=False))
             except CountersFullError as e:
@@ -484,11 +640,13 @@ class ReceiveSide:
         self.counters.free(link.counter_id)  # reused after 1 s: a late write is harmless
 
     def on_image_rejected(self, event: ImageRejected) -> None:
-        """The receiver refused a SETUP's image (at most once a second a session): an error,
-        counted and logged."""
+        """The receiver refused a SETUP's image (told once per source per interval): an
+        error, counted and logged."""
         self.counters.add(SystemCounter.ERRORS)  # as every error-log entry
-        log.error("refused the image of %s: %s",
-                  _label_of(event.setup, event.source), event.reason)
+        more = (f" ({event.held} more of {event.source[0]} held back since)" if event.held
+                else "")
+        log.error("refused the image of %s: %s%s",
+                  _label_of(event.setup, event.source), event.reason, more)
 
     def on_image_unavailable(self, event: ImageUnavailable) -> Outgoing:
         """An image is no longer available (its sender went, or its liveness timed out): its
@@ -521,7 +679,19 @@ class ReceiveSide:
         image_entry.links.clear()
         for counter_id in image_entry.counter_ids:
             self.counters.free(counter_id)
-        discard_log(image_entry.log, self.budget)
+        self._discard(image_entry.log, image_entry.source[0])
+
+    def _discard(self, log_buffer: LogBuffer, host: str) -> None:
+        """An image's log goes: unmapped and deleted off this thread
+        (:meth:`ImageLogMaker.discard`); its memory counts, in the budget and as ``host``'s,
+        until its file is gone."""
+        length = log_buffer.length
+
+        def gone() -> None:
+            self.budget.release(length)
+            self._charge(host, -1, -length)
+
+        self.log_maker.discard(log_buffer, gone)
 
     def image_log(self, registration_id: int) -> LogBuffer | None:
         """The driver's mapping of image ``registration_id``'s log (None once it is gone),
@@ -573,7 +743,17 @@ class ReceiveSide:
 
     def close(self) -> None:
         """Close every receive endpoint's socket and free its images and counter, and forget
-        every subscription (the network thread has stopped)."""
+        every subscription (the network thread has stopped).  Image logs still being made are
+        waited for and freed; those queued are not made (their budget is given back)."""
+        for job in self.log_maker.close():
+            self._pending.pop(job.request.key, None)
+            if isinstance(job.result, LogBuffer):
+                discard_log(job.result, self.budget)
+            else:
+                self.budget.release(job.length)
+            self._charge(job.request.host, -1, -job.length, pending=-1)
+        for gone in self.log_maker.take_gone():
+            gone()
         for receive_entry in self._receive_endpoints.values():
             receive_entry.endpoint.transport.close()
             for image_entry in receive_entry.images.values():

@@ -92,18 +92,32 @@ def create_log(path: Path, budget: LogBudget, what: str, **kwargs: Any) -> LogBu
     and leaves no file behind."""
     length = budget.reserve(kwargs["term_length"], what)
     try:
-        check_room_for_log(path, length)
-        return LogBuffer.create(path, **kwargs)
+        return make_log_file(path, length, **kwargs)
     except OSError as e:
         budget.release(length)
         raise no_room_for_log(path, kwargs["stream_id"], kwargs["term_length"], e) from None
 
 
+def make_log_file(path: Path, length: int, **kwargs: Any) -> LogBuffer:
+    """The file of a log of ``length`` bytes (reserved in the budget already), if its
+    filesystem has room (:func:`check_room_for_log`): ``LogBuffer.create(path, **kwargs)``.
+    OSError when it cannot be made, leaving no file behind.  Any thread: it touches nothing
+    but the file (an image's log is made on a worker: :mod:`.image_logs`)."""
+    check_room_for_log(path, length)
+    return LogBuffer.create(path, **kwargs)
+
+
 def discard_log(log_buffer: LogBuffer, budget: LogBudget) -> None:
     """Unmap the driver's view of a log, delete its file (clients keep their mappings) and
     give its memory back to ``budget``."""
-    path = log_buffer.path
     budget.release(log_buffer.length)
+    discard_file(log_buffer)
+
+
+def discard_file(log_buffer: LogBuffer) -> None:
+    """Unmap the driver's view of a log and delete its file (clients keep their mappings);
+    its memory is the caller's to give back.  Any thread."""
+    path = log_buffer.path
     log_buffer.close()
     try:
         os.unlink(path)

@@ -155,6 +155,7 @@ _RECEIVE_PARAMS: Final = (("reliable", "reliable", "reliable"), ("group", "group
                           ("nak-delay", "nak_delay_ns", "nak_delay_ns"),
                           ("sparse", "sparse", "sparse"), ("cc", "cc", "congestion_control"),
                           ("rejoin", "rejoin", "rejoin"),
+                          ("max-term-length", "max_term_length", "image_term_length_max"),
                           ("so-rcvbuf", "so_rcvbuf", "so_rcvbuf"))
 
 

@@ -62,13 +62,16 @@ class ImageDone:
 
 @attrs.frozen(eq=False)
 class ImageRejected:
-    """The receiver refused a SETUP itself (its term is longer than this driver takes): the
-    conductor logs why, since the operator sees only a counter otherwise."""
+    """The receiver refused a SETUP itself (its term is longer than its subscription takes):
+    the conductor logs why, since the operator sees only a counter otherwise.  Posted once
+    per source per interval (daemon/protocol/notices.py): ``held`` is how many refusals of
+    that source since the last were not posted."""
 
     channel: ReceiveChannel
     setup: Setup
     source: Address
     reason: str
+    held: int = 0
 
 
 @attrs.frozen(eq=False)

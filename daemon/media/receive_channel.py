@@ -87,6 +87,7 @@ from slipstream.daemon.media.events import (
     ImageUnavailable,
     ReceiverEvent,
 )
+from slipstream.daemon.protocol.notices import SourceNotices
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import (
     Address,
@@ -176,6 +177,9 @@ class ReceiveChannel:
         self._pending_setup: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._pending_image: dict[tuple[int, int], int] = {}  # -> expiry ns
         self._cool_down: dict[tuple[int, int], int] = {}  # -> expiry ns
+        #: Refused SETUPs get an ERR frame (and a line in the log) once per source address
+        #: per interval: a host sending thousands gets no thousands of either.
+        self._refusal_notices = SourceNotices()
         self._outbox: list[Datagram] = []
         self._events: list[ReceiverEvent] = []
         self._now_ns = now_ns
@@ -373,14 +377,17 @@ class ReceiveChannel:
 
     def _refusal(self, setup: Setup) -> tuple[str, int] | None:
         """Why this receiver cannot take the image a valid SETUP offers, and the ERR frame's
-        code, or None: a term past
-        image_term_buffer_length_max (slipstream), or, as Aeron, datagrams longer than the
+        code, or None: a term past what its subscription allows (``max-term-length=``, else
+        image_term_buffer_length_max; slipstream), or, as Aeron, datagrams longer than the
         window (no frame of that length could ever be let go: the stream would stall,
         connected; the window is within the socket's receive buffer, SubscriptionParams)."""
-        limit = self.settings.image_term_buffer_length_max
+        limit = self.params.image_term_length_max
         if setup.term_length > limit:
+            self.counters.add(SystemCounter.IMAGE_TERM_LENGTH_REFUSED)
+            setting = ("max-term-length" if self.channel.max_term_length is not None
+                       else "image_term_buffer_length_max")
             return (f"term length {setup.term_length} is over this receiver's "
-                    f"image_term_buffer_length_max of {limit}", ERROR_CODE_STORAGE_SPACE)
+                    f"{setting} of {limit}", ERROR_CODE_STORAGE_SPACE)
         window = min(self.params.receiver_window_length, setup.term_length // 2)
         if setup.mtu > window:
             return (f"the sender's mtu {setup.mtu} is more than this receiver's window "
@@ -388,19 +395,25 @@ class ReceiveChannel:
         return None
 
     def reject_image(self, request: ImageRequested, now_ns: int, reason: str,
-                     code: int = ERROR_CODE_STORAGE_SPACE) -> None:
-        """The conductor could not make the image (no space, counters full): the session
-        cools down and the sender hears why (an ERR frame, docs/PROTOCOL.md §1.7)."""
+                     code: int = ERROR_CODE_STORAGE_SPACE) -> int | None:
+        """The conductor could not make the image (no space, counters full, its source's
+        bounds): the session cools down and the sender hears why (an ERR frame,
+        docs/PROTOCOL.md §1.7), once per source address per interval.  Returns None when
+        the ERR was held back, else how many of that source's were since the last."""
         key = (request.setup.session_id, request.setup.stream_id)
         self._pending_image.pop(key, None)
         self._cool_down[key] = now_ns + self.cool_down_ns
         self.counters.add(SystemCounter.IMAGES_REJECTED)
+        held = self._refusal_notices.tell(request.source[0], now_ns)
+        if held is None:
+            return None
         # The text is bytes on the wire: cut it there, at a character boundary.
         text = reason.encode()[:ERR_MAX_TEXT_LENGTH].decode(errors="ignore")
         error = ErrorFrame(key[0], key[1], self.receiver_id, code, text)
         self._outbox.append(Datagram(error.encode(),
                                      self._path_control(request.via, request.source),
                                      request.via))
+        return held
 
     def _sync_images(self) -> None:
         images = list(self.images.values())
@@ -525,9 +538,11 @@ class ReceiveChannel:
         refusal = self._refusal(setup)
         if refusal is not None:
             reason, code = refusal
-            self.reject_image(ImageRequested(self, setup, source, self.arrival_destination),
-                              now_ns, reason, code)
-            self._events.append(ImageRejected(self, setup, source, reason))
+            held = self.reject_image(
+                ImageRequested(self, setup, source, self.arrival_destination), now_ns, reason,
+                code)
+            if held is not None:  # the conductor logs it: once per source per interval
+                self._events.append(ImageRejected(self, setup, source, reason, held))
             return
         self._pending_image[key] = now_ns + PENDING_IMAGE_TIMEOUT_NS
         self._events.append(ImageRequested(self, setup, source, self.arrival_destination))

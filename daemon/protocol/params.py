@@ -247,6 +247,9 @@ class SubscriptionParams:
     #: does while the endpoint has subscriptions of its stream (Aeron's rejoin).
     rejoin: bool
     congestion_control: str  # a registered strategy (cc=, else static)
+    #: The longest term an image may have (max-term-length=, else
+    #: image_term_buffer_length_max): a SETUP asking for more makes no image.
+    image_term_length_max: int
     cubic_initial_rtt_ns: int  # cc=cubic: the settings' cubic_* keys
     cubic_measure_rtt: bool
     cubic_tcp_mode: bool
@@ -277,6 +280,8 @@ class SubscriptionParams:
             sparse=_or(channel.sparse, settings.term_buffer_sparse_file),
             rejoin=channel.rejoin is not False,
             congestion_control=congestion_control,
+            image_term_length_max=_or(channel.max_term_length,
+                                      settings.image_term_buffer_length_max),
             cubic_initial_rtt_ns=settings.cubic_initial_rtt,
             cubic_measure_rtt=settings.cubic_measure_rtt,
             cubic_tcp_mode=settings.cubic_tcp_mode,

@@ -1,0 +1,212 @@
+"""Image logs made off the conductor's thread.
+
+A SETUP from the network asks for an image, and an image needs a log: a file of three terms
+in the driver directory, allocated and mapped in place (up to 3 GiB, seconds of work for
+large terms).  Made on the conductor's thread, a flood of SETUPs held it for as long as the
+files took, and its clients saw no heartbeat and deemed the driver dead.  So the conductor
+hands each log to :class:`ImageLogMaker`, whose one worker thread makes the files in turn
+(``ftruncate``, ``posix_fallocate`` and the populating map release the GIL), and takes the
+finished ones back in a later duty cycle (:meth:`ImageLogMaker.take_done`), where it attaches
+the image, or frees a log nobody wants any more.  An embedded driver, which has no thread of
+its own, makes them on its conductor's thread one per cycle instead (:class:`LogMaking`), so
+that each of its application's calls makes at most one.  Unmapping and deleting a log costs
+as much (about 0.1 s for 3 x 128 MiB): the worker does that too (:meth:`ImageLogMaker.discard`), and
+hands back the caller's ``gone`` callback to run on its thread once the file is deleted (so
+that memory counts as used for as long as its file exists).
+
+The conductor reserves a log's memory in its budget before it submits it and gives it back
+for every log that fails or is still queued at :meth:`ImageLogMaker.close`, and for every
+log discarded once it is gone; the maker never touches the budget.  The simulator's drivers
+make their logs inline (:attr:`LogMaking.INLINE`): the same calls, done at submit, so a run
+stays deterministic.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from slipstream.client._native import lib as native
+from slipstream.client.logbuffer import LogBuffer
+from slipstream.daemon.conductor.resources import discard_file, make_log_file
+
+log = logging.getLogger("slipstream.driver")
+
+
+@attrs.define(eq=False)
+class LogJob:
+    """One log to make: its file, its length in bytes (reserved in the budget) and the
+    keyword arguments of LogBuffer.create; ``request`` is the caller's (what the log is
+    for).  The maker fills ``result``: the log, or the exception that stopped it."""
+
+    path: Path
+    length: int
+    kwargs: dict[str, Any]
+    request: Any
+    result: LogBuffer | BaseException | None = None
+
+
+class LogMaking(enum.Enum):
+    """Where an :class:`ImageLogMaker` makes and deletes logs."""
+
+    #: On the caller's thread, at once: the simulator's (a run stays deterministic).
+    INLINE = "inline"
+    #: On the caller's thread, one log (made or deleted) per :meth:`ImageLogMaker.step`, a
+    #: call per conductor cycle: an embedded driver's, which has no thread of its own, so
+    #: that its application's each call to do_work() makes at most one.
+    DEFERRED = "deferred"
+    #: On one worker thread: a driver process's.
+    THREADED = "threaded"
+
+
+class ImageLogMaker:
+    """Makes :class:`LogJob` logs and deletes discarded ones, as ``making`` says; see the
+    module docstring.  ``wake`` is called (from the worker) when a log is done or gone."""
+
+    def __init__(self, *, making: LogMaking, wake: Callable[[], None] = lambda: None) -> None:
+        self.making = making
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._queued: deque[LogJob] = deque()
+        self._discards: deque[tuple[LogBuffer, Callable[[], None]]] = deque()
+        self._done: list[LogJob] = []
+        self._gone: list[Callable[[], None]] = []
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def has_done(self) -> bool:
+        """Whether a log is done (made or failed, or deleted) and not taken yet, or, when
+        deferred, one waits for a :meth:`step`."""
+        return bool(self._done or self._gone or (
+            self.making is LogMaking.DEFERRED and (self._queued or self._discards)))
+
+    def submit(self, job: LogJob) -> None:
+        """Make ``job``'s log: now (inline), else queued for the worker or the next steps."""
+        if self.making is LogMaking.INLINE:
+            _make(job)
+            self._done.append(job)
+            return
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the image log maker is closed")
+            self._queued.append(job)
+            self._start()
+
+    def discard(self, log_buffer: LogBuffer, gone: Callable[[], None]) -> None:
+        """Unmap ``log_buffer`` and delete its file, then ``gone`` (on the caller's thread:
+        at once inline or after a close, else from :meth:`take_gone`); before the logs
+        queued."""
+        with self._lock:
+            now = self.making is LogMaking.INLINE or self._closing
+            if not now:
+                self._discards.append((log_buffer, gone))
+                self._start()
+        if now:
+            _discard(log_buffer)
+            gone()
+
+    def step(self) -> None:
+        """Deferred: make or delete one log (a deletion first), on this thread."""
+        if self.making is LogMaking.DEFERRED:
+            with self._lock:
+                unit = self._next_unit()
+            if unit is not None:
+                self._do(unit)
+
+    def take_done(self) -> list[LogJob]:
+        """The jobs done since the last call, in the order they finished."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def take_gone(self) -> list[Callable[[], None]]:
+        """The ``gone`` callbacks of the logs deleted since the last call."""
+        with self._lock:
+            gone, self._gone = self._gone, []
+        return gone
+
+    def close(self) -> list[LogJob]:
+        """Stop: the queued jobs are not made (their ``result`` stays None), the one being
+        made is waited for, and every log to discard is discarded (their ``gone`` callbacks
+        wait in :meth:`take_gone`).  Returns every job not taken: done ones (their logs to
+        free) and the unmade ones (their budget to give back)."""
+        with self._lock:
+            self._closing = True
+            unmade = list(self._queued)
+            self._queued.clear()
+            self._work.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        while self._discards:
+            log_buffer, gone = self._discards.popleft()
+            _discard(log_buffer)
+            self._gone.append(gone)
+        return self.take_done() + unmade
+
+    def _start(self) -> None:
+        """(Holding the lock.)  The worker has work: started at the first, woken after."""
+        if self.making is not LogMaking.THREADED:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ss-image-logs",
+                                            daemon=True)
+            self._thread.start()
+        self._work.notify()
+
+    def _next_unit(self) -> tuple[LogBuffer, Callable[[], None]] | LogJob | None:
+        """(Holding the lock.)  The next deletion, else the next log to make, else None."""
+        if self._discards:
+            return self._discards.popleft()
+        if self._queued:
+            return self._queued.popleft()
+        return None
+
+    def _do(self, unit: tuple[LogBuffer, Callable[[], None]] | LogJob) -> None:
+        if isinstance(unit, LogJob):
+            _make(unit)
+            with self._lock:
+                self._done.append(unit)
+        else:
+            _discard(unit[0])
+            with self._lock:
+                self._gone.append(unit[1])
+        if self.making is LogMaking.THREADED:
+            try:
+                self._wake()
+            except Exception:  # the conductor still finds it at its next cycle
+                log.exception("waking the conductor for an image log failed")
+
+    def _run(self) -> None:
+        native.ss_name_thread(b"ss-image-logs")  # for ps -T, top -H, perf
+        while True:
+            with self._lock:
+                while not self._queued and not self._discards and not self._closing:
+                    self._work.wait()
+                unit = self._next_unit()
+                if unit is None:
+                    return  # closing: close() discards what is left
+            self._do(unit)
+
+
+def _discard(log_buffer: LogBuffer) -> None:
+    try:
+        discard_file(log_buffer)
+    except Exception:  # a log left behind is found by the directory's next owner
+        log.exception("deleting the image log %s failed", log_buffer.path)
+
+
+def _make(job: LogJob) -> None:
+    try:
+        job.result = make_log_file(job.path, job.length, **job.kwargs)
+    except Exception as e:  # handed to the conductor, which says what failed
+        job.result = e

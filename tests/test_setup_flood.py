@@ -1,0 +1,427 @@
+"""SETUPs from a host that is no sender, at a real driver process over loopback (issue 59, the
+SETUP flood): crafted frames from plain UDP sockets (a source address each, 127.0.0.x) at the
+port of a real subscription.
+
+* a term longer than the subscription allows makes no image: counted by cause, logged once
+  per source per interval however many come; ``max-term-length=`` lowers or raises it;
+* one source host's images, and their log memory, are bounded; another host still gets its
+  image; past the logs being made at once, a SETUP is refused;
+* a log of 3 x 128 MiB is made off the conductor's thread: its cycle, the heartbeat clients
+  read and their commands go on meanwhile; a log whose subscription went while it was made
+  is freed, and so are those of a driver that stops while they are being made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from helpers import counters_of, free_port, wait_for
+
+from slipstream.client import ChannelError, ChannelRejectedError, ChannelWarning, Client, control
+from slipstream.client.channel import parse_channel
+from slipstream.client.frames import Setup, decode
+from slipstream.client.logbuffer import compute_log_length
+from slipstream.daemon.driver import MediaDriver
+from slipstream.daemon.reports.error_log import read_error_log
+
+KIB = 1024
+MIB = 1024 * KIB
+STREAM = 59
+#: Images stay while the test counts them (the SETUPs' sources send no data).
+SLOW_LIVENESS = {"image_liveness_timeout": "20s"}
+
+
+def setup_frame(session_id: int, term_length: int, stream_id: int = STREAM) -> bytes:
+    """A valid SETUP of a new session at the start of its first term."""
+    return Setup(term_offset=0, session_id=session_id, stream_id=stream_id, initial_term_id=7,
+                 active_term_id=7, term_length=term_length, mtu=1408).encode()
+
+
+def send_setups(port: int, sessions: range, term_length: int, *,
+                source: str = "127.0.0.1", gap_s: float = 0.0) -> None:
+    """One SETUP per session in ``sessions``, from ``source`` to 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((source, 0))
+        for session_id in sessions:
+            s.sendto(setup_frame(session_id, term_length), ("127.0.0.1", port))
+            if gap_s:
+                time.sleep(gap_s)
+
+
+def image_logs(driver: MediaDriver) -> list[Path]:
+    return sorted((driver.directory / control.IMAGES_DIR).glob("*.logbuffer"))
+
+
+def refusals_logged(driver: MediaDriver, words: str) -> list[str]:
+    return [e.message for e in read_error_log(driver.directory) if words in e.message]
+
+
+def test_a_term_longer_than_the_subscription_allows_makes_no_image_and_is_logged_once(
+        launch) -> None:
+    """The default allows 16 MiB: 200 SETUPs of 128 MiB terms from one source make no log,
+    count 200 refusals by cause, get one ERR frame back and leave one line in the error log
+    (its next, after the interval, says how many were held back)."""
+    driver = launch(**SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        sender.bind(("127.0.0.1", 0))
+        for session_id in range(1, 201):
+            sender.sendto(setup_frame(session_id, 128 * MIB), ("127.0.0.1", port))
+        wait_for(lambda: counters_of(driver)["IMAGE_TERM_LENGTH_REFUSED"] == 200, timeout=10,
+                 what="200 refusals counted")
+        sender.settimeout(0.5)
+        answers = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                answers.append(sender.recv(2048))
+        assert [decode(a).__class__.__name__ for a in answers] == ["ErrorFrame"]
+        assert image_logs(driver) == []
+        counters = counters_of(driver)
+        assert counters["IMAGES_REJECTED"] == 200
+        wait_for(lambda: refusals_logged(driver, "refused the image"), what="the refusal logged")
+        time.sleep(0.5)  # nothing more comes
+        lines = refusals_logged(driver, "refused the image")
+        assert len(lines) == 1, lines
+        assert "term length 134217728 is over this receiver's image_term_buffer_length_max" \
+            in lines[0]
+
+
+def test_max_term_length_on_a_subscription_lowers_and_raises_the_bound(launch) -> None:
+    driver = launch(**SLOW_LIVENESS)
+    low, high = free_port(), free_port()
+    with Client.connect(driver.directory) as client:
+        client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{low}|max-term-length=64k",
+                                STREAM)
+        client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{high}|max-term-length=32m|sparse=true", STREAM)
+        send_setups(low, range(1, 3), 128 * KIB)  # over 64k: refused
+        wait_for(lambda: counters_of(driver)["IMAGE_TERM_LENGTH_REFUSED"] == 2,
+                 what="two refusals")
+        send_setups(high, range(3, 4), 32 * MIB)  # over the driver's 16m, within the URI's
+        wait_for(lambda: len(image_logs(driver)) == 1, what="the 32 MiB-term image's log")
+        assert image_logs(driver)[0].stat().st_size == compute_log_length(32 * MIB)
+        assert counters_of(driver)["IMAGE_TERM_LENGTH_REFUSED"] == 2
+        wait_for(lambda: refusals_logged(driver, "max-term-length of 65536"),
+                 what="the refusal naming the subscription's key")
+
+
+def test_one_source_host_has_at_most_image_source_max_images(launch) -> None:
+    """12 sessions from 127.0.0.1 (several ports) with a bound of 5: 5 images, 7 refused by
+    cause; another host (127.0.0.2) still gets its image."""
+    driver = launch(image_source_max_images=5, **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        for first in (1, 5, 9):  # from three source ports of one host
+            send_setups(port, range(first, first + 4), 64 * KIB, gap_s=0.01)
+        wait_for(lambda: counters_of(driver)["IMAGE_SOURCE_IMAGES_REFUSED"] >= 7,
+                 what="7 refusals")
+        wait_for(lambda: len(subscription.images) == 5, what="5 images")
+        assert len(image_logs(driver)) == 5
+        send_setups(port, range(100, 101), 64 * KIB, source="127.0.0.2")
+        wait_for(lambda: len(subscription.images) == 6, what="the other host's image")
+        assert counters_of(driver)["IMAGE_SOURCE_IMAGES_REFUSED"] == 7
+        lines = refusals_logged(driver, "image_source_max_images")
+        assert lines == [], "a bound's refusal is a warning, not an error"
+
+
+def test_one_source_hosts_images_take_at_most_image_source_memory_limit(launch) -> None:
+    log_length = compute_log_length(64 * KIB)
+    driver = launch(image_source_memory_limit=f"{3 * log_length + 1}", **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", STREAM)
+        send_setups(port, range(1, 9), 64 * KIB, gap_s=0.01)
+        wait_for(lambda: counters_of(driver)["IMAGE_SOURCE_MEMORY_REFUSED"] == 5,
+                 what="5 refusals")
+        wait_for(lambda: len(subscription.images) == 3, what="3 images")
+        assert sum(p.stat().st_size for p in image_logs(driver)) == 3 * log_length
+
+
+def test_setups_past_the_logs_being_made_at_once_are_refused(launch) -> None:
+    """One log at a time (image_pending_max=1), each of 3 x 64 MiB allocated in full: a burst
+    of SETUPs gets the first image made and the others refused by cause; their senders ask
+    again (the session cools down for a second) and get theirs then."""
+    driver = launch(image_pending_max=1, **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=64m", STREAM)
+        send_setups(port, range(1, 4), 64 * MIB)
+        wait_for(lambda: counters_of(driver)["IMAGE_PENDING_REFUSED"] >= 1, timeout=10,
+                 what="a refusal while a log is made")
+        wait_for(lambda: len(subscription.images) >= 1, timeout=10, what="the first image")
+        time.sleep(1.2)  # past the cool-down
+        send_setups(port, range(1, 4), 64 * MIB, gap_s=0.5)
+        wait_for(lambda: len(subscription.images) == 3, timeout=20, what="all three images")
+
+
+def test_one_source_host_takes_at_most_half_of_the_logs_being_made(launch) -> None:
+    """image_pending_max=4: a burst of four 3 x 64 MiB logs from one host gets two queued and
+    two refused; another host's SETUP right after still finds room."""
+    driver = launch(image_pending_max=4, **SLOW_LIVENESS)
+    port = free_port()
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=64m", STREAM)
+        send_setups(port, range(1, 5), 64 * MIB)
+        send_setups(port, range(100, 101), 64 * MIB, source="127.0.0.2")
+        wait_for(lambda: len(subscription.images) == 3, timeout=20, what="three images")
+        assert counters_of(driver)["IMAGE_PENDING_REFUSED"] == 2
+        assert 100 in {image.session_id for image in subscription.images}
+
+
+def test_a_big_log_is_made_while_the_conductor_serves_clients(launch) -> None:
+    """Three SETUPs of 128 MiB terms (the subscription allows them), logs allocated in full:
+    3 x 384 MiB written and mapped, about 0.3 s each here (made on the conductor's thread, one
+    cycle took them all).  Meanwhile the conductor's cycles stay short (its heartbeat is
+    beaten every cycle) and a client's commands are answered."""
+    driver = launch(**SLOW_LIVENESS)
+    port = free_port()
+    # The commands come from a client of their own: the subscriber's client maps each
+    # image's 384 MiB as it hears of it, before it reads the answers behind that.
+    with Client.connect(driver.directory) as subscriber, \
+            Client.connect(driver.directory) as client:
+        subscription = subscriber.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=128m", STREAM)
+        before = counters_of(driver)["CONDUCTOR_MAX_CYCLE_TIME_NS"]
+        started = time.monotonic()
+        send_setups(port, range(1, 4), 128 * MIB)
+        answers: list[float] = []
+        while not (len(subscription.images) == 3 and len(image_logs(driver)) == 3):
+            asked = time.monotonic()
+            client.add_publication("aeron:ipc?term-length=64k", 7).close()
+            answers.append(time.monotonic() - asked)
+            assert time.monotonic() - started < 60, "the images never came"
+        made_s = time.monotonic() - started
+        worst_cycle_ns = counters_of(driver)["CONDUCTOR_MAX_CYCLE_TIME_NS"]
+        print(f"3 logs of 384 MiB made in {made_s:.2f} s; {len(answers)} commands answered "
+              f"meanwhile, slowest {max(answers) * 1e3:.1f} ms; conductor's longest cycle "
+              f"{worst_cycle_ns / 1e6:.1f} ms (before: {before / 1e6:.1f} ms)")
+        # Made on the conductor's thread, the three took one cycle of about made_s.
+        assert made_s > 0.5, "the logs were made too fast to show anything"
+        assert len(answers) >= 3
+        assert max(answers) < 0.5  # a 2-core machine shared with other work
+        assert worst_cycle_ns < 250_000_000
+
+
+def test_a_log_whose_subscription_went_while_it_was_made_is_freed(launch) -> None:
+    """The subscription closes while its image's 384 MiB log is made: the log is freed (no
+    file, counted), and its memory is back in the budget, which holds one such log only: a
+    new subscription's image of another session gets one."""
+    driver = launch(log_buffer_memory_limit="400m", **SLOW_LIVENESS)
+    port = free_port()
+    uri = f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=128m"
+    with Client.connect(driver.directory) as client:
+        subscription = client.add_subscription(uri, STREAM)
+        send_setups(port, range(1, 2), 128 * MIB)
+        wait_for(lambda: image_logs(driver), what="its log begun")  # it takes ~0.3 s
+        subscription.close()
+        wait_for(lambda: counters_of(driver)["IMAGE_LOGS_ABANDONED"] == 1, timeout=20,
+                 what="the log abandoned")
+        wait_for(lambda: image_logs(driver) == [], what="its file deleted")
+        subscription = client.add_subscription(uri, STREAM)
+
+        def asked_until_made() -> bool:  # as a sender repeats its SETUP until connected
+            send_setups(port, range(2, 3), 128 * MIB)
+            return len(subscription.images) == 1 or time.sleep(0.1)
+
+        wait_for(asked_until_made, timeout=20, what="the next image")
+
+
+@pytest.mark.parametrize("count", [1, 6])
+def test_a_driver_stopping_while_logs_are_made_leaves_none(tmp_path: Path, count: int) -> None:
+    """The driver stops (SIGTERM) while one log of 384 MiB is being made and others wait:
+    it stops, and leaves no log file behind."""
+    from helpers import NETWORK_SETTINGS
+
+    directory = Path("/dev/shm") / f"slipstream-flood-{tmp_path.name[-20:]}"
+    port = free_port()
+    with MediaDriver.launch(directory=directory, **{**NETWORK_SETTINGS, **SLOW_LIVENESS}) \
+            as driver:
+        with Client.connect(driver.directory) as client:
+            client.add_subscription(
+                f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=128m", STREAM)
+            send_setups(port, range(1, count + 1), 128 * MIB)
+            wait_for(lambda: image_logs(driver), what="a log begun")
+    assert not directory.exists() or not list(directory.rglob("*.logbuffer"))
+
+
+def _conductor_with_a_subscription(shm: Path):  # -> (conductor, counters, channel, heartbeat)
+    """In this process: a conductor whose image logs are made on its worker, one client and
+    one subscription (allowing 64 MiB terms); its receive channel, to post SETUPs' image
+    requests to as its receiver would (the agents do not run), and the client's heartbeat
+    counter."""
+    from slipstream.client.counters import CountersFile
+    from slipstream.daemon.conductor.conductor import DriverConductor
+    from slipstream.daemon.conductor.image_logs import LogMaking
+    from slipstream.daemon.config import DriverSettings
+    from slipstream.daemon.media.udp import UdpTransports
+
+    settings = DriverSettings(dir=str(shm))
+    for folder in (control.PUBLICATIONS_DIR, control.IMAGES_DIR):
+        (shm / folder).mkdir()
+    counters = CountersFile.create(shm / "counters.dat", 256)
+    conductor = DriverConductor(settings, shm, counters,
+                                transports=UdpTransports(settings, counters),
+                                image_logs=LogMaking.THREADED)
+    network = conductor.network
+    assert network is not None
+    now = time.monotonic_ns()
+    ((_, connected),) = conductor.on_command(b"k", {
+        "type": control.CONNECT, "version": control.PROTOCOL_VERSION, "pid": 1, "process": 1,
+        "correlation_id": 1}, now)
+    replies = conductor.on_command(b"k", {
+        "type": control.ADD_SUBSCRIPTION, "stream_id": STREAM, "correlation_id": 2,
+        "channel": f"aeron:udp?endpoint=127.0.0.1:{free_port()}|max-term-length=64m"}, now)
+    assert replies[0][1]["type"] == control.SUBSCRIPTION_READY, replies
+    (entry,) = network._receive_endpoints.values()
+    return conductor, counters, entry.endpoint.channel, connected["heartbeat_counter_id"]
+
+
+def _request(channel, session_id: int, term_length: int):  # -> ImageRequested
+    from slipstream.daemon.media.events import ImageRequested
+
+    setup = Setup(term_offset=0, session_id=session_id, stream_id=STREAM, initial_term_id=7,
+                  active_term_id=7, term_length=term_length, mtu=1408)
+    return ImageRequested(channel, setup, ("127.0.0.9", 4000))
+
+
+def test_a_conductor_closing_with_logs_being_made_gives_their_memory_back(shm: Path) -> None:
+    """Six SETUPs' logs of 3 x 64 MiB submitted to the worker, the conductor closed while the
+    first is being made.  The budget held all six at once; after the close it holds none,
+    and no log file is left (made, being made or never begun)."""
+    from slipstream.client.counters import SystemCounter
+
+    conductor, counters, channel, _ = _conductor_with_a_subscription(shm)
+    network = conductor.network
+    now = time.monotonic_ns()
+    try:
+        for session_id in range(1, 7):
+            network._post(_request(channel, session_id, 64 * MIB))
+        conductor.do_work(now)
+        assert conductor.budget.used == 6 * compute_log_length(64 * MIB)
+        # The sender asks again while its log is made (after the receiver's second): noted.
+        network._post(_request(channel, 6, 64 * MIB))
+        conductor.do_work(now + 1_100_000_000)
+        assert conductor.budget.used == 6 * compute_log_length(64 * MIB)
+        assert counters.get(SystemCounter.ERRORS) == 0
+        wait_for(lambda: list((shm / control.IMAGES_DIR).iterdir()), what="a log begun")
+    finally:
+        conductor.close(time.monotonic_ns())
+        counters.close()
+    assert conductor.budget.used == 0
+    assert list((shm / control.IMAGES_DIR).iterdir()) == []
+
+
+def test_a_log_made_for_a_sender_that_stopped_asking_is_freed(shm: Path) -> None:
+    """Its log (3 x 64 MiB: made in tens of ms, after the conductor's cycle that asked for
+    it) is done after the sender's last SETUP is older than image_liveness_timeout: no
+    image, the log freed and counted, the budget whole again."""
+    from slipstream.client.counters import SystemCounter
+
+    conductor, counters, channel, heartbeat = _conductor_with_a_subscription(shm)
+    network = conductor.network
+    now = time.monotonic_ns()
+    try:
+        network._post(_request(channel, 1, 64 * MIB))
+        conductor.do_work(now)
+        wait_for(lambda: network.has_events, what="the log made")
+        late = now + conductor.settings.image_liveness_timeout + 1
+        counters.set(heartbeat, late)  # the client is alive
+        conductor.do_work(late)
+        assert counters.get(SystemCounter.IMAGE_LOGS_ABANDONED) == 1
+        assert network.image_count == 0
+        wait_for(lambda: not list((shm / control.IMAGES_DIR).iterdir()), what="its file gone")
+        wait_for(lambda: network.has_events, what="the deletion told")
+        assert conductor.budget.used == compute_log_length(64 * MIB)  # until its file went
+        conductor.do_work(late)
+        assert conductor.budget.used == 0
+        network._post(_request(channel, 2, 64 * MIB))  # one whose sender is there: attached
+        conductor.do_work(late)
+        wait_for(lambda: network.has_events, what="the log made")
+        conductor.do_work(late + 1)
+        assert network.image_count == 1
+    finally:
+        conductor.close(time.monotonic_ns())
+        counters.close()
+
+
+@pytest.mark.unit
+def test_notices_are_told_once_per_source_per_interval_with_what_was_held_back() -> None:
+    from slipstream.daemon.protocol.notices import SourceNotices
+
+    notices = SourceNotices(interval_ns=100, capacity=2)
+    assert notices.tell("a", 0) == 0
+    assert [notices.tell("a", t) for t in (1, 50, 99)] == [None, None, None]
+    assert notices.tell("b", 10) == 0
+    assert notices.tell("c", 20) is None  # the table is full: held back, counted
+    assert notices.tell("a", 100) == 3 + 1  # a's three, and c's
+    assert notices.tell("c", 120) == 0  # b's interval ended with nothing held: room again
+
+
+@pytest.mark.unit
+def test_notices_keep_a_bounded_table_whatever_the_sources() -> None:
+    from slipstream.daemon.protocol.notices import SourceNotices
+
+    notices = SourceNotices(interval_ns=1_000, capacity=64)
+    told = sum(notices.tell(f"10.0.{i // 256}.{i % 256}", i) is not None for i in range(10_000))
+    assert len(notices._sources) <= 64
+    assert told <= 64 * (10_000 // 1_000 + 1)  # at most the table's worth per interval
+
+
+def test_max_term_length_is_refused_by_name_where_it_does_nothing_or_differs(launch) -> None:
+    """Not a power of two, or on aeron:ipc: the client refuses it; on a spy, or a second
+    subscription of an endpoint asking for another bound: the driver; on a publication it is
+    the other side's key (a warning)."""
+    driver = launch()
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    with Client.connect(driver.directory) as client:
+        for channel in (f"{uri}|max-term-length=100k", "aeron:ipc?max-term-length=64m"):
+            with pytest.raises(ChannelError) as refused:
+                parse_channel(channel)
+            assert refused.value.part == "max-term-length"
+        first = client.add_subscription(f"{uri}|max-term-length=32m", 1)
+        for channel, words in ((f"{uri}|max-term-length=64m", "differs from"),
+                               (f"aeron-spy:{uri}|max-term-length=64m", "does nothing on a spy")):
+            with pytest.raises(ChannelRejectedError, match=words) as rejected:
+                client.add_subscription(channel, 2)
+            assert rejected.value.part == "max-term-length"
+        client.add_subscription(f"{uri}|max-term-length=32m", 3).close()  # the same: joins
+        with pytest.warns(ChannelWarning, match="max-term-length is a subscription key"):
+            client.add_publication(f"{uri}|max-term-length=32m", 4).close()
+        first.close()
+
+
+def test_an_embedded_driver_makes_one_image_log_per_call(tmp_path: Path) -> None:
+    """An embedded driver has no thread of its own: three SETUPs of 3 x 64 MiB logs are made
+    by three of its application's do_work() calls, one each, not by one call that would hold
+    the application (and the driver's heartbeat) for all three; no worker thread starts."""
+    import threading
+
+    from helpers import NETWORK_SETTINGS
+
+    directory = Path("/dev/shm") / f"slipstream-flood-{tmp_path.name[-20:]}"
+    port = free_port()
+    with MediaDriver.embedded(directory, **{**NETWORK_SETTINGS, **SLOW_LIVENESS}) as driver, \
+            Client.connect(driver.directory, invoker=driver.do_work) as client:
+        subscription = client.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|max-term-length=64m", STREAM)
+        send_setups(port, range(1, 4), 64 * MIB)
+        calls: list[float] = []
+        deadline = time.monotonic() + 20
+        while len(subscription.images) < 3:
+            assert time.monotonic() < deadline, "the images never came"
+            started = time.monotonic()
+            client.do_work()  # the client's events, and the driver's cycle (its invoker)
+            calls.append(time.monotonic() - started)
+        slow = sorted(calls)[-3:]
+        print(f"the three longest calls: {[f'{c * 1e3:.0f} ms' for c in slow]}")
+        assert max(calls) < 0.6 * sum(slow), "one call made more than one log"
+        assert not any(t.name == "ss-image-logs" for t in threading.enumerate())
