@@ -168,3 +168,13 @@ def test_a_dropped_datagram_shows_by_cause_in_stat_and_prometheus(driver_dir: Pa
                                capture_output=True, text=True, timeout=30, check=True).stdout
     section = table.split("drops by cause", 1)[1].split("\n\n", 1)[0]
     assert re.search(r"^\s+malformed\s+[3-9]", section, re.M), section
+
+
+def test_the_security_page_lists_every_drop_cause_by_its_counter() -> None:
+    """docs/SECURITY.md's drops-by-cause table is DROP_CAUSES: each cause with its counter,
+    none missing, none that the driver does not count."""
+    from slipstream.client.counters import DROP_CAUSES
+
+    page = (Path(__file__).parents[1] / "docs" / "SECURITY.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z-]+)` \| `([A-Z_]+)` \|", page, re.M))
+    assert rows == {cause: counter.name for counter, cause in DROP_CAUSES.items()}
