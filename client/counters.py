@@ -226,7 +226,7 @@ class SystemCounter(enum.IntEnum):
     SEND_ERRORS = 22
     RECEIVE_ERRORS = 23
     FOREIGN_SOURCE_DROPS = 24  # frames of an image from an address other than its SETUP's
-    IMAGES_REJECTED = 25  # a SETUP whose image the driver could not create (space, counters)
+    IMAGES_REJECTED = 25  # a SETUP whose image could not be made: log memory, counters, file, mtu
     DEBUG_DATA_LOSS_DROPS = 26  # dropped on purpose by debug_receive_data_loss (a test hook)
     NOTIFY_DROPS = 27  # systemd notify states the notify socket did not take (full or gone)
     NETWORK_DUTY_CYCLES = 28  # duty cycles of the network threads' C loops

@@ -497,6 +497,8 @@ class ReceiveSide:
         per source per interval (an ``error`` as every error-log entry is counted; a bound's
         refusal is counted by its cause instead)."""
         self.receiver_proxy.on_reject_image(event, reason)
+        if error:  # a bound's refusal is counted by its cause, the rest here
+            self.counters.add(SystemCounter.IMAGES_REJECTED)
         held = self._refusal_notices.tell(event.source[0], now_ns)
         if held is None:
             return

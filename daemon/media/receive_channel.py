@@ -390,6 +390,7 @@ class ReceiveChannel:
                     f"{setting} of {limit}", ERROR_CODE_STORAGE_SPACE)
         window = min(self.params.receiver_window_length, setup.term_length // 2)
         if setup.mtu > window:
+            self.counters.add(SystemCounter.IMAGES_REJECTED)
             return (f"the sender's mtu {setup.mtu} is more than this receiver's window "
                     f"{window} (rcv-wnd, at most half a term)", ERROR_CODE_IMAGE_REJECTED)
         return None
@@ -403,7 +404,7 @@ class ReceiveChannel:
         key = (request.setup.session_id, request.setup.stream_id)
         self._pending_image.pop(key, None)
         self._cool_down[key] = now_ns + self.cool_down_ns
-        self.counters.add(SystemCounter.IMAGES_REJECTED)
+        # Counted by whoever refused, under its cause (DROP_CAUSES: one cause each).
         held = self._refusal_notices.tell(request.source[0], now_ns)
         if held is None:
             return None
