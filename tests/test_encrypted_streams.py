@@ -359,6 +359,36 @@ def test_only_receivers_with_the_key_join_an_encrypted_dynamic_mdc_stream(
             client.close()
 
 
+def test_a_manual_mdc_publication_seals_once_for_each_destination_it_was_given(
+        hosts) -> None:
+    """Manual multi-destination-cast (fc=min: both receivers hold the sender): each
+    receiver with the key that the publication was given as a destination gets every message
+    once and in order; the sender's endpoint seals each datagram once and sends it to both,
+    and nothing is dropped anywhere."""
+    sender, _ = hosts("sender")
+    receivers = [hosts(f"m{i}")[0] for i in range(2)]
+    ports = [free_port() for _ in receivers]
+    clients = [Client.connect(d.directory) for d in (sender, *receivers)]
+    try:
+        publication = clients[0].add_publication(
+            "aeron:udp?control-mode=manual|fc=min|term-length=64k|key=k", 22)
+        subscriptions = [c.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|key=k", 22)
+                         for c, port in zip(clients[1:], ports, strict=True)]
+        for port in ports:
+            publication.add_destination(f"aeron:udp?endpoint=127.0.0.1:{port}")
+        connect(publication, *subscriptions)
+        collectors = [Collector(s) for s in subscriptions]
+        stream(publication, collectors, 5_000, lambda i: 100 + i % 1300)
+        for collector in collectors:
+            collector.assert_exactly(5_000)
+        assert mdc_destinations(sender) == 2
+    finally:
+        for client in clients:
+            client.close()
+    for driver in (sender, *receivers):
+        assert drops(driver) == dict.fromkeys(DROPS, 0)
+
+
 def test_a_spy_reads_an_encrypted_publication_in_plain_text(hosts) -> None:
     """A spy on the publisher's host reads the publication's log, which holds the stream
     in plain text: it names no key (a spy with key= is refused by name)."""
