@@ -38,10 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 import aeron_peer
 import pytest
 from aeron_peer import AeronDriver, BasicSubscriber, MdcPublisher, basic_subscriber
-from helpers import counters_of, free_port, lacking, wait_for
+from helpers import counters_of, free_port, lacking, mdc_destinations, wait_for
 
-from slipstream.client import Client, control
-from slipstream.client.counters import CountersFile, CounterType
+from slipstream.client import Client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,17 +82,6 @@ def launch_two(launch) -> list:
     """Two slipstream drivers (the ``launch`` fixture's), started side by side."""
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(lambda _: launch(), range(2)))
-
-
-def destinations_count(driver) -> int:
-    """The value of the slipstream driver's one mdc-destinations counter."""
-    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
-    try:
-        values = [c.value for c in counters if c.type_id == CounterType.MDC_DESTINATIONS]
-    finally:
-        counters.close()
-    assert len(values) == 1, values
-    return values[0]
 
 
 class Indexes:
@@ -272,7 +260,7 @@ def test_a_slipstream_dynamic_mdc_publication_reaches_two_aeron_subscribers_whol
             Client.connect(driver.directory) as client:
         publication = client.add_publication(
             f"aeron:udp?control={HOST}:{control_port}|control-mode=dynamic|fc=min", 2003)
-        wait_for(lambda: destinations_count(driver) == 2 and publication.is_connected,
+        wait_for(lambda: mdc_destinations(driver) == 2 and publication.is_connected,
                  timeout=10, what="both Aeron receivers joined")
         for subscriber in subscribers:
             subscriber.wait_for_image(timeout=10)
@@ -301,7 +289,7 @@ def test_a_slipstream_manual_mdc_publication_reaches_the_two_aeron_subscribers_i
         for subscriber in subscribers:
             subscriber.wait_for_image(timeout=10)
         wait_for(lambda: publication.is_connected, timeout=10, what="the publication connected")
-        assert destinations_count(driver) == 2
+        assert mdc_destinations(driver) == 2
         publish_indexes(publication, MESSAGES)
         check_aeron_received(subscribers, MESSAGES, publication.session_id)
     assert_clean(driver)
@@ -336,12 +324,12 @@ def test_a_slipstream_spy_reads_what_an_mdc_publication_sends_to_aeron_receivers
         stream_indexes(publication, [spied], MESSAGES)
         assert spied.seen == list(range(MESSAGES))
         check_aeron_received([subscriber], MESSAGES, publication.session_id)
-        assert destinations_count(driver) == 1
+        assert mdc_destinations(driver) == 1
 
         more = 40  # 41 KiB of frames
         with basic_subscriber(aeron, receiver.format(free_port()), 2005) as late:
             late.wait_for_image(timeout=10)
-            assert destinations_count(driver) == 2
+            assert mdc_destinations(driver) == 2
             stream_indexes(publication, [spied], more, first=MESSAGES)
             total = MESSAGES + more
             assert spied.seen == list(range(total))
