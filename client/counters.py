@@ -253,14 +253,14 @@ class SystemCounter(enum.IntEnum):
     # multi-destination-cast destination is learned from one)
     UNMATCHED_STATUS_MESSAGES = 47
     # issue 59, mdcvalid: a dynamic multi-destination-cast endpoint's address validation
-    # status messages (and any control frame) from a source outside the endpoint's join=
-    # subnets, dropped unread
+    # control frames from a source outside the endpoint's join= subnets that reach the
+    # Python half (SMs, RTTMs, ERRs, rate signals), dropped unread
     MDC_JOIN_SUBNET_DROPS = 48
     # candidate destinations (learned from a status message) dropped because they did not
     # prove within mdc_validation_timeout that they receive what is sent to their address
     MDC_UNVALIDATED_DROPS = 49
-    # status messages from a new source refused as a candidate: the endpoint already has
-    # mdc_candidates_max candidates waiting to validate
+    # candidates dropped unvalidated to make room for a new source: the endpoint had
+    # mdc_candidates_max waiting (the oldest goes)
     MDC_CANDIDATES_REFUSED = 50
     # datagrams not sent to an unvalidated address because they would take what was sent to
     # it past 3x what arrived from it (RFC 9000 section 8's anti-amplification limit)
@@ -305,6 +305,9 @@ class SystemCounter(enum.IntEnum):
     # logs made for an image no longer wanted when done (its subscription or endpoint went,
     # or its source stopped asking): freed, never attached
     IMAGE_LOGS_ABANDONED = 71
+    # status messages from a dynamic multi-destination-cast destination's address naming
+    # another receiver id than the one it validated with (dropped: they keep no one alive)
+    MDC_UNKNOWN_RECEIVER_DROPS = 72
 
     @property
     def label(self) -> str:
@@ -346,6 +349,7 @@ DROP_CAUSES: Final[dict[SystemCounter, str]] = {
     SystemCounter.IMAGE_SOURCE_IMAGES_REFUSED: "setup-source-images-full",
     SystemCounter.IMAGE_SOURCE_MEMORY_REFUSED: "setup-source-memory-full",
     SystemCounter.IMAGE_PENDING_REFUSED: "setup-pending-logs-full",
+    SystemCounter.MDC_UNKNOWN_RECEIVER_DROPS: "mdc-unknown-receiver",
 }
 
 

@@ -69,7 +69,8 @@ def c_addresses(table: DestinationTable) -> list[Address]:
             for i in range(c.count)]
 
 
-operations = st.lists(st.tuples(st.sampled_from(["add", "remove", "sm", "echo", "expire"]),
+operations = st.lists(st.tuples(st.sampled_from(["add", "remove", "sm", "echo", "expire",
+                                                 "forged"]),
                                 st.sampled_from(ADDRESSES + NOT_DESTINATIONS),
                                 st.integers(min_value=0, max_value=3 * S)), max_size=40)
 
@@ -79,20 +80,29 @@ def _token(address: Address) -> int:
     return (hash(address) & 0x7FFF_FFFF) | 1
 
 
+def _receiver(address: Address) -> int:
+    """The receiver id of the receiver at ``address`` that asks to join."""
+    return address[1] * 7 + 1
+
+
 @settings(max_examples=200, deadline=None)
 @given(mode=st.sampled_from([ControlMode.MANUAL, ControlMode.DYNAMIC]), ops=operations,
        max_candidates=st.integers(min_value=1, max_value=4))
 def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops,
                                                          max_candidates: int) -> None:
     """A dynamic table sends (its C view holds) only what was added or validated: a status
-    message's source is a candidate, at most ``max_candidates`` at once, until it echoes its
-    token (``echo``) or its validation time runs out."""
+    message's source is a candidate, at most ``max_candidates`` at once (a new one takes the
+    oldest's place), until it echoes its token naming the receiver id it joined with
+    (``echo``; the same echo from another receiver, a bystander, validates nothing) or its
+    validation time runs out; a destination is kept alive only by its receiver's status
+    messages (``forged`` names another)."""
     cell = network_ffi.new("int64_t *")
     tokens = iter([])
     table = DestinationTable(mode, count_cell=cell, max_candidates=max_candidates,
                              token_source=lambda: next(tokens))
     model: dict[Address, int] = {}  # address -> last seen
     candidates: dict[Address, int] = {}  # address -> first seen
+    proven: set[Address] = set()  # destinations that validated (have a receiver id)
     now = 0
     for op, address, step in ops:
         now += step
@@ -103,9 +113,11 @@ def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops,
         elif op == "remove":
             assert table.remove(address) == (address in model)
             model.pop(address, None)
+            proven.discard(address)
         elif op == "sm" and mode is ControlMode.DYNAMIC:
             tokens = iter([_token(address)])
-            heard = table.on_status_message(address, now, SM_LENGTH)
+            heard = table.on_status_message(address, now, SM_LENGTH,
+                                            receiver_id=_receiver(address), joining=True)
             if address in model:
                 assert heard is Heard.DESTINATION
                 model[address] = now
@@ -115,14 +127,32 @@ def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops,
                 assert heard is Heard.CANDIDATE
                 candidates.setdefault(address, now)
             else:
-                assert heard is Heard.FULL
+                assert heard is Heard.REPLACED
+                del candidates[next(iter(candidates))]
+                candidates[address] = now
+        elif op == "forged" and mode is ControlMode.DYNAMIC:
+            if address in model and address in table.addresses:
+                heard = table.on_status_message(address, now, SM_LENGTH,
+                                                receiver_id=_receiver(address) + 1,
+                                                joining=False)
+                # Validated ones only: an added destination has no receiver to tell apart.
+                if address in proven:
+                    assert heard is Heard.UNKNOWN_RECEIVER
+                else:
+                    assert heard is Heard.DESTINATION
+                    model[address] = now
         elif op == "echo":
-            assert not table.on_token(address, _token(address) ^ 2, now)
-            validated = table.on_token(address, _token(address), now)
+            assert not table.on_token(address, _token(address) ^ 2, now,
+                                      receiver_id=_receiver(address))
+            assert not table.on_token(address, _token(address), now,  # a bystander's answer
+                                      receiver_id=_receiver(address) + 1)
+            validated = table.on_token(address, _token(address), now,
+                                       receiver_id=_receiver(address))
             assert validated == (address in candidates and address not in model)
             if validated:
                 del candidates[address]
                 model[address] = now
+                proven.add(address)
         elif op == "expire":
             unvalidated = table.expire_candidates(now)
             assert sorted(unvalidated) == sorted(
@@ -135,6 +165,7 @@ def test_the_table_and_its_c_view_follow_every_operation(mode: ControlMode, ops,
             assert sorted(gone) == sorted(expected)
             for a in expected:
                 del model[a]
+                proven.discard(a)
         assert table.addresses == list(model)
         assert c_addresses(table) == list(model)
         assert sorted(table.candidates) == sorted(a for a in candidates if a not in model)
@@ -217,9 +248,13 @@ def test_a_dynamic_endpoint_sends_a_new_source_only_the_validation_exchange_unti
     assert table.addresses == [] and table.candidates == [joining]
     channel.on_control(ECHO.encode(), joining, 5)
     assert table.addresses == [joining] and table.candidates == []
-    sm = StatusMessage(5, 6, 10, 0, 65536, 2, 0)
+    sm = StatusMessage(5, 6, 10, 0, 65536, 1, 0)
     channel.on_control(sm.encode(), joining, 6)
     assert counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 1  # now the publication's
+    # From its address, naming another receiver: keeps nothing alive, reaches no one.
+    channel.on_control(attrs.evolve(sm, receiver_id=2).encode(), joining, 6)
+    assert counters[SystemCounter.STATUS_MESSAGES_RECEIVED] == 1
+    assert counters[SystemCounter.MDC_UNKNOWN_RECEIVER_DROPS] == 1
 
     channel.challenges.clear()
     channel.on_control(sm.encode(), member, 7)  # has an image: an RTTM with the token
@@ -274,8 +309,8 @@ def test_a_receiver_of_one_session_validates_by_the_rttm_echo(shm: Path) -> None
 
 def test_join_subnets_and_the_candidate_bound_refuse_by_cause(shm: Path) -> None:
     """``join=``: a source outside the subnets is dropped unanswered, whatever it sends; at
-    most ``max_candidates`` sources validate at once, a new one beyond is refused (while a
-    candidate's own SMs go on being answered)."""
+    most ``max_candidates`` sources validate at once, a new one beyond takes the oldest's
+    place (so forged sources cannot hold the table against a receiver that answers)."""
     counters = LocalCounters()
     channel, table, _ = _validating_channel(
         shm, counters, join=parse_join("10.1.0.0/16,fd00::/8"), max_candidates=2)
@@ -285,11 +320,30 @@ def test_join_subnets_and_the_candidate_bound_refuse_by_cause(shm: Path) -> None
     assert table.candidates == [] and channel.challenges == []
     for port in (4001, 4002, 4003):
         channel.on_control(ELICIT.encode(), ("10.1.7.7", port), 2)
-    assert table.candidates == [("10.1.7.7", 4001), ("10.1.7.7", 4002)]
+    assert table.candidates == [("10.1.7.7", 4002), ("10.1.7.7", 4003)]
     assert counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
-    assert len(channel.challenges) == 2
-    channel.on_control(ELICIT.encode(), ("10.1.7.7", 4001), 3)  # its second: + the SETUP
-    assert len(channel.challenges) == 4 and counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
+    assert len(channel.challenges) == 3
+    channel.on_control(ELICIT.encode(), ("10.1.7.7", 4002), 3)  # its second: + the SETUP
+    assert len(channel.challenges) == 5 and counters[SystemCounter.MDC_CANDIDATES_REFUSED] == 1
+
+
+def test_a_bystander_named_by_forged_joins_answers_the_probes_but_is_never_validated(
+        shm: Path) -> None:
+    """A forger sends joining SMs in the name of a subscriber that never asked to join (a
+    plain subscription of the stream at that address): the subscriber answers the probes as
+    any receiver does, but with its own receiver id, which the forger did not see; no answer
+    of it validates, so the stream never goes there and the candidate times out."""
+    counters = LocalCounters()
+    channel, table, _ = _validating_channel(shm, counters)
+    bystander, its_id = ("127.0.0.1", 50010), 0x0B57_A4DE
+    for now in (1, 1 * S):  # the forger's two joins: a heartbeat probe, then the SETUP too
+        channel.on_control(ELICIT.encode(), bystander, now)
+    channel.on_control(attrs.evolve(ECHO, receiver_id=its_id).encode(), bystander, S + 1)
+    channel.on_control(StatusMessage(5, 6, 10, 0, 65536, its_id, 0).encode(), bystander, S + 2)
+    channel.on_control(attrs.evolve(RTTM_ECHO, receiver_id=its_id).encode(), bystander, S + 3)
+    assert table.addresses == [] and table.candidates == [bystander]
+    channel.expire_destinations(3 * S + 1)
+    assert table.candidates == [] and counters[SystemCounter.MDC_UNVALIDATED_DROPS] == 1
 
 
 SOURCES = [("127.0.0.1", 50001 + i) for i in range(3)]

@@ -35,10 +35,15 @@ and sent to its address only, in one of two probes:
   ``aeron_data_packet_dispatcher_on_rttm``).  A receiver that takes one session only (and
   ignores the heartbeat) gets that image from a SETUP sent to it alone once it asks again.
 
-Either answer from the candidate's address proves that a host reading datagrams sent to that
-address answered: the candidate becomes a destination (:meth:`DestinationTable.on_token`).  A
-candidate that has not done so within ``validation_timeout_ns`` is dropped, and at most
-``max_candidates`` wait at once, so forged source addresses cannot grow the table.  ``join``:
+Either answer from the candidate's address, naming a receiver id that the candidate's joining
+status messages (session 0, setup-eliciting) named, proves that a receiver configured to join,
+reading datagrams sent to that address, answered: the candidate becomes a destination of that
+receiver (:meth:`DestinationTable.on_token`), and only status messages naming that receiver id
+keep it alive.  Any subscriber of the stream answers a probe; one that never asked to join (a
+bystander whose address a forger named) answers with its own receiver id, 64 bits the forger
+does not see, so it is not validated.  A candidate that has not done so within
+``validation_timeout_ns`` is dropped, and at most ``max_candidates`` wait at once (a new one
+takes the oldest's place), so forged source addresses cannot grow the table.  ``join``:
 when given, only sources within these subnets are heard at all
 (:meth:`DestinationTable.admits`).
 """
@@ -131,16 +136,29 @@ class Heard(enum.Enum):
     CANDIDATE = "candidate"
     #: Outside the ``join=`` subnets: dropped.
     OUTSIDE_JOIN = "outside join"
-    #: A new source while ``max_candidates`` candidates wait: refused.
-    FULL = "full"
+    #: A new source while ``max_candidates`` candidates wait: a candidate now, in the place of
+    #: the oldest, which is dropped (a flood of forged sources cannot hold the table full
+    #: against a receiver that answers within its round trip).
+    REPLACED = "replaced"
+    #: From a destination's address, naming a receiver id it did not validate with: neither
+    #: keeps it alive nor reaches a publication (a forger keeping a receiver that left).
+    UNKNOWN_RECEIVER = "unknown receiver"
     #: No address to send to (:func:`can_send_to`).
     UNSENDABLE = "unsendable"
+
+
+#: Receiver ids a candidate's joining status messages may name (a forger may add its own;
+#: the one its address answers with must be among them).
+_RECEIVER_IDS_MAX: Final = 4
 
 
 @attrs.define(eq=False)
 class _Destination:
     address: Address
     last_seen_ns: int  # dynamic: its last status message
+    #: dynamic: the receiver id it validated with; only its status messages keep it alive
+    #: (None: added by the application, or a response table's)
+    receiver_id: int | None = None
 
 
 @attrs.define(eq=False)
@@ -153,6 +171,10 @@ class _Candidate:
     bytes_in: int = 0
     bytes_out: int = 0
     status_messages: int = 0  # heard from it
+    #: the receiver ids of its joining status messages (session 0, setup-eliciting): what a
+    #: receiver configured to join sends; a subscriber that never asked to join (a bystander
+    #: whose address a forger names) answers a probe with its own, which is not among them
+    receiver_ids: set[int] = attrs.Factory(set)
 
 
 class DestinationTable:
@@ -233,29 +255,39 @@ class DestinationTable:
             return False
         return any(ip in subnet for subnet in self.join)
 
-    def on_status_message(self, source: Address, now_ns: int, length: int) -> Heard:
-        """Dynamic mode: a status message (``length`` bytes) that names a stream of the
-        endpoint came from ``source``.  A destination's keeps it alive; a new source within
-        the ``join=`` subnets that is an address to send to becomes a candidate, unless
-        ``max_candidates`` wait already; a candidate's adds to what it may be sent."""
+    def on_status_message(self, source: Address, now_ns: int, length: int, *,
+                          receiver_id: int, joining: bool) -> Heard:
+        """Dynamic mode: a status message (``length`` bytes, naming ``receiver_id``;
+        ``joining``: session 0, setup-eliciting) that names a stream of the endpoint came
+        from ``source``.  A destination's keeps it alive if it names the receiver id the
+        destination validated with (else UNKNOWN_RECEIVER); a new source within the
+        ``join=`` subnets that is an address to send to becomes a candidate, in the place of
+        the oldest when ``max_candidates`` wait (REPLACED); a candidate's adds to what it may
+        be sent, and a joining one's receiver id to those its answer may name."""
         assert self.mode is ControlMode.DYNAMIC
         known = self._destinations.get(source)
         if known is not None:
+            if known.receiver_id is not None and known.receiver_id != receiver_id:
+                return Heard.UNKNOWN_RECEIVER
             known.last_seen_ns = now_ns
             return Heard.DESTINATION
         if not self.admits(source):
             return Heard.OUTSIDE_JOIN
+        heard = Heard.CANDIDATE
         candidate = self._candidates.get(source)
         if candidate is None:
             if not can_send_to(source, self.ip_version):
                 return Heard.UNSENDABLE
             if len(self._candidates) >= self.max_candidates:
-                return Heard.FULL
+                del self._candidates[next(iter(self._candidates))]
+                heard = Heard.REPLACED
             candidate = self._candidates[source] = _Candidate(source, now_ns,
                                                               self._token_source())
         candidate.bytes_in += length
         candidate.status_messages += 1
-        return Heard.CANDIDATE
+        if joining and len(candidate.receiver_ids) < _RECEIVER_IDS_MAX:
+            candidate.receiver_ids.add(receiver_id)
+        return heard
 
     def token_of(self, candidate: Address) -> int:
         """The token of ``candidate`` (KeyError if it is none)."""
@@ -275,15 +307,17 @@ class DestinationTable:
         entry.bytes_out += length
         return True
 
-    def on_token(self, source: Address, token: int, now_ns: int) -> bool:
+    def on_token(self, source: Address, token: int, now_ns: int, *, receiver_id: int) -> bool:
         """A setup-eliciting status message naming session ``token``, or an RTTM reply echoing
-        ``token``, came from ``source``: if it is a candidate and that is its token, it is a
-        destination from now on.  Returns whether it validated."""
+        ``token``, came from ``source`` naming ``receiver_id``: if it is a candidate, that is
+        its token, and the receiver id is one its joining status messages named (a receiver
+        that asked to join answers with its own; a bystander a forger named, with another),
+        it is a destination from now on, of that receiver.  Returns whether it validated."""
         entry = self._candidates.get(source)
-        if entry is None or token != entry.token:
+        if entry is None or token != entry.token or receiver_id not in entry.receiver_ids:
             return False
         del self._candidates[source]
-        self._destinations[source] = _Destination(source, now_ns)
+        self._destinations[source] = _Destination(source, now_ns, receiver_id)
         self._sync()
         return True
 

@@ -180,12 +180,13 @@ class SendChannel:
                     ResponseSetupArrived(correlation_id, frame.response_session_id))
             return
         if publication is not None:
+            if (isinstance(frame, StatusMessage) and table is not None
+                    and table.mode is ControlMode.DYNAMIC
+                    and not self._keeps_destination(table, frame, source, now_ns, len(data))):
+                return
             if isinstance(frame, StatusMessage) and not publication.admits_status_message(
                     frame, source, now_ns):
                 return  # a live receiver's id from another address: forged or stray, counted
-            if (isinstance(frame, StatusMessage) and table is not None
-                    and table.mode is ControlMode.DYNAMIC):
-                table.on_status_message(source, now_ns, len(data))  # a destination's: alive
             response_table = self._response_tables.get(publication)
             if (response_table is not None and isinstance(frame, StatusMessage)
                     and not self._learn_response_destination(publication, response_table,
@@ -201,7 +202,19 @@ class SendChannel:
                 self.counters.add(SystemCounter.UNMATCHED_STATUS_MESSAGES)
                 return
             assert table is not None
-            table.on_status_message(source, now_ns, len(data))
+            self._keeps_destination(table, frame, source, now_ns, len(data))
+
+    def _keeps_destination(self, table: DestinationTable, sm: StatusMessage, source: Address,
+                           now_ns: int, length: int) -> bool:
+        """A validated destination's status message keeps it alive, if it names the receiver
+        the destination validated with; one naming another (a forger keeping a receiver
+        that left) is dropped and counted.  Returns whether it goes on."""
+        heard = table.on_status_message(source, now_ns, length, receiver_id=sm.receiver_id,
+                                        joining=sm.is_setup_request and sm.session_id == 0)
+        if heard is Heard.UNKNOWN_RECEIVER:
+            self.counters.add(SystemCounter.MDC_UNKNOWN_RECEIVER_DROPS)
+            return False
+        return True
 
     def _joined_publications(self, sm: StatusMessage) -> list[NetworkPublication]:
         """The publications a dynamic endpoint's status message names: its session's, or for
@@ -236,23 +249,27 @@ class SendChannel:
             self.counters.add(SystemCounter.MDC_JOIN_SUBNET_DROPS)
             return
         if isinstance(frame, StatusMessage):
-            if frame.is_setup_request and table.on_token(source, frame.session_id, now_ns):
+            if frame.is_setup_request and table.on_token(source, frame.session_id, now_ns,
+                                                         receiver_id=frame.receiver_id):
                 log.info("dynamic destination %s:%d validated", source[0], source[1])
                 return
             publications = self._joined_publications(frame)
             if not publications:
                 self.counters.add(SystemCounter.UNMATCHED_STATUS_MESSAGES)
                 return
-            heard = table.on_status_message(source, now_ns, length)
-            if heard is Heard.FULL:
-                self.counters.add(SystemCounter.MDC_CANDIDATES_REFUSED)
-            elif heard is Heard.UNSENDABLE:
+            heard = table.on_status_message(
+                source, now_ns, length, receiver_id=frame.receiver_id,
+                joining=frame.is_setup_request and frame.session_id == 0)
+            if heard is Heard.UNSENDABLE:
                 self.counters.add(SystemCounter.INVALID_PACKETS)  # not an address to send to
-            elif heard is Heard.CANDIDATE:
-                self._probe(table, frame, publications, source)
+                return
+            if heard is Heard.REPLACED:  # the oldest candidate made room for this one
+                self.counters.add(SystemCounter.MDC_CANDIDATES_REFUSED)
+            self._probe(table, frame, publications, source)
         elif isinstance(frame, Rttm):
             if (not frame.is_reply and (frame.session_id, frame.stream_id) in self.publications
-                    and table.on_token(source, frame.echo_timestamp, now_ns)):
+                    and table.on_token(source, frame.echo_timestamp, now_ns,
+                                       receiver_id=frame.receiver_id)):
                 log.info("dynamic destination %s:%d validated", source[0], source[1])
             elif frame.is_reply:
                 self.counters.add(SystemCounter.MDC_AMPLIFICATION_DROPS)  # its echo, withheld
