@@ -330,8 +330,9 @@ int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_co
     while (done < message_count) {
         /* Seal as many whole messages as the arena and the batch take.  A GSO run stays one:
          * its datagrams sealed back to back are equal still (each SS_SEALED_OVERHEAD longer),
-         * the kernel cuts it at the sealed size, and the receiver's GRO coalesces them again;
-         * a run the seal makes too long for one send goes as two or more. */
+         * the kernel cuts it at the sealed size, and the receiver's GRO coalesces them again.
+         * send_spans ends a run where its sealed form fits one send; a longer one (another
+         * caller's) goes as two or more. */
         uint32_t sealed_count = 0, taken = 0;
         uint32_t ends[SEAL_BATCH]; /* the sealed count after each message taken */
         size_t used = 0;
