@@ -12,9 +12,10 @@ Then the round trip: bench/udp_latency.py's paced ping-pong (32-byte messages, p
 driver, ponger on the other) encrypted and plain, R runs each in turns, their medians
 compared (the target: p99 encrypted <= 1.1x plain); --latency-seconds 0 leaves it out.
 
-Each figure is the best of R runs, and a slipstream run counts only if the stream arrived
-whole.  Both streams use the same MTU: 64 KiB messages go with the largest MTU an encrypted
-datagram leaves room for (65440: 65504 less the 48 bytes of the seal, aligned to 32).
+Each figure is the best of R runs (their medians follow), and a slipstream run counts only
+if the stream arrived whole.  Both streams use the same MTU: 64 KiB messages go with the
+largest MTU an encrypted datagram leaves room for (65440: 65504 less the 48 bytes of the
+seal, aligned to 32).
 """
 
 from __future__ import annotations
@@ -99,16 +100,18 @@ def main() -> int:
         for size in args.sizes:
             count = max(1, args.bytes // size)
             mtu = f"|mtu={LARGE_MTU}" if size > 16 * 1024 else ""
-            best = {"plain": 0.0, "encrypted": 0.0, "zmq": 0.0}
+            rates: dict[str, list[float]] = {"plain": [], "encrypted": [], "zmq": []}
             for _ in range(args.repeat):
-                best["zmq"] = max(best["zmq"], run_zmq(
+                rates["zmq"].append(run_zmq(
                     directory, size, count, f"tcp://127.0.0.1:{free_tcp_port()}"))
                 for name, key in (("plain", ""), ("encrypted", "|key=bench")):
                     stream_id += 1
                     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{mtu}{key}"
-                    best[name] = max(best[name], run_slipstream(
+                    rates[name].append(run_slipstream(
                         a.directory, size, count, False, stream_id, channel=uri,
                         subscriber_directory=b.directory, first_program=True))
+            best = {name: max(runs) for name, runs in rates.items()}
+            middle = {name: statistics.median(runs) for name, runs in rates.items()}
             crypto = aes_gcm_rate(directory, size, count)
             lines = [f"{size:>6} B  ({count:,} messages{mtu and ', mtu ' + str(LARGE_MTU)})"]
             rows = [*best.items(), *([("aes-gcm C loop", crypto)] if crypto else [])]
@@ -122,6 +125,10 @@ def main() -> int:
                       f"encrypted / aes-gcm loop {best['encrypted'] / crypto:.2f}x"
                       if crypto else ""]
             lines.append("    " + "   ".join(r for r in ratios if r))
+            if middle["plain"]:
+                lines.append(f"    medians of {args.repeat}: plain {middle['plain'] / 1e6:.3f}, "
+                             f"encrypted {middle['encrypted'] / 1e6:.3f} M msg/s, "
+                             f"encrypted / plain {middle['encrypted'] / middle['plain']:.2f}x")
             print("\n".join(lines), flush=True)
         if args.latency_seconds > 0:
             round_trips(a.directory, b.directory, args)

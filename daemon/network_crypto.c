@@ -32,8 +32,10 @@
 #define _GNU_SOURCE
 #include "network_internal.h"
 
+#include <openssl/core_names.h>
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
+#include <openssl/params.h>
 #include <stdlib.h>
 #include <sys/random.h>
 
@@ -170,6 +172,17 @@ static int derive(EVP_CIPHER_CTX *ctx, uint8_t iv[IV_LENGTH], const key_slot_t *
     return ok;
 }
 
+/* Get (set = 0, sealing) or set (set = 1, opening) the GCM tag at `tag`.  The provider's
+ * parameter call directly: EVP_CIPHER_CTX_ctrl builds the same parameter and then calls it,
+ * and a datagram pays the provider's name lookups once per call either way. */
+static int tag_param(EVP_CIPHER_CTX *ctx, uint8_t *tag, int set) {
+    OSSL_PARAM params[2] = {
+        OSSL_PARAM_construct_octet_string(OSSL_CIPHER_PARAM_AEAD_TAG, tag, SS_SEALED_TAG_LENGTH),
+        OSSL_PARAM_construct_end()};
+    return (set ? EVP_CIPHER_CTX_set_params(ctx, params) : EVP_CIPHER_CTX_get_params(ctx, params))
+           > 0;
+}
+
 static void nonce_of(uint8_t nonce[IV_LENGTH], const uint8_t iv[IV_LENGTH], uint64_t counter) {
     memcpy(nonce, iv, IV_LENGTH);
     for (int i = 0; i < 8; i++) nonce[IV_LENGTH - 1 - i] ^= (uint8_t)(counter >> (8 * i));
@@ -264,9 +277,7 @@ static int32_t seal_vectors(ss_crypto_t *c, const struct iovec *vectors, size_t 
     }
     if (EVP_EncryptFinal_ex(c->seal, out + at, &length) <= 0) return -1;
     at += (size_t)length;
-    if (at != SS_SEALED_HEADER_LENGTH + total ||
-        EVP_CIPHER_CTX_ctrl(c->seal, EVP_CTRL_AEAD_GET_TAG, SS_SEALED_TAG_LENGTH, out + at) <= 0)
-        return -1;
+    if (at != SS_SEALED_HEADER_LENGTH + total || !tag_param(c->seal, out + at, 0)) return -1;
     return frame_length;
 }
 
@@ -319,8 +330,9 @@ int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_co
     while (done < message_count) {
         /* Seal as many whole messages as the arena and the batch take.  A GSO run stays one:
          * its datagrams sealed back to back are equal still (each SS_SEALED_OVERHEAD longer),
-         * the kernel cuts it at the sealed size, and the receiver's GRO coalesces them again;
-         * a run the seal makes too long for one send goes as two or more. */
+         * the kernel cuts it at the sealed size, and the receiver's GRO coalesces them again.
+         * send_spans ends a run where its sealed form fits one send; a longer one (another
+         * caller's) goes as two or more. */
         uint32_t sealed_count = 0, taken = 0;
         uint32_t ends[SEAL_BATCH]; /* the sealed count after each message taken */
         size_t used = 0;
@@ -441,8 +453,7 @@ static int decrypt(EVP_CIPHER_CTX *ctx, const uint8_t iv[IV_LENGTH], uint64_t co
     return EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce) > 0 &&
            EVP_DecryptUpdate(ctx, NULL, &out, data, SS_SEALED_HEADER_LENGTH) > 0 &&
            (body == 0 || EVP_DecryptUpdate(ctx, text, &out, text, body) > 0) &&
-           EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, SS_SEALED_TAG_LENGTH,
-                               text + body) > 0 &&
+           tag_param(ctx, text + body, 1) &&
            EVP_DecryptFinal_ex(ctx, text + body, &out) > 0;
 }
 

@@ -27,6 +27,10 @@ static int32_t send_spans(ss_send_publication_t *p, const ss_span_t *spans, int3
         struct cmsghdr align;
     } controls[SS_SEND_BATCH_MAX + SS_RETRANSMIT_MAX];
     int32_t ends[SS_SEND_BATCH_MAX + SS_RETRANSMIT_MAX]; /* the span after each message's last */
+    /* An encrypted channel seals a run whole, each datagram SS_SEALED_OVERHEAD longer: the run
+     * ends where its sealed form still fits one send, or ss_crypto_send would cut it into a
+     * full send and a short tail (two GSO buffers for both kernels, and the receiver). */
+    const int64_t seal = p->crypto != NULL ? SS_SEALED_OVERHEAD : 0;
     for (;;) {
         const int gso = p->gso;
         int32_t m = 0;
@@ -36,7 +40,10 @@ static int32_t send_spans(ss_send_publication_t *p, const ss_span_t *spans, int3
             int64_t end = spans[i].log_offset + segment;
             int32_t j = i + 1;
             if (gso) {
-                while (j < n && j - i < SS_GSO_MAX_SEGMENTS && spans[j - 1].padding == 0 &&
+                const int64_t most = seal > 0 ? SS_GSO_MAX_BYTES / (segment + seal)
+                                              : SS_GSO_MAX_SEGMENTS;
+                while (j < n && j - i < SS_GSO_MAX_SEGMENTS && j - i < most &&
+                       spans[j - 1].padding == 0 &&
                        spans[j].log_offset == end && spans[j].length <= segment &&
                        end + spans[j].length - spans[i].log_offset <= SS_GSO_MAX_BYTES) {
                     end += spans[j].length;

@@ -1,0 +1,86 @@
+/* What the data path's sealing costs beyond the cipher (docs/PROTOCOL.md §7.8): the real
+ * network_crypto.c, compiled into this program, seals `count` datagrams of `size` bytes
+ * through ss_crypto_send in batches of `batch` (as an endpoint's sendmmsg hands them over)
+ * and opens each batch's last with ss_crypto_open.  Prints nanoseconds per datagram; the
+ * bare EVP sequence of one datagram, to hold it against, is bench/aes_gcm_rate.c's loop.
+ * Wall time on a shared machine varies; under `valgrind --tool=callgrind` the instruction
+ * counts repeat, and callgrind_annotate says where they go.
+ *
+ *     cc -O2 -std=gnu11 -I daemon -I client -o /tmp/seal_cost bench/seal_cost.c \
+ *         daemon/network_crypto.c -lcrypto
+ *     /tmp/seal_cost SIZE COUNT BATCH */
+#define _GNU_SOURCE
+#include "network_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define BATCH_MAX 64
+
+static const uint8_t *last_sent;
+static size_t last_length;
+
+/* The socket's place: takes every sealed message, keeps where the last one is. */
+static int take(void *context, struct mmsghdr *messages, uint32_t count_of) {
+    (void)context;
+    last_sent = messages[count_of - 1].msg_hdr.msg_iov[0].iov_base;
+    last_length = messages[count_of - 1].msg_hdr.msg_iov[0].iov_len;
+    return (int)count_of;
+}
+
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: seal_cost SIZE COUNT BATCH\n");
+        return 2;
+    }
+    const int size = atoi(argv[1]);
+    const long count = atol(argv[2]);
+    const int batch = atoi(argv[3]);
+    if (size <= 0 || size > SS_SEALED_FRAME_MAX - SS_SEALED_OVERHEAD || count <= 0 ||
+        batch <= 0 || batch > BATCH_MAX)
+        return 2;
+    ss_crypto_t *sender = ss_crypto_new(), *receiver = ss_crypto_new();
+    const uint8_t id = 1, key[32] = {7};
+    uint8_t *plain = calloc((size_t)batch, (size_t)size);
+    uint8_t *copy = malloc((size_t)size + SS_SEALED_OVERHEAD);
+    if (sender == NULL || receiver == NULL || plain == NULL || copy == NULL ||
+        ss_crypto_set_keys(sender, &id, key, 1) != 0 ||
+        ss_crypto_set_keys(receiver, &id, key, 1) != 0)
+        return 1;
+    struct mmsghdr messages[BATCH_MAX];
+    struct iovec vectors[BATCH_MAX];
+    memset(messages, 0, sizeof messages);
+    for (int i = 0; i < batch; i++) {
+        vectors[i].iov_base = plain + (size_t)i * (size_t)size;
+        vectors[i].iov_len = (size_t)size;
+        messages[i].msg_hdr.msg_iov = &vectors[i];
+        messages[i].msg_hdr.msg_iovlen = 1;
+    }
+    double sealing = 0, opening = 0;
+    long opened = 0;
+    for (long n = 0; n < count; n += batch, opened++) {
+        const double start = seconds();
+        if (ss_crypto_send(sender, messages, (uint32_t)batch, take, NULL) != batch) return 1;
+        const double sent = seconds();
+        memcpy(copy, last_sent, last_length); /* opened in place: a fresh copy each time */
+        const double copied = seconds();
+        if (ss_crypto_open(receiver, copy, (int32_t)last_length) != size) return 1;
+        sealing += sent - start;
+        opening += seconds() - copied;
+    }
+    const long sealed = opened * batch;
+    printf("%d B: ss_crypto_send %.0f ns/datagram (batches of %d), ss_crypto_open %.0f ns\n",
+           size, sealing / (double)sealed * 1e9, batch, opening / (double)opened * 1e9);
+    ss_crypto_free(sender);
+    ss_crypto_free(receiver);
+    free(plain);
+    free(copy);
+    return 0;
+}
