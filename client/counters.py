@@ -270,7 +270,7 @@ class SystemCounter(enum.IntEnum):
     CRYPTO_PLAIN_DROPS = 52  # a datagram without a seal at an encrypted endpoint: a plain peer
     CRYPTO_UNKNOWN_KEY_DROPS = 53  # sealed under a key id the endpoint's key file does not hold
     CRYPTO_AUTH_DROPS = 54  # failed to open: tampered, truncated, or sealed under another key
-    CRYPTO_REPLAY_DROPS = 55  # a sender's counter already opened, or below its replay window
+    CRYPTO_REPLAY_DROPS = 55  # a counter already opened, below the window, or a stale sender id
     CRYPTO_SEAL_REFUSED = 56  # datagrams not sent: they could not be sealed (too long, libcrypto)
     CRYPTO_SEALED_AT_PLAIN_DROPS = 57  # a sealed datagram at a plain endpoint (a key it lacks)
     # issue 59, ctrlbind:
@@ -308,6 +308,9 @@ class SystemCounter(enum.IntEnum):
     # status messages from a dynamic multi-destination-cast destination's address naming
     # another receiver id than the one it validated with (dropped: they keep no one alive)
     MDC_UNKNOWN_RECEIVER_DROPS = 72
+    # sealed datagrams of a new sender at an encrypted endpoint whose every sender slot holds
+    # a sender still fresh (whose window must stay: docs/PROTOCOL.md §7.8)
+    CRYPTO_SENDERS_FULL_DROPS = 73
 
     @property
     def label(self) -> str:
@@ -350,6 +353,7 @@ DROP_CAUSES: Final[dict[SystemCounter, str]] = {
     SystemCounter.IMAGE_SOURCE_MEMORY_REFUSED: "setup-source-memory-full",
     SystemCounter.IMAGE_PENDING_REFUSED: "setup-pending-logs-full",
     SystemCounter.MDC_UNKNOWN_RECEIVER_DROPS: "mdc-unknown-receiver",
+    SystemCounter.CRYPTO_SENDERS_FULL_DROPS: "crypto-senders-full",
 }
 
 

@@ -51,6 +51,13 @@
 #define SS_OPEN_UNKNOWN_KEY (-2)
 #define SS_OPEN_FAILED (-3)
 #define SS_OPEN_REPLAY (-4)
+#define SS_OPEN_SENDERS_FULL (-5)
+/* Sender ids (docs/PROTOCOL.md §7.8): a sealing endpoint draws a new one this often; an
+ * opening endpoint refuses one drawn longer ago than SS_CRYPTO_SENDER_ID_MAX_AGE_S, or more
+ * than SS_CRYPTO_CLOCK_SKEW_S ahead of its clock (hosts' clocks must agree within that). */
+#define SS_CRYPTO_SENDER_ID_LIFETIME_S 60
+#define SS_CRYPTO_CLOCK_SKEW_S 60
+#define SS_CRYPTO_SENDER_ID_MAX_AGE_S 120 /* the lifetime and the skew */
 
 /* An endpoint's keys, its sealing state and what it knows of each sender it opened
  * (opaque: made and freed here). */
@@ -60,7 +67,9 @@ typedef struct {
     int64_t *plain_drops;         /* datagrams without a seal (a plain peer) */
     int64_t *unknown_key_drops;   /* sealed under a key id the endpoint does not hold */
     int64_t *auth_drops;          /* failed to open: tampered, truncated, another key */
-    int64_t *replay_drops;        /* a counter the sender's window has seen, or below it */
+    int64_t *replay_drops;        /* a counter the sender's window has seen, or below it, or
+                                   * a sender id past its lifetime */
+    int64_t *senders_full_drops;  /* a new sender while every slot holds a fresh one */
     int64_t *seal_failures;       /* datagrams not sent: not sealed (too long, libcrypto) */
 } ss_crypto_counters_t;
 
@@ -71,6 +80,9 @@ ss_crypto_counters_t *ss_crypto_counters(ss_crypto_t *c);
 uint64_t ss_crypto_sender_id(const ss_crypto_t *c);
 /* The next datagram's counter (a test's: counters never repeat under one sender id). */
 void ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter);
+/* This context's wall clock runs `seconds` ahead of the host's (a test's: a sender id seen
+ * later, or drawn earlier, without waiting). */
+void ss_crypto_set_clock_offset(ss_crypto_t *c, int64_t seconds);
 /* The keys, from any thread (count 1 or 2; ids[i] and 32 bytes at keys + 32 i): the first
  * seals, both open; the data path takes them over at its next datagram.  0, or -1 for a
  * count outside 1-2 or two equal ids. */

@@ -38,10 +38,11 @@
 #include <openssl/params.h>
 #include <stdlib.h>
 #include <sys/random.h>
+#include <time.h>
 
 #define KEY_LENGTH 32
 #define IV_LENGTH 12
-#define PEERS_MAX 64
+#define PEERS_MAX 256
 #define WINDOW_WORDS 64 /* the anti-replay bitmap: 64 x 64 bits */
 #define WINDOW_BITS (WINDOW_WORDS * 64)
 /* The counters the window accepts below the highest one seen (RFC 6479: the bitmap less a
@@ -71,7 +72,7 @@ typedef struct {
     uint8_t iv[IV_LENGTH];
     uint64_t top;                 /* the highest counter accepted */
     uint64_t bitmap[WINDOW_WORDS];
-    uint64_t last_use;            /* the tick of its last datagram (the least recent goes) */
+    uint64_t last_use;            /* the tick of its last datagram */
 } peer_t;
 
 struct ss_crypto {
@@ -100,9 +101,17 @@ struct ss_crypto {
     peer_t peers[PEERS_MAX];
     uint64_t tick;
     EVP_CIPHER_CTX *trial;        /* a new sender's or a new epoch's, until it authenticates */
+    int64_t clock_offset_s;       /* a test's: this context's clock ahead of the host's */
     uint8_t trial_iv[IV_LENGTH];
     ss_crypto_counters_t counters;
 };
+
+_Static_assert(SS_CRYPTO_SENDER_ID_MAX_AGE_S ==
+               SS_CRYPTO_SENDER_ID_LIFETIME_S + SS_CRYPTO_CLOCK_SKEW_S,
+               "a sender id is heard for its lifetime and the clock skew allowed");
+
+static uint64_t wall_seconds(const ss_crypto_t *c);
+static int draw_sender(ss_crypto_t *c, uint64_t now_s);
 
 /* --------------------------------------------------------------------------- keys */
 
@@ -198,7 +207,7 @@ ss_crypto_t *ss_crypto_new(void) {
     c->arena = malloc(ARENA_LENGTH);
     c->frame = malloc(SS_SEALED_FRAME_MAX);
     int ok = c->seal != NULL && c->trial != NULL && c->arena != NULL && c->frame != NULL &&
-             getrandom(&c->sender_id, sizeof c->sender_id, 0) == (ssize_t)sizeof c->sender_id;
+             draw_sender(c, wall_seconds(c));
     for (int32_t i = 0; ok && i < PEERS_MAX; i++) {
         c->peers[i].ctx = EVP_CIPHER_CTX_new();
         ok = c->peers[i].ctx != NULL;
@@ -226,6 +235,47 @@ ss_crypto_counters_t *ss_crypto_counters(ss_crypto_t *c) { return &c->counters; 
 uint64_t ss_crypto_sender_id(const ss_crypto_t *c) { return c->sender_id; }
 
 void ss_crypto_set_counter(ss_crypto_t *c, uint64_t counter) { c->counter = counter; }
+
+void ss_crypto_set_clock_offset(ss_crypto_t *c, int64_t seconds) { c->clock_offset_s = seconds; }
+
+/* --------------------------------------------------------------------- sender ids */
+
+/* The wall clock, in seconds (a sender id's birth, and its age at a receiver). */
+static uint64_t wall_seconds(const ss_crypto_t *c) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME_COARSE, &now);
+    return (uint64_t)(now.tv_sec + c->clock_offset_s);
+}
+
+/* When a sender id was drawn: its high 32 bits (docs/PROTOCOL.md §7.8, freshness). */
+static uint64_t born_of(uint64_t sender_id) { return sender_id >> 32; }
+
+/* Whether a sender id may be heard now: drawn within SS_CRYPTO_SENDER_ID_MAX_AGE_S, and not
+ * more than SS_CRYPTO_CLOCK_SKEW_S ahead of this clock.  A recording replayed later names an
+ * id no sender uses any more, whose datagrams no endpoint opens again, remembered or not. */
+static int sender_is_fresh(uint64_t sender_id, uint64_t now_s) {
+    const uint64_t born = born_of(sender_id), low = now_s & 0xFFFFFFFFu;
+    return born + SS_CRYPTO_SENDER_ID_MAX_AGE_S >= low && born <= low + SS_CRYPTO_CLOCK_SKEW_S;
+}
+
+/* A new sender id: the clock's seconds above 32 random bits; its counter from 0. */
+static int draw_sender(ss_crypto_t *c, uint64_t now_s) {
+    uint32_t random = 0;
+    if (getrandom(&random, sizeof random, 0) != (ssize_t)sizeof random) return 0;
+    c->sender_id = ((now_s & 0xFFFFFFFFu) << 32) | random;
+    c->counter = 0;
+    c->seal_ready = 0;
+    return 1;
+}
+
+/* The sealing thread's: a sender id older than SS_CRYPTO_SENDER_ID_LIFETIME_S gives way to
+ * a new one (the receivers take it as a new sender), so that no live sender's id is ever
+ * older than its lifetime, and a receiver can refuse one that is. */
+static void fresh_sender(ss_crypto_t *c) {
+    const uint64_t now_s = wall_seconds(c) & 0xFFFFFFFFu, born = born_of(c->sender_id);
+    if (now_s >= born + SS_CRYPTO_SENDER_ID_LIFETIME_S || born > now_s + SS_CRYPTO_CLOCK_SKEW_S)
+        draw_sender(c, now_s);  /* no randomness: the old id goes on, still unique */
+}
 
 /* ------------------------------------------------------------------------- sealing */
 
@@ -285,6 +335,7 @@ int32_t ss_crypto_seal(ss_crypto_t *c, const uint8_t *plain, int32_t length, uin
                        int32_t capacity) {
     if (length < 0 || capacity < 0) return -1;
     take_keys(c);
+    fresh_sender(c);
     struct iovec vector = {.iov_base = (void *)plain, .iov_len = (size_t)length};
     return seal_vectors(c, &vector, 1, (size_t)length, out, (size_t)capacity);
 }
@@ -326,6 +377,7 @@ static void add_message(ss_crypto_t *c, uint32_t index, uint8_t *out, size_t len
 int ss_crypto_send(ss_crypto_t *c, struct mmsghdr *messages, uint32_t message_count,
                    int (*send)(void *, struct mmsghdr *, uint32_t), void *context) {
     take_keys(c);
+    fresh_sender(c);
     uint32_t done = 0; /* the caller's messages sent whole */
     while (done < message_count) {
         /* Seal as many whole messages as the arena and the batch take.  A GSO run stays one:
@@ -431,15 +483,15 @@ static peer_t *find_peer(ss_crypto_t *c, uint64_t sender_id) {
     return NULL;
 }
 
-/* The slot for a sender that just authenticated: a free one, else the least recently heard
- * (whose window goes with it: docs/PROTOCOL.md says what that leaves open). */
-static peer_t *new_peer(ss_crypto_t *c) {
-    peer_t *oldest = &c->peers[0];
+/* The slot for a sender that just authenticated: a free one, else one whose id is no longer
+ * fresh (no datagram of it opens any more, so forgetting its window reopens nothing), else
+ * NULL: every slot holds a sender that may still be heard, whose window must stay. */
+static peer_t *new_peer(ss_crypto_t *c, uint64_t now_s) {
     for (int32_t i = 0; i < PEERS_MAX; i++) {
-        if (!c->peers[i].used) return &c->peers[i];
-        if (c->peers[i].last_use < oldest->last_use) oldest = &c->peers[i];
+        if (!c->peers[i].used || !sender_is_fresh(c->peers[i].sender_id, now_s))
+            return &c->peers[i];
     }
-    return oldest;
+    return NULL;
 }
 
 /* Decrypt in place (the plaintext stays at data + header) and check the tag. */
@@ -487,6 +539,11 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length) {
     const uint64_t sender_id = load_u64(data + SS_SEALED_SENDER_ID_FIELD);
     const uint64_t counter = load_u64(data + SS_SEALED_COUNTER_FIELD);
     const uint64_t epoch = counter >> SS_SEALED_EPOCH_BITS;
+    const uint64_t now_s = wall_seconds(c);
+    if (!sender_is_fresh(sender_id, now_s)) {
+        count(c->counters.replay_drops, 1); /* a sender id past its lifetime: a recording */
+        return SS_OPEN_REPLAY;
+    }
     peer_t *p = find_peer(c, sender_id);
     if (p != NULL && !window_fresh(p, counter)) {
         count(c->counters.replay_drops, 1);
@@ -506,7 +563,11 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length) {
             return SS_OPEN_FAILED;
         }
         if (p == NULL) {
-            p = new_peer(c);
+            p = new_peer(c, now_s);
+            if (p == NULL) {
+                count(c->counters.senders_full_drops, 1);
+                return SS_OPEN_SENDERS_FULL;
+            }
             EVP_CIPHER_CTX *ctx = p->ctx;
             memset(p, 0, sizeof *p);
             p->ctx = ctx;

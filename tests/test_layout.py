@@ -41,6 +41,9 @@ C_ONLY = {
     "SCAN_END", "SCAN_TORN", "SCAN_INVALID",  # native.h: ss_scan_recorded's, for the archive
     # network.h: the addresses a publication's C half takes NAKs and SMs from (PROTOCOL §5.7)
     "CONTROL_SOURCES_MAX", "CONTROL_SOURCE_LENGTH", "CONTROL_SOURCES_UNKNOWN",
+    # network.h: ss_crypto_open's verdict and its sender ids' lifetime (PROTOCOL §7.8)
+    "OPEN_SENDERS_FULL", "CRYPTO_SENDER_ID_LIFETIME_S", "CRYPTO_CLOCK_SKEW_S",
+    "CRYPTO_SENDER_ID_MAX_AGE_S",
 }
 
 

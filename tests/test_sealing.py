@@ -17,10 +17,12 @@ from slipstream.client.channel import parse_channel
 from slipstream.client.errors import ChannelError
 from slipstream.client.frames import Sealed, decode
 from slipstream.client.layout import (
+    SEALED_COUNTER_FIELD,
     SEALED_EPOCH_BITS,
     SEALED_HEADER,
     SEALED_MTU_MAX,
     SEALED_OVERHEAD,
+    SEALED_SENDER_ID_FIELD,
 )
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.sealing import KeyFileError, KeyRing, Sealing, read_key_file
@@ -67,8 +69,54 @@ def test_any_change_to_a_sealed_datagram_makes_it_fail_to_open(plain: bytes, dat
         sealed += data.draw(st.binary(min_size=1, max_size=64))
     else:
         del sealed[:data.draw(st.integers(1, len(sealed)))]
+    # (A changed sender id may also read as one past its lifetime: a replay.)
     assert receiver.open(bytes(sealed)) in (network.SS_OPEN_PLAIN, network.SS_OPEN_FAILED,
-                                            network.SS_OPEN_UNKNOWN_KEY)
+                                            network.SS_OPEN_UNKNOWN_KEY, network.SS_OPEN_REPLAY)
+
+
+@pytest.mark.parametrize(("seconds_ago", "opens"), [
+    (0, True), (100, True),  # within the lifetime and the clock skew allowed
+    (network.SS_CRYPTO_SENDER_ID_MAX_AGE_S + 5, False),  # a recording: no sender uses it now
+    (-network.SS_CRYPTO_CLOCK_SKEW_S - 5, False),  # from a clock too far ahead
+])
+def test_a_sender_id_past_its_lifetime_never_opens_even_at_an_endpoint_that_never_saw_it(
+        seconds_ago: int, opens: bool) -> None:
+    """Freshness without a handshake: a sender id carries the second it was drawn, senders
+    draw a new one each lifetime, and every endpoint refuses an id older than that (plus the
+    clock skew allowed): a recording replayed to an endpoint opened since (a restarted
+    driver) is refused, not opened once more."""
+    sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    sealed = sender.seal(b"x" * 40)
+    network.ss_crypto_set_clock_offset(receiver.c, seconds_ago)  # it arrives that much later
+    result = receiver.open(sealed)
+    if opens:
+        assert result == b"x" * 40
+    else:
+        assert result == network.SS_OPEN_REPLAY
+
+
+def test_a_sender_draws_a_new_id_once_its_own_is_past_its_lifetime() -> None:
+    """A sender id older than its lifetime gives way to a new one at the next seal (its
+    counter from 0), which the receiver takes as a new sender."""
+    sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
+    first = sender.seal(b"y" * 16)
+    second = sender.seal(b"y" * 16)
+    lifetime = network.SS_CRYPTO_SENDER_ID_LIFETIME_S
+    network.ss_crypto_set_clock_offset(sender.c, lifetime)  # a lifetime later
+    network.ss_crypto_set_clock_offset(receiver.c, lifetime)
+    third = sender.seal(b"y" * 16)
+
+    def sender_id(sealed: bytes) -> int:
+        return int.from_bytes(sealed[SEALED_SENDER_ID_FIELD:SEALED_SENDER_ID_FIELD + 8], "little")
+
+    def counter(sealed: bytes) -> int:
+        return int.from_bytes(sealed[SEALED_COUNTER_FIELD:SEALED_COUNTER_FIELD + 8], "little")
+
+    assert sender_id(first) == sender_id(second) and (counter(first), counter(second)) == (0, 1)
+    assert sender_id(third) != sender_id(first) and counter(third) == 0
+    assert (sender_id(third) >> 32) - (sender_id(first) >> 32) in (lifetime, lifetime + 1)
+    assert receiver.open(third) == b"y" * 16
+    assert receiver.open(first) == b"y" * 16  # still within its id's age, and unseen
 
 
 @given(st.permutations(list(range(64))), st.integers(0, 2**62))

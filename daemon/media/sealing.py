@@ -109,6 +109,7 @@ class Sealing:
             cells.unknown_key_drops = counters.address(SystemCounter.CRYPTO_UNKNOWN_KEY_DROPS)
             cells.auth_drops = counters.address(SystemCounter.CRYPTO_AUTH_DROPS)
             cells.replay_drops = counters.address(SystemCounter.CRYPTO_REPLAY_DROPS)
+            cells.senders_full_drops = counters.address(SystemCounter.CRYPTO_SENDERS_FULL_DROPS)
             cells.seal_failures = counters.address(SystemCounter.CRYPTO_SEAL_REFUSED)
 
     def set_keys(self, keys: list[tuple[int, bytes]]) -> None:
