@@ -253,6 +253,21 @@ def test_a_link_or_a_directory_is_no_key_file(tmp_path: Path) -> None:
         read_key_file(tmp_path / "fifo.key")
 
 
+def test_a_key_file_of_another_user_is_refused_naming_its_owner(tmp_path: Path) -> None:
+    """Whoever owns a key file can change it: one owned by another user than the driver's
+    (or root) is refused, as a key that user could have planted in keys_dir."""
+    path = key_file(tmp_path, "k", [f"1 {KEY_A.hex()}"])
+    other = 65534 if os.geteuid() != 65534 else 65533
+    if os.geteuid() != 0:  # CI runs as root; a test that lacks what it needs fails there
+        if os.environ.get("CI") == "true":
+            pytest.fail("giving a file to another user needs root")
+        pytest.skip("giving a file to another user needs root")
+    os.chown(path, other, -1)
+    with pytest.raises(KeyFileError, match=f"owned by uid {other}") as raised:
+        read_key_file(path)
+    assert str(path) in str(raised.value)
+
+
 def test_the_ring_hands_a_changed_file_to_its_endpoints_and_keeps_keys_when_it_goes_bad(
         tmp_path: Path) -> None:
     key_file(tmp_path, "k", [f"1 {KEY_A.hex()}"])

@@ -49,8 +49,15 @@ class KeyFileError(ValueError):
 
 def read_key_file(path: Path) -> list[tuple[int, bytes]]:
     """The keys of ``path`` as (id, 32 bytes), the sealing key first.  KeyFileError names the
-    file and the cause: missing, not a regular file (a link too), readable by others, or a
-    line that is not ``<id 0-255> <64 hex digits>``, more than two keys, or an id twice."""
+    file and the cause: missing, not a regular file (a link too), owned by another user than
+    the driver's (or root), readable by others, or a line that is not ``<id 0-255> <64 hex
+    digits>``, more than two keys, or an id twice."""
+    return _read_key_file(path)[0]
+
+
+def _read_key_file(path: Path) -> tuple[list[tuple[int, bytes]], os.stat_result]:
+    """:func:`read_key_file`'s keys, and the file's status as it was read (from the open
+    descriptor: a file swapped in after the read is not mistaken for the one read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
@@ -62,6 +69,11 @@ def read_key_file(path: Path) -> list[tuple[int, bytes]]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise KeyFileError(f"{path} is not a regular file")
+        if info.st_uid not in (0, os.geteuid()):
+            # Whoever owns it could change it: a user who may write to keys_dir must not
+            # be able to plant the keys a root driver then trusts.
+            raise KeyFileError(f"{path} is owned by uid {info.st_uid}: a key file must be the "
+                               f"driver's user's (uid {os.geteuid()}) or root's")
         if info.st_mode & 0o007:
             raise KeyFileError(f"{path} may be read by others (mode {info.st_mode & 0o777:o}): "
                                f"a key file is for the driver's user and group alone (chmod "
@@ -86,7 +98,7 @@ def read_key_file(path: Path) -> list[tuple[int, bytes]]:
     if len(keys) > MAX_KEYS:
         raise KeyFileError(f"{path} holds {len(keys)} keys: at most {MAX_KEYS} (the one that "
                            f"seals, and one more that opens)")
-    return keys
+    return keys, info
 
 
 def _identity(info: os.stat_result) -> tuple[int, ...]:
@@ -172,9 +184,8 @@ class KeyRing:
         return sealing
 
     def _read(self, name: str) -> list[tuple[int, bytes]]:
-        path = self.path_of(name)
-        keys = read_key_file(path)
-        self._files[name] = (_identity(path.stat()), keys)
+        keys, info = _read_key_file(self.path_of(name))
+        self._files[name] = (_identity(info), keys)
         return keys
 
     def reload(self) -> int:
