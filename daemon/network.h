@@ -52,6 +52,10 @@
 #define SS_OPEN_FAILED (-3)
 #define SS_OPEN_REPLAY (-4)
 #define SS_OPEN_SENDERS_FULL (-5)
+/* A key's bytes, and the keys an endpoint holds at once (the one that seals, one more that
+ * opens: rotation). */
+#define SS_CRYPTO_KEY_LENGTH 32
+#define SS_CRYPTO_KEYS_MAX 2
 /* Sender ids (docs/PROTOCOL.md §7.8): a sealing endpoint draws a new one this often; an
  * opening endpoint refuses one drawn longer ago than SS_CRYPTO_SENDER_ID_MAX_AGE_S, or more
  * than SS_CRYPTO_CLOCK_SKEW_S ahead of its clock (hosts' clocks must agree within that). */

@@ -40,7 +40,6 @@
 #include <sys/random.h>
 #include <time.h>
 
-#define KEY_LENGTH 32
 #define IV_LENGTH 12
 #define PEERS_MAX 256
 #define WINDOW_WORDS 64 /* the anti-replay bitmap: 64 x 64 bits */
@@ -56,7 +55,7 @@ static const unsigned char SEAL_INFO[] = "slipstream sealed datagram v1";
 typedef struct {
     int32_t held;
     uint8_t id;
-    uint8_t key[KEY_LENGTH];
+    uint8_t key[SS_CRYPTO_KEY_LENGTH];
 } key_slot_t;
 
 /* What the endpoint knows of one sender that authenticated: its current epoch's AEAD and
@@ -76,11 +75,11 @@ typedef struct {
 } peer_t;
 
 struct ss_crypto {
-    key_slot_t keys[2];           /* keys[0] seals; both open */
+    key_slot_t keys[SS_CRYPTO_KEYS_MAX];           /* keys[0] seals; both open */
     /* Keys set from another thread: taken over by the data path at its next use. */
     int32_t lock;
     int32_t pending;
-    key_slot_t pending_keys[2];
+    key_slot_t pending_keys[SS_CRYPTO_KEYS_MAX];
     /* Sealing (the sending thread). */
     uint64_t sender_id;
     uint64_t counter;             /* the next datagram's */
@@ -124,14 +123,14 @@ static void unlock(ss_crypto_t *c) { __atomic_store_n(&c->lock, 0, __ATOMIC_RELE
 
 int32_t ss_crypto_set_keys(ss_crypto_t *c, const uint8_t *ids, const uint8_t *keys,
                            int32_t count_of) {
-    if (count_of < 1 || count_of > 2) return -1;
+    if (count_of < 1 || count_of > SS_CRYPTO_KEYS_MAX) return -1;
     if (count_of == 2 && ids[0] == ids[1]) return -1;
     lock(c);
     memset(c->pending_keys, 0, sizeof c->pending_keys);
     for (int32_t i = 0; i < count_of; i++) {
         c->pending_keys[i].held = 1;
         c->pending_keys[i].id = ids[i];
-        memcpy(c->pending_keys[i].key, keys + (size_t)i * KEY_LENGTH, KEY_LENGTH);
+        memcpy(c->pending_keys[i].key, keys + (size_t)i * SS_CRYPTO_KEY_LENGTH, SS_CRYPTO_KEY_LENGTH);
     }
     __atomic_store_n(&c->pending, 1, __ATOMIC_RELEASE);
     unlock(c);
@@ -143,6 +142,7 @@ static inline void take_keys(ss_crypto_t *c) {
     if (__builtin_expect(!__atomic_load_n(&c->pending, __ATOMIC_ACQUIRE), 1)) return;
     lock(c);
     memcpy(c->keys, c->pending_keys, sizeof c->keys);
+    OPENSSL_cleanse(c->pending_keys, sizeof c->pending_keys); /* one copy of a key, not two */
     c->pending = 0;
     unlock(c);
     c->seal_ready = 0;
@@ -161,7 +161,7 @@ static uint64_t load_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); retur
 /* HKDF-SHA256 of (key, sender id, epoch) into ctx's AES-256-GCM key and `iv`. */
 static int derive(EVP_CIPHER_CTX *ctx, uint8_t iv[IV_LENGTH], const key_slot_t *key,
                   uint64_t sender_id, uint64_t epoch, int encrypt) {
-    uint8_t salt[16], out[KEY_LENGTH + IV_LENGTH];
+    uint8_t salt[16], out[SS_CRYPTO_KEY_LENGTH + IV_LENGTH];
     store_u64(salt, sender_id);
     store_u64(salt + 8, epoch);
     size_t length = sizeof out;
@@ -169,13 +169,13 @@ static int derive(EVP_CIPHER_CTX *ctx, uint8_t iv[IV_LENGTH], const key_slot_t *
     int ok = kdf != NULL && EVP_PKEY_derive_init(kdf) > 0 &&
              EVP_PKEY_CTX_set_hkdf_md(kdf, EVP_sha256()) > 0 &&
              EVP_PKEY_CTX_set1_hkdf_salt(kdf, salt, sizeof salt) > 0 &&
-             EVP_PKEY_CTX_set1_hkdf_key(kdf, key->key, KEY_LENGTH) > 0 &&
+             EVP_PKEY_CTX_set1_hkdf_key(kdf, key->key, SS_CRYPTO_KEY_LENGTH) > 0 &&
              EVP_PKEY_CTX_add1_hkdf_info(kdf, SEAL_INFO, sizeof SEAL_INFO - 1) > 0 &&
              EVP_PKEY_derive(kdf, out, &length) > 0 && length == sizeof out;
     EVP_PKEY_CTX_free(kdf);
     if (ok) {
         ok = EVP_CipherInit_ex(ctx, EVP_aes_256_gcm(), NULL, out, NULL, encrypt) > 0;
-        memcpy(iv, out + KEY_LENGTH, IV_LENGTH);
+        memcpy(iv, out + SS_CRYPTO_KEY_LENGTH, IV_LENGTH);
     }
     OPENSSL_cleanse(out, sizeof out);
     return ok;

@@ -43,7 +43,7 @@ C_ONLY = {
     "CONTROL_SOURCES_MAX", "CONTROL_SOURCE_LENGTH", "CONTROL_SOURCES_UNKNOWN",
     # network.h: ss_crypto_open's verdict and its sender ids' lifetime (PROTOCOL §7.8)
     "OPEN_SENDERS_FULL", "CRYPTO_SENDER_ID_LIFETIME_S", "CRYPTO_CLOCK_SKEW_S",
-    "CRYPTO_SENDER_ID_MAX_AGE_S",
+    "CRYPTO_SENDER_ID_MAX_AGE_S", "CRYPTO_KEY_LENGTH", "CRYPTO_KEYS_MAX",  # sealing.py's
 }
 
 

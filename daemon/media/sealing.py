@@ -37,9 +37,9 @@ log = logging.getLogger("slipstream.driver")
 #: A key file's name is the key's name with this suffix.
 KEY_FILE_SUFFIX: Final = ".key"
 #: Bytes of a key (AES-256).
-KEY_LENGTH: Final = 32
+KEY_LENGTH: Final = network.SS_CRYPTO_KEY_LENGTH
 #: Keys a file may hold: the one that seals, and one more that opens (rotation).
-MAX_KEYS: Final = 2
+MAX_KEYS: Final = network.SS_CRYPTO_KEYS_MAX
 _LINE: Final = re.compile(r"(\d{1,3})\s+([0-9A-Fa-f]{64})")
 
 
