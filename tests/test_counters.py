@@ -260,7 +260,7 @@ def test_a_keepalive_thread_ends_with_its_counters_file_closed_or_collected(
     """The thread writes into the file's mapping: it never outlives it, also when the file is
     dropped without close() (as a client that failed half-way through connecting)."""
     for collect in (False, True):
-        counters = CountersFile.create(shm / f"counters-{collect}.dat", capacity=64)
+        counters = CountersFile.create(shm / f"counters-{collect}.dat", capacity=256)
         heartbeat = counters.allocate(CounterType.CLIENT_HEARTBEAT, "h", registration_id=1)
         before = _threads()
         counters.start_heartbeat_keeper(

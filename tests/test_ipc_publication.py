@@ -40,7 +40,7 @@ SEQUENCE = struct.Struct("<q")
 
 def make_publication(directory: Path, *, term_length: int, clean_chunk_length: int,
                      initial_term_offset: int = 0) -> tuple[IpcPublication, CountersFile]:
-    counters = CountersFile.create(directory / "counters", capacity=64)
+    counters = CountersFile.create(directory / "counters", capacity=256)
     publication = IpcPublication.create(
         path=str(directory / "stream.logbuffer"), registration_id=1, stream_id=1001,
         session_id=42, initial_term_id=5, channel="aeron:ipc", counters=counters,

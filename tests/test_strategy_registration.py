@@ -150,7 +150,8 @@ def test_its_uri_values_parse_with_its_options_into_the_streams_parameters(
     settings = DriverSettings()
     assert PublicationParams.for_network(channel, settings).flow_control == FlowControlParams(
         "half", settings.flow_control_group_tag, settings.flow_control_group_min_size,
-        settings.flow_control_receiver_timeout, StrategyOptions((("share", 25),)))
+        settings.flow_control_receiver_timeout, StrategyOptions((("share", 25),)),
+        settings.flow_control_admission_interval)
     # What the URI leaves out is the declared default.
     assert PublicationParams.for_network(parse_channel(UDP + "fc=half"),
                                          settings).flow_control.options["share"] == 50

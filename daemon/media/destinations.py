@@ -143,6 +143,10 @@ class Heard(enum.Enum):
     #: From a destination's address, naming a receiver id it did not validate with: neither
     #: keeps it alive nor reaches a publication (a forger keeping a receiver that left).
     UNKNOWN_RECEIVER = "unknown receiver"
+    #: A joining SM from a destination's address naming another receiver (one restarted at
+    #: the same address): it validates as a candidate does, and on success the destination
+    #: is that receiver's; meanwhile its SMs keep nothing alive.
+    REJOINING = "rejoining"
     #: No address to send to (:func:`can_send_to`).
     UNSENDABLE = "unsendable"
 
@@ -245,6 +249,11 @@ class DestinationTable:
         """The sources validating now, oldest first."""
         return list(self._candidates)
 
+    def is_candidate(self, source: Address) -> bool:
+        """Whether ``source`` is validating (a new source, or a destination's address where
+        another receiver asked to join)."""
+        return source in self._candidates
+
     def admits(self, source: Address) -> bool:
         """Whether ``source`` is within the ``join=`` subnets (True when there are none)."""
         if not self.join:
@@ -266,11 +275,11 @@ class DestinationTable:
         be sent, and a joining one's receiver id to those its answer may name."""
         assert self.mode is ControlMode.DYNAMIC
         known = self._destinations.get(source)
-        if known is not None:
-            if known.receiver_id is not None and known.receiver_id != receiver_id:
-                return Heard.UNKNOWN_RECEIVER
+        if known is not None and (known.receiver_id is None or known.receiver_id == receiver_id):
             known.last_seen_ns = now_ns
             return Heard.DESTINATION
+        if known is not None and not (joining or source in self._candidates):
+            return Heard.UNKNOWN_RECEIVER
         if not self.admits(source):
             return Heard.OUTSIDE_JOIN
         heard = Heard.CANDIDATE
@@ -287,7 +296,7 @@ class DestinationTable:
         candidate.status_messages += 1
         if joining and len(candidate.receiver_ids) < _RECEIVER_IDS_MAX:
             candidate.receiver_ids.add(receiver_id)
-        return heard
+        return Heard.REJOINING if known is not None else heard
 
     def token_of(self, candidate: Address) -> int:
         """The token of ``candidate`` (KeyError if it is none)."""
@@ -317,6 +326,7 @@ class DestinationTable:
         if entry is None or token != entry.token or receiver_id not in entry.receiver_ids:
             return False
         del self._candidates[source]
+        # A destination already (a receiver restarted there): it is the new receiver's now.
         self._destinations[source] = _Destination(source, now_ns, receiver_id)
         self._sync()
         return True

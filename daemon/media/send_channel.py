@@ -162,10 +162,14 @@ class SendChannel:
             return  # not for a sender (e.g. our own multicast data looped back)
         self.counters.add(SystemCounter.BYTES_RECEIVED, len(data))
         table = self.destinations
-        if (table is not None and table.mode is ControlMode.DYNAMIC
-                and source not in table):
-            self._from_unvalidated(table, frame, len(data), source, now_ns)
-            return
+        if table is not None and table.mode is ControlMode.DYNAMIC:
+            if source not in table:
+                self._from_unvalidated(table, frame, len(data), source, now_ns)
+                return
+            if table.is_candidate(source) and self._validates(table, frame, source, now_ns):
+                log.info("dynamic destination %s:%d validated for the receiver that joined "
+                         "there anew", source[0], source[1])
+                return
         publication = self.publications.get((frame.session_id, frame.stream_id))
         if isinstance(frame, ResponseSetup):
             # Aeron's onResponseSetup: only a request publication's has a use; another
@@ -214,7 +218,25 @@ class SendChannel:
         if heard is Heard.UNKNOWN_RECEIVER:
             self.counters.add(SystemCounter.MDC_UNKNOWN_RECEIVER_DROPS)
             return False
+        if heard is Heard.REJOINING:  # another receiver at its address: validate it first
+            publications = self._joined_publications(sm)
+            if publications:
+                self._probe(table, sm, publications, source)
+            return False
         return True
+
+    @staticmethod
+    def _validates(table: DestinationTable, frame: object, source: Address,
+                   now_ns: int) -> bool:
+        """Whether ``frame``, from a destination's address where another receiver is
+        validating, is that receiver's answer to a probe, which validated it."""
+        if isinstance(frame, StatusMessage) and frame.is_setup_request:
+            return table.on_token(source, frame.session_id, now_ns,
+                                  receiver_id=frame.receiver_id)
+        if isinstance(frame, Rttm) and not frame.is_reply:
+            return table.on_token(source, frame.echo_timestamp, now_ns,
+                                  receiver_id=frame.receiver_id)
+        return False
 
     def _joined_publications(self, sm: StatusMessage) -> list[NetworkPublication]:
         """The publications a dynamic endpoint's status message names: its session's, or for
