@@ -136,6 +136,9 @@ class ReplayMerge:
 
     def poll(self, handler: FragmentHandler, fragment_limit: int = 256) -> int:
         """Deliver the next messages; returns how many (0: none now)."""
+        # The merge reads the live image without polling its subscription: an image that
+        # went is closed here, or the merge would wait on it for ever.
+        self.live.release_gone_images()
         if self.state is MergeState.AWAIT_LIVE:
             self._await_live()
         if self.state is MergeState.CATCHING_UP:
@@ -146,8 +149,10 @@ class ReplayMerge:
             count = image.poll(handler, fragment_limit)
             self.position = image.position
             if count == 0 and image.is_closed:
+                lost = image.lost_range
                 self._fail(f"the live image of session {self.descriptor.session_id} went at "
-                           f"{self.position}")
+                           f"{self.position}" + ("" if lost is None else
+                                                 f", left behind: [{lost[0]}, {lost[1]}) lost"))
             return count
         return 0
 

@@ -392,6 +392,30 @@ def test_a_frozen_newcomer_never_holds_the_sender() -> None:
     assert set(fc.receivers) == {1}
 
 
+def test_a_newcomer_frozen_where_a_recent_setup_put_it_is_admitted_and_holds_the_sender(
+        ) -> None:
+    """A receiver whose subscriber has not read yet (a replay merge catching up) sits where
+    the SETUP it joined from put it while the stream moves on: it is admitted once heard
+    three times over the interval and holds the sender from there, as under Aeron.  One
+    frozen behind every SETUP sent within the receiver timeout is not."""
+    fc = admission()
+    feed(fc, 0, 0, receiver_id=1)
+    fc.sender_position = 10 * WINDOW
+    feed(fc, 10 * WINDOW, 0, receiver_id=1)
+    fc.on_setup_frame(10 * WINDOW, 0)  # the newcomer joins at the SETUP's position
+    for i, now in enumerate([10 * MS, 60 * MS, 120 * MS]):
+        fc.sender_position = 10 * WINDOW + (i + 1) * 4096  # the stream moves on
+        limit = feed(fc, fc.sender_position, now, receiver_id=1)
+        limit = feed(fc, 10 * WINDOW, now, receiver_id=2, sender_limit=limit)
+        assert (2 in fc.receivers) is (i + 1 == ADMISSION_STATUS_MESSAGES)
+    assert fc.on_idle(120 * MS, limit, fc.sender_position, False) == 11 * WINDOW
+    # A receiver timeout after that SETUP, one frozen at its position is a forger's.
+    later = 120 * MS + fc.receiver_timeout_ns
+    for i in range(10):
+        feed(fc, 10 * WINDOW, later + i * 50 * MS, receiver_id=3, sender_limit=limit)
+    assert 3 not in fc.receivers
+
+
 def test_a_newcomer_heard_consistently_is_admitted_after_the_interval() -> None:
     """A new receiver that moves on with the stream is admitted at its third SM at least
     the admission interval after its first, and holds the sender from then on; until then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Self
 
 from slipstream.client import strategy_grammar
@@ -19,6 +20,9 @@ ADMISSION_STATUS_MESSAGES = 3
 #: Receivers being heard at once at most: an SM naming yet another new receiver waits until
 #: one is admitted or forgotten (a flood of receiver ids costs bounded memory).
 ADMISSION_CANDIDATES_MAX = 1024
+#: SETUP positions remembered for admission (one per SETUP that moved on, each kept for a
+#: receiver timeout): past this the oldest goes, which only raises the floor.
+ADMISSION_SETUPS_MAX = 64
 
 
 class _Candidate:
@@ -65,7 +69,11 @@ class MinMulticastFlowControl(FlowControl):
       off, as Aeron): a new receiver is tracked only once it was heard consistently, three
       SMs over at least ``admission_interval_ns``, each one past the last or with all that
       was sent (``sender_position``), none a window behind the one before (none ahead of
-      snd-pos reaches it); until then it does not hold the sender back.  A receiver of the
+      snd-pos reaches it); until then it does not hold the sender back.  One that does not
+      move is consistent too while it sits at or past the position of a SETUP sent within
+      the receiver timeout: that is where a receiver joining from it starts, and one whose
+      subscriber has not read yet (a replay merge catching up) must hold the sender from
+      there, or it would be over-run and left behind.  A receiver of the
       stream's start (its SM before the stream sent its first window, with all of it) is
       admitted at once: the receivers of a new stream join together, and one slower than
       the stream would be over-run while it waited.  A receiver admitted that then stops
@@ -95,6 +103,9 @@ class MinMulticastFlowControl(FlowControl):
         self._setup_requesters: set[int] = set()
         self._last_setup_limit: int | None = None
         self._last_setup_ns = 0
+        #: (time ns, position) of the SETUPs sent within the receiver timeout, oldest first
+        #: (positions never fall): where a receiver joining now may sit.
+        self._setups: deque[tuple[int, int]] = deque(maxlen=ADMISSION_SETUPS_MAX)
 
     @classmethod
     def from_params(cls, params: FlowControlParams) -> Self:
@@ -118,10 +129,11 @@ class MinMulticastFlowControl(FlowControl):
             self.candidates.pop(sm.receiver_id, None)
             return True
         candidate = self.candidates.get(sm.receiver_id)
-        # Consistent: it moved on since its last SM, or it has all that was sent, and it
-        # never went a window backwards.
+        # Consistent: it moved on since its last SM, or it has all that was sent, or it sits
+        # where a recent SETUP put a receiver, and it never went a window backwards.
         consistent = candidate is None or (
-            (limit > candidate.limit or position >= self.sender_position)
+            (limit > candidate.limit or position >= self.sender_position
+             or self._joined_from_setup(position, now_ns))
             and limit >= candidate.limit - window)
         if not consistent:
             self.candidates.pop(sm.receiver_id, None)
@@ -138,6 +150,13 @@ class MinMulticastFlowControl(FlowControl):
             return False
         del self.candidates[sm.receiver_id]
         return True
+
+    def _joined_from_setup(self, position: int, now_ns: int) -> bool:
+        """Whether ``position`` is at or past a SETUP sent within the receiver timeout."""
+        setups = self._setups
+        while setups and setups[0][0] + self.receiver_timeout_ns - now_ns < 0:
+            setups.popleft()
+        return bool(setups) and position >= setups[0][1]
 
     def _matches(self, sm: StatusMessage) -> bool:
         return True
@@ -213,6 +232,12 @@ class MinMulticastFlowControl(FlowControl):
             self._last_setup_limit = sender_limit
             self._last_setup_ns = now_ns
         self._setup_requesters.clear()
+
+    def on_setup_frame(self, position: int, now_ns: int) -> None:
+        if self.admission_interval_ns > 0:
+            if self._setups and self._setups[-1][1] == position:
+                self._setups.pop()  # the same place, sent again: kept from now on
+            self._setups.append((now_ns, position))
 
     def on_error(self, err: ErrorFrame, now_ns: int) -> None:
         self.candidates.pop(err.receiver_id, None)

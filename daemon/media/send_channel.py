@@ -221,7 +221,7 @@ class SendChannel:
         if heard is Heard.REJOINING:  # another receiver at its address: validate it first
             publications = self._joined_publications(sm)
             if publications:
-                self._probe(table, sm, publications, source)
+                self._probe(table, sm, publications, source, now_ns)
             return False
         return True
 
@@ -287,7 +287,7 @@ class SendChannel:
                 return
             if heard is Heard.REPLACED:  # the oldest candidate made room for this one
                 self.counters.add(SystemCounter.MDC_CANDIDATES_REFUSED)
-            self._probe(table, frame, publications, source)
+            self._probe(table, frame, publications, source, now_ns)
         elif isinstance(frame, Rttm):
             if (not frame.is_reply and (frame.session_id, frame.stream_id) in self.publications
                     and table.on_token(source, frame.echo_timestamp, now_ns,
@@ -301,7 +301,8 @@ class SendChannel:
                 publication.on_frame(frame, source, now_ns)
 
     def _probe(self, table: DestinationTable, sm: StatusMessage,
-               publications: list[NetworkPublication], candidate: Address) -> None:
+               publications: list[NetworkPublication], candidate: Address,
+               now_ns: int) -> None:
         """Answer candidate ``candidate``'s status message ``sm`` (naming ``publications``)
         with the probes :meth:`_from_unvalidated` describes."""
         token = table.token_of(candidate)
@@ -315,10 +316,10 @@ class SendChannel:
             if table.status_messages_of(candidate) < 2:
                 return  # a receiver of any session answers the heartbeat at once
             for publication in publications:
-                self._challenge(table, publication, publication.setup_frame(), candidate)
+                self._challenge(table, publication, publication.setup_frame(now_ns), candidate)
         elif sm.is_setup_request:
             [publication] = publications
-            self._challenge(table, publication, publication.setup_frame(), candidate)
+            self._challenge(table, publication, publication.setup_frame(now_ns), candidate)
         else:
             [publication] = publications
             request = Rttm(publication.session_id, publication.stream_id, token, 0, 0,
