@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test test-fast test-lane install install-service java aeron tools lint bench clean
+.PHONY: run test test-fast test-lane install install-service java aeron tools lint bench clean \
+        wheel
 
 install: $(STAMP)
 
@@ -19,6 +20,13 @@ $(STAMP): pyproject.toml setup.py $(wildcard client/*.c client/*.h daemon/*.c da
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench,sim,spark]'
 	@touch $(STAMP)
+
+# The wheel that installs with no compiler (README, "Install"; docs/OPERATIONS.md): the sdist,
+# the wheel from it, repaired by auditwheel into a manylinux one (OpenSSL's libcrypto inside),
+# and its dependencies' wheels, all in wheelhouse/ (the sdist in wheelhouse/sdist/):
+# `pip install --no-index --find-links wheelhouse slipstream` on the target.
+wheel: install
+	$(BIN)/python scripts/build_wheel.py wheelhouse
 
 # The host's service (README, "Run it as a service"), as root, in a checkout at /opt/slipstream:
 # the slipstream user and group, .venv made anew from SERVICE_PYTHON (in place of a dev venv
@@ -76,4 +84,4 @@ bench: install
 	$(BIN)/python -m bench.ipc_latency
 
 clean:
-	rm -rf $(VENV) build *.egg-info client/_native*.so client/_native.c daemon/_network*.so daemon/_network.c
+	rm -rf $(VENV) build wheelhouse *.egg-info client/_native*.so client/_native.c daemon/_network*.so daemon/_network.c

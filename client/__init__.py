@@ -6,6 +6,7 @@
 ...     sub = client.add_subscription("aeron:ipc", 1001)
 """
 
+import slipstream._distribution  # noqa: F401  (first: refuses another distribution's `slipstream`)
 from slipstream.client.client import Client, default_directory
 from slipstream.client.counters import Counter, CounterReader
 from slipstream.client.errors import (

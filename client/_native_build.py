@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from cffi import FFI
+from cffi import FFI  # type: ignore[import-untyped]  # cffi has no types
 
 HERE = Path(__file__).resolve().parent
 HEADER = (HERE / "native.h").read_text()

@@ -190,7 +190,8 @@ def resolve_host(host: str) -> str:
     IPv4 group, and the resolver's order of a dual-stack name's answers varies by host
     (``::1`` first for some).  OSError when it does not resolve."""
     infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
-    return next((info[4][0] for info in infos if info[0] == socket.AF_INET), infos[0][4][0])
+    return str(next((info[4][0] for info in infos if info[0] == socket.AF_INET),
+                    infos[0][4][0]))
 
 
 @attrs.frozen(repr=False)

@@ -217,7 +217,7 @@ class Client:
         #: Requests this client stopped waiting for (DriverTimeoutError), by correlation id:
         #: a late answer is dropped, and what it made is released (nothing holds it here).
         self._abandoned: set[int] = set()
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context[Any] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(control.conductor_endpoint(directory))
@@ -354,7 +354,7 @@ class Client:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            ready = dict(self._request_poller.poll(min(remaining, 0.1) * 1000))
+            ready = dict(self._request_poller.poll(int(min(remaining, 0.1) * 1000)))
             if self._notices in ready:  # the driver may be gone: they would never come
                 self._read_notice()
             if self._socket in ready:
@@ -412,7 +412,7 @@ class Client:
                 elif not worked:
                     os.sched_yield()
             else:
-                ready = dict(self._request_poller.poll(min(remaining, 0.1) * 1000))
+                ready = dict(self._request_poller.poll(int(min(remaining, 0.1) * 1000)))
                 if self._notices in ready:  # the driver may be gone: no answer would come
                     self._read_notice()
                 if self._socket in ready:

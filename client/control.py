@@ -31,7 +31,7 @@ import pwd
 import secrets
 import stat
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal, overload
 
 from slipstream.client.channel import MAX_URI_LENGTH
 from slipstream.client.errors import DriverError, InvalidArgumentError
@@ -326,6 +326,12 @@ def check_int32(field: str, value: object) -> int:
 MAX_TIMEOUT_S: Final = INT64_MAX / 1e9
 
 
+@overload
+def check_timeout(field: str, value: object, *, forever: Literal[False],
+                  zero: bool = True) -> float: ...
+@overload
+def check_timeout(field: str, value: object, *, forever: bool = True,
+                  zero: bool = True) -> float | None: ...
 def check_timeout(field: str, value: object, *, forever: bool = True,
                   zero: bool = True) -> float | None:
     """A timeout argument in seconds: a finite number >= 0 (> 0 unless ``zero``), or, where

@@ -514,12 +514,15 @@ def _check_control(name: str, size: int, remaining: int, frame_length: int) -> R
     return None
 
 
+# The decoders below pass a body's fields and the flags as one tuple (``*(*fields, flags)``):
+# a type checker cannot count the fields of an unpacked struct, and would refuse a positional
+# argument after them.
 def _decode_setup(data: Buffer, offset: int, remaining: int, frame_length: int,
                   flags: int) -> Frame | Rejected:
     bad = _check_control("SETUP", SETUP_LENGTH, remaining, frame_length)
     if bad is not None:
         return bad
-    return Setup(*_SETUP_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags)
+    return Setup(*(*_SETUP_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags))
 
 
 def _decode_sm(data: Buffer, offset: int, remaining: int, frame_length: int,
@@ -530,10 +533,10 @@ def _decode_sm(data: Buffer, offset: int, remaining: int, frame_length: int,
     fields = _SM_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH)
     extra = frame_length - SM_LENGTH
     if extra == 0:
-        return StatusMessage(*fields, flags)
+        return StatusMessage(*(*fields, flags))
     if extra == SM_GROUP_TAG_LENGTH:
         (group_tag,) = _I64.unpack_from(data, offset + SM_LENGTH)
-        return StatusMessage(*fields, flags, group_tag)
+        return StatusMessage(*(*fields, flags, group_tag))
     return Rejected(f"SM group tag length {extra} is not 0 or 8")
 
 
@@ -542,7 +545,7 @@ def _decode_nak(data: Buffer, offset: int, remaining: int, frame_length: int,
     bad = _check_control("NAK", NAK_LENGTH, remaining, frame_length)
     if bad is not None:
         return bad
-    return Nak(*_NAK_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags)
+    return Nak(*(*_NAK_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags))
 
 
 def _decode_rttm(data: Buffer, offset: int, remaining: int, frame_length: int,
@@ -550,7 +553,7 @@ def _decode_rttm(data: Buffer, offset: int, remaining: int, frame_length: int,
     bad = _check_control("RTTM", RTTM_LENGTH, remaining, frame_length)
     if bad is not None:
         return bad
-    return Rttm(*_RTTM_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags)
+    return Rttm(*(*_RTTM_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags))
 
 
 def _decode_err(data: Buffer, offset: int, remaining: int, frame_length: int,
@@ -574,7 +577,8 @@ def _decode_rsp_setup(data: Buffer, offset: int, remaining: int, frame_length: i
     bad = _check_control("RSP_SETUP", RSP_SETUP_LENGTH, remaining, frame_length)
     if bad is not None:
         return bad
-    return ResponseSetup(*_RSP_SETUP_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH), flags)
+    return ResponseSetup(*(*_RSP_SETUP_BODY.unpack_from(data, offset + FRAME_HEADER_LENGTH),
+                         flags))
 
 
 def _decode_ext(data: Buffer, offset: int, remaining: int, frame_length: int,

@@ -209,12 +209,12 @@ class ImageView(LogView):
         self.log_path = image.log_path
         self.join_position = image.join_position
 
-    @property  # type: ignore[override]
-    def position(self) -> int:
+    @property
+    def position(self) -> int:  # type: ignore[override]
         return self.image.position
 
-    @property  # type: ignore[override]
-    def end_of_stream(self) -> int | None:
+    @property
+    def end_of_stream(self) -> int | None:  # type: ignore[override]
         return end_of_stream(self.image)
 
     def available_position(self) -> int:

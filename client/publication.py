@@ -27,7 +27,7 @@ import operator
 import sys
 from array import array
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slipstream.client import _fastpath, control
 from slipstream.client._native import ffi, lib
@@ -56,6 +56,12 @@ _fastpath.set_errors(MessageTooLongError, InvalidArgumentError)
 log = logging.getLogger("slipstream.client")
 
 Buffer = bytes | bytearray | memoryview
+
+
+class OfferCall(Protocol):
+    """A publication's ``offer``: a C callable bound to it (or its policy's offer)."""
+
+    def __call__(self, message: Buffer, reserved_value: int = 0) -> int: ...
 """Anything exposing the buffer protocol (numpy arrays too); ``collections.abc.Buffer`` is 3.12+."""
 
 NOT_CONNECTED = -1
@@ -289,11 +295,12 @@ class Publication:
         self._policy: OfferPolicy | None = None
         self._attempt = _fastpath.Offerer(address, appender)  # one plain offer, no idling
         if policy is None:
-            self.offer = _fastpath.Offerer(address, appender, -1 if spins is None else spins)
+            self.offer: OfferCall = _fastpath.Offerer(address, appender,
+                                                      -1 if spins is None else spins)
         else:
             self._policy = OfferPolicy(policy, self, self._attempt)
             if policy.name == "rate-limit":
-                self.offer = self._policy.offer  # type: ignore[method-assign]
+                self.offer = self._policy.offer
             else:
                 self.offer = _fastpath.Offerer(address, appender,
                                                on_refused=self._policy.on_refused)

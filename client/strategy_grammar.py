@@ -146,7 +146,7 @@ class Size(ValueType):
     low: int
     high: int
     form: ClassVar[str] = "<size>"
-    units: ClassVar[str] = "bytes"
+    units = "bytes"  # a class attribute (not annotated: no field)
 
     def parse(self, text: str, key: str, strategy: str) -> int:
         return parse_size_in(text, self.low, self.high)
@@ -161,7 +161,7 @@ class Duration(ValueType):
     high: int
     refusal: str = "{key}:{text} is out of range {low}..{high}"
     form: ClassVar[str] = "<duration>"
-    units: ClassVar[str] = "ns"
+    units = "ns"  # a class attribute (not annotated: no field)
 
     def parse(self, text: str, key: str, strategy: str) -> int:
         value = parse_duration_in(text)
@@ -180,7 +180,7 @@ class Percentages(ValueType):
 
     max_count: int
     form: ClassVar[str] = "<percent>/..."
-    units: ClassVar[str] = "percent"
+    units = "percent"  # a class attribute (not annotated: no field)
 
     def parse(self, text: str, key: str, strategy: str) -> tuple[int, ...]:
         values = tuple(parse_int(t, 1, 100) for t in text.split("/"))
@@ -258,6 +258,14 @@ class Option:
 _RESERVED = frozenset({"name", "values", "key", "get", "grammar"})
 
 
+def _options(options: Iterable[Option]) -> tuple[Option, ...]:
+    return tuple(options)
+
+
+def _names(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(names)
+
+
 @attrs.frozen
 class StrategyGrammar:
     """A strategy's URI value: ``NAME[,key:value...]`` under the URI key ``key`` (``fc``,
@@ -266,8 +274,8 @@ class StrategyGrammar:
     key: str
     name: str
     meaning: str
-    options: tuple[Option, ...] = attrs.field(default=(), converter=tuple)
-    aliases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    options: tuple[Option, ...] = attrs.field(default=(), converter=_options)
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_names)
 
     def __attrs_post_init__(self) -> None:
         if self.key not in KEYS:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
@@ -72,7 +72,7 @@ class Subscription:
         self._images_changed = threading.Condition()
         self._spin_ns = client.idle_spin_ns
         self._idle = SpinThenYield(client.spins_before_yield)  # polls that moved nothing
-        self._readers = None
+        self._readers: Any = None  # ffi.new("ss_reader_t[]"), built when first waited on
         self._readers_for: tuple[Image, ...] | None = None
 
     def _new_image(self, log: LogBuffer, position_counter_id: int, join_position: int,

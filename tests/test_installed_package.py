@@ -2,35 +2,45 @@
 
 The editable install maps whole folders, so a package that pyproject.toml forgot still
 imported in the checkout, while the wheel lacked it and its driver could not start
-(``slipstream.daemon.pressure`` was such a package once).  Here the sdist is built, the wheel
-from the sdist, and the wheel is installed into a fresh environment outside the checkout
-(tests/installed.py); the driver, clients over IPC and UDP, ``stat``, ``metrics``, ``sim`` and
-the Spark bridge are run from there, each proving that nothing of the checkout is on its path.
+(``slipstream.daemon.pressure`` was such a package once).  Here ``make wheel``'s script builds
+the sdist, the wheel from the sdist and its manylinux repair, and the wheel is installed into a
+fresh environment outside the checkout from the wheelhouse alone, with no compiler
+(tests/installed.py); the driver (as ``python -m slipstream``, with no compiler on its PATH),
+clients over IPC and UDP, ``stat``, ``metrics``, ``sim`` and the Spark bridge are run from
+there, each proving that nothing of the checkout is on its path.  A type checker reads the
+installed public API; another distribution's ``slipstream`` package beside it is refused with
+an error that names it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import platform
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import tomllib
 import urllib.request
 import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
-from helpers import NETWORK_SETTINGS, as_another_user, free_port, wait_for
+from helpers import NETWORK_SETTINGS, as_another_user, free_port, lacking, wait_for
 from installed import (
     CHECKOUT,
+    COMPILERS,
     INSTALL_TIMEOUT_S,
     ISOLATION_CHECK,
+    NO_COMPILER,
     InstalledVenv,
     build_leftovers,
     package_roots,
@@ -102,10 +112,10 @@ print("pyspark", pyspark.__version__)
 """ + ISOLATION_CHECK
 
 
-def _python(installed: InstalledVenv, script: str, *args: str,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _python(installed: InstalledVenv, script: str, *args: str, timeout: float = 120,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     result = installed.run([installed.python, "-c", script, str(CHECKOUT), *args],
-                           timeout=timeout)
+                           timeout=timeout, env=env or installed.env())
     assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}\n{result.stderr}"
     assert "ISOLATED" in result.stdout, result.stdout
     return result
@@ -147,7 +157,9 @@ def test_the_wheel_holds_every_package_and_file_of_the_tree(
     assert wheel_packages == expected, (
         f"missing from the wheel: {sorted(expected - wheel_packages)}; "
         f"not in the tree: {sorted(wheel_packages - expected)}")
-    assert {n.split("/")[0] for n in names} == {"slipstream", "slipstream-0.1.0.dist-info"}
+    # slipstream.libs: the shared libraries auditwheel copied in (OpenSSL's libcrypto)
+    assert {n.split("/")[0] for n in names} == {"slipstream", "slipstream-0.1.0.dist-info",
+                                                "slipstream.libs"}
 
     roots = package_roots()
     in_roots = {name: _installed_path(name, roots) for name in source_files()}
@@ -199,8 +211,9 @@ def _mapped_files(pid: int) -> set[Path]:
 
 @pytest.fixture
 def installed_driver(installed_venv: InstalledVenv) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-    """``slipstream driver`` of the installed package, a real process with short timers and
-    64 KiB terms; stopped by SIGTERM afterwards (it must exit 0)."""
+    """``python -m slipstream driver`` of the installed package, with no compiler to be found
+    (:meth:`InstalledVenv.no_compiler_env`), a real process with short timers and 64 KiB
+    terms; stopped by SIGTERM afterwards (it must exit 0)."""
     directory = Path("/dev/shm") / f"slipstream-installed-{uuid.uuid4().hex[:12]}"
     settings = [arg for key, value in NETWORK_SETTINGS.items()
                 for arg in ("--set", f"{key}={value}")]
@@ -208,10 +221,10 @@ def installed_driver(installed_venv: InstalledVenv) -> Iterator[tuple[subprocess
     # Stopped by SIGTERM below; the pipe on its stdin stops it too should this process die.
     with open(log, "w") as err:
         driver = subprocess.Popen(
-            [str(installed_venv.slipstream), "driver", "--dir", str(directory), *settings,
-             "--stop-when-stdin-closes"],
+            [str(installed_venv.python), "-m", "slipstream", "driver", "--dir", str(directory),
+             *settings, "--stop-when-stdin-closes"],
             stdin=subprocess.PIPE, stdout=err, stderr=subprocess.STDOUT, text=True,
-            cwd=installed_venv.root, env=installed_venv.env())
+            cwd=installed_venv.root, env=installed_venv.no_compiler_env())
     try:
         wait_for(lambda: driver.poll() is not None or (
             (directory / "conductor.sock").exists() and (directory / "counters.dat").exists()),
@@ -232,16 +245,21 @@ def installed_driver(installed_venv: InstalledVenv) -> Iterator[tuple[subprocess
 def test_the_installed_driver_carries_ipc_and_udp_streams_and_reports_them(
         installed_venv: InstalledVenv,
         installed_driver: tuple[subprocess.Popen[str], Path]) -> None:
-    """From the fresh environment, outside the checkout: ``slipstream driver``, a client over
-    IPC and over UDP on 127.0.0.1 (600 messages of 1000 bytes each, about nine 64 KiB terms),
+    """From the fresh environment, outside the checkout: the driver and a client over IPC and
+    over UDP on 127.0.0.1 (600 messages of 1000 bytes each, about nine 64 KiB terms), both with
+    no compiler to be found, the driver's data path on the wheel's own libcrypto;
     ``slipstream stat --once`` and ``--json``, and one scrape of ``slipstream metrics``."""
     driver, directory = installed_driver
     mapped = _mapped_files(driver.pid)
     network = [p for p in mapped if p.name.startswith("_network")]
     assert network and all(p.is_relative_to(installed_venv.path) for p in network), mapped
     assert not [p for p in mapped if p.is_relative_to(CHECKOUT)], mapped
+    crypto = [p for p in mapped if p.name.startswith("libcrypto")]
+    assert crypto and all(p.parent.name == "slipstream.libs" and
+                          p.is_relative_to(installed_venv.path) for p in crypto), crypto
 
-    result = _python(installed_venv, CLIENT_SCRIPT, str(directory), str(free_port()))
+    result = _python(installed_venv, CLIENT_SCRIPT, str(directory), str(free_port()),
+                     env=installed_venv.no_compiler_env())
     streams = json.loads(result.stdout.splitlines()[0])
     assert [s["messages"] for s in streams] == [600, 600], streams
 
@@ -308,6 +326,221 @@ def test_the_installed_spark_bridge_imports(installed_venv: InstalledVenv) -> No
     """``import slipstream.spark_bridge`` with the pyspark the spark extra installs."""
     result = _python(installed_venv, SPARK_SCRIPT)
     assert result.stdout.startswith("pyspark 4."), result.stdout
+
+
+# -- the wheel as published: manylinux, no compiler, --version, types, the name clash ----------
+
+
+def _pyproject() -> dict[str, Any]:
+    with open(CHECKOUT / "pyproject.toml", "rb") as file:
+        return tomllib.load(file)["project"]
+
+
+def test_the_wheel_is_manylinux_and_installs_from_the_wheelhouse_with_no_compiler(
+        installed_venv: InstalledVenv) -> None:
+    """``make wheel`` gives a manylinux wheel of this interpreter and machine that auditwheel
+    vouches for, with OpenSSL's libcrypto inside; the environment installed it from the
+    wheelhouse alone (``--no-index``) where no compiler could be found, and pip processed
+    wheels only: it built nothing."""
+    version = _pyproject()["version"]
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    tag = re.fullmatch(rf"slipstream-{re.escape(version)}-{python}-{python}-"
+                       rf"(manylinux_2_[0-9]+_{platform.machine()})\.whl",
+                       installed_venv.wheel.name)
+    assert tag, installed_venv.wheel.name
+    show = subprocess.run([sys.executable, "-m", "auditwheel", "show", installed_venv.wheel],
+                          capture_output=True, text=True, timeout=120)
+    assert show.returncode == 0, show.stderr
+    assert f'consistent with the following platform tag: "{tag[1]}"' in " ".join(
+        show.stdout.split()), show.stdout
+    assert [n for n in _wheel_names(installed_venv)
+            if n.startswith("slipstream.libs/libcrypto")], _wheel_names(installed_venv)
+
+    env = installed_venv.no_compiler_env()
+    assert env["CC"] == env["CXX"] == NO_COMPILER and not Path(NO_COMPILER).exists()
+    assert not [c for c in COMPILERS if shutil.which(c, path=env["PATH"])], env["PATH"]
+    log = installed_venv.offline_install
+    processed = re.findall(r"^Processing (\S+)", log, re.MULTILINE)
+    assert processed and all(p.endswith(".whl") for p in processed), log
+    assert any(Path(p).name == installed_venv.wheel.name for p in processed), log
+    for building in ("Building wheel", "setup.py", "Preparing metadata", "build dependencies"):
+        assert building not in log, log
+    assert re.search(rf"^Successfully installed .*\bslipstream-{re.escape(version)}\b", log,
+                     re.MULTILINE), log
+    (record,) = installed_venv.path.glob(f"lib/python*/site-packages/slipstream-{version}"
+                                         ".dist-info/WHEEL")
+    assert f"Tag: {python}-{python}-{tag[1]}" in record.read_text().splitlines()
+
+
+def test_the_wheel_says_it_is_for_linux_and_typed(installed_venv: InstalledVenv) -> None:
+    """The published metadata: Linux only, CPython 3.11, typed; every folder of the package
+    carries py.typed (PEP 561: a namespace package's portions each carry it) and the compiled
+    modules their .pyi."""
+    with zipfile.ZipFile(installed_venv.wheel) as wheel:
+        metadata = wheel.read("slipstream-0.1.0.dist-info/METADATA").decode()
+    classifiers = set(re.findall(r"^Classifier: (.*)$", metadata, re.MULTILINE))
+    assert classifiers == set(_pyproject()["classifiers"]), classifiers
+    assert {"Operating System :: POSIX :: Linux", "Typing :: Typed",
+            "Programming Language :: Python :: 3.11"} <= classifiers
+    assert "Requires-Python: >=3.11" in metadata.splitlines()
+    names = set(_wheel_names(installed_venv))
+    folders = {package.replace(".", "/") for package in package_roots()}
+    assert not [f for f in folders if f"{f}/py.typed" not in names], sorted(names)
+    compiled = {n.split(".")[0] for n in names if n.endswith(".so") and "/" in n
+                and not n.startswith("slipstream.libs/")}
+    assert {f"{c}.pyi" for c in compiled} <= names, compiled
+
+
+def test_version_and_python_m_are_the_slipstream_command(installed_venv: InstalledVenv) -> None:
+    """``slipstream --version`` prints the installed distribution's version (its metadata,
+    pyproject.toml's); ``python -m slipstream`` is the same command."""
+    version = _pyproject()["version"]
+    metadata = installed_venv.run([installed_venv.python, "-c", "import importlib.metadata as m; "
+                                   "print(m.version('slipstream'))"])
+    assert metadata.stdout == f"{version}\n", metadata.stderr
+    for command in ([installed_venv.slipstream], [installed_venv.python, "-m", "slipstream"]):
+        result = installed_venv.run([*command, "--version"])
+        assert (result.returncode, result.stdout) == (0, f"slipstream {version}\n"), result
+    script = installed_venv.run([installed_venv.slipstream, "--help"])
+    module = installed_venv.run([installed_venv.python, "-m", "slipstream", "--help"])
+    assert script.returncode == module.returncode == 0, (script.stderr, module.stderr)
+    assert module.stdout == script.stdout and "--version" in script.stdout, module.stdout
+
+
+#: A user's program of the public client API, which a type checker must accept in its strict
+#: mode against the installed package: typed parameters and results, no Any leaking in.
+TYPED_PROGRAM = """
+from slipstream.client import (BACK_PRESSURED, NOT_CONNECTED, Client, DriverError, Header,
+                               Image, Publication, Subscription)
+
+
+def handler(data: memoryview, header: Header) -> None:
+    print(bytes(data).decode(), header.position, header.session_id)
+
+
+def images(subscription: Subscription) -> list[int]:
+    return [image.position for image in subscription.images]
+
+
+def run(directory: str) -> int:
+    try:
+        with Client.connect(directory, timeout=2.0) as client:
+            subscription: Subscription = client.add_subscription("aeron:ipc", 1001)
+            publication: Publication = client.add_publication("aeron:ipc", 1001)
+            position: int = publication.offer(b"hello")
+            if position in (NOT_CONNECTED, BACK_PRESSURED):
+                return 1
+            received: int = subscription.poll(handler, 10)
+            received += subscription.receive(handler, 10, timeout=1.0)
+            first: Image | None = subscription.images[0] if subscription.images else None
+            print(first, images(subscription), publication.position)
+            return received
+    except DriverError as e:
+        print(e)
+        return 2
+"""
+
+#: The same calls with wrong types: the type checker must name each line.
+MISTYPED_PROGRAM = """
+from slipstream.client import Client
+
+with Client.connect() as client:
+    client.add_publication(1001, "aeron:ipc")
+    client.add_subscription("aeron:ipc", 1001).poll(10)
+    position: str = client.add_publication("aeron:ipc", 1001).offer(b"x")
+"""
+#: (line, mypy error code) of MISTYPED_PROGRAM's errors.
+MISTYPED_ERRORS = {(5, "arg-type"), (6, "arg-type"), (7, "assignment")}
+
+
+def test_a_type_checker_accepts_the_installed_public_api(installed_venv: InstalledVenv) -> None:
+    """mypy, given the installed environment's interpreter (as a user's editor or CI runs it):
+    the whole client package (``slipstream.client``, the public API and its modules, with
+    the compiled modules' .pyi) and ``slipstream._distribution`` check clean with mypy's
+    defaults; a user's program of the public API checks clean with ``--strict``, which
+    needs py.typed (else mypy refuses the import as untyped); and the same calls with wrong
+    types are caught, line by line."""
+    if importlib.util.find_spec("mypy") is None:
+        lacking("needs mypy (pip install 'slipstream[test]'; make install)")
+    work = Path(tempfile.mkdtemp(prefix="types-", dir=installed_venv.root))
+    (work / "typed_program.py").write_text(TYPED_PROGRAM)
+    (work / "mistyped_program.py").write_text(MISTYPED_PROGRAM)
+    mypy = [sys.executable, "-m", "mypy", "--python-executable", str(installed_venv.python),
+            "--cache-dir", str(work / "cache"), "--no-error-summary", "--show-error-codes"]
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*mypy, *args], capture_output=True, text=True, timeout=300,
+                              cwd=work, env=installed_venv.env())
+
+    package = check("-p", "slipstream.client", "-m", "slipstream._distribution")
+    assert package.returncode == 0, package.stdout + package.stderr
+    program = check("--strict", "typed_program.py")
+    assert program.returncode == 0, program.stdout + program.stderr
+    mistyped = check("--strict", "mistyped_program.py")
+    found = {(int(line), code) for line, code in re.findall(
+        r"^mistyped_program\.py:([0-9]+): error: .*\[([a-z-]+)\]$", mistyped.stdout,
+        re.MULTILINE)}
+    assert mistyped.returncode == 1 and found == MISTYPED_ERRORS, mistyped.stdout
+
+
+#: Another distribution on PyPI whose import package is named ``slipstream`` too (a Kafka
+#: stream-processing library), at the version this test was written against.
+CLASHING = ("slipstream-async", "1.0.5")
+
+
+def test_another_distributions_slipstream_package_is_refused_naming_it(
+        installed_venv: InstalledVenv) -> None:
+    """slipstream-async installed beside the wheel in one environment: the two share the
+    folder ``slipstream/`` but no file, so the order of installing does not matter, and its
+    ``__init__.py`` makes the folder a regular package.  The command, ``python -m slipstream``
+    and ``import slipstream.client`` then fail with one error that names slipstream-async and
+    what to do; ``import slipstream`` is still slipstream-async's.  Once it is uninstalled,
+    slipstream works."""
+    name, version = CLASHING
+    root = Path(tempfile.mkdtemp(prefix="clash-", dir=installed_venv.root))
+    venv = root / "venv"
+    python, command = venv / "bin" / "python", venv / "bin" / "slipstream"
+    env = {**installed_venv.env(), "VIRTUAL_ENV": str(venv),
+           "PATH": os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", "/usr/bin")])}
+
+    def run(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+        return installed_venv.run(args, env=env, cwd=root, timeout=300)
+
+    try:
+        for step in ([installed_venv.base_python, "-m", "venv", venv],
+                     [python, "-m", "pip", "install", "--disable-pip-version-check",
+                      "--no-index", "--find-links", installed_venv.wheelhouse, "slipstream"],
+                     [python, "-m", "pip", "install", "--disable-pip-version-check",
+                      f"{name}=={version}"]):
+            done = run(*step)
+            assert done.returncode == 0, done.stdout + done.stderr
+        files = run(python, "-c", "import importlib.metadata as m, json, sys; print(json.dumps("
+                    "[sorted(str(f) for f in m.files(d)) for d in sys.argv[1:]]))",
+                    "slipstream", name)
+        ours, theirs = (
+            {f for f in names if f.startswith("slipstream/") and "__pycache__" not in f}
+            for names in json.loads(files.stdout))
+        assert "slipstream/__init__.py" in theirs and not ours & theirs, ours & theirs
+
+        for refused in ([command, "--version"], [python, "-m", "slipstream", "--help"],
+                        [python, "-c", "import slipstream.client"]):
+            result = run(*refused)
+            last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+            assert result.returncode == 1 and last.startswith(
+                "slipstream._distribution.ForeignPackageError: `import slipstream` found "), (
+                refused, result.stderr)
+            assert (f"installed by {name} {version}, not by slipstream" in last
+                    and f"pip uninstall {name}" in last), last
+        theirs_imports = run(python, "-c", "import slipstream; print(slipstream.stream)")
+        assert theirs_imports.returncode == 0, theirs_imports.stderr
+
+        removed = run(python, "-m", "pip", "uninstall", "--disable-pip-version-check", "-y",
+                      name)
+        assert removed.returncode == 0, removed.stderr
+        result = run(command, "--version")
+        assert (result.returncode, result.stdout) == (0, "slipstream 0.1.0\n"), result.stderr
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # -- the pyspark floor --------------------------------------------------------------------------

@@ -203,7 +203,7 @@ class ReplayServer:
     def __init__(self, client: Client, address: str, port: int, control_stream_id: int,
                  lookup: Callable[[int, int], Image | None],
                  calls: CallHandler | None = None,
-                 housekeeping: Callable[[], None] | None = None) -> None:
+                 housekeeping: Callable[[], object] | None = None) -> None:
         self.client = client
         self.address = address
         self.port = port
@@ -486,6 +486,7 @@ class ReplayServer:
         session.pending_from += done
         if session.pending_from == len(chunk):
             session.last_end = chunk.positions[-1]
+            assert session.probe is not None  # _chunk read the pending chunk through it
             session.position = session.probe.position
             session.pending = None
             if session.data.position != session.last_end:

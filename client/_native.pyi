@@ -1,0 +1,6 @@
+# The compiled cffi module slipstream.client._native (client/_native_build.py): cffi builds
+# ``ffi`` and ``lib`` from C declarations at run time, which no type checker reads.
+from typing import Any
+
+ffi: Any
+lib: Any
