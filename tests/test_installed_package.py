@@ -254,9 +254,11 @@ def test_the_installed_driver_carries_ipc_and_udp_streams_and_reports_them(
     network = [p for p in mapped if p.name.startswith("_network")]
     assert network and all(p.is_relative_to(installed_venv.path) for p in network), mapped
     assert not [p for p in mapped if p.is_relative_to(CHECKOUT)], mapped
+    # The wheel's own copy (Python's hashlib may map the system's too: each extension binds
+    # to the libraries it was linked with)
     crypto = [p for p in mapped if p.name.startswith("libcrypto")]
-    assert crypto and all(p.parent.name == "slipstream.libs" and
-                          p.is_relative_to(installed_venv.path) for p in crypto), crypto
+    assert [p for p in crypto if p.parent.name == "slipstream.libs"
+            and p.is_relative_to(installed_venv.path)], crypto
 
     result = _python(installed_venv, CLIENT_SCRIPT, str(directory), str(free_port()),
                      env=installed_venv.no_compiler_env())
