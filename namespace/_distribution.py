@@ -1,14 +1,19 @@
 """Which distribution this is, and a clear refusal when another one's ``slipstream`` hides it.
 
-``slipstream`` is a namespace package: the distribution installs only its subpackages
-(``slipstream.client``, ``slipstream.daemon``, ...) under it, never ``slipstream/__init__.py``.
-Another distribution that does install a regular ``slipstream`` package (``slipstream-async``,
-a Kafka stream-processing library, is one) takes the name over: in the same site-packages
-its ``__init__.py`` makes the shared folder a regular package, whose ``__init__`` then runs
+``slipstream`` is a namespace package: the distribution installs its subpackages
+(``slipstream.client``, ``slipstream.daemon``, ...) and two modules of its own (this one and
+``__main__``) under it, never ``slipstream/__init__.py``.  Were it a regular package, another
+distribution's ``slipstream/__init__.py`` would be the same file: pip would overwrite one with
+the other, and uninstalling either would take it from under the other.  As it is, they share
+no file.
+
+Another distribution that installs a regular ``slipstream`` package (``slipstream-async``, a
+Kafka stream-processing library, is one) still takes the name over: in the same site-packages
+its ``__init__.py`` makes the shared folder its regular package, whose ``__init__`` runs
 before any of these modules; elsewhere on ``sys.path`` it hides these modules entirely.
 :func:`refuse_a_foreign_package` turns the first case into one error that names the other
-distribution (the second one no code of this distribution can see: Python reports
-``No module named 'slipstream.daemon'``; README, "Install").
+distribution and what to do.  The second, no code of this distribution gets to see: Python
+reports ``No module named 'slipstream.daemon'`` (docs/OPERATIONS.md, "The wheel").
 """
 
 from __future__ import annotations

@@ -545,6 +545,23 @@ def test_another_distributions_slipstream_package_is_refused_naming_it(
         shutil.rmtree(root, ignore_errors=True)
 
 
+
+def test_a_stray_slipstream_folder_is_refused_naming_its_path(tmp_path: Path) -> None:
+    """A regular ``slipstream`` package that no distribution installed (an application's own
+    folder of that name, on PYTHONPATH), seen by the checkout's editable install, whose
+    finder still reaches ``slipstream.client``: the error names the folder and what to do."""
+    stray = tmp_path / "slipstream"
+    stray.mkdir()
+    (stray / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", "import slipstream.client"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+    assert result.returncode == 1 and last.startswith(
+        "slipstream._distribution.ForeignPackageError:"), result.stderr
+    assert (f"found the regular package {stray / '__init__.py'}, which no installed "
+            f"distribution claims" in last and "Remove that folder" in last), last
+
 # -- the pyspark floor --------------------------------------------------------------------------
 
 #: argv: the version pyspark pretends to be.  Run by the checkout's interpreter, whose pyspark
