@@ -108,11 +108,25 @@ def _demo_message_size(text: str) -> int:
     return size
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's own, but reading the version only when asked (importing
+    importlib.metadata is ~10-30 ms that every command would pay)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None,
+                 ) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(f"{DISTRIBUTION} {version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slipstream",
         description="Aeron-style media driver: reliable UDP and shared-memory streams.")
-    parser.add_argument("--version", action="version", version=f"{DISTRIBUTION} {version()}",
+    parser.add_argument("--version", action=_VersionAction,
                         help="print the installed distribution's version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -18,7 +18,6 @@ reports ``No module named 'slipstream.daemon'`` (docs/OPERATIONS.md, "The wheel"
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
 from pathlib import Path
 
@@ -37,6 +36,8 @@ class ForeignPackageError(ImportError):
 def version() -> str:
     """This distribution's installed version (its metadata), or ``"unknown"`` when the modules
     run without being installed."""
+    import importlib.metadata  # here: ~30 ms to import, which every process would pay
+
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
@@ -45,6 +46,8 @@ def version() -> str:
 
 def _owner(init: Path) -> str | None:
     """The installed distribution (with its version) whose files include ``init``, or None."""
+    import importlib.metadata
+
     for dist in importlib.metadata.distributions():
         for file in dist.files or ():
             if file.parts == (NAMESPACE, "__init__.py") and Path(
