@@ -56,13 +56,14 @@ _fastpath.set_errors(MessageTooLongError, InvalidArgumentError)
 log = logging.getLogger("slipstream.client")
 
 Buffer = bytes | bytearray | memoryview
+"""Anything exposing the buffer protocol (numpy arrays too); ``collections.abc.Buffer`` is 3.12+."""
 
 
 class OfferCall(Protocol):
     """A publication's ``offer``: a C callable bound to it (or its policy's offer)."""
 
     def __call__(self, message: Buffer, reserved_value: int = 0) -> int: ...
-"""Anything exposing the buffer protocol (numpy arrays too); ``collections.abc.Buffer`` is 3.12+."""
+
 
 NOT_CONNECTED = -1
 BACK_PRESSURED = -2
