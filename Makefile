@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml setup.py $(wildcard client/*.c client/*.h daemon/*.c da
 
 # The wheel that installs with no compiler (README, "Install"; docs/OPERATIONS.md): the sdist,
 # the wheel from it, repaired by auditwheel into a manylinux one (OpenSSL's libcrypto inside),
-# and its dependencies' wheels, all in wheelhouse/ (the sdist in wheelhouse/sdist/):
+# and its dependencies' wheels, all in $(WHEELHOUSE) (the sdist in its sdist/):
 # `pip install --no-index --find-links wheelhouse slipstream` on the target.
+WHEELHOUSE ?= wheelhouse
 wheel: install
-	$(BIN)/python scripts/build_wheel.py wheelhouse
+	$(BIN)/python scripts/build_wheel.py $(WHEELHOUSE)
 
 # The host's service (README, "Run it as a service"), as root, in a checkout at /opt/slipstream:
 # the slipstream user and group, .venv made anew from SERVICE_PYTHON (in place of a dev venv
