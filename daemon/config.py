@@ -731,6 +731,14 @@ class DriverSettings:
         "that keeps sending keeps its binding.",
         low=_MS, high=_HOUR,
     )
+    name_re_resolution_interval: int = _duration(
+        _S,
+        "How often the conductor looks for host names in channels whose peers went silent "
+        "(a unicast publication's endpoint= that no publication of its endpoint is connected "
+        "to), and resolves those again, off its loop; an address that changed is where the "
+        "endpoint sends from then on (Aeron's re-resolution check interval), ns; 0 = never.",
+        high=_HOUR,
+    )
     # ---------------------------------------------------------------- flow control
     unicast_flow_control: str = _choice(
         "unicast", FLOW_CONTROLS,

@@ -101,6 +101,15 @@ class RemoveSendDestination:
 
 
 @attrs.frozen(eq=False)
+class ResolutionChange:
+    """The name of ``endpoint``'s peer resolved to ``address`` now: a unicast endpoint sends
+    there from now on (Aeron's ``onResolutionChange``: its socket connects anew)."""
+
+    endpoint: SendEndpoint
+    address: Address
+
+
+@attrs.frozen(eq=False)
 class AddSpy:
     """A spy reads ``publication`` from ``position_cell`` (its sub-pos counter's cell, cffi
     ``int64_t *``); answered by ``SpyLinked(registration_id)``, the publication's, whether or
@@ -123,7 +132,7 @@ class RemoveSpy:
 
 SenderCommand = (SetPressureStep | AddSendEndpoint | RemoveSendEndpoint | AddPublication
                  | ClosePublication | StopCredit | AddSendDestination | RemoveSendDestination
-                 | AddSpy | RemoveSpy)
+                 | ResolutionChange | AddSpy | RemoveSpy)
 
 
 # -- the receiver's ---------------------------------------------------------------------------
@@ -304,6 +313,9 @@ class SenderProxy(_Proxy[SenderCommand]):
 
     def on_remove_destination(self, channel: SendChannel, address: Address) -> None:
         self._send(RemoveSendDestination(channel, address))
+
+    def on_resolution_change(self, endpoint: SendEndpoint, address: Address) -> None:
+        self._send(ResolutionChange(endpoint, address))
 
     def on_add_spy(self, publication: NetworkPublication, position_cell: Any,
                    registration_id: int) -> None:

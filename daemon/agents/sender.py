@@ -38,6 +38,7 @@ from slipstream.daemon.agents.commands import (
     RemoveSendDestination,
     RemoveSendEndpoint,
     RemoveSpy,
+    ResolutionChange,
     SenderCommand,
     SetPressureStep,
     StopCredit,
@@ -54,6 +55,7 @@ from slipstream.daemon.media.events import (
 )
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.media.send_point import send_publication_frames
+from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.streams.publication import NetworkPublication
 
 
@@ -92,6 +94,12 @@ class SendTransport(Protocol):
 
     def on_notice(self, publication: NetworkPublication) -> None:
         """The C data path failed to send, or the path refused GSO: log it once."""
+        ...
+
+    def retarget(self, address: Address) -> None:
+        """A unicast endpoint's peer is at ``address`` now (its name resolved there): every
+        datagram of its publications goes there from now on, and what comes back from there
+        is heard."""
         ...
 
     def close(self) -> None: ...
@@ -149,6 +157,8 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
             case RemoveSendDestination(channel, address):
                 assert channel.destinations is not None
                 channel.destinations.remove(address)
+            case ResolutionChange(endpoint, address):
+                endpoint.transport.retarget(address)
             case AddSendEndpoint(endpoint):
                 self.add_endpoint(endpoint)
             case RemoveSendEndpoint(endpoint, generation):

@@ -28,9 +28,12 @@ thread and asks the agents only through the proxies:
 Here: the agents' events, each handed to its part in the conductor's duty cycle, and freeing
 everything at close.
 
-Names in a channel become IP literals in the parts, once, when the channel is added
+Names in a channel become IP literals in the parts when the channel is added
 (:func:`~.network_records._resolved`; the driver shell resolved them in a thread first,
-:mod:`slipstream.daemon.media.names`); the protocol core only ever sees IP literals.  Sockets
+:mod:`slipstream.daemon.media.names`); the protocol core only ever sees IP literals.  A
+unicast endpoint's name is resolved again while its peer is silent (:attr:`names`: the
+runner resolves what :meth:`names_due` asks for, off this thread, and hands the answers to
+:meth:`on_names_resolved`, which moves the endpoint to a changed address).  Sockets
 are opened, and the host's interface addresses listed (for ``interface=`` as a subnet), by the
 injected :class:`NetworkTransports` (real UDP sockets and ``getifaddrs`` in the driver, a
 virtual network and the simulated host's address in the simulator), so the network side does
@@ -44,7 +47,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +88,7 @@ from slipstream.daemon.media.events import (
     SpyLinked,
     SpyUnlinked,
 )
+from slipstream.daemon.media.names import NameWatch
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.pressure.episodes import EpisodeEvent
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
@@ -148,6 +152,10 @@ class NetworkConductor:
         self._spy_subscriptions = SpySubscriptions(
             settings=settings, counters=counters, transports=transports,
             sender_proxy=self.sender_proxy, publications=self.publications, spies=self.spies)
+        #: Unicast send endpoints whose endpoint= is a host name, resolved again while their
+        #: peers are silent (the driver's runner resolves, off this thread).
+        self.names: NameWatch[_SendEndpointEntry] = NameWatch(
+            settings.name_re_resolution_interval)
         self._send_side = SendSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
             budget=budget, rng=rng, new_id=new_id, new_session_id=new_session_id,
@@ -155,7 +163,7 @@ class NetworkConductor:
             send_endpoints=self._send_endpoints, publications=self.publications,
             shared_publications=self._shared_publications, answering=self._answering,
             subscriptions=self.subscriptions, receive_endpoints=self._receive_endpoints,
-            spy_subscriptions=self._spy_subscriptions)
+            spy_subscriptions=self._spy_subscriptions, names=self.names)
         self._receive_side = ReceiveSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
             budget=budget, rng=rng, new_id=new_id, receiver_proxy=self.receiver_proxy,
@@ -191,6 +199,18 @@ class NetworkConductor:
     @property
     def used_session_ids(self) -> set[int]:
         return {entry.publication.session_id for entry in self.publications.values()}
+
+    # -- host names resolved again (docs/PROTOCOL.md §7.2) ----------------------------------
+    def names_due(self, now_ns: int) -> list[str]:
+        """The host names to resolve again now (those whose peers are silent), for the
+        driver's runner to resolve off this thread and hand to :meth:`on_names_resolved`."""
+        return self.names.due(now_ns)
+
+    def on_names_resolved(self, names: list[str], answers: Mapping[str, str | None]) -> None:
+        """The runner resolved ``names`` (``answers``; a name missing: the resolver gave up):
+        each endpoint whose peer's address changed sends to the new one."""
+        for endpoint, old, new in self.names.answered(names, answers):
+            self._send_side.on_resolution_change(endpoint, old, new)
 
     # -- the client's commands ----------------------------------------------------------------
     def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
