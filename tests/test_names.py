@@ -169,3 +169,57 @@ async def test_a_silent_endpoints_name_is_resolved_again_off_the_loop_and_follow
     assert len(seen) == 200 and changes == 1
     gaps = [b - a for a, b in itertools.pairwise(beats) if b != a]
     assert gaps and max(gaps) < 700, gaps
+
+
+async def test_a_silent_manual_destinations_name_is_followed_and_the_others_lose_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control-mode=manual publication sends to ``moving.test`` (127.0.0.1, nobody there,
+    then 127.0.0.2, a subscriber) and to 127.0.0.3 (a subscriber that stays): the named
+    destination is resolved again and moved, and the one that stays gets every message."""
+    real = socket.getaddrinfo
+    record = {"address": "127.0.0.1"}
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "moving.test":
+            return real(record["address"], *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(names, "_cache", {})
+    port = free_port()
+
+    def follow(directory: Path) -> int:
+        with Client.connect(directory) as client:
+            moved = Collector(client.add_subscription(f"aeron:udp?endpoint=127.0.0.2:{port}",
+                                                      9))
+            stays = Collector(client.add_subscription(f"aeron:udp?endpoint=127.0.0.3:{port}",
+                                                      9))
+            publication = client.add_publication("aeron:udp?control-mode=manual", 9)
+            publication.add_destination(f"aeron:udp?endpoint=127.0.0.3:{port}")
+            publication.add_destination(f"aeron:udp?endpoint=moving.test:{port}")
+            stream(publication, [stays], 300, lambda _: 64)
+            assert moved.poll() == 0  # its name is 127.0.0.1 yet: nothing there
+            record["address"] = "127.0.0.2"
+            sent = 300
+            deadline = time.monotonic() + 8.0
+            while not moved.seen:
+                assert time.monotonic() < deadline, "the named destination was not followed"
+                stream(publication, [stays], 10, lambda _: 64, first=sent)
+                sent += 10
+                moved.poll()
+                time.sleep(0.02)
+            stream(publication, [stays, moved], 300, lambda _: 64, first=sent)
+            stays.assert_exactly(sent + 300)
+            first = moved.seen[0]
+            assert moved.seen == list(range(first, sent + 300))
+            # Removed by its name, which resolves to where it is now.
+            publication.remove_destination(f"aeron:udp?endpoint=moving.test:{port}")
+            counters = CountersFile(directory / "counters.dat", writable=False)
+            try:
+                return counters.get(SystemCounter.RESOLUTION_CHANGES)
+            finally:
+                counters.close()
+
+    changes, _ = await _with_driver(
+        follow, name_re_resolution_interval="200ms", publication_connection_timeout="1s")
+    assert changes == 1

@@ -105,3 +105,19 @@ def test_an_interval_of_zero_never_resolves_again() -> None:
     watch, _ = _watch(interval_ns=0)
     assert watch.next_check_ns is None
     assert watch.due(100 * S) == []
+
+
+def test_a_manual_destination_is_silent_until_it_is_heard_within_the_timeout() -> None:
+    """What the sender tells the conductor of a manual endpoint's destinations (its
+    ``DestinationsSilent`` answer), which decides whether a named one is resolved again."""
+    from slipstream.daemon.media.destinations import ControlMode, DestinationTable
+
+    table = DestinationTable(ControlMode.MANUAL)
+    here, there = ("10.0.0.2", 40_000), ("10.0.0.3", 40_000)
+    table.add(here, 0)
+    table.add(there, 0)
+    assert table.silent(S - 1, S) == frozenset()  # just added: given the timeout
+    table.heard(here, S // 2)
+    table.heard(("10.0.0.9", 1), S // 2)  # no destination there: nothing changes
+    assert table.silent(S, S) == {there}
+    assert table.silent(2 * S, S) == {here, there}

@@ -101,6 +101,15 @@ class RemoveSendDestination:
 
 
 @attrs.frozen(eq=False)
+class CheckDestinations:
+    """Which of a manual multi-destination-cast endpoint's destinations sent no status message
+    within ``timeout_ns``: answered by ``DestinationsSilent``."""
+
+    channel: SendChannel
+    timeout_ns: int
+
+
+@attrs.frozen(eq=False)
 class ResolutionChange:
     """The name of ``endpoint``'s peer resolved to ``address`` now: a unicast endpoint sends
     there from now on (Aeron's ``onResolutionChange``: its socket connects anew)."""
@@ -132,7 +141,7 @@ class RemoveSpy:
 
 SenderCommand = (SetPressureStep | AddSendEndpoint | RemoveSendEndpoint | AddPublication
                  | ClosePublication | StopCredit | AddSendDestination | RemoveSendDestination
-                 | ResolutionChange | AddSpy | RemoveSpy)
+                 | CheckDestinations | ResolutionChange | AddSpy | RemoveSpy)
 
 
 # -- the receiver's ---------------------------------------------------------------------------
@@ -313,6 +322,9 @@ class SenderProxy(_Proxy[SenderCommand]):
 
     def on_remove_destination(self, channel: SendChannel, address: Address) -> None:
         self._send(RemoveSendDestination(channel, address))
+
+    def on_check_destinations(self, channel: SendChannel, timeout_ns: int) -> None:
+        self._send(CheckDestinations(channel, timeout_ns))
 
     def on_resolution_change(self, endpoint: SendEndpoint, address: Address) -> None:
         self._send(ResolutionChange(endpoint, address))

@@ -34,6 +34,7 @@ from slipstream.daemon.agents.commands import (
     AddSendDestination,
     AddSendEndpoint,
     AddSpy,
+    CheckDestinations,
     ClosePublication,
     RemoveSendDestination,
     RemoveSendEndpoint,
@@ -45,6 +46,7 @@ from slipstream.daemon.agents.commands import (
 )
 from slipstream.daemon.media import send_point
 from slipstream.daemon.media.events import (
+    DestinationsSilent,
     EndpointRemoved,
     PublicationDone,
     PublicationRejected,
@@ -157,6 +159,10 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
             case RemoveSendDestination(channel, address):
                 assert channel.destinations is not None
                 channel.destinations.remove(address)
+            case CheckDestinations(channel, timeout_ns):
+                assert channel.destinations is not None
+                self._on_event(DestinationsSilent(
+                    channel, channel.destinations.silent(now_ns, timeout_ns)))
             case ResolutionChange(endpoint, address):
                 endpoint.transport.retarget(address)
             case AddSendEndpoint(endpoint):

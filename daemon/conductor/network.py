@@ -64,6 +64,7 @@ from slipstream.daemon.conductor.network_receive import ReceiveSide
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
     NetworkTransports,
+    _NamedDestination,
     _PublicationEntry,
     _ReceiveEndpointEntry,
     _SendEndpointEntry,
@@ -74,6 +75,7 @@ from slipstream.daemon.conductor.resources import LogBudget
 from slipstream.daemon.conductor.untethered import NetworkUntethered
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media.events import (
+    DestinationsSilent,
     EndpointRemoved,
     ImageDone,
     ImageRejected,
@@ -154,7 +156,7 @@ class NetworkConductor:
             sender_proxy=self.sender_proxy, publications=self.publications, spies=self.spies)
         #: Unicast send endpoints whose endpoint= is a host name, resolved again while their
         #: peers are silent (the driver's runner resolves, off this thread).
-        self.names: NameWatch[_SendEndpointEntry] = NameWatch(
+        self.names: NameWatch[_SendEndpointEntry | _NamedDestination] = NameWatch(
             settings.name_re_resolution_interval)
         self._send_side = SendSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
@@ -204,13 +206,19 @@ class NetworkConductor:
     def names_due(self, now_ns: int) -> list[str]:
         """The host names to resolve again now (those whose peers are silent), for the
         driver's runner to resolve off this thread and hand to :meth:`on_names_resolved`."""
+        check = self.names.next_check_ns
+        if check is not None and now_ns >= check:
+            self._send_side.check_destinations()  # what the next check goes by
         return self.names.due(now_ns)
 
     def on_names_resolved(self, names: list[str], answers: Mapping[str, str | None]) -> None:
         """The runner resolved ``names`` (``answers``; a name missing: the resolver gave up):
         each endpoint whose peer's address changed sends to the new one."""
-        for endpoint, old, new in self.names.answered(names, answers):
-            self._send_side.on_resolution_change(endpoint, old, new)
+        for user, old, new in self.names.answered(names, answers):
+            if isinstance(user, _NamedDestination):
+                self._send_side.on_destination_moved(user, old, new)
+            else:
+                self._send_side.on_resolution_change(user, old, new)
 
     # -- the client's commands ----------------------------------------------------------------
     def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
@@ -306,6 +314,8 @@ class NetworkConductor:
             self._receive_side.on_image_rejected(event)
         elif isinstance(event, PublicationDone):
             return self._send_side.on_publication_done(event)
+        elif isinstance(event, DestinationsSilent):
+            self._send_side.on_destinations_silent(event)
         elif isinstance(event, SpiesReleased):
             return self._spy_subscriptions.on_spies_released(event.publication)
         elif isinstance(event, SpyLinked):

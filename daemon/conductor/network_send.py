@@ -46,6 +46,7 @@ from slipstream.daemon.conductor.network_records import (
     _ImageEntry,
     _is_removed_by,
     _label_of,
+    _NamedDestination,
     _PublicationEntry,
     _ReceiveEndpointEntry,
     _resolved,
@@ -77,7 +78,12 @@ from slipstream.daemon.media.destinations import (
     DestinationTable,
     ip_version_of,
 )
-from slipstream.daemon.media.events import EndpointRemoved, PublicationDone, PublicationRejected
+from slipstream.daemon.media.events import (
+    DestinationsSilent,
+    EndpointRemoved,
+    PublicationDone,
+    PublicationRejected,
+)
 from slipstream.daemon.media.names import NameWatch
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.pressure.episodes import (
@@ -108,9 +114,10 @@ class SendSide:
                  subscriptions: dict[int, NetworkSubscription],
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
                  spy_subscriptions: SpySubscriptions,
-                 names: NameWatch[_SendEndpointEntry]) -> None:
-        """``names``: the unicast endpoints whose ``endpoint=`` is a host name, resolved again
-        while their peers are silent (:meth:`on_resolution_change` applies an answer)."""
+                 names: NameWatch[_SendEndpointEntry | _NamedDestination]) -> None:
+        """``names``: the unicast endpoints whose ``endpoint=`` is a host name, and the
+        manual destinations added by one, resolved again while their peers are silent
+        (:meth:`on_resolution_change` and :meth:`on_destination_moved` apply an answer)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -376,6 +383,10 @@ class SendSide:
         # Its destinations go with it: a publication that revives it starts with none,
         # as on a new endpoint.
         entry.manual_destinations.clear()
+        for named in entry.named_destinations.values():
+            self.names.unwatch(named)
+        entry.named_destinations.clear()
+        entry.silent_destinations = frozenset()
         self.sender_proxy.on_remove_endpoint(entry.endpoint, generation)
 
     def _in_contact(self, endpoint: _SendEndpointEntry) -> bool:
@@ -409,6 +420,41 @@ class SendSide:
                 entry.key = (new_key, *entry.key[1:])
                 if shared:
                     self._shared_publications[entry.key] = entry
+
+    def check_destinations(self) -> None:
+        """Ask the sender which destinations of the manual endpoints with named ones went
+        silent (no status message within ``publication_connection_timeout``); its answer
+        (:meth:`on_destinations_silent`) is what the next check of the names goes by."""
+        for entry in self._send_endpoints.values():
+            if entry.named_destinations and entry.state is _EndpointState.OPEN:
+                self.sender_proxy.on_check_destinations(
+                    entry.endpoint.channel, self.settings.publication_connection_timeout)
+
+    def on_destinations_silent(self, event: DestinationsSilent) -> None:
+        entry = next((e for e in self._send_endpoints.values()
+                      if e.endpoint.channel is event.channel), None)
+        if entry is not None:
+            entry.silent_destinations = event.addresses
+
+    def on_destination_moved(self, named: _NamedDestination, old: str, new: str) -> None:
+        """The name of a manual destination resolved to ``new`` (it was sent to at ``old``):
+        the endpoint sends to the new address in its place (the sender's table: removed,
+        then added, in one pass), and RESOLUTION_CHANGES counts it (docs/PROTOCOL.md §7.4)."""
+        endpoint = named.endpoint
+        uri = endpoint.manual_destinations.pop(named.address, None)
+        if uri is None or endpoint.state is not _EndpointState.OPEN:
+            return
+        del endpoint.named_destinations[named.address]
+        channel = endpoint.endpoint.channel
+        self.sender_proxy.on_remove_destination(channel, named.address)
+        address: Address = (new, named.address[1])
+        if address not in endpoint.manual_destinations:
+            endpoint.manual_destinations[address] = uri
+            self.sender_proxy.on_add_destination(channel, address)
+        named.address = address
+        endpoint.named_destinations[address] = named
+        self.counters.add(SystemCounter.RESOLUTION_CHANGES)
+        log.info("destination %s of %s resolved to %s: sending there", uri, endpoint.key, new)
 
     def on_endpoint_removed(self, event: EndpointRemoved) -> None:
         """The sender dropped a send endpoint: its socket closes and its counter is freed,
@@ -498,6 +544,7 @@ class SendSide:
     def add_destination(self, publication_id: int, destination: Channel, now_ns: int) -> None:
         """Publication ``publication_id``'s endpoint sends to ``destination``
         (``aeron:udp?endpoint=HOST:PORT``) too; ChannelError names what it refuses."""
+        given = destination.endpoint
         endpoint, address, uri = self._manual_destination(publication_id, destination)
         if address in endpoint.manual_destinations:
             raise ChannelError(uri, "endpoint",
@@ -507,6 +554,12 @@ class SendSide:
         channel = endpoint.endpoint.channel
         assert channel.destinations is not None
         self.sender_proxy.on_add_destination(channel, address)
+        if given is not None and given.ip is None:  # a name: it may move (§7.4)
+            named = _NamedDestination(endpoint, address)
+            endpoint.named_destinations[address] = named
+            self.names.watch(named, given.host, address[0],
+                             lambda: named.address not in endpoint.silent_destinations,
+                             now_ns)
         log.info("added destination %s:%d to %s", address[0], address[1], endpoint.key)
 
     def remove_destination(self, publication_id: int, destination: Channel) -> None:
@@ -517,6 +570,9 @@ class SendSide:
             raise ChannelError(uri, "endpoint",
                                f"{address[0]}:{address[1]} is not a destination of this "
                                f"channel: nothing to remove")
+        named = endpoint.named_destinations.pop(address, None)
+        if named is not None:
+            self.names.unwatch(named)
         channel = endpoint.endpoint.channel
         assert channel.destinations is not None
         self.sender_proxy.on_remove_destination(channel, address)
