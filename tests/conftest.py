@@ -214,6 +214,7 @@ MODULE_LANES = {
     "test_publication_image": "unit",
     "test_rate_control": "unit",
     "test_re_resolution": "unit",
+    "test_re_resolution_hosts": "hosts",
     "test_replay": "hosts",
     "test_replay_block": "unit",
     "test_replay_protocol": "unit",
