@@ -223,3 +223,43 @@ async def test_a_silent_manual_destinations_name_is_followed_and_the_others_lose
     changes, _ = await _with_driver(
         follow, name_re_resolution_interval="200ms", publication_connection_timeout="1s")
     assert changes == 1
+
+
+async def test_a_dynamic_receivers_control_name_follows_the_publisher(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dynamic multi-destination-cast receiver joins at ``control=moving.test``: 127.0.0.1,
+    where no publisher is, then 127.0.0.2, where one is.  With no image, its endpoint's
+    control name is resolved again, and it joins the publisher there."""
+    real = socket.getaddrinfo
+    record = {"address": "127.0.0.1"}
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "moving.test":
+            return real(record["address"], *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(names, "_cache", {})
+    port, control = free_port(), free_port()
+
+    def follow(directory: Path) -> int:
+        with Client.connect(directory) as client:
+            publication = client.add_publication(
+                f"aeron:udp?control-mode=dynamic|control=127.0.0.2:{control}", 10)
+            subscription = client.add_subscription(
+                f"aeron:udp?endpoint=127.0.0.3:{port}|control=moving.test:{control}", 10)
+            time.sleep(0.5)
+            assert not subscription.images  # nobody at 127.0.0.1
+            record["address"] = "127.0.0.2"
+            collector = Collector(subscription)
+            wait_for(lambda: subscription.images and publication.is_connected, timeout=8.0,
+                     what="the receiver joined the publisher at its name's new address")
+            stream(publication, [collector], 100, lambda _: 64)
+            counters = CountersFile(directory / "counters.dat", writable=False)
+            try:
+                return counters.get(SystemCounter.RESOLUTION_CHANGES)
+            finally:
+                counters.close()
+
+    changes, _ = await _with_driver(follow, name_re_resolution_interval="200ms")
+    assert changes == 1

@@ -245,9 +245,19 @@ class RemoveReceiveDestination:
     count: int
 
 
+@attrs.frozen(eq=False)
+class ControlResolutionChange:
+    """The ``control=`` name of a dynamic multi-destination-cast receiver's endpoint resolved
+    to ``address`` now: it joins there from now on (Aeron's receiver ``onResolutionChange``)."""
+
+    channel: ReceiveChannel
+    address: Address
+
+
 ReceiverCommand = (SetPressureStep | AddReceiveEndpoint | RemoveReceiveEndpoint | SetInterest
                    | AddPublicationImage | RejectImage | AddSubscriber | RemoveSubscriber
-                   | SetResponseSession | AddReceiveDestination | RemoveReceiveDestination)
+                   | SetResponseSession | AddReceiveDestination | RemoveReceiveDestination
+                   | ControlResolutionChange)
 
 
 @attrs.define(eq=False)
@@ -347,6 +357,9 @@ class ReceiverProxy(_Proxy[ReceiverCommand]):
 
     def on_add_endpoint(self, endpoint: ReceiveEndpoint) -> None:
         self._send(AddReceiveEndpoint(endpoint))
+
+    def on_resolution_change(self, channel: ReceiveChannel, address: Address) -> None:
+        self._send(ControlResolutionChange(channel, address))
 
     def on_remove_endpoint(self, endpoint: ReceiveEndpoint, destinations: tuple[int, ...],
                            destinations_cell: Any, generation: int) -> None:

@@ -156,7 +156,8 @@ class NetworkConductor:
             sender_proxy=self.sender_proxy, publications=self.publications, spies=self.spies)
         #: Unicast send endpoints whose endpoint= is a host name, resolved again while their
         #: peers are silent (the driver's runner resolves, off this thread).
-        self.names: NameWatch[_SendEndpointEntry | _NamedDestination] = NameWatch(
+        self.names: NameWatch[_SendEndpointEntry | _NamedDestination
+                              | _ReceiveEndpointEntry] = NameWatch(
             settings.name_re_resolution_interval)
         self._send_side = SendSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
@@ -171,7 +172,7 @@ class NetworkConductor:
             budget=budget, rng=rng, new_id=new_id, receiver_proxy=self.receiver_proxy,
             loss_report=self.loss_report, receive_endpoints=self._receive_endpoints,
             closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions,
-            image_logs=image_logs, wake=wake_conductor)
+            image_logs=image_logs, wake=wake_conductor, names=self.names)
         self._untethered = NetworkUntethered(
             counters=counters, publications=self.publications,
             receive_endpoints=self._receive_endpoints, subscriptions=self.subscriptions,
@@ -217,6 +218,8 @@ class NetworkConductor:
         for user, old, new in self.names.answered(names, answers):
             if isinstance(user, _NamedDestination):
                 self._send_side.on_destination_moved(user, old, new)
+            elif isinstance(user, _ReceiveEndpointEntry):
+                self._receive_side.on_control_moved(user, old, new)
             else:
                 self._send_side.on_resolution_change(user, old, new)
 
