@@ -121,3 +121,11 @@ def test_a_manual_destination_is_silent_until_it_is_heard_within_the_timeout() -
     table.heard(("10.0.0.9", 1), S // 2)  # no destination there: nothing changes
     assert table.silent(S, S) == {there}
     assert table.silent(2 * S, S) == {here, there}
+
+
+def test_a_name_that_moves_to_another_ip_version_is_not_followed() -> None:
+    """The endpoint's socket is of one IP version."""
+    watch, peer = _watch()
+    assert watch.due(S) == ["rcv.test"]
+    assert watch.answered(["rcv.test"], {"rcv.test": "fd00::3"}) == []
+    assert watch.address_of(peer) == "10.0.0.2"

@@ -20,6 +20,7 @@ ever handles IP literals, applies the new address (docs/PROTOCOL.md §7.2).
 from __future__ import annotations
 
 import ipaddress
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -29,6 +30,8 @@ import attrs
 
 from slipstream.client.channel import Channel, resolve_host
 from slipstream.client.errors import ChannelError
+
+log = logging.getLogger("slipstream.driver")
 
 #: How long an answer (or a failure) is reused, s.
 TTL_S: Final = 30.0
@@ -162,13 +165,20 @@ class NameWatch(Generic[U]):
         """The resolver is done with ``names`` (``answers``: an address, or None for a name
         that did not resolve; a name missing: the resolver gave up): the users whose address
         changed and that are still out of contact, as ``(user, old, new)``, which now count as
-        at the new one."""
+        at the new one.  An address of the other IP version is not followed (logged)."""
         names = set(names)
         self._resolving -= names
         changes: list[tuple[U, str, str]] = []
         for watched in self._watched:
             new = answers.get(watched.name) if watched.name in names else None
-            if new is not None and new != watched.address and not watched.has_contact():
-                changes.append((watched.user, watched.address, new))
-                watched.address = new
+            if new is None or new == watched.address or watched.has_contact():
+                continue
+            if ipaddress.ip_address(new).version != ipaddress.ip_address(watched.address).version:
+                # The socket is of one IP version: a name that moved to the other is not
+                # followed (the channel must be added again).
+                log.warning("%s resolves to %s now, another IP version than %s: not followed",
+                            watched.name, new, watched.address)
+                continue
+            changes.append((watched.user, watched.address, new))
+            watched.address = new
         return changes

@@ -460,7 +460,10 @@ class NamespaceHosts:
         self._created.clear()
         for made in self._etc_made:  # deepest first; /etc/netns only if made here and empty
             with contextlib.suppress(OSError):
-                made.rmdir() if made.is_dir() else made.unlink()
+                if made.is_dir():
+                    made.rmdir()
+                else:
+                    made.unlink()
         self._etc_made.clear()
 
 
