@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from helpers import NETWORK_SETTINGS, Collector, counters_of, message, run_stat
+from helpers import NETWORK_SETTINGS, Collector, counters_of, message, run_stat, wait_for
 
-from slipstream.client import Client
+from slipstream.client import Client, control
+from slipstream.client.counters import CountersFile, CounterType
 
 PORT = 40141
 #: Contact is lost after publication_connection_timeout (1 s here), and the name resolved
@@ -52,6 +53,15 @@ class Feed:
                 self.sent += 1
             if not sum(c.poll() for c in self.collectors):
                 time.sleep(0.0005)
+
+
+def _fc_receivers(driver: Any) -> int:
+    """The receivers the driver's one fc=min publication holds its sender to."""
+    counters = CountersFile(driver.directory / control.COUNTERS_FILE, writable=False)
+    try:
+        return sum(c.value for c in counters if c.type_id == CounterType.FC_RECEIVERS)
+    finally:
+        counters.close()
 
 
 def _in_order(seen: list[int]) -> bool:
@@ -128,6 +138,11 @@ def test_a_manual_destination_named_by_host_name_is_followed_and_the_other_loses
             publication = a.add_publication("aeron:udp?control-mode=manual|fc=min", 8)
             publication.add_destination(f"aeron:udp?endpoint={hosts[4].address}:{PORT}")
             publication.add_destination(f"aeron:udp?endpoint={name}:{PORT}")
+            # Both receivers hold the sender before the stream starts (fc=min admits a
+            # receiver once heard consistently: one that joined a moment after the first
+            # would be over-run meanwhile, and left behind).
+            wait_for(lambda: _fc_receivers(publisher) == 2, timeout=10,
+                     what="both receivers admitted")
             feed = Feed(publication, [old, other])
             feed.run_until(lambda: len(old.seen) >= 2000 and len(other.seen) >= 2000,
                            what="the stream to hosts 2 and 4")
@@ -156,3 +171,52 @@ def test_a_manual_destination_named_by_host_name_is_followed_and_the_other_loses
     assert changes == 1
     print(f"\nmanual MDC: the moved destination got the stream again {rejoined_s:.2f} s after "
           f"its name changed; the other got all {end} messages")
+
+
+def test_a_dynamic_receivers_control_name_follows_its_publisher_to_another_host(
+        needs_hosts: None) -> None:
+    """The publisher moves: its publication on host 1 ends and one starts on host 3, and the
+    receiver's ``control=`` name (in host 2's own hosts file) is rewritten to host 3.  With no
+    live image, the receiver resolves it again, joins there (validated as any dynamic
+    receiver) and gets the new stream from where it joined, once and in order."""
+    from slipstream.sim.real.hosts import namespace_hosts
+
+    with namespace_hosts(3) as hosts:
+        name = f"publisher-{hosts.net}.test"
+        hosts.set_names(2, {name: hosts[1].address})
+        first, receiver, second = (hosts.start_driver(i, **SETTINGS) for i in (1, 2, 3))
+        control = PORT + 1
+        with Client.connect(first.directory) as a, \
+                Client.connect(receiver.directory) as b, \
+                Client.connect(second.directory) as c:
+            subscription = b.add_subscription(
+                f"aeron:udp?endpoint={hosts[2].address}:{PORT}|control={name}:{control}", 9)
+            old = Collector(subscription)
+            publication = a.add_publication(
+                f"aeron:udp?control-mode=dynamic|control={hosts[1].address}:{control}", 9)
+            feed = Feed(publication, [old])
+            feed.run_until(lambda: len(old.seen) >= 2000, what="the stream from host 1")
+            publication.close()  # its end of stream: the receiver reads all, and the image ends
+            feed.run_until(lambda: not subscription.images, what="the old image's end",
+                           offer=False)
+            sent = feed.sent
+
+            moved_publication = c.add_publication(
+                f"aeron:udp?control-mode=dynamic|control={hosts[3].address}:{control}", 9)
+            new = Collector(subscription)
+            feed = Feed(moved_publication, [new])
+            hosts.set_names(2, {name: hosts[3].address})
+            moved = time.monotonic()
+            feed.run_until(lambda: new.seen, what="the stream from host 3")
+            rejoined_s = time.monotonic() - moved
+            feed.run_until(lambda: len(new.seen) >= 2000, what="the stream from host 3")
+        changes = counters_of(receiver)["RESOLUTION_CHANGES"]
+
+    assert old.seen == list(range(sent))  # all of the first stream: it ended, it did not move
+    assert _in_order(new.seen) and new.torn == 0, new.seen[:20]
+    # The old image ends (its publication's end of stream), the name is resolved again at
+    # the next check, the join SM goes at once, validation and the SETUP follow.
+    assert rejoined_s < 2 * INTERVAL_S + 2.0, rejoined_s
+    assert changes == 1
+    print(f"\ndynamic MDC: the receiver joined its publisher at the name's new host "
+          f"{rejoined_s:.2f} s after the name changed")
