@@ -216,12 +216,16 @@ class NetworkConductor:
         """The runner resolved ``names`` (``answers``; a name missing: the resolver gave up):
         each endpoint whose peer's address changed sends to the new one."""
         for user, old, new in self.names.answered(names, answers):
-            if isinstance(user, _NamedDestination):
-                self._send_side.on_destination_moved(user, old, new)
-            elif isinstance(user, _ReceiveEndpointEntry):
-                self._receive_side.on_control_moved(user, old, new)
-            else:
-                self._send_side.on_resolution_change(user, old, new)
+            try:
+                if isinstance(user, _NamedDestination):
+                    self._send_side.on_destination_moved(user, old, new)
+                elif isinstance(user, _ReceiveEndpointEntry):
+                    self._receive_side.on_control_moved(user, old, new)
+                else:
+                    self._send_side.on_resolution_change(user, old, new)
+            except Exception:  # a bug: counted and logged; the conductor serves on
+                self.counters.add(SystemCounter.ERRORS)
+                log.exception("moving %r from %s to %s failed", user, old, new)
 
     # -- the client's commands ----------------------------------------------------------------
     def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
