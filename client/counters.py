@@ -311,6 +311,9 @@ class SystemCounter(enum.IntEnum):
     # sealed datagrams of a new sender at an encrypted endpoint whose every sender slot holds
     # a sender still fresh (whose window must stay: docs/PROTOCOL.md §7.8)
     CRYPTO_SENDERS_FULL_DROPS = 73
+    # host names in channels that resolved again to another address, which the endpoint
+    # then sends to (Aeron's "Resolution changes"; docs/PROTOCOL.md §7.2)
+    RESOLUTION_CHANGES = 74
 
     @property
     def label(self) -> str:

@@ -731,6 +731,16 @@ class DriverSettings:
         "that keeps sending keeps its binding.",
         low=_MS, high=_HOUR,
     )
+    name_re_resolution_interval: int = _duration(
+        _S,
+        "How often the conductor looks for host names in channels whose peers went silent "
+        "(a unicast publication's endpoint= none of its endpoint's publications is connected "
+        "to, a manual destination added by name that sent no status message within "
+        "publication_connection_timeout, a dynamic receiver's control= with no live image) "
+        "and resolves those again, off its loop; a changed address is used from then on "
+        "(Aeron's re-resolution check interval), ns; 0 = never.",
+        high=_HOUR,
+    )
     # ---------------------------------------------------------------- flow control
     unicast_flow_control: str = _choice(
         "unicast", FLOW_CONTROLS,

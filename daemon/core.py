@@ -186,6 +186,12 @@ class _DriverCore:
         """A command whose channel names hosts: resolve them first (see the subclasses)."""
         raise NotImplementedError
 
+    def _resolve_again(self, hosts: list[str]) -> None:
+        """Host names of channels whose peers went silent (:meth:`DriverConductor.names_due`):
+        resolve them off the conductor's loop, then hand the answers to
+        :meth:`DriverConductor.on_names_resolved` on its thread (see the subclasses)."""
+        raise NotImplementedError
+
     def _handle_command(self, key: bytes, message: dict[str, Any]) -> None:
         started = time.monotonic_ns()
         out = self.conductor.on_command(key, message, started)
@@ -213,6 +219,9 @@ class _DriverCore:
         if out:
             self._send(out)
             self._process_commands()
+        hosts = self.conductor.names_due(started)
+        if hosts:
+            self._resolve_again(hosts)
         self.counters.beat(time.time_ns())
         self.counters.add(SystemCounter.CONDUCTOR_CYCLES)
         return work

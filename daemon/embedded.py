@@ -13,6 +13,7 @@ import os
 import select
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,8 @@ class EmbeddedDriver(_DriverCore):
         self._next_command_safety_check_ns = 0
         self._command_poll = select.poll()
         self._conductor_deadline_ns = 0  # its next_deadline_ns() when it last ran
+        #: Names resolved again off the caller's thread (_resolve_again), and their answers.
+        self._resolved: deque[tuple[list[str], dict[str, str | None]]] = deque()
         #: When the Python side is next due without news (0: at the next call): the command
         #: check, the conductor's cycle and its deadline, whichever is first.
         self._python_due_ns = 0
@@ -213,6 +216,9 @@ class EmbeddedDriver(_DriverCore):
                 self._next_command_safety_check_ns = now + COMMAND_SAFETY_CHECK_NS
                 work += self._process_commands()
         conductor = self.conductor
+        while self._resolved:  # names resolved again, on the resolver's thread
+            hosts, answers = self._resolved.popleft()
+            conductor.on_names_resolved(hosts, answers)
         if (self._conductor_due or now >= self._next_conductor_ns
                 or now >= self._conductor_deadline_ns):
             self._conductor_due = False
@@ -257,6 +263,18 @@ class EmbeddedDriver(_DriverCore):
         if waiting != self._conductor_waiting:
             lib.ss_get_and_add_i32(self.counters.driver_waiters, 1 if waiting else -1)
             self._conductor_waiting = waiting
+
+    def _resolve_again(self, hosts: list[str]) -> None:
+        """A thread resolves them; the next :meth:`do_work` hands the answers over."""
+        def resolve() -> None:
+            answers: dict[str, str | None] = {}
+            try:
+                answers = names.resolve(hosts)
+            finally:  # the conductor hears it is done, answers or not
+                self._resolved.append((hosts, answers))
+                self._python_due_ns = 0
+
+        threading.Thread(target=resolve, name="ss-resolve", daemon=True).start()
 
     def _command_after_names(self, key: bytes, message: dict[str, Any],
                              channel: Channel) -> None:

@@ -244,6 +244,16 @@ class _DriverShell(_DriverCore):
         self._wake.set()
         self._process_commands()  # the sends may have taken the socket's edge
 
+    def _resolve_again(self, hosts: list[str]) -> None:
+        self._nursery.start_soon(self._resolve_again_then_apply, hosts)
+
+    async def _resolve_again_then_apply(self, hosts: list[str]) -> None:
+        # However long the resolver takes: the conductor asks for none of these names again
+        # before it answers, and its loop goes on meanwhile.
+        answers = await trio.to_thread.run_sync(names.resolve, hosts, abandon_on_cancel=True)
+        self.conductor.on_names_resolved(hosts, answers)
+        self._wake.set()
+
     async def _command_loop(self) -> None:
         # No timer of its own: each duty cycle looks for commands too, and a cycle comes at
         # least every IDLE_PARK_MAX_S.

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
@@ -183,12 +184,19 @@ class VirtualSendTransport(_VirtualTransport):
         if group is not None:
             self._listen((group.host, group.port or 0))
         self._destinations: DestinationTable | None = None
+        self._publications: weakref.WeakSet[NetworkPublication] = weakref.WeakSet()
 
     def attach(self, publication: NetworkPublication) -> None:
         """No socket: the publication's sends go through the simulator's binding, from this
         transport's address."""
         send_point.attach_publication(publication, fd=-1, table=self._destinations,
                                       virtual=self)
+        self._publications.add(publication)
+
+    def retarget(self, address: Address) -> None:
+        """The endpoint's publications send to ``address`` from now on."""
+        for publication in self._publications:
+            send_point.retarget_publication(publication, address)
 
     def attach_channel(self, channel: SendChannel) -> None:
         """No socket: the channel's C dispatch stays at fd -1 and arrivals come through

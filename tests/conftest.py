@@ -213,6 +213,8 @@ MODULE_LANES = {
     "test_protocol_pair": "unit",
     "test_publication_image": "unit",
     "test_rate_control": "unit",
+    "test_re_resolution": "unit",
+    "test_re_resolution_hosts": "hosts",
     "test_replay": "hosts",
     "test_replay_block": "unit",
     "test_replay_protocol": "unit",

@@ -105,6 +105,7 @@ EXPECTED_DEFAULTS: dict[str, Any] = {
     "publication_connection_timeout": 5 * S,
     "image_liveness_timeout": 10 * S,
     "receiver_rebind_timeout": 1 * S,
+    "name_re_resolution_interval": S,
     "unicast_flow_control": "unicast",
     "multicast_flow_control": "max",
     "flow_control_receiver_timeout": 5 * S,

@@ -793,3 +793,39 @@ def test_a_subscription_its_client_stopped_waiting_for_is_released_when_it_comes
     finally:
         stop.set()
         pumping.join(10)
+
+
+def test_an_embedded_driver_follows_a_silent_endpoints_name_without_blocking_its_caller(
+        embedded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The name is resolved again on a thread the driver starts (its caller's loop goes on,
+    though the resolver takes 1 s), and the answer moves the endpoint at a later call."""
+    from slipstream.daemon.media import names
+
+    record = {"address": "127.0.0.1", "delay": 0.0}
+    resolve_host = names.resolve_host
+
+    def moving(host: str) -> str | None:
+        if host == "moving.test":
+            time.sleep(record["delay"])
+            return record["address"]
+        return resolve_host(host)
+
+    monkeypatch.setattr(names, "resolve_host", moving)
+    monkeypatch.setattr(names, "_cache", {})
+    driver = embedded(name_re_resolution_interval="200ms")
+    port = free_port()
+    with Client.connect(driver.directory, invoker=driver.do_work) as client:
+        subscription = client.add_subscription(f"aeron:udp?endpoint=127.0.0.2:{port}", 36)
+        publication = client.add_publication(f"aeron:udp?endpoint=moving.test:{port}", 36)
+        record.update(address="127.0.0.2", delay=1.0)
+        longest = 0.0
+        deadline = time.monotonic() + 8
+        while not (publication.is_connected and subscription.images):
+            assert time.monotonic() < deadline, "the endpoint did not follow its name"
+            started = time.monotonic()
+            driver.do_work()
+            longest = max(longest, time.monotonic() - started)
+            time.sleep(0.001)
+        offer_ten(publication, driver)
+    assert counters_of(driver)["RESOLUTION_CHANGES"] == 1
+    assert longest < 0.5  # no call waited for the resolver

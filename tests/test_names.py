@@ -1,6 +1,8 @@
 """Host names in channels resolve off the driver's loop: a slow resolver delays that one
 command, never the driver's heartbeat (nor its systemd watchdog), and one that does not answer
-in time gets the command refused, naming the host."""
+in time gets the command refused, naming the host.  A unicast endpoint's name is resolved
+again while its peer is silent, off the loop too, and the endpoint follows a changed address
+(the whole path through the system's resolver: tests/test_re_resolution_hosts.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ from typing import Any
 
 import pytest
 import trio
-from helpers import FAST_DRIVER_SETTINGS, free_port
+from helpers import FAST_DRIVER_SETTINGS, Collector, free_port, stream, wait_for
 
 from slipstream.client import ChannelError, ChannelRejectedError, Client, RegistrationError
-from slipstream.client.counters import CountersFile
+from slipstream.client.counters import CountersFile, SystemCounter
 from slipstream.daemon.config import load_settings
 from slipstream.daemon.media import names
 from slipstream.daemon.shell import _DriverShell
@@ -37,14 +39,15 @@ def _slow_resolver(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
     monkeypatch.setattr(names, "_cache", {})
 
 
-async def _with_driver(action: Any) -> tuple[Any, list[int]]:
+async def _with_driver(action: Any, **overrides: str) -> tuple[Any, list[int]]:
     """Run a real driver shell in this process, ``action(directory)`` in a thread, and
     sample the driver's heartbeat (ms) meanwhile."""
     directory = Path("/dev/shm") / f"slipstream-test-{uuid.uuid4().hex[:12]}"
     # A client's keepalives wait while its request does: a liveness timeout above the delay.
     settings = load_settings(env={}, overrides={**FAST_DRIVER_SETTINGS, "dir": str(directory),
                                                 "client_liveness_timeout": "5s",
-                                                "publication_unblock_timeout": "10s"})
+                                                "publication_unblock_timeout": "10s",
+                                                **overrides})
     beats: list[int] = []
     try:
         async with trio.open_nursery() as nursery:
@@ -121,3 +124,142 @@ async def test_a_host_that_does_not_resolve_is_a_channel_error_naming_the_endpoi
     assert isinstance(refused, ChannelRejectedError) and isinstance(refused, RegistrationError)
     assert refused.part == "endpoint" and "nowhere.test" in refused.problem
     assert refused.code == "invalid_channel" and served == "aeron:ipc"
+
+
+async def test_a_silent_endpoints_name_is_resolved_again_off_the_loop_and_followed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``moving.test`` names 127.0.0.1, where nobody listens, then 127.0.0.2, where the
+    subscriber is, and its resolver takes 1.5 s to say so: the publication, never connected,
+    has its name resolved again, the heartbeat goes on meanwhile, and the stream then flows
+    to the new address, counted as a resolution change."""
+    real = socket.getaddrinfo
+    record = {"address": "127.0.0.1", "delay": 0.0}
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "moving.test":
+            time.sleep(record["delay"])
+            return real(record["address"], *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(names, "_cache", {})
+    port = free_port()
+
+    def follow(directory: Path) -> tuple[list[int], int]:
+        with Client.connect(directory) as client:
+            subscription = client.add_subscription(f"aeron:udp?endpoint=127.0.0.2:{port}", 8)
+            publication = client.add_publication(f"aeron:udp?endpoint=moving.test:{port}", 8)
+            time.sleep(0.5)
+            assert not publication.is_connected  # 127.0.0.1: nobody there
+            record.update(address="127.0.0.2", delay=1.5)
+            wait_for(lambda: publication.is_connected, timeout=6.0,
+                     what="the publication connected at the name's new address")
+            collector = Collector(subscription)
+            stream(publication, [collector], 200, lambda _: 64)
+            collector.assert_exactly(200)
+            counters = CountersFile(directory / "counters.dat", writable=False)
+            try:
+                changes = counters.get(SystemCounter.RESOLUTION_CHANGES)
+            finally:
+                counters.close()
+            return collector.seen, changes
+
+    (seen, changes), beats = await _with_driver(
+        follow, name_re_resolution_interval="200ms", publication_connection_timeout="1s")
+    assert len(seen) == 200 and changes == 1
+    gaps = [b - a for a, b in itertools.pairwise(beats) if b != a]
+    assert gaps and max(gaps) < 700, gaps
+
+
+async def test_a_silent_manual_destinations_name_is_followed_and_the_others_lose_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control-mode=manual publication sends to ``moving.test`` (127.0.0.1, nobody there,
+    then 127.0.0.2, a subscriber) and to 127.0.0.3 (a subscriber that stays): the named
+    destination is resolved again and moved, and the one that stays gets every message."""
+    real = socket.getaddrinfo
+    record = {"address": "127.0.0.1"}
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "moving.test":
+            return real(record["address"], *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(names, "_cache", {})
+    port = free_port()
+
+    def follow(directory: Path) -> int:
+        with Client.connect(directory) as client:
+            moved = Collector(client.add_subscription(f"aeron:udp?endpoint=127.0.0.2:{port}",
+                                                      9))
+            stays = Collector(client.add_subscription(f"aeron:udp?endpoint=127.0.0.3:{port}",
+                                                      9))
+            publication = client.add_publication("aeron:udp?control-mode=manual", 9)
+            publication.add_destination(f"aeron:udp?endpoint=127.0.0.3:{port}")
+            publication.add_destination(f"aeron:udp?endpoint=moving.test:{port}")
+            stream(publication, [stays], 300, lambda _: 64)
+            assert moved.poll() == 0  # its name is 127.0.0.1 yet: nothing there
+            record["address"] = "127.0.0.2"
+            sent = 300
+            deadline = time.monotonic() + 8.0
+            while not moved.seen:
+                assert time.monotonic() < deadline, "the named destination was not followed"
+                stream(publication, [stays], 10, lambda _: 64, first=sent)
+                sent += 10
+                moved.poll()
+                time.sleep(0.02)
+            stream(publication, [stays, moved], 300, lambda _: 64, first=sent)
+            stays.assert_exactly(sent + 300)
+            first = moved.seen[0]
+            assert moved.seen == list(range(first, sent + 300))
+            # Removed by its name, which resolves to where it is now.
+            publication.remove_destination(f"aeron:udp?endpoint=moving.test:{port}")
+            counters = CountersFile(directory / "counters.dat", writable=False)
+            try:
+                return counters.get(SystemCounter.RESOLUTION_CHANGES)
+            finally:
+                counters.close()
+
+    changes, _ = await _with_driver(
+        follow, name_re_resolution_interval="200ms", publication_connection_timeout="1s")
+    assert changes == 1
+
+
+async def test_a_dynamic_receivers_control_name_follows_the_publisher(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dynamic multi-destination-cast receiver joins at ``control=moving.test``: 127.0.0.1,
+    where no publisher is, then 127.0.0.2, where one is.  With no image, its endpoint's
+    control name is resolved again, and it joins the publisher there."""
+    real = socket.getaddrinfo
+    record = {"address": "127.0.0.1"}
+
+    def getaddrinfo(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "moving.test":
+            return real(record["address"], *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(names, "_cache", {})
+    port, control = free_port(), free_port()
+
+    def follow(directory: Path) -> int:
+        with Client.connect(directory) as client:
+            publication = client.add_publication(
+                f"aeron:udp?control-mode=dynamic|control=127.0.0.2:{control}", 10)
+            subscription = client.add_subscription(
+                f"aeron:udp?endpoint=127.0.0.3:{port}|control=moving.test:{control}", 10)
+            time.sleep(0.5)
+            assert not subscription.images  # nobody at 127.0.0.1
+            record["address"] = "127.0.0.2"
+            collector = Collector(subscription)
+            wait_for(lambda: subscription.images and publication.is_connected, timeout=8.0,
+                     what="the receiver joined the publisher at its name's new address")
+            stream(publication, [collector], 100, lambda _: 64)
+            counters = CountersFile(directory / "counters.dat", writable=False)
+            try:
+                return counters.get(SystemCounter.RESOLUTION_CHANGES)
+            finally:
+                counters.close()
+
+    changes, _ = await _with_driver(follow, name_re_resolution_interval="200ms")
+    assert changes == 1

@@ -101,6 +101,24 @@ class RemoveSendDestination:
 
 
 @attrs.frozen(eq=False)
+class CheckDestinations:
+    """Which of a manual multi-destination-cast endpoint's destinations sent no status message
+    within ``timeout_ns``: answered by ``DestinationsSilent``."""
+
+    channel: SendChannel
+    timeout_ns: int
+
+
+@attrs.frozen(eq=False)
+class ResolutionChange:
+    """The name of ``endpoint``'s peer resolved to ``address`` now: a unicast endpoint sends
+    there from now on (Aeron's ``onResolutionChange``: its socket connects anew)."""
+
+    endpoint: SendEndpoint
+    address: Address
+
+
+@attrs.frozen(eq=False)
 class AddSpy:
     """A spy reads ``publication`` from ``position_cell`` (its sub-pos counter's cell, cffi
     ``int64_t *``); answered by ``SpyLinked(registration_id)``, the publication's, whether or
@@ -123,7 +141,7 @@ class RemoveSpy:
 
 SenderCommand = (SetPressureStep | AddSendEndpoint | RemoveSendEndpoint | AddPublication
                  | ClosePublication | StopCredit | AddSendDestination | RemoveSendDestination
-                 | AddSpy | RemoveSpy)
+                 | CheckDestinations | ResolutionChange | AddSpy | RemoveSpy)
 
 
 # -- the receiver's ---------------------------------------------------------------------------
@@ -227,9 +245,19 @@ class RemoveReceiveDestination:
     count: int
 
 
+@attrs.frozen(eq=False)
+class ControlResolutionChange:
+    """The ``control=`` name of a dynamic multi-destination-cast receiver's endpoint resolved
+    to ``address`` now: it joins there from now on (Aeron's receiver ``onResolutionChange``)."""
+
+    channel: ReceiveChannel
+    address: Address
+
+
 ReceiverCommand = (SetPressureStep | AddReceiveEndpoint | RemoveReceiveEndpoint | SetInterest
                    | AddPublicationImage | RejectImage | AddSubscriber | RemoveSubscriber
-                   | SetResponseSession | AddReceiveDestination | RemoveReceiveDestination)
+                   | SetResponseSession | AddReceiveDestination | RemoveReceiveDestination
+                   | ControlResolutionChange)
 
 
 @attrs.define(eq=False)
@@ -305,6 +333,12 @@ class SenderProxy(_Proxy[SenderCommand]):
     def on_remove_destination(self, channel: SendChannel, address: Address) -> None:
         self._send(RemoveSendDestination(channel, address))
 
+    def on_check_destinations(self, channel: SendChannel, timeout_ns: int) -> None:
+        self._send(CheckDestinations(channel, timeout_ns))
+
+    def on_resolution_change(self, endpoint: SendEndpoint, address: Address) -> None:
+        self._send(ResolutionChange(endpoint, address))
+
     def on_add_spy(self, publication: NetworkPublication, position_cell: Any,
                    registration_id: int) -> None:
         self._send(AddSpy(publication, position_cell, registration_id))
@@ -323,6 +357,9 @@ class ReceiverProxy(_Proxy[ReceiverCommand]):
 
     def on_add_endpoint(self, endpoint: ReceiveEndpoint) -> None:
         self._send(AddReceiveEndpoint(endpoint))
+
+    def on_resolution_change(self, channel: ReceiveChannel, address: Address) -> None:
+        self._send(ControlResolutionChange(channel, address))
 
     def on_remove_endpoint(self, endpoint: ReceiveEndpoint, destinations: tuple[int, ...],
                            destinations_cell: Any, generation: int) -> None:

@@ -32,6 +32,7 @@ from slipstream.daemon.agents.commands import (
     AddReceiveDestination,
     AddReceiveEndpoint,
     AddSubscriber,
+    ControlResolutionChange,
     ReceiverCommand,
     RejectImage,
     RemoveReceiveDestination,
@@ -124,6 +125,8 @@ class Receiver(Agent[ReceiveEndpoint, ReceiverCommand]):
                     cell[0] = count
             case AddReceiveEndpoint(endpoint):
                 self.add_endpoint(endpoint)
+            case ControlResolutionChange(channel, address):
+                channel.move_control(address, now_ns)
             case RemoveReceiveEndpoint():
                 self._remove_endpoint(command, now_ns)
             case SetPressureStep(step):

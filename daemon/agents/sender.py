@@ -34,16 +34,19 @@ from slipstream.daemon.agents.commands import (
     AddSendDestination,
     AddSendEndpoint,
     AddSpy,
+    CheckDestinations,
     ClosePublication,
     RemoveSendDestination,
     RemoveSendEndpoint,
     RemoveSpy,
+    ResolutionChange,
     SenderCommand,
     SetPressureStep,
     StopCredit,
 )
 from slipstream.daemon.media import send_point
 from slipstream.daemon.media.events import (
+    DestinationsSilent,
     EndpointRemoved,
     PublicationDone,
     PublicationRejected,
@@ -54,6 +57,7 @@ from slipstream.daemon.media.events import (
 )
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.media.send_point import send_publication_frames
+from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.streams.publication import NetworkPublication
 
 
@@ -92,6 +96,12 @@ class SendTransport(Protocol):
 
     def on_notice(self, publication: NetworkPublication) -> None:
         """The C data path failed to send, or the path refused GSO: log it once."""
+        ...
+
+    def retarget(self, address: Address) -> None:
+        """A unicast endpoint's peer is at ``address`` now (its name resolved there): every
+        datagram of its publications goes there from now on, and what comes back from there
+        is heard."""
         ...
 
     def close(self) -> None: ...
@@ -149,6 +159,12 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
             case RemoveSendDestination(channel, address):
                 assert channel.destinations is not None
                 channel.destinations.remove(address)
+            case CheckDestinations(channel, timeout_ns):
+                assert channel.destinations is not None
+                self._on_event(DestinationsSilent(
+                    channel, channel.destinations.silent(now_ns, timeout_ns)))
+            case ResolutionChange(endpoint, address):
+                endpoint.transport.retarget(address)
             case AddSendEndpoint(endpoint):
                 self.add_endpoint(endpoint)
             case RemoveSendEndpoint(endpoint, generation):

@@ -18,7 +18,7 @@ import enum
 import logging
 import os
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -752,6 +752,17 @@ class DriverConductor:
                 self._remove_client(client, now_ns)
         return out
 
+    def names_due(self, now_ns: int) -> list[str]:
+        """The host names in channels to resolve again now, off this thread: the runner
+        resolves them and hands the answers to :meth:`on_names_resolved`
+        (:meth:`NetworkConductor.names_due`)."""
+        return [] if self.network is None else self.network.names_due(now_ns)
+
+    def on_names_resolved(self, names: list[str], answers: Mapping[str, str | None]) -> None:
+        """The answers for ``names`` (:meth:`names_due`): endpoints move to changed addresses."""
+        if self.network is not None:
+            self.network.on_names_resolved(names, answers)
+
     def next_deadline_ns(self) -> int:
         """When the conductor next needs a cycle even if nothing happens (ns, the clock of
         :meth:`do_work`).  Asked after every idle duty cycle: plain loops, no generators."""
@@ -765,6 +776,10 @@ class DriverConductor:
         deadline = self._next_timer_ns
         if network is not None and (network.carries_streams or self.governor.step):
             deadline = min(deadline, self._next_governor_ns)
+        if network is not None:
+            names_check = network.names.next_check_ns
+            if names_check is not None:
+                deadline = min(deadline, names_check)
         open_episode = network is not None and network.has_open_episode
         if not open_episode:
             for publication in ipc_publications:

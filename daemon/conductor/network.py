@@ -28,9 +28,12 @@ thread and asks the agents only through the proxies:
 Here: the agents' events, each handed to its part in the conductor's duty cycle, and freeing
 everything at close.
 
-Names in a channel become IP literals in the parts, once, when the channel is added
+Names in a channel become IP literals in the parts when the channel is added
 (:func:`~.network_records._resolved`; the driver shell resolved them in a thread first,
-:mod:`slipstream.daemon.media.names`); the protocol core only ever sees IP literals.  Sockets
+:mod:`slipstream.daemon.media.names`); the protocol core only ever sees IP literals.  A
+unicast endpoint's name is resolved again while its peer is silent (:attr:`names`: the
+runner resolves what :meth:`names_due` asks for, off this thread, and hands the answers to
+:meth:`on_names_resolved`, which moves the endpoint to a changed address).  Sockets
 are opened, and the host's interface addresses listed (for ``interface=`` as a subnet), by the
 injected :class:`NetworkTransports` (real UDP sockets and ``getifaddrs`` in the driver, a
 virtual network and the simulated host's address in the simulator), so the network side does
@@ -44,7 +47,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,7 @@ from slipstream.daemon.conductor.network_receive import ReceiveSide
 from slipstream.daemon.conductor.network_records import (
     NetworkSubscription,
     NetworkTransports,
+    _NamedDestination,
     _PublicationEntry,
     _ReceiveEndpointEntry,
     _SendEndpointEntry,
@@ -71,6 +75,7 @@ from slipstream.daemon.conductor.resources import LogBudget
 from slipstream.daemon.conductor.untethered import NetworkUntethered
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media.events import (
+    DestinationsSilent,
     EndpointRemoved,
     ImageDone,
     ImageRejected,
@@ -85,6 +90,7 @@ from slipstream.daemon.media.events import (
     SpyLinked,
     SpyUnlinked,
 )
+from slipstream.daemon.media.names import NameWatch
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.pressure.episodes import EpisodeEvent
 from slipstream.daemon.reports.loss_report import FILE as LOSS_REPORT_FILE
@@ -148,6 +154,11 @@ class NetworkConductor:
         self._spy_subscriptions = SpySubscriptions(
             settings=settings, counters=counters, transports=transports,
             sender_proxy=self.sender_proxy, publications=self.publications, spies=self.spies)
+        #: Unicast send endpoints whose endpoint= is a host name, resolved again while their
+        #: peers are silent (the driver's runner resolves, off this thread).
+        self.names: NameWatch[_SendEndpointEntry | _NamedDestination
+                              | _ReceiveEndpointEntry] = NameWatch(
+            settings.name_re_resolution_interval)
         self._send_side = SendSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
             budget=budget, rng=rng, new_id=new_id, new_session_id=new_session_id,
@@ -155,13 +166,13 @@ class NetworkConductor:
             send_endpoints=self._send_endpoints, publications=self.publications,
             shared_publications=self._shared_publications, answering=self._answering,
             subscriptions=self.subscriptions, receive_endpoints=self._receive_endpoints,
-            spy_subscriptions=self._spy_subscriptions)
+            spy_subscriptions=self._spy_subscriptions, names=self.names)
         self._receive_side = ReceiveSide(
             settings=settings, directory=directory, counters=counters, transports=transports,
             budget=budget, rng=rng, new_id=new_id, receiver_proxy=self.receiver_proxy,
             loss_report=self.loss_report, receive_endpoints=self._receive_endpoints,
             closed_receiver_ids=self._closed_receiver_ids, subscriptions=self.subscriptions,
-            image_logs=image_logs, wake=wake_conductor)
+            image_logs=image_logs, wake=wake_conductor, names=self.names)
         self._untethered = NetworkUntethered(
             counters=counters, publications=self.publications,
             receive_endpoints=self._receive_endpoints, subscriptions=self.subscriptions,
@@ -191,6 +202,30 @@ class NetworkConductor:
     @property
     def used_session_ids(self) -> set[int]:
         return {entry.publication.session_id for entry in self.publications.values()}
+
+    # -- host names resolved again (docs/PROTOCOL.md §7.2) ----------------------------------
+    def names_due(self, now_ns: int) -> list[str]:
+        """The host names to resolve again now (those whose peers are silent), for the
+        driver's runner to resolve off this thread and hand to :meth:`on_names_resolved`."""
+        check = self.names.next_check_ns
+        if check is not None and now_ns >= check:
+            self._send_side.check_destinations()  # what the next check goes by
+        return self.names.due(now_ns)
+
+    def on_names_resolved(self, names: list[str], answers: Mapping[str, str | None]) -> None:
+        """The runner resolved ``names`` (``answers``; a name missing: the resolver gave up):
+        each endpoint whose peer's address changed sends to the new one."""
+        for user, old, new in self.names.answered(names, answers):
+            try:
+                if isinstance(user, _NamedDestination):
+                    self._send_side.on_destination_moved(user, old, new)
+                elif isinstance(user, _ReceiveEndpointEntry):
+                    self._receive_side.on_control_moved(user, old, new)
+                else:
+                    self._send_side.on_resolution_change(user, old, new)
+            except Exception:  # a bug: counted and logged; the conductor serves on
+                self.counters.add(SystemCounter.ERRORS)
+                log.exception("moving %r from %s to %s failed", user, old, new)
 
     # -- the client's commands ----------------------------------------------------------------
     def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
@@ -286,6 +321,8 @@ class NetworkConductor:
             self._receive_side.on_image_rejected(event)
         elif isinstance(event, PublicationDone):
             return self._send_side.on_publication_done(event)
+        elif isinstance(event, DestinationsSilent):
+            self._send_side.on_destinations_silent(event)
         elif isinstance(event, SpiesReleased):
             return self._spy_subscriptions.on_spies_released(event.publication)
         elif isinstance(event, SpyLinked):

@@ -73,6 +73,7 @@ from slipstream.daemon.media.events import (
     ReceiveDestinationFailed,
     ResponseSetupArrived,
 )
+from slipstream.daemon.media.names import NameWatch
 from slipstream.daemon.media.receive_channel import ReceiveChannel
 from slipstream.daemon.protocol.notices import SourceNotices
 from slipstream.daemon.protocol.params import SubscriptionParams
@@ -114,8 +115,13 @@ class ReceiveSide:
                  closed_receiver_ids: dict[int, None],
                  subscriptions: dict[int, NetworkSubscription],
                  image_logs: LogMaking = LogMaking.INLINE,
-                 wake: Callable[[], None] = lambda: None) -> None:
+                 wake: Callable[[], None] = lambda: None,
+                 names: NameWatch[Any] | None = None) -> None:
+        """``names``: where a dynamic multi-destination-cast receiver's ``control=`` name is
+        watched, resolved again while no image of its endpoint lives
+        (:meth:`on_control_moved` applies an answer)."""
         self.settings = settings
+        self.names: NameWatch[Any] = names if names is not None else NameWatch(0)
         self.directory = directory
         self.counters = counters
         self.transports = transports
@@ -144,6 +150,7 @@ class ReceiveSide:
         """Receive ``subscription``'s stream at its endpoint; images already there are linked
         at once (the AVAILABLE_IMAGE messages are returned).  Not a spy's (``aeron-spy:``):
         :meth:`.SpySubscriptions.add_spy`."""
+        given_control = subscription.channel.control
         channel = subscription.channel = _resolved(subscription.channel,
                                                    self.transports.local_addresses)
         SubscriptionParams.resolve(channel, self.settings)  # refused before a socket opens
@@ -166,6 +173,9 @@ class ReceiveSide:
             check_same_key(channel, entry.endpoint.channel.channel.key,
                            entry.endpoint.channel.channel)
             existing = entry.endpoint.channel.channel.control
+            moved_to = self.names.address_of(entry)
+            if existing is not None and moved_to is not None:  # its name moved: it is there
+                existing = attrs.evolve(existing, host=moved_to)
             if channel.control != existing:
                 raise ChannelError(str(channel), "control",
                                    f"{channel.control or 'none'} differs from "
@@ -192,6 +202,12 @@ class ReceiveSide:
             entry = self._receive_endpoints[key] = _ReceiveEndpointEntry(
                 key, endpoint, destinations_counter_id=counter_id)
             self.receiver_proxy.on_add_endpoint(endpoint)
+            if (given_control is not None and given_control.ip is None
+                    and receive_channel.joins_at_control and channel.control is not None):
+                # A name: the publisher it joins may move (docs/PROTOCOL.md §7.2).
+                watched = entry
+                self.names.watch(entry, given_control.host, channel.control.host,
+                                 lambda: self._in_contact(watched), now_ns)
         elif entry.state is _EndpointState.CLOSING:
             entry.state = _EndpointState.OPEN
             self.receiver_proxy.on_add_endpoint(entry.endpoint)
@@ -725,6 +741,24 @@ class ReceiveSide:
         self.receiver_proxy.on_remove_endpoint(entry.endpoint, indexes,
                                                self._destinations_cell(entry), generation)
 
+    @staticmethod
+    def _in_contact(entry: _ReceiveEndpointEntry) -> bool:
+        """Whether an image of ``entry``'s endpoint lives (data came within
+        ``image_liveness_timeout``)."""
+        return any(not image.lingering for image in entry.images.values())
+
+    def on_control_moved(self, entry: _ReceiveEndpointEntry, old: str, new: str) -> None:
+        """A dynamic multi-destination-cast receiver's ``control=`` name resolved to ``new``
+        (it joined at ``old``): its endpoint joins there from now on, and RESOLUTION_CHANGES
+        counts it."""
+        control = entry.endpoint.channel.channel.control
+        assert control is not None
+        self.receiver_proxy.on_resolution_change(entry.endpoint.channel,
+                                                 (new, control.port or 0))
+        self.counters.add(SystemCounter.RESOLUTION_CHANGES)
+        log.info("the control address %s of receive endpoint %s resolved to %s: joining "
+                 "there", old, entry.key, new)
+
     def on_endpoint_removed(self, event: EndpointRemoved) -> None:
         """The receiver dropped a receive endpoint: its socket closes, its counter and its
         images are freed, and its receiver id is remembered (the drain may meet it), unless a
@@ -734,6 +768,7 @@ class ReceiveSide:
             return
         entry.endpoint.transport.close()
         self._receive_endpoints.pop(entry.key, None)
+        self.names.unwatch(entry)
         if entry.destinations_counter_id is not None:
             self.counters.free(entry.destinations_counter_id)
         self._closed_receiver_ids[entry.endpoint.channel.receiver_id] = None
@@ -757,6 +792,7 @@ class ReceiveSide:
         for gone in self.log_maker.take_gone():
             gone()
         for receive_entry in self._receive_endpoints.values():
+            self.names.unwatch(receive_entry)
             receive_entry.endpoint.transport.close()
             for image_entry in receive_entry.images.values():
                 self._free_image(image_entry)

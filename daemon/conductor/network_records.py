@@ -89,6 +89,19 @@ class _SendEndpointEntry:
     #: control-mode=manual: its destinations as the conductor added them (the sender's
     #: table follows by command; only the conductor changes a manual table).
     manual_destinations: dict[Address, str] = attrs.Factory(dict)
+    #: Those of them given by host name, resolved again while silent, by address.
+    named_destinations: dict[Address, _NamedDestination] = attrs.Factory(dict)
+    #: The destinations the sender last found silent (DestinationsSilent), whole.
+    silent_destinations: frozenset[Address] = frozenset()
+
+
+@attrs.define(eq=False)
+class _NamedDestination:
+    """A manual multi-destination-cast destination added by host name
+    (``endpoint=NAME:PORT``): where its endpoint sends to it now."""
+
+    endpoint: _SendEndpointEntry
+    address: Address
 
 
 @attrs.define(eq=False)

@@ -46,6 +46,7 @@ from slipstream.daemon.conductor.network_records import (
     _ImageEntry,
     _is_removed_by,
     _label_of,
+    _NamedDestination,
     _PublicationEntry,
     _ReceiveEndpointEntry,
     _resolved,
@@ -77,7 +78,13 @@ from slipstream.daemon.media.destinations import (
     DestinationTable,
     ip_version_of,
 )
-from slipstream.daemon.media.events import EndpointRemoved, PublicationDone, PublicationRejected
+from slipstream.daemon.media.events import (
+    DestinationsSilent,
+    EndpointRemoved,
+    PublicationDone,
+    PublicationRejected,
+)
+from slipstream.daemon.media.names import NameWatch
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.pressure.episodes import (
     BackPressureEpisodes,
@@ -106,7 +113,11 @@ class SendSide:
                  answering: list[_PublicationEntry],
                  subscriptions: dict[int, NetworkSubscription],
                  receive_endpoints: dict[tuple[Any, ...], _ReceiveEndpointEntry],
-                 spy_subscriptions: SpySubscriptions) -> None:
+                 spy_subscriptions: SpySubscriptions,
+                 names: NameWatch[_SendEndpointEntry | _NamedDestination]) -> None:
+        """``names``: the unicast endpoints whose ``endpoint=`` is a host name, and the
+        manual destinations added by one, resolved again while their peers are silent
+        (:meth:`on_resolution_change` and :meth:`on_destination_moved` apply an answer)."""
         self.settings = settings
         self.directory = directory
         self.counters = counters
@@ -128,6 +139,7 @@ class SendSide:
         self._spy_subscriptions = spy_subscriptions
         #: How much of the text receivers send (ERR reasons) reaches the log.
         self._remote_text = RemoteTextLimiter()
+        self.names = names
 
     # -- publications and their send endpoints ------------------------------------------------
     def add_publication(self, client_key: bytes, channel: Channel, stream_id: int,
@@ -136,8 +148,12 @@ class SendSide:
         endpoint, stream and session, or makes one; an ``exclusive`` one always makes a
         publication of its own (its own session and log, which nobody joins).  Returns it and
         the registration id of this publisher."""
+        given = channel.endpoint
         channel = _resolved(channel, self.transports.local_addresses)
         destination = destination_of(channel)
+        #: A unicast endpoint= given as a name: its peer may move (a pod rescheduled).
+        name = (given.host if given is not None and given.ip is None
+                and destination != ALL_DESTINATIONS and not channel.is_multicast else None)
         request_image = self._check_response_keys(channel)
         # Publications with another response-correlation-id share nothing (Aeron's
         # findPublication): each answers, or asks on behalf of, its own.
@@ -149,7 +165,7 @@ class SendSide:
                                          for e in self.publications.values()
                                          if e.key[:2] == key[:2] and not e.closing), stream_id)
             entry = self._create_publication(key, channel, stream_id, destination, now_ns,
-                                             shared=not exclusive)
+                                             shared=not exclusive, name=name)
             if request_image is not None:
                 self._start_response_setup(entry, request_image)
         else:
@@ -165,10 +181,11 @@ class SendSide:
         return entry, self._new_id()
 
     def _create_publication(self, key: tuple[Any, ...], channel: Channel, stream_id: int,
-                            destination: Address, now_ns: int, *,
-                            shared: bool = True) -> _PublicationEntry:
+                            destination: Address, now_ns: int, *, shared: bool = True,
+                            name: str | None = None) -> _PublicationEntry:
         """A new publication on its endpoint; ``shared``: the one later publishers of its
-        key join (not an exclusive one's)."""
+        key join (not an exclusive one's); ``name``: the host name ``destination`` was
+        resolved from (its endpoint resolves it again when its peer goes silent)."""
         params = PublicationParams.for_network(channel, self.settings)  # before a socket
         if channel.key is not None and params.mtu > SEALED_MTU_MAX:
             # The URI's mtu= is checked as it is parsed; the setting's is checked here.
@@ -177,6 +194,9 @@ class SendSide:
                                f"{SEALED_OVERHEAD} bytes sealing adds to each datagram of an "
                                f"encrypted channel: give mtu= of at most {SEALED_MTU_MAX}")
         endpoint = self._send_endpoint(key[0], channel, destination)
+        if name is not None and self.names.address_of(endpoint) is None:
+            self.names.watch(endpoint, name, destination[0],
+                             lambda: self._in_contact(endpoint), now_ns)
         try:
             return self._create_publication_on(endpoint, key, channel, params, stream_id,
                                                destination, now_ns, shared=shared)
@@ -363,7 +383,78 @@ class SendSide:
         # Its destinations go with it: a publication that revives it starts with none,
         # as on a new endpoint.
         entry.manual_destinations.clear()
+        for named in entry.named_destinations.values():
+            self.names.unwatch(named)
+        entry.named_destinations.clear()
+        entry.silent_destinations = frozenset()
         self.sender_proxy.on_remove_endpoint(entry.endpoint, generation)
+
+    def _in_contact(self, endpoint: _SendEndpointEntry) -> bool:
+        """Whether a publication of ``endpoint`` is connected (a status message came within
+        ``publication_connection_timeout``: its log's flag, which the sender keeps)."""
+        return any(e.log.is_connected for e in self.publications.values()
+                   if e.endpoint is endpoint and not e.closing)
+
+    def on_resolution_change(self, endpoint: _SendEndpointEntry, old: str, new: str) -> None:
+        """The name of ``endpoint``'s peer resolved to ``new`` (it sent to ``old``): the
+        sender connects its socket there (its publications' SETUP, heartbeats and data go
+        there from the next duty cycle), the endpoint is found by its new address from now
+        on, and RESOLUTION_CHANGES counts it (docs/PROTOCOL.md §7.2)."""
+        (_, port), interface = endpoint.key
+        address: Address = (new, port)
+        self.sender_proxy.on_resolution_change(endpoint.endpoint, address)
+        self.counters.add(SystemCounter.RESOLUTION_CHANGES)
+        log.info("the peer of send endpoint %s:%d resolved to %s: sending there", old, port,
+                 new)
+        new_key = (address, interface)
+        if new_key in self._send_endpoints or endpoint.state is not _EndpointState.OPEN:
+            return  # another endpoint sends there already: channels naming it find that one
+        del self._send_endpoints[endpoint.key]
+        endpoint.key = new_key
+        self._send_endpoints[new_key] = endpoint
+        for entry in self.publications.values():
+            if entry.endpoint is endpoint:
+                shared = self._shared_publications.get(entry.key) is entry
+                if shared:
+                    del self._shared_publications[entry.key]
+                entry.key = (new_key, *entry.key[1:])
+                if shared:
+                    self._shared_publications[entry.key] = entry
+
+    def check_destinations(self) -> None:
+        """Ask the sender which destinations of the manual endpoints with named ones went
+        silent (no status message within ``publication_connection_timeout``); its answer
+        (:meth:`on_destinations_silent`) is what the next check of the names goes by."""
+        for entry in self._send_endpoints.values():
+            if entry.named_destinations and entry.state is _EndpointState.OPEN:
+                self.sender_proxy.on_check_destinations(
+                    entry.endpoint.channel, self.settings.publication_connection_timeout)
+
+    def on_destinations_silent(self, event: DestinationsSilent) -> None:
+        entry = next((e for e in self._send_endpoints.values()
+                      if e.endpoint.channel is event.channel), None)
+        if entry is not None:
+            entry.silent_destinations = event.addresses
+
+    def on_destination_moved(self, named: _NamedDestination, old: str, new: str) -> None:
+        """The name of a manual destination resolved to ``new`` (it was sent to at ``old``):
+        the endpoint sends to the new address in its place (the sender's table: removed,
+        then added, in one pass), and RESOLUTION_CHANGES counts it (docs/PROTOCOL.md §7.4)."""
+        endpoint = named.endpoint
+        uri = endpoint.manual_destinations.pop(named.address, None)
+        if uri is None or endpoint.state is not _EndpointState.OPEN:
+            return
+        del endpoint.named_destinations[named.address]
+        channel = endpoint.endpoint.channel
+        self.sender_proxy.on_remove_destination(channel, named.address)
+        address: Address = (new, named.address[1])
+        if address not in endpoint.manual_destinations:
+            endpoint.manual_destinations[address] = uri
+            self.sender_proxy.on_add_destination(channel, address)
+        named.address = address
+        endpoint.named_destinations[address] = named
+        self.counters.add(SystemCounter.RESOLUTION_CHANGES)
+        log.info("destination %s of %s resolved to %s: sending there", uri, endpoint.key, new)
 
     def on_endpoint_removed(self, event: EndpointRemoved) -> None:
         """The sender dropped a send endpoint: its socket closes and its counter is freed,
@@ -374,6 +465,7 @@ class SendSide:
             return
         entry.endpoint.transport.close()
         self._send_endpoints.pop(entry.key, None)
+        self.names.unwatch(entry)
         if entry.destinations_counter_id is not None:
             self.counters.free(entry.destinations_counter_id)
 
@@ -452,6 +544,7 @@ class SendSide:
     def add_destination(self, publication_id: int, destination: Channel, now_ns: int) -> None:
         """Publication ``publication_id``'s endpoint sends to ``destination``
         (``aeron:udp?endpoint=HOST:PORT``) too; ChannelError names what it refuses."""
+        given = destination.endpoint
         endpoint, address, uri = self._manual_destination(publication_id, destination)
         if address in endpoint.manual_destinations:
             raise ChannelError(uri, "endpoint",
@@ -461,6 +554,12 @@ class SendSide:
         channel = endpoint.endpoint.channel
         assert channel.destinations is not None
         self.sender_proxy.on_add_destination(channel, address)
+        if given is not None and given.ip is None:  # a name: it may move (§7.4)
+            named = _NamedDestination(endpoint, address)
+            endpoint.named_destinations[address] = named
+            self.names.watch(named, given.host, address[0],
+                             lambda: named.address not in endpoint.silent_destinations,
+                             now_ns)
         log.info("added destination %s:%d to %s", address[0], address[1], endpoint.key)
 
     def remove_destination(self, publication_id: int, destination: Channel) -> None:
@@ -471,6 +570,9 @@ class SendSide:
             raise ChannelError(uri, "endpoint",
                                f"{address[0]}:{address[1]} is not a destination of this "
                                f"channel: nothing to remove")
+        named = endpoint.named_destinations.pop(address, None)
+        if named is not None:
+            self.names.unwatch(named)
         channel = endpoint.endpoint.channel
         assert channel.destinations is not None
         self.sender_proxy.on_remove_destination(channel, address)
@@ -568,6 +670,7 @@ class SendSide:
         """Close every send endpoint's socket and free its counter (the network thread has
         stopped)."""
         for send_entry in self._send_endpoints.values():
+            self.names.unwatch(send_entry)
             send_entry.endpoint.transport.close()
             if send_entry.destinations_counter_id is not None:
                 self.counters.free(send_entry.destinations_counter_id)

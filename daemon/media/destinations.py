@@ -159,7 +159,7 @@ _RECEIVER_IDS_MAX: Final = 4
 @attrs.define(eq=False)
 class _Destination:
     address: Address
-    last_seen_ns: int  # dynamic: its last status message
+    last_seen_ns: int  # its last status message (manual: or when it was added)
     #: dynamic: the receiver id it validated with; only its status messages keep it alive
     #: (None: added by the application, or a response table's)
     receiver_id: int | None = None
@@ -236,6 +236,20 @@ class DestinationTable:
         self._destinations[address] = _Destination(address, now_ns)
         self._sync()
         return True
+
+    def heard(self, source: Address, now_ns: int) -> None:
+        """Manual mode: a status message came from ``source``; a destination there is in
+        contact (:meth:`silent`)."""
+        known = self._destinations.get(source)
+        if known is not None:
+            known.last_seen_ns = now_ns
+
+    def silent(self, now_ns: int, timeout_ns: int) -> frozenset[Address]:
+        """Manual mode: the destinations no status message came from within ``timeout_ns``
+        (since they were added, for one never heard): a destination given by host name is
+        resolved again then (docs/PROTOCOL.md §7.4)."""
+        return frozenset(d.address for d in self._destinations.values()
+                         if now_ns - d.last_seen_ns >= timeout_ns)
 
     def remove(self, address: Address) -> bool:
         """Stop sending to ``address``; False if it was not a destination."""

@@ -135,6 +135,15 @@ class SpyUnlinked:
     counter_id: int
 
 
+@attrs.frozen(eq=False)
+class DestinationsSilent:
+    """A manual multi-destination-cast endpoint's destinations that no status message came
+    from within the timeout the conductor asked about (the command's answer), whole."""
+
+    channel: SendChannel
+    addresses: frozenset[Address]
+
+
 # -- either's ---------------------------------------------------------------------------------
 @attrs.frozen(eq=False)
 class EndpointRemoved:
@@ -148,5 +157,5 @@ class EndpointRemoved:
 ReceiverEvent = (ImageRequested | ImageUnavailable | ImageDone | ImageRejected
                  | ReceiveDestinationFailed | EndpointRemoved)
 SenderEvent = (PublicationDone | PublicationRejected | SpiesReleased | ResponseSetupArrived
-               | SpyLinked | SpyUnlinked | EndpointRemoved)
+               | SpyLinked | SpyUnlinked | DestinationsSilent | EndpointRemoved)
 NetworkEvent = ReceiverEvent | SenderEvent

@@ -1,24 +1,37 @@
-"""Host names in channel URIs, resolved off the conductor's loop.
+"""Host names in channel URIs, resolved off the conductor's loop, and resolved again when the
+peer they name goes silent.
 
-A name in ``endpoint=``, ``interface=`` or ``control=`` is resolved once, as the channel is added
+A name in ``endpoint=``, ``interface=`` or ``control=`` is resolved as the channel is added
 (:func:`slipstream.daemon.conductor.network_records._resolved` turns it into an IP literal),
 never inside the duty cycle.  ``getaddrinfo`` blocks, for as long as the resolver's timeouts (glibc:
 5 s per try, per name server), so the driver shell resolves a command's names in a thread
 first (:func:`resolve`) and hands the command to the conductor once they are known; the
 conductor then finds them here (:func:`lookup`).  A blocked resolver delays that one command,
 never the heartbeats, status messages or the systemd watchdog.
+
+A name can move (a pod rescheduled, a host re-addressed): :class:`NameWatch` is the
+conductor's schedule of names to resolve again (Aeron's re-resolution).  Every
+``name_re_resolution_interval`` it names those whose users lost contact with their peer; the
+driver's runner resolves them in a thread, as above, and hands the answers back
+(:meth:`NameWatch.answered`), which says whose address changed.  The conductor, which only
+ever handles IP literals, applies the new address (docs/PROTOCOL.md §7.2).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import threading
 import time
-from collections.abc import Iterable
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final, Generic, TypeVar
+
+import attrs
 
 from slipstream.client.channel import Channel, resolve_host
 from slipstream.client.errors import ChannelError
+
+log = logging.getLogger("slipstream.driver")
 
 #: How long an answer (or a failure) is reused, s.
 TTL_S: Final = 30.0
@@ -44,16 +57,20 @@ def needs_prefetch(channel: Channel) -> bool:
                    for _, host in names_of(channel))
 
 
-def resolve(hosts: Iterable[str]) -> None:
-    """Resolve ``hosts`` now (blocking: call it in a thread) and remember the answers."""
+def resolve(hosts: Iterable[str]) -> dict[str, str | None]:
+    """Resolve ``hosts`` now (blocking: call it in a thread), remember the answers and return
+    them (None: the host did not resolve)."""
+    answers: dict[str, str | None] = {}
     for host in hosts:
         try:
             address: str | None = resolve_host(host)
             error = ""
-        except OSError as e:
+        except (OSError, UnicodeError, ValueError) as e:  # a name IDNA cannot encode, too
             address, error = None, str(e)
         with _lock:
             _cache[host] = (address, error, time.monotonic() + TTL_S)
+        answers[host] = address
+    return answers
 
 
 def lookup(channel: Channel, part: str, host: str) -> str:
@@ -74,3 +91,94 @@ def lookup(channel: Channel, part: str, host: str) -> str:
     if address is None:
         raise ChannelError(str(channel), part, f"cannot resolve {host!r}: {error}")
     return address
+
+
+U = TypeVar("U")
+
+
+@attrs.define(eq=False)
+class _Watched(Generic[U]):
+    user: U
+    name: str
+    address: str
+    has_contact: Callable[[], bool]
+
+
+class NameWatch(Generic[U]):
+    """Which names to resolve again, and when (sans-I/O: time is an argument).
+
+    A *user* (a send endpoint whose ``endpoint=`` is a name, say) is watched with its name,
+    the address it sends to now and a way to ask whether it is in contact with its peer.
+    Every ``interval_ns`` :meth:`due` names the names of users out of contact, each once,
+    except those still being resolved (a slow resolver is never asked twice at once); users
+    in contact keep their address, so a name with several records (a round-robin service)
+    never moves a stream that flows.  :meth:`answered` takes the resolver's answers and
+    returns the users whose address changed, with the new one; a name that did not resolve
+    keeps its address and is asked again at the next check.  ``interval_ns`` 0: never."""
+
+    def __init__(self, interval_ns: int) -> None:
+        self.interval_ns = interval_ns
+        self._watched: list[_Watched[U]] = []
+        self._resolving: set[str] = set()
+        self._next_check_ns: int | None = None
+
+    def watch(self, user: U, name: str, address: str, has_contact: Callable[[], bool],
+              now_ns: int) -> None:
+        """Resolve ``name`` again for ``user`` (which sends to ``address`` now) whenever
+        ``has_contact()`` is False at a check, the first ``interval_ns`` after ``now_ns``."""
+        self._watched.append(_Watched(user, name, address, has_contact))
+        if self._next_check_ns is None:
+            self._next_check_ns = now_ns + self.interval_ns
+
+    def unwatch(self, user: U) -> None:
+        """``user`` is gone: nothing of it is resolved or changed any more."""
+        self._watched = [w for w in self._watched if w.user is not user]
+        if not self._watched:
+            self._next_check_ns = None
+
+    def address_of(self, user: U) -> str | None:
+        """The address ``user`` sends to now (None: not watched)."""
+        return next((w.address for w in self._watched if w.user is user), None)
+
+    @property
+    def next_check_ns(self) -> int | None:
+        """When :meth:`due` next has something to say (None: nothing watched, or never)."""
+        return None if self.interval_ns <= 0 else self._next_check_ns
+
+    def due(self, now_ns: int) -> list[str]:
+        """The names to resolve now (the caller resolves them off its loop and hands the
+        answers to :meth:`answered`); empty between checks."""
+        check = self.next_check_ns
+        if check is None or now_ns < check:
+            return []
+        self._next_check_ns = now_ns + self.interval_ns
+        names: list[str] = []
+        for watched in self._watched:
+            if (watched.name not in self._resolving and watched.name not in names
+                    and not watched.has_contact()):
+                names.append(watched.name)
+        self._resolving.update(names)
+        return names
+
+    def answered(self, names: Iterable[str],
+                 answers: Mapping[str, str | None]) -> list[tuple[U, str, str]]:
+        """The resolver is done with ``names`` (``answers``: an address, or None for a name
+        that did not resolve; a name missing: the resolver gave up): the users whose address
+        changed and that are still out of contact, as ``(user, old, new)``, which now count as
+        at the new one.  An address of the other IP version is not followed (logged)."""
+        names = set(names)
+        self._resolving -= names
+        changes: list[tuple[U, str, str]] = []
+        for watched in self._watched:
+            new = answers.get(watched.name) if watched.name in names else None
+            if new is None or new == watched.address or watched.has_contact():
+                continue
+            if ipaddress.ip_address(new).version != ipaddress.ip_address(watched.address).version:
+                # The socket is of one IP version: a name that moved to the other is not
+                # followed (the channel must be added again).
+                log.warning("%s resolves to %s now, another IP version than %s: not followed",
+                            watched.name, new, watched.address)
+                continue
+            changes.append((watched.user, watched.address, new))
+            watched.address = new
+        return changes

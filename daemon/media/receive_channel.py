@@ -618,6 +618,14 @@ class ReceiveChannel:
             self.counters.add(SystemCounter.STATUS_MESSAGES_SENT)
         self._next_join_ns = now_ns + ELICIT_SETUP_INTERVAL_NS
 
+    def move_control(self, address: Address, now_ns: int) -> None:
+        """The ``control=`` name resolved to ``address`` now (the publisher moved): the joining
+        SMs go there from now on, the next at once, and so do the control frames of the images
+        made from now on (an image of the old publisher keeps its own until it ends)."""
+        self.control_address = address
+        if self._next_join_ns != NO_DEADLINE:
+            self._next_join_ns = now_ns
+
     def next_deadline_ns(self) -> int:
         """Earliest deadline of the images, the C half's timers included (``<=`` now when
         output is queued)."""

@@ -162,6 +162,9 @@ class SendChannel:
             return  # not for a sender (e.g. our own multicast data looped back)
         self.counters.add(SystemCounter.BYTES_RECEIVED, len(data))
         table = self.destinations
+        if (table is not None and table.mode is ControlMode.MANUAL
+                and isinstance(frame, StatusMessage)):
+            table.heard(source, now_ns)
         if table is not None and table.mode is ControlMode.DYNAMIC:
             if source not in table:
                 self._from_unvalidated(table, frame, len(data), source, now_ns)

@@ -106,6 +106,17 @@ def attach_publication(publication: NetworkPublication, *, fd: int,
         c.destination_length = len(raw)
 
 
+def retarget_publication(publication: NetworkPublication, address: Address) -> None:
+    """``publication``'s endpoint sends to ``address`` now, where it sent to its destination
+    (a unicast endpoint whose peer's name resolved anew): its C half's destination moves
+    there; a connected socket's C half has none (its transport connects anew instead)."""
+    c = publication.c
+    if c.destinations == network_ffi.NULL and c.destination_length > 0:
+        raw = _sockaddr(address)
+        c.destination = raw
+        c.destination_length = len(raw)
+
+
 def attach_receiver(receiver: Any, *, virtual: VirtualPort | None = None) -> None:
     """Send a receive endpoint's frames (``receiver``: cffi ``ss_receiver_t *``) through its
     socket (``receiver.fd``), or to the ``virtual`` port."""

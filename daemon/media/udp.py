@@ -35,6 +35,7 @@ loop is on, so drivers on one host hear each other.  IPv4 and IPv6 unicast, IPv4
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import ipaddress
 import logging
@@ -200,6 +201,18 @@ def _interface_address(channel: Channel) -> str | None:
     return names.lookup(channel, "interface", channel.interface.host)
 
 
+_AF_UNSPEC_SOCKADDR: Final = struct.pack("=H14x", socket.AF_UNSPEC)
+
+
+def _disconnect(fd: int) -> None:
+    """Dissolve a UDP socket's association (connect to ``AF_UNSPEC``, which Python's
+    ``socket.connect`` cannot express): its peer and the source address it chose go."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.connect(fd, _AF_UNSPEC_SOCKADDR, len(_AF_UNSPEC_SOCKADDR)) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
 def _new_socket(family: socket.AddressFamily, params: SocketParams) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
@@ -334,6 +347,20 @@ class UdpSendTransport(_UdpTransport):
         if code and code not in self._errors_logged and code != errno.ECONNREFUSED:
             self._errors_logged.add(code)
             log.warning("sending %s failed: %s", publication, os.strerror(code))
+
+    def retarget(self, address: Address) -> None:
+        """Connect the socket to ``address`` (Aeron's ``updateEndpoint``): disconnected first
+        (``AF_UNSPEC``), so that the kernel chooses the source address for the new route; a
+        port the channel did not pin (``control=``, ``interface=HOST:PORT``) may change with
+        it, which the receiver learns from the data as any sender's.  Only a connected
+        (unicast) endpoint has one peer to move."""
+        if not self.connected:
+            return
+        try:
+            _disconnect(self.fd)
+            self.sock.connect(address)
+        except OSError as e:
+            self._send_error(e.errno or errno.EINVAL, address)
 
     def attach_channel(self, channel: SendChannel) -> None:
         """Control frames: NAKs are answered in C (their retransmissions queued on the

@@ -21,7 +21,10 @@ the holder's network, mount and UTS namespaces).  Processes of one host share it
 other hosts, and the test's own process, do not see it, so a driver there
 (:meth:`start_driver`) is reached only by clients run inside its host.  The rest of the file
 system is the machine's.  Names are IP addresses: the hostnames (:attr:`Host.hostname`) resolve
-nowhere, and nothing is written to /etc/hosts.
+nowhere, and nothing is written to /etc/hosts.  A host may have names of its own
+(:meth:`NamespaceHosts.set_names`): ``ip netns exec`` bind-mounts ``/etc/netns/<namespace>/hosts``
+over /etc/hosts for what it starts, so the processes of that host (not the machine's) find them
+through the system's resolver (getaddrinfo, nsswitch), and a change is seen at once.
 
 Everything is removed by :meth:`close` (a context manager), and namespaces of an earlier run
 that died are removed by the next (they carry this module's prefix).  Needs root, ``ip`` and,
@@ -227,6 +230,8 @@ class NamespaceHosts:
         #: are removed at close: a directory the caller gave is the caller's).
         self._drivers: list[tuple[Any, bool]] = []
         self._created: list[str] = []
+        #: What set_names made under /etc/netns, removed at close (deepest first).
+        self._etc_made: list[Path] = []
         try:
             self._create()
         except BaseException:
@@ -405,6 +410,33 @@ class NamespaceHosts:
         """Take host ``index`` off the network (its veth down), as a host that disappears."""
         self[index].run("ip", "link", "set", self[index].veth, "down")
 
+    # -- names -----------------------------------------------------------------------------
+    def set_names(self, index: int, names: Mapping[str, str]) -> None:
+        """Host ``index``'s own hosts file holds ``names`` (host name -> address) beside
+        ``localhost``: ``/etc/netns/<namespace>/hosts``, which ``ip netns exec`` bind-mounts
+        over /etc/hosts for the processes it starts from then on (a driver started after the
+        first call).  A later call rewrites the file in place (truncated and written, the same
+        inode), so the bind mount of a process already running sees the new names at its next
+        lookup, as a name's record that changes.  Not for isolated hosts (their processes
+        join the holder's mounts, made before).  Removed at :meth:`close`."""
+        host = self[index]
+        if host.isolated:
+            raise HostsError("set_names is for hosts that are namespaces alone (not isolated)")
+        etc = Path("/etc/netns")
+        folder = etc / host.namespace
+        for made in (etc, folder):
+            if not made.exists():
+                made.mkdir(mode=0o755)
+                self._etc_made.insert(0, made)
+        path = folder / "hosts"
+        text = "127.0.0.1\tlocalhost\n::1\tlocalhost\n" + "".join(
+            f"{address}\t{name}\n" for name, address in names.items())
+        if not path.exists():
+            self._etc_made.insert(0, path)
+        with open(path, "r+" if path.exists() else "w") as file:  # in place: same inode
+            file.truncate(0)
+            file.write(text)
+
     # -- cleanup ---------------------------------------------------------------------------
     def close(self) -> None:
         """Stop the drivers, remove the namespaces (with their veths and rules)."""
@@ -426,6 +458,13 @@ class NamespaceHosts:
         for namespace in reversed(self._created):
             _run("ip", "netns", "del", namespace, check=False)
         self._created.clear()
+        for made in self._etc_made:  # deepest first; /etc/netns only if made here and empty
+            with contextlib.suppress(OSError):
+                if made.is_dir():
+                    made.rmdir()
+                else:
+                    made.unlink()
+        self._etc_made.clear()
 
 
 @contextlib.contextmanager
