@@ -134,11 +134,29 @@ class ReplayMerge:
     def is_live(self) -> bool:
         return self.state is MergeState.LIVE
 
+    @property
+    def is_end_of_stream(self) -> bool:
+        """Live, and the stream ended there: its publisher closed it and every message was
+        delivered (polls give nothing more; a stream that was lost fails instead)."""
+        image = self._live_image
+        return (self.state is MergeState.LIVE and image is not None and image.is_closed
+                and image.ended_with_mark and image.lost_range is None
+                and image.final_position is not None and self.position >= image.final_position)
+
     def poll(self, handler: FragmentHandler, fragment_limit: int = 256) -> int:
         """Deliver the next messages; returns how many (0: none now)."""
         # The merge reads the live image without polling its subscription: an image that
-        # went is closed here, or the merge would wait on it for ever.
+        # went is closed here, or the merge would wait on it for ever.  The driver lets an
+        # image go once its subscribers read all it had (or it was left behind).
         self.live.release_gone_images()
+        live = self._live_image
+        if live is not None and live.is_closed and self.state is not MergeState.FAILED:
+            if self.is_end_of_stream:
+                return 0
+            lost = live.lost_range
+            self._fail(f"the live image of session {self.descriptor.session_id} went at "
+                       f"{live.position}" + ("" if lost is None else
+                                             f", left behind: [{lost[0]}, {lost[1]}) lost"))
         if self.state is MergeState.AWAIT_LIVE:
             self._await_live()
         if self.state is MergeState.CATCHING_UP:
@@ -148,11 +166,6 @@ class ReplayMerge:
             assert image is not None
             count = image.poll(handler, fragment_limit)
             self.position = image.position
-            if count == 0 and image.is_closed:
-                lost = image.lost_range
-                self._fail(f"the live image of session {self.descriptor.session_id} went at "
-                           f"{self.position}" + ("" if lost is None else
-                                                 f", left behind: [{lost[0]}, {lost[1]}) lost"))
             return count
         return 0
 

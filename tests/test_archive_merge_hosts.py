@@ -37,7 +37,8 @@ def test_replay_merge_under_loss_delivers_every_message_once_in_order(
     subscriber on host 2 reads it from the start (the reference).  After a third of the
     messages a second subscription joins live on host 2 and merges: replay from position 0,
     then live.  With 5 % of host 2's UDP input dropped, the merged subscriber gets every
-    message once, in order, with the reference's positions, and ends live."""
+    message once, in order, with the reference's positions, and ends live; when the
+    publisher closes, the merge reports the stream's end."""
     one = hosts.start_driver(1, **NETWORK_SETTINGS)
     two = hosts.start_driver(2, **NETWORK_SETTINGS)
     channel = f"aeron:udp?endpoint={hosts[2].address}:{LIVE_PORT}"
@@ -93,12 +94,21 @@ def test_replay_merge_under_loss_delivers_every_message_once_in_order(
             assert merge.state is MergeState.LIVE
             assert merge.join_position is not None and merge.join_position > 0
             assert merge.switch_position is not None
+            assert published.wait(30)
+            publisher.join(10)
+            while len(seen) < TOTAL:
+                assert time.monotonic() < deadline
+                read_reference()
+            # The publisher closes: the live image ends with the stream, and the merge says
+            # so rather than fail (its image went, with nothing lost).
+            publication.close()
+            while not merge.is_end_of_stream:
+                assert time.monotonic() < deadline, merge.state
+                read_reference()
+                assert merge.poll(lambda d, h: merged.append((bytes(d), h.position))) == 0
+                time.sleep(0.01)
+            assert merge.poll(lambda d, h: merged.append((bytes(d), h.position))) == 0
             merge.close()
-        assert published.wait(30)
-        publisher.join(10)
-        while len(seen) < TOTAL:
-            assert time.monotonic() < deadline
-            read_reference()
         naks = counters_of(two)["NAK_MESSAGES_SENT"]
     assert naks > 0, "no loss was repaired: the test did not cross what it guards"
     assert [m for m, _ in merged] == [message(seq, size_of(seq)) for seq in range(TOTAL)]

@@ -409,6 +409,12 @@ def test_a_newcomer_frozen_where_a_recent_setup_put_it_is_admitted_and_holds_the
         limit = feed(fc, 10 * WINDOW, now, receiver_id=2, sender_limit=limit)
         assert (2 in fc.receivers) is (i + 1 == ADMISSION_STATUS_MESSAGES)
     assert fc.on_idle(120 * MS, limit, fc.sender_position, False) == 11 * WINDOW
+    # Frozen anywhere else, within that timeout still, it is not admitted: no receiver
+    # joined there.
+    for i in range(10):
+        feed(fc, 10 * WINDOW + 1024, 130 * MS + i * 50 * MS, receiver_id=4,
+             sender_limit=limit)
+    assert 4 not in fc.receivers
     # A receiver timeout after that SETUP, one frozen at its position is a forger's.
     later = 120 * MS + fc.receiver_timeout_ns
     for i in range(10):

@@ -75,8 +75,8 @@ class FlowControl(Strategy):
         """A SETUP was sent with ``sender_limit`` in force."""
 
     def on_setup_frame(self, position: int, now_ns: int) -> None:
-        """A SETUP naming ``position`` (where a receiver that takes it joins) was made for a
-        receiver: the publication's own or a dynamic MDC destination's probe."""
+        """A SETUP naming ``position`` (where a receiver that takes it joins) went out: the
+        publication's own or a dynamic MDC destination's probe."""
 
     def on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         """An S-flagged SM (a receiver wants SETUP) arrived."""

@@ -21,7 +21,7 @@ ADMISSION_STATUS_MESSAGES = 3
 #: one is admitted or forgotten (a flood of receiver ids costs bounded memory).
 ADMISSION_CANDIDATES_MAX = 1024
 #: SETUP positions remembered for admission (one per SETUP that moved on, each kept for a
-#: receiver timeout): past this the oldest goes, which only raises the floor.
+#: receiver timeout): past this the oldest goes.
 ADMISSION_SETUPS_MAX = 64
 
 
@@ -70,7 +70,7 @@ class MinMulticastFlowControl(FlowControl):
       SMs over at least ``admission_interval_ns``, each one past the last or with all that
       was sent (``sender_position``), none a window behind the one before (none ahead of
       snd-pos reaches it); until then it does not hold the sender back.  One that does not
-      move is consistent too while it sits at or past the position of a SETUP sent within
+      move is consistent too while it sits exactly at the position of a SETUP sent within
       the receiver timeout: that is where a receiver joining from it starts, and one whose
       subscriber has not read yet (a replay merge catching up) must hold the sender from
       there, or it would be over-run and left behind.  A receiver of the
@@ -103,8 +103,8 @@ class MinMulticastFlowControl(FlowControl):
         self._setup_requesters: set[int] = set()
         self._last_setup_limit: int | None = None
         self._last_setup_ns = 0
-        #: (time ns, position) of the SETUPs sent within the receiver timeout, oldest first
-        #: (positions never fall): where a receiver joining now may sit.
+        #: (time ns, position) of the SETUPs sent within the receiver timeout, oldest first:
+        #: where a receiver that joined and has not read since sits.
         self._setups: deque[tuple[int, int]] = deque(maxlen=ADMISSION_SETUPS_MAX)
 
     @classmethod
@@ -133,7 +133,7 @@ class MinMulticastFlowControl(FlowControl):
         # where a recent SETUP put a receiver, and it never went a window backwards.
         consistent = candidate is None or (
             (limit > candidate.limit or position >= self.sender_position
-             or self._joined_from_setup(position, now_ns))
+             or self._at_a_setup(position, now_ns))
             and limit >= candidate.limit - window)
         if not consistent:
             self.candidates.pop(sm.receiver_id, None)
@@ -151,12 +151,12 @@ class MinMulticastFlowControl(FlowControl):
         del self.candidates[sm.receiver_id]
         return True
 
-    def _joined_from_setup(self, position: int, now_ns: int) -> bool:
-        """Whether ``position`` is at or past a SETUP sent within the receiver timeout."""
+    def _at_a_setup(self, position: int, now_ns: int) -> bool:
+        """Whether ``position`` is that of a SETUP sent within the receiver timeout."""
         setups = self._setups
         while setups and setups[0][0] + self.receiver_timeout_ns - now_ns < 0:
             setups.popleft()
-        return bool(setups) and position >= setups[0][1]
+        return any(at == position for _, at in setups)
 
     def _matches(self, sm: StatusMessage) -> bool:
         return True

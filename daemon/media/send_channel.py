@@ -319,10 +319,12 @@ class SendChannel:
             if table.status_messages_of(candidate) < 2:
                 return  # a receiver of any session answers the heartbeat at once
             for publication in publications:
-                self._challenge(table, publication, publication.setup_frame(now_ns), candidate)
+                self._challenge(table, publication, publication.setup_frame(), candidate,
+                                setup_at_ns=now_ns)
         elif sm.is_setup_request:
             [publication] = publications
-            self._challenge(table, publication, publication.setup_frame(now_ns), candidate)
+            self._challenge(table, publication, publication.setup_frame(), candidate,
+                            setup_at_ns=now_ns)
         else:
             [publication] = publications
             request = Rttm(publication.session_id, publication.stream_id, token, 0, 0,
@@ -330,10 +332,13 @@ class SendChannel:
             self._challenge(table, publication, request.encode(), candidate)
 
     def _challenge(self, table: DestinationTable, publication: NetworkPublication,
-                   frame: bytes, candidate: Address) -> None:
-        """Send ``frame`` to ``candidate`` if its 3x allowance has room, else count it."""
+                   frame: bytes, candidate: Address, setup_at_ns: int | None = None) -> None:
+        """Send ``frame`` to ``candidate`` if its 3x allowance has room, else count it.
+        ``setup_at_ns``: the frame is the publication's SETUP, sent at that time."""
         if table.may_send(candidate, len(frame)):
             self.challenges.append((publication, Datagram(frame, candidate)))
+            if setup_at_ns is not None:
+                publication.setup_sent(setup_at_ns)
         else:
             self.counters.add(SystemCounter.MDC_AMPLIFICATION_DROPS)
 

@@ -849,19 +849,24 @@ class NetworkPublication:
                 self.counters.add(SystemCounter.UNBLOCKED_PUBLICATIONS)
             self._time_of_last_sender_progress_ns = now_ns
 
-    def setup_frame(self, now_ns: int) -> bytes:
+    def setup_frame(self) -> bytes:
         """A SETUP for the stream as it is now (at snd-pos): what a receiver makes its image
-        from.  Flow control hears where it puts a receiver (``fc=min`` admission)."""
+        from.  Whoever sends it calls :meth:`setup_sent`."""
         position = self.sender_position
-        self.flow_control.on_setup_frame(position, now_ns)
         return Setup(position & self._mask, self.session_id, self.stream_id,
                      self.initial_term_id, self._term_id(position), self.term_length, self.mtu,
                      self._ttl, self._setup_flags).encode()
 
+    def setup_sent(self, now_ns: int) -> None:
+        """A :meth:`setup_frame` went out: flow control hears where it puts a receiver
+        (``fc=min`` admission)."""
+        self.flow_control.on_setup_frame(self.sender_position, now_ns)
+
     def _setup_message_check(self, now_ns: int, out: list[Datagram]) -> None:
         if now_ns - self._time_of_last_setup_ns < SETUP_TIMEOUT_NS:
             return
-        out.append(Datagram(self.setup_frame(now_ns), self.destination))
+        out.append(Datagram(self.setup_frame(), self.destination))
+        self.setup_sent(now_ns)
         self._time_of_last_setup_ns = now_ns
         self.flow_control.on_setup(now_ns, self.sender_limit)
         if self._receivers:
