@@ -203,7 +203,7 @@ PUBLICATION_THREADS: dict[str, str] = _owned(
         is_setup_elicited has_initial_connection has_live_receiver has_receiver_at
         has_receivers has_received_unicast_eos learns_destinations credit_stop_position
         eos_heartbeats_sent flow_control rate_control durable retransmit_handler rejections
-        setup_frame
+        setup_frame setup_sent
         spies_released spy_count consumer_position active_term_id term_offset""",
 )
 
