@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test test-fast test-lane install install-service java aeron tools lint bench clean
+.PHONY: run test test-fast test-lane install install-service java aeron tools containers image \
+        wheelhouse lint bench clean
 
 install: $(STAMP)
 
@@ -43,29 +44,58 @@ aeron: install
 tools:
 	@scripts/ensure-tools
 
+# The container image (docs/OPERATIONS.md, Deployment), as root: podman, buildah, debootstrap
+# and runc where missing, the two containers.conf settings where missing, the base image made
+# by debootstrap (scripts/ensure-containers), then the wheels built here and `podman build`
+# (scripts/build-image): localhost/slipstream:latest.  WHEEL=path.whl puts that wheel of the
+# project in the image instead of one built from the tree.
+WHEEL ?=
+image: containers
+	WHEEL=$(WHEEL) PYTHON=$(PYTHON) scripts/build-image
+
+containers:
+	@scripts/ensure-containers
+
+# The wheels of an offline install (the image's): the project's (or WHEEL's) and its
+# dependencies', into WHEELHOUSE; `pip install --no-index --find-links WHEELHOUSE slipstream`.
+WHEELHOUSE ?= wheelhouse
+wheelhouse:
+	WHEEL=$(WHEEL) PYTHON=$(PYTHON) scripts/build-wheelhouse $(WHEELHOUSE)
+
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
-test: install java aeron tools
+# The containers lane runs beside the others: most of its time is podman building the image
+# and starting containers, and it would add minutes in line; its report follows theirs.
+CONTAINERS_LOG := $(VENV)/containers-lane.log
+test: install java aeron tools containers
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	@$(BIN)/python -m pytest -q -p no:cacheprovider -m containers >$(CONTAINERS_LOG) 2>&1 & \
+	lane=$$!; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not containers"; others=$$?; \
+	wait $$lane; containers=$$?; \
+	echo "--- the containers lane, run beside the others ($(CONTAINERS_LOG)):"; \
+	cat $(CONTAINERS_LOG); \
+	[ $$others -eq 0 ] && [ $$containers -eq 0 ]
 
 # Every test is in one lane (tests/conftest.py says which and why): unit, sim (the simulator),
 # sockets (real driver processes on this host), hosts (root: namespaces, iptables, other users,
-# systemd), interop (the stock Aeron driver), spark (a SparkSession).  `make test` runs them
+# systemd), interop (the stock Aeron driver), spark (a SparkSession), containers (the image
+# and its containers, podman as root).  `make test` runs them
 # all; `make test-fast` the two that need nothing but the venv; `make test-lane LANE=sockets`
 # one lane, or a marker expression: LANE="hosts or interop".  A lane's tools come first.
 LANE ?=
 LANE_NEEDS_hosts   := tools
 LANE_NEEDS_interop := aeron
 LANE_NEEDS_spark   := java
+LANE_NEEDS_containers := containers
 
 # On both cores (pytest-xdist): the simulator's scenarios are CPU-bound, in virtual time.
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal -m "unit or sim"
 
 test-lane: install $(foreach word,$(LANE),$(LANE_NEEDS_$(word)))
-	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark" >&2; exit 2; }
+	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark|containers" >&2; exit 2; }
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "$(LANE)"
 
 lint: install
