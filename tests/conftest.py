@@ -199,6 +199,7 @@ MODULE_LANES = {
     "test_hostile_network": "hosts",
     "test_installed_package": "sockets",
     "test_interop": "interop",
+    "test_kubernetes": "unit",
     "test_interop_mdc": "interop",
     "test_interop_mds": "interop",
     "test_ipc": "sockets",
