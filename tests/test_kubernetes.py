@@ -2,7 +2,8 @@
 published schemas (``kubernetes-validate``, strict: an unknown field is an error), the uid
 and gid they run as the image's, and ``podman kube play`` of the driver (the pod of its
 DaemonSet, deploy/kubernetes/kube_play.py) and of the IPC example's two application pods,
-which stream through it over the node's driver directory.
+which stream through it over the node's driver directory; the archive's configuration runs
+in a container beside a driver container.
 
 The schema checks are unit; the play is in the containers lane (root and podman: skips
 without, fails under CI=true).
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from containers import Containers, image_settings, podman
+from containers import APP_UID, Containers, image_settings, podman
 from helpers import lacking
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,3 +185,44 @@ def _pause_images() -> set[str]:
     listed = podman("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter",
                     "reference=localhost/podman-pause").stdout
     return set(listed.split())
+
+
+#: A call to the archive's control stream from a container beside it: its recordings.
+_LIST_RECORDINGS = """
+from slipstream.archive.client import ArchiveClient
+from slipstream.client import Client
+with Client.connect() as client, ArchiveClient(client, "127.0.0.1", 8010, 10,
+                                               timeout_s=10) as archive:
+    for listed in archive.list_recordings():
+        d = listed.descriptor
+        print("recording", d.recording_id, d.channel, d.stream_id, listed.recorded_position)
+"""
+
+
+@pytest.mark.containers
+@pytest.mark.timeout(900)  # the session's image build, the first time
+def test_the_archives_configuration_records_and_answers_calls_in_a_container(
+        containers: Containers) -> None:
+    """archive.yaml's archive.toml, as its ConfigMap gives it (its directory moved to the
+    container's /tmp, where the StatefulSet mounts a volume): the archive records the IPC
+    stream it names and answers a call on its control stream (bound on every address, here
+    the loopback of the driver container's network, which the others join)."""
+    config = next(d for d in manifests()["archive.yaml"] if d["kind"] == "ConfigMap")
+    toml = config["data"]["archive.toml"].replace(
+        'dir = "/var/lib/slipstream-archive"', 'dir = "/tmp/recordings"')
+    driver = containers.driver(shm_size="512m")
+    beside = (f"--ipc=container:{driver}", f"--network=container:{driver}",
+              "--no-healthcheck")
+    archive = containers.run(
+        "archive", *beside, "--env", f"ARCHIVE_TOML={toml}", command=[
+            "sh", "-c", 'printf "%s" "$ARCHIVE_TOML" > /tmp/archive.toml && '
+                        "exec slipstream-archive run --config /tmp/archive.toml"])
+    gid = containers.settings["SLIPSTREAM_GID"]
+    app = (*beside, f"--user={APP_UID}:{gid}")
+    published = containers.run("publisher", *app, command=[
+        "slipstream-sample", "publish", "aeron:ipc", "1001", "--count", "1000",
+        "--timeout", "3"])  # the archive never leaves: the publisher waits out the 3 s
+    assert "published 1000" in containers.assert_succeeds(published)
+    answer = containers.run("caller", *app, detach=False,
+                            command=["python", "-c", _LIST_RECORDINGS])
+    assert "recording 0 aeron:ipc 1001 96000" in answer, (answer, containers.logs(archive))
