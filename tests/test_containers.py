@@ -84,3 +84,19 @@ def test_a_stream_whose_log_does_not_fit_the_shm_is_refused_saying_so(
                                   channel, "1001", "--count=1000")
     containers.assert_succeeds(subscriber)
     containers.assert_succeeds(publisher)
+
+
+def test_an_application_with_the_group_only_as_a_supplementary_one_is_told_what_to_do(
+        containers: Containers) -> None:
+    """In another container the driver's group database lists no member: the control socket
+    admits the group as a primary group only, and the error says so."""
+    gid = containers.settings["SLIPSTREAM_GID"]
+    driver = containers.driver()
+    refused = containers.run("refused", f"--ipc=container:{driver}", "--network=none",
+                             "--no-healthcheck", f"--user={APP_UID}:{APP_UID}",
+                             f"--group-add={gid}", command=["slipstream-healthcheck"])
+    assert containers.wait(refused) == 1
+    error = containers.logs(refused)
+    assert "the group database does not list" in error, error
+    assert f"primary group (in a container, whose group database is its image's: `--user " \
+           f"UID:{gid}`)" in error, error
