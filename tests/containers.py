@@ -58,7 +58,7 @@ def image_settings() -> dict[str, str]:
 
 def podman(*args: str, prefix: Sequence[str] = (), check: bool = True,
            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``podman ARGS`` (``prefix`` before it: ``ip netns exec NS``), output captured; an
+    """``podman ARGS`` (``prefix`` before it: ``nsenter --net=/run/netns/NS``), output captured; an
     AssertionError with its output when it fails and ``check``."""
     result = subprocess.run([*prefix, "podman", *args], capture_output=True, text=True,
                             timeout=timeout, stdin=subprocess.DEVNULL)
@@ -84,7 +84,7 @@ class Containers:
         self.image = image
         self.id = uuid.uuid4().hex[:8]
         self.settings = image_settings()
-        #: Network namespaces the test ran podman in (its containers are listed there too).
+        #: The prefixes podman ran under (a namespace host's network): remove_all lists there.
         self._prefixes: list[tuple[str, ...]] = [()]
 
     def name(self, role: str) -> str:
