@@ -5,8 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DIR    ?=
 
-.PHONY: run test test-fast test-lane install install-service java aeron tools lint bench clean \
-        wheel
+.PHONY: run test test-fast test-lane install install-service java aeron tools containers image \
+        wheel lint bench clean
 
 install: $(STAMP)
 
@@ -52,29 +52,52 @@ aeron: install
 tools:
 	@scripts/ensure-tools
 
+# The container image (docs/OPERATIONS.md, Deployment), as root: podman, buildah, debootstrap
+# and runc where missing, the two containers.conf settings where missing, the base image made
+# by debootstrap (scripts/ensure-containers), then the wheelhouse of `make wheel` (built by
+# IMAGE_PYTHON, default the venv's, which has auditwheel) and `podman build`
+# (scripts/build-image): localhost/slipstream:latest.
+IMAGE_PYTHON ?=
+image: containers $(if $(IMAGE_PYTHON),,install)
+	PYTHON=$(if $(IMAGE_PYTHON),$(IMAGE_PYTHON),$(BIN)/python) scripts/build-image
+
+containers:
+	@scripts/ensure-containers
+
 run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
-test: install java aeron tools
+# The containers lane runs beside the others: most of its time is podman building the image
+# and starting containers, and it would add minutes in line; its report follows theirs.
+CONTAINERS_LOG := $(VENV)/containers-lane.log
+test: install java aeron tools containers
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	@$(BIN)/python -m pytest -q -p no:cacheprovider -m containers >$(CONTAINERS_LOG) 2>&1 & \
+	lane=$$!; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not containers"; others=$$?; \
+	wait $$lane; containers=$$?; \
+	echo "--- the containers lane, run beside the others ($(CONTAINERS_LOG)):"; \
+	cat $(CONTAINERS_LOG); \
+	[ $$others -eq 0 ] && [ $$containers -eq 0 ]
 
 # Every test is in one lane (tests/conftest.py says which and why): unit, sim (the simulator),
 # sockets (real driver processes on this host), hosts (root: namespaces, iptables, other users,
-# systemd), interop (the stock Aeron driver), spark (a SparkSession).  `make test` runs them
+# systemd), interop (the stock Aeron driver), spark (a SparkSession), containers (the image
+# and its containers, podman as root).  `make test` runs them
 # all; `make test-fast` the two that need nothing but the venv; `make test-lane LANE=sockets`
 # one lane, or a marker expression: LANE="hosts or interop".  A lane's tools come first.
 LANE ?=
 LANE_NEEDS_hosts   := tools
 LANE_NEEDS_interop := aeron
 LANE_NEEDS_spark   := java
+LANE_NEEDS_containers := containers
 
 # On both cores (pytest-xdist): the simulator's scenarios are CPU-bound, in virtual time.
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal -m "unit or sim"
 
 test-lane: install $(foreach word,$(LANE),$(LANE_NEEDS_$(word)))
-	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark" >&2; exit 2; }
+	@test -n "$(LANE)" || { echo "make test-lane LANE=unit|sim|sockets|hosts|interop|spark|containers" >&2; exit 2; }
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "$(LANE)"
 
 lint: install

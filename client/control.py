@@ -229,7 +229,9 @@ def foreign_directory_error(directory: str | os.PathLike[str], uid: int) -> Driv
             return DriverError(
                 f"{serves}; this process holds the group, but the group database does not "
                 f"list {me} as a member, and the driver's control socket admits only listed "
-                f"members (or a primary group's): add it (`sudo usermod -aG {name} {user}`)")
+                f"members (or a primary group's): add it (`sudo usermod -aG {name} {user}`), "
+                f"or make {group} this process's primary group (in a container, whose group "
+                f"database is its image's: `--user UID:{gid}`)")
         return DriverError(
             f"{serves}, and this process runs as {me}, which is not in it: add it to the group "
             f"(`sudo usermod -aG {name} {user}`, then log in again), or use a driver of your "

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, NETWORK_SETTINGS, lacking
 
-pytest_plugins = ["installed"]  # the installed_venv fixture: the wheel in a fresh venv
+# installed_venv: the wheel in a fresh venv; slipstream_image and containers: the image
+pytest_plugins = ["installed", "containers"]
 
 #: The session's bytecode cache of the Python processes the tests start, made by
 #: :func:`pytest_configure` (None: the environment's own rule stands).
@@ -136,13 +137,16 @@ def hosts(request: pytest.FixtureRequest, needs_hosts: None):  # -> Iterator[Nam
 #   hosts    root, network namespaces, iptables/tc, mounts, other Unix users, systemd
 #   interop  the stock Aeron Java driver (tests/aeron_peer/)
 #   spark    a SparkSession
+#   containers  slipstream's image and containers of it (podman, as root), on this host or on
+#            namespace hosts; `make test` runs this lane beside the others (it waits on
+#            podman's builds and starts more than it computes)
 #
 # ``make test-fast`` runs ``-m "unit or sim"``, ``make test-lane LANE=x`` one lane, and
 # ``make test`` every lane.  A module's lane is MODULE_LANES'; a test of another lane says so
 # with its own ``@pytest.mark.<lane>`` (or its module's ``pytestmark``), or, in the modules
 # listed in TEST_LANES, there.  A module missing from MODULE_LANES fails the collection.
 
-LANES = ("unit", "sim", "sockets", "hosts", "interop", "spark")
+LANES = ("unit", "sim", "sockets", "hosts", "interop", "spark", "containers")
 
 MODULE_LANES = {
     "test_aeron_peer": "interop",
@@ -165,6 +169,9 @@ MODULE_LANES = {
     "test_client_group": "hosts",
     "test_client_liveness": "sockets",
     "test_config": "unit",
+    "test_containers": "containers",
+    "test_containers_hosts": "containers",
+    "test_containers_setup": "unit",
     "test_control_plane": "sockets",
     "test_control_binding": "unit",
     "test_control_hosts": "hosts",
@@ -192,6 +199,7 @@ MODULE_LANES = {
     "test_hostile_network": "hosts",
     "test_installed_package": "sockets",
     "test_interop": "interop",
+    "test_kubernetes": "unit",
     "test_interop_mdc": "interop",
     "test_interop_mds": "interop",
     "test_ipc": "sockets",

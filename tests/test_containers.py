@@ -1,0 +1,102 @@
+"""slipstream's image (deploy/container/, `make image`) and a driver shared across containers
+on one host: the image built once per session from a copy of the source files
+(tests/containers.py), a driver container that applications in other containers reach
+through its /dev/shm (``--ipc=container:``) as members of its group, its health check, its
+drain at ``podman stop``, and /dev/shm sized by the settings (docs/OPERATIONS.md,
+Deployment).  Containers run with ``--network=none``: IPC needs no network.
+
+Needs root and podman (``make containers``): skips without, fails under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from containers import APP_UID, Containers, image_settings, podman
+
+pytestmark = pytest.mark.timeout(900)  # the session's image build, the first time
+
+MESSAGES = 20_000
+
+
+def test_the_image_runs_the_driver_as_its_user_and_has_no_compiler(containers: Containers,
+                                                                   ) -> None:
+    settings = image_settings()
+    inspected = json.loads(podman("image", "inspect", containers.image).stdout)[0]
+    config = inspected["Config"]
+    assert config["User"] == "slipstream"
+    assert config["Cmd"][:2] == ["/opt/slipstream/bin/slipstream", "driver"]  # exec form
+    assert inspected["Healthcheck"]["Test"] == ["CMD", "/usr/local/bin/slipstream-healthcheck"]
+    assert config["StopSignal"] in ("SIGTERM", "15")
+    out = containers.run("probe", "--network=none", detach=False, command=[
+        "sh", "-c", "id -u; id -g; command -v gcc cc clang || echo no compiler; "
+                    "python -c 'import slipstream.client._native, slipstream.daemon._network; "
+                    "print(slipstream.client.__file__)'"])
+    uid, gid, compiler, module = out.split("\n")[:4]
+    assert (uid, gid) == (settings["SLIPSTREAM_UID"], settings["SLIPSTREAM_GID"])
+    assert compiler == "no compiler"
+    assert module.startswith("/opt/slipstream/lib/python")  # the installed wheel's
+
+
+def test_a_publisher_and_a_subscriber_in_containers_stream_through_a_driver_container(
+        containers: Containers) -> None:
+    """Three containers: the driver (its /dev/shm shareable, sized for one IPC stream of the
+    default 64 MiB terms), a subscriber and a publisher, each of a uid of its own with the
+    driver's group; then `podman stop` drains the driver, PID 1, which exits 0."""
+    driver = containers.driver(shm_size="256m")
+    subscriber = containers.client("subscriber", driver, "slipstream-sample", "subscribe",
+                                   "aeron:ipc", "1001", f"--count={MESSAGES}")
+    publisher = containers.client("publisher", driver, "slipstream-sample", "publish",
+                                  "aeron:ipc", "1001", f"--count={MESSAGES}", "--size=256")
+    received = containers.assert_succeeds(subscriber)
+    assert f"received {MESSAGES} in order (0..{MESSAGES - 1})" in received, received
+    assert f"published {MESSAGES}" in containers.assert_succeeds(publisher)
+    assert containers.inspect(subscriber)["Config"]["User"] == f"{APP_UID}:" + (
+        containers.settings["SLIPSTREAM_GID"])
+
+    started = time.monotonic()
+    podman("stop", "--time=15", driver)
+    stopped_in = time.monotonic() - started
+    log = containers.logs(driver)
+    assert containers.inspect(driver)["State"]["ExitCode"] == 0, log
+    assert "received SIGTERM: draining" in log, log
+    assert stopped_in < 10, f"{stopped_in:.1f} s: the SIGTERM did not reach the driver\n{log}"
+
+
+def test_a_stream_whose_log_does_not_fit_the_shm_is_refused_saying_so(
+        containers: Containers) -> None:
+    """Podman's default /dev/shm (64 MiB) holds no IPC stream of the default terms (192
+    MiB): the publisher is told, and a stream with smaller terms fits."""
+    driver = containers.run("driver", "--ipc=shareable", "--network=none")  # 64 MiB
+    containers.wait_healthy(driver)
+    refused = containers.client("refused", driver, "slipstream-sample", "publish",
+                                "aeron:ipc", "1001", "--count=1", "--timeout=5")
+    assert containers.wait(refused) == 1
+    error = containers.logs(refused)
+    assert "cannot create the log of stream 1001 (192 MiB" in error, error
+    assert "use smaller terms" in error, error
+    channel = "aeron:ipc?term-length=4m"
+    subscriber = containers.client("subscriber", driver, "slipstream-sample", "subscribe",
+                                   channel, "1001", "--count=1000")
+    publisher = containers.client("publisher", driver, "slipstream-sample", "publish",
+                                  channel, "1001", "--count=1000")
+    containers.assert_succeeds(subscriber)
+    containers.assert_succeeds(publisher)
+
+
+def test_an_application_with_the_group_only_as_a_supplementary_one_is_told_what_to_do(
+        containers: Containers) -> None:
+    """In another container the driver's group database lists no member: the control socket
+    admits the group as a primary group only, and the error says so."""
+    gid = containers.settings["SLIPSTREAM_GID"]
+    driver = containers.driver()
+    refused = containers.run("refused", f"--ipc=container:{driver}", "--network=none",
+                             "--no-healthcheck", f"--user={APP_UID}:{APP_UID}",
+                             f"--group-add={gid}", command=["slipstream-healthcheck"])
+    assert containers.wait(refused) == 1
+    error = containers.logs(refused)
+    assert "the group database does not list" in error, error
+    assert f"primary group (in a container, whose group database is its image's: `--user " \
+           f"UID:{gid}`)" in error, error
