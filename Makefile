@@ -68,12 +68,14 @@ run: install
 	$(BIN)/slipstream demo $(if $(DIR),--dir $(DIR),)
 
 # The containers lane runs beside the others: most of its time is podman building the image
-# and starting containers, and it would add minutes in line; its report follows theirs.
+# and starting containers, and it would add minutes in line; its report follows theirs.  It
+# runs niced (the others have timing-bound tests) and goes with make (Ctrl-C, a kill).
 CONTAINERS_LOG := $(VENV)/containers-lane.log
 test: install java aeron tools containers
 	$(BIN)/ruff check .
-	@$(BIN)/python -m pytest -q -p no:cacheprovider -m containers >$(CONTAINERS_LOG) 2>&1 & \
-	lane=$$!; \
+	@nice -n 10 $(BIN)/python -m pytest -q -p no:cacheprovider -m containers \
+	    >$(CONTAINERS_LOG) 2>&1 & \
+	lane=$$!; trap 'kill $$lane 2>/dev/null' INT TERM; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not containers"; others=$$?; \
 	wait $$lane; containers=$$?; \
 	echo "--- the containers lane, run beside the others ($(CONTAINERS_LOG)):"; \

@@ -269,7 +269,7 @@ class EmbeddedDriver(_DriverCore):
         def resolve() -> None:
             answers: dict[str, str | None] = {}
             try:
-                answers = names.resolve(hosts)
+                answers = names.resolve_again(hosts)
             finally:  # the conductor hears it is done, answers or not
                 self._resolved.append((hosts, answers))
                 self._python_due_ns = 0

@@ -250,7 +250,8 @@ class _DriverShell(_DriverCore):
     async def _resolve_again_then_apply(self, hosts: list[str]) -> None:
         # However long the resolver takes: the conductor asks for none of these names again
         # before it answers, and its loop goes on meanwhile.
-        answers = await trio.to_thread.run_sync(names.resolve, hosts, abandon_on_cancel=True)
+        answers = await trio.to_thread.run_sync(names.resolve_again, hosts,
+                                                abandon_on_cancel=True)
         self.conductor.on_names_resolved(hosts, answers)
         self._wake.set()
 

@@ -141,6 +141,9 @@ class SimDriver:
             lib.ss_store_release_i64(self._heartbeat, now_ns)
         work = self._sender_work(now_ns) + self._receiver_work(now_ns)
         conductor_work, out = self._conductor_work(now_ns)
+        hosts = self.conductor.names_due(now_ns)
+        if hosts:  # simulated hosts never move: a name keeps the address it was added with
+            self.conductor.on_names_resolved(hosts, {})
         if out:
             for _key, message in out:
                 self._on_message(message)

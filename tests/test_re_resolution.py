@@ -9,6 +9,7 @@ from __future__ import annotations
 import attrs
 
 from slipstream.daemon.config import DriverSettings
+from slipstream.daemon.media import names
 from slipstream.daemon.media.names import NameWatch
 
 S = 1_000_000_000
@@ -129,3 +130,18 @@ def test_a_name_that_moves_to_another_ip_version_is_not_followed() -> None:
     assert watch.due(S) == ["rcv.test"]
     assert watch.answered(["rcv.test"], {"rcv.test": "fd00::3"}) == []
     assert watch.address_of(peer) == "10.0.0.2"
+
+
+def test_a_failed_re_resolution_is_not_kept_for_channels_added_meanwhile(monkeypatch) -> None:
+    """A transient failure while a name is resolved again refuses no channel added after it
+    (the next lookup asks the resolver); a failure of a channel's own lookup is kept for the
+    cache's TTL, as before."""
+    def unreachable(host: str) -> str:
+        raise OSError(f"{host}: temporary failure in name resolution")
+
+    monkeypatch.setattr(names, "resolve_host", unreachable)
+    monkeypatch.setattr(names, "_cache", {})
+    assert names.resolve_again(["peer.test"]) == {"peer.test": None}
+    assert "peer.test" not in names._cache
+    assert names.resolve(["peer.test"]) == {"peer.test": None}
+    assert names._cache["peer.test"][0] is None

@@ -57,9 +57,10 @@ def needs_prefetch(channel: Channel) -> bool:
                    for _, host in names_of(channel))
 
 
-def resolve(hosts: Iterable[str]) -> dict[str, str | None]:
+def resolve(hosts: Iterable[str], *, remember_failures: bool = True) -> dict[str, str | None]:
     """Resolve ``hosts`` now (blocking: call it in a thread), remember the answers and return
-    them (None: the host did not resolve)."""
+    them (None: the host did not resolve).  ``remember_failures`` False (a re-resolution):
+    a failure is not kept, so a transient one refuses no channel added meanwhile."""
     answers: dict[str, str | None] = {}
     for host in hosts:
         try:
@@ -67,10 +68,16 @@ def resolve(hosts: Iterable[str]) -> dict[str, str | None]:
             error = ""
         except (OSError, UnicodeError, ValueError) as e:  # a name IDNA cannot encode, too
             address, error = None, str(e)
-        with _lock:
-            _cache[host] = (address, error, time.monotonic() + TTL_S)
+        if address is not None or remember_failures:
+            with _lock:
+                _cache[host] = (address, error, time.monotonic() + TTL_S)
         answers[host] = address
     return answers
+
+
+def resolve_again(hosts: Iterable[str]) -> dict[str, str | None]:
+    """:func:`resolve` for the names :class:`NameWatch` asks for again."""
+    return resolve(hosts, remember_failures=False)
 
 
 def lookup(channel: Channel, part: str, host: str) -> str:

@@ -357,10 +357,21 @@ class UdpSendTransport(_UdpTransport):
         if not self.connected:
             return
         try:
+            previous = self.sock.getpeername()
+        except OSError:
+            previous = None
+        try:
             _disconnect(self.fd)
             self.sock.connect(address)
         except OSError as e:
             self._send_error(e.errno or errno.EINVAL, address)
+            # Connected to the old peer again: an unconnected socket would fail every send
+            # (EDESTADDRREQ), a stream to the old address at least reaches a receiver there.
+            if previous is not None:
+                try:
+                    self.sock.connect(previous)
+                except OSError:
+                    pass
 
     def attach_channel(self, channel: SendChannel) -> None:
         """Control frames: NAKs are answered in C (their retransmissions queued on the

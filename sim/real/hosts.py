@@ -110,6 +110,11 @@ def remove_stale() -> None:
             if name.endswith(ISOLATED_SUFFIX):
                 _kill_processes_in(name)
             _run("ip", "netns", "del", name, check=False)
+            # Its hosts file (NamespaceHosts.set_names), named by the run's namespace alone.
+            stale = Path("/etc/netns") / name
+            with contextlib.suppress(OSError):
+                (stale / "hosts").unlink(missing_ok=True)
+                stale.rmdir()
         except PermissionError:
             pass
 
