@@ -102,6 +102,7 @@ class _NamedDestination:
 
     endpoint: _SendEndpointEntry
     address: Address
+    name: str
 
 
 @attrs.define(eq=False)

@@ -448,12 +448,18 @@ class SendSide:
         channel = endpoint.endpoint.channel
         self.sender_proxy.on_remove_destination(channel, named.address)
         address: Address = (new, named.address[1])
-        if address not in endpoint.manual_destinations:
-            endpoint.manual_destinations[address] = uri
-            self.sender_proxy.on_add_destination(channel, address)
+        self.counters.add(SystemCounter.RESOLUTION_CHANGES)
+        if address in endpoint.manual_destinations:
+            # Another destination is there already: one from now on, that one's (removing
+            # either by its URI removes it).
+            self.names.unwatch(named)
+            log.info("destination %s of %s resolved to %s, a destination already: one now",
+                     uri, endpoint.key, new)
+            return
+        endpoint.manual_destinations[address] = uri
+        self.sender_proxy.on_add_destination(channel, address)
         named.address = address
         endpoint.named_destinations[address] = named
-        self.counters.add(SystemCounter.RESOLUTION_CHANGES)
         log.info("destination %s of %s resolved to %s: sending there", uri, endpoint.key, new)
 
     def on_endpoint_removed(self, event: EndpointRemoved) -> None:
@@ -555,7 +561,7 @@ class SendSide:
         assert channel.destinations is not None
         self.sender_proxy.on_add_destination(channel, address)
         if given is not None and given.ip is None:  # a name: it may move (§7.4)
-            named = _NamedDestination(endpoint, address)
+            named = _NamedDestination(endpoint, address, given.host)
             endpoint.named_destinations[address] = named
             self.names.watch(named, given.host, address[0],
                              lambda: named.address not in endpoint.silent_destinations,
@@ -564,8 +570,10 @@ class SendSide:
 
     def remove_destination(self, publication_id: int, destination: Channel) -> None:
         """Publication ``publication_id``'s endpoint no longer sends to ``destination``;
-        ChannelError when it was not one."""
-        endpoint, address, uri = self._manual_destination(publication_id, destination)
+        ChannelError when it was not one.  One added by name is found by its name, wherever
+        the name took it since."""
+        endpoint, address, uri = self._named_destination(publication_id, destination) or \
+            self._manual_destination(publication_id, destination)
         if endpoint.manual_destinations.pop(address, None) is None:
             raise ChannelError(uri, "endpoint",
                                f"{address[0]}:{address[1]} is not a destination of this "
@@ -577,6 +585,19 @@ class SendSide:
         assert channel.destinations is not None
         self.sender_proxy.on_remove_destination(channel, address)
         log.info("removed destination %s:%d from %s", address[0], address[1], endpoint.key)
+
+    def _named_destination(self, publication_id: int, destination: Channel
+                           ) -> tuple[_SendEndpointEntry, Address, str] | None:
+        """The endpoint and address of the destination added as ``destination``'s
+        ``endpoint=NAME:PORT``, if one was (None: look it up by address)."""
+        given = destination.endpoint
+        entry = self.publications.get(publication_id)
+        if given is None or given.ip is not None or entry is None:
+            return None
+        for named in entry.endpoint.named_destinations.values():
+            if named.name == given.host and named.address[1] == given.port:
+                return entry.endpoint, named.address, str(destination)
+        return None
 
     def _manual_destination(self, publication_id: int,
                             destination: Channel) -> tuple[_SendEndpointEntry, Address, str]:
