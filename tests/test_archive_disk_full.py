@@ -237,17 +237,7 @@ def test_a_full_disk_ends_a_fetch_not_the_archive_and_its_recordings(
                 wait_for_recording(small_disk / "b", index=index, ended=True)
             live = client.add_exclusive_publication("aeron:ipc", 20)
             wait_for_recording(small_disk / "b", index=2)  # descriptor 2, live
-            publish(live, 10)
-            with open(small_disk / "filler", "wb", buffering=0) as filler:
-                try:
-                    while True:
-                        filler.write(bytes(4096))
-                except OSError:
-                    pass  # the disk is full
             log_path = tmp_path / "b.log"
-            wait_for(lambda: "its replica could not be made here" in log_path.read_text(),
-                     timeout=20, what="B's fetch ended by its full disk")
-            assert process_b.poll() is None, log_path.read_text()
             with ArchiveClient(client, "127.0.0.1", port_b, CONTROL_STREAM,
                                timeout_s=5) as archive_b:
                 def recorded() -> int:
@@ -255,6 +245,20 @@ def test_a_full_disk_ends_a_fetch_not_the_archive_and_its_recordings(
                     return next(r.recorded_position for r in listed
                                 if r.descriptor.session_id == live.session_id)
 
+                # Its segment is opened, and its blocks reserved, by its first write: the
+                # disk fills only once that is done.
+                positions = publish(live, 10)
+                wait_for(lambda: recorded() == positions[-1], timeout=30,
+                         what="B recording the first messages")
+                with open(small_disk / "filler", "wb", buffering=0) as filler:
+                    try:
+                        while True:
+                            filler.write(bytes(4096))
+                    except OSError:
+                        pass  # the disk is full
+                wait_for(lambda: "its replica could not be made here" in log_path.read_text(),
+                         timeout=20, what="B's fetch ended by its full disk")
+                assert process_b.poll() is None, log_path.read_text()
                 before = recorded()
                 positions = publish(live, 10, first=10)
                 wait_for(lambda: recorded() == positions[-1], timeout=30, what="B recording on")
