@@ -200,6 +200,7 @@ MODULE_LANES = {
     "test_installed_package": "sockets",
     "test_interop": "interop",
     "test_kubernetes": "unit",
+    "test_kubernetes_hosts": "containers",
     "test_interop_mdc": "interop",
     "test_interop_mds": "interop",
     "test_ipc": "sockets",

@@ -122,6 +122,10 @@ def test_podman_gets_the_pod_of_a_daemonset_and_of_a_statefulset() -> None:
     archive = played[-1]["spec"]
     assert {"name": "recordings", "persistentVolumeClaim": {
         "claimName": "recordings-slipstream-archive-0"}} in archive["volumes"]
+    mdc, left_out = kube_play.playable(manifests()["example-mdc.yaml"])
+    assert left_out == ["Service/slipstream-mdc-control"]
+    [deployment] = [d for d in mdc if d["kind"] == "Deployment"]
+    assert deployment["metadata"]["annotations"][key] == value  # where podman reads it
     with pytest.raises(kube_play.ManifestError, match="Job/x: podman kube play runs no Job"):
         kube_play.playable([{"kind": "Job", "metadata": {"name": "x"}}])
 

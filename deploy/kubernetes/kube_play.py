@@ -51,9 +51,14 @@ def _keep_init_containers(document: dict[str, Any]) -> dict[str, Any]:
     if not pod.get("spec", {}).get("initContainers"):
         return document
     document = copy.deepcopy(document)
-    pod = document["spec"]["template"] if document["kind"] == "Deployment" else document
     key, value = INIT_CONTAINER_TYPE
-    pod.setdefault("metadata", {}).setdefault("annotations", {})[key] = value
+    # Podman 4.3 takes a Deployment's pod annotations from the Deployment's own metadata;
+    # a cluster, from its template's.
+    annotated = [document]
+    if document["kind"] == "Deployment":
+        annotated.append(document["spec"]["template"])
+    for part in annotated:
+        part.setdefault("metadata", {}).setdefault("annotations", {})[key] = value
     return document
 
 
