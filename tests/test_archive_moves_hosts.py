@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import NETWORK_SETTINGS, counters_of
+from helpers import NETWORK_SETTINGS, counters_of, readdress
 from test_archive import archive_process, publish, wait_for_recording, write_config
 
 from slipstream.archive import ArchiveClient
@@ -39,17 +39,6 @@ STREAM = 71
 MESSAGES = 500
 #: The name is resolved again at the first check after the change (the default interval).
 INTERVAL_S = 1.0
-
-
-def _readdress(hosts, index: int, subnet: int, *, keep: bool) -> str:
-    """Give host ``index`` the address ``10.<net>.<subnet>.<index>/24`` (beside its first
-    one when ``keep``, else instead of it); returns it."""
-    host = hosts[index]
-    address = f"10.{hosts.net}.{subnet}.{index}"
-    if not keep:
-        host.run("ip", "addr", "del", f"{host.address}/24", "dev", host.veth)
-    host.run("ip", "addr", "add", f"{address}/24", "dev", host.veth)
-    return address
 
 
 @pytest.mark.parametrize("hosts", [3], indirect=True)
@@ -78,8 +67,8 @@ def test_a_caller_follows_an_archive_whose_name_moves_to_a_re_addressed_host(
             # The archive's pod goes, and starts on another host, with a new address.
             old.send_signal(signal.SIGTERM)
             assert old.wait(timeout=20) == 0
-            new_address = _readdress(hosts, 3, 1, keep=False)
-            _readdress(hosts, 1, 1, keep=True)
+            new_address = readdress(hosts, 3, 1, keep=False)
+            readdress(hosts, 1, 1, keep=True)
             new_driver = hosts.start_driver(3, **NETWORK_SETTINGS)
             new_config = write_config(tmp_path / "new.toml", archive_dir,
                                       new_driver.directory, [("aeron:ipc", STREAM)],
