@@ -5,7 +5,7 @@
     slipstream-archive describe ID [...]       (list and describe: live positions too)
     slipstream-archive replay ID [--channel URI --stream N] [--from POS | --from-time ISO]
                        [--to POS] [--config FILE]   print a replay, or have it sent there
-                       [--archive ADDR:PORT[/STREAM] ...]   its session from several archives
+                       [--archive HOST:PORT[/STREAM] ...]   its session from several archives
     slipstream-archive verify [ID] [...]       scan segments for torn or invalid frames
     slipstream-archive purge ID [...]          delete a recording (the service stopped)
 
@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
                         "until it stops)")
     replay.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the "
                         "archive's answer")
-    replay.add_argument("--archive", action="append", default=[], metavar="ADDR:PORT[/STREAM]",
+    replay.add_argument("--archive", action="append", default=[], metavar="HOST:PORT[/STREAM]",
                         help="another archive recording the same stream (repeatable): the "
                         "recording's session is read from --from to --to (or as far as "
                         "recorded) piece by piece from whichever holds it, this one first")

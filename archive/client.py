@@ -74,7 +74,8 @@ class ArchiveClient:
     """A standing link to the archive whose control stream is ``control_stream_id`` at
     ``address:port`` (its settings' ``control_*``), through ``client``'s driver; answers
     come back at ``reply_address`` (this host's address towards the archive when None), at
-    the archive's port, or ``reply_port``.
+    the archive's port, or ``reply_port``.  ``address`` may be a host name (a headless
+    Service's): the link follows it when the archive moves (:class:`HolderLink`).
     Use from one thread.  Raises :class:`~slipstream.client.holding.CallError` for a call the
     archive refuses or does not answer in ``timeout_s``, :class:`RecordingLostError` for a
     range it does not hold."""
@@ -211,6 +212,9 @@ class ArchiveClient:
             while stream_id == self._link.response_stream_id:
                 stream_id = random.randrange(1, INT32_MAX)
         if channel is None:
+            # A link that lost contact works out its reply channel again as it gets it back
+            # (the archive moved: this host's address towards it may be another).
+            self._link.wait_for_contact(time.monotonic() + self.timeout_s)
             channel = self.reply_channel
             subscription_channel = reply_subscription_channel(channel)
         else:

@@ -18,7 +18,7 @@ from slipstream.archive.segments import (
     MIN_SEGMENT_LENGTH,
 )
 from slipstream.client.channel import SPY_PREFIX, parse_channel
-from slipstream.client.errors import SlipstreamError
+from slipstream.client.errors import ChannelError, SlipstreamError
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.units import parse_duration_ns, parse_size
 
@@ -168,17 +168,22 @@ class Peer:
 
 
 def parse_peer(entry: Any, key: str = "peers") -> Peer:
-    """``"address:port"`` or ``"address:port/stream_id"`` (the stream id defaults to Aeron
-    Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`); raises
+    """``"host:port"`` or ``"host:port/stream_id"`` (the stream id defaults to Aeron
+    Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`); the host an IPv4 address or
+    a host name, which is kept as a name: the link to the peer follows it when the peer moves
+    (docs/PROTOCOL.md §7.2, "Names that follow their peer").  Raises
     :class:`ArchiveSettingsError` naming ``key``."""
     endpoint, _, stream = entry.partition("/") if isinstance(entry, str) else ("", "", "")
-    address, _, port = endpoint.rpartition(":")
     try:
-        peer = Peer(str(ipaddress.IPv4Address(address)), int(port),
+        where = parse_channel(f"aeron:udp?endpoint={endpoint}").endpoint
+        if where is None or where.port is None or ":" in where.host:
+            raise ValueError(endpoint)
+        peer = Peer(where.host, where.port,
                     int(stream) if stream else DEFAULT_CONTROL_STREAM_ID)
-    except ValueError:
-        raise ArchiveSettingsError(key, f"{entry!r} is not \"address:port\" or "
-                                   f"\"address:port/stream_id\" (an IPv4 address)") from None
+    except (ValueError, ChannelError):
+        raise ArchiveSettingsError(key, f"{entry!r} is not \"host:port\" or "
+                                   f"\"host:port/stream_id\" (an IPv4 address or a host "
+                                   f"name)") from None
     if not 0 < peer.port <= 65535 or not INT32_MIN <= peer.control_stream_id <= INT32_MAX:
         raise ArchiveSettingsError(key, f"{entry!r}: the port is not in 1..65535, or the "
                                    f"stream id not an int32")
@@ -186,9 +191,9 @@ def parse_peer(entry: Any, key: str = "peers") -> Peer:
 
 
 def _peers(value: Any) -> tuple[Peer, ...]:
-    """``["address:port", "address:port/stream_id", ...]`` (:func:`parse_peer`)."""
+    """``["host:port", "host:port/stream_id", ...]`` (:func:`parse_peer`)."""
     if not isinstance(value, list):
-        raise ArchiveSettingsError("peers", f"{value!r} is not a list of \"address:port\" "
+        raise ArchiveSettingsError("peers", f"{value!r} is not a list of \"host:port\" "
                                    f"strings")
     return tuple(parse_peer(entry) for entry in value)
 

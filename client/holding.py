@@ -90,12 +90,17 @@ def reply_subscription_channel(reply_channel: str) -> str:
 
 
 def local_address_towards(address: str, port: int) -> str:
-    """The address of this host that the kernel would send from to reach ``address``: the
-    one a holder there can answer to.  Sends nothing."""
+    """The address of this host that the kernel would send from to reach ``address`` (an
+    IPv4 address, or a host name resolved now): the one a holder there can answer to.  Sends
+    nothing.  Raises SlipstreamError naming ``address`` when it does not resolve or no route
+    leads there."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         probe.connect((address, port))
-        return probe.getsockname()[0]
+        return str(probe.getsockname()[0])
+    except OSError as e:  # socket.gaierror too: a name that does not resolve
+        raise SlipstreamError(f"no address of this host towards the holder at "
+                              f"{address}:{port}: {e}") from e
     finally:
         probe.close()
 
@@ -268,6 +273,13 @@ class HolderLink:
     ``reply_port``, where the holder's port is taken here (a holder calling another on the
     same port).
 
+    ``address`` may be a host name (a Kubernetes service's, say): it stays a name in the
+    control channel, so this host's driver resolves it again while the holder is silent and
+    sends to where it moved (docs/PROTOCOL.md §7.2, "Names that follow their peer").  When the
+    link lost contact (its control stream not connected) and gets it back, the reply channel
+    is worked out again (:meth:`wait_for_contact`): this host's address towards the holder's
+    new place may be another, and the answers come there.
+
     :meth:`call` sends one call and waits for its answer.  Use from one thread.
     """
 
@@ -279,24 +291,73 @@ class HolderLink:
         self.port = port
         self.timeout_s = timeout_s
         self.response_stream_id = random.randrange(1, INT32_MAX)
+        self._client = client
+        self._reply_address = reply_address
+        self._reply_port = reply_port
         self._next_id = 1
         self._answers: dict[int, dict[str, Any]] = {}
-        for attempt in range(2):  # a second, after a port drawn here was taken
-            if reply_port is not None:  # the caller's own: e.g. a holder calling a holder
-                self.reply_channel = (f"aeron:udp?endpoint="
-                                      f"{reply_address or local_address_towards(address, port)}"
-                                      f":{reply_port}")
-            else:
-                self.reply_channel = reply_channel_towards(client, address, port,
-                                                           reply_address)
+        self._control: Publication | None = None
+        self._response = self._open_response(
+            lambda channel: open_holder_streams(client, address, port, control_stream_id,
+                                                channel, self.response_stream_id))
+
+    def _reply_channel_now(self) -> str:
+        """Where the answers should come now (this host's address towards the holder is
+        worked out again when not given)."""
+        if self._reply_port is not None:  # the caller's own: e.g. a holder calling a holder
+            reply_address = (self._reply_address
+                             or local_address_towards(self.address, self.port))
+            return f"aeron:udp?endpoint={reply_address}:{self._reply_port}"
+        return reply_channel_towards(self._client, self.address, self.port,
+                                     self._reply_address)
+
+    def _open_response(self, open_streams: Callable[[str], tuple[Subscription, Publication]]
+                       ) -> Subscription:
+        """``open_streams(reply_channel)`` at the reply channel of now, trying a second port
+        when one drawn here was taken since; sets :attr:`reply_channel` (and the control
+        publication, when it makes one); returns the response subscription."""
+        for attempt in range(2):
+            channel = self._reply_channel_now()
             try:
-                self._response, self._control = open_holder_streams(
-                    client, address, port, control_stream_id, self.reply_channel,
-                    self.response_stream_id)
+                response, control = open_streams(channel)
                 break
             except RegistrationError:
-                if attempt or not forget_reply_port(client, address, port):
+                if attempt or not forget_reply_port(self._client, self.address, self.port):
                     raise  # not a port drawn here, or taken again
+        self.reply_channel = channel
+        if self._control is None:
+            self._control = control
+        return response
+
+    def wait_for_contact(self, deadline: float) -> bool:
+        """Wait until the holder's control stream is connected or ``time.monotonic()`` passes
+        ``deadline``; whether it is.  A link that was out of contact then works out its reply
+        channel again, and moves its response subscription there if it changed (the holder
+        may answer from elsewhere now: its name moved); a name that does not resolve now
+        keeps the channel it has."""
+        if self.is_connected:
+            return True
+        while not self.is_connected:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        try:
+            if self._reply_channel_now() != self.reply_channel:
+                previous = self._response
+                self._response = self._open_response(
+                    lambda channel: (self._client.add_subscription(
+                        reply_subscription_channel(channel), self.response_stream_id),
+                        self.control))
+                previous.close()
+        except SlipstreamError:
+            pass  # no route or name now: the answers are asked at the channel of before
+        return True
+
+    @property
+    def control(self) -> Publication:
+        """The publication to the holder's control stream."""
+        assert self._control is not None
+        return self._control
 
     def call(self, op: str, **args: Any) -> Any:
         """Call ``op`` with ``args`` (JSON values); returns the holder's result.  Raises
@@ -304,11 +365,12 @@ class HolderLink:
         ``timeout_s``."""
         call_id = self._next_id
         self._next_id += 1
+        deadline = time.monotonic() + self.timeout_s
+        contact = self.wait_for_contact(deadline)
         data = json.dumps({"version": CALL_VERSION, "kind": "call", "id": call_id, "op": op,
                            "args": args, "reply_channel": self.reply_channel,
                            "response_stream_id": self.response_stream_id}).encode()
-        deadline = time.monotonic() + self.timeout_s
-        if not offer_until(self._control, data, deadline):
+        if not contact or not offer_until(self.control, data, deadline):
             raise CallError(
                 f"the holder at {self.holder} did not take the call {op!r} within "
                 f"{self.timeout_s:g} s: is it running, and UDP port {self.port} open "
@@ -333,7 +395,7 @@ class HolderLink:
     def is_connected(self) -> bool:
         """Whether the holder's control stream has a subscriber (its status messages come):
         a call to a holder that is not running waits for the link's timeout."""
-        return self._control.is_connected
+        return self.control.is_connected
 
     def _take(self, data: memoryview, _header: object) -> None:
         try:
@@ -344,7 +406,7 @@ class HolderLink:
             self._answers[answer["id"]] = answer
 
     def close(self) -> None:
-        self._control.close()
+        self.control.close()
         self._response.close()
 
 

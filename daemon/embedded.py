@@ -83,6 +83,7 @@ class EmbeddedDriver(_DriverCore):
         self._conductor_deadline_ns = 0  # its next_deadline_ns() when it last ran
         #: Names resolved again off the caller's thread (_resolve_again), and their answers.
         self._resolved: deque[tuple[list[str], dict[str, str | None]]] = deque()
+        self._resolvers = threading.BoundedSemaphore(names.RESOLVER_THREADS)
         #: When the Python side is next due without news (0: at the next call): the command
         #: check, the conductor's cycle and its deadline, whichever is first.
         self._python_due_ns = 0
@@ -265,16 +266,21 @@ class EmbeddedDriver(_DriverCore):
             self._conductor_waiting = waiting
 
     def _resolve_again(self, hosts: list[str]) -> None:
-        """A thread resolves them; the next :meth:`do_work` hands the answers over."""
-        def resolve() -> None:
+        """A thread for each name (at most names.RESOLVER_THREADS resolving at once: the
+        others wait for one to finish), so that a slow one delays no other's answer; the
+        next :meth:`do_work` hands each answer over."""
+        def resolve(host: str) -> None:
             answers: dict[str, str | None] = {}
             try:
-                answers = names.resolve_again(hosts)
+                with self._resolvers:
+                    answers = names.resolve_again([host])
             finally:  # the conductor hears it is done, answers or not
-                self._resolved.append((hosts, answers))
+                self._resolved.append(([host], answers))
                 self._python_due_ns = 0
 
-        threading.Thread(target=resolve, name="ss-resolve", daemon=True).start()
+        for host in hosts:
+            threading.Thread(target=resolve, args=(host,), name="ss-resolve",
+                             daemon=True).start()
 
     def _command_after_names(self, key: bytes, message: dict[str, Any],
                              channel: Channel) -> None:

@@ -72,6 +72,8 @@ class _DriverShell(_DriverCore):
 
     async def _serve(self, task_status: Any) -> None:
         token = trio.lowlevel.current_trio_token()
+        #: The threads that resolve names again (_resolve_again), at most this many at once.
+        self._resolvers = trio.CapacityLimiter(names.RESOLVER_THREADS)
         threads: list[NetworkThread] = []
         network = self._open(wake_network=lambda: [thread.wake() for thread in threads],
                              wake_conductor=lambda: self._wake_from_thread(token),
@@ -245,14 +247,16 @@ class _DriverShell(_DriverCore):
         self._process_commands()  # the sends may have taken the socket's edge
 
     def _resolve_again(self, hosts: list[str]) -> None:
-        self._nursery.start_soon(self._resolve_again_then_apply, hosts)
+        for host in hosts:  # each on its own: a slow one delays no other's answer
+            self._nursery.start_soon(self._resolve_again_then_apply, host)
 
-    async def _resolve_again_then_apply(self, hosts: list[str]) -> None:
-        # However long the resolver takes: the conductor asks for none of these names again
-        # before it answers, and its loop goes on meanwhile.
-        answers = await trio.to_thread.run_sync(names.resolve_again, hosts,
-                                                abandon_on_cancel=True)
-        self.conductor.on_names_resolved(hosts, answers)
+    async def _resolve_again_then_apply(self, host: str) -> None:
+        # However long the resolver takes: the conductor asks for this name again only once
+        # it answered, and its loop goes on meanwhile.  At most names.RESOLVER_THREADS at once.
+        answers = await trio.to_thread.run_sync(names.resolve_again, [host],
+                                                abandon_on_cancel=True,
+                                                limiter=self._resolvers)
+        self.conductor.on_names_resolved([host], answers)
         self._wake.set()
 
     async def _command_loop(self) -> None:

@@ -193,10 +193,12 @@ class VirtualSendTransport(_VirtualTransport):
                                       virtual=self)
         self._publications.add(publication)
 
-    def retarget(self, address: Address) -> None:
-        """The endpoint's publications send to ``address`` from now on."""
+    def retarget(self, address: Address) -> bool:
+        """The endpoint's publications send to ``address`` from now on (always: a virtual
+        endpoint has no socket to connect)."""
         for publication in self._publications:
             send_point.retarget_publication(publication, address)
+        return True
 
     def attach_channel(self, channel: SendChannel) -> None:
         """No socket: the channel's C dispatch stays at fd -1 and arrivals come through

@@ -155,6 +155,7 @@ MODULE_LANES = {
     "test_archive_units": "unit",
     "test_archive_replay": "sockets",
     "test_archive_merge_hosts": "hosts",
+    "test_archive_moves_hosts": "hosts",
     "test_archive_replication": "sockets",
     "test_archive_two_hosts": "hosts",
     "test_async": "sockets",

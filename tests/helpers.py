@@ -292,3 +292,15 @@ class RawClient:
 
     def close(self) -> None:
         self.socket.close(0)
+
+
+def readdress(hosts: Any, index: int, subnet: int, *, keep: bool) -> str:
+    """Give namespace host ``index`` the address ``10.<net>.<subnet>.<index>/24``, beside its
+    first one when ``keep``, else instead of it (a host re-addressed: what it reaches changes
+    with it); returns the new address."""
+    host = hosts[index]
+    address = f"10.{hosts.net}.{subnet}.{index}"
+    if not keep:
+        host.run("ip", "addr", "del", f"{host.address}/24", "dev", host.veth)
+    host.run("ip", "addr", "add", f"{address}/24", "dev", host.veth)
+    return address

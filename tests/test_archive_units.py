@@ -324,9 +324,12 @@ def test_the_shipped_settings_file_names_every_key_at_its_default() -> None:
 
 def test_peers_are_read_with_their_control_stream_defaulting_to_10(tmp_path: Path) -> None:
     path = tmp_path / "archive.toml"
-    path.write_text('peers = ["10.0.0.2:8010", "10.0.0.3:9000/12"]\nreplication_port = 8020\n')
+    path.write_text('peers = ["10.0.0.2:8010", "10.0.0.3:9000/12", "Archive-B.Archive:8010"]'
+                    '\nreplication_port = 8020\n')
     settings = load_settings(path)
-    assert [str(p) for p in settings.peers] == ["10.0.0.2:8010/10", "10.0.0.3:9000/12"]
+    # A host name is kept as a name (lowercased): the link to the peer follows it.
+    assert [str(p) for p in settings.peers] == ["10.0.0.2:8010/10", "10.0.0.3:9000/12",
+                                                "archive-b.archive:8010/10"]
     assert settings.replication_port == 8020 and settings.replication_address is None
 
 
@@ -352,7 +355,8 @@ def test_peers_are_read_with_their_control_stream_defaulting_to_10(tmp_path: Pat
     ('control_port = "8010"', "control_port"),
     ('control_stream_id = 2147483648', "control_stream_id"),
     ('peers = "10.0.0.2:8010"', "peers"),
-    ('peers = ["archive-b:8010"]', "peers"),
+    ('peers = ["archive b:8010"]', "peers"),
+    ('peers = ["[::1]:8010"]', "peers"),
     ('peers = ["10.0.0.2"]', "peers"),
     ('peers = ["10.0.0.2:0"]', "peers"),
     ('peers = ["10.0.0.2:8010/x"]', "peers"),

@@ -829,3 +829,45 @@ def test_an_embedded_driver_follows_a_silent_endpoints_name_without_blocking_its
         offer_ten(publication, driver)
     assert counters_of(driver)["RESOLUTION_CHANGES"] == 1
     assert longest < 0.5  # no call waited for the resolver
+
+
+def test_an_embedded_drivers_names_due_together_answer_each_on_its_own(
+        embedded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stuck.test`` and ``moving.test`` are due at the same checks, and the first's
+    resolver then takes 6 s for each answer: the second's answer is handed over as it
+    comes, and its endpoint follows it within a few intervals."""
+    from slipstream.daemon.media import names
+
+    record = {"moving.test": "127.0.0.1", "stuck.test": "127.0.0.1", "delay": 0.0}
+    resolve_host = names.resolve_host
+
+    def lookup(host: str) -> str | None:
+        if host == "stuck.test":
+            time.sleep(record["delay"])
+        if host in ("moving.test", "stuck.test"):
+            return record[host]
+        return resolve_host(host)
+
+    monkeypatch.setattr(names, "resolve_host", lookup)
+    monkeypatch.setattr(names, "_cache", {})
+    driver = embedded(name_re_resolution_interval="200ms", publication_connection_timeout="1s")
+    port, stuck_port = free_port(), free_port()
+    with Client.connect(driver.directory, invoker=driver.do_work) as client:
+        subscription = client.add_subscription(f"aeron:udp?endpoint=127.0.0.2:{port}", 37)
+        client.add_publication(f"aeron:udp?endpoint=stuck.test:{stuck_port}", 37)
+        publication = client.add_publication(f"aeron:udp?endpoint=moving.test:{port}", 37)
+        record["delay"] = 6.0
+        settle = time.monotonic() + 1.5  # past the connection timeout: both silent, both due
+        while time.monotonic() < settle:
+            driver.do_work()
+            time.sleep(0.001)
+        record["moving.test"] = "127.0.0.2"
+        moved = time.monotonic()
+        while not (publication.is_connected and subscription.images):
+            assert time.monotonic() - moved < 5, "the moving name waited for the stuck one"
+            driver.do_work()
+            time.sleep(0.001)
+        followed_s = time.monotonic() - moved
+        offer_ten(publication, driver)
+    assert followed_s < 2.0, followed_s
+    assert counters_of(driver)["RESOLUTION_CHANGES"] == 1

@@ -7,6 +7,7 @@ sleeps; tests/test_re_resolution_hosts.py: the whole path on namespace hosts).""
 from __future__ import annotations
 
 import attrs
+import pytest
 
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.media import names
@@ -124,12 +125,37 @@ def test_a_manual_destination_is_silent_until_it_is_heard_within_the_timeout() -
     assert table.silent(2 * S, S) == {here, there}
 
 
-def test_a_name_that_moves_to_another_ip_version_is_not_followed() -> None:
-    """The endpoint's socket is of one IP version."""
+def test_a_name_that_moves_to_another_ip_version_is_not_followed_and_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The endpoint's socket is of one IP version.  The warning comes once per such answer,
+    not at every check: again when the answer changes, or after the name came back."""
+    watch, peer = _watch()
+    said = []
+    for t, answer in enumerate(["fd00::3", "fd00::3", "fd00::3", "fd00::4", "10.0.0.2",
+                                "fd00::4"], start=1):
+        caplog.clear()
+        assert watch.due(t * S) == ["rcv.test"]
+        assert watch.answered(["rcv.test"], {"rcv.test": answer}) == []
+        said.append(sum("another IP version" in r.getMessage() for r in caplog.records))
+    assert said == [1, 0, 0, 1, 0, 1]
+    assert watch.address_of(peer) == "10.0.0.2"
+
+
+def test_a_move_that_did_not_take_is_asked_for_again_and_applied() -> None:
+    """The sender could not connect its socket to the new address (no route there yet): the
+    conductor hears it (``RetargetFailed``), and the next check applies the same answer
+    again, until one takes."""
     watch, peer = _watch()
     assert watch.due(S) == ["rcv.test"]
-    assert watch.answered(["rcv.test"], {"rcv.test": "fd00::3"}) == []
-    assert watch.address_of(peer) == "10.0.0.2"
+    assert watch.answered(["rcv.test"], {"rcv.test": "10.0.1.2"}) == [
+        (peer, "10.0.0.2", "10.0.1.2")]
+    watch.retry(peer)
+    assert watch.due(2 * S) == ["rcv.test"]
+    assert watch.answered(["rcv.test"], {"rcv.test": "10.0.1.2"}) == [
+        (peer, "10.0.1.2", "10.0.1.2")]
+    # That one took: the same answer is no change any more.
+    assert watch.due(3 * S) == ["rcv.test"]
+    assert watch.answered(["rcv.test"], {"rcv.test": "10.0.1.2"}) == []
 
 
 def test_a_failed_re_resolution_is_not_kept_for_channels_added_meanwhile(monkeypatch) -> None:

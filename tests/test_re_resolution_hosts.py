@@ -18,7 +18,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from helpers import NETWORK_SETTINGS, Collector, counters_of, message, run_stat, wait_for
+from helpers import (
+    NETWORK_SETTINGS,
+    Collector,
+    counters_of,
+    message,
+    readdress,
+    run_stat,
+    wait_for,
+)
 
 from slipstream.client import Client, control
 from slipstream.client.counters import CountersFile, CounterType
@@ -53,6 +61,17 @@ class Feed:
                 self.sent += 1
             if not sum(c.poll() for c in self.collectors):
                 time.sleep(0.0005)
+
+
+    def rejoin(self, move: Callable[[], None], new: Collector, where: str) -> float:
+        """``move()`` (the name's record rewritten), then offer and poll until ``new`` got
+        the stream and 2000 messages of it; the seconds from the move to its first."""
+        move()
+        moved = time.monotonic()
+        self.run_until(lambda: new.seen, what=where)
+        rejoined_s = time.monotonic() - moved
+        self.run_until(lambda: len(new.seen) >= 2000, what=where)
+        return rejoined_s
 
 
 def _fc_receivers(driver: Any) -> int:
@@ -91,11 +110,8 @@ def test_a_unicast_receiver_named_by_host_name_is_followed_to_its_new_host(
             new = Collector(c.add_subscription(f"aeron:udp?endpoint={hosts[3].address}:{PORT}",
                                                7))
             feed.collectors = [new]
-            hosts.set_names(1, {name: hosts[3].address})
-            moved = time.monotonic()
-            feed.run_until(lambda: new.seen, what="the stream at the new host")
-            rejoined_s = time.monotonic() - moved
-            feed.run_until(lambda: len(new.seen) >= 2000, what="the stream at the new host")
+            rejoined_s = feed.rejoin(lambda: hosts.set_names(1, {name: hosts[3].address}),
+                                     new, "the stream at the new host")
         changes = counters_of(publisher)["RESOLUTION_CHANGES"]
         shown = run_stat(publisher).stdout
         snapshot = json.loads(run_stat(publisher, "--json").stdout)
@@ -112,6 +128,52 @@ def test_a_unicast_receiver_named_by_host_name_is_followed_to_its_new_host(
     print(f"\nunicast: the moved receiver got the stream again {rejoined_s:.2f} s after its "
           f"name changed (publication_connection_timeout {CONNECTION_TIMEOUT_S:g} s, "
           f"name_re_resolution_interval {INTERVAL_S:g} s)")
+
+
+def test_a_move_that_found_no_route_is_made_once_a_route_is_there(needs_hosts: None) -> None:
+    """The receiver's host is re-addressed into a subnet the publisher's host has no address
+    in yet, and the name's record follows it.  The publisher's driver resolves the name
+    again, but its socket cannot connect there (no route: ENETUNREACH) and stays with the old
+    address; it is told so, and asks again at every check.  Once the publisher's host has an
+    address in that subnet, the next check connects: the receiver gets the stream, once and
+    in order from where it joined, and the one change is counted once."""
+    from slipstream.sim.real.hosts import namespace_hosts
+
+    with namespace_hosts(2) as hosts:
+        name = f"receiver-{hosts.net}.test"
+        hosts.set_names(1, {name: hosts[2].address})
+        publisher, receiver = (hosts.start_driver(i, **SETTINGS) for i in (1, 2))
+        with Client.connect(publisher.directory) as a, Client.connect(receiver.directory) as b:
+            old = Collector(b.add_subscription(f"aeron:udp?endpoint={hosts[2].address}:{PORT}",
+                                               10))
+            publication = a.add_publication(f"aeron:udp?endpoint={name}:{PORT}", 10)
+            feed = Feed(publication, [old])
+            feed.run_until(lambda: len(old.seen) >= 2000, what="the stream to host 2")
+
+            old.subscription.close()
+            moved_to = readdress(hosts, 2, 1, keep=False)
+            new = Collector(b.add_subscription(f"aeron:udp?endpoint={moved_to}:{PORT}", 10))
+            feed.collectors = [new]
+            hosts.set_names(1, {name: moved_to})
+            # Contact lost, the name resolved again, the connect refused; then two more
+            # checks, each asking again and refused again.
+            feed.run_until(lambda: counters_of(publisher)["SEND_ERRORS"] > 0,
+                           what="the move refused for want of a route")
+            refused = counters_of(publisher)["SEND_ERRORS"]
+            feed.run_until(lambda: counters_of(publisher)["SEND_ERRORS"] >= refused + 2,
+                           what="the move asked for again")
+            assert not new.seen
+            rejoined_s = feed.rejoin(lambda: readdress(hosts, 1, 1, keep=True), new,
+                                     "the stream at the new address")
+        changes = counters_of(publisher)["RESOLUTION_CHANGES"]
+
+    assert _in_order(new.seen) and new.torn == 0, new.seen[:20]
+    assert new.seen[0] > old.seen[-1]
+    # The route there, then the next check at most an interval on, the connection cycle.
+    assert rejoined_s < INTERVAL_S + 1.0, rejoined_s
+    assert changes == 1
+    print(f"\nno route at first: the receiver got the stream {rejoined_s:.2f} s after the "
+          f"route was there")
 
 
 def test_a_manual_destination_named_by_host_name_is_followed_and_the_other_loses_nothing(
@@ -151,11 +213,8 @@ def test_a_manual_destination_named_by_host_name_is_followed_and_the_other_loses
             new = Collector(c.add_subscription(f"aeron:udp?endpoint={hosts[3].address}:{PORT}",
                                                8))
             feed.collectors = [other, new]
-            hosts.set_names(1, {name: hosts[3].address})
-            moved = time.monotonic()
-            feed.run_until(lambda: new.seen, what="the stream at the new host")
-            rejoined_s = time.monotonic() - moved
-            feed.run_until(lambda: len(new.seen) >= 2000, what="the stream at the new host")
+            rejoined_s = feed.rejoin(lambda: hosts.set_names(1, {name: hosts[3].address}),
+                                     new, "the stream at the new host")
             end = feed.sent
             feed.run_until(lambda: len(other.seen) >= end, what="the rest at host 4",
                            offer=False)
@@ -205,11 +264,8 @@ def test_a_dynamic_receivers_control_name_follows_its_publisher_to_another_host(
                 f"aeron:udp?control-mode=dynamic|control={hosts[3].address}:{control}", 9)
             new = Collector(subscription)
             feed = Feed(moved_publication, [new])
-            hosts.set_names(2, {name: hosts[3].address})
-            moved = time.monotonic()
-            feed.run_until(lambda: new.seen, what="the stream from host 3")
-            rejoined_s = time.monotonic() - moved
-            feed.run_until(lambda: len(new.seen) >= 2000, what="the stream from host 3")
+            rejoined_s = feed.rejoin(lambda: hosts.set_names(2, {name: hosts[3].address}),
+                                     new, "the stream from host 3")
         changes = counters_of(receiver)["RESOLUTION_CHANGES"]
 
     assert old.seen == list(range(sent))  # all of the first stream: it ended, it did not move

@@ -50,6 +50,7 @@ from slipstream.daemon.media.events import (
     EndpointRemoved,
     PublicationDone,
     PublicationRejected,
+    RetargetFailed,
     SenderEvent,
     SpiesReleased,
     SpyLinked,
@@ -98,10 +99,10 @@ class SendTransport(Protocol):
         """The C data path failed to send, or the path refused GSO: log it once."""
         ...
 
-    def retarget(self, address: Address) -> None:
+    def retarget(self, address: Address) -> bool:
         """A unicast endpoint's peer is at ``address`` now (its name resolved there): every
         datagram of its publications goes there from now on, and what comes back from there
-        is heard."""
+        is heard.  Whether it does (False: it could not, and sends where it did)."""
         ...
 
     def close(self) -> None: ...
@@ -164,7 +165,8 @@ class Sender(Agent[SendEndpoint, SenderCommand]):
                 self._on_event(DestinationsSilent(
                     channel, channel.destinations.silent(now_ns, timeout_ns)))
             case ResolutionChange(endpoint, address):
-                endpoint.transport.retarget(address)
+                if not endpoint.transport.retarget(address):
+                    self._on_event(RetargetFailed(endpoint.channel, address))
             case AddSendEndpoint(endpoint):
                 self.add_endpoint(endpoint)
             case RemoveSendEndpoint(endpoint, generation):

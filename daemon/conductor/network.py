@@ -86,6 +86,7 @@ from slipstream.daemon.media.events import (
     PublicationRejected,
     ReceiveDestinationFailed,
     ResponseSetupArrived,
+    RetargetFailed,
     SpiesReleased,
     SpyLinked,
     SpyUnlinked,
@@ -323,6 +324,8 @@ class NetworkConductor:
             return self._send_side.on_publication_done(event)
         elif isinstance(event, DestinationsSilent):
             self._send_side.on_destinations_silent(event)
+        elif isinstance(event, RetargetFailed):
+            self._send_side.on_retarget_failed(event)
         elif isinstance(event, SpiesReleased):
             return self._spy_subscriptions.on_spies_released(event.publication)
         elif isinstance(event, SpyLinked):

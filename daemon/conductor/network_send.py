@@ -83,6 +83,7 @@ from slipstream.daemon.media.events import (
     EndpointRemoved,
     PublicationDone,
     PublicationRejected,
+    RetargetFailed,
 )
 from slipstream.daemon.media.names import NameWatch
 from slipstream.daemon.media.send_channel import SendChannel
@@ -403,6 +404,9 @@ class SendSide:
         (_, port), interface = endpoint.key
         address: Address = (new, port)
         self.sender_proxy.on_resolution_change(endpoint.endpoint, address)
+        if old == new:  # the move to it did not take before (on_retarget_failed): again
+            log.debug("the send endpoint %s:%d connects to %s again", old, port, new)
+            return
         self.counters.add(SystemCounter.RESOLUTION_CHANGES)
         log.info("the peer of send endpoint %s:%d resolved to %s: sending there", old, port,
                  new)
@@ -420,6 +424,15 @@ class SendSide:
                 entry.key = (new_key, *entry.key[1:])
                 if shared:
                     self._shared_publications[entry.key] = entry
+
+    def on_retarget_failed(self, event: RetargetFailed) -> None:
+        """The sender could not move the endpoint to ``event.address`` (its socket sends to
+        the old peer still; the failure is logged and counted where it happened): its name is
+        asked again at the next check, and the answer applied even if it is that address."""
+        entry = next((e for e in self._send_endpoints.values()
+                      if e.endpoint.channel is event.channel), None)
+        if entry is not None:
+            self.names.retry(entry)
 
     def check_destinations(self) -> None:
         """Ask the sender which destinations of the manual endpoints with named ones went

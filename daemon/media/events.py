@@ -144,6 +144,16 @@ class DestinationsSilent:
     addresses: frozenset[Address]
 
 
+@attrs.frozen(eq=False)
+class RetargetFailed:
+    """A unicast endpoint could not move to ``address`` (the conductor's ResolutionChange:
+    its socket did not connect there) and sends to its old peer still: its name is to be
+    asked again at the next check."""
+
+    channel: SendChannel
+    address: Address
+
+
 # -- either's ---------------------------------------------------------------------------------
 @attrs.frozen(eq=False)
 class EndpointRemoved:
@@ -157,5 +167,6 @@ class EndpointRemoved:
 ReceiverEvent = (ImageRequested | ImageUnavailable | ImageDone | ImageRejected
                  | ReceiveDestinationFailed | EndpointRemoved)
 SenderEvent = (PublicationDone | PublicationRejected | SpiesReleased | ResponseSetupArrived
-               | SpyLinked | SpyUnlinked | DestinationsSilent | EndpointRemoved)
+               | SpyLinked | SpyUnlinked | DestinationsSilent | RetargetFailed
+               | EndpointRemoved)
 NetworkEvent = ReceiverEvent | SenderEvent

@@ -37,6 +37,10 @@ log = logging.getLogger("slipstream.driver")
 TTL_S: Final = 30.0
 #: How long a command waits for its names before it is refused, s.
 PREFETCH_TIMEOUT_S: Final = 5.0
+#: How many names due are resolved again at once, each in a thread of its own and handed
+#: to the conductor as it answers: a name whose resolver hangs holds one, never the others'
+#: answers.  More names due wait for a free one.
+RESOLVER_THREADS: Final = 4
 
 _cache: dict[str, tuple[str | None, str, float]] = {}  # name -> (address, error, expiry)
 _lock = threading.Lock()
@@ -109,6 +113,11 @@ class _Watched(Generic[U]):
     name: str
     address: str
     has_contact: Callable[[], bool]
+    #: The move to ``address`` did not take (:meth:`NameWatch.retry`): the next answer is
+    #: applied even when it is the same address.
+    unapplied: bool = False
+    #: An answer of the other IP version last warned about (logged once per change).
+    refused: str | None = None
 
 
 class NameWatch(Generic[U]):
@@ -121,7 +130,8 @@ class NameWatch(Generic[U]):
     in contact keep their address, so a name with several records (a round-robin service)
     never moves a stream that flows.  :meth:`answered` takes the resolver's answers and
     returns the users whose address changed, with the new one; a name that did not resolve
-    keeps its address and is asked again at the next check.  ``interval_ns`` 0: never."""
+    keeps its address and is asked again at the next check, as is one whose move did not
+    take (:meth:`retry`).  ``interval_ns`` 0: never."""
 
     def __init__(self, interval_ns: int) -> None:
         self.interval_ns = interval_ns
@@ -142,6 +152,14 @@ class NameWatch(Generic[U]):
         self._watched = [w for w in self._watched if w.user is not user]
         if not self._watched:
             self._next_check_ns = None
+
+    def retry(self, user: U) -> None:
+        """The move of ``user`` to the address :meth:`answered` gave did not take (its socket
+        could not connect there, and still sends where it did): the next check asks for its
+        name again, even if the answer is that same address."""
+        for watched in self._watched:
+            if watched.user is user:
+                watched.unapplied = True
 
     def address_of(self, user: U) -> str | None:
         """The address ``user`` sends to now (None: not watched)."""
@@ -172,20 +190,28 @@ class NameWatch(Generic[U]):
         """The resolver is done with ``names`` (``answers``: an address, or None for a name
         that did not resolve; a name missing: the resolver gave up): the users whose address
         changed and that are still out of contact, as ``(user, old, new)``, which now count as
-        at the new one.  An address of the other IP version is not followed (logged)."""
+        at the new one (one whose move did not take, :meth:`retry`, comes again with its
+        address as both).  An address of the other IP version is not followed (logged)."""
         names = set(names)
         self._resolving -= names
         changes: list[tuple[U, str, str]] = []
         for watched in self._watched:
             new = answers.get(watched.name) if watched.name in names else None
-            if new is None or new == watched.address or watched.has_contact():
+            if new is None:
                 continue
             if ipaddress.ip_address(new).version != ipaddress.ip_address(watched.address).version:
                 # The socket is of one IP version: a name that moved to the other is not
-                # followed (the channel must be added again).
-                log.warning("%s resolves to %s now, another IP version than %s: not followed",
-                            watched.name, new, watched.address)
+                # followed (the channel must be added again).  Said once per such answer,
+                # not at every check.
+                if new != watched.refused and not watched.has_contact():
+                    watched.refused = new
+                    log.warning("%s resolves to %s now, another IP version than %s: not "
+                                "followed", watched.name, new, watched.address)
+                continue
+            watched.refused = None
+            if (new == watched.address and not watched.unapplied) or watched.has_contact():
                 continue
             changes.append((watched.user, watched.address, new))
             watched.address = new
+            watched.unapplied = False
         return changes

@@ -348,14 +348,15 @@ class UdpSendTransport(_UdpTransport):
             self._errors_logged.add(code)
             log.warning("sending %s failed: %s", publication, os.strerror(code))
 
-    def retarget(self, address: Address) -> None:
+    def retarget(self, address: Address) -> bool:
         """Connect the socket to ``address`` (Aeron's ``updateEndpoint``): disconnected first
         (``AF_UNSPEC``), so that the kernel chooses the source address for the new route; a
         port the channel did not pin (``control=``, ``interface=HOST:PORT``) may change with
         it, which the receiver learns from the data as any sender's.  Only a connected
-        (unicast) endpoint has one peer to move."""
+        (unicast) endpoint has one peer to move.  Whether the socket sends there now (False:
+        the connect failed, no route there yet say, and it sends to its old peer still)."""
         if not self.connected:
-            return
+            return True
         try:
             previous = self.sock.getpeername()
         except OSError:
@@ -372,6 +373,8 @@ class UdpSendTransport(_UdpTransport):
                     self.sock.connect(previous)
                 except OSError:
                     pass
+            return False
+        return True
 
     def attach_channel(self, channel: SendChannel) -> None:
         """Control frames: NAKs are answered in C (their retransmissions queued on the
