@@ -13,9 +13,12 @@ driver, ponger on the other) encrypted and plain, R runs each in turns, their me
 compared (the target: p99 encrypted <= 1.1x plain); --latency-seconds 0 leaves it out.
 
 Each figure is the best of R runs (their medians follow), and a slipstream run counts only
-if the stream arrived whole.  Both streams use the same MTU: 64 KiB messages go with the
-largest MTU an encrypted datagram leaves room for (65440: 65504 less the 48 bytes of the
-seal, aligned to 32).
+if the stream arrived whole.  Where the time goes: the CPU each driver's network thread
+(``ss-network``: the sender's seals, the receiver's opens) spent per message, plain and
+encrypted (medians of the R runs), beside the C loop's time per seal.
+
+Both streams use the same MTU: 64 KiB messages go with the largest MTU an encrypted datagram
+leaves room for (65440: 65504 less the 48 bytes of the seal, aligned to 32).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from bench.ipc_throughput import (
     scratch_directory,
     sizes_up_to,
 )
+from bench.spy_cost import cpu_ns, network_task
 from bench.udp_throughput import DEFAULT_SETTINGS, free_port, free_tcp_port
 from slipstream.client.layout import SEALED_MTU_MAX, TERM_MAX_LENGTH
 
@@ -97,19 +101,26 @@ def main() -> int:
     with MediaDriver.launch(directory=directory / "a", keys_dir=str(keys), **settings) as a, \
             MediaDriver.launch(directory=directory / "b", keys_dir=str(keys), **settings) as b:
         stream_id = 2000
+        tasks = (network_task(a), network_task(b))
         for size in args.sizes:
             count = max(1, args.bytes // size)
             mtu = f"|mtu={LARGE_MTU}" if size > 16 * 1024 else ""
             rates: dict[str, list[float]] = {"plain": [], "encrypted": [], "zmq": []}
+            # ns of CPU per message of the sending and the receiving driver's network thread
+            network: dict[str, list[tuple[float, float]]] = {"plain": [], "encrypted": []}
             for _ in range(args.repeat):
                 rates["zmq"].append(run_zmq(
                     directory, size, count, f"tcp://127.0.0.1:{free_tcp_port()}"))
                 for name, key in (("plain", ""), ("encrypted", "|key=bench")):
                     stream_id += 1
                     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{mtu}{key}"
+                    before = [cpu_ns(task) for task in tasks]
                     rates[name].append(run_slipstream(
                         a.directory, size, count, False, stream_id, channel=uri,
                         subscriber_directory=b.directory, first_program=True))
+                    sender, receiver = (cpu_ns(task) - ns
+                                        for task, ns in zip(tasks, before, strict=True))
+                    network[name].append((sender / count, receiver / count))
             best = {name: max(runs) for name, runs in rates.items()}
             middle = {name: statistics.median(runs) for name, runs in rates.items()}
             crypto = aes_gcm_rate(directory, size, count)
@@ -129,11 +140,25 @@ def main() -> int:
                 lines.append(f"    medians of {args.repeat}: plain {middle['plain'] / 1e6:.3f}, "
                              f"encrypted {middle['encrypted'] / 1e6:.3f} M msg/s, "
                              f"encrypted / plain {middle['encrypted'] / middle['plain']:.2f}x")
+            lines.append("    " + network_line(network, crypto))
             print("\n".join(lines), flush=True)
         if args.latency_seconds > 0:
             round_trips(a.directory, b.directory, args)
     scratch.cleanup()
     return 0
+
+
+def network_line(network: dict[str, list[tuple[float, float]]], crypto: float | None) -> str:
+    """Where the time goes: the network threads' CPU per message, plain and encrypted
+    (medians), and what encryption adds to each, beside the C loop's time per seal."""
+    sender = {name: statistics.median(s for s, _ in runs) for name, runs in network.items()}
+    receiver = {name: statistics.median(r for _, r in runs) for name, runs in network.items()}
+    return (f"network thread CPU per message (medians): sender {sender['plain']:,.0f} ns "
+            f"plain, {sender['encrypted']:,.0f} encrypted "
+            f"(+{sender['encrypted'] - sender['plain']:,.0f}); receiver "
+            f"{receiver['plain']:,.0f} plain, {receiver['encrypted']:,.0f} encrypted "
+            f"(+{receiver['encrypted'] - receiver['plain']:,.0f})"
+            + (f"; the C loop {1e9 / crypto:,.0f} ns a seal" if crypto else ""))
 
 
 def round_trips(ping_directory: Path, pong_directory: Path, args: argparse.Namespace) -> None:

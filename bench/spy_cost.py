@@ -35,6 +35,7 @@ import sys
 import time
 from array import array
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.ipc_throughput import (
     BATCH,
@@ -46,6 +47,9 @@ from bench.ipc_throughput import (
 )
 from bench.udp_throughput import DEFAULT_SETTINGS, free_port
 from slipstream.client.layout import TERM_MAX_LENGTH
+
+if TYPE_CHECKING:
+    from slipstream.daemon.driver import MediaDriver
 
 RUN_TIMEOUT_S = 120.0
 
@@ -104,7 +108,7 @@ def _reader(directory: str, channel: str, stream_id: int, count: int, ready, out
 NETWORK_THREAD = "ss-network"  # the driver's network thread (sender and receiver), by name
 
 
-def _network_task(driver) -> Path:
+def network_task(driver: MediaDriver) -> Path:
     """``/proc/<pid>/task/<tid>`` of ``driver``'s network thread."""
     for task in Path(f"/proc/{driver.pid}/task").iterdir():
         if (task / "comm").read_text().strip() == NETWORK_THREAD:
@@ -112,7 +116,7 @@ def _network_task(driver) -> Path:
     raise RuntimeError(f"driver {driver.pid} has no {NETWORK_THREAD} thread")
 
 
-def _cpu_ns(task: Path) -> int:
+def cpu_ns(task: Path) -> int:
     """The CPU time a thread has used, ns: ``schedstat``'s run time, else utime + stime."""
     try:
         return int((task / "schedstat").read_text().split()[0])
@@ -142,14 +146,14 @@ def run(a, b, size: int, count: int, stream_id: int, *, spy: bool) -> tuple[floa
                                                          size, count, start, published))
     publisher.start()
     time.sleep(0.3)
-    network_task = _network_task(a)
-    busy_ns = _cpu_ns(network_task)
+    task = network_task(a)
+    busy_ns = cpu_ns(task)
     start.set()
     deadline = time.monotonic() + RUN_TIMEOUT_S
     publisher.join(RUN_TIMEOUT_S)
     for process, _ in readers:
         process.join(max(0.0, deadline - time.monotonic()))
-    busy_ns = _cpu_ns(network_task) - busy_ns
+    busy_ns = cpu_ns(task) - busy_ns
     processes = [publisher, *(p for p, _ in readers)]
     stuck = [p for p in processes if p.is_alive()]
     for process in stuck:
