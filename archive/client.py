@@ -212,8 +212,8 @@ class ArchiveClient:
             while stream_id == self._link.response_stream_id:
                 stream_id = random.randrange(1, INT32_MAX)
         if channel is None:
-            # A link that lost contact works out its reply channel again as it gets it back
-            # (the archive moved: this host's address towards it may be another).
+            # The reply channel worked out again (the archive may have moved: this host's
+            # address towards it may be another).
             self._link.wait_for_contact(time.monotonic() + self.timeout_s)
             channel = self.reply_channel
             subscription_channel = reply_subscription_channel(channel)

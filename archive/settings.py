@@ -17,7 +17,7 @@ from slipstream.archive.segments import (
     MAX_SEGMENT_LENGTH,
     MIN_SEGMENT_LENGTH,
 )
-from slipstream.client.channel import SPY_PREFIX, parse_channel
+from slipstream.client.channel import SPY_PREFIX, parse_address, parse_channel
 from slipstream.client.errors import ChannelError, SlipstreamError
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.units import parse_duration_ns, parse_size
@@ -175,8 +175,8 @@ def parse_peer(entry: Any, key: str = "peers") -> Peer:
     :class:`ArchiveSettingsError` naming ``key``."""
     endpoint, _, stream = entry.partition("/") if isinstance(entry, str) else ("", "", "")
     try:
-        where = parse_channel(f"aeron:udp?endpoint={endpoint}").endpoint
-        if where is None or where.port is None or ":" in where.host:
+        where = parse_address(endpoint, key)
+        if where.port is None or ":" in where.host:
             raise ValueError(endpoint)
         peer = Peer(where.host, where.port,
                     int(stream) if stream else DEFAULT_CONTROL_STREAM_ID)

@@ -120,7 +120,8 @@ def main() -> int:
                         subscriber_directory=b.directory, first_program=True))
                     sender, receiver = (cpu_ns(task) - ns
                                         for task, ns in zip(tasks, before, strict=True))
-                    network[name].append((sender / count, receiver / count))
+                    if rates[name][-1] > 0:  # a run that did not arrive whole says nothing
+                        network[name].append((sender / count, receiver / count))
             best = {name: max(runs) for name, runs in rates.items()}
             middle = {name: statistics.median(runs) for name, runs in rates.items()}
             crypto = aes_gcm_rate(directory, size, count)
@@ -151,6 +152,8 @@ def main() -> int:
 def network_line(network: dict[str, list[tuple[float, float]]], crypto: float | None) -> str:
     """Where the time goes: the network threads' CPU per message, plain and encrypted
     (medians), and what encryption adds to each, beside the C loop's time per seal."""
+    if not all(network.values()):
+        return "network thread CPU per message: no run of one kind arrived whole"
     sender = {name: statistics.median(s for s, _ in runs) for name, runs in network.items()}
     receiver = {name: statistics.median(r for _, r in runs) for name, runs in network.items()}
     return (f"network thread CPU per message (medians): sender {sender['plain']:,.0f} ns "

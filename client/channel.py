@@ -497,6 +497,15 @@ def _address(text: str) -> HostPort:
     return _host_port(text, port_required=True, prefix_allowed=False)
 
 
+def parse_address(text: str, part: str = "endpoint") -> HostPort:
+    """``host:port`` as a channel's ``endpoint`` takes it (an IPv4 address, ``[IPv6]``, or a
+    host name, kept as a name); raises :class:`ChannelError` naming ``part``."""
+    try:
+        return _address(text)
+    except _Bad as e:
+        raise ChannelError(text, part, str(e)) from None
+
+
 def _interface(text: str) -> HostPort:
     return _host_port(text, port_required=False, prefix_allowed=True)
 

@@ -275,10 +275,9 @@ class HolderLink:
 
     ``address`` may be a host name (a Kubernetes service's, say): it stays a name in the
     control channel, so this host's driver resolves it again while the holder is silent and
-    sends to where it moved (docs/PROTOCOL.md §7.2, "Names that follow their peer").  When the
-    link lost contact (its control stream not connected) and gets it back, the reply channel
-    is worked out again (:meth:`wait_for_contact`): this host's address towards the holder's
-    new place may be another, and the answers come there.
+    sends to where it moved (docs/PROTOCOL.md §7.2, "Names that follow their peer").  Before
+    each call the reply channel is worked out again (:meth:`wait_for_contact`): this host's
+    address towards the holder's new place may be another, and the answers come there.
 
     :meth:`call` sends one call and waits for its answer.  Use from one thread.
     """
@@ -331,26 +330,26 @@ class HolderLink:
 
     def wait_for_contact(self, deadline: float) -> bool:
         """Wait until the holder's control stream is connected or ``time.monotonic()`` passes
-        ``deadline``; whether it is.  A link that was out of contact then works out its reply
-        channel again, and moves its response subscription there if it changed (the holder
-        may answer from elsewhere now: its name moved); a name that does not resolve now
-        keeps the channel it has."""
-        if self.is_connected:
-            return True
+        ``deadline``; whether it is.  Once it is, the reply channel is worked out again and
+        the response subscription moves there if it changed: the holder may answer from
+        elsewhere now (its name moved, and this host's driver followed it, whether or not a
+        call was waiting then).  A name that does not resolve now, or no route to it, keeps
+        the channel it has."""
         while not self.is_connected:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.001)
         try:
-            if self._reply_channel_now() != self.reply_channel:
-                previous = self._response
-                self._response = self._open_response(
-                    lambda channel: (self._client.add_subscription(
-                        reply_subscription_channel(channel), self.response_stream_id),
-                        self.control))
-                previous.close()
+            channel = self._reply_channel_now()
         except SlipstreamError:
-            pass  # no route or name now: the answers are asked at the channel of before
+            return True  # no route or name now: the answers are asked at the channel of before
+        if channel != self.reply_channel:
+            previous = self._response
+            self._response = self._open_response(
+                lambda channel: (self._client.add_subscription(
+                    reply_subscription_channel(channel), self.response_stream_id),
+                    self.control))
+            previous.close()
         return True
 
     @property

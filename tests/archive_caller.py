@@ -11,15 +11,14 @@ the sequence numbers 0 .. count-1 once each, in order).
 from __future__ import annotations
 
 import json
-import struct
 import sys
 import time
+
+from helpers import SEQUENCE  # tests/helpers.py's message(): its sequence number first
 
 from slipstream.archive import ArchiveClient
 from slipstream.client import Client
 from slipstream.client.holding import CallError
-
-SEQUENCE = struct.Struct("<I")  # tests/helpers.py's message(): its sequence number first
 
 
 def one_round(archive: ArchiveClient, timeout_s: float) -> dict[str, object]:

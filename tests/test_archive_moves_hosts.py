@@ -9,9 +9,10 @@ and starts on host 3 from the same directory (the volume follows the pod).  Host
 re-addressed first, into a subnet of its own that host 1 also has an address in: host 3
 cannot reach host 1's first address, so the caller's reply channel must move too.  The
 name's record is rewritten to host 3's new address once the archive there takes calls; the
-same ArchiveClient then lists and replays again: its driver resolved the name again (the
-link was out of contact), the link worked out its reply channel again (this host's address
-towards the new place), and the replay holds every message once, in order."""
+same ArchiveClient then lists and replays again, either at once or only once its driver has
+followed the name: its driver resolved the name again (the link was out of contact), the
+link worked out its reply channel again (this host's address towards the new place), and
+the replay holds every message once, in order."""
 
 from __future__ import annotations
 
@@ -42,8 +43,11 @@ INTERVAL_S = 1.0
 
 
 @pytest.mark.parametrize("hosts", [3], indirect=True)
+@pytest.mark.parametrize("call", ["waiting", "after_the_driver_followed"])
 def test_a_caller_follows_an_archive_whose_name_moves_to_a_re_addressed_host(
-        hosts, tmp_path: Path) -> None:
+        hosts, tmp_path: Path, call: str) -> None:
+    """``call``: the caller calls as the name moves (its call waits while its driver follows
+    the name), or only once its driver followed the name and the link is connected again."""
     name = f"archive-{hosts.net}.test"
     hosts.set_names(1, {name: hosts[2].address})
     caller_driver, old_driver = (hosts.start_driver(i, **NETWORK_SETTINGS) for i in (1, 2))
@@ -80,6 +84,13 @@ def test_a_caller_follows_an_archive_whose_name_moves_to_a_re_addressed_host(
                     assert probe.await_connected(30), "the archive on host 3 takes no calls"
                 hosts.set_names(1, {name: new_address})
                 moved = time.monotonic()
+                if call == "after_the_driver_followed":
+                    deadline = moved + 20
+                    while counters_of(caller_driver)["RESOLUTION_CHANGES"] < 1:
+                        assert time.monotonic() < deadline, "the caller's driver stayed"
+                        time.sleep(0.05)
+                    time.sleep(INTERVAL_S)  # its control publication connected there
+                    moved = time.monotonic()
                 caller.stdin.write("moved\n")
                 caller.stdin.flush()
                 after = json.loads(caller.stdout.readline() or "{}")
@@ -101,7 +112,8 @@ def test_a_caller_follows_an_archive_whose_name_moves_to_a_re_addressed_host(
                                       f"{CONTROL_PORT}"), after
     assert after["messages"] == MESSAGES and after["in_order"], after
     assert after["failed_calls"] == 0, after
-    # The name resolved again at the next check, the connection cycle, the call's round trip.
+    # The name resolved again at the next check, the connection cycle, the call's round trip
+    # (once the driver followed the name: the call's round trip and the reply's subscription).
     assert after["answered_s"] < INTERVAL_S + 2.0, after
     assert changes == 1
     print(f"\narchive by name: the first call after the name moved was answered "

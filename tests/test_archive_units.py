@@ -360,6 +360,8 @@ def test_peers_are_read_with_their_control_stream_defaulting_to_10(tmp_path: Pat
     ('peers = ["10.0.0.2"]', "peers"),
     ('peers = ["10.0.0.2:0"]', "peers"),
     ('peers = ["10.0.0.2:8010/x"]', "peers"),
+    ('peers = ["10.0.0.2:8010|mtu=1408"]', "peers"),  # no channel keys spliced in
+    ('peers = ["archive-b:8010|ttl=3/12"]', "peers"),
     ('replication_interval = 0', "replication_interval"),
     ('replication_address = "b"', "replication_address"),
     ('replication_port = 65536', "replication_port"),

@@ -149,13 +149,25 @@ def test_a_move_that_did_not_take_is_asked_for_again_and_applied() -> None:
     assert watch.due(S) == ["rcv.test"]
     assert watch.answered(["rcv.test"], {"rcv.test": "10.0.1.2"}) == [
         (peer, "10.0.0.2", "10.0.1.2")]
-    watch.retry(peer)
+    watch.retry(peer, "10.0.1.2")
     assert watch.due(2 * S) == ["rcv.test"]
     assert watch.answered(["rcv.test"], {"rcv.test": "10.0.1.2"}) == [
         (peer, "10.0.1.2", "10.0.1.2")]
     # That one took: the same answer is no change any more.
     assert watch.due(3 * S) == ["rcv.test"]
     assert watch.answered(["rcv.test"], {"rcv.test": "10.0.1.2"}) == []
+
+
+def test_a_failure_to_move_that_comes_after_a_later_move_changes_nothing() -> None:
+    """The move to 10.0.1.2 failed, but the failure is heard only after the peer moved on to
+    10.0.2.2 and the endpoint went there: that address is not asked for again."""
+    watch, peer = _watch()
+    for t, answer in enumerate(["10.0.1.2", "10.0.2.2"], start=1):
+        assert watch.due(t * S) == ["rcv.test"]
+        assert watch.answered(["rcv.test"], {"rcv.test": answer})
+    watch.retry(peer, "10.0.1.2")
+    assert watch.due(3 * S) == ["rcv.test"]
+    assert watch.answered(["rcv.test"], {"rcv.test": "10.0.2.2"}) == []
 
 
 def test_a_failed_re_resolution_is_not_kept_for_channels_added_meanwhile(monkeypatch) -> None:

@@ -432,7 +432,7 @@ class SendSide:
         entry = next((e for e in self._send_endpoints.values()
                       if e.endpoint.channel is event.channel), None)
         if entry is not None:
-            self.names.retry(entry)
+            self.names.retry(entry, event.address[0])
 
     def check_destinations(self) -> None:
         """Ask the sender which destinations of the manual endpoints with named ones went

@@ -153,12 +153,13 @@ class NameWatch(Generic[U]):
         if not self._watched:
             self._next_check_ns = None
 
-    def retry(self, user: U) -> None:
-        """The move of ``user`` to the address :meth:`answered` gave did not take (its socket
-        could not connect there, and still sends where it did): the next check asks for its
-        name again, even if the answer is that same address."""
+    def retry(self, user: U, address: str) -> None:
+        """The move of ``user`` to ``address`` did not take (its socket could not connect
+        there, and still sends where it did): the next check asks for its name again, even if
+        the answer is that same address.  A failure that comes after ``user`` was moved on to
+        another address is no longer about where it sends, and changes nothing."""
         for watched in self._watched:
-            if watched.user is user:
+            if watched.user is user and watched.address == address:
                 watched.unapplied = True
 
     def address_of(self, user: U) -> str | None:
