@@ -6,7 +6,7 @@ edits: nothing is written into the checkout), under the repository :data:`TEST_I
 the user's ``localhost/slipstream``).  Its tag is ``src-<hash of the source files>``
 (``scripts/build-image --print-tag``), and it carries the label :data:`SESSION_LABEL`, naming
 the test process that built it.  At the start, the images of that repository whose builder
-is gone (a session interrupted before its end) are removed, with any container left of them;
+has ended (a session interrupted before its end) are removed, with any container left of them;
 an image of the tag whose builder still runs (a session beside this one) is used as it is,
 and left; one this session built is removed at its end.  The base image
 (``scripts/ensure-containers``) is the set-up's, made once per machine and kept, as ``.venv``
@@ -79,15 +79,16 @@ def owner_alive(owner: str) -> bool:
 
 
 def remove_stale_images() -> list[str]:
-    """Remove the images of :data:`TEST_IMAGE` whose builder no longer runs (or that carry
-    no :data:`SESSION_LABEL`), with the containers left of them; their names."""
+    """Remove the images of :data:`TEST_IMAGE` whose builder no longer runs, with the
+    containers left of them; their names.  One without :data:`SESSION_LABEL` (built by an
+    older checkout's tests, perhaps running now) is left."""
     owner = "{{index .Labels \"" + SESSION_LABEL + "\"}}"
     listed = podman("images", "--filter", f"reference={TEST_IMAGE}", "--format",
                     "{{.ID}} {{.Repository}}:{{.Tag}} " + owner, check=False).stdout
     stale: dict[str, list[str]] = {}
     for line in listed.splitlines():
         image_id, name, *owner = line.split()
-        if not owner or not owner_alive(owner[0]):
+        if owner and owner[0] != "<no" and not owner_alive(owner[0]):
             stale.setdefault(image_id, []).append(name)
     for image_id in stale:
         podman("rmi", "--force", image_id, check=False)
