@@ -116,8 +116,10 @@ class Bench:
     """The drivers and clients of one run, on the host and in containers; all removed (the
     host's driver stopped) at :meth:`close`."""
 
-    def __init__(self, image: str) -> None:
+    def __init__(self, image: str, options: list[str]) -> None:
         self.image = image
+        #: More ``podman run`` options for the measurements' driver and client containers.
+        self.options = options
         settings = _image_settings()
         self.uid, self.gid = settings["SLIPSTREAM_UID"], settings["SLIPSTREAM_GID"]
         self.run_id = uuid.uuid4().hex[:8]
@@ -197,7 +199,7 @@ class Bench:
     def driver(self, role: str, *extra: str) -> str:
         name = self.name(role)
         podman("run", "--detach", "--name", name, "--ipc=shareable", "--shm-size=1g",
-               "--network=none", "--stop-timeout=15", *extra, self.image)
+               "--network=none", "--stop-timeout=15", *self.options, *extra, self.image)
         return name
 
     def wait_healthy(self, name: str, timeout: float = 30.0) -> None:
@@ -215,7 +217,8 @@ class Bench:
                      "--network=none", "--no-healthcheck", f"--user={APP_UID}:{self.gid}",
                      "--volume", f"{self.scratch / 'lib'}:{INSIDE}:ro",
                      "--env", f"PYTHONPATH={INSIDE}", "--env", "PYTHONDONTWRITEBYTECODE=1",
-                     self.image, "python", "-m", "bench.containers", "inside", *command,
+                     *self.options, self.image, "python", "-m", "bench.containers", "inside",
+                     *command,
                      timeout=timeout)
         return json.loads(out.strip().splitlines()[-1])
 
@@ -334,7 +337,7 @@ def host(args: argparse.Namespace) -> int:
     latency = ("latency", "--rate", str(args.rate), "--seconds", str(args.seconds))
     rates: dict[str, list[float]] = {"host": [], "containers": []}
     trips: dict[str, list[dict[str, int]]] = {"host": [], "containers": []}
-    bench = Bench(args.image)
+    bench = Bench(args.image, args.podman_option)
     try:
         bench.start_host_driver()
         driver = bench.driver("driver")
@@ -402,6 +405,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=positive_float, default=3.0,
                         help="measured round-trip duration of a run")
     parser.add_argument("--starts", type=positive_int, default=5, help="cold starts")
+    parser.add_argument("--podman-option", action="append", default=[], metavar="OPTION",
+                        help="another `podman run` option of the measurements' driver and "
+                             "client containers, e.g. --podman-option=--security-opt="
+                             "seccomp=unconfined (what costs what); repeatable")
     commands = parser.add_subparsers(dest="command")
     run_inside = commands.add_parser("inside", help="(run by the benchmark: one measurement)")
     run_inside.add_argument("what", choices=("version", "throughput", "latency"))
