@@ -73,7 +73,7 @@ STATUS_DIR = "var/lib/dpkg/status.d"
 COMPILERS = ("cc", "gcc", "c++", "g++", "clang", "x86_64-linux-gnu-gcc")
 #: Debian's merged /usr: these are links into /usr, as in the base.
 MERGED = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
-#: Directories every process may write to (sticky), and root's home.
+#: Directories every process may write to (sticky).
 SCRATCH = ("tmp", "var/tmp")
 #: Optional dependencies the image leaves out (the package's extras): a module that needs one
 #: is not imported by the check.
@@ -82,7 +82,9 @@ OPTIONAL = {"pyspark", "pyarrow", "pandas", "matplotlib", "numpy", "hdrh"}
 NOT_CHECKED = "slipstream.spark_bridge"
 #: The first bytes of an ELF file.
 ELF_MAGIC = b"\x7fELF"
+#: The dynamic loader, inside the tree: ``LOADER --list FILE`` names FILE's libraries.
 LOADER = "/lib64/ld-linux-x86-64.so.2"
+#: The build stage's chroot (coreutils): the checks run the tree's own programs in it.
 CHROOT = "/usr/sbin/chroot"
 
 
@@ -243,7 +245,7 @@ def main(argv: list[str]) -> int:
     for scratch in SCRATCH:
         (root / scratch).mkdir(parents=True, exist_ok=True)
         (root / scratch).chmod(0o1777)
-    (root / "root").mkdir(mode=0o700, exist_ok=True)
+    (root / "root").mkdir(mode=0o700, exist_ok=True)  # root's home
     if shutil.which("ldconfig"):
         subprocess.run(["ldconfig", "-r", str(root)], check=True)
     share_libcrypto(root)
