@@ -56,10 +56,13 @@ tools:
 # and runc where missing, the two containers.conf settings where missing, the base image made
 # by debootstrap (scripts/ensure-containers), then the wheelhouse of `make wheel` (built by
 # IMAGE_PYTHON, default the venv's, which has auditwheel) and `podman build`
-# (scripts/build-image): localhost/slipstream:latest.
+# (scripts/build-image): localhost/slipstream:latest.  IMAGE_LABEL=KEY=VALUE labels it (the
+# tests' images carry their session's).
 IMAGE_PYTHON ?=
+IMAGE_LABEL ?=
 image: containers $(if $(IMAGE_PYTHON),,install)
-	PYTHON=$(if $(IMAGE_PYTHON),$(IMAGE_PYTHON),$(BIN)/python) scripts/build-image
+	PYTHON=$(if $(IMAGE_PYTHON),$(IMAGE_PYTHON),$(BIN)/python) scripts/build-image \
+	    $(if $(IMAGE_LABEL),--label '$(IMAGE_LABEL)',)
 
 containers:
 	@scripts/ensure-containers

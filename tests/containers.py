@@ -4,10 +4,13 @@ The session fixture :func:`slipstream_image` builds the image once per test sess
 does, with ``make image`` run in a copy of the source files (a fresh clone's, with this tree's
 edits: nothing is written into the checkout), under the repository :data:`TEST_IMAGE` (never
 the user's ``localhost/slipstream``).  Its tag is ``src-<hash of the source files>``
-(``scripts/build-image --print-tag``): an image of that tag already there (an earlier session
-that did not finish, or one running beside this) is used as it is, and left; one this session
-built is removed at its end.  The base image (``scripts/ensure-containers``) is the set-up's,
-made once per machine and kept, as ``.venv`` is.
+(``scripts/build-image --print-tag``), and it carries the label :data:`SESSION_LABEL`, naming
+the test process that built it.  At the start, the images of that repository whose builder
+has ended (a session interrupted before its end) are removed, with any container left of them;
+an image of the tag whose builder still runs (a session beside this one) is used as it is,
+and left; one this session built is removed at its end.  The base image
+(``scripts/ensure-containers``) is the set-up's, made once per machine and kept, as ``.venv``
+is.
 
 :func:`containers` gives a test a :class:`Containers`: every container it starts carries the
 test's label and all of them are removed after the test, whatever happened.
@@ -31,12 +34,14 @@ from pathlib import Path
 
 import pytest
 from helpers import lacking
-from installed import CHECKOUT, WORK_PARENT, source_files
+from installed import CHECKOUT, WORK_PARENT, build_wheel, source_files
 
 #: The repository the tests' image is tagged in (the user's images are not touched).
 TEST_IMAGE = "localhost/slipstream-test"
 #: The label every container and pod the tests make carries (its value: the test's id).
 LABEL = "org.slipstream.test"
+#: The label of the images the tests build (its value: :func:`session_owner` of the builder).
+SESSION_LABEL = "org.slipstream.test-session"
 #: What the session's build may take: the wheels (the C extensions compiled), the
 #: dependencies' download (a warm pip cache makes it quick) and podman's build.
 BUILD_TIMEOUT_S = 900
@@ -52,8 +57,42 @@ def image_settings() -> dict[str, str]:
         line = line.strip()
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
-            settings[key] = value
+            settings[key] = value.strip('"')
     return settings
+
+
+def session_owner(pid: int | None = None) -> str:
+    """``PID:START`` of a process (this one by default): its id and its start time in clock
+    ticks since boot, which a later process of the same id does not share."""
+    pid = os.getpid() if pid is None else pid
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return f"{pid}:{stat.rsplit(')', 1)[1].split()[19]}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process :func:`session_owner` named ``owner`` still runs."""
+    pid, _, _ = owner.partition(":")
+    try:
+        return pid.isdigit() and session_owner(int(pid)) == owner
+    except (OSError, IndexError):
+        return False
+
+
+def remove_stale_images() -> list[str]:
+    """Remove the images of :data:`TEST_IMAGE` whose builder no longer runs, with the
+    containers left of them; their names.  One without :data:`SESSION_LABEL` (built by an
+    older checkout's tests, perhaps running now) is left."""
+    owner = "{{index .Labels \"" + SESSION_LABEL + "\"}}"
+    listed = podman("images", "--filter", f"reference={TEST_IMAGE}", "--format",
+                    "{{.ID}} {{.Repository}}:{{.Tag}} " + owner, check=False).stdout
+    stale: dict[str, list[str]] = {}
+    for line in listed.splitlines():
+        image_id, name, *owner = line.split()
+        if owner and owner[0] != "<no" and not owner_alive(owner[0]):
+            stale.setdefault(image_id, []).append(name)
+    for image_id in stale:
+        podman("rmi", "--force", image_id, check=False)
+    return [name for names in stale.values() for name in names]
 
 
 def podman(*args: str, prefix: Sequence[str] = (), check: bool = True,
@@ -183,17 +222,18 @@ def slipstream_image() -> Iterator[str]:
             target = source / name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(CHECKOUT / name, target)
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_USER", "MAKE"))}
+        env = build_wheel.clean_environment()
         env["IMAGE"] = TEST_IMAGE
+        remove_stale_images()
         tag = subprocess.run([str(source / "scripts" / "build-image"), "--print-tag"],
                              env=env, check=True, capture_output=True, text=True,
                              timeout=120).stdout.strip()
         if podman("image", "exists", tag, check=False).returncode != 0:
             built = True
             make = subprocess.run(["make", "--no-print-directory", "-C", str(source), "image",
-                                   f"IMAGE={TEST_IMAGE}",
-                                   f"IMAGE_PYTHON={sys.executable}"], env=env, capture_output=True,
+                                   f"IMAGE={TEST_IMAGE}", f"IMAGE_PYTHON={sys.executable}",
+                                   f"IMAGE_LABEL={SESSION_LABEL}={session_owner()}"],
+                                  env=env, capture_output=True,
                                   text=True, timeout=BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
             if make.returncode != 0:
                 pytest.fail(f"make image failed ({make.returncode}):\n{make.stdout[-4000:]}"

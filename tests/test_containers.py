@@ -11,10 +11,22 @@ Needs root and podman (``make containers``): skips without, fails under CI=true.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+import uuid
+from pathlib import Path
 
 import pytest
-from containers import APP_UID, Containers, image_settings, podman
+from containers import (
+    APP_UID,
+    SESSION_LABEL,
+    TEST_IMAGE,
+    Containers,
+    image_settings,
+    podman,
+    remove_stale_images,
+    session_owner,
+)
 
 pytestmark = pytest.mark.timeout(900)  # the session's image build, the first time
 
@@ -38,6 +50,51 @@ def test_the_image_runs_the_driver_as_its_user_and_has_no_compiler(containers: C
     assert (uid, gid) == (settings["SLIPSTREAM_UID"], settings["SLIPSTREAM_GID"])
     assert compiler == "no compiler"
     assert module.startswith("/opt/slipstream/lib/python")  # the installed wheel's
+
+
+def test_the_image_holds_its_runtime_and_no_installer(containers: Containers) -> None:
+    """Only what runs the driver and its clients (deploy/container/runtime_root.py): no
+    package manager, perl, pip or setuptools, no CPython test suite; bytecode for the
+    package's modules, made at the build; every RUNTIME_PACKAGES package listed for
+    scanners."""
+    out = containers.run("contents", "--network=none", detach=False, command=[
+        "sh", "-c", "for p in apt-get dpkg perl pip pip3 gcc; do command -v $p; done; "
+                    "ls /var/lib/dpkg/status.d; "
+                    "python -c 'import importlib.util as u; "
+                    "print([m for m in (\"pip\", \"setuptools\", \"test\", \"lib2to3\") "
+                    "if u.find_spec(m)])'; "
+                    "ls /opt/slipstream/lib/python3*/site-packages/slipstream/client/__pycache__"
+                    " | wc -l"])
+    lines = out.splitlines()
+    packages = image_settings()["RUNTIME_PACKAGES"].split()
+    assert lines[:len(packages)] == sorted(packages), out  # no program of the list found
+    assert lines[len(packages)] == "[]", out
+    assert int(lines[len(packages) + 1]) > 10, out
+    size = int(podman("image", "inspect", "--format", "{{.Size}}", containers.image).stdout)
+    assert size < 80e6, f"{size / 1e6:.0f} MB on disk (docs/PERFORMANCE.md: 59 MB)"
+
+
+def test_the_images_of_an_ended_session_are_removed_and_a_running_ones_kept(
+        slipstream_image: str) -> None:
+    """An image of the tests' repository labelled with a process that has ended (a session
+    interrupted before its end) goes at the next session's start; one of a running session
+    stays."""
+    settings = image_settings()
+    run = uuid.uuid4().hex[:8]
+    ended, running = f"{TEST_IMAGE}:ended-{run}", f"{TEST_IMAGE}:running-{run}"
+    with tempfile.TemporaryDirectory() as context:
+        (Path(context) / "Containerfile").write_text(f"FROM {settings['BASE_IMAGE']}\n")
+        for tag, owner in ((ended, "4194304:1"), (running, session_owner())):  # > pid_max
+            podman("build", "--quiet", "--pull=never", "--layers=false", "--label",
+                   f"{SESSION_LABEL}={owner}", "--tag", tag, context)
+    try:
+        removed = remove_stale_images()
+        assert ended in removed and running not in removed, removed
+        assert podman("image", "exists", ended, check=False).returncode == 1
+        assert podman("image", "exists", running, check=False).returncode == 0
+        assert podman("image", "exists", slipstream_image, check=False).returncode == 0
+    finally:
+        podman("rmi", "--force", ended, running, check=False)
 
 
 def test_a_publisher_and_a_subscriber_in_containers_stream_through_a_driver_container(

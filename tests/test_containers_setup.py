@@ -1,6 +1,7 @@
 """The set-up of the containers (scripts/containers-conf): the two settings podman needs on
 hosts like this one are added to containers.conf only where its table lacks the key, each
-with the reason beside it, and nothing else of the file changes."""
+with the reason beside it, and nothing else of the file changes; the image's tag is the hash
+of the source files; a test image's builder is known by its process id and start time."""
 
 from __future__ import annotations
 
@@ -42,3 +43,34 @@ def test_a_second_run_adds_nothing() -> None:
     once, _ = add_missing("")
     twice, added = add_missing(once)
     assert added == [] and twice == once
+
+
+def test_the_image_tag_hashes_the_source_files_and_nothing_a_build_leaves(
+        tmp_path: Path) -> None:
+    """scripts/build-image tags the image with build_wheel.py's hash of the files it lists
+    (a tree without git: every file outside what builds leave)."""
+    from installed import build_wheel
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("A = 1\n")
+    (tmp_path / "README.md").write_text("readme\n")
+    first = build_wheel.source_hash(tmp_path)
+    assert len(first) == 16 and build_wheel.source_hash(tmp_path) == first
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "pkg" / "_native.so").write_bytes(b"\0")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "x").write_text("x")
+    assert build_wheel.source_hash(tmp_path) == first
+    (tmp_path / "pkg" / "a.py").write_text("A = 2\n")
+    assert build_wheel.source_hash(tmp_path) != first
+
+
+def test_a_test_image_s_builder_is_known_by_its_id_and_start() -> None:
+    from containers import owner_alive, session_owner
+
+    assert owner_alive(session_owner())
+    pid, start = session_owner().split(":")
+    assert not owner_alive(f"{pid}:{int(start) + 1}")  # the id reused by a later process
+    assert not owner_alive("4194304:1")  # above pid_max
+    assert not owner_alive("<no value>")
