@@ -35,6 +35,8 @@ MESSAGES = 20_000
 
 def test_the_image_runs_the_driver_as_its_user_and_has_no_compiler(containers: Containers,
                                                                    ) -> None:
+    """The installed wheel's compiled modules import in an image with no compiler and no
+    Python headers: nothing could have been built there."""
     settings = image_settings()
     inspected = json.loads(podman("image", "inspect", containers.image).stdout)[0]
     config = inspected["Config"]
@@ -45,11 +47,14 @@ def test_the_image_runs_the_driver_as_its_user_and_has_no_compiler(containers: C
     out = containers.run("probe", "--network=none", detach=False, command=[
         "sh", "-c", "id -u; id -g; command -v gcc cc clang || echo no compiler; "
                     "python -c 'import slipstream.client._native, slipstream.daemon._network; "
-                    "print(slipstream.client.__file__)'"])
-    uid, gid, compiler, module = out.split("\n")[:4]
+                    "print(slipstream.client.__file__)'; "
+                    "python -c 'import os, sysconfig; "
+                    "print(os.path.exists(sysconfig.get_path(\"include\") + \"/Python.h\"))'"])
+    uid, gid, compiler, module, headers = out.split("\n")[:5]
     assert (uid, gid) == (settings["SLIPSTREAM_UID"], settings["SLIPSTREAM_GID"])
     assert compiler == "no compiler"
     assert module.startswith("/opt/slipstream/lib/python")  # the installed wheel's
+    assert headers == "False", "Python.h is in the image"
 
 
 def test_the_image_holds_its_runtime_and_no_installer(containers: Containers) -> None:
