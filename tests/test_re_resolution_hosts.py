@@ -88,6 +88,17 @@ def _in_order(seen: list[int]) -> bool:
     return bool(seen) and seen == list(range(seen[0], seen[0] + len(seen)))
 
 
+def _flowing_to_host_2(a: Client, b: Client, hosts: Any, name: str,
+                       stream_id: int) -> tuple[Collector, Feed]:
+    """A subscription of ``b`` on host 2 and a publication of ``a`` to it by ``name``: the
+    stream flowing (2,000 messages read)."""
+    old = Collector(b.add_subscription(f"aeron:udp?endpoint={hosts[2].address}:{PORT}",
+                                       stream_id))
+    feed = Feed(a.add_publication(f"aeron:udp?endpoint={name}:{PORT}", stream_id), [old])
+    feed.run_until(lambda: len(old.seen) >= 2000, what="the stream to host 2")
+    return old, feed
+
+
 def test_a_unicast_receiver_named_by_host_name_is_followed_to_its_new_host(
         needs_hosts: None) -> None:
     from slipstream.sim.real.hosts import namespace_hosts
@@ -99,11 +110,7 @@ def test_a_unicast_receiver_named_by_host_name_is_followed_to_its_new_host(
         with Client.connect(publisher.directory) as a, \
                 Client.connect(old_host.directory) as b, \
                 Client.connect(new_host.directory) as c:
-            old = Collector(b.add_subscription(f"aeron:udp?endpoint={hosts[2].address}:{PORT}",
-                                               7))
-            publication = a.add_publication(f"aeron:udp?endpoint={name}:{PORT}", 7)
-            feed = Feed(publication, [old])
-            feed.run_until(lambda: len(old.seen) >= 2000, what="the stream to host 2")
+            old, feed = _flowing_to_host_2(a, b, hosts, name, 7)
 
             # The receiver moves: it leaves host 2, subscribes on host 3, and its name's
             # record follows it.
@@ -146,11 +153,7 @@ def test_a_move_that_found_no_route_is_made_once_a_route_is_there(
         hosts.set_names(1, {name: hosts[2].address})
         publisher, receiver = (hosts.start_driver(i, **SETTINGS) for i in (1, 2))
         with Client.connect(publisher.directory) as a, Client.connect(receiver.directory) as b:
-            old = Collector(b.add_subscription(f"aeron:udp?endpoint={hosts[2].address}:{PORT}",
-                                               10))
-            publication = a.add_publication(f"aeron:udp?endpoint={name}:{PORT}", 10)
-            feed = Feed(publication, [old])
-            feed.run_until(lambda: len(old.seen) >= 2000, what="the stream to host 2")
+            old, feed = _flowing_to_host_2(a, b, hosts, name, 10)
 
             old.subscription.close()
             moved_to = readdress(hosts, 2, 1, keep=False)
