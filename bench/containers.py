@@ -397,7 +397,8 @@ def main() -> int:
     parser.add_argument("--image", help="the image (default: deploy/container/image.env's "
                                          "IMAGE, tagged latest: what make image built)")
     parser.add_argument("--pairs", type=positive_int, default=8,
-                        help="host and container runs of each measurement, interleaved")
+                        help="host and container runs of each measurement, interleaved "
+                             "(at least 2: the ratios' spread)")
     parser.add_argument("--messages", type=positive_int, default=2_000_000,
                         help="messages per throughput run")
     parser.add_argument("--rate", type=positive_int, default=10_000,
@@ -417,6 +418,8 @@ def main() -> int:
     run_inside.add_argument("--rate", type=positive_int, default=10_000)
     run_inside.add_argument("--seconds", type=positive_float, default=3.0)
     args = parser.parse_args()
+    if args.pairs < 2:
+        parser.error(f"--pairs {args.pairs}: at least 2, for the spread of the ratios")
     return inside(args) if args.command == "inside" else host(args)
 
 

@@ -5,10 +5,11 @@ does, with ``make image`` run in a copy of the source files (a fresh clone's, wi
 edits: nothing is written into the checkout), under the repository :data:`TEST_IMAGE` (never
 the user's ``localhost/slipstream``).  Its tag is ``src-<hash of the source files>``
 (``scripts/build-image --print-tag``), and it carries the label :data:`SESSION_LABEL`, naming
-the test process that built it.  At the start, the images of that repository whose builder
-has ended (a session interrupted before its end) are removed, with any container left of them;
-an image of the tag whose builder still runs (a session beside this one) is used as it is,
-and left; one this session built is removed at its end.  The base image
+the test process that built it.  At the start, the names in that repository of images whose
+builder has ended (a session interrupted before its end) are removed, unless a container
+still uses the image; an image of the tag whose builder still runs (a session beside this
+one) is used as it is, and left; one this session built is removed at its end, by name and
+unless a container uses it.  The base image
 (``scripts/ensure-containers``) is the set-up's, made once per machine and kept, as ``.venv``
 is.
 
@@ -79,20 +80,23 @@ def owner_alive(owner: str) -> bool:
 
 
 def remove_stale_images() -> list[str]:
-    """Remove the images of :data:`TEST_IMAGE` whose builder no longer runs, with the
-    containers left of them; their names.  One without :data:`SESSION_LABEL` (built by an
-    older checkout's tests, perhaps running now) is left."""
+    """Untag the names in :data:`TEST_IMAGE` of images whose builder no longer runs; the
+    names untagged.  By name and without force: an image that has names elsewhere keeps
+    them (and itself), and one that a container still uses (a session beside this one) is
+    left as it is.  One without :data:`SESSION_LABEL` (built by an older checkout's tests,
+    perhaps running now) is left."""
     owner = "{{index .Labels \"" + SESSION_LABEL + "\"}}"
     listed = podman("images", "--filter", f"reference={TEST_IMAGE}", "--format",
-                    "{{.ID}} {{.Repository}}:{{.Tag}} " + owner, check=False).stdout
-    stale: dict[str, list[str]] = {}
+                    "{{.Repository}} {{.Tag}} " + owner, check=False).stdout
+    untagged = []
     for line in listed.splitlines():
-        image_id, name, *owner = line.split()
-        if owner and owner[0] != "<no" and not owner_alive(owner[0]):
-            stale.setdefault(image_id, []).append(name)
-    for image_id in stale:
-        podman("rmi", "--force", image_id, check=False)
-    return [name for names in stale.values() for name in names]
+        # The filter matches other repositories whose names begin with this one's too.
+        repository, tag, *owner = line.split()
+        name = f"{repository}:{tag}"
+        if repository == TEST_IMAGE and owner and owner[0] != "<no" and \
+                not owner_alive(owner[0]) and podman("rmi", name, check=False).returncode == 0:
+            untagged.append(name)
+    return untagged
 
 
 def podman(*args: str, prefix: Sequence[str] = (), check: bool = True,
@@ -243,8 +247,8 @@ def slipstream_image() -> Iterator[str]:
         yield tag
     finally:
         shutil.rmtree(root, ignore_errors=True)
-        if built:
-            podman("rmi", "--force", tag, f"{TEST_IMAGE}:latest", check=False)
+        if built:  # by name, not forced: a session beside this one may use it still
+            podman("rmi", tag, f"{TEST_IMAGE}:latest", check=False)
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ Needs root and podman (``make containers``): skips without, fails under CI=true.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -19,6 +21,8 @@ from pathlib import Path
 import pytest
 from containers import (
     APP_UID,
+    CHECKOUT,
+    LABEL,
     SESSION_LABEL,
     TEST_IMAGE,
     Containers,
@@ -79,27 +83,94 @@ def test_the_image_holds_its_runtime_and_no_installer(containers: Containers) ->
     assert size < 80e6, f"{size / 1e6:.0f} MB on disk (docs/PERFORMANCE.md: 59 MB)"
 
 
+#: Run in the image: what an application expects of a Linux runtime beside the driver.
+_RUNTIME_EXPECTATIONS = """
+import locale, ssl, time, zoneinfo
+print(ssl.create_default_context().cert_store_stats()["x509_ca"])
+print(zoneinfo.ZoneInfo("Europe/Paris").key)
+time.tzset()
+print(time.tzname[0])
+print(locale.setlocale(locale.LC_ALL, ""))
+"""
+
+
+def test_the_image_has_ca_certificates_time_zones_and_a_utf8_locale(
+        containers: Containers) -> None:
+    out = containers.run("expectations", "--network=none", "--env", "TZ=Europe/Paris",
+                         "--env", "LANG=C.UTF-8", detach=False,
+                         command=["python", "-c", _RUNTIME_EXPECTATIONS])
+    cas, zone, zone_name, chosen_locale = out.split()
+    assert int(cas) > 100, out
+    assert (zone, zone_name, chosen_locale) == ("Europe/Paris", "CET", "C.UTF-8"), out
+
+
+#: An application: one module, which uses the client library the image holds.
+_APPLICATION = """
+import slipstream.client
+
+
+def main() -> None:
+    print("an application beside", slipstream.client.__name__)
+"""
+
+
+def test_an_applications_image_installs_its_wheels_into_the_images_environment(
+        containers: Containers, tmp_path: Path) -> None:
+    """deploy/container/Containerfile.app, as its comment says to build it, with a wheel of
+    a one-module application: the module imports beside slipstream's client library, run as
+    the image's user, and the image still has no pip."""
+    source = tmp_path / "source"
+    (source / "hello_app").mkdir(parents=True)
+    (source / "hello_app" / "__init__.py").write_text(_APPLICATION)
+    (source / "pyproject.toml").write_text(
+        '[project]\nname = "hello-app"\nversion = "0.1"\n'
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n')
+    context = tmp_path / "context"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--no-index", "-w", str(context / "wheels"),
+                    str(source)], check=True, capture_output=True, timeout=120)
+    image = f"{TEST_IMAGE}-app:{uuid.uuid4().hex[:8]}"
+    try:
+        podman("build", "--quiet", "--pull=never", "--format", "docker",
+               "--build-arg", f"SLIPSTREAM_IMAGE={containers.image}",
+               "--build-arg", f"BASE_IMAGE={image_settings()['BASE_IMAGE']}",
+               "--file", str(CHECKOUT / "deploy" / "container" / "Containerfile.app"),
+               "--tag", image, str(context), timeout=300)
+        out = podman("run", "--rm", "--network=none", "--label", f"{LABEL}={containers.id}",
+                     image, "sh", "-c", "id -un; command -v pip || echo no pip; "
+                     "python -c 'import hello_app; hello_app.main()'").stdout
+        assert out.split("\n")[:3] == ["slipstream", "no pip",
+                                       "an application beside slipstream.client"], out
+        inspected = json.loads(podman("image", "inspect", image).stdout)[0]
+        assert inspected["Healthcheck"]["Test"][-1] == "/usr/local/bin/slipstream-healthcheck"
+    finally:
+        podman("rmi", image, check=False)
+
+
 def test_the_images_of_an_ended_session_are_removed_and_a_running_ones_kept(
         slipstream_image: str) -> None:
     """An image of the tests' repository labelled with a process that has ended (a session
-    interrupted before its end) goes at the next session's start; one of a running session
-    stays."""
+    interrupted before its end) loses its name there at the next session's start, and only
+    that name: under another it stays.  One of a running session stays."""
     settings = image_settings()
     run = uuid.uuid4().hex[:8]
     ended, running = f"{TEST_IMAGE}:ended-{run}", f"{TEST_IMAGE}:running-{run}"
+    elsewhere = f"{TEST_IMAGE}-elsewhere:{run}"  # a name someone else gave it
     with tempfile.TemporaryDirectory() as context:
         (Path(context) / "Containerfile").write_text(f"FROM {settings['BASE_IMAGE']}\n")
         for tag, owner in ((ended, "4194304:1"), (running, session_owner())):  # > pid_max
             podman("build", "--quiet", "--pull=never", "--layers=false", "--label",
                    f"{SESSION_LABEL}={owner}", "--tag", tag, context)
+    podman("tag", ended, elsewhere)
     try:
         removed = remove_stale_images()
         assert ended in removed and running not in removed, removed
         assert podman("image", "exists", ended, check=False).returncode == 1
+        assert podman("image", "exists", elsewhere, check=False).returncode == 0
         assert podman("image", "exists", running, check=False).returncode == 0
         assert podman("image", "exists", slipstream_image, check=False).returncode == 0
     finally:
-        podman("rmi", "--force", ended, running, check=False)
+        podman("rmi", ended, elsewhere, running, check=False)
 
 
 def test_a_publisher_and_a_subscriber_in_containers_stream_through_a_driver_container(

@@ -63,9 +63,14 @@ LEFT_OUT: dict[str, str] = {
 #: The copyright files stay, each package's licence (under /usr/share/doc/, otherwise out).
 KEPT_DOCS = "copyright"
 
-#: What the build stage made, copied as it is.
+#: What the build stage made, copied as it is: besides slipstream's, what packages' install
+#: scripts made, which dpkg does not list: the CA bundle and its links (ca-certificates;
+#: OpenSSL looks under /usr/lib/ssl), the time zone (tzdata), and the C.UTF-8 locale
+#: (libc-bin's, whose programs stay out).
 FROM_BUILD = ("/opt/slipstream", "/usr/local/bin", "/etc/slipstream", "/etc/passwd",
-              "/etc/group", "/etc/nsswitch.conf", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
+              "/etc/group", "/etc/nsswitch.conf", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+              "/etc/ssl/certs", "/usr/lib/ssl/certs", "/usr/lib/ssl/cert.pem",
+              "/etc/localtime", "/etc/timezone", "/usr/lib/locale/C.utf8")
 #: Where each package's dpkg status goes, as distroless images keep it, for the scanners
 #: that list an image's packages and their known vulnerabilities (there is no dpkg to ask).
 STATUS_DIR = "var/lib/dpkg/status.d"
@@ -75,6 +80,9 @@ COMPILERS = ("cc", "gcc", "c++", "g++", "clang", "x86_64-linux-gnu-gcc")
 MERGED = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
 #: Directories every process may write to (sticky).
 SCRATCH = ("tmp", "var/tmp")
+#: Directories root's alone (/var/run and /var/lock lead to /run, which not every engine
+#: mounts).
+ROOT_ONLY = ("run",)
 #: Optional dependencies the image leaves out (the package's extras): a module that needs one
 #: is not imported by the check.
 OPTIONAL = {"pyspark", "pyarrow", "pandas", "matplotlib", "numpy", "hdrh"}
@@ -142,15 +150,17 @@ def copy_tree(root: Path, paths: list[str]) -> None:
 def share_libcrypto(root: Path) -> None:
     """The wheels' own copies of OpenSSL's libcrypto (auditwheel grafts the build host's into
     ``<package>.libs/``) become links to the image's (libssl3's), when that is OpenSSL of the
-    same major version and no older: one copy, and Debian's security updates reach both.  The
-    import check then loads every extension with all its symbols bound (Python's RTLD_NOW)."""
+    same major version and a newer release: one copy.  The same release is not enough: a
+    Debian security update keeps the release and changes the package's revision, so the
+    wheel's copy may be the patched one.  The import check then loads every extension with
+    all its symbols bound (Python's RTLD_NOW)."""
     system = root / "usr/lib/x86_64-linux-gnu/libcrypto.so.3"
     if not system.exists():
         return
     ours = openssl_version(system)
     for bundled in root.glob("opt/slipstream/lib/python3.*/site-packages/*.libs/libcrypto-*"):
         theirs = openssl_version(bundled)
-        if ours and theirs and ours[0] == theirs[0] and ours >= theirs:
+        if ours and theirs and ours[0] == theirs[0] and ours > theirs:
             bundled.unlink()
             bundled.symlink_to("/usr/lib/x86_64-linux-gnu/libcrypto.so.3")
             print(f"runtime_root: {bundled.relative_to(root)} (OpenSSL "
@@ -246,6 +256,8 @@ def main(argv: list[str]) -> int:
         (root / scratch).mkdir(parents=True, exist_ok=True)
         (root / scratch).chmod(0o1777)
     (root / "root").mkdir(mode=0o700, exist_ok=True)  # root's home
+    for directory in ROOT_ONLY:
+        (root / directory).mkdir(mode=0o755, exist_ok=True)
     if shutil.which("ldconfig"):
         subprocess.run(["ldconfig", "-r", str(root)], check=True)
     share_libcrypto(root)
