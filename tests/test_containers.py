@@ -129,9 +129,13 @@ def test_an_applications_image_installs_its_wheels_into_the_images_environment(
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
                     "--no-build-isolation", "--no-index", "-w", str(context / "wheels"),
                     str(source)], check=True, capture_output=True, timeout=120)
-    image = f"{TEST_IMAGE}-app:{uuid.uuid4().hex[:8]}"
+    run = uuid.uuid4().hex[:8]
+    image = f"{TEST_IMAGE}-app:{run}"
     try:
+        # Not --layers=false: with it podman 4.3 removed the session's image at the end of the
+        # build (the image of the stage that is only its FROM).
         podman("build", "--quiet", "--pull=never", "--format", "docker",
+               "--build-arg", f"BUILD_STAGE_ID={run}",
                "--build-arg", f"SLIPSTREAM_IMAGE={containers.image}",
                "--build-arg", f"BASE_IMAGE={image_settings()['BASE_IMAGE']}",
                "--file", str(CHECKOUT / "deploy" / "container" / "Containerfile.app"),
@@ -144,7 +148,9 @@ def test_an_applications_image_installs_its_wheels_into_the_images_environment(
         inspected = json.loads(podman("image", "inspect", image).stdout)[0]
         assert inspected["Healthcheck"]["Test"][-1] == "/usr/local/bin/slipstream-healthcheck"
     finally:
-        podman("rmi", image, check=False)
+        stage = podman("images", "--quiet", "--filter",
+                       f"label=org.slipstream.build-stage={run}").stdout.split()
+        podman("rmi", image, *stage, check=False)
 
 
 def test_the_images_of_an_ended_session_are_removed_and_a_running_ones_kept(

@@ -14,6 +14,11 @@ ARG BASE_IMAGE=localhost/slipstream-base:bookworm
 FROM ${SLIPSTREAM_IMAGE} AS slipstream
 
 FROM ${BASE_IMAGE} AS build
+# Podman keeps this stage's image, untagged, after the build: an id of the build here
+# (--build-arg BUILD_STAGE_ID=...) lets it be found and removed (podman rmi, filtered by
+# the label); without one, `podman image prune` removes it with the other untagged images.
+ARG BUILD_STAGE_ID=
+LABEL org.slipstream.build-stage=${BUILD_STAGE_ID}
 COPY --from=slipstream /opt/slipstream /opt/slipstream
 COPY wheels/ /wheels/
 RUN python3 -m venv /tmp/installer && \
