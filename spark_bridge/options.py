@@ -41,6 +41,7 @@ READ_OPTIONS = ("startingPosition", "endingPosition", "startingTimestamp", "endi
                 "failOnDataLoss", "minPartitions", "holder",
                 "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs", "archive",
                 "archiveDir")
+READ_OPTIONS += ("includeHeaders",)
 WRITE_OPTIONS = ("offerTimeoutMs", "durableTimeoutMs")
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
@@ -64,7 +65,8 @@ _TIMESTAMP_MS_LIMIT = 2**62 // 10**6
 class SourceOptions:
     """The validated options (the defaults are the documented ones)."""
 
-    #: The (first) stream: a writer's, and a reader's of one stream.
+    #: The (first) stream: a writer's, and a reader's of one stream.  0 for a writer without
+    #: ``streamId`` (it routes every row by its ``stream_id`` column; ``given`` tells).
     stream_id: int
     #: A reader's streams, on ``channel`` (``streamId`` may list several: ``10,11``); their
     #: sessions' offsets are keyed ``"<stream>:<session>"`` when there are several.
@@ -109,10 +111,14 @@ class SourceOptions:
     #: The reader's ``queryName`` option, if given: it names the query's lag counter.
     query_name: str | None = None
     given: frozenset[str] = frozenset()  # canonical names of the options the user set
+    #: ``includeHeaders``: the read schema has the ``headers`` column.
+    include_headers: bool = False
 
     def check_direction(self, direction: str) -> None:
         """Raise :class:`OptionError` for an option of the other direction (``"read"`` or
         ``"write"``): ``offerTimeoutMs`` on a reader is a mistake worth reporting."""
+        if direction == "read" and "streamId" not in self.given:
+            raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
         if direction == "write" and len(self.stream_ids) > 1:
             raise OptionError("streamId", "a writer publishes to one stream: name one")
         foreign = WRITE_OPTIONS if direction == "read" else READ_OPTIONS
@@ -254,7 +260,9 @@ def _archives(text: str) -> tuple[tuple[str, int, int], ...]:
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
     """Validate Spark's option map; raises :class:`OptionError` naming the first bad option.
 
-    ``streamId`` is required; ``channel`` defaults to ``aeron:ipc``; ``directory`` to the
+    ``streamId`` is required by readers (:meth:`SourceOptions.check_direction`) and by
+    writers that do not route by a ``stream_id`` column (:func:`~slipstream.spark_bridge.
+    writer.check_schema`); ``channel`` defaults to ``aeron:ipc``; ``directory`` to the
     client's default driver directory ($SLIPSTREAM_DIR, else /dev/shm/slipstream-<user>).
     """
     given: dict[str, str] = {}
@@ -266,10 +274,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             raise OptionError(key, f"unknown option (known: {known})")
         given[canonical] = "" if value is None else str(value)
 
-    if "streamId" not in given:
-        raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
+    # Required by readers, and by writers whose frame has no stream_id column (both checked
+    # once the direction and the frame are known).
     stream_ids: list[int] = []
-    for text in given["streamId"].split(","):
+    for text in given["streamId"].split(",") if "streamId" in given else ():
         try:
             stream_id = int(text.strip())
         except ValueError:
@@ -349,6 +357,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         if max_delay_ns <= 0:
             raise OptionError("maxTriggerDelay", f"{text!r} is not > 0")
 
+    headers_text = given.get("includeHeaders", "false").strip().lower()
+    if headers_text not in ("true", "false"):
+        raise OptionError("includeHeaders",
+                          f"{given['includeHeaders']!r} is not accepted (accepted: true, false)")
     fail_text = given.get("failOnDataLoss", "true").strip().lower()
     if fail_text not in ("true", "false"):
         raise OptionError("failOnDataLoss",
@@ -397,7 +409,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         raise OptionError("holderGroup", "is empty (accepted: a name)")
 
     return SourceOptions(
-        stream_id=stream_ids[0], stream_ids=tuple(stream_ids), channel=channel,
+        stream_id=stream_ids[0] if stream_ids else 0, stream_ids=tuple(stream_ids),
+        channel=channel,
         directory=directory.strip() if directory else None,
         starting_position=starting, ending_position=ending,
         starting_timestamp_ns=timestamps["startingTimestamp"],
@@ -411,6 +424,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, holder=holder,
         holder_group=group, archives=archives, archive_dir=archive_dir,
         query_name=given.get("queryName", "").strip() or None,
+        include_headers=headers_text == "true",
         given=frozenset(given))
 
 
