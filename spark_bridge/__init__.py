@@ -95,6 +95,9 @@ class SlipstreamDataSource(DataSource):
         return "slipstream"
 
     def schema(self) -> str:
+        """The read schema (Spark asks only readers): with ``headers`` when
+        ``includeHeaders`` is set."""
+        self.parsed.require_stream_id()
         return schema_text(self.parsed.include_headers)
 
     def streamReader(self, schema: StructType) -> SlipstreamStreamReader:

@@ -114,11 +114,17 @@ class SourceOptions:
     #: ``includeHeaders``: the read schema has the ``headers`` column.
     include_headers: bool = False
 
+    def require_stream_id(self) -> None:
+        """Raise :class:`OptionError` unless ``streamId`` was given (a reader needs it; a
+        writer routing by a ``stream_id`` column does not)."""
+        if "streamId" not in self.given:
+            raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
+
     def check_direction(self, direction: str) -> None:
         """Raise :class:`OptionError` for an option of the other direction (``"read"`` or
         ``"write"``): ``offerTimeoutMs`` on a reader is a mistake worth reporting."""
-        if direction == "read" and "streamId" not in self.given:
-            raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
+        if direction == "read":
+            self.require_stream_id()
         if direction == "write" and len(self.stream_ids) > 1:
             raise OptionError("streamId", "a writer publishes to one stream: name one")
         foreign = WRITE_OPTIONS if direction == "read" else READ_OPTIONS
