@@ -56,6 +56,8 @@ With ``includeHeaders=true``, :data:`HEADERS_COLUMN` follows.
 HEADERS_COLUMN = "headers array<struct<key: string, value: binary>>"
 """An enveloped message's headers (Kafka's type and name); null for a message without."""
 
+_HEADERS_INDEX = 7  # the headers column's index in the read schema, when it has one
+
 #: ``timestampType`` values (Kafka's TimestampType ids).
 CREATE_TIME = 0
 NO_TIMESTAMP_TYPE = -1
@@ -184,7 +186,7 @@ def _arrow_batch(chunk: GatheredMessages, session_id: int, stream_id: int,
     import numpy as np
     import pyarrow as pa
 
-    headers = schema.get_field_index("headers") >= 0  # type: ignore[attr-defined]
+    headers = len(schema) > _HEADERS_INDEX  # type: ignore[arg-type]
     n = len(chunk)
     size = max(n, _ROWS_PER_BATCH) if ids is not None else n
     constant = ids.get(size) if ids is not None else None
@@ -192,15 +194,16 @@ def _arrow_batch(chunk: GatheredMessages, session_id: int, stream_id: int,
         constant = (pa.array(np.full(size, session_id, dtype=np.int32)),
                     pa.array(np.full(size, stream_id, dtype=np.int32)),
                     pa.array(np.full(size, CREATE_TIME, dtype=np.int32)),
+                    pa.array(np.full(size, NO_TIMESTAMP_TYPE, dtype=np.int32)),
                     pa.nulls(size, pa.binary()),
-                    pa.nulls(size, schema.field("headers").type)  # type: ignore[attr-defined]
+                    pa.nulls(size, schema.field(_HEADERS_INDEX).type)  # type: ignore[attr-defined]
                     if headers else None)
         if ids is not None:
             ids[size] = constant
     if n < size:  # a shorter batch: zero-copy slices of the full batch's columns
         constant = tuple(c.slice(0, n) if c is not None else None  # type: ignore[attr-defined]
                          for c in constant)
-    session_ids, stream_ids, created, keys, no_headers = constant
+    session_ids, stream_ids, created, unstamped, keys, no_headers = constant
     reserved = np.frombuffer(chunk.reserved_values, dtype=np.int64)
     values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(chunk.offsets),
                                                     pa.py_buffer(chunk.data)])
@@ -209,6 +212,10 @@ def _arrow_batch(chunk: GatheredMessages, session_id: int, stream_id: int,
     if lowest >= 1000:  # every message stamped (ns) and none enveloped: its time in us
         published = reserved // 1000
         kinds = created
+    elif lowest >= 0 and reserved.max() < 1000:  # none stamped, none enveloped
+        now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1_000_000)
+        published = np.full(n, now, dtype=np.int64)
+        kinds = unstamped
     else:
         if lowest < 0:  # envelopes among them
             enveloped = reserved < 0
