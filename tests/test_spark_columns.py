@@ -16,9 +16,12 @@ from test_spark_bridge import (
     running_driver,
     wait_connected,
 )
+from test_spark_executor import Hosts
+from test_spark_executor import two_drivers as two_drivers
 
 from slipstream.client.layout import RESERVED_VALUE_ENVELOPE_BIT, RESERVED_VALUE_TIME_MASK
 from slipstream.spark_bridge.envelope import decode_message, encode_message
+from slipstream.spark_bridge.read_task import read_range
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -230,3 +233,71 @@ def test_include_headers_takes_true_or_false_only(spark) -> None:
     with pytest.raises(Exception, match="option 'includeHeaders': 'yes' is not accepted"):
         (spark.readStream.format("slipstream").option("streamId", "1")
          .option("includeHeaders", "yes").load())
+
+
+def test_envelopes_replayed_to_another_host_read_as_they_read_in_place(
+        two_drivers: Hosts) -> None:
+    """The read paths share one decoding: a range of enveloped and plain messages read in
+    place on the holder's host and replayed to another driver gives the same keys, headers,
+    values and publisher times (more than a window: 150 messages of about 250 bytes through
+    32 KiB windows)."""
+    hosts = two_drivers
+    start = hosts.image.position
+    sent = []
+    for i in range(150):
+        key = None if i % 3 == 0 else f"k{i}".encode()
+        headers = None if i % 4 == 0 else [("n", str(i).encode()), ("é", None)]
+        value = f"{i:08d}".encode().ljust(200, b".")
+        enveloped = i % 5 != 0
+        payload = encode_message(value, key, headers) if enveloped else value
+        mark = RESERVED_VALUE_ENVELOPE_BIT if enveloped else 0
+        deadline = time.monotonic() + 10
+        while hosts.publication.offer(payload, reserved_value=(i + 1) * 1000 + mark) < 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        hosts.keeper.poll(lambda data, header: None, 100)  # the holder's credit, returned
+        sent.append((value, key if enveloped else None, headers if enveloped else None,
+                     i + 1))
+    end = hosts.image.available_position()
+
+    def read(directory) -> list[tuple]:
+        partition = hosts.partition(directory, start, end)
+        partition.include_headers = True
+        got = []
+        for batch in read_range(partition):
+            for row in batch.to_pylist():
+                headers = row["headers"]
+                got.append((row["value"], row["key"],
+                            None if headers is None else
+                            [(h["key"], h["value"]) for h in headers],
+                            int(row["timestamp"].timestamp() * 1_000_000)))
+        return got
+
+    local = read(hosts.holder_dir)
+    assert local == sent
+    assert read(hosts.executor_dir) == local
+
+
+def test_a_starting_timestamp_finds_enveloped_messages_by_their_time(two_drivers: Hosts
+                                                                     ) -> None:
+    """The envelope bit is no part of a message's time: the search for the first message
+    stamped at or after a time finds an enveloped one (its reserved value negative)."""
+    from slipstream.client.logview import ImageView
+
+    hosts = two_drivers
+    start = hosts.image.position
+    positions = []
+    for i in range(20):
+        mark = RESERVED_VALUE_ENVELOPE_BIT if i % 2 else 0
+        deadline = time.monotonic() + 10
+        while hosts.publication.offer(encode_message(b"v") if mark else b"v",
+                                      reserved_value=(i + 1) * 1_000_000 + mark) < 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        positions.append(hosts.publication.position)
+    end = hosts.image.available_position()
+    view = ImageView(hosts.image)
+    # Message i is stamped (i + 1) ms and begins where message i - 1 ended.
+    assert view.position_at_time(start, end, 8 * 1_000_000) == positions[6]  # message 7
+    assert view.position_at_time(start, end, 7 * 1_000_000 + 1) == positions[6]
+    assert view.position_at_time(start, end, 21 * 1_000_000) == end
