@@ -22,9 +22,10 @@ wall-clock nanoseconds since the Unix epoch (``time.time_ns()`` on the executor'
 once per ``offer_batch`` call just before it, so never later than the moment the message
 became visible in the log.  The rows one call appends (up to 8,192 consecutive rows of one
 Arrow record batch) share that time; rows a back-pressured call did not append are stamped
-again when they are offered again.  A reader can turn it into a ``timestamp`` column
-(``reserved_value // 1000`` microseconds, UTC); a message from a publisher that sets no
-reserved value carries 0.
+again when they are offered again.  An enveloped message's reserved value also has its top
+bit set (:data:`~slipstream.client.layout.RESERVED_VALUE_ENVELOPE_BIT`).  A reader turns
+the time into a ``timestamp`` column (``(reserved_value & RESERVED_VALUE_TIME_MASK) //
+1000`` microseconds, UTC); a message from a publisher that sets no reserved value carries 0.
 
 With ``durable=TAG/N`` on the channel (docs/PROTOCOL.md §7.7), a task returns its commit
 message only once its last message is durable: held by N receivers subscribed with
