@@ -2,11 +2,12 @@
 
 The columns (:func:`check_schema`, docs/SPARK.md): ``value`` (binary or string) is the
 message; ``key`` (binary or string) and ``headers`` (``array<struct<key: string, value:
-binary>>``, Kafka's), when the frame has either, travel with it in an envelope
-(:mod:`~slipstream.spark_bridge.envelope`), marked in the reserved value; a frame with
-neither writes plain messages, as any Aeron publisher does.  ``stream_id`` (int), when the
-frame has it, routes each row to that stream on the channel (a null: to the ``streamId``
-option's stream).  The read schema's other columns, which a query that passes rows through
+binary>>``, Kafka's): a row with either (not null) travels as an envelope
+(:mod:`~slipstream.spark_bridge.envelope`), marked in the reserved value; a row with neither
+is a plain message, as any Aeron publisher writes.  ``stream_id`` (int), when the frame has
+it and the ``streamId`` option is not set, routes each row to that stream on the channel
+(the option, when set, sends every row to its stream, as Kafka's ``topic`` option
+overrides its column).  The read schema's other columns, which a query that passes rows through
 carries, are assigned by the stream and ignored; any other column is refused by name.
 
 Rows reach the writer as Arrow record batches.  The ``value`` column's data buffer already
@@ -201,42 +202,53 @@ def _value_column(batch: pa.RecordBatch) -> pa.Array:
     return column
 
 
-def _message_column(batch: pa.RecordBatch) -> tuple[pa.Array, bool]:
-    """The batch's messages as one binary column, and whether they are envelopes: each
-    row's value, in an envelope with its key and headers when the batch has either
-    column."""
-    names = batch.schema.names
-    values = _value_column(batch)
-    if "key" not in names and "headers" not in names:
-        return values, False
-    try:
-        return encode_column(values, batch.column("key") if "key" in names else None,
-                             batch.column("headers") if "headers" in names else None), True
-    except ValueError as e:
-        raise ValueError(f"slipstream writer: the 'headers' column: {e}") from None
-
-
-def _routed(batch: pa.RecordBatch, default_stream: int | None
-            ) -> Iterator[tuple[int | None, pa.RecordBatch]]:
-    """The batch's rows by the stream they go to, in order within each: all of them to
-    ``default_stream`` (None: the option's) without a ``stream_id`` column; by that column
-    with one, a null going to ``default_stream``, refused naming the row when there is
-    none."""
+def _message_column(batch: pa.RecordBatch) -> tuple[pa.Array, np.ndarray | None]:
+    """The batch's messages as one binary column, and which are envelopes (None: none).  A
+    row with a key or headers (not null) is its envelope; any other row is its value, a
+    plain message, so that passing a plain stream's rows through (their key and headers
+    null) writes plain messages."""
     import numpy as np
     import pyarrow.compute as pc
 
+    names = batch.schema.names
+    values = _value_column(batch)
+    keys = batch.column("key") if "key" in names else None
+    headers = batch.column("headers") if "headers" in names else None
+    enveloped = np.zeros(batch.num_rows, dtype=bool)
+    for column in (keys, headers):
+        if column is not None and column.null_count < len(column):
+            enveloped |= np.asarray(column.is_valid())
+    if not enveloped.any():
+        return values, None
+    try:
+        envelopes = encode_column(values, keys, headers)
+    except ValueError as e:
+        raise ValueError(f"slipstream writer: the 'headers' column: {e}") from None
+    if enveloped.all():
+        return envelopes, enveloped
+    return pc.if_else(enveloped, envelopes, values), enveloped
+
+
+def _routed(batch: pa.RecordBatch, stream_option: int | None
+            ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The batch's rows by the stream they go to, in order within each: all of them to the
+    ``streamId`` option's stream when it is set (``stream_option``; it overrides the column,
+    as Kafka's ``topic`` option does); else each to its ``stream_id`` column's, a null
+    refused naming the row."""
+    import numpy as np
+
     index = batch.schema.get_field_index("stream_id")
-    if index < 0:
-        yield default_stream, batch
+    if stream_option is not None or index < 0:
+        assert stream_option is not None  # check_schema: a stream_id column or the option
+        yield stream_option, batch
         return
     column = batch.column(index)
     if column.null_count:
-        if default_stream is None:
-            row = int(np.flatnonzero(np.asarray(column.is_null()))[0])
-            raise ValueError(f"slipstream writer: row {row} of a batch has a null 'stream_id' "
-                             f"column, and the writer has no streamId option to send it to "
-                             f"(set streamId, or give every row a stream_id)")
-        column = pc.fill_null(column, default_stream)
+        row = int(np.flatnonzero(np.asarray(column.is_null()))[0])
+        raise ValueError(f"slipstream writer: row {row} of a batch has a null 'stream_id' "
+                         f"column, and the writer has no streamId option (give every row a "
+                         f"stream_id, e.g. coalesce(stream_id, 10), or set streamId, which "
+                         f"sends every row to its stream)")
     streams = np.asarray(column)
     first = streams[0]
     if (streams == first).all():
@@ -286,15 +298,17 @@ def publish_batches(publication: Publication, batches: Iterator[pa.RecordBatch],
     return rows, total, last_position
 
 
-def _offer_column(publication: Publication, column: pa.Array, enveloped: bool,
+def _offer_column(publication: Publication, column: pa.Array, enveloped: np.ndarray | None,
                   timeout_ms: int, rows_before: int) -> tuple[int, int]:
     """Offer the messages of a binary ``column`` in order (reserved values: the publish
-    time, with the envelope bit when ``enveloped``); returns (messages, payload bytes).
+    time, with the envelope bit where ``enveloped``, None: nowhere); returns (messages,
+    payload bytes).
     ``rows_before``: what this task published before, for the errors' text."""
     import numpy as np
 
     stamps = np.empty(_CHUNK, dtype=np.int64)  # the reserved values of one offer_batch call
-    mark = RESERVED_VALUE_ENVELOPE_BIT if enveloped else 0
+    marks = None if enveloped is None else \
+        np.where(enveloped, RESERVED_VALUE_ENVELOPE_BIT, 0).astype(np.int64)
     timeout_ns = timeout_ms * 1_000_000
     data, lengths, starts = _messages(column)
     n = len(lengths)
@@ -304,7 +318,9 @@ def _offer_column(publication: Publication, column: pa.Array, enveloped: bool,
     while done < n:
         end = min(n, done + _CHUNK)
         stamped = stamps[:end - done]
-        stamped.fill(time.time_ns() + mark)  # the publish time, once per call
+        stamped.fill(time.time_ns())  # the publish time, once per call
+        if marks is not None:
+            stamped += marks[done:end]
         result = publication.offer_batch(data[starts[done]:starts[end]], lengths[done:end],
                                          stamped)
         if result > 0:
@@ -367,14 +383,13 @@ class _PublishingWriter:
         """Publish every row to its stream (:func:`_routed`); wait until each stream's last
         message is durable where the channel asks for it."""
         options = self.options
-        default = options.stream_id if "streamId" in options.given else None
+        stream_option = options.stream_id if "streamId" in options.given else None
         used: dict[int, Publication] = {}
         rows = total = 0
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
-            for stream_id, part in _routed(batch, default):
-                assert stream_id is not None  # check_schema: a stream_id column or the option
+            for stream_id, part in _routed(batch, stream_option):
                 publication = used.get(stream_id)
                 if publication is None:
                     publication = publication_for(options.directory, options.channel,
@@ -385,8 +400,9 @@ class _PublishingWriter:
                                         options.offer_timeout_ms, rows)
                 rows += n
                 total += size
-        if not used and default is not None:  # no rows: the option's stream, as before
-            used[default] = publication_for(options.directory, options.channel, default)
+        if not used and stream_option is not None:  # no rows: the option's stream, as before
+            used[stream_option] = publication_for(options.directory, options.channel,
+                                                  stream_option)
         streams = {stream_id: (publication.session_id, publication.position)
                    for stream_id, publication in used.items()}
         for publication in used.values():

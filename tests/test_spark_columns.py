@@ -137,39 +137,49 @@ def test_a_plain_publisher_is_read_with_null_key_and_headers(spark, checkpoint) 
 
 def test_an_enveloped_message_read_by_a_plain_subscription_shows_its_envelope(spark) -> None:
     """A plain subscriber (as any Aeron subscriber) sees an enveloped message's envelope as
-    its payload, and the envelope bit above the publish time in its reserved value."""
+    its payload, and the envelope bit above the publish time in its reserved value; a row of
+    the same frame with neither key nor headers is a plain message."""
     with running_driver("64k") as (directory, client):
         consumer = Drainer(client.add_subscription("aeron:ipc", 3003))
         before = time.time_ns()
-        written(spark, [(b"value", b"key", [("h", b"1")])], directory, streamId="3003")
-        got = consumer.wait_for(1)
-    assert got == [encode_message(b"value", b"key", [("h", b"1")])]
+        written(spark, [(b"value", b"key", [("h", b"1")]), (b"plain", None, None)], directory,
+                streamId="3003")
+        got = consumer.wait_for(2)
+    assert got == [encode_message(b"value", b"key", [("h", b"1")]), b"plain"]
     decoded = decode_message(got[0])
     assert (decoded.key, decoded.headers, decoded.value) == (b"key", [("h", b"1")], b"value")
-    reserved = consumer.reserved_values[0]
+    reserved, plain = consumer.reserved_values
     assert reserved < 0 and before <= reserved & RESERVED_VALUE_TIME_MASK <= time.time_ns()
+    assert plain == reserved & RESERVED_VALUE_TIME_MASK  # one offer_batch call: one time
 
 
 def test_rows_are_routed_by_their_stream_id_column(spark) -> None:
-    """With a stream_id column each row goes to its stream (one publication per stream per
-    task), a null one to the streamId option's stream; without the option every row needs
-    one, and a null is refused naming the column."""
+    """Without the streamId option each row goes to its stream_id column's stream (one
+    publication per stream per task), and a null one is refused naming the column; with
+    the option every row goes to its stream (the option overrides the column, as Kafka's
+    topic option does, so that a query passing read rows through writes where it says)."""
     with running_driver("64k") as (directory, client):
         consumers = {sid: Drainer(client.add_subscription("aeron:ipc", sid))
-                     for sid in (3011, 3012, 3013)}
+                     for sid in (3011, 3012)}
         frame = spark.range(3_000, numPartitions=2).selectExpr(
             "cast(cast(id as string) as binary) as value",
-            "case when id % 3 = 0 then 3011 when id % 3 = 1 then 3012 end as stream_id")
+            "case when id % 2 = 0 then 3011 else 3012 end as stream_id")
+        (frame.write.format("slipstream").option("directory", str(directory))
+         .mode("append").save())
+        got = {sid: consumer.wait_for(1_500) for sid, consumer in consumers.items()}
+        assert sorted(got[3011], key=int) == [str(i).encode() for i in range(0, 3_000, 2)]
+        assert sorted(got[3012], key=int) == [str(i).encode() for i in range(1, 3_000, 2)]
+
+        overridden = Drainer(client.add_subscription("aeron:ipc", 3013))
         (frame.write.format("slipstream").option("directory", str(directory))
          .option("streamId", "3013").mode("append").save())
-        got = {sid: consumer.wait_for(1_000) for sid, consumer in consumers.items()}
-        assert sorted(got[3011], key=int) == [str(i).encode() for i in range(0, 3_000, 3)]
-        assert sorted(got[3012], key=int) == [str(i).encode() for i in range(1, 3_000, 3)]
-        assert sorted(got[3013], key=int) == [str(i).encode() for i in range(2, 3_000, 3)]
+        assert sorted(overridden.wait_for(3_000), key=int) == \
+            [str(i).encode() for i in range(3_000)]
 
+        with_nulls = frame.selectExpr("value", "if(value = '7', null, stream_id) as stream_id")
         with pytest.raises(Exception, match=re.escape("has a null 'stream_id' column, and the "
                                                       "writer has no streamId option")):
-            (frame.write.format("slipstream").option("directory", str(directory))
+            (with_nulls.write.format("slipstream").option("directory", str(directory))
              .mode("append").save())
         with pytest.raises(Exception, match="option 'streamId': is required unless"):
             (frame.select("value").write.format("slipstream")
@@ -301,3 +311,31 @@ def test_a_starting_timestamp_finds_enveloped_messages_by_their_time(two_drivers
     assert view.position_at_time(start, end, 8 * 1_000_000) == positions[6]  # message 7
     assert view.position_at_time(start, end, 7 * 1_000_000 + 1) == positions[6]
     assert view.position_at_time(start, end, 21 * 1_000_000) == end
+
+
+def test_a_query_passing_read_rows_through_writes_plain_messages_where_its_option_says(
+        spark, checkpoint) -> None:
+    """Read rows written as they are (every read column: the ones the stream assigns are
+    ignored, the null keys ask for no envelope, the streamId option overrides stream_id):
+    the output stream gets the plain values, and nothing goes back to the input stream."""
+    with running_driver("64k") as (directory, client):
+        publication = client.add_publication("aeron:ipc", 3041)
+        output = Drainer(client.add_subscription("aeron:ipc", 3042))
+        query = (spark.readStream.format("slipstream").option("directory", str(directory))
+                 .option("streamId", "3041").option("includeHeaders", "true").load()
+                 .writeStream.format("slipstream").option("directory", str(directory))
+                 .option("streamId", "3042").option("checkpointLocation", checkpoint)
+                 .trigger(processingTime="100 milliseconds").start())
+        try:
+            wait_connected(publication)  # the query subscribed
+            back = Drainer(client.add_subscription("aeron:ipc", 3041))  # joins before any
+            messages = [f"m{i}".encode() * 50 for i in range(2_000)]  # 2,000 x 100-300 B
+            for message in messages:
+                offer(publication, message)
+            query.processAllAvailable()
+            assert output.wait_for(2_000) == messages
+        finally:
+            query.stop()
+        time.sleep(0.5)
+        assert back.wait_for(2_001, timeout=1.0) == messages  # its own messages only
+    assert min(output.reserved_values) > 0  # plain: no envelope bit
