@@ -67,7 +67,7 @@ from slipstream.client import SlipstreamError
 from slipstream.client.counters import Counter, CounterType, fit_label
 from slipstream.client.logview import LogView
 from slipstream.spark_bridge.archived import Archives, Endpoint
-from slipstream.spark_bridge.options import SourceOptions
+from slipstream.spark_bridge.options import EARLIEST, LATEST, SourceOptions
 from slipstream.spark_bridge.planning import (
     GONE_GRACE_S,
     LossReports,
@@ -267,7 +267,18 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self.options.starting_timestamp_ns is not None:
             return view.position_at_time(view.earliest_position(), view.available_position(),
                                          self.options.starting_timestamp_ns)
-        if self.options.starting_position == "earliest":
+        starting = self.options.starting_position
+        if isinstance(starting, dict):  # startingOffsets' object: a session it names
+            named = starting.get(offset_key(self.options, view.stream_id, view.session_id))
+            if named is not None and named >= 0:
+                if named > view.available_position():
+                    raise SlipstreamError(
+                        f"slipstream stream {view.stream_id} session {view.session_id}: "
+                        f"{self.options.name_of('startingPosition')} {named} is past the last "
+                        f"whole message its log holds ({view.available_position()})")
+                return named
+            starting = "earliest" if named == EARLIEST else "latest"
+        if starting == "earliest":
             return self._earliest(view)
         return view.position
 
@@ -388,10 +399,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         images = self._images()  # connect: the subscription's position holds the stream
         self._ask_archives_again()
         offsets: dict[str, object] = {}
-        if self.options.starting_position == "earliest" or \
-                self.options.starting_timestamp_ns is not None:
+        starting = self.options.starting_position
+        if starting == "earliest" or self.options.starting_timestamp_ns is not None:
             offsets = {sid: self._entry(view, self._default_start(view))
                        for sid, view in images.items()}
+        elif isinstance(starting, dict):  # the sessions it names start where it says
+            offsets = {sid: self._entry(view, self._default_start(view))
+                       for sid, view in images.items() if starting.get(sid, LATEST) != LATEST}
         if self._archives is not None:
             # Sessions recorded from now on are read from their first message; with
             # earliest, every session the archives hold is.
@@ -699,11 +713,12 @@ class SlipstreamBatchReader(DataSourceReader):
         end: dict[str, object] = {}
         for sid, view in sorted(views.items()):
             available = view.available_position()
-            stop = ending[sid] if isinstance(ending, dict) and sid in ending else available
+            stop = ending[sid] if isinstance(ending, dict) and \
+                ending.get(sid, LATEST) != LATEST else available
             if stop > available:
                 raise SlipstreamError(
                     f"slipstream stream {view.stream_id} session {view.session_id}: "
-                    f"endingPosition "
+                    f"{options.name_of('endingPosition')} "
                     f"{stop} is past the last whole message its log holds ({available})")
             if options.ending_timestamp_ns is not None:
                 stop = view.position_at_time(view.earliest_position(), stop,
@@ -711,9 +726,10 @@ class SlipstreamBatchReader(DataSourceReader):
             if options.starting_timestamp_ns is not None:
                 begin = view.position_at_time(view.earliest_position(), stop,
                                               options.starting_timestamp_ns)
-            elif starting == "latest":
+            elif starting == "latest" or (isinstance(starting, dict) and
+                                          starting.get(sid) == LATEST):
                 begin = stop
-            elif isinstance(starting, dict) and sid in starting:
+            elif isinstance(starting, dict) and starting.get(sid, EARLIEST) != EARLIEST:
                 begin = starting[sid]
             else:
                 begin = view.earliest_position()
@@ -723,8 +739,8 @@ class SlipstreamBatchReader(DataSourceReader):
             if begin > stop:
                 raise SlipstreamError(
                     f"slipstream stream {view.stream_id} session {view.session_id}: "
-                    f"startingPosition "
-                    f"{begin} is after endingPosition {stop}")
+                    f"{options.name_of('startingPosition')} "
+                    f"{begin} is after {options.name_of('endingPosition')} {stop}")
             if begin < stop and not view.is_retained(begin) and archives is None:
                 held_from = view.first_retained(begin, stop)
                 losses.report(("held", sid, held_from), loss_message(
