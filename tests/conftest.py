@@ -153,6 +153,7 @@ MODULE_LANES = {
     "test_archive": "sockets",
     "test_archive_disk_full": "hosts",
     "test_archive_units": "unit",
+    "test_archive_stream_retention": "unit",
     "test_archive_replay": "sockets",
     "test_archive_merge_hosts": "hosts",
     "test_archive_moves_hosts": "hosts",

@@ -417,3 +417,50 @@ def test_the_subscriber_position_never_passes_what_the_recording_made_durable(
     # What was reserved past the last segment's end was given back when it closed.
     last = segment_files(settings.dir, 0)[-1][1]
     assert os.stat(last).st_blocks * 512 <= align(last.stat().st_size, 4096) < SEGMENT
+
+
+def test_each_recorded_stream_is_cut_to_its_own_retention_bound(driver,
+                                                                tmp_path: Path) -> None:
+    """Two IPC streams recorded with different [[record]] bounds, 2 and 4 segments, each
+    published past 8: each is cut to its own bound in whole segments from its start, the
+    other's bound and the (absent) total leaving it be."""
+    archive_dir = tmp_path / "archive"
+    bounds = {21: 2 * SEGMENT, 22: 4 * SEGMENT}
+    lines = [f'dir = "{archive_dir}"', f'driver_dir = "{driver.directory}"',
+             f'segment_length = "{SEGMENT // 1024}k"', "control_port = 0",
+             'retention_check_interval = "50ms"']
+    for stream_id, bound in bounds.items():
+        lines += ["[[record]]", 'channel = "aeron:ipc"', f"stream_id = {stream_id}",
+                  f'retention_max_bytes = "{bound // 1024}k"']
+    config = tmp_path / "archive.toml"
+    config.write_text("\n".join(lines) + "\n")
+
+    def segment_bytes(recording_id: int) -> int:
+        return sum(path.stat().st_size for _, path in segment_files(archive_dir, recording_id))
+
+    with Client.connect(driver.directory) as client, \
+            archive_process(config, tmp_path / "archive.log") as archive:
+        stops = {}
+        for index, stream_id in enumerate(bounds):
+            publication = client.add_publication("aeron:ipc", stream_id)
+            wait_for_recording(archive_dir, index)
+            positions = publish(publication, 900)
+            assert positions[-1] > 8 * SEGMENT  # the bound crossed by several segments
+            publication.close()
+            stops[stream_id] = positions[-1]
+        for index, (stream_id, bound) in enumerate(bounds.items()):
+            descriptor = wait_for_recording(archive_dir, index, ended=True)
+            assert descriptor.stream_id == stream_id
+            wait_for(lambda rid=descriptor.recording_id, b=bound: segment_bytes(rid) <= b,
+                     timeout=20, what=f"stream {stream_id} cut to {bound} bytes")
+        assert archive.poll() is None
+        for index, (stream_id, bound) in enumerate(bounds.items()):
+            descriptor = recordings(archive_dir)[index]
+            kept = segment_files(archive_dir, descriptor.recording_id)
+            assert descriptor.stop_position == stops[stream_id]
+            # Whole segments from the start, no more than the bound asks: one more segment
+            # would have been over it.
+            assert descriptor.start_position == kept[0][0] > 0
+            assert descriptor.start_position % SEGMENT == 0
+            assert segment_bytes(descriptor.recording_id) + SEGMENT > bound
+            assert len(kept) == (stops[stream_id] - descriptor.start_position - 1) // SEGMENT + 1
