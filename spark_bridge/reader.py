@@ -91,8 +91,8 @@ from slipstream.spark_bridge.read_task import (
     read_range,
 )
 
-__all__ = ["SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError", "SlipstreamPartition",
-           "SlipstreamStreamReader"]
+__all__ = ["LAG", "SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError",
+           "SlipstreamPartition", "SlipstreamStreamReader"]
 
 log = logging.getLogger("slipstream.spark_bridge")
 
@@ -104,6 +104,13 @@ _NO_RECORD_S = 1.0
 #: The offsets' key (not a session's) of when the query began, epoch ms, with archives: a
 #: session the archives began recording after it is read from its first recorded message.
 ARCHIVED_SINCE: Final = "@archived-since"
+#: The key in :meth:`SlipstreamStreamReader.reportLatestOffset` (so in the query's progress,
+#: its source's ``latestOffset``) of the lag behind what is available, as Kafka's source
+#: reports it in its ``metrics``.
+LAG: Final = "@lag"
+#: At most this many messages a session are counted for the lag, per trigger (one pass over
+#: them in the planner); past it the count is estimated.
+_LAG_COUNTED: Final = 16_384
 #: An offsets entry's flag: the session was read to its end (or its loss reported); the entry
 #: stays while an archive holds a recording of it, so that the recording never brings it back.
 _FINISHED: Final = "finished"
@@ -183,6 +190,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         #: waits at most maxTriggerDelay from there.
         self._last_read_ns: int | None = None
         self._lag: Counter | None = None
+        #: The end of the last batch :meth:`latestOffset` planned: the lag is counted from it.
+        self._planned_end: dict[str, object] | None = None
         self._losses = LossReports(options)
         #: Sessions of the offsets with no image and no recorded end, since when (monotonic s).
         self._missing_since: dict[str, float] = {}
@@ -429,6 +438,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target_ms = _now_ms()
 
     def latestOffset(self, start: dict[str, object], limit: ReadLimit) -> dict[str, object]:
+        """The end of the next micro-batch (:meth:`_next_end`), kept for the lag that
+        :meth:`reportLatestOffset` reports after it."""
+        end = self._next_end(start, limit)
+        self._planned_end = end
+        return end
+
+    def _next_end(self, start: dict[str, object], limit: ReadLimit) -> dict[str, object]:
         """The end of the next micro-batch: per image, the last whole ready message, capped by
         the read limit (message and byte budgets are shared by the images in proportion to
         their backlogs: :func:`shares`).
@@ -598,11 +614,61 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 return False
         return True
 
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        """What is available now (shown in the query's progress)."""
+    def reportLatestOffset(self) -> dict[str, object] | None:
+        """What is available now, per session, and how far the last planned batch's end is
+        behind it (:data:`LAG`): the query's progress shows it as its source's
+        ``latestOffset`` (Spark's Python sources have no ``metrics`` of their own)."""
         if self._hold is None:
             return None
-        return {sid: view.available_position() for sid, view in self._images().items()}
+        images = self._images()
+        latest: dict[str, object] = {sid: view.available_position()
+                                     for sid, view in images.items()}
+        if latest and self._planned_end is not None:
+            latest[LAG] = self._lag_behind(images, self._planned_end)
+        return latest
+
+    def _lag_behind(self, images: dict[str, LogView], end: dict[str, object]
+                    ) -> dict[str, object]:
+        """Per session with an image, and over them all as Kafka's source reports its lag
+        (min / max / avg offsets behind latest), what is available past ``end``: whole
+        messages and stream bytes (frames with their headers).  Counting costs one pass
+        over at most :data:`_LAG_COUNTED` messages a session; a session further behind, or
+        behind what its log still holds (read from the archives), has its count estimated
+        from the messages' mean length, and ``estimated`` says so."""
+        sessions: dict[str, dict[str, int]] = {}
+        estimated = False
+        for sid, view in sorted(images.items()):
+            entry = end.get(sid)
+            if entry is None or _is_finished(entry):
+                continue
+            position = position_of(entry)
+            available = view.available_position()
+            behind = max(0, available - position)
+            messages = 0
+            if behind:
+                held = position if view.is_retained(position) else \
+                    view.first_retained(position, available)
+                counted = view.count_messages(held, available, _LAG_COUNTED)
+                spanned = available - held
+                if counted >= _LAG_COUNTED:
+                    spanned = view.scan(held, available, _LAG_COUNTED, None) - held
+                messages = counted
+                if not counted:  # lapped meanwhile, or held only by the archives
+                    estimated = True
+                elif held > position or spanned < available - held:
+                    messages = round(counted * behind / spanned)
+                    estimated = True
+            sessions[sid] = {"messages": messages, "bytes": behind}
+        messages = [lag["messages"] for lag in sessions.values()] or [0]
+        sizes = [lag["bytes"] for lag in sessions.values()] or [0]
+        return {"minOffsetsBehindLatest": min(messages),
+                "maxOffsetsBehindLatest": max(messages),
+                "avgOffsetsBehindLatest": sum(messages) / len(messages),
+                "offsetsBehindLatest": sum(messages),
+                "minBytesBehindLatest": min(sizes), "maxBytesBehindLatest": max(sizes),
+                "avgBytesBehindLatest": sum(sizes) / len(sizes),
+                "bytesBehindLatest": sum(sizes),
+                "estimated": estimated, "sessions": sessions}
 
     def partitions(self, start: dict[str, object], end: dict[str, object]
                    ) -> list[SlipstreamPartition]:

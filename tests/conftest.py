@@ -249,7 +249,7 @@ MODULE_LANES = {
     "test_spark_planning": "sockets",
     "test_spark_session_ends": "sockets",
     "test_spark_archive": "sockets",
-    "test_spark_kafka_options": "sockets",
+    "test_spark_kafka": "sockets",
     "test_spy": "sockets",
     "test_stat": "unit",
     "test_status_messages_c": "unit",

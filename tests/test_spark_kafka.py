@@ -1,6 +1,8 @@
-"""The ``slipstream`` source's options under the Kafka source's names: the same option by
-either name, Kafka's JSON offsets, and Kafka-only options refused naming what to use here.
-The parsing tests need nothing; the planning test runs a real driver's streams."""
+"""The ``slipstream`` source as a Kafka source's user expects it: the same option by either
+name, Kafka's JSON offsets, Kafka-only options refused naming what to use here, and the lag
+behind latest in the query's progress.  The parsing tests need nothing; the planning tests
+run a real driver's streams (test_spark_bridge.py shows the lag in a real query's
+progress)."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import pytest
 from helpers import free_port, wait_for
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+from slipstream.spark_bridge import reader as reader_module
 from slipstream.spark_bridge.options import (
     EARLIEST,
     LATEST,
     OptionError,
     parse_options,
 )
-from slipstream.spark_bridge.reader import SlipstreamStreamReader, position_of, read_range
+from slipstream.spark_bridge.reader import LAG, SlipstreamStreamReader, position_of, read_range
 
 STREAM = 3311
 FRAME = 128  # a 96-byte message with its header
@@ -196,3 +199,50 @@ def test_a_stream_started_at_json_offsets_reads_each_named_session_from_its_posi
             planner.stop()
     finally:
         holder.stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_reported_latest_offset_holds_each_sessions_lag_and_kafkas_min_max_avg(
+        driver, driver_dir, client, monkeypatch) -> None:
+    """Two sessions 100 and 30 messages behind, maxOffsetsPerTrigger=40 (31 and 9 taken):
+    after the batch, 69 and 21 behind, in messages and bytes, min / max / avg over them;
+    counted exactly, then estimated when a session is behind by more than is counted;
+    0 once a batch reads everything."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    planner = _reader(driver_dir, channel=channel, maxOffsetsPerTrigger="40")
+    try:
+        start = planner.initialOffset()
+        assert planner.reportLatestOffset() in ({}, None)  # nothing planned, nothing to lag
+        a = client.add_publication(channel, STREAM)
+        b = client.add_exclusive_publication(channel, STREAM)
+        wait_for(lambda: len(planner._images()) == 2, what="both sessions")
+        start = planner.latestOffset(start, planner.getDefaultReadLimit())  # they enter
+        _publish(a, 0, 100)
+        _publish(b, 100, 30)
+        wait_for(lambda: sum(view.available_position() for view in
+                             planner._images().values()) == 130 * FRAME, what="the messages")
+        end = planner.latestOffset(start, planner.getDefaultReadLimit())
+        latest = planner.reportLatestOffset()
+        assert latest is not None
+        sa, sb = str(a.session_id), str(b.session_id)
+        assert (latest[sa], latest[sb]) == (100 * FRAME, 30 * FRAME)
+        lag = latest[LAG]
+        assert lag["sessions"] == {sa: {"messages": 69, "bytes": 69 * FRAME},
+                                   sb: {"messages": 21, "bytes": 21 * FRAME}}
+        assert (lag["minOffsetsBehindLatest"], lag["maxOffsetsBehindLatest"],
+                lag["avgOffsetsBehindLatest"], lag["offsetsBehindLatest"]) == (21, 69, 45, 90)
+        assert (lag["minBytesBehindLatest"], lag["maxBytesBehindLatest"],
+                lag["bytesBehindLatest"]) == (21 * FRAME, 69 * FRAME, 90 * FRAME)
+        assert lag["estimated"] is False
+        # Past the counted bound: estimated from the messages counted (all alike here).
+        monkeypatch.setattr(reader_module, "_LAG_COUNTED", 10)
+        lag = planner.reportLatestOffset()[LAG]
+        assert lag["estimated"] is True
+        assert lag["sessions"][sa] == {"messages": 69, "bytes": 69 * FRAME}
+        planner.latestOffset(end, ReadAllAvailable())
+        lag = planner.reportLatestOffset()[LAG]
+        assert lag["maxOffsetsBehindLatest"] == lag["bytesBehindLatest"] == 0
+        assert lag["sessions"] == {sa: {"messages": 0, "bytes": 0},
+                                   sb: {"messages": 0, "bytes": 0}}
+    finally:
+        planner.stop()
