@@ -5,36 +5,17 @@ format, without a service (test_archive.py crosses the bounds with a real archiv
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from test_archive_units import TERM, _recorded
 
-from slipstream.archive import Catalog, EndReason, segment_file_name
+from slipstream.archive import Catalog, segment_file_name
 from slipstream.archive.retention import apply_retention
 from slipstream.archive.settings import ArchiveSettingsError, RecordSpec, load_settings
 
-TERM = 64 * 1024
-SEGMENT = 2 * TERM
+SEGMENT = 2 * TERM  # test_archive_units._recorded's
 S = 10**9  # ns in a second
-
-
-def _recorded(catalog: Catalog, directory: Path, stream_id: int, segments: int, *,
-              stopped: bool, mtime_s: float, channel: str = "aeron:ipc") -> int:
-    """A recording of ``stream_id`` of ``segments`` full segments, segment i last written at
-    ``mtime_s + i``."""
-    descriptor = catalog.add(start_position=0, start_time_ms=1_700_000_000_000,
-                             initial_term_id=5, term_length=TERM, segment_length=SEGMENT,
-                             mtu=1408, session_id=stream_id * 10 + len(catalog.recordings()),
-                             stream_id=stream_id, channel=channel, source_identity="aeron:ipc")
-    for i in range(segments):
-        path = directory / segment_file_name(descriptor.recording_id, i * SEGMENT)
-        path.write_bytes(bytes(SEGMENT))
-        os.utime(path, (mtime_s + i, mtime_s + i))
-    if stopped:
-        catalog.update(descriptor.evolve(stop_position=segments * SEGMENT, stop_time_ms=1,
-                                         end_reason=EndReason.STOPPED))
-    return descriptor.recording_id
 
 
 def _kept(directory: Path, recording_id: int) -> list[int]:
@@ -50,10 +31,10 @@ def test_each_stream_is_cut_to_its_own_size_bound_and_no_further(tmp_path: Path)
     a = RecordSpec("aeron:ipc", 21, retention_max_bytes=2 * SEGMENT)
     b = RecordSpec("aeron:ipc", 22, retention_max_bytes=5 * SEGMENT)
     with Catalog.open(tmp_path) as catalog:
-        a_old = _recorded(catalog, tmp_path, 21, 3, stopped=True, mtime_s=1_000)
-        b_old = _recorded(catalog, tmp_path, 22, 3, stopped=True, mtime_s=900)
-        a_new = _recorded(catalog, tmp_path, 21, 3, stopped=True, mtime_s=2_000)
-        b_new = _recorded(catalog, tmp_path, 22, 3, stopped=True, mtime_s=2_100)
+        a_old = _recorded(catalog, tmp_path, 3, stream_id=21, stopped=True, mtime_s=1_000)
+        b_old = _recorded(catalog, tmp_path, 3, stream_id=22, stopped=True, mtime_s=900)
+        a_new = _recorded(catalog, tmp_path, 3, stream_id=21, stopped=True, mtime_s=2_000)
+        b_new = _recorded(catalog, tmp_path, 3, stream_id=22, stopped=True, mtime_s=2_100)
         removed = apply_retention(catalog, tmp_path, max_bytes=0, max_age_ns=0, live={},
                                   now_ns=3_000 * S, streams=[a, b])
         assert len(removed) == 5
@@ -73,8 +54,8 @@ def test_a_streams_bound_never_takes_the_segment_a_live_recording_writes(
     stream first; the one it writes stays though the stream stays over its bound."""
     spec = RecordSpec("aeron:ipc", 21, retention_max_bytes=SEGMENT)
     with Catalog.open(tmp_path) as catalog:
-        live = _recorded(catalog, tmp_path, 21, 4, stopped=False, mtime_s=500)
-        stopped = _recorded(catalog, tmp_path, 21, 2, stopped=True, mtime_s=1_000)
+        live = _recorded(catalog, tmp_path, 4, stream_id=21, stopped=False, mtime_s=500)
+        stopped = _recorded(catalog, tmp_path, 2, stream_id=21, stopped=True, mtime_s=1_000)
         removed = apply_retention(catalog, tmp_path, max_bytes=0, max_age_ns=0,
                                   live={live: 3 * SEGMENT}, now_ns=2_000 * S, streams=[spec])
         names = [p.name for p in removed]
@@ -90,8 +71,8 @@ def test_a_streams_age_bound_applies_to_its_recordings_and_the_shorter_bound_win
     short = RecordSpec("aeron:ipc", 21, retention_max_age_ns=100 * S)
     plain = RecordSpec("aeron:ipc", 22)
     with Catalog.open(tmp_path) as catalog:
-        a = _recorded(catalog, tmp_path, 21, 4, stopped=True, mtime_s=1_000)
-        b = _recorded(catalog, tmp_path, 22, 4, stopped=True, mtime_s=1_000)
+        a = _recorded(catalog, tmp_path, 4, stream_id=21, stopped=True, mtime_s=1_000)
+        b = _recorded(catalog, tmp_path, 4, stream_id=22, stopped=True, mtime_s=1_000)
         # now 1_102.5: segments written at 1000, 1001, 1002 are over 100 s old; none over 1000.
         apply_retention(catalog, tmp_path, max_bytes=0, max_age_ns=1_000 * S, live={},
                         now_ns=1_102_500_000_000, streams=[short, plain])
@@ -112,9 +93,9 @@ def test_the_archives_total_bound_still_holds_over_streams_within_their_own(
     a = RecordSpec("aeron:ipc", 21, retention_max_bytes=10 * SEGMENT)
     b = RecordSpec("aeron:ipc", 22, retention_max_bytes=10 * SEGMENT)
     with Catalog.open(tmp_path) as catalog:
-        first = _recorded(catalog, tmp_path, 21, 3, stopped=True, mtime_s=1_000)
-        second = _recorded(catalog, tmp_path, 22, 3, stopped=True, mtime_s=2_000)
-        other = _recorded(catalog, tmp_path, 23, 3, stopped=True, mtime_s=500)
+        first = _recorded(catalog, tmp_path, 3, stream_id=21, stopped=True, mtime_s=1_000)
+        second = _recorded(catalog, tmp_path, 3, stream_id=22, stopped=True, mtime_s=2_000)
+        other = _recorded(catalog, tmp_path, 3, stream_id=23, stopped=True, mtime_s=500)
         apply_retention(catalog, tmp_path, max_bytes=5 * SEGMENT, max_age_ns=0, live={},
                         now_ns=3_000 * S, streams=[a, b])
         # 9 segments to 5: other's three (the oldest), then first's first.
@@ -128,9 +109,9 @@ def test_two_tables_of_one_stream_id_bound_their_own_channels_recordings(
     one = RecordSpec("aeron:udp?endpoint=10.0.0.1:40001", 21, retention_max_bytes=SEGMENT)
     two = RecordSpec("aeron:udp?endpoint=10.0.0.1:40002", 21)
     with Catalog.open(tmp_path) as catalog:
-        bound = _recorded(catalog, tmp_path, 21, 3, stopped=True, mtime_s=1_000,
+        bound = _recorded(catalog, tmp_path, 3, stream_id=21, stopped=True, mtime_s=1_000,
                           channel=one.channel)
-        free = _recorded(catalog, tmp_path, 21, 3, stopped=True, mtime_s=500,
+        free = _recorded(catalog, tmp_path, 3, stream_id=21, stopped=True, mtime_s=500,
                          channel=two.channel)
         apply_retention(catalog, tmp_path, max_bytes=0, max_age_ns=0, live={},
                         now_ns=3_000 * S, streams=[one, two])

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 from helpers import free_port, wait_for
 from pyspark.sql.streaming.datasource import ReadAllAvailable
+from test_spark_planning import FRAME, STREAM, publish, reader
 
 from slipstream.spark_bridge import reader as reader_module
 from slipstream.spark_bridge.options import (
@@ -21,10 +21,7 @@ from slipstream.spark_bridge.options import (
     OptionError,
     parse_options,
 )
-from slipstream.spark_bridge.reader import LAG, SlipstreamStreamReader, position_of, read_range
-
-STREAM = 3311
-FRAME = 128  # a 96-byte message with its header
+from slipstream.spark_bridge.reader import LAG, position_of, read_range
 
 
 @pytest.mark.parametrize(("kafka", "ours", "value", "field", "parsed"), [
@@ -142,20 +139,6 @@ def test_a_stream_takes_json_starting_offsets_and_a_reader_of_either_kind_names_
 
 
 # -- a stream started at Kafka's JSON offsets, on a real driver -------------------------------
-def _publish(publication, first: int, count: int) -> None:
-    for i in range(first, first + count):
-        deadline = time.monotonic() + 10
-        while publication.offer(f"{i:08d}".encode().ljust(FRAME - 32, b".")) < 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
-
-
-def _reader(driver_dir, **options: str) -> SlipstreamStreamReader:
-    return SlipstreamStreamReader(parse_options({
-        "streamId": str(STREAM), "directory": str(driver_dir), "holderAddress": "127.0.0.1",
-        **options}))
-
-
 @pytest.mark.timeout(120)
 def test_a_stream_started_at_json_offsets_reads_each_named_session_from_its_position(
         driver, driver_dir, client) -> None:
@@ -163,7 +146,7 @@ def test_a_stream_started_at_json_offsets_reads_each_named_session_from_its_posi
     message, B from its first, and a session it does not name from where the query joined
     it (latest), not its older messages."""
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-    holder = _reader(driver_dir, channel=channel)  # holds the stream from the first message
+    holder = reader(driver_dir, channel=channel)  # holds the stream from the first message
     try:
         holder.initialOffset()
         a = client.add_publication(channel, STREAM)
@@ -171,13 +154,13 @@ def test_a_stream_started_at_json_offsets_reads_each_named_session_from_its_posi
         c = client.add_exclusive_publication(channel, STREAM)
         sessions = {str(p.session_id): p for p in (a, b, c)}
         wait_for(lambda: set(holder._images()) == set(sessions), what="three sessions")
-        _publish(a, 0, 50)
-        _publish(b, 100, 50)
-        _publish(c, 200, 50)
+        publish(a, 50, 0)
+        publish(b, 50, 100)
+        publish(c, 50, 200)
         wait_for(lambda: all(view.available_position() == 50 * FRAME
                              for view in holder._images().values()), what="the messages")
         offsets = {str(STREAM): {str(a.session_id): 20 * FRAME, str(b.session_id): EARLIEST}}
-        planner = _reader(driver_dir, channel=channel, startingOffsets=json.dumps(offsets))
+        planner = reader(driver_dir, channel=channel, startingOffsets=json.dumps(offsets))
         try:
             start = planner.initialOffset()
             assert {sid: position_of(entry) for sid, entry in start.items()} == \
@@ -188,7 +171,7 @@ def test_a_stream_started_at_json_offsets_reads_each_named_session_from_its_posi
                           for batch in read_range(p) for v in batch.column("value").to_pylist())
             assert rows == [*range(20, 50), *range(100, 150)]
             assert position_of(end[str(c.session_id)]) == 50 * FRAME  # entered, unread
-            _publish(c, 250, 5)
+            publish(c, 5, 250)
             wait_for(lambda: planner._images()[str(c.session_id)].available_position() ==
                      55 * FRAME, what="c's new messages")
             later = planner.latestOffset(end, ReadAllAvailable())
@@ -209,7 +192,7 @@ def test_the_reported_latest_offset_holds_each_sessions_lag_and_kafkas_min_max_a
     counted exactly, then estimated when a session is behind by more than is counted;
     0 once a batch reads everything."""
     channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
-    planner = _reader(driver_dir, channel=channel, maxOffsetsPerTrigger="40")
+    planner = reader(driver_dir, channel=channel, maxOffsetsPerTrigger="40")
     try:
         start = planner.initialOffset()
         assert planner.reportLatestOffset() in ({}, None)  # nothing planned, nothing to lag
@@ -217,8 +200,8 @@ def test_the_reported_latest_offset_holds_each_sessions_lag_and_kafkas_min_max_a
         b = client.add_exclusive_publication(channel, STREAM)
         wait_for(lambda: len(planner._images()) == 2, what="both sessions")
         start = planner.latestOffset(start, planner.getDefaultReadLimit())  # they enter
-        _publish(a, 0, 100)
-        _publish(b, 100, 30)
+        publish(a, 100, 0)
+        publish(b, 30, 100)
         wait_for(lambda: sum(view.available_position() for view in
                              planner._images().values()) == 130 * FRAME, what="the messages")
         end = planner.latestOffset(start, planner.getDefaultReadLimit())
