@@ -458,6 +458,31 @@ def test_slow_query_back_pressures_the_publisher_and_loses_nothing(spark,
         assert max(sizes) <= 150
 
 
+def test_a_stream_starts_at_kafkas_json_offsets(spark, checkpoint: str) -> None:
+    """startingOffsets as Kafka's JSON on a streaming query, {"STREAM": {"SESSION": P}}: the
+    session is read from position P (its 21st message) on, then as it goes on."""
+    with running_driver("1m") as (directory, client):
+        publication = client.add_publication("aeron:ipc", 4012)
+        holding = client.add_subscription("aeron:ipc", 4012)  # never polled: holds the log
+        wait_connected(publication)
+        sent = [f"{i:06d}".encode().ljust(96, b".") for i in range(50)]  # 128-byte frames
+        for message in sent[:40]:
+            offer(publication, message)
+        offsets = {"4012": {str(publication.session_id): 20 * 128}}
+        collector = Collector()
+        query = read_query(spark, directory, 4012, collector, checkpoint,
+                           startingOffsets=json.dumps(offsets))
+        try:
+            collector.wait_for(20)
+            for message in sent[40:]:
+                offer(publication, message)
+            collector.wait_for(30)
+        finally:
+            query.stop()
+            holding.close()
+    assert collector.values() == sent[20:]
+
+
 def test_the_querys_progress_shows_its_lag_behind_latest_falling_to_zero(
         spark, checkpoint: str) -> None:
     """A backlog of 3000 messages read from earliest 300 a trigger (Kafka's option names):
@@ -805,6 +830,10 @@ def test_a_pipeline_reads_from_one_host_and_writes_to_another_over_udp(
     ({"streamId": "1", "maxTriggerDelay": "5s"}, "maxTriggerDelay"),
     ({"streamId": "1", "minMessagesPerTrigger": "5", "maxTriggerDelay": "500"},
      "maxTriggerDelay"),
+    ({"streamId": "1", "maxOffsetsPerTrigger": "10", "maxMessagesPerTrigger": "11"},
+     "maxOffsetsPerTrigger"),
+    ({"streamId": "1", "kafka.bootstrap.servers": "broker:9092"}, "kafka.bootstrap.servers"),
+    ({"streamId": "1", "subscribePattern": "topic.*"}, "subscribePattern"),
 ])
 def test_bad_read_options_are_errors_naming_the_option(spark, options: dict[str, str],
                                                         named: str) -> None:
