@@ -280,11 +280,11 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if isinstance(starting, dict):  # startingOffsets' object: a session it names
             named = starting.get(offset_key(self.options, view.stream_id, view.session_id))
             if named is not None and named >= 0:
+                where = (f"slipstream stream {view.stream_id} session {view.session_id}: "
+                         f"{self.options.name_of('startingPosition')} {named}")
                 if named > view.available_position():
-                    raise SlipstreamError(
-                        f"slipstream stream {view.stream_id} session {view.session_id}: "
-                        f"{self.options.name_of('startingPosition')} {named} is past the last "
-                        f"whole message its log holds ({view.available_position()})")
+                    raise SlipstreamError(f"{where} is past the last whole message its log "
+                                          f"holds ({view.available_position()})")
                 return named
             starting = "earliest" if named == EARLIEST else "latest"
         if starting == "earliest":
@@ -316,8 +316,11 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         a hole up to the hold's position: a session that began while the query was down is
         read from its first message."""
         default = self._default_start(view)
+        starting = self.options.starting_position
         if self._archives is None or since is None or \
-                self.options.starting_timestamp_ns is not None:
+                self.options.starting_timestamp_ns is not None or \
+                (isinstance(starting, dict) and offset_key(
+                    self.options, view.stream_id, view.session_id) in starting):
             return default
         sid = offset_key(self.options, view.stream_id, view.session_id)
         recordings = self._recordings_of(sid, {"position": 0, "log": [*view.identity.framing]})

@@ -180,6 +180,16 @@ def test_a_stream_started_at_json_offsets_reads_each_named_session_from_its_posi
             assert rows == list(range(250, 255))
         finally:
             planner.stop()
+        offsets = {str(STREAM): {str(c.session_id): 56 * FRAME}}
+        planner = reader(driver_dir, channel=channel, startingOffsets=json.dumps(offsets))
+        try:
+            wait_for(lambda: str(c.session_id) in planner._images(), what="c's image")
+            with pytest.raises(Exception, match=f"session {c.session_id}: startingOffsets "
+                                                f"{56 * FRAME} is past the last whole message "
+                                                f"its log holds \\({55 * FRAME}\\)"):
+                planner.initialOffset()
+        finally:
+            planner.stop()
     finally:
         holder.stop()
 
