@@ -200,7 +200,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
-        state["_hold"] = state["_lag"] = state["_archives"] = None
+        state["_hold"] = state["_lag"] = state["_archives"] = state["_planned_end"] = None
         return state
 
     def _rekeyed(self, offsets: dict[str, object]) -> dict[str, object]:
