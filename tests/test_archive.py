@@ -48,15 +48,16 @@ SEGMENT = 2 * TERM
 
 
 def write_config(path: Path, archive_dir: Path, driver_dir: Path,
-                 records: list[tuple[str, int]], *, control_port: int = 0,
-                 **settings: str) -> Path:
+                 records: Sequence[tuple[str, int] | tuple[str, int, dict[str, str]]], *,
+                 control_port: int = 0, **settings: str) -> Path:
     """An archive's settings; no control stream unless ``control_port`` (tests run in
-    parallel: each takes a free port)."""
+    parallel: each takes a free port).  A record may carry keys of its own (a dict)."""
     lines = [f'dir = "{archive_dir}"', f'driver_dir = "{driver_dir}"',
              f'segment_length = "{SEGMENT // 1024}k"', f"control_port = {control_port}"]
     lines += [f'{key} = "{value}"' for key, value in settings.items()]
-    for channel, stream_id in records:
+    for channel, stream_id, *own in records:
         lines += ["[[record]]", f'channel = "{channel}"', f"stream_id = {stream_id}"]
+        lines += [f'{key} = "{value}"' for keys in own for key, value in keys.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -426,14 +427,10 @@ def test_each_recorded_stream_is_cut_to_its_own_retention_bound(driver,
     other's bound and the (absent) total leaving it be."""
     archive_dir = tmp_path / "archive"
     bounds = {21: 2 * SEGMENT, 22: 4 * SEGMENT}
-    lines = [f'dir = "{archive_dir}"', f'driver_dir = "{driver.directory}"',
-             f'segment_length = "{SEGMENT // 1024}k"', "control_port = 0",
-             'retention_check_interval = "50ms"']
-    for stream_id, bound in bounds.items():
-        lines += ["[[record]]", 'channel = "aeron:ipc"', f"stream_id = {stream_id}",
-                  f'retention_max_bytes = "{bound // 1024}k"']
-    config = tmp_path / "archive.toml"
-    config.write_text("\n".join(lines) + "\n")
+    config = write_config(tmp_path / "archive.toml", archive_dir, driver.directory,
+                          [("aeron:ipc", stream_id, {"retention_max_bytes": f"{bound // 1024}k"})
+                           for stream_id, bound in bounds.items()],
+                          retention_check_interval="50ms")
 
     def segment_bytes(recording_id: int) -> int:
         return sum(path.stat().st_size for _, path in segment_files(archive_dir, recording_id))
@@ -464,3 +461,29 @@ def test_each_recorded_stream_is_cut_to_its_own_retention_bound(driver,
             assert descriptor.start_position % SEGMENT == 0
             assert segment_bytes(descriptor.recording_id) + SEGMENT > bound
             assert len(kept) == (stops[stream_id] - descriptor.start_position - 1) // SEGMENT + 1
+
+
+def test_a_recorded_streams_age_bound_removes_only_its_own_old_segments(
+        driver, tmp_path: Path) -> None:
+    """Stream 23 keeps 1 s, stream 24 has no bound: once both recordings stopped and a
+    second passed, 23's segments are all gone (its start at its stop), 24's all kept."""
+    archive_dir = tmp_path / "archive"
+    config = write_config(tmp_path / "archive.toml", archive_dir, driver.directory,
+                          [("aeron:ipc", 23, {"retention_max_age": "1s"}), ("aeron:ipc", 24)],
+                          retention_check_interval="50ms")
+    with Client.connect(driver.directory) as client, \
+            archive_process(config, tmp_path / "archive.log"):
+        for index, stream_id in enumerate((23, 24)):
+            publication = client.add_publication("aeron:ipc", stream_id)
+            wait_for_recording(archive_dir, index)
+            assert publish(publication, 400)[-1] > 3 * SEGMENT
+            publication.close()
+            wait_for_recording(archive_dir, index, ended=True)
+        aged, kept = recordings(archive_dir)
+        wait_for(lambda: not segment_files(archive_dir, aged.recording_id), timeout=20,
+                 what="stream 23's segments gone by age")
+        aged, kept = recordings(archive_dir)
+    assert aged.start_position == aged.stop_position
+    assert kept.start_position == 0
+    assert len(segment_files(archive_dir, kept.recording_id)) == \
+        (kept.stop_position - 1) // SEGMENT + 1
