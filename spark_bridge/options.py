@@ -515,9 +515,10 @@ def _same_value(first: str, second: str) -> bool:
     if first.strip().lower() == second.strip().lower():
         return True
     try:
-        return bool(json.loads(first) == json.loads(second))
+        objects = json.loads(first), json.loads(second)
     except json.JSONDecodeError:
         return False
+    return all(isinstance(o, dict) for o in objects) and objects[0] == objects[1]
 
 
 def _milliseconds(given: dict[str, str], name: str, default: int) -> int:
