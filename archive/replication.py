@@ -58,7 +58,7 @@ from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescri
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
 from slipstream.archive.reading import RecordingLostError, Segments, frame_at
 from slipstream.archive.recorder import Recording
-from slipstream.archive.settings import Peer, RecordSpec
+from slipstream.archive.settings import Peer, RecordSpec, spec_of
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
 from slipstream.client.layout import BEGIN_FLAG, END_FLAG, FRAME_ALIGNMENT, HDR_TYPE_DATA
@@ -387,11 +387,8 @@ class Replicator:
         """The ``[[record]]`` a peer's recording is one of this archive's streams by: the
         same stream id (the channels may differ: with MDC or multicast each host subscribes
         at its own endpoint), the same channel where several tables share the stream id."""
-        specs = [s for s in self._service.settings.records
-                 if s.stream_id == descriptor.stream_id]
-        if len(specs) > 1:
-            specs = [s for s in specs if s.channel == descriptor.channel]
-        return specs[0] if len(specs) == 1 else None
+        return spec_of(self._service.settings.records, descriptor.stream_id,
+                       descriptor.channel)
 
     def _held_here(self, key: SessionKey) -> list[tuple[int, int | None]]:
         held: list[tuple[int, int | None]] = []

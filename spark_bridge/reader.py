@@ -67,7 +67,7 @@ from slipstream.client import SlipstreamError
 from slipstream.client.counters import Counter, CounterType, fit_label
 from slipstream.client.logview import LogView
 from slipstream.spark_bridge.archived import Archives, Endpoint
-from slipstream.spark_bridge.options import SourceOptions
+from slipstream.spark_bridge.options import EARLIEST, LATEST, SourceOptions
 from slipstream.spark_bridge.planning import (
     GONE_GRACE_S,
     LossReports,
@@ -91,8 +91,8 @@ from slipstream.spark_bridge.read_task import (
     read_range,
 )
 
-__all__ = ["SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError", "SlipstreamPartition",
-           "SlipstreamStreamReader"]
+__all__ = ["LAG", "SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError",
+           "SlipstreamPartition", "SlipstreamStreamReader"]
 
 log = logging.getLogger("slipstream.spark_bridge")
 
@@ -104,6 +104,13 @@ _NO_RECORD_S = 1.0
 #: The offsets' key (not a session's) of when the query began, epoch ms, with archives: a
 #: session the archives began recording after it is read from its first recorded message.
 ARCHIVED_SINCE: Final = "@archived-since"
+#: The key in :meth:`SlipstreamStreamReader.reportLatestOffset` (so in the query's progress,
+#: its source's ``latestOffset``) of the lag behind what is available, as Kafka's source
+#: reports it in its ``metrics``.
+LAG: Final = "@lag"
+#: At most this many messages a session are counted for the lag, per trigger (one pass over
+#: them in the planner); past it the count is estimated.
+_LAG_COUNTED: Final = 16_384
 #: An offsets entry's flag: the session was read to its end (or its loss reported); the entry
 #: stays while an archive holds a recording of it, so that the recording never brings it back.
 _FINISHED: Final = "finished"
@@ -183,6 +190,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         #: waits at most maxTriggerDelay from there.
         self._last_read_ns: int | None = None
         self._lag: Counter | None = None
+        #: The end of the last batch :meth:`latestOffset` planned: the lag is counted from it.
+        self._planned_end: dict[str, object] | None = None
         self._losses = LossReports(options)
         #: Sessions of the offsets with no image and no recorded end, since when (monotonic s).
         self._missing_since: dict[str, float] = {}
@@ -191,7 +200,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
-        state["_hold"] = state["_lag"] = state["_archives"] = None
+        state["_hold"] = state["_lag"] = state["_archives"] = state["_planned_end"] = None
         return state
 
     def _rekeyed(self, offsets: dict[str, object]) -> dict[str, object]:
@@ -267,7 +276,18 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self.options.starting_timestamp_ns is not None:
             return view.position_at_time(view.earliest_position(), view.available_position(),
                                          self.options.starting_timestamp_ns)
-        if self.options.starting_position == "earliest":
+        starting = self.options.starting_position
+        if isinstance(starting, dict):  # startingOffsets' object: a session it names
+            named = starting.get(offset_key(self.options, view.stream_id, view.session_id))
+            if named is not None and named >= 0:
+                where = (f"slipstream stream {view.stream_id} session {view.session_id}: "
+                         f"{self.options.name_of('startingPosition')} {named}")
+                if named > view.available_position():
+                    raise SlipstreamError(f"{where} is past the last whole message its log "
+                                          f"holds ({view.available_position()})")
+                return named
+            starting = "earliest" if named == EARLIEST else "latest"
+        if starting == "earliest":
             return self._earliest(view)
         return view.position
 
@@ -296,8 +316,11 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         a hole up to the hold's position: a session that began while the query was down is
         read from its first message."""
         default = self._default_start(view)
+        starting = self.options.starting_position
         if self._archives is None or since is None or \
-                self.options.starting_timestamp_ns is not None:
+                self.options.starting_timestamp_ns is not None or \
+                (isinstance(starting, dict) and offset_key(
+                    self.options, view.stream_id, view.session_id) in starting):
             return default
         sid = offset_key(self.options, view.stream_id, view.session_id)
         recordings = self._recordings_of(sid, {"position": 0, "log": [*view.identity.framing]})
@@ -388,10 +411,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         images = self._images()  # connect: the subscription's position holds the stream
         self._ask_archives_again()
         offsets: dict[str, object] = {}
-        if self.options.starting_position == "earliest" or \
-                self.options.starting_timestamp_ns is not None:
+        starting = self.options.starting_position
+        if starting == "earliest" or self.options.starting_timestamp_ns is not None:
             offsets = {sid: self._entry(view, self._default_start(view))
                        for sid, view in images.items()}
+        elif isinstance(starting, dict):  # the sessions it names start where it says
+            offsets = {sid: self._entry(view, self._default_start(view))
+                       for sid, view in images.items() if starting.get(sid, LATEST) != LATEST}
         if self._archives is not None:
             # Sessions recorded from now on are read from their first message; with
             # earliest, every session the archives hold is.
@@ -415,6 +441,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target_ms = _now_ms()
 
     def latestOffset(self, start: dict[str, object], limit: ReadLimit) -> dict[str, object]:
+        """The end of the next micro-batch (:meth:`_next_end`), kept for the lag that
+        :meth:`reportLatestOffset` reports after it."""
+        end = self._next_end(start, limit)
+        self._planned_end = end
+        return end
+
+    def _next_end(self, start: dict[str, object], limit: ReadLimit) -> dict[str, object]:
         """The end of the next micro-batch: per image, the last whole ready message, capped by
         the read limit (message and byte budgets are shared by the images in proportion to
         their backlogs: :func:`shares`).
@@ -584,11 +617,61 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 return False
         return True
 
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        """What is available now (shown in the query's progress)."""
+    def reportLatestOffset(self) -> dict[str, object] | None:
+        """What is available now, per session, and how far the last planned batch's end is
+        behind it (:data:`LAG`): the query's progress shows it as its source's
+        ``latestOffset`` (Spark's Python sources have no ``metrics`` of their own)."""
         if self._hold is None:
             return None
-        return {sid: view.available_position() for sid, view in self._images().items()}
+        images = self._images()
+        latest: dict[str, object] = {sid: view.available_position()
+                                     for sid, view in images.items()}
+        if latest and self._planned_end is not None:
+            latest[LAG] = self._lag_behind(images, self._planned_end)
+        return latest
+
+    def _lag_behind(self, images: dict[str, LogView], end: dict[str, object]
+                    ) -> dict[str, object]:
+        """Per session with an image, and over them all as Kafka's source reports its lag
+        (min / max / avg offsets behind latest), what is available past ``end``: whole
+        messages and stream bytes (frames with their headers).  Counting costs one pass
+        over at most :data:`_LAG_COUNTED` messages a session; a session further behind, or
+        behind what its log still holds (read from the archives), has its count estimated
+        from the messages' mean length, and ``estimated`` says so."""
+        sessions: dict[str, dict[str, int]] = {}
+        estimated = False
+        for sid, view in sorted(images.items()):
+            entry = end.get(sid)
+            if entry is None or _is_finished(entry):
+                continue
+            position = position_of(entry)
+            available = view.available_position()
+            behind = max(0, available - position)
+            messages = 0
+            if behind:
+                held = position if view.is_retained(position) else \
+                    view.first_retained(position, available)
+                counted = view.count_messages(held, available, _LAG_COUNTED)
+                spanned = available - held
+                if counted >= _LAG_COUNTED:
+                    spanned = view.scan(held, available, _LAG_COUNTED, None) - held
+                messages = counted
+                if not counted:  # lapped meanwhile, or held only by the archives
+                    estimated = True
+                elif held > position or spanned < available - held:
+                    messages = round(counted * behind / spanned)
+                    estimated = True
+            sessions[sid] = {"messages": messages, "bytes": behind}
+        messages = [lag["messages"] for lag in sessions.values()] or [0]
+        sizes = [lag["bytes"] for lag in sessions.values()] or [0]
+        return {"minOffsetsBehindLatest": min(messages),
+                "maxOffsetsBehindLatest": max(messages),
+                "avgOffsetsBehindLatest": sum(messages) / len(messages),
+                "offsetsBehindLatest": sum(messages),
+                "minBytesBehindLatest": min(sizes), "maxBytesBehindLatest": max(sizes),
+                "avgBytesBehindLatest": sum(sizes) / len(sizes),
+                "bytesBehindLatest": sum(sizes),
+                "estimated": estimated, "sessions": sessions}
 
     def partitions(self, start: dict[str, object], end: dict[str, object]
                    ) -> list[SlipstreamPartition]:
@@ -700,11 +783,12 @@ class SlipstreamBatchReader(DataSourceReader):
         end: dict[str, object] = {}
         for sid, view in sorted(views.items()):
             available = view.available_position()
-            stop = ending[sid] if isinstance(ending, dict) and sid in ending else available
+            stop = ending[sid] if isinstance(ending, dict) and \
+                ending.get(sid, LATEST) != LATEST else available
             if stop > available:
                 raise SlipstreamError(
                     f"slipstream stream {view.stream_id} session {view.session_id}: "
-                    f"endingPosition "
+                    f"{options.name_of('endingPosition')} "
                     f"{stop} is past the last whole message its log holds ({available})")
             if options.ending_timestamp_ns is not None:
                 stop = view.position_at_time(view.earliest_position(), stop,
@@ -712,9 +796,10 @@ class SlipstreamBatchReader(DataSourceReader):
             if options.starting_timestamp_ns is not None:
                 begin = view.position_at_time(view.earliest_position(), stop,
                                               options.starting_timestamp_ns)
-            elif starting == "latest":
+            elif starting == "latest" or (isinstance(starting, dict) and
+                                          starting.get(sid) == LATEST):
                 begin = stop
-            elif isinstance(starting, dict) and sid in starting:
+            elif isinstance(starting, dict) and starting.get(sid, EARLIEST) != EARLIEST:
                 begin = starting[sid]
             else:
                 begin = view.earliest_position()
@@ -724,8 +809,8 @@ class SlipstreamBatchReader(DataSourceReader):
             if begin > stop:
                 raise SlipstreamError(
                     f"slipstream stream {view.stream_id} session {view.session_id}: "
-                    f"startingPosition "
-                    f"{begin} is after endingPosition {stop}")
+                    f"{options.name_of('startingPosition')} "
+                    f"{begin} is after {options.name_of('endingPosition')} {stop}")
             if begin < stop and not view.is_retained(begin) and archives is None:
                 held_from = view.first_retained(begin, stop)
                 losses.report(("held", sid, held_from), loss_message(
