@@ -174,14 +174,24 @@ def encode_column(values: pa.Array, keys: pa.Array | None, headers: pa.Array | N
         value_lengths = _lengths(header_values)
         if header_values.null_count:
             value_lengths[np.asarray(header_values.is_null())] = -1
-        joined = pc.binary_join_element_wise(
-            _int32_column(_lengths(header_keys)), header_keys, _int32_column(value_lengths),
-            pc.fill_null(header_values, b""), b"")
+        joined = _joined(_int32_column(_lengths(header_keys)), header_keys,
+                         _int32_column(value_lengths), pc.fill_null(header_values, b""))
         per_row = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(np.maximum(counts, 0), out=per_row[1:])
         header_part = pc.binary_join(pa.ListArray.from_arrays(pa.array(per_row), joined), b"")
-    return pc.binary_join_element_wise(prefix_column, key_part, _int32_column(counts),
-                                       header_part, values, b"")
+    return _joined(prefix_column, key_part, _int32_column(counts), header_part, values)
+
+
+def _joined(*parts: pa.Array) -> pa.Array:
+    """Each row's parts, one after the other (64-bit offsets when any part has them)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = pa.binary()
+    if any(pa.types.is_large_binary(part.type) for part in parts):
+        kind = pa.large_binary()
+        parts = tuple(part.cast(kind) for part in parts)
+    return pc.binary_join_element_wise(*parts, pa.scalar(b"", kind))
 
 
 def encode_message(value: bytes, key: bytes | None = None,

@@ -226,7 +226,7 @@ def _message_column(batch: pa.RecordBatch) -> tuple[pa.Array, np.ndarray | None]
         raise ValueError(f"slipstream writer: the 'headers' column: {e}") from None
     if enveloped.all():
         return envelopes, enveloped
-    return pc.if_else(enveloped, envelopes, values), enveloped
+    return pc.if_else(enveloped, envelopes, values.cast(envelopes.type)), enveloped
 
 
 def _routed(batch: pa.RecordBatch, stream_option: int | None
