@@ -43,10 +43,13 @@ from slipstream.archive.client import ArchiveClient, ListedRecording
 from slipstream.archive.reading import (
     RecordingLostError,
     RecordingReader,
+    first_data_frame,
     first_message_start,
     indexed_position,
 )
 from slipstream.client.errors import SlipstreamError
+from slipstream.client.image import Image
+from slipstream.client.layout import FRAME_ALIGNMENT, HDR_TYPE_PAD
 from slipstream.client.messages import GatheredMessages
 from slipstream.client.retention import message_start
 
@@ -354,6 +357,19 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
     return read.run()
 
 
+def _first_data(image: Image, position: int, end: int) -> int | None:
+    """Where the first data frame (not padding) in ``[position, end)`` of ``image``'s log is
+    (frames read there already), or None."""
+    while position < end:
+        length, _, _, frame_type = image.frame_header(position)[:4]
+        if length <= 0:
+            return None
+        if frame_type != HDR_TYPE_PAD:
+            return position
+        position += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    return None
+
+
 def _first(chunk: GatheredMessages, count: int) -> GatheredMessages:
     """The first ``count`` messages of ``chunk``."""
     return GatheredMessages(chunk.data[:chunk.offsets[count]], chunk.offsets[:count + 1],
@@ -521,14 +537,28 @@ class _SessionRead:
         if resume is None:  # nothing held past here: lost up to the end
             self._found(max(self.end, self.reached))
             return False
+        if resume > self.end:
+            # A hole past the end (the caller's to report): the message that began before
+            # the end is lost up to it, and the read that begins after the hole reports the
+            # message's rest (nothing holds what precedes it).
+            self._found(self.end)
+            return False
         self.position = self.reached = resume
         return True
 
-    def _found(self, begins: int) -> None:
+    def _found(self, begins: int, data_from: int | None = None) -> None:
         """The next message begins at ``begins``: what was passed over is reported when
-        lost."""
+        lost.  ``data_from``: where the first data frame passed over is (None: none, only
+        padding), when the read began inside a message."""
         assert self.skip_from is not None
         skipped, self.skip_from = self.skip_from, None
+        if not self.lost and data_from is not None and data_from < begins and not any(
+                start < skipped <= reach for start, reach in self._held()):
+            # The read began inside a message whose start no recording holds (a hole before
+            # it): no read before this one delivered it.
+            self.lost = True
+            self.lost_why = "are the rest of a message whose start no archive holds"
+            skipped = data_from
         if self.lost and begins > skipped:
             self.lost = False
             try:
@@ -541,14 +571,15 @@ class _SessionRead:
         self.reached = max(self.reached, begins)
 
     def _stop(self, reach: int) -> int:
-        """Where a read from a recording that reaches ``reach`` stops: the end, or, past it
-        (finishing the message at ``position``, or looking for where the next one begins
-        after a loss), the term's end (a message never crosses one)."""
+        """Where a read from a recording that reaches ``reach`` stops: the end, or, past it,
+        the end of the term that holds the message cut at ``reached`` (finishing it), or of
+        the term at ``reached`` (looking for where the next message begins after a loss): a
+        message never crosses a term."""
         assert self.end is not None
         if self.reached < self.end:
             return min(reach, self.end)
-        begin = self._begin()
-        return min(reach, begin - begin % self.term_length + self.term_length)
+        cut = self.reached if self.skip_from is not None else self.reached - 1
+        return min(reach, cut - cut % self.term_length + self.term_length)
 
     def _keep(self, chunk: GatheredMessages) -> tuple[GatheredMessages | None, bool]:
         """The messages of ``chunk`` that begin before the end, and whether the read goes
@@ -569,13 +600,14 @@ class _SessionRead:
         self.position = chunk.positions[count - 1]
         return _first(chunk, count), False
 
-    def _moved(self, frames_end: int) -> None:
-        """A read ended with its frames at ``frames_end``."""
+    def _moved(self, frames_end: int, at_boundary: bool) -> None:
+        """A read ended with its frames at ``frames_end``, at a message boundary or not
+        (inside a message whose first fragments it read)."""
         self.reached = max(self.reached, frames_end)
-        if self.skip_from is None and self.reached % self.term_length == 0:
-            # A message never crosses a term: frames past the last message up to a term's
-            # end are its padding, not a message cut.
-            self.position = self.reached
+        if self.skip_from is None and (at_boundary or frames_end % self.term_length == 0):
+            # Frames past the last message were padding, not a message cut (a message never
+            # crosses a term's end).
+            self.position = max(self.position, frames_end)
 
     def _read_local(self, descriptor: RecordingDescriptor, reach: int
                     ) -> Iterator[GatheredMessages]:
@@ -586,9 +618,13 @@ class _SessionRead:
             if self.skip_from is not None:
                 found = first_message_start(self.directory, descriptor, self.reached, stop)
                 if found is None:  # none begins before the stop
-                    self._moved(stop)
+                    self._moved(stop, False)
                     return
-                self._found(found)
+                if found > self.reached:
+                    self._found(found, first_data_frame(self.directory, descriptor,
+                                                        self.reached, found))
+                else:
+                    self._found(found)
             with RecordingReader(self.directory, descriptor, start=self.position, end=stop,
                                  recorded=reach) as reader:
                 while not reader.done:
@@ -606,7 +642,7 @@ class _SessionRead:
                         yield kept
                     if not more:
                         return
-                self._moved(reader.position)
+                self._moved(reader.position, reader.at_message_boundary)
         except (SlipstreamError, OSError, KeyError) as e:
             self.failures.append(f"{where}: {e}")
             log.warning("slipstream: reading stream %d session %d in place from %s failed at "
@@ -621,12 +657,16 @@ class _SessionRead:
         where = f"recording {recording_id} replayed by the archive at {endpoint[0]}:{endpoint[1]}"
         begin = self._begin()
         frames_end = begin
+        at_boundary = False
         try:
             with archive.link.replay(recording_id, start=begin, end=stop) as replay:
                 idle_since = time.monotonic()
                 while not replay.done:
                     chunk = replay.poll_gathered(self.max_messages)
                     frames_end = replay.position
+                    image = replay.image()
+                    if image is not None:
+                        at_boundary = image.at_message_boundary
                     if chunk is None:
                         if time.monotonic() - idle_since > self.timeout_s:
                             raise _Stalled(f"{where}: nothing arrived for {self.timeout_s:g} s, "
@@ -635,22 +675,22 @@ class _SessionRead:
                         continue
                     idle_since = time.monotonic()
                     if self.skip_from is not None:
-                        image = replay.image()
                         assert image is not None
-                        self._found(message_start(image, begin, image.position))
+                        found = message_start(image, begin, image.position)
+                        self._found(found, _first_data(image, begin, found))
                     kept, more = self._keep(chunk)
                     if kept is not None:
                         yield kept
                     if not more:
                         return
                 frames_end = replay.position
-            self._moved(frames_end)
+            self._moved(frames_end, at_boundary)
         except RecordingLostError as e:  # it does not hold what was asked: another may
-            self._moved(frames_end)
+            self._moved(frames_end, False)
             self.failures.append(f"{where}: {e}")
             archive.held = None
         except SlipstreamError as e:
-            self._moved(frames_end)
+            self._moved(frames_end, False)
             self.failures.append(f"{where}: {e}")
             if isinstance(e, _Stalled) or not archive.link.is_connected:
                 archive.silent = str(e)

@@ -71,6 +71,7 @@ __all__ = [
     "Segments",
     "TimeIndexWriter",
     "archive_identity",
+    "first_data_frame",
     "first_message_start",
     "frame_at",
     "indexed_position",
@@ -425,6 +426,16 @@ def first_message_start(directory: Path, descriptor: RecordingDescriptor, positi
     return None
 
 
+def first_data_frame(directory: Path, descriptor: RecordingDescriptor, position: int,
+                     recorded: int) -> int | None:
+    """Where the first data frame (not padding) at or after ``position`` is, among the
+    frames the recording holds up to ``recorded``; None when it holds none there."""
+    for at, _, frame_type, _ in _frames(directory, descriptor, position, recorded):
+        if frame_type == HDR_TYPE_DATA:
+            return at
+    return None
+
+
 def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
                 recorded: int) -> int:
     """Where the first message that begins at or after ``position`` does (``position``
@@ -555,6 +566,12 @@ class RecordingReader:
         """How far the recording is recorded (what this reader may read up to)."""
         self._limit = self._recorded()
         return self._limit
+
+    @property
+    def at_message_boundary(self) -> bool:
+        """Whether the position is a message boundary: not inside a fragmented message whose
+        first fragments it read (as :attr:`Image.at_message_boundary`)."""
+        return self._assembly is None
 
     @property
     def done(self) -> bool:

@@ -249,6 +249,7 @@ MODULE_LANES = {
     "test_spark_planning": "sockets",
     "test_spark_session_ends": "sockets",
     "test_spark_archive": "sockets",
+    "test_spark_archive_seams": "sockets",
     "test_spark_kafka": "sockets",
     "test_spy": "sockets",
     "test_stat": "unit",
