@@ -306,10 +306,12 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
                  on_loss: Callable[[LostRange], None] | None = None,
                  timeout_s: float = 60.0, max_messages: int = 4096
                  ) -> Iterator[GatheredMessages]:
-    """Every whole message of the session in ``[start, end)`` (``start`` a message boundary;
-    ``end`` None: as far as the archives hold when asked), in position order, each once, as
+    """Every message of the session that begins in ``[start, end)`` (``end`` None: as far
+    as the archives hold when asked), whole, in position order, each once, as
     :class:`~slipstream.client.GatheredMessages` chunks (``Image.poll_gathered``'s form):
-    the one failover reader of the archives.
+    the one failover reader of the archives.  A message belongs to the read in which it
+    begins: a ``start`` inside a message skips its rest (an earlier read's), an ``end``
+    inside one reads on to finish it (a planner's pieces may meet inside a message).
 
     Where it reads each position, in this order: in place, from a recording in the archive
     directory ``directory`` on this host (found in its catalog, read once, read-only; a live
@@ -324,10 +326,13 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
     **Seams.**  Where a recording ends inside a message (an archive stopped between its
     fragments), the message is read whole from its first fragment in another recording
     that holds it across the seam.  Where none does, or no recording holds a range at all,
-    the range is lost: ``on_loss`` is told it (:class:`LostRange`, its start the message's
-    start, its end where the next whole message begins) before the messages after it, and
-    the read goes on from there; by default :class:`SessionLostError` is raised.  A range
-    is taken for lost only when every archive answered: otherwise
+    the range is lost: ``on_loss`` is told it (:class:`LostRange`: from the lost message's
+    first fragment to where the next message begins) before the messages after it, and
+    the read goes on from there; by default :class:`SessionLostError` is raised.  A message
+    lost before a hole past ``end`` is reported up to ``end`` (the hole is the caller's),
+    and a read whose ``start`` lies inside a message whose start no recording holds reports
+    that message's rest: the reports of one seam meet and never overlap.  A range is taken
+    for lost only when every archive answered: otherwise
     :class:`~slipstream.client.SlipstreamError` is raised naming those that did not (they
     may hold it).  A replay from which nothing comes for ``timeout_s`` counts as its
     archive not answering."""

@@ -154,6 +154,7 @@ MODULE_LANES = {
     "test_archive_disk_full": "hosts",
     "test_archive_units": "unit",
     "test_archive_stream_retention": "unit",
+    "test_archive_catalog_reads": "sockets",
     "test_archive_replay": "sockets",
     "test_archive_merge_hosts": "hosts",
     "test_archive_moves_hosts": "hosts",
