@@ -155,6 +155,7 @@ MODULE_LANES = {
     "test_archive_units": "unit",
     "test_archive_replay": "sockets",
     "test_recording_view": "sockets",
+    "test_spark_archive_planning": "sockets",
     "test_archive_merge_hosts": "hosts",
     "test_archive_moves_hosts": "hosts",
     "test_archive_replication": "sockets",
