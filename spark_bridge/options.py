@@ -179,10 +179,10 @@ class SourceOptions:
             if name in self.given:
                 raise OptionError(name, "applies to streaming reads only (spark.readStream)")
         if self.holder is None and not self.archives:
-            raise OptionError("holder", "or 'archive' is required by a batch read (spark.read): "
-                                        "the ingest host whose slipstream-holder holds the "
-                                        "stream, HOST[:PORT], or the archives that recorded "
-                                        "it (docs/SPARK.md)")
+            raise OptionError("holder", "is required by a batch read (spark.read) that names "
+                                        "no 'archive': the ingest host whose slipstream-holder "
+                                        "holds the stream, HOST[:PORT], or the archives that "
+                                        "recorded it (docs/SPARK.md)")
 
 
 def _positive_int(name: str, text: str) -> int:

@@ -187,3 +187,43 @@ def test_the_archive_answers_view_calls_as_the_local_view_and_refuses_bad_ones(
                 archive.view(view.recording_id, method, args)
         with pytest.raises(CallError, match="no recording 99"):
             archive.view(99, "is_retained", {"position": 0})
+
+
+def _descriptor(start: int, stop: int, start_ms: int, stop_ms: int):
+    from slipstream.archive.catalog import EndReason, RecordingDescriptor, RecordingState
+
+    return RecordingDescriptor(7, RecordingState.VALID, EndReason.END_OF_STREAM, start, stop,
+                               start_ms, stop_ms, 0, TERM, 4 * TERM, 1408, 1, STREAM,
+                               "aeron:ipc", "test")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 40)), min_size=1, max_size=60),
+       st.integers(1_000, 3_000), st.booleans())
+def test_the_time_index_is_searched_as_its_entries_say(steps, asked: int, corrupt: bool
+                                                       ) -> None:
+    """Entries in time and position order (as the service writes them): a time finds the
+    last entry at or before it, the start before the first, however many there are; an
+    entry that goes backwards is passed over, never taken for the time's position."""
+    import struct
+    import tempfile
+
+    from slipstream.archive.reading import time_index_path
+
+    entries = []
+    at_ms, position = 1_001, 0  # after the recording began (1000: its start answers)
+    for more_ms, frames in steps:
+        at_ms += more_ms
+        position += frames * 32
+        entries.append((at_ms, position))
+    written = list(entries)
+    if corrupt and len(entries) > 2:  # a stray entry far back, between two good ones
+        written.insert(len(written) // 2, (0, 64 * 1024 * 1024))
+    descriptor = _descriptor(0, position, 1_000, -1)
+    with tempfile.TemporaryDirectory() as directory:
+        time_index_path(Path(directory), 7).write_bytes(
+            b"".join(struct.pack("<qq", t, p) for t, p in written))
+        found = position_at_time(Path(directory), descriptor, asked)
+    expected = max([p for t, p in entries if t <= asked], default=0)
+    assert found <= expected if corrupt else found == expected
+    assert found in {0, *(p for _, p in entries)}

@@ -252,5 +252,5 @@ def test_a_batch_read_with_no_holder_returns_an_ended_session_whole_from_the_arc
 def test_a_batch_read_needs_a_holder_or_an_archive(hosts: Hosts) -> None:  # noqa: F811
     """Neither named: refused naming both options."""
     options = parse_options({"streamId": str(STREAM)})
-    with pytest.raises(ValueError, match=r"'holder'.*or 'archive'"):
+    with pytest.raises(ValueError, match=r"'holder': is required by a batch read .* no 'archive'"):
         options.check_read_kind(streaming=False)
