@@ -254,3 +254,33 @@ def test_a_batch_read_needs_a_holder_or_an_archive(hosts: Hosts) -> None:  # noq
     options = parse_options({"streamId": str(STREAM)})
     with pytest.raises(ValueError, match=r"'holder': is required by a batch read .* no 'archive'"):
         options.check_read_kind(streaming=False)
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ({"startingOffsetsByTimestamp": "{10: 5}"}, "is not JSON"),
+    ({"startingOffsetsByTimestamp": "{}"}, "is not accepted"),
+    ({"startingOffsetsByTimestamp": '{"77": {"1": 5}}'}, "stream 77 is not one this reader"),
+    ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"x": 5}}}}'}, "'x' is not a session"),
+    ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"1": -5}}}}'}, "-5 is not accepted"),
+    ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"1": 5}}}}', "startingTimestamp": "5"},
+     "and startingTimestamp both say"),
+    ({"startingOffsetsByTimestampStrategy": "earliest"}, "accepted: error, latest"),
+])
+def test_bad_starting_times_are_refused_naming_the_option(given: dict[str, str], said: str
+                                                          ) -> None:
+    """A starting time per session that is not Kafka's form, names a stream the reader does
+    not read, or comes with startingTimestamp; a strategy not known: refused naming it."""
+    from slipstream.spark_bridge.options import OptionError
+
+    name = "startingOffsetsByTimestampStrategy" if "Strategy" in next(iter(given)) \
+        else "startingOffsetsByTimestamp"
+    with pytest.raises(OptionError, match=f"'{name}'.*{said}"):
+        parse_options({"streamId": str(STREAM), **given}).check_read_kind(streaming=True)
+
+
+def test_starting_times_per_session_are_keyed_by_stream_and_session() -> None:
+    """Kafka's form, topic to partition to ms: here stream id to session id to ms."""
+    options = parse_options({"streamId": f"{STREAM},7", "startingOffsetsByTimestamp":
+                             json.dumps({str(STREAM): {"-3": 1000}, "7": {"4": 2000}})})
+    assert options.starting_timestamps_ns == {(STREAM, -3): 1000 * 10**6, (7, 4): 2000 * 10**6}
+    assert options.timestamp_strategy == "error"
