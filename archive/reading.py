@@ -239,12 +239,15 @@ def position_at_time(directory: Path, descriptor: RecordingDescriptor, time_ms: 
 # -- segments --------------------------------------------------------------------------------
 class SegmentMap:
     """One segment file of a recording, mapped read-only: the bytes from its base position up
-    to how long the file was at :meth:`cover` (remapped as a live recording's file grows)."""
+    to how long the file was at :meth:`cover` (remapped as a live recording's file grows).
+    ``populate``: a whole segment's pages are mapped in one go (a reader that goes through
+    it); not for one that looks at a few places (a planner's question)."""
 
-    def __init__(self, path: Path, base: int, length: int) -> None:
+    def __init__(self, path: Path, base: int, length: int, *, populate: bool = True) -> None:
         self.path = path
         self.base = base
         self.length = length  # the segment length: a file this long is whole
+        self.populate = populate
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._map: mmap.mmap | None = None
         self._cdata = None
@@ -263,7 +266,7 @@ class SegmentMap:
             return False
         self._release()
         flags = mmap.MAP_SHARED
-        if size >= self.length:
+        if size >= self.length and self.populate:
             # A whole segment, which no longer grows: its pages mapped in one go (a fault per
             # page otherwise, which costs a replay from the page cache a quarter of its time).
             flags |= mmap.MAP_POPULATE
@@ -300,11 +303,14 @@ class SegmentMap:
 
 class Segments:
     """The segment maps of one recording as a reader moves through it: the one that holds a
-    position, opened when first needed, the one before let go."""
+    position, opened when first needed, the one before let go (``populate``: as
+    :class:`SegmentMap`'s)."""
 
-    def __init__(self, directory: Path, descriptor: RecordingDescriptor) -> None:
+    def __init__(self, directory: Path, descriptor: RecordingDescriptor, *,
+                 populate: bool = True) -> None:
         self.directory = Path(directory)
         self.descriptor = descriptor
+        self.populate = populate
         self._current: SegmentMap | None = None
 
     def at(self, position: int, reach: int) -> SegmentMap:
@@ -320,7 +326,7 @@ class Segments:
                 self._current = None
             path = self.directory / segment_file_name(d.recording_id, base)
             try:
-                segment = SegmentMap(path, base, d.segment_length)
+                segment = SegmentMap(path, base, d.segment_length, populate=self.populate)
             except FileNotFoundError:
                 raise RecordingLostError(
                     f"recording {d.recording_id}: no segment file {path.name} for position "

@@ -87,7 +87,8 @@ class RecordingView(LogView):
             if descriptor.end_reason == EndReason.END_OF_STREAM and not descriptor.is_active \
             else None
         self._term_length = descriptor.term_length
-        self._segments = Segments(self.directory, descriptor)
+        # A question reads a term or a few: the pages it touches, not whole segments.
+        self._segments = Segments(self.directory, descriptor, populate=False)
         self._messages = ffi.new("int64_t *")
         self._bytes = ffi.new("int64_t *")
         self._reason = ffi.new("int32_t *")
