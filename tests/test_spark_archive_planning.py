@@ -140,16 +140,25 @@ def test_min_partitions_splits_an_archived_range_at_message_boundaries(
 def test_a_starting_timestamp_older_than_the_live_log_reads_every_message_after_it_once(
         hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
     """Messages stamped before and after a time T, then ten terms more (the log's term
-    rotated many times, so it holds nothing near T): a new query started at T reads every
-    message stamped at or after T once, in order, from the archive and then the log; its
+    rotated many times, so it holds nothing near T), and a session that published after T
+    and ended: a new query started at T reads every message stamped at or after T once, in
+    order, from the archive and then the log, the ended session's from the archive; its
     start is found in well under the 2 s the planning may take."""
     hosts.publish_from("publisher")
     wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
     publish_stamped(hosts, 300)
+    publish_stamped(hosts, 50, ended)
     time.sleep(0.05)
     at_ms = time.time_ns() // 1_000_000 + 1
     time.sleep(0.01)
+    ended_after = publish_stamped(hosts, 80, ended)
+    ended.close()
     after = publish_stamped(hosts, 10 * MESSAGES_PER_TERM)
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
     query = planner(hosts, archives[:1], in_place=True, startingTimestamp=str(at_ms))
     try:
         began = time.monotonic()
@@ -160,11 +169,16 @@ def test_a_starting_timestamp_older_than_the_live_log_reads_every_message_after_
         position = int(start[session]["position"])
         assert position == 300 * 160  # the first message stamped at or after T
         assert view.earliest_position() > position + 5 * TERM, "the log still holds T"
+        assert int(start[str(ended.session_id)]["position"]) == 50 * 160
         assert planned_s < 2.0, f"the start at T took {planned_s:.2f} s to plan"
-        read, _, planned = batches(query, start, hosts, time.monotonic() + 60, len(after))
+        read, _, planned = batches(query, start, hosts, time.monotonic() + 60,
+                                   len(after) + len(ended_after))
     finally:
         query.stop()
-    assert read == after
+    assert sorted(read) == sorted(after + ended_after)  # once each
+    live, gone = set(after), set(ended_after)
+    assert [n for n in read if n in live] == after  # each session in order
+    assert [n for n in read if n in gone] == ended_after
     assert any(p.archived is not None for partitions in planned for p in partitions)
 
 
