@@ -183,32 +183,46 @@ class Archives:
         return view, min(piece.end, listed.recorded_position)
 
     def scan(self, stream_id: int, session_id: int, framing: tuple[int, int], begin: int,
-             stop: int, max_rows: int | None, max_bytes: int | None) -> int:
+             stop: int, max_rows: int | None, max_bytes: int | None
+             ) -> tuple[int, int | None, int | None]:
         """Where a batch of at most ``max_rows`` messages / ``max_bytes`` payload bytes (at
         least one message) from ``begin`` ends in ``[begin, stop)`` of what the archives
-        hold of the session, as :meth:`LogView.scan` on the live log: within the recording
-        that holds ``begin`` (a batch ends at the end of a recording's piece at the latest).
-        A range none holds from ``begin`` on ends at the next piece (the loss is reported
-        when it is planned); a live recording not yet recorded past ``begin`` is not cut."""
-        pieces = self.pieces(stream_id, session_id, framing, begin, stop)
-        if not pieces:
-            return stop
-        piece = pieces[0]
-        if piece.start > begin:
-            return piece.start
-        try:
-            found = self.view(stream_id, piece)
-        except SlipstreamError:
-            return min(stop, piece.end)  # its archive stopped answering: as planned before
-        if found is None:
-            return min(stop, piece.end)
-        view, reach = found
-        if reach <= begin:
-            return min(stop, piece.end)
-        try:
-            return view.scan(begin, min(stop, reach), max_rows, max_bytes)
-        except SlipstreamError:
-            return min(stop, piece.end)
+        hold of the session, as :meth:`LogView.scan` on the live log, each recording's part
+        asked of its archive, on from one recording to the next while the budgets last; and
+        what is left of them when it reaches ``stop`` (None: no such budget; the bytes a
+        recording's part used are counted as its length, at least its payload, so the
+        budget is never passed by what follows).  A range none holds ends the batch where
+        it begins, or at its end when the batch begins there (the loss is reported when it
+        is planned); a live recording not yet recorded past where the batch is, or an
+        archive that does not answer, ends it at its piece's end (not cut: as planned
+        before)."""
+        position = begin
+        rows, size = max_rows, max_bytes
+        for piece in self.pieces(stream_id, session_id, framing, begin, stop):
+            if piece.start > position:
+                return (piece.start if position == begin else position), None, None
+            end = min(stop, piece.end)
+            try:
+                found = self.view(stream_id, piece)
+                if found is None or found[1] <= position:
+                    return end, None, None
+                view, reach = found
+                high = min(end, reach)
+                reached = view.scan(position, high, rows, size)
+                if reached < end:
+                    return reached, None, None
+                if rows is not None:
+                    rows -= view.count_messages(position, reached, rows)
+                if size is not None:
+                    size -= reached - position
+            except SlipstreamError:
+                return end, None, None
+            position = reached
+            if (rows is not None and rows <= 0) or (size is not None and size <= 0):
+                return position, 0, 0
+        if position < stop:  # a hole at the end: the batch covers it when it begins there
+            return (stop if position == begin else position), None, None
+        return position, rows, size
 
     def position_at_time(self, stream_id: int, session_id: int, framing: tuple[int, int],
                          time_ns: int, begin: int, end: int | None) -> int | None:

@@ -625,19 +625,23 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         for sid, (begin, stop) in gone.items():
             assert self._archives is not None
             stream_id, session_id = key_parts(self.options, sid)
-            reached = self._archives.scan(stream_id, session_id, log_of(start[sid]),  # type: ignore[arg-type]
-                                          begin, stop, row_shares.get(sid),
-                                          byte_shares.get(sid))
+            reached, _, _ = self._archives.scan(
+                stream_id, session_id, log_of(start[sid]), begin, stop,  # type: ignore[arg-type]
+                row_shares.get(sid), byte_shares.get(sid))
             end[sid] = {**end[sid], "position": reached}  # type: ignore[dict-item]
         for sid, (begin, available) in ranges.items():
             if sid in archived:
-                # What the archives hold comes first, cut as the log is (within one
-                # recording); the log from the batch that reaches it on.
+                # What the archives hold comes first, cut as the log is; the log after it
+                # with what is left of the budgets.
                 assert self._archives is not None
                 image = images[sid]
-                reached = self._archives.scan(image.stream_id, image.session_id,
-                                              image.identity.framing, archived[sid], begin,
-                                              row_shares.get(sid), byte_shares.get(sid))
+                rows, size = row_shares.get(sid), byte_shares.get(sid)
+                reached, rows_left, bytes_left = self._archives.scan(
+                    image.stream_id, image.session_id, image.identity.framing, archived[sid],
+                    begin, rows, size)
+                if reached >= begin and (rows is None or (rows_left or 0) > 0) and \
+                        (size is None or (bytes_left or 0) > 0):
+                    reached = image.scan(begin, available, rows_left, bytes_left)
                 end[sid] = self._entry(image, reached)
                 continue
             reached = images[sid].scan(begin, available, row_shares.get(sid),
