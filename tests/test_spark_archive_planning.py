@@ -16,7 +16,7 @@ import time
 
 import pytest
 from helpers import wait_for
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 from test_archive import recordings
 from test_spark_archive import (  # noqa: F401  (archives, hosts: fixtures)
     MESSAGES_PER_TERM,
@@ -91,14 +91,16 @@ def down_for_terms(hosts: Hosts, archives: list[Archive], terms: int  # noqa: F8
     return start, 200 + down
 
 
+@pytest.mark.parametrize(("option", "budget"), [("maxMessagesPerTrigger", "300"),
+                                                ("maxBytesPerTrigger", str(300 * PAYLOAD))])
 def test_an_archived_range_is_cut_by_max_messages_per_trigger_over_several_triggers(
-        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+        hosts: Hosts, archives: list[Archive], option: str, budget: str) -> None:  # noqa: F811
     """Six terms went by while the query was down: the restarted query reads them from the
-    archive in batches of exactly maxMessagesPerTrigger, the batch at the seam going on into
-    the live log with what is left of its budget, then the live log: every message once, in
-    order."""
+    archive in batches of exactly the budget (300 messages, or their payload bytes), the
+    batch at the seam going on into the live log with what is left of it, then the live
+    log: every message once, in order."""
     start, total = down_for_terms(hosts, archives, 6)
-    query = planner(hosts, archives, in_place=True, maxMessagesPerTrigger="300")
+    query = planner(hosts, archives, in_place=True, **{option: budget})
     try:
         session = str(hosts.publication.session_id)  # type: ignore[union-attr]
         view = query._images()[session]
@@ -108,7 +110,8 @@ def test_an_archived_range_is_cut_by_max_messages_per_trigger_over_several_trigg
         assert hosts.publish(150) == 150
         total += 150
         limit = query.getDefaultReadLimit()
-        assert isinstance(limit, ReadMaxRows)
+        assert isinstance(limit, ReadMaxRows if option == "maxMessagesPerTrigger"
+                          else ReadMaxBytes)
         read, per_batch, planned = batches(query, start, hosts, time.monotonic() + 60,
                                            total - 200, limit)
     finally:
