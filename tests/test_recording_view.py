@@ -227,3 +227,34 @@ def test_the_time_index_is_searched_as_its_entries_say(steps, asked: int, corrup
     expected = max([p for t, p in entries if t <= asked], default=0)
     assert found <= expected if corrupt else found == expected
     assert found in {0, *(p for _, p in entries)}
+
+
+def test_a_live_recording_is_asked_up_to_its_recorded_position(driver, tmp_path: Path
+                                                                ) -> None:
+    """While it records: the archive answers up to the recorded position (its counter),
+    the last whole message there is what is available, and a question past it is refused
+    naming the bound."""
+    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", STREAM)])
+    archive_dir = tmp_path / "archive"
+    with Client.connect(driver.directory) as client, process:
+        subscription = client.add_subscription(CHANNEL, STREAM)
+        publication = client.add_publication(CHANNEL, STREAM)
+        wait_for_recording(archive_dir)
+        wait_for(lambda: subscription.images, what="the image")
+        sent = _publish_stamped(publication, subscription, 60)
+        last = sent[-1][0]
+        with ArchiveClient(client, "127.0.0.1", port, timeout_s=10) as archive:
+            wait_for(lambda: archive.recording_position(0) == (last, True),
+                     what="recorded to the last message")
+            listed = archive.describe(0)
+            assert listed.is_active
+            remote = archive.recording_view(listed)
+            assert remote.available_position() == last
+            assert remote.count_messages(0, last, 1000) == 60
+            assert remote.scan(0, last, None, None) == last
+            assert remote.scan(0, last, 10, None) == sent[9][0]
+            with pytest.raises(CallError, match=f"not a frame boundary of this log held "
+                                                f"here, \\[0, {last}\\]"):
+                archive.view(0, "scan", {"begin": 0, "available": last + 32, "max_rows": 1,
+                                         "max_bytes": None})
+        publication.close()
