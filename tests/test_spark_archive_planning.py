@@ -310,3 +310,35 @@ def test_starting_times_per_session_are_keyed_by_stream_and_session() -> None:
                              json.dumps({str(STREAM): {"-3": 1000}, "7": {"4": 2000}})})
     assert options.starting_timestamps_ns == {(STREAM, -3): 1000 * 10**6, (7, 4): 2000 * 10**6}
     assert options.timestamp_strategy == "error"
+
+
+@pytest.mark.spark
+def test_spark_read_with_only_an_archive_returns_an_ended_session_whole(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """The user's path: spark.read.format("slipstream") with `archive` (and archiveDir) and
+    no holder, after a session ended, in a local[2] Spark session: its rows, whole and in
+    order, with its session id and publisher stamps."""
+    from slipstream.spark_bridge import session
+
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    sent = publish_stamped(hosts, 2 * MESSAGES_PER_TERM, ended)
+    ended.close()
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    spark = session(master="local[2]", app_name="slipstream-archive-batch")
+    try:
+        rows = (spark.read.format("slipstream").option("streamId", str(STREAM))
+                .option("channel", hosts.channel)
+                .option("directory", str(hosts.directories["ingest"]))
+                .option("archive", archives[0].endpoint)
+                .option("archiveDir", str(archives[0].directory))
+                .option("replayTimeoutMs", "5000").load()
+                .where(f"session_id = {ended.session_id}")
+                .orderBy("position").select("value").collect())
+    finally:
+        spark.stop()
+    assert [int(bytes(row.value)[:8]) for row in rows] == sent
