@@ -389,6 +389,11 @@ class _ArchivesOnly:
         self.client.close()
 
 
+#: What holds a read's logs: the query's own subscription, a standing holder, or (a batch
+#: read with archives alone) nothing.
+Hold = _OwnHold | _StandingHold | _ArchivesOnly
+
+
 #: How long a hold may have existed before a session of the offsets that it has no image of,
 #: and no record of how it ended, is reported gone: its image may still be on its way.
 GONE_GRACE_S: Final = 5.0
@@ -415,7 +420,7 @@ class LossReports:
         _record_skip(self.options.directory)
 
 
-def why_not_held(hold: _OwnHold | _StandingHold | _ArchivesOnly, view: LogView, begin: int,
+def why_not_held(hold: Hold, view: LogView, begin: int,
                  end: SessionEnd | None) -> str | None:
     """Why ``view``'s log does not hold ``begin``: its previous image was left behind (``end``,
     how the session's last image ended), or the log was made anew after it; None when it was
@@ -429,7 +434,7 @@ def why_not_held(hold: _OwnHold | _StandingHold | _ArchivesOnly, view: LogView, 
     return None
 
 
-def gone_message(options: SourceOptions, hold: _OwnHold | _StandingHold | _ArchivesOnly, sid: str,
+def gone_message(options: SourceOptions, hold: Hold, sid: str,
                  entry: object, end: SessionEnd | None) -> str | None:
     """What a query loses of session ``sid``, at ``entry`` in its offsets, whose image the
     hold no longer has (``end``: how it ended, if the hold remembers); None when it was read
@@ -588,7 +593,7 @@ def archived_partitions(options: SourceOptions, archives: Archives, stream_id: i
     return partitions
 
 
-def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold | _ArchivesOnly,
+def plan_partitions(options: SourceOptions, hold: Hold,
                     images: dict[str, LogView], start: dict[str, object],
                     end: dict[str, object], losses: LossReports,
                     archives: Archives | None = None) -> list[SlipstreamPartition]:
