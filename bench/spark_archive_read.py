@@ -2,7 +2,7 @@
 time the archive holds, each against its peer in the same run.
 
     .venv/bin/python -m bench.spark_archive_read [--part read|plan|all] [--messages N]
-        [--size B] [--rounds R] [--plan-term BYTES] [--terms-back T]
+        [--size B] [--rounds R] [--spark] [--plan-term BYTES] [--terms-back T]
 
 **The read** (``--part read``).  Two drivers on this machine stand for two hosts: the
 archive's, and another that mounts the archive's directory (the same files, as a shared
@@ -23,6 +23,10 @@ the other host made no link to the archive (nothing was replayed).  Figures: row
 medians of the rounds with their range, the ratios other host / archive's host (the target:
 at least 0.8) and archive / live log.  The segment files are in the page cache after the
 recording (as they are right after it was written): a read from a cold disk is the disk's.
+``--spark`` adds the first program's read, in a ``local[2]`` Spark session:
+``spark.read.format("slipstream")`` with ``archive`` and ``archiveDir`` and no holder, then
+``count()``, with ``directory`` the archive's host's driver and the other host's in
+alternating rounds (the whole query: planning, a Python worker's task, Spark's own costs).
 
 **The start** (``--part plan``).  One driver, the archive beside it recording two IPC
 streams whose messages the first program's loop offers, each stamped with its offer time
@@ -163,6 +167,11 @@ def read_part(args: argparse.Namespace) -> None:
                     rows, seconds = _rows(contenders[name])
                     assert rows == args.messages, f"{name}: {rows} rows of {args.messages}"
                     rates[name].append(rows / seconds)
+            if args.spark:
+                spark_rates = spark_reads(args, {"archive host": driver.directory,
+                                                 "other host": other.directory},
+                                          f"127.0.0.1:{port}", archive_dir)
+                rates.update({f"Spark, {name}": values for name, values in spark_rates.items()})
             linked = [key for key in archived_links._archive_clients
                       if key[1] == str(other.directory)]
             assert not linked, f"the other host's task linked to the archive: {linked}"
@@ -178,13 +187,52 @@ def read_part(args: argparse.Namespace) -> None:
     print(f"# read_range of {args.messages} messages of {args.size} B, {args.rounds} rounds, "
           f"median [range]; load average (1/5/15 min) before {loads[0]}, after {loads[-1]}")
     for name, values in rates.items():
-        print(f"{name:>16}: {_median_range(values, 1e-6, 'M rows/s')}")
+        print(f"{name:>20}: {_median_range(values, 1e-6, 'M rows/s')}")
     median = {name: statistics.median(values) for name, values in rates.items()}
     per_round = [o / a for o, a in zip(rates["other host"], rates["archive host"],
                                        strict=True)]
-    print(f"{'other / archive':>16}: {median['other host'] / median['archive host']:.2f} "
-          f"(per round {min(per_round):.2f}-{max(per_round):.2f}; target >= 0.8)")
-    print(f"{'archive / live':>16}: {median['archive host'] / median['live log']:.2f}")
+    print(f"{'other / archive':>20}: {median['other host'] / median['archive host']:.2f} "
+          f"(per round {min(per_round):.2f}-{max(per_round):.2f}, median "
+          f"{statistics.median(per_round):.2f}; target >= 0.8)")
+    print(f"{'archive / live':>20}: {median['archive host'] / median['live log']:.2f}")
+    if args.spark:
+        per_round = [o / a for o, a in zip(rates["Spark, other host"],
+                                           rates["Spark, archive host"], strict=True)]
+        print(f"{'Spark, other / archive':>20}: "
+              f"{median['Spark, other host'] / median['Spark, archive host']:.2f} (per round "
+              f"{min(per_round):.2f}-{max(per_round):.2f}, median "
+              f"{statistics.median(per_round):.2f})")
+
+
+def spark_reads(args: argparse.Namespace, directories: dict[str, Path], archive: str,
+                archive_dir: Path) -> dict[str, list[float]]:
+    """rows/s of ``spark.read ... load().count()`` of the archive's recording (no holder),
+    planned and read on each host of ``directories`` (its driver's directory), rounds
+    alternating after one unmeasured read each."""
+    from slipstream.spark_bridge import session
+
+    spark = session(master="local[2]", app_name="bench-spark-archive-read")
+    rates: dict[str, list[float]] = {name: [] for name in directories}
+    try:
+        def count(directory: Path) -> tuple[int, float]:
+            began = time.perf_counter()
+            rows = (spark.read.format("slipstream").option("streamId", str(STREAM))
+                    .option("channel", "aeron:ipc").option("directory", str(directory))
+                    .option("archive", archive).option("archiveDir", str(archive_dir))
+                    .load().count())
+            return rows, time.perf_counter() - began
+
+        names = list(directories)
+        for name in names:  # the Python workers started, the JVM's code compiled
+            count(directories[name])
+        for round_ in range(args.rounds):
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                rows, seconds = count(directories[name])
+                assert rows == args.messages, f"Spark, {name}: {rows} rows of {args.messages}"
+                rates[name].append(rows / seconds)
+    finally:
+        spark.stop()
+    return rates
 
 
 def plan_part(args: argparse.Namespace) -> None:
@@ -290,6 +338,8 @@ def main() -> None:
                         help="the read's range, messages")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--spark", action="store_true",
+                        help="also time the first program's Spark batch read on each host")
     parser.add_argument("--plan-term", type=int, default=1 << 20,
                         help="the planned stream's term length, bytes")
     parser.add_argument("--terms-back", type=int, default=10,
