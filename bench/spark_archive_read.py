@@ -102,7 +102,8 @@ def _offer(publication: Publication, payload: bytes, stamp: bool) -> int:
         time.sleep(0.0001)
 
 
-def _archive(work: Path, driver_dir: Path, port: int, streams: list[int]) -> subprocess.Popen:
+def archive_process(work: Path, driver_dir: Path | str, port: int, streams: list[int]
+                    ) -> subprocess.Popen[bytes]:
     """A ``slipstream-archive`` beside the driver in ``driver_dir``, recording ``streams``
     over IPC into ``work / "archive"``."""
     config = work / "archive.toml"
@@ -129,7 +130,7 @@ def read_part(args: argparse.Namespace) -> None:
         with MediaDriver.launch(directory=directories[0], ipc_term_buffer_length=term) as driver, \
                 MediaDriver.launch(directory=directories[1]) as other, \
                 Client.connect(driver.directory) as client:
-            archive = _archive(work, driver.directory, port, [STREAM])
+            archive = archive_process(work, driver.directory, port, [STREAM])
             publication = client.add_publication("aeron:ipc", STREAM)
             _wait(lambda: _recordings(archive_dir), 30, "the recording")
             payload = bytes(args.size)
@@ -247,7 +248,7 @@ def plan_part(args: argparse.Namespace) -> None:
     try:
         with MediaDriver.launch(directory=directory) as driver, \
                 Client.connect(driver.directory) as client:
-            archive = _archive(work, driver.directory, port, [STREAM, PEER_STREAM])
+            archive = archive_process(work, driver.directory, port, [STREAM, PEER_STREAM])
             planned = client.add_publication(f"aeron:ipc?term-length={args.plan_term}", STREAM)
             peer = client.add_publication(f"aeron:ipc?term-length={peer_term}", PEER_STREAM)
             _wait(lambda: len(_recordings(work / "archive")) == 2, 30, "the recordings")

@@ -39,7 +39,8 @@ machine's disk, and each run reads the range a third way, as a partition of that
 (``archived``, no ``archiveDir``: the executor's host does not mount the archive's
 directory) with the same ``read_range``, which asks the archive for a replay through the
 executor's driver (:func:`slipstream.archive.locate.read_session`).  Its figures sit beside
-the holder's replay and the warm stream's; the order of the reads rotates from run to run.
+the holder's replay and the warm stream's; it reads after the holder's replay in even runs,
+before it in odd ones.
 
 It also prints what writing the range's bytes costs in this machine's shared memory, into fresh
 pages and again into the same pages, resident: a replay writes its range into two new logs
@@ -55,7 +56,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -67,6 +67,7 @@ from typing import Any
 
 from bench.archive_record import _recordings
 from bench.ipc_throughput import BATCH, machine
+from bench.spark_archive_read import archive_process
 from bench.udp_throughput import free_port
 from slipstream.archive.client import ArchiveClient
 from slipstream.archive.reading import indexed_position
@@ -265,12 +266,7 @@ def start_archive(work: Path, holder_dir: str, executor_dir: str
     stream into ``work / "archive"``, and its control endpoint, once it answers a call from
     the executor's driver (it subscribes to the stream before it takes calls)."""
     port = free_port()
-    config = work / "archive.toml"
-    config.write_text(f'dir = "{work / "archive"}"\ndriver_dir = "{holder_dir}"\n'
-                      f'control_port = {port}\n'
-                      f'[[record]]\nchannel = "aeron:ipc"\nstream_id = {STREAM}\n')
-    archive = subprocess.Popen([sys.executable, "-m", "slipstream.archive.cli", "run",
-                                "--config", str(config)], stderr=subprocess.DEVNULL)
+    archive = archive_process(work, holder_dir, port, [STREAM])
     with Client.connect(executor_dir) as client, \
             ArchiveClient(client, "127.0.0.1", port, timeout_s=IDLE_LIMIT_S) as link:
         if not link.await_connected(IDLE_LIMIT_S):
