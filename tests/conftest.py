@@ -156,6 +156,7 @@ MODULE_LANES = {
     "test_archive_stream_retention": "unit",
     "test_archive_catalog_reads": "sockets",
     "test_archive_replay": "sockets",
+    "test_archive_merge": "sockets",
     "test_archive_merge_hosts": "hosts",
     "test_archive_moves_hosts": "hosts",
     "test_archive_replication": "sockets",
