@@ -20,8 +20,8 @@ The public names for the pieces that build on the recordings (replay, a second a
 - :func:`locate` and :class:`HeldRange`: where a session's range is held, over several
   recordings and archives (a second archive's replicas, docs/ARCHIVE.md "Two archives");
   :func:`read_session`: its messages read across them, in place or replayed, failing over
-  (the one failover reader, :class:`SessionReader`, driven to its end; :class:`LostRange`
-  and :class:`SessionLostError`: what none holds).
+  (the one failover reader, a :class:`SessionReader`: iterated, or polled without waiting;
+  :class:`LostRange` and :class:`SessionLostError`: what none holds).
 """
 
 from slipstream.archive.catalog import (

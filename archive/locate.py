@@ -15,11 +15,11 @@ whole across the seam (a replica that catch-up made holds whole
 messages at its seams with its archive's own recordings, :mod:`.replication`); where none
 does, the message is lost and the reader says so, naming its range (:class:`LostRange`).
 
-:class:`SessionReader` is that reader, polled step by step, never waiting for a replay:
-:class:`~slipstream.archive.merge.ReplayMerge` polls one for its replay part, and
-:func:`read_session` drives one to its end, for the Spark read task (in place from the
-archive directory on its host, else replayed) and the command line.  The Spark planner
-stitches with :func:`stitch`.
+:func:`read_session` makes that reader, a :class:`SessionReader`, driven two ways: the
+Spark read task (in place from the archive directory on its host, else replayed) and the
+command line iterate it, waiting while nothing is there;
+:class:`~slipstream.archive.merge.ReplayMerge` polls it, never waiting for a replay.  The
+Spark planner stitches with :func:`stitch`.
 """
 
 
@@ -285,14 +285,17 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
                  directory: str | Path | None = None,
                  prefer: tuple[Endpoint, int] | None = None,
                  on_loss: Callable[[LostRange], None] | None = None,
-                 timeout_s: float = 60.0, max_messages: int = 4096
-                 ) -> Iterator[GatheredMessages]:
-    """Every message of the session that begins in ``[start, end)`` (``end`` None: as far
-    as the archives hold when asked), whole, in position order, each once, as
+                 timeout_s: float = 60.0, max_messages: int = 4096,
+                 replay_channel: str | None = None) -> SessionReader:
+    """A read of every message of the session that begins in ``[start, end)`` (``end``
+    None: as far as the archives hold when asked), whole, in position order, each once, as
     :class:`~slipstream.client.GatheredMessages` chunks (``Image.poll_gathered``'s form):
-    the one failover reader of the archives.  A message belongs to the read in which it
-    begins: a ``start`` inside a message skips its rest (an earlier read's), an ``end``
-    inside one reads on to finish it (a planner's pieces may meet inside a message).
+    the one failover reader of the archives, a :class:`SessionReader`.  Iterating it gives
+    the chunks, waiting while none is there; a caller with its own loop polls it instead
+    (:meth:`SessionReader.poll`, never waiting for a replay).  A message belongs to the
+    read in which it begins: a ``start`` inside a message skips its rest (an earlier
+    read's), an ``end`` inside one reads on to finish it (a planner's pieces may meet
+    inside a message).
 
     Where it reads each position, in this order: in place, from a recording in the archive
     directory ``directory`` on this host (found in its catalog, read once, read-only; a live
@@ -318,13 +321,31 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
     may hold it).  A replay from which no frame arrives for ``timeout_s`` before its frames
     reach ``end`` (past it, a replay waits for the publisher to finish the message ``end``
     cuts), or whose stream goes before it is done, counts as its archive not answering.
+    Replays come to ``replay_channel`` (default each archive link's reply endpoint)."""
+    by_endpoint: dict[Endpoint, ArchiveClient] = {}
+    endpoints: list[Endpoint] = []
+    for archive in archives:
+        if isinstance(archive, ArchiveClient):
+            by_endpoint[archive.archive] = archive
+            endpoints.append(archive.archive)
+        else:
+            endpoints.append(tuple(archive))  # type: ignore[arg-type]
+    if prefer is not None and prefer[0] not in endpoints:
+        endpoints.insert(0, prefer[0])
 
-    This drives a :class:`SessionReader` to its end, waiting while nothing is there; a
-    caller with its own loop polls one instead."""
-    reader = SessionReader(archives, stream_id, session_id, framing, start, end, link=link,
-                           forget=forget, directory=directory, prefer=prefer,
-                           on_loss=on_loss, timeout_s=timeout_s, max_messages=max_messages)
-    return reader.chunks()
+    def make_link(endpoint: Endpoint) -> Callable[[], ArchiveClient]:
+        def made() -> ArchiveClient:
+            if endpoint in by_endpoint:
+                return by_endpoint[endpoint]
+            if link is None:
+                raise SlipstreamError(f"no link to the archive at {endpoint[0]}:{endpoint[1]}")
+            return link(endpoint)
+        return made
+
+    return SessionReader([_Archive(e, make_link(e)) for e in endpoints], stream_id,
+                         session_id, (framing[0], framing[1]), start, end, directory, prefer,
+                         on_loss or _raise_lost, forget, timeout_s, max_messages,
+                         replay_channel)
 
 
 def _first_data(image: Image, position: int, end: int) -> int | None:
@@ -348,58 +369,34 @@ def _first(chunk: GatheredMessages, count: int) -> GatheredMessages:
 
 
 class SessionReader:
-    """One read of a session's messages across recordings and archives: the one failover
-    reader, as :func:`read_session` describes it (the same arguments), driven step by
-    step.  :meth:`poll` never waits for a replay: it returns the next chunk of messages, or
-    None when none is there now (then :attr:`done` says whether the read is over, and
-    :meth:`wait` waits for more); calls to the archives (a listing, a replay's start) are
-    made as it needs them and cost up to their links' ``timeout_s``.  ``replay_channel``
-    is where replays come (default each archive link's reply endpoint).  :meth:`chunks`
-    drives it to its end, waiting; :meth:`close` stops a replay it was reading.
+    """One read of a session's messages across recordings and archives, the one failover
+    reader, made by :func:`read_session` (which says what it reads, and where), driven in
+    either of two ways: iterated, it gives every chunk to the end of the read, waiting
+    while none is there; :meth:`poll` never waits for a replay: it returns the next chunk,
+    or None when none is there now (then :attr:`done` says whether the read is over, and
+    :meth:`wait` waits for more).  Either way, calls to the archives (a listing, a replay's
+    start) are made as it needs them and cost up to their links' ``timeout_s``.
+    :meth:`close` stops a replay it was reading.
 
     A message belongs to the read in which it begins: a read that starts inside a message
     skips its rest, one whose end falls inside a message reads on to finish it.  One
     thread."""
 
-    def __init__(self, archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
-                 session_id: int, framing: tuple[int, int], start: int, end: int | None, *,
-                 link: Callable[[Endpoint], ArchiveClient] | None = None,
-                 forget: Callable[[Endpoint], None] | None = None,
-                 directory: str | Path | None = None,
-                 prefer: tuple[Endpoint, int] | None = None,
-                 on_loss: Callable[[LostRange], None] | None = None,
-                 timeout_s: float = 60.0, max_messages: int = 4096,
-                 replay_channel: str | None = None) -> None:
-        by_endpoint: dict[Endpoint, ArchiveClient] = {}
-        endpoints: list[Endpoint] = []
-        for archive in archives:
-            if isinstance(archive, ArchiveClient):
-                by_endpoint[archive.archive] = archive
-                endpoints.append(archive.archive)
-            else:
-                endpoints.append(tuple(archive))  # type: ignore[arg-type]
-        if prefer is not None and prefer[0] not in endpoints:
-            endpoints.insert(0, prefer[0])
-
-        def make_link(endpoint: Endpoint) -> Callable[[], ArchiveClient]:
-            def made() -> ArchiveClient:
-                if endpoint in by_endpoint:
-                    return by_endpoint[endpoint]
-                if link is None:
-                    raise SlipstreamError(
-                        f"no link to the archive at {endpoint[0]}:{endpoint[1]}")
-                return link(endpoint)
-            return made
-
-        self.archives = [_Archive(e, make_link(e)) for e in endpoints]
+    def __init__(self, archives: list[_Archive], stream_id: int, session_id: int,
+                 framing: tuple[int, int], start: int, end: int | None,
+                 directory: str | Path | None, prefer: tuple[Endpoint, int] | None,
+                 on_loss: Callable[[LostRange], None],
+                 forget: Callable[[Endpoint], None] | None, timeout_s: float,
+                 max_messages: int, replay_channel: str | None) -> None:
+        self.archives = archives
         self.stream_id = stream_id
         self.session_id = session_id
-        self.framing = (framing[0], framing[1])
+        self.framing = framing
         self.term_length = framing[1]
         self.end = end
         self.directory = None if directory is None else Path(directory)
         self.prefer = prefer
-        self.on_loss = on_loss or _raise_lost
+        self.on_loss = on_loss
         self.forget = forget
         self.timeout_s = timeout_s
         self.max_messages = max_messages
@@ -519,7 +516,7 @@ class SessionReader:
         if self._replay is not None:
             self._replay.wait(timeout_s)
 
-    def chunks(self) -> Iterator[GatheredMessages]:
+    def __iter__(self) -> Iterator[GatheredMessages]:
         """Every chunk to the end of the read, waiting while none is there."""
         try:
             while True:

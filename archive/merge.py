@@ -31,9 +31,9 @@ States (:class:`MergeState`), one transition each::
 Loss on either stream is repaired below the merge, by the streams' own NAKs.
 
 **Reading the replay.**  The replay part is read by the archives' one failover reader,
-:class:`~slipstream.archive.locate.SessionReader` (what
-:func:`~slipstream.archive.locate.read_session` drives), polled once per :meth:`poll`: every
-message of the session that begins in ``[start, J)``, whole.  No message begins in
+:class:`~slipstream.archive.locate.SessionReader` that
+:func:`~slipstream.archive.locate.read_session` makes, polled once per :meth:`poll`:
+every message of the session that begins in ``[start, J)``, whole.  No message begins in
 ``[J, S)``, so these are the messages of ``[start, S)``: one that ``J`` cuts is finished.
 The reader prefers the recording named, at the first archive, and goes on from another
 recording or archive when its replay fails: its image goes, or does not come, or no frame of
@@ -52,7 +52,7 @@ from typing import Final
 
 from slipstream.archive.catalog import RecordingDescriptor
 from slipstream.archive.client import ArchiveClient
-from slipstream.archive.locate import SessionReader
+from slipstream.archive.locate import SessionReader, read_session
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
 from slipstream.client.layout import BEGIN_FLAG, FRAME_ALIGNMENT, HDR_TYPE_PAD, HEADER_LENGTH
@@ -190,7 +190,7 @@ class ReplayMerge:
             return
         d = self.descriptor
         self._header = GatheredHeader(image)
-        self._reader = SessionReader(
+        self._reader = read_session(
             self.archives, d.stream_id, d.session_id, (d.initial_term_id, d.term_length),
             self.position, self.join_position, prefer=(self.archives[0].archive, d.recording_id),
             timeout_s=self.stall_timeout_s, replay_channel=self._replay_channel)
