@@ -669,7 +669,7 @@ class SessionReader:
 
     def _read_local(self, descriptor: RecordingDescriptor, reach: int
                     ) -> Iterator[GatheredMessages | None]:
-        assert self.directory is not None
+        assert self.directory is not None and self.end is not None
         stop = self._stop(reach)
         where = f"recording {descriptor.recording_id} in {self.directory}"
         try:
