@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -371,8 +371,8 @@ def _first(chunk: GatheredMessages, count: int) -> GatheredMessages:
 class SessionReader:
     """One read of a session's messages across recordings and archives, the one failover
     reader, made by :func:`read_session` (which says what it reads, and where), driven in
-    either of two ways: iterated, it gives every chunk to the end of the read, waiting
-    while none is there; :meth:`poll` never waits for a replay: it returns the next chunk,
+    either of two ways: as an iterator, it gives every chunk to the end of the read,
+    waiting while none is there; :meth:`poll` never waits for a replay: it returns the next chunk,
     or None when none is there now (then :attr:`done` says whether the read is over, and
     :meth:`wait` waits for more).  Either way, calls to the archives (a listing, a replay's
     start) are made as it needs them and cost up to their links' ``timeout_s``.
@@ -406,7 +406,7 @@ class SessionReader:
         #: How many sources were read from after one that failed (see :attr:`failures`).
         self.failovers = 0
         self._replay: ArchiveReplay | None = None
-        self._steps: Iterator[GatheredMessages | None] | None = None
+        self._steps: Generator[GatheredMessages | None, None, None] | None = None
         self._done = False
         #: Every message that began before it was delivered (or is another read's).
         self.position = start
@@ -516,26 +516,26 @@ class SessionReader:
         if self._replay is not None:
             self._replay.wait(timeout_s)
 
-    def __iter__(self) -> Iterator[GatheredMessages]:
-        """Every chunk to the end of the read, waiting while none is there."""
-        try:
-            while True:
-                chunk = self.poll()
-                if chunk is not None:
-                    yield chunk
-                elif self._done:
-                    return
-                else:
-                    self.wait(0.01)
-        finally:
-            self.close()
+    def __iter__(self) -> SessionReader:
+        return self
+
+    def __next__(self) -> GatheredMessages:
+        """The next chunk, waiting while none is there; StopIteration at the end of the
+        read."""
+        while True:
+            chunk = self.poll()
+            if chunk is not None:
+                return chunk
+            if self._done:
+                raise StopIteration
+            self.wait(0.01)
 
     def close(self) -> None:
         """End the read: a replay being read is stopped at its archive (when it answers)."""
         self._done = True
         steps, self._steps = self._steps, None
         if steps is not None:
-            steps.close()  # type: ignore[attr-defined]  # a generator: its replay closes
+            steps.close()  # its replay closes
 
     def _wanted(self) -> bool:
         assert self.end is not None
@@ -543,7 +543,7 @@ class SessionReader:
             return self.lost or self.reached < self.end
         return self.position < self.end
 
-    def _run(self) -> Iterator[GatheredMessages | None]:
+    def _run(self) -> Generator[GatheredMessages | None, None, None]:
         if self.end is None:
             self.end = max((reach for _, reach in self._held()), default=None)
             if self.end is None:
