@@ -25,6 +25,12 @@ arguments; the result):
     ``{"stopped": bool}``: whether it was still running.
 ``replays``
     the replays in progress: id, recording, position, state.
+``view`` (``recording_id``, ``method``, ``args``)
+    a planner's question about a recording, as a read query asks a live log
+    (:class:`~slipstream.client.logview.LogView`: ``method`` one of
+    :data:`~slipstream.client.logview.VIEW_OPERATIONS`, ``args`` its parameters, checked
+    by :func:`~slipstream.client.logview.view_args` against the recorded position);
+    answered by :class:`~slipstream.archive.view.RecordingView` over the segment files.
 
 An error answer has ``status`` ``error`` and a ``message``; a range the archive does not hold
 has ``reason`` ``lost`` and ``held``, ``[start, stop]`` (stop -1 while live: up to
@@ -47,10 +53,12 @@ from slipstream.archive.reading import (
     position_at_time,
 )
 from slipstream.archive.replayer import POSITIONING_KEYS, ReplaySession
+from slipstream.archive.view import RecordingView
 from slipstream.client.channel import keys_given, parse_channel
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
+from slipstream.client.logview import view_args
 from slipstream.client.subscription import Subscription
 
 if TYPE_CHECKING:
@@ -187,12 +195,24 @@ class ArchiveControl:
                 return {"stopped": False}
             session.stop("stop_replay")
             return {"stopped": True}
+        if op == "view" and "recording_id" in args:
+            return self._view(args)
         if op == "replays":
             return [{"replay_id": s.replay_id, "recording_id": s.recording_id,
                      "position": s.position, "state": s.state.value, "channel": s.channel,
                      "stream_id": s.stream_id} for s in self.replays.values()]
         raise CallRefused(f"no operation {op!r} (the archive's: list, describe, "
-                          f"recording_position, replay, stop_replay, replays)")
+                          f"recording_position, replay, stop_replay, replays, view)")
+
+    def _view(self, args: dict[str, Any]) -> Any:
+        """A ``view`` question about a recording: its answer (JSON values)."""
+        descriptor = self._descriptor(args)
+        recorded, _ = self._recorded(descriptor.recording_id)
+        method = args.get("method")
+        checked = view_args(method if isinstance(method, str) else repr(method),
+                            args.get("args"), recorded)
+        with RecordingView(self.directory, descriptor, recorded) as view:
+            return getattr(view, str(method))(**checked)
 
     def _listed(self, descriptor: RecordingDescriptor) -> dict[str, Any]:
         return descriptor_fields(descriptor, self._recorded(descriptor.recording_id)[0])

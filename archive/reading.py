@@ -24,11 +24,13 @@ one interval's earlier messages come too.  A recording's start is its first entr
 
 from __future__ import annotations
 
+import array
 import bisect
 import hashlib
 import mmap
 import os
 import struct
+import sys
 from pathlib import Path
 from typing import Final
 
@@ -220,9 +222,10 @@ def position_at_time(directory: Path, descriptor: RecordingDescriptor, time_ms: 
     position of the last time index entry at or before ``time_ms`` (never before the
     recording's start, which retention may have moved), so that every message recorded at or
     after ``time_ms`` is there.  A frame boundary.  A time at or before the start: the start;
-    after the stop: the stop.  Entries that are not whole, go backwards, or lie outside the
-    recording are ignored (counted as malformed: the file is the archive's, but a disk
-    returns what it returns)."""
+    after the stop: the stop.  A binary search over the entries, however many there are;
+    when the entries about its answer are not in time and position order, every entry is
+    looked at, and those that are not whole, go backwards, or lie outside the recording are
+    ignored (the file is the archive's, but a disk returns what it returns)."""
     start = descriptor.start_position
     if time_ms <= descriptor.start_time_ms:
         return start
@@ -233,6 +236,23 @@ def position_at_time(directory: Path, descriptor: RecordingDescriptor, time_ms: 
         data = time_index_path(directory, descriptor.recording_id).read_bytes()
     except FileNotFoundError:
         return start
+    # The entries as the service writes them (in time and position order): a binary search,
+    # its answer checked against its neighbours; any doubt, and every entry is looked at.
+    entries = array.array("q")
+    entries.frombytes(data[:len(data) - len(data) % _TIME_ENTRY.size])
+    if sys.byteorder != "little":
+        entries.byteswap()
+    raw_times, raw_positions = entries[0::2], entries[1::2]
+    found = bisect.bisect_right(raw_times, time_ms) - 1
+    if found < 0:
+        return start
+    near = range(max(0, found - 1), min(len(raw_times), found + 2))
+    if all(raw_positions[i] >= 0 and not raw_positions[i] & (FRAME_ALIGNMENT - 1) and
+           (descriptor.stop_position == NULL_POSITION or
+            raw_positions[i] <= descriptor.stop_position) for i in near) and \
+            all(raw_times[i] <= raw_times[i + 1] and raw_positions[i] <= raw_positions[i + 1]
+                for i in near if i + 1 in near):
+        return max(start, raw_positions[found])
     times: list[int] = []
     positions: list[int] = []
     for at in range(0, len(data) - _TIME_ENTRY.size + 1, _TIME_ENTRY.size):
@@ -253,12 +273,15 @@ def position_at_time(directory: Path, descriptor: RecordingDescriptor, time_ms: 
 # -- segments --------------------------------------------------------------------------------
 class SegmentMap:
     """One segment file of a recording, mapped read-only: the bytes from its base position up
-    to how long the file was at :meth:`cover` (remapped as a live recording's file grows)."""
+    to how long the file was at :meth:`cover` (remapped as a live recording's file grows).
+    ``populate``: a whole segment's pages are mapped in one go (a reader that goes through
+    it); not for one that looks at a few places (a planner's question)."""
 
-    def __init__(self, path: Path, base: int, length: int) -> None:
+    def __init__(self, path: Path, base: int, length: int, *, populate: bool = True) -> None:
         self.path = path
         self.base = base
         self.length = length  # the segment length: a file this long is whole
+        self.populate = populate
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._map: mmap.mmap | None = None
         self._cdata = None
@@ -277,7 +300,7 @@ class SegmentMap:
             return False
         self._release()
         flags = mmap.MAP_SHARED
-        if size >= self.length:
+        if size >= self.length and self.populate:
             # A whole segment, which no longer grows: its pages mapped in one go (a fault per
             # page otherwise, which costs a replay from the page cache a quarter of its time).
             flags |= mmap.MAP_POPULATE
@@ -314,11 +337,14 @@ class SegmentMap:
 
 class Segments:
     """The segment maps of one recording as a reader moves through it: the one that holds a
-    position, opened when first needed, the one before let go."""
+    position, opened when first needed, the one before let go (``populate``: as
+    :class:`SegmentMap`'s)."""
 
-    def __init__(self, directory: Path, descriptor: RecordingDescriptor) -> None:
+    def __init__(self, directory: Path, descriptor: RecordingDescriptor, *,
+                 populate: bool = True) -> None:
         self.directory = Path(directory)
         self.descriptor = descriptor
+        self.populate = populate
         self._current: SegmentMap | None = None
 
     def at(self, position: int, reach: int) -> SegmentMap:
@@ -334,7 +360,7 @@ class Segments:
                 self._current = None
             path = self.directory / segment_file_name(d.recording_id, base)
             try:
-                segment = SegmentMap(path, base, d.segment_length)
+                segment = SegmentMap(path, base, d.segment_length, populate=self.populate)
             except FileNotFoundError:
                 raise RecordingLostError(
                     f"recording {d.recording_id}: no segment file {path.name} for position "

@@ -27,7 +27,9 @@ from slipstream.archive.catalog import RecordingState
 from slipstream.archive.client import ArchiveClient, ListedRecording
 from slipstream.archive.locate import Endpoint, HeldRange
 from slipstream.archive.locate import stitch as stitch_held
+from slipstream.archive.view import STAMP_SKEW_MS
 from slipstream.client import Client, SlipstreamError
+from slipstream.client.logview import LogView
 
 __all__ = ["ArchivedSource", "Archives", "archive_client_for", "forget_archive_client",
            "stitch"]
@@ -150,6 +152,106 @@ class Archives:
                     a.end == b.start for a, b in itertools.pairwise(pieces)):
                 return start
         return None
+
+    def _recording_of(self, stream_id: int, piece: HeldRange) -> ListedRecording | None:
+        for endpoint, recordings in self.recordings(stream_id):
+            if endpoint == piece.archive:
+                for recording in recordings:
+                    if recording.recording_id == piece.recording_id:
+                        return recording
+        return None
+
+    def view(self, stream_id: int, piece: HeldRange) -> tuple[LogView, int] | None:
+        """The recording that holds ``piece`` as a :class:`~slipstream.client.logview.LogView`
+        whose questions its archive answers (its ``view`` call), and how far it may be asked
+        (the piece's end, at most what is recorded now); None when its archive no longer
+        lists it."""
+        listed = self._recording_of(stream_id, piece)
+        if listed is None:
+            return None
+        view = self._link(piece.archive).recording_view(listed)
+        return view, min(piece.end, listed.recorded_position)
+
+    def scan(self, stream_id: int, session_id: int, framing: tuple[int, int], begin: int,
+             stop: int, max_rows: int | None, max_bytes: int | None
+             ) -> tuple[int, int | None, int | None]:
+        """Where a batch of at most ``max_rows`` messages / ``max_bytes`` payload bytes (at
+        least one message) from ``begin`` ends in ``[begin, stop)`` of what the archives
+        hold of the session, as :meth:`LogView.scan` on the live log, each recording's part
+        asked of its archive, on from one recording to the next while the budgets last; and
+        what is left of them when it reaches ``stop`` (None: no such budget; the bytes a
+        recording's part used are counted as its length, at least its payload, so the
+        budget is never passed by what follows).  A range none holds ends the batch where
+        it begins, or at its end when the batch begins there (the loss is reported when it
+        is planned); a live recording not yet recorded past where the batch is, or an
+        archive that does not answer, ends it at its piece's end (not cut: as planned
+        before)."""
+        position = begin
+        rows, size = max_rows, max_bytes
+        for piece in self.pieces(stream_id, session_id, framing, begin, stop):
+            if piece.start > position:
+                return (piece.start if position == begin else position), None, None
+            end = min(stop, piece.end)
+            try:
+                found = self.view(stream_id, piece)
+                if found is None or found[1] <= position:
+                    return end, None, None
+                view, reach = found
+                high = min(end, reach)
+                reached = view.scan(position, high, rows, size)
+                if reached < end:
+                    return reached, None, None
+                if rows is not None:
+                    rows -= view.count_messages(position, reached, rows)
+                if size is not None:
+                    size -= reached - position
+            except SlipstreamError:
+                return end, None, None
+            position = reached
+            if (rows is not None and rows <= 0) or (size is not None and size <= 0):
+                return position, 0, 0
+        if position < stop:  # a hole at the end: the batch covers it when it begins there
+            return (stop if position == begin else position), None, None
+        return position, rows, size
+
+    def position_at_time(self, stream_id: int, session_id: int, framing: tuple[int, int],
+                         time_ns: int, begin: int, end: int | None) -> int | None:
+        """Where the first message of the session in ``[begin, end)`` (``end`` None: as far
+        as they hold) stamped at or after
+        ``time_ns`` begins, in what the archives hold of it, or None when they hold none
+        there.  A recording that stopped more than
+        :data:`~slipstream.archive.view.STAMP_SKEW_MS` before the time is passed over
+        unread; in the first one that may hold it, the archive searches its time index
+        and then the stamps (:class:`~slipstream.archive.view.RecordingView`)."""
+        time_ms = time_ns // 1_000_000
+        for piece in self.pieces(stream_id, session_id, framing, begin, end):
+            listed = self._recording_of(stream_id, piece)
+            if listed is None:
+                continue
+            d = listed.descriptor
+            if not d.is_active and d.stop_time_ms != -1 and \
+                    d.stop_time_ms < time_ms - STAMP_SKEW_MS:
+                continue
+            found_view = self.view(stream_id, piece)
+            if found_view is None or found_view[1] <= piece.start:
+                continue
+            view, reach = found_view
+            found = view.position_at_time(piece.start, reach, time_ns)
+            if found < reach:
+                return found
+        return None
+
+    def split_points(self, stream_id: int, piece: HeldRange, pieces: int) -> list[int]:
+        """Message boundaries that cut ``piece`` into about ``pieces`` ranges of equal length
+        (:meth:`LogView.split_points` of its recording); none when its archive cannot say."""
+        try:
+            found = self.view(stream_id, piece)
+            if found is None or found[1] <= piece.start:
+                return []
+            view, reach = found
+            return [p for p in view.split_points(piece.start, reach, pieces) if p < piece.end]
+        except SlipstreamError:
+            return []
 
     def recorded_sessions(self, stream_id: int) -> dict[int, list[ListedRecording]]:
         """The recordings of ``stream_id`` by session id, of every archive that answered."""

@@ -42,7 +42,9 @@ READ_OPTIONS = ("startingPosition", "endingPosition", "startingTimestamp", "endi
                 "maxBytesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay",
                 "failOnDataLoss", "minPartitions", "holder",
                 "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs", "archive",
-                "archiveDir")
+                "archiveDir",
+                "startingOffsetsByTimestamp",
+                "startingOffsetsByTimestampStrategy")
 WRITE_OPTIONS = ("offerTimeoutMs", "durableTimeoutMs")
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
@@ -117,6 +119,14 @@ class SourceOptions:
     starting_timestamp_ns: int | None = None
     #: Batch reads: end each session before its first message stamped at or after this.
     ending_timestamp_ns: int | None = None
+    #: ``startingOffsetsByTimestamp``: per (stream id, session id), the time (ns since the
+    #: epoch) its first message to read is stamped at or after; the other sessions start as
+    #: ``starting_position`` says.
+    starting_timestamps_ns: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    #: ``startingOffsetsByTimestampStrategy``: what a session a starting time names, but that
+    #: has no message stamped at or after it, does: ``error`` (the read fails naming it) or
+    #: ``latest`` (it starts at its last whole message).
+    timestamp_strategy: str = "error"
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     #: A micro-batch waits for this many messages in all, unless ``max_trigger_delay_ns``
@@ -190,6 +200,9 @@ class SourceOptions:
             raise OptionError("holderAddress", "is the address of a query that holds its stream "
                                                "itself; with 'holder', the ingest host's "
                                                "holder serves the reads: remove one")
+        if "startingTimestamp" in self.given and "startingOffsetsByTimestamp" in self.given:
+            raise OptionError("startingOffsetsByTimestamp", "and startingTimestamp both say "
+                                                            "where sessions start: give one")
         for position, timestamp in (("startingPosition", "startingTimestamp"),
                                     ("endingPosition", "endingTimestamp")):
             if position in self.given and timestamp in self.given:
@@ -206,10 +219,11 @@ class SourceOptions:
             if name in self.given:
                 raise OptionError(self.name_of(name), "applies to streaming reads only "
                                                       "(spark.readStream)")
-        if self.holder is None:
-            raise OptionError("holder", "is required by a batch read (spark.read): the ingest "
-                                        "host whose slipstream-holder holds the stream, "
-                                        "HOST[:PORT] (docs/SPARK.md)")
+        if self.holder is None and not self.archives:
+            raise OptionError("holder", "is required by a batch read (spark.read) that names "
+                                        "no 'archive': the ingest host whose slipstream-holder "
+                                        "holds the stream, HOST[:PORT], or the archives that "
+                                        "recorded it (docs/SPARK.md)")
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -403,6 +417,13 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
                                         f"{_TIMESTAMP_MS_LIMIT - 1})")
             timestamps[name] = milliseconds * 1_000_000
 
+    by_timestamp = _timestamps_by_session(given.get("startingOffsetsByTimestamp"), stream_ids)
+    strategy = given.get("startingOffsetsByTimestampStrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError("startingOffsetsByTimestampStrategy",
+                          f"{given['startingOffsetsByTimestampStrategy']!r} is not accepted "
+                          f"(accepted: error, latest)")
+
     max_messages = None
     if "maxMessagesPerTrigger" in given:
         max_messages = _positive_int(spelled["maxMessagesPerTrigger"],
@@ -495,6 +516,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         starting_position=starting, ending_position=ending,
         starting_timestamp_ns=timestamps["startingTimestamp"],
         ending_timestamp_ns=timestamps["endingTimestamp"],
+        starting_timestamps_ns=by_timestamp, timestamp_strategy=strategy,
         max_messages_per_trigger=max_messages,
         max_bytes_per_trigger=max_bytes, min_messages_per_trigger=min_messages,
         max_trigger_delay_ns=max_delay_ns, fail_on_data_loss=fail_text == "true",
@@ -519,6 +541,49 @@ def _same_value(first: str, second: str) -> bool:
     except json.JSONDecodeError:
         return False
     return all(isinstance(o, dict) for o in objects) and objects[0] == objects[1]
+
+
+def _timestamps_by_session(text: str | None, stream_ids: list[int]
+                           ) -> dict[tuple[int, int], int]:
+    """``startingOffsetsByTimestamp``: Kafka's JSON object of topic to partition to time (ms),
+    here stream id to session id to time: ``{"10": {"-1525614849": 1700000000000}}``; as
+    (stream id, session id) -> ns."""
+    name = "startingOffsetsByTimestamp"
+    if text is None:
+        return {}
+    accepted = ('accepted: a JSON object of stream id to an object of session id to '
+                'milliseconds since the epoch, e.g. {"10": {"-1525614849": 1700000000000}}')
+    try:
+        streams = json.loads(text)
+    except ValueError:
+        raise OptionError(name, f"{text!r} is not JSON ({accepted})") from None
+    if not isinstance(streams, dict) or not streams:
+        raise OptionError(name, f"{text!r} is not accepted ({accepted})")
+    found: dict[tuple[int, int], int] = {}
+    for stream, sessions in streams.items():
+        try:
+            stream_id = int(stream)
+        except ValueError:
+            raise OptionError(name, f"{stream!r} is not a stream id ({accepted})") from None
+        if stream_id not in stream_ids:
+            raise OptionError(name, f"stream {stream_id} is not one this reader reads "
+                                    f"(streamId: {', '.join(map(str, stream_ids))})")
+        if not isinstance(sessions, dict) or not sessions:
+            raise OptionError(name, f"stream {stream}: {sessions!r} is not accepted "
+                                    f"({accepted})")
+        for session, milliseconds in sessions.items():
+            try:
+                session_id = int(session)
+            except ValueError:
+                raise OptionError(name, f"{session!r} is not a session id ({accepted})"
+                                  ) from None
+            if isinstance(milliseconds, bool) or not isinstance(milliseconds, int) or \
+                    not 0 <= milliseconds < _TIMESTAMP_MS_LIMIT or \
+                    not INT32_MIN <= session_id <= INT32_MAX:
+                raise OptionError(name, f"stream {stream} session {session}: "
+                                        f"{milliseconds!r} is not accepted ({accepted})")
+            found[(stream_id, session_id)] = milliseconds * 1_000_000
+    return found
 
 
 def _milliseconds(given: dict[str, str], name: str, default: int) -> int:
