@@ -20,8 +20,8 @@ The public names for the pieces that build on the recordings (replay, a second a
 - :func:`locate` and :class:`HeldRange`: where a session's range is held, over several
   recordings and archives (a second archive's replicas, docs/ARCHIVE.md "Two archives");
   :func:`read_session`: its messages read across them, in place or replayed, failing over
-  (the one failover reader; :class:`LostRange` and :class:`SessionLostError`: what none
-  holds).
+  (the one failover reader, a :class:`SessionReader`: iterated, or polled without waiting;
+  :class:`LostRange` and :class:`SessionLostError`: what none holds).
 """
 
 from slipstream.archive.catalog import (
@@ -36,6 +36,7 @@ from slipstream.archive.locate import (
     HeldRange,
     LostRange,
     SessionLostError,
+    SessionReader,
     locate,
     read_session,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "ReplayMerge",
     "ScanResult",
     "SessionLostError",
+    "SessionReader",
     "SyncPolicy",
     "load_settings",
     "locate",

@@ -11,13 +11,15 @@ at a position that means the same frame in both: a reader goes from one to the n
 gap and no duplicate.  Pieces meet at frame boundaries, which may lie inside a fragmented
 message (a recording that stopped, or joined, between its fragments).  At a seam that cuts
 a message the reader goes on from the message's first fragment in a recording that holds it
-whole across the seam (:func:`go_on_from`; a replica that catch-up made holds whole
+whole across the seam (a replica that catch-up made holds whole
 messages at its seams with its archive's own recordings, :mod:`.replication`); where none
 does, the message is lost and the reader says so, naming its range (:class:`LostRange`).
 
-:func:`read_session` serves the Spark read task (in place from the archive directory on its
-host, else replayed) and the command line; :class:`~slipstream.archive.merge.ReplayMerge`
-fails over with :func:`go_on_from`; the Spark planner stitches with :func:`stitch`.
+:func:`read_session` makes that reader, a :class:`SessionReader`, driven two ways: the
+Spark read task (in place from the archive directory on its host, else replayed) and the
+command line iterate it, waiting while nothing is there;
+:class:`~slipstream.archive.merge.ReplayMerge` polls it, never waiting for a replay.  The
+Spark planner stitches with :func:`stitch`.
 """
 
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -39,7 +41,7 @@ from slipstream.archive.catalog import (
     EndReason,
     RecordingDescriptor,
 )
-from slipstream.archive.client import ArchiveClient, ListedRecording
+from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
 from slipstream.archive.reading import (
     RecordingLostError,
     RecordingReader,
@@ -53,8 +55,8 @@ from slipstream.client.layout import FRAME_ALIGNMENT, HDR_TYPE_PAD
 from slipstream.client.messages import GatheredMessages
 from slipstream.client.retention import message_start
 
-__all__ = ["HeldRange", "LostRange", "SessionLostError", "go_on_from", "held_ranges", "locate",
-           "read_session", "stitch"]
+__all__ = ["HeldRange", "LostRange", "SessionLostError", "SessionReader", "held_ranges",
+           "locate", "read_session", "stitch"]
 
 log = logging.getLogger("slipstream.archive")
 
@@ -202,27 +204,6 @@ def _reach(piece: HeldRange, end: int | None) -> int:
     return piece.end if piece.stopped or end is None else _FOLLOWED
 
 
-def go_on_from(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
-               framing: tuple[int, int], position: int, reached: int) -> HeldRange | None:
-    """Where a read of the session goes on from ``position`` (a message boundary) when its
-    frames were read up to ``reached`` (past it when the recording read ended inside the
-    message at ``position``): a recording, of the first archive that answers and holds it,
-    that holds ``position`` and reaches past ``reached`` (the message whole across the
-    seam), or None.  What :class:`~slipstream.archive.merge.ReplayMerge` fails over to;
-    :func:`read_session` chooses the same way."""
-    for archive in archives:
-        if not _reachable(archive):
-            continue
-        try:
-            held = held_ranges(archive, stream_id, session_id, framing)
-        except (SlipstreamError, OSError, KeyError, ValueError):
-            continue  # it does not answer (CallError is a SlipstreamError): the next
-        piece = _going_on(held, position, reached, None)
-        if piece is not None:
-            return piece
-    return None
-
-
 @attrs.frozen
 class LostRange:
     """Messages of a session that no archive holds: positions ``[start, end)`` of stream
@@ -304,14 +285,17 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
                  directory: str | Path | None = None,
                  prefer: tuple[Endpoint, int] | None = None,
                  on_loss: Callable[[LostRange], None] | None = None,
-                 timeout_s: float = 60.0, max_messages: int = 4096
-                 ) -> Iterator[GatheredMessages]:
-    """Every message of the session that begins in ``[start, end)`` (``end`` None: as far
-    as the archives hold when asked), whole, in position order, each once, as
+                 timeout_s: float = 60.0, max_messages: int = 4096,
+                 replay_channel: str | None = None) -> SessionReader:
+    """A read of every message of the session that begins in ``[start, end)`` (``end``
+    None: as far as the archives hold when asked), whole, in position order, each once, as
     :class:`~slipstream.client.GatheredMessages` chunks (``Image.poll_gathered``'s form):
-    the one failover reader of the archives.  A message belongs to the read in which it
-    begins: a ``start`` inside a message skips its rest (an earlier read's), an ``end``
-    inside one reads on to finish it (a planner's pieces may meet inside a message).
+    the one failover reader of the archives, a :class:`SessionReader`.  Iterating it gives
+    the chunks, waiting while none is there; a caller with its own loop polls it instead
+    (:meth:`SessionReader.poll`, never waiting for a replay).  A message belongs to the
+    read in which it begins: a ``start`` inside a message skips its rest (an earlier
+    read's), an ``end`` inside one reads on to finish it (a planner's pieces may meet
+    inside a message).
 
     Where it reads each position, in this order: in place, from a recording in the archive
     directory ``directory`` on this host (found in its catalog, read once, read-only; a live
@@ -334,8 +318,10 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
     that message's rest: the reports of one seam meet and never overlap.  A range is taken
     for lost only when every archive answered: otherwise
     :class:`~slipstream.client.SlipstreamError` is raised naming those that did not (they
-    may hold it).  A replay from which nothing comes for ``timeout_s`` counts as its
-    archive not answering."""
+    may hold it).  A replay from which no frame arrives for ``timeout_s`` before its frames
+    reach ``end`` (past it, a replay waits for the publisher to finish the message ``end``
+    cuts), or whose stream goes before it is done, counts as its archive not answering.
+    Replays come to ``replay_channel`` (default each archive link's reply endpoint)."""
     by_endpoint: dict[Endpoint, ArchiveClient] = {}
     endpoints: list[Endpoint] = []
     for archive in archives:
@@ -356,10 +342,10 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
             return link(endpoint)
         return made
 
-    read = _SessionRead([_Archive(e, make_link(e)) for e in endpoints], stream_id,
-                        session_id, tuple(framing), start, end, directory, prefer,
-                        on_loss or _raise_lost, forget, timeout_s, max_messages)
-    return read.run()
+    return SessionReader([_Archive(e, make_link(e)) for e in endpoints], stream_id,
+                         session_id, (framing[0], framing[1]), start, end, directory, prefer,
+                         on_loss or _raise_lost, forget, timeout_s, max_messages,
+                         replay_channel)
 
 
 def _first_data(image: Image, position: int, end: int) -> int | None:
@@ -382,17 +368,26 @@ def _first(chunk: GatheredMessages, count: int) -> GatheredMessages:
                             chunk.reserved_values[:count], chunk.session_id)
 
 
-class _SessionRead:
-    """The state of one :func:`read_session`.  A message belongs to the read in which it
-    begins: a read that starts inside a message skips its rest, one whose end falls inside
-    a message reads on to finish it."""
+class SessionReader:
+    """One read of a session's messages across recordings and archives, the one failover
+    reader, made by :func:`read_session` (which says what it reads, and where), driven in
+    either of two ways: as an iterator, it gives every chunk to the end of the read,
+    waiting while none is there; :meth:`poll` never waits for a replay: it returns the next chunk,
+    or None when none is there now (then :attr:`done` says whether the read is over, and
+    :meth:`wait` waits for more).  Either way, calls to the archives (a listing, a replay's
+    start) are made as it needs them and cost up to their links' ``timeout_s``.
+    :meth:`close` stops a replay it was reading.
+
+    A message belongs to the read in which it begins: a read that starts inside a message
+    skips its rest, one whose end falls inside a message reads on to finish it.  One
+    thread."""
 
     def __init__(self, archives: list[_Archive], stream_id: int, session_id: int,
                  framing: tuple[int, int], start: int, end: int | None,
                  directory: str | Path | None, prefer: tuple[Endpoint, int] | None,
                  on_loss: Callable[[LostRange], None],
                  forget: Callable[[Endpoint], None] | None, timeout_s: float,
-                 max_messages: int) -> None:
+                 max_messages: int, replay_channel: str | None) -> None:
         self.archives = archives
         self.stream_id = stream_id
         self.session_id = session_id
@@ -405,6 +400,14 @@ class _SessionRead:
         self.forget = forget
         self.timeout_s = timeout_s
         self.max_messages = max_messages
+        self.replay_channel = replay_channel
+        #: The archive whose replay is being read (its link), or None.
+        self.replaying: ArchiveClient | None = None
+        #: How many sources were read from after one that failed (see :attr:`failures`).
+        self.failovers = 0
+        self._replay: ArchiveReplay | None = None
+        self._steps: Generator[GatheredMessages | None, None, None] | None = None
+        self._done = False
         #: Every message that began before it was delivered (or is another read's).
         self.position = start
         #: How far frames were read: past ``position`` when the last read ended inside the
@@ -483,11 +486,56 @@ class _SessionRead:
         return [a for a in self.archives if a.silent is not None]
 
     # -- reading -------------------------------------------------------------------------
-    def run(self) -> Iterator[GatheredMessages]:
+    @property
+    def done(self) -> bool:
+        """The read is over: every message it was to deliver was (or a loss was reported)."""
+        return self._done
+
+    def poll(self) -> GatheredMessages | None:
+        """The next messages, or None when none is there now (see :attr:`done`).  Raises what
+        :func:`read_session` raises; the read is over then."""
+        if self._done:
+            return None
+        if self._steps is None:
+            self._steps = self._run()
         try:
-            yield from self._run()
+            chunk = next(self._steps)
+        except StopIteration:
+            self._done = True
+            return None
         except _LossRaised as e:
+            self._done = True
             raise e.error from None
+        except BaseException:
+            self._done = True
+            raise
+        return chunk
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the replay being read to receive more."""
+        if self._replay is not None:
+            self._replay.wait(timeout_s)
+
+    def __iter__(self) -> SessionReader:
+        return self
+
+    def __next__(self) -> GatheredMessages:
+        """The next chunk, waiting while none is there; StopIteration at the end of the
+        read."""
+        while True:
+            chunk = self.poll()
+            if chunk is not None:
+                return chunk
+            if self._done:
+                raise StopIteration
+            self.wait(0.01)
+
+    def close(self) -> None:
+        """End the read: a replay being read is stopped at its archive (when it answers)."""
+        self._done = True
+        steps, self._steps = self._steps, None
+        if steps is not None:
+            steps.close()  # its replay closes
 
     def _wanted(self) -> bool:
         assert self.end is not None
@@ -495,11 +543,12 @@ class _SessionRead:
             return self.lost or self.reached < self.end
         return self.position < self.end
 
-    def _run(self) -> Iterator[GatheredMessages]:
+    def _run(self) -> Generator[GatheredMessages | None, None, None]:
         if self.end is None:
             self.end = max((reach for _, reach in self._held()), default=None)
             if self.end is None:
                 return
+        failed = False  # the last source read failed: the next one is a failover
         while self._wanted():
             source = self._source()
             if source is None:
@@ -508,11 +557,15 @@ class _SessionRead:
                 continue
             kind, what, reach, key = source
             self._tried.add((key, self.position, self.reached))
+            if failed:
+                self.failovers += 1
+            failures = len(self.failures)
             if kind == "local":
                 yield from self._read_local(what, reach)  # type: ignore[arg-type]
             else:
                 archive, recording_id = what  # type: ignore[misc]
                 yield from self._read_replayed(archive, recording_id, reach)
+            failed = len(self.failures) > failures
 
     def _skip_lost(self) -> bool:
         """Nothing holds where the read must begin past what it read: what follows is lost
@@ -615,8 +668,8 @@ class _SessionRead:
             self.position = max(self.position, frames_end)
 
     def _read_local(self, descriptor: RecordingDescriptor, reach: int
-                    ) -> Iterator[GatheredMessages]:
-        assert self.directory is not None
+                    ) -> Iterator[GatheredMessages | None]:
+        assert self.directory is not None and self.end is not None
         stop = self._stop(reach)
         where = f"recording {descriptor.recording_id} in {self.directory}"
         try:
@@ -645,7 +698,7 @@ class _SessionRead:
                     kept, more = self._keep(chunk)
                     if kept is not None:
                         yield kept
-                    if not more:
+                    if not more or self.position >= self.end:
                         return
                 self._moved(reader.position, reader.at_message_boundary)
         except (SlipstreamError, OSError, KeyError) as e:
@@ -656,7 +709,12 @@ class _SessionRead:
             self._local = []  # the directory's files fail: the archives serve the rest
 
     def _read_replayed(self, archive: _Archive, recording_id: int, reach: int
-                       ) -> Iterator[GatheredMessages]:
+                       ) -> Iterator[GatheredMessages | None]:
+        """Read from a replay, yielding None while nothing is there (the driver waits or
+        comes back).  It fails (:class:`_Stalled`: its archive is taken for not answering)
+        when no frame arrives for ``timeout_s`` before its frames reach the read's end, or
+        when its stream goes before it is done without ending (its archive went)."""
+        assert self.end is not None
         stop = self._stop(reach)
         endpoint = archive.endpoint
         where = f"recording {recording_id} replayed by the archive at {endpoint[0]}:{endpoint[1]}"
@@ -664,19 +722,42 @@ class _SessionRead:
         frames_end = begin
         at_boundary = False
         try:
-            with archive.link.replay(recording_id, start=begin, end=stop) as replay:
+            with archive.link.replay(recording_id, start=begin, end=stop,
+                                     channel=self.replay_channel) as replay:
+                self._replay, self.replaying = replay, archive.link
                 idle_since = time.monotonic()
+                arrived = -1  # the replay image's producer position when last looked
+                last: Image | None = None  # its stream's image, once it came
                 while not replay.done:
                     chunk = replay.poll_gathered(self.max_messages)
                     frames_end = replay.position
                     image = replay.image()
                     if image is not None:
                         at_boundary = image.at_message_boundary
+                        if not image.is_closed:
+                            last = image
                     if chunk is None:
-                        if time.monotonic() - idle_since > self.timeout_s:
+                        now = time.monotonic()
+                        if image is None or image.is_closed:
+                            if last is not None and last.ended_with_mark:
+                                raise SlipstreamError(f"{where}: its stream ended at "
+                                                      f"{replay.position}, before {stop}")
+                            if last is not None:
+                                replay.close(stop_at_archive=False)  # its archive went
+                                raise _Stalled(f"{where}: its stream went at position "
+                                               f"{replay.position}")
+                        else:
+                            producer = image.producer_position()
+                            if producer != arrived:  # frames arrive: not stalled
+                                arrived, idle_since = producer, now
+                        # A replay that sent up to the end waits, as a live image does, for
+                        # the publisher to finish the message the end cuts: not stalled.
+                        if now - idle_since > self.timeout_s and arrived < self.end:
+                            # Not asked to stop: an archive that sends nothing may not answer.
+                            replay.close(stop_at_archive=False)
                             raise _Stalled(f"{where}: nothing arrived for {self.timeout_s:g} s, "
                                            f"at position {replay.position}")
-                        replay.wait(0.01)
+                        yield None
                         continue
                     idle_since = time.monotonic()
                     if self.skip_from is not None:
@@ -686,7 +767,7 @@ class _SessionRead:
                     kept, more = self._keep(chunk)
                     if kept is not None:
                         yield kept
-                    if not more:
+                    if not more or self.position >= self.end:
                         return
                 frames_end = replay.position
             self._moved(frames_end, at_boundary)
@@ -706,3 +787,5 @@ class _SessionRead:
                             where, self.position, e)
             else:
                 archive.held = None  # its replay ended early: what does it hold now?
+        finally:
+            self._replay = self.replaying = None

@@ -2,6 +2,7 @@
 the same range, in the same run.
 
     .venv/bin/python -m bench.spark_replay [--messages N] [--size B] [--runs R] [--pin] [--cpu]
+        [--archive]
 
 Two drivers on this machine stand for two hosts: the holder's (an IPC log of N messages of B
 bytes, held by a subscription that never reads, and a ReplayServer at 127.0.0.2, in a process
@@ -31,6 +32,16 @@ Without it the scheduler places them on the machine's cores as it likes.  ``--cp
 where a replayed read's CPU goes: per thread of the four processes (the median of the runs, ms
 of CPU from ``/proc/<pid>/task/<tid>/schedstat``, and its page faults).
 
+``--archive`` adds the archive's replay of the same range: a ``slipstream-archive`` process
+beside the holder's driver (control endpoint at 127.0.0.1) records the holder's IPC stream
+(local source) from its first message to segment files in a temporary directory on this
+machine's disk, and each run reads the range a third way, as a partition of that recording
+(``archived``, no ``archiveDir``: the executor's host does not mount the archive's
+directory) with the same ``read_range``, which asks the archive for a replay through the
+executor's driver (:func:`slipstream.archive.locate.read_session`).  Its figures sit beside
+the holder's replay and the warm stream's; it reads after the holder's replay in even runs,
+before it in odd ones.
+
 It also prints what writing the range's bytes costs in this machine's shared memory, into fresh
 pages and again into the same pages, resident: a replay writes its range into two new logs
 (the holder's replay publication and the executor's image), a local read into none.
@@ -44,6 +55,8 @@ import multiprocessing
 import os
 import shutil
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -52,8 +65,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.archive_record import _recordings
 from bench.ipc_throughput import BATCH, machine
+from bench.spark_archive_read import archive_process
 from bench.udp_throughput import free_port
+from slipstream.archive.client import ArchiveClient
+from slipstream.archive.reading import indexed_position
 from slipstream.client import (
     ADMIN_ACTION,
     BACK_PRESSURED,
@@ -71,6 +88,7 @@ from slipstream.client.replay import ReplayServer
 from slipstream.client.replay.protocol import WAIT_SPIN_NS
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
+from slipstream.spark_bridge.archived import ArchivedSource
 from slipstream.spark_bridge.read_task import (
     _ROWS_PER_BATCH,
     SlipstreamPartition,
@@ -242,6 +260,46 @@ def hold(connection: Any, holder_dir: str, messages: int, size: int, term: int,
         server.close()
 
 
+def start_archive(work: Path, holder_dir: str, executor_dir: str
+                  ) -> tuple[subprocess.Popen[bytes], tuple[str, int, int]]:
+    """A ``slipstream-archive`` process beside the holder's driver recording the range's IPC
+    stream into ``work / "archive"``, and its control endpoint, once it answers a call from
+    the executor's driver (it subscribes to the stream before it takes calls)."""
+    port = free_port()
+    archive = archive_process(work, holder_dir, port, [STREAM])
+    with Client.connect(executor_dir) as client, \
+            ArchiveClient(client, "127.0.0.1", port, timeout_s=IDLE_LIMIT_S) as link:
+        if not link.await_connected(IDLE_LIMIT_S):
+            archive.kill()
+            raise SystemExit(f"the archive took no calls at 127.0.0.1:{port} after "
+                             f"{IDLE_LIMIT_S} s")
+        link.list_all_recordings(stream_id=STREAM)
+        return archive, link.archive
+
+
+def archived_partition(archive_dir: Path, endpoint: tuple[str, int, int],
+                       log: dict[str, Any], executor_dir: str) -> SlipstreamPartition:
+    """The range as a partition of the archive's recording of it, read on the executor's
+    host (no ``archiveDir``: replayed), once the archive has recorded all of it."""
+    deadline = time.monotonic() + IDLE_LIMIT_S
+    while True:
+        found = [r for r in _recordings(archive_dir) if r.session_id == log["session_id"]]
+        if found and indexed_position(archive_dir, found[0]) >= log["end"]:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the archive did not record the range in {IDLE_LIMIT_S} s")
+        time.sleep(0.01)
+    recording = found[0]
+    if recording.start_position > log["start"]:
+        raise SystemExit(f"the archive began recording at {recording.start_position}, past "
+                         f"the range's start {log['start']}")
+    return SlipstreamPartition(
+        log["session_id"], STREAM, "", log["start"], log["end"], executor_dir, True, "holder",
+        log=None, driver=None, holder=None, replay_timeout_ms=30_000,
+        archived=ArchivedSource(endpoint, recording.recording_id, log["identity"].framing,
+                                (endpoint,), None))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000,
@@ -252,6 +310,8 @@ def main() -> None:
                         help="the holder's side on CPU 1, the reader's on CPU 0")
     parser.add_argument("--cpu", action="store_true",
                         help="print the CPU of each thread per replayed read")
+    parser.add_argument("--archive", action="store_true",
+                        help="also read the range replayed by an archive that recorded it")
     args = parser.parse_args()
     if args.pin and not {HOLDER_CPU, READER_CPU} <= os.sched_getaffinity(0):
         parser.error(f"--pin needs CPUs {READER_CPU} and {HOLDER_CPU} (this process may run on "
@@ -275,12 +335,19 @@ def main() -> None:
     here, there = spawn.Pipe()
     holder: Any = None
     reader: Client | None = None
+    archive: subprocess.Popen[bytes] | None = None
+    work = Path(tempfile.mkdtemp(prefix="bench-spark-replay-", dir="/var/tmp"))
+    archive_dir = work / "archive"
     try:
         drivers = [launch.__enter__() for launch in launches]
         if args.pin:
             pin_process(drivers[0].pid, HOLDER_CPU)
             pin_process(drivers[1].pid, READER_CPU)
         holder_dir, executor_dir = (str(d) for d in directories)
+        if args.archive:
+            archive, archive_endpoint = start_archive(work, holder_dir, executor_dir)
+            if args.pin:
+                pin_process(archive.pid, HOLDER_CPU)
         holder = spawn.Process(target=hold, args=(there, holder_dir, args.messages, args.size,
                                                   term, warm_channel,
                                                   HOLDER_CPU if args.pin else None),
@@ -304,6 +371,9 @@ def main() -> None:
         counters.close()
         pids = {"reader": os.getpid(), "holder": holder.pid, "holder's driver": drivers[0].pid,
                 "reader's driver": drivers[1].pid}
+        archived: SlipstreamPartition | None = None
+        if archive is not None:
+            archived = archived_partition(archive_dir, archive_endpoint, log, executor_dir)
 
         def partition(directory: str) -> SlipstreamPartition:
             return SlipstreamPartition(
@@ -313,12 +383,22 @@ def main() -> None:
 
         local_runs: list[tuple[float, float]] = []
         replayed_runs: list[tuple[float, float]] = []
+        archive_runs: list[tuple[float, float]] = []
         stream_runs: list[float] = []
         cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
-        for _ in range(args.runs):
+
+        def archive_run() -> None:
+            if archived is not None:
+                rows, seconds, first = rows_of(archived)
+                assert rows == args.messages, rows
+                archive_runs.append((rows / seconds, first))
+
+        for run in range(args.runs):
             rows, seconds, first = rows_of(partition(holder_dir))
             assert rows == args.messages, rows
             local_runs.append((rows / seconds, first))
+            if run % 2:  # the archive's replay before the holder's in every other run
+                archive_run()
             before = thread_cpu(pids)
             rows, seconds, first = rows_of(partition(executor_dir))
             after = thread_cpu(pids)
@@ -327,6 +407,8 @@ def main() -> None:
             for thread, (ns, faults) in after.items():
                 ns0, faults0 = before.get(thread, (0, 0))
                 cpu[thread].append((ns - ns0, faults - faults0))
+            if not run % 2:
+                archive_run()
             stream_runs.append(read_warm_stream(here, warm, args.messages))
         here.send("stop")
         holder.join(10)
@@ -353,6 +435,16 @@ def main() -> None:
               f"{warm_term >> 20} MiB terms); stream / local {stream_best / local_best:.2f}, "
               f"replayed / stream {replayed_best / stream_best:.2f} (medians "
               f"{stream_median / local_median:.2f}, {replayed_median / stream_median:.2f})")
+        if archive_runs:
+            archive_best, archive_first = max(archive_runs)
+            archive_median = statistics.median(rate for rate, _ in archive_runs)
+            print(f"the archive's replay: {archive_best / 1e6:.3f} M rows/s (first batch after "
+                  f"{archive_first * 1e3:.1f} ms; median {archive_median / 1e6:.3f}); "
+                  f"archive / stream {archive_best / stream_best:.2f}, archive / local "
+                  f"{archive_best / local_best:.2f}, archive / holder "
+                  f"{archive_best / replayed_best:.2f} (medians "
+                  f"{archive_median / stream_median:.2f}, {archive_median / local_median:.2f}, "
+                  f"{archive_median / replayed_median:.2f}; target archive / stream >= 0.8)")
         if range_bytes < 3 * warm_term:
             print(f"  (a pass of {range_bytes} bytes does not fill the stream's three "
                   f"{warm_term >> 20} MiB terms: its timed pass wrote fresh pages too)")
@@ -373,6 +465,10 @@ def main() -> None:
             reader.close()
         if holder is not None and holder.is_alive():
             holder.kill()
+        if archive is not None:
+            archive.terminate()
+            archive.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
         for launch in reversed(launches):
             launch.__exit__(None, None, None)
         here.close()

@@ -12,7 +12,16 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from slipstream.client.layout import DATA_HEADER, FRAME_ALIGNMENT, HEADER_LENGTH
+from slipstream.client.layout import (
+    CURRENT_VERSION,
+    DATA_HEADER,
+    END_FLAG,
+    FRAME_ALIGNMENT,
+    HDR_TYPE_DATA,
+    HEADER_LENGTH,
+    UNFRAGMENTED,
+)
+from slipstream.client.logbuffer import compute_term_id
 
 if TYPE_CHECKING:
     from slipstream.client.image import Image
@@ -71,6 +80,45 @@ class Header:
         return (f"Header(session_id={self.session_id}, stream_id={self.stream_id}, "
                 f"term_id={self.term_id}, term_offset={self.term_offset}, "
                 f"position={self.position})")
+
+
+class GatheredHeader(Header):
+    """The header of a message handed on from :class:`GatheredMessages` copied out of a log
+    framed as ``image``'s (its session, stream, initial term id, term length and MTU): the
+    fields of the message's last frame, worked out from where the message ends and its length
+    as a publication frames it (fragments of ``mtu - HEADER_LENGTH`` payload bytes, the last
+    holding the rest), rather than read from a log.  A flyweight: :meth:`of` sets it for
+    each message."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, image: Image) -> None:
+        super().__init__(image)
+        self._held: tuple[int, ...] = ()
+
+    def _fields(self) -> tuple[int, ...]:
+        return self._held
+
+    def of(self, chunk: GatheredMessages, index: int) -> GatheredHeader:
+        """This header, set to message ``index`` of ``chunk``."""
+        image = self._image
+        length = chunk.lengths[index]
+        max_payload = image.mtu - HEADER_LENGTH
+        if length <= max_payload:
+            last, flags = length, UNFRAGMENTED
+        else:
+            last, flags = length - (length - 1) // max_payload * max_payload, END_FLAG
+        frame_length = HEADER_LENGTH + last
+        frame = chunk.positions[index] - ((frame_length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+        term_offset = frame & (image.term_length - 1)
+        self._term_base = frame - term_offset
+        self._payload = term_offset + HEADER_LENGTH
+        self._held = (frame_length, CURRENT_VERSION, flags, HDR_TYPE_DATA, term_offset,
+                      image.session_id, image.stream_id,
+                      compute_term_id(frame, image.term_length.bit_length() - 1,
+                                      image.initial_term_id),
+                      chunk.reserved_values[index])
+        return self
 
 
 FragmentHandler = Callable[[memoryview, Header], object]

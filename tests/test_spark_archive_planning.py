@@ -155,7 +155,7 @@ def test_a_starting_timestamp_older_than_the_live_log_reads_every_message_after_
     rotated many times, so it holds nothing near T), and a session that published after T
     and ended: a new query started at T reads every message stamped at or after T once, in
     order, from the archive and then the log, the ended session's from the archive (how long
-    finding the start takes is a benchmark's figure, bench/spark_archive_read.py)."""
+    finding the start takes is a benchmark's figure: bench/spark_archive_read.py --part plan)."""
     hosts.publish_from("publisher")
     wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
     assert hosts.publisher is not None
