@@ -110,6 +110,8 @@ def ready_batches(start: int, end: int, batch_rows: int) -> list:
             pa.array(np.full(n, 8002, dtype=np.int32)),
             pa.array(np.arange(low + 1, low + n + 1, dtype=np.int64) * FRAME),
             pa.array(np.full(n, now, dtype=np.int64)).view(pa.timestamp("us", tz="UTC")),
+            pa.array(np.zeros(n, dtype=np.int32)),  # timestampType: the publisher's stamp
+            pa.nulls(n, pa.binary()),  # key: plain messages have none
         ]
         batches.append(pa.RecordBatch.from_arrays(columns, schema=schema))
     return batches

@@ -79,6 +79,12 @@ END_FLAG: Final = 0x40
 EOS_FLAG: Final = 0x20
 UNFRAGMENTED: Final = BEGIN_FLAG | END_FLAG
 
+# The reserved value's top (sign) bit marks a message whose payload is an envelope (a key and
+# headers before the value; slipstream.spark_bridge.envelope); the other 63 bits are the
+# publisher's time stamp, ns since the epoch (0: none).  docs/PROTOCOL.md §1.2.
+RESERVED_VALUE_ENVELOPE_BIT: Final = -(1 << 63)  # as the int64 the frame carries
+RESERVED_VALUE_TIME_MASK: Final = (1 << 63) - 1
+
 # -- control frames ------------------------------------------------------------------------------
 # Each struct is the whole fixed frame, header included; its fields after the header are named
 # in the comment above it.

@@ -17,7 +17,7 @@ import attrs
 
 from slipstream.client import DataLossError, Image, InvalidArgumentError
 from slipstream.client.holding import HolderLink
-from slipstream.client.layout import FRAME_ALIGNMENT, INT64_MAX
+from slipstream.client.layout import FRAME_ALIGNMENT, INT64_MAX, RESERVED_VALUE_TIME_MASK
 from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.retention import earliest_position, first_retained, is_retained
 
@@ -284,7 +284,8 @@ class ImageView(LogView):
 
         def handler(data: memoryview, header: object) -> None:
             nonlocal found, before
-            if header.reserved_value >= time_ns:  # type: ignore[attr-defined]
+            stamp = header.reserved_value & RESERVED_VALUE_TIME_MASK  # type: ignore[attr-defined]
+            if stamp >= time_ns:  # the envelope bit (layout) is no part of the time
                 found = before
                 raise _Stop
             before = header.position  # type: ignore[attr-defined]

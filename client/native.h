@@ -249,7 +249,8 @@ int32_t ss_gather_messages(const uint8_t *term, int32_t term_length, const int32
  * or not whole before scan_end; before the message that would make the count exceed
  * max_messages or its payload bytes exceed max_bytes, unless it is the first and take_first
  * (SS_MESSAGES_LIMIT); when find_time, before the first message whose reserved value (its
- * last frame's) is at least time_ns (SS_MESSAGES_TIME).  Returns the term offset after the
+ * last frame's; its top bit, the envelope's mark, masked off) is at least time_ns
+ * (SS_MESSAGES_TIME).  Returns the term offset after the
  * last message stepped over (a message boundary: never inside a message); *messages and
  * *bytes count those messages and their payload bytes; *reason says why it stopped. */
 #define SS_MESSAGES_END 0

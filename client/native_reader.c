@@ -92,7 +92,9 @@ int32_t ss_scan_messages(const uint8_t *term, int32_t offset, int32_t scan_end,
         if (flags & SS_END_FLAG) {
             int64_t stamp;
             memcpy(&stamp, term + at + SS_RESERVED_VALUE_FIELD, sizeof stamp);
-            if (find_time && stamp >= time_ns) {
+            /* The top bit marks an envelope (layout.py RESERVED_VALUE_ENVELOPE_BIT): no part
+             * of the time. */
+            if (find_time && (stamp & INT64_MAX) >= time_ns) {
                 *reason = SS_MESSAGES_TIME;
                 break;
             }

@@ -38,11 +38,14 @@ from pyspark.sql.datasource import DataSource
 from slipstream.spark_bridge.options import OptionError, SourceOptions, parse_options
 from slipstream.spark_bridge.read_task import (
     SCHEMA,
+    MalformedEnvelopeError,
     SlipstreamDataLossError,
     SlipstreamPartition,
+    schema_text,
 )
 from slipstream.spark_bridge.reader import SlipstreamBatchReader, SlipstreamStreamReader
 from slipstream.spark_bridge.writer import (
+    ColumnError,
     OfferTimeoutError,
     SlipstreamStreamWriter,
     SlipstreamWriter,
@@ -57,6 +60,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCHEMA",
+    "ColumnError",
+    "MalformedEnvelopeError",
     "OfferTimeoutError",
     "OptionError",
     "SlipstreamBatchReader",
@@ -90,7 +95,10 @@ class SlipstreamDataSource(DataSource):
         return "slipstream"
 
     def schema(self) -> str:
-        return SCHEMA
+        """The read schema (Spark asks only readers): with ``headers`` when
+        ``includeHeaders`` is set."""
+        self.parsed.require_stream_id()
+        return schema_text(self.parsed.include_headers)
 
     def streamReader(self, schema: StructType) -> SlipstreamStreamReader:
         self.parsed.check_direction("read")
@@ -104,13 +112,13 @@ class SlipstreamDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> SlipstreamWriter:
         self.parsed.check_direction("write")
-        check_schema(schema)
+        check_schema(schema, self.parsed)
         return SlipstreamWriter(self.parsed)
 
     def streamWriter(self, schema: StructType, overwrite: bool
                      ) -> SlipstreamStreamWriter:
         self.parsed.check_direction("write")
-        check_schema(schema)
+        check_schema(schema, self.parsed)
         return SlipstreamStreamWriter(self.parsed)
 
 

@@ -45,6 +45,7 @@ READ_OPTIONS = ("startingPosition", "endingPosition", "startingTimestamp", "endi
                 "archiveDir",
                 "startingOffsetsByTimestamp",
                 "startingOffsetsByTimestampStrategy")
+READ_OPTIONS += ("includeHeaders",)
 WRITE_OPTIONS = ("offerTimeoutMs", "durableTimeoutMs")
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
@@ -101,7 +102,8 @@ _TIMESTAMP_MS_LIMIT = 2**62 // 10**6
 class SourceOptions:
     """The validated options (the defaults are the documented ones)."""
 
-    #: The (first) stream: a writer's, and a reader's of one stream.
+    #: The (first) stream: a writer's, and a reader's of one stream.  0 for a writer without
+    #: ``streamId`` (it routes every row by its ``stream_id`` column; ``given`` tells).
     stream_id: int
     #: A reader's streams, on ``channel`` (``streamId`` may list several: ``10,11``); their
     #: sessions' offsets are keyed ``"<stream>:<session>"`` when there are several.
@@ -156,6 +158,8 @@ class SourceOptions:
     #: The reader's ``queryName`` option, if given: it names the query's lag counter.
     query_name: str | None = None
     given: frozenset[str] = frozenset()  # canonical names of the options the user set
+    #: ``includeHeaders``: the read schema has the ``headers`` column.
+    include_headers: bool = False
     #: (canonical name, the name the user gave it by) of options given by their Kafka name.
     spellings: tuple[tuple[str, str], ...] = ()
 
@@ -163,9 +167,17 @@ class SourceOptions:
         """The name the user gave ``option`` (a canonical name) by: its Kafka name or ours."""
         return dict(self.spellings).get(option, option)
 
+    def require_stream_id(self) -> None:
+        """Raise :class:`OptionError` unless ``streamId`` was given (a reader needs it; a
+        writer routing by a ``stream_id`` column does not)."""
+        if "streamId" not in self.given:
+            raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
+
     def check_direction(self, direction: str) -> None:
         """Raise :class:`OptionError` for an option of the other direction (``"read"`` or
         ``"write"``): ``offerTimeoutMs`` on a reader is a mistake worth reporting."""
+        if direction == "read":
+            self.require_stream_id()
         if direction == "write" and len(self.stream_ids) > 1:
             raise OptionError("streamId", "a writer publishes to one stream: name one")
         foreign = WRITE_OPTIONS if direction == "read" else READ_OPTIONS
@@ -248,8 +260,9 @@ def _positions(name: str, text: str, words: tuple[str, ...], stream_ids: tuple[i
     (:data:`LATEST`).  ``name`` is the option's name as the user gave it.
     """
     stripped = text.strip()
+    example = stream_ids[0] if stream_ids else "STREAM"  # a writer may name no stream
     accepted = (f"{', '.join(words)}, or a JSON object of stream to session to position, "
-                f"{{\"{stream_ids[0]}\": {{\"SESSION\": POSITION}}}}, in which "
+                f"{{\"{example}\": {{\"SESSION\": POSITION}}}}, in which "
                 f"{'-1 is latest' if ending else '-2 is earliest and -1 latest'}")
     if stripped.lower() in words:
         return stripped.lower()
@@ -338,7 +351,9 @@ def _archives(text: str) -> tuple[tuple[str, int, int], ...]:
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
     """Validate Spark's option map; raises :class:`OptionError` naming the first bad option.
 
-    ``streamId`` is required; ``channel`` defaults to ``aeron:ipc``; ``directory`` to the
+    ``streamId`` is required by readers (:meth:`SourceOptions.check_direction`) and by
+    writers that do not route by a ``stream_id`` column (:func:`~slipstream.spark_bridge.
+    writer.check_schema`); ``channel`` defaults to ``aeron:ipc``; ``directory`` to the
     client's default driver directory ($SLIPSTREAM_DIR, else /dev/shm/slipstream-<user>).
     """
     given: dict[str, str] = {}
@@ -367,10 +382,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         given[canonical] = text
         spelled.setdefault(canonical, name)
 
-    if "streamId" not in given:
-        raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
+    # Required by readers, and by writers whose frame has no stream_id column (both checked
+    # once the direction and the frame are known).
     stream_ids: list[int] = []
-    for text in given["streamId"].split(","):
+    for text in given["streamId"].split(",") if "streamId" in given else ():
         try:
             stream_id = int(text.strip())
         except ValueError:
@@ -394,6 +409,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     if directory is not None and not directory.strip():
         raise OptionError("directory", "is empty (accepted: the driver directory, a path)")
 
+    if not stream_ids and ("startingPosition" in given or "endingPosition" in given):
+        raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
     # A stream starts at latest by default; a batch read at earliest (check_read_kind).
     starting = _positions(spelled.get("startingPosition", "startingOffsets"),
                           given.get("startingPosition", "latest"), ("latest", "earliest"),
@@ -463,6 +480,10 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         if max_delay_ns <= 0:
             raise OptionError("maxTriggerDelay", f"{text!r} is not > 0")
 
+    headers_text = given.get("includeHeaders", "false").strip().lower()
+    if headers_text not in ("true", "false"):
+        raise OptionError("includeHeaders",
+                          f"{given['includeHeaders']!r} is not accepted (accepted: true, false)")
     fail_text = given.get("failOnDataLoss", "true").strip().lower()
     if fail_text not in ("true", "false"):
         raise OptionError("failOnDataLoss",
@@ -511,7 +532,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         raise OptionError("holderGroup", "is empty (accepted: a name)")
 
     return SourceOptions(
-        stream_id=stream_ids[0], stream_ids=tuple(stream_ids), channel=channel,
+        stream_id=stream_ids[0] if stream_ids else 0, stream_ids=tuple(stream_ids),
+        channel=channel,
         directory=directory.strip() if directory else None,
         starting_position=starting, ending_position=ending,
         starting_timestamp_ns=timestamps["startingTimestamp"],
@@ -526,6 +548,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, holder=holder,
         holder_group=group, archives=archives, archive_dir=archive_dir,
         query_name=given.get("queryName", "").strip() or None,
+        include_headers=headers_text == "true",
         given=frozenset(given),
         spellings=tuple((name, spelling) for name, spelling in sorted(spelled.items())
                         if name != spelling))

@@ -25,6 +25,7 @@ from slipstream.archive.locate import Endpoint, LostRange, read_session
 from slipstream.client import DataLossError, GatheredMessages, Image, SlipstreamError, control
 from slipstream.client.counters import CountersFile
 from slipstream.client.holder import driver_instance
+from slipstream.client.layout import RESERVED_VALUE_TIME_MASK
 from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.replay import ReplayLostError, request_replay
 from slipstream.client.retention import first_retained, message_start
@@ -33,28 +34,54 @@ from slipstream.spark_bridge.archived import (
     archive_client_for,
     forget_archive_client,
 )
+from slipstream.spark_bridge.envelope import decode_batch, headers_type
 
-__all__ = ["SCHEMA", "SlipstreamDataLossError", "SlipstreamPartition", "loss_message",
-           "read_range"]
+__all__ = ["HEADERS_COLUMN", "SCHEMA", "MalformedEnvelopeError", "SlipstreamDataLossError",
+           "SlipstreamPartition", "loss_message", "read_range", "schema_text"]
 
 log = logging.getLogger("slipstream.spark_bridge")
 
-SCHEMA = "value binary, session_id int, stream_id int, position long, timestamp timestamp"
+SCHEMA = ("value binary, session_id int, stream_id int, position long, timestamp timestamp, "
+          "timestampType int, key binary")
 """The columns of a slipstream stream read (the Kafka connector's conventions):
 
-* ``value``: the message.
+* ``value``: the message (an enveloped message's value, after its key and headers).
 * ``session_id``, ``stream_id``: the publication session (image) and the stream.
 * ``position``: the stream position just after the message (Aeron's ``Header.position``):
   unique and increasing within a session; the offset a query resumes from after it.
 * ``timestamp``: the publisher's time, from the frame's reserved value (ns since the epoch:
   the slipstream writer sets it); for a reserved value of 0, when the executor read it.
+* ``timestampType``: 0 (Kafka's CreateTime) where ``timestamp`` is the publisher's stamp, -1
+  (Kafka's NO_TIMESTAMP_TYPE) where it is the read time.
+* ``key``: an enveloped message's key (:mod:`~slipstream.spark_bridge.envelope`), else null.
+
+With ``includeHeaders=true``, :data:`HEADERS_COLUMN` follows.
 """
+
+HEADERS_COLUMN = "headers array<struct<key: string, value: binary>>"
+"""An enveloped message's headers (Kafka's type and name); null for a message without."""
+
+_HEADERS_INDEX = 7  # the headers column's index in the read schema, when it has one
+
+#: ``timestampType`` values (Kafka's TimestampType ids).
+CREATE_TIME = 0
+NO_TIMESTAMP_TYPE = -1
+
+
+def schema_text(include_headers: bool) -> str:
+    """The read schema, with the ``headers`` column or without."""
+    return f"{SCHEMA}, {HEADERS_COLUMN}" if include_headers else SCHEMA
 
 _ROWS_PER_BATCH = 4096  # rows per Arrow record batch leaving read(): one C scan's most
 
 
 class SlipstreamDataLossError(SlipstreamError):
     """Positions a query must read are no longer in the log (failOnDataLoss=true)."""
+
+
+class MalformedEnvelopeError(SlipstreamError):
+    """A message marked as enveloped does not decode: the text names its stream, session,
+    position and why, and how many of its batch do not."""
 
 
 class SlipstreamPartition(InputPartition):
@@ -73,7 +100,8 @@ class SlipstreamPartition(InputPartition):
                  directory: str | None, fail_on_data_loss: bool, host: str, *,
                  log: LogIdentity | None, driver: str | None,
                  holder: tuple[str, int, int] | None, replay_timeout_ms: int,
-                 archived: ArchivedSource | None = None) -> None:
+                 archived: ArchivedSource | None = None,
+                 include_headers: bool = False) -> None:
         super().__init__(None)
         self.session_id = session_id
         self.stream_id = stream_id
@@ -88,6 +116,7 @@ class SlipstreamPartition(InputPartition):
         self.holder = holder
         self.replay_timeout_ms = replay_timeout_ms
         self.archived = archived
+        self.include_headers = include_headers  # the reader's includeHeaders
 
     def __repr__(self) -> str:
         source = "" if self.archived is None else \
@@ -148,54 +177,97 @@ def loss_message(stream_id: int, session_id: int, start: int, end: int,
 
 
 def _arrow_batch(chunk: GatheredMessages, session_id: int, stream_id: int,
-                 schema: object, ids: dict[int, tuple[object, object]] | None = None) -> object:
-    """One record batch from messages copied out of the log: the values and position columns
-    wrap the chunk's buffers, the others are computed for the whole batch at once (no Python
-    per message).  ``timestamp`` is the reserved value (ns since the epoch: the slipstream writer
-    stamps it), or the read time where that is 0.  ``ids``: the session and stream id columns
-    of a full batch (a shorter one takes slices of them), kept by the caller across the
-    batches of one range."""
+                 schema: object, ids: dict[int, tuple[object, ...]] | None = None) -> object:
+    """One record batch of ``schema`` (:func:`_schema`) from messages copied out of the log:
+    the values and position columns wrap the chunk's buffers, the others are computed for the
+    whole batch at once (no Python per message).  ``timestamp`` is the reserved value's time
+    stamp (ns since the epoch: the slipstream writer stamps it), or the read time where that
+    is 0, as ``timestampType`` says.  Messages whose reserved value marks an envelope are
+    decoded together (:func:`~slipstream.spark_bridge.envelope.decode_batch`) into their key,
+    headers and value; one that does not decode fails the batch with
+    :class:`MalformedEnvelopeError`.  ``ids``: the columns that are the same for every row of
+    a full batch (a shorter one takes slices of them), kept by the caller across the batches
+    of one range."""
     import numpy as np
     import pyarrow as pa
 
+    headers = len(schema) > _HEADERS_INDEX  # type: ignore[arg-type]
     n = len(chunk)
     size = max(n, _ROWS_PER_BATCH) if ids is not None else n
-    id_columns = ids.get(size) if ids is not None else None
-    if id_columns is None:
-        id_columns = (pa.array(np.full(size, session_id, dtype=np.int32)),
-                      pa.array(np.full(size, stream_id, dtype=np.int32)))
+    constant = ids.get(size) if ids is not None else None
+    if constant is None:
+        constant = (pa.array(np.full(size, session_id, dtype=np.int32)),
+                    pa.array(np.full(size, stream_id, dtype=np.int32)),
+                    pa.array(np.full(size, CREATE_TIME, dtype=np.int32)),
+                    pa.array(np.full(size, NO_TIMESTAMP_TYPE, dtype=np.int32)),
+                    pa.nulls(size, pa.binary()),
+                    pa.nulls(size, schema.field(_HEADERS_INDEX).type)  # type: ignore[attr-defined]
+                    if headers else None)
         if ids is not None:
-            ids[size] = id_columns
+            ids[size] = constant
     if n < size:  # a shorter batch: zero-copy slices of the full batch's columns
-        id_columns = (id_columns[0].slice(0, n), id_columns[1].slice(0, n))
+        constant = tuple(c.slice(0, n) if c is not None else None  # type: ignore[attr-defined]
+                         for c in constant)
+    session_ids, stream_ids, created, unstamped, keys, no_headers = constant
     reserved = np.frombuffer(chunk.reserved_values, dtype=np.int64)
-    if reserved.min() >= 1000:  # every message stamped (ns): its time in us
-        published = reserved // 1000
-    else:  # some not stamped (not the slipstream writer's): the read time for those
-        now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1_000_000)
-        if reserved.max() < 1000:  # none: no division to make
-            published = np.full(n, now, dtype=np.int64)
-        else:
-            published = reserved // 1000
-            published = np.where(published > 0, published, now)
     values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(chunk.offsets),
                                                     pa.py_buffer(chunk.data)])
+    header_column = no_headers
+    lowest = reserved.min()
+    if lowest >= 1000:  # every message stamped (ns) and none enveloped: its time in us
+        published = reserved // 1000
+        kinds = created
+    elif lowest >= 0 and reserved.max() < 1000:  # none stamped, none enveloped
+        now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1_000_000)
+        published = np.full(n, now, dtype=np.int64)
+        kinds = unstamped
+    else:
+        if lowest < 0:  # envelopes among them
+            enveloped = reserved < 0
+            decoded = decode_batch(chunk.data, np.frombuffer(chunk.offsets, dtype=np.int32),
+                                   enveloped, with_headers=headers)
+            if decoded.malformed:
+                row, why = decoded.malformed[0]
+                raise MalformedEnvelopeError(
+                    f"slipstream stream {stream_id} session {session_id}: the message ending "
+                    f"at position {chunk.positions[row]} is marked as enveloped (its reserved "
+                    f"value's top bit) but {why}; {len(decoded.malformed)} of the "
+                    f"{n} messages read with it do not decode (docs/SPARK.md, Keys and "
+                    f"headers)")
+            values, keys = decoded.values, decoded.keys
+            if headers:
+                header_column = decoded.headers
+            reserved = reserved & RESERVED_VALUE_TIME_MASK
+        stamped = reserved >= 1000
+        now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1_000_000)
+        published = np.where(stamped, reserved // 1000, now)
+        kinds = pa.array(np.where(stamped, CREATE_TIME, NO_TIMESTAMP_TYPE).astype(np.int32))
     columns = [
         values,
-        *id_columns,
+        session_ids,
+        stream_ids,
         pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(chunk.positions)]),
         pa.Array.from_buffers(schema.field(4).type, n,  # type: ignore[attr-defined]
                               [None, pa.py_buffer(published)]),
+        kinds,
+        keys,
     ]
+    if headers:
+        columns.append(header_column)
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _schema() -> object:
+def _schema(include_headers: bool = False) -> object:
+    """:data:`SCHEMA` as Arrow (with :data:`HEADERS_COLUMN` when ``include_headers``)."""
     import pyarrow as pa
 
-    return pa.schema([("value", pa.binary()), ("session_id", pa.int32()),
-                      ("stream_id", pa.int32()), ("position", pa.int64()),
-                      ("timestamp", pa.timestamp("us", tz="UTC"))])  # SCHEMA, as Arrow
+    fields = [("value", pa.binary()), ("session_id", pa.int32()),
+              ("stream_id", pa.int32()), ("position", pa.int64()),
+              ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
+              ("key", pa.binary())]
+    if include_headers:
+        fields.append(("headers", headers_type()))
+    return pa.schema(fields)
 
 
 def read_range(partition: SlipstreamPartition) -> Iterator[object]:
@@ -224,7 +296,7 @@ def _read_archived(p: SlipstreamPartition) -> Iterator[object]:
     assert p.archived is not None
     source = p.archived
     timeout_s = p.replay_timeout_ms / 1000
-    schema = _schema()
+    schema = _schema(p.include_headers)
     ids: dict[int, tuple[object, object]] = {}
 
     def link(endpoint: Endpoint) -> ArchiveClient:
@@ -261,7 +333,7 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
     """The range from the log in this host's shared memory, copied out batch by batch by the
     C scan.  Each batch is checked after it is copied (a publisher lapping the reader
     meanwhile would have torn it)."""
-    schema = _schema()
+    schema = _schema(p.include_headers)
     ids: dict[int, tuple[object, object]] = {}
     if not p.log_path:  # the session's image was gone when the batch was planned
         _no_log(p, f"no log of this session on {p.host} when the batch was planned")
@@ -321,7 +393,7 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
     term_length = identity.term_length
     address, port, control_stream = p.holder
     timeout_s = p.replay_timeout_ms / 1000
-    schema = _schema()
+    schema = _schema(p.include_headers)
     ids: dict[int, tuple[object, object]] = {}
     client = runtime.client_for(p.directory)
     position = p.start

@@ -828,6 +828,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def read(self, partition: InputPartition) -> Iterator[object]:  # type: ignore[override]
         """The partition's messages as Arrow record batches (see :func:`read_range`)."""
         assert isinstance(partition, SlipstreamPartition)
+        partition.include_headers = self.options.include_headers
         return read_range(partition)
 
 
@@ -999,4 +1000,5 @@ class SlipstreamBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[object]:  # type: ignore[override]
         """The partition's messages as Arrow record batches (see :func:`read_range`)."""
         assert isinstance(partition, SlipstreamPartition)
+        partition.include_headers = self.options.include_headers
         return read_range(partition)

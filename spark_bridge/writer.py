@@ -1,4 +1,14 @@
-"""Writing: each executor task publishes its rows' ``value`` through its host's driver.
+"""Writing: each executor task publishes its rows through its host's driver, one message a row.
+
+The columns (:func:`check_schema`, docs/SPARK.md): ``value`` (binary or string) is the
+message; ``key`` (binary or string) and ``headers`` (``array<struct<key: string, value:
+binary>>``, Kafka's): a row with either (not null) travels as an envelope
+(:mod:`~slipstream.spark_bridge.envelope`), marked in the reserved value; a row with neither
+is a plain message, as any Aeron publisher writes.  ``stream_id`` (int), when the frame has
+it and the ``streamId`` option is not set, routes each row to that stream on the channel
+(the option, when set, sends every row to its stream, as Kafka's ``topic`` option
+overrides its column).  The read schema's other columns, which a query that passes rows through
+carries, are assigned by the stream and ignored; any other column is refused by name.
 
 Rows reach the writer as Arrow record batches.  The ``value`` column's data buffer already
 holds the messages back to back and its offsets give their lengths, so a batch goes to
@@ -13,9 +23,10 @@ wall-clock nanoseconds since the Unix epoch (``time.time_ns()`` on the executor'
 once per ``offer_batch`` call just before it, so never later than the moment the message
 became visible in the log.  The rows one call appends (up to 8,192 consecutive rows of one
 Arrow record batch) share that time; rows a back-pressured call did not append are stamped
-again when they are offered again.  A reader can turn it into a ``timestamp`` column
-(``reserved_value // 1000`` microseconds, UTC); a message from a publisher that sets no
-reserved value carries 0.
+again when they are offered again.  An enveloped message's reserved value also has its top
+bit set (:data:`~slipstream.client.layout.RESERVED_VALUE_ENVELOPE_BIT`).  A reader turns
+the time into a ``timestamp`` column (``(reserved_value & RESERVED_VALUE_TIME_MASK) //
+1000`` microseconds, UTC); a message from a publisher that sets no reserved value carries 0.
 
 With ``durable=TAG/N`` on the channel (docs/PROTOCOL.md §7.7), a task returns its commit
 message only once its last message is durable: held by N receivers subscribed with
@@ -51,7 +62,9 @@ from slipstream.client import (
     result_name,
 )
 from slipstream.client.errors import UsageError
-from slipstream.spark_bridge.options import SourceOptions
+from slipstream.client.layout import RESERVED_VALUE_ENVELOPE_BIT
+from slipstream.spark_bridge.envelope import encode_column
+from slipstream.spark_bridge.options import OptionError, SourceOptions
 from slipstream.spark_bridge.runtime import publication_for
 
 if TYPE_CHECKING:
@@ -59,9 +72,21 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-__all__ = ["DurableTimeoutError", "OfferTimeoutError", "SlipstreamStreamWriter",
-           "SlipstreamWriter", "ValueColumnError", "check_schema", "publish_batches",
-           "wait_until_durable"]
+__all__ = ["IGNORED_COLUMNS", "WRITTEN_COLUMNS", "ColumnError", "DurableTimeoutError",
+           "OfferTimeoutError", "SlipstreamStreamWriter", "SlipstreamWriter", "ValueColumnError",
+           "check_schema", "publish_batches", "wait_until_durable"]
+
+#: The columns a writer writes.
+WRITTEN_COLUMNS = ("value", "key", "headers", "stream_id")
+#: Columns of the read schema that the stream assigns each message itself (its session,
+#: position, publish time): a query that passes read rows through carries them, and the
+#: writer ignores them.
+IGNORED_COLUMNS = ("session_id", "position", "timestamp", "timestampType")
+# Kafka's writer columns that slipstream names otherwise: the refusal says what to use.
+_KAFKA_COLUMNS = {
+    "topic": "slipstream routes rows by an int 'stream_id' column (or the streamId option)",
+    "partition": "a slipstream publication is one session; route by 'stream_id' instead",
+}
 
 _CHUNK = 8192  # messages per offer_batch call
 
@@ -80,13 +105,19 @@ class PublishedMessage(WriterCommitMessage):
 
     rows: int
     bytes: int
-    session_id: int
+    session_id: int  # of the first stream published to (the streamId option's, unrouted)
     last_position: int
+    #: Per stream published to: (session id, last position).
+    streams: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
-class ValueColumnError(UsageError, ValueError):
-    """The DataFrame written has no ``value`` column, or one that is not binary or string:
-    raised by ``save()`` / ``start()``, before any task runs."""
+class ColumnError(UsageError, ValueError):
+    """A column of the DataFrame written is one the writer does not write, or of a type it
+    does not take: raised by ``save()`` / ``start()``, before any task runs, naming it."""
+
+
+class ValueColumnError(ColumnError):
+    """The DataFrame written has no ``value`` column, or one that is not binary or string."""
 
     @classmethod
     def missing(cls, columns: list[str]) -> ValueColumnError:
@@ -99,15 +130,56 @@ class ValueColumnError(UsageError, ValueError):
                    f"string (cast it: col('value').cast('binary'))")
 
 
-def check_schema(schema: StructType) -> None:
-    """Raise :class:`ValueColumnError` unless ``schema`` has a binary or string ``value``."""
-    from pyspark.sql.types import BinaryType, StringType
+def check_schema(schema: StructType, options: SourceOptions | None = None) -> None:
+    """Raise :class:`ColumnError` naming the first column the writer would not write
+    (module doc), or whose type it does not take; :class:`ValueColumnError` unless there is
+    a binary or string ``value``; :class:`OptionError` for a frame without ``stream_id``
+    when ``options`` has no ``streamId``."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        StringType,
+        StructType,
+    )
 
     if "value" not in schema.names:
         raise ValueColumnError.missing(schema.names)
     kind = schema["value"].dataType
     if not isinstance(kind, BinaryType | StringType):
         raise ValueColumnError.of_type(kind.simpleString())
+    for field in schema.fields:
+        name, kind = field.name, field.dataType
+        if name in ("value", *IGNORED_COLUMNS):
+            continue
+        if name == "key":
+            if not isinstance(kind, BinaryType | StringType):
+                raise ColumnError(f"slipstream writer: the 'key' column is "
+                                  f"{kind.simpleString()}; it must be binary or string")
+        elif name == "headers":
+            entry = kind.elementType if isinstance(kind, ArrayType) else None
+            if not (isinstance(entry, StructType) and entry.names == ["key", "value"]
+                    and isinstance(entry["key"].dataType, StringType)
+                    and isinstance(entry["value"].dataType, BinaryType)):
+                raise ColumnError(f"slipstream writer: the 'headers' column is "
+                                  f"{kind.simpleString()}; it must be "
+                                  f"array<struct<key:string,value:binary>> (Kafka's)")
+        elif name == "stream_id":
+            if not isinstance(kind, IntegerType):
+                raise ColumnError(f"slipstream writer: the 'stream_id' column is "
+                                  f"{kind.simpleString()}; it must be int (cast it: "
+                                  f"col('stream_id').cast('int'))")
+        else:
+            hint = _KAFKA_COLUMNS.get(name.lower(), "drop it or select the columns to write")
+            raise ColumnError(f"slipstream writer: the DataFrame's column {name!r} would not "
+                              f"be written ({hint}); the writer writes "
+                              f"{', '.join(WRITTEN_COLUMNS)} and ignores "
+                              f"{', '.join(IGNORED_COLUMNS)}")
+    if options is not None and "streamId" not in options.given and \
+            "stream_id" not in schema.names:
+        raise OptionError("streamId", "is required unless the DataFrame has a 'stream_id' "
+                                      "column that routes every row (a 32-bit integer, "
+                                      "e.g. 1001)")
 
 
 def _value_column(batch: pa.RecordBatch) -> pa.Array:
@@ -130,6 +202,62 @@ def _value_column(batch: pa.RecordBatch) -> pa.Array:
     return column
 
 
+def _message_column(batch: pa.RecordBatch) -> tuple[pa.Array, np.ndarray | None]:
+    """The batch's messages as one binary column, and which are envelopes (None: none).  A
+    row with a key or headers (not null) is its envelope; any other row is its value, a
+    plain message, so that passing a plain stream's rows through (their key and headers
+    null) writes plain messages."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    names = batch.schema.names
+    values = _value_column(batch)
+    keys = batch.column("key") if "key" in names else None
+    headers = batch.column("headers") if "headers" in names else None
+    enveloped = np.zeros(batch.num_rows, dtype=bool)
+    for column in (keys, headers):
+        if column is not None and column.null_count < len(column):
+            enveloped |= np.asarray(column.is_valid())
+    if not enveloped.any():
+        return values, None
+    try:
+        envelopes = encode_column(values, keys, headers)
+    except ValueError as e:
+        raise ValueError(f"slipstream writer: the 'headers' column: {e}") from None
+    if enveloped.all():
+        return envelopes, enveloped
+    return pc.if_else(enveloped, envelopes, values.cast(envelopes.type)), enveloped
+
+
+def _routed(batch: pa.RecordBatch, stream_option: int | None
+            ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The batch's rows by the stream they go to, in order within each: all of them to the
+    ``streamId`` option's stream when it is set (``stream_option``; it overrides the column,
+    as Kafka's ``topic`` option does); else each to its ``stream_id`` column's, a null
+    refused naming the row."""
+    import numpy as np
+
+    index = batch.schema.get_field_index("stream_id")
+    if stream_option is not None or index < 0:
+        assert stream_option is not None  # check_schema: a stream_id column or the option
+        yield stream_option, batch
+        return
+    column = batch.column(index)
+    if column.null_count:
+        row = int(np.flatnonzero(np.asarray(column.is_null()))[0])
+        raise ValueError(f"slipstream writer: row {row} of a batch has a null 'stream_id' "
+                         f"column, and the writer has no streamId option (give every row a "
+                         f"stream_id, e.g. coalesce(stream_id, 10), or set streamId, which "
+                         f"sends every row to its stream)")
+    streams = np.asarray(column)
+    first = streams[0]
+    if (streams == first).all():
+        yield int(first), batch
+        return
+    for stream_id in np.unique(streams):
+        yield int(stream_id), batch.filter(streams == stream_id)
+
+
 def _messages(column: pa.Array) -> tuple[memoryview, np.ndarray, list[int]]:
     """(data back to back, lengths as int32s, start offsets of each message in data + the
     end) for a binary column, without copying the data."""
@@ -150,67 +278,83 @@ def _messages(column: pa.Array) -> tuple[memoryview, np.ndarray, list[int]]:
 
 def publish_batches(publication: Publication, batches: Iterator[pa.RecordBatch],
                     timeout_ms: int) -> tuple[int, int, int]:
-    """Offer every row's value, in order, each stamped with its publish time (module doc);
-    returns (rows, payload bytes, last position).
+    """Offer every row (its value, or its envelope when the batches have a key or headers
+    column), in order, each stamped with its publish time (module doc); returns (rows,
+    payload bytes, last position).
 
     Waits while back-pressured or not connected; raises :class:`OfferTimeoutError` when no
     message could be appended for ``timeout_ms`` milliseconds.
     """
-    import numpy as np
-
-    stamps = np.empty(_CHUNK, dtype=np.int64)  # the reserved values of one offer_batch call
     rows = total = 0
     last_position = publication.position
-    timeout_ns = timeout_ms * 1_000_000
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        data, lengths, starts = _messages(_value_column(batch))
-        n = len(lengths)
-        done = 0
-        stalled_since = 0
-        pause = 0.0
-        while done < n:
-            end = min(n, done + _CHUNK)
-            stamped = stamps[:end - done]
-            stamped.fill(time.time_ns())  # the publish time, once per call
-            result = publication.offer_batch(data[starts[done]:starts[end]], lengths[done:end],
-                                             stamped)
-            if result > 0:
-                done += result
-                stalled_since = 0
-                pause = 0.0
-                continue
-            if result == ADMIN_ACTION:
-                continue
-            if result not in (BACK_PRESSURED, NOT_CONNECTED):
-                failed = SlipstreamError(
-                    f"slipstream writer: offer to {publication.channel} stream "
-                    f"{publication.stream_id} failed with {result_name(result)} after "
-                    f"{rows + done} rows")
-                if result == CLOSED:
-                    cut_off = publication._client.cut_off_error()
-                    if cut_off is not None:  # the driver went: say so
-                        raise cut_off from failed
-                raise failed
-            now = time.monotonic_ns()
-            if not stalled_since:
-                stalled_since = now
-            elif now - stalled_since > timeout_ns:
-                why = ("back pressured: the slowest subscriber is a window behind"
-                       if result == BACK_PRESSURED else "not connected: no subscriber")
-                raise OfferTimeoutError(
-                    f"slipstream writer: {publication.channel} stream {publication.stream_id} "
-                    f"was {why} for more than offerTimeoutMs={timeout_ms} ms; {rows + done} "
-                    f"rows of this task were published, the rest were not (the task fails so "
-                    f"that Spark retries it; nothing is dropped silently)")
-            # Spin briefly, then sleep in growing slices up to 1 ms.
-            pause = min(0.001, pause * 2 or 0.00002)
-            time.sleep(pause)
+        column, enveloped = _message_column(batch)
+        n, size = _offer_column(publication, column, enveloped, timeout_ms, rows)
         rows += n
-        total += len(data)
+        total += size
         last_position = publication.position
     return rows, total, last_position
+
+
+def _offer_column(publication: Publication, column: pa.Array, enveloped: np.ndarray | None,
+                  timeout_ms: int, rows_before: int) -> tuple[int, int]:
+    """Offer the messages of a binary ``column`` in order (reserved values: the publish
+    time, with the envelope bit where ``enveloped``, None: nowhere); returns (messages,
+    payload bytes).
+    ``rows_before``: what this task published before, for the errors' text."""
+    import numpy as np
+
+    stamps = np.empty(_CHUNK, dtype=np.int64)  # the reserved values of one offer_batch call
+    marks = None if enveloped is None else \
+        np.where(enveloped, RESERVED_VALUE_ENVELOPE_BIT, 0).astype(np.int64)
+    timeout_ns = timeout_ms * 1_000_000
+    data, lengths, starts = _messages(column)
+    n = len(lengths)
+    done = 0
+    stalled_since = 0
+    pause = 0.0
+    while done < n:
+        end = min(n, done + _CHUNK)
+        stamped = stamps[:end - done]
+        stamped.fill(time.time_ns())  # the publish time, once per call
+        if marks is not None:
+            stamped += marks[done:end]
+        result = publication.offer_batch(data[starts[done]:starts[end]], lengths[done:end],
+                                         stamped)
+        if result > 0:
+            done += result
+            stalled_since = 0
+            pause = 0.0
+            continue
+        if result == ADMIN_ACTION:
+            continue
+        if result not in (BACK_PRESSURED, NOT_CONNECTED):
+            failed = SlipstreamError(
+                f"slipstream writer: offer to {publication.channel} stream "
+                f"{publication.stream_id} failed with {result_name(result)} after "
+                f"{rows_before + done} rows")
+            if result == CLOSED:
+                cut_off = publication._client.cut_off_error()
+                if cut_off is not None:  # the driver went: say so
+                    raise cut_off from failed
+            raise failed
+        now = time.monotonic_ns()
+        if not stalled_since:
+            stalled_since = now
+        elif now - stalled_since > timeout_ns:
+            why = ("back pressured: the slowest subscriber is a window behind"
+                   if result == BACK_PRESSURED else "not connected: no subscriber")
+            raise OfferTimeoutError(
+                f"slipstream writer: {publication.channel} stream {publication.stream_id} "
+                f"was {why} for more than offerTimeoutMs={timeout_ms} ms; "
+                f"{rows_before + done} rows of this task were published, the rest were not "
+                f"(the task fails so that Spark retries it; nothing is dropped silently)")
+        # Spin briefly, then sleep in growing slices up to 1 ms.
+        pause = min(0.001, pause * 2 or 0.00002)
+        time.sleep(pause)
+    return n, len(data)
 
 
 def wait_until_durable(publication: Publication, position: int, timeout_ms: int) -> None:
@@ -236,12 +380,37 @@ class _PublishingWriter:
         self.options = options
 
     def _publish(self, iterator: Iterator[pa.RecordBatch]) -> PublishedMessage:
+        """Publish every row to its stream (:func:`_routed`); wait until each stream's last
+        message is durable where the channel asks for it."""
         options = self.options
-        publication = publication_for(options.directory, options.channel, options.stream_id)
-        rows, total, last = publish_batches(publication, iterator, options.offer_timeout_ms)
-        if publication.durable_required is not None and options.durable_timeout_ms > 0:
-            wait_until_durable(publication, last, options.durable_timeout_ms)
-        return PublishedMessage(rows, total, publication.session_id, last)
+        stream_option = options.stream_id if "streamId" in options.given else None
+        used: dict[int, Publication] = {}
+        rows = total = 0
+        for batch in iterator:
+            if batch.num_rows == 0:
+                continue
+            for stream_id, part in _routed(batch, stream_option):
+                publication = used.get(stream_id)
+                if publication is None:
+                    publication = publication_for(options.directory, options.channel,
+                                                  stream_id)
+                    used[stream_id] = publication
+                column, enveloped = _message_column(part)
+                n, size = _offer_column(publication, column, enveloped,
+                                        options.offer_timeout_ms, rows)
+                rows += n
+                total += size
+        if not used and stream_option is not None:  # no rows: the option's stream, as before
+            used[stream_option] = publication_for(options.directory, options.channel,
+                                                  stream_option)
+        streams = {stream_id: (publication.session_id, publication.position)
+                   for stream_id, publication in used.items()}
+        for publication in used.values():
+            if publication.durable_required is not None and options.durable_timeout_ms > 0:
+                wait_until_durable(publication, streams[publication.stream_id][1],
+                                   options.durable_timeout_ms)
+        session_id, last = next(iter(streams.values()), (0, 0))
+        return PublishedMessage(rows, total, session_id, last, streams)
 
 
 class SlipstreamWriter(_PublishingWriter, DataSourceArrowWriter):
