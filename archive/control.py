@@ -24,7 +24,28 @@ arguments; the result):
 ``stop_replay`` (``replay_id``)
     ``{"stopped": bool}``: whether it was still running.
 ``replays``
-    the replays in progress: id, recording, position, state.
+    the replays in progress: id, recording (None for a held stream's), position, state.
+
+The calls about a stream the archive holds for a group (:mod:`slipstream.archive.holding`)
+name it by ``channel``, ``stream_id`` and ``group``:
+
+``state`` (the stream's key; ``hold``, default true)
+    ``{"host", "driver", "sessions", "held_for"}``: each session's log (its framing, path,
+    positions: :func:`~slipstream.client.logview.snapshot`); holds the stream for the group
+    at once if it is not held (not with ``hold`` false: then an error names what is held).
+``view`` (the stream's key, ``session_id``, ``log``: [initial term id, term length],
+``method``, ``args``)
+    the answer of one of :data:`~slipstream.client.logview.VIEW_OPERATIONS` about the
+    session's live log; ``advance_to`` moves the group's position (its commit).
+``ended`` (the stream's key, ``sessions``: at most 32 session ids)
+    how those of them whose images went ended (:class:`~slipstream.client.logview.SessionEnd`).
+``release`` (the stream's key)
+    whether it was held: the group's subscription closes.
+``replay`` with ``held`` (the stream's key), ``session_id``, ``log``, ``start``, ``end``,
+``channel``, ``stream_id``
+    ``[start, end)`` of the session's live log replayed as a recording's range is, answered
+    alike; a start the log no longer holds is refused ``lost`` with ``held``, from the first
+    message it holds.
 
 An error answer has ``status`` ``error`` and a ``message``; a range the archive does not hold
 has ``reason`` ``lost`` and ``held``, ``[start, stop]`` (stop -1 while live: up to
@@ -40,13 +61,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from slipstream.archive.catalog import NULL_POSITION, RecordingDescriptor, RecordingState
+from slipstream.archive.holding import HELD_OPERATIONS, held_key
 from slipstream.archive.reading import (
     RecordingLostError,
     Segments,
     frame_at,
     position_at_time,
 )
-from slipstream.archive.replayer import POSITIONING_KEYS, ReplaySession
+from slipstream.archive.replayer import (
+    POSITIONING_KEYS,
+    LogSource,
+    ReplaySession,
+    SegmentSource,
+)
 from slipstream.client.channel import keys_given, parse_channel
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
@@ -125,12 +152,26 @@ class ArchiveControl:
         self._calls.clear()
         now = time.monotonic()
         for replay_id, session in list(self.replays.items()):
-            recorded, stopped = self._recorded(session.recording_id)
+            if session.recording_id is None:  # a live log's range: it holds all of it
+                assert session.end is not None
+                recorded, stopped = session.end, True
+            else:
+                recorded, stopped = self._recorded(session.recording_id)
             work += session.do_work(recorded, stopped, now)
             if session.is_over:
                 del self.replays[replay_id]
         work += self._answers.do_work()
         return work
+
+    def wait_for_call(self, timeout_ns: int) -> None:
+        """Wait up to ``timeout_ns`` for a call (parked: a call wakes it at once)."""
+        self._subscription.wait_for_data(timeout_ns, 0)
+
+    @property
+    def logs_in_use(self) -> set[str]:
+        """The live logs the replays in progress read (their mappings must stay)."""
+        return {session.source.image.log_path for session in self.replays.values()
+                if isinstance(session.source, LogSource)}
 
     def _recorded(self, recording_id: int) -> tuple[int, bool]:
         """How far a recording is recorded, and whether that is its stop."""
@@ -170,6 +211,8 @@ class ArchiveControl:
             log.warning("control: cannot answer %s: %s", reply, e)
 
     def _answer(self, op: str, args: dict[str, Any]) -> Any:
+        if op in HELD_OPERATIONS and "recording_id" not in args:  # a held stream's call
+            return self._service.holds.call(op, args)
         if op == "list":
             return self._list(args)
         if op == "describe":
@@ -189,10 +232,12 @@ class ArchiveControl:
             return {"stopped": True}
         if op == "replays":
             return [{"replay_id": s.replay_id, "recording_id": s.recording_id,
-                     "position": s.position, "state": s.state.value, "channel": s.channel,
+                     "source": s.source.name, "position": s.position,
+                     "state": s.state.value, "channel": s.channel,
                      "stream_id": s.stream_id} for s in self.replays.values()]
         raise CallRefused(f"no operation {op!r} (the archive's: list, describe, "
-                          f"recording_position, replay, stop_replay, replays)")
+                          f"recording_position, replay, stop_replay, replays, "
+                          f"{', '.join(HELD_OPERATIONS)})")
 
     def _listed(self, descriptor: RecordingDescriptor) -> dict[str, Any]:
         return descriptor_fields(descriptor, self._recorded(descriptor.recording_id)[0])
@@ -226,7 +271,8 @@ class ArchiveControl:
                 break
         return out
 
-    def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
+    def _replay_destination(self, args: dict[str, Any]) -> tuple[str, int]:
+        """The ``channel`` and ``stream_id`` a replay goes to, checked."""
         channel = args.get("channel")
         if not isinstance(channel, str) or not channel.startswith(("aeron:udp", "aeron:ipc")):
             raise CallRefused(f"channel {channel!r} is not an aeron:udp or aeron:ipc URI")
@@ -237,8 +283,66 @@ class ArchiveControl:
         set_here = sorted(given & set(POSITIONING_KEYS))
         if set_here:
             raise CallRefused(f"channel {channel!r} sets {', '.join(set_here)}: a replay's "
-                              f"framing is the recording's, which the archive sets")
+                              f"framing is its source's, which the archive sets")
         stream_id = _int_arg(args, "stream_id", -INT32_MAX - 1, INT32_MAX)
+        assert stream_id is not None
+        return channel, stream_id
+
+    def _start_replay(self, source: SegmentSource | LogSource, start: int, end: int | None,
+                      channel: str, stream_id: int, recording_id: int | None
+                      ) -> dict[str, Any]:
+        replay_id = self._next_replay_id
+        self._next_replay_id += 1
+        try:
+            session = ReplaySession(replay_id, self._service.client, source, start, end,
+                                    channel, stream_id, time.monotonic(),
+                                    recording_id=recording_id)
+        except BaseException:
+            source.close()
+            raise
+        self.replays[replay_id] = session
+        log.info("replay %d of %s [%d, %s) to %s stream %s, session %d", replay_id,
+                 source.name, start, "-" if end is None else end, channel, stream_id,
+                 session.session_id)
+        return {"replay_id": replay_id, "session_id": session.session_id, "start": start,
+                "end": end, "recording_id": recording_id}
+
+    def _replay_held(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A replay of ``[start, end)`` of a held stream's session's live log."""
+        held = args.get("held")
+        if not isinstance(held, dict):
+            raise CallRefused(f"held {held!r} is not a held stream's key (channel, stream_id, "
+                              f"group)")
+        key = held_key(held)
+        session_id = _int_arg(args, "session_id", -INT32_MAX - 1, INT32_MAX)
+        framing = args.get("log")
+        if not isinstance(framing, list) or len(framing) != 2 or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in framing):
+            raise CallRefused(f"log {framing!r} is not [initial term id, term length]")
+        channel, stream_id = self._replay_destination(args)
+        start = _int_arg(args, "start", 0, 2**62)
+        end = _int_arg(args, "end", 0, 2**62)
+        assert start is not None and end is not None and session_id is not None
+        image = self._service.holds.replay_source(key, session_id, (framing[0], framing[1]))
+        source = LogSource(image, f"stream {key[1]} session {session_id} held for group "
+                                  f"{key[2]!r}")
+        available = image.producer_position()
+        if start % FRAME_ALIGNMENT or end % FRAME_ALIGNMENT or end < start:
+            raise CallRefused(f"[{start}, {end}) is not a range of frame boundaries")
+        if end > available:
+            raise CallRefused(f"[{start}, {end}): {source.name}'s log reaches only "
+                              f"{available}")
+        held_range = source.held(start, end)
+        if held_range[0] != start:
+            raise CallRefused(f"{LOST}: [{start}, {end}) of {source.name}: the live log no "
+                              f"longer holds position {start} (it holds [{held_range[0]}, "
+                              f"{available}))", reason=LOST, held=[*held_range])
+        return self._start_replay(source, start, end, channel, stream_id, None)
+
+    def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
+        if "held" in args:
+            return self._replay_held(args)
+        channel, stream_id = self._replay_destination(args)
         descriptor = self._descriptor(args)
         recorded, stopped = self._recorded(descriptor.recording_id)
         held = [descriptor.start_position, descriptor.stop_position]
@@ -270,16 +374,8 @@ class ArchiveControl:
                                   f"begins at {position}: {segments_check.why}",
                                   **({"reason": LOST, "held": held} if segments_check.lost
                                      else {}))
-        replay_id = self._next_replay_id
-        self._next_replay_id += 1
-        session = ReplaySession(replay_id, self._service.client, self.directory, descriptor,
-                                start, end, channel, stream_id, time.monotonic())  # type: ignore[arg-type]
-        self.replays[replay_id] = session
-        log.info("replay %d of recording %d [%d, %s) to %s stream %s, session %d", replay_id,
-                 descriptor.recording_id, start, "-" if end is None else end, channel,
-                 stream_id, session.session_id)
-        return {"replay_id": replay_id, "session_id": session.session_id, "start": start,
-                "end": end, "recording_id": descriptor.recording_id}
+        return self._start_replay(SegmentSource(self.directory, descriptor), start, end,
+                                  channel, stream_id, descriptor.recording_id)
 
     def close(self) -> None:
         for session in self.replays.values():

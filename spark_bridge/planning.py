@@ -1,11 +1,12 @@
 """What the planning side decides: the query's hold on its stream and each batch's partitions.
 
 The hold is either the query's own (:class:`_OwnHold`: a subscription through this host's
-driver and a replay holder for read tasks on other hosts) or an ingest host's standing holder
-(:class:`_StandingHold`).  From the logs it holds, :func:`plan_partitions` cuts a batch's
-offsets into partitions (:class:`~slipstream.spark_bridge.read_task.SlipstreamPartition`),
-and :func:`shares` splits a per-trigger budget over sessions.  Offsets' entries are read with
-:func:`position_of` and :func:`log_of`.  The whole read: :mod:`slipstream.spark_bridge.reader`.
+driver and a replay holder for read tasks on other hosts) or an ingest host's archive, which
+holds the stream for the query's group (:class:`_StandingHold`).  From the logs it holds,
+:func:`plan_partitions` cuts a batch's offsets into partitions
+(:class:`~slipstream.spark_bridge.read_task.SlipstreamPartition`), and :func:`shares` splits
+a per-trigger budget over sessions.  Offsets' entries are read with :func:`position_of` and
+:func:`log_of`.  The whole read: :mod:`slipstream.spark_bridge.reader`.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from slipstream.client import Client, Image, SlipstreamError, Subscription
-from slipstream.client.holder import (
-    HOLDER_CONTROL_STREAM,
+from slipstream.archive.holding import (
     MAX_ENDED_ASKED,
     MAX_SPLIT_PIECES,
     DetachedLogs,
     driver_instance,
 )
+from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
+from slipstream.client import Client, Image, SlipstreamError, Subscription
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logview import ImageView, LogView, RemoteView, SessionEnd, SessionEnds
@@ -222,6 +223,10 @@ class _OwnHold:
         """Where tasks on other hosts ask for replays (address, port, control stream)."""
         return self.holder.address if self.holder is not None else None
 
+    def held(self, stream_id: int) -> dict[str, object] | None:
+        """None: the replays are the query's own replay server's, not an archive's."""
+        return None
+
     def views(self) -> dict[str, LogView]:
         if self.client.is_closed:
             raise self.client.driver_lost_error()
@@ -271,9 +276,11 @@ class _OwnHold:
 
 
 class _StandingHold:
-    """An ingest host's standing holder (``slipstream-holder``, the ``holder`` option) holds
-    the stream: the planner asks it, through this host's driver, what the logs hold and to
-    move the position on commit (:class:`~slipstream.client.logview.RemoteView`)."""
+    """An ingest host's archive (the ``holder`` option: its control endpoint) holds the
+    stream for the query's group (:mod:`slipstream.archive.holding`): the planner asks it,
+    through this host's driver, what the logs hold and to move the position on commit
+    (:class:`~slipstream.client.logview.RemoteView`); read tasks on other hosts get replays
+    of the live log from it."""
 
     def __init__(self, options: SourceOptions, *, hold: bool = True) -> None:
         assert options.holder is not None
@@ -285,7 +292,7 @@ class _StandingHold:
                                   f"resolve: {e}") from None
         self.client = Client.connect(options.directory)
         try:
-            self.link = HolderLink(self.client, address, port, HOLDER_CONTROL_STREAM,
+            self.link = HolderLink(self.client, address, port, DEFAULT_CONTROL_STREAM_ID,
                                    timeout_s=options.replay_timeout_ms / 1000)
         except BaseException:
             self.client.close()
@@ -295,10 +302,15 @@ class _StandingHold:
                                  "group": options.holder_group, "hold": hold}
                      for stream_id in options.stream_ids}
         self.holder_address: tuple[str, int, int] | None = (address, port,
-                                                              HOLDER_CONTROL_STREAM)
+                                                              DEFAULT_CONTROL_STREAM_ID)
         self.host = name
         self.driver: str | None = None
         self._since = time.monotonic()
+
+    def held(self, stream_id: int) -> dict[str, object] | None:
+        """The key the archive holds ``stream_id`` by (channel, stream id, group): a read
+        task's replay of the live log names it."""
+        return {k: v for k, v in self.keys[stream_id].items() if k != "hold"}
 
     def views(self) -> dict[str, LogView]:
         if self.client.is_closed:
@@ -557,7 +569,8 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
                     view.session_id, view.stream_id, view.log_path, low, high,
                     options.directory, options.fail_on_data_loss, hold.host,
                     log=view.identity, driver=hold.driver, holder=hold.holder_address,
-                    replay_timeout_ms=options.replay_timeout_ms)]
+                    replay_timeout_ms=options.replay_timeout_ms,
+                    held=hold.held(view.stream_id))]
 
             partitions += archived_partitions(
                 options, archives, image.stream_id, image.session_id, image.identity.framing,
@@ -590,5 +603,5 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
                 image.session_id, image.stream_id, image.log_path, low, high,
                 options.directory, options.fail_on_data_loss, hold.host,
                 log=identity, driver=hold.driver, holder=hold.holder_address,
-                replay_timeout_ms=options.replay_timeout_ms))
+                replay_timeout_ms=options.replay_timeout_ms, held=hold.held(image.stream_id)))
     return partitions

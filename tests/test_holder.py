@@ -1,9 +1,10 @@
-"""The standing holder (``slipstream-holder``, the ingest host's process) and a query planned
-through it, without a SparkSession: the planner and the read tasks are on another "host".
+"""The ingest host's archive holding a stream for read queries (``slipstream-archive run``,
+the calls of :mod:`slipstream.archive.holding`) and a query planned through it, without a
+SparkSession: the planner and the read tasks are on another "host".
 
-Two drivers on this machine stand for two hosts: the ingest host's (the holder runs beside it
-as the real console script, listening at 127.0.0.2) and the Spark driver's, which also
-publishes the stream over UDP to the ingest host.  The planner reaches the holder only through
+Two drivers on this machine stand for two hosts: the ingest host's (the archive runs beside
+it as the real console script, its control stream at 127.0.0.2) and the Spark driver's, which
+also publishes the stream over UDP to the ingest host.  The planner reaches the holder only through
 its own driver; its tasks read the ranges by replay (another driver) or in place (the ingest
 driver's directory: the same driver run as the holder's).
 """
@@ -23,11 +24,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, wait_for
+from helpers import FAST_DRIVER_SETTINGS, start_holding_archive, wait_for
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from slipstream.archive.settings import (
+    DEFAULT_CONTROL_STREAM_ID,
+    ArchiveSettingsError,
+    HoldSpec,
+    load_settings,
+)
 from slipstream.client import Client
-from slipstream.client.holder import HOLDER_CONTROL_STREAM
 from slipstream.client.holding import CallError, HolderLink, small_channel
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.options import OptionError, parse_options
@@ -51,15 +57,12 @@ TERM = 64 * 1024  # the publication's: its receiver window is half of it
 
 
 class Ingest:
-    """The ingest host's driver and holder process, and the Spark host's driver with a
-    publisher sending the stream to the ingest host."""
+    """The ingest host's driver and its archive holding streams (``holder``: the process),
+    and the Spark host's driver with a publisher sending the stream to the ingest host."""
 
-    def __init__(self, ingest_dir: Path, spark_dir: Path, *holder_args: str) -> None:
+    def __init__(self, ingest_dir: Path, spark_dir: Path, archive_dir: Path) -> None:
         self.ingest_dir, self.spark_dir = ingest_dir, spark_dir
-        self.holder = subprocess.Popen(
-            [str(Path(sys.executable).parent / "slipstream-holder"), "--dir", str(ingest_dir),
-             "--address", "127.0.0.2", "--port", str(HOLDER_PORT), *holder_args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.holder = start_holding_archive(ingest_dir, "127.0.0.2", HOLDER_PORT, archive_dir)
         self.client = Client.connect(spark_dir)
         self.publication = self.client.add_publication(f"{CHANNEL}|term-length={TERM}",
                                                        STREAM)
@@ -95,13 +98,13 @@ class Ingest:
 
 
 @pytest.fixture
-def ingest() -> Iterator[Ingest]:
+def ingest(tmp_path: Path) -> Iterator[Ingest]:
     directories = [Path("/dev/shm") / f"slipstream-hold-{uuid.uuid4().hex[:6]}-{n}"
                    for n in ("ingest", "spark")]
     try:
         with MediaDriver.launch(directory=directories[0], **FAST_DRIVER_SETTINGS), \
                 MediaDriver.launch(directory=directories[1], **FAST_DRIVER_SETTINGS):
-            hosts = Ingest(*directories)
+            hosts = Ingest(*directories, tmp_path / "archive")
             try:
                 yield hosts
             finally:
@@ -310,7 +313,8 @@ def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_c
     JSON, or lacks its fields, is dropped (counted in the holder's log) and the holder goes on
     answering."""
     client = Client.connect(ingest.spark_dir)
-    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, HOLDER_CONTROL_STREAM, timeout_s=10)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
     try:
         key = {"channel": CHANNEL, "stream_id": STREAM, "group": "audit"}
         link.call("state", **key)
@@ -339,7 +343,7 @@ def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_c
         with pytest.raises(CallError, match="is not held here for group 'nobody'"):
             link.call("state", **stranger, hold=False)
         control = client.add_publication(small_channel(
-            f"aeron:udp?endpoint=127.0.0.2:{HOLDER_PORT}"), HOLDER_CONTROL_STREAM)
+            f"aeron:udp?endpoint=127.0.0.2:{HOLDER_PORT}"), DEFAULT_CONTROL_STREAM_ID)
         wait_for(lambda: control.is_connected, what="the holder's control stream")
         for junk in (b"\xff\x00 not json", b'{"kind": "call", "version": 1}', b"[]"):
             while control.offer(junk) < 0:
@@ -351,18 +355,54 @@ def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_c
         client.close()
     ingest.holder.send_signal(signal.SIGTERM)
     output, _ = ingest.holder.communicate(timeout=10)
-    assert output.count("request refused: malformed") == 3, output
+    assert output.count("a malformed call dropped") == 3, output
     assert ingest.holder.returncode == 0
 
 
-def test_the_holder_process_says_why_it_cannot_start() -> None:
-    """No driver in the directory: the holder exits 1 naming it."""
+def test_the_holder_command_names_the_archive_settings_that_replace_it(tmp_path: Path
+                                                                     ) -> None:
+    """``slipstream-holder`` is refused (exit 2), printing the ``slipstream-archive`` settings
+    that hold what its arguments held; those settings load, and the archive they run says
+    why it cannot start with no driver in the directory (exit 1, naming it)."""
     missing = f"/dev/shm/slipstream-none-{uuid.uuid4().hex[:6]}"
     result = subprocess.run([str(Path(sys.executable).parent / "slipstream-holder"), "--dir",
-                             missing], capture_output=True, text=True, timeout=30,
-                            env={**os.environ})
-    assert result.returncode == 1
-    assert missing in result.stderr
+                             missing, "--port", "40999", "--hold", CHANNEL, str(STREAM),
+                             "--release-after", "30"], capture_output=True, text=True,
+                            timeout=30, env={**os.environ})
+    assert result.returncode == 2, result
+    assert "slipstream-archive run --config" in result.stderr
+    toml = result.stderr.split("(config/archive.toml documents every key):")[1]
+    toml = toml.split("Spark's holder=")[0].replace("/var/lib/slipstream-archive",
+                                                     str(tmp_path / "archive"))
+    config = tmp_path / "holder.toml"
+    config.write_text(toml)
+    settings = load_settings(config)
+    assert (settings.control_port, settings.control_address) == (40999, "0.0.0.0")
+    assert settings.holds == (HoldSpec(CHANNEL, STREAM, "spark"),)
+    assert settings.release_after_ns == 30 * 10**9
+    assert settings.driver_dir == Path(missing)
+    run = subprocess.run([str(Path(sys.executable).parent / "slipstream-archive"), "run",
+                          "--config", str(config)], capture_output=True, text=True,
+                         timeout=30)
+    assert run.returncode == 1, run
+    assert missing in run.stderr
+
+
+def test_a_held_stream_in_the_settings_is_checked_by_key(tmp_path: Path) -> None:
+    """``[[hold]]`` entries are refused naming the key that is wrong."""
+    for body, key in (('[[hold]]\nchannel = "aeron:udp?endpoint=x:1"\nstream_id = "7"',
+                       "hold.stream_id"),
+                      ('[[hold]]\nchannel = 7\nstream_id = 7', "hold.channel"),
+                      (f'[[hold]]\nchannel = "{CHANNEL}"\nstream_id = 7\ngroup = ""',
+                       "hold.group"),
+                      (f'[[hold]]\nchannel = "{CHANNEL}"\nstream_id = 7\nsize = 1',
+                       "hold.size"),
+                      ('release_after = "-1s"', "release_after")):
+        config = tmp_path / "bad.toml"
+        config.write_text(body + "\n")
+        with pytest.raises(ArchiveSettingsError) as raised:
+            load_settings(config)
+        assert raised.value.key == key, (body, raised.value)
 
 
 def test_holder_options_are_checked() -> None:
