@@ -31,9 +31,9 @@ from pathlib import Path
 from bench.archive_record import STREAM, _recordings, _wait
 from bench.archive_replay import _free_port
 from bench.ipc_throughput import machine
+from slipstream.archive.holding import driver_instance
 from slipstream.archive.reading import live_positions
 from slipstream.client import Client
-from slipstream.client.holder import driver_instance
 from slipstream.client.logview import ImageView
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.archived import ArchivedSource

@@ -54,6 +54,7 @@ from typing import Any
 
 from bench.ipc_throughput import BATCH, machine
 from bench.udp_throughput import free_port
+from slipstream.archive.holding import driver_instance
 from slipstream.client import (
     ADMIN_ACTION,
     BACK_PRESSURED,
@@ -64,7 +65,6 @@ from slipstream.client import (
     Subscription,
 )
 from slipstream.client.counters import CountersFile
-from slipstream.client.holder import driver_instance
 from slipstream.client.holding import REPLY_WINDOW, reply_subscription_channel
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
 from slipstream.client.replay import ReplayServer

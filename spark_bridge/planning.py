@@ -357,15 +357,16 @@ class _StandingHold:
 
     def no_record(self) -> str:
         """Why a session may be gone with no record of its end."""
-        return (f"the standing holder on {self.host} has no record of how it ended (the "
-                f"holder restarted, or released its group, since the query last read it)")
+        return (f"the archive holding the stream on {self.host} has no record of how it "
+                f"ended (the archive restarted, or released its group, since the query last "
+                f"read it)")
 
     def made_anew(self, join_position: int) -> str:
         """Why the holder's log of a session holds nothing before ``join_position``."""
-        return (f"the standing holder on {self.host} holds it only from position "
-                f"{join_position} on: its subscription joined there (the holder or its "
-                f"host's driver restarted, or its group was released, after the query's "
-                f"last commit), and nothing held the earlier positions meanwhile")
+        return (f"the archive holding the stream on {self.host} holds it only from "
+                f"position {join_position} on: its subscription joined there (the archive "
+                f"or its host's driver restarted, or its group was released, after the "
+                f"query's last commit), and nothing held the earlier positions meanwhile")
 
     def close(self) -> None:
         self.link.close()

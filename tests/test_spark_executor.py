@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, wait_for
 
+from slipstream.archive.holding import driver_instance
 from slipstream.client import BufferClaim, Client, Image
 from slipstream.client.counters import CountersFile
-from slipstream.client.holder import driver_instance
 from slipstream.client.replay import ReplayServer, earliest_position
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge import planning, read_task
