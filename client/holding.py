@@ -1,10 +1,11 @@
-"""Calls to a holder: small request/answer exchanges over slipstream streams, beside replays.
+"""Calls: small request/answer exchanges over slipstream streams, to the archive.
 
-A holder (a process that holds streams in its host's shared memory and serves replays of them,
-:class:`~slipstream.client.replay.ReplayServer`) also answers **calls** on the same control
-stream: a planner on another host asks it what its logs hold, where a range of messages ends,
-or to move a subscriber position.  A call is one JSON message on the control stream, an answer
-one JSON message on the caller's response stream, matched by the call's ``id``::
+The archive (:mod:`slipstream.archive.control`: the one server that answers them) takes
+**calls** on its control stream: a planner on another host asks it what the logs of the
+streams it holds hold, where a range of messages ends, or to move a subscriber position
+(:mod:`slipstream.archive.holding`), and for its recordings and replays.  A call is one JSON
+message on the control stream, an answer one JSON message on the caller's response stream,
+matched by the call's ``id``::
 
     {"version": 1, "kind": "call", "id": 7, "op": "state", "args": {...},
      "reply_channel": "aeron:udp?endpoint=10.0.0.2:40190", "response_stream_id": 91}
@@ -407,8 +408,3 @@ class HolderLink:
     def close(self) -> None:
         self.control.close()
         self._response.close()
-
-
-CallHandler = Callable[[str, dict[str, Any]], Any]
-"""What a holder does with a call: ``handler(op, args)`` returns the result (a JSON value) or
-raises ValueError / SlipstreamError, whose message the caller gets."""

@@ -30,8 +30,7 @@ from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
 from slipstream.client.logbuffer import LogIdentity
 
 __all__ = ["COMPLETE", "LOST", "REFUSED", "REPLAYING", "REPLAY_VERSION", "WAIT_SPIN_NS",
-           "ReaderState", "ReplayError", "ReplayExchange", "ReplayLostError", "ReplayRequest",
-           "json_object"]
+           "ReaderState", "ReplayError", "ReplayExchange", "ReplayLostError", "ReplayRequest"]
 
 #: The request format's version; a holder refuses requests of another.
 REPLAY_VERSION: Final = 1
@@ -142,15 +141,6 @@ class ReplayRequest:
         if self.request_id is not None:
             fields["request_id"] = self.request_id
         return json.dumps({"status": status, **fields}).encode()
-
-
-def json_object(data: bytes) -> dict[str, Any] | None:
-    """``data`` as a JSON object, or None when it is none."""
-    try:
-        fields = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return fields if isinstance(fields, dict) else None
 
 
 class ReaderState(enum.Enum):

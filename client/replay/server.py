@@ -1,6 +1,7 @@
-"""The holder's side of replays: :class:`ReplayServer` takes requests (and calls) on its
-control stream, answers them and publishes each range, block by block where it can, message by
-message where it must (see :mod:`slipstream.client.replay` for the exchange)."""
+"""The holder's side of replays: :class:`ReplayServer` takes requests on its control stream,
+answers them and publishes each range, block by block where it can, message by message where
+it must (see :mod:`slipstream.client.replay` for the exchange).  Calls about held streams are
+the archive's (:mod:`slipstream.archive.holding`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Final
 from slipstream.client._native import lib
 from slipstream.client.client import Client
 from slipstream.client.errors import DataLossError, SlipstreamError
-from slipstream.client.holding import Answers, CallHandler, decode_call, small_channel
+from slipstream.client.holding import small_channel
 from slipstream.client.image import Image
 from slipstream.client.layout import FRAME_ALIGNMENT, HDR_TYPE_PAD, HEADER_LENGTH, PARTITION_COUNT
 from slipstream.client.logbuffer import LogIdentity, compute_term_id
@@ -31,7 +32,6 @@ from slipstream.client.replay.protocol import (
     WAIT_SPIN_NS,
     ReplayError,
     ReplayRequest,
-    json_object,
 )
 from slipstream.client.retention import first_retained, is_retained, message_start
 from slipstream.client.subscription import Subscription
@@ -202,7 +202,6 @@ class ReplayServer:
 
     def __init__(self, client: Client, address: str, port: int, control_stream_id: int,
                  lookup: Callable[[int, int], Image | None],
-                 calls: CallHandler | None = None,
                  housekeeping: Callable[[], object] | None = None) -> None:
         self.client = client
         self.address = address
@@ -210,10 +209,8 @@ class ReplayServer:
         self.control_stream_id = control_stream_id
         self.control_channel = f"aeron:udp?endpoint={address}:{port}"
         self._lookup = lookup
-        self._calls = calls
         self._housekeeping = housekeeping
         self._next_housekeeping = 0.0
-        self._answers = Answers(client)
         self._responses = _Responses(client)
         self._control: Subscription = client.add_subscription(self.control_channel,
                                                               control_stream_id)
@@ -239,7 +236,6 @@ class ReplayServer:
         for session in self._sessions:
             session.close()
         self._sessions.clear()
-        self._answers.close()
         self._responses.close()
         self._control.close()
 
@@ -259,7 +255,7 @@ class ReplayServer:
         are in progress (their credit comes back unannounced), else up to ``parked_s`` (a
         request wakes it at once); ``spin_ns`` as :meth:`Subscription.wait_for_data` takes it
         (None: the client's), by default none."""
-        wait = idle_s if self._sessions or self._answers.pending else parked_s
+        wait = idle_s if self._sessions else parked_s
         self._control.wait_for_data(int(wait * 1e9), spin_ns)
 
     def do_work(self) -> int:
@@ -268,10 +264,6 @@ class ReplayServer:
         for data in self._requests:
             request: ReplayRequest | None = None
             try:
-                fields = json_object(data)
-                if fields is not None and fields.get("kind") == "call":
-                    self._call(fields)
-                    continue
                 try:
                     request = ReplayRequest.decode(data)
                 except ValueError as e:
@@ -283,7 +275,6 @@ class ReplayServer:
                 self._refuse(f"the request could not be served ({type(e).__name__}: {e}); "
                              f"the holder's log says more", request)
         self._requests.clear()
-        work += self._answers.do_work()
         self._responses.do_work()
         if self._housekeeping is not None and time.monotonic() >= self._next_housekeeping:
             self._next_housekeeping = time.monotonic() + _HOUSEKEEPING_S
@@ -304,30 +295,6 @@ class ReplayServer:
                         session, f"the replay failed at the holder ({type(e).__name__}: {e}); "
                                  f"the holder's log says more")
         return work
-
-    def _call(self, fields: dict[str, Any]) -> None:
-        """Answer a call (:mod:`slipstream.client.holding`): a malformed one is counted and
-        dropped, one this holder takes no calls of or that fails is answered with the error."""
-        try:
-            call_id, op, args, reply, stream = decode_call(fields)
-        except ValueError as e:
-            self._refuse(f"malformed call ({e})", None)
-            return
-        try:
-            if self._calls is None:
-                raise ValueError("this holder takes no calls, only replay requests")
-            answer = {"id": call_id, "status": "ok", "result": self._calls(op, args)}
-        except (ValueError, SlipstreamError) as e:
-            answer = {"id": call_id, "status": "error", "message": str(e)}
-        except Exception as e:  # the caller is told at once, not left to time out
-            log.exception("slipstream holder: the call %r failed", op)
-            answer = {"id": call_id, "status": "error",
-                      "message": f"the call {op!r} failed at the holder ({type(e).__name__}: "
-                                 f"{e}); its log says more"}
-        try:
-            self._answers.send(reply, stream, answer)
-        except SlipstreamError as e:
-            self._refuse(f"cannot answer {reply}: {e}", None)
 
     def _refuse(self, why: str, request: ReplayRequest | None, status: str = REFUSED,
                 **fields: object) -> None:
