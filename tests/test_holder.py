@@ -11,6 +11,7 @@ driver's directory: the same driver run as the holder's).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,11 +23,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, start_holding_archive, wait_for
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from slipstream.archive.client import ArchiveClient
+from slipstream.archive.reading import RecordingLostError
 from slipstream.archive.settings import (
     DEFAULT_CONTROL_STREAM_ID,
     ArchiveSettingsError,
@@ -34,12 +38,15 @@ from slipstream.archive.settings import (
     load_settings,
 )
 from slipstream.client import Client
+from slipstream.client.counters import SystemCounter, read_system_counters
 from slipstream.client.holding import CallError, HolderLink, small_channel
+from slipstream.client.logbuffer import LogIdentity
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.options import OptionError, parse_options
 from slipstream.spark_bridge.reader import (
     SlipstreamBatchReader,
     SlipstreamDataLossError,
+    SlipstreamPartition,
     SlipstreamStreamReader,
     position_of,
     read_range,
@@ -60,9 +67,11 @@ class Ingest:
     """The ingest host's driver and its archive holding streams (``holder``: the process),
     and the Spark host's driver with a publisher sending the stream to the ingest host."""
 
-    def __init__(self, ingest_dir: Path, spark_dir: Path, archive_dir: Path) -> None:
+    def __init__(self, ingest_dir: Path, spark_dir: Path, archive_dir: Path,
+                 **settings: Any) -> None:
         self.ingest_dir, self.spark_dir = ingest_dir, spark_dir
-        self.holder = start_holding_archive(ingest_dir, "127.0.0.2", HOLDER_PORT, archive_dir)
+        self.holder = start_holding_archive(ingest_dir, "127.0.0.2", HOLDER_PORT, archive_dir,
+                                            **settings)
         self.client = Client.connect(spark_dir)
         self.publication = self.client.add_publication(f"{CHANNEL}|term-length={TERM}",
                                                        STREAM)
@@ -97,14 +106,16 @@ class Ingest:
                 self.holder.wait()
 
 
-@pytest.fixture
-def ingest(tmp_path: Path) -> Iterator[Ingest]:
+@contextlib.contextmanager
+def two_hosts(archive_dir: Path, **settings: Any) -> Iterator[Ingest]:
+    """The two hosts, the archive given ``settings`` (:func:`helpers.start_holding_archive`'s
+    ``holds``, ``release_after_s``)."""
     directories = [Path("/dev/shm") / f"slipstream-hold-{uuid.uuid4().hex[:6]}-{n}"
                    for n in ("ingest", "spark")]
     try:
         with MediaDriver.launch(directory=directories[0], **FAST_DRIVER_SETTINGS), \
                 MediaDriver.launch(directory=directories[1], **FAST_DRIVER_SETTINGS):
-            hosts = Ingest(*directories, tmp_path / "archive")
+            hosts = Ingest(*directories, archive_dir, **settings)
             try:
                 yield hosts
             finally:
@@ -114,6 +125,21 @@ def ingest(tmp_path: Path) -> Iterator[Ingest]:
     finally:
         for directory in directories:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def ingest(tmp_path: Path) -> Iterator[Ingest]:
+    with two_hosts(tmp_path / "archive") as hosts:
+        yield hosts
+
+
+@pytest.fixture
+def held_from_start(tmp_path: Path) -> Iterator[Ingest]:
+    """The archive holds the stream from its start (``[[hold]]``), releasing an idle group
+    after 2 s."""
+    with two_hosts(tmp_path / "archive", holds=((CHANNEL, STREAM),),
+                   release_after_s=2.0) as hosts:
+        yield hosts
 
 
 def values(partitions: list, directory: Path | None = None) -> list[tuple[bytes, int, int]]:
@@ -357,6 +383,87 @@ def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_c
     output, _ = ingest.holder.communicate(timeout=10)
     assert output.count("a malformed call dropped") == 3, output
     assert ingest.holder.returncode == 0
+
+
+def test_a_stream_held_by_the_settings_holds_its_publisher_until_released_when_idle(
+        held_from_start: Ingest) -> None:
+    """A ``[[hold]]`` holds the stream from the archive's start, before any query asked: the
+    publisher gets one receiver window (and its own half term) in, then waits.  No query
+    calls for ``release_after`` (2 s): the group is released, and a state call that makes no
+    hold is answered that the stream is not held, naming what is."""
+    ingest = held_from_start
+    client = Client.connect(ingest.spark_dir)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
+    try:
+        key = {"channel": CHANNEL, "stream_id": STREAM, "group": "spark"}
+        total = 4 * TERM // FRAME  # four terms: eight receiver windows
+        went = ingest.publish(total, timeout_s=1.0)
+        assert 0 < went < total // 2, went  # one window, and the publisher's half term
+        time.sleep(4.0)  # idle past release_after, and the next housekeeping pass
+        with pytest.raises(CallError, match="is not held here for group 'spark' "
+                                            r"\(held: none\)"):
+            link.call("state", **key, hold=False)
+    finally:
+        link.close()
+        client.close()
+
+
+def test_a_replay_of_a_range_the_live_log_no_longer_holds_is_refused_lost_or_skipped(
+        ingest: Ingest) -> None:
+    """The group commits past four terms of the stream, so the live log no longer holds its
+    first messages.  A replay asked from position 0 is refused ``lost`` with what the log
+    holds, from its first whole message; a read task on another host fails with
+    ``failOnDataLoss=true``, naming the range, and with ``false`` skips to that message,
+    reads every message from there once, and counts the skip."""
+    client = Client.connect(ingest.spark_dir)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
+    archive = ArchiveClient(client, "127.0.0.2", HOLDER_PORT, timeout_s=10)
+    try:
+        key = {"channel": CHANNEL, "stream_id": STREAM, "group": "spark"}
+        link.call("state", **key)
+        total = 4 * TERM // FRAME
+        while ingest.published < total:
+            ingest.publish(min(100, total - ingest.published), timeout_s=0.2)
+            sessions = link.call("state", **key)["sessions"]
+            for sid, state in sessions.items():
+                link.call("view", **key, session_id=int(sid),
+                          log=[state["initial_term_id"], state["term_length"]],
+                          method="advance_to", args={"position": state["available"]})
+        sid = str(ingest.publication.session_id)
+        state = link.call("state", **key)["sessions"][sid]
+        framing = (state["initial_term_id"], state["term_length"])
+        end = state["available"]  # every message (and the padding that ends each term)
+        assert end >= total * FRAME, state
+        with pytest.raises(RecordingLostError, match="no longer holds position 0") as lost:
+            archive.replay_held(key, int(sid), framing, 0, end)
+        first = lost.value.held[0]
+        assert 0 < first < end - TERM and first % 32 == 0, lost.value.held
+
+        def task(fail_on_data_loss: bool) -> SlipstreamPartition:
+            return SlipstreamPartition(
+                int(sid), STREAM, state["log_path"], 0, end, str(ingest.spark_dir),
+                fail_on_data_loss, "127.0.0.2", log=LogIdentity(int(sid), *framing),
+                driver="another driver run", holder=("127.0.0.2", HOLDER_PORT,
+                                                     DEFAULT_CONTROL_STREAM_ID),
+                replay_timeout_ms=10_000, held=key)
+
+        # The driver's cleaner may have gone on behind the group's position since: what is
+        # lost reaches at least as far.
+        with pytest.raises(SlipstreamDataLossError, match=r"positions \[0, \d+\)") as failed:
+            values([task(True)])
+        assert int(str(failed.value).split("positions [0, ")[1].split(")")[0]) >= first
+        skips_before = read_system_counters(ingest.spark_dir)[SystemCounter.DATA_LOSS_SKIPS]
+        rows = values([task(False)])
+        assert rows[0][1] - FRAME >= first  # from the first message the log held
+        assert numbers(rows) == list(range(numbers(rows)[0], total))
+        assert read_system_counters(ingest.spark_dir)[SystemCounter.DATA_LOSS_SKIPS] == \
+            skips_before + 1
+    finally:
+        archive.close()
+        link.close()
+        client.close()
 
 
 def test_the_holder_command_names_the_archive_settings_that_replace_it(tmp_path: Path
