@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, start_holding_archive, wait_for
+from helpers import FAST_DRIVER_SETTINGS, free_port, start_holding_archive, wait_for
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from slipstream.archive.client import ArchiveClient
@@ -54,8 +54,9 @@ from slipstream.spark_bridge.reader import (
 
 pytestmark = pytest.mark.timeout(180)
 
-HOLDER_PORT = 40197
-DATA_PORT = 40198
+# Drawn free, not fixed: other checkouts' tests may run on this machine at the same time.
+HOLDER_PORT = free_port()
+DATA_PORT = next(port for port in iter(free_port, None) if port != HOLDER_PORT)
 STREAM = 4401
 CHANNEL = f"aeron:udp?endpoint=127.0.0.2:{DATA_PORT}"
 PAYLOAD = 100
