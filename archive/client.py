@@ -223,9 +223,11 @@ class ArchiveClient:
         """A replay read here (as :meth:`replay`'s) of ``[start, end)`` of session
         ``session_id``'s live log, framed ``framing`` (initial term id, term length), of the
         stream the archive holds for a group (``held``: its ``channel``, ``stream_id`` and
-        ``group``: :mod:`slipstream.archive.holding`).  Raises :class:`RecordingLostError`
-        when the log no longer holds ``start`` (its ``held`` begins at the first message it
-        holds)."""
+        ``group``: :mod:`slipstream.archive.holding`).  It begins at the first message at or
+        after ``start`` (``ArchiveReplay.start``; done at once, replay id 0, when none begins
+        before ``end``) and ends early, before padding inside a term (an aborted claim's),
+        where a replay from there goes on.  Raises :class:`RecordingLostError` when the log
+        no longer holds ``start`` (its ``held`` begins at the first message it holds)."""
         return self._replay_here(
             lambda to, stream: ReplayStarted.of(self._call(
                 "replay", held=held, session_id=session_id, log=[*framing], start=start,

@@ -44,8 +44,10 @@ name it by ``channel``, ``stream_id`` and ``group``:
 ``replay`` with ``held`` (the stream's key), ``session_id``, ``log``, ``start``, ``end``,
 ``channel``, ``stream_id``
     ``[start, end)`` of the session's live log replayed as a recording's range is, answered
-    alike; a start the log no longer holds is refused ``lost`` with ``held``, from the first
-    message it holds.
+    alike, from the first message at or after ``start`` (padding inside a term, which a
+    replay cannot reproduce, is stepped over: a replay that meets it ends there); replay id 0
+    when no message begins before ``end``.  A start the log no longer holds is refused
+    ``lost`` with ``held``, from the first message it holds.
 
 An error answer has ``status`` ``error`` and a ``message``; a range the archive does not hold
 has ``reason`` ``lost`` and ``held``, ``[start, stop]`` (stop -1 while live: up to
@@ -78,6 +80,7 @@ from slipstream.client.channel import keys_given, parse_channel
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
+from slipstream.client.retention import message_start
 from slipstream.client.subscription import Subscription
 
 if TYPE_CHECKING:
@@ -337,7 +340,14 @@ class ArchiveControl:
             raise CallRefused(f"{LOST}: [{start}, {end}) of {source.name}: the live log no "
                               f"longer holds position {start} (it holds [{held_range[0]}, "
                               f"{available}))", reason=LOST, held=[*held_range])
-        return self._start_replay(source, start, end, channel, stream_id, None)
+        # Padding inside a term (an aborted claim's), which a replay cannot reproduce, is
+        # stepped over: the replay starts at the next message (a replay that meets such
+        # padding ends there, and its reader asks again from there).
+        begin = message_start(image, start, end)
+        if begin >= end:
+            return {"replay_id": 0, "session_id": 0, "start": end, "end": end,
+                    "recording_id": None}
+        return self._start_replay(source, begin, end, channel, stream_id, None)
 
     def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
         if "held" in args:

@@ -37,7 +37,7 @@ from slipstream.archive.settings import (
     HoldSpec,
     load_settings,
 )
-from slipstream.client import Client
+from slipstream.client import BufferClaim, Client
 from slipstream.client.counters import SystemCounter, read_system_counters
 from slipstream.client.holding import CallError, HolderLink, small_channel
 from slipstream.client.logbuffer import LogIdentity
@@ -464,6 +464,54 @@ def test_a_replay_of_a_range_the_live_log_no_longer_holds_is_refused_lost_or_ski
     finally:
         archive.close()
         link.close()
+        client.close()
+
+
+def test_a_held_range_with_aborted_claims_padding_is_replayed_around_it(
+        ingest: Ingest) -> None:
+    """Aborted claims leave padding inside a term, which a replay cannot reproduce: one
+    between messages and one at the range's end (an IPC stream on the ingest host, whose log
+    is the publisher's own).  A read task on another host gets the same rows as one on the
+    archive's host (a replay up to the padding, then one from the next message), and a range
+    of nothing but padding is read as empty."""
+    client = Client.connect(ingest.spark_dir)
+    publishing = Client.connect(ingest.ingest_dir)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
+    try:
+        key = {"channel": "aeron:ipc", "stream_id": STREAM, "group": "spark"}
+        link.call("state", **key)
+        publication = publishing.add_publication("aeron:ipc", STREAM)
+        wait_for(lambda: publication.is_connected, what="the archive's hold")
+        sid = str(publication.session_id)
+        claim = BufferClaim()
+        for first in (0, 10):
+            for n in range(first, first + 10):
+                while publication.offer(f"{n:08d}".encode().ljust(PAYLOAD, b".")) < 0:
+                    time.sleep(0.001)
+            while publication.try_claim(200, claim) < 0:
+                time.sleep(0.001)
+            claim.abort()
+        end = publication.position
+        answer = link.call("state", **key)
+        state = answer["sessions"][sid]
+        framing = (state["initial_term_id"], state["term_length"])
+
+        def task(directory: Path, start: int) -> list[tuple[bytes, int, int]]:
+            return values([SlipstreamPartition(
+                int(sid), STREAM, state["log_path"], start, end, str(directory), True,
+                "127.0.0.2", log=LogIdentity(int(sid), *framing), driver=answer["driver"],
+                holder=("127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID),
+                replay_timeout_ms=10_000, held=key)])
+
+        in_place = task(ingest.ingest_dir, 0)
+        assert numbers(in_place) == list(range(20))
+        # Not stamped: the timestamp is each read's time.
+        assert [row[:2] for row in task(ingest.spark_dir, 0)] == [row[:2] for row in in_place]
+        assert task(ingest.spark_dir, in_place[-1][1]) == []  # the padding only
+    finally:
+        link.close()
+        publishing.close()
         client.close()
 
 
