@@ -167,8 +167,8 @@ class SourceOptions:
                 raise OptionError(name, "applies to streaming reads only (spark.readStream)")
         if self.holder is None:
             raise OptionError("holder", "is required by a batch read (spark.read): the ingest "
-                                        "host whose slipstream-holder holds the stream, "
-                                        "HOST[:PORT] (docs/SPARK.md)")
+                                        "host whose archive holds the stream, HOST[:PORT] "
+                                        "(docs/SPARK.md)")
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -222,7 +222,7 @@ def _holder(text: str, port: int) -> tuple[str, int]:
             port = 0
         if not 1 <= port <= 65535:
             raise OptionError("holder", f"{text!r}: {port_text!r} is not a UDP port (accepted: "
-                                        f"HOST or HOST:PORT, the ingest host's slipstream-holder)")
+                                        f"HOST or HOST:PORT, the ingest host's archive)")
     if not host:
         raise OptionError("holder", f"{text!r} names no host (accepted: HOST or HOST:PORT)")
     return host, port
