@@ -60,31 +60,42 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
-from slipstream.archive.catalog import NULL_POSITION, RecordingDescriptor, RecordingState
-from slipstream.archive.holding import HELD_OPERATIONS, held_key
+from slipstream.archive.catalog import (
+    NULL_POSITION,
+    Catalog,
+    RecordingDescriptor,
+    RecordingState,
+)
+from slipstream.archive.holding import (
+    HELD_OPERATIONS,
+    HeldStreams,
+    NamedLogs,
+    SessionGoneError,
+    held_key,
+)
 from slipstream.archive.reading import (
     RecordingLostError,
     Segments,
     frame_at,
     position_at_time,
 )
+from slipstream.archive.recorder import Recording
 from slipstream.archive.replayer import (
     POSITIONING_KEYS,
     LogSource,
     ReplaySession,
+    ReplayState,
     SegmentSource,
 )
 from slipstream.client.channel import keys_given, parse_channel
+from slipstream.client.client import Client
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
 from slipstream.client.retention import message_start
 from slipstream.client.subscription import Subscription
-
-if TYPE_CHECKING:
-    from slipstream.archive.service import ArchiveService
 
 log = logging.getLogger("slipstream.archive")
 
@@ -129,13 +140,26 @@ def descriptor_fields(descriptor: RecordingDescriptor, recorded_position: int) -
             "source_identity": descriptor.source_identity}
 
 
-class ArchiveControl:
-    """The service's control stream and its replays (the service's one thread)."""
+class ControlHost(Protocol):
+    """What a control stream serves: an archive service's recordings (``catalog`` None: none)
+    and the logs it holds (``holds``), through its ``client``."""
 
-    def __init__(self, service: ArchiveService, address: str, port: int,
+    client: Client
+    directory: Path | None
+    catalog: Catalog | None
+    recordings: dict[int, Recording]
+    holds: HeldStreams | NamedLogs
+
+
+class ArchiveControl:
+    """The control stream of ``service`` (an :class:`~slipstream.archive.service.
+    ArchiveService`, or a :class:`ControlHost` with no recordings that serves replays of a
+    process's own logs) and its replays, on the service's one thread."""
+
+    def __init__(self, service: ControlHost, address: str, port: int,
                  stream_id: int) -> None:
         self._service = service
-        self.directory: Path = service.directory
+        self.directory = service.directory
         self.channel = f"aeron:udp?endpoint={address}:{port}"
         self.stream_id = stream_id
         self._subscription: Subscription = service.client.add_subscription(self.channel,
@@ -145,6 +169,7 @@ class ArchiveControl:
         self._next_replay_id = 1
         self._calls: list[bytes] = []
         self.malformed = 0  # calls dropped: not JSON, or not a call
+        self.served = 0  # replays sent whole
         log.info("control stream %s stream %d", self.channel, stream_id)
 
     def do_work(self) -> int:
@@ -162,6 +187,7 @@ class ArchiveControl:
                 recorded, stopped = self._recorded(session.recording_id)
             work += session.do_work(recorded, stopped, now)
             if session.is_over:
+                self.served += session.state is ReplayState.DONE
                 del self.replays[replay_id]
         work += self._answers.do_work()
         return work
@@ -181,7 +207,7 @@ class ArchiveControl:
         recording = self._service.recordings.get(recording_id)
         if recording is not None and recording.is_active:
             return recording.recorded_position, False
-        descriptor = self._service.catalog.get(recording_id)
+        descriptor = self._catalog().get(recording_id)
         assert descriptor is not None
         if descriptor.stop_position == NULL_POSITION:  # recovery runs before any call
             return descriptor.start_position, True
@@ -245,9 +271,16 @@ class ArchiveControl:
     def _listed(self, descriptor: RecordingDescriptor) -> dict[str, Any]:
         return descriptor_fields(descriptor, self._recorded(descriptor.recording_id)[0])
 
+    def _catalog(self) -> Catalog:
+        catalog = self._service.catalog
+        if catalog is None:
+            raise CallRefused("this control stream has no recordings: it replays a query's "
+                              "own logs")
+        return catalog
+
     def _descriptor(self, args: dict[str, Any]) -> RecordingDescriptor:
         recording_id = _int_arg(args, "recording_id", 0, 2**63 - 1)
-        descriptor = self._service.catalog.get(recording_id)  # type: ignore[arg-type]
+        descriptor = self._catalog().get(recording_id)  # type: ignore[arg-type]
         if descriptor is None or descriptor.state != RecordingState.VALID:
             raise CallRefused(f"no recording {recording_id} in the archive at "
                               f"{self.directory}")
@@ -262,7 +295,7 @@ class ArchiveControl:
         from_id = _int_arg(args, "from_id", 0, 2**63 - 1, 0)
         count = _int_arg(args, "count", 1, LIST_MAX, LIST_COUNT)
         out = []
-        for descriptor in self._service.catalog.recordings():
+        for descriptor in self._catalog().recordings():
             if descriptor.recording_id < from_id:  # type: ignore[operator]
                 continue
             if (channel is not None and channel not in descriptor.channel) or \
@@ -326,7 +359,13 @@ class ArchiveControl:
         start = _int_arg(args, "start", 0, 2**62)
         end = _int_arg(args, "end", 0, 2**62)
         assert start is not None and end is not None and session_id is not None
-        image = self._service.holds.replay_source(key, session_id, (framing[0], framing[1]))
+        end = _int_arg(args, "end", 0, 2**62)
+        assert end is not None
+        try:
+            image = self._service.holds.replay_source(key, session_id,
+                                                      (framing[0], framing[1]))
+        except SessionGoneError as e:
+            raise CallRefused(f"{LOST}: {e}", reason=LOST, held=[end, end]) from None
         source = LogSource(image, f"stream {key[1]} session {session_id} held for group "
                                   f"{key[2]!r}")
         available = image.producer_position()

@@ -41,7 +41,7 @@ from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
 from slipstream.client.logview import VIEW_OPERATIONS, ImageView, SessionEnds, snapshot
 
 __all__ = ["HELD_OPERATIONS", "MAX_ENDED_ASKED", "MAX_SPLIT_PIECES", "DetachedLogs",
-           "HeldStreams", "driver_instance", "held_key"]
+           "HeldStreams", "NamedLogs", "SessionGoneError", "driver_instance", "held_key"]
 
 log = logging.getLogger("slipstream.archive")
 
@@ -143,6 +143,11 @@ class DetachedLogs:
                 return None
             self._images[path] = image
         return image
+
+    @property
+    def paths(self) -> list[str]:
+        """The logs mapped now."""
+        return list(self._images)
 
     def prune(self, live: set[str], in_use: set[str]) -> None:
         """Unmap the logs neither in ``live`` (still a subscription's) nor ``in_use``."""
@@ -308,4 +313,54 @@ class HeldStreams:
         for held in self._held.values():
             held.subscription.close()
         self._held.clear()
+        self._detached.close()
+
+
+class SessionGoneError(ValueError):
+    """A replay asked for a session whose log is no longer here (its stream ended and the log
+    went): what it asked for is lost."""
+
+
+class NamedLogs:
+    """Logs that another thread of this process holds (a Spark query's own subscriptions),
+    named by (stream id, session id), for the replays a control stream serves of them
+    (:class:`~slipstream.archive.control.ArchiveControl`); it answers no calls about held
+    streams (the holder's own thread asks its images itself).  :attr:`logs` is replaced whole
+    by the holding thread as images come and go: (stream id, session id) -> (log path, the
+    subscription's join position: the log holds nothing before it)."""
+
+    def __init__(self) -> None:
+        self.logs: dict[tuple[int, int], tuple[str, int]] = {}
+        self._detached = DetachedLogs()
+
+    def call(self, op: str, args: dict[str, Any]) -> Any:
+        raise ValueError(f"op {op!r}: this control stream replays a query's own logs only "
+                         f"(no call about held streams)")
+
+    def replay_source(self, key: tuple[str, int, str], session_id: int,
+                      framing: tuple[int, int]) -> Image:
+        """A mapping of the log of ``session_id`` of stream ``key[1]`` (as
+        :meth:`HeldStreams.replay_source`); raises :class:`SessionGoneError` when this
+        process holds no log of it, ValueError when its log is framed otherwise."""
+        found = self.logs.get((key[1], session_id))
+        image = self._detached.get(*found) if found is not None else None
+        if image is None:
+            raise SessionGoneError(f"stream {key[1]} session {session_id}: this holder holds "
+                                   f"no log of that session (its stream ended and the log "
+                                   f"went)")
+        if image.identity.framing != framing:
+            raise ValueError(f"session {session_id}'s log here has "
+                             f"{image.identity.describe()}, not {[*framing]!r}")
+        return image
+
+    def do_work(self, logs_in_use: set[str]) -> None:
+        """Unmap the logs no longer in :attr:`logs` that no replay reads (``logs_in_use``)."""
+        self._detached.prune({path for path, _ in self.logs.values()}, logs_in_use)
+
+    @property
+    def mapped(self) -> list[str]:
+        """The paths of the logs mapped for replays now."""
+        return self._detached.paths
+
+    def close(self) -> None:
         self._detached.close()

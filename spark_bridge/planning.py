@@ -20,20 +20,23 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Final
 
+from slipstream.archive.catalog import Catalog
+from slipstream.archive.control import ArchiveControl
 from slipstream.archive.holding import (
     MAX_ENDED_ASKED,
     MAX_SPLIT_PIECES,
-    DetachedLogs,
+    NamedLogs,
     driver_instance,
 )
+from slipstream.archive.recorder import Recording
 from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
-from slipstream.client import Client, Image, SlipstreamError, Subscription
+from slipstream.client import Client, SlipstreamError, Subscription
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logview import ImageView, LogView, RemoteView, SessionEnd, SessionEnds
-from slipstream.client.replay import ReplayServer
 from slipstream.spark_bridge.archived import ArchivedSource, Archives
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.read_task import (
@@ -49,6 +52,11 @@ __all__ = ["archived_partitions", "holder_address", "log_of", "plan_partitions",
 log = logging.getLogger("slipstream.spark_bridge")
 
 _IMAGE_WAIT_S = 0.5  # how long a new subscription waits for its images to show up
+#: The query's replay server waits this long between passes while replays are in progress
+#: (their publications' limits move as the tasks' status messages come), s...
+_REPLAY_WAIT_S = 0.0005
+#: ...and for a request at most this long otherwise (one wakes it at once), ns.
+_CALL_WAIT_NS = 100_000_000
 
 
 def holder_address(options: SourceOptions) -> str | None:
@@ -73,58 +81,63 @@ def holder_address(options: SourceOptions) -> str | None:
 
 
 class _Holder:
-    """The query's replay server (:class:`~slipstream.client.replay.ReplayServer`) on a
-    thread of the planning process, with a client of its own: it replays the ranges the
-    query's subscriptions hold to read tasks on other hosts.  ``logs`` maps (stream id,
-    session id) to log paths (the planning thread replaces it as images come and go)."""
+    """The query's replay server: the archive's control stream
+    (:class:`~slipstream.archive.control.ArchiveControl`) on a thread of the planning
+    process, with a client of its own, serving replays of the logs the query's
+    subscriptions hold (:class:`~slipstream.archive.holding.NamedLogs`) to read tasks on
+    other hosts, as an ingest host's archive serves its held streams'.  ``logs`` maps
+    (stream id, session id) to (log path, join position); the planning thread replaces it as
+    images come and go."""
 
     def __init__(self, directory: str | None, address: str, port: int) -> None:
-        #: (stream id, session id) -> (log path, the subscription's join position: the log
-        #: holds nothing before it, whatever its frames there say).
-        self.logs: dict[tuple[int, int], tuple[str, int]] = {}
-        self._images = DetachedLogs()
+        # The ArchiveControl's host (its ControlHost), with no recordings.
+        self.holds = NamedLogs()
+        self.directory: Path | None = None
+        self.catalog: Catalog | None = None
+        self.recordings: dict[int, Recording] = {}
         self._stopping = False
-        self._client = Client.connect(directory)
+        self.client = Client.connect(directory)
         try:
             control_stream = random.randrange(1, INT32_MAX)
-            self.server = ReplayServer(self._client, address, port, control_stream,
-                                       self._lookup, housekeeping=self._prune)
+            self.control = ArchiveControl(self, address, port, control_stream)
         except BaseException:
-            self._client.close()
+            self.client.close()
             raise
         self.address = (address, port, control_stream)
         self._thread = threading.Thread(target=self._run, name="slipstream-replay-holder",
                                         daemon=True)
         self._thread.start()
 
-    def _prune(self) -> dict[tuple[int, int], tuple[str, int]]:
-        """Unmap the logs of sessions no longer in :attr:`logs` that no replay reads (their
-        files are gone: the mapping is all that keeps their memory); returns :attr:`logs`."""
-        logs = self.logs
-        self._images.prune({path for path, _ in logs.values()}, self.server.logs_in_use)
-        return logs
+    @property
+    def logs(self) -> dict[tuple[int, int], tuple[str, int]]:
+        return self.holds.logs
 
-    def _lookup(self, stream_id: int, session_id: int) -> Image | None:
-        logs = self._prune()
-        if (stream_id, session_id) not in logs:
-            return None
-        image = self._images.get(*logs[(stream_id, session_id)])
-        return image if image is not None and image.stream_id == stream_id else None
+    @logs.setter
+    def logs(self, logs: dict[tuple[int, int], tuple[str, int]]) -> None:
+        self.holds.logs = logs
 
     def _run(self) -> None:
         try:
-            self.server.run(lambda: self._stopping)
+            while not self._stopping:
+                work = self.control.do_work()
+                self.holds.do_work(self.control.logs_in_use)
+                if work:
+                    continue
+                if self.control.replays:  # their credit comes back unannounced
+                    time.sleep(_REPLAY_WAIT_S)
+                else:
+                    self.control.wait_for_call(_CALL_WAIT_NS)
         except Exception:  # the tasks that need it fail naming it
             log.exception("slipstream: the replay holder stopped")
         finally:
-            self.server.close()
-            self._images.close()
+            self.control.close()
+            self.holds.close()
 
     def close(self) -> None:
         self._stopping = True
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        self._client.close()
+        self.client.close()
 
 
 def shares(budget: int, backlogs: dict[str, int]) -> dict[str, int]:
@@ -224,8 +237,9 @@ class _OwnHold:
         return self.holder.address if self.holder is not None else None
 
     def held(self, stream_id: int) -> dict[str, object] | None:
-        """None: the replays are the query's own replay server's, not an archive's."""
-        return None
+        """The key a read task's replay names ``stream_id`` by at the query's replay server
+        (its stream id; the channel and group are the query's)."""
+        return {"channel": self.options.channel, "stream_id": stream_id, "group": "query"}
 
     def views(self) -> dict[str, LogView]:
         if self.client.is_closed:

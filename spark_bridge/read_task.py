@@ -25,7 +25,6 @@ from slipstream.archive.reading import RecordingLostError
 from slipstream.client import DataLossError, GatheredMessages, Image, SlipstreamError, control
 from slipstream.client.counters import CountersFile
 from slipstream.client.logbuffer import LogIdentity
-from slipstream.client.replay import ReplayLostError, request_replay
 from slipstream.client.retention import first_retained, message_start
 from slipstream.spark_bridge.archived import ArchivedSource, archive_client_for, read_archived
 
@@ -290,12 +289,10 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
 
 
 def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
-    """The range replayed by the query's holder to this host's driver
-    (:mod:`slipstream.client.replay`): the same messages, positions and reserved values."""
-    from slipstream.spark_bridge import runtime
-
+    """The range replayed to this host's driver by the holder: an ingest host's archive,
+    or the query's own replay server (:func:`_read_held`)."""
     here = socket.gethostname()
-    if p.holder is None:
+    if p.holder is None or p.held is None:
         raise SlipstreamError(
             f"slipstream stream {p.stream_id} session {p.session_id}: this read task runs on "
             f"{here}, whose slipstream driver does not hold the log (it is on {p.host}), and "
@@ -305,66 +302,15 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
     if p.log is None:  # the session's image was gone when the batch was planned
         _no_log(p, f"no log of this session at the holder on {p.host}")
         return
-    if p.held is not None:
-        yield from _read_held(p)
-        return
-    identity = p.log
-    term_length = identity.term_length
-    address, port, control_stream = p.holder
-    timeout_s = p.replay_timeout_ms / 1000
-    schema = _schema()
-    ids: dict[int, tuple[object, object]] = {}
-    client = runtime.client_for(p.directory)
-    position = p.start
-
-    def lost(e: ReplayLostError) -> SlipstreamDataLossError:
-        return SlipstreamDataLossError(
-            loss_message(p.stream_id, p.session_id, e.lost[0], e.lost[1], None, term_length)
-            + f" (at the holder on {p.host}: {e})")
-
-    while position < p.end:
-        try:
-            replay = request_replay(client, address, port, control_stream, p.stream_id,
-                                    identity, position, p.end,
-                                    skip_lost=not p.fail_on_data_loss, timeout_s=timeout_s)
-        except ReplayLostError as e:
-            raise lost(e) from None
-        with replay:
-            if replay.lost is not None:
-                log.warning("%s Skipping to %d (failOnDataLoss=false).", loss_message(
-                    p.stream_id, p.session_id, *replay.lost, None, term_length),
-                    replay.start)
-                _record_skip(p.directory)
-            idle_since = time.monotonic()
-            try:
-                while not replay.done:
-                    chunk = replay.poll_gathered(_ROWS_PER_BATCH)
-                    if chunk is not None:
-                        yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
-                        idle_since = time.monotonic()
-                    elif time.monotonic() - idle_since > timeout_s:
-                        raise SlipstreamError(
-                            f"{replay.describe()}: nothing arrived for {timeout_s:g} s, at "
-                            f"position {replay.position} (this host's driver log says why "
-                            f"when it refused the replay: a term length of {term_length} "
-                            f"over its image_term_buffer_length_max, for one)")
-                    else:
-                        replay.wait(0.01)
-            except ReplayLostError as e:
-                if p.fail_on_data_loss:
-                    raise lost(e) from None
-                # Asked again from here with skip_lost, the holder skips what it lost.
-            position = replay.position
-            if replay.complete_at is not None and position >= replay.complete_at:
-                break  # the holder sent every message: padding, never sent, ends the range
+    yield from _read_held(p)
 
 
 def _read_held(p: SlipstreamPartition) -> Iterator[object]:
-    """The range replayed from the live log by the archive that holds the stream for the
-    query's group (its ``replay`` call with ``held``), to this host's driver: the same
-    messages, positions and reserved values.  What the log no longer holds is loss, as
-    ``failOnDataLoss`` says; a replay that ends early is asked again from where it ended
-    (the archive then says whether the log lost the rest)."""
+    """The range replayed from the live log by the holder (the ``replay`` call with
+    ``held`` on its control stream: :mod:`slipstream.archive.control`), to this host's
+    driver: the same messages, positions and reserved values.  What the log no longer holds
+    is loss, as ``failOnDataLoss`` says; a replay that ends early is asked again from where
+    it ended (the holder then says whether the log lost the rest)."""
     from slipstream.spark_bridge import runtime
 
     assert p.log is not None and p.holder is not None and p.held is not None
@@ -382,7 +328,7 @@ def _read_held(p: SlipstreamPartition) -> Iterator[object]:
         except RecordingLostError as e:
             skip_to = max(position, e.held[0])
             message = loss_message(p.stream_id, p.session_id, position, skip_to, None,
-                                   term_length) + f" (at the archive on {p.host}: {e})"
+                                   term_length) + f" (at the holder on {p.host}: {e})"
             if p.fail_on_data_loss or skip_to <= position:
                 raise SlipstreamDataLossError(message) from None
             log.warning("%s Skipping to %d (failOnDataLoss=false).", message, skip_to)
@@ -407,7 +353,7 @@ def _read_held(p: SlipstreamPartition) -> Iterator[object]:
                 elif time.monotonic() - idle_since > timeout_s:
                     raise SlipstreamError(
                         f"slipstream stream {p.stream_id} session {p.session_id}: the "
-                        f"replay of [{position}, {p.end}) from the archive on {p.host} sent "
+                        f"replay of [{position}, {p.end}) from the holder on {p.host} sent "
                         f"nothing for {timeout_s:g} s, at position {replay.position} (this "
                         f"host's driver log says why when it refused the replay: a term "
                         f"length of {term_length} over its image_term_buffer_length_max, "
