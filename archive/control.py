@@ -94,7 +94,7 @@ from slipstream.client.client import Client
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
-from slipstream.client.retention import message_start
+from slipstream.client.retention import is_retained, message_start
 from slipstream.client.subscription import Subscription
 
 log = logging.getLogger("slipstream.archive")
@@ -185,7 +185,11 @@ class ArchiveControl:
                 recorded, stopped = session.end, True
             else:
                 recorded, stopped = self._recorded(session.recording_id)
-            work += session.do_work(recorded, stopped, now)
+            try:
+                work += session.do_work(recorded, stopped, now)
+            except Exception as e:  # that replay fails; the others and the calls go on
+                log.exception("replay %d of %s failed", replay_id, session.source.name)
+                session.fail(f"{type(e).__name__}: {e}")
             if session.is_over:
                 self.served += session.state is ReplayState.DONE
                 del self.replays[replay_id]
@@ -383,6 +387,13 @@ class ArchiveControl:
         # stepped over: the replay starts at the next message (a replay that meets such
         # padding ends there, and its reader asks again from there).
         begin = message_start(image, start, end)
+        if not is_retained(image, start):
+            # The cleaner passed start while message_start walked (a zeroed frame reads as
+            # not written yet: the range would have looked empty).
+            held_range = source.held(start, end)
+            raise CallRefused(f"{LOST}: [{start}, {end}) of {source.name}: the live log no "
+                              f"longer holds position {start}", reason=LOST,
+                              held=[*held_range])
         if begin >= end:
             return {"replay_id": 0, "session_id": 0, "start": end, "end": end,
                     "recording_id": None}

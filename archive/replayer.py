@@ -40,9 +40,8 @@ from slipstream.client import Client
 from slipstream.client._native import lib
 from slipstream.client.errors import DataLossError
 from slipstream.client.image import Image
-from slipstream.client.logbuffer import LogIdentity
+from slipstream.client.logbuffer import LogIdentity, compute_term_id
 from slipstream.client.publication import ADMIN_ACTION, CLOSED, ExclusivePublication
-from slipstream.client.replay.server import positioned_channel
 from slipstream.client.retention import first_retained, is_retained, message_start
 
 log = logging.getLogger("slipstream.archive")
@@ -57,6 +56,19 @@ CONNECT_TIMEOUT_S: Final = 10.0
 #: The channel keys the archive sets on a replay's channel itself (the requester may not).
 POSITIONING_KEYS: Final = ("init-term-id", "term-id", "term-offset", "term-length", "mtu",
                            "sparse")
+
+
+def positioned_channel(channel: str, log: LogIdentity, mtu: int, position: int) -> str:
+    """``channel`` with the URI keys that start a publication at ``position`` of a log
+    framed like ``log`` (same initial term id, term length and MTU: the same positions)."""
+    bits = log.term_length.bit_length() - 1
+    term_id = compute_term_id(position, bits, log.initial_term_id)
+    # Sparse: the log is as long as the source's (the positions need its term length), but a
+    # replay writes only its range; a dense one would be zeroed whole first.
+    joint = "|" if "?" in channel else "?"  # aeron:ipc has no parameters yet
+    return (f"{channel}{joint}init-term-id={log.initial_term_id}|term-id={term_id}"
+            f"|term-offset={position % log.term_length}|term-length={log.term_length}"
+            f"|mtu={mtu}|sparse=true")
 
 
 class ReplayState(enum.Enum):
@@ -199,6 +211,11 @@ class ReplaySession:
             log.log(level, "replay %d of %s to %s stream %d: %s at position %d%s",
                     self.replay_id, self.source.name, self.channel, self.stream_id,
                     state.value, self.position, f" ({reason})" if reason else "")
+
+    def fail(self, reason: str) -> None:
+        """The replay cannot go on (``reason``): FAILED, its publication closed."""
+        if not self.is_over:
+            self._go(ReplayState.FAILED, reason)
 
     def stop(self, reason: str = "stopped") -> None:
         """stop_replay, or the service stopping."""

@@ -383,7 +383,9 @@ class HolderLink:
                 raise CallError(f"the holder at {self.holder} took the call {op!r} but did not "
                                 f"answer within {self.timeout_s:g} s (is UDP port {self.port} "
                                 f"open towards this host?)")
-            self._response.wait_for_data(10_000_000)
+            # Parked at once: an answer takes a round trip through two drivers, which a
+            # spinning waiter would take a core from.
+            self._response.wait_for_data(10_000_000, 0)
         answer = self._answers.pop(call_id)
         self._answers.clear()  # answers to earlier calls that timed out
         if answer.get("status") != "ok":
