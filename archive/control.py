@@ -363,8 +363,6 @@ class ArchiveControl:
         start = _int_arg(args, "start", 0, 2**62)
         end = _int_arg(args, "end", 0, 2**62)
         assert start is not None and end is not None and session_id is not None
-        end = _int_arg(args, "end", 0, 2**62)
-        assert end is not None
         try:
             image = self._service.holds.replay_source(key, session_id,
                                                       (framing[0], framing[1]))
@@ -378,22 +376,17 @@ class ArchiveControl:
         if end > available:
             raise CallRefused(f"[{start}, {end}): {source.name}'s log reaches only "
                               f"{available}")
-        held_range = source.held(start, end)
-        if held_range[0] != start:
+        # Padding inside a term (an aborted claim's), which a replay cannot reproduce, is
+        # stepped over: the replay starts at the next message (a replay that meets such
+        # padding ends there, and its reader asks again from there).  Start is checked held
+        # after the walk too: the cleaner may zero it meanwhile, and a zeroed frame reads as
+        # not written yet (the range would look empty).
+        begin = message_start(image, start, end) if is_retained(image, start) else end
+        if not is_retained(image, start):
+            held_range = source.held(start, end)
             raise CallRefused(f"{LOST}: [{start}, {end}) of {source.name}: the live log no "
                               f"longer holds position {start} (it holds [{held_range[0]}, "
                               f"{available}))", reason=LOST, held=[*held_range])
-        # Padding inside a term (an aborted claim's), which a replay cannot reproduce, is
-        # stepped over: the replay starts at the next message (a replay that meets such
-        # padding ends there, and its reader asks again from there).
-        begin = message_start(image, start, end)
-        if not is_retained(image, start):
-            # The cleaner passed start while message_start walked (a zeroed frame reads as
-            # not written yet: the range would have looked empty).
-            held_range = source.held(start, end)
-            raise CallRefused(f"{LOST}: [{start}, {end}) of {source.name}: the live log no "
-                              f"longer holds position {start}", reason=LOST,
-                              held=[*held_range])
         if begin >= end:
             return {"replay_id": 0, "session_id": 0, "start": end, "end": end,
                     "recording_id": None}
