@@ -19,7 +19,9 @@ The public names for the pieces that build on the recordings (replay, a second a
   not held);
 - :func:`locate` and :class:`HeldRange`: where a session's range is held, over several
   recordings and archives (a second archive's replicas, docs/ARCHIVE.md "Two archives");
-  :func:`read_session`: its messages read across them.
+  :func:`read_session`: its messages read across them, in place or replayed, failing over
+  (the one failover reader; :class:`LostRange` and :class:`SessionLostError`: what none
+  holds).
 """
 
 from slipstream.archive.catalog import (
@@ -30,7 +32,13 @@ from slipstream.archive.catalog import (
     RecordingState,
 )
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
-from slipstream.archive.locate import HeldRange, locate, read_session
+from slipstream.archive.locate import (
+    HeldRange,
+    LostRange,
+    SessionLostError,
+    locate,
+    read_session,
+)
 from slipstream.archive.merge import MergeState, ReplayMerge
 from slipstream.archive.reading import RecordingLostError, RecordingReader
 from slipstream.archive.segments import (
@@ -59,6 +67,7 @@ __all__ = [
     "EndReason",
     "HeldRange",
     "ListedRecording",
+    "LostRange",
     "MergeState",
     "RecordSpec",
     "RecordingDescriptor",
@@ -67,6 +76,7 @@ __all__ = [
     "RecordingState",
     "ReplayMerge",
     "ScanResult",
+    "SessionLostError",
     "SyncPolicy",
     "load_settings",
     "locate",

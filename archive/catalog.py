@@ -11,7 +11,8 @@ it for writing cuts such a tail off.
 
 The catalog is one writer's (the archive service, or ``slipstream-archive purge`` while the
 service is stopped: the archive lock says which); readers (``list``, ``describe``, a later
-replay) open it read-only and see each descriptor as its last write left it.
+replay, a read in place on the archive's host) open it read-only, read it in one go, and see
+each descriptor as its last write left it.
 """
 
 from __future__ import annotations
@@ -238,6 +239,15 @@ class Catalog:
     def recordings(self, *, include_deleted: bool = False) -> list[RecordingDescriptor]:
         return [d for d in self._descriptors
                 if include_deleted or d.state == RecordingState.VALID]
+
+    def recordings_of(self, stream_id: int, session_id: int, framing: tuple[int, int]
+                      ) -> list[RecordingDescriptor]:
+        """The valid recordings of one session's log (``framing``: its initial term id and
+        term length; a log made anew with the same session id is another), in id order."""
+        return [d for d in self._descriptors
+                if d.state == RecordingState.VALID and d.stream_id == stream_id
+                and d.session_id == session_id
+                and (d.initial_term_id, d.term_length) == tuple(framing)]
 
     def sync(self) -> None:
         """Make the descriptors written so far durable (fdatasync)."""

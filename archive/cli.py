@@ -235,8 +235,13 @@ def _replay_session(args: argparse.Namespace, settings: ArchiveSettings) -> int:
               f"{len(archives)} archives")
         print(f"{'position':>14} {'length':>8}  first bytes")
         try:
-            read_session(archives, d.stream_id, d.session_id,
-                         (d.initial_term_id, d.term_length), start, args.to, _show)
+            for chunk in read_session(archives, d.stream_id, d.session_id,
+                                      (d.initial_term_id, d.term_length), start, args.to,
+                                      directory=settings.dir):
+                for i in range(len(chunk)):
+                    at = chunk.offsets[i]
+                    head = bytes(chunk.data[at:at + min(24, chunk.lengths[i])])
+                    print(f"{chunk.positions[i]:>14} {chunk.lengths[i]:>8}  {head.hex()}")
         except KeyboardInterrupt:
             pass
     return 0

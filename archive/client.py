@@ -25,6 +25,7 @@ from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import CallError, HolderLink, reply_subscription_channel
 from slipstream.client.image import Image
 from slipstream.client.layout import INT32_MAX
+from slipstream.client.logview import RemoteView
 from slipstream.client.messages import FragmentHandler, GatheredMessages
 from slipstream.client.subscription import Subscription
 
@@ -186,6 +187,24 @@ class ArchiveClient:
         stop position."""
         answer = self._call("recording_position", recording_id=recording_id)
         return int(answer["position"]), bool(answer["active"])
+
+    def view(self, recording_id: int, method: str, args: dict[str, Any]) -> Any:
+        """Ask the archive a planner's question about a recording (``method``, one of
+        :data:`~slipstream.client.logview.VIEW_OPERATIONS`, with its ``args``): the answer
+        of its :class:`~slipstream.archive.view.RecordingView`."""
+        return self._call("view", recording_id=recording_id, method=method, args=args)
+
+    def recording_view(self, recording: ListedRecording) -> RemoteView:
+        """A :class:`~slipstream.client.logview.RemoteView` of ``recording`` (as listed: its
+        attributes are the listing's) whose questions this link asks the archive."""
+        d = recording.descriptor
+        state = {"stream_id": d.stream_id, "initial_term_id": d.initial_term_id,
+                 "term_length": d.term_length, "log_path": f"recording {d.recording_id}",
+                 "join_position": d.start_position, "position": recording.recorded_position,
+                 "available": recording.recorded_position, "earliest": d.start_position,
+                 "end_of_stream": d.stop_position if d.end_reason == EndReason.END_OF_STREAM
+                 and not d.is_active else None}
+        return RemoteView(self._link, {"recording_id": d.recording_id}, d.session_id, state)
 
     def start_replay(self, recording_id: int, channel: str, stream_id: int, *,
                      start: int | None = None, end: int | None = None,

@@ -25,6 +25,12 @@ arguments; the result):
     ``{"stopped": bool}``: whether it was still running.
 ``replays``
     the replays in progress: id, recording (None for a held stream's), position, state.
+``view`` (``recording_id``, ``method``, ``args``)
+    a planner's question about a recording, as a read query asks a live log
+    (:class:`~slipstream.client.logview.LogView`: ``method`` one of
+    :data:`~slipstream.client.logview.VIEW_OPERATIONS`, ``args`` its parameters, checked
+    by :func:`~slipstream.client.logview.view_args` against the recorded position);
+    answered by :class:`~slipstream.archive.view.RecordingView` over the segment files.
 
 The calls about a stream the archive holds for a group (:mod:`slipstream.archive.holding`)
 name it by ``channel``, ``stream_id`` and ``group``:
@@ -89,12 +95,14 @@ from slipstream.archive.replayer import (
     ReplayState,
     SegmentSource,
 )
+from slipstream.archive.view import RecordingView
 from slipstream.client.channel import keys_given, parse_channel
 from slipstream.client.client import Client
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
-from slipstream.client.retention import is_retained, message_start
+from slipstream.client.logview import view_args
+from slipstream.client.retention import message_start
 from slipstream.client.subscription import Subscription
 
 log = logging.getLogger("slipstream.archive")
@@ -263,14 +271,26 @@ class ArchiveControl:
                 return {"stopped": False}
             session.stop("stop_replay")
             return {"stopped": True}
+        if op == "view" and "recording_id" in args:
+            return self._view(args)
         if op == "replays":
             return [{"replay_id": s.replay_id, "recording_id": s.recording_id,
                      "source": s.source.name, "position": s.position,
                      "state": s.state.value, "channel": s.channel,
                      "stream_id": s.stream_id} for s in self.replays.values()]
         raise CallRefused(f"no operation {op!r} (the archive's: list, describe, "
-                          f"recording_position, replay, stop_replay, replays, "
-                          f"{', '.join(HELD_OPERATIONS)})")
+                          f"recording_position, replay, stop_replay, replays, view, "
+                          f"{', '.join(op for op in HELD_OPERATIONS if op != 'view')})")
+
+    def _view(self, args: dict[str, Any]) -> Any:
+        """A ``view`` question about a recording: its answer (JSON values)."""
+        descriptor = self._descriptor(args)
+        recorded, _ = self._recorded(descriptor.recording_id)
+        method = args.get("method")
+        checked = view_args(method if isinstance(method, str) else repr(method),
+                            args.get("args"), recorded)
+        with RecordingView(self._catalog_directory(), descriptor, recorded) as view:
+            return getattr(view, str(method))(**checked)
 
     def _listed(self, descriptor: RecordingDescriptor) -> dict[str, Any]:
         return descriptor_fields(descriptor, self._recorded(descriptor.recording_id)[0])
@@ -281,6 +301,11 @@ class ArchiveControl:
             raise CallRefused("this control stream has no recordings: it replays a query's "
                               "own logs")
         return catalog
+
+    def _catalog_directory(self) -> Path:
+        """The directory of the recordings (there are some: :meth:`_catalog` was asked)."""
+        assert self.directory is not None
+        return self.directory
 
     def _descriptor(self, args: dict[str, Any]) -> RecordingDescriptor:
         recording_id = _int_arg(args, "recording_id", 0, 2**63 - 1)
@@ -379,11 +404,11 @@ class ArchiveControl:
         # Padding inside a term (an aborted claim's), which a replay cannot reproduce, is
         # stepped over: the replay starts at the next message (a replay that meets such
         # padding ends there, and its reader asks again from there).  Start is checked held
-        # after the walk too: the cleaner may zero it meanwhile, and a zeroed frame reads as
-        # not written yet (the range would look empty).
-        begin = message_start(image, start, end) if is_retained(image, start) else end
-        if not is_retained(image, start):
-            held_range = source.held(start, end)
+        # after the walk: the cleaner may zero it meanwhile, and a zeroed frame reads as not
+        # written yet (the range would look empty).
+        begin = message_start(image, start, end)
+        held_range = source.held(start, end)
+        if held_range[0] != start:
             raise CallRefused(f"{LOST}: [{start}, {end}) of {source.name}: the live log no "
                               f"longer holds position {start} (it holds [{held_range[0]}, "
                               f"{available}))", reason=LOST, held=[*held_range])
@@ -403,7 +428,8 @@ class ArchiveControl:
         if from_time is not None:
             if args.get("start") is not None:
                 raise CallRefused("give start or from_time_ms, not both")
-            start = min(position_at_time(self.directory, descriptor, from_time), recorded)
+            start = min(position_at_time(self._catalog_directory(), descriptor, from_time),
+                        recorded)
         else:
             start = _int_arg(args, "start", 0, 2**62, descriptor.start_position)
         end = _int_arg(args, "end", 0, 2**62, optional=True)
@@ -421,13 +447,13 @@ class ArchiveControl:
             if position is None or position >= recorded or \
                     position == descriptor.start_position:
                 continue
-            segments_check = _FrameCheck(self.directory, descriptor, position)
+            segments_check = _FrameCheck(self._catalog_directory(), descriptor, position)
             if not segments_check.ok:
                 raise CallRefused(f"{name}: no frame of recording {descriptor.recording_id} "
                                   f"begins at {position}: {segments_check.why}",
                                   **({"reason": LOST, "held": held} if segments_check.lost
                                      else {}))
-        return self._start_replay(SegmentSource(self.directory, descriptor), start, end,
+        return self._start_replay(SegmentSource(self._catalog_directory(), descriptor), start, end,
                                   channel, stream_id, descriptor.recording_id)
 
     def close(self) -> None:

@@ -37,10 +37,10 @@ from slipstream.client.channel import parse_channel
 from slipstream.client.counters import CountersFile
 from slipstream.client.errors import ChannelError
 from slipstream.client.holder import DEFAULT_GROUP
-from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
-from slipstream.client.logview import VIEW_OPERATIONS, ImageView, SessionEnds, snapshot
+from slipstream.client.layout import INT32_MAX, INT32_MIN
+from slipstream.client.logview import ImageView, SessionEnds, snapshot, view_args
 
-__all__ = ["HELD_OPERATIONS", "MAX_ENDED_ASKED", "MAX_SPLIT_PIECES", "DetachedLogs",
+__all__ = ["HELD_OPERATIONS", "MAX_ENDED_ASKED", "DetachedLogs",
            "HeldStreams", "NamedLogs", "SessionGoneError", "driver_instance", "held_key"]
 
 log = logging.getLogger("slipstream.archive")
@@ -81,41 +81,9 @@ def held_key(args: dict[str, Any]) -> tuple[str, int, str]:
     return channel, stream_id, group
 
 
-#: The most pieces a ``split_points`` question may ask for (its answer lists them).
-MAX_SPLIT_PIECES: Final = 256
 #: The most sessions an ``ended`` question may ask about (its answer, about 110 bytes a
 #: session, fits an answer stream's message).
 MAX_ENDED_ASKED: Final = 32
-
-
-def _view_args(method: str, args: object, image: Image) -> dict[str, int | None]:
-    """The arguments of a view question, checked: the method's parameters, integers (None
-    only for a limit of ``scan``); positions frame-aligned, at most the producer position
-    (another process's log is scanned with them); at most :data:`MAX_SPLIT_PIECES` pieces.
-    A position before the group's own join is a question like any other: the log may still
-    hold it (another subscriber's position keeps it), and the view says when it does not."""
-    if method not in VIEW_OPERATIONS:
-        raise ValueError(f"method {method!r} is not one of {', '.join(VIEW_OPERATIONS)}")
-    names = VIEW_OPERATIONS[method]
-    if not isinstance(args, dict) or set(args) != set(names):
-        raise ValueError(f"{method} takes {', '.join(names)}, not {args!r}")
-    for name, value in args.items():
-        nullable = method == "scan" and name in ("max_rows", "max_bytes")
-        if value is None and nullable:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
-            raise ValueError(f"{method}: {name} {value!r} is not a position or count")
-        if name in ("max_rows", "max_bytes", "limit", "time_ns"):
-            continue
-        if name == "pieces":
-            if value > MAX_SPLIT_PIECES:
-                raise ValueError(f"split_points: {value} pieces, over {MAX_SPLIT_PIECES}")
-            continue
-        high = image.producer_position()
-        if value % FRAME_ALIGNMENT or value > high:
-            raise ValueError(f"{method}: {name} {value} is not a frame boundary of this log "
-                             f"held here, [0, {high}]")
-    return args
 
 
 def driver_instance(counters: CountersFile) -> str:
@@ -267,7 +235,7 @@ class HeldStreams:
             raise ValueError(f"session {session_id}'s log here has "
                              f"{image.identity.describe()}, not {named!r}")
         method = str(args.get("method"))
-        checked = _view_args(method, args.get("args"), image)
+        checked = view_args(method, args.get("args"), image.producer_position())
         return getattr(ImageView(image), method)(**checked)
 
     def replay_source(self, key: tuple[str, int, str], session_id: int,

@@ -1,6 +1,7 @@
-"""Where a session's range is held: :func:`locate` asks one or more archives and stitches what
-their recordings hold into pieces, in position order, preferring the archives in the order
-given (docs/ARCHIVE.md, "Two archives").
+"""Where a session's range is held, and the one reader of it across recordings and archives:
+:func:`locate` asks one or more archives and stitches what their recordings hold into
+pieces, in position order, preferring the archives in the order given (docs/ARCHIVE.md,
+"Two archives"); :func:`read_session` reads the session's messages across them.
 
 One session (stream id, session id and log framing: initial term id and term length) may be
 held in several recordings of one archive (its own recording before a crash, a replica of
@@ -8,32 +9,58 @@ what it missed, its own recording after it rejoined) and in several archives.  P
 the stream's in all of them, so a piece of one recording and the next piece of another meet
 at a position that means the same frame in both: a reader goes from one to the next with no
 gap and no duplicate.  Pieces meet at frame boundaries, which may lie inside a fragmented
-message (a recording that stopped, or joined, between its fragments).  A reader that
-assembles messages across pieces either reads their frames (``Image.block_poll``), or, at a
-seam that cuts a message, goes on from the message's first fragment in the next piece's
-recording when that recording holds it (its start, from ``describe``, at or before it): a
-replica that catch-up made holds whole messages at its seams with its archive's own
-recordings (:mod:`.replication`), and :class:`~slipstream.archive.merge.ReplayMerge` reads
-that way.
+message (a recording that stopped, or joined, between its fragments).  At a seam that cuts
+a message the reader goes on from the message's first fragment in a recording that holds it
+whole across the seam (:func:`go_on_from`; a replica that catch-up made holds whole
+messages at its seams with its archive's own recordings, :mod:`.replication`); where none
+does, the message is lost and the reader says so, naming its range (:class:`LostRange`).
 
-The Spark reader and :class:`~slipstream.archive.merge.ReplayMerge` both find their ranges
-here.
+:func:`read_session` serves the Spark read task (in place from the archive directory on its
+host, else replayed) and the command line; :class:`~slipstream.archive.merge.ReplayMerge`
+fails over with :func:`go_on_from`; the Spark planner stitches with :func:`stitch`.
 """
+
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Final
 
 import attrs
 
-from slipstream.archive.catalog import NULL_POSITION, EndReason
+from slipstream.archive.catalog import (
+    CATALOG_FILE,
+    NULL_POSITION,
+    Catalog,
+    CatalogError,
+    EndReason,
+    RecordingDescriptor,
+)
 from slipstream.archive.client import ArchiveClient, ListedRecording
-from slipstream.archive.reading import RecordingLostError
+from slipstream.archive.reading import (
+    RecordingLostError,
+    RecordingReader,
+    first_data_frame,
+    first_message_start,
+    indexed_position,
+)
 from slipstream.client.errors import SlipstreamError
-from slipstream.client.messages import FragmentHandler
+from slipstream.client.image import Image
+from slipstream.client.layout import FRAME_ALIGNMENT, HDR_TYPE_PAD
+from slipstream.client.messages import GatheredMessages
+from slipstream.client.retention import message_start
 
-__all__ = ["HeldRange", "held_ranges", "locate", "read_session", "stitch"]
+__all__ = ["HeldRange", "LostRange", "SessionLostError", "go_on_from", "held_ranges", "locate",
+           "read_session", "stitch"]
+
+log = logging.getLogger("slipstream.archive")
+
+#: An archive's control endpoint: address, port, control stream id (as
+#: :attr:`ArchiveClient.archive`).
+Endpoint = tuple[str, int, int]
 
 #: How long a link never yet connected (one just made) is given to connect, seconds (at most
 #: its call timeout): its archive's status messages come within milliseconds when it runs.
@@ -152,87 +179,530 @@ def locate(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
     return stitch(held, start, end)
 
 
-def _holding_across(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
-                    framing: tuple[int, int], position: int, seam: int) -> HeldRange | None:
-    """A recording, of any of ``archives`` that answers, that holds ``position`` and reaches
-    past ``seam`` (the message at ``position`` whole across it), the first archive's first."""
+
+def _going_on(pieces: Sequence[HeldRange], position: int, reached: int, end: int | None
+              ) -> HeldRange | None:
+    """Of one archive's ``pieces``, the one to read on from ``position`` (a message
+    boundary) when frames were read up to ``reached`` (past ``position``: the last read
+    ended inside the message at ``position``): one that holds ``position`` and reaches past
+    ``reached``, so that it holds that message whole across the seam, the furthest reaching
+    first (:func:`_reach`)."""
+    holding = [p for p in pieces if p.start <= position and _reach(p, end) > reached]
+    return max(holding, key=lambda p: _reach(p, end), default=None)
+
+
+#: How far a live recording may be replayed by a read with an end: as far as it asks (the
+#: archive's replay follows the recording).
+_FOLLOWED: Final = 1 << 62
+
+
+def _reach(piece: HeldRange, end: int | None) -> int:
+    """How far a piece may be read: a stopped recording's end; a live one's recorded
+    position when asked, or, for a read with an end, as far as it asks."""
+    return piece.end if piece.stopped or end is None else _FOLLOWED
+
+
+def go_on_from(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
+               framing: tuple[int, int], position: int, reached: int) -> HeldRange | None:
+    """Where a read of the session goes on from ``position`` (a message boundary) when its
+    frames were read up to ``reached`` (past it when the recording read ended inside the
+    message at ``position``): a recording, of the first archive that answers and holds it,
+    that holds ``position`` and reaches past ``reached`` (the message whole across the
+    seam), or None.  What :class:`~slipstream.archive.merge.ReplayMerge` fails over to;
+    :func:`read_session` chooses the same way."""
     for archive in archives:
+        if not _reachable(archive):
+            continue
         try:
             held = held_ranges(archive, stream_id, session_id, framing)
-        except SlipstreamError:
-            continue
-        for piece in held:
-            if piece.start <= position and piece.end > seam:
-                return piece
+        except (SlipstreamError, OSError, KeyError, ValueError):
+            continue  # it does not answer (CallError is a SlipstreamError): the next
+        piece = _going_on(held, position, reached, None)
+        if piece is not None:
+            return piece
     return None
 
 
-def read_session(archives: Sequence[ArchiveClient], stream_id: int, session_id: int,
+@attrs.frozen
+class LostRange:
+    """Messages of a session that no archive holds: positions ``[start, end)`` of stream
+    ``stream_id`` session ``session_id``, and why (``why``: the recordings' seam or hole)."""
+
+    stream_id: int
+    session_id: int
+    start: int
+    end: int
+    why: str
+
+    def describe(self) -> str:
+        return (f"session {self.session_id} stream {self.stream_id}: the messages at positions "
+                f"[{self.start}, {self.end}) {self.why}")
+
+
+class SessionLostError(RecordingLostError):
+    """A range of a session that no archive holds (:attr:`lost`), where the reader was not
+    told to go on past it."""
+
+    def __init__(self, lost: LostRange) -> None:
+        super().__init__(lost.describe(), (lost.start, lost.end))
+        self.lost = lost
+
+
+def _raise_lost(lost: LostRange) -> None:
+    raise SessionLostError(lost)
+
+
+class _Stalled(SlipstreamError):
+    """A replay from which nothing came for the read's timeout."""
+
+
+class _LossRaised(Exception):
+    """What the caller's loss handler raised, carried past the reader's own handlers."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Archive:
+    """One archive of a read: its link, made when first needed, and its recordings of the
+    session, listed when first needed (again after a replay of it failed)."""
+
+    def __init__(self, endpoint: Endpoint, link: Callable[[], ArchiveClient]) -> None:
+        self.endpoint = endpoint
+        self._make_link = link
+        self._link: ArchiveClient | None = None
+        self.held: list[HeldRange] | None = None
+        #: Why it did not answer (then it is not asked again in this read), or None.
+        self.silent: str | None = None
+
+    @property
+    def link(self) -> ArchiveClient:
+        if self._link is None:
+            self._link = self._make_link()
+        return self._link
+
+    def pieces(self, stream_id: int, session_id: int, framing: tuple[int, int]
+               ) -> list[HeldRange]:
+        if self.silent is not None:
+            return []
+        if self.held is None:
+            try:
+                if not _reachable(self.link):
+                    raise SlipstreamError("its control stream has no subscriber")
+                self.held = held_ranges(self.link, stream_id, session_id, framing)
+            except (SlipstreamError, OSError, KeyError, ValueError) as e:
+                self.silent = str(e)
+                return []
+        return self.held
+
+
+def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
+                 session_id: int, framing: tuple[int, int], start: int, end: int | None, *,
+                 link: Callable[[Endpoint], ArchiveClient] | None = None,
+                 forget: Callable[[Endpoint], None] | None = None,
+                 directory: str | Path | None = None,
+                 prefer: tuple[Endpoint, int] | None = None,
+                 on_loss: Callable[[LostRange], None] | None = None,
+                 timeout_s: float = 60.0, max_messages: int = 4096
+                 ) -> Iterator[GatheredMessages]:
+    """Every message of the session that begins in ``[start, end)`` (``end`` None: as far
+    as the archives hold when asked), whole, in position order, each once, as
+    :class:`~slipstream.client.GatheredMessages` chunks (``Image.poll_gathered``'s form):
+    the one failover reader of the archives.  A message belongs to the read in which it
+    begins: a ``start`` inside a message skips its rest (an earlier read's), an ``end``
+    inside one reads on to finish it (a planner's pieces may meet inside a message).
+
+    Where it reads each position, in this order: in place, from a recording in the archive
+    directory ``directory`` on this host (found in its catalog, read once, read-only; a live
+    one up to where its time index says it is recorded: no counters file, no network);
+    else the recording ``prefer`` (an archive's endpoint and a recording id: the one a
+    planner chose) replayed to this host's driver; else the first of ``archives`` (the
+    first preferred: :class:`ArchiveClient` links, or endpoints that ``link`` makes links
+    to when first needed) whose recordings hold it, replayed.  A read that fails goes on
+    from where it got to with the next that holds it; an archive that does not answer is
+    left for the rest of the read (``forget`` is told its endpoint).
+
+    **Seams.**  Where a recording ends inside a message (an archive stopped between its
+    fragments), the message is read whole from its first fragment in another recording
+    that holds it across the seam.  Where none does, or no recording holds a range at all,
+    the range is lost: ``on_loss`` is told it (:class:`LostRange`: from the lost message's
+    first fragment to where the next message begins) before the messages after it, and
+    the read goes on from there; by default :class:`SessionLostError` is raised.  A message
+    lost before a hole past ``end`` is reported up to ``end`` (the hole is the caller's),
+    and a read whose ``start`` lies inside a message whose start no recording holds reports
+    that message's rest: the reports of one seam meet and never overlap.  A range is taken
+    for lost only when every archive answered: otherwise
+    :class:`~slipstream.client.SlipstreamError` is raised naming those that did not (they
+    may hold it).  A replay from which nothing comes for ``timeout_s`` counts as its
+    archive not answering."""
+    by_endpoint: dict[Endpoint, ArchiveClient] = {}
+    endpoints: list[Endpoint] = []
+    for archive in archives:
+        if isinstance(archive, ArchiveClient):
+            by_endpoint[archive.archive] = archive
+            endpoints.append(archive.archive)
+        else:
+            endpoints.append(tuple(archive))  # type: ignore[arg-type]
+    if prefer is not None and prefer[0] not in endpoints:
+        endpoints.insert(0, prefer[0])
+
+    def make_link(endpoint: Endpoint) -> Callable[[], ArchiveClient]:
+        def made() -> ArchiveClient:
+            if endpoint in by_endpoint:
+                return by_endpoint[endpoint]
+            if link is None:
+                raise SlipstreamError(f"no link to the archive at {endpoint[0]}:{endpoint[1]}")
+            return link(endpoint)
+        return made
+
+    read = _SessionRead([_Archive(e, make_link(e)) for e in endpoints], stream_id,
+                        session_id, tuple(framing), start, end, directory, prefer,
+                        on_loss or _raise_lost, forget, timeout_s, max_messages)
+    return read.run()
+
+
+def _first_data(image: Image, position: int, end: int) -> int | None:
+    """Where the first data frame (not padding) in ``[position, end)`` of ``image``'s log is
+    (frames read there already), or None."""
+    while position < end:
+        length, _, _, frame_type = image.frame_header(position)[:4]
+        if length <= 0:
+            return None
+        if frame_type != HDR_TYPE_PAD:
+            return position
+        position += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    return None
+
+
+def _first(chunk: GatheredMessages, count: int) -> GatheredMessages:
+    """The first ``count`` messages of ``chunk``."""
+    return GatheredMessages(chunk.data[:chunk.offsets[count]], chunk.offsets[:count + 1],
+                            chunk.lengths[:count], chunk.positions[:count],
+                            chunk.reserved_values[:count], chunk.session_id)
+
+
+class _SessionRead:
+    """The state of one :func:`read_session`.  A message belongs to the read in which it
+    begins: a read that starts inside a message skips its rest, one whose end falls inside
+    a message reads on to finish it."""
+
+    def __init__(self, archives: list[_Archive], stream_id: int, session_id: int,
                  framing: tuple[int, int], start: int, end: int | None,
-                 handler: FragmentHandler, *, timeout_s: float = 60.0) -> int:
-    """Hand ``handler(data, header)`` every whole message of the session in ``[start, end)``
-    (``start`` a message boundary; ``end`` None: as far as the archives hold when asked), in
-    order, each once, replaying the pieces :func:`locate` names one after the other; returns
-    the position after the last message.  At a seam that cuts a message the next piece's
-    recording is replayed from the message's first fragment (it must hold it: a replica does
-    at its seams).  Raises :class:`RecordingLostError` for a range no archive holds (naming
-    it), :class:`TimeoutError` when a piece does not come within ``timeout_s``."""
-    by_archive = {archive.archive: archive for archive in archives}
-    position = reached = start  # the last whole message's end; the frames' end
-    header_position = [start]
+                 directory: str | Path | None, prefer: tuple[Endpoint, int] | None,
+                 on_loss: Callable[[LostRange], None],
+                 forget: Callable[[Endpoint], None] | None, timeout_s: float,
+                 max_messages: int) -> None:
+        self.archives = archives
+        self.stream_id = stream_id
+        self.session_id = session_id
+        self.framing = framing
+        self.term_length = framing[1]
+        self.end = end
+        self.directory = None if directory is None else Path(directory)
+        self.prefer = prefer
+        self.on_loss = on_loss
+        self.forget = forget
+        self.timeout_s = timeout_s
+        self.max_messages = max_messages
+        #: Every message that began before it was delivered (or is another read's).
+        self.position = start
+        #: How far frames were read: past ``position`` when the last read ended inside the
+        #: message at ``position``.
+        self.reached = start
+        #: While the read looks for where the next message begins: where what it passes over
+        #: begins, and whether that is lost (a seam none holds whole, a hole) or the rest of
+        #: a message another read began (the start, which may lie inside one).
+        self.skip_from: int | None = start
+        self.lost = False
+        self.lost_why = ""
+        self._local: list[tuple[RecordingDescriptor, int]] | None = None
+        #: (source, position, reached) read from without moving either: not tried again.
+        self._tried: set[tuple[object, int, int]] = set()
+        self.failures: list[str] = []
 
-    def deliver(data: memoryview, header) -> None:  # header: slipstream.client.messages.Header
-        header_position[0] = header.position
-        handler(data, header)
+    # -- where the recordings are --------------------------------------------------------
+    def local(self) -> list[tuple[RecordingDescriptor, int]]:
+        """The session's recordings in this host's archive directory with how far each may
+        be read in place: one read of its catalog (read-only)."""
+        if self._local is None:
+            self._local = []
+            if self.directory is not None and (self.directory / CATALOG_FILE).exists():
+                try:
+                    with Catalog.open(self.directory, writable=False) as catalog:
+                        found = catalog.recordings_of(self.stream_id, self.session_id,
+                                                      self.framing)
+                    self._local = [(d, indexed_position(self.directory, d)) for d in found]
+                except (CatalogError, OSError) as e:
+                    self.failures.append(f"the catalog in {self.directory}: {e}")
+        return self._local
 
-    def replay(archive: ArchiveClient, recording_id: int, begin: int, stop: int) -> int:
-        """Replay ``[begin, stop)`` of the recording to ``deliver``; the frames' end."""
-        with archive.replay(recording_id, start=begin, end=stop) as replay:
-            deadline = time.monotonic() + timeout_s
-            while not replay.done:
-                if replay.poll(deliver, 256) == 0:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"the replay of recording {recording_id} at "
-                                           f"{archive.archive} is at {replay.position} after "
-                                           f"{timeout_s:g} s")
-                    replay.wait(0.01)
-            return replay.position
+    def _held(self) -> Iterator[tuple[int, int]]:
+        """``(start, reach)`` of every recording known to hold some of the session."""
+        for d, reach in self.local():
+            yield d.start_position, reach
+        for archive in self.archives:
+            for piece in archive.pieces(self.stream_id, self.session_id, self.framing):
+                yield piece.start, _reach(piece, self.end)
 
-    for piece in locate(archives, stream_id, session_id, framing, start, end):
-        if piece.start > reached:
-            raise RecordingLostError(
-                f"session {session_id} stream {stream_id}: [{reached}, {piece.start}) is held "
-                f"by none of the archives", (piece.start, piece.end))
-        archive = by_archive[piece.archive]
-        if position < piece.start:  # the last piece ended inside the message at position
-            held_from = archive.describe(piece.recording_id).descriptor.start_position
-            if held_from > position:
-                # Another recording that holds the message whole reads it across the seam
-                # (the stitching may have cut where a preferred archive holds again).
-                across = _holding_across(archives, stream_id, session_id, framing, position,
-                                         piece.start)
-                if across is None:
-                    raise RecordingLostError(
-                        f"session {session_id} stream {stream_id}: the message at {position} "
-                        f"lies across two recordings and none holds it whole",
-                        (piece.start, piece.end))
-                reached = replay(by_archive[across.archive], across.recording_id, position,
-                                 min(across.end, piece.end))
-                position = reached if reached % framing[1] == 0 else header_position[0]
-                if reached >= piece.end:
-                    continue
-                if position < reached:  # it ended inside a message again: as at a seam
-                    raise RecordingLostError(
-                        f"session {session_id} stream {stream_id}: the message at {position} "
-                        f"lies across two recordings and none holds it whole",
-                        (piece.start, piece.end))
-        reached = replay(archive, piece.recording_id, position, piece.end)
-        position = header_position[0]  # the last whole message's end: reached, or its start
-        if reached % framing[1] == 0:
-            # A message never crosses a term: frames past the last message up to a term's
-            # end are its padding, not a message cut.
-            position = reached
-    if end is not None and reached < end:
-        raise RecordingLostError(f"session {session_id} stream {stream_id}: [{reached}, {end}) "
-                                 f"is held by none of the archives", (start, reached))
-    return position
+    def _begin(self) -> int:
+        """Where the next read begins: the message at ``position``, or, while looking for
+        the next message, where frames were read to."""
+        return self.reached if self.skip_from is not None else self.position
+
+    def _fresh(self, key: object) -> bool:
+        return (key, self.position, self.reached) not in self._tried
+
+    def _source(self) -> tuple[str, object, int, object] | None:
+        """The next place to read from: ("local", descriptor, reach, key) or ("replay",
+        (archive, recording id), reach, key); ``key`` names it among those tried.  It holds
+        where the read begins and reaches past what was read."""
+        begin, reached, end = self._begin(), self.reached, self.end
+        local = [(d, reach) for d, reach in self.local()
+                 if d.start_position <= begin and reach > reached
+                 and self._fresh(("local", d.recording_id))]
+        if local:
+            d, reach = max(local, key=lambda held: held[1])
+            return "local", d, reach, ("local", d.recording_id)
+        if self.prefer is not None:
+            endpoint, recording_id = self.prefer
+            archive = next(a for a in self.archives if a.endpoint == endpoint)
+            if archive.silent is None and self._fresh(("prefer", endpoint, recording_id)):
+                return ("replay", (archive, recording_id), _FOLLOWED,
+                        ("prefer", endpoint, recording_id))
+        for archive in self.archives:
+            pieces = [p for p in archive.pieces(self.stream_id, self.session_id, self.framing)
+                      if self._fresh((archive.endpoint, p.recording_id))]
+            piece = _going_on(pieces, begin, reached, end)
+            if piece is not None:
+                return ("replay", (archive, piece.recording_id), _reach(piece, end),
+                        (archive.endpoint, piece.recording_id))
+        return None
+
+    def _silent(self) -> list[_Archive]:
+        return [a for a in self.archives if a.silent is not None]
+
+    # -- reading -------------------------------------------------------------------------
+    def run(self) -> Iterator[GatheredMessages]:
+        try:
+            yield from self._run()
+        except _LossRaised as e:
+            raise e.error from None
+
+    def _wanted(self) -> bool:
+        assert self.end is not None
+        if self.skip_from is not None:
+            return self.lost or self.reached < self.end
+        return self.position < self.end
+
+    def _run(self) -> Iterator[GatheredMessages]:
+        if self.end is None:
+            self.end = max((reach for _, reach in self._held()), default=None)
+            if self.end is None:
+                return
+        while self._wanted():
+            source = self._source()
+            if source is None:
+                if not self._skip_lost():
+                    break
+                continue
+            kind, what, reach, key = source
+            self._tried.add((key, self.position, self.reached))
+            if kind == "local":
+                yield from self._read_local(what, reach)  # type: ignore[arg-type]
+            else:
+                archive, recording_id = what  # type: ignore[misc]
+                yield from self._read_replayed(archive, recording_id, reach)
+
+    def _skip_lost(self) -> bool:
+        """Nothing holds where the read must begin past what it read: what follows is lost
+        up to where a message begins in a recording that holds more, when every archive
+        answered (else raises, naming those that did not).  Whether there is more."""
+        assert self.end is not None
+        silent = self._silent()
+        if silent:
+            where = ", ".join(f"{a.endpoint[0]}:{a.endpoint[1]} ({a.silent})" for a in silent)
+            raise SlipstreamError(
+                f"slipstream stream {self.stream_id} session {self.session_id}: no archive gave "
+                f"[{self._begin()}, {self.end}), and {where} did not answer: it may hold it"
+                + ("; " + "; ".join(self.failures) if self.failures else ""))
+        begin = self._begin()
+        resume = min((max(start, self.reached) for start, reach in self._held()
+                      if start > begin and reach > max(start, self.reached)), default=None)
+        if not self.lost:
+            if self.skip_from is None:
+                self.lost_why = (
+                    f"lie across the seam of two recordings (one ended at {self.reached}, "
+                    f"inside the message at {self.position}), and no archive holds them whole"
+                    if self.position < self.reached else "are held by no archive")
+                self.skip_from = self.position
+            else:
+                self.lost_why = "are held by no archive"
+            self.lost = True
+        if resume is None:  # nothing held past here: lost up to the end
+            self._found(max(self.end, self.reached))
+            return False
+        if resume > self.end:
+            # A hole past the end (the caller's to report): the message that began before
+            # the end is lost up to it, and the read that begins after the hole reports the
+            # message's rest (nothing holds what precedes it).
+            self._found(self.end)
+            return False
+        self.position = self.reached = resume
+        return True
+
+    def _found(self, begins: int, data_from: int | None = None) -> None:
+        """The next message begins at ``begins``: what was passed over is reported when
+        lost.  ``data_from``: where the first data frame passed over is (None: none, only
+        padding), when the read began inside a message."""
+        assert self.skip_from is not None
+        skipped, self.skip_from = self.skip_from, None
+        if not self.lost and data_from is not None and data_from < begins and not any(
+                start < skipped <= reach for start, reach in self._held()):
+            # The read began inside a message whose start no recording holds (a hole before
+            # it): no read before this one delivered it.
+            self.lost = True
+            self.lost_why = "are the rest of a message whose start no archive holds"
+            skipped = data_from
+        if self.lost and begins > skipped:
+            self.lost = False
+            try:
+                self.on_loss(LostRange(self.stream_id, self.session_id, skipped, begins,
+                                       self.lost_why))
+            except Exception as e:  # the caller's: not a failure of this read's sources
+                raise _LossRaised(e) from e
+        self.lost = False
+        self.position = begins
+        self.reached = max(self.reached, begins)
+
+    def _stop(self, reach: int) -> int:
+        """Where a read from a recording that reaches ``reach`` stops: the end, or, past it,
+        the end of the term that holds the message cut at ``reached`` (finishing it), or of
+        the term at ``reached`` (looking for where the next message begins after a loss): a
+        message never crosses a term."""
+        assert self.end is not None
+        if self.reached < self.end:
+            return min(reach, self.end)
+        cut = self.reached if self.skip_from is not None else self.reached - 1
+        return min(reach, cut - cut % self.term_length + self.term_length)
+
+    def _keep(self, chunk: GatheredMessages) -> tuple[GatheredMessages | None, bool]:
+        """The messages of ``chunk`` that begin before the end, and whether the read goes
+        on (none of them began at or past the end)."""
+        assert self.end is not None
+        count = len(chunk)
+        begins = self.position
+        for i in range(count):
+            if begins >= self.end:
+                count = i
+                break
+            begins = chunk.positions[i]
+        else:
+            self.position = chunk.positions[-1]
+            return chunk, True
+        if count == 0:
+            return None, False
+        self.position = chunk.positions[count - 1]
+        return _first(chunk, count), False
+
+    def _moved(self, frames_end: int, at_boundary: bool) -> None:
+        """A read ended with its frames at ``frames_end``, at a message boundary or not
+        (inside a message whose first fragments it read)."""
+        self.reached = max(self.reached, frames_end)
+        if self.skip_from is None and (at_boundary or frames_end % self.term_length == 0):
+            # Frames past the last message were padding, not a message cut (a message never
+            # crosses a term's end).
+            self.position = max(self.position, frames_end)
+
+    def _read_local(self, descriptor: RecordingDescriptor, reach: int
+                    ) -> Iterator[GatheredMessages]:
+        assert self.directory is not None
+        stop = self._stop(reach)
+        where = f"recording {descriptor.recording_id} in {self.directory}"
+        try:
+            if self.skip_from is not None:
+                found = first_message_start(self.directory, descriptor, self.reached, stop)
+                if found is None:  # none begins before the stop
+                    self._moved(stop, False)
+                    return
+                if found > self.reached:
+                    self._found(found, first_data_frame(self.directory, descriptor,
+                                                        self.reached, found))
+                else:
+                    self._found(found)
+            with RecordingReader(self.directory, descriptor, start=self.position, end=stop,
+                                 recorded=reach) as reader:
+                while not reader.done:
+                    before = reader.position
+                    chunk = reader.poll_gathered(self.max_messages)
+                    if chunk is None:
+                        if reader.position == before:
+                            raise RecordingLostError(
+                                f"{where}: nothing whole to read at {before}, which its "
+                                f"catalog says was recorded", (descriptor.start_position,
+                                                              descriptor.stop_position))
+                        continue
+                    kept, more = self._keep(chunk)
+                    if kept is not None:
+                        yield kept
+                    if not more:
+                        return
+                self._moved(reader.position, reader.at_message_boundary)
+        except (SlipstreamError, OSError, KeyError) as e:
+            self.failures.append(f"{where}: {e}")
+            log.warning("slipstream: reading stream %d session %d in place from %s failed at "
+                        "%d (%s); asking the archives for the rest", self.stream_id,
+                        self.session_id, where, self.position, e)
+            self._local = []  # the directory's files fail: the archives serve the rest
+
+    def _read_replayed(self, archive: _Archive, recording_id: int, reach: int
+                       ) -> Iterator[GatheredMessages]:
+        stop = self._stop(reach)
+        endpoint = archive.endpoint
+        where = f"recording {recording_id} replayed by the archive at {endpoint[0]}:{endpoint[1]}"
+        begin = self._begin()
+        frames_end = begin
+        at_boundary = False
+        try:
+            with archive.link.replay(recording_id, start=begin, end=stop) as replay:
+                idle_since = time.monotonic()
+                while not replay.done:
+                    chunk = replay.poll_gathered(self.max_messages)
+                    frames_end = replay.position
+                    image = replay.image()
+                    if image is not None:
+                        at_boundary = image.at_message_boundary
+                    if chunk is None:
+                        if time.monotonic() - idle_since > self.timeout_s:
+                            raise _Stalled(f"{where}: nothing arrived for {self.timeout_s:g} s, "
+                                           f"at position {replay.position}")
+                        replay.wait(0.01)
+                        continue
+                    idle_since = time.monotonic()
+                    if self.skip_from is not None:
+                        assert image is not None
+                        found = message_start(image, begin, image.position)
+                        self._found(found, _first_data(image, begin, found))
+                    kept, more = self._keep(chunk)
+                    if kept is not None:
+                        yield kept
+                    if not more:
+                        return
+                frames_end = replay.position
+            self._moved(frames_end, at_boundary)
+        except RecordingLostError as e:  # it does not hold what was asked: another may
+            self._moved(frames_end, False)
+            self.failures.append(f"{where}: {e}")
+            archive.held = None
+        except SlipstreamError as e:
+            self._moved(frames_end, False)
+            self.failures.append(f"{where}: {e}")
+            if isinstance(e, _Stalled) or not archive.link.is_connected:
+                archive.silent = str(e)
+                if self.forget is not None:
+                    self.forget(endpoint)
+                log.warning("slipstream: reading stream %d session %d from %s failed at %d "
+                            "(%s); trying the next archive", self.stream_id, self.session_id,
+                            where, self.position, e)
+            else:
+                archive.held = None  # its replay ended early: what does it hold now?

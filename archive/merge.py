@@ -34,12 +34,13 @@ Loss on either stream is repaired below the merge, by the streams' own NAKs.
 goes on from another one when the archive it replays from stops answering: its replay's
 image goes, or does not come, or does not move for ``stall_timeout_s``, or its stream ends
 before the switch position (the archive stopped it, or the recording it replays ends there:
-a recovered recording, a replica piece).  :func:`~slipstream.archive.locate.locate`, the
-failed archive asked last, names the recording that holds the position the merge reached,
-and a replay of it goes on from there: the positions are the recording's in every archive,
-so no gap and no duplicate.  Where a message's fragments lie across two recordings (the
-first ended between them) the replay goes on from the message's start in a recording that
-holds all of it, or the merge fails naming it.
+a recovered recording, a replica piece).  :func:`~slipstream.archive.locate.go_on_from`,
+the failed archive asked last, names the recording to go on with, as the archives' one
+failover reader (:func:`~slipstream.archive.locate.read_session`) chooses it: one that holds
+the position the merge reached, and a replay of it goes on from there: the positions are
+the recording's in every archive, so no gap and no duplicate.  Where a message's fragments
+lie across two recordings (the first ended between them) the replay goes on from the
+message's start in a recording that holds all of it, or the merge fails naming it.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Final
 
 from slipstream.archive.catalog import RecordingDescriptor
 from slipstream.archive.client import ArchiveClient, ArchiveReplay
-from slipstream.archive.locate import locate
+from slipstream.archive.locate import go_on_from
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
 from slipstream.client.layout import BEGIN_FLAG, FRAME_ALIGNMENT, HDR_TYPE_PAD, HEADER_LENGTH
@@ -205,7 +206,7 @@ class ReplayMerge:
     def _fail_over(self, why: str, reached: int) -> None:
         """The replay failed (``why``) with its frames at ``reached`` (past :attr:`position`
         when its recording ended inside a message): on from :attr:`position` in the
-        recording that :func:`locate` names, the failed archive asked last."""
+        recording that :func:`go_on_from` names, the failed archive asked last."""
         failed = self.archive
         replay, self._replay = self._replay, None
         if replay is not None:
@@ -213,27 +214,23 @@ class ReplayMerge:
             # requester went ends at the archive
         order = [a for a in self.archives if a is not failed] + [failed]
         d = self.descriptor
-        pieces = locate(order, d.stream_id, d.session_id, (d.initial_term_id, d.term_length),
-                        reached, None)
-        if not pieces or pieces[0].start != reached:
-            self._fail(f"the replay failed at {self.position} ({why}), and no archive holds "
-                       f"position {reached} of session {d.session_id}")
-        piece = pieces[0]
-        archive = next(a for a in order if a.archive == piece.archive)
         if reached > self.position and reached % d.term_length == 0:
             # A message never crosses a term: what lies between the last message and a
             # term's end is its padding, not a message cut.
             self.position = reached
-        if reached > self.position:
-            # The message at position lies across two recordings: one holding it whole?
-            try:
-                start = archive.describe(piece.recording_id).descriptor.start_position
-            except SlipstreamError as e:
-                self._fail(f"the replay failed at {self.position} ({why}): {e}")
-            if start > self.position:
+        # On from the message at position, in a recording that holds it whole across the
+        # seam when the replay's recording ended inside it.
+        piece = go_on_from(order, d.stream_id, d.session_id,
+                           (d.initial_term_id, d.term_length), self.position,
+                           max(reached, self.position))
+        if piece is None:
+            if reached > self.position:
                 self._fail(f"the message at {self.position} lies across two recordings, the "
-                           f"first ending at {reached} ({why}); none that holds its rest "
-                           f"holds its start")
+                           f"first ending at {reached} ({why}); no archive holds it whole")
+            self._fail(f"the replay failed at {self.position} ({why}), and no archive holds "
+                       f"position {reached} of session {d.session_id}")
+        assert piece is not None
+        archive = next(a for a in order if a.archive == piece.archive)
         again = (archive.archive, piece.recording_id, self.position)
         self._repeats = self._repeats + 1 if again == self._last_continuation else 0
         self._last_continuation = again

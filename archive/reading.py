@@ -24,11 +24,13 @@ one interval's earlier messages come too.  A recording's start is its first entr
 
 from __future__ import annotations
 
+import array
 import bisect
 import hashlib
 import mmap
 import os
 import struct
+import sys
 from pathlib import Path
 from typing import Final
 
@@ -71,8 +73,13 @@ __all__ = [
     "Segments",
     "TimeIndexWriter",
     "archive_identity",
+    "first_data_frame",
+    "first_message_start",
     "frame_at",
+    "indexed_position",
     "live_positions",
+    "message_end",
+    "message_start",
     "position_at_time",
     "read_descriptor",
     "recording_position_key",
@@ -181,14 +188,44 @@ class TimeIndexWriter:
             self._fd = -1
 
 
+def indexed_position(directory: Path, descriptor: RecordingDescriptor) -> int:
+    """How far ``descriptor``'s recording is recorded, as its directory alone says: a
+    stopped one's stop position, a live one's last time index entry (the service writes it
+    after the bytes it counts), or its start while it has none.  A frame boundary; behind a
+    live recording's recorded position by at most :data:`TIME_INDEX_INTERVAL_MS` of
+    recording.  One open and one ``pread`` of the index's last entry: no counters file."""
+    if not descriptor.is_active:
+        return descriptor.stop_position
+    start = descriptor.start_position
+    try:
+        fd = os.open(time_index_path(directory, descriptor.recording_id),
+                     os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return start
+    try:
+        whole = os.fstat(fd).st_size // _TIME_ENTRY.size
+        if whole == 0:
+            return start
+        data = os.pread(fd, _TIME_ENTRY.size, (whole - 1) * _TIME_ENTRY.size)
+    finally:
+        os.close(fd)
+    if len(data) < _TIME_ENTRY.size:
+        return start
+    _, position = _TIME_ENTRY.unpack(data)
+    if position & (FRAME_ALIGNMENT - 1) or position < start:
+        return start  # not the service's entry (a disk returns what it returns)
+    return position
+
+
 def position_at_time(directory: Path, descriptor: RecordingDescriptor, time_ms: int) -> int:
     """Where a replay "from ``time_ms``" (epoch ms) of ``descriptor`` begins: the recorded
     position of the last time index entry at or before ``time_ms`` (never before the
     recording's start, which retention may have moved), so that every message recorded at or
     after ``time_ms`` is there.  A frame boundary.  A time at or before the start: the start;
-    after the stop: the stop.  Entries that are not whole, go backwards, or lie outside the
-    recording are ignored (counted as malformed: the file is the archive's, but a disk
-    returns what it returns)."""
+    after the stop: the stop.  A binary search over the entries, however many there are;
+    when the entries about its answer are not in time and position order, every entry is
+    looked at, and those that are not whole, go backwards, or lie outside the recording are
+    ignored (the file is the archive's, but a disk returns what it returns)."""
     start = descriptor.start_position
     if time_ms <= descriptor.start_time_ms:
         return start
@@ -199,6 +236,23 @@ def position_at_time(directory: Path, descriptor: RecordingDescriptor, time_ms: 
         data = time_index_path(directory, descriptor.recording_id).read_bytes()
     except FileNotFoundError:
         return start
+    # The entries as the service writes them (in time and position order): a binary search,
+    # its answer checked against its neighbours; any doubt, and every entry is looked at.
+    entries = array.array("q")
+    entries.frombytes(data[:len(data) - len(data) % _TIME_ENTRY.size])
+    if sys.byteorder != "little":
+        entries.byteswap()
+    raw_times, raw_positions = entries[0::2], entries[1::2]
+    found = bisect.bisect_right(raw_times, time_ms) - 1
+    if found < 0:
+        return start
+    near = range(max(0, found - 1), min(len(raw_times), found + 2))
+    if all(raw_positions[i] >= 0 and not raw_positions[i] & (FRAME_ALIGNMENT - 1) and
+           (descriptor.stop_position == NULL_POSITION or
+            raw_positions[i] <= descriptor.stop_position) for i in near) and \
+            all(raw_times[i] <= raw_times[i + 1] and raw_positions[i] <= raw_positions[i + 1]
+                for i in near if i + 1 in near):
+        return max(start, raw_positions[found])
     times: list[int] = []
     positions: list[int] = []
     for at in range(0, len(data) - _TIME_ENTRY.size + 1, _TIME_ENTRY.size):
@@ -219,12 +273,15 @@ def position_at_time(directory: Path, descriptor: RecordingDescriptor, time_ms: 
 # -- segments --------------------------------------------------------------------------------
 class SegmentMap:
     """One segment file of a recording, mapped read-only: the bytes from its base position up
-    to how long the file was at :meth:`cover` (remapped as a live recording's file grows)."""
+    to how long the file was at :meth:`cover` (remapped as a live recording's file grows).
+    ``populate``: a whole segment's pages are mapped in one go (a reader that goes through
+    it); not for one that looks at a few places (a planner's question)."""
 
-    def __init__(self, path: Path, base: int, length: int) -> None:
+    def __init__(self, path: Path, base: int, length: int, *, populate: bool = True) -> None:
         self.path = path
         self.base = base
         self.length = length  # the segment length: a file this long is whole
+        self.populate = populate
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._map: mmap.mmap | None = None
         self._cdata = None
@@ -243,7 +300,7 @@ class SegmentMap:
             return False
         self._release()
         flags = mmap.MAP_SHARED
-        if size >= self.length:
+        if size >= self.length and self.populate:
             # A whole segment, which no longer grows: its pages mapped in one go (a fault per
             # page otherwise, which costs a replay from the page cache a quarter of its time).
             flags |= mmap.MAP_POPULATE
@@ -280,11 +337,14 @@ class SegmentMap:
 
 class Segments:
     """The segment maps of one recording as a reader moves through it: the one that holds a
-    position, opened when first needed, the one before let go."""
+    position, opened when first needed, the one before let go (``populate``: as
+    :class:`SegmentMap`'s)."""
 
-    def __init__(self, directory: Path, descriptor: RecordingDescriptor) -> None:
+    def __init__(self, directory: Path, descriptor: RecordingDescriptor, *,
+                 populate: bool = True) -> None:
         self.directory = Path(directory)
         self.descriptor = descriptor
+        self.populate = populate
         self._current: SegmentMap | None = None
 
     def at(self, position: int, reach: int) -> SegmentMap:
@@ -300,7 +360,7 @@ class Segments:
                 self._current = None
             path = self.directory / segment_file_name(d.recording_id, base)
             try:
-                segment = SegmentMap(path, base, d.segment_length)
+                segment = SegmentMap(path, base, d.segment_length, populate=self.populate)
             except FileNotFoundError:
                 raise RecordingLostError(
                     f"recording {d.recording_id}: no segment file {path.name} for position "
@@ -343,27 +403,105 @@ def frame_at(segment: SegmentMap, position: int, descriptor: RecordingDescriptor
     return length, flags, frame_type
 
 
+def _frames(directory: Path, descriptor: RecordingDescriptor, start: int, end: int):
+    """``(position, flags, type, length)`` of the recording's frames from ``start`` (a frame
+    boundary) until ``end``; stops early where a frame is not the recording's or not there.
+    A one-off look at a seam (at most a term's frames), not a data path."""
+    segments = Segments(directory, descriptor)
+    try:
+        at = start
+        while at < end:
+            frame = frame_at(segments.at(at, min(end, at + FRAME_ALIGNMENT)), at, descriptor)
+            if frame is None:
+                return
+            length, flags, frame_type = frame
+            yield at, flags, frame_type, length
+            at += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+    except RecordingLostError:
+        return
+    finally:
+        segments.close()
+
+
+def message_start(directory: Path, descriptor: RecordingDescriptor, position: int) -> int:
+    """Where the message that the recording's stop ``position`` cuts begins (``position``
+    itself when it is a message boundary, or when the recording does not hold the
+    message's first fragment).  A message never crosses a term: the frames are walked from
+    its term's start."""
+    term_start = position - position % descriptor.term_length
+    begun: int | None = None
+    reached = max(term_start, descriptor.start_position)
+    for at, flags, frame_type, length in _frames(directory, descriptor, reached, position):
+        if frame_type == HDR_TYPE_DATA:
+            if flags & BEGIN_FLAG:
+                begun = at
+            if flags & END_FLAG:
+                begun = None
+        reached = at + ((length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
+    # Only a walk that reached the stop knows which message it cuts.
+    return begun if begun is not None and reached == position else position
+
+
+def first_message_start(directory: Path, descriptor: RecordingDescriptor, position: int,
+                        recorded: int) -> int | None:
+    """Where the first message that begins at or after ``position`` does, among the frames
+    the recording holds up to ``recorded``; None when it holds no such frame (yet)."""
+    for at, flags, frame_type, _ in _frames(directory, descriptor, position, recorded):
+        if frame_type == HDR_TYPE_DATA and flags & BEGIN_FLAG:
+            return at
+    return None
+
+
+def first_data_frame(directory: Path, descriptor: RecordingDescriptor, position: int,
+                     recorded: int) -> int | None:
+    """Where the first data frame (not padding) at or after ``position`` is, among the
+    frames the recording holds up to ``recorded``; None when it holds none there."""
+    for at, _, frame_type, _ in _frames(directory, descriptor, position, recorded):
+        if frame_type == HDR_TYPE_DATA:
+            return at
+    return None
+
+
+def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
+                recorded: int) -> int:
+    """Where the first message that begins at or after ``position`` does (``position``
+    itself when it is a boundary, or when the recording does not yet hold such a frame, up
+    to ``recorded``)."""
+    found = first_message_start(directory, descriptor, position, recorded)
+    return position if found is None else found
+
+
 # -- the local reader ------------------------------------------------------------------------
 class RecordingReader:
     """Reads a recording's messages from its segment files on the archive's own host, mapped
     read-only, with the log's C scan: :meth:`poll` and :meth:`poll_gathered` as a replay's
     image has them (messages with their stream positions, fragments assembled), no network.
 
-    ``[start, end)``: ``start`` a frame boundary (default the recording's start), ``end`` None
-    to follow a live recording until it stops (or a position).  It never reads past the
-    recorded position: a stopped recording's stop position, else the ``RECORDING_POSITION``
-    counter of the archive's driver at ``driver_dir`` (required for a live recording).
-    Raises :class:`RecordingLostError` when ``start`` is not held (before the start retention
+    ``recording``: its id (its descriptor read from the catalog), or its descriptor as the
+    caller read the catalog.  ``[start, end)``: ``start`` a frame boundary (default the
+    recording's start), ``end`` None to follow a live recording until it stops (or a
+    position).  It never reads past the recorded position: a stopped recording's stop
+    position; for a live one, ``recorded`` (a position the caller knows was recorded:
+    :func:`indexed_position`, or what the archive answered) when given, else the
+    ``RECORDING_POSITION`` counter of the archive's driver at ``driver_dir``.  Raises
+    :class:`RecordingLostError` when ``start`` is not held (before the start retention
     moved, or past what was recorded).  One thread; :meth:`close` when done.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], recording_id: int, *,
+    def __init__(self, directory: str | os.PathLike[str],
+                 recording: int | RecordingDescriptor, *,
                  start: int | None = None, end: int | None = None,
-                 driver_dir: str | os.PathLike[str] | None = None) -> None:
+                 driver_dir: str | os.PathLike[str] | None = None,
+                 recorded: int | None = None) -> None:
         self.directory = Path(directory)
-        if not (self.directory / CATALOG_FILE).exists():
-            raise CatalogError(f"no archive catalog in {self.directory} ({CATALOG_FILE})")
-        descriptor = read_descriptor(self.directory, recording_id)
+        if isinstance(recording, RecordingDescriptor):
+            descriptor: RecordingDescriptor | None = recording
+            recording_id = recording.recording_id
+        else:
+            recording_id = recording
+            if not (self.directory / CATALOG_FILE).exists():
+                raise CatalogError(f"no archive catalog in {self.directory} ({CATALOG_FILE})")
+            descriptor = read_descriptor(self.directory, recording_id)
         if descriptor is None or descriptor.state != RecordingState.VALID:
             raise KeyError(f"no recording {recording_id} in {self.directory / CATALOG_FILE}")
         self.descriptor = descriptor
@@ -373,11 +511,12 @@ class RecordingReader:
         self.term_length = descriptor.term_length
         self._counters: CountersFile | None = None
         self._counter: CounterReader | None = None
-        if descriptor.is_active:
+        self._known = descriptor.start_position if recorded is None else recorded
+        if descriptor.is_active and recorded is None:
             if driver_dir is None:
                 raise ValueError(f"recording {recording_id} is live: a reader needs the "
                                  f"archive's driver directory (driver_dir) to follow its "
-                                 f"recorded position")
+                                 f"recorded position, or a position known recorded")
             self._counters = CountersFile(Path(driver_dir) / COUNTERS_FILE, writable=False)
         self.start = descriptor.start_position if start is None else start
         self.end = end
@@ -421,6 +560,8 @@ class RecordingReader:
         d = self.descriptor
         if not d.is_active:
             return d.stop_position
+        if self._counters is None:  # a live recording read up to a position known recorded
+            return max(self._limit, self._known)
         if self._counter is None or not self._counter.is_allocated:
             fresh = read_descriptor(self.directory, self.recording_id)
             if fresh is not None:
@@ -451,6 +592,12 @@ class RecordingReader:
         """How far the recording is recorded (what this reader may read up to)."""
         self._limit = self._recorded()
         return self._limit
+
+    @property
+    def at_message_boundary(self) -> bool:
+        """Whether the position is a message boundary: not inside a fragmented message whose
+        first fragments it read (as :attr:`Image.at_message_boundary`)."""
+        return self._assembly is None
 
     @property
     def done(self) -> bool:

@@ -51,17 +51,15 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
-from slipstream.archive.reading import RecordingLostError, Segments, frame_at
+from slipstream.archive.reading import first_message_start, message_start
 from slipstream.archive.recorder import Recording
-from slipstream.archive.settings import Peer, RecordSpec
+from slipstream.archive.settings import Peer, RecordSpec, spec_of
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
-from slipstream.client.layout import BEGIN_FLAG, END_FLAG, FRAME_ALIGNMENT, HDR_TYPE_DATA
 
 if TYPE_CHECKING:
     from slipstream.archive.service import ArchiveService
@@ -114,64 +112,6 @@ def missing_ranges(want: tuple[int, int], held: list[tuple[int, int | None]]
     if position < end:
         out.append((position, end))
     return out
-
-
-def _frames(directory: Path, descriptor: RecordingDescriptor, start: int, end: int):
-    """``(position, flags, type, length)`` of the recording's frames from ``start`` (a frame
-    boundary) until ``end``; stops early where a frame is not the recording's or not there.
-    A one-off look at the seams of a fetch (at most a term's frames), not a data path."""
-    segments = Segments(directory, descriptor)
-    try:
-        at = start
-        while at < end:
-            frame = frame_at(segments.at(at, min(end, at + FRAME_ALIGNMENT)), at, descriptor)
-            if frame is None:
-                return
-            length, flags, frame_type = frame
-            yield at, flags, frame_type, length
-            at += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-    except RecordingLostError:
-        return
-    finally:
-        segments.close()
-
-
-def message_start(directory: Path, descriptor: RecordingDescriptor, position: int) -> int:
-    """Where the message that the recording's stop ``position`` cuts begins (``position``
-    itself when it is a message boundary, or when the recording does not hold the
-    message's first fragment).  A message never crosses a term: the frames are walked from
-    its term's start."""
-    term_start = position - position % descriptor.term_length
-    begun: int | None = None
-    reached = max(term_start, descriptor.start_position)
-    for at, flags, frame_type, length in _frames(directory, descriptor, reached, position):
-        if frame_type == HDR_TYPE_DATA:
-            if flags & BEGIN_FLAG:
-                begun = at
-            if flags & END_FLAG:
-                begun = None
-        reached = at + ((length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
-    # Only a walk that reached the stop knows which message it cuts.
-    return begun if begun is not None and reached == position else position
-
-
-def first_message_start(directory: Path, descriptor: RecordingDescriptor, position: int,
-                        recorded: int) -> int | None:
-    """Where the first message that begins at or after ``position`` does, among the frames
-    the recording holds up to ``recorded``; None when it holds no such frame (yet)."""
-    for at, flags, frame_type, _ in _frames(directory, descriptor, position, recorded):
-        if frame_type == HDR_TYPE_DATA and flags & BEGIN_FLAG:
-            return at
-    return None
-
-
-def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,
-                recorded: int) -> int:
-    """Where the first message that begins at or after ``position`` does (``position``
-    itself when it is a boundary, or when the recording does not yet hold such a frame, up
-    to ``recorded``)."""
-    found = first_message_start(directory, descriptor, position, recorded)
-    return position if found is None else found
 
 
 @dataclass
@@ -387,11 +327,8 @@ class Replicator:
         """The ``[[record]]`` a peer's recording is one of this archive's streams by: the
         same stream id (the channels may differ: with MDC or multicast each host subscribes
         at its own endpoint), the same channel where several tables share the stream id."""
-        specs = [s for s in self._service.settings.records
-                 if s.stream_id == descriptor.stream_id]
-        if len(specs) > 1:
-            specs = [s for s in specs if s.channel == descriptor.channel]
-        return specs[0] if len(specs) == 1 else None
+        return spec_of(self._service.settings.records, descriptor.stream_id,
+                       descriptor.channel)
 
     def _held_here(self, key: SessionKey) -> list[tuple[int, int | None]]:
         held: list[tuple[int, int | None]] = []

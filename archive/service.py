@@ -307,7 +307,9 @@ class ArchiveService:
 
     def run_retention(self) -> list[Path]:
         """Apply the retention settings now; returns the files removed."""
-        if not (self.settings.retention_max_bytes or self.settings.retention_max_age_ns):
+        if not (self.settings.retention_max_bytes or self.settings.retention_max_age_ns or
+                any(spec.retention_max_bytes or spec.retention_max_age_ns
+                    for spec in self.settings.records)):
             return []
         live = {}
         for recording in self.recordings.values():
@@ -320,7 +322,7 @@ class ArchiveService:
             return apply_retention(self.catalog, self.directory,
                                    max_bytes=self.settings.retention_max_bytes,
                                    max_age_ns=self.settings.retention_max_age_ns, live=live,
-                                   now_ns=time.time_ns())
+                                   now_ns=time.time_ns(), streams=self.settings.records)
         except OSError as e:
             log.error("retention: %s", e)
             return []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -51,11 +51,17 @@ class Source(enum.Enum):
 
 @dataclass(frozen=True)
 class RecordSpec:
-    """One ``[[record]]`` entry: record every session of ``stream_id`` on ``channel``."""
+    """One ``[[record]]`` entry: record every session of ``stream_id`` on ``channel``.
+
+    ``retention_max_bytes`` / ``retention_max_age_ns`` bound the stream's recordings together
+    (bytes of their segment files; ns since a segment's last write; 0: no bound of the
+    stream's own), within the archive's total bounds."""
 
     channel: str
     stream_id: int
     source: Source = Source.LOCAL
+    retention_max_bytes: int = 0
+    retention_max_age_ns: int = 0
 
     @property
     def subscription_channel(self) -> str:
@@ -254,9 +260,21 @@ SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "replication_port": (_replication_port, 0),
     "release_after": (_duration("release_after"), 0),
 }
-_RECORD_KEYS: Final = ("channel", "stream_id", "source")
+_RECORD_KEYS: Final = ("channel", "stream_id", "source", "retention_max_bytes",
+                       "retention_max_age")
 _HOLD_KEYS: Final = ("channel", "stream_id", "group")
 _TABLES: Final = ("record", "hold")
+
+
+def spec_of(specs: Sequence[RecordSpec], stream_id: int, channel: str) -> RecordSpec | None:
+    """The ``[[record]]`` a recording of ``stream_id`` on ``channel`` (its catalog channel,
+    or a peer's) is one of: the one of its stream id (the channels may differ: with MDC or
+    multicast each host subscribes at its own endpoint), the one of its channel too where
+    several share the stream id; None when no table, or no one table, is its."""
+    found = [s for s in specs if s.stream_id == stream_id]
+    if len(found) > 1:
+        found = [s for s in found if s.channel == channel]
+    return found[0] if len(found) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -390,7 +408,15 @@ def _records(entries: Any) -> tuple[RecordSpec, ...]:
                                        f"not local or remote") from None
         if source is Source.REMOTE and parsed.media == "ipc":
             raise ArchiveSettingsError("record.source", f"{where}: aeron:ipc is always local")
-        specs.append(RecordSpec(channel, stream_id, source))
+        bounds = []
+        for key, parse in (("retention_max_bytes", parse_size),
+                           ("retention_max_age", parse_duration_ns)):
+            try:
+                bounds.append(parse(entry.get(key, 0)))
+            except ValueError as e:
+                raise ArchiveSettingsError(f"record.{key}", f"{where}: {e}") from None
+        specs.append(RecordSpec(channel, stream_id, source, retention_max_bytes=bounds[0],
+                                retention_max_age_ns=bounds[1]))
     return tuple(specs)
 
 

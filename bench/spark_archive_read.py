@@ -6,8 +6,8 @@ the same range read from the live log, in the same run.
 One driver; a ``slipstream-archive`` process records an IPC stream (local source) of N
 messages of B bytes to segment files in a temporary directory on this machine's disk; the
 publication stays open, so the log holds the whole range too (its term is long enough) and
-the recording is live (the in-place reader follows its position counter, as it does while a
-stream is being recorded).  Each round reads ``[0, end)`` with the executor side of the
+the recording is live (the in-place reader reads it up to its time index's last entry, as it
+does while a stream is being recorded).  Each round reads ``[0, end)`` with the executor side of the
 Spark reader (``read_range``, Arrow record batches included): once as a live-log partition
 (the log mapped, ``Image.peek``'s C scan) and once as an archived partition with
 ``archiveDir`` (the segment files mapped, ``RecordingReader``'s C scan), alternating which
@@ -32,7 +32,7 @@ from bench.archive_record import STREAM, _recordings, _wait
 from bench.archive_replay import _free_port
 from bench.ipc_throughput import machine
 from slipstream.archive.holding import driver_instance
-from slipstream.archive.reading import live_positions
+from slipstream.archive.reading import indexed_position
 from slipstream.client import Client
 from slipstream.client.logview import ImageView
 from slipstream.daemon.driver import MediaDriver
@@ -79,8 +79,9 @@ def main() -> None:
             _wait(lambda: subscription.images, 10, "the image")
             view = ImageView(subscription.images[0])
             recording = _recordings(archive_dir)[0]
-            _wait(lambda: live_positions(Path(driver.directory), archive_dir).get(
-                recording.recording_id, 0) >= end, 60, "the range recorded")
+            # What a read in place reads up to: the time index's last entry (no counters).
+            _wait(lambda: indexed_position(archive_dir, recording) >= end, 60,
+                  "the range recorded")
             common = dict(directory=str(driver.directory), fail_on_data_loss=True,
                           host="here", replay_timeout_ms=30_000, holder=None)
             live = SlipstreamPartition(view.session_id, STREAM, view.log_path, 0, end,

@@ -292,7 +292,7 @@ def _slipstream_batch(spark, directory: Path, client: Client, stream_id: int, ro
         elif result != ADMIN_ACTION:
             raise RuntimeError(f"publishing {rows} messages needs a larger term ({result})")
     query = (spark.readStream.format("slipstream").option("directory", str(directory))
-             .option("streamId", str(stream_id)).option("startingPosition", "earliest").load()
+             .option("streamId", str(stream_id)).option("startingOffsets", "earliest").load()
              .writeStream.format("noop").option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     query.awaitTermination(300)

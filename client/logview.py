@@ -17,12 +17,12 @@ import attrs
 
 from slipstream.client import DataLossError, Image, InvalidArgumentError
 from slipstream.client.holding import HolderLink
-from slipstream.client.layout import INT64_MAX
+from slipstream.client.layout import FRAME_ALIGNMENT, INT64_MAX
 from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.retention import earliest_position, first_retained, is_retained
 
-__all__ = ["VIEW_OPERATIONS", "ImageView", "LogView", "RemoteView", "SessionEnd", "SessionEnds",
-           "end_of_stream", "snapshot"]
+__all__ = ["MAX_SPLIT_PIECES", "VIEW_OPERATIONS", "ImageView", "LogView", "RemoteView",
+           "SessionEnd", "SessionEnds", "end_of_stream", "snapshot", "view_args"]
 
 
 def end_of_stream(image: Image) -> int | None:
@@ -339,6 +339,41 @@ VIEW_OPERATIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The most pieces a ``split_points`` question may ask for (its answer lists them).
+MAX_SPLIT_PIECES: Final = 256
+
+
+def view_args(method: str, args: object, high: int) -> dict[str, int | None]:
+    """The arguments of a view question from a caller, checked before the log is asked (the
+    standing holder's and the archive's ``view`` calls): the method's parameters, integers
+    (None only for a limit of ``scan``); positions frame-aligned, at most ``high`` (the
+    highest position the log holds: its producer position, or a recording's recorded one;
+    the log is scanned with them); at most :data:`MAX_SPLIT_PIECES` pieces.  A position
+    before what the log holds is a question like any other: the view says it does not hold
+    it.  Raises ValueError naming the argument."""
+    if method not in VIEW_OPERATIONS:
+        raise ValueError(f"method {method!r} is not one of {', '.join(VIEW_OPERATIONS)}")
+    names = VIEW_OPERATIONS[method]
+    if not isinstance(args, dict) or set(args) != set(names):
+        raise ValueError(f"{method} takes {', '.join(names)}, not {args!r}")
+    for name, value in args.items():
+        nullable = method == "scan" and name in ("max_rows", "max_bytes")
+        if value is None and nullable:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
+            raise ValueError(f"{method}: {name} {value!r} is not a position or count")
+        if name in ("max_rows", "max_bytes", "limit", "time_ns"):
+            continue
+        if name == "pieces":
+            if value > MAX_SPLIT_PIECES:
+                raise ValueError(f"split_points: {value} pieces, over {MAX_SPLIT_PIECES}")
+            continue
+        if value % FRAME_ALIGNMENT or value > high:
+            raise ValueError(f"{method}: {name} {value} is not a frame boundary of this log "
+                             f"held here, [0, {high}]")
+    return args
+
+
 def snapshot(view: LogView) -> dict[str, Any]:
     """What a holder tells a remote planner about one of its logs, as JSON values."""
     return {"stream_id": view.stream_id, "initial_term_id": view.identity.initial_term_id,
@@ -349,18 +384,22 @@ def snapshot(view: LogView) -> dict[str, Any]:
 
 
 class RemoteView(LogView):
-    """A log at a standing holder on another host (or this one): the attributes as of the
-    holder's last ``state`` answer, the questions asked of the holder's own
-    :class:`ImageView` by a call (``view`` with the stream's ``key`` and this session)."""
+    """A log another process answers for: a standing holder's (on another host, or this one)
+    or a recording of an archive.  The attributes as of the last answer that described it
+    (``state``: :func:`snapshot`'s fields), the questions asked of that process's own view
+    (:class:`ImageView`, or the archive's recording view) by a ``view`` call naming the log
+    by ``key``: a held stream's key with this session and its log, or ``{"recording_id":
+    N}``."""
 
     def __init__(self, link: HolderLink, key: dict[str, Any], session_id: int,
                  state: dict[str, Any]) -> None:
         self._link = link
-        self._key = key
         self.session_id = session_id
         self.stream_id = int(state["stream_id"])
         self.identity = LogIdentity(session_id, int(state["initial_term_id"]),
                                     int(state["term_length"]))
+        self._key = key if "recording_id" in key else \
+            {**key, "session_id": session_id, "log": [*self.identity.framing]}
         self.log_path = str(state["log_path"])
         self.join_position = int(state["join_position"])
         self.position = int(state["position"])
@@ -370,9 +409,7 @@ class RemoteView(LogView):
         self.end_of_stream = None if eos is None else int(eos)
 
     def _ask(self, method: str, **args: Any) -> Any:
-        return self._link.call("view", **self._key, session_id=self.session_id,
-                               log=[*self.identity.framing], method=method,
-                               args=args)
+        return self._link.call("view", **self._key, method=method, args=args)
 
     def available_position(self) -> int:
         return self._available

@@ -240,6 +240,26 @@ int32_t ss_gather_messages(const uint8_t *term, int32_t term_length, const int32
                            int64_t out_capacity, int32_t *offsets, int32_t *lengths,
                            int64_t *positions, int64_t *reserved);
 
+/* ---- reader: a planner's walk over whole messages of one term ----
+ * From term offset `offset` up to scan_end (a term offset, at most the term length), step over
+ * the whole committed messages, a fragmented one's frames as one message, PAD frames stepped
+ * over, and the fragments of a message begun before `offset` stepped over uncounted (a read
+ * from there skips them).  Each frame is checked (a length of at least the header whose aligned
+ * end lies within scan_end) before its fields are read.  Stops at the first frame not written
+ * or not whole before scan_end; before the message that would make the count exceed
+ * max_messages or its payload bytes exceed max_bytes, unless it is the first and take_first
+ * (SS_MESSAGES_LIMIT); when find_time, before the first message whose reserved value (its
+ * last frame's) is at least time_ns (SS_MESSAGES_TIME).  Returns the term offset after the
+ * last message stepped over (a message boundary: never inside a message); *messages and
+ * *bytes count those messages and their payload bytes; *reason says why it stopped. */
+#define SS_MESSAGES_END 0
+#define SS_MESSAGES_LIMIT 1
+#define SS_MESSAGES_TIME 2
+int32_t ss_scan_messages(const uint8_t *term, int32_t offset, int32_t scan_end,
+                         int64_t max_messages, int64_t max_bytes, int32_t take_first,
+                         int32_t find_time, int64_t time_ns, int64_t *messages, int64_t *bytes,
+                         int32_t *reason);
+
 /* What a parked reader watches for one image: the frame at its subscriber position. */
 typedef struct {
     const uint8_t *log;      /* start of term 0 */

@@ -57,3 +57,60 @@ int32_t ss_gather_messages(const uint8_t *term, int32_t term_length, const int32
     }
     return count;
 }
+
+int32_t ss_scan_messages(const uint8_t *term, int32_t offset, int32_t scan_end,
+                         int64_t max_messages, int64_t max_bytes, int32_t take_first,
+                         int32_t find_time, int64_t time_ns, int64_t *messages, int64_t *bytes,
+                         int32_t *reason) {
+    int64_t count = 0, size = 0, pending = 0;
+    int32_t boundary = offset, at = offset, in_message = 0;
+    *reason = SS_MESSAGES_END;
+    while (at <= scan_end - SS_HEADER_LENGTH) {
+        int32_t frame_length = LOAD_ACQ((const int32_t *)(term + at));
+        /* Another process wrote it: checked before its length moves the walk. */
+        if (frame_length < SS_HEADER_LENGTH || frame_length > scan_end - at) break;
+        const int32_t aligned = align32(frame_length);
+        if (aligned > scan_end - at) break;
+        uint16_t type;
+        memcpy(&type, term + at + SS_TYPE_FIELD, sizeof type);
+        if (type == SS_HDR_TYPE_PAD) {
+            at += aligned;
+            if (!in_message) boundary = at;
+            continue;
+        }
+        const uint8_t flags = term[at + SS_FLAGS_FIELD];
+        if (flags & SS_BEGIN_FLAG) {
+            in_message = 1;
+            pending = 0;
+        }
+        if (!in_message) { /* a fragment of a message begun before `offset` */
+            at += aligned;
+            if (flags & SS_END_FLAG) boundary = at;
+            continue;
+        }
+        pending += frame_length - SS_HEADER_LENGTH;
+        if (flags & SS_END_FLAG) {
+            int64_t stamp;
+            memcpy(&stamp, term + at + SS_RESERVED_VALUE_FIELD, sizeof stamp);
+            if (find_time && stamp >= time_ns) {
+                *reason = SS_MESSAGES_TIME;
+                break;
+            }
+            if (!(take_first && count == 0) &&
+                (count >= max_messages || size + pending > max_bytes)) {
+                *reason = SS_MESSAGES_LIMIT;
+                break;
+            }
+            count++;
+            size += pending;
+            in_message = 0;
+            at += aligned;
+            boundary = at;
+            continue;
+        }
+        at += aligned;
+    }
+    *messages = count;
+    *bytes = size;
+    return boundary;
+}

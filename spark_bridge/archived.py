@@ -4,11 +4,11 @@ The planning side asks the archives named by ``archive`` (their control endpoint
 preferred) what they recorded of a stream, once per trigger (:class:`Archives`), and cuts
 what a session must read into pieces (:func:`stitch`), each held by one recording of one
 archive.  A piece becomes a partition that names its archive and recording
-(:class:`ArchivedSource`); the task reads it in place when the recording is in this host's
-archive directory (``archiveDir``: :class:`~slipstream.archive.RecordingReader`, the log's C
-scan over the segment files, no network), and otherwise has the archive replay it to this
-host's driver (:meth:`~slipstream.archive.ArchiveClient.replay`), falling over to the next
-archive that holds the rest when one stops answering (:func:`read_archived`).  Positions are
+(:class:`ArchivedSource`); the task reads it with the archives' one failover reader,
+:func:`slipstream.archive.locate.read_session`: in place when this host's archive directory
+(``archiveDir``) holds it, else replayed to this host's driver, from the next archive when
+one stops answering, through this process's links to the archives
+(:func:`archive_client_for`).  Positions are
 the recording's, so a range read from an archive is the same messages, positions and
 timestamps as the live log had.  docs/SPARK.md, "Reading older ranges from an archive".
 """
@@ -18,31 +18,23 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from slipstream.archive.catalog import CATALOG_FILE, NULL_POSITION, RecordingState
+from slipstream.archive.catalog import RecordingState
 from slipstream.archive.client import ArchiveClient, ListedRecording
-from slipstream.archive.locate import HeldRange
+from slipstream.archive.locate import Endpoint, HeldRange
 from slipstream.archive.locate import stitch as stitch_held
-from slipstream.archive.reading import (
-    RecordingLostError,
-    RecordingReader,
-    live_positions,
-    read_descriptor,
-)
+from slipstream.archive.view import STAMP_SKEW_MS
 from slipstream.client import Client, SlipstreamError
+from slipstream.client.logview import LogView
 
-__all__ = ["ArchivedSource", "Archives", "archive_client_for", "read_archived", "stitch"]
+__all__ = ["ArchivedSource", "Archives", "archive_client_for", "forget_archive_client",
+           "stitch"]
 
 log = logging.getLogger("slipstream.spark_bridge")
-
-#: An archive's control endpoint: address, port, control stream id.
-Endpoint = tuple[str, int, int]
 
 _SILENT_S = 30.0  # how long an archive that did not answer is not asked again
 
@@ -161,6 +153,106 @@ class Archives:
                 return start
         return None
 
+    def _recording_of(self, stream_id: int, piece: HeldRange) -> ListedRecording | None:
+        for endpoint, recordings in self.recordings(stream_id):
+            if endpoint == piece.archive:
+                for recording in recordings:
+                    if recording.recording_id == piece.recording_id:
+                        return recording
+        return None
+
+    def view(self, stream_id: int, piece: HeldRange) -> tuple[LogView, int] | None:
+        """The recording that holds ``piece`` as a :class:`~slipstream.client.logview.LogView`
+        whose questions its archive answers (its ``view`` call), and how far it may be asked
+        (the piece's end, at most what is recorded now); None when its archive no longer
+        lists it."""
+        listed = self._recording_of(stream_id, piece)
+        if listed is None:
+            return None
+        view = self._link(piece.archive).recording_view(listed)
+        return view, min(piece.end, listed.recorded_position)
+
+    def scan(self, stream_id: int, session_id: int, framing: tuple[int, int], begin: int,
+             stop: int, max_rows: int | None, max_bytes: int | None
+             ) -> tuple[int, int | None, int | None]:
+        """Where a batch of at most ``max_rows`` messages / ``max_bytes`` payload bytes (at
+        least one message) from ``begin`` ends in ``[begin, stop)`` of what the archives
+        hold of the session, as :meth:`LogView.scan` on the live log, each recording's part
+        asked of its archive, on from one recording to the next while the budgets last; and
+        what is left of them when it reaches ``stop`` (None: no such budget; the bytes a
+        recording's part used are counted as its length, at least its payload, so the
+        budget is never passed by what follows).  A range none holds ends the batch where
+        it begins, or at its end when the batch begins there (the loss is reported when it
+        is planned); a live recording not yet recorded past where the batch is, or an
+        archive that does not answer, ends it at its piece's end (not cut: as planned
+        before)."""
+        position = begin
+        rows, size = max_rows, max_bytes
+        for piece in self.pieces(stream_id, session_id, framing, begin, stop):
+            if piece.start > position:
+                return (piece.start if position == begin else position), None, None
+            end = min(stop, piece.end)
+            try:
+                found = self.view(stream_id, piece)
+                if found is None or found[1] <= position:
+                    return end, None, None
+                view, reach = found
+                high = min(end, reach)
+                reached = view.scan(position, high, rows, size)
+                if reached < end:
+                    return reached, None, None
+                if rows is not None:
+                    rows -= view.count_messages(position, reached, rows)
+                if size is not None:
+                    size -= reached - position
+            except SlipstreamError:
+                return end, None, None
+            position = reached
+            if (rows is not None and rows <= 0) or (size is not None and size <= 0):
+                return position, 0, 0
+        if position < stop:  # a hole at the end: the batch covers it when it begins there
+            return (stop if position == begin else position), None, None
+        return position, rows, size
+
+    def position_at_time(self, stream_id: int, session_id: int, framing: tuple[int, int],
+                         time_ns: int, begin: int, end: int | None) -> int | None:
+        """Where the first message of the session in ``[begin, end)`` (``end`` None: as far
+        as they hold) stamped at or after
+        ``time_ns`` begins, in what the archives hold of it, or None when they hold none
+        there.  A recording that stopped more than
+        :data:`~slipstream.archive.view.STAMP_SKEW_MS` before the time is passed over
+        unread; in the first one that may hold it, the archive searches its time index
+        and then the stamps (:class:`~slipstream.archive.view.RecordingView`)."""
+        time_ms = time_ns // 1_000_000
+        for piece in self.pieces(stream_id, session_id, framing, begin, end):
+            listed = self._recording_of(stream_id, piece)
+            if listed is None:
+                continue
+            d = listed.descriptor
+            if not d.is_active and d.stop_time_ms != -1 and \
+                    d.stop_time_ms < time_ms - STAMP_SKEW_MS:
+                continue
+            found_view = self.view(stream_id, piece)
+            if found_view is None or found_view[1] <= piece.start:
+                continue
+            view, reach = found_view
+            found = view.position_at_time(piece.start, reach, time_ns)
+            if found < reach:
+                return found
+        return None
+
+    def split_points(self, stream_id: int, piece: HeldRange, pieces: int) -> list[int]:
+        """Message boundaries that cut ``piece`` into about ``pieces`` ranges of equal length
+        (:meth:`LogView.split_points` of its recording); none when its archive cannot say."""
+        try:
+            found = self.view(stream_id, piece)
+            if found is None or found[1] <= piece.start:
+                return []
+            view, reach = found
+            return [p for p in view.split_points(piece.start, reach, pieces) if p < piece.end]
+        except SlipstreamError:
+            return []
+
     def recorded_sessions(self, stream_id: int) -> dict[int, list[ListedRecording]]:
         """The recordings of ``stream_id`` by session id, of every archive that answered."""
         sessions: dict[int, list[ListedRecording]] = {}
@@ -219,7 +311,9 @@ def archive_client_for(client: Client, directory: str | None, endpoint: Endpoint
     return link
 
 
-def _forget(directory: str | None, endpoint: Endpoint) -> None:
+def forget_archive_client(directory: str | None, endpoint: Endpoint) -> None:
+    """Close and drop this process's link to the archive at ``endpoint`` (it stopped
+    answering: the next task makes a new one)."""
     with _lock:
         link = _archive_clients.pop((os.getpid(), directory or "", endpoint), None)
     if link is not None:
@@ -227,161 +321,3 @@ def _forget(directory: str | None, endpoint: Endpoint) -> None:
             link.close()
         except SlipstreamError:
             pass
-
-
-def _in_place(source: ArchivedSource, session_id: int, stream_id: int, start: int,
-              end: int, driver_dir: str) -> int | None:
-    """The id of a recording in this host's archive directory that holds ``[start, end)`` of
-    the session (the partition's own recording first, else any of the same log; a live one
-    only if its archive is a client of the driver at ``driver_dir``), or None."""
-    if source.directory is None or not (Path(source.directory) / CATALOG_FILE).exists():
-        return None
-    directory = Path(source.directory)
-
-    live: dict[int, int] | None = None
-
-    def fits(recording_id: int) -> bool:
-        nonlocal live
-        d = read_descriptor(directory, recording_id)
-        if d is None or d.state != RecordingState.VALID or d.session_id != session_id or \
-                d.stream_id != stream_id or (d.initial_term_id, d.term_length) != \
-                source.framing or d.start_position > start:
-            return False
-        if not d.is_active:
-            return d.stop_position >= end
-        # A live recording is followed by its position counter: only where the archive is a
-        # client of this host's driver (the task's), else a replay serves.
-        if live is None:
-            live = live_positions(Path(driver_dir), directory)
-        return recording_id in live
-
-    if fits(source.recording_id):
-        return source.recording_id
-    recording_id = 0
-    while True:
-        d = read_descriptor(directory, recording_id)
-        if d is None:
-            return None
-        if recording_id != source.recording_id and fits(recording_id):
-            return recording_id
-        recording_id += 1
-
-
-def read_archived(source: ArchivedSource, session_id: int, stream_id: int, start: int,
-                  end: int, directory: str | None, timeout_s: float
-                  ) -> Iterator[tuple[object, str]]:
-    """The messages of ``[start, end)`` as :class:`~slipstream.client.GatheredMessages`
-    chunks, each with where it was read (for errors), from the archives of ``source``: in
-    place when this host's archive directory holds the range, else (or from where that read
-    failed) replayed to this host's driver (``directory``) by the partition's archive, then
-    by the next ones in turn for what is left when one fails.  Raises
-    :class:`RecordingLostError` when every archive answered and none holds a position of
-    the range (the caller reports the loss), and :class:`~slipstream.client.SlipstreamError`
-    when one that might did not answer (the task fails, and Spark runs it again)."""
-    from slipstream.spark_bridge import runtime
-
-    position = start
-    here = socket.gethostname()
-    driver_dir = directory or _default_dir()
-    failures: list[str] = []
-    local = _in_place(source, session_id, stream_id, start, end, driver_dir)
-    if local is not None:
-        where = f"recording {local} in {source.directory} on {here}"
-        try:
-            with RecordingReader(source.directory, local,  # type: ignore[arg-type]
-                                 start=start, end=end, driver_dir=driver_dir) as reader:
-                idle_since = time.monotonic()
-                while not reader.done:
-                    chunk = reader.poll_gathered(4096)
-                    if chunk is not None:
-                        position = reader.position
-                        yield chunk, where
-                        idle_since = time.monotonic()
-                        continue
-                    position = reader.position
-                    if position >= reader.recorded_position and \
-                            not reader.descriptor.is_active:
-                        raise RecordingLostError(
-                            f"it stopped at {reader.descriptor.stop_position}",
-                            (reader.descriptor.start_position,
-                             reader.descriptor.stop_position))
-                    if time.monotonic() - idle_since > timeout_s:
-                        raise SlipstreamError(f"nothing recorded past {position} for "
-                                              f"{timeout_s:g} s")
-                    time.sleep(0.001)
-                return
-        except (SlipstreamError, OSError) as e:  # RecordingLostError too: replays may hold it
-            failures.append(f"{where}: {e}")
-            log.warning("slipstream: reading [%d, %d) of stream %d session %d in place from "
-                        "%s failed at %d (%s); asking the archives for the rest", start, end,
-                        stream_id, session_id, where, position, e)
-    client = runtime.client_for(directory)
-    order = [source.archive] + [a for a in source.archives if a != source.archive]
-    lost: RecordingLostError | None = None
-    unanswered = False
-    for endpoint in order:
-        if position >= end:
-            break
-        named = f"the archive at {endpoint[0]}:{endpoint[1]}"
-        try:
-            link = archive_client_for(client, directory, endpoint, timeout_s)
-            if endpoint == source.archive:
-                pieces = [(source.recording_id, end)]
-            else:
-                recordings = link.list_all_recordings(stream_id=stream_id,
-                                                      session_id=session_id)
-                pieces = [(piece.recording_id, piece.end) for piece in stitch(
-                    [(endpoint, recordings)], session_id, source.framing, position, end)
-                    if piece.start >= position]
-            for recording_id, piece_end in pieces:
-                for chunk, where, reached in _replayed(link, recording_id, position,
-                                                       piece_end, endpoint, timeout_s):
-                    position = reached
-                    yield chunk, where
-                if position < piece_end:
-                    break
-            if position < end:
-                lost = lost or RecordingLostError(f"{named} holds no recording of {position}",
-                                                  (NULL_POSITION, NULL_POSITION))
-                failures.append(f"{named} holds no recording of position {position}")
-        except RecordingLostError as e:
-            lost = e
-            failures.append(f"{named}: {e}")
-        except SlipstreamError as e:
-            unanswered = True
-            _forget(directory, endpoint)
-            failures.append(f"{named}: {e}")
-            log.warning("slipstream: reading [%d, %d) of stream %d session %d from %s failed "
-                        "at %d (%s); trying the next archive", start, end, stream_id,
-                        session_id, named, position, e)
-    if position < end:
-        if lost is not None and not unanswered:
-            raise RecordingLostError(f"no archive holds position {position}: "
-                                     + "; ".join(failures), lost.held)
-        raise SlipstreamError(f"slipstream stream {stream_id} session {session_id}: no archive "
-                              f"gave [{position}, {end}) to {here}: " + "; ".join(failures))
-
-
-def _replayed(link: ArchiveClient, recording_id: int, start: int, end: int,
-              endpoint: Endpoint, timeout_s: float) -> Iterator[tuple[object, str, int]]:
-    """``[start, end)`` of the recording as the archive replays it here: chunks, where they
-    were read, and the position after each.  A replay whose stream ends early raises."""
-    where = f"recording {recording_id} replayed by the archive at {endpoint[0]}:{endpoint[1]}"
-    with link.replay(recording_id, start=start, end=end) as replay:
-        idle_since = time.monotonic()
-        while not replay.done:
-            chunk = replay.poll_gathered(4096)
-            if chunk is not None:
-                yield chunk, where, replay.position
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > timeout_s:
-                raise SlipstreamError(f"{where}: nothing arrived for {timeout_s:g} s, at "
-                                      f"position {replay.position}")
-            else:
-                replay.wait(0.01)
-
-
-def _default_dir() -> str:
-    from slipstream.client import default_directory
-
-    return str(default_directory())

@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import json
 from collections.abc import Mapping
+from typing import Final
 
 from slipstream.archive.settings import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_STREAM_ID
 from slipstream.client.channel import parse_channel
@@ -20,7 +21,8 @@ from slipstream.client.holder import DEFAULT_GROUP, HOLDER_PORT
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX, INT32_MIN
 from slipstream.client.units import parse_duration_ns, parse_size
 
-__all__ = ["READ_OPTIONS", "WRITE_OPTIONS", "OptionError", "SourceOptions", "parse_options"]
+__all__ = ["EARLIEST", "KAFKA_NAMES", "LATEST", "READ_OPTIONS", "WRITE_OPTIONS", "OptionError",
+           "SourceOptions", "parse_options"]
 
 
 class OptionError(UsageError, ValueError):
@@ -40,12 +42,47 @@ READ_OPTIONS = ("startingPosition", "endingPosition", "startingTimestamp", "endi
                 "maxBytesPerTrigger", "minMessagesPerTrigger", "maxTriggerDelay",
                 "failOnDataLoss", "minPartitions", "holder",
                 "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs", "archive",
-                "archiveDir")
+                "archiveDir",
+                "startingOffsetsByTimestamp",
+                "startingOffsetsByTimestampStrategy")
 WRITE_OPTIONS = ("offerTimeoutMs", "durableTimeoutMs")
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
+#: The Kafka source's names of options that mean the same here, and the name each is known
+#: by in :attr:`SourceOptions.given` (both names are accepted; docs/SPARK.md leads with
+#: Kafka's).
+KAFKA_NAMES = {"startingOffsets": "startingPosition",
+               "endingOffsets": "endingPosition",
+               "maxOffsetsPerTrigger": "maxMessagesPerTrigger",
+               "minOffsetsPerTrigger": "minMessagesPerTrigger"}
+#: The Kafka source's options that have no meaning here, and what to use instead (any other
+#: ``kafka.*`` option is refused too: it configures a Kafka client).
+_KAFKA_ONLY = {
+    "kafka.bootstrap.servers": "a stream is reached through this host's driver: name its "
+                               "channel URI in 'channel' (default aeron:ipc) and, where the "
+                               "driver is not the default one, its 'directory'",
+    "subscribe": "a stream is named by 'streamId' (a reader may list several: 10,11)",
+    "subscribePattern": "a stream is named by 'streamId' (a reader may list several: 10,11)",
+    "assign": "a stream is named by 'streamId'; its sessions are all read (per-session "
+              "starts: startingOffsets {\"STREAM\": {\"SESSION\": POSITION}})",
+    "topic": "a writer publishes to the stream named by 'streamId'",
+    "groupIdPrefix": "a query holds its own position; a standing holder's group is "
+                     "'holderGroup'",
+    "kafkaConsumer.pollTimeoutMs": "a read task on another host waits 'replayTimeoutMs' for "
+                                   "its replay",
+    "fetchOffset.numRetries": "offsets are read from the driver's shared memory, with no "
+                              "fetch to retry",
+    "fetchOffset.retryIntervalMs": "offsets are read from the driver's shared memory, with "
+                                   "no fetch to retry",
+}
+_KAFKA_ONLY_LOWER = {name.lower(): name for name in _KAFKA_ONLY}
 _CANONICAL = {name.lower(): name
-              for name in (*COMMON_OPTIONS, *READ_OPTIONS, *WRITE_OPTIONS, *_SPARK_OPTIONS)}
+              for name in (*COMMON_OPTIONS, *READ_OPTIONS, *WRITE_OPTIONS, *_SPARK_OPTIONS,
+                           *KAFKA_NAMES)}
+#: A position in a ``startingOffsets`` / ``endingOffsets`` object that stands for the oldest
+#: held message, and one for the last whole message now (Kafka's -2 and -1).
+EARLIEST: Final = -2
+LATEST: Final = -1
 
 DEFAULT_CHANNEL = "aeron:ipc"
 DEFAULT_OFFER_TIMEOUT_MS = 30_000
@@ -71,15 +108,25 @@ class SourceOptions:
     stream_ids: tuple[int, ...] = ()
     channel: str = DEFAULT_CHANNEL
     directory: str | None = None
-    #: ``latest``, ``earliest``, or (batch reads) per session the position to start at.
+    #: ``latest``, ``earliest``, or per session (keyed as the offsets key it) the position to
+    #: start at, :data:`EARLIEST` or :data:`LATEST`; a session not named starts where the
+    #: read starts by default (a stream: ``latest``; a batch read: ``earliest``).
     starting_position: str | dict[str, int] = "latest"
-    #: Batch reads: ``latest``, or per session the position to end at.
+    #: Batch reads: ``latest``, or per session the position to end at, or :data:`LATEST`.
     ending_position: str | dict[str, int] = "latest"
     #: Start each session at its first message stamped at or after this time (ns since the
     #: epoch; the option is in ms, as Kafka's), in place of ``starting_position``.
     starting_timestamp_ns: int | None = None
     #: Batch reads: end each session before its first message stamped at or after this.
     ending_timestamp_ns: int | None = None
+    #: ``startingOffsetsByTimestamp``: per (stream id, session id), the time (ns since the
+    #: epoch) its first message to read is stamped at or after; the other sessions start as
+    #: ``starting_position`` says.
+    starting_timestamps_ns: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    #: ``startingOffsetsByTimestampStrategy``: what a session a starting time names, but that
+    #: has no message stamped at or after it, does: ``error`` (the read fails naming it) or
+    #: ``latest`` (it starts at its last whole message).
+    timestamp_strategy: str = "error"
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     #: A micro-batch waits for this many messages in all, unless ``max_trigger_delay_ns``
@@ -109,6 +156,12 @@ class SourceOptions:
     #: The reader's ``queryName`` option, if given: it names the query's lag counter.
     query_name: str | None = None
     given: frozenset[str] = frozenset()  # canonical names of the options the user set
+    #: (canonical name, the name the user gave it by) of options given by their Kafka name.
+    spellings: tuple[tuple[str, str], ...] = ()
+
+    def name_of(self, option: str) -> str:
+        """The name the user gave ``option`` (a canonical name) by: its Kafka name or ours."""
+        return dict(self.spellings).get(option, option)
 
     def check_direction(self, direction: str) -> None:
         """Raise :class:`OptionError` for an option of the other direction (``"read"`` or
@@ -119,8 +172,9 @@ class SourceOptions:
         for name in foreign:
             if name in self.given:
                 other = "writing" if direction == "read" else "reading"
-                raise OptionError(name, f"applies to {other} only; remove it from this "
-                                        f"{'reader' if direction == 'read' else 'writer'}")
+                raise OptionError(self.name_of(name),
+                                  f"applies to {other} only; remove it from this "
+                                  f"{'reader' if direction == 'read' else 'writer'}")
         if direction == "write" and parse_channel(self.channel).policy is not None:
             # A policy answers back pressure in the offer itself (drop, error, block with a
             # timeout of its own); the writer waits offerTimeoutMs and retries what was not
@@ -146,29 +200,30 @@ class SourceOptions:
             raise OptionError("holderAddress", "is the address of a query that holds its stream "
                                                "itself; with 'holder', the ingest host's "
                                                "holder serves the reads: remove one")
+        if "startingTimestamp" in self.given and "startingOffsetsByTimestamp" in self.given:
+            raise OptionError("startingOffsetsByTimestamp", "and startingTimestamp both say "
+                                                            "where sessions start: give one")
         for position, timestamp in (("startingPosition", "startingTimestamp"),
                                     ("endingPosition", "endingTimestamp")):
             if position in self.given and timestamp in self.given:
-                raise OptionError(timestamp, f"and {position} both say where to "
-                                             f"{position[:-8]}: give one")
+                raise OptionError(timestamp, f"and {self.name_of(position)} both say where "
+                                             f"to {position[:-8]}: give one")
         if streaming:
             for name in ("endingPosition", "endingTimestamp"):
                 if name in self.given:
-                    raise OptionError(name, "applies to batch reads only (spark.read); a "
-                                            "stream has no end")
-            if isinstance(self.starting_position, dict):
-                raise OptionError("startingPosition", "per-session positions apply to batch "
-                                                      "reads only (accepted on a stream: "
-                                                      "latest, earliest)")
+                    raise OptionError(self.name_of(name), "applies to batch reads only "
+                                                          "(spark.read); a stream has no end")
             return
         for name in ("maxMessagesPerTrigger", "maxBytesPerTrigger", "minMessagesPerTrigger",
                      "maxTriggerDelay"):
             if name in self.given:
-                raise OptionError(name, "applies to streaming reads only (spark.readStream)")
-        if self.holder is None:
-            raise OptionError("holder", "is required by a batch read (spark.read): the ingest "
-                                        "host whose archive holds the stream, HOST[:PORT] "
-                                        "(docs/SPARK.md)")
+                raise OptionError(self.name_of(name), "applies to streaming reads only "
+                                                      "(spark.readStream)")
+        if self.holder is None and not self.archives:
+            raise OptionError("holder", "is required by a batch read (spark.read) that names "
+                                        "no 'archive': the ingest host whose archive holds "
+                                        "the stream, HOST[:PORT], or the archives that "
+                                        "recorded it (docs/SPARK.md)")
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -182,10 +237,20 @@ def _positive_int(name: str, text: str) -> int:
     return value
 
 
-def _positions(name: str, text: str, words: tuple[str, ...]) -> str | dict[str, int]:
-    """One of ``words``, or a JSON object of session id -> position (batch reads)."""
+def _positions(name: str, text: str, words: tuple[str, ...], stream_ids: tuple[int, ...],
+               *, ending: bool) -> str | dict[str, int]:
+    """One of ``words``, or a JSON object of per-session positions keyed as the offsets key
+    sessions (:func:`~slipstream.spark_bridge.planning.offset_key`).
+
+    The object is Kafka's, ``{"STREAM": {"SESSION": POSITION}}`` (a topic is a stream, a
+    partition a session), or ``{"SESSION": POSITION}`` / ``{"STREAM:SESSION": POSITION}``.
+    A position is a stream position, or -2 (:data:`EARLIEST`, not for an end) or -1
+    (:data:`LATEST`).  ``name`` is the option's name as the user gave it.
+    """
     stripped = text.strip()
-    accepted = f"{', '.join(words)}, or a JSON object of session id to position"
+    accepted = (f"{', '.join(words)}, or a JSON object of stream to session to position, "
+                f"{{\"{stream_ids[0]}\": {{\"SESSION\": POSITION}}}}, in which "
+                f"{'-1 is latest' if ending else '-2 is earliest and -1 latest'}")
     if stripped.lower() in words:
         return stripped.lower()
     try:
@@ -194,20 +259,39 @@ def _positions(name: str, text: str, words: tuple[str, ...]) -> str | dict[str, 
         raise OptionError(name, f"{text!r} is not accepted (accepted: {accepted})") from None
     if not isinstance(positions, dict):
         raise OptionError(name, f"{text!r} is not accepted (accepted: {accepted})")
+    named: list[tuple[str, object]] = []
+    for key, value in positions.items():
+        if isinstance(value, dict):  # Kafka's: a topic (stream) of partitions (sessions)
+            named.extend((f"{key}:{session}", position) for session, position in value.items())
+        else:
+            named.append((key, value))
     result: dict[str, int] = {}
-    for session, position in positions.items():
-        # A session id, or STREAM:SESSION in a read of several streams (the offsets' keys).
-        stream, _, session_text = session.rpartition(":")
+    for session, position in named:
+        stream_text, _, session_text = session.rpartition(":")
         try:
             sid = int(session_text)
-            key = f"{int(stream)}:{sid}" if stream else str(sid)
+            stream_id = int(stream_text) if stream_text else stream_ids[0]
         except ValueError:
             raise OptionError(name, f"session {session!r} is not a session id (or "
                                     f"STREAM:SESSION)") from None
-        if isinstance(position, bool) or not isinstance(position, int) or position < 0 \
-                or position % FRAME_ALIGNMENT or not INT32_MIN <= sid <= INT32_MAX:
-            raise OptionError(name, f"session {session}: {position!r} is not a stream position "
-                                    f"(a multiple of {FRAME_ALIGNMENT}, >= 0)")
+        if not INT32_MIN <= sid <= INT32_MAX:
+            raise OptionError(name, f"session {session!r}: {sid} is not a session id "
+                                    f"({INT32_MIN}..{INT32_MAX})")
+        if stream_id not in stream_ids:
+            raise OptionError(name, f"stream {stream_id} (of session {session!r}) is not read "
+                                    f"by this query (streamId: "
+                                    f"{','.join(map(str, stream_ids))})")
+        words_allowed = (LATEST,) if ending else (EARLIEST, LATEST)
+        also = "or -1 (latest)" if ending else "or -2 (earliest) or -1 (latest)"
+        if isinstance(position, bool) or not isinstance(position, int) or \
+                (position < 0 and position not in words_allowed) or \
+                (position >= 0 and position % FRAME_ALIGNMENT):
+            raise OptionError(name, f"session {session}: {position!r} is not a stream "
+                                    f"position (a multiple of {FRAME_ALIGNMENT}, >= 0) "
+                                    f"{also}")
+        key = f"{stream_id}:{sid}" if len(stream_ids) > 1 else str(sid)
+        if key in result:
+            raise OptionError(name, f"session {session!r} is named twice")
         result[key] = position
     return result
 
@@ -258,13 +342,30 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     client's default driver directory ($SLIPSTREAM_DIR, else /dev/shm/slipstream-<user>).
     """
     given: dict[str, str] = {}
-    for key, value in options.items():
-        canonical = _CANONICAL.get(key.lower())
-        if canonical is None:
-            known = ", ".join(sorted((*COMMON_OPTIONS, *READ_OPTIONS, *WRITE_OPTIONS),
-                                     key=str.lower))
+    spelled: dict[str, str] = {}  # canonical name -> the name it was given by
+    for key, value in sorted(options.items()):
+        kafka_only = _KAFKA_ONLY_LOWER.get(key.lower())
+        if kafka_only is not None or key.lower().startswith("kafka."):
+            instead = _KAFKA_ONLY[kafka_only] if kafka_only is not None else \
+                "it configures a Kafka client, and this source reads a stream through its " \
+                "host's driver (channel, streamId, directory)"
+            raise OptionError(kafka_only or key, f"is the Kafka source's and has no meaning "
+                                                 f"here: {instead}")
+        name = _CANONICAL.get(key.lower())
+        if name is None:
+            known = ", ".join(sorted((*COMMON_OPTIONS, *READ_OPTIONS, *WRITE_OPTIONS,
+                                      *KAFKA_NAMES), key=str.lower))
             raise OptionError(key, f"unknown option (known: {known})")
-        given[canonical] = "" if value is None else str(value)
+        canonical = KAFKA_NAMES.get(name, name)
+        text = "" if value is None else str(value)
+        if canonical in given and not _same_value(given[canonical], text):
+            values = {name: text, spelled[canonical]: given[canonical]}
+            kafka = name if name in KAFKA_NAMES else spelled[canonical]
+            raise OptionError(kafka, f"and {canonical} are one option (Kafka's name and "
+                                     f"ours), given {values[kafka]!r} and "
+                                     f"{values[canonical]!r}: give one")
+        given[canonical] = text
+        spelled.setdefault(canonical, name)
 
     if "streamId" not in given:
         raise OptionError("streamId", "is required (a 32-bit integer, e.g. 1001)")
@@ -294,9 +395,12 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         raise OptionError("directory", "is empty (accepted: the driver directory, a path)")
 
     # A stream starts at latest by default; a batch read at earliest (check_read_kind).
-    starting = _positions("startingPosition", given.get("startingPosition", "latest"),
-                          ("latest", "earliest"))
-    ending = _positions("endingPosition", given.get("endingPosition", "latest"), ("latest",))
+    starting = _positions(spelled.get("startingPosition", "startingOffsets"),
+                          given.get("startingPosition", "latest"), ("latest", "earliest"),
+                          tuple(stream_ids), ending=False)
+    ending = _positions(spelled.get("endingPosition", "endingOffsets"),
+                        given.get("endingPosition", "latest"), ("latest",), tuple(stream_ids),
+                        ending=True)
 
     timestamps: dict[str, int | None] = {}
     for name in ("startingTimestamp", "endingTimestamp"):
@@ -313,9 +417,17 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
                                         f"{_TIMESTAMP_MS_LIMIT - 1})")
             timestamps[name] = milliseconds * 1_000_000
 
+    by_timestamp = _timestamps_by_session(given.get("startingOffsetsByTimestamp"), stream_ids)
+    strategy = given.get("startingOffsetsByTimestampStrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError("startingOffsetsByTimestampStrategy",
+                          f"{given['startingOffsetsByTimestampStrategy']!r} is not accepted "
+                          f"(accepted: error, latest)")
+
     max_messages = None
     if "maxMessagesPerTrigger" in given:
-        max_messages = _positive_int("maxMessagesPerTrigger", given["maxMessagesPerTrigger"])
+        max_messages = _positive_int(spelled["maxMessagesPerTrigger"],
+                                     given["maxMessagesPerTrigger"])
     max_bytes = None
     if "maxBytesPerTrigger" in given:
         text = given["maxBytesPerTrigger"]
@@ -329,16 +441,18 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 
     min_messages = None
     if "minMessagesPerTrigger" in given:
-        min_messages = _positive_int("minMessagesPerTrigger", given["minMessagesPerTrigger"])
+        min_messages = _positive_int(spelled["minMessagesPerTrigger"],
+                                     given["minMessagesPerTrigger"])
         if max_messages is not None and min_messages > max_messages:
-            raise OptionError("minMessagesPerTrigger", f"{min_messages} is over "
-                                                       f"maxMessagesPerTrigger {max_messages}")
+            raise OptionError(spelled["minMessagesPerTrigger"],
+                              f"{min_messages} is over {spelled['maxMessagesPerTrigger']} "
+                              f"{max_messages}")
     max_delay_ns = DEFAULT_MAX_TRIGGER_DELAY_NS
     if "maxTriggerDelay" in given:
         text = given["maxTriggerDelay"]
         if "minMessagesPerTrigger" not in given:
-            raise OptionError("maxTriggerDelay", "bounds the wait for minMessagesPerTrigger, "
-                                                 "which is not set")
+            raise OptionError("maxTriggerDelay", "bounds the wait for minOffsetsPerTrigger "
+                                                 "(minMessagesPerTrigger), which is not set")
         try:
             if text.strip().isdigit():  # a bare number would be nanoseconds
                 raise ValueError(text)
@@ -402,6 +516,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         starting_position=starting, ending_position=ending,
         starting_timestamp_ns=timestamps["startingTimestamp"],
         ending_timestamp_ns=timestamps["endingTimestamp"],
+        starting_timestamps_ns=by_timestamp, timestamp_strategy=strategy,
         max_messages_per_trigger=max_messages,
         max_bytes_per_trigger=max_bytes, min_messages_per_trigger=min_messages,
         max_trigger_delay_ns=max_delay_ns, fail_on_data_loss=fail_text == "true",
@@ -411,7 +526,64 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         replay_port=replay_port, replay_timeout_ms=replay_timeout_ms, holder=holder,
         holder_group=group, archives=archives, archive_dir=archive_dir,
         query_name=given.get("queryName", "").strip() or None,
-        given=frozenset(given))
+        given=frozenset(given),
+        spellings=tuple((name, spelling) for name, spelling in sorted(spelled.items())
+                        if name != spelling))
+
+
+def _same_value(first: str, second: str) -> bool:
+    """Whether two values given to one option by its two names say the same (JSON objects
+    are compared as objects, words and numbers without case or spaces)."""
+    if first.strip().lower() == second.strip().lower():
+        return True
+    try:
+        objects = json.loads(first), json.loads(second)
+    except json.JSONDecodeError:
+        return False
+    return all(isinstance(o, dict) for o in objects) and objects[0] == objects[1]
+
+
+def _timestamps_by_session(text: str | None, stream_ids: list[int]
+                           ) -> dict[tuple[int, int], int]:
+    """``startingOffsetsByTimestamp``: Kafka's JSON object of topic to partition to time (ms),
+    here stream id to session id to time: ``{"10": {"-1525614849": 1700000000000}}``; as
+    (stream id, session id) -> ns."""
+    name = "startingOffsetsByTimestamp"
+    if text is None:
+        return {}
+    accepted = ('accepted: a JSON object of stream id to an object of session id to '
+                'milliseconds since the epoch, e.g. {"10": {"-1525614849": 1700000000000}}')
+    try:
+        streams = json.loads(text)
+    except ValueError:
+        raise OptionError(name, f"{text!r} is not JSON ({accepted})") from None
+    if not isinstance(streams, dict) or not streams:
+        raise OptionError(name, f"{text!r} is not accepted ({accepted})")
+    found: dict[tuple[int, int], int] = {}
+    for stream, sessions in streams.items():
+        try:
+            stream_id = int(stream)
+        except ValueError:
+            raise OptionError(name, f"{stream!r} is not a stream id ({accepted})") from None
+        if stream_id not in stream_ids:
+            raise OptionError(name, f"stream {stream_id} is not one this reader reads "
+                                    f"(streamId: {', '.join(map(str, stream_ids))})")
+        if not isinstance(sessions, dict) or not sessions:
+            raise OptionError(name, f"stream {stream}: {sessions!r} is not accepted "
+                                    f"({accepted})")
+        for session, milliseconds in sessions.items():
+            try:
+                session_id = int(session)
+            except ValueError:
+                raise OptionError(name, f"{session!r} is not a session id ({accepted})"
+                                  ) from None
+            if isinstance(milliseconds, bool) or not isinstance(milliseconds, int) or \
+                    not 0 <= milliseconds < _TIMESTAMP_MS_LIMIT or \
+                    not INT32_MIN <= session_id <= INT32_MAX:
+                raise OptionError(name, f"stream {stream} session {session}: "
+                                        f"{milliseconds!r} is not accepted ({accepted})")
+            found[(stream_id, session_id)] = milliseconds * 1_000_000
+    return found
 
 
 def _milliseconds(given: dict[str, str], name: str, default: int) -> int:

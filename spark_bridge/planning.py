@@ -25,18 +25,20 @@ from typing import Final
 
 from slipstream.archive.catalog import Catalog
 from slipstream.archive.control import ArchiveControl
-from slipstream.archive.holding import (
-    MAX_ENDED_ASKED,
-    MAX_SPLIT_PIECES,
-    NamedLogs,
-    driver_instance,
-)
+from slipstream.archive.holding import MAX_ENDED_ASKED, NamedLogs, driver_instance
 from slipstream.archive.recorder import Recording
 from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
 from slipstream.client import Client, SlipstreamError, Subscription
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
-from slipstream.client.logview import ImageView, LogView, RemoteView, SessionEnd, SessionEnds
+from slipstream.client.logview import (
+    MAX_SPLIT_PIECES,
+    ImageView,
+    LogView,
+    RemoteView,
+    SessionEnd,
+    SessionEnds,
+)
 from slipstream.spark_bridge.archived import ArchivedSource, Archives
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.read_task import (
@@ -387,6 +389,40 @@ class _StandingHold:
         self.client.close()
 
 
+class _ArchivesOnly:
+    """No hold: a batch read with ``archive`` and no ``holder`` reads only what the archives
+    hold, through this host's driver (``client``); it has no log of any session."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.client = Client.connect(options.directory)
+        self.host = socket.gethostname()
+        self.driver: str | None = None
+        self.holder_address: tuple[str, int, int] | None = None
+
+    def views(self) -> dict[str, LogView]:
+        return {}
+
+    def ended(self, keys: Iterable[str]) -> dict[str, SessionEnd]:
+        return {}
+
+    def age_s(self) -> float:
+        return float("inf")
+
+    def no_record(self) -> str:
+        return "the read names no holder, and no archive holds it"
+
+    def made_anew(self, join_position: int) -> str:
+        return self.no_record()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+#: What holds a read's logs: the query's own subscription, a standing holder, or (a batch
+#: read with archives alone) nothing.
+Hold = _OwnHold | _StandingHold | _ArchivesOnly
+
+
 #: How long a hold may have existed before a session of the offsets that it has no image of,
 #: and no record of how it ended, is reported gone: its image may still be on its way.
 GONE_GRACE_S: Final = 5.0
@@ -413,7 +449,7 @@ class LossReports:
         _record_skip(self.options.directory)
 
 
-def why_not_held(hold: _OwnHold | _StandingHold, view: LogView, begin: int,
+def why_not_held(hold: Hold, view: LogView, begin: int,
                  end: SessionEnd | None) -> str | None:
     """Why ``view``'s log does not hold ``begin``: its previous image was left behind (``end``,
     how the session's last image ended), or the log was made anew after it; None when it was
@@ -427,7 +463,7 @@ def why_not_held(hold: _OwnHold | _StandingHold, view: LogView, begin: int,
     return None
 
 
-def gone_message(options: SourceOptions, hold: _OwnHold | _StandingHold, sid: str,
+def gone_message(options: SourceOptions, hold: Hold, sid: str,
                  entry: object, end: SessionEnd | None) -> str | None:
     """What a query loses of session ``sid``, at ``entry`` in its offsets, whose image the
     hold no longer has (``end``: how it ended, if the hold remembers); None when it was read
@@ -462,6 +498,62 @@ def gone_message(options: SourceOptions, hold: _OwnHold | _StandingHold, sid: st
             f"skips' counter).")
 
 
+def time_of(options: SourceOptions, stream_id: int, session_id: int) -> int | None:
+    """The time (ns since the epoch) a session starts at: its own
+    (``startingOffsetsByTimestamp``), else ``startingTimestamp``'s, else None."""
+    return options.starting_timestamps_ns.get((stream_id, session_id),
+                                              options.starting_timestamp_ns)
+
+
+def position_at_time(view: LogView | None, archives: Archives | None, stream_id: int,
+                     session_id: int, framing: tuple[int, int], time_ns: int,
+                     end: int | None = None) -> int | None:
+    """Where the first message of a session stamped at or after ``time_ns`` (before ``end``,
+    if given) begins, as far back as its log (``view``, or None when the hold has none) and
+    the archives before it without a hole (``archives``) hold it; None when neither holds
+    one.  The log is asked first: only when its oldest message is already at or after the
+    time (or it holds none) are the archives searched, each by its time index
+    (:meth:`Archives.position_at_time`)."""
+    live: int | None = None
+    archived_from: int | None = None
+    archived_to = end
+    if view is not None:
+        earliest = view.earliest_position()
+        stop = view.available_position() if end is None else min(end, view.available_position())
+        found = view.position_at_time(earliest, stop, time_ns) if stop > earliest else stop
+        live = found if found < stop else None
+        if found > earliest or archives is None:
+            return live
+        archived_from = archives.earliest(stream_id, session_id, framing, earliest)
+        archived_to = earliest
+    elif archives is not None:
+        starts = [r.descriptor.start_position
+                  for r in archives.recorded_sessions(stream_id).get(session_id, [])
+                  if (r.descriptor.initial_term_id, r.descriptor.term_length) == framing]
+        archived_from = min(starts, default=None)
+    if archives is None or archived_from is None or \
+            (archived_to is not None and archived_from >= archived_to):
+        return live
+    archived = archives.position_at_time(stream_id, session_id, framing, time_ns,
+                                         archived_from, archived_to)
+    return archived if archived is not None else live
+
+
+def no_message_at_time(options: SourceOptions, stream_id: int, session_id: int,
+                       time_ns: int, where: str) -> None:
+    """A session a starting time names has no message stamped at or after it: with
+    ``startingOffsetsByTimestampStrategy=error`` the read fails naming it (Kafka's default);
+    with ``latest`` it starts at its last whole message (this returns)."""
+    if options.timestamp_strategy == "error":
+        option = "startingOffsetsByTimestamp" \
+            if (stream_id, session_id) in options.starting_timestamps_ns else "startingTimestamp"
+        raise SlipstreamError(
+            f"slipstream stream {stream_id} session {session_id}: no message stamped at or "
+            f"after {time_ns // 1_000_000} ms since the epoch ({option}) in {where}.  Set "
+            f"startingOffsetsByTimestampStrategy=latest to start such a session at its "
+            f"last message instead")
+
+
 def archive_read_end(view: LogView, begin: int, stop: int) -> int:
     """Where a range ``[begin, stop)`` of ``view``'s session that begins before what the
     hold's position protects (its join position) or before what the log holds stops being
@@ -474,12 +566,15 @@ def archive_read_end(view: LogView, begin: int, stop: int) -> int:
 def archived_partitions(options: SourceOptions, archives: Archives, stream_id: int,
                         session_id: int, framing: tuple[int, int], begin: int, stop: int,
                         losses: LossReports, why: str,
-                        live: Callable[[int, int], list[SlipstreamPartition]] | None = None
-                        ) -> list[SlipstreamPartition]:
-    """Partitions reading ``[begin, stop)`` of a session from the archives, one per piece a
-    recording holds (:meth:`Archives.pieces`).  What none holds is read from the live log
-    where ``live`` (partitions of a range the log still holds, or None) has it, and is
-    otherwise reported as loss (``losses``), saying ``why`` the live log lacks it."""
+                        live: Callable[[int, int], list[SlipstreamPartition]] | None = None,
+                        split: int = 1) -> list[SlipstreamPartition]:
+    """Partitions reading ``[begin, stop)`` of a session from the archives: per piece a
+    recording holds (:meth:`Archives.pieces`), one, or with ``split`` > 1 (the pieces the
+    whole range is to be cut into, ``minPartitions``' share of this session) that many in
+    proportion to its length, cut at message boundaries by its recording
+    (:meth:`Archives.split_points`), as a live range is.  What none holds is read from the
+    live log where ``live`` (partitions of a range the log still holds, or None) has it, and
+    is otherwise reported as loss (``losses``), saying ``why`` the live log lacks it."""
     pieces = archives.pieces(stream_id, session_id, framing, begin, stop)
     partitions = []
     position = begin
@@ -508,17 +603,26 @@ def archived_partitions(options: SourceOptions, archives: Archives, stream_id: i
                           f"Skipping to {hole_end}")
         if piece is None:
             break
-        partitions.append(SlipstreamPartition(
-            session_id, stream_id, "", piece.start, piece.end, options.directory,
-            options.fail_on_data_loss, f"the archive at {piece.archive[0]}:{piece.archive[1]}",
-            log=None, driver=None, holder=None, replay_timeout_ms=options.replay_timeout_ms,
-            archived=ArchivedSource(piece.archive, piece.recording_id, framing,
-                                    archives.endpoints, options.archive_dir)))
+        bounds = [piece.start, piece.end]
+        if split > 1 and stop > begin:
+            count = min(MAX_SPLIT_PIECES,
+                        max(1, round(split * (piece.end - piece.start) / (stop - begin))))
+            if count > 1:
+                bounds = [piece.start, *archives.split_points(stream_id, piece, count),
+                          piece.end]
+        for low, high in itertools.pairwise(bounds):
+            partitions.append(SlipstreamPartition(
+                session_id, stream_id, "", low, high, options.directory,
+                options.fail_on_data_loss,
+                f"the archive at {piece.archive[0]}:{piece.archive[1]}",
+                log=None, driver=None, holder=None, replay_timeout_ms=options.replay_timeout_ms,
+                archived=ArchivedSource(piece.archive, piece.recording_id, framing,
+                                        archives.endpoints, options.archive_dir)))
         position = piece.end
     return partitions
 
 
-def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
+def plan_partitions(options: SourceOptions, hold: Hold,
                     images: dict[str, LogView], start: dict[str, object],
                     end: dict[str, object], losses: LossReports,
                     archives: Archives | None = None) -> list[SlipstreamPartition]:
@@ -540,6 +644,10 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
     total = sum(stop - begin for begin, stop in ranges.values())
     partitions = []
     for sid, (begin, stop) in ranges.items():
+        split = 1  # the pieces minPartitions cuts this session's range into
+        if wanted is not None and wanted > len(ranges):
+            # At most what a standing holder splits a range into (and plenty for a session).
+            split = min(MAX_SPLIT_PIECES, max(1, round(wanted * (stop - begin) / total)))
         image = images.get(sid)
         named = log_of(end[sid])
         if image is not None and named is not None and named != image.identity.framing:
@@ -560,7 +668,7 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
             if archives is not None and named is not None:
                 partitions += archived_partitions(
                     options, archives, stream_id, session_id, named, begin, stop, losses,
-                    f"its log at {hold.host} is gone")
+                    f"its log at {hold.host} is gone", split=split)
                 continue
             message = gone_message(options, hold, sid, entry,
                                    hold.ended([sid]).get(sid))
@@ -589,9 +697,11 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
 
             partitions += archived_partitions(
                 options, archives, image.stream_id, image.session_id, image.identity.framing,
-                begin, live_from, losses, why, from_log)
+                begin, live_from, losses, why, from_log,
+                split=max(1, round(split * (live_from - begin) / (stop - begin))))
             if live_from >= stop:
                 continue
+            split = max(1, round(split * (stop - live_from) / (stop - begin)))
             begin = live_from
         elif begin < image.join_position and not image.is_retained(begin):
             # A batch planned before this log was made (a restart re-runs it): the tasks
@@ -609,10 +719,8 @@ def plan_partitions(options: SourceOptions, hold: _OwnHold | _StandingHold,
             begin = held_from
         identity = image.identity
         bounds = [begin, stop]
-        if wanted is not None and wanted > len(ranges):
-            # At most what a standing holder splits a range into (and plenty for a session).
-            pieces = min(MAX_SPLIT_PIECES, max(1, round(wanted * (stop - begin) / total)))
-            bounds = [begin, *image.split_points(begin, stop, pieces), stop]
+        if split > 1:
+            bounds = [begin, *image.split_points(begin, stop, split), stop]
         for low, high in itertools.pairwise(bounds):
             partitions.append(SlipstreamPartition(
                 image.session_id, image.stream_id, image.log_path, low, high,

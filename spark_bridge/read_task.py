@@ -20,13 +20,19 @@ from pathlib import Path
 
 from pyspark.sql.datasource import InputPartition
 
+from slipstream.archive.client import ArchiveClient
 from slipstream.archive.holding import driver_instance
+from slipstream.archive.locate import Endpoint, LostRange, read_session
 from slipstream.archive.reading import RecordingLostError
 from slipstream.client import DataLossError, GatheredMessages, Image, SlipstreamError, control
 from slipstream.client.counters import CountersFile
 from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.retention import first_retained, message_start
-from slipstream.spark_bridge.archived import ArchivedSource, archive_client_for, read_archived
+from slipstream.spark_bridge.archived import (
+    ArchivedSource,
+    archive_client_for,
+    forget_archive_client,
+)
 
 __all__ = ["SCHEMA", "SlipstreamDataLossError", "SlipstreamPartition", "loss_message",
            "read_range"]
@@ -212,26 +218,37 @@ def read_range(partition: SlipstreamPartition) -> Iterator[object]:
 
 
 def _read_archived(p: SlipstreamPartition) -> Iterator[object]:
-    """The range from an archive's recording: in place on an archive's host, else replayed
-    here (:func:`~slipstream.spark_bridge.archived.read_archived`).  A position no archive
-    holds any more (retention removed it after planning) is loss, as ``failOnDataLoss``
-    says."""
+    """The range from the archives (:func:`~slipstream.archive.locate.read_session`): in
+    place where this host's ``archiveDir`` holds it, else replayed here by the partition's
+    archive, then by the next ones for what is left.  What no archive holds (retention
+    removed it after planning; a message across the seam of two recordings that none holds
+    whole) is loss, as ``failOnDataLoss`` says, naming its range."""
+    from slipstream.spark_bridge import runtime
+
     assert p.archived is not None
+    source = p.archived
+    timeout_s = p.replay_timeout_ms / 1000
     schema = _schema()
     ids: dict[int, tuple[object, object]] = {}
-    reached = p.start
-    try:
-        for chunk, _ in read_archived(p.archived, p.session_id, p.stream_id, p.start, p.end,
-                                      p.directory, p.replay_timeout_ms / 1000):
-            reached = chunk.positions[-1]  # type: ignore[attr-defined]
-            yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)  # type: ignore[arg-type]
-    except RecordingLostError as e:
-        message = loss_message(p.stream_id, p.session_id, reached, p.end, None, None,
-                               why=f"the archives no longer hold them ({e})")
+
+    def link(endpoint: Endpoint) -> ArchiveClient:
+        return archive_client_for(runtime.client_for(p.directory), p.directory, endpoint,
+                                  timeout_s)
+
+    def lost(gone: LostRange) -> None:
+        message = loss_message(p.stream_id, p.session_id, gone.start, gone.end, None, None,
+                               why=f"they {gone.why}")
         if p.fail_on_data_loss:
-            raise SlipstreamDataLossError(message) from None
-        log.warning("%s Skipping the rest of the range (failOnDataLoss=false).", message)
+            raise SlipstreamDataLossError(message)
+        log.warning("%s Skipping to %d (failOnDataLoss=false).", message, gone.end)
         _record_skip(p.directory)
+
+    for chunk in read_session(
+            source.archives, p.stream_id, p.session_id, source.framing, p.start, p.end,
+            link=link, forget=lambda endpoint: forget_archive_client(p.directory, endpoint),
+            directory=source.directory, prefer=(source.archive, source.recording_id),
+            on_loss=lost, timeout_s=timeout_s, max_messages=_ROWS_PER_BATCH):
+        yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
 
 
 def _no_log(p: SlipstreamPartition, why: str) -> None:

@@ -67,20 +67,24 @@ from slipstream.client import SlipstreamError
 from slipstream.client.counters import Counter, CounterType, fit_label
 from slipstream.client.logview import LogView
 from slipstream.spark_bridge.archived import Archives, Endpoint
-from slipstream.spark_bridge.options import SourceOptions
+from slipstream.spark_bridge.options import EARLIEST, LATEST, SourceOptions
 from slipstream.spark_bridge.planning import (
     GONE_GRACE_S,
     LossReports,
+    _ArchivesOnly,
     _OwnHold,
     _StandingHold,
     archive_read_end,
     gone_message,
     key_parts,
     log_of,
+    no_message_at_time,
     offset_key,
     plan_partitions,
+    position_at_time,
     position_of,
     shares,
+    time_of,
     why_not_held,
 )
 from slipstream.spark_bridge.read_task import (
@@ -91,8 +95,8 @@ from slipstream.spark_bridge.read_task import (
     read_range,
 )
 
-__all__ = ["SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError", "SlipstreamPartition",
-           "SlipstreamStreamReader"]
+__all__ = ["LAG", "SCHEMA", "SlipstreamBatchReader", "SlipstreamDataLossError",
+           "SlipstreamPartition", "SlipstreamStreamReader"]
 
 log = logging.getLogger("slipstream.spark_bridge")
 
@@ -104,6 +108,13 @@ _NO_RECORD_S = 1.0
 #: The offsets' key (not a session's) of when the query began, epoch ms, with archives: a
 #: session the archives began recording after it is read from its first recorded message.
 ARCHIVED_SINCE: Final = "@archived-since"
+#: The key in :meth:`SlipstreamStreamReader.reportLatestOffset` (so in the query's progress,
+#: its source's ``latestOffset``) of the lag behind what is available, as Kafka's source
+#: reports it in its ``metrics``.
+LAG: Final = "@lag"
+#: At most this many messages a session are counted for the lag, per trigger (one pass over
+#: them in the planner); past it the count is estimated.
+_LAG_COUNTED: Final = 16_384
 #: An offsets entry's flag: the session was read to its end (or its loss reported); the entry
 #: stays while an archive holds a recording of it, so that the recording never brings it back.
 _FINISHED: Final = "finished"
@@ -183,6 +194,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         #: waits at most maxTriggerDelay from there.
         self._last_read_ns: int | None = None
         self._lag: Counter | None = None
+        #: The end of the last batch :meth:`latestOffset` planned: the lag is counted from it.
+        self._planned_end: dict[str, object] | None = None
         self._losses = LossReports(options)
         #: Sessions of the offsets with no image and no recorded end, since when (monotonic s).
         self._missing_since: dict[str, float] = {}
@@ -191,7 +204,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
-        state["_hold"] = state["_lag"] = state["_archives"] = None
+        state["_hold"] = state["_lag"] = state["_archives"] = state["_planned_end"] = None
         return state
 
     def _rekeyed(self, offsets: dict[str, object]) -> dict[str, object]:
@@ -263,11 +276,36 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._archives is not None:
             self._archives.refresh()
 
-    def _default_start(self, view: LogView) -> int:
-        if self.options.starting_timestamp_ns is not None:
-            return view.position_at_time(view.earliest_position(), view.available_position(),
-                                         self.options.starting_timestamp_ns)
-        if self.options.starting_position == "earliest":
+    def _default_start(self, view: LogView, *, at_start: bool = False) -> int:
+        """Where ``view``'s session starts: at its starting time (its own, or
+        ``startingTimestamp``'s: in the archives too, when its log's oldest message is
+        already at or after it; a session with no message there starts at its last whole
+        message, or, ``at_start`` of a query, as ``startingOffsetsByTimestampStrategy``
+        says), else at ``startingOffsets``' position for it (a JSON object's), else at
+        ``startingOffsets``' word."""
+        time_ns = time_of(self.options, view.stream_id, view.session_id)
+        if time_ns is not None:
+            found = position_at_time(view, self._archives, view.stream_id, view.session_id,
+                                     view.identity.framing, time_ns)
+            if found is None:
+                if at_start:
+                    no_message_at_time(self.options, view.stream_id, view.session_id,
+                                       time_ns, f"its log at {self._hold.host}"  # type: ignore[union-attr]
+                                       + (" or the archives" if self._archives else ""))
+                return view.available_position()
+            return found
+        starting = self.options.starting_position
+        if isinstance(starting, dict):  # startingOffsets' object: a session it names
+            named = starting.get(offset_key(self.options, view.stream_id, view.session_id))
+            if named is not None and named >= 0:
+                where = (f"slipstream stream {view.stream_id} session {view.session_id}: "
+                         f"{self.options.name_of('startingPosition')} {named}")
+                if named > view.available_position():
+                    raise SlipstreamError(f"{where} is past the last whole message its log "
+                                          f"holds ({view.available_position()})")
+                return named
+            starting = "earliest" if named == EARLIEST else "latest"
+        if starting == "earliest":
             return self._earliest(view)
         return view.position
 
@@ -296,8 +334,11 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         a hole up to the hold's position: a session that began while the query was down is
         read from its first message."""
         default = self._default_start(view)
+        starting = self.options.starting_position
         if self._archives is None or since is None or \
-                self.options.starting_timestamp_ns is not None:
+                time_of(self.options, view.stream_id, view.session_id) is not None or \
+                (isinstance(starting, dict) and offset_key(
+                    self.options, view.stream_id, view.session_id) in starting):
             return default
         sid = offset_key(self.options, view.stream_id, view.session_id)
         recordings = self._recordings_of(sid, {"position": 0, "log": [*view.identity.framing]})
@@ -388,16 +429,61 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         images = self._images()  # connect: the subscription's position holds the stream
         self._ask_archives_again()
         offsets: dict[str, object] = {}
-        if self.options.starting_position == "earliest" or \
-                self.options.starting_timestamp_ns is not None:
-            offsets = {sid: self._entry(view, self._default_start(view))
+        options = self.options
+        timed = options.starting_timestamp_ns is not None
+        starting = options.starting_position
+        if starting == "earliest" or timed:
+            offsets = {sid: self._entry(view, self._default_start(view, at_start=True))
                        for sid, view in images.items()}
+        else:  # the sessions startingOffsets' object or a time of their own name
+            offsets = {sid: self._entry(view, self._default_start(view, at_start=True))
+                       for sid, view in images.items()
+                       if (view.stream_id, view.session_id) in options.starting_timestamps_ns
+                       or (isinstance(starting, dict) and starting.get(sid, LATEST) != LATEST)}
+        self._start_recorded_at_time(images, offsets)
         if self._archives is not None:
             # Sessions recorded from now on are read from their first message; with
             # earliest, every session the archives hold is.
             offsets[ARCHIVED_SINCE] = 0 if self.options.starting_position == "earliest" \
                 and self.options.starting_timestamp_ns is None else _now_ms()
         return offsets
+
+    def _start_recorded_at_time(self, images: dict[str, LogView],
+                                offsets: dict[str, object]) -> None:
+        """At a query's start, the sessions a starting time names that the hold has no log
+        of (they ended; with ``startingTimestamp``, every session the archives recorded)
+        enter ``offsets`` where the archives hold their first message stamped at or after
+        it; one named with none there is handled as ``startingOffsetsByTimestampStrategy``
+        says (one that ``startingTimestamp`` alone reaches is not read)."""
+        options = self.options
+        assert self._hold is not None
+        named = {offset_key(options, stream_id, session_id): (stream_id, session_id)
+                 for stream_id, session_id in options.starting_timestamps_ns}
+        if options.starting_timestamp_ns is not None and self._archives is not None:
+            for stream_id in options.stream_ids:
+                for session_id in self._archives.recorded_sessions(stream_id):
+                    named.setdefault(offset_key(options, stream_id, session_id),
+                                     (stream_id, session_id))
+        for sid, (stream_id, session_id) in sorted(named.items()):
+            if sid in images or sid in offsets:
+                continue
+            time_ns = time_of(options, stream_id, session_id)
+            assert time_ns is not None
+            recordings = [] if self._archives is None else \
+                self._archives.recorded_sessions(stream_id).get(session_id, [])
+            found = None
+            if recordings:
+                newest = max(recordings, key=lambda r: r.descriptor.start_time_ms).descriptor
+                framing = (newest.initial_term_id, newest.term_length)
+                found = position_at_time(None, self._archives, stream_id, session_id,
+                                         framing, time_ns)
+            if found is not None:
+                offsets[sid] = {"position": found, "log": [*framing],
+                                "holder": f"{self._hold.host}/{self._hold.driver}"}
+            elif (stream_id, session_id) in options.starting_timestamps_ns:
+                no_message_at_time(options, stream_id, session_id, time_ns,
+                                   f"the hold at {self._hold.host}, which has no log of it, "
+                                   f"or the archives")
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """maxMessagesPerTrigger (also applies maxBytesPerTrigger if set), else
@@ -415,6 +501,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._target_ms = _now_ms()
 
     def latestOffset(self, start: dict[str, object], limit: ReadLimit) -> dict[str, object]:
+        """The end of the next micro-batch (:meth:`_next_end`), kept for the lag that
+        :meth:`reportLatestOffset` reports after it."""
+        end = self._next_end(start, limit)
+        self._planned_end = end
+        return end
+
+    def _next_end(self, start: dict[str, object], limit: ReadLimit) -> dict[str, object]:
         """The end of the next micro-batch: per image, the last whole ready message, capped by
         the read limit (message and byte budgets are shared by the images in proportion to
         their backlogs: :func:`shares`).
@@ -449,6 +542,9 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     end[sid] = entry
         else:
             since = None
+        # Sessions gone from the hold that the archives hold on: read from them, cut by the
+        # budgets as the others are.
+        gone: dict[str, tuple[int, int]] = {}
         missing = sorted(set(start) - set(images))
         ended = hold.ended(missing) if missing else {}
         now = time.monotonic()
@@ -470,6 +566,8 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                     # of it never bring it back.
                     end[sid] = archived or {**dict(start[sid]),  # type: ignore[call-overload]
                                             _FINISHED: True}
+                    if archived and position_of(archived) > position_of(start[sid]):
+                        gone[sid] = (position_of(start[sid]), position_of(archived))
                     continue
             message = gone_message(self.options, hold, sid, start[sid], ended.get(sid))
             if message is not None:
@@ -553,12 +651,31 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._last_read_ns = time.monotonic_ns()
         if max_rows is None and max_bytes is None:
             return end
-        backlog = {sid: stop - begin for sid, (begin, stop) in ranges.items()}
+        backlog = {sid: stop - archived.get(sid, begin) for sid, (begin, stop) in ranges.items()}
+        backlog.update({sid: stop - begin for sid, (begin, stop) in gone.items()})
         row_shares = shares(max_rows, backlog) if max_rows is not None else {}
         byte_shares = shares(max_bytes, backlog) if max_bytes is not None else {}
+        for sid, (begin, stop) in gone.items():
+            assert self._archives is not None
+            stream_id, session_id = key_parts(self.options, sid)
+            reached, _, _ = self._archives.scan(
+                stream_id, session_id, log_of(start[sid]), begin, stop,  # type: ignore[arg-type]
+                row_shares.get(sid), byte_shares.get(sid))
+            end[sid] = {**end[sid], "position": reached}  # type: ignore[dict-item]
         for sid, (begin, available) in ranges.items():
-            if sid in archived:  # this batch reads what the archives hold; the log next
-                end[sid] = self._entry(images[sid], begin)
+            if sid in archived:
+                # What the archives hold comes first, cut as the log is; the log after it
+                # with what is left of the budgets.
+                assert self._archives is not None
+                image = images[sid]
+                rows, size = row_shares.get(sid), byte_shares.get(sid)
+                reached, rows_left, bytes_left = self._archives.scan(
+                    image.stream_id, image.session_id, image.identity.framing, archived[sid],
+                    begin, rows, size)
+                if reached >= begin and (rows is None or (rows_left or 0) > 0) and \
+                        (size is None or (bytes_left or 0) > 0):
+                    reached = image.scan(begin, available, rows_left, bytes_left)
+                end[sid] = self._entry(image, reached)
                 continue
             reached = images[sid].scan(begin, available, row_shares.get(sid),
                                        byte_shares.get(sid))
@@ -584,11 +701,61 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 return False
         return True
 
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        """What is available now (shown in the query's progress)."""
+    def reportLatestOffset(self) -> dict[str, object] | None:
+        """What is available now, per session, and how far the last planned batch's end is
+        behind it (:data:`LAG`): the query's progress shows it as its source's
+        ``latestOffset`` (Spark's Python sources have no ``metrics`` of their own)."""
         if self._hold is None:
             return None
-        return {sid: view.available_position() for sid, view in self._images().items()}
+        images = self._images()
+        latest: dict[str, object] = {sid: view.available_position()
+                                     for sid, view in images.items()}
+        if latest and self._planned_end is not None:
+            latest[LAG] = self._lag_behind(images, self._planned_end)
+        return latest
+
+    def _lag_behind(self, images: dict[str, LogView], end: dict[str, object]
+                    ) -> dict[str, object]:
+        """Per session with an image, and over them all as Kafka's source reports its lag
+        (min / max / avg offsets behind latest), what is available past ``end``: whole
+        messages and stream bytes (frames with their headers).  Counting costs one pass
+        over at most :data:`_LAG_COUNTED` messages a session; a session further behind, or
+        behind what its log still holds (read from the archives), has its count estimated
+        from the messages' mean length, and ``estimated`` says so."""
+        sessions: dict[str, dict[str, int]] = {}
+        estimated = False
+        for sid, view in sorted(images.items()):
+            entry = end.get(sid)
+            if entry is None or _is_finished(entry):
+                continue
+            position = position_of(entry)
+            available = view.available_position()
+            behind = max(0, available - position)
+            messages = 0
+            if behind:
+                held = position if view.is_retained(position) else \
+                    view.first_retained(position, available)
+                counted = view.count_messages(held, available, _LAG_COUNTED)
+                spanned = available - held
+                if counted >= _LAG_COUNTED:
+                    spanned = view.scan(held, available, _LAG_COUNTED, None) - held
+                messages = counted
+                if not counted:  # lapped meanwhile, or held only by the archives
+                    estimated = True
+                elif held > position or spanned < available - held:
+                    messages = round(counted * behind / spanned)
+                    estimated = True
+            sessions[sid] = {"messages": messages, "bytes": behind}
+        messages = [lag["messages"] for lag in sessions.values()] or [0]
+        sizes = [lag["bytes"] for lag in sessions.values()] or [0]
+        return {"minOffsetsBehindLatest": min(messages),
+                "maxOffsetsBehindLatest": max(messages),
+                "avgOffsetsBehindLatest": sum(messages) / len(messages),
+                "offsetsBehindLatest": sum(messages),
+                "minBytesBehindLatest": min(sizes), "maxBytesBehindLatest": max(sizes),
+                "avgBytesBehindLatest": sum(sizes) / len(sizes),
+                "bytesBehindLatest": sum(sizes),
+                "estimated": estimated, "sessions": sessions}
 
     def partitions(self, start: dict[str, object], end: dict[str, object]
                    ) -> list[SlipstreamPartition]:
@@ -666,65 +833,98 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
 class SlipstreamBatchReader(DataSourceReader):
     """``spark.read.format("slipstream")``: per session of the stream, the messages from
-    ``startingPosition`` (default ``earliest``) to ``endingPosition`` (default ``latest``)
-    that the standing holder named by ``holder`` holds for ``holderGroup``.
+    ``startingPosition`` / ``startingTimestamp`` / ``startingOffsetsByTimestamp`` (default
+    ``earliest``) to ``endingPosition`` / ``endingTimestamp`` (default ``latest``) that the
+    standing holder named by ``holder`` holds for ``holderGroup``, and the archives named by
+    ``archive`` hold.
 
-    With ``archive``, ``earliest`` reaches back as far as the archives hold each session
-    without a hole, and what the log no longer holds is read from them.
+    With ``archive``, ``earliest`` and a starting time reach back as far as the archives hold
+    each session without a hole, what the log no longer holds is read from them, and the
+    sessions only they hold (ended ones) are read too; with ``archive`` and no ``holder``,
+    only what the archives hold is read.
 
     A batch read moves no position: it reads what the holder's log holds, and the stream's
     query (if any) commits as before.  Its planner (a Python worker that ends before the tasks
-    run) asks the holder once; the tasks read as a stream's do (:func:`read_range`).
+    run) asks the holder and the archives once; the tasks read as a stream's do
+    (:func:`read_range`).
     """
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
-    def _ranges(self, hold: _StandingHold, views: dict[str, LogView], losses: LossReports,
-                archives: Archives | None = None
-                ) -> tuple[dict[str, object], dict[str, object]]:
+    def _bounds(self, sid: str, view: LogView | None, archives: Archives | None,
+                stream_id: int, session_id: int, framing: tuple[int, int], earliest: int,
+                available: int) -> tuple[int, int]:
+        """``[begin, stop)`` of one session whose log (``view``, None when only the archives
+        hold it) or archives hold ``[earliest, available)``."""
         options = self.options
         starting = options.starting_position if "startingPosition" in options.given \
             else "earliest"
         ending = options.ending_position
-        named = {sid for positions in (starting, ending) if isinstance(positions, dict)
-                 for sid in positions}
-        absent = ", ".join(sorted(named - set(views)))
+        stop = ending[sid] if isinstance(ending, dict) and \
+            ending.get(sid, LATEST) != LATEST else available
+        if stop > available:
+            raise SlipstreamError(
+                f"slipstream stream {stream_id} session {session_id}: "
+                f"{options.name_of('endingPosition')} {stop} is past the last whole message "
+                f"held ({available})")
+        if options.ending_timestamp_ns is not None:
+            found = position_at_time(view, archives, stream_id, session_id, framing,
+                                     options.ending_timestamp_ns, stop)
+            stop = stop if found is None else found
+        time_ns = time_of(options, stream_id, session_id)
+        if time_ns is not None:
+            found = position_at_time(view, archives, stream_id, session_id, framing, time_ns,
+                                     stop)
+            if found is None:
+                no_message_at_time(options, stream_id, session_id, time_ns,
+                                   f"[{earliest}, {stop})")
+            begin = stop if found is None else found
+        elif starting == "latest" or (isinstance(starting, dict) and
+                                      starting.get(sid) == LATEST):
+            begin = stop
+        elif isinstance(starting, dict) and starting.get(sid, EARLIEST) != EARLIEST:
+            begin = starting[sid]
+        else:
+            begin = earliest
+        if begin > stop:
+            raise SlipstreamError(
+                f"slipstream stream {stream_id} session {session_id}: "
+                f"{options.name_of('startingPosition')} {begin} is after "
+                f"{options.name_of('endingPosition')} {stop}")
+        return begin, stop
+
+    def _ranges(self, hold: _StandingHold | _ArchivesOnly, views: dict[str, LogView],
+                losses: LossReports, archives: Archives | None = None
+                ) -> tuple[dict[str, object], dict[str, object]]:
+        options = self.options
+        recorded = {} if archives is None else {
+            offset_key(options, stream_id, session_id): (stream_id, session_id, recordings)
+            for stream_id in options.stream_ids
+            for session_id, recordings in archives.recorded_sessions(stream_id).items()}
+        named = {sid for positions in (options.starting_position, options.ending_position)
+                 if isinstance(positions, dict) for sid in positions}
+        named |= {offset_key(options, stream_id, session_id)
+                  for stream_id, session_id in options.starting_timestamps_ns}
+        absent = ", ".join(sorted(named - set(views) - set(recorded)))
         if absent:
+            where = f"the holder {options.holder}" if options.holder is not None else \
+                "the archives"
+            held = sorted({*views, *recorded})
             raise SlipstreamError(
                 f"slipstream stream {','.join(map(str, options.stream_ids))} on "
-                f"{options.channel}: no session {absent} at the holder "
-                f"{options.holder} (sessions there: {', '.join(sorted(views)) or 'none'})")
+                f"{options.channel}: no session {absent} at {where} (sessions there: "
+                f"{', '.join(held) or 'none'})")
         start: dict[str, object] = {}
         end: dict[str, object] = {}
         for sid, view in sorted(views.items()):
-            available = view.available_position()
-            stop = ending[sid] if isinstance(ending, dict) and sid in ending else available
-            if stop > available:
-                raise SlipstreamError(
-                    f"slipstream stream {view.stream_id} session {view.session_id}: "
-                    f"endingPosition "
-                    f"{stop} is past the last whole message its log holds ({available})")
-            if options.ending_timestamp_ns is not None:
-                stop = view.position_at_time(view.earliest_position(), stop,
-                                             options.ending_timestamp_ns)
-            if options.starting_timestamp_ns is not None:
-                begin = view.position_at_time(view.earliest_position(), stop,
-                                              options.starting_timestamp_ns)
-            elif starting == "latest":
-                begin = stop
-            elif isinstance(starting, dict) and sid in starting:
-                begin = starting[sid]
-            else:
-                begin = view.earliest_position()
-                archived = None if archives is None else archives.earliest(
-                    view.stream_id, view.session_id, view.identity.framing, begin)
-                begin = begin if archived is None else min(begin, archived)
-            if begin > stop:
-                raise SlipstreamError(
-                    f"slipstream stream {view.stream_id} session {view.session_id}: "
-                    f"startingPosition "
-                    f"{begin} is after endingPosition {stop}")
+            earliest = view.earliest_position()
+            archived = None if archives is None else archives.earliest(
+                view.stream_id, view.session_id, view.identity.framing, earliest)
+            begin, stop = self._bounds(
+                sid, view, archives, view.stream_id, view.session_id, view.identity.framing,
+                earliest if archived is None else min(earliest, archived),
+                view.available_position())
             if begin < stop and not view.is_retained(begin) and archives is None:
                 held_from = view.first_retained(begin, stop)
                 losses.report(("held", sid, held_from), loss_message(
@@ -735,10 +935,44 @@ class SlipstreamBatchReader(DataSourceReader):
             identity = [*view.identity.framing]
             start[sid] = {"position": begin, "log": identity}
             end[sid] = {"position": stop, "log": identity}
+        for sid, (stream_id, session_id, recordings) in sorted(recorded.items()):
+            if sid in views:
+                continue
+            assert archives is not None
+            newest = max(recordings, key=lambda r: r.descriptor.start_time_ms).descriptor
+            framing = (newest.initial_term_id, newest.term_length)
+            of_log = [r for r in recordings
+                      if (r.descriptor.initial_term_id, r.descriptor.term_length) == framing]
+            last = max(of_log, key=lambda r: r.recorded_position)
+            available = self._last_whole(archives, stream_id, last)
+            earliest = archives.earliest(stream_id, session_id, framing, available)
+            if earliest is None:
+                earliest = min(r.descriptor.start_position for r in of_log)
+            begin, stop = self._bounds(sid, None, archives, stream_id, session_id, framing,
+                                       earliest, available)
+            start[sid] = {"position": begin, "log": [*framing]}
+            end[sid] = {"position": stop, "log": [*framing]}
         return start, end
 
+    @staticmethod
+    def _last_whole(archives: Archives, stream_id: int, recording: ListedRecording) -> int:
+        """The end of the last whole message of ``recording``: its stop, or a live one's
+        recorded position, or the message boundary before it (asked of its archive)."""
+        d = recording.descriptor
+        if not d.is_active:
+            return recording.recorded_position
+        recorded = recording.recorded_position
+        term_base = max(d.start_position, recorded - recorded % d.term_length)
+        if term_base >= recorded:
+            return recorded
+        pieces = archives.pieces(stream_id, d.session_id, (d.initial_term_id, d.term_length),
+                                 term_base, recorded)
+        found = archives.view(stream_id, pieces[0]) if pieces else None
+        return recorded if found is None else found[0].scan(term_base, recorded, None, None)
+
     def partitions(self) -> list[SlipstreamPartition]:  # type: ignore[override]
-        hold = _StandingHold(self.options, hold=False)
+        hold: _StandingHold | _ArchivesOnly = _StandingHold(self.options, hold=False) \
+            if self.options.holder is not None else _ArchivesOnly(self.options)
         archives = None
         try:
             views = hold.views()
@@ -747,6 +981,14 @@ class SlipstreamBatchReader(DataSourceReader):
                 archives = Archives(hold.client, [_resolved(endpoint)
                                                   for endpoint in self.options.archives],
                                     self.options.replay_timeout_ms / 1000)
+                silent = [endpoint for stream_id in self.options.stream_ids
+                          for endpoint in archives.silent(stream_id)]
+                if silent and self.options.holder is None:
+                    raise SlipstreamError(
+                        f"slipstream: the archive{'s' if len(silent) > 1 else ''} "
+                        f"{', '.join(f'{a}:{p}' for a, p, _ in sorted(set(silent)))} did not "
+                        f"answer within replayTimeoutMs: is it running, and its control port "
+                        f"open?")
             start, end = self._ranges(hold, views, losses, archives)
             return plan_partitions(self.options, hold, views, start, end, losses, archives)
         finally:

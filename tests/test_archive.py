@@ -48,15 +48,16 @@ SEGMENT = 2 * TERM
 
 
 def write_config(path: Path, archive_dir: Path, driver_dir: Path,
-                 records: list[tuple[str, int]], *, control_port: int = 0,
-                 **settings: str) -> Path:
+                 records: Sequence[tuple[str, int] | tuple[str, int, dict[str, str]]], *,
+                 control_port: int = 0, **settings: str) -> Path:
     """An archive's settings; no control stream unless ``control_port`` (tests run in
-    parallel: each takes a free port)."""
+    parallel: each takes a free port).  A record may carry keys of its own (a dict)."""
     lines = [f'dir = "{archive_dir}"', f'driver_dir = "{driver_dir}"',
              f'segment_length = "{SEGMENT // 1024}k"', f"control_port = {control_port}"]
     lines += [f'{key} = "{value}"' for key, value in settings.items()]
-    for channel, stream_id in records:
+    for channel, stream_id, *own in records:
         lines += ["[[record]]", f'channel = "{channel}"', f"stream_id = {stream_id}"]
+        lines += [f'{key} = "{value}"' for keys in own for key, value in keys.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -417,3 +418,72 @@ def test_the_subscriber_position_never_passes_what_the_recording_made_durable(
     # What was reserved past the last segment's end was given back when it closed.
     last = segment_files(settings.dir, 0)[-1][1]
     assert os.stat(last).st_blocks * 512 <= align(last.stat().st_size, 4096) < SEGMENT
+
+
+def test_each_recorded_stream_is_cut_to_its_own_retention_bound(driver,
+                                                                tmp_path: Path) -> None:
+    """Two IPC streams recorded with different [[record]] bounds, 2 and 4 segments, each
+    published past 8: each is cut to its own bound in whole segments from its start, the
+    other's bound and the (absent) total leaving it be."""
+    archive_dir = tmp_path / "archive"
+    bounds = {21: 2 * SEGMENT, 22: 4 * SEGMENT}
+    config = write_config(tmp_path / "archive.toml", archive_dir, driver.directory,
+                          [("aeron:ipc", stream_id, {"retention_max_bytes": f"{bound // 1024}k"})
+                           for stream_id, bound in bounds.items()],
+                          retention_check_interval="50ms")
+
+    def segment_bytes(recording_id: int) -> int:
+        return sum(path.stat().st_size for _, path in segment_files(archive_dir, recording_id))
+
+    with Client.connect(driver.directory) as client, \
+            archive_process(config, tmp_path / "archive.log") as archive:
+        stops = {}
+        for index, stream_id in enumerate(bounds):
+            publication = client.add_publication("aeron:ipc", stream_id)
+            wait_for_recording(archive_dir, index)
+            positions = publish(publication, 900)
+            assert positions[-1] > 8 * SEGMENT  # the bound crossed by several segments
+            publication.close()
+            stops[stream_id] = positions[-1]
+        for index, (stream_id, bound) in enumerate(bounds.items()):
+            descriptor = wait_for_recording(archive_dir, index, ended=True)
+            assert descriptor.stream_id == stream_id
+            wait_for(lambda rid=descriptor.recording_id, b=bound: segment_bytes(rid) <= b,
+                     timeout=20, what=f"stream {stream_id} cut to {bound} bytes")
+        assert archive.poll() is None
+        for index, (stream_id, bound) in enumerate(bounds.items()):
+            descriptor = recordings(archive_dir)[index]
+            kept = segment_files(archive_dir, descriptor.recording_id)
+            assert descriptor.stop_position == stops[stream_id]
+            # Whole segments from the start, no more than the bound asks: one more segment
+            # would have been over it.
+            assert descriptor.start_position == kept[0][0] > 0
+            assert descriptor.start_position % SEGMENT == 0
+            assert segment_bytes(descriptor.recording_id) + SEGMENT > bound
+            assert len(kept) == (stops[stream_id] - descriptor.start_position - 1) // SEGMENT + 1
+
+
+def test_a_recorded_streams_age_bound_removes_only_its_own_old_segments(
+        driver, tmp_path: Path) -> None:
+    """Stream 23 keeps 1 s, stream 24 has no bound: once both recordings stopped and a
+    second passed, 23's segments are all gone (its start at its stop), 24's all kept."""
+    archive_dir = tmp_path / "archive"
+    config = write_config(tmp_path / "archive.toml", archive_dir, driver.directory,
+                          [("aeron:ipc", 23, {"retention_max_age": "1s"}), ("aeron:ipc", 24)],
+                          retention_check_interval="50ms")
+    with Client.connect(driver.directory) as client, \
+            archive_process(config, tmp_path / "archive.log"):
+        for index, stream_id in enumerate((23, 24)):
+            publication = client.add_publication("aeron:ipc", stream_id)
+            wait_for_recording(archive_dir, index)
+            assert publish(publication, 400)[-1] > 3 * SEGMENT
+            publication.close()
+            wait_for_recording(archive_dir, index, ended=True)
+        aged, kept = recordings(archive_dir)
+        wait_for(lambda: not segment_files(archive_dir, aged.recording_id), timeout=20,
+                 what="stream 23's segments gone by age")
+        aged, kept = recordings(archive_dir)
+    assert aged.start_position == aged.stop_position
+    assert kept.start_position == 0
+    assert len(segment_files(archive_dir, kept.recording_id)) == \
+        (kept.stop_position - 1) // SEGMENT + 1

@@ -39,12 +39,8 @@ from slipstream.archive import (
 )
 from slipstream.archive.locate import read_session, stitch
 from slipstream.archive.merge import ReplayMerge
-from slipstream.archive.replication import (
-    first_message_start,
-    message_end,
-    message_start,
-    missing_ranges,
-)
+from slipstream.archive.reading import first_message_start, message_end, message_start
+from slipstream.archive.replication import missing_ranges
 from slipstream.client import Client
 from slipstream.client.layout import (
     BEGIN_FLAG,
@@ -377,8 +373,9 @@ def test_an_archive_killed_mid_stream_catches_up_from_its_peer(driver, tmp_path:
                 listed = {r.recording_id: r.descriptor for r in archive_b.list_recordings()}
                 got = read_pieces(pieces, {archive_b.archive: archive_b})
                 whole: list[tuple[bytes, int]] = []  # message by message, across the seams
-                read_session([archive_b], 20, session_id, framing, 0, None,
-                             lambda data, header: whole.append((bytes(data), header.position)))
+                for chunk in read_session([archive_b], 20, session_id, framing, 0, None):
+                    whole += [(bytes(chunk.data[chunk.offsets[i]:chunk.offsets[i + 1]]),
+                               chunk.positions[i]) for i in range(len(chunk))]
                 other_pieces = locate([archive_b], 20, other_session, other_framing, 0, None)
                 got_other = read_pieces(other_pieces, {archive_b.archive: archive_b})
             # The command line, given B and A (stopped): B's pieces, one line per message.

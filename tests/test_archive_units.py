@@ -173,11 +173,11 @@ def test_segments_follow_each_other_from_the_first_terms_start() -> None:
 
 
 def _add(catalog: Catalog, start: int = 0, segment_length: int = 2 * TERM,
-         channel: str = "aeron:ipc"):
+         channel: str = "aeron:ipc", stream_id: int = STREAM):
     return catalog.add(start_position=start, start_time_ms=1_700_000_000_000,
                        initial_term_id=INITIAL_TERM_ID, term_length=TERM,
                        segment_length=segment_length, mtu=1408, session_id=SESSION,
-                       stream_id=STREAM, channel=channel, source_identity="aeron:ipc")
+                       stream_id=stream_id, channel=channel, source_identity="aeron:ipc")
 
 
 def test_the_catalog_keeps_descriptors_in_place_and_cuts_a_torn_append(tmp_path: Path) -> None:
@@ -380,10 +380,11 @@ def test_a_bad_setting_is_refused_by_name(tmp_path: Path, text: str, key: str) -
 
 
 def _recorded(catalog: Catalog, directory: Path, segments: int, *, stopped: bool,
-              mtime_s: float) -> int:
-    """A recording of ``segments`` full segments of 2 terms, written at ``mtime_s`` on."""
+              mtime_s: float, stream_id: int = STREAM, channel: str = "aeron:ipc") -> int:
+    """A recording of ``segments`` full segments of 2 terms, segment i last written at
+    ``mtime_s + i``."""
     segment = 2 * TERM
-    descriptor = _add(catalog, segment_length=segment)
+    descriptor = _add(catalog, segment_length=segment, channel=channel, stream_id=stream_id)
     for i in range(segments):
         path = directory / segment_file_name(descriptor.recording_id, i * segment)
         path.write_bytes(bytes(segment))

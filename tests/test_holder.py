@@ -235,6 +235,13 @@ def test_a_batch_read_reads_the_held_range_between_its_positions(ingest: Ingest)
             startingPosition=json.dumps({sid: middle[0]}),
             endingPosition=json.dumps({sid: middle[1]}))))
         assert numbers(values(given.partitions(), ingest.ingest_dir)) == list(range(10, 20))
+        # Kafka's JSON: the stream's session, -2 earliest and -1 latest.
+        for starting, ending, expected in ((-2, -1, range(50)), (middle[0], -1, range(10, 50)),
+                                           (-1, -1, range(0))):
+            kafka = SlipstreamBatchReader(parse_options(ingest.options(
+                startingOffsets=json.dumps({str(STREAM): {sid: starting}}),
+                endingOffsets=json.dumps({str(STREAM): {sid: ending}}))))
+            assert numbers(values(kafka.partitions(), ingest.ingest_dir)) == list(expected)
         with pytest.raises(Exception, match=r"endingPosition .* is past the last whole message"):
             SlipstreamBatchReader(parse_options(ingest.options(
                 endingPosition=json.dumps({sid: whole[-1][1] + 4096})))).partitions()

@@ -129,6 +129,20 @@ def read_while(sending: Callable[[], object], readers: list[Indexes], count: int
         reader.poll()
 
 
+def send_paced(publisher: MdcPublisher, readers: list[Indexes], count: int) -> None:
+    """Send ``count`` messages from an Aeron ``publisher`` in batches of :data:`BATCH` (less
+    than a receiver window), each once every reader has read the last.  Aeron 1.15.1 runs MDC
+    under max flow control, which lets the faster receiver pull the sender past the slower
+    one's window; pacing keeps a loaded machine from over-running the slower.  The readers
+    are polled by the caller's thread (:func:`read_while`)."""
+    for sent in range(BATCH, count + 1, BATCH):
+        publisher.send(BATCH)
+        deadline = time.monotonic() + 30
+        while min(len(r.seen) for r in readers) < sent:
+            assert time.monotonic() < deadline, [len(r.seen) for r in readers]
+            time.sleep(0.001)
+
+
 def publish_indexes(publication, count: int, first: int = 0) -> None:
     """Offer messages ``first .. first + count - 1`` (index, then zeros) to a slipstream
     publication, waiting out back pressure."""
@@ -205,15 +219,7 @@ def test_an_aeron_dynamic_mdc_publication_reaches_two_slipstream_drivers_whole(
                  timeout=10, what="both slipstream receivers joined Aeron's publication")
         readers = [Indexes(s) for s in subscriptions]
 
-        def paced() -> None:
-            for sent in range(BATCH, MESSAGES + 1, BATCH):
-                publisher.send(BATCH)
-                deadline = time.monotonic() + 30
-                while min(len(r.seen) for r in readers) < sent:  # read by the test's thread
-                    assert time.monotonic() < deadline, [len(r.seen) for r in readers]
-                    time.sleep(0.001)
-
-        read_while(paced, readers, MESSAGES)
+        read_while(lambda: send_paced(publisher, readers, MESSAGES), readers, MESSAGES)
         for reader in readers:
             assert reader.seen == list(range(MESSAGES))
             [image] = reader.subscription.images
@@ -249,15 +255,7 @@ def test_an_aeron_manual_mdc_publication_reaches_the_two_slipstream_drivers_it_a
                  timeout=10, what="both destinations have an image")
         readers = [Indexes(s) for s in subscriptions]
 
-        def paced() -> None:
-            for sent in range(BATCH, MESSAGES + 1, BATCH):
-                publisher.send(BATCH)
-                deadline = time.monotonic() + 30
-                while min(len(r.seen) for r in readers) < sent:  # read by the test's thread
-                    assert time.monotonic() < deadline, [len(r.seen) for r in readers]
-                    time.sleep(0.001)
-
-        read_while(paced, readers, MESSAGES)
+        read_while(lambda: send_paced(publisher, readers, MESSAGES), readers, MESSAGES)
         for reader in readers:
             assert reader.seen == list(range(MESSAGES))
             [image] = reader.subscription.images

@@ -39,6 +39,7 @@ C_ONLY = {
     "RECEIVE_DESTINATIONS_MAX",  # network.h: read as lib.SS_RECEIVE_DESTINATIONS_MAX (MDS)
     "OPEN_PLAIN", "OPEN_UNKNOWN_KEY", "OPEN_FAILED", "OPEN_REPLAY",  # network.h: ss_crypto_open's
     "SCAN_END", "SCAN_TORN", "SCAN_INVALID",  # native.h: ss_scan_recorded's, for the archive
+    "MESSAGES_END", "MESSAGES_LIMIT", "MESSAGES_TIME",  # native.h: ss_scan_messages' reasons
     # network.h: the addresses a publication's C half takes NAKs and SMs from (PROTOCOL §5.7)
     "CONTROL_SOURCES_MAX", "CONTROL_SOURCE_LENGTH", "CONTROL_SOURCES_UNKNOWN",
     # network.h: ss_crypto_open's verdict and its sender ids' lifetime (PROTOCOL §7.8)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import subprocess
 import sys
 import time
@@ -301,15 +302,20 @@ def test_a_task_falls_over_to_the_second_archive_when_the_first_stops_answering(
     assert read == list(range(total))
 
 
+@pytest.mark.parametrize("kafka_json", [False, True], ids=["earliest", "json-minus-2"])
 def test_earliest_starts_a_new_query_at_the_archive_s_first_position(
-        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
-    """startingPosition=earliest, the log having rotated several terms: a new query reads
-    the session from the first position the archive recorded, not the log's oldest."""
+        hosts: Hosts, archives: list[Archive], kafka_json: bool) -> None:  # noqa: F811
+    """startingPosition=earliest, or startingOffsets naming the session at -2 (Kafka's
+    earliest), the log having rotated several terms: a new query reads the session from the
+    first position the archive recorded, not the log's oldest."""
     hosts.publish_from("publisher")  # the archive is the stream's receiver
     wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
     total = 4 * MESSAGES_PER_TERM
     assert hosts.publish(total) == total
-    query = planner(hosts, archives[:1], in_place=True, startingPosition="earliest")
+    session = recordings(archives[0].directory)[0].session_id
+    starting = {"startingOffsets": json.dumps({str(STREAM): {str(session): -2}})} \
+        if kafka_json else {"startingPosition": "earliest"}
+    query = planner(hosts, archives[:1], in_place=True, **starting)
     read: list[int] = []
     try:
         start = query.initialOffset()

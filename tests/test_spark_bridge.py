@@ -8,6 +8,7 @@ installed (``scripts/ensure-java``): without it the session fixture fails, on pu
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import threading
@@ -457,6 +458,67 @@ def test_slow_query_back_pressures_the_publisher_and_loses_nothing(spark,
         assert max(sizes) <= 150
 
 
+def test_a_stream_starts_at_kafkas_json_offsets(spark, checkpoint: str) -> None:
+    """startingOffsets as Kafka's JSON on a streaming query, {"STREAM": {"SESSION": P}}: the
+    session is read from position P (its 21st message) on, then as it goes on."""
+    with running_driver("1m") as (directory, client):
+        publication = client.add_publication("aeron:ipc", 4012)
+        holding = client.add_subscription("aeron:ipc", 4012)  # never polled: holds the log
+        wait_connected(publication)
+        sent = [f"{i:06d}".encode().ljust(96, b".") for i in range(50)]  # 128-byte frames
+        for message in sent[:40]:
+            offer(publication, message)
+        offsets = {"4012": {str(publication.session_id): 20 * 128}}
+        collector = Collector()
+        query = read_query(spark, directory, 4012, collector, checkpoint,
+                           startingOffsets=json.dumps(offsets))
+        try:
+            collector.wait_for(20)
+            for message in sent[40:]:
+                offer(publication, message)
+            collector.wait_for(30)
+        finally:
+            query.stop()
+            holding.close()
+    assert collector.values() == sent[20:]
+
+
+def test_the_querys_progress_shows_its_lag_behind_latest_falling_to_zero(
+        spark, checkpoint: str) -> None:
+    """A backlog of 3000 messages read from earliest 300 a trigger (Kafka's option names):
+    each batch's progress shows, as its source's latestOffset, the lag behind latest as
+    Kafka's source reports it: 2700, 2400, ... 0 messages (and their bytes), the session's
+    and min / max / avg over the sessions."""
+    from slipstream.spark_bridge.reader import LAG
+
+    with running_driver("1m") as (directory, client):
+        publication = client.add_publication("aeron:ipc", 4011)
+        holding = client.add_subscription("aeron:ipc", 4011)  # never polled: holds the log
+        wait_connected(publication)
+        sent = [f"{i:06d}".encode().ljust(96, b".") for i in range(3000)]  # 128-byte frames
+        for message in sent:
+            offer(publication, message)
+        collector = Collector()
+        query = read_query(spark, directory, 4011, collector, checkpoint,
+                           startingOffsets="earliest", maxOffsetsPerTrigger="300")
+        try:
+            wait_committed(query, len(sent), timeout=180)
+            progress = [p for p in query.recentProgress if p["numInputRows"]]
+        finally:
+            query.stop()
+            holding.close()
+    assert collector.values() == sent
+    sid = str(publication.session_id)
+    assert [p["numInputRows"] for p in progress] == [300] * 10
+    lags = [json.loads(p["sources"][0]["latestOffset"])[LAG] for p in progress]
+    behind = list(range(2700, -1, -300))
+    assert [lag["sessions"] for lag in lags] == [
+        {sid: {"messages": n, "bytes": n * 128}} for n in behind]
+    assert [(lag["minOffsetsBehindLatest"], lag["maxOffsetsBehindLatest"],
+             lag["avgOffsetsBehindLatest"], lag["bytesBehindLatest"]) for lag in lags] == [
+        (n, n, n, n * 128) for n in behind]
+
+
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
 def test_fail_on_data_loss(spark, checkpoint: str, fail_on_data_loss: bool) -> None:
     """The query is down while the stream runs three terms ahead: its checkpointed position
@@ -768,6 +830,10 @@ def test_a_pipeline_reads_from_one_host_and_writes_to_another_over_udp(
     ({"streamId": "1", "maxTriggerDelay": "5s"}, "maxTriggerDelay"),
     ({"streamId": "1", "minMessagesPerTrigger": "5", "maxTriggerDelay": "500"},
      "maxTriggerDelay"),
+    ({"streamId": "1", "maxOffsetsPerTrigger": "10", "maxMessagesPerTrigger": "11"},
+     "maxOffsetsPerTrigger"),
+    ({"streamId": "1", "kafka.bootstrap.servers": "broker:9092"}, "kafka.bootstrap.servers"),
+    ({"streamId": "1", "subscribePattern": "topic.*"}, "subscribePattern"),
 ])
 def test_bad_read_options_are_errors_naming_the_option(spark, options: dict[str, str],
                                                         named: str) -> None:

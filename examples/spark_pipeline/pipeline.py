@@ -27,7 +27,7 @@ def main() -> None:
     directory = {"directory": args.dir} if args.dir else {}
     events = (spark.readStream.format("slipstream").options(**directory)
               .option("channel", "aeron:ipc").option("streamId", args.input)
-              .option("maxMessagesPerTrigger", "100000").load()
+              .option("maxOffsetsPerTrigger", "100000").load()
               .select(F.from_json(F.col("value").cast("string"),
                                   "ts long, sensor string, value double").alias("e"))
               .select((F.col("e.ts") / 1000).cast("timestamp").alias("event_time"),

@@ -1,0 +1,341 @@
+"""Archived ranges planned as live ones, without a SparkSession: the planner called as Spark
+calls it, on real drivers (one per "host", on this machine) and real ``slipstream-archive``
+processes recording the stream.
+
+maxMessagesPerTrigger and minPartitions cut a range the archives hold as they cut one the
+log holds; startingTimestamp and startingOffsetsByTimestamp reach back as far as the archives
+hold (through their time index, then the publishers' stamps); a batch read with ``archive``
+and no ``holder`` reads a session that ended (docs/SPARK.md, "Reading older ranges from an
+archive").
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from helpers import wait_for
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
+from test_archive import recordings
+from test_spark_archive import (  # noqa: F401  (archives, hosts: fixtures)
+    MESSAGES_PER_TERM,
+    Archive,
+    archives,
+    first_batches,
+    numbers,
+    planner,
+)
+from test_spark_session_ends import (  # noqa: F401  (hosts: a fixture)
+    PAYLOAD,
+    STREAM,
+    TERM,
+    Hosts,
+    hosts,
+)
+
+from slipstream.client import SlipstreamError
+from slipstream.spark_bridge.options import parse_options
+from slipstream.spark_bridge.reader import SlipstreamBatchReader, read_range
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def publish_stamped(hosts: Hosts, count: int, publication=None) -> list[int]:  # noqa: F811
+    """Offer ``count`` numbered messages on ``publication`` (default the hosts'), each
+    stamped with the time it was offered (ns, the reserved value, as the slipstream writer
+    stamps); their numbers."""
+    publication = publication or hosts.publication
+    numbers_sent = []
+    for _ in range(count):
+        data = f"{hosts.published:08d}".encode().ljust(PAYLOAD, b".")
+        deadline = time.monotonic() + 10
+        while publication.offer(data, reserved_value=time.time_ns()) < 0:
+            assert time.monotonic() < deadline, "back pressure for 10 s"
+            time.sleep(0.0005)
+        numbers_sent.append(hosts.published)
+        hosts.published += 1
+    return numbers_sent
+
+
+def batches(query, start: dict, hosts: Hosts, until: float, total: int,  # noqa: F811
+            limit=None) -> tuple[list[int], list[list[int]], list[list]]:
+    """Plan, read and commit batches as Spark does (``limit``: the trigger's read limit)
+    until ``total`` messages were read; every message read, per batch, and the partitions."""
+    read: list[int] = []
+    per_batch: list[list[int]] = []
+    planned: list[list] = []
+    limit = limit or ReadAllAvailable()
+    while time.monotonic() < until and len(read) < total:
+        end = query.latestOffset(start, limit)
+        if end != start:
+            partitions = query.partitions(start, end)
+            got = numbers(partitions, hosts, "ingest")
+            per_batch.append(got)
+            planned.append(partitions)
+            read += got
+            query.commit(end)
+            start = end
+        time.sleep(0.02)
+    return read, per_batch, planned
+
+
+def down_for_terms(hosts: Hosts, archives: list[Archive], terms: int  # noqa: F811
+                   ) -> tuple[dict, int]:
+    """A query read the first 200 messages and went; ``terms`` terms more were published
+    (the archives kept the stream flowing); its committed offsets and the total."""
+    hosts.publish_from("publisher")
+    start, _ = first_batches(hosts, archives, 200)
+    down = terms * MESSAGES_PER_TERM
+    assert hosts.publish(down) == down
+    return start, 200 + down
+
+
+@pytest.mark.parametrize(("option", "budget"), [("maxMessagesPerTrigger", "300"),
+                                                ("maxBytesPerTrigger", str(300 * PAYLOAD))])
+def test_an_archived_range_is_cut_by_max_messages_per_trigger_over_several_triggers(
+        hosts: Hosts, archives: list[Archive], option: str, budget: str) -> None:  # noqa: F811
+    """Six terms went by while the query was down: the restarted query reads them from the
+    archive in batches of exactly the budget (300 messages, or their payload bytes), the
+    batch at the seam going on into the live log with what is left of it, then the live
+    log: every message once, in order."""
+    start, total = down_for_terms(hosts, archives, 6)
+    query = planner(hosts, archives, in_place=True, **{option: budget})
+    try:
+        session = str(hosts.publication.session_id)  # type: ignore[union-attr]
+        view = query._images()[session]
+        committed = int(start[session]["position"])
+        assert not view.is_retained(committed), "the log still holds the committed offset"
+        # The log's part, after the query's join: within the window its commits hold open.
+        assert hosts.publish(150) == 150
+        total += 150
+        limit = query.getDefaultReadLimit()
+        assert isinstance(limit, ReadMaxRows if option == "maxMessagesPerTrigger"
+                          else ReadMaxBytes)
+        read, per_batch, planned = batches(query, start, hosts, time.monotonic() + 60,
+                                           total - 200, limit)
+    finally:
+        query.stop()
+    assert read == list(range(200, total))
+    assert all(0 < len(batch) <= 300 for batch in per_batch)
+    kinds = [{p.archived is not None for p in partitions} for partitions in planned]
+    archived_only = [len(b) for b, kind in zip(per_batch, kinds, strict=True) if kind == {True}]
+    assert len(archived_only) >= 6  # over 2,000 archived messages, 300 a trigger
+    assert archived_only == [300] * len(archived_only)
+    # The seam: the archive's last messages, and the log's with what is left of the budget
+    # (as far as the log holds now: the publisher is a window ahead of the query's commits).
+    seam = kinds.index({True, False})
+    assert seam == len(archived_only)
+    assert any(p.archived is None and p.end > p.start for p in planned[seam])
+
+
+def test_min_partitions_splits_an_archived_range_at_message_boundaries(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """minPartitions=4 on a batch that is mostly archived: its archived range is cut into
+    about four partitions of about equal length, at message boundaries (each reads whole
+    messages, every message once)."""
+    start, total = down_for_terms(hosts, archives, 6)
+    query = planner(hosts, archives, in_place=True, minPartitions="4")
+    try:
+        end = query.latestOffset(start, ReadAllAvailable())
+        partitions = query.partitions(start, end)
+        archived = [p for p in partitions if p.archived is not None]
+        assert 3 <= len(archived) <= 5, [(p.start, p.end) for p in partitions]
+        lengths = [p.end - p.start for p in archived]
+        assert max(lengths) < 2 * min(lengths)
+        read = numbers(partitions, hosts, "ingest")
+    finally:
+        query.stop()
+    assert read == list(range(200, total))
+
+
+def test_a_starting_timestamp_older_than_the_live_log_reads_every_message_after_it_once(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """Messages stamped before and after a time T, then ten terms more (the log's term
+    rotated many times, so it holds nothing near T), and a session that published after T
+    and ended: a new query started at T reads every message stamped at or after T once, in
+    order, from the archive and then the log, the ended session's from the archive (how long
+    finding the start takes is a benchmark's figure, bench/spark_archive_read.py)."""
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    publish_stamped(hosts, 300)
+    publish_stamped(hosts, 50, ended)
+    time.sleep(0.05)
+    at_ms = time.time_ns() // 1_000_000 + 1
+    time.sleep(0.01)
+    ended_after = publish_stamped(hosts, 80, ended)
+    ended.close()
+    after = publish_stamped(hosts, 10 * MESSAGES_PER_TERM)
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    query = planner(hosts, archives[:1], in_place=True, startingTimestamp=str(at_ms))
+    try:
+        start = query.initialOffset()
+        session = str(hosts.publication.session_id)  # type: ignore[union-attr]
+        view = query._images()[session]
+        position = int(start[session]["position"])
+        assert position == 300 * 160  # the first message stamped at or after T
+        assert view.earliest_position() > position + 5 * TERM, "the log still holds T"
+        assert int(start[str(ended.session_id)]["position"]) == 50 * 160
+        read, _, planned = batches(query, start, hosts, time.monotonic() + 60,
+                                   len(after) + len(ended_after))
+    finally:
+        query.stop()
+    assert sorted(read) == sorted(after + ended_after)  # once each
+    live, gone = set(after), set(ended_after)
+    assert [n for n in read if n in live] == after  # each session in order
+    assert [n for n in read if n in gone] == ended_after
+    assert any(p.archived is not None for partitions in planned for p in partitions)
+
+
+@pytest.mark.parametrize("strategy", ["error", "latest"])
+def test_starting_offsets_by_timestamp_start_each_session_at_its_own_time(
+        hosts: Hosts, archives: list[Archive], strategy: str) -> None:  # noqa: F811
+    """Two sessions named by startingOffsetsByTimestamp, each at a time of its own, older
+    than the live log: the first starts at its first message at or after its time (in the
+    archive); the second has none after its time: with the strategy error the query fails
+    naming it, with latest it starts at its last message and reads nothing of it."""
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    other = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    publish_stamped(hosts, 100)
+    publish_stamped(hosts, 100, other)
+    time.sleep(0.05)
+    second_ms = time.time_ns() // 1_000_000 + 1
+    time.sleep(0.01)
+    publish_stamped(hosts, 200)
+    time.sleep(0.05)
+    first_ms = time.time_ns() // 1_000_000 + 1
+    time.sleep(0.01)
+    after = publish_stamped(hosts, 6 * MESSAGES_PER_TERM)
+    session = hosts.publication.session_id  # type: ignore[union-attr]
+    by_time = {str(STREAM): {str(session): first_ms, str(other.session_id): second_ms}}
+    query = planner(hosts, archives[:1], in_place=True,
+                    startingOffsetsByTimestamp=json.dumps(by_time),
+                    startingOffsetsByTimestampStrategy=strategy)
+    try:
+        if strategy == "error":
+            with pytest.raises(SlipstreamError, match=f"session {other.session_id}: no "
+                                                      f"message stamped at or after "
+                                                      f"{second_ms} ms"):
+                query.initialOffset()
+            return
+        start = query.initialOffset()
+        assert int(start[str(session)]["position"]) == 300 * 160
+        assert int(start[str(other.session_id)]["position"]) == 100 * 160
+        read, _, _ = batches(query, start, hosts, time.monotonic() + 60, len(after))
+    finally:
+        query.stop()
+        other.close()
+    assert read == after
+
+
+def test_a_batch_read_with_no_holder_returns_an_ended_session_whole_from_the_archive(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """A session publishes several terms and ends; no holder holds anything.  A batch read
+    naming only the archive returns that session whole, in order (and the live session's
+    recorded range beside it), from startingPosition earliest to its end."""
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    sent = publish_stamped(hosts, 3 * MESSAGES_PER_TERM, ended)
+    ended.close()
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    live = publish_stamped(hosts, 50)
+    wait_for(lambda: all(r.is_active or r.stop_position > 0
+                         for r in recordings(archives[0].directory)), what="recorded")
+    options = parse_options({"streamId": str(STREAM), "channel": hosts.channel,
+                             "directory": str(hosts.directories["ingest"]),
+                             "archive": archives[0].endpoint,
+                             "archiveDir": str(archives[0].directory),
+                             "replayTimeoutMs": "3000"})
+    options.check_read_kind(streaming=False)
+    reader = SlipstreamBatchReader(options)
+    partitions = reader.partitions()
+    by_session: dict[int, list[int]] = {}
+    for partition in partitions:
+        assert partition.archived is not None
+        partition.directory = str(hosts.directories["ingest"])
+        for batch in read_range(partition):
+            by_session.setdefault(partition.session_id, []).extend(
+                int(value[:8]) for value in batch.column("value").to_pylist())
+    assert by_session[ended.session_id] == sent
+    recorded_live = by_session[hosts.publication.session_id]  # type: ignore[union-attr]
+    assert recorded_live == sorted(recorded_live) and set(recorded_live) <= set(live)
+
+
+def test_a_batch_read_needs_a_holder_or_an_archive(hosts: Hosts) -> None:  # noqa: F811
+    """Neither named: refused naming both options."""
+    options = parse_options({"streamId": str(STREAM)})
+    with pytest.raises(ValueError, match=r"'holder': is required by a batch read .* no 'archive'"):
+        options.check_read_kind(streaming=False)
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ({"startingOffsetsByTimestamp": "{10: 5}"}, "is not JSON"),
+    ({"startingOffsetsByTimestamp": "{}"}, "is not accepted"),
+    ({"startingOffsetsByTimestamp": '{"77": {"1": 5}}'}, "stream 77 is not one this reader"),
+    ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"x": 5}}}}'}, "'x' is not a session"),
+    ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"1": -5}}}}'}, "-5 is not accepted"),
+    ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"1": 5}}}}', "startingTimestamp": "5"},
+     "and startingTimestamp both say"),
+    ({"startingOffsetsByTimestampStrategy": "earliest"}, "accepted: error, latest"),
+])
+def test_bad_starting_times_are_refused_naming_the_option(given: dict[str, str], said: str
+                                                          ) -> None:
+    """A starting time per session that is not Kafka's form, names a stream the reader does
+    not read, or comes with startingTimestamp; a strategy not known: refused naming it."""
+    from slipstream.spark_bridge.options import OptionError
+
+    name = "startingOffsetsByTimestampStrategy" if "Strategy" in next(iter(given)) \
+        else "startingOffsetsByTimestamp"
+    with pytest.raises(OptionError, match=f"'{name}'.*{said}"):
+        parse_options({"streamId": str(STREAM), **given}).check_read_kind(streaming=True)
+
+
+def test_starting_times_per_session_are_keyed_by_stream_and_session() -> None:
+    """Kafka's form, topic to partition to ms: here stream id to session id to ms."""
+    options = parse_options({"streamId": f"{STREAM},7", "startingOffsetsByTimestamp":
+                             json.dumps({str(STREAM): {"-3": 1000}, "7": {"4": 2000}})})
+    assert options.starting_timestamps_ns == {(STREAM, -3): 1000 * 10**6, (7, 4): 2000 * 10**6}
+    assert options.timestamp_strategy == "error"
+
+
+@pytest.mark.spark
+def test_spark_read_with_only_an_archive_returns_an_ended_session_whole(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """The user's path: spark.read.format("slipstream") with `archive` (and archiveDir) and
+    no holder, after a session ended, in a local[2] Spark session: its rows, whole and in
+    order, with its session id and publisher stamps."""
+    from slipstream.spark_bridge import session
+
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    sent = publish_stamped(hosts, 2 * MESSAGES_PER_TERM, ended)
+    ended.close()
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    spark = session(master="local[2]", app_name="slipstream-archive-batch")
+    try:
+        rows = (spark.read.format("slipstream").option("streamId", str(STREAM))
+                .option("channel", hosts.channel)
+                .option("directory", str(hosts.directories["ingest"]))
+                .option("archive", archives[0].endpoint)
+                .option("archiveDir", str(archives[0].directory))
+                .option("replayTimeoutMs", "5000").load()
+                .where(f"session_id = {ended.session_id}")
+                .orderBy("position").select("value").collect())
+    finally:
+        spark.stop()
+    assert [int(bytes(row.value)[:8]) for row in rows] == sent
