@@ -26,9 +26,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import lacking
+from helpers import lacking, start_holding_archive
+
+from slipstream.client.holder import HOLDER_PORT
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -384,7 +387,9 @@ def test_a_query_reads_on_hosts_without_the_log_exactly_once_through_a_lost_work
 #
 # Host 1: the Spark master, the submitter, the publisher (to host 4) and the client that
 # receives what the query writes; hosts 2 and 3: a worker each, one of which the master picks
-# for the Spark driver; host 4: the ingest host, its slipstream driver and slipstream-holder.
+# for the Spark driver; host 4: the ingest host, its slipstream driver and its archive, which
+# holds the stream for the query (its control stream at HOLDER_PORT: the holder option's
+# default port).
 
 #: The query, submitted in cluster deploy mode with --supervise: it reads through the ingest
 #: host's holder and writes as the client-mode query does, until the file ``done`` appears.
@@ -420,11 +425,22 @@ spark.stop()
 """
 
 
+def ingest_archive(hosts: Any, data: str, tmp_path: Path) -> subprocess.Popen[str]:
+    """The ingest host 4's archive (``slipstream-archive run``), holding stream 10 of
+    ``data`` from its start for the queries' group, its control stream at host 4's address
+    and the ``holder`` option's default port."""
+    return start_holding_archive(
+        None, hosts[4].address, HOLDER_PORT, tmp_path / "ingest-archive",
+        holds=((data, 10),),
+        popen=lambda *command: hosts[4].popen(*command, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True))
+
+
 @pytest.mark.timeout(900)
 def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_the_driver_moves(
         cluster, tmp_path) -> None:
-    """Host 1 publishes WINDOWS receiver windows to the ingest host 4, where slipstream-holder
-    holds the stream from its start; the query runs in cluster deploy mode with --supervise,
+    """Host 1 publishes WINDOWS receiver windows to the ingest host 4, whose archive holds the
+    stream from its start; the query runs in cluster deploy mode with --supervise,
     its Spark driver on a worker host the master picks, and finds the holder by its
     ``holder`` option.  A third of the way in, that worker host's Spark dies (worker, driver,
     executor: SIGKILL); the master starts the driver again on the other worker host, which
@@ -435,9 +451,7 @@ def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_t
     hosts, spark, _drivers = cluster
     data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
     out = f"aeron:udp?endpoint={hosts[1].address}:{OUT_PORT}"
-    holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
-                            "--address", hosts[4].address, "--hold", data, "10",
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    holder = ingest_archive(hosts, data, tmp_path)
     progress = tmp_path / "received"
     client = hosts[1].popen(sys.executable, "-c", HOST_4, data, out, str(MESSAGES),
                             str(PAYLOAD), str(progress), stdout=subprocess.PIPE,
@@ -501,7 +515,7 @@ def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_t
 
 # -- the Spark driver on the ingest host; a publisher that ends -------------------------------
 #
-# Host 4: the ingest host (its driver and slipstream-holder) and the client-mode application:
+# Host 4: the ingest host (its driver and holding archive) and the client-mode application:
 # its Spark driver beside the holder, its executors on hosts 2 and 3 (replays from host 4);
 # host 1: two publishers (two sessions) sending to host 4, one of which ends normally halfway.
 
@@ -608,15 +622,13 @@ spark.stop()
 @pytest.mark.timeout(900)
 def test_a_query_beside_the_ingest_holder_reads_every_message_once_as_a_publisher_ends(
         cluster, tmp_path) -> None:
-    """The Spark driver on the ingest host (client mode, beside slipstream-holder), its read
+    """The Spark driver on the ingest host (client mode, beside the holding archive), its read
     tasks on hosts 2 and 3; host 1 publishes two sessions to host 4, and one of them ends
     normally halfway.  The planner reaches its own host's holder, the query never fails, every
     message is read once into an idempotent sink, and the ended session leaves the offsets."""
     hosts, spark, _drivers = cluster
     data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
-    holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
-                            "--address", hosts[4].address, "--hold", data, "10",
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    holder = ingest_archive(hosts, data, tmp_path)
     count = MESSAGES // 2
     publisher = hosts[1].popen(sys.executable, "-c", TWO_PUBLISHERS, data, str(count),
                                str(PAYLOAD), str(tmp_path), stdout=subprocess.PIPE,
@@ -694,9 +706,7 @@ def test_a_publishing_host_restarted_while_the_query_was_down_is_reported_never_
 
     hosts, spark, drivers = cluster
     data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
-    holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
-                            "--address", hosts[4].address, "--hold", data, "10",
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    holder = ingest_archive(hosts, data, tmp_path)
     first = hosts[1].popen(sys.executable, "-c", PUBLISHER, data, str(10 * MESSAGES),
                            str(PAYLOAD), str(tmp_path), "m", stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
