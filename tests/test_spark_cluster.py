@@ -1106,8 +1106,8 @@ def test_a_kafka_pipeline_reads_keys_and_headers_of_two_streams_from_a_time_olde
                             conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
         lags = run.result()["lags"]
         read = []
-        for path in (tmp_path / "rows").glob("*.json"):
-            read += json.loads(path.read_text())
+        for path in sorted((tmp_path / "rows").glob("*.json"), key=lambda p: int(p.stem)):
+            read += json.loads(path.read_text())  # in batch order
         stopped = json.loads(hosts[1].run(sys.executable, "-c", RECORDINGS_STOPPED, h1,
                                           timeout=180).stdout)
         batch = spark.run_app(KAFKA_BATCH, channel, f"{h1}:8010", host=1,
