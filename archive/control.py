@@ -63,6 +63,7 @@ from slipstream.client.subscription import Subscription
 
 if TYPE_CHECKING:
     from slipstream.archive.service import ArchiveService
+    from slipstream.client.image import Image
 
 log = logging.getLogger("slipstream.archive")
 
@@ -124,6 +125,11 @@ class ArchiveControl:
         self._calls: list[bytes] = []
         self.malformed = 0  # calls dropped: not JSON, or not a call
         log.info("control stream %s stream %d", self.channel, stream_id)
+
+    def call_images(self) -> tuple[Image, ...]:
+        """The images the calls arrive on (the control subscription's): what an idle
+        service waits on beside its recordings."""
+        return self._subscription.images
 
     def do_work(self) -> int:
         """Answer the calls that came, move every replay on; returns the work done."""
