@@ -58,7 +58,7 @@ from slipstream.client.channel import keys_given, parse_channel
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
-from slipstream.client.logview import view_args
+from slipstream.client.logview import view_answer, view_args
 from slipstream.client.subscription import Subscription
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class ArchiveControl:
         checked = view_args(method if isinstance(method, str) else repr(method),
                             args.get("args"), recorded)
         with RecordingView(self.directory, descriptor, recorded) as view:
-            return getattr(view, str(method))(**checked)
+            return view_answer(view, str(method), checked)
 
     def _listed(self, descriptor: RecordingDescriptor) -> dict[str, Any]:
         return descriptor_fields(descriptor, self._recorded(descriptor.recording_id)[0])

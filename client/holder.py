@@ -46,6 +46,7 @@ from slipstream.client.logview import (
     ImageView,
     SessionEnds,
     snapshot,
+    view_answer,
     view_args,
 )
 from slipstream.client.replay import ReplayServer
@@ -234,7 +235,7 @@ class StreamHolder:
                              f"{image.identity.describe()}, not {named!r}")
         method = str(args.get("method"))
         checked = view_args(method, args.get("args"), image.producer_position())
-        return getattr(ImageView(image), method)(**checked)
+        return view_answer(ImageView(image), method, checked)
 
     def _lookup(self, stream_id: int, session_id: int) -> Image | None:
         """The log a replay reads: a mapping of its own (an image of a held subscription is

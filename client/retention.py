@@ -12,8 +12,9 @@ move its position; a replay's holder and a read's planner ask them alike.
 from __future__ import annotations
 
 import struct
-from typing import Final
+from typing import Any, Final, NamedTuple
 
+from slipstream.client._native import ffi, lib
 from slipstream.client.errors import DataLossError
 from slipstream.client.image import Image
 from slipstream.client.layout import (
@@ -25,11 +26,47 @@ from slipstream.client.layout import (
 )
 from slipstream.client.logbuffer import compute_term_id, index_by_position
 
-__all__ = ["earliest_position", "first_retained", "is_retained", "message_start",
-           "skip_message"]
+__all__ = ["NO_LIMIT", "TermWalk", "earliest_position", "first_retained", "is_retained",
+           "message_start", "skip_message", "walk_term"]
 
 #: A DATA header's session id, stream id and term id, in a row from SESSION_ID_FIELD.
 _HEADER_IDS: Final = struct.Struct("<iii")
+
+
+#: No bound on a walk's messages or bytes.
+NO_LIMIT: Final = 2**63 - 1
+
+
+class TermWalk(NamedTuple):
+    """What one walk over a term's whole messages reached (``ss_scan_messages``)."""
+
+    #: The term offset after the last message stepped over: a message boundary.
+    boundary: int
+    #: The messages stepped over, and their payload bytes.
+    messages: int
+    bytes: int
+    #: Why it stopped: ``lib.SS_MESSAGES_END`` (the scan's end, or the first frame not
+    #: there), ``SS_MESSAGES_LIMIT`` or ``SS_MESSAGES_TIME``.
+    reason: int
+
+
+def walk_term(term: Any, offset: int, scan_end: int, max_messages: int = NO_LIMIT,
+              max_bytes: int = NO_LIMIT, *, take_first: bool = False,
+              time_ns: int | None = None) -> TermWalk:
+    """Walk the whole messages of one term (``term``: a cffi pointer to its first byte, mapped
+    up to ``scan_end``) from the term offset ``offset`` towards ``scan_end`` in C: the one
+    message walk (``ss_scan_messages``, native.h, says where it stops: before the message
+    past ``max_messages`` / ``max_bytes`` unless it is the first and ``take_first``; before
+    the first stamped at or after ``time_ns``, when given).  With ``max_messages=0`` the
+    boundary is where the first message that begins at or after ``offset`` does (its
+    reason ``SS_MESSAGES_LIMIT``, once that message is whole)."""
+    counts = ffi.new("int64_t[2]")
+    reason = ffi.new("int32_t *")
+    boundary = lib.ss_scan_messages(term, offset, scan_end, max_messages, max_bytes,
+                                    take_first, time_ns is not None,
+                                    0 if time_ns is None else time_ns, counts, counts + 1,
+                                    reason)
+    return TermWalk(boundary, counts[0], counts[1], reason[0])
 
 
 def skip_message(data: memoryview, header: object) -> None:
