@@ -11,7 +11,6 @@ question).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
@@ -20,11 +19,13 @@ from slipstream.client import DataLossError, Image, InvalidArgumentError
 from slipstream.client._native import lib
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import FRAME_ALIGNMENT, INT64_MAX, MAX_MESSAGE_LENGTH
-from slipstream.client.logbuffer import LogIdentity, index_by_position
+from slipstream.client.logbuffer import LogIdentity
 from slipstream.client.retention import (
     NO_LIMIT,
+    TermAt,
     earliest_position,
     first_retained,
+    image_terms,
     is_retained,
     walk_term,
 )
@@ -179,14 +180,13 @@ def walk_bound(term_length: int) -> int:
     return min(4 * term_length, 2 * MAX_MESSAGE_LENGTH)
 
 
-def walk_log(term_at: Callable[[int, int], Any], term_length: int, begin: int, end: int,
+def walk_log(term_at: TermAt, term_length: int, begin: int, end: int,
              max_messages: int | None, max_bytes: int | None, take_first: bool,
              time_ns: int | None) -> Walk:
     """Walk a log's whole messages from ``begin`` (a message boundary) towards ``end``,
     term by term in C (:func:`~slipstream.client.retention.walk_term`), at most
-    :func:`walk_bound` bytes: stopped there, the answer says ``more``.  ``term_at(position,
-    scan_end)`` is a cffi pointer to the first byte of ``position``'s term, mapped up to
-    ``scan_end`` (it may raise for a log that no longer holds it: the caller's to catch).
+    :func:`walk_bound` bytes: stopped there, the answer says ``more``.  ``term_at`` gives
+    the terms (it may raise for a log that no longer holds one: the caller's to catch).
     A message never crosses a term, so every term start is a boundary a walk resumes at."""
     bound = begin + walk_bound(term_length)
     stop_at = min(end, bound)
@@ -357,14 +357,11 @@ class ImageView(LogView):
         producer; ``lost`` when the log no longer held ``begin`` before or after (a writer
         lapping the walk cleans and rewrites the term first)."""
         image = self.image
-        log = image.log_buffer
         try:
             image.check_retained(begin)
-            walked = walk_log(
-                lambda position, _: log.term_address(index_by_position(position,
-                                                                       log.position_bits)),
-                image.term_length, begin, min(end, image.producer_position()), max_messages,
-                max_bytes, take_first, time_ns)
+            walked = walk_log(image_terms(image), image.term_length, begin,
+                              min(end, image.producer_position()), max_messages, max_bytes,
+                              take_first, time_ns)
             image.check_retained(begin)
         except DataLossError:
             return Walk(begin, 0, 0, "lost")
