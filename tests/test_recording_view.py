@@ -90,8 +90,8 @@ def recorded(driver, tmp_path: Path):
 
 def test_a_recording_answers_as_the_live_log_on_the_same_frames(recorded) -> None:
     """Over the range the live log still holds (crossing a term): scan with message and byte
-    budgets, count_messages, position_at_time, is_retained and split_points give the live
-    log's answers, for ranges and limits drawn by hypothesis."""
+    budgets, count_messages, position_at_time, one walk answer, is_retained and split_points
+    give the live log's answers, for ranges and limits drawn by hypothesis."""
     image, view, sent, _, _ = recorded
     ends = [position for position, _, _ in sent]
     earliest = image.earliest_position()
@@ -118,6 +118,16 @@ def test_a_recording_answers_as_the_live_log_on_the_same_frames(recorded) -> Non
         stamp = data.draw(st.sampled_from(stamps)) + data.draw(st.integers(-1, 1))
         assert place(view.position_at_time(begin, stop, stamp)) == \
             place(image.position_at_time(begin, stop, stamp))
+        # One walk answer, as the view call gives it: by limits, the same place, messages,
+        # bytes and stop; by a time, the same place and stop (a recording's walk may begin
+        # later, where its time index puts it, so it counts from elsewhere).
+        take_first = data.draw(st.booleans())
+        walked, live = (v.walk(begin, stop, rows, size, take_first, None)
+                        for v in (view, image))
+        assert (place(walked.position), walked.messages, walked.bytes, walked.stop) == \
+            (place(live.position), live.messages, live.bytes, live.stop)
+        walked, live = (v.walk(begin, stop, None, None, False, stamp) for v in (view, image))
+        assert (place(walked.position), walked.stop) == (place(live.position), live.stop)
         assert view.is_retained(begin) and image.is_retained(begin)
         pieces = data.draw(st.integers(1, 12))
         points = view.split_points(begin, stop, pieces)
