@@ -6,6 +6,7 @@ recording the stream), and the archive's ``view`` call against the local view
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
 
@@ -57,17 +58,26 @@ def same_place(ends: list[int]):
     return canonical
 
 
+@contextmanager
+def _recording(driver, tmp_path: Path):
+    """An archive in ``tmp_path / "archive"`` recording the stream, a client with a
+    subscription and a publication of it: (control port, client, subscription, publication)
+    once the recording and the image are there."""
+    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", STREAM)])
+    with Client.connect(driver.directory) as client, process:
+        subscription = client.add_subscription(CHANNEL, STREAM)
+        publication = client.add_publication(CHANNEL, STREAM)
+        wait_for_recording(tmp_path / "archive")
+        wait_for(lambda: subscription.images, what="the image")
+        yield port, client, subscription, publication
+
+
 @pytest.fixture
 def recorded(driver, tmp_path: Path):
     """A stream of about 1.6 terms recorded by an archive, its log still mapped by a
     subscription: (image view, recording view, sent, archive control port)."""
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", STREAM)])
     archive_dir = tmp_path / "archive"
-    with Client.connect(driver.directory) as client, process:
-        subscription = client.add_subscription(CHANNEL, STREAM)
-        publication = client.add_publication(CHANNEL, STREAM)
-        wait_for_recording(archive_dir)
-        wait_for(lambda: subscription.images, what="the image")
+    with _recording(driver, tmp_path) as (port, client, subscription, publication):
         sent = []
         for _ in range(4):  # bursts apart: the time index has entries between them
             sent += _publish_stamped(publication, subscription, 25)
@@ -250,13 +260,7 @@ def test_a_live_recording_is_asked_up_to_its_recorded_position(driver, tmp_path:
     """While it records: the archive answers up to the recorded position (its counter),
     the last whole message there is what is available, and a question past it is refused
     naming the bound."""
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", STREAM)])
-    archive_dir = tmp_path / "archive"
-    with Client.connect(driver.directory) as client, process:
-        subscription = client.add_subscription(CHANNEL, STREAM)
-        publication = client.add_publication(CHANNEL, STREAM)
-        wait_for_recording(archive_dir)
-        wait_for(lambda: subscription.images, what="the image")
+    with _recording(driver, tmp_path) as (port, client, subscription, publication):
         sent = _publish_stamped(publication, subscription, 60)
         last = sent[-1][0]
         with ArchiveClient(client, "127.0.0.1", port, timeout_s=10) as archive:
@@ -284,13 +288,8 @@ def test_a_question_over_a_long_recording_is_answered_in_bounded_walks(
     the archive walks at most ``walk_bound`` bytes (four terms) and says where it stopped,
     and the caller's loop asks again from there until the answer is the whole one, the
     local view's."""
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", STREAM)])
     archive_dir = tmp_path / "archive"
-    with Client.connect(driver.directory) as client, process:
-        subscription = client.add_subscription(CHANNEL, STREAM)
-        publication = client.add_publication(CHANNEL, STREAM)
-        wait_for_recording(archive_dir)
-        wait_for(lambda: subscription.images, what="the image")
+    with _recording(driver, tmp_path) as (port, client, subscription, publication):
         sent = []
         while not sent or sent[-1][0] < 10 * TERM:
             sent += _publish_stamped(publication, subscription, 100)
