@@ -100,8 +100,9 @@ from slipstream.client.channel import keys_given, parse_channel
 from slipstream.client.client import Client
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
+from slipstream.client.image import Image
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
-from slipstream.client.logview import view_args
+from slipstream.client.logview import view_answer, view_args
 from slipstream.client.retention import message_start
 from slipstream.client.subscription import Subscription
 
@@ -179,6 +180,11 @@ class ArchiveControl:
         self.malformed = 0  # calls dropped: not JSON, or not a call
         self.served = 0  # replays sent whole
         log.info("control stream %s stream %d", self.channel, stream_id)
+
+    def call_images(self) -> tuple[Image, ...]:
+        """The images the calls arrive on (the control subscription's): what an idle
+        service waits on beside its recordings."""
+        return self._subscription.images
 
     def do_work(self) -> int:
         """Answer the calls that came, move every replay on; returns the work done."""
@@ -290,7 +296,7 @@ class ArchiveControl:
         checked = view_args(method if isinstance(method, str) else repr(method),
                             args.get("args"), recorded)
         with RecordingView(self._catalog_directory(), descriptor, recorded) as view:
-            return getattr(view, str(method))(**checked)
+            return view_answer(view, str(method), checked)
 
     def _listed(self, descriptor: RecordingDescriptor) -> dict[str, Any]:
         return descriptor_fields(descriptor, self._recorded(descriptor.recording_id)[0])

@@ -38,7 +38,7 @@ from slipstream.client.counters import CountersFile
 from slipstream.client.errors import ChannelError
 from slipstream.client.holder import DEFAULT_GROUP
 from slipstream.client.layout import INT32_MAX, INT32_MIN
-from slipstream.client.logview import ImageView, SessionEnds, snapshot, view_args
+from slipstream.client.logview import ImageView, SessionEnds, snapshot, view_answer, view_args
 
 __all__ = ["HELD_OPERATIONS", "MAX_ENDED_ASKED", "DetachedLogs",
            "HeldStreams", "NamedLogs", "SessionGoneError", "driver_instance", "held_key"]
@@ -236,7 +236,7 @@ class HeldStreams:
                              f"{image.identity.describe()}, not {named!r}")
         method = str(args.get("method"))
         checked = view_args(method, args.get("args"), image.producer_position())
-        return getattr(ImageView(image), method)(**checked)
+        return view_answer(ImageView(image), method, checked)
 
     def replay_source(self, key: tuple[str, int, str], session_id: int,
                       framing: tuple[int, int]) -> Image:

@@ -45,15 +45,13 @@ from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecord
 from slipstream.archive.reading import (
     RecordingLostError,
     RecordingReader,
-    first_data_frame,
-    first_message_start,
+    first_recorded_message,
     indexed_position,
 )
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
-from slipstream.client.layout import FRAME_ALIGNMENT, HDR_TYPE_PAD
 from slipstream.client.messages import GatheredMessages
-from slipstream.client.retention import message_start
+from slipstream.client.retention import first_message, image_terms
 
 __all__ = ["HeldRange", "LostRange", "SessionLostError", "SessionReader", "held_ranges",
            "locate", "read_session", "stitch"]
@@ -346,19 +344,6 @@ def read_session(archives: Sequence[ArchiveClient | Endpoint], stream_id: int,
                          session_id, (framing[0], framing[1]), start, end, directory, prefer,
                          on_loss or _raise_lost, forget, timeout_s, max_messages,
                          replay_channel)
-
-
-def _first_data(image: Image, position: int, end: int) -> int | None:
-    """Where the first data frame (not padding) in ``[position, end)`` of ``image``'s log is
-    (frames read there already), or None."""
-    while position < end:
-        length, _, _, frame_type = image.frame_header(position)[:4]
-        if length <= 0:
-            return None
-        if frame_type != HDR_TYPE_PAD:
-            return position
-        position += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
-    return None
 
 
 def _first(chunk: GatheredMessages, count: int) -> GatheredMessages:
@@ -674,15 +659,12 @@ class SessionReader:
         where = f"recording {descriptor.recording_id} in {self.directory}"
         try:
             if self.skip_from is not None:
-                found = first_message_start(self.directory, descriptor, self.reached, stop)
+                found, data = first_recorded_message(self.directory, descriptor, self.reached,
+                                                     stop)
                 if found is None:  # none begins before the stop
                     self._moved(stop, False)
                     return
-                if found > self.reached:
-                    self._found(found, first_data_frame(self.directory, descriptor,
-                                                        self.reached, found))
-                else:
-                    self._found(found)
+                self._found(found, data)
             with RecordingReader(self.directory, descriptor, start=self.position, end=stop,
                                  recorded=reach) as reader:
                 while not reader.done:
@@ -762,8 +744,9 @@ class SessionReader:
                     idle_since = time.monotonic()
                     if self.skip_from is not None:
                         assert image is not None
-                        found = message_start(image, begin, image.position)
-                        self._found(found, _first_data(image, begin, found))
+                        begins, data = first_message(image_terms(image), image.term_length,
+                                                     begin, image.position)
+                        self._found(image.position if begins is None else begins, data)
                     kept, more = self._keep(chunk)
                     if kept is not None:
                         yield kept

@@ -44,7 +44,7 @@ from slipstream.archive.catalog import (
     RecordingState,
 )
 from slipstream.archive.segments import segment_base, segment_file_name
-from slipstream.client import _fastpath
+from slipstream.client import _fastpath, retention
 from slipstream.client._native import ffi, lib
 from slipstream.client.control import COUNTERS_FILE
 from slipstream.client.counters import CounterReader, CountersFile, CounterType
@@ -64,6 +64,7 @@ from slipstream.client.layout import (
 )
 from slipstream.client.mapping import unmap
 from slipstream.client.messages import FragmentHandler, GatheredMessages, Header
+from slipstream.client.retention import TermAt
 
 __all__ = [
     "TIME_INDEX_INTERVAL_MS",
@@ -73,16 +74,16 @@ __all__ = [
     "Segments",
     "TimeIndexWriter",
     "archive_identity",
-    "first_data_frame",
     "first_message_start",
+    "first_recorded_message",
     "frame_at",
     "indexed_position",
     "live_positions",
     "message_end",
-    "message_start",
     "position_at_time",
     "read_descriptor",
     "recording_position_key",
+    "stop_message_start",
     "time_index_path",
 ]
 
@@ -403,63 +404,50 @@ def frame_at(segment: SegmentMap, position: int, descriptor: RecordingDescriptor
     return length, flags, frame_type
 
 
-def _frames(directory: Path, descriptor: RecordingDescriptor, start: int, end: int):
-    """``(position, flags, type, length)`` of the recording's frames from ``start`` (a frame
-    boundary) until ``end``; stops early where a frame is not the recording's or not there.
-    A one-off look at a seam (at most a term's frames), not a data path."""
-    segments = Segments(directory, descriptor)
+def _recording_terms(segments: Segments, term_length: int) -> TermAt:
+    """A recording's terms as a :data:`~slipstream.client.retention.TermAt`, through its
+    mapped ``segments`` (raises :class:`RecordingLostError` where a segment is not there)."""
+    return lambda position, scan_end: segments.at(position, scan_end).term(
+        position - position % term_length)
+
+
+def stop_message_start(directory: Path, descriptor: RecordingDescriptor, position: int) -> int:
+    """Where the message that the recording's stop ``position`` cuts begins (``position``
+    itself when it is a message boundary, or when the recording does not hold the
+    message's first fragment): :func:`~slipstream.client.retention.cut_message_start` over
+    the segment files."""
+    segments = Segments(directory, descriptor, populate=False)
     try:
-        at = start
-        while at < end:
-            frame = frame_at(segments.at(at, min(end, at + FRAME_ALIGNMENT)), at, descriptor)
-            if frame is None:
-                return
-            length, flags, frame_type = frame
-            yield at, flags, frame_type, length
-            at += (length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT
+        return retention.cut_message_start(
+            _recording_terms(segments, descriptor.term_length), descriptor.term_length,
+            descriptor.start_position, position)
     except RecordingLostError:
-        return
+        return position
     finally:
         segments.close()
 
 
-def message_start(directory: Path, descriptor: RecordingDescriptor, position: int) -> int:
-    """Where the message that the recording's stop ``position`` cuts begins (``position``
-    itself when it is a message boundary, or when the recording does not hold the
-    message's first fragment).  A message never crosses a term: the frames are walked from
-    its term's start."""
-    term_start = position - position % descriptor.term_length
-    begun: int | None = None
-    reached = max(term_start, descriptor.start_position)
-    for at, flags, frame_type, length in _frames(directory, descriptor, reached, position):
-        if frame_type == HDR_TYPE_DATA:
-            if flags & BEGIN_FLAG:
-                begun = at
-            if flags & END_FLAG:
-                begun = None
-        reached = at + ((length + FRAME_ALIGNMENT - 1) & -FRAME_ALIGNMENT)
-    # Only a walk that reached the stop knows which message it cuts.
-    return begun if begun is not None and reached == position else position
+def first_recorded_message(directory: Path, descriptor: RecordingDescriptor, position: int,
+                  recorded: int) -> tuple[int | None, int | None]:
+    """``(begins, data)`` of :func:`~slipstream.client.retention.first_message` over the
+    frames the recording holds from the frame boundary ``position`` up to ``recorded``: where
+    the first message that begins there does and where the first data frame is (None: none
+    held, yet)."""
+    segments = Segments(directory, descriptor, populate=False)
+    try:
+        return retention.first_message(_recording_terms(segments, descriptor.term_length),
+                                       descriptor.term_length, position, recorded)
+    except RecordingLostError:
+        return None, None
+    finally:
+        segments.close()
 
 
 def first_message_start(directory: Path, descriptor: RecordingDescriptor, position: int,
                         recorded: int) -> int | None:
     """Where the first message that begins at or after ``position`` does, among the frames
     the recording holds up to ``recorded``; None when it holds no such frame (yet)."""
-    for at, flags, frame_type, _ in _frames(directory, descriptor, position, recorded):
-        if frame_type == HDR_TYPE_DATA and flags & BEGIN_FLAG:
-            return at
-    return None
-
-
-def first_data_frame(directory: Path, descriptor: RecordingDescriptor, position: int,
-                     recorded: int) -> int | None:
-    """Where the first data frame (not padding) at or after ``position`` is, among the
-    frames the recording holds up to ``recorded``; None when it holds none there."""
-    for at, _, frame_type, _ in _frames(directory, descriptor, position, recorded):
-        if frame_type == HDR_TYPE_DATA:
-            return at
-    return None
+    return first_recorded_message(directory, descriptor, position, recorded)[0]
 
 
 def message_end(directory: Path, descriptor: RecordingDescriptor, position: int,

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from slipstream.archive.catalog import NULL_POSITION, EndReason, RecordingDescriptor
 from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecording
-from slipstream.archive.reading import first_message_start, message_start
+from slipstream.archive.reading import first_message_start, stop_message_start
 from slipstream.archive.recorder import Recording
 from slipstream.archive.settings import Peer, RecordSpec, spec_of
 from slipstream.client.errors import SlipstreamError
@@ -411,7 +411,7 @@ class Replicator:
             if session_key(descriptor) != key:
                 continue
             if descriptor.stop_position == start and start > source.start_position:
-                start = max(message_start(service.directory, descriptor, start),
+                start = max(stop_message_start(service.directory, descriptor, start),
                             source.start_position)
             if descriptor.start_position == end:
                 recording = service.recordings.get(descriptor.recording_id)

@@ -11,7 +11,9 @@ written is never removed.  Order: segments older than their bound (the archive's
 its recordings' segments take more than its ``retention_max_bytes``, and then while the whole
 archive's take more than ``max_bytes``: the oldest (by last write) of stopped recordings'
 first segments, and only then live recordings' older ones.  A stream's recordings are those of
-its ``[[record]]`` table (:func:`~slipstream.archive.settings.spec_of`).
+its ``[[record]]`` table (:func:`~slipstream.archive.settings.spec_of`).  A recording active
+in the catalog but not recorded by this service (recovery's to end) is neither cut nor counted
+in its stream's bound; the log says so once.
 """
 
 from __future__ import annotations
@@ -86,12 +88,17 @@ def apply_retention(catalog: Catalog, directory: Path, *, max_bytes: int, max_ag
         size = sum(s.size for s in segments)
         total += size
         spec = spec_of(streams, descriptor.stream_id, descriptor.channel)
+        writing = live.get(descriptor.recording_id)
+        if writing is None and descriptor.is_active:
+            # Active in the catalog, not in this service: recovery's, not ours.  Its bytes
+            # are left out of its stream's bound, which cannot take them: counted, they would
+            # cut the stream's other recordings for nothing.
+            if spec is not None and spec.retention_max_bytes > 0:
+                _report_outside(directory, descriptor, size)
+            continue
         if spec is not None:
             stream_of[descriptor.recording_id] = spec
             stream_bytes[spec] = stream_bytes.get(spec, 0) + size
-        writing = live.get(descriptor.recording_id)
-        if writing is None and descriptor.is_active:
-            continue  # active in the catalog, not in this service: recovery's, not ours
         candidates = [s for s in segments if writing is None or s.base < writing]
         descriptors[descriptor.recording_id] = descriptor
         queues[descriptor.recording_id] = candidates
@@ -130,6 +137,22 @@ def apply_retention(catalog: Catalog, directory: Path, *, max_bytes: int, max_ag
     if removed:
         sync_directory(directory)
     return removed
+
+
+#: (archive directory, recording id) of the recordings :func:`_report_outside` told of.
+_reported_outside: set[tuple[Path, int]] = set()
+
+
+def _report_outside(directory: Path, descriptor: RecordingDescriptor, size: int) -> None:
+    """Log, once per recording, that a recording retention may not act on is outside its
+    stream's size bound (which it may keep the stream's disk use over)."""
+    key = (directory, descriptor.recording_id)
+    if key not in _reported_outside:
+        _reported_outside.add(key)
+        log.warning("retention: recording %d (stream %d) is active in the catalog but not "
+                    "recorded by this service: its %d bytes are outside its stream's size "
+                    "bound, which the stream may stay over until it stops",
+                    descriptor.recording_id, descriptor.stream_id, size)
 
 
 def _count_out(stream_of: Mapping[int, RecordSpec], stream_bytes: dict[RecordSpec, int],

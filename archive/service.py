@@ -341,15 +341,17 @@ class ArchiveService:
             self.stop()
 
     def idle(self) -> None:
-        """Wait for the next frame of any active recording (at its reader's position): spin
-        briefly, then park on the logs' eventcounts, at most :data:`_IDLE_PARK_NS`; with no
-        recording, for a call on the control stream as long; with replays in progress,
-        :data:`_REPLAY_WAIT_S`."""
+        """Wait for the next frame of any active recording (at its reader's position) or of
+        a call on the control stream (so a call is answered at once, not after the park):
+        spin briefly, then park on the logs' eventcounts, at most :data:`_IDLE_PARK_NS`; with
+        replays in progress, :data:`_REPLAY_WAIT_S`."""
         if self.control is not None and self.control.replays:
             time.sleep(_REPLAY_WAIT_S)  # the replays' credit comes back unannounced
             return
         readers = [r.reader for r in self.recordings.values()
                    if r.is_active and not r.image.is_closed]
+        if self.control is not None:
+            readers += [i for i in self.control.call_images() if not i.is_closed]
         if readers:
             await_frames(readers, _IDLE_PARK_NS, _IDLE_SPIN_NS)
         elif self.control is not None:

@@ -5,8 +5,9 @@ split or a time falls) answered over the recording's segment files.
 The questions are the live log's, so a planner cuts an archived range as it cuts a live one
 (``maxMessagesPerTrigger``, ``minPartitions``, ``startingTimestamp``).  The answers come from
 the segment files mapped read-only (:class:`~slipstream.archive.reading.Segments`), walked
-message by message in C (``ss_scan_messages``: one call per term, the Python loop per term),
-never past the recorded position.  A message never crosses a term (the appender pads a term
+message by message in C by the live log's walk (:func:`~slipstream.client.logview.walk_log`:
+``ss_scan_messages`` once per term, at most ``walk_bound`` bytes per answer), never past the
+recorded position.  A message never crosses a term (the appender pads a term
 rather than split one across two), so every term start that the recording holds is a message
 boundary, and a walk or a split begins there.
 
@@ -33,10 +34,9 @@ from slipstream.archive.reading import (
     frame_at,
     position_at_time,
 )
-from slipstream.client._native import ffi, lib
 from slipstream.client.layout import FRAME_ALIGNMENT
 from slipstream.client.logbuffer import LogIdentity
-from slipstream.client.logview import LogView
+from slipstream.client.logview import LogView, Walk, walk_log
 
 __all__ = ["STAMP_SKEW_MS", "RecordingView"]
 
@@ -44,23 +44,6 @@ __all__ = ["STAMP_SKEW_MS", "RecordingView"]
 #: where the time index had the recording this much earlier, so that a message stamped by a
 #: clock that far ahead is still found.
 STAMP_SKEW_MS: Final = 1000
-
-_NO_LIMIT: Final = 2**63 - 1
-
-
-class _Walk:
-    """What one walk over whole messages reached: the message boundary, the messages and
-    payload bytes stepped over, and whether it stopped at a limit or a stamp (else at the
-    range's end or the first frame that is not there)."""
-
-    __slots__ = ("bytes", "messages", "position", "reason")
-
-    def __init__(self, position: int) -> None:
-        self.position = position
-        self.messages = 0
-        self.bytes = 0
-        self.reason = lib.SS_MESSAGES_END
-
 
 class RecordingView(LogView):
     """Recording ``descriptor`` in the archive ``directory``, recorded up to
@@ -89,41 +72,32 @@ class RecordingView(LogView):
         self._term_length = descriptor.term_length
         # A question reads a term or a few: the pages it touches, not whole segments.
         self._segments = Segments(self.directory, descriptor, populate=False)
-        self._messages = ffi.new("int64_t *")
-        self._bytes = ffi.new("int64_t *")
-        self._reason = ffi.new("int32_t *")
         self._available: int | None = None
 
     # -- the walk ----------------------------------------------------------------------------
-    def _walk(self, begin: int, end: int, max_messages: int | None = None,
-              max_bytes: int | None = None, *, take_first: bool = False,
-              time_ns: int | None = None) -> _Walk:
-        """Whole messages from ``begin`` (a frame boundary the recording holds) towards
-        ``end`` (at most the recorded position), term by term in C: see ``ss_scan_messages``
-        for where it stops.  Raises :class:`RecordingLostError` when a segment it needs is
+    def _term_at(self, position: int, scan_end: int) -> object:
+        """The address of ``position``'s term, its segment mapped to ``scan_end``; raises
+        :class:`RecordingLostError` when the segment is not there."""
+        term_base = position - position % self._term_length
+        return self._segments.at(position, scan_end).term(term_base)
+
+    def walk(self, begin: int, end: int, max_messages: int | None, max_bytes: int | None,
+             take_first: bool, time_ns: int | None) -> Walk:
+        """As :meth:`LogView.walk`, over the segment files, never past the recorded
+        position; a time's walk begins where the time index had the recording
+        :data:`STAMP_SKEW_MS` before ``time_ns`` (when later than ``begin``): the messages
+        recorded before then were stamped before it.  ``lost`` when a segment it needs is
         not there."""
-        walk = _Walk(begin)
         end = min(end, self.recorded_position)
-        term_length = self._term_length
-        while walk.position < end:
-            position = walk.position
-            term_base = position - position % term_length
-            scan_end = min(end, term_base + term_length)
-            segment = self._segments.at(position, scan_end)
-            rows = _NO_LIMIT if max_messages is None else max_messages - walk.messages
-            size = _NO_LIMIT if max_bytes is None else max_bytes - walk.bytes
-            reached = lib.ss_scan_messages(
-                segment.term(term_base), position - term_base, scan_end - term_base, rows,
-                size, take_first and walk.messages == 0, time_ns is not None,
-                time_ns if time_ns is not None else 0, self._messages, self._bytes,
-                self._reason)
-            walk.position = term_base + reached
-            walk.messages += self._messages[0]
-            walk.bytes += self._bytes[0]
-            walk.reason = self._reason[0]
-            if walk.reason != lib.SS_MESSAGES_END or walk.position < scan_end:
-                break  # a limit, a stamp, or a frame not there (or a message cut by end)
-        return walk
+        if time_ns is not None:
+            indexed = position_at_time(self.directory, self.descriptor,
+                                       time_ns // 1_000_000 - STAMP_SKEW_MS)
+            begin = max(begin, min(indexed, end))
+        try:
+            return walk_log(self._term_at, self._term_length, begin, end, max_messages,
+                            max_bytes, take_first, time_ns)
+        except RecordingLostError:
+            return Walk(begin, 0, 0, "lost")
 
     # -- LogView -------------------------------------------------------------------------------
     def available_position(self) -> int:
@@ -137,10 +111,8 @@ class RecordingView(LogView):
             else:
                 term_base = recorded - recorded % self._term_length
                 begin = max(term_base, self.descriptor.start_position)
-                try:
-                    self._available = self._walk(begin, recorded).position
-                except RecordingLostError:
-                    self._available = begin
+                walked = self.walk_all(begin, recorded)
+                self._available = begin if walked.stop == "lost" else walked.position
         return self._available
 
     def earliest_position(self) -> int:
@@ -167,34 +139,6 @@ class RecordingView(LogView):
             return min(end, self.descriptor.start_position)
         return end
 
-    def scan(self, begin: int, available: int, max_rows: int | None,
-             max_bytes: int | None) -> int:
-        if max_rows == 0 or max_bytes == 0:
-            return begin
-        try:
-            return self._walk(begin, available, max_rows, max_bytes, take_first=True).position
-        except RecordingLostError:
-            return available
-
-    def count_messages(self, begin: int, end: int, limit: int) -> int:
-        try:
-            return self._walk(begin, end, limit).messages
-        except RecordingLostError:
-            return 0
-
-    def position_at_time(self, begin: int, end: int, time_ns: int) -> int:
-        """As the live log's, from where the time index had the recording
-        :data:`STAMP_SKEW_MS` before ``time_ns`` (or ``begin``, when later): the messages
-        recorded before then were stamped before ``time_ns``."""
-        indexed = position_at_time(self.directory, self.descriptor,
-                                   time_ns // 1_000_000 - STAMP_SKEW_MS)
-        start = max(begin, min(indexed, end))
-        try:
-            walk = self._walk(start, end, time_ns=time_ns)
-        except RecordingLostError:
-            return end
-        return walk.position if walk.reason == lib.SS_MESSAGES_TIME else end
-
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         """Message boundaries strictly inside ``[begin, stop)`` at or before each of
         ``pieces - 1`` equally spaced targets: each found by a walk from its term's start
@@ -204,17 +148,16 @@ class RecordingView(LogView):
         step = (stop - begin) / pieces
         points: list[int] = []
         term_length = self._term_length
-        try:
-            for k in range(1, pieces):
-                target = int(begin + k * step)
-                target -= target & (FRAME_ALIGNMENT - 1)
-                term_base = target - target % term_length
-                point = self._walk(max(term_base, begin, points[-1] if points else begin),
-                                   target).position
-                if begin < point < stop and (not points or point > points[-1]):
-                    points.append(point)
-        except RecordingLostError:
-            return []
+        for k in range(1, pieces):
+            target = int(begin + k * step)
+            target -= target & (FRAME_ALIGNMENT - 1)
+            term_base = target - target % term_length
+            walked = self.walk_all(max(term_base, begin, points[-1] if points else begin),
+                                   target)
+            if walked.stop == "lost":
+                return []
+            if begin < walked.position < stop and (not points or walked.position > points[-1]):
+                points.append(walked.position)
         return points
 
     def advance_to(self, position: int) -> str | None:

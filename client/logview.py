@@ -16,13 +16,23 @@ from typing import Any, Final
 import attrs
 
 from slipstream.client import DataLossError, Image, InvalidArgumentError
+from slipstream.client._native import lib
 from slipstream.client.holding import HolderLink
-from slipstream.client.layout import FRAME_ALIGNMENT, INT64_MAX, RESERVED_VALUE_TIME_MASK
+from slipstream.client.layout import FRAME_ALIGNMENT, INT64_MAX, MAX_MESSAGE_LENGTH
 from slipstream.client.logbuffer import LogIdentity
-from slipstream.client.retention import earliest_position, first_retained, is_retained
+from slipstream.client.retention import (
+    NO_LIMIT,
+    TermAt,
+    earliest_position,
+    first_retained,
+    image_terms,
+    is_retained,
+    walk_term,
+)
 
 __all__ = ["MAX_SPLIT_PIECES", "VIEW_OPERATIONS", "ImageView", "LogView", "RemoteView",
-           "SessionEnd", "SessionEnds", "end_of_stream", "snapshot", "view_args"]
+           "SessionEnd", "SessionEnds", "Walk", "end_of_stream", "snapshot", "view_answer",
+           "view_args", "walk_bound", "walk_log"]
 
 
 def end_of_stream(image: Image) -> int | None:
@@ -129,8 +139,77 @@ class SessionEnds:
             return {str(sid): end for sid, end in self._ends.items()}
 
 
-class _Stop(Exception):
-    pass
+#: Why a :class:`Walk` stopped: at the range's end (or the first frame not there), before a
+#: message past a limit, before the first message stamped at or after the time, at the
+#: walk's bound for one answer (ask again from its position), or where the log no longer held
+#: the range (lapped, or a recording's segment gone).
+WALK_STOPS: Final = ("end", "limit", "time", "more", "lost")
+
+_STOP_OF_REASON: Final = {lib.SS_MESSAGES_END: "end", lib.SS_MESSAGES_LIMIT: "limit",
+                          lib.SS_MESSAGES_TIME: "time"}
+
+
+@attrs.frozen
+class Walk:
+    """One answer of a walk over whole messages: the message boundary it reached, the
+    messages and payload bytes it stepped over, and why it stopped (:data:`WALK_STOPS`)."""
+
+    position: int
+    messages: int
+    bytes: int
+    stop: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"position": self.position, "messages": self.messages, "bytes": self.bytes,
+                "stop": self.stop}
+
+    @classmethod
+    def from_json(cls, fields: dict[str, Any]) -> Walk:
+        stop = str(fields["stop"])
+        if stop not in WALK_STOPS:
+            raise ValueError(f"a walk stopped {stop!r}, not one of {', '.join(WALK_STOPS)}")
+        return cls(int(fields["position"]), int(fields["messages"]), int(fields["bytes"]),
+                   stop)
+
+
+def walk_bound(term_length: int) -> int:
+    """How many bytes of log one walk answer covers at most: four terms, at most twice the
+    longest message (so that an answer always holds a whole message after any boundary: a
+    walk that stops at its bound has moved on).  It bounds what one question costs the
+    process that answers it (the archive's or a holder's one service thread)."""
+    return min(4 * term_length, 2 * MAX_MESSAGE_LENGTH)
+
+
+def walk_log(term_at: TermAt, term_length: int, begin: int, end: int,
+             max_messages: int | None, max_bytes: int | None, take_first: bool,
+             time_ns: int | None) -> Walk:
+    """Walk a log's whole messages from ``begin`` (a message boundary) towards ``end``,
+    term by term in C (:func:`~slipstream.client.retention.walk_term`), at most
+    :func:`walk_bound` bytes: stopped there, the answer says ``more``.  ``term_at`` gives
+    the terms (it may raise for a log that no longer holds one: the caller's to catch).
+    A message never crosses a term, so every term start is a boundary a walk resumes at."""
+    bound = begin + walk_bound(term_length)
+    stop_at = min(end, bound)
+    position, messages, size = begin, 0, 0
+    reason = lib.SS_MESSAGES_END
+    while position < stop_at:
+        term_base = position - position % term_length
+        scan_end = min(stop_at, term_base + term_length)
+        walked = walk_term(term_at(position, scan_end), position - term_base,
+                           scan_end - term_base,
+                           NO_LIMIT if max_messages is None else max_messages - messages,
+                           NO_LIMIT if max_bytes is None else max_bytes - size,
+                           take_first=take_first and messages == 0, time_ns=time_ns)
+        position = term_base + walked.boundary
+        messages += walked.messages
+        size += walked.bytes
+        reason = walked.reason
+        if reason != lib.SS_MESSAGES_END or position < scan_end:
+            break  # a limit, a stamp, or a frame not there (or a message cut by the bound)
+    stop = _STOP_OF_REASON[reason]
+    if stop == "end" and stop_at < end and position > begin:
+        stop = "more"  # at the bound: a frame not there says so to the next question
+    return Walk(position, messages, size, stop)
 
 
 class LogView:
@@ -166,24 +245,67 @@ class LogView:
         """The first message position after ``start``, at most ``end``, the log still holds."""
         raise NotImplementedError
 
+    def walk(self, begin: int, end: int, max_messages: int | None, max_bytes: int | None,
+             take_first: bool, time_ns: int | None) -> Walk:
+        """One answer of a walk over the whole messages of ``[begin, end)`` (``begin`` a
+        message boundary), covering at most :func:`walk_bound` bytes (then it stops
+        ``more``: the caller asks again from its position, as :meth:`scan`,
+        :meth:`count_messages` and :meth:`position_at_time` do): it stops before the message
+        past ``max_messages`` / ``max_bytes`` payload bytes (None: no limit) unless that is
+        the first and ``take_first``; before the first message stamped at or after
+        ``time_ns`` (its reserved value, ns since the epoch, as the slipstream writer stamps
+        it; a message without a stamp counts as older than any time), when given; ``lost``
+        where the log no longer holds ``begin``.  With ``time_ns`` the walk may begin after
+        ``begin``, where the log knows every message before was stamped earlier (a
+        recording's time index)."""
+        raise NotImplementedError
+
+    def walk_all(self, begin: int, end: int, max_messages: int | None = None,
+                 max_bytes: int | None = None, *, take_first: bool = False,
+                 time_ns: int | None = None) -> Walk:
+        """A whole walk (as :meth:`walk`, never ``more``): :meth:`walk` asked again from
+        where each answer stopped, the one loop over bounded answers."""
+        position, messages, size = begin, 0, 0
+        while True:
+            walked = self.walk(
+                position, end,
+                None if max_messages is None else max(0, max_messages - messages),
+                None if max_bytes is None else max(0, max_bytes - size),
+                take_first and messages == 0, time_ns)
+            messages += walked.messages
+            size += walked.bytes
+            if walked.stop != "more" or walked.position <= position:
+                return Walk(walked.position, messages, size,
+                            "end" if walked.stop == "more" else walked.stop)
+            position = walked.position
+
     def scan(self, begin: int, available: int, max_rows: int | None,
              max_bytes: int | None) -> int:
         """The message boundary after at most ``max_rows`` messages / ``max_bytes`` payload
         bytes from ``begin`` (at least one message, so a query always progresses), at most
         ``available``; ``available`` when the log was lapped meanwhile (the task reports it)."""
-        raise NotImplementedError
+        if max_rows == 0 or max_bytes == 0:
+            return begin
+        walked = self.walk_all(begin, available, max_rows, max_bytes, take_first=True)
+        return available if walked.stop == "lost" else walked.position
 
     def count_messages(self, begin: int, end: int, limit: int) -> int:
         """How many whole messages ``[begin, end)`` holds, counting up to ``limit`` (at most
         that is returned); 0 when the log was lapped meanwhile."""
-        raise NotImplementedError
+        walked = self.walk_all(begin, end, limit)
+        return 0 if walked.stop == "lost" else walked.messages
 
     def position_at_time(self, begin: int, end: int, time_ns: int) -> int:
         """Where the first message of ``[begin, end)`` stamped at or after ``time_ns`` begins
         (its reserved value, ns since the epoch, as the slipstream writer stamps it; a message
         without a stamp counts as older than any time), else ``end``; ``end`` too when the
         log was lapped meanwhile."""
-        raise NotImplementedError
+        for _ in range(3):  # a start the cleaner passed meanwhile: again from what is held
+            walked = self.walk_all(begin, end, time_ns=time_ns)
+            if walked.stop != "lost":
+                return walked.position if walked.stop == "time" else end
+            begin = self.first_retained(begin, end)
+        return end
 
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         """Message boundaries strictly inside ``[begin, stop)`` that cut it into about
@@ -229,72 +351,21 @@ class ImageView(LogView):
     def first_retained(self, start: int, end: int) -> int:
         return first_retained(self.image, start, end)
 
-    def scan(self, begin: int, available: int, max_rows: int | None,
-             max_bytes: int | None) -> int:
-        if max_rows == 0 or max_bytes == 0:
-            return begin
-        count = size = 0
-        last = begin
-
-        def handler(data: memoryview, header: object) -> None:
-            nonlocal count, size, last
-            if count and ((max_rows is not None and count >= max_rows)
-                          or (max_bytes is not None and size + len(data) > max_bytes)):
-                raise _Stop
-            count += 1
-            size += len(data)
-            last = header.position  # type: ignore[attr-defined]
-
+    def walk(self, begin: int, end: int, max_messages: int | None, max_bytes: int | None,
+             take_first: bool, time_ns: int | None) -> Walk:
+        """As :meth:`LogView.walk`, over the terms of the log as mapped, never past its
+        producer; ``lost`` when the log no longer held ``begin`` before or after (a writer
+        lapping the walk cleans and rewrites the term first)."""
+        image = self.image
         try:
-            last = self.image.peek(begin, handler, available)
-        except _Stop:
-            pass
+            image.check_retained(begin)
+            walked = walk_log(image_terms(image), image.term_length, begin,
+                              min(end, image.producer_position()), max_messages, max_bytes,
+                              take_first, time_ns)
+            image.check_retained(begin)
         except DataLossError:
-            return available
-        return last
-
-    def count_messages(self, begin: int, end: int, limit: int) -> int:
-        count = 0
-
-        def handler(data: memoryview, header: object) -> None:
-            nonlocal count
-            if count >= limit:
-                raise _Stop
-            count += 1
-
-        try:
-            self.image.peek(begin, handler, end)
-        except _Stop:
-            pass
-        except DataLossError:
-            return 0
-        return count
-
-    def position_at_time(self, begin: int, end: int, time_ns: int) -> int:
-        for _ in range(3):  # a start the cleaner passed meanwhile: again from what is held
-            try:
-                return self._position_at_time(begin, end, time_ns)
-            except DataLossError:
-                begin = self.first_retained(begin, end)
-        return end
-
-    def _position_at_time(self, begin: int, end: int, time_ns: int) -> int:
-        found = end
-        before = begin
-
-        def handler(data: memoryview, header: object) -> None:
-            nonlocal found, before
-            stamp = header.reserved_value & RESERVED_VALUE_TIME_MASK  # type: ignore[attr-defined]
-            if stamp >= time_ns:  # the envelope bit (layout) is no part of the time
-                found = before
-                raise _Stop
-            before = header.position  # type: ignore[attr-defined]
-
-        try:
-            self.image.peek(begin, handler, end)
-        except _Stop:
-            pass
-        return found
+            return Walk(begin, 0, 0, "lost")
+        return walked
 
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         if pieces <= 1:
@@ -328,13 +399,13 @@ class ImageView(LogView):
 
 
 #: The questions a :class:`RemoteView` puts to the holder: the name of the :class:`LogView`
-#: method and its parameters, all integers (or None for a limit).
+#: method and its parameters, all integers (or None for a limit or a time; a bool for
+#: ``take_first``).  A message walk is asked as :meth:`LogView.walk`, whose answer covers at
+#: most :func:`walk_bound` bytes: the caller's loop (:meth:`LogView.walk_all`) asks again.
 VIEW_OPERATIONS: dict[str, tuple[str, ...]] = {
     "is_retained": ("position",),
     "first_retained": ("start", "end"),
-    "scan": ("begin", "available", "max_rows", "max_bytes"),
-    "count_messages": ("begin", "end", "limit"),
-    "position_at_time": ("begin", "end", "time_ns"),
+    "walk": ("begin", "end", "max_messages", "max_bytes", "take_first", "time_ns"),
     "split_points": ("begin", "stop", "pieces"),
     "advance_to": ("position",),
 }
@@ -347,23 +418,28 @@ MAX_SPLIT_PIECES: Final = 256
 def view_args(method: str, args: object, high: int) -> dict[str, int | None]:
     """The arguments of a view question from a caller, checked before the log is asked (the
     standing holder's and the archive's ``view`` calls): the method's parameters, integers
-    (None only for a limit of ``scan``); positions frame-aligned, at most ``high`` (the
-    highest position the log holds: its producer position, or a recording's recorded one;
-    the log is scanned with them); at most :data:`MAX_SPLIT_PIECES` pieces.  A position
-    before what the log holds is a question like any other: the view says it does not hold
-    it.  Raises ValueError naming the argument."""
+    (None only for a limit or the time of ``walk``, whose ``take_first`` is a bool);
+    positions frame-aligned, at most ``high`` (the highest position the log holds: its
+    producer position, or a recording's recorded one; the log is scanned with them); at most
+    :data:`MAX_SPLIT_PIECES` pieces.  A position before what the log holds is a question like
+    any other: the view says it does not hold it.  Raises ValueError naming the argument."""
     if method not in VIEW_OPERATIONS:
         raise ValueError(f"method {method!r} is not one of {', '.join(VIEW_OPERATIONS)}")
     names = VIEW_OPERATIONS[method]
     if not isinstance(args, dict) or set(args) != set(names):
         raise ValueError(f"{method} takes {', '.join(names)}, not {args!r}")
     for name, value in args.items():
-        nullable = method == "scan" and name in ("max_rows", "max_bytes")
+        if name == "take_first":
+            if not isinstance(value, bool):
+                raise ValueError(f"{method}: take_first {value!r} is not true or false")
+            continue
+        nullable = method == "walk" and name in ("max_messages", "max_bytes", "time_ns")
         if value is None and nullable:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
+        top = NO_LIMIT if name in ("max_messages", "max_bytes") else 2**62 - 1  # int64 limits
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
             raise ValueError(f"{method}: {name} {value!r} is not a position or count")
-        if name in ("max_rows", "max_bytes", "limit", "time_ns"):
+        if name in ("max_messages", "max_bytes", "time_ns"):
             continue
         if name == "pieces":
             if value > MAX_SPLIT_PIECES:
@@ -373,6 +449,13 @@ def view_args(method: str, args: object, high: int) -> dict[str, int | None]:
             raise ValueError(f"{method}: {name} {value} is not a frame boundary of this log "
                              f"held here, [0, {high}]")
     return args
+
+
+def view_answer(view: LogView, method: str, args: dict[str, Any]) -> Any:
+    """The answer to a view question (``method`` with ``args`` checked by
+    :func:`view_args`), as JSON values: what every server of view calls answers."""
+    answer = getattr(view, method)(**args)
+    return answer.to_json() if isinstance(answer, Walk) else answer
 
 
 def snapshot(view: LogView) -> dict[str, Any]:
@@ -424,16 +507,11 @@ class RemoteView(LogView):
     def first_retained(self, start: int, end: int) -> int:
         return int(self._ask("first_retained", start=start, end=end))
 
-    def scan(self, begin: int, available: int, max_rows: int | None,
-             max_bytes: int | None) -> int:
-        return int(self._ask("scan", begin=begin, available=available, max_rows=max_rows,
-                             max_bytes=max_bytes))
-
-    def count_messages(self, begin: int, end: int, limit: int) -> int:
-        return int(self._ask("count_messages", begin=begin, end=end, limit=limit))
-
-    def position_at_time(self, begin: int, end: int, time_ns: int) -> int:
-        return int(self._ask("position_at_time", begin=begin, end=end, time_ns=time_ns))
+    def walk(self, begin: int, end: int, max_messages: int | None, max_bytes: int | None,
+             take_first: bool, time_ns: int | None) -> Walk:
+        return Walk.from_json(self._ask("walk", begin=begin, end=end,
+                                        max_messages=max_messages, max_bytes=max_bytes,
+                                        take_first=take_first, time_ns=time_ns))
 
     def split_points(self, begin: int, stop: int, pieces: int) -> list[int]:
         return [int(p) for p in self._ask("split_points", begin=begin, stop=stop,

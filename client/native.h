@@ -250,16 +250,20 @@ int32_t ss_gather_messages(const uint8_t *term, int32_t term_length, const int32
  * max_messages or its payload bytes exceed max_bytes, unless it is the first and take_first
  * (SS_MESSAGES_LIMIT); when find_time, before the first message whose reserved value (its
  * last frame's; its top bit, the envelope's mark, masked off) is at least time_ns
- * (SS_MESSAGES_TIME).  Returns the term offset after the
- * last message stepped over (a message boundary: never inside a message); *messages and
- * *bytes count those messages and their payload bytes; *reason says why it stopped. */
+ * (SS_MESSAGES_TIME); a message past max_messages is known at its first fragment, so with
+ * max_messages 0 the walk stops at the first message that begins at or after `offset` (whole
+ * or not).  Returns the term offset after the last message stepped over (a message boundary:
+ * never inside a message): from a term's start up to a cut, where the message the cut lies
+ * in begins; *messages and *bytes count those messages and their payload bytes; *reason says
+ * why it stopped; *first_data is the term offset of the first DATA frame (not padding) the
+ * walk came to, the one it stopped at too, counted or not (-1: none). */
 #define SS_MESSAGES_END 0
 #define SS_MESSAGES_LIMIT 1
 #define SS_MESSAGES_TIME 2
 int32_t ss_scan_messages(const uint8_t *term, int32_t offset, int32_t scan_end,
                          int64_t max_messages, int64_t max_bytes, int32_t take_first,
                          int32_t find_time, int64_t time_ns, int64_t *messages, int64_t *bytes,
-                         int32_t *reason);
+                         int32_t *reason, int32_t *first_data);
 
 /* What a parked reader watches for one image: the frame at its subscriber position. */
 typedef struct {

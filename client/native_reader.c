@@ -61,10 +61,11 @@ int32_t ss_gather_messages(const uint8_t *term, int32_t term_length, const int32
 int32_t ss_scan_messages(const uint8_t *term, int32_t offset, int32_t scan_end,
                          int64_t max_messages, int64_t max_bytes, int32_t take_first,
                          int32_t find_time, int64_t time_ns, int64_t *messages, int64_t *bytes,
-                         int32_t *reason) {
+                         int32_t *reason, int32_t *first_data) {
     int64_t count = 0, size = 0, pending = 0;
     int32_t boundary = offset, at = offset, in_message = 0;
     *reason = SS_MESSAGES_END;
+    *first_data = -1;
     while (at <= scan_end - SS_HEADER_LENGTH) {
         int32_t frame_length = LOAD_ACQ((const int32_t *)(term + at));
         /* Another process wrote it: checked before its length moves the walk. */
@@ -79,7 +80,13 @@ int32_t ss_scan_messages(const uint8_t *term, int32_t offset, int32_t scan_end,
             continue;
         }
         const uint8_t flags = term[at + SS_FLAGS_FIELD];
+        if (*first_data < 0) *first_data = at;
         if (flags & SS_BEGIN_FLAG) {
+            /* A message past the count is known at its first fragment, whole or not. */
+            if (!(take_first && count == 0) && count >= max_messages) {
+                *reason = SS_MESSAGES_LIMIT;
+                break;
+            }
             in_message = 1;
             pending = 0;
         }

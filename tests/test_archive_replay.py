@@ -23,10 +23,10 @@ from test_archive import (
     write_config,
 )
 
-from slipstream.archive import ArchiveSettings, segment_files
+from slipstream.archive import ArchiveSettings, RecordSpec, segment_files
 from slipstream.archive.client import ArchiveClient
 from slipstream.archive.reading import RecordingLostError, RecordingReader
-from slipstream.archive.service import ArchiveService
+from slipstream.archive.service import _IDLE_PARK_NS, ArchiveService
 from slipstream.client import Client
 from slipstream.client.holding import CallError, small_channel
 from slipstream.client.layout import (
@@ -296,6 +296,37 @@ def test_bad_calls_are_counted_or_answered_naming_their_cause(driver, tmp_path: 
         finally:
             stopping.set()
             runner.join(10)
+
+
+def test_a_call_wakes_an_idle_archive_at_once_not_after_its_park(driver,
+                                                                   tmp_path: Path) -> None:
+    """An archive recording a stream that is quiet parks on the recording's log; a call that
+    arrives on the control stream ends the park at once (each idle wait with a call waiting
+    returns in well under the park), and the call is then taken."""
+    port = free_port()
+    settings = ArchiveSettings(dir=tmp_path / "archive", driver_dir=driver.directory,
+                               control_port=port, records=(RecordSpec("aeron:ipc", 15),))
+    with ArchiveService(settings) as service, Client.connect(driver.directory) as client:
+        publication = client.add_publication("aeron:ipc", 15)
+        wait_for(lambda: service.do_work() >= 0 and bool(service.recordings),
+                 what="the quiet stream recorded")
+        caller = client.add_publication(
+            small_channel(f"aeron:udp?endpoint=127.0.0.1:{port}"), CONTROL_STREAM)
+        wait_for(lambda: caller.offer(b"\xffnot json") > 0, what="a call offered")
+        assert service.control is not None
+        control = service.control
+        wait_for(lambda: any(i.available_position() > i.position
+                             for i in control.call_images()), what="the call arrived")
+        waits = []
+        for _ in range(5):
+            began = time.monotonic_ns()
+            service.idle()
+            waits.append(time.monotonic_ns() - began)
+        assert sorted(waits)[2] < _IDLE_PARK_NS // 4, waits
+        service.do_work()
+        assert control.malformed == 1
+        caller.close()
+        publication.close()
 
 
 def test_the_local_reader_never_reads_a_frame_past_the_recorded_stop(driver,

@@ -39,7 +39,12 @@ from slipstream.archive import (
 )
 from slipstream.archive.locate import read_session, stitch
 from slipstream.archive.merge import ReplayMerge
-from slipstream.archive.reading import first_message_start, message_end, message_start
+from slipstream.archive.reading import (
+    first_message_start,
+    first_recorded_message,
+    message_end,
+    stop_message_start,
+)
 from slipstream.archive.replication import missing_ranges
 from slipstream.client import Client
 from slipstream.client.layout import (
@@ -197,9 +202,10 @@ def _seam_recording(directory: Path, messages: list[list[int]]
 def test_a_seam_inside_a_message_widens_to_the_whole_message(
         tmp_path: Path, messages: list[list[int]], cut: float) -> None:
     """At any frame boundary p of a recording of fragmented messages (over term ends and
-    their padding): the message a stop at p cuts begins where ``message_start`` says (p at a
+    their padding): the message a stop at p cuts begins where ``stop_message_start`` says (p at a
     message boundary), and the first message that begins at or after p is where
-    ``message_end`` says (p when none is recorded yet)."""
+    ``message_end`` says (p when none is recorded yet), the first of its fragments recorded
+    being enough; the first data frame from p is p inside a message, else that message's."""
     for old in tmp_path.glob("*.rec"):
         old.unlink()
     descriptor, frames, spans = _seam_recording(tmp_path, messages)
@@ -207,13 +213,23 @@ def test_a_seam_inside_a_message_widens_to_the_whole_message(
     cut_message = [begin for begin, end in spans if begin < p < end]
     begins_after = [begin for begin, _ in spans if begin >= p]
     stopped_at_p = descriptor.evolve(stop_position=p)
-    assert message_start(tmp_path, stopped_at_p, p) == (cut_message[0] if cut_message else p)
+    assert stop_message_start(tmp_path, stopped_at_p, p) == (cut_message[0] if cut_message else p)
     assert message_end(tmp_path, descriptor, p, descriptor.stop_position) == \
         (begins_after[0] if begins_after else p)
     # None, not p, when no message begins there yet: the catch-up then waits (a live
     # recording) rather than end a replica inside the message.
     assert first_message_start(tmp_path, descriptor, p, descriptor.stop_position) == \
         (begins_after[0] if begins_after else None)
+    # With the data frames passed over: a fragment at p when p cuts a message, else none
+    # before the message that begins (only padding).
+    assert first_recorded_message(tmp_path, descriptor, p, descriptor.stop_position) == \
+        ((begins_after[0] if begins_after else None),
+         p if cut_message else (begins_after[0] if begins_after else None))
+    if begins_after:  # recorded up to its first fragment only: it begins there already
+        first_fragment = frames.index(begins_after[0])
+        recorded = frames[first_fragment + 1] if first_fragment + 1 < len(frames) else \
+            descriptor.stop_position
+        assert first_message_start(tmp_path, descriptor, p, recorded) == begins_after[0]
 
 
 # -- reading pieces across recordings, frame by frame ----------------------------------------

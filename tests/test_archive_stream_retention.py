@@ -147,3 +147,29 @@ def test_a_bad_record_retention_key_is_refused_by_name(tmp_path: Path, text: str
         load_settings(path)
     assert raised.value.key == key
     assert "record #1" in str(raised.value)
+
+
+def test_a_recording_active_elsewhere_neither_is_cut_nor_cuts_its_streams_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Stream 21, bound at 3 segments: a recording active in the catalog but not this
+    service's (4 segments, which retention may not touch) and a stopped one of 3.  The stopped
+    one is at the bound on its own, so it keeps every segment (counting the other's 4 would
+    take all 3 for nothing); the other keeps its 4, and the log says once that it is outside
+    the bound."""
+    spec = RecordSpec("aeron:ipc", 21, retention_max_bytes=3 * SEGMENT)
+    with Catalog.open(tmp_path) as catalog:
+        elsewhere = _recorded(catalog, tmp_path, 4, stream_id=21, stopped=False, mtime_s=500)
+        stopped = _recorded(catalog, tmp_path, 3, stream_id=21, stopped=True, mtime_s=1_000)
+        with caplog.at_level("WARNING", logger="slipstream.archive"):
+            for _ in range(2):
+                assert apply_retention(catalog, tmp_path, max_bytes=0, max_age_ns=0, live={},
+                                       now_ns=2_000 * S, streams=[spec]) == []
+        assert _kept(tmp_path, stopped) == [0, SEGMENT, 2 * SEGMENT]
+        assert _kept(tmp_path, elsewhere) == [0, SEGMENT, 2 * SEGMENT, 3 * SEGMENT]
+        told = [r.getMessage() for r in caplog.records if "outside" in r.getMessage()]
+        assert len(told) == 1 and f"recording {elsewhere} " in told[0], told
+        # Over the bound by its own segments: cut to it, as any stream.
+        _recorded(catalog, tmp_path, 1, stream_id=21, stopped=True, mtime_s=1_500)
+        removed = apply_retention(catalog, tmp_path, max_bytes=0, max_age_ns=0, live={},
+                                  now_ns=2_000 * S, streams=[spec])
+        assert [p.name for p in removed] == [segment_file_name(stopped, 0)]

@@ -135,7 +135,7 @@ def test_columns_with_64_bit_offsets_are_encoded_as_the_others() -> None:
 
 
 def test_the_scan_for_a_publishers_time_reads_an_envelopes_stamp_without_its_mark() -> None:
-    """ss_scan_messages (what a recording's view searches a time with) stops before the
+    """ss_scan_messages (what a log view searches a time with) stops before the
     first message stamped at or after the time, an enveloped one too (its reserved value
     negative: the envelope bit above the stamp)."""
     from slipstream.client._native import ffi, lib
@@ -145,14 +145,13 @@ def test_the_scan_for_a_publishers_time_reads_an_envelopes_stamp_without_its_mar
         RESERVED_VALUE_ENVELOPE_BIT,
         UNFRAGMENTED,
     )
+    from slipstream.client.retention import walk_term
 
     term = bytearray(4096)
     stamps = [1_000, 2_000 + RESERVED_VALUE_ENVELOPE_BIT, 3_000]
     for i, reserved in enumerate(stamps):
         DATA_HEADER.pack_into(term, 64 * i, 40, 0, UNFRAGMENTED, HDR_TYPE_DATA, 64 * i, 1, 2, 0,
                               reserved)
-    messages, size, reason = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int32_t[1]")
     with ffi.from_buffer(term) as buffer:
-        reached = lib.ss_scan_messages(ffi.cast("uint8_t *", buffer), 0, 192, 2**62, 2**62, 0,
-                                       1, 1_500, messages, size, reason)
-    assert (reached, messages[0], reason[0]) == (64, 1, lib.SS_MESSAGES_TIME)
+        walked = walk_term(ffi.cast("uint8_t *", buffer), 0, 192, time_ns=1_500)
+    assert (walked.boundary, walked.messages, walked.reason) == (64, 1, lib.SS_MESSAGES_TIME)

@@ -6,6 +6,8 @@ recording the stream), and the archive's ``view`` call against the local view
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from slipstream.archive.reading import position_at_time
 from slipstream.archive.view import STAMP_SKEW_MS, RecordingView
 from slipstream.client import Client
 from slipstream.client.holding import CallError
-from slipstream.client.logview import ImageView
+from slipstream.client.logview import ImageView, walk_bound
 
 STREAM = 10
 TERM = 64 * 1024
@@ -56,17 +58,26 @@ def same_place(ends: list[int]):
     return canonical
 
 
+@contextmanager
+def _recording(driver, tmp_path: Path):
+    """An archive in ``tmp_path / "archive"`` recording the stream, a client with a
+    subscription and a publication of it: (control port, client, subscription, publication)
+    once the recording and the image are there."""
+    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", STREAM)])
+    with Client.connect(driver.directory) as client, process:
+        subscription = client.add_subscription(CHANNEL, STREAM)
+        publication = client.add_publication(CHANNEL, STREAM)
+        wait_for_recording(tmp_path / "archive")
+        wait_for(lambda: subscription.images, what="the image")
+        yield port, client, subscription, publication
+
+
 @pytest.fixture
 def recorded(driver, tmp_path: Path):
     """A stream of about 1.6 terms recorded by an archive, its log still mapped by a
     subscription: (image view, recording view, sent, archive control port)."""
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", STREAM)])
     archive_dir = tmp_path / "archive"
-    with Client.connect(driver.directory) as client, process:
-        subscription = client.add_subscription(CHANNEL, STREAM)
-        publication = client.add_publication(CHANNEL, STREAM)
-        wait_for_recording(archive_dir)
-        wait_for(lambda: subscription.images, what="the image")
+    with _recording(driver, tmp_path) as (port, client, subscription, publication):
         sent = []
         for _ in range(4):  # bursts apart: the time index has entries between them
             sent += _publish_stamped(publication, subscription, 25)
@@ -89,8 +100,8 @@ def recorded(driver, tmp_path: Path):
 
 def test_a_recording_answers_as_the_live_log_on_the_same_frames(recorded) -> None:
     """Over the range the live log still holds (crossing a term): scan with message and byte
-    budgets, count_messages, position_at_time, is_retained and split_points give the live
-    log's answers, for ranges and limits drawn by hypothesis."""
+    budgets, count_messages, position_at_time, one walk answer, is_retained and split_points
+    give the live log's answers, for ranges and limits drawn by hypothesis."""
     image, view, sent, _, _ = recorded
     ends = [position for position, _, _ in sent]
     earliest = image.earliest_position()
@@ -117,6 +128,16 @@ def test_a_recording_answers_as_the_live_log_on_the_same_frames(recorded) -> Non
         stamp = data.draw(st.sampled_from(stamps)) + data.draw(st.integers(-1, 1))
         assert place(view.position_at_time(begin, stop, stamp)) == \
             place(image.position_at_time(begin, stop, stamp))
+        # One walk answer, as the view call gives it: by limits, the same place, messages,
+        # bytes and stop; by a time, the same place and stop (a recording's walk may begin
+        # later, where its time index puts it, so it counts from elsewhere).
+        take_first = data.draw(st.booleans())
+        walked, live = (v.walk(begin, stop, rows, size, take_first, None)
+                        for v in (view, image))
+        assert (place(walked.position), walked.messages, walked.bytes, walked.stop) == \
+            (place(live.position), live.messages, live.bytes, live.stop)
+        walked, live = (v.walk(begin, stop, None, None, False, stamp) for v in (view, image))
+        assert (place(walked.position), walked.stop) == (place(live.position), live.stop)
         assert view.is_retained(begin) and image.is_retained(begin)
         pieces = data.draw(st.integers(1, 12))
         points = view.split_points(begin, stop, pieces)
@@ -178,10 +199,15 @@ def test_the_archive_answers_view_calls_as_the_local_view_and_refuses_bad_ones(
         assert remote.is_retained(sent[3][0]) and not remote.is_retained(sent[3][0] + 32)
         for method, args, why in [
                 ("rewind", {}, "method 'rewind' is not one of"),
-                ("scan", {"begin": 0, "available": stop + 32, "max_rows": 1,
-                          "max_bytes": None}, "is not a frame boundary"),
-                ("count_messages", {"begin": 3, "end": stop, "limit": 1},
+                ("walk", {"begin": 0, "end": stop + 32, "max_messages": 1,
+                          "max_bytes": None, "take_first": True, "time_ns": None},
                  "is not a frame boundary"),
+                ("walk", {"begin": 3, "end": stop, "max_messages": 1, "max_bytes": None,
+                          "take_first": False, "time_ns": None}, "is not a frame boundary"),
+                ("walk", {"begin": 0, "end": stop, "max_messages": None, "max_bytes": None,
+                          "take_first": 1, "time_ns": None}, "take_first 1 is not true"),
+                ("scan", {"begin": 0, "available": stop, "max_rows": 1, "max_bytes": None},
+                 "method 'scan' is not one of"),
                 ("split_points", {"begin": 0, "stop": stop, "pieces": 10**6}, "pieces")]:
             with pytest.raises(CallError, match=why):
                 archive.view(view.recording_id, method, args)
@@ -234,13 +260,7 @@ def test_a_live_recording_is_asked_up_to_its_recorded_position(driver, tmp_path:
     """While it records: the archive answers up to the recorded position (its counter),
     the last whole message there is what is available, and a question past it is refused
     naming the bound."""
-    port, process = start_archive(tmp_path, driver.directory, [("aeron:ipc", STREAM)])
-    archive_dir = tmp_path / "archive"
-    with Client.connect(driver.directory) as client, process:
-        subscription = client.add_subscription(CHANNEL, STREAM)
-        publication = client.add_publication(CHANNEL, STREAM)
-        wait_for_recording(archive_dir)
-        wait_for(lambda: subscription.images, what="the image")
+    with _recording(driver, tmp_path) as (port, client, subscription, publication):
         sent = _publish_stamped(publication, subscription, 60)
         last = sent[-1][0]
         with ArchiveClient(client, "127.0.0.1", port, timeout_s=10) as archive:
@@ -255,6 +275,52 @@ def test_a_live_recording_is_asked_up_to_its_recorded_position(driver, tmp_path:
             assert remote.scan(0, last, 10, None) == sent[9][0]
             with pytest.raises(CallError, match=f"not a frame boundary of this log held "
                                                 f"here, \\[0, {last}\\]"):
-                archive.view(0, "scan", {"begin": 0, "available": last + 32, "max_rows": 1,
-                                         "max_bytes": None})
+                archive.view(0, "walk", {"begin": 0, "end": last + 32, "max_messages": 1,
+                                         "max_bytes": None, "take_first": True,
+                                         "time_ns": None})
         publication.close()
+
+
+def test_a_question_over_a_long_recording_is_answered_in_bounded_walks(
+        driver, tmp_path: Path) -> None:
+    """A recording of 10 terms and more, asked for the whole of it (every message counted,
+    scanned with no limit, a time after every stamp, and before the first): each answer of
+    the archive walks at most ``walk_bound`` bytes (four terms) and says where it stopped,
+    and the caller's loop asks again from there until the answer is the whole one, the
+    local view's."""
+    archive_dir = tmp_path / "archive"
+    with _recording(driver, tmp_path) as (port, client, subscription, publication):
+        sent = []
+        while not sent or sent[-1][0] < 10 * TERM:
+            sent += _publish_stamped(publication, subscription, 100)
+        publication.close()
+        descriptor = wait_for_recording(archive_dir, ended=True)
+        stop = descriptor.stop_position
+        assert stop == sent[-1][0]
+        bound = walk_bound(TERM)
+        assert stop > 2 * bound, "the range crosses the bound of one answer twice"
+        with ArchiveClient(client, "127.0.0.1", port, timeout_s=10) as archive, \
+                RecordingView(archive_dir, descriptor, stop) as local:
+            answer = archive.view(0, "walk", {"begin": 0, "end": stop, "max_messages": None,
+                                              "max_bytes": None, "take_first": False,
+                                              "time_ns": None})
+            assert answer["stop"] == "more"
+            assert bound - TERM < answer["position"] <= bound
+            assert answer["messages"] == sum(1 for p, _, _ in sent if p <= answer["position"])
+            remote = archive.recording_view(archive.describe(0))
+            asked: list[dict] = []
+            ask = remote._ask
+            remote._ask = lambda method, **args: asked.append(args) or ask(method, **args)
+            assert remote.count_messages(0, stop, 2**62) == len(sent) == \
+                local.count_messages(0, stop, 2**62)
+            assert len(asked) >= stop // bound + 1
+            assert all(b["begin"] - a["begin"] <= bound for a, b in pairwise(asked))
+            assert remote.scan(0, stop, None, None) == stop == local.scan(0, stop, None, None)
+            assert remote.scan(0, stop, len(sent) - 1, None) == sent[-2][0]
+            size = sum(length for _, length, _ in sent[:-3])
+            assert remote.scan(0, stop, None, size) == sent[-4][0] == \
+                local.scan(0, stop, None, size)
+            assert remote.position_at_time(0, stop, sent[-1][2] + 1) == stop
+            assert remote.position_at_time(0, stop, sent[-2][2]) == \
+                local.position_at_time(0, stop, sent[-2][2])
+            assert remote.position_at_time(0, stop, sent[0][2] - 10**9) == 0
