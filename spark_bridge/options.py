@@ -44,8 +44,7 @@ READ_OPTIONS = ("startingPosition", "endingPosition", "startingTimestamp", "endi
                 "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs", "archive",
                 "archiveDir",
                 "startingOffsetsByTimestamp",
-                "startingOffsetsByTimestampStrategy")
-READ_OPTIONS += ("includeHeaders",)
+                "startingOffsetsByTimestampStrategy", "includeHeaders")
 WRITE_OPTIONS = ("offerTimeoutMs", "durableTimeoutMs")
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
