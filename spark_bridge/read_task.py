@@ -34,10 +34,10 @@ from slipstream.spark_bridge.archived import (
     archive_client_for,
     forget_archive_client,
 )
-from slipstream.spark_bridge.envelope import decode_batch, headers_type
+from slipstream.spark_bridge.envelope import MalformedEnvelopeError, decode_batch, headers_type
 
-__all__ = ["HEADERS_COLUMN", "SCHEMA", "MalformedEnvelopeError", "SlipstreamDataLossError",
-           "SlipstreamPartition", "loss_message", "read_range", "schema_text"]
+__all__ = ["HEADERS_COLUMN", "SCHEMA", "SlipstreamDataLossError", "SlipstreamPartition",
+           "loss_message", "read_range", "schema_text"]
 
 log = logging.getLogger("slipstream.spark_bridge")
 
@@ -77,11 +77,6 @@ _ROWS_PER_BATCH = 4096  # rows per Arrow record batch leaving read(): one C scan
 
 class SlipstreamDataLossError(SlipstreamError):
     """Positions a query must read are no longer in the log (failOnDataLoss=true)."""
-
-
-class MalformedEnvelopeError(SlipstreamError):
-    """A message marked as enveloped does not decode: the text names its stream, session,
-    position and why, and how many of its batch do not."""
 
 
 class SlipstreamPartition(InputPartition):

@@ -239,3 +239,34 @@ def test_the_reported_latest_offset_holds_each_sessions_lag_and_kafkas_min_max_a
                                    sb: {"messages": 0, "bytes": 0}}
     finally:
         planner.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_malformed_envelope_read_by_a_task_raises_the_packages_one_error_class(
+        driver, driver_dir, client) -> None:
+    """A read task that meets a message marked as enveloped that does not decode raises the
+    one MalformedEnvelopeError the package exports (envelope.py's), so that a user's
+    ``except`` catches it whichever layer found it."""
+    from slipstream.client.layout import RESERVED_VALUE_ENVELOPE_BIT
+    from slipstream.spark_bridge import MalformedEnvelopeError, envelope
+
+    assert MalformedEnvelopeError is envelope.MalformedEnvelopeError
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    planner = reader(driver_dir, channel=channel, startingOffsets="earliest")
+    try:
+        start = planner.initialOffset()
+        publication = client.add_publication(channel, STREAM)
+        wait_for(lambda: len(planner._images()) == 1, what="the session")
+        start = planner.latestOffset(start, ReadAllAvailable())
+        wait_for(lambda: publication.offer(b"\x01\x40\x00\x00\x00abc",
+                                           reserved_value=RESERVED_VALUE_ENVELOPE_BIT) > 0,
+                 what="the malformed message offered")
+        wait_for(lambda: next(iter(planner._images().values())).available_position() > 0,
+                 what="the message")
+        end = planner.latestOffset(start, ReadAllAvailable())
+        with pytest.raises(envelope.MalformedEnvelopeError,
+                           match=f"session {publication.session_id}: the message ending at"):
+            for partition in planner.partitions(start, end):
+                list(read_range(partition))
+    finally:
+        planner.stop()
