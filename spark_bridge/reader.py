@@ -857,7 +857,10 @@ class SlipstreamBatchReader(DataSourceReader):
                 stream_id: int, session_id: int, framing: tuple[int, int], earliest: int,
                 available: int) -> tuple[int, int]:
         """``[begin, stop)`` of one session whose log (``view``, None when only the archives
-        hold it) or archives hold ``[earliest, available)``."""
+        hold it) or archives hold ``[earliest, available)``.  A session only the archives
+        hold with no message at or after ``startingTimestamp`` (it ended before) is empty;
+        one a starting time names, or the hold has a log of, with none there is handled as
+        ``startingOffsetsByTimestampStrategy`` says."""
         options = self.options
         starting = options.starting_position if "startingPosition" in options.given \
             else "earliest"
@@ -877,9 +880,12 @@ class SlipstreamBatchReader(DataSourceReader):
         if time_ns is not None:
             found = position_at_time(view, archives, stream_id, session_id, framing, time_ns,
                                      stop)
-            if found is None:
+            if found is None and (view is not None or
+                                  (stream_id, session_id) in options.starting_timestamps_ns):
                 no_message_at_time(options, stream_id, session_id, time_ns,
                                    f"[{earliest}, {stop})")
+            # One only the archives hold, reached by startingTimestamp alone, ended before
+            # the time: left out (an empty range), as a stream started then leaves it out.
             begin = stop if found is None else found
         elif starting == "latest" or (isinstance(starting, dict) and
                                       starting.get(sid) == LATEST):

@@ -339,3 +339,60 @@ def test_spark_read_with_only_an_archive_returns_an_ended_session_whole(
     finally:
         spark.stop()
     assert [int(bytes(row.value)[:8]) for row in rows] == sent
+
+
+def batch_read(hosts: Hosts, archives: list[Archive], **given: str  # noqa: F811
+               ) -> dict[int, list[int]]:
+    """A batch read with ``archive`` (and archiveDir) and no holder, planned and read as
+    Spark does: the numbers read, per session."""
+    options = parse_options({"streamId": str(STREAM), "channel": hosts.channel,
+                             "directory": str(hosts.directories["ingest"]),
+                             "archive": archives[0].endpoint,
+                             "archiveDir": str(archives[0].directory),
+                             "replayTimeoutMs": "3000", **given})
+    options.check_read_kind(streaming=False)
+    by_session: dict[int, list[int]] = {}
+    for partition in SlipstreamBatchReader(options).partitions():
+        partition.directory = str(hosts.directories["ingest"])
+        for batch in read_range(partition):
+            by_session.setdefault(partition.session_id, []).extend(
+                int(value[:8]) for value in batch.column("value").to_pylist())
+    return by_session
+
+
+def test_a_batch_read_at_a_starting_timestamp_leaves_out_a_session_that_ended_before_it(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """A session recorded over two terms ended before T; the live one published before and
+    after T.  A batch read from the archive at startingTimestamp T (strategy error) reads the
+    live session's messages from T and leaves the ended one out, as a stream started at T
+    does; named by startingOffsetsByTimestamp, that session still fails the read."""
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    publish_stamped(hosts, 2 * MESSAGES_PER_TERM, ended)
+    ended.close()
+    publish_stamped(hosts, 100)
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    time.sleep(0.05)
+    at_ms = time.time_ns() // 1_000_000 + 1
+    time.sleep(0.01)
+    after = publish_stamped(hosts, 60)
+    live = hosts.publication.session_id  # type: ignore[union-attr]
+    read: dict[int, list[int]] = {}
+
+    def all_recorded() -> bool:
+        read.clear()
+        read.update(batch_read(hosts, archives, startingTimestamp=str(at_ms)))
+        return read.get(live, [])[-1:] == after[-1:]
+
+    wait_for(all_recorded, timeout=20, what="the live session's messages recorded")
+    assert set(read) <= {live, ended.session_id}
+    assert read.get(ended.session_id, []) == []
+    assert read[live] == after
+    by_time = {str(STREAM): {str(ended.session_id): at_ms}}
+    with pytest.raises(SlipstreamError, match=f"session {ended.session_id}: no message "
+                                              f"stamped at or after {at_ms} ms"):
+        batch_read(hosts, archives, startingOffsetsByTimestamp=json.dumps(by_time))
