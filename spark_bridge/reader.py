@@ -298,11 +298,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if isinstance(starting, dict):  # startingOffsets' object: a session it names
             named = starting.get(offset_key(self.options, view.stream_id, view.session_id))
             if named is not None and named >= 0:
-                where = (f"slipstream stream {view.stream_id} session {view.session_id}: "
-                         f"{self.options.name_of('startingPosition')} {named}")
-                if named > view.available_position():
-                    raise SlipstreamError(f"{where} is past the last whole message its log "
-                                          f"holds ({view.available_position()})")
+                if at_start and named > view.available_position():
+                    # A session of the query's start: a position past its log is a mistake.
+                    # One that appears later starts at it once its publisher gets there.
+                    raise SlipstreamError(
+                        f"slipstream stream {view.stream_id} session {view.session_id}: "
+                        f"{self.options.name_of('startingPosition')} {named} is past the "
+                        f"last whole message its log holds ({view.available_position()})")
                 return named
             starting = "earliest" if named == EARLIEST else "latest"
         if starting == "earliest":
@@ -574,7 +576,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._losses.report(("gone", sid, log_of(start[sid])), message,
                                     "The session leaves the offsets")
         # Batches before start ran and are in the commit log.
-        foreign = self._consumed(images, start)
+        foreign = self._consumed(images, start, self._named_starts())
         for sid, reason in foreign.items():
             image = images[sid]
             message = (f"the checkpoint's offset {position_of(start[sid])} for session {sid} "
@@ -781,15 +783,25 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def commit(self, end: dict[str, object]) -> None:
         """Spark processed everything before ``end``: return its credit (see the module
         documentation for why ``latestOffset`` does so too)."""
-        for sid, reason in self._consumed(self._images(), self._rekeyed(end)).items():
+        for sid, reason in self._consumed(self._images(), self._rekeyed(end),
+                                          self._named_starts()).items():
             # latestOffset(start=end) says what to do about it, in the next batch.
             log.warning("commit: the offset %s of session %s is not a position of its log "
                         "(%s): the subscriber position stays where it is", end[sid], sid, reason)
 
+    def _named_starts(self) -> dict[str, int]:
+        """The positions ``startingOffsets``' JSON object names, per session (none: {})."""
+        starting = self.options.starting_position
+        return {} if not isinstance(starting, dict) else \
+            {sid: named for sid, named in starting.items() if named >= 0}
+
     @staticmethod
-    def _consumed(images: dict[str, LogView], offsets: dict[str, object]) -> dict[str, str]:
+    def _consumed(images: dict[str, LogView], offsets: dict[str, object],
+                  named_starts: dict[str, int] | None = None) -> dict[str, str]:
         """The query is done with everything before ``offsets``: move each image's subscriber
-        position there (never backwards), returning the credit to the publishers.
+        position there (never backwards), returning the credit to the publishers.  A
+        session's offset at the start ``named_starts`` names for it, past what its log holds yet,
+        moves it only to what the log holds (the query waits there for its publisher).
 
         Returns, per session whose offset is no position of its image's log (the offset
         names another log, lies beyond what the log holds, or where no message begins), why;
@@ -806,7 +818,10 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                 f"term length {named[1]}; this session's log has "
                                 f"{image.identity.describe()}")
                 continue
-            why = image.advance_to(position_of(entry))
+            position = position_of(entry)
+            if named_starts and named_starts.get(sid) == position:
+                position = min(position, image.available_position())
+            why = image.advance_to(position)
             if why is not None:
                 foreign[sid] = why
         return foreign

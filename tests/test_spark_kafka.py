@@ -270,3 +270,44 @@ def test_a_malformed_envelope_read_by_a_task_raises_the_packages_one_error_class
                 list(read_range(partition))
     finally:
         planner.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_session_named_in_starting_offsets_that_appears_later_starts_at_its_position(
+        driver, driver_dir, client) -> None:
+    """startingOffsets names a session that has no publisher when the query starts, at a
+    position past its first messages: when it appears, a few messages short of that
+    position, it enters there (the query does not fail), and is read from there on once its
+    publisher passes it; messages before the position are never read."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    session_id = 424242
+    named = 30 * FRAME
+    offsets = {str(STREAM): {str(session_id): named}}
+    planner = reader(driver_dir, channel=channel, startingOffsets=json.dumps(offsets))
+    try:
+        start = planner.initialOffset()
+        assert str(session_id) not in start
+        late = client.add_exclusive_publication(f"{channel}|session-id={session_id}", STREAM)
+        wait_for(lambda: str(session_id) in planner._images(), what="the late session")
+        publish(late, 10, 0)
+        wait_for(lambda: planner._images()[str(session_id)].available_position() ==
+                 10 * FRAME, what="its first messages")
+        end = planner.latestOffset(start, ReadAllAvailable())
+        assert position_of(end[str(session_id)]) == named
+        planner.commit(end)
+        start = end
+        publish(late, 40, 10)
+        read: list[int] = []
+        deadline = 50 * FRAME
+        while not read or read[-1] < 49:
+            wait_for(lambda: planner._images()[str(session_id)].available_position() >
+                     position_of(start[str(session_id)]) or
+                     position_of(start[str(session_id)]) == deadline, what="more messages")
+            end = planner.latestOffset(start, ReadAllAvailable())
+            read += [int(bytes(v)[:8]) for p in planner.partitions(start, end)
+                     for batch in read_range(p) for v in batch.column("value").to_pylist()]
+            planner.commit(end)
+            start = end
+        assert read == list(range(30, 50))
+    finally:
+        planner.stop()
