@@ -396,3 +396,46 @@ def test_a_batch_read_at_a_starting_timestamp_leaves_out_a_session_that_ended_be
     with pytest.raises(SlipstreamError, match=f"session {ended.session_id}: no message "
                                               f"stamped at or after {at_ms} ms"):
         batch_read(hosts, archives, startingOffsetsByTimestamp=json.dumps(by_time))
+
+
+def test_a_read_task_closed_early_stops_its_archive_replay_at_once(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """A task reading an ended session's six terms replayed from the archive (on a host
+    without the archive's directory) is closed after its first batch, as Spark closes a
+    cancelled task's iterator: the archive's replay stops then, not when the garbage
+    collector happens to find the reader (collection is off while this is checked)."""
+    import gc
+
+    from slipstream.archive.client import ArchiveClient
+    from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
+    from slipstream.client import Client
+
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    publish_stamped(hosts, 6 * MESSAGES_PER_TERM, ended)
+    ended.close()
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    options = parse_options({"streamId": str(STREAM), "channel": hosts.channel,
+                             "directory": str(hosts.directories["ingest"]),
+                             "archive": archives[0].endpoint, "replayTimeoutMs": "3000"})
+    partition = next(p for p in SlipstreamBatchReader(options).partitions()
+                     if p.session_id == ended.session_id)
+    partition.directory = str(hosts.directories["spark"])
+    with Client.connect(hosts.directories["ingest"]) as client, \
+            ArchiveClient(client, "127.0.0.1", archives[0].port,
+                          DEFAULT_CONTROL_STREAM_ID, timeout_s=5) as archive:
+        rows = read_range(partition)
+        gc.disable()
+        try:
+            first = next(rows)
+            assert first.num_rows > 0
+            assert archive._call("replays"), "no replay under way after the first batch"
+            rows.close()
+            wait_for(lambda: not archive._call("replays"), timeout=3,
+                     what="the replay stopped")
+        finally:
+            gc.enable()
