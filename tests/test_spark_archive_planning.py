@@ -439,3 +439,35 @@ def test_a_read_task_closed_early_stops_its_archive_replay_at_once(
                      what="the replay stopped")
         finally:
             gc.enable()
+
+
+def test_a_time_searched_before_an_end_older_than_the_log_is_not_found_past_that_end(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """The first message stamped at or after T is the 100th; ten terms later the log holds
+    nothing near it.  Searched before an end at the 50th message (older than the log), the
+    time has no message there: the archives are not searched past that end."""
+    from slipstream.spark_bridge.planning import position_at_time
+
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    publish_stamped(hosts, 100)
+    time.sleep(0.05)
+    at_ns = time.time_ns()
+    time.sleep(0.01)
+    publish_stamped(hosts, 10 * MESSAGES_PER_TERM)
+    query = planner(hosts, archives[:1], in_place=True)
+    try:
+        query.initialOffset()
+        session = hosts.publication.session_id  # type: ignore[union-attr]
+        view = query._images()[str(session)]
+        framing = view.identity.framing
+        assert view.earliest_position() > 100 * 160 + 5 * TERM, "the log still holds T"
+        wait_for(lambda: position_at_time(view, query._archives, STREAM, session, framing,
+                                          at_ns) == 100 * 160,
+                 timeout=20, what="T found in the archive")
+        assert position_at_time(view, query._archives, STREAM, session, framing, at_ns,
+                                50 * 160) is None
+        assert position_at_time(view, query._archives, STREAM, session, framing, at_ns,
+                                150 * 160) == 100 * 160
+    finally:
+        query.stop()
