@@ -285,14 +285,12 @@ def test_a_batch_read_needs_a_holder_or_an_archive(hosts: Hosts) -> None:  # noq
     ({"startingOffsetsByTimestamp": '{"77": {"1": 5}}'}, "stream 77 is not one this reader"),
     ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"x": 5}}}}'}, "'x' is not a session"),
     ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"1": -5}}}}'}, "-5 is not accepted"),
-    ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"1": 5}}}}', "startingTimestamp": "5"},
-     "and startingTimestamp both say"),
     ({"startingOffsetsByTimestampStrategy": "earliest"}, "accepted: error, latest"),
 ])
 def test_bad_starting_times_are_refused_naming_the_option(given: dict[str, str], said: str
                                                           ) -> None:
-    """A starting time per session that is not Kafka's form, names a stream the reader does
-    not read, or comes with startingTimestamp; a strategy not known: refused naming it."""
+    """A starting time per session that is not Kafka's form or names a stream the reader
+    does not read; a strategy not known: refused naming it."""
     from slipstream.spark_bridge.options import OptionError
 
     name = "startingOffsetsByTimestampStrategy" if "Strategy" in next(iter(given)) \

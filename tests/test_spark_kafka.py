@@ -297,17 +297,82 @@ def test_a_session_named_in_starting_offsets_that_appears_later_starts_at_its_po
         planner.commit(end)
         start = end
         publish(late, 40, 10)
-        read: list[int] = []
-        deadline = 50 * FRAME
-        while not read or read[-1] < 49:
-            wait_for(lambda: planner._images()[str(session_id)].available_position() >
-                     position_of(start[str(session_id)]) or
-                     position_of(start[str(session_id)]) == deadline, what="more messages")
-            end = planner.latestOffset(start, ReadAllAvailable())
-            read += [int(bytes(v)[:8]) for p in planner.partitions(start, end)
-                     for batch in read_range(p) for v in batch.column("value").to_pylist()]
-            planner.commit(end)
-            start = end
+        wait_for(lambda: planner._images()[str(session_id)].available_position() ==
+                 50 * FRAME, what="its next messages")
+        end = planner.latestOffset(start, ReadAllAvailable())
+        read = [int(bytes(v)[:8]) for p in planner.partitions(start, end)
+                for batch in read_range(p) for v in batch.column("value").to_pylist()]
         assert read == list(range(30, 50))
     finally:
         planner.stop()
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "batch"])
+def test_timestamp_options_take_precedence_over_offsets_as_in_kafkas_source(
+        streaming: bool) -> None:
+    """Kafka's source takes startingTimestamp over startingOffsetsByTimestamp and
+    startingOffsets, and endingTimestamp over endingOffsets: a Kafka query giving both runs
+    unchanged, the timestamp deciding (each option given is still checked)."""
+    offsets = json.dumps({str(STREAM): {"7": 256}})
+    given = {"streamId": str(STREAM), "archive": "127.0.0.1:8010",
+             "startingOffsets": offsets, "startingTimestamp": "1700000000000",
+             "startingOffsetsByTimestamp": json.dumps({str(STREAM): {"7": 1600000000000}})}
+    if not streaming:
+        given |= {"endingOffsets": offsets, "endingTimestamp": "1800000000000"}
+    options = parse_options(given)
+    options.check_read_kind(streaming=streaming)
+    assert options.starting_timestamp_ns == 1700000000000 * 10**6
+    assert options.starting_timestamps_ns == {}
+    assert options.starting_position == "latest"
+    if not streaming:
+        assert options.ending_timestamp_ns == 1800000000000 * 10**6
+        assert options.ending_position == "latest"
+    by_time = parse_options({"streamId": str(STREAM), "startingOffsets": offsets,
+                             "startingOffsetsByTimestamp": json.dumps(
+                                 {str(STREAM): {"7": 1600000000000}})})
+    by_time.check_read_kind(streaming=True)
+    assert by_time.starting_timestamps_ns == {(STREAM, 7): 1600000000000 * 10**6}
+    with pytest.raises(OptionError, match="'startingTimestamp'"):
+        parse_options({**given, "startingTimestamp": "soon"})
+
+
+@pytest.mark.timeout(120)
+def test_a_stream_given_starting_offsets_and_a_timestamp_starts_at_the_timestamp(
+        driver, driver_dir, client) -> None:
+    """startingOffsets=earliest with startingTimestamp T, as a Kafka query may give them: the
+    session starts at its first message stamped at or after T, not at its oldest."""
+    import time
+
+    from slipstream.spark_bridge import SlipstreamDataSource
+
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    holder = reader(driver_dir, channel=channel)  # holds the stream from the first message
+    try:
+        holder.initialOffset()
+        publication = client.add_publication(channel, STREAM)
+        wait_for(lambda: len(holder._images()) == 1, what="the session")
+
+        def stamped(count: int, first: int) -> None:
+            for i in range(first, first + count):
+                data = f"{i:08d}".encode().ljust(FRAME - 32, b".")
+                wait_for(lambda d=data: publication.offer(
+                    d, reserved_value=time.time_ns()) > 0, what="an offer")
+
+        stamped(20, 0)
+        time.sleep(0.05)
+        at_ms = time.time_ns() // 1_000_000 + 1
+        time.sleep(0.01)
+        stamped(20, 20)
+        wait_for(lambda: next(iter(holder._images().values())).available_position() ==
+                 40 * FRAME, what="the messages")
+        planner = SlipstreamDataSource({
+            "streamId": str(STREAM), "directory": str(driver_dir), "channel": channel,
+            "holderAddress": "127.0.0.1", "startingOffsets": "earliest",
+            "startingTimestamp": str(at_ms)}).streamReader(None)  # as Spark makes it
+        try:
+            start = planner.initialOffset()
+            assert position_of(start[str(publication.session_id)]) == 20 * FRAME
+        finally:
+            planner.stop()
+    finally:
+        holder.stop()
