@@ -443,6 +443,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                        if (view.stream_id, view.session_id) in options.starting_timestamps_ns
                        or (isinstance(starting, dict) and starting.get(sid, LATEST) != LATEST)}
         self._start_recorded_at_time(images, offsets)
+        self._start_recorded_at_positions(images, offsets)
         if self._archives is not None:
             # Sessions recorded from now on are read from their first message; with
             # earliest, every session the archives hold is.
@@ -486,6 +487,52 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 no_message_at_time(options, stream_id, session_id, time_ns,
                                    f"the hold at {self._hold.host}, which has no log of it, "
                                    f"or the archives")
+
+    def _start_recorded_at_positions(self, images: dict[str, LogView],
+                                     offsets: dict[str, object]) -> None:
+        """At a query's start, the sessions ``startingOffsets``' JSON object names (at a
+        position, or ``-2``) that the hold has no log of: one the archives recorded enters
+        ``offsets`` at that position (``-2``: the oldest they hold of it without a hole; its
+        log's framing from its newest recording) and is read from them from the first batch
+        on; one named past what they recorded of it, when it is recorded no more, is
+        refused naming it.  One that no archive has (or none answered about) is waited for:
+        it starts at the named position when it appears, and a warning names it."""
+        options = self.options
+        starting = options.starting_position
+        if not isinstance(starting, dict):
+            return
+        assert self._hold is not None
+        for sid, named in sorted(starting.items()):
+            stream_id, session_id = key_parts(options, sid)
+            if named == LATEST or sid in images or sid in offsets or \
+                    (stream_id, session_id) in options.starting_timestamps_ns:
+                continue
+            where = (f"slipstream stream {stream_id} session {session_id}: "
+                     f"{options.name_of('startingPosition')} {named}")
+            recordings = [] if self._archives is None else \
+                self._archives.recorded_sessions(stream_id).get(session_id, [])
+            if not recordings:
+                held = "its hold" if self._archives is None else "its hold or the archives"
+                log.warning("%s: no session %d of stream %d at %s now: it starts there if it "
+                            "appears", where, session_id, stream_id, held)
+                continue
+            assert self._archives is not None
+            newest = max(recordings, key=lambda r: r.descriptor.start_time_ms).descriptor
+            framing = (newest.initial_term_id, newest.term_length)
+            of_log = [r for r in recordings
+                      if (r.descriptor.initial_term_id, r.descriptor.term_length) == framing]
+            recorded = max(r.recorded_position for r in of_log)
+            if named == EARLIEST:
+                earliest = self._archives.earliest(stream_id, session_id, framing, recorded)
+                position = min(r.descriptor.start_position for r in of_log) \
+                    if earliest is None else earliest
+            else:
+                position = named
+                if position > recorded and not any(r.is_active for r in of_log):
+                    raise SlipstreamError(f"{where} is past what the archives recorded of "
+                                          f"it ({recorded}; it ended)")
+            offsets[sid] = {"position": position, "log": [*framing],
+                            "holder": f"{self._hold.host}/{self._hold.driver}"}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """maxMessagesPerTrigger (also applies maxBytesPerTrigger if set), else

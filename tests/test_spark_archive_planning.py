@@ -469,3 +469,49 @@ def test_a_time_searched_before_an_end_older_than_the_log_is_not_found_past_that
                                 150 * 160) == 100 * 160
     finally:
         query.stop()
+
+
+def test_a_stream_started_at_json_offsets_reads_a_named_session_only_the_archive_holds(
+        hosts: Hosts, archives: list[Archive], caplog) -> None:  # noqa: F811
+    """A session published two terms and ended; the archive holds it, the log does not.  A
+    stream whose startingOffsets names it at its 100th message reads it from there to its
+    end from the archive, once each, in order; a session named that nobody has is waited
+    for, with a warning naming it; one named past the ended session's end is refused."""
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    sent = publish_stamped(hosts, 2 * MESSAGES_PER_TERM, ended)
+    ended.close()
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    nobody = 4711
+    offsets = {str(STREAM): {str(ended.session_id): 100 * 160, str(nobody): 0}}
+    query = planner(hosts, archives[:1], in_place=True, startingOffsets=json.dumps(offsets))
+    try:
+        wait_for(lambda: str(ended.session_id) not in query._images(), timeout=30,
+                 what="the ended session's image gone from the log")
+        with caplog.at_level("WARNING", logger="slipstream.spark_bridge"):
+            start = query.initialOffset()
+        assert int(start[str(ended.session_id)]["position"]) == 100 * 160
+        assert str(nobody) not in start
+        assert f"session {nobody}: startingOffsets 0: no session {nobody}" in caplog.text
+        read, _, planned = batches(query, start, hosts, time.monotonic() + 60,
+                                   len(sent) - 100)
+    finally:
+        query.stop()
+    assert read == sent[100:]
+    assert all(p.archived is not None for partitions in planned for p in partitions
+               if p.session_id == ended.session_id)
+    past = {str(STREAM): {str(ended.session_id): (len(sent) + 10) * 160}}
+    query = planner(hosts, archives[:1], in_place=True, startingOffsets=json.dumps(past))
+    try:
+        wait_for(lambda: str(ended.session_id) not in query._images(), timeout=30,
+                 what="the ended session's image gone from the log")
+        with pytest.raises(SlipstreamError, match=f"session {ended.session_id}: "
+                                                  f"startingOffsets {(len(sent) + 10) * 160} "
+                                                  f"is past what the archives recorded"):
+            query.initialOffset()
+    finally:
+        query.stop()
