@@ -1052,12 +1052,18 @@ class SlipstreamBatchReader(DataSourceReader):
                                     self.options.replay_timeout_ms / 1000)
                 silent = [endpoint for stream_id in self.options.stream_ids
                           for endpoint in archives.silent(stream_id)]
-                if silent and self.options.holder is None:
+                if silent:
+                    # With a holder too: the sessions only it recorded (ended ones), and what
+                    # the log no longer holds, would be left out of the read without a word.
+                    missing = "what it recorded would be missing from the read" \
+                        if self.options.holder is None else \
+                        "the sessions only it recorded, and what the holder's log no longer " \
+                        "holds, would be missing from the read"
                     raise SlipstreamError(
                         f"slipstream: the archive{'s' if len(silent) > 1 else ''} "
                         f"{', '.join(f'{a}:{p}' for a, p, _ in sorted(set(silent)))} did not "
-                        f"answer within replayTimeoutMs: is it running, and its control port "
-                        f"open?")
+                        f"answer within replayTimeoutMs ({missing}): is it running, and its "
+                        f"control port open?")
             start, end = self._ranges(hold, views, losses, archives)
             return plan_partitions(self.options, hold, views, start, end, losses, archives)
         finally:

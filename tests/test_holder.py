@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, wait_for
+from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from slipstream.client import Client
+from slipstream.client import Client, SlipstreamError
 from slipstream.client.holder import HOLDER_CONTROL_STREAM
 from slipstream.client.holding import CallError, HolderLink, small_channel
 from slipstream.daemon.driver import MediaDriver
@@ -391,3 +391,22 @@ def test_holder_options_are_checked() -> None:
                       ).check_read_kind(streaming=False)
     assert SlipstreamDataLossError  # the batch reader's loss error is the stream's
     assert position_of({"position": 64}) == 64
+
+
+def test_a_batch_read_through_the_holder_refuses_an_archive_that_does_not_answer(
+        ingest: Ingest) -> None:
+    """A batch read naming the holder and an archive that does not answer: refused naming the
+    archive (the sessions only it recorded would be missing), not read short in silence."""
+    planner = SlipstreamStreamReader(parse_options(ingest.options()))
+    try:
+        planner.initialOffset()  # the query holds the stream at the holder
+        assert ingest.publish(50) == 50
+        wait_for(lambda: planner.reportLatestOffset(), what="the session at the holder")
+        silent = f"127.0.0.1:{free_port()}"
+        with pytest.raises(SlipstreamError, match=f"the archive {silent} did not answer "
+                                                  f"within replayTimeoutMs .*sessions only "
+                                                  f"it recorded"):
+            SlipstreamBatchReader(parse_options(ingest.options(
+                archive=silent, replayTimeoutMs="1000"))).partitions()
+    finally:
+        planner.stop()
