@@ -759,18 +759,49 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         images = self._images()
         latest: dict[str, object] = {sid: view.available_position()
                                      for sid, view in images.items()}
+        archived = self._archived_latest(images, self._planned_end)
+        latest.update({sid: reach for sid, reach in archived.items()})
         if latest and self._planned_end is not None:
-            latest[LAG] = self._lag_behind(images, self._planned_end)
+            latest[LAG] = self._lag_behind(images, self._planned_end, archived)
         return latest
 
-    def _lag_behind(self, images: dict[str, LogView], end: dict[str, object]
-                    ) -> dict[str, object]:
-        """Per session with an image, and over them all as Kafka's source reports its lag
-        (min / max / avg offsets behind latest), what is available past ``end``: whole
-        messages and stream bytes (frames with their headers).  Counting costs one pass
-        over at most :data:`_LAG_COUNTED` messages a session; a session further behind, or
-        behind what its log still holds (read from the archives), has its count estimated
-        from the messages' mean length, and ``estimated`` says so."""
+    def _archived_latest(self, images: dict[str, LogView], end: dict[str, object] | None
+                         ) -> dict[str, int]:
+        """The sessions of ``end`` read from the archives alone (their image is gone), and
+        how far the archives hold each without a hole from its offset."""
+        if self._archives is None or end is None:
+            return {}
+        found: dict[str, int] = {}
+        for sid, entry in end.items():
+            framing = None if sid == ARCHIVED_SINCE or sid in images or \
+                _is_finished(entry) else log_of(entry)
+            if framing is None:
+                continue
+            stream_id, session_id = key_parts(self.options, sid)
+            pieces = self._archives.pieces(stream_id, session_id, framing,
+                                           position_of(entry), None)
+            if pieces:
+                found[sid] = max(pieces[-1].end, position_of(entry))
+        return found
+
+    def _counted_archived(self, sid: str, framing: tuple[int, int], begin: int, end: int,
+                          limit: int) -> tuple[int, int]:
+        """:meth:`Archives.count_messages` of session ``sid`` (none without archives)."""
+        if self._archives is None or end <= begin:
+            return 0, begin
+        stream_id, session_id = key_parts(self.options, sid)
+        return self._archives.count_messages(stream_id, session_id, framing, begin, end, limit)
+
+    def _lag_behind(self, images: dict[str, LogView], end: dict[str, object],
+                    archived: dict[str, int] | None = None) -> dict[str, object]:
+        """Per session, and over them all as Kafka's source reports its lag (min / max /
+        avg offsets behind latest), what is available past ``end``: whole messages and
+        stream bytes (frames with their headers).  A session with an image counts what its
+        log holds and, before that, what the archives hold; one whose image is gone counts
+        what the archives hold of it (``archived``: how far, per session).  Counting costs
+        one pass over at most :data:`_LAG_COUNTED` messages a session; a session further
+        behind, or behind what its log and the archives hold, has its count estimated from
+        the messages' mean length, and ``estimated`` says so."""
         sessions: dict[str, dict[str, int]] = {}
         estimated = False
         for sid, view in sorted(images.items()):
@@ -784,16 +815,32 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if behind:
                 held = position if view.is_retained(position) else \
                     view.first_retained(position, available)
-                counted = view.count_messages(held, available, _LAG_COUNTED)
-                spanned = available - held
-                if counted >= _LAG_COUNTED:
-                    spanned = view.scan(held, available, _LAG_COUNTED, None) - held
+                # Before the log: what the archives hold, counted first.
+                counted, reached = self._counted_archived(sid, view.identity.framing,
+                                                          position, held, _LAG_COUNTED)
+                spanned = reached - position
+                if counted < _LAG_COUNTED:  # then what the log holds
+                    live = view.count_messages(held, available, _LAG_COUNTED - counted)
+                    counted += live
+                    spanned += (available if counted < _LAG_COUNTED else
+                                view.scan(held, available, live, None)) - held
                 messages = counted
-                if not counted:  # lapped meanwhile, or held only by the archives
+                if not counted:  # lapped meanwhile, or held by none
                     estimated = True
-                elif held > position or spanned < available - held:
+                elif spanned < behind:
                     messages = round(counted * behind / spanned)
                     estimated = True
+            sessions[sid] = {"messages": messages, "bytes": behind}
+        for sid, reach in sorted((archived or {}).items()):
+            position = position_of(end[sid])
+            behind = reach - position
+            counted, reached = self._counted_archived(sid, log_of(end[sid]),  # type: ignore[arg-type]
+                                                      position, reach, _LAG_COUNTED)
+            messages = counted
+            if reached < reach:
+                estimated = True
+                messages = round(counted * behind / (reached - position)) \
+                    if reached > position else 0
             sessions[sid] = {"messages": messages, "bytes": behind}
         messages = [lag["messages"] for lag in sessions.values()] or [0]
         sizes = [lag["bytes"] for lag in sessions.values()] or [0]

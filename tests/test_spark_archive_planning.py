@@ -36,7 +36,7 @@ from test_spark_session_ends import (  # noqa: F401  (hosts: a fixture)
 
 from slipstream.client import SlipstreamError
 from slipstream.spark_bridge.options import parse_options
-from slipstream.spark_bridge.reader import SlipstreamBatchReader, read_range
+from slipstream.spark_bridge.reader import LAG, SlipstreamBatchReader, read_range
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -515,3 +515,39 @@ def test_a_stream_started_at_json_offsets_reads_a_named_session_only_the_archive
             query.initialOffset()
     finally:
         query.stop()
+
+
+def test_the_lag_counts_what_the_archives_hold_of_the_sessions_they_catch_up(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """A query read 200 messages and went; six terms went by, and a session published a
+    term and a half and ended.  The restarted query's first batch (maxOffsetsPerTrigger=300)
+    reads 300 from the archive: the progress then shows the live session behind by every
+    message after them, counted through the archive and the log, and the ended session,
+    which only the archive holds, behind by all of its messages: counted, not estimated."""
+    start, total = down_for_terms(hosts, archives, 6)
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    gone = publish_stamped(hosts, MESSAGES_PER_TERM + MESSAGES_PER_TERM // 2, ended)
+    ended.close()
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    query = planner(hosts, archives[:1], in_place=True, maxMessagesPerTrigger="300")
+    try:
+        live, other = str(hosts.publication.session_id), str(ended.session_id)  # type: ignore[union-attr]
+        wait_for(lambda: other not in query._images(), timeout=30,
+                 what="the ended session's image gone from the log")
+        end = query.latestOffset(start, query.getDefaultReadLimit())
+        read = numbers(query.partitions(start, end), hosts, "ingest")
+        assert read == list(range(200, 500))
+        latest = query.reportLatestOffset()
+    finally:
+        query.stop()
+    assert latest is not None
+    lag = latest[LAG]
+    behind = {sid: int(latest[sid]) - int(end[sid]["position"]) for sid in (live, other)}
+    assert behind[other] > MESSAGES_PER_TERM * 160  # all of it: entered, unread
+    assert lag["sessions"] == {live: {"messages": total - 500, "bytes": behind[live]},
+                               other: {"messages": len(gone), "bytes": behind[other]}}
+    assert lag["estimated"] is False
+    assert lag["maxOffsetsBehindLatest"] == max(total - 500, len(gone))
