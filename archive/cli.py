@@ -262,8 +262,8 @@ def _run(config: Path) -> int:
     signal.signal(signal.SIGINT, stop)
     service = ArchiveService(settings)
     logging.getLogger("slipstream.archive").info(
-        "archive in %s: %d streams to record, sync %s", settings.dir, len(settings.records),
-        settings.sync.value)
+        "archive in %s: %d streams to record, %d held, sync %s", settings.dir,
+        len(settings.records), len(settings.holds), settings.sync.value)
     service.run(lambda: stopping)
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +52,22 @@ class ListedRecording:
 @dataclass(frozen=True)
 class ReplayStarted:
     """The archive's answer to a replay: its id (for ``stop_replay``), the session id of its
-    stream on the channel named, and its range (``end`` None: it follows the recording)."""
+    stream on the channel named, and its range (``end`` None: it follows the recording);
+    ``recording_id`` None for a range of a held stream's live log."""
 
     replay_id: int
     session_id: int
     start: int
     end: int | None
-    recording_id: int
+    recording_id: int | None
+
+    @classmethod
+    def of(cls, answer: dict[str, Any]) -> ReplayStarted:
+        """The answer of a ``replay`` call."""
+        recording_id = answer.get("recording_id")
+        return cls(int(answer["replay_id"]), int(answer["session_id"]), int(answer["start"]),
+                   None if answer.get("end") is None else int(answer["end"]),
+                   None if recording_id is None else int(recording_id))
 
 
 def _listed(fields: dict[str, Any]) -> ListedRecording:
@@ -208,11 +218,7 @@ class ArchiveClient:
         for name, value in (("start", start), ("end", end), ("from_time_ms", from_time_ms)):
             if value is not None:
                 args[name] = value
-        answer = self._call("replay", **args)
-        return ReplayStarted(int(answer["replay_id"]), int(answer["session_id"]),
-                             int(answer["start"]),
-                             None if answer.get("end") is None else int(answer["end"]),
-                             int(answer["recording_id"]))
+        return ReplayStarted.of(self._call("replay", **args))
 
     def stop_replay(self, replay_id: int) -> bool:
         """Stop a replay; whether it was still running."""
@@ -226,6 +232,32 @@ class ArchiveClient:
         ``session_id``: the replay's stream has that session id (the recording's own, so that
         its frames are the recorded ones byte for byte; default one the archive's driver
         draws).  Read it with :meth:`ArchiveReplay.poll` until :attr:`ArchiveReplay.done`."""
+        return self._replay_here(
+            lambda to, stream: self.start_replay(recording_id, to, stream, start=start,
+                                                 end=end, from_time_ms=from_time_ms),
+            channel, stream_id, session_id)
+
+    def replay_held(self, held: dict[str, Any], session_id: int, framing: tuple[int, int],
+                    start: int, end: int) -> ArchiveReplay:
+        """A replay read here (as :meth:`replay`'s) of ``[start, end)`` of session
+        ``session_id``'s live log, framed ``framing`` (initial term id, term length), of the
+        stream the archive holds for a group (``held``: its ``channel``, ``stream_id`` and
+        ``group``: :mod:`slipstream.archive.holding`).  It begins at the first message at or
+        after ``start`` (``ArchiveReplay.start``; done at once, replay id 0, when none begins
+        before ``end``) and ends early, before padding inside a term (an aborted claim's),
+        where a replay from there goes on.  Raises :class:`RecordingLostError` when the log
+        no longer holds ``start`` (its ``held`` begins at the first message it holds)."""
+        return self._replay_here(
+            lambda to, stream: ReplayStarted.of(self._call(
+                "replay", held=held, session_id=session_id, log=[*framing], start=start,
+                end=end, channel=to, stream_id=stream)),
+            None, None, None)
+
+    def _replay_here(self, start_replay: Callable[[str, int], ReplayStarted],
+                     channel: str | None, stream_id: int | None, session_id: int | None
+                     ) -> ArchiveReplay:
+        """A subscription at ``channel`` (default this host's reply endpoint) on
+        ``stream_id`` (default a fresh one), then ``start_replay(channel, stream_id)``."""
         if stream_id is None:
             stream_id = random.randrange(1, INT32_MAX)
             while stream_id == self._link.response_stream_id:
@@ -242,8 +274,7 @@ class ArchiveClient:
             channel = f"{channel}{'|' if '?' in channel else '?'}session-id={session_id}"
         subscription = self.client.add_subscription(subscription_channel, stream_id)
         try:
-            started = self.start_replay(recording_id, channel, stream_id, start=start, end=end,
-                                        from_time_ms=from_time_ms)
+            started = start_replay(channel, stream_id)
         except BaseException:
             subscription.close()
             raise
@@ -312,14 +343,17 @@ class ArchiveReplay:
     def _check_end(self, image: Image) -> None:
         if not image.is_end_of_stream or self.done:
             return
-        if self.end is None:  # followed: whole if the recording stopped where it ended
+        if self.end is None and self.started.recording_id is not None:
+            # Followed: whole if the recording stopped where it ended.
             position, active = self.archive.recording_position(self.started.recording_id)
             if not active:
                 self._stop_position = position
                 if self.done:
                     return
-        raise SlipstreamError(f"the replay {self.replay_id} of recording "
-                              f"{self.started.recording_id} ended at position {self.position}, "
+        source = "a held stream's live log" if self.started.recording_id is None else \
+            f"recording {self.started.recording_id}"
+        raise SlipstreamError(f"the replay {self.replay_id} of {source} "
+                              f"ended at position {self.position}, "
                               f"before {self.end if self.end is not None else 'its stop'}: "
                               f"stopped, or failed (the archive's log says why)")
 

@@ -24,13 +24,36 @@ arguments; the result):
 ``stop_replay`` (``replay_id``)
     ``{"stopped": bool}``: whether it was still running.
 ``replays``
-    the replays in progress: id, recording, position, state.
+    the replays in progress: id, recording (None for a held stream's), position, state.
 ``view`` (``recording_id``, ``method``, ``args``)
     a planner's question about a recording, as a read query asks a live log
     (:class:`~slipstream.client.logview.LogView`: ``method`` one of
     :data:`~slipstream.client.logview.VIEW_OPERATIONS`, ``args`` its parameters, checked
     by :func:`~slipstream.client.logview.view_args` against the recorded position);
     answered by :class:`~slipstream.archive.view.RecordingView` over the segment files.
+
+The calls about a stream the archive holds for a group (:mod:`slipstream.archive.holding`)
+name it by ``channel``, ``stream_id`` and ``group``:
+
+``state`` (the stream's key; ``hold``, default true)
+    ``{"host", "driver", "sessions", "held_for"}``: each session's log (its framing, path,
+    positions: :func:`~slipstream.client.logview.snapshot`); holds the stream for the group
+    at once if it is not held (not with ``hold`` false: then an error names what is held).
+``view`` (the stream's key, ``session_id``, ``log``: [initial term id, term length],
+``method``, ``args``)
+    the answer of one of :data:`~slipstream.client.logview.VIEW_OPERATIONS` about the
+    session's live log; ``advance_to`` moves the group's position (its commit).
+``ended`` (the stream's key, ``sessions``: at most 32 session ids)
+    how those of them whose images went ended (:class:`~slipstream.client.logview.SessionEnd`).
+``release`` (the stream's key)
+    whether it was held: the group's subscription closes.
+``replay`` with ``held`` (the stream's key), ``session_id``, ``log``, ``start``, ``end``,
+``channel``, ``stream_id``
+    ``[start, end)`` of the session's live log replayed as a recording's range is, answered
+    alike, from the first message at or after ``start`` (padding inside a term, which a
+    replay cannot reproduce, is stepped over: a replay that meets it ends there); replay id 0
+    when no message begins before ``end``.  A start the log no longer holds is refused
+    ``lost`` with ``held``, from the first message it holds.
 
 An error answer has ``status`` ``error`` and a ``message``; a range the archive does not hold
 has ``reason`` ``lost`` and ``held``, ``[start, stop]`` (stop -1 while live: up to
@@ -43,26 +66,44 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
-from slipstream.archive.catalog import NULL_POSITION, RecordingDescriptor, RecordingState
+from slipstream.archive.catalog import (
+    NULL_POSITION,
+    Catalog,
+    RecordingDescriptor,
+    RecordingState,
+)
+from slipstream.archive.holding import (
+    HELD_OPERATIONS,
+    HeldStreams,
+    NamedLogs,
+    SessionGoneError,
+    held_key,
+)
 from slipstream.archive.reading import (
     RecordingLostError,
     Segments,
     frame_at,
     position_at_time,
 )
-from slipstream.archive.replayer import POSITIONING_KEYS, ReplaySession
+from slipstream.archive.recorder import Recording
+from slipstream.archive.replayer import (
+    POSITIONING_KEYS,
+    LogSource,
+    ReplaySession,
+    ReplayState,
+    SegmentSource,
+)
 from slipstream.archive.view import RecordingView
 from slipstream.client.channel import keys_given, parse_channel
+from slipstream.client.client import Client
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.holding import Answers, decode_call
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
 from slipstream.client.logview import view_args
+from slipstream.client.retention import message_start
 from slipstream.client.subscription import Subscription
-
-if TYPE_CHECKING:
-    from slipstream.archive.service import ArchiveService
 
 log = logging.getLogger("slipstream.archive")
 
@@ -107,13 +148,26 @@ def descriptor_fields(descriptor: RecordingDescriptor, recorded_position: int) -
             "source_identity": descriptor.source_identity}
 
 
-class ArchiveControl:
-    """The service's control stream and its replays (the service's one thread)."""
+class ControlHost(Protocol):
+    """What a control stream serves: an archive service's recordings (``catalog`` None: none)
+    and the logs it holds (``holds``), through its ``client``."""
 
-    def __init__(self, service: ArchiveService, address: str, port: int,
+    client: Client
+    directory: Path | None
+    catalog: Catalog | None
+    recordings: dict[int, Recording]
+    holds: HeldStreams | NamedLogs
+
+
+class ArchiveControl:
+    """The control stream of ``service`` (an :class:`~slipstream.archive.service.
+    ArchiveService`, or a :class:`ControlHost` with no recordings that serves replays of a
+    process's own logs) and its replays, on the service's one thread."""
+
+    def __init__(self, service: ControlHost, address: str, port: int,
                  stream_id: int) -> None:
         self._service = service
-        self.directory: Path = service.directory
+        self.directory = service.directory
         self.channel = f"aeron:udp?endpoint={address}:{port}"
         self.stream_id = stream_id
         self._subscription: Subscription = service.client.add_subscription(self.channel,
@@ -123,6 +177,7 @@ class ArchiveControl:
         self._next_replay_id = 1
         self._calls: list[bytes] = []
         self.malformed = 0  # calls dropped: not JSON, or not a call
+        self.served = 0  # replays sent whole
         log.info("control stream %s stream %d", self.channel, stream_id)
 
     def do_work(self) -> int:
@@ -133,19 +188,38 @@ class ArchiveControl:
         self._calls.clear()
         now = time.monotonic()
         for replay_id, session in list(self.replays.items()):
-            recorded, stopped = self._recorded(session.recording_id)
-            work += session.do_work(recorded, stopped, now)
+            if session.recording_id is None:  # a live log's range: it holds all of it
+                assert session.end is not None
+                recorded, stopped = session.end, True
+            else:
+                recorded, stopped = self._recorded(session.recording_id)
+            try:
+                work += session.do_work(recorded, stopped, now)
+            except Exception as e:  # that replay fails; the others and the calls go on
+                log.exception("replay %d of %s failed", replay_id, session.source.name)
+                session.fail(f"{type(e).__name__}: {e}")
             if session.is_over:
+                self.served += session.state is ReplayState.DONE
                 del self.replays[replay_id]
         work += self._answers.do_work()
         return work
+
+    def wait_for_call(self, timeout_ns: int) -> None:
+        """Wait up to ``timeout_ns`` for a call (parked: a call wakes it at once)."""
+        self._subscription.wait_for_data(timeout_ns, 0)
+
+    @property
+    def logs_in_use(self) -> set[str]:
+        """The live logs the replays in progress read (their mappings must stay)."""
+        return {session.source.image.log_path for session in self.replays.values()
+                if isinstance(session.source, LogSource)}
 
     def _recorded(self, recording_id: int) -> tuple[int, bool]:
         """How far a recording is recorded, and whether that is its stop."""
         recording = self._service.recordings.get(recording_id)
         if recording is not None and recording.is_active:
             return recording.recorded_position, False
-        descriptor = self._service.catalog.get(recording_id)
+        descriptor = self._catalog().get(recording_id)
         assert descriptor is not None
         if descriptor.stop_position == NULL_POSITION:  # recovery runs before any call
             return descriptor.start_position, True
@@ -178,6 +252,8 @@ class ArchiveControl:
             log.warning("control: cannot answer %s: %s", reply, e)
 
     def _answer(self, op: str, args: dict[str, Any]) -> Any:
+        if op in HELD_OPERATIONS and "recording_id" not in args:  # a held stream's call
+            return self._service.holds.call(op, args)
         if op == "list":
             return self._list(args)
         if op == "describe":
@@ -199,10 +275,12 @@ class ArchiveControl:
             return self._view(args)
         if op == "replays":
             return [{"replay_id": s.replay_id, "recording_id": s.recording_id,
-                     "position": s.position, "state": s.state.value, "channel": s.channel,
+                     "source": s.source.name, "position": s.position,
+                     "state": s.state.value, "channel": s.channel,
                      "stream_id": s.stream_id} for s in self.replays.values()]
         raise CallRefused(f"no operation {op!r} (the archive's: list, describe, "
-                          f"recording_position, replay, stop_replay, replays, view)")
+                          f"recording_position, replay, stop_replay, replays, view, "
+                          f"{', '.join(op for op in HELD_OPERATIONS if op != 'view')})")
 
     def _view(self, args: dict[str, Any]) -> Any:
         """A ``view`` question about a recording: its answer (JSON values)."""
@@ -211,15 +289,27 @@ class ArchiveControl:
         method = args.get("method")
         checked = view_args(method if isinstance(method, str) else repr(method),
                             args.get("args"), recorded)
-        with RecordingView(self.directory, descriptor, recorded) as view:
+        with RecordingView(self._catalog_directory(), descriptor, recorded) as view:
             return getattr(view, str(method))(**checked)
 
     def _listed(self, descriptor: RecordingDescriptor) -> dict[str, Any]:
         return descriptor_fields(descriptor, self._recorded(descriptor.recording_id)[0])
 
+    def _catalog(self) -> Catalog:
+        catalog = self._service.catalog
+        if catalog is None:
+            raise CallRefused("this control stream has no recordings: it replays a query's "
+                              "own logs")
+        return catalog
+
+    def _catalog_directory(self) -> Path:
+        """The directory of the recordings (there are some: :meth:`_catalog` was asked)."""
+        assert self.directory is not None
+        return self.directory
+
     def _descriptor(self, args: dict[str, Any]) -> RecordingDescriptor:
         recording_id = _int_arg(args, "recording_id", 0, 2**63 - 1)
-        descriptor = self._service.catalog.get(recording_id)  # type: ignore[arg-type]
+        descriptor = self._catalog().get(recording_id)  # type: ignore[arg-type]
         if descriptor is None or descriptor.state != RecordingState.VALID:
             raise CallRefused(f"no recording {recording_id} in the archive at "
                               f"{self.directory}")
@@ -234,7 +324,7 @@ class ArchiveControl:
         from_id = _int_arg(args, "from_id", 0, 2**63 - 1, 0)
         count = _int_arg(args, "count", 1, LIST_MAX, LIST_COUNT)
         out = []
-        for descriptor in self._service.catalog.recordings():
+        for descriptor in self._catalog().recordings():
             if descriptor.recording_id < from_id:  # type: ignore[operator]
                 continue
             if (channel is not None and channel not in descriptor.channel) or \
@@ -246,7 +336,8 @@ class ArchiveControl:
                 break
         return out
 
-    def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
+    def _replay_destination(self, args: dict[str, Any]) -> tuple[str, int]:
+        """The ``channel`` and ``stream_id`` a replay goes to, checked."""
         channel = args.get("channel")
         if not isinstance(channel, str) or not channel.startswith(("aeron:udp", "aeron:ipc")):
             raise CallRefused(f"channel {channel!r} is not an aeron:udp or aeron:ipc URI")
@@ -257,8 +348,79 @@ class ArchiveControl:
         set_here = sorted(given & set(POSITIONING_KEYS))
         if set_here:
             raise CallRefused(f"channel {channel!r} sets {', '.join(set_here)}: a replay's "
-                              f"framing is the recording's, which the archive sets")
+                              f"framing is its source's, which the archive sets")
         stream_id = _int_arg(args, "stream_id", -INT32_MAX - 1, INT32_MAX)
+        assert stream_id is not None
+        return channel, stream_id
+
+    def _start_replay(self, source: SegmentSource | LogSource, start: int, end: int | None,
+                      channel: str, stream_id: int, recording_id: int | None
+                      ) -> dict[str, Any]:
+        replay_id = self._next_replay_id
+        self._next_replay_id += 1
+        try:
+            session = ReplaySession(replay_id, self._service.client, source, start, end,
+                                    channel, stream_id, time.monotonic(),
+                                    recording_id=recording_id)
+        except BaseException:
+            source.close()
+            raise
+        self.replays[replay_id] = session
+        log.info("replay %d of %s [%d, %s) to %s stream %s, session %d", replay_id,
+                 source.name, start, "-" if end is None else end, channel, stream_id,
+                 session.session_id)
+        return {"replay_id": replay_id, "session_id": session.session_id, "start": start,
+                "end": end, "recording_id": recording_id}
+
+    def _replay_held(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A replay of ``[start, end)`` of a held stream's session's live log."""
+        held = args.get("held")
+        if not isinstance(held, dict):
+            raise CallRefused(f"held {held!r} is not a held stream's key (channel, stream_id, "
+                              f"group)")
+        key = held_key(held)
+        session_id = _int_arg(args, "session_id", -INT32_MAX - 1, INT32_MAX)
+        framing = args.get("log")
+        if not isinstance(framing, list) or len(framing) != 2 or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in framing):
+            raise CallRefused(f"log {framing!r} is not [initial term id, term length]")
+        channel, stream_id = self._replay_destination(args)
+        start = _int_arg(args, "start", 0, 2**62)
+        end = _int_arg(args, "end", 0, 2**62)
+        assert start is not None and end is not None and session_id is not None
+        try:
+            image = self._service.holds.replay_source(key, session_id,
+                                                      (framing[0], framing[1]))
+        except SessionGoneError as e:
+            raise CallRefused(f"{LOST}: {e}", reason=LOST, held=[end, end]) from None
+        source = LogSource(image, f"stream {key[1]} session {session_id} held for group "
+                                  f"{key[2]!r}")
+        available = image.producer_position()
+        if start % FRAME_ALIGNMENT or end % FRAME_ALIGNMENT or end < start:
+            raise CallRefused(f"[{start}, {end}) is not a range of frame boundaries")
+        if end > available:
+            raise CallRefused(f"[{start}, {end}): {source.name}'s log reaches only "
+                              f"{available}")
+        # Padding inside a term (an aborted claim's), which a replay cannot reproduce, is
+        # stepped over: the replay starts at the next message (a replay that meets such
+        # padding ends there, and its reader asks again from there).  Start is checked held
+        # after the walk: the cleaner may zero it meanwhile, and a zeroed frame reads as not
+        # written yet (the range would look empty).
+        begin = message_start(image, start, end)
+        held_range = source.held(start, end)
+        if held_range[0] != start:
+            raise CallRefused(f"{LOST}: [{start}, {end}) of {source.name}: the live log no "
+                              f"longer holds position {start} (it holds [{held_range[0]}, "
+                              f"{available}))", reason=LOST, held=[*held_range])
+        if begin >= end:
+            return {"replay_id": 0, "session_id": 0, "start": end, "end": end,
+                    "recording_id": None}
+        return self._start_replay(source, begin, end, channel, stream_id, None)
+
+    def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
+        if "held" in args:
+            return self._replay_held(args)
+        channel, stream_id = self._replay_destination(args)
         descriptor = self._descriptor(args)
         recorded, stopped = self._recorded(descriptor.recording_id)
         held = [descriptor.start_position, descriptor.stop_position]
@@ -266,7 +428,8 @@ class ArchiveControl:
         if from_time is not None:
             if args.get("start") is not None:
                 raise CallRefused("give start or from_time_ms, not both")
-            start = min(position_at_time(self.directory, descriptor, from_time), recorded)
+            start = min(position_at_time(self._catalog_directory(), descriptor, from_time),
+                        recorded)
         else:
             start = _int_arg(args, "start", 0, 2**62, descriptor.start_position)
         end = _int_arg(args, "end", 0, 2**62, optional=True)
@@ -284,22 +447,14 @@ class ArchiveControl:
             if position is None or position >= recorded or \
                     position == descriptor.start_position:
                 continue
-            segments_check = _FrameCheck(self.directory, descriptor, position)
+            segments_check = _FrameCheck(self._catalog_directory(), descriptor, position)
             if not segments_check.ok:
                 raise CallRefused(f"{name}: no frame of recording {descriptor.recording_id} "
                                   f"begins at {position}: {segments_check.why}",
                                   **({"reason": LOST, "held": held} if segments_check.lost
                                      else {}))
-        replay_id = self._next_replay_id
-        self._next_replay_id += 1
-        session = ReplaySession(replay_id, self._service.client, self.directory, descriptor,
-                                start, end, channel, stream_id, time.monotonic())  # type: ignore[arg-type]
-        self.replays[replay_id] = session
-        log.info("replay %d of recording %d [%d, %s) to %s stream %s, session %d", replay_id,
-                 descriptor.recording_id, start, "-" if end is None else end, channel,
-                 stream_id, session.session_id)
-        return {"replay_id": replay_id, "session_id": session.session_id, "start": start,
-                "end": end, "recording_id": descriptor.recording_id}
+        return self._start_replay(SegmentSource(self._catalog_directory(), descriptor), start, end,
+                                  channel, stream_id, descriptor.recording_id)
 
     def close(self) -> None:
         for session in self.replays.values():

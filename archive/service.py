@@ -11,6 +11,10 @@ recording as its image ends.  A write that fails (the disk full) ends that recor
 closes its subscription, so the archive holds no publisher it cannot record; the other
 recordings and the service go on.  :meth:`ArchiveService.stop` (SIGTERM) stops every
 recording (synced under the policy) and the catalog says where each ended.
+
+It also holds streams for groups of readers (:mod:`.holding`: each ``[[hold]]``, and what
+the control stream's calls ask to hold), whose replays its control stream serves beside the
+recordings'.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Final
 
 from slipstream.archive.catalog import Catalog, EndReason
 from slipstream.archive.control import ArchiveControl
+from slipstream.archive.holding import HeldStreams
 from slipstream.archive.reading import TimeIndexWriter, recording_position_key
 from slipstream.archive.recorder import PositionListener, Recording
 from slipstream.archive.recovery import recover
@@ -47,6 +52,9 @@ _IDLE_SPIN_NS = 50_000
 #: ...then parks on the logs' eventcounts (no CPU) for at most this long, so that new images,
 #: the retention timer and a stop are seen within it (a signal ends the park at once).
 _IDLE_PARK_NS = 10_000_000
+#: An idle loop with replays in progress waits this long, s: their publications' limits move
+#: as their requesters' status messages come, which no eventcount here tells.
+_REPLAY_WAIT_S = 0.0005
 
 
 class ArchiveLockedError(RuntimeError):
@@ -108,6 +116,8 @@ class ArchiveService:
         except BaseException:
             os.close(self._lock_fd)
             raise
+        self.holds = HeldStreams(self.client, settings.release_after_ns / 1e9
+                                 if settings.release_after_ns else None)
         self._next_retention_ns = 0
         self._closed = False
         try:
@@ -118,6 +128,8 @@ class ArchiveService:
                 self.replicator = Replicator(self)
             for spec in settings.records:
                 self.record(spec)
+            for held in settings.holds:
+                self.holds.hold(held.channel, held.stream_id, held.group)
         except BaseException:
             self.stop()
             raise
@@ -287,6 +299,7 @@ class ArchiveService:
         self._release_counters()
         if self.control is not None:
             work += self.control.do_work()
+        self.holds.do_work(self.control.logs_in_use if self.control is not None else set())
         if now_ns >= self._next_retention_ns:
             self._next_retention_ns = now_ns + self.settings.retention_check_interval_ns
             self.run_retention()
@@ -329,11 +342,18 @@ class ArchiveService:
 
     def idle(self) -> None:
         """Wait for the next frame of any active recording (at its reader's position): spin
-        briefly, then park on the logs' eventcounts, at most :data:`_IDLE_PARK_NS`."""
+        briefly, then park on the logs' eventcounts, at most :data:`_IDLE_PARK_NS`; with no
+        recording, for a call on the control stream as long; with replays in progress,
+        :data:`_REPLAY_WAIT_S`."""
+        if self.control is not None and self.control.replays:
+            time.sleep(_REPLAY_WAIT_S)  # the replays' credit comes back unannounced
+            return
         readers = [r.reader for r in self.recordings.values()
                    if r.is_active and not r.image.is_closed]
         if readers:
             await_frames(readers, _IDLE_PARK_NS, _IDLE_SPIN_NS)
+        elif self.control is not None:
+            self.control.wait_for_call(_IDLE_PARK_NS)
         else:
             time.sleep(_IDLE_PARK_NS / 1e9)
 
@@ -347,6 +367,7 @@ class ArchiveService:
             self.replicator.close()
         if self.control is not None:
             self.control.close()
+        self.holds.close()
         for recording in self.recordings.values():
             if recording.is_active:
                 recording.poll()

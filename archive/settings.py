@@ -19,6 +19,7 @@ from slipstream.archive.segments import (
 )
 from slipstream.client.channel import SPY_PREFIX, parse_address, parse_channel
 from slipstream.client.errors import ChannelError, SlipstreamError
+from slipstream.client.holder import DEFAULT_GROUP
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.units import parse_duration_ns, parse_size
 
@@ -73,6 +74,16 @@ class RecordSpec:
             kept = [item for item in query.split("|") if not item.startswith("key=")]
             return SPY_PREFIX + media + "?" + "|".join(kept)
         return self.channel
+
+
+@dataclass(frozen=True)
+class HoldSpec:
+    """One ``[[hold]]`` entry: hold ``stream_id`` on ``channel`` for ``group`` from the
+    start (:mod:`slipstream.archive.holding`), as a query's first call would."""
+
+    channel: str
+    stream_id: int
+    group: str = DEFAULT_GROUP
 
 
 def _positive_size(name: str, low: int, high: int, power_of_two: bool = False
@@ -247,9 +258,12 @@ SETTINGS: Final[dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "replication_timeout": (_duration("replication_timeout"), "2s"),
     "replication_address": (_optional_address, ""),
     "replication_port": (_replication_port, 0),
+    "release_after": (_duration("release_after"), 0),
 }
 _RECORD_KEYS: Final = ("channel", "stream_id", "source", "retention_max_bytes",
                        "retention_max_age")
+_HOLD_KEYS: Final = ("channel", "stream_id", "group")
+_TABLES: Final = ("record", "hold")
 
 
 def spec_of(specs: Sequence[RecordSpec], stream_id: int, channel: str) -> RecordSpec | None:
@@ -287,6 +301,9 @@ class ArchiveSettings:
     replication_address: str | None = None
     replication_port: int = 0
     records: tuple[RecordSpec, ...] = field(default_factory=tuple)
+    #: A held stream's group no query called for this long is released (0: never).
+    release_after_ns: int = 0
+    holds: tuple[HoldSpec, ...] = field(default_factory=tuple)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ArchiveSettings:
@@ -294,9 +311,9 @@ class ArchiveSettings:
         an unknown key or a bad value."""
         parsed: dict[str, Any] = {}
         for key in values:
-            if key != "record" and key not in SETTINGS:
+            if key not in _TABLES and key not in SETTINGS:
                 raise ArchiveSettingsError(
-                    key, f"unknown key (known: {', '.join([*SETTINGS, 'record'])})")
+                    key, f"unknown key (known: {', '.join([*SETTINGS, *_TABLES])})")
         for key, (parse, default) in SETTINGS.items():
             value = values.get(key, default)
             parsed[key] = parse(value)
@@ -311,6 +328,8 @@ class ArchiveSettings:
         for key in ("retention_check_interval", "replication_interval", "replication_timeout"):
             if parsed[key] <= 0:
                 raise ArchiveSettingsError(key, "must be > 0")
+        if parsed["release_after"] < 0:
+            raise ArchiveSettingsError("release_after", "must be >= 0 (0: never)")
         return cls(dir=parsed["dir"], driver_dir=parsed["driver_dir"],
                    segment_length=parsed["segment_length"], sync=parsed["sync"],
                    sync_interval_ns=parsed["sync_interval"],
@@ -327,37 +346,61 @@ class ArchiveSettings:
                    replication_timeout_ns=parsed["replication_timeout"],
                    replication_address=parsed["replication_address"],
                    replication_port=parsed["replication_port"],
-                   records=_records(values.get("record", [])))
+                   records=_records(values.get("record", [])),
+                   release_after_ns=parsed["release_after"],
+                   holds=_holds(values.get("hold", [])))
 
 
-def _records(entries: Any) -> tuple[RecordSpec, ...]:
+def _stream_entries(table: str, entries: Any, keys: tuple[str, ...]
+                    ) -> list[tuple[str, dict[str, Any], str, Any, int]]:
+    """The ``[[table]]`` entries checked for what ``[[record]]`` and ``[[hold]]`` share: only
+    ``keys``, a ``channel`` URI (not a spy) and a ``stream_id``; each as (where, the entry,
+    its channel, the channel parsed, its stream id)."""
     if not isinstance(entries, list):
-        raise ArchiveSettingsError("record", "not an array of tables ([[record]])")
-    specs = []
+        raise ArchiveSettingsError(table, f"not an array of tables ([[{table}]])")
+    out = []
     for number, entry in enumerate(entries, start=1):
-        where = f"record #{number}"
+        where = f"{table} #{number}"
         if not isinstance(entry, dict):
-            raise ArchiveSettingsError("record", f"{where} is not a table")
+            raise ArchiveSettingsError(table, f"{where} is not a table")
         for key in entry:
-            if key not in _RECORD_KEYS:
-                raise ArchiveSettingsError(f"record.{key}", f"unknown key in {where} (known: "
-                                           f"{', '.join(_RECORD_KEYS)})")
+            if key not in keys:
+                raise ArchiveSettingsError(f"{table}.{key}", f"unknown key in {where} (known: "
+                                           f"{', '.join(keys)})")
         channel = entry.get("channel")
         if not isinstance(channel, str):
-            raise ArchiveSettingsError("record.channel", f"{where}: {channel!r} is not a "
+            raise ArchiveSettingsError(f"{table}.channel", f"{where}: {channel!r} is not a "
                                        f"channel URI")
         try:
             parsed = parse_channel(channel)
         except (SlipstreamError, ValueError) as e:
-            raise ArchiveSettingsError("record.channel", f"{where}: {e}") from None
+            raise ArchiveSettingsError(f"{table}.channel", f"{where}: {e}") from None
         if parsed.spy:
-            raise ArchiveSettingsError("record.channel", f"{where}: name the publication's "
+            raise ArchiveSettingsError(f"{table}.channel", f"{where}: name the publication's "
                                        f"channel; the archive adds {SPY_PREFIX} itself")
         stream_id = entry.get("stream_id")
         if isinstance(stream_id, bool) or not isinstance(stream_id, int) or \
                 not INT32_MIN <= stream_id <= INT32_MAX:
-            raise ArchiveSettingsError("record.stream_id", f"{where}: {stream_id!r} is not a "
-                                       f"stream id (an int32)")
+            raise ArchiveSettingsError(f"{table}.stream_id", f"{where}: {stream_id!r} is not "
+                                       f"a stream id (an int32)")
+        out.append((where, entry, channel, parsed, stream_id))
+    return out
+
+
+def _holds(entries: Any) -> tuple[HoldSpec, ...]:
+    specs = []
+    for where, entry, channel, _, stream_id in _stream_entries("hold", entries, _HOLD_KEYS):
+        group = entry.get("group", DEFAULT_GROUP)
+        if not isinstance(group, str) or not group:
+            raise ArchiveSettingsError("hold.group", f"{where}: {group!r} is not a name")
+        specs.append(HoldSpec(channel, stream_id, group))
+    return tuple(specs)
+
+
+def _records(entries: Any) -> tuple[RecordSpec, ...]:
+    specs = []
+    for where, entry, channel, parsed, stream_id in _stream_entries("record", entries,
+                                                                    _RECORD_KEYS):
         try:
             source = Source(entry.get("source", "local"))
         except ValueError:

@@ -62,9 +62,9 @@ from pathlib import Path
 from bench.archive_record import STREAM, _recordings, _wait
 from bench.archive_replay import _free_port
 from bench.ipc_throughput import machine
+from slipstream.archive.holding import driver_instance
 from slipstream.archive.reading import indexed_position
 from slipstream.client import Client, Publication
-from slipstream.client.holder import driver_instance
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
 from slipstream.client.logview import ImageView
 from slipstream.daemon.driver import MediaDriver

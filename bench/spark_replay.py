@@ -5,8 +5,9 @@ the same range, in the same run.
         [--archive]
 
 Two drivers on this machine stand for two hosts: the holder's (an IPC log of N messages of B
-bytes, held by a subscription that never reads, and a ReplayServer at 127.0.0.2, in a process
-of its own as a holder is) and the executor's (its replays arrive at 127.0.0.1, the address
+bytes, held by a subscription that never reads, and the query's replay server, the archive's
+control stream over that log (``planning._Holder``) at 127.0.0.2, in a process of its own as
+a holder is) and the executor's (its replays arrive at 127.0.0.1, the address
 the kernel sends to 127.0.0.2 from, the same port).  Each run reads the range once with the
 executor side of the Spark reader (``read_range``), in this process: locally, mapping the log,
 and replayed, through the executor's driver; the figure is rows/s of the whole call, Arrow
@@ -57,7 +58,6 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 from array import array
@@ -70,25 +70,23 @@ from bench.ipc_throughput import BATCH, machine
 from bench.spark_archive_read import archive_process
 from bench.udp_throughput import free_port
 from slipstream.archive.client import ArchiveClient
+from slipstream.archive.holding import driver_instance
 from slipstream.archive.reading import indexed_position
 from slipstream.client import (
     ADMIN_ACTION,
     BACK_PRESSURED,
     NOT_CONNECTED,
     Client,
-    Image,
     Publication,
     Subscription,
 )
 from slipstream.client.counters import CountersFile
-from slipstream.client.holder import driver_instance
 from slipstream.client.holding import REPLY_WINDOW, reply_subscription_channel
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
-from slipstream.client.replay import ReplayServer
-from slipstream.client.replay.protocol import WAIT_SPIN_NS
 from slipstream.daemon.config import DriverSettings
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.archived import ArchivedSource
+from slipstream.spark_bridge.planning import _Holder
 from slipstream.spark_bridge.read_task import (
     _ROWS_PER_BATCH,
     SlipstreamPartition,
@@ -98,7 +96,6 @@ from slipstream.spark_bridge.read_task import (
 )
 
 PORT = 40195
-CONTROL = 4242
 STREAM = 77
 WARM_STREAM = 78  # the warm UDP stream's, the ceiling
 IDLE_LIMIT_S = 30  # the longest the warm stream's reader waits for its image, or a message
@@ -206,7 +203,7 @@ def read_warm_stream(connection: Any, subscription: Subscription, messages: int)
             chunk = image.poll_gathered(min(_ROWS_PER_BATCH, messages - rows))
             if chunk is not None:
                 rows += _arrow_batch(chunk, image.session_id, WARM_STREAM, schema, ids).num_rows
-            elif not subscription.wait_for_data(IDLE_LIMIT_S * 10**9, WAIT_SPIN_NS):
+            elif not subscription.wait_for_data(IDLE_LIMIT_S * 10**9, 0):  # parked, as a replay's
                 raise SystemExit(f"the warm stream stopped for {IDLE_LIMIT_S} s after {rows} "
                                  f"of {messages} messages of a pass, at {image.position}")
 
@@ -230,7 +227,7 @@ def hold(connection: Any, holder_dir: str, messages: int, size: int, term: int,
     answers its publication's position once they are all offered."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    with Client.connect(holder_dir) as local, Client.connect(holder_dir) as server_client:
+    with Client.connect(holder_dir) as local:
         publication = local.add_publication(f"aeron:ipc?term-length={term}", STREAM)
         warm = local.add_publication(warm_channel, WARM_STREAM)
         keeper = local.add_subscription("aeron:ipc", STREAM)  # holds the range
@@ -241,22 +238,16 @@ def hold(connection: Any, holder_dir: str, messages: int, size: int, term: int,
             while publication.offer(payload) < 0:
                 time.sleep(0.0001)
         image = keeper.images[0]
-        logs = {image.session_id: Image.detached(image.log_path, 0)}
-        server = ReplayServer(server_client, "127.0.0.2", PORT, CONTROL,
-                              lambda _stream, session: logs.get(session))
-        stop = threading.Event()
-        thread = threading.Thread(target=server.run, args=(stop.is_set,), daemon=True)
-        thread.start()
+        server = _Holder(holder_dir, "127.0.0.2", PORT)
+        server.logs = {(STREAM, image.session_id): (image.log_path, 0)}
         connection.send({"session_id": image.session_id, "log_path": image.log_path,
                          "start": image.position, "end": image.available_position(),
-                         "identity": image.identity})
+                         "identity": image.identity, "holder": server.address})
         while connection.recv() == "stream":  # until "stop"
             publish_passes(warm, messages, size, 1)
             connection.recv()  # "go": the reader has read the first pass
             publish_passes(warm, messages, size, 1)
             connection.send(warm.position)
-        stop.set()
-        thread.join(5)
         server.close()
 
 
@@ -379,7 +370,8 @@ def main() -> None:
             return SlipstreamPartition(
                 log["session_id"], STREAM, log["log_path"], log["start"], log["end"],
                 directory, True, "holder", log=log["identity"], driver=holder_driver,
-                holder=("127.0.0.2", PORT, CONTROL), replay_timeout_ms=30_000)
+                holder=log["holder"], replay_timeout_ms=30_000,
+                held={"channel": "aeron:ipc", "stream_id": STREAM, "group": "query"})
 
         local_runs: list[tuple[float, float]] = []
         replayed_runs: list[tuple[float, float]] = []

@@ -1,10 +1,11 @@
-"""Calls to a holder: small request/answer exchanges over slipstream streams, beside replays.
+"""Calls: small request/answer exchanges over slipstream streams, to the archive.
 
-A holder (a process that holds streams in its host's shared memory and serves replays of them,
-:class:`~slipstream.client.replay.ReplayServer`) also answers **calls** on the same control
-stream: a planner on another host asks it what its logs hold, where a range of messages ends,
-or to move a subscriber position.  A call is one JSON message on the control stream, an answer
-one JSON message on the caller's response stream, matched by the call's ``id``::
+The archive (:mod:`slipstream.archive.control`: the one server that answers them) takes
+**calls** on its control stream: a planner on another host asks it what the logs of the
+streams it holds hold, where a range of messages ends, or to move a subscriber position
+(:mod:`slipstream.archive.holding`), and for its recordings and replays.  A call is one JSON
+message on the control stream, an answer one JSON message on the caller's response stream,
+matched by the call's ``id``::
 
     {"version": 1, "kind": "call", "id": 7, "op": "state", "args": {...},
      "reply_channel": "aeron:udp?endpoint=10.0.0.2:40190", "response_stream_id": 91}
@@ -382,7 +383,9 @@ class HolderLink:
                 raise CallError(f"the holder at {self.holder} took the call {op!r} but did not "
                                 f"answer within {self.timeout_s:g} s (is UDP port {self.port} "
                                 f"open towards this host?)")
-            self._response.wait_for_data(10_000_000)
+            # Parked at once: an answer takes a round trip through two drivers, which a
+            # spinning waiter would take a core from.
+            self._response.wait_for_data(10_000_000, 0)
         answer = self._answers.pop(call_id)
         self._answers.clear()  # answers to earlier calls that timed out
         if answer.get("status") != "ok":
@@ -407,8 +410,3 @@ class HolderLink:
     def close(self) -> None:
         self.control.close()
         self._response.close()
-
-
-CallHandler = Callable[[str, dict[str, Any]], Any]
-"""What a holder does with a call: ``handler(op, args)`` returns the result (a JSON value) or
-raises ValueError / SlipstreamError, whose message the caller gets."""

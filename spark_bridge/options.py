@@ -224,8 +224,8 @@ class SourceOptions:
                                                       "(spark.readStream)")
         if self.holder is None and not self.archives:
             raise OptionError("holder", "is required by a batch read (spark.read) that names "
-                                        "no 'archive': the ingest host whose slipstream-holder "
-                                        "holds the stream, HOST[:PORT], or the archives that "
+                                        "no 'archive': the ingest host whose archive holds "
+                                        "the stream, HOST[:PORT], or the archives that "
                                         "recorded it (docs/SPARK.md)")
 
 
@@ -310,7 +310,7 @@ def _holder(text: str, port: int) -> tuple[str, int]:
             port = 0
         if not 1 <= port <= 65535:
             raise OptionError("holder", f"{text!r}: {port_text!r} is not a UDP port (accepted: "
-                                        f"HOST or HOST:PORT, the ingest host's slipstream-holder)")
+                                        f"HOST or HOST:PORT, the ingest host's archive)")
     if not host:
         raise OptionError("holder", f"{text!r} names no host (accepted: HOST or HOST:PORT)")
     return host, port

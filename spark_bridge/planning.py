@@ -1,11 +1,12 @@
 """What the planning side decides: the query's hold on its stream and each batch's partitions.
 
 The hold is either the query's own (:class:`_OwnHold`: a subscription through this host's
-driver and a replay holder for read tasks on other hosts) or an ingest host's standing holder
-(:class:`_StandingHold`).  From the logs it holds, :func:`plan_partitions` cuts a batch's
-offsets into partitions (:class:`~slipstream.spark_bridge.read_task.SlipstreamPartition`),
-and :func:`shares` splits a per-trigger budget over sessions.  Offsets' entries are read with
-:func:`position_of` and :func:`log_of`.  The whole read: :mod:`slipstream.spark_bridge.reader`.
+driver and a replay holder for read tasks on other hosts) or an ingest host's archive, which
+holds the stream for the query's group (:class:`_StandingHold`).  From the logs it holds,
+:func:`plan_partitions` cuts a batch's offsets into partitions
+(:class:`~slipstream.spark_bridge.read_task.SlipstreamPartition`), and :func:`shares` splits
+a per-trigger budget over sessions.  Offsets' entries are read with :func:`position_of` and
+:func:`log_of`.  The whole read: :mod:`slipstream.spark_bridge.reader`.
 """
 
 from __future__ import annotations
@@ -19,20 +20,25 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Final
 
-from slipstream.client import Client, Image, SlipstreamError, Subscription
-from slipstream.client.holder import (
-    HOLDER_CONTROL_STREAM,
-    MAX_ENDED_ASKED,
-    MAX_SPLIT_PIECES,
-    DetachedLogs,
-    driver_instance,
-)
+from slipstream.archive.catalog import Catalog
+from slipstream.archive.control import ArchiveControl
+from slipstream.archive.holding import MAX_ENDED_ASKED, NamedLogs, driver_instance
+from slipstream.archive.recorder import Recording
+from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
+from slipstream.client import Client, SlipstreamError, Subscription
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
-from slipstream.client.logview import ImageView, LogView, RemoteView, SessionEnd, SessionEnds
-from slipstream.client.replay import ReplayServer
+from slipstream.client.logview import (
+    MAX_SPLIT_PIECES,
+    ImageView,
+    LogView,
+    RemoteView,
+    SessionEnd,
+    SessionEnds,
+)
 from slipstream.spark_bridge.archived import ArchivedSource, Archives
 from slipstream.spark_bridge.options import SourceOptions
 from slipstream.spark_bridge.read_task import (
@@ -48,6 +54,11 @@ __all__ = ["archived_partitions", "holder_address", "log_of", "plan_partitions",
 log = logging.getLogger("slipstream.spark_bridge")
 
 _IMAGE_WAIT_S = 0.5  # how long a new subscription waits for its images to show up
+#: The query's replay server waits this long between passes while replays are in progress
+#: (their publications' limits move as the tasks' status messages come), s...
+_REPLAY_WAIT_S = 0.0005
+#: ...and for a request at most this long otherwise (one wakes it at once), ns.
+_CALL_WAIT_NS = 100_000_000
 
 
 def holder_address(options: SourceOptions) -> str | None:
@@ -72,58 +83,63 @@ def holder_address(options: SourceOptions) -> str | None:
 
 
 class _Holder:
-    """The query's replay server (:class:`~slipstream.client.replay.ReplayServer`) on a
-    thread of the planning process, with a client of its own: it replays the ranges the
-    query's subscriptions hold to read tasks on other hosts.  ``logs`` maps (stream id,
-    session id) to log paths (the planning thread replaces it as images come and go)."""
+    """The query's replay server: the archive's control stream
+    (:class:`~slipstream.archive.control.ArchiveControl`) on a thread of the planning
+    process, with a client of its own, serving replays of the logs the query's
+    subscriptions hold (:class:`~slipstream.archive.holding.NamedLogs`) to read tasks on
+    other hosts, as an ingest host's archive serves its held streams'.  ``logs`` maps
+    (stream id, session id) to (log path, join position); the planning thread replaces it as
+    images come and go."""
 
     def __init__(self, directory: str | None, address: str, port: int) -> None:
-        #: (stream id, session id) -> (log path, the subscription's join position: the log
-        #: holds nothing before it, whatever its frames there say).
-        self.logs: dict[tuple[int, int], tuple[str, int]] = {}
-        self._images = DetachedLogs()
+        # The ArchiveControl's host (its ControlHost), with no recordings.
+        self.holds = NamedLogs()
+        self.directory: Path | None = None
+        self.catalog: Catalog | None = None
+        self.recordings: dict[int, Recording] = {}
         self._stopping = False
-        self._client = Client.connect(directory)
+        self.client = Client.connect(directory)
         try:
             control_stream = random.randrange(1, INT32_MAX)
-            self.server = ReplayServer(self._client, address, port, control_stream,
-                                       self._lookup, housekeeping=self._prune)
+            self.control = ArchiveControl(self, address, port, control_stream)
         except BaseException:
-            self._client.close()
+            self.client.close()
             raise
         self.address = (address, port, control_stream)
         self._thread = threading.Thread(target=self._run, name="slipstream-replay-holder",
                                         daemon=True)
         self._thread.start()
 
-    def _prune(self) -> dict[tuple[int, int], tuple[str, int]]:
-        """Unmap the logs of sessions no longer in :attr:`logs` that no replay reads (their
-        files are gone: the mapping is all that keeps their memory); returns :attr:`logs`."""
-        logs = self.logs
-        self._images.prune({path for path, _ in logs.values()}, self.server.logs_in_use)
-        return logs
+    @property
+    def logs(self) -> dict[tuple[int, int], tuple[str, int]]:
+        return self.holds.logs
 
-    def _lookup(self, stream_id: int, session_id: int) -> Image | None:
-        logs = self._prune()
-        if (stream_id, session_id) not in logs:
-            return None
-        image = self._images.get(*logs[(stream_id, session_id)])
-        return image if image is not None and image.stream_id == stream_id else None
+    @logs.setter
+    def logs(self, logs: dict[tuple[int, int], tuple[str, int]]) -> None:
+        self.holds.logs = logs
 
     def _run(self) -> None:
         try:
-            self.server.run(lambda: self._stopping)
+            while not self._stopping:
+                work = self.control.do_work()
+                self.holds.do_work(self.control.logs_in_use)
+                if work:
+                    continue
+                if self.control.replays:  # their credit comes back unannounced
+                    time.sleep(_REPLAY_WAIT_S)
+                else:
+                    self.control.wait_for_call(_CALL_WAIT_NS)
         except Exception:  # the tasks that need it fail naming it
             log.exception("slipstream: the replay holder stopped")
         finally:
-            self.server.close()
-            self._images.close()
+            self.control.close()
+            self.holds.close()
 
     def close(self) -> None:
         self._stopping = True
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        self._client.close()
+        self.client.close()
 
 
 def shares(budget: int, backlogs: dict[str, int]) -> dict[str, int]:
@@ -222,6 +238,11 @@ class _OwnHold:
         """Where tasks on other hosts ask for replays (address, port, control stream)."""
         return self.holder.address if self.holder is not None else None
 
+    def held(self, stream_id: int) -> dict[str, object] | None:
+        """The key a read task's replay names ``stream_id`` by at the query's replay server
+        (its stream id; the channel and group are the query's)."""
+        return {"channel": self.options.channel, "stream_id": stream_id, "group": "query"}
+
     def views(self) -> dict[str, LogView]:
         if self.client.is_closed:
             raise self.client.driver_lost_error()
@@ -271,9 +292,11 @@ class _OwnHold:
 
 
 class _StandingHold:
-    """An ingest host's standing holder (``slipstream-holder``, the ``holder`` option) holds
-    the stream: the planner asks it, through this host's driver, what the logs hold and to
-    move the position on commit (:class:`~slipstream.client.logview.RemoteView`)."""
+    """An ingest host's archive (the ``holder`` option: its control endpoint) holds the
+    stream for the query's group (:mod:`slipstream.archive.holding`): the planner asks it,
+    through this host's driver, what the logs hold and to move the position on commit
+    (:class:`~slipstream.client.logview.RemoteView`); read tasks on other hosts get replays
+    of the live log from it."""
 
     def __init__(self, options: SourceOptions, *, hold: bool = True) -> None:
         assert options.holder is not None
@@ -285,7 +308,7 @@ class _StandingHold:
                                   f"resolve: {e}") from None
         self.client = Client.connect(options.directory)
         try:
-            self.link = HolderLink(self.client, address, port, HOLDER_CONTROL_STREAM,
+            self.link = HolderLink(self.client, address, port, DEFAULT_CONTROL_STREAM_ID,
                                    timeout_s=options.replay_timeout_ms / 1000)
         except BaseException:
             self.client.close()
@@ -295,10 +318,15 @@ class _StandingHold:
                                  "group": options.holder_group, "hold": hold}
                      for stream_id in options.stream_ids}
         self.holder_address: tuple[str, int, int] | None = (address, port,
-                                                              HOLDER_CONTROL_STREAM)
+                                                              DEFAULT_CONTROL_STREAM_ID)
         self.host = name
         self.driver: str | None = None
         self._since = time.monotonic()
+
+    def held(self, stream_id: int) -> dict[str, object] | None:
+        """The key the archive holds ``stream_id`` by (channel, stream id, group): a read
+        task's replay of the live log names it."""
+        return {k: v for k, v in self.keys[stream_id].items() if k != "hold"}
 
     def views(self) -> dict[str, LogView]:
         if self.client.is_closed:
@@ -345,15 +373,16 @@ class _StandingHold:
 
     def no_record(self) -> str:
         """Why a session may be gone with no record of its end."""
-        return (f"the standing holder on {self.host} has no record of how it ended (the "
-                f"holder restarted, or released its group, since the query last read it)")
+        return (f"the archive holding the stream on {self.host} has no record of how it "
+                f"ended (the archive restarted, or released its group, since the query last "
+                f"read it)")
 
     def made_anew(self, join_position: int) -> str:
         """Why the holder's log of a session holds nothing before ``join_position``."""
-        return (f"the standing holder on {self.host} holds it only from position "
-                f"{join_position} on: its subscription joined there (the holder or its "
-                f"host's driver restarted, or its group was released, after the query's "
-                f"last commit), and nothing held the earlier positions meanwhile")
+        return (f"the archive holding the stream on {self.host} holds it only from "
+                f"position {join_position} on: its subscription joined there (the archive "
+                f"or its host's driver restarted, or its group was released, after the "
+                f"query's last commit), and nothing held the earlier positions meanwhile")
 
     def close(self) -> None:
         self.link.close()
@@ -663,7 +692,8 @@ def plan_partitions(options: SourceOptions, hold: Hold,
                     view.session_id, view.stream_id, view.log_path, low, high,
                     options.directory, options.fail_on_data_loss, hold.host,
                     log=view.identity, driver=hold.driver, holder=hold.holder_address,
-                    replay_timeout_ms=options.replay_timeout_ms)]
+                    replay_timeout_ms=options.replay_timeout_ms,
+                    held=hold.held(view.stream_id))]
 
             partitions += archived_partitions(
                 options, archives, image.stream_id, image.session_id, image.identity.framing,
@@ -696,5 +726,5 @@ def plan_partitions(options: SourceOptions, hold: Hold,
                 image.session_id, image.stream_id, image.log_path, low, high,
                 options.directory, options.fail_on_data_loss, hold.host,
                 log=identity, driver=hold.driver, holder=hold.holder_address,
-                replay_timeout_ms=options.replay_timeout_ms))
+                replay_timeout_ms=options.replay_timeout_ms, held=hold.held(image.stream_id)))
     return partitions

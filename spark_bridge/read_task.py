@@ -22,13 +22,13 @@ from pathlib import Path
 from pyspark.sql.datasource import InputPartition
 
 from slipstream.archive.client import ArchiveClient
+from slipstream.archive.holding import driver_instance
 from slipstream.archive.locate import Endpoint, LostRange, read_session
+from slipstream.archive.reading import RecordingLostError
 from slipstream.client import DataLossError, GatheredMessages, Image, SlipstreamError, control
 from slipstream.client.counters import CountersFile
-from slipstream.client.holder import driver_instance
 from slipstream.client.layout import RESERVED_VALUE_TIME_MASK
 from slipstream.client.logbuffer import LogIdentity
-from slipstream.client.replay import ReplayLostError, request_replay
 from slipstream.client.retention import first_retained, message_start
 from slipstream.spark_bridge.archived import (
     ArchivedSource,
@@ -87,8 +87,10 @@ class SlipstreamPartition(InputPartition):
     gone when the batch was planned), where it lives (``log_path`` on the host ``host``
     whose driver is ``driver``, ``pid@start_time_ns`` of that driver) and the holder that
     replays it to tasks on other hosts (``holder``: address, port, control stream id; None
-    when the holder has no address other hosts reach).  A range read from an archive names
-    its recording instead (``archived``, :class:`~slipstream.spark_bridge.archived.
+    when the holder has no address other hosts reach); ``held``, when the holder is an
+    archive that holds the stream for the query's group, the key it holds it by (channel,
+    stream id, group: its replay call names it).  A range read from an archive's recording
+    names it instead (``archived``, :class:`~slipstream.spark_bridge.archived.
     ArchivedSource`), and ``log_path`` is empty.
     """
 
@@ -97,6 +99,7 @@ class SlipstreamPartition(InputPartition):
                  log: LogIdentity | None, driver: str | None,
                  holder: tuple[str, int, int] | None, replay_timeout_ms: int,
                  archived: ArchivedSource | None = None,
+                 held: dict[str, object] | None = None,
                  include_headers: bool = False) -> None:
         super().__init__(None)
         self.session_id = session_id
@@ -112,6 +115,7 @@ class SlipstreamPartition(InputPartition):
         self.holder = holder
         self.replay_timeout_ms = replay_timeout_ms
         self.archived = archived
+        self.held = held
         self.include_headers = include_headers  # the reader's includeHeaders
 
     def __repr__(self) -> str:
@@ -373,12 +377,10 @@ def _read_local(p: SlipstreamPartition) -> Iterator[object]:
 
 
 def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
-    """The range replayed by the query's holder to this host's driver
-    (:mod:`slipstream.client.replay`): the same messages, positions and reserved values."""
-    from slipstream.spark_bridge import runtime
-
+    """The range replayed to this host's driver by the holder: an ingest host's archive,
+    or the query's own replay server (:func:`_read_held`)."""
     here = socket.gethostname()
-    if p.holder is None:
+    if p.holder is None or p.held is None:
         raise SlipstreamError(
             f"slipstream stream {p.stream_id} session {p.session_id}: this read task runs on "
             f"{here}, whose slipstream driver does not hold the log (it is on {p.host}), and "
@@ -388,52 +390,62 @@ def _read_replayed(p: SlipstreamPartition) -> Iterator[object]:
     if p.log is None:  # the session's image was gone when the batch was planned
         _no_log(p, f"no log of this session at the holder on {p.host}")
         return
-    identity = p.log
-    term_length = identity.term_length
-    address, port, control_stream = p.holder
+    yield from _read_held(p)
+
+
+def _read_held(p: SlipstreamPartition) -> Iterator[object]:
+    """The range replayed from the live log by the holder (the ``replay`` call with
+    ``held`` on its control stream: :mod:`slipstream.archive.control`), to this host's
+    driver: the same messages, positions and reserved values.  What the log no longer holds
+    is loss, as ``failOnDataLoss`` says; a replay that ends early is asked again from where
+    it ended (the holder then says whether the log lost the rest)."""
+    from slipstream.spark_bridge import runtime
+
+    assert p.log is not None and p.holder is not None and p.held is not None
     timeout_s = p.replay_timeout_ms / 1000
+    term_length = p.log.term_length
+    link = archive_client_for(runtime.client_for(p.directory), p.directory, p.holder,
+                              timeout_s)
     schema = _schema(p.include_headers)
     ids: dict[int, tuple[object, object]] = {}
-    client = runtime.client_for(p.directory)
     position = p.start
-
-    def lost(e: ReplayLostError) -> SlipstreamDataLossError:
-        return SlipstreamDataLossError(
-            loss_message(p.stream_id, p.session_id, e.lost[0], e.lost[1], None, term_length)
-            + f" (at the holder on {p.host}: {e})")
-
+    early_ends = 0
     while position < p.end:
         try:
-            replay = request_replay(client, address, port, control_stream, p.stream_id,
-                                    identity, position, p.end,
-                                    skip_lost=not p.fail_on_data_loss, timeout_s=timeout_s)
-        except ReplayLostError as e:
-            raise lost(e) from None
+            replay = link.replay_held(p.held, p.session_id, p.log.framing, position, p.end)
+        except RecordingLostError as e:
+            skip_to = max(position, e.held[0])
+            message = loss_message(p.stream_id, p.session_id, position, skip_to, None,
+                                   term_length) + f" (at the holder on {p.host}: {e})"
+            if p.fail_on_data_loss or skip_to <= position:
+                raise SlipstreamDataLossError(message) from None
+            log.warning("%s Skipping to %d (failOnDataLoss=false).", message, skip_to)
+            _record_skip(p.directory)
+            position = skip_to
+            continue
         with replay:
-            if replay.lost is not None:
-                log.warning("%s Skipping to %d (failOnDataLoss=false).", loss_message(
-                    p.stream_id, p.session_id, *replay.lost, None, term_length),
-                    replay.start)
-                _record_skip(p.directory)
             idle_since = time.monotonic()
-            try:
-                while not replay.done:
+            while not replay.done:
+                try:
                     chunk = replay.poll_gathered(_ROWS_PER_BATCH)
-                    if chunk is not None:
-                        yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
-                        idle_since = time.monotonic()
-                    elif time.monotonic() - idle_since > timeout_s:
-                        raise SlipstreamError(
-                            f"{replay.describe()}: nothing arrived for {timeout_s:g} s, at "
-                            f"position {replay.position} (this host's driver log says why "
-                            f"when it refused the replay: a term length of {term_length} "
-                            f"over its image_term_buffer_length_max, for one)")
-                    else:
-                        replay.wait(0.01)
-            except ReplayLostError as e:
-                if p.fail_on_data_loss:
-                    raise lost(e) from None
-                # Asked again from here with skip_lost, the holder skips what it lost.
-            position = replay.position
-            if replay.complete_at is not None and position >= replay.complete_at:
-                break  # the holder sent every message: padding, never sent, ends the range
+                except SlipstreamError:
+                    # Ended early: asked again from there, the archive says why (lost, or
+                    # refused); twice with no progress is the error.
+                    early_ends = 0 if replay.position > position else early_ends + 1
+                    if early_ends > 1:
+                        raise
+                    break
+                if chunk is not None:
+                    yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > timeout_s:
+                    raise SlipstreamError(
+                        f"slipstream stream {p.stream_id} session {p.session_id}: the "
+                        f"replay of [{position}, {p.end}) from the holder on {p.host} sent "
+                        f"nothing for {timeout_s:g} s, at position {replay.position} (this "
+                        f"host's driver log says why when it refused the replay: a term "
+                        f"length of {term_length} over its image_term_buffer_length_max, "
+                        f"for one)")
+                else:
+                    replay.wait(0.01)
+            position = max(position, replay.position)

@@ -21,9 +21,9 @@ Two sides, two kinds of process:
   range ``[start, end)``: on the host whose driver holds the log it maps the log with
   :meth:`Image.detached` and peeks the range (never moving the subscriber, so a failed task
   simply reads it again); on any other host it asks the planning process, which is also the
-  query's **holder** (a :class:`~slipstream.client.replay.ReplayServer` on a thread of its
-  own), to replay the range to it through its own host's driver.  Rows leave as Arrow record
-  batches.  See docs/SPARK.md, "Reading on a cluster".
+  query's **holder** (the archive's control stream on a thread of its own, or an ingest
+  host's archive), to replay the range to it through its own host's driver.  Rows leave as
+  Arrow record batches.  See docs/SPARK.md, "Reading on a cluster".
 
 Offsets name what they point into: per session, the position, the log (initial term id and
 term length) and the holder; a checkpoint whose log is not the session's log now is refused

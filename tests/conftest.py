@@ -233,7 +233,6 @@ MODULE_LANES = {
     "test_re_resolution_hosts": "hosts",
     "test_replay": "hosts",
     "test_replay_block": "unit",
-    "test_replay_protocol": "unit",
     "test_response_channels": "sockets",
     "test_response_hosts": "hosts",
     "test_retransmit": "unit",

@@ -304,3 +304,31 @@ def readdress(hosts: Any, index: int, subnet: int, *, keep: bool) -> str:
         host.run("ip", "addr", "del", f"{host.address}/24", "dev", host.veth)
     host.run("ip", "addr", "add", f"{address}/24", "dev", host.veth)
     return address
+
+
+def start_holding_archive(driver_dir: Path | None, address: str, port: int, archive_dir: Path, *,
+                          holds: tuple[tuple[str, int], ...] = (),
+                          release_after_s: float | None = None,
+                          popen: Callable[..., Any] | None = None) -> Any:
+    """``slipstream-archive run`` beside the driver in ``driver_dir`` (None: the default),
+    holding streams for
+    read queries at ``address:port`` (its control stream: where a Spark ``holder`` option
+    points), its directory ``archive_dir``: the ingest host's archive of docs/SPARK.md.
+    ``holds``: (channel, stream id) held from the start; ``popen`` runs the command (a
+    namespace host's), by default :class:`subprocess.Popen` here.  Its output is piped."""
+    archive_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"dir = {json.dumps(str(archive_dir))}",
+             f"driver_dir = {json.dumps(str(driver_dir or ''))}",
+             f"control_address = {json.dumps(address)}", f"control_port = {port}"]
+    if release_after_s is not None:
+        lines.append(f'release_after = "{release_after_s:g}s"')
+    for channel, stream_id in holds:
+        lines += ["[[hold]]", f"channel = {json.dumps(channel)}", f"stream_id = {stream_id}"]
+    config = archive_dir / "holding.toml"
+    config.write_text("\n".join(lines) + "\n")
+    command = [str(Path(sys.executable).parent / "slipstream-archive"), "run", "--config",
+               str(config)]
+    if popen is not None:
+        return popen(*command)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)

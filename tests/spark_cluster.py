@@ -448,7 +448,7 @@ class SparkCluster:
 
     def lose_host(self, index: int) -> list[int]:
         """The Spark side of worker host ``index`` dies at once (SIGKILL): its worker, and
-        every process of its network that is not a slipstream driver or holder (executors,
+        every process of its network that is not a slipstream driver or archive (executors,
         Python workers, cluster-mode drivers and their applications), nor the process that
         holds the host's namespaces (which the host's next process joins: the host lives on,
         and :meth:`restart_lost_workers` can start its worker again).  Returns the pids."""
@@ -456,8 +456,8 @@ class SparkCluster:
         keep = {host.holder.pid} if host.holder is not None else set()
         killed = []
         for pid, command in host_processes(host):
-            if b"slipstream.daemon.cli driver" in command or b"slipstream-holder" in command \
-                    or pid in keep:
+            if b"slipstream.daemon.cli driver" in command or \
+                    b"/slipstream-archive run " in command or pid in keep:
                 continue  # the host's slipstream side, and the host itself, live on
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

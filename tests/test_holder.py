@@ -1,15 +1,17 @@
-"""The standing holder (``slipstream-holder``, the ingest host's process) and a query planned
-through it, without a SparkSession: the planner and the read tasks are on another "host".
+"""The ingest host's archive holding a stream for read queries (``slipstream-archive run``,
+the calls of :mod:`slipstream.archive.holding`) and a query planned through it, without a
+SparkSession: the planner and the read tasks are on another "host".
 
-Two drivers on this machine stand for two hosts: the ingest host's (the holder runs beside it
-as the real console script, listening at 127.0.0.2) and the Spark driver's, which also
-publishes the stream over UDP to the ingest host.  The planner reaches the holder only through
+Two drivers on this machine stand for two hosts: the ingest host's (the archive runs beside
+it as the real console script, its control stream at 127.0.0.2) and the Spark driver's, which
+also publishes the stream over UDP to the ingest host.  The planner reaches the holder only through
 its own driver; its tasks read the ranges by replay (another driver) or in place (the ingest
 driver's directory: the same driver run as the holder's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,19 +23,30 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
+from helpers import FAST_DRIVER_SETTINGS, free_port, start_holding_archive, wait_for
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from slipstream.client import Client, SlipstreamError
-from slipstream.client.holder import HOLDER_CONTROL_STREAM
+from slipstream.archive.client import ArchiveClient
+from slipstream.archive.reading import RecordingLostError
+from slipstream.archive.settings import (
+    DEFAULT_CONTROL_STREAM_ID,
+    ArchiveSettingsError,
+    HoldSpec,
+    load_settings,
+)
+from slipstream.client import BufferClaim, Client, SlipstreamError
+from slipstream.client.counters import SystemCounter, read_system_counters
 from slipstream.client.holding import CallError, HolderLink, small_channel
+from slipstream.client.logbuffer import LogIdentity
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.options import OptionError, parse_options
 from slipstream.spark_bridge.reader import (
     SlipstreamBatchReader,
     SlipstreamDataLossError,
+    SlipstreamPartition,
     SlipstreamStreamReader,
     position_of,
     read_range,
@@ -41,8 +54,9 @@ from slipstream.spark_bridge.reader import (
 
 pytestmark = pytest.mark.timeout(180)
 
-HOLDER_PORT = 40197
-DATA_PORT = 40198
+# Drawn free, not fixed: other checkouts' tests may run on this machine at the same time.
+HOLDER_PORT = free_port()
+DATA_PORT = next(port for port in iter(free_port, None) if port != HOLDER_PORT)
 STREAM = 4401
 CHANNEL = f"aeron:udp?endpoint=127.0.0.2:{DATA_PORT}"
 PAYLOAD = 100
@@ -51,15 +65,14 @@ TERM = 64 * 1024  # the publication's: its receiver window is half of it
 
 
 class Ingest:
-    """The ingest host's driver and holder process, and the Spark host's driver with a
-    publisher sending the stream to the ingest host."""
+    """The ingest host's driver and its archive holding streams (``holder``: the process),
+    and the Spark host's driver with a publisher sending the stream to the ingest host."""
 
-    def __init__(self, ingest_dir: Path, spark_dir: Path, *holder_args: str) -> None:
+    def __init__(self, ingest_dir: Path, spark_dir: Path, archive_dir: Path,
+                 **settings: Any) -> None:
         self.ingest_dir, self.spark_dir = ingest_dir, spark_dir
-        self.holder = subprocess.Popen(
-            [str(Path(sys.executable).parent / "slipstream-holder"), "--dir", str(ingest_dir),
-             "--address", "127.0.0.2", "--port", str(HOLDER_PORT), *holder_args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.holder = start_holding_archive(ingest_dir, "127.0.0.2", HOLDER_PORT, archive_dir,
+                                            **settings)
         self.client = Client.connect(spark_dir)
         self.publication = self.client.add_publication(f"{CHANNEL}|term-length={TERM}",
                                                        STREAM)
@@ -94,14 +107,16 @@ class Ingest:
                 self.holder.wait()
 
 
-@pytest.fixture
-def ingest() -> Iterator[Ingest]:
+@contextlib.contextmanager
+def two_hosts(archive_dir: Path, **settings: Any) -> Iterator[Ingest]:
+    """The two hosts, the archive given ``settings`` (:func:`helpers.start_holding_archive`'s
+    ``holds``, ``release_after_s``)."""
     directories = [Path("/dev/shm") / f"slipstream-hold-{uuid.uuid4().hex[:6]}-{n}"
                    for n in ("ingest", "spark")]
     try:
         with MediaDriver.launch(directory=directories[0], **FAST_DRIVER_SETTINGS), \
                 MediaDriver.launch(directory=directories[1], **FAST_DRIVER_SETTINGS):
-            hosts = Ingest(*directories)
+            hosts = Ingest(*directories, archive_dir, **settings)
             try:
                 yield hosts
             finally:
@@ -111,6 +126,21 @@ def ingest() -> Iterator[Ingest]:
     finally:
         for directory in directories:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def ingest(tmp_path: Path) -> Iterator[Ingest]:
+    with two_hosts(tmp_path / "archive") as hosts:
+        yield hosts
+
+
+@pytest.fixture
+def held_from_start(tmp_path: Path) -> Iterator[Ingest]:
+    """The archive holds the stream from its start (``[[hold]]``), releasing an idle group
+    after 2 s."""
+    with two_hosts(tmp_path / "archive", holds=((CHANNEL, STREAM),),
+                   release_after_s=2.0) as hosts:
+        yield hosts
 
 
 def values(partitions: list, directory: Path | None = None) -> list[tuple[bytes, int, int]]:
@@ -319,7 +349,8 @@ def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_c
     JSON, or lacks its fields, is dropped (counted in the holder's log) and the holder goes on
     answering."""
     client = Client.connect(ingest.spark_dir)
-    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, HOLDER_CONTROL_STREAM, timeout_s=10)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
     try:
         key = {"channel": CHANNEL, "stream_id": STREAM, "group": "audit"}
         link.call("state", **key)
@@ -348,7 +379,7 @@ def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_c
         with pytest.raises(CallError, match="is not held here for group 'nobody'"):
             link.call("state", **stranger, hold=False)
         control = client.add_publication(small_channel(
-            f"aeron:udp?endpoint=127.0.0.2:{HOLDER_PORT}"), HOLDER_CONTROL_STREAM)
+            f"aeron:udp?endpoint=127.0.0.2:{HOLDER_PORT}"), DEFAULT_CONTROL_STREAM_ID)
         wait_for(lambda: control.is_connected, what="the holder's control stream")
         for junk in (b"\xff\x00 not json", b'{"kind": "call", "version": 1}', b"[]"):
             while control.offer(junk) < 0:
@@ -360,18 +391,183 @@ def test_the_holder_refuses_a_question_about_another_log_and_drops_a_malformed_c
         client.close()
     ingest.holder.send_signal(signal.SIGTERM)
     output, _ = ingest.holder.communicate(timeout=10)
-    assert output.count("request refused: malformed") == 3, output
+    assert output.count("a malformed call dropped") == 3, output
     assert ingest.holder.returncode == 0
 
 
-def test_the_holder_process_says_why_it_cannot_start() -> None:
-    """No driver in the directory: the holder exits 1 naming it."""
+def test_a_stream_held_by_the_settings_holds_its_publisher_until_released_when_idle(
+        held_from_start: Ingest) -> None:
+    """A ``[[hold]]`` holds the stream from the archive's start, before any query asked: the
+    publisher gets one receiver window (and its own half term) in, then waits.  No query
+    calls for ``release_after`` (2 s): the group is released, and a state call that makes no
+    hold is answered that the stream is not held, naming what is."""
+    ingest = held_from_start
+    client = Client.connect(ingest.spark_dir)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
+    try:
+        key = {"channel": CHANNEL, "stream_id": STREAM, "group": "spark"}
+        total = 4 * TERM // FRAME  # four terms: eight receiver windows
+        went = ingest.publish(total, timeout_s=1.0)
+        assert 0 < went < total // 2, went  # one window, and the publisher's half term
+        time.sleep(4.0)  # idle past release_after, and the next housekeeping pass
+        with pytest.raises(CallError, match="is not held here for group 'spark' "
+                                            r"\(held: none\)"):
+            link.call("state", **key, hold=False)
+    finally:
+        link.close()
+        client.close()
+
+
+def test_a_replay_of_a_range_the_live_log_no_longer_holds_is_refused_lost_or_skipped(
+        ingest: Ingest) -> None:
+    """The group commits past four terms of the stream, so the live log no longer holds its
+    first messages.  A replay asked from position 0 is refused ``lost`` with what the log
+    holds, from its first whole message; a read task on another host fails with
+    ``failOnDataLoss=true``, naming the range, and with ``false`` skips to that message,
+    reads every message from there once, and counts the skip."""
+    client = Client.connect(ingest.spark_dir)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
+    archive = ArchiveClient(client, "127.0.0.2", HOLDER_PORT, timeout_s=10)
+    try:
+        key = {"channel": CHANNEL, "stream_id": STREAM, "group": "spark"}
+        link.call("state", **key)
+        total = 4 * TERM // FRAME
+        while ingest.published < total:
+            ingest.publish(min(100, total - ingest.published), timeout_s=0.2)
+            sessions = link.call("state", **key)["sessions"]
+            for sid, state in sessions.items():
+                link.call("view", **key, session_id=int(sid),
+                          log=[state["initial_term_id"], state["term_length"]],
+                          method="advance_to", args={"position": state["available"]})
+        sid = str(ingest.publication.session_id)
+        state = link.call("state", **key)["sessions"][sid]
+        framing = (state["initial_term_id"], state["term_length"])
+        end = state["available"]  # every message (and the padding that ends each term)
+        assert end >= total * FRAME, state
+        with pytest.raises(RecordingLostError, match="no longer holds position 0") as lost:
+            archive.replay_held(key, int(sid), framing, 0, end)
+        first = lost.value.held[0]
+        assert 0 < first < end - TERM and first % 32 == 0, lost.value.held
+
+        def task(fail_on_data_loss: bool) -> SlipstreamPartition:
+            return SlipstreamPartition(
+                int(sid), STREAM, state["log_path"], 0, end, str(ingest.spark_dir),
+                fail_on_data_loss, "127.0.0.2", log=LogIdentity(int(sid), *framing),
+                driver="another driver run", holder=("127.0.0.2", HOLDER_PORT,
+                                                     DEFAULT_CONTROL_STREAM_ID),
+                replay_timeout_ms=10_000, held=key)
+
+        # The driver's cleaner may have gone on behind the group's position since: what is
+        # lost reaches at least as far.
+        with pytest.raises(SlipstreamDataLossError, match=r"positions \[0, \d+\)") as failed:
+            values([task(True)])
+        assert int(str(failed.value).split("positions [0, ")[1].split(")")[0]) >= first
+        skips_before = read_system_counters(ingest.spark_dir)[SystemCounter.DATA_LOSS_SKIPS]
+        rows = values([task(False)])
+        assert rows[0][1] - FRAME >= first  # from the first message the log held
+        assert numbers(rows) == list(range(numbers(rows)[0], total))
+        assert read_system_counters(ingest.spark_dir)[SystemCounter.DATA_LOSS_SKIPS] == \
+            skips_before + 1
+    finally:
+        archive.close()
+        link.close()
+        client.close()
+
+
+def test_a_held_range_with_aborted_claims_padding_is_replayed_around_it(
+        ingest: Ingest) -> None:
+    """Aborted claims leave padding inside a term, which a replay cannot reproduce: one
+    between messages and one at the range's end (an IPC stream on the ingest host, whose log
+    is the publisher's own).  A read task on another host gets the same rows as one on the
+    archive's host (a replay up to the padding, then one from the next message), and a range
+    of nothing but padding is read as empty."""
+    client = Client.connect(ingest.spark_dir)
+    publishing = Client.connect(ingest.ingest_dir)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
+    try:
+        key = {"channel": "aeron:ipc", "stream_id": STREAM, "group": "spark"}
+        link.call("state", **key)
+        publication = publishing.add_publication("aeron:ipc", STREAM)
+        wait_for(lambda: publication.is_connected, what="the archive's hold")
+        sid = str(publication.session_id)
+        claim = BufferClaim()
+        for first in (0, 10):
+            for n in range(first, first + 10):
+                while publication.offer(f"{n:08d}".encode().ljust(PAYLOAD, b".")) < 0:
+                    time.sleep(0.001)
+            while publication.try_claim(200, claim) < 0:
+                time.sleep(0.001)
+            claim.abort()
+        end = publication.position
+        answer = link.call("state", **key)
+        state = answer["sessions"][sid]
+        framing = (state["initial_term_id"], state["term_length"])
+
+        def task(directory: Path, start: int) -> list[tuple[bytes, int, int]]:
+            return values([SlipstreamPartition(
+                int(sid), STREAM, state["log_path"], start, end, str(directory), True,
+                "127.0.0.2", log=LogIdentity(int(sid), *framing), driver=answer["driver"],
+                holder=("127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID),
+                replay_timeout_ms=10_000, held=key)])
+
+        in_place = task(ingest.ingest_dir, 0)
+        assert numbers(in_place) == list(range(20))
+        # Not stamped: the timestamp is each read's time.
+        assert [row[:2] for row in task(ingest.spark_dir, 0)] == [row[:2] for row in in_place]
+        assert task(ingest.spark_dir, in_place[-1][1]) == []  # the padding only
+    finally:
+        link.close()
+        publishing.close()
+        client.close()
+
+
+def test_the_holder_command_names_the_archive_settings_that_replace_it(tmp_path: Path
+                                                                     ) -> None:
+    """``slipstream-holder`` is refused (exit 2), printing the ``slipstream-archive`` settings
+    that hold what its arguments held; those settings load, and the archive they run says
+    why it cannot start with no driver in the directory (exit 1, naming it)."""
     missing = f"/dev/shm/slipstream-none-{uuid.uuid4().hex[:6]}"
     result = subprocess.run([str(Path(sys.executable).parent / "slipstream-holder"), "--dir",
-                             missing], capture_output=True, text=True, timeout=30,
-                            env={**os.environ})
-    assert result.returncode == 1
-    assert missing in result.stderr
+                             missing, "--port", "40999", "--hold", CHANNEL, str(STREAM),
+                             "--release-after", "30"], capture_output=True, text=True,
+                            timeout=30, env={**os.environ})
+    assert result.returncode == 2, result
+    assert "slipstream-archive run --config" in result.stderr
+    toml = result.stderr.split("(config/archive.toml documents every key):")[1]
+    toml = toml.split("Spark's holder=")[0].replace("/var/lib/slipstream-archive",
+                                                     str(tmp_path / "archive"))
+    config = tmp_path / "holder.toml"
+    config.write_text(toml)
+    settings = load_settings(config)
+    assert (settings.control_port, settings.control_address) == (40999, "0.0.0.0")
+    assert settings.holds == (HoldSpec(CHANNEL, STREAM, "spark"),)
+    assert settings.release_after_ns == 30 * 10**9
+    assert settings.driver_dir == Path(missing)
+    run = subprocess.run([str(Path(sys.executable).parent / "slipstream-archive"), "run",
+                          "--config", str(config)], capture_output=True, text=True,
+                         timeout=30)
+    assert run.returncode == 1, run
+    assert missing in run.stderr
+
+
+def test_a_held_stream_in_the_settings_is_checked_by_key(tmp_path: Path) -> None:
+    """``[[hold]]`` entries are refused naming the key that is wrong."""
+    for body, key in (('[[hold]]\nchannel = "aeron:udp?endpoint=x:1"\nstream_id = "7"',
+                       "hold.stream_id"),
+                      ('[[hold]]\nchannel = 7\nstream_id = 7', "hold.channel"),
+                      (f'[[hold]]\nchannel = "{CHANNEL}"\nstream_id = 7\ngroup = ""',
+                       "hold.group"),
+                      (f'[[hold]]\nchannel = "{CHANNEL}"\nstream_id = 7\nsize = 1',
+                       "hold.size"),
+                      ('release_after = "-1s"', "release_after")):
+        config = tmp_path / "bad.toml"
+        config.write_text(body + "\n")
+        with pytest.raises(ArchiveSettingsError) as raised:
+            load_settings(config)
+        assert raised.value.key == key, (body, raised.value)
 
 
 def test_holder_options_are_checked() -> None:

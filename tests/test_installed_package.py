@@ -312,17 +312,19 @@ def test_another_user_can_run_the_installed_package(installed_venv: InstalledVen
     assert help_text.returncode == 0 and "driver" in help_text.stdout, help_text.stderr
 
 
-def test_the_installed_holder_runs_for_another_user(installed_venv: InstalledVenv) -> None:
-    """The wheel's ``slipstream-holder`` command (an ingest host's, docs/SPARK.md) starts for
-    another user (nobody), shows its help, and without a driver in its directory exits 1
-    naming the directory."""
+def test_the_installed_holder_command_names_the_archive_for_another_user(
+        installed_venv: InstalledVenv) -> None:
+    """The wheel's ``slipstream-holder`` command starts for another user (nobody), shows its
+    help, and refuses (exit 2) naming the ``slipstream-archive`` settings that replace it,
+    with the directory it was given."""
     prefix = as_another_user(65534)
     holder = installed_venv.path / "bin" / "slipstream-holder"
     help_text = installed_venv.run([*prefix, holder, "--help"])
     assert help_text.returncode == 0 and "--hold" in help_text.stdout, help_text.stderr
     missing = "/dev/shm/slipstream-no-driver-here"
     result = installed_venv.run([*prefix, holder, "--dir", missing])
-    assert result.returncode == 1 and missing in result.stderr, result.stderr
+    assert result.returncode == 2 and "slipstream-archive run" in result.stderr and \
+        f'driver_dir = "{missing}"' in result.stderr, result.stderr
 
 
 def test_the_installed_spark_bridge_imports(installed_venv: InstalledVenv) -> None:

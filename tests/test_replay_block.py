@@ -1,16 +1,16 @@
 """A replay's block append (``ss_append_block``, client/native_block_appender.c): a range of
-one log copied frame for frame into another that starts at the same position, as the replay
-holder sends a range (client/replay/server.py).  The copy must read back as the source does
+one log copied frame for frame into another that starts at the same position, as a replay
+session sends a range (archive/replayer.py).  The copy must read back as the source does
 (payloads, positions, reserved values, fragments, the padding that ends a term), stop where a
 block cannot go, and take nothing from a source frame it has not checked.  Where a range the
 log no longer holds resumes (``first_retained``) is found among the terms the log can still
-hold, and the holder answers every way a replay ends."""
+hold, and a query's replay server (the archive's control stream over its own logs) answers
+every way a replay of a live log ends."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,14 +18,19 @@ from pathlib import Path
 
 import attrs
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, wait_for
+from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from slipstream.client import BufferClaim, Client, retention
+from slipstream.archive import control
+from slipstream.archive.client import ArchiveClient
+from slipstream.archive.holding import driver_instance
+from slipstream.archive.reading import RecordingLostError
+from slipstream.archive.replayer import LogSource
+from slipstream.client import BufferClaim, Client, SlipstreamError, retention
 from slipstream.client._native import ffi, lib
-from slipstream.client.errors import DataLossError
-from slipstream.client.holding import small_channel
+from slipstream.client.counters import CountersFile
+from slipstream.client.holding import CallError, small_channel
 from slipstream.client.image import Image
 from slipstream.client.layout import (
     BEGIN_FLAG,
@@ -41,18 +46,16 @@ from slipstream.client.layout import (
 )
 from slipstream.client.logbuffer import LogBuffer, index_by_position, new_appender
 from slipstream.client.publication import ADMIN_ACTION, BACK_PRESSURED, Publication
-from slipstream.client.replay import (
-    Replay,
-    ReplayError,
-    ReplayLostError,
-    ReplayRequest,
-    ReplayServer,
-    first_retained,
-    request_replay,
-)
-from slipstream.client.replay import server as replay_server
+from slipstream.client.retention import first_retained
 from slipstream.client.subscription import Subscription
 from slipstream.daemon.driver import MediaDriver
+from slipstream.spark_bridge import archived, runtime
+from slipstream.spark_bridge.planning import _Holder
+from slipstream.spark_bridge.read_task import (
+    SlipstreamDataLossError,
+    SlipstreamPartition,
+    read_range,
+)
 
 TERM = TERM_MIN_LENGTH  # 64 KiB
 INITIAL_TERM_ID = 7
@@ -408,234 +411,202 @@ def test_the_first_position_held_is_found_among_the_terms_the_log_can_still_hold
 
 
 # -- through two drivers -------------------------------------------------------------------------
-PORT = 40197
-CONTROL = 5353
 STREAM = 89
+KEY = {"channel": "aeron:ipc", "stream_id": STREAM, "group": "query"}
+
+
+@attrs.define
+class TwoDrivers:
+    """The holder's driver, whose subscription (``keeper``) holds an IPC log of 64 KiB terms
+    and whose query's replay server answers at 127.0.0.2, and the reader's (at 127.0.0.1)."""
+
+    publication: Publication
+    keeper: Subscription
+    remote: Client
+    image: Image
+    holder: _Holder
+    holder_dir: Path
+    reader_dir: Path
+    driver: str
+
+    def partition(self, start: int, end: int, *, fail: bool = True,
+                  directory: Path | None = None) -> SlipstreamPartition:
+        """A read task's partition of ``[start, end)``, read on the reader's host (or on the
+        host of ``directory``)."""
+        return SlipstreamPartition(
+            self.image.session_id, STREAM, self.image.log_path, start, end,
+            str(directory or self.reader_dir), fail, "holder-host", log=self.image.identity,
+            driver=self.driver, holder=self.holder.address, replay_timeout_ms=10_000,
+            held=KEY)
+
+    def link(self) -> ArchiveClient:
+        """The reader's link to the replay server, as its read tasks use it."""
+        return archived.archive_client_for(runtime.client_for(str(self.reader_dir)),
+                                           str(self.reader_dir), self.holder.address, 10.0)
 
 
 @pytest.fixture
-def holder_and_reader() -> Iterator[tuple[object, object, Client, Image, ReplayServer]]:
-    """Two drivers on this machine: the holder's, whose subscription holds an IPC log of 64 KiB
-    terms and whose replay server answers at 127.0.0.2, and the reader's (at 127.0.0.1)."""
+def holder_and_reader() -> Iterator[TwoDrivers]:
     directories = [Path("/dev/shm") / f"slipstream-block-{uuid.uuid4().hex[:6]}-{n}"
                    for n in ("holder", "reader")]
     try:
         with MediaDriver.launch(directory=directories[0], **FAST_DRIVER_SETTINGS), \
                 MediaDriver.launch(directory=directories[1], **FAST_DRIVER_SETTINGS), \
                 Client.connect(directories[0]) as local, \
-                Client.connect(directories[0]) as server_client, \
                 Client.connect(directories[1]) as remote:
             publication = local.add_publication("aeron:ipc?term-length=64k", STREAM)
             keeper = local.add_subscription("aeron:ipc", STREAM)
             wait_for(lambda: keeper.images, what="the holder's image")
             image = keeper.images[0]
-            logs = {image.session_id: Image.detached(image.log_path, 0)}
-            server = ReplayServer(server_client, "127.0.0.2", PORT, CONTROL,
-                                  lambda _stream, session: logs.get(session))
-            stop = threading.Event()
-            thread = threading.Thread(target=server.run, args=(stop.is_set,))
-            thread.start()
+            holder = _Holder(str(directories[0]), "127.0.0.2", free_port())
+            holder.logs = {(STREAM, image.session_id): (image.log_path, 0)}
+            counters = CountersFile(directories[0] / "counters.dat")
+            driver = driver_instance(counters)
+            counters.close()
             try:
-                yield publication, keeper, remote, image, server
+                yield TwoDrivers(publication, keeper, remote, image, holder, *directories,
+                                 driver)
             finally:
-                stop.set()
-                thread.join(5)
-                server.close()
+                holder.close()
     finally:
         for directory in directories:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def replayed(remote: Client, image: Image, start: int, end: int,
-             got: list[tuple[bytes, int, int]] | None = None) -> list[tuple[bytes, int, int]]:
-    """The rows of a replay of [start, end), read whole (into ``got``)."""
-    replay: Replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                                    image.identity, start, end, timeout_s=10)
-    got = [] if got is None else got
-    deadline = time.monotonic() + 20
-    with replay:
-        while not replay.done:
-            if replay.poll(lambda d, h: got.append((bytes(d), h.position, h.reserved_value))) == 0:
-                assert time.monotonic() < deadline, f"the replay stalled at {replay.position}"
-                replay.wait(0.01)
-    return got
-
-
-@pytest.mark.sockets
-def test_padding_inside_a_term_is_refused_by_name_and_a_range_ending_in_it_is_replayed(
-        holder_and_reader) -> None:
-    """An aborted claim leaves padding inside a term: a range across it is refused naming the
-    padding, before anything past it is sent; a range that ends with it, or starts after it, is
-    replayed with the log's positions and reserved values; and one across a term's end, its
-    padding included, reads to its end."""
-    publication, keeper, remote, image, server = holder_and_reader
-    for i in range(10):
-        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
-    pad_at = publication.position
-    claim = BufferClaim()
-    assert publication.try_claim(200, claim) > 0
-    claim.abort()
-    after_pad = publication.position
-    assert after_pad == pad_at + 256
-    for i in range(10, 20):
-        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
-    end = publication.position
-    local = [(bytes(d), p, r) for d, p, r in source_rows(image, 0, end)]
-    assert replayed(remote, image, 0, pad_at) == local[:10]
-    assert replayed(remote, image, 0, after_pad) == local[:10]
-    assert replayed(remote, image, after_pad, end) == local[10:]
-    got: list[tuple[bytes, int, int]] = []
-    with pytest.raises(ReplayError, match=f"padding inside a term at position {pad_at}"):
-        replayed(remote, image, 0, end, got)
-    assert got == local[:len(got)] and len(got) <= 10
-    assert server.refused == 1
-    # 1000-byte messages: a term ends with 64 bytes of padding, which a block copies.  The
-    # keeper reads for credit, less than a term past the range: none of it is cleaned.
-    deadline = time.monotonic() + 10
-    while publication.position < 65536 + 3 * 1056:
-        while publication.offer(bytes(1000), reserved_value=7) < 0:
-            if keeper.poll(lambda d, h: None, 10) == 0:  # the driver raises the limit soon
-                assert time.monotonic() < deadline, "no credit for 10 s"
-                time.sleep(0.001)
-    assert image.position - after_pad < 65536
-    end = publication.position
-    assert replayed(remote, image, after_pad, end) == source_rows(image, after_pad, end)
-
-
 def source_rows(image: Image, start: int, end: int) -> list[tuple[bytes, int, int]]:
+    """(bytes, position, reserved value / 1000: the timestamp column, µs) of the log."""
     rows: list[tuple[bytes, int, int]] = []
-    image.peek(start, lambda d, h: rows.append((bytes(d), h.position, h.reserved_value)), end)
+    image.peek(start, lambda d, h: rows.append((bytes(d), h.position,
+                                                h.reserved_value // 1000)), end)
     return rows
 
 
+def task_rows(partition: SlipstreamPartition) -> list[tuple[bytes, int, int]]:
+    """What a read task returns: (value, position, timestamp µs) of each row."""
+    return [row for batch in read_range(partition)
+            for row in zip(batch.column("value").to_pylist(),
+                           batch.column("position").to_pylist(),
+                           batch.column("timestamp").cast("int64").to_pylist(), strict=True)]
+
+
+def offer(publication: Publication, count: int, first: int = 0, size: int = 100) -> None:
+    """Messages ``first``.. of ``size`` bytes, message i carrying byte i and reserved value
+    1000 (i + 1) (the writer's stamp: i + 1 µs)."""
+    for i in range(first, first + count):
+        deadline = time.monotonic() + 10
+        while publication.offer(bytes([i % 251]) * size, reserved_value=(i + 1) * 1000) < 0:
+            assert time.monotonic() < deadline, "no credit for 10 s"
+            time.sleep(0.001)
+
+
 @pytest.mark.sockets
-def test_replays_share_the_readers_link_and_pass_over_an_answer_to_another_request(
-        holder_and_reader) -> None:
-    """Replays one after the other through one client share its control and response streams
-    (and the holder its answer publication): only the data stream is new.  An answer on the
-    response stream that names another request (a late answer to an earlier replay) is read
-    and passed over; a replay left before its end closes the link it had."""
-    publication, _keeper, remote, image, server = holder_and_reader
-    for i in range(50):
-        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
-    end = publication.position
-    local = source_rows(image, 0, end)
+def test_padding_inside_a_term_is_replayed_around_and_a_terms_end_padding_read_through(
+        holder_and_reader: TwoDrivers) -> None:
+    """An aborted claim leaves padding inside a term, which a replay cannot reproduce: a task
+    on the reader's host reads a range across it with the log's positions and stamps (a
+    replay up to the padding, then one from the next message), as do ranges that end with it
+    or start after it.  A range across a term's end reads to its end, the padding that ends
+    the term copied with the term's frames."""
+    hosts = holder_and_reader
+    offer(hosts.publication, 10)
+    pad_at = hosts.publication.position
+    claim = BufferClaim()
+    assert hosts.publication.try_claim(200, claim) > 0
+    claim.abort()
+    after_pad = hosts.publication.position
+    assert after_pad == pad_at + 256
+    offer(hosts.publication, 10, first=10)
+    end = hosts.publication.position
+    local = source_rows(hosts.image, 0, end)
+    assert task_rows(hosts.partition(0, end, directory=hosts.holder_dir)) == local
+    assert task_rows(hosts.partition(0, end)) == local
+    assert task_rows(hosts.partition(0, after_pad)) == local[:10]
+    assert task_rows(hosts.partition(after_pad, end)) == local[10:]
+    # 1000-byte messages: a term ends with 64 bytes of padding, which a block copies.  The
+    # keeper reads for credit, less than a term past the range: none of it is cleaned.
+    deadline = time.monotonic() + 10
+    n = 20
+    while hosts.publication.position < TERM + 3 * 1056:
+        while hosts.publication.offer(bytes(1000), reserved_value=(n + 1) * 1000) < 0:
+            if hosts.keeper.poll(lambda d, h: None, 10) == 0:  # the driver raises the limit
+                assert time.monotonic() < deadline, "no credit for 10 s"
+                time.sleep(0.001)
+        n += 1
+    assert hosts.image.position - after_pad < TERM
+    end = hosts.publication.position
+    assert task_rows(hosts.partition(after_pad, end)) == source_rows(hosts.image, after_pad,
+                                                                     end)
 
-    def request() -> Replay:
-        return request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                              image.identity, 0, end, timeout_s=10)
 
-    first = request()
-    link = first._link
-    assert replayed_through(first) == local
-    late = remote.add_publication(small_channel(link.reply_channel), link.response_stream_id)
+@pytest.mark.sockets
+def test_replays_share_the_readers_link_and_pass_over_an_answer_to_another_call(
+        holder_and_reader: TwoDrivers) -> None:
+    """Replays one after the other in one worker share its link to the replay server (its
+    control and response streams), and the server its answer publication: only each
+    replay's data stream is new.  An answer on the response stream to another call (a late
+    answer to one that timed out) is read and passed over."""
+    hosts = holder_and_reader
+    offer(hosts.publication, 50)
+    end = hosts.publication.position
+    local = source_rows(hosts.image, 0, end)
+    assert task_rows(hosts.partition(0, end)) == local
+    link = hosts.link()
+    late = hosts.remote.add_publication(small_channel(link.reply_channel),
+                                        link._link.response_stream_id)
     wait_for(lambda: late.is_connected, what="the late answer's stream")
-    assert late.offer(json.dumps({"status": "refused", "message": "not yours",
-                                  "request_id": 1}).encode()) > 0
-
-    def late_image() -> Image | None:
-        return next((i for i in link.response.images if i.session_id == late.session_id), None)
-
-    wait_for(lambda: late_image() is not None and late_image().available_position() > 0,
-             what="the late answer at the reader")
-    second = request()
-    assert second._link is link and second._data is not first._data
-    assert replayed_through(second) == local
-    assert late_image().position == late_image().available_position()  # read, passed over
+    assert late.offer(json.dumps({"id": 10**9, "status": "error",
+                                  "message": "not yours"}).encode()) > 0
+    assert task_rows(hosts.partition(0, end)) == local
+    assert hosts.link() is link
     late.close()
-    wait_for(lambda: server.served == 2, what="two replays served")
-    assert len(server._responses._entries) == 1  # one answer publication for both
-    left = request()
-    assert left._link is link
-    left.close()  # before its end
-    assert link.control.is_closed and link.response.is_closed
-    fresh = request()
-    assert fresh._link is not link
-    assert replayed_through(fresh) == local
+    wait_for(lambda: hosts.holder.control.served == 2, what="two replays served")
+    assert len(hosts.holder.control._answers._publications) == 1  # one for both
 
 
 @pytest.mark.sockets
-def test_a_holder_that_names_no_request_is_read_and_its_link_not_kept(
-        holder_and_reader, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A holder older than request ids answers without ``request_id``, on an answer stream of
-    each replay's own: its answer is taken as the replay's and the range is read whole, but
-    the link is closed after the replay instead of kept (a late answer on it could not be
-    told from the next replay's), so the next replay sets up a link of its own."""
-    publication, _keeper, remote, image, server = holder_and_reader
-    decode = ReplayRequest.decode.__func__
-    monkeypatch.setattr(ReplayRequest, "decode", classmethod(
-        lambda cls, data: attrs.evolve(decode(cls, data), request_id=None)))
-    for i in range(20):
-        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
-    end = publication.position
-    local = source_rows(image, 0, end)
-    links = []
-    for _ in range(2):
-        replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                                image.identity, 0, end, timeout_s=10)
-        links.append(replay._link)
-        assert replayed_through(replay) == local
-        assert replay._link.control.is_closed and replay._link.response.is_closed
-    assert links[0] is not links[1]
-    wait_for(lambda: server.served == 2, what="two replays served")
-
-
-def replayed_through(replay: Replay) -> list[tuple[bytes, int, int]]:
-    """Every message of ``replay`` (bytes, position, reserved value), then the replay closed."""
-    got: list[tuple[bytes, int, int]] = []
-    deadline = time.monotonic() + 20
-    with replay:
-        while not replay.done:
-            if replay.poll(lambda d, h: got.append((bytes(d), h.position,
-                                                    h.reserved_value))) == 0:
-                assert time.monotonic() < deadline, f"stalled at {replay.position}"
-                replay.wait(0.01)
-    return got
-
-
-@pytest.mark.sockets
-def test_the_replay_exchange_parks_its_waits_and_never_spins(holder_and_reader,
-                                                             monkeypatch) -> None:
-    """Every wait of a replay, the holder's for requests and credit, the reader's for the
-    answer and for the data, parks at once (``spin_ns`` 0): what they wait for takes
+def test_a_replays_waits_park_and_never_spin(holder_and_reader: TwoDrivers,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every wait of a replay, the server's for calls, the reader's for the call's answer and
+    for the replay's data, parks at once (``spin_ns`` 0): what they wait for takes
     milliseconds, and a spinning waiter takes the core the drivers that bring it need."""
-    publication, _keeper, remote, image, server = holder_and_reader
-    for i in range(50):
-        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
-    end = publication.position
+    hosts = holder_and_reader
+    offer(hosts.publication, 50)
+    end = hosts.publication.position
     spins: dict[str, list[int | None]] = {"holder": [], "reader": []}
     wait_for_data = Subscription.wait_for_data
 
     def recorded(self: Subscription, timeout_ns: int, spin_ns: int | None = None) -> bool:
-        spins["holder" if self is server._control else "reader"].append(spin_ns)
+        spins["holder" if self is hosts.holder.control._subscription else "reader"].append(
+            spin_ns)
         return wait_for_data(self, timeout_ns, spin_ns)
 
     monkeypatch.setattr(Subscription, "wait_for_data", recorded)
-    assert replayed(remote, image, 0, end) == source_rows(image, 0, end)
-    wait_for(lambda: spins["holder"], what="the holder waiting for its next request")
+    assert task_rows(hosts.partition(0, end)) == source_rows(hosts.image, 0, end)
+    wait_for(lambda: spins["holder"], what="the server waiting for its next call")
     assert spins["reader"] and set(spins["reader"]) == {0}, spins["reader"]
     assert set(spins["holder"]) == {0}, spins["holder"]
 
 
 @pytest.mark.sockets
-def test_a_range_the_cleaner_takes_while_the_holder_looks_for_its_start_is_answered_lost(
-        holder_and_reader, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The holder finds the range's start held, then the cleaner zeroes it while the holder
-    walks to where a message begins: the answer is ``lost`` naming the range (a frame zeroed
-    reads as not written yet, and the range would have been answered as empty and read as
-    complete, nothing lost); asked again with skip_lost, the replay begins at the next
-    message."""
-    publication, keeper, remote, image, _server = holder_and_reader
+def test_a_range_the_cleaner_takes_while_the_server_looks_for_its_start_is_refused_lost(
+        holder_and_reader: TwoDrivers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server finds the range's start held, then the cleaner zeroes it while the server
+    walks to where a message begins: the answer is ``lost`` (a frame zeroed reads as not
+    written yet, and the range would have been answered as empty and read as complete,
+    nothing lost), with what the log holds from the next message; asked from there, the
+    replay is the log's."""
+    hosts = holder_and_reader
+    publication, keeper, image = hosts.publication, hosts.keeper, hosts.image
     deadline = time.monotonic() + 10
     while image.position < 7 * TERM // 4:  # the keeper reads, a few messages at a time
-        while publication.offer(bytes(1000), reserved_value=5) > 0:
+        while publication.offer(bytes(1000), reserved_value=5000) > 0:
             pass
         if keeper.poll(lambda d, h: None, 8) == 0:
             assert time.monotonic() < deadline, "no credit for 10 s"
             time.sleep(0.001)
     offered = time.monotonic()
     while time.monotonic() - offered < 0.2:  # then the publisher runs half a term ahead
-        if publication.offer(bytes(1000), reserved_value=6) > 0:
+        if publication.offer(bytes(1000), reserved_value=6000) > 0:
             offered = time.monotonic()
         else:
             time.sleep(0.001)
@@ -653,90 +624,84 @@ def test_a_range_the_cleaner_takes_while_the_holder_looks_for_its_start_is_answe
             zeroed.append(position)
         return walk(image, position, end)
 
-    monkeypatch.setattr(replay_server, "message_start", cleaner_passes)
+    monkeypatch.setattr(control, "message_start", cleaner_passes)
     try:
-        with pytest.raises(ReplayLostError) as lost:
-            request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM, image.identity,
-                           start, end, timeout_s=10)
-        assert zeroed == [start] and lost.value.lost == (start, end)
-        replay = request_replay(remote, "127.0.0.2", PORT, CONTROL, STREAM,
-                                image.identity, start, end, skip_lost=True,
-                                timeout_s=10)
-        assert replay.lost == (start, start + 1056) and replay.start == start + 1056
-        assert replayed_through(replay) == source_rows(image, start + 1056, end)
+        with pytest.raises(RecordingLostError, match=f"no longer holds position {start}"
+                           ) as lost:
+            hosts.link().replay_held(KEY, image.session_id, image.identity.framing, start,
+                                     end)
+        assert zeroed == [start] and lost.value.held == (start + 1056, end)
+        assert task_rows(hosts.partition(start + 1056, end)) == \
+            source_rows(image, start + 1056, end)
     finally:
         writable.close()
 
 
 @pytest.mark.sockets
-def test_a_loss_while_replaying_is_answered_lost_even_when_the_answer_must_wait(
-        holder_and_reader, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The log stops holding the range after the holder answered ``replaying``, and the answer
-    publication refuses the ``lost`` answer's first offer (back pressure, a term's rotation):
-    the holder offers it again until it goes, so the reader fails with the loss, naming the
-    range, not with a stream that merely ended."""
-    publication, _keeper, remote, image, server = holder_and_reader
-    for i in range(20):
-        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
-    end = publication.position
+def test_a_loss_while_replaying_is_data_loss_naming_the_range(
+        holder_and_reader: TwoDrivers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log stops holding the range after the replay began (the cleaner passed it): the
+    replay's stream ends early, and asked again from where it ended, the server says what the
+    log holds now; the task fails with the loss naming the range (``failOnDataLoss=true``),
+    or skips to what is held and reads it (``false``), not failing as if the stream merely
+    ended."""
+    hosts = holder_and_reader
+    offer(hosts.publication, 20)
+    end = hosts.publication.position
+    cleaned_to = source_rows(hosts.image, 0, end)[9][1]  # the first ten messages go
+    copy, held = LogSource.copy, LogSource.held
+    lost: list[int] = []
 
-    def log_moves_on(session: object, end: int) -> int | None:
-        raise DataLossError(0, end + 3 * TERM)
+    def cleaned(self: LogSource, publication: Publication, position: int, block_end: int
+                ) -> tuple[int, int]:
+        if position < cleaned_to:
+            lost.append(position)
+            raise RecordingLostError(f"{self.name}: the live log no longer holds position "
+                                     f"{position}", (cleaned_to, block_end))
+        return copy(self, publication, position, block_end)
 
-    monkeypatch.setattr(ReplayServer, "_blocks", staticmethod(log_moves_on))
-    take = replay_server._Responses.take
-    refused: list[bytes] = []
+    def held_now(self: LogSource, start: int, stop: int) -> tuple[int, int]:
+        return (max(start, cleaned_to), stop) if lost else held(self, start, stop)
 
-    def answers_refusing_once(self: object, request: ReplayRequest) -> Publication:
-        publication = take(self, request)
-        offer = publication.offer
-
-        def refuse_once(data: bytes, *args: object, **kwargs: object) -> int:
-            if b'"lost"' in bytes(data) and not refused:
-                refused.append(bytes(data))
-                return BACK_PRESSURED
-            return offer(data, *args, **kwargs)
-
-        publication.offer = refuse_once
-        return publication
-
-    monkeypatch.setattr(replay_server._Responses, "take", answers_refusing_once)
-    with pytest.raises(ReplayLostError) as lost:
-        replayed(remote, image, 0, end)
-    assert refused and lost.value.lost == (0, end)
-    assert "no longer holds position 0" in str(lost.value)
-    wait_for(lambda: server.refused == 1 and not server.replaying, what="the replay ended")
+    monkeypatch.setattr(LogSource, "copy", cleaned)
+    monkeypatch.setattr(LogSource, "held", held_now)
+    with pytest.raises(SlipstreamDataLossError, match=rf"positions \[0, {cleaned_to}\)"):
+        task_rows(hosts.partition(0, end))
+    assert lost
+    assert task_rows(hosts.partition(0, end, fail=False)) == \
+        source_rows(hosts.image, cleaned_to, end)
 
 
 @pytest.mark.sockets
-def test_a_holder_that_fails_serving_a_request_tells_the_reader_why(
-        holder_and_reader, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An exception at the holder, while it looks the log up or while it sends the range, is
-    answered to the reader with its reason (the reader fails at once saying so, not after
-    its timeout as if the holder were not there, nor with a stream that merely ended), and
-    the holder serves the next request."""
-    publication, _keeper, remote, image, server = holder_and_reader
-    for i in range(20):
-        assert publication.offer(bytes([i]) * 100, reserved_value=i) > 0
-    end = publication.position
-    lookup = server._lookup
+def test_a_server_that_fails_serving_a_replay_says_so_and_serves_the_next(
+        holder_and_reader: TwoDrivers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception at the server while it looks the log up is answered to the reader with
+    its reason, at once (not after the reader's timeout, as if the server were not there);
+    one while it sends the range fails that replay (logged with its cause at the server, its
+    stream ended early: the task fails naming where), never the server, which serves the
+    next replay."""
+    hosts = holder_and_reader
+    offer(hosts.publication, 20)
+    end = hosts.publication.position
+    replay_source = hosts.holder.holds.replay_source
 
-    def lookup_fails(stream_id: int, session_id: int) -> Image | None:
+    def lookup_fails(*args: object) -> Image:
         raise RuntimeError("the lookup broke")
 
-    server._lookup = lookup_fails
-    with pytest.raises(ReplayError, match=r"could not be served \(RuntimeError: the lookup"):
-        replayed(remote, image, 0, end)
-    server._lookup = lookup
-    blocks = ReplayServer._blocks
+    hosts.holder.holds.replay_source = lookup_fails  # type: ignore[method-assign]
+    began = time.monotonic()
+    with pytest.raises(CallError, match=r"failed at the archive \(RuntimeError: the lookup"):
+        task_rows(hosts.partition(0, end))
+    assert time.monotonic() - began < 5
+    hosts.holder.holds.replay_source = replay_source  # type: ignore[method-assign]
+    copy = LogSource.copy
 
-    def send_fails(session: object, end: int) -> int | None:
+    def send_fails(*args: object) -> tuple[int, int]:
         raise RuntimeError("the copy broke")
 
-    monkeypatch.setattr(ReplayServer, "_blocks", staticmethod(send_fails))
-    with pytest.raises(ReplayError, match=r"failed at the holder \(RuntimeError: the copy"):
-        replayed(remote, image, 0, end)
-    monkeypatch.setattr(ReplayServer, "_blocks", staticmethod(blocks))
-    assert replayed(remote, image, 0, end) == source_rows(image, 0, end)
-    wait_for(lambda: server.refused == 2 and server.served == 1,
-             what="two requests refused, the third served")
+    monkeypatch.setattr(LogSource, "copy", send_fails)
+    with pytest.raises(SlipstreamError, match=r"ended at position 0, before \d+"):
+        task_rows(hosts.partition(0, end))
+    monkeypatch.setattr(LogSource, "copy", copy)
+    assert task_rows(hosts.partition(0, end)) == source_rows(hosts.image, 0, end)
+    wait_for(lambda: hosts.holder.control.served == 1, what="the third replay served")

@@ -15,6 +15,7 @@ Spark's JVMs starting.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -25,9 +26,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import lacking
+from helpers import lacking, start_holding_archive
+
+from slipstream.client.holder import HOLDER_PORT
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -383,7 +387,9 @@ def test_a_query_reads_on_hosts_without_the_log_exactly_once_through_a_lost_work
 #
 # Host 1: the Spark master, the submitter, the publisher (to host 4) and the client that
 # receives what the query writes; hosts 2 and 3: a worker each, one of which the master picks
-# for the Spark driver; host 4: the ingest host, its slipstream driver and slipstream-holder.
+# for the Spark driver; host 4: the ingest host, its slipstream driver and its archive, which
+# holds the stream for the query (its control stream at HOLDER_PORT: the holder option's
+# default port).
 
 #: The query, submitted in cluster deploy mode with --supervise: it reads through the ingest
 #: host's holder and writes as the client-mode query does, until the file ``done`` appears.
@@ -419,11 +425,22 @@ spark.stop()
 """
 
 
+def ingest_archive(hosts: Any, data: str, tmp_path: Path) -> subprocess.Popen[str]:
+    """The ingest host 4's archive (``slipstream-archive run``), holding stream 10 of
+    ``data`` from its start for the queries' group, its control stream at host 4's address
+    and the ``holder`` option's default port."""
+    return start_holding_archive(
+        None, hosts[4].address, HOLDER_PORT, tmp_path / "ingest-archive",
+        holds=((data, 10),),
+        popen=lambda *command: hosts[4].popen(*command, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True))
+
+
 @pytest.mark.timeout(900)
 def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_the_driver_moves(
         cluster, tmp_path) -> None:
-    """Host 1 publishes WINDOWS receiver windows to the ingest host 4, where slipstream-holder
-    holds the stream from its start; the query runs in cluster deploy mode with --supervise,
+    """Host 1 publishes WINDOWS receiver windows to the ingest host 4, whose archive holds the
+    stream from its start; the query runs in cluster deploy mode with --supervise,
     its Spark driver on a worker host the master picks, and finds the holder by its
     ``holder`` option.  A third of the way in, that worker host's Spark dies (worker, driver,
     executor: SIGKILL); the master starts the driver again on the other worker host, which
@@ -434,9 +451,7 @@ def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_t
     hosts, spark, _drivers = cluster
     data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
     out = f"aeron:udp?endpoint={hosts[1].address}:{OUT_PORT}"
-    holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
-                            "--address", hosts[4].address, "--hold", data, "10",
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    holder = ingest_archive(hosts, data, tmp_path)
     progress = tmp_path / "received"
     client = hosts[1].popen(sys.executable, "-c", HOST_4, data, out, str(MESSAGES),
                             str(PAYLOAD), str(progress), stdout=subprocess.PIPE,
@@ -500,7 +515,7 @@ def test_cluster_deploy_mode_reads_through_the_ingest_holder_exactly_once_when_t
 
 # -- the Spark driver on the ingest host; a publisher that ends -------------------------------
 #
-# Host 4: the ingest host (its driver and slipstream-holder) and the client-mode application:
+# Host 4: the ingest host (its driver and holding archive) and the client-mode application:
 # its Spark driver beside the holder, its executors on hosts 2 and 3 (replays from host 4);
 # host 1: two publishers (two sessions) sending to host 4, one of which ends normally halfway.
 
@@ -607,15 +622,13 @@ spark.stop()
 @pytest.mark.timeout(900)
 def test_a_query_beside_the_ingest_holder_reads_every_message_once_as_a_publisher_ends(
         cluster, tmp_path) -> None:
-    """The Spark driver on the ingest host (client mode, beside slipstream-holder), its read
+    """The Spark driver on the ingest host (client mode, beside the holding archive), its read
     tasks on hosts 2 and 3; host 1 publishes two sessions to host 4, and one of them ends
     normally halfway.  The planner reaches its own host's holder, the query never fails, every
     message is read once into an idempotent sink, and the ended session leaves the offsets."""
     hosts, spark, _drivers = cluster
     data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
-    holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
-                            "--address", hosts[4].address, "--hold", data, "10",
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    holder = ingest_archive(hosts, data, tmp_path)
     count = MESSAGES // 2
     publisher = hosts[1].popen(sys.executable, "-c", TWO_PUBLISHERS, data, str(count),
                                str(PAYLOAD), str(tmp_path), stdout=subprocess.PIPE,
@@ -693,9 +706,7 @@ def test_a_publishing_host_restarted_while_the_query_was_down_is_reported_never_
 
     hosts, spark, drivers = cluster
     data = f"aeron:udp?endpoint={hosts[4].address}:{DATA_PORT}"
-    holder = hosts[4].popen(str(Path(sys.executable).parent / "slipstream-holder"),
-                            "--address", hosts[4].address, "--hold", data, "10",
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    holder = ingest_archive(hosts, data, tmp_path)
     first = hosts[1].popen(sys.executable, "-c", PUBLISHER, data, str(10 * MESSAGES),
                            str(PAYLOAD), str(tmp_path), "m", stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
@@ -932,3 +943,196 @@ def test_durable_messages_are_read_once_through_downtime_and_the_publishing_host
     assert "whatever its publisher accepted after position" in run.stderr, run.stderr[-3000:]
     replays = (tmp_path / "archive.log").read_text()
     assert "replay " in replays, "nothing was read from the archive: " + replays[-2000:]
+
+# -- a pipeline written for Kafka ---------------------------------------------------------
+#
+# Host 1: the Spark driver (client mode) and an archive recording both streams where they
+# arrive; hosts 2 and 3: the workers, whose tasks write the rows and read them back (replays
+# from host 1's archive, or the live log replayed by the query's hold); host 4 is idle.
+
+KAFKA_STREAMS = (21, 22)
+#: Rows per stream: about 12 terms of 64 KiB each, so the live log on host 1 (three terms)
+#: holds only the last few when the query starts.
+KAFKA_ROWS = 3000
+
+#: The application: a writer that sends rows with keys and headers to two streams by their
+#: stream_id column, then, with the writer's sessions still live, a query as a Kafka user
+#: writes it (only format and the stream options differ) started at a time older than the
+#: live log holds, read once to the end (Trigger.AvailableNow), its rows and progress kept.
+KAFKA_PIPELINE = """
+import json, os, sys, time
+from pyspark.sql import SparkSession
+from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, StringType, StructField,
+                               StructType)
+from slipstream.spark_bridge import register
+
+channel, writer_channel, archive, work = sys.argv[1:5]
+rows_per_stream = int(sys.argv[5])
+spark = SparkSession.builder.appName("kafka-style-pipeline").getOrCreate()
+register(spark)
+
+schema = StructType([
+    StructField("key", StringType()), StructField("value", StringType()),
+    StructField("headers", ArrayType(StructType([StructField("key", StringType()),
+                                                 StructField("value", BinaryType())]))),
+    StructField("stream_id", IntegerType())])
+rows = [(f"k{s}-{i}" if i % 7 else None, f"v{s}-{i}-" + "x" * 150,
+         [("seq", str(i).encode()), ("from", b"\\x00\\xff" + bytes([s]))] if i % 5 else [],
+         s)
+        for s in (21, 22) for i in range(rows_per_stream)]
+since_ms = int(time.time() * 1000) - 1
+(spark.createDataFrame(rows, schema).repartition(4)
+ .write.format("slipstream").option("channel", writer_channel).mode("append").save())
+
+got = os.path.join(work, "rows")
+os.makedirs(got, exist_ok=True)
+
+def sink(batch, batch_id):
+    out = [{"stream": r.stream_id, "session": r.session_id, "position": r.position,
+            "key": r.key, "value": r.value, "type": r.timestampType,
+            "headers": None if r.headers is None else
+                       [[h.key, h["value"].hex()] for h in r.headers]}
+           for r in batch.collect()]
+    with open(os.path.join(got, f"{batch_id}.json"), "w") as f:
+        json.dump(out, f)
+
+events = (spark.readStream.format("slipstream")            # Kafka: format("kafka")
+          .option("channel", channel)                      # Kafka: kafka.bootstrap.servers
+          .option("streamId", "21,22")                     # Kafka: subscribe
+          .option("archive", archive)
+          .option("startingTimestamp", str(since_ms))
+          .option("maxOffsetsPerTrigger", "1500")
+          .option("includeHeaders", "true")
+          .option("failOnDataLoss", "true")
+          .load())
+query = (events.selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value",
+                           "headers", "timestampType", "stream_id", "session_id", "position")
+         .writeStream.foreachBatch(sink).trigger(availableNow=True)
+         .option("checkpointLocation", os.path.join(work, "checkpoint")).start())
+query.awaitTermination(400)
+if query.exception() is not None:
+    raise query.exception()
+lags = []
+for progress in query.recentProgress:
+    latest = progress["sources"][0].get("latestOffset")
+    if latest:
+        lags.append(json.loads(latest).get("@lag", {}).get("offsetsBehindLatest"))
+query.stop()
+print("RESULT", json.dumps({"lags": lags}), flush=True)
+spark.stop()
+"""
+
+#: The batch read, in an application of its own once the writer's sessions ended (their
+#: recordings stopped): no holder, every session the archive recorded.
+KAFKA_BATCH = """
+import json, sys
+from pyspark.sql import SparkSession
+from slipstream.spark_bridge import register
+
+channel, archive = sys.argv[1:3]
+spark = SparkSession.builder.appName("kafka-style-batch").getOrCreate()
+register(spark)
+df = (spark.read.format("slipstream").option("channel", channel)
+      .option("streamId", "21,22").option("archive", archive)
+      .option("startingOffsets", "earliest").option("endingOffsets", "latest")
+      .option("includeHeaders", "true").load())
+rows = [{"stream": r.stream_id, "key": None if r.key is None else bytes(r.key).decode(),
+         "value": bytes(r.value).decode(), "headers": None if r.headers is None else
+         [[h.key, bytes(h["value"]).hex()] for h in r.headers]} for r in df.collect()]
+print("RESULT", json.dumps(rows), flush=True)
+spark.stop()
+"""
+
+#: On host 1: waits until every recording of both streams has stopped (its session ended
+#: with its end-of-stream mark) and prints them.
+RECORDINGS_STOPPED = """
+import json, sys, time
+from slipstream.archive.client import ArchiveClient
+from slipstream.client import Client
+
+address = sys.argv[1]
+with Client.connect() as client, ArchiveClient(client, address, 8010) as archive:
+    deadline = time.monotonic() + 120
+    while True:
+        listed = [r for s in (21, 22) for r in archive.list_all_recordings(stream_id=s)]
+        if listed and not any(r.is_active for r in listed):
+            break
+        assert time.monotonic() < deadline, [(r.recording_id, r.is_active) for r in listed]
+        time.sleep(0.5)
+    print(json.dumps([[r.descriptor.stream_id, r.descriptor.session_id,
+                       int(r.descriptor.end_reason)] for r in listed]))
+"""
+
+
+def expected_kafka_rows() -> dict[tuple[int, str], tuple[str | None, list | None]]:
+    """What the writer sent: per (stream, value), its key and headers (hex values), as
+    KAFKA_PIPELINE makes them."""
+    rows = {}
+    for s in KAFKA_STREAMS:
+        for i in range(KAFKA_ROWS):
+            headers = [["seq", str(i).encode().hex()], ["from", (b"\x00\xff" + bytes([s])).hex()]]
+            rows[(s, f"v{s}-{i}-" + "x" * 150)] = (f"k{s}-{i}" if i % 7 else None,
+                                                    headers if i % 5 else [])
+    return rows
+
+
+@pytest.mark.timeout(900)
+def test_a_kafka_pipeline_reads_keys_and_headers_of_two_streams_from_a_time_older_than_the_log(
+        cluster, tmp_path) -> None:
+    """A pipeline as a Kafka user writes it, on the cluster: executors on hosts 2 and 3 write
+    6,000 rows with keys and headers to two streams by their ``stream_id`` column, to host 1,
+    where an archive records both.  With the writer's sessions still live, a query started
+    at a time before the write (about 12 terms back: the live log holds three) reads every
+    row once, keys and headers intact, its lag in the progress falling to 0.  Once the
+    writer's sessions ended, a batch read with no holder returns every row once from the
+    archive."""
+    hosts, spark, _drivers = cluster
+    h1 = hosts[1].address
+    channel = f"aeron:udp?endpoint={h1}:{DATA_PORT}"
+    archive_dir = tmp_path / "archive"
+    config = tmp_path / "archive.toml"
+    config.write_text(
+        f'dir = "{archive_dir}"\nsegment_length = "256k"\n'
+        f'control_address = "{h1}"\ncontrol_port = 8010\n' +
+        "".join(f'[[record]]\nchannel = "{channel}"\nstream_id = {s}\nsource = "remote"\n'
+                for s in KAFKA_STREAMS))
+    archive_log = open(tmp_path / "archive.log", "wb")
+    archive = hosts[1].popen(sys.executable, "-m", "slipstream.archive.cli", "run",
+                             "--config", str(config), stdout=archive_log,
+                             stderr=subprocess.STDOUT)
+    try:
+        run = spark.run_app(KAFKA_PIPELINE, channel, f"{channel}|term-length=64k",
+                            f"{h1}:8010", str(tmp_path), str(KAFKA_ROWS), host=1,
+                            conf=ONE_EXECUTOR_PER_WORKER, timeout=600)
+        lags = run.result()["lags"]
+        read = []
+        for path in (tmp_path / "rows").glob("*.json"):
+            read += json.loads(path.read_text())
+        stopped = json.loads(hosts[1].run(sys.executable, "-c", RECORDINGS_STOPPED, h1,
+                                          timeout=180).stdout)
+        batch = spark.run_app(KAFKA_BATCH, channel, f"{h1}:8010", host=1,
+                              conf=ONE_EXECUTOR_PER_WORKER, timeout=300).result()
+    finally:
+        archive.terminate()
+        archive.wait(timeout=30)
+        archive_log.close()
+
+    expected = expected_kafka_rows()
+    for rows, what in ((read, "the query"), (batch, "the batch read")):
+        got = {(r["stream"], r["value"]): (r["key"], r["headers"]) for r in rows}
+        assert len(rows) == len(got) == len(expected), \
+            f"{what}: {len(rows)} rows, {len(got)} distinct, of {len(expected)}"
+        assert got == expected, f"{what}: keys and headers as written"
+    assert {r["type"] for r in read} == {0}, "every timestamp is the writer's (CreateTime)"
+    sessions = {(r["stream"], r["session"]) for r in read}
+    assert {s for s, _ in sessions} == set(KAFKA_STREAMS)
+    # Each session's positions increase: read once, in order.
+    for stream, session in sessions:
+        positions = [r["position"] for r in read
+                     if (r["stream"], r["session"]) == (stream, session)]
+        assert positions == sorted(set(positions))
+    assert len(lags) >= 3 and lags[0] > 0 and lags[-1] == 0, lags
+    assert all(later <= earlier for earlier, later in itertools.pairwise(lags)), lags
+    # The recordings ended with their sessions' end-of-stream marks, and were read from.
+    assert {s for s, _, _ in stopped} == set(KAFKA_STREAMS), stopped
+    assert "replay " in (tmp_path / "archive.log").read_text()

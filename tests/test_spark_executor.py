@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import inspect
 import shutil
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FAST_DRIVER_SETTINGS, wait_for
+from helpers import FAST_DRIVER_SETTINGS, free_port, wait_for
 
-from slipstream.client import BufferClaim, Client, Image
+from slipstream.archive.client import ArchiveClient, ArchiveReplay
+from slipstream.archive.holding import driver_instance
+from slipstream.client import BufferClaim, Client
 from slipstream.client.counters import CountersFile
-from slipstream.client.holder import driver_instance
-from slipstream.client.replay import ReplayServer, earliest_position
+from slipstream.client.retention import earliest_position
 from slipstream.daemon.driver import MediaDriver
-from slipstream.spark_bridge import planning, read_task
+from slipstream.spark_bridge import planning
 from slipstream.spark_bridge.options import parse_options
 from slipstream.spark_bridge.reader import (
     SlipstreamDataLossError,
@@ -35,8 +35,7 @@ from slipstream.spark_bridge.reader import (
 
 pytestmark = pytest.mark.timeout(120)
 
-PORT = 40196
-CONTROL = 5151
+PORT = free_port()
 STREAM = 88
 TERM = 64 * 1024
 PAYLOAD = 200
@@ -49,18 +48,13 @@ class Hosts:
     def __init__(self, holder_dir: Path, executor_dir: Path) -> None:
         self.holder_dir, self.executor_dir = holder_dir, executor_dir
         self.client = Client.connect(holder_dir)
-        self.server_client = Client.connect(holder_dir)
         self.publication = self.client.add_publication(
             f"aeron:ipc?term-length={TERM // 1024}k", STREAM)
         self.keeper = self.client.add_subscription("aeron:ipc", STREAM)
         wait_for(lambda: self.keeper.images, what="the holder's image")
         self.image = self.keeper.images[0]
-        self.logs = {self.image.session_id: Image.detached(self.image.log_path, 0)}
-        self.server = ReplayServer(self.server_client, "127.0.0.2", PORT, CONTROL,
-                                   lambda _stream, session: self.logs.get(session))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self.server.run, args=(self._stop.is_set,))
-        self._thread.start()
+        self.server = planning._Holder(str(holder_dir), "127.0.0.2", PORT)
+        self.server.logs = {(STREAM, self.image.session_id): (self.image.log_path, 0)}
         counters = CountersFile(holder_dir / "counters.dat")
         self.driver = driver_instance(counters)
         counters.close()
@@ -77,18 +71,15 @@ class Hosts:
                 self.keeper.poll(lambda d, h: None, 100)
 
     def partition(self, directory: Path, start: int, end: int, *, fail: bool = True,
-                  holder: tuple[str, int, int] | None = ("127.0.0.2", PORT, CONTROL)
-                  ) -> SlipstreamPartition:
+                  holder: bool = True) -> SlipstreamPartition:
         return SlipstreamPartition(
             self.image.session_id, STREAM, self.image.log_path, start, end, str(directory),
-            fail, "holder-host", log=self.image.identity, driver=self.driver, holder=holder,
-            replay_timeout_ms=5000)
+            fail, "holder-host", log=self.image.identity, driver=self.driver,
+            holder=self.server.address if holder else None, replay_timeout_ms=5000,
+            held={"channel": "aeron:ipc", "stream_id": STREAM, "group": "query"})
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
         self.server.close()
-        self.server_client.close()
         self.client.close()
 
 
@@ -128,21 +119,21 @@ def test_a_task_off_the_holders_host_reads_the_same_rows_as_one_on_it(two_driver
     assert len(local) == 120
     assert replayed == local
     assert [stamp for _, _, stamp in replayed] == [i + 1 for i in range(120)]
-    wait_for(lambda: hosts.server.served == 1, what="the replay counted as served")
+    wait_for(lambda: hosts.server.control.served == 1, what="the replay counted as served")
 
 
 def test_a_range_the_holder_no_longer_holds_is_data_loss_naming_it_or_skipped(
         two_drivers) -> None:
     """The holder's log moved four terms on (its subscriber read it all): a task off its host
-    asked for position 0 fails naming the range and the holder; with failOnDataLoss=false it
-    reads from the oldest message still held."""
+    asked for position 0 fails naming the range lost (up to the oldest message still held)
+    and the holder; with failOnDataLoss=false it reads from that message."""
     hosts = two_drivers
     hosts.publish(4 * TERM // (PAYLOAD + 32), consume=True)
     while hosts.keeper.poll(lambda d, h: None, 1000):
         pass
     end = hosts.image.available_position()
     with pytest.raises(SlipstreamDataLossError,
-                       match=rf"positions \[0, {end}\) are no longer in the log.*holder"):
+                       match=r"positions \[0, \d+\) are no longer in the log.*holder"):
         rows(hosts.partition(hosts.executor_dir, 0, end))
     lenient = rows(hosts.partition(hosts.executor_dir, 0, end, fail=False))
     oldest = earliest_position(hosts.image)
@@ -158,7 +149,7 @@ def test_a_task_off_the_holders_host_without_a_holder_address_says_to_set_one(
     hosts.publish(3)
     start, end = hosts.image.position, hosts.image.available_position()
     with pytest.raises(Exception, match="set the reader's holderAddress option") as error:
-        rows(hosts.partition(hosts.executor_dir, start, end, holder=None))
+        rows(hosts.partition(hosts.executor_dir, start, end, holder=False))
     assert not isinstance(error.value, SlipstreamDataLossError)
 
 
@@ -178,11 +169,12 @@ def test_a_range_that_ends_after_a_terms_padding_is_replayed_whole(two_drivers) 
     assert rows(hosts.partition(hosts.executor_dir, 0, TERM)) == local
 
 
-def test_a_range_that_ends_with_an_aborted_claims_padding_is_read_with_one_replay(
+def test_a_range_that_ends_with_an_aborted_claims_padding_is_read_whole(
         two_drivers, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An aborted claim leaves padding inside a term at the end of the range: the holder sends
-    the messages before it and says where the last one ends; the task reads the same rows as
-    on the holder's host with that one replay, and does not ask again for the padding."""
+    """An aborted claim leaves padding inside a term at the end of the range, which a replay
+    cannot reproduce: the holder's replay ends before it, and asked again from there, the
+    holder answers that no message begins before the range's end (no replay stream): the
+    task reads the same rows as on the holder's host, with one replay."""
     hosts = two_drivers
     hosts.publish(10)
     claim = BufferClaim()
@@ -191,17 +183,19 @@ def test_a_range_that_ends_with_an_aborted_claims_padding_is_read_with_one_repla
     end = hosts.publication.position
     local = rows(hosts.partition(hosts.holder_dir, 0, end))
     assert len(local) == 10 and local[-1][1] < end
-    asked: list[tuple[int, int]] = []
-    ask = read_task.request_replay
+    asked: list[tuple[int, int, int]] = []
+    ask = ArchiveClient.replay_held
 
-    def counted(*args: object, **kwargs: object) -> object:
+    def counted(*args: object, **kwargs: object) -> ArchiveReplay:
         call = inspect.signature(ask).bind(*args, **kwargs).arguments
-        asked.append((call["start"], call["end"]))
-        return ask(*args, **kwargs)
+        replay = ask(*args, **kwargs)  # type: ignore[arg-type]
+        asked.append((call["start"], call["end"], replay.replay_id))
+        return replay
 
-    monkeypatch.setattr(read_task, "request_replay", counted)
+    monkeypatch.setattr(ArchiveClient, "replay_held", counted)
     assert rows(hosts.partition(hosts.executor_dir, 0, end)) == local
-    assert asked == [(0, end)]
+    assert [(start, stop) for start, stop, _ in asked] == [(0, end), (local[-1][1], end)]
+    assert asked[1][2] == 0  # nothing to replay: no stream
 
 
 def test_a_range_of_a_session_gone_at_planning_is_data_loss_on_the_holders_host_too(
@@ -232,15 +226,15 @@ def test_the_querys_holder_unmaps_a_replayed_log_once_its_session_ended(
     hosts = two_drivers
     hosts.publish(20)
     end = hosts.image.available_position()
-    holder = planning._Holder(str(hosts.holder_dir), "127.0.0.2", PORT + 10)
+    holder = planning._Holder(str(hosts.holder_dir), "127.0.0.2", free_port())
     try:
         holder.logs = {(hosts.image.stream_id, hosts.image.session_id): (hosts.image.log_path, 0)}
         gone = hosts.partition(hosts.executor_dir, 0, end)
         gone.holder = holder.address
         assert len(rows(gone)) == 20
-        assert list(holder._images._images) == [hosts.image.log_path]
+        assert holder.holds.mapped == [hosts.image.log_path]
         holder.logs = {}  # the planning thread saw the session's image go
-        wait_for(lambda: not holder._images._images, timeout=5,
+        wait_for(lambda: not holder.holds.mapped, timeout=5,
                  what="the ended session's log unmapped")
     finally:
         holder.close()

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -21,14 +20,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import NETWORK_SETTINGS, free_port, wait_for
+from helpers import NETWORK_SETTINGS, free_port, start_holding_archive, wait_for
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+from slipstream.archive.client import ArchiveClient
+from slipstream.archive.service import ArchiveService
+from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID, ArchiveSettings, HoldSpec
 from slipstream.client import Client
 from slipstream.client.counters import SystemCounter, read_system_counters
-from slipstream.client.holder import HOLDER_CONTROL_STREAM, StreamHolder
 from slipstream.client.holding import HolderLink
-from slipstream.client.replay import request_replay
 from slipstream.daemon.driver import MediaDriver
 from slipstream.spark_bridge.options import parse_options
 from slipstream.spark_bridge.reader import (
@@ -101,11 +101,11 @@ def hosts() -> Iterator[Hosts]:
 
 
 def start_holder(hosts: Hosts, port: int) -> subprocess.Popen[str]:
-    """The standing holder process beside the ingest driver, at 127.0.0.2:``port``."""
-    return subprocess.Popen(
-        [str(Path(sys.executable).parent / "slipstream-holder"), "--dir",
-         str(hosts.directories["ingest"]), "--address", "127.0.0.2", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """The ingest host's archive holding streams beside the ingest driver, its control
+    stream at 127.0.0.2:``port`` (its directory kept across restarts)."""
+    archive = hosts.directories.setdefault(
+        "archive", Path("/dev/shm") / f"slipstream-ends-{uuid.uuid4().hex[:6]}-archive")
+    return start_holding_archive(hosts.directories["ingest"], "127.0.0.2", port, archive)
 
 
 def stop_holder(process: subprocess.Popen[str]) -> None:
@@ -346,50 +346,57 @@ def test_a_planner_and_a_replay_reader_on_the_holders_own_host_reach_it(
     endpoint's, or which no other endpoint may share)."""
     ingest = hosts.directories["ingest"]
     port = free_port()
+    settings = ArchiveSettings(dir=hosts.directories.setdefault(
+        "archive", Path("/dev/shm") / f"slipstream-ends-{uuid.uuid4().hex[:6]}-archive"),
+        driver_dir=ingest, control_address=listen, control_port=port,
+        holds=(HoldSpec(hosts.channel, STREAM),))
     with Client.connect(ingest) as holding, Client.connect(ingest) as calling:
-        holder = StreamHolder(holding, listen, port)
+        archive = ArchiveService(settings, client=holding)
         try:
-            held = holder.hold(hosts.channel, STREAM)
+            held = archive.holds.hold(hosts.channel, STREAM)  # the settings' hold
+            assert archive.holds.held == [(hosts.channel, STREAM, "spark")]
             with Client.connect(hosts.directories["publisher"]) as publishing:
                 publication = publishing.add_publication(f"{hosts.channel}|term-length={TERM}",
                                                          STREAM)
-                wait_for(lambda: (holder.do_work(), publication.is_connected)[1],
-                         what="the holder's image")
+                wait_for(lambda: (archive.do_work(), publication.is_connected)[1],
+                         what="the archive's image")
                 while publication.offer(b"x" * PAYLOAD) < 0:
-                    holder.do_work()
-                wait_for(lambda: (holder.do_work(), held.subscription.images and
+                    archive.do_work()
+                wait_for(lambda: (archive.do_work(), held.subscription.images and
                                   held.subscription.images[0].available_position() > 0)[1],
-                         what="a message at the holder")
-                link = HolderLink(calling, "127.0.0.1", port, HOLDER_CONTROL_STREAM,
+                         what="a message at the archive")
+                link = HolderLink(calling, "127.0.0.1", port, DEFAULT_CONTROL_STREAM_ID,
                                   timeout_s=10)
                 answers = []
                 caller = threading.Thread(target=lambda: answers.append(link.call(
                     "state", channel=hosts.channel, stream_id=STREAM, group="spark")))
                 caller.start()
                 while caller.is_alive():
-                    holder.do_work()
+                    archive.do_work()
                 link.close()
                 assert answers and list(answers[0]["sessions"]) == [
                     str(publication.session_id)]
                 image = held.subscription.images[0]
                 replays = []
-                reader = threading.Thread(target=lambda: replays.append(request_replay(
-                    calling, "127.0.0.1", port, HOLDER_CONTROL_STREAM, STREAM,
-                    image.identity, image.join_position, image.available_position(),
-                    timeout_s=10)))
+                reader_link = ArchiveClient(calling, "127.0.0.1", port, timeout_s=10)
+                reader = threading.Thread(target=lambda: replays.append(
+                    reader_link.replay_held(
+                        {"channel": hosts.channel, "stream_id": STREAM, "group": "spark"},
+                        image.session_id, image.identity.framing, image.join_position,
+                        image.available_position())))
                 reader.start()
                 while reader.is_alive():
-                    holder.do_work()
+                    archive.do_work()
                 assert replays
                 with replays[0] as replay:
                     deadline = time.monotonic() + 10
                     while not replay.done:
-                        holder.do_work()
+                        archive.do_work()
                         replay.poll(lambda data, header: None)
                         assert time.monotonic() < deadline
+                reader_link.close()
         finally:
-            holder.close()
-
+            archive.stop()
 
 
 def test_a_restarted_holder_is_given_time_to_hold_again_and_its_loss_named_so(
@@ -434,7 +441,8 @@ def test_a_restarted_holder_is_given_time_to_hold_again_and_its_loss_named_so(
     finally:
         stop_holder(holder)
     message = str(lost.value)
-    assert "the standing holder on" in message and "holds it only from position" in message
+    assert "the archive holding the stream on" in message and \
+        "holds it only from position" in message
     assert f"[{100 * FRAME}, " in message and "has no log" not in message
 
 
