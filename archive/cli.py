@@ -235,9 +235,11 @@ def _replay_session(args: argparse.Namespace, settings: ArchiveSettings) -> int:
               f"{len(archives)} archives")
         print(f"{'position':>14} {'length':>8}  first bytes")
         try:
-            for chunk in read_session(archives, d.stream_id, d.session_id,
-                                      (d.initial_term_id, d.term_length), start, args.to,
-                                      directory=settings.dir):
+            # Closed on Ctrl-C too: a replay being read stops at its archive then.
+            reader = links.enter_context(contextlib.closing(read_session(
+                archives, d.stream_id, d.session_id, (d.initial_term_id, d.term_length),
+                start, args.to, directory=settings.dir)))
+            for chunk in reader:
                 for i in range(len(chunk)):
                     at = chunk.offsets[i]
                     head = bytes(chunk.data[at:at + min(24, chunk.lengths[i])])

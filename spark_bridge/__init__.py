@@ -35,10 +35,10 @@ from slipstream.spark_bridge import _requirements  # noqa: F401
 # isort: split
 from pyspark.sql.datasource import DataSource
 
+from slipstream.spark_bridge.envelope import MalformedEnvelopeError
 from slipstream.spark_bridge.options import OptionError, SourceOptions, parse_options
 from slipstream.spark_bridge.read_task import (
     SCHEMA,
-    MalformedEnvelopeError,
     SlipstreamDataLossError,
     SlipstreamPartition,
     schema_text,

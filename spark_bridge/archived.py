@@ -214,6 +214,37 @@ class Archives:
             return (stop if position == begin else position), None, None
         return position, rows, size
 
+    def count_messages(self, stream_id: int, session_id: int, framing: tuple[int, int],
+                       begin: int, end: int, limit: int) -> tuple[int, int]:
+        """How many whole messages of the session begin in ``[begin, end)`` of what the
+        archives hold, counting up to ``limit`` (each recording's part asked of its
+        archive, as :meth:`LogView.count_messages` on the live log); and how far the count
+        reached: ``end`` when it counted them all, less where it stopped at ``limit``, at a
+        hole, or at an archive that does not answer."""
+        counted, position = 0, begin
+        for piece in self.pieces(stream_id, session_id, framing, begin, end):
+            if piece.start > position:
+                break  # a hole
+            try:
+                found = self.view(stream_id, piece)
+                if found is None:
+                    break
+                view, reach = found
+                high = min(end, reach)
+                if high <= position:
+                    break
+                left = limit - counted
+                found_here = view.count_messages(position, high, left)
+                if found_here >= left:
+                    return limit, view.scan(position, high, left, None)
+                counted += found_here
+                position = high
+            except SlipstreamError:
+                break
+            if position >= end:
+                break
+        return counted, position
+
     def position_at_time(self, stream_id: int, session_id: int, framing: tuple[int, int],
                          time_ns: int, begin: int, end: int | None) -> int | None:
         """Where the first message of the session in ``[begin, end)`` (``end`` None: as far

@@ -44,8 +44,7 @@ READ_OPTIONS = ("startingPosition", "endingPosition", "startingTimestamp", "endi
                 "holderGroup", "holderAddress", "replayPort", "replayTimeoutMs", "archive",
                 "archiveDir",
                 "startingOffsetsByTimestamp",
-                "startingOffsetsByTimestampStrategy")
-READ_OPTIONS += ("includeHeaders",)
+                "startingOffsetsByTimestampStrategy", "includeHeaders")
 WRITE_OPTIONS = ("offerTimeoutMs", "durableTimeoutMs")
 # Set by Spark itself (writeStream's checkpoint, queryName); accepted and ignored here.
 _SPARK_OPTIONS = ("checkpointLocation", "queryName")
@@ -204,22 +203,14 @@ class SourceOptions:
 
     def check_read_kind(self, *, streaming: bool) -> None:
         """Raise :class:`OptionError` for a read option of the other kind of read: per-trigger
-        limits and per-session starting positions on a batch read, ``endingPosition`` on a
-        stream; and for ``holderAddress`` beside ``holder``, or a batch read without
-        ``holder`` (a batch read's planner ends before its tasks run, so only a standing
-        holder holds the range for them)."""
+        limits on a batch read, ``endingPosition`` and ``endingTimestamp`` on a stream; and
+        for ``holderAddress`` beside ``holder``, or a batch read without ``holder`` or
+        ``archive`` (a batch read's planner ends before its tasks run, so only a standing
+        holder's log or an archive's recording holds the range for them)."""
         if "holder" in self.given and "holderAddress" in self.given:
             raise OptionError("holderAddress", "is the address of a query that holds its stream "
                                                "itself; with 'holder', the ingest host's "
                                                "holder serves the reads: remove one")
-        if "startingTimestamp" in self.given and "startingOffsetsByTimestamp" in self.given:
-            raise OptionError("startingOffsetsByTimestamp", "and startingTimestamp both say "
-                                                            "where sessions start: give one")
-        for position, timestamp in (("startingPosition", "startingTimestamp"),
-                                    ("endingPosition", "endingTimestamp")):
-            if position in self.given and timestamp in self.given:
-                raise OptionError(timestamp, f"and {self.name_of(position)} both say where "
-                                             f"to {position[:-8]}: give one")
         if streaming:
             for name in ("endingPosition", "endingTimestamp"):
                 if name in self.given:
@@ -440,6 +431,17 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         raise OptionError("startingOffsetsByTimestampStrategy",
                           f"{given['startingOffsetsByTimestampStrategy']!r} is not accepted "
                           f"(accepted: error, latest)")
+
+    # Kafka's precedence, so that a Kafka query runs unchanged: startingTimestamp over
+    # startingOffsetsByTimestamp and startingOffsets, startingOffsetsByTimestamp over
+    # startingOffsets (for the sessions it names: here sessions come and go, and the others
+    # start as startingOffsets says), endingTimestamp over endingOffsets.  Every option
+    # given is checked all the same.
+    if timestamps["startingTimestamp"] is not None:
+        by_timestamp = {}
+        starting = "latest"
+    if timestamps["endingTimestamp"] is not None:
+        ending = "latest"
 
     max_messages = None
     if "maxMessagesPerTrigger" in given:

@@ -525,7 +525,7 @@ def position_at_time(view: LogView | None, archives: Archives | None, stream_id:
         if found > earliest or archives is None:
             return live
         archived_from = archives.earliest(stream_id, session_id, framing, earliest)
-        archived_to = earliest
+        archived_to = earliest if end is None else min(earliest, end)
     elif archives is not None:
         starts = [r.descriptor.start_position
                   for r in archives.recorded_sessions(stream_id).get(session_id, [])

@@ -11,6 +11,7 @@ planner's side is :mod:`slipstream.spark_bridge.planning`; the whole read:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import socket
@@ -34,10 +35,10 @@ from slipstream.spark_bridge.archived import (
     archive_client_for,
     forget_archive_client,
 )
-from slipstream.spark_bridge.envelope import decode_batch, headers_type
+from slipstream.spark_bridge.envelope import MalformedEnvelopeError, decode_batch, headers_type
 
-__all__ = ["HEADERS_COLUMN", "SCHEMA", "MalformedEnvelopeError", "SlipstreamDataLossError",
-           "SlipstreamPartition", "loss_message", "read_range", "schema_text"]
+__all__ = ["HEADERS_COLUMN", "SCHEMA", "SlipstreamDataLossError", "SlipstreamPartition",
+           "loss_message", "read_range", "schema_text"]
 
 log = logging.getLogger("slipstream.spark_bridge")
 
@@ -77,11 +78,6 @@ _ROWS_PER_BATCH = 4096  # rows per Arrow record batch leaving read(): one C scan
 
 class SlipstreamDataLossError(SlipstreamError):
     """Positions a query must read are no longer in the log (failOnDataLoss=true)."""
-
-
-class MalformedEnvelopeError(SlipstreamError):
-    """A message marked as enveloped does not decode: the text names its stream, session,
-    position and why, and how many of its batch do not."""
 
 
 class SlipstreamPartition(InputPartition):
@@ -315,12 +311,15 @@ def _read_archived(p: SlipstreamPartition) -> Iterator[object]:
         log.warning("%s Skipping to %d (failOnDataLoss=false).", message, gone.end)
         _record_skip(p.directory)
 
-    for chunk in read_session(
+    # Closed with the task's iterator (a cancelled task): the replay stops then, not when
+    # the garbage collector finds the reader.
+    with contextlib.closing(read_session(
             source.archives, p.stream_id, p.session_id, source.framing, p.start, p.end,
             link=link, forget=lambda endpoint: forget_archive_client(p.directory, endpoint),
             directory=source.directory, prefer=(source.archive, source.recording_id),
-            on_loss=lost, timeout_s=timeout_s, max_messages=_ROWS_PER_BATCH):
-        yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
+            on_loss=lost, timeout_s=timeout_s, max_messages=_ROWS_PER_BATCH)) as chunks:
+        for chunk in chunks:
+            yield _arrow_batch(chunk, p.session_id, p.stream_id, schema, ids)
 
 
 def _no_log(p: SlipstreamPartition, why: str) -> None:

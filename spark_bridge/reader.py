@@ -298,11 +298,13 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if isinstance(starting, dict):  # startingOffsets' object: a session it names
             named = starting.get(offset_key(self.options, view.stream_id, view.session_id))
             if named is not None and named >= 0:
-                where = (f"slipstream stream {view.stream_id} session {view.session_id}: "
-                         f"{self.options.name_of('startingPosition')} {named}")
-                if named > view.available_position():
-                    raise SlipstreamError(f"{where} is past the last whole message its log "
-                                          f"holds ({view.available_position()})")
+                if at_start and named > view.available_position():
+                    # A session of the query's start: a position past its log is a mistake.
+                    # One that appears later starts at it once its publisher gets there.
+                    raise SlipstreamError(
+                        f"slipstream stream {view.stream_id} session {view.session_id}: "
+                        f"{self.options.name_of('startingPosition')} {named} is past the "
+                        f"last whole message its log holds ({view.available_position()})")
                 return named
             starting = "earliest" if named == EARLIEST else "latest"
         if starting == "earliest":
@@ -441,6 +443,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                        if (view.stream_id, view.session_id) in options.starting_timestamps_ns
                        or (isinstance(starting, dict) and starting.get(sid, LATEST) != LATEST)}
         self._start_recorded_at_time(images, offsets)
+        self._start_recorded_at_positions(images, offsets)
         if self._archives is not None:
             # Sessions recorded from now on are read from their first message; with
             # earliest, every session the archives hold is.
@@ -484,6 +487,52 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 no_message_at_time(options, stream_id, session_id, time_ns,
                                    f"the hold at {self._hold.host}, which has no log of it, "
                                    f"or the archives")
+
+    def _start_recorded_at_positions(self, images: dict[str, LogView],
+                                     offsets: dict[str, object]) -> None:
+        """At a query's start, the sessions ``startingOffsets``' JSON object names (at a
+        position, or ``-2``) that the hold has no log of: one the archives recorded enters
+        ``offsets`` at that position (``-2``: the oldest they hold of it without a hole; its
+        log's framing from its newest recording) and is read from them from the first batch
+        on; one named past what they recorded of it, when it is recorded no more, is
+        refused naming it.  One that no archive has (or none answered about) is waited for:
+        it starts at the named position when it appears, and a warning names it."""
+        options = self.options
+        starting = options.starting_position
+        if not isinstance(starting, dict):
+            return
+        assert self._hold is not None
+        for sid, named in sorted(starting.items()):
+            stream_id, session_id = key_parts(options, sid)
+            if named == LATEST or sid in images or sid in offsets or \
+                    (stream_id, session_id) in options.starting_timestamps_ns:
+                continue
+            where = (f"slipstream stream {stream_id} session {session_id}: "
+                     f"{options.name_of('startingPosition')} {named}")
+            recordings = [] if self._archives is None else \
+                self._archives.recorded_sessions(stream_id).get(session_id, [])
+            if not recordings:
+                held = "its hold" if self._archives is None else "its hold or the archives"
+                log.warning("%s: no session %d of stream %d at %s now: it starts there if it "
+                            "appears", where, session_id, stream_id, held)
+                continue
+            assert self._archives is not None
+            newest = max(recordings, key=lambda r: r.descriptor.start_time_ms).descriptor
+            framing = (newest.initial_term_id, newest.term_length)
+            of_log = [r for r in recordings
+                      if (r.descriptor.initial_term_id, r.descriptor.term_length) == framing]
+            recorded = max(r.recorded_position for r in of_log)
+            if named == EARLIEST:
+                earliest = self._archives.earliest(stream_id, session_id, framing, recorded)
+                position = min(r.descriptor.start_position for r in of_log) \
+                    if earliest is None else earliest
+            else:
+                position = named
+                if position > recorded and not any(r.is_active for r in of_log):
+                    raise SlipstreamError(f"{where} is past what the archives recorded of "
+                                          f"it ({recorded}; it ended)")
+            offsets[sid] = {"position": position, "log": [*framing],
+                            "holder": f"{self._hold.host}/{self._hold.driver}"}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """maxMessagesPerTrigger (also applies maxBytesPerTrigger if set), else
@@ -574,7 +623,7 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 self._losses.report(("gone", sid, log_of(start[sid])), message,
                                     "The session leaves the offsets")
         # Batches before start ran and are in the commit log.
-        foreign = self._consumed(images, start)
+        foreign = self._consumed(images, start, self._named_starts())
         for sid, reason in foreign.items():
             image = images[sid]
             message = (f"the checkpoint's offset {position_of(start[sid])} for session {sid} "
@@ -710,18 +759,49 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         images = self._images()
         latest: dict[str, object] = {sid: view.available_position()
                                      for sid, view in images.items()}
+        archived = self._archived_latest(images, self._planned_end)
+        latest.update({sid: reach for sid, reach in archived.items()})
         if latest and self._planned_end is not None:
-            latest[LAG] = self._lag_behind(images, self._planned_end)
+            latest[LAG] = self._lag_behind(images, self._planned_end, archived)
         return latest
 
-    def _lag_behind(self, images: dict[str, LogView], end: dict[str, object]
-                    ) -> dict[str, object]:
-        """Per session with an image, and over them all as Kafka's source reports its lag
-        (min / max / avg offsets behind latest), what is available past ``end``: whole
-        messages and stream bytes (frames with their headers).  Counting costs one pass
-        over at most :data:`_LAG_COUNTED` messages a session; a session further behind, or
-        behind what its log still holds (read from the archives), has its count estimated
-        from the messages' mean length, and ``estimated`` says so."""
+    def _archived_latest(self, images: dict[str, LogView], end: dict[str, object] | None
+                         ) -> dict[str, int]:
+        """The sessions of ``end`` read from the archives alone (their image is gone), and
+        how far the archives hold each without a hole from its offset."""
+        if self._archives is None or end is None:
+            return {}
+        found: dict[str, int] = {}
+        for sid, entry in end.items():
+            framing = None if sid == ARCHIVED_SINCE or sid in images or \
+                _is_finished(entry) else log_of(entry)
+            if framing is None:
+                continue
+            stream_id, session_id = key_parts(self.options, sid)
+            pieces = self._archives.pieces(stream_id, session_id, framing,
+                                           position_of(entry), None)
+            if pieces:
+                found[sid] = max(pieces[-1].end, position_of(entry))
+        return found
+
+    def _counted_archived(self, sid: str, framing: tuple[int, int], begin: int, end: int,
+                          limit: int) -> tuple[int, int]:
+        """:meth:`Archives.count_messages` of session ``sid`` (none without archives)."""
+        if self._archives is None or end <= begin:
+            return 0, begin
+        stream_id, session_id = key_parts(self.options, sid)
+        return self._archives.count_messages(stream_id, session_id, framing, begin, end, limit)
+
+    def _lag_behind(self, images: dict[str, LogView], end: dict[str, object],
+                    archived: dict[str, int] | None = None) -> dict[str, object]:
+        """Per session, and over them all as Kafka's source reports its lag (min / max /
+        avg offsets behind latest), what is available past ``end``: whole messages and
+        stream bytes (frames with their headers).  A session with an image counts what its
+        log holds and, before that, what the archives hold; one whose image is gone counts
+        what the archives hold of it (``archived``: how far, per session).  Counting costs
+        one pass over at most :data:`_LAG_COUNTED` messages a session; a session further
+        behind, or behind what its log and the archives hold, has its count estimated from
+        the messages' mean length, and ``estimated`` says so."""
         sessions: dict[str, dict[str, int]] = {}
         estimated = False
         for sid, view in sorted(images.items()):
@@ -735,16 +815,32 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if behind:
                 held = position if view.is_retained(position) else \
                     view.first_retained(position, available)
-                counted = view.count_messages(held, available, _LAG_COUNTED)
-                spanned = available - held
-                if counted >= _LAG_COUNTED:
-                    spanned = view.scan(held, available, _LAG_COUNTED, None) - held
+                # Before the log: what the archives hold, counted first.
+                counted, reached = self._counted_archived(sid, view.identity.framing,
+                                                          position, held, _LAG_COUNTED)
+                spanned = reached - position
+                if counted < _LAG_COUNTED:  # then what the log holds
+                    live = view.count_messages(held, available, _LAG_COUNTED - counted)
+                    counted += live
+                    spanned += (available if counted < _LAG_COUNTED else
+                                view.scan(held, available, live, None)) - held
                 messages = counted
-                if not counted:  # lapped meanwhile, or held only by the archives
+                if not counted:  # lapped meanwhile, or held by none
                     estimated = True
-                elif held > position or spanned < available - held:
+                elif spanned < behind:
                     messages = round(counted * behind / spanned)
                     estimated = True
+            sessions[sid] = {"messages": messages, "bytes": behind}
+        for sid, reach in sorted((archived or {}).items()):
+            position = position_of(end[sid])
+            behind = reach - position
+            counted, reached = self._counted_archived(sid, log_of(end[sid]),  # type: ignore[arg-type]
+                                                      position, reach, _LAG_COUNTED)
+            messages = counted
+            if reached < reach:
+                estimated = True
+                messages = round(counted * behind / (reached - position)) \
+                    if reached > position else 0
             sessions[sid] = {"messages": messages, "bytes": behind}
         messages = [lag["messages"] for lag in sessions.values()] or [0]
         sizes = [lag["bytes"] for lag in sessions.values()] or [0]
@@ -781,15 +877,25 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def commit(self, end: dict[str, object]) -> None:
         """Spark processed everything before ``end``: return its credit (see the module
         documentation for why ``latestOffset`` does so too)."""
-        for sid, reason in self._consumed(self._images(), self._rekeyed(end)).items():
+        for sid, reason in self._consumed(self._images(), self._rekeyed(end),
+                                          self._named_starts()).items():
             # latestOffset(start=end) says what to do about it, in the next batch.
             log.warning("commit: the offset %s of session %s is not a position of its log "
                         "(%s): the subscriber position stays where it is", end[sid], sid, reason)
 
+    def _named_starts(self) -> dict[str, int]:
+        """The positions ``startingOffsets``' JSON object names, per session (none: {})."""
+        starting = self.options.starting_position
+        return {} if not isinstance(starting, dict) else \
+            {sid: named for sid, named in starting.items() if named >= 0}
+
     @staticmethod
-    def _consumed(images: dict[str, LogView], offsets: dict[str, object]) -> dict[str, str]:
+    def _consumed(images: dict[str, LogView], offsets: dict[str, object],
+                  named_starts: dict[str, int] | None = None) -> dict[str, str]:
         """The query is done with everything before ``offsets``: move each image's subscriber
-        position there (never backwards), returning the credit to the publishers.
+        position there (never backwards), returning the credit to the publishers.  A
+        session's offset at the start ``named_starts`` names for it, past what its log holds yet,
+        moves it only to what the log holds (the query waits there for its publisher).
 
         Returns, per session whose offset is no position of its image's log (the offset
         names another log, lies beyond what the log holds, or where no message begins), why;
@@ -806,7 +912,10 @@ class SlipstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                 f"term length {named[1]}; this session's log has "
                                 f"{image.identity.describe()}")
                 continue
-            why = image.advance_to(position_of(entry))
+            position = position_of(entry)
+            if named_starts and named_starts.get(sid) == position:
+                position = min(position, image.available_position())
+            why = image.advance_to(position)
             if why is not None:
                 foreign[sid] = why
         return foreign
@@ -857,7 +966,10 @@ class SlipstreamBatchReader(DataSourceReader):
                 stream_id: int, session_id: int, framing: tuple[int, int], earliest: int,
                 available: int) -> tuple[int, int]:
         """``[begin, stop)`` of one session whose log (``view``, None when only the archives
-        hold it) or archives hold ``[earliest, available)``."""
+        hold it) or archives hold ``[earliest, available)``.  A session only the archives
+        hold with no message at or after ``startingTimestamp`` (it ended before) is empty;
+        one a starting time names, or the hold has a log of, with none there is handled as
+        ``startingOffsetsByTimestampStrategy`` says."""
         options = self.options
         starting = options.starting_position if "startingPosition" in options.given \
             else "earliest"
@@ -877,9 +989,12 @@ class SlipstreamBatchReader(DataSourceReader):
         if time_ns is not None:
             found = position_at_time(view, archives, stream_id, session_id, framing, time_ns,
                                      stop)
-            if found is None:
+            if found is None and (view is not None or
+                                  (stream_id, session_id) in options.starting_timestamps_ns):
                 no_message_at_time(options, stream_id, session_id, time_ns,
                                    f"[{earliest}, {stop})")
+            # One only the archives hold, reached by startingTimestamp alone, ended before
+            # the time: left out (an empty range), as a stream started then leaves it out.
             begin = stop if found is None else found
         elif starting == "latest" or (isinstance(starting, dict) and
                                       starting.get(sid) == LATEST):
@@ -984,12 +1099,18 @@ class SlipstreamBatchReader(DataSourceReader):
                                     self.options.replay_timeout_ms / 1000)
                 silent = [endpoint for stream_id in self.options.stream_ids
                           for endpoint in archives.silent(stream_id)]
-                if silent and self.options.holder is None:
+                if silent:
+                    # With a holder too: the sessions only it recorded (ended ones), and what
+                    # the log no longer holds, would be left out of the read without a word.
+                    missing = "what it recorded would be missing from the read" \
+                        if self.options.holder is None else \
+                        "the sessions only it recorded, and what the holder's log no longer " \
+                        "holds, would be missing from the read"
                     raise SlipstreamError(
                         f"slipstream: the archive{'s' if len(silent) > 1 else ''} "
                         f"{', '.join(f'{a}:{p}' for a, p, _ in sorted(set(silent)))} did not "
-                        f"answer within replayTimeoutMs: is it running, and its control port "
-                        f"open?")
+                        f"answer within replayTimeoutMs ({missing}): is it running, and its "
+                        f"control port open?")
             start, end = self._ranges(hold, views, losses, archives)
             return plan_partitions(self.options, hold, views, start, end, losses, archives)
         finally:

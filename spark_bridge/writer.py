@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = ["IGNORED_COLUMNS", "WRITTEN_COLUMNS", "ColumnError", "DurableTimeoutError",
            "OfferTimeoutError", "SlipstreamStreamWriter", "SlipstreamWriter", "ValueColumnError",
-           "check_schema", "publish_batches", "wait_until_durable"]
+           "check_schema", "wait_until_durable"]
 
 #: The columns a writer writes.
 WRITTEN_COLUMNS = ("value", "key", "headers", "stream_id")
@@ -274,28 +274,6 @@ def _messages(column: pa.Array) -> tuple[memoryview, np.ndarray, list[int]]:
     lengths = np.diff(offsets).astype(np.int32)
     starts = (offsets - base).tolist()
     return data, lengths, starts
-
-
-def publish_batches(publication: Publication, batches: Iterator[pa.RecordBatch],
-                    timeout_ms: int) -> tuple[int, int, int]:
-    """Offer every row (its value, or its envelope when the batches have a key or headers
-    column), in order, each stamped with its publish time (module doc); returns (rows,
-    payload bytes, last position).
-
-    Waits while back-pressured or not connected; raises :class:`OfferTimeoutError` when no
-    message could be appended for ``timeout_ms`` milliseconds.
-    """
-    rows = total = 0
-    last_position = publication.position
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        column, enveloped = _message_column(batch)
-        n, size = _offer_column(publication, column, enveloped, timeout_ms, rows)
-        rows += n
-        total += size
-        last_position = publication.position
-    return rows, total, last_position
 
 
 def _offer_column(publication: Publication, column: pa.Array, enveloped: np.ndarray | None,

@@ -333,12 +333,15 @@ def test_the_driver_refuses_durable_on_a_subscription_from_any_client() -> None:
 @pytest.mark.spark
 def test_the_spark_writer_commits_a_task_only_once_its_last_message_is_durable(
         launch) -> None:
+    import threading
+
     import pyarrow as pa
 
+    from slipstream.spark_bridge import runtime
     from slipstream.spark_bridge.options import OptionError, parse_options
     from slipstream.spark_bridge.writer import (
         DurableTimeoutError,
-        publish_batches,
+        SlipstreamWriter,
         wait_until_durable,
     )
 
@@ -352,18 +355,45 @@ def test_the_spark_writer_commits_a_task_only_once_its_last_message_is_durable(
     options.check_direction("write")
     assert options.durable_timeout_ms == 250
 
-    with unicast(launch, "|durable=7/1", "|gtag=7") as (_, _, publication, subscription):
+    def writer(directory: object, channel: str, timeout_ms: int) -> SlipstreamWriter:
+        """The writer a Spark task runs (SlipstreamWriter.write), publishing on the
+        fixture's channel through the publisher's driver (its publication's session)."""
+        return SlipstreamWriter(parse_options({
+            "streamId": "3", "channel": channel, "directory": str(directory),
+            "durableTimeoutMs": str(timeout_ms)}))
+
+    with unicast(launch, "|durable=7/1", "|gtag=7") as (a, _, publication, subscription):
+        channel = publication.channel
         batch = pa.RecordBatch.from_pydict({"value": [message(i, SIZE) for i in range(20)]})
-        rows, _, last = publish_batches(publication, iter([batch]), 5_000)
-        assert rows == 20 and last == publication.position
-        with pytest.raises(DurableTimeoutError, match="durableTimeoutMs=250 ms: the tagged "
-                                                      "receivers have not consumed"):
-            wait_until_durable(publication, last, 250)
-        done = 0
-        while done < 20:
-            done += subscription.poll(lambda *_: None, 20)
-        wait_until_durable(publication, last, 5_000)
-        assert publication.durable_position == last
+        polling = threading.Event()
+        stopped = threading.Event()
+
+        def consume() -> None:
+            while not stopped.is_set():
+                if not polling.is_set() or not subscription.poll(lambda *_: None, 20):
+                    time.sleep(0.001)
+
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        try:
+            # Not consumed: the task fails (it is not committed, Spark retries it).
+            with pytest.raises(DurableTimeoutError, match="durableTimeoutMs=250 ms: the "
+                                                          "tagged receivers have not "
+                                                          "consumed"):
+                writer(a.directory, channel, 250).write(iter([batch]))
+            last = publication.position  # the writer's messages are this session's
+            assert last >= 20 * SIZE
+            polling.set()
+            wait_until_durable(publication, last, 5_000)
+            assert publication.durable_position == last
+            # Consumed as it goes: the task returns once its last message is durable.
+            published = writer(a.directory, channel, 5_000).write(iter([batch]))
+            assert published.rows == 20 and published.last_position > last
+            assert publication.durable_position >= published.last_position
+        finally:
+            stopped.set()
+            consumer.join(5)
+            runtime.close_all()
 
 
 def test_a_receiver_that_comes_back_as_a_new_image_counts_only_from_where_it_joined() -> None:

@@ -37,7 +37,7 @@ from slipstream.archive.settings import (
     HoldSpec,
     load_settings,
 )
-from slipstream.client import BufferClaim, Client
+from slipstream.client import BufferClaim, Client, SlipstreamError
 from slipstream.client.counters import SystemCounter, read_system_counters
 from slipstream.client.holding import CallError, HolderLink, small_channel
 from slipstream.client.logbuffer import LogIdentity
@@ -257,8 +257,8 @@ def test_a_batch_read_reads_the_held_range_between_its_positions(ingest: Ingest)
 def test_a_batch_read_between_two_timestamps_reads_the_messages_stamped_between(
         ingest: Ingest) -> None:
     """startingTimestamp / endingTimestamp (ms since the epoch) on a batch read: each session
-    from its first message stamped at or after the start to its first at or after the end;
-    either with its position option is refused by name."""
+    from its first message stamped at or after the start to its first at or after the end,
+    with their position options given too (the timestamps decide)."""
     planner = SlipstreamStreamReader(parse_options(ingest.options()))
     base_ms = 1_700_000_000_000
     try:
@@ -274,10 +274,12 @@ def test_a_batch_read_between_two_timestamps_reads_the_messages_stamped_between(
         between = SlipstreamBatchReader(parse_options(ingest.options(
             startingTimestamp=str(base_ms + 40), endingTimestamp=str(base_ms + 90))))
         assert numbers(values(between.partitions())) == list(range(40, 90))
-        for given in ({"startingTimestamp": "1", "startingPosition": "earliest"},
-                      {"endingTimestamp": "1", "endingPosition": "latest"}):
-            with pytest.raises(OptionError, match=f"'{next(iter(given))}'"):
-                parse_options(ingest.options(**given)).check_read_kind(streaming=False)
+        # With their position options too, the timestamps decide, as in Kafka's source.
+        both = SlipstreamBatchReader(parse_options(ingest.options(
+            startingTimestamp=str(base_ms + 40), startingPosition="earliest",
+            endingTimestamp=str(base_ms + 90), endingPosition="latest")))
+        both.options.check_read_kind(streaming=False)
+        assert numbers(values(both.partitions())) == list(range(40, 90))
         with pytest.raises(OptionError, match="'endingTimestamp': applies to batch reads"):
             parse_options(ingest.options(endingTimestamp="1")).check_read_kind(streaming=True)
     finally:
@@ -587,3 +589,22 @@ def test_holder_options_are_checked() -> None:
                       ).check_read_kind(streaming=False)
     assert SlipstreamDataLossError  # the batch reader's loss error is the stream's
     assert position_of({"position": 64}) == 64
+
+
+def test_a_batch_read_through_the_holder_refuses_an_archive_that_does_not_answer(
+        ingest: Ingest) -> None:
+    """A batch read naming the holder and an archive that does not answer: refused naming the
+    archive (the sessions only it recorded would be missing), not read short in silence."""
+    planner = SlipstreamStreamReader(parse_options(ingest.options()))
+    try:
+        planner.initialOffset()  # the query holds the stream at the holder
+        assert ingest.publish(50) == 50
+        wait_for(lambda: planner.reportLatestOffset(), what="the session at the holder")
+        silent = f"127.0.0.1:{free_port()}"
+        with pytest.raises(SlipstreamError, match=f"the archive {silent} did not answer "
+                                                  f"within replayTimeoutMs .*sessions only "
+                                                  f"it recorded"):
+            SlipstreamBatchReader(parse_options(ingest.options(
+                archive=silent, replayTimeoutMs="1000"))).partitions()
+    finally:
+        planner.stop()

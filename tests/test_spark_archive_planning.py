@@ -36,7 +36,7 @@ from test_spark_session_ends import (  # noqa: F401  (hosts: a fixture)
 
 from slipstream.client import SlipstreamError
 from slipstream.spark_bridge.options import parse_options
-from slipstream.spark_bridge.reader import SlipstreamBatchReader, read_range
+from slipstream.spark_bridge.reader import LAG, SlipstreamBatchReader, read_range
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -285,14 +285,12 @@ def test_a_batch_read_needs_a_holder_or_an_archive(hosts: Hosts) -> None:  # noq
     ({"startingOffsetsByTimestamp": '{"77": {"1": 5}}'}, "stream 77 is not one this reader"),
     ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"x": 5}}}}'}, "'x' is not a session"),
     ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"1": -5}}}}'}, "-5 is not accepted"),
-    ({"startingOffsetsByTimestamp": f'{{"{STREAM}": {{"1": 5}}}}', "startingTimestamp": "5"},
-     "and startingTimestamp both say"),
     ({"startingOffsetsByTimestampStrategy": "earliest"}, "accepted: error, latest"),
 ])
 def test_bad_starting_times_are_refused_naming_the_option(given: dict[str, str], said: str
                                                           ) -> None:
-    """A starting time per session that is not Kafka's form, names a stream the reader does
-    not read, or comes with startingTimestamp; a strategy not known: refused naming it."""
+    """A starting time per session that is not Kafka's form or names a stream the reader
+    does not read; a strategy not known: refused naming it."""
     from slipstream.spark_bridge.options import OptionError
 
     name = "startingOffsetsByTimestampStrategy" if "Strategy" in next(iter(given)) \
@@ -339,3 +337,217 @@ def test_spark_read_with_only_an_archive_returns_an_ended_session_whole(
     finally:
         spark.stop()
     assert [int(bytes(row.value)[:8]) for row in rows] == sent
+
+
+def batch_read(hosts: Hosts, archives: list[Archive], **given: str  # noqa: F811
+               ) -> dict[int, list[int]]:
+    """A batch read with ``archive`` (and archiveDir) and no holder, planned and read as
+    Spark does: the numbers read, per session."""
+    options = parse_options({"streamId": str(STREAM), "channel": hosts.channel,
+                             "directory": str(hosts.directories["ingest"]),
+                             "archive": archives[0].endpoint,
+                             "archiveDir": str(archives[0].directory),
+                             "replayTimeoutMs": "3000", **given})
+    options.check_read_kind(streaming=False)
+    by_session: dict[int, list[int]] = {}
+    for partition in SlipstreamBatchReader(options).partitions():
+        partition.directory = str(hosts.directories["ingest"])
+        for batch in read_range(partition):
+            by_session.setdefault(partition.session_id, []).extend(
+                int(value[:8]) for value in batch.column("value").to_pylist())
+    return by_session
+
+
+def test_a_batch_read_at_a_starting_timestamp_leaves_out_a_session_that_ended_before_it(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """A session recorded over two terms ended before T; the live one published before and
+    after T.  A batch read from the archive at startingTimestamp T (strategy error) reads the
+    live session's messages from T and leaves the ended one out, as a stream started at T
+    does; named by startingOffsetsByTimestamp, that session still fails the read."""
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    publish_stamped(hosts, 2 * MESSAGES_PER_TERM, ended)
+    ended.close()
+    publish_stamped(hosts, 100)
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    time.sleep(0.05)
+    at_ms = time.time_ns() // 1_000_000 + 1
+    time.sleep(0.01)
+    after = publish_stamped(hosts, 60)
+    live = hosts.publication.session_id  # type: ignore[union-attr]
+    read: dict[int, list[int]] = {}
+
+    def all_recorded() -> bool:
+        read.clear()
+        read.update(batch_read(hosts, archives, startingTimestamp=str(at_ms)))
+        return read.get(live, [])[-1:] == after[-1:]
+
+    wait_for(all_recorded, timeout=20, what="the live session's messages recorded")
+    assert set(read) <= {live, ended.session_id}
+    assert read.get(ended.session_id, []) == []
+    assert read[live] == after
+    by_time = {str(STREAM): {str(ended.session_id): at_ms}}
+    with pytest.raises(SlipstreamError, match=f"session {ended.session_id}: no message "
+                                              f"stamped at or after {at_ms} ms"):
+        batch_read(hosts, archives, startingOffsetsByTimestamp=json.dumps(by_time))
+
+
+def test_a_read_task_closed_early_stops_its_archive_replay_at_once(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """A task reading an ended session's six terms replayed from the archive (on a host
+    without the archive's directory) is closed after its first batch, as Spark closes a
+    cancelled task's iterator: the archive's replay stops then, not when the garbage
+    collector happens to find the reader (collection is off while this is checked)."""
+    import gc
+
+    from slipstream.archive.client import ArchiveClient
+    from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
+    from slipstream.client import Client
+
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    publish_stamped(hosts, 6 * MESSAGES_PER_TERM, ended)
+    ended.close()
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    options = parse_options({"streamId": str(STREAM), "channel": hosts.channel,
+                             "directory": str(hosts.directories["ingest"]),
+                             "archive": archives[0].endpoint, "replayTimeoutMs": "3000"})
+    partition = next(p for p in SlipstreamBatchReader(options).partitions()
+                     if p.session_id == ended.session_id)
+    partition.directory = str(hosts.directories["spark"])
+    with Client.connect(hosts.directories["ingest"]) as client, \
+            ArchiveClient(client, "127.0.0.1", archives[0].port,
+                          DEFAULT_CONTROL_STREAM_ID, timeout_s=5) as archive:
+        rows = read_range(partition)
+        gc.disable()
+        try:
+            first = next(rows)
+            assert first.num_rows > 0
+            assert archive._call("replays"), "no replay under way after the first batch"
+            rows.close()
+            wait_for(lambda: not archive._call("replays"), timeout=3,
+                     what="the replay stopped")
+        finally:
+            gc.enable()
+
+
+def test_a_time_searched_before_an_end_older_than_the_log_is_not_found_past_that_end(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """The first message stamped at or after T is the 100th; ten terms later the log holds
+    nothing near it.  Searched before an end at the 50th message (older than the log), the
+    time has no message there: the archives are not searched past that end."""
+    from slipstream.spark_bridge.planning import position_at_time
+
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    publish_stamped(hosts, 100)
+    time.sleep(0.05)
+    at_ns = time.time_ns()
+    time.sleep(0.01)
+    publish_stamped(hosts, 10 * MESSAGES_PER_TERM)
+    query = planner(hosts, archives[:1], in_place=True)
+    try:
+        query.initialOffset()
+        session = hosts.publication.session_id  # type: ignore[union-attr]
+        view = query._images()[str(session)]
+        framing = view.identity.framing
+        assert view.earliest_position() > 100 * 160 + 5 * TERM, "the log still holds T"
+        wait_for(lambda: position_at_time(view, query._archives, STREAM, session, framing,
+                                          at_ns) == 100 * 160,
+                 timeout=20, what="T found in the archive")
+        assert position_at_time(view, query._archives, STREAM, session, framing, at_ns,
+                                50 * 160) is None
+        assert position_at_time(view, query._archives, STREAM, session, framing, at_ns,
+                                150 * 160) == 100 * 160
+    finally:
+        query.stop()
+
+
+def test_a_stream_started_at_json_offsets_reads_a_named_session_only_the_archive_holds(
+        hosts: Hosts, archives: list[Archive], caplog) -> None:  # noqa: F811
+    """A session published two terms and ended; the archive holds it, the log does not.  A
+    stream whose startingOffsets names it at its 100th message reads it from there to its
+    end from the archive, once each, in order; a session named that nobody has is waited
+    for, with a warning naming it; one named past the ended session's end is refused."""
+    hosts.publish_from("publisher")
+    wait_for(lambda: recordings(archives[0].directory), timeout=20, what="the recording")
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    sent = publish_stamped(hosts, 2 * MESSAGES_PER_TERM, ended)
+    ended.close()
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    nobody = 4711
+    offsets = {str(STREAM): {str(ended.session_id): 100 * 160, str(nobody): 0}}
+    query = planner(hosts, archives[:1], in_place=True, startingOffsets=json.dumps(offsets))
+    try:
+        wait_for(lambda: str(ended.session_id) not in query._images(), timeout=30,
+                 what="the ended session's image gone from the log")
+        with caplog.at_level("WARNING", logger="slipstream.spark_bridge"):
+            start = query.initialOffset()
+        assert int(start[str(ended.session_id)]["position"]) == 100 * 160
+        assert str(nobody) not in start
+        assert f"session {nobody}: startingOffsets 0: no session {nobody}" in caplog.text
+        read, _, planned = batches(query, start, hosts, time.monotonic() + 60,
+                                   len(sent) - 100)
+    finally:
+        query.stop()
+    assert read == sent[100:]
+    assert all(p.archived is not None for partitions in planned for p in partitions
+               if p.session_id == ended.session_id)
+    past = {str(STREAM): {str(ended.session_id): (len(sent) + 10) * 160}}
+    query = planner(hosts, archives[:1], in_place=True, startingOffsets=json.dumps(past))
+    try:
+        wait_for(lambda: str(ended.session_id) not in query._images(), timeout=30,
+                 what="the ended session's image gone from the log")
+        with pytest.raises(SlipstreamError, match=f"session {ended.session_id}: "
+                                                  f"startingOffsets {(len(sent) + 10) * 160} "
+                                                  f"is past what the archives recorded"):
+            query.initialOffset()
+    finally:
+        query.stop()
+
+
+def test_the_lag_counts_what_the_archives_hold_of_the_sessions_they_catch_up(
+        hosts: Hosts, archives: list[Archive]) -> None:  # noqa: F811
+    """A query read 200 messages and went; six terms went by, and a session published a
+    term and a half and ended.  The restarted query's first batch (maxOffsetsPerTrigger=300)
+    reads 300 from the archive: the progress then shows the live session behind by every
+    message after them, counted through the archive and the log, and the ended session,
+    which only the archive holds, behind by all of its messages: counted, not estimated."""
+    start, total = down_for_terms(hosts, archives, 6)
+    assert hosts.publisher is not None
+    ended = hosts.publisher.add_exclusive_publication(f"{hosts.channel}|term-length={TERM}",
+                                                      STREAM)
+    gone = publish_stamped(hosts, MESSAGES_PER_TERM + MESSAGES_PER_TERM // 2, ended)
+    ended.close()
+    wait_for(lambda: any(not r.is_active for r in recordings(archives[0].directory)),
+             timeout=20, what="the ended session's recording stopped")
+    query = planner(hosts, archives[:1], in_place=True, maxMessagesPerTrigger="300")
+    try:
+        live, other = str(hosts.publication.session_id), str(ended.session_id)  # type: ignore[union-attr]
+        wait_for(lambda: other not in query._images(), timeout=30,
+                 what="the ended session's image gone from the log")
+        end = query.latestOffset(start, query.getDefaultReadLimit())
+        read = numbers(query.partitions(start, end), hosts, "ingest")
+        assert read == list(range(200, 500))
+        latest = query.reportLatestOffset()
+    finally:
+        query.stop()
+    assert latest is not None
+    lag = latest[LAG]
+    behind = {sid: int(latest[sid]) - int(end[sid]["position"]) for sid in (live, other)}
+    assert behind[other] > MESSAGES_PER_TERM * 160  # all of it: entered, unread
+    assert lag["sessions"] == {live: {"messages": total - 500, "bytes": behind[live]},
+                               other: {"messages": len(gone), "bytes": behind[other]}}
+    assert lag["estimated"] is False
+    assert lag["maxOffsetsBehindLatest"] == max(total - 500, len(gone))

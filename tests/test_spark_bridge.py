@@ -220,26 +220,32 @@ def test_rows_written_by_spark_are_read_by_a_client(spark) -> None:
 
 
 def test_the_writer_stamps_each_message_with_the_time_its_offer_batch_began() -> None:
-    """publish_batches gives each message's reserved value the wall-clock ns at which the
-    offer_batch call that appended it began: within the write, never decreasing, and later for
-    the rows a back-pressured call left to the next (10,000 rows of 100 B, 4 record batches,
-    through 32 KiB windows)."""
+    """The writer's task (SlipstreamWriter.write, as Spark's executor calls it) gives each
+    message's reserved value the wall-clock ns at which the offer_batch call that appended it
+    began: within the write, never decreasing, and later for the rows a back-pressured call
+    left to the next (10,000 rows of 100 B, 4 record batches, through 32 KiB windows)."""
     import pyarrow as pa
 
-    from slipstream.spark_bridge.writer import publish_batches
+    from slipstream.spark_bridge import runtime
+    from slipstream.spark_bridge.options import parse_options
+    from slipstream.spark_bridge.writer import SlipstreamWriter
 
     rows = [f"row-{i:06}".encode() * 10 for i in range(10_000)]
-    with running_driver("64k") as (_directory, client):
+    with running_driver("64k") as (directory, client):
         consumer = Drainer(client.add_subscription("aeron:ipc", 1003))
-        publication = client.add_publication("aeron:ipc", 1003)
-        wait_connected(publication, timeout=5)
+        writer = SlipstreamWriter(parse_options({"streamId": "1003",
+                                                 "directory": str(directory),
+                                                 "offerTimeoutMs": "10000"}))
         batches = [pa.RecordBatch.from_pydict({"value": pa.array(rows[k:k + 2_500],
                                                                   pa.binary())})
                    for k in range(0, 10_000, 2_500)]
-        before = time.time_ns()
-        assert publish_batches(publication, iter(batches), 10_000)[0] == 10_000
-        after = time.time_ns()
-        assert consumer.wait_for(10_000) == rows
+        try:
+            before = time.time_ns()
+            assert writer.write(iter(batches)).rows == 10_000
+            after = time.time_ns()
+            assert consumer.wait_for(10_000) == rows
+        finally:
+            runtime.close_all()
     stamps = consumer.reserved_values
     assert before <= stamps[0] and stamps[-1] <= after and stamps == sorted(stamps)
     assert len(set(stamps)) > len(batches)  # the windows split every batch over calls
@@ -267,18 +273,25 @@ def test_a_writer_whose_driver_stops_fails_naming_the_driver_not_a_closed_offer(
     import pyarrow as pa
 
     from slipstream.client.errors import DriverNotRunningError
-    from slipstream.spark_bridge.writer import publish_batches
+    from slipstream.spark_bridge import runtime
+    from slipstream.spark_bridge.options import parse_options
+    from slipstream.spark_bridge.writer import SlipstreamWriter
 
     settings = {"driver_timeout": "500ms", "client_keepalive_interval": "100ms"}
     with launched_driver("64k", **settings) as (directory, driver, client):
         client.add_subscription("aeron:ipc", 1004)  # never polled: back pressure
-        publication = client.add_publication("aeron:ipc", 1004)
-        wait_connected(publication, timeout=5)
+        writer = SlipstreamWriter(parse_options({"streamId": "1004",
+                                                 "directory": str(directory),
+                                                 "offerTimeoutMs": "30000"}))
         batch = pa.RecordBatch.from_pydict({"value": pa.array([b"x" * 100] * 5_000,
                                                                pa.binary())})
         threading.Timer(0.5, driver.kill).start()
-        with pytest.raises(DriverNotRunningError, match=re.escape(str(directory))) as info:
-            publish_batches(publication, iter([batch]), 30_000)
+        try:
+            with pytest.raises(DriverNotRunningError,
+                               match=re.escape(str(directory))) as info:
+                writer.write(iter([batch]))
+        finally:
+            runtime.close_all()
         assert "failed with CLOSED" in str(info.value.__cause__)
 
 

@@ -239,3 +239,140 @@ def test_the_reported_latest_offset_holds_each_sessions_lag_and_kafkas_min_max_a
                                    sb: {"messages": 0, "bytes": 0}}
     finally:
         planner.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_malformed_envelope_read_by_a_task_raises_the_packages_one_error_class(
+        driver, driver_dir, client) -> None:
+    """A read task that meets a message marked as enveloped that does not decode raises the
+    one MalformedEnvelopeError the package exports (envelope.py's), so that a user's
+    ``except`` catches it whichever layer found it."""
+    from slipstream.client.layout import RESERVED_VALUE_ENVELOPE_BIT
+    from slipstream.spark_bridge import MalformedEnvelopeError, envelope
+
+    assert MalformedEnvelopeError is envelope.MalformedEnvelopeError
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    planner = reader(driver_dir, channel=channel, startingOffsets="earliest")
+    try:
+        start = planner.initialOffset()
+        publication = client.add_publication(channel, STREAM)
+        wait_for(lambda: len(planner._images()) == 1, what="the session")
+        start = planner.latestOffset(start, ReadAllAvailable())
+        wait_for(lambda: publication.offer(b"\x01\x40\x00\x00\x00abc",
+                                           reserved_value=RESERVED_VALUE_ENVELOPE_BIT) > 0,
+                 what="the malformed message offered")
+        wait_for(lambda: next(iter(planner._images().values())).available_position() > 0,
+                 what="the message")
+        end = planner.latestOffset(start, ReadAllAvailable())
+        with pytest.raises(envelope.MalformedEnvelopeError,
+                           match=f"session {publication.session_id}: the message ending at"):
+            for partition in planner.partitions(start, end):
+                list(read_range(partition))
+    finally:
+        planner.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_session_named_in_starting_offsets_that_appears_later_starts_at_its_position(
+        driver, driver_dir, client) -> None:
+    """startingOffsets names a session that has no publisher when the query starts, at a
+    position past its first messages: when it appears, a few messages short of that
+    position, it enters there (the query does not fail), and is read from there on once its
+    publisher passes it; messages before the position are never read."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    session_id = 424242
+    named = 30 * FRAME
+    offsets = {str(STREAM): {str(session_id): named}}
+    planner = reader(driver_dir, channel=channel, startingOffsets=json.dumps(offsets))
+    try:
+        start = planner.initialOffset()
+        assert str(session_id) not in start
+        late = client.add_exclusive_publication(f"{channel}|session-id={session_id}", STREAM)
+        wait_for(lambda: str(session_id) in planner._images(), what="the late session")
+        publish(late, 10, 0)
+        wait_for(lambda: planner._images()[str(session_id)].available_position() ==
+                 10 * FRAME, what="its first messages")
+        end = planner.latestOffset(start, ReadAllAvailable())
+        assert position_of(end[str(session_id)]) == named
+        planner.commit(end)
+        start = end
+        publish(late, 40, 10)
+        wait_for(lambda: planner._images()[str(session_id)].available_position() ==
+                 50 * FRAME, what="its next messages")
+        end = planner.latestOffset(start, ReadAllAvailable())
+        read = [int(bytes(v)[:8]) for p in planner.partitions(start, end)
+                for batch in read_range(p) for v in batch.column("value").to_pylist()]
+        assert read == list(range(30, 50))
+    finally:
+        planner.stop()
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "batch"])
+def test_timestamp_options_take_precedence_over_offsets_as_in_kafkas_source(
+        streaming: bool) -> None:
+    """Kafka's source takes startingTimestamp over startingOffsetsByTimestamp and
+    startingOffsets, and endingTimestamp over endingOffsets: a Kafka query giving both runs
+    unchanged, the timestamp deciding (each option given is still checked)."""
+    offsets = json.dumps({str(STREAM): {"7": 256}})
+    given = {"streamId": str(STREAM), "archive": "127.0.0.1:8010",
+             "startingOffsets": offsets, "startingTimestamp": "1700000000000",
+             "startingOffsetsByTimestamp": json.dumps({str(STREAM): {"7": 1600000000000}})}
+    if not streaming:
+        given |= {"endingOffsets": offsets, "endingTimestamp": "1800000000000"}
+    options = parse_options(given)
+    options.check_read_kind(streaming=streaming)
+    assert options.starting_timestamp_ns == 1700000000000 * 10**6
+    assert options.starting_timestamps_ns == {}
+    assert options.starting_position == "latest"
+    if not streaming:
+        assert options.ending_timestamp_ns == 1800000000000 * 10**6
+        assert options.ending_position == "latest"
+    by_time = parse_options({"streamId": str(STREAM), "startingOffsets": offsets,
+                             "startingOffsetsByTimestamp": json.dumps(
+                                 {str(STREAM): {"7": 1600000000000}})})
+    by_time.check_read_kind(streaming=True)
+    assert by_time.starting_timestamps_ns == {(STREAM, 7): 1600000000000 * 10**6}
+    with pytest.raises(OptionError, match="'startingTimestamp'"):
+        parse_options({**given, "startingTimestamp": "soon"})
+
+
+@pytest.mark.timeout(120)
+def test_a_stream_given_starting_offsets_and_a_timestamp_starts_at_the_timestamp(
+        driver, driver_dir, client) -> None:
+    """startingOffsets=earliest with startingTimestamp T, as a Kafka query may give them: the
+    session starts at its first message stamped at or after T, not at its oldest."""
+    import time
+
+    from slipstream.spark_bridge import SlipstreamDataSource
+
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    holder = reader(driver_dir, channel=channel)  # holds the stream from the first message
+    try:
+        holder.initialOffset()
+        publication = client.add_publication(channel, STREAM)
+        wait_for(lambda: len(holder._images()) == 1, what="the session")
+
+        def stamped(count: int, first: int) -> None:
+            for i in range(first, first + count):
+                data = f"{i:08d}".encode().ljust(FRAME - 32, b".")
+                wait_for(lambda d=data: publication.offer(
+                    d, reserved_value=time.time_ns()) > 0, what="an offer")
+
+        stamped(20, 0)
+        time.sleep(0.05)
+        at_ms = time.time_ns() // 1_000_000 + 1
+        time.sleep(0.01)
+        stamped(20, 20)
+        wait_for(lambda: next(iter(holder._images().values())).available_position() ==
+                 40 * FRAME, what="the messages")
+        planner = SlipstreamDataSource({
+            "streamId": str(STREAM), "directory": str(driver_dir), "channel": channel,
+            "holderAddress": "127.0.0.1", "startingOffsets": "earliest",
+            "startingTimestamp": str(at_ms)}).streamReader(None)  # as Spark makes it
+        try:
+            start = planner.initialOffset()
+            assert position_of(start[str(publication.session_id)]) == 20 * FRAME
+        finally:
+            planner.stop()
+    finally:
+        holder.stop()
