@@ -39,9 +39,10 @@ from slipstream.client import (
 )
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
+from slipstream.client.layout import HDR_TYPE_PAD, HEADER_LENGTH
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.media.udp import UDP_GRO
-from slipstream.sim.network import LinkFaults
+from slipstream.sim.network import Link, LinkFaults
 from slipstream.sim.real.relay import Relay
 
 
@@ -626,8 +627,10 @@ class PadCountingRelay(Relay):
     pads_offered = 0
     pads_lost = 0
 
-    def _schedule(self, link, sock, data, address) -> None:  # noqa: ANN001
-        if link is self.data and len(data) == 32 and data[6:8] == b"\x00\x00":
+    def _schedule(self, link: Link, sock: socket.socket, data: bytes,
+                  address: tuple[str, int]) -> None:
+        if (link is self.data and len(data) == HEADER_LENGTH
+                and int.from_bytes(data[6:8], "little") == HDR_TYPE_PAD):
             self.pads_offered += 1
             lost_before = self.data.stats.lost
             super()._schedule(link, sock, data, address)
