@@ -22,6 +22,7 @@ from helpers import (
     counters_of,
     free_port,
     message,
+    offer_with_aborted_claims,
     run_stat,
     stream,
     stream_counted,
@@ -30,7 +31,6 @@ from helpers import (
 
 from slipstream.client import (
     BACK_PRESSURED,
-    BufferClaim,
     Client,
     Publication,
     SlipstreamError,
@@ -560,45 +560,6 @@ def test_loss_is_repaired_by_naks_and_retransmits(launch, term: str) -> None:
     assert sent["RETRANSMITS_SENT"] > 0
 
 
-def aborted_claims_before(index: int, every: int) -> int:
-    """How many claims are aborted before message ``index``: one before every ``every``-th
-    message, two in a row before every fifth of those."""
-    if index % every:
-        return 0
-    return 2 if index % (5 * every) == 0 else 1
-
-
-def stream_with_aborted_claims(publication: Publication, collector: Collector, count: int,
-                               every: int, timeout: float = 60.0) -> int:
-    """Offer messages 0 .. count - 1, with claims aborted before some (aborted_claims_before),
-    while polling, until ``collector`` has ``count`` messages.  Each aborted claim is of a
-    length whose frame is not a multiple of 32 bytes (as most claims are), filled with 0xFF
-    before the abort.  Returns how many claims were aborted."""
-    claim = BufferClaim()
-    sent = aborted = 0
-    pending = aborted_claims_before(0, every)  # claims still to abort before message `sent`
-    deadline = time.monotonic() + timeout
-    while len(collector.seen) < count:
-        assert time.monotonic() < deadline, (
-            f"sent {sent}, aborted {aborted}, received {len(collector.seen)} of {count}")
-        while sent < count:
-            if pending:
-                if publication.try_claim(1 + (sent * 37 + pending) % 700, claim) < 0:
-                    break
-                claim.buffer[:] = b"\xff" * len(claim.buffer)
-                claim.abort()
-                aborted += 1
-                pending -= 1
-                continue
-            if publication.offer(message(sent, 64 + sent % 400)) < 0:
-                break
-            sent += 1
-            pending = aborted_claims_before(sent, every) if sent < count else 0
-        if not collector.poll():
-            time.sleep(0)
-    return aborted
-
-
 def test_aborted_claims_on_a_udp_publication_are_padding_the_subscriber_reads_past(
         launch) -> None:
     """A claim aborted on a UDP publication becomes a PAD frame of the claim's (unaligned)
@@ -613,12 +574,20 @@ def test_aborted_claims_on_a_udp_publication_are_padding_the_subscriber_reads_pa
         publication = ca.add_publication(uri, 21)
         connect(publication, subscription)
         collector = Collector(subscription)
-        aborted = stream_with_aborted_claims(publication, collector, 4_000, every=7)
+        aborted = offer_with_aborted_claims(publication, 4_000, 7, message_of_size,
+                                            poll=collector.poll)
+        wait_for(lambda: collector.poll() >= 0 and len(collector.seen) >= 4_000, timeout=30,
+                 what="every message offered")
         collector.assert_exactly(4_000)
         assert aborted > 600
         assert publication.position > 20 * 64 * 1024
     received = counters_of(b)
     assert received["INVALID_PACKETS"] == 0
+
+
+def message_of_size(index: int) -> bytes:
+    """Message ``index`` of the aborted-claim streams: 64 to 463 bytes."""
+    return message(index, 64 + index % 400)
 
 
 class PadCountingRelay(Relay):
@@ -653,7 +622,10 @@ def test_a_lost_pad_of_an_aborted_claim_is_naked_and_retransmitted(launch) -> No
         publication = ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{relay_port}", 22)
         connect(publication, subscription)
         collector = Collector(subscription)
-        stream_with_aborted_claims(publication, collector, 3_000, every=5, timeout=90)
+        offer_with_aborted_claims(publication, 3_000, 5, message_of_size, poll=collector.poll,
+                                  timeout=60)
+        wait_for(lambda: collector.poll() >= 0 and len(collector.seen) >= 3_000, timeout=30,
+                 what="every message offered")
         collector.assert_exactly(3_000)
         assert publication.position > 10 * 64 * 1024
         assert relay.pads_lost > 5, (relay.pads_offered, relay.pads_lost)

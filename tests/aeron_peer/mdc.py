@@ -187,6 +187,12 @@ class MdcPublisher(_CommandProgram):
         self.next_index += count
         return sent
 
+    def abort_claims(self, count: int, length: int, timeout: float = 30.0) -> None:
+        """Claim ``length`` payload bytes ``count`` times (``tryClaim``, retried as ``send``
+        retries), each given up with ``BufferClaim.abort``: padding of the claim's frame length
+        (32 + ``length``) in the log, which carries no message index."""
+        self._expect(f"abort {count} {length}", f"aborted {count}", timeout)
+
     def is_connected(self) -> bool:
         return self.request("connected") == "connected true"
 

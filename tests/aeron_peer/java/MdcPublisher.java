@@ -19,6 +19,10 @@
  *                                              message index (little-endian int64, counted on across
  *                                              sends from 0), the rest zeros; back pressure, "not
  *                                              connected" and admin actions are retried
+ *   abort N LEN    -> "aborted N"              N claims of LEN payload bytes (Publication.tryClaim, the
+ *                                              payload filled with 0xFF), each given up with
+ *                                              BufferClaim.abort: padding of the claim's frame length
+ *                                              in the log; retried as a "send" is
  *   connected      -> "connected true|false"   Publication.isConnected()
  *   position       -> "position P"             Publication.position()
  *   next           -> "next I"                 the index the next message will carry
@@ -29,6 +33,7 @@
 
 import io.aeron.Aeron;
 import io.aeron.Publication;
+import io.aeron.logbuffer.BufferClaim;
 import org.agrona.concurrent.UnsafeBuffer;
 
 import java.io.BufferedReader;
@@ -43,6 +48,7 @@ public final class MdcPublisher
 {
     private final Publication publication;
     private final UnsafeBuffer buffer;
+    private final BufferClaim claim = new BufferClaim();
     private final int messageLength;
     private final long offerTimeoutNs;
     private long nextIndex = 0;
@@ -131,6 +137,16 @@ public final class MdcPublisher
                 send(count);
                 return "sent " + count;
 
+            case "abort":
+                final String[] parts = argument.split("\\s+");
+                if (parts.length != 2)
+                {
+                    throw new IllegalArgumentException("usage: abort N LEN");
+                }
+                final long claims = Long.parseLong(parts[0]);
+                abort(claims, Integer.parseInt(parts[1]));
+                return "aborted " + claims;
+
             case "connected":
                 return "connected " + publication.isConnected();
 
@@ -178,6 +194,38 @@ public final class MdcPublisher
             }
 
             nextIndex++;
+        }
+    }
+
+    private void abort(final long count, final int length)
+    {
+        for (long i = 0; i < count; i++)
+        {
+            final long deadlineNs = System.nanoTime() + offerTimeoutNs;
+            long result;
+            while ((result = publication.tryClaim(length, claim)) < 0)
+            {
+                if (Publication.CLOSED == result || Publication.MAX_POSITION_EXCEEDED == result)
+                {
+                    throw new IllegalStateException("claim failed: " + offerResult(result));
+                }
+                if (System.nanoTime() - deadlineNs > 0)
+                {
+                    throw new IllegalStateException("claim still " + offerResult(result) + " after " +
+                        TimeUnit.NANOSECONDS.toMillis(offerTimeoutNs) + " ms (" + i + " of " + count + " aborted)");
+                }
+                if (Publication.BACK_PRESSURED != result)
+                {
+                    LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1));
+                }
+                else
+                {
+                    Thread.yield();
+                }
+            }
+
+            claim.buffer().setMemory(claim.offset(), length, (byte)0xFF);
+            claim.abort();
         }
     }
 
