@@ -193,29 +193,36 @@ def test_slipstream_reads_past_the_aborted_claims_of_an_aeron_publication(
     reason = aeron_peer.peer_available("MdcPublisher")
     if reason is not None:
         lacking(f"the Aeron peer: {reason}")
-    uri, rounds, batch = channel("unicast"), 150, 20
+    uri, messages = channel("unicast"), 3_000
     with AeronDriver() as aeron, MediaDriver.launch(
             directory=driver_dir, debug_receive_data_loss=loss, debug_receive_data_loss_seed=3,
             **FAST_DRIVER_SETTINGS) as slipstream_driver, \
-            Client.connect(slipstream_driver.directory) as client:
+            Client.connect(slipstream_driver.directory) as client, \
+            MdcPublisher(aeron, uri + "|term-length=64k", 1004, message_length=64) as publisher:
         subscription = client.add_subscription(uri, 1004)
+        wait_for(publisher.is_connected, timeout=20, what="the Aeron publication connected")
+        failure: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                publisher.send(messages, abort_every=7)
+            except BaseException as e:  # reported by the test thread
+                failure.append(e)
+
+        sender = threading.Thread(target=publish, daemon=True)
+        sender.start()
         seen: list[int] = []
-
-        def read() -> int:
-            return subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]),
-                                     1000)
-
-        with MdcPublisher(aeron, uri + "|term-length=64k", 1004, message_length=64) as publisher:
-            wait_for(publisher.is_connected, timeout=20, what="the Aeron publication connected")
-            for round_ in range(rounds):
-                publisher.abort_claims(1 + round_ % 2, 1 + round_ * 37 % 700)
-                publisher.send(batch)
-                while read():
-                    pass
-            wait_for(lambda: read() >= 0 and len(seen) >= rounds * batch, timeout=30,
-                     what=f"{rounds * batch} messages")
-            assert publisher.position() > 5 * 64 * 1024
-        assert seen == list(range(rounds * batch))
+        deadline = time.monotonic() + 60
+        while len(seen) < messages:
+            assert not failure, failure
+            assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
+            if not subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]),
+                                     1000):
+                time.sleep(0.0005)
+        sender.join(30)
+        assert not failure, failure
+        assert seen == list(range(messages))
+        assert publisher.position() > 5 * 64 * 1024
         assert counter(slipstream_driver, SystemCounter.INVALID_PACKETS) == 0
         if loss:
             assert counter(slipstream_driver, SystemCounter.DEBUG_DATA_LOSS_DROPS) > 0

@@ -15,14 +15,14 @@
  * stdin, one command a line; stdout, one line per command:
  *   add URI        -> "added URI"              Publication.addDestination(URI)
  *   remove URI     -> "removed URI"            Publication.removeDestination(URI)
- *   send N         -> "sent N"                 offer N messages; the payload's first 8 bytes are the
+ *   send N [EVERY] -> "sent N"                 offer N messages; the payload's first 8 bytes are the
  *                                              message index (little-endian int64, counted on across
  *                                              sends from 0), the rest zeros; back pressure, "not
- *                                              connected" and admin actions are retried
- *   abort N LEN    -> "aborted N"              N claims of LEN payload bytes (Publication.tryClaim, the
- *                                              payload filled with 0xFF), each given up with
- *                                              BufferClaim.abort: padding of the claim's frame length
- *                                              in the log; retried as a "send" is
+ *                                              connected" and admin actions are retried; with EVERY,
+ *                                              a claim of 1 + (index * 37) % 700 bytes (tryClaim, the
+ *                                              payload filled with 0xFF) is given up with
+ *                                              BufferClaim.abort before each message whose index
+ *                                              it divides: padding of the claim's frame length
  *   connected      -> "connected true|false"   Publication.isConnected()
  *   position       -> "position P"             Publication.position()
  *   next           -> "next I"                 the index the next message will carry
@@ -133,19 +133,10 @@ public final class MdcPublisher
                 return "removed " + argument;
 
             case "send":
-                final long count = Long.parseLong(argument);
-                send(count);
+                final String[] sendParts = argument.split("\\s+");
+                final long count = Long.parseLong(sendParts[0]);
+                send(count, sendParts.length > 1 ? Long.parseLong(sendParts[1]) : 0);
                 return "sent " + count;
-
-            case "abort":
-                final String[] parts = argument.split("\\s+");
-                if (parts.length != 2)
-                {
-                    throw new IllegalArgumentException("usage: abort N LEN");
-                }
-                final long claims = Long.parseLong(parts[0]);
-                abort(claims, Integer.parseInt(parts[1]));
-                return "aborted " + claims;
 
             case "connected":
                 return "connected " + publication.isConnected();
@@ -161,10 +152,14 @@ public final class MdcPublisher
         }
     }
 
-    private void send(final long count)
+    private void send(final long count, final long abortEvery)
     {
         for (long i = 0; i < count; i++)
         {
+            if (abortEvery > 0 && nextIndex % abortEvery == 0)
+            {
+                abortClaim(1 + (int)(nextIndex * 37 % 700));
+            }
             buffer.setMemory(0, messageLength, (byte)0);
             buffer.putLong(0, nextIndex, ByteOrder.LITTLE_ENDIAN);
 
@@ -197,36 +192,34 @@ public final class MdcPublisher
         }
     }
 
-    private void abort(final long count, final int length)
+    private void abortClaim(final int length)
     {
-        for (long i = 0; i < count; i++)
+        final long deadlineNs = System.nanoTime() + offerTimeoutNs;
+        long result;
+        while ((result = publication.tryClaim(length, claim)) < 0)
         {
-            final long deadlineNs = System.nanoTime() + offerTimeoutNs;
-            long result;
-            while ((result = publication.tryClaim(length, claim)) < 0)
+            if (Publication.CLOSED == result || Publication.MAX_POSITION_EXCEEDED == result)
             {
-                if (Publication.CLOSED == result || Publication.MAX_POSITION_EXCEEDED == result)
-                {
-                    throw new IllegalStateException("claim failed: " + offerResult(result));
-                }
-                if (System.nanoTime() - deadlineNs > 0)
-                {
-                    throw new IllegalStateException("claim still " + offerResult(result) + " after " +
-                        TimeUnit.NANOSECONDS.toMillis(offerTimeoutNs) + " ms (" + i + " of " + count + " aborted)");
-                }
-                if (Publication.BACK_PRESSURED != result)
-                {
-                    LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1));
-                }
-                else
-                {
-                    Thread.yield();
-                }
+                throw new IllegalStateException("claim before message " + nextIndex + " failed: " +
+                    offerResult(result));
             }
-
-            claim.buffer().setMemory(claim.offset(), length, (byte)0xFF);
-            claim.abort();
+            if (System.nanoTime() - deadlineNs > 0)
+            {
+                throw new IllegalStateException("claim before message " + nextIndex + " still " +
+                    offerResult(result) + " after " + TimeUnit.NANOSECONDS.toMillis(offerTimeoutNs) + " ms");
+            }
+            if (Publication.BACK_PRESSURED != result)
+            {
+                LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1));
+            }
+            else
+            {
+                Thread.yield();
+            }
         }
+
+        claim.buffer().setMemory(claim.offset(), length, (byte)0xFF);
+        claim.abort();
     }
 
     private static String offerResult(final long result)
