@@ -341,6 +341,7 @@ def test_rttm_reply_echoed(shm: Path) -> None:
     Heartbeat(0, 1, 2, 100).encode() + b"\x00" * 32,  # heartbeat longer than 32
     Pad(0, 1, 2, 100, 16).encode(),  # pad shorter than its header
     Pad(TERM - 32, 1, 2, 100, 40).encode(),  # pad whose aligned length runs past the term
+    Pad(0, 1, 2, 100, 2**31 - 1).encode(),  # pad whose aligned length is past int32
     b"\x20\x00\x00\x00\x01\xc0\x01\x00" + b"\x00" * 24,  # version 1
     b"\x28\x00\x00\x00\x00\x00\x05\x00" + b"\x00" * 8,  # short SETUP
     b"\x10\x00\x00\x00\x00\x00\x99\x00" + b"\x00" * 24,  # unknown type
