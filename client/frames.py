@@ -189,9 +189,11 @@ class Heartbeat:
 
 @attrs.frozen
 class Pad:
-    """A PAD frame: ``frame_length`` bytes of padding in the term (to its end), a multiple of 32.
+    """A PAD frame: ``align(frame_length)`` bytes of padding in the term, at least its header.
 
-    Only the 32-byte header goes on the wire, so ``frame_length`` usually exceeds the datagram.
+    Padding that ends a term has an aligned length; an aborted claim's keeps the claim's frame
+    length (32 + payload bytes), as Aeron's does.  Only the 32-byte header goes on the wire, so
+    ``frame_length`` usually exceeds the datagram.
     """
 
     term_offset: int
@@ -474,8 +476,9 @@ def _decode_data_or_pad(data: Buffer, offset: int, remaining: int, frame_length:
     if term_offset < 0 or term_offset & (FRAME_ALIGNMENT - 1):
         return Rejected(f"{name} term_offset {term_offset} is not a non-negative multiple of 32")
     if is_pad:
-        if frame_length < HEADER_LENGTH or frame_length & (FRAME_ALIGNMENT - 1):
-            return Rejected(f"PAD frame_length {frame_length} is not a multiple of 32 >= 32")
+        if frame_length < HEADER_LENGTH:
+            return Rejected(f"PAD frame_length {frame_length} is less than the {HEADER_LENGTH}-"
+                            f"byte header")
         return Pad(term_offset, session_id, stream_id, term_id, frame_length, flags, reserved)
     if frame_length == 0:
         if remaining != HEADER_LENGTH:

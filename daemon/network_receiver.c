@@ -170,14 +170,17 @@ static int valid_data_frames(const uint8_t *data, int32_t length, int32_t term_o
             read_i32(frame + SS_SESSION_ID_FIELD) != session_id ||
             read_i32(frame + SS_STREAM_ID_FIELD) != stream_id ||
             read_i32(frame + SS_TERM_ID_FIELD) != term_id) return 0;
+        int64_t aligned = ((int64_t)frame_length + (SS_FRAME_ALIGNMENT - 1)) & ~(int64_t)(SS_FRAME_ALIGNMENT - 1);
         if (type == SS_HDR_TYPE_PAD) {
-            /* Its header alone, last in the datagram, its length aligned and within the term. */
-            if (offset + SS_HEADER_LENGTH != length || (frame_length & (SS_FRAME_ALIGNMENT - 1)) != 0 ||
-                (int64_t)term_offset + offset + frame_length > term_length) return 0;
-            *padding = frame_length - SS_HEADER_LENGTH;
+            /* Its header alone, last in the datagram, standing for its aligned length within
+             * the term.  The length itself need not be aligned: an aborted claim's PAD keeps
+             * the claim's frame length (32 + payload), as Aeron's BufferClaim.abort writes it
+             * and both scanners send it, and readers step over align(frame_length). */
+            if (offset + SS_HEADER_LENGTH != length ||
+                (int64_t)term_offset + offset + aligned > term_length) return 0;
+            *padding = (int32_t)(aligned - SS_HEADER_LENGTH);
             return 1;
         }
-        int64_t aligned = ((int64_t)frame_length + (SS_FRAME_ALIGNMENT - 1)) & ~(int64_t)(SS_FRAME_ALIGNMENT - 1);
         if (offset + aligned > length) return 0;
         offset += aligned;
     }

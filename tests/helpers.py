@@ -186,6 +186,35 @@ def offer_until(publication: Any, message: bytes, timeout: float = 5.0) -> int:
     raise AssertionError(f"offer did not succeed within {timeout} s (last result {result})")
 
 
+def offer_with_aborted_claims(publication: Any, count: int, every: int,
+                              message_at: Callable[[int], bytes], *,
+                              poll: Callable[[], object] = lambda: 0,
+                              timeout: float = 30.0) -> int:
+    """Offer ``message_at(i)`` for i in 0 .. count - 1, aborting a claim before every
+    ``every``-th message and two in a row before every fifth of those; ``poll`` runs while the
+    publication is back pressured.  Each claim is of 1 to 700 bytes, mostly a frame length that
+    is not a multiple of 32, and filled with 0xFF before the abort.  Returns how many claims
+    were aborted."""
+    from slipstream.client import BufferClaim
+
+    claim = BufferClaim()
+    aborted = 0
+    deadline = time.monotonic() + timeout
+    for index in range(count):
+        claims = 0 if index % every else 2 if index % (5 * every) == 0 else 1
+        for _ in range(claims):
+            while publication.try_claim(1 + (index * 37 + aborted) % 700, claim) < 0:
+                assert time.monotonic() < deadline, f"claim before message {index} refused"
+                poll()
+            claim.buffer[:] = b"\xff" * len(claim.buffer)
+            claim.abort()
+            aborted += 1
+        while publication.offer(message_at(index)) < 0:
+            assert time.monotonic() < deadline, f"message {index} not taken"
+            poll()
+    return aborted
+
+
 def mdc_destinations(driver: Any) -> int:
     """The value of the driver's one mdc-destinations counter (a multi-destination-cast
     endpoint's destinations)."""

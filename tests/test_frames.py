@@ -307,7 +307,7 @@ MALFORMED = {
     "negative DATA length": (_with(DATA_46, 0, "<i", -46), "DATA frame_length -46"),
     "misaligned term offset": (_with(DATA_46, 8, "<i", 33), "term_offset 33"),
     "long heartbeat": (heartbeat(1, 2, 3, 0) + bytes(32), "heartbeat is a datagram of exactly"),
-    "PAD length": (_with(Pad(0, 1, 2, 3, 64).encode(), 0, "<i", 40), "PAD frame_length 40"),
+    "PAD length": (_with(Pad(0, 1, 2, 3, 64).encode(), 0, "<i", 16), "PAD frame_length 16"),
     "short SETUP": (Setup(0, 1, 2, 3, 3, 65536, 1408).encode()[:36], "short SETUP: 36 bytes < 40"),
     "short SM": (StatusMessage(1, 2, 3, 0, 0, 9).encode()[:30], "short SM: 30 bytes < 36"),
     "SM tag length": (_with(StatusMessage(1, 2, 3, 0, 0, 9).encode() + bytes(4), 0, "<i", 40),

@@ -24,8 +24,20 @@ from pathlib import Path
 
 import aeron_peer
 import pytest
-from aeron_peer import DEFAULT_LIVENESS_NS, AeronDriver, basic_subscriber, streaming_publisher
-from helpers import FAST_DRIVER_SETTINGS, free_port, lacking, wait_for
+from aeron_peer import (
+    DEFAULT_LIVENESS_NS,
+    AeronDriver,
+    MdcPublisher,
+    basic_subscriber,
+    streaming_publisher,
+)
+from helpers import (
+    FAST_DRIVER_SETTINGS,
+    free_port,
+    lacking,
+    offer_with_aborted_claims,
+    wait_for,
+)
 
 from slipstream.client import Client, control
 from slipstream.client.counters import (
@@ -142,6 +154,79 @@ def test_slipstream_publishes_and_aeron_receives_every_message_once_in_order(
         publication.close()
         # slipstream's end of stream reaches Aeron: its image goes away.
         subscriber.wait_for_image(timeout=15, available=False)
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.05], ids=["lossless", "5%-loss-at-aeron"])
+def test_aeron_reads_past_the_aborted_claims_of_a_slipstream_publication(
+        slipstream_driver: MediaDriver, loss: float) -> None:
+    """slipstream's aborted claims are PADs of the claims' frame lengths, mostly not multiples
+    of 32, as Aeron's own: a stock Aeron subscriber steps over every one (with loss, Aeron NAKs
+    the lost ones and slipstream resends their headers) and gets every message offered after
+    them once and in order, through four 256 KiB terms."""
+    require_aeron()
+    uri, messages = channel("unicast"), 5_000
+    with AeronDriver(receive_data_loss_rate=loss, receive_data_loss_seed=5) as aeron, \
+            basic_subscriber(aeron, uri, 1003) as subscriber, \
+            Client.connect(slipstream_driver.directory) as client:
+        publication = client.add_publication(uri + TERM, 1003)
+        wait_for(lambda: publication.is_connected, timeout=20,
+                 what="Aeron's status messages connected the publication")
+        aborted = offer_with_aborted_claims(publication, messages, 7,
+                                            lambda i: INDEX.pack(i) + bytes(56))
+        subscriber.wait_for_messages(messages, timeout=60)
+        subscriber.wait_quiet(0.3)  # a duplicate would show up here
+        assert subscriber.sequence_numbers() == list(range(messages))
+        assert aborted > messages // 7
+        assert publication.position > 3 * 256 * 1024
+        if loss:
+            assert aeron.counter("NAKs sent") > 0
+            wait_for(lambda: counter(slipstream_driver, SystemCounter.RETRANSMITS_SENT) > 0)
+
+
+@pytest.mark.parametrize("loss", [0, 50_000], ids=["lossless", "5%-loss-at-slipstream"])
+def test_slipstream_reads_past_the_aborted_claims_of_an_aeron_publication(
+        driver_dir: Path, loss: int) -> None:
+    """Aeron's BufferClaim.abort leaves a PAD of the claim's frame length (32 + payload) and
+    its sender sends that header as it is: the slipstream receiver inserts it (with loss,
+    NAKs it and takes Aeron's resend) and its subscriber gets every message after each
+    aborted claim, through six 64 KiB terms, no datagram refused."""
+    reason = aeron_peer.peer_available("MdcPublisher")
+    if reason is not None:
+        lacking(f"the Aeron peer: {reason}")
+    uri, messages = channel("unicast"), 3_000
+    with AeronDriver() as aeron, MediaDriver.launch(
+            directory=driver_dir, debug_receive_data_loss=loss, debug_receive_data_loss_seed=3,
+            **FAST_DRIVER_SETTINGS) as slipstream_driver, \
+            Client.connect(slipstream_driver.directory) as client, \
+            MdcPublisher(aeron, uri + "|term-length=64k", 1004, message_length=64) as publisher:
+        subscription = client.add_subscription(uri, 1004)
+        wait_for(publisher.is_connected, timeout=20, what="the Aeron publication connected")
+        failure: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                publisher.send(messages, abort_every=7)
+            except BaseException as e:  # reported by the test thread
+                failure.append(e)
+
+        sender = threading.Thread(target=publish, daemon=True)
+        sender.start()
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(seen) < messages:
+            assert not failure, failure
+            assert time.monotonic() < deadline, f"{len(seen)} of {messages} arrived"
+            if not subscription.poll(lambda data, _h: seen.append(INDEX.unpack_from(data)[0]),
+                                     1000):
+                time.sleep(0.0005)
+        sender.join(30)
+        assert not failure, failure
+        assert seen == list(range(messages))
+        assert publisher.position() > 5 * 64 * 1024
+        assert counter(slipstream_driver, SystemCounter.INVALID_PACKETS) == 0
+        if loss:
+            assert counter(slipstream_driver, SystemCounter.DEBUG_DATA_LOSS_DROPS) > 0
+            assert aeron.counter("Retransmits sent") > 0
 
 
 @pytest.mark.parametrize("loss", [0, 50_000], ids=["lossless", "5%-loss-at-slipstream"])

@@ -339,7 +339,9 @@ def test_rttm_reply_echoed(shm: Path) -> None:
     Data(16, 1, 2, 100, b"x").encode(),  # misaligned offset
     Data(TERM - 32, 1, 2, 100, b"x" * 64).encode(),  # past the term end
     Heartbeat(0, 1, 2, 100).encode() + b"\x00" * 32,  # heartbeat longer than 32
-    Pad(0, 1, 2, 100, 48).encode(),  # pad length not aligned
+    Pad(0, 1, 2, 100, 16).encode(),  # pad shorter than its header
+    Pad(TERM - 32, 1, 2, 100, 40).encode(),  # pad whose aligned length runs past the term
+    Pad(0, 1, 2, 100, 2**31 - 1).encode(),  # pad whose aligned length is past int32
     b"\x20\x00\x00\x00\x01\xc0\x01\x00" + b"\x00" * 24,  # version 1
     b"\x28\x00\x00\x00\x00\x00\x05\x00" + b"\x00" * 8,  # short SETUP
     b"\x10\x00\x00\x00\x00\x00\x99\x00" + b"\x00" * 24,  # unknown type
@@ -366,6 +368,23 @@ def test_large_pad_is_not_an_overrun_and_completes_the_term(shm: Path) -> None:
     assert image.loss_detector.next_deadline_ns() > 1 * 10**18  # no gap
 
 
+def test_an_aborted_claims_pad_mid_term_stands_for_its_aligned_length(shm: Path) -> None:
+    """An aborted claim of 100 bytes is a PAD of frame_length 132 (not a multiple of 32): the
+    receiver inserts its header, which stands for 160 bytes of the term, and the data after
+    it follows in order; nothing is NAKed, nothing is invalid."""
+    rc, counters = receive_channel(shm)
+    rc.on_datagram(setup(), SRC, 0)
+    image, _ = attach(rc)
+    rc.datagrams_to_send(0)
+    rc.on_datagram(data(0), SRC, 1)
+    rc.on_datagram(Pad(64, 1, 2, 100, 132).encode(), SRC, 1)
+    rc.on_datagram(data(64 + 160), SRC, 1)
+    rc.datagrams_to_send(1)
+    assert counters[SystemCounter.INVALID_PACKETS] == 0
+    assert image.rcv_hwm == image.rcv_pos == 64 + 160 + 64
+    assert image.loss_detector.next_deadline_ns() > 1 * 10**18  # no gap
+
+
 def test_data_frames_ending_in_a_pad_header_complete_the_term(shm: Path) -> None:
     """Aeron's scanner sends the PAD that ends a term after the frames before it, in one
     datagram: taken whole (the codec agrees), the term complete, the next term's data in
@@ -388,7 +407,7 @@ def test_data_frames_ending_in_a_pad_header_complete_the_term(shm: Path) -> None
 
 @pytest.mark.parametrize("bad", [
     data(TERM - 128) + Pad(TERM - 64, 1, 2, 100, 64).encode() + bytes(32),  # bytes after PAD
-    data(TERM - 128) + Pad(TERM - 64, 1, 2, 100, 48).encode(),  # PAD length not aligned
+    data(TERM - 128) + Pad(TERM - 64, 1, 2, 100, 16).encode(),  # PAD shorter than its header
     data(TERM - 128) + Pad(TERM - 32, 1, 2, 100, 32).encode(),  # PAD at the wrong offset
     data(TERM - 128) + Pad(TERM - 64, 9, 2, 100, 64).encode(),  # another session's PAD
 ])

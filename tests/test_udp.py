@@ -22,6 +22,7 @@ from helpers import (
     counters_of,
     free_port,
     message,
+    offer_with_aborted_claims,
     run_stat,
     stream,
     stream_counted,
@@ -38,8 +39,11 @@ from slipstream.client import (
 )
 from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.frames import Data, Pad, Rejected, decode_datagram
+from slipstream.client.layout import HDR_TYPE_PAD, HEADER_LENGTH
 from slipstream.daemon.driver import MediaDriver
 from slipstream.daemon.media.udp import UDP_GRO
+from slipstream.sim.network import Link, LinkFaults
+from slipstream.sim.real.relay import Relay
 
 
 def test_unicast_stream_between_two_drivers_exactly_once_in_order(launch) -> None:
@@ -554,3 +558,77 @@ def test_loss_is_repaired_by_naks_and_retransmits(launch, term: str) -> None:
     assert received["DEBUG_DATA_LOSS_DROPS"] > 0
     assert received["NAK_MESSAGES_SENT"] > 0 and sent["NAK_MESSAGES_RECEIVED"] > 0
     assert sent["RETRANSMITS_SENT"] > 0
+
+
+def test_aborted_claims_on_a_udp_publication_are_padding_the_subscriber_reads_past(
+        launch) -> None:
+    """A claim aborted on a UDP publication becomes a PAD frame of the claim's (unaligned)
+    length: the sender sends its header, the receiving driver inserts it and its subscriber
+    steps over it.  Every message offered after hundreds of aborted claims, single and two in a
+    row, arrives once and in order through 64 KiB terms (about 20 rotations), and the
+    receiving driver took every datagram as valid."""
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    a, b = launch(), launch()
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(uri, 21)
+        publication = ca.add_publication(uri, 21)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        aborted = offer_with_aborted_claims(publication, 4_000, 7, message_of_size,
+                                            poll=collector.poll)
+        wait_for(lambda: collector.poll() >= 0 and len(collector.seen) >= 4_000, timeout=30,
+                 what="every message offered")
+        collector.assert_exactly(4_000)
+        assert aborted > 600
+        assert publication.position > 20 * 64 * 1024
+    received = counters_of(b)
+    assert received["INVALID_PACKETS"] == 0
+
+
+def message_of_size(index: int) -> bytes:
+    """Message ``index`` of the aborted-claim streams: 64 to 463 bytes."""
+    return message(index, 64 + index % 400)
+
+
+class PadCountingRelay(Relay):
+    """The relay, counting the PAD datagrams (a PAD header alone) its data direction loses."""
+
+    pads_offered = 0
+    pads_lost = 0
+
+    def _schedule(self, link: Link, sock: socket.socket, data: bytes,
+                  address: tuple[str, int]) -> None:
+        if (link is self.data and len(data) == HEADER_LENGTH
+                and int.from_bytes(data[6:8], "little") == HDR_TYPE_PAD):
+            self.pads_offered += 1
+            lost_before = self.data.stats.lost
+            super()._schedule(link, sock, data, address)
+            self.pads_lost += self.data.stats.lost - lost_before
+            return
+        super()._schedule(link, sock, data, address)
+
+
+def test_a_lost_pad_of_an_aborted_claim_is_naked_and_retransmitted(launch) -> None:
+    """Through a relay losing 10 % of the data direction on loopback, the PAD datagrams of
+    aborted claims are lost too: the receiver NAKs the gap, the sender resends the PAD header
+    and the receiver inserts it, so the stream goes on past each lost one, across term
+    rotations, with every message once and in order."""
+    sub_port, relay_port = free_port(), free_port()
+    a, b = launch(), launch()
+    with PadCountingRelay(("127.0.0.1", relay_port), ("127.0.0.1", sub_port),
+                          LinkFaults(loss=0.1), directions="data", seed=3) as relay, \
+            Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{sub_port}", 22)
+        publication = ca.add_publication(f"aeron:udp?endpoint=127.0.0.1:{relay_port}", 22)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        offer_with_aborted_claims(publication, 3_000, 5, message_of_size, poll=collector.poll,
+                                  timeout=60)
+        wait_for(lambda: collector.poll() >= 0 and len(collector.seen) >= 3_000, timeout=30,
+                 what="every message offered")
+        collector.assert_exactly(3_000)
+        assert publication.position > 10 * 64 * 1024
+        assert relay.pads_lost > 5, (relay.pads_offered, relay.pads_lost)
+    sent, received = counters_of(a), counters_of(b)
+    assert received["INVALID_PACKETS"] == 0
+    assert received["NAK_MESSAGES_SENT"] > 0 and sent["RETRANSMITS_SENT"] > 0

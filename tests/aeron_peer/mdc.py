@@ -172,12 +172,16 @@ class MdcPublisher(_CommandProgram):
         self.registration_id = int(match.group(3))
 
     # -- commands ----------------------------------------------------------------------------
-    def send(self, count: int, timeout: float | None = None) -> range:
+    def send(self, count: int, timeout: float | None = None, *, abort_every: int = 0) -> range:
         """Offer ``count`` messages (retrying back pressure and "not connected" up to the
-        offer timeout per message); return the range of message indexes sent."""
+        offer timeout per message); return the range of message indexes sent.  With
+        ``abort_every``, a claim of ``1 + (index * 37) % 700`` bytes is aborted before each
+        message whose index it divides (``BufferClaim.abort``: padding of the claim's frame
+        length, 32 + payload bytes, in the log)."""
         limit = timeout if timeout is not None else 30.0 + count / 20_000
+        command = f"send {count} {abort_every}" if abort_every else f"send {count}"
         try:
-            self._expect(f"send {count}", f"sent {count}", limit)
+            self._expect(command, f"sent {count}", limit)
         except SampleFailed:
             if self.alive():  # some may have gone: continue from where the program is
                 with contextlib.suppress(SampleFailed):

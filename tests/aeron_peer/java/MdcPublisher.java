@@ -15,10 +15,14 @@
  * stdin, one command a line; stdout, one line per command:
  *   add URI        -> "added URI"              Publication.addDestination(URI)
  *   remove URI     -> "removed URI"            Publication.removeDestination(URI)
- *   send N         -> "sent N"                 offer N messages; the payload's first 8 bytes are the
+ *   send N [EVERY] -> "sent N"                 offer N messages; the payload's first 8 bytes are the
  *                                              message index (little-endian int64, counted on across
  *                                              sends from 0), the rest zeros; back pressure, "not
- *                                              connected" and admin actions are retried
+ *                                              connected" and admin actions are retried; with EVERY,
+ *                                              a claim of 1 + (index * 37) % 700 bytes (tryClaim, the
+ *                                              payload filled with 0xFF) is given up with
+ *                                              BufferClaim.abort before each message whose index
+ *                                              it divides: padding of the claim's frame length
  *   connected      -> "connected true|false"   Publication.isConnected()
  *   position       -> "position P"             Publication.position()
  *   next           -> "next I"                 the index the next message will carry
@@ -29,6 +33,7 @@
 
 import io.aeron.Aeron;
 import io.aeron.Publication;
+import io.aeron.logbuffer.BufferClaim;
 import org.agrona.concurrent.UnsafeBuffer;
 
 import java.io.BufferedReader;
@@ -43,6 +48,7 @@ public final class MdcPublisher
 {
     private final Publication publication;
     private final UnsafeBuffer buffer;
+    private final BufferClaim claim = new BufferClaim();
     private final int messageLength;
     private final long offerTimeoutNs;
     private long nextIndex = 0;
@@ -127,8 +133,9 @@ public final class MdcPublisher
                 return "removed " + argument;
 
             case "send":
-                final long count = Long.parseLong(argument);
-                send(count);
+                final String[] sendParts = argument.split("\\s+");
+                final long count = Long.parseLong(sendParts[0]);
+                send(count, sendParts.length > 1 ? Long.parseLong(sendParts[1]) : 0);
                 return "sent " + count;
 
             case "connected":
@@ -145,10 +152,14 @@ public final class MdcPublisher
         }
     }
 
-    private void send(final long count)
+    private void send(final long count, final long abortEvery)
     {
         for (long i = 0; i < count; i++)
         {
+            if (abortEvery > 0 && nextIndex % abortEvery == 0)
+            {
+                abortClaim(1 + (int)(nextIndex * 37 % 700));
+            }
             buffer.setMemory(0, messageLength, (byte)0);
             buffer.putLong(0, nextIndex, ByteOrder.LITTLE_ENDIAN);
 
@@ -179,6 +190,36 @@ public final class MdcPublisher
 
             nextIndex++;
         }
+    }
+
+    private void abortClaim(final int length)
+    {
+        final long deadlineNs = System.nanoTime() + offerTimeoutNs;
+        long result;
+        while ((result = publication.tryClaim(length, claim)) < 0)
+        {
+            if (Publication.CLOSED == result || Publication.MAX_POSITION_EXCEEDED == result)
+            {
+                throw new IllegalStateException("claim before message " + nextIndex + " failed: " +
+                    offerResult(result));
+            }
+            if (System.nanoTime() - deadlineNs > 0)
+            {
+                throw new IllegalStateException("claim before message " + nextIndex + " still " +
+                    offerResult(result) + " after " + TimeUnit.NANOSECONDS.toMillis(offerTimeoutNs) + " ms");
+            }
+            if (Publication.BACK_PRESSURED != result)
+            {
+                LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1));
+            }
+            else
+            {
+                Thread.yield();
+            }
+        }
+
+        claim.buffer().setMemory(claim.offset(), length, (byte)0xFF);
+        claim.abort();
     }
 
     private static String offerResult(final long result)
