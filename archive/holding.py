@@ -228,9 +228,7 @@ class HeldStreams:
                 # The session went after the caller's last state (it read to its end, or
                 # the image went without it): there is no position left to move.
                 return None
-            raise ValueError(f"stream {held.stream_id} on {held.channel} has no session "
-                             f"{session_id} here" + (f": {end.describe()}" if end is not None
-                                                     else ""))
+            raise ValueError(self._no_session(held, session_id))
         if named != [*image.identity.framing]:
             raise ValueError(f"session {session_id}'s log here has "
                              f"{image.identity.describe()}, not {named!r}")
@@ -243,22 +241,27 @@ class HeldStreams:
         """The log of session ``session_id`` of the held stream ``key``, for a replay: a
         mapping of its own (an image of the held subscription is unmapped when its session
         ends, under a replay that may still read it; :meth:`prune` lets go of it).  Raises
-        ValueError when the stream is not held, the session has no log here, or its log is
-        framed otherwise than ``framing`` (initial term id, term length)."""
+        ValueError when the stream is not held or the session's log here is framed otherwise
+        than ``framing`` (initial term id, term length), and :class:`SessionGoneError` (what
+        the replay asks for is lost) when the session has no log here any more."""
         held = self._found(key)
         image = self._image(held, session_id)
         if image is None:
-            end = held.ends.get(session_id)
-            raise ValueError(f"stream {held.stream_id} on {held.channel} has no session "
-                             f"{session_id} here" + (f": {end.describe()}" if end is not None
-                                                     else ""))
+            raise SessionGoneError(self._no_session(held, session_id))
         if image.identity.framing != framing:
             raise ValueError(f"session {session_id}'s log here has "
                              f"{image.identity.describe()}, not {[*framing]!r}")
         mapped = self._detached.get(image.log_path, image.join_position)
         if mapped is None:
-            raise ValueError(f"session {session_id}'s log {image.log_path} is gone")
+            raise SessionGoneError(f"session {session_id}'s log {image.log_path} is gone")
         return mapped
+
+    @staticmethod
+    def _no_session(held: _Held, session_id: int) -> str:
+        """Why ``held`` has no session ``session_id`` here: how it ended, when known."""
+        end = held.ends.get(session_id)
+        return (f"stream {held.stream_id} on {held.channel} has no session {session_id} here"
+                + (f": {end.describe()}" if end is not None else ""))
 
     def do_work(self, logs_in_use: set[str]) -> None:
         """Release the groups idle longer than ``release_after_s``; unmap the logs of sessions
@@ -273,6 +276,10 @@ class HeldStreams:
                 if now - held.last_call > self.release_after_s:
                     self.call("release", {"channel": key[0], "stream_id": key[1],
                                           "group": key[2]})
+        for held in self._held.values():
+            # The logs of sessions that ended stay mapped (their files unlinked) until
+            # released: a stream no query calls for would keep them for as long as it is held.
+            held.subscription.release_gone_images()
         live = {image.log_path for held in self._held.values()
                 for image in held.subscription.images}
         self._detached.prune(live, logs_in_use)

@@ -330,6 +330,12 @@ class ArchiveSettings:
                 raise ArchiveSettingsError(key, "must be > 0")
         if parsed["release_after"] < 0:
             raise ArchiveSettingsError("release_after", "must be >= 0 (0: never)")
+        holds = _holds(values.get("hold", []))
+        if holds and parsed["control_port"] == 0:
+            # Only a group's commit (the view call's advance_to) moves a held position: with
+            # no control stream nothing would, and the publishers would be held for good.
+            raise ArchiveSettingsError("hold", "needs the control stream (control_port is 0): "
+                                               "a held stream moves only by its readers' calls")
         return cls(dir=parsed["dir"], driver_dir=parsed["driver_dir"],
                    segment_length=parsed["segment_length"], sync=parsed["sync"],
                    sync_interval_ns=parsed["sync_interval"],
@@ -348,7 +354,7 @@ class ArchiveSettings:
                    replication_port=parsed["replication_port"],
                    records=_records(values.get("record", [])),
                    release_after_ns=parsed["release_after"],
-                   holds=_holds(values.get("hold", [])))
+                   holds=holds)
 
 
 def _stream_entries(table: str, entries: Any, keys: tuple[str, ...]

@@ -476,6 +476,48 @@ def test_a_replay_of_a_range_the_live_log_no_longer_holds_is_refused_lost_or_ski
         client.close()
 
 
+def test_a_replay_of_a_session_the_holding_archive_no_longer_has_is_lost_not_an_error(
+        ingest: Ingest) -> None:
+    """A read task asks the holding archive for a session whose log is no longer there (it
+    ended and its image went; here one the stream never had): the archive refuses it
+    ``lost``, naming the session, so a task with ``failOnDataLoss=false`` skips the range and
+    counts it, and one with ``true`` fails naming it, as for any range the log lost."""
+    client = Client.connect(ingest.spark_dir)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
+    archive = ArchiveClient(client, "127.0.0.2", HOLDER_PORT, timeout_s=10)
+    try:
+        key = {"channel": CHANNEL, "stream_id": STREAM, "group": "spark"}
+        link.call("state", **key)
+        assert ingest.publish(10) == 10
+        wait_for(lambda: link.call("state", **key)["sessions"], timeout=10,
+                 what="the held session")
+        state = next(iter(link.call("state", **key)["sessions"].values()))
+        framing = (state["initial_term_id"], state["term_length"])
+        gone = ingest.publication.session_id + 1
+        with pytest.raises(RecordingLostError, match=f"has no session {gone}"):
+            archive.replay_held(key, gone, framing, 0, 10 * FRAME)
+
+        def task(fail_on_data_loss: bool) -> SlipstreamPartition:
+            return SlipstreamPartition(
+                gone, STREAM, state["log_path"], 0, 10 * FRAME, str(ingest.spark_dir),
+                fail_on_data_loss, "127.0.0.2", log=LogIdentity(gone, *framing),
+                driver="another driver run", holder=("127.0.0.2", HOLDER_PORT,
+                                                     DEFAULT_CONTROL_STREAM_ID),
+                replay_timeout_ms=10_000, held=key)
+
+        with pytest.raises(SlipstreamDataLossError, match=rf"positions \[0, {10 * FRAME}\)"):
+            values([task(True)])
+        skips_before = read_system_counters(ingest.spark_dir)[SystemCounter.DATA_LOSS_SKIPS]
+        assert values([task(False)]) == []
+        assert read_system_counters(ingest.spark_dir)[SystemCounter.DATA_LOSS_SKIPS] == \
+            skips_before + 1
+    finally:
+        archive.close()
+        link.close()
+        client.close()
+
+
 def test_a_held_range_with_aborted_claims_padding_is_replayed_around_it(
         ingest: Ingest) -> None:
     """Aborted claims leave padding inside a term, which a replay cannot reproduce: one
@@ -562,7 +604,10 @@ def test_a_held_stream_in_the_settings_is_checked_by_key(tmp_path: Path) -> None
                        "hold.group"),
                       (f'[[hold]]\nchannel = "{CHANNEL}"\nstream_id = 7\nsize = 1',
                        "hold.size"),
-                      ('release_after = "-1s"', "release_after")):
+                      ('release_after = "-1s"', "release_after"),
+                      # Nothing would move a held position with no control stream.
+                      (f'control_port = 0\n[[hold]]\nchannel = "{CHANNEL}"\nstream_id = 7',
+                       "hold")):
         config = tmp_path / "bad.toml"
         config.write_text(body + "\n")
         with pytest.raises(ArchiveSettingsError) as raised:

@@ -193,8 +193,6 @@ def test_a_holder_that_does_not_answer_is_named_after_the_timeout(hosts) -> None
     with Client.connect(two.directory) as remote, \
             ArchiveClient(remote, hosts[1].address, PORT, 9001, timeout_s=1.0,
                           reply_address=hosts[2].address) as link:
-        began = time.monotonic()
         with pytest.raises(CallError, match=f"{hosts[1].address}:{PORT}.*did not take the "
                                             f"call 'replay' within 1 s.*UDP port {PORT} open"):
             link.replay_held(KEY, 1, (0, TERM), 0, 64)
-        assert time.monotonic() - began < 5

@@ -689,10 +689,9 @@ def test_a_server_that_fails_serving_a_replay_says_so_and_serves_the_next(
         raise RuntimeError("the lookup broke")
 
     hosts.holder.holds.replay_source = lookup_fails  # type: ignore[method-assign]
-    began = time.monotonic()
+    # Answered by the archive, naming the cause: not the call's timeout.
     with pytest.raises(CallError, match=r"failed at the archive \(RuntimeError: the lookup"):
         task_rows(hosts.partition(0, end))
-    assert time.monotonic() - began < 5
     hosts.holder.holds.replay_source = replay_source  # type: ignore[method-assign]
     copy = LogSource.copy
 
