@@ -25,6 +25,7 @@ Spark planner stitches with :func:`stitch`.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -629,15 +630,12 @@ class SessionReader:
         on (none of them began at or past the end)."""
         assert self.end is not None
         count = len(chunk)
-        begins = self.position
-        for i in range(count):
-            if begins >= self.end:
-                count = i
-                break
-            begins = chunk.positions[i]
-        else:
-            self.position = chunk.positions[-1]
-            return chunk, True
+        positions = chunk.positions  # message i begins where i - 1 ends (the first: here)
+        if (self.position if count == 1 else positions[count - 2]) < self.end:
+            self.position = positions[-1]
+            return chunk, True  # the usual case, decided without a pass over the messages
+        count = 0 if self.position >= self.end else \
+            1 + bisect.bisect_left(positions, self.end, 0, count - 1)
         if count == 0:
             return None, False
         self.position = chunk.positions[count - 1]
