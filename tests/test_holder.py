@@ -143,6 +143,21 @@ def held_from_start(tmp_path: Path) -> Iterator[Ingest]:
         yield hosts
 
 
+@contextlib.contextmanager
+def holding_archive_calls(ingest: Ingest) -> Iterator[tuple[HolderLink, ArchiveClient]]:
+    """From the Spark host: a call link to the holding archive and its archive client."""
+    client = Client.connect(ingest.spark_dir)
+    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
+                      timeout_s=10)
+    archive = ArchiveClient(client, "127.0.0.2", HOLDER_PORT, timeout_s=10)
+    try:
+        yield link, archive
+    finally:
+        archive.close()
+        link.close()
+        client.close()
+
+
 def values(partitions: list, directory: Path | None = None) -> list[tuple[bytes, int, int]]:
     """The rows of ``partitions`` read by tasks on the host of ``directory`` (the partition's
     own directory when None): value, position, reserved value (the publisher's stamp, µs)."""
@@ -426,11 +441,7 @@ def test_a_replay_of_a_range_the_live_log_no_longer_holds_is_refused_lost_or_ski
     holds, from its first whole message; a read task on another host fails with
     ``failOnDataLoss=true``, naming the range, and with ``false`` skips to that message,
     reads every message from there once, and counts the skip."""
-    client = Client.connect(ingest.spark_dir)
-    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
-                      timeout_s=10)
-    archive = ArchiveClient(client, "127.0.0.2", HOLDER_PORT, timeout_s=10)
-    try:
+    with holding_archive_calls(ingest) as (link, archive):
         key = {"channel": CHANNEL, "stream_id": STREAM, "group": "spark"}
         link.call("state", **key)
         total = 4 * TERM // FRAME
@@ -470,10 +481,6 @@ def test_a_replay_of_a_range_the_live_log_no_longer_holds_is_refused_lost_or_ski
         assert numbers(rows) == list(range(numbers(rows)[0], total))
         assert read_system_counters(ingest.spark_dir)[SystemCounter.DATA_LOSS_SKIPS] == \
             skips_before + 1
-    finally:
-        archive.close()
-        link.close()
-        client.close()
 
 
 def test_a_replay_of_a_session_the_holding_archive_no_longer_has_is_lost_not_an_error(
@@ -482,11 +489,7 @@ def test_a_replay_of_a_session_the_holding_archive_no_longer_has_is_lost_not_an_
     ended and its image went; here one the stream never had): the archive refuses it
     ``lost``, naming the session, so a task with ``failOnDataLoss=false`` skips the range and
     counts it, and one with ``true`` fails naming it, as for any range the log lost."""
-    client = Client.connect(ingest.spark_dir)
-    link = HolderLink(client, "127.0.0.2", HOLDER_PORT, DEFAULT_CONTROL_STREAM_ID,
-                      timeout_s=10)
-    archive = ArchiveClient(client, "127.0.0.2", HOLDER_PORT, timeout_s=10)
-    try:
+    with holding_archive_calls(ingest) as (link, archive):
         key = {"channel": CHANNEL, "stream_id": STREAM, "group": "spark"}
         link.call("state", **key)
         assert ingest.publish(10) == 10
@@ -512,10 +515,6 @@ def test_a_replay_of_a_session_the_holding_archive_no_longer_has_is_lost_not_an_
         assert values([task(False)]) == []
         assert read_system_counters(ingest.spark_dir)[SystemCounter.DATA_LOSS_SKIPS] == \
             skips_before + 1
-    finally:
-        archive.close()
-        link.close()
-        client.close()
 
 
 def test_a_held_range_with_aborted_claims_padding_is_replayed_around_it(
@@ -544,6 +543,10 @@ def test_a_held_range_with_aborted_claims_padding_is_replayed_around_it(
                 time.sleep(0.001)
             claim.abort()
         end = publication.position
+        # The publication is connected once the archive's subscription took its log; the
+        # archive's client lists the image a moment later.
+        wait_for(lambda: sid in link.call("state", **key)["sessions"], timeout=10,
+                 what="the archive's image of the session")
         answer = link.call("state", **key)
         state = answer["sessions"][sid]
         framing = (state["initial_term_id"], state["term_length"])
