@@ -314,6 +314,12 @@ class SystemCounter(enum.IntEnum):
     # host names in channels that resolved again to another address, which the endpoint
     # then sends to (Aeron's "Resolution changes"; docs/PROTOCOL.md §7.2)
     RESOLUTION_CHANGES = 74
+    # logs made from a released log's file the driver kept (log_reuse_bytes), whose pages
+    # exist already
+    LOGS_REUSED = 75
+    # memory the driver's kept released logs hold now, bytes (a gauge, at most
+    # log_reuse_bytes)
+    RELEASED_LOG_BYTES = 76
 
     @property
     def label(self) -> str:

@@ -248,10 +248,14 @@ class LogBuffer:
         sparse: bool = True,
         populate: bool | None = None,
         mode: int = 0o600,
+        reused: bool = False,
     ) -> LogBuffer:
         """Create and initialise a log file (the driver's job, with ``mode``:
         :func:`control.file_mode`) and map it (``populate``: as for the constructor).  A
         failure leaves no file behind.
+
+        ``reused``: the file exists at ``path`` already, of this log's length and every byte
+        zero (a released log the driver's pool handed out): it is initialised in place.
 
         ``initial_term_count``/``initial_term_offset`` start the stream at a non-zero position
         (URI ``init-term-id``/``term-id``/``term-offset``, or a receiver's join position).
@@ -285,9 +289,17 @@ class LogBuffer:
         struct.pack_into("<q", meta, META_LINGER_TIMEOUT_NS, linger_timeout_ns)
         struct.pack_into("8B", meta, META_FLAGS, group, False, True, reliable, sparse,
                          signal_eos, False, tether)
-        fd = control.create_file(path, os.O_RDWR | os.O_EXCL, mode)
+        if reused:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        else:
+            fd = control.create_file(path, os.O_RDWR | os.O_EXCL, mode)
         try:
-            os.ftruncate(fd, length)
+            if reused:
+                os.fchmod(fd, mode)
+                if os.fstat(fd).st_size != length:
+                    raise ValueError(f"{path} is no log of {length} bytes to reuse")
+            else:
+                os.ftruncate(fd, length)
             # The metadata first: a driver that finds this file after a crash knows it for
             # one of its logs by it (and removes it), however far its pages were reserved.
             os.pwrite(fd, meta, PARTITION_COUNT * term_length)

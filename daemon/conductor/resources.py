@@ -12,8 +12,9 @@ from typing import Any
 
 from slipstream.client import control
 from slipstream.client.channel import Channel
-from slipstream.client.layout import INT32_MAX, INT32_MIN
+from slipstream.client.layout import INT32_MAX, INT32_MIN, PAGE_MIN_SIZE
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
+from slipstream.daemon.conductor.log_pool import LogPool
 from slipstream.daemon.protocol.params import PublicationParams
 
 
@@ -86,39 +87,50 @@ def check_room_for_log(path: Path, length: int) -> None:
                                     f"then kills the writer)")
 
 
-def create_log(path: Path, budget: LogBudget, what: str, **kwargs: Any) -> LogBuffer:
-    """``LogBuffer.create(path, **kwargs)`` within ``budget``; a log past the budget, or an
-    OSError (no space, a file size limit), is a :class:`ResourceError` that says what to do,
-    and leaves no file behind."""
+def create_log(path: Path, budget: LogBudget, what: str, pool: LogPool | None = None,
+               **kwargs: Any) -> LogBuffer:
+    """``LogBuffer.create(path, **kwargs)`` within ``budget`` (from a file of ``pool`` when it
+    keeps one of the log's length); a log past the budget, or an OSError (no space, a file
+    size limit), is a :class:`ResourceError` that says what to do, and leaves no file
+    behind."""
     length = budget.reserve(kwargs["term_length"], what)
     try:
-        return make_log_file(path, length, **kwargs)
+        return make_log_file(path, length, pool, **kwargs)
     except OSError as e:
         budget.release(length)
         raise no_room_for_log(path, kwargs["stream_id"], kwargs["term_length"], e) from None
 
 
-def make_log_file(path: Path, length: int, **kwargs: Any) -> LogBuffer:
+def make_log_file(path: Path, length: int, pool: LogPool | None = None,
+                  **kwargs: Any) -> LogBuffer:
     """The file of a log of ``length`` bytes (reserved in the budget already), if its
-    filesystem has room (:func:`check_room_for_log`): ``LogBuffer.create(path, **kwargs)``.
-    OSError when it cannot be made, leaving no file behind.  Any thread: it touches nothing
-    but the file (an image's log is made on a worker: :mod:`.image_logs`)."""
+    filesystem has room (:func:`check_room_for_log`): ``LogBuffer.create(path, **kwargs)``,
+    in a file ``pool`` kept when it has one of the file's length (its pages there already),
+    else a new one.  OSError when it cannot be made, leaving no file behind.  Any thread: it
+    touches nothing but the file and the pool (an image's log is made on a worker:
+    :mod:`.image_logs`)."""
     check_room_for_log(path, length)
-    return LogBuffer.create(path, **kwargs)
+    file_length = compute_log_length(kwargs["term_length"],
+                                     kwargs.get("page_size", PAGE_MIN_SIZE))
+    reused = pool is not None and pool.take(path, file_length)
+    return LogBuffer.create(path, reused=reused, **kwargs)
 
 
-def discard_log(log_buffer: LogBuffer, budget: LogBudget) -> None:
-    """Unmap the driver's view of a log, delete its file (clients keep their mappings) and
-    give its memory back to ``budget``."""
+def discard_log(log_buffer: LogBuffer, budget: LogBudget, pool: LogPool | None = None) -> None:
+    """Unmap the driver's view of a log, hand its file to ``pool`` or delete it (clients
+    keep their mappings) and give its memory back to ``budget``."""
     budget.release(log_buffer.length)
-    discard_file(log_buffer)
+    discard_file(log_buffer, pool)
 
 
-def discard_file(log_buffer: LogBuffer) -> None:
-    """Unmap the driver's view of a log and delete its file (clients keep their mappings);
-    its memory is the caller's to give back.  Any thread."""
+def discard_file(log_buffer: LogBuffer, pool: LogPool | None = None) -> None:
+    """Unmap the driver's view of a log and hand its file to ``pool`` (:meth:`LogPool.keep`:
+    kept for a later log only when no process maps it any more) or delete it (clients keep
+    their mappings); its memory is the caller's to give back.  Any thread."""
     path = log_buffer.path
     log_buffer.close()
+    if pool is not None and pool.keep(path):
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:
