@@ -2,7 +2,7 @@
 the same range, in the same run.
 
     .venv/bin/python -m bench.spark_replay [--messages N] [--size B] [--runs R] [--pin] [--cpu]
-        [--archive]
+        [--archive] [--gap S] [--set KEY=VALUE ...]
 
 Two drivers on this machine stand for two hosts: the holder's (an IPC log of N messages of B
 bytes, held by a subscription that never reads, and the query's replay server, the archive's
@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.archive_record import _recordings
-from bench.ipc_throughput import BATCH, machine
+from bench.ipc_throughput import BATCH, driver_setting, machine
 from bench.spark_archive_read import archive_process
 from bench.udp_throughput import free_port
 from slipstream.archive.client import ArchiveClient
@@ -80,7 +80,7 @@ from slipstream.client import (
     Publication,
     Subscription,
 )
-from slipstream.client.counters import CountersFile
+from slipstream.client.counters import CountersFile, SystemCounter, read_system_counters
 from slipstream.client.holding import REPLY_WINDOW, reply_subscription_channel
 from slipstream.client.layout import FRAME_ALIGNMENT, HEADER_LENGTH, align
 from slipstream.daemon.config import DriverSettings
@@ -303,6 +303,13 @@ def main() -> None:
                         help="print the CPU of each thread per replayed read")
     parser.add_argument("--archive", action="store_true",
                         help="also read the range replayed by an archive that recorded it")
+    parser.add_argument("--gap", type=float, default=0.0,
+                        help="seconds of pause before each replay (a task that starts after "
+                             "the clients' resource linger, 3 s: the drivers may make its "
+                             "logs from those earlier replays released, log_reuse_bytes)")
+    parser.add_argument("--set", dest="settings", action="append", default=[],
+                        type=driver_setting, metavar="KEY=VALUE",
+                        help="a setting of both drivers (repeatable)")
     args = parser.parse_args()
     if args.pin and not {HOLDER_CPU, READER_CPU} <= os.sched_getaffinity(0):
         parser.error(f"--pin needs CPUs {READER_CPU} and {HOLDER_CPU} (this process may run on "
@@ -321,7 +328,7 @@ def main() -> None:
                    for n in ("holder", "executor")]
     if args.pin:
         os.sched_setaffinity(0, {READER_CPU})
-    launches = [MediaDriver.launch(directory=d) for d in directories]
+    launches = [MediaDriver.launch(directory=d, **dict(args.settings)) for d in directories]
     spawn = multiprocessing.get_context("spawn")
     here, there = spawn.Pipe()
     holder: Any = None
@@ -381,6 +388,7 @@ def main() -> None:
 
         def archive_run() -> None:
             if archived is not None:
+                time.sleep(args.gap)
                 rows, seconds, first = rows_of(archived)
                 assert rows == args.messages, rows
                 archive_runs.append((rows / seconds, first))
@@ -391,6 +399,7 @@ def main() -> None:
             local_runs.append((rows / seconds, first))
             if run % 2:  # the archive's replay before the holder's in every other run
                 archive_run()
+            time.sleep(args.gap)
             before = thread_cpu(pids)
             rows, seconds, first = rows_of(partition(executor_dir))
             after = thread_cpu(pids)
@@ -402,6 +411,7 @@ def main() -> None:
             if not run % 2:
                 archive_run()
             stream_runs.append(read_warm_stream(here, warm, args.messages))
+        reused = [read_system_counters(d)[SystemCounter.LOGS_REUSED] for d in directories]
         here.send("stop")
         holder.join(10)
         log_bytes = log["end"] - log["start"]
@@ -414,6 +424,10 @@ def main() -> None:
         print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
         layout = "pinned: the holder's side on CPU 1, the reader's on CPU 0"
         print(f"layout: {layout if args.pin else 'unpinned'}")
+        if args.gap:
+            print(f"gap before each replay: {args.gap:g} s")
+        if args.settings:
+            print("driver settings: " + ", ".join(f"{k}={v}" for k, v in args.settings))
         print(f"range: {args.messages} messages of {args.size} B ({log_bytes} bytes of log)")
         print(f"local read   : {local_best / 1e6:.3f} M rows/s (first batch after "
               f"{local_first * 1e3:.1f} ms; median {local_median / 1e6:.3f})")
@@ -445,6 +459,8 @@ def main() -> None:
               f"{fresh_s * 1e3:.1f} ms, again into the same pages {resident_s * 1e3:.1f} ms "
               f"(a replay fills two new logs; the best local read took "
               f"{args.messages / local_best * 1e3:.1f} ms)")
+        print(f"logs made in the files of released ones (log_reuse_bytes): the holder's "
+              f"driver {reused[0]}, the reader's {reused[1]}")
         if args.cpu:
             print("CPU per replayed read (median of the runs; minor page faults):")
             for (label, name), samples in sorted(cpu.items()):

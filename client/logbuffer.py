@@ -13,6 +13,7 @@ Positions are byte offsets in the stream: ``position = term_count << bits | term
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import struct
 from pathlib import Path
@@ -100,6 +101,27 @@ def term_length_of_file(file_length: int) -> int:
     shortest terms): ``file_length = align(3T + 4096, page)`` with page <= T, so T is the power
     of two at or below (L - 4096) / 3."""
     return 1 << (((file_length - LOG_META_DATA_LENGTH) // PARTITION_COUNT).bit_length() - 1)
+
+
+def resident_ranges(fd: int, length: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of every range of the first ``length`` bytes of ``fd``'s file that
+    holds pages (``SEEK_DATA``/``SEEK_HOLE``: page-aligned on tmpfs), in order; the whole
+    file where the filesystem cannot tell."""
+    ranges = []
+    position = 0
+    while position < length:
+        try:
+            start = os.lseek(fd, position, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole is left
+                break
+            return [(0, length)]
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), length)
+        if start >= end:
+            break
+        ranges.append((start, end))
+        position = end
+    return ranges
 
 
 def position_bits_to_shift(term_length: int) -> int:
@@ -191,13 +213,19 @@ class LogBuffer:
     def __init__(self, path: str | os.PathLike[str], *, writable: bool = True,
                  populate: bool | None = None) -> None:
         """Map the log at ``path``.  ``populate`` maps every page in place up front (default:
-        when the log is not sparse), so the hot paths never take a page fault."""
+        when the log is not sparse), so the hot paths never take a page fault.  A writer's
+        view of a sparse log (``writable``, ``populate`` None) still has the pages the file
+        holds already mapped in place (none in a new file; those of a released log's file
+        the driver reused for it, or of a live log written so far), each of which would
+        otherwise cost its first write a fault; a reader's faults map 16 pages each."""
         self.path = Path(path)
         self._borrowed = False  # a handle on another LogBuffer's mapping (see borrowed())
         fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             length = os.fstat(fd).st_size
             self._map = map_shared(fd, length, writable=writable)
+            resident = (resident_ranges(fd, length) if writable and populate is None
+                        else [])
         finally:
             os.close(fd)
         self.length = length
@@ -222,6 +250,9 @@ class LogBuffer:
         self.stream_id = self.default_header_field("<i", STREAM_ID_FIELD)
         if populate if populate is not None else not self.is_sparse:
             self._populate(writable)
+        else:
+            for start, end in resident:
+                lib.ss_populate(self.address + start, end - start, int(writable))
 
     # -- creation -------------------------------------------------------------------------
     @classmethod

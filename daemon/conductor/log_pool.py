@@ -58,7 +58,7 @@ from slipstream.client.layout import (
     PAGE_MIN_SIZE,
     PARTITION_COUNT,
 )
-from slipstream.client.logbuffer import compute_log_length, term_length_of_file
+from slipstream.client.logbuffer import compute_log_length, resident_ranges, term_length_of_file
 
 log = logging.getLogger("slipstream.driver")
 
@@ -99,29 +99,11 @@ def is_unshared(fd: int) -> bool:
     return True
 
 
-def _data_ranges(fd: int, length: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of every range of ``fd``'s file that has pages (``SEEK_DATA``); the
-    whole file where the filesystem cannot tell."""
-    ranges = []
-    position = 0
-    while position < length:
-        try:
-            start = os.lseek(fd, position, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # only a hole is left
-                break
-            return [(0, length)]
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), length)
-        ranges.append((start, end))
-        position = end
-    return ranges
-
-
 def zero_pages(fd: int, length: int) -> None:
     """Write zeros over every range of ``fd``'s file (``length`` bytes) that has pages;
     holes stay holes.  ``pwrite`` releases the GIL, and writes into the pages where they
     are, without mapping them."""
-    for start, end in _data_ranges(fd, length):
+    for start, end in resident_ranges(fd, length):
         while start < end:
             start += os.pwrite(fd, memoryview(_ZERO_CHUNK)[:min(end - start, len(_ZERO_CHUNK))],
                                start)

@@ -230,6 +230,9 @@ class SendSide:
             mtu=params.mtu, correlation_id=registration_id,
             term_window_length=params.term_window_length, group=params.group,
             linger_timeout_ns=params.linger_timeout_ns, sparse=params.sparse,
+            # The driver's view of a sparse log is read by the sender (faults that map 16
+            # pages each) and cleaned behind it: no pages mapped up front on this thread.
+            populate=False if params.sparse else None,
             mode=settings.file_mode(clients_write=True), **log_start(params, self._rng))
         label = f"{channel} stream={stream_id} session={session_id}"
         try:
