@@ -211,21 +211,22 @@ class LogBuffer:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, writable: bool = True,
-                 populate: bool | None = None) -> None:
+                 populate: bool | None = None, writes_terms: bool = True) -> None:
         """Map the log at ``path``.  ``populate`` maps every page in place up front (default:
         when the log is not sparse), so the hot paths never take a page fault.  A writer's
-        view of a sparse log (``writable``, ``populate`` None) still has the pages the file
-        holds already mapped in place (none in a new file; those of a released log's file
-        the driver reused for it, or of a live log written so far), each of which would
-        otherwise cost its first write a fault; a reader's faults map 16 pages each."""
+        view of a sparse log (``writes_terms``: a publisher's, the driver's of an image;
+        ``populate`` None) still has the pages the file holds already mapped in place (none
+        in a new file; those of a released log's file the driver reused for it, or of a live
+        log written so far), each of which would otherwise cost its first write a fault; a
+        reader's faults map 16 pages each."""
         self.path = Path(path)
         self._borrowed = False  # a handle on another LogBuffer's mapping (see borrowed())
         fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             length = os.fstat(fd).st_size
             self._map = map_shared(fd, length, writable=writable)
-            resident = (resident_ranges(fd, length) if writable and populate is None
-                        else [])
+            resident = (resident_ranges(fd, length)
+                        if writable and writes_terms and populate is None else [])
         finally:
             os.close(fd)
         self.length = length

@@ -5,10 +5,12 @@ processes over loopback, in /dev/shm:
   from it (the same inode, LOGS_REUSED), and its stream reads as on a fresh log: every
   message of the new stream exactly once, nothing of the old one, at any offset the old
   stream had reached (several term rotations, offsets drawn by hypothesis);
-* a released log that a process still maps is never kept, so no mapping of an old stream can
-  ever see a new stream's data; the check is the kernel's (a write lease);
-* the pool keeps at most ``log_reuse_bytes`` (the oldest go first) and deletes a file kept
-  ``log_reuse_timeout``; 0 keeps none; a bad value names its key;
+* a released log that a process still maps is neither zeroed nor handed out until it is
+  unmapped, so no mapping of an old stream can ever see a new stream's data; the check is
+  the kernel's (a write lease);
+* the pool keeps at most ``log_reuse_bytes`` (the oldest go first), no more than the logs in
+  use leave of ``log_buffer_memory_limit``, and deletes a file kept ``log_reuse_timeout``; 0
+  keeps none; a bad value names its key;
 * the driver's directory clean-up removes kept files.
 """
 
@@ -240,6 +242,31 @@ def test_the_pool_keeps_at_most_its_bytes_the_oldest_going_first(launch) -> None
         time.sleep(0.3)  # no third one comes
         assert len(released(driver)) == 2
         assert counters_of(driver)["RELEASED_LOG_BYTES"] <= 2 * LOG_LENGTH + 1
+
+
+def test_kept_files_give_way_to_new_logs_within_log_buffer_memory_limit(launch) -> None:
+    """The kept files share log_buffer_memory_limit with the logs in use: a stream of
+    longer terms, whose two logs leave room for one kept file, has the oldest of the two
+    kept ones deleted, and is made and read whole."""
+    longer = compute_log_length(2 * TERM)
+    limit = 2 * longer + LOG_LENGTH
+    driver = launch(**{**REUSE, "log_buffer_memory_limit": str(limit)})
+    with Client.connect(driver.directory) as client:
+        run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024)
+        wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
+        first, second = released(driver)
+        uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length={2 * TERM}"
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        connect(publication, subscription)
+        wait_for(lambda: released(driver) == [second], what="the oldest kept file deleted")
+        wait_for(lambda: counters_of(driver)["RELEASED_LOG_BYTES"] <= limit - 2 * longer,
+                 what="the pool within what the logs in use leave")
+        collector = Collector(subscription)
+        stream(publication, [collector], 8 * TERM // 1024, lambda i: 1000)
+        collector.assert_exactly(8 * TERM // 1024)
+        publication.close()
+        subscription.close()
 
 
 def test_a_kept_file_is_deleted_after_log_reuse_timeout(launch) -> None:

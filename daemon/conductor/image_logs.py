@@ -81,6 +81,8 @@ class ImageLogMaker:
                  pool: LogPool | None = None) -> None:
         self.making = making
         self.pool = pool
+        if pool is not None:
+            pool.wake = self._wake_for_pool
         self._wake = wake
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
@@ -207,16 +209,29 @@ class ImageLogMaker:
         while True:
             with self._lock:
                 while not self._queued and not self._discards and not self._closing:
-                    if self._work.wait(self._pool_wait_s()) is False and self.pool is not None:
+                    if self.pool is not None and self.pool.is_due():
                         self._lock.release()  # the pool deletes without holding the queue
                         try:
                             self._settle_pool()
                         finally:
                             self._lock.acquire()
+                        continue
+                    self._work.wait(self._pool_wait_s())
                 unit = self._next_unit()
                 if unit is None:
                     return  # closing: close() discards what is left
             self._do(unit)
+
+    def _wake_for_pool(self) -> None:
+        """The pool holds more than it may (:meth:`LogPool.set_room`): it settles on the
+        worker (threaded), at the next step (deferred), or now (inline)."""
+        assert self.pool is not None
+        if self.making is LogMaking.INLINE:
+            self.pool.settle()
+            return
+        with self._lock:
+            if self.making is LogMaking.THREADED and not self._closing:
+                self._start()
 
     def _settle_pool(self) -> None:
         """(The worker, idle.)  :meth:`LogPool.settle`, and the conductor woken when it

@@ -19,14 +19,17 @@ What a kept file guarantees, so that every reader and writer finds it as a fresh
   grants a write lease (``F_SETLEASE``) only on a file without another open description, and
   a mapping holds one for as long as it lives.  The file is first renamed into the pool's
   folder, so no new open can find it by its old name, then checked; a file still mapped
-  (a client that has not closed its image or publication yet) is deleted instead, as
-  without the pool (its mapping keeps its pages and the data of its own stream).  It is
-  checked again when it is taken.  A process that opens a pool file by its name in the
+  (a client keeps a closed image's or publication's mapping for its resource linger, 3 s)
+  waits in the pool, neither zeroed nor handed out, until no process maps it
+  (:meth:`LogPool.settle`, every 100 ms); the mapping keeps the data of its own stream.  It
+  is checked again when it is taken.  A process that opens a pool file by its name in the
   driver's directory could open every log there already.
 * The pool holds at most ``log_reuse_bytes`` of memory (the pages its files hold, not
-  their lengths), beyond ``log_buffer_memory_limit``, which counts the logs in use; a file
-  kept ``log_reuse_timeout`` without being taken is deleted, so an idle driver gives the
-  memory back.  ``log_reuse_bytes = 0`` keeps nothing.
+  their lengths), and within ``log_buffer_memory_limit`` no more than the logs in use leave
+  of it (:meth:`LogPool.set_room`: a new log that needs the room has the oldest kept files
+  deleted), so the limit bounds the logs and the kept files together; a file kept
+  ``log_reuse_timeout`` without being taken is deleted, so an idle driver gives the memory
+  back.  ``log_reuse_bytes = 0`` keeps nothing.
 
 Its files are ``<n>.logbuffer`` in the driver directory's ``released/`` folder, their
 metadata all zero but their number (as the correlation id), term length and page size, so
@@ -130,6 +133,13 @@ class LogPool:
         self._serial = 0
         self._closed = False
         self._bytes = 0
+        #: When the kept files still mapped are checked again (the clock's ns).
+        self._check_ns = 0
+        #: Bytes the logs in use leave of log_buffer_memory_limit (:meth:`set_room`).
+        self._room: int | None = None
+        #: Called (any thread) when the pool holds more than it may and :meth:`settle` should
+        #: run soon: its owner's way to wake the thread that settles.
+        self.wake: Callable[[], None] = lambda: None
         #: Bumped at every change of what is kept or of :attr:`reused` (to show them when
         #: they change).
         self.changes = 0
@@ -147,6 +157,21 @@ class LogPool:
         with self._lock:
             return len(self._kept)
 
+    @property
+    def cap(self) -> int:
+        """The most the kept files may hold now, bytes: ``limit``, and no more than the logs
+        in use leave of their limit."""
+        room = self._room
+        return self.limit if room is None else max(0, min(self.limit, room))
+
+    def set_room(self, room: int) -> None:
+        """What the logs in use leave of their memory limit, bytes (the conductor's budget,
+        at each change): past it, the oldest kept files are deleted at the next
+        :meth:`settle`, which :attr:`wake` asks for."""
+        self._room = room
+        if self._bytes > self.cap:
+            self.wake()
+
     def keep(self, path: Path) -> bool:
         """Take the released log file at ``path`` (unmapped by the driver already): renamed
         into the pool, and zeroed now if no process has it open or mapped, else once none
@@ -156,7 +181,7 @@ class LogPool:
         if self.limit <= 0 or self._closed:
             return False
         try:
-            if os.stat(path).st_blocks * 512 > self.limit:
+            if os.stat(path).st_blocks * 512 > self.cap:
                 return False
         except OSError:
             return False
@@ -178,10 +203,16 @@ class LogPool:
 
     def settle(self) -> None:
         """Zero the kept files that no process maps any more (they may be taken from now
-        on), and delete those kept too long."""
+        on), and delete those kept too long, and the oldest past :attr:`cap`."""
         self.expire()
         with self._lock:
+            victims = self._evict_locked()
+            if victims:
+                self._changed_locked()
+        _delete(victims)
+        with self._lock:
             pending = [k for k in self._kept if not k.ready]
+            self._check_ns = self._clock() + self.SETTLE_INTERVAL_NS
         for kept in pending:
             self._ready(kept)
 
@@ -222,11 +253,13 @@ class LogPool:
                 return None
             due = self._kept[0].kept_ns + self.max_age_ns
             if any(not k.ready for k in self._kept):
-                due = min(due, self._clock() + self.SETTLE_INTERVAL_NS)
+                due = min(due, self._check_ns)
             return due
 
     def is_due(self) -> bool:
         """Whether :meth:`settle` has work now."""
+        if self._bytes > self.cap:
+            return True
         due = self.next_due_ns()
         return due is not None and self._clock() >= due
 
@@ -265,6 +298,8 @@ class LogPool:
         with self._lock:
             if resident is not None and kept in self._kept:
                 kept.ready, kept.resident = True, resident
+            elif resident is None:
+                self._check_ns = self._clock() + self.SETTLE_INTERVAL_NS
             victims = self._evict_locked()
             self._changed_locked()
         _delete(victims)
@@ -281,7 +316,8 @@ class LogPool:
         victims = [k for k in self._kept if now - k.kept_ns >= self.max_age_ns]
         self._kept = [k for k in self._kept if now - k.kept_ns < self.max_age_ns]
         total = sum(k.resident for k in self._kept)
-        while self._kept and total > self.limit:
+        cap = self.cap
+        while self._kept and total > cap:
             oldest = self._kept.pop(0)
             total -= oldest.resident
             victims.append(oldest)

@@ -169,6 +169,7 @@ class NetworkConductor:
         #: in a driver process: ``image_logs``).
         self.log_maker = ImageLogMaker(making=image_logs, wake=wake_conductor,
                                        pool=self.log_pool)
+        budget.share_with(self.log_pool)
         self._pool_changes = 0  # the pool's changes last shown in the system counters
         self._send_side = SendSide(
             settings=settings, directory=directory, counters=counters, transports=transports,

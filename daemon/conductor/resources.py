@@ -35,11 +35,14 @@ def no_room_for_log(path: Path, stream_id: int, term_length: int,
 class LogBudget:
     """The memory all of the driver's logs may take together (``log_buffer_memory_limit``):
     a log that would go past it is refused with an answer that says what to do, so neither a
-    client nor a SETUP from the network can take the host's memory."""
+    client nor a SETUP from the network can take the host's memory.  The released logs'
+    files a :class:`LogPool` keeps share it: the pool holds at most what the logs in use
+    leave (:meth:`LogPool.set_room`), and gives files up when a new log needs the room."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit  # bytes
         self.used = 0  # bytes of the logs that exist
+        self.pool: LogPool | None = None  # the released logs kept (set by their owner)
 
     def reserve(self, term_length: int, what: str) -> int:
         """Count a log of ``term_length`` terms for ``what`` (a stream, an image); returns
@@ -52,10 +55,21 @@ class LogBudget:
                 f"({self.limit / 2**20:g} MiB): close streams, use smaller terms "
                 f"(term-length=), or raise log_buffer_memory_limit")
         self.used += length
+        self._tell_pool()
         return length
 
     def release(self, length: int) -> None:
         self.used -= length
+        self._tell_pool()
+
+    def share_with(self, pool: LogPool) -> None:
+        """The kept released logs of ``pool`` share this budget from now on."""
+        self.pool = pool
+        self._tell_pool()
+
+    def _tell_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.set_room(self.limit - self.used)
 
 
 def check_room_for_log(path: Path, length: int) -> None:
