@@ -254,7 +254,7 @@ def test_kept_files_give_way_to_new_logs_within_log_buffer_memory_limit(launch) 
     with Client.connect(driver.directory) as client:
         run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024)
         wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
-        first, second = released(driver)
+        _oldest, second = released(driver)
         uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length={2 * TERM}"
         subscription = client.add_subscription(uri, STREAM)
         publication = client.add_publication(uri, STREAM)
