@@ -25,7 +25,13 @@ stream's two logs; the second, the one timed, starts when the reader has read th
 finds them all resident.  A replay carries the same messages through the same two drivers
 with the same window, plus its set-up and two new logs: the stream is the reference it is
 measured against (its publisher offers from Python, where a replay's holder copies blocks:
-a reference, not a proof of a bound).
+a reference, not a proof of a bound).  The drivers make a replay's logs in the files of
+earlier replays' logs they released (``log_reuse_bytes``) once no process maps those: the
+clients keep a closed stream's mapping for 3 s (their resource linger), so back to back
+replays get new files; ``--gap S`` pauses S seconds before each replay (4 lets every replay
+after the first two find its logs kept), and ``--set KEY=VALUE`` sets both drivers'
+settings (``--set log_reuse_bytes=0``: new files always).  The command prints how many logs
+each driver made from released ones.
 
 ``--pin`` gives each "host" a CPU of its own: the holder's process and driver on CPU 1, this
 process (the reader) and the executor's driver on CPU 0 (every thread, as ``taskset`` would).

@@ -201,15 +201,19 @@ class LogPool:
         self._ready(kept)
         return True
 
-    def settle(self) -> None:
-        """Zero the kept files that no process maps any more (they may be taken from now
-        on), and delete those kept too long, and the oldest past :attr:`cap`."""
-        self.expire()
+    def shed(self) -> None:
+        """Delete the kept files past :attr:`cap` (the oldest) and those kept too long, now,
+        on this thread: before a new log's room on the filesystem is checked."""
         with self._lock:
             victims = self._evict_locked()
             if victims:
                 self._changed_locked()
         _delete(victims)
+
+    def settle(self) -> None:
+        """Zero the kept files that no process maps any more (they may be taken from now
+        on), and delete those kept too long, and the oldest past :attr:`cap`."""
+        self.shed()
         with self._lock:
             pending = [k for k in self._kept if not k.ready]
             self._check_ns = self._clock() + self.SETTLE_INTERVAL_NS

@@ -123,6 +123,8 @@ def make_log_file(path: Path, length: int, pool: LogPool | None = None,
     else a new one.  OSError when it cannot be made, leaving no file behind.  Any thread: it
     touches nothing but the file and the pool (an image's log is made on a worker:
     :mod:`.image_logs`)."""
+    if pool is not None:
+        pool.shed()  # the kept files give way to this log first
     check_room_for_log(path, length)
     file_length = compute_log_length(kwargs["term_length"],
                                      kwargs.get("page_size", PAGE_MIN_SIZE))
