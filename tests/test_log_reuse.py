@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from slipstream.client import Client, control
 from slipstream.client.errors import ConfigurationError
-from slipstream.client.layout import META_CORRELATION_ID
+from slipstream.client.layout import LOG_META_DATA_LENGTH, META_MTU_LENGTH
 from slipstream.client.logbuffer import LogBuffer, compute_log_length
 from slipstream.daemon.conductor.log_pool import LogPool, is_unshared
 from slipstream.daemon.config import DriverSettings
@@ -44,19 +44,23 @@ REUSE = {"publication_linger_timeout": "100ms", "log_reuse_timeout": "30s"}
 
 
 def released(driver: MediaDriver) -> list[Path]:
+    """The kept files, in the order their logs were made (registration ids)."""
     return sorted((driver.directory / control.RELEASED_LOGS_DIR).glob("*.logbuffer"),
                   key=lambda p: int(p.stem))
 
 
 def is_ready(path: Path) -> bool:
-    """Whether the pool zeroed the kept file at ``path`` (its metadata, written last, names
-    its number): the clients' mappings are gone (their resource linger, 3 s, ended)."""
+    """Whether the pool zeroed the kept file at ``path`` (its metadata, written last, holds
+    the term length but no MTU): the clients' mappings are gone (their resource linger, 3 s,
+    ended)."""
     try:
         with open(path, "rb") as f:
-            f.seek(3 * TERM + META_CORRELATION_ID)
-            return struct.unpack("<q", f.read(8))[0] == int(path.stem)
+            f.seek(3 * TERM)
+            meta = f.read(LOG_META_DATA_LENGTH)
     except FileNotFoundError:
         return False
+    mtu, term_length = struct.unpack_from("<ii", meta, META_MTU_LENGTH)
+    return mtu == 0 and term_length == TERM
 
 
 def kept_ready(driver: MediaDriver, count: int) -> bool:
@@ -246,20 +250,21 @@ def test_the_pool_keeps_at_most_its_bytes_the_oldest_going_first(launch) -> None
 
 def test_kept_files_give_way_to_new_logs_within_log_buffer_memory_limit(launch) -> None:
     """The kept files share log_buffer_memory_limit with the logs in use: a stream of
-    longer terms, whose two logs leave room for one kept file, has the oldest of the two
-    kept ones deleted, and is made and read whole."""
+    longer terms, whose two logs leave room for one kept file, has one of the two kept ones
+    deleted, and is made and read whole."""
     longer = compute_log_length(2 * TERM)
     limit = 2 * longer + LOG_LENGTH
     driver = launch(**{**REUSE, "log_buffer_memory_limit": str(limit)})
     with Client.connect(driver.directory) as client:
         run_stream(client, f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 4 * TERM // 1024)
         wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
-        _oldest, second = released(driver)
+        kept = set(released(driver))
         uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|term-length={2 * TERM}"
         subscription = client.add_subscription(uri, STREAM)
         publication = client.add_publication(uri, STREAM)
         connect(publication, subscription)
-        wait_for(lambda: released(driver) == [second], what="the oldest kept file deleted")
+        wait_for(lambda: len(released(driver)) == 1, what="a kept file deleted")
+        assert set(released(driver)) < kept
         wait_for(lambda: counters_of(driver)["RELEASED_LOG_BYTES"] <= limit - 2 * longer,
                  what="the pool within what the logs in use leave")
         collector = Collector(subscription)
@@ -313,6 +318,38 @@ def test_a_stopping_driver_deletes_its_kept_files(tmp_path: Path) -> None:
         wait_for(lambda: kept_ready(driver, 2), timeout=10, what="both logs kept")
     assert not (directory / control.RELEASED_LOGS_DIR).exists() or \
         list((directory / control.RELEASED_LOGS_DIR).iterdir()) == []
+
+
+def test_a_crashed_drivers_kept_files_are_removed_by_the_next_driver(shm: Path) -> None:
+    """A driver killed while it keeps two files, one zeroed and one still mapped (here by
+    the test), leaves them; the next driver in its directory knows both for its own and
+    removes them, and the mapping keeps its own stream's bytes."""
+    directory = shm / "driver"
+    uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    settings = {"term_buffer_length": "64k", **REUSE}
+    with MediaDriver.launch(directory=directory, **settings) as crashed, \
+            Client.connect(directory) as client:
+        subscription = client.add_subscription(uri, STREAM)
+        publication = client.add_publication(uri, STREAM)
+        connect(publication, subscription)
+        stream(publication, [Collector(subscription)], 10, lambda i: 1000)
+        (image_log,) = (directory / control.IMAGES_DIR).glob("*.logbuffer")
+        fd = os.open(image_log, os.O_RDONLY)
+        held = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        os.close(fd)
+        before = bytes(held[:TERM])
+        publication.close()
+        subscription.close()
+        wait_for(lambda: len(released(crashed)) == 2 and not logs(crashed)
+                 and sum(map(is_ready, released(crashed))) == 1, timeout=10,
+                 what="one file kept zeroed, one kept mapped")
+        crashed.kill()
+    try:
+        with MediaDriver.launch(directory=directory, **settings):
+            assert list((directory / control.RELEASED_LOGS_DIR).iterdir()) == []
+        assert bytes(held[:TERM]) == before
+    finally:
+        held.close()
 
 
 def test_the_pool_hands_out_only_a_file_of_the_length_asked(shm: Path) -> None:

@@ -9,9 +9,9 @@ and all.
 
 What a kept file guarantees, so that every reader and writer finds it as a fresh one:
 
-* Every byte of the file reads zero when it is handed out, but the metadata that
-  :meth:`LogBuffer.create` then writes whole (tails, term counts, flags, the default
-  header, the end of stream).  Only the ranges the filesystem holds pages for
+* Every byte of its terms reads zero when it is handed out, and :meth:`LogBuffer.create`
+  then writes its metadata page whole (tails, term counts, flags, the default header, the
+  end of stream), as in a new file.  Only the ranges the filesystem holds pages for
   (``SEEK_DATA``) are written with zeros, at :meth:`LogPool.keep`; holes read zero already
   and stay holes (a sparse log stays sparse).
 * **No process can read it under its new name but those the new log is given to.**  A
@@ -31,9 +31,10 @@ What a kept file guarantees, so that every reader and writer finds it as a fresh
   ``log_reuse_timeout`` without being taken is deleted, so an idle driver gives the memory
   back.  ``log_reuse_bytes = 0`` keeps nothing.
 
-Its files are ``<n>.logbuffer`` in the driver directory's ``released/`` folder, their
-metadata all zero but their number (as the correlation id), term length and page size, so
-that the directory's clean-up knows them for the driver's (:mod:`..directory`).  Any thread:
+Its files keep their names, ``<registration id>.logbuffer``, in the driver directory's
+``released/`` folder, and a zeroed one's metadata is all zero but that id (as the
+correlation id), its term length and page size, so that the directory's clean-up knows them
+for the driver's (:mod:`..directory`) whether they were zeroed or still mapped.  Any thread:
 the image log worker keeps and takes files (:mod:`.image_logs`), the conductor takes them
 for publications.
 """
@@ -75,7 +76,7 @@ _ZERO_CHUNK = bytes(1 << 20)
 @attrs.define
 class _Kept:
     path: Path
-    serial: int  # its number in the pool (its name)
+    registration_id: int  # its log's, and its name
     length: int  # bytes: the file's length
     resident: int  # bytes of memory its pages take
     kept_ns: int  # the clock's ns
@@ -130,7 +131,6 @@ class LogPool:
         self._clock = clock
         self._lock = threading.Lock()
         self._kept: list[_Kept] = []  # oldest first
-        self._serial = 0
         self._closed = False
         self._bytes = 0
         #: When the kept files still mapped are checked again (the clock's ns).
@@ -181,14 +181,12 @@ class LogPool:
         if self.limit <= 0 or self._closed:
             return False
         try:
+            registration_id = int(path.name.removesuffix(".logbuffer"))
             if os.stat(path).st_blocks * 512 > self.cap:
                 return False
-        except OSError:
+        except (OSError, ValueError):
             return False
-        with self._lock:
-            self._serial += 1
-            kept = _Kept(self.folder / f"{self._serial}.logbuffer", self._serial, 0, 0,
-                         self._clock())
+        kept = _Kept(self.folder / path.name, registration_id, 0, 0, self._clock())
         try:
             os.rename(path, kept.path)
             info = os.stat(kept.path)
@@ -289,7 +287,7 @@ class LogPool:
         """Zero ``kept`` if no process maps it; deleted if it cannot be; then the pool is
         brought within its bounds."""
         try:
-            resident = _reset(kept.path, kept.serial)
+            resident = _reset(kept.path, kept.registration_id)
         except FileInUse:
             resident = None
         except OSError as e:
@@ -328,10 +326,10 @@ class LogPool:
         return victims
 
 
-def _reset(path: Path, serial: int) -> int:
-    """Zero the file at ``path`` and write its pool metadata (``serial`` as its correlation
-    id); returns the bytes its pages hold.  FileInUse when another open description of it
-    exists (a process maps it)."""
+def _reset(path: Path, registration_id: int) -> int:
+    """Zero the file at ``path`` and write its pool metadata (``registration_id`` as its
+    correlation id); returns the bytes its pages hold.  FileInUse when another open
+    description of it exists (a process maps it)."""
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not is_unshared(fd):
@@ -340,7 +338,7 @@ def _reset(path: Path, serial: int) -> int:
         zero_pages(fd, length)
         term_length = term_length_of_file(length)
         meta = bytearray(LOG_META_DATA_LENGTH)
-        struct.pack_into("<q", meta, META_CORRELATION_ID, serial)
+        struct.pack_into("<q", meta, META_CORRELATION_ID, registration_id)
         struct.pack_into("<ii", meta, META_TERM_LENGTH, term_length,
                          _page_size_of(length, term_length))
         os.pwrite(fd, meta, PARTITION_COUNT * term_length)
