@@ -238,7 +238,10 @@ class ImageLogMaker:
         changed what the pool holds (it shows that in the system counters)."""
         assert self.pool is not None
         changes = self.pool.changes
-        self.pool.settle()
+        try:
+            self.pool.settle()
+        except Exception:  # a bug: the worker goes on making and deleting logs
+            log.exception("settling the released logs kept for reuse failed")
         if self.pool.changes != changes:
             try:
                 self._wake()

@@ -41,7 +41,6 @@ for publications.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
@@ -92,13 +91,15 @@ def is_unshared(fd: int) -> bool:
     """Whether no open description of ``fd``'s file exists but ``fd``'s own (no other
     process, nor this one, has it open or mapped): the kernel grants a write lease only then.
     The lease is dropped at once; a break in between would signal SIGURG, which is ignored
-    unless a handler is set.  False also where leases are not supported (the file is then
-    not known to be unshared)."""
+    unless a handler is set.  OSError where the kernel cannot tell (leases off:
+    ``fs.leases-enable = 0``, a filesystem without them, a file the driver does not own)."""
+    fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
     try:
-        fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
-    except OSError:
-        return False
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EBUSY):
+            return False
+        raise
     fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
     return True
 
@@ -133,6 +134,7 @@ class LogPool:
         self._kept: list[_Kept] = []  # oldest first
         self._closed = False
         self._bytes = 0
+        self._warned = False  # a failure to keep a file was logged
         #: When the kept files still mapped are checked again (the clock's ns).
         self._check_ns = 0
         #: Bytes the logs in use leave of log_buffer_memory_limit (:meth:`set_room`).
@@ -291,7 +293,10 @@ class LogPool:
         except FileInUse:
             resident = None
         except OSError as e:
-            log.warning("keeping the released log %s failed (deleted): %s", kept.path, e)
+            if not self._warned:  # once: it fails alike for every file (leases off)
+                self._warned = True
+                log.warning("keeping the released log %s for reuse failed (deleted, and "
+                            "so may others be): %s", kept.path, e)
             with self._lock:
                 if kept in self._kept:
                     self._kept.remove(kept)
@@ -359,5 +364,9 @@ def _page_size_of(length: int, term_length: int) -> int:
 
 def _delete(kept: list[_Kept]) -> None:
     for k in kept:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(k.path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # left for the directory's clean-up at the driver's stop
+            log.warning("deleting the kept log %s failed: %s", k.path, e)
