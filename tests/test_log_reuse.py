@@ -214,9 +214,10 @@ def test_is_unshared_tells_a_mapped_file(shm: Path) -> None:
         os.close(fd)
 
 
-def test_the_pool_keeps_at_most_its_bytes_the_oldest_going_first(launch) -> None:
-    """Room for two logs of 64 KiB terms written through (each holds its whole file): two
-    streams at once, then two more, leave four files released and two kept, the newest."""
+def test_the_pool_keeps_at_most_its_bytes(launch) -> None:
+    """Room for two logs of 64 KiB terms written through (each holds its whole file): a
+    stream after a stream reuses the two kept; two streams at once, two of their logs made
+    in the kept files and two new, release four into that room, and two stay kept."""
     driver = launch(**{**REUSE, "log_reuse_bytes": str(2 * LOG_LENGTH + 1)})
     with Client.connect(driver.directory) as client:
         batches = []
@@ -309,8 +310,8 @@ def test_a_bad_reuse_setting_names_its_key(key: str, value: str) -> None:
         DriverSettings.from_mapping({key: value})
 
 
-def test_a_stopping_driver_deletes_its_kept_files(tmp_path: Path) -> None:
-    directory = Path("/dev/shm") / f"slipstream-reuse-{os.getpid()}-{time.monotonic_ns()}"
+def test_a_stopping_driver_deletes_its_kept_files(shm: Path) -> None:
+    directory = shm / "driver"
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     with MediaDriver.launch(directory=directory, term_buffer_length="64k",
                             **REUSE) as driver, Client.connect(driver.directory) as client:
