@@ -37,7 +37,8 @@ each driver made from released ones.
 process (the reader) and the executor's driver on CPU 0 (every thread, as ``taskset`` would).
 Without it the scheduler places them on the machine's cores as it likes.  ``--cpu`` prints
 where a replayed read's CPU goes: per thread of the four processes (the median of the runs, ms
-of CPU from ``/proc/<pid>/task/<tid>/schedstat``, and its page faults).
+of CPU from ``/proc/<pid>/task/<tid>/schedstat``, and its page faults), and the warm stream's
+timed pass's beside it.
 
 ``--archive`` adds the archive's replay of the same range: a ``slipstream-archive`` process
 beside the holder's driver (control endpoint at 127.0.0.1) records the holder's IPC stream
@@ -68,6 +69,8 @@ import time
 import uuid
 from array import array
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -191,14 +194,20 @@ def publish_passes(publication: Publication, messages: int, size: int, passes: i
             raise SystemExit(f"the warm stream's publication refused a batch ({done})")
 
 
-def read_warm_stream(connection: Any, subscription: Subscription, messages: int) -> float:
+def _sample_into(samples: list[Any], pids: dict[str, int]) -> None:
+    samples.append(thread_cpu(pids))
+
+
+def read_warm_stream(connection: Any, subscription: Subscription, messages: int,
+                     on_timed: Callable[[], None] = lambda: None) -> float:
     """Ask the holder (``connection``) for the range's messages twice on the warm stream and
     read both passes from ``subscription``'s image as ``read_range`` reads a log locally: a C
     scan of up to ``_ROWS_PER_BATCH`` messages, one Arrow batch of it; parked in
     ``wait_for_data`` when nothing is there, as a replay's reader is.  Returns rows/s of the
     second pass, which the holder starts once this has read the first ("go"), timed from
     then to its last message; checks that each pass brought ``messages`` rows and that the
-    image ends at the holder's publication position."""
+    image ends at the holder's publication position.  ``on_timed`` is called as the second
+    pass begins and again once it ended (the holder's publication included)."""
     image = subscription.images[0]
     schema = _schema()
     ids: dict[int, tuple[object, object]] = {}
@@ -215,11 +224,13 @@ def read_warm_stream(connection: Any, subscription: Subscription, messages: int)
 
     connection.send("stream")
     read_pass()  # the pass that writes the pages of both logs
+    on_timed()
     connection.send("go")
     began = time.perf_counter()
     read_pass()
     seconds = time.perf_counter() - began
     published = connection.recv()
+    on_timed()
     assert image.position == published, (image.position, published)
     return messages / seconds
 
@@ -391,6 +402,7 @@ def main() -> None:
         archive_runs: list[tuple[float, float]] = []
         stream_runs: list[float] = []
         cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+        stream_cpu: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
 
         def archive_run() -> None:
             if archived is not None:
@@ -416,7 +428,12 @@ def main() -> None:
                 cpu[thread].append((ns - ns0, faults - faults0))
             if not run % 2:
                 archive_run()
-            stream_runs.append(read_warm_stream(here, warm, args.messages))
+            timed: list[dict[tuple[str, str], tuple[int, int]]] = []
+            stream_runs.append(read_warm_stream(here, warm, args.messages,
+                                                partial(_sample_into, timed, pids)))
+            for thread, (ns, faults) in timed[1].items():
+                ns0, faults0 = timed[0].get(thread, (0, 0))
+                stream_cpu[thread].append((ns - ns0, faults - faults0))
         reused = [read_system_counters(d)[SystemCounter.LOGS_REUSED] for d in directories]
         here.send("stop")
         holder.join(10)
@@ -468,12 +485,16 @@ def main() -> None:
         print(f"logs made in the files of released ones (log_reuse_bytes): the holder's "
               f"driver {reused[0]}, the reader's {reused[1]}")
         if args.cpu:
-            print("CPU per replayed read (median of the runs; minor page faults):")
-            for (label, name), samples in sorted(cpu.items()):
-                ms = statistics.median(ns for ns, _ in samples) / 1e6
-                faults = statistics.median(f for _, f in samples)
-                if ms >= 0.5:
-                    print(f"  {label:16} {name:24} {ms:7.1f} ms {faults:8.0f} faults")
+            for what, table in (("replayed read", cpu), ("warm stream's timed pass", stream_cpu)):
+                print(f"CPU per {what} (median of the runs; minor page faults):")
+                total = 0.0
+                for (label, name), samples in sorted(table.items()):
+                    ms = statistics.median(ns for ns, _ in samples) / 1e6
+                    faults = statistics.median(f for _, f in samples)
+                    total += ms
+                    if ms >= 0.5:
+                        print(f"  {label:16} {name:24} {ms:7.1f} ms {faults:8.0f} faults")
+                print(f"  {'all':41} {total:7.1f} ms")
     finally:
         if reader is not None:
             reader.close()
