@@ -465,3 +465,33 @@ async def test_an_asyncio_cancel_after_the_append_is_raised_at_the_next_await(
     with pytest.raises(asyncio.CancelledError):
         await asyncio.sleep(0)
     assert task.uncancel() == 0
+
+
+def test_an_asyncio_run_whose_waits_were_cancelled_leaves_no_thread_behind(
+        client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker threads of asyncio's waits (anyio's) end with the loop's run: after an
+    ``asyncio.run`` whose parked receives were cancelled, the process has the threads it had
+    before (under trio they are trio's thread cache's, shared by the process)."""
+    import asyncio
+
+    monkeypatch.setattr(aio, "PARK_SLICE_NS", 30_000_000_000)
+    pub = client.add_publication(IPC, 82)
+    sub = client.add_subscription(IPC, 82)
+    wait_for(lambda: pub.is_connected and sub.images, what="connected")
+    image = sub.images[0]
+    before = threading.active_count()
+
+    async def cancel_parked_receives() -> None:
+        for _ in range(5):
+            task = asyncio.create_task(sub.receive_async(lambda *_: None))
+            while image._log.meta_i32(META_READER_WAITERS) == 0:
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert threading.active_count() > before  # the pool's thread, idle
+
+    asyncio.run(cancel_parked_receives())
+    wait_for(lambda: threading.active_count() == before, timeout=5,
+             what="the loop's worker threads ended")
+    assert image._log.meta_i32(META_READER_WAITERS) == 0
