@@ -67,19 +67,26 @@ LOOPS = ("trio", "asyncio")
 SCHEDULE_EVERY = 64
 
 
+def _running_loop() -> str:
+    """The running event loop's name, one of :data:`LOOPS`; raises :class:`UsageError` under
+    another or none."""
+    try:
+        loop = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        loop = None
+    if loop not in LOOPS:
+        raise UsageError(f"slipstream's async calls run under trio or asyncio, not under "
+                         f"{loop or 'no event loop'}; elsewhere, use the blocking calls in a "
+                         f"thread")
+    return loop
+
+
 def _turn_is_due(handle: Publication | Subscription) -> bool:
     """Whether this call is the one in :data:`SCHEDULE_EVERY` that checkpoints."""
     if handle._async_turns == 0:
         # Until one call passed it: under another loop the first 63 calls would pass, and
         # the 64th fail inside anyio.
-        try:
-            loop = sniffio.current_async_library()
-        except sniffio.AsyncLibraryNotFoundError:
-            loop = None
-        if loop not in LOOPS:
-            raise UsageError(f"slipstream's async calls run under trio or asyncio, not under "
-                             f"{loop or 'no event loop'}; elsewhere, use the blocking calls "
-                             f"in a thread")
+        _running_loop()
     handle._async_turns += 1
     return handle._async_turns % SCHEDULE_EVERY == 0
 
@@ -107,20 +114,18 @@ _CHECKPOINTS: dict[str, tuple[Callable[[], Awaitable[None]], Callable[[], Awaita
 
 def _checkpoints() -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
     """The running loop's checkpoints around an append or a poll (see :data:`_CHECKPOINTS`)."""
-    loop = sniffio.current_async_library()
-    checkpoints = _CHECKPOINTS.get(loop)
-    if checkpoints is None:
-        if loop not in LOOPS:
-            raise UsageError(f"slipstream's async calls run under trio or asyncio, not under "
-                             f"{loop}")
-        if loop == "trio":
-            import trio  # only where trio runs: an asyncio program need not import it
+    try:
+        return _CHECKPOINTS[sniffio.current_async_library()]
+    except (KeyError, sniffio.AsyncLibraryNotFoundError):
+        loop = _running_loop()
+    if loop == "trio":
+        import trio  # only where trio runs: an asyncio program need not import it
 
-            checkpoints = (trio.lowlevel.checkpoint_if_cancelled,
-                           trio.lowlevel.cancel_shielded_checkpoint)
-        else:
-            checkpoints = (anyio.lowlevel.checkpoint_if_cancelled, _asyncio_schedule_point)
-        _CHECKPOINTS[loop] = checkpoints
+        checkpoints = (trio.lowlevel.checkpoint_if_cancelled,
+                       trio.lowlevel.cancel_shielded_checkpoint)
+    else:
+        checkpoints = (anyio.lowlevel.checkpoint_if_cancelled, _asyncio_schedule_point)
+    _CHECKPOINTS[loop] = checkpoints
     return checkpoints
 
 
