@@ -10,10 +10,11 @@ in slices of at most :data:`PARK_SLICE_NS`; cancelling the task returns at once
 (``abandon_on_cancel``) and bumps the eventcount the thread is parked on, so the thread leaves
 the futex too and nothing is left waiting.
 
-The loop is whichever runs the task: trio or asyncio.  The
-primitives are anyio's, which under trio are trio's own.  Cancelling is each loop's own: a trio
-or anyio cancel scope (level-triggered: every checkpoint raises while it is cancelled), or
-asyncio's ``Task.cancel()`` and what is built on it (``asyncio.timeout``, a ``TaskGroup``):
+The loop is whichever runs the task: trio or asyncio (:data:`LOOPS`).  The waits are anyio's,
+which under trio are trio's own; the checkpoints around an append or a poll are the loop's own
+(:func:`_checkpoints`).  Cancelling is each loop's own: a trio or anyio cancel scope
+(level-triggered: every checkpoint raises while it is cancelled), or asyncio's
+``Task.cancel()`` and what is built on it (``asyncio.timeout``, a ``TaskGroup``):
 edge-triggered, the next suspension raises, once.  Under either a cancellation is taken before
 a message is appended or polled, never after: one that reaches the schedule point after the
 append is handed on to the caller's next suspension, and the call returns what it did.
