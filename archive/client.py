@@ -370,6 +370,21 @@ class ArchiveReplay:
                                        f"after {timeout_s:g} s")
                 self.wait(0.01)
 
+    async def read_all_async(self, handler: FragmentHandler, timeout_s: float = 60.0) -> None:
+        """:meth:`read_all` from a trio or asyncio task, without blocking the event loop: each
+        poll is a checkpoint and each wait parks in a worker thread
+        (:mod:`slipstream.client.aio`).  A cancellation ends it at once, taken
+        before a poll, never after one (:attr:`position` is what was handled)."""
+        from slipstream.client import aio
+
+        deadline = time.monotonic() + timeout_s
+        while not self.done:
+            if await aio.poll_async(lambda: self.poll(handler, 4096)) == 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the replay {self.replay_id} is at {self.position} "
+                                       f"after {timeout_s:g} s")
+                await aio.wait_for_data(self.subscription, 10_000_000)
+
     def close(self, *, stop_at_archive: bool = True) -> None:
         """Stop the replay at the archive if it is not done (unless not ``stop_at_archive``:
         an archive that stopped answering is not called, its replay ends when its requester

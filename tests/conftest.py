@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import FAST_DRIVER_SETTINGS, NETWORK_SETTINGS, lacking
 
-# installed_venv: the wheel in a fresh venv; slipstream_image and containers: the image
-pytest_plugins = ["installed", "containers"]
+# installed_venv: the wheel in a fresh venv; slipstream_image and containers: the image;
+# loops: the event loops the async tests marked anyio run under
+pytest_plugins = ["installed", "containers", "loops"]
 
 #: The session's bytecode cache of the Python processes the tests start, made by
 #: :func:`pytest_configure` (None: the environment's own rule stands).
