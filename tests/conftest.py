@@ -156,6 +156,7 @@ MODULE_LANES = {
     "test_archive_stream_retention": "unit",
     "test_archive_catalog_reads": "sockets",
     "test_archive_replay": "sockets",
+    "test_archive_calls": "sockets",
     "test_archive_merge": "sockets",
     "test_recording_view": "sockets",
     "test_spark_archive_planning": "sockets",
