@@ -598,6 +598,7 @@ class ArchiveControl:
     def _replay(self, args: dict[str, Any], caller_key: str | None) -> dict[str, Any]:
         if "held" in args:
             return self._replay_held(args, caller_key)
+        self._replay_destination(args, None)  # a channel no replay can take: told first
         descriptor = self._descriptor(args, caller_key)
         recording_key = channel_key(descriptor.channel)
         channel, stream_id = self._replay_destination(args, recording_key)
