@@ -211,29 +211,40 @@ def _stream_id(name: str) -> Callable[[Any], int]:
 
 @dataclass(frozen=True)
 class Peer:
-    """Another archive's control stream (a ``peers`` entry): its address, port and stream."""
+    """Another archive's control stream (a ``peers`` entry): its address, port and stream,
+    and the key its endpoint there is of (None: plain)."""
 
     address: str
     port: int
     control_stream_id: int
+    key: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.address}:{self.port}/{self.control_stream_id}"
+        keyed = f"|key={self.key}" if self.key is not None else ""
+        return f"{self.address}:{self.port}/{self.control_stream_id}{keyed}"
 
 
 def parse_peer(entry: Any, key: str = "peers") -> Peer:
     """``"host:port"`` or ``"host:port/stream_id"`` (the stream id defaults to Aeron
-    Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`); the host an IPv4 address or
-    a host name, which is kept as a name: the link to the peer follows it when the peer moves
-    (docs/PROTOCOL.md §7.2, "Names that follow their peer").  Raises
+    Archive's control stream, :data:`DEFAULT_CONTROL_STREAM_ID`), either followed by
+    ``|key=NAME`` for a control endpoint keyed NAME (the peer's ``control_keys``); the host
+    an IPv4 address or a host name, which is kept as a name: the link to the peer follows it
+    when the peer moves (docs/PROTOCOL.md §7.2, "Names that follow their peer").  Raises
     :class:`ArchiveSettingsError` naming ``key``."""
+    peer_key = None
+    if isinstance(entry, str) and "|" in entry:
+        entry, _, keyed = entry.partition("|")
+        peer_key = keyed.removeprefix("key=")
+        if not keyed.startswith("key=") or not KEY_NAME.fullmatch(peer_key):
+            raise ArchiveSettingsError(key, f"{entry}|{keyed!r}: after '|' only key=NAME (a "
+                                       f"key name) is accepted")
     endpoint, _, stream = entry.partition("/") if isinstance(entry, str) else ("", "", "")
     try:
         where = parse_address(endpoint, key)
         if where.port is None or ":" in where.host:
             raise ValueError(endpoint)
         peer = Peer(where.host, where.port,
-                    int(stream) if stream else DEFAULT_CONTROL_STREAM_ID)
+                    int(stream) if stream else DEFAULT_CONTROL_STREAM_ID, peer_key)
     except (ValueError, ChannelError):
         raise ArchiveSettingsError(key, f"{entry!r} is not \"host:port\" or "
                                    f"\"host:port/stream_id\" (an IPv4 address or a host "

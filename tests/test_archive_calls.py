@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers import SEQUENCE, Collector, counters_of, free_port, message, wait_for
-from test_archive import archive_process, wait_for_recording
+from test_archive import archive_process, recorded_messages, recordings, wait_for_recording
 from test_encrypted_streams import KEY_A, KEY_B, write_keys
 
 from slipstream.archive.client import ArchiveClient
@@ -233,3 +233,36 @@ def test_a_protected_calls_setting_the_archive_cannot_act_on_is_refused_by_name(
     with pytest.raises(ValueError, match=why) as raised:
         ArchiveSettings.from_mapping(values)
     assert getattr(raised.value, "key", None) == key
+
+
+def test_a_keyed_recording_replicates_over_keyed_calls_and_never_over_plain_ones(
+        keyed_archive, tmp_path: Path) -> None:
+    """A second archive whose peer entry is the first's plain endpoint fetches nothing of
+    the k1 recording (it is not listed to it); one whose entry is the k1 endpoint
+    (``|key=k1``) holds every message of it, fetched over a replay sealed under k1."""
+    archive_driver, ports, _, _, _, archive_dir, _ = keyed_archive
+    # The same key and stream at an endpoint of its own (with MDC each host has its own).
+    own = f"aeron:udp?endpoint=127.0.0.1:{free_port()}|key=k1"
+    for peer, replicated in ((f"127.0.0.1:{ports[None]}", False),
+                             (f"127.0.0.1:{ports['k1']}|key=k1", True)):
+        b_dir = tmp_path / f"b-{replicated}"
+        config = tmp_path / f"b-{replicated}.toml"
+        config.write_text("\n".join([
+            f'dir = "{b_dir}"', f'driver_dir = "{archive_driver.directory}"',
+            "control_port = 0", f'peers = ["{peer}"]', 'replication_interval = "300ms"',
+            f"replication_port = {free_port()}",
+            "[[record]]", f'channel = "{own}"', f"stream_id = {STREAM}",
+            'source = "remote"']) + "\n")
+        load_settings(config)
+        with archive_process(config, tmp_path / f"b-{replicated}.log"):
+            if replicated:
+                replica = wait_for_recording(b_dir, ended=True, timeout=30)
+                original = wait_for_recording(archive_dir, ended=True)
+                assert recorded_messages(replica, b_dir) == \
+                    recorded_messages(original, archive_dir)
+                assert len(recorded_messages(replica, b_dir)) == MESSAGES
+                assert replica.channel == own
+                assert replica.source_identity.startswith("replica of recording 0 at ")
+            else:
+                time.sleep(3)  # ten looks at the peer
+                assert recordings(b_dir) == []
