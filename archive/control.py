@@ -114,7 +114,13 @@ from slipstream.archive.replayer import (
     SegmentSource,
 )
 from slipstream.archive.view import RecordingView
-from slipstream.client.channel import Subnet, channel_with_key, keys_given, parse_channel
+from slipstream.client.channel import (
+    SPY_PREFIX,
+    Subnet,
+    channel_with_key,
+    keys_given,
+    parse_channel,
+)
 from slipstream.client.client import Client
 from slipstream.client.counters import Counter, CountersFile, CounterType, fit_label
 from slipstream.client.errors import SlipstreamError
@@ -404,6 +410,12 @@ class ArchiveControl:
         """The held stream a call names (``args`` themselves, or ``held`` of a replay),
         authorized for ``caller_key``."""
         key = held_key(args)
+        if key[0].startswith(SPY_PREFIX):
+            # A spy takes no key= and reads its publication's log in plain text, keyed or
+            # not, and which it is the spy's URI does not say.
+            raise CallRefused(f"channel {key[0]!r}: a spy is not held for callers (it would "
+                              f"read a keyed publication in plain text): name the stream's "
+                              f"own channel")
         self.authorize(f"stream {key[1]} on {key[0]}", channel_key(key[0]), caller_key)
         return key
 

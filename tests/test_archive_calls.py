@@ -117,6 +117,9 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
                             timeout_s=30)
         assert collector == list(range(MESSAGES))
         k1._link.call("state", **held)  # holds the k1 stream for the group
+        with pytest.raises(CallError, match="a spy is not held for callers"):
+            k1._link.call("state", **{**held, "channel": "aeron-spy:" + recorded.replace(
+                "|key=k1", "")})
 
         # A plain caller and a k2 caller: every operation refused, named and counted.
         expected = dict.fromkeys(REFUSAL_CAUSES, 0)
