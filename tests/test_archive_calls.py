@@ -9,6 +9,8 @@ restricted to subnets answers no call from outside them, and counts each."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -185,6 +187,18 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
         counters = CountersFile(Path(archive_driver.directory) / COUNTERS_FILE, writable=False)
         wait_for(lambda: read_calls_refused(counters, str(archive_dir)) == expected,
                  what=f"the refusals counted {expected}")
+
+    # The command line calls as any caller: through the k1 endpoint with --key k1.
+    cli = [sys.executable, "-m", "slipstream.archive.cli", "replay", str(recording_id),
+           "--config", str(tmp_path / "archive.toml")]
+    keyed = subprocess.run([*cli, "--key", "k1"], capture_output=True, text=True, timeout=60)
+    assert keyed.returncode == 0, keyed.stderr
+    assert len(keyed.stdout.splitlines()[2:]) == MESSAGES
+    plain = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 1 and "is of key=k1" in plain.stderr, plain
+    unknown = subprocess.run([*cli, "--key", "k9"], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "'--key'" in unknown.stderr and "k9" in unknown.stderr, \
+        unknown
 
 
 def test_an_archive_restricted_to_subnets_answers_no_call_from_outside_and_counts_it(
