@@ -58,7 +58,7 @@ from slipstream.archive.client import ArchiveClient, ArchiveReplay, ListedRecord
 from slipstream.archive.control import channel_key
 from slipstream.archive.reading import first_message_start, stop_message_start
 from slipstream.archive.recorder import Recording
-from slipstream.archive.settings import Peer, RecordSpec, spec_of
+from slipstream.archive.settings import Peer, RecordSpec, replication_reply_ports, spec_of
 from slipstream.client.errors import SlipstreamError
 from slipstream.client.image import Image
 
@@ -186,16 +186,10 @@ class Replicator:
         self._timeout_s = settings.replication_timeout_ns / 1e9
         self._reply_address = settings.replication_address
         # Not the peer's port, as a caller elsewhere would: that is this archive's own
-        # control port too when both use the same (the usual case).
-        self._reply_port = settings.replication_port or \
-            (settings.control_port + 1 if settings.control_port else None)
-        # A keyed peer's answers come sealed, to an endpoint of that key: each key its own
-        # port after the plain one (an endpoint has one key).
-        peer_keys = sorted({peer.key for peer in settings.peers if peer.key is not None})
-        self._reply_ports = {key: None if self._reply_port is None
-                             else self._reply_port + 1 + peer_keys.index(key)
-                             for key in peer_keys}
-        self._reply_ports[None] = self._reply_port
+        # control port too when both use the same (the usual case).  A keyed peer's answers
+        # come sealed, to an endpoint of that key: a port of its own.
+        self._reply_ports = replication_reply_ports(settings.replication_port,
+                                                    settings.control_port, settings.peers)
         self._key_mismatches: set[tuple[int, str]] = set()  # peers' recordings not taken
         self._next_look_ns = time.monotonic_ns() + self._interval_ns
         self._looking = 0  # peers asked for their recordings, answers not yet in

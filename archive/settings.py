@@ -316,6 +316,20 @@ _HOLD_KEYS: Final = ("channel", "stream_id", "group")
 _TABLES: Final = ("record", "hold")
 
 
+def replication_reply_ports(replication_port: int, control_port: int,
+                            peers: Sequence[Peer]) -> dict[str | None, int | None]:
+    """Where the peers' answers and replays come, by the peers' key (None: plain peers):
+    ``replication_port`` (0: ``control_port + 1``; None when both are 0: the port towards
+    each peer), and for each key a port of its own after it, in the keys' name order (an
+    endpoint has one key)."""
+    base = replication_port or (control_port + 1 if control_port else None)
+    keys = sorted({peer.key for peer in peers if peer.key is not None})
+    ports: dict[str | None, int | None] = {
+        key: None if base is None else base + 1 + n for n, key in enumerate(keys)}
+    ports[None] = base
+    return ports
+
+
 def spec_of(specs: Sequence[RecordSpec], stream_id: int, channel: str) -> RecordSpec | None:
     """The ``[[record]]`` a recording of ``stream_id`` on ``channel`` (its catalog channel,
     or a peer's) is one of: the one of its stream id (the channels may differ: with MDC or
@@ -389,6 +403,15 @@ class ArchiveSettings:
         if parsed["control_port"] in parsed["control_keys"].values():
             raise ArchiveSettingsError("control_keys", f"port {parsed['control_port']} is "
                                        f"control_port's (the plain endpoint's)")
+        control_ports = {parsed["control_port"], *parsed["control_keys"].values()}
+        for name, port in replication_reply_ports(parsed["replication_port"],
+                                                  parsed["control_port"],
+                                                  parsed["peers"]).items():
+            if name is not None and port in control_ports:
+                raise ArchiveSettingsError(
+                    "replication_port", f"the answers of the peers keyed {name} would come at "
+                    f"port {port}, one of this archive's control ports: set replication_port "
+                    f"so that the ports after it, one per peers' key, are free")
         if holds and parsed["control_port"] == 0 and not parsed["control_keys"]:
             # Only a group's commit (the view call's advance_to) moves a held position: with
             # no control stream nothing would, and the publishers would be held for good.
