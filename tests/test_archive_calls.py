@@ -16,7 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SEQUENCE, Collector, counters_of, free_port, message, wait_for
+from helpers import (
+    SEQUENCE,
+    Collector,
+    counters_of,
+    free_port,
+    message,
+    run_stat,
+    wait_for,
+)
 from test_archive import archive_process, recorded_messages, recordings, wait_for_recording
 from test_encrypted_streams import KEY_A, KEY_B, write_keys
 
@@ -187,6 +195,10 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
         counters = CountersFile(Path(archive_driver.directory) / COUNTERS_FILE, writable=False)
         wait_for(lambda: read_calls_refused(counters, str(archive_dir)) == expected,
                  what=f"the refusals counted {expected}")
+        shown = {line.split("calls-refused: ")[1].split()[0]: line.split()[2]
+                 for line in run_stat(archive_driver).stdout.splitlines()
+                 if "calls-refused: " in line}
+        assert shown == {cause: f"{count:,}" for cause, count in expected.items()}, shown
 
     # The command line calls as any caller: through the k1 endpoint with --key k1.
     cli = [sys.executable, "-m", "slipstream.archive.cli", "replay", str(recording_id),
