@@ -11,6 +11,10 @@ matched by the call's ``id``::
      "reply_channel": "aeron:udp?endpoint=10.0.0.2:40190", "response_stream_id": 91}
     {"id": 7, "status": "ok", "result": ...}  or  {"id": 7, "status": "error", "message": ...}
 
+A caller with a key (``HolderLink(..., key=NAME)``) calls the holder's endpoint of that key:
+its call and the answer are sealed under it, and the holder answers about what is of that
+key (docs/ARCHIVE.md, "Protected calls").
+
 Unlike a replay, a caller keeps its two streams (:class:`HolderLink`) and the holder its answer
 publication (:class:`Answers`) for as long as calls keep coming, so a call costs one round
 trip through the two hosts' drivers, not a stream's set-up.
