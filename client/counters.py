@@ -116,6 +116,9 @@ class CounterType(enum.IntEnum):
     # RecordingPos, type 100); its key: recording id, session id, stream id, the archive's
     # identity (slipstream.archive.reading.recording_position_key).
     RECORDING_POSITION = 100
+    # A call server's (an archive's control stream): the calls it refused for one cause
+    # (docs/ARCHIVE.md, "Protected calls"); its key: the cause and the server's identity.
+    CALLS_REFUSED = 101
     # A client's (a Spark read query's planner): the bytes its sessions hold past what the
     # query committed, summed over the sessions (its label names the query).
     SPARK_READ_LAG = 1100

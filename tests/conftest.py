@@ -157,6 +157,8 @@ MODULE_LANES = {
     "test_archive_stream_retention": "unit",
     "test_archive_catalog_reads": "sockets",
     "test_archive_replay": "sockets",
+    "test_archive_calls": "sockets",
+    "test_archive_calls_hosts": "hosts",
     "test_archive_merge": "sockets",
     "test_recording_view": "sockets",
     "test_spark_archive_planning": "sockets",
