@@ -63,7 +63,7 @@ from slipstream.daemon.media.receive_destinations import MultiDestinationReceive
 from slipstream.daemon.media.sealing import KeyRing, Sealing
 from slipstream.daemon.media.send_channel import SendChannel
 from slipstream.daemon.protocol.params import SocketParams
-from slipstream.daemon.protocol.types import Address, Datagram, address_of
+from slipstream.daemon.protocol.types import Address, Datagram, address_of, sockaddr
 from slipstream.daemon.streams.publication import NetworkPublication
 
 log = logging.getLogger("slipstream.driver")
@@ -312,6 +312,9 @@ class UdpSendTransport(_UdpTransport):
                 sock.bind((group.host, destination[1]))
                 _set_multicast(sock, params, channel, group.host, interface)
                 self.connected = False
+                if sealing is not None:
+                    # Handshakes to the data group: the receivers' sockets are bound to it.
+                    sealing.set_handshake_address(sockaddr(destination))
             else:
                 # control= pins the local address and port, else interface= (Aeron's
                 # localControl and localData addresses).
@@ -407,6 +410,11 @@ class UdpReceiveTransport(_UdpTransport):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(bind)
                 _set_multicast(sock, params, channel, bind[0], _interface_address(channel))
+                group = channel.control_group
+                if sealing is not None and group is not None:
+                    # Handshakes to the control group: the sender's socket is bound to it.
+                    sealing.set_handshake_address(sockaddr((group.host,
+                                                            group.port or bind[1])))
             else:
                 sock.bind(bind)
             if settings.socket_gso:
