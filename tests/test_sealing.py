@@ -17,6 +17,7 @@ from slipstream.client.channel import parse_channel
 from slipstream.client.errors import ChannelError
 from slipstream.client.frames import Sealed, decode
 from slipstream.client.layout import (
+    HANDSHAKE_INIT_LENGTH,
     SEALED_COUNTER_FIELD,
     SEALED_EPOCH_BITS,
     SEALED_HEADER,
@@ -24,7 +25,6 @@ from slipstream.client.layout import (
     SEALED_OVERHEAD,
     SEALED_SENDER_ID_FIELD,
 )
-from slipstream.client.layout import HANDSHAKE_INIT_LENGTH
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.media.sealing import KeyFileError, KeyRing, Sealing, read_key_file
 from slipstream.daemon.protocol.types import sockaddr
