@@ -1093,6 +1093,11 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
     const key_slot_t *key = &c->keys[0];
     if (slot == NULL || !key->held) return; /* every slot busy: the next datagram asks again */
     forget_exchange(slot);
+    /* The sender id asked for: on a multicast group, where every receiver hears the INIT,
+     * the one whose datagram wanted it; elsewhere any (0), whatever the datagram named, so
+     * that a forged one (any id, spoofed from the peer's address) delays no exchange with
+     * the peer. */
+    const uint64_t asked = c->handshake_address_length > 0 ? sender_id : 0;
     uint8_t public_key[DH_LENGTH];
     uint8_t *init = slot->init;
     if (getrandom(&slot->exchange_id, sizeof slot->exchange_id, 0) != sizeof slot->exchange_id ||
@@ -1103,9 +1108,9 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
     /* -> psk, e; the payload empty (its tag alone: only a holder of the key makes it). */
     handshake_header(init, SS_HANDSHAKE_INIT_LENGTH, SS_EXT_TYPE_HANDSHAKE_INIT, key->id,
                      slot->exchange_id);
-    store_u64(init + SS_HANDSHAKE_ASKED_FIELD, sender_id);
+    store_u64(init + SS_HANDSHAKE_ASKED_FIELD, asked);
     memcpy(init + SS_HANDSHAKE_INIT_EPHEMERAL_FIELD, public_key, DH_LENGTH);
-    if (!noise_start(&slot->noise, key->id, slot->exchange_id, sender_id) ||
+    if (!noise_start(&slot->noise, key->id, slot->exchange_id, asked) ||
         !mix_key_and_hash(&slot->noise, key->key, SS_CRYPTO_KEY_LENGTH) ||
         !mix_ephemeral(&slot->noise, public_key) ||
         !encrypt_and_hash(&slot->noise, NULL, 0,
@@ -1129,8 +1134,8 @@ static int32_t answer_init(ss_crypto_t *c, const uint8_t *data, const key_slot_t
     const uint64_t asked = load_u64(data + SS_HANDSHAKE_ASKED_FIELD);
     const uint8_t *initiator = data + SS_HANDSHAKE_INIT_EPHEMERAL_FIELD;
     lock(c);
-    const int ours = asked != 0 && (asked == c->sender_id || asked == c->next_sender_id ||
-                                    asked == c->previous_sender_id);
+    const int ours = asked == 0 || asked == c->sender_id || asked == c->next_sender_id ||
+                     asked == c->previous_sender_id;
     unlock(c);
     if (!ours) {
         /* Asking another endpoint (on a multicast group every receiver hears a sender's
