@@ -110,12 +110,11 @@ def test_any_change_to_a_sealed_datagram_makes_it_fail_to_open(plain: bytes, dat
     (network.SS_CRYPTO_SENDER_ID_MAX_AGE_S + 5, False),  # a recording: no sender uses it now
     (-network.SS_CRYPTO_CLOCK_SKEW_S - 5, False),  # from a clock too far ahead
 ])
-def test_a_sender_id_past_its_lifetime_never_opens_even_at_an_endpoint_that_never_saw_it(
+def test_a_sender_id_past_its_lifetime_never_opens_even_at_an_endpoint_with_its_session(
         seconds_ago: int, opens: bool) -> None:
-    """Freshness without a handshake: a sender id carries the second it was drawn, senders
-    draw a new one each lifetime, and every endpoint refuses an id older than that (plus the
-    clock skew allowed): a recording replayed to an endpoint opened since (a restarted
-    driver) is refused, not opened once more."""
+    """Freshness: a sender id carries the second it was drawn, senders draw a new one each
+    lifetime, and every endpoint refuses an id older than that (plus the clock skew allowed),
+    before it looks for a session: a recording of it is refused everywhere."""
     sender, receiver = pair([(1, KEY_A)], [(1, KEY_A)])
     sealed = sender.seal(b"x" * 40)
     network.ss_crypto_set_clock_offset(receiver.c, seconds_ago)  # it arrives that much later
