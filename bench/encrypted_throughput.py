@@ -12,6 +12,11 @@ Then the round trip: bench/udp_latency.py's paced ping-pong (32-byte messages, p
 driver, ponger on the other) encrypted and plain, R runs each in turns, their medians
 compared (the target: p99 encrypted <= 1.1x plain); --latency-seconds 0 leaves it out.
 
+Then the time to a first message: from a new publication on one driver (its subscription
+waiting on the other) to the subscriber's first message, encrypted (its handshake included:
+one round trip, then the next SETUP) and plain, R times each in turns, their medians;
+--first-messages 0 leaves it out.
+
 Each figure is the best of R runs (their medians follow), and a slipstream run counts only
 if the stream arrived whole.  Where the time goes: the CPU each driver's network thread
 (``ss-network``: the sender's seals, the receiver's opens) spent per message, plain and
@@ -81,6 +86,9 @@ def main() -> int:
                         help="round trips per second of the ping-pong")
     parser.add_argument("--latency-seconds", type=float, default=5.0,
                         help="measured seconds of each ping-pong (0: none)")
+    parser.add_argument("--first-messages", type=int, default=5,
+                        help="new streams timed to their first message, plain and encrypted "
+                             "each (0: none)")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         type=driver_setting, metavar="KEY=VALUE",
                         help="a slipstream driver setting (repeatable)")
@@ -143,6 +151,8 @@ def main() -> int:
                              f"encrypted / plain {middle['encrypted'] / middle['plain']:.2f}x")
             lines.append("    " + network_line(network, crypto))
             print("\n".join(lines), flush=True)
+        if args.first_messages > 0:
+            first_messages(a.directory, b.directory, args.first_messages)
         if args.latency_seconds > 0:
             round_trips(a.directory, b.directory, args)
     scratch.cleanup()
@@ -162,6 +172,37 @@ def network_line(network: dict[str, list[tuple[float, float]]], crypto: float | 
             f"{receiver['plain']:,.0f} plain, {receiver['encrypted']:,.0f} encrypted "
             f"(+{receiver['encrypted'] - receiver['plain']:,.0f})"
             + (f"; the C loop {1e9 / crypto:,.0f} ns a seal" if crypto else ""))
+
+
+def first_messages(publisher_directory: Path, subscriber_directory: Path, runs: int) -> None:
+    """Seconds from add_publication to the first message read, plain and encrypted in turns:
+    the subscription waits first, the publisher offers until a message goes."""
+    import time
+
+    from slipstream.client import Client
+
+    seconds: dict[str, list[float]] = {"plain": [], "encrypted": []}
+    with Client.connect(publisher_directory) as a, Client.connect(subscriber_directory) as b:
+        stream_id = 3000
+        for _ in range(runs):
+            for name, key in (("plain", ""), ("encrypted", "|key=bench")):
+                stream_id += 1
+                uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}{key}"
+                subscription = b.add_subscription(uri, stream_id)
+                got: list[bytes] = []
+                take = got.append
+                start = time.monotonic()
+                publication = a.add_publication(uri, stream_id)
+                while not got and time.monotonic() < start + 10:
+                    publication.offer(b"first")
+                    subscription.poll(lambda data, header, take=take: take(bytes(data)), 1)
+                if got:
+                    seconds[name].append(time.monotonic() - start)
+                publication.close()
+                subscription.close()
+    print("time to a first message, new stream (medians of "
+          f"{runs}): " + ", ".join(f"{name} {statistics.median(s) * 1e3:.1f} ms"
+                                   for name, s in seconds.items() if s), flush=True)
 
 
 def round_trips(ping_directory: Path, pong_directory: Path, args: argparse.Namespace) -> None:

@@ -764,8 +764,11 @@ typedef struct {
     const ss_transport_binding_t *binding;
     void *binding_context;
     /* An encrypted channel's endpoint: every datagram opened before dispatch, every frame
-     * sent sealed (NULL: plain, one branch). */
+     * sent sealed (NULL: plain, one branch).  handshake_taken: a handshake datagram came
+     * (the Python half is due, and clears it: a send endpoint's publications send their next
+     * SETUP at once, which a peer that just got its session dropped the last of). */
     ss_crypto_t *crypto;
+    int32_t handshake_taken;
 } ss_receiver_t;
 
 /* ------------------------------------------------- the channel endpoints' sends, for Python */

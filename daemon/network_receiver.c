@@ -513,6 +513,7 @@ int32_t ss_receiver_recv(ss_receiver_t *r, int32_t fd, int64_t now_ns, int32_t *
                 /* A handshake it answered or started leaves from this socket, now. */
                 ss_crypto_flush_handshakes(r->crypto, r->fd);
                 if (opened < 0) {
+                    if (opened == SS_OPEN_HANDSHAKE) r->handshake_taken = 1;
                     if (length == 0) break;
                     continue;
                 }

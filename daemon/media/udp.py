@@ -393,7 +393,14 @@ class UdpSendTransport(_UdpTransport):
     def dispatch(self, channel: SendChannel, now_ns: int) -> int:
         if self._control is None:
             return 0
-        return self._control.dispatch(channel.c, now_ns, channel.on_control)
+        taken = self._control.dispatch(channel.c, now_ns, channel.on_control)
+        if channel.c.handshake_taken:
+            # A receiver may just have got its session, having dropped the SETUP that made it
+            # ask (docs/PROTOCOL.md §7.8).
+            channel.c.handshake_taken = 0
+            for publication in channel.publications.values():
+                publication.on_peer_handshake(now_ns)
+        return taken
 
 
 class UdpReceiveTransport(_UdpTransport):
@@ -456,6 +463,7 @@ class UdpReceiveTransport(_UdpTransport):
         """What ``receiver`` left for Python goes to ``channel.on_control``."""
         if self._receive is None:
             return 0
+        receiver.handshake_taken = 0  # nothing of a receive endpoint's waits on it
         return self._receive.dispatch(receiver, now_ns, channel.on_control)
 
     def receive_destination(self, channel: ReceiveChannel, index: int, now_ns: int) -> int:
