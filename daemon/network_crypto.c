@@ -82,7 +82,9 @@
  * CONFIRM finds its key; an answer is sent again at most once per ANSWER_RESEND_MS. */
 #define ANSWER_KEEP_MS 5000
 #define ANSWER_RESEND_MS 50
-#define SWEEP_MS 1000
+/* New answers an endpoint makes a second at most, whoever asks (each costs an X25519 key and
+ * agreement: a recording of INITs replayed from many spoofed sources costs this at most). */
+#define ANSWERS_PER_SECOND 64
 
 static const unsigned char SEAL_INFO[] = "slipstream sealed datagram v2";
 /* Noise's protocol name: exactly HASH_LENGTH bytes, so h starts as the name itself. */
@@ -206,7 +208,9 @@ struct ss_crypto {
     int32_t outbox_count;
     int32_t handshake_address_length;
     uint8_t handshake_address[SS_SOCKADDR_MAX];
-    uint64_t swept_ms;
+    uint64_t swept_s;             /* the wall clock's second of the last sweep */
+    uint64_t answers_second;      /* the second of answers_made */
+    int32_t answers_made;
     ss_crypto_counters_t counters;
 };
 
@@ -672,7 +676,7 @@ static int decrypt(EVP_CIPHER_CTX *ctx, const uint8_t iv[IV_LENGTH], uint64_t co
 }
 
 static uint64_t now_ms(const ss_crypto_t *c);
-static void sweep(ss_crypto_t *c, uint64_t now_s, uint64_t ms);
+static void sweep(ss_crypto_t *c, uint64_t now_s);
 static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_length,
                           uint64_t sender_id, uint64_t ms, int renewal);
 static int32_t take_handshake(ss_crypto_t *c, const uint8_t *data, int32_t length,
@@ -702,11 +706,11 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint
         count(c->counters.plain_drops, 1); /* a plain peer, or nothing of ours */
         return SS_OPEN_PLAIN;
     }
-    const uint64_t now_s = wall_seconds(c), ms = now_ms(c);
-    if (ms >= c->swept_ms + SWEEP_MS) sweep(c, now_s, ms);
+    const uint64_t now_s = wall_seconds(c);
+    if (now_s != c->swept_s) sweep(c, now_s); /* once a second, on the clock this reads */
     if (handshake)
         return take_handshake(c, data, length, ext_type, source,
-                              source != NULL ? source_length : 0, ms);
+                              source != NULL ? source_length : 0, now_ms(c));
     if (length < SS_SEALED_OVERHEAD || frame_length != length ||
         data[SS_VERSION_FIELD] != SS_CURRENT_VERSION || ext_version != SS_EXT_VERSION) {
         count(c->counters.auth_drops, 1); /* truncated, or a header no sender of ours made */
@@ -731,7 +735,7 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint
          * asked for a session (not for one sent before: it answers with a floor above). */
         count(c->counters.awaiting_handshake_drops, 1);
         if (p == NULL && source != NULL)
-            want_exchange(c, source, source_length, sender_id, ms, 0);
+            want_exchange(c, source, source_length, sender_id, now_ms(c), 0);
         return SS_OPEN_AWAITING_HANDSHAKE;
     }
     if (!window_fresh(p, counter)) {
@@ -766,7 +770,7 @@ int32_t ss_crypto_open(ss_crypto_t *c, uint8_t *data, int32_t length, const uint
         /* Its sender moved on to the id drawn ahead: an exchange now gets the one after,
          * before the sender uses it. */
         p->announced = 0;
-        if (source != NULL) want_exchange(c, source, source_length, sender_id, ms, 1);
+        if (source != NULL) want_exchange(c, source, source_length, sender_id, now_ms(c), 1);
     }
     return length - SS_SEALED_OVERHEAD;
 }
@@ -788,8 +792,9 @@ static void forget_answer(answer_t *a) { OPENSSL_cleanse(a, sizeof *a); }
 
 /* Erase what may no longer be used: senders past their age (their secrets: forward secrecy),
  * exchanges that ran out of tries, answers no INIT or CONFIRM will need. */
-static void sweep(ss_crypto_t *c, uint64_t now_s, uint64_t ms) {
-    c->swept_ms = ms;
+static void sweep(ss_crypto_t *c, uint64_t now_s) {
+    const uint64_t ms = now_ms(c);
+    c->swept_s = now_s;
     for (int32_t i = 0; i < PEERS_MAX; i++)
         if (c->peers[i].used && sender_is_past(c->peers[i].sender_id, now_s))
             forget_peer(&c->peers[i]);
@@ -1183,7 +1188,11 @@ static int32_t answer_init(ss_crypto_t *c, const uint8_t *data, const key_slot_t
     }
     if (slot == NULL && oldest != NULL && ms >= oldest->answered_ms + ANSWER_RESEND_MS)
         slot = oldest;
-    if (slot == NULL || source == NULL) {
+    if (ms / 1000 != c->answers_second) {
+        c->answers_second = ms / 1000;
+        c->answers_made = 0;
+    }
+    if (slot == NULL || source == NULL || c->answers_made >= ANSWERS_PER_SECOND) {
         OPENSSL_cleanse(&s, sizeof s);
         count(c->counters.handshake_limited_drops, 1);
         return SS_OPEN_HANDSHAKE_REFUSED;
@@ -1212,6 +1221,7 @@ static int32_t answer_init(ss_crypto_t *c, const uint8_t *data, const key_slot_t
         count(c->counters.handshake_failed_drops, 1); /* a low-order key, or libcrypto */
         return SS_OPEN_HANDSHAKE_REFUSED;
     }
+    c->answers_made++;
     slot->used = 1;
     slot->exchange_id = exchange_id;
     memcpy(slot->initiator, initiator, DH_LENGTH);

@@ -378,3 +378,30 @@ def test_mangled_handshake_datagrams_are_dropped_counted_and_harmless(counters, 
     deliver(subscriber, SUBSCRIBER, publisher)
     assert subscriber.open(publisher.seal(b"y"), PUBLISHER) == b"y"
     assert publisher.open(subscriber.seal(b"z"), SUBSCRIBER) == b"z"
+
+
+def test_an_endpoint_answers_at_most_64_new_exchanges_a_second(counters) -> None:
+    """Each answer costs an X25519 key and agreement: recorded INITs replayed from many
+    spoofed sources, or a crowd of new receivers, get 64 answers a second (and 32 kept at
+    once, each for 50 ms at least), the rest counted (and asked again by their initiators'
+    retries)."""
+    publisher = endpoint(counters)
+    inits = []
+    for i in range(80):
+        receiver = endpoint()
+        receiver.open(publisher.seal(b"x"), PUBLISHER)
+        [(init, _)] = receiver.take_handshakes()
+        inits.append((init, sockaddr((f"10.0.1.{i + 1}", 40000))))
+    second = int(time.monotonic())
+    while int(time.monotonic()) != second + 1:  # all within one second of the clock
+        time.sleep(0.005)
+    time.sleep(0.02)  # past the second's start on the C side's coarse clock too
+    verdicts, answers = [], []
+    for batch in range(3):  # its 32 answer slots are taken again after 50 ms
+        for init, source in inits[32 * batch:][:32]:
+            verdicts.append(publisher.open(init, source))
+            answers += publisher.take_handshakes()  # sent at once, as the data path does
+        time.sleep(0.06)
+    assert verdicts.count(TAKEN) == 64 and verdicts.count(REFUSED) == 16
+    assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS) == 16
+    assert len(answers) == 64
