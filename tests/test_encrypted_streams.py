@@ -31,6 +31,7 @@ from helpers import (
 from slipstream.client import ChannelError, ChannelRejectedError, Client
 from slipstream.client.frames import ErrorFrame, Nak, StatusMessage
 from slipstream.client.layout import (
+    EXT_TYPE_HANDSHAKE_ANSWER,
     EXT_TYPE_SEALED,
     FLAGS_FIELD,
     HDR_TYPE_EXT,
@@ -209,6 +210,70 @@ def test_tampered_truncated_and_replayed_datagrams_change_nothing_and_are_counte
     assert 0.95 * forged["auth"] <= counted["CRYPTO_AUTH_DROPS"] <= forged["auth"]
     assert counters_of(b)["CRYPTO_AWAITING_HANDSHAKE_DROPS"] >= 0.95 * forged["no-session"]
     assert counted["CRYPTO_PLAIN_DROPS"] == counted["CRYPTO_UNKNOWN_KEY_DROPS"] == 0
+
+
+def test_a_lost_and_a_repeated_handshake_answer_still_connect_and_lose_nothing(
+        hosts, sniffer) -> None:
+    """Between the drivers, the publisher's first two answers to the subscriber's INITs are
+    lost and every later one arrives twice: the subscriber asks again until one arrives (the
+    same answer), the second copy matches nothing (counted), and the stream carries every
+    message once with no datagram refused but those before its session."""
+    port = free_port()
+    answers = {"seen": 0}
+
+    def mangle(data: bytes) -> list[bytes]:
+        if int.from_bytes(data[12:14], "little") != EXT_TYPE_HANDSHAKE_ANSWER:
+            return [data]
+        answers["seen"] += 1
+        return [] if answers["seen"] <= 2 else [data, data]
+
+    relay = sniffer(port, mangle)
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+        subscription = cb.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k", 12)
+        publication = ca.add_publication(
+            f"aeron:udp?endpoint=127.0.0.1:{relay.port}|term-length=64k|key=k", 12)
+        connect(publication, subscription)
+        collector = Collector(subscription)
+        stream(publication, [collector], 3_000, lambda i: 100 + i % 1200, timeout=60)
+        collector.assert_exactly(3_000)
+    assert answers["seen"] >= 3
+    counted = counters_of(b)
+    assert counted["CRYPTO_HANDSHAKES"] >= 1
+    assert counted["CRYPTO_HANDSHAKE_UNMATCHED_DROPS"] >= 1
+    assert drops(a) == drops(b) == dict.fromkeys(DROPS, 0)
+
+
+def test_a_restarted_subscriber_driver_gets_a_new_session_and_the_stream_goes_on(
+        hosts) -> None:
+    """The subscriber's driver stops mid-stream and another starts on its port: it hears the
+    live publication, asks for a session (its own exchange, which begins past everything
+    sent before), joins, and gets every message offered from then on, once, in order."""
+    port = free_port()
+    uri = f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=64k|key=k"
+    a, _ = hosts("a")
+    b, _ = hosts("b")
+    with Client.connect(a.directory) as ca:
+        publication = ca.add_publication(uri, 13)
+        with Client.connect(b.directory) as cb:
+            subscription = cb.add_subscription(uri, 13)
+            connect(publication, subscription)
+            collector = Collector(subscription)
+            stream(publication, [collector], 2_000, lambda i: 300)
+            collector.assert_exactly(2_000)
+        b.stop()
+        wait_for(lambda: not publication.is_connected, timeout=10, what="the subscriber gone")
+        restarted, _ = hosts("b2")
+        with Client.connect(restarted.directory) as cb:
+            subscription = cb.add_subscription(uri, 13)
+            connect(publication, subscription)
+            collector = Collector(subscription)
+            stream(publication, [collector], 2_000, lambda i: 300, first=2_000)
+            collector.assert_exactly(2_000, first=2_000)
+        assert counters_of(a)["CRYPTO_HANDSHAKES"] >= 2  # one exchange with each driver
+        assert drops(restarted) == dict.fromkeys(DROPS, 0)
 
 
 def test_a_plain_peer_is_refused_both_ways_with_named_counted_reasons(hosts, launch) -> None:
