@@ -76,7 +76,7 @@
 /* An INIT is sent again this often while its peer's datagrams keep coming unanswered, at
  * most RETRIES_MAX times; a new exchange with a source at most once per EXCHANGE_MIN_MS. */
 #define RETRY_MS 100
-#define RETRIES_MAX 50
+#define RETRIES_MAX 20
 #define EXCHANGE_MIN_MS 1000
 /* An answered exchange is remembered this long: a repeated INIT gets the same answer, the
  * CONFIRM finds its key; an answer is sent again at most once per ANSWER_RESEND_MS. */
@@ -801,7 +801,7 @@ static void sweep(ss_crypto_t *c, uint64_t now_s) {
     for (int32_t i = 0; i < EXCHANGES_MAX; i++) {
         exchange_t *x = &c->exchanges[i];
         if (x->state == EXCHANGE_PENDING && x->tries >= RETRIES_MAX &&
-            ms >= x->sent_ms + RETRY_MS)
+            ms >= x->sent_ms + 10 * EXCHANGE_MIN_MS) /* remembered: the next one asks for any */
             forget_exchange(x);
         else if (x->state == EXCHANGE_DONE && ms >= x->started_ms + EXCHANGE_MIN_MS)
             forget_exchange(x);
@@ -1066,10 +1066,14 @@ static int same_address(const uint8_t *a, int32_t a_length, const uint8_t *b,
 /* A sealed datagram of `sender_id` from `source` found no session: start an exchange with
  * it, or send its INIT again (every RETRY_MS, RETRIES_MAX times), at most one exchange with a
  * source at once and a new one per EXCHANGE_MIN_MS; a renewal (its sender moved on to the id
- * drawn ahead) starts one whenever none is under way. */
+ * drawn ahead) starts one whenever none is under way.  An exchange that named a sender id
+ * and got no answer is followed by one that asks for any: the id may have been a forgery
+ * spoofed from the source, and on a multicast group only the source's own endpoints hear
+ * where this one sends. */
 static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_length,
                           uint64_t sender_id, uint64_t ms, int renewal) {
     exchange_t *slot = NULL;
+    int unanswered_name = 0;
     for (int32_t i = 0; i < EXCHANGES_MAX && slot == NULL; i++) {
         exchange_t *x = &c->exchanges[i];
         if (x->state == EXCHANGE_FREE ||
@@ -1085,6 +1089,8 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
         }
         const uint64_t last = x->state == EXCHANGE_PENDING ? x->sent_ms : x->started_ms;
         if (!renewal && ms < last + EXCHANGE_MIN_MS) return;
+        unanswered_name = x->state == EXCHANGE_PENDING &&
+                          load_u64(x->init + SS_HANDSHAKE_ASKED_FIELD) != 0;
         slot = x;
     }
     for (int32_t i = 0; i < EXCHANGES_MAX && slot == NULL; i++) {
@@ -1098,11 +1104,11 @@ static void want_exchange(ss_crypto_t *c, const uint8_t *source, int32_t source_
     const key_slot_t *key = &c->keys[0];
     if (slot == NULL || !key->held) return; /* every slot busy: the next datagram asks again */
     forget_exchange(slot);
-    /* The sender id asked for: on a multicast group, where every receiver hears the INIT,
-     * the one whose datagram wanted it; elsewhere any (0), whatever the datagram named, so
-     * that a forged one (any id, spoofed from the peer's address) delays no exchange with
-     * the peer. */
-    const uint64_t asked = c->handshake_address_length > 0 ? sender_id : 0;
+    /* The sender id asked for: on a multicast group, where every receiver (or every sender
+     * of the group) hears the INIT, the one whose datagram wanted it; elsewhere, and after a
+     * named exchange no one answered, any (0), whatever the datagram named, so that a forged
+     * one (any id, spoofed from the peer's address) delays no exchange with the peer. */
+    const uint64_t asked = c->handshake_address_length > 0 && !unanswered_name ? sender_id : 0;
     uint8_t public_key[DH_LENGTH];
     uint8_t *init = slot->init;
     if (getrandom(&slot->exchange_id, sizeof slot->exchange_id, 0) != sizeof slot->exchange_id ||

@@ -405,3 +405,38 @@ def test_an_endpoint_answers_at_most_64_new_exchanges_a_second(counters) -> None
     assert verdicts.count(TAKEN) == 64 and verdicts.count(REFUSED) == 16
     assert counters.get(SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS) == 16
     assert len(answers) == 64
+
+
+def test_a_multicast_receiver_flooded_with_forged_ids_still_gets_its_session(counters) -> None:
+    """A host spoofing the publication's address sends sealed datagrams under ids of its own
+    to a multicast group: the receiver's INIT names one, the publication refuses it; once
+    that exchange runs out of tries, the next asks for any session of the source, and the
+    publication's answer gives the receiver its real session."""
+    publisher, receiver = endpoint(), endpoint()
+    receiver.set_handshake_address(sockaddr(("224.0.1.2", 40001)))  # its control group
+    forger = endpoint(key=OTHER_KEY)
+
+    def forged() -> int:
+        return receiver.open(forger.seal(b"forged"), PUBLISHER)
+
+    assert forged() == AWAITING
+    [(init, _)] = receiver.take_handshakes()
+    assert HANDSHAKE_INIT.unpack_from(init)[8] != 0  # the forged id, named
+    assert publisher.open(init, SUBSCRIBER) == REFUSED
+    tries, started = 1, time.monotonic()
+    while True:  # its tries, each time the flood goes on, then a new exchange
+        time.sleep(RETRY_S)
+        assert forged() == AWAITING
+        sent = receiver.take_handshakes()
+        if sent and sent[0][0] != init:
+            break
+        for again, _ in sent:
+            tries += 1
+            assert publisher.open(again, SUBSCRIBER) == REFUSED
+        assert time.monotonic() < started + 10
+    assert tries == 20  # network_crypto.c's RETRIES_MAX
+    [(init, _)] = sent
+    assert HANDSHAKE_INIT.unpack_from(init)[8] == 0  # any session of the source
+    assert publisher.open(init, SUBSCRIBER) == TAKEN
+    deliver(publisher, PUBLISHER, receiver)
+    assert receiver.open(publisher.seal(b"real"), PUBLISHER) == b"real"
