@@ -2,8 +2,9 @@
 test host made with ``shared_segment=True``, as root; tests/test_encrypted_hosts.py):
 
     python tests/wire_capture.py capture FILE SECONDS PORT...
-        every UDP datagram to or from one of the ports, seen on the link for SECONDS, one
-        JSON line each (source, destination, payload in hex) into FILE; prints their count
+        every UDP datagram to or from one of the ports seen on the link, one JSON line each
+        (source, destination, payload in hex) into FILE, until FILE.stop exists or SECONDS
+        passed; prints their count
     python tests/wire_capture.py replay FILE SOURCE_IP SOURCE_PORT DEST_IP DEST_PORT
         the recorded datagrams from SOURCE to DEST, sent again spoofed from SOURCE, paced;
         prints how many
@@ -22,13 +23,19 @@ from slipstream.sim.real.attacker import RawSender, Sniffer
 def capture(path: Path, seconds: float, ports: set[int]) -> int:
     sniffer = Sniffer()
     count = 0
+    stop = path.with_name(path.name + ".stop")
+    deadline = time.monotonic() + seconds
     with path.open("w") as out:
         print("ready", flush=True)
-        for seen in sniffer.datagrams(seconds):
-            if seen.source[1] in ports or seen.destination[1] in ports:
-                out.write(json.dumps([list(seen.source), list(seen.destination),
-                                      seen.payload.hex()]) + "\n")
-                count += 1
+        last = False
+        while not last:
+            # Once told to stop, one more pass for what the socket still holds.
+            last = stop.exists() or time.monotonic() >= deadline
+            for seen in sniffer.datagrams(0.2 if last else 0.1):
+                if seen.source[1] in ports or seen.destination[1] in ports:
+                    out.write(json.dumps([list(seen.source), list(seen.destination),
+                                          seen.payload.hex()]) + "\n")
+                    count += 1
     sniffer.close()
     return count
 
