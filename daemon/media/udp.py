@@ -463,7 +463,11 @@ class UdpReceiveTransport(_UdpTransport):
         """What ``receiver`` left for Python goes to ``channel.on_control``."""
         if self._receive is None:
             return 0
-        receiver.handshake_taken = 0  # nothing of a receive endpoint's waits on it
+        if receiver.handshake_taken:
+            # A publication may just have got this endpoint's session, having dropped the
+            # joining SM that made it ask (docs/PROTOCOL.md §7.8).
+            receiver.handshake_taken = 0
+            channel.on_peer_handshake(now_ns)
         return self._receive.dispatch(receiver, now_ns, channel.on_control)
 
     def receive_destination(self, channel: ReceiveChannel, index: int, now_ns: int) -> int:
