@@ -317,6 +317,18 @@ class SystemCounter(enum.IntEnum):
     # host names in channels that resolved again to another address, which the endpoint
     # then sends to (Aeron's "Resolution changes"; docs/PROTOCOL.md §7.2)
     RESOLUTION_CHANGES = 74
+    # sealed datagrams of a sender the encrypted endpoint has no handshake with yet, or sent
+    # before it (a recording replayed to an endpoint since restarted): docs/PROTOCOL.md §7.8
+    CRYPTO_AWAITING_HANDSHAKE_DROPS = 75
+    # handshake datagrams malformed, or not made with the key (another key's, forged)
+    CRYPTO_HANDSHAKE_FAILED_DROPS = 76
+    # handshake datagrams of no exchange of this endpoint (another receiver's on a multicast
+    # group, repeated, replayed)
+    CRYPTO_HANDSHAKE_UNMATCHED_DROPS = 77
+    # INITs past the per-source answer rate or while every answer slot is in use
+    CRYPTO_HANDSHAKE_LIMITED_DROPS = 78
+    # handshakes an encrypted endpoint completed, as initiator or responder
+    CRYPTO_HANDSHAKES = 79
 
     @property
     def label(self) -> str:
@@ -360,6 +372,10 @@ DROP_CAUSES: Final[dict[SystemCounter, str]] = {
     SystemCounter.IMAGE_PENDING_REFUSED: "setup-pending-logs-full",
     SystemCounter.MDC_UNKNOWN_RECEIVER_DROPS: "mdc-unknown-receiver",
     SystemCounter.CRYPTO_SENDERS_FULL_DROPS: "crypto-senders-full",
+    SystemCounter.CRYPTO_AWAITING_HANDSHAKE_DROPS: "crypto-awaiting-handshake",
+    SystemCounter.CRYPTO_HANDSHAKE_FAILED_DROPS: "crypto-handshake-failed",
+    SystemCounter.CRYPTO_HANDSHAKE_UNMATCHED_DROPS: "crypto-handshake-unmatched",
+    SystemCounter.CRYPTO_HANDSHAKE_LIMITED_DROPS: "crypto-handshake-limited",
 }
 
 

@@ -270,6 +270,7 @@ MODULE_LANES = {
     "test_udp": "sockets",
     "test_mdc": "sockets",
     "test_sealing": "unit",
+    "test_handshake": "unit",
     "test_encrypted_streams": "sockets",
     "test_encrypted_hosts": "hosts",
     "test_mds": "sockets",
