@@ -13,8 +13,8 @@ import signal
 import time
 from collections.abc import Iterator
 
+import anyio
 import pytest
-import trio
 from helpers import Collector, connect, counters_of, free_port, message, run_stat, wait_for
 
 from slipstream.client import Client, Publication, Subscription
@@ -266,29 +266,28 @@ def test_a_tagged_receiver_that_went_away_stops_counting_after_its_timeout(launc
         assert publication.durable_position == positions[9]  # never goes back
 
 
-def test_wait_durable_async_under_trio(launch) -> None:
+@pytest.mark.anyio
+async def test_wait_durable_async_parks_without_blocking_the_loop(launch) -> None:
+    """Under trio and asyncio alike (tests/loops.py): the waiting task parks while the loop
+    runs another, returns True once the receivers hold the position, and False after its
+    timeout for one they never will."""
     with unicast(launch, "|durable=7/1", "|gtag=7") as (_, _, publication, subscription):
         positions = _offer(publication, 0, 30)
+        async with anyio.create_task_group() as tasks:
+            results: list[bool] = []
 
-        async def main() -> tuple[bool, bool, float]:
-            async with trio.open_nursery() as nursery:
-                results: list[bool] = []
+            async def waiter() -> None:
+                results.append(await publication.wait_durable_async(positions[-1], 5.0))
 
-                async def waiter() -> None:
-                    results.append(await publication.wait_durable_async(positions[-1], 5.0))
-
-                nursery.start_soon(waiter)
-                await trio.sleep(0.2)
-                assert not results  # parked, the loop free: this task ran
-                done = 0
-                while done < 30:
-                    done += subscription.poll(lambda *_: None, 30)
-            started = time.monotonic()
-            late = await publication.wait_durable_async(positions[-1] + 1, 0.3)
-            return results[0], late, time.monotonic() - started
-
-        reached, late, waited = trio.run(main)
-        assert reached and not late and waited >= 0.3
+            tasks.start_soon(waiter)
+            await anyio.sleep(0.2)
+            assert not results  # parked, the loop free: this task ran
+            done = 0
+            while done < 30:
+                done += subscription.poll(lambda *_: None, 30)
+        started = time.monotonic()
+        late = await publication.wait_durable_async(positions[-1] + 1, 0.3)
+        assert results == [True] and not late and time.monotonic() - started >= 0.3
 
 
 def test_durable_keys_are_refused_by_name(launch) -> None:

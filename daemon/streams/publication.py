@@ -679,6 +679,13 @@ class NetworkPublication:
             c.sm_time_ns = max(c.sm_time_ns, last_sm_ns)
         c.sm_in_c = int(take)
 
+    def on_peer_handshake(self, now_ns: int) -> None:
+        """A peer of its encrypted endpoint just got its session (docs/PROTOCOL.md §7.8),
+        having dropped the SETUP that made it ask: while SETUPs are due, the next goes at
+        once rather than a SETUP interval later."""
+        self._time_of_last_setup_ns = now_ns - SETUP_TIMEOUT_NS
+        self._next_due_ns = 0
+
     def _on_trigger_send_setup(self, sm: StatusMessage, source: Address, now_ns: int) -> None:
         # aeron_network_publication_trigger_send_setup_frame: not once EOS is signalled.
         if not self.is_end_of_stream:
