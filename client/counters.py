@@ -329,6 +329,12 @@ class SystemCounter(enum.IntEnum):
     CRYPTO_HANDSHAKE_LIMITED_DROPS = 78
     # handshakes an encrypted endpoint completed, as initiator or responder
     CRYPTO_HANDSHAKES = 79
+    # logs made from a released log's file the driver kept (log_reuse_bytes), whose pages
+    # exist already
+    LOGS_REUSED = 80
+    # memory the driver's kept released logs hold now, bytes (a gauge, at most
+    # log_reuse_bytes)
+    RELEASED_LOG_BYTES = 81
 
     @property
     def label(self) -> str:

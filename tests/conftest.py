@@ -240,6 +240,7 @@ MODULE_LANES = {
     "test_response_hosts": "hosts",
     "test_retransmit": "unit",
     "test_setup_flood": "sockets",
+    "test_log_reuse": "sockets",
     "test_setup_flood_hosts": "hosts",
     "test_sim_cli": "sim",
     "test_sim_control": "sim",
