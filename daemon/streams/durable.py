@@ -20,8 +20,15 @@ Rules:
 * a receiver counts only if the first position it was heard at is at or below the durable
   position: one that joined later holds nothing of what lies between, so it cannot make that
   durable (it never counts on this publication; its first heard position is forgotten when it
-  leaves, and set anew when it is heard after its timeout or further on than its window
-  allowed since its last SM: a new image of it, which may have missed what lay between).
+  leaves, and set anew when it is heard after its timeout or further on than its image could
+  have taken since its last SM: a new image of it, which may have missed what lay between);
+* what an image takes since an SM at position p: frames that end within half a term of p
+  (its over-run bound, docs/PROTOCOL.md §4.3, whatever window the SMs advertise: the cleaner
+  narrows it, another receiver's SMs may move the sender further), and a padding frame whose
+  header starts there, which stands for the rest of its term (the sender sends it past its
+  limit). Its consumption moves as far in one step when its subscriber reads in blocks (an
+  archive reads all it has). A receiver left behind joins again further on than the resend
+  reach (half a term and a message) past what it had, so beyond this;
   Nothing is sent before a receiver is heard under
   unicast, or before N tagged receivers are there under ``fc=tagged,g:TAG/N``, so there the
   receivers count from the start; under ``max`` or ``min`` a tagged receiver that joins after
@@ -38,7 +45,7 @@ Units: positions in bytes, times in ns (monotonic).
 from __future__ import annotations
 
 from slipstream.client.channel import DurableSpec
-from slipstream.client.layout import NO_DEADLINE
+from slipstream.client.layout import HEADER_LENGTH, NO_DEADLINE, align, max_message_length
 from slipstream.daemon.protocol.types import Address
 
 #: The most receivers whose first heard position is kept after they went silent (oldest
@@ -50,11 +57,20 @@ class DurablePosition:
     """The durable position of one publication: see the module docstring.  The sender
     thread's; :attr:`position` and :attr:`receiver_count` are what it publishes."""
 
-    def __init__(self, spec: DurableSpec, receiver_timeout_ns: int, start: int) -> None:
-        """``start``: the publication's join position (nothing before it was offered on it)."""
+    def __init__(self, spec: DurableSpec, receiver_timeout_ns: int, start: int, *,
+                 term_length: int, mtu: int) -> None:
+        """``start``: the publication's join position (nothing before it was offered on it);
+        ``term_length`` and ``mtu``: its log's (bytes)."""
         self.group_tag = spec.group_tag
         self.required = spec.count
         self.receiver_timeout_ns = receiver_timeout_ns
+        self._term_length = term_length
+        #: The longest padding frame: what is left of a term that the longest message (its
+        #: fragments, each with its header) did not fit in.
+        max_payload = mtu - HEADER_LENGTH
+        longest = max_message_length(term_length)
+        self._max_padding = align(longest + HEADER_LENGTH * -(-longest // max_payload),
+                                  HEADER_LENGTH) - HEADER_LENGTH
         #: The durable position (bytes): never decreases.
         self.position = start
         # (receiver id, source) -> (position of its last SM, time of it): heard lately
@@ -72,11 +88,9 @@ class DurablePosition:
         return self._first_heard[key] <= self.position
 
     def on_status_message(self, receiver_id: int, source: Address, group_tag: int | None,
-                          position: int, is_eos: bool, now_ns: int,
-                          window: int | None = None) -> bool:
-        """A (checked, not S-flagged) status message at consumption ``position`` (its
-        receiver window ``window``, bytes); True when the durable position or the receiver
-        count changed."""
+                          position: int, is_eos: bool, now_ns: int) -> bool:
+        """A (checked, not S-flagged) status message at consumption ``position`` (bytes);
+        True when the durable position or the receiver count changed."""
         if group_tag != self.group_tag:
             return False
         key = (receiver_id, source)
@@ -86,10 +100,10 @@ class DurablePosition:
         count = self.receiver_count
         last = self._receivers.get(key)
         if key in self._first_heard and (
-                last is None or (window is not None and position > last[0] + window)):
-            # Heard again after its timeout, or further on than its window let it receive
-            # since its last SM: a new image of that receiver (it rejoined, or was left behind
-            # and joined where the sender was), which holds nothing of what lay between.
+                last is None or not self._image_could_take(last[0], position)):
+            # Heard again after its timeout, or further on than its image could take since
+            # its last SM: a new image of that receiver (it rejoined, or was left behind and
+            # joined where the sender was), which holds nothing of what lay between.
             del self._first_heard[key]
         if key not in self._first_heard:
             if len(self._first_heard) >= FIRST_HEARD_KEPT:
@@ -99,6 +113,16 @@ class DurablePosition:
             self._first_heard[key] = position
         self._receivers[key] = (position, now_ns)
         return self._advance() or self.receiver_count != count
+
+    def _image_could_take(self, last: int, position: int) -> bool:
+        """Whether one image of a receiver, whose SM said ``last``, can have consumed up to
+        ``position`` (bytes): frames ending within half a term of ``last`` (its over-run
+        bound), or a padding frame whose header starts within it, to its term's end."""
+        bound = last + (self._term_length >> 1)
+        if position <= bound:
+            return True
+        return (position % self._term_length == 0
+                and position - self._max_padding <= bound - HEADER_LENGTH)
 
     def on_error(self, receiver_id: int) -> bool:
         """An ERR named ``receiver_id``: it left.  True when one was removed."""
