@@ -19,6 +19,7 @@ import anyio
 import pytest
 from helpers import Collector, connect, counters_of, free_port, message, run_stat, wait_for
 from test_archive import archive_process, recorded_messages, wait_for_recording
+from test_encrypted_streams import KEY_A, write_keys
 
 from slipstream.client import Client, Publication, Subscription
 from slipstream.client.errors import ChannelError, UsageError
@@ -322,11 +323,16 @@ def test_an_archive_as_the_tagged_receiver_keeps_counting_at_full_speed(
     assert all(data == message(i, SIZE) for i, (data, _) in enumerate(recorded))
 
 
-def test_a_subscriber_reading_all_it_has_keeps_counting_at_full_speed(launch) -> None:
-    """The same without an archive: a tagged subscriber on another driver that polls
-    everything its image holds, on a thread of its own, while the publisher offers at full
-    speed across 32 term rotations."""
-    with unicast(launch, "|durable=7/1", "|gtag=7") as (_, _, publication, subscription):
+@pytest.mark.parametrize("key", ["", "|key=k"])
+def test_a_subscriber_reading_all_it_has_keeps_counting_at_full_speed(
+        launch, tmp_path: Path, key: str) -> None:
+    """The same without an archive, plain and sealed (key=, docs/PROTOCOL.md §7.8): a tagged
+    subscriber on another driver that polls everything its image holds, on a thread of its
+    own, while the publisher offers at full speed across 32 term rotations."""
+    write_keys(tmp_path / "keys", "k", [(1, KEY_A)])
+    drivers = {"keys_dir": str(tmp_path / "keys")}
+    with unicast(launch, f"|durable=7/1{key}", f"|gtag=7{key}", drivers, drivers) as (
+            _, _, publication, subscription):
         stop = threading.Event()
         read = [0]
 
