@@ -21,7 +21,7 @@ from helpers import Collector, connect, counters_of, free_port, message, run_sta
 from test_archive import archive_process, recorded_messages, wait_for_recording
 from test_encrypted_streams import KEY_A, write_keys
 
-from slipstream.client import Client, Publication, Subscription
+from slipstream.client import BufferClaim, Client, Publication, Subscription
 from slipstream.client.errors import ChannelError, UsageError
 from slipstream.client.publication import NotDurable
 from slipstream.daemon.driver import MediaDriver
@@ -273,18 +273,26 @@ def test_a_tagged_receiver_that_went_away_stops_counting_after_its_timeout(launc
 FULL_SPEED = 2000  # messages of SIZE: 2 MiB, 32 rotations of the drivers' 64 KiB terms
 
 
-def _offer_at_full_speed(publication: Publication, count: int) -> tuple[list[int], list[int]]:
+def _offer_at_full_speed(publication: Publication, count: int, *, aborted_claims: bool = False
+                         ) -> tuple[list[int], list[int]]:
     """Offer ``count`` messages as fast as the publication takes them, reading its
     ``durable_receivers`` after each attempt: (the positions, every count read that was not
-    1)."""
+    1).  ``aborted_claims``: each message after a claim of the longest payload, aborted (a
+    padding frame of an MTU in mid-term, which the sender sends as its header alone)."""
+    claim = BufferClaim()
     positions: list[int] = []
     lost: list[int] = []
+    claimed = not aborted_claims  # before the next message
     deadline = time.monotonic() + 60
     while len(positions) < count:
         assert time.monotonic() < deadline, f"{len(positions)} of {count} offered"
-        result = publication.offer(message(len(positions), SIZE))
+        if not claimed and publication.try_claim(publication.max_payload_length, claim) > 0:
+            claim.abort()
+            claimed = True
+        result = publication.offer(message(len(positions), SIZE)) if claimed else 0
         if result > 0:
             positions.append(result)
+            claimed = not aborted_claims
         if publication.durable_receivers != 1:
             lost.append(publication.durable_receivers)
     return positions, lost
@@ -323,12 +331,15 @@ def test_an_archive_as_the_tagged_receiver_keeps_counting_at_full_speed(
     assert all(data == message(i, SIZE) for i, (data, _) in enumerate(recorded))
 
 
-@pytest.mark.parametrize("key", ["", "|key=k"])
+@pytest.mark.parametrize(("key", "aborted_claims"), [("", False), ("|key=k", False),
+                                                     ("", True)],
+                         ids=["plain", "sealed", "aborted-claims"])
 def test_a_subscriber_reading_all_it_has_keeps_counting_at_full_speed(
-        launch, tmp_path: Path, key: str) -> None:
+        launch, tmp_path: Path, key: str, aborted_claims: bool) -> None:
     """The same without an archive, plain and sealed (key=, docs/PROTOCOL.md §7.8): a tagged
     subscriber on another driver that polls everything its image holds, on a thread of its
-    own, while the publisher offers at full speed across 32 term rotations."""
+    own, while the publisher offers at full speed across 32 term rotations; and with an
+    aborted claim before each message, whose padding frame stands for an MTU in mid-term."""
     write_keys(tmp_path / "keys", "k", [(1, KEY_A)])
     drivers = {"keys_dir": str(tmp_path / "keys")}
     with unicast(launch, f"|durable=7/1{key}", f"|gtag=7{key}", drivers, drivers) as (
@@ -343,7 +354,8 @@ def test_a_subscriber_reading_all_it_has_keeps_counting_at_full_speed(
         reader = threading.Thread(target=consume, daemon=True)
         reader.start()
         try:
-            positions, lost = _offer_at_full_speed(publication, FULL_SPEED)
+            positions, lost = _offer_at_full_speed(publication, FULL_SPEED,
+                                                   aborted_claims=aborted_claims)
             assert publication.wait_durable(positions[-1], 10.0), \
                 publication.why_not_durable(positions[-1])
         finally:
@@ -513,28 +525,32 @@ def test_a_receiver_that_comes_back_as_a_new_image_counts_only_from_where_it_joi
     assert durable.position == 60_000 + term // 2 and durable.receiver_count == 1
 
 
-def test_an_image_that_read_to_a_term_end_through_a_padding_frame_still_counts() -> None:
-    """A sender sends a padding frame whose header fits under its limit although it stands
-    for the rest of the term, so a receiver that reads in blocks (an archive) reports the term
-    end: past half a term since its last SM by that padding, the same image.  One more frame
-    beyond, and a term end further than the longest padding, are a new image's."""
+def test_an_image_that_read_through_a_padding_frame_past_half_a_term_still_counts() -> None:
+    """A sender sends a padding frame whose header fits under its limit as its header alone,
+    though it stands for its whole length (the rest of a term, or an aborted claim), and a
+    receiver takes it if the header ends within its over-run bound (half a term past its last
+    SM).  So a receiver that reads all it has (an archive) reports up to the end of such a
+    padding: the same image.  A position further on is a new image's."""
     from slipstream.client.channel import DurableSpec
     from slipstream.client.layout import max_message_length
     from slipstream.daemon.streams.durable import DurablePosition
 
-    term, mtu = 65536, 1408
-    # The longest padding: a term's rest that the longest message, in fragments, missed.
+    term, mtu, half = 65536, 1408, 32768
+    # The longest padding: a term's rest that the longest message (8 KiB in six fragments,
+    # each with its 32-byte header) did not fit in, 32 bytes less than the message.
     fragments = -(-max_message_length(term) // (mtu - 32))
     longest_padding = max_message_length(term) + 32 * fragments - 32
+    assert longest_padding > mtu  # longer than an aborted claim's
     source = ("10.0.0.2", 40123)
     for last, position, same in [
             (32736, 65536, True),  # a padding of 64 bytes from 65472 (the limit 65504)
+            (32000, 32000 + half - 32 + mtu, True),  # an aborted claim's, in mid-term
             # The longest padding, its header right under the bound; 32 bytes further: not.
-            (2 * 65536 - longest_padding - 32768 + 32, 2 * 65536, True),
-            (2 * 65536 - longest_padding - 32768, 2 * 65536, False),
-            (32768, 65536 + 32 + 32, False),  # a frame past the term end: past the bound
-            (32768, 2 * 65536, False),  # a term end no padding frame reaches
-            (65536 - longest_padding, 2 * 65536 - 32, False)]:
+            (2 * term - longest_padding - half + 32, 2 * term, True),
+            (2 * term - longest_padding - half, 2 * term, False),
+            (32768, 32768 + half, True),  # half a term of frames
+            (32768, 2 * term, False),  # far past the bound
+            (0, 300_000, False)]:
         durable = DurablePosition(DurableSpec(7, 1), receiver_timeout_ns=10**9, start=last,
                                   term_length=term, mtu=mtu)
         durable.on_status_message(1, source, 7, last, False, 1)  # heard from the start

@@ -24,11 +24,12 @@ Rules:
   have taken since its last SM: a new image of it, which may have missed what lay between);
 * what an image takes since an SM at position p: frames that end within half a term of p
   (its over-run bound, docs/PROTOCOL.md §4.3, whatever window the SMs advertise: the cleaner
-  narrows it, another receiver's SMs may move the sender further), and a padding frame whose
-  header starts there, which stands for the rest of its term (the sender sends it past its
-  limit). Its consumption moves as far in one step when its subscriber reads in blocks (an
-  archive reads all it has). A receiver left behind joins again further on than the resend
-  reach (half a term and a message) past what it had, so beyond this;
+  narrows it, another receiver's SMs may move the sender further), then a padding frame whose
+  header ends there, which stands for its whole length (the rest of a term, or an aborted
+  claim: the sender sends its header alone, past its limit). Its consumption moves as far in
+  one step when its subscriber reads all it has (an archive). A receiver left behind leaves
+  with EOS status messages and joins again beyond the resend reach (half a term and a
+  message) past what it had;
   Nothing is sent before a receiver is heard under
   unicast, or before N tagged receivers are there under ``fc=tagged,g:TAG/N``, so there the
   receivers count from the start; under ``max`` or ``min`` a tagged receiver that joins after
@@ -65,12 +66,13 @@ class DurablePosition:
         self.required = spec.count
         self.receiver_timeout_ns = receiver_timeout_ns
         self._term_length = term_length
-        #: The longest padding frame: what is left of a term that the longest message (its
-        #: fragments, each with its header) did not fit in.
-        max_payload = mtu - HEADER_LENGTH
+        #: The longest padding frame (bytes): an aborted claim's (at most an MTU), or what is
+        #: left of a term that the longest message (its fragments, each with its header) did
+        #: not fit in (shorter than that message).
         longest = max_message_length(term_length)
-        self._max_padding = align(longest + HEADER_LENGTH * -(-longest // max_payload),
-                                  HEADER_LENGTH) - HEADER_LENGTH
+        framed = align(longest + HEADER_LENGTH * -(-longest // (mtu - HEADER_LENGTH)),
+                       HEADER_LENGTH)
+        self._longest_padding = max(mtu, framed - HEADER_LENGTH)
         #: The durable position (bytes): never decreases.
         self.position = start
         # (receiver id, source) -> (position of its last SM, time of it): heard lately
@@ -117,12 +119,9 @@ class DurablePosition:
     def _image_could_take(self, last: int, position: int) -> bool:
         """Whether one image of a receiver, whose SM said ``last``, can have consumed up to
         ``position`` (bytes): frames ending within half a term of ``last`` (its over-run
-        bound), or a padding frame whose header starts within it, to its term's end."""
+        bound), then a padding frame whose header ends within it, to the padding's end."""
         bound = last + (self._term_length >> 1)
-        if position <= bound:
-            return True
-        return (position % self._term_length == 0
-                and position - self._max_padding <= bound - HEADER_LENGTH)
+        return position <= bound - HEADER_LENGTH + self._longest_padding
 
     def on_error(self, receiver_id: int) -> bool:
         """An ERR named ``receiver_id``: it left.  True when one was removed."""
