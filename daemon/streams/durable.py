@@ -21,7 +21,10 @@ Rules:
   position: one that joined later holds nothing of what lies between, so it cannot make that
   durable (it never counts on this publication; its first heard position is forgotten when it
   leaves, and set anew when it is heard after its timeout or further on than its image could
-  have taken since its last SM: a new image of it, which may have missed what lay between);
+  have taken since its last SM: a new image of it, which may have missed what lay between).
+  Nothing is sent before a receiver is heard under unicast, or before N tagged receivers are
+  there under ``fc=tagged,g:TAG/N``, so there the receivers count from the start; under
+  ``max`` or ``min`` a tagged receiver that joins after data went out never counts;
 * what an image takes since an SM at position p: frames that end within half a term of p
   (its over-run bound, docs/PROTOCOL.md §4.3, whatever window the SMs advertise: the cleaner
   narrows it, another receiver's SMs may move the sender further), then a padding frame whose
@@ -30,10 +33,6 @@ Rules:
   one step when its subscriber reads all it has (an archive). A receiver left behind leaves
   with EOS status messages and joins again beyond the resend reach (half a term and a
   message) past what it had;
-  Nothing is sent before a receiver is heard under
-  unicast, or before N tagged receivers are there under ``fc=tagged,g:TAG/N``, so there the
-  receivers count from the start; under ``max`` or ``min`` a tagged receiver that joins after
-  data went out never counts;
 * it never goes back: a receiver that rejoins behind, or a new one, holds nothing back.
 
 The sender publishes it to the publication's ``pub-durable`` counter and the number of tagged
