@@ -285,7 +285,8 @@ class NetworkPublication:
                                                    self.connection_timeout_ns // 2))
         #: durable=: the position its tagged receivers consumed to (None without).
         self.durable = (DurablePosition(params.durable, params.durable_receiver_timeout_ns,
-                                        join) if params.durable is not None else None)
+                                        join, term_length=self.term_length, mtu=self.mtu)
+                        if params.durable is not None else None)
         self._publish_durable()
         #: ERR frames since the sender last looked: (the receiver's address, its reason).
         self.rejections: list[tuple[Address, str]] = []
@@ -722,8 +723,7 @@ class NetworkPublication:
             self._receivers.on_status_message(sm.receiver_id, position, source, now_ns,
                                               sm.receiver_window)
         if self.durable is not None and self.durable.on_status_message(
-                sm.receiver_id, source, sm.group_tag, position, sm.is_eos, now_ns,
-                sm.receiver_window):
+                sm.receiver_id, source, sm.group_tag, position, sm.is_eos, now_ns):
             self._publish_durable()
         self.has_initial_connection = True
         self.flow_control.sender_position = self.sender_position
