@@ -4,9 +4,9 @@
  * cffi is the binding for everything else, but on these machines each cffi argument
  * conversion costs ~40-50 ns, which is most of a 32-byte offer.  These functions take
  * their arguments as raw objects instead:
- *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None)(message,
- *   reserved_value=0) -> position or negative code (ss_offer; ss_offer_rv for a reserved
- *   value other than 0), with the client's idle strategy (on_offer_result), or what
+ *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None, *, yield_ns=0,
+ *   park_ns=0)(message, reserved_value=0) -> position or negative code (ss_offer; ss_offer_rv
+ *   for a reserved value other than 0), with the client's idle strategy (on_offer_result), or what
  *   on_refused(message, code, reserved_value) returns for a refused offer (a publication's
  *   policy).  offer(message) alone parses nothing more.
  *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
@@ -44,15 +44,21 @@ typedef struct {
     ss_appender_t *appender;
     PyObject *owner; /* keeps the appender's memory (a cffi object) alive */
     PyObject *on_refused; /* NULL, or the policy's hook for a refused offer (then no idling) */
-    int32_t spins_before_yield; /* < 0: never yield */
+    int32_t spins_before_yield; /* < 0: never idle */
     int32_t misses;             /* offers in a row that found no credit (the GIL orders them) */
+    int64_t yield_ns;           /* the first wait of an idle spell yields this long, then parks */
+    int64_t park_ns;            /* the longest park of one offer; 0: sched_yield instead */
     long long yields;           /* how many offers gave the CPU up (read-only: .yields) */
 } Offerer;
 
-/* The client's idle strategy for a loop that retries at once: past spins_before_yield offers
- * in a row without credit, each further one gives the CPU up (sched_yield, the GIL released),
- * so that on a machine with fewer cores than busy threads the driver that raises the limit
- * gets to run.  A success resets the count. */
+/* The client's idle strategy for a loop that retries at once (client/idle.py): past
+ * spins_before_yield offers in a row without credit, the next one waits for credit with the
+ * GIL released, yielding between looks for yield_ns and then parking on the log's publisher
+ * eventcount (which the driver bumps as it moves the limit or connects the stream) for at most
+ * park_ns; each further one parks at once.  A parked publisher takes no CPU: on a machine with
+ * fewer cores than busy threads the driver that raises the limit gets to run.  park_ns 0 (an
+ * embedded driver's client, whose own thread moves the limit) yields instead.  A success
+ * resets the count. */
 static inline __attribute__((always_inline)) void on_offer_result(Offerer *offerer,
                                                                    int64_t result) {
     if (result > 0) {
@@ -62,9 +68,16 @@ static inline __attribute__((always_inline)) void on_offer_result(Offerer *offer
         if (offerer->misses < offerer->spins_before_yield) {
             offerer->misses++;
         } else {
+            const ss_appender_t *appender = offerer->appender;
+            int64_t yield_ns = 0, park_ns = offerer->park_ns;
+            if (offerer->misses == offerer->spins_before_yield) {
+                offerer->misses++; /* the spell's first wait: later ones park at once */
+                yield_ns = offerer->yield_ns;
+            }
             offerer->yields++;
             Py_BEGIN_ALLOW_THREADS
-            sched_yield();
+            if (park_ns > 0) (void)ss_await_credit(appender, 0, yield_ns, park_ns);
+            else sched_yield();
             Py_END_ALLOW_THREADS
         }
     }
@@ -212,10 +225,16 @@ static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t narg
 static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *address, *owner, *on_refused = Py_None;
     int spins_before_yield = -1;
+    long long yield_ns = 0, park_ns = 0;
     static char *keywords[] = {"appender_address", "owner", "spins_before_yield", "on_refused",
-                               NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|iO", keywords, &address, &owner,
-                                     &spins_before_yield, &on_refused)) return NULL;
+                               "yield_ns", "park_ns", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|iO$LL", keywords, &address, &owner,
+                                     &spins_before_yield, &on_refused, &yield_ns, &park_ns))
+        return NULL;
+    if (yield_ns < 0 || park_ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "yield_ns and park_ns must be >= 0");
+        return NULL;
+    }
     if (on_refused != Py_None && !PyCallable_Check(on_refused)) {
         PyErr_SetString(PyExc_TypeError, "on_refused must be callable or None");
         return NULL;
@@ -237,6 +256,8 @@ static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     self->on_refused = on_refused == Py_None ? NULL : Py_NewRef(on_refused);
     self->spins_before_yield = spins_before_yield;
     self->misses = 0;
+    self->yield_ns = yield_ns;
+    self->park_ns = park_ns;
     self->yields = 0;
     return (PyObject *)self;
 }
@@ -261,15 +282,16 @@ static void offerer_dealloc(Offerer *self) {
 
 static PyMemberDef offerer_members[] = {
     {"yields", T_LONGLONG, offsetof(Offerer, yields), READONLY,
-     "how many offers gave the CPU up (the idle strategy)"},
+     "how many offers gave the CPU up, waiting or yielding (the idle strategy)"},
     {NULL},
 };
 
 static PyTypeObject OffererType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "slipstream.client._fastpath.Offerer",
-    .tp_doc = "Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None): "
-              "offer(message, reserved_value=0) -> position or negative code",
+    .tp_doc = "Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None, *, "
+              "yield_ns=0, park_ns=0): offer(message, reserved_value=0) -> position or "
+              "negative code",
     .tp_basicsize = sizeof(Offerer),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)offerer_traverse,

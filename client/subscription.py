@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import InvalidArgumentError, UsageError
-from slipstream.client.idle import SpinThenYield
+from slipstream.client.idle import SpinThenPark
 from slipstream.client.image import Image  # users import Image from here too
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.messages import ControlledFragmentHandler, FragmentHandler, MessageBatch
@@ -71,7 +71,10 @@ class Subscription:
         self._driver_lost = False
         self._images_changed = threading.Condition()
         self._spin_ns = client.idle_spin_ns
-        self._idle = SpinThenYield(client.spins_before_yield)  # polls that moved nothing
+        # Polls that moved nothing; past the spins they wait for a frame (an embedded
+        # driver's client yields instead: a park would stop the driver that brings it).
+        self._idle = SpinThenPark(client.spins_before_yield,
+                                  None if client.invoker is not None else self._idle_wait)
         self._readers: Any = None  # ffi.new("ss_reader_t[]"), built when first waited on
         self._readers_for: tuple[Image, ...] | None = None
 
@@ -310,6 +313,12 @@ class Subscription:
                 return False
             if not worked:
                 os.sched_yield()
+
+    def _idle_wait(self, yield_ns: int, park_ns: int) -> None:
+        """The idle strategy's wait (:class:`SpinThenPark`): a frame at some image, or
+        ``park_ns``, whichever comes first, giving the CPU up between looks for ``yield_ns``
+        first."""
+        self._await_frames(park_ns, yield_ns)
 
     def _await_frames(self, timeout_ns: int, spin_ns: int | None) -> bool:
         """:meth:`wait_for_data` without running an embedded driver."""
