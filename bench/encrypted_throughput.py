@@ -52,6 +52,13 @@ LARGE_MTU = SEALED_MTU_MAX
 
 def aes_gcm_rate(directory: Path, size: int, count: int) -> float | None:
     """Messages/s of the C sealing loop (None: no C compiler or no libcrypto to link)."""
+    rates = aes_gcm_rates(directory, size, count)
+    return None if rates is None else rates[0]
+
+
+def aes_gcm_rates(directory: Path, size: int, count: int) -> tuple[float, float] | None:
+    """(seals/s, opens/s) of the C loops, a bare seal's and a bare open's EVP sequence for a
+    message of ``size`` bytes (None: no C compiler or no libcrypto to link)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
@@ -64,7 +71,8 @@ def aes_gcm_rate(directory: Path, size: int, count: int) -> float | None:
             return None
     out = subprocess.run([str(binary), str(size), str(count)], check=True, capture_output=True,
                          text=True)
-    return float(out.stdout.split()[0])
+    seals, _, opens = (float(field) for field in out.stdout.split())
+    return seals, opens
 
 
 def main() -> int:
