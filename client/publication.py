@@ -35,6 +35,7 @@ from slipstream.client.channel import PolicySpec, parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import InvalidArgumentError, MessageTooLongError, UsageError
 from slipstream.client.idle import IDLE_PARK_NS, IDLE_YIELD_NS, SpinThenPark
+from slipstream.client.idle import progress as idle_progress
 from slipstream.client.layout import HEADER_LENGTH, INT64_MAX, INT64_MIN
 from slipstream.client.logbuffer import (
     LogBuffer,
@@ -343,7 +344,7 @@ class Publication:
             return self._policy.offer_batch(data, lengths, reserved_values)
         done, code = self._offer_batch_once(data, lengths, reserved_values)
         if done > 0:
-            self._batch_idle.misses = 0
+            idle_progress()
             return done
         if code == BACK_PRESSURED or code == NOT_CONNECTED:
             self._batch_idle.idle()

@@ -25,6 +25,7 @@ from slipstream.client import control
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import InvalidArgumentError, UsageError
 from slipstream.client.idle import SpinThenPark
+from slipstream.client.idle import progress as idle_progress
 from slipstream.client.image import Image  # users import Image from here too
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.messages import ControlledFragmentHandler, FragmentHandler, MessageBatch
@@ -150,8 +151,8 @@ class Subscription:
             moved = count or sum(image._position for image in images) != before
         if not moved:
             self._idle.idle()
-        elif self._idle.misses:
-            self._idle.misses = 0
+        else:
+            idle_progress()
         return count
 
     def controlled_poll(self, handler: ControlledFragmentHandler,
@@ -177,8 +178,8 @@ class Subscription:
                 break
         if not count and sum(image._position for image in images) == before:
             self._idle.idle()  # a fragment or padding is progress; an ABORT alone is not
-        elif self._idle.misses:
-            self._idle.misses = 0
+        else:
+            idle_progress()
         return count
 
     def poll_batch(self, max_messages: int = 4096) -> MessageBatch | None:
@@ -205,8 +206,8 @@ class Subscription:
             moved = batch is not None or sum(image._position for image in images) != before
         if not moved:
             self._idle.idle()
-        elif self._idle.misses:
-            self._idle.misses = 0
+        else:
+            idle_progress()
         return batch
 
     def receive(self, handler: FragmentHandler, fragment_limit: int = 10,

@@ -82,28 +82,31 @@ def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
 @pytest.mark.parametrize("spins", [16, None])
 def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
         driver: MediaDriver, spins: int | None) -> None:
-    """Past ``spins_before_yield`` calls in a row that did nothing, an offer without credit
-    and a poll without data wait for work parked (IDLE_PARK_NS at most each): the loop's
-    thread takes almost no CPU while it waits; None never waits."""
+    """Past ``spins_before_yield`` calls of a thread in a row that did nothing, an offer
+    without credit and a poll without data wait for work parked (IDLE_PARK_NS at most each):
+    the loop's thread takes almost no CPU while it waits.  The count is the thread's: a spell
+    goes on from one publication or subscription to the next, and a call that did something
+    starts it again.  None never waits."""
     misses = 200
     with Client.connect(driver.directory, spins_before_yield=spins) as client:
         publication = client.add_publication(CHANNEL, 1019)  # nobody subscribes: no credit
         subscription = client.add_subscription(CHANNEL, 1020)  # nobody publishes: nothing
         message = bytes(32)
         loops = {
-            "offer": lambda: publication.offer(message),
-            "offer_batch": lambda: publication.offer_batch(message, [32]),
-            "poll": lambda: subscription.poll(lambda d, h: None, 10),
-            "poll_batch": lambda: subscription.poll_batch(),
+            "offer": (lambda: publication.offer(message), lambda: publication.offer.yields),
+            "offer_batch": (lambda: publication.offer_batch(message, [32]),
+                            lambda: publication._batch_idle.waits),
+            "poll": (lambda: subscription.poll(lambda d, h: None, 10),
+                     lambda: subscription._idle.waits),
+            "poll_batch": (lambda: subscription.poll_batch(), lambda: subscription._idle.waits),
         }
         spent = {}
-        for name, call in loops.items():
-            wall, cpu = time.monotonic(), time.thread_time()
+        for name, (call, waits) in loops.items():
+            wall, cpu, waited = time.monotonic(), time.thread_time(), waits()
             for _ in range(misses):
                 assert call() in (NOT_CONNECTED, 0, None), name
-            spent[name] = (time.monotonic() - wall, time.thread_time() - cpu)
-        offers_waited = publication.offer.yields
-        # Credit resets the count: the next misses spin again first.
+            spent[name] = (time.monotonic() - wall, time.thread_time() - cpu, waits() - waited)
+        # Credit starts the count again: the next misses spin first.
         peer = client.add_subscription(CHANNEL, 1019)
         wait_for(lambda: publication.is_connected, timeout=5, what="connected")
         assert publication.offer(message) > 0
@@ -114,17 +117,46 @@ def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
             publication.offer(message)
         after_credit = publication.offer.yields - waited
         peer.close()
+    assert after_credit == 0
     if spins is None:
-        assert (offers_waited, after_credit) == (0, 0)
-        for name, (wall, _) in spent.items():  # no park: 200 calls take far less than 1 ms each
+        for name, (wall, _, waits) in spent.items():
+            assert waits == 0, name  # no park: 200 calls take far less than 1 ms each
             assert wall < misses * IDLE_PARK_NS / 1e9 / 2, (name, wall)
         return
-    assert (offers_waited, after_credit) == (misses - spins, 0)
-    for name, (wall, cpu) in spent.items():
-        # poll_batch continues poll's spell: all its 200 calls wait.
-        waits = misses - (spins if name != "poll_batch" else 0)
+    for name, (wall, cpu, waits) in spent.items():
+        # The offers begin the spell; the other loops go on with it, waiting at every call.
+        assert waits == misses - (spins if name == "offer" else 0), name
         assert wall >= waits * IDLE_PARK_NS / 1e9 * 0.9, (name, wall)
         assert cpu < wall / 4, (name, cpu, wall)
+
+
+def test_a_loop_serving_two_streams_waits_only_when_neither_has_work(
+        driver: MediaDriver) -> None:
+    """One thread polls an idle subscription and a busy one in turns: the busy one's
+    messages start the thread's count again at each turn, so the idle one's polls never
+    wait; once both are idle, the thread's polls wait."""
+    with Client.connect(driver.directory) as client:
+        idle = client.add_subscription(CHANNEL, 1022)
+        busy = client.add_subscription(CHANNEL, 1023)
+        publication = client.add_publication(CHANNEL, 1023)
+        wait_for(lambda: busy.images and publication.is_connected, what="connected")
+        sent = 0
+        while publication.offer(bytes(32)) > 0:  # what the window holds
+            sent += 1
+        assert sent > 4 * client.spins_before_yield
+        received = [0]
+
+        def count(data: memoryview, header: object) -> None:
+            received[0] += 1
+
+        while received[0] < sent:
+            assert idle.poll(count, 10) == 0
+            assert busy.poll(count, 1) == 1
+        assert idle._idle.waits == 0 and busy._idle.waits == 0
+        for _ in range(2 * client.spins_before_yield):
+            idle.poll(count, 10)
+            busy.poll(count, 1)
+        assert idle._idle.waits > 0 and busy._idle.waits > 0
 
 
 def test_a_parked_loop_wakes_when_its_credit_or_data_comes(
@@ -150,8 +182,7 @@ def test_a_parked_loop_wakes_when_its_credit_or_data_comes(
 
         poller = threading.Thread(target=poll_loop)
         poller.start()
-        wait_for(lambda: subscription._idle.misses > client.spins_before_yield,
-                 what="the poll loop parked")
+        wait_for(lambda: subscription._idle.waits > 0, what="the poll loop parked")
         time.sleep(0.1)
         woken = time.monotonic()
         assert publication.offer(b"wake") > 0
