@@ -130,6 +130,16 @@ class Subscription:
         """Deliver up to ``fragment_limit`` fragments across images without blocking; returns
         the number of whole messages handed to ``handler(data, header)``.  Raises
         :class:`DriverNotRunningError` once the client lost its driver."""
+        count, moved = self._poll(handler, fragment_limit)
+        if not moved:
+            self._idle.idle()
+        else:
+            idle_progress()
+        return count
+
+    def _poll(self, handler: FragmentHandler, fragment_limit: int) -> tuple[int, bool]:
+        """:meth:`poll` without the idle strategy (the async API's polls, on the thread of
+        an event loop, which must never park): (messages handled, whether any image moved)."""
         if self._driver_lost:
             raise self._client.driver_lost_error()
         if self._before_read_due:
@@ -149,11 +159,7 @@ class Subscription:
                 if count >= fragment_limit:
                     break
             moved = count or sum(image._position for image in images) != before
-        if not moved:
-            self._idle.idle()
-        else:
-            idle_progress()
-        return count
+        return count, bool(moved)
 
     def controlled_poll(self, handler: ControlledFragmentHandler,
                         fragment_limit: int = 10) -> int:
