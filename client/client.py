@@ -91,8 +91,9 @@ machine with fewer cores than busy threads, a loop that spins without yielding t
 the driver needs to move the data it waits for: 32 B through two drivers on two cores moved
 4-6x less per message and 10-17x less batched; one that yields still takes CPU the driver's
 network threads need (docs/ARCHITECTURE.md, Costs that shaped the design).  The count is per
-publication and per subscription; a loop with an idle strategy of its own may pass ``None``,
-which never waits.  With an embedded driver (``invoker``) the calls yield instead of
+thread, over all its publications and subscriptions: a loop that serves several streams waits
+only when none had work.  A loop with an idle strategy of its own may pass ``None``, which
+never waits.  With an embedded driver (``invoker``) the calls yield instead of
 parking: the waiting thread is the one that moves the data."""
 
 

@@ -6,9 +6,9 @@
  * their arguments as raw objects instead:
  *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None, *, yield_ns=0,
  *   park_ns=0)(message, reserved_value=0) -> position or negative code (ss_offer; ss_offer_rv
- *   for a reserved value other than 0), with the client's idle strategy (on_offer_result), or what
- *   on_refused(message, code, reserved_value) returns for a refused offer (a publication's
- *   policy).  offer(message) alone parses nothing more.
+ *   for a reserved value other than 0), with the client's idle strategy (on_offer_result), or
+ *   what on_refused(message, code, reserved_value) returns for a refused offer (a
+ *   publication's policy).  offer(message) alone parses nothing more.
  *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
  *   payload_buffer(starts_address, ends_address, count) -> a bytearray as long as the
  *   scanned messages' payloads, not zeroed: Image.poll_gathered's copy fills all of it.
