@@ -2,8 +2,9 @@
 drivers with ``key=`` and without, the loops a first program writes (``offer`` / ``poll``,
 the client's defaults, no pinning), against pyzmq PUB/SUB over tcp and the machine's
 AES-256-GCM rate (bench/aes_gcm_rate.c: a C loop sealing the same bytes through OpenSSL's
-EVP), all measured in the same run.  Prints messages/s, MB/s and the ratios; the target is
-encrypted >= 0.8x plain.
+EVP), all measured in the same run.  Prints messages/s, MB/s and the ratios.  The target is
+stated against what the cipher allows on the same cores (at least 0.9x of that limit), which
+bench.encrypted_cpu prints beside encrypted / plain.
 
     .venv/bin/python -m bench.encrypted_throughput [--sizes 1024,65536] [--bytes N]
         [--repeat R] [--set KEY=VALUE ...] [--latency-rate 10000] [--latency-seconds 5]
@@ -58,6 +59,13 @@ LARGE_MTU = SEALED_MTU_MAX
 
 def aes_gcm_rate(directory: Path, size: int, count: int) -> float | None:
     """Messages/s of the C sealing loop (None: no C compiler or no libcrypto to link)."""
+    rates = aes_gcm_rates(directory, size, count)
+    return None if rates is None else rates[0]
+
+
+def aes_gcm_rates(directory: Path, size: int, count: int) -> tuple[float, float] | None:
+    """(seals/s, opens/s) of the C loops, a bare seal's and a bare open's EVP sequence for a
+    message of ``size`` bytes (None: no C compiler or no libcrypto to link)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
@@ -70,7 +78,8 @@ def aes_gcm_rate(directory: Path, size: int, count: int) -> float | None:
             return None
     out = subprocess.run([str(binary), str(size), str(count)], check=True, capture_output=True,
                          text=True)
-    return float(out.stdout.split()[0])
+    seals, _, opens = (float(field) for field in out.stdout.split())
+    return seals, opens
 
 
 def main() -> int:

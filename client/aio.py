@@ -301,7 +301,7 @@ async def receive(subscription: Subscription, handler: FragmentHandler, fragment
     checkpoints = _checkpoints() if _turn_is_due(subscription) else None
     if checkpoints is not None:
         await checkpoints[0]()
-    count = subscription.poll(handler, fragment_limit)
+    count, _ = subscription._poll(handler, fragment_limit)  # an event loop never parks
     if count:
         if checkpoints is not None:
             await checkpoints[1]()
@@ -320,7 +320,7 @@ async def receive(subscription: Subscription, handler: FragmentHandler, fragment
         if remaining <= 0:
             return 0
         await _park(wait, wake, min(remaining, PARK_SLICE_NS), invoker)
-        count = subscription.poll(handler, fragment_limit)
+        count, _ = subscription._poll(handler, fragment_limit)  # an event loop never parks
         if count:
             return count
     return 0

@@ -84,12 +84,17 @@ _RELEASES = frozenset({control.REMOVE_PUBLICATION, control.REMOVE_SUBSCRIPTION,
 DEFAULT_SPINS_BEFORE_YIELD: int | None = 16
 """The client's idle strategy for loops that retry at once: after this many offers in a row
 that find no credit (back-pressured, not connected), or polls in a row that move nothing, each
-further one also gives the CPU up (``sched_yield``).  On a machine with fewer cores than busy
-threads, a loop that spins without yielding takes the core the driver needs to move the data
-it waits for: 32 B through two drivers on two cores moved 4-6x less per message and 10-17x
-less batched (docs/ARCHITECTURE.md, Costs that shaped the design).  The count is per
-publication and per subscription; a loop with an idle strategy of its own may pass ``None``,
-which never yields."""
+further one also gives the CPU up: it waits for the credit or the data, yielding between looks
+for ``IDLE_YIELD_NS`` (20 µs) at the start of the spell, then parked on the log until the
+driver brings it, ``IDLE_PARK_NS`` (1 ms) at most a call (:mod:`slipstream.client.idle`).  On a
+machine with fewer cores than busy threads, a loop that spins without yielding takes the core
+the driver needs to move the data it waits for: 32 B through two drivers on two cores moved
+4-6x less per message and 10-17x less batched; one that yields still takes CPU the driver's
+network threads need (docs/ARCHITECTURE.md, Costs that shaped the design).  The count is per
+thread, over all its publications and subscriptions: a loop that serves several streams waits
+only when none had work.  A loop with an idle strategy of its own may pass ``None``, which
+never waits.  With an embedded driver (``invoker``) the calls yield instead of
+parking: the waiting thread is the one that moves the data."""
 
 
 def default_directory() -> Path:
@@ -253,8 +258,9 @@ class Client:
         """Connect to the driver of ``directory`` (default :func:`default_directory`).
 
         ``spins_before_yield``: offers without credit, or empty polls, in a row before each
-        further one yields the CPU (:data:`DEFAULT_SPINS_BEFORE_YIELD`; None: never, which
-        also makes an embedded driver's :meth:`Subscription.receive` spin without yielding).
+        further one gives the CPU up, parked until the credit or the data comes (at most
+        1 ms a call; :data:`DEFAULT_SPINS_BEFORE_YIELD`; None: never, which also makes an
+        embedded driver's :meth:`Subscription.receive` spin without yielding).
 
         ``invoker``: the duty cycle of a driver embedded in this process in invoker mode
         (``MediaDriver.embedded(...).do_work``), which has no thread of its own: the client

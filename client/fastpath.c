@@ -4,11 +4,11 @@
  * cffi is the binding for everything else, but on these machines each cffi argument
  * conversion costs ~40-50 ns, which is most of a 32-byte offer.  These functions take
  * their arguments as raw objects instead:
- *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None)(message,
- *   reserved_value=0) -> position or negative code (ss_offer; ss_offer_rv for a reserved
- *   value other than 0), with the client's idle strategy (on_offer_result), or what
- *   on_refused(message, code, reserved_value) returns for a refused offer (a publication's
- *   policy).  offer(message) alone parses nothing more.
+ *   Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None, *, yield_ns=0,
+ *   park_ns=0)(message, reserved_value=0) -> position or negative code (ss_offer; ss_offer_rv
+ *   for a reserved value other than 0), with the client's idle strategy (on_offer_result), or
+ *   what on_refused(message, code, reserved_value) returns for a refused offer (a
+ *   publication's policy).  offer(message) alone parses nothing more.
  *   dispatch(handler, header, term, starts_address, ends_address, count) -> count
  *   payload_buffer(starts_address, ends_address, count) -> a bytearray as long as the
  *   scanned messages' payloads, not zeroed: Image.poll_gathered's copy fills all of it.
@@ -44,27 +44,55 @@ typedef struct {
     ss_appender_t *appender;
     PyObject *owner; /* keeps the appender's memory (a cffi object) alive */
     PyObject *on_refused; /* NULL, or the policy's hook for a refused offer (then no idling) */
-    int32_t spins_before_yield; /* < 0: never yield */
-    int32_t misses;             /* offers in a row that found no credit (the GIL orders them) */
+    int32_t spins_before_yield; /* < 0: never idle */
+    int64_t yield_ns;           /* the first wait of an idle spell yields this long, then parks */
+    int64_t park_ns;            /* the longest park of one offer; 0: sched_yield instead */
     long long yields;           /* how many offers gave the CPU up (read-only: .yields) */
 } Offerer;
 
-/* The client's idle strategy for a loop that retries at once: past spins_before_yield offers
- * in a row without credit, each further one gives the CPU up (sched_yield, the GIL released),
- * so that on a machine with fewer cores than busy threads the driver that raises the limit
- * gets to run.  A success resets the count. */
+/* The client's idle strategy counts per thread (client/idle.py): the calls in a row of this
+ * thread that did nothing, offers without credit and polls that moved nothing alike, so that
+ * a loop serving several streams waits only when none of them had work (as an agent's duty
+ * cycle idles).  Capped at the spins + 1. */
+static _Thread_local int32_t thread_misses;
+
+/* One more call of this thread that did nothing: 0 spin on, 1 the spell's first wait (yield,
+ * then park), 2 park at once. */
+static inline int idle_miss(int32_t spins) {
+    int32_t misses = thread_misses;
+    if (misses < spins) {
+        thread_misses = misses + 1;
+        return 0;
+    }
+    if (misses == spins) {
+        thread_misses = misses + 1;
+        return 1;
+    }
+    return 2;
+}
+
+/* The idle strategy for an offer that retries at once: past spins_before_yield calls of this
+ * thread in a row that did nothing, an offer without credit waits for it with the GIL
+ * released, yielding between looks for yield_ns at the spell's start and then parking on the
+ * log's publisher eventcount (which the driver bumps as it moves the limit or connects the
+ * stream) for at most park_ns.  A parked publisher takes no CPU: on a machine with fewer cores
+ * than busy threads the driver that raises the limit gets to run.  park_ns 0 (an embedded
+ * driver's client, whose own thread moves the limit) yields instead.  A success resets the
+ * thread's count. */
 static inline __attribute__((always_inline)) void on_offer_result(Offerer *offerer,
                                                                    int64_t result) {
     if (result > 0) {
-        offerer->misses = 0;
+        thread_misses = 0;
     } else if ((result == SS_BACK_PRESSURED || result == SS_NOT_CONNECTED) &&
                offerer->spins_before_yield >= 0) {
-        if (offerer->misses < offerer->spins_before_yield) {
-            offerer->misses++;
-        } else {
+        int phase = idle_miss(offerer->spins_before_yield);
+        if (phase != 0) {
+            const ss_appender_t *appender = offerer->appender;
+            int64_t yield_ns = phase == 1 ? offerer->yield_ns : 0, park_ns = offerer->park_ns;
             offerer->yields++;
             Py_BEGIN_ALLOW_THREADS
-            sched_yield();
+            if (park_ns > 0) (void)ss_await_credit(appender, 0, yield_ns, park_ns);
+            else sched_yield();
             Py_END_ALLOW_THREADS
         }
     }
@@ -212,10 +240,16 @@ static PyObject *offerer_call(PyObject *self, PyObject *const *args, size_t narg
 static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *address, *owner, *on_refused = Py_None;
     int spins_before_yield = -1;
+    long long yield_ns = 0, park_ns = 0;
     static char *keywords[] = {"appender_address", "owner", "spins_before_yield", "on_refused",
-                               NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|iO", keywords, &address, &owner,
-                                     &spins_before_yield, &on_refused)) return NULL;
+                               "yield_ns", "park_ns", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|iO$LL", keywords, &address, &owner,
+                                     &spins_before_yield, &on_refused, &yield_ns, &park_ns))
+        return NULL;
+    if (yield_ns < 0 || park_ns < 0) {
+        PyErr_SetString(PyExc_ValueError, "yield_ns and park_ns must be >= 0");
+        return NULL;
+    }
     if (on_refused != Py_None && !PyCallable_Check(on_refused)) {
         PyErr_SetString(PyExc_TypeError, "on_refused must be callable or None");
         return NULL;
@@ -236,7 +270,8 @@ static PyObject *offerer_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     self->owner = Py_NewRef(owner);
     self->on_refused = on_refused == Py_None ? NULL : Py_NewRef(on_refused);
     self->spins_before_yield = spins_before_yield;
-    self->misses = 0;
+    self->yield_ns = yield_ns;
+    self->park_ns = park_ns;
     self->yields = 0;
     return (PyObject *)self;
 }
@@ -261,15 +296,16 @@ static void offerer_dealloc(Offerer *self) {
 
 static PyMemberDef offerer_members[] = {
     {"yields", T_LONGLONG, offsetof(Offerer, yields), READONLY,
-     "how many offers gave the CPU up (the idle strategy)"},
+     "how many offers gave the CPU up, waiting or yielding (the idle strategy)"},
     {NULL},
 };
 
 static PyTypeObject OffererType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "slipstream.client._fastpath.Offerer",
-    .tp_doc = "Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None): "
-              "offer(message, reserved_value=0) -> position or negative code",
+    .tp_doc = "Offerer(appender_address, owner, spins_before_yield=-1, on_refused=None, *, "
+              "yield_ns=0, park_ns=0): offer(message, reserved_value=0) -> position or "
+              "negative code",
     .tp_basicsize = sizeof(Offerer),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)offerer_traverse,
@@ -400,6 +436,24 @@ static PyObject *fast_payload_buffer(PyObject *module, PyObject *const *args,
     return PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
 }
 
+static PyObject *fast_idle_miss(PyObject *module, PyObject *spins) {
+    (void)module;
+    long value = PyLong_AsLong(spins);
+    if (value == -1 && PyErr_Occurred()) return NULL;
+    if (value < 0 || value > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "idle_miss(spins): spins in 0..2**31-1");
+        return NULL;
+    }
+    return PyLong_FromLong(idle_miss((int32_t)value));
+}
+
+static PyObject *fast_idle_progress(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+    thread_misses = 0;
+    Py_RETURN_NONE;
+}
+
 static PyObject *fast_failed_index(PyObject *module, PyObject *unused) {
     (void)module;
     (void)unused;
@@ -419,6 +473,11 @@ static PyMethodDef methods[] = {
     {"payload_buffer", (PyCFunction)(void (*)(void))fast_payload_buffer, METH_FASTCALL,
      "payload_buffer(starts_address, ends_address, count) -> bytearray: as long as the "
      "messages' payloads together (ends[i] - starts[i]), not zeroed: for a gather to fill"},
+    {"idle_miss", fast_idle_miss, METH_O,
+     "idle_miss(spins) -> 0, 1 or 2: one more call of this thread that did nothing: spin on, "
+     "the idle spell's first wait (yield, then park), or park at once"},
+    {"idle_progress", fast_idle_progress, METH_NOARGS,
+     "a call of this thread did something: its idle count starts again"},
     {"failed_index", fast_failed_index, METH_NOARGS,
      "index of the message whose handler raised in the last failed (controlled) dispatch"},
     {NULL, NULL, 0, NULL},

@@ -34,7 +34,8 @@ from slipstream.client._native import ffi, lib
 from slipstream.client.channel import PolicySpec, parse_channel
 from slipstream.client.counters import SystemCounter
 from slipstream.client.errors import InvalidArgumentError, MessageTooLongError, UsageError
-from slipstream.client.idle import SpinThenYield
+from slipstream.client.idle import IDLE_PARK_NS, IDLE_YIELD_NS, SpinThenPark
+from slipstream.client.idle import progress as idle_progress
 from slipstream.client.layout import HEADER_LENGTH, INT64_MAX, INT64_MIN
 from slipstream.client.logbuffer import (
     LogBuffer,
@@ -295,9 +296,13 @@ class Publication:
         self.policy = policy
         self._policy: OfferPolicy | None = None
         self._attempt = _fastpath.Offerer(address, appender)  # one plain offer, no idling
+        # Past the spins an idle offer waits for credit; an embedded driver's client yields
+        # instead (park_ns 0): a park would stop the driver that brings the credit.
+        embedded = client.invoker is not None
         if policy is None:
-            self.offer: OfferCall = _fastpath.Offerer(address, appender,
-                                                      -1 if spins is None else spins)
+            self.offer: OfferCall = _fastpath.Offerer(
+                address, appender, -1 if spins is None else spins,
+                yield_ns=IDLE_YIELD_NS, park_ns=0 if embedded else IDLE_PARK_NS)
         else:
             self._policy = OfferPolicy(policy, self, self._attempt)
             if policy.name == "rate-limit":
@@ -305,7 +310,9 @@ class Publication:
             else:
                 self.offer = _fastpath.Offerer(address, appender,
                                                on_refused=self._policy.on_refused)
-        self._batch_idle = SpinThenYield(spins)  # offer_batch calls that found no credit
+        # offer_batch calls that found no credit
+        self._batch_idle = SpinThenPark(spins, None if embedded else (
+            lambda yield_ns, park_ns: lib.ss_await_credit(appender, 0, yield_ns, park_ns)))
         #: Called with a :class:`BackPressureEpisode` as the stream's episodes begin and end
         #: (``Client.add_publication(on_back_pressure=...)``); the last one is kept.
         self.on_back_pressure: Callable[[BackPressureEpisode], object] | None = None
@@ -337,7 +344,7 @@ class Publication:
             return self._policy.offer_batch(data, lengths, reserved_values)
         done, code = self._offer_batch_once(data, lengths, reserved_values)
         if done > 0:
-            self._batch_idle.misses = 0
+            idle_progress()
             return done
         if code == BACK_PRESSURED or code == NOT_CONNECTED:
             self._batch_idle.idle()

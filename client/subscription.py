@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from slipstream.client import control
 from slipstream.client._native import ffi, lib
 from slipstream.client.errors import InvalidArgumentError, UsageError
-from slipstream.client.idle import SpinThenYield
+from slipstream.client.idle import SpinThenPark
+from slipstream.client.idle import progress as idle_progress
 from slipstream.client.image import Image  # users import Image from here too
 from slipstream.client.logbuffer import LogBuffer
 from slipstream.client.messages import ControlledFragmentHandler, FragmentHandler, MessageBatch
@@ -71,7 +72,10 @@ class Subscription:
         self._driver_lost = False
         self._images_changed = threading.Condition()
         self._spin_ns = client.idle_spin_ns
-        self._idle = SpinThenYield(client.spins_before_yield)  # polls that moved nothing
+        # Polls that moved nothing; past the spins they wait for a frame (an embedded
+        # driver's client yields instead: a park would stop the driver that brings it).
+        self._idle = SpinThenPark(client.spins_before_yield,
+                                  None if client.invoker is not None else self._idle_wait)
         self._readers: Any = None  # ffi.new("ss_reader_t[]"), built when first waited on
         self._readers_for: tuple[Image, ...] | None = None
 
@@ -126,6 +130,16 @@ class Subscription:
         """Deliver up to ``fragment_limit`` fragments across images without blocking; returns
         the number of whole messages handed to ``handler(data, header)``.  Raises
         :class:`DriverNotRunningError` once the client lost its driver."""
+        count, moved = self._poll(handler, fragment_limit)
+        if not moved:
+            self._idle.idle()
+        else:
+            idle_progress()
+        return count
+
+    def _poll(self, handler: FragmentHandler, fragment_limit: int) -> tuple[int, bool]:
+        """:meth:`poll` without the idle strategy (the async API's polls, on the thread of
+        an event loop, which must never park): (messages handled, whether any image moved)."""
         if self._driver_lost:
             raise self._client.driver_lost_error()
         if self._before_read_due:
@@ -145,11 +159,7 @@ class Subscription:
                 if count >= fragment_limit:
                     break
             moved = count or sum(image._position for image in images) != before
-        if not moved:
-            self._idle.idle()
-        elif self._idle.misses:
-            self._idle.misses = 0
-        return count
+        return count, bool(moved)
 
     def controlled_poll(self, handler: ControlledFragmentHandler,
                         fragment_limit: int = 10) -> int:
@@ -174,8 +184,8 @@ class Subscription:
                 break
         if not count and sum(image._position for image in images) == before:
             self._idle.idle()  # a fragment or padding is progress; an ABORT alone is not
-        elif self._idle.misses:
-            self._idle.misses = 0
+        else:
+            idle_progress()
         return count
 
     def poll_batch(self, max_messages: int = 4096) -> MessageBatch | None:
@@ -202,8 +212,8 @@ class Subscription:
             moved = batch is not None or sum(image._position for image in images) != before
         if not moved:
             self._idle.idle()
-        elif self._idle.misses:
-            self._idle.misses = 0
+        else:
+            idle_progress()
         return batch
 
     def receive(self, handler: FragmentHandler, fragment_limit: int = 10,
@@ -310,6 +320,12 @@ class Subscription:
                 return False
             if not worked:
                 os.sched_yield()
+
+    def _idle_wait(self, yield_ns: int, park_ns: int) -> None:
+        """The idle strategy's wait (:class:`SpinThenPark`): a frame at some image, or
+        ``park_ns``, whichever comes first, giving the CPU up between looks for ``yield_ns``
+        first."""
+        self._await_frames(park_ns, yield_ns)
 
     def _await_frames(self, timeout_ns: int, spin_ns: int | None) -> bool:
         """:meth:`wait_for_data` without running an embedded driver."""

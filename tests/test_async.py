@@ -181,6 +181,25 @@ async def test_cancelling_a_parked_receive_frees_its_thread(
     assert took < 1.0, f"the parked receive took {took:.3f} s to end"
 
 
+async def test_the_event_loops_polls_never_park_whatever_the_idle_count(
+        driver_dir: Path) -> None:
+    """The client's idle strategy waits parked past its spins; an event loop's thread must
+    not: receive_async's polls that find nothing, many in a row with spins_before_yield=0,
+    never wait on the loop's thread (its parks are in worker threads)."""
+    from slipstream.daemon.driver import MediaDriver
+
+    with MediaDriver.launch(directory=driver_dir, **FAST_DRIVER_SETTINGS) as driver, \
+            Client.connect(driver.directory, spins_before_yield=0) as client:
+        pub = client.add_publication(IPC, 69)
+        sub = client.add_subscription(IPC, 69)
+        wait_for(lambda: pub.is_connected and sub.is_connected, what="connected")
+        for _ in range(50):
+            assert await sub.receive_async(lambda *_: None, 10, timeout=0.001) == 0
+        assert sub._idle.waits == 0
+        sub.poll(lambda *_: None, 10)  # the same poll, called as the API, does wait
+        assert sub._idle.waits == 1
+
+
 async def test_async_for_yields_every_message_in_order(client) -> None:
     pub = client.add_publication(IPC, 65)
     sub = client.add_subscription(IPC, 65)

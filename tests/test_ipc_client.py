@@ -1,6 +1,6 @@
-"""The client's own rules on IPC streams: log density, the conductor's cycle time, yielding
-loops, arguments refused by name, images and logs around a closing subscription, session
-ids, handlers that close their client, forked children."""
+"""The client's own rules on IPC streams: log density, the conductor's cycle time, loops
+that park when idle, arguments refused by name, images and logs around a closing
+subscription, session ids, handlers that close their client, forked children."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from helpers import offer_until, wait_for
 
 from slipstream.client import (
+    BACK_PRESSURED,
     NOT_CONNECTED,
     BufferClaim,
     Client,
@@ -30,6 +31,7 @@ from slipstream.client.counters import (
     SystemCounter,
     read_system_counters,
 )
+from slipstream.client.idle import IDLE_PARK_NS
 from slipstream.client.image import Image
 from slipstream.client.layout import INT32_MAX, INT32_MIN
 from slipstream.client.logbuffer import LogBuffer
@@ -78,50 +80,138 @@ def test_the_time_a_command_takes_counts_in_the_conductors_max_cycle_time(
 
 
 @pytest.mark.parametrize("spins", [16, None])
-def test_a_loop_that_retries_at_once_yields_the_cpu_after_the_clients_spins(
-        driver: MediaDriver, monkeypatch: pytest.MonkeyPatch, spins: int | None) -> None:
-    yields = [0]
-    real_yield = os.sched_yield
-
-    def counted_yield() -> None:
-        yields[0] += 1
-        real_yield()
-
-    monkeypatch.setattr(os, "sched_yield", counted_yield)  # offer_batch's and the polls'
-
-    def yields_of(calls) -> int:
-        before = yields[0]
-        calls()
-        return yields[0] - before
-
+def test_a_loop_that_retries_at_once_parks_after_the_clients_spins(
+        driver: MediaDriver, spins: int | None) -> None:
+    """Past ``spins_before_yield`` calls of a thread in a row that did nothing, an offer
+    without credit and a poll without data wait for work parked (IDLE_PARK_NS at most each):
+    the loop's thread takes almost no CPU while it waits.  The count is the thread's: a spell
+    goes on from one publication or subscription to the next, and a call that did something
+    starts it again.  None never waits."""
+    misses = 200
     with Client.connect(driver.directory, spins_before_yield=spins) as client:
         publication = client.add_publication(CHANNEL, 1019)  # nobody subscribes: no credit
         subscription = client.add_subscription(CHANNEL, 1020)  # nobody publishes: nothing
         message = bytes(32)
-        for _ in range(200):
-            assert publication.offer(message) == NOT_CONNECTED
-        offers = publication.offer.yields  # offer() yields in C: it counts them itself
-        batches = yields_of(lambda: [publication.offer_batch(message, [32])
-                                     for _ in range(200)])
-        polls = yields_of(lambda: [subscription.poll(lambda d, h: None, 10)
-                                   for _ in range(200)])
-        batch_polls = yields_of(lambda: [subscription.poll_batch() for _ in range(200)])
-        # Credit resets the count: the next misses spin again first.
+        loops = {
+            "offer": (lambda: publication.offer(message), lambda: publication.offer.yields),
+            "offer_batch": (lambda: publication.offer_batch(message, [32]),
+                            lambda: publication._batch_idle.waits),
+            "poll": (lambda: subscription.poll(lambda d, h: None, 10),
+                     lambda: subscription._idle.waits),
+            "poll_batch": (lambda: subscription.poll_batch(), lambda: subscription._idle.waits),
+        }
+        spent = {}
+        for name, (call, waits) in loops.items():
+            wall, cpu, waited = time.monotonic(), time.thread_time(), waits()
+            for _ in range(misses):
+                assert call() in (NOT_CONNECTED, 0, None), name
+            spent[name] = (time.monotonic() - wall, time.thread_time() - cpu, waits() - waited)
+        # Credit starts the count again: the next misses spin first.
         peer = client.add_subscription(CHANNEL, 1019)
         wait_for(lambda: publication.is_connected, timeout=5, what="connected")
         assert publication.offer(message) > 0
-        yielded = publication.offer.yields
+        waited = publication.offer.yields
         while publication.offer(message) > 0:  # the window fills: back-pressured from here
             pass
         for _ in range(15):
             publication.offer(message)
-        after_credit = publication.offer.yields - yielded
+        after_credit = publication.offer.yields - waited
         peer.close()
+    assert after_credit == 0
     if spins is None:
-        assert (offers, batches, polls, batch_polls, after_credit) == (0, 0, 0, 0, 0)
-    else:  # 200 misses: 16 spins, then 184 yields (poll_batch continues poll's count: 200);
-        # after credit, spinning again
-        assert (offers, batches, polls, batch_polls, after_credit) == (184, 184, 184, 200, 0)
+        for name, (wall, _, waits) in spent.items():
+            assert waits == 0, name  # no park: 200 calls take far less than 1 ms each
+            assert wall < misses * IDLE_PARK_NS / 1e9 / 2, (name, wall)
+        return
+    for name, (wall, cpu, waits) in spent.items():
+        # The offers begin the spell; the other loops go on with it, waiting at every call.
+        assert waits == misses - (spins if name == "offer" else 0), name
+        assert wall >= waits * IDLE_PARK_NS / 1e9 * 0.9, (name, wall)
+        assert cpu < wall / 4, (name, cpu, wall)
+
+
+def test_a_loop_serving_two_streams_waits_only_when_neither_has_work(
+        driver: MediaDriver) -> None:
+    """One thread polls an idle subscription and a busy one in turns: the busy one's
+    messages start the thread's count again at each turn, so the idle one's polls never
+    wait; once both are idle, the thread's polls wait."""
+    with Client.connect(driver.directory) as client:
+        idle = client.add_subscription(CHANNEL, 1022)
+        busy = client.add_subscription(CHANNEL, 1023)
+        publication = client.add_publication(CHANNEL, 1023)
+        wait_for(lambda: busy.images and publication.is_connected, what="connected")
+        sent = 0
+        while publication.offer(bytes(32)) > 0:  # what the window holds
+            sent += 1
+        assert sent > 4 * client.spins_before_yield
+        received = [0]
+
+        def count(data: memoryview, header: object) -> None:
+            received[0] += 1
+
+        while received[0] < sent:
+            assert idle.poll(count, 10) == 0
+            assert busy.poll(count, 1) == 1
+        assert idle._idle.waits == 0 and busy._idle.waits == 0
+        for _ in range(2 * client.spins_before_yield):
+            idle.poll(count, 10)
+            busy.poll(count, 1)
+        assert idle._idle.waits > 0 and busy._idle.waits > 0
+
+
+def test_a_parked_loop_wakes_when_its_credit_or_data_comes(
+        driver: MediaDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll parked for data wakes when a message is committed, and an offer parked for
+    credit when the subscriber moves on: the log's eventcount wakes them, not the end of the
+    park (made 30 s long here)."""
+    from slipstream.client import idle
+    from slipstream.client import publication as publication_module
+
+    park_ns = 30_000_000_000
+    monkeypatch.setattr(idle, "IDLE_PARK_NS", park_ns)
+    monkeypatch.setattr(publication_module, "IDLE_PARK_NS", park_ns)
+    with Client.connect(driver.directory) as client:
+        publication = client.add_publication(CHANNEL, 1021)
+        subscription = client.add_subscription(CHANNEL, 1021)
+        wait_for(lambda: publication.is_connected and subscription.images, what="connected")
+        got: list[bytes] = []
+
+        def poll_loop() -> None:
+            while not got:
+                subscription.poll(lambda data, header: got.append(bytes(data)), 10)
+
+        poller = threading.Thread(target=poll_loop)
+        poller.start()
+        wait_for(lambda: subscription._idle.waits > 0, what="the poll loop parked")
+        time.sleep(0.1)
+        woken = time.monotonic()
+        assert publication.offer(b"wake") > 0
+        poller.join(timeout=5)
+        assert got == [b"wake"] and time.monotonic() - woken < 5
+
+        message = bytes(1024)
+        for _ in range(10):  # the window fills; the conductor moves the limit every ms
+            while publication.offer(message) != BACK_PRESSURED:  # (term rotations too)
+                pass
+            time.sleep(0.02)
+        offered: list[int] = []
+
+        def offer_loop() -> None:
+            while not offered:
+                result = publication.offer(message)
+                if result > 0:
+                    offered.append(result)
+
+        offerer = threading.Thread(target=offer_loop)
+        offerer.start()
+        wait_for(lambda: publication.offer.yields > 0, what="the offer loop parked")
+        time.sleep(0.1)
+        woken = time.monotonic()
+        drained = 0
+        while not offered and time.monotonic() - woken < 5:
+            drained += subscription.poll(lambda data, header: None, 1000)
+        offerer.join(timeout=5)
+        assert offered and drained > 0 and time.monotonic() - woken < 5
 
 
 def test_a_bad_spins_before_yield_names_itself(driver: MediaDriver) -> None:

@@ -30,9 +30,17 @@ from helpers import (
     publisher_limits,
     wait_for,
 )
+from test_encrypted_streams import DROPS, KEY_A, KEY_B, drops, write_keys
 
 from slipstream.client import ChannelRejectedError, ChannelWarning, Client
 from slipstream.client.frames import SM_SEND_SETUP_FLAG, ResponseSetup, StatusMessage, decode
+from slipstream.client.layout import (
+    EXT_MAGIC,
+    EXT_TYPE_SEALED,
+    HDR_TYPE_EXT,
+    SEALED_HEADER,
+    SEALED_OVERHEAD,
+)
 from slipstream.client.publication import Publication
 from slipstream.client.subscription import Subscription
 from slipstream.daemon.driver import MediaDriver
@@ -42,23 +50,29 @@ pytestmark = pytest.mark.timeout(60)
 REQUESTS, RESPONSES = 1001, 1002
 
 
-def _response_subscription(client: Client, control_port: int):
+def _keyed(key: str | None) -> str:
+    return "" if key is None else f"|key={key}"
+
+
+def _response_subscription(client: Client, control_port: int, *, key: str | None = None):
     return client.add_subscription(
-        f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}", RESPONSES)
+        f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}{_keyed(key)}",
+        RESPONSES)
 
 
 def _request_publication(client: Client, port: int, response_subscription, *,
-                         exclusive: bool = False):
+                         exclusive: bool = False, key: str | None = None):
     add = client.add_exclusive_publication if exclusive else client.add_publication
     return add(f"aeron:udp?endpoint=127.0.0.1:{port}"
-               f"|response-correlation-id={response_subscription.registration_id}", REQUESTS)
+               f"|response-correlation-id={response_subscription.registration_id}"
+               f"{_keyed(key)}", REQUESTS)
 
 
 def _response_publication(server: Client, control_port: int, image, *,
-                          exclusive: bool = False):
+                          exclusive: bool = False, key: str | None = None):
     add = server.add_exclusive_publication if exclusive else server.add_publication
     return add(f"aeron:udp?control-mode=response|control=127.0.0.1:{control_port}"
-               f"|response-correlation-id={image.correlation_id}", RESPONSES)
+               f"|response-correlation-id={image.correlation_id}{_keyed(key)}", RESPONSES)
 
 
 class _Nat:
@@ -67,7 +81,8 @@ class _Nat:
     goes on to the server's control port from the NAT's outside port, and what the server
     sends to that outside port comes back to the client from the inside port.
     :meth:`rebind` gives the mapping a new outside port (the old one then drops what
-    reaches it, as a NAT that forgot its mapping); :attr:`blocked` drops everything."""
+    reaches it, as a NAT that forgot its mapping); :attr:`blocked` drops everything;
+    :attr:`datagrams` holds every datagram it passed on, either way."""
 
     def __init__(self, server: tuple[str, int]) -> None:
         self.server = server
@@ -77,6 +92,7 @@ class _Nat:
         self.outside = self._outside()
         self.client: tuple[str, int] | None = None
         self.blocked = False
+        self.datagrams: list[bytes] = []
         self._lock = threading.Lock()
         self._stop = False
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -107,6 +123,7 @@ class _Nat:
                     data, source = sock.recvfrom(65536)
                     if self.blocked:
                         continue
+                    self.datagrams.append(data)
                     if sock is self.inside:
                         self.client = source
                         outside.sendto(data, self.server)
@@ -167,12 +184,14 @@ def _exchange(pairs: list[tuple], echoes: list[_Echo], count: int, timeout: floa
             time.sleep(0)
 
 
-def _answer(server: Client, requests, control_port: int, count: int) -> list[_Echo]:
+def _answer(server: Client, requests, control_port: int, count: int, *,
+            key: str | None = None) -> list[_Echo]:
     """The server's part of the handshake: a response publication for each of ``count``
     request images (Aeron's ResponseServer), by the image's correlation id; the second, if
     any, an exclusive one."""
     wait_for(lambda: len(requests.images) == count, timeout=10, what="the request images")
-    return [_Echo(image, _response_publication(server, control_port, image, exclusive=i == 1))
+    return [_Echo(image, _response_publication(server, control_port, image, exclusive=i == 1,
+                                               key=key))
             for i, image in enumerate(requests.images)]
 
 
@@ -572,3 +591,155 @@ def test_an_image_lost_while_its_response_publication_stays_is_asked_for_again(
         collector = Collector(responses)
         _exchange([(request_publication, collector, 200)], [echo], 300)
         collector.assert_exactly(300, first=200)
+
+
+# -- response channels on encrypted streams (docs/PROTOCOL.md §7.6, §7.8) ---------------------
+def _keyed_driver(launch, keys_dir: Path, keys: list[tuple[int, bytes]] | None = None):
+    """A driver whose keys_dir holds key ``k`` (KEY_A as id 1 unless ``keys`` says)."""
+    write_keys(keys_dir, "k", [(1, KEY_A)] if keys is None else keys)
+    return launch(keys_dir=str(keys_dir))
+
+
+def _sealed(datagram: bytes) -> bool:
+    """Whether ``datagram`` is one sealed datagram (§7.8's clear header), nothing else."""
+    if len(datagram) < SEALED_OVERHEAD:
+        return False
+    length, _, _, kind, magic, extension, _, _, _ = SEALED_HEADER.unpack_from(datagram)
+    return (length == len(datagram) and kind == HDR_TYPE_EXT and magic == EXT_MAGIC
+            and extension == EXT_TYPE_SEALED)
+
+
+def test_a_keyed_request_and_response_exchange_is_sealed_both_ways_and_carried_once(
+        launch, tmp_path: Path) -> None:
+    """Request and response channels with ``key=`` on both drivers: 6,000 requests and
+    6,000 responses (64 KiB terms rotate about 50 times each way), each exactly once and in
+    order; every datagram between the client's response subscription and the server's
+    response publication (through a NAT that keeps them) is a sealed one, both ways, and
+    neither driver drops or refuses one."""
+    server_driver = _keyed_driver(launch, tmp_path / "server-keys")
+    client_driver = _keyed_driver(launch, tmp_path / "client-keys")
+    port, control_port = free_port(), free_port()
+    nat = _Nat(("127.0.0.1", control_port))
+    try:
+        with Client.connect(server_driver.directory) as server, \
+                Client.connect(client_driver.directory) as client:
+            requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|key=k",
+                                               REQUESTS)
+            responses = _response_subscription(client, nat.port, key="k")
+            request_publication = _request_publication(client, port, responses, key="k")
+            [echo] = _answer(server, requests, control_port, 1, key="k")
+            wait_for(lambda: responses.images and echo.response.is_connected
+                     and request_publication.is_connected, timeout=10,
+                     what="the keyed response stream connected")
+            collector = Collector(responses)
+            _exchange([(request_publication, collector, 0)], [echo], 6000)
+            echo.requests.assert_exactly(6000)
+            collector.assert_exactly(6000)
+            assert echo.response.position > 6 * 64 * 1024
+    finally:
+        nat.close()
+    assert len(nat.datagrams) > 1000
+    assert all(_sealed(d) for d in nat.datagrams), "a datagram of the response path in clear"
+    for driver in (server_driver, client_driver):
+        counts = counters_of(driver)
+        assert counts["INVALID_PACKETS"] == 0 and counts["SEND_ERRORS"] == 0
+        assert drops(driver) == dict.fromkeys(DROPS, 0)
+
+
+def test_a_peer_without_the_key_gets_no_answer_and_its_datagrams_are_counted(
+        launch, tmp_path: Path) -> None:
+    """A server answers keyed requests: a client with the key is answered; a plain client and
+    one with other key bytes under the same id send the same requests to the same port and
+    get nothing, no request image and no response stream, their datagrams counted at the
+    server as plain (CRYPTO_PLAIN_DROPS) and unopenable (CRYPTO_AUTH_DROPS); plain
+    setup-eliciting SMs for the response session, sent to the server's control port from
+    elsewhere, are plain drops too and take nothing: the keyed exchange goes on once."""
+    server_driver = _keyed_driver(launch, tmp_path / "server-keys")
+    client_driver = _keyed_driver(launch, tmp_path / "client-keys")
+    wrong_driver = _keyed_driver(launch, tmp_path / "wrong-keys", [(1, KEY_B)])
+    plain_driver = launch()
+    port, control_port = free_port(), free_port()
+    with Client.connect(server_driver.directory) as server, \
+            Client.connect(client_driver.directory) as client, \
+            Client.connect(wrong_driver.directory) as wrong, \
+            Client.connect(plain_driver.directory) as plain, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as forger:
+        requests = server.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|key=k",
+                                           REQUESTS)
+        responses = _response_subscription(client, control_port, key="k")
+        request_publication = _request_publication(client, port, responses, key="k")
+        [echo] = _answer(server, requests, control_port, 1, key="k")
+        wait_for(lambda: responses.images and echo.response.is_connected, timeout=10,
+                 what="the keyed response stream connected")
+        collector = Collector(responses)
+        _exchange([(request_publication, collector, 0)], [echo], 300)
+
+        plain_drops = drops(server_driver)["CRYPTO_PLAIN_DROPS"]
+        forged = StatusMessage(echo.response.session_id, RESPONSES, 0, 0, 0, 0x5EED,
+                               SM_SEND_SETUP_FLAG).encode()
+        forger.bind(("127.0.0.1", 0))
+        for _ in range(3):
+            forger.sendto(forged, ("127.0.0.1", control_port))
+        wait_for(lambda: drops(server_driver)["CRYPTO_PLAIN_DROPS"] >= plain_drops + 3,
+                 timeout=10, what="the forged SMs dropped and counted")
+        before = drops(server_driver)
+        outsiders = []
+        for outsider, key in ((wrong, "k"), (plain, None)):
+            outsider_responses = _response_subscription(outsider, free_port(), key=key)
+            outsiders.append((outsider_responses, _request_publication(
+                outsider, port, outsider_responses, key=key)))
+        wait_for(lambda: all(drops(server_driver)[name] >= before[name] + 3
+                             for name in ("CRYPTO_AUTH_DROPS", "CRYPTO_PLAIN_DROPS")),
+                 timeout=10, what="the outsiders' requests dropped and counted")
+        _exchange([(request_publication, collector, 300)], [echo], 1000)
+        collector.assert_exactly(1300)
+        assert [image.correlation_id for image in requests.images] == [
+            echo.image.correlation_id]
+        for outsider_responses, outsider_requests in outsiders:
+            assert not outsider_responses.images and not outsider_requests.is_connected
+        forger.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            forger.recv(65536)  # nothing of the stream came to the forger
+
+
+def test_a_request_and_its_responses_under_different_keys_are_refused_by_name(
+        launch, tmp_path: Path) -> None:
+    """A request stream and its responses carry the same key= (or none): a request
+    publication whose response subscription is plain, under another key, or keyed where the
+    request is plain, and a response publication plain, under another key, or keyed for a
+    plain request image: each refused naming ``key``, and nothing is made."""
+    server_keys, client_keys = tmp_path / "server-keys", tmp_path / "client-keys"
+    server_driver = _keyed_driver(launch, server_keys)
+    client_driver = _keyed_driver(launch, client_keys)
+    for directory in (server_keys, client_keys):
+        write_keys(directory, "other", [(2, KEY_B)])
+    keyed_port, plain_port = free_port(), free_port()
+    with Client.connect(server_driver.directory) as server, \
+            Client.connect(client_driver.directory) as client:
+        keyed_requests = server.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{keyed_port}|key=k", REQUESTS)
+        plain_requests = server.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{plain_port}", REQUESTS)
+        subscriptions = {key: _response_subscription(client, free_port(), key=key)
+                         for key in ("k", "other", None)}
+        for request_key, response_key in (("k", None), ("k", "other"), (None, "k")):
+            port = keyed_port if request_key else plain_port
+            with pytest.raises(ChannelRejectedError, match="a request and its responses "
+                               "carry the same key=") as refused:
+                _request_publication(client, port, subscriptions[response_key],
+                                     key=request_key)
+            assert refused.value.part == "key", (request_key, response_key)
+        assert publisher_limits(client_driver) == 0
+
+        keyed = _request_publication(client, keyed_port, subscriptions["k"], key="k")
+        plain = _request_publication(client, plain_port, subscriptions[None])
+        wait_for(lambda: keyed_requests.images and plain_requests.images and keyed.is_connected
+                 and plain.is_connected, timeout=10, what="both request streams")
+        for image, response_key, port in ((keyed_requests.images[0], None, keyed_port),
+                                          (keyed_requests.images[0], "other", keyed_port),
+                                          (plain_requests.images[0], "k", plain_port)):
+            with pytest.raises(ChannelRejectedError, match="the request stream it answers"
+                               ) as refused:
+                _response_publication(server, free_port(), image, key=response_key)
+            assert refused.value.part == "key", (port, response_key)
+        assert publisher_limits(server_driver) == 0

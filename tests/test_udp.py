@@ -341,7 +341,10 @@ def test_a_back_pressured_network_publisher_leaves_the_conductor_parked(launch) 
 
     uri = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
     a, b = launch(), launch()
-    with Client.connect(a.directory) as ca, Client.connect(b.directory) as cb:
+    # The publisher retries at once (no idle strategy: the client's would park it), so that
+    # the second measured holds many refused offers.
+    with Client.connect(a.directory, spins_before_yield=None) as ca, \
+            Client.connect(b.directory) as cb:
         subscription = cb.add_subscription(uri, 13)
         publication = ca.add_publication(uri, 13)
         connect(publication, subscription)

@@ -509,14 +509,19 @@ class SendSide:
         this driver.  ChannelError names the key at fault."""
         correlation_id = channel.response_correlation_id
         if not channel.is_response:
-            if correlation_id is not None and not any(
-                    s.registration_id == correlation_id and s.channel.is_response
-                    for s in self.subscriptions.values()):
+            if correlation_id is None:
+                return None
+            responses = next((s for s in self.subscriptions.values()
+                              if s.registration_id == correlation_id and s.channel.is_response),
+                             None)
+            if responses is None:
                 raise ChannelError(
                     str(channel), "response-correlation-id",
                     f"{correlation_id} is not the registration id of a response subscription "
                     f"(control-mode=response) of this driver: add that subscription first "
                     f"and give its registration_id")
+            _check_response_key(channel, responses.channel.key, "its response subscription",
+                                responses.channel)
             return None
         if channel.control is None or not channel.control.port:
             raise ChannelError(str(channel), "control",
@@ -528,10 +533,11 @@ class SendSide:
                                "a response publication answers one request image: give that "
                                "image's correlation_id (control-mode=response was given "
                                "without it)")
-        image_entry = next((e for endpoint in self._receive_endpoints.values()
-                            for e in endpoint.images.values()
-                            if e.registration_id == correlation_id), None)
-        if image_entry is None or image_entry.lingering:
+        image_entry, request_channel = next(
+            ((e, endpoint.endpoint.channel.channel) for endpoint in self._receive_endpoints.values()
+             for e in endpoint.images.values() if e.registration_id == correlation_id),
+            (None, None))
+        if image_entry is None or request_channel is None or image_entry.lingering:
             raise ChannelError(str(channel), "response-correlation-id",
                                f"{correlation_id} names no image of this driver (it has gone, "
                                f"its client with it, or never was): answer an image while it "
@@ -541,6 +547,8 @@ class SendSide:
             raise ChannelError(str(channel), "response-correlation-id",
                                f"image {correlation_id} ({what}) did not ask for responses: "
                                f"its publication has no response-correlation-id")
+        _check_response_key(channel, request_channel.key, "the request stream it answers",
+                            request_channel)
         return image_entry
 
     def _start_response_setup(self, entry: _PublicationEntry, image_entry: _ImageEntry) -> None:
@@ -738,3 +746,18 @@ def _durable_ids(kinds: list[tuple[CounterType, str]],
     if CounterType.PUBLISHER_DURABLE not in ids:
         return None
     return ids[CounterType.PUBLISHER_DURABLE], ids[CounterType.DURABLE_RECEIVERS]
+
+
+def _check_response_key(channel: Channel, other_key: str | None, other: str,
+                        other_channel: Channel) -> None:
+    """A request stream and its responses carry the same ``key=`` (or none): the answers to
+    an encrypted request are as protected as the request, and a plain request gets no
+    encrypted answer it could not have asked for.  ChannelError names ``key``."""
+    if channel.key == other_key:
+        return
+    mine = "none" if channel.key is None else channel.key
+    theirs = "plain" if other_key is None else f"encrypted with key {other_key}"
+    raise ChannelError(str(channel), "key",
+                       f"{mine} differs from {other}'s ({theirs}, {other_channel}): a request "
+                       f"and its responses carry the same key=, so that the answers to an "
+                       f"encrypted request are encrypted too")
