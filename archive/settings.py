@@ -81,6 +81,14 @@ class RecordSpec:
             return SPY_PREFIX + channel_with_key(self.channel, None)
         return self.channel
 
+    def recorded_channel(self, channel_key: str | None) -> str:
+        """The channel a recording of one of the stream's images is catalogued under, by which
+        calls about it are authorized: ``channel`` with ``key=`` the key the image's stream is
+        sealed under on the network (:attr:`~slipstream.client.image.Image.channel_key`, as
+        the driver says; None: plain), whatever ``channel`` names, so a keyed publication
+        read through a spy is a recording of its key."""
+        return channel_with_key(self.channel, channel_key)
+
 
 @dataclass(frozen=True)
 class HoldSpec:
@@ -334,10 +342,13 @@ def spec_of(specs: Sequence[RecordSpec], stream_id: int, channel: str) -> Record
     """The ``[[record]]`` a recording of ``stream_id`` on ``channel`` (its catalog channel,
     or a peer's) is one of: the one of its stream id (the channels may differ: with MDC or
     multicast each host subscribes at its own endpoint), the one of its channel too where
-    several share the stream id; None when no table, or no one table, is its."""
+    several share the stream id, whatever key either names (a recording is catalogued under
+    its stream's own: :meth:`RecordSpec.recorded_channel`); None when no table, or no one
+    table, is its."""
     found = [s for s in specs if s.stream_id == stream_id]
     if len(found) > 1:
-        found = [s for s in found if s.channel == channel]
+        plain = channel_with_key(channel, None)
+        found = [s for s in found if channel_with_key(s.channel, None) == plain]
     return found[0] if len(found) == 1 else None
 
 

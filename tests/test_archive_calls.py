@@ -298,3 +298,52 @@ def test_a_keyed_recording_replicates_over_keyed_calls_and_never_over_plain_ones
             else:
                 time.sleep(3)  # ten looks at the peer
                 assert recordings(b_dir) == []
+
+
+def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its_key(
+        launch, tmp_path: Path) -> None:
+    """A ``[[record]]`` that names no key, read through a spy on a ``key=k1`` publication
+    of the archive's own host (which runs with no subscriber: ``ssc=true``): the spy names no
+    key, yet the recording is catalogued under k1 (the driver says the stream's key with the
+    spy's image), so a plain caller learns nothing of it and the k1 caller reads it all."""
+    keys = tmp_path / "keys"
+    write_keys(keys, "k1", [(1, KEY_A)])
+    driver = launch(keys_dir=str(keys))
+    endpoint = f"127.0.0.1:{free_port()}"
+    ports = {None: free_port(), "k1": free_port()}
+    settings = ArchiveSettings.from_mapping({
+        "dir": str(tmp_path / "archive"), "driver_dir": str(driver.directory),
+        "control_port": ports[None], "control_keys": {"k1": ports["k1"]},
+        "record": [{"channel": f"aeron:udp?endpoint={endpoint}", "stream_id": STREAM}]})
+    stopping = threading.Event()
+    with ArchiveService(settings) as service:
+        runner = threading.Thread(target=service.run, args=(stopping.is_set,))
+        runner.start()
+        try:
+            with Client.connect(driver.directory) as client:
+                publication = client.add_publication(
+                    f"aeron:udp?endpoint={endpoint}|ssc=true|key=k1", STREAM)
+                wait_for(lambda: publication.is_connected, timeout=20,
+                         what="the archive's spy joined")
+                publish_all(publication, MESSAGES)
+                publication.close()
+                descriptor = wait_for_recording(settings.dir, ended=True, timeout=30)
+                assert descriptor.channel == f"aeron:udp?endpoint={endpoint}|key=k1"
+                assert len(recorded_messages(descriptor, settings.dir)) == MESSAGES
+                with ArchiveClient(client, "127.0.0.1", ports[None], CONTROL_STREAM,
+                                   timeout_s=10) as plain, \
+                        ArchiveClient(client, "127.0.0.1", ports["k1"], CONTROL_STREAM,
+                                      key="k1", timeout_s=10) as k1:
+                    assert plain.list_recordings() == []
+                    refusal(lambda: plain.replay(descriptor.recording_id), "call-without-key")
+                    assert [r.recording_id for r in k1.list_recordings()] == \
+                        [descriptor.recording_id]
+                    collector: list[int] = []
+                    with k1.replay(descriptor.recording_id) as replay:
+                        replay.read_all(
+                            lambda d, _h: collector.append(SEQUENCE.unpack_from(d)[0]),
+                            timeout_s=30)
+                    assert collector == list(range(MESSAGES))
+        finally:
+            stopping.set()
+            runner.join(10)

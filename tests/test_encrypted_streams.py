@@ -405,6 +405,9 @@ def test_a_spy_reads_an_encrypted_publication_in_plain_text(hosts) -> None:
         stream(publication, collectors, 5_000, lambda i: 500)
         for collector in collectors:
             collector.assert_exactly(5_000)
+        # The spy's URI names no key; its driver says the stream's, as the receiver's does.
+        assert [image.channel_key for image in (*spy.images, *subscription.images)] == \
+            ["k", "k"]
         with pytest.raises(ChannelError, match="key"):
             ca.add_subscription(f"aeron-spy:aeron:udp?endpoint={endpoint}|key=k", 22)
 

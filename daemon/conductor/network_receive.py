@@ -646,7 +646,8 @@ class ReceiveSide:
             session_id=image.session_id, stream_id=image.stream_id,
             log_file=image_entry.log.path, subscriber_position_counter_id=counter_id,
             join_position=position,
-            source_identity=f"{image_entry.source[0]}:{image_entry.source[1]}"))
+            source_identity=f"{image_entry.source[0]}:{image_entry.source[1]}",
+            channel_key=subscription.channel.key))
 
     def unlink(self, image_entry: _ImageEntry,
                link: TetherablePosition[NetworkSubscription]) -> None:
