@@ -61,12 +61,16 @@ holder of ``NAME`` sealed, so a call that arrived there is a call from a holder 
 its *caller key*.  Its answer goes back sealed under that key (the caller's ``reply_channel``
 gets ``key=NAME``; a plain call's answer is plain).  A recording is of the key its recorded
 channel names, a held stream of the key of its channel; a call that names one (every
-operation above: by ``recording_id``, a held stream's key, or a ``replay_id``) is answered
-only under that key, else refused with ``reason`` ``unauthorized``, counted by cause
-(:data:`REFUSAL_CAUSES`, each a :attr:`~slipstream.client.counters.CounterType.CALLS_REFUSED`
-counter) and named.  ``list`` and ``replays`` leave out what another key's is.  A replay of a
-keyed recording or held stream is published sealed under its key: the archive puts ``key=``
-on the caller's ``channel`` itself and refuses one naming another key, or ``aeron:ipc``.
+operation above: by ``recording_id`` or a held stream's key) is answered only under that
+key.  Otherwise the call is counted by cause (:data:`REFUSAL_CAUSES`, each a
+:attr:`~slipstream.client.counters.CounterType.CALLS_REFUSED` counter), the key named only in
+the archive's log, and answered as for a recording that is not there (a held stream's call,
+whose channel names the key itself, is refused with ``reason`` ``unauthorized``).  A replay
+is its caller's: ``replays`` lists, and ``stop_replay`` stops, only a caller key's own
+(another's is answered as not running).  ``list`` leaves out another key's recordings.  A
+replay of a keyed recording or held stream is published sealed under its key: the archive
+puts ``key=`` on the caller's ``channel`` itself and refuses one naming another key, or
+``aeron:ipc``.
 With subnets set, a call whose image's source address (its SETUP's), reply channel or
 replay channel is outside them is refused and counted; one from outside is not answered.
 
@@ -185,6 +189,11 @@ def _host_of(channel: str) -> str | None:
     return None if endpoint is None else endpoint.host
 
 
+def _cause(caller_key: str | None) -> str:
+    """The refusal cause of a call under ``caller_key`` about another key's."""
+    return "call-without-key" if caller_key is None else "call-with-other-key"
+
+
 class CallRefused(ValueError):
     """A call answered with an error; ``fields`` go into the answer beside the message."""
 
@@ -268,6 +277,7 @@ class ArchiveControl:
                                         endpoints[0][0]) if endpoints else ""
         self._answers = Answers(service.client)
         self.replays: dict[int, ReplaySession] = {}
+        #: The caller key of each replay's caller: only a caller of that key sees or stops it.
         self._replay_keys: dict[int, str | None] = {}
         self._next_replay_id = 1
         self._calls: list[tuple[str | None, str, bytes]] = []
@@ -282,13 +292,18 @@ class ArchiveControl:
         return tuple(image for _, subscription in self.endpoints
                      for image in subscription.images)
 
-    def _refuse(self, cause: str, message: str) -> CallRefused:
-        """Count a refusal of ``cause``; the error that answers it."""
+    def _count_refusal(self, cause: str, message: str) -> None:
+        """Count a refusal of ``cause``, and log ``message`` (the archive's log may name
+        what the answer does not)."""
         self.refused[cause] += 1
         counter = self._counters.get(cause)
         if counter is not None:
             counter.set(self.refused[cause])
         log.warning("control: a call refused (%s): %s", cause, message)
+
+    def _refuse(self, cause: str, message: str) -> CallRefused:
+        """Count a refusal of ``cause``; the error that answers it."""
+        self._count_refusal(cause, message)
         return CallRefused(message, reason=UNAUTHORIZED, cause=cause)
 
     def _within_subnets(self, host: str | None) -> bool:
@@ -302,13 +317,21 @@ class ArchiveControl:
 
     def authorize(self, what: str, key: str | None, caller_key: str | None) -> None:
         """Raise (counted) unless a call under ``caller_key`` may learn of ``what``, which
-        is of ``key`` (None: plain, anyone's)."""
+        is of ``key`` (None: plain, anyone's): for what the caller named by its key itself
+        (a held stream's channel), so the answer tells it nothing it did not say."""
+        if not self._may_learn(what, key, caller_key):
+            raise CallRefused(f"{what} is of key={key}; call on a control channel keyed {key}",
+                              reason=UNAUTHORIZED, cause=_cause(caller_key))
+
+    def _may_learn(self, what: str, key: str | None, caller_key: str | None) -> bool:
+        """Whether a call under ``caller_key`` may learn of ``what``, which is of ``key``
+        (None: plain, anyone's); a refusal is counted and logged (naming the key: only the
+        archive's log does)."""
         if key is None or key == caller_key:
-            return
-        cause = "call-without-key" if caller_key is None else "call-with-other-key"
-        raise self._refuse(cause, f"{what} is of key={key}; call on a control channel keyed "
-                                  f"{key} (this call came "
-                                  f"{'plain' if caller_key is None else 'keyed ' + caller_key})")
+            return True
+        self._count_refusal(_cause(caller_key), f"{what} is of key={key}; the call came "
+                            f"{'plain' if caller_key is None else 'keyed ' + caller_key}")
+        return False
 
     def do_work(self) -> int:
         """Answer the calls that came, move every replay on; returns the work done."""
@@ -436,10 +459,12 @@ class ArchiveControl:
         if op == "stop_replay":
             replay_id = _int_arg(args, "replay_id", 0, 2**63 - 1)
             session = self.replays.get(replay_id)  # type: ignore[arg-type]
-            if session is None:
+            # Another key's replay is answered as one that is not running: not even that
+            # it exists is told.
+            if session is None or not self._may_learn(
+                    f"replay {replay_id}", self._replay_keys.get(session.replay_id),
+                    caller_key):
                 return {"stopped": False}
-            self.authorize(f"replay {replay_id}", self._replay_keys.get(session.replay_id),
-                           caller_key)
             session.stop("stop_replay")
             return {"stopped": True}
         if op == "view" and "recording_id" in args:
@@ -449,7 +474,7 @@ class ArchiveControl:
                      "source": s.source.name, "position": s.position,
                      "state": s.state.value, "channel": s.channel,
                      "stream_id": s.stream_id} for s in self.replays.values()
-                    if self._replay_keys.get(s.replay_id) in (None, caller_key)]
+                    if self._replay_keys.get(s.replay_id) == caller_key]
         raise CallRefused(f"no operation {op!r} (the archive's: list, describe, "
                           f"recording_position, replay, stop_replay, replays, view, "
                           f"{', '.join(op for op in HELD_OPERATIONS if op != 'view')})")
@@ -484,11 +509,13 @@ class ArchiveControl:
         """The recording a call names, authorized for ``caller_key``."""
         recording_id = _int_arg(args, "recording_id", 0, 2**63 - 1)
         descriptor = self._catalog().get(recording_id)  # type: ignore[arg-type]
-        if descriptor is None or descriptor.state != RecordingState.VALID:
+        # Another key's recording is answered as one that is not there: not even that it
+        # exists is told.
+        if descriptor is None or descriptor.state != RecordingState.VALID or \
+                not self._may_learn(f"recording {recording_id}",
+                                    channel_key(descriptor.channel), caller_key):
             raise CallRefused(f"no recording {recording_id} in the archive at "
                               f"{self.directory}")
-        self.authorize(f"recording {recording_id}", channel_key(descriptor.channel),
-                       caller_key)
         return descriptor
 
     def _list(self, args: dict[str, Any], caller_key: str | None) -> list[dict[str, Any]]:
@@ -543,7 +570,9 @@ class ArchiveControl:
 
     def _start_replay(self, source: SegmentSource | LogSource, start: int, end: int | None,
                       channel: str, stream_id: int, recording_id: int | None,
-                      key: str | None) -> dict[str, Any]:
+                      caller_key: str | None) -> dict[str, Any]:
+        """Start a replay for a caller under ``caller_key``: only such a caller sees it in
+        ``replays`` or may stop it."""
         replay_id = self._next_replay_id
         self._next_replay_id += 1
         try:
@@ -554,7 +583,7 @@ class ArchiveControl:
             source.close()
             raise
         self.replays[replay_id] = session
-        self._replay_keys[replay_id] = key
+        self._replay_keys[replay_id] = caller_key
         log.info("replay %d of %s [%d, %s) to %s stream %s, session %d", replay_id,
                  source.name, start, "-" if end is None else end, channel, stream_id,
                  session.session_id)
@@ -605,7 +634,7 @@ class ArchiveControl:
         if begin >= end:
             return {"replay_id": 0, "session_id": 0, "start": end, "end": end,
                     "recording_id": None}
-        return self._start_replay(source, begin, end, channel, stream_id, None, stream_key)
+        return self._start_replay(source, begin, end, channel, stream_id, None, caller_key)
 
     def _replay(self, args: dict[str, Any], caller_key: str | None) -> dict[str, Any]:
         if "held" in args:
@@ -646,7 +675,7 @@ class ArchiveControl:
                                   **({"reason": LOST, "held": held} if segments_check.lost
                                      else {}))
         return self._start_replay(SegmentSource(self._catalog_directory(), descriptor), start, end,
-                                  channel, stream_id, descriptor.recording_id, recording_key)
+                                  channel, stream_id, descriptor.recording_id, caller_key)
 
     def close(self) -> None:
         for session in self.replays.values():

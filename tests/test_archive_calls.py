@@ -134,17 +134,26 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
         # A plain caller and a k2 caller: every operation refused, named and counted.
         expected = dict.fromkeys(REFUSAL_CAUSES, 0)
         plain_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+        missing = recording_id + 1000
         for caller, cause in ((plain, "call-without-key"), (k2, "call-with-other-key")):
             assert caller.list_recordings() == []  # not even that it exists
             assert caller.list_all_recordings(stream_id=STREAM) == []
-            error = refusal(lambda c=caller: c.describe(recording_id), cause)
-            assert f"recording {recording_id} is of key=k1; call on a control channel keyed " \
-                   f"k1" in str(error)
-            refusal(lambda c=caller: c.recording_position(recording_id), cause)
-            refusal(lambda c=caller: c.view(recording_id, "is_retained", {"position": 0}),
-                    cause)
-            refusal(lambda c=caller: c.start_replay(recording_id, plain_channel, 5), cause)
-            refusal(lambda c=caller: c.replay(recording_id), cause)
+            # Every call about the recording is answered as about one that is not there
+            # (its text with the id the only difference): the key is named in no answer.
+            for ask in (lambda c, r: c.describe(r), lambda c, r: c.recording_position(r),
+                        lambda c, r: c.view(r, "is_retained", {"position": 0}),
+                        lambda c, r: c.start_replay(r, plain_channel, 5),
+                        lambda c, r: c.replay(r)):
+                answers = []
+                for asked in (recording_id, missing):
+                    with pytest.raises(CallError) as raised:
+                        ask(caller, asked)
+                    answers.append((str(raised.value).replace(f"recording {asked}",
+                                                              "recording N"),
+                                    raised.value.answer))
+                assert answers[0][0] == answers[1][0] and "k1" not in answers[0][0], answers
+                assert {**answers[0][1], "id": 0, "message": ""} == \
+                    {**answers[1][1], "id": 0, "message": ""}, answers
             for op in ("state", "ended", "release"):
                 refusal(lambda c=caller, o=op: c._link.call(o, **held, sessions=[1]), cause)
             refusal(lambda c=caller: c._link.call(
@@ -152,13 +161,16 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
                 args={"position": 0}), cause)
             refusal(lambda c=caller: c.replay_held(held, 1, (0, 65536), 0, 32), cause)
             expected[cause] += 10
-        # A replay the k1 caller runs: not another caller's to see or stop.
+        # A replay the k1 caller runs: not another caller's to see or stop (answered as one
+        # not running), whether of its recording or of a plain one.
         follow = k1.start_replay(recording_id, plain_channel, 7)
         for caller, cause in ((plain, "call-without-key"), (k2, "call-with-other-key")):
             assert all(r["replay_id"] != follow.replay_id for r in caller._call("replays"))
-            refusal(lambda c=caller: c.stop_replay(follow.replay_id), cause)
+            assert caller.stop_replay(follow.replay_id) is \
+                caller.stop_replay(follow.replay_id + 1000) is False
             expected[cause] += 1
-        k1.stop_replay(follow.replay_id)
+        assert [r["replay_id"] for r in k1._call("replays")] == [follow.replay_id]
+        assert k1.stop_replay(follow.replay_id) is True
 
         # A replay the k1 caller asks to a plain channel leaves sealed under k1: a plain
         # subscriber there gets nothing, a k1 subscriber at another gets every message.
@@ -207,7 +219,7 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
     assert keyed.returncode == 0, keyed.stderr
     assert len(keyed.stdout.splitlines()[2:]) == MESSAGES
     plain = subprocess.run(cli, capture_output=True, text=True, timeout=60)
-    assert plain.returncode == 1 and "is of key=k1" in plain.stderr, plain
+    assert plain.returncode == 1 and f"no recording {recording_id}" in plain.stderr, plain
     unknown = subprocess.run([*cli, "--key", "k9"], capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 2 and "'--key'" in unknown.stderr and "k9" in unknown.stderr, \
         unknown
@@ -305,7 +317,9 @@ def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its
     """A ``[[record]]`` that names no key, read through a spy on a ``key=k1`` publication
     of the archive's own host (which runs with no subscriber: ``ssc=true``): the spy names no
     key, yet the recording is catalogued under k1 (the driver says the stream's key with the
-    spy's image), so a plain caller learns nothing of it and the k1 caller reads it all."""
+    spy's image), so a plain caller learns nothing of it and the k1 caller reads it all.  A
+    replay the k1 caller runs of a plain recording is the k1 caller's: a plain caller
+    neither sees it in ``replays`` nor stops it."""
     keys = tmp_path / "keys"
     write_keys(keys, "k1", [(1, KEY_A)])
     driver = launch(keys_dir=str(keys))
@@ -314,7 +328,8 @@ def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its
     settings = ArchiveSettings.from_mapping({
         "dir": str(tmp_path / "archive"), "driver_dir": str(driver.directory),
         "control_port": ports[None], "control_keys": {"k1": ports["k1"]},
-        "record": [{"channel": f"aeron:udp?endpoint={endpoint}", "stream_id": STREAM}]})
+        "record": [{"channel": f"aeron:udp?endpoint={endpoint}", "stream_id": STREAM},
+                   {"channel": "aeron:ipc", "stream_id": HELD_STREAM}]})
     stopping = threading.Event()
     with ArchiveService(settings) as service:
         runner = threading.Thread(target=service.run, args=(stopping.is_set,))
@@ -328,15 +343,22 @@ def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its
                 publish_all(publication, MESSAGES)
                 publication.close()
                 descriptor = wait_for_recording(settings.dir, ended=True, timeout=30)
+                plain_publication = client.add_publication("aeron:ipc", HELD_STREAM)
+                wait_for(lambda: plain_publication.is_connected, timeout=20,
+                         what="the archive subscribed to the plain stream")
+                publish_all(plain_publication, 10)
+                plain_recording = wait_for_recording(settings.dir, index=1)
                 assert descriptor.channel == f"aeron:udp?endpoint={endpoint}|key=k1"
                 assert len(recorded_messages(descriptor, settings.dir)) == MESSAGES
                 with ArchiveClient(client, "127.0.0.1", ports[None], CONTROL_STREAM,
                                    timeout_s=10) as plain, \
                         ArchiveClient(client, "127.0.0.1", ports["k1"], CONTROL_STREAM,
                                       key="k1", timeout_s=10) as k1:
-                    assert plain.list_recordings() == []
-                    refusal(lambda: plain.replay(descriptor.recording_id), "call-without-key")
-                    assert [r.recording_id for r in k1.list_recordings()] == \
+                    assert [r.recording_id for r in plain.list_recordings()] == \
+                        [plain_recording.recording_id]
+                    with pytest.raises(CallError, match=f"no recording {descriptor.recording_id}"):
+                        plain.replay(descriptor.recording_id)
+                    assert [r.recording_id for r in k1.list_recordings(stream_id=STREAM)] == \
                         [descriptor.recording_id]
                     collector: list[int] = []
                     with k1.replay(descriptor.recording_id) as replay:
@@ -344,6 +366,13 @@ def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its
                             lambda d, _h: collector.append(SEQUENCE.unpack_from(d)[0]),
                             timeout_s=30)
                     assert collector == list(range(MESSAGES))
+                    follow = k1.start_replay(plain_recording.recording_id,
+                                             f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 7)
+                    assert [r["replay_id"] for r in plain._call("replays")] == []
+                    assert plain.stop_replay(follow.replay_id) is False
+                    assert [r["replay_id"] for r in k1._call("replays")] == [follow.replay_id]
+                    assert k1.stop_replay(follow.replay_id) is True
+                plain_publication.close()
         finally:
             stopping.set()
             runner.join(10)
