@@ -9,6 +9,7 @@ restricted to subnets answers no call from outside them, and counts each."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -376,3 +377,35 @@ def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its
         finally:
             stopping.set()
             runner.join(10)
+
+
+def test_a_plain_call_naming_a_keyed_callers_reply_address_does_not_stop_its_answers(
+        keyed_archive) -> None:
+    """A plain caller sends a call whose ``reply_channel`` is the k1 caller's reply endpoint:
+    the archive answers it there in plain text (the k1 endpoint drops that), and the k1
+    caller's answers and replays, sealed, still reach it: each key's publications to an
+    address leave from an endpoint of their own."""
+    _, ports, k1_driver, plain_driver, _, _, recorded = keyed_archive
+    with Client.connect(k1_driver.directory) as k1_client, \
+            Client.connect(plain_driver.directory) as plain_client, \
+            ArchiveClient(k1_client, "127.0.0.1", ports["k1"], CONTROL_STREAM, key="k1",
+                          timeout_s=10) as k1, \
+            ArchiveClient(plain_client, "127.0.0.1", ports[None], CONTROL_STREAM,
+                          timeout_s=10) as plain:
+        assert plain.list_recordings() == []
+        link = k1._link
+        hijack = json.dumps({"version": 1, "kind": "call", "id": 999, "op": "list",
+                             "args": {}, "reply_channel": link.reply_channel,
+                             "response_stream_id": link.response_stream_id}).encode()
+        deadline = time.monotonic() + 10
+        while plain._link.control.offer(hijack) <= 0:
+            assert time.monotonic() < deadline, "the plain call was not taken"
+            time.sleep(0.001)
+        # Taken after the hijack on the same image: the archive has answered it by now.
+        assert plain.list_recordings() == []
+        listed = k1.list_recordings()
+        assert [r.descriptor.channel for r in listed] == [recorded]
+        got: list[int] = []
+        with k1.replay(listed[0].recording_id) as replay:
+            replay.read_all(lambda d, _h: got.append(SEQUENCE.unpack_from(d)[0]), timeout_s=30)
+        assert got == list(range(MESSAGES))

@@ -259,7 +259,9 @@ class SpySubscriptions:
 
 def _spies_on(spy: NetworkSubscription, entry: _PublicationEntry) -> bool:
     """Whether ``spy`` reads ``entry``'s publication (Aeron's SpySubscriptionLink.matches): the
-    same send endpoint, its stream, and its session if the spy names one; not once closing."""
-    return (not entry.closing and spy.spied_key == entry.endpoint.key
+    same send endpoint (whatever its key: a spy takes none, and reads the logs of both a plain
+    and a keyed endpoint to its address), its stream, and its session if the spy names one;
+    not once closing."""
+    return (not entry.closing and spy.spied_key == entry.endpoint.key[0]
             and spy.wants(entry.publication.session_id, entry.publication.stream_id))
 
