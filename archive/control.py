@@ -597,13 +597,12 @@ class ArchiveControl:
             raise CallRefused(f"held {held!r} is not a held stream's key (channel, stream_id, "
                               f"group)")
         key = self._held_key(held, caller_key)
-        stream_key = channel_key(key[0])
         session_id = _int_arg(args, "session_id", -INT32_MAX - 1, INT32_MAX)
         framing = args.get("log")
         if not isinstance(framing, list) or len(framing) != 2 or not all(
                 isinstance(v, int) and not isinstance(v, bool) for v in framing):
             raise CallRefused(f"log {framing!r} is not [initial term id, term length]")
-        channel, stream_id = self._replay_destination(args, stream_key)
+        self._replay_destination(args, None)  # a channel no replay can take: told first
         start = _int_arg(args, "start", 0, 2**62)
         end = _int_arg(args, "end", 0, 2**62)
         assert start is not None and end is not None and session_id is not None
@@ -612,6 +611,11 @@ class ArchiveControl:
                                                       (framing[0], framing[1]))
         except SessionGoneError as e:
             raise CallRefused(f"{LOST}: {e}", reason=LOST, held=[end, end]) from None
+        # The log's own key, as its driver said, whatever channel the call named it by (a
+        # query's holder finds a log by its stream and session alone).
+        self.authorize(f"stream {key[1]} session {session_id}", image.channel_key,
+                       caller_key)
+        channel, stream_id = self._replay_destination(args, image.channel_key)
         source = LogSource(image, f"stream {key[1]} session {session_id} held for group "
                                   f"{key[2]!r}")
         available = image.producer_position()

@@ -583,13 +583,15 @@ class Image:
 
     # -- reading without consuming (credit held until commit) ---------------------------------
     @classmethod
-    def detached(cls, log_path: str, position: int) -> Image:
+    def detached(cls, log_path: str, position: int, channel_key: str | None = None) -> Image:
         """An image of the log at ``log_path`` with a private position, for readers that are not
         the subscriber (e.g. Spark executors reading a range the subscriber will commit).  Its
-        mapping is the caller's: :meth:`close` it when done."""
+        mapping is the caller's: :meth:`close` it when done.  ``channel_key``: the key of the
+        stream the log is of (:attr:`channel_key`: the subscriber's image's)."""
         # Not populated: a short-lived reader touches only the range it reads.
         log = LogBuffer(log_path, populate=False)
-        return cls(log, ffi.new("int64_t *", position), join_position=position)
+        return cls(log, ffi.new("int64_t *", position), join_position=position,
+                   channel_key=channel_key)
 
     def reader_at(self, position: int) -> Image:
         """Another reader of this image's log, with a private position starting at

@@ -37,6 +37,7 @@ from slipstream.client import Client
 from slipstream.client.control import COUNTERS_FILE
 from slipstream.client.counters import CountersFile
 from slipstream.client.holding import CallError
+from slipstream.spark_bridge.planning import _Holder
 
 STREAM = 1001
 HELD_STREAM = 1002
@@ -409,3 +410,47 @@ def test_a_plain_call_naming_a_keyed_callers_reply_address_does_not_stop_its_ans
         with k1.replay(listed[0].recording_id) as replay:
             replay.read_all(lambda d, _h: got.append(SEQUENCE.unpack_from(d)[0]), timeout_s=30)
         assert got == list(range(MESSAGES))
+
+
+def test_a_query_holders_replay_is_sealed_under_the_logs_key_whatever_channel_names_it(
+        launch, tmp_path: Path) -> None:
+    """A Spark query's replay holder (keyed k1) holds the log of a ``key=k1`` stream; a k1
+    caller asks a replay of it naming the stream by its plain channel (the holder finds a
+    log by stream and session) to a plain channel: the replay leaves sealed under k1, the
+    log's own key, so a k1 subscriber there reads every message (a plain one would drop)."""
+    keys = tmp_path / "keys"
+    write_keys(keys, "k1", [(1, KEY_A)])
+    driver = launch(keys_dir=str(keys))
+    plain_channel = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+    holder = _Holder(str(driver.directory), "127.0.0.1", free_port(), key="k1")
+    try:
+        with Client.connect(driver.directory) as client:
+            subscription = client.add_subscription(plain_channel + "|key=k1", STREAM)
+            publication = client.add_publication(plain_channel + "|key=k1", STREAM)
+            wait_for(lambda: subscription.images and publication.is_connected, timeout=20,
+                     what="the keyed stream connected")
+            publish_all(publication, 20)  # within the receive window: nothing reads them
+            image = subscription.images[0]
+            wait_for(lambda: image.producer_position() == publication.position,
+                     what="every message in the subscriber's log")
+            assert image.channel_key == "k1"
+            holder.logs = {(STREAM, image.session_id):
+                           (image.log_path, image.join_position, image.channel_key)}
+            with ArchiveClient(client, "127.0.0.1", holder.address[1], holder.address[2],
+                               key="k1", timeout_s=10) as k1:
+                destination = f"aeron:udp?endpoint=127.0.0.1:{free_port()}"
+                keyed = Collector(client.add_subscription(destination + "|key=k1", 77))
+                held = {"channel": plain_channel, "stream_id": STREAM, "group": "query"}
+                started = k1._call("replay", held=held, session_id=image.session_id,
+                                   log=[image.initial_term_id, image.term_length],
+                                   start=image.join_position, end=image.producer_position(),
+                                   channel=destination, stream_id=77)
+                assert started["replay_id"]
+                deadline = time.monotonic() + 20
+                while len(keyed.seen) < 20 and time.monotonic() < deadline:
+                    keyed.poll()
+                    time.sleep(0.001)
+                got = keyed.seen
+                assert got == list(range(20))
+    finally:
+        holder.close()
