@@ -245,14 +245,17 @@ class ArchiveControl:
 
     def __init__(self, service: ControlHost, address: str, port: int,
                  stream_id: int, *, keys: Mapping[str, int] | None = None,
-                 subnets: tuple[Subnet, ...] = ()) -> None:
+                 subnets: tuple[Subnet, ...] = (),
+                 configured_holds: frozenset[str] = frozenset()) -> None:
         """Calls at ``address:port`` (plain; port 0: none) and at ``address:keys[NAME]``
         sealed under each key ``NAME``, on ``stream_id``; answered only from ``subnets``
-        (none: any source)."""
+        (none: any source).  ``configured_holds``: the channels of the streams the settings
+        hold (``[[hold]]``), which a call may name whatever hosts they send to."""
         self._service = service
         self.directory = service.directory
         self.stream_id = stream_id
         self.subnets = subnets
+        self.configured_holds = configured_holds
         endpoints = ([(None, port)] if port else []) + sorted((keys or {}).items())
         #: The control channels: the caller key of each (None: plain) and its subscription.
         self.endpoints: list[tuple[str | None, Subscription]] = []
@@ -439,8 +442,32 @@ class ArchiveControl:
             raise CallRefused(f"channel {key[0]!r}: a spy is not held for callers (it would "
                               f"read a keyed publication in plain text): name the stream's "
                               f"own channel")
+        self._check_held_channel(key[0])
         self.authorize(f"stream {key[1]} on {key[0]}", channel_key(key[0]), caller_key)
         return key
+
+    def _check_held_channel(self, channel: str) -> None:
+        """Refuse a held stream's ``channel`` that a call may not make the archive's driver
+        subscribe to (unless the settings hold it): one naming a host (``endpoint=``,
+        ``control=``) outside the control subnets, or a control address or mode
+        (``control=``, ``control-mode=``), with which the subscription would send to a host
+        the caller chose (status messages to ``control=``: a reflector at a third host)."""
+        if not isinstance(self._service.holds, HeldStreams) or \
+                channel in self.configured_holds or not channel.startswith("aeron:udp"):
+            return  # a query's own logs are found, not subscribed to
+        try:
+            parsed = parse_channel(channel)
+        except (SlipstreamError, ValueError) as e:
+            raise CallRefused(f"channel {channel!r}: {e}") from None
+        for part, host_port in (("endpoint", parsed.endpoint), ("control", parsed.control)):
+            if host_port is not None and not self._within_subnets(host_port.host):
+                raise self._refuse("call-outside-subnets", f"channel {channel!r}: {part}= "
+                                   f"{host_port.host} is outside the control subnets")
+        if parsed.control is not None or parsed.control_mode is not None:
+            raise CallRefused(f"channel {channel!r}: a held stream named by a call takes no "
+                              f"control= or control-mode= (its subscription would send to "
+                              f"the host they name); hold it with a [[hold]] entry of the "
+                              f"archive's settings")
 
     def _answer(self, op: str, args: dict[str, Any], caller_key: str | None = None) -> Any:
         if op in HELD_OPERATIONS and "recording_id" not in args:  # a held stream's call

@@ -125,7 +125,9 @@ class ArchiveService:
                 self.control = ArchiveControl(self, settings.control_address,
                                               settings.control_port, settings.control_stream_id,
                                               keys=settings.control_keys,
-                                              subnets=settings.control_subnets)
+                                              subnets=settings.control_subnets,
+                                              configured_holds=frozenset(
+                                                  held.channel for held in settings.holds))
             if settings.peers:
                 self.replicator = Replicator(self)
             for spec in settings.records:

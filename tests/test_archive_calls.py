@@ -454,3 +454,44 @@ def test_a_query_holders_replay_is_sealed_under_the_logs_key_whatever_channel_na
                 assert got == list(range(20))
     finally:
         holder.close()
+
+
+def test_a_held_stream_call_cannot_make_the_archive_subscribe_towards_a_host_it_names(
+        launch, tmp_path: Path) -> None:
+    """``state`` naming a channel whose ``control=`` is outside the control subnets is
+    refused and counted (the archive's subscription would send status messages there); one
+    with ``control=``/``control-mode=`` inside them is refused by name (only a [[hold]] of
+    the settings may); an endpoint outside them is refused too; a plain unicast one inside
+    is held."""
+    driver = launch()
+    port = free_port()
+    settings = ArchiveSettings.from_mapping({
+        "dir": str(tmp_path / "archive"), "driver_dir": str(driver.directory),
+        "control_port": port, "control_subnets": "127.0.0.0/8"})
+    stopping = threading.Event()
+    with ArchiveService(settings) as service:
+        runner = threading.Thread(target=service.run, args=(stopping.is_set,))
+        runner.start()
+        try:
+            with Client.connect(driver.directory) as client, \
+                    ArchiveClient(client, "127.0.0.1", port, CONTROL_STREAM,
+                                  timeout_s=10) as caller:
+                local = f"127.0.0.1:{free_port()}"
+                for channel in (f"aeron:udp?endpoint={local}|control=10.9.9.9:4000|"
+                                f"control-mode=dynamic",
+                                f"aeron:udp?endpoint=10.9.9.9:{free_port()}"):
+                    refusal(lambda c=channel: caller._link.call(
+                        "state", channel=c, stream_id=STREAM, group="g"),
+                        "call-outside-subnets")
+                with pytest.raises(CallError, match="takes no control= or control-mode="):
+                    caller._link.call("state", channel=f"aeron:udp?control=127.0.0.1:"
+                                      f"{free_port()}|control-mode=dynamic",
+                                      stream_id=STREAM, group="g")
+                assert "sessions" in caller._link.call(
+                    "state", channel=f"aeron:udp?endpoint={local}", stream_id=STREAM,
+                    group="g")
+                assert service.control is not None
+                assert service.control.refused["call-outside-subnets"] == 2
+        finally:
+            stopping.set()
+            runner.join(10)
