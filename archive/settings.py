@@ -415,14 +415,25 @@ class ArchiveSettings:
             raise ArchiveSettingsError("control_keys", f"port {parsed['control_port']} is "
                                        f"control_port's (the plain endpoint's)")
         control_ports = {parsed["control_port"], *parsed["control_keys"].values()}
+        peer_keys = {peer.key for peer in parsed["peers"]}
         for name, port in replication_reply_ports(parsed["replication_port"],
                                                   parsed["control_port"],
                                                   parsed["peers"]).items():
-            if name is not None and port in control_ports:
+            if name not in peer_keys:
+                continue
+            whose = "plain peers" if name is None else f"peers keyed {name}"
+            if port is None and name is not None:
+                # The port towards each peer: its own control port of the key, which is
+                # this archive's too where the hosts share their settings.
                 raise ArchiveSettingsError(
-                    "replication_port", f"the answers of the peers keyed {name} would come at "
-                    f"port {port}, one of this archive's control ports: set replication_port "
-                    f"so that the ports after it, one per peers' key, are free")
+                    "replication_port", f"the answers of the {whose} need a port of their own "
+                    f"(an endpoint has one key), and with control_port and replication_port "
+                    f"0 they would come at the peer's port: set replication_port")
+            if port in control_ports:
+                raise ArchiveSettingsError(
+                    "replication_port", f"the answers of the {whose} would come at port "
+                    f"{port}, one of this archive's control ports: set replication_port so "
+                    f"that it and the ports after it, one per peers' key, are free")
         if holds and parsed["control_port"] == 0 and not parsed["control_keys"]:
             # Only a group's commit (the view call's advance_to) moves a held position: with
             # no control stream nothing would, and the publishers would be held for good.

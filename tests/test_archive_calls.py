@@ -273,6 +273,10 @@ def test_an_archive_restricted_to_subnets_answers_no_call_from_outside_and_count
     ({"peers": ["10.0.0.2:8012|key=k1"], "control_keys": {"k1": 8012}}, "replication_port",
      "port 8012, one of this archive's control ports"),
     ({"peers": ["10.0.0.2:8012|kee=k1"]}, "peers", "only key=NAME"),
+    ({"peers": ["10.0.0.2:8010"], "control_port": 8010, "control_keys": {"k1": 8011}},
+     "replication_port", "plain peers would come at port 8011"),
+    ({"peers": ["10.0.0.2:8012|key=k1"], "control_port": 0, "replication_port": 0,
+      "control_keys": {"k1": 8012}}, "replication_port", "peers keyed k1 need a port"),
 ])
 def test_a_protected_calls_setting_the_archive_cannot_act_on_is_refused_by_name(
         values: dict, key: str, why: str) -> None:
