@@ -18,10 +18,10 @@ from slipstream.archive.segments import (
     MIN_SEGMENT_LENGTH,
 )
 from slipstream.client.channel import (
-    KEY_NAME,
     SPY_PREFIX,
     Subnet,
     channel_with_key,
+    key_name_problem,
     parse_address,
     parse_channel,
     parse_join,
@@ -183,9 +183,9 @@ def _control_keys(value: Any) -> dict[str, int]:
         raise ArchiveSettingsError("control_keys", f"{value!r} is not a table of key names to "
                                    f"UDP ports ({{ k1 = 8012 }})")
     for name, port in value.items():
-        if not KEY_NAME.fullmatch(name):
-            raise ArchiveSettingsError("control_keys", f"{name!r} is not a key name (letters, "
-                                       f"digits, '.', '_', '-'; at most 64)")
+        problem = key_name_problem(name)
+        if problem is not None:
+            raise ArchiveSettingsError("control_keys", problem)
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
             raise ArchiveSettingsError("control_keys", f"{name} = {port!r} is not a UDP port "
                                        f"(1..65535)")
@@ -243,7 +243,7 @@ def parse_peer(entry: Any, key: str = "peers") -> Peer:
     if isinstance(entry, str) and "|" in entry:
         entry, _, keyed = entry.partition("|")
         peer_key = keyed.removeprefix("key=")
-        if not keyed.startswith("key=") or not KEY_NAME.fullmatch(peer_key):
+        if not keyed.startswith("key=") or key_name_problem(peer_key) is not None:
             raise ArchiveSettingsError(key, f"{entry}|{keyed!r}: after '|' only key=NAME (a "
                                        f"key name) is accepted")
     endpoint, _, stream = entry.partition("/") if isinstance(entry, str) else ("", "", "")

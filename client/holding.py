@@ -23,9 +23,9 @@ trip through the two hosts' drivers, not a stream's set-up.
 from __future__ import annotations
 
 import json
-import threading
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Final
