@@ -303,9 +303,9 @@ def test_a_keyed_recording_replicates_over_keyed_calls_and_never_over_plain_ones
             f"replication_port = {free_port()}",
             "[[record]]", f'channel = "{own}"', f"stream_id = {STREAM}",
             'source = "remote"']) + "\n")
-        load_settings(config)
-        with archive_process(config, tmp_path / f"b-{replicated}.log"):
-            if replicated:
+        settings = load_settings(config)
+        if replicated:
+            with archive_process(config, tmp_path / f"b-{replicated}.log"):
                 replica = wait_for_recording(b_dir, ended=True, timeout=30)
                 original = wait_for_recording(archive_dir, ended=True)
                 assert recorded_messages(replica, b_dir) == \
@@ -313,9 +313,22 @@ def test_a_keyed_recording_replicates_over_keyed_calls_and_never_over_plain_ones
                 assert len(recorded_messages(replica, b_dir)) == MESSAGES
                 assert replica.channel == own
                 assert replica.source_identity.startswith("replica of recording 0 at ")
-            else:
-                time.sleep(3)  # ten looks at the peer
-                assert recordings(b_dir) == []
+            continue
+        # In this process, to count its looks at the peer: ten lists of its recordings
+        # answered, none of them naming the k1 recording, so nothing fetched.
+        stopping = threading.Event()
+        with ArchiveService(settings) as service:
+            runner = threading.Thread(target=service.run, args=(stopping.is_set,))
+            runner.start()
+            try:
+                replicator = service.replicator
+                assert replicator is not None
+                wait_for(lambda: replicator.looked >= 10, timeout=30,
+                         what="ten looks at the peer")
+                assert recordings(b_dir) == [] and replicator.fetched == 0
+            finally:
+                stopping.set()
+                runner.join(10)
 
 
 def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its_key(
