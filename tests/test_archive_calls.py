@@ -323,7 +323,7 @@ def test_a_keyed_recording_replicates_over_keyed_calls_and_never_over_plain_ones
             try:
                 replicator = service.replicator
                 assert replicator is not None
-                wait_for(lambda: replicator.looked >= 10, timeout=30,
+                wait_for(lambda r=replicator: r.looked >= 10, timeout=30,
                          what="ten looks at the peer")
                 assert recordings(b_dir) == [] and replicator.fetched == 0
             finally:
