@@ -28,7 +28,7 @@ from slipstream.archive.control import ArchiveControl
 from slipstream.archive.holding import MAX_ENDED_ASKED, NamedLogs, driver_instance
 from slipstream.archive.recorder import Recording
 from slipstream.archive.settings import DEFAULT_CONTROL_STREAM_ID
-from slipstream.client import Client, SlipstreamError, Subscription
+from slipstream.client import ChannelError, Client, SlipstreamError, Subscription
 from slipstream.client.holding import HolderLink
 from slipstream.client.layout import INT32_MAX
 from slipstream.client.logview import (
@@ -40,7 +40,7 @@ from slipstream.client.logview import (
     SessionEnds,
 )
 from slipstream.spark_bridge.archived import ArchivedSource, Archives
-from slipstream.spark_bridge.options import SourceOptions
+from slipstream.spark_bridge.options import OptionError, SourceOptions
 from slipstream.spark_bridge.read_task import (
     SlipstreamDataLossError,
     SlipstreamPartition,
@@ -108,6 +108,17 @@ class _Holder:
             self.control = ArchiveControl(self, address, 0 if key is not None else port,
                                           control_stream,
                                           keys={key: port} if key is not None else None)
+        except ChannelError as e:
+            self.client.close()
+            if e.part != "key":
+                raise
+            # Another query's holder of this driver listens there under another key (or
+            # none): an endpoint has one key.
+            raise OptionError("replayPort", f"{port} is taken on this host by the holder of a "
+                              f"query of another key (or of none): one UDP endpoint has one "
+                              f"key, so a plain query and a keyed one (or two keys) on one "
+                              f"host need replayPorts of their own: set another replayPort "
+                              f"for this query ({e.problem})") from None
         except BaseException:
             self.client.close()
             raise

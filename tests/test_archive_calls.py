@@ -37,6 +37,7 @@ from slipstream.client import Client
 from slipstream.client.control import COUNTERS_FILE
 from slipstream.client.counters import CountersFile
 from slipstream.client.holding import CallError
+from slipstream.spark_bridge.options import OptionError
 from slipstream.spark_bridge.planning import _Holder
 
 STREAM = 1001
@@ -512,3 +513,23 @@ def test_a_held_stream_call_cannot_make_the_archive_subscribe_towards_a_host_it_
         finally:
             stopping.set()
             runner.join(10)
+
+
+def test_a_plain_and_a_keyed_query_holder_on_one_port_are_refused_naming_replay_port(
+        launch, tmp_path: Path) -> None:
+    """Two Spark queries' replay holders on one host and ``replayPort``, one plain and one
+    keyed k1: the second cannot listen there (one endpoint, one key), and its error names
+    ``replayPort`` and the way out, another port."""
+    keys = tmp_path / "keys"
+    write_keys(keys, "k1", [(1, KEY_A)])
+    driver = launch(keys_dir=str(keys))
+    port = free_port()
+    plain = _Holder(str(driver.directory), "127.0.0.1", port)
+    try:
+        with pytest.raises(OptionError, match="replayPort") as raised:
+            _Holder(str(driver.directory), "127.0.0.1", port, key="k1")
+        assert "set another replayPort" in str(raised.value)
+        keyed = _Holder(str(driver.directory), "127.0.0.1", free_port(), key="k1")
+        keyed.close()
+    finally:
+        plain.close()
