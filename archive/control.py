@@ -84,6 +84,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -260,11 +261,13 @@ class ArchiveControl:
         #: The control channels: the caller key of each (None: plain) and its subscription.
         self.endpoints: list[tuple[str | None, Subscription]] = []
         self._counters: dict[str, Counter] = {}
+        #: Set as a caller's image comes on any endpoint (:meth:`wait_for_call`).
+        self._image_came = threading.Event()
         try:
             for key, key_port in endpoints:
                 channel = channel_with_key(f"aeron:udp?endpoint={address}:{key_port}", key)
-                self.endpoints.append((key, service.client.add_subscription(channel,
-                                                                            stream_id)))
+                self.endpoints.append((key, service.client.add_subscription(
+                    channel, stream_id, on_available_image=self._call_image_came)))
                 log.info("control stream %s stream %d", channel, stream_id)
             identity = str(self.directory) if self.directory is not None else \
                 f"replays at {address}:{port}/{stream_id}"
@@ -368,14 +371,23 @@ class ArchiveControl:
         work += self._answers.do_work()
         return work
 
+    def _call_image_came(self, _image: Image) -> None:
+        """A caller's image came on an endpoint (the client's conductor thread): wake a wait
+        on any endpoint's images (:meth:`wait_for_call`, the service's idle park), which
+        would not see it otherwise."""
+        self._image_came.set()
+        for _, subscription in list(self.endpoints):
+            subscription._wake_waiters()
+
     def wait_for_call(self, timeout_ns: int) -> None:
-        """Wait up to ``timeout_ns`` for a call (parked: a call wakes it at once; a caller's
-        first call, whose image is new, within the park)."""
+        """Wait up to ``timeout_ns`` for a call on any endpoint (parked: a call wakes it at
+        once, and so does a caller's first, whose image is new)."""
+        self._image_came.clear()
         images = [image for image in self.call_images() if not image.is_closed]
         if images:
             await_frames(images, timeout_ns, 0)
         elif self.endpoints:
-            self.endpoints[0][1].wait_for_data(timeout_ns, 0)
+            self._image_came.wait(timeout_ns / 1e9)
         else:
             time.sleep(timeout_ns / 1e9)
 

@@ -34,6 +34,7 @@ from slipstream.archive.control import REFUSAL_CAUSES, UNAUTHORIZED, read_calls_
 from slipstream.archive.service import ArchiveService
 from slipstream.archive.settings import ArchiveSettings, load_settings
 from slipstream.client import Client
+from slipstream.client.channel import channel_with_key
 from slipstream.client.control import COUNTERS_FILE
 from slipstream.client.counters import CountersFile
 from slipstream.client.holding import CallError
@@ -533,3 +534,29 @@ def test_a_plain_and_a_keyed_query_holder_on_one_port_are_refused_naming_replay_
         keyed.close()
     finally:
         plain.close()
+
+
+def test_a_callers_first_image_on_any_control_endpoint_ends_the_wait_for_a_call(
+        launch, tmp_path: Path) -> None:
+    """An archive with a plain and a k1 endpoint waits for a call for far longer than the
+    test waits: a k1 caller's stream coming (no image anywhere yet) ends the wait, and so
+    does a plain caller's coming while the wait parks on the k1 caller's image."""
+    keys = tmp_path / "keys"
+    write_keys(keys, "k1", [(1, KEY_A)])
+    driver = launch(keys_dir=str(keys))
+    ports = {None: free_port(), "k1": free_port()}
+    settings = ArchiveSettings.from_mapping({
+        "dir": str(tmp_path / "archive"), "driver_dir": str(driver.directory),
+        "control_port": ports[None], "control_keys": {"k1": ports["k1"]}})
+    with ArchiveService(settings) as service, Client.connect(driver.directory) as client:
+        control = service.control
+        assert control is not None
+        for key in ("k1", None):
+            waiting = threading.Thread(target=control.wait_for_call, args=(600 * 10**9,))
+            waiting.start()
+            time.sleep(0.2)  # parked by now (else it returns at once: no harm)
+            client.add_publication(channel_with_key(
+                f"aeron:udp?endpoint=127.0.0.1:{ports[key]}", key), CONTROL_STREAM)
+            waiting.join(20)
+            assert not waiting.is_alive(), f"a {key or 'plain'} caller's image did not wake it"
+            assert len(control.call_images()) == (1 if key else 2)
