@@ -270,7 +270,7 @@ class ArchiveControl:
                     channel, stream_id, on_available_image=self._call_image_came)))
                 log.info("control stream %s stream %d", channel, stream_id)
             identity = str(self.directory) if self.directory is not None else \
-                f"replays at {address}:{port}/{stream_id}"
+                f"replays at {address}:{endpoints[0][1] if endpoints else 0}/{stream_id}"
             for cause in REFUSAL_CAUSES:
                 self._counters[cause] = service.client.add_counter(
                     CounterType.CALLS_REFUSED, fit_label(f"calls-refused: {cause} {identity}"),

@@ -30,13 +30,18 @@ from test_archive import archive_process, recorded_messages, recordings, wait_fo
 from test_encrypted_streams import KEY_A, KEY_B, write_keys
 
 from slipstream.archive.client import ArchiveClient
-from slipstream.archive.control import REFUSAL_CAUSES, UNAUTHORIZED, read_calls_refused
+from slipstream.archive.control import (
+    REFUSAL_CAUSES,
+    UNAUTHORIZED,
+    calls_refused_key,
+    read_calls_refused,
+)
 from slipstream.archive.service import ArchiveService
 from slipstream.archive.settings import ArchiveSettings, load_settings
 from slipstream.client import Client
 from slipstream.client.channel import channel_with_key
 from slipstream.client.control import COUNTERS_FILE
-from slipstream.client.counters import CountersFile
+from slipstream.client.counters import CountersFile, CounterType
 from slipstream.client.holding import CallError
 from slipstream.spark_bridge.options import OptionError
 from slipstream.spark_bridge.planning import _Holder
@@ -520,7 +525,8 @@ def test_a_plain_and_a_keyed_query_holder_on_one_port_are_refused_naming_replay_
         launch, tmp_path: Path) -> None:
     """Two Spark queries' replay holders on one host and ``replayPort``, one plain and one
     keyed k1: the second cannot listen there (one endpoint, one key), and its error names
-    ``replayPort`` and the way out, another port."""
+    ``replayPort`` and the way out, another port.  At a port of its own it listens, its
+    refusal counters labelled with that port."""
     keys = tmp_path / "keys"
     write_keys(keys, "k1", [(1, KEY_A)])
     driver = launch(keys_dir=str(keys))
@@ -530,8 +536,17 @@ def test_a_plain_and_a_keyed_query_holder_on_one_port_are_refused_naming_replay_
         with pytest.raises(OptionError, match="replayPort") as raised:
             _Holder(str(driver.directory), "127.0.0.1", port, key="k1")
         assert "set another replayPort" in str(raised.value)
-        keyed = _Holder(str(driver.directory), "127.0.0.1", free_port(), key="k1")
-        keyed.close()
+        keyed_port = free_port()
+        keyed = _Holder(str(driver.directory), "127.0.0.1", keyed_port, key="k1")
+        try:
+            # Its refusals are counted under its own port (its one endpoint is keyed).
+            counters = CountersFile(Path(driver.directory) / COUNTERS_FILE, writable=False)
+            identity = f"replays at 127.0.0.1:{keyed_port}/{keyed.address[2]}"
+            assert all(counters.find(CounterType.CALLS_REFUSED,
+                                     calls_refused_key(cause, identity)) is not None
+                       for cause in REFUSAL_CAUSES)
+        finally:
+            keyed.close()
     finally:
         plain.close()
 
@@ -554,7 +569,7 @@ def test_a_callers_first_image_on_any_control_endpoint_ends_the_wait_for_a_call(
         for key in ("k1", None):
             waiting = threading.Thread(target=control.wait_for_call, args=(600 * 10**9,))
             waiting.start()
-            time.sleep(0.2)  # parked by now (else it returns at once: no harm)
+            time.sleep(0.2)  # parked by now, on no image or on the k1 caller's
             client.add_publication(channel_with_key(
                 f"aeron:udp?endpoint=127.0.0.1:{ports[key]}", key), CONTROL_STREAM)
             waiting.join(20)
