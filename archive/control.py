@@ -133,6 +133,7 @@ from slipstream.client.holding import Answers, decode_call
 from slipstream.client.image import Image, await_frames
 from slipstream.client.layout import FRAME_ALIGNMENT, INT32_MAX
 from slipstream.client.logview import view_answer, view_args
+from slipstream.client.notices import SourceNotices
 from slipstream.client.retention import message_start
 from slipstream.client.subscription import Subscription
 
@@ -188,6 +189,11 @@ def _host_of(channel: str) -> str | None:
     except (SlipstreamError, ValueError):
         return None
     return None if endpoint is None else endpoint.host
+
+
+def _escaped(text: str) -> str:
+    """``text`` (a caller's, in part) as one printable ASCII line for the log."""
+    return text.encode("unicode_escape").decode("ascii")
 
 
 def _cause(caller_key: str | None) -> str:
@@ -291,6 +297,8 @@ class ArchiveControl:
         self.served = 0  # replays sent whole
         #: Calls refused, by cause (:data:`REFUSAL_CAUSES`).
         self.refused: dict[str, int] = dict.fromkeys(REFUSAL_CAUSES, 0)
+        self._notices = SourceNotices()
+        self._source = ""  # the source address of the call being answered
 
     def call_images(self) -> tuple[Image, ...]:
         """The images the calls arrive on (the control subscriptions'): what an idle
@@ -300,12 +308,22 @@ class ArchiveControl:
 
     def _count_refusal(self, cause: str, message: str) -> None:
         """Count a refusal of ``cause``, and log ``message`` (the archive's log may name
-        what the answer does not)."""
+        what the answer does not): at most once per caller and cause an interval
+        (:class:`~slipstream.client.notices.SourceNotices`), the caller's text escaped."""
         self.refused[cause] += 1
         counter = self._counters.get(cause)
         if counter is not None:
             counter.set(self.refused[cause])
-        log.warning("control: a call refused (%s): %s", cause, message)
+        self._notice(cause, message)
+
+    def _notice(self, what: str, message: str) -> None:
+        """Log ``message`` about the current call's source, unless one about ``what`` from
+        it was logged within the interval (then it is counted, and told with the next)."""
+        held = self._notices.tell((self._source, what), time.monotonic_ns())
+        if held is None:
+            return
+        log.warning("control: a call from %s %s: %s%s", self._source, what,
+                    _escaped(message), f" ({held} more held back)" if held else "")
 
     def _refuse(self, cause: str, message: str) -> CallRefused:
         """Count a refusal of ``cause``; the error that answers it."""
@@ -409,6 +427,7 @@ class ArchiveControl:
         return descriptor.stop_position, True
 
     def _call(self, data: bytes, caller_key: str | None, source: str) -> None:
+        self._source = source
         try:
             fields = json.loads(data)
             if not isinstance(fields, dict):
@@ -416,13 +435,13 @@ class ArchiveControl:
             call_id, op, args, reply, response_stream = decode_call(fields)
         except (UnicodeDecodeError, ValueError) as e:
             self.malformed += 1
-            log.warning("control: a malformed call dropped (%s)", e)
+            self._notice("malformed, dropped", str(e))
             return
         source_host = source.rpartition(":")[0].strip("[]")
         if not self._within_subnets(source_host) or not self._within_subnets(_host_of(reply)):
             # Not answered: the answer would go where a host outside the subnets said.
-            self._refuse("call-outside-subnets", f"the call {op!r} from {source} (answers to "
-                                                 f"{reply}) is outside the control subnets")
+            self._refuse("call-outside-subnets", f"the call {op!r} (answers to {reply}) is "
+                                                 f"outside the control subnets")
             return
         # Answers go back sealed under the key the call came with, whatever it named.
         reply = channel_with_key(reply, caller_key)

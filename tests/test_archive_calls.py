@@ -10,6 +10,7 @@ restricted to subnets answers no call from outside them, and counts each."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -235,11 +236,14 @@ def test_a_keyed_recording_is_answered_only_to_its_key_and_replays_leave_sealed(
 
 
 def test_an_archive_restricted_to_subnets_answers_no_call_from_outside_and_counts_it(
-        launch, tmp_path: Path) -> None:
+        launch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """control_subnets that leave loopback out: a loopback caller's calls go unanswered
-    (the answer would go where a host outside said), each counted; inside, answered."""
+    (the answer would go where a host outside said), each counted, and logged once for the
+    caller in the interval, its text escaped; inside, answered."""
+    caplog.set_level(logging.WARNING, logger="slipstream.archive")
     driver = launch()
     for subnets, answered in (("10.255.0.0/16", False), ("127.0.0.0/8", True)):
+        caplog.clear()
         port = free_port()
         settings = ArchiveSettings.from_mapping({
             "dir": str(tmp_path / f"archive-{answered}"), "driver_dir": str(driver.directory),
@@ -257,7 +261,12 @@ def test_an_archive_restricted_to_subnets_answers_no_call_from_outside_and_count
                             assert caller.list_recordings() == []
                         else:
                             with pytest.raises(CallError, match="did not answer"):
-                                caller.list_recordings()
+                                caller._link.call("list\nforged log line")
+                    refusals = [r.getMessage() for r in caplog.records
+                                if "call-outside-subnets" in r.getMessage()]
+                    assert len(refusals) == (0 if answered else 1), refusals
+                    assert all("\n" not in line and "forged log line" in line
+                               for line in refusals), refusals
                     assert service.control is not None
                     assert service.control.refused["call-outside-subnets"] == \
                         (0 if answered else 3)

@@ -31,6 +31,7 @@ from slipstream.client.channel import Channel, keys_given
 from slipstream.client.counters import CountersFile, CountersFullError, CounterType, SystemCounter
 from slipstream.client.errors import ChannelError
 from slipstream.client.logbuffer import LogBuffer, compute_log_length, term_count
+from slipstream.client.notices import SourceNotices
 from slipstream.daemon._network import lib as network
 from slipstream.daemon.agents.commands import ReceiverProxy, RemovedDestination
 from slipstream.daemon.agents.receiver import ReceiveEndpoint
@@ -75,7 +76,6 @@ from slipstream.daemon.media.events import (
 )
 from slipstream.daemon.media.names import NameWatch
 from slipstream.daemon.media.receive_channel import ReceiveChannel
-from slipstream.daemon.protocol.notices import SourceNotices
 from slipstream.daemon.protocol.params import SubscriptionParams
 from slipstream.daemon.protocol.types import Address
 from slipstream.daemon.reports.loss_report import LossReport
