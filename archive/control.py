@@ -517,11 +517,12 @@ class ArchiveControl:
         if op == "stop_replay":
             replay_id = _int_arg(args, "replay_id", 0, 2**63 - 1)
             session = self.replays.get(replay_id)  # type: ignore[arg-type]
-            # Another key's replay is answered as one that is not running: not even that
-            # it exists is told.
-            if session is None or not self._may_learn(
-                    f"replay {replay_id}", self._replay_keys.get(session.replay_id),
-                    caller_key):
+            # A replay is its caller key's: another's is answered as one that is not
+            # running (not even that it exists is told); a keyed one's asked is counted.
+            owner = None if session is None else self._replay_keys.get(session.replay_id)
+            if session is None or owner != caller_key:
+                if session is not None:
+                    self._may_learn(f"replay {replay_id}", owner, caller_key)
                 return {"stopped": False}
             session.stop("stop_replay")
             return {"stopped": True}

@@ -407,6 +407,13 @@ def test_a_local_record_without_key_of_a_keyed_publication_is_a_recording_of_its
                     assert plain.stop_replay(follow.replay_id) is False
                     assert [r["replay_id"] for r in k1._call("replays")] == [follow.replay_id]
                     assert k1.stop_replay(follow.replay_id) is True
+                    # Nor is a plain caller's replay the k1 caller's to see or stop.
+                    plain_follow = plain.start_replay(
+                        plain_recording.recording_id,
+                        f"aeron:udp?endpoint=127.0.0.1:{free_port()}", 8)
+                    assert [r["replay_id"] for r in k1._call("replays")] == []
+                    assert k1.stop_replay(plain_follow.replay_id) is False
+                    assert plain.stop_replay(plain_follow.replay_id) is True
                 plain_publication.close()
         finally:
             stopping.set()
