@@ -567,6 +567,13 @@ def test_a_plain_and_a_keyed_query_holder_on_one_port_are_refused_naming_replay_
         plain.close()
 
 
+def parked(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is in a park: its innermost Python frame is ``await_frames`` (in
+    the C park) or an event's wait."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    return frame is not None and frame.f_code.co_name in ("await_frames", "wait")
+
+
 def test_a_callers_first_image_on_any_control_endpoint_ends_the_wait_for_a_call(
         launch, tmp_path: Path) -> None:
     """An archive with a plain and a k1 endpoint waits for a call for far longer than the
@@ -585,7 +592,9 @@ def test_a_callers_first_image_on_any_control_endpoint_ends_the_wait_for_a_call(
         for key in ("k1", None):
             waiting = threading.Thread(target=control.wait_for_call, args=(600 * 10**9,))
             waiting.start()
-            time.sleep(0.2)  # parked by now, on no image or on the k1 caller's
+            # Parked (on no image, or on the k1 caller's) before the caller comes: an image
+            # there before the wait began is one to wait on for a call, not a call's coming.
+            wait_for(lambda t=waiting: parked(t), what="the wait parked")
             client.add_publication(channel_with_key(
                 f"aeron:udp?endpoint=127.0.0.1:{ports[key]}", key), CONTROL_STREAM)
             waiting.join(20)
